@@ -1,0 +1,242 @@
+/*
+ * libgpupool-engine: embedded LLM inference on GGUF files (llama family).
+ *
+ * This header is the library's whole public interface. It depends on nothing
+ * but the C standard library; the server and agent use the engine only
+ * through it.
+ *
+ * Usage:
+ *
+ *   char err[256];
+ *   gpe_model *m = NULL;
+ *   gpe_model_params mp = gpe_model_default_params();
+ *   if (gpe_model_load("stories260K.gguf", &mp, &m, err, sizeof err) != GPE_OK) { ... }
+ *
+ *   gpe_ctx_params cp = gpe_ctx_default_params();
+ *   cp.n_ctx = 512; cp.n_seq = 4; cp.n_threads = 2;
+ *   gpe_ctx *ctx = NULL;
+ *   gpe_ctx_init(m, &cp, &ctx, err, sizeof err);
+ *
+ *   int32_t toks[512];
+ *   int n = gpe_tokenize(m, "Once upon a time", 16, true, false, toks, 512);
+ *
+ *   // prefill sequence 0, logits only for the last prompt token
+ *   gpe_batch *b = gpe_batch_init(512);
+ *   for (int i = 0; i < n; i++) gpe_batch_add(b, toks[i], i, 0, i == n - 1);
+ *   gpe_decode(ctx, b);
+ *   const float *logits = gpe_get_logits(ctx, n - 1);   // index into the batch
+ *
+ *   gpe_sampler *s = gpe_sampler_init(&(gpe_sampler_params){ .temperature = 0 });
+ *   int32_t next = gpe_sampler_sample(s, logits, gpe_model_n_vocab(m));
+ *   gpe_sampler_accept(s, next);
+ *   ...
+ *   gpe_sampler_free(s); gpe_batch_free(b); gpe_ctx_free(ctx); gpe_model_free(m);
+ *
+ * Threading: a gpe_model is immutable after load and may be shared by
+ * several contexts. A gpe_ctx is used by one thread at a time; it owns a
+ * thread pool that splits the matrix work of each gpe_decode.
+ *
+ * Errors: functions return gpe_status and write a message to the caller's
+ * err buffer; the library never prints, never exits, never aborts on bad
+ * input (only on a broken internal invariant).
+ */
+#ifndef GPUPOOL_ENGINE_H
+#define GPUPOOL_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum gpe_status {
+    GPE_OK = 0,
+    GPE_ERR_IO,                 /* cannot open/read/mmap the file */
+    GPE_ERR_FORMAT,             /* malformed or hostile file */
+    GPE_ERR_UNSUPPORTED,        /* valid file, but an architecture/type we do not support */
+    GPE_ERR_NOMEM,
+    GPE_ERR_ARG,                /* bad argument from the caller */
+    GPE_ERR_CTX_FULL,           /* sequence would exceed the context length */
+    GPE_ERR_INSUFFICIENT_VRAM,  /* GPU backend preflight failed */
+    GPE_ERR_BACKEND,            /* backend (e.g. CUDA) failure */
+} gpe_status;
+
+/* Stable upper-case name of a status ("FORMAT", "INSUFFICIENT_VRAM", ...). */
+const char *gpe_status_name(gpe_status s);
+
+/* ------------------------------------------------------------------ model */
+
+typedef struct gpe_model gpe_model;
+
+typedef enum gpe_backend_kind { GPE_BACKEND_CPU = 0, GPE_BACKEND_CUDA = 1 } gpe_backend_kind;
+
+typedef struct gpe_model_params {
+    gpe_backend_kind backend;   /* default CPU */
+    int gpu_device;             /* CUDA device index */
+    bool vocab_only;            /* load metadata + tokenizer only (no weights needed) */
+} gpe_model_params;
+
+gpe_model_params gpe_model_default_params(void);
+gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_model **out,
+                          char *err, size_t errlen);
+void gpe_model_free(gpe_model *m);
+
+typedef struct gpe_model_info {
+    const char *arch;            /* general.architecture, e.g. "llama" */
+    const char *name;            /* general.name or the file's base name */
+    const char *quant;           /* dominant tensor type, e.g. "Q4_K", "F32" */
+    const char *tokenizer;       /* "llama" (spm) or "gpt2" (bpe) */
+    const char *chat_template;   /* tokenizer.chat_template or NULL */
+    const char *chat_format;     /* detected family: "chatml", "llama-2", ... or "fallback" */
+    int n_ctx_train;
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff;
+    uint64_t n_params;
+    uint64_t file_bytes;
+    uint64_t weight_bytes;       /* bytes of tensor data */
+    int32_t bos, eos;            /* -1 when absent */
+} gpe_model_info;
+
+/* Pointers inside stay valid for the model's lifetime. */
+void gpe_model_get_info(const gpe_model *m, gpe_model_info *out);
+int gpe_model_n_vocab(const gpe_model *m);
+/* Metadata lookup for tools: value rendered as text into buf (arrays
+ * abbreviated). Returns false when the key is absent. */
+bool gpe_model_meta_str(const gpe_model *m, const char *key, char *buf, size_t buflen);
+/* Iterate metadata keys: index 0..count-1. */
+int gpe_model_meta_count(const gpe_model *m);
+const char *gpe_model_meta_key(const gpe_model *m, int i);
+/* Iterate tensors: name, type name, dims (up to 4), bytes. */
+int gpe_model_tensor_count(const gpe_model *m);
+bool gpe_model_tensor_info(const gpe_model *m, int i, const char **name, const char **type,
+                           int64_t dims[4], int *n_dims, uint64_t *bytes);
+
+/* -------------------------------------------------------------- tokenizer */
+
+/* Tokenize text (len bytes, need not be NUL-terminated). add_special adds
+ * BOS (and EOS) as the model's metadata asks; parse_special turns special
+ * token text such as "<|im_start|>" into its id. Returns the number of
+ * tokens written, or -(needed) when max is too small, or INT32_MIN on error. */
+int gpe_tokenize(const gpe_model *m, const char *text, size_t len, bool add_special,
+                 bool parse_special, int32_t *out, int max);
+/* Text of one token for output (byte-fallback tokens give their byte; the
+ * SentencePiece "▁" becomes a space). Returns bytes written (may be 0), or
+ * -(needed) when buflen is too small. special: render control tokens too. */
+int gpe_token_to_piece(const gpe_model *m, int32_t token, char *buf, size_t buflen,
+                       bool special);
+bool gpe_token_is_eog(const gpe_model *m, int32_t token);   /* EOS, EOT, <|im_end|>, ... */
+
+/* ---------------------------------------------------------- chat template */
+
+typedef struct gpe_chat_msg {
+    const char *role;      /* "system", "user", "assistant" (others passed through) */
+    const char *content;
+} gpe_chat_msg;
+
+/* Render messages with the model's chat template family (detected from
+ * tokenizer.chat_template; see docs/engine.md for the fallback). When
+ * add_assistant is true the prompt ends where the assistant's reply starts.
+ * Returns a malloc'd string (caller frees) or NULL with err set. */
+char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,
+                     char *err, size_t errlen);
+/* Same, with an explicit family name ("chatml", "llama-2", "llama-3",
+ * "mistral", "zephyr", "gemma", "phi-3", "fallback"); bos/eos are the texts
+ * of those tokens for templates that write them. */
+char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos,
+                            const gpe_chat_msg *msgs, size_t n, bool add_assistant, char *err,
+                            size_t errlen);
+/* Family name detected from a Jinja template text ("fallback" when unknown). */
+const char *gpe_chat_detect(const char *template_text);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct gpe_ctx gpe_ctx;
+
+typedef struct gpe_ctx_params {
+    int n_ctx;        /* positions per sequence; 0 = the model's training length */
+    int n_seq;        /* sequences held in the KV cache (agent slots); default 1 */
+    int n_threads;    /* 0 = number of online CPUs */
+    int n_batch;      /* max tokens per gpe_decode; default 512 */
+} gpe_ctx_params;
+
+gpe_ctx_params gpe_ctx_default_params(void);
+gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **out, char *err,
+                        size_t errlen);
+void gpe_ctx_free(gpe_ctx *ctx);
+int gpe_ctx_n_ctx(const gpe_ctx *ctx);
+/* Forget everything sequence seq holds (its positions restart at 0). */
+void gpe_seq_clear(gpe_ctx *ctx, int seq);
+/* Number of positions sequence seq currently holds. */
+int gpe_seq_len(const gpe_ctx *ctx, int seq);
+
+/* A batch: tokens of one or more sequences decoded in one step. Tokens of a
+ * sequence must be at consecutive positions following what the sequence
+ * already holds. */
+typedef struct gpe_batch gpe_batch;
+gpe_batch *gpe_batch_init(int capacity);
+void gpe_batch_free(gpe_batch *b);
+void gpe_batch_clear(gpe_batch *b);
+/* Returns the token's index in the batch, or -1 when full. */
+int gpe_batch_add(gpe_batch *b, int32_t token, int pos, int seq, bool want_logits);
+int gpe_batch_size(const gpe_batch *b);
+
+/* Run the model on a batch. Prompt tokens of a sequence are processed
+ * together (prefill); single tokens of several sequences share one pass over
+ * the weights (decode). On error nothing is appended to the KV cache. */
+gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen);
+/* Logits (n_vocab floats) of batch entry i from the last gpe_decode, or NULL
+ * when that entry did not ask for logits. Valid until the next decode. */
+const float *gpe_get_logits(const gpe_ctx *ctx, int i);
+
+/* ---------------------------------------------------------------- sampler */
+
+typedef struct gpe_sampler_params {
+    float temperature;        /* 0 = greedy (argmax, lowest id on ties) */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repeat_penalty;     /* 1 = off; applied to the last repeat_last_n tokens */
+    int repeat_last_n;        /* default 64 */
+    float frequency_penalty;  /* 0 = off */
+    float presence_penalty;   /* 0 = off */
+    uint64_t seed;            /* same seed + prompt + model -> same tokens */
+} gpe_sampler_params;
+
+typedef struct gpe_sampler gpe_sampler;
+gpe_sampler_params gpe_sampler_default_params(void);
+gpe_sampler *gpe_sampler_init(const gpe_sampler_params *p);
+void gpe_sampler_free(gpe_sampler *s);
+/* Choose the next token from logits (not modified). */
+int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab);
+/* Record a token (prompt or generated) for the penalties. */
+void gpe_sampler_accept(gpe_sampler *s, int32_t token);
+void gpe_sampler_reset(gpe_sampler *s);
+
+/* Stop strings over the streamed text. Feed each piece; the matcher holds
+ * back text that could be the start of a stop string so that a stop string
+ * never reaches the client. */
+typedef struct gpe_stop gpe_stop;
+gpe_stop *gpe_stop_init(const char *const *stops, size_t n);
+void gpe_stop_free(gpe_stop *st);
+/* Append piece; *emit/*emit_len receive text safe to send now (borrowed,
+ * valid until the next call). Returns true when a stop string matched (the
+ * text before it has been emitted; generation should end). */
+bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
+                   size_t *emit_len);
+/* At the end of generation: whatever is still held back. */
+void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len);
+
+/* ----------------------------------------------------------------- system */
+
+/* Which SIMD path the CPU backend chose at run time ("avx512", "avx2", "scalar"). */
+const char *gpe_cpu_features(void);
+/* Is the CUDA backend compiled in, and are devices visible? */
+bool gpe_cuda_available(void);
+/* CUDA backend self-test (kernels vs the CPU reference); message in err. */
+gpe_status gpe_cuda_selftest(char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

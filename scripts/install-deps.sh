@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Idempotent: installs (with apt-get) whatever the build, the demo and the test
+# suite need and is not already on the machine. Safe to run again and again;
+# it asks apt nothing when every package is present.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git
+  libevent-dev libsqlite3-dev sqlite3 libjansson-dev libssl-dev openssl
+  libcurl4-openssl-dev curl
+  libcmocka-dev
+  python3
+  nodejs npm
+  clang libclang-rt-14-dev
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+# node and npm may come from outside Debian's packages (the machine image has
+# its own); accept any working node >= 18 rather than fight it.
+if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
+  tmp=()
+  for p in "${missing[@]}"; do
+    case "$p" in nodejs|npm) ;; *) tmp+=("$p") ;; esac
+  done
+  missing=("${tmp[@]+"${tmp[@]}"}")
+fi
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q >&2
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2

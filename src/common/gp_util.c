@@ -1,0 +1,353 @@
+/* gp_util: see gp_util.h. */
+#include "common/gp_util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <openssl/crypto.h>
+
+/* ------------------------------------------------------------------ time */
+
+uint64_t gp_now_mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+uint64_t gp_now_mono_ms(void)
+{
+    return gp_now_mono_us() / 1000u;
+}
+
+int64_t gp_now_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------ randomness */
+
+void gp_random_bytes(void *buf, size_t n)
+{
+    if (RAND_bytes(buf, (int)n) != 1) {
+        fprintf(stderr, "gpupool: OpenSSL RAND_bytes failed; refusing to continue\n");
+        abort();
+    }
+}
+
+void gp_random_hex(char *out, size_t nbytes)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char tmp[64];
+    size_t done = 0;
+    while (done < nbytes) {
+        size_t k = nbytes - done < sizeof tmp ? nbytes - done : sizeof tmp;
+        gp_random_bytes(tmp, k);
+        for (size_t i = 0; i < k; i++) {
+            out[2 * (done + i)] = hex[tmp[i] >> 4];
+            out[2 * (done + i) + 1] = hex[tmp[i] & 15];
+        }
+        done += k;
+    }
+    out[2 * nbytes] = '\0';
+}
+
+void gp_uuid4(char out[37])
+{
+    unsigned char b[16];
+    gp_random_bytes(b, sizeof b);
+    b[6] = (unsigned char)((b[6] & 0x0f) | 0x40);
+    b[8] = (unsigned char)((b[8] & 0x3f) | 0x80);
+    snprintf(out, 37,
+             "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+             b[12], b[13], b[14], b[15]);
+}
+
+bool gp_uuid_valid(const char *s)
+{
+    if (!s || strlen(s) != 36)
+        return false;
+    for (int i = 0; i < 36; i++) {
+        char c = s[i];
+        if (i == 8 || i == 13 || i == 18 || i == 23) {
+            if (c != '-')
+                return false;
+        } else if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void gp_id_new(const char *prefix, char *out, size_t outlen)
+{
+    char hex[25];
+    gp_random_hex(hex, 12);
+    snprintf(out, outlen, "%s%s", prefix, hex);
+}
+
+/* --------------------------------------------------------------- hashing */
+
+void gp_sha256_hex(const void *data, size_t len, char out[65])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char md[SHA256_DIGEST_LENGTH];
+    SHA256(data, len, md);
+    for (int i = 0; i < SHA256_DIGEST_LENGTH; i++) {
+        out[2 * i] = hex[md[i] >> 4];
+        out[2 * i + 1] = hex[md[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+int gp_ct_equal(const void *a, const void *b, size_t n)
+{
+    return CRYPTO_memcmp(a, b, n) == 0;
+}
+
+/* ----------------------------------------------------------------- files */
+
+char *gp_read_file(const char *path, size_t *len, size_t max)
+{
+    char *buf = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    gp_buf b;
+    gp_buf_init(&b);
+    char chunk[8192];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (b.len + n > max) {
+            errno = EFBIG;
+            goto done;
+        }
+        if (gp_buf_append(&b, chunk, n) < 0)
+            goto done;
+    }
+    if (ferror(f)) {
+        errno = EIO;
+        goto done;
+    }
+    if (gp_buf_append(&b, "", 0) < 0)
+        goto done;
+    if (len)
+        *len = b.len;
+    buf = gp_buf_steal(&b);
+done:
+    gp_buf_free(&b);
+    fclose(f);
+    return buf;
+}
+
+int gp_write_file_atomic(const char *path, const void *data, size_t len, mode_t mode)
+{
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    int fd = -1, rc = -1;
+    if (!tmp)
+        return -1;
+    snprintf(tmp, plen + 16, "%s.tmp%05d", path, (int)(getpid() % 100000));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0)
+        goto done;
+    if (fchmod(fd, mode) < 0)
+        goto done;
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            goto done;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) < 0)
+        goto done;
+    if (close(fd) < 0) {
+        fd = -1;
+        goto done;
+    }
+    fd = -1;
+    if (rename(tmp, path) < 0)
+        goto done;
+    rc = 0;
+done:
+    if (fd >= 0)
+        close(fd);
+    if (rc < 0) {
+        int e = errno;
+        unlink(tmp);
+        errno = e;
+    }
+    free(tmp);
+    return rc;
+}
+
+int gp_mkdirs(const char *path, mode_t mode)
+{
+    char *p = strdup(path);
+    int rc = -1;
+    if (!p)
+        return -1;
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(p, mode) < 0 && errno != EEXIST)
+            goto done;
+        *s = '/';
+    }
+    if (mkdir(p, mode) < 0 && errno != EEXIST)
+        goto done;
+    rc = 0;
+done:
+    free(p);
+    return rc;
+}
+
+/* --------------------------------------------------------------- network */
+
+int gp_parse_hostport(const char *s, char **host, int *port, bool allow_zero)
+{
+    const char *colon, *hstart, *hend;
+    *host = NULL;
+    if (!s || !*s)
+        return -1;
+    if (s[0] == '[') {
+        hend = strchr(s, ']');
+        if (!hend || hend[1] != ':')
+            return -1;
+        hstart = s + 1;
+        colon = hend + 1;
+    } else {
+        colon = strrchr(s, ':');
+        if (!colon || strchr(s, ':') != colon)
+            return -1;
+        hstart = s;
+        hend = colon;
+    }
+    if (hend == hstart)
+        return -1;
+    char *end = NULL;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end != '\0' || p < (allow_zero ? 0 : 1) || p > 65535)
+        return -1;
+    *host = strndup(hstart, (size_t)(hend - hstart));
+    if (!*host)
+        return -1;
+    *port = (int)p;
+    return 0;
+}
+
+bool gp_host_is_loopback(const char *host)
+{
+    if (!host)
+        return false;
+    if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0)
+        return true;
+    struct in_addr a;
+    if (inet_pton(AF_INET, host, &a) == 1)
+        return (ntohl(a.s_addr) >> 24) == 127;
+    return false;
+}
+
+/* ---------------------------------------------------------------- buffer */
+
+void gp_buf_init(gp_buf *b)
+{
+    b->data = NULL;
+    b->len = 0;
+    b->cap = 0;
+}
+
+void gp_buf_free(gp_buf *b)
+{
+    free(b->data);
+    gp_buf_init(b);
+}
+
+static int buf_reserve(gp_buf *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) {
+        if (cap > SIZE_MAX / 2) {
+            errno = ENOMEM;
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *d = realloc(b->data, cap);
+    if (!d)
+        return -1;
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+int gp_buf_append(gp_buf *b, const void *data, size_t n)
+{
+    if (buf_reserve(b, n) < 0)
+        return -1;
+    if (n)
+        memcpy(b->data + b->len, data, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
+
+int gp_buf_appendf(gp_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || buf_reserve(b, (size_t)n) < 0)
+        return -1;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+void gp_buf_consume(gp_buf *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+        if (b->data)
+            b->data[0] = '\0';
+        return;
+    }
+    memmove(b->data, b->data + n, b->len - n);
+    b->len -= n;
+    b->data[b->len] = '\0';
+}
+
+char *gp_buf_steal(gp_buf *b)
+{
+    char *d = b->data;
+    if (!d)
+        d = calloc(1, 1);
+    gp_buf_init(b);
+    return d;
+}

@@ -1,0 +1,73 @@
+/*
+ * gp_util: time, random ids, hashing and file helpers shared by the server,
+ * the agent and the tools.
+ *
+ * Randomness comes from OpenSSL's CSPRNG (RAND_bytes): ids and keys must not
+ * be guessable. Time is monotonic for durations and timers, wall-clock only
+ * for what is shown to people (`created`, log timestamps).
+ */
+#ifndef GP_UTIL_H
+#define GP_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* Monotonic clock (CLOCK_MONOTONIC), for durations and deadlines. */
+uint64_t gp_now_mono_ms(void);
+uint64_t gp_now_mono_us(void);
+/* Wall clock, milliseconds since the epoch. */
+int64_t gp_now_wall_ms(void);
+
+/* Fill buf with n cryptographically random bytes. Aborts if the CSPRNG
+ * fails: continuing with predictable ids or keys would be worse. */
+void gp_random_bytes(void *buf, size_t n);
+/* Write 2*nbytes lowercase hex chars of randomness plus NUL into out
+ * (out must hold 2*nbytes+1). */
+void gp_random_hex(char *out, size_t nbytes);
+/* Random RFC 4122 version-4 UUID, "xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx". */
+void gp_uuid4(char out[37]);
+/* True when s is a UUID in the canonical 36-char form (any version). */
+bool gp_uuid_valid(const char *s);
+/* prefix + 24 random hex chars, e.g. "chatcmpl-3f2a…". out must hold
+ * strlen(prefix)+25. */
+void gp_id_new(const char *prefix, char *out, size_t outlen);
+
+/* Lowercase hex SHA-256 of data. */
+void gp_sha256_hex(const void *data, size_t len, char out[65]);
+/* Constant-time comparison of two equal-length buffers: 1 equal, 0 not. */
+int gp_ct_equal(const void *a, const void *b, size_t n);
+
+/* Read a whole file (at most max bytes; more is an error). Returns a
+ * NUL-terminated malloc'd buffer (new, caller frees) and its length, or
+ * NULL with errno set (EFBIG when larger than max). */
+char *gp_read_file(const char *path, size_t *len, size_t max);
+/* Write data to path atomically (temp file + fsync + rename) with mode.
+ * Returns 0 or -1 with errno set. */
+int gp_write_file_atomic(const char *path, const void *data, size_t len, mode_t mode);
+/* mkdir -p with mode for each created component. 0 or -1 with errno. */
+int gp_mkdirs(const char *path, mode_t mode);
+
+/* Split "host:port" ("[v6]:port" too). *host is malloc'd (caller frees).
+ * Returns 0, or -1 when malformed or port outside 1..65535 (0 allowed
+ * when allow_zero, for "pick an ephemeral port"). */
+int gp_parse_hostport(const char *s, char **host, int *port, bool allow_zero);
+/* True when host names the loopback interface (127.0.0.0/8, ::1, localhost). */
+bool gp_host_is_loopback(const char *host);
+
+/* Growable byte buffer. One owner; gp_buf_free releases the storage. */
+typedef struct gp_buf {
+    char *data;      /* NUL-terminated whenever len < cap */
+    size_t len;
+    size_t cap;
+} gp_buf;
+void gp_buf_init(gp_buf *b);
+void gp_buf_free(gp_buf *b);
+int gp_buf_append(gp_buf *b, const void *data, size_t n);   /* 0 or -1 (ENOMEM) */
+int gp_buf_appendf(gp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
+/* Take ownership of the storage (new, caller frees); b is left empty. */
+char *gp_buf_steal(gp_buf *b);
+
+#endif
