@@ -1,0 +1,127 @@
+/* Unit tests for src/common/gp_util.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/gp_util.h"
+
+static void test_ids(void **state)
+{
+    char a[37], b[37];
+    gp_uuid4(a);
+    gp_uuid4(b);
+    assert_true(gp_uuid_valid(a));
+    assert_int_equal(a[14], '4');
+    assert_true(strchr("89ab", a[19]) != NULL);
+    assert_string_not_equal(a, b);
+    assert_false(gp_uuid_valid("not-a-uuid"));
+    assert_false(gp_uuid_valid("8d3f1c2e-7b4a-4c1d-9e2f-0a1b2c3d4e5g"));
+    char id[64];
+    gp_id_new("chatcmpl-", id, sizeof id);
+    assert_int_equal(strlen(id), 9 + 24);
+    assert_memory_equal(id, "chatcmpl-", 9);
+}
+
+static void test_sha256_and_ct(void **state)
+{
+    char hex[65];
+    gp_sha256_hex("abc", 3, hex);
+    /* FIPS 180-2 test vector for "abc". */
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    assert_true(gp_ct_equal("abcd", "abcd", 4));
+    assert_false(gp_ct_equal("abcd", "abce", 4));
+}
+
+static void test_hostport(void **state)
+{
+    char *h = NULL;
+    int p = 0;
+    assert_int_equal(gp_parse_hostport("127.0.0.1:8080", &h, &p, false), 0);
+    assert_string_equal(h, "127.0.0.1");
+    assert_int_equal(p, 8080);
+    free(h);
+    assert_int_equal(gp_parse_hostport("[::1]:0", &h, &p, true), 0);
+    assert_string_equal(h, "::1");
+    assert_int_equal(p, 0);
+    free(h);
+    assert_int_equal(gp_parse_hostport("[::1]:0", &h, &p, false), -1);
+    assert_int_equal(gp_parse_hostport("host", &h, &p, false), -1);
+    assert_int_equal(gp_parse_hostport(":80", &h, &p, false), -1);
+    assert_int_equal(gp_parse_hostport("a:70000", &h, &p, false), -1);
+    assert_int_equal(gp_parse_hostport("a:80x", &h, &p, false), -1);
+    assert_true(gp_host_is_loopback("127.0.0.1"));
+    assert_true(gp_host_is_loopback("127.1.2.3"));
+    assert_true(gp_host_is_loopback("::1"));
+    assert_true(gp_host_is_loopback("localhost"));
+    assert_false(gp_host_is_loopback("0.0.0.0"));
+    assert_false(gp_host_is_loopback("10.0.0.1"));
+}
+
+static void test_buf(void **state)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(gp_buf_appendf(&b, "%d,", i), 0);
+    assert_memory_equal(b.data, "0,1,2,", 6);
+    gp_buf_consume(&b, 2);
+    assert_memory_equal(b.data, "1,2,", 4);
+    size_t len = b.len;
+    char *s = gp_buf_steal(&b);
+    assert_int_equal(strlen(s), len);
+    assert_null(b.data);
+    free(s);
+    gp_buf_free(&b);
+}
+
+static void test_files(void **state)
+{
+    char dir[] = "/tmp/gp_util_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/a/b/c", dir);
+    assert_int_equal(gp_mkdirs(path, 0700), 0);
+    char file[160];
+    snprintf(file, sizeof file, "%s/id", path);
+    assert_int_equal(gp_write_file_atomic(file, "hello", 5, 0600), 0);
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    size_t len = 0;
+    char *d = gp_read_file(file, &len, 100);
+    assert_non_null(d);
+    assert_int_equal(len, 5);
+    assert_string_equal(d, "hello");
+    free(d);
+    assert_null(gp_read_file(file, &len, 3));   /* larger than max */
+    unlink(file);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_time(void **state)
+{
+    uint64_t a = gp_now_mono_us();
+    uint64_t b = gp_now_mono_us();
+    assert_true(b >= a);
+    assert_true(gp_now_wall_ms() > 1700000000000LL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
+        cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_files), cmocka_unit_test(test_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
