@@ -219,7 +219,7 @@ void gpe_sampler_reset(gpe_sampler *s);
 typedef struct gpe_stop gpe_stop;
 gpe_stop *gpe_stop_init(const char *const *stops, size_t n);
 void gpe_stop_free(gpe_stop *st);
-/* Append piece; *emit/*emit_len receive text safe to send now (borrowed,
+/* Append piece; *emit and *emit_len receive text safe to send now (borrowed,
  * valid until the next call). Returns true when a stop string matched (the
  * text before it has been emitted; generation should end). */
 bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
