@@ -1,0 +1,53 @@
+/*
+ * agent_config: the option table of gpupool-agent and its effective values.
+ *
+ * Precedence (gp_config.h): default < config file < flag < GPUPOOL_* env.
+ * agent_config_load parses and validates the cross-field rules a table row
+ * cannot express (exactly one backend chosen, labels well formed, server URL
+ * is http(s)://). Strings in agent_options are owned by the gp_config passed
+ * in: call gp_config_free(cfg) when done.
+ */
+#ifndef AGENT_CONFIG_H
+#define AGENT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/gp_config.h"
+
+typedef struct agent_options {
+    /* --- connection to the server --- */
+    char *server;              /* base URL, "http://127.0.0.1:8080" */
+    char *token;               /* agent key (Bearer), NULL with auth off */
+    char *state_dir;           /* holds agent_id (0600); created 0700 */
+    long long slots;           /* concurrent jobs (>= 1) */
+    char *name;                /* display name; default: host name */
+    char *labels;              /* "k=v,k2=v2" (parse with agent_labels_parse) */
+    char *log_level;           /* debug|info|warn|error */
+    char *config;              /* config file path */
+    long long drain_timeout_sec;   /* SIGTERM: how long running jobs may finish */
+    long long request_timeout_sec; /* bound on one poll/events request */
+    /* --- backend openai --- */
+    char *upstream;            /* base URL of an OpenAI-compatible server */
+    char *upstream_model;      /* model name sent upstream */
+    char *upstream_key;        /* optional Bearer key for the upstream */
+    long long upstream_timeout_sec; /* no byte from upstream this long -> UPSTREAM_TIMEOUT */
+    long long upstream_connect_timeout_sec;
+    /* --- backend gguf (src/agent/backend_gguf.c) --- */
+    char *model;               /* path to a .gguf file */
+    long long threads;         /* CPU threads for the engine (0 = auto) */
+    long long ctx_size;        /* context length per slot (0 = model's) */
+    /* --- both --- */
+    char *alias;               /* public model id (default: upstream model / file stem) */
+} agent_options;
+
+extern const gp_opt agent_config_table[];
+extern const size_t agent_config_table_len;
+
+/* Parse argv (and envp; NULL = process environment) into out.
+ * Returns 0, or -1 with err naming the key. cfg must be freed with
+ * gp_config_free (it owns the strings in out) even on error. */
+int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv, char **envp,
+                      char *err, size_t errlen);
+
+#endif

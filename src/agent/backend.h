@@ -1,0 +1,107 @@
+/*
+ * backend: how gpupool-agent runs a job. One small vtable, chosen once at
+ * start-up (--upstream -> openai, --model FILE.gguf -> gguf).
+ *
+ * Concurrency model
+ * -----------------
+ * The agent's main thread owns the backend object: it calls create,
+ * models, poll_facts, job_start, job_cancel and destroy, never concurrently.
+ * Each backend runs its jobs on its own thread(s) (the openai backend: one
+ * thread per job driving a libcurl transfer; the gguf backend: its decode
+ * thread). Those threads report a job's progress through the
+ * agent_job_sink given to job_start. Sink callbacks:
+ *   - may be called from any backend thread, for different jobs at once;
+ *   - are thread-safe and never block for long: they copy their arguments
+ *     into the job's event queue and wake the agent's uploader;
+ *   - for one job, are called in order from one thread at a time.
+ *
+ * Job lifecycle contract (every backend must keep it)
+ * ---------------------------------------------------
+ *   job_start() == 0  ->  started? token* metrics*  then exactly ONE of
+ *                         end() or error()   (the terminal event)
+ * After the terminal callback returns the backend never touches that sink
+ * again (the agent may free its context). job_cancel() is asynchronous: the
+ * backend stops as soon as it can (the openai backend aborts the upstream
+ * transfer so the upstream sees the disconnect) and still delivers one
+ * terminal event (error "CANCELLED" is fine; the agent drops it). Cancel of
+ * an unknown or finished job_id is a no-op. job_start() != 0 means the job
+ * was not started and no callback will come: the agent reports err as an
+ * error event itself. destroy() cancels what still runs and joins the
+ * backend's threads before returning (all terminal callbacks done).
+ *
+ * Job JSON (borrowed; json_incref it to keep it): exactly the object of
+ * /agents/work's "jobs" array, see docs/protocol.md: job_id, kind
+ * ("completion" | "chat" | "count_tokens"), model, prompt, messages, params
+ * {max_tokens, temperature, top_p, top_k, stop, seed}, continuation,
+ * correlation_id, deadline_ms. count_tokens: no token events, end with
+ * finish_reason "stop" and usage.prompt_tokens set.
+ *
+ * Error codes (stable, go to the client): UPSTREAM_ERROR, UPSTREAM_MALFORMED,
+ * UPSTREAM_TIMEOUT (openai), INVALID_REQUEST (bad job), CONTEXT_OVERFLOW,
+ * INSUFFICIENT_VRAM, INTERNAL_ERROR, CANCELLED.
+ */
+#ifndef AGENT_BACKEND_H
+#define AGENT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "agent/agent_config.h"
+
+/* Event sink for one job. The agent fills it; ctx is the agent's per-job
+ * state. Strings are borrowed for the duration of the call. */
+typedef struct agent_job_sink {
+    void *ctx;
+    /* The backend began generating (prompt accepted). Optional to call. */
+    void (*started)(void *ctx);
+    /* Generated text (UTF-8, may be a partial code point sequence only if the
+     * backend cannot avoid it; len bytes, not NUL-terminated). token_id is
+     * -1 when unknown (openai). */
+    void (*token)(void *ctx, const char *text, size_t len, int32_t token_id);
+    /* Free-form metrics object, e.g. {"prompt_tokens":5,"tokens_per_sec":410.5}.
+     * Borrowed: the sink copies it. */
+    void (*metrics)(void *ctx, json_t *metrics);
+    /* Terminal: finish_reason "stop" | "length"; token counts (-1 unknown). */
+    void (*end)(void *ctx, const char *finish_reason, long long prompt_tokens,
+                long long completion_tokens);
+    /* Terminal: stable code and a message for people. */
+    void (*error)(void *ctx, const char *code, const char *message);
+} agent_job_sink;
+
+typedef struct agent_backend agent_backend;
+
+typedef struct agent_backend_ops {
+    const char *name; /* "openai", "gguf" */
+    /* Stop every job (terminal callbacks delivered), join threads, free. */
+    void (*destroy)(agent_backend *b);
+    /* Model facts for /agents/poll: a JSON array (new reference) of
+     * {id, aliases[], quantization, context_length, bytes, vram_bytes,
+     *  architecture, loaded}. Unknown facts may be null. */
+    json_t *(*models)(agent_backend *b);
+    /* (optional, may be NULL) Add live figures to the poll body, e.g.
+     * "kv_cache_utilization", "queue_depth". body is borrowed. */
+    void (*poll_facts)(agent_backend *b, json_t *body);
+    /* Start a job. job is borrowed; *sink is copied. Returns 0 (callbacks
+     * will follow, ending with exactly one terminal) or -1 with err set
+     * (no callback will come). */
+    int (*job_start)(agent_backend *b, json_t *job, const agent_job_sink *sink, char *err,
+                     size_t errlen);
+    /* Ask a running job to stop (asynchronous, idempotent). */
+    void (*job_cancel)(agent_backend *b, const char *job_id);
+} agent_backend_ops;
+
+/* Every backend embeds this as the FIRST member of its own struct. */
+struct agent_backend {
+    const agent_backend_ops *ops;
+};
+
+/* Constructors. Each returns a new backend, or NULL with a message in err.
+ * Options are borrowed and outlive the backend. */
+agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen);
+/* Defined in backend_gguf.c (engine module) when it is built; the agent's
+ * CMakeLists defines AGENT_HAVE_GGUF=1 in that case. */
+agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen);
+
+#endif
