@@ -1,0 +1,633 @@
+/*
+ * engine: the public API of libgpupool-engine (include/gpupool/engine.h)
+ * over the internal modules: gguf (file), model (weights, forward pass),
+ * kv (cache), tokenizer, chat, threadpool.
+ *
+ * Sections: status names, model (load, info, metadata, tensors),
+ * tokenizer and chat glue, batches, contexts and decode, system.
+ */
+#include "gpupool/engine.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf.h"
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/threadpool.h"
+#include "engine/tokenizer.h"
+
+struct gpe_model {
+    gpe_gguf *g;              /* owns the mapping every weight points into */
+    gpe_llama llama;          /* weights (unset when vocab_only) */
+    bool has_weights;
+    gpe_tokenizer *tok;       /* NULL when the file has no vocabulary */
+    char *name;               /* general.name or the file's base name */
+    char quant[16];           /* dominant weight type */
+    const char *chat_format;  /* static string from gpe_chat_detect */
+    uint64_t weight_bytes;
+    gpe_model_info info;
+};
+
+struct gpe_batch {
+    int cap;
+    int n;
+    int32_t *tok;
+    int *pos;
+    int *seq;
+    bool *logits;
+};
+
+struct gpe_ctx {
+    gpe_model *m;
+    gpe_pool *pool;
+    gpe_kv kv;
+    gpe_fwd fwd;
+    int n_ctx, n_seq, n_batch;
+    int *next_pos;            /* [n_seq] validation scratch */
+    int *row_of;              /* [row_cap] batch index -> logits row or -1 */
+    int row_cap;
+    int last_n;               /* entries of the last decoded batch */
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ========================================================= status names */
+
+const char *gpe_status_name(gpe_status s)
+{
+    switch (s) {
+    case GPE_OK: return "OK";
+    case GPE_ERR_IO: return "IO";
+    case GPE_ERR_FORMAT: return "FORMAT";
+    case GPE_ERR_UNSUPPORTED: return "UNSUPPORTED";
+    case GPE_ERR_NOMEM: return "NOMEM";
+    case GPE_ERR_ARG: return "ARG";
+    case GPE_ERR_CTX_FULL: return "CTX_FULL";
+    case GPE_ERR_INSUFFICIENT_VRAM: return "INSUFFICIENT_VRAM";
+    case GPE_ERR_BACKEND: return "BACKEND";
+    }
+    return "UNKNOWN";
+}
+
+/* ================================================================ model */
+
+gpe_model_params gpe_model_default_params(void)
+{
+    gpe_model_params p;
+    memset(&p, 0, sizeof p);
+    p.backend = GPE_BACKEND_CPU;
+    return p;
+}
+
+/* Dominant weight type: the type holding the most bytes among 2-D tensors
+ * (norm vectors are F32 in every file and would say nothing). */
+static void find_quant(gpe_model *m)
+{
+    uint64_t bytes[GPE_TYPE_COUNT];
+    memset(bytes, 0, sizeof bytes);
+    for (int64_t i = 0; i < gpe_gguf_n_tensors(m->g); i++) {
+        const gpe_gguf_tensor *t = gpe_gguf_tensor_at(m->g, i);
+        m->weight_bytes += t->nbytes;
+        if (t->n_dims >= 2 && (unsigned)t->type < GPE_TYPE_COUNT)
+            bytes[t->type] += t->nbytes;
+    }
+    int best = -1;
+    for (int t = 0; t < GPE_TYPE_COUNT; t++)
+        if (bytes[t] > 0 && (best < 0 || bytes[t] > bytes[best]))
+            best = t;
+    snprintf(m->quant, sizeof m->quant, "%s", best >= 0 ? gpe_type_name((uint32_t)best) : "none");
+}
+
+static char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && strcmp(b + n - 5, ".gguf") == 0)
+        n -= 5;
+    return strndup(b, n);
+}
+
+static int32_t meta_token(const gpe_gguf *g, const char *key, int n_vocab)
+{
+    uint32_t v;
+    if (!gpe_gguf_get_u32(g, key, &v) || (int64_t)v >= n_vocab)
+        return -1;
+    return (int32_t)v;
+}
+
+static void fill_info(gpe_model *m)
+{
+    gpe_model_info *in = &m->info;
+    const gpe_gguf *g = m->g;
+    memset(in, 0, sizeof *in);
+    in->arch = gpe_gguf_get_str(g, "general.architecture", NULL);
+    if (!in->arch)
+        in->arch = "unknown";
+    in->name = m->name;
+    in->quant = m->quant;
+    in->tokenizer = gpe_gguf_get_str(g, "tokenizer.ggml.model", NULL);
+    in->chat_template = gpe_gguf_get_str(g, "tokenizer.chat_template", NULL);
+    in->chat_format = m->chat_format;
+    in->file_bytes = gpe_gguf_file_size(g);
+    in->weight_bytes = m->weight_bytes;
+    int n_vocab = m->tok ? gpe_tokenizer_n_vocab(m->tok) : 0;
+    if (m->has_weights) {
+        const gpe_hparams *hp = &m->llama.hp;
+        in->n_ctx_train = hp->n_ctx_train;
+        n_vocab = hp->n_vocab;
+        in->n_embd = hp->n_embd;
+        in->n_layer = hp->n_layer;
+        in->n_head = hp->n_head;
+        in->n_head_kv = hp->n_head_kv;
+        in->n_ff = hp->n_ff;
+        in->n_params = m->llama.n_params;
+    }
+    in->n_vocab = n_vocab;
+    in->bos = meta_token(g, "tokenizer.ggml.bos_token_id", n_vocab);
+    in->eos = meta_token(g, "tokenizer.ggml.eos_token_id", n_vocab);
+}
+
+gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_model **out,
+                          char *err, size_t errlen)
+{
+    gpe_status st;
+    gpe_model *m = NULL;
+    gpe_model_params p = params ? *params : gpe_model_default_params();
+
+    if (!out) {
+        seterr(err, errlen, "out is NULL");
+        return GPE_ERR_ARG;
+    }
+    *out = NULL;
+    if (!path || !*path) {
+        seterr(err, errlen, "no model path given");
+        return GPE_ERR_ARG;
+    }
+    if (p.backend == GPE_BACKEND_CUDA && !gpe_cuda_available()) {
+        seterr(err, errlen, "the CUDA backend is not built into this engine");
+        return GPE_ERR_BACKEND;
+    }
+    m = calloc(1, sizeof *m);
+    if (!m) {
+        seterr(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
+    }
+    char sub[256];
+    if ((st = gpe_gguf_open(path, &m->g, sub, sizeof sub))) {
+        seterr(err, errlen, "%s: %s", path, sub);
+        goto fail;
+    }
+    if (!p.vocab_only) {
+        if ((st = gpe_llama_load(&m->llama, m->g, sub, sizeof sub))) {
+            seterr(err, errlen, "%s: %s", path, sub);
+            goto fail;
+        }
+        m->has_weights = true;
+    }
+    /* The tokenizer is required: a model whose text cannot be read or
+     * written is of no use to any caller of this API. */
+    m->tok = gpe_tokenizer_load(m->g, sub, sizeof sub);
+    if (!m->tok) {
+        seterr(err, errlen, "%s: tokenizer: %s", path, sub);
+        st = GPE_ERR_FORMAT;
+        goto fail;
+    }
+    if (m->has_weights && gpe_tokenizer_n_vocab(m->tok) > m->llama.hp.n_vocab) {
+        seterr(err, errlen, "%s: vocabulary has %d tokens but token_embd.weight only %d rows",
+               path, gpe_tokenizer_n_vocab(m->tok), m->llama.hp.n_vocab);
+        st = GPE_ERR_FORMAT;
+        goto fail;
+    }
+    const char *gname = gpe_gguf_get_str(m->g, "general.name", NULL);
+    m->name = gname && *gname ? strdup(gname) : base_name(path);
+    if (!m->name) {
+        seterr(err, errlen, "out of memory");
+        st = GPE_ERR_NOMEM;
+        goto fail;
+    }
+    find_quant(m);
+    const char *tmpl = gpe_gguf_get_str(m->g, "tokenizer.chat_template", NULL);
+    m->chat_format = gpe_chat_detect(tmpl ? tmpl : "");
+    fill_info(m);
+    *out = m;
+    return GPE_OK;
+
+fail:
+    gpe_model_free(m);
+    return st;
+}
+
+void gpe_model_free(gpe_model *m)
+{
+    if (!m)
+        return;
+    gpe_tokenizer_free(m->tok);
+    gpe_llama_free(&m->llama);
+    gpe_gguf_close(m->g);
+    free(m->name);
+    free(m);
+}
+
+void gpe_model_get_info(const gpe_model *m, gpe_model_info *out)
+{
+    if (m && out)
+        *out = m->info;
+}
+
+int gpe_model_n_vocab(const gpe_model *m)
+{
+    return m ? m->info.n_vocab : 0;
+}
+
+bool gpe_model_meta_str(const gpe_model *m, const char *key, char *buf, size_t buflen)
+{
+    if (!m || !key)
+        return false;
+    int64_t i = gpe_gguf_find_key(m->g, key);
+    if (i < 0)
+        return false;
+    if (buf && buflen > 0)
+        gpe_gguf_kv_render(m->g, i, buf, buflen, 8);
+    return true;
+}
+
+int gpe_model_meta_count(const gpe_model *m)
+{
+    return m ? (int)gpe_gguf_n_kv(m->g) : 0;
+}
+
+const char *gpe_model_meta_key(const gpe_model *m, int i)
+{
+    return m ? gpe_gguf_key(m->g, i) : NULL;
+}
+
+int gpe_model_tensor_count(const gpe_model *m)
+{
+    return m ? (int)gpe_gguf_n_tensors(m->g) : 0;
+}
+
+bool gpe_model_tensor_info(const gpe_model *m, int i, const char **name, const char **type,
+                           int64_t dims[4], int *n_dims, uint64_t *bytes)
+{
+    if (!m)
+        return false;
+    const gpe_gguf_tensor *t = gpe_gguf_tensor_at(m->g, i);
+    if (!t)
+        return false;
+    if (name)
+        *name = t->name;
+    if (type)
+        *type = gpe_type_name(t->type);
+    if (dims)
+        for (int d = 0; d < 4; d++)
+            dims[d] = t->ne[d];
+    if (n_dims)
+        *n_dims = t->n_dims;
+    if (bytes)
+        *bytes = t->nbytes;
+    return true;
+}
+
+/* ==================================================== tokenizer and chat */
+
+int gpe_tokenize(const gpe_model *m, const char *text, size_t len, bool add_special,
+                 bool parse_special, int32_t *out, int max)
+{
+    if (!m || !m->tok || (!text && len > 0) || max < 0 || (!out && max > 0))
+        return INT32_MIN;
+    return gpe_tokenizer_encode(m->tok, text ? text : "", len, add_special, parse_special, out, max);
+}
+
+int gpe_token_to_piece(const gpe_model *m, int32_t token, char *buf, size_t buflen,
+                       bool special)
+{
+    if (!m || !m->tok)
+        return 0;
+    return gpe_tokenizer_piece(m->tok, token, buf, buflen, special);
+}
+
+bool gpe_token_is_eog(const gpe_model *m, int32_t token)
+{
+    return m && m->tok && gpe_tokenizer_is_eog(m->tok, token);
+}
+
+/* Text of a special token for templates that write BOS/EOS literally;
+ * "" when absent. */
+static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
+{
+    buf[0] = '\0';
+    if (id < 0)
+        return;
+    int n = gpe_token_to_piece(m, id, buf, buflen - 1, true);
+    buf[n > 0 ? n : 0] = '\0';
+}
+
+char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,
+                     char *err, size_t errlen)
+{
+    if (!m) {
+        seterr(err, errlen, "no model");
+        return NULL;
+    }
+    char bos[64], eos[64];
+    token_text(m, m->info.bos, bos, sizeof bos);
+    token_text(m, m->info.eos, eos, sizeof eos);
+    return gpe_chat_apply_format(m->chat_format, bos, eos, msgs, n, add_assistant, err,
+                                 errlen);
+}
+
+/* ============================================================== batches */
+
+gpe_batch *gpe_batch_init(int capacity)
+{
+    if (capacity <= 0)
+        return NULL;
+    gpe_batch *b = calloc(1, sizeof *b);
+    if (!b)
+        return NULL;
+    b->cap = capacity;
+    b->tok = malloc((size_t)capacity * sizeof *b->tok);
+    b->pos = malloc((size_t)capacity * sizeof *b->pos);
+    b->seq = malloc((size_t)capacity * sizeof *b->seq);
+    b->logits = malloc((size_t)capacity * sizeof *b->logits);
+    if (!b->tok || !b->pos || !b->seq || !b->logits) {
+        gpe_batch_free(b);
+        return NULL;
+    }
+    return b;
+}
+
+void gpe_batch_free(gpe_batch *b)
+{
+    if (!b)
+        return;
+    free(b->tok);
+    free(b->pos);
+    free(b->seq);
+    free(b->logits);
+    free(b);
+}
+
+void gpe_batch_clear(gpe_batch *b)
+{
+    if (b)
+        b->n = 0;
+}
+
+int gpe_batch_add(gpe_batch *b, int32_t token, int pos, int seq, bool want_logits)
+{
+    if (!b || b->n >= b->cap)
+        return -1;
+    int i = b->n++;
+    b->tok[i] = token;
+    b->pos[i] = pos;
+    b->seq[i] = seq;
+    b->logits[i] = want_logits;
+    return i;
+}
+
+int gpe_batch_size(const gpe_batch *b)
+{
+    return b ? b->n : 0;
+}
+
+/* ============================================================= contexts */
+
+gpe_ctx_params gpe_ctx_default_params(void)
+{
+    gpe_ctx_params p;
+    memset(&p, 0, sizeof p);
+    p.n_ctx = 0;
+    p.n_seq = 1;
+    p.n_threads = 0;
+    p.n_batch = 512;
+    return p;
+}
+
+gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **out, char *err,
+                        size_t errlen)
+{
+    gpe_ctx_params p = params ? *params : gpe_ctx_default_params();
+    gpe_ctx *c = NULL;
+
+    if (!out) {
+        seterr(err, errlen, "out is NULL");
+        return GPE_ERR_ARG;
+    }
+    *out = NULL;
+    if (!m || !m->has_weights) {
+        seterr(err, errlen, "model has no weights (loaded vocab-only?)");
+        return GPE_ERR_ARG;
+    }
+    const gpe_hparams *hp = &m->llama.hp;
+    if (p.n_ctx == 0)
+        p.n_ctx = hp->n_ctx_train;
+    if (p.n_seq == 0)
+        p.n_seq = 1;
+    if (p.n_batch == 0)
+        p.n_batch = 512;
+    if (p.n_ctx < 0 || p.n_ctx > (1 << 22)) {
+        seterr(err, errlen, "n_ctx %d out of range [1, %d]", p.n_ctx, 1 << 22);
+        return GPE_ERR_ARG;
+    }
+    if (p.n_seq < 0 || p.n_seq > 4096) {
+        seterr(err, errlen, "n_seq %d out of range [1, 4096]", p.n_seq);
+        return GPE_ERR_ARG;
+    }
+    if (p.n_batch < 0 || p.n_batch > 65536) {
+        seterr(err, errlen, "n_batch %d out of range [1, 65536]", p.n_batch);
+        return GPE_ERR_ARG;
+    }
+    if (p.n_threads < 0 || p.n_threads > 512) {
+        seterr(err, errlen, "n_threads %d out of range [0, 512]", p.n_threads);
+        return GPE_ERR_ARG;
+    }
+    c = calloc(1, sizeof *c);
+    if (!c)
+        goto nomem;
+    c->m = m;
+    c->n_ctx = p.n_ctx;
+    c->n_seq = p.n_seq;
+    c->n_batch = p.n_batch;
+    c->pool = gpe_pool_create(p.n_threads);
+    if (!c->pool)
+        goto nomem;
+    if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim) != 0) {
+        seterr(err, errlen, "cannot allocate the KV cache (%d sequences x %d positions)",
+               p.n_seq, p.n_ctx);
+        gpe_ctx_free(c);
+        return GPE_ERR_NOMEM;
+    }
+    if (gpe_fwd_init(&c->fwd, &m->llama, p.n_batch, p.n_ctx, gpe_pool_size(c->pool)) != 0)
+        goto nomem;
+    c->next_pos = calloc((size_t)p.n_seq, sizeof *c->next_pos);
+    if (!c->next_pos)
+        goto nomem;
+    *out = c;
+    return GPE_OK;
+
+nomem:
+    seterr(err, errlen, "out of memory");
+    gpe_ctx_free(c);
+    return GPE_ERR_NOMEM;
+}
+
+void gpe_ctx_free(gpe_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    gpe_pool_destroy(ctx->pool);
+    gpe_kv_free(&ctx->kv);
+    gpe_fwd_free(&ctx->fwd);
+    free(ctx->next_pos);
+    free(ctx->row_of);
+    free(ctx);
+}
+
+int gpe_ctx_n_ctx(const gpe_ctx *ctx)
+{
+    return ctx ? ctx->n_ctx : 0;
+}
+
+void gpe_seq_clear(gpe_ctx *ctx, int seq)
+{
+    if (ctx)
+        gpe_kv_seq_clear(&ctx->kv, seq);
+}
+
+int gpe_seq_len(const gpe_ctx *ctx, int seq)
+{
+    return ctx ? gpe_kv_seq_len(&ctx->kv, seq) : 0;
+}
+
+/* Checks every entry before anything is computed, so that a rejected batch
+ * leaves the cache untouched. */
+static gpe_status validate_batch(gpe_ctx *c, const gpe_batch *b, char *err, size_t errlen)
+{
+    const int n_vocab = c->m->llama.hp.n_vocab;
+    for (int s = 0; s < c->n_seq; s++)
+        c->next_pos[s] = c->kv.len[s];
+    for (int i = 0; i < b->n; i++) {
+        const int s = b->seq[i];
+        if (s < 0 || s >= c->n_seq) {
+            seterr(err, errlen, "batch entry %d: sequence %d out of range [0, %d)", i, s,
+                   c->n_seq);
+            return GPE_ERR_ARG;
+        }
+        if (b->tok[i] < 0 || b->tok[i] >= n_vocab) {
+            seterr(err, errlen, "batch entry %d: token %d out of range [0, %d)", i,
+                   (int)b->tok[i], n_vocab);
+            return GPE_ERR_ARG;
+        }
+        if (b->pos[i] != c->next_pos[s]) {
+            seterr(err, errlen,
+                   "batch entry %d: sequence %d expects position %d next, got %d", i, s,
+                   c->next_pos[s], b->pos[i]);
+            return GPE_ERR_ARG;
+        }
+        if (b->pos[i] >= c->n_ctx) {
+            seterr(err, errlen, "sequence %d is full: position %d exceeds the context length %d",
+                   s, b->pos[i], c->n_ctx);
+            return GPE_ERR_CTX_FULL;
+        }
+        c->next_pos[s]++;
+    }
+    return GPE_OK;
+}
+
+gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen)
+{
+    gpe_status st;
+    if (!ctx || !b) {
+        seterr(err, errlen, "ctx or batch is NULL");
+        return GPE_ERR_ARG;
+    }
+    ctx->last_n = 0;
+    if (b->n == 0) {
+        seterr(err, errlen, "empty batch");
+        return GPE_ERR_ARG;
+    }
+    if ((st = validate_batch(ctx, b, err, errlen)))
+        return st;
+
+    int n_out = 0;
+    for (int i = 0; i < b->n; i++)
+        n_out += b->logits[i] ? 1 : 0;
+    if (b->n > ctx->row_cap) {
+        int *r = realloc(ctx->row_of, (size_t)b->n * sizeof *r);
+        if (!r)
+            goto nomem;
+        ctx->row_of = r;
+        ctx->row_cap = b->n;
+    }
+    if (gpe_fwd_reserve_logits(&ctx->fwd, &ctx->m->llama, n_out) != 0)
+        goto nomem;
+
+    /* Batches larger than n_batch run in chunks; a later chunk sees the
+     * earlier chunks' K/V rows because attention reads the cache by
+     * position, not by committed length. */
+    const int n_vocab = ctx->m->llama.hp.n_vocab;
+    int row = 0;
+    for (int c0 = 0; c0 < b->n; c0 += ctx->n_batch) {
+        int cn = b->n - c0 < ctx->n_batch ? b->n - c0 : ctx->n_batch;
+        for (int i = c0; i < c0 + cn; i++)
+            ctx->row_of[i] = b->logits[i] ? row++ : -1;
+        int base = row;
+        for (int i = c0; i < c0 + cn; i++)
+            if (b->logits[i]) {
+                base = ctx->row_of[i];
+                break;
+            }
+        gpe_llama_forward(&ctx->m->llama, &ctx->fwd, &ctx->kv, ctx->pool, b->tok + c0,
+                          b->pos + c0, b->seq + c0, b->logits + c0, cn,
+                          ctx->fwd.logits + (size_t)base * (size_t)n_vocab);
+    }
+    for (int i = 0; i < b->n; i++)
+        if (b->pos[i] + 1 > ctx->kv.len[b->seq[i]])
+            ctx->kv.len[b->seq[i]] = b->pos[i] + 1;
+    ctx->last_n = b->n;
+    return GPE_OK;
+
+nomem:
+    seterr(err, errlen, "out of memory");
+    return GPE_ERR_NOMEM;
+}
+
+const float *gpe_get_logits(const gpe_ctx *ctx, int i)
+{
+    if (!ctx || i < 0 || i >= ctx->last_n || ctx->row_of[i] < 0)
+        return NULL;
+    return ctx->fwd.logits + (size_t)ctx->row_of[i] * (size_t)ctx->m->llama.hp.n_vocab;
+}
+
+/* =============================================================== system */
+
+#ifndef GPUPOOL_HAVE_CUDA
+/* Without the CUDA backend these report it plainly; the CUDA build provides
+ * its own definitions in src/engine/cuda/. */
+bool gpe_cuda_available(void)
+{
+    return false;
+}
+
+gpe_status gpe_cuda_selftest(char *err, size_t errlen)
+{
+    seterr(err, errlen, "the CUDA backend is not built into this engine");
+    return GPE_ERR_BACKEND;
+}
+#endif

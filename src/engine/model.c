@@ -1,0 +1,758 @@
+/*
+ * model: llama-family hyper-parameters, weight binding and the CPU forward
+ * pass (see model.h for the architecture and the determinism contract).
+ *
+ * Sections: loading (metadata, tensors), scratch, parallel jobs (activation
+ * conversion, matmul, RoPE + KV store, attention, SwiGLU), forward.
+ */
+#include "engine/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Sanity caps on hyper-parameters: far above any model this engine can run,
+ * low enough that no size computed from them overflows. */
+#define MAX_EMBD   (1 << 16)
+#define MAX_FF     (1 << 18)
+#define MAX_LAYER  1024
+#define MAX_HEAD   1024
+#define MAX_VOCAB  (1 << 22)
+#define MAX_CTX    (1 << 22)
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ============================================================== loading */
+
+/* Architectures whose GGUF layout is the llama one. Mistral and Llama 3
+ * files are written as "llama" by llama.cpp's converter. */
+static bool arch_supported(const char *a)
+{
+    return strcmp(a, "llama") == 0;
+}
+
+/* Reads "<arch>.<suffix>" as a positive int into *out; absent -> dflt (or
+ * an error when dflt < 0). */
+static gpe_status get_int(const gpe_gguf *g, const char *arch, const char *suffix, int dflt,
+                          int maxv, int *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    if (!gpe_gguf_get_i64(g, key, &v)) {
+        if (gpe_gguf_find_key(g, key) >= 0) {
+            seterr(err, errlen, "metadata '%s' is not an integer", key);
+            return GPE_ERR_FORMAT;
+        }
+        if (dflt < 0) {
+            seterr(err, errlen, "metadata '%s' is missing", key);
+            return GPE_ERR_FORMAT;
+        }
+        *out = dflt;
+        return GPE_OK;
+    }
+    if (v <= 0 || v > maxv) {
+        seterr(err, errlen, "metadata '%s' = %lld is out of range [1, %d]", key, (long long)v,
+               maxv);
+        return GPE_ERR_FORMAT;
+    }
+    *out = (int)v;
+    return GPE_OK;
+}
+
+static bool get_f32(const gpe_gguf *g, const char *arch, const char *suffix, float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gpe_gguf_get_f32(g, key, out);
+}
+
+static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, size_t errlen)
+{
+    gpe_status st;
+    const char *arch = gpe_gguf_get_str(g, "general.architecture", NULL);
+    if (!arch) {
+        seterr(err, errlen, "metadata 'general.architecture' is missing");
+        return GPE_ERR_FORMAT;
+    }
+    if (!arch_supported(arch)) {
+        seterr(err, errlen, "unsupported architecture '%.64s' (this engine runs the llama family)",
+               arch);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch);
+
+    if ((st = get_int(g, arch, "embedding_length", -1, MAX_EMBD, &hp->n_embd, err, errlen)) ||
+        (st = get_int(g, arch, "block_count", -1, MAX_LAYER, &hp->n_layer, err, errlen)) ||
+        (st = get_int(g, arch, "feed_forward_length", -1, MAX_FF, &hp->n_ff, err, errlen)) ||
+        (st = get_int(g, arch, "attention.head_count", -1, MAX_HEAD, &hp->n_head, err,
+                      errlen)) ||
+        (st = get_int(g, arch, "attention.head_count_kv", hp->n_head, MAX_HEAD, &hp->n_head_kv,
+                      err, errlen)) ||
+        (st = get_int(g, arch, "context_length", 2048, MAX_CTX, &hp->n_ctx_train, err,
+                      errlen)))
+        return st;
+    if (hp->n_embd % hp->n_head != 0) {
+        seterr(err, errlen, "embedding_length %d is not a multiple of head_count %d", hp->n_embd,
+               hp->n_head);
+        return GPE_ERR_FORMAT;
+    }
+    if ((st = get_int(g, arch, "attention.key_length", hp->n_embd / hp->n_head, MAX_EMBD,
+                      &hp->head_dim, err, errlen)))
+        return st;
+    int vlen;
+    if ((st = get_int(g, arch, "attention.value_length", hp->head_dim, MAX_EMBD, &vlen, err,
+                      errlen)))
+        return st;
+    if (vlen != hp->head_dim) {
+        seterr(err, errlen, "key_length %d != value_length %d is not supported", hp->head_dim,
+               vlen);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    if ((uint64_t)hp->head_dim * (uint64_t)hp->n_head > MAX_EMBD * 4ull) {
+        seterr(err, errlen, "head_count x key_length is too large");
+        return GPE_ERR_FORMAT;
+    }
+    if (hp->n_head % hp->n_head_kv != 0) {
+        seterr(err, errlen, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+               hp->n_head_kv);
+        return GPE_ERR_FORMAT;
+    }
+    if ((st = get_int(g, arch, "rope.dimension_count", hp->head_dim, MAX_EMBD, &hp->n_rot, err,
+                      errlen)))
+        return st;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0) {
+        seterr(err, errlen, "rope.dimension_count %d must be even and <= head size %d",
+               hp->n_rot, hp->head_dim);
+        return GPE_ERR_FORMAT;
+    }
+
+    hp->rope_base = 10000.0f;
+    if (get_f32(g, arch, "rope.freq_base", &hp->rope_base) && !(hp->rope_base > 0.0f)) {
+        seterr(err, errlen, "rope.freq_base must be > 0");
+        return GPE_ERR_FORMAT;
+    }
+    /* RoPE scaling: linear ("position interpolation") divides positions by
+     * the factor. Other kinds change the frequencies in ways this engine
+     * does not implement: refuse rather than produce wrong text. */
+    hp->rope_freq_scale = 1.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const char *stype = gpe_gguf_get_str(g, key, NULL);
+    float factor = 0.0f;
+    bool have_factor = get_f32(g, arch, "rope.scaling.factor", &factor);
+    if (!have_factor && get_f32(g, arch, "rope.scale_linear", &factor))
+        have_factor = true;
+    if (stype && strcmp(stype, "none") != 0 && strcmp(stype, "linear") != 0) {
+        seterr(err, errlen, "rope scaling type '%.32s' is not supported (only linear)", stype);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    if (have_factor && !(stype && strcmp(stype, "none") == 0) && factor != 0.0f &&
+        factor != 1.0f) {
+        if (!(factor > 0.0f) || !isfinite(factor)) {
+            seterr(err, errlen, "rope scaling factor %g is invalid", (double)factor);
+            return GPE_ERR_FORMAT;
+        }
+        hp->rope_freq_scale = 1.0f / factor;
+    }
+
+    hp->rms_eps = 1e-5f;
+    float eps;
+    if (get_f32(g, arch, "attention.layer_norm_rms_epsilon", &eps)) {
+        if (!(eps > 0.0f) || !isfinite(eps)) {
+            seterr(err, errlen, "attention.layer_norm_rms_epsilon must be > 0");
+            return GPE_ERR_FORMAT;
+        }
+        hp->rms_eps = eps;
+    }
+    return GPE_OK;
+}
+
+/* Binds a 2-D weight of shape [rows][cols] (GGUF ne = {cols, rows}). */
+static gpe_status bind_weight(gpe_weight *w, const gpe_gguf *g, const char *name, int64_t cols,
+                              int64_t rows, char *err, size_t errlen)
+{
+    const gpe_gguf_tensor *t = gpe_gguf_tensor_get(g, name);
+    if (!t) {
+        seterr(err, errlen, "tensor '%s' is missing", name);
+        return GPE_ERR_FORMAT;
+    }
+    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        seterr(err, errlen, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+               (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
+        return GPE_ERR_FORMAT;
+    }
+    if (!gpe_type_supported(t->type)) {
+        seterr(err, errlen, "tensor '%s' has type %s, which this engine does not support", name,
+               gpe_type_name(t->type));
+        return GPE_ERR_UNSUPPORTED;
+    }
+    w->data = t->data;
+    w->type = t->type;
+    w->n_cols = cols;
+    w->n_rows = rows;
+    w->row_bytes = gpe_row_size(t->type, cols);
+    return GPE_OK;
+}
+
+/* Binds a 1-D F32 vector of n elements. */
+static gpe_status bind_vec(const float **out, const gpe_gguf *g, const char *name, int64_t n,
+                           char *err, size_t errlen)
+{
+    const gpe_gguf_tensor *t = gpe_gguf_tensor_get(g, name);
+    if (!t) {
+        seterr(err, errlen, "tensor '%s' is missing", name);
+        return GPE_ERR_FORMAT;
+    }
+    if (t->n_elements != n || t->ne[0] != n) {
+        seterr(err, errlen, "tensor '%s' has %lld elements, expected %lld", name,
+               (long long)t->n_elements, (long long)n);
+        return GPE_ERR_FORMAT;
+    }
+    if (t->type != GPE_TYPE_F32) {
+        seterr(err, errlen, "tensor '%s' has type %s, expected F32", name,
+               gpe_type_name(t->type));
+        return GPE_ERR_UNSUPPORTED;
+    }
+    *out = t->data;
+    return GPE_OK;
+}
+
+gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t errlen)
+{
+    gpe_status st;
+    memset(m, 0, sizeof *m);
+    gpe_hparams *hp = &m->hp;
+    if ((st = read_hparams(hp, g, err, errlen)))
+        return st;
+
+    /* Vocabulary size from the embedding matrix (the tokenizer is checked
+     * against it by the caller). */
+    const gpe_gguf_tensor *te = gpe_gguf_tensor_get(g, "token_embd.weight");
+    if (!te) {
+        seterr(err, errlen, "tensor 'token_embd.weight' is missing");
+        return GPE_ERR_FORMAT;
+    }
+    if (te->n_dims != 2 || te->ne[1] <= 0 || te->ne[1] > MAX_VOCAB) {
+        seterr(err, errlen, "tensor 'token_embd.weight' has a bad shape");
+        return GPE_ERR_FORMAT;
+    }
+    hp->n_vocab = (int)te->ne[1];
+
+    const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
+    if ((st = bind_weight(&m->tok_embd, g, "token_embd.weight", E, V, err, errlen)) ||
+        (st = bind_vec(&m->output_norm, g, "output_norm.weight", E, err, errlen)))
+        return st;
+    if (gpe_gguf_tensor_get(g, "output.weight")) {
+        if ((st = bind_weight(&m->output, g, "output.weight", E, V, err, errlen)))
+            return st;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = true;
+    }
+    if (gpe_gguf_tensor_get(g, "rope_freqs.weight") &&
+        (st = bind_vec(&m->rope_freqs, g, "rope_freqs.weight", hp->n_rot / 2, err, errlen)))
+        return st;
+
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        seterr(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        gpe_layer *L = &m->layers[l];
+        char n[GPE_GGUF_MAX_NAME];
+#define W(field, nm, c, r)                                                        \
+    do {                                                                          \
+        snprintf(n, sizeof n, "blk.%d." nm ".weight", l);                         \
+        if ((st = bind_weight(&L->field, g, n, c, r, err, errlen)))               \
+            goto fail;                                                            \
+    } while (0)
+#define N(field, nm)                                                              \
+    do {                                                                          \
+        snprintf(n, sizeof n, "blk.%d." nm ".weight", l);                         \
+        if ((st = bind_vec(&L->field, g, n, E, err, errlen)))                     \
+            goto fail;                                                            \
+    } while (0)
+        N(attn_norm, "attn_norm");
+        W(wq, "attn_q", E, qd);
+        W(wk, "attn_k", E, kvd);
+        W(wv, "attn_v", E, kvd);
+        W(wo, "attn_output", qd, E);
+        N(ffn_norm, "ffn_norm");
+        W(w_gate, "ffn_gate", E, F);
+        W(w_up, "ffn_up", E, F);
+        W(w_down, "ffn_down", F, E);
+#undef W
+#undef N
+    }
+
+    /* Parameter count: every tensor of the file. */
+    for (int64_t i = 0; i < gpe_gguf_n_tensors(g); i++)
+        m->n_params += (uint64_t)gpe_gguf_tensor_at(g, i)->n_elements;
+    return GPE_OK;
+
+fail:
+    free(m->layers);
+    m->layers = NULL;
+    return st;
+}
+
+void gpe_llama_free(gpe_llama *m)
+{
+    if (!m)
+        return;
+    free(m->layers);
+    m->layers = NULL;
+}
+
+/* ============================================================== scratch */
+
+static void *xalloc(size_t n)
+{
+    /* 64-byte aligned (cache line, AVX-512 loads), rounded up as
+     * aligned_alloc requires. */
+    size_t sz = (n + 63) & ~(size_t)63;
+    return aligned_alloc(64, sz ? sz : 64);
+}
+
+int gpe_fwd_init(gpe_fwd *f, const gpe_llama *m, int n_batch, int n_ctx, int n_threads)
+{
+    const gpe_hparams *hp = &m->hp;
+    memset(f, 0, sizeof *f);
+    if (n_batch <= 0 || n_ctx <= 0 || n_threads <= 0)
+        return -1;
+    f->n_batch = n_batch;
+    f->n_ctx = n_ctx;
+    f->n_threads = n_threads;
+    size_t B = (size_t)n_batch;
+    size_t qd = (size_t)hp->n_head * (size_t)hp->head_dim;
+    size_t kvd = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+    size_t maxc = (size_t)hp->n_embd;
+    if (qd > maxc) maxc = qd;
+    if ((size_t)hp->n_ff > maxc) maxc = (size_t)hp->n_ff;
+
+    f->x = xalloc(B * (size_t)hp->n_embd * sizeof(float));
+    f->xn = xalloc(B * (size_t)hp->n_embd * sizeof(float));
+    f->q = xalloc(B * qd * sizeof(float));
+    f->k = xalloc(B * kvd * sizeof(float));
+    f->v = xalloc(B * kvd * sizeof(float));
+    f->att = xalloc(B * qd * sizeof(float));
+    f->gate = xalloc(B * (size_t)hp->n_ff * sizeof(float));
+    f->up = xalloc(B * (size_t)hp->n_ff * sizeof(float));
+    /* Widest converted row: F32 (4 bytes per element) is an upper bound of
+     * every vec_dot type (Q8_K is 292/256, F16 2). */
+    f->act_bytes = B * maxc * sizeof(float);
+    f->act = xalloc(f->act_bytes);
+    f->act2 = xalloc(f->act_bytes);
+    f->scores = xalloc((size_t)n_threads * (size_t)n_ctx * sizeof(float));
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->gate || !f->up ||
+        !f->act || !f->act2 || !f->scores) {
+        gpe_fwd_free(f);
+        return -1;
+    }
+    return 0;
+}
+
+int gpe_fwd_reserve_logits(gpe_fwd *f, const gpe_llama *m, int n_out)
+{
+    if (n_out <= f->logits_cap)
+        return 0;
+    float *p = xalloc((size_t)n_out * (size_t)m->hp.n_vocab * sizeof(float));
+    if (!p)
+        return -1;
+    free(f->logits);
+    f->logits = p;
+    f->logits_cap = n_out;
+    return 0;
+}
+
+void gpe_fwd_free(gpe_fwd *f)
+{
+    if (!f)
+        return;
+    free(f->x);
+    free(f->xn);
+    free(f->q);
+    free(f->k);
+    free(f->v);
+    free(f->att);
+    free(f->gate);
+    free(f->up);
+    free(f->act);
+    free(f->act2);
+    free(f->scores);
+    free(f->logits);
+    memset(f, 0, sizeof *f);
+}
+
+/* ========================================================= parallel jobs */
+
+/* Worker count for a job of `work` multiply-adds: small jobs run on fewer
+ * threads because waking a worker costs more than it saves. Results do not
+ * depend on this choice (each element is computed the same way by whichever
+ * thread owns it). */
+static int nth_for(gpe_pool *pool, double work)
+{
+    int n = gpe_pool_size(pool);
+    double per = 32768.0;
+    int want = (int)(work / per);
+    if (want < 1)
+        want = 1;
+    return want < n ? want : n;
+}
+
+/* ---- matmuls sharing one input: Y_i = X W_i^T for up to 3 weights. ---- */
+
+typedef struct mm_item {
+    const gpe_weight *w;
+    float *out;             /* [n_tok][w->n_rows] */
+    const void *act;        /* converted X for w's vec_dot type */
+    size_t act_row_bytes;
+} mm_item;
+
+typedef struct mm_job {
+    mm_item it[3];
+    int n_items;
+    const float *x;         /* [n_tok][n_cols] input (for the conversion step) */
+    int n_tok;
+    /* conversion step: distinct weight types needing a converted copy */
+    gpe_type cvt_type[3];
+    void *cvt_dst[3];
+    size_t cvt_row_bytes[3];
+    int n_cvt;
+    int64_t n_cols;
+} mm_job;
+
+static void cvt_fn(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    int64_t lo, hi;
+    gpe_pool_split(j->n_tok, ith, nth, &lo, &hi);
+    for (int c = 0; c < j->n_cvt; c++)
+        for (int64_t t = lo; t < hi; t++)
+            gpe_quantize_row_act(j->cvt_type[c], j->x + t * j->n_cols,
+                                 (char *)j->cvt_dst[c] + (size_t)t * j->cvt_row_bytes[c],
+                                 j->n_cols);
+}
+
+static void mm_fn(void *arg, int ith, int nth)
+{
+    mm_job *j = arg;
+    for (int i = 0; i < j->n_items; i++) {
+        const mm_item *it = &j->it[i];
+        int64_t lo, hi;
+        gpe_pool_split(it->w->n_rows, ith, nth, &lo, &hi);
+        if (lo < hi)
+            gpe_matmul_rows(it->w->type, it->w->data, lo, hi, it->w->n_cols, it->act, j->n_tok,
+                            it->act_row_bytes, it->out, it->w->n_rows);
+    }
+}
+
+/* out_i[t][r] = dot(W_i row r, x row t). All W_i have n_cols columns. The
+ * input is converted once per distinct vec_dot type (F32 needs none). */
+static void matmul_multi(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, int n,
+                         const gpe_weight *const *ws, float *const *outs)
+{
+    mm_job j;
+    memset(&j, 0, sizeof j);
+    j.x = x;
+    j.n_tok = n_tok;
+    j.n_items = n;
+    j.n_cols = ws[0]->n_cols;
+    void *bufs[2] = { f->act, f->act2 };
+    double work = 0.0;
+    for (int i = 0; i < n; i++) {
+        const gpe_weight *w = ws[i];
+        gpe_type vt = gpe_vec_dot_type(w->type);
+        j.it[i].w = w;
+        j.it[i].out = outs[i];
+        work += (double)w->n_rows * (double)w->n_cols * n_tok;
+        if (vt == GPE_TYPE_F32) {
+            j.it[i].act = x;
+            j.it[i].act_row_bytes = (size_t)j.n_cols * sizeof(float);
+            continue;
+        }
+        int c;
+        for (c = 0; c < j.n_cvt; c++)
+            if (gpe_vec_dot_type(j.cvt_type[c]) == vt)
+                break;
+        if (c == j.n_cvt) {
+            if (c == 2) {
+                /* Three distinct non-F32 vec_dot types among q/k/v cannot
+                 * happen with two buffers; split the call instead. */
+                matmul_multi(f, pool, x, n_tok, i, ws, outs);
+                matmul_multi(f, pool, x, n_tok, n - i, ws + i, outs + i);
+                return;
+            }
+            j.cvt_type[c] = w->type;
+            j.cvt_dst[c] = bufs[c];
+            j.cvt_row_bytes[c] = gpe_row_size(vt, j.n_cols);
+            j.n_cvt++;
+        }
+        j.it[i].act = j.cvt_dst[c];
+        j.it[i].act_row_bytes = j.cvt_row_bytes[c];
+    }
+    if (j.n_cvt > 0)
+        gpe_pool_run_n(pool, nth_for(pool, (double)n_tok * (double)j.n_cols * 64.0), cvt_fn,
+                       &j);
+    gpe_pool_run_n(pool, nth_for(pool, work), mm_fn, &j);
+}
+
+static void matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, const gpe_weight *w,
+                   float *out)
+{
+    const gpe_weight *ws[1] = { w };
+    float *outs[1] = { out };
+    matmul_multi(f, pool, x, n_tok, 1, ws, outs);
+}
+
+/* ---- RMSNorm (as ggml: sum of squares in double, scale in float) ---- */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
+{
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum += (double)(x[i] * x[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++)
+        out[i] = (x[i] * scale) * w[i];
+}
+
+/* ---- RoPE on q and k, then store k and v into the cache ---- */
+
+typedef struct rope_job {
+    const gpe_llama *m;
+    gpe_fwd *f;
+    gpe_kv *kv;
+    const int *pos, *seq;
+    int n_tok;
+    int layer;
+} rope_job;
+
+/* Rotates adjacent pairs of the first n_rot dims of each of n_heads heads
+ * (llama.cpp's "normal" RoPE). cs holds cos/sin per pair. */
+static void rope_apply(float *x, int n_heads, int hd, int n_rot, const float *cs)
+{
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * (size_t)hd;
+        for (int i = 0; i < n_rot; i += 2) {
+            const float c = cs[i], s = cs[i + 1];
+            const float x0 = v[i], x1 = v[i + 1];
+            v[i] = x0 * c - x1 * s;
+            v[i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void rope_fn(void *arg, int ith, int nth)
+{
+    rope_job *j = arg;
+    const gpe_hparams *hp = &j->m->hp;
+    const int hd = hp->head_dim, n_rot = hp->n_rot;
+    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    /* theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication
+     * in float like ggml's rope cache so that angles round the same way. */
+    const float theta_scale = powf(hp->rope_base, -2.0f / (float)n_rot);
+    float cs[2 * 512 + 2];
+    float *csp = cs;
+    float *heap = NULL;
+    if (n_rot > 1024) {
+        heap = malloc((size_t)n_rot * sizeof(float));
+        if (!heap)
+            return; /* cannot happen in practice; n_rot <= head_dim */
+        csp = heap;
+    }
+    int64_t lo, hi;
+    gpe_pool_split(j->n_tok, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float theta = (float)j->pos[t];
+        for (int i = 0; i < n_rot; i += 2) {
+            float th = theta;
+            if (j->m->rope_freqs)
+                th = th / j->m->rope_freqs[i / 2];
+            th *= hp->rope_freq_scale;
+            csp[i] = cosf(th);
+            csp[i + 1] = sinf(th);
+            theta *= theta_scale;
+        }
+        float *q = j->f->q + (size_t)t * qd;
+        float *k = j->f->k + (size_t)t * kvd;
+        rope_apply(q, hp->n_head, hd, n_rot, csp);
+        rope_apply(k, hp->n_head_kv, hd, n_rot, csp);
+        memcpy(gpe_kv_k(j->kv, j->layer, j->seq[t], j->pos[t]), k, kvd * sizeof(float));
+        memcpy(gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]), j->f->v + (size_t)t * kvd,
+               kvd * sizeof(float));
+    }
+    free(heap);
+}
+
+/* ---- attention: one unit = (token, head) ---- */
+
+typedef struct attn_job {
+    const gpe_llama *m;
+    gpe_fwd *f;
+    const gpe_kv *kv;
+    const int *pos, *seq;
+    int n_tok;
+    int layer;
+} attn_job;
+
+/* Fixed-order dot product (8 partial sums, then a fixed reduction), so the
+ * same inputs give the same bits everywhere. */
+static float dot_f32(const float *a, const float *b, int n)
+{
+    float s[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++)
+        r += a[i] * b[i];
+    return r;
+}
+
+static void attn_fn(void *arg, int ith, int nth)
+{
+    attn_job *j = arg;
+    const gpe_hparams *hp = &j->m->hp;
+    const int hd = hp->head_dim, n_head = hp->n_head;
+    const int group = hp->n_head / hp->n_head_kv;
+    const size_t qd = (size_t)n_head * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = j->f->scores + (size_t)ith * (size_t)j->f->n_ctx;
+    int64_t lo, hi;
+    gpe_pool_split((int64_t)j->n_tok * n_head, ith, nth, &lo, &hi);
+    for (int64_t u = lo; u < hi; u++) {
+        const int t = (int)(u / n_head), h = (int)(u % n_head);
+        const int s = j->seq[t], p = j->pos[t], kvh = h / group;
+        const float *q = j->f->q + (size_t)t * qd + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int i = 0; i <= p; i++) {
+            const float *k = gpe_kv_k(j->kv, j->layer, s, i) + (size_t)kvh * hd;
+            sc[i] = dot_f32(q, k, hd) * scale;
+            if (sc[i] > mx)
+                mx = sc[i];
+        }
+        double sum = 0.0;
+        for (int i = 0; i <= p; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += (double)sc[i];
+        }
+        const float inv = (float)(1.0 / sum);
+        float *out = j->f->att + (size_t)t * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++)
+            out[d] = 0.0f;
+        for (int i = 0; i <= p; i++) {
+            const float *v = gpe_kv_v(j->kv, j->layer, s, i) + (size_t)kvh * hd;
+            const float w = sc[i] * inv;
+            for (int d = 0; d < hd; d++)
+                out[d] += w * v[d];
+        }
+    }
+}
+
+/* ---- SwiGLU: gate = silu(gate) * up ---- */
+
+typedef struct swiglu_job {
+    float *gate;
+    const float *up;
+    int64_t n;
+} swiglu_job;
+
+static void swiglu_fn(void *arg, int ith, int nth)
+{
+    swiglu_job *j = arg;
+    int64_t lo, hi;
+    gpe_pool_split(j->n, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const float g = j->gate[i];
+        j->gate[i] = (g / (1.0f + expf(-g))) * j->up[i];
+    }
+}
+
+/* ============================================================== forward */
+
+int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
+                      const int32_t *tokens, const int *pos, const int *seq, const bool *want,
+                      int n, float *logits)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int E = hp->n_embd;
+    const size_t qd = (size_t)hp->n_head * hp->head_dim;
+
+    /* Embedding rows. */
+    for (int t = 0; t < n; t++)
+        gpe_dequantize_row(m->tok_embd.type,
+                           (const char *)m->tok_embd.data +
+                               (size_t)tokens[t] * m->tok_embd.row_bytes,
+                           f->x + (size_t)t * E, E);
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        const gpe_layer *L = &m->layers[l];
+
+        /* Attention block. */
+        for (int t = 0; t < n; t++)
+            rmsnorm(f->xn + (size_t)t * E, f->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
+        {
+            const gpe_weight *ws[3] = { &L->wq, &L->wk, &L->wv };
+            float *outs[3] = { f->q, f->k, f->v };
+            matmul_multi(f, pool, f->xn, n, 3, ws, outs);
+        }
+        rope_job rj = { m, f, kv, pos, seq, n, l };
+        gpe_pool_run_n(pool, nth_for(pool, (double)n * (double)(qd * 8)), rope_fn, &rj);
+
+        double attn_work = 0.0;
+        for (int t = 0; t < n; t++)
+            attn_work += (double)(pos[t] + 1) * (double)qd * 2.0;
+        attn_job aj = { m, f, kv, pos, seq, n, l };
+        gpe_pool_run_n(pool, nth_for(pool, attn_work), attn_fn, &aj);
+
+        /* x += Wo att; the matmul writes into xn, then a plain add. */
+        matmul(f, pool, f->att, n, &L->wo, f->xn);
+        for (size_t i = 0; i < (size_t)n * (size_t)E; i++)
+            f->x[i] += f->xn[i];
+
+        /* Feed-forward block. */
+        for (int t = 0; t < n; t++)
+            rmsnorm(f->xn + (size_t)t * E, f->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
+        {
+            const gpe_weight *ws[2] = { &L->w_gate, &L->w_up };
+            float *outs[2] = { f->gate, f->up };
+            matmul_multi(f, pool, f->xn, n, 2, ws, outs);
+        }
+        swiglu_job sj = { f->gate, f->up, (int64_t)n * hp->n_ff };
+        gpe_pool_run_n(pool, nth_for(pool, (double)sj.n * 16.0), swiglu_fn, &sj);
+        matmul(f, pool, f->gate, n, &L->w_down, f->xn);
+        for (size_t i = 0; i < (size_t)n * (size_t)E; i++)
+            f->x[i] += f->xn[i];
+    }
+
+    /* Output: final norm and logits only for the entries that asked. */
+    int n_out = 0;
+    for (int t = 0; t < n; t++) {
+        if (!want[t])
+            continue;
+        rmsnorm(f->xn + (size_t)n_out * E, f->x + (size_t)t * E, m->output_norm, E,
+                hp->rms_eps);
+        n_out++;
+    }
+    if (n_out > 0)
+        matmul(f, pool, f->xn, n_out, &m->output, logits);
+    return n_out;
+}
