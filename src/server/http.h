@@ -1,0 +1,138 @@
+/*
+ * http: listeners, the routing table, request limits and error replies in
+ * the dialect of each endpoint.
+ *
+ * Handler contract (as in libevent's sample): a handler must eventually call
+ * evhttp_send_reply / evhttp_send_error / gps_http_send_* on its request, or
+ * take the chunked path (evhttp_send_reply_start ... _end). It may do so
+ * later (long-poll, streaming): then it must watch the connection's close
+ * callback, because the request is freed by evhttp when the peer goes away.
+ *
+ * Every response carries X-Correlation-Id (taken from the request when it is
+ * a sane token, otherwise generated) and X-Content-Type-Options: nosniff.
+ *
+ * Error shapes:
+ *   native    {"error":{"code":"STABLE_CODE","message":"...","correlation_id":"..."}}
+ *   openai    {"error":{"message":"...","type":"invalid_request_error","param":..,"code":".."}}
+ *   anthropic {"type":"error","error":{"type":"invalid_request_error","message":"..."}}
+ */
+#ifndef GPS_HTTP_H
+#define GPS_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <jansson.h>
+
+typedef enum { GPS_DIALECT_NATIVE = 0, GPS_DIALECT_OPENAI, GPS_DIALECT_ANTHROPIC } gps_dialect;
+
+/* Who may call a route. The http layer checks the Bearer key (via the auth
+ * hook) before calling the handler. */
+typedef enum {
+    GPS_ROLE_NONE = 0,  /* public: /health, /metrics */
+    GPS_ROLE_CLIENT,
+    GPS_ROLE_AGENT,
+    GPS_ROLE_ADMIN,
+} gps_role;
+
+#define GPS_ROUTE_MAX_PARAMS 4
+#define GPS_ROUTE_PARAM_MAX 128
+
+typedef struct gps_http gps_http;
+typedef struct gps_req gps_req;
+typedef void (*gps_handler_fn)(gps_req *r, void *arg);
+
+typedef struct gps_route {
+    unsigned methods;       /* EVHTTP_REQ_* mask */
+    const char *pattern;    /* "/agents/jobs/{id}/events": {x} matches one segment */
+    gps_dialect dialect;
+    gps_role role;
+    gps_handler_fn fn;
+    void *arg;
+} gps_route;
+
+/* Per-request context, valid only during the handler call (it lives on the
+ * stack of the dispatcher): copy what outlives it. */
+struct gps_req {
+    struct evhttp_request *req;
+    gps_http *http;
+    const gps_route *route;
+    unsigned method;
+    const char *path;                 /* decoded path without query */
+    char correlation_id[65];
+    char key_id[65];                  /* id of the key that authenticated ("" when auth off) */
+    char params[GPS_ROUTE_MAX_PARAMS][GPS_ROUTE_PARAM_MAX];
+    int nparams;
+    uint64_t start_us;                /* gp_now_mono_us() when dispatched */
+};
+
+/* Auth hook: decide whether `bearer` (NULL when absent) may use a route of
+ * `role`. Return 0 and fill key_id (may be "") to allow, -1 to answer 401.
+ * Installed by main; without one every request is allowed. */
+typedef int (*gps_auth_fn)(void *arg, const char *bearer, gps_role role, char key_id[65]);
+
+typedef struct gps_http_opts {
+    size_t max_body_bytes;
+    size_t max_header_bytes;
+    int idle_timeout_sec;
+} gps_http_opts;
+
+/* New server on base. Returns NULL on allocation failure. */
+gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts);
+void gps_http_free(gps_http *h);
+/* Add a route (the pattern string must outlive h). 0 or -1 when the table is full. */
+int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_dialect d,
+                       gps_role role, gps_handler_fn fn, void *arg);
+void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
+/* Bind host:port (port 0 = ephemeral). *bound_port receives the real port.
+ * 0 or -1 with a message in err. */
+int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
+                  size_t errlen);
+/* Stop accepting new connections (SIGTERM); open ones keep working. */
+void gps_http_stop_accepting(gps_http *h);
+struct evhttp *gps_http_evhttp(gps_http *h);
+size_t gps_http_max_body(const gps_http *h);
+int gps_http_idle_timeout(const gps_http *h);
+
+/* Pure route lookup (exposed for tests). Returns 0 and the route, 404 when
+ * no pattern matches the path, 405 when a pattern matches but not the
+ * method (*out then points at that route, for its dialect). */
+int gps_route_lookup(const gps_route *routes, size_t n, unsigned method, const char *path,
+                     const gps_route **out, char params[][GPS_ROUTE_PARAM_MAX], int *nparams);
+/* Dialect of a path that matched no route: paths under /v1 are OpenAI (the
+ * Anthropic messages endpoints excepted), others native. */
+gps_dialect gps_dialect_for_path(const char *path);
+
+/* ---- replies ---- */
+
+/* Reply with a JSON body (reference stolen). */
+void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
+/* Build the error body of dialect d (new reference). code is a stable
+ * native code ("INVALID_REQUEST"); param names the offending field or NULL;
+ * extra (stolen, may be NULL) is merged into the inner error object. */
+json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *message,
+                       const char *param, const char *correlation_id, json_t *extra);
+/* Send an error in dialect d. */
+void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
+                         const char *code, const char *message, const char *param,
+                         const char *correlation_id, json_t *extra);
+/* Same, using r's dialect and correlation id. */
+void gps_req_error(gps_req *r, int status, const char *code, const char *message,
+                   const char *param);
+/* OpenAI "type" for a status (invalid_request_error, authentication_error, ...). */
+const char *gps_openai_error_type(int status);
+
+/* The request body as a NUL-terminated string (new, caller frees), or NULL
+ * when empty or on allocation failure. *len receives the length. */
+char *gps_req_body(struct evhttp_request *req, size_t *len);
+/* Parse the body as a JSON object. On failure sends 400 (or 413) in r's
+ * dialect and returns NULL. New reference. */
+json_t *gps_req_json(gps_req *r);
+/* Header lookup on the request (borrowed, NULL when absent). */
+const char *gps_req_header(gps_req *r, const char *name);
+void gps_req_add_header(gps_req *r, const char *name, const char *value);
+
+#endif

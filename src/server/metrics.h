@@ -1,0 +1,55 @@
+/*
+ * metrics: a small Prometheus registry and its text exposition (format
+ * 0.0.4: "# HELP", "# TYPE", one sample a line).
+ *
+ * Families are defined once (name without the gpupool_ prefix, type, help,
+ * histogram buckets); series are addressed by a preformatted label string
+ * such as `api="openai",outcome="ok"` (build it with gps_metrics_label so
+ * values are escaped). Labels must stay bounded (model, api, outcome,
+ * state, priority): never a job id or a key.
+ *
+ * Gauges that mirror live state (queue depth, agents per state) are filled
+ * by a collector callback right before each render; it usually calls
+ * gps_metrics_reset first so that series of vanished models disappear.
+ * Loop thread only: no locking.
+ */
+#ifndef GPS_METRICS_H
+#define GPS_METRICS_H
+
+#include <stddef.h>
+
+#include "common/gp_util.h"
+
+typedef enum { GPS_METRIC_COUNTER, GPS_METRIC_GAUGE, GPS_METRIC_HISTOGRAM } gps_metric_type;
+
+typedef struct gps_metrics gps_metrics;
+typedef void (*gps_metrics_collect_fn)(gps_metrics *m, void *arg);
+
+gps_metrics *gps_metrics_new(void);
+void gps_metrics_free(gps_metrics *m);
+/* Define a family. buckets (upper bounds, ascending) only for histograms;
+ * copied. 0 or -1. */
+int gps_metrics_define(gps_metrics *m, const char *name, gps_metric_type type,
+                       const char *help, const double *buckets, size_t nbuckets);
+/* Counter += v. Unknown family: ignored. labels may be NULL or "". */
+void gps_metrics_add(gps_metrics *m, const char *name, const char *labels, double v);
+/* Gauge = v. */
+void gps_metrics_set(gps_metrics *m, const char *name, const char *labels, double v);
+/* Histogram observation. */
+void gps_metrics_observe(gps_metrics *m, const char *name, const char *labels, double v);
+/* Drop every series of a family (gauges refilled by a collector). */
+void gps_metrics_reset(gps_metrics *m, const char *name);
+/* Current value of a counter/gauge series (0 when absent); for tests. */
+double gps_metrics_get(gps_metrics *m, const char *name, const char *labels);
+void gps_metrics_set_collector(gps_metrics *m, gps_metrics_collect_fn fn, void *arg);
+/* Render every family (runs the collector first). 0 or -1. */
+int gps_metrics_render(gps_metrics *m, gp_buf *out);
+
+/* Write `k1="v1",k2="v2"` into out from NULL-terminated key/value pairs,
+ * escaping backslash, quote and newline. Returns out. */
+char *gps_metrics_label(char *out, size_t outlen, ...);
+
+/* Define the server's standard families (requests_total, ...). */
+int gps_metrics_define_server(gps_metrics *m);
+
+#endif

@@ -1,0 +1,9 @@
+# Server core (owner: S3): config table, HTTP layer + routing, SSE framing,
+# Prometheus metrics. No dependency on store/registry/sched.
+add_library(gps_core STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/server_config.c
+  ${CMAKE_CURRENT_LIST_DIR}/http.c
+  ${CMAKE_CURRENT_LIST_DIR}/sse.c
+  ${CMAKE_CURRENT_LIST_DIR}/metrics.c)
+target_link_libraries(gps_core PUBLIC gpupool_common PkgConfig::LIBEVENT PkgConfig::JANSSON m)
+list(APPEND GPS_PARTS gps_core)

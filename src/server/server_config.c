@@ -1,0 +1,110 @@
+/* server_config: see server_config.h. */
+#include "server/server_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+
+extern char **environ;
+
+#define O(f) offsetof(gps_config, f)
+
+/* One row per option. Bounds keep values sane (a 0 s agent timeout or a
+ * 0-byte body limit would make the server useless rather than strict). */
+const gp_opt gps_config_table[] = {
+    {"listen", GP_OPT_STR, O(listen), "127.0.0.1:8080", 0, 0, NULL,
+     "address to listen on (host:port; port 0 picks a free port)"},
+    {"db", GP_OPT_STR, O(db), "./gpupool.db", 0, 0, NULL,
+     "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd)"},
+    {"config", GP_OPT_STR, O(config), "/etc/gpupool/server.conf", 0, 0, NULL,
+     "config file (key = value lines)"},
+    {"log_level", GP_OPT_STR, O(log_level), "info", 0, 0, "debug|info|warn|error",
+     "minimum log level"},
+    {"port-file", GP_OPT_STR, O(port_file), NULL, 0, 0, NULL,
+     "write the bound port number to this file once listening"},
+    {"migrations_dir", GP_OPT_STR, O(migrations_dir), NULL, 0, 0, NULL,
+     "directory holding the SQL migrations (default: search next to the binary)"},
+    {"max_body_bytes", GP_OPT_INT, O(max_body_bytes), "4194304", 1024, 1073741824, NULL,
+     "largest accepted request body (413 above)"},
+    {"max_header_bytes", GP_OPT_INT, O(max_header_bytes), "65536", 1024, 16777216, NULL,
+     "largest accepted request header block"},
+    {"idle_timeout_sec", GP_OPT_INT, O(idle_timeout_sec), "60", 1, 86400, NULL,
+     "close connections idle this long"},
+    {"poll_interval_sec", GP_OPT_INT, O(poll_interval_sec), "15", 1, 3600, NULL,
+     "agent heartbeat interval"},
+    {"agent_timeout_sec", GP_OPT_INT, O(agent_timeout_sec), "90", 1, 86400, NULL,
+     "an agent silent this long is dead"},
+    {"work_wait_sec", GP_OPT_INT, O(work_wait_sec), "25", 1, 600, NULL,
+     "how long /agents/work is held before a 204"},
+    {"max_queue", GP_OPT_INT, O(max_queue), "100", 1, 1000000, NULL,
+     "queued jobs per model before 429"},
+    {"queue_timeout_sec", GP_OPT_INT, O(queue_timeout_sec), "60", 1, 86400, NULL,
+     "a job queued longer than this fails with 503"},
+    {"request_timeout_sec", GP_OPT_INT, O(request_timeout_sec), "600", 1, 86400, NULL,
+     "a request running longer than this fails with 504"},
+    {"stall_timeout_sec", GP_OPT_INT, O(stall_timeout_sec), "60", 1, 86400, NULL,
+     "a running job without any event this long counts as lost"},
+    {"max_attempts", GP_OPT_INT, O(max_attempts), "3", 1, 100, NULL,
+     "agents tried per job (failover)"},
+    {"scheduler", GP_OPT_STR, O(scheduler), "round_robin", 0, 0, "round_robin|weighted",
+     "scheduling policy"},
+    {"shutdown_grace_sec", GP_OPT_INT, O(shutdown_grace_sec), "30", 0, 3600, NULL,
+     "SIGTERM: how long running streams may finish"},
+    {"retention_days", GP_OPT_INT, O(retention_days), "30", 0, 36500, NULL,
+     "purge finished jobs older than this (0 = keep)"},
+    {"log_prompts", GP_OPT_BOOL, O(log_prompts), "false", 0, 0, NULL,
+     "store prompts and outputs in the job log"},
+};
+const size_t gps_config_table_len = sizeof gps_config_table / sizeof gps_config_table[0];
+
+int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char **envp,
+                    char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (gp_config_parse_env(cfg, gps_config_table, gps_config_table_len, out, argc, argv,
+                            envp ? envp : environ, err, errlen) < 0)
+        return -1;
+
+    char *host = NULL;
+    int port = 0;
+    if (!out->listen || gp_parse_hostport(out->listen, &host, &port, true) < 0) {
+        snprintf(err, errlen, "invalid value '%s' for 'listen' (expected host:port)",
+                 out->listen ? out->listen : "");
+        return -1;
+    }
+    free(host);
+    if (!out->db || !*out->db) {
+        snprintf(err, errlen, "invalid value '' for 'db' (expected a file path)");
+        return -1;
+    }
+    /* Under systemd (StateDirectory=gpupool) the default DB lives in the
+     * state dir, not in the working directory (which is / there). */
+    size_t db_row = 0;
+    for (size_t i = 0; i < gps_config_table_len; i++)
+        if (strcmp(gps_config_table[i].name, "db") == 0)
+            db_row = i;
+    const char *state = NULL;
+    for (char **e = envp ? envp : environ; e && *e; e++)
+        if (strncmp(*e, "STATE_DIRECTORY=", 16) == 0)
+            state = *e + 16;
+    if (cfg->src[db_row] == GP_SRC_DEFAULT && state && *state) {
+        /* STATE_DIRECTORY may list several dirs separated by ':'. */
+        size_t l = strcspn(state, ":");
+        char *p = malloc(l + 16);
+        if (!p) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        snprintf(p, l + 16, "%.*s/gpupool.db", (int)l, state);
+        free(out->db);
+        out->db = p;
+    }
+    if (gp_log_level_parse(out->log_level) < 0) {
+        snprintf(err, errlen, "invalid value '%s' for 'log_level'", out->log_level);
+        return -1;
+    }
+    return 0;
+}

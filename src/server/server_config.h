@@ -1,0 +1,51 @@
+/*
+ * server_config: the option table of gpupool-server and its effective values.
+ *
+ * Precedence (from gp_config.h): default < config file < flag < GPUPOOL_* env.
+ * `gps_config_load` parses, validates the cross-field rules that a table row
+ * cannot express (e.g. listen must be host:port), and fills a gps_config.
+ * Strings in gps_config are owned by the gp_config passed in; call
+ * gps_config_free when done.
+ */
+#ifndef GPS_SERVER_CONFIG_H
+#define GPS_SERVER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/gp_config.h"
+
+typedef struct gps_config {
+    char *listen;               /* host:port; port 0 = ephemeral */
+    char *db;                   /* SQLite file */
+    char *config;               /* config file path */
+    char *log_level;            /* debug|info|warn|error */
+    char *port_file;            /* write the bound port here (tests, supervisors) */
+    char *migrations_dir;       /* directory of NNNN_name.sql files (NULL = built-in search) */
+    long long max_body_bytes;   /* request body limit (413 above) */
+    long long max_header_bytes; /* request header block limit */
+    long long idle_timeout_sec; /* idle connection timeout */
+    long long poll_interval_sec;/* agents heartbeat interval, told to agents */
+    long long agent_timeout_sec;/* no heartbeat for this long -> dead */
+    long long work_wait_sec;    /* long-poll hold time of /agents/work */
+    long long max_queue;        /* per-model queue bound (429 above) */
+    long long queue_timeout_sec;/* queued longer -> 503 */
+    long long request_timeout_sec; /* whole request bound -> 504 */
+    long long stall_timeout_sec;/* running job without an event this long -> lost */
+    long long max_attempts;     /* failover attempts per job */
+    char *scheduler;            /* round_robin|weighted */
+    long long shutdown_grace_sec; /* SIGTERM: how long streams may finish */
+    long long retention_days;   /* finished jobs older than this are purged */
+    bool log_prompts;           /* store prompts in the job log */
+} gps_config;
+
+extern const gp_opt gps_config_table[];
+extern const size_t gps_config_table_len;
+
+/* Parse argv (and envp; NULL = process environment) into out.
+ * Returns 0, or -1 with err naming the key. cfg must be freed with
+ * gp_config_free (it owns the strings in out) even on error. */
+int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char **envp,
+                    char *err, size_t errlen);
+
+#endif
