@@ -1,0 +1,433 @@
+#!/usr/bin/env python3
+"""A scripted OpenAI-compatible server for tests and benchmarks.
+
+Serves POST /v1/completions, POST /v1/chat/completions (stream or not) and
+GET /v1/models like llama-server / vLLM would, with behaviour chosen by flags
+and changeable at run time through a control endpoint:
+
+  --pace-ms MS        delay between tokens (default 0)
+  --first-delay-ms MS delay before the first token (default 0)
+  --tokens N          tokens per reply (default 8; a request's max_tokens caps it,
+                      finish_reason "length" then, else "stop")
+  --mode MODE         normal | stall | die | malformed | wrong_ctype | http500 | http400
+                      stall:     stop sending after --after tokens, keep the socket open
+                      die:       close the socket after --after tokens
+                      malformed: send a chunk that is not JSON after --after tokens
+                      wrong_ctype: 200 with text/html
+                      http500 / http400: an error status with an OpenAI error body
+  --after K           tokens sent before a stall/die/malformed (default 2)
+  --models a,b        ids listed by /v1/models (default "m1")
+  --port P --port-file F   listen on 127.0.0.1:P (0 = ephemeral), write the port to F
+
+Control (JSON):
+  POST /_control/config {"pace_ms":..,"mode":..,...}  change settings (returns all)
+  POST /_control/reset                                 clear the request log
+  GET  /_control/log  {"requests":[{id, path, model, stream, prompt, messages,
+        headers, body, tokens_sent, started, ended, outcome, disconnected,
+        disconnect_mono, disconnect_wall}]}
+     outcome: "complete" | "stall" | "die" | "malformed" | "error_status" |
+              "client_gone" | "running".  *_mono is time.monotonic() (the same
+              CLOCK_MONOTONIC as the test process), *_wall is time.time().
+
+Generated text is deterministic, see expected_tokens(): token i is
+" " + word_i + str(i) where word_i cycles through the words of the prompt
+(completion) or of the last message's content (chat), so a test can check
+exactly what came back. A client that goes away is noticed within one pace
+step (or 50 ms while stalled) through a readability check on the socket,
+and recorded as "client_gone" with its time.
+"""
+
+import argparse
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODES = ("normal", "stall", "die", "malformed", "wrong_ctype", "http500", "http400")
+
+
+def prompt_text_of(body, chat):
+    """The text the generated tokens are derived from."""
+    if chat:
+        msgs = body.get("messages") or []
+        if msgs and isinstance(msgs[-1], dict):
+            c = msgs[-1].get("content")
+            if isinstance(c, str):
+                return c
+            if isinstance(c, list):
+                return " ".join(p.get("text", "") for p in c if isinstance(p, dict))
+        return ""
+    p = body.get("prompt", "")
+    if isinstance(p, list):
+        p = " ".join(x for x in p if isinstance(x, str))
+    return p if isinstance(p, str) else ""
+
+
+def expected_tokens(prompt_text, n):
+    """The n tokens this upstream generates for prompt_text."""
+    words = [w for w in prompt_text.split() if w] or ["tok"]
+    # Keep tokens short and JSON-friendly whatever the prompt holds.
+    words = ["".join(ch for ch in w if ch.isalnum())[:12] or "w" for w in words]
+    return [" %s%d" % (words[i % len(words)], i) for i in range(n)]
+
+
+class State:
+    def __init__(self, args):
+        self.lock = threading.Lock()
+        self.cfg = {
+            "pace_ms": args.pace_ms,
+            "first_delay_ms": args.first_delay_ms,
+            "tokens": args.tokens,
+            "mode": args.mode,
+            "after": args.after,
+            "models": [m for m in args.models.split(",") if m],
+        }
+        self.log = []
+        self.next_id = 0
+
+    def snapshot(self):
+        with self.lock:
+            return dict(self.cfg)
+
+    def new_record(self, rec):
+        with self.lock:
+            self.next_id += 1
+            rec["id"] = self.next_id
+            self.log.append(rec)
+            return rec
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "scripted-upstream/1"
+
+    def log_message(self, fmt, *args):  # quiet unless asked
+        if self.server.verbose:
+            sys.stderr.write("upstream: " + (fmt % args) + "\n")
+
+    # -- small helpers ----------------------------------------------------
+    def send_json(self, status, obj, ctype="application/json"):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def read_body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n > 0 else b""
+
+    def client_gone(self):
+        """True when the peer closed its side (EOF readable on the socket)."""
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if not r:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def wait(self, seconds):
+        """Sleep, watching for the client going away (raises ClientGone)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.client_gone():
+                raise ClientGone()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
+
+    def chunk(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            raise ClientGone()
+
+    def mark_gone(self, rec):
+        rec["disconnected"] = True
+        rec["disconnect_mono"] = time.monotonic()
+        rec["disconnect_wall"] = time.time()
+        rec["outcome"] = "client_gone"
+        rec["ended"] = time.time()
+
+    # -- routes ------------------------------------------------------------
+    def do_GET(self):
+        st = self.server.state
+        if self.path == "/_control/log":
+            with st.lock:
+                self.send_json(200, {"requests": list(st.log)})
+            return
+        if self.path == "/_control/config":
+            self.send_json(200, st.snapshot())
+            return
+        if self.path in ("/v1/models", "/models"):
+            cfg = st.snapshot()
+            self.send_json(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "upstream"} for m in cfg["models"]]})
+            return
+        if self.path == "/health":
+            self.send_json(200, {"status": "ok"})
+            return
+        self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
+
+    def do_POST(self):
+        st = self.server.state
+        raw = self.read_body()
+        if self.path.startswith("/_control/"):
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                self.send_json(400, {"error": "bad json"})
+                return
+            if self.path == "/_control/config":
+                with st.lock:
+                    for k, v in body.items():
+                        if k not in st.cfg:
+                            self.send_json(400, {"error": "unknown setting " + k})
+                            return
+                        if k == "mode" and v not in MODES:
+                            self.send_json(400, {"error": "unknown mode " + str(v)})
+                            return
+                        st.cfg[k] = v
+                    out = dict(st.cfg)
+                self.send_json(200, out)
+                return
+            if self.path == "/_control/reset":
+                with st.lock:
+                    st.log.clear()
+                self.send_json(200, {"ok": True})
+                return
+            self.send_json(404, {"error": "no route"})
+            return
+        if self.path in ("/v1/completions", "/completions"):
+            self.generate(raw, chat=False)
+            return
+        if self.path in ("/v1/chat/completions", "/chat/completions"):
+            self.generate(raw, chat=True)
+            return
+        self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
+
+    def generate(self, raw, chat):
+        st = self.server.state
+        cfg = st.snapshot()
+        rec = st.new_record({
+            "path": self.path, "started": time.time(), "ended": None, "outcome": "running",
+            "tokens_sent": 0, "disconnected": False, "disconnect_mono": None,
+            "disconnect_wall": None,
+            "headers": {k.lower(): v for k, v in self.headers.items()},
+        })
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            rec["outcome"] = "error_status"
+            self.send_json(400, {"error": {"message": "invalid JSON body", "type": "invalid_request_error"}})
+            return
+        rec["body"] = body
+        rec["model"] = body.get("model")
+        rec["stream"] = bool(body.get("stream"))
+        rec["prompt"] = body.get("prompt")
+        rec["messages"] = body.get("messages")
+        mode = cfg["mode"]
+        if mode in ("http500", "http400"):
+            rec["outcome"] = "error_status"
+            rec["ended"] = time.time()
+            code = 500 if mode == "http500" else 400
+            self.send_json(code, {"error": {"message": "scripted failure %d" % code,
+                                            "type": "server_error" if code == 500 else "invalid_request_error"}})
+            return
+        if mode == "wrong_ctype":
+            rec["outcome"] = "error_status"
+            rec["ended"] = time.time()
+            data = b"<html><body>not an API</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+
+        n = int(cfg["tokens"])
+        max_tokens = body.get("max_tokens")
+        finish = "stop"
+        if isinstance(max_tokens, int) and 0 <= max_tokens < n:
+            n = max_tokens
+            finish = "length"
+        toks = expected_tokens(prompt_text_of(body, chat), n)
+        prompt_tokens = len(prompt_text_of(body, chat).split())
+        cid = ("chatcmpl-" if chat else "cmpl-") + "%d" % rec["id"]
+        created = int(time.time())
+        model = body.get("model") or "m1"
+        try:
+            if rec["stream"]:
+                self.stream(rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens, body)
+            else:
+                self.whole(rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens)
+        except ClientGone:
+            self.mark_gone(rec)
+            self.close_connection = True
+
+    def whole(self, rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens):
+        mode = cfg["mode"]
+        self.wait(cfg["first_delay_ms"] / 1000.0)
+        k = min(int(cfg["after"]), len(toks)) if mode in ("stall", "die", "malformed") else len(toks)
+        for _ in range(k):
+            self.wait(cfg["pace_ms"] / 1000.0)
+            rec["tokens_sent"] += 1
+        if mode == "stall":
+            rec["outcome"] = "stall"
+            self.wait(3600)
+            return
+        if mode == "die":
+            rec["outcome"] = "die"
+            rec["ended"] = time.time()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if mode == "malformed":
+            rec["outcome"] = "malformed"
+            rec["ended"] = time.time()
+            data = b'{"id": "x", "choices": [ this is not json'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        text = "".join(toks)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(toks),
+                 "total_tokens": prompt_tokens + len(toks)}
+        if chat:
+            obj = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                "finish_reason": finish}], "usage": usage}
+        else:
+            obj = {"id": cid, "object": "text_completion", "created": created, "model": model,
+                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                   "usage": usage}
+        rec["outcome"] = "complete"
+        rec["ended"] = time.time()
+        self.send_json(200, obj)
+
+    def stream(self, rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens, body):
+        mode = cfg["mode"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+        def piece(delta_text, fin):
+            if chat:
+                delta = {} if delta_text is None else {"content": delta_text}
+                return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": fin}]}
+            return {"id": cid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": delta_text or "", "logprobs": None,
+                                 "finish_reason": fin}]}
+
+        if chat:
+            first = piece(None, None)
+            first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+            self.chunk("data: %s\n\n" % json.dumps(first))
+        self.wait(cfg["first_delay_ms"] / 1000.0)
+        for i, t in enumerate(toks):
+            if mode in ("stall", "die", "malformed") and i >= int(cfg["after"]):
+                break
+            if i > 0 or cfg["pace_ms"]:
+                self.wait(cfg["pace_ms"] / 1000.0)
+            self.chunk("data: %s\n\n" % json.dumps(piece(t, None)))
+            rec["tokens_sent"] += 1
+        if mode == "stall":
+            rec["outcome"] = "stall"
+            self.wait(3600)
+            return
+        if mode == "die":
+            rec["outcome"] = "die"
+            rec["ended"] = time.time()
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if mode == "malformed":
+            rec["outcome"] = "malformed"
+            self.chunk("data: {\"choices\": [ this is not json\n\n")
+            # Then behave: a correct client must already have given up.
+            self.chunk("data: [DONE]\n\n")
+            self.chunk(b"")
+            rec["ended"] = time.time()
+            return
+        self.chunk("data: %s\n\n" % json.dumps(piece(None if chat else "", finish)))
+        so = body.get("stream_options")
+        if isinstance(so, dict) and so.get("include_usage"):
+            u = piece(None, None)
+            u["choices"] = []
+            u["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": len(toks),
+                          "total_tokens": prompt_tokens + len(toks)}
+            self.chunk("data: %s\n\n" % json.dumps(u))
+        self.chunk("data: [DONE]\n\n")
+        self.chunk(b"")  # last chunk
+        rec["outcome"] = "complete"
+        rec["ended"] = time.time()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file")
+    ap.add_argument("--pace-ms", type=float, default=0)
+    ap.add_argument("--first-delay-ms", type=float, default=0)
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--mode", choices=MODES, default="normal")
+    ap.add_argument("--after", type=int, default=2)
+    ap.add_argument("--models", default="m1")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        request_queue_size = 1024
+
+    srv = Server(("127.0.0.1", args.port), Handler)
+    srv.state = State(args)
+    srv.verbose = args.verbose
+    port = srv.server_address[1]
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("%d\n" % port)
+        os.rename(tmp, args.port_file)
+    sys.stderr.write("upstream: listening on 127.0.0.1:%d\n" % port)
+    sys.stderr.flush()
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    import signal
+
+    def _term(*_a):
+        raise KeyboardInterrupt()
+    signal.signal(signal.SIGTERM, _term)
+    sys.exit(main())
