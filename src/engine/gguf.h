@@ -58,7 +58,7 @@ typedef enum gpe_gguf_vtype {
 /* Caps on counts (a file beyond them is rejected as hostile). */
 #define GPE_GGUF_MAX_KV 65536
 #define GPE_GGUF_MAX_TENSORS 65536
-#define GPE_GGUF_MAX_NAME 256        /* key / tensor name bytes */
+#define GPE_GGUF_MAX_NAME 256        /* tensor names are shorter than this; keys <= 65535 bytes */
 #define GPE_GGUF_MAX_DIMS 4
 
 /* One tensor, as described by the file (validated). */

@@ -1,0 +1,714 @@
+/*
+ * quant: type traits, scalar reference (de)quantization and dot products,
+ * and the run-time choice of SIMD kernels (quant_x86.c).
+ *
+ * Block layouts and dequantization formulas are GGUF/ggml format facts
+ * (llama.cpp ggml-common.h / ggml-quants.c); the code is written here.
+ * The dequantizers evaluate in exactly ggml's order (e.g. (d*sc)*q - dmin*m
+ * in float) so that results are bit-identical; this file is built with
+ * -ffp-contract=off so that the compiler does not fuse those into FMAs.
+ */
+#include "engine/quant.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/quant_impl.h"
+#include "gpupool/engine.h"
+
+_Static_assert(sizeof(gpe_block_q4_0) == 18, "q4_0 block size");
+_Static_assert(sizeof(gpe_block_q8_0) == 34, "q8_0 block size");
+_Static_assert(sizeof(gpe_block_q4_k) == 144, "q4_k block size");
+_Static_assert(sizeof(gpe_block_q5_k) == 176, "q5_k block size");
+_Static_assert(sizeof(gpe_block_q6_k) == 210, "q6_k block size");
+_Static_assert(sizeof(gpe_block_q8_k) == 292, "q8_k block size");
+
+/* ----------------------------------------------------------------- traits */
+
+typedef struct type_traits {
+    const char *name;
+    int64_t blck;       /* elements per block; 0 = not a type */
+    size_t bytes;       /* bytes per block */
+    bool supported;     /* dequantize + vec_dot available */
+    gpe_type dot_type;  /* activation type for vec_dot */
+} type_traits;
+
+/* Sizes: ggml's type_traits table (format facts). */
+static const type_traits k_traits[GPE_TYPE_COUNT] = {
+    [GPE_TYPE_F32] = {"F32", 1, 4, true, GPE_TYPE_F32},
+    [GPE_TYPE_F16] = {"F16", 1, 2, true, GPE_TYPE_F16},
+    [GPE_TYPE_Q4_0] = {"Q4_0", 32, 18, true, GPE_TYPE_Q8_0},
+    [GPE_TYPE_Q4_1] = {"Q4_1", 32, 20, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q5_0] = {"Q5_0", 32, 22, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q5_1] = {"Q5_1", 32, 24, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q8_0] = {"Q8_0", 32, 34, true, GPE_TYPE_Q8_0},
+    [GPE_TYPE_Q8_1] = {"Q8_1", 32, 36, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q2_K] = {"Q2_K", 256, 84, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q3_K] = {"Q3_K", 256, 110, false, GPE_TYPE_F32},
+    [GPE_TYPE_Q4_K] = {"Q4_K", 256, 144, true, GPE_TYPE_Q8_K},
+    [GPE_TYPE_Q5_K] = {"Q5_K", 256, 176, true, GPE_TYPE_Q8_K},
+    [GPE_TYPE_Q6_K] = {"Q6_K", 256, 210, true, GPE_TYPE_Q8_K},
+    [GPE_TYPE_Q8_K] = {"Q8_K", 256, 292, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ2_XXS] = {"IQ2_XXS", 256, 66, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ2_XS] = {"IQ2_XS", 256, 74, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ1_S] = {"IQ1_S", 256, 50, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ4_NL] = {"IQ4_NL", 32, 18, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ3_S] = {"IQ3_S", 256, 110, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ2_S] = {"IQ2_S", 256, 82, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ4_XS] = {"IQ4_XS", 256, 136, false, GPE_TYPE_F32},
+    [GPE_TYPE_I8] = {"I8", 1, 1, false, GPE_TYPE_F32},
+    [GPE_TYPE_I16] = {"I16", 1, 2, false, GPE_TYPE_F32},
+    [GPE_TYPE_I32] = {"I32", 1, 4, false, GPE_TYPE_F32},
+    [GPE_TYPE_I64] = {"I64", 1, 8, false, GPE_TYPE_F32},
+    [GPE_TYPE_F64] = {"F64", 1, 8, false, GPE_TYPE_F32},
+    [GPE_TYPE_IQ1_M] = {"IQ1_M", 256, 56, false, GPE_TYPE_F32},
+    [GPE_TYPE_BF16] = {"BF16", 1, 2, true, GPE_TYPE_F32},
+    [GPE_TYPE_TQ1_0] = {"TQ1_0", 256, 54, false, GPE_TYPE_F32},
+    [GPE_TYPE_TQ2_0] = {"TQ2_0", 256, 66, false, GPE_TYPE_F32},
+    [GPE_TYPE_MXFP4] = {"MXFP4", 32, 17, false, GPE_TYPE_F32},
+};
+
+static const type_traits *traits(uint32_t t)
+{
+    if (t >= GPE_TYPE_COUNT || k_traits[t].blck == 0)
+        return NULL;
+    return &k_traits[t];
+}
+
+bool gpe_type_known(uint32_t t) { return traits(t) != NULL; }
+
+bool gpe_type_supported(uint32_t t)
+{
+    const type_traits *tt = traits(t);
+    return tt && tt->supported;
+}
+
+const char *gpe_type_name(uint32_t t)
+{
+    const type_traits *tt = traits(t);
+    return tt ? tt->name : "unknown";
+}
+
+int64_t gpe_type_block_size(uint32_t t)
+{
+    const type_traits *tt = traits(t);
+    return tt ? tt->blck : 0;
+}
+
+size_t gpe_type_block_bytes(uint32_t t)
+{
+    const type_traits *tt = traits(t);
+    return tt ? tt->bytes : 0;
+}
+
+size_t gpe_row_size(uint32_t t, int64_t n)
+{
+    const type_traits *tt = traits(t);
+    if (!tt || n < 0 || n % tt->blck != 0)
+        return 0;
+    return (size_t)(n / tt->blck) * tt->bytes;
+}
+
+gpe_type gpe_vec_dot_type(gpe_type t)
+{
+    const type_traits *tt = traits(t);
+    return tt ? tt->dot_type : GPE_TYPE_F32;
+}
+
+/* ------------------------------------------------------------ conversions */
+
+float gpe_fp16_to_fp32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    if (exp == 0) {
+        /* zero or subnormal: man * 2^-24, exact in float */
+        float f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    if (exp == 31)
+        bits = sign | 0x7f800000u | (man << 13);
+    else
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t gpe_fp32_to_fp16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u)                         /* inf / NaN (kept quiet) */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0));
+    if (ax >= 0x477ff000u)                         /* >= 65520 rounds to inf */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax < 0x38800000u) {                        /* below 2^-14: subnormal */
+        float v;
+        memcpy(&v, &ax, 4);
+        /* scaling by 2^24 is exact; nearbyintf rounds half to even */
+        return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+    }
+    uint32_t h = (((ax >> 23) - 112) << 10) | ((ax & 0x7fffffu) >> 13);
+    uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;                                       /* carry may bump the exponent: fine */
+    return (uint16_t)(sign | h);
+}
+
+float gpe_bf16_to_fp32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t gpe_fp32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 64);         /* quiet NaN */
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+/* --------------------------------------------------------- dequantization */
+
+static void dequant_q4_0(const gpe_block_q4_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += GPE_QK) {
+        const float d = gpe_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < GPE_QK / 2; j++) {
+            y[j] = (float)((b[i].qs[j] & 0xF) - 8) * d;
+            y[j + GPE_QK / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void dequant_q8_0(const gpe_block_q8_0 *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, y += GPE_QK) {
+        const float d = gpe_fp16_to_fp32(b[i].d);
+        for (int j = 0; j < GPE_QK; j++)
+            y[j] = (float)b[i].qs[j] * d;
+    }
+}
+
+static void dequant_q4_k(const gpe_block_q4_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = gpe_fp16_to_fp32(b[i].d), dmin = gpe_fp16_to_fp32(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t sc, m;
+            gpe__scale_min_k4(2 * c, b[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            gpe__scale_min_k4(2 * c + 1, b[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+static void dequant_q5_k(const gpe_block_q5_k *b, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = gpe_fp16_to_fp32(b[i].d), dmin = gpe_fp16_to_fp32(b[i].dmin);
+        const uint8_t *ql = b[i].qs, *qh = b[i].qh;
+        for (int c = 0; c < 4; c++, ql += 32) {
+            uint8_t sc, m;
+            const uint8_t u1 = (uint8_t)(1u << (2 * c)), u2 = (uint8_t)(2u << (2 * c));
+            gpe__scale_min_k4(2 * c, b[i].scales, &sc, &m);
+            const float d1 = d * sc, m1 = dmin * m;
+            gpe__scale_min_k4(2 * c + 1, b[i].scales, &sc, &m);
+            const float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+        }
+    }
+}
+
+/* Unpack the 256 six-bit values of a Q6_K block, minus 32, into q. */
+static void q6_k_unpack(const gpe_block_q6_k *b, int8_t q[GPE_QK_K])
+{
+    const uint8_t *ql = b->ql, *qh = b->qh;
+    for (int n = 0; n < GPE_QK_K; n += 128, ql += 64, qh += 32) {
+        for (int l = 0; l < 32; l++) {
+            q[n + l] = (int8_t)(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            q[n + l + 32] = (int8_t)(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            q[n + l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            q[n + l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+static void dequant_q6_k(const gpe_block_q6_k *b, float *y, int64_t nb)
+{
+    int8_t q[GPE_QK_K];
+    for (int64_t i = 0; i < nb; i++, y += GPE_QK_K) {
+        const float d = gpe_fp16_to_fp32(b[i].d);
+        q6_k_unpack(&b[i], q);
+        /* element e uses scale e/16; ggml order: (d * sc) * q */
+        for (int e = 0; e < GPE_QK_K; e++)
+            y[e] = d * (float)b[i].scales[e / 16] * (float)q[e];
+    }
+}
+
+bool gpe_dequantize_row(gpe_type t, const void *src, float *dst, int64_t n)
+{
+    if (!gpe_type_supported(t) || gpe_row_size(t, n) == 0)
+        return n == 0 && gpe_type_supported(t);
+    const int64_t nb = n / k_traits[t].blck;
+    switch (t) {
+    case GPE_TYPE_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        return true;
+    case GPE_TYPE_F16: {
+        const uint8_t *p = src;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = gpe_fp16_to_fp32(h);
+        }
+        return true;
+    }
+    case GPE_TYPE_BF16: {
+        const uint8_t *p = src;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = gpe_bf16_to_fp32(h);
+        }
+        return true;
+    }
+    case GPE_TYPE_Q4_0: dequant_q4_0(src, dst, nb); return true;
+    case GPE_TYPE_Q8_0: dequant_q8_0(src, dst, nb); return true;
+    case GPE_TYPE_Q4_K: dequant_q4_k(src, dst, nb); return true;
+    case GPE_TYPE_Q5_K: dequant_q5_k(src, dst, nb); return true;
+    case GPE_TYPE_Q6_K: dequant_q6_k(src, dst, nb); return true;
+    default: return false;
+    }
+}
+
+/* ----------------------------------------------------------- quantization */
+
+/* Q8_0 as ggml's x86 CPU path does it: d = amax/127 (stored f16),
+ * q = round-half-even(x * 127/amax). */
+static void quant_q8_0(const float *x, gpe_block_q8_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < GPE_QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = gpe_fp32_to_fp16(d);
+        for (int j = 0; j < GPE_QK; j++)
+            y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+    }
+}
+
+/* Q8_K as ggml's reference: iscale = -127/max with max the signed value of
+ * largest magnitude, q = min(127, round-half-even(iscale*x)), d = 1/iscale. */
+static void quant_q8_k(const float *x, gpe_block_q8_k *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < GPE_QK_K; j++) {
+            const float ax = fabsf(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < GPE_QK_K; j++) {
+            const int v = (int)nearbyintf(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < GPE_QK_K / 16; j++) {
+            int s = 0;
+            for (int l = 0; l < 16; l++)
+                s += y[i].qs[16 * j + l];
+            y[i].bsums[j] = (int16_t)s;
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+/* Q4_0: d = max/-8 with max the signed value of largest magnitude (so the
+ * extreme lands on -8), q = clamp(round(x/d) + 8, 0, 15). */
+static void quant_q4_0(const float *x, gpe_block_q4_0 *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < GPE_QK; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        const float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = gpe_fp32_to_fp16(d);
+        for (int j = 0; j < GPE_QK / 2; j++) {
+            int a = (int)floorf(x[j] * id + 8.5f), b = (int)floorf(x[j + 16] * id + 8.5f);
+            a = a < 0 ? 0 : a > 15 ? 15 : a;
+            b = b < 0 ? 0 : b > 15 ? 15 : b;
+            y[i].qs[j] = (uint8_t)(a | (b << 4));
+        }
+    }
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Q4_K: per sub-block of 32 a plain min/max affine fit (min clamped to <= 0),
+ * scales and mins quantized to 6 bits against the block's largest. */
+static void quant_q4_k(const float *x, gpe_block_q4_k *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
+        float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            float lo = 0.0f, hi = 0.0f;
+            for (int l = 0; l < 32; l++) {
+                lo = fminf(lo, x[32 * j + l]);
+                hi = fmaxf(hi, x[32 * j + l]);
+            }
+            sc[j] = (hi - lo) / 15.0f;
+            mn[j] = -lo;
+            max_sc = fmaxf(max_sc, sc[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        const float is = max_sc > 0 ? 63.0f / max_sc : 0.0f;
+        const float im = max_mn > 0 ? 63.0f / max_mn : 0.0f;
+        uint8_t ls[8], lm[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (uint8_t)clampi((int)nearbyintf(is * sc[j]), 0, 63);
+            lm[j] = (uint8_t)clampi((int)nearbyintf(im * mn[j]), 0, 63);
+        }
+        /* a sub-block whose scale rounded to 0 but has data: keep it at 1 */
+        for (int j = 0; j < 8; j++)
+            if (ls[j] == 0 && sc[j] > 0)
+                ls[j] = 1;
+        y[i].d = gpe_fp32_to_fp16(max_sc / 63.0f);
+        y[i].dmin = gpe_fp32_to_fp16(max_mn / 63.0f);
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        for (int j = 0; j < 8; j++) {
+            if (j < 4) {
+                y[i].scales[j] = ls[j];
+                y[i].scales[j + 4] = lm[j];
+            } else {
+                y[i].scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+                y[i].scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+                y[i].scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
+            }
+        }
+        const float d = gpe_fp16_to_fp32(y[i].d), dmin = gpe_fp16_to_fp32(y[i].dmin);
+        uint8_t q[GPE_QK_K];
+        for (int j = 0; j < 8; j++) {
+            const float dd = d * ls[j], dm = dmin * lm[j];
+            for (int l = 0; l < 32; l++)
+                q[32 * j + l] = dd > 0 ? (uint8_t)clampi((int)nearbyintf((x[32 * j + l] + dm) / dd), 0, 15)
+                                       : 0;
+        }
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                y[i].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
+    }
+}
+
+bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
+{
+    if (n < 0 || gpe_row_size(t, n) == 0)
+        return n == 0 && gpe_type_known(t);
+    uint8_t *p = dst;
+    switch (t) {
+    case GPE_TYPE_F32: memcpy(dst, x, (size_t)n * 4); return true;
+    case GPE_TYPE_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = gpe_fp32_to_fp16(x[i]);
+            memcpy(p + 2 * i, &h, 2);
+        }
+        return true;
+    case GPE_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = gpe_fp32_to_bf16(x[i]);
+            memcpy(p + 2 * i, &h, 2);
+        }
+        return true;
+    case GPE_TYPE_Q8_0: quant_q8_0(x, dst, n / GPE_QK); return true;
+    case GPE_TYPE_Q4_0: quant_q4_0(x, dst, n / GPE_QK); return true;
+    case GPE_TYPE_Q4_K: quant_q4_k(x, dst, n / GPE_QK_K); return true;
+    case GPE_TYPE_Q8_K: quant_q8_k(x, dst, n / GPE_QK_K); return true;
+    default: return false;
+    }
+}
+
+bool gpe_quantize_row_act(gpe_type wt, const float *x, void *dst, int64_t n)
+{
+    if (!gpe_type_supported(wt) || n < 0 || n % k_traits[wt].blck != 0)
+        return false;
+    return gpe_quantize_row(k_traits[wt].dot_type, x, dst, n);
+}
+
+/* ------------------------------------------------------ scalar dot products */
+/* The references accumulate in double: they are the oracle for the SIMD
+ * kernels, and speed does not matter here. */
+
+static float dot_f32(int64_t n, const void *w, const void *a)
+{
+    const float *x = w, *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * y[i];
+    return (float)s;
+}
+
+static float dot_f16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w, *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)gpe_fp16_to_fp32(x[i]) * gpe_fp16_to_fp32(y[i]);
+    return (float)s;
+}
+
+static float dot_bf16(int64_t n, const void *w, const void *a)
+{
+    const uint16_t *x = w;
+    const float *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)gpe_bf16_to_fp32(x[i]) * y[i];
+    return (float)s;
+}
+
+static float dot_q4_0(int64_t n, const void *w, const void *a)
+{
+    const gpe_block_q4_0 *x = w;
+    const gpe_block_q8_0 *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n / GPE_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < GPE_QK / 2; j++)
+            isum += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j] + ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        s += (double)gpe_fp16_to_fp32(x[i].d) * gpe_fp16_to_fp32(y[i].d) * isum;
+    }
+    return (float)s;
+}
+
+static float dot_q8_0(int64_t n, const void *w, const void *a)
+{
+    const gpe_block_q8_0 *x = w, *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n / GPE_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < GPE_QK; j++)
+            isum += x[i].qs[j] * y[i].qs[j];
+        s += (double)gpe_fp16_to_fp32(x[i].d) * gpe_fp16_to_fp32(y[i].d) * isum;
+    }
+    return (float)s;
+}
+
+static float dot_q4_k(int64_t n, const void *w, const void *a)
+{
+    const gpe_block_q4_k *x = w;
+    const gpe_block_q8_k *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            gpe__scale_min_k4(j, x[i].scales, &sc, &m);
+            const uint8_t *q = x[i].qs + 32 * (j / 2);
+            const int8_t *qa = y[i].qs + 32 * j;
+            int p = 0;
+            for (int l = 0; l < 32; l++)
+                p += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * qa[l];
+            sumi += sc * p;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        s += (double)gpe_fp16_to_fp32(x[i].d) * y[i].d * sumi -
+             (double)gpe_fp16_to_fp32(x[i].dmin) * y[i].d * summ;
+    }
+    return (float)s;
+}
+
+static float dot_q5_k(int64_t n, const void *w, const void *a)
+{
+    const gpe_block_q5_k *x = w;
+    const gpe_block_q8_k *y = a;
+    double s = 0;
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            gpe__scale_min_k4(j, x[i].scales, &sc, &m);
+            const uint8_t *q = x[i].qs + 32 * (j / 2);
+            const int8_t *qa = y[i].qs + 32 * j;
+            int p = 0;
+            for (int l = 0; l < 32; l++) {
+                int v = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+                v += ((x[i].qh[l] >> j) & 1) << 4;
+                p += v * qa[l];
+            }
+            sumi += sc * p;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        s += (double)gpe_fp16_to_fp32(x[i].d) * y[i].d * sumi -
+             (double)gpe_fp16_to_fp32(x[i].dmin) * y[i].d * summ;
+    }
+    return (float)s;
+}
+
+static float dot_q6_k(int64_t n, const void *w, const void *a)
+{
+    const gpe_block_q6_k *x = w;
+    const gpe_block_q8_k *y = a;
+    int8_t q[GPE_QK_K];
+    double s = 0;
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        q6_k_unpack(&x[i], q);
+        int sumi = 0;
+        for (int g = 0; g < 16; g++) {
+            int p = 0;
+            for (int l = 0; l < 16; l++)
+                p += q[16 * g + l] * y[i].qs[16 * g + l];
+            sumi += x[i].scales[g] * p;
+        }
+        s += (double)gpe_fp16_to_fp32(x[i].d) * y[i].d * sumi;
+    }
+    return (float)s;
+}
+
+void gpe__kernels_scalar(gpe__kernels *k)
+{
+    memset(k, 0, sizeof *k);
+    k->dot[GPE_TYPE_F32] = dot_f32;
+    k->dot[GPE_TYPE_F16] = dot_f16;
+    k->dot[GPE_TYPE_BF16] = dot_bf16;
+    k->dot[GPE_TYPE_Q4_0] = dot_q4_0;
+    k->dot[GPE_TYPE_Q8_0] = dot_q8_0;
+    k->dot[GPE_TYPE_Q4_K] = dot_q4_k;
+    k->dot[GPE_TYPE_Q5_K] = dot_q5_k;
+    k->dot[GPE_TYPE_Q6_K] = dot_q6_k;
+}
+
+/* ----------------------------------------------------------------- dispatch */
+
+static gpe__kernels g_kern[3];
+static gpe_isa g_best = GPE_ISA_SCALAR;
+static _Atomic int g_isa = GPE_ISA_SCALAR;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void kernels_init(void)
+{
+    gpe__kernels_scalar(&g_kern[GPE_ISA_SCALAR]);
+    g_kern[GPE_ISA_AVX2] = g_kern[GPE_ISA_SCALAR];
+    g_kern[GPE_ISA_AVX512] = g_kern[GPE_ISA_SCALAR];
+#if defined(__x86_64__)
+    if (gpe__have_x86_kernels()) {
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+            __builtin_cpu_supports("f16c")) {
+            gpe__kernels_avx2(&g_kern[GPE_ISA_AVX2]);
+            g_best = GPE_ISA_AVX2;
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+                g_kern[GPE_ISA_AVX512] = g_kern[GPE_ISA_AVX2];
+                gpe__kernels_avx512(&g_kern[GPE_ISA_AVX512]);
+                g_best = GPE_ISA_AVX512;
+            }
+        }
+    }
+#endif
+    gpe_isa use = g_best;
+    /* GPUPOOL_ISA=scalar|avx2|avx512 caps the choice (benchmarks, debugging). */
+    const char *env = getenv("GPUPOOL_ISA");
+    if (env) {
+        for (int i = 0; i <= (int)g_best; i++)
+            if (strcmp(env, gpe_isa_name((gpe_isa)i)) == 0)
+                use = (gpe_isa)i;
+    }
+    atomic_store(&g_isa, (int)use);
+}
+
+static const gpe__kernels *kernels(void)
+{
+    pthread_once(&g_once, kernels_init);
+    return &g_kern[atomic_load_explicit(&g_isa, memory_order_relaxed)];
+}
+
+gpe_isa gpe_quant_best_isa(void)
+{
+    pthread_once(&g_once, kernels_init);
+    return g_best;
+}
+
+gpe_isa gpe_quant_isa(void)
+{
+    pthread_once(&g_once, kernels_init);
+    return (gpe_isa)atomic_load(&g_isa);
+}
+
+bool gpe_quant_set_isa(gpe_isa isa)
+{
+    pthread_once(&g_once, kernels_init);
+    if ((int)isa < 0 || isa > g_best)
+        return false;
+    atomic_store(&g_isa, (int)isa);
+    return true;
+}
+
+const char *gpe_isa_name(gpe_isa isa)
+{
+    switch (isa) {
+    case GPE_ISA_AVX512: return "avx512";
+    case GPE_ISA_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+const char *gpe_cpu_features(void) { return gpe_isa_name(gpe_quant_isa()); }
+
+float gpe_vec_dot(gpe_type wt, int64_t n, const void *wrow, const void *act)
+{
+    return kernels()->dot[wt](n, wrow, act);
+}
+
+/* Rows in chunks of ROW_CHUNK: the chunk's weight bytes stay in L1/L2 while
+ * every activation row passes over them, so weights stream from memory
+ * once per call whatever n_tok is. */
+#define ROW_CHUNK 16
+
+void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_end,
+                     int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
+                     float *out, int64_t ldo)
+{
+    const gpe__dot_fn dot = kernels()->dot[wt];
+    const size_t rs = gpe_row_size(wt, n_cols);
+    const char *w = W, *a = act;
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += ROW_CHUNK) {
+        const int64_t r1 = r0 + ROW_CHUNK < row_end ? r0 + ROW_CHUNK : row_end;
+        for (int t = 0; t < n_tok; t++) {
+            const char *at = a + (size_t)t * act_row_bytes;
+            float *o = out + (int64_t)t * ldo;
+            for (int64_t r = r0; r < r1; r++)
+                o[r] = dot(n_cols, w + (size_t)r * rs, at);
+        }
+    }
+}

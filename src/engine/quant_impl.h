@@ -1,0 +1,40 @@
+/*
+ * Internal to quant.c / quant_x86.c: the per-ISA kernel table. Not part of
+ * the engine's interface (use quant.h).
+ */
+#ifndef GPUPOOL_ENGINE_QUANT_IMPL_H
+#define GPUPOOL_ENGINE_QUANT_IMPL_H
+
+#include "engine/quant.h"
+
+/* Dot of n elements of weight row w with activation row a (already in the
+ * weight type's vec_dot type). */
+typedef float (*gpe__dot_fn)(int64_t n, const void *w, const void *a);
+
+typedef struct gpe__kernels {
+    gpe__dot_fn dot[GPE_TYPE_COUNT];   /* NULL for unsupported types */
+} gpe__kernels;
+
+/* Scalar reference kernels (quant.c). */
+void gpe__kernels_scalar(gpe__kernels *k);
+/* Overwrite the entries the ISA implements (quant_x86.c). Only call when the
+ * CPU supports the ISA. */
+void gpe__kernels_avx2(gpe__kernels *k);
+void gpe__kernels_avx512(gpe__kernels *k);
+/* Whether the build has the x86 kernels at all. */
+bool gpe__have_x86_kernels(void);
+
+/* 6-bit scale and min j (0..7) of a Q4_K/Q5_K block (GGUF fact: packed as in
+ * ggml's get_scale_min_k4). */
+static inline void gpe__scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+#endif
