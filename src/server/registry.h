@@ -133,7 +133,6 @@ typedef struct registry_agent {
     void *sched_priv;           /* owned by the scheduler (sched.c) */
 
     /* private to registry.c */
-    struct registry_agent *hnext;          /* hash chain */
     struct registry_agent *lprev, *lnext;  /* live or suspect expiry list */
     int list_id;                           /* 0 none, 1 live, 2 suspect */
     bool in_index;                         /* counted as live in the model index */
@@ -261,7 +260,6 @@ typedef struct registry_model_entry {
     const char *id;           /* borrowed, valid until the next registry call */
     int64_t created_wall_ms;  /* first seen */
     size_t live_agents;       /* HEALTHY/SUSPECT/REGISTERING agents listing it as id */
-    const char *owned_by;     /* name of one agent serving it (borrowed) */
 } registry_model_entry;
 
 /* Distinct public model ids (aliases not included) currently served by at
