@@ -94,7 +94,7 @@ typedef struct sched_job {
     sched_priority priority;
     const registry_label *labels;   /* constraints: agent label key must equal value */
     size_t n_labels;
-    const char *prefer_agent;       /* agent_id or agent name; NULL = none */
+    const char *prefer_agent;       /* agent_id; NULL = none */
     int prefer_strict;              /* -1 = config default, 0 fall back, 1 wait */
     const char *session;            /* affinity key (user / metadata.user_id /
                                        x_pool_options.session); NULL = none */
@@ -108,6 +108,7 @@ typedef struct sched_job {
     /* private to sched.c */
     struct sched_job *qprev, *qnext;
     struct sched_queue *queue;      /* non-NULL while queued */
+    int64_t qseq;                   /* order across queues (front jobs < 0) */
 } sched_job;
 
 typedef enum sched_result {
