@@ -1,0 +1,307 @@
+/*
+ * store: the server's durable copy of its state, in one SQLite file.
+ *
+ * The event loop must never wait on SQLite (no fsync, no lock wait, no long
+ * transaction on the loop thread), so the store owns one DB thread with the
+ * write connection. The loop hands writes over through a bounded in-memory
+ * queue (an enqueue is a malloc + a mutex held for a few instructions); the
+ * DB thread executes them as they arrive inside a transaction and commits
+ * that transaction every `commit_interval_ms` (5 ms) or `batch_max` ops (64),
+ * whichever comes first, or at once when someone waits in gps_store_flush.
+ * That is group commit: under load many writes share one commit, idle
+ * writes are committed within a few milliseconds.
+ *
+ * Reads the loop needs later (gps_store_job_get_async, ping) go through the
+ * same queue, so they see every write enqueued before them, and their
+ * callback runs ON THE LOOP THREAD (the DB thread activates an event on the
+ * event_base; the process must call evthread_use_pthreads() before creating
+ * that base).
+ *
+ * Start-up reads (gps_store_load_*) and the CLI's synchronous writes
+ * (gps_store_key_insert_sync) use a second connection on the calling
+ * thread. They block: call them before the loop runs, or from a CLI.
+ *
+ * Overload: past `queue_max` queued ops (100000) writes are dropped, counted
+ * (stats.drops) and logged (event "store_queue_full", rate-limited) instead
+ * of growing memory without bound. Reads and flushes are never dropped.
+ * A write that fails in SQLite (constraint, I/O) is logged and counted
+ * (stats.ops_failed); the rest of its batch still commits.
+ *
+ * Migrations: the SQL of migrations/NNNN_name.sql is embedded in the binary
+ * at build time (migrations/ stays the source of truth), so the binary
+ * never depends on a path; opts.migrations_dir overrides it with a
+ * directory of NNNN_name.sql files. At open, each migration newer than the
+ * DB's is applied in its own transaction and recorded in schema_migrations.
+ * A DB whose schema is newer than this binary knows is refused.
+ *
+ * ------------------------------------------------------------------------
+ * Schema (migrations/0001_init.sql is authoritative; this is a summary).
+ * Times are wall-clock milliseconds since the epoch (INTEGER). JSON columns
+ * hold compact JSON text.
+ *
+ *   schema_migrations(version INTEGER PK, name TEXT, applied_at INTEGER)
+ *
+ *   agents(id TEXT PK               -- agent UUID
+ *          name, version, platform TEXT,
+ *          state TEXT NOT NULL      -- registry_state_name(): healthy, dead, ...
+ *          labels TEXT NOT NULL     -- JSON object {"region":"eu",...}
+ *          facts TEXT               -- JSON: last poll body (gpus, slots, ...)
+ *          key_id TEXT              -- key the agent authenticated with
+ *          first_seen INTEGER NOT NULL, last_seen INTEGER NOT NULL)
+ *
+ *   agent_models(agent_id TEXT -> agents(id) ON DELETE CASCADE,
+ *          model TEXT, aliases TEXT NOT NULL (JSON array of strings),
+ *          quantization TEXT, context_length INTEGER, vram_bytes INTEGER,
+ *          loaded INTEGER NOT NULL (0/1), PRIMARY KEY (agent_id, model))
+ *
+ *   api_keys(id TEXT PK             -- "key_" + 24 hex, public, shown in lists/logs
+ *          hash TEXT UNIQUE NOT NULL-- lowercase hex SHA-256 of the raw key;
+ *                                      the raw key is never stored
+ *          role TEXT NOT NULL       -- client | agent | admin | enrollment
+ *          name TEXT NOT NULL, agent_id TEXT (agent keys: bound on first use),
+ *          created_at INTEGER NOT NULL, expires_at, revoked_at, last_used_at INTEGER)
+ *
+ *   jobs(id TEXT PK, api TEXT NOT NULL (openai|anthropic|native),
+ *          kind TEXT, model TEXT NOT NULL, key_id TEXT, agent_id TEXT,
+ *          status TEXT NOT NULL     -- queued|assigned|running|done|failed|cancelled
+ *          priority INTEGER NOT NULL (0 interactive, 1 batch), attempts INTEGER,
+ *          prompt_tokens, completion_tokens, queue_ms, ttft_ms, total_ms INTEGER,
+ *          finish_reason, error_code, correlation_id TEXT, seed INTEGER,
+ *          request TEXT             -- JSON input; only when log_prompts or native API
+ *          created_at INTEGER NOT NULL, finished_at INTEGER (NULL while unfinished))
+ *     -- the request log; index on finished_at (retention) and a partial
+ *     -- index on unfinished rows (start-up recovery)
+ *
+ *   job_checkpoints(job_id TEXT PK -> jobs(id) ON DELETE CASCADE,
+ *          text TEXT NOT NULL       -- generated text so far
+ *          last_seq INTEGER NOT NULL, updated_at INTEGER NOT NULL)
+ * ------------------------------------------------------------------------
+ *
+ * Threading: gps_store_open/close, the load and *_sync functions run on
+ * one "owner" thread (main/loop). The async writers and readers may be
+ * called from any thread (normally the loop). Strings and json_t passed to
+ * the async functions are borrowed for the duration of the call only: the
+ * store copies (or serialises) what it keeps.
+ */
+#ifndef GPS_STORE_H
+#define GPS_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+
+typedef struct gps_store gps_store;
+
+/* Schema version this binary's embedded migrations reach. */
+int gps_store_schema_version(void);
+
+typedef struct gps_store_opts {
+    const char *migrations_dir;  /* NULL = embedded migrations */
+    int commit_interval_ms;      /* <= 0: 5 */
+    int batch_max;               /* <= 0: 64 ops per transaction */
+    size_t queue_max;            /* 0: 100000 queued ops before dropping writes */
+    int busy_timeout_ms;         /* <= 0: 5000 */
+} gps_store_opts;
+
+/* Open or create the DB at path: WAL, synchronous=NORMAL, busy_timeout,
+ * foreign_keys=ON; apply pending migrations; start the DB thread.
+ * base: where async read callbacks run (may be NULL: async reads are then
+ * refused, writes still work — the CLI case). opts may be NULL.
+ * Returns the store, or NULL with a message in err ("not a SQLite database",
+ * "schema version 7 is newer than this binary (3)", ...). */
+gps_store *gps_store_open(const char *path, struct event_base *base, const gps_store_opts *opts,
+                          char *err, size_t errlen);
+/* Commit everything queued, stop the DB thread, deliver pending read
+ * callbacks (on the calling thread), close. NULL is a no-op. Call it on the
+ * loop thread with the loop no longer running, or from a CLI. */
+void gps_store_close(gps_store *s);
+/* Block until every op enqueued before this call is committed (SIGTERM
+ * path). Returns 0, or -1 when the last commit failed. */
+int gps_store_flush(gps_store *s);
+
+/* ---- counters for /metrics and the health check (lock-free reads) ---- */
+typedef struct gps_store_stats {
+    uint64_t ops_enqueued;       /* writes + reads accepted */
+    uint64_t ops_committed;      /* writes executed and committed */
+    uint64_t ops_failed;         /* writes that SQLite rejected */
+    uint64_t drops;              /* writes dropped: queue full */
+    uint64_t batches;            /* transactions committed */
+    uint64_t commit_failures;    /* COMMITs that failed */
+    uint64_t queue_depth;        /* ops waiting now */
+    uint64_t last_batch_ops;     /* ops in the last committed transaction */
+    uint64_t last_commit_us;     /* duration of the last COMMIT */
+    uint64_t max_commit_us;      /* longest COMMIT so far */
+    int64_t last_commit_wall_ms; /* when the last commit finished (0 = none yet) */
+} gps_store_stats;
+void gps_store_get_stats(gps_store *s, gps_store_stats *out);
+
+/* Cheap, non-blocking health check for GET /health: true when the DB thread
+ * is running and its last COMMIT (if any) succeeded. When false and msg is
+ * non-NULL, a reason is written there. */
+bool gps_store_healthy(gps_store *s, char *msg, size_t msglen);
+
+/* ---- async writes (never block; 0 = queued, -1 = dropped/ENOMEM) ---- */
+
+/* Agent row, inserted or updated (first_seen is kept on update). */
+typedef struct gps_store_agent_row {
+    const char *id;              /* required, <= 64 chars */
+    const char *name, *version, *platform;   /* may be NULL */
+    const char *state;           /* required: registry_state_name() */
+    const json_t *labels;        /* object, NULL = {} */
+    const json_t *facts;         /* any JSON, NULL = none */
+    const char *key_id;          /* may be NULL */
+    int64_t last_seen;           /* wall ms */
+} gps_store_agent_row;
+int gps_store_agent_upsert(gps_store *s, gps_store_agent_row row);
+/* Cheap transition/heartbeat update of an existing agent row. */
+int gps_store_agent_state(gps_store *s, const char *agent_id, const char *state,
+                          int64_t last_seen);
+
+typedef struct gps_store_model_row {
+    const char *model;           /* required */
+    const char *const *aliases;  /* n_aliases strings */
+    size_t n_aliases;
+    const char *quantization;    /* may be NULL */
+    long long context_length;    /* 0 = unknown */
+    long long vram_bytes;
+    bool loaded;
+} gps_store_model_row;
+/* Replace the agent's model list with models[0..n) (n may be 0). The
+ * agent row must exist (upsert it first; ops run in enqueue order). */
+int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_model_row *models,
+                           size_t n);
+/* Delete an agent and its models. */
+int gps_store_agent_delete(gps_store *s, const char *agent_id);
+
+/* A new job (request-log row). */
+typedef struct gps_store_job_row {
+    const char *id;              /* required */
+    const char *api;             /* required: "openai" | "anthropic" | "native" */
+    const char *kind;            /* "completion" | "chat" | "count_tokens", may be NULL */
+    const char *model;           /* required */
+    const char *key_id;          /* NULL when auth is off */
+    const char *status;          /* required, usually "queued" */
+    int priority;                /* 0 interactive, 1 batch */
+    const char *correlation_id;  /* may be NULL */
+    bool has_seed;
+    long long seed;
+    int64_t created_at;          /* wall ms */
+    const json_t *request;       /* input to keep (prompt/messages/params) or NULL.
+                                    Pass it only when log_prompts is on or the job
+                                    is a native task (must survive a restart). */
+} gps_store_job_row;
+int gps_store_job_insert(gps_store *s, gps_store_job_row row);
+
+/* Change some columns of a job row. Fields left at their "unchanged" value
+ * (NULL strings, negative numbers) are not touched: initialise with
+ * GPS_STORE_JOB_UPDATE_INIT(id) and set what changed. */
+typedef struct gps_store_job_update {
+    const char *id;              /* required */
+    const char *status;
+    const char *agent_id;
+    int attempts;
+    long long prompt_tokens, completion_tokens;
+    long long queue_ms, ttft_ms, total_ms;
+    const char *finish_reason;
+    const char *error_code;
+    int64_t finished_at;         /* wall ms; <= 0 unchanged */
+} gps_store_job_update;
+#define GPS_STORE_JOB_UPDATE_INIT(job_id)                                                    \
+    ((gps_store_job_update){.id = (job_id), .attempts = -1, .prompt_tokens = -1,              \
+                            .completion_tokens = -1, .queue_ms = -1, .ttft_ms = -1,           \
+                            .total_ms = -1, .finished_at = 0})
+int gps_store_job_update_async(gps_store *s, gps_store_job_update u);
+
+/* Save the text generated so far (len bytes, need not be NUL-terminated)
+ * and the last event seq of a job. Replaces the previous checkpoint. The
+ * job row must exist. */
+int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, size_t len,
+                         long long last_seq);
+
+/* Delete finished jobs (finished_at < before_wall_ms) and their
+ * checkpoints, in chunks of 1000 rows so other writes interleave. */
+int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms);
+
+/* API keys (auth.c is the usual caller). */
+typedef struct gps_store_key_row {
+    const char *id;              /* required */
+    const char *hash;            /* required: 64 lowercase hex (SHA-256 of the raw key) */
+    const char *role;            /* required: client | agent | admin | enrollment */
+    const char *name;            /* NULL = "" */
+    const char *agent_id;        /* NULL = unbound */
+    int64_t created_at;
+    int64_t expires_at;          /* 0 = never */
+    int64_t revoked_at;          /* 0 = not revoked */
+    int64_t last_used_at;        /* 0 = never */
+} gps_store_key_row;
+int gps_store_key_insert(gps_store *s, gps_store_key_row row);
+int gps_store_key_revoke(gps_store *s, const char *key_id, int64_t revoked_at);
+int gps_store_key_used(gps_store *s, const char *key_id, int64_t used_at);
+int gps_store_key_bind_agent(gps_store *s, const char *key_id, const char *agent_id);
+
+/* ---- async reads: cb runs on the loop thread (the base given to open) ---- */
+
+/* A job as stored. All pointers borrowed: valid during the callback only. */
+typedef struct gps_store_job_info {
+    const char *id, *api, *kind, *model, *key_id, *agent_id, *status;
+    int priority, attempts;
+    long long prompt_tokens, completion_tokens;   /* -1 = NULL in the DB */
+    long long queue_ms, ttft_ms, total_ms;        /* -1 = NULL */
+    const char *finish_reason, *error_code, *correlation_id;
+    bool has_seed;
+    long long seed;
+    int64_t created_at, finished_at;              /* finished_at 0 = unfinished */
+    json_t *request;                              /* borrowed, may be NULL */
+    const char *checkpoint_text;                  /* NULL = no checkpoint */
+    size_t checkpoint_len;
+    long long checkpoint_seq;                     /* -1 = no checkpoint */
+} gps_store_job_info;
+
+/* status: 0 found (job non-NULL), 1 not found (job NULL), -1 error (job NULL). */
+typedef void (*gps_store_job_fn)(void *arg, int status, const gps_store_job_info *job);
+/* Look a job up by id after every write queued before it. Returns 0, or
+ * -1 (no event_base, ENOMEM) in which case cb is never called. */
+int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, void *arg);
+
+/* ok: SELECT 1 ran on the DB thread; msg describes a failure. */
+typedef void (*gps_store_ping_fn)(void *arg, bool ok, const char *msg);
+int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg);
+
+/* ---- synchronous reads (start-up, CLI; block on SQLite) ---- */
+
+typedef struct gps_store_agent_info {
+    const char *id, *name, *version, *platform, *state, *key_id;
+    json_t *labels;              /* borrowed object (never NULL) */
+    json_t *facts;               /* borrowed, may be NULL */
+    int64_t first_seen, last_seen;
+    gps_store_model_row *models; /* borrowed array */
+    size_t n_models;
+} gps_store_agent_info;
+/* Callbacks return 0 to continue, non-zero to stop (the load then returns
+ * that value). Return -1 with err on SQLite failure. */
+typedef int (*gps_store_agent_fn)(void *arg, const gps_store_agent_info *a);
+int gps_store_load_agents(gps_store *s, gps_store_agent_fn cb, void *arg, char *err,
+                          size_t errlen);
+
+typedef int (*gps_store_key_fn)(void *arg, const gps_store_key_row *k);
+/* Every key, revoked and expired ones included (ordered by created_at). */
+int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err, size_t errlen);
+
+typedef int (*gps_store_job_load_fn)(void *arg, const gps_store_job_info *job);
+/* Jobs with finished_at NULL (queued/assigned/running at the last stop),
+ * oldest first, with their checkpoint. */
+int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void *arg, char *err,
+                                   size_t errlen);
+
+/* Insert a key row synchronously (CLI `keys create`). 0 or -1 with err. */
+int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row, char *err,
+                              size_t errlen);
+/* Revoke synchronously (CLI). Returns 0, 1 when no such (unrevoked) key,
+ * -1 with err. */
+int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_at, char *err,
+                              size_t errlen);
+
+#endif
