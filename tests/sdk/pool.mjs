@@ -54,7 +54,7 @@ export class Pool {
 
   async start({ serverArgs = [], upstreamArgs = [], model = 'scripted', db = null, agentToken = null, clientKey = null } = {}) {
     const upPortFile = join(this.dir, 'upstream.port');
-    this.spawn('upstream', 'python3', [join(SRC, 'tests/integration/upstream.py'), '--listen', '127.0.0.1:0', '--port-file', upPortFile, ...upstreamArgs]);
+    this.spawn('upstream', 'python3', [join(SRC, 'tests/integration/upstream.py'), '--port', '0', '--port-file', upPortFile, ...upstreamArgs]);
     const upPort = await this.readPort(upPortFile);
 
     const portFile = join(this.dir, 'server.port');
