@@ -21,10 +21,24 @@ const char *gp_config_source_name(gp_opt_source s)
     return source_names[s];
 }
 
+/* Option names compare with '-' and '_' as the same character, so that
+ * --max-queue, --max_queue and "max_queue = ..." all name one option. */
+static bool name_eq(const char *a, size_t alen, const char *b)
+{
+    size_t i = 0;
+    for (; i < alen && b[i]; i++) {
+        char x = a[i] == '-' ? '_' : a[i];
+        char y = b[i] == '-' ? '_' : b[i];
+        if (x != y)
+            return false;
+    }
+    return i == alen && b[i] == '\0';
+}
+
 static const gp_opt *find_opt(const gp_opt *t, size_t n, const char *name, size_t len)
 {
     for (size_t i = 0; i < n; i++)
-        if (strlen(t[i].name) == len && strncmp(t[i].name, name, len) == 0)
+        if (name_eq(name, len, t[i].name))
             return &t[i];
     return NULL;
 }
@@ -187,19 +201,7 @@ static int load_file(gp_config *cfg, const char *path, char *err, size_t errlen)
                 val = trim(val);
             }
         }
-        for (char *k = key; *k; k++)
-            if (*k == '-')
-                *k = '_';
-        const gp_opt *o = NULL;
-        for (size_t i = 0; i < cfg->n && !o; i++) {
-            char norm[128];
-            snprintf(norm, sizeof norm, "%s", cfg->table[i].name);
-            for (char *k = norm; *k; k++)
-                if (*k == '-')
-                    *k = '_';
-            if (strcmp(norm, key) == 0)
-                o = &cfg->table[i];
-        }
+        const gp_opt *o = find_opt(cfg->table, cfg->n, key, strlen(key));
         if (!o || strcmp(o->name, "config") == 0) {
             snprintf(err, errlen, "%s:%d: unknown key '%s'", path, lineno, key);
             goto done;
@@ -255,7 +257,7 @@ static int scan_flags(gp_config *cfg, int argc, char **argv, bool only_config, c
             cfg->help = true;
             continue;
         }
-        if (nl == 12 && strncmp(name, "print-config", 12) == 0) {
+        if (name_eq(name, nl, "print-config")) {
             cfg->print_config = true;
             continue;
         }

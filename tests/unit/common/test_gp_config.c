@@ -68,7 +68,7 @@ static void test_precedence(void **state)
     struct opts o;
     gp_config c;
     char err[256] = "";
-    char *argv[] = {"prog", "--config", (char *)path, "--max-queue", "8", "--ratio=0.75", NULL};
+    char *argv[] = {"prog", "--config", (char *)path, "--max_queue", "8", "--ratio=0.75", NULL};
     char *envp[] = {"GPUPOOL_RATIO=0.9", "OTHER=1", NULL};
     assert_int_equal(gp_config_parse_env(&c, table, NOPT, &o, 6, argv, envp, err, sizeof err), 0);
     assert_string_equal(o.listen, "0.0.0.0:9000");   /* file beats default */
