@@ -1,0 +1,928 @@
+/*
+ * agent: the protocol loop. See agent.h for the threading model and
+ * docs/protocol.md for the wire contract.
+ *
+ * Everything below runs on the loop thread except the sink_* callbacks,
+ * which backend threads call; they touch only the job's event queue and
+ * flags under a->mu and wake the loop.
+ */
+#include "agent/agent.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "agent/agent_facts.h"
+#include "agent/agent_util.h"
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+
+#ifndef AGENT_VERSION
+#define AGENT_VERSION "0.0.0"
+#endif
+
+#define MAX_RESPONSE_BYTES (16u << 20)  /* server replies are small; bound them */
+#define MAX_BATCH_EVENTS 1024           /* events per upload */
+#define UPLOAD_GIVE_UP_MS (120 * 1000)  /* a job whose uploads fail this long is dropped */
+#define SHUTDOWN_FLUSH_MS 5000          /* after stopping jobs: time to upload their ends */
+#define MAX_JOB_ID 128
+
+/* ======================================================================== */
+/* Types                                                                    */
+/* ======================================================================== */
+
+typedef enum { REQ_POLL, REQ_WORK, REQ_EVENTS } req_kind;
+
+typedef struct agent_job agent_job;
+
+/* One request to the server in flight on the multi handle. */
+typedef struct req {
+    req_kind kind;
+    CURL *easy;
+    struct curl_slist *hdrs;
+    gp_buf resp;
+    bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
+    agent_job *job;      /* REQ_EVENTS: the job (borrowed; it waits for us) */
+} req;
+
+struct agent_job {
+    char id[MAX_JOB_ID];
+    char *correlation_id;   /* owned, may be NULL */
+    agent *a;
+    /* --- under a->mu (backend threads write these) --- */
+    agent_evq q;
+    bool backend_done;      /* the terminal callback was delivered */
+    bool stop_shutdown;     /* we stopped it: agent shutting down */
+    bool stop_deadline;     /* we stopped it: its deadline passed */
+    /* --- loop thread only --- */
+    bool cancelled;         /* server said stop: drop events, upload nothing */
+    bool cancel_sent;       /* backend->job_cancel already called */
+    req *upload;            /* upload in flight, or NULL */
+    uint64_t next_upload_ms;
+    uint64_t failing_since_ms; /* 0 = last upload fine */
+    agent_backoff ub;
+    uint64_t deadline_ms;   /* monotonic; 0 = none */
+    agent_job *next;
+};
+
+struct agent {
+    const agent_options *o;
+    agent_backend *be;
+    CURLM *multi;
+    char id[37];
+    char *base;             /* server URL without trailing '/' */
+    char *auth_header;      /* "Authorization: Bearer ..." or NULL */
+    char *name;
+    json_t *labels;
+    json_t *static_facts;   /* platform, cpu, gpus (refreshed per poll for gpus) */
+
+    pthread_mutex_t mu;     /* job queues and flags shared with backend threads */
+    agent_job *jobs;
+
+    req *poll_req;
+    req *work_req;
+    uint64_t next_poll_ms;
+    uint64_t next_work_ms;
+    uint32_t poll_interval_ms;
+    uint32_t work_wait_ms;
+    bool registered;        /* last poll succeeded */
+    bool server_down_logged;
+    agent_backoff backoff;  /* server reachability (poll and work) */
+
+    bool draining;          /* announce draining, take no new work */
+    bool drain_announced;   /* a poll carrying "draining" was acknowledged */
+    bool stopping;          /* exit once drained */
+    bool jobs_stopped;      /* drain deadline passed: jobs were told to stop */
+    uint64_t drain_deadline_ms;
+    uint64_t final_deadline_ms;
+    int exit_code;
+
+    atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
+};
+
+/* ======================================================================== */
+/* Small helpers                                                            */
+/* ======================================================================== */
+
+static uint32_t rnd32(void)
+{
+    uint32_t r;
+    gp_random_bytes(&r, sizeof r);
+    return r;
+}
+
+static bool job_id_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n >= MAX_JOB_ID)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+static agent_job *job_find(agent *a, const char *id)
+{
+    for (agent_job *j = a->jobs; j; j = j->next)
+        if (strcmp(j->id, id) == 0)
+            return j;
+    return NULL;
+}
+
+static int busy_slots(agent *a)
+{
+    int n = 0;
+    pthread_mutex_lock(&a->mu);
+    for (agent_job *j = a->jobs; j; j = j->next)
+        if (!j->backend_done)
+            n++;
+    pthread_mutex_unlock(&a->mu);
+    return n;
+}
+
+/* Ask the backend to stop a job (once). */
+static void job_cancel(agent *a, agent_job *j)
+{
+    if (j->cancel_sent)
+        return;
+    j->cancel_sent = true;
+    a->be->ops->job_cancel(a->be, j->id);
+}
+
+/* ======================================================================== */
+/* Event sink (backend threads)                                             */
+/* ======================================================================== */
+
+static void sink_push(agent_job *j, json_t *ev)
+{
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    agent_evq_push(&j->q, ev);
+    pthread_mutex_unlock(&a->mu);
+    curl_multi_wakeup(a->multi);
+}
+
+static void sink_started(void *ctx)
+{
+    sink_push(ctx, json_pack("{s:s}", "type", "started"));
+}
+
+static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
+{
+    json_t *t = json_stringn(text, len);
+    if (!t) /* not UTF-8: never send invalid JSON strings; replace */
+        t = json_string("\xef\xbf\xbd");
+    json_t *ev = json_pack("{s:s,s:o}", "type", "token", "text", t);
+    if (ev && token_id >= 0)
+        json_object_set_new(ev, "token_id", json_integer(token_id));
+    sink_push(ctx, ev);
+}
+
+static void sink_metrics(void *ctx, json_t *m)
+{
+    json_t *ev = json_is_object(m) ? json_deep_copy(m) : json_object();
+    if (!ev)
+        return;
+    json_object_set_new(ev, "type", json_string("metrics"));
+    sink_push(ctx, ev);
+}
+
+static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
+{
+    agent_job *j = ctx;
+    json_t *usage = json_object();
+    if (pt >= 0)
+        json_object_set_new(usage, "prompt_tokens", json_integer(pt));
+    if (ct >= 0)
+        json_object_set_new(usage, "completion_tokens", json_integer(ct));
+    json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason",
+                           finish_reason && strcmp(finish_reason, "length") == 0 ? "length"
+                                                                                : "stop",
+                           "usage", usage);
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    agent_evq_push(&j->q, ev);
+    j->backend_done = true;
+    pthread_mutex_unlock(&a->mu);
+    curl_multi_wakeup(a->multi);
+}
+
+static void sink_error(void *ctx, const char *code, const char *message)
+{
+    agent_job *j = ctx;
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    /* A stop we caused is reported for what it is, not as a cancellation. */
+    if (j->stop_shutdown) {
+        code = "AGENT_SHUTDOWN";
+        message = "the agent shut down before the job finished";
+    } else if (j->stop_deadline) {
+        code = "TIMEOUT";
+        message = "the job ran past its deadline";
+    }
+    json_t *ev = json_pack("{s:s,s:s,s:s}", "type", "error", "code", code ? code : "INTERNAL_ERROR",
+                           "message", message ? message : "");
+    agent_evq_push(&j->q, ev);
+    j->backend_done = true;
+    pthread_mutex_unlock(&a->mu);
+    curl_multi_wakeup(a->multi);
+}
+
+/* ======================================================================== */
+/* Requests to the server                                                   */
+/* ======================================================================== */
+
+static size_t req_write_cb(char *p, size_t sz, size_t nm, void *ud)
+{
+    req *r = ud;
+    size_t n = sz * nm;
+    if (r->resp.len + n > MAX_RESPONSE_BYTES) {
+        r->too_big = true;
+        return 0; /* abort the transfer */
+    }
+    if (gp_buf_append(&r->resp, p, n) < 0)
+        return 0;
+    return n;
+}
+
+static void req_free(req *r)
+{
+    if (!r)
+        return;
+    if (r->easy)
+        curl_easy_cleanup(r->easy);
+    curl_slist_free_all(r->hdrs);
+    gp_buf_free(&r->resp);
+    free(r);
+}
+
+/* Start POST base+path with body (reference stolen). Returns the request or
+ * NULL (logged). */
+static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, long timeout_ms,
+                      const char *correlation_id)
+{
+    req *r = calloc(1, sizeof *r);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!r || !text)
+        goto fail;
+    r->kind = kind;
+    gp_buf_init(&r->resp);
+    r->easy = curl_easy_init();
+    if (!r->easy)
+        goto fail;
+    char url[2048];
+    if ((size_t)snprintf(url, sizeof url, "%s%s", a->base, path) >= sizeof url)
+        goto fail;
+    r->hdrs = curl_slist_append(r->hdrs, "Content-Type: application/json");
+    r->hdrs = curl_slist_append(r->hdrs, "Expect:"); /* no 100-continue round trip */
+    if (a->auth_header)
+        r->hdrs = curl_slist_append(r->hdrs, a->auth_header);
+    if (correlation_id && *correlation_id && strlen(correlation_id) < 200 &&
+        !strpbrk(correlation_id, "\r\n")) {
+        char h[256];
+        snprintf(h, sizeof h, "X-Correlation-Id: %s", correlation_id);
+        r->hdrs = curl_slist_append(r->hdrs, h);
+    }
+    curl_easy_setopt(r->easy, CURLOPT_URL, url);
+    curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->hdrs);
+    curl_easy_setopt(r->easy, CURLOPT_COPYPOSTFIELDS, text);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, req_write_cb);
+    curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
+    curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+    curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
+    if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
+        goto fail;
+    free(text);
+    return r;
+fail:
+    gp_log_error("request_failed", "cannot start a request to %s", path);
+    free(text);
+    req_free(r);
+    return NULL;
+}
+
+/* Abort a request in flight (its completion handler will not run). */
+static void req_abort(agent *a, req *r)
+{
+    if (!r)
+        return;
+    curl_multi_remove_handle(a->multi, r->easy);
+    req_free(r);
+}
+
+/* ======================================================================== */
+/* /agents/poll                                                             */
+/* ======================================================================== */
+
+static json_t *poll_body(agent *a)
+{
+    int busy = busy_slots(a);
+    json_t *b = json_pack("{s:s,s:s,s:s,s:o,s:{s:I,s:i},s:i,s:O,s:s}", "agent_id", a->id,
+                          "name", a->name, "version", AGENT_VERSION, "models",
+                          a->be->ops->models(a->be), "slots", "total",
+                          (json_int_t)a->o->slots, "busy", busy, "queue_depth", 0, "labels",
+                          a->labels, "status", a->draining ? "draining" : "online");
+    if (!b)
+        return NULL;
+    json_object_update(b, a->static_facts);
+    json_object_set_new(b, "gpus", agent_facts_gpus());
+    if (!json_object_get(b, "models"))
+        json_object_set_new(b, "models", json_array());
+    if (a->be->ops->poll_facts)
+        a->be->ops->poll_facts(a->be, b);
+    return b;
+}
+
+static void poll_start(agent *a)
+{
+    json_t *body = poll_body(a);
+    a->poll_req = body ? req_start(a, REQ_POLL, "/agents/poll", body,
+                                   (long)a->o->request_timeout_sec * 1000, NULL)
+                       : NULL;
+    if (!a->poll_req)
+        a->next_poll_ms = gp_now_mono_ms() + 1000;
+}
+
+static void server_unreachable(agent *a, const char *what, const char *detail)
+{
+    uint32_t d = agent_backoff_next(&a->backoff, rnd32());
+    if (!a->server_down_logged)
+        gp_log_warn("server_unreachable", "%s failed (%s); retrying with backoff", what, detail);
+    else
+        gp_log_debug("server_unreachable", "%s failed (%s); next try in %u ms", what, detail, d);
+    a->server_down_logged = true;
+    a->registered = false;
+    uint64_t now = gp_now_mono_ms();
+    if (!a->poll_req && a->next_poll_ms < now + d)
+        a->next_poll_ms = now + d;
+    a->next_work_ms = now + d;
+}
+
+/* The error message of a native error body, for logs. */
+static const char *error_text(json_t *body)
+{
+    const char *m = json_string_value(json_object_get(json_object_get(body, "error"), "message"));
+    return m ? m : "";
+}
+
+static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
+{
+    uint64_t now = gp_now_mono_ms();
+    if (rc != CURLE_OK || status >= 500 || status == 0) {
+        char d[160];
+        snprintf(d, sizeof d, "%s, HTTP %ld", rc != CURLE_OK ? curl_easy_strerror(rc) : "ok",
+                 status);
+        server_unreachable(a, "poll", d);
+        return;
+    }
+    if (status != 200) {
+        /* 400/401/403: a configuration problem; log it loudly and retry slowly. */
+        gp_log_error("poll_rejected", "server rejected /agents/poll: HTTP %ld %s%s", status,
+                     error_text(body), status == 401 ? " (check --token)" : "");
+        a->registered = false;
+        uint32_t d = agent_backoff_next(&a->backoff, rnd32());
+        a->next_poll_ms = now + d;
+        a->next_work_ms = now + d;
+        return;
+    }
+    if (a->server_down_logged || !a->registered)
+        gp_log_info("registered", "poll accepted by %s (agent_id %s)", a->base, a->id);
+    a->server_down_logged = false;
+    a->registered = true;
+    agent_backoff_reset(&a->backoff);
+    json_int_t pi = json_integer_value(json_object_get(body, "poll_interval_sec"));
+    if (pi >= 1 && pi <= 3600)
+        a->poll_interval_ms = (uint32_t)pi * 1000;
+    json_int_t ww = json_integer_value(json_object_get(body, "work_wait_sec"));
+    if (ww >= 1 && ww <= 3600)
+        a->work_wait_ms = (uint32_t)ww * 1000;
+    /* Heartbeat a little before the interval runs out (suspect after one miss). */
+    a->next_poll_ms = now + a->poll_interval_ms * 3 / 4;
+    if (a->draining)
+        a->drain_announced = true;
+    if (a->next_work_ms > now && !a->work_req)
+        a->next_work_ms = now; /* re-park at once now that the server knows us */
+
+    json_t *cmds = json_object_get(body, "commands");
+    size_t i;
+    json_t *c;
+    json_array_foreach(cmds, i, c)
+    {
+        const char *type = json_string_value(json_object_get(c, "type"));
+        if (!type)
+            continue;
+        if (strcmp(type, "cancel") == 0) {
+            const char *jid = json_string_value(json_object_get(c, "job_id"));
+            agent_job *j = jid ? job_find(a, jid) : NULL;
+            if (j) {
+                gp_log_info("job_cancel", "server cancelled job %s (poll command)", j->id);
+                j->cancelled = true;
+                job_cancel(a, j);
+            }
+        } else if (strcmp(type, "drain") == 0) {
+            if (!a->draining)
+                gp_log_info("drain", "server asked this agent to drain");
+            a->draining = true;
+            a->drain_announced = false;
+            a->next_poll_ms = now; /* announce it */
+        } else {
+            gp_log_debug("poll_command_ignored", "unknown poll command '%s'", type);
+        }
+    }
+}
+
+/* ======================================================================== */
+/* /agents/work                                                             */
+/* ======================================================================== */
+
+static void job_free(agent_job *j)
+{
+    agent_evq_free(&j->q);
+    free(j->correlation_id);
+    free(j);
+}
+
+static void job_begin(agent *a, json_t *jj)
+{
+    const char *jid = json_string_value(json_object_get(jj, "job_id"));
+    if (!job_id_ok(jid)) {
+        gp_log_error("job_invalid", "work reply holds a job without a valid job_id; skipped");
+        return;
+    }
+    if (job_find(a, jid)) {
+        gp_log_warn("job_duplicate", "job %s was assigned twice; keeping the running one", jid);
+        return;
+    }
+    agent_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return;
+    snprintf(j->id, sizeof j->id, "%s", jid);
+    j->a = a;
+    agent_evq_init(&j->q);
+    agent_backoff_init(&j->ub, 200, 5000);
+    const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
+    j->correlation_id = cid ? strdup(cid) : NULL;
+    json_int_t dl = json_integer_value(json_object_get(jj, "deadline_ms"));
+    if (dl > 0)
+        j->deadline_ms = gp_now_mono_ms() + (uint64_t)dl;
+    j->next = a->jobs;
+    a->jobs = j;
+
+    gp_log_write(GP_LOG_INFO, "job_start", j->correlation_id, json_pack("{s:s}", "job_id", j->id),
+                 "starting job %s", j->id);
+    agent_job_sink sink = {
+        .ctx = j,
+        .started = sink_started,
+        .token = sink_token,
+        .metrics = sink_metrics,
+        .end = sink_end,
+        .error = sink_error,
+    };
+    char err[256] = "";
+    if (a->be->ops->job_start(a->be, jj, &sink, err, sizeof err) != 0) {
+        gp_log_write(GP_LOG_WARN, "job_rejected", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id), "backend rejected job: %s", err);
+        /* No callback will come: report it ourselves. */
+        sink_error(j, "INVALID_REQUEST", err[0] ? err : "the backend could not start the job");
+    }
+}
+
+static void work_start(agent *a, int free_slots)
+{
+    json_t *body = json_pack("{s:s,s:i}", "agent_id", a->id, "free_slots", free_slots);
+    long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
+    a->work_req = req_start(a, REQ_WORK, "/agents/work", body, timeout, NULL);
+    if (!a->work_req)
+        a->next_work_ms = gp_now_mono_ms() + 1000;
+}
+
+static void work_done(agent *a, CURLcode rc, long status, json_t *body)
+{
+    uint64_t now = gp_now_mono_ms();
+    if (rc != CURLE_OK || status >= 500 || status == 0) {
+        char d[160];
+        snprintf(d, sizeof d, "%s, HTTP %ld", rc != CURLE_OK ? curl_easy_strerror(rc) : "ok",
+                 status);
+        server_unreachable(a, "work", d);
+        a->next_poll_ms = now; /* find out whether the server is back (and re-register) */
+        return;
+    }
+    if (status == 204) {
+        a->next_work_ms = now;
+        return;
+    }
+    if (status != 200) {
+        /* Unknown agent (server lost us), bad key, ...: re-register first. */
+        gp_log_warn("work_rejected", "server rejected /agents/work: HTTP %ld %s", status,
+                    error_text(body));
+        a->registered = false;
+        a->next_poll_ms = now;
+        a->next_work_ms = now + agent_backoff_next(&a->backoff, rnd32());
+        return;
+    }
+    json_t *jobs = json_object_get(body, "jobs");
+    size_t i;
+    json_t *jj;
+    json_array_foreach(jobs, i, jj) job_begin(a, jj);
+    a->next_work_ms = now;
+}
+
+/* ======================================================================== */
+/* /agents/jobs/{id}/events                                                 */
+/* ======================================================================== */
+
+static void upload_start(agent *a, agent_job *j)
+{
+    size_t seq = 0;
+    pthread_mutex_lock(&a->mu);
+    json_t *events = agent_evq_take(&j->q, MAX_BATCH_EVENTS, &seq);
+    pthread_mutex_unlock(&a->mu);
+    if (!events)
+        return;
+    json_t *body = json_pack("{s:s,s:I,s:o}", "agent_id", a->id, "seq", (json_int_t)seq,
+                             "events", events);
+    char path[64 + MAX_JOB_ID];
+    snprintf(path, sizeof path, "/agents/jobs/%s/events", j->id);
+    j->upload = req_start(a, REQ_EVENTS, path, body, (long)a->o->request_timeout_sec * 1000,
+                          j->correlation_id);
+    if (!j->upload) {
+        pthread_mutex_lock(&a->mu);
+        agent_evq_nack(&j->q);
+        pthread_mutex_unlock(&a->mu);
+        j->next_upload_ms = gp_now_mono_ms() + 1000;
+        return;
+    }
+    j->upload->job = j;
+}
+
+static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t *body)
+{
+    uint64_t now = gp_now_mono_ms();
+    j->upload = NULL;
+    if (rc == CURLE_OK && status == 200) {
+        pthread_mutex_lock(&a->mu);
+        agent_evq_ack(&j->q);
+        pthread_mutex_unlock(&a->mu);
+        j->failing_since_ms = 0;
+        agent_backoff_reset(&j->ub);
+        if (json_is_true(json_object_get(body, "cancel")) && !j->cancelled) {
+            gp_log_write(GP_LOG_INFO, "job_cancel", j->correlation_id,
+                         json_pack("{s:s}", "job_id", j->id), "server cancelled job %s", j->id);
+            j->cancelled = true;
+            job_cancel(a, j);
+        }
+        return;
+    }
+    const char *code = json_string_value(json_object_get(json_object_get(body, "error"), "code"));
+    if (rc == CURLE_OK && status == 409 && code && strcmp(code, "SEQ_GAP") == 0) {
+        json_t *d = json_object_get(json_object_get(body, "error"), "details");
+        json_int_t exp = json_integer_value(json_object_get(d, "expected_seq"));
+        gp_log_warn("seq_gap", "job %s: server expects seq %lld; resending from there", j->id,
+                    (long long)exp);
+        pthread_mutex_lock(&a->mu);
+        agent_evq_rewind(&j->q, exp > 0 ? (size_t)exp : 0);
+        pthread_mutex_unlock(&a->mu);
+        return;
+    }
+    if (rc == CURLE_OK && status >= 400 && status < 500 && status != 401 && status != 408 &&
+        status != 429) {
+        /* 404 JOB_NOT_FOUND / 409 NOT_ASSIGNED / 400: this job is not ours to
+         * continue; stop it and send nothing more. */
+        gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id), "server refused events for job %s: HTTP %ld %s",
+                     j->id, status, error_text(body));
+        pthread_mutex_lock(&a->mu);
+        agent_evq_nack(&j->q);
+        pthread_mutex_unlock(&a->mu);
+        j->cancelled = true;
+        job_cancel(a, j);
+        return;
+    }
+    /* Transport error, 5xx, 401, 408, 429: retry the same batch later. */
+    pthread_mutex_lock(&a->mu);
+    agent_evq_nack(&j->q);
+    pthread_mutex_unlock(&a->mu);
+    if (!j->failing_since_ms)
+        j->failing_since_ms = now;
+    uint32_t d = agent_backoff_next(&j->ub, rnd32());
+    j->next_upload_ms = now + d;
+    gp_log_debug("upload_retry", "job %s: events upload failed (%s, HTTP %ld); retry in %u ms",
+                 j->id, rc != CURLE_OK ? curl_easy_strerror(rc) : "ok", status, d);
+    if (now - j->failing_since_ms > UPLOAD_GIVE_UP_MS) {
+        gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id),
+                     "job %s: events could not be delivered for %d s; giving up", j->id,
+                     UPLOAD_GIVE_UP_MS / 1000);
+        j->cancelled = true;
+        job_cancel(a, j);
+    }
+}
+
+/* ======================================================================== */
+/* Completions and the loop                                                 */
+/* ======================================================================== */
+
+static void handle_done(agent *a, CURLMsg *m)
+{
+    req *r = NULL;
+    curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&r);
+    curl_multi_remove_handle(a->multi, m->easy_handle);
+    if (!r)
+        return;
+    long status = 0;
+    CURLcode rc = m->data.result;
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+    if (r->too_big)
+        rc = CURLE_WRITE_ERROR;
+    json_t *body = NULL;
+    if (rc == CURLE_OK && r->resp.len > 0)
+        body = json_loadb(r->resp.data, r->resp.len, 0, NULL);
+    if (rc == CURLE_OK && status == 200 && !json_is_object(body) &&
+        (r->kind != REQ_WORK || r->resp.len > 0)) {
+        /* A 200 must carry a JSON object; anything else is a broken server
+         * or proxy: treat like a server error. */
+        gp_log_warn("bad_reply", "server reply to a %s request is not a JSON object",
+                    r->kind == REQ_POLL ? "poll" : r->kind == REQ_WORK ? "work" : "events");
+        status = 502;
+    }
+    switch (r->kind) {
+    case REQ_POLL:
+        a->poll_req = NULL;
+        poll_done(a, rc, status, body);
+        break;
+    case REQ_WORK:
+        a->work_req = NULL;
+        work_done(a, rc, status, body);
+        break;
+    case REQ_EVENTS:
+        upload_done(a, r->job, rc, status, body);
+        break;
+    }
+    json_decref(body);
+    req_free(r);
+}
+
+/* Free jobs that are finished on both sides (safe point: not inside any
+ * callback of theirs, no upload in flight). */
+static void reap_jobs(agent *a)
+{
+    agent_job **pp = &a->jobs;
+    while (*pp) {
+        agent_job *j = *pp;
+        pthread_mutex_lock(&a->mu);
+        bool done = j->backend_done && !j->upload && (j->cancelled || agent_evq_done(&j->q));
+        pthread_mutex_unlock(&a->mu);
+        if (!done) {
+            pp = &j->next;
+            continue;
+        }
+        gp_log_write(GP_LOG_DEBUG, "job_done", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id), "job %s finished", j->id);
+        *pp = j->next;
+        job_free(j);
+    }
+}
+
+static void stop_all_jobs(agent *a)
+{
+    for (agent_job *j = a->jobs; j; j = j->next) {
+        pthread_mutex_lock(&a->mu);
+        bool running = !j->backend_done;
+        if (running)
+            j->stop_shutdown = true;
+        pthread_mutex_unlock(&a->mu);
+        if (running)
+            job_cancel(a, j);
+    }
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+int agent_run(agent *a)
+{
+    a->next_poll_ms = gp_now_mono_ms();
+    a->next_work_ms = UINT64_MAX;
+    gp_log_info("agent_start", "agent %s (%s) serving through backend %s, %lld slot(s), server %s",
+                a->id, a->name, a->be->ops->name, a->o->slots, a->base);
+    for (;;) {
+        uint64_t now = gp_now_mono_ms();
+
+        /* Stop requests from the signal thread. */
+        int sr = atomic_load(&a->stop_req);
+        if (sr >= 1 && !a->stopping) {
+            gp_log_info("draining", "stop requested: draining (up to %lld s for running jobs)",
+                        a->o->drain_timeout_sec);
+            a->stopping = true;
+            a->draining = true;
+            a->drain_announced = false;
+            a->drain_deadline_ms = now + (uint64_t)a->o->drain_timeout_sec * 1000;
+            if (!a->poll_req)
+                a->next_poll_ms = now;
+        }
+        if (a->stopping && !a->jobs_stopped && (sr >= 2 || now >= a->drain_deadline_ms)) {
+            if (a->jobs)
+                gp_log_warn("drain_timeout", "stopping the jobs still running");
+            a->jobs_stopped = true;
+            a->exit_code = sr >= 2 ? 1 : 0;
+            a->final_deadline_ms = now + SHUTDOWN_FLUSH_MS;
+            stop_all_jobs(a);
+        }
+
+        /* Per-job upkeep: deadlines and uploads. */
+        uint64_t wake = now + 1000;
+        for (agent_job *j = a->jobs; j; j = j->next) {
+            pthread_mutex_lock(&a->mu);
+            bool overdue = !j->backend_done && j->deadline_ms && now >= j->deadline_ms &&
+                           !j->stop_deadline;
+            if (overdue)
+                j->stop_deadline = true;
+            bool ready = !j->cancelled && !j->upload && agent_evq_ready(&j->q);
+            pthread_mutex_unlock(&a->mu);
+            if (overdue) {
+                gp_log_warn("job_deadline", "job %s ran past its deadline; stopping it", j->id);
+                job_cancel(a, j);
+            }
+            if (ready) {
+                if (now >= j->next_upload_ms)
+                    upload_start(a, j);
+                else
+                    wake = min_u64(wake, j->next_upload_ms);
+            }
+            if (j->deadline_ms && !j->stop_deadline)
+                wake = min_u64(wake, j->deadline_ms);
+        }
+        reap_jobs(a);
+
+        /* Leave when drained (or out of time after stopping the jobs). */
+        if (a->stopping && !a->jobs && (a->drain_announced || !a->registered))
+            break;
+        if (a->jobs_stopped && now >= a->final_deadline_ms) {
+            gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
+            break;
+        }
+
+        /* Heartbeat. */
+        if (!a->poll_req && now >= a->next_poll_ms)
+            poll_start(a);
+        if (!a->poll_req)
+            wake = min_u64(wake, a->next_poll_ms);
+
+        /* Keep a long-poll parked whenever a slot is free. */
+        int free_slots = (int)a->o->slots - busy_slots(a);
+        if (a->draining && a->drain_announced && a->work_req) {
+            req_abort(a, a->work_req); /* the server knows we are draining */
+            a->work_req = NULL;
+        }
+        if (!a->work_req && a->registered && !a->draining && free_slots > 0) {
+            if (now >= a->next_work_ms)
+                work_start(a, free_slots);
+            else
+                wake = min_u64(wake, a->next_work_ms);
+        }
+
+        int running = 0;
+        curl_multi_perform(a->multi, &running);
+        CURLMsg *m;
+        int left;
+        bool any = false;
+        while ((m = curl_multi_info_read(a->multi, &left))) {
+            if (m->msg == CURLMSG_DONE) {
+                handle_done(a, m);
+                any = true;
+            }
+        }
+        if (any)
+            continue; /* act on what just finished before sleeping */
+
+        now = gp_now_mono_ms();
+        int timeout = wake > now ? (int)min_u64(wake - now, 1000) : 0;
+        curl_multi_poll(a->multi, NULL, 0, timeout, NULL);
+    }
+    gp_log_info("agent_exit", "agent stopped");
+    return a->exit_code;
+}
+
+/* ======================================================================== */
+/* Lifecycle                                                                */
+/* ======================================================================== */
+
+agent *agent_create(const agent_options *o, agent_backend *backend, char *err, size_t errlen)
+{
+    agent *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        if (backend)
+            backend->ops->destroy(backend);
+        return NULL;
+    }
+    a->o = o;
+    a->be = backend;
+    pthread_mutex_init(&a->mu, NULL);
+    atomic_init(&a->stop_req, 0);
+    a->poll_interval_ms = 15000;
+    a->work_wait_ms = 25000;
+    agent_backoff_init(&a->backoff, 500, 30000);
+
+    if (agent_state_load_id(o->state_dir, a->id, err, errlen) < 0)
+        goto fail;
+    a->labels = agent_labels_parse(o->labels, err, errlen);
+    if (!a->labels)
+        goto fail;
+    size_t bl = strlen(o->server);
+    while (bl > 0 && o->server[bl - 1] == '/')
+        bl--;
+    a->base = strndup(o->server, bl);
+    if (o->name && *o->name) {
+        a->name = strdup(o->name);
+    } else {
+        char host[256] = "agent";
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = '\0';
+        a->name = strdup(host);
+    }
+    if (o->token && *o->token) {
+        size_t n = strlen(o->token) + 32;
+        a->auth_header = malloc(n);
+        if (a->auth_header)
+            snprintf(a->auth_header, n, "Authorization: Bearer %s", o->token);
+    }
+    a->static_facts = agent_facts_static();
+    a->multi = curl_multi_init();
+    if (!a->base || !a->name || !a->multi || !a->static_facts ||
+        (o->token && *o->token && !a->auth_header)) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    /* Several requests (long-poll, heartbeat, uploads) share a few reused
+     * connections to the one server. */
+    curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(a->o->slots + 4));
+    return a;
+fail:
+    agent_destroy(a);
+    return NULL;
+}
+
+void agent_stop(agent *a, bool hard)
+{
+    int want = hard ? 2 : 1;
+    int cur = atomic_load(&a->stop_req);
+    while (cur < want && !atomic_compare_exchange_weak(&a->stop_req, &cur, want)) {
+    }
+    if (a->multi)
+        curl_multi_wakeup(a->multi);
+}
+
+const char *agent_id(const agent *a)
+{
+    return a->id;
+}
+
+void agent_destroy(agent *a)
+{
+    if (!a)
+        return;
+    /* Backend first: it joins its threads, so no sink call can follow. */
+    if (a->be)
+        a->be->ops->destroy(a->be);
+    a->be = NULL;
+    if (a->multi) {
+        req_abort(a, a->poll_req);
+        req_abort(a, a->work_req);
+        for (agent_job *j = a->jobs; j; j = j->next)
+            req_abort(a, j->upload);
+    }
+    while (a->jobs) {
+        agent_job *j = a->jobs;
+        a->jobs = j->next;
+        job_free(j);
+    }
+    if (a->multi)
+        curl_multi_cleanup(a->multi);
+    json_decref(a->labels);
+    json_decref(a->static_facts);
+    free(a->base);
+    free(a->name);
+    free(a->auth_header);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}

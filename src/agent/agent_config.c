@@ -1,0 +1,109 @@
+/* agent_config: the option table of gpupool-agent. See agent_config.h. */
+#include "agent/agent_config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "agent/agent_util.h"
+
+#define O(f) offsetof(agent_options, f)
+
+/* One row per option; flags are --NAME, environment GPUPOOL_NAME (upper
+ * case, '-' -> '_'), config file keys NAME (either '-' or '_'). */
+const gp_opt agent_config_table[] = {
+    {"server", GP_OPT_STR, O(server), "http://127.0.0.1:8080", 0, 0, NULL,
+     "base URL of gpupool-server"},
+    {"token", GP_OPT_STR, O(token), NULL, 0, 0, NULL,
+     "agent key sent as Authorization: Bearer (omit while the server runs with auth off)"},
+    {"state-dir", GP_OPT_STR, O(state_dir), "/var/lib/gpupool-agent", 0, 0, NULL,
+     "directory for the persistent agent_id (created 0700)"},
+    {"slots", GP_OPT_INT, O(slots), "1", 1, 1024, NULL, "concurrent jobs"},
+    {"name", GP_OPT_STR, O(name), NULL, 0, 0, NULL, "display name (default: host name)"},
+    {"labels", GP_OPT_STR, O(labels), "", 0, 0, NULL, "labels for scheduling, k=v,k2=v2"},
+    {"log-level", GP_OPT_STR, O(log_level), "info", 0, 0, "debug|info|warn|error",
+     "minimum log level"},
+    {"config", GP_OPT_STR, O(config), "/etc/gpupool/agent.conf", 0, 0, NULL,
+     "config file (key = value lines); a missing default file is ignored"},
+    {"drain-timeout-sec", GP_OPT_INT, O(drain_timeout_sec), "60", 0, 86400, NULL,
+     "SIGTERM: how long running jobs may finish before they are stopped"},
+    {"request-timeout-sec", GP_OPT_INT, O(request_timeout_sec), "30", 1, 3600, NULL,
+     "bound on one /agents/poll or events request"},
+    {"upstream", GP_OPT_STR, O(upstream), NULL, 0, 0, NULL,
+     "openai backend: base URL of an OpenAI-compatible server (http://host:port[/v1])"},
+    {"upstream-model", GP_OPT_STR, O(upstream_model), NULL, 0, 0, NULL,
+     "openai backend: model name sent upstream"},
+    {"upstream-key", GP_OPT_STR, O(upstream_key), NULL, 0, 0, NULL,
+     "openai backend: Bearer key for the upstream, if it wants one"},
+    {"upstream-timeout-sec", GP_OPT_INT, O(upstream_timeout_sec), "60", 1, 86400, NULL,
+     "openai backend: no byte from the upstream this long -> UPSTREAM_TIMEOUT"},
+    {"upstream-connect-timeout-sec", GP_OPT_INT, O(upstream_connect_timeout_sec), "10", 1, 600,
+     NULL, "openai backend: connect timeout"},
+    {"model", GP_OPT_STR, O(model), NULL, 0, 0, NULL, "gguf backend: path to a .gguf model"},
+    {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
+     "gguf backend: CPU threads (0 = all cores)"},
+    {"ctx-size", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
+     "gguf backend: context length per slot (0 = the model's)"},
+    {"alias", GP_OPT_STR, O(alias), NULL, 0, 0, NULL,
+     "public model id (default: the upstream model, or the model file's name)"},
+};
+const size_t agent_config_table_len = sizeof agent_config_table / sizeof agent_config_table[0];
+
+static bool is_http_url(const char *s)
+{
+    return s && (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) &&
+           s[strncmp(s, "https://", 8) == 0 ? 8 : 7] != '\0';
+}
+
+int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv, char **envp,
+                      char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int rc = envp ? gp_config_parse_env(cfg, agent_config_table, agent_config_table_len, out,
+                                        argc, argv, envp, err, errlen)
+                  : gp_config_parse(cfg, agent_config_table, agent_config_table_len, out, argc,
+                                    argv, err, errlen);
+    if (rc < 0)
+        return -1;
+    if (cfg->help || cfg->print_config)
+        return 0; /* let the caller show what it has, without judging it */
+    if (cfg->npositional > 0) {
+        snprintf(err, errlen, "unexpected argument '%s' (options start with --)",
+                 cfg->positional[0]);
+        return -1;
+    }
+    if (!is_http_url(out->server)) {
+        snprintf(err, errlen, "server: '%s' must be an http:// or https:// URL",
+                 out->server ? out->server : "");
+        return -1;
+    }
+    if (out->upstream && out->model) {
+        snprintf(err, errlen, "upstream and model: choose one backend (--upstream for openai, "
+                              "--model FILE.gguf for gguf)");
+        return -1;
+    }
+    if (!out->upstream && !out->model) {
+        snprintf(err, errlen, "upstream or model: one backend is required (--upstream URL "
+                              "--upstream-model NAME, or --model FILE.gguf)");
+        return -1;
+    }
+    if (out->upstream) {
+        if (!is_http_url(out->upstream)) {
+            snprintf(err, errlen, "upstream: '%s' must be an http:// or https:// URL",
+                     out->upstream);
+            return -1;
+        }
+        if (!out->upstream_model || !*out->upstream_model) {
+            snprintf(err, errlen, "upstream-model: required with --upstream");
+            return -1;
+        }
+    }
+    if (out->alias && !*out->alias) {
+        snprintf(err, errlen, "alias: must not be empty");
+        return -1;
+    }
+    json_t *labels = agent_labels_parse(out->labels, err, errlen);
+    if (!labels)
+        return -1;
+    json_decref(labels);
+    return 0;
+}

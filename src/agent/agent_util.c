@@ -1,0 +1,386 @@
+/* agent_util: see agent_util.h. */
+#include "agent/agent_util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ======================================================================== */
+/* SSE                                                                      */
+/* ======================================================================== */
+
+void agent_sse_init(agent_sse *s, size_t max_line)
+{
+    memset(s, 0, sizeof *s);
+    gp_buf_init(&s->line);
+    gp_buf_init(&s->data);
+    s->max_line = max_line ? max_line : (1u << 20);
+}
+
+void agent_sse_free(agent_sse *s)
+{
+    gp_buf_free(&s->line);
+    gp_buf_free(&s->data);
+}
+
+static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
+{
+    if (!s->have_data)
+        return 0;
+    s->have_data = false;
+    const char *d = s->data.data ? s->data.data : "";
+    size_t n = s->data.len;
+    int rc = cb(ud, d, n);
+    s->data.len = 0;
+    if (s->data.data)
+        s->data.data[0] = '\0';
+    return rc;
+}
+
+/* One complete line (without its terminator). */
+static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void *ud)
+{
+    if (n == 0)
+        return sse_dispatch(s, cb, ud);
+    if (l[0] == ':')
+        return 0;
+    const char *colon = memchr(l, ':', n);
+    size_t fl = colon ? (size_t)(colon - l) : n;
+    if (fl != 4 || memcmp(l, "data", 4) != 0)
+        return 0; /* event:, id:, retry: and unknown fields carry nothing we use */
+    const char *v = colon ? colon + 1 : l + n;
+    size_t vl = (size_t)(l + n - v);
+    if (vl > 0 && v[0] == ' ') {
+        v++;
+        vl--;
+    }
+    if (s->have_data && gp_buf_append(&s->data, "\n", 1) < 0)
+        return -1;
+    if (gp_buf_append(&s->data, v, vl) < 0)
+        return -1;
+    if (s->data.len > s->max_line)
+        return -1;
+    s->have_data = true;
+    return 0;
+}
+
+int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
+{
+    size_t i = 0;
+    if (s->pending_cr && n > 0 && p[0] == '\n')
+        i = 1; /* the LF of a CRLF split across feeds */
+    s->pending_cr = false;
+    while (i < n) {
+        /* Find the next terminator. */
+        size_t j = i;
+        while (j < n && p[j] != '\n' && p[j] != '\r')
+            j++;
+        if (j == n) {
+            if (gp_buf_append(&s->line, p + i, n - i) < 0 || s->line.len > s->max_line)
+                return -1;
+            return 0;
+        }
+        int rc;
+        if (s->line.len > 0) {
+            if (gp_buf_append(&s->line, p + i, j - i) < 0 || s->line.len > s->max_line)
+                return -1;
+            rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+            s->line.len = 0;
+        } else {
+            if (j - i > s->max_line)
+                return -1;
+            rc = sse_line(s, p + i, j - i, cb, ud);
+        }
+        if (rc != 0)
+            return rc;
+        if (p[j] == '\r') {
+            if (j + 1 < n && p[j + 1] == '\n')
+                j++;
+            else if (j + 1 == n)
+                s->pending_cr = true;
+        }
+        i = j + 1;
+    }
+    return 0;
+}
+
+int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud)
+{
+    if (s->line.len > 0) {
+        int rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+        s->line.len = 0;
+        if (rc != 0)
+            return rc;
+    }
+    return sse_dispatch(s, cb, ud);
+}
+
+/* ======================================================================== */
+/* Event queue                                                              */
+/* ======================================================================== */
+
+void agent_evq_init(agent_evq *q)
+{
+    memset(q, 0, sizeof *q);
+    q->events = json_array();
+}
+
+void agent_evq_free(agent_evq *q)
+{
+    json_decref(q->events);
+    q->events = NULL;
+}
+
+int agent_evq_push(agent_evq *q, json_t *ev)
+{
+    if (!ev)
+        return -1;
+    if (q->terminal || !q->events) {
+        json_decref(ev);
+        return -1;
+    }
+    const char *t = json_string_value(json_object_get(ev, "type"));
+    if (t && (strcmp(t, "end") == 0 || strcmp(t, "error") == 0))
+        q->terminal = true;
+    return json_array_append_new(q->events, ev) == 0 ? 0 : -1;
+}
+
+size_t agent_evq_len(const agent_evq *q)
+{
+    return q->events ? json_array_size(q->events) : 0;
+}
+
+bool agent_evq_ready(const agent_evq *q)
+{
+    return q->inflight == 0 && q->acked < agent_evq_len(q);
+}
+
+json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq)
+{
+    if (!agent_evq_ready(q))
+        return NULL;
+    size_t n = agent_evq_len(q) - q->acked;
+    if (max && n > max)
+        n = max;
+    json_t *out = json_array();
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        json_array_append(out, json_array_get(q->events, q->acked + i));
+    q->inflight = n;
+    *seq = q->acked;
+    return out;
+}
+
+void agent_evq_ack(agent_evq *q)
+{
+    q->acked += q->inflight;
+    q->inflight = 0;
+}
+
+void agent_evq_nack(agent_evq *q)
+{
+    q->inflight = 0;
+}
+
+void agent_evq_rewind(agent_evq *q, size_t expected_seq)
+{
+    size_t n = agent_evq_len(q);
+    q->acked = expected_seq > n ? n : expected_seq;
+    q->inflight = 0;
+}
+
+bool agent_evq_done(const agent_evq *q)
+{
+    return q->terminal && q->inflight == 0 && q->acked == agent_evq_len(q);
+}
+
+/* ======================================================================== */
+/* Backoff                                                                  */
+/* ======================================================================== */
+
+void agent_backoff_init(agent_backoff *b, uint32_t base_ms, uint32_t cap_ms)
+{
+    b->base_ms = base_ms ? base_ms : 1;
+    b->cap_ms = cap_ms < b->base_ms ? b->base_ms : cap_ms;
+    b->attempt = 0;
+}
+
+uint32_t agent_backoff_next(agent_backoff *b, uint32_t rnd)
+{
+    uint64_t nominal = b->base_ms;
+    for (uint32_t i = 0; i < b->attempt && nominal < b->cap_ms; i++)
+        nominal *= 2;
+    if (nominal > b->cap_ms)
+        nominal = b->cap_ms;
+    if (b->attempt < 64)
+        b->attempt++;
+    uint64_t half = nominal / 2;
+    return (uint32_t)(nominal - half + (half ? rnd % (half + 1) : 0));
+}
+
+void agent_backoff_reset(agent_backoff *b)
+{
+    b->attempt = 0;
+}
+
+/* ======================================================================== */
+/* Labels                                                                   */
+/* ======================================================================== */
+
+static bool label_key_char(char c)
+{
+    return isalnum((unsigned char)c) || c == '_' || c == '-' || c == '.' || c == '/';
+}
+
+json_t *agent_labels_parse(const char *s, char *err, size_t errlen)
+{
+    json_t *out = json_object();
+    char *copy = strdup(s ? s : "");
+    if (!out || !copy) {
+        snprintf(err, errlen, "labels: out of memory");
+        goto fail;
+    }
+    char *p = copy;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    if (*p == '\0')
+        goto done; /* no labels */
+    for (;;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        /* trim */
+        while (*p == ' ' || *p == '\t')
+            p++;
+        char *end = p + strlen(p);
+        while (end > p && (end[-1] == ' ' || end[-1] == '\t'))
+            *--end = '\0';
+        if (*p == '\0') {
+            snprintf(err, errlen, "labels: empty item (expected k=v,k2=v2)");
+            goto fail;
+        }
+        char *eq = strchr(p, '=');
+        if (!eq) {
+            snprintf(err, errlen, "labels: '%.60s' is not key=value", p);
+            goto fail;
+        }
+        *eq = '\0';
+        char *k = p, *v = eq + 1;
+        char *ke = eq;
+        while (ke > k && (ke[-1] == ' ' || ke[-1] == '\t'))
+            *--ke = '\0';
+        while (*v == ' ' || *v == '\t')
+            v++;
+        size_t kl = strlen(k), vl = strlen(v);
+        if (kl == 0 || kl > 63) {
+            snprintf(err, errlen, "labels: key must be 1..63 characters ('%.60s')", k);
+            goto fail;
+        }
+        for (size_t i = 0; i < kl; i++)
+            if (!label_key_char(k[i])) {
+                snprintf(err, errlen,
+                         "labels: key '%.60s' may only hold letters, digits and _ - . /", k);
+                goto fail;
+            }
+        if (vl > 255) {
+            snprintf(err, errlen, "labels: value of '%s' is longer than 255 characters", k);
+            goto fail;
+        }
+        for (size_t i = 0; i < vl; i++)
+            if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f) {
+                snprintf(err, errlen, "labels: value of '%s' holds a control character", k);
+                goto fail;
+            }
+        if (json_object_get(out, k)) {
+            snprintf(err, errlen, "labels: key '%s' given twice", k);
+            goto fail;
+        }
+        json_t *jv = json_stringn(v, vl);
+        if (!jv) {
+            snprintf(err, errlen, "labels: value of '%s' is not valid UTF-8", k);
+            goto fail;
+        }
+        json_object_set_new(out, k, jv);
+        if (!comma)
+            break;
+        p = comma + 1;
+    }
+done:
+    free(copy);
+    return out;
+fail:
+    free(copy);
+    json_decref(out);
+    return NULL;
+}
+
+/* ======================================================================== */
+/* State dir                                                                */
+/* ======================================================================== */
+
+int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    char *text = NULL;
+    int rc = -1;
+
+    if (!dir || !*dir) {
+        snprintf(err, errlen, "state-dir: must be set");
+        return -1;
+    }
+    if (gp_mkdirs(dir, 0700) < 0) {
+        snprintf(err, errlen, "state-dir: cannot create '%s': %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "state-dir: '%s' is not a directory", dir);
+        return -1;
+    }
+    if ((size_t)snprintf(path, sizeof path, "%s/agent_id", dir) >= sizeof path) {
+        snprintf(err, errlen, "state-dir: path too long");
+        return -1;
+    }
+    size_t len = 0;
+    text = gp_read_file(path, &len, 4096);
+    if (text) {
+        /* trim whitespace */
+        char *s = text;
+        while (*s && isspace((unsigned char)*s))
+            s++;
+        char *e = s + strlen(s);
+        while (e > s && isspace((unsigned char)e[-1]))
+            *--e = '\0';
+        if (!gp_uuid_valid(s)) {
+            snprintf(err, errlen,
+                     "state-dir: '%s' does not hold a UUID; fix or delete it to register as a "
+                     "new agent",
+                     path);
+            goto done;
+        }
+        memcpy(out, s, 36);
+        out[36] = '\0';
+        rc = 0;
+        goto done;
+    }
+    if (errno != ENOENT) {
+        snprintf(err, errlen, "state-dir: cannot read '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    gp_uuid4(out);
+    char line[40];
+    int n = snprintf(line, sizeof line, "%s\n", out);
+    if (gp_write_file_atomic(path, line, (size_t)n, 0600) < 0) {
+        snprintf(err, errlen, "state-dir: cannot write '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    rc = 0;
+done:
+    free(text);
+    return rc;
+}

@@ -1,0 +1,120 @@
+/*
+ * agent_util: the agent's pure logic, kept apart from I/O so that unit tests
+ * can drive it directly: SSE line parsing (upstream streams), the per-job
+ * event queue with its seq bookkeeping (DESIGN §4 batching), the reconnect
+ * backoff schedule, --labels parsing and the persistent agent_id.
+ *
+ * None of these types lock: callers that share one between threads (the job
+ * event queue) hold their own mutex around every call.
+ */
+#ifndef AGENT_UTIL_H
+#define AGENT_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/gp_util.h"
+
+/* ---------------------------------------------------------------------------
+ * SSE parser (text/event-stream as OpenAI-compatible servers send it)
+ *
+ * Lines end with LF, CRLF or CR, possibly split across feeds at any byte.
+ * "data:" lines (one leading space stripped) accumulate; a blank line
+ * dispatches the event (several data lines are joined with '\n'). Comment
+ * lines (":" first) and other fields (event, id, retry) are ignored. A line
+ * longer than max_line is an error (a broken or hostile upstream must not
+ * grow memory without bound).
+ * ------------------------------------------------------------------------ */
+typedef int (*agent_sse_cb)(void *ud, const char *data, size_t len);
+
+typedef struct agent_sse {
+    gp_buf line;      /* current partial line */
+    gp_buf data;      /* data of the event being assembled */
+    bool have_data;   /* a data: line was seen since the last dispatch */
+    bool pending_cr;  /* last byte was CR: a following LF belongs to it */
+    size_t max_line;
+} agent_sse;
+
+void agent_sse_init(agent_sse *s, size_t max_line);
+void agent_sse_free(agent_sse *s);
+/* Feed bytes. Calls cb for each completed event's data. Returns 0, -1 when
+ * a line exceeds max_line (or on ENOMEM), or the first non-zero value cb
+ * returned (parsing stops there). */
+int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud);
+/* End of stream: dispatch an unterminated last line/event, if any. Same
+ * return values as agent_sse_feed. */
+int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud);
+
+/* ---------------------------------------------------------------------------
+ * Job event queue: every event of one job, in order, plus how far the server
+ * has acknowledged. One upload in flight at a time; the upload carries
+ * everything accumulated since the last acknowledged event (seq = index of
+ * the batch's first event), so latency is one round trip and the number of
+ * requests stays bounded whatever the token rate.
+ * ------------------------------------------------------------------------ */
+typedef struct agent_evq {
+    json_t *events;   /* array of every event pushed (owned) */
+    size_t acked;     /* events the server acknowledged */
+    size_t inflight;  /* events in the upload in flight; 0 = none in flight */
+    bool terminal;    /* an end/error event was pushed: nothing may follow */
+} agent_evq;
+
+void agent_evq_init(agent_evq *q);
+void agent_evq_free(agent_evq *q);
+/* Append ev (reference stolen). Events after a terminal one are dropped
+ * (returns -1); so is a NULL ev. end/error make the queue terminal. */
+int agent_evq_push(agent_evq *q, json_t *ev);
+/* True when nothing is in flight and something is not yet acknowledged. */
+bool agent_evq_ready(const agent_evq *q);
+/* Begin an upload: returns a new array with events [acked, acked+max)
+ * (max 0 = all) and sets *seq = acked; NULL when !agent_evq_ready. */
+json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq);
+/* The upload in flight succeeded / failed (will be retried from acked). */
+void agent_evq_ack(agent_evq *q);
+void agent_evq_nack(agent_evq *q);
+/* The server expects seq next (409 SEQ_GAP or a partial ack): resend from
+ * there. Clamped to the events we have. */
+void agent_evq_rewind(agent_evq *q, size_t expected_seq);
+/* Every event, including a terminal one, acknowledged. */
+bool agent_evq_done(const agent_evq *q);
+size_t agent_evq_len(const agent_evq *q);
+
+/* ---------------------------------------------------------------------------
+ * Capped exponential backoff with jitter (docs/protocol.md "Backoff"):
+ * nominal delay base, 2*base, 4*base ... capped at cap; the delay returned is
+ * drawn uniformly from [nominal/2, nominal] ("equal jitter") so that agents
+ * that lost the same server do not come back in lock step.
+ * ------------------------------------------------------------------------ */
+typedef struct agent_backoff {
+    uint32_t base_ms;
+    uint32_t cap_ms;
+    uint32_t attempt;  /* failures since the last success */
+} agent_backoff;
+
+void agent_backoff_init(agent_backoff *b, uint32_t base_ms, uint32_t cap_ms);
+/* Delay before the next try after one more failure. rnd: any random value
+ * (tests pass fixed ones). */
+uint32_t agent_backoff_next(agent_backoff *b, uint32_t rnd);
+void agent_backoff_reset(agent_backoff *b);
+
+/* ---------------------------------------------------------------------------
+ * Labels: "k=v,k2=v2" -> {"k":"v","k2":"v2"}. Keys: [A-Za-z0-9_.-/]+ (1..63
+ * chars), values: printable, no ',' (0..255 chars); spaces around items are
+ * trimmed; an empty string gives {}. Duplicate keys are an error.
+ * Returns a new object, or NULL with a message in err.
+ * ------------------------------------------------------------------------ */
+json_t *agent_labels_parse(const char *s, char *err, size_t errlen);
+
+/* ---------------------------------------------------------------------------
+ * State dir: created 0700 when missing; "agent_id" holds the agent's UUID
+ * (0600, written atomically on first start, then kept forever so that a
+ * restarted server re-learns the same agent). A present but invalid file is
+ * an error (never silently replaced: it would orphan the agent's history).
+ * Returns 0 and the id in out, or -1 with a message in err.
+ * ------------------------------------------------------------------------ */
+int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen);
+
+#endif

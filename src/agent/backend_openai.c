@@ -1,0 +1,696 @@
+/*
+ * backend_openai: relay jobs to an existing OpenAI-compatible server
+ * (llama.cpp's llama-server, vLLM, Ollama, another gpupool-server).
+ *
+ * One thread per job. Each drives its own libcurl multi handle with one
+ * transfer, so that job_cancel can wake it (curl_multi_wakeup) and drop the
+ * transfer at once: the upstream sees its client go away immediately and
+ * stops generating. The request is always streamed (stream: true,
+ * stream_options.include_usage) so tokens are relayed as they arrive; the
+ * server turns them back into one body for non-streaming clients.
+ *
+ * Failures become one error event with a stable code:
+ *   UPSTREAM_ERROR      HTTP status >= 400, connection refused/reset/dropped,
+ *                       stream ended before [DONE], error object in the stream
+ *   UPSTREAM_MALFORMED  a chunk that is not JSON or not the expected shape,
+ *                       an unexpected Content-Type, an overlong line
+ *   UPSTREAM_TIMEOUT    no byte from the upstream for upstream-timeout-sec
+ *   CANCELLED           job_cancel
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "agent/agent_util.h"
+#include "agent/backend.h"
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+
+#ifndef AGENT_VERSION
+#define AGENT_VERSION "0.0.0"
+#endif
+
+#define MAX_ERRBODY (64u << 10)     /* error bodies: kept for the message only */
+#define MAX_JSONBODY (16u << 20)    /* a non-streamed reply (lenient path) */
+#define MAX_SSE_LINE (4u << 20)     /* one SSE line / event */
+
+typedef struct oai_backend oai_backend;
+
+typedef enum { BODY_UNKNOWN, BODY_SSE, BODY_JSON, BODY_ERROR } body_mode;
+
+typedef struct oai_job {
+    struct oai_job *next;
+    oai_backend *b;
+    char id[128];
+    agent_job_sink sink;
+    bool chat;
+    char *body;             /* request JSON (owned) */
+    char *correlation_id;   /* owned, may be NULL */
+    CURLM *multi;           /* owned; freed after the thread is joined */
+    pthread_t th;
+    atomic_bool cancel;
+    bool exited;            /* thread finished (under b->mu): join and free */
+
+    /* --- job thread only --- */
+    body_mode mode;
+    long status;
+    agent_sse sse;
+    gp_buf raw;             /* error body or non-streamed JSON body */
+    bool done_seen;         /* data: [DONE] */
+    bool failed;            /* err_code/err_msg set */
+    char err_code[32];
+    char err_msg[300];
+    char finish[32];
+    long long prompt_tokens, completion_tokens;
+    long long ntokens;
+    bool started_sent;
+    uint64_t t_start_us, t_first_us, last_byte_ms;
+} oai_job;
+
+struct oai_backend {
+    agent_backend base;     /* first: the agent sees only this */
+    const agent_options *o;
+    char *url_chat;
+    char *url_completions;
+    char *public_id;
+    char *auth_header;
+    pthread_mutex_t mu;
+    oai_job *jobs;
+};
+
+/* ======================================================================== */
+/* Stream parsing (job thread)                                              */
+/* ======================================================================== */
+
+static void job_fail(oai_job *j, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void job_fail(oai_job *j, const char *code, const char *fmt, ...)
+{
+    if (j->failed)
+        return; /* keep the first cause */
+    j->failed = true;
+    snprintf(j->err_code, sizeof j->err_code, "%s", code);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
+    va_end(ap);
+}
+
+static void emit_text(oai_job *j, const char *text, size_t len)
+{
+    if (len == 0)
+        return;
+    if (!j->t_first_us)
+        j->t_first_us = gp_now_mono_us();
+    j->ntokens++;
+    j->sink.token(j->sink.ctx, text, len, -1);
+}
+
+static void take_usage(oai_job *j, json_t *usage)
+{
+    if (!json_is_object(usage))
+        return;
+    json_t *pt = json_object_get(usage, "prompt_tokens");
+    json_t *ct = json_object_get(usage, "completion_tokens");
+    if (json_is_integer(pt))
+        j->prompt_tokens = json_integer_value(pt);
+    if (json_is_integer(ct))
+        j->completion_tokens = json_integer_value(ct);
+}
+
+static void take_finish(oai_job *j, json_t *c0)
+{
+    const char *fr = json_string_value(json_object_get(c0, "finish_reason"));
+    if (fr && *fr)
+        snprintf(j->finish, sizeof j->finish, "%s", fr);
+}
+
+/* One parsed chunk object (streamed), or the whole reply (not streamed). */
+static int handle_object(oai_job *j, json_t *obj, bool streamed)
+{
+    if (!json_is_object(obj)) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not a JSON object");
+        return 2;
+    }
+    json_t *err = json_object_get(obj, "error");
+    if (err && !json_is_null(err)) {
+        const char *m = json_string_value(json_object_get(err, "message"));
+        if (!m)
+            m = json_string_value(err);
+        job_fail(j, "UPSTREAM_ERROR", "upstream reported an error: %.200s", m ? m : "(no message)");
+        return 2;
+    }
+    json_t *choices = json_object_get(obj, "choices");
+    if (choices && !json_is_array(choices)) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream chunk has a 'choices' that is not an array");
+        return 2;
+    }
+    json_t *c0 = json_array_get(choices, 0);
+    if (c0) {
+        if (!json_is_object(c0)) {
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream choice is not an object");
+            return 2;
+        }
+        json_t *t;
+        if (j->chat)
+            t = json_object_get(json_object_get(c0, streamed ? "delta" : "message"), "content");
+        else
+            t = json_object_get(c0, "text");
+        if (t && !json_is_null(t) && !json_is_string(t)) {
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream text is not a string");
+            return 2;
+        }
+        if (json_is_string(t))
+            emit_text(j, json_string_value(t), json_string_length(t));
+        take_finish(j, c0);
+    } else if (!streamed) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no choices");
+        return 2;
+    }
+    take_usage(j, json_object_get(obj, "usage"));
+    return 0;
+}
+
+/* SSE event data. Returns 0 to go on, 1 at [DONE], 2 on failure. */
+static int on_sse_data(void *ud, const char *data, size_t len)
+{
+    oai_job *j = ud;
+    if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
+        j->done_seen = true;
+        return 1;
+    }
+    json_error_t je;
+    json_t *obj = json_loadb(data, len, 0, &je);
+    if (!obj) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not JSON (%s)", je.text);
+        return 2;
+    }
+    int rc = handle_object(j, obj, true);
+    json_decref(obj);
+    return rc;
+}
+
+static void send_started(oai_job *j)
+{
+    if (j->started_sent)
+        return;
+    j->started_sent = true;
+    j->sink.started(j->sink.ctx);
+}
+
+/* libcurl write callback. Returning anything but n aborts the transfer. */
+static size_t on_write(char *p, size_t sz, size_t nm, void *ud)
+{
+    oai_job *j = ud;
+    size_t n = sz * nm;
+    j->last_byte_ms = gp_now_mono_ms();
+    if (j->mode == BODY_UNKNOWN) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no Content-Type");
+        return 0;
+    }
+    switch (j->mode) {
+    case BODY_ERROR:
+        if (j->raw.len < MAX_ERRBODY)
+            gp_buf_append(&j->raw, p, n < MAX_ERRBODY - j->raw.len ? n : MAX_ERRBODY - j->raw.len);
+        return n;
+    case BODY_JSON:
+        if (j->raw.len + n > MAX_JSONBODY) {
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply larger than %u bytes", MAX_JSONBODY);
+            return 0;
+        }
+        gp_buf_append(&j->raw, p, n);
+        return n;
+    case BODY_SSE: {
+        int rc = agent_sse_feed(&j->sse, p, n, on_sse_data, j);
+        if (rc == 0)
+            return n;
+        if (rc < 0)
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream sent an SSE line longer than %u bytes",
+                     MAX_SSE_LINE);
+        return 0; /* [DONE] (rc 1) or failure: stop reading */
+    }
+    default:
+        return 0;
+    }
+}
+
+/* Decide how to read the body, once the status and headers are in. */
+static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
+{
+    oai_job *j = ud;
+    size_t n = sz * nm;
+    j->last_byte_ms = gp_now_mono_ms();
+    if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
+        /* status line: parse the code */
+        const char *sp = memchr(p, ' ', n);
+        j->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+        j->mode = j->status >= 200 && j->status < 300 ? BODY_UNKNOWN : BODY_ERROR;
+        return n;
+    }
+    if (n > 13 && strncasecmp(p, "content-type:", 13) == 0 && j->status >= 200 &&
+        j->status < 300) {
+        const char *v = p + 13;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        if (strncasecmp(v, "text/event-stream", 17) == 0)
+            j->mode = BODY_SSE;
+        else if (strncasecmp(v, "application/json", 16) == 0)
+            j->mode = BODY_JSON;
+        else {
+            char ct[64];
+            size_t l = strcspn(v, "\r\n;");
+            snprintf(ct, sizeof ct, "%.*s", (int)(l < 60 ? l : 60), v);
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream replied with Content-Type '%s'", ct);
+            return 0;
+        }
+    }
+    return n;
+}
+
+/* Fills err/msg for a finished non-2xx reply. */
+static void fail_status(oai_job *j)
+{
+    json_t *b = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, NULL);
+    const char *m = json_string_value(json_object_get(json_object_get(b, "error"), "message"));
+    if (!m)
+        m = json_string_value(json_object_get(b, "error"));
+    if (!m)
+        m = json_string_value(json_object_get(b, "message"));
+    if (m)
+        job_fail(j, "UPSTREAM_ERROR", "upstream replied HTTP %ld: %.200s", j->status, m);
+    else
+        job_fail(j, "UPSTREAM_ERROR", "upstream replied HTTP %ld", j->status);
+    json_decref(b);
+}
+
+/* ======================================================================== */
+/* Job thread                                                               */
+/* ======================================================================== */
+
+static void *job_main(void *arg)
+{
+    oai_job *j = arg;
+    oai_backend *b = j->b;
+    const agent_options *o = b->o;
+    struct curl_slist *h = NULL;
+    CURL *easy = curl_easy_init();
+    CURLcode result = CURLE_OK;
+    bool transfer_done = false;
+
+    j->t_start_us = gp_now_mono_us();
+    j->last_byte_ms = gp_now_mono_ms();
+    if (!easy) {
+        job_fail(j, "INTERNAL_ERROR", "cannot create an HTTP handle");
+        goto finish;
+    }
+    h = curl_slist_append(h, "Content-Type: application/json");
+    h = curl_slist_append(h, "Accept: text/event-stream");
+    h = curl_slist_append(h, "Expect:");
+    if (b->auth_header)
+        h = curl_slist_append(h, b->auth_header);
+    char hv[300];
+    snprintf(hv, sizeof hv, "X-Gpupool-Job-Id: %s", j->id);
+    h = curl_slist_append(h, hv);
+    if (j->correlation_id) {
+        snprintf(hv, sizeof hv, "X-Correlation-Id: %s", j->correlation_id);
+        h = curl_slist_append(h, hv);
+    }
+    curl_easy_setopt(easy, CURLOPT_URL, j->chat ? b->url_chat : b->url_completions);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, j->body);
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(easy, CURLOPT_WRITEDATA, j);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy, CURLOPT_HEADERDATA, j);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
+    curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
+    curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+    if (curl_multi_add_handle(j->multi, easy) != CURLM_OK) {
+        job_fail(j, "INTERNAL_ERROR", "cannot start the upstream request");
+        goto finish;
+    }
+
+    uint64_t stall_ms = (uint64_t)o->upstream_timeout_sec * 1000;
+    while (!transfer_done) {
+        if (atomic_load(&j->cancel))
+            break;
+        int running = 0;
+        curl_multi_perform(j->multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(j->multi, &left)))
+            if (m->msg == CURLMSG_DONE) {
+                result = m->data.result;
+                transfer_done = true;
+            }
+        if (transfer_done)
+            break;
+        if (!j->started_sent && j->status >= 200 && j->status < 300 && j->mode != BODY_UNKNOWN)
+            send_started(j);
+        if (gp_now_mono_ms() - j->last_byte_ms > stall_ms) {
+            job_fail(j, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
+                     (long long)o->upstream_timeout_sec);
+            break;
+        }
+        curl_multi_poll(j->multi, NULL, 0, 200, NULL);
+    }
+    curl_multi_remove_handle(j->multi, easy); /* closes the upstream socket if unfinished */
+
+finish:
+    if (atomic_load(&j->cancel)) {
+        j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
+        goto out;
+    }
+    if (!j->failed && transfer_done && result != CURLE_OK && !j->done_seen) {
+        if (result == CURLE_OPERATION_TIMEDOUT)
+            job_fail(j, "UPSTREAM_TIMEOUT", "upstream: %s", curl_easy_strerror(result));
+        else
+            job_fail(j, "UPSTREAM_ERROR", "upstream connection failed: %s",
+                     curl_easy_strerror(result));
+    }
+    if (!j->failed && (j->status < 200 || j->status >= 300))
+        fail_status(j);
+    if (!j->failed && j->mode == BODY_SSE && !j->done_seen) {
+        int rc = agent_sse_finish(&j->sse, on_sse_data, j);
+        if (rc == 0 && !j->done_seen && !j->failed)
+            job_fail(j, "UPSTREAM_ERROR", "upstream stream ended before [DONE]");
+    }
+    if (!j->failed && j->mode == BODY_JSON) {
+        json_error_t je;
+        json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
+        if (!obj)
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
+        else {
+            send_started(j);
+            handle_object(j, obj, false);
+        }
+        json_decref(obj);
+    }
+    if (!j->failed && j->mode != BODY_SSE && j->mode != BODY_JSON)
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no usable body");
+    if (j->failed) {
+        j->sink.error(j->sink.ctx, j->err_code, j->err_msg);
+        goto out;
+    }
+    send_started(j);
+    {
+        uint64_t now = gp_now_mono_us();
+        long long ct = j->completion_tokens >= 0 ? j->completion_tokens : j->ntokens;
+        json_t *m = json_object();
+        if (j->t_first_us)
+            json_object_set_new(m, "ttft_ms", json_real((double)(j->t_first_us - j->t_start_us) / 1000.0));
+        if (j->t_first_us && now > j->t_first_us && ct > 1)
+            json_object_set_new(m, "tokens_per_sec",
+                                json_real((double)(ct - 1) * 1e6 / (double)(now - j->t_first_us)));
+        json_object_set_new(m, "total_ms", json_real((double)(now - j->t_start_us) / 1000.0));
+        j->sink.metrics(j->sink.ctx, m);
+        json_decref(m);
+        j->sink.end(j->sink.ctx, strcmp(j->finish, "length") == 0 ? "length" : "stop",
+                    j->prompt_tokens, ct);
+    }
+out:
+    if (easy)
+        curl_easy_cleanup(easy);
+    curl_slist_free_all(h);
+    pthread_mutex_lock(&b->mu);
+    j->exited = true;
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static void job_free(oai_job *j)
+{
+    if (j->multi)
+        curl_multi_cleanup(j->multi);
+    agent_sse_free(&j->sse);
+    gp_buf_free(&j->raw);
+    free(j->body);
+    free(j->correlation_id);
+    free(j);
+}
+
+/* Join and free jobs whose threads have finished. */
+static void reap(oai_backend *b)
+{
+    for (;;) {
+        oai_job *dead = NULL;
+        pthread_mutex_lock(&b->mu);
+        for (oai_job **pp = &b->jobs; *pp; pp = &(*pp)->next)
+            if ((*pp)->exited) {
+                dead = *pp;
+                *pp = dead->next;
+                break;
+            }
+        pthread_mutex_unlock(&b->mu);
+        if (!dead)
+            return;
+        pthread_join(dead->th, NULL);
+        job_free(dead);
+    }
+}
+
+/* ======================================================================== */
+/* Request building (agent thread)                                          */
+/* ======================================================================== */
+
+static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", "top_k",
+                                          "min_p", "stop", "seed", "presence_penalty",
+                                          "frequency_penalty", "repeat_penalty"};
+
+/* The upstream request body for a job, or NULL with err set. New reference. */
+static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err, size_t errlen)
+{
+    const char *kind = json_string_value(json_object_get(job, "kind"));
+    const char *cont = json_string_value(json_object_get(job, "continuation"));
+    json_t *req = json_pack("{s:s,s:b,s:{s:b}}", "model", b->o->upstream_model, "stream", 1,
+                            "stream_options", "include_usage", 1);
+    if (!req) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (kind && strcmp(kind, "completion") == 0) {
+        const char *prompt = json_string_value(json_object_get(job, "prompt"));
+        if (!prompt) {
+            snprintf(err, errlen, "completion job without a string prompt");
+            goto fail;
+        }
+        *chat = false;
+        size_t pl = strlen(prompt), cl = cont ? strlen(cont) : 0;
+        char *full = malloc(pl + cl + 1);
+        if (!full) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        memcpy(full, prompt, pl);
+        if (cl)
+            memcpy(full + pl, cont, cl);
+        full[pl + cl] = '\0';
+        json_object_set_new(req, "prompt", json_string(full));
+        free(full);
+    } else if (kind && strcmp(kind, "chat") == 0) {
+        json_t *msgs = json_object_get(job, "messages");
+        if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+            snprintf(err, errlen, "chat job without messages");
+            goto fail;
+        }
+        *chat = true;
+        json_t *copy = json_deep_copy(msgs); /* forwarded as they are */
+        if (cont && *cont) {
+            /* Failover: the assistant's partial answer; servers that support
+             * assistant prefill (llama-server, vLLM) continue from it. */
+            json_array_append_new(copy, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
+        }
+        json_object_set_new(req, "messages", copy);
+    } else {
+        snprintf(err, errlen, "job kind '%s' is not supported by the openai backend",
+                 kind ? kind : "(none)");
+        goto fail;
+    }
+    json_t *params = json_object_get(job, "params");
+    for (size_t i = 0; i < sizeof pass_params / sizeof pass_params[0]; i++) {
+        json_t *v = json_object_get(params, pass_params[i]);
+        if (!v || json_is_null(v))
+            continue;
+        if (strcmp(pass_params[i], "top_k") == 0 && json_integer_value(v) <= 0)
+            continue; /* 0 = disabled; some servers reject it */
+        json_object_set(req, pass_params[i], v);
+    }
+    return req;
+fail:
+    json_decref(req);
+    return NULL;
+}
+
+/* ======================================================================== */
+/* vtable                                                                   */
+/* ======================================================================== */
+
+static json_t *oai_models(agent_backend *base)
+{
+    oai_backend *b = (oai_backend *)base;
+    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s}]", "id", b->public_id,
+                     "aliases", "quantization", "context_length", "bytes", "vram_bytes",
+                     "architecture", "loaded", 1, "backend", "openai", "upstream_model",
+                     b->o->upstream_model);
+}
+
+static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
+                         size_t errlen)
+{
+    oai_backend *b = (oai_backend *)base;
+    reap(b);
+    const char *id = json_string_value(json_object_get(job, "job_id"));
+    if (!id || strlen(id) >= 128) {
+        snprintf(err, errlen, "job without a valid job_id");
+        return -1;
+    }
+    bool chat = false;
+    json_t *req = build_request(b, job, &chat, err, errlen);
+    if (!req)
+        return -1;
+    oai_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        json_decref(req);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    snprintf(j->id, sizeof j->id, "%s", id);
+    j->b = b;
+    j->sink = *sink;
+    j->chat = chat;
+    j->prompt_tokens = -1;
+    j->completion_tokens = -1;
+    atomic_init(&j->cancel, false);
+    agent_sse_init(&j->sse, MAX_SSE_LINE);
+    gp_buf_init(&j->raw);
+    j->body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    const char *cid = json_string_value(json_object_get(job, "correlation_id"));
+    if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
+        j->correlation_id = strdup(cid);
+    j->multi = curl_multi_init();
+    if (!j->body || !j->multi) {
+        job_free(j);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_lock(&b->mu);
+    if (pthread_create(&j->th, NULL, job_main, j) != 0) {
+        pthread_mutex_unlock(&b->mu);
+        job_free(j);
+        snprintf(err, errlen, "cannot start a job thread");
+        return -1;
+    }
+    j->next = b->jobs;
+    b->jobs = j;
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static void oai_job_cancel(agent_backend *base, const char *job_id)
+{
+    oai_backend *b = (oai_backend *)base;
+    pthread_mutex_lock(&b->mu);
+    for (oai_job *j = b->jobs; j; j = j->next)
+        if (!j->exited && strcmp(j->id, job_id) == 0) {
+            atomic_store(&j->cancel, true);
+            curl_multi_wakeup(j->multi);
+        }
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void oai_destroy(agent_backend *base)
+{
+    oai_backend *b = (oai_backend *)base;
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    for (oai_job *j = b->jobs; j; j = j->next) {
+        atomic_store(&j->cancel, true);
+        curl_multi_wakeup(j->multi);
+    }
+    pthread_mutex_unlock(&b->mu);
+    /* Join everything (each thread delivers its terminal event first). */
+    for (;;) {
+        pthread_mutex_lock(&b->mu);
+        oai_job *j = b->jobs;
+        if (j)
+            b->jobs = j->next;
+        pthread_mutex_unlock(&b->mu);
+        if (!j)
+            break;
+        pthread_join(j->th, NULL);
+        job_free(j);
+    }
+    pthread_mutex_destroy(&b->mu);
+    free(b->url_chat);
+    free(b->url_completions);
+    free(b->public_id);
+    free(b->auth_header);
+    free(b);
+}
+
+static const agent_backend_ops oai_ops = {
+    .name = "openai",
+    .destroy = oai_destroy,
+    .models = oai_models,
+    .poll_facts = NULL,
+    .job_start = oai_job_start,
+    .job_cancel = oai_job_cancel,
+};
+
+/* "http://h:p" -> "http://h:p/v1/<ep>"; "http://h:p/v1" -> ".../v1/<ep>". */
+static char *endpoint(const char *base, const char *ep)
+{
+    size_t n = strlen(base);
+    while (n > 0 && base[n - 1] == '/')
+        n--;
+    bool has_v1 = n >= 3 && strncmp(base + n - 3, "/v1", 3) == 0;
+    size_t len = n + strlen(ep) + 8;
+    char *out = malloc(len);
+    if (out)
+        snprintf(out, len, "%.*s%s/%s", (int)n, base, has_v1 ? "" : "/v1", ep);
+    return out;
+}
+
+agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen)
+{
+    if (!o->upstream || !o->upstream_model) {
+        snprintf(err, errlen, "openai backend: --upstream and --upstream-model are required");
+        return NULL;
+    }
+    oai_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    b->base.ops = &oai_ops;
+    b->o = o;
+    pthread_mutex_init(&b->mu, NULL);
+    b->url_chat = endpoint(o->upstream, "chat/completions");
+    b->url_completions = endpoint(o->upstream, "completions");
+    b->public_id = strdup(o->alias && *o->alias ? o->alias : o->upstream_model);
+    if (o->upstream_key && *o->upstream_key) {
+        size_t n = strlen(o->upstream_key) + 32;
+        b->auth_header = malloc(n);
+        if (b->auth_header)
+            snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
+    }
+    if (!b->url_chat || !b->url_completions || !b->public_id ||
+        (o->upstream_key && *o->upstream_key && !b->auth_header)) {
+        oai_destroy(&b->base);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s')",
+                b->public_id, o->upstream, o->upstream_model);
+    return &b->base;
+}

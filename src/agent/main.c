@@ -1,0 +1,134 @@
+/*
+ * gpupool-agent: runs on each GPU host, pulls jobs from gpupool-server and
+ * runs them on a backend (openai: an existing OpenAI-compatible server;
+ * gguf: the embedded engine). See docs/agent.md.
+ *
+ *   gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]
+ *                 [--name NAME] [--labels k=v,...]
+ *                 (--upstream URL --upstream-model NAME | --model FILE.gguf)
+ *                 [--alias NAME] [--config FILE] [--print-config]
+ *
+ * Signals: SIGTERM/SIGINT drain (announce "draining", finish running jobs up
+ * to drain-timeout-sec, exit 0); a second one stops at once (exit 1).
+ * Signals are taken by a dedicated thread (sigwait) so that the loop is
+ * woken through agent_stop, never interrupted.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+
+#include "agent/agent.h"
+#include "agent/agent_config.h"
+#include "agent/backend.h"
+#include "common/gp_log.h"
+
+typedef struct {
+    agent *a;
+    sigset_t set;
+} sig_ctx;
+
+static void *signal_main(void *arg)
+{
+    sig_ctx *c = arg;
+    int n = 0;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&c->set, &sig) != 0)
+            continue;
+        if (sig == SIGUSR2)
+            return NULL; /* our own wake-up at exit */
+        n++;
+        gp_log_info("signal", "received signal %d%s", sig, n > 1 ? ": stopping now" : "");
+        agent_stop(c->a, n > 1);
+    }
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]\n"
+                 "                     [--name NAME] [--labels k=v,...]\n"
+                 "                     (--upstream URL --upstream-model NAME | --model FILE.gguf)\n"
+                 "                     [--alias NAME]\n\noptions:\n");
+    gp_config_usage(agent_config_table, agent_config_table_len, out);
+}
+
+int main(int argc, char **argv)
+{
+    agent_options o;
+    gp_config cfg;
+    char err[512] = "";
+    agent *a = NULL;
+    int rc = 2;
+
+    if (agent_config_load(&o, &cfg, argc, argv, NULL, err, sizeof err) < 0) {
+        fprintf(stderr, "gpupool-agent: %s\n", err);
+        goto done;
+    }
+    if (cfg.help) {
+        usage(stdout);
+        rc = 0;
+        goto done;
+    }
+    if (cfg.print_config) {
+        gp_config_print(&cfg, stdout);
+        rc = 0;
+        goto done;
+    }
+    gp_log_init("agent", (gp_log_level)gp_log_level_parse(o.log_level));
+    if (curl_global_init(CURL_GLOBAL_ALL) != CURLE_OK) {
+        fprintf(stderr, "gpupool-agent: cannot initialise libcurl\n");
+        goto done;
+    }
+
+    agent_backend *be = NULL;
+    if (o.upstream) {
+        be = agent_backend_openai_create(&o, err, sizeof err);
+    } else {
+#ifdef AGENT_HAVE_GGUF
+        be = agent_backend_gguf_create(&o, err, sizeof err);
+#else
+        snprintf(err, sizeof err, "model: the gguf backend is not built into this agent "
+                                  "(use --upstream URL --upstream-model NAME)");
+#endif
+    }
+    if (!be) {
+        fprintf(stderr, "gpupool-agent: %s\n", err);
+        gp_log_error("backend_failed", "%s", err);
+        goto cleanup_curl;
+    }
+    a = agent_create(&o, be, err, sizeof err); /* owns be from here */
+    if (!a) {
+        fprintf(stderr, "gpupool-agent: %s\n", err);
+        gp_log_error("agent_failed", "%s", err);
+        goto cleanup_curl;
+    }
+
+    /* Block the signals in every thread (threads inherit the mask), then
+     * take them in one thread with sigwait. */
+    sig_ctx sc = {.a = a};
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGTERM);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_t sig_th;
+    bool have_sig_th = pthread_create(&sig_th, NULL, signal_main, &sc) == 0;
+
+    rc = agent_run(a);
+
+    if (have_sig_th) {
+        pthread_kill(sig_th, SIGUSR2);
+        pthread_join(sig_th, NULL);
+    }
+    agent_destroy(a);
+cleanup_curl:
+    curl_global_cleanup();
+done:
+    gp_config_free(&cfg);
+    return rc;
+}
