@@ -135,7 +135,8 @@ typedef struct gpe_chat_msg {
 } gpe_chat_msg;
 
 /* Render messages with the model's chat template family (detected from
- * tokenizer.chat_template; see docs/engine.md for the fallback). When
+ * tokenizer.chat_template; see docs/chat-templates.md for each family and
+ * the fallback). When
  * add_assistant is true the prompt ends where the assistant's reply starts.
  * Returns a malloc'd string (caller frees) or NULL with err set. */
 char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,
@@ -191,6 +192,15 @@ const float *gpe_get_logits(const gpe_ctx *ctx, int i);
 
 /* ---------------------------------------------------------------- sampler */
 
+/* Sampling runs in this fixed order: penalties (over the last repeat_last_n
+ * accepted tokens: repetition as llama.cpp, logit > 0 ? l / r : l * r;
+ * frequency/presence as OpenAI, l -= count * f + (count > 0) * p) ->
+ * greedy if temperature < 1e-5 -> top-k -> temperature -> top-p -> min-p ->
+ * one draw from a xoshiro256** generator seeded with seed. Out-of-range
+ * values mean "off" (top_k <= 0, top_p <= 0 or >= 1, min_p <= 0,
+ * repeat_penalty <= 0 or 1, repeat_last_n 0; -1 = all accepted tokens), so
+ * a zero-initialised struct is greedy. Results do not depend on the
+ * context's thread count. gpe_sampler_reset reseeds. */
 typedef struct gpe_sampler_params {
     float temperature;        /* 0 = greedy (argmax, lowest id on ties) */
     int top_k;                /* 0 = off */
@@ -215,7 +225,8 @@ void gpe_sampler_reset(gpe_sampler *s);
 
 /* Stop strings over the streamed text. Feed each piece; the matcher holds
  * back text that could be the start of a stop string so that a stop string
- * never reaches the client. */
+ * never reaches the client, and an incomplete UTF-8 character at the end
+ * (emitted text is whole characters when the pieces are valid UTF-8). */
 typedef struct gpe_stop gpe_stop;
 gpe_stop *gpe_stop_init(const char *const *stops, size_t n);
 void gpe_stop_free(gpe_stop *st);
