@@ -27,6 +27,7 @@ struct gps_http {
     size_t nroutes;
     gps_auth_fn auth;
     void *auth_arg;
+    bool shutting_down;
 };
 
 /* ------------------------------------------------------------------ */
@@ -382,25 +383,35 @@ static void dispatch(struct evhttp_request *req, void *arg)
 
     if (route->role != GPS_ROLE_NONE && h->auth) {
         struct evkeyvalq *ih = evhttp_request_get_input_headers(req);
-        const char *bearer = NULL;
-        const char *a = evhttp_find_header(ih, "Authorization");
-        if (a && strncasecmp(a, "Bearer ", 7) == 0) {
-            bearer = a + 7;
-            while (*bearer == ' ')
-                bearer++;
-        }
-        if (!bearer && route->dialect == GPS_DIALECT_ANTHROPIC)
-            bearer = evhttp_find_header(ih, "x-api-key");
-        if (h->auth(h->auth_arg, bearer, route->role, r.key_id) < 0) {
-            if (route->dialect == GPS_DIALECT_OPENAI || route->dialect == GPS_DIALECT_ANTHROPIC)
+        const char *cred = evhttp_find_header(ih, "Authorization");
+        if (!cred && route->dialect == GPS_DIALECT_ANTHROPIC)
+            cred = evhttp_find_header(ih, "x-api-key");
+        int st = h->auth(h->auth_arg, cred, route->role, r.key_id);
+        if (st != 0) {
+            if (st == 401 && route->dialect != GPS_DIALECT_NATIVE)
                 evhttp_add_header(oh, "WWW-Authenticate", "Bearer");
-            gps_req_error(&r, 401, bearer ? "INVALID_API_KEY" : "UNAUTHORIZED",
-                          bearer ? "invalid API key" : "missing API key (Authorization: Bearer)",
-                          NULL);
+            if (st == 403)
+                gps_req_error(&r, 403, "FORBIDDEN", "this key's role may not use this endpoint",
+                              NULL);
+            else
+                gps_req_error(&r, 401, cred ? "INVALID_API_KEY" : "UNAUTHORIZED",
+                              cred ? "invalid API key"
+                                   : "missing API key (Authorization: Bearer <key>)",
+                              NULL);
             return;
         }
     }
+    if (h->shutting_down && (route->role == GPS_ROLE_CLIENT || route->role == GPS_ROLE_ADMIN)) {
+        gps_req_add_header(&r, "Retry-After", "1");
+        gps_req_error(&r, 503, "SHUTTING_DOWN", "the server is shutting down", NULL);
+        return;
+    }
     route->fn(&r, route->arg);
+}
+
+void gps_http_set_shutting_down(gps_http *h, bool on)
+{
+    h->shutting_down = on;
 }
 
 /* ------------------------------------------------------------------ */

@@ -69,10 +69,12 @@ struct gps_req {
     uint64_t start_us;                /* gp_now_mono_us() when dispatched */
 };
 
-/* Auth hook: decide whether `bearer` (NULL when absent) may use a route of
- * `role`. Return 0 and fill key_id (may be "") to allow, -1 to answer 401.
- * Installed by main; without one every request is allowed. */
-typedef int (*gps_auth_fn)(void *arg, const char *bearer, gps_role role, char key_id[65]);
+/* Auth hook: decide whether `credential` may use a route of `role`.
+ * credential is the Authorization header value ("Bearer ...") or, for the
+ * Anthropic dialect, the x-api-key value; NULL when absent. Return 0 and
+ * fill key_id (may be "") to allow, or the HTTP status to refuse with
+ * (401, 403). Installed by main; without one every request is allowed. */
+typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65]);
 
 typedef struct gps_http_opts {
     size_t max_body_bytes;
@@ -93,6 +95,9 @@ int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char
                   size_t errlen);
 /* Stop accepting new connections (SIGTERM); open ones keep working. */
 void gps_http_stop_accepting(gps_http *h);
+/* While shutting down, client routes answer 503 SHUTTING_DOWN (agent
+ * routes keep working so running streams can finish). */
+void gps_http_set_shutting_down(gps_http *h, bool on);
 struct evhttp *gps_http_evhttp(gps_http *h);
 size_t gps_http_max_body(const gps_http *h);
 int gps_http_idle_timeout(const gps_http *h);

@@ -1,0 +1,578 @@
+/* agents_api: see agents_api.h. */
+#include "server/agents_api.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/http.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/gps_strmap.h"
+#include "server/metrics.h"
+#include "server/auth.h"
+#include "server/store.h"
+
+/* Per-agent state of this module (not the registry's): the parked
+ * long-poll and what was last persisted. */
+typedef struct agent_ext {
+    gps_agents *g;
+    char id[37];
+    struct evhttp_request *parked;      /* NULL when none */
+    struct evhttp_connection *evcon;
+    struct event *timer;
+    int free_slots;
+    uint32_t persisted_models_gen;
+    bool persisted_once;
+    bool lost_pending;                  /* deferred failover queued */
+    bool kick_pending;                  /* deferred dispatch queued */
+} agent_ext;
+
+struct gps_agents {
+    struct event_base *base;
+    gps_agents_opts opts;
+    struct gps_store *store;
+    gps_metrics *metrics;
+    registry *reg;
+    sched *sched;
+    gps_jobs *jobs;
+    struct gps_auth *auth;
+    smap ext;                           /* agent id -> agent_ext */
+    struct event *tick;
+    struct event *deferred;             /* runs failovers/kicks outside callbacks */
+    size_t nparked;
+};
+
+static agent_ext *ext_get(gps_agents *g, const char *id, bool create)
+{
+    agent_ext *e = smap_get(&g->ext, id);
+    if (e || !create)
+        return e;
+    e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->g = g;
+    snprintf(e->id, sizeof e->id, "%s", id);
+    if (!smap_put(&g->ext, id, e)) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* ------------------------------------------------------------------ */
+/* Parked long-polls                                                   */
+/* ------------------------------------------------------------------ */
+
+/* Forget the parked request without answering it (it is answered by the
+ * caller, or already freed by evhttp). */
+static void unpark(agent_ext *e)
+{
+    if (!e->parked)
+        return;
+    if (e->evcon)
+        evhttp_connection_set_closecb(e->evcon, NULL, NULL);
+    if (e->timer) {
+        event_free(e->timer);
+        e->timer = NULL;
+    }
+    e->parked = NULL;
+    e->evcon = NULL;
+    e->g->nparked--;
+    registry_agent *a = e->g->reg ? registry_get(e->g->reg, e->id) : NULL;
+    if (a)
+        sched_agent_unready(e->g->sched, a);
+}
+
+static void reply_jobs(struct evhttp_request *req, json_t *jobs /* stolen */)
+{
+    gps_http_send_json(req, 200, json_pack("{s:o}", "jobs", jobs));
+}
+
+static void reply_204(struct evhttp_request *req)
+{
+    evhttp_send_reply(req, 204, "No Content", NULL);
+}
+
+static void park_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    agent_ext *e = arg;
+    struct evhttp_request *req = e->parked;
+    if (!req)
+        return;
+    unpark(e);
+    reply_204(req);
+}
+
+/* The parked long-poll's connection closed: a crashed or cut-off agent.
+ * Mark it suspect at once so nothing more is routed to it. */
+static void park_close_cb(struct evhttp_connection *evcon, void *arg)
+{
+    agent_ext *e = arg;
+    gps_agents *g = e->g;
+    e->evcon = NULL; /* closing: do not touch its callbacks any more */
+    unpark(e);
+    gp_log_write(GP_LOG_WARN, "agent_poll_disconnected", NULL,
+                 json_pack("{s:s}", "agent_id", e->id),
+                 "parked long-poll connection closed");
+    registry_agent *a = g->reg ? registry_get(g->reg, e->id) : NULL;
+    if (a)
+        registry_mark_suspect(g->reg, a, gp_now_mono_ms(), "poll_disconnected");
+}
+
+static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
+{
+    gps_agents *g = arg;
+    agent_ext *e = ext_get(g, a->id, false);
+    if (!e || !e->parked) {
+        sched_agent_unready(g->sched, a);
+        return -1;
+    }
+    struct evhttp_request *req = e->parked;
+    unpark(e);
+    reply_jobs(req, json_incref(jobs_json));
+    return 0;
+}
+
+/* If agent a is parked and can take work now, hand it queued jobs. */
+static void dispatch_parked(gps_agents *g, agent_ext *e)
+{
+    if (!e->parked)
+        return;
+    registry_agent *a = registry_get(g->reg, e->id);
+    if (!a || a->state != REGISTRY_HEALTHY)
+        return;
+    json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, e->free_slots);
+    if (jobs && json_array_size(jobs) > 0) {
+        struct evhttp_request *req = e->parked;
+        unpark(e);
+        reply_jobs(req, jobs);
+        return;
+    }
+    json_decref(jobs);
+}
+
+/* ------------------------------------------------------------------ */
+/* Registry transitions                                                */
+/* ------------------------------------------------------------------ */
+
+static void deferred_one(void *ud, registry_agent *a)
+{
+    gps_agents *g = ud;
+    agent_ext *e = ext_get(g, a->id, false);
+    if (!e)
+        return;
+    if (e->lost_pending) {
+        e->lost_pending = false;
+        if (a->state == REGISTRY_DEAD || a->state == REGISTRY_OFFLINE)
+            gps_jobs_agent_lost(g->jobs, a->id, a->state == REGISTRY_DEAD ? "agent_dead"
+                                                                           : "agent_offline");
+    }
+    if (e->kick_pending) {
+        e->kick_pending = false;
+        dispatch_parked(g, e);
+    }
+}
+
+static void deferred_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_agents *g = arg;
+    registry_foreach(g->reg, deferred_one, g);
+}
+
+static void persist_state(gps_agents *g, registry_agent *a)
+{
+    if (g->store && gps_store_agent_state(g->store, a->id, registry_state_name(a->state),
+                                          gp_now_wall_ms()) < 0 && g->metrics)
+        gps_metrics_add(g->metrics, "db_errors_total", NULL, 1);
+}
+
+void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_state,
+                              registry_state new_state, const char *reason, uint64_t now_ms)
+{
+    gps_agents *g = ud;
+    gp_log_level lvl = new_state == REGISTRY_DEAD || new_state == REGISTRY_SUSPECT
+                           ? GP_LOG_WARN
+                           : GP_LOG_INFO;
+    gp_log_write(lvl, "agent_state", NULL,
+                 json_pack("{s:s,s:s,s:s,s:s,s:s}", "agent_id", a->id, "name",
+                           a->name ? a->name : "", "from", registry_state_name(old_state), "to",
+                           registry_state_name(new_state), "reason", reason ? reason : ""),
+                 "agent %s -> %s", a->id, registry_state_name(new_state));
+    if (!g->sched)
+        return;
+    sched_agent_update(g->sched, a);
+    agent_ext *e = ext_get(g, a->id, true);
+    if (old_state != REGISTRY_REGISTERING || new_state != REGISTRY_HEALTHY)
+        if (e && e->persisted_once)
+            persist_state(g, a);
+    if (!e)
+        return;
+    /* Failover and dispatch re-enter the registry and scheduler: run them
+     * from a zero-delay event, not inside the registry's own call. */
+    if (new_state == REGISTRY_DEAD || new_state == REGISTRY_OFFLINE)
+        e->lost_pending = true;
+    if (new_state == REGISTRY_HEALTHY)
+        e->kick_pending = true;
+    if ((e->lost_pending || e->kick_pending) && g->deferred)
+        event_active(g->deferred, EV_TIMEOUT, 0);
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_agents *g = arg;
+    uint64_t now = gp_now_mono_ms();
+    registry_tick(g->reg, now);
+    sched_tick(g->sched, now);
+}
+
+/* ------------------------------------------------------------------ */
+/* Persistence of agents                                               */
+/* ------------------------------------------------------------------ */
+
+static void persist_agent(gps_agents *g, registry_agent *a, agent_ext *e, const char *key_id)
+{
+    if (!g->store)
+        return;
+    json_t *labels = json_object();
+    for (size_t i = 0; i < a->n_labels; i++)
+        json_object_set_new(labels, a->labels[i].key, json_string(a->labels[i].value));
+    gps_store_agent_row row = {
+        .id = a->id,
+        .name = a->name,
+        .version = a->version,
+        .platform = a->platform,
+        .state = registry_state_name(a->state),
+        .labels = labels,
+        .facts = a->facts,
+        .key_id = key_id && *key_id ? key_id : NULL,
+        .last_seen = gp_now_wall_ms(),
+    };
+    int rc = gps_store_agent_upsert(g->store, row);
+    json_decref(labels);
+    if (rc == 0 && (!e->persisted_once || e->persisted_models_gen != a->models_gen)) {
+        gps_store_model_row *rows = calloc(a->n_models ? a->n_models : 1, sizeof *rows);
+        if (rows) {
+            for (size_t i = 0; i < a->n_models; i++) {
+                registry_model_info *m = &a->models[i];
+                rows[i] = (gps_store_model_row){
+                    .model = m->id,
+                    .aliases = (const char *const *)m->aliases,
+                    .n_aliases = m->n_aliases,
+                    .quantization = m->quantization,
+                    .context_length = m->context_length,
+                    .vram_bytes = m->vram_bytes,
+                    .loaded = m->loaded,
+                };
+            }
+            rc = gps_store_agent_models(g->store, a->id, rows, a->n_models);
+            free(rows);
+        }
+        e->persisted_models_gen = a->models_gen;
+    }
+    e->persisted_once = true;
+    if (g->metrics)
+        gps_metrics_add(g->metrics, rc == 0 ? "db_writes_total" : "db_errors_total", NULL, 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+static const char *body_agent_id(gps_req *r, json_t *body)
+{
+    const char *id = json_string_value(json_object_get(body, "agent_id"));
+    if (!id || !gp_uuid_valid(id)) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "'agent_id' must be a UUID string", "agent_id");
+        return NULL;
+    }
+    return id;
+}
+
+static void h_poll(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    registry_facts f;
+    char err[256];
+    if (registry_facts_parse(body, &f, err, sizeof err) < 0) {
+        registry_facts_free(&f);
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", err, NULL);
+        return;
+    }
+    json_decref(body);
+    if (g->auth && r->key_id[0]) {
+        const gps_auth_key *k = gps_auth_key_find(g->auth, r->key_id);
+        if (k && gps_auth_bind_agent(g->auth, k, f.agent_id) < 0) {
+            registry_facts_free(&f);
+            gps_req_error(r, 403, "KEY_BOUND_TO_OTHER_AGENT",
+                          "this agent key is bound to another agent_id", "agent_id");
+            return;
+        }
+    }
+    registry_agent *a = registry_heartbeat(g->reg, &f, gp_now_mono_ms(), gp_now_wall_ms());
+    registry_facts_free(&f);
+    if (!a) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    sched_agent_update(g->sched, a);
+    agent_ext *e = ext_get(g, a->id, true);
+    if (e) {
+        persist_agent(g, a, e, r->key_id);
+        dispatch_parked(g, e);
+    }
+    json_t *commands = gps_jobs_pending_cancels(g->jobs, a->id);
+    if (a->admin_drain)
+        json_array_append_new(commands, json_pack("{s:s}", "type", "drain"));
+    json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o}", "agent_id", a->id, "state",
+                              registry_state_name(a->state), "poll_interval_sec",
+                              g->opts.poll_interval_sec, "work_wait_sec", g->opts.work_wait_sec,
+                              "commands", commands);
+    gps_http_send_json(r->req, 200, reply);
+}
+
+static void h_work(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *id = body_agent_id(r, body);
+    if (!id) {
+        json_decref(body);
+        return;
+    }
+    json_t *fs = json_object_get(body, "free_slots");
+    if (!json_is_integer(fs) || json_integer_value(fs) < 1 || json_integer_value(fs) > 1024) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", "'free_slots' must be an integer in 1..1024",
+                      "free_slots");
+        return;
+    }
+    int free_slots = (int)json_integer_value(fs);
+    registry_agent *a = registry_get(g->reg, id);
+    if (!a) {
+        json_decref(body);
+        gps_req_error(r, 409, "NOT_REGISTERED",
+                      "unknown agent: call POST /agents/poll first", "agent_id");
+        return;
+    }
+    json_decref(body);
+    registry_touch(g->reg, a, gp_now_mono_ms());
+    agent_ext *e = ext_get(g, a->id, true);
+    if (!e) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    if (e->parked) {
+        /* A second long-poll replaces the first (the agent gave up on it). */
+        struct evhttp_request *old = e->parked;
+        unpark(e);
+        reply_204(old);
+    }
+    json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, free_slots);
+    if (jobs && json_array_size(jobs) > 0) {
+        sched_agent_unready(g->sched, a);
+        reply_jobs(r->req, jobs);
+        return;
+    }
+    json_decref(jobs);
+    /* Park. The agent stays ready in the scheduler (take_for_agent made it
+     * so) until this request is answered or its connection closes. */
+    e->parked = r->req;
+    e->free_slots = free_slots;
+    e->evcon = evhttp_request_get_connection(r->req);
+    g->nparked++;
+    if (e->evcon) {
+        evhttp_connection_set_closecb(e->evcon, park_close_cb, e);
+        evhttp_connection_set_timeout(e->evcon, g->opts.work_wait_sec + 30);
+    }
+    e->timer = evtimer_new(g->base, park_timeout_cb, e);
+    struct timeval tv = {g->opts.work_wait_sec, 0};
+    if (e->timer)
+        evtimer_add(e->timer, &tv);
+}
+
+static void h_events(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *id = body_agent_id(r, body);
+    if (!id) {
+        json_decref(body);
+        return;
+    }
+    json_t *seq = json_object_get(body, "seq");
+    json_t *events = json_object_get(body, "events");
+    if (!json_is_integer(seq) || json_integer_value(seq) < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", "'seq' must be a non-negative integer", "seq");
+        return;
+    }
+    if (!json_is_array(events)) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", "'events' must be an array", "events");
+        return;
+    }
+    bool cancel = false;
+    long long expected = -1;
+    char msg[256] = "";
+    int rc = gps_jobs_apply_events(g->jobs, r->params[0], id, json_integer_value(seq), events,
+                                   &cancel, &expected, msg, sizeof msg);
+    json_decref(body);
+    switch (rc) {
+    case 0:
+        gps_http_send_json(r->req, 200, json_pack("{s:b}", "cancel", cancel));
+        break;
+    case 404:
+        gps_req_error(r, 404, "JOB_NOT_FOUND", msg, NULL);
+        break;
+    case 409:
+        if (expected >= 0)
+            gps_http_send_error(r->req, GPS_DIALECT_NATIVE, 409, "SEQ_GAP", msg, NULL,
+                                r->correlation_id,
+                                json_pack("{s:{s:I}}", "details", "expected_seq",
+                                          (json_int_t)expected));
+        else
+            gps_req_error(r, 409, "NOT_ASSIGNED", msg, NULL);
+        break;
+    default:
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, "events");
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle                                                           */
+/* ------------------------------------------------------------------ */
+
+gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
+                           struct gps_store *store, gps_metrics *metrics)
+{
+    gps_agents *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->base = base;
+    g->opts = *opts;
+    g->store = store;
+    g->metrics = metrics;
+    return g;
+}
+
+void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth)
+{
+    g->auth = auth;
+}
+
+int gps_agents_attach(gps_agents *g, registry *reg, sched *s, gps_jobs *jobs)
+{
+    g->reg = reg;
+    g->sched = s;
+    g->jobs = jobs;
+    gps_jobs_set_deliver(jobs, deliver_cb, g);
+    if (!g->base)
+        return 0;
+    g->deferred = event_new(g->base, -1, 0, deferred_cb, g);
+    g->tick = event_new(g->base, -1, EV_PERSIST, tick_cb, g);
+    /* 250 ms: state changes (suspect, dead) are noticed within a quarter
+     * second of their deadline; a tick is O(transitions). */
+    struct timeval tv = {0, 250000};
+    if (!g->deferred || !g->tick || event_add(g->tick, &tv) < 0)
+        return -1;
+    return 0;
+}
+
+static void release_one(void *ud, registry_agent *a)
+{
+    gps_agents *g = ud;
+    agent_ext *e = ext_get(g, a->id, false);
+    if (e && e->parked) {
+        struct evhttp_request *req = e->parked;
+        unpark(e);
+        reply_204(req);
+    }
+}
+
+void gps_agents_release_all(gps_agents *g)
+{
+    if (g->reg)
+        registry_foreach(g->reg, release_one, g);
+}
+
+static void free_ext(void *v)
+{
+    agent_ext *e = v;
+    if (e->timer)
+        event_free(e->timer);
+    if (e->evcon && e->parked)
+        evhttp_connection_set_closecb(e->evcon, NULL, NULL);
+    free(e);
+}
+
+void gps_agents_free(gps_agents *g)
+{
+    if (!g)
+        return;
+    if (g->tick)
+        event_free(g->tick);
+    if (g->deferred)
+        event_free(g->deferred);
+    smap_free(&g->ext, free_ext);
+    free(g);
+}
+
+int gps_agents_register(gps_http *h, gps_agents *g)
+{
+    int rc = 0;
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/poll", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_AGENT, h_poll, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/work", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_AGENT, h_work, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/jobs/{id}/events",
+                             GPS_DIALECT_NATIVE, GPS_ROLE_AGENT, h_events, g);
+    return rc ? -1 : 0;
+}
+
+typedef struct collect_ctx {
+    size_t per_state[REGISTRY_STATE_COUNT];
+    long long busy, total;
+} collect_ctx;
+
+static void collect_one(void *ud, registry_agent *a)
+{
+    collect_ctx *c = ud;
+    c->per_state[a->state]++;
+    if (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_DRAINING ||
+        a->state == REGISTRY_SUSPECT) {
+        c->total += a->slots_total;
+        c->busy += a->active > a->slots_busy ? a->active : a->slots_busy;
+    }
+}
+
+void gps_agents_collect(gps_agents *g, gps_metrics *m)
+{
+    collect_ctx c;
+    memset(&c, 0, sizeof c);
+    if (g->reg)
+        registry_foreach(g->reg, collect_one, &c);
+    for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {
+        char l[64];
+        gps_metrics_label(l, sizeof l, "state", registry_state_name((registry_state)s),
+                          (char *)NULL);
+        gps_metrics_set(m, "agents", l, (double)c.per_state[s]);
+    }
+    gps_metrics_set(m, "slots_busy", NULL, (double)c.busy);
+    gps_metrics_set(m, "slots_total", NULL, (double)c.total);
+}
+
+size_t gps_agents_parked(const gps_agents *g)
+{
+    return g->nparked;
+}

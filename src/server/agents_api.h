@@ -1,0 +1,64 @@
+/*
+ * agents_api: the agent protocol endpoints (docs/protocol.md).
+ *
+ *   POST /agents/poll                register + heartbeat (idempotent)
+ *   POST /agents/work                long-poll for jobs (held work_wait_sec)
+ *   POST /agents/jobs/{id}/events    event upload; reply {"cancel": bool}
+ *
+ * It also owns the agents' side of the loop: the parked long-polls (one per
+ * agent), the registry expiry timer, the reaction to registry transitions
+ * (log, persist, scheduler update, failover of a dead agent's jobs) and the
+ * delivery of jobs the scheduler assigns to a parked agent.
+ */
+#ifndef GPS_AGENTS_API_H
+#define GPS_AGENTS_API_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/registry.h"
+#include "server/sched.h"
+
+struct gps_store;
+struct gps_metrics;
+
+typedef struct gps_agents gps_agents;
+
+typedef struct gps_agents_opts {
+    int poll_interval_sec;
+    int work_wait_sec;
+    int agent_timeout_sec;
+} gps_agents_opts;
+
+/* Create the agents side. reg/sched/jobs are attached afterwards with
+ * gps_agents_attach because the registry needs the listener (below) at
+ * creation. store and metrics may be NULL. */
+gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
+                           struct gps_store *store, struct gps_metrics *metrics);
+/* Attach the registry, scheduler and jobs; installs the jobs' deliver
+ * callback and starts the expiry timer. 0 or -1. */
+int gps_agents_attach(gps_agents *g, registry *reg, sched *s, gps_jobs *jobs);
+struct gps_auth;
+/* Agent keys get bound to the first agent_id they poll with (may be NULL:
+ * no binding, e.g. auth off). */
+void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth);
+/* Answer every parked long-poll with 204 (shutdown). */
+void gps_agents_release_all(gps_agents *g);
+void gps_agents_free(gps_agents *g);
+
+/* Registry listener (pass with g as ud to registry_create). */
+void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_state,
+                              registry_state new_state, const char *reason, uint64_t now_ms);
+
+/* Routes on h. */
+int gps_agents_register(gps_http *h, gps_agents *g);
+/* Metrics collector part: agents per state, slots. */
+void gps_agents_collect(gps_agents *g, struct gps_metrics *m);
+/* Number of parked long-polls (tests, status). */
+size_t gps_agents_parked(const gps_agents *g);
+
+#endif

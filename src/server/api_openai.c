@@ -1,0 +1,750 @@
+/* api_openai: see api_openai.h. */
+#include "server/api_openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/sse.h"
+
+#define MAX_TOKENS_LIMIT 1000000
+#define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
+#define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
+#define MAX_STOP 4
+#define MAX_MODEL_NAME 256
+
+/* ------------------------------------------------------------------ */
+/* Request validation                                                  */
+/* ------------------------------------------------------------------ */
+
+#define FAIL(p, ...)                                                                           \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        *param = (p);                                                                          \
+        goto fail;                                                                             \
+    } while (0)
+
+static bool is_null_or_absent(const json_t *v)
+{
+    return v == NULL || json_is_null(v);
+}
+
+/* Chat content: a string, or an array of {type:"text", text} parts that
+ * are concatenated. Returns a new string or NULL with msg set. */
+static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
+{
+    if (json_is_string(c))
+        return strdup(json_string_value(c));
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
+                 idx);
+        return NULL;
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    size_t i;
+    json_t *part;
+    json_array_foreach(c, i, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type || strcmp(type, "text") != 0 || !json_is_string(text)) {
+            snprintf(msg, msglen,
+                     "messages[%zu].content[%zu] must be {\"type\":\"text\",\"text\":string} "
+                     "(only text parts are supported)",
+                     idx, i);
+            gp_buf_free(&b);
+            return NULL;
+        }
+        gp_buf_append(&b, json_string_value(text), json_string_length(text));
+    }
+    if (!b.data)
+        return strdup("");
+    return gp_buf_steal(&b);
+}
+
+static int get_number(const json_t *body, const char *key, double lo, double hi, double *out,
+                      char *msg, size_t msglen)
+{
+    const json_t *v = json_object_get(body, key);
+    if (is_null_or_absent(v))
+        return 0;
+    if (!json_is_number(v)) {
+        snprintf(msg, msglen, "'%s' must be a number", key);
+        return -1;
+    }
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) {
+        snprintf(msg, msglen, "'%s' must be between %g and %g (got %g)", key, lo, hi, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
+                     size_t msglen, const char **param)
+{
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    gps_job_spec *s = &out->spec;
+    s->kind = chat ? GPS_JOB_CHAT : GPS_JOB_COMPLETION;
+    s->api = "openai";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+
+    if (!json_is_object(body))
+        FAIL(NULL, "request body must be a JSON object");
+
+    /* model */
+    const json_t *model = json_object_get(body, "model");
+    if (is_null_or_absent(model))
+        FAIL("model", "'model' is required");
+    if (!json_is_string(model))
+        FAIL("model", "'model' must be a string");
+    if (json_string_length(model) == 0 || json_string_length(model) > MAX_MODEL_NAME)
+        FAIL("model", "'model' must be a non-empty string of at most %d bytes", MAX_MODEL_NAME);
+    s->model = strdup(json_string_value(model));
+
+    /* prompt / messages */
+    if (!chat) {
+        const json_t *p = json_object_get(body, "prompt");
+        if (is_null_or_absent(p))
+            FAIL("prompt", "'prompt' is required");
+        if (json_is_array(p)) {
+            if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
+                FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
+                               "(token arrays and batches are not supported)");
+            p = json_array_get(p, 0);
+        }
+        if (!json_is_string(p))
+            FAIL("prompt", "'prompt' must be a string");
+        s->prompt = strdup(json_string_value(p));
+    } else {
+        const json_t *m = json_object_get(body, "messages");
+        if (is_null_or_absent(m))
+            FAIL("messages", "'messages' is required");
+        if (!json_is_array(m))
+            FAIL("messages", "'messages' must be an array");
+        if (json_array_size(m) == 0)
+            FAIL("messages", "'messages' must contain at least one message");
+        s->messages = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(m, i, e)
+        {
+            if (!json_is_object(e))
+                FAIL("messages", "messages[%zu] must be an object", i);
+            const json_t *role = json_object_get(e, "role");
+            if (!json_is_string(role))
+                FAIL("messages", "messages[%zu].role must be a string", i);
+            const char *r = json_string_value(role);
+            if (strcmp(r, "developer") == 0)
+                r = "system";
+            if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+                strcmp(r, "assistant") != 0)
+                FAIL("messages",
+                     "messages[%zu].role '%.40s' is not supported (system, developer, user, "
+                     "assistant)",
+                     i, json_string_value(role));
+            const json_t *c = json_object_get(e, "content");
+            if (is_null_or_absent(c))
+                FAIL("messages", "messages[%zu].content is required", i);
+            char *text = content_text(c, i, msg, msglen);
+            if (!text) {
+                *param = "messages";
+                goto fail;
+            }
+            json_array_append_new(s->messages,
+                                  json_pack("{s:s,s:s}", "role", r, "content", text));
+            free(text);
+        }
+    }
+
+    /* max_tokens (max_completion_tokens is the newer chat name) */
+    const char *mt_key = "max_tokens";
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (chat && is_null_or_absent(mt)) {
+        mt = json_object_get(body, "max_completion_tokens");
+        mt_key = "max_completion_tokens";
+    }
+    if (!is_null_or_absent(mt)) {
+        if (!json_is_integer(mt))
+            FAIL(mt_key, "'%s' must be an integer", mt_key);
+        json_int_t v = json_integer_value(mt);
+        if (v < 1 || v > MAX_TOKENS_LIMIT)
+            FAIL(mt_key, "'%s' must be between 1 and %d (got %lld)", mt_key, MAX_TOKENS_LIMIT,
+                 (long long)v);
+        s->max_tokens = v;
+    }
+
+    if (get_number(body, "temperature", 0, 2, &s->temperature, msg, msglen) < 0) {
+        *param = "temperature";
+        goto fail;
+    }
+    if (get_number(body, "top_p", 0, 1, &s->top_p, msg, msglen) < 0) {
+        *param = "top_p";
+        goto fail;
+    }
+    double pen = 0;
+    if (get_number(body, "presence_penalty", -2, 2, &pen, msg, msglen) < 0) {
+        *param = "presence_penalty";
+        goto fail;
+    }
+    if (get_number(body, "frequency_penalty", -2, 2, &pen, msg, msglen) < 0) {
+        *param = "frequency_penalty";
+        goto fail;
+    }
+
+    const json_t *tk = json_object_get(body, "top_k");   /* extension (llama.cpp, vLLM) */
+    if (!is_null_or_absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
+            json_integer_value(tk) > 1000000)
+            FAIL("top_k", "'top_k' must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+
+    /* stop: string or array of up to 4 strings */
+    const json_t *stop = json_object_get(body, "stop");
+    if (!is_null_or_absent(stop)) {
+        if (json_is_string(stop)) {
+            s->stop = json_array();
+            json_array_append_new(s->stop, json_string(json_string_value(stop)));
+        } else if (json_is_array(stop)) {
+            if (json_array_size(stop) > MAX_STOP)
+                FAIL("stop", "'stop' may hold at most %d sequences", MAX_STOP);
+            s->stop = json_array();
+            size_t i;
+            json_t *e;
+            json_array_foreach(stop, i, e)
+            {
+                if (!json_is_string(e))
+                    FAIL("stop", "stop[%zu] must be a string", i);
+                json_array_append_new(s->stop, json_string(json_string_value(e)));
+            }
+        } else {
+            FAIL("stop", "'stop' must be a string or an array of strings");
+        }
+    }
+
+    const json_t *seed = json_object_get(body, "seed");
+    if (!is_null_or_absent(seed)) {
+        if (!json_is_integer(seed))
+            FAIL("seed", "'seed' must be an integer");
+        s->has_seed = true;
+        s->seed = json_integer_value(seed);
+    }
+
+    const json_t *stream = json_object_get(body, "stream");
+    if (!is_null_or_absent(stream)) {
+        if (!json_is_boolean(stream))
+            FAIL("stream", "'stream' must be a boolean");
+        out->stream = json_is_true(stream);
+    }
+    const json_t *so = json_object_get(body, "stream_options");
+    if (!is_null_or_absent(so)) {
+        if (!json_is_object(so))
+            FAIL("stream_options", "'stream_options' must be an object");
+        if (!out->stream)
+            FAIL("stream_options", "'stream_options' is only allowed when 'stream' is true");
+        const json_t *iu = json_object_get(so, "include_usage");
+        if (!is_null_or_absent(iu)) {
+            if (!json_is_boolean(iu))
+                FAIL("stream_options", "'stream_options.include_usage' must be a boolean");
+            out->include_usage = json_is_true(iu);
+        }
+    }
+
+    const json_t *user = json_object_get(body, "user");
+    if (!is_null_or_absent(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256)
+            FAIL("user", "'user' must be a string of at most 256 bytes");
+        s->user = strdup(json_string_value(user));
+    }
+
+    const json_t *n = json_object_get(body, "n");
+    if (!is_null_or_absent(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
+        FAIL("n", "only n=1 is supported");
+    const json_t *best_of = json_object_get(body, "best_of");
+    if (!is_null_or_absent(best_of) &&
+        (!json_is_integer(best_of) || json_integer_value(best_of) != 1))
+        FAIL("best_of", "only best_of=1 is supported");
+    const json_t *echo = json_object_get(body, "echo");
+    if (!is_null_or_absent(echo) && !json_is_false(echo))
+        FAIL("echo", "echo is not supported");
+    const json_t *lp = json_object_get(body, "logprobs");
+    if (!is_null_or_absent(lp) && !json_is_false(lp) &&
+        !(json_is_integer(lp) && json_integer_value(lp) == 0))
+        FAIL("logprobs", "logprobs are not supported");
+    const json_t *suffix = json_object_get(body, "suffix");
+    if (!is_null_or_absent(suffix))
+        FAIL("suffix", "suffix is not supported");
+    const json_t *tools = json_object_get(body, "tools");
+    if (!is_null_or_absent(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
+        FAIL("tools", "tools are not supported");
+    const json_t *rf = json_object_get(body, "response_format");
+    if (!is_null_or_absent(rf)) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!t || strcmp(t, "text") != 0)
+            FAIL("response_format", "only response_format {\"type\":\"text\"} is supported");
+    }
+
+    /* Pool extension. */
+    const json_t *xo = json_object_get(body, "x_pool_options");
+    if (!is_null_or_absent(xo)) {
+        if (!json_is_object(xo))
+            FAIL("x_pool_options", "'x_pool_options' must be an object");
+        const json_t *pr = json_object_get(xo, "priority");
+        if (!is_null_or_absent(pr)) {
+            const char *ps = json_string_value(pr);
+            if (ps && strcmp(ps, "interactive") == 0)
+                s->priority = GPS_PRIO_INTERACTIVE;
+            else if (ps && strcmp(ps, "batch") == 0)
+                s->priority = GPS_PRIO_BATCH;
+            else
+                FAIL("x_pool_options.priority", "'x_pool_options.priority' must be "
+                                                "\"interactive\" or \"batch\"");
+        }
+        const json_t *pa = json_object_get(xo, "prefer_agent");
+        if (!is_null_or_absent(pa)) {
+            if (!json_is_string(pa) || json_string_length(pa) == 0 ||
+                json_string_length(pa) > 256)
+                FAIL("x_pool_options.prefer_agent",
+                     "'x_pool_options.prefer_agent' must be a non-empty string");
+            s->prefer_agent = strdup(json_string_value(pa));
+        }
+    }
+
+    if (!s->model || (!chat && !s->prompt) || (chat && !s->messages)) {
+        snprintf(msg, msglen, "out of memory");
+        goto fail;
+    }
+    return 0;
+fail:
+    gps_job_spec_clear(s);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Response construction                                               */
+/* ------------------------------------------------------------------ */
+
+static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
+                           const char *model)
+{
+    const char *object = chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                              : "text_completion";
+    return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", object, "created",
+                     (json_int_t)created, "model", model, "system_fingerprint", "gpupool");
+}
+
+json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
+                         const char *text, bool with_role, const char *finish_reason,
+                         bool usage_null)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat) {
+        json_t *delta = json_object();
+        if (with_role)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (text || with_role)
+            json_object_set_new(delta, "content", json_string(text ? text : ""));
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    }
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        finish_reason ? json_string(finish_reason) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    if (usage_null)
+        json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+static json_t *usage_object(long long p, long long c)
+{
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
+}
+
+json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
+                               long long prompt_tokens, long long completion_tokens)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_object_set_new(o, "choices", json_array());
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    return o;
+}
+
+json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
+                            const char *text, const char *finish_reason,
+                            long long prompt_tokens, long long completion_tokens, json_t *meta)
+{
+    json_t *o = base_object(chat, false, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat)
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
+                                      text ? text : "", "refusal"));
+    else
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        json_string(finish_reason && *finish_reason ? finish_reason : "stop"));
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    if (meta)
+        json_object_set_new(o, "x_pool_meta", meta);
+    return o;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct oa_ctx {
+    gps_jobs *jobs;
+    gps_metrics *metrics;
+    int request_timeout_sec;
+} oa_ctx;
+
+/* One in-flight client request: subscriber of its job. Freed when the
+ * reply is complete or the client went away (never while the job still
+ * calls it: unsubscribe first, which only marks). */
+typedef struct oa_stream {
+    oa_ctx *ctx;
+    struct evhttp_request *req;     /* NULL once the client is gone */
+    struct evhttp_connection *evcon;
+    gps_job *job;
+    bool chat, stream, include_usage;
+    bool started;                   /* SSE headers sent */
+    char id[48];
+    long long created;
+    char model[MAX_MODEL_NAME + 1];
+    char corr[65];
+    uint64_t start_us;
+    gp_buf out;
+} oa_stream;
+
+static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
+{
+    char l[128];
+    gps_metrics_label(l, sizeof l, "api", "openai", "outcome", outcome, (char *)NULL);
+    gps_metrics_add(c->metrics, "requests_total", l, 1);
+    gps_metrics_label(l, sizeof l, "api", "openai", (char *)NULL);
+    gps_metrics_observe(c->metrics, "request_duration_seconds", l,
+                        (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+static void outcome_of(char *out, size_t n, const char *code)
+{
+    size_t i = 0;
+    for (; code && code[i] && i + 1 < n; i++)
+        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
+    out[i] = '\0';
+}
+
+static void add_pool_headers(struct evhttp_request *req, gps_job *job)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (job->agent_id[0])
+        evhttp_add_header(h, "x-pool-agent", job->agent_id);
+    char q[32];
+    snprintf(q, sizeof q, "%lld", job->queue_ms);
+    evhttp_add_header(h, "x-pool-queue-ms", q);
+}
+
+static void stream_free(oa_stream *st)
+{
+    if (st->evcon)
+        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    gp_buf_free(&st->out);
+    free(st);
+}
+
+/* The reply is complete (or can never be): detach from the job and free. */
+static void stream_finish(oa_stream *st)
+{
+    if (st->job)
+        gps_job_unsubscribe(st->job, NULL, st);
+    stream_free(st);
+}
+
+static void emit_json(oa_stream *st, json_t *j)
+{
+    gps_sse_format_json(&st->out, NULL, NULL, j);
+    json_decref(j);
+}
+
+static void ensure_started(oa_stream *st)
+{
+    if (st->started)
+        return;
+    st->started = true;
+    add_pool_headers(st->req, st->job);
+    gps_sse_start(st->req);
+    if (st->chat)
+        emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
+                                       st->include_usage));
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    oa_stream *st = arg;
+    oa_ctx *c = st->ctx;
+    if (!st->req)
+        return;
+    if (type == GPS_EV_TOKEN && st->stream) {
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        bool first = !st->started;
+        ensure_started(st);
+        emit_json(st, gps_openai_chunk(st->chat, st->id, st->created, st->model,
+                                       text ? text : "", false, NULL, st->include_usage));
+        gps_sse_send(st->req, &st->out);
+        gps_job_mark_output_sent(job);
+        if (first)
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
+                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+        return;
+    }
+    if (type == GPS_EV_END) {
+        const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
+        long long pt = job->prompt_tokens, ct = job->completion_tokens;
+        if (st->stream) {
+            ensure_started(st);
+            emit_json(st, gps_openai_chunk(st->chat, st->id, st->created, st->model,
+                                           st->chat ? NULL : "", false, fr,
+                                           st->include_usage));
+            if (st->include_usage)
+                emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
+                                                     pt, ct));
+            gps_sse_format(&st->out, NULL, NULL, "[DONE]");
+            gps_sse_send(st->req, &st->out);
+            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+            st->evcon = NULL;
+            gps_sse_end(st->req);
+        } else {
+            uint64_t now = gp_now_mono_us();
+            json_t *meta = json_pack(
+                "{s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "queue_ms",
+                (json_int_t)job->queue_ms, "inference_ms",
+                (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0), "attempts",
+                job->attempts);
+            json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
+                                               job->text.data ? job->text.data : "", fr, pt, ct,
+                                               meta);
+            add_pool_headers(st->req, job);
+            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+            st->evcon = NULL;
+            gps_http_send_json(st->req, 200, body);
+        }
+        if (!st->stream && job->first_token_us)
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
+                                (double)(job->first_token_us - st->start_us) / 1e6);
+        count_request(c, "ok", st->start_us);
+        st->req = NULL;
+        stream_finish(st);
+        return;
+    }
+    if (type == GPS_EV_ERROR) {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        int status = (int)json_integer_value(json_object_get(ev, "status"));
+        if (status < 400 || status > 599)
+            status = 502;
+        if (!code)
+            code = "AGENT_ERROR";
+        if (!message)
+            message = "the job failed";
+        char outcome[48];
+        outcome_of(outcome, sizeof outcome, code);
+        if (st->started) {
+            json_t *e = gps_error_body(GPS_DIALECT_OPENAI, status, code, message, NULL,
+                                       st->corr, NULL);
+            emit_json(st, e);
+            gps_sse_send(st->req, &st->out);
+            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+            st->evcon = NULL;
+            gps_sse_end(st->req);
+        } else {
+            json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
+            json_t *extra = NULL;
+            if (ra > 0) {
+                char v[32];
+                snprintf(v, sizeof v, "%lld", (long long)ra);
+                evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
+                extra = json_pack("{s:I}", "retry_after_sec", ra);
+            }
+            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+            st->evcon = NULL;
+            gps_http_send_error(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
+                                st->corr, extra);
+        }
+        count_request(c, outcome, st->start_us);
+        st->req = NULL;
+        stream_finish(st);
+    }
+}
+
+/* The client closed its connection: evhttp frees the request after this
+ * returns. Cancel the job; the agent learns it on its next upload. */
+static void on_client_close(struct evhttp_connection *evcon, void *arg)
+{
+    oa_stream *st = arg;
+    st->req = NULL;
+    st->evcon = NULL;
+    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
+                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
+                 "client went away; cancelling its job");
+    count_request(st->ctx, "cancelled", st->start_us);
+    if (st->job) {
+        gps_job_unsubscribe(st->job, NULL, st);
+        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
+        st->job = NULL;
+    }
+    stream_free(st);
+}
+
+static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
+{
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        count_request(c, "invalid_request", r->start_us);
+        return;
+    }
+    gps_openai_req oreq;
+    char msg[512];
+    const char *param = NULL;
+    int rc = gps_openai_parse(body, chat, &oreq, msg, sizeof msg, &param);
+    json_decref(body);
+    if (rc < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        count_request(c, "invalid_request", r->start_us);
+        return;
+    }
+    oa_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        gps_job_spec_clear(&oreq.spec);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    st->ctx = c;
+    st->req = r->req;
+    st->chat = chat;
+    st->stream = oreq.stream;
+    st->include_usage = oreq.include_usage;
+    gp_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    st->created = gp_now_wall_ms() / 1000;
+    snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
+    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
+    st->start_us = r->start_us;
+    gp_buf_init(&st->out);
+
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(c->jobs, &oreq.spec, r->correlation_id, r->key_id, &e);
+    gps_job_spec_clear(&oreq.spec);
+    if (!job) {
+        json_t *extra = NULL;
+        if (e.retry_after_sec > 0) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", e.retry_after_sec);
+            gps_req_add_header(r, "Retry-After", v);
+            extra = json_pack("{s:i}", "retry_after_sec", e.retry_after_sec);
+        }
+        gps_http_send_error(r->req, GPS_DIALECT_OPENAI, e.status, e.code, e.message,
+                            e.status == 404 ? "model" : NULL, r->correlation_id, extra);
+        char outcome[48];
+        outcome_of(outcome, sizeof outcome, e.code);
+        count_request(c, outcome, r->start_us);
+        gp_buf_free(&st->out);
+        free(st);
+        return;
+    }
+    st->job = job;
+    gps_job_subscribe(job, on_job_event, st);
+    st->evcon = evhttp_request_get_connection(r->req);
+    if (st->evcon) {
+        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
+        /* The connection may sit silent while the job is queued or the
+         * model thinks: give it the whole request budget, not idle_timeout. */
+        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
+    }
+}
+
+static void h_completions(gps_req *r, void *arg)
+{
+    handle_generate(r, arg, false);
+}
+
+static void h_chat(gps_req *r, void *arg)
+{
+    handle_generate(r, arg, true);
+}
+
+static void iso8601(char *out, size_t n, int64_t wall_ms)
+{
+    time_t t = (time_t)(wall_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static void h_models(gps_req *r, void *arg)
+{
+    oa_ctx *c = arg;
+    size_t n = 0;
+    registry_model_entry *list = registry_models_list(gps_jobs_registry(c->jobs), &n);
+    json_t *data = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char ts[32];
+        iso8601(ts, sizeof ts, list[i].created_wall_ms);
+        json_array_append_new(
+            data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "id", list[i].id, "object",
+                            "model", "created", (json_int_t)(list[i].created_wall_ms / 1000),
+                            "owned_by", "gpupool", "type", "model", "display_name", list[i].id,
+                            "created_at", ts));
+    }
+    json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
+    json_object_set_new(body, "first_id", n ? json_string(list[0].id) : json_null());
+    json_object_set_new(body, "last_id", n ? json_string(list[n - 1].id) : json_null());
+    free(list);
+    gps_http_send_json(r->req, 200, body);
+}
+
+int gps_openai_register(gps_http *h, gps_jobs *jobs, gps_metrics *metrics,
+                        int request_timeout_sec)
+{
+    oa_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return -1;
+    c->jobs = jobs;
+    c->metrics = metrics;
+    c->request_timeout_sec = request_timeout_sec;
+    int rc = 0;
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI,
+                             GPS_ROLE_CLIENT, h_completions, c);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI,
+                             GPS_ROLE_CLIENT, h_chat, c);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI,
+                             GPS_ROLE_CLIENT, h_models, c);
+    /* c lives as long as the process (the routes point at it). */
+    return rc ? -1 : 0;
+}

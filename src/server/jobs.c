@@ -1,0 +1,960 @@
+/* jobs: see jobs.h. */
+#include "server/jobs.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "server/store.h"
+#include "server/metrics.h"
+
+#define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
+#define KEEP_TERMINAL_US (300ull * 1000000ull) /* late agent uploads still get cancel:true */
+#define CANCEL_KEEP_US (600ull * 1000000ull)
+#define SWEEP_MS 250
+
+typedef struct gps_job_sub {
+    gps_job_event_fn fn;
+    void *arg;
+    bool dead;
+    struct gps_job_sub *next;
+} gps_job_sub;
+
+/* A job an agent must be told to stop (client gone, timeout, failover away
+ * from a stalled agent). Sent as a poll command and as cancel:true. */
+typedef struct cancel_rec {
+    char agent_id[64];
+    char job_id[40];
+    uint64_t since_us;
+    struct cancel_rec *next;
+} cancel_rec;
+
+struct gps_jobs {
+    struct event_base *base;
+    gps_jobs_opts opts;
+    registry *reg;
+    sched *sched;
+    struct gps_store *store;
+    gps_metrics *metrics;
+    gps_jobs_deliver_fn deliver;
+    void *deliver_arg;
+    gps_job *buckets[NBUCKETS];
+    gps_job *head;
+    size_t n_live;
+    cancel_rec *cancels;
+    struct event *sweep;
+    int notify_depth;           /* >0 while subscriber callbacks run */
+};
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+const char *gps_job_state_name(gps_job_state s)
+{
+    static const char *n[] = {"queued", "assigned", "running", "done", "failed", "cancelled"};
+    return (unsigned)s < sizeof n / sizeof n[0] ? n[s] : "unknown";
+}
+
+const char *gps_job_kind_name(gps_job_kind k)
+{
+    static const char *n[] = {"completion", "chat", "count_tokens"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "completion";
+}
+
+gps_event_type gps_event_type_parse(const char *s)
+{
+    static const char *n[] = {"started", "token", "metrics", "end", "error"};
+    for (int i = 0; s && i < 5; i++)
+        if (strcmp(s, n[i]) == 0)
+            return (gps_event_type)i;
+    return GPS_EV_UNKNOWN;
+}
+
+void gps_job_spec_clear(gps_job_spec *s)
+{
+    free(s->model);
+    free(s->prompt);
+    json_decref(s->messages);
+    json_decref(s->stop);
+    free(s->user);
+    free(s->prefer_agent);
+    const char *api = s->api;
+    memset(s, 0, sizeof *s);
+    s->api = api;
+}
+
+bool gps_job_terminal(const gps_job *job)
+{
+    return job->state == GPS_JOB_DONE || job->state == GPS_JOB_FAILED ||
+           job->state == GPS_JOB_CANCELLED;
+}
+
+static unsigned bucket_of(const char *id)
+{
+    uint32_t h = 2166136261u; /* FNV-1a 32 */
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 16777619u;
+    return h % NBUCKETS;
+}
+
+gps_job *gps_jobs_find(gps_jobs *j, const char *id)
+{
+    for (gps_job *x = j->buckets[bucket_of(id)]; x; x = x->hnext)
+        if (strcmp(x->id, id) == 0)
+            return x;
+    return NULL;
+}
+
+static void table_insert(gps_jobs *j, gps_job *job)
+{
+    unsigned b = bucket_of(job->id);
+    job->hnext = j->buckets[b];
+    j->buckets[b] = job;
+    job->next = j->head;
+    job->prev = NULL;
+    if (j->head)
+        j->head->prev = job;
+    j->head = job;
+}
+
+static void table_remove(gps_jobs *j, gps_job *job)
+{
+    gps_job **pp = &j->buckets[bucket_of(job->id)];
+    while (*pp && *pp != job)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = job->hnext;
+    if (job->prev)
+        job->prev->next = job->next;
+    else if (j->head == job)
+        j->head = job->next;
+    if (job->next)
+        job->next->prev = job->prev;
+}
+
+static void job_free(gps_job *job)
+{
+    gps_job_sub *s = job->subs;
+    while (s) {
+        gps_job_sub *n = s->next;
+        free(s);
+        s = n;
+    }
+    gps_job_spec_clear(&job->spec);
+    gp_buf_free(&job->text);
+    json_decref(job->events);
+    free(job);
+}
+
+static void count(gps_jobs *j, const char *name, const char *labels, double v)
+{
+    if (j->metrics)
+        gps_metrics_add(j->metrics, name, labels, v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Subscribers                                                         */
+/* ------------------------------------------------------------------ */
+
+int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    gps_job_sub *s = calloc(1, sizeof *s);
+    if (!s)
+        return -1;
+    s->fn = fn;
+    s->arg = arg;
+    s->next = job->subs;
+    job->subs = s;
+    return 0;
+}
+
+void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (s->arg == arg && (!fn || s->fn == fn))
+            s->dead = true;
+}
+
+static bool has_live_subs(const gps_job *job)
+{
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (!s->dead)
+            return true;
+    return false;
+}
+
+static void prune_subs(gps_job *job)
+{
+    gps_job_sub **pp = &job->subs;
+    while (*pp) {
+        if ((*pp)->dead) {
+            gps_job_sub *d = *pp;
+            *pp = d->next;
+            free(d);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+/* Call every live subscriber. Dead ones are pruned only when no callback
+ * chain is running (a callback may unsubscribe itself or another). */
+static void notify(gps_jobs *j, gps_job *job, gps_event_type type, json_t *ev)
+{
+    j->notify_depth++;
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (!s->dead)
+            s->fn(job, type, ev, s->arg);
+    j->notify_depth--;
+    if (j->notify_depth == 0)
+        prune_subs(job);
+}
+
+void gps_job_mark_output_sent(gps_job *job)
+{
+    job->client_saw_output = true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Cancellation records                                                */
+/* ------------------------------------------------------------------ */
+
+static void cancel_add(gps_jobs *j, const char *agent_id, const char *job_id)
+{
+    if (!agent_id || !*agent_id)
+        return;
+    for (cancel_rec *c = j->cancels; c; c = c->next)
+        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0)
+            return;
+    cancel_rec *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    snprintf(c->agent_id, sizeof c->agent_id, "%s", agent_id);
+    snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
+    c->since_us = gp_now_mono_us();
+    c->next = j->cancels;
+    j->cancels = c;
+}
+
+static bool cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
+{
+    for (cancel_rec **pp = &j->cancels; *pp; pp = &(*pp)->next) {
+        cancel_rec *c = *pp;
+        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0) {
+            *pp = c->next;
+            free(c);
+            return true;
+        }
+    }
+    return false;
+}
+
+json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
+{
+    json_t *out = json_array();
+    for (cancel_rec **pp = &j->cancels; *pp;) {
+        cancel_rec *c = *pp;
+        if (strcmp(c->agent_id, agent_id) == 0) {
+            json_array_append_new(out,
+                                  json_pack("{s:s,s:s}", "type", "cancel", "job_id", c->job_id));
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Wire form                                                           */
+/* ------------------------------------------------------------------ */
+
+json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec)
+{
+    const gps_job_spec *s = &job->spec;
+    json_t *params = json_pack("{s:I,s:f,s:f,s:I}", "max_tokens", (json_int_t)s->max_tokens,
+                               "temperature", s->temperature, "top_p", s->top_p, "top_k",
+                               (json_int_t)s->top_k);
+    json_object_set_new(params, "stop", s->stop ? json_deep_copy(s->stop) : json_array());
+    json_object_set_new(params, "seed", s->has_seed ? json_integer(s->seed) : json_null());
+    uint64_t budget_us = (uint64_t)request_timeout_sec * 1000000ull;
+    uint64_t used = now_us > job->created_us ? now_us - job->created_us : 0;
+    long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
+    json_t *w = json_pack("{s:s,s:s,s:s,s:o,s:s,s:i,s:s,s:I}", "job_id", job->id, "kind",
+                          gps_job_kind_name(s->kind), "model", s->model, "params", params,
+                          "continuation", "", "attempt", job->attempts, "correlation_id",
+                          job->correlation_id, "deadline_ms", (json_int_t)deadline_ms);
+    json_object_set_new(w, "prompt", s->prompt ? json_string(s->prompt) : json_null());
+    json_object_set_new(w, "messages", s->messages ? json_deep_copy(s->messages) : json_null());
+    if (s->user)
+        json_object_set_new(w, "user", json_string(s->user));
+    return w;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle                                                           */
+/* ------------------------------------------------------------------ */
+
+/* The request log. Prompts are stored only with log_prompts. */
+static void persist_insert(gps_jobs *j, gps_job *job)
+{
+    if (!j->store)
+        return;
+    json_t *req = NULL;
+    if (j->opts.log_prompts) {
+        req = json_object();
+        if (job->spec.prompt)
+            json_object_set_new(req, "prompt", json_string(job->spec.prompt));
+        if (job->spec.messages)
+            json_object_set(req, "messages", job->spec.messages);
+    }
+    gps_store_job_row row = {
+        .id = job->id,
+        .api = job->spec.api ? job->spec.api : "openai",
+        .kind = gps_job_kind_name(job->spec.kind),
+        .model = job->spec.model,
+        .key_id = job->key_id[0] ? job->key_id : NULL,
+        .status = gps_job_state_name(job->state),
+        .priority = job->spec.priority,
+        .correlation_id = job->correlation_id,
+        .has_seed = job->spec.has_seed,
+        .seed = job->spec.seed,
+        .created_at = job->created_wall_ms,
+        .request = req,
+    };
+    if (gps_store_job_insert(j->store, row) < 0)
+        count(j, "db_errors_total", NULL, 1);
+    else
+        count(j, "db_writes_total", NULL, 1);
+    json_decref(req);
+}
+
+static void persist(gps_jobs *j, gps_job *job)
+{
+    if (!j->store)
+        return;
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
+    u.status = gps_job_state_name(job->state);
+    u.agent_id = job->agent_id[0] ? job->agent_id : NULL;
+    u.attempts = job->attempts;
+    u.queue_ms = job->queue_ms;
+    if (gps_job_terminal(job)) {
+        u.prompt_tokens = job->prompt_tokens;
+        u.completion_tokens = job->completion_tokens;
+        if (job->first_token_us)
+            u.ttft_ms = (long long)((job->first_token_us - job->created_us) / 1000);
+        u.total_ms = (long long)((job->finished_us - job->created_us) / 1000);
+        u.finish_reason = job->finish_reason[0] ? job->finish_reason : NULL;
+        u.error_code = job->error_code[0] ? job->error_code : NULL;
+        u.finished_at = gp_now_wall_ms();
+    }
+    if (gps_store_job_update_async(j->store, u) < 0)
+        count(j, "db_errors_total", NULL, 1);
+    else
+        count(j, "db_writes_total", NULL, 1);
+}
+
+/* End the current assignment on the agent's books, once. */
+static void end_on_agent(gps_jobs *j, gps_job *job, bool ok)
+{
+    if (job->ended_on_agent || !job->agent_id[0])
+        return;
+    job->ended_on_agent = true;
+    registry_agent *a = registry_get(j->reg, job->agent_id);
+    if (a)
+        registry_job_end(j->reg, a, ok, job->tokens_per_sec);
+}
+
+static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
+{
+    if (job->state == GPS_JOB_QUEUED)
+        sched_remove(j->sched, &job->sj);
+    job->state = st;
+    job->finished_us = gp_now_mono_us();
+    if (j->n_live)
+        j->n_live--;
+    persist(j, job);
+}
+
+/* Fail a job with an error event carrying the status a dialect uses. */
+static void fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
+                     const char *message, int retry_after)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, false);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->error_code, sizeof job->error_code, "%s", code);
+    finish(j, job, GPS_JOB_FAILED);
+    gp_log_write(GP_LOG_WARN, "job_failed", job->correlation_id,
+                 json_pack("{s:s,s:s,s:i,s:s}", "job_id", job->id, "code", code, "status",
+                           status, "agent_id", job->agent_id),
+                 "%s", message);
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", code, "message",
+                           message, "status", status);
+    if (retry_after > 0)
+        json_object_set_new(ev, "retry_after", json_integer(retry_after));
+    notify(j, job, GPS_EV_ERROR, ev);
+    json_decref(ev);
+}
+
+/* Mark job as given to agent a (the scheduler already counted the slot). */
+static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
+{
+    uint64_t now = gp_now_mono_us();
+    if (job->state == GPS_JOB_QUEUED && job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    job->state = GPS_JOB_ASSIGNED;
+    job->attempts++;
+    snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    job->assigned_us = now;
+    job->last_event_us = now;
+    job->ended_on_agent = false;
+    job->agent_seq = 0;
+    json_decref(job->events);
+    job->events = json_array();
+    gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
+                 json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
+                           "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
+                 "job assigned");
+    persist(j, job);
+}
+
+static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
+
+/* Submit to the scheduler (first time or again after a failover). */
+static void place(gps_jobs *j, gps_job *job, int depth)
+{
+    registry_agent *a = NULL;
+    job->sj.agent = NULL;
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if (r == SCHED_QUEUED) {
+        job->state = GPS_JOB_QUEUED;
+        return;
+    }
+    if (r == SCHED_ASSIGNED && a) {
+        mark_assigned(j, job, a);
+        json_t *arr = json_array();
+        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
+        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
+        json_decref(arr);
+        if (rc < 0) {
+            /* The agent was ready in the scheduler but its long-poll is
+             * gone: give the slot back and try elsewhere (bounded). */
+            job->attempts--;
+            end_on_agent(j, job, true);
+            job->agent_id[0] = '\0';
+            requeue_or_fail(j, job, depth + 1);
+        }
+        return;
+    }
+    int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+    if (r == SCHED_QUEUE_FULL)
+        fail_job(j, job, 503, "NO_CAPACITY", "queue full while failing over", retry);
+    else
+        fail_job(j, job, 503, "NO_AGENT", "no agent available for the model", retry);
+}
+
+static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
+{
+    if (depth > 4) {
+        fail_job(j, job, 503, "NO_AGENT", "no agent could take the job", 1);
+        return;
+    }
+    job->state = GPS_JOB_QUEUED;
+    job->queued_since_us = gp_now_mono_us();
+    place(j, job, depth);
+}
+
+gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
+                         const char *key_id, gps_submit_err *err)
+{
+    memset(err, 0, sizeof *err);
+    gps_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        gps_job_spec_clear(spec);
+        err->status = 500;
+        err->code = "INTERNAL";
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return NULL;
+    }
+    job->owner = j;
+    gp_id_new("job_", job->id, sizeof job->id);
+    snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
+             correlation_id ? correlation_id : "");
+    snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    job->spec = *spec;
+    memset(spec, 0, sizeof *spec);
+    spec->api = job->spec.api;
+    gp_buf_init(&job->text);
+    job->created_us = gp_now_mono_us();
+    job->created_wall_ms = gp_now_wall_ms();
+    job->queued_since_us = job->created_us;
+    job->events = json_array();
+
+    job->sj.model = job->spec.model;
+    job->sj.priority = job->spec.priority == GPS_PRIO_BATCH ? SCHED_BATCH : SCHED_INTERACTIVE;
+    job->sj.prefer_agent = job->spec.prefer_agent;
+    job->sj.prefer_strict = -1;
+    job->sj.session = job->spec.user;
+
+    registry_agent *a = NULL;
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    switch (r) {
+    case SCHED_ASSIGNED:
+    case SCHED_QUEUED:
+        break;
+    case SCHED_QUEUE_FULL: {
+        uint64_t est = sched_estimated_wait_ms(j->sched, job->spec.model);
+        err->status = 429;
+        err->code = "QUEUE_FULL";
+        err->retry_after_sec = est ? (int)((est + 999) / 1000) : 1;
+        snprintf(err->message, sizeof err->message,
+                 "the queue for model '%.100s' is full; retry later", job->spec.model);
+        job_free(job);
+        return NULL;
+    }
+    case SCHED_NO_AGENT:
+        if (registry_model_known(j->reg, job->spec.model)) {
+            err->status = 503;
+            err->code = "NO_AGENT";
+            err->retry_after_sec = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+            snprintf(err->message, sizeof err->message,
+                     "no agent is serving model '%.100s' right now; retry later",
+                     job->spec.model);
+        } else {
+            err->status = 404;
+            err->code = "MODEL_NOT_FOUND";
+            snprintf(err->message, sizeof err->message,
+                     "the model '%.100s' does not exist (no agent has served it)",
+                     job->spec.model);
+        }
+        job_free(job);
+        return NULL;
+    default:
+        err->status = 500;
+        err->code = "INTERNAL";
+        snprintf(err->message, sizeof err->message, "scheduler error");
+        job_free(job);
+        return NULL;
+    }
+    table_insert(j, job);
+    j->n_live++;
+    job->state = GPS_JOB_QUEUED;
+    persist_insert(j, job);
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "model", job->spec.model,
+                           "kind", gps_job_kind_name(job->spec.kind), "api",
+                           job->spec.api ? job->spec.api : ""),
+                 "job submitted");
+    if (r == SCHED_ASSIGNED && a) {
+        mark_assigned(j, job, a);
+        json_t *arr = json_array();
+        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
+        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
+        json_decref(arr);
+        if (rc < 0) {
+            job->attempts--;
+            end_on_agent(j, job, true);
+            job->agent_id[0] = '\0';
+            requeue_or_fail(j, job, 1);
+        }
+    } else {
+        job->state = GPS_JOB_QUEUED;
+    }
+    return job;
+}
+
+void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, true);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->error_code, sizeof job->error_code, "CANCELLED");
+    finish(j, job, GPS_JOB_CANCELLED);
+    gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s}", "job_id", job->id, "reason", reason ? reason : "",
+                           "agent_id", job->agent_id),
+                 "job cancelled");
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", "CANCELLED", "message",
+                           "the job was cancelled", "status", 499);
+    notify(j, job, GPS_EV_ERROR, ev);
+    json_decref(ev);
+}
+
+/* The job's agent is gone (dead, stalled). Requeue when the client has
+ * seen nothing yet; otherwise end it with an error (continuation failover
+ * comes later). */
+static void fail_over(gps_jobs *j, gps_job *job, const char *why)
+{
+    if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
+        return;
+    end_on_agent(j, job, false);
+    cancel_add(j, job->agent_id, job->id);
+    if (job->client_saw_output) {
+        char m[200];
+        snprintf(m, sizeof m, "the agent running this job was lost (%s) after output was sent",
+                 why);
+        count(j, "failovers_total", "mode=\"error\"", 1);
+        fail_job(j, job, 502, "AGENT_LOST", m, 0);
+        return;
+    }
+    if (job->attempts >= j->opts.max_attempts) {
+        count(j, "failovers_total", "mode=\"exhausted\"", 1);
+        fail_job(j, job, 503, "AGENT_LOST", "the job's agents were lost; attempts exhausted", 1);
+        return;
+    }
+    gp_log_write(GP_LOG_WARN, "job_failover", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:i}", "job_id", job->id, "agent_id", job->agent_id,
+                           "reason", why, "attempt", job->attempts),
+                 "agent lost before output reached the client; requeueing");
+    count(j, "failovers_total", "mode=\"requeue\"", 1);
+    snprintf(job->exclude_agent, sizeof job->exclude_agent, "%s", job->agent_id);
+    job->sj.exclude_agent = job->exclude_agent;
+    job->sj.front = true;
+    job->agent_id[0] = '\0';
+    job->text.len = 0;
+    if (job->text.data)
+        job->text.data[0] = '\0';
+    job->completion_tokens = 0;
+    job->first_token_us = 0;
+    job->agent_seq = 0;
+    requeue_or_fail(j, job, 0);
+}
+
+void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
+{
+    /* fail_over may place a job on another agent but never frees one, so
+     * walking the list while it runs is safe. */
+    for (gps_job *job = j->head; job; job = job->next)
+        if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+            strcmp(job->agent_id, agent_id) == 0)
+            fail_over(j, job, why);
+}
+
+json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
+{
+    json_t *out = json_array();
+    if (!out || free_slots <= 0)
+        return out;
+    if (sched_agent_ready(j->sched, a, free_slots) < 0)
+        return out;
+    sched_job *picked[64];
+    size_t max = free_slots < 64 ? (size_t)free_slots : 64;
+    size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
+    uint64_t now = gp_now_mono_us();
+    for (size_t i = 0; i < n; i++) {
+        gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
+        mark_assigned(j, job, a);
+        json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+    }
+    return out;
+}
+
+void gps_jobs_kick(gps_jobs *j)
+{
+    (void)j; /* matching happens in sched_submit / take_for_agent */
+}
+
+/* ------------------------------------------------------------------ */
+/* Agent events                                                        */
+/* ------------------------------------------------------------------ */
+
+static int validate_event(const json_t *ev, size_t i, char *msg, size_t msglen)
+{
+    if (!json_is_object(ev)) {
+        snprintf(msg, msglen, "events[%zu] must be an object", i);
+        return -1;
+    }
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    if (!type) {
+        snprintf(msg, msglen, "events[%zu].type must be a string", i);
+        return -1;
+    }
+    gps_event_type t = gps_event_type_parse(type);
+    if (t == GPS_EV_TOKEN && !json_is_string(json_object_get(ev, "text"))) {
+        snprintf(msg, msglen, "events[%zu].text must be a string", i);
+        return -1;
+    }
+    if (t == GPS_EV_END) {
+        const json_t *u = json_object_get(ev, "usage");
+        if (u && !json_is_null(u) && !json_is_object(u)) {
+            snprintf(msg, msglen, "events[%zu].usage must be an object", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
+{
+    gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
+    uint64_t now = gp_now_mono_us();
+    job->last_event_us = now;
+    json_array_append(job->events, ev);
+    switch (t) {
+    case GPS_EV_STARTED:
+        job->state = GPS_JOB_RUNNING;
+        notify(j, job, t, ev);
+        break;
+    case GPS_EV_TOKEN: {
+        job->state = GPS_JOB_RUNNING;
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        gp_buf_append(&job->text, text, strlen(text));
+        job->completion_tokens++;
+        if (!job->first_token_us)
+            job->first_token_us = now;
+        count(j, "tokens_generated_total", NULL, 1);
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_METRICS: {
+        json_t *tps = json_object_get(ev, "tokens_per_sec");
+        if (json_is_number(tps))
+            job->tokens_per_sec = json_number_value(tps);
+        json_t *pt = json_object_get(ev, "prompt_tokens");
+        if (json_is_integer(pt))
+            job->prompt_tokens = json_integer_value(pt);
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_END: {
+        const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
+        snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
+                 fr && strcmp(fr, "length") == 0 ? "length" : "stop");
+        json_t *u = json_object_get(ev, "usage");
+        json_t *pt = json_object_get(u, "prompt_tokens");
+        json_t *ct = json_object_get(u, "completion_tokens");
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+            job->prompt_tokens = json_integer_value(pt);
+        if (json_is_integer(ct) && json_integer_value(ct) >= 0)
+            job->completion_tokens = json_integer_value(ct);
+        end_on_agent(j, job, true);
+        finish(j, job, GPS_JOB_DONE);
+        gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
+                     json_pack("{s:s,s:s,s:I,s:I,s:s}", "job_id", job->id, "agent_id",
+                               job->agent_id, "prompt_tokens", (json_int_t)job->prompt_tokens,
+                               "completion_tokens", (json_int_t)job->completion_tokens,
+                               "finish_reason", job->finish_reason),
+                     "job finished");
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_ERROR: {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        char c[64];
+        snprintf(c, sizeof c, "%s", code ? code : "AGENT_ERROR");
+        /* The agent is still alive and reports the job failed: do not keep
+         * a cancel record for it. */
+        end_on_agent(j, job, false);
+        fail_job(j, job, 502, c, message ? message : "the agent reported an error", 0);
+        cancel_take(j, job->agent_id, job->id);
+        break;
+    }
+    default:
+        break; /* unknown types are kept in the buffer but not relayed */
+    }
+}
+
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen)
+{
+    *cancel = false;
+    *expected_seq = -1;
+    gps_job *job = gps_jobs_find(j, job_id);
+    if (!job) {
+        snprintf(msg, msglen, "unknown job '%.60s'", job_id);
+        return 404;
+    }
+    if (strcmp(job->agent_id, agent_id) != 0) {
+        snprintf(msg, msglen, "job '%.60s' is not assigned to this agent", job_id);
+        cancel_take(j, agent_id, job_id);
+        return 409;
+    }
+    if (gps_job_terminal(job)) {
+        *cancel = job->state != GPS_JOB_DONE;
+        cancel_take(j, agent_id, job_id);
+        return 0;
+    }
+    if (seq < 0 || !json_is_array(events)) {
+        snprintf(msg, msglen, "'seq' must be >= 0 and 'events' an array");
+        return 400;
+    }
+    size_t n = json_array_size(events);
+    for (size_t i = 0; i < n; i++)
+        if (validate_event(json_array_get(events, i), i, msg, msglen) < 0)
+            return 400;
+    if (seq > job->agent_seq) {
+        *expected_seq = job->agent_seq;
+        snprintf(msg, msglen, "seq %lld is beyond the %lld events received", seq,
+                 job->agent_seq);
+        return 409;
+    }
+    registry_agent *a = registry_get(j->reg, agent_id);
+    if (a)
+        registry_touch(j->reg, a, gp_now_mono_ms());
+    for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
+        job->agent_seq++;
+        apply_one(j, job, json_array_get(events, i));
+        if (gps_job_terminal(job))
+            break;
+    }
+    if (job->state == GPS_JOB_CANCELLED || job->state == GPS_JOB_FAILED) {
+        /* Failed by the agent's own error event: nothing to cancel. */
+        *cancel = job->state == GPS_JOB_CANCELLED || cancel_take(j, agent_id, job_id);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Timers                                                              */
+/* ------------------------------------------------------------------ */
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_jobs *j = arg;
+    uint64_t now = gp_now_mono_us();
+    uint64_t qt = (uint64_t)j->opts.queue_timeout_sec * 1000000ull;
+    uint64_t rt = (uint64_t)j->opts.request_timeout_sec * 1000000ull;
+    uint64_t stall = (uint64_t)j->opts.stall_timeout_sec * 1000000ull;
+    gps_job *next;
+    for (gps_job *job = j->head; job; job = next) {
+        next = job->next;
+        if (gps_job_terminal(job)) {
+            if (!has_live_subs(job) && now - job->finished_us > KEEP_TERMINAL_US) {
+                table_remove(j, job);
+                job_free(job);
+            }
+            continue;
+        }
+        if (now - job->created_us > rt) {
+            fail_job(j, job, 504, "TIMEOUT", "the request timed out", 0);
+            continue;
+        }
+        if (job->state == GPS_JOB_QUEUED && now - job->queued_since_us > qt) {
+            int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+            fail_job(j, job, 503, "QUEUE_TIMEOUT", "no agent took the job in time", retry);
+            continue;
+        }
+        if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+            now - job->last_event_us > stall)
+            fail_over(j, job, "stalled");
+    }
+    for (cancel_rec **pp = &j->cancels; *pp;) {
+        if (now - (*pp)->since_us > CANCEL_KEEP_US) {
+            cancel_rec *c = *pp;
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, registry *reg,
+                       sched *s, struct gps_store *store, gps_metrics *metrics)
+{
+    gps_jobs *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->base = base;
+    j->opts = *opts;
+    j->reg = reg;
+    j->sched = s;
+    j->store = store;
+    j->metrics = metrics;
+    if (base) {
+        j->sweep = event_new(base, -1, EV_PERSIST, sweep_cb, j);
+        struct timeval tv = {0, SWEEP_MS * 1000};
+        if (!j->sweep || event_add(j->sweep, &tv) < 0) {
+            if (j->sweep)
+                event_free(j->sweep);
+            free(j);
+            return NULL;
+        }
+    }
+    return j;
+}
+
+void gps_jobs_free(gps_jobs *j)
+{
+    if (!j)
+        return;
+    if (j->sweep)
+        event_free(j->sweep);
+    gps_job *job = j->head;
+    while (job) {
+        gps_job *n = job->next;
+        if (job->state == GPS_JOB_QUEUED)
+            sched_remove(j->sched, &job->sj);
+        job_free(job);
+        job = n;
+    }
+    cancel_rec *c = j->cancels;
+    while (c) {
+        cancel_rec *n = c->next;
+        free(c);
+        c = n;
+    }
+    free(j);
+}
+
+void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg)
+{
+    j->deliver = fn;
+    j->deliver_arg = arg;
+}
+
+registry *gps_jobs_registry(gps_jobs *j)
+{
+    return j->reg;
+}
+
+sched *gps_jobs_sched(gps_jobs *j)
+{
+    return j->sched;
+}
+
+gps_metrics *gps_jobs_metrics(gps_jobs *j)
+{
+    return j->metrics;
+}
+
+size_t gps_jobs_active(gps_jobs *j)
+{
+    return j->n_live;
+}
+
+static void queue_cb(void *ud, const char *model, size_t interactive, size_t batch)
+{
+    gps_metrics *m = ud;
+    char l[320];
+    gps_metrics_label(l, sizeof l, "model", model, "priority", "interactive", (char *)NULL);
+    gps_metrics_set(m, "queue_depth", l, (double)interactive);
+    gps_metrics_label(l, sizeof l, "model", model, "priority", "batch", (char *)NULL);
+    gps_metrics_set(m, "queue_depth", l, (double)batch);
+}
+
+void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
+{
+    gps_metrics_reset(m, "queue_depth");
+    sched_foreach_queue(j->sched, queue_cb, m);
+    size_t running = 0;
+    for (gps_job *job = j->head; job; job = job->next)
+        if (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING)
+            running++;
+    gps_metrics_set(m, "jobs_running", NULL, (double)running);
+}

@@ -1,0 +1,217 @@
+/*
+ * jobs: the job lifecycle, from a client request to its last event.
+ *
+ *   submit ─▶ QUEUED ─(an agent with a parked long-poll takes it)─▶ ASSIGNED
+ *   ASSIGNED ─started/token─▶ RUNNING ─end─▶ DONE
+ *   QUEUED/ASSIGNED/RUNNING ─error, timeout─▶ FAILED
+ *   QUEUED/ASSIGNED/RUNNING ─client gone, cancel─▶ CANCELLED
+ *   ASSIGNED/RUNNING ─agent lost, nothing sent to the client─▶ QUEUED (attempt+1)
+ *
+ * Every job keeps its events (seq-numbered: the per-job event buffer) and
+ * a list of subscribers. A dialect subscribes with a callback and turns
+ * events into its wire format. Callbacks run on the loop thread. A
+ * subscriber never frees the job: it unsubscribes (which only marks) and
+ * the job is freed at a safe point (a zero-delay timer) once it is
+ * terminal and has no live subscriber.
+ *
+ * The module owns the job table (by id), queue/request/stall timers,
+ * failover and cancellation, and writes the request log through the store.
+ * Matching a job to an agent goes through the scheduler; the delivery of
+ * jobs to a parked long-poll goes through a deliver callback installed by
+ * agents_api.
+ */
+#ifndef GPS_JOBS_H
+#define GPS_JOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "server/registry.h"
+#include "server/sched.h"
+
+typedef enum { GPS_JOB_COMPLETION = 0, GPS_JOB_CHAT, GPS_JOB_COUNT_TOKENS } gps_job_kind;
+typedef enum { GPS_PRIO_INTERACTIVE = 0, GPS_PRIO_BATCH = 1 } gps_job_priority;
+
+typedef enum {
+    GPS_JOB_QUEUED = 0,
+    GPS_JOB_ASSIGNED,   /* handed to an agent, no event yet */
+    GPS_JOB_RUNNING,    /* at least one event from the agent */
+    GPS_JOB_DONE,
+    GPS_JOB_FAILED,
+    GPS_JOB_CANCELLED,
+} gps_job_state;
+
+const char *gps_job_state_name(gps_job_state s);
+const char *gps_job_kind_name(gps_job_kind k);
+
+/* What the client asked for, in dialect-neutral form. Owned by the job
+ * once submitted (gps_job_spec_clear frees the members). */
+typedef struct gps_job_spec {
+    gps_job_kind kind;
+    char *model;
+    char *prompt;            /* completion */
+    json_t *messages;        /* chat: array of {role, content:string} */
+    long long max_tokens;
+    double temperature;
+    double top_p;
+    long long top_k;
+    json_t *stop;            /* array of strings, or NULL */
+    bool has_seed;
+    long long seed;
+    char *user;
+    gps_job_priority priority;
+    char *prefer_agent;
+    const char *api;         /* static: "openai", "anthropic", "native" */
+} gps_job_spec;
+
+void gps_job_spec_clear(gps_job_spec *s);
+
+typedef enum {
+    GPS_EV_STARTED = 0,
+    GPS_EV_TOKEN,
+    GPS_EV_METRICS,
+    GPS_EV_END,
+    GPS_EV_ERROR,
+    GPS_EV_UNKNOWN,
+} gps_event_type;
+
+gps_event_type gps_event_type_parse(const char *s);
+
+typedef struct gps_job gps_job;
+typedef struct gps_jobs gps_jobs;
+
+/* Subscriber callback. ev is borrowed: the event as stored ("type" and its
+ * fields). end: finish_reason, usage {prompt_tokens, completion_tokens}.
+ * error: code, message, and "status" (the HTTP status a dialect uses
+ * before its first byte), plus "retry_after" when it makes sense. */
+typedef void (*gps_job_event_fn)(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+
+struct gps_job {
+    char id[40];                  /* "job_" + 24 hex */
+    char correlation_id[65];
+    char key_id[65];
+    gps_job_spec spec;
+    gps_job_state state;
+    int attempts;                 /* agents tried so far */
+    char agent_id[64];            /* current/last agent ("" when none) */
+    gp_buf text;                  /* text relayed to subscribers so far */
+    long long completion_tokens;  /* tokens relayed */
+    bool client_saw_output;       /* a subscriber sent bytes that depend on the agent */
+    uint64_t created_us;          /* monotonic */
+    int64_t created_wall_ms;
+    uint64_t assigned_us;         /* last assignment */
+    uint64_t first_token_us;      /* 0 until the first token */
+    uint64_t last_event_us;
+    long long queue_ms;           /* total time spent queued */
+    json_t *events;               /* array: the event buffer (agent events, this attempt) */
+    long long agent_seq;          /* events accepted from the current agent */
+    double tokens_per_sec;        /* last reported by the agent (metrics event) */
+    long long prompt_tokens;      /* from end.usage */
+    char finish_reason[16];       /* from end: stop | length */
+    char error_code[48];          /* failed / cancelled */
+
+    /* ---- private to jobs.c ---- */
+    gps_jobs *owner;
+    sched_job sj;                 /* scheduler view; embedded (container_of) */
+    char exclude_agent[64];       /* agent lost on the previous attempt */
+    struct gps_job_sub *subs;
+    bool cancel_pending;          /* agent must be told to stop */
+    bool ended_on_agent;          /* registry_job_end called for this assignment */
+    uint64_t queued_since_us;
+    uint64_t finished_us;
+    struct gps_job *hnext;        /* id hash chain */
+    struct gps_job *prev, *next;  /* all jobs */
+};
+
+/* Submit errors: the status and code a dialect should answer with. */
+typedef struct gps_submit_err {
+    int status;                   /* 404, 429, 503, 500 */
+    const char *code;             /* MODEL_NOT_FOUND, QUEUE_FULL, NO_AGENT, INTERNAL */
+    char message[256];
+    int retry_after_sec;          /* 0 = none */
+} gps_submit_err;
+
+/* Deliver callback (agents_api): jobs were assigned to agent a by the
+ * scheduler while its long-poll was parked; jobs_json is the array of wire
+ * objects (borrowed). The callback answers the parked request and calls
+ * sched_agent_unready. Return 0 when handed over, -1 when the agent has no
+ * parked long-poll any more (the jobs are then requeued). */
+typedef int (*gps_jobs_deliver_fn)(registry_agent *a, json_t *jobs_json, void *arg);
+
+typedef struct gps_jobs_opts {
+    int max_queue;
+    int queue_timeout_sec;
+    int request_timeout_sec;
+    int stall_timeout_sec;
+    int max_attempts;
+    int poll_interval_sec;
+    bool log_prompts;
+} gps_jobs_opts;
+
+struct gps_metrics;
+struct gps_store;
+
+/* reg, s, store (may be NULL: no persistence), metrics are borrowed and must
+ * outlive the jobs table. */
+gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, registry *reg,
+                       sched *s, struct gps_store *store, struct gps_metrics *metrics);
+void gps_jobs_free(gps_jobs *j);
+void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg);
+registry *gps_jobs_registry(gps_jobs *j);
+sched *gps_jobs_sched(gps_jobs *j);
+struct gps_metrics *gps_jobs_metrics(gps_jobs *j);
+
+/* Create a job from spec (moved in: spec is left empty on success and on
+ * failure alike) and queue it. Returns the job, or NULL with err filled
+ * (no agent serves the model, queue full, ...). The caller subscribes at
+ * once (same loop turn; no event can be delivered before it returns). */
+gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
+                         const char *key_id, gps_submit_err *err);
+/* Add / remove a subscriber. Removing only marks it; safe inside callbacks. */
+int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg);
+void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg);
+/* The client got bytes that came from the agent: after this a lost agent
+ * can no longer be hidden by a transparent requeue. */
+void gps_job_mark_output_sent(gps_job *job);
+/* Cancel (idempotent). The agent learns it from its next event upload or
+ * poll. Subscribers get no further events. */
+void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason);
+gps_job *gps_jobs_find(gps_jobs *j, const char *id);
+bool gps_job_terminal(const gps_job *job);
+
+/* ---- agent side (agents_api) ---- */
+
+/* Agent a asks for work with free_slots: it becomes ready in the
+ * scheduler and takes what is queued for it. Returns the array of job wire
+ * objects (new reference; empty = park the long-poll, the agent stays
+ * ready until sched_agent_unready). NULL on ENOMEM. */
+json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots);
+/* Apply an event batch. Returns 0 (*cancel set), 404 unknown job, 409 when
+ * not assigned to agent_id (*expected_seq = -1) or a seq gap
+ * (*expected_seq = what the server has), 400 for a malformed event (msg). */
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen);
+/* Agent declared dead (or gone): its jobs fail over (requeue when the
+ * client saw nothing yet, else end with an error). */
+void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
+/* Job ids assigned to agent_id that were cancelled and not acknowledged:
+ * to be sent as poll commands. New reference (array of command objects). */
+json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
+/* Something changed (an agent became ready, a slot freed): try to match
+ * queued jobs. Cheap when nothing is queued. */
+void gps_jobs_kick(gps_jobs *j);
+
+/* Running + queued counts (shutdown, metrics). */
+size_t gps_jobs_active(gps_jobs *j);
+/* Metrics collector part: queue depth and running jobs. */
+void gps_jobs_collect(gps_jobs *j, struct gps_metrics *m);
+/* Wire form of a job for /agents/work (new reference). */
+json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec);
+
+#endif

@@ -1,0 +1,515 @@
+/*
+ * gpupool-server: the control plane and the relay.
+ *
+ *   gpupool-server [--listen HOST:PORT] [--db PATH] [--config FILE] [options]
+ *   gpupool-server keys create --role client|agent|admin --db PATH [--name N]
+ *
+ * One thread runs the libevent loop (HTTP, timers, signals); the store's
+ * DB thread owns SQLite writes. Start-up: config -> store (migrations) ->
+ * keys -> registry/scheduler/jobs -> routes -> listen. SIGTERM: stop
+ * accepting, refuse new client requests, let running jobs finish for up to
+ * shutdown_grace_sec, flush the DB, exit 0. SIGHUP reloads keys.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/thread.h>
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_config.h"
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/agents_api.h"
+#include "server/api_openai.h"
+#include "server/auth.h"
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/metrics.h"
+#include "server/registry.h"
+#include "server/sched.h"
+#include "server/server_config.h"
+#include "server/store.h"
+
+#define SERVER_VERSION "0.1.0"
+
+typedef struct server {
+    gps_config cfg;
+    struct event_base *base;
+    gps_store *store;
+    gps_auth *auth;
+    gps_metrics *metrics;
+    registry *reg;
+    sched *sched;
+    gps_jobs *jobs;
+    gps_agents *agents;
+    gps_http *http;
+    struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
+    bool shutting_down;
+    uint64_t shutdown_deadline_ms;
+    int exit_code;
+} server;
+
+/* ------------------------------------------------------------------ */
+/* keys subcommand                                                     */
+/* ------------------------------------------------------------------ */
+
+static int keys_main(int argc, char **argv)
+{
+    if (argc < 3 || strcmp(argv[2], "create") != 0) {
+        fprintf(stderr, "usage: gpupool-server keys create --role client|agent|admin --db PATH "
+                        "[--name NAME]\n");
+        return 2;
+    }
+    const char *role = NULL, *db = NULL, *name = "", *mig = NULL;
+    for (int i = 3; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = strcmp(a, "--role") == 0             ? &role
+                           : strcmp(a, "--db") == 0             ? &db
+                           : strcmp(a, "--name") == 0           ? &name
+                           : strcmp(a, "--migrations_dir") == 0 ? &mig
+                                                                : NULL;
+        if (!dst) {
+            fprintf(stderr, "gpupool-server keys create: unknown option '%s'\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "gpupool-server keys create: option '%s' needs a value\n", a);
+            return 2;
+        }
+        *dst = argv[++i];
+    }
+    if (!db)
+        db = getenv("GPUPOOL_DB");
+    if (!role || !db) {
+        fprintf(stderr, "gpupool-server keys create: --role and --db are required\n");
+        return 2;
+    }
+    int r = gps_key_role_parse(role);
+    if (r < 0 || r == GPS_KEY_ENROLLMENT) {
+        fprintf(stderr, "gpupool-server keys create: invalid value '%s' for 'role' "
+                        "(expected client, agent or admin)\n", role);
+        return 2;
+    }
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], err[512];
+    if (gps_auth_key_create_db(db, mig, (gps_key_role)r, name, 0, key, id, err, sizeof err) < 0) {
+        fprintf(stderr, "gpupool-server keys create: %s\n", err);
+        return 1;
+    }
+    /* The raw key goes to stdout alone (scripts capture it); it is shown
+     * this once and never stored. */
+    printf("%s\n", key);
+    fprintf(stderr, "created %s key %s (name '%s'); store it now, it will not be shown again\n",
+            role, id, name);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Auth hook, health, metrics                                          */
+/* ------------------------------------------------------------------ */
+
+static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65])
+{
+    server *s = arg;
+    key_id[0] = '\0';
+    gps_key_role want = role == GPS_ROLE_AGENT   ? GPS_KEY_AGENT
+                        : role == GPS_ROLE_ADMIN ? GPS_KEY_ADMIN
+                                                 : GPS_KEY_CLIENT;
+    const gps_auth_key *k = NULL;
+    gps_auth_result r = gps_auth_check(s->auth, cred, want, &k);
+    if (r == GPS_AUTH_OK) {
+        if (k)
+            snprintf(key_id, 65, "%s", k->id);
+        return 0;
+    }
+    char l[64];
+    gps_metrics_label(l, sizeof l, "reason", gps_auth_result_name(r), (char *)NULL);
+    gps_metrics_add(s->metrics, "auth_failures_total", l, 1);
+    gp_log_write(GP_LOG_WARN, "auth_failed", NULL,
+                 json_pack("{s:s,s:s}", "reason", gps_auth_result_name(r), "key_id",
+                           k ? k->id : ""),
+                 "request refused");
+    return gps_auth_result_status(r);
+}
+
+static void h_health(gps_req *r, void *arg)
+{
+    server *s = arg;
+    char msg[256] = "";
+    bool db_ok = gps_store_healthy(s->store, msg, sizeof msg);
+    json_t *body = json_pack(
+        "{s:s,s:s,s:s,s:I,s:I,s:b,s:b}", "status", db_ok ? "ok" : "degraded", "db",
+        db_ok ? "ok" : "error", "version", SERVER_VERSION, "agents",
+        (json_int_t)registry_count_state(s->reg, REGISTRY_HEALTHY), "jobs_active",
+        (json_int_t)gps_jobs_active(s->jobs), "auth", gps_auth_enabled(s->auth),
+        "shutting_down", s->shutting_down);
+    if (!db_ok)
+        json_object_set_new(body, "db_error", json_string(msg));
+    gps_http_send_json(r->req, db_ok ? 200 : 503, body);
+}
+
+static void collect(gps_metrics *m, void *arg)
+{
+    server *s = arg;
+    gps_jobs_collect(s->jobs, m);
+    gps_agents_collect(s->agents, m);
+    gps_store_stats st;
+    gps_store_get_stats(s->store, &st);
+    gps_metrics_set(m, "db_ops_committed_total", NULL, (double)st.ops_committed);
+    gps_metrics_set(m, "db_ops_failed_total", NULL, (double)st.ops_failed);
+    gps_metrics_set(m, "db_drops_total", NULL, (double)st.drops);
+    gps_metrics_set(m, "db_commits_total", NULL, (double)st.batches);
+    gps_metrics_set(m, "db_queue_depth", NULL, (double)st.queue_depth);
+}
+
+static void h_metrics(gps_req *r, void *arg)
+{
+    server *s = arg;
+    gp_buf b;
+    gp_buf_init(&b);
+    struct evbuffer *eb = evbuffer_new();
+    if (gps_metrics_render(s->metrics, &b) < 0 || !eb) {
+        gp_buf_free(&b);
+        if (eb)
+            evbuffer_free(eb);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    evbuffer_add(eb, b.data ? b.data : "", b.len);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    evhttp_send_reply(r->req, 200, "OK", eb);
+    evbuffer_free(eb);
+    gp_buf_free(&b);
+}
+
+/* ------------------------------------------------------------------ */
+/* Signals and shutdown                                                */
+/* ------------------------------------------------------------------ */
+
+static void shutdown_check(evutil_socket_t fd, short what, void *arg)
+{
+    server *s = arg;
+    size_t active = gps_jobs_active(s->jobs);
+    bool late = gp_now_mono_ms() >= s->shutdown_deadline_ms;
+    if (active > 0 && !late)
+        return;
+    if (active > 0)
+        gp_log_write(GP_LOG_WARN, "shutdown_grace_expired", NULL,
+                     json_pack("{s:I}", "jobs_active", (json_int_t)active),
+                     "grace period over; exiting with jobs still running");
+    event_del(s->shutdown_timer);
+    gps_agents_release_all(s->agents);
+    /* Let the 204s and final chunks reach their sockets before the loop
+     * stops and evhttp_free closes every connection. */
+    struct timeval tv = {0, 200000};
+    event_base_loopexit(s->base, &tv);
+}
+
+static void on_term(evutil_socket_t sig, short what, void *arg)
+{
+    server *s = arg;
+    if (s->shutting_down) {
+        if (sig == SIGINT) {
+            gp_log_warn("shutdown_forced", "second interrupt: exiting now");
+            event_base_loopexit(s->base, NULL);
+        }
+        return;
+    }
+    s->shutting_down = true;
+    gp_log_write(GP_LOG_INFO, "shutdown_begin", NULL,
+                 json_pack("{s:i,s:I}", "signal", (int)sig, "jobs_active",
+                           (json_int_t)gps_jobs_active(s->jobs)),
+                 "stopping: no new connections, waiting for running jobs");
+    gps_http_stop_accepting(s->http);
+    gps_http_set_shutting_down(s->http, true);
+    s->shutdown_deadline_ms = gp_now_mono_ms() + (uint64_t)s->cfg.shutdown_grace_sec * 1000;
+    s->shutdown_timer = event_new(s->base, -1, EV_PERSIST, shutdown_check, s);
+    struct timeval tv = {0, 100000};
+    if (s->shutdown_timer)
+        event_add(s->shutdown_timer, &tv);
+    shutdown_check(-1, 0, s);
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+    server *s = arg;
+    char err[256];
+    if (gps_auth_load(s->auth, err, sizeof err) < 0)
+        gp_log_error("keys_reload_failed", "%s", err);
+    else
+        gp_log_info("keys_reloaded", "%zu keys", gps_auth_key_count(s->auth));
+}
+
+static void purge_cb(evutil_socket_t fd, short what, void *arg)
+{
+    server *s = arg;
+    if (s->cfg.retention_days > 0)
+        gps_store_purge_jobs(s->store,
+                             gp_now_wall_ms() - s->cfg.retention_days * 86400LL * 1000LL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Start-up recovery                                                   */
+/* ------------------------------------------------------------------ */
+
+static int restore_agent(void *arg, const gps_store_agent_info *a)
+{
+    server *s = arg;
+    for (size_t i = 0; i < a->n_models; i++) {
+        registry_model_note(s->reg, a->models[i].model, a->first_seen);
+        for (size_t k = 0; k < a->models[i].n_aliases; k++)
+            registry_model_note(s->reg, a->models[i].aliases[k], a->first_seen);
+    }
+    return 0;
+}
+
+/* OpenAI requests whose clients were connected to the previous process
+ * cannot be resumed: mark them failed. */
+static int fail_unfinished(void *arg, const gps_store_job_info *job)
+{
+    server *s = arg;
+    if (job->api && strcmp(job->api, "native") == 0)
+        return 0;
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
+    u.status = "failed";
+    u.error_code = "SERVER_RESTART";
+    u.finished_at = gp_now_wall_ms();
+    gps_store_job_update_async(s->store, u);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* main                                                                */
+/* ------------------------------------------------------------------ */
+
+static int write_port_file(const char *path, int port)
+{
+    char buf[16];
+    int n = snprintf(buf, sizeof buf, "%d\n", port);
+    return gp_write_file_atomic(path, buf, (size_t)n, 0644);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "keys") == 0)
+        return keys_main(argc, argv);
+
+    server S;
+    memset(&S, 0, sizeof S);
+    server *s = &S;
+    gp_config cfg;
+    char err[512];
+    int rc = 1;
+    char *host = NULL;
+
+    if (gps_config_load(&s->cfg, &cfg, argc, argv, NULL, err, sizeof err) < 0) {
+        fprintf(stderr, "gpupool-server: %s\n", err);
+        gp_config_free(&cfg);
+        return 2;
+    }
+    if (cfg.help) {
+        printf("usage: gpupool-server [options]\n"
+               "       gpupool-server keys create --role client|agent|admin --db PATH "
+               "[--name N]\n\noptions:\n");
+        gp_config_usage(gps_config_table, gps_config_table_len, stdout);
+        gp_config_free(&cfg);
+        return 0;
+    }
+    if (cfg.print_config) {
+        gp_config_print(&cfg, stdout);
+        gp_config_free(&cfg);
+        return 0;
+    }
+    if (cfg.npositional > 0) {
+        fprintf(stderr, "gpupool-server: unexpected argument '%s' (see --help)\n",
+                cfg.positional[0]);
+        gp_config_free(&cfg);
+        return 2;
+    }
+    gp_log_init("server", (gp_log_level)gp_log_level_parse(s->cfg.log_level));
+    signal(SIGPIPE, SIG_IGN);
+
+    int port = 0;
+    if (gp_parse_hostport(s->cfg.listen, &host, &port, true) < 0) {
+        fprintf(stderr, "gpupool-server: invalid value '%s' for 'listen'\n", s->cfg.listen);
+        rc = 2;
+        goto done;
+    }
+
+    if (evthread_use_pthreads() < 0 || !(s->base = event_base_new())) {
+        gp_log_error("startup_failed", "cannot create the event loop");
+        goto done;
+    }
+
+    gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir};
+    s->store = gps_store_open(s->cfg.db, s->base, &sopts, err, sizeof err);
+    if (!s->store) {
+        gp_log_error("db_open_failed", "%s: %s", s->cfg.db, err);
+        goto done;
+    }
+    s->auth = gps_auth_new(s->store);
+    if (!s->auth || gps_auth_load(s->auth, err, sizeof err) < 0) {
+        gp_log_error("keys_load_failed", "%s", s->auth ? err : "out of memory");
+        goto done;
+    }
+    gps_auth_set_loopback_only(s->auth, gp_host_is_loopback(host));
+
+    s->metrics = gps_metrics_new();
+    if (!s->metrics || gps_metrics_define_server(s->metrics) < 0)
+        goto oom;
+    gps_metrics_define(s->metrics, "db_ops_committed_total", GPS_METRIC_COUNTER,
+                       "DB writes committed.", NULL, 0);
+    gps_metrics_define(s->metrics, "db_ops_failed_total", GPS_METRIC_COUNTER,
+                       "DB writes SQLite rejected.", NULL, 0);
+    gps_metrics_define(s->metrics, "db_drops_total", GPS_METRIC_COUNTER,
+                       "DB writes dropped because the queue was full.", NULL, 0);
+    gps_metrics_define(s->metrics, "db_commits_total", GPS_METRIC_COUNTER,
+                       "DB transactions committed (group commits).", NULL, 0);
+    gps_metrics_define(s->metrics, "db_queue_depth", GPS_METRIC_GAUGE,
+                       "DB operations waiting for the DB thread.", NULL, 0);
+
+    gps_agents_opts aopts = {
+        .poll_interval_sec = (int)s->cfg.poll_interval_sec,
+        .work_wait_sec = (int)s->cfg.work_wait_sec,
+        .agent_timeout_sec = (int)s->cfg.agent_timeout_sec,
+    };
+    s->agents = gps_agents_new(s->base, &aopts, s->store, s->metrics);
+    if (!s->agents)
+        goto oom;
+    gps_agents_set_auth(s->agents, s->auth);
+
+    registry_config rcfg;
+    registry_config_default(&rcfg);
+    rcfg.poll_interval_ms = (uint64_t)s->cfg.poll_interval_sec * 1000;
+    rcfg.agent_timeout_ms = (uint64_t)s->cfg.agent_timeout_sec * 1000;
+    /* Grace: a third of the interval, at most the default 5 s, so that small
+     * test intervals still tolerate scheduling jitter. */
+    rcfg.grace_ms = rcfg.poll_interval_ms / 3 < 5000 ? rcfg.poll_interval_ms / 3 : 5000;
+    rcfg.listener = gps_agents_on_transition;
+    rcfg.listener_ud = s->agents;
+    s->reg = registry_create(&rcfg);
+    sched_config scfg;
+    sched_config_default(&scfg);
+    scfg.max_queue = (size_t)s->cfg.max_queue;
+    if (sched_policy_parse(s->cfg.scheduler, &scfg.policy) < 0) {
+        fprintf(stderr, "gpupool-server: invalid value '%s' for 'scheduler'\n",
+                s->cfg.scheduler);
+        rc = 2;
+        goto done;
+    }
+    s->sched = s->reg ? sched_create(s->reg, &scfg) : NULL;
+    if (!s->sched)
+        goto oom;
+    gps_jobs_opts jopts = {
+        .max_queue = (int)s->cfg.max_queue,
+        .queue_timeout_sec = (int)s->cfg.queue_timeout_sec,
+        .request_timeout_sec = (int)s->cfg.request_timeout_sec,
+        .stall_timeout_sec = (int)s->cfg.stall_timeout_sec,
+        .max_attempts = (int)s->cfg.max_attempts,
+        .poll_interval_sec = (int)s->cfg.poll_interval_sec,
+        .log_prompts = s->cfg.log_prompts,
+    };
+    s->jobs = gps_jobs_new(s->base, &jopts, s->reg, s->sched, s->store, s->metrics);
+    if (!s->jobs || gps_agents_attach(s->agents, s->reg, s->sched, s->jobs) < 0)
+        goto oom;
+    gps_metrics_set_collector(s->metrics, collect, s);
+
+    if (gps_store_load_agents(s->store, restore_agent, s, err, sizeof err) < 0)
+        gp_log_warn("db_load_agents_failed", "%s", err);
+    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
+        gp_log_warn("db_load_jobs_failed", "%s", err);
+
+    gps_http_opts hopts = {
+        .max_body_bytes = (size_t)s->cfg.max_body_bytes,
+        .max_header_bytes = (size_t)s->cfg.max_header_bytes,
+        .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
+    };
+    s->http = gps_http_new(s->base, &hopts);
+    if (!s->http)
+        goto oom;
+    gps_http_set_auth(s->http, auth_hook, s);
+    if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
+                           GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
+        gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
+                           GPS_ROLE_NONE, h_metrics, s) < 0 ||
+        gps_openai_register(s->http, s->jobs, s->metrics, (int)s->cfg.request_timeout_sec) < 0 ||
+        gps_agents_register(s->http, s->agents) < 0)
+        goto oom;
+
+    int bound = 0;
+    if (gps_http_bind(s->http, host, port, &bound, err, sizeof err) < 0) {
+        gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
+                     json_pack("{s:s,s:i}", "host", host, "port", port), "%s: %s", err,
+                     strerror(errno));
+        goto done;
+    }
+    if (s->cfg.port_file && write_port_file(s->cfg.port_file, bound) < 0) {
+        gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.port_file,
+                     strerror(errno));
+        goto done;
+    }
+
+    s->sig_term = evsignal_new(s->base, SIGTERM, on_term, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, on_term, s);
+    s->sig_hup = evsignal_new(s->base, SIGHUP, on_hup, s);
+    s->purge_timer = event_new(s->base, -1, EV_PERSIST, purge_cb, s);
+    struct timeval hour = {3600, 0};
+    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->purge_timer ||
+        event_add(s->sig_term, NULL) < 0 || event_add(s->sig_int, NULL) < 0 ||
+        event_add(s->sig_hup, NULL) < 0 || event_add(s->purge_timer, &hour) < 0)
+        goto oom;
+    purge_cb(-1, 0, s);
+
+    gp_log_write(GP_LOG_INFO, "listening", NULL,
+                 json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", host, "port", bound, "db",
+                           s->cfg.db, "auth", gps_auth_enabled(s->auth), "scheduler",
+                           s->cfg.scheduler),
+                 "gpupool-server %s listening on %s:%d", SERVER_VERSION, host, bound);
+    if (!gps_auth_enabled(s->auth))
+        gp_log_warn("auth_disabled",
+                    "no API key exists and the server listens on loopback only: auth is off");
+
+    event_base_dispatch(s->base);
+
+    gp_log_info("shutdown_flush", "flushing the database");
+    if (gps_store_flush(s->store) < 0)
+        gp_log_error("db_flush_failed", "the last commit failed");
+    rc = 0;
+    gp_log_info("shutdown_done", "bye");
+    goto done;
+oom:
+    gp_log_error("startup_failed", "out of memory during start-up");
+done:
+    if (s->http)
+        gps_http_free(s->http);
+    if (s->jobs)
+        gps_jobs_free(s->jobs);
+    if (s->sched)
+        sched_destroy(s->sched);
+    if (s->reg)
+        registry_destroy(s->reg);
+    if (s->agents)
+        gps_agents_free(s->agents);
+    if (s->auth)
+        gps_auth_free(s->auth);
+    if (s->store)
+        gps_store_close(s->store);
+    gps_metrics_free(s->metrics);
+    struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->shutdown_timer,
+                           s->purge_timer};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i])
+            event_free(evs[i]);
+    if (s->base)
+        event_base_free(s->base);
+    free(host);
+    gp_config_free(&cfg);
+    return rc;
+}
