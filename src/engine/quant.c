@@ -615,6 +615,13 @@ static gpe_isa g_best = GPE_ISA_SCALAR;
 static _Atomic int g_isa = GPE_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* clang 14 cannot ask __builtin_cpu_supports about F16C; every AVX2 CPU has it. */
+#if defined(__clang__)
+#define HAVE_F16C() 1
+#else
+#define HAVE_F16C() __builtin_cpu_supports("f16c")
+#endif
+
 static void kernels_init(void)
 {
     gpe__kernels_scalar(&g_kern[GPE_ISA_SCALAR]);
@@ -623,8 +630,7 @@ static void kernels_init(void)
 #if defined(__x86_64__)
     if (gpe__have_x86_kernels()) {
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-            __builtin_cpu_supports("f16c")) {
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HAVE_F16C()) {
             gpe__kernels_avx2(&g_kern[GPE_ISA_AVX2]);
             g_best = GPE_ISA_AVX2;
             if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
