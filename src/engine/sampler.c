@@ -604,6 +604,12 @@ static size_t stop_partial_tail(const gpe_stop *st, const char *b, size_t n)
 bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
                    size_t *emit_len)
 {
+    const char *e_dummy;
+    size_t l_dummy;
+    if (!emit)
+        emit = &e_dummy;
+    if (!emit_len)
+        emit_len = &l_dummy;
     *emit = "";
     *emit_len = 0;
     if (!st) {
@@ -668,6 +674,12 @@ bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emi
 
 void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len)
 {
+    const char *e_dummy;
+    size_t l_dummy;
+    if (!emit)
+        emit = &e_dummy;
+    if (!emit_len)
+        emit_len = &l_dummy;
     *emit = "";
     *emit_len = 0;
     if (!st)

@@ -169,7 +169,7 @@ static void test_top_p_large_vocab(void **state)
     gpe_sampler *s = mk(1, 0, 0.49f, 0, 11);
     int maxid = -1, distinct = 0;
     bool hit[300] = {0};
-    for (int i = 0; i < 1500; i++) {
+    for (int i = 0; i < 400; i++) {
         int32_t t = gpe_sampler_sample(s, l, N);
         assert_true(t >= 0 && t < 148);
         if (!hit[t]) {
@@ -179,7 +179,7 @@ static void test_top_p_large_vocab(void **state)
         if (t > maxid)
             maxid = t;
     }
-    assert_true(distinct > 100);
+    assert_true(distinct > 80);   /* ~138 expected */
     gpe_sampler_free(s);
     /* top-k on the same vocabulary: random logits, result is in the top 40 */
     uint64_t x = 42;
