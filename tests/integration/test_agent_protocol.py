@@ -1,0 +1,484 @@
+"""gpupool-agent against a fake server written here, and the scripted upstream.
+
+The fake server speaks docs/protocol.md from the server side and records
+everything, so these tests pin the agent's half of the contract without
+depending on gpupool-server: registration facts, agent_id persistence, event
+batching and seq numbers, SEQ_GAP resends, cancel (events reply and poll
+command) closing the upstream stream, upstream failures as stable error
+codes, reconnect after the server was away, SIGTERM drain.
+"""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import upstream as upstream_mod  # noqa: E402
+
+
+class FakeServer:
+    """The server side of the agent protocol, in this process."""
+
+    def __init__(self, port=0, poll_interval=1, work_wait=2):
+        self.lock = threading.Condition()
+        self.polls = []            # poll bodies, in order
+        self.work_calls = 0
+        self.jobs_to_give = []     # job objects waiting for a /agents/work
+        self.uploads = {}          # job_id -> list of (seq, n events)
+        self.events = {}           # job_id -> applied events (exactly once)
+        self.cancel_jobs = set()   # reply cancel:true to these
+        self.unknown_jobs = set()  # reply 404 to these
+        self.gap_once = set()      # job ids: claim to have lost the last batch once
+        self.poll_commands = []    # sent with the next poll reply
+        self.poll_status = 200     # e.g. 503 to simulate trouble
+        self.poll_interval = poll_interval
+        self.work_wait = work_wait
+        self.closed = False
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def reply(self, status, obj=None):
+                data = json.dumps(obj).encode() if obj is not None else b""
+                self.send_response(status)
+                if obj is not None:
+                    self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(n) or b"{}")
+                fake.handle(self, body)
+
+        class Srv(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+            def handle_error(self, request, client_address):
+                pass  # agents hanging up mid-reply are part of the tests
+
+        self.httpd = Srv(("127.0.0.1", port), H)
+        self.port = self.httpd.server_address[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.th = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                   daemon=True)
+        self.th.start()
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    # -- protocol --------------------------------------------------------
+    def handle(self, h, body):
+        path = h.path
+        if path == "/agents/poll":
+            with self.lock:
+                self.polls.append(body)
+                self.lock.notify_all()
+                st = self.poll_status
+                cmds, self.poll_commands = self.poll_commands, []
+            if st != 200:
+                h.reply(st, {"error": {"code": "UNAVAILABLE", "message": "scripted"}})
+                return
+            h.reply(200, {"agent_id": body.get("agent_id"), "state": "healthy",
+                          "poll_interval_sec": self.poll_interval,
+                          "work_wait_sec": self.work_wait, "commands": cmds})
+            return
+        if path == "/agents/work":
+            deadline = time.monotonic() + self.work_wait
+            with self.lock:
+                self.work_calls += 1
+                self.lock.notify_all()
+                while not self.jobs_to_give and not self.closed and time.monotonic() < deadline:
+                    self.lock.wait(0.05)
+                k = max(1, int(body.get("free_slots", 1)))
+                give, self.jobs_to_give = self.jobs_to_give[:k], self.jobs_to_give[k:]
+            if not give:
+                h.reply(204)
+                return
+            h.reply(200, {"jobs": give})
+            return
+        if path.startswith("/agents/jobs/") and path.endswith("/events"):
+            jid = path[len("/agents/jobs/"):-len("/events")]
+            with self.lock:
+                if jid in self.unknown_jobs:
+                    h.reply(404, {"error": {"code": "JOB_NOT_FOUND", "message": "no such job"}})
+                    return
+                seq = body["seq"]
+                evs = body["events"]
+                have = self.events.setdefault(jid, [])
+                self.uploads.setdefault(jid, []).append((seq, len(evs)))
+                if seq > len(have):
+                    h.reply(409, {"error": {"code": "SEQ_GAP", "message": "gap",
+                                            "details": {"expected_seq": len(have)}}})
+                    return
+                have.extend(evs[len(have) - seq:])
+                if jid in self.gap_once and len(have) > 1 and not any(
+                        e["type"] in ("end", "error") for e in have):
+                    # Pretend the batch just applied was lost: the agent must resend it.
+                    self.gap_once.discard(jid)
+                    del have[seq:]
+                    h.reply(409, {"error": {"code": "SEQ_GAP", "message": "gap",
+                                            "details": {"expected_seq": seq}}})
+                    self.lock.notify_all()
+                    return
+                cancel = jid in self.cancel_jobs
+                self.lock.notify_all()
+            h.reply(200, {"cancel": cancel})
+            return
+        h.reply(404, {"error": {"code": "NOT_FOUND", "message": path}})
+
+    # -- test helpers ----------------------------------------------------
+    def give(self, job):
+        with self.lock:
+            self.jobs_to_give.append(job)
+            self.lock.notify_all()
+
+    def wait(self, pred, timeout=15, what="condition"):
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                v = pred()
+                if v:
+                    return v
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError("timed out waiting for " + what)
+                self.lock.wait(min(left, 0.1))
+
+    def job_events(self, jid):
+        with self.lock:
+            return list(self.events.get(jid, []))
+
+    def wait_terminal(self, jid, timeout=15):
+        def done():
+            evs = self.events.get(jid, [])
+            return evs and evs[-1]["type"] in ("end", "error")
+        self.wait(done, timeout, "terminal event of " + jid)
+        return self.job_events(jid)
+
+
+def job(jid, kind="completion", prompt="alpha beta", messages=None, max_tokens=None, **extra):
+    j = {"job_id": jid, "kind": kind, "model": "pub", "prompt": prompt if kind == "completion" else None,
+         "messages": messages, "params": {"temperature": 0.5}, "continuation": "", "attempt": 1,
+         "correlation_id": "corr-" + jid, "deadline_ms": 600000}
+    if max_tokens is not None:
+        j["params"]["max_tokens"] = max_tokens
+    j.update(extra)
+    return j
+
+
+class AgentProtocolTest(harness.TestCase):
+    NEEDS = (harness.AGENT_BIN,)
+
+    def setUp(self):
+        super().setUp()
+        self.fake = FakeServer()
+        self.addCleanup(self.fake.close)
+
+    def start_agent(self, up, extra=(), name="a1", state_dir=None, slots=1, alias="pub", server_url=None):
+        class S:
+            url = server_url or self.fake.url
+        return self.h.start_agent(S, upstream=up, model="m1", alias=alias, name=name,
+                                  state_dir=state_dir, slots=slots,
+                                  args=["--request-timeout-sec", "5"] + list(extra))
+
+    def run_job(self, up, j, extra=()):
+        self.start_agent(up, extra)
+        self.fake.give(j)
+        return self.fake.wait_terminal(j["job_id"])
+
+    # ------------------------------------------------------------------
+    def test_register_facts_and_persistent_id(self):
+        up = self.h.start_upstream()
+        sd = self.h.path("state")
+        a = self.start_agent(up, ["--labels", "region=eu, tier=gold"], state_dir=sd, slots=3)
+        self.fake.wait(lambda: self.fake.polls, what="first poll")
+        p = self.fake.polls[0]
+        aid = a.agent_id()
+        self.assertEqual(p["agent_id"], aid)
+        self.assertEqual(p["name"], "a1")
+        self.assertEqual(p["status"], "online")
+        self.assertEqual(p["slots"], {"total": 3, "busy": 0})
+        self.assertEqual(p["labels"], {"region": "eu", "tier": "gold"})
+        self.assertIsInstance(p["gpus"], list)
+        self.assertEqual(p["cpu"]["vendor"], "cpu")
+        self.assertGreaterEqual(p["cpu"]["cores"], 1)
+        self.assertEqual([m["id"] for m in p["models"]], ["pub"])
+        self.assertTrue(p["models"][0]["loaded"])
+        self.assertEqual(stat.S_IMODE(os.stat(sd).st_mode), 0o700)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(sd, "agent_id")).st_mode), 0o600)
+        # The agent parks a long-poll once registered.
+        self.fake.wait(lambda: self.fake.work_calls >= 1, what="work long-poll")
+        self.assertEqual(a.stop(), 0)
+        # A restart keeps the id.
+        n = len(self.fake.polls)
+        self.start_agent(up, state_dir=sd, name="a1b")
+        self.fake.wait(lambda: len(self.fake.polls) > n and self.fake.polls[-1]["name"] == "a1b",
+                       what="poll after restart")
+        self.assertEqual(self.fake.polls[-1]["agent_id"], aid)
+
+    def test_completion_stream_relayed_in_order_with_seq(self):
+        up = self.h.start_upstream(["--tokens", "6", "--pace-ms", "20"])
+        evs = self.run_job(up, job("job_c1", prompt="red green blue"))
+        types = [e["type"] for e in evs]
+        self.assertEqual(types[0], "started")
+        self.assertEqual(types[-1], "end")
+        text = "".join(e["text"] for e in evs if e["type"] == "token")
+        self.assertEqual(text, "".join(upstream_mod.expected_tokens("red green blue", 6)))
+        end = evs[-1]
+        self.assertEqual(end["finish_reason"], "stop")
+        self.assertEqual(end["usage"]["completion_tokens"], 6)
+        self.assertEqual(end["usage"]["prompt_tokens"], 3)
+        # seq of each upload == events before it; no upload repeats applied events.
+        ups = self.fake.uploads["job_c1"]
+        total = 0
+        for seq, n in ups:
+            self.assertEqual(seq, total)
+            total += n
+        self.assertEqual(total, len(evs))
+        # What went upstream.
+        rec = up.log_entries()[-1]
+        self.assertEqual(rec["model"], "m1")
+        self.assertTrue(rec["stream"])
+        self.assertEqual(rec["prompt"], "red green blue")
+        self.assertEqual(rec["body"]["temperature"], 0.5)
+        self.assertEqual(rec["headers"].get("x-correlation-id"), "corr-job_c1")
+
+    def test_chat_forwards_messages_and_max_tokens(self):
+        up = self.h.start_upstream(["--tokens", "10"])
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]
+        evs = self.run_job(up, job("job_ch", kind="chat", messages=msgs, max_tokens=4))
+        text = "".join(e["text"] for e in evs if e["type"] == "token")
+        self.assertEqual(text, "".join(upstream_mod.expected_tokens("one two", 4)))
+        self.assertEqual(evs[-1]["finish_reason"], "length")
+        rec = up.log_entries()[-1]
+        self.assertEqual(rec["path"], "/v1/chat/completions")
+        self.assertEqual(rec["messages"], msgs)
+        self.assertEqual(rec["body"]["max_tokens"], 4)
+
+    def test_completion_continuation_appended(self):
+        up = self.h.start_upstream(["--tokens", "2"])
+        evs = self.run_job(up, job("job_co", prompt="x y", continuation=" z"))
+        self.assertEqual(evs[-1]["type"], "end")
+        self.assertEqual(up.log_entries()[-1]["prompt"], "x y z")
+
+    def test_seq_gap_resend_applies_every_event_once(self):
+        up = self.h.start_upstream(["--tokens", "12", "--pace-ms", "30"])
+        self.fake.gap_once.add("job_gap")
+        evs = self.run_job(up, job("job_gap", prompt="p q"))
+        text = "".join(e["text"] for e in evs if e["type"] == "token")
+        self.assertEqual(text, "".join(upstream_mod.expected_tokens("p q", 12)))
+        self.assertNotIn("job_gap", self.fake.gap_once)  # the gap was exercised
+        self.assertEqual([e["type"] for e in evs].count("started"), 1)
+
+    def _assert_upstream_closed(self, up, what):
+        def gone():
+            recs = up.log_entries()
+            return recs and recs[-1]["outcome"] == "client_gone"
+        harness.wait_until(gone, timeout=10, what=what)
+        rec = up.log_entries()[-1]
+        self.assertLess(rec["tokens_sent"], 200)
+        return rec
+
+    def test_cancel_from_events_reply_closes_upstream(self):
+        up = self.h.start_upstream(["--tokens", "200", "--pace-ms", "50"])
+        self.fake.cancel_jobs.add("job_x")
+        self.start_agent(up)
+        t0 = time.monotonic()
+        self.fake.give(job("job_x"))
+        self.fake.wait(lambda: self.fake.events.get("job_x"), what="first upload")
+        t_cancel = time.monotonic()
+        rec = self._assert_upstream_closed(up, "upstream sees the cancel")
+        sys.stderr.write("cancel -> upstream disconnect: %.0f ms\n" % ((rec["disconnect_mono"] - t_cancel) * 1000))
+        # Nothing is uploaded after cancel:true except what was already in flight.
+        time.sleep(0.3)  # let a stray upload arrive if the agent misbehaved
+        self.assertLessEqual(len(self.fake.uploads["job_x"]), 2)
+        self.assertLess(t_cancel - t0, 30)
+
+    def test_cancel_from_poll_command(self):
+        up = self.h.start_upstream(["--tokens", "200", "--pace-ms", "50"])
+        self.start_agent(up)
+        self.fake.give(job("job_p"))
+        self.fake.wait(lambda: self.fake.events.get("job_p"), what="first upload")
+        with self.fake.lock:
+            self.fake.poll_commands.append({"type": "cancel", "job_id": "job_p"})
+        self._assert_upstream_closed(up, "upstream sees the poll cancel")
+
+    def test_unknown_job_stops_generation(self):
+        up = self.h.start_upstream(["--tokens", "200", "--pace-ms", "50"])
+        self.fake.unknown_jobs.add("job_u")
+        self.start_agent(up)
+        self.fake.give(job("job_u"))
+        self._assert_upstream_closed(up, "upstream closed after 404")
+
+    def _error_of(self, up_args, jid, extra=()):
+        up = self.h.start_upstream(up_args)
+        evs = self.run_job(up, job(jid), extra)
+        self.assertEqual(evs[-1]["type"], "error", evs)
+        self.assertEqual(sum(1 for e in evs if e["type"] in ("end", "error")), 1)
+        return evs[-1]
+
+    def test_upstream_http_500(self):
+        e = self._error_of(["--mode", "http500"], "job_500")
+        self.assertEqual(e["code"], "UPSTREAM_ERROR")
+        self.assertIn("500", e["message"])
+
+    def test_upstream_malformed_chunk(self):
+        e = self._error_of(["--mode", "malformed", "--after", "2"], "job_mal")
+        self.assertEqual(e["code"], "UPSTREAM_MALFORMED")
+
+    def test_upstream_wrong_content_type(self):
+        e = self._error_of(["--mode", "wrong_ctype"], "job_ct")
+        self.assertEqual(e["code"], "UPSTREAM_MALFORMED")
+
+    def test_upstream_dies_mid_stream(self):
+        up = self.h.start_upstream(["--mode", "die", "--after", "3", "--pace-ms", "10"])
+        evs = self.run_job(up, job("job_die"))
+        self.assertEqual(evs[-1]["type"], "error")
+        self.assertEqual(evs[-1]["code"], "UPSTREAM_ERROR")
+        self.assertEqual(sum(1 for e in evs if e["type"] == "token"), 3)
+
+    def test_upstream_stall_times_out(self):
+        e = self._error_of(["--mode", "stall", "--after", "1"], "job_st", ["--upstream-timeout-sec", "1"])
+        self.assertEqual(e["code"], "UPSTREAM_TIMEOUT")
+
+    def test_upstream_unreachable(self):
+        port = harness.free_port()
+
+        class Dead:
+            url = "http://127.0.0.1:%d" % port
+        evs = self.run_job(Dead, job("job_dead"))
+        self.assertEqual(evs[-1]["type"], "error")
+        self.assertEqual(evs[-1]["code"], "UPSTREAM_ERROR")
+
+    def test_bad_job_kind_is_a_clean_error(self):
+        up = self.h.start_upstream()
+        evs = self.run_job(up, job("job_k", kind="embedding"))
+        self.assertEqual(evs[-1]["type"], "error")
+        self.assertEqual(evs[-1]["code"], "INVALID_REQUEST")
+
+    def test_two_slots_run_concurrently(self):
+        up = self.h.start_upstream(["--tokens", "20", "--pace-ms", "50"])
+        self.start_agent(up, slots=2)
+        self.fake.give(job("job_s1"))
+        self.fake.give(job("job_s2"))
+        self.fake.wait_terminal("job_s1")
+        self.fake.wait_terminal("job_s2")
+        recs = up.log_entries()
+        self.assertEqual(len(recs), 2)
+        # The two upstream requests overlapped in time.
+        self.assertLess(max(r["started"] for r in recs), min(r["ended"] for r in recs))
+
+    def test_reconnects_when_server_comes_back(self):
+        up = self.h.start_upstream()
+        port = self.fake.port
+        self.fake.close()
+        # Agent starts while nothing listens.
+        self.start_agent(up, server_url="http://127.0.0.1:%d" % port)
+        time.sleep(1.0)
+        self.fake = FakeServer(port=port)
+        self.addCleanup(self.fake.close)
+        self.fake.wait(lambda: self.fake.polls, timeout=20, what="registration after server start")
+        self.fake.give(job("job_back"))
+        self.assertEqual(self.fake.wait_terminal("job_back")[-1]["type"], "end")
+
+    def test_poll_503_then_recovers(self):
+        up = self.h.start_upstream()
+        self.fake.poll_status = 503
+        self.start_agent(up)
+        self.fake.wait(lambda: len(self.fake.polls) >= 2, what="retried polls")
+        self.assertEqual(self.fake.work_calls, 0)  # no long-poll before registration
+        with self.fake.lock:
+            self.fake.poll_status = 200
+        self.fake.wait(lambda: self.fake.work_calls >= 1, timeout=20, what="long-poll after recovery")
+
+    def test_sigterm_drains_running_job_then_exits_0(self):
+        up = self.h.start_upstream(["--tokens", "20", "--pace-ms", "50"])
+        a = self.start_agent(up)
+        self.fake.give(job("job_dr"))
+        self.fake.wait(lambda: self.fake.events.get("job_dr"), what="job running")
+        a.signal(signal.SIGTERM)
+        self.fake.wait(lambda: any(p["status"] == "draining" for p in self.fake.polls),
+                       what="draining poll")
+        evs = self.fake.wait_terminal("job_dr")
+        self.assertEqual(evs[-1]["type"], "end")
+        self.assertEqual(sum(1 for e in evs if e["type"] == "token"), 20)
+        self.assertEqual(a.wait(timeout=15), 0)
+
+    def test_drain_timeout_stops_job(self):
+        up = self.h.start_upstream(["--tokens", "500", "--pace-ms", "50"])
+        a = self.start_agent(up, ["--drain-timeout-sec", "1"])
+        self.fake.give(job("job_dt"))
+        self.fake.wait(lambda: self.fake.events.get("job_dt"), what="job running")
+        a.signal(signal.SIGTERM)
+        evs = self.fake.wait_terminal("job_dt")
+        self.assertEqual(evs[-1]["type"], "error")
+        self.assertEqual(evs[-1]["code"], "AGENT_SHUTDOWN")
+        self.assertEqual(a.wait(timeout=15), 0)
+
+
+class AgentCliTest(unittest.TestCase):
+    """Start-up errors are clear messages and exit code 2."""
+
+    def run_agent(self, *args):
+        if not os.access(harness.AGENT_BIN, os.X_OK):
+            self.skipTest("agent not built")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        return subprocess.run([harness.AGENT_BIN] + list(args), capture_output=True, text=True,
+                              timeout=20, env=env)
+
+    def test_missing_backend(self):
+        r = self.run_agent("--state-dir", "/tmp/nonexistent-gp")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("backend", r.stderr)
+
+    def test_bad_labels(self):
+        r = self.run_agent("--upstream", "http://127.0.0.1:1", "--upstream-model", "m",
+                           "--labels", "a=b,c")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("labels", r.stderr)
+
+    def test_bad_server_url(self):
+        r = self.run_agent("--server", "ftp://x", "--upstream", "http://127.0.0.1:1",
+                           "--upstream-model", "m")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("server", r.stderr)
+
+    def test_env_beats_flag_in_print_config(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        env["GPUPOOL_SLOTS"] = "7"
+        if not os.access(harness.AGENT_BIN, os.X_OK):
+            self.skipTest("agent not built")
+        r = subprocess.run([harness.AGENT_BIN, "--slots", "2", "--print-config"], capture_output=True,
+                           text=True, timeout=20, env=env)
+        self.assertEqual(r.returncode, 0)
+        line = [l for l in r.stdout.splitlines() if l.startswith("slots")][0]
+        self.assertIn("7", line)
+        self.assertIn("env", line)
+
+    def test_gguf_without_engine_backend_says_so(self):
+        r = self.run_agent("--model", "/nonexistent.gguf", "--state-dir", "/tmp/gp-a1-never")
+        self.assertEqual(r.returncode, 2)
+        self.assertTrue("gguf" in r.stderr or "model" in r.stderr, r.stderr)
+
+
+if __name__ == "__main__":
+    harness.main()
