@@ -541,8 +541,10 @@ static double now_ns(void)
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
-/* ns per sched_submit decision with n ready agents. Agents keep plenty of
- * free slots so each decision is an immediate assignment. */
+/* ns per sched_submit decision with n ready agents: the best of 5 batches
+ * (the machine is shared; the minimum is the least disturbed figure).
+ * Agents keep plenty of free slots so each decision is an immediate
+ * assignment. */
 static double measure(int n, sched_policy pol, bool labelled, int decisions)
 {
     fx f;
@@ -555,23 +557,28 @@ static double measure(int n, sched_policy pol, bool labelled, int decisions)
     }
     registry_label rare[] = {{"zone", "rare"}};
     sched_job j;
-    double t0 = now_ns();
-    for (int k = 0; k < decisions; k++) {
-        job_init(&j, "m1", SCHED_INTERACTIVE);
-        if (labelled) {
-            j.labels = rare;
-            j.n_labels = 1;
+    double best = 1e18;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_ns();
+        for (int k = 0; k < decisions; k++) {
+            job_init(&j, "m1", SCHED_INTERACTIVE);
+            if (labelled) {
+                j.labels = rare;
+                j.n_labels = 1;
+            }
+            registry_agent *a = NULL;
+            sched_result r = sched_submit(f.s, &j, T0, &a);
+            if (r != SCHED_ASSIGNED)
+                fail_msg("not assigned: %s", sched_result_name(r));
+            if (labelled && a != last)
+                fail_msg("label constraint broken");
         }
-        registry_agent *a = NULL;
-        sched_result r = sched_submit(f.s, &j, T0, &a);
-        if (r != SCHED_ASSIGNED)
-            fail_msg("not assigned: %s", sched_result_name(r));
-        if (labelled && a != last)
-            fail_msg("label constraint broken");
+        double per = (now_ns() - t0) / decisions;
+        if (per < best)
+            best = per;
     }
-    double per = (now_ns() - t0) / decisions;
     fx_free(&f);
-    return per;
+    return best;
 }
 
 static void test_decision_cost(void **st)
