@@ -122,7 +122,7 @@ void gps_store_close(gps_store *s);
  * path). Returns 0, or -1 when the last commit failed. */
 int gps_store_flush(gps_store *s);
 
-/* ---- counters for /metrics and the health check (lock-free reads) ---- */
+/* ---- counters for /metrics and the health check (cheap: the queue lock, briefly) ---- */
 typedef struct gps_store_stats {
     uint64_t ops_enqueued;       /* writes + reads accepted */
     uint64_t ops_committed;      /* writes executed and committed */
