@@ -71,7 +71,9 @@ static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void
 int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
 {
     size_t i = 0;
-    if (s->pending_cr && n > 0 && p[0] == '\n')
+    if (n == 0)
+        return 0;
+    if (s->pending_cr && p[0] == '\n')
         i = 1; /* the LF of a CRLF split across feeds */
     s->pending_cr = false;
     while (i < n) {

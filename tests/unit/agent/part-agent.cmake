@@ -1,0 +1,8 @@
+# Agent unit tests (cmocka). They link the agent's core library, the same
+# code the gpupool-agent binary runs.
+gp_add_unit_test(test_agent_util
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_util.c
+  LIBS gpupool_agent_core)
+gp_add_unit_test(test_agent_openai_stream
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_openai_stream.c
+  LIBS gpupool_agent_core)

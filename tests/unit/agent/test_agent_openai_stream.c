@@ -1,0 +1,310 @@
+/* Unit tests for the openai backend's stream handling: the file is included
+ * so that the static parsing functions can be driven byte by byte, exactly
+ * as libcurl would call them, with a recording event sink. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "agent/backend_openai.c"
+
+typedef struct {
+    gp_buf text;
+    int ntokens, nstarted, nend, nerror;
+    char code[64];
+    char finish[32];
+    long long pt, ct;
+} rec;
+
+static void r_started(void *c) { ((rec *)c)->nstarted++; }
+static void r_token(void *c, const char *t, size_t n, int32_t id)
+{
+    rec *r = c;
+    (void)id;
+    gp_buf_append(&r->text, t, n);
+    r->ntokens++;
+}
+static void r_metrics(void *c, json_t *m) { (void)c; (void)m; }
+static void r_end(void *c, const char *fr, long long pt, long long ct)
+{
+    rec *r = c;
+    r->nend++;
+    snprintf(r->finish, sizeof r->finish, "%s", fr);
+    r->pt = pt;
+    r->ct = ct;
+}
+static void r_error(void *c, const char *code, const char *msg)
+{
+    rec *r = c;
+    (void)msg;
+    r->nerror++;
+    snprintf(r->code, sizeof r->code, "%s", code);
+}
+
+static void job_init(oai_job *j, rec *r, bool chat)
+{
+    memset(j, 0, sizeof *j);
+    memset(r, 0, sizeof *r);
+    gp_buf_init(&r->text);
+    j->sink = (agent_job_sink){r, r_started, r_token, r_metrics, r_end, r_error};
+    j->chat = chat;
+    j->prompt_tokens = j->completion_tokens = -1;
+    agent_sse_init(&j->sse, 1024);
+    gp_buf_init(&j->raw);
+}
+
+static void job_done(oai_job *j, rec *r)
+{
+    agent_sse_free(&j->sse);
+    gp_buf_free(&j->raw);
+    gp_buf_free(&r->text);
+}
+
+static size_t hdr(oai_job *j, const char *line)
+{
+    return on_header((char *)line, 1, strlen(line), j);
+}
+
+/* Feed the body in pieces of `step` bytes; returns bytes accepted overall. */
+static size_t body(oai_job *j, const char *s, size_t step)
+{
+    size_t n = strlen(s), done = 0;
+    while (done < n) {
+        size_t k = n - done < step ? n - done : step;
+        size_t got = on_write((char *)s + done, 1, k, j);
+        if (got != k)
+            return done + got;
+        done += k;
+    }
+    return done;
+}
+
+static const char *chat_stream =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+    "\"finish_reason\":null}]}\r\n\r\n"
+    ": ping\r\n\r\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\u00e9\"},\"finish_reason\":null}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n"
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n"
+    "data: [DONE]\n\n";
+
+static void chat_stream_any_split(void **st)
+{
+    (void)st;
+    for (size_t step = 1; step < 64; step++) {
+        oai_job j;
+        rec r;
+        job_init(&j, &r, true);
+        hdr(&j, "HTTP/1.1 200 OK\r\n");
+        hdr(&j, "Content-Type: text/event-stream; charset=utf-8\r\n");
+        size_t n = body(&j, chat_stream, step);
+        /* Reading stops at [DONE]: the piece holding its blank line is refused. */
+        size_t len = strlen(chat_stream);
+        assert_int_equal(n, (len - 1) / step * step);
+        assert_true(j.done_seen);
+        assert_false(j.failed);
+        assert_int_equal(r.ntokens, 2);
+        assert_string_equal(r.text.data, "Hello \xc3\xa9");
+        assert_string_equal(j.finish, "length");
+        assert_int_equal(j.prompt_tokens, 7);
+        assert_int_equal(j.completion_tokens, 2);
+        job_done(&j, &r);
+    }
+}
+
+static void completion_stream(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, false);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    hdr(&j, "content-type: text/event-stream\r\n");
+    const char *s = "data: {\"choices\":[{\"text\":\" a\",\"finish_reason\":null}]}\n\n"
+                    "data: {\"choices\":[{\"text\":\" b\",\"finish_reason\":\"stop\"}]}\n\n"
+                    "data: [DONE]\n\n";
+    body(&j, s, 5);
+    assert_true(j.done_seen);
+    assert_string_equal(r.text.data, " a b");
+    assert_string_equal(j.finish, "stop");
+    job_done(&j, &r);
+}
+
+static void malformed_chunk_fails(void **st)
+{
+    (void)st;
+    const char *bad[] = {
+        "data: {\"choices\": [ nope\n\n",
+        "data: [1,2]\n\n",
+        "data: {\"choices\": 5}\n\n",
+        "data: {\"choices\": [7]}\n\n",
+        "data: {\"choices\": [{\"text\": 12}]}\n\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        oai_job j;
+        rec r;
+        job_init(&j, &r, false);
+        hdr(&j, "HTTP/1.1 200 OK\r\n");
+        hdr(&j, "Content-Type: text/event-stream\r\n");
+        size_t n = body(&j, bad[i], 1000);
+        assert_true(n < strlen(bad[i]));
+        assert_true(j.failed);
+        assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
+        job_done(&j, &r);
+    }
+}
+
+static void error_object_in_stream(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    hdr(&j, "Content-Type: text/event-stream\r\n");
+    body(&j, "data: {\"error\":{\"message\":\"out of memory\"}}\n\n", 1000);
+    assert_true(j.failed);
+    assert_string_equal(j.err_code, "UPSTREAM_ERROR");
+    assert_non_null(strstr(j.err_msg, "out of memory"));
+    job_done(&j, &r);
+}
+
+static void overlong_line_fails(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    hdr(&j, "Content-Type: text/event-stream\r\n");
+    char big[3000];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    body(&j, "data: ", 100);
+    assert_true(body(&j, big, 100) < strlen(big));
+    assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
+    job_done(&j, &r);
+}
+
+static void wrong_content_type_and_error_status(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    const char *ct = "Content-Type: text/html\r\n";
+    assert_int_equal(hdr(&j, ct), 0);
+    assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
+    job_done(&j, &r);
+
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 500 Internal Server Error\r\n");
+    hdr(&j, "Content-Type: text/html\r\n"); /* ignored for errors */
+    assert_false(j.failed);
+    const char *b = "{\"error\":{\"message\":\"model exploded\"}}";
+    assert_int_equal(body(&j, b, 3), strlen(b));
+    fail_status(&j);
+    assert_string_equal(j.err_code, "UPSTREAM_ERROR");
+    assert_non_null(strstr(j.err_msg, "500"));
+    assert_non_null(strstr(j.err_msg, "model exploded"));
+    job_done(&j, &r);
+
+    /* 2xx with no Content-Type at all */
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    assert_int_equal(body(&j, "data: x\n\n", 100), 0);
+    assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
+    job_done(&j, &r);
+}
+
+static void json_reply_lenient(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, true);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");
+    hdr(&j, "Content-Type: application/json\r\n");
+    const char *b = "{\"choices\":[{\"message\":{\"role\":\"assistant\",\"content\":\"whole\"},"
+                    "\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}";
+    body(&j, b, 7);
+    json_t *o = json_loadb(j.raw.data, j.raw.len, 0, NULL);
+    assert_non_null(o);
+    assert_int_equal(handle_object(&j, o, false), 0);
+    json_decref(o);
+    assert_string_equal(r.text.data, "whole");
+    job_done(&j, &r);
+}
+
+static void request_building(void **st)
+{
+    (void)st;
+    agent_options o = {0};
+    o.upstream_model = "upm";
+    oai_backend b = {0};
+    b.o = &o;
+    char err[200];
+    bool chat = false;
+    json_t *job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
+                             "\"content\":\"hi\"}],\"params\":{\"max_tokens\":5,\"top_k\":0,"
+                             "\"stop\":[\"x\"],\"seed\":null},\"continuation\":\"par\"}",
+                             0, NULL);
+    json_t *req = build_request(&b, job, &chat, err, sizeof err);
+    assert_non_null(req);
+    assert_true(chat);
+    assert_string_equal(json_string_value(json_object_get(req, "model")), "upm");
+    assert_true(json_is_true(json_object_get(req, "stream")));
+    assert_int_equal(json_integer_value(json_object_get(req, "max_tokens")), 5);
+    assert_null(json_object_get(req, "top_k"));
+    assert_null(json_object_get(req, "seed"));
+    json_t *msgs = json_object_get(req, "messages");
+    assert_int_equal(json_array_size(msgs), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 1), "role")),
+                        "assistant");
+    json_decref(req);
+    json_decref(job);
+
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"completion\",\"prompt\":7}", 0, NULL);
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    json_decref(job);
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[]}", 0, NULL);
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    json_decref(job);
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\"}", 0, NULL);
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_non_null(strstr(err, "count_tokens"));
+    json_decref(job);
+}
+
+static void endpoints(void **st)
+{
+    (void)st;
+    char *e = endpoint("http://h:1", "completions");
+    assert_string_equal(e, "http://h:1/v1/completions");
+    free(e);
+    e = endpoint("http://h:1/v1/", "chat/completions");
+    assert_string_equal(e, "http://h:1/v1/chat/completions");
+    free(e);
+    e = endpoint("http://h:1/ollama/v1", "completions");
+    assert_string_equal(e, "http://h:1/ollama/v1/completions");
+    free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chat_stream_any_split),
+        cmocka_unit_test(completion_stream),
+        cmocka_unit_test(malformed_chunk_fails),
+        cmocka_unit_test(error_object_in_stream),
+        cmocka_unit_test(overlong_line_fails),
+        cmocka_unit_test(wrong_content_type_and_error_status),
+        cmocka_unit_test(json_reply_lenient),
+        cmocka_unit_test(request_building),
+        cmocka_unit_test(endpoints),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

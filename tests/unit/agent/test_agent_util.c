@@ -1,0 +1,350 @@
+/* Unit tests for src/agent/agent_util.c: SSE parsing, event queue seq logic,
+ * backoff schedule, labels, agent_id persistence. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent/agent_util.h"
+
+/* ---------------------------------------------------------------- SSE --- */
+
+typedef struct {
+    char got[16][256];
+    int n;
+    int stop_at; /* return 7 on this event index (-1 never) */
+} sse_rec;
+
+static int rec_cb(void *ud, const char *d, size_t len)
+{
+    sse_rec *r = ud;
+    if (r->n < 16)
+        snprintf(r->got[r->n], sizeof r->got[0], "%.*s", (int)len, d);
+    r->n++;
+    return r->n - 1 == r->stop_at ? 7 : 0;
+}
+
+/* Feed s split at every possible pair of positions: the result must not
+ * depend on how the network cut the bytes. */
+static void feed_all_splits(const char *s, const char *const *want, int nwant)
+{
+    size_t n = strlen(s);
+    for (size_t a = 0; a <= n; a++)
+        for (size_t b = a; b <= n; b++) {
+            agent_sse p;
+            sse_rec r = {.stop_at = -1};
+            agent_sse_init(&p, 1024);
+            assert_int_equal(agent_sse_feed(&p, s, a, rec_cb, &r), 0);
+            assert_int_equal(agent_sse_feed(&p, s + a, b - a, rec_cb, &r), 0);
+            assert_int_equal(agent_sse_feed(&p, s + b, n - b, rec_cb, &r), 0);
+            assert_int_equal(agent_sse_finish(&p, rec_cb, &r), 0);
+            assert_int_equal(r.n, nwant);
+            for (int i = 0; i < nwant; i++)
+                assert_string_equal(r.got[i], want[i]);
+            agent_sse_free(&p);
+        }
+}
+
+static void sse_basic_lf(void **st)
+{
+    (void)st;
+    const char *want[] = {"{\"a\":1}", "[DONE]"};
+    feed_all_splits("data: {\"a\":1}\n\ndata: [DONE]\n\n", want, 2);
+}
+
+static void sse_crlf_and_cr(void **st)
+{
+    (void)st;
+    const char *want[] = {"x", "y", "z"};
+    feed_all_splits("data: x\r\n\r\ndata: y\r\rdata:z\n\n", want, 3);
+}
+
+static void sse_comments_and_other_fields(void **st)
+{
+    (void)st;
+    const char *want[] = {"one", "two"};
+    feed_all_splits(": keep-alive\n\nevent: message\nid: 4\nretry: 100\ndata: one\n\n:x\ndata: two\n\n",
+                    want, 2);
+}
+
+static void sse_multiline_data_joined(void **st)
+{
+    (void)st;
+    const char *want[] = {"a\nb", ""};
+    feed_all_splits("data: a\ndata: b\n\ndata\n\n", want, 2);
+}
+
+static void sse_unterminated_last_event(void **st)
+{
+    (void)st;
+    const char *want[] = {"[DONE]"};
+    feed_all_splits("data: [DONE]", want, 1);
+}
+
+static void sse_no_blank_line_no_event(void **st)
+{
+    (void)st;
+    feed_all_splits(": only a comment\n\n\n", NULL, 0);
+}
+
+static void sse_line_too_long(void **st)
+{
+    (void)st;
+    agent_sse p;
+    sse_rec r = {.stop_at = -1};
+    agent_sse_init(&p, 16);
+    char big[64];
+    memset(big, 'x', sizeof big);
+    /* split across feeds: still caught */
+    assert_int_equal(agent_sse_feed(&p, "data: ", 6, rec_cb, &r), 0);
+    assert_int_equal(agent_sse_feed(&p, big, sizeof big, rec_cb, &r), -1);
+    agent_sse_free(&p);
+    /* in one feed with its terminator */
+    agent_sse_init(&p, 16);
+    char line[80];
+    snprintf(line, sizeof line, "data: %.40s\n\n", "0123456789012345678901234567890123456789");
+    assert_int_equal(agent_sse_feed(&p, line, strlen(line), rec_cb, &r), -1);
+    assert_int_equal(r.n, 0);
+    agent_sse_free(&p);
+}
+
+static void sse_callback_stop_propagates(void **st)
+{
+    (void)st;
+    agent_sse p;
+    sse_rec r = {.stop_at = 0};
+    agent_sse_init(&p, 1024);
+    const char *s = "data: a\n\ndata: b\n\n";
+    assert_int_equal(agent_sse_feed(&p, s, strlen(s), rec_cb, &r), 7);
+    assert_int_equal(r.n, 1);
+    agent_sse_free(&p);
+}
+
+/* ------------------------------------------------------------- evq ---- */
+
+static json_t *ev(const char *type)
+{
+    return json_pack("{s:s}", "type", type);
+}
+
+static void evq_batches_everything_accumulated(void **st)
+{
+    (void)st;
+    agent_evq q;
+    size_t seq = 99;
+    agent_evq_init(&q);
+    assert_false(agent_evq_ready(&q));
+    assert_null(agent_evq_take(&q, 0, &seq));
+    agent_evq_push(&q, ev("started"));
+    agent_evq_push(&q, ev("token"));
+    json_t *b = agent_evq_take(&q, 0, &seq);
+    assert_non_null(b);
+    assert_int_equal(seq, 0);
+    assert_int_equal(json_array_size(b), 2);
+    json_decref(b);
+    /* While in flight, more arrives; nothing else may be taken. */
+    agent_evq_push(&q, ev("token"));
+    agent_evq_push(&q, ev("token"));
+    assert_false(agent_evq_ready(&q));
+    assert_null(agent_evq_take(&q, 0, &seq));
+    agent_evq_ack(&q);
+    b = agent_evq_take(&q, 0, &seq);
+    assert_int_equal(seq, 2);
+    assert_int_equal(json_array_size(b), 2);
+    json_decref(b);
+    /* Failure: the same batch again, plus what came meanwhile. */
+    agent_evq_push(&q, ev("end"));
+    agent_evq_nack(&q);
+    b = agent_evq_take(&q, 0, &seq);
+    assert_int_equal(seq, 2);
+    assert_int_equal(json_array_size(b), 3);
+    json_decref(b);
+    assert_false(agent_evq_done(&q));
+    agent_evq_ack(&q);
+    assert_true(agent_evq_done(&q));
+    assert_false(agent_evq_ready(&q));
+    agent_evq_free(&q);
+}
+
+static void evq_max_batch_and_rewind(void **st)
+{
+    (void)st;
+    agent_evq q;
+    size_t seq;
+    agent_evq_init(&q);
+    for (int i = 0; i < 10; i++)
+        agent_evq_push(&q, ev("token"));
+    json_t *b = agent_evq_take(&q, 4, &seq);
+    assert_int_equal(json_array_size(b), 4);
+    assert_int_equal(seq, 0);
+    json_decref(b);
+    agent_evq_ack(&q);
+    b = agent_evq_take(&q, 4, &seq);
+    assert_int_equal(seq, 4);
+    json_decref(b);
+    agent_evq_ack(&q);
+    /* Server says it only has 2: resend from 2. */
+    agent_evq_rewind(&q, 2);
+    b = agent_evq_take(&q, 0, &seq);
+    assert_int_equal(seq, 2);
+    assert_int_equal(json_array_size(b), 8);
+    json_decref(b);
+    /* Rewind beyond what exists is clamped. */
+    agent_evq_rewind(&q, 1000);
+    assert_false(agent_evq_ready(&q));
+    assert_int_equal(q.acked, 10);
+    agent_evq_free(&q);
+}
+
+static void evq_nothing_after_terminal(void **st)
+{
+    (void)st;
+    agent_evq q;
+    agent_evq_init(&q);
+    assert_int_equal(agent_evq_push(&q, ev("error")), 0);
+    assert_int_equal(agent_evq_push(&q, ev("token")), -1);
+    assert_int_equal(agent_evq_push(&q, ev("end")), -1);
+    assert_int_equal(agent_evq_push(&q, NULL), -1);
+    assert_int_equal(agent_evq_len(&q), 1);
+    agent_evq_free(&q);
+}
+
+/* --------------------------------------------------------- backoff ---- */
+
+static void backoff_schedule(void **st)
+{
+    (void)st;
+    agent_backoff b;
+    agent_backoff_init(&b, 500, 30000);
+    /* rnd 0 gives the low end nominal/2, rnd = half gives nominal itself. */
+    uint32_t nominal[] = {500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000};
+    for (size_t i = 0; i < sizeof nominal / sizeof nominal[0]; i++) {
+        agent_backoff c = b;
+        assert_int_equal(agent_backoff_next(&c, 0), nominal[i] - nominal[i] / 2);
+        assert_int_equal(agent_backoff_next(&b, nominal[i] / 2), nominal[i]);
+    }
+    /* Any random value stays within [nominal/2, nominal]. */
+    for (uint32_t r = 0; r < 5000; r += 7) {
+        agent_backoff c;
+        agent_backoff_init(&c, 500, 30000);
+        for (int k = 0; k < 20; k++) {
+            uint32_t d = agent_backoff_next(&c, r * 2654435761u);
+            assert_true(d >= 250 && d <= 30000);
+        }
+        uint32_t d = agent_backoff_next(&c, r);
+        assert_true(d >= 15000 && d <= 30000);
+    }
+    agent_backoff_reset(&b);
+    assert_int_equal(agent_backoff_next(&b, 0), 250);
+}
+
+/* ---------------------------------------------------------- labels ---- */
+
+static void labels_ok(void **st)
+{
+    (void)st;
+    char err[200];
+    json_t *l = agent_labels_parse(" region = eu , tier=gold,zone/a=x y,empty=", err, sizeof err);
+    assert_non_null(l);
+    assert_int_equal(json_object_size(l), 4);
+    assert_string_equal(json_string_value(json_object_get(l, "region")), "eu");
+    assert_string_equal(json_string_value(json_object_get(l, "tier")), "gold");
+    assert_string_equal(json_string_value(json_object_get(l, "zone/a")), "x y");
+    assert_string_equal(json_string_value(json_object_get(l, "empty")), "");
+    json_decref(l);
+    l = agent_labels_parse("", err, sizeof err);
+    assert_non_null(l);
+    assert_int_equal(json_object_size(l), 0);
+    json_decref(l);
+    l = agent_labels_parse("   ", err, sizeof err);
+    assert_non_null(l);
+    json_decref(l);
+    l = agent_labels_parse(NULL, err, sizeof err);
+    assert_non_null(l);
+    json_decref(l);
+}
+
+static void labels_bad(void **st)
+{
+    (void)st;
+    const char *bad[] = {"a", "a=b,", ",a=b", "a=b,,c=d", "=v", "a b=c", "a=1,a=2",
+                         "k\x01=v", "a=\x01", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[200] = "";
+        json_t *l = agent_labels_parse(bad[i], err, sizeof err);
+        if (l)
+            fail_msg("accepted bad labels '%s'", bad[i]);
+        assert_non_null(strstr(err, "labels"));
+    }
+}
+
+/* ------------------------------------------------------- agent_id ---- */
+
+static void state_id_created_and_kept(void **st)
+{
+    (void)st;
+    char tmpl[] = "/tmp/gp-agent-test-XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/sub/state", tmpl);
+    snprintf(path, sizeof path, "%s/agent_id", dir);
+    char id1[37], id2[37], err[300];
+    assert_int_equal(agent_state_load_id(dir, id1, err, sizeof err), 0);
+    assert_true(gp_uuid_valid(id1));
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0700);
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    assert_int_equal(agent_state_load_id(dir, id2, err, sizeof err), 0);
+    assert_string_equal(id1, id2);
+    /* A damaged file is an error, never silently replaced. */
+    FILE *f = fopen(path, "w");
+    fputs("not-a-uuid\n", f);
+    fclose(f);
+    assert_int_equal(agent_state_load_id(dir, id2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "agent_id"));
+    /* A state dir that is a file. */
+    char fpath[300];
+    snprintf(fpath, sizeof fpath, "%s/file", tmpl);
+    f = fopen(fpath, "w");
+    fclose(f);
+    assert_int_equal(agent_state_load_id(fpath, id2, err, sizeof err), -1);
+    assert_int_equal(agent_state_load_id("", id2, err, sizeof err), -1);
+    unlink(path);
+    unlink(fpath);
+    rmdir(dir);
+    snprintf(dir, sizeof dir, "%s/sub", tmpl);
+    rmdir(dir);
+    rmdir(tmpl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sse_basic_lf),
+        cmocka_unit_test(sse_crlf_and_cr),
+        cmocka_unit_test(sse_comments_and_other_fields),
+        cmocka_unit_test(sse_multiline_data_joined),
+        cmocka_unit_test(sse_unterminated_last_event),
+        cmocka_unit_test(sse_no_blank_line_no_event),
+        cmocka_unit_test(sse_line_too_long),
+        cmocka_unit_test(sse_callback_stop_propagates),
+        cmocka_unit_test(evq_batches_everything_accumulated),
+        cmocka_unit_test(evq_max_batch_and_rewind),
+        cmocka_unit_test(evq_nothing_after_terminal),
+        cmocka_unit_test(backoff_schedule),
+        cmocka_unit_test(labels_ok),
+        cmocka_unit_test(labels_bad),
+        cmocka_unit_test(state_id_created_and_kept),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
