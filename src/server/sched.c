@@ -195,12 +195,14 @@ static ring *ring_get(sched *s, const char *key, bool create)
     return r;
 }
 
-/* Ring key for (name, label): "name\x1fkey=value" into buf. */
-static char *label_key(const char *name, const char *k, const char *v)
+/* Ring key for (name, label): "name\x1fkey=value" written into buf (cap
+ * KEY_MAX). NULL when it does not fit: agents' names and labels are at most
+ * 256 bytes each (registry_facts_parse), so such a key names no ring. */
+#define KEY_MAX 1024
+static const char *label_key(char *buf, const char *name, const char *k, const char *v)
 {
     size_t ln = strlen(name), lk = strlen(k), lv = strlen(v);
-    char *buf = malloc(ln + lk + lv + 3);
-    if (!buf)
+    if (ln + lk + lv + 3 > KEY_MAX)
         return NULL;
     memcpy(buf, name, ln);
     buf[ln] = KEY_SEP;
@@ -251,11 +253,10 @@ static int add_name(sched *s, sagent *sa, smap *seen, const char *name)
     if (add_member(s, sa, seen, name) < 0)
         return -1;
     const registry_agent *a = sa->a;
+    char buf[KEY_MAX];
     for (size_t i = 0; i < a->n_labels; i++) {
-        char *k = label_key(name, a->labels[i].key, a->labels[i].value);
-        int rc = k ? add_member(s, sa, seen, k) : -1;
-        free(k);
-        if (rc < 0)
+        const char *k = label_key(buf, name, a->labels[i].key, a->labels[i].value);
+        if (k && add_member(s, sa, seen, k) < 0)
             return -1;
     }
     return 0;
@@ -530,10 +531,10 @@ static ring *job_ring(sched *s, const sched_job *j)
     if (j->n_labels == 0)
         return ring_get(s, j->model, false);
     ring *best = NULL;
+    char buf[KEY_MAX];
     for (size_t i = 0; i < j->n_labels; i++) {
-        char *k = label_key(j->model, j->labels[i].key, j->labels[i].value);
+        const char *k = label_key(buf, j->model, j->labels[i].key, j->labels[i].value);
         ring *r = k ? ring_get(s, k, false) : NULL;
-        free(k);
         if (!r || !r->n)
             return NULL;
         if (!best || r->n < best->n)

@@ -427,6 +427,47 @@ static void test_counters_and_labels(void **st)
     registry_destroy(reg);
 }
 
+
+/* Every field replaced by every JSON type: parsing either succeeds or fails
+ * with a message, never crashes (run under ASan/UBSan). */
+static void test_parse_type_confusion(void **st)
+{
+    (void)st;
+    const char *fields[] = {"agent_id", "name", "version", "platform", "models", "slots",
+                            "queue_depth", "kv_cache_utilization", "labels", "status", "gpus"};
+    const char *values[] = {"null", "true", "0", "-1", "1e308", "9223372036854775807", "\"\"",
+                            "\"x\"", "[]", "[null]", "[{}]", "[{\"id\":\"a\",\"aliases\":{}}]",
+                            "{}", "{\"total\":\"4\"}", "{\"total\":4,\"busy\":4096}",
+                            "{\"a\":{}}", "[[[]]]"};
+    char err[256];
+    int ok = 0, bad = 0;
+    for (size_t fi = 0; fi < sizeof(fields) / sizeof(fields[0]); fi++) {
+        for (size_t vi = 0; vi < sizeof(values) / sizeof(values[0]); vi++) {
+            json_t *body = json_loads("{\"agent_id\":\"8d3f1c2e-7b4a-4c1d-9e2f-0a1b2c3d4e5f\","
+                                      "\"models\":[{\"id\":\"m\"}],\"slots\":{\"total\":2}}",
+                                      0, NULL);
+            json_t *v = json_loads(values[vi], JSON_DECODE_ANY, NULL);
+            assert_non_null(body);
+            assert_non_null(v);
+            json_object_set_new(body, fields[fi], v);
+            registry_facts f;
+            err[0] = '\0';
+            if (registry_facts_parse(body, &f, err, sizeof(err)) == 0) {
+                ok++;
+                registry *reg = mkreg(0);
+                assert_non_null(registry_heartbeat(reg, &f, T0, 0));
+                registry_destroy(reg);
+            } else {
+                bad++;
+                assert_true(strlen(err) > 0);
+            }
+            registry_facts_free(&f);
+            json_decref(body);
+        }
+    }
+    assert_true(ok > 0 && bad > 0);
+}
+
 /* Many agents with staggered heartbeats: each tick reports exactly the
  * overdue ones (the expiry list is ordered, no full scan needed). */
 static void test_many_agents_expiry(void **st)
@@ -462,6 +503,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_valid),
         cmocka_unit_test(test_parse_errors),
+        cmocka_unit_test(test_parse_type_confusion),
         cmocka_unit_test(test_register_and_boundaries),
         cmocka_unit_test(test_grace_default),
         cmocka_unit_test(test_heartbeat_keeps_healthy),

@@ -532,6 +532,86 @@ static void test_ready_membership(void **st)
     fx_free(&f);
 }
 
+
+/* An agent that went suspect without sched_agent_update sits in the middle
+ * of the ring: round-robin skips it (and drops it) without losing order. */
+static void test_round_robin_lazy_skip(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    registry_agent *a = add_m1(&f, 0), *b = add_m1(&f, 1), *c = add_m1(&f, 2);
+    sched_agent_ready(f.s, a, 100);
+    sched_agent_ready(f.s, b, 100);
+    sched_agent_ready(f.s, c, 100);
+    sched_job j;
+    job_init(&j, "m1", SCHED_INTERACTIVE);
+    assert_ptr_equal(submit_assigned(&f, &j, T0), a);
+    registry_mark_suspect(f.reg, b, T0 + 1, NULL);          /* no update call */
+    registry_agent *want[] = {c, a, c, a};
+    for (int k = 0; k < 4; k++) {
+        job_init(&j, "m1", SCHED_INTERACTIVE);
+        assert_ptr_equal(submit_assigned(&f, &j, T0 + 2), want[k]);
+    }
+    assert_false(sched_agent_is_ready(f.s, b));
+    /* the same in weighted mode, where every candidate is equal */
+    fx_free(&f);
+    fx_init(&f, SCHED_WEIGHTED, 100);
+    a = add_m1(&f, 0), b = add_m1(&f, 1), c = add_m1(&f, 2);
+    sched_agent_ready(f.s, a, 100);
+    sched_agent_ready(f.s, b, 100);
+    sched_agent_ready(f.s, c, 100);
+    registry_mark_suspect(f.reg, b, T0 + 1, NULL);
+    for (int k = 0; k < 6; k++) {
+        job_init(&j, "m1", SCHED_INTERACTIVE);
+        registry_agent *got = submit_assigned(&f, &j, T0 + 2);
+        assert_true(got == a || got == c);
+        registry_job_end(f.reg, got, true, 0);
+    }
+    fx_free(&f);
+}
+
+/* Destroying the scheduler with jobs still queued detaches them. */
+static void test_destroy_with_queued(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    add_m1(&f, 0);
+    sched_job j[3];
+    for (int k = 0; k < 3; k++) {
+        job_init(&j[k], "m1", k == 1 ? SCHED_BATCH : SCHED_INTERACTIVE);
+        j[k].session = "s";
+        assert_int_equal(sched_submit(f.s, &j[k], T0, NULL), SCHED_QUEUED);
+    }
+    assert_int_equal(sched_submit(f.s, &j[0], T0, NULL), SCHED_ERROR);  /* already queued */
+    sched_job bad;
+    job_init(&bad, NULL, SCHED_INTERACTIVE);
+    assert_int_equal(sched_submit(f.s, &bad, T0, NULL), SCHED_ERROR);
+    fx_free(&f);
+    for (int k = 0; k < 3; k++)
+        assert_false(sched_job_queued(&j[k]));
+}
+
+static void test_parse_names(void **st)
+{
+    (void)st;
+    sched_policy p;
+    sched_priority q;
+    assert_int_equal(sched_policy_parse("round_robin", &p), 0);
+    assert_int_equal(p, SCHED_ROUND_ROBIN);
+    assert_int_equal(sched_policy_parse("weighted", &p), 0);
+    assert_int_equal(p, SCHED_WEIGHTED);
+    assert_int_equal(sched_policy_parse("random", &p), -1);
+    assert_int_equal(sched_policy_parse(NULL, &p), -1);
+    assert_int_equal(sched_priority_parse("batch", &q), 0);
+    assert_int_equal(q, SCHED_BATCH);
+    assert_int_equal(sched_priority_parse("interactive", &q), 0);
+    assert_int_equal(q, SCHED_INTERACTIVE);
+    assert_int_equal(sched_priority_parse("urgent", &q), -1);
+    assert_string_equal(sched_result_name(SCHED_QUEUE_FULL), "queue_full");
+}
+
 /* --------------------------------------------------------- decision cost */
 
 static double now_ns(void)
@@ -608,6 +688,9 @@ int main(void)
         cmocka_unit_test(test_queue_bound_and_order),
         cmocka_unit_test(test_estimated_wait),
         cmocka_unit_test(test_ready_membership),
+        cmocka_unit_test(test_round_robin_lazy_skip),
+        cmocka_unit_test(test_destroy_with_queued),
+        cmocka_unit_test(test_parse_names),
         cmocka_unit_test(test_decision_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
