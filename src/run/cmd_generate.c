@@ -239,6 +239,10 @@ static int exec_generate(int argc, char **argv)
         if (len < 0)
             len = 0; /* a piece longer than 256 bytes does not occur in real vocabularies */
         emit(&o, tok, piece, len, pend, &npend);
+        if (n_gen + 1 >= o.n_predict) {
+            n_gen++;
+            break;   /* stop = "length"; no need to decode the last token */
+        }
         if (n + n_gen + 1 >= n_ctx) {
             n_gen++;
             stop = "context";
