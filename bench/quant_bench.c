@@ -2,7 +2,8 @@
  * quant-bench: dot-product throughput per weight type and SIMD path
  * (scalar, AVX2, AVX-512), printed only. One thread; a weight matrix of
  * about 1 MiB (mostly cache-resident: this measures the kernels, not memory
- * bandwidth) times one activation row through gpe_matmul_rows.
+ * bandwidth) times one activation row through gpe_matmul_rows. Rates are
+ * per second of thread CPU time.
  *
  *   quant-bench [--n N] [--mib M] [--ms T]
  */
@@ -14,10 +15,12 @@
 
 #include "engine/quant.h"
 
+/* Thread CPU time: the machine is shared, and wall time would mostly
+ * measure the other tenants. */
 static double now(void)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 

@@ -126,16 +126,41 @@ T_AVX2 static float avx2_dot_q4_0(int64_t n, const void *w, const void *a)
     return hsum256(acc);
 }
 
-/* Scales, mins and the mins' integer correction of a Q4_K/Q5_K block. */
-static inline int kq_scales(const uint8_t *scales, const int16_t *bsums, uint8_t sc[8])
+/* Branch-free unpack of the 8 six-bit scales and mins of a Q4_K/Q5_K block
+ * (the packing gpe__scale_min_k4 reads one at a time). */
+static inline void kq_unpack(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
 {
-    int summ = 0;
-    for (int j = 0; j < 8; j++) {
-        uint8_t m;
-        gpe__scale_min_k4(j, scales, &sc[j], &m);
-        summ += m * (bsums[2 * j] + bsums[2 * j + 1]);
-    }
-    return summ;
+    uint32_t a, b, c;
+    memcpy(&a, q, 4);
+    memcpy(&b, q + 4, 4);
+    memcpy(&c, q + 8, 4);
+    const uint32_t s0 = a & 0x3f3f3f3fu, m0 = b & 0x3f3f3f3fu;
+    const uint32_t s1 = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m1 = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    memcpy(sc, &s0, 4);
+    memcpy(sc + 4, &s1, 4);
+    memcpy(mn, &m0, 4);
+    memcpy(mn + 4, &m1, 4);
+}
+
+/* sum_j mn[j] * (bsums[2j] + bsums[2j+1]) as 4 int32 lanes. */
+T_AVX2 static inline __m128i kq_mins(const uint8_t mn[8], const int16_t *bsums)
+{
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+                                         _mm_loadu_si128((const __m128i *)(bsums + 8)));
+    return _mm_madd_epi16(pairs, _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)));
+}
+
+/* The 8 scales as int16 in both 128-bit lanes. */
+T_AVX2 static inline __m256i kq_scales256(const uint8_t sc[8])
+{
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+}
+
+/* pshufb patterns: all int16 lanes = scale k. */
+T_AVX2 static inline __m256i kq_pick(int k)
+{
+    return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
 T_AVX2 static float avx2_dot_q4_k(int64_t n, const void *w, const void *a)
@@ -144,10 +169,14 @@ T_AVX2 static float avx2_dot_q4_k(int64_t n, const void *w, const void *a)
     const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8];
-        const int summ = kq_scales(x[i].scales, y[i].bsums, sc);
+        uint8_t sc[8], mn[8];
+        kq_unpack(x[i].scales, sc, mn);
+        const float da = y[i].d;
+        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
+                            accm);
+        const __m256i scv = kq_scales256(sc);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
@@ -156,15 +185,16 @@ T_AVX2 static float avx2_dot_q4_k(int64_t n, const void *w, const void *a)
             const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
             const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
             const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0),
-                                                 _mm256_set1_epi16(sc[2 * c]));
+                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c)));
             const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1),
-                                                 _mm256_set1_epi16(sc[2 * c + 1]));
+                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += h2f(x[i].dmin) * y[i].d * (float)summ;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum256(acc) - accm;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum256(acc) - _mm_cvtss_f32(m);
 }
 
 T_AVX2 static float avx2_dot_q5_k(int64_t n, const void *w, const void *a)
@@ -173,31 +203,37 @@ T_AVX2 static float avx2_dot_q5_k(int64_t n, const void *w, const void *a)
     const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc = _mm256_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8];
-        const int summ = kq_scales(x[i].scales, y[i].bsums, sc);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(x[i].scales, sc, mn);
+        const float da = y[i].d;
+        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
+                            accm);
+        const __m256i scv = kq_scales256(sc);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m256i sumi = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
-            const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
-                                               _mm256_slli_epi16(h1, 4));
+            /* bit 2c of qh -> +16 on the low nibbles, bit 2c+1 -> on the high ones */
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+            qh = _mm256_srli_epi16(qh, 2);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
             const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
             const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
             const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0),
-                                                 _mm256_set1_epi16(sc[2 * c]));
+                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c)));
             const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1),
-                                                 _mm256_set1_epi16(sc[2 * c + 1]));
+                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
-        accm += h2f(x[i].dmin) * y[i].d * (float)summ;
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
     }
-    return hsum256(acc) - accm;
+    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return hsum256(acc) - _mm_cvtss_f32(m);
 }
 
 /* Q6_K: values are q-32 with q in 0..63; the -32 is folded in through the
@@ -381,9 +417,19 @@ T_AVX512 static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
     return s;
 }
 
-T_AVX512 static inline __m512i scale16x2(int s0, int s1)
+/* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
+T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 {
-    return _mm512_inserti64x4(_mm512_set1_epi16((short)s0), _mm256_set1_epi16((short)s1), 1);
+    const __m256i lo = _mm256_set1_epi16((short)(((2 * k0 + 1) << 8) | (2 * k0)));
+    const __m256i hi = _mm256_set1_epi16((short)(((2 * k1 + 1) << 8) | (2 * k1)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+T_AVX512 static inline float hsum128(__m128 v)
+{
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    v = _mm_add_ss(v, _mm_movehdup_ps(v));
+    return _mm_cvtss_f32(v);
 }
 
 T_AVX512 static float avx512_dot_q4_k(int64_t n, const void *w, const void *a)
@@ -391,11 +437,16 @@ T_AVX512 static float avx512_dot_q4_k(int64_t n, const void *w, const void *a)
     const gpe_block_q4_k *x = w;
     const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
     __m512 acc = _mm512_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8];
-        const int summ = kq_scales(x[i].scales, y[i].bsums, sc);
+        uint8_t sc[8], mn[8];
+        kq_unpack(x[i].scales, sc, mn);
+        const float da = y[i].d;
+        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
+                            accm);
+        const __m512i scv = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
         __m512i sumi = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
@@ -403,12 +454,11 @@ T_AVX512 static float avx512_dot_q4_k(int64_t n, const void *w, const void *a)
                                       _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
             const __m512i av = _mm512_loadu_si512((const void *)(y[i].qs + 64 * c));
             sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(qv, av),
-                                                            scale16x2(sc[2 * c], sc[2 * c + 1])));
+                                                            _mm512_shuffle_epi8(scv, pick[c])));
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-        accm += h2f(x[i].dmin) * y[i].d * (float)summ;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
     }
-    return _mm512_reduce_add_ps(acc) - accm;
+    return _mm512_reduce_add_ps(acc) - hsum128(accm);
 }
 
 T_AVX512 static float avx512_dot_q5_k(int64_t n, const void *w, const void *a)
@@ -416,28 +466,33 @@ T_AVX512 static float avx512_dot_q5_k(int64_t n, const void *w, const void *a)
     const gpe_block_q5_k *x = w;
     const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
     __m512 acc = _mm512_setzero_ps();
-    float accm = 0.0f;
+    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8];
-        const int summ = kq_scales(x[i].scales, y[i].bsums, sc);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(x[i].scales, sc, mn);
+        const float da = y[i].d;
+        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
+                            accm);
+        const __m512i scv = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
         __m512i sumi = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
-            const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+            qh = _mm256_srli_epi16(qh, 2);
             const __m512i qv = cat256(
-                _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), _mm256_slli_epi16(h1, 4)));
+                _mm256_or_si256(_mm256_and_si256(q, m4), h0),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1));
             const __m512i av = _mm512_loadu_si512((const void *)(y[i].qs + 64 * c));
             sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(qv, av),
-                                                            scale16x2(sc[2 * c], sc[2 * c + 1])));
+                                                            _mm512_shuffle_epi8(scv, pick[c])));
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-        accm += h2f(x[i].dmin) * y[i].d * (float)summ;
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
     }
-    return _mm512_reduce_add_ps(acc) - accm;
+    return _mm512_reduce_add_ps(acc) - hsum128(accm);
 }
 
 T_AVX512 static float avx512_dot_q6_k(int64_t n, const void *w, const void *a)
