@@ -21,6 +21,7 @@ typedef struct agent_ext {
     char id[37];
     struct evhttp_request *parked;      /* NULL when none */
     struct evhttp_connection *evcon;
+    gps_conn_watch *watch;
     struct event *timer;
     int free_slots;
     uint32_t persisted_models_gen;
@@ -71,6 +72,8 @@ static void unpark(agent_ext *e)
 {
     if (!e->parked)
         return;
+    gps_conn_watch_free(e->watch);
+    e->watch = NULL;
     if (e->evcon)
         evhttp_connection_set_closecb(e->evcon, NULL, NULL);
     if (e->timer) {
@@ -391,6 +394,7 @@ static void h_work(gps_req *r, void *arg)
     if (e->evcon) {
         evhttp_connection_set_closecb(e->evcon, park_close_cb, e);
         evhttp_connection_set_timeout(e->evcon, g->opts.work_wait_sec + 30);
+        e->watch = gps_http_watch_close(r->req);
     }
     e->timer = evtimer_new(g->base, park_timeout_cb, e);
     struct timeval tv = {g->opts.work_wait_sec, 0};
@@ -511,6 +515,7 @@ static void free_ext(void *v)
     agent_ext *e = v;
     if (e->timer)
         event_free(e->timer);
+    gps_conn_watch_free(e->watch);
     if (e->evcon && e->parked)
         evhttp_connection_set_closecb(e->evcon, NULL, NULL);
     free(e);

@@ -420,11 +420,12 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-typedef struct oa_ctx {
+typedef struct gps_openai oa_ctx;
+struct gps_openai {
     gps_jobs *jobs;
     gps_metrics *metrics;
     int request_timeout_sec;
-} oa_ctx;
+};
 
 /* One in-flight client request: subscriber of its job. Freed when the
  * reply is complete or the client went away (never while the job still
@@ -433,6 +434,7 @@ typedef struct oa_stream {
     oa_ctx *ctx;
     struct evhttp_request *req;     /* NULL once the client is gone */
     struct evhttp_connection *evcon;
+    gps_conn_watch *watch;          /* peer-close detection while held */
     gps_job *job;
     bool chat, stream, include_usage;
     bool started;                   /* SSE headers sent */
@@ -474,6 +476,8 @@ static void add_pool_headers(struct evhttp_request *req, gps_job *job)
 
 static void stream_free(oa_stream *st)
 {
+    gps_conn_watch_free(st->watch);
+    st->watch = NULL;
     if (st->evcon)
         evhttp_connection_set_closecb(st->evcon, NULL, NULL);
     gp_buf_free(&st->out);
@@ -486,6 +490,17 @@ static void stream_finish(oa_stream *st)
     if (st->job)
         gps_job_unsubscribe(st->job, NULL, st);
     stream_free(st);
+}
+
+/* Before the final reply: stop watching and forget the close callback
+ * (a keep-alive connection outlives this request). */
+static void detach_conn(oa_stream *st)
+{
+    gps_conn_watch_free(st->watch);
+    st->watch = NULL;
+    if (st->evcon)
+        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    st->evcon = NULL;
 }
 
 static void emit_json(oa_stream *st, json_t *j)
@@ -538,8 +553,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                                                      pt, ct));
             gps_sse_format(&st->out, NULL, NULL, "[DONE]");
             gps_sse_send(st->req, &st->out);
-            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-            st->evcon = NULL;
+            detach_conn(st);
             gps_sse_end(st->req);
         } else {
             uint64_t now = gp_now_mono_us();
@@ -552,8 +566,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                                                job->text.data ? job->text.data : "", fr, pt, ct,
                                                meta);
             add_pool_headers(st->req, job);
-            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-            st->evcon = NULL;
+            detach_conn(st);
             gps_http_send_json(st->req, 200, body);
         }
         if (!st->stream && job->first_token_us)
@@ -581,8 +594,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                                        st->corr, NULL);
             emit_json(st, e);
             gps_sse_send(st->req, &st->out);
-            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-            st->evcon = NULL;
+            detach_conn(st);
             gps_sse_end(st->req);
         } else {
             json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
@@ -593,8 +605,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                 evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
                 extra = json_pack("{s:I}", "retry_after_sec", ra);
             }
-            evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-            st->evcon = NULL;
+            detach_conn(st);
             gps_http_send_error(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
                                 st->corr, extra);
         }
@@ -610,7 +621,7 @@ static void on_client_close(struct evhttp_connection *evcon, void *arg)
 {
     oa_stream *st = arg;
     st->req = NULL;
-    st->evcon = NULL;
+    st->evcon = NULL; /* closing: its callbacks are not ours to clear */
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
                  json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
                  "client went away; cancelling its job");
@@ -686,6 +697,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         /* The connection may sit silent while the job is queued or the
          * model thinks: give it the whole request budget, not idle_timeout. */
         evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
+        st->watch = gps_http_watch_close(r->req);
     }
 }
 
@@ -729,15 +741,24 @@ static void h_models(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, body);
 }
 
-int gps_openai_register(gps_http *h, gps_jobs *jobs, gps_metrics *metrics,
-                        int request_timeout_sec)
+gps_openai *gps_openai_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
 {
-    oa_ctx *c = calloc(1, sizeof *c);
+    gps_openai *c = calloc(1, sizeof *c);
     if (!c)
-        return -1;
+        return NULL;
     c->jobs = jobs;
     c->metrics = metrics;
     c->request_timeout_sec = request_timeout_sec;
+    return c;
+}
+
+void gps_openai_free(gps_openai *o)
+{
+    free(o);
+}
+
+int gps_openai_register(gps_http *h, gps_openai *c)
+{
     int rc = 0;
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI,
                              GPS_ROLE_CLIENT, h_completions, c);
@@ -745,6 +766,5 @@ int gps_openai_register(gps_http *h, gps_jobs *jobs, gps_metrics *metrics,
                              GPS_ROLE_CLIENT, h_chat, c);
     rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI,
                              GPS_ROLE_CLIENT, h_models, c);
-    /* c lives as long as the process (the routes point at it). */
     return rc ? -1 : 0;
 }

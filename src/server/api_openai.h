@@ -56,8 +56,12 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 
 struct gps_http;
 struct gps_metrics;
+typedef struct gps_openai gps_openai;
+/* The dialect's handler context (borrowed jobs and metrics). NULL on ENOMEM. */
+gps_openai *gps_openai_new(gps_jobs *jobs, struct gps_metrics *metrics, int request_timeout_sec);
+/* Free after the HTTP server (its routes point at o). */
+void gps_openai_free(gps_openai *o);
 /* Routes /v1/completions, /v1/chat/completions and /v1/models on h. */
-int gps_openai_register(struct gps_http *h, gps_jobs *jobs, struct gps_metrics *metrics,
-                        int request_timeout_sec);
+int gps_openai_register(struct gps_http *h, gps_openai *o);
 
 #endif

@@ -10,7 +10,10 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <errno.h>
+
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 
 #include "common/gp_log.h"
@@ -279,6 +282,62 @@ const char *gps_req_header(gps_req *r, const char *name)
 void gps_req_add_header(gps_req *r, const char *name, const char *value)
 {
     evhttp_add_header(evhttp_request_get_output_headers(r->req), name, value);
+}
+
+/* ------------------------------------------------------------------ */
+/* Peer-close watch                                                    */
+/* ------------------------------------------------------------------ */
+
+struct gps_conn_watch {
+    struct event *ev;
+    struct evhttp_connection *evcon;
+};
+
+static void watch_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_conn_watch *w = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(w->ev, NULL);
+        return;
+    }
+    if (n > 0)
+        return; /* the peer sent more: leave it to evhttp, stop watching */
+    /* EOF or error: the peer is gone. Freeing the connection runs its close
+     * callback, which frees this watch: touch nothing after this call. */
+    evhttp_connection_free(w->evcon);
+}
+
+gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    if (!evcon)
+        return NULL;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0)
+        return NULL;
+    gps_conn_watch *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->evcon = evcon;
+    w->ev = event_new(evhttp_connection_get_base(evcon), fd, EV_READ, watch_cb, w);
+    if (!w->ev || event_add(w->ev, NULL) < 0) {
+        if (w->ev)
+            event_free(w->ev);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void gps_conn_watch_free(gps_conn_watch *w)
+{
+    if (!w)
+        return;
+    event_free(w->ev);
+    free(w);
 }
 
 /* ------------------------------------------------------------------ */

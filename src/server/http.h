@@ -111,6 +111,21 @@ int gps_route_lookup(const gps_route *routes, size_t n, unsigned method, const c
  * Anthropic messages endpoints excepted), others native. */
 gps_dialect gps_dialect_for_path(const char *path);
 
+/* ---- peer-close detection for held requests ----
+ *
+ * evhttp stops reading a connection once a request is read, so a client
+ * that goes away while its request is held (queued job, parked long-poll,
+ * stream waiting for its next token) is only noticed at the next write. A
+ * watch puts a read event on the socket and peeks: on EOF or a socket error
+ * it frees the evhttp connection, which runs the connection's close
+ * callback (evhttp_connection_set_closecb) and frees the request. Data
+ * from the peer (a pipelined request) ends the watch without consuming it.
+ * Free the watch before replying, and from the close callback. */
+typedef struct gps_conn_watch gps_conn_watch;
+/* NULL when the request has no connection or on ENOMEM. */
+gps_conn_watch *gps_http_watch_close(struct evhttp_request *req);
+void gps_conn_watch_free(gps_conn_watch *w);
+
 /* ---- replies ---- */
 
 /* Reply with a JSON body (reference stolen). */

@@ -48,6 +48,7 @@ typedef struct server {
     sched *sched;
     gps_jobs *jobs;
     gps_agents *agents;
+    gps_openai *openai;
     gps_http *http;
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
     bool shutting_down;
@@ -435,11 +436,14 @@ int main(int argc, char **argv)
     if (!s->http)
         goto oom;
     gps_http_set_auth(s->http, auth_hook, s);
+    s->openai = gps_openai_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
+    if (!s->openai)
+        goto oom;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
         gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
                            GPS_ROLE_NONE, h_metrics, s) < 0 ||
-        gps_openai_register(s->http, s->jobs, s->metrics, (int)s->cfg.request_timeout_sec) < 0 ||
+        gps_openai_register(s->http, s->openai) < 0 ||
         gps_agents_register(s->http, s->agents) < 0)
         goto oom;
 
@@ -489,6 +493,7 @@ oom:
 done:
     if (s->http)
         gps_http_free(s->http);
+    gps_openai_free(s->openai);
     if (s->jobs)
         gps_jobs_free(s->jobs);
     if (s->sched)

@@ -317,5 +317,13 @@ int gps_metrics_define_server(gps_metrics *m)
                              "Rows handed to the DB thread.", NULL, 0);
     rc |= gps_metrics_define(m, "db_errors_total", GPS_METRIC_COUNTER,
                              "DB operations that failed.", NULL, 0);
+    /* Unlabelled counters start at 0 so they show up before their first event. */
+    gps_metrics_add(m, "tokens_generated_total", NULL, 0);
+    gps_metrics_add(m, "db_writes_total", NULL, 0);
+    gps_metrics_add(m, "db_errors_total", NULL, 0);
+    /* Unlabelled counters start at 0 so they show up before their first event. */
+    gps_metrics_add(m, "tokens_generated_total", NULL, 0);
+    gps_metrics_add(m, "db_writes_total", NULL, 0);
+    gps_metrics_add(m, "db_errors_total", NULL, 0);
     return rc ? -1 : 0;
 }
