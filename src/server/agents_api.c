@@ -573,6 +573,7 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
                           (char *)NULL);
         gps_metrics_set(m, "agents", l, (double)c.per_state[s]);
     }
+    gps_metrics_set(m, "agents_parked", NULL, (double)g->nparked);
     gps_metrics_set(m, "slots_busy", NULL, (double)c.busy);
     gps_metrics_set(m, "slots_total", NULL, (double)c.total);
 }

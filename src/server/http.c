@@ -462,6 +462,7 @@ static void dispatch(struct evhttp_request *req, void *arg)
     }
     if (h->shutting_down && (route->role == GPS_ROLE_CLIENT || route->role == GPS_ROLE_ADMIN)) {
         gps_req_add_header(&r, "Retry-After", "1");
+        gps_req_add_header(&r, "Connection", "close");
         gps_req_error(&r, 503, "SHUTTING_DOWN", "the server is shutting down", NULL);
         return;
     }

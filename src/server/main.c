@@ -206,6 +206,7 @@ static void shutdown_check(evutil_socket_t fd, short what, void *arg)
                      json_pack("{s:I}", "jobs_active", (json_int_t)active),
                      "grace period over; exiting with jobs still running");
     event_del(s->shutdown_timer);
+    gps_http_stop_accepting(s->http);
     gps_agents_release_all(s->agents);
     /* Let the 204s and final chunks reach their sockets before the loop
      * stops and evhttp_free closes every connection. */
@@ -228,7 +229,9 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
                  json_pack("{s:i,s:I}", "signal", (int)sig, "jobs_active",
                            (json_int_t)gps_jobs_active(s->jobs)),
                  "stopping: no new connections, waiting for running jobs");
-    gps_http_stop_accepting(s->http);
+    /* The listener stays open until the end: agents may need a new
+     * connection to upload the last events of a running stream. Client
+     * routes answer 503 SHUTTING_DOWN from now on. */
     gps_http_set_shutting_down(s->http, true);
     s->shutdown_deadline_ms = gp_now_mono_ms() + (uint64_t)s->cfg.shutdown_grace_sec * 1000;
     s->shutdown_timer = event_new(s->base, -1, EV_PERSIST, shutdown_check, s);

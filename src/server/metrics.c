@@ -303,6 +303,9 @@ int gps_metrics_define_server(gps_metrics *m)
                              "Jobs waiting per model and priority.", NULL, 0);
     rc |= gps_metrics_define(m, "agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL,
                              0);
+    rc |= gps_metrics_define(m, "agents_parked", GPS_METRIC_GAUGE,
+                             "Agents holding a long-poll for work (ready to take a job).", NULL,
+                             0);
     rc |= gps_metrics_define(m, "slots_busy", GPS_METRIC_GAUGE,
                              "Agent slots running a job.", NULL, 0);
     rc |= gps_metrics_define(m, "slots_total", GPS_METRIC_GAUGE,
