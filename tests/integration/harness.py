@@ -370,6 +370,21 @@ class Proc:
     def wait(self, timeout):
         return self.p.wait(timeout=timeout)
 
+    def log_events(self, event=None):
+        """The JSON log lines (gp_log) written so far, optionally only those
+        whose "event" is `event`. Non-JSON lines are skipped."""
+        out = []
+        for line in self.log_text().splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if event is None or d.get("event") == event:
+                out.append(d)
+        return out
+
     def log_text(self):
         try:
             with open(self.log_path, "rb") as f:
@@ -381,7 +396,7 @@ class Proc:
 class Server(Proc):
     """gpupool-server on 127.0.0.1:<ephemeral>."""
 
-    def __init__(self, h, name, args, db, key=None):
+    def __init__(self, h, name, args, db, key=None, port=0):
         self.h = h
         self.db = db
         self.key = key
@@ -391,7 +406,7 @@ class Server(Proc):
             os.unlink(self.port_file)
         except FileNotFoundError:
             pass
-        argv = [SERVER_BIN, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
+        argv = [SERVER_BIN, "--listen", "127.0.0.1:%d" % port, "--port-file", self.port_file,
                 "--db", db] + self.extra
         super().__init__(name, argv, os.path.join(h.tmp, name + ".log"), env=h.env())
         self.port = read_port_file(self.port_file, self.p)
@@ -455,8 +470,11 @@ class Agent(Proc):
 
     def agent_id(self, timeout=START_TIMEOUT):
         path = os.path.join(self.state_dir, "agent_id")
-        return wait_until(lambda: open(path).read().strip() if os.path.exists(path) else None,
-                          timeout=timeout, what="agent_id file")
+
+        def read():
+            with open(path) as f:
+                return f.read().strip()
+        return wait_until(read, timeout=timeout, what="agent_id file")
 
 
 class Harness:
@@ -484,15 +502,25 @@ class Harness:
     def path(self, name):
         return os.path.join(self.tmp, name)
 
-    def start_server(self, args=(), db=None, key=None, name=None):
+    def start_server(self, args=(), db=None, key=None, name=None, port=0):
         """Start gpupool-server. args: extra flags, e.g. ["--poll_interval_sec", "1"].
         db: SQLite path (default: a fresh file in the temp dir; pass the same
-        path again to restart on the same data)."""
+        path again to restart on the same data). port: 0 = ephemeral; pass
+        an old server's port to restart it where its agents look for it.
+        key: a client key the helpers (models, wait_model) send."""
         name = name or self._name("server")
         db = db or self.path(name + ".db")
-        s = Server(self, name, args, db, key)
+        s = Server(self, name, args, db, key, port)
         self.procs.append(s)
         return s
+
+    def create_key(self, db, role, name="test"):
+        """`gpupool-server keys create`: a new key of role client|agent|admin
+        in db (created when missing). Returns the raw key."""
+        r = subprocess.run([SERVER_BIN, "keys", "create", "--role", role, "--db", db, "--name", name],
+                           capture_output=True, text=True, timeout=30, env=self.env())
+        assert r.returncode == 0, "keys create failed: %s" % r.stderr
+        return r.stdout.strip().splitlines()[-1]
 
     def start_upstream(self, args=(), name=None):
         name = name or self._name("upstream")
