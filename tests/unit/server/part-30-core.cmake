@@ -1,0 +1,11 @@
+# Unit tests of the server core and API layer (owner: S3).
+set(_d ${CMAKE_CURRENT_LIST_DIR})
+if(TARGET gps_core)
+  gp_add_unit_test(test_server_http SOURCES ${_d}/test_server_http.c LIBS gps_core)
+  gp_add_unit_test(test_server_sse SOURCES ${_d}/test_server_sse.c LIBS gps_core)
+  gp_add_unit_test(test_server_metrics SOURCES ${_d}/test_server_metrics.c LIBS gps_core)
+  gp_add_unit_test(test_server_config SOURCES ${_d}/test_server_config.c LIBS gps_core)
+endif()
+if(TARGET gps_api)
+  gp_add_unit_test(test_api_openai SOURCES ${_d}/test_api_openai.c LIBS gps_api)
+endif()
