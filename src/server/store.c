@@ -661,12 +661,15 @@ static int enqueue(gps_store *s, op *first, bool droppable)
         if (log)
             s->last_drop_log_ms = now;
         pthread_mutex_unlock(&s->mu);
-        if (log)
+        if (log && alive)
+            gp_log_write(GP_LOG_ERROR, "store_queue_full", NULL,
+                         json_pack("{s:I, s:I}", "drops_total", (json_int_t)drops, "queue_max",
+                                   (json_int_t)s->queue_max),
+                         "store: write queue full (%zu ops), dropping writes", s->queue_max);
+        else if (log)
             gp_log_write(GP_LOG_ERROR, "store_queue_full", NULL,
                          json_pack("{s:I}", "drops_total", (json_int_t)drops),
-                         alive ? "store: write queue full (%zu ops), dropping writes"
-                               : "store: DB thread not running (%zu), dropping writes",
-                         s->queue_max);
+                         "store: DB thread not running, dropping writes");
         free_chain(first);
         return -1;
     }
