@@ -52,7 +52,8 @@ int main(int argc, char **argv)
     const gpe_isa best = gpe_quant_best_isa();
     printf("quant-bench: n=%lld, ~%.1f MiB of weights per type, 1 thread, best ISA %s\n",
            (long long)n, mib, gpe_isa_name(best));
-    printf("%-6s %-7s %10s %10s %9s\n", "type", "isa", "Gelem/s", "GB/s(w)", "speedup");
+    printf("%-6s %-7s %10s %10s %9s %12s\n", "type", "isa", "Gelem/s", "GB/s(w)", "speedup",
+           "Gelem/s(x4)");
     float *x = malloc((size_t)n * sizeof *x);
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
@@ -84,27 +85,34 @@ int main(int argc, char **argv)
                 }
             }
         }
-        void *act = malloc(gpe_row_size(gpe_vec_dot_type(t), n));
-        gpe_quantize_row_act(t, x, act, n);
-        float *out = malloc((size_t)rows * sizeof *out);
+        /* 4 activation rows (the same values) for the 4-token figure */
+        const size_t ars = gpe_row_size(gpe_vec_dot_type(t), n);
+        uint8_t *act = malloc(ars * 4);
+        for (int k = 0; k < 4; k++)
+            gpe_quantize_row_act(t, x, act + ars * k, n);
+        float *out = malloc((size_t)rows * 4 * sizeof *out);
         double base = 0;
         for (int isa = 0; isa <= (int)best; isa++) {
             gpe_quant_set_isa((gpe_isa)isa);
-            gpe_matmul_rows(t, W, 0, rows, n, act, 1, 0, out, rows);   /* warm up */
-            long iters = 0;
-            const double t0 = now();
-            double el;
-            do {
-                gpe_matmul_rows(t, W, 0, rows, n, act, 1, 0, out, rows);
-                iters++;
-                el = now() - t0;
-            } while (el < ms / 1000.0);
-            const double elems = (double)iters * (double)rows * (double)n / el;
-            const double bytes = (double)iters * (double)rows * (double)rs / el;
+            double rate[2];
+            for (int m = 0; m < 2; m++) {
+                const int nt = m ? 4 : 1;
+                gpe_matmul_rows(t, W, 0, rows, n, act, nt, ars, out, rows);   /* warm up */
+                long iters = 0;
+                const double t0 = now();
+                double el;
+                do {
+                    gpe_matmul_rows(t, W, 0, rows, n, act, nt, ars, out, rows);
+                    iters++;
+                    el = now() - t0;
+                } while (el < ms / 1000.0);
+                rate[m] = (double)iters * nt * (double)rows * (double)n / el;
+            }
             if (isa == 0)
-                base = elems;
-            printf("%-6s %-7s %10.2f %10.2f %8.1fx\n", gpe_type_name(t), gpe_isa_name((gpe_isa)isa),
-                   elems / 1e9, bytes / 1e9, elems / base);
+                base = rate[0];
+            printf("%-6s %-7s %10.2f %10.2f %8.1fx %12.2f\n", gpe_type_name(t),
+                   gpe_isa_name((gpe_isa)isa), rate[0] / 1e9, rate[0] / 1e9 * (double)rs / (double)n,
+                   rate[0] / base, rate[1] / 1e9);
         }
         gpe_quant_set_isa(best);
         free(W);

@@ -705,12 +705,28 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
                      int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
                      float *out, int64_t ldo)
 {
-    const gpe__dot_fn dot = kernels()->dot[wt];
+    const gpe__kernels *k = kernels();
+    const gpe__dot_fn dot = k->dot[wt];
+    const gpe__dotn_fn dotn = k->dotn[wt];
     const size_t rs = gpe_row_size(wt, n_cols);
     const char *w = W, *a = act;
     for (int64_t r0 = row_begin; r0 < row_end; r0 += ROW_CHUNK) {
         const int64_t r1 = r0 + ROW_CHUNK < row_end ? r0 + ROW_CHUNK : row_end;
-        for (int t = 0; t < n_tok; t++) {
+        int t = 0;
+        if (dotn && n_tok > 1) {
+            /* groups of up to 4 tokens share each pass over a weight row */
+            for (; t < n_tok; t += 4) {
+                const int nt = n_tok - t < 4 ? n_tok - t : 4;
+                const char *at = a + (size_t)t * act_row_bytes;
+                for (int64_t r = r0; r < r1; r++) {
+                    float o[4];
+                    dotn(n_cols, w + (size_t)r * rs, at, act_row_bytes, nt, o);
+                    for (int j = 0; j < nt; j++)
+                        out[(int64_t)(t + j) * ldo + r] = o[j];
+                }
+            }
+        }
+        for (; t < n_tok; t++) {
             const char *at = a + (size_t)t * act_row_bytes;
             float *o = out + (int64_t)t * ldo;
             for (int64_t r = r0; r < r1; r++)

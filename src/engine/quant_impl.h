@@ -11,8 +11,14 @@
  * weight type's vec_dot type). */
 typedef float (*gpe__dot_fn)(int64_t n, const void *w, const void *a);
 
+/* Optional: one weight row against ntok (1..4) activation rows a + k*as,
+ * results in out[k]; must give exactly what dot gives for each row. */
+typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, int ntok,
+                             float *out);
+
 typedef struct gpe__kernels {
-    gpe__dot_fn dot[GPE_TYPE_COUNT];   /* NULL for unsupported types */
+    gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */
+    gpe__dotn_fn dotn[GPE_TYPE_COUNT];   /* NULL: matmul calls dot per token */
 } gpe__kernels;
 
 /* Scalar reference kernels (quant.c). */

@@ -10,6 +10,7 @@
  */
 #include "engine/quant_impl.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -295,133 +296,17 @@ void gpe__kernels_avx2(gpe__kernels *k)
 }
 
 /* ============================================================== AVX-512 */
-
-/* Products of 64 signed weight bytes with 64 activation bytes, as 16 int32. */
-T_AVX512 static inline __m512i dot64_i8(__m512i w, __m512i a)
-{
-    const __mmask64 neg = _mm512_movepi8_mask(w);
-    const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w), sa), _mm512_set1_epi16(1));
-}
+/*
+ * Each AVX-512 kernel is written once for nt activation rows (1..4, rows
+ * a + k*as) sharing one pass over the weight row: the weight unpacking is
+ * done once for all of them. The single-row dot is the nt = 1 instance of
+ * the same code, so a token's result is bit-identical whether or not other
+ * tokens share the pass (decode results do not depend on batching).
+ */
+#define AI __attribute__((always_inline)) inline
 
 T_AVX512 static inline __m512i cat256(__m256i lo, __m256i hi)
 {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-T_AVX512 static inline __m512 scale2(float d0, float d1)
-{
-    return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
-}
-
-T_AVX512 static float avx512_dot_f32(int64_t n, const void *w, const void *a)
-{
-    const float *x = w, *y = a;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(y + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(y + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(y + i + 48), s3);
-    }
-    for (; i + 16 <= n; i += 16)
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), s0);
-    if (i < n) {
-        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i), s1);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
-}
-
-T_AVX512 static float avx512_dot_f16(int64_t n, const void *w, const void *a)
-{
-    const uint16_t *x = w, *y = a;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
-                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), s0);
-        s1 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16))),
-                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16))), s1);
-    }
-    if (i + 16 <= n) {
-        s0 = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
-                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), s0);
-        i += 16;
-    }
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-    for (; i < n; i++)
-        s += h2f(x[i]) * h2f(y[i]);
-    return s;
-}
-
-T_AVX512 static float avx512_dot_bf16(int64_t n, const void *w, const void *a)
-{
-    const uint16_t *x = w;
-    const float *y = a;
-    __m512 s0 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
-        s0 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), _mm512_loadu_ps(y + i), s0);
-    }
-    float s = _mm512_reduce_add_ps(s0);
-    for (; i < n; i++)
-        s += gpe_bf16_to_fp32(x[i]) * y[i];
-    return s;
-}
-
-T_AVX512 static float avx512_dot_q8_0(int64_t n, const void *w, const void *a)
-{
-    const gpe_block_q8_0 *x = w, *y = a;
-    const int64_t nb = n / GPE_QK;
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m512i wv = cat256(_mm256_loadu_si256((const __m256i *)x[i].qs),
-                                  _mm256_loadu_si256((const __m256i *)x[i + 1].qs));
-        const __m512i av = cat256(_mm256_loadu_si256((const __m256i *)y[i].qs),
-                                  _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
-        acc = _mm512_fmadd_ps(scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)),
-                              _mm512_cvtepi32_ps(dot64_i8(wv, av)), acc);
-    }
-    float s = _mm512_reduce_add_ps(acc);
-    if (i < nb) {
-        const __m256i p = dot32_i8(_mm256_loadu_si256((const __m256i *)x[i].qs),
-                                   _mm256_loadu_si256((const __m256i *)y[i].qs));
-        s += h2f(x[i].d) * h2f(y[i].d) * hsum256(_mm256_cvtepi32_ps(p));
-    }
-    return s;
-}
-
-T_AVX512 static float avx512_dot_q4_0(int64_t n, const void *w, const void *a)
-{
-    const gpe_block_q4_0 *x = w;
-    const gpe_block_q8_0 *y = a;
-    const int64_t nb = n / GPE_QK;
-    __m512 acc = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m512i wv = cat256(q4_0_unpack(x[i].qs), q4_0_unpack(x[i + 1].qs));
-        const __m512i av = cat256(_mm256_loadu_si256((const __m256i *)y[i].qs),
-                                  _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
-        acc = _mm512_fmadd_ps(scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)),
-                              _mm512_cvtepi32_ps(dot64_i8(wv, av)), acc);
-    }
-    float s = _mm512_reduce_add_ps(acc);
-    if (i < nb) {
-        const __m256i p = dot32_i8(q4_0_unpack(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        s += h2f(x[i].d) * h2f(y[i].d) * hsum256(_mm256_cvtepi32_ps(p));
-    }
-    return s;
-}
-
-/* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
-T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
-{
-    const __m256i lo = _mm256_set1_epi16((short)(((2 * k0 + 1) << 8) | (2 * k0)));
-    const __m256i hi = _mm256_set1_epi16((short)(((2 * k1 + 1) << 8) | (2 * k1)));
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
@@ -432,86 +317,218 @@ T_AVX512 static inline float hsum128(__m128 v)
     return _mm_cvtss_f32(v);
 }
 
-T_AVX512 static float avx512_dot_q4_k(int64_t n, const void *w, const void *a)
+#define ROW(T, k) ((const T *)(a + (size_t)(k) * as))
+
+T_AVX512 static AI void k512_f32(int64_t n, const float *x, const uint8_t *a, size_t as, int nt,
+                                 float *out)
 {
-    const gpe_block_q4_k *x = w;
-    const gpe_block_q8_k *y = a;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        kq_unpack(x[i].scales, sc, mn);
-        const float da = y[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
-                            accm);
-        const __m512i scv = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m512i qv = cat256(_mm256_and_si256(q, m4),
-                                      _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
-            const __m512i av = _mm512_loadu_si512((const void *)(y[i].qs + 64 * c));
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(qv, av),
-                                                            _mm512_shuffle_epi8(scv, pick[c])));
+    __m512 s0[4], s1[4], s2[4], s3[4];
+    for (int k = 0; k < nt; k++)
+        s0[k] = s1[k] = s2[k] = s3[k] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m512 w0 = _mm512_loadu_ps(x + i), w1 = _mm512_loadu_ps(x + i + 16);
+        const __m512 w2 = _mm512_loadu_ps(x + i + 32), w3 = _mm512_loadu_ps(x + i + 48);
+        for (int k = 0; k < nt; k++) {
+            const float *y = ROW(float, k);
+            s0[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(y + i), s0[k]);
+            s1[k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(y + i + 16), s1[k]);
+            s2[k] = _mm512_fmadd_ps(w2, _mm512_loadu_ps(y + i + 32), s2[k]);
+            s3[k] = _mm512_fmadd_ps(w3, _mm512_loadu_ps(y + i + 48), s3[k]);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
     }
-    return _mm512_reduce_add_ps(acc) - hsum128(accm);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 w0 = _mm512_loadu_ps(x + i);
+        for (int k = 0; k < nt; k++)
+            s0[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(ROW(float, k) + i), s0[k]);
+    }
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 w0 = _mm512_maskz_loadu_ps(m, x + i);
+        for (int k = 0; k < nt; k++)
+            s1[k] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(m, ROW(float, k) + i), s1[k]);
+    }
+    for (int k = 0; k < nt; k++)
+        out[k] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0[k], s1[k]),
+                                                    _mm512_add_ps(s2[k], s3[k])));
 }
 
-T_AVX512 static float avx512_dot_q5_k(int64_t n, const void *w, const void *a)
+T_AVX512 static AI void k512_f16(int64_t n, const uint16_t *x, const uint8_t *a, size_t as, int nt,
+                                 float *out)
 {
-    const gpe_block_q5_k *x = w;
-    const gpe_block_q8_k *y = a;
+    __m512 s0[4], s1[4];
+    for (int k = 0; k < nt; k++)
+        s0[k] = s1[k] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+        const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i + 16)));
+        for (int k = 0; k < nt; k++) {
+            const uint16_t *y = ROW(uint16_t, k);
+            s0[k] = _mm512_fmadd_ps(w0, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i))), s0[k]);
+            s1[k] = _mm512_fmadd_ps(w1, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(y + i + 16))),
+                                    s1[k]);
+        }
+    }
+    const bool half = i + 16 <= n;
+    if (half) {
+        const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i)));
+        for (int k = 0; k < nt; k++)
+            s0[k] = _mm512_fmadd_ps(
+                w0, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(ROW(uint16_t, k) + i))), s0[k]);
+        i += 16;
+    }
+    for (int k = 0; k < nt; k++) {
+        const uint16_t *y = ROW(uint16_t, k);
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(s0[k], s1[k]));
+        for (int64_t j = i; j < n; j++)
+            s += h2f(x[j]) * h2f(y[j]);
+        out[k] = s;
+    }
+}
+
+T_AVX512 static AI void k512_bf16(int64_t n, const uint16_t *x, const uint8_t *a, size_t as, int nt,
+                                  float *out)
+{
+    __m512 s0[4];
+    for (int k = 0; k < nt; k++)
+        s0[k] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+        const __m512 w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        for (int k = 0; k < nt; k++)
+            s0[k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(ROW(float, k) + i), s0[k]);
+    }
+    for (int k = 0; k < nt; k++) {
+        const float *y = ROW(float, k);
+        float s = _mm512_reduce_add_ps(s0[k]);
+        for (int64_t j = i; j < n; j++)
+            s += gpe_bf16_to_fp32(x[j]) * y[j];
+        out[k] = s;
+    }
+}
+
+/* Q8_0 and Q4_0 share the driver: 32 signed weight bytes per block. */
+T_AVX512 static AI __m256i w32_q8_0(const gpe_block_q8_0 *b)
+{
+    return _mm256_loadu_si256((const __m256i *)b->qs);
+}
+T_AVX512 static AI __m256i w32_q4_0(const gpe_block_q4_0 *b) { return q4_0_unpack(b->qs); }
+
+/* 32-element blocks: one 256-bit step per block. On Skylake-SP this beats
+ * pairing two 34-byte blocks into one 512-bit vector (the inserts and the
+ * two-scale vector cost more than the wider multiply saves); with several
+ * tokens the weight unpack and sign are shared. */
+#define K512_BLOCK32(NAME, WT, UNPACK)                                                            \
+    T_AVX512 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,    \
+                                 float *out)                                                     \
+    {                                                                                            \
+        const int64_t nb = n / GPE_QK;                                                           \
+        const __m256i ones = _mm256_set1_epi16(1);                                               \
+        __m256 acc[4];                                                                           \
+        for (int k = 0; k < nt; k++)                                                             \
+            acc[k] = _mm256_setzero_ps();                                                        \
+        for (int64_t i = 0; i < nb; i++) {                                                       \
+            const __m256i wv = UNPACK(&x[i]);                                                    \
+            const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
+            const float dw = h2f(x[i].d);                                                        \
+            for (int k = 0; k < nt; k++) {                                                       \
+                const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
+                const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
+                                         acc[k]);                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < nt; k++)                                                             \
+            out[k] = hsum256(acc[k]);                                                            \
+    }
+K512_BLOCK32(k512_q8_0, gpe_block_q8_0, w32_q8_0)
+K512_BLOCK32(k512_q4_0, gpe_block_q4_0, w32_q4_0)
+
+/* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
+T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
+{
+    const __m256i lo = _mm256_set1_epi16((short)(((2 * k0 + 1) << 8) | (2 * k0)));
+    const __m256i hi = _mm256_set1_epi16((short)(((2 * k1 + 1) << 8) | (2 * k1)));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Q4_K (hbits = false) and Q5_K (true): 4 chunks of 64 values per block,
+ * chunk c = low nibbles of qs[32c..] then high nibbles (+16 from qh bits
+ * 2c / 2c+1 for Q5_K). */
+T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off,
+                                bool hbits, const uint8_t *a, size_t as, int nt, float *out)
+{
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        kq_unpack(x[i].scales, sc, mn);
-        const float da = y[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
-                            accm);
-        const __m512i scv = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        __m512i sumi = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-            qh = _mm256_srli_epi16(qh, 2);
-            const __m512i qv = cat256(
-                _mm256_or_si256(_mm256_and_si256(q, m4), h0),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1));
-            const __m512i av = _mm512_loadu_si512((const void *)(y[i].qs + 64 * c));
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(qv, av),
-                                                            _mm512_shuffle_epi8(scv, pick[c])));
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * da), _mm512_cvtepi32_ps(sumi), acc);
+    __m512 acc[4];
+    __m128 accm[4];
+    for (int k = 0; k < nt; k++) {
+        acc[k] = _mm512_setzero_ps();
+        accm[k] = _mm_setzero_ps();
     }
-    return _mm512_reduce_add_ps(acc) - hsum128(accm);
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+        uint16_t dh, mh;
+        memcpy(&dh, b, 2);
+        memcpy(&mh, b + 2, 2);
+        const float dw = h2f(dh), dmw = h2f(mh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(b + 4, sc, mn);
+        const __m512i scv =
+            _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const uint8_t *qs = b + qs_off;
+        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        __m512i qv[4], scl[4];
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (hbits) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            qv[c] = cat256(lo, hi);
+            scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
+        }
+        for (int k = 0; k < nt; k++) {
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            accm[k] = _mm_fmadd_ps(_mm_set1_ps(dmw * y->d), _mm_cvtepi32_ps(kq_mins(mn, y->bsums)),
+                                   accm[k]);
+            __m512i sumi = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++)
+                sumi = _mm512_add_epi32(
+                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
+                                            scl[c]));
+            acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(sumi), acc[k]);
+        }
+    }
+    for (int k = 0; k < nt; k++)
+        out[k] = _mm512_reduce_add_ps(acc[k]) - hsum128(accm[k]);
 }
 
-T_AVX512 static float avx512_dot_q6_k(int64_t n, const void *w, const void *a)
+T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
+                                  int nt, float *out)
 {
-    const gpe_block_q6_k *x = w;
-    const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    /* int16 lane k of a 512-bit vector takes scale k/8 (one scale per 16 values) */
+    /* int16 lane j of a 512-bit vector takes scale j/16 ... of its half */
     const __m512i idx_lo = _mm512_srli_epi16(
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
                          13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
     const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
-    __m512 acc = _mm512_setzero_ps();
-    float accc = 0.0f;
+    __m512 acc[4];
+    float accc[4];
+    for (int k = 0; k < nt; k++) {
+        acc[k] = _mm512_setzero_ps();
+        accc[k] = 0.0f;
+    }
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
-        const int8_t *sc = x[i].scales, *qa = y[i].qs;
-        __m512i sumi = _mm512_setzero_si512();
-        for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8, qa += 128) {
+        __m512i qv[4], scl[4];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
@@ -527,32 +544,84 @@ T_AVX512 static float avx512_dot_q6_k(int64_t n, const void *w, const void *a)
                 _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                 _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
             int64_t s8;
-            memcpy(&s8, sc, 8);
+            memcpy(&s8, x[i].scales + 8 * h, 8);
             const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
-            const __m512i a0 = _mm512_loadu_si512((const void *)qa);
-            const __m512i a1 = _mm512_loadu_si512((const void *)(qa + 64));
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(cat256(q0, q1), a0),
-                                                            _mm512_permutexvar_epi16(idx_lo, sv)));
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(cat256(q2, q3), a1),
-                                                            _mm512_permutexvar_epi16(idx_hi, sv)));
+            qv[2 * h] = cat256(q0, q1);
+            qv[2 * h + 1] = cat256(q2, q3);
+            scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
+            scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
         }
-        const float d = h2f(x[i].d) * y[i].d;
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-        accc += d * (float)q6_corr(x[i].scales, y[i].bsums);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const float dw = h2f(x[i].d);
+        for (int k = 0; k < nt; k++) {
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++)
+                sumi = _mm512_add_epi32(
+                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
+                                            scl[j]));
+            /* -32 offset: 32 * sum_g sc[g] * bsums[g], exact in int32 */
+            const __m256i cm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
+            __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(cm), _mm256_extracti128_si256(cm, 1));
+            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
+            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
+            const float d = dw * y->d;
+            acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[k]);
+            accc[k] += d * (float)(32 * _mm_cvtsi128_si32(c4));
+        }
     }
-    return _mm512_reduce_add_ps(acc) - accc;
+    for (int k = 0; k < nt; k++)
+        out[k] = _mm512_reduce_add_ps(acc[k]) - accc[k];
 }
+
+/* Instances: the single-row dot (nt = 1) and the nt-row version; the switch
+ * gives each nt its own fully unrolled copy. */
+#define K512_WRAP(NAME, CALL)                                                                    \
+    T_AVX512 static float NAME##_dot(int64_t n, const void *w, const void *a0)                  \
+    {                                                                                            \
+        const uint8_t *a = a0;                                                                   \
+        const size_t as = 0;                                                                     \
+        float out[1];                                                                            \
+        const int nt = 1;                                                                        \
+        CALL;                                                                                    \
+        return out[0];                                                                           \
+    }                                                                                            \
+    T_AVX512 static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as,       \
+                                     int ntok, float *out)                                       \
+    {                                                                                            \
+        const uint8_t *a = a0;                                                                   \
+        switch (ntok) {                                                                          \
+        case 1: { const int nt = 1; CALL; break; }                                               \
+        case 2: { const int nt = 2; CALL; break; }                                               \
+        case 3: { const int nt = 3; CALL; break; }                                               \
+        default: { const int nt = 4; CALL; break; }                                              \
+        }                                                                                        \
+    }
+
+K512_WRAP(avx512_f32, k512_f32(n, w, a, as, nt, out))
+K512_WRAP(avx512_f16, k512_f16(n, w, a, as, nt, out))
+K512_WRAP(avx512_bf16, k512_bf16(n, w, a, as, nt, out))
+K512_WRAP(avx512_q8_0, k512_q8_0(n, w, a, as, nt, out))
+K512_WRAP(avx512_q4_0, k512_q4_0(n, w, a, as, nt, out))
+K512_WRAP(avx512_q4_k, k512_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
+K512_WRAP(avx512_q5_k, k512_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
+K512_WRAP(avx512_q6_k, k512_q6_k(n, w, a, as, nt, out))
 
 void gpe__kernels_avx512(gpe__kernels *k)
 {
-    k->dot[GPE_TYPE_F32] = avx512_dot_f32;
-    k->dot[GPE_TYPE_F16] = avx512_dot_f16;
-    k->dot[GPE_TYPE_BF16] = avx512_dot_bf16;
-    k->dot[GPE_TYPE_Q8_0] = avx512_dot_q8_0;
-    k->dot[GPE_TYPE_Q4_0] = avx512_dot_q4_0;
-    k->dot[GPE_TYPE_Q4_K] = avx512_dot_q4_k;
-    k->dot[GPE_TYPE_Q5_K] = avx512_dot_q5_k;
-    k->dot[GPE_TYPE_Q6_K] = avx512_dot_q6_k;
+#define SET(T, NAME)                     \
+    k->dot[T] = NAME##_dot;              \
+    k->dotn[T] = NAME##_dotn;
+    SET(GPE_TYPE_F32, avx512_f32)
+    SET(GPE_TYPE_F16, avx512_f16)
+    SET(GPE_TYPE_BF16, avx512_bf16)
+    SET(GPE_TYPE_Q8_0, avx512_q8_0)
+    SET(GPE_TYPE_Q4_0, avx512_q4_0)
+    SET(GPE_TYPE_Q4_K, avx512_q4_k)
+    SET(GPE_TYPE_Q5_K, avx512_q5_k)
+    SET(GPE_TYPE_Q6_K, avx512_q6_k)
+#undef SET
 }
 
 #else /* not x86-64: scalar kernels only */

@@ -419,7 +419,7 @@ static void test_matmul_rows(void **state)
 {
     (void)state;
     const gpe_isa best = gpe_quant_best_isa();
-    enum { ROWS = 37, NTOK = 3 };
+    enum { ROWS = 37, NTOK = 7 };   /* groups of 4 and a remainder of 3 */
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const gpe_type t = k_types[ti];
         const int64_t n = 512;
