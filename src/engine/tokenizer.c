@@ -93,23 +93,33 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n)
 }
 #define FNV_INIT 0xcbf29ce484222325ULL
 
-/* ========================================================= binary min-heap */
+/* ============================================================ 4-ary heap */
 
-/* A candidate merge of symbols left and right. key orders the heap: lower
- * first (spm: -score, bpe: rank), ties by the left position as llama.cpp's
- * priority queues do. size is the merged byte length when pushed; a popped
- * entry whose symbols changed since is stale and skipped. */
+/* A candidate merge of symbols left and right. key orders the heap, lowest
+ * first: (priority << 32) | left, so that equal priorities go leftmost
+ * first as in llama.cpp's priority queues (spm priority: the score, made an
+ * ordered integer, highest first; bpe: the merge rank). size is the merged
+ * byte length when pushed; a popped entry whose symbols changed since is
+ * stale and skipped. A 4-ary heap: one cache line holds the four children,
+ * which matters when a long text makes the heap large. */
 typedef struct bigram {
-    float key;
-    int32_t left, right;
+    uint64_t key;
+    int32_t right;
     uint32_t size;
 } bigram;
 
 typedef struct heap { bigram *v; size_t n, cap; bool oom; } heap;
 
-static bool bg_less(const bigram *a, const bigram *b)
+static uint64_t bg_key(uint32_t prio, int32_t left) { return ((uint64_t)prio << 32) | (uint32_t)left; }
+static int32_t bg_left(const bigram *b) { return (int32_t)(uint32_t)b->key; }
+
+/* Ordered integer for "higher score first". */
+static uint32_t score_prio(float score)
 {
-    return a->key < b->key || (a->key == b->key && a->left < b->left);
+    uint32_t u;
+    memcpy(&u, &score, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);   /* ascending with score */
+    return ~u;                                            /* descending */
 }
 
 static void heap_push(heap *h, bigram b)
@@ -122,8 +132,8 @@ static void heap_push(heap *h, bigram b)
     }
     size_t i = h->n++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!bg_less(&b, &h->v[p]))
+        size_t p = (i - 1) / 4;
+        if (b.key >= h->v[p].key)
             break;
         h->v[i] = h->v[p];
         i = p;
@@ -137,15 +147,17 @@ static bigram heap_pop(heap *h)
     bigram last = h->v[--h->n];
     size_t i = 0, n = h->n;
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1;
         if (c >= n)
             break;
-        if (c + 1 < n && bg_less(&h->v[c + 1], &h->v[c]))
-            c++;
-        if (!bg_less(&h->v[c], &last))
+        size_t best = c, end = c + 4 < n ? c + 4 : n;
+        for (size_t k = c + 1; k < end; k++)
+            if (h->v[k].key < h->v[best].key)
+                best = k;
+        if (h->v[best].key >= last.key)
             break;
-        h->v[i] = h->v[c];
-        i = c;
+        h->v[i] = h->v[best];
+        i = best;
     }
     if (n)
         h->v[i] = last;
@@ -203,6 +215,14 @@ typedef struct trie_node {
     unsigned char byte;
 } trie_node;
 
+/* Cover trie (see its section below). */
+typedef struct cover {
+    uint32_t *keys;   /* (node << 8 | byte) + 1, 0 = empty */
+    uint32_t *vals;   /* child node | COVER_END when a string ends there */
+    uint64_t mask;
+    uint32_t n_nodes;
+} cover;
+
 struct gpe_tokenizer {
     int kind;
     enum pre_kind pre;
@@ -235,6 +255,9 @@ struct gpe_tokenizer {
     int32_t trie_root[256];
     uint32_t *spec_lens;        /* distinct special lengths, descending */
     size_t n_spec_lens;
+
+    cover cov;                  /* see cover trie; empty when not built */
+    bool no_chunking;           /* gpe_tokenizer_set_chunking(t, false) */
 
     char warning[160];
 };
@@ -272,6 +295,95 @@ static int32_t merge_rank(const gpe_tokenizer *t, const char *l, size_t ln, cons
             memcmp(s + ln + 1, r, rn) == 0)
             return k;
     }
+}
+
+/* ----------------------------------------------------- cover trie */
+
+/*
+ * A trie over the strings a merge can produce (spm: every vocabulary text;
+ * bpe: every merge's left+right), as a hash map (node, byte) -> child.
+ * Its use: a merged symbol is always one of those strings, sitting where it
+ * occurs in the text, so a symbol boundary that no occurrence straddles can
+ * never be merged across. Cutting a long text at such boundaries and running
+ * the merges per chunk gives exactly the single global run (merges on
+ * either side never compete: they are independent), with small heaps
+ * instead of one heap over the whole text.
+ */
+
+#define COVER_END 0x80000000u
+#define COVER_MAX_NODES 0x00FFFFFFu
+
+static uint64_t cover_hash(uint32_t key) { return (key * 0x9E3779B97F4A7C15ULL) >> 20; }
+
+static uint32_t *cover_slot(const cover *c, uint32_t key)
+{
+    for (uint64_t i = cover_hash(key) & c->mask;; i = (i + 1) & c->mask)
+        if (c->keys[i] == key || c->keys[i] == 0)
+            return &c->keys[i];
+}
+
+/* Add s[0..n). false when the trie is full (then it is dropped: chunking is
+ * only an optimisation). */
+static bool cover_add(cover *c, const char *s, size_t n)
+{
+    uint32_t node = 0;
+    for (size_t d = 0; d < n; d++) {
+        if (c->n_nodes >= COVER_MAX_NODES || (uint64_t)c->n_nodes * 2 > c->mask)
+            return false;
+        uint32_t key = ((node << 8) | (unsigned char)s[d]) + 1;
+        uint32_t *k = cover_slot(c, key);
+        uint32_t *v = &c->vals[k - c->keys];
+        if (*k == 0) {
+            *k = key;
+            *v = ++c->n_nodes;
+        }
+        if (d + 1 == n)
+            *v |= COVER_END;
+        node = *v & ~COVER_END;
+    }
+    return true;
+}
+
+/* Length of the longest string of the trie that starts s[0..n). */
+static size_t cover_longest(const cover *c, const char *s, size_t n)
+{
+    uint32_t node = 0;
+    size_t best = 0;
+    for (size_t d = 0; d < n; d++) {
+        uint32_t key = ((node << 8) | (unsigned char)s[d]) + 1;
+        const uint32_t *k = cover_slot(c, key);
+        if (*k == 0)
+            break;
+        uint32_t v = c->vals[k - c->keys];
+        if (v & COVER_END)
+            best = d + 1;
+        node = v & ~COVER_END;
+    }
+    return best;
+}
+
+static void cover_free(cover *c)
+{
+    free(c->keys);
+    free(c->vals);
+    memset(c, 0, sizeof *c);
+}
+
+/* Sized for total_bytes trie nodes at most. */
+static bool cover_init(cover *c, uint64_t total_bytes)
+{
+    uint64_t size = 1024;
+    while (size < total_bytes * 2 + 2)
+        size *= 2;
+    c->keys = calloc(size, sizeof *c->keys);
+    c->vals = calloc(size, sizeof *c->vals);
+    c->mask = size - 1;
+    c->n_nodes = 0;
+    if (!c->keys || !c->vals) {
+        cover_free(c);
+        return false;
+    }
+    return true;
 }
 
 /* ============================================== byte-level (GPT-2) mapping */
@@ -814,7 +926,7 @@ static void spm_try_pair(const gpe_tokenizer *t, work *w, const char *word, int3
     int32_t id = tok_find(t, word + w->s[l].off, n);
     if (id < 0)
         return;
-    heap_push(&w->h, (bigram){-t->scores[id], l, r, (uint32_t)n});
+    heap_push(&w->h, (bigram){bg_key(score_prio(t->scores[id]), l), r, (uint32_t)n});
 }
 
 static void spm_byte_fallback(const gpe_tokenizer *t, const char *s, size_t n, ivec *out)
@@ -839,12 +951,13 @@ static bool spm_word(const gpe_tokenizer *t, work *w, const char *word, size_t l
         spm_try_pair(t, w, word, (int32_t)i - 1, (int32_t)i);
     while (w->h.n && !w->h.oom) {
         bigram b = heap_pop(&w->h);
-        sym *l = &w->s[b.left], *r = &w->s[b.right];
+        int32_t left = bg_left(&b);
+        sym *l = &w->s[left], *r = &w->s[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue;   /* stale: one side changed since */
-        merge_into_left(w, b.left, b.right);
-        spm_try_pair(t, w, word, w->s[b.left].prev, b.left);
-        spm_try_pair(t, w, word, b.left, w->s[b.left].next);
+        merge_into_left(w, left, b.right);
+        spm_try_pair(t, w, word, w->s[left].prev, left);
+        spm_try_pair(t, w, word, left, w->s[left].next);
     }
     if (w->h.oom)
         return false;
@@ -871,7 +984,7 @@ static void bpe_try_pair(const gpe_tokenizer *t, work *w, const char *word, int3
     int32_t rank = merge_rank(t, word + a->off, a->n, word + b->off, b->n);
     if (rank < 0)
         return;
-    heap_push(&w->h, (bigram){(float)rank, l, r, a->n + b->n});
+    heap_push(&w->h, (bigram){bg_key((uint32_t)rank, l), r, a->n + b->n});
 }
 
 static bool bpe_word(const gpe_tokenizer *t, work *w, const char *word, size_t len, ivec *out)
@@ -890,12 +1003,13 @@ static bool bpe_word(const gpe_tokenizer *t, work *w, const char *word, size_t l
         bpe_try_pair(t, w, word, (int32_t)i - 1, (int32_t)i);
     while (w->h.n && !w->h.oom) {
         bigram b = heap_pop(&w->h);
-        sym *l = &w->s[b.left], *r = &w->s[b.right];
+        int32_t left = bg_left(&b);
+        sym *l = &w->s[left], *r = &w->s[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
             continue;
-        merge_into_left(w, b.left, b.right);
-        bpe_try_pair(t, w, word, w->s[b.left].prev, b.left);
-        bpe_try_pair(t, w, word, b.left, w->s[b.left].next);
+        merge_into_left(w, left, b.right);
+        bpe_try_pair(t, w, word, w->s[left].prev, left);
+        bpe_try_pair(t, w, word, left, w->s[left].next);
     }
     if (w->h.oom)
         return false;
@@ -915,6 +1029,39 @@ static bool bpe_word(const gpe_tokenizer *t, work *w, const char *word, size_t l
         }
     }
     return true;
+}
+
+typedef bool (*word_fn)(const gpe_tokenizer *t, work *w, const char *word, size_t len,
+                        ivec *out);
+
+/* Run fn over word, cut at the symbol boundaries that no merge can cross
+ * (see the cover trie). Short words go in one piece. */
+static bool chunked(const gpe_tokenizer *t, work *w, const char *word, size_t len, ivec *out,
+                    word_fn fn)
+{
+    if (len < 64 || !t->cov.keys || t->no_chunking)
+        return fn(t, w, word, len, out);
+    if (fn == bpe_word && t->ignore_merges && tok_find(t, word, len) >= 0)
+        return fn(t, w, word, len, out);
+    size_t start = 0, reach = 0;
+    for (size_t s = 0; s < len;) {
+        /* A long stretch without a cut (a run of one character, say): stop
+         * looking, the rest goes in one piece (always exact; this only
+         * bounds the cost of the walks). */
+        if (s - start > 4096)
+            break;
+        if (s > start && reach <= s) {
+            if (!fn(t, w, word + start, s - start, out))
+                return false;
+            start = s;
+        }
+        size_t e = s + cover_longest(&t->cov, word + s, len - s);
+        if (e > reach)
+            reach = e;
+        size_t cl = gpe_utf8_len_lead((unsigned char)word[s]);
+        s += cl < len - s ? cl : len - s;
+    }
+    return fn(t, w, word + start, len - start, out);
 }
 
 /* Tokenize one raw-text fragment. */
@@ -937,7 +1084,7 @@ static bool spm_fragment(const gpe_tokenizer *t, work *w, const char *text, size
     bvec_put(b, text + from, len - from);
     if (b->oom || b->n > UINT32_MAX)
         return false;
-    return spm_word(t, w, b->v ? b->v : "", b->n, out);
+    return chunked(t, w, b->v ? b->v : "", b->n, out, spm_word);
 }
 
 static bool bpe_fragment(const gpe_tokenizer *t, work *w, const char *text, size_t len, ivec *out)
@@ -964,7 +1111,7 @@ static bool bpe_fragment(const gpe_tokenizer *t, work *w, const char *text, size
         at += pieces.v[i];
         if (b->oom || b->n > UINT32_MAX)
             goto done;
-        if (!bpe_word(t, w, b->v ? b->v : "", b->n, out))
+        if (!chunked(t, w, b->v ? b->v : "", b->n, out, bpe_word))
             goto done;
     }
     ok = true;
@@ -1239,6 +1386,12 @@ const char *gpe_tokenizer_kind(const gpe_tokenizer *t)
     return !t ? NULL : t->kind == KIND_SPM ? "llama" : "gpt2";
 }
 const char *gpe_tokenizer_pre(const gpe_tokenizer *t) { return t ? t->pre_name : NULL; }
+void gpe_tokenizer_set_chunking(gpe_tokenizer *t, bool on)
+{
+    if (t)
+        t->no_chunking = !on;
+}
+
 const char *gpe_tokenizer_warning(const gpe_tokenizer *t)
 {
     return t && t->warning[0] ? t->warning : NULL;
@@ -1279,6 +1432,7 @@ void gpe_tokenizer_free(gpe_tokenizer *t)
     free(t->m_slots);
     free(t->trie);
     free(t->spec_lens);
+    cover_free(&t->cov);
     free(t);
 }
 
@@ -1551,6 +1705,41 @@ static bool build_specials(gpe_tokenizer *t)
     return true;
 }
 
+/* Cover trie: spm merges produce vocabulary texts, bpe merges their
+ * left+right. Left empty (no chunking) when memory is short. */
+static void build_cover(gpe_tokenizer *t)
+{
+    uint64_t total = 0;
+    int32_t n = t->kind == KIND_SPM ? t->n_vocab : t->n_merges;
+    for (int32_t i = 0; i < n; i++)
+        total += t->kind == KIND_SPM ? t->tok_len[i] : t->m_len[i];
+    if (total > COVER_MAX_NODES || !cover_init(&t->cov, total))
+        return;
+    bool ok = true;
+    for (int32_t i = 0; ok && i < n; i++) {
+        if (t->kind == KIND_SPM) {
+            ok = cover_add(&t->cov, tok_text(t, i), t->tok_len[i]);
+        } else if (t->m_llen[i] != UINT32_MAX) {
+            /* left+right: the merge text without its space */
+            char small[256];
+            uint32_t ml = t->m_len[i] - 1;
+            char *tmp = ml <= sizeof small ? small : malloc(ml);
+            if (!tmp) {
+                ok = false;
+                break;
+            }
+            const char *m = t->mpool + t->m_off[i];
+            memcpy(tmp, m, t->m_llen[i]);
+            memcpy(tmp + t->m_llen[i], m + t->m_llen[i] + 1, ml - t->m_llen[i]);
+            ok = cover_add(&t->cov, tmp, ml);
+            if (tmp != small)
+                free(tmp);
+        }
+    }
+    if (!ok)
+        cover_free(&t->cov);
+}
+
 gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
 {
     if (!g) {
@@ -1675,6 +1864,7 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
             t->attr[id] |= ATTR_RSTRIP;
     }
 
+    build_cover(t);
     if (!build_specials(t)) {
         seterr(err, errlen, "out of memory building the special-token index");
         goto fail;

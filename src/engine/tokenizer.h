@@ -100,6 +100,11 @@ const char *gpe_tokenizer_token_text(const gpe_tokenizer *t, int32_t id, size_t 
 /* GPE_TOKTYPE_* of id (GPE_TOKTYPE_UNDEFINED when out of range). */
 int gpe_tokenizer_token_type(const gpe_tokenizer *t, int32_t id);
 
+/* Tests/benchmarks only (not thread-safe: call before sharing t): turn off
+ * the cutting of long texts into independently merged chunks, to check that
+ * it changes no id. On by default. */
+void gpe_tokenizer_set_chunking(gpe_tokenizer *t, bool on);
+
 /* Exposed for tests and tools: split text the way the BPE pre-tokenizer pre
  * (a tokenizer.ggml.pre name; unknown names use gpt-2) does, before the
  * byte-level mapping. Invalid UTF-8 bytes become U+FFFD as in llama.cpp.

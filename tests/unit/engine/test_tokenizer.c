@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -616,22 +615,83 @@ static void test_synthetic(void **state)
     free(b.p);
 }
 
-/* ------------------------------------------------------------ hostile */
+/* ------------------------------------------------- chunking is exact */
 
-static void hostile_one(const char *name)
+/* Long texts are cut into chunks merged separately; the ids must be those
+ * of one global merge run. Texts: random mixes of the vocabulary test
+ * strings, words, white-space runs and random code points. */
+static void chunk_check(const char *name)
 {
     gpe_tokenizer *t = load_vocab(name);
     assert_non_null(t);
-    /* invalid UTF-8, NUL bytes, truncated sequences */
-    static const char bad[] = "a\xFF\xFE\x80\xC0\x80 b\0c\xE2\x96 \xF4\x90\x80\x80\xED\xA0\x80z\xF0";
+    static const char *const parts[] = {
+        "Hello", " world", "  ", "\n", "\n\n", "\t", "3333", " 3.14", "Führer", "нещо",
+        " на", "我想在apple工作", "\xF0\x9F\xA6\x99", "\xF0\x9F\x98\xB6\xE2\x80\x8D",
+        "'ll", "!!!", "......", "```", "    ", "Cửa Việt", "កាន់តែ", " discards", "aaaa",
+        "\xE2\x96\x81", "<0x0A>", "<s>", "<|endoftext|>", "\xFF", "\x80\x80", "\xC3",
+    };
+    uint32_t x = 2024;
+    for (int round = 0; round < 6; round++) {
+        size_t len = 0, cap = 40000;
+        char *text = malloc(cap + 64);
+        while (len < cap) {
+            x = x * 1103515245u + 12345u;
+            const char *p = parts[(x >> 16) % (sizeof parts / sizeof parts[0])];
+            int rep = 1 + (int)((x >> 8) % (8 * round + 1));
+            for (int r = 0; r < rep && len < cap; r++) {
+                memcpy(text + len, p, strlen(p));
+                len += strlen(p);
+            }
+        }
+        int n1, n2;
+        gpe_tokenizer_set_chunking(t, true);
+        int32_t *a = encode(t, text, len, true, false, &n1);
+        gpe_tokenizer_set_chunking(t, false);
+        int32_t *b = encode(t, text, len, true, false, &n2);
+        assert_true(n1 > 0);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(a, b, (size_t)n1 * sizeof *a);
+        free(a);
+        free(b);
+        free(text);
+    }
+    gpe_tokenizer_free(t);
+}
+
+static void test_chunking_exact(void **state)
+{
+    (void)state;
+    chunk_check("llama-spm");
+    chunk_check("phi-3");
+    chunk_check("gpt-2");
+    chunk_check("deepseek-llm");
+    chunk_check("mpt");
+}
+
+/* ------------------------------------------------------------ hostile */
+
+/* Never crash, ids always in range: invalid UTF-8, NUL bytes, 1 MB inputs
+ * (mixed text, a run of one character, random bytes). Speed is measured by
+ * bench/bench_tokenizer, not here. */
+static void check_ids(const gpe_tokenizer *t, const char *text, size_t len, bool special)
+{
     int n;
-    int32_t *ids = encode(t, bad, sizeof bad - 1, true, true, &n);
+    int32_t *ids = encode(t, text, len, true, special, &n);
     assert_true(n > 0);
     for (int i = 0; i < n; i++)
         assert_true(ids[i] >= 0 && ids[i] < gpe_tokenizer_n_vocab(t));
     free(ids);
+}
 
-    /* 1 MB of mixed text, and 1 MB of one character class */
+static void hostile_one(const char *name, char fill)
+{
+    gpe_tokenizer *t = load_vocab(name);
+    assert_non_null(t);
+    static const char bad[] = "a\xFF\xFE\x80\xC0\x80 b\0c\xE2\x96 \xF4\x90\x80\x80\xED\xA0\x80z\xF0";
+    check_ids(t, bad, sizeof bad - 1, true);
+    check_ids(t, bad, sizeof bad - 1, false);
+    check_ids(t, "\0\0\0", 3, false);
+
     size_t len = 1 << 20;
     char *big = malloc(len);
     static const char sample[] =
@@ -639,35 +699,15 @@ static void hostile_one(const char *name)
         "\xF0\x9F\xA6\x99 llamas; \"we'll go\" \t\n  nещо 我想在apple工作 <|endoftext|> ";
     for (size_t i = 0; i < len; i++)
         big[i] = sample[i % (sizeof sample - 1)];
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    ids = encode(t, big, len, true, false, &n);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    assert_true(n > 0);
-    printf("%-15s 1 MB mixed text: %d tokens in %.3f s\n", name, n,
-           (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
-    free(ids);
-    static const char fills[] = {'a', ' ', '7', '\n', '!'};
-    for (size_t f = 0; f < sizeof fills; f++) {
-        memset(big, fills[f], len);
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        ids = encode(t, big, len, false, false, &n);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        assert_true(n > 0);
-        printf("%-15s 1 MB of '%s': %d tokens in %.3f s\n", name,
-               fills[f] == '\n' ? "\\n" : (char[2]){fills[f], 0}, n,
-               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
-        free(ids);
-    }
-    /* random bytes */
+    check_ids(t, big, len, true);
+    memset(big, fill, len);
+    check_ids(t, big, len, false);
     uint32_t x = 12345;
     for (size_t i = 0; i < len; i++) {
         x = x * 1103515245u + 12345u;
         big[i] = (char)(x >> 16);
     }
-    ids = encode(t, big, len, true, true, &n);
-    assert_true(n > 0);
-    free(ids);
+    check_ids(t, big, len, true);
     free(big);
     gpe_tokenizer_free(t);
 }
@@ -675,15 +715,15 @@ static void hostile_one(const char *name)
 static void test_hostile_spm(void **state)
 {
     (void)state;
-    hostile_one("llama-spm");
+    hostile_one("llama-spm", ' ');
 }
 
 static void test_hostile_bpe(void **state)
 {
     (void)state;
-    hostile_one("gpt-2");
-    hostile_one("deepseek-llm");
-    hostile_one("mpt");
+    hostile_one("gpt-2", 'a');
+    hostile_one("deepseek-llm", '\n');
+    hostile_one("mpt", '!');
 }
 
 int main(void)
@@ -706,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_vocab_meta),
         cmocka_unit_test(test_stories),
         cmocka_unit_test(test_synthetic),
+        cmocka_unit_test(test_chunking_exact),
         cmocka_unit_test(test_hostile_spm),
         cmocka_unit_test(test_hostile_bpe),
     };
