@@ -1,0 +1,673 @@
+/*
+ * backend_gguf: the agent's embedded-engine backend (--model FILE.gguf).
+ *
+ * One engine context holds one KV sequence per agent slot. One decode
+ * thread owns the context and runs every job together: each step it builds
+ * one batch with the prompt tokens of newly admitted jobs (prefill, at most
+ * n_batch tokens per step so running jobs keep streaming) and the last
+ * sampled token of every generating job (decode), so the weights are read
+ * once per step for all slots (continuous batching).
+ *
+ * Threads: the agent's main thread calls create/models/poll_facts/
+ * job_start/job_cancel/destroy; they only touch the shared queue and flags
+ * under mu. The decode thread owns ctx, the slots' samplers and stop
+ * matchers, and calls the sinks (one thread, so each job's callbacks are in
+ * order). Jobs wait in `pending` until a slot is free.
+ *
+ * Job kinds: completion (prompt), chat (messages rendered with the model's
+ * chat template, gpe_chat_apply), count_tokens (tokenize, end at once).
+ * `continuation` (failover) is appended to the prompt text: the model
+ * continues after it and only new text is sent.
+ */
+#include "agent/backend.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpupool/engine.h"
+
+#define MAX_STOPS 8
+
+typedef enum { J_PENDING, J_PREFILL, J_GEN } job_state;
+
+typedef struct gjob {
+    struct gjob *next;         /* pending queue link */
+    char job_id[128];
+    agent_job_sink sink;
+    bool count_only;
+    char *text;                /* rendered prompt (+ continuation), owned */
+    long max_tokens;
+    gpe_sampler_params sp;
+    char *stops[MAX_STOPS];
+    size_t n_stops;
+    bool cancel;               /* set under mu by job_cancel */
+    /* decode-thread state */
+    job_state state;
+    int slot;
+    int32_t *toks;             /* prompt tokens */
+    int n_toks, n_fed;         /* prompt length, tokens already decoded */
+    int32_t last;              /* last sampled token (to decode next) */
+    long n_gen;
+    gpe_sampler *smp;
+    gpe_stop *stop;
+    double t_start, t_first;
+} gjob;
+
+typedef struct gguf_backend {
+    agent_backend base;        /* first member (backend.h) */
+    gpe_model *model;
+    gpe_ctx *ctx;
+    gpe_model_info info;
+    char *alias;
+    int n_slots, n_ctx, n_batch;
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stopping;             /* under mu */
+    gjob *pending;             /* under mu: FIFO of jobs not yet admitted */
+    gjob **slots;              /* [n_slots]; entries owned by the decode thread,
+                                  read under mu by job_cancel */
+    long kv_used;              /* under mu: positions held, for poll_facts */
+    int n_pending;             /* under mu */
+} gguf_backend;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void job_free(gjob *j)
+{
+    if (!j)
+        return;
+    free(j->text);
+    free(j->toks);
+    for (size_t i = 0; i < j->n_stops; i++)
+        free(j->stops[i]);
+    gpe_sampler_free(j->smp);
+    gpe_stop_free(j->stop);
+    free(j);
+}
+
+/* ------------------------------------------------------ job JSON parsing */
+
+/* Content of a message: a string, or an array of {type:"text", text} blocks
+ * (concatenated). Returns a malloc'd string or NULL. */
+static char *message_text(json_t *content)
+{
+    if (json_is_string(content))
+        return strdup(json_string_value(content));
+    if (!json_is_array(content))
+        return NULL;
+    size_t total = 1, i;
+    json_t *blk;
+    json_array_foreach(content, i, blk) {
+        const char *t = json_string_value(json_object_get(blk, "text"));
+        if (t)
+            total += strlen(t);
+    }
+    char *out = malloc(total), *p = out;
+    if (!out)
+        return NULL;
+    json_array_foreach(content, i, blk) {
+        const char *t = json_string_value(json_object_get(blk, "text"));
+        if (t) {
+            size_t n = strlen(t);
+            memcpy(p, t, n);
+            p += n;
+        }
+    }
+    *p = '\0';
+    return out;
+}
+
+static char *render_chat(gguf_backend *b, json_t *messages, char *err, size_t errlen)
+{
+    size_t n = json_array_size(messages);
+    if (!json_is_array(messages) || n == 0) {
+        snprintf(err, errlen, "chat job without messages");
+        return NULL;
+    }
+    gpe_chat_msg *msgs = calloc(n, sizeof *msgs);
+    char **texts = calloc(n, sizeof *texts);
+    char *out = NULL;
+    if (!msgs || !texts) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(messages, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        texts[i] = message_text(json_object_get(m, "content"));
+        if (!role || !texts[i]) {
+            snprintf(err, errlen, "message %zu needs a string role and text content", i);
+            goto done;
+        }
+        msgs[i].role = role;
+        msgs[i].content = texts[i];
+    }
+    out = gpe_chat_apply(b->model, msgs, n, true, err, errlen);
+done:
+    if (texts)
+        for (size_t i = 0; i < n; i++)
+            free(texts[i]);
+    free(texts);
+    free(msgs);
+    return out;
+}
+
+static double num_or(json_t *o, const char *k, double dflt)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
+{
+    gjob *j = calloc(1, sizeof *j);
+    if (!j) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    const char *id = json_string_value(json_object_get(job, "job_id"));
+    const char *kind = json_string_value(json_object_get(job, "kind"));
+    if (!id || !kind) {
+        snprintf(err, errlen, "job without job_id or kind");
+        goto fail;
+    }
+    snprintf(j->job_id, sizeof j->job_id, "%s", id);
+    if (strcmp(kind, "chat") == 0) {
+        j->text = render_chat(b, json_object_get(job, "messages"), err, errlen);
+        if (!j->text)
+            goto fail;
+    } else if (strcmp(kind, "completion") == 0 || strcmp(kind, "count_tokens") == 0) {
+        json_t *msgs = json_object_get(job, "messages");
+        const char *p = json_string_value(json_object_get(job, "prompt"));
+        if (p)
+            j->text = strdup(p);
+        else if (json_is_array(msgs))
+            j->text = render_chat(b, msgs, err, errlen);
+        if (!j->text) {
+            if (!p && !json_is_array(msgs))
+                snprintf(err, errlen, "%s job without prompt", kind);
+            goto fail;
+        }
+        j->count_only = strcmp(kind, "count_tokens") == 0;
+    } else {
+        snprintf(err, errlen, "unknown job kind '%s'", kind);
+        goto fail;
+    }
+    const char *cont = json_string_value(json_object_get(job, "continuation"));
+    if (cont && *cont) {
+        size_t a = strlen(j->text), c = strlen(cont);
+        char *t = realloc(j->text, a + c + 1);
+        if (!t) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+        memcpy(t + a, cont, c + 1);
+        j->text = t;
+    }
+
+    json_t *params = json_object_get(job, "params");
+    j->sp = gpe_sampler_default_params();
+    j->sp.temperature = (float)num_or(params, "temperature", 0.8);
+    j->sp.top_p = (float)num_or(params, "top_p", 1.0);
+    j->sp.top_k = (int)num_or(params, "top_k", 0);
+    json_t *seed = json_object_get(params, "seed");
+    j->sp.seed = json_is_integer(seed) ? (uint64_t)json_integer_value(seed)
+                                       : (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)j;
+    if (j->sp.temperature < 0 || j->sp.top_p < 0 || j->sp.top_p > 1 || j->sp.top_k < 0) {
+        snprintf(err, errlen, "bad sampling parameters");
+        goto fail;
+    }
+    j->max_tokens = (long)num_or(params, "max_tokens", (double)b->n_ctx);
+    if (j->max_tokens <= 0)
+        j->max_tokens = b->n_ctx;
+    json_t *stop = json_object_get(params, "stop");
+    if (json_is_string(stop)) {
+        j->stops[j->n_stops++] = strdup(json_string_value(stop));
+    } else if (json_is_array(stop)) {
+        size_t i;
+        json_t *s;
+        json_array_foreach(stop, i, s) {
+            if (json_is_string(s) && *json_string_value(s) && j->n_stops < MAX_STOPS)
+                j->stops[j->n_stops++] = strdup(json_string_value(s));
+        }
+    }
+    for (size_t i = 0; i < j->n_stops; i++)
+        if (!j->stops[i]) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
+    j->slot = -1;
+    j->t_start = now_s();
+    return j;
+fail:
+    job_free(j);
+    return NULL;
+}
+
+/* --------------------------------------------------------- decode thread */
+
+/* Terminal helpers: call the sink, then the job is freed by the caller. */
+static void job_error(gjob *j, const char *code, const char *msg)
+{
+    j->sink.error(j->sink.ctx, code, msg);
+}
+
+static void job_end(gjob *j, const char *reason)
+{
+    if (j->stop) {
+        const char *emit;
+        size_t n;
+        gpe_stop_flush(j->stop, &emit, &n);
+        if (n > 0)
+            j->sink.token(j->sink.ctx, emit, n, -1);
+    }
+    if (j->sink.metrics && !j->count_only) {
+        double t = now_s();
+        double gen = j->t_first > 0 ? t - j->t_first : 0;
+        json_t *m = json_pack("{s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_toks,
+                              "completion_tokens", (json_int_t)j->n_gen, "time_to_first_token_ms",
+                              j->t_first > 0 ? (j->t_first - j->t_start) * 1e3 : 0.0,
+                              "tokens_per_sec", gen > 0 && j->n_gen > 1 ? (j->n_gen - 1) / gen : 0.0);
+        if (m) {
+            j->sink.metrics(j->sink.ctx, m);
+            json_decref(m);
+        }
+    }
+    j->sink.end(j->sink.ctx, reason, j->n_toks, j->count_only ? 0 : j->n_gen);
+}
+
+static int32_t *tokenize(gguf_backend *b, const char *text, int *n_out)
+{
+    size_t len = strlen(text);
+    int cap = (int)(len < 1u << 24 ? len : 1u << 24) + 8;
+    int32_t *t = malloc((size_t)cap * sizeof *t);
+    if (!t)
+        return NULL;
+    int n = gpe_tokenize(b->model, text, len, true, true, t, cap);
+    if (n < 0 && n != INT32_MIN) {
+        cap = -n;
+        int32_t *bigger = realloc(t, (size_t)cap * sizeof *t);
+        if (!bigger) {
+            free(t);
+            return NULL;
+        }
+        t = bigger;
+        n = gpe_tokenize(b->model, text, len, true, true, t, cap);
+    }
+    if (n < 0) {
+        free(t);
+        return NULL;
+    }
+    *n_out = n;
+    return t;
+}
+
+/* Admit one job into a free slot: tokenize and set up sampling. Returns
+ * false when the job ended here (count_tokens, errors). */
+static bool job_admit(gguf_backend *b, gjob *j, int slot)
+{
+    j->toks = tokenize(b, j->text, &j->n_toks);
+    if (!j->toks) {
+        job_error(j, "INTERNAL_ERROR", "tokenization failed");
+        return false;
+    }
+    if (j->sink.started)
+        j->sink.started(j->sink.ctx);
+    if (j->count_only) {
+        job_end(j, "stop");
+        return false;
+    }
+    if (j->n_toks == 0) {
+        job_error(j, "INVALID_REQUEST", "empty prompt");
+        return false;
+    }
+    if (j->n_toks >= b->n_ctx) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "prompt has %d tokens; the context holds %d", j->n_toks,
+                 b->n_ctx);
+        job_error(j, "CONTEXT_OVERFLOW", msg);
+        return false;
+    }
+    j->smp = gpe_sampler_init(&j->sp);
+    j->stop = gpe_stop_init((const char *const *)j->stops, j->n_stops);
+    if (!j->smp || !j->stop) {
+        job_error(j, "INTERNAL_ERROR", "out of memory");
+        return false;
+    }
+    for (int i = 0; i < j->n_toks; i++)
+        gpe_sampler_accept(j->smp, j->toks[i]);
+    j->slot = slot;
+    j->state = J_PREFILL;
+    gpe_seq_clear(b->ctx, slot);
+    return true;
+}
+
+/* Sample from logits, stream the piece; returns a finish reason when the job
+ * is done, else NULL. */
+static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
+{
+    int32_t tok = gpe_sampler_sample(j->smp, logits, gpe_model_n_vocab(b->model));
+    gpe_sampler_accept(j->smp, tok);
+    if (j->t_first == 0)
+        j->t_first = now_s();
+    if (gpe_token_is_eog(b->model, tok))
+        return "stop";
+    j->n_gen++;
+    char piece[256];
+    int n = gpe_token_to_piece(b->model, tok, piece, sizeof piece, false);
+    const char *emit;
+    size_t elen;
+    bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
+    if (elen > 0)
+        j->sink.token(j->sink.ctx, emit, elen, tok);
+    if (stopped)
+        return "stop";
+    if (j->n_gen >= j->max_tokens)
+        return "length";
+    if (gpe_seq_len(b->ctx, j->slot) >= b->n_ctx)
+        return "length";
+    j->last = tok;
+    j->state = J_GEN;
+    return NULL;
+}
+
+static void *decode_main(void *arg)
+{
+    gguf_backend *b = arg;
+    gpe_batch *batch = gpe_batch_init(b->n_batch + b->n_slots);
+    int *entry = malloc((size_t)b->n_slots * sizeof *entry);   /* slot -> batch index */
+    char err[256];
+
+    for (;;) {
+        /* 1. Admit pending jobs into free slots; collect cancels. */
+        pthread_mutex_lock(&b->mu);
+        while (!b->stopping && !b->pending) {
+            bool busy = false;
+            for (int s = 0; s < b->n_slots; s++)
+                busy |= b->slots[s] != NULL;
+            if (busy)
+                break;
+            pthread_cond_wait(&b->cv, &b->mu);
+        }
+        bool stopping = b->stopping;
+        gjob *admit[64];
+        int n_admit = 0;
+        for (int s = 0; s < b->n_slots && b->pending && n_admit < 64; s++) {
+            if (b->slots[s])
+                continue;
+            gjob *j = b->pending;
+            b->pending = j->next;
+            b->n_pending--;
+            j->slot = s;
+            b->slots[s] = j;   /* reserve the slot (job_cancel sees it) */
+            admit[n_admit++] = j;
+        }
+        bool cancelled[b->n_slots > 0 ? b->n_slots : 1];
+        for (int s = 0; s < b->n_slots; s++)
+            cancelled[s] = b->slots[s] && (b->slots[s]->cancel || stopping);
+        pthread_mutex_unlock(&b->mu);
+
+        for (int a = 0; a < n_admit; a++) {
+            gjob *j = admit[a];
+            int s = j->slot;
+            if (!cancelled[s] && !job_admit(b, j, s)) {
+                pthread_mutex_lock(&b->mu);
+                b->slots[s] = NULL;
+                pthread_mutex_unlock(&b->mu);
+                job_free(j);
+            }
+        }
+        for (int s = 0; s < b->n_slots; s++) {
+            if (!cancelled[s])
+                continue;
+            pthread_mutex_lock(&b->mu);
+            gjob *j = b->slots[s];
+            b->slots[s] = NULL;
+            pthread_mutex_unlock(&b->mu);
+            if (j) {
+                job_error(j, "CANCELLED", "cancelled");
+                job_free(j);
+            }
+        }
+        if (stopping) {
+            /* pending jobs never started: they still get their terminal event */
+            pthread_mutex_lock(&b->mu);
+            gjob *p = b->pending;
+            b->pending = NULL;
+            b->n_pending = 0;
+            pthread_mutex_unlock(&b->mu);
+            while (p) {
+                gjob *next = p->next;
+                job_error(p, "CANCELLED", "agent stopping");
+                job_free(p);
+                p = next;
+            }
+            break;
+        }
+
+        /* 2. One batch: decode tokens of generating slots, then prompt
+         *    chunks of prefilling slots up to n_batch tokens. */
+        gpe_batch_clear(batch);
+        int budget = b->n_batch;
+        for (int s = 0; s < b->n_slots; s++) {
+            entry[s] = -1;
+            gjob *j = b->slots[s];
+            if (j && j->state == J_GEN)
+                entry[s] = gpe_batch_add(batch, j->last, gpe_seq_len(b->ctx, s), s, true);
+        }
+        for (int s = 0; s < b->n_slots && budget > 0; s++) {
+            gjob *j = b->slots[s];
+            if (!j || j->state != J_PREFILL)
+                continue;
+            int take = j->n_toks - j->n_fed;
+            if (take > budget)
+                take = budget;
+            for (int i = 0; i < take; i++) {
+                bool last = j->n_fed + i == j->n_toks - 1;
+                int e = gpe_batch_add(batch, j->toks[j->n_fed + i], j->n_fed + i, s, last);
+                if (last)
+                    entry[s] = e;
+            }
+            j->n_fed += take;
+            budget -= take;
+        }
+        if (gpe_batch_size(batch) == 0)
+            continue;
+        gpe_status st = gpe_decode(b->ctx, batch, err, sizeof err);
+
+        /* 3. Sample for every slot that got logits; finish jobs. */
+        long used = 0;
+        for (int s = 0; s < b->n_slots; s++) {
+            gjob *j = b->slots[s];
+            if (!j)
+                continue;
+            const char *reason = NULL;
+            if (st != GPE_OK) {
+                job_error(j, st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR", err);
+                reason = "";
+            } else if (entry[s] >= 0) {
+                reason = job_step(b, j, gpe_get_logits(b->ctx, entry[s]));
+                if (reason)
+                    job_end(j, reason);
+            }
+            if (reason) {
+                pthread_mutex_lock(&b->mu);
+                b->slots[s] = NULL;
+                pthread_mutex_unlock(&b->mu);
+                gpe_seq_clear(b->ctx, s);
+                job_free(j);
+            } else {
+                used += gpe_seq_len(b->ctx, s);
+            }
+        }
+        pthread_mutex_lock(&b->mu);
+        b->kv_used = used;
+        pthread_mutex_unlock(&b->mu);
+    }
+    free(entry);
+    gpe_batch_free(batch);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ ops */
+
+static void gguf_destroy(agent_backend *base)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    if (!b)
+        return;
+    if (b->thread_started) {
+        pthread_mutex_lock(&b->mu);
+        b->stopping = true;
+        pthread_cond_signal(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->thread, NULL);
+    }
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b->slots);
+    free(b->alias);
+    gpe_ctx_free(b->ctx);
+    gpe_model_free(b->model);
+    free(b);
+}
+
+static json_t *gguf_models(agent_backend *base)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    return json_pack("[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s}]", "id", b->alias,
+                     "aliases", "quantization", b->info.quant, "context_length", b->n_ctx,
+                     "bytes", (json_int_t)b->info.file_bytes, "vram_bytes", "architecture",
+                     b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
+                     "chat_format", b->info.chat_format);
+}
+
+static void gguf_poll_facts(agent_backend *base, json_t *body)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    pthread_mutex_lock(&b->mu);
+    double util = (double)b->kv_used / ((double)b->n_ctx * (double)b->n_slots);
+    int depth = b->n_pending;
+    pthread_mutex_unlock(&b->mu);
+    json_object_set_new(body, "kv_cache_utilization", json_real(util));
+    json_object_set_new(body, "queue_depth", json_integer(depth));
+}
+
+static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
+                          size_t errlen)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    gjob *j = job_parse(b, job, err, errlen);
+    if (!j)
+        return -1;
+    j->sink = *sink;
+    pthread_mutex_lock(&b->mu);
+    gjob **tail = &b->pending;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = j;
+    b->n_pending++;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+static void gguf_job_cancel(agent_backend *base, const char *job_id)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    pthread_mutex_lock(&b->mu);
+    for (gjob **pp = &b->pending; *pp; pp = &(*pp)->next)
+        if (strcmp((*pp)->job_id, job_id) == 0) {
+            (*pp)->cancel = true;
+            /* move it into no slot: the decode thread reports it when admitted */
+            break;
+        }
+    for (int s = 0; s < b->n_slots; s++)
+        if (b->slots[s] && strcmp(b->slots[s]->job_id, job_id) == 0)
+            b->slots[s]->cancel = true;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static const agent_backend_ops gguf_ops = {
+    .name = "gguf",
+    .destroy = gguf_destroy,
+    .models = gguf_models,
+    .poll_facts = gguf_poll_facts,
+    .job_start = gguf_job_start,
+    .job_cancel = gguf_job_cancel,
+};
+
+agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen)
+{
+    gguf_backend *b = calloc(1, sizeof *b);
+    if (!b) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    b->base.ops = &gguf_ops;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    if (!o->model || !*o->model) {
+        snprintf(err, errlen, "model: no .gguf file given");
+        goto fail;
+    }
+    gpe_model_params mp = gpe_model_default_params();
+    char e[384];
+    gpe_status st = gpe_model_load(o->model, &mp, &b->model, e, sizeof e);
+    if (st != GPE_OK) {
+        snprintf(err, errlen, "model: %s (%s)", e, gpe_status_name(st));
+        goto fail;
+    }
+    gpe_model_get_info(b->model, &b->info);
+    b->n_slots = o->slots > 0 ? (int)o->slots : 1;
+    if (b->n_slots > 64)
+        b->n_slots = 64;
+    b->n_batch = 256;
+    gpe_ctx_params cp = gpe_ctx_default_params();
+    cp.n_ctx = o->ctx_size > 0 ? (int)o->ctx_size : 0;
+    cp.n_seq = b->n_slots;
+    cp.n_threads = (int)o->threads;
+    cp.n_batch = b->n_batch + b->n_slots;
+    if ((st = gpe_ctx_init(b->model, &cp, &b->ctx, e, sizeof e)) != GPE_OK) {
+        snprintf(err, errlen, "engine context: %s (%s)", e, gpe_status_name(st));
+        goto fail;
+    }
+    b->n_ctx = gpe_ctx_n_ctx(b->ctx);
+    b->slots = calloc((size_t)b->n_slots, sizeof *b->slots);
+    if (o->alias && *o->alias) {
+        b->alias = strdup(o->alias);
+    } else {
+        /* file stem: "models/stories260K.gguf" -> "stories260K" */
+        const char *base = strrchr(o->model, '/');
+        base = base ? base + 1 : o->model;
+        size_t n = strlen(base);
+        if (n > 5 && strcmp(base + n - 5, ".gguf") == 0)
+            n -= 5;
+        b->alias = strndup(base, n);
+    }
+    if (!b->slots || !b->alias) {
+        snprintf(err, errlen, "out of memory");
+        goto fail;
+    }
+    if (pthread_create(&b->thread, NULL, decode_main, b) != 0) {
+        snprintf(err, errlen, "cannot start the decode thread");
+        goto fail;
+    }
+    b->thread_started = true;
+    return &b->base;
+fail:
+    gguf_destroy(&b->base);
+    return NULL;
+}
