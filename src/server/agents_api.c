@@ -114,8 +114,10 @@ static void park_close_cb(struct evhttp_connection *evcon, void *arg)
 {
     agent_ext *e = arg;
     gps_agents *g = e->g;
+    struct evhttp_request *req = e->parked;
     e->evcon = NULL; /* closing: do not touch its callbacks any more */
     unpark(e);
+    gps_http_drop_request(req);
     gp_log_write(GP_LOG_WARN, "agent_poll_disconnected", NULL,
                  json_pack("{s:s}", "agent_id", e->id),
                  "parked long-poll connection closed");

@@ -620,6 +620,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
 static void on_client_close(struct evhttp_connection *evcon, void *arg)
 {
     oa_stream *st = arg;
+    gps_http_drop_request(st->req);
     st->req = NULL;
     st->evcon = NULL; /* closing: its callbacks are not ours to clear */
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,

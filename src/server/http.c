@@ -332,6 +332,12 @@ gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
     return w;
 }
 
+void gps_http_drop_request(struct evhttp_request *req)
+{
+    if (req && evhttp_request_get_connection(req) == NULL)
+        evhttp_request_free(req);
+}
+
 void gps_conn_watch_free(gps_conn_watch *w)
 {
     if (!w)

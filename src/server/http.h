@@ -125,6 +125,13 @@ typedef struct gps_conn_watch gps_conn_watch;
 /* NULL when the request has no connection or on ENOMEM. */
 gps_conn_watch *gps_http_watch_close(struct evhttp_request *req);
 void gps_conn_watch_free(gps_conn_watch *w);
+/* Call from a connection close callback for a request whose reply was not
+ * finished. When evhttp itself saw the failure it detached the request
+ * from the connection and left it to us (libevent 2.1: the request
+ * survives until the user completes it); free it then. When the
+ * connection is being freed with the request still attached, evhttp frees
+ * it and this does nothing. Never touch req afterwards. */
+void gps_http_drop_request(struct evhttp_request *req);
 
 /* ---- replies ---- */
 
