@@ -551,11 +551,30 @@ class Harness:
             out.append("===== %s (pid %d) %s\n%s" % (p.name, p.pid, " ".join(p.argv), p.log_text()[-20000:]))
         return "\n".join(out)
 
+    SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "WARNING: ThreadSanitizer")
+
+    def sanitizer_reports(self):
+        """(process name, excerpt) for every log holding a sanitizer report."""
+        out = []
+        for p in self.procs:
+            txt = p.log_text()
+            for m in self.SANITIZER_MARKS:
+                i = txt.find(m)
+                if i >= 0:
+                    out.append((p.name, txt[max(0, i - 200):i + 3000]))
+                    break
+        return out
+
     def cleanup(self):
+        """Stop every process (SIGTERM, then SIGKILL), remove the temp dir.
+        Returns the sanitizer reports found in the logs (see TestCase)."""
         for p in reversed(self.procs):
             p.stop(grace=3.0)
+        reports = self.sanitizer_reports()
         if os.environ.get("GPUPOOL_KEEP_TMP") != "1":
             shutil.rmtree(self.tmp, ignore_errors=True)
+        return reports
 
 
 def binaries_present(*bins):
@@ -588,7 +607,10 @@ class TestCase(unittest.TestCase):
         failed = self._nfail() > self._nfail0 or not getattr(outcome, "success", True)
         if failed or os.environ.get("GPUPOOL_TEST_VERBOSE") == "1":
             sys.stderr.write("\n--- process logs (%s) ---\n%s\n" % (self.id(), self.h.logs()))
-        self.h.cleanup()
+        reports = self.h.cleanup()
+        if reports:
+            # A sanitizer finding in any process fails the test that ran it.
+            raise AssertionError("sanitizer report in %s:\n%s" % (reports[0][0], reports[0][1]))
 
 
 def main():
