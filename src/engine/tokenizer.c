@@ -322,13 +322,39 @@ static uint32_t *cover_slot(const cover *c, uint32_t key)
             return &c->keys[i];
 }
 
-/* Add s[0..n). false when the trie is full (then it is dropped: chunking is
- * only an optimisation). */
+/* Double the table (load stays <= 1/2). */
+static bool cover_grow(cover *c)
+{
+    uint64_t size = (c->mask + 1) * 2;
+    cover nc = {calloc(size, sizeof *nc.keys), calloc(size, sizeof *nc.vals), size - 1,
+                c->n_nodes};
+    if (!nc.keys || !nc.vals) {
+        free(nc.keys);
+        free(nc.vals);
+        return false;
+    }
+    for (uint64_t i = 0; i <= c->mask; i++) {
+        if (!c->keys[i])
+            continue;
+        uint32_t *k = cover_slot(&nc, c->keys[i]);
+        *k = c->keys[i];
+        nc.vals[k - nc.keys] = c->vals[i];
+    }
+    free(c->keys);
+    free(c->vals);
+    *c = nc;
+    return true;
+}
+
+/* Add s[0..n). false when out of memory or nodes (then the trie is dropped:
+ * chunking is only an optimisation). */
 static bool cover_add(cover *c, const char *s, size_t n)
 {
     uint32_t node = 0;
     for (size_t d = 0; d < n; d++) {
-        if (c->n_nodes >= COVER_MAX_NODES || (uint64_t)c->n_nodes * 2 > c->mask)
+        if (c->n_nodes >= COVER_MAX_NODES)
+            return false;
+        if ((uint64_t)(c->n_nodes + 1) * 2 > c->mask + 1 && !cover_grow(c))
             return false;
         uint32_t key = ((node << 8) | (unsigned char)s[d]) + 1;
         uint32_t *k = cover_slot(c, key);
@@ -369,11 +395,11 @@ static void cover_free(cover *c)
     memset(c, 0, sizeof *c);
 }
 
-/* Sized for total_bytes trie nodes at most. */
-static bool cover_init(cover *c, uint64_t total_bytes)
+/* Sized for about expect_nodes nodes (it grows as needed). */
+static bool cover_init(cover *c, uint64_t expect_nodes)
 {
     uint64_t size = 1024;
-    while (size < total_bytes * 2 + 2)
+    while (size < expect_nodes * 2)
         size *= 2;
     c->keys = calloc(size, sizeof *c->keys);
     c->vals = calloc(size, sizeof *c->vals);
@@ -1713,7 +1739,8 @@ static void build_cover(gpe_tokenizer *t)
     int32_t n = t->kind == KIND_SPM ? t->n_vocab : t->n_merges;
     for (int32_t i = 0; i < n; i++)
         total += t->kind == KIND_SPM ? t->tok_len[i] : t->m_len[i];
-    if (total > COVER_MAX_NODES || !cover_init(&t->cov, total))
+    /* trie nodes are about a third of the bytes on real vocabularies */
+    if (!cover_init(&t->cov, total / 3))
         return;
     bool ok = true;
     for (int32_t i = 0; ok && i < n; i++) {

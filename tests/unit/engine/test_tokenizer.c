@@ -414,7 +414,7 @@ static void test_stories(void **state)
     gpe_tokenizer *t = load_path(path);
     assert_non_null(t);
     json_t *cases = json_object_get(root, "cases");
-    size_t i, total = 0, pass = 0;
+    size_t i, total = 0, pass = 0, total_pieces = 0, pass_pieces = 0;
     json_t *c;
     json_array_foreach(cases, i, c) {
         const char *hex = json_string_value(json_object_get(c, "text_hex"));
@@ -439,9 +439,28 @@ static void test_stories(void **state)
                 print_error("stories case %zu (bos %d) differs\n", i, bos);
             free(got);
         }
+        /* pieces (hex) of ids_no_bos */
+        json_t *ids = json_object_get(c, "ids_no_bos"), *ph = json_object_get(c, "pieces_hex");
+        assert_int_equal(json_array_size(ids), json_array_size(ph));
+        for (size_t k = 0; k < json_array_size(ids); k++) {
+            char piece[64], hexp[129];
+            int n = gpe_tokenizer_piece(t, (int32_t)json_integer_value(json_array_get(ids, k)),
+                                        piece, sizeof piece, false);
+            assert_true(n >= 0 && n <= 64);
+            for (int j = 0; j < n; j++)
+                snprintf(hexp + 2 * j, 3, "%02x", (unsigned char)piece[j]);
+            hexp[2 * n] = 0;
+            total_pieces++;
+            if (strcmp(hexp, json_string_value(json_array_get(ph, k))) == 0)
+                pass_pieces++;
+            else
+                print_error("stories case %zu piece %zu: %s\n", i, k, hexp);
+        }
         free(text);
     }
-    printf("stories260K: %zu/%zu identical\n", pass, total);
+    printf("stories260K: %zu/%zu identical, pieces %zu/%zu\n", pass, total, pass_pieces,
+           total_pieces);
+    assert_int_equal(pass_pieces, total_pieces);
     assert_int_equal(pass, total);
     assert_true(total >= 22);
     gpe_tokenizer_free(t);
