@@ -170,8 +170,8 @@ bool gpe_quantize_row_act(gpe_type wt, const float *x, void *dst, int64_t n);
 
 /* Dot product of one weight row (n elements of type wt) with an activation
  * row already converted by gpe_quantize_row_act(wt, ...). wt must be
- * supported and n a multiple of its block size (asserted in debug, not
- * checked at run time: this is the hot loop). */
+ * supported and n a multiple of its block size (not checked: this is the
+ * hot loop; the GGUF reader guarantees it for tensor rows). */
 float gpe_vec_dot(gpe_type wt, int64_t n, const void *wrow, const void *act);
 
 /* out[t*ldo + r] = dot(W row r, activation row t) for r in [row_begin,
@@ -179,7 +179,10 @@ float gpe_vec_dot(gpe_type wt, int64_t n, const void *wrow, const void *act);
  * with n_cols elements per row (rows are gpe_row_size(wt, n_cols) apart);
  * act row t starts at (const char *)act + t*act_row_bytes. The loop is
  * blocked so that each weight row is read once for all n_tok activations
- * (decode of several sequences shares the pass over the weights). Thread
+ * (decode of several sequences shares the pass over the weights; the
+ * AVX-512 kernels take up to 4 tokens per pass). Each out value is
+ * bit-identical to gpe_vec_dot of that row and token, whatever n_tok and the
+ * row range are: results do not depend on batching or thread split. Thread
  * callers split [0, n_rows) into disjoint ranges. */
 void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_end,
                      int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
