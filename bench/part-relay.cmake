@@ -1,0 +1,12 @@
+# Relay overhead (owner: A1): TTFT and total time through server + agent vs
+# the upstream directly at 1 and 64 streams, requests/s with a zero-delay
+# upstream, server RSS with 1,000 idle streams. Printed, never asserted:
+#   cmake --build BUILD --target bench-relay
+# (or python3 bench/relay_bench.py --build BUILD [--quick])
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND AND TARGET gpupool-agent)
+  add_custom_target(bench-relay
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/relay_bench.py --build ${CMAKE_BINARY_DIR}
+    USES_TERMINAL
+    COMMENT "relay benchmark (server + agent vs upstream direct)")
+endif()
