@@ -8,7 +8,7 @@
  *        every step. With --seqs S, each step decodes S sequences together
  *        (one batch: the weights are read once per step for all S) and the
  *        figure is the total tokens/s of the S sequences.
- * Each test runs once untimed (warm-up: page cache, thread wake-up) and then
+ * Each test runs once untimed and short (warm-up: page cache, thread wake-up), then
  * -r times; the mean and standard deviation of tokens/s are printed.
  * Token ids are a fixed pseudo-random sequence (speed does not depend on
  * them). Figures are printed only; nothing is asserted.
@@ -146,7 +146,8 @@ static int bench_threads(const bench_opts *o, gpe_model *m, const gpe_model_info
     int n_vocab = gpe_model_n_vocab(m);
     char test[64];
     if (o->n_prompt > 0) {
-        if (run_pp(c, b, (int)o->n_prompt, n_vocab) < 0)
+        /* warm-up: a short prompt touches every weight page just as well */
+        if (run_pp(c, b, (int)(o->n_prompt < 16 ? o->n_prompt : 16), n_vocab) < 0)
             goto done;
         for (int r = 0; r < o->reps; r++) {
             double t = run_pp(c, b, (int)o->n_prompt, n_vocab);
