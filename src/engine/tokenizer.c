@@ -1826,9 +1826,15 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
                          "unknown pre-tokenizer '%.64s': using the gpt-2 split", pre);
             }
         }
-        if (t->pre == PRE_LLAMA3) {
-            def_add_bos = true;
-            t->ignore_merges = true;
+        /* llama.cpp's LLAMA3 pre type (not the other names sharing its
+         * regex) adds BOS and takes whole pieces that are tokens unmerged */
+        static const char *const llama3_names[] = {"llama3", "llama-v3", "llama-bpe", "falcon3",
+                                                   "pixtral"};
+        for (size_t i = 0; pre && i < sizeof llama3_names / sizeof llama3_names[0]; i++) {
+            if (strcmp(pre, llama3_names[i]) == 0) {
+                def_add_bos = true;
+                t->ignore_merges = true;
+            }
         }
     }
     int32_t nv = t->n_vocab;

@@ -615,6 +615,28 @@ static void test_synthetic(void **state)
     assert_int_equal(gpe_tokenizer_encode(t, "ab", 2, true, false, ids, 8), 1);
     gpe_tokenizer_free(t);
 
+    /* llama-bpe adds BOS by default and keeps whole-token pieces unmerged;
+     * other bpe pre-tokenizers add nothing by default */
+    for (int k = 0; k < 2; k++) {
+        gguf_begin(&b, 5);
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_str(&b, "tokenizer.ggml.pre", k ? "llama-bpe" : "dbrx");
+        kv_strs(&b, "tokenizer.ggml.tokens", toks, 5);
+        kv_strs(&b, "tokenizer.ggml.merges", merges, 2);
+        put_str(&b, "tokenizer.ggml.bos_token_id");
+        put_u32(&b, GPE_GGUF_U32);
+        put_u32(&b, 3);
+        t = load_buf(&b, err, sizeof err);
+        assert_non_null(t);
+        assert_int_equal(gpe_tokenizer_add_bos(t), k == 1);
+        int n = gpe_tokenizer_encode(t, "ab", 2, true, false, ids, 8);
+        assert_int_equal(n, k ? 2 : 1);
+        assert_int_equal(ids[n - 1], 2);
+        if (k)
+            assert_int_equal(ids[0], 3);
+        gpe_tokenizer_free(t);
+    }
+
     /* spm without byte tokens or scores: unknown characters become <unk>
      * when there is one (id 0 by default) */
     static const char *const stoks[] = {"<unk>", "<s>", "</s>", "▁", "a", "▁a"};
