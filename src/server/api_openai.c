@@ -327,6 +327,35 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
                      "'x_pool_options.prefer_agent' must be a non-empty string");
             s->prefer_agent = strdup(json_string_value(pa));
         }
+        const json_t *se = json_object_get(xo, "session");
+        if (!is_null_or_absent(se)) {
+            if (!json_is_string(se) || json_string_length(se) == 0 ||
+                json_string_length(se) > 256)
+                FAIL("x_pool_options.session",
+                     "'x_pool_options.session' must be a non-empty string");
+            s->session = strdup(json_string_value(se));
+        }
+        const json_t *lb = json_object_get(xo, "labels");
+        if (!is_null_or_absent(lb)) {
+            if (!json_is_object(lb) || json_object_size(lb) > 16)
+                FAIL("x_pool_options.labels",
+                     "'x_pool_options.labels' must be an object of at most 16 string values");
+            s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
+                               sizeof *s->labels);
+            if (!s->labels)
+                FAIL(NULL, "out of memory");
+            const char *k;
+            json_t *v;
+            json_object_foreach((json_t *)lb, k, v)
+            {
+                if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
+                    FAIL("x_pool_options.labels",
+                         "'x_pool_options.labels.%.64s' must be a string", k);
+                s->labels[s->n_labels].key = strdup(k);
+                s->labels[s->n_labels].value = strdup(json_string_value(v));
+                s->n_labels++;
+            }
+        }
     }
 
     if (!s->model || (!chat && !s->prompt) || (chat && !s->messages)) {

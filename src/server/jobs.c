@@ -81,6 +81,12 @@ void gps_job_spec_clear(gps_job_spec *s)
     json_decref(s->stop);
     free(s->user);
     free(s->prefer_agent);
+    free(s->session);
+    for (size_t i = 0; i < s->n_labels; i++) {
+        free(s->labels[i].key);
+        free(s->labels[i].value);
+    }
+    free(s->labels);
     const char *api = s->api;
     memset(s, 0, sizeof *s);
     s->api = api;
@@ -503,7 +509,9 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.priority = job->spec.priority == GPS_PRIO_BATCH ? SCHED_BATCH : SCHED_INTERACTIVE;
     job->sj.prefer_agent = job->spec.prefer_agent;
     job->sj.prefer_strict = -1;
-    job->sj.session = job->spec.user;
+    job->sj.session = job->spec.session ? job->spec.session : job->spec.user;
+    job->sj.labels = job->spec.labels;
+    job->sj.n_labels = job->spec.n_labels;
 
     registry_agent *a = NULL;
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);

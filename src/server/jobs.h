@@ -66,6 +66,9 @@ typedef struct gps_job_spec {
     char *user;
     gps_job_priority priority;
     char *prefer_agent;
+    char *session;           /* affinity key (x_pool_options.session); NULL = use user */
+    registry_label *labels;  /* constraints (x_pool_options.labels); owned, n_labels */
+    size_t n_labels;
     const char *api;         /* static: "openai", "anthropic", "native" */
 } gps_job_spec;
 

@@ -15,12 +15,14 @@ import uuid
 
 
 class FakeAgent:
-    def __init__(self, url, models=("m1",), slots=1, key=None, name=None, agent_id=None):
+    def __init__(self, url, models=("m1",), slots=1, key=None, name=None, agent_id=None,
+                 labels=None):
         host, port = url.replace("http://", "").split(":")
         self.host, self.port = host, int(port)
         self.models = list(models)
         self.slots = slots
         self.key = key
+        self.labels = dict(labels or {})
         self.agent_id = agent_id or str(uuid.uuid4())
         self.name = name or ("fake-" + self.agent_id[:8])
         self.work_conn = None
@@ -61,7 +63,7 @@ class FakeAgent:
             "models": [{"id": m, "aliases": [], "loaded": True, "context_length": 512}
                        for m in self.models],
             "slots": {"total": self.slots, "busy": busy}, "queue_depth": 0,
-            "kv_cache_utilization": 0.0, "labels": {}, "status": status,
+            "kv_cache_utilization": 0.0, "labels": self.labels, "status": status,
         }
 
     def poll(self, **kw):

@@ -58,6 +58,25 @@ class ServerAgents(harness.TestCase):
             by_id[hdr["x-pool-agent"]] += 1
         self.assertEqual(sorted(by_id.values()), [3, 3, 3], by_id)
 
+    def test_label_constraint_and_prefer_agent(self):
+        self.srv = self.h.start_server()
+        eu = self.bg_agent(labels={"region": "eu"}, name="box-eu")
+        us = self.bg_agent(labels={"region": "us"}, name="box-us")
+        for _ in range(3):
+            harness.wait_until(lambda: metric(self.srv, "gpupool_agents_parked") == 2,
+                               timeout=10, what="2 agents parked")
+            st, hdr, body = self.post("/v1/chat/completions",
+                                      dict(CHAT, x_pool_options={"labels": {"region": "us"}}))
+            self.assertEqual(st, 200, body)
+            self.assertEqual(hdr["x-pool-agent"], us.agent_id)
+        for _ in range(3):
+            harness.wait_until(lambda: metric(self.srv, "gpupool_agents_parked") == 2,
+                               timeout=10, what="2 agents parked")
+            st, hdr, body = self.post("/v1/chat/completions",
+                                      dict(CHAT, x_pool_options={"prefer_agent": eu.agent_id}))
+            self.assertEqual(st, 200, body)
+            self.assertEqual(hdr["x-pool-agent"], eu.agent_id)
+
     def test_client_disconnect_cancels_job(self):
         self.srv = self.h.start_server()
         a = FakeAgent(self.srv.url)

@@ -70,7 +70,8 @@ static void test_chat_ok(void **st)
        "\"max_tokens\":5,\"temperature\":0,\"top_p\":0.5,\"stop\":\"END\",\"seed\":-3,"
        "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"user\":\"u\",\"n\":1,"
        "\"presence_penalty\":0.5,\"top_k\":40,"
-       "\"x_pool_options\":{\"priority\":\"batch\",\"prefer_agent\":\"box1\"}}",
+       "\"x_pool_options\":{\"priority\":\"batch\",\"prefer_agent\":\"box1\","
+       "\"session\":\"s1\",\"labels\":{\"region\":\"eu\"}}}",
        true, &r);
     assert_int_equal(json_array_size(r.spec.messages), 3);
     json_t *m0 = json_array_get(r.spec.messages, 0);
@@ -88,6 +89,10 @@ static void test_chat_ok(void **st)
     assert_int_equal(r.spec.top_k, 40);
     assert_int_equal(r.spec.priority, GPS_PRIO_BATCH);
     assert_string_equal(r.spec.prefer_agent, "box1");
+    assert_string_equal(r.spec.session, "s1");
+    assert_int_equal(r.spec.n_labels, 1);
+    assert_string_equal(r.spec.labels[0].key, "region");
+    assert_string_equal(r.spec.labels[0].value, "eu");
     gps_job_spec_clear(&r.spec);
 
     /* max_completion_tokens, nulls everywhere, 4 stops */
@@ -169,6 +174,12 @@ static void test_bad_fields(void **st)
     bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_object\"}}", true,
         "response_format");
     bad("{\"model\":\"m\"," M ",\"x_pool_options\":[]}", true, "x_pool_options");
+    bad("{\"model\":\"m\"," M ",\"x_pool_options\":{\"labels\":{\"region\":1}}}", true,
+        "x_pool_options.labels");
+    bad("{\"model\":\"m\"," M ",\"x_pool_options\":{\"labels\":[]}}", true,
+        "x_pool_options.labels");
+    bad("{\"model\":\"m\"," M ",\"x_pool_options\":{\"session\":\"\"}}", true,
+        "x_pool_options.session");
     bad("{\"model\":\"m\"," M ",\"x_pool_options\":{\"priority\":\"urgent\"}}", true,
         "x_pool_options.priority");
     /* completions */
