@@ -1,8 +1,11 @@
-# Agent unit tests (cmocka). They link the agent's core library, the same
-# code the gpupool-agent binary runs.
+# Agent unit tests (cmocka). They link the agent's base library (no engine),
+# the same code the gpupool-agent binary runs.
 gp_add_unit_test(test_agent_util
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_util.c
-  LIBS gpupool_agent_core)
+  LIBS gpupool_agent_base)
 gp_add_unit_test(test_agent_openai_stream
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_openai_stream.c
-  LIBS gpupool_agent_core)
+  LIBS gpupool_agent_base)
+gp_add_unit_test(test_agent_config
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_config.c
+  LIBS gpupool_agent_base)

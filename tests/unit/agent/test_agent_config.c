@@ -1,0 +1,103 @@
+/* Unit tests for src/agent/agent_config.c: layering and the cross-field
+ * rules (one backend, URLs, labels), with a controlled environment. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "agent/agent_config.h"
+
+static char *noenv[] = {"GPUPOOL_CONFIG=", NULL};
+
+static int load(agent_options *o, gp_config *cfg, char **env, char *err, size_t errlen, int argc,
+                char **argv)
+{
+    return agent_config_load(o, cfg, argc, argv, env ? env : noenv, err, errlen);
+}
+
+#define ARGV(...) (char *[]){"gpupool-agent", __VA_ARGS__, NULL}
+#define ARGC(...) ((int)(sizeof((char *[]){"gpupool-agent", __VA_ARGS__}) / sizeof(char *)))
+
+static void openai_ok_and_defaults(void **st)
+{
+    (void)st;
+    agent_options o;
+    gp_config cfg;
+    char err[300] = "";
+    int rc = load(&o, &cfg, NULL, err, sizeof err,
+                  ARGC("--upstream", "http://127.0.0.1:9", "--upstream-model", "m"),
+                  ARGV("--upstream", "http://127.0.0.1:9", "--upstream-model", "m"));
+    assert_int_equal(rc, 0);
+    assert_string_equal(o.server, "http://127.0.0.1:8080");
+    assert_int_equal(o.slots, 1);
+    assert_null(o.token);
+    assert_null(o.model);
+    assert_string_equal(o.upstream_model, "m");
+    gp_config_free(&cfg);
+}
+
+static void env_beats_flag(void **st)
+{
+    (void)st;
+    agent_options o;
+    gp_config cfg;
+    char err[300] = "";
+    char *env[] = {"GPUPOOL_CONFIG=", "GPUPOOL_SLOTS=9", "GPUPOOL_STATE_DIR=/x", NULL};
+    int rc = load(&o, &cfg, env, err, sizeof err,
+                  ARGC("--slots", "2", "--upstream", "http://h:1", "--upstream-model", "m"),
+                  ARGV("--slots", "2", "--upstream", "http://h:1", "--upstream-model", "m"));
+    assert_int_equal(rc, 0);
+    assert_int_equal(o.slots, 9);
+    assert_string_equal(o.state_dir, "/x");
+    gp_config_free(&cfg);
+}
+
+static void rule_errors_name_the_key(void **st)
+{
+    (void)st;
+    struct {
+        int argc;
+        char **argv;
+        const char *want;
+    } cases[] = {
+        {ARGC("--slots", "2"), ARGV("--slots", "2"), "backend"},
+        {ARGC("--upstream", "http://h:1"), ARGV("--upstream", "http://h:1"), "upstream-model"},
+        {ARGC("--upstream", "h:1", "--upstream-model", "m"),
+         ARGV("--upstream", "h:1", "--upstream-model", "m"), "upstream"},
+        {ARGC("--upstream", "http://h:1", "--upstream-model", "m", "--model", "x.gguf"),
+         ARGV("--upstream", "http://h:1", "--upstream-model", "m", "--model", "x.gguf"),
+         "choose one"},
+        {ARGC("--server", "ftp://x", "--model", "x.gguf"),
+         ARGV("--server", "ftp://x", "--model", "x.gguf"), "server"},
+        {ARGC("--labels", "a", "--model", "x.gguf"), ARGV("--labels", "a", "--model", "x.gguf"),
+         "labels"},
+        {ARGC("--slots", "0", "--model", "x.gguf"), ARGV("--slots", "0", "--model", "x.gguf"),
+         "slots"},
+        {ARGC("--model", "x.gguf", "stray"), ARGV("--model", "x.gguf", "stray"), "stray"},
+        {ARGC("--model", "x.gguf", "--alias", ""), ARGV("--model", "x.gguf", "--alias", ""),
+         "alias"},
+        {ARGC("--bogus", "1"), ARGV("--bogus", "1"), "bogus"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        agent_options o;
+        gp_config cfg;
+        char err[300] = "";
+        int rc = load(&o, &cfg, NULL, err, sizeof err, cases[i].argc, cases[i].argv);
+        if (rc != -1 || !strstr(err, cases[i].want))
+            fail_msg("case %zu: rc %d err '%s' (want '%s')", i, rc, err, cases[i].want);
+        gp_config_free(&cfg);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(openai_ok_and_defaults),
+        cmocka_unit_test(env_beats_flag),
+        cmocka_unit_test(rule_errors_name_the_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
