@@ -64,6 +64,17 @@ int main(int argc, char **argv)
     agent *a = NULL;
     int rc = 2;
 
+    /* Block the stop signals before anything starts a thread (backends
+     * start theirs in their constructors; threads inherit the mask), then
+     * take them in one thread with sigwait. */
+    sig_ctx sc = {0};
+    sigemptyset(&sc.set);
+    sigaddset(&sc.set, SIGTERM);
+    sigaddset(&sc.set, SIGINT);
+    sigaddset(&sc.set, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
     if (agent_config_load(&o, &cfg, argc, argv, NULL, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-agent: %s\n", err);
         goto done;
@@ -107,15 +118,7 @@ int main(int argc, char **argv)
         goto cleanup_curl;
     }
 
-    /* Block the signals in every thread (threads inherit the mask), then
-     * take them in one thread with sigwait. */
-    sig_ctx sc = {.a = a};
-    sigemptyset(&sc.set);
-    sigaddset(&sc.set, SIGTERM);
-    sigaddset(&sc.set, SIGINT);
-    sigaddset(&sc.set, SIGUSR2);
-    pthread_sigmask(SIG_BLOCK, &sc.set, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    sc.a = a;
     pthread_t sig_th;
     bool have_sig_th = pthread_create(&sig_th, NULL, signal_main, &sc) == 0;
 
