@@ -19,6 +19,9 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 #include "engine/tokenizer.h"
+#ifdef GPUPOOL_HAVE_CUDA
+#include "engine/cuda/backend_cuda.h"
+#endif
 
 struct gpe_model {
     gpe_gguf *g;              /* owns the mapping every weight points into */
@@ -30,6 +33,8 @@ struct gpe_model {
     const char *chat_format;  /* static string from gpe_chat_detect */
     uint64_t weight_bytes;
     gpe_model_info info;
+    gpe_backend_kind backend; /* where contexts of this model run */
+    int gpu_device;
 };
 
 struct gpe_batch {
@@ -51,6 +56,9 @@ struct gpe_ctx {
     int *row_of;              /* [row_cap] batch index -> logits row or -1 */
     int row_cap;
     int last_n;               /* entries of the last decoded batch */
+#ifdef GPUPOOL_HAVE_CUDA
+    gpe_cuda_model *cuda;     /* weights + KV in VRAM; NULL for CPU contexts */
+#endif
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -220,6 +228,8 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
         st = GPE_ERR_NOMEM;
         goto fail;
     }
+    m->backend = p.backend;
+    m->gpu_device = p.gpu_device;
     find_quant(m);
     const char *tmpl = gpe_gguf_get_str(m->g, "tokenizer.chat_template", NULL);
     m->chat_format = gpe_chat_detect(tmpl ? tmpl : "");
@@ -464,17 +474,41 @@ gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **ou
     c->n_ctx = p.n_ctx;
     c->n_seq = p.n_seq;
     c->n_batch = p.n_batch;
-    c->pool = gpe_pool_create(p.n_threads);
+    /* CUDA contexts do their work on the device: no CPU workers needed. */
+    c->pool = gpe_pool_create(m->backend == GPE_BACKEND_CUDA ? 1 : p.n_threads);
     if (!c->pool)
         goto nomem;
-    if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim) != 0) {
-        seterr(err, errlen, "cannot allocate the KV cache (%d sequences x %d positions)",
-               p.n_seq, p.n_ctx);
-        gpe_ctx_free(c);
-        return GPE_ERR_NOMEM;
+#ifdef GPUPOOL_HAVE_CUDA
+    if (m->backend == GPE_BACKEND_CUDA) {
+        /* Weights, K/V and scratch live in VRAM (preflight inside: a model
+         * that does not fit is GPE_ERR_INSUFFICIENT_VRAM before anything is
+         * allocated). On the host only the sequence lengths and the logits. */
+        gpe_status st = gpe_cuda_model_upload(&m->llama, m->gpu_device, p.n_ctx, p.n_seq,
+                                              p.n_batch, &c->cuda, err, errlen);
+        if (st != GPE_OK) {
+            gpe_ctx_free(c);
+            return st;
+        }
+        c->kv.n_layer = hp->n_layer;
+        c->kv.n_seq = p.n_seq;
+        c->kv.n_ctx = p.n_ctx;
+        c->kv.kv_dim = hp->n_head_kv * hp->head_dim;
+        c->kv.len = calloc((size_t)p.n_seq, sizeof *c->kv.len);
+        if (!c->kv.len)
+            goto nomem;
+    } else
+#endif
+    {
+        if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim) !=
+            0) {
+            seterr(err, errlen, "cannot allocate the KV cache (%d sequences x %d positions)",
+                   p.n_seq, p.n_ctx);
+            gpe_ctx_free(c);
+            return GPE_ERR_NOMEM;
+        }
+        if (gpe_fwd_init(&c->fwd, &m->llama, p.n_batch, p.n_ctx, gpe_pool_size(c->pool)) != 0)
+            goto nomem;
     }
-    if (gpe_fwd_init(&c->fwd, &m->llama, p.n_batch, p.n_ctx, gpe_pool_size(c->pool)) != 0)
-        goto nomem;
     c->next_pos = calloc((size_t)p.n_seq, sizeof *c->next_pos);
     if (!c->next_pos)
         goto nomem;
@@ -491,6 +525,9 @@ void gpe_ctx_free(gpe_ctx *ctx)
 {
     if (!ctx)
         return;
+#ifdef GPUPOOL_HAVE_CUDA
+    gpe_cuda_model_free(ctx->cuda);
+#endif
     gpe_pool_destroy(ctx->pool);
     gpe_kv_free(&ctx->kv);
     gpe_fwd_free(&ctx->fwd);
@@ -506,8 +543,13 @@ int gpe_ctx_n_ctx(const gpe_ctx *ctx)
 
 void gpe_seq_clear(gpe_ctx *ctx, int seq)
 {
-    if (ctx)
-        gpe_kv_seq_clear(&ctx->kv, seq);
+    if (!ctx)
+        return;
+    gpe_kv_seq_clear(&ctx->kv, seq);
+#ifdef GPUPOOL_HAVE_CUDA
+    if (ctx->cuda)
+        gpe_cuda_seq_clear(ctx->cuda, seq);
+#endif
 }
 
 int gpe_seq_len(const gpe_ctx *ctx, int seq)
@@ -593,9 +635,21 @@ gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen
                 base = ctx->row_of[i];
                 break;
             }
+        float *lg = ctx->fwd.logits + (size_t)base * (size_t)n_vocab;
+#ifdef GPUPOOL_HAVE_CUDA
+        if (ctx->cuda) {
+            /* A device error leaves partial K/V rows at this batch's
+             * positions; the lengths are not committed, so the sequences
+             * are as before. */
+            st = gpe_cuda_forward(ctx->cuda, b->tok + c0, b->pos + c0, b->seq + c0,
+                                  b->logits + c0, cn, lg, err, errlen);
+            if (st != GPE_OK)
+                return st;
+            continue;
+        }
+#endif
         gpe_llama_forward(&ctx->m->llama, &ctx->fwd, &ctx->kv, ctx->pool, b->tok + c0,
-                          b->pos + c0, b->seq + c0, b->logits + c0, cn,
-                          ctx->fwd.logits + (size_t)base * (size_t)n_vocab);
+                          b->pos + c0, b->seq + c0, b->logits + c0, cn, lg);
     }
     for (int i = 0; i < b->n; i++)
         if (b->pos[i] + 1 > ctx->kv.len[b->seq[i]])
