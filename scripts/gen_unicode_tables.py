@@ -11,6 +11,11 @@ The output is committed so that building needs no Python. Tables:
                    0 unassigned (Cn), 1 L, 2 N, 3 P, 4 S, 5 M, 6 Z, 7 C (Cc Cf Cs Co).
   gpe_uclass_*[]   literal character classes used by pre-tokenizer regexes
                    (inclusive [first, last] pairs, sorted), see below.
+  gpe_unfd_table[] {first, last, base}: code points whose canonical
+                   decomposition (NFD) starts with another code point, mapped
+                   to that first code point (the WordPiece tokenizer keeps only
+                   it, which drops accents as BERT does); sorted ranges.
+  gpe_ulower_table[] {cpt, lower}: simple lowercase mapping, sorted.
 
 Source of the category data: Python's unicodedata module (its Unicode
 version is written into the output).
@@ -95,6 +100,34 @@ def main():
     emit_class("gpe_uclass_dsllm_letter", DEEPSEEK_LLM_LETTERS, w)
     emit_class("gpe_uclass_dsllm_punct", DEEPSEEK_LLM_PUNCT, w)
     emit_class("gpe_uclass_cjk", DEEPSEEK_CJK, w)
+
+    nfd = []
+    for cp in range(0x110000):
+        d = unicodedata.normalize("NFD", chr(cp))
+        if d != chr(cp) and ord(d[0]) != cp:
+            t = ord(d[0])
+            if nfd and nfd[-1][1] == cp - 1 and nfd[-1][2] == t:
+                nfd[-1][1] = cp
+            else:
+                nfd.append([cp, cp, t])
+    w("const uint32_t gpe_unfd_table[][3] = {\n")
+    for i in range(0, len(nfd), 3):
+        w("   " + "".join(" {0x%05X, 0x%05X, 0x%05X}," % tuple(r) for r in nfd[i:i + 3]) + "\n")
+    w("};\n")
+    w("const size_t gpe_unfd_table_n = %d;\n\n" % len(nfd))
+
+    # Simple lowercase: the first code point of str.lower() (differs from the
+    # full mapping only for U+0130, whose simple lowercase is U+0069).
+    low = []
+    for cp in range(0x110000):
+        lo = chr(cp).lower()
+        if lo != chr(cp) and ord(lo[0]) != cp:
+            low.append((cp, ord(lo[0])))
+    w("const uint32_t gpe_ulower_table[][2] = {\n")
+    for i in range(0, len(low), 4):
+        w("   " + "".join(" {0x%05X, 0x%05X}," % r for r in low[i:i + 4]) + "\n")
+    w("};\n")
+    w("const size_t gpe_ulower_table_n = %d;\n" % len(low))
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ static bigram heap_pop(heap *h)
 
 /* ============================================================ tokenizer */
 
-enum { KIND_SPM, KIND_BPE };
+enum { KIND_SPM, KIND_BPE, KIND_WPM };
 
 /* BPE pre-tokenizers (the regex families of llama.cpp's pre types). */
 enum pre_kind {
@@ -246,7 +246,8 @@ struct gpe_tokenizer {
     uint64_t m_mask;
     int32_t n_merges;
 
-    int32_t bos, eos, unk, eot, eom;
+    int32_t bos, eos, unk, eot, eom, sep;
+    uint32_t max_tok_len;       /* longest token text (wpm) */
     bool add_bos, add_eos, add_space_prefix, ignore_merges;
     int32_t byte_tok[256];      /* spm <0xXX> tokens, -1 absent */
 
@@ -1147,6 +1148,85 @@ done:
     return ok;
 }
 
+/* ---- wpm (BERT WordPiece), as llama.cpp does it: map each code point to
+ * the first one of its NFD decomposition (drops accents), lowercase, drop
+ * control characters; split at white space, and make punctuation, ASCII
+ * symbols and CJK ideographs single-character words. Each word, prefixed
+ * with "▁", is cut greedily into the longest vocabulary texts from the left;
+ * a word with a piece that matches nothing becomes [UNK] as a whole. */
+
+/* CJK ideograph blocks as BERT's tokenizer defines them (public facts from
+ * google-research/bert tokenization.py _is_chinese_char, with the
+ * 0x2B920 start that llama.cpp and HF's Rust code use). */
+static bool wpm_cjk(uint32_t c)
+{
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+           (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+           (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+static bool wpm_word(const gpe_tokenizer *t, const char *w, size_t n, ivec *out)
+{
+    if (n <= 3)
+        return true;   /* just the "▁" prefix: empty word */
+    size_t mark = out->n;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + t->max_tok_len < n ? i + t->max_tok_len : n;
+        int32_t id = -1;
+        for (; j > i; j--)
+            if ((id = tok_find(t, w + i, j - i)) >= 0)
+                break;
+        if (id < 0) {
+            out->n = mark;   /* discard the whole word */
+            break;
+        }
+        ivec_push(out, id);
+        i = j;
+    }
+    if (out->n == mark && t->unk >= 0)
+        ivec_push(out, t->unk);
+    return !out->oom;
+}
+
+static bool wpm_fragment(const gpe_tokenizer *t, work *w, const char *text, size_t len, ivec *out)
+{
+    bvec *b = &w->word;
+    b->n = 0;
+    bvec_put(b, "\xE2\x96\x81", 3);
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t adv;
+        uint32_t c = gpe_unfd_first(gpe_utf8_decode(s + i, len - i, &adv));
+        i += adv;
+        int cat = gpe_ucat(c);
+        if (gpe_uspace(c)) {
+            if (!wpm_word(t, b->v, b->n, out))
+                return false;
+            b->n = 3;
+            continue;
+        }
+        if (c == 0 || c == GPE_UNICODE_REPLACEMENT || cat == GPE_UCAT_C)
+            continue;
+        char u[4];
+        size_t nu = gpe_utf8_encode(gpe_ulower(c), u);
+        if (cat == GPE_UCAT_P || (c < 0x7F && cat == GPE_UCAT_S) || wpm_cjk(c)) {
+            if (!wpm_word(t, b->v, b->n, out))
+                return false;
+            b->n = 3;
+            bvec_put(b, u, nu);
+            if (!wpm_word(t, b->v, b->n, out))
+                return false;
+            b->n = 3;
+        } else {
+            bvec_put(b, u, nu);
+        }
+        if (b->oom)
+            return false;
+    }
+    return wpm_word(t, b->v, b->n, out);
+}
+
 /* ===================================================== special partition */
 
 /* Fragments of the input: raw text [off, off+len) or a token. */
@@ -1300,16 +1380,18 @@ int gpe_tokenizer_encode(const gpe_tokenizer *t, const char *text, size_t len, b
             prev_special = true;
             continue;
         }
-        bool ok = t->kind == KIND_SPM
-                      ? spm_fragment(t, &w, text + f->off, f->len,
-                                     t->add_space_prefix && prev_special, &ids)
-                      : bpe_fragment(t, &w, text + f->off, f->len, &ids);
+        bool ok = t->kind == KIND_SPM   ? spm_fragment(t, &w, text + f->off, f->len,
+                                                       t->add_space_prefix && prev_special, &ids)
+                  : t->kind == KIND_BPE ? bpe_fragment(t, &w, text + f->off, f->len, &ids)
+                                        : wpm_fragment(t, &w, text + f->off, f->len, &ids);
         if (!ok)
             goto done;
         prev_special = false;
     }
     if (add_special && t->add_eos && t->eos >= 0)
         ivec_push(&ids, t->eos);
+    if (add_special && t->kind == KIND_WPM && t->sep >= 0)
+        ivec_push(&ids, t->sep);   /* [CLS] text [SEP] */
     if (ids.oom || ids.n > INT_MAX)
         goto done;
     int n = (int)ids.n;
@@ -1348,7 +1430,7 @@ int gpe_tokenizer_piece(const gpe_tokenizer *t, int32_t id, char *buf, size_t le
         return special ? copy_out(buf, len, s, n) : 0;
     if (type == GPE_TOKTYPE_USER_DEFINED)
         return copy_out(buf, len, s, n);
-    if (t->kind == KIND_SPM && type == GPE_TOKTYPE_BYTE) {
+    if (t->kind != KIND_BPE && type == GPE_TOKTYPE_BYTE) {
         unsigned v;
         char c;
         if (n == 6 && sscanf(s, "<0x%2x>", &v) == 1) {
@@ -1366,7 +1448,7 @@ int gpe_tokenizer_piece(const gpe_tokenizer *t, int32_t id, char *buf, size_t le
     if (!tmp)
         return INT32_MIN;
     size_t k = 0;
-    if (t->kind == KIND_SPM) {
+    if (t->kind != KIND_BPE) {
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && memcmp(s + i, "\xE2\x96\x81", 3) == 0) {
                 tmp[k++] = ' ';
@@ -1409,7 +1491,7 @@ bool gpe_tokenizer_add_bos(const gpe_tokenizer *t) { return t && t->add_bos && t
 bool gpe_tokenizer_add_eos(const gpe_tokenizer *t) { return t && t->add_eos && t->eos >= 0; }
 const char *gpe_tokenizer_kind(const gpe_tokenizer *t)
 {
-    return !t ? NULL : t->kind == KIND_SPM ? "llama" : "gpt2";
+    return !t ? NULL : t->kind == KIND_SPM ? "llama" : t->kind == KIND_BPE ? "gpt2" : "bert";
 }
 const char *gpe_tokenizer_pre(const gpe_tokenizer *t) { return t ? t->pre_name : NULL; }
 void gpe_tokenizer_set_chunking(gpe_tokenizer *t, bool on)
@@ -1735,6 +1817,8 @@ static bool build_specials(gpe_tokenizer *t)
  * left+right. Left empty (no chunking) when memory is short. */
 static void build_cover(gpe_tokenizer *t)
 {
+    if (t->kind == KIND_WPM)
+        return;   /* no merges */
     uint64_t total = 0;
     int32_t n = t->kind == KIND_SPM ? t->n_vocab : t->n_merges;
     for (int32_t i = 0; i < n; i++)
@@ -1787,10 +1871,12 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
         t->kind = KIND_SPM;
     } else if (strcmp(model, "gpt2") == 0) {
         t->kind = KIND_BPE;
+    } else if (strcmp(model, "bert") == 0) {
+        t->kind = KIND_WPM;
     } else {
         seterr(err, errlen,
                "unsupported tokenizer.ggml.model '%.64s' (supported: llama (SentencePiece), "
-               "gpt2 (byte-level BPE))",
+               "gpt2 (byte-level BPE), bert (WordPiece))",
                model);
         goto fail;
     }
@@ -1801,8 +1887,8 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
 
     /* defaults (llama.cpp): spm bos 1, eos 2, unk 0, adds BOS and a space
      * prefix; bpe bos = eos = 11, adds nothing (except llama-3 below) */
-    bool def_add_bos = t->kind == KIND_SPM;
-    if (t->kind == KIND_SPM) {
+    bool def_add_bos = t->kind != KIND_BPE;
+    if (t->kind != KIND_BPE) {
         t->pre = PRE_DEFAULT;
         t->pre_name = "default";
     } else {
@@ -1838,9 +1924,23 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
         }
     }
     int32_t nv = t->n_vocab;
-    t->bos = special_id(g, "tokenizer.ggml.bos_token_id", t->kind == KIND_SPM ? 1 : 11, nv);
-    t->eos = special_id(g, "tokenizer.ggml.eos_token_id", t->kind == KIND_SPM ? 2 : 11, nv);
-    t->unk = special_id(g, "tokenizer.ggml.unknown_token_id", t->kind == KIND_SPM ? 0 : -1, nv);
+    if (t->kind == KIND_WPM) {
+        /* bert: [CLS] (cls_token_id, 101) leads, [SEP] (102) ends, [UNK] 100 */
+        t->bos = special_id(g, "tokenizer.ggml.bos_token_id",
+                            special_id(g, "tokenizer.ggml.cls_token_id", 101, nv), nv);
+        t->eos = special_id(g, "tokenizer.ggml.eos_token_id", -1, nv);
+        t->unk = special_id(g, "tokenizer.ggml.unknown_token_id", 100, nv);
+        t->sep = special_id(g, "tokenizer.ggml.seperator_token_id", 102, nv);
+        for (int32_t i = 0; i < nv; i++)
+            if (t->tok_len[i] > t->max_tok_len)
+                t->max_tok_len = t->tok_len[i];
+    } else {
+        t->bos = special_id(g, "tokenizer.ggml.bos_token_id", t->kind == KIND_SPM ? 1 : 11, nv);
+        t->eos = special_id(g, "tokenizer.ggml.eos_token_id", t->kind == KIND_SPM ? 2 : 11, nv);
+        t->unk = special_id(g, "tokenizer.ggml.unknown_token_id", t->kind == KIND_SPM ? 0 : -1,
+                            nv);
+        t->sep = -1;
+    }
     t->eot = special_id(g, "tokenizer.ggml.eot_token_id", -1, nv);
     t->eom = special_id(g, "tokenizer.ggml.eom_token_id", -1, nv);
     t->add_bos = def_add_bos;

@@ -1,10 +1,11 @@
 /*
- * tokenizer: the vocabulary of a GGUF model and its two tokenizers,
- * SentencePiece-style ("llama", spm) and GPT-2 byte-level BPE ("gpt2"),
- * giving the same ids as llama.cpp on its test vectors.
+ * tokenizer: the vocabulary of a GGUF model and its tokenizers,
+ * SentencePiece-style ("llama", spm), GPT-2 byte-level BPE ("gpt2") and BERT
+ * WordPiece ("bert", wpm), giving the same ids as llama.cpp on its test
+ * vectors.
  *
  * Metadata read (GGUF keys, all under "tokenizer.ggml."):
- *   model            "llama" | "gpt2" (anything else is refused)
+ *   model            "llama" | "gpt2" | "bert" (anything else is refused)
  *   pre              BPE pre-tokenizer name ("gpt-2", "llama-bpe", "qwen2",
  *                    "deepseek-coder", ...). Unknown names fall back to the
  *                    gpt-2 split with a warning (gpe_tokenizer_warning).
@@ -16,7 +17,8 @@
  *   bos_token_id, eos_token_id, unknown_token_id, eot_token_id, eom_token_id
  *   add_bos_token, add_eos_token, add_space_prefix
  *   Defaults when absent follow llama.cpp: spm adds BOS and a space prefix,
- *   bpe adds BOS only for the llama-3 pre-tokenizer.
+ *   bpe adds BOS only for the llama-3 pre-tokenizer, bert adds [CLS] (bos /
+ *   cls_token_id) before and [SEP] (seperator_token_id) after.
  *
  * Usage (the model code wraps these as gpe_tokenize & co):
  *
@@ -73,11 +75,11 @@ const char *gpe_tokenizer_warning(const gpe_tokenizer *t);
 int gpe_tokenizer_encode(const gpe_tokenizer *t, const char *text, size_t len, bool add_special,
                          bool parse_special, int32_t *out, int max);
 
-/* Text of token id for output: byte tokens give their byte, spm "▁" becomes
- * a space, bpe byte-level characters are decoded to bytes. Control and
- * unknown tokens give "" unless special is true. Returns the bytes written
- * (no NUL is added), -(needed) when len is too small, 0 for an id out of
- * range. */
+/* Text of token id for output: byte tokens give their byte, spm/wpm "▁"
+ * becomes a space, bpe byte-level characters are decoded to bytes. Control
+ * and unknown tokens give "" unless special is true. Returns the bytes
+ * written (no NUL is added), -(needed) when len is too small, 0 for an id
+ * out of range. */
 int gpe_tokenizer_piece(const gpe_tokenizer *t, int32_t id, char *buf, size_t len, bool special);
 
 /* End of generation: EOS, EOT, EOM and tokens such as <|im_end|>,
@@ -89,7 +91,7 @@ int32_t gpe_tokenizer_bos(const gpe_tokenizer *t);   /* -1 when absent */
 int32_t gpe_tokenizer_eos(const gpe_tokenizer *t);   /* -1 when absent */
 bool gpe_tokenizer_add_bos(const gpe_tokenizer *t);
 bool gpe_tokenizer_add_eos(const gpe_tokenizer *t);
-/* "llama" (spm) or "gpt2" (bpe): the tokenizer.ggml.model value. */
+/* "llama" (spm), "gpt2" (bpe) or "bert" (wpm): tokenizer.ggml.model. */
 const char *gpe_tokenizer_kind(const gpe_tokenizer *t);
 /* Pre-tokenizer in use ("default" for spm, else the bpe split's name). */
 const char *gpe_tokenizer_pre(const gpe_tokenizer *t);

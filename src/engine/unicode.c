@@ -127,3 +127,35 @@ bool gpe_urange_has(const uint32_t (*ranges)[2], size_t n, uint32_t cpt)
     }
     return false;
 }
+
+uint32_t gpe_unfd_first(uint32_t cpt)
+{
+    size_t lo = 0, hi = gpe_unfd_table_n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cpt < gpe_unfd_table[mid][0])
+            hi = mid;
+        else if (cpt > gpe_unfd_table[mid][1])
+            lo = mid + 1;
+        else
+            return gpe_unfd_table[mid][2];
+    }
+    return cpt;
+}
+
+uint32_t gpe_ulower(uint32_t cpt)
+{
+    if (cpt < 0x80)
+        return (cpt >= 'A' && cpt <= 'Z') ? cpt + 32 : cpt;
+    size_t lo = 0, hi = gpe_ulower_table_n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cpt < gpe_ulower_table[mid][0])
+            hi = mid;
+        else if (cpt > gpe_ulower_table[mid][0])
+            lo = mid + 1;
+        else
+            return gpe_ulower_table[mid][1];
+    }
+    return cpt;
+}

@@ -53,6 +53,12 @@ int gpe_ucat(uint32_t cpt);
  * U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000. */
 bool gpe_uspace(uint32_t cpt);
 
+/* First code point of cpt's canonical decomposition (cpt itself when it
+ * has none): "é" -> "e". */
+uint32_t gpe_unfd_first(uint32_t cpt);
+/* Simple lowercase mapping (cpt itself when it has none). */
+uint32_t gpe_ulower(uint32_t cpt);
+
 /* cpt inside one of n sorted inclusive [first, last] ranges. */
 bool gpe_urange_has(const uint32_t (*ranges)[2], size_t n, uint32_t cpt);
 
@@ -66,5 +72,9 @@ extern const uint32_t gpe_uclass_dsllm_punct[][2];    /* deepseek-llm punctuatio
 extern const size_t gpe_uclass_dsllm_punct_n;
 extern const uint32_t gpe_uclass_cjk[][2];            /* deepseek CJK/Hangul class */
 extern const size_t gpe_uclass_cjk_n;
+extern const uint32_t gpe_unfd_table[][3];
+extern const size_t gpe_unfd_table_n;
+extern const uint32_t gpe_ulower_table[][2];
+extern const size_t gpe_ulower_table_n;
 
 #endif
