@@ -35,6 +35,7 @@ static void usage(FILE *out)
             "  -r, --reps R         timed repetitions per test (default 3)\n"
             "      --seqs S         sequences decoded together in tgN (default 1)\n"
             "      --json           one JSON object per result line instead of the table\n"
+            "      --backend B      cpu (default) or cuda; --device N: CUDA device index\n"
             "  -h, --help           this help\n");
 }
 
@@ -44,6 +45,8 @@ typedef struct bench_opts {
     int threads[16];
     int n_threads;
     bool json;
+    const char *backend;
+    long device;
 } bench_opts;
 
 static uint32_t lcg(uint32_t *s)
@@ -98,6 +101,7 @@ static void report(const bench_opts *o, const gpe_model_info *in, int threads, c
     for (int i = 0; i < n; i++)
         sd += (tps[i] - mean) * (tps[i] - mean);
     sd = n > 1 ? sqrt(sd / (n - 1)) : 0;
+    const char *be = o->backend && strcmp(o->backend, "cuda") == 0 ? "cuda" : gpe_cpu_features();
     if (o->json) {
         json_t *samples = json_array();
         for (int i = 0; i < n; i++)
@@ -105,7 +109,7 @@ static void report(const bench_opts *o, const gpe_model_info *in, int threads, c
         json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:i, s:s, s:s, s:f, s:f, s:o}", "model",
                               in->name, "quant", in->quant, "bytes", (json_int_t)in->weight_bytes,
                               "params", (json_int_t)in->n_params, "threads", threads, "test",
-                              test, "cpu", gpe_cpu_features(), "tokens_per_s", mean, "stddev", sd,
+                              test, "cpu", be, "tokens_per_s", mean, "stddev", sd,
                               "samples", samples);
         char *s = json_dumps(j, JSON_COMPACT);
         printf("%s\n", s);
@@ -115,7 +119,7 @@ static void report(const bench_opts *o, const gpe_model_info *in, int threads, c
         char b1[32];
         printf("| %-24s | %-6s | %10s | %8.2f M | %-10s | %7d | %10s | %10.2f ± %7.2f |\n",
                in->name, in->quant, gpr_bytes(in->weight_bytes, b1, sizeof b1), in->n_params / 1e6,
-               gpe_cpu_features(), threads, test, mean, sd);
+               be, threads, test, mean, sd);
     }
     fflush(stdout);
 }
@@ -183,12 +187,13 @@ done:
 
 static int exec_bench(int argc, char **argv)
 {
-    enum { O_SEQS = 256, O_JSON };
+    enum { O_SEQS = 256, O_JSON, O_BACKEND, O_DEVICE };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' }, { "n-prompt", required_argument, 0, 'p' },
         { "n-gen", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
         { "reps", required_argument, 0, 'r' },  { "seqs", required_argument, 0, O_SEQS },
         { "json", no_argument, 0, O_JSON },     { "help", no_argument, 0, 'h' },
+        { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
         { 0, 0, 0, 0 },
     };
     bench_opts o;
@@ -208,6 +213,8 @@ static int exec_bench(int argc, char **argv)
         case 'r': ok = gpr_parse_int(NAME, "-r", optarg, 1, 1000, &o.reps); break;
         case O_SEQS: ok = gpr_parse_int(NAME, "--seqs", optarg, 1, 256, &o.seqs); break;
         case O_JSON: o.json = true; break;
+        case O_BACKEND: o.backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
+        case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o.device); break;
         case 't': {
             char *dup = strdup(optarg), *save = NULL;
             o.n_threads = 0;
@@ -246,7 +253,7 @@ static int exec_bench(int argc, char **argv)
     if (o.n_threads == 0)
         o.threads[o.n_threads++] = 0;
 
-    gpe_model *m = gpr_load_model(NAME, o.model, false);
+    gpe_model *m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device);
     if (!m)
         return 1;
     gpe_model_info in;

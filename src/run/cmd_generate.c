@@ -32,6 +32,8 @@ static void usage(FILE *out)
             "      --repeat-penalty R  1 = off (default 1)\n"
             "      --seed S         sampler seed (default: from the clock; printed)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
+            "      --backend B      cpu (default) or cuda\n"
+            "      --device N       CUDA device index (default 0)\n"
             "  -c, --ctx N          context length (default: prompt + n, at most the model's)\n"
             "      --no-eog         do not stop at end-of-generation tokens\n"
             "      --json           one JSON object per token, then a summary object\n"
@@ -50,11 +52,14 @@ typedef struct gen_opts {
     long n_ctx;
     bool json;
     bool no_eog;
+    const char *backend;
+    long device;
 } gen_opts;
 
 static int parse(int argc, char **argv, gen_opts *o)
 {
-    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_JSON, O_NOEOG };
+    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_JSON, O_NOEOG, O_BACKEND,
+           O_DEVICE };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' },   { "prompt", required_argument, 0, 'p' },
         { "n-predict", required_argument, 0, 'n' }, { "temp", required_argument, 0, O_TEMP },
@@ -63,6 +68,7 @@ static int parse(int argc, char **argv, gen_opts *o)
         { "seed", required_argument, 0, O_SEED }, { "threads", required_argument, 0, 't' },
         { "ctx", required_argument, 0, 'c' },     { "json", no_argument, 0, O_JSON },
         { "no-eog", no_argument, 0, O_NOEOG },    { "help", no_argument, 0, 'h' },
+        { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
         { 0, 0, 0, 0 },
     };
     /* defaults, in one place */
@@ -96,6 +102,8 @@ static int parse(int argc, char **argv, gen_opts *o)
         case 'c': ok = gpr_parse_int(NAME, "--ctx", optarg, 1, 1 << 22, &o->n_ctx); break;
         case O_JSON: o->json = true; break;
         case O_NOEOG: o->no_eog = true; break;
+        case O_BACKEND: o->backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
+        case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o->device); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -154,7 +162,7 @@ static int exec_generate(int argc, char **argv)
     int32_t *ids = NULL;
     char err[512];
 
-    if (!(m = gpr_load_model(NAME, o.model, false)))
+    if (!(m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device)))
         goto done;
     gpe_model_info info;
     gpe_model_get_info(m, &info);

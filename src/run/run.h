@@ -36,8 +36,14 @@ bool gpr_parse_float(const char *cmd, const char *opt, const char *s, double lo,
                      double *out);
 bool gpr_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
 
-/* Loads a model, printing a clear message on failure (NULL then). */
+/* Loads a model, printing a clear message on failure (NULL then).
+ * backend: NULL or "cpu" for the CPU, "cuda" for the CUDA backend (device
+ * `device`). */
 gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only);
+gpe_model *gpr_load_model_on(const char *cmd, const char *path, const char *backend,
+                             int device);
+/* Validates a --backend value ("cpu" or "cuda"); prints the error. */
+bool gpr_check_backend(const char *cmd, const char *s);
 
 /* Monotonic seconds. */
 double gpr_now(void);

@@ -61,7 +61,8 @@ bool gpr_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *ou
     return true;
 }
 
-gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only)
+static gpe_model *load(const char *cmd, const char *path, bool vocab_only, bool cuda,
+                       int device)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
@@ -72,6 +73,8 @@ gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only)
     gpe_model *m = NULL;
     gpe_model_params mp = gpe_model_default_params();
     mp.vocab_only = vocab_only;
+    mp.backend = cuda ? GPE_BACKEND_CUDA : GPE_BACKEND_CPU;
+    mp.gpu_device = device;
     gpe_status st = gpe_model_load(path, &mp, &m, err, sizeof err);
     if (st != GPE_OK) {
         fprintf(stderr, "gpupool-run %s: cannot load model (%s): %s\n", cmd, gpe_status_name(st),
@@ -79,6 +82,24 @@ gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only)
         return NULL;
     }
     return m;
+}
+
+gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only)
+{
+    return load(cmd, path, vocab_only, false, 0);
+}
+
+gpe_model *gpr_load_model_on(const char *cmd, const char *path, const char *backend, int device)
+{
+    return load(cmd, path, false, backend && strcmp(backend, "cuda") == 0, device);
+}
+
+bool gpr_check_backend(const char *cmd, const char *s)
+{
+    if (strcmp(s, "cpu") == 0 || strcmp(s, "cuda") == 0)
+        return true;
+    fprintf(stderr, "gpupool-run %s: --backend must be cpu or cuda (got '%s')\n", cmd, s);
+    return false;
 }
 
 double gpr_now(void)
