@@ -91,7 +91,9 @@ for r in res:
     tps = r["tokens_per_s"]
     ratio = "%.2f" % (tps / a) if a else "-"
     eff = pct = "-"
-    if r["test"].startswith("tg"):
+    if r["test"].startswith("tg") and r["bytes"] < 64 << 20:
+        eff, pct = "-", "(fits in cache)"
+    elif r["test"].startswith("tg"):
         gbs = tps * r["bytes"] / 1e9
         eff = "%.1f" % gbs
         b = bw.get(r["threads"])

@@ -21,6 +21,7 @@
 #define MAX_HEAD   1024
 #define MAX_VOCAB  (1 << 22)
 #define MAX_CTX    (1 << 22)
+#define GPE_MAX_ROT 1024   /* rotated dims per head (real models: 64..256) */
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -137,6 +138,11 @@ static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, si
         seterr(err, errlen, "rope.dimension_count %d must be even and <= head size %d",
                hp->n_rot, hp->head_dim);
         return GPE_ERR_FORMAT;
+    }
+    if (hp->n_rot > GPE_MAX_ROT) {
+        seterr(err, errlen, "rope.dimension_count %d is above this engine's limit %d", hp->n_rot,
+               GPE_MAX_ROT);
+        return GPE_ERR_UNSUPPORTED;
     }
 
     hp->rope_base = 10000.0f;
@@ -568,15 +574,7 @@ static void rope_fn(void *arg, int ith, int nth)
     /* theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication
      * in float like ggml's rope cache so that angles round the same way. */
     const float theta_scale = powf(hp->rope_base, -2.0f / (float)n_rot);
-    float cs[2 * 512 + 2];
-    float *csp = cs;
-    float *heap = NULL;
-    if (n_rot > 1024) {
-        heap = malloc((size_t)n_rot * sizeof(float));
-        if (!heap)
-            return; /* cannot happen in practice; n_rot <= head_dim */
-        csp = heap;
-    }
+    float csp[GPE_MAX_ROT];   /* cos, sin per pair; n_rot <= GPE_MAX_ROT (checked at load) */
     int64_t lo, hi;
     gpe_pool_split(j->n_tok, ith, nth, &lo, &hi);
     for (int64_t t = lo; t < hi; t++) {
@@ -598,7 +596,6 @@ static void rope_fn(void *arg, int ith, int nth)
         memcpy(gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]), j->f->v + (size_t)t * kvd,
                kvd * sizeof(float));
     }
-    free(heap);
 }
 
 /* ---- attention: one unit = (token, head) ---- */
