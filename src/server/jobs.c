@@ -14,6 +14,8 @@
 #define KEEP_TERMINAL_US (300ull * 1000000ull) /* late agent uploads still get cancel:true */
 #define CANCEL_KEEP_US (600ull * 1000000ull)
 #define SWEEP_MS 250
+#define MAX_JOB_TEXT (64u << 20)  /* bytes of output kept per job */
+#define MAX_TOKENS_SLACK 64       /* tokens tolerated beyond max_tokens (stop-string holdback) */
 
 typedef struct gps_job_sub {
     gps_job_event_fn fn;
@@ -719,6 +721,13 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     case GPS_EV_TOKEN: {
         job->state = GPS_JOB_RUNNING;
         const char *text = json_string_value(json_object_get(ev, "text"));
+        if (job->text.len + strlen(text) > MAX_JOB_TEXT ||
+            job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
+            /* A misbehaving agent must not grow server memory without bound. */
+            fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE",
+                     "the agent sent more output than the request allows", 0);
+            break;
+        }
         gp_buf_append(&job->text, text, strlen(text));
         job->completion_tokens++;
         if (!job->first_token_us)
