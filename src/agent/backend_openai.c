@@ -51,6 +51,7 @@ typedef struct oai_job {
     char id[128];
     agent_job_sink sink;
     bool chat;
+    bool count;             /* count_tokens: POST /tokenize, no generation */
     char *body;             /* request JSON (owned) */
     char *correlation_id;   /* owned, may be NULL */
     CURLM *multi;           /* owned; freed after the thread is joined */
@@ -79,6 +80,7 @@ struct oai_backend {
     const agent_options *o;
     char *url_chat;
     char *url_completions;
+    char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
     char *public_id;
     char *auth_header;
     pthread_mutex_t mu;
@@ -322,7 +324,9 @@ static void *job_main(void *arg)
         snprintf(hv, sizeof hv, "X-Correlation-Id: %s", j->correlation_id);
         h = curl_slist_append(h, hv);
     }
-    curl_easy_setopt(easy, CURLOPT_URL, j->chat ? b->url_chat : b->url_completions);
+    curl_easy_setopt(easy, CURLOPT_URL, j->count  ? b->url_tokenize
+                                        : j->chat ? b->url_chat
+                                                  : b->url_completions);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, j->body);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
@@ -386,9 +390,20 @@ finish:
     if (!j->failed && j->mode == BODY_JSON) {
         json_error_t je;
         json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
-        if (!obj)
+        if (!obj) {
             job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
-        else {
+        } else if (j->count) {
+            /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
+            json_t *c = json_object_get(obj, "count");
+            json_t *t = json_object_get(obj, "tokens");
+            if (json_is_integer(c) && json_integer_value(c) >= 0)
+                j->prompt_tokens = json_integer_value(c);
+            else if (json_is_array(t))
+                j->prompt_tokens = (long long)json_array_size(t);
+            else
+                job_fail(j, "UPSTREAM_MALFORMED", "upstream /tokenize reply has no tokens");
+            j->completion_tokens = 0;
+        } else {
             send_started(j);
             handle_object(j, obj, false);
         }
@@ -466,8 +481,10 @@ static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", 
                                           "frequency_penalty", "repeat_penalty"};
 
 /* The upstream request body for a job, or NULL with err set. New reference. */
-static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err, size_t errlen)
+static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *count, char *err,
+                             size_t errlen)
 {
+    *count = false;
     const char *kind = json_string_value(json_object_get(job, "kind"));
     const char *cont = json_string_value(json_object_get(job, "continuation"));
     json_t *req = json_pack("{s:s,s:b,s:{s:b}}", "model", b->o->upstream_model, "stream", 1,
@@ -509,6 +526,43 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err,
             json_array_append_new(copy, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
         }
         json_object_set_new(req, "messages", copy);
+    } else if (kind && strcmp(kind, "count_tokens") == 0) {
+        /* Token count through the upstream's /tokenize (llama-server reads
+         * "content", vLLM "prompt"). Chat messages are counted as their
+         * contents joined by newlines: the template's own tokens are not
+         * included (documented approximation). */
+        gp_buf text;
+        gp_buf_init(&text);
+        const char *prompt = json_string_value(json_object_get(job, "prompt"));
+        json_t *msgs = json_object_get(job, "messages");
+        if (prompt) {
+            gp_buf_append(&text, prompt, strlen(prompt));
+        } else if (json_is_array(msgs)) {
+            size_t i;
+            json_t *m;
+            json_array_foreach(msgs, i, m)
+            {
+                const char *c = json_string_value(json_object_get(m, "content"));
+                if (!c)
+                    continue;
+                if (text.len)
+                    gp_buf_append(&text, "\n", 1);
+                gp_buf_append(&text, c, strlen(c));
+            }
+        } else {
+            snprintf(err, errlen, "count_tokens job without a prompt or messages");
+            goto fail;
+        }
+        json_decref(req);
+        json_t *t = json_stringn(text.data ? text.data : "", text.len);
+        gp_buf_free(&text);
+        if (!t) {
+            snprintf(err, errlen, "count_tokens text is not valid UTF-8");
+            return NULL;
+        }
+        *count = true;
+        return json_pack("{s:s,s:O,s:o,s:b}", "model", b->o->upstream_model, "content", t,
+                         "prompt", t, "add_special", 1);
     } else {
         snprintf(err, errlen, "job kind '%s' is not supported by the openai backend",
                  kind ? kind : "(none)");
@@ -552,8 +606,8 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         snprintf(err, errlen, "job without a valid job_id");
         return -1;
     }
-    bool chat = false;
-    json_t *req = build_request(b, job, &chat, err, errlen);
+    bool chat = false, count = false;
+    json_t *req = build_request(b, job, &chat, &count, err, errlen);
     if (!req)
         return -1;
     oai_job *j = calloc(1, sizeof *j);
@@ -566,6 +620,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     j->b = b;
     j->sink = *sink;
     j->chat = chat;
+    j->count = count;
     j->prompt_tokens = -1;
     j->completion_tokens = -1;
     atomic_init(&j->cancel, false);
@@ -633,6 +688,7 @@ static void oai_destroy(agent_backend *base)
     pthread_mutex_destroy(&b->mu);
     free(b->url_chat);
     free(b->url_completions);
+    free(b->url_tokenize);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -661,6 +717,21 @@ static char *endpoint(const char *base, const char *ep)
     return out;
 }
 
+/* "http://h:p[/v1]" -> "http://h:p/tokenize" (the server root, not /v1). */
+static char *root_endpoint(const char *base, const char *ep)
+{
+    size_t n = strlen(base);
+    while (n > 0 && base[n - 1] == '/')
+        n--;
+    if (n >= 3 && strncmp(base + n - 3, "/v1", 3) == 0)
+        n -= 3;
+    size_t len = n + strlen(ep) + 2;
+    char *out = malloc(len);
+    if (out)
+        snprintf(out, len, "%.*s/%s", (int)n, base, ep);
+    return out;
+}
+
 agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen)
 {
     if (!o->upstream || !o->upstream_model) {
@@ -677,6 +748,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     pthread_mutex_init(&b->mu, NULL);
     b->url_chat = endpoint(o->upstream, "chat/completions");
     b->url_completions = endpoint(o->upstream, "completions");
+    b->url_tokenize = root_endpoint(o->upstream, "tokenize");
     b->public_id = strdup(o->alias && *o->alias ? o->alias : o->upstream_model);
     if (o->upstream_key && *o->upstream_key) {
         size_t n = strlen(o->upstream_key) + 32;
@@ -684,7 +756,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
         if (b->auth_header)
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
-    if (!b->url_chat || !b->url_completions || !b->public_id ||
+    if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");

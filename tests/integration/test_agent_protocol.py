@@ -369,6 +369,16 @@ class AgentProtocolTest(harness.TestCase):
         self.assertEqual(evs[-1]["type"], "error")
         self.assertEqual(evs[-1]["code"], "UPSTREAM_ERROR")
 
+    def test_count_tokens_through_upstream_tokenize(self):
+        up = self.h.start_upstream()
+        j = job("job_cnt", kind="count_tokens")
+        j["prompt"] = "one two three four"
+        evs = self.run_job(up, j)
+        self.assertEqual(evs[-1]["type"], "end", evs)
+        self.assertEqual(evs[-1]["usage"]["prompt_tokens"], 4)
+        self.assertFalse([e for e in evs if e["type"] == "token"])
+        self.assertEqual(up.log_entries()[-1]["path"], "/tokenize")
+
     def test_bad_job_kind_is_a_clean_error(self):
         up = self.h.start_upstream()
         evs = self.run_job(up, job("job_k", kind="embedding"))

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A scripted OpenAI-compatible server for tests and benchmarks.
 
-Serves POST /v1/completions, POST /v1/chat/completions (stream or not) and
-GET /v1/models like llama-server / vLLM would, with behaviour chosen by flags
+Serves POST /v1/completions, POST /v1/chat/completions (stream or not),
+GET /v1/models and POST /tokenize (one token per word) like llama-server /
+vLLM would, with behaviour chosen by flags
 and changeable at run time through a control endpoint:
 
   --pace-ms MS        delay between tokens (default 0)
@@ -211,6 +212,19 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_json(200, {"ok": True})
                 return
             self.send_json(404, {"error": "no route"})
+            return
+        if self.path == "/tokenize":
+            # llama-server reads "content", vLLM "prompt": one token per word.
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {}
+            st.new_record({"path": self.path, "body": body, "started": time.time(),
+                           "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
+                           "disconnected": False, "headers": {}})
+            text = body.get("content", body.get("prompt", ""))
+            toks = list(range(len(text.split()))) if isinstance(text, str) else []
+            self.send_json(200, {"tokens": toks})
             return
         if self.path in ("/v1/completions", "/completions"):
             self.generate(raw, chat=False)

@@ -247,12 +247,12 @@ static void request_building(void **st)
     oai_backend b = {0};
     b.o = &o;
     char err[200];
-    bool chat = false;
+    bool chat = false, count = false;
     json_t *job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
                              "\"content\":\"hi\"}],\"params\":{\"max_tokens\":5,\"top_k\":0,"
                              "\"stop\":[\"x\"],\"seed\":null},\"continuation\":\"par\"}",
                              0, NULL);
-    json_t *req = build_request(&b, job, &chat, err, sizeof err);
+    json_t *req = build_request(&b, job, &chat, &count, err, sizeof err);
     assert_non_null(req);
     assert_true(chat);
     assert_string_equal(json_string_value(json_object_get(req, "model")), "upm");
@@ -268,20 +268,39 @@ static void request_building(void **st)
     json_decref(job);
 
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"completion\",\"prompt\":7}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[]}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\"}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
     assert_non_null(strstr(err, "count_tokens"));
+    json_decref(job);
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\",\"messages\":["
+                     "{\"role\":\"system\",\"content\":\"a\"},{\"role\":\"user\","
+                     "\"content\":\"b c\"}]}", 0, NULL);
+    req = build_request(&b, job, &chat, &count, err, sizeof err);
+    assert_non_null(req);
+    assert_true(count);
+    assert_string_equal(json_string_value(json_object_get(req, "content")), "a\nb c");
+    assert_string_equal(json_string_value(json_object_get(req, "prompt")), "a\nb c");
+    json_decref(req);
+    json_decref(job);
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"embedding\",\"prompt\":\"x\"}", 0, NULL);
+    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
     json_decref(job);
 }
 
 static void endpoints(void **st)
 {
     (void)st;
+    char *t = root_endpoint("http://h:1/v1/", "tokenize");
+    assert_string_equal(t, "http://h:1/tokenize");
+    free(t);
+    t = root_endpoint("http://h:1", "tokenize");
+    assert_string_equal(t, "http://h:1/tokenize");
+    free(t);
     char *e = endpoint("http://h:1", "completions");
     assert_string_equal(e, "http://h:1/v1/completions");
     free(e);
