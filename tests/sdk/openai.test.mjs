@@ -114,3 +114,34 @@ test('a bad key is an AuthenticationError once keys exist', async () => {
     await keyed.stop();
   }
 });
+
+test('a full queue is a RateLimitError with Retry-After', async () => {
+  const busy = new Pool();
+  try {
+    // One slot, a queue of one, and a slow upstream: the third concurrent
+    // request finds the queue full.
+    await busy.start({ model: 'busy-model', slots: 1, serverArgs: ['--max_queue', '1'], upstreamArgs: ['--pace-ms', '300', '--tokens', '6'] });
+    const c = new OpenAI({ baseURL: `${busy.baseURL}/v1`, apiKey: 'x', maxRetries: 0, timeout: 20000 });
+    const req = () => c.chat.completions.create({ model: 'busy-model', max_tokens: 6, messages: [{ role: 'user', content: 'slow one' }] });
+    // Four requests 50 ms apart, each taking ~1.8 s: one runs, one waits
+    // in the queue, the others must be refused with 429 (whatever the timing).
+    const all = [];
+    for (let i = 0; i < 4; i++) {
+      all.push(req());
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const res = await Promise.allSettled(all);
+    const ok = res.filter((r) => r.status === 'fulfilled');
+    const refused = res.filter((r) => r.status === 'rejected');
+    assert.ok(ok.length >= 1 && ok.length <= 2, `served ${ok.length}`);
+    assert.ok(refused.length >= 2, `refused ${refused.length}`);
+    for (const r of refused) {
+      assert.ok(r.reason instanceof OpenAI.RateLimitError, `got ${r.reason}`);
+      assert.equal(r.reason.status, 429);
+      assert.ok(Number(r.reason.headers.get('retry-after')) > 0);
+    }
+    for (const r of ok) assert.ok(r.value.choices[0].message.content.length > 0);
+  } finally {
+    await busy.stop();
+  }
+});

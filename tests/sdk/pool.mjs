@@ -52,7 +52,7 @@ export class Pool {
     });
   }
 
-  async start({ serverArgs = [], upstreamArgs = [], model = 'scripted', db = null, agentToken = null, clientKey = null } = {}) {
+  async start({ serverArgs = [], upstreamArgs = [], model = 'scripted', db = null, agentToken = null, clientKey = null, slots = 4 } = {}) {
     const upPortFile = join(this.dir, 'upstream.port');
     this.spawn('upstream', 'python3', [join(SRC, 'tests/integration/upstream.py'), '--port', '0', '--port-file', upPortFile, ...upstreamArgs]);
     const upPort = await this.readPort(upPortFile);
@@ -63,7 +63,7 @@ export class Pool {
     this.baseURL = `http://127.0.0.1:${this.port}`;
 
     this.spawn('agent', bin('gpupool-agent'), ['--server', this.baseURL, '--state-dir', join(this.dir, 'agent'),
-      '--upstream', `http://127.0.0.1:${upPort}`, '--upstream-model', 'scripted-upstream', '--alias', model, '--slots', '4', ...(agentToken ? ['--token', agentToken] : [])]);
+      '--upstream', `http://127.0.0.1:${upPort}`, '--upstream-model', 'scripted-upstream', '--alias', model, '--slots', String(slots), ...(agentToken ? ['--token', agentToken] : [])]);
     this.model = model;
     await waitFor('the agent to register its model', async () => {
       const r = await fetch(`${this.baseURL}/v1/models`, clientKey ? { headers: { Authorization: `Bearer ${clientKey}` } } : {});
