@@ -1,0 +1,30 @@
+/*
+ * attention: causal grouped-query attention over the device KV cache, for
+ * the tokens of a batch (several sequences).
+ *
+ *   out[t][h] = softmax_i(q[t][h] . K[s][i][h/group] / sqrt(hd)) V[s][i][h/group]
+ *   i in [0, pos[t]],  s = seq[t]
+ *
+ * The batch's own K/V rows are already in the cache (rope.cuh runs first),
+ * as in model.c.
+ *
+ * Internal to src/engine/cuda/.
+ */
+#ifndef GPE_CUDA_ATTENTION_CUH
+#define GPE_CUDA_ATTENTION_CUH
+
+#include "engine/cuda/common.cuh"
+
+#define GPE_CUDA_MAX_HEAD_DIM 256
+
+typedef struct gpe_cuda_attn_args {
+    const float *q;                   /* [n_tok][n_head*hd] */
+    const float *k_cache, *v_cache;   /* this layer's [n_seq][n_ctx][kv_dim] */
+    const int *pos, *seq;             /* device [n_tok] */
+    float *out;                       /* [n_tok][n_head*hd] */
+    int n_tok, n_head, n_head_kv, head_dim, n_ctx;
+} gpe_cuda_attn_args;
+
+void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);
+
+#endif

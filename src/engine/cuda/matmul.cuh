@@ -1,0 +1,66 @@
+/*
+ * matmul: Y = X W^T for one weight matrix on the device.
+ *
+ *   y[t*ldy + r] = sum_c W[r][c] * x[t*n_cols + c]    t < n_tok, r < n_rows
+ *
+ * Decode (n_tok <= GPE_CUDA_MMV_MAX): a mat-vec kernel, one warp per output
+ * row, dequantizing the weight row on the fly and applying it to all n_tok
+ * activation rows at once, so S sequences decoded together read each weight
+ * once per step. Activations stay F32 (more precise than the CPU path, which
+ * converts them to Q8_0/Q8_K/F16 first).
+ *
+ * Prefill (more tokens): cuBLAS GEMM. F32 weights are used in place (SGEMM
+ * precision: cuBLAS default math, no TF32); BF16 weights are dequantized to
+ * F32 (SGEMM); F16 and quantized weights are dequantized to F16 and the
+ * activations converted to F16, with F32 accumulation (cublasGemmEx, as
+ * llama.cpp's CUDA backend does). Dequantization goes through a bounded
+ * buffer a slice of rows at a time, so no full F16 copy of a large matrix
+ * (the output matrix of a big vocabulary) is ever needed.
+ *
+ * Internal to src/engine/cuda/.
+ */
+#ifndef GPE_CUDA_MATMUL_CUH
+#define GPE_CUDA_MATMUL_CUH
+
+#include "engine/cuda/common.cuh"
+
+extern "C" {
+#include "engine/quant.h"
+}
+
+#define GPE_CUDA_MMV_MAX 8   /* widest batch the mat-vec kernels take */
+
+/* A weight matrix in VRAM (same bytes as in the GGUF file). */
+typedef struct gpe_cuda_weight {
+    const uint8_t *data;
+    gpe_type type;
+    int64_t n_cols;
+    int64_t n_rows;
+    size_t row_bytes;
+} gpe_cuda_weight;
+
+/* Scratch of the GEMM path (owned by the model; sizes fixed at upload). */
+typedef struct gpe_cuda_mm {
+    cublasHandle_t blas;
+    cudaStream_t stream;
+    void *wbuf;            /* dequantized slice of a weight matrix */
+    size_t wbuf_bytes;
+    __half *xh;            /* activations converted to F16 */
+    size_t xh_elems;
+} gpe_cuda_mm;
+
+/* true when the backend has kernels for t and the row length suits them
+ * (F32/F16/BF16 need n_cols % 4 == 0; block types whole blocks). */
+bool gpe_cuda_weight_ok(gpe_type t, int64_t n_cols);
+
+/* Runs the product on mm->stream. force_gemm: use the GEMM path even for
+ * n_tok <= GPE_CUDA_MMV_MAX (self-test). */
+gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
+                           int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
+                           size_t errlen);
+
+/* Dequantizes rows [0, n_rows) of w into out (F32, row-major). */
+gpe_status gpe_cuda_dequant_f32(const gpe_cuda_weight *w, float *out, cudaStream_t stream,
+                                char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,53 @@
+/*
+ * norm: RMSNorm (norm.cuh). One block of 256 threads per row.
+ */
+#include "engine/cuda/norm.cuh"
+
+#define NORM_THREADS 256
+
+static __device__ __forceinline__ double warp_sum_d(double v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__global__ void __launch_bounds__(NORM_THREADS)
+    rmsnorm_kernel(const float *__restrict__ x, const int *__restrict__ rows,
+                   const float *__restrict__ w, float *__restrict__ out, int n, float eps)
+{
+    __shared__ double partial[NORM_THREADS / GPE_WARP];
+    __shared__ float s_scale;
+    const int t = blockIdx.x;
+    const int src = rows ? rows[t] : t;
+    const float *xr = x + (size_t)src * (size_t)n;
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        const float v = xr[i];
+        sum += (double)__fmul_rn(v, v);
+    }
+    sum = warp_sum_d(sum);
+    if (threadIdx.x % GPE_WARP == 0)
+        partial[threadIdx.x / GPE_WARP] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int i = 0; i < NORM_THREADS / GPE_WARP; i++)
+            total += partial[i];
+        const float mean = (float)(total / n);
+        s_scale = 1.0f / sqrtf(mean + eps);
+    }
+    __syncthreads();
+    const float scale = s_scale;
+    float *o = out + (size_t)t * (size_t)n;
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS)
+        o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
+                      int n, float eps, cudaStream_t stream)
+{
+    if (n_rows > 0)
+        rmsnorm_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(x, rows, w, out, n, eps);
+}

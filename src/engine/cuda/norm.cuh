@@ -1,0 +1,17 @@
+/*
+ * norm: RMSNorm over rows, as model.c: sum of squares accumulated in double,
+ * scale = 1 / sqrtf(mean + eps) in float, out = (x * scale) * w.
+ *
+ * Internal to src/engine/cuda/.
+ */
+#ifndef GPE_CUDA_NORM_CUH
+#define GPE_CUDA_NORM_CUH
+
+#include "engine/cuda/common.cuh"
+
+/* out[t][:] = rmsnorm(x[src][:]) * w for t < n_rows, src = rows ? rows[t]
+ * : t (rows: device array, used to gather the rows that want logits). */
+void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
+                      int n, float eps, cudaStream_t stream);
+
+#endif

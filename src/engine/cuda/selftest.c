@@ -1,0 +1,687 @@
+/*
+ * selftest: the CUDA backend's self-test (gpe_cuda_selftest_run) and its
+ * host-side helpers (optest.h).
+ *
+ * 1. Per-op checks on random inputs, each against a CPU reference:
+ *    dequantization of every type (must be bit-exact: NMSE 0), mat-vec with
+ *    1, 3 and 8 columns and GEMM with 8 (forced) and 13 columns for every
+ *    type (reference: the dequantized row times x in double), RMSNorm, RoPE
+ *    (with n_rot < head size, rope_freqs and linear scaling) and attention
+ *    (several sequences, GQA, in double).
+ * 2. Whole models: a random llama of each weight type runs the same batch
+ *    script (prefill of two sequences, batched decode, a mixed batch) on the
+ *    CPU forward (gpe_llama_forward) and on the CUDA backend; the largest
+ *    per-step NMSE of the logits must stay under the type's threshold.
+ *
+ * NMSE = sum (a - ref)^2 / sum ref^2 (the measure of llama.cpp's
+ * test-backend-ops). Thresholds and why: docs/cuda.md.
+ */
+#include "engine/cuda/optest.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/backend_cuda.h"
+#include "engine/kv.h"
+#include "engine/threadpool.h"
+
+/* Per-op thresholds. Dequantization is exact. Mat-vec, RMSNorm, RoPE and
+ * attention compute in F32 what the references compute in double: only
+ * rounding of sums, ~1e-14..1e-12. The GEMM path of F16/quantized weights
+ * rounds weights and activations to F16 (relative error <= 2^-11 each:
+ * NMSE ~1e-7). */
+#define TH_EXACT 0.0
+#define TH_F32 1e-9
+#define TH_GEMM_F16 2e-5
+
+/* ------------------------------------------------------------- random */
+
+typedef struct rng { uint64_t s; } rng;
+
+static uint64_t rng_next(rng *r)
+{
+    /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-1, 1) */
+static float rng_f(rng *r)
+{
+    return (float)((double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0);
+}
+
+/* ------------------------------------------------------- NMSE helpers */
+
+double gpe_st_nmse(const float *a, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = (double)a[i] - (double)ref[i];
+        if (!isfinite(a[i]))
+            return INFINITY;
+        num += d * d;
+        den += (double)ref[i] * (double)ref[i];
+    }
+    if (den == 0.0)
+        return num == 0.0 ? 0.0 : INFINITY;
+    return num / den;
+}
+
+double gpe_st_max_nmse(const float *a, const float *ref, const int step_rows[GPE_ST_STEPS],
+                       int n_vocab)
+{
+    double mx = 0.0;
+    size_t off = 0;
+    for (int s = 0; s < GPE_ST_STEPS; s++) {
+        const size_t n = (size_t)step_rows[s] * (size_t)n_vocab;
+        const double e = gpe_st_nmse(a + off, ref + off, n);
+        if (!(e <= mx))
+            mx = e;
+        off += n;
+    }
+    return mx;
+}
+
+double gpe_st_model_threshold(gpe_type t)
+{
+    /* Measured on the CPU (test_cuda: the CPU forward of each type against
+     * the same model in F32, which is what the GPU computes) and given a
+     * ~10x margin; see docs/cuda.md. */
+    switch (t) {
+    case GPE_TYPE_F32:
+    case GPE_TYPE_BF16: return 1e-6;
+    case GPE_TYPE_F16: return 1e-5;
+    default: return 5e-3;
+    }
+}
+
+/* Random block bytes of a type without a quantizer here (Q5_K, Q6_K): any
+ * bytes are valid except d/dmin, set to scales that keep values near
+ * [-amp, amp] and centred. */
+static void fill_kquant(gpe_type t, uint8_t *row, int64_t n_cols, float amp, rng *r)
+{
+    const int64_t nb = n_cols / GPE_QK_K;
+    for (int64_t b = 0; b < nb; b++) {
+        if (t == GPE_TYPE_Q5_K) {
+            gpe_block_q5_k *k = (gpe_block_q5_k *)(void *)(row + (size_t)b * sizeof *k);
+            for (size_t i = 0; i < sizeof *k; i++)
+                ((uint8_t *)k)[i] = (uint8_t)rng_next(r);
+            /* value = d*sc*q - dmin*m, sc, m in [0, 63], q in [0, 31]:
+             * mean d*31.5*15.5 - dmin*31.5 is 0 when dmin = 15.5 d. */
+            const float d = amp / (63.0f * 31.0f / 2.0f);
+            k->d = gpe_fp32_to_fp16(d);
+            k->dmin = gpe_fp32_to_fp16(15.5f * d);
+        } else {
+            gpe_block_q6_k *k = (gpe_block_q6_k *)(void *)(row + (size_t)b * sizeof *k);
+            for (size_t i = 0; i < sizeof *k; i++)
+                ((uint8_t *)k)[i] = (uint8_t)rng_next(r);
+            /* value = d*scale*(q-32), scale in [-128, 127], q-32 in [-32, 31] */
+            k->d = gpe_fp32_to_fp16(amp / (128.0f * 32.0f));
+        }
+    }
+}
+
+/* -------------------------------------------------------- random model */
+
+#define ST_E 256
+#define ST_HEAD 4
+#define ST_HEAD_KV 2
+#define ST_HD 64
+#define ST_FF 512
+#define ST_LAYER 2
+#define ST_VOCAB 300
+
+static void *st_alloc(gpe_st_model *sm, size_t bytes)
+{
+    if (sm->n_bufs == (int)(sizeof sm->bufs / sizeof sm->bufs[0]))
+        return NULL;
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (p)
+        sm->bufs[sm->n_bufs++] = p;
+    return p;
+}
+
+static bool st_weight(gpe_st_model *sm, gpe_weight *w, gpe_type t, int64_t rows, int64_t cols,
+                      rng *r)
+{
+    w->type = t;
+    w->n_rows = rows;
+    w->n_cols = cols;
+    w->row_bytes = gpe_row_size(t, cols);
+    uint8_t *data = st_alloc(sm, w->row_bytes * (size_t)rows);
+    float *tmp = malloc((size_t)cols * sizeof(float));
+    if (!data || !tmp || w->row_bytes == 0) {
+        free(tmp);
+        return false;
+    }
+    const float amp = 1.7f / sqrtf((float)cols);   /* unit-variance outputs for unit inputs */
+    bool ok = true;
+    for (int64_t i = 0; i < rows && ok; i++) {
+        uint8_t *row = data + (size_t)i * w->row_bytes;
+        if (t == GPE_TYPE_Q5_K || t == GPE_TYPE_Q6_K) {
+            fill_kquant(t, row, cols, amp, r);
+            continue;
+        }
+        for (int64_t c = 0; c < cols; c++)
+            tmp[c] = amp * rng_f(r);
+        ok = gpe_quantize_row(t, tmp, row, cols);
+    }
+    free(tmp);
+    w->data = data;
+    return ok;
+}
+
+static const float *st_vec(gpe_st_model *sm, int64_t n, rng *r)
+{
+    float *v = st_alloc(sm, (size_t)n * sizeof(float));
+    if (v)
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 1.0f + 0.5f * rng_f(r);
+    return v;
+}
+
+void gpe_st_model_free(gpe_st_model *sm)
+{
+    for (int i = 0; i < sm->n_bufs; i++)
+        free(sm->bufs[i]);
+    memset(sm, 0, sizeof *sm);
+}
+
+bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
+{
+    rng r = { seed };
+    memset(sm, 0, sizeof *sm);
+    gpe_hparams *hp = &sm->m.hp;
+    snprintf(hp->arch, sizeof hp->arch, "llama");
+    hp->n_vocab = ST_VOCAB;
+    hp->n_ctx_train = 64;
+    hp->n_embd = ST_E;
+    hp->n_layer = ST_LAYER;
+    hp->n_head = ST_HEAD;
+    hp->n_head_kv = ST_HEAD_KV;
+    hp->head_dim = ST_HD;
+    hp->n_ff = ST_FF;
+    hp->n_rot = ST_HD;
+    hp->rope_base = 10000.0f;
+    hp->rope_freq_scale = 1.0f;
+    hp->rms_eps = 1e-5f;
+    sm->m.layers = sm->layers;
+    const int64_t qd = ST_HEAD * ST_HD, kvd = ST_HEAD_KV * ST_HD;
+    bool ok = st_weight(sm, &sm->m.tok_embd, t, ST_VOCAB, ST_E, &r) &&
+              (sm->m.output_norm = st_vec(sm, ST_E, &r)) != NULL;
+    /* Q8_0 models tie the output to the embedding (the other path). */
+    if (ok && t == GPE_TYPE_Q8_0) {
+        sm->m.output = sm->m.tok_embd;
+        sm->m.tied_output = true;
+    } else if (ok) {
+        ok = st_weight(sm, &sm->m.output, t, ST_VOCAB, ST_E, &r);
+    }
+    for (int l = 0; l < ST_LAYER && ok; l++) {
+        gpe_layer *L = &sm->layers[l];
+        ok = (L->attn_norm = st_vec(sm, ST_E, &r)) != NULL &&
+             (L->ffn_norm = st_vec(sm, ST_E, &r)) != NULL &&
+             st_weight(sm, &L->wq, t, qd, ST_E, &r) && st_weight(sm, &L->wk, t, kvd, ST_E, &r) &&
+             st_weight(sm, &L->wv, t, kvd, ST_E, &r) && st_weight(sm, &L->wo, t, ST_E, qd, &r) &&
+             st_weight(sm, &L->w_gate, t, ST_FF, ST_E, &r) &&
+             st_weight(sm, &L->w_up, t, ST_FF, ST_E, &r) &&
+             st_weight(sm, &L->w_down, t, ST_E, ST_FF, &r);
+    }
+    if (!ok) {
+        gpe_st_model_free(sm);
+        return false;
+    }
+    return true;
+}
+
+static bool to_f32(gpe_st_model *sm, gpe_weight *dst, const gpe_weight *src)
+{
+    *dst = *src;
+    dst->type = GPE_TYPE_F32;
+    dst->row_bytes = (size_t)src->n_cols * sizeof(float);
+    float *d = st_alloc(sm, dst->row_bytes * (size_t)src->n_rows);
+    if (!d)
+        return false;
+    for (int64_t i = 0; i < src->n_rows; i++)
+        if (!gpe_dequantize_row(src->type, (const uint8_t *)src->data + (size_t)i * src->row_bytes,
+                                d + (size_t)i * (size_t)src->n_cols, src->n_cols))
+            return false;
+    dst->data = d;
+    return true;
+}
+
+bool gpe_st_model_to_f32(gpe_st_model *dst, const gpe_st_model *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->m = src->m;
+    dst->m.layers = dst->layers;
+    memcpy(dst->layers, src->layers, sizeof dst->layers);
+    bool ok = to_f32(dst, &dst->m.tok_embd, &src->m.tok_embd);
+    if (ok && src->m.tied_output)
+        dst->m.output = dst->m.tok_embd;
+    else if (ok)
+        ok = to_f32(dst, &dst->m.output, &src->m.output);
+    for (int l = 0; l < ST_LAYER && ok; l++) {
+        gpe_layer *D = &dst->layers[l];
+        const gpe_layer *S = &src->layers[l];
+        ok = to_f32(dst, &D->wq, &S->wq) && to_f32(dst, &D->wk, &S->wk) &&
+             to_f32(dst, &D->wv, &S->wv) && to_f32(dst, &D->wo, &S->wo) &&
+             to_f32(dst, &D->w_gate, &S->w_gate) && to_f32(dst, &D->w_up, &S->w_up) &&
+             to_f32(dst, &D->w_down, &S->w_down);
+    }
+    if (!ok)
+        gpe_st_model_free(dst);
+    return ok;
+}
+
+/* ------------------------------------------------------------- script */
+
+#define ST_CTX 32
+#define ST_SEQ 2
+#define ST_BATCH 16
+
+typedef struct st_step {
+    int n;
+    int32_t tok[ST_BATCH];
+    int pos[ST_BATCH], seq[ST_BATCH];
+    bool want[ST_BATCH];
+} st_step;
+
+/* The batch script: steps 0-1 prefill (12 tokens: GEMM path; 5 tokens:
+ * 5-column mat-vec), 2-4 decode both sequences in one batch (2 columns),
+ * 5 a mixed batch (one decode token of seq 0 + 10 prompt tokens of seq 1). */
+static void st_script(st_step steps[GPE_ST_STEPS])
+{
+    rng r = { 42 };
+    memset(steps, 0, sizeof(st_step) * GPE_ST_STEPS);
+    int len[ST_SEQ] = { 0, 0 };
+#define ADD(S, sq, w)                                                                         \
+    do {                                                                                      \
+        st_step *s_ = (S);                                                                    \
+        s_->tok[s_->n] = (int32_t)(rng_next(&r) % ST_VOCAB);                                  \
+        s_->seq[s_->n] = (sq);                                                                \
+        s_->pos[s_->n] = len[(sq)]++;                                                         \
+        s_->want[s_->n] = (w);                                                                \
+        s_->n++;                                                                              \
+    } while (0)
+    for (int i = 0; i < 12; i++)
+        ADD(&steps[0], 0, i % 4 == 0 || i == 11);
+    for (int i = 0; i < 5; i++)
+        ADD(&steps[1], 1, true);
+    for (int k = 2; k < 5; k++) {
+        ADD(&steps[k], 0, true);
+        ADD(&steps[k], 1, true);
+    }
+    ADD(&steps[5], 0, true);
+    for (int i = 0; i < 10; i++)
+        ADD(&steps[5], 1, i % 3 == 0);
+#undef ADD
+}
+
+static int st_total_rows(const st_step *steps, int step_rows[GPE_ST_STEPS])
+{
+    int total = 0;
+    for (int s = 0; s < GPE_ST_STEPS; s++) {
+        step_rows[s] = 0;
+        for (int i = 0; i < steps[s].n; i++)
+            step_rows[s] += steps[s].want[i];
+        total += step_rows[s];
+    }
+    return total;
+}
+
+gpe_status gpe_st_run_cpu(const gpe_llama *m, float **logits, int step_rows[GPE_ST_STEPS],
+                          char *err, size_t errlen)
+{
+    st_step steps[GPE_ST_STEPS];
+    gpe_kv kv;
+    gpe_fwd f;
+    gpe_pool *pool = NULL;
+    float *out = NULL;
+    gpe_status st = GPE_ERR_NOMEM;
+    bool kv_ok = false, f_ok = false;
+
+    st_script(steps);
+    const int total = st_total_rows(steps, step_rows);
+    out = malloc((size_t)total * (size_t)m->hp.n_vocab * sizeof(float));
+    kv_ok = gpe_kv_init(&kv, m->hp.n_layer, ST_SEQ, ST_CTX,
+                        m->hp.n_head_kv * m->hp.head_dim) == 0;
+    f_ok = gpe_fwd_init(&f, m, ST_BATCH, ST_CTX, 1) == 0;
+    pool = gpe_pool_create(1);
+    if (!out || !kv_ok || !f_ok || !pool || gpe_fwd_reserve_logits(&f, m, ST_BATCH) != 0) {
+        snprintf(err, errlen, "CPU reference: out of memory");
+        goto done;
+    }
+    size_t off = 0;
+    for (int s = 0; s < GPE_ST_STEPS; s++) {
+        const st_step *p = &steps[s];
+        int rows = gpe_llama_forward(m, &f, &kv, pool, p->tok, p->pos, p->seq, p->want, p->n,
+                                     out + off);
+        off += (size_t)rows * (size_t)m->hp.n_vocab;
+    }
+    *logits = out;
+    out = NULL;
+    st = GPE_OK;
+done:
+    free(out);
+    if (kv_ok)
+        gpe_kv_free(&kv);
+    if (f_ok)
+        gpe_fwd_free(&f);
+    gpe_pool_destroy(pool);
+    return st;
+}
+
+gpe_status gpe_st_run_cuda(const gpe_llama *m, float **logits, int step_rows[GPE_ST_STEPS],
+                           char *err, size_t errlen)
+{
+    st_step steps[GPE_ST_STEPS];
+    gpe_cuda_model *cm = NULL;
+    float *out = NULL;
+    gpe_status st;
+
+    st_script(steps);
+    const int total = st_total_rows(steps, step_rows);
+    out = malloc((size_t)total * (size_t)m->hp.n_vocab * sizeof(float));
+    if (!out) {
+        snprintf(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
+    }
+    st = gpe_cuda_model_upload(m, 0, ST_CTX, ST_SEQ, ST_BATCH, &cm, err, errlen);
+    size_t off = 0;
+    for (int s = 0; s < GPE_ST_STEPS && st == GPE_OK; s++) {
+        const st_step *p = &steps[s];
+        st = gpe_cuda_forward(cm, p->tok, p->pos, p->seq, p->want, p->n, out + off, err,
+                              errlen);
+        off += (size_t)step_rows[s] * (size_t)m->hp.n_vocab;
+    }
+    gpe_cuda_model_free(cm);
+    if (st != GPE_OK) {
+        free(out);
+        return st;
+    }
+    *logits = out;
+    return GPE_OK;
+}
+
+/* ------------------------------------------------------- the self-test */
+
+typedef struct report {
+    char *buf;
+    size_t len, cap;
+    int n_fail, n_pass;
+} report;
+
+static void rep_add(report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rep_add(report *r, const char *fmt, ...)
+{
+    if (!r->buf || r->cap == 0 || r->len + 1 >= r->cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(r->buf + r->len, r->cap - r->len, fmt, ap);
+    va_end(ap);
+    if (k > 0)
+        r->len = r->len + (size_t)k < r->cap ? r->len + (size_t)k : r->cap - 1;
+}
+
+/* Records a check: name, NMSE, threshold. A backend error counts as a
+ * failure with its message. */
+static void rep_check(report *r, const char *name, gpe_status st, const char *msg,
+                      double nmse, double th)
+{
+    if (st != GPE_OK) {
+        r->n_fail++;
+        rep_add(r, "%s FAIL (%s: %s); ", name, gpe_status_name(st), msg);
+        return;
+    }
+    const bool ok = nmse <= th;
+    ok ? r->n_pass++ : r->n_fail++;
+    rep_add(r, "%s %s nmse=%.2e%s; ", name, ok ? "ok" : "FAIL", nmse,
+            ok ? "" : (th == 0.0 ? " (must be exact)" : " (over threshold)"));
+}
+
+static const gpe_type k_types[] = { GPE_TYPE_F32,  GPE_TYPE_F16,  GPE_TYPE_BF16,
+                                    GPE_TYPE_Q8_0, GPE_TYPE_Q4_0, GPE_TYPE_Q4_K,
+                                    GPE_TYPE_Q5_K, GPE_TYPE_Q6_K };
+#define N_TYPES (sizeof k_types / sizeof k_types[0])
+
+static void check_matmul_ops(report *rep, rng *r)
+{
+    enum { ROWS = 37, COLS = 512, MAXT = 13 };
+    char msg[256], name[64];
+    gpe_weight w;
+    gpe_st_model holder;
+    memset(&holder, 0, sizeof holder);
+    float *x = malloc(sizeof(float) * MAXT * COLS);
+    float *y = malloc(sizeof(float) * MAXT * ROWS);
+    float *ref = malloc(sizeof(float) * MAXT * ROWS);
+    float *deq = malloc(sizeof(float) * ROWS * COLS);
+    float *gdeq = malloc(sizeof(float) * ROWS * COLS);
+    if (!x || !y || !ref || !deq || !gdeq) {
+        rep_check(rep, "matmul", GPE_ERR_NOMEM, "out of memory", 0, 0);
+        goto done;
+    }
+    for (int i = 0; i < MAXT * COLS; i++)
+        x[i] = rng_f(r);
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const gpe_type t = k_types[ti];
+        gpe_st_model_free(&holder);
+        if (!st_weight(&holder, &w, t, ROWS, COLS, r)) {
+            rep_check(rep, gpe_type_name(t), GPE_ERR_NOMEM, "out of memory", 0, 0);
+            continue;
+        }
+        for (int i = 0; i < ROWS; i++)
+            gpe_dequantize_row(t, (const uint8_t *)w.data + (size_t)i * w.row_bytes,
+                               deq + (size_t)i * COLS, COLS);
+        snprintf(name, sizeof name, "dequant %s", gpe_type_name(t));
+        gpe_status st = gpe_cuda_test_dequant(t, w.data, ROWS, COLS, gdeq, msg, sizeof msg);
+        rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(gdeq, deq, (size_t)ROWS * COLS),
+                  TH_EXACT);
+
+        for (int t0 = 0; t0 < MAXT; t0++)
+            for (int i = 0; i < ROWS; i++) {
+                double s = 0.0;
+                for (int c = 0; c < COLS; c++)
+                    s += (double)deq[(size_t)i * COLS + c] * (double)x[(size_t)t0 * COLS + c];
+                ref[(size_t)t0 * ROWS + i] = (float)s;
+            }
+        static const struct { int n; bool gemm; } cases[] = {
+            { 1, false }, { 3, false }, { 8, false }, { 8, true }, { 13, true } };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            const bool gemm = cases[c].gemm;
+            snprintf(name, sizeof name, "%s %s x%d", gemm ? "gemm" : "matvec", gpe_type_name(t),
+                     cases[c].n);
+            st = gpe_cuda_test_matmul(t, w.data, ROWS, COLS, x, cases[c].n, gemm, y, msg,
+                                      sizeof msg);
+            const double th = (gemm && t != GPE_TYPE_F32 && t != GPE_TYPE_BF16) ? TH_GEMM_F16
+                                                                                  : TH_F32;
+            rep_check(rep, name, st, msg,
+                      st ? 0 : gpe_st_nmse(y, ref, (size_t)cases[c].n * ROWS), th);
+        }
+    }
+done:
+    gpe_st_model_free(&holder);
+    free(x);
+    free(y);
+    free(ref);
+    free(deq);
+    free(gdeq);
+}
+
+static void check_rmsnorm(report *rep, rng *r)
+{
+    enum { ROWS = 5, N = 1000 };
+    char msg[256];
+    static float x[ROWS * N], w[N], out[ROWS * N], ref[ROWS * N];
+    for (int i = 0; i < ROWS * N; i++)
+        x[i] = 3.0f * rng_f(r);
+    for (int i = 0; i < N; i++)
+        w[i] = 1.0f + 0.5f * rng_f(r);
+    for (int t = 0; t < ROWS; t++) {
+        double ss = 0.0;
+        for (int i = 0; i < N; i++)
+            ss += (double)x[t * N + i] * x[t * N + i];
+        const double sc = 1.0 / sqrt(ss / N + 1e-5);
+        for (int i = 0; i < N; i++)
+            ref[t * N + i] = (float)(x[t * N + i] * sc * w[i]);
+    }
+    gpe_status st = gpe_cuda_test_rmsnorm(x, w, ROWS, N, 1e-5f, out, msg, sizeof msg);
+    rep_check(rep, "rmsnorm", st, msg, st ? 0 : gpe_st_nmse(out, ref, ROWS * N), TH_F32);
+}
+
+static void check_rope(report *rep, rng *r)
+{
+    enum { T = 6, H = 4, HKV = 2, HD = 80, ROT = 64, CTX = 2000 };
+    const float base = 500000.0f, fscale = 0.25f;
+    char msg[256];
+    static float q[T * H * HD], q0[T * H * HD], k[T * HKV * HD], v[T * HKV * HD];
+    static float kc[CTX * HKV * HD], vc[CTX * HKV * HD], qref[T * H * HD];
+    static float kref[T * HKV * HD], kgot[T * HKV * HD], vgot[T * HKV * HD];
+    float freqs[ROT / 2];
+    const int pos[T] = { 0, 1, 7, 100, 1023, 1999 };
+    for (int i = 0; i < T * H * HD; i++)
+        q0[i] = q[i] = rng_f(r);
+    for (int i = 0; i < T * HKV * HD; i++) {
+        k[i] = rng_f(r);
+        v[i] = rng_f(r);
+    }
+    for (int i = 0; i < ROT / 2; i++)
+        freqs[i] = 1.0f + (float)i / 8.0f;
+    /* Reference in double with model.c's angle recurrence (float). */
+    const float ts = powf(base, -2.0f / (float)ROT);
+    for (int t = 0; t < T; t++) {
+        float theta = (float)pos[t];
+        double cs[ROT];
+        for (int i = 0; i < ROT; i += 2) {
+            const float th = (theta / freqs[i / 2]) * fscale;
+            cs[i] = cos((double)th);
+            cs[i + 1] = sin((double)th);
+            theta *= ts;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            const int nh = pass ? HKV : H;
+            const float *src = pass ? k + t * HKV * HD : q0 + t * H * HD;
+            float *dst = pass ? kref + t * HKV * HD : qref + t * H * HD;
+            for (int h = 0; h < nh; h++)
+                for (int d = 0; d < HD; d++) {
+                    const float *e = src + h * HD;
+                    if (d >= ROT) {
+                        dst[h * HD + d] = e[d];
+                        continue;
+                    }
+                    const int d0 = d & ~1;
+                    dst[h * HD + d] = (float)((d & 1) ? e[d0] * cs[d0 + 1] + e[d0 + 1] * cs[d0]
+                                                      : e[d0] * cs[d0] - e[d0 + 1] * cs[d0 + 1]);
+                }
+        }
+    }
+    gpe_status st = gpe_cuda_test_rope(q, k, v, pos, T, H, HKV, HD, ROT, base, fscale, freqs, CTX,
+                                       kc, vc, msg, sizeof msg);
+    if (st == GPE_OK)
+        for (int t = 0; t < T; t++) {
+            memcpy(kgot + t * HKV * HD, kc + (size_t)pos[t] * HKV * HD, sizeof(float) * HKV * HD);
+            memcpy(vgot + t * HKV * HD, vc + (size_t)pos[t] * HKV * HD, sizeof(float) * HKV * HD);
+        }
+    rep_check(rep, "rope q", st, msg, st ? 0 : gpe_st_nmse(q, qref, T * H * HD), TH_F32);
+    rep_check(rep, "rope k", st, msg, st ? 0 : gpe_st_nmse(kgot, kref, T * HKV * HD), TH_F32);
+    rep_check(rep, "rope v", st, msg, st ? 0 : gpe_st_nmse(vgot, v, T * HKV * HD), TH_EXACT);
+}
+
+static void check_attention(report *rep, rng *r)
+{
+    enum { T = 7, NSEQ = 3, CTX = 300, H = 8, HKV = 2, HD = 128 };
+    char msg[256];
+    static float q[T * H * HD], kc[NSEQ * CTX * HKV * HD], vc[NSEQ * CTX * HKV * HD];
+    static float out[T * H * HD], ref[T * H * HD];
+    static double sc[CTX];
+    const int pos[T] = { 0, 1, 2, 299, 5, 150, 37 };
+    const int seq[T] = { 0, 0, 0, 1, 2, 2, 1 };
+    for (int i = 0; i < T * H * HD; i++)
+        q[i] = 2.0f * rng_f(r);
+    for (int i = 0; i < NSEQ * CTX * HKV * HD; i++) {
+        kc[i] = rng_f(r);
+        vc[i] = rng_f(r);
+    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / (H / HKV);
+            const float *qv = q + (t * H + h) * HD;
+            double mx = -INFINITY, sum = 0.0;
+            for (int i = 0; i <= pos[t]; i++) {
+                const float *kr = kc + ((size_t)(seq[t] * CTX + i) * HKV + kvh) * HD;
+                double d = 0.0;
+                for (int e = 0; e < HD; e++)
+                    d += (double)qv[e] * kr[e];
+                sc[i] = d / sqrt((double)HD);
+                if (sc[i] > mx)
+                    mx = sc[i];
+            }
+            for (int i = 0; i <= pos[t]; i++)
+                sum += (sc[i] = exp(sc[i] - mx));
+            for (int e = 0; e < HD; e++) {
+                double o = 0.0;
+                for (int i = 0; i <= pos[t]; i++)
+                    o += sc[i] * vc[((size_t)(seq[t] * CTX + i) * HKV + kvh) * HD + e];
+                ref[(t * H + h) * HD + e] = (float)(o / sum);
+            }
+        }
+    gpe_status st = gpe_cuda_test_attention(q, kc, vc, pos, seq, T, NSEQ, CTX, H, HKV, HD, out,
+                                            msg, sizeof msg);
+    rep_check(rep, "attention", st, msg, st ? 0 : gpe_st_nmse(out, ref, T * H * HD), TH_F32);
+}
+
+static void check_models(report *rep)
+{
+    char msg[256], name[64];
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        const gpe_type t = k_types[ti];
+        gpe_st_model sm;
+        float *cpu = NULL, *gpu = NULL;
+        int rows_c[GPE_ST_STEPS], rows_g[GPE_ST_STEPS];
+        snprintf(name, sizeof name, "model %s", gpe_type_name(t));
+        if (!gpe_st_model_build(&sm, t, 1000 + ti)) {
+            rep_check(rep, name, GPE_ERR_NOMEM, "out of memory", 0, 0);
+            continue;
+        }
+        gpe_status st = gpe_st_run_cpu(&sm.m, &cpu, rows_c, msg, sizeof msg);
+        if (st == GPE_OK)
+            st = gpe_st_run_cuda(&sm.m, &gpu, rows_g, msg, sizeof msg);
+        rep_check(rep, name, st, msg,
+                  st ? 0 : gpe_st_max_nmse(gpu, cpu, rows_c, sm.m.hp.n_vocab),
+                  gpe_st_model_threshold(t));
+        free(cpu);
+        free(gpu);
+        gpe_st_model_free(&sm);
+    }
+}
+
+gpe_status gpe_cuda_selftest_run(char *err, size_t errlen)
+{
+    int n_dev = 0;
+    if (!gpe_cuda_device_count(&n_dev)) {
+        if (err && errlen)
+            snprintf(err, errlen, "no CUDA device");
+        return GPE_ERR_BACKEND;
+    }
+    char *buf = malloc(16384);
+    report rep = { buf, 0, buf ? 16384 : 0, 0, 0 };
+    if (buf)
+        buf[0] = '\0';
+    rng r = { 7 };
+    check_rmsnorm(&rep, &r);
+    check_rope(&rep, &r);
+    check_attention(&rep, &r);
+    check_matmul_ops(&rep, &r);
+    check_models(&rep);
+    if (err && errlen)
+        snprintf(err, errlen, "%d checks, %d failed on %d device(s): %s", rep.n_pass + rep.n_fail,
+                 rep.n_fail, n_dev, buf ? buf : "(no memory for the details)");
+    free(buf);
+    return rep.n_fail ? GPE_ERR_BACKEND : GPE_OK;
+}
