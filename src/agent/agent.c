@@ -307,6 +307,8 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
+    if (a->o->ca_file)
+        curl_easy_setopt(r->easy, CURLOPT_CAINFO, a->o->ca_file);
     if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
         goto fail;
     free(text);

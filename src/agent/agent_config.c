@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agent/agent_util.h"
 
@@ -28,6 +29,9 @@ const gp_opt agent_config_table[] = {
      "SIGTERM: how long running jobs may finish before they are stopped"},
     {"request-timeout-sec", GP_OPT_INT, O(request_timeout_sec), "30", 1, 3600, NULL,
      "bound on one /agents/poll or events request"},
+    {"ca-file", GP_OPT_STR, O(ca_file), NULL, 0, 0, NULL,
+     "PEM CA bundle that verifies https:// server and upstream certificates (default: the "
+     "system's)"},
     {"upstream", GP_OPT_STR, O(upstream), NULL, 0, 0, NULL,
      "openai backend: base URL of an OpenAI-compatible server (http://host:port[/v1])"},
     {"upstream-model", GP_OPT_STR, O(upstream_model), NULL, 0, 0, NULL,
@@ -96,6 +100,10 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
             snprintf(err, errlen, "upstream-model: required with --upstream");
             return -1;
         }
+    }
+    if (out->ca_file && access(out->ca_file, R_OK) != 0) {
+        snprintf(err, errlen, "ca-file: cannot read '%s'", out->ca_file);
+        return -1;
     }
     if (out->alias && !*out->alias) {
         snprintf(err, errlen, "alias: must not be empty");

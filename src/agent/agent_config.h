@@ -27,6 +27,7 @@ typedef struct agent_options {
     char *config;              /* config file path */
     long long drain_timeout_sec;   /* SIGTERM: how long running jobs may finish */
     long long request_timeout_sec; /* bound on one poll/events request */
+    char *ca_file;             /* PEM bundle to verify https:// servers (default: system CAs) */
     /* --- backend openai --- */
     char *upstream;            /* base URL of an OpenAI-compatible server */
     char *upstream_model;      /* model name sent upstream */

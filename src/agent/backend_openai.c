@@ -337,6 +337,8 @@ static void *job_main(void *arg)
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
     curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
     curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+    if (o->ca_file)
+        curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
     if (curl_multi_add_handle(j->multi, easy) != CURLM_OK) {
         job_fail(j, "INTERNAL_ERROR", "cannot start the upstream request");
         goto finish;
