@@ -379,6 +379,44 @@ class AgentProtocolTest(harness.TestCase):
         self.assertFalse([e for e in evs if e["type"] == "token"])
         self.assertEqual(up.log_entries()[-1]["path"], "/tokenize")
 
+    def make_cert(self):
+        """A self-signed certificate for 127.0.0.1 (skips without openssl)."""
+        cert, key = self.h.path("up.crt"), self.h.path("up.key")
+        try:
+            r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                                "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=127.0.0.1",
+                                "-addext", "subjectAltName=IP:127.0.0.1"],
+                               capture_output=True, timeout=60)
+        except FileNotFoundError:
+            self.skipTest("no openssl command")
+        if r.returncode != 0:
+            self.skipTest("openssl could not make a certificate")
+        return cert, key
+
+    def test_https_upstream_with_ca_file(self):
+        cert, key = self.make_cert()
+        up = self.h.start_upstream(["--tokens", "3", "--tls-cert", cert, "--tls-key", key])
+
+        class Tls:
+            url = up.url.replace("http://", "https://")
+        # Trusted through --ca-file: works.
+        self.start_agent(Tls, ["--ca-file", cert], name="tls1")
+        self.fake.give(job("job_tls"))
+        evs = self.fake.wait_terminal("job_tls")
+        self.assertEqual(evs[-1]["type"], "end", evs)
+        self.assertEqual("".join(e["text"] for e in evs if e["type"] == "token"),
+                         "".join(upstream_mod.expected_tokens("alpha beta", 3)))
+
+    def test_https_upstream_untrusted_is_a_clean_error(self):
+        cert, key = self.make_cert()
+        up = self.h.start_upstream(["--tls-cert", cert, "--tls-key", key])
+
+        class Tls:
+            url = up.url.replace("http://", "https://")
+        evs = self.run_job(Tls, job("job_tls_bad"))
+        self.assertEqual(evs[-1]["type"], "error")
+        self.assertEqual(evs[-1]["code"], "UPSTREAM_ERROR")
+
     def test_bad_job_kind_is_a_clean_error(self):
         up = self.h.start_upstream()
         evs = self.run_job(up, job("job_k", kind="embedding"))

@@ -19,6 +19,7 @@ and changeable at run time through a control endpoint:
   --after K           tokens sent before a stall/die/malformed (default 2)
   --models a,b        ids listed by /v1/models (default "m1")
   --port P --port-file F   listen on 127.0.0.1:P (0 = ephemeral), write the port to F
+  --tls-cert C --tls-key K  serve HTTPS
 
 Control (JSON):
   POST /_control/config {"pace_ms":..,"mode":..,...}  change settings (returns all)
@@ -413,6 +414,8 @@ def main(argv=None):
     ap.add_argument("--after", type=int, default=2)
     ap.add_argument("--models", default="m1")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
+    ap.add_argument("--tls-key", help="private key of --tls-cert")
     args = ap.parse_args(argv)
 
     class Server(ThreadingHTTPServer):
@@ -421,6 +424,11 @@ def main(argv=None):
         request_queue_size = 1024
 
     srv = Server(("127.0.0.1", args.port), Handler)
+    if args.tls_cert:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(args.tls_cert, args.tls_key)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     srv.state = State(args)
     srv.verbose = args.verbose
     port = srv.server_address[1]
