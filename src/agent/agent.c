@@ -503,6 +503,13 @@ static void job_begin(agent *a, json_t *jj)
                      json_pack("{s:s}", "job_id", j->id), "backend rejected job: %s", err);
         /* No callback will come: report it ourselves. */
         sink_error(j, "INVALID_REQUEST", err[0] ? err : "the backend could not start the job");
+    } else if (a->jobs_stopped) {
+        /* Assigned while we were already stopping: hand it back at once
+         * (AGENT_SHUTDOWN) rather than run it past our exit. */
+        pthread_mutex_lock(&a->mu);
+        j->stop_shutdown = true;
+        pthread_mutex_unlock(&a->mu);
+        job_cancel(a, j);
     }
 }
 
