@@ -72,6 +72,7 @@ struct gpe_cuda_model {
     gpe_cuda_mm mm;
 
     uint8_t *wmem;              /* weights region */
+    uint64_t wmem_bytes;
     gpe_cuda_weight tok_embd, output;
     const float *output_norm;
     const float *rope_freqs;    /* NULL when absent */
@@ -239,6 +240,11 @@ void gpe_cuda_model_free(gpe_cuda_model *cm)
 static gpe_status put(gpe_cuda_model *cm, uint64_t *off, const void *src, size_t bytes,
                       const uint8_t **dst, char *err, size_t errlen)
 {
+    /* The budget and the copies walk the same tensors; this guard makes a
+     * broken invariant an error instead of an overrun. */
+    if (*off + bytes > cm->wmem_bytes)
+        return gpe_cuda_seterr(err, errlen, "internal: weights exceed the planned %llu bytes",
+                               (unsigned long long)cm->wmem_bytes);
     uint8_t *d = cm->wmem + *off;
     CUDA_CHECK(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, cm->stream));
     *off += align_up(bytes);
@@ -277,6 +283,7 @@ static gpe_status upload(gpe_cuda_model *cm, const gpe_llama *m, const gpe_cuda_
     CUBLAS_CHECK(cublasSetMathMode(cm->blas, CUBLAS_DEFAULT_MATH));
 
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&cm->wmem), b->weights));
+    cm->wmem_bytes = b->weights;
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&cm->kv), b->kv));
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&cm->smem), b->scratch));
     CUDA_CHECK(cudaMemsetAsync(cm->kv, 0, b->kv, cm->stream));
@@ -311,10 +318,6 @@ static gpe_status upload(gpe_cuda_model *cm, const gpe_llama *m, const gpe_cuda_
             (st = put_weight(cm, &off, L->w_down, &C->w_down, err, errlen)))
             return st;
     }
-    if (off > b->weights)   /* a broken invariant of model_bytes: refuse, do not overrun */
-        return gpe_cuda_seterr(err, errlen, "internal: weights need %llu bytes, planned %llu",
-                               (unsigned long long)off, (unsigned long long)b->weights);
-
     scratch_plan sp;
     plan_scratch(m, cm->n_batch, &sp);
     uint8_t *s = cm->smem;
@@ -381,7 +384,7 @@ gpe_status gpe_cuda_model_upload(const gpe_llama *m, int device, int n_ctx, int 
     cm->n_seq = n_seq;
     cm->n_batch = n_batch;
     cm->layers = static_cast<cuda_layer *>(calloc((size_t)m->hp.n_layer, sizeof *cm->layers));
-    cm->h_ints = static_cast<int *>(malloc(4 * (size_t)n_batch * sizeof(int)));
+    cm->h_ints = static_cast<int *>(calloc(4 * (size_t)n_batch, sizeof(int)));
     if (!cm->layers || !cm->h_ints) {
         gpe_cuda_model_free(cm);
         return fail(GPE_ERR_NOMEM, err, errlen, "out of memory");

@@ -61,7 +61,10 @@ static gpe_status begin(arena &a, bool with_blas, char *err, size_t errlen)
     if (!gpe_cuda_available())
         return gpe_cuda_seterr(err, errlen, "no CUDA device");
     CUDA_CHECK(cudaSetDevice(0));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&a.stream, cudaStreamNonBlocking));
+    /* A blocking stream: it is ordered after the synchronous cudaMemcpy /
+     * cudaMemset calls below (legacy default stream), whose device-side
+     * work may still be in flight when they return. */
+    CUDA_CHECK(cudaStreamCreate(&a.stream));
     if (with_blas) {
         CUBLAS_CHECK(cublasCreate(&a.blas));
         CUBLAS_CHECK(cublasSetMathMode(a.blas, CUBLAS_DEFAULT_MATH));
