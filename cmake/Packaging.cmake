@@ -90,9 +90,11 @@ set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "file:///usr/share/doc/gpupool/README.md")
 # Run-time libraries: computed by dpkg-shlibdeps (dpkg-dev) from the
-# binaries when it is there, else the list below (Debian 12's names).
+# binaries when it is there (CPack also needs `file` to find them), else the
+# list below (Debian 12's names).
 find_program(GPUPOOL_DPKG_SHLIBDEPS dpkg-shlibdeps)
-if(GPUPOOL_DPKG_SHLIBDEPS)
+find_program(GPUPOOL_FILE_CMD file)
+if(GPUPOOL_DPKG_SHLIBDEPS AND GPUPOOL_FILE_CMD)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 else()
   set(CPACK_DEBIAN_PACKAGE_DEPENDS
