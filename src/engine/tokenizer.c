@@ -15,8 +15,8 @@
  *
  * Costs: merging is O(k log k) per chunk of k characters; long texts are cut
  * into chunks at points no merge can cross (cover trie), so 1 MB of ordinary
- * text takes about 0.1-0.2 s. A 1 MB run of one character has no such
- * points and is merged as one chunk (about 1 s): still O(n log n).
+ * text takes about 0.1-0.25 s. A 1 MB run of one character has no such
+ * points and is merged as one chunk (0.3-0.9 s): still O(n log n).
  */
 #include "engine/tokenizer.h"
 

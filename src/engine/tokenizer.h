@@ -87,8 +87,10 @@ int gpe_tokenizer_piece(const gpe_tokenizer *t, int32_t id, char *buf, size_t le
 bool gpe_tokenizer_is_eog(const gpe_tokenizer *t, int32_t id);
 
 int gpe_tokenizer_n_vocab(const gpe_tokenizer *t);
-int32_t gpe_tokenizer_bos(const gpe_tokenizer *t);   /* -1 when absent */
-int32_t gpe_tokenizer_eos(const gpe_tokenizer *t);   /* -1 when absent */
+/* BOS/EOS ids: the metadata's, else llama.cpp's defaults (spm 1/2, bpe
+ * 11/11, bert [CLS] 101 / none); -1 when that id is not in the vocabulary. */
+int32_t gpe_tokenizer_bos(const gpe_tokenizer *t);
+int32_t gpe_tokenizer_eos(const gpe_tokenizer *t);
 bool gpe_tokenizer_add_bos(const gpe_tokenizer *t);
 bool gpe_tokenizer_add_eos(const gpe_tokenizer *t);
 /* "llama" (spm), "gpt2" (bpe) or "bert" (wpm): tokenizer.ggml.model. */
