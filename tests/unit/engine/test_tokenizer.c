@@ -669,6 +669,29 @@ static void test_synthetic(void **state)
         gpe_tokenizer_free(t);
     }
 
+    /* ignore_merges (llama-bpe only): a piece that is a token stays whole */
+    static const char *const itoks[] = {"a", "b", "c", "bc", "abc"};
+    static const char *const imerges[] = {"b c"};
+    for (int k = 0; k < 2; k++) {
+        gguf_begin(&b, 4);
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_str(&b, "tokenizer.ggml.pre", k ? "llama-bpe" : "gpt-2");
+        kv_strs(&b, "tokenizer.ggml.tokens", itoks, 5);
+        kv_strs(&b, "tokenizer.ggml.merges", imerges, 1);
+        t = load_buf(&b, err, sizeof err);
+        assert_non_null(t);
+        int n = gpe_tokenizer_encode(t, "abc", 3, false, false, ids, 8);
+        if (k) {
+            assert_int_equal(n, 1);
+            assert_int_equal(ids[0], 4);
+        } else {
+            assert_int_equal(n, 2);
+            assert_int_equal(ids[0], 0);
+            assert_int_equal(ids[1], 3);
+        }
+        gpe_tokenizer_free(t);
+    }
+
     /* spm without byte tokens or scores: unknown characters become <unk>
      * when there is one (id 0 by default) */
     static const char *const stoks[] = {"<unk>", "<s>", "</s>", "▁", "a", "▁a"};
