@@ -159,6 +159,8 @@ typedef struct gpe_ctx_params {
     int n_seq;        /* sequences held in the KV cache (agent slots); default 1 */
     int n_threads;    /* 0 = number of online CPUs */
     int n_batch;      /* max tokens per gpe_decode; default 512 */
+    bool kv_f16;      /* KV cache in F16 (half the memory; llama.cpp's default and
+                         its rounding) instead of F32; default false. CPU only. */
 } gpe_ctx_params;
 
 gpe_ctx_params gpe_ctx_default_params(void);

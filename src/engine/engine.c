@@ -426,6 +426,7 @@ gpe_ctx_params gpe_ctx_default_params(void)
     p.n_seq = 1;
     p.n_threads = 0;
     p.n_batch = 512;
+    p.kv_f16 = false;
     return p;
 }
 
@@ -479,6 +480,11 @@ gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **ou
     if (!c->pool)
         goto nomem;
 #ifdef GPUPOOL_HAVE_CUDA
+    if (m->backend == GPE_BACKEND_CUDA && p.kv_f16) {
+        seterr(err, errlen, "an F16 KV cache is supported by the CPU backend only");
+        gpe_ctx_free(c);
+        return GPE_ERR_UNSUPPORTED;
+    }
     if (m->backend == GPE_BACKEND_CUDA) {
         /* Weights, K/V and scratch live in VRAM (preflight inside: a model
          * that does not fit is GPE_ERR_INSUFFICIENT_VRAM before anything is
@@ -499,8 +505,8 @@ gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **ou
     } else
 #endif
     {
-        if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim) !=
-            0) {
+        if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim,
+                        p.kv_f16) != 0) {
             seterr(err, errlen, "cannot allocate the KV cache (%d sequences x %d positions)",
                    p.n_seq, p.n_ctx);
             gpe_ctx_free(c);

@@ -1,10 +1,22 @@
 /* kv: KV cache storage (see kv.h). */
 #include "kv.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim)
+#include "engine/quant.h"
+
+float gpe_kv_f16_table[65536];
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static void table_build(void)
+{
+    for (uint32_t h = 0; h < 65536; h++)
+        gpe_kv_f16_table[h] = gpe_fp16_to_fp32((uint16_t)h);
+}
+
+int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim, bool f16)
 {
     memset(kv, 0, sizeof *kv);
     if (n_layer <= 0 || n_seq <= 0 || n_ctx <= 0 || kv_dim <= 0)
@@ -18,8 +30,11 @@ int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim)
         return -1;
     n *= (uint64_t)kv_dim;
 
-    kv->k = calloc((size_t)n, sizeof(float));
-    kv->v = calloc((size_t)n, sizeof(float));
+    const size_t esz = f16 ? sizeof(uint16_t) : sizeof(float);
+    if (f16)
+        pthread_once(&table_once, table_build);
+    kv->k = calloc((size_t)n, esz);
+    kv->v = calloc((size_t)n, esz);
     kv->len = calloc((size_t)n_seq, sizeof(int));
     if (!kv->k || !kv->v || !kv->len) {
         gpe_kv_free(kv);
@@ -29,6 +44,7 @@ int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim)
     kv->n_seq = n_seq;
     kv->n_ctx = n_ctx;
     kv->kv_dim = kv_dim;
+    kv->f16 = f16;
     return 0;
 }
 
@@ -45,7 +61,7 @@ void gpe_kv_free(gpe_kv *kv)
 uint64_t gpe_kv_bytes(const gpe_kv *kv)
 {
     return 2ull * (uint64_t)kv->n_layer * (uint64_t)kv->n_seq * (uint64_t)kv->n_ctx *
-           (uint64_t)kv->kv_dim * sizeof(float);
+           (uint64_t)kv->kv_dim * (kv->f16 ? 2u : 4u);
 }
 
 void gpe_kv_seq_clear(gpe_kv *kv, int seq)

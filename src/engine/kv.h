@@ -12,15 +12,19 @@
  * the new length only when the whole batch has been computed, so a failed
  * decode leaves the cache as it was.
  *
- * Why F32 and not F16: the engine is measured against llama.cpp with an F32
- * KV cache (see tests/data), and for the small models this engine targets
- * the cache is a small share of memory traffic.
+ * Element type: F32 by default (the engine is measured against llama.cpp
+ * with an F32 KV cache), or F16 (half the memory; llama.cpp's default). In
+ * F16 mode the attention rounds like llama.cpp's non-flash path with an F16
+ * cache: q is rounded to F16 for q.k, and the softmax weights are rounded to
+ * F16 before they multiply V (model.c). F16 values are read through a
+ * 65536-entry table (gpe_kv_f16_table) built once.
  *
  * Internal to the engine.
  */
 #ifndef GPE_KV_H
 #define GPE_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,30 +32,38 @@ typedef struct gpe_kv {
     int n_layer;
     int n_seq;
     int n_ctx;          /* positions per sequence */
-    int kv_dim;         /* floats per cached row */
-    float *k;           /* [n_layer][n_seq][n_ctx][kv_dim] */
-    float *v;           /* same shape */
+    int kv_dim;         /* elements per cached row */
+    bool f16;           /* elements are F16 bit patterns (uint16_t), else float */
+    void *k;            /* [n_layer][n_seq][n_ctx][kv_dim] */
+    void *v;            /* same shape */
     int *len;           /* [n_seq] positions held */
 } gpe_kv;
 
 /* Allocates the cache (zeroed). Returns 0, or -1 when the sizes overflow or
  * memory is short (nothing allocated then). */
-int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim);
+int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim, bool f16);
 void gpe_kv_free(gpe_kv *kv);
 /* Bytes the cache holds (both K and V). */
 uint64_t gpe_kv_bytes(const gpe_kv *kv);
 
-/* Row of K (or V) for (layer, seq, pos); no bounds check (callers validate). */
-static inline float *gpe_kv_k(const gpe_kv *kv, int layer, int seq, int pos)
+/* Row of K (or V) for (layer, seq, pos): float * or uint16_t * as kv->f16
+ * says. No bounds check (callers validate). */
+static inline void *gpe_kv_row(const gpe_kv *kv, void *base, int layer, int seq, int pos)
 {
     size_t row = ((size_t)layer * (size_t)kv->n_seq + (size_t)seq) * (size_t)kv->n_ctx + (size_t)pos;
-    return kv->k + row * (size_t)kv->kv_dim;
+    return (char *)base + row * (size_t)kv->kv_dim * (kv->f16 ? 2u : 4u);
 }
-static inline float *gpe_kv_v(const gpe_kv *kv, int layer, int seq, int pos)
+static inline void *gpe_kv_k(const gpe_kv *kv, int layer, int seq, int pos)
 {
-    size_t row = ((size_t)layer * (size_t)kv->n_seq + (size_t)seq) * (size_t)kv->n_ctx + (size_t)pos;
-    return kv->v + row * (size_t)kv->kv_dim;
+    return gpe_kv_row(kv, kv->k, layer, seq, pos);
 }
+static inline void *gpe_kv_v(const gpe_kv *kv, int layer, int seq, int pos)
+{
+    return gpe_kv_row(kv, kv->v, layer, seq, pos);
+}
+
+/* F16 bit pattern -> float, for every pattern (built by gpe_kv_init). */
+extern float gpe_kv_f16_table[65536];
 
 /* Forget a sequence (positions restart at 0). Out-of-range seq is ignored. */
 void gpe_kv_seq_clear(gpe_kv *kv, int seq);

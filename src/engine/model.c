@@ -22,6 +22,7 @@
 #define MAX_VOCAB  (1 << 22)
 #define MAX_CTX    (1 << 22)
 #define GPE_MAX_ROT 1024   /* rotated dims per head (real models: 64..256) */
+#define GPE_MAX_HEAD_DIM 1024 /* head size (real models: 64..256) */
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -120,6 +121,11 @@ static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, si
     if (vlen != hp->head_dim) {
         seterr(err, errlen, "key_length %d != value_length %d is not supported", hp->head_dim,
                vlen);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    if (hp->head_dim > GPE_MAX_HEAD_DIM) {
+        seterr(err, errlen, "head size %d is above this engine's limit %d", hp->head_dim,
+               GPE_MAX_HEAD_DIM);
         return GPE_ERR_UNSUPPORTED;
     }
     if ((uint64_t)hp->head_dim * (uint64_t)hp->n_head > MAX_EMBD * 4ull) {
@@ -592,9 +598,19 @@ static void rope_fn(void *arg, int ith, int nth)
         float *k = j->f->k + (size_t)t * kvd;
         rope_apply(q, hp->n_head, hd, n_rot, csp);
         rope_apply(k, hp->n_head_kv, hd, n_rot, csp);
-        memcpy(gpe_kv_k(j->kv, j->layer, j->seq[t], j->pos[t]), k, kvd * sizeof(float));
-        memcpy(gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]), j->f->v + (size_t)t * kvd,
-               kvd * sizeof(float));
+        void *kd = gpe_kv_k(j->kv, j->layer, j->seq[t], j->pos[t]);
+        void *vd = gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]);
+        const float *v = j->f->v + (size_t)t * kvd;
+        if (j->kv->f16) {
+            uint16_t *k16 = kd, *v16 = vd;
+            for (size_t i = 0; i < kvd; i++) {
+                k16[i] = gpe_fp32_to_fp16(k[i]);
+                v16[i] = gpe_fp32_to_fp16(v[i]);
+            }
+        } else {
+            memcpy(kd, k, kvd * sizeof(float));
+            memcpy(vd, v, kvd * sizeof(float));
+        }
     }
 }
 
@@ -639,10 +655,24 @@ static void attn_fn(void *arg, int ith, int nth)
         const int t = (int)(u / n_head), h = (int)(u % n_head);
         const int s = j->seq[t], p = j->pos[t], kvh = h / group;
         const float *q = j->f->q + (size_t)t * qd + (size_t)h * hd;
+        const bool f16 = j->kv->f16;
+        float q16[GPE_MAX_HEAD_DIM], kf[GPE_MAX_HEAD_DIM];
+        if (f16) /* llama.cpp converts q to the cache's type for q.k */
+            for (int d = 0; d < hd; d++)
+                q16[d] = gpe_kv_f16_table[gpe_fp32_to_fp16(q[d])];
         float mx = -INFINITY;
         for (int i = 0; i <= p; i++) {
-            const float *k = gpe_kv_k(j->kv, j->layer, s, i) + (size_t)kvh * hd;
-            sc[i] = dot_f32(q, k, hd) * scale;
+            if (f16) {
+                const uint16_t *k = (const uint16_t *)gpe_kv_k(j->kv, j->layer, s, i) +
+                                    (size_t)kvh * hd;
+                for (int d = 0; d < hd; d++)
+                    kf[d] = gpe_kv_f16_table[k[d]];
+                sc[i] = dot_f32(q16, kf, hd) * scale;
+            } else {
+                const float *k = (const float *)gpe_kv_k(j->kv, j->layer, s, i) +
+                                 (size_t)kvh * hd;
+                sc[i] = dot_f32(q, k, hd) * scale;
+            }
             if (sc[i] > mx)
                 mx = sc[i];
         }
@@ -656,10 +686,21 @@ static void attn_fn(void *arg, int ith, int nth)
         for (int d = 0; d < hd; d++)
             out[d] = 0.0f;
         for (int i = 0; i <= p; i++) {
-            const float *v = gpe_kv_v(j->kv, j->layer, s, i) + (size_t)kvh * hd;
-            const float w = sc[i] * inv;
-            for (int d = 0; d < hd; d++)
-                out[d] += w * v[d];
+            if (f16) {
+                /* the softmax weights are rounded to F16 too (llama.cpp
+                 * converts them to V's type for the product) */
+                const uint16_t *v = (const uint16_t *)gpe_kv_v(j->kv, j->layer, s, i) +
+                                    (size_t)kvh * hd;
+                const float w = gpe_kv_f16_table[gpe_fp32_to_fp16(sc[i] * inv)];
+                for (int d = 0; d < hd; d++)
+                    out[d] += w * gpe_kv_f16_table[v[d]];
+            } else {
+                const float *v = (const float *)gpe_kv_v(j->kv, j->layer, s, i) +
+                                 (size_t)kvh * hd;
+                const float w = sc[i] * inv;
+                for (int d = 0; d < hd; d++)
+                    out[d] += w * v[d];
+            }
         }
     }
 }
