@@ -36,6 +36,7 @@ static void usage(FILE *out)
             "      --seqs S         sequences decoded together in tgN (default 1)\n"
             "      --json           one JSON object per result line instead of the table\n"
             "      --backend B      cpu (default) or cuda; --device N: CUDA device index\n"
+            "      --kv-f16         F16 KV cache (llama.cpp's default) instead of F32\n"
             "  -h, --help           this help\n");
 }
 
@@ -47,6 +48,7 @@ typedef struct bench_opts {
     bool json;
     const char *backend;
     long device;
+    bool kv_f16;
 } bench_opts;
 
 static uint32_t lcg(uint32_t *s)
@@ -136,6 +138,7 @@ static int bench_threads(const bench_opts *o, gpe_model *m, const gpe_model_info
     cp.n_ctx = (int)(need > 0 ? need : 1);
     cp.n_seq = (int)o->seqs;
     cp.n_threads = threads;
+    cp.kv_f16 = o->kv_f16;
     long nb = o->n_prompt > o->seqs ? o->n_prompt : o->seqs;
     cp.n_batch = (int)(nb > 0 ? nb : 1);
     if (!tps)
@@ -187,13 +190,14 @@ done:
 
 static int exec_bench(int argc, char **argv)
 {
-    enum { O_SEQS = 256, O_JSON, O_BACKEND, O_DEVICE };
+    enum { O_SEQS = 256, O_JSON, O_BACKEND, O_DEVICE, O_KV16 };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' }, { "n-prompt", required_argument, 0, 'p' },
         { "n-gen", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
         { "reps", required_argument, 0, 'r' },  { "seqs", required_argument, 0, O_SEQS },
         { "json", no_argument, 0, O_JSON },     { "help", no_argument, 0, 'h' },
         { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
+        { "kv-f16", no_argument, 0, O_KV16 },
         { 0, 0, 0, 0 },
     };
     bench_opts o;
@@ -213,6 +217,7 @@ static int exec_bench(int argc, char **argv)
         case 'r': ok = gpr_parse_int(NAME, "-r", optarg, 1, 1000, &o.reps); break;
         case O_SEQS: ok = gpr_parse_int(NAME, "--seqs", optarg, 1, 256, &o.seqs); break;
         case O_JSON: o.json = true; break;
+        case O_KV16: o.kv_f16 = true; break;
         case O_BACKEND: o.backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
         case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o.device); break;
         case 't': {

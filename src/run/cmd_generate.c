@@ -32,6 +32,7 @@ static void usage(FILE *out)
             "      --repeat-penalty R  1 = off (default 1)\n"
             "      --seed S         sampler seed (default: from the clock; printed)\n"
             "  -t, --threads N      threads (default: online CPUs)\n"
+            "      --kv-f16         F16 KV cache (half the memory, llama.cpp's default)\n"
             "      --backend B      cpu (default) or cuda\n"
             "      --device N       CUDA device index (default 0)\n"
             "  -c, --ctx N          context length (default: prompt + n, at most the model's)\n"
@@ -54,12 +55,13 @@ typedef struct gen_opts {
     bool no_eog;
     const char *backend;
     long device;
+    bool kv_f16;
 } gen_opts;
 
 static int parse(int argc, char **argv, gen_opts *o)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_JSON, O_NOEOG, O_BACKEND,
-           O_DEVICE };
+           O_DEVICE, O_KV16 };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' },   { "prompt", required_argument, 0, 'p' },
         { "n-predict", required_argument, 0, 'n' }, { "temp", required_argument, 0, O_TEMP },
@@ -69,6 +71,7 @@ static int parse(int argc, char **argv, gen_opts *o)
         { "ctx", required_argument, 0, 'c' },     { "json", no_argument, 0, O_JSON },
         { "no-eog", no_argument, 0, O_NOEOG },    { "help", no_argument, 0, 'h' },
         { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
+        { "kv-f16", no_argument, 0, O_KV16 },
         { 0, 0, 0, 0 },
     };
     /* defaults, in one place */
@@ -102,6 +105,7 @@ static int parse(int argc, char **argv, gen_opts *o)
         case 'c': ok = gpr_parse_int(NAME, "--ctx", optarg, 1, 1 << 22, &o->n_ctx); break;
         case O_JSON: o->json = true; break;
         case O_NOEOG: o->no_eog = true; break;
+        case O_KV16: o->kv_f16 = true; break;
         case O_BACKEND: o->backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
         case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o->device); break;
         case 'h': usage(stdout); return 0;
@@ -199,6 +203,7 @@ static int exec_generate(int argc, char **argv)
     cp.n_ctx = (int)n_ctx;
     cp.n_threads = (int)o.threads;
     cp.n_batch = n > 512 ? 512 : n;
+    cp.kv_f16 = o.kv_f16;
     gpe_status st = gpe_ctx_init(m, &cp, &ctx, err, sizeof err);
     if (st != GPE_OK) {
         fprintf(stderr, "gpupool-run %s: %s\n", NAME, err);
