@@ -92,6 +92,67 @@ static int get_number(const json_t *body, const char *key, double lo, double hi,
     return 0;
 }
 
+int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
+                           const char **param)
+{
+    *param = NULL;
+    if (is_null_or_absent(xo))
+        return 0;
+    if (!json_is_object(xo))
+        FAIL("x_pool_options", "'x_pool_options' must be an object");
+    const json_t *pr = json_object_get(xo, "priority");
+    if (!is_null_or_absent(pr)) {
+        const char *ps = json_string_value(pr);
+        if (ps && strcmp(ps, "interactive") == 0)
+            s->priority = GPS_PRIO_INTERACTIVE;
+        else if (ps && strcmp(ps, "batch") == 0)
+            s->priority = GPS_PRIO_BATCH;
+        else
+            FAIL("x_pool_options.priority", "'x_pool_options.priority' must be "
+                                            "\"interactive\" or \"batch\"");
+    }
+    const json_t *pa = json_object_get(xo, "prefer_agent");
+    if (!is_null_or_absent(pa)) {
+        if (!json_is_string(pa) || json_string_length(pa) == 0 ||
+            json_string_length(pa) > 256)
+            FAIL("x_pool_options.prefer_agent",
+                 "'x_pool_options.prefer_agent' must be a non-empty string");
+        s->prefer_agent = strdup(json_string_value(pa));
+    }
+    const json_t *se = json_object_get(xo, "session");
+    if (!is_null_or_absent(se)) {
+        if (!json_is_string(se) || json_string_length(se) == 0 ||
+            json_string_length(se) > 256)
+            FAIL("x_pool_options.session",
+                 "'x_pool_options.session' must be a non-empty string");
+        s->session = strdup(json_string_value(se));
+    }
+    const json_t *lb = json_object_get(xo, "labels");
+    if (!is_null_or_absent(lb)) {
+        if (!json_is_object(lb) || json_object_size(lb) > 16)
+            FAIL("x_pool_options.labels",
+                 "'x_pool_options.labels' must be an object of at most 16 string values");
+        s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
+                           sizeof *s->labels);
+        if (!s->labels)
+            FAIL(NULL, "out of memory");
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)lb, k, v)
+        {
+            if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
+                FAIL("x_pool_options.labels",
+                     "'x_pool_options.labels.%.64s' must be a string", k);
+            s->labels[s->n_labels].key = strdup(k);
+            s->labels[s->n_labels].value = strdup(json_string_value(v));
+            s->n_labels++;
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
                      size_t msglen, const char **param)
 {
@@ -304,59 +365,9 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     }
 
     /* Pool extension. */
-    const json_t *xo = json_object_get(body, "x_pool_options");
-    if (!is_null_or_absent(xo)) {
-        if (!json_is_object(xo))
-            FAIL("x_pool_options", "'x_pool_options' must be an object");
-        const json_t *pr = json_object_get(xo, "priority");
-        if (!is_null_or_absent(pr)) {
-            const char *ps = json_string_value(pr);
-            if (ps && strcmp(ps, "interactive") == 0)
-                s->priority = GPS_PRIO_INTERACTIVE;
-            else if (ps && strcmp(ps, "batch") == 0)
-                s->priority = GPS_PRIO_BATCH;
-            else
-                FAIL("x_pool_options.priority", "'x_pool_options.priority' must be "
-                                                "\"interactive\" or \"batch\"");
-        }
-        const json_t *pa = json_object_get(xo, "prefer_agent");
-        if (!is_null_or_absent(pa)) {
-            if (!json_is_string(pa) || json_string_length(pa) == 0 ||
-                json_string_length(pa) > 256)
-                FAIL("x_pool_options.prefer_agent",
-                     "'x_pool_options.prefer_agent' must be a non-empty string");
-            s->prefer_agent = strdup(json_string_value(pa));
-        }
-        const json_t *se = json_object_get(xo, "session");
-        if (!is_null_or_absent(se)) {
-            if (!json_is_string(se) || json_string_length(se) == 0 ||
-                json_string_length(se) > 256)
-                FAIL("x_pool_options.session",
-                     "'x_pool_options.session' must be a non-empty string");
-            s->session = strdup(json_string_value(se));
-        }
-        const json_t *lb = json_object_get(xo, "labels");
-        if (!is_null_or_absent(lb)) {
-            if (!json_is_object(lb) || json_object_size(lb) > 16)
-                FAIL("x_pool_options.labels",
-                     "'x_pool_options.labels' must be an object of at most 16 string values");
-            s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
-                               sizeof *s->labels);
-            if (!s->labels)
-                FAIL(NULL, "out of memory");
-            const char *k;
-            json_t *v;
-            json_object_foreach((json_t *)lb, k, v)
-            {
-                if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
-                    FAIL("x_pool_options.labels",
-                         "'x_pool_options.labels.%.64s' must be a string", k);
-                s->labels[s->n_labels].key = strdup(k);
-                s->labels[s->n_labels].value = strdup(json_string_value(v));
-                s->n_labels++;
-            }
-        }
-    }
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                               param) < 0)
+        goto fail;
 
     if (!s->model || (!chat && !s->prompt) || (chat && !s->messages)) {
         snprintf(msg, msglen, "out of memory");

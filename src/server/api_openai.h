@@ -39,6 +39,13 @@ typedef struct gps_openai_req {
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
                      size_t msglen, const char **param);
 
+/* Parse the pool extension object `x_pool_options` (priority,
+ * prefer_agent, session, labels) into s; shared by every dialect. xo may be
+ * NULL or null (nothing to do). Returns 0, or -1 with msg and *param set
+ * (what was filled so far stays in s: the caller clears s). */
+int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
+                           const char **param);
+
 /* One streaming chunk (new reference). text may be NULL (an empty delta /
  * text); with_role adds "role":"assistant" to the chat delta;
  * finish_reason NULL = null; usage_null adds "usage": null (OpenAI does so

@@ -150,7 +150,7 @@ const char *gps_openai_error_type(int status)
 static const char *anthropic_error_type(int status)
 {
     switch (status) {
-    case 400: case 405: case 413: case 422:
+    case 400: case 405: case 409: case 422:
         return "invalid_request_error";
     case 401:
         return "authentication_error";
@@ -158,6 +158,8 @@ static const char *anthropic_error_type(int status)
         return "permission_error";
     case 404:
         return "not_found_error";
+    case 413:
+        return "request_too_large";
     case 429:
         return "rate_limit_error";
     case 503: case 529:
@@ -416,6 +418,12 @@ static void dispatch(struct evhttp_request *req, void *arg)
     struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
     evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
     evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");
+    if (gps_dialect_for_path(r.path) == GPS_DIALECT_ANTHROPIC) {
+        /* The Anthropic SDKs surface `request-id` in errors and logs. */
+        char rid[72];
+        snprintf(rid, sizeof rid, "req_%s", r.correlation_id);
+        evhttp_add_header(oh, "request-id", rid);
+    }
 
     const gps_route *route = NULL;
     int rc = gps_route_lookup(h->routes, h->nroutes, r.method, r.path, &route, r.params,

@@ -313,12 +313,17 @@ static void persist_insert(gps_jobs *j, gps_job *job)
     if (!j->store)
         return;
     json_t *req = NULL;
-    if (j->opts.log_prompts) {
+    /* Native tasks keep their input: GET /v2/tasks/{id} and a later
+     * resumption need it whatever log_prompts says. */
+    bool native = job->spec.api && strcmp(job->spec.api, "native") == 0;
+    if (j->opts.log_prompts || native) {
         req = json_object();
         if (job->spec.prompt)
             json_object_set_new(req, "prompt", json_string(job->spec.prompt));
         if (job->spec.messages)
             json_object_set(req, "messages", job->spec.messages);
+        if (native)
+            json_object_set_new(req, "max_tokens", json_integer(job->spec.max_tokens));
     }
     gps_store_job_row row = {
         .id = job->id,
@@ -603,6 +608,53 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
     json_decref(ev);
 }
 
+void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, true);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
+             finish_reason ? finish_reason : "stop");
+    finish(j, job, GPS_JOB_DONE);
+    gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
+                 json_pack("{s:s,s:s,s:I,s:s,s:b}", "job_id", job->id, "agent_id",
+                           job->agent_id, "completion_tokens",
+                           (json_int_t)job->completion_tokens, "finish_reason",
+                           job->finish_reason, "early", 1),
+                 "job finished by the server (stop sequence)");
+    json_t *ev = json_pack("{s:s,s:s,s:{s:I,s:I}}", "type", "end", "finish_reason",
+                           job->finish_reason, "usage", "prompt_tokens",
+                           (json_int_t)job->prompt_tokens, "completion_tokens",
+                           (json_int_t)job->completion_tokens);
+    notify(j, job, GPS_EV_END, ev);
+    json_decref(ev);
+}
+
+size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
+{
+    if (job->state != GPS_JOB_QUEUED)
+        return 0;
+    size_t ahead = 0;
+    for (const gps_job *x = j->head; x; x = x->next) {
+        if (x == job || x->state != GPS_JOB_QUEUED || strcmp(x->spec.model, job->spec.model))
+            continue;
+        if (x->spec.priority != job->spec.priority) {
+            ahead += x->spec.priority < job->spec.priority; /* interactive goes first */
+            continue;
+        }
+        if (x->sj.front != job->sj.front)
+            ahead += x->sj.front;                           /* failover retries first */
+        else if (x->queued_since_us < job->queued_since_us ||
+                 (x->queued_since_us == job->queued_since_us && x->created_us < job->created_us))
+            ahead++;
+    }
+    return ahead;
+}
+
 /* The job's agent is gone (dead, stalled). Requeue when the client has
  * seen nothing yet; otherwise end it with an error (continuation failover
  * comes later). */
@@ -776,7 +828,12 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         /* The agent is still alive and reports the job failed: do not keep
          * a cancel record for it. */
         end_on_agent(j, job, false);
-        fail_job(j, job, 502, c, message ? message : "the agent reported an error", 0);
+        /* The request itself was at fault (prompt longer than the context,
+         * input the model refuses): a client error, not a bad gateway. */
+        int status = strcmp(c, "CONTEXT_OVERFLOW") == 0 || strcmp(c, "INVALID_REQUEST") == 0
+                         ? 400
+                         : 502;
+        fail_job(j, job, status, c, message ? message : "the agent reported an error", 0);
         cancel_take(j, job->agent_id, job->id);
         break;
     }
@@ -802,8 +859,10 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
         return 409;
     }
     if (gps_job_terminal(job)) {
-        *cancel = job->state != GPS_JOB_DONE;
-        cancel_take(j, agent_id, job_id);
+        /* A job the server finished early (stop sequence) still has a
+         * cancel record: the agent must stop generating. */
+        bool had_cancel = cancel_take(j, agent_id, job_id);
+        *cancel = job->state != GPS_JOB_DONE || had_cancel;
         return 0;
     }
     if (seq < 0 || !json_is_array(events)) {
@@ -832,6 +891,8 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
     if (job->state == GPS_JOB_CANCELLED || job->state == GPS_JOB_FAILED) {
         /* Failed by the agent's own error event: nothing to cancel. */
         *cancel = job->state == GPS_JOB_CANCELLED || cancel_take(j, agent_id, job_id);
+    } else if (job->state == GPS_JOB_DONE) {
+        *cancel = cancel_take(j, agent_id, job_id); /* finished early by the server */
     }
     return 0;
 }

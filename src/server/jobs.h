@@ -184,6 +184,13 @@ void gps_job_mark_output_sent(gps_job *job);
 /* Cancel (idempotent). The agent learns it from its next event upload or
  * poll. Subscribers get no further events. */
 void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason);
+/* The client side decided the job is complete (a stop sequence matched on
+ * the server): the job ends DONE with finish_reason, subscribers get an
+ * `end` event and the agent is told to stop. No-op on a terminal job. */
+void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason);
+/* Queued jobs of the same model that will be served before job (0 = next;
+ * also 0 when not queued). O(jobs). */
+size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);
 gps_job *gps_jobs_find(gps_jobs *j, const char *id);
 bool gps_job_terminal(const gps_job *job);
 

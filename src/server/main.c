@@ -26,6 +26,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/agents_api.h"
+#include "server/api_anthropic.h"
 #include "server/api_openai.h"
 #include "server/auth.h"
 #include "server/http.h"
@@ -49,6 +50,7 @@ typedef struct server {
     gps_jobs *jobs;
     gps_agents *agents;
     gps_openai *openai;
+    gps_anthropic *anthropic;
     gps_http *http;
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
     bool shutting_down;
@@ -442,11 +444,15 @@ int main(int argc, char **argv)
     s->openai = gps_openai_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->openai)
         goto oom;
+    s->anthropic = gps_anthropic_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
+    if (!s->anthropic)
+        goto oom;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
         gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
                            GPS_ROLE_NONE, h_metrics, s) < 0 ||
         gps_openai_register(s->http, s->openai) < 0 ||
+        gps_anthropic_register(s->http, s->anthropic) < 0 ||
         gps_agents_register(s->http, s->agents) < 0)
         goto oom;
 
@@ -497,6 +503,7 @@ done:
     if (s->http)
         gps_http_free(s->http);
     gps_openai_free(s->openai);
+    gps_anthropic_free(s->anthropic);
     if (s->jobs)
         gps_jobs_free(s->jobs);
     if (s->sched)

@@ -1,0 +1,1034 @@
+/* api_anthropic: see api_anthropic.h. */
+#include "server/api_anthropic.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/api_openai.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/sse.h"
+
+#define MAX_TOKENS_LIMIT 1000000
+#define MAX_MODEL_NAME 256
+#define MAX_STOP_SEQUENCES 64
+#define MAX_STOP_LEN 1024
+#define MAX_USER_ID 4096
+#define BYTES_PER_TOKEN_MAX 8   /* see the header: lower bound of the token count */
+
+/* ------------------------------------------------------------------ */
+/* Request parsing                                                     */
+/* ------------------------------------------------------------------ */
+
+#define FAIL(...)                                                                              \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        goto fail;                                                                             \
+    } while (0)
+
+static bool absent(const json_t *v)
+{
+    return v == NULL || json_is_null(v);
+}
+
+static void warn(gps_anthropic_req *r, const char *fmt, const char *arg)
+{
+    char w[256];
+    snprintf(w, sizeof w, fmt, arg);
+    /* Same warning once. */
+    size_t i;
+    json_t *e;
+    json_array_foreach(r->warnings, i, e) if (strcmp(json_string_value(e), w) == 0) return;
+    json_array_append_new(r->warnings, json_string(w));
+}
+
+static void sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
+{
+    if (b->len && sep)
+        gp_buf_append(b, sep, strlen(sep));
+    gp_buf_append(b, s, n);
+}
+
+/* The text of a tool_result's content (a string or blocks). -1 with msg. */
+static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char *msg,
+                            size_t msglen)
+{
+    if (absent(c))
+        return 0;
+    if (json_is_string(c)) {
+        sep_append(b, json_string_value(c), json_string_length(c), "\n");
+        return 0;
+    }
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "%s.content must be a string or an array of blocks", where);
+        return -1;
+    }
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk)
+    {
+        const char *t = json_string_value(json_object_get(blk, "type"));
+        const json_t *tx = json_object_get(blk, "text");
+        if (!t || strcmp(t, "text") != 0 || !json_is_string(tx)) {
+            snprintf(msg, msglen,
+                     "%s.content[%zu]: blocks of type '%.40s' are not supported by this pool "
+                     "(text only)",
+                     where, i, t ? t : "(none)");
+            return -1;
+        }
+        sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
+    }
+    return 0;
+}
+
+/* Render one message's content (string or blocks) into b. -1 with msg. */
+static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, bool system_role,
+                           gp_buf *b, char *msg, size_t msglen)
+{
+    if (json_is_string(c)) {
+        gp_buf_append(b, json_string_value(c), json_string_length(c));
+        return 0;
+    }
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "messages.%zu.content: must be a string or an array of content "
+                              "blocks", mi);
+        return -1;
+    }
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk)
+    {
+        char where[64];
+        snprintf(where, sizeof where, "messages.%zu.content.%zu", mi, i);
+        const char *t = json_string_value(json_object_get(blk, "type"));
+        if (!json_is_object(blk) || !t) {
+            snprintf(msg, msglen, "%s: a content block must be an object with a 'type'", where);
+            return -1;
+        }
+        if (strcmp(t, "text") == 0) {
+            const json_t *tx = json_object_get(blk, "text");
+            if (!json_is_string(tx)) {
+                snprintf(msg, msglen, "%s.text: must be a string", where);
+                return -1;
+            }
+            sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
+        } else if (!system_role && strcmp(t, "tool_use") == 0) {
+            const char *name = json_string_value(json_object_get(blk, "name"));
+            const char *id = json_string_value(json_object_get(blk, "id"));
+            char *input = json_dumps(json_object_get(blk, "input"),
+                                     JSON_COMPACT | JSON_ENCODE_ANY);
+            gp_buf tmp;
+            gp_buf_init(&tmp);
+            gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] %s", id ? id : "",
+                           name ? name : "", input ? input : "{}");
+            free(input);
+            sep_append(b, tmp.data, tmp.len, "\n");
+            gp_buf_free(&tmp);
+        } else if (!system_role && strcmp(t, "tool_result") == 0) {
+            const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+            gp_buf tmp;
+            gp_buf_init(&tmp);
+            gp_buf_appendf(&tmp, "[tool_result id=%s%s]", id ? id : "",
+                           json_is_true(json_object_get(blk, "is_error")) ? " error" : "");
+            if (tool_result_text(json_object_get(blk, "content"), &tmp, where, msg, msglen) < 0) {
+                gp_buf_free(&tmp);
+                return -1;
+            }
+            sep_append(b, tmp.data, tmp.len, "\n");
+            gp_buf_free(&tmp);
+        } else if (!system_role &&
+                   (strcmp(t, "thinking") == 0 || strcmp(t, "redacted_thinking") == 0)) {
+            warn(r, "%s blocks in messages are not sent to the model", t);
+        } else {
+            snprintf(msg, msglen,
+                     "%s: content blocks of type '%.40s' are not supported by this pool "
+                     "(it serves text: text, tool_use and tool_result blocks)",
+                     where, t);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int get_unit(const json_t *body, const char *key, double *out, char *msg, size_t msglen)
+{
+    const json_t *v = json_object_get(body, key);
+    if (absent(v))
+        return 0;
+    if (!json_is_number(v)) {
+        snprintf(msg, msglen, "%s: must be a number", key);
+        return -1;
+    }
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < 0 || x > 1) {
+        snprintf(msg, msglen, "%s: must be between 0 and 1 (got %g)", key, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static const char *const known_fields[] = {
+    "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
+    "top_k", "metadata", "stream", "tools", "tool_choice", "thinking", "x_pool_options",
+    "service_tier", NULL};
+
+static void render_tools(gps_anthropic_req *r, const json_t *tools)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    gp_buf_appendf(&b, "# Tools\n\nYou may call the following tools. To call one, answer "
+                       "with a JSON object {\"name\": <tool name>, \"input\": <arguments>}.\n");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *desc = json_string_value(json_object_get(t, "description"));
+        gp_buf_appendf(&b, "\n## %s\n", name ? name : "");
+        if (type && strcmp(type, "custom") != 0)
+            gp_buf_appendf(&b, "Built-in tool of type %s.\n", type);
+        if (desc)
+            gp_buf_appendf(&b, "%s\n", desc);
+        const json_t *schema = json_object_get(t, "input_schema");
+        if (json_is_object(schema)) {
+            char *s = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS);
+            if (s)
+                gp_buf_appendf(&b, "Input schema: %s\n", s);
+            free(s);
+        }
+    }
+    r->tools_text = gp_buf_steal(&b);
+}
+
+int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
+                        size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    out->count_only = count_only;
+    gps_job_spec *s = &out->spec;
+    s->kind = GPS_JOB_CHAT;
+    s->api = "anthropic";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    msg[0] = '\0';
+    gp_buf sys, cur;
+    gp_buf_init(&sys);
+    gp_buf_init(&cur);
+    out->warnings = json_array();
+    if (!out->warnings)
+        FAIL("out of memory");
+    if (!json_is_object(body))
+        FAIL("request body must be a JSON object");
+
+    const json_t *model = json_object_get(body, "model");
+    if (absent(model))
+        FAIL("model: field required");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) > MAX_MODEL_NAME)
+        FAIL("model: must be a non-empty string of at most %d bytes", MAX_MODEL_NAME);
+    s->model = strdup(json_string_value(model));
+
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (absent(mt)) {
+        if (!count_only)
+            FAIL("max_tokens: field required");
+        s->max_tokens = 1;
+    } else {
+        if (!json_is_integer(mt))
+            FAIL("max_tokens: must be an integer");
+        json_int_t v = json_integer_value(mt);
+        if (v < 1)
+            FAIL("max_tokens: must be at least 1 (got %lld)", (long long)v);
+        s->max_tokens = v > MAX_TOKENS_LIMIT ? MAX_TOKENS_LIMIT : v;
+        if (count_only)
+            s->max_tokens = 1;
+    }
+
+    /* system: string or text blocks */
+    const json_t *system = json_object_get(body, "system");
+    if (!absent(system)) {
+        if (json_is_string(system)) {
+            gp_buf_append(&sys, json_string_value(system), json_string_length(system));
+        } else if (json_is_array(system)) {
+            size_t i;
+            json_t *blk;
+            json_array_foreach(system, i, blk)
+            {
+                const char *t = json_string_value(json_object_get(blk, "type"));
+                const json_t *tx = json_object_get(blk, "text");
+                if (!t || strcmp(t, "text") != 0 || !json_is_string(tx))
+                    FAIL("system.%zu: system blocks must be {\"type\":\"text\",\"text\":string}",
+                         i);
+                sep_append(&sys, json_string_value(tx), json_string_length(tx), "\n\n");
+            }
+        } else {
+            FAIL("system: must be a string or an array of text blocks");
+        }
+    }
+
+    /* messages */
+    const json_t *m = json_object_get(body, "messages");
+    if (absent(m))
+        FAIL("messages: field required");
+    if (!json_is_array(m))
+        FAIL("messages: must be an array");
+    s->messages = json_array();
+    if (!s->messages)
+        FAIL("out of memory");
+    const char *cur_role = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e)
+    {
+        if (!json_is_object(e))
+            FAIL("messages.%zu: must be an object", i);
+        const char *role = json_string_value(json_object_get(e, "role"));
+        if (!role)
+            FAIL("messages.%zu.role: field required", i);
+        bool is_system = strcmp(role, "system") == 0;
+        if (!is_system && strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)
+            FAIL("messages.%zu.role: must be 'user' or 'assistant' (got '%.40s')", i, role);
+        const json_t *c = json_object_get(e, "content");
+        if (absent(c))
+            FAIL("messages.%zu.content: field required", i);
+        gp_buf text;
+        gp_buf_init(&text);
+        if (content_to_text(out, c, i, is_system, &text, msg, msglen) < 0) {
+            gp_buf_free(&text);
+            goto fail;
+        }
+        out->prompt_bytes += text.len;
+        if (is_system) {
+            /* Mid-conversation system entries join the system prompt. */
+            sep_append(&sys, text.data ? text.data : "", text.len, "\n\n");
+            gp_buf_free(&text);
+            continue;
+        }
+        if (cur_role && strcmp(cur_role, role) == 0) {
+            sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
+        } else {
+            if (cur_role)
+                json_array_append_new(s->messages,
+                                      json_pack("{s:s,s:s%}", "role", cur_role, "content",
+                                                cur.data ? cur.data : "", cur.len));
+            gp_buf_free(&cur);
+            gp_buf_init(&cur);
+            gp_buf_append(&cur, text.data ? text.data : "", text.len);
+            cur_role = strcmp(role, "user") == 0 ? "user" : "assistant";
+        }
+        gp_buf_free(&text);
+    }
+    if (cur_role)
+        json_array_append_new(s->messages, json_pack("{s:s,s:s%}", "role", cur_role, "content",
+                                                     cur.data ? cur.data : "", cur.len));
+    if (json_array_size(s->messages) == 0)
+        FAIL("messages: at least one user or assistant message is required");
+    out->prompt_bytes += sys.len;
+    if (sys.len)
+        out->system = gp_buf_steal(&sys);
+
+    if (get_unit(body, "temperature", &s->temperature, msg, msglen) < 0 ||
+        get_unit(body, "top_p", &s->top_p, msg, msglen) < 0)
+        goto fail;
+    const json_t *tk = json_object_get(body, "top_k");
+    if (!absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
+            json_integer_value(tk) > 1000000)
+            FAIL("top_k: must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+
+    const json_t *stops = json_object_get(body, "stop_sequences");
+    if (!absent(stops)) {
+        if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
+            FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
+        out->stop_sequences = json_array();
+        json_array_foreach(stops, i, e)
+        {
+            if (!json_is_string(e) || json_string_length(e) == 0 ||
+                json_string_length(e) > MAX_STOP_LEN)
+                FAIL("stop_sequences.%zu: must be a non-empty string of at most %d bytes", i,
+                     MAX_STOP_LEN);
+            json_array_append_new(out->stop_sequences, json_string(json_string_value(e)));
+        }
+        if (json_array_size(out->stop_sequences) == 0) {
+            json_decref(out->stop_sequences);
+            out->stop_sequences = NULL;
+        }
+    }
+
+    const json_t *md = json_object_get(body, "metadata");
+    if (!absent(md)) {
+        if (!json_is_object(md))
+            FAIL("metadata: must be an object");
+        const json_t *uid = json_object_get(md, "user_id");
+        if (!absent(uid)) {
+            if (!json_is_string(uid) || json_string_length(uid) > MAX_USER_ID)
+                FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
+            if (json_string_length(uid) > 0)
+                s->user = strdup(json_string_value(uid)); /* scheduler affinity key */
+        }
+    }
+
+    const json_t *stream = json_object_get(body, "stream");
+    if (!absent(stream)) {
+        if (!json_is_boolean(stream))
+            FAIL("stream: must be a boolean");
+        out->stream = json_is_true(stream) && !count_only;
+    }
+
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *tc = json_object_get(body, "tool_choice");
+    if (!absent(tc) && !json_is_object(tc))
+        FAIL("tool_choice: must be an object");
+    const char *tc_type = json_string_value(json_object_get(tc, "type"));
+    if (!absent(tools)) {
+        if (!json_is_array(tools))
+            FAIL("tools: must be an array");
+        json_array_foreach(tools, i, e)
+        {
+            if (!json_is_object(e) || !json_is_string(json_object_get(e, "name")))
+                FAIL("tools.%zu: a tool must be an object with a string 'name'", i);
+            const json_t *schema = json_object_get(e, "input_schema");
+            if (!absent(schema) && !json_is_object(schema))
+                FAIL("tools.%zu.input_schema: must be an object", i);
+        }
+        if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
+            render_tools(out, tools);
+            if (out->tools_text)
+                out->prompt_bytes += strlen(out->tools_text);
+        }
+    }
+
+    const json_t *th = json_object_get(body, "thinking");
+    if (!absent(th)) {
+        if (!json_is_object(th))
+            FAIL("thinking: must be an object");
+        const char *tt = json_string_value(json_object_get(th, "type"));
+        if (!tt || strcmp(tt, "disabled") != 0)
+            warn(out, "thinking (%s) is not supported by this pool; answered without it",
+                 tt ? tt : "?");
+    }
+
+    const char *param = NULL;
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
+        0)
+        goto fail;
+
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)body, k, v)
+    {
+        bool known = false;
+        for (size_t f = 0; known_fields[f]; f++)
+            known = known || strcmp(k, known_fields[f]) == 0;
+        if (!known)
+            warn(out, "unknown field '%.64s' ignored", k);
+    }
+
+    if (!s->model)
+        FAIL("out of memory");
+    gp_buf_free(&cur);
+    return 0;
+fail:
+    gp_buf_free(&sys);
+    gp_buf_free(&cur);
+    gps_anthropic_req_clear(out);
+    return -1;
+}
+
+void gps_anthropic_req_clear(gps_anthropic_req *r)
+{
+    gps_job_spec_clear(&r->spec);
+    free(r->system);
+    free(r->tools_text);
+    json_decref(r->stop_sequences);
+    json_decref(r->warnings);
+    r->system = r->tools_text = NULL;
+    r->stop_sequences = r->warnings = NULL;
+}
+
+long long gps_anthropic_tokens_lower_bound(size_t bytes)
+{
+    return (long long)(bytes / BYTES_PER_TOKEN_MAX);
+}
+
+int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool tools_supported,
+                           char *msg, size_t msglen)
+{
+    gps_job_spec *s = &r->spec;
+    gp_buf sys;
+    gp_buf_init(&sys);
+    if (r->system)
+        gp_buf_append(&sys, r->system, strlen(r->system));
+    if (r->tools_text) {
+        if (tools_supported)
+            sep_append(&sys, r->tools_text, strlen(r->tools_text), "\n\n");
+        else
+            warn(r, "tools were ignored: the chat template of model '%.100s' does not take "
+                    "tools (no agent reports supports_tools)", s->model);
+    }
+    if (sys.len) {
+        json_t *m = json_pack("{s:s,s:s%}", "role", "system", "content", sys.data, sys.len);
+        if (!m || json_array_insert_new(s->messages, 0, m) < 0) {
+            gp_buf_free(&sys);
+            snprintf(msg, msglen, "out of memory");
+            return -1;
+        }
+    }
+    gp_buf_free(&sys);
+    if (context_length > 0) {
+        long long lb = gps_anthropic_tokens_lower_bound(r->prompt_bytes);
+        if (lb >= context_length) {
+            snprintf(msg, msglen,
+                     "prompt is too long: at least %lld tokens (estimated from %zu bytes) > "
+                     "%lld tokens, the context length of model '%.100s'",
+                     lb, r->prompt_bytes, context_length, s->model);
+            return -1;
+        }
+        if (!r->count_only && s->max_tokens > context_length - lb) {
+            char w[256];
+            snprintf(w, sizeof w,
+                     "max_tokens %lld was clamped to %lld: model '%.100s' has a context of "
+                     "%lld tokens and the prompt takes at least %lld",
+                     s->max_tokens, context_length - lb, s->model, context_length, lb);
+            json_array_append_new(r->warnings, json_string(w));
+            s->max_tokens = context_length - lb;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stop sequences, response bodies                                     */
+/* ------------------------------------------------------------------ */
+
+int gps_anthropic_stop_scan(const char *t, size_t len, const json_t *stops, size_t *safe_len,
+                            size_t *match_at)
+{
+    int best = -1;
+    size_t best_at = len;
+    size_t i;
+    json_t *s;
+    json_array_foreach(stops, i, s)
+    {
+        const char *p = json_string_value(s);
+        size_t n = json_string_length(s);
+        if (!p || n == 0 || n > len)
+            continue;
+        const char *hit = memmem(t, len, p, n);
+        if (hit && (size_t)(hit - t) < best_at) {
+            best_at = (size_t)(hit - t);
+            best = (int)i;
+        }
+    }
+    if (best >= 0) {
+        *match_at = best_at;
+        *safe_len = best_at;
+        return best;
+    }
+    /* Hold back the longest tail that starts some stop sequence. */
+    size_t hold = 0;
+    json_array_foreach(stops, i, s)
+    {
+        const char *p = json_string_value(s);
+        size_t n = json_string_length(s);
+        if (!p || n < 2)
+            continue;
+        size_t k = n - 1 < len ? n - 1 : len;
+        for (; k > hold; k--)
+            if (memcmp(t + len - k, p, k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    *safe_len = len - hold;
+    *match_at = 0;
+    return -1;
+}
+
+const char *gps_anthropic_stop_reason(const char *finish_reason)
+{
+    return finish_reason && strcmp(finish_reason, "length") == 0 ? "max_tokens" : "end_turn";
+}
+
+static json_t *usage_json(long long in, long long out)
+{
+    return json_pack("{s:I,s:I}", "input_tokens", (json_int_t)(in > 0 ? in : 0), "output_tokens",
+                     (json_int_t)(out > 0 ? out : 0));
+}
+
+json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
+                              const char *stop_reason, const char *stop_sequence,
+                              long long input_tokens, long long output_tokens, json_t *meta)
+{
+    json_t *content = json_array();
+    json_array_append_new(content,
+                          json_pack("{s:s,s:s}", "type", "text", "text", text ? text : ""));
+    json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s}", "id", id, "type", "message", "role",
+                          "assistant", "content", content, "model", model);
+    if (!o) {
+        json_decref(meta);
+        return NULL;
+    }
+    json_object_set_new(o, "stop_reason", stop_reason ? json_string(stop_reason) : json_null());
+    json_object_set_new(o, "stop_sequence",
+                        stop_sequence ? json_string(stop_sequence) : json_null());
+    json_object_set_new(o, "usage", usage_json(input_tokens, output_tokens));
+    if (meta)
+        json_object_set_new(o, "x_pool_meta", meta);
+    return o;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+struct gps_anthropic {
+    gps_jobs *jobs;
+    gps_metrics *metrics;
+    int request_timeout_sec;
+};
+
+/* One in-flight client request, subscriber of its job (as in api_openai:
+ * freed when the reply is complete or the client went away). */
+typedef struct an_stream {
+    gps_anthropic *ctx;
+    struct evhttp_request *req;    /* NULL once the client is gone */
+    struct evhttp_connection *evcon;
+    gps_conn_watch *watch;
+    gps_job *job;
+    bool stream, count_only, started;
+    char id[48];
+    char model[MAX_MODEL_NAME + 1];
+    char corr[65];
+    uint64_t start_us;
+    json_t *stops;                 /* owned, may be NULL */
+    json_t *warnings;              /* owned */
+    gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
+    gp_buf text;                   /* emitted text (non-streaming body) */
+    gp_buf out;                    /* SSE bytes to send */
+} an_stream;
+
+static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_us)
+{
+    char l[128];
+    gps_metrics_label(l, sizeof l, "api", "anthropic", "outcome", outcome, (char *)NULL);
+    gps_metrics_add(c->metrics, "requests_total", l, 1);
+    gps_metrics_label(l, sizeof l, "api", "anthropic", (char *)NULL);
+    gps_metrics_observe(c->metrics, "request_duration_seconds", l,
+                        (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+static void outcome_of(char *out, size_t n, const char *code)
+{
+    size_t i = 0;
+    for (; code && code[i] && i + 1 < n; i++)
+        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
+    out[i] = '\0';
+}
+
+static void stream_free(an_stream *st)
+{
+    gps_conn_watch_free(st->watch);
+    if (st->evcon)
+        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    json_decref(st->stops);
+    json_decref(st->warnings);
+    gp_buf_free(&st->pending);
+    gp_buf_free(&st->text);
+    gp_buf_free(&st->out);
+    free(st);
+}
+
+static void stream_finish(an_stream *st)
+{
+    if (st->job)
+        gps_job_unsubscribe(st->job, NULL, st);
+    stream_free(st);
+}
+
+static void detach_conn(an_stream *st)
+{
+    gps_conn_watch_free(st->watch);
+    st->watch = NULL;
+    if (st->evcon)
+        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    st->evcon = NULL;
+}
+
+static void emit_event(an_stream *st, const char *name, json_t *j)
+{
+    gps_sse_format_json(&st->out, name, NULL, j);
+    json_decref(j);
+}
+
+static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
+{
+    uint64_t now = gp_now_mono_us();
+    json_t *meta = json_pack(
+        "{s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "queue_ms", (json_int_t)job->queue_ms,
+        "inference_ms", (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0),
+        "attempts", job->attempts);
+    if (meta && with_warnings)
+        json_object_set(meta, "warnings", st->warnings);
+    return meta;
+}
+
+static void add_pool_headers(struct evhttp_request *req, gps_job *job)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (job->agent_id[0])
+        evhttp_add_header(h, "x-pool-agent", job->agent_id);
+    char q[32];
+    snprintf(q, sizeof q, "%lld", job->queue_ms);
+    evhttp_add_header(h, "x-pool-queue-ms", q);
+}
+
+static void ensure_started(an_stream *st)
+{
+    if (st->started)
+        return;
+    st->started = true;
+    add_pool_headers(st->req, st->job);
+    gps_sse_start(st->req);
+    json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
+                            "message", "role", "assistant", "content", "model", st->model,
+                            "stop_reason", "stop_sequence", "usage",
+                            usage_json(st->job->prompt_tokens, 0));
+    if (msg && json_array_size(st->warnings))
+        json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
+    emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
+                                              msg));
+    emit_event(st, "content_block_start",
+               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
+                         "content_block", "type", "text", "text", ""));
+    emit_event(st, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+/* Emit n bytes of text to the client (a delta, or the body buffer). */
+static void emit_text(an_stream *st, const char *t, size_t n)
+{
+    if (n == 0)
+        return;
+    if (!st->stream) {
+        gp_buf_append(&st->text, t, n);
+        return;
+    }
+    json_t *tx = json_stringn(t, n);
+    if (!tx) /* not UTF-8 on its own: cannot happen for whole agent tokens */
+        tx = json_string("");
+    emit_event(st, "content_block_delta",
+               json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0,
+                         "delta", "type", "text_delta", "text", tx));
+    gps_job_mark_output_sent(st->job);
+}
+
+/* The reply is complete: send its end and free st. */
+static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
+{
+    gps_anthropic *c = st->ctx;
+    long long in = job->prompt_tokens, out = job->completion_tokens;
+    if (st->count_only) {
+        detach_conn(st);
+        gps_http_send_json(st->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t)in));
+    } else if (st->stream) {
+        ensure_started(st);
+        emit_event(st, "content_block_stop",
+                   json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+        json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
+                               "stop_reason", stop_reason, "stop_sequence",
+                               stop_seq ? json_string(stop_seq) : json_null(), "usage",
+                               usage_json(in, out));
+        if (md)
+            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, false));
+        emit_event(st, "message_delta", md);
+        emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        gps_sse_send(st->req, &st->out);
+        detach_conn(st);
+        gps_sse_end(st->req);
+    } else {
+        json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
+                                             stop_reason, stop_seq, in, out,
+                                             pool_meta(st, job, true));
+        add_pool_headers(st->req, job);
+        detach_conn(st);
+        gps_http_send_json(st->req, 200, body);
+    }
+    count_request(c, "ok", st->start_us);
+    st->req = NULL;
+    stream_finish(st);
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    an_stream *st = arg;
+    gps_anthropic *c = st->ctx;
+    if (!st->req)
+        return;
+    if (type == GPS_EV_TOKEN && !st->count_only) {
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        if (st->stream && !st->started) {
+            ensure_started(st);
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds",
+                                "api=\"anthropic\"",
+                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+        }
+        gp_buf_append(&st->pending, text ? text : "", text ? strlen(text) : 0);
+        if (!st->stops) {
+            emit_text(st, st->pending.data, st->pending.len);
+            gp_buf_consume(&st->pending, st->pending.len);
+        } else {
+            size_t safe = 0, at = 0;
+            int hit = gps_anthropic_stop_scan(st->pending.data ? st->pending.data : "",
+                                              st->pending.len, st->stops, &safe, &at);
+            emit_text(st, st->pending.data, safe);
+            if (hit >= 0) {
+                /* Matched here: finish the reply, then the job (which tells
+                 * the agent to stop). st is freed by complete. */
+                char seq[MAX_STOP_LEN + 1];
+                snprintf(seq, sizeof seq, "%s",
+                         json_string_value(json_array_get(st->stops, (size_t)hit)));
+                gps_jobs *jobs = c->jobs;
+                complete(st, job, "stop_sequence", seq);
+                gps_jobs_finish_early(jobs, job, "stop");
+                return;
+            }
+            gp_buf_consume(&st->pending, safe);
+        }
+        if (st->stream)
+            gps_sse_send(st->req, &st->out);
+        return;
+    }
+    if (type == GPS_EV_END) {
+        emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
+        gp_buf_consume(&st->pending, st->pending.len);
+        if (!st->stream && job->first_token_us)
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"anthropic\"",
+                                (double)(job->first_token_us - st->start_us) / 1e6);
+        complete(st, job, gps_anthropic_stop_reason(job->finish_reason), NULL);
+        return;
+    }
+    if (type == GPS_EV_ERROR) {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        int status = (int)json_integer_value(json_object_get(ev, "status"));
+        if (status < 400 || status > 599)
+            status = 502;
+        if (!code)
+            code = "AGENT_ERROR";
+        if (!message)
+            message = "the job failed";
+        char full[512];
+        if (strcmp(code, "CONTEXT_OVERFLOW") == 0)
+            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
+                     message);
+        else
+            snprintf(full, sizeof full, "%s", message);
+        char outcome[48];
+        outcome_of(outcome, sizeof outcome, code);
+        if (st->started) {
+            emit_event(st, "error", gps_error_body(GPS_DIALECT_ANTHROPIC, status, code, full,
+                                                   NULL, st->corr, NULL));
+            gps_sse_send(st->req, &st->out);
+            detach_conn(st);
+            gps_sse_end(st->req);
+        } else {
+            json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
+            if (ra > 0) {
+                char v[32];
+                snprintf(v, sizeof v, "%lld", (long long)ra);
+                evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
+            }
+            detach_conn(st);
+            gps_http_send_error(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
+                                st->corr, NULL);
+        }
+        count_request(c, outcome, st->start_us);
+        st->req = NULL;
+        stream_finish(st);
+    }
+}
+
+static void on_client_close(struct evhttp_connection *evcon, void *arg)
+{
+    an_stream *st = arg;
+    gps_http_drop_request(st->req);
+    st->req = NULL;
+    st->evcon = NULL;
+    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
+                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
+                 "client went away; cancelling its job");
+    count_request(st->ctx, "cancelled", st->start_us);
+    if (st->job) {
+        gps_job_unsubscribe(st->job, NULL, st);
+        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
+        st->job = NULL;
+    }
+    stream_free(st);
+}
+
+/* What the live agents serving model report: the smallest context length
+ * (0 = unknown) and whether all of them take tools. */
+typedef struct model_facts {
+    const char *model;
+    long long ctx;
+    int serving;
+    int with_tools;
+} model_facts;
+
+static bool facts_supports_tools(const registry_agent *a, const char *id)
+{
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(a->facts, "models"), i, m)
+    {
+        const char *mid = json_string_value(json_object_get(m, "id"));
+        if (mid && strcmp(mid, id) == 0)
+            return json_is_true(json_object_get(m, "supports_tools"));
+    }
+    return false;
+}
+
+static void facts_cb(void *ud, registry_agent *a)
+{
+    model_facts *f = ud;
+    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT &&
+        a->state != REGISTRY_REGISTERING)
+        return;
+    for (size_t i = 0; i < a->n_models; i++) {
+        const registry_model_info *mi = &a->models[i];
+        bool match = strcmp(mi->id, f->model) == 0;
+        for (size_t k = 0; !match && k < mi->n_aliases; k++)
+            match = strcmp(mi->aliases[k], f->model) == 0;
+        if (!match)
+            continue;
+        f->serving++;
+        if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
+            f->ctx = mi->context_length;
+        if (facts_supports_tools(a, mi->id))
+            f->with_tools++;
+        return;
+    }
+}
+
+static void handle(gps_req *r, gps_anthropic *c, bool count_only)
+{
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        count_request(c, "invalid_request", r->start_us);
+        return;
+    }
+    gps_anthropic_req areq;
+    char msg[512];
+    int rc = gps_anthropic_parse(body, count_only, &areq, msg, sizeof msg);
+    json_decref(body);
+    if (rc == 0) {
+        model_facts f = {.model = areq.spec.model};
+        registry_foreach(gps_jobs_registry(c->jobs), facts_cb, &f);
+        rc = gps_anthropic_assemble(&areq, f.ctx, f.serving > 0 && f.with_tools == f.serving,
+                                    msg, sizeof msg);
+        if (rc < 0)
+            gps_anthropic_req_clear(&areq);
+    }
+    if (rc < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, NULL);
+        count_request(c, "invalid_request", r->start_us);
+        return;
+    }
+    if (count_only)
+        areq.spec.kind = GPS_JOB_COUNT_TOKENS;
+    an_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        gps_anthropic_req_clear(&areq);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    st->ctx = c;
+    st->req = r->req;
+    st->stream = areq.stream;
+    st->count_only = count_only;
+    gp_id_new("msg_", st->id, sizeof st->id);
+    snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
+    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
+    st->start_us = r->start_us;
+    st->stops = areq.stop_sequences;
+    st->warnings = areq.warnings;
+    areq.stop_sequences = areq.warnings = NULL;
+    gp_buf_init(&st->pending);
+    gp_buf_init(&st->text);
+    gp_buf_init(&st->out);
+
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(c->jobs, &areq.spec, r->correlation_id, r->key_id, &e);
+    gps_anthropic_req_clear(&areq);
+    if (!job) {
+        if (e.retry_after_sec > 0) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", e.retry_after_sec);
+            gps_req_add_header(r, "Retry-After", v);
+        }
+        gps_http_send_error(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message, NULL,
+                            r->correlation_id, NULL);
+        char outcome[48];
+        outcome_of(outcome, sizeof outcome, e.code);
+        count_request(c, outcome, r->start_us);
+        stream_free(st);
+        return;
+    }
+    st->job = job;
+    gps_job_subscribe(job, on_job_event, st);
+    st->evcon = evhttp_request_get_connection(r->req);
+    if (st->evcon) {
+        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
+        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
+        st->watch = gps_http_watch_close(r->req);
+    }
+}
+
+static void h_messages(gps_req *r, void *arg)
+{
+    handle(r, arg, false);
+}
+
+static void h_count_tokens(gps_req *r, void *arg)
+{
+    handle(r, arg, true);
+}
+
+gps_anthropic *gps_anthropic_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
+{
+    gps_anthropic *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->jobs = jobs;
+    c->metrics = metrics;
+    c->request_timeout_sec = request_timeout_sec;
+    return c;
+}
+
+void gps_anthropic_free(gps_anthropic *a)
+{
+    free(a);
+}
+
+int gps_anthropic_register(gps_http *h, gps_anthropic *c)
+{
+    int rc = 0;
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC,
+                             GPS_ROLE_CLIENT, h_messages, c);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages/count_tokens",
+                             GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_count_tokens, c);
+    return rc ? -1 : 0;
+}
