@@ -9,7 +9,7 @@ PKGS=(
   libevent-dev libsqlite3-dev sqlite3 libjansson-dev libssl-dev openssl
   libcurl4-openssl-dev curl
   libcmocka-dev
-  python3
+  python3 systemd file
   nodejs npm
   clang libclang-rt-14-dev
 )
