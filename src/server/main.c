@@ -27,6 +27,7 @@
 #include "common/gp_util.h"
 #include "server/agents_api.h"
 #include "server/api_anthropic.h"
+#include "server/api_tasks.h"
 #include "server/api_openai.h"
 #include "server/auth.h"
 #include "server/http.h"
@@ -51,6 +52,7 @@ typedef struct server {
     gps_agents *agents;
     gps_openai *openai;
     gps_anthropic *anthropic;
+    gps_tasks *tasks;
     gps_http *http;
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
     bool shutting_down;
@@ -276,13 +278,13 @@ static int restore_agent(void *arg, const gps_store_agent_info *a)
     return 0;
 }
 
-/* OpenAI requests whose clients were connected to the previous process
- * cannot be resumed: mark them failed. */
+/* Requests whose clients were connected to the previous process cannot be
+ * resumed: mark them failed. Native tasks could be (their input is stored),
+ * but resumption is not implemented yet: they fail the same way, so that
+ * GET /v2/tasks/{id} reports a terminal state. */
 static int fail_unfinished(void *arg, const gps_store_job_info *job)
 {
     server *s = arg;
-    if (job->api && strcmp(job->api, "native") == 0)
-        return 0;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
     u.status = "failed";
     u.error_code = "SERVER_RESTART";
@@ -447,12 +449,17 @@ int main(int argc, char **argv)
     s->anthropic = gps_anthropic_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->anthropic)
         goto oom;
+    s->tasks = gps_tasks_new(s->base, s->jobs, s->store, s->metrics,
+                             (int)s->cfg.request_timeout_sec);
+    if (!s->tasks)
+        goto oom;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
         gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
                            GPS_ROLE_NONE, h_metrics, s) < 0 ||
         gps_openai_register(s->http, s->openai) < 0 ||
         gps_anthropic_register(s->http, s->anthropic) < 0 ||
+        gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0)
         goto oom;
 
@@ -504,6 +511,7 @@ done:
         gps_http_free(s->http);
     gps_openai_free(s->openai);
     gps_anthropic_free(s->anthropic);
+    gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
     if (s->jobs)
         gps_jobs_free(s->jobs);
     if (s->sched)

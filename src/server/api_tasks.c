@@ -1,0 +1,925 @@
+/* api_tasks: see api_tasks.h. */
+#include "server/api_tasks.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/api_openai.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/sse.h"
+#include "server/store.h"
+
+#define MAX_TOKENS_LIMIT 1000000
+#define MAX_STOP 16
+#define NBUCKETS 1024
+#define TICK_MS 250
+#define KEEP_HOT_US (300ull * 1000000ull) /* terminal tasks stay in memory 5 minutes */
+#define KEEPALIVE_US (15ull * 1000000ull)
+
+/* ------------------------------------------------------------------ */
+/* Parsing                                                             */
+/* ------------------------------------------------------------------ */
+
+#define FAIL(p, ...)                                                                           \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        *param = (p);                                                                          \
+        goto fail;                                                                             \
+    } while (0)
+
+static bool absent(const json_t *v)
+{
+    return v == NULL || json_is_null(v);
+}
+
+static int num(const json_t *body, const char *key, double lo, double hi, double *out, char *msg,
+               size_t msglen)
+{
+    const json_t *v = json_object_get(body, key);
+    if (absent(v))
+        return 0;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!json_is_number(v) || !isfinite(x) || x < lo || x > hi) {
+        snprintf(msg, msglen, "'%s' must be a number between %g and %g", key, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                    const char **param)
+{
+    memset(s, 0, sizeof *s);
+    s->api = "native";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        FAIL(NULL, "request body must be a JSON object");
+    const json_t *model = json_object_get(body, "model");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) > 256)
+        FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
+    s->model = strdup(json_string_value(model));
+
+    const json_t *p = json_object_get(body, "prompt");
+    const json_t *m = json_object_get(body, "messages");
+    if (!absent(p) && !absent(m))
+        FAIL("prompt", "give either 'prompt' or 'messages', not both");
+    if (!absent(p)) {
+        if (!json_is_string(p))
+            FAIL("prompt", "'prompt' must be a string");
+        s->kind = GPS_JOB_COMPLETION;
+        s->prompt = strdup(json_string_value(p));
+    } else if (!absent(m)) {
+        if (!json_is_array(m) || json_array_size(m) == 0)
+            FAIL("messages", "'messages' must be a non-empty array");
+        s->kind = GPS_JOB_CHAT;
+        s->messages = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(m, i, e)
+        {
+            const char *role = json_string_value(json_object_get(e, "role"));
+            const json_t *c = json_object_get(e, "content");
+            if (!role || (strcmp(role, "system") && strcmp(role, "user") &&
+                          strcmp(role, "assistant")))
+                FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
+            if (!json_is_string(c))
+                FAIL("messages", "messages[%zu].content must be a string", i);
+            json_array_append_new(s->messages, json_pack("{s:s,s:O}", "role", role, "content", c));
+        }
+    } else {
+        FAIL("prompt", "'prompt' or 'messages' is required");
+    }
+
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
+        json_integer_value(mt) > MAX_TOKENS_LIMIT)
+        FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
+             MAX_TOKENS_LIMIT);
+    s->max_tokens = json_integer_value(mt);
+    if (num(body, "temperature", 0, 2, &s->temperature, msg, msglen) < 0) {
+        *param = "temperature";
+        goto fail;
+    }
+    if (num(body, "top_p", 0, 1, &s->top_p, msg, msglen) < 0) {
+        *param = "top_p";
+        goto fail;
+    }
+    const json_t *tk = json_object_get(body, "top_k");
+    if (!absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
+            FAIL("top_k", "'top_k' must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+    const json_t *stop = json_object_get(body, "stop");
+    if (!absent(stop)) {
+        s->stop = json_array();
+        if (json_is_string(stop)) {
+            json_array_append_new(s->stop, json_string(json_string_value(stop)));
+        } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(stop, i, e)
+            {
+                if (!json_is_string(e) || json_string_length(e) == 0)
+                    FAIL("stop", "stop[%zu] must be a non-empty string", i);
+                json_array_append_new(s->stop, json_string(json_string_value(e)));
+            }
+        } else {
+            FAIL("stop", "'stop' must be a string or an array of at most %d strings", MAX_STOP);
+        }
+    }
+    const json_t *seed = json_object_get(body, "seed");
+    if (!absent(seed)) {
+        if (!json_is_integer(seed))
+            FAIL("seed", "'seed' must be an integer");
+        s->seed = json_integer_value(seed);
+    } else {
+        /* Recorded with the job so the run can be reproduced. */
+        uint32_t r;
+        gp_random_bytes(&r, sizeof r);
+        s->seed = (long long)(r & 0x7fffffff);
+    }
+    s->has_seed = true;
+    const json_t *pr = json_object_get(body, "priority");
+    if (!absent(pr)) {
+        const char *ps = json_string_value(pr);
+        if (ps && strcmp(ps, "interactive") == 0)
+            s->priority = GPS_PRIO_INTERACTIVE;
+        else if (ps && strcmp(ps, "batch") == 0)
+            s->priority = GPS_PRIO_BATCH;
+        else
+            FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
+    }
+    const json_t *sid = json_object_get(body, "session_id");
+    if (!absent(sid)) {
+        if (!json_is_string(sid) || json_string_length(sid) == 0 || json_string_length(sid) > 256)
+            FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
+        s->session = strdup(json_string_value(sid));
+    }
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
+        0)
+        goto fail;
+    if (!s->model || (s->kind == GPS_JOB_COMPLETION && !s->prompt) ||
+        (s->kind == GPS_JOB_CHAT && !s->messages))
+        FAIL(NULL, "out of memory");
+    return 0;
+fail:
+    gps_job_spec_clear(s);
+    return -1;
+}
+
+long long gps_tasks_last_event_id(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 0)
+        return -1;
+    return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tasks                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct task task;
+
+/* One open events stream. */
+typedef struct task_sub {
+    gps_tasks *owner;
+    task *t;                      /* NULL once detached */
+    struct evhttp_request *req;
+    struct evhttp_connection *evcon;
+    gps_conn_watch *watch;
+    uint64_t last_write_us;
+    struct task_sub *next;
+} task_sub;
+
+struct task {
+    gps_tasks *owner;
+    gps_job *job;                 /* subscribed until the task is evicted */
+    char id[40];
+    char key_id[65];
+    json_t *events;               /* array of {seq, type, data} */
+    bool terminal;
+    long long last_pos;           /* last queue position announced (-1 none) */
+    uint64_t finished_us;
+    task_sub *subs;
+    struct task *hnext, *next, *prev;
+};
+
+/* Per-model service time (assignment to end), for the wait estimate. */
+typedef struct svc_rec {
+    char model[257];
+    double ewma_ms;
+    struct svc_rec *next;
+} svc_rec;
+
+struct gps_tasks {
+    struct event_base *base;
+    gps_jobs *jobs;
+    gps_store *store;
+    gps_metrics *metrics;
+    int request_timeout_sec;
+    task *buckets[NBUCKETS];
+    task *head;
+    svc_rec *svc;
+    struct event *tick;
+};
+
+static unsigned bucket_of(const char *id)
+{
+    uint32_t h = 2166136261u;
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 16777619u;
+    return h % NBUCKETS;
+}
+
+static task *task_find(gps_tasks *g, const char *id)
+{
+    for (task *t = g->buckets[bucket_of(id)]; t; t = t->hnext)
+        if (strcmp(t->id, id) == 0)
+            return t;
+    return NULL;
+}
+
+static svc_rec *svc_get(gps_tasks *g, const char *model, bool create)
+{
+    for (svc_rec *r = g->svc; r; r = r->next)
+        if (strcmp(r->model, model) == 0)
+            return r;
+    if (!create)
+        return NULL;
+    svc_rec *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    snprintf(r->model, sizeof r->model, "%s", model);
+    r->next = g->svc;
+    g->svc = r;
+    return r;
+}
+
+typedef struct slot_count {
+    const char *model;
+    long long slots;
+} slot_count;
+
+static void slots_cb(void *ud, registry_agent *a)
+{
+    slot_count *c = ud;
+    if (a->state == REGISTRY_HEALTHY && registry_agent_serves(a, c->model))
+        c->slots += a->slots_total > 0 ? a->slots_total : 1;
+}
+
+/* Rough wait before the job starts: the jobs ahead spread over the slots
+ * that serve the model, each taking the recent service time. */
+static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
+{
+    svc_rec *r = svc_get(g, job->spec.model, false);
+    if (!r || r->ewma_ms <= 0)
+        return (long long)sched_estimated_wait_ms(gps_jobs_sched(g->jobs), job->spec.model);
+    slot_count c = {job->spec.model, 0};
+    registry_foreach(gps_jobs_registry(g->jobs), slots_cb, &c);
+    long long slots = c.slots > 0 ? c.slots : 1;
+    return (long long)((double)((long long)pos / slots + 1) * r->ewma_ms);
+}
+
+static void sse_frame(gp_buf *out, const json_t *ev)
+{
+    char idbuf[32];
+    snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(json_object_get(ev, "seq")));
+    gps_sse_format_json(out, json_string_value(json_object_get(ev, "type")), idbuf,
+                        json_object_get(ev, "data"));
+}
+
+static void sub_detach_conn(task_sub *s)
+{
+    gps_conn_watch_free(s->watch);
+    s->watch = NULL;
+    if (s->evcon)
+        evhttp_connection_set_closecb(s->evcon, NULL, NULL);
+    s->evcon = NULL;
+}
+
+static void sub_remove(task *t, task_sub *s)
+{
+    for (task_sub **pp = &t->subs; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            return;
+        }
+}
+
+/* Record an event (data stolen) and send it to the open streams. */
+static void task_emit(task *t, const char *type, json_t *data, bool terminal)
+{
+    if (t->terminal) {
+        json_decref(data);
+        return;
+    }
+    long long seq = (long long)json_array_size(t->events) + 1;
+    json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
+                           data ? data : json_object());
+    if (!ev)
+        return;
+    json_array_append_new(t->events, ev);
+    if (terminal) {
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+    }
+    gp_buf out;
+    gp_buf_init(&out);
+    task_sub *s = t->subs;
+    while (s) {
+        task_sub *next = s->next;
+        sse_frame(&out, ev);
+        gps_sse_send(s->req, &out);
+        s->last_write_us = gp_now_mono_us();
+        if (terminal) {
+            sub_detach_conn(s);
+            gps_sse_end(s->req);
+            free(s);
+        }
+        s = next;
+    }
+    if (terminal)
+        t->subs = NULL;
+    gp_buf_free(&out);
+}
+
+static void emit_queued(task *t)
+{
+    gps_job *job = t->job;
+    size_t pos = gps_jobs_queue_position(t->owner->jobs, job);
+    t->last_pos = (long long)pos;
+    task_emit(t, "queued",
+              json_pack("{s:I,s:I}", "position", (json_int_t)pos, "estimated_wait_ms",
+                        (json_int_t)estimate_wait_ms(t->owner, job, pos)),
+              false);
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    task *t = arg;
+    gps_tasks *g = t->owner;
+    switch (type) {
+    case GPS_EV_STARTED:
+        task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
+                                          job->attempts),
+                  false);
+        t->last_pos = -1;
+        break;
+    case GPS_EV_TOKEN: {
+        if (t->last_pos >= 0 || json_array_size(t->events) == 1) {
+            /* No started event from the agent: announce the start anyway. */
+            bool seen = false;
+            size_t i;
+            json_t *e;
+            json_array_foreach(t->events, i, e) seen =
+                seen || strcmp(json_string_value(json_object_get(e, "type")), "started") == 0;
+            if (!seen)
+                task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id,
+                                                  "attempt", job->attempts),
+                          false);
+            t->last_pos = -1;
+        }
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        task_emit(t, "token", json_pack("{s:s}", "text", text ? text : ""), false);
+        gps_job_mark_output_sent(job);
+        break;
+    }
+    case GPS_EV_METRICS: {
+        json_t *d = json_deep_copy(ev);
+        json_object_del(d, "type");
+        task_emit(t, "metrics", d, false);
+        break;
+    }
+    case GPS_EV_END: {
+        if (job->assigned_us) {
+            svc_rec *r = svc_get(g, job->spec.model, true);
+            double ms = (double)(gp_now_mono_us() - job->assigned_us) / 1000.0;
+            if (r)
+                r->ewma_ms = r->ewma_ms > 0 ? 0.8 * r->ewma_ms + 0.2 * ms : ms;
+        }
+        task_emit(t, "end",
+                  json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
+                            job->finish_reason[0] ? job->finish_reason : "stop", "usage",
+                            "prompt_tokens", (json_int_t)job->prompt_tokens,
+                            "completion_tokens", (json_int_t)job->completion_tokens, "text",
+                            job->text.data ? job->text.data : "", job->text.len),
+                  true);
+        break;
+    }
+    case GPS_EV_ERROR: {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        task_emit(t, "error",
+                  json_pack("{s:s,s:s}", "code", code ? code : "AGENT_ERROR", "message",
+                            message ? message : "the job failed"),
+                  true);
+        break;
+    }
+    default:
+        return;
+    }
+    if (t->terminal && g->store)
+        gps_store_checkpoint(g->store, t->id, job->text.data ? job->text.data : "", job->text.len,
+                             (long long)json_array_size(t->events));
+}
+
+static void task_free(gps_tasks *g, task *t)
+{
+    task **pp = &g->buckets[bucket_of(t->id)];
+    while (*pp && *pp != t)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = t->hnext;
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (g->head == t)
+        g->head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    task_sub *s = t->subs;
+    while (s) {
+        task_sub *n = s->next;
+        sub_detach_conn(s);
+        if (s->req)
+            gps_sse_end(s->req);
+        free(s);
+        s = n;
+    }
+    if (t->job)
+        gps_job_unsubscribe(t->job, on_job_event, t);
+    json_decref(t->events);
+    free(t);
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_tasks *g = arg;
+    uint64_t now = gp_now_mono_us();
+    task *next;
+    for (task *t = g->head; t; t = next) {
+        next = t->next;
+        if (t->terminal) {
+            if (!t->subs && now - t->finished_us > KEEP_HOT_US)
+                task_free(g, t);
+            continue;
+        }
+        if (t->job->state == GPS_JOB_QUEUED) {
+            long long pos = (long long)gps_jobs_queue_position(g->jobs, t->job);
+            if (pos != t->last_pos)
+                emit_queued(t);
+        }
+        for (task_sub *s = t->subs; s; s = s->next)
+            if (now - s->last_write_us > KEEPALIVE_US) {
+                gp_buf b;
+                gp_buf_init(&b);
+                gps_sse_format_comment(&b, "keep-alive");
+                gps_sse_send(s->req, &b);
+                gp_buf_free(&b);
+                s->last_write_us = now;
+            }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+static void count_request(gps_tasks *g, const char *outcome, uint64_t start_us)
+{
+    char l[128];
+    gps_metrics_label(l, sizeof l, "api", "native", "outcome", outcome, (char *)NULL);
+    gps_metrics_add(g->metrics, "requests_total", l, 1);
+    gps_metrics_label(l, sizeof l, "api", "native", (char *)NULL);
+    gps_metrics_observe(g->metrics, "request_duration_seconds", l,
+                        (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+static void h_create(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        count_request(g, "invalid_request", r->start_us);
+        return;
+    }
+    gps_job_spec spec;
+    char msg[512];
+    const char *param = NULL;
+    int rc = gps_tasks_parse(body, &spec, msg, sizeof msg, &param);
+    json_decref(body);
+    if (rc < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        count_request(g, "invalid_request", r->start_us);
+        return;
+    }
+    task *t = calloc(1, sizeof *t);
+    json_t *events = json_array();
+    if (!t || !events) {
+        free(t);
+        json_decref(events);
+        gps_job_spec_clear(&spec);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    long long seed = spec.seed;
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(g->jobs, &spec, r->correlation_id, r->key_id, &e);
+    gps_job_spec_clear(&spec);
+    if (!job) {
+        free(t);
+        json_decref(events);
+        json_t *extra = NULL;
+        if (e.retry_after_sec > 0) {
+            char v[32];
+            snprintf(v, sizeof v, "%d", e.retry_after_sec);
+            gps_req_add_header(r, "Retry-After", v);
+            extra = json_pack("{s:{s:i}}", "details", "retry_after_sec", e.retry_after_sec);
+        }
+        gps_http_send_error(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
+                            e.status == 404 ? "model" : NULL, r->correlation_id, extra);
+        count_request(g, e.status == 429 ? "queue_full" : "refused", r->start_us);
+        return;
+    }
+    t->owner = g;
+    t->job = job;
+    t->events = events;
+    t->last_pos = -1;
+    snprintf(t->id, sizeof t->id, "%s", job->id);
+    snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
+    unsigned b = bucket_of(t->id);
+    t->hnext = g->buckets[b];
+    g->buckets[b] = t;
+    t->next = g->head;
+    if (g->head)
+        g->head->prev = t;
+    g->head = t;
+    gps_job_subscribe(job, on_job_event, t);
+    emit_queued(t);
+    char url[96];
+    snprintf(url, sizeof url, "/v2/tasks/%s/events", t->id);
+    char loc[96];
+    snprintf(loc, sizeof loc, "/v2/tasks/%s", t->id);
+    gps_req_add_header(r, "Location", loc);
+    gps_http_send_json(r->req, 202,
+                       json_pack("{s:s,s:s,s:I,s:s,s:I}", "job_id", t->id, "status",
+                                 gps_job_state_name(job->state), "queue_position",
+                                 (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
+                                 url, "seed", (json_int_t)seed));
+    count_request(g, "accepted", r->start_us);
+}
+
+/* A task the caller may see: its own key's (or any when auth is off). */
+static task *visible(gps_tasks *g, gps_req *r)
+{
+    task *t = task_find(g, r->params[0]);
+    if (t && t->key_id[0] && r->key_id[0] && strcmp(t->key_id, r->key_id) != 0)
+        return NULL;
+    return t;
+}
+
+static json_t *status_hot(task *t)
+{
+    gps_job *job = t->job;
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s,s:I}", "job_id", t->id, "status",
+                          gps_job_state_name(job->state), "model", job->spec.model, "priority",
+                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "seed",
+                          (json_int_t)job->spec.seed, "attempts", job->attempts, "agent_id",
+                          job->agent_id, "events", (json_int_t)json_array_size(t->events));
+    if (job->state == GPS_JOB_QUEUED)
+        json_object_set_new(o, "queue_position",
+                            json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
+    uint64_t end = job->finished_us ? job->finished_us : gp_now_mono_us();
+    json_t *tm = json_pack("{s:I,s:I}", "queue_ms", (json_int_t)job->queue_ms, "total_ms",
+                           (json_int_t)((end - job->created_us) / 1000));
+    if (job->first_token_us)
+        json_object_set_new(tm, "ttft_ms",
+                            json_integer((json_int_t)((job->first_token_us - job->created_us) /
+                                                      1000)));
+    json_object_set_new(o, "timings", tm);
+    json_object_set_new(o, "usage",
+                        json_pack("{s:I,s:I}", "prompt_tokens", (json_int_t)job->prompt_tokens,
+                                  "completion_tokens", (json_int_t)job->completion_tokens));
+    if (job->state == GPS_JOB_DONE)
+        json_object_set_new(o, "result",
+                            json_pack("{s:s%,s:s}", "text", job->text.data ? job->text.data : "",
+                                      job->text.len, "finish_reason",
+                                      job->finish_reason[0] ? job->finish_reason : "stop"));
+    if (job->state == GPS_JOB_FAILED || job->state == GPS_JOB_CANCELLED) {
+        json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+        json_t *d = json_object_get(last, "data");
+        json_object_set_new(o, "error",
+                            json_pack("{s:s,s:s}", "code", job->error_code, "message",
+                                      json_string_value(json_object_get(d, "message"))
+                                          ? json_string_value(json_object_get(d, "message"))
+                                          : job->error_code));
+    }
+    return o;
+}
+
+static json_t *status_cold(const gps_store_job_info *j)
+{
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "job_id", j->id, "status", j->status,
+                          "model", j->model, "priority", j->priority ? "batch" : "interactive",
+                          "attempts", j->attempts, "agent_id", j->agent_id ? j->agent_id : "");
+    json_object_set_new(o, "seed", j->has_seed ? json_integer(j->seed) : json_null());
+    json_t *tm = json_object();
+    if (j->queue_ms >= 0)
+        json_object_set_new(tm, "queue_ms", json_integer(j->queue_ms));
+    if (j->ttft_ms >= 0)
+        json_object_set_new(tm, "ttft_ms", json_integer(j->ttft_ms));
+    if (j->total_ms >= 0)
+        json_object_set_new(tm, "total_ms", json_integer(j->total_ms));
+    json_object_set_new(o, "timings", tm);
+    json_object_set_new(o, "usage",
+                        json_pack("{s:I,s:I}", "prompt_tokens",
+                                  (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                                  "completion_tokens",
+                                  (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens
+                                                                        : 0)));
+    if (strcmp(j->status, "done") == 0)
+        json_object_set_new(o, "result",
+                            json_pack("{s:s%,s:s}", "text",
+                                      j->checkpoint_text ? j->checkpoint_text : "",
+                                      j->checkpoint_text ? j->checkpoint_len : 0,
+                                      "finish_reason",
+                                      j->finish_reason ? j->finish_reason : "stop"));
+    else if (j->error_code)
+        json_object_set_new(o, "error", json_pack("{s:s,s:s}", "code", j->error_code, "message",
+                                                  j->error_code));
+    return o;
+}
+
+/* A store read for a task that left memory. */
+typedef enum { COLD_STATUS, COLD_EVENTS, COLD_DELETE } cold_kind;
+typedef struct cold_req {
+    gps_tasks *g;
+    cold_kind kind;
+    struct evhttp_request *req;   /* NULL once the client left */
+    struct evhttp_connection *evcon;
+    char corr[65];
+    char key_id[65];
+    long long last_id;
+} cold_req;
+
+static void cold_close(struct evhttp_connection *evcon, void *arg)
+{
+    cold_req *c = arg;
+    gps_http_drop_request(c->req);
+    c->req = NULL;
+    c->evcon = NULL;
+}
+
+static void cold_done(void *arg, int status, const gps_store_job_info *j)
+{
+    cold_req *c = arg;
+    if (!c->req) {
+        free(c);
+        return;
+    }
+    if (c->evcon)
+        evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
+        (j->key_id && c->key_id[0] && strcmp(j->key_id, c->key_id) != 0)) {
+        if (status < 0)
+            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
+                                "the task store could not be read", NULL, c->corr, NULL);
+        else
+            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
+                                "no such task", NULL, c->corr, NULL);
+        free(c);
+        return;
+    }
+    if (c->kind != COLD_EVENTS) {
+        /* A task out of memory is finished (or was failed at a restart):
+         * DELETE has nothing left to cancel. */
+        gps_http_send_json(c->req, 200, status_cold(j));
+        free(c);
+        return;
+    }
+    gps_sse_start(c->req);
+    long long seq = j->checkpoint_seq > 0 ? j->checkpoint_seq : 1;
+    gp_buf out;
+    gp_buf_init(&out);
+    if (c->last_id < seq && j->finished_at > 0) {
+        json_t *data;
+        const char *type;
+        if (strcmp(j->status, "done") == 0) {
+            type = "end";
+            data = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
+                             j->finish_reason ? j->finish_reason : "stop", "usage",
+                             "prompt_tokens",
+                             (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                             "completion_tokens",
+                             (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens : 0),
+                             "text", j->checkpoint_text ? j->checkpoint_text : "",
+                             j->checkpoint_text ? j->checkpoint_len : 0);
+        } else {
+            type = "error";
+            data = json_pack("{s:s,s:s}", "code", j->error_code ? j->error_code : "FAILED",
+                             "message", j->error_code ? j->error_code : "the job failed");
+        }
+        json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
+                               data);
+        sse_frame(&out, ev);
+        json_decref(ev);
+    }
+    gps_sse_send(c->req, &out);
+    gp_buf_free(&out);
+    gps_sse_end(c->req);
+    free(c);
+}
+
+static void cold_lookup(gps_tasks *g, gps_req *r, cold_kind kind, long long last_id)
+{
+    cold_req *c = calloc(1, sizeof *c);
+    if (!g->store || !c) {
+        free(c);
+        gps_req_error(r, 404, "JOB_NOT_FOUND", "no such task", NULL);
+        return;
+    }
+    c->g = g;
+    c->kind = kind;
+    c->req = r->req;
+    c->last_id = last_id;
+    snprintf(c->corr, sizeof c->corr, "%s", r->correlation_id);
+    snprintf(c->key_id, sizeof c->key_id, "%s", r->key_id);
+    c->evcon = evhttp_request_get_connection(r->req);
+    if (c->evcon)
+        evhttp_connection_set_closecb(c->evcon, cold_close, c);
+    if (gps_store_job_get_async(g->store, r->params[0], cold_done, c) < 0) {
+        if (c->evcon)
+            evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+        free(c);
+        gps_req_error(r, 500, "INTERNAL", "the task store could not be read", NULL);
+    }
+}
+
+static void h_get(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_STATUS, 0);
+        return;
+    }
+    gps_http_send_json(r->req, 200, status_hot(t));
+}
+
+static void h_delete(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_DELETE, 0);
+        return;
+    }
+    gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
+    gps_http_send_json(r->req, 200, status_hot(t));
+}
+
+static void sub_close(struct evhttp_connection *evcon, void *arg)
+{
+    task_sub *s = arg;
+    gps_http_drop_request(s->req);
+    s->req = NULL;
+    s->evcon = NULL;
+    gps_conn_watch_free(s->watch);
+    s->watch = NULL;
+    if (s->t)
+        sub_remove(s->t, s);
+    free(s); /* the task keeps running: a task outlives its watchers */
+}
+
+static void h_events(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    const char *hdr = gps_req_header(r, "Last-Event-ID");
+    char qv[32] = "";
+    if (!hdr) {
+        struct evkeyvalq q;
+        const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req));
+        if (query && evhttp_parse_query_str(query, &q) == 0) {
+            const char *v = evhttp_find_header(&q, "last_event_id");
+            if (v)
+                snprintf(qv, sizeof qv, "%s", v);
+            evhttp_clear_headers(&q);
+        }
+        hdr = qv;
+    }
+    long long last = gps_tasks_last_event_id(hdr);
+    if (last < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "Last-Event-ID must be a non-negative integer",
+                      "Last-Event-ID");
+        return;
+    }
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_EVENTS, last);
+        return;
+    }
+    gps_sse_start(r->req);
+    gp_buf out;
+    gp_buf_init(&out);
+    for (size_t i = (size_t)(last < (long long)json_array_size(t->events) ? last : (long long)json_array_size(t->events));
+         i < json_array_size(t->events); i++)
+        sse_frame(&out, json_array_get(t->events, i));
+    gps_sse_send(r->req, &out);
+    gp_buf_free(&out);
+    if (t->terminal) {
+        gps_sse_end(r->req);
+        return;
+    }
+    task_sub *s = calloc(1, sizeof *s);
+    if (!s) {
+        gps_sse_end(r->req);
+        return;
+    }
+    s->owner = g;
+    s->t = t;
+    s->req = r->req;
+    s->last_write_us = gp_now_mono_us();
+    s->next = t->subs;
+    t->subs = s;
+    s->evcon = evhttp_request_get_connection(r->req);
+    if (s->evcon) {
+        evhttp_connection_set_closecb(s->evcon, sub_close, s);
+        evhttp_connection_set_timeout(s->evcon, g->request_timeout_sec + 30);
+        s->watch = gps_http_watch_close(r->req);
+    }
+}
+
+gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *store,
+                         gps_metrics *metrics, int request_timeout_sec)
+{
+    gps_tasks *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->base = base;
+    g->jobs = jobs;
+    g->store = store;
+    g->metrics = metrics;
+    g->request_timeout_sec = request_timeout_sec;
+    if (base) {
+        g->tick = event_new(base, -1, EV_PERSIST, tick_cb, g);
+        struct timeval tv = {0, TICK_MS * 1000};
+        if (!g->tick || event_add(g->tick, &tv) < 0) {
+            if (g->tick)
+                event_free(g->tick);
+            free(g);
+            return NULL;
+        }
+    }
+    return g;
+}
+
+void gps_tasks_free(gps_tasks *g)
+{
+    if (!g)
+        return;
+    if (g->tick)
+        event_free(g->tick);
+    while (g->head)
+        task_free(g, g->head);
+    while (g->svc) {
+        svc_rec *n = g->svc->next;
+        free(g->svc);
+        g->svc = n;
+    }
+    free(g);
+}
+
+int gps_tasks_register(gps_http *h, gps_tasks *g)
+{
+    int rc = 0;
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT,
+                             h_create, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_CLIENT, h_get, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_CLIENT, h_delete, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_CLIENT, h_events, g);
+    return rc ? -1 : 0;
+}
