@@ -842,9 +842,9 @@ static void h_events(gps_req *r, void *arg)
     gps_sse_start(r->req);
     gp_buf out;
     gp_buf_init(&out);
-    for (size_t i = (size_t)(last < (long long)json_array_size(t->events) ? last : (long long)json_array_size(t->events));
-         i < json_array_size(t->events); i++)
-        sse_frame(&out, json_array_get(t->events, i));
+    size_t n = json_array_size(t->events);
+    for (size_t i = last < (long long)n ? (size_t)last : n; i < n; i++)
+        sse_frame(&out, json_array_get(t->events, i)); /* seq i+1: exactly those after last */
     gps_sse_send(r->req, &out);
     gp_buf_free(&out);
     if (t->terminal) {
