@@ -498,7 +498,7 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
             return -1;
         }
         if (!r->count_only && s->max_tokens > context_length - lb) {
-            char w[256];
+            char w[400];
             snprintf(w, sizeof w,
                      "max_tokens %lld was clamped to %lld: model '%.100s' has a context of "
                      "%lld tokens and the prompt takes at least %lld",
