@@ -45,7 +45,7 @@ const gp_opt agent_config_table[] = {
     {"model", GP_OPT_STR, O(model), NULL, 0, 0, NULL, "gguf backend: path to a .gguf model"},
     {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
      "gguf backend: CPU threads (0 = all cores)"},
-    {"ctx-size", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
+    {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
      "gguf backend: context length per slot (0 = the model's)"},
     {"alias", GP_OPT_STR, O(alias), NULL, 0, 0, NULL,
      "public model id (default: the upstream model, or the model file's name)"},
