@@ -350,7 +350,7 @@ gpe_status gpe_st_run_cpu(const gpe_llama *m, float **logits, int step_rows[GPE_
     const int total = st_total_rows(steps, step_rows);
     out = malloc((size_t)total * (size_t)m->hp.n_vocab * sizeof(float));
     kv_ok = gpe_kv_init(&kv, m->hp.n_layer, ST_SEQ, ST_CTX,
-                        m->hp.n_head_kv * m->hp.head_dim) == 0;
+                        m->hp.n_head_kv * m->hp.head_dim, false) == 0;
     f_ok = gpe_fwd_init(&f, m, ST_BATCH, ST_CTX, 1) == 0;
     pool = gpe_pool_create(1);
     if (!out || !kv_ok || !f_ok || !pool || gpe_fwd_reserve_logits(&f, m, ST_BATCH) != 0) {
