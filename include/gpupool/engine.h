@@ -150,6 +150,59 @@ char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos
 /* Family name detected from a Jinja template text ("fallback" when unknown). */
 const char *gpe_chat_detect(const char *template_text);
 
+/* Tools (OpenAI function calling) in chat templates. See
+ * docs/chat-templates.md "Tools". The engine renders tools and tool messages
+ * into the prompt in the format of the model's tool-capable template
+ * (chatml/Qwen Hermes-style, llama-3.1, mistral v0.3); it does not parse
+ * tool calls out of the output. JSON texts given here (parameters,
+ * arguments) may be in any spacing: they are re-spaced the way the
+ * templates' tojson (Python json.dumps) writes them; invalid JSON is
+ * written as given. */
+typedef struct gpe_chat_tool {
+    const char *name;          /* function name (required) */
+    const char *description;   /* NULL = none */
+    const char *parameters;    /* JSON text of the parameters schema; NULL = none */
+} gpe_chat_tool;
+
+typedef struct gpe_chat_tool_call {
+    const char *id;            /* call id ("call_..."); NULL = none */
+    const char *name;          /* function name */
+    const char *arguments;     /* JSON text of the arguments object; NULL = "{}" */
+} gpe_chat_tool_call;
+
+/* Tool parts of one message, parallel to a gpe_chat_msg array (index i
+ * belongs to msgs[i]). An assistant message with n_tool_calls > 0 is a tool
+ * call (its content may be NULL); a "tool" message answers tool_call_id. */
+typedef struct gpe_chat_msg_tools {
+    const gpe_chat_tool_call *tool_calls;
+    size_t n_tool_calls;
+    const char *tool_call_id;  /* for role "tool"; NULL = none */
+} gpe_chat_msg_tools;
+
+/* Does this template text support tools? True when it is of a family with
+ * a tools format and references tools the way that family's tool-capable
+ * templates do (chatml: "tools" and "<tool_call>"; llama-3: "tools" and
+ * "ipython"; mistral: "[AVAILABLE_TOOLS]"). NULL -> false. */
+bool gpe_chat_template_supports_tools(const char *template_text);
+/* Does the model's tokenizer.chat_template support tools? */
+bool gpe_chat_supports_tools(const gpe_model *m);
+/* gpe_chat_apply with tools and tool messages. extra may be NULL (no tool
+ * parts); tools may be NULL when n_tools is 0. When the model's template
+ * supports tools, the template's tool format is used (tools, tool calls,
+ * tool results); otherwise tools are ignored and tool calls/results are
+ * rendered as plain text ("Tool call: name(args)", "Tool result: ...") in
+ * user/assistant turns of the model's family. */
+char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_t n_tools,
+                           const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra, size_t n,
+                           bool add_assistant, char *err, size_t errlen);
+/* Same with an explicit family. tool_format: render with the family's tool
+ * format (only chatml, llama-3 and mistral have one; for the others, or
+ * when false, tools are ignored and tool messages become plain text). */
+char *gpe_chat_apply_format_tools(const char *family, const char *bos, const char *eos,
+                                  bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
+                                  const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra,
+                                  size_t n, bool add_assistant, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- context */
 
 typedef struct gpe_ctx gpe_ctx;

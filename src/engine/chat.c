@@ -448,3 +448,552 @@ char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos
     }
     return b.p;
 }
+
+/* ================================================================ tools */
+
+/* Tool formats of the tool-capable templates (facts about those models'
+ * published chat templates, tokenizer_config.json chat_template):
+ *   chatml   Qwen/Qwen2.5-*-Instruct and Qwen3 (Hermes style): a "# Tools"
+ *            section with one JSON line per tool inside <tools></tools> in
+ *            the system turn; calls as <tool_call>{"name", "arguments"}
+ *            </tool_call> in the assistant turn; consecutive tool results
+ *            as <tool_response> blocks in one user turn. Without a system
+ *            message the section starts the system turn (Qwen3; Qwen2.5
+ *            would write its default "You are Qwen..." prompt first).
+ *   llama-3  meta-llama/Llama-3.1-8B-Instruct: system header with
+ *            "Environment: ipython", knowledge and (default) today dates;
+ *            tools as indent-4 JSON in the first user message
+ *            (tools_in_user_message, the default); a call as
+ *            {"name", "parameters"} in an assistant turn; results in an
+ *            "ipython" turn, written with tojson (a string gets quoted).
+ *   mistral  mistralai/Mistral-7B-Instruct-v0.3: [AVAILABLE_TOOLS] before
+ *            the last user message, "[INST] ...[/INST]" (v3 spacing, system
+ *            prompt in front of the last user message, as mistral-common),
+ *            [TOOL_CALLS] [{"name", "arguments", "id"}] + EOS, and
+ *            [TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS].
+ * The templates raise exceptions on some inputs (mistral: ids of other than
+ * 9 characters; llama-3.1: several calls in one message); the engine never
+ * fails on them: ids are written as given, each call gets its own turn. */
+
+bool gpe_chat_format_has_tools(const char *family)
+{
+    const struct family *f = family_find(family);
+    return f && (f->name == F_CHATML || f->name == F_LLAMA3 || f->name == F_MISTRAL);
+}
+
+bool gpe_chat_template_supports_tools(const char *t)
+{
+    if (!t)
+        return false;
+    const char *fam = gpe_chat_detect(t);
+    if (fam == F_CHATML)
+        return strstr(t, "tools") && strstr(t, "<tool_call>");
+    if (fam == F_LLAMA3)
+        return strstr(t, "tools") && strstr(t, "ipython");
+    if (fam == F_MISTRAL)
+        return strstr(t, "[AVAILABLE_TOOLS]") != NULL;
+    return false;
+}
+
+/* A JSON string as Python's json.dumps(ensure_ascii=False) writes it. */
+static void sb_json_str(sb *b, const char *s)
+{
+    sb_add(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[8];
+        switch (*p) {
+        case '"': sb_add(b, "\\\""); break;
+        case '\\': sb_add(b, "\\\\"); break;
+        case '\n': sb_add(b, "\\n"); break;
+        case '\r': sb_add(b, "\\r"); break;
+        case '\t': sb_add(b, "\\t"); break;
+        case '\b': sb_add(b, "\\b"); break;
+        case '\f': sb_add(b, "\\f"); break;
+        default:
+            if (*p < 0x20) {
+                snprintf(esc, sizeof esc, "\\u%04x", *p);
+                sb_add(b, esc);
+            } else {
+                sb_addn(b, (const char *)p, 1);
+            }
+        }
+    }
+    sb_add(b, "\"");
+}
+
+static void sb_newline_indent(sb *b, int indent, int depth)
+{
+    sb_add(b, "\n");
+    for (int i = 0; i < indent * depth; i++)
+        sb_add(b, " ");
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+/* Re-space JSON text the way Python's json.dumps does (what the templates'
+ * tojson filter calls): inline with ", " and ": " when indent < 0, else one
+ * item per line indented by `indent` spaces per level, "," and ": ", empty
+ * containers as {} and []. Strings, numbers and literals are copied as
+ * written. Returns false for text that is not JSON (a light check: token
+ * order, bracket balance, literals); out then holds a partial text the
+ * caller discards. */
+static bool json_respace(sb *out, const char *s, int indent)
+{
+    char stack[128];
+    int depth = 0;
+    bool value = false;   /* the last token ended a value */
+    const char *p = skip_ws(s);
+    while (*p) {
+        char c = *p;
+        bool starts_value = c == '{' || c == '[' || c == '"' || !strchr("}],:", c);
+        if (starts_value && value)
+            return false;   /* two values in a row: "not json" */
+        if (c == '{' || c == '[') {
+            char close = c == '{' ? '}' : ']';
+            const char *q = skip_ws(p + 1);
+            value = true;
+            if (*q == close) {
+                sb_addn(out, p, 1);
+                sb_addn(out, q, 1);
+                p = q + 1;
+            } else {
+                if (depth >= (int)sizeof stack)
+                    return false;
+                stack[depth++] = close;
+                sb_addn(out, p, 1);
+                if (indent >= 0)
+                    sb_newline_indent(out, indent, depth);
+                p++;
+                value = false;
+            }
+        } else if (c == '}' || c == ']') {
+            if (depth == 0 || stack[depth - 1] != c || !value)
+                return false;
+            depth--;
+            if (indent >= 0)
+                sb_newline_indent(out, indent, depth);
+            sb_addn(out, p, 1);
+            p++;
+        } else if (c == ',') {
+            if (depth == 0 || !value)
+                return false;
+            value = false;
+            sb_add(out, ",");
+            if (indent >= 0)
+                sb_newline_indent(out, indent, depth);
+            else
+                sb_add(out, " ");
+            p++;
+        } else if (c == ':') {
+            if (depth == 0 || stack[depth - 1] != '}' || !value)
+                return false;
+            value = false;
+            sb_add(out, ": ");
+            p++;
+        } else if (c == '"') {
+            const char *q = p + 1;
+            while (*q && *q != '"') {
+                if (*q == '\\' && q[1])
+                    q++;
+                q++;
+            }
+            if (*q != '"')
+                return false;
+            sb_addn(out, p, (size_t)(q + 1 - p));
+            p = q + 1;
+            value = true;
+        } else {
+            const char *q = p;
+            while (*q && !strchr(" \t\n\r{}[],:\"", *q))
+                q++;
+            size_t len = (size_t)(q - p);
+            bool word = (len == 4 && (!strncmp(p, "true", 4) || !strncmp(p, "null", 4))) ||
+                        (len == 5 && !strncmp(p, "false", 5));
+            if (len == 0 || (!word && !strchr("-0123456789", *p)))
+                return false;
+            sb_addn(out, p, len);
+            p = q;
+            value = true;
+        }
+        p = skip_ws(p);
+    }
+    return depth == 0 && value;
+}
+
+/* JSON text re-spaced (see json_respace), or as given when it is not JSON;
+ * NULL or empty -> dflt. */
+static void sb_add_json(sb *b, const char *text, int indent, const char *dflt)
+{
+    if (!text || !*skip_ws(text))
+        text = dflt;
+    sb tmp = {0};
+    if (json_respace(&tmp, text, indent) && !tmp.oom)
+        sb_add(b, tmp.p);
+    else
+        sb_add(b, text);
+    free(tmp.p);
+}
+
+/* {"type": "function", "function": {"name", "description", "parameters"}}
+ * as the templates get it from transformers, re-spaced for `indent`. */
+static void sb_add_tool(sb *b, const gpe_chat_tool *t, int indent)
+{
+    sb raw = {0};
+    sb_add(&raw, "{\"type\": \"function\", \"function\": {\"name\": ");
+    sb_json_str(&raw, t->name);
+    if (t->description) {
+        sb_add(&raw, ", \"description\": ");
+        sb_json_str(&raw, t->description);
+    }
+    if (t->parameters && *skip_ws(t->parameters)) {
+        sb_add(&raw, ", \"parameters\": ");
+        sb_add(&raw, t->parameters);
+    }
+    sb_add(&raw, "}}");
+    if (raw.oom)
+        b->oom = true;
+    else
+        sb_add_json(b, raw.p, indent, "{}");
+    free(raw.p);
+}
+
+static size_t n_calls(const gpe_chat_msg_tools *x, size_t i)
+{
+    return x && x[i].tool_calls ? x[i].n_tool_calls : 0;
+}
+
+static const char *call_id(const gpe_chat_msg_tools *x, size_t i)
+{
+    return x && x[i].tool_call_id ? x[i].tool_call_id : "";
+}
+
+static void render_chatml_tools(sb *b, const gpe_chat_tool *tools, size_t nt,
+                                const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x, size_t n,
+                                bool add)
+{
+    bool has_sys = n > 0 && is_role(&msgs[0], "system");
+    if (nt > 0) {
+        sb_add(b, "<|im_start|>system\n");
+        if (has_sys) {
+            sb_add(b, content_of(&msgs[0]));
+            sb_add(b, "\n\n");
+        }
+        sb_add(b, "# Tools\n\nYou may call one or more functions to assist with the user "
+                  "query.\n\nYou are provided with function signatures within <tools></tools> "
+                  "XML tags:\n<tools>");
+        for (size_t t = 0; t < nt; t++) {
+            sb_add(b, "\n");
+            sb_add_tool(b, &tools[t], -1);
+        }
+        sb_add(b, "\n</tools>\n\nFor each function call, return a json object with function "
+                  "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                  "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                  "</tool_call><|im_end|>\n");
+    } else if (has_sys) {
+        sb_add(b, "<|im_start|>system\n");
+        sb_add(b, content_of(&msgs[0]));
+        sb_add(b, "<|im_end|>\n");
+    }
+    for (size_t i = has_sys ? 1 : 0; i < n; i++) {
+        const gpe_chat_msg *m = &msgs[i];
+        if (is_role(m, "assistant") && n_calls(x, i) > 0) {
+            sb_add(b, "<|im_start|>assistant");
+            if (content_of(m)[0]) {
+                sb_add(b, "\n");
+                sb_add(b, content_of(m));
+            }
+            for (size_t c = 0; c < x[i].n_tool_calls; c++) {
+                const gpe_chat_tool_call *tc = &x[i].tool_calls[c];
+                sb_add(b, "\n<tool_call>\n{\"name\": \"");
+                sb_add(b, tc->name);
+                sb_add(b, "\", \"arguments\": ");
+                sb_add_json(b, tc->arguments, -1, "{}");
+                sb_add(b, "}\n</tool_call>");
+            }
+            sb_add(b, "<|im_end|>\n");
+        } else if (is_role(m, "tool")) {
+            if (i == 0 || !is_role(&msgs[i - 1], "tool"))
+                sb_add(b, "<|im_start|>user");
+            sb_add(b, "\n<tool_response>\n");
+            sb_add(b, content_of(m));
+            sb_add(b, "\n</tool_response>");
+            if (i + 1 == n || !is_role(&msgs[i + 1], "tool"))
+                sb_add(b, "<|im_end|>\n");
+        } else {
+            sb_add(b, "<|im_start|>");
+            sb_add(b, m->role);
+            sb_add(b, "\n");
+            sb_add(b, content_of(m));
+            sb_add(b, "<|im_end|>\n");
+        }
+    }
+    if (add)
+        sb_add(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama31_tools(sb *b, const char *bos, const gpe_chat_tool *tools, size_t nt,
+                                 const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x, size_t n,
+                                 bool add)
+{
+    size_t i = 0;
+    const char *sys = "";
+    if (n > 0 && is_role(&msgs[0], "system")) {
+        sys = content_of(&msgs[0]);
+        i = 1;
+    }
+    sb_add(b, bos);
+    sb_add(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (nt > 0)
+        sb_add(b, "Environment: ipython\n");
+    /* the template's defaults (date_string is not passed by servers) */
+    sb_add(b, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    sb_add_trimmed(b, sys);
+    sb_add(b, "<|eot_id|>");
+    if (nt > 0) {
+        sb_add(b, "<|start_header_id|>user<|end_header_id|>\n\n"
+                  "Given the following functions, please respond with a JSON for a function "
+                  "call with its proper arguments that best answers the given prompt.\n\n"
+                  "Respond in the format {\"name\": function name, \"parameters\": dictionary "
+                  "of argument name and its value}.Do not use variables.\n\n");
+        for (size_t t = 0; t < nt; t++) {
+            sb_add_tool(b, &tools[t], 4);
+            sb_add(b, "\n\n");
+        }
+        if (i < n)
+            sb_add_trimmed(b, content_of(&msgs[i++]));
+        sb_add(b, "<|eot_id|>");
+    }
+    for (; i < n; i++) {
+        const gpe_chat_msg *m = &msgs[i];
+        if (n_calls(x, i) > 0) {
+            for (size_t c = 0; c < x[i].n_tool_calls; c++) {
+                const gpe_chat_tool_call *tc = &x[i].tool_calls[c];
+                sb_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+                sb_add(b, tc->name);
+                sb_add(b, "\", \"parameters\": ");
+                sb_add_json(b, tc->arguments, -1, "{}");
+                sb_add(b, "}<|eot_id|>");
+            }
+        } else if (is_role(m, "tool") || is_role(m, "ipython")) {
+            sb_add(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            sb_json_str(b, content_of(m));
+            sb_add(b, "<|eot_id|>");
+        } else {
+            sb_add(b, "<|start_header_id|>");
+            sb_add(b, m->role);
+            sb_add(b, "<|end_header_id|>\n\n");
+            sb_add_trimmed(b, content_of(m));
+            sb_add(b, "<|eot_id|>");
+        }
+    }
+    if (add)
+        sb_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_mistral_tools(sb *b, const char *bos, const char *eos,
+                                 const gpe_chat_tool *tools, size_t nt, const gpe_chat_msg *msgs,
+                                 const gpe_chat_msg_tools *x, size_t n)
+{
+    long sys = leading_system(msgs, n);
+    long last_user = -1;
+    for (size_t i = sys >= 0 ? 1 : 0; i < n; i++)
+        if (is_role(&msgs[i], "user"))
+            last_user = (long)i;
+    sb_add(b, bos);
+    for (size_t i = sys >= 0 ? 1 : 0; i < n; i++) {
+        const gpe_chat_msg *m = &msgs[i];
+        if (is_role(m, "assistant") && n_calls(x, i) > 0) {
+            sb_add(b, "[TOOL_CALLS] [");
+            for (size_t c = 0; c < x[i].n_tool_calls; c++) {
+                const gpe_chat_tool_call *tc = &x[i].tool_calls[c];
+                if (c)
+                    sb_add(b, ", ");
+                sb_add(b, "{\"name\": ");
+                sb_json_str(b, tc->name);
+                sb_add(b, ", \"arguments\": ");
+                sb_add_json(b, tc->arguments, -1, "{}");
+                sb_add(b, ", \"id\": \"");
+                sb_add(b, tc->id ? tc->id : "");
+                sb_add(b, "\"}");
+            }
+            sb_add(b, "]");
+            sb_add(b, eos);
+        } else if (is_role(m, "assistant")) {
+            sb_add(b, " ");
+            sb_add_trimmed(b, content_of(m));
+            sb_add(b, eos);
+        } else if (is_role(m, "tool")) {
+            sb_add(b, "[TOOL_RESULTS] {\"content\": ");
+            sb_add(b, content_of(m));
+            sb_add(b, ", \"call_id\": \"");
+            sb_add(b, call_id(x, i));
+            sb_add(b, "\"}[/TOOL_RESULTS]");
+        } else {
+            /* user; later system messages and unknown roles as user turns */
+            bool last = (long)i == last_user;
+            if (last && nt > 0) {
+                /* name and description are written unescaped, as the
+                 * template does; parameters through tojson */
+                sb_add(b, "[AVAILABLE_TOOLS] [");
+                for (size_t t = 0; t < nt; t++) {
+                    if (t)
+                        sb_add(b, ", ");
+                    sb_add(b, "{\"type\": \"function\", \"function\": {\"name\": \"");
+                    sb_add(b, tools[t].name);
+                    sb_add(b, "\"");
+                    if (tools[t].description) {
+                        sb_add(b, ", \"description\": \"");
+                        sb_add(b, tools[t].description);
+                        sb_add(b, "\"");
+                    }
+                    if (tools[t].parameters && *skip_ws(tools[t].parameters)) {
+                        sb_add(b, ", \"parameters\": ");
+                        sb_add_json(b, tools[t].parameters, -1, "{}");
+                    }
+                    sb_add(b, "}}");
+                }
+                sb_add(b, "][/AVAILABLE_TOOLS]");
+            }
+            sb_add(b, "[INST] ");
+            if (last && sys >= 0) {
+                sb_add(b, content_of(&msgs[sys]));
+                sb_add(b, "\n\n");
+            }
+            sb_add(b, content_of(m));
+            sb_add(b, "[/INST]");
+        }
+    }
+    if (sys >= 0 && last_user < 0) {
+        sb_add(b, "[INST] ");
+        sb_add(b, content_of(&msgs[sys]));
+        sb_add(b, "[/INST]");
+    }
+}
+
+/* Tool calls and results as plain text for templates without a tools
+ * format: an assistant message gets one "Tool call: name(arguments)" line
+ * per call after its content; a "tool" message becomes a user message
+ * "Tool result: content". Returns a malloc'd array of n messages whose
+ * changed contents are in *texts (n entries, NULL where unchanged). */
+static gpe_chat_msg *tools_as_text(const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x, size_t n,
+                                   char ***texts_out)
+{
+    gpe_chat_msg *out = calloc(n ? n : 1, sizeof *out);
+    char **texts = calloc(n ? n : 1, sizeof *texts);
+    if (!out || !texts) {
+        free(out);
+        free(texts);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i] = msgs[i];
+        bool call = n_calls(x, i) > 0, result = is_role(&msgs[i], "tool");
+        if (!call && !result)
+            continue;
+        sb t = {0};
+        if (result) {
+            out[i].role = "user";
+            sb_add(&t, "Tool result: ");
+            sb_add(&t, content_of(&msgs[i]));
+        } else {
+            sb_add(&t, content_of(&msgs[i]));
+            for (size_t c = 0; c < x[i].n_tool_calls; c++) {
+                const gpe_chat_tool_call *tc = &x[i].tool_calls[c];
+                if (t.len)
+                    sb_add(&t, "\n");
+                sb_add(&t, "Tool call: ");
+                sb_add(&t, tc->name);
+                sb_add(&t, "(");
+                sb_add(&t, tc->arguments ? tc->arguments : "{}");
+                sb_add(&t, ")");
+            }
+        }
+        if (t.oom || !t.p) {
+            free(t.p);
+            for (size_t k = 0; k < i; k++)
+                free(texts[k]);
+            free(texts);
+            free(out);
+            return NULL;
+        }
+        texts[i] = t.p;
+        out[i].content = t.p;
+    }
+    *texts_out = texts;
+    return out;
+}
+
+char *gpe_chat_apply_format_tools(const char *family, const char *bos, const char *eos,
+                                  bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
+                                  const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x,
+                                  size_t n, bool add_assistant, char *err, size_t errlen)
+{
+    const struct family *f = family_find(family);
+    if (!f)
+        return gpe_chat_apply_format(family, bos, eos, msgs, n, add_assistant, err, errlen);
+    if (n > 0 && !msgs) {
+        set_err(err, errlen, "chat: %zu messages but no message array", n);
+        return NULL;
+    }
+    if (n_tools > 0 && !tools) {
+        set_err(err, errlen, "chat: %zu tools but no tool array", n_tools);
+        return NULL;
+    }
+    for (size_t t = 0; t < n_tools; t++)
+        if (!tools[t].name || !tools[t].name[0]) {
+            set_err(err, errlen, "chat: tool %zu has no name", t);
+            return NULL;
+        }
+    for (size_t i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].role[0]) {
+            set_err(err, errlen, "chat: message %zu has no role", i);
+            return NULL;
+        }
+        for (size_t c = 0; c < n_calls(x, i); c++)
+            if (!x[i].tool_calls[c].name || !x[i].tool_calls[c].name[0]) {
+                set_err(err, errlen, "chat: message %zu: tool call %zu has no name", i, c);
+                return NULL;
+            }
+    }
+
+    if (!tool_format || !gpe_chat_format_has_tools(f->name)) {
+        char **texts = NULL;
+        gpe_chat_msg *plain = tools_as_text(msgs, x, n, &texts);
+        if (!plain) {
+            set_err(err, errlen, "chat: out of memory rendering the prompt");
+            return NULL;
+        }
+        char *out = gpe_chat_apply_format(f->name, bos, eos, plain, n, add_assistant, err, errlen);
+        for (size_t i = 0; i < n; i++)
+            free(texts[i]);
+        free(texts);
+        free(plain);
+        return out;
+    }
+
+    if (!bos)
+        bos = f->bos;
+    if (!eos)
+        eos = f->eos;
+    sb b = {0};
+    sb_addn(&b, "", 0);
+    if (f->name == F_CHATML)
+        render_chatml_tools(&b, tools, n_tools, msgs, x, n, add_assistant);
+    else if (f->name == F_LLAMA3)
+        render_llama31_tools(&b, bos, tools, n_tools, msgs, x, n, add_assistant);
+    else
+        render_mistral_tools(&b, bos, eos, tools, n_tools, msgs, x, n);
+    if (!b.oom && !b.p)
+        b.p = calloc(1, 1);
+    if (b.oom || !b.p) {
+        free(b.p);
+        set_err(err, errlen, "chat: out of memory rendering the prompt");
+        return NULL;
+    }
+    return b.p;
+}

@@ -36,5 +36,9 @@ bool gpe_chat_writes_bos(const char *family);
  * for the fallback. Useful as an extra stop string when the end token is
  * not marked as end-of-generation in the vocabulary. */
 const char *gpe_chat_end_of_turn(const char *family);
+/* Does the family have a tools format (chatml, llama-3, mistral)? Whether a
+ * given model uses it depends on its template text:
+ * gpe_chat_template_supports_tools (engine.h). */
+bool gpe_chat_format_has_tools(const char *family);
 
 #endif

@@ -260,6 +260,249 @@ static void test_helpers(void **state)
     assert_string_equal(gpe_chat_default_eos("zephyr"), "</s>");
 }
 
+
+/* ------------------------------------------------------------------ tools */
+
+/* Tools and tool messages. Expected strings written by hand from the
+ * published tool-capable templates (tokenizer_config.json chat_template):
+ *   chatml   Qwen/Qwen2.5-7B-Instruct (Hermes style: "# Tools" system
+ *            section, <tools></tools>, <tool_call>, <tool_response> in a
+ *            user turn); rendered tool calls as in modelscope/AgentJet
+ *            documents/tokenizer_nodes.md (Qwen2.5 apply_chat_template)
+ *   llama-3  meta-llama/Llama-3.1-8B-Instruct (tools_in_user_message,
+ *            t | tojson(indent=4), "ipython" role, content | tojson)
+ *   mistral  mistralai/Mistral-7B-Instruct-v0.3 ([AVAILABLE_TOOLS],
+ *            [TOOL_CALLS] function|tojson minus "}" + id, [TOOL_RESULTS])
+ * The parameters/arguments are given compact, as jansson writes them, to
+ * check the re-spacing into Python's json.dumps form. */
+static const gpe_chat_tool TOOLS[] = {
+    {"get_weather", "Get the weather",
+     "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+     "\"required\":[\"city\"]}"},
+};
+static const gpe_chat_tool_call CALL[] = {{"abc123def", "get_weather", "{\"city\":\"Paris\"}"}};
+static const gpe_chat_msg TMSG[] = {{"system", "Be brief."},
+                                    {"user", "Weather in Paris?"},
+                                    {"assistant", NULL},
+                                    {"tool", "22 C"}};
+static const gpe_chat_msg_tools TX[] = {{NULL, 0, NULL},
+                                        {NULL, 0, NULL},
+                                        {CALL, 1, NULL},
+                                        {NULL, 0, "abc123def"}};
+
+static void check_tools(const char *family, bool fmt, const gpe_chat_tool *tools, size_t nt,
+                        const gpe_chat_msg *m, const gpe_chat_msg_tools *x, size_t n, bool add,
+                        const char *want)
+{
+    char err[256] = "";
+    char *got = gpe_chat_apply_format_tools(family, NULL, NULL, fmt, tools, nt, m, x, n, add, err,
+                                            sizeof err);
+    if (!got)
+        fail_msg("%s: %s", family, err);
+    if (strcmp(got, want) != 0)
+        fail_msg("%s:\n got: [%s]\nwant: [%s]", family, got, want);
+    free(got);
+}
+
+static void test_tools_chatml(void **state)
+{
+    (void)state;
+    check_tools(
+        "chatml", true, TOOLS, 1, TMSG, TX, 4, true,
+        "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist "
+        "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
+        "XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"description\": \"Get the weather\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n22 C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n");
+    /* no system message: the tools section opens the system turn (Qwen3);
+     * content + two calls; consecutive results share one user turn */
+    const gpe_chat_tool_call two[] = {{"a", "f", "{}"}, {"b", "g", " { \"x\" : [1, 2] } "}};
+    const gpe_chat_msg m[] = {{"user", "Go"}, {"assistant", "Calling."}, {"tool", "r1"},
+                              {"tool", "r2"}};
+    const gpe_chat_msg_tools x[] = {{NULL, 0, NULL}, {two, 2, NULL}, {NULL, 0, "a"},
+                                    {NULL, 0, "b"}};
+    const gpe_chat_tool bare[] = {{"f", NULL, NULL}};
+    check_tools("chatml", true, bare, 1, m, x, 4, false,
+                "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with "
+                "the user query.\n\nYou are provided with function signatures within "
+                "<tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": "
+                "{\"name\": \"f\"}}\n</tools>\n\nFor each function call, return a json object "
+                "with function name and arguments within <tool_call></tool_call> XML tags:\n"
+                "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+                "</tool_call><|im_end|>\n<|im_start|>user\nGo<|im_end|>\n"
+                "<|im_start|>assistant\nCalling.\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+                "{}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": [1, "
+                "2]}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n"
+                "</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n");
+    /* tool format but no tools and no tool messages: plain chatml */
+    check_tools("chatml", true, NULL, 0, MSG_C, NULL, 4, true, EXPECT[0].c);
+}
+
+static void test_tools_llama31(void **state)
+{
+    (void)state;
+    check_tools(
+        "llama-3", true, TOOLS, 1, TMSG, TX, 4, true,
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+        "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+        "respond with a JSON for a function call with its proper arguments that best answers the "
+        "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+        "dictionary of argument name and its value}.Do not use variables.\n\n"
+        "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n"
+        "        \"description\": \"Get the weather\",\n        \"parameters\": {\n"
+        "            \"type\": \"object\",\n            \"properties\": {\n"
+        "                \"city\": {\n                    \"type\": \"string\"\n"
+        "                }\n            },\n            \"required\": [\n"
+        "                \"city\"\n            ]\n        }\n    }\n}\n\n"
+        "Weather in Paris?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", "
+        "\"parameters\": {\"city\": \"Paris\"}}<|eot_id|>"
+        "<|start_header_id|>ipython<|end_header_id|>\n\n\"22 C\"<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* no tools: the 3.1 system header without "Environment"; a string
+     * result is JSON-quoted (tojson) with escapes */
+    const gpe_chat_msg m[] = {{"user", "Hi"}, {"tool", "a \"b\"\n\x01"}};
+    check_tools("llama-3", true, NULL, 0, m, NULL, 2, false,
+                "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+                "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                "<|start_header_id|>ipython<|end_header_id|>\n\n\"a \\\"b\\\"\\n\\u0001\""
+                "<|eot_id|>");
+}
+
+static void test_tools_mistral(void **state)
+{
+    (void)state;
+    check_tools(
+        "mistral", true, TOOLS, 1, TMSG, TX, 4, true,
+        "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+        "\"description\": \"Get the weather\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]"
+        "[/AVAILABLE_TOOLS][INST] Be brief.\n\nWeather in Paris?[/INST]"
+        "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+        "\"id\": \"abc123def\"}]</s>"
+        "[TOOL_RESULTS] {\"content\": 22 C, \"call_id\": \"abc123def\"}[/TOOL_RESULTS]");
+    /* tools and system go with the LAST user message; answers " " + trimmed
+     * + EOS; invalid argument JSON is written as given */
+    const gpe_chat_tool_call bad[] = {{"xyz987abc", "f", "not json"}};
+    const gpe_chat_msg m[] = {{"system", "S"}, {"user", "A"}, {"assistant", " B "},
+                              {"user", "C"}, {"assistant", NULL}};
+    const gpe_chat_msg_tools x[] = {{0}, {0}, {0}, {0}, {bad, 1, NULL}};
+    const gpe_chat_tool t2[] = {{"f", "d", NULL}, {"g", NULL, "{}"}};
+    check_tools("mistral", true, t2, 2, m, x, 5, true,
+                "<s>[INST] A[/INST] B</s>[AVAILABLE_TOOLS] [{\"type\": \"function\", "
+                "\"function\": {\"name\": \"f\", \"description\": \"d\"}}, {\"type\": "
+                "\"function\", \"function\": {\"name\": \"g\", \"parameters\": {}}}]"
+                "[/AVAILABLE_TOOLS][INST] S\n\nC[/INST][TOOL_CALLS] [{\"name\": \"f\", "
+                "\"arguments\": not json, \"id\": \"xyz987abc\"}]</s>");
+}
+
+/* Templates without a tools format (and the fallback of stories260K):
+ * tools ignored, calls and results as plain text. */
+static void test_tools_as_text(void **state)
+{
+    (void)state;
+    check_tools("fallback", true, TOOLS, 1, TMSG, TX, 4, true,
+                "Be brief.\nWeather in Paris?\nTool call: get_weather({\"city\":\"Paris\"})\n"
+                "Tool result: 22 C");
+    check_tools("zephyr", true, TOOLS, 1, TMSG + 1, TX + 1, 3, true,
+                "<|user|>\nWeather in Paris?</s>\n<|assistant|>\nTool call: "
+                "get_weather({\"city\":\"Paris\"})</s>\n<|user|>\nTool result: 22 C</s>\n"
+                "<|assistant|>\n");
+    /* a chatml template without tool support (tool_format false) */
+    check_tools("chatml", false, TOOLS, 1, TMSG + 2, TX + 2, 2, false,
+                "<|im_start|>assistant\nTool call: get_weather({\"city\":\"Paris\"})<|im_end|>\n"
+                "<|im_start|>user\nTool result: 22 C<|im_end|>\n");
+    /* content and a call: content first, then the call line */
+    const gpe_chat_msg m[] = {{"assistant", "Sure."}};
+    const gpe_chat_msg_tools x[] = {{CALL, 1, NULL}};
+    check_tools("gemma", true, NULL, 0, m, x, 1, false,
+                "<bos><start_of_turn>model\nSure.\nTool call: get_weather({\"city\":\"Paris\"})"
+                "<end_of_turn>\n");
+}
+
+static void test_tools_detect_and_errors(void **state)
+{
+    (void)state;
+    /* abbreviated from real templates */
+    const char *qwen25 =
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- \"\\n\\n# Tools\\n\\n<tools>\" }}"
+        "{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}{%- for message in messages %}"
+        "{{- '\\n<tool_call>\\n{\"name\": \"' }}{%- endfor %}";
+    const char *openhermes = "{% for message in messages %}{{'<|im_start|>' + message['role'] + "
+                             "'\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+    const char *llama31 = "{%- if not tools is defined %}{%- set tools = none %}{%- endif %}{{- "
+                          "\"<|start_header_id|>system<|end_header_id|>\\n\\n\" }}{%- if tools "
+                          "is not none %}{{- \"Environment: ipython\\n\" }}{%- endif %}{{- "
+                          "\"<|start_header_id|>ipython<|end_header_id|>\\n\\n\" }}";
+    const char *llama30 = "{% set content = '<|start_header_id|>' + message['role'] + "
+                          "'<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}";
+    const char *mistral03 = "{%- if tools is not none and (message == user_messages[-1]) %}{{- "
+                            "\"[AVAILABLE_TOOLS] [\" }}{%- endif %}{{- \"[INST] \" + "
+                            "message[\"content\"] + \"[/INST]\" }}";
+    const char *mistral02 = "{{ bos_token }}{% for message in messages %}{{ '[INST] ' + "
+                            "message['content'] + ' [/INST]' }}{% endfor %}";
+    assert_true(gpe_chat_template_supports_tools(qwen25));
+    assert_false(gpe_chat_template_supports_tools(openhermes));
+    assert_true(gpe_chat_template_supports_tools(llama31));
+    assert_false(gpe_chat_template_supports_tools(llama30));
+    assert_true(gpe_chat_template_supports_tools(mistral03));
+    assert_false(gpe_chat_template_supports_tools(mistral02));
+    assert_false(gpe_chat_template_supports_tools("<start_of_turn>{{ tools }}"));
+    assert_false(gpe_chat_template_supports_tools(NULL));
+    assert_false(gpe_chat_template_supports_tools(""));
+    assert_true(gpe_chat_format_has_tools("chatml"));
+    assert_true(gpe_chat_format_has_tools("llama3"));
+    assert_true(gpe_chat_format_has_tools("mistral"));
+    assert_false(gpe_chat_format_has_tools("fallback"));
+    assert_false(gpe_chat_format_has_tools(NULL));
+    assert_false(gpe_chat_format_has_tools("vicuna"));
+
+    char err[256] = "";
+    const gpe_chat_tool noname[] = {{NULL, "d", NULL}};
+    assert_null(gpe_chat_apply_format_tools("chatml", NULL, NULL, true, noname, 1, MSG_A, NULL, 1,
+                                            true, err, sizeof err));
+    assert_non_null(strstr(err, "tool 0 has no name"));
+    const gpe_chat_tool_call nc[] = {{"id", "", "{}"}};
+    const gpe_chat_msg_tools x[] = {{nc, 1, NULL}};
+    const gpe_chat_msg m[] = {{"assistant", NULL}};
+    err[0] = 0;
+    assert_null(gpe_chat_apply_format_tools("fallback", NULL, NULL, true, NULL, 0, m, x, 1, true,
+                                            err, sizeof err));
+    assert_non_null(strstr(err, "tool call 0 has no name"));
+    err[0] = 0;
+    assert_null(gpe_chat_apply_format_tools("chatml", NULL, NULL, true, NULL, 2, MSG_A, NULL, 1,
+                                            true, err, sizeof err));
+    assert_true(err[0] != 0);
+    err[0] = 0;
+    assert_null(gpe_chat_apply_format_tools("vicuna", NULL, NULL, true, NULL, 0, MSG_A, NULL, 1,
+                                            true, err, sizeof err));
+    assert_non_null(strstr(err, "unknown chat format"));
+    /* unbalanced / deep JSON never crashes: written as given */
+    char deep[600];
+    memset(deep, '[', 300);
+    memset(deep + 300, ']', 299);
+    deep[599] = 0;
+    const gpe_chat_tool_call dc[] = {{"i", "f", deep}, {"j", "g", "{\"a\":}}"}, {"k", "h", NULL}};
+    const gpe_chat_msg_tools dx[] = {{dc, 3, NULL}};
+    char *got = gpe_chat_apply_format_tools("chatml", NULL, NULL, true, NULL, 0, m, dx, 1, false,
+                                            err, sizeof err);
+    assert_non_null(got);
+    assert_non_null(strstr(got, deep));
+    assert_non_null(strstr(got, "\"arguments\": {\"a\":}}}"));
+    assert_non_null(strstr(got, "{\"name\": \"h\", \"arguments\": {}}"));
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -270,6 +513,11 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_helpers),
+        cmocka_unit_test(test_tools_chatml),
+        cmocka_unit_test(test_tools_llama31),
+        cmocka_unit_test(test_tools_mistral),
+        cmocka_unit_test(test_tools_as_text),
+        cmocka_unit_test(test_tools_detect_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,50 @@
+/*
+ * chat_model: the model-level tool entry points (gpe_chat_supports_tools,
+ * gpe_chat_apply_tools). Kept apart from chat.c so that chat.c stays free
+ * of model symbols and its unit test links chat.c alone.
+ */
+#include "engine/chat.h"
+
+#include <gpupool/engine.h>
+
+#include <stdio.h>
+
+bool gpe_chat_supports_tools(const gpe_model *m)
+{
+    if (!m)
+        return false;
+    gpe_model_info info;
+    gpe_model_get_info(m, &info);
+    return gpe_chat_template_supports_tools(info.chat_template);
+}
+
+/* Text of a special token (BOS/EOS) for templates that write it; "" when
+ * absent. */
+static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
+{
+    buf[0] = '\0';
+    if (id < 0)
+        return;
+    int n = gpe_token_to_piece(m, id, buf, buflen - 1, true);
+    buf[n > 0 ? n : 0] = '\0';
+}
+
+char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_t n_tools,
+                           const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra, size_t n,
+                           bool add_assistant, char *err, size_t errlen)
+{
+    if (!m) {
+        if (err && errlen)
+            snprintf(err, errlen, "no model");
+        return NULL;
+    }
+    gpe_model_info info;
+    gpe_model_get_info(m, &info);
+    char bos[64], eos[64];
+    token_text(m, info.bos, bos, sizeof bos);
+    token_text(m, info.eos, eos, sizeof eos);
+    return gpe_chat_apply_format_tools(info.chat_format, bos, eos,
+                                       gpe_chat_template_supports_tools(info.chat_template),
+                                       tools, n_tools, msgs, extra, n, add_assistant, err,
+                                       errlen);
+}
