@@ -15,7 +15,10 @@
  * order). Jobs wait in `pending` until a slot is free.
  *
  * Job kinds: completion (prompt), chat (messages rendered with the model's
- * chat template, gpe_chat_apply), count_tokens (tokenize, end at once).
+ * chat template, gpe_chat_apply_tools: OpenAI tools and tool messages go
+ * into the prompt in the template's tools format when it has one; tool
+ * calls in the output are not parsed, they stream as text), count_tokens
+ * (tokenize, end at once).
  * `continuation` (failover) is appended to the prompt text: the model
  * continues after it and only new text is sent.
  */
@@ -128,38 +131,141 @@ static char *message_text(json_t *content)
     return out;
 }
 
-static char *render_chat(gguf_backend *b, json_t *messages, char *err, size_t errlen)
+/* Strings render_chat allocates, freed together at the end. */
+typedef struct strpool {
+    char **v;
+    size_t n, cap;
+    bool oom;
+} strpool;
+
+static char *pool_keep(strpool *p, char *s)
+{
+    if (!s) {
+        p->oom = true;
+        return NULL;
+    }
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 16;
+        char **nv = realloc(p->v, nc * sizeof *nv);
+        if (!nv) {
+            free(s);
+            p->oom = true;
+            return NULL;
+        }
+        p->v = nv;
+        p->cap = nc;
+    }
+    p->v[p->n++] = s;
+    return s;
+}
+
+static void pool_free(strpool *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        free(p->v[i]);
+    free(p->v);
+}
+
+/* JSON text of v for the chat template (which re-spaces it): strings as
+ * they are (OpenAI sends arguments as a JSON string), anything else dumped. */
+static const char *json_text(strpool *p, json_t *v)
+{
+    if (!v || json_is_null(v))
+        return NULL;
+    if (json_is_string(v))
+        return pool_keep(p, strdup(json_string_value(v)));
+    return pool_keep(p, json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY));
+}
+
+/* Render a job's messages (and its OpenAI `tools`) with the model's chat
+ * template. Tools and tool messages (assistant `tool_calls`, role "tool"
+ * with `tool_call_id`) go to gpe_chat_apply_tools: in the template's tool
+ * format when the model's template supports tools, else tools are ignored
+ * (the server only sends them to models reporting supports_tools) and tool
+ * messages become plain text. tool_choice "none" leaves the tools out. */
+static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *err, size_t errlen)
 {
     size_t n = json_array_size(messages);
     if (!json_is_array(messages) || n == 0) {
         snprintf(err, errlen, "chat job without messages");
         return NULL;
     }
+    json_t *jtools = json_object_get(job, "tools");
+    const char *choice = json_string_value(json_object_get(job, "tool_choice"));
+    size_t nt = json_is_array(jtools) && !(choice && strcmp(choice, "none") == 0)
+                    ? json_array_size(jtools) : 0;
     gpe_chat_msg *msgs = calloc(n, sizeof *msgs);
-    char **texts = calloc(n, sizeof *texts);
+    gpe_chat_msg_tools *extra = calloc(n, sizeof *extra);
+    gpe_chat_tool *tools = calloc(nt ? nt : 1, sizeof *tools);
+    gpe_chat_tool_call **calls = calloc(n, sizeof *calls);
+    strpool pool = {0};
     char *out = NULL;
-    if (!msgs || !texts) {
+    if (!msgs || !extra || !tools || !calls) {
         snprintf(err, errlen, "out of memory");
         goto done;
+    }
+    for (size_t t = 0; t < nt; t++) {
+        json_t *fn = json_object_get(json_array_get(jtools, t), "function");
+        tools[t].name = json_string_value(json_object_get(fn, "name"));
+        tools[t].description = json_string_value(json_object_get(fn, "description"));
+        tools[t].parameters = json_text(&pool, json_object_get(fn, "parameters"));
+        if (!tools[t].name || !*tools[t].name) {
+            snprintf(err, errlen, "tool %zu needs a function name", t);
+            goto done;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(messages, i);
         const char *role = json_string_value(json_object_get(m, "role"));
-        texts[i] = message_text(json_object_get(m, "content"));
-        if (!role || !texts[i]) {
+        json_t *content = json_object_get(m, "content");
+        json_t *tc = json_object_get(m, "tool_calls");
+        size_t nc = json_array_size(tc);
+        msgs[i].role = role;
+        char *txt = message_text(content);
+        msgs[i].content = txt ? pool_keep(&pool, txt) : NULL;
+        /* an assistant tool call may have null content */
+        if (!msgs[i].content && nc > 0 && (!content || json_is_null(content)))
+            msgs[i].content = "";
+        if (!role || !msgs[i].content) {
             snprintf(err, errlen, "message %zu needs a string role and text content", i);
             goto done;
         }
-        msgs[i].role = role;
-        msgs[i].content = texts[i];
+        extra[i].tool_call_id = json_string_value(json_object_get(m, "tool_call_id"));
+        if (nc == 0)
+            continue;
+        calls[i] = calloc(nc, sizeof *calls[i]);
+        if (!calls[i]) {
+            snprintf(err, errlen, "out of memory");
+            goto done;
+        }
+        for (size_t c = 0; c < nc; c++) {
+            json_t *call = json_array_get(tc, c);
+            json_t *fn = json_object_get(call, "function");
+            calls[i][c].id = json_string_value(json_object_get(call, "id"));
+            calls[i][c].name = json_string_value(json_object_get(fn, "name"));
+            calls[i][c].arguments = json_text(&pool, json_object_get(fn, "arguments"));
+            if (!calls[i][c].name || !*calls[i][c].name) {
+                snprintf(err, errlen, "message %zu: tool call %zu needs a function name", i, c);
+                goto done;
+            }
+        }
+        extra[i].tool_calls = calls[i];
+        extra[i].n_tool_calls = nc;
     }
-    out = gpe_chat_apply(b->model, msgs, n, true, err, errlen);
+    if (pool.oom) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    out = gpe_chat_apply_tools(b->model, tools, nt, msgs, extra, n, true, err, errlen);
 done:
-    if (texts)
+    if (calls)
         for (size_t i = 0; i < n; i++)
-            free(texts[i]);
-    free(texts);
+            free(calls[i]);
+    free(calls);
+    free(tools);
+    free(extra);
     free(msgs);
+    pool_free(&pool);
     return out;
 }
 
@@ -184,7 +290,7 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     }
     snprintf(j->job_id, sizeof j->job_id, "%s", id);
     if (strcmp(kind, "chat") == 0) {
-        j->text = render_chat(b, json_object_get(job, "messages"), err, errlen);
+        j->text = render_chat(b, job, json_object_get(job, "messages"), err, errlen);
         if (!j->text)
             goto fail;
     } else if (strcmp(kind, "completion") == 0 || strcmp(kind, "count_tokens") == 0) {
@@ -193,7 +299,7 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
         if (p)
             j->text = strdup(p);
         else if (json_is_array(msgs))
-            j->text = render_chat(b, msgs, err, errlen);
+            j->text = render_chat(b, job, msgs, err, errlen);
         if (!j->text) {
             if (!p && !json_is_array(msgs))
                 snprintf(err, errlen, "%s job without prompt", kind);
@@ -546,11 +652,14 @@ static void gguf_destroy(agent_backend *base)
 static json_t *gguf_models(agent_backend *base)
 {
     gguf_backend *b = (gguf_backend *)base;
-    return json_pack("[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s}]", "id", b->alias,
+    /* supports_tools: the model's chat template has a tools format
+     * (gpe_chat_supports_tools); the server sends tools only then. */
+    return json_pack("[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias,
                      "aliases", "quantization", b->info.quant, "context_length", b->n_ctx,
                      "bytes", (json_int_t)b->info.file_bytes, "vram_bytes", "architecture",
                      b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
-                     "chat_format", b->info.chat_format);
+                     "chat_format", b->info.chat_format, "supports_tools",
+                     (int)gpe_chat_supports_tools(b->model));
 }
 
 static void gguf_poll_facts(agent_backend *base, json_t *body)

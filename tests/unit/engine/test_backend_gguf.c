@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "agent/backend.h"
+#include "gpupool/engine.h"
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
 
@@ -101,7 +102,8 @@ static void rec_wait(rec *r)
 
 static agent_job_sink sink_for(rec *r)
 {
-    agent_job_sink s = { r, on_started, on_token, on_metrics, on_end, on_error };
+    agent_job_sink s = {.ctx = r, .started = on_started, .token = on_token,
+                        .metrics = on_metrics, .end = on_end, .error = on_error};
     return s;
 }
 
@@ -278,12 +280,117 @@ static void test_bad_model(void **state)
     assert_non_null(strstr(err, "/nonexistent/model.gguf"));
 }
 
+
+/* Tools on a model whose template has no tools format (stories260K: the
+ * fallback): supports_tools false, tools ignored, tool calls and results
+ * rendered as plain text lines. The prompt the backend renders is checked
+ * through the model: a chat job and a completion job with the expected
+ * text give the same token count and the same greedy text. */
+#define TOOL_MSGS                                                                                \
+    "\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"                     \
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":"     \
+    "\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":"        \
+    "\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"}]"
+#define TOOL_DEFS                                                                                \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"  \
+    "\"Weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"        \
+    "\"string\"}}}}}],\"tool_choice\":\"auto\""
+#define TOOL_TEXT                                                                                \
+    "Once upon a time\\nTool call: get_weather({\\\"city\\\":\\\"Paris\\\"})\\nTool result: sunny"
+
+static void test_tools_fallback(void **state)
+{
+    (void)state;
+    agent_backend *b = make(1, 256);
+    json_t *models = b->ops->models(b);
+    json_t *st = json_object_get(json_array_get(models, 0), "supports_tools");
+    assert_true(json_is_boolean(st));
+    assert_false(json_is_true(st));
+    json_decref(models);
+
+    rec *chat = rec_new(), *plain = rec_new(), *other = rec_new();
+    assert_int_equal(start(b, "{\"job_id\":\"t1\",\"kind\":\"count_tokens\"," TOOL_MSGS ","
+                              TOOL_DEFS "}", chat), 0);
+    assert_int_equal(start(b, "{\"job_id\":\"t2\",\"kind\":\"count_tokens\",\"prompt\":\""
+                              TOOL_TEXT "\"}", plain), 0);
+    assert_int_equal(start(b, "{\"job_id\":\"t3\",\"kind\":\"count_tokens\",\"prompt\":"
+                              "\"Once upon a time\\nsunny\"}", other), 0);
+    rec_wait(chat);
+    rec_wait(plain);
+    rec_wait(other);
+    assert_true(plain->prompt_tokens > other->prompt_tokens);
+    assert_int_equal(chat->prompt_tokens, plain->prompt_tokens);
+    rec_free(chat);
+    rec_free(plain);
+    rec_free(other);
+
+    chat = rec_new();
+    plain = rec_new();
+    assert_int_equal(start(b, "{\"job_id\":\"g1\",\"kind\":\"chat\"," TOOL_MSGS "," TOOL_DEFS
+                              ",\"params\":{\"max_tokens\":12,\"temperature\":0}}", chat), 0);
+    assert_int_equal(start(b, "{\"job_id\":\"g2\",\"kind\":\"completion\",\"prompt\":\"" TOOL_TEXT
+                              "\",\"params\":{\"max_tokens\":12,\"temperature\":0}}", plain), 0);
+    rec_wait(chat);
+    rec_wait(plain);
+    assert_true(chat->len > 0);
+    assert_string_equal(chat->text, plain->text);
+    assert_int_equal(chat->prompt_tokens, plain->prompt_tokens);
+    rec_free(chat);
+    rec_free(plain);
+
+    /* bad tool jobs are refused at start */
+    rec *r = rec_new();
+    assert_int_equal(start(b, "{\"job_id\":\"b1\",\"kind\":\"chat\",\"messages\":[{\"role\":"
+                              "\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+                              "\"function\":{\"description\":\"no name\"}}]}", r), -1);
+    assert_int_equal(start(b, "{\"job_id\":\"b2\",\"kind\":\"chat\",\"messages\":[{\"role\":"
+                              "\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+                              "\"function\":{\"arguments\":\"{}\"}}]}]}", r), -1);
+    assert_int_equal(start(b, "{\"job_id\":\"b3\",\"kind\":\"chat\",\"messages\":[{\"role\":"
+                              "\"assistant\",\"content\":null}]}", r), -1);
+    assert_int_equal(r->n_terminal, 0);
+    rec_free(r);
+    b->ops->destroy(b);
+}
+
+/* The engine entry points on the model itself. */
+static void test_tools_engine_on_model(void **state)
+{
+    (void)state;
+    gpe_model_params mp = gpe_model_default_params();
+    gpe_model *m = NULL;
+    char err[256];
+    assert_int_equal(gpe_model_load(STORIES, &mp, &m, err, sizeof err), GPE_OK);
+    assert_false(gpe_chat_supports_tools(m));
+    assert_false(gpe_chat_supports_tools(NULL));
+    const gpe_chat_tool tools[] = {{"f", "d", "{}"}};
+    const gpe_chat_tool_call call[] = {{"c1", "f", "{\"a\": 1}"}};
+    const gpe_chat_msg msgs[] = {{"user", "Hi"}, {"assistant", NULL}, {"tool", "ok"}};
+    const gpe_chat_msg_tools x[] = {{NULL, 0, NULL}, {call, 1, NULL}, {NULL, 0, "c1"}};
+    char *p = gpe_chat_apply_tools(m, tools, 1, msgs, x, 3, true, err, sizeof err);
+    assert_non_null(p);
+    assert_string_equal(p, "Hi\nTool call: f({\"a\": 1})\nTool result: ok");
+    free(p);
+    /* no tool parts at all: the same as gpe_chat_apply */
+    p = gpe_chat_apply_tools(m, NULL, 0, msgs, NULL, 1, true, err, sizeof err);
+    char *q = gpe_chat_apply(m, msgs, 1, true, err, sizeof err);
+    assert_non_null(p);
+    assert_non_null(q);
+    assert_string_equal(p, q);
+    free(p);
+    free(q);
+    assert_null(gpe_chat_apply_tools(NULL, NULL, 0, msgs, NULL, 1, true, err, sizeof err));
+    gpe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
         cmocka_unit_test(test_stop_count_chat_errors),
         cmocka_unit_test(test_bad_model),
+        cmocka_unit_test(test_tools_fallback),
+        cmocka_unit_test(test_tools_engine_on_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
