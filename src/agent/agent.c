@@ -51,6 +51,7 @@ typedef struct req {
     gp_buf resp;
     bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
     agent_job *job;      /* REQ_EVENTS: the job (borrowed; it waits for us) */
+    char errbuf[CURL_ERROR_SIZE]; /* libcurl's detail (TLS verification errors) */
 } req;
 
 struct agent_job {
@@ -307,8 +308,19 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
     curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
+    curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
+    /* https:// servers are verified (chain and host name) unless the
+     * operator explicitly opted out (agent_config refuses --insecure
+     * without its confirmation flag). */
     if (a->o->ca_file)
         curl_easy_setopt(r->easy, CURLOPT_CAINFO, a->o->ca_file);
+    if (a->o->insecure) {
+        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYHOST, 0L);
+    } else {
+        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYPEER, 1L);
+        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYHOST, 2L);
+    }
     if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
         goto fail;
     free(text);
@@ -660,6 +672,17 @@ static void handle_done(agent *a, CURLMsg *m)
     curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
     if (r->too_big)
         rc = CURLE_WRITE_ERROR;
+    if (rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR ||
+        rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_SSL_CERTPROBLEM) {
+        /* A TLS failure is a configuration problem (wrong CA, wrong host
+         * name, plain HTTP port): say so plainly once per outage. */
+        if (!a->server_down_logged)
+            gp_log_error("tls_error", "TLS with %s failed: %s: %s%s", a->base,
+                         curl_easy_strerror(rc), r->errbuf[0] ? r->errbuf : "no detail",
+                         rc == CURLE_PEER_FAILED_VERIFICATION
+                             ? " (check --ca-file and the host name in --server)"
+                             : "");
+    }
     json_t *body = NULL;
     if (rc == CURLE_OK && r->resp.len > 0)
         body = json_loadb(r->resp.data, r->resp.len, 0, NULL);
@@ -733,6 +756,11 @@ int agent_run(agent *a)
     a->next_work_ms = UINT64_MAX;
     gp_log_info("agent_start", "agent %s (%s) serving through backend %s, %lld slot(s), server %s",
                 a->id, a->name, a->be->ops->name, a->o->slots, a->base);
+    if (a->o->insecure)
+        gp_log_warn("tls_insecure",
+                    "INSECURE: the server's TLS certificate is NOT verified (--insecure); anyone "
+                    "on the network path can impersonate %s and receive the agent key and all "
+                    "prompts. Use --ca-file instead.", a->base);
     for (;;) {
         uint64_t now = gp_now_mono_ms();
 

@@ -32,6 +32,11 @@ const gp_opt agent_config_table[] = {
     {"ca-file", GP_OPT_STR, O(ca_file), NULL, 0, 0, NULL,
      "PEM CA bundle that verifies https:// server and upstream certificates (default: the "
      "system's)"},
+    {"insecure", GP_OPT_BOOL, O(insecure), "false", 0, 0, NULL,
+     "do NOT verify the server's TLS certificate (testing only; needs "
+     "--i-understand-insecure)"},
+    {"i-understand-insecure", GP_OPT_BOOL, O(insecure_confirmed), "false", 0, 0, NULL,
+     "confirm --insecure: anyone on the path can impersonate the server and read jobs"},
     {"upstream", GP_OPT_STR, O(upstream), NULL, 0, 0, NULL,
      "openai backend: base URL of an OpenAI-compatible server (http://host:port[/v1])"},
     {"upstream-model", GP_OPT_STR, O(upstream_model), NULL, 0, 0, NULL,
@@ -103,6 +108,15 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
     }
     if (out->ca_file && access(out->ca_file, R_OK) != 0) {
         snprintf(err, errlen, "ca-file: cannot read '%s'", out->ca_file);
+        return -1;
+    }
+    /* An unverified server can be impersonated by anyone on the path: it
+     * would receive the agent key and every prompt. Make that a conscious,
+     * spelled-out choice rather than a flag copied from a forum post. */
+    if (out->insecure && !out->insecure_confirmed) {
+        snprintf(err, errlen, "insecure: refusing to start without certificate verification; "
+                              "add --i-understand-insecure to confirm, or better, pass the "
+                              "server's CA with --ca-file");
         return -1;
     }
     if (out->alias && !*out->alias) {

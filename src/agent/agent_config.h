@@ -28,6 +28,8 @@ typedef struct agent_options {
     long long drain_timeout_sec;   /* SIGTERM: how long running jobs may finish */
     long long request_timeout_sec; /* bound on one poll/events request */
     char *ca_file;             /* PEM bundle to verify https:// servers (default: system CAs) */
+    bool insecure;             /* skip verifying the server's certificate (needs the next) */
+    bool insecure_confirmed;   /* --i-understand-insecure: required with insecure */
     /* --- backend openai --- */
     char *upstream;            /* base URL of an OpenAI-compatible server */
     char *upstream_model;      /* model name sent upstream */

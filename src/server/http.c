@@ -14,10 +14,15 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/keyvalq_struct.h>
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 
 #define MAX_ROUTES 64
 
@@ -25,6 +30,12 @@ struct gps_http {
     struct event_base *base;
     struct evhttp *evh;
     struct evhttp_bound_socket *bound;
+    /* HTTPS: a second evhttp with the same limits and dispatcher whose
+     * connections are TLS bufferevents (evhttp's bufferevent hook is per
+     * evhttp in libevent 2.1, not per listener). NULL when not used. */
+    struct evhttp *evh_tls;
+    struct evhttp_bound_socket *bound_tls;
+    gps_tls *tls; /* borrowed */
     gps_http_opts opts;
     gps_route routes[MAX_ROUTES];
     size_t nroutes;
@@ -293,11 +304,44 @@ void gps_req_add_header(gps_req *r, const char *name, const char *value)
 struct gps_conn_watch {
     struct event *ev;
     struct evhttp_connection *evcon;
+    SSL *ssl; /* TLS connection: peek through the session, not the socket */
 };
+
+/* TLS: raw bytes from the peer may be a close_notify alert (TLS 1.3
+ * encrypts alerts, so the record header cannot tell), a pipelined request
+ * or handshake messages. SSL_peek decrypts what arrived without consuming
+ * application data: > 0 means a request is coming (stop watching; the data
+ * waits inside the session), a clean or unclean end of the session means
+ * the peer is gone. Returns 1 gone, 0 keep watching, -1 stop watching.
+ * Known limit: such pipelined data is only noticed by the TLS bufferevent
+ * when more bytes arrive (no client of ours pipelines behind a held
+ * request). */
+static int watch_tls_peek(SSL *ssl)
+{
+    char c;
+    ERR_clear_error();
+    int n = SSL_peek(ssl, &c, 1);
+    int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(ssl, n);
+    ERR_clear_error(); /* the bufferevent reads the error queue too */
+    if (n > 0)
+        return -1;
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return 0;
+    return 1; /* ZERO_RETURN (close_notify), SYSCALL (EOF/reset), SSL (bad data) */
+}
 
 static void watch_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_conn_watch *w = arg;
+    if (w->ssl) {
+        int g = watch_tls_peek(w->ssl);
+        if (g == 0)
+            event_add(w->ev, NULL);
+        if (g <= 0)
+            return;
+        evhttp_connection_free(w->evcon); /* frees w (see below) */
+        return;
+    }
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
@@ -324,6 +368,7 @@ gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
     if (!w)
         return NULL;
     w->evcon = evcon;
+    w->ssl = bufferevent_openssl_get_ssl(bev);
     w->ev = event_new(evhttp_connection_get_base(evcon), fd, EV_READ, watch_cb, w);
     if (!w->ev || event_add(w->ev, NULL) < 0) {
         if (w->ev)
@@ -492,6 +537,24 @@ void gps_http_set_shutting_down(gps_http *h, bool on)
 /* Lifecycle                                                           */
 /* ------------------------------------------------------------------ */
 
+/* Limits and dispatcher shared by the HTTP and the HTTPS evhttp. */
+static void evhttp_setup(gps_http *h, struct evhttp *evh)
+{
+    /* Twice our limit: bodies between the two get our JSON 413; only a body
+     * more than twice too large meets evhttp's bare 413 (still a 413). */
+    size_t evmax = h->opts.max_body_bytes * 2 + 65536;
+    evhttp_set_max_body_size(evh, (ev_ssize_t)evmax);
+    evhttp_set_max_headers_size(evh, (ev_ssize_t)h->opts.max_header_bytes);
+    evhttp_set_timeout(evh, h->opts.idle_timeout_sec);
+    /* Let every common method reach the dispatcher so that 405 comes in
+     * the endpoint's dialect. */
+    evhttp_set_allowed_methods(evh, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
+                                        EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
+                                        EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
+    evhttp_set_default_content_type(evh, "application/json");
+    evhttp_set_gencb(evh, dispatch, h);
+}
+
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
 {
     gps_http *h = calloc(1, sizeof *h);
@@ -504,19 +567,7 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         free(h);
         return NULL;
     }
-    /* Twice our limit: bodies between the two get our JSON 413; only a body
-     * more than twice too large meets evhttp's bare 413 (still a 413). */
-    size_t evmax = opts->max_body_bytes * 2 + 65536;
-    evhttp_set_max_body_size(h->evh, (ev_ssize_t)evmax);
-    evhttp_set_max_headers_size(h->evh, (ev_ssize_t)opts->max_header_bytes);
-    evhttp_set_timeout(h->evh, opts->idle_timeout_sec);
-    /* Let every common method reach the dispatcher so that 405 comes in
-     * the endpoint's dialect. */
-    evhttp_set_allowed_methods(h->evh, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD |
-                                           EVHTTP_REQ_PUT | EVHTTP_REQ_DELETE |
-                                           EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
-    evhttp_set_default_content_type(h->evh, "application/json");
-    evhttp_set_gencb(h->evh, dispatch, h);
+    evhttp_setup(h, h->evh);
     return h;
 }
 
@@ -526,6 +577,8 @@ void gps_http_free(gps_http *h)
         return;
     if (h->evh)
         evhttp_free(h->evh);
+    if (h->evh_tls)
+        evhttp_free(h->evh_tls);
     free(h);
 }
 
@@ -544,15 +597,11 @@ void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg)
     h->auth_arg = arg;
 }
 
-int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
-                  size_t errlen)
+/* The port a bound socket really got (port 0 asks for an ephemeral one). */
+static int bound_port_of(struct evhttp_bound_socket *b, int port, int *bound_port, char *err,
+                         size_t errlen)
 {
-    h->bound = evhttp_bind_socket_with_handle(h->evh, host, (ev_uint16_t)port);
-    if (!h->bound) {
-        snprintf(err, errlen, "cannot listen on %s:%d", host, port);
-        return -1;
-    }
-    evutil_socket_t fd = evhttp_bound_socket_get_fd(h->bound);
+    evutil_socket_t fd = evhttp_bound_socket_get_fd(b);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
@@ -568,11 +617,70 @@ int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char
     return 0;
 }
 
+int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
+                  size_t errlen)
+{
+    h->bound = evhttp_bind_socket_with_handle(h->evh, host, (ev_uint16_t)port);
+    if (!h->bound) {
+        snprintf(err, errlen, "cannot listen on %s:%d", host, port);
+        return -1;
+    }
+    return bound_port_of(h->bound, port, bound_port, err, errlen);
+}
+
+/* evhttp's bufferevent hook for the HTTPS listener: every accepted
+ * connection gets a server-side TLS bufferevent (evhttp sets the fd
+ * afterwards). If this returns NULL, libevent 2.1 falls back to a plain
+ * socket bufferevent: only on allocation failure, and the client's
+ * ClientHello then fails to parse as HTTP (a 400, nothing decrypted). */
+static struct bufferevent *tls_bevcb(struct event_base *base, void *arg)
+{
+    gps_http *h = arg;
+    SSL *ssl = SSL_new(gps_tls_ctx(h->tls));
+    if (!ssl)
+        return NULL;
+    struct bufferevent *bev = bufferevent_openssl_socket_new(
+        base, -1, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) {
+        SSL_free(ssl);
+        return NULL;
+    }
+    /* Many clients close without close_notify; treat that as a plain EOF
+     * rather than an error (HTTP framing already delimits every message). */
+    bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return bev;
+}
+
+int gps_http_bind_tls(gps_http *h, const char *host, int port, gps_tls *tls, int *bound_port,
+                      char *err, size_t errlen)
+{
+    if (!h->evh_tls) {
+        h->evh_tls = evhttp_new(h->base);
+        if (!h->evh_tls) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        evhttp_setup(h, h->evh_tls);
+        evhttp_set_bevcb(h->evh_tls, tls_bevcb, h);
+    }
+    h->tls = tls;
+    h->bound_tls = evhttp_bind_socket_with_handle(h->evh_tls, host, (ev_uint16_t)port);
+    if (!h->bound_tls) {
+        snprintf(err, errlen, "cannot listen (TLS) on %s:%d", host, port);
+        return -1;
+    }
+    return bound_port_of(h->bound_tls, port, bound_port, err, errlen);
+}
+
 void gps_http_stop_accepting(gps_http *h)
 {
     if (h->bound) {
         evhttp_del_accept_socket(h->evh, h->bound);
         h->bound = NULL;
+    }
+    if (h->bound_tls) {
+        evhttp_del_accept_socket(h->evh_tls, h->bound_tls);
+        h->bound_tls = NULL;
     }
 }
 

@@ -27,6 +27,8 @@
 #include <event2/http.h>
 #include <jansson.h>
 
+typedef struct gps_tls gps_tls; /* server/tls.h */
+
 typedef enum { GPS_DIALECT_NATIVE = 0, GPS_DIALECT_OPENAI, GPS_DIALECT_ANTHROPIC } gps_dialect;
 
 /* Who may call a route. The http layer checks the Bearer key (via the auth
@@ -93,11 +95,19 @@ void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
  * 0 or -1 with a message in err. */
 int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
                   size_t errlen);
-/* Stop accepting new connections (SIGTERM); open ones keep working. */
+/* HTTPS listener on host:port with the TLS context of tls (borrowed; it
+ * must outlive h; a reload of tls applies to new connections). Same routes,
+ * limits, auth and peer-close watch as the HTTP listener; both may run
+ * together, and gps_http_bind need not be called at all. 0 or -1 with err. */
+int gps_http_bind_tls(gps_http *h, const char *host, int port, gps_tls *tls, int *bound_port,
+                      char *err, size_t errlen);
+/* Stop accepting new connections (SIGTERM) on both listeners; open ones
+ * keep working. */
 void gps_http_stop_accepting(gps_http *h);
 /* While shutting down, client routes answer 503 SHUTTING_DOWN (agent
  * routes keep working so running streams can finish). */
 void gps_http_set_shutting_down(gps_http *h, bool on);
+/* The plain-HTTP evhttp (the HTTPS one is internal). */
 struct evhttp *gps_http_evhttp(gps_http *h);
 size_t gps_http_max_body(const gps_http *h);
 int gps_http_idle_timeout(const gps_http *h);

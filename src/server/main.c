@@ -8,7 +8,13 @@
  * DB thread owns SQLite writes. Start-up: config -> store (migrations) ->
  * keys -> registry/scheduler/jobs -> routes -> listen. SIGTERM: stop
  * accepting, refuse new client requests, let running jobs finish for up to
- * shutdown_grace_sec, flush the DB, exit 0. SIGHUP reloads keys.
+ * shutdown_grace_sec, flush the DB, exit 0. SIGHUP reloads keys and the
+ * TLS certificate/key.
+ *
+ * Listeners: `listen` (HTTP, may be "none") and `listen_tls` (HTTPS with
+ * tls_cert/tls_key); both serve the same routes. Auth is forced on when
+ * either is not loopback. --port-file receives the HTTP port (the HTTPS
+ * port when there is no HTTP listener); --tls-port-file the HTTPS port.
  */
 #include <errno.h>
 #include <signal.h>
@@ -37,6 +43,7 @@
 #include "server/sched.h"
 #include "server/server_config.h"
 #include "server/store.h"
+#include "server/tls.h"
 
 #define SERVER_VERSION "0.1.0"
 
@@ -54,6 +61,7 @@ typedef struct server {
     gps_anthropic *anthropic;
     gps_tasks *tasks;
     gps_http *http;
+    gps_tls *tls;               /* NULL without listen_tls */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
     bool shutting_down;
     uint64_t shutdown_deadline_ms;
@@ -253,6 +261,13 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
         gp_log_error("keys_reload_failed", "%s", err);
     else
         gp_log_info("keys_reloaded", "%zu keys", gps_auth_key_count(s->auth));
+    if (s->tls) {
+        if (gps_tls_reload(s->tls, err, sizeof err) < 0)
+            gp_log_error("tls_reload_failed", "%s (keeping the previous certificate)", err);
+        else
+            gp_log_info("tls_reloaded", "certificate %s, valid until %s",
+                        gps_tls_subject(s->tls), gps_tls_not_after(s->tls));
+    }
 }
 
 static void purge_cb(evutil_socket_t fd, short what, void *arg)
@@ -315,7 +330,7 @@ int main(int argc, char **argv)
     gp_config cfg;
     char err[512];
     int rc = 1;
-    char *host = NULL;
+    char *host = NULL, *tls_host = NULL;
 
     if (gps_config_load(&s->cfg, &cfg, argc, argv, NULL, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-server: %s\n", err);
@@ -344,11 +359,28 @@ int main(int argc, char **argv)
     gp_log_init("server", (gp_log_level)gp_log_level_parse(s->cfg.log_level));
     signal(SIGPIPE, SIG_IGN);
 
-    int port = 0;
-    if (gp_parse_hostport(s->cfg.listen, &host, &port, true) < 0) {
+    int port = 0, tls_port = 0;
+    if (s->cfg.listen && gp_parse_hostport(s->cfg.listen, &host, &port, true) < 0) {
         fprintf(stderr, "gpupool-server: invalid value '%s' for 'listen'\n", s->cfg.listen);
         rc = 2;
         goto done;
+    }
+    if (s->cfg.listen_tls &&
+        gp_parse_hostport(s->cfg.listen_tls, &tls_host, &tls_port, true) < 0) {
+        fprintf(stderr, "gpupool-server: invalid value '%s' for 'listen_tls'\n",
+                s->cfg.listen_tls);
+        rc = 2;
+        goto done;
+    }
+    if (s->cfg.listen_tls) {
+        /* Before the DB: a bad certificate is a configuration error. */
+        s->tls = gps_tls_new(s->cfg.tls_cert, s->cfg.tls_key, err, sizeof err);
+        if (!s->tls) {
+            fprintf(stderr, "gpupool-server: %s\n", err);
+            gp_log_error("tls_config_failed", "%s", err);
+            rc = 2;
+            goto done;
+        }
     }
 
     if (evthread_use_pthreads() < 0 || !(s->base = event_base_new())) {
@@ -367,7 +399,9 @@ int main(int argc, char **argv)
         gp_log_error("keys_load_failed", "%s", s->auth ? err : "out of memory");
         goto done;
     }
-    gps_auth_set_loopback_only(s->auth, gp_host_is_loopback(host));
+    /* "Loopback only" means every listener: one public listener turns auth on. */
+    gps_auth_set_loopback_only(s->auth, (!host || gp_host_is_loopback(host)) &&
+                                            (!tls_host || gp_host_is_loopback(tls_host)));
 
     s->metrics = gps_metrics_new();
     if (!s->metrics || gps_metrics_define_server(s->metrics) < 0)
@@ -463,15 +497,28 @@ int main(int argc, char **argv)
         gps_agents_register(s->http, s->agents) < 0)
         goto oom;
 
-    int bound = 0;
-    if (gps_http_bind(s->http, host, port, &bound, err, sizeof err) < 0) {
+    int bound = 0, tls_bound = 0;
+    if (host && gps_http_bind(s->http, host, port, &bound, err, sizeof err) < 0) {
         gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
                      json_pack("{s:s,s:i}", "host", host, "port", port), "%s: %s", err,
                      strerror(errno));
         goto done;
     }
-    if (s->cfg.port_file && write_port_file(s->cfg.port_file, bound) < 0) {
+    if (tls_host && gps_http_bind_tls(s->http, tls_host, tls_port, s->tls, &tls_bound, err,
+                                      sizeof err) < 0) {
+        gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
+                     json_pack("{s:s,s:i,s:b}", "host", tls_host, "port", tls_port, "tls", 1),
+                     "%s: %s", err, strerror(errno));
+        goto done;
+    }
+    if (s->cfg.port_file && write_port_file(s->cfg.port_file, host ? bound : tls_bound) < 0) {
         gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.port_file,
+                     strerror(errno));
+        goto done;
+    }
+    if (s->cfg.tls_port_file && tls_host &&
+        write_port_file(s->cfg.tls_port_file, tls_bound) < 0) {
+        gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.tls_port_file,
                      strerror(errno));
         goto done;
     }
@@ -487,11 +534,19 @@ int main(int argc, char **argv)
         goto oom;
     purge_cb(-1, 0, s);
 
-    gp_log_write(GP_LOG_INFO, "listening", NULL,
-                 json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", host, "port", bound, "db",
-                           s->cfg.db, "auth", gps_auth_enabled(s->auth), "scheduler",
-                           s->cfg.scheduler),
-                 "gpupool-server %s listening on %s:%d", SERVER_VERSION, host, bound);
+    if (host)
+        gp_log_write(GP_LOG_INFO, "listening", NULL,
+                     json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", host, "port", bound, "db",
+                               s->cfg.db, "auth", gps_auth_enabled(s->auth), "scheduler",
+                               s->cfg.scheduler),
+                     "gpupool-server %s listening on %s:%d", SERVER_VERSION, host, bound);
+    if (tls_host)
+        gp_log_write(GP_LOG_INFO, "listening_tls", NULL,
+                     json_pack("{s:s,s:i,s:s,s:s,s:b}", "host", tls_host, "port", tls_bound,
+                               "cert_subject", gps_tls_subject(s->tls), "cert_not_after",
+                               gps_tls_not_after(s->tls), "auth", gps_auth_enabled(s->auth)),
+                     "gpupool-server %s listening (HTTPS) on %s:%d", SERVER_VERSION, tls_host,
+                     tls_bound);
     if (!gps_auth_enabled(s->auth))
         gp_log_warn("auth_disabled",
                     "no API key exists and the server listens on loopback only: auth is off");
@@ -509,6 +564,7 @@ oom:
 done:
     if (s->http)
         gps_http_free(s->http);
+    gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */
     gps_openai_free(s->openai);
     gps_anthropic_free(s->anthropic);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
@@ -533,6 +589,7 @@ done:
     if (s->base)
         event_base_free(s->base);
     free(host);
+    free(tls_host);
     gp_config_free(&cfg);
     return rc;
 }

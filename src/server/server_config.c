@@ -16,7 +16,15 @@ extern char **environ;
  * 0-byte body limit would make the server useless rather than strict). */
 const gp_opt gps_config_table[] = {
     {"listen", GP_OPT_STR, O(listen), "127.0.0.1:8080", 0, 0, NULL,
-     "address to listen on (host:port; port 0 picks a free port)"},
+     "address to listen on (host:port; port 0 picks a free port; \"none\" = HTTPS only)"},
+    {"listen_tls", GP_OPT_STR, O(listen_tls), NULL, 0, 0, NULL,
+     "HTTPS address (host:port; needs tls_cert and tls_key)"},
+    {"tls_cert", GP_OPT_STR, O(tls_cert), NULL, 0, 0, NULL,
+     "PEM certificate (chain) served on listen_tls; re-read on SIGHUP"},
+    {"tls_key", GP_OPT_STR, O(tls_key), NULL, 0, 0, NULL,
+     "PEM private key of tls_cert; re-read on SIGHUP"},
+    {"tls-port-file", GP_OPT_STR, O(tls_port_file), NULL, 0, 0, NULL,
+     "write the bound HTTPS port number to this file once listening"},
     {"db", GP_OPT_STR, O(db), "./gpupool.db", 0, 0, NULL,
      "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd)"},
     {"config", GP_OPT_STR, O(config), "/etc/gpupool/server.conf", 0, 0, NULL,
@@ -70,12 +78,40 @@ int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char
 
     char *host = NULL;
     int port = 0;
-    if (!out->listen || gp_parse_hostport(out->listen, &host, &port, true) < 0) {
-        snprintf(err, errlen, "invalid value '%s' for 'listen' (expected host:port)",
-                 out->listen ? out->listen : "");
+    /* listen = "" or "none": HTTPS only. Normalised to NULL. */
+    if (out->listen && (!*out->listen || strcmp(out->listen, "none") == 0)) {
+        free(out->listen);
+        out->listen = NULL;
+    }
+    if (out->listen_tls && (!*out->listen_tls || strcmp(out->listen_tls, "none") == 0)) {
+        free(out->listen_tls);
+        out->listen_tls = NULL;
+    }
+    if (out->listen && gp_parse_hostport(out->listen, &host, &port, true) < 0) {
+        snprintf(err, errlen, "invalid value '%s' for 'listen' (expected host:port or none)",
+                 out->listen);
         return -1;
     }
     free(host);
+    host = NULL;
+    if (out->listen_tls && gp_parse_hostport(out->listen_tls, &host, &port, true) < 0) {
+        snprintf(err, errlen, "invalid value '%s' for 'listen_tls' (expected host:port)",
+                 out->listen_tls);
+        return -1;
+    }
+    free(host);
+    if (!out->listen && !out->listen_tls) {
+        snprintf(err, errlen, "listen: no listener left (listen is none and listen_tls unset)");
+        return -1;
+    }
+    if (out->listen_tls && (!out->tls_cert || !*out->tls_cert)) {
+        snprintf(err, errlen, "tls_cert: required with listen_tls");
+        return -1;
+    }
+    if (out->listen_tls && (!out->tls_key || !*out->tls_key)) {
+        snprintf(err, errlen, "tls_key: required with listen_tls");
+        return -1;
+    }
     if (!out->db || !*out->db) {
         snprintf(err, errlen, "invalid value '' for 'db' (expected a file path)");
         return -1;

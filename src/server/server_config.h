@@ -3,7 +3,10 @@
  *
  * Precedence (from gp_config.h): default < config file < flag < GPUPOOL_* env.
  * `gps_config_load` parses, validates the cross-field rules that a table row
- * cannot express (e.g. listen must be host:port), and fills a gps_config.
+ * cannot express (e.g. listen must be host:port, at least one listener,
+ * tls_cert and tls_key with listen_tls), and fills a gps_config. When
+ * listen is "" or "none" the server has no HTTP listener and out->listen is
+ * NULL afterwards; likewise listen_tls is NULL when HTTPS is off.
  * Strings in gps_config are owned by the gp_config passed in; call
  * gps_config_free when done.
  */
@@ -16,7 +19,11 @@
 #include "common/gp_config.h"
 
 typedef struct gps_config {
-    char *listen;               /* host:port; port 0 = ephemeral */
+    char *listen;               /* host:port; port 0 = ephemeral; ""/"none" = no HTTP */
+    char *listen_tls;           /* HTTPS host:port (NULL/"" = no HTTPS) */
+    char *tls_cert;             /* PEM certificate chain for listen_tls */
+    char *tls_key;              /* PEM private key for listen_tls */
+    char *tls_port_file;        /* write the bound HTTPS port here */
     char *db;                   /* SQLite file */
     char *config;               /* config file path */
     char *log_level;            /* debug|info|warn|error */
