@@ -678,7 +678,8 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
 {
     uint64_t now = gp_now_mono_us();
     json_t *meta = json_pack(
-        "{s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "queue_ms", (json_int_t)job->queue_ms,
+        "{s:s,s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "model", job->spec.model,
+        "queue_ms", (json_int_t)job->queue_ms,
         "inference_ms", (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0),
         "attempts", job->attempts);
     if (meta && with_warnings)
@@ -694,6 +695,9 @@ static void add_pool_headers(struct evhttp_request *req, gps_job *job)
     char q[32];
     snprintf(q, sizeof q, "%lld", job->queue_ms);
     evhttp_add_header(h, "x-pool-queue-ms", q);
+    snprintf(q, sizeof q, "%d", job->attempts);
+    evhttp_add_header(h, "x-pool-attempts", q);
+    evhttp_add_header(h, "x-pool-model", job->spec.model);
 }
 
 static void ensure_started(an_stream *st)
@@ -988,6 +992,14 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         return;
     }
     st->job = job;
+    /* The model that serves (a fallback may have taken the request). */
+    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    if (job->requested_model) {
+        char w[600];
+        snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
+                 job->requested_model, job->spec.model);
+        json_array_append_new(st->warnings, json_string(w));
+    }
     gps_job_subscribe(job, on_job_event, st);
     st->evcon = evhttp_request_get_connection(r->req);
     if (st->evcon) {

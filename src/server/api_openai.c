@@ -148,6 +148,41 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
             s->n_labels++;
         }
     }
+    const json_t *fo = json_object_get(xo, "failover");
+    if (!is_null_or_absent(fo)) {
+        const char *fs = json_string_value(fo);
+        if (fs && strcmp(fs, "continue") == 0)
+            s->failover = GPS_FAILOVER_CONTINUE;
+        else if (fs && strcmp(fs, "restart") == 0)
+            s->failover = GPS_FAILOVER_RESTART;
+        else if (fs && strcmp(fs, "error") == 0)
+            s->failover = GPS_FAILOVER_ERROR;
+        else
+            FAIL("x_pool_options.failover", "'x_pool_options.failover' must be \"continue\", "
+                                            "\"restart\" or \"error\"");
+    }
+    const json_t *fm = json_object_get(xo, "fallback_models");
+    if (!is_null_or_absent(fm)) {
+        if (!json_is_array(fm) || json_array_size(fm) > GPS_MAX_FALLBACK_MODELS)
+            FAIL("x_pool_options.fallback_models",
+                 "'x_pool_options.fallback_models' must be an array of at most %d model names",
+                 GPS_MAX_FALLBACK_MODELS);
+        size_t i;
+        json_t *v;
+        json_array_foreach(fm, i, v)
+        {
+            if (!json_is_string(v) || json_string_length(v) == 0 ||
+                json_string_length(v) > MAX_MODEL_NAME)
+                FAIL("x_pool_options.fallback_models",
+                     "'x_pool_options.fallback_models[%zu]' must be a non-empty string of at "
+                     "most %d bytes",
+                     i, MAX_MODEL_NAME);
+            s->fallback_models[s->n_fallback] = strdup(json_string_value(v));
+            if (!s->fallback_models[s->n_fallback])
+                FAIL(NULL, "out of memory");
+            s->n_fallback++;
+        }
+    }
     return 0;
 fail:
     return -1;
@@ -512,6 +547,28 @@ static void add_pool_headers(struct evhttp_request *req, gps_job *job)
     char q[32];
     snprintf(q, sizeof q, "%lld", job->queue_ms);
     evhttp_add_header(h, "x-pool-queue-ms", q);
+    snprintf(q, sizeof q, "%d", job->attempts);
+    evhttp_add_header(h, "x-pool-attempts", q);
+    evhttp_add_header(h, "x-pool-model", job->spec.model);
+}
+
+/* x_pool_meta of a finished job (new reference): model is the model that
+ * served; a fallback adds a warning naming the one asked for. */
+static json_t *pool_meta(gps_job *job)
+{
+    uint64_t now = gp_now_mono_us();
+    json_t *meta = json_pack(
+        "{s:s,s:s,s:I,s:I,s:i,s:[]}", "agent_id", job->agent_id, "model", job->spec.model,
+        "queue_ms", (json_int_t)job->queue_ms, "inference_ms",
+        (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0), "attempts",
+        job->attempts, "warnings");
+    if (meta && job->requested_model) {
+        char w[600];
+        snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
+                 job->requested_model, job->spec.model);
+        json_array_append_new(json_object_get(meta, "warnings"), json_string(w));
+    }
+    return meta;
 }
 
 static void stream_free(oa_stream *st)
@@ -596,12 +653,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
-            uint64_t now = gp_now_mono_us();
-            json_t *meta = json_pack(
-                "{s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "queue_ms",
-                (json_int_t)job->queue_ms, "inference_ms",
-                (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0), "attempts",
-                job->attempts);
+            json_t *meta = pool_meta(job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
                                                job->text.data ? job->text.data : "", fr, pt, ct,
                                                meta);
@@ -731,6 +783,8 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         return;
     }
     st->job = job;
+    /* The model that serves (a fallback may have taken the request). */
+    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
     gps_job_subscribe(job, on_job_event, st);
     st->evcon = evhttp_request_get_connection(r->req);
     if (st->evcon) {

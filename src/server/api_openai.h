@@ -40,8 +40,9 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
                      size_t msglen, const char **param);
 
 /* Parse the pool extension object `x_pool_options` (priority,
- * prefer_agent, session, labels) into s; shared by every dialect. xo may be
- * NULL or null (nothing to do). Returns 0, or -1 with msg and *param set
+ * prefer_agent, session, labels, failover, fallback_models) into s; shared
+ * by every dialect. xo may be NULL or null (nothing to do). Returns 0, or
+ * -1 with msg and *param set
  * (what was filled so far stays in s: the caller clears s). */
 int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
                            const char **param);

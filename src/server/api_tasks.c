@@ -412,6 +412,15 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         task_emit(t, "metrics", d, false);
         break;
     }
+    case GPS_EV_FAILOVER: {
+        /* The agent was lost after tokens were recorded: another agent
+         * continues from the text so far. One more numbered, non-terminal
+         * event; the tokens that follow continue the same text. */
+        json_t *d = json_deep_copy(ev);
+        json_object_del(d, "type");
+        task_emit(t, "failover", d, false);
+        break;
+    }
     case GPS_EV_END: {
         if (job->assigned_us) {
             svc_rec *r = svc_get(g, job->spec.model, true);

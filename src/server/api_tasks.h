@@ -9,7 +9,8 @@
  *
  * Events of a task, numbered from 1 in one sequence: queued {position,
  * estimated_wait_ms} (again each time the position changes), started
- * {agent_id, attempt}, token {text}, metrics {...}, then exactly one of
+ * {agent_id, attempt}, token {text}, metrics {...}, failover {from_agent,
+ * reason, attempt, completion_tokens} (see below), then exactly one of
  * end {finish_reason, usage, text} or error {code, message}.
  *
  * Every event is kept in memory while the task is hot (until 5 minutes
@@ -20,9 +21,11 @@
  * event (end carries the whole text) from the store.
  *
  * A task holds a subscription on its job: tokens are durable to the client
- * as soon as they are recorded, so a lost agent after the first token ends
- * the task with AGENT_LOST rather than a silent requeue that would repeat
- * text. Errors use the native shape {"error":{"code","message","details",
+ * as soon as they are recorded, so a lost agent after the first token is
+ * never a silent requeue that would repeat text: with failover "continue"
+ * (the default) a `failover` event is recorded and another agent continues
+ * the text (`started` again, then more tokens); with "restart" or "error"
+ * the task ends with AGENT_LOST. Errors use the native shape {"error":{"code","message","details",
  * "correlation_id"}}.
  */
 #ifndef GPS_API_TASKS_H

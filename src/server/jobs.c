@@ -68,10 +68,16 @@ const char *gps_job_kind_name(gps_job_kind k)
 
 gps_event_type gps_event_type_parse(const char *s)
 {
-    static const char *n[] = {"started", "token", "metrics", "end", "error"};
-    for (int i = 0; s && i < 5; i++)
-        if (strcmp(s, n[i]) == 0)
-            return (gps_event_type)i;
+    /* Name -> type pairs rather than an index: GPS_EV_FAILOVER is made by
+     * the server only, so an agent's "failover" event stays UNKNOWN. */
+    static const struct {
+        const char *name;
+        gps_event_type type;
+    } n[] = {{"started", GPS_EV_STARTED}, {"token", GPS_EV_TOKEN}, {"metrics", GPS_EV_METRICS},
+             {"end", GPS_EV_END},         {"error", GPS_EV_ERROR}};
+    for (size_t i = 0; s && i < sizeof n / sizeof n[0]; i++)
+        if (strcmp(s, n[i].name) == 0)
+            return n[i].type;
     return GPS_EV_UNKNOWN;
 }
 
@@ -84,6 +90,8 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->user);
     free(s->prefer_agent);
     free(s->session);
+    for (size_t i = 0; i < s->n_fallback; i++)
+        free(s->fallback_models[i]);
     for (size_t i = 0; i < s->n_labels; i++) {
         free(s->labels[i].key);
         free(s->labels[i].value);
@@ -284,7 +292,11 @@ json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
 json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec)
 {
     const gps_job_spec *s = &job->spec;
-    json_t *params = json_pack("{s:I,s:f,s:f,s:I}", "max_tokens", (json_int_t)s->max_tokens,
+    /* A continuation attempt generates only what is left of the budget. */
+    long long max_tokens = s->max_tokens - job->continued_tokens;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    json_t *params = json_pack("{s:I,s:f,s:f,s:I}", "max_tokens", (json_int_t)max_tokens,
                                "temperature", s->temperature, "top_p", s->top_p, "top_k",
                                (json_int_t)s->top_k);
     json_object_set_new(params, "stop", s->stop ? json_deep_copy(s->stop) : json_array());
@@ -294,7 +306,9 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
     json_t *w = json_pack("{s:s,s:s,s:s,s:o,s:s,s:i,s:s,s:I}", "job_id", job->id, "kind",
                           gps_job_kind_name(s->kind), "model", s->model, "params", params,
-                          "continuation", "", "attempt", job->attempts, "correlation_id",
+                          "continuation",
+                          job->continued_tokens > 0 && job->text.data ? job->text.data : "",
+                          "attempt", job->attempts, "correlation_id",
                           job->correlation_id, "deadline_ms", (json_int_t)deadline_ms);
     json_object_set_new(w, "prompt", s->prompt ? json_string(s->prompt) : json_null());
     json_object_set_new(w, "messages", s->messages ? json_deep_copy(s->messages) : json_null());
@@ -522,6 +536,26 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
 
     registry_agent *a = NULL;
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if ((r == SCHED_NO_AGENT || r == SCHED_QUEUE_FULL) && job->spec.n_fallback) {
+        /* fallback_models, in order: the first that can take or queue the
+         * job serves it. spec.model becomes the serving model (the reply,
+         * the request log and failover all use it); the requested name
+         * moves into its slot. When none can, the first model's error is
+         * the answer. */
+        for (size_t i = 0; i < job->spec.n_fallback; i++) {
+            job->sj.model = job->spec.fallback_models[i];
+            sched_result rf = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+            if (rf == SCHED_ASSIGNED || rf == SCHED_QUEUED) {
+                char *served = job->spec.fallback_models[i];
+                job->spec.fallback_models[i] = job->spec.model;
+                job->spec.model = served;
+                job->requested_model = job->spec.fallback_models[i];
+                r = rf;
+                break;
+            }
+        }
+        job->sj.model = job->spec.model;
+    }
     switch (r) {
     case SCHED_ASSIGNED:
     case SCHED_QUEUED:
@@ -655,19 +689,30 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
     return ahead;
 }
 
-/* The job's agent is gone (dead, stalled). Requeue when the client has
- * seen nothing yet; otherwise end it with an error (continuation failover
- * comes later). */
+/* The job's agent is gone (dead, stalled, shut down, its upstream failed).
+ * What follows depends on spec.failover and on whether the client already
+ * got output:
+ *   nothing sent, mode continue|restart: a transparent requeue; text the
+ *     server alone had seen is dropped and regenerated;
+ *   output sent, mode continue: a requeue with continuation = the text so
+ *     far (relayed or held back alike: the job's text is exactly what the
+ *     dialects were given), so the next agent produces only what follows
+ *     and subscribers see one stream; a `failover` event tells them;
+ *   otherwise (mode error, restart after output): AGENT_LOST.
+ * Every retry excludes the lost agent, goes to the front of its queue and
+ * counts against max_attempts. */
 static void fail_over(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
         return;
     end_on_agent(j, job, false);
     cancel_add(j, job->agent_id, job->id);
-    if (job->client_saw_output) {
+    gps_failover_mode mode = job->spec.failover;
+    bool cont = job->client_saw_output && mode == GPS_FAILOVER_CONTINUE;
+    if (mode == GPS_FAILOVER_ERROR || (job->client_saw_output && !cont)) {
         char m[200];
-        snprintf(m, sizeof m, "the agent running this job was lost (%s) after output was sent",
-                 why);
+        snprintf(m, sizeof m, "the agent running this job was lost (%s)%s", why,
+                 job->client_saw_output ? " after output was sent" : "");
         count(j, "failovers_total", "mode=\"error\"", 1);
         fail_job(j, job, 502, "AGENT_LOST", m, 0);
         return;
@@ -678,21 +723,76 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         return;
     }
     gp_log_write(GP_LOG_WARN, "job_failover", job->correlation_id,
-                 json_pack("{s:s,s:s,s:s,s:i}", "job_id", job->id, "agent_id", job->agent_id,
-                           "reason", why, "attempt", job->attempts),
-                 "agent lost before output reached the client; requeueing");
-    count(j, "failovers_total", "mode=\"requeue\"", 1);
+                 json_pack("{s:s,s:s,s:s,s:i,s:s,s:I}", "job_id", job->id, "agent_id",
+                           job->agent_id, "reason", why, "attempt", job->attempts, "mode",
+                           cont ? "continue" : "requeue", "completion_tokens",
+                           (json_int_t)job->completion_tokens),
+                 cont ? "agent lost after output was sent; continuing on another agent"
+                      : "agent lost before output reached the client; requeueing");
+    count(j, "failovers_total", cont ? "mode=\"continue\"" : "mode=\"requeue\"", 1);
     snprintf(job->exclude_agent, sizeof job->exclude_agent, "%s", job->agent_id);
     job->sj.exclude_agent = job->exclude_agent;
     job->sj.front = true;
-    job->agent_id[0] = '\0';
-    job->text.len = 0;
-    if (job->text.data)
-        job->text.data[0] = '\0';
-    job->completion_tokens = 0;
-    job->first_token_us = 0;
-    job->agent_seq = 0;
+    if (cont) {
+        job->continued_tokens = job->completion_tokens;
+        json_t *ev = json_pack("{s:s,s:s,s:s,s:i,s:I}", "type", "failover", "from_agent",
+                               job->agent_id, "reason", why, "attempt", job->attempts + 1,
+                               "completion_tokens", (json_int_t)job->completion_tokens);
+        job->agent_id[0] = '\0';
+        job->agent_seq = 0;
+        /* Subscribers may not cancel here (they have nothing to say yet),
+         * but if one does, the job is terminal and stays so. */
+        notify(j, job, GPS_EV_FAILOVER, ev);
+        json_decref(ev);
+        if (gps_job_terminal(job))
+            return;
+    } else {
+        job->agent_id[0] = '\0';
+        job->text.len = 0;
+        if (job->text.data)
+            job->text.data[0] = '\0';
+        job->completion_tokens = 0;
+        job->continued_tokens = 0;
+        job->first_token_us = 0;
+        job->agent_seq = 0;
+    }
     requeue_or_fail(j, job, 0);
+}
+
+/* Error codes an agent reports for a failure of its own, not of the
+ * request: another agent may well succeed. */
+static bool agent_side_error(const char *code)
+{
+    static const char *const codes[] = {"AGENT_SHUTDOWN", "UPSTREAM_ERROR", "UPSTREAM_TIMEOUT",
+                                        "UPSTREAM_MALFORMED"};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        if (strcmp(code, codes[i]) == 0)
+            return true;
+    return false;
+}
+
+typedef struct other_agent_q {
+    const char *model;
+    const char *exclude;
+    bool found;
+} other_agent_q;
+
+static void other_agent_cb(void *ud, registry_agent *a)
+{
+    other_agent_q *q = ud;
+    if (!q->found && strcmp(a->id, q->exclude) != 0 &&
+        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_SUSPECT ||
+         a->state == REGISTRY_REGISTERING) &&
+        registry_agent_serves(a, q->model))
+        q->found = true;
+}
+
+/* True when a live agent other than exclude serves the job's model. */
+static bool other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    other_agent_q q = {job->spec.model, exclude, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
 }
 
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
@@ -793,7 +893,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         if (json_is_number(tps))
             job->tokens_per_sec = json_number_value(tps);
         json_t *pt = json_object_get(ev, "prompt_tokens");
-        if (json_is_integer(pt))
+        /* A continuation's prompt holds the text so far: keep the count
+         * of the original prompt when an earlier attempt reported it. */
+        if (json_is_integer(pt) && !(job->continued_tokens > 0 && job->prompt_tokens > 0))
             job->prompt_tokens = json_integer_value(pt);
         notify(j, job, t, ev);
         break;
@@ -805,10 +907,12 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0 &&
+            !(job->continued_tokens > 0 && job->prompt_tokens > 0))
             job->prompt_tokens = json_integer_value(pt);
+        /* usage counts this attempt; earlier attempts' tokens come first. */
         if (json_is_integer(ct) && json_integer_value(ct) >= 0)
-            job->completion_tokens = json_integer_value(ct);
+            job->completion_tokens = job->continued_tokens + json_integer_value(ct);
         end_on_agent(j, job, true);
         finish(j, job, GPS_JOB_DONE);
         gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
@@ -825,6 +929,21 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         const char *message = json_string_value(json_object_get(ev, "message"));
         char c[64];
         snprintf(c, sizeof c, "%s", code ? code : "AGENT_ERROR");
+        /* The agent's own failure (drain timeout, its upstream died): fail
+         * over like a lost agent. AGENT_SHUTDOWN always (the agent is
+         * going away, as if lost); upstream failures only when another
+         * live agent serves the model, else the agent's error stands. */
+        if (job->spec.failover != GPS_FAILOVER_ERROR && agent_side_error(c) &&
+            job->attempts < j->opts.max_attempts &&
+            (!job->client_saw_output || job->spec.failover == GPS_FAILOVER_CONTINUE) &&
+            (strcmp(c, "AGENT_SHUTDOWN") == 0 || other_agent_live(j, job, job->agent_id))) {
+            char lost[64];
+            snprintf(lost, sizeof lost, "%s", job->agent_id);
+            fail_over(j, job, c);
+            /* It reported the job over itself: nothing to cancel. */
+            cancel_take(j, lost, job->id);
+            break;
+        }
         /* The agent is still alive and reports the job failed: do not keep
          * a cancel record for it. */
         end_on_agent(j, job, false);
@@ -887,6 +1006,8 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
         apply_one(j, job, json_array_get(events, i));
         if (gps_job_terminal(job))
             break;
+        if (strcmp(job->agent_id, agent_id) != 0)
+            return 0; /* failed over away from this agent by its own error */
     }
     if (job->state == GPS_JOB_CANCELLED || job->state == GPS_JOB_FAILED) {
         /* Failed by the agent's own error event: nothing to cancel. */

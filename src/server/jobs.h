@@ -36,6 +36,17 @@
 
 typedef enum { GPS_JOB_COMPLETION = 0, GPS_JOB_CHAT, GPS_JOB_COUNT_TOKENS } gps_job_kind;
 typedef enum { GPS_PRIO_INTERACTIVE = 0, GPS_PRIO_BATCH = 1 } gps_job_priority;
+/* x_pool_options.failover: what happens when the job's agent is lost.
+ *   continue: before output reached the client, a transparent requeue;
+ *             after, another agent continues from the text sent so far
+ *   restart:  a transparent requeue while nothing was sent, else an error
+ *   error:    no failover at all: the job fails with AGENT_LOST at once */
+typedef enum {
+    GPS_FAILOVER_CONTINUE = 0,
+    GPS_FAILOVER_RESTART,
+    GPS_FAILOVER_ERROR,
+} gps_failover_mode;
+#define GPS_MAX_FALLBACK_MODELS 4
 
 typedef enum {
     GPS_JOB_QUEUED = 0,
@@ -69,6 +80,11 @@ typedef struct gps_job_spec {
     char *session;           /* affinity key (x_pool_options.session); NULL = use user */
     registry_label *labels;  /* constraints (x_pool_options.labels); owned, n_labels */
     size_t n_labels;
+    gps_failover_mode failover;  /* x_pool_options.failover; default continue */
+    /* x_pool_options.fallback_models: tried in order when model has no
+     * capacity at submit (no live agent, unknown, queue full). Owned. */
+    char *fallback_models[GPS_MAX_FALLBACK_MODELS];
+    size_t n_fallback;
     const char *api;         /* static: "openai", "anthropic", "native" */
 } gps_job_spec;
 
@@ -80,6 +96,8 @@ typedef enum {
     GPS_EV_METRICS,
     GPS_EV_END,
     GPS_EV_ERROR,
+    GPS_EV_FAILOVER,   /* server-made: {from_agent, reason, attempt, completion_tokens};
+                          never from an agent, never terminal */
     GPS_EV_UNKNOWN,
 } gps_event_type;
 
@@ -103,7 +121,11 @@ struct gps_job {
     int attempts;                 /* agents tried so far */
     char agent_id[64];            /* current/last agent ("" when none) */
     gp_buf text;                  /* text relayed to subscribers so far */
-    long long completion_tokens;  /* tokens relayed */
+    long long completion_tokens;  /* tokens relayed, all attempts together */
+    long long continued_tokens;   /* tokens before the current attempt (continuation) */
+    const char *requested_model;  /* the model asked for when a fallback serves
+                                     (points into spec.fallback_models), else NULL;
+                                     spec.model is then the model that serves */
     bool client_saw_output;       /* a subscriber sent bytes that depend on the agent */
     uint64_t created_us;          /* monotonic */
     int64_t created_wall_ms;
