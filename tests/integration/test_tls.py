@@ -20,6 +20,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -28,6 +29,7 @@ import tempfile
 import threading
 import unittest
 import uuid
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -120,11 +122,12 @@ def metric(srv, name):
 
 class TLS(harness.TestCase):
 
-    def tls_server(self, cert="server", extra=()):
+    def tls_server(self, cert="server", extra=(), files=None):
         p = pki()
+        crt, key = files or (p[cert + "_crt"], p[cert + "_key"])
         port_file = self.h.path("tls%s.port" % uuid.uuid4().hex[:6])
-        srv = self.h.start_server(["--listen_tls", "127.0.0.1:0", "--tls_cert",
-                                   p[cert + "_crt"], "--tls_key", p[cert + "_key"],
+        srv = self.h.start_server(["--listen_tls", "127.0.0.1:0", "--tls_cert", crt,
+                                   "--tls_key", key,
                                    "--tls-port-file", port_file] + list(extra))
         srv.tls_port = harness.read_port_file(port_file, srv.p)
         return srv
@@ -224,6 +227,11 @@ class TLS(harness.TestCase):
         self.assertIn("INSECURE", warn[0]["msg"])
         del p
 
+    def setUp(self):
+        super().setUp()
+        # The TLS 1.1 client below is deliberate.
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*TLSv1_1.*")
+
     def _tls11_ctx(self):
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
@@ -282,6 +290,32 @@ class TLS(harness.TestCase):
             with socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10) as raw:
                 with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
                     self.assertEqual(s.version(), v.name.replace("v1_", "v1."))
+
+    def test_sighup_reloads_certificate(self):
+        p = pki()
+        crt, key = self.h.path("live.crt"), self.h.path("live.key")
+        shutil.copy(p["otherhost_crt"], crt)
+        shutil.copy(p["otherhost_key"], key)
+        srv = self.tls_server(files=(crt, key))
+        with self.assertRaises(ssl.SSLCertVerificationError):  # SAN other.example only
+            https_request(srv.tls_port, "GET", "/health")
+        shutil.copy(p["server_crt"], crt)
+        shutil.copy(p["server_key"], key)
+        srv.signal(signal.SIGHUP)
+        harness.wait_until(lambda: srv.log_events("tls_reloaded"), timeout=10,
+                           what="tls_reloaded")
+        st, _, _ = https_request(srv.tls_port, "GET", "/health")
+        self.assertEqual(st, 200)
+        # A broken reload keeps serving the previous certificate.
+        with open(key, "w") as f:
+            f.write("not a key\n")
+        srv.signal(signal.SIGHUP)
+        ev = harness.wait_until(lambda: srv.log_events("tls_reload_failed"), timeout=10,
+                                what="tls_reload_failed")
+        self.assertIn("tls_key", ev[0]["msg"])
+        st, _, _ = https_request(srv.tls_port, "GET", "/health")
+        self.assertEqual(st, 200)
+        self.assertTrue(srv.alive())
 
     def test_bad_cert_or_key_stops_startup(self):
         p = pki()
