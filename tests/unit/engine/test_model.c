@@ -726,10 +726,13 @@ static void test_model_info(void **state)
     assert_null(c);
     gpe_model_free(m);
 
-    /* CUDA not built: said plainly */
-    assert_false(gpe_cuda_available());
-    assert_int_equal(gpe_cuda_selftest(err, sizeof err), GPE_ERR_BACKEND);
-    assert_non_null(strstr(err, "not built"));
+    /* Without a usable GPU (CUDA not built, or built but no device, as on
+     * the CI machines) the self-test says why instead of pretending. */
+    if (!gpe_cuda_available()) {
+        assert_int_equal(gpe_cuda_selftest(err, sizeof err), GPE_ERR_BACKEND);
+        if (!strstr(err, "not built") && !strstr(err, "no CUDA device"))
+            fail_msg("unexpected self-test message: %s", err);
+    }
 }
 
 int main(void)
