@@ -200,6 +200,20 @@ static void sink_metrics(void *ctx, json_t *m)
     sink_push(ctx, ev);
 }
 
+static void sink_tool_call(void *ctx, int index, const char *id, const char *name,
+                           const char *args, size_t args_len)
+{
+    json_t *a = json_stringn(args ? args : "", args ? args_len : 0);
+    if (!a)
+        a = json_string("");
+    json_t *ev = json_pack("{s:s,s:i,s:o}", "type", "tool_call", "index", index, "arguments", a);
+    if (ev && id)
+        json_object_set_new(ev, "id", json_string(id));
+    if (ev && name)
+        json_object_set_new(ev, "name", json_string(name));
+    sink_push(ctx, ev);
+}
+
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
 {
     agent_job *j = ctx;
@@ -208,10 +222,12 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
         json_object_set_new(usage, "prompt_tokens", json_integer(pt));
     if (ct >= 0)
         json_object_set_new(usage, "completion_tokens", json_integer(ct));
-    json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason",
-                           finish_reason && strcmp(finish_reason, "length") == 0 ? "length"
-                                                                                : "stop",
-                           "usage", usage);
+    const char *fr = "stop";
+    if (finish_reason && strcmp(finish_reason, "length") == 0)
+        fr = "length";
+    else if (finish_reason && strcmp(finish_reason, "tool_calls") == 0)
+        fr = "tool_calls";
+    json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason", fr, "usage", usage);
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
     agent_evq_push(&j->q, ev);
@@ -506,6 +522,7 @@ static void job_begin(agent *a, json_t *jj)
         .started = sink_started,
         .token = sink_token,
         .metrics = sink_metrics,
+        .tool_call = sink_tool_call,
         .end = sink_end,
         .error = sink_error,
     };

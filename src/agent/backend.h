@@ -63,11 +63,17 @@ typedef struct agent_job_sink {
     /* Free-form metrics object, e.g. {"prompt_tokens":5,"tokens_per_sec":410.5}.
      * Borrowed: the sink copies it. */
     void (*metrics)(void *ctx, json_t *metrics);
-    /* Terminal: finish_reason "stop" | "length"; token counts (-1 unknown). */
+    /* Terminal: finish_reason "stop" | "length" | "tool_calls"; token counts (-1 unknown). */
     void (*end)(void *ctx, const char *finish_reason, long long prompt_tokens,
                 long long completion_tokens);
     /* Terminal: stable code and a message for people. */
     void (*error)(void *ctx, const char *code, const char *message);
+    /* A piece of a tool call the model makes (OpenAI streaming style): the
+     * first piece of call `index` carries id and name, later ones NULL and
+     * only argument text. Called before the terminal event. Optional for a
+     * backend to call (openai does) and may be NULL in a sink. */
+    void (*tool_call)(void *ctx, int index, const char *id, const char *name, const char *args,
+                      size_t args_len);
 } agent_job_sink;
 
 typedef struct agent_backend agent_backend;

@@ -71,6 +71,7 @@ typedef struct oai_job {
     char finish[32];
     long long prompt_tokens, completion_tokens;
     long long ntokens;
+    int ntool_calls;        /* tool call indices announced (id+name sent) */
     bool started_sent;
     uint64_t t_start_us, t_first_us, last_byte_ms;
 } oai_job;
@@ -134,6 +135,62 @@ static void take_finish(oai_job *j, json_t *c0)
         snprintf(j->finish, sizeof j->finish, "%s", fr);
 }
 
+#define MAX_TOOL_CALLS 128
+
+/* The tool_calls array of a delta (streamed: pieces with an index; the
+ * first piece of a call carries id and name) or of a message (whole
+ * calls). Each piece becomes one tool_call event. Returns 0, or 2 with the
+ * job failed. */
+static int take_tool_calls(oai_job *j, json_t *calls, bool streamed)
+{
+    if (!calls || json_is_null(calls))
+        return 0;
+    if (!json_is_array(calls)) {
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream tool_calls is not an array");
+        return 2;
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        json_t *ix = json_object_get(c, "index");
+        json_t *fn = json_object_get(c, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        long long index = streamed || json_is_integer(ix) ? json_integer_value(ix) : j->ntool_calls;
+        if (!json_is_object(c) || (streamed && !json_is_integer(ix)) || index < 0 ||
+            index >= MAX_TOOL_CALLS || (fn && !json_is_object(fn)) ||
+            (args && !json_is_null(args) && !json_is_string(args))) {
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a malformed tool call");
+            return 2;
+        }
+        const char *id = json_string_value(json_object_get(c, "id"));
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        bool first = index >= j->ntool_calls;
+        if (first) {
+            /* A call starts: it must say which function (ids are made up
+             * when the upstream gives none). Calls arrive in index order. */
+            if (!name || index != j->ntool_calls) {
+                job_fail(j, "UPSTREAM_MALFORMED",
+                         "upstream tool call %lld starts without a function name", index);
+                return 2;
+            }
+            j->ntool_calls++;
+        }
+        char made[160];
+        if (first && !id) {
+            snprintf(made, sizeof made, "call_%s_%lld", j->id, index);
+            id = made;
+        }
+        if (!j->t_first_us)
+            j->t_first_us = gp_now_mono_us();
+        if (j->sink.tool_call)
+            j->sink.tool_call(j->sink.ctx, (int)index, first ? id : NULL, first ? name : NULL,
+                          json_string_value(args) ? json_string_value(args) : "",
+                          json_string_value(args) ? json_string_length(args) : 0);
+    }
+    return 0;
+}
+
 /* One parsed chunk object (streamed), or the whole reply (not streamed). */
 static int handle_object(oai_job *j, json_t *obj, bool streamed)
 {
@@ -171,6 +228,12 @@ static int handle_object(oai_job *j, json_t *obj, bool streamed)
         }
         if (json_is_string(t))
             emit_text(j, json_string_value(t), json_string_length(t));
+        if (j->chat && take_tool_calls(j,
+                                       json_object_get(json_object_get(c0, streamed ? "delta"
+                                                                                    : "message"),
+                                                       "tool_calls"),
+                                       streamed) != 0)
+            return 2;
         take_finish(j, c0);
     } else if (!streamed) {
         job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no choices");
@@ -430,8 +493,13 @@ finish:
         json_object_set_new(m, "total_ms", json_real((double)(now - j->t_start_us) / 1000.0));
         j->sink.metrics(j->sink.ctx, m);
         json_decref(m);
-        j->sink.end(j->sink.ctx, strcmp(j->finish, "length") == 0 ? "length" : "stop",
-                    j->prompt_tokens, ct);
+        /* A reply that called tools ends with tool_calls whatever the
+         * upstream said (some say "stop"), unless it ran out of tokens. */
+        const char *fr = strcmp(j->finish, "length") == 0 ? "length"
+                         : j->ntool_calls > 0 || strcmp(j->finish, "tool_calls") == 0
+                             ? "tool_calls"
+                             : "stop";
+        j->sink.end(j->sink.ctx, fr, j->prompt_tokens, ct);
     }
 out:
     if (easy)
@@ -528,6 +596,15 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *coun
             json_array_append_new(copy, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
         }
         json_object_set_new(req, "messages", copy);
+        /* Tools go upstream as they are (already OpenAI function tools);
+         * the upstream decides whether its model can call them. */
+        json_t *tools = json_object_get(job, "tools");
+        if (json_is_array(tools) && json_array_size(tools) > 0) {
+            json_object_set(req, "tools", tools);
+            json_t *tc = json_object_get(job, "tool_choice");
+            if (tc && !json_is_null(tc))
+                json_object_set(req, "tool_choice", tc);
+        }
     } else if (kind && strcmp(kind, "count_tokens") == 0) {
         /* Token count through the upstream's /tokenize (llama-server reads
          * "content", vLLM "prompt"). Chat messages are counted as their
@@ -592,10 +669,11 @@ fail:
 static json_t *oai_models(agent_backend *base)
 {
     oai_backend *b = (oai_backend *)base;
-    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s}]", "id", b->public_id,
+    /* supports_tools: the upstream decides what its model does with them. */
+    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b}]", "id", b->public_id,
                      "aliases", "quantization", "context_length", "bytes", "vram_bytes",
                      "architecture", "loaded", 1, "backend", "openai", "upstream_model",
-                     b->o->upstream_model);
+                     b->o->upstream_model, "supports_tools", 1);
 }
 
 static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,

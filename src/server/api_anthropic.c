@@ -210,6 +210,152 @@ static void render_tools(gps_anthropic_req *r, const json_t *tools)
     r->tools_text = gp_buf_steal(&b);
 }
 
+/* Anthropic tools -> OpenAI function tools (input_schema -> parameters).
+ * Built-in tools (a type other than custom) have no schema: they become
+ * functions taking any object, described by their type. */
+json_t *gps_anthropic_tools_to_openai(const json_t *tools)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *desc = json_object_get(t, "description");
+        const json_t *schema = json_object_get(t, "input_schema");
+        json_t *fn = json_pack("{s:s}", "name", name ? name : "");
+        if (json_is_string(desc)) {
+            json_object_set(fn, "description", (json_t *)desc);
+        } else if (type && strcmp(type, "custom") != 0) {
+            char d[128];
+            snprintf(d, sizeof d, "Built-in tool of type %.64s.", type);
+            json_object_set_new(fn, "description", json_string(d));
+        }
+        json_object_set_new(fn, "parameters", json_is_object(schema)
+                                                  ? json_deep_copy(schema)
+                                                  : json_pack("{s:s}", "type", "object"));
+        json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+    }
+    return out;
+}
+
+json_t *gps_anthropic_tool_choice_to_openai(const json_t *tc)
+{
+    const char *t = json_string_value(json_object_get(tc, "type"));
+    if (!t || strcmp(t, "auto") == 0)
+        return json_string("auto");
+    if (strcmp(t, "any") == 0)
+        return json_string("required");
+    if (strcmp(t, "none") == 0)
+        return json_string("none");
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    if (strcmp(t, "tool") == 0 && name)
+        return json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name", name);
+    return json_string("auto");
+}
+
+/* Append an OpenAI message; consecutive plain messages of the same role
+ * are joined (blank line between), as on the text path. */
+static void oai_append(json_t *arr, const char *role, const char *text, size_t len,
+                       json_t *tool_calls)
+{
+    json_t *last = json_array_get(arr, json_array_size(arr) - 1);
+    const char *lr = json_string_value(json_object_get(last, "role"));
+    const json_t *lc = json_object_get(last, "content");
+    if (!tool_calls && lr && strcmp(lr, role) == 0 && json_is_string(lc) &&
+        !json_object_get(last, "tool_calls") && strcmp(role, "tool") != 0) {
+        gp_buf b;
+        gp_buf_init(&b);
+        gp_buf_append(&b, json_string_value(lc), json_string_length(lc));
+        sep_append(&b, text, len, "\n\n");
+        json_object_set_new(last, "content", json_stringn(b.data ? b.data : "", b.len));
+        gp_buf_free(&b);
+        return;
+    }
+    json_t *m = json_pack("{s:s}", "role", role);
+    if (tool_calls) {
+        json_object_set_new(m, "content", len ? json_stringn(text, len) : json_null());
+        json_object_set_new(m, "tool_calls", tool_calls);
+    } else {
+        json_object_set_new(m, "content", json_stringn(text ? text : "", len));
+    }
+    json_array_append_new(arr, m);
+}
+
+/* The conversation in OpenAI form for agents that take tools: assistant
+ * tool_use blocks -> tool_calls, user tool_result blocks -> role "tool"
+ * messages (before the user's own text of that turn). System entries are
+ * skipped (merged into the system prompt by the text path). The blocks
+ * were validated by content_to_text already. */
+static json_t *openai_messages(const json_t *m)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e)
+    {
+        const char *role = json_string_value(json_object_get(e, "role"));
+        const json_t *c = json_object_get(e, "content");
+        if (!role || strcmp(role, "system") == 0)
+            continue;
+        bool user = strcmp(role, "user") == 0;
+        if (json_is_string(c)) {
+            oai_append(out, role, json_string_value(c), json_string_length(c), NULL);
+            continue;
+        }
+        gp_buf text;
+        gp_buf_init(&text);
+        json_t *calls = NULL;
+        size_t k;
+        json_t *blk;
+        json_array_foreach(c, k, blk)
+        {
+            const char *t = json_string_value(json_object_get(blk, "type"));
+            if (!t)
+                continue;
+            if (strcmp(t, "text") == 0) {
+                const json_t *tx = json_object_get(blk, "text");
+                sep_append(&text, json_string_value(tx), json_string_length(tx), "\n");
+            } else if (!user && strcmp(t, "tool_use") == 0) {
+                const char *id = json_string_value(json_object_get(blk, "id"));
+                const char *name = json_string_value(json_object_get(blk, "name"));
+                const json_t *in = json_object_get(blk, "input");
+                char *args = json_dumps(in ? in : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
+                if (!calls)
+                    calls = json_array();
+                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
+                                                       id ? id : "", "type", "function",
+                                                       "function", "name", name ? name : "",
+                                                       "arguments", args ? args : "{}"));
+                free(args);
+            } else if (user && strcmp(t, "tool_result") == 0) {
+                const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+                gp_buf r, body;
+                gp_buf_init(&r);
+                gp_buf_init(&body);
+                char ignored[8];
+                tool_result_text(json_object_get(blk, "content"), &body, "", ignored,
+                                 sizeof ignored);
+                if (json_is_true(json_object_get(blk, "is_error")))
+                    gp_buf_appendf(&r, "Error: ");
+                gp_buf_append(&r, body.data ? body.data : "", body.len);
+                gp_buf_free(&body);
+                json_array_append_new(out, json_pack("{s:s,s:s,s:s%}", "role", "tool",
+                                                     "tool_call_id", id ? id : "", "content",
+                                                     r.data ? r.data : "", r.len));
+                gp_buf_free(&r);
+            }
+        }
+        if (calls)
+            oai_append(out, "assistant", text.data, text.len, calls);
+        else if (text.len)
+            oai_append(out, role, text.data, text.len, NULL);
+        gp_buf_free(&text);
+    }
+    return out;
+}
+
 int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
                         size_t msglen)
 {
@@ -405,9 +551,16 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
                 FAIL("tools.%zu.input_schema: must be an object", i);
         }
         if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
+            /* The text form only sizes the prompt bound: agents render the
+             * structured tools with their own chat template. */
             render_tools(out, tools);
             if (out->tools_text)
                 out->prompt_bytes += strlen(out->tools_text);
+            out->tools = gps_anthropic_tools_to_openai(tools);
+            out->tool_choice = gps_anthropic_tool_choice_to_openai(tc);
+            out->tool_messages = openai_messages(m);
+            if (!out->tools || !out->tool_choice || !out->tool_messages)
+                FAIL("out of memory");
         }
     }
 
@@ -455,6 +608,10 @@ void gps_anthropic_req_clear(gps_anthropic_req *r)
     free(r->tools_text);
     json_decref(r->stop_sequences);
     json_decref(r->warnings);
+    json_decref(r->tools);
+    json_decref(r->tool_choice);
+    json_decref(r->tool_messages);
+    r->tools = r->tool_choice = r->tool_messages = NULL;
     r->system = r->tools_text = NULL;
     r->stop_sequences = r->warnings = NULL;
 }
@@ -472,12 +629,19 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
     gp_buf_init(&sys);
     if (r->system)
         gp_buf_append(&sys, r->system, strlen(r->system));
-    if (r->tools_text) {
-        if (tools_supported)
-            sep_append(&sys, r->tools_text, strlen(r->tools_text), "\n\n");
-        else
+    if (r->tools) {
+        if (tools_supported) {
+            /* Structured: the agent passes them on (openai) or renders them
+             * with its template (gguf); tool blocks go as tool messages. */
+            json_decref(s->messages);
+            s->messages = r->tool_messages;
+            s->tools = r->tools;
+            s->tool_choice = r->tool_choice;
+            r->tool_messages = r->tools = r->tool_choice = NULL;
+        } else {
             warn(r, "tools were ignored: the chat template of model '%.100s' does not take "
                     "tools (no agent reports supports_tools)", s->model);
+        }
     }
     if (sys.len) {
         json_t *m = json_pack("{s:s,s:s%}", "role", "system", "content", sys.data, sys.len);
@@ -560,6 +724,8 @@ int gps_anthropic_stop_scan(const char *t, size_t len, const json_t *stops, size
 
 const char *gps_anthropic_stop_reason(const char *finish_reason)
 {
+    if (finish_reason && strcmp(finish_reason, "tool_calls") == 0)
+        return "tool_use";
     return finish_reason && strcmp(finish_reason, "length") == 0 ? "max_tokens" : "end_turn";
 }
 
@@ -617,6 +783,11 @@ typedef struct an_stream {
     json_t *stops;                 /* owned, may be NULL */
     json_t *warnings;              /* owned */
     gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
+    gps_tool_calls calls;          /* tool calls relayed so far */
+    int open_block;                /* streaming: index of the open content block, -1 none */
+    bool open_is_text;             /* ... and whether it is the text block */
+    int open_call;                 /* ... the tool call it shows (tool_use block) */
+    int next_block;                /* index the next content block gets */
     gp_buf text;                   /* emitted text (non-streaming body) */
     gp_buf out;                    /* SSE bytes to send */
 } an_stream;
@@ -647,6 +818,7 @@ static void stream_free(an_stream *st)
     json_decref(st->stops);
     json_decref(st->warnings);
     gp_buf_free(&st->pending);
+    gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->text);
     gp_buf_free(&st->out);
     free(st);
@@ -700,7 +872,46 @@ static void add_pool_headers(struct evhttp_request *req, gps_job *job)
     evhttp_add_header(h, "x-pool-model", job->spec.model);
 }
 
+/* Streaming content blocks: at most one open at a time, each closed by
+ * exactly one content_block_stop before the next starts. */
+static void close_block(an_stream *st)
+{
+    if (st->open_block < 0)
+        return;
+    emit_event(st, "content_block_stop",
+               json_pack("{s:s,s:i}", "type", "content_block_stop", "index", st->open_block));
+    st->open_block = -1;
+}
+
+static void open_text_block(an_stream *st)
+{
+    close_block(st);
+    st->open_block = st->next_block++;
+    st->open_is_text = true;
+    emit_event(st, "content_block_start",
+               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index",
+                         st->open_block, "content_block", "type", "text", "text", ""));
+}
+
+/* "toolu_" + the call id without its "call_" prefix: one id per call,
+ * stable across the reply. */
+void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
+{
+    const char *s = call_id ? call_id : "";
+    if (strncmp(s, "call_", 5) == 0)
+        s += 5;
+    else if (strncmp(s, "toolu_", 6) == 0)
+        s += 6;
+    snprintf(out, outlen, "toolu_%s", s);
+}
+
+static void ensure_started_as(an_stream *st, bool with_text);
 static void ensure_started(an_stream *st)
+{
+    ensure_started_as(st, true);
+}
+
+static void ensure_started_as(an_stream *st, bool with_text)
 {
     if (st->started)
         return;
@@ -715,9 +926,8 @@ static void ensure_started(an_stream *st)
         json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
     emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
                                               msg));
-    emit_event(st, "content_block_start",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
-                         "content_block", "type", "text", "text", ""));
+    if (with_text)
+        open_text_block(st);
     emit_event(st, "ping", json_pack("{s:s}", "type", "ping"));
 }
 
@@ -733,10 +943,68 @@ static void emit_text(an_stream *st, const char *t, size_t n)
     json_t *tx = json_stringn(t, n);
     if (!tx) /* not UTF-8 on its own: cannot happen for whole agent tokens */
         tx = json_string("");
+    if (st->open_block < 0 || !st->open_is_text)
+        open_text_block(st); /* text after a tool call: a new text block */
     emit_event(st, "content_block_delta",
-               json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index", 0,
-                         "delta", "type", "text_delta", "text", tx));
+               json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index",
+                         st->open_block, "delta", "type", "text_delta", "text", tx));
     gps_job_mark_output_sent(st->job);
+}
+
+/* Non-streaming body: the tool_use blocks after the text (an empty text
+ * block is dropped). input is the parsed arguments JSON; arguments that
+ * are not a JSON object give {} and a warning. */
+static void add_tool_use_blocks(an_stream *st, json_t *body)
+{
+    json_t *content = json_object_get(body, "content");
+    if (!st->text.len)
+        json_array_clear(content);
+    for (size_t i = 0; i < st->calls.n; i++) {
+        const gps_tool_call *c = &st->calls.v[i];
+        json_t *input = json_loadb(c->args.data ? c->args.data : "{}",
+                                   c->args.len ? c->args.len : 2, 0, NULL);
+        if (!json_is_object(input)) {
+            json_decref(input);
+            input = json_object();
+            json_t *meta = json_object_get(body, "x_pool_meta");
+            json_t *w = json_object_get(meta, "warnings");
+            char m[200];
+            snprintf(m, sizeof m, "tool call '%.100s': the model's arguments are not a JSON "
+                                  "object; input left empty", c->name);
+            if (json_is_array(w))
+                json_array_append_new(w, json_string(m));
+        }
+        char id[160];
+        gps_anthropic_tool_use_id(c->id, id, sizeof id);
+        json_array_append_new(content, json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id",
+                                                 id, "name", c->name, "input", input));
+    }
+}
+
+/* A piece of a tool call (streaming): a new call closes the open block and
+ * starts a tool_use block; argument text becomes input_json_delta. */
+static void stream_tool_call(an_stream *st, int i, bool started, const char *args)
+{
+    if (started) {
+        close_block(st);
+        char id[160];
+        gps_anthropic_tool_use_id(st->calls.v[i].id, id, sizeof id);
+        st->open_block = st->next_block++;
+        st->open_is_text = false;
+        st->open_call = i;
+        emit_event(st, "content_block_start",
+                   json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start",
+                             "index", st->open_block, "content_block", "type", "tool_use", "id",
+                             id, "name", st->calls.v[i].name, "input"));
+    }
+    /* Pieces of a call whose block was closed already cannot be shown
+     * any more (upstreams send calls one after another). */
+    if (!args || !*args || st->open_block < 0 || st->open_is_text || st->open_call != i)
+        return;
+    emit_event(st, "content_block_delta",
+               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
+                         st->open_block, "delta", "type", "input_json_delta", "partial_json",
+                         args));
 }
 
 /* The reply is complete: send its end and free st. */
@@ -749,8 +1017,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         gps_http_send_json(st->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t)in));
     } else if (st->stream) {
         ensure_started(st);
-        emit_event(st, "content_block_stop",
-                   json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+        close_block(st);
         json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
                                "stop_reason", stop_reason, "stop_sequence",
                                stop_seq ? json_string(stop_seq) : json_null(), "usage",
@@ -766,6 +1033,8 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
                                              stop_reason, stop_seq, in, out,
                                              pool_meta(st, job, true));
+        if (st->calls.n > 0)
+            add_tool_use_blocks(st, body);
         add_pool_headers(st->req, job);
         detach_conn(st);
         gps_http_send_json(st->req, 200, body);
@@ -815,13 +1084,38 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_sse_send(st->req, &st->out);
         return;
     }
+    if (type == GPS_EV_TOOL_CALL && !st->count_only) {
+        bool started = false;
+        int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i < 0)
+            return;
+        if (st->stream && !st->started) {
+            ensure_started_as(st, st->pending.len > 0);
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds",
+                                "api=\"anthropic\"",
+                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+        }
+        /* Text held back for a stop sequence goes out before the call. */
+        emit_text(st, st->pending.data, st->pending.len);
+        gp_buf_consume(&st->pending, st->pending.len);
+        if (st->stream) {
+            stream_tool_call(st, i, started,
+                             json_string_value(json_object_get(ev, "arguments")));
+            gps_sse_send(st->req, &st->out);
+            gps_job_mark_output_sent(job);
+        }
+        return;
+    }
     if (type == GPS_EV_END) {
         emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
         gp_buf_consume(&st->pending, st->pending.len);
         if (!st->stream && job->first_token_us)
             gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"anthropic\"",
                                 (double)(job->first_token_us - st->start_us) / 1e6);
-        complete(st, job, gps_anthropic_stop_reason(job->finish_reason), NULL);
+        const char *sr = gps_anthropic_stop_reason(job->finish_reason);
+        if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
+            sr = "tool_use";
+        complete(st, job, sr, NULL);
         return;
     }
     if (type == GPS_EV_ERROR) {
@@ -972,6 +1266,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
     areq.stop_sequences = areq.warnings = NULL;
     gp_buf_init(&st->pending);
     gp_buf_init(&st->text);
+    st->open_block = -1;
     gp_buf_init(&st->out);
 
     gps_submit_err e;

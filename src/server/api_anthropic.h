@@ -16,10 +16,17 @@
  *   (reported in x_pool_meta.warnings); anything else (image, document,
  *   ...) is a 400: the pool serves text only and never drops input silently.
  * - Consecutive messages of the same role are joined (blank line between).
- * - `tools` are rendered into the system prompt when every live agent that
- *   serves the model reports `"supports_tools": true` in its model facts
- *   (its chat template can take them); otherwise they are ignored and a
- *   warning says so. `tool_choice: {"type":"none"}` drops them.
+ * - `tools` go to the agent as OpenAI function tools (input_schema ->
+ *   parameters; tool_choice auto|any|tool|none -> auto|required|{function}|
+ *   none) when every live agent that serves the model reports
+ *   `"supports_tools": true` in its model facts; the conversation then goes
+ *   in OpenAI form too (tool_use -> assistant tool_calls, tool_result ->
+ *   role "tool" messages). Otherwise tools are ignored (warning) and tool
+ *   blocks are rendered as text. `tool_choice: {"type":"none"}` drops them.
+ * - Replies: the agent's tool_call events become `tool_use` blocks (id
+ *   "toolu_..." from the call id, input parsed from the arguments JSON;
+ *   streamed as content_block_start + input_json_delta deltas + one
+ *   content_block_stop) and stop_reason "tool_use".
  * - `thinking`, unknown top-level fields and `cache_control` are accepted
  *   and ignored (warnings name the fields).
  * - `stop_sequences` are matched by the server on the relayed text (so it
@@ -53,7 +60,11 @@ typedef struct gps_anthropic_req {
     bool stream;
     bool count_only;         /* /v1/messages/count_tokens */
     char *system;            /* merged system prompt, NULL when none */
-    char *tools_text;        /* rendered tool list, NULL when none */
+    char *tools_text;        /* rendered tool list (sizes the prompt bound), NULL when none */
+    json_t *tools;           /* OpenAI function tools, NULL when none (or tool_choice none) */
+    json_t *tool_choice;     /* OpenAI tool_choice, with tools */
+    json_t *tool_messages;   /* the conversation in OpenAI form (tool_calls, role "tool"),
+                                with tools; replaces spec.messages when tools are taken */
     json_t *stop_sequences;  /* array of non-empty strings, or NULL */
     json_t *warnings;        /* array of strings (never NULL after a successful parse) */
     size_t prompt_bytes;     /* system + messages + tools text */
@@ -65,6 +76,13 @@ typedef struct gps_anthropic_req {
 int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
                         size_t msglen);
 void gps_anthropic_req_clear(gps_anthropic_req *r);
+
+/* Anthropic tools / tool_choice -> OpenAI form (new references). */
+json_t *gps_anthropic_tools_to_openai(const json_t *tools);
+json_t *gps_anthropic_tool_choice_to_openai(const json_t *tool_choice);
+
+/* The tool_use id for an agent's tool call id ("call_X" -> "toolu_X"). */
+void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen);
 
 /* Lower bound of the prompt's tokens from its bytes (see above). */
 long long gps_anthropic_tokens_lower_bound(size_t bytes);

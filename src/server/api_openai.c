@@ -39,6 +39,185 @@ static bool is_null_or_absent(const json_t *v)
     return v == NULL || json_is_null(v);
 }
 
+/* An assistant message's tool_calls: [{id, type:"function", function:
+ * {name, arguments:string}}]. */
+static int tool_calls_check(const json_t *calls, size_t idx, char *msg, size_t msglen)
+{
+    if (!json_is_array(calls)) {
+        snprintf(msg, msglen, "messages[%zu].tool_calls must be an array", idx);
+        return -1;
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        const json_t *fn = json_object_get(c, "function");
+        if (!json_is_string(json_object_get(c, "id")) ||
+            !json_is_string(json_object_get(fn, "name")) ||
+            !json_is_string(json_object_get(fn, "arguments"))) {
+            snprintf(msg, msglen,
+                     "messages[%zu].tool_calls[%zu] must be {\"id\":string,\"type\":"
+                     "\"function\",\"function\":{\"name\":string,\"arguments\":string}}",
+                     idx, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
+                           size_t msglen, const char **param)
+{
+    *param = "tools";
+    if (!json_is_array(tools)) {
+        snprintf(msg, msglen, "'tools' must be an array");
+        return -1;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *fn = json_object_get(t, "function");
+        const json_t *params = json_object_get(fn, "parameters");
+        if (!type || strcmp(type, "function") != 0 || !json_is_object(fn) ||
+            !json_is_string(json_object_get(fn, "name")) ||
+            (params && !json_is_null(params) && !json_is_object(params))) {
+            snprintf(msg, msglen,
+                     "tools[%zu] must be {\"type\":\"function\",\"function\":{\"name\":string,"
+                     "\"parameters\":object}}",
+                     i);
+            return -1;
+        }
+    }
+    *param = "tool_choice";
+    if (!tool_choice || json_is_null(tool_choice))
+        return 0;
+    if (json_is_string(tool_choice)) {
+        const char *v = json_string_value(tool_choice);
+        if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0 || strcmp(v, "required") == 0)
+            return 0;
+    } else if (json_is_object(tool_choice)) {
+        const char *type = json_string_value(json_object_get(tool_choice, "type"));
+        const char *name =
+            json_string_value(json_object_get(json_object_get(tool_choice, "function"), "name"));
+        if (type && strcmp(type, "function") == 0 && name)
+            return 0;
+    }
+    snprintf(msg, msglen, "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                          "{\"type\":\"function\",\"function\":{\"name\":string}}");
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tool call accumulation                                              */
+/* ------------------------------------------------------------------ */
+
+int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started)
+{
+    *started = false;
+    const json_t *ix = json_object_get(ev, "index");
+    if (!json_is_integer(ix) || json_integer_value(ix) < 0 ||
+        json_integer_value(ix) > (json_int_t)acc->n)
+        return -1; /* calls come in index order */
+    size_t i = (size_t)json_integer_value(ix);
+    const char *args = json_string_value(json_object_get(ev, "arguments"));
+    if (i == acc->n) {
+        const char *name = json_string_value(json_object_get(ev, "name"));
+        const char *id = json_string_value(json_object_get(ev, "id"));
+        if (!name)
+            return -1;
+        gps_tool_call *v = realloc(acc->v, (acc->n + 1) * sizeof *v);
+        if (!v)
+            return -1;
+        acc->v = v;
+        gps_tool_call *c = &v[acc->n];
+        char made[32];
+        snprintf(made, sizeof made, "call_%zu", i);
+        c->id = strdup(id ? id : made);
+        c->name = strdup(name);
+        gp_buf_init(&c->args);
+        if (!c->id || !c->name) {
+            free(c->id);
+            free(c->name);
+            return -1;
+        }
+        acc->n++;
+        *started = true;
+    }
+    if (args)
+        gp_buf_append(&acc->v[i].args, args, strlen(args));
+    return (int)i;
+}
+
+void gps_tool_calls_free(gps_tool_calls *acc)
+{
+    for (size_t i = 0; i < acc->n; i++) {
+        free(acc->v[i].id);
+        free(acc->v[i].name);
+        gp_buf_free(&acc->v[i].args);
+    }
+    free(acc->v);
+    acc->v = NULL;
+    acc->n = 0;
+}
+
+json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < acc->n; i++) {
+        const gps_tool_call *c = &acc->v[i];
+        json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
+        json_array_append_new(a, json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type",
+                                           "function", "function", "name", c->name,
+                                           "arguments", args ? args : json_string("")));
+    }
+    return a;
+}
+
+typedef struct tools_facts {
+    const char *model;
+    int serving, with_tools;
+} tools_facts;
+
+/* Live agents serving f->model, and how many of them report supports_tools
+ * in their model facts. */
+static void tools_facts_cb(void *ud, registry_agent *a)
+{
+    tools_facts *f = ud;
+    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT &&
+        a->state != REGISTRY_REGISTERING)
+        return;
+    for (size_t i = 0; i < a->n_models; i++) {
+        const registry_model_info *mi = &a->models[i];
+        bool match = strcmp(mi->id, f->model) == 0;
+        for (size_t k = 0; !match && k < mi->n_aliases; k++)
+            match = strcmp(mi->aliases[k], f->model) == 0;
+        if (!match)
+            continue;
+        f->serving++;
+        size_t j;
+        json_t *m;
+        json_array_foreach(json_object_get(a->facts, "models"), j, m)
+        {
+            const char *mid = json_string_value(json_object_get(m, "id"));
+            if (mid && strcmp(mid, mi->id) == 0 &&
+                json_is_true(json_object_get(m, "supports_tools"))) {
+                f->with_tools++;
+                break;
+            }
+        }
+        return;
+    }
+}
+
+bool gps_model_takes_tools(registry *reg, const char *model)
+{
+    tools_facts f = {model, 0, 0};
+    registry_foreach(reg, tools_facts_cb, &f);
+    return f.serving > 0 && f.with_tools == f.serving;
+}
+
 /* Chat content: a string, or an array of {type:"text", text} parts that
  * are concatenated. Returns a new string or NULL with msg set. */
 static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
@@ -252,12 +431,46 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             if (strcmp(r, "developer") == 0)
                 r = "system";
             if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
-                strcmp(r, "assistant") != 0)
+                strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
                 FAIL("messages",
                      "messages[%zu].role '%.40s' is not supported (system, developer, user, "
-                     "assistant)",
+                     "assistant, tool)",
                      i, json_string_value(role));
             const json_t *c = json_object_get(e, "content");
+            const json_t *calls = json_object_get(e, "tool_calls");
+            if (strcmp(r, "assistant") == 0 && !is_null_or_absent(calls)) {
+                /* An earlier turn that called tools: kept as it is (content
+                 * may be null), validated so agents get a clean shape. */
+                if (tool_calls_check(calls, i, msg, msglen) < 0) {
+                    *param = "messages";
+                    goto fail;
+                }
+                char *text = is_null_or_absent(c) ? NULL : content_text(c, i, msg, msglen);
+                if (!is_null_or_absent(c) && !text) {
+                    *param = "messages";
+                    goto fail;
+                }
+                json_t *am = json_pack("{s:s,s:O}", "role", "assistant", "tool_calls", calls);
+                json_object_set_new(am, "content", text ? json_string(text) : json_null());
+                free(text);
+                json_array_append_new(s->messages, am);
+                continue;
+            }
+            if (strcmp(r, "tool") == 0) {
+                const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
+                if (!tcid)
+                    FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
+                char *text = is_null_or_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
+                if (!text) {
+                    *param = "messages";
+                    goto fail;
+                }
+                json_array_append_new(s->messages,
+                                      json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
+                                                tcid, "content", text));
+                free(text);
+                continue;
+            }
             if (is_null_or_absent(c))
                 FAIL("messages", "messages[%zu].content is required", i);
             char *text = content_text(c, i, msg, msglen);
@@ -390,8 +603,22 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     if (!is_null_or_absent(suffix))
         FAIL("suffix", "suffix is not supported");
     const json_t *tools = json_object_get(body, "tools");
-    if (!is_null_or_absent(tools) && !(json_is_array(tools) && json_array_size(tools) == 0))
-        FAIL("tools", "tools are not supported");
+    const json_t *tchoice = json_object_get(body, "tool_choice");
+    if (!is_null_or_absent(tools)) {
+        if (!chat)
+            FAIL("tools", "tools are only supported by /v1/chat/completions");
+        if (gps_openai_tools_check(tools, tchoice, msg, msglen, param) < 0)
+            goto fail;
+        if (json_array_size(tools) > 0) {
+            s->tools = json_deep_copy(tools);
+            if (!is_null_or_absent(tchoice))
+                s->tool_choice = json_deep_copy(tchoice);
+        }
+    } else if (!is_null_or_absent(tchoice) &&
+               !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||
+                                             strcmp(json_string_value(tchoice), "auto") == 0))) {
+        FAIL("tool_choice", "'tool_choice' needs 'tools'");
+    }
     const json_t *rf = json_object_get(body, "response_format");
     if (!is_null_or_absent(rf)) {
         const char *t = json_string_value(json_object_get(rf, "type"));
@@ -518,6 +745,8 @@ typedef struct oa_stream {
     char model[MAX_MODEL_NAME + 1];
     char corr[65];
     uint64_t start_us;
+    bool tools_ignored;             /* the request's tools were dropped (warning) */
+    gps_tool_calls calls;           /* tool calls relayed so far */
     gp_buf out;
 } oa_stream;
 
@@ -577,6 +806,7 @@ static void stream_free(oa_stream *st)
     st->watch = NULL;
     if (st->evcon)
         evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->out);
     free(st);
 }
@@ -637,8 +867,41 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                                 (double)(gp_now_mono_us() - st->start_us) / 1e6);
         return;
     }
+    if (type == GPS_EV_TOOL_CALL && st->chat) {
+        bool started = false;
+        int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i < 0 || !st->stream)
+            return;
+        /* OpenAI streaming shape: the first piece of a call carries id,
+         * type and name; every piece its index and an arguments delta. */
+        const char *args = json_string_value(json_object_get(ev, "arguments"));
+        json_t *fn = json_pack("{s:s}", "arguments", args ? args : "");
+        json_t *tc = json_pack("{s:i}", "index", i);
+        if (started) {
+            json_object_set_new(tc, "id", json_string(st->calls.v[i].id));
+            json_object_set_new(tc, "type", json_string("function"));
+            json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
+        }
+        json_object_set_new(tc, "function", fn);
+        bool first = !st->started;
+        ensure_started(st);
+        json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
+                                         NULL, st->include_usage);
+        json_object_set_new(json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
+                                            "delta"),
+                            "tool_calls", json_pack("[o]", tc));
+        emit_json(st, chunk);
+        gps_sse_send(st->req, &st->out);
+        gps_job_mark_output_sent(job);
+        if (first)
+            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
+                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+        return;
+    }
     if (type == GPS_EV_END) {
         const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
+        if (st->calls.n > 0 && strcmp(fr, "length") != 0)
+            fr = "tool_calls";
         long long pt = job->prompt_tokens, ct = job->completion_tokens;
         if (st->stream) {
             ensure_started(st);
@@ -654,9 +917,20 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_sse_end(st->req);
         } else {
             json_t *meta = pool_meta(job);
+            if (meta && st->tools_ignored)
+                json_array_append_new(json_object_get(meta, "warnings"),
+                                      json_string("tools were ignored: no live agent serving "
+                                                  "this model reports supports_tools"));
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
                                                job->text.data ? job->text.data : "", fr, pt, ct,
                                                meta);
+            if (st->chat && st->calls.n > 0) {
+                json_t *m = json_object_get(json_array_get(json_object_get(body, "choices"), 0),
+                                            "message");
+                json_object_set_new(m, "tool_calls", gps_tool_calls_openai(&st->calls));
+                if (!job->text.len) /* OpenAI: content null when only tools were called */
+                    json_object_set_new(m, "content", json_null());
+            }
             add_pool_headers(st->req, job);
             detach_conn(st);
             gps_http_send_json(st->req, 200, body);
@@ -756,6 +1030,13 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     st->stream = oreq.stream;
     st->include_usage = oreq.include_usage;
     gp_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    if (oreq.spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), oreq.spec.model)) {
+        /* No agent could take them: answer without tools rather than fail. */
+        json_decref(oreq.spec.tools);
+        json_decref(oreq.spec.tool_choice);
+        oreq.spec.tools = oreq.spec.tool_choice = NULL;
+        st->tools_ignored = true;
+    }
     st->created = gp_now_wall_ms() / 1000;
     snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
     snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);

@@ -47,6 +47,35 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
 int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
                            const char **param);
 
+/* Validate OpenAI function tools and tool_choice ("auto" | "none" |
+ * "required" | {"type":"function","function":{"name"}}); tool_choice may
+ * be NULL. Returns 0, or -1 with msg and *param. */
+int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
+                           size_t msglen, const char **param);
+/* True when at least one live agent serves model and every one of them
+ * reports "supports_tools": true for it (so the job can only land on an
+ * agent that takes tools). */
+bool gps_model_takes_tools(registry *reg, const char *model);
+
+/* Tool calls put together from an agent's tool_call events (both
+ * dialects). The first event of call i (i == n) carries id and name. */
+typedef struct gps_tool_call {
+    char *id;
+    char *name;
+    gp_buf args;             /* the arguments JSON text so far */
+} gps_tool_call;
+typedef struct gps_tool_calls {
+    gps_tool_call *v;
+    size_t n;
+} gps_tool_calls;
+/* Apply one tool_call event. Returns the call's index, or -1 when the
+ * event does not fit (an index that skips ahead, a new call without a
+ * name, ENOMEM): the caller ignores it. *started: this event began a call. */
+int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started);
+void gps_tool_calls_free(gps_tool_calls *acc);
+/* message.tool_calls: [{id, type:"function", function:{name, arguments}}]. */
+json_t *gps_tool_calls_openai(const gps_tool_calls *acc);
+
 /* One streaming chunk (new reference). text may be NULL (an empty delta /
  * text); with_role adds "role":"assistant" to the chat delta;
  * finish_reason NULL = null; usage_null adds "usage": null (OpenAI does so

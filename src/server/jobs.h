@@ -66,7 +66,10 @@ typedef struct gps_job_spec {
     gps_job_kind kind;
     char *model;
     char *prompt;            /* completion */
-    json_t *messages;        /* chat: array of {role, content:string} */
+    json_t *messages;        /* chat: array of {role, content:string}; with tools also
+                                OpenAI assistant tool_calls and role "tool" messages */
+    json_t *tools;           /* chat: OpenAI function tools, or NULL (owned) */
+    json_t *tool_choice;     /* OpenAI form ("auto", "none", "required", {function}), or NULL */
     long long max_tokens;
     double temperature;
     double top_p;
@@ -86,6 +89,14 @@ typedef struct gps_job_spec {
     char *fallback_models[GPS_MAX_FALLBACK_MODELS];
     size_t n_fallback;
     const char *api;         /* static: "openai", "anthropic", "native" */
+    /* Restart recovery (api_tasks): resubmit a stored task under its id
+     * (the request-log row exists: updated, not inserted) with the text it
+     * had generated before the restart as continuation (resume_tokens
+     * tokens; > 0 makes the first attempt a continuation). Owned; NULL/0
+     * for a new job. */
+    char *resume_id;
+    char *resume_text;
+    long long resume_tokens;
 } gps_job_spec;
 
 void gps_job_spec_clear(gps_job_spec *s);
@@ -98,6 +109,8 @@ typedef enum {
     GPS_EV_ERROR,
     GPS_EV_FAILOVER,   /* server-made: {from_agent, reason, attempt, completion_tokens};
                           never from an agent, never terminal */
+    GPS_EV_TOOL_CALL,  /* {index, id?, name?, arguments}: a piece of a tool call; the
+                          first piece of a call carries id and name */
     GPS_EV_UNKNOWN,
 } gps_event_type;
 
@@ -137,7 +150,7 @@ struct gps_job {
     long long agent_seq;          /* events accepted from the current agent */
     double tokens_per_sec;        /* last reported by the agent (metrics event) */
     long long prompt_tokens;      /* from end.usage */
-    char finish_reason[16];       /* from end: stop | length */
+    char finish_reason[16];       /* from end: stop | length | tool_calls */
     char error_code[48];          /* failed / cancelled */
 
     /* ---- private to jobs.c ---- */
@@ -146,6 +159,7 @@ struct gps_job {
     char exclude_agent[64];       /* agent lost on the previous attempt */
     struct gps_job_sub *subs;
     bool cancel_pending;          /* agent must be told to stop */
+    size_t tool_bytes;            /* tool call argument bytes relayed (bounded) */
     bool ended_on_agent;          /* registry_job_end called for this assignment */
     uint64_t queued_since_us;
     uint64_t finished_us;

@@ -159,7 +159,7 @@ class ServerAnthropic(harness.TestCase):
                      "'output_config'", "max_tokens 32000 was clamped"):
             self.assertIn(part, warnings)
 
-    def test_tools_rendered_when_supported(self):
+    def test_tools_structured_when_supported(self):
         a = self.agent(ctx=8192, tools=True)
         body = msg("list files", system="S", tools=[
             {"name": "LS", "description": "List a directory",
@@ -169,16 +169,51 @@ class ServerAnthropic(harness.TestCase):
                       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "bin etc"}]}])
         get = in_thread(harness.http_json, "POST", self.url, body)
         job = self.take_job(a)
-        sysmsg = job["messages"][0]["content"]
-        self.assertTrue(sysmsg.startswith("S\n\n# Tools"))
-        self.assertIn("## LS\nList a directory", sysmsg)
-        self.assertEqual(job["messages"][2]["content"], '[tool_use id=t1 name=LS] {"path":"/"}')
-        self.assertEqual(job["messages"][3]["content"], "[tool_result id=t1]\nbin etc")
+        # The agent takes tools: they and the tool turns go in OpenAI form.
+        self.assertEqual(job["tools"], [{"type": "function", "function": {
+            "name": "LS", "description": "List a directory",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}])
+        self.assertEqual(job["tool_choice"], "auto")
+        self.assertEqual(job["messages"], [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "t1", "type": "function",
+                 "function": {"name": "LS", "arguments": '{"path":"/"}'}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "bin etc"}])
+        # A malformed tool_call event is refused, nothing of the batch applied.
+        st, r = a.events(job["job_id"], [{"type": "started"},
+                                          {"type": "tool_call", "index": "x"}])
+        self.assertEqual(st, 400, r)
+        a.events(job["job_id"], [
+            {"type": "started"}, {"type": "token", "text": "ok"},
+            {"type": "tool_call", "index": 0, "id": "call_9", "name": "LS", "arguments": '{"pa'},
+            {"type": "tool_call", "index": 0, "arguments": 'th":"/etc"}'},
+            {"type": "end", "finish_reason": "tool_calls",
+             "usage": {"prompt_tokens": 5, "completion_tokens": 3}}])
+        st, _, r = get()
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["content"], [
+            {"type": "text", "text": "ok"},
+            {"type": "tool_use", "id": "toolu_9", "name": "LS", "input": {"path": "/etc"}}])
+        self.assertEqual(r["stop_reason"], "tool_use")
+        self.assertEqual(r["x_pool_meta"]["warnings"], [])
+
+    def test_tool_blocks_as_text_without_tool_support(self):
+        a = self.agent(ctx=8192)
+        body = msg("x", tools=[{"name": "LS", "input_schema": {"type": "object"}}],
+                   messages=[{"role": "user", "content": "list files"},
+                             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "LS", "input": {"path": "/"}}]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "bin etc"}]}])
+        get = in_thread(harness.http_json, "POST", self.url, body)
+        job = self.take_job(a)
+        self.assertNotIn("tools", job)
+        self.assertEqual(job["messages"][1]["content"], '[tool_use id=t1 name=LS] {"path":"/"}')
+        self.assertEqual(job["messages"][2]["content"], "[tool_result id=t1]\nbin etc")
         a.run_job(job, tokens=("ok",))
         st, _, r = get()
         self.assertEqual(st, 200, r)
-        self.assertEqual(r["content"], [{"type": "text", "text": "ok"}])
-        self.assertEqual(r["x_pool_meta"]["warnings"], [])
+        self.assertIn("tools were ignored", " ".join(r["x_pool_meta"]["warnings"]))
 
     def test_prompt_longer_than_context(self):
         self.agent(ctx=512)

@@ -18,6 +18,14 @@ and changeable at run time through a control endpoint:
                       http500 / http400: an error status with an OpenAI error body
   --after K           tokens sent before a stall/die/malformed (default 2)
   --models a,b        ids listed by /v1/models (default "m1")
+  --tool-call NAME    when a chat request offers a function tool NAME (in
+                      "tools") and no message has role "tool" yet, answer with tool calls instead of text:
+                      --tool-calls N calls (default 1) to NAME, call k with
+                      arguments tool_arguments(k), id "call_up<req>_<k>",
+                      streamed in pieces of 7 characters (after --tool-text
+                      N text tokens, default 0), finish_reason "tool_calls".
+                      A request that holds tool results gets text as usual
+                      (derived from its last message's content).
   --port P --port-file F   listen on 127.0.0.1:P (0 = ephemeral), write the port to F
   --tls-cert C --tls-key K  serve HTTPS
 
@@ -69,6 +77,22 @@ def prompt_text_of(body, chat):
     return p if isinstance(p, str) else ""
 
 
+def tool_arguments(k):
+    """The arguments object of scripted tool call k."""
+    return {"path": "/tmp/dir%d" % k, "depth": k + 1, "note": "say \"hi\" caf\u00e9"}
+
+
+def offers_tool(body, name):
+    tools = body.get("tools")
+    if not name or not isinstance(tools, list):
+        return False
+    msgs = body.get("messages") or []
+    if any(isinstance(m, dict) and m.get("role") == "tool" for m in msgs):
+        return False  # the tools were called already: answer with text
+    return any(isinstance(t, dict) and isinstance(t.get("function"), dict)
+               and t["function"].get("name") == name for t in tools)
+
+
 def expected_tokens(prompt_text, n):
     """The n tokens this upstream generates for prompt_text."""
     words = [w for w in prompt_text.split() if w] or ["tok"]
@@ -87,6 +111,9 @@ class State:
             "mode": args.mode,
             "after": args.after,
             "models": [m for m in args.models.split(",") if m],
+            "tool_call": args.tool_call,
+            "tool_calls": args.tool_calls,
+            "tool_text": args.tool_text,
         }
         self.log = []
         self.next_id = 0
@@ -257,6 +284,8 @@ class Handler(BaseHTTPRequestHandler):
         rec["stream"] = bool(body.get("stream"))
         rec["prompt"] = body.get("prompt")
         rec["messages"] = body.get("messages")
+        rec["tools"] = body.get("tools")
+        rec["tool_choice"] = body.get("tool_choice")
         mode = cfg["mode"]
         if mode in ("http500", "http400"):
             rec["outcome"] = "error_status"
@@ -287,6 +316,16 @@ class Handler(BaseHTTPRequestHandler):
         cid = ("chatcmpl-" if chat else "cmpl-") + "%d" % rec["id"]
         created = int(time.time())
         model = body.get("model") or "m1"
+        calls = []
+        if chat and mode == "normal" and offers_tool(body, cfg["tool_call"]):
+            toks = toks[:int(cfg["tool_text"])]
+            calls = [{"id": "call_up%d_%d" % (rec["id"], k), "type": "function",
+                      "function": {"name": cfg["tool_call"],
+                                   "arguments": json.dumps(tool_arguments(k))}}
+                     for k in range(int(cfg["tool_calls"]))]
+            finish = "tool_calls"
+        rec["tool_calls_sent"] = calls
+        self.calls = calls
         try:
             if rec["stream"]:
                 self.stream(rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens, body)
@@ -327,8 +366,12 @@ class Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(toks),
                  "total_tokens": prompt_tokens + len(toks)}
         if chat:
+            message = {"role": "assistant", "content": text}
+            if self.calls:
+                message["tool_calls"] = self.calls
+                message["content"] = text or None
             obj = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                   "choices": [{"index": 0, "message": message,
                                 "finish_reason": finish}], "usage": usage}
         else:
             obj = {"id": cid, "object": "text_completion", "created": created, "model": model,
@@ -389,6 +432,22 @@ class Handler(BaseHTTPRequestHandler):
             self.chunk(b"")
             rec["ended"] = time.time()
             return
+        for k, c in enumerate(self.calls):
+            args = c["function"]["arguments"]
+            for off in range(0, len(args), 7):
+                tc = {"index": k, "function": {"arguments": args[off:off + 7]}}
+                if off == 0:
+                    tc["id"] = c["id"]
+                    tc["type"] = "function"
+                    tc["function"]["name"] = c["function"]["name"]
+                    tc["function"]["arguments"] = ""
+                    d = piece(None, None)
+                    d["choices"][0]["delta"] = {"tool_calls": [dict(tc)]}
+                    self.chunk("data: %s\n\n" % json.dumps(d))
+                    tc = {"index": k, "function": {"arguments": args[off:off + 7]}}
+                d = piece(None, None)
+                d["choices"][0]["delta"] = {"tool_calls": [tc]}
+                self.chunk("data: %s\n\n" % json.dumps(d))
         self.chunk("data: %s\n\n" % json.dumps(piece(None if chat else "", finish)))
         so = body.get("stream_options")
         if isinstance(so, dict) and so.get("include_usage"):
@@ -413,6 +472,9 @@ def main(argv=None):
     ap.add_argument("--mode", choices=MODES, default="normal")
     ap.add_argument("--after", type=int, default=2)
     ap.add_argument("--models", default="m1")
+    ap.add_argument("--tool-call", default=None)
+    ap.add_argument("--tool-calls", type=int, default=1)
+    ap.add_argument("--tool-text", type=int, default=0)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
     ap.add_argument("--tls-key", help="private key of --tls-cert")

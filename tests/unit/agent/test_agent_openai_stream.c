@@ -11,6 +11,7 @@
 
 typedef struct {
     gp_buf text;
+    gp_buf calls;           /* "index|id|name|args;" per tool_call piece */
     int ntokens, nstarted, nend, nerror;
     char code[64];
     char finish[32];
@@ -42,12 +43,27 @@ static void r_error(void *c, const char *code, const char *msg)
     snprintf(r->code, sizeof r->code, "%s", code);
 }
 
+static void r_tool(void *c, int index, const char *id, const char *name, const char *args,
+                   size_t n)
+{
+    rec *r = c;
+    gp_buf_appendf(&r->calls, "%d|%s|%s|%.*s;", index, id ? id : "-", name ? name : "-", (int)n,
+                   args);
+}
+
 static void job_init(oai_job *j, rec *r, bool chat)
 {
     memset(j, 0, sizeof *j);
     memset(r, 0, sizeof *r);
     gp_buf_init(&r->text);
-    j->sink = (agent_job_sink){r, r_started, r_token, r_metrics, r_end, r_error};
+    gp_buf_init(&r->calls);
+    j->sink = (agent_job_sink){.ctx = r,
+                               .started = r_started,
+                               .token = r_token,
+                               .metrics = r_metrics,
+                               .end = r_end,
+                               .error = r_error,
+                               .tool_call = r_tool};
     j->chat = chat;
     j->prompt_tokens = j->completion_tokens = -1;
     agent_sse_init(&j->sse, 1024);
@@ -59,6 +75,7 @@ static void job_done(oai_job *j, rec *r)
     agent_sse_free(&j->sse);
     gp_buf_free(&j->raw);
     gp_buf_free(&r->text);
+    gp_buf_free(&r->calls);
 }
 
 static size_t hdr(oai_job *j, const char *line)
@@ -110,6 +127,80 @@ static void chat_stream_any_split(void **st)
         assert_string_equal(j.finish, "length");
         assert_int_equal(j.prompt_tokens, 7);
         assert_int_equal(j.completion_tokens, 2);
+        job_done(&j, &r);
+    }
+}
+
+/* OpenAI streamed tool calls: the first piece of each call has id and
+ * name, later pieces only argument text (an id repeated by the upstream is
+ * not sent again). */
+static const char *tool_stream =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_a\","
+    "\"type\":\"function\",\"function\":{\"name\":\"ls\",\"arguments\":\"\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":"
+    "{\"arguments\":\"{\\\"p\\\":\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_a\","
+    "\"function\":{\"arguments\":\"1}\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"call_b\","
+    "\"function\":{\"name\":\"rm\",\"arguments\":\"{}\"}}]}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n"
+    "data: [DONE]\n\n";
+
+static void tool_calls_streamed(void **st)
+{
+    (void)st;
+    for (size_t step = 1; step < 40; step += 7) {
+        oai_job j;
+        rec r;
+        job_init(&j, &r, true);
+        hdr(&j, "HTTP/1.1 200 OK\r\n");
+        hdr(&j, "Content-Type: text/event-stream\r\n");
+        body(&j, tool_stream, step);
+        assert_true(j.done_seen);
+        assert_false(j.failed);
+        assert_int_equal(r.ntokens, 0);
+        assert_string_equal(r.calls.data,
+                            "0|call_a|ls|;0|-|-|{\"p\":;0|-|-|1};1|call_b|rm|{};");
+        assert_int_equal(j.ntool_calls, 2);
+        assert_string_equal(j.finish, "tool_calls");
+        job_done(&j, &r);
+    }
+}
+
+static void tool_calls_whole_and_malformed(void **st)
+{
+    (void)st;
+    oai_job j;
+    rec r;
+    job_init(&j, &r, true);
+    json_t *o = json_loads("{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":["
+                           "{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                           "\"arguments\":\"{\\\"x\\\":2}\"}}]},\"finish_reason\":\"tool_calls\"}]}",
+                           0, NULL);
+    assert_non_null(o);
+    assert_int_equal(handle_object(&j, o, false), 0);
+    json_decref(o);
+    assert_string_equal(r.calls.data, "0|c1|f|{\"x\":2};");
+    job_done(&j, &r);
+
+    /* A call that starts without a name, arguments that are not a string,
+     * an index that skips ahead: UPSTREAM_MALFORMED. */
+    const char *bad[] = {
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"f\","
+        "\"arguments\":{}}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":3,\"function\":{\"name\":\"f\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":{}}}]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        job_init(&j, &r, true);
+        o = json_loads(bad[i], 0, NULL);
+        assert_non_null(o);
+        assert_int_equal(handle_object(&j, o, true), 2);
+        assert_true(j.failed);
+        assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
+        json_decref(o);
         job_done(&j, &r);
     }
 }
@@ -316,6 +407,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chat_stream_any_split),
+        cmocka_unit_test(tool_calls_streamed),
+        cmocka_unit_test(tool_calls_whole_and_malformed),
         cmocka_unit_test(completion_stream),
         cmocka_unit_test(malformed_chunk_fails),
         cmocka_unit_test(error_object_in_stream),

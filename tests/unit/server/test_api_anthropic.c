@@ -133,11 +133,69 @@ static void test_tools(void **state)
     ok(body, &r);
     assert_non_null(r.tools_text);
     assert_int_equal(gps_anthropic_assemble(&r, 0, true, msg, sizeof msg), 0);
-    const char *sys = content_of(&r, 0);
-    assert_non_null(strstr(sys, "S\n\n# Tools"));
-    assert_non_null(strstr(sys, "## Bash\nRun a command\nInput schema: {\"properties\""));
+    /* Taken: OpenAI function tools on the spec, the system prompt as is. */
+    assert_string_equal(content_of(&r, 0), "S");
+    assert_string_equal(content_of(&r, 1), "x");
+    json_t *want = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"Bash\","
+                              "\"description\":\"Run a command\",\"parameters\":{\"type\":"
+                              "\"object\",\"properties\":{\"command\":{\"type\":\"string\"}}}}}]",
+                              0, NULL);
+    assert_true(json_equal(r.spec.tools, want));
+    json_decref(want);
+    assert_string_equal(json_string_value(r.spec.tool_choice), "auto");
     assert_false(has_warning(&r, "tools were ignored"));
     gps_anthropic_req_clear(&r);
+
+    /* The conversation in OpenAI form: tool_use -> tool_calls, tool_result
+     * -> role tool (before the user's text), is_error noted. */
+    const char *turns =
+        "{\"model\":\"m\",\"max_tokens\":10,\"tools\":[{\"name\":\"Bash\"}],"
+        "\"tool_choice\":{\"type\":\"any\"},\"messages\":["
+        "{\"role\":\"user\",\"content\":\"go\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"ok\"},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"Bash\",\"input\":{\"c\":1}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\","
+        "\"is_error\":true,\"content\":[{\"type\":\"text\",\"text\":\"boom\"}]},"
+        "{\"type\":\"text\",\"text\":\"now?\"}]}]}";
+    ok(turns, &r);
+    assert_int_equal(gps_anthropic_assemble(&r, 0, true, msg, sizeof msg), 0);
+    want = json_loads(
+        "[{\"role\":\"user\",\"content\":\"go\"},"
+        "{\"role\":\"assistant\",\"content\":\"ok\",\"tool_calls\":[{\"id\":\"toolu_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"Bash\",\"arguments\":\"{\\\"c\\\":1}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"Error: boom\"},"
+        "{\"role\":\"user\",\"content\":\"now?\"}]",
+        0, NULL);
+    assert_non_null(want);
+    assert_true(json_equal(r.spec.messages, want));
+    json_decref(want);
+    assert_string_equal(json_string_value(r.spec.tool_choice), "required");
+    /* no input_schema: a function taking any object */
+    json_t *params =
+        json_object_get(json_object_get(json_array_get(r.spec.tools, 0), "function"), "parameters");
+    assert_string_equal(json_string_value(json_object_get(params, "type")), "object");
+    gps_anthropic_req_clear(&r);
+
+    /* tool_choice mapping, tool_use ids */
+    json_t *tc = json_loads("{\"type\":\"tool\",\"name\":\"Bash\"}", 0, NULL);
+    json_t *m = gps_anthropic_tool_choice_to_openai(tc);
+    want = json_loads("{\"type\":\"function\",\"function\":{\"name\":\"Bash\"}}", 0, NULL);
+    assert_true(json_equal(m, want));
+    json_decref(tc);
+    json_decref(m);
+    json_decref(want);
+    tc = json_loads("{\"type\":\"none\"}", 0, NULL);
+    m = gps_anthropic_tool_choice_to_openai(tc);
+    assert_string_equal(json_string_value(m), "none");
+    json_decref(tc);
+    json_decref(m);
+    char id[64];
+    gps_anthropic_tool_use_id("call_abc", id, sizeof id);
+    assert_string_equal(id, "toolu_abc");
+    gps_anthropic_tool_use_id("toolu_x", id, sizeof id);
+    assert_string_equal(id, "toolu_x");
+    gps_anthropic_tool_use_id("77", id, sizeof id);
+    assert_string_equal(id, "toolu_77");
 
     ok(body, &r);
     assert_int_equal(gps_anthropic_assemble(&r, 0, false, msg, sizeof msg), 0);
