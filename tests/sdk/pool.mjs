@@ -56,6 +56,7 @@ export class Pool {
     const upPortFile = join(this.dir, 'upstream.port');
     this.spawn('upstream', 'python3', [join(SRC, 'tests/integration/upstream.py'), '--port', '0', '--port-file', upPortFile, ...upstreamArgs]);
     const upPort = await this.readPort(upPortFile);
+    this.upstreamPort = upPort;
 
     const portFile = join(this.dir, 'server.port');
     this.spawn('server', bin('gpupool-server'), ['--listen', '127.0.0.1:0', '--port-file', portFile, '--db', db || join(this.dir, 'pool.db'), ...serverArgs]);
