@@ -508,6 +508,10 @@ static void dispatch(struct evhttp_request *req, void *arg)
         if (st != 0) {
             if (st == 401 && route->dialect != GPS_DIALECT_NATIVE)
                 evhttp_add_header(oh, "WWW-Authenticate", "Bearer");
+            /* The Stainless SDKs honour this header before their own rules;
+             * without it Claude Code retries a 401 ten times with backoff
+             * (minutes) before telling the user the key is wrong. */
+            evhttp_add_header(oh, "x-should-retry", "false");
             if (st == 403)
                 gps_req_error(&r, 403, "FORBIDDEN", "this key's role may not use this endpoint",
                               NULL);
