@@ -16,7 +16,7 @@ const expected = (text, n) => {
 };
 
 before(async () => {
-  pool = await new Pool().start({ model: 'claude-pool', upstreamArgs: ['--tokens', '8'] });
+  pool = await new Pool().start({ model: 'claude-pool', upstreamArgs: ['--tokens', '8', '--tool-call', 'list_dir'] });
   client = new Anthropic({ baseURL: pool.baseURL, apiKey: 'unused-auth-is-off', maxRetries: 0, timeout: 20000 });
 });
 
@@ -176,4 +176,42 @@ test('a full queue is a RateLimitError', async () => {
   } finally {
     await busy.stop();
   }
+});
+
+// Tool use: the scripted upstream calls list_dir (offered in `tools`) with
+// {"path":"/tmp/dir0","depth":1,"note":"say \"hi\" café"}, streamed in
+// argument pieces of 7 characters (upstream.py --tool-call).
+const LIST_DIR = {
+  name: 'list_dir', description: 'List a directory',
+  input_schema: { type: 'object', properties: { path: { type: 'string' } }, required: ['path'] },
+};
+const TOOL_ARGS = { path: '/tmp/dir0', depth: 1, note: 'say "hi" caf\u00e9' };
+
+test('tool use: stream finalMessage() has a tool_use block with parsed input', async () => {
+  const req = { model: 'claude-pool', max_tokens: 64, tools: [LIST_DIR],
+                messages: [{ role: 'user', content: 'what is in tmp' }] };
+  const stream = client.messages.stream(req);
+  const jsonPieces = [];
+  stream.on('inputJson', (partial) => { jsonPieces.push(partial); });
+  const fin = await stream.finalMessage();
+  assert.equal(fin.stop_reason, 'tool_use');
+  assert.equal(fin.content.length, 1);
+  const tu = fin.content[0];
+  assert.equal(tu.type, 'tool_use');
+  assert.equal(tu.name, 'list_dir');
+  assert.match(tu.id, /^toolu_/);
+  assert.deepEqual(tu.input, TOOL_ARGS);
+  assert.ok(jsonPieces.length > 1, `input_json_delta pieces: ${jsonPieces.length}`);
+
+  // The same without streaming, then the tool_result round trip.
+  const whole = await client.messages.create(req);
+  assert.equal(whole.stop_reason, 'tool_use');
+  assert.deepEqual(whole.content[0].input, TOOL_ARGS);
+  const next = await client.messages.create({
+    ...req,
+    messages: [...req.messages, { role: 'assistant', content: whole.content },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: whole.content[0].id, content: 'aa bb' }] }],
+  });
+  assert.equal(next.stop_reason, 'end_turn');
+  assert.equal(next.content[0].text, expected('aa bb', 8));
 });

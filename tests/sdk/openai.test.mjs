@@ -10,7 +10,7 @@ import { Pool } from './pool.mjs';
 let pool, client;
 
 before(async () => {
-  pool = await new Pool().start({ model: 'pool-model' });
+  pool = await new Pool().start({ model: 'pool-model', upstreamArgs: ['--tool-call', 'list_dir'] });
   client = new OpenAI({ baseURL: `${pool.baseURL}/v1`, apiKey: 'unused-auth-is-off', maxRetries: 0, timeout: 20000 });
 });
 
@@ -144,5 +144,50 @@ test('a full queue is a RateLimitError with Retry-After', async () => {
     for (const r of ok) assert.ok(r.value.choices[0].message.content.length > 0);
   } finally {
     await busy.stop();
+  }
+});
+
+// Tool calls pass through: the scripted upstream calls list_dir when it is
+// offered (upstream.py --tool-call), streamed in argument pieces.
+const LIST_DIR = { type: 'function', function: { name: 'list_dir', description: 'List a directory',
+  parameters: { type: 'object', properties: { path: { type: 'string' } } } } };
+const TOOL_ARGS = { path: '/tmp/dir0', depth: 1, note: 'say "hi" caf\u00e9' };
+
+test('tool calls: non-streaming message.tool_calls and streamed delta.tool_calls', async () => {
+  const req = { model: 'pool-model', tools: [LIST_DIR], messages: [{ role: 'user', content: 'look' }] };
+  const c = await client.chat.completions.create(req);
+  assert.equal(c.choices[0].finish_reason, 'tool_calls');
+  const tc = c.choices[0].message.tool_calls;
+  assert.equal(tc.length, 1);
+  assert.equal(tc[0].type, 'function');
+  assert.equal(tc[0].function.name, 'list_dir');
+  assert.deepEqual(JSON.parse(tc[0].function.arguments), TOOL_ARGS);
+
+  const stream = await client.chat.completions.create({ ...req, stream: true });
+  let args = '', id = null, name = null, finish = null, pieces = 0;
+  for await (const chunk of stream) {
+    const ch = chunk.choices[0];
+    if (!ch) continue;
+    for (const d of ch.delta.tool_calls ?? []) {
+      assert.equal(d.index, 0);
+      if (d.id) id = d.id;
+      if (d.function?.name) name = d.function.name;
+      args += d.function?.arguments ?? '';
+      pieces++;
+    }
+    if (ch.finish_reason) finish = ch.finish_reason;
+  }
+  assert.ok(pieces > 1, `pieces: ${pieces}`);
+  assert.equal(typeof id, 'string');
+  assert.equal(name, 'list_dir');
+  assert.deepEqual(JSON.parse(args), TOOL_ARGS);
+  assert.equal(finish, 'tool_calls');
+
+  // SDK helper: the stream runner assembles the calls too.
+  const runner = client.beta?.chat?.completions?.stream
+    ? client.beta.chat.completions.stream(req) : null;
+  if (runner) {
+    const fin = await runner.finalChatCompletion();
+    assert.deepEqual(JSON.parse(fin.choices[0].message.tool_calls[0].function.arguments), TOOL_ARGS);
   }
 });
