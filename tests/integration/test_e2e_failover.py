@@ -16,6 +16,7 @@ gpupool-agents (openai backend) and continuation-aware scripted upstreams
 
 import json
 import os
+import signal
 import sys
 import threading
 
@@ -151,6 +152,72 @@ class FailoverTest(harness.TestCase):
         k = rec["body"]["x_continued_from"]
         self.assertGreaterEqual(k, 3)
         self.assertEqual(rec["body"]["max_tokens"], 40 - k)
+
+    def stream_completion(self, prompt, max_tokens=40, **opts):
+        return harness.SSEStream("POST", self.srv.url + "/v1/completions",
+                                 {"model": "m1", "stream": True, "prompt": prompt,
+                                  "max_tokens": max_tokens,
+                                  "stream_options": {"include_usage": True},
+                                  "x_pool_options": self.opts(**opts)}, timeout=60)
+
+    def read_rest(self, s, got):
+        """got: texts read so far; returns (whole text, last usage)."""
+        events = s.events()
+        s.close()
+        datas = harness.sse_data_json(events)
+        self.assertFalse([d for d in datas if "error" in d], datas)
+        text = "".join(got) + "".join(c.get("text") or "" for d in datas
+                                      for c in d.get("choices") or [])
+        return text, [d["usage"] for d in datas if d.get("usage")][-1]
+
+    def first_texts(self, s, n):
+        got = []
+        while len(got) < n:
+            e = s.next_event(timeout=20)
+            self.assertIsNotNone(e)
+            d = json.loads(e["data"])
+            got += [c["text"] for c in d.get("choices") or [] if c.get("text")]
+        return got
+
+    def test_continue_after_agent_drain_timeout(self):
+        # SIGTERM with a 1 s drain timeout: agent A stops the job with
+        # AGENT_SHUTDOWN, which fails over like a lost agent.
+        self.srv = self.h.start_server(FAST)
+        self.ua = self.start_cont(["--tokens", str(N), "--pace-ms", "300"])
+        self.ub = self.start_cont(["--tokens", str(N), "--pace-ms", "5"])
+        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1",
+                                     args=["--drain-timeout-sec", "1"])
+        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
+        self.srv.wait_model("m1")
+        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
+        for aid in (self.ida, self.idb):
+            harness.wait_until(lambda aid=aid: self.healthy(aid), timeout=20, what="agent healthy")
+        prompt = "drain the pool ::"
+        s = self.stream_completion(prompt)
+        self.assertEqual(s.status, 200)
+        got = self.first_texts(s, 2)
+        self.aa.signal(signal.SIGTERM)
+        text, usage = self.read_rest(s, got)
+        self.assertEqual(text, expected(prompt))
+        self.assertEqual(usage["completion_tokens"], N)
+        fo = self.srv.log_events("job_failover")
+        self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo],
+                         [("AGENT_SHUTDOWN", "continue")])
+
+    def test_stall_counts_as_lost(self):
+        self.pool(["--mode", "stall", "--after", "3", "--pace-ms", "20"],
+                  server_args=["--stall_timeout_sec", "2"])
+        prompt = "silence then more ::"
+        s = self.stream_completion(prompt)
+        self.assertEqual(s.status, 200)
+        text, usage = self.read_rest(s, [])
+        self.assertEqual(text, expected(prompt))
+        self.assertEqual(usage["completion_tokens"], N)
+        fo = self.srv.log_events("job_failover")
+        self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo], [("stalled", "continue")])
+        # The stalled agent was told to stop: its upstream saw the client go.
+        harness.wait_until(lambda: self.ua.log_entries()[-1]["outcome"] == "client_gone",
+                           timeout=20, what="stalled upstream request closed")
 
     def test_native_failover_event_and_replay(self):
         self.pool(["--mode", "die", "--after", "5", "--pace-ms", "20"])
