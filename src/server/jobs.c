@@ -74,7 +74,8 @@ gps_event_type gps_event_type_parse(const char *s)
         const char *name;
         gps_event_type type;
     } n[] = {{"started", GPS_EV_STARTED}, {"token", GPS_EV_TOKEN}, {"metrics", GPS_EV_METRICS},
-             {"end", GPS_EV_END},         {"error", GPS_EV_ERROR}};
+             {"end", GPS_EV_END},         {"error", GPS_EV_ERROR},
+             {"tool_call", GPS_EV_TOOL_CALL}};
     for (size_t i = 0; s && i < sizeof n / sizeof n[0]; i++)
         if (strcmp(s, n[i].name) == 0)
             return n[i].type;
@@ -86,10 +87,14 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->model);
     free(s->prompt);
     json_decref(s->messages);
+    json_decref(s->tools);
+    json_decref(s->tool_choice);
     json_decref(s->stop);
     free(s->user);
     free(s->prefer_agent);
     free(s->session);
+    free(s->resume_id);
+    free(s->resume_text);
     for (size_t i = 0; i < s->n_fallback; i++)
         free(s->fallback_models[i]);
     for (size_t i = 0; i < s->n_labels; i++) {
@@ -312,6 +317,11 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
                           job->correlation_id, "deadline_ms", (json_int_t)deadline_ms);
     json_object_set_new(w, "prompt", s->prompt ? json_string(s->prompt) : json_null());
     json_object_set_new(w, "messages", s->messages ? json_deep_copy(s->messages) : json_null());
+    if (s->tools) {
+        json_object_set_new(w, "tools", json_deep_copy(s->tools));
+        if (s->tool_choice)
+            json_object_set_new(w, "tool_choice", json_deep_copy(s->tool_choice));
+    }
     if (s->user)
         json_object_set_new(w, "user", json_string(s->user));
     return w;
@@ -513,7 +523,10 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         return NULL;
     }
     job->owner = j;
-    gp_id_new("job_", job->id, sizeof job->id);
+    if (spec->resume_id)
+        snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
+    else
+        gp_id_new("job_", job->id, sizeof job->id);
     snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
              correlation_id ? correlation_id : "");
     snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
@@ -521,6 +534,13 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     memset(spec, 0, sizeof *spec);
     spec->api = job->spec.api;
     gp_buf_init(&job->text);
+    if (job->spec.resume_text && job->spec.resume_tokens > 0) {
+        /* Continue where the previous server process stopped: the client
+         * already has this text (its events are stored). */
+        gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text));
+        job->completion_tokens = job->continued_tokens = job->spec.resume_tokens;
+        job->client_saw_output = true;
+    }
     job->created_us = gp_now_mono_us();
     job->created_wall_ms = gp_now_wall_ms();
     job->queued_since_us = job->created_us;
@@ -597,7 +617,10 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     table_insert(j, job);
     j->n_live++;
     job->state = GPS_JOB_QUEUED;
-    persist_insert(j, job);
+    if (job->spec.resume_id)
+        persist(j, job); /* the row of the previous process: now queued again */
+    else
+        persist_insert(j, job);
     gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "model", job->spec.model,
                            "kind", gps_job_kind_name(job->spec.kind), "api",
@@ -709,7 +732,11 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
     cancel_add(j, job->agent_id, job->id);
     gps_failover_mode mode = job->spec.failover;
     bool cont = job->client_saw_output && mode == GPS_FAILOVER_CONTINUE;
-    if (mode == GPS_FAILOVER_ERROR || (job->client_saw_output && !cont)) {
+    /* Tool call pieces already went to the subscribers (who may have
+     * buffered them even when the client saw nothing): neither a text
+     * continuation nor a restart could avoid a broken or repeated call. */
+    bool tools_relayed = job->tool_bytes > 0;
+    if (mode == GPS_FAILOVER_ERROR || (job->client_saw_output && !cont) || tools_relayed) {
         char m[200];
         snprintf(m, sizeof m, "the agent running this job was lost (%s)%s", why,
                  job->client_saw_output ? " after output was sent" : "");
@@ -849,6 +876,20 @@ static int validate_event(const json_t *ev, size_t i, char *msg, size_t msglen)
         snprintf(msg, msglen, "events[%zu].text must be a string", i);
         return -1;
     }
+    if (t == GPS_EV_TOOL_CALL) {
+        const json_t *ix = json_object_get(ev, "index");
+        const json_t *a = json_object_get(ev, "arguments");
+        const json_t *id = json_object_get(ev, "id"), *name = json_object_get(ev, "name");
+        if (!json_is_integer(ix) || json_integer_value(ix) < 0 ||
+            json_integer_value(ix) > 1024 || (a && !json_is_string(a)) ||
+            (id && !json_is_string(id)) || (name && !json_is_string(name))) {
+            snprintf(msg, msglen,
+                     "events[%zu]: a tool_call needs an integer index (0..1024) and string "
+                     "id, name, arguments",
+                     i);
+            return -1;
+        }
+    }
     if (t == GPS_EV_END) {
         const json_t *u = json_object_get(ev, "usage");
         if (u && !json_is_null(u) && !json_is_object(u)) {
@@ -888,6 +929,21 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         notify(j, job, t, ev);
         break;
     }
+    case GPS_EV_TOOL_CALL: {
+        job->state = GPS_JOB_RUNNING;
+        const char *a = json_string_value(json_object_get(ev, "arguments"));
+        job->tool_bytes += a ? strlen(a) : 0;
+        job->tool_bytes += 64; /* id, name: count every piece */
+        if (job->tool_bytes > MAX_JOB_TEXT) {
+            fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE",
+                     "the agent sent more tool call data than the request allows", 0);
+            break;
+        }
+        if (!job->first_token_us)
+            job->first_token_us = now;
+        notify(j, job, t, ev);
+        break;
+    }
     case GPS_EV_METRICS: {
         json_t *tps = json_object_get(ev, "tokens_per_sec");
         if (json_is_number(tps))
@@ -903,7 +959,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     case GPS_EV_END: {
         const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
         snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
-                 fr && strcmp(fr, "length") == 0 ? "length" : "stop");
+                 fr && strcmp(fr, "length") == 0       ? "length"
+                 : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
+                                                       : "stop");
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");
