@@ -358,6 +358,18 @@ static void request_building(void **st)
     json_decref(req);
     json_decref(job);
 
+    /* tools and tool_choice go upstream as they are */
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+                     "{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+                     0, NULL);
+    req = build_request(&b, job, &chat, &count, err, sizeof err);
+    assert_non_null(req);
+    assert_true(json_equal(json_object_get(req, "tools"), json_object_get(job, "tools")));
+    assert_string_equal(json_string_value(json_object_get(req, "tool_choice")), "required");
+    json_decref(req);
+    json_decref(job);
+
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"completion\",\"prompt\":7}", 0, NULL);
     assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
     json_decref(job);

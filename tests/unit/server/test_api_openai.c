@@ -253,10 +253,96 @@ static void test_response(void **st)
     json_decref(r);
 }
 
+static void test_tools(void **st)
+{
+    (void)st;
+    gps_openai_req r;
+    ok("{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+       "\"parameters\":{\"type\":\"object\"}}}],\"tool_choice\":{\"type\":\"function\","
+       "\"function\":{\"name\":\"f\"}},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+       "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+       "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+       "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":[{\"type\":\"text\",\"text\":"
+       "\"res\"}]}]}",
+       true, &r);
+    assert_int_equal(json_array_size(r.spec.tools), 1);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(r.spec.tool_choice, "function"), "name")),
+                        "f");
+    json_t *want = json_loads(
+        "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"res\"}]",
+        0, NULL);
+    assert_true(json_equal(r.spec.messages, want));
+    json_decref(want);
+    gps_job_spec_clear(&r.spec);
+
+    /* an empty tools array is no tools */
+    ok("{\"model\":\"m\"," M ",\"tools\":[],\"tool_choice\":\"none\"}", true, &r);
+    assert_null(r.spec.tools);
+    assert_null(r.spec.tool_choice);
+    gps_job_spec_clear(&r.spec);
+
+    bad("{\"model\":\"m\"," M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+        "\"tool_choice\":\"sometimes\"}",
+        true, "tool_choice");
+    bad("{\"model\":\"m\"," M ",\"tool_choice\":\"required\"}", true, "tool_choice");
+    bad("{\"model\":\"m\"," M ",\"tools\":{}}", true, "tools");
+    bad("{\"model\":\"m\",\"prompt\":\"x\",\"tools\":[{\"type\":\"function\",\"function\":"
+        "{\"name\":\"f\"}}]}",
+        false, "tools");
+    bad("{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", true,
+        "messages");
+    bad("{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+        "[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":{}}}]}]}",
+        true, "messages");
+}
+
+static void test_tool_calls_acc(void **st)
+{
+    (void)st;
+    gps_tool_calls acc = {0};
+    bool started = false;
+    const char *evs[] = {
+        "{\"index\":0,\"id\":\"call_a\",\"name\":\"f\",\"arguments\":\"{\\\"x\\\"\"}",
+        "{\"index\":0,\"arguments\":\":1}\"}",
+        "{\"index\":1,\"name\":\"g\"}",
+    };
+    int want_ix[] = {0, 0, 1};
+    bool want_started[] = {true, false, true};
+    for (size_t i = 0; i < 3; i++) {
+        json_t *e = json_loads(evs[i], 0, NULL);
+        assert_non_null(e);
+        assert_int_equal(gps_tool_calls_add(&acc, e, &started), want_ix[i]);
+        assert_int_equal(started, want_started[i]);
+        json_decref(e);
+    }
+    /* skipping an index, a new call without a name: ignored */
+    json_t *e = json_loads("{\"index\":5,\"name\":\"h\"}", 0, NULL);
+    assert_int_equal(gps_tool_calls_add(&acc, e, &started), -1);
+    json_decref(e);
+    e = json_loads("{\"index\":2,\"arguments\":\"{}\"}", 0, NULL);
+    assert_int_equal(gps_tool_calls_add(&acc, e, &started), -1);
+    json_decref(e);
+    json_t *got = gps_tool_calls_openai(&acc);
+    json_t *want = json_loads(
+        "[{\"id\":\"call_a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":"
+        "\"{\\\"x\\\":1}\"}},{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+        "\"g\",\"arguments\":\"\"}}]",
+        0, NULL);
+    assert_true(json_equal(got, want));
+    json_decref(got);
+    json_decref(want);
+    gps_tool_calls_free(&acc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_ok),
+        cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_tool_calls_acc),
         cmocka_unit_test(test_completion_ok),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_chunks),
