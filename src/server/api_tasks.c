@@ -23,8 +23,13 @@
 #define MAX_STOP 16
 #define NBUCKETS 1024
 #define TICK_MS 250
-#define KEEP_HOT_US (300ull * 1000000ull) /* terminal tasks stay in memory 5 minutes */
+#define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
 #define KEEPALIVE_US (15ull * 1000000ull)
+/* Event-log checkpoints (job_events): a batch is written when this many
+ * events are pending, at the terminal event, and otherwise from the tick
+ * once the oldest pending event is this old. */
+#define CHECKPOINT_EVENTS 64
+#define CHECKPOINT_US (1000ull * 1000ull)
 
 /* ------------------------------------------------------------------ */
 /* Parsing                                                             */
@@ -223,6 +228,18 @@ struct task {
     long long last_pos;           /* last queue position announced (-1 none) */
     uint64_t finished_us;
     task_sub *subs;
+    /* Checkpoints: events[0..flushed) were handed to the store. */
+    size_t flushed;
+    uint64_t pending_since_us;    /* when events[flushed] was recorded */
+    /* Restored at start-up and not resubmitted yet (job is NULL): the
+     * stored request, to resubmit until resume_deadline_us. */
+    json_t *resume_body;
+    char *resume_text;            /* token texts of the stored events */
+    long long resume_tokens;      /* token events among them */
+    int resume_attempts;
+    char resume_agent[64];        /* agent of the last started event */
+    char corr[65];
+    uint64_t resume_deadline_us;
     struct task *hnext, *next, *prev;
 };
 
@@ -239,6 +256,7 @@ struct gps_tasks {
     gps_store *store;
     gps_metrics *metrics;
     int request_timeout_sec;
+    uint64_t hot_us;              /* terminal tasks stay in memory this long */
     task *buckets[NBUCKETS];
     task *head;
     svc_rec *svc;
@@ -328,6 +346,28 @@ static void sub_remove(task *t, task_sub *s)
         }
 }
 
+/* Hand the events recorded since the last checkpoint to the store as one
+ * job_events batch (async, group-committed: never blocks the loop). */
+static void task_flush(task *t)
+{
+    size_t n = json_array_size(t->events);
+    gps_store *st = t->owner->store;
+    if (!st || t->flushed >= n)
+        return;
+    json_t *batch = json_array();
+    for (size_t i = t->flushed; batch && i < n; i++)
+        json_array_append(batch, json_array_get(t->events, i));
+    if (batch && gps_store_job_events(st, t->id, batch) == 0)
+        t->flushed = n;
+    else
+        gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored", t->id,
+                    t->flushed + 1, n);
+    /* On failure the batch is retried from the next tick: replay must
+     * never skip a seq. */
+    t->pending_since_us = gp_now_mono_us();
+    json_decref(batch);
+}
+
 /* Record an event (data stolen) and send it to the open streams. */
 static void task_emit(task *t, const char *type, json_t *data, bool terminal)
 {
@@ -345,6 +385,11 @@ static void task_emit(task *t, const char *type, json_t *data, bool terminal)
         t->terminal = true;
         t->finished_us = gp_now_mono_us();
     }
+    size_t pending = json_array_size(t->events) - t->flushed;
+    if (pending == 1)
+        t->pending_since_us = gp_now_mono_us();
+    if (terminal || pending >= CHECKPOINT_EVENTS)
+        task_flush(t);
     gp_buf out;
     gp_buf_init(&out);
     task_sub *s = t->subs;
@@ -479,7 +524,199 @@ static void task_free(gps_tasks *g, task *t)
     if (t->job)
         gps_job_unsubscribe(t->job, on_job_event, t);
     json_decref(t->events);
+    json_decref(t->resume_body);
+    free(t->resume_text);
     free(t);
+}
+
+/* ------------------------------------------------------------------ */
+/* Restart recovery                                                    */
+/* ------------------------------------------------------------------ */
+
+static void task_link(gps_tasks *g, task *t)
+{
+    unsigned b = bucket_of(t->id);
+    t->hnext = g->buckets[b];
+    g->buckets[b] = t;
+    t->next = g->head;
+    if (g->head)
+        g->head->prev = t;
+    g->head = t;
+}
+
+/* A restored task that cannot run again: its terminal error event, and
+ * the request-log row finished (jobs.c never knew this task). */
+static void restore_fail(gps_tasks *g, task *t, const char *code, const char *message)
+{
+    task_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
+    if (g->store) {
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+        u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
+        u.error_code = code;
+        u.finished_at = gp_now_wall_ms();
+        gps_store_job_update_async(g->store, u);
+    }
+}
+
+/* Submit a restored task again, under its id, with its recorded seed and
+ * the text it had generated as continuation. Until an agent serving the
+ * model is back (agents reconnect after a server restart) the submission
+ * is refused: try again each tick until the deadline. */
+static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
+{
+    gps_job_spec spec;
+    char msg[512];
+    const char *param = NULL;
+    if (gps_tasks_parse(t->resume_body, &spec, msg, sizeof msg, &param) < 0) {
+        char m[600];
+        snprintf(m, sizeof m, "the stored request cannot be resubmitted: %s", msg);
+        restore_fail(g, t, "SERVER_RESTART", m);
+        return;
+    }
+    spec.resume_id = strdup(t->id);
+    if (t->resume_tokens > 0 && t->resume_text) {
+        spec.resume_text = strdup(t->resume_text);
+        spec.resume_tokens = t->resume_tokens;
+    }
+    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text)) {
+        gps_job_spec_clear(&spec);
+        return; /* ENOMEM: next tick */
+    }
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(g->jobs, &spec, t->corr, t->key_id, &e);
+    gps_job_spec_clear(&spec);
+    if (!job) {
+        bool later = e.status == 503 || e.status == 429 || e.status == 404;
+        if (later && now < t->resume_deadline_us)
+            return;
+        char m[400];
+        snprintf(m, sizeof m, "the task could not be resumed after a server restart: %s",
+                 e.message);
+        restore_fail(g, t, e.code ? e.code : "SERVER_RESTART", m);
+        return;
+    }
+    t->job = job;
+    gps_job_subscribe(job, on_job_event, t);
+    gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
+                           (json_int_t)json_array_size(t->events), "completion_tokens",
+                           (json_int_t)t->resume_tokens),
+                 "native task resubmitted after a server restart");
+    if (t->resume_tokens > 0)
+        /* Same shape as a continuation failover (jobs.c): the tokens that
+         * follow continue the text the client already has. */
+        task_emit(t, "failover",
+                  json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",
+                            "SERVER_RESTART", "attempt", t->resume_attempts + 1,
+                            "completion_tokens", (json_int_t)t->resume_tokens),
+                  false);
+    if (job->state == GPS_JOB_QUEUED)
+        emit_queued(t);
+    else
+        t->last_pos = -1;
+    json_decref(t->resume_body);
+    t->resume_body = NULL;
+    free(t->resume_text);
+    t->resume_text = NULL;
+}
+
+int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
+{
+    if (!g || !j || !j->id || !j->api || strcmp(j->api, "native") != 0 ||
+        !json_is_object(j->request) || !json_object_get(j->request, "model") ||
+        task_find(g, j->id))
+        return -1;
+    task *t = calloc(1, sizeof *t);
+    json_t *events = json_array();
+    gp_buf text;
+    gp_buf_init(&text);
+    if (!t || !events)
+        goto oom;
+    t->owner = g;
+    t->last_pos = -1;
+    snprintf(t->id, sizeof t->id, "%s", j->id);
+    snprintf(t->key_id, sizeof t->key_id, "%s", j->key_id ? j->key_id : "");
+    snprintf(t->corr, sizeof t->corr, "%s", j->correlation_id ? j->correlation_id : "");
+    t->resume_attempts = j->attempts;
+    /* The stored log, up to its first gap: seq must stay 1..n. */
+    const char *last_type = NULL;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != (json_int_t)i + 1)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        json_t *data = json_object_get(ev, "data");
+        if (!type || json_array_append(events, ev) < 0)
+            break;
+        last_type = type;
+        if (strcmp(type, "token") == 0) {
+            const char *tx = json_string_value(json_object_get(data, "text"));
+            if (tx && gp_buf_append(&text, tx, strlen(tx)) < 0)
+                goto oom;
+            t->resume_tokens++;
+        } else if (strcmp(type, "started") == 0) {
+            const char *a = json_string_value(json_object_get(data, "agent_id"));
+            snprintf(t->resume_agent, sizeof t->resume_agent, "%s", a ? a : "");
+        }
+    }
+    t->events = events;
+    t->flushed = json_array_size(events);
+    if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
+        /* It ended, but the row was not updated before the crash: the log
+         * is the truth. Keep the task hot (it replays from memory). */
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+        json_t *d = json_object_get(json_array_get(events, json_array_size(events) - 1), "data");
+        if (g->store) {
+            gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+            bool done = strcmp(last_type, "end") == 0;
+            u.status = done ? "done" : "failed";
+            u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
+            u.error_code = done ? NULL : json_string_value(json_object_get(d, "code"));
+            u.finished_at = gp_now_wall_ms();
+            gps_store_job_update_async(g->store, u);
+            if (done)
+                gps_store_checkpoint(g->store, t->id, text.data ? text.data : "", text.len,
+                                     (long long)json_array_size(events));
+        }
+    }
+    /* Kept while the task has no job: resubmission, status (model, seed). */
+    t->resume_body = json_deep_copy(j->request);
+    if (!t->resume_body)
+        goto oom;
+    if (j->has_seed)
+        json_object_set_new(t->resume_body, "seed", json_integer(j->seed));
+    if (t->terminal) {
+        gp_buf_free(&text);
+        task_link(g, t);
+        return 0;
+    }
+    if (text.len) {
+        t->resume_text = strndup(text.data, text.len);
+        if (!t->resume_text)
+            goto oom;
+    }
+    gp_buf_free(&text);
+    t->resume_deadline_us =
+        gp_now_mono_us() + (uint64_t)(g->request_timeout_sec > 0 ? g->request_timeout_sec : 600) *
+                               1000000ull;
+    task_link(g, t);
+    return 0;
+oom:
+    gp_buf_free(&text);
+    if (t)
+        json_decref(t->resume_body);
+    json_decref(events);
+    free(t);
+    return -1;
+}
+
+void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
+{
+    if (g)
+        g->hot_us = (uint64_t)(sec > 0 ? sec : KEEP_HOT_SEC) * 1000000ull;
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
@@ -489,9 +726,15 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     task *next;
     for (task *t = g->head; t; t = next) {
         next = t->next;
+        if (t->flushed < json_array_size(t->events) && now - t->pending_since_us >= CHECKPOINT_US)
+            task_flush(t);
         if (t->terminal) {
-            if (!t->subs && now - t->finished_us > KEEP_HOT_US)
+            if (!t->subs && now - t->finished_us > g->hot_us)
                 task_free(g, t);
+            continue;
+        }
+        if (!t->job) {
+            task_resubmit(g, t, now);
             continue;
         }
         if (t->job->state == GPS_JOB_QUEUED) {
@@ -537,8 +780,8 @@ static void h_create(gps_req *r, void *arg)
     char msg[512];
     const char *param = NULL;
     int rc = gps_tasks_parse(body, &spec, msg, sizeof msg, &param);
-    json_decref(body);
     if (rc < 0) {
+        json_decref(body);
         gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
         count_request(g, "invalid_request", r->start_us);
         return;
@@ -548,6 +791,7 @@ static void h_create(gps_req *r, void *arg)
     if (!t || !events) {
         free(t);
         json_decref(events);
+        json_decref(body);
         gps_job_spec_clear(&spec);
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
@@ -556,6 +800,13 @@ static void h_create(gps_req *r, void *arg)
     gps_submit_err e;
     gps_job *job = gps_jobs_submit(g->jobs, &spec, r->correlation_id, r->key_id, &e);
     gps_job_spec_clear(&spec);
+    if (job && g->store) {
+        /* The whole validated body with its seed: what a restart resubmits
+         * (jobs.c stores only prompt/messages/max_tokens). */
+        json_object_set_new(body, "seed", json_integer(seed));
+        gps_store_job_request(g->store, job->id, body);
+    }
+    json_decref(body);
     if (!job) {
         free(t);
         json_decref(events);
@@ -577,13 +828,8 @@ static void h_create(gps_req *r, void *arg)
     t->last_pos = -1;
     snprintf(t->id, sizeof t->id, "%s", job->id);
     snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
-    unsigned b = bucket_of(t->id);
-    t->hnext = g->buckets[b];
-    g->buckets[b] = t;
-    t->next = g->head;
-    if (g->head)
-        g->head->prev = t;
-    g->head = t;
+    snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
+    task_link(g, t);
     gps_job_subscribe(job, on_job_event, t);
     emit_queued(t);
     char url[96];
@@ -608,9 +854,36 @@ static task *visible(gps_tasks *g, gps_req *r)
     return t;
 }
 
+/* A restored task waiting to be resubmitted (or failed before it was). */
+static json_t *status_restored(task *t)
+{
+    json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+    json_t *d = json_object_get(last, "data");
+    const char *type = json_string_value(json_object_get(last, "type"));
+    json_t *o = json_pack("{s:s,s:s,s:I}", "job_id", t->id, "events",
+                          (json_int_t)json_array_size(t->events));
+    json_t *b = t->resume_body;
+    json_object_set(o, "model", json_object_get(b, "model"));
+    json_object_set(o, "seed", json_object_get(b, "seed"));
+    if (!t->terminal) {
+        json_object_set_new(o, "status", json_string("queued"));
+    } else if (type && strcmp(type, "end") == 0) {
+        json_object_set_new(o, "status", json_string("done"));
+        json_object_set_new(o, "result", json_pack("{s:O,s:O}", "text",
+                                                   json_object_get(d, "text"), "finish_reason",
+                                                   json_object_get(d, "finish_reason")));
+    } else {
+        json_object_set_new(o, "status", json_string("failed"));
+        json_object_set_new(o, "error", json_deep_copy(d));
+    }
+    return o;
+}
+
 static json_t *status_hot(task *t)
 {
     gps_job *job = t->job;
+    if (!job)
+        return status_restored(t);
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s,s:I}", "job_id", t->id, "status",
                           gps_job_state_name(job->state), "model", job->spec.model, "priority",
                           job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "seed",
@@ -727,11 +1000,31 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
         free(c);
         return;
     }
+    evhttp_add_header(evhttp_request_get_output_headers(c->req), "X-Gpupool-Replay", "store");
     gps_sse_start(c->req);
-    long long seq = j->checkpoint_seq > 0 ? j->checkpoint_seq : 1;
     gp_buf out;
     gp_buf_init(&out);
-    if (c->last_id < seq && j->finished_at > 0) {
+    /* The stored event log (job_events): exactly the events after last_id. */
+    long long next = 1;
+    bool terminal = false;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != next)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        terminal = type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
+        if (next > c->last_id)
+            sse_frame(&out, ev);
+        next++;
+        if (terminal)
+            break;
+    }
+    /* No log (a task finished before migration 0002, or its last batch
+     * was lost): the terminal event, made from the row and checkpoint. */
+    long long seq = j->events ? next : (j->checkpoint_seq > 0 ? j->checkpoint_seq : 1);
+    if (!terminal && c->last_id < seq && j->finished_at > 0) {
         json_t *data;
         const char *type;
         if (strcmp(j->status, "done") == 0) {
@@ -804,7 +1097,10 @@ static void h_delete(gps_req *r, void *arg)
         cold_lookup(g, r, COLD_DELETE, 0);
         return;
     }
-    gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
+    if (t->job)
+        gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
+    else if (!t->terminal)
+        restore_fail(g, t, "CANCELLED", "the task was cancelled");
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 
@@ -848,6 +1144,8 @@ static void h_events(gps_req *r, void *arg)
         cold_lookup(g, r, COLD_EVENTS, last);
         return;
     }
+    /* Tells tests and operators where a replay came from. */
+    evhttp_add_header(evhttp_request_get_output_headers(r->req), "X-Gpupool-Replay", "memory");
     gps_sse_start(r->req);
     gp_buf out;
     gp_buf_init(&out);
@@ -890,6 +1188,7 @@ gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *sto
     g->store = store;
     g->metrics = metrics;
     g->request_timeout_sec = request_timeout_sec;
+    g->hot_us = KEEP_HOT_SEC * 1000000ull;
     if (base) {
         g->tick = event_new(base, -1, EV_PERSIST, tick_cb, g);
         struct timeval tv = {0, TICK_MS * 1000};
@@ -909,8 +1208,12 @@ void gps_tasks_free(gps_tasks *g)
         return;
     if (g->tick)
         event_free(g->tick);
-    while (g->head)
+    while (g->head) {
+        /* Shutdown: the events not checkpointed yet go to the store (closed
+         * after this, which commits them), so a restart resumes from here. */
+        task_flush(g->head);
         task_free(g, g->head);
+    }
     while (g->svc) {
         svc_rec *n = g->svc->next;
         free(g->svc);

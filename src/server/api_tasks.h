@@ -13,12 +13,15 @@
  * reason, attempt, completion_tokens} (see below), then exactly one of
  * end {finish_reason, usage, text} or error {code, message}.
  *
- * Every event is kept in memory while the task is hot (until 5 minutes
- * after its end): a reconnect with Last-Event-ID (header, or the
- * last_event_id query parameter) replays exactly the events after it.
- * When the task is terminal its text and last seq are written to
- * job_checkpoints, so once it left memory the server replays its terminal
- * event (end carries the whole text) from the store.
+ * Every event is kept in memory while the task is hot (until task_hot_sec,
+ * default 5 minutes, after its end): a reconnect with Last-Event-ID
+ * (header, or the last_event_id query parameter) replays exactly the
+ * events after it, then continues live. The events are also checkpointed
+ * to the store's job_events (one batch per 64 events, per second, and at
+ * the end; async, group-committed), so once the task left memory, or
+ * after a restart, the same events come from the store. The whole request
+ * with its seed is stored too: at start-up gps_tasks_restore resubmits
+ * unfinished tasks under their id (docs/persistence.md).
  *
  * A task holds a subscription on its job: tokens are durable to the client
  * as soon as they are recorded, so a lost agent after the first token is
@@ -59,5 +62,18 @@ gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, struct gps_sto
 /* Free after the HTTP server; before the jobs table. */
 void gps_tasks_free(gps_tasks *t);
 int gps_tasks_register(struct gps_http *h, gps_tasks *t);
+/* How long a finished task stays in memory (replay from memory, then from
+ * the store); <= 0 restores the default of 300 s (config task_hot_sec). */
+void gps_tasks_set_hot_sec(gps_tasks *t, int sec);
+
+struct gps_store_job_info;
+/* Start-up recovery: take over an unfinished native task read from the
+ * store (request, seed and event log). It is resubmitted from the tick
+ * under the same id and seed, its events continuing their numbering; one
+ * that had produced tokens continues from that text (a `failover` event
+ * with reason SERVER_RESTART comes first). It fails with its submit error
+ * when no agent takes it within request_timeout_sec. Returns 0 when taken,
+ * -1 when j is not a restorable native task (the caller fails it). */
+int gps_tasks_restore(gps_tasks *t, const struct gps_store_job_info *j);
 
 #endif

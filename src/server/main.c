@@ -294,12 +294,14 @@ static int restore_agent(void *arg, const gps_store_agent_info *a)
 }
 
 /* Requests whose clients were connected to the previous process cannot be
- * resumed: mark them failed. Native tasks could be (their input is stored),
- * but resumption is not implemented yet: they fail the same way, so that
- * GET /v2/tasks/{id} reports a terminal state. */
+ * resumed: mark them failed. Native tasks are (their whole request, seed
+ * and event log are stored): api_tasks resubmits queued ones and continues
+ * running ones from their text so far, under the same id. */
 static int fail_unfinished(void *arg, const gps_store_job_info *job)
 {
     server *s = arg;
+    if (gps_tasks_restore(s->tasks, job) == 0)
+        return 0;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
     u.status = "failed";
     u.error_code = "SERVER_RESTART";
@@ -465,8 +467,6 @@ int main(int argc, char **argv)
 
     if (gps_store_load_agents(s->store, restore_agent, s, err, sizeof err) < 0)
         gp_log_warn("db_load_agents_failed", "%s", err);
-    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
-        gp_log_warn("db_load_jobs_failed", "%s", err);
 
     gps_http_opts hopts = {
         .max_body_bytes = (size_t)s->cfg.max_body_bytes,
@@ -487,6 +487,10 @@ int main(int argc, char **argv)
                              (int)s->cfg.request_timeout_sec);
     if (!s->tasks)
         goto oom;
+    gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
+    /* After the tasks table exists: it takes the native tasks over. */
+    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
+        gp_log_warn("db_load_jobs_failed", "%s", err);
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
         gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,

@@ -57,6 +57,8 @@ const gp_opt gps_config_table[] = {
      "a running job without any event this long counts as lost"},
     {"max_attempts", GP_OPT_INT, O(max_attempts), "3", 1, 100, NULL,
      "agents tried per job (failover)"},
+    {"task_hot_sec", GP_OPT_INT, O(task_hot_sec), "300", 1, 86400, NULL,
+     "a finished native task replays from memory this long, then from the DB"},
     {"scheduler", GP_OPT_STR, O(scheduler), "round_robin", 0, 0, "round_robin|weighted",
      "scheduling policy"},
     {"shutdown_grace_sec", GP_OPT_INT, O(shutdown_grace_sec), "30", 0, 3600, NULL,

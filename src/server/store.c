@@ -69,8 +69,15 @@ enum {
     K_KEY_BIND,
     K_JOB_GET,
     K_PING,
+    K_JOB_REQUEST,
+    K_EVENTS_ADD,   /* optional: needs migration 0002 (job_events) */
+    K_EVENTS_GET,   /* optional, idem */
     K_COUNT
 };
+
+/* Statements a DB migrated by an older or custom migration set may lack:
+ * their op then fails (logged) instead of the open failing. */
+#define K_OPTIONAL(k) ((k) == K_EVENTS_ADD || (k) == K_EVENTS_GET)
 
 #define JOB_COLUMNS                                                                          \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
@@ -128,6 +135,12 @@ static const struct {
         "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL"},
     [K_JOB_GET] = {"job_get", "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
     [K_PING] = {"ping", "SELECT count(*) FROM schema_migrations"},
+    [K_JOB_REQUEST] = {"job_request", "UPDATE jobs SET request = ?2 WHERE id = ?1"},
+    [K_EVENTS_ADD] = {"job_events_add",
+        "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5)"},
+    [K_EVENTS_GET] = {"job_events_get",
+        "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -159,6 +172,7 @@ typedef struct op {
     void *arg;
     int status;                /* job_get: 0 found, 1 none, -1 error; ping: 0 ok */
     row *result;               /* job_get: the row (owned) */
+    json_t *events;            /* job_get: the stored event log (owned), or NULL */
     char msg[160];             /* ping: failure text */
     int nv;
     val v[];
@@ -417,10 +431,21 @@ static void enqueue_locked(gps_store *s, op *first, op *last, size_t count);
 
 /* Run one op on the DB thread. Returns true when it was a write that
  * succeeded, false otherwise (reads return false; *failed tells a failed write). */
+static json_t *events_collect(sqlite3_stmt *st, const char *job_id);
+
 static bool run_op(gps_store *s, op *o, bool *failed)
 {
     sqlite3_stmt *st = s->st[o->kind];
     *failed = false;
+    if (!st) {
+        /* An optional statement this DB's schema does not support. */
+        *failed = true;
+        gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
+                     json_pack("{s:s}", "op", stmts[o->kind].name),
+                     "store op %s is not supported by this database's schema",
+                     stmts[o->kind].name);
+        return false;
+    }
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
     int rc = bind_vals(st, o->v, o->nv);
@@ -434,6 +459,8 @@ static bool run_op(gps_store *s, op *o, bool *failed)
             o->status = rc == SQLITE_DONE ? 1 : -1;
         }
         sqlite3_reset(st);
+        if (o->status == 0)
+            o->events = events_collect(s->st[K_EVENTS_GET], o->v[0].s);
         return false;
     }
     if (o->kind == K_PING) {
@@ -727,6 +754,39 @@ static void job_info_from_row(const row *r, gps_store_job_info *ji, json_t **req
     ji->checkpoint_seq = ri(r, 22, -1);
 }
 
+/* The stored event log of job_id: one array of {seq, type, data}, the
+ * batches concatenated in seq order (new reference), or NULL when there is
+ * none (or st is NULL: no job_events table). A batch that does not parse
+ * ends the log there: replay must never skip a seq. */
+static json_t *events_collect(sqlite3_stmt *st, const char *job_id)
+{
+    if (!st || !job_id)
+        return NULL;
+    json_t *all = NULL;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT) != SQLITE_OK)
+        return NULL;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const char *txt = (const char *)sqlite3_column_text(st, 0);
+        int n = sqlite3_column_bytes(st, 0);
+        json_t *batch = txt ? json_loadb(txt, (size_t)n, 0, NULL) : NULL;
+        if (!json_is_array(batch)) {
+            json_decref(batch);
+            break;
+        }
+        if (!all)
+            all = json_array();
+        if (!all || json_array_extend(all, batch) < 0) {
+            json_decref(batch);
+            break;
+        }
+        json_decref(batch);
+    }
+    sqlite3_reset(st);
+    return all;
+}
+
 static void deliver(op *o)
 {
     if (o->kind == K_JOB_GET) {
@@ -734,6 +794,7 @@ static void deliver(op *o)
             gps_store_job_info ji;
             json_t *req;
             job_info_from_row(o->result, &ji, &req);
+            ji.events = o->events;
             o->job_cb(o->arg, 0, &ji);
             json_decref(req);
         } else {
@@ -753,6 +814,7 @@ static void deliver_all(gps_store *s)
     while (list) {
         op *next = list->next;
         deliver(list);
+        json_decref(list->events);
         free(list->result);
         free(list);
         list = next;
@@ -1075,6 +1137,10 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
     for (int k = 0; k < K_COUNT; k++) {
         if (sqlite3_prepare_v3(s->db, stmts[k].sql, -1, SQLITE_PREPARE_PERSISTENT, &s->st[k],
                                NULL) != SQLITE_OK) {
+            if (K_OPTIONAL(k)) {
+                s->st[k] = NULL;
+                continue;
+            }
             seterr(err, errlen, "%s: preparing %s: %s (schema out of step with the binary?)",
                    path, stmts[k].name, sqlite3_errmsg(s->db));
             goto fail;
@@ -1340,6 +1406,32 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
     b_textn(&b, text ? text : "", len);
     b_int(&b, last_seq);
     b_int(&b, gp_now_wall_ms());
+    return enqueue_b(s, &b);
+}
+
+int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
+{
+    size_t n = json_array_size(events);
+    if (!job_id || n == 0)
+        return -1;
+    opb b;
+    b_init(&b, K_EVENTS_ADD);
+    b_text(&b, job_id);
+    b_int(&b, json_integer_value(json_object_get(json_array_get(events, 0), "seq")));
+    b_int(&b, json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")));
+    b_json(&b, events);
+    b_int(&b, gp_now_wall_ms());
+    return enqueue_b(s, &b);
+}
+
+int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request)
+{
+    if (!job_id || !request)
+        return -1;
+    opb b;
+    b_init(&b, K_JOB_REQUEST);
+    b_text(&b, job_id);
+    b_json(&b, request);
     return enqueue_b(s, &b);
 }
 
@@ -1672,6 +1764,12 @@ int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void 
         errlen);
     if (!st)
         return -1;
+    /* Optional (no job_events table before migration 0002). */
+    sqlite3_stmt *ev_st = NULL;
+    if (sqlite3_prepare_v2(s->sdb, stmts[K_EVENTS_GET].sql, -1, &ev_st, NULL) != SQLITE_OK) {
+        sqlite3_finalize(ev_st);
+        ev_st = NULL;
+    }
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
         row *r = row_copy(st);
@@ -1682,8 +1780,11 @@ int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void 
         gps_store_job_info ji;
         json_t *req;
         job_info_from_row(r, &ji, &req);
+        if (ev_st)
+            ji.events = events_collect(ev_st, ji.id);
         int cbrc = cb(arg, &ji);
         json_decref(req);
+        json_decref(ji.events);
         free(r);
         if (cbrc != 0) {
             ret = cbrc;
@@ -1696,6 +1797,7 @@ int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void 
     }
     ret = 0;
 done:
+    sqlite3_finalize(ev_st);
     sqlite3_finalize(st);
     return ret;
 }

@@ -75,6 +75,14 @@
  *   job_checkpoints(job_id TEXT PK -> jobs(id) ON DELETE CASCADE,
  *          text TEXT NOT NULL       -- generated text so far
  *          last_seq INTEGER NOT NULL, updated_at INTEGER NOT NULL)
+ *
+ *   job_events(job_id TEXT -> jobs(id) ON DELETE CASCADE,   (migration 0002)
+ *          first_seq, last_seq INTEGER NOT NULL,
+ *          events TEXT NOT NULL     -- JSON array of {seq, type, data}: one
+ *                                      checkpoint batch of a native task's events
+ *          created_at INTEGER NOT NULL, PRIMARY KEY (job_id, first_seq))
+ *     -- statements on it are optional: a DB without the table (custom
+ *     -- migrations_dir) opens, and those ops fail and are logged
  * ------------------------------------------------------------------------
  *
  * Threading: gps_store_open/close, the load and *_sync functions run on
@@ -221,6 +229,15 @@ int gps_store_job_update_async(gps_store *s, gps_store_job_update u);
 int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, size_t len,
                          long long last_seq);
 
+/* Append one checkpoint batch of a native task's event log: events is a
+ * non-empty array of {seq, type, data} with contiguous ascending seq (the
+ * first and last seq are taken from it). One row, one statement: after a
+ * crash a batch is stored whole or not at all. See docs/persistence.md. */
+int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events);
+/* Replace the stored input of a job (jobs.request): native tasks store the
+ * whole validated body so a restart can resubmit it. */
+int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request);
+
 /* Delete finished jobs (finished_at < before_wall_ms) and their
  * checkpoints, in chunks of 1000 rows so other writes interleave. */
 int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms);
@@ -258,6 +275,9 @@ typedef struct gps_store_job_info {
     const char *checkpoint_text;                  /* NULL = no checkpoint */
     size_t checkpoint_len;
     long long checkpoint_seq;                     /* -1 = no checkpoint */
+    json_t *events;                               /* borrowed: the job_events log
+                                                     concatenated (array of {seq,type,
+                                                     data}, ascending), NULL = none */
 } gps_store_job_info;
 
 /* status: 0 found (job non-NULL), 1 not found (job NULL), -1 error (job NULL). */
