@@ -64,6 +64,25 @@ class ServerOpenAI(harness.TestCase):
         return harness.http_json("POST", self.srv.url + path, body, headers, timeout)
 
     # ------------------------------------------------------------------
+    def test_tools_dropped_without_tool_support(self):
+        # A fake agent whose model facts do not say supports_tools: the
+        # request is served without its tools and a warning says so.
+        self.start()
+        a = self.agent()
+        self.srv.wait_model("m1")
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        get = in_thread(self.post, "/v1/chat/completions", dict(CHAT, tools=tools,
+                                                                   tool_choice="auto"))
+        st, jobs = a.work(1, timeout=10)
+        self.assertEqual(st, 200)
+        self.assertNotIn("tools", jobs[0])
+        self.assertNotIn("tool_choice", jobs[0])
+        a.run_job(jobs[0], tokens=["ok"])
+        st, _, body = get()
+        self.assertEqual(st, 200, body)
+        self.assertEqual(body["choices"][0]["message"]["content"], "ok")
+        self.assertIn("tools were ignored", " ".join(body["x_pool_meta"]["warnings"]))
+
     def test_nonstreaming_chat_and_completion(self):
         self.start()
         a = self.agent()
