@@ -317,6 +317,16 @@ class TLS(harness.TestCase):
         self.assertEqual(st, 200)
         self.assertTrue(srv.alive())
 
+    def test_silent_or_partial_handshake_is_closed_by_idle_timeout(self):
+        srv = self.tls_server(extra=["--idle_timeout_sec", "1"])
+        for first in (b"", b"\x16\x03\x01\x00\x10"):  # nothing / half a ClientHello record
+            with socket.create_connection(("127.0.0.1", srv.tls_port), timeout=15) as c:
+                if first:
+                    c.sendall(first)
+                self.assertEqual(c.recv(100), b"")  # closed by the server, no reply
+        st, _, _ = https_request(srv.tls_port, "GET", "/health")
+        self.assertEqual(st, 200)
+
     def test_bad_cert_or_key_stops_startup(self):
         p = pki()
         cases = [
