@@ -33,8 +33,11 @@
  * /agents/work's "jobs" array, see docs/protocol.md: job_id, kind
  * ("completion" | "chat" | "count_tokens"), model, prompt, messages, params
  * {max_tokens, temperature, top_p, top_k, stop, seed}, continuation,
- * correlation_id, deadline_ms. count_tokens: no token events, end with
- * finish_reason "stop" and usage.prompt_tokens set.
+ * correlation_id, deadline_ms; chat jobs may carry OpenAI `tools` and
+ * `tool_choice` (and then messages with tool_calls / role "tool"), only
+ * when the backend's models() said "supports_tools": true. count_tokens:
+ * no token events, end with finish_reason "stop" and usage.prompt_tokens
+ * set.
  *
  * Error codes (stable, go to the client): UPSTREAM_ERROR, UPSTREAM_MALFORMED,
  * UPSTREAM_TIMEOUT (openai), INVALID_REQUEST (bad job), CONTEXT_OVERFLOW,

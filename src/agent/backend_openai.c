@@ -9,6 +9,11 @@
  * stream_options.include_usage) so tokens are relayed as they arrive; the
  * server turns them back into one body for non-streaming clients.
  *
+ * Tools: a job's `tools`/`tool_choice` go upstream as they are (the model
+ * facts say supports_tools: the upstream decides); the reply's tool_calls
+ * (streamed pieces or a whole message) become tool_call events, and a reply
+ * that called tools ends with finish_reason "tool_calls".
+ *
  * Failures become one error event with a stable code:
  *   UPSTREAM_ERROR      HTTP status >= 400, connection refused/reset/dropped,
  *                       stream ended before [DONE], error object in the stream
