@@ -438,7 +438,8 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
                      i, json_string_value(role));
             const json_t *c = json_object_get(e, "content");
             const json_t *calls = json_object_get(e, "tool_calls");
-            if (strcmp(r, "assistant") == 0 && !is_null_or_absent(calls)) {
+            if (strcmp(r, "assistant") == 0 && !is_null_or_absent(calls) &&
+                !(json_is_array(calls) && json_array_size(calls) == 0)) {
                 /* An earlier turn that called tools: kept as it is (content
                  * may be null), validated so agents get a clean shape. */
                 if (tool_calls_check(calls, i, msg, msglen) < 0) {
@@ -905,9 +906,13 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         long long pt = job->prompt_tokens, ct = job->completion_tokens;
         if (st->stream) {
             ensure_started(st);
-            emit_json(st, gps_openai_chunk(st->chat, st->id, st->created, st->model,
-                                           st->chat ? NULL : "", false, fr,
-                                           st->include_usage));
+            /* The headers left with the first token: the last chunk tells
+             * which agent finished and how many were tried (failover). */
+            json_t *last = gps_openai_chunk(st->chat, st->id, st->created, st->model,
+                                            st->chat ? NULL : "", false, fr, st->include_usage);
+            if (last)
+                json_object_set_new(last, "x_pool_meta", pool_meta(job));
+            emit_json(st, last);
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));

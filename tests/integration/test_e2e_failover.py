@@ -101,6 +101,10 @@ class FailoverTest(harness.TestCase):
         self.assertEqual(usage[-1]["completion_tokens"], N)
         fins = [c["finish_reason"] for d in datas for c in d.get("choices") or [] if c.get("finish_reason")]
         self.assertEqual(fins, ["stop"])
+        last = [d for d in datas if any(c.get("finish_reason") for c in d.get("choices") or [])][0]
+        self.assertEqual(last["x_pool_meta"]["attempts"], 2)
+        self.assertEqual(last["x_pool_meta"]["agent_id"], self.idb)
+        self.assertEqual(s.headers.get("x-pool-agent"), self.ida)  # sent with the first token
         # B was given A's 4 tokens as the assistant's partial answer.
         recs = [r for r in self.ub.log_entries() if r.get("path", "").endswith("chat/completions")]
         self.assertEqual(len(recs), 1)
@@ -108,6 +112,32 @@ class FailoverTest(harness.TestCase):
         self.assertEqual(recs[0]["body"]["x_continuation"], expected(prompt, 4))
         fo = self.srv.log_events("job_failover")
         self.assertEqual([e.get("mode") for e in fo], ["continue"])
+
+    def test_continue_anthropic_stream(self):
+        # With stop_sequences the Anthropic stream scans (and may hold back)
+        # text on the server; the continuation follows all the job's text.
+        self.pool(["--mode", "die", "--after", "5", "--pace-ms", "20"])
+        prompt = "sing a song of sixpence"
+        s = harness.SSEStream("POST", self.srv.url + "/v1/messages",
+                              {"model": "m1", "stream": True, "max_tokens": 50,
+                               "stop_sequences": [" never"],
+                               "messages": [{"role": "user", "content": prompt}],
+                               "x_pool_options": self.opts()}, timeout=60)
+        self.assertEqual(s.status, 200)
+        evs = s.events()
+        s.close()
+        names = [e.get("event") for e in evs]
+        self.assertNotIn("error", names)
+        datas = [json.loads(e["data"]) for e in evs]
+        text = "".join(d["delta"]["text"] for d in datas
+                       if d.get("type") == "content_block_delta")
+        self.assertEqual(text, expected(prompt))
+        md = [d for d in datas if d.get("type") == "message_delta"][0]
+        self.assertEqual(md["delta"]["stop_reason"], "end_turn")
+        self.assertEqual(md["usage"]["output_tokens"], N)
+        self.assertEqual(md["x_pool_meta"]["attempts"], 2)
+        self.assertEqual(md["x_pool_meta"]["agent_id"], self.idb)
+        self.assertEqual(names[-1], "message_stop")
 
     def test_continue_completion_nonstream_max_tokens(self):
         # Output of a non-streaming request never reached the client: a
