@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <errno.h>
@@ -673,6 +674,13 @@ int gps_http_bind_tls(gps_http *h, const char *host, int port, gps_tls *tls, int
         snprintf(err, errlen, "cannot listen (TLS) on %s:%d", host, port);
         return -1;
     }
+    /* TLS sends a reply as several records (one per write of the
+     * bufferevent), i.e. several small segments: with Nagle on, the second
+     * waits for the client's delayed ACK (~40 ms per request). Accepted
+     * sockets inherit TCP_NODELAY from the listener on Linux. */
+    int one = 1;
+    setsockopt(evhttp_bound_socket_get_fd(h->bound_tls), IPPROTO_TCP, TCP_NODELAY, &one,
+               sizeof one);
     return bound_port_of(h->bound_tls, port, bound_port, err, errlen);
 }
 
