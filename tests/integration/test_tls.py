@@ -164,6 +164,21 @@ class TLS(harness.TestCase):
         self.assertEqual(st, 200, body)
         self.assertTrue(body["choices"][0]["message"]["content"])
         self.assertIn("x-correlation-id", hdr)
+        # Streaming (chunked SSE) over TLS, to the last event.
+        ctx = ssl.create_default_context(cafile=p["good_crt"])
+        c = http.client.HTTPSConnection("127.0.0.1", srv.tls_port, timeout=30, context=ctx)
+        c.request("POST", "/v1/chat/completions", body=json.dumps(dict(CHAT, stream=True)),
+                  headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertIn("text/event-stream", r.getheader("Content-Type"))
+        events = harness.parse_sse(r.read().decode())
+        c.close()
+        datas = [e.get("data") for e in events]
+        self.assertEqual(datas[-1], "[DONE]", datas)
+        text = "".join(json.loads(d)["choices"][0]["delta"].get("content") or ""
+                       for d in datas[:-1] if json.loads(d).get("choices"))
+        self.assertEqual(text, body["choices"][0]["message"]["content"])
         # Host-name verification on the client side: "localhost" is in the SAN too.
         st, _, _ = https_request(srv.tls_port, "GET", "/health", host="localhost")
         self.assertEqual(st, 200)
