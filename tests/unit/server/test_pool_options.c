@@ -1,6 +1,7 @@
-/* x_pool_options.failover and fallback_models: the shared parser, and each
+/* x_pool_options.failover and fallback_models: the shared parser, each
  * dialect's parse rejecting bad values with the parameter named (the
- * handlers turn that into a 400 in the dialect's shape). */
+ * handlers turn that into a 400 in the dialect's shape); the wire form of a
+ * continuation attempt (gps_job_wire). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -184,6 +185,49 @@ static void test_dialects(void **st)
     json_decref(j);
 }
 
+/* The wire form of a continuation attempt: the text so far as
+ * continuation, and only what is left of max_tokens. */
+static void test_wire_continuation(void **st)
+{
+    (void)st;
+    gps_job *job = calloc(1, sizeof *job);
+    assert_non_null(job);
+    job->spec.kind = GPS_JOB_COMPLETION;
+    job->spec.model = strdup("m1");
+    job->spec.prompt = strdup("hello ::");
+    job->spec.max_tokens = 10;
+    job->attempts = 1;
+    gp_buf_init(&job->text);
+    json_t *w = gps_job_wire(job, 0, 60);
+    assert_string_equal(json_string_value(json_object_get(w, "continuation")), "");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "params"),
+                                                        "max_tokens")),
+                     10);
+    json_decref(w);
+    /* After a failover with 3 tokens sent. */
+    gp_buf_append(&job->text, " a0 b1 c2", 9);
+    job->completion_tokens = job->continued_tokens = 3;
+    job->attempts = 2;
+    w = gps_job_wire(job, 0, 60);
+    assert_string_equal(json_string_value(json_object_get(w, "continuation")), " a0 b1 c2");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "params"),
+                                                        "max_tokens")),
+                     7);
+    assert_int_equal(json_integer_value(json_object_get(w, "attempt")), 2);
+    assert_string_equal(json_string_value(json_object_get(w, "prompt")), "hello ::");
+    json_decref(w);
+    /* The budget is spent (stop-string slack): still at least 1. */
+    job->continued_tokens = 12;
+    w = gps_job_wire(job, 0, 60);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "params"),
+                                                        "max_tokens")),
+                     1);
+    json_decref(w);
+    gp_buf_free(&job->text);
+    gps_job_spec_clear(&job->spec);
+    free(job);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_fallback_models),
         cmocka_unit_test(test_together),
         cmocka_unit_test(test_dialects),
+        cmocka_unit_test(test_wire_continuation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
