@@ -77,12 +77,13 @@ class TasksDurable(harness.TestCase):
         self.assertEqual(st, 200, r)
         return r
 
-    def wait_durable(self, tid, seq, timeout=15):
+    def wait_durable(self, tid, seq, timeout=15, db=None):
         """Until job_events holds tid's events up to seq (committed)."""
+        dbpath = db or self.db
         deadline = time.time() + timeout
         got = None
         while time.time() < deadline:
-            db = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
+            db = sqlite3.connect("file:%s?mode=ro" % dbpath, uri=True, timeout=5)
             try:
                 got = db.execute("SELECT max(last_seq) FROM job_events WHERE job_id = ?",
                                  (tid,)).fetchone()[0]
@@ -269,6 +270,53 @@ class TasksDurable(harness.TestCase):
         self.assertIsNotNone(row, "job %s not in the request log" % jid)
         self.assertEqual(tuple(row), ("failed", "SERVER_RESTART"))
         srv2.stop()
+
+
+class TasksDurableRealAgent(harness.TestCase):
+    """SIGKILL of the server under a real gpupool-agent streaming from a
+    slow, continuation-aware upstream: the restarted server (same port, same
+    DB) resumes the task on the agent that comes back, and the client's
+    before + after streams give upstream's text exactly once."""
+    NEEDS = (harness.SERVER_BIN, harness.AGENT_BIN)
+
+    def test_sigkill_mid_stream_with_a_real_agent(self):
+        from test_e2e_failover import ContUpstream, expected  # noqa: E402
+        fast = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec", "5"]
+        db = self.h.path("real.db")
+        srv = self.h.start_server(fast, db=db)
+        up = ContUpstream(self.h, "upstream", ["--tokens", "12", "--pace-ms", "150"])
+        self.h.procs.append(up)
+        self.h.start_agent(srv, upstream=up, model="m1")
+        srv.wait_model("m1")
+        prompt = "a long story ::"
+        st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                     {"model": "m1", "prompt": prompt, "max_tokens": 12})
+        self.assertEqual(st, 202, r)
+        tid = r["job_id"]
+        s = harness.SSEStream("GET", srv.url + "/v2/tasks/%s/events" % tid, timeout=30)
+        seen = []
+        while sum(1 for e in seen if e[1] == "token") < 4:
+            e = s.next_event(timeout=30)
+            self.assertIsNotNone(e)
+            seen.append((int(e["id"]), e["event"], json.loads(e["data"])))
+        # Crash once what the client saw is committed (later events may or
+        # may not be: the resumed stream must be right either way).
+        TasksDurable.wait_durable(self, tid, seen[-1][0], db=db)
+        port = srv.port
+        srv.kill9()
+        s.conn.close()
+        srv2 = self.h.start_server(fast, db=db, name="server2", port=port)
+        st, _, data = harness.http_request(
+            "GET", srv2.url + "/v2/tasks/%s/events" % tid,
+            headers={"Last-Event-ID": str(seen[-1][0])}, timeout=90)
+        self.assertEqual(st, 200)
+        stream = seen + events_of(data)
+        check_stream(self, stream)
+        self.assertEqual(stream[-1][1], "end", stream[-1])
+        text = "".join(e[2]["text"] for e in stream if e[1] == "token")
+        self.assertEqual(text, expected(prompt, 12))
+        self.assertEqual(stream[-1][2]["text"], text)
+        self.assertIn("SERVER_RESTART", [e[2].get("reason") for e in stream if e[1] == "failover"])
 
 
 if __name__ == "__main__":
