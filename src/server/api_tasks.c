@@ -860,8 +860,10 @@ static json_t *status_restored(task *t)
     json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
     json_t *d = json_object_get(last, "data");
     const char *type = json_string_value(json_object_get(last, "type"));
-    json_t *o = json_pack("{s:s,s:s,s:I}", "job_id", t->id, "events",
+    json_t *o = json_pack("{s:s,s:I}", "job_id", t->id, "events",
                           (json_int_t)json_array_size(t->events));
+    if (!o)
+        return json_object();
     json_t *b = t->resume_body;
     json_object_set(o, "model", json_object_get(b, "model"));
     json_object_set(o, "seed", json_object_get(b, "seed"));
@@ -873,7 +875,10 @@ static json_t *status_restored(task *t)
                                                    json_object_get(d, "text"), "finish_reason",
                                                    json_object_get(d, "finish_reason")));
     } else {
-        json_object_set_new(o, "status", json_string("failed"));
+        const char *code = json_string_value(json_object_get(d, "code"));
+        json_object_set_new(o, "status", json_string(code && strcmp(code, "CANCELLED") == 0
+                                                         ? "cancelled"
+                                                         : "failed"));
         json_object_set_new(o, "error", json_deep_copy(d));
     }
     return o;

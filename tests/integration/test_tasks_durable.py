@@ -188,6 +188,33 @@ class TasksDurable(harness.TestCase):
         s = self.status(srv2, tid)
         self.assertEqual((s["status"], s["seed"], s["result"]["text"]), ("done", 4242, "xy"))
 
+    def test_restored_task_waits_for_an_agent_and_can_be_cancelled(self):
+        srv = self.h.start_server([], db=self.db)
+        self.agent(srv)
+        r = self.create(srv, seed=5)
+        tid = r["job_id"]
+        self.wait_durable(tid, 1)
+        srv.kill9()
+        # No agent after the restart: the task waits (queued), same seed.
+        srv2 = self.h.start_server([], db=self.db, name="server2")
+        s = self.status(srv2, tid)
+        self.assertEqual((s["status"], s["seed"], s["model"]), ("queued", 5, "m1"))
+        st, _, d = harness.http_json("DELETE", srv2.url + "/v2/tasks/" + tid)
+        self.assertEqual((st, d["status"]), (200, "cancelled"))
+        self.assertEqual(d["error"]["code"], "CANCELLED")
+        _, evs = self.events(srv2, tid)
+        check_stream(self, evs)
+        self.assertEqual([e[1] for e in evs], ["queued", "error"])
+        self.assertEqual(evs[-1][2]["code"], "CANCELLED")
+        # Idempotent, and the request log row is final.
+        st, _, d = harness.http_json("DELETE", srv2.url + "/v2/tasks/" + tid)
+        self.assertEqual(st, 200)
+        srv2.stop()
+        srv3 = self.h.start_server([], db=self.db, name="server3")
+        s = self.status(srv3, tid)
+        self.assertEqual(s["status"], "cancelled")
+        self.assertEqual(self.events(srv3, tid), ("store", evs))
+
     def test_sigkill_while_running_then_restart_continues(self):
         srv = self.h.start_server([], db=self.db)
         a = self.agent(srv)
