@@ -849,6 +849,17 @@ static void ensure_started(oa_stream *st)
                                        st->include_usage));
 }
 
+/* pool_meta plus this request's own warnings (new reference). */
+static json_t *stream_meta(oa_stream *st, gps_job *job)
+{
+    json_t *meta = pool_meta(job);
+    if (meta && st->tools_ignored)
+        json_array_append_new(json_object_get(meta, "warnings"),
+                              json_string("tools were ignored: no live agent serving this model "
+                                          "reports supports_tools"));
+    return meta;
+}
+
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     oa_stream *st = arg;
@@ -911,7 +922,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             json_t *last = gps_openai_chunk(st->chat, st->id, st->created, st->model,
                                             st->chat ? NULL : "", false, fr, st->include_usage);
             if (last)
-                json_object_set_new(last, "x_pool_meta", pool_meta(job));
+                json_object_set_new(last, "x_pool_meta", stream_meta(st, job));
             emit_json(st, last);
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
@@ -921,11 +932,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
-            json_t *meta = pool_meta(job);
-            if (meta && st->tools_ignored)
-                json_array_append_new(json_object_get(meta, "warnings"),
-                                      json_string("tools were ignored: no live agent serving "
-                                                  "this model reports supports_tools"));
+            json_t *meta = stream_meta(st, job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
                                                job->text.data ? job->text.data : "", fr, pt, ct,
                                                meta);

@@ -82,6 +82,19 @@ class ServerOpenAI(harness.TestCase):
         self.assertEqual(st, 200, body)
         self.assertEqual(body["choices"][0]["message"]["content"], "ok")
         self.assertIn("tools were ignored", " ".join(body["x_pool_meta"]["warnings"]))
+        # streamed: the last chunk's x_pool_meta says so
+        get = in_thread(harness.http_request, "POST", self.srv.url + "/v1/chat/completions",
+                        dict(CHAT, tools=tools, stream=True))
+        st, jobs = a.work(1, timeout=10)
+        self.assertEqual(st, 200)
+        self.assertNotIn("tools", jobs[0])
+        a.run_job(jobs[0], tokens=["ok"])
+        st, _, raw = get()
+        self.assertEqual(st, 200, raw)
+        chunks = harness.sse_data_json(harness.parse_sse(raw))
+        metas = [c["x_pool_meta"] for c in chunks if "x_pool_meta" in c]
+        self.assertEqual(len(metas), 1)
+        self.assertIn("tools were ignored", " ".join(metas[0]["warnings"]))
 
     def test_nonstreaming_chat_and_completion(self):
         self.start()
