@@ -161,8 +161,14 @@ static int take_tool_calls(oai_job *j, json_t *calls, bool streamed)
         json_t *ix = json_object_get(c, "index");
         json_t *fn = json_object_get(c, "function");
         json_t *args = json_object_get(fn, "arguments");
-        long long index = streamed || json_is_integer(ix) ? json_integer_value(ix) : j->ntool_calls;
-        if (!json_is_object(c) || (streamed && !json_is_integer(ix)) || index < 0 ||
+        /* Without an index (whole messages; some servers' streams): a
+         * piece with a function name starts the next call, one without
+         * continues the last. */
+        long long index = json_is_integer(ix) ? json_integer_value(ix)
+                          : !streamed || json_string_value(json_object_get(fn, "name"))
+                              ? j->ntool_calls
+                              : j->ntool_calls - 1;
+        if (!json_is_object(c) || (ix && !json_is_integer(ix)) || index < 0 ||
             index >= MAX_TOOL_CALLS || (fn && !json_is_object(fn)) ||
             (args && !json_is_null(args) && !json_is_string(args))) {
             job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a malformed tool call");

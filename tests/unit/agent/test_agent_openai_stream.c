@@ -184,6 +184,21 @@ static void tool_calls_whole_and_malformed(void **st)
     assert_string_equal(r.calls.data, "0|c1|f|{\"x\":2};");
     job_done(&j, &r);
 
+    /* Streamed pieces without an index: a name starts a call, the rest
+     * continue it. */
+    job_init(&j, &r, true);
+    const char *noix[] = {
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"id\":\"k\",\"function\":{\"name\":\"f\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"{}\"}}]}}]}",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        o = json_loads(noix[i], 0, NULL);
+        assert_int_equal(handle_object(&j, o, true), 0);
+        json_decref(o);
+    }
+    assert_string_equal(r.calls.data, "0|k|f|;0|-|-|{};");
+    job_done(&j, &r);
+
     /* A call that starts without a name, arguments that are not a string,
      * an index that skips ahead: UPSTREAM_MALFORMED. */
     const char *bad[] = {
@@ -192,6 +207,8 @@ static void tool_calls_whole_and_malformed(void **st)
         "\"arguments\":{}}}]}}]}",
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":3,\"function\":{\"name\":\"f\"}}]}}]}",
         "{\"choices\":[{\"delta\":{\"tool_calls\":{}}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"x\"}}]}}]}",
+        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":\"0\",\"function\":{\"name\":\"f\"}}]}}]}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         job_init(&j, &r, true);
