@@ -33,8 +33,9 @@ Control (JSON):
   POST /_control/config {"pace_ms":..,"mode":..,...}  change settings (returns all)
   POST /_control/reset                                 clear the request log
   GET  /_control/log  {"requests":[{id, path, model, stream, prompt, messages,
-        headers, body, tokens_sent, started, ended, outcome, disconnected,
-        disconnect_mono, disconnect_wall}]}
+        tools, tool_choice, tool_calls_sent, headers, body, tokens_sent,
+        started, ended, outcome, disconnected, disconnect_mono, disconnect_wall}]}
+  (settings tool_call, tool_calls, tool_text are the --tool-* flags)
      outcome: "complete" | "stall" | "die" | "malformed" | "error_status" |
               "client_gone" | "running".  *_mono is time.monotonic() (the same
               CLOCK_MONOTONIC as the test process), *_wall is time.time().
