@@ -61,16 +61,37 @@ typedef enum gps_auth_result {
     GPS_AUTH_WRONG_ROLE,  /* valid key, role does not pass this route: 403 */
     GPS_AUTH_REVOKED,     /* 401 */
     GPS_AUTH_EXPIRED,     /* 401 */
+    GPS_AUTH_EXHAUSTED,   /* enrollment token with no uses left: 403 */
 } gps_auth_result;
 
 /* Stable code for logs/metrics: "ok", "missing", "invalid", "wrong_role",
- * "revoked", "expired" (static). */
+ * "revoked", "expired", "exhausted" (static). */
 const char *gps_auth_result_name(gps_auth_result r);
-/* HTTP status for a failed check: 403 for WRONG_ROLE, 401 otherwise (0 for OK). */
+/* HTTP status for a failed check: 403 for WRONG_ROLE and EXHAUSTED, 401
+ * otherwise (0 for OK). */
 int gps_auth_result_status(gps_auth_result r);
 
 /* A cached key. Read-only outside auth.c; valid until the next
  * gps_auth_load / gps_auth_free. */
+/* Per-key limits (client and admin keys; 0 = unlimited). Enforced by the
+ * limits module (limits.h) at job submission. */
+typedef struct gps_key_limits {
+    int64_t rpm;             /* requests per minute (token bucket of rpm, refilled rpm/60 s) */
+    int64_t tokens_per_day;  /* prompt + completion tokens per UTC day */
+    int64_t max_concurrent;  /* jobs on agents at once; extra jobs wait in the queue */
+} gps_key_limits;
+
+/* What a new key is: role and name, plus optional expiry, limits, use
+ * count (enrollment tokens) and a pre-bound agent (enrolled agent keys). */
+typedef struct gps_key_spec {
+    gps_key_role role;
+    const char *name;        /* NULL = "" */
+    int64_t expires_at;      /* wall ms, 0 = never */
+    gps_key_limits limits;
+    int64_t max_uses;        /* enrollment tokens: enrollments allowed, 0 = unlimited */
+    const char *agent_id;    /* agent keys: bound from the start; NULL = bind on first poll */
+} gps_key_spec;
+
 typedef struct gps_auth_key {
     char id[GPS_AUTH_ID_LEN + 1];
     char hash[65];
@@ -81,6 +102,9 @@ typedef struct gps_auth_key {
     int64_t expires_at;      /* 0 = never */
     int64_t revoked_at;      /* 0 = active */
     int64_t last_used_at;    /* 0 = never */
+    gps_key_limits limits;
+    int64_t max_uses;        /* enrollment: 0 = unlimited */
+    int64_t uses;            /* enrollment: agents enrolled with it so far */
     /* private */
     int64_t last_used_written;
     struct gps_auth_key *next;
@@ -124,8 +148,35 @@ int gps_auth_bind_agent(gps_auth *a, const gps_auth_key *key, const char *agent_
  * then forget it), out_id the public id. 0 or -1 (ENOMEM). */
 int gps_auth_key_create(gps_auth *a, gps_key_role role, const char *name, int64_t expires_at,
                         char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1]);
+/* Create a key from a full spec (admin API, enrollment). Same contract as
+ * gps_auth_key_create. */
+int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
+                             char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1]);
+/* Replace a key's limits (cache + async write). 0, or 1 when no such key. */
+int gps_auth_key_set_limits(gps_auth *a, const char *key_id, const gps_key_limits *limits);
+
+/* Enrollment (POST /agents/enroll): `credential` must be an active
+ * enrollment token (Authorization value or bare key) with uses left. On
+ * success its use count goes up by one (cache + async write) and a new
+ * agent key bound to agent_id is created: out_key (shown once to the agent)
+ * and out_id. Returns GPS_AUTH_OK, or the failed check's result
+ * (MISSING/INVALID/REVOKED/EXPIRED, WRONG_ROLE for a non-enrollment key,
+ * GPS_AUTH_EXHAUSTED when max_uses is spent). name names the new key
+ * ("" = "agent <agent_id>"). */
+gps_auth_result gps_auth_enroll(gps_auth *a, const char *credential, const char *agent_id,
+                                const char *name, int64_t now_wall_ms,
+                                char out_key[GPS_AUTH_KEY_LEN + 1],
+                                char out_id[GPS_AUTH_ID_LEN + 1]);
+
 /* Revoke by id (cache + async write). 0, or 1 when no such active key. */
 int gps_auth_key_revoke(gps_auth *a, const char *key_id);
+/* Revocation listener (one; agents_api installs it to end the open
+ * long-polls of a revoked agent key at once). Called on the loop thread
+ * after gps_auth_key_revoke revoked a key, and after gps_auth_load for each
+ * key that was usable before the reload and is revoked or gone after it. */
+typedef void (*gps_auth_revoke_fn)(void *arg, const char *key_id);
+void gps_auth_set_revoke_listener(gps_auth *a, gps_auth_revoke_fn fn, void *arg);
+
 /* Look a key up by public id (admin API); NULL when unknown. */
 const gps_auth_key *gps_auth_key_find(const gps_auth *a, const char *key_id);
 /* Visit every cached key (admin API `keys list`). */
@@ -151,7 +202,7 @@ int gps_auth_key_revoke_db(const char *db_path, const char *migrations_dir, cons
 /* Counters for /metrics. */
 typedef struct gps_auth_stats {
     uint64_t checks;
-    uint64_t by_result[GPS_AUTH_EXPIRED + 1];  /* indexed by gps_auth_result */
+    uint64_t by_result[GPS_AUTH_EXHAUSTED + 1];  /* indexed by gps_auth_result */
     uint64_t ct_compares;                      /* constant-time digest compares */
 } gps_auth_stats;
 void gps_auth_get_stats(const gps_auth *a, gps_auth_stats *out);
