@@ -30,6 +30,7 @@ typedef struct model_ent {
     int64_t created_wall_ms;
     size_t live;          /* live agents listing the name (id or alias) */
     size_t live_as_id;    /* of those, listing it as the public id */
+    size_t live_tools;    /* of those, taking tools for it (supports_tools) */
 } model_ent;
 
 struct registry {
@@ -199,6 +200,8 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
             return fail(err, errlen, "models[%zu].loaded: must be a boolean", idx);
         out->loaded = json_is_true(ld);
     }
+    /* Lenient like the dialects were: anything but true is false. */
+    out->supports_tools = json_is_true(json_object_get(m, "supports_tools"));
     return 0;
 }
 
@@ -381,15 +384,19 @@ static int index_note(registry *reg, const registry_model_info *m, size_t n, int
 static void index_count(registry *reg, const registry_agent *a, int d)
 {
     for (size_t i = 0; i < a->n_models; i++) {
+        int t = a->models[i].supports_tools ? d : 0;
         model_ent *e = smap_get(&reg->models, a->models[i].id);
         if (e) {
             e->live += d;
             e->live_as_id += d;
+            e->live_tools += t;
         }
         for (size_t j = 0; j < a->models[i].n_aliases; j++) {
             e = smap_get(&reg->models, a->models[i].aliases[j]);
-            if (e)
+            if (e) {
                 e->live += d;
+                e->live_tools += t;
+            }
         }
     }
 }
@@ -470,14 +477,16 @@ void registry_destroy(registry *reg)
     free(reg);
 }
 
-/* True when the names (ids and aliases, in order) or labels differ. */
+/* True when the names (ids and aliases, in order), their supports_tools or
+ * the labels differ: what the model index and the scheduler's rings hold. */
 static bool names_differ(const registry_agent *a, const registry_facts *f)
 {
     if (a->n_models != f->n_models || a->n_labels != f->n_labels)
         return true;
     for (size_t i = 0; i < f->n_models; i++) {
         const registry_model_info *x = &a->models[i], *y = &f->models[i];
-        if (strcmp(x->id, y->id) != 0 || x->n_aliases != y->n_aliases)
+        if (strcmp(x->id, y->id) != 0 || x->n_aliases != y->n_aliases ||
+            x->supports_tools != y->supports_tools)
             return true;
         for (size_t j = 0; j < x->n_aliases; j++)
             if (strcmp(x->aliases[j], y->aliases[j]) != 0)
@@ -693,6 +702,22 @@ bool registry_agent_serves(const registry_agent *a, const char *name)
     return false;
 }
 
+bool registry_agent_takes_tools(const registry_agent *a, const char *name)
+{
+    if (!name)
+        return false;
+    for (size_t i = 0; i < a->n_models; i++) {
+        if (!a->models[i].supports_tools)
+            continue;
+        if (strcmp(a->models[i].id, name) == 0)
+            return true;
+        for (size_t j = 0; j < a->models[i].n_aliases; j++)
+            if (strcmp(a->models[i].aliases[j], name) == 0)
+                return true;
+    }
+    return false;
+}
+
 const char *registry_agent_label(const registry_agent *a, const char *key)
 {
     for (size_t i = 0; i < a->n_labels; i++)
@@ -751,6 +776,12 @@ size_t registry_model_live_count(const registry *reg, const char *name)
 {
     const model_ent *e = name ? smap_get(&reg->models, name) : NULL;
     return e ? e->live : 0;
+}
+
+size_t registry_model_tools_count(const registry *reg, const char *name)
+{
+    const model_ent *e = name ? smap_get(&reg->models, name) : NULL;
+    return e ? e->live_tools : 0;
 }
 
 int registry_model_note(registry *reg, const char *name, int64_t created_wall_ms)

@@ -31,8 +31,9 @@
  *
  * Model index: every name an agent serves (model id and each alias) maps to
  * the set of agents listing it, with a count of the agents that are "live"
- * (REGISTERING, HEALTHY, SUSPECT: may take work soon). It is updated when a
- * heartbeat's model list differs from the previous one and on transitions.
+ * (REGISTERING, HEALTHY, SUSPECT: may take work soon) and of those that take
+ * tools for it (supports_tools). It is updated when a heartbeat's model list
+ * differs from the previous one and on transitions.
  */
 #ifndef GPS_REGISTRY_H
 #define GPS_REGISTRY_H
@@ -71,6 +72,7 @@ typedef struct registry_model_info {
     long long vram_bytes;
     long long bytes;
     bool loaded;
+    bool supports_tools;    /* the agent takes OpenAI tools for it (fact, default false) */
 } registry_model_info;
 
 /* What one POST /agents/poll reports (docs/protocol.md). All strings and
@@ -224,6 +226,10 @@ double registry_agent_reliability(const registry_agent *a);
 /* True when the agent serves name (model id or alias). O(models). */
 bool registry_agent_serves(const registry_agent *a, const char *name);
 
+/* True when a serves name (id or alias) through a model whose facts say
+ * supports_tools. O(models). */
+bool registry_agent_takes_tools(const registry_agent *a, const char *name);
+
 /* Value of label key, or NULL. */
 const char *registry_agent_label(const registry_agent *a, const char *key);
 
@@ -251,6 +257,10 @@ bool registry_model_known(const registry *reg, const char *name);
 /* Number of live agents (REGISTERING, HEALTHY, SUSPECT) serving name now.
  * 0 -> NO_AGENT (503 or 404). O(1). */
 size_t registry_model_live_count(const registry *reg, const char *name);
+
+/* Of those, the live agents whose model facts for name say supports_tools:
+ * where a job that carries tools can go. O(1). */
+size_t registry_model_tools_count(const registry *reg, const char *name);
 
 /* Mark name as known with a creation time (e.g. restored from the store at
  * start-up). Returns 0 or -1 (ENOMEM). */

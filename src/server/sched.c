@@ -3,8 +3,11 @@
  * docs/scheduling.md).
  *
  * Layout
- *   rings:     key -> ring. Keys are a model name ("llama3") or a model name
- *              with one label ("llama3\x1fregion=eu"). A ring is a circular
+ *   rings:     key -> ring. Keys are a model name ("llama3"), a model name
+ *              with one label ("llama3\x1fregion=eu") or a model name with
+ *              the tools mark ("llama3\x1ftools": the agents whose facts say
+ *              supports_tools for it; no '=', so no label collides with it).
+ *              A ring is a circular
  *              doubly-linked list of `member`s (one per ready agent serving
  *              that key) and a cursor: the next agent round_robin tries.
  *   sagent:    per-agent state (hung on registry_agent.sched_priv): free
@@ -212,6 +215,19 @@ static const char *label_key(char *buf, const char *name, const char *k, const c
     return buf;
 }
 
+/* Ring key of the tool-taking agents of name: "name\x1ftools" in buf (cap
+ * KEY_MAX), or NULL when it does not fit. */
+static const char *tools_key(char *buf, const char *name)
+{
+    size_t ln = strlen(name);
+    if (ln + sizeof("tools") + 1 > KEY_MAX)
+        return NULL;
+    memcpy(buf, name, ln);
+    buf[ln] = KEY_SEP;
+    memcpy(buf + ln + 1, "tools", sizeof("tools"));
+    return buf;
+}
+
 /* ========================================================== sagents */
 
 static void sa_link(sagent *sa)
@@ -248,12 +264,17 @@ static int add_member(sched *s, sagent *sa, smap *seen, const char *key)
     return 0;
 }
 
-static int add_name(sched *s, sagent *sa, smap *seen, const char *name)
+static int add_name(sched *s, sagent *sa, smap *seen, const char *name, bool tools)
 {
     if (add_member(s, sa, seen, name) < 0)
         return -1;
     const registry_agent *a = sa->a;
     char buf[KEY_MAX];
+    if (tools) {
+        const char *k = tools_key(buf, name);
+        if (k && add_member(s, sa, seen, k) < 0)
+            return -1;
+    }
     for (size_t i = 0; i < a->n_labels; i++) {
         const char *k = label_key(buf, name, a->labels[i].key, a->labels[i].value);
         if (k && add_member(s, sa, seen, k) < 0)
@@ -262,15 +283,15 @@ static int add_name(sched *s, sagent *sa, smap *seen, const char *name)
     return 0;
 }
 
-/* (Re)build the memberships from the agent's models and labels. Must be
- * unlinked. */
+/* (Re)build the memberships from the agent's models, their supports_tools
+ * and labels. Must be unlinked. */
 static int sa_build(sched *s, sagent *sa)
 {
     const registry_agent *a = sa->a;
     size_t names = 0;
     for (size_t i = 0; i < a->n_models; i++)
         names += 1 + a->models[i].n_aliases;
-    size_t want = names * (1 + a->n_labels);
+    size_t want = names * (2 + a->n_labels);
     if (want > MAX_MEMBERS)
         want = MAX_MEMBERS;
     free(sa->members);
@@ -285,9 +306,10 @@ static int sa_build(sched *s, sagent *sa)
     smap seen = {0};
     int rc = 0;
     for (size_t i = 0; i < a->n_models && rc == 0; i++) {
-        rc = add_name(s, sa, &seen, a->models[i].id);
+        bool tools = a->models[i].supports_tools;
+        rc = add_name(s, sa, &seen, a->models[i].id, tools);
         for (size_t j = 0; j < a->models[i].n_aliases && rc == 0; j++)
-            rc = add_name(s, sa, &seen, a->models[i].aliases[j]);
+            rc = add_name(s, sa, &seen, a->models[i].aliases[j], tools);
     }
     smap_free(&seen, NULL);
     if (rc < 0) {
@@ -484,10 +506,13 @@ static bool job_strict(const sched *s, const sched_job *j)
     return j->prefer_agent && (j->prefer_strict < 0 ? s->cfg.prefer_strict : j->prefer_strict > 0);
 }
 
-/* Could agent a take job j (ignoring readiness)? */
+/* Could agent a take job j (ignoring readiness)? A job without tools pays
+ * one flag test for the tools constraint. */
 static bool agent_fits(const sched *s, const registry_agent *a, const sched_job *j)
 {
     if (j->exclude_agent && strcmp(j->exclude_agent, a->id) == 0)
+        return false;
+    if (j->needs_tools && !registry_agent_takes_tools(a, j->model))
         return false;
     if (job_strict(s, j) && strcmp(j->prefer_agent, a->id) != 0)
         return false;
@@ -523,15 +548,22 @@ double sched_agent_score(const sched *s, const registry_agent *a, double best_tp
     return registry_agent_weight(s->reg, a, now_ms) * score;
 }
 
-/* Ring to search for job j: the model's, or for a labelled job the
- * smallest of its (model, label) rings (every candidate there meets that
- * label; the others are checked per candidate). NULL = nobody ready. */
+/* Ring to search for job j: the model's, or for a job with labels or tools
+ * the smallest of its (model, label) and (model, tools) rings (every
+ * candidate there meets that constraint; the others are checked per
+ * candidate). NULL = nobody ready. */
 static ring *job_ring(sched *s, const sched_job *j)
 {
-    if (j->n_labels == 0)
+    if (j->n_labels == 0 && !j->needs_tools)
         return ring_get(s, j->model, false);
     ring *best = NULL;
     char buf[KEY_MAX];
+    if (j->needs_tools) {
+        const char *k = tools_key(buf, j->model);
+        best = k ? ring_get(s, k, false) : NULL;
+        if (!best || !best->n)
+            return NULL;
+    }
     for (size_t i = 0; i < j->n_labels; i++) {
         const char *k = label_key(buf, j->model, j->labels[i].key, j->labels[i].value);
         ring *r = k ? ring_get(s, k, false) : NULL;
@@ -714,9 +746,14 @@ sched_result sched_submit(sched *s, sched_job *j, uint64_t now_ms, registry_agen
     j->agent = NULL;
     if (registry_model_live_count(s->reg, j->model) == 0)
         return SCHED_NO_AGENT;
+    /* The dialects drop tools when no agent takes them; this catches the
+     * agent that went away since, and fallback models without one. */
+    if (j->needs_tools && registry_model_tools_count(s->reg, j->model) == 0)
+        return SCHED_NO_AGENT;
     if (job_strict(s, j)) {
         const registry_agent *pa = registry_get(s->reg, j->prefer_agent);
         if (!pa || !registry_agent_serves(pa, j->model) ||
+            (j->needs_tools && !registry_agent_takes_tools(pa, j->model)) ||
             (pa->state != REGISTRY_HEALTHY && pa->state != REGISTRY_SUSPECT &&
              pa->state != REGISTRY_REGISTERING))
             return SCHED_NO_AGENT;

@@ -15,8 +15,9 @@
  *   in the ready sets of all the names it serves while it is ready, HEALTHY
  *   (not draining) and has free slots left. Each assignment uses one slot;
  *   at 0 it leaves the ready sets.
- * - Ready sets are circular lists, one per model name (id and each alias)
- *   and one per (name, label key=value), each with a rotating cursor, so
+ * - Ready sets are circular lists, one per model name (id and each alias),
+ *   one per (name, label key=value) and one per name of the agents that take
+ *   tools for it (supports_tools), each with a rotating cursor, so
  *   round_robin decisions are O(1) and nothing scans all agents.
  *
  * Core flow
@@ -99,6 +100,8 @@ typedef struct sched_job {
     const char *session;            /* affinity key (user / metadata.user_id /
                                        x_pool_options.session); NULL = none */
     const char *exclude_agent;      /* agent_id not to use (failover retry); NULL */
+    bool needs_tools;               /* carries tools: only agents whose facts say
+                                       supports_tools for model may take it */
     bool front;                     /* queue at the head of its priority (failover) */
 
     /* set by the scheduler */
@@ -116,7 +119,9 @@ typedef enum sched_result {
     SCHED_QUEUED,         /* waiting in its model's queue */
     SCHED_QUEUE_FULL,     /* max_queue reached: 429 */
     SCHED_NO_AGENT,       /* no live agent serves the model (or a strict
-                             prefer_agent is unknown/not live): 503 / 404 */
+                             prefer_agent is unknown/not live, or the job
+                             needs_tools and no live agent takes tools for
+                             the model): 503 / 404 */
     SCHED_ERROR           /* ENOMEM or a bad job (NULL model): 500 / 400 */
 } sched_result;
 

@@ -1,8 +1,9 @@
 /*
  * Unit tests for the scheduler: round-robin order, model/alias/label
  * matching, prefer_agent, affinity TTL, weighted scores, queue bounds and
- * order, O(1) removal, ready-set membership, and decision cost with 10 and
- * 10,000 agents (printed, not asserted).
+ * order, O(1) removal, ready-set membership, tools jobs in a mixed fleet
+ * (issue 4), and decision cost with 10 and 10,000 agents (printed, not
+ * asserted).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -612,6 +613,184 @@ static void test_parse_names(void **st)
     assert_string_equal(sched_result_name(SCHED_QUEUE_FULL), "queue_full");
 }
 
+/* ------------------------------------------------- tools (issue 4) */
+
+#define M1_TOOLS "[{\"id\":\"m1\",\"aliases\":[\"tiny\"],\"supports_tools\":true}]"
+#define M1_PLAIN "[{\"id\":\"m1\",\"aliases\":[\"tiny\"]}]"
+
+static void tools_job(sched_job *j, const char *model)
+{
+    job_init(j, model, SCHED_INTERACTIVE);
+    j->needs_tools = true;
+}
+
+/* Mixed fleet, issue 4: a job with tools only ever reaches an agent whose
+ * facts say supports_tools for the model (by id or alias), under both
+ * policies; a plain job reaches both. */
+static void test_tools_mixed_fleet(void **st)
+{
+    (void)st;
+    sched_policy pols[] = {SCHED_ROUND_ROBIN, SCHED_WEIGHTED};
+    for (int p = 0; p < 2; p++) {
+        fx f;
+        fx_init(&f, pols[p], 100);
+        registry_agent *t = add_agent(&f, 1, M1_TOOLS, NULL, T0);
+        registry_agent *n = add_agent(&f, 2, M1_PLAIN, NULL, T0);
+        assert_true(registry_agent_takes_tools(t, "m1"));
+        assert_true(registry_agent_takes_tools(t, "tiny"));
+        assert_false(registry_agent_takes_tools(n, "m1"));
+        assert_int_equal(registry_model_tools_count(f.reg, "tiny"), 1);
+        sched_agent_ready(f.s, t, 1000);
+        sched_agent_ready(f.s, n, 1000);
+        int on_t = 0, on_n = 0;
+        for (int k = 0; k < 20; k++) {
+            sched_job j;
+            tools_job(&j, k % 2 ? "tiny" : "m1");
+            assert_ptr_equal(submit_assigned(&f, &j, T0), t);
+            job_init(&j, "m1", SCHED_INTERACTIVE);
+            registry_agent *a = submit_assigned(&f, &j, T0);
+            on_t += a == t;
+            on_n += a == n;
+        }
+        assert_int_equal(on_t + on_n, 20);
+        if (pols[p] == SCHED_ROUND_ROBIN) {      /* plain jobs alternate */
+            assert_int_equal(on_t, 10);
+            assert_int_equal(on_n, 10);
+        } else {                                 /* t is loaded with the tools jobs */
+            assert_true(on_n >= on_t);
+        }
+        fx_free(&f);
+    }
+}
+
+/* prefer_agent, session affinity, labels and exclude_agent do not take a
+ * tools job to an agent without tools. */
+static void test_tools_constraints(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_WEIGHTED, 100);
+    registry_agent *t = add_agent(&f, 1, M1_TOOLS, "{\"zone\":\"eu\"}", T0);
+    registry_agent *n = add_agent(&f, 2, M1_PLAIN, "{\"zone\":\"eu\"}", T0);
+    sched_agent_ready(f.s, t, 100);
+    sched_agent_ready(f.s, n, 100);
+    sched_job j;
+    /* prefer_agent (fall back) */
+    tools_job(&j, "m1");
+    j.prefer_agent = n->id;
+    assert_ptr_equal(submit_assigned(&f, &j, T0), t);
+    /* strict prefer_agent on an agent without tools: no agent */
+    tools_job(&j, "m1");
+    j.prefer_agent = n->id;
+    j.prefer_strict = 1;
+    assert_int_equal(sched_submit(f.s, &j, T0, NULL), SCHED_NO_AGENT);
+    /* the session's affinity agent does not take tools */
+    job_init(&j, "m1", SCHED_INTERACTIVE);
+    j.prefer_agent = n->id;
+    j.session = "s1";
+    assert_ptr_equal(submit_assigned(&f, &j, T0), n);
+    assert_string_equal(sched_affinity_get(f.s, "s1", T0), n->id);
+    tools_job(&j, "m1");
+    j.session = "s1";
+    assert_ptr_equal(submit_assigned(&f, &j, T0), t);
+    /* labels: the smaller of the label and tools rings, the other checked */
+    registry_label eu[] = {{"zone", "eu"}};
+    for (int k = 0; k < 4; k++) {
+        tools_job(&j, "m1");
+        j.labels = eu;
+        j.n_labels = 1;
+        assert_ptr_equal(submit_assigned(&f, &j, T0), t);
+    }
+    /* the only tool agent excluded (failover retry): it waits */
+    tools_job(&j, "m1");
+    j.exclude_agent = t->id;
+    assert_int_equal(sched_submit(f.s, &j, T0, NULL), SCHED_QUEUED);
+    sched_job *out[2];
+    assert_int_equal(sched_dispatch(f.s, n, out, 2, T0), 0);
+    sched_remove(f.s, &j);
+    fx_free(&f);
+}
+
+/* A queued tools job waits for a tool agent to free up; a free agent
+ * without tools takes the plain jobs behind it and leaves it queued. */
+static void test_tools_queued(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    registry_agent *t = add_agent(&f, 1, M1_TOOLS, NULL, T0);
+    registry_agent *n = add_agent(&f, 2, M1_PLAIN, NULL, T0);
+    sched_agent_ready(f.s, t, 1);
+    sched_job busy, q, p1, p2;
+    tools_job(&busy, "m1");
+    assert_ptr_equal(submit_assigned(&f, &busy, T0), t);   /* t is busy now */
+    tools_job(&q, "m1");
+    assert_int_equal(sched_submit(f.s, &q, T0, NULL), SCHED_QUEUED);
+    job_init(&p1, "m1", SCHED_INTERACTIVE);
+    assert_int_equal(sched_submit(f.s, &p1, T0 + 1, NULL), SCHED_QUEUED);
+    /* n parks with two free slots: takes p1, skips q */
+    sched_agent_ready(f.s, n, 2);
+    sched_job *out[4];
+    assert_int_equal(sched_dispatch(f.s, n, out, 4, T0 + 2), 1);
+    assert_ptr_equal(out[0], &p1);
+    assert_true(sched_job_queued(&q));
+    assert_true(sched_agent_is_ready(f.s, n));
+    /* n is still ready: a plain job goes there, another tools job queues */
+    job_init(&p2, "m1", SCHED_INTERACTIVE);
+    assert_ptr_equal(submit_assigned(&f, &p2, T0 + 3), n);
+    sched_job q2;
+    tools_job(&q2, "m1");
+    assert_int_equal(sched_agent_free_slots(f.s, n), 0);
+    sched_agent_ready(f.s, n, 3);
+    assert_int_equal(sched_submit(f.s, &q2, T0 + 4, NULL), SCHED_QUEUED);
+    assert_int_equal(sched_dispatch(f.s, n, out, 4, T0 + 4), 0);
+    /* t frees up: it gets both, oldest first */
+    sched_agent_ready(f.s, t, 2);
+    assert_int_equal(sched_dispatch(f.s, t, out, 4, T0 + 5), 2);
+    assert_ptr_equal(out[0], &q);
+    assert_ptr_equal(out[1], &q2);
+    assert_int_equal(sched_queued_total(f.s), 0);
+    fx_free(&f);
+}
+
+/* Tool support follows the facts: a tools job gets NO_AGENT when no live
+ * agent takes tools for the model (the dialects drop the tools before
+ * that), and a heartbeat that adds supports_tools moves the agent into the
+ * tools ring. */
+static void test_tools_facts_change(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    registry_agent *n = add_agent(&f, 2, M1_PLAIN, NULL, T0);
+    sched_agent_ready(f.s, n, 100);
+    sched_job j;
+    tools_job(&j, "m1");
+    assert_int_equal(sched_submit(f.s, &j, T0, NULL), SCHED_NO_AGENT);
+    job_init(&j, "m1", SCHED_INTERACTIVE);
+    assert_ptr_equal(submit_assigned(&f, &j, T0), n);
+    uint32_t gen = n->models_gen;
+    add_agent(&f, 2, M1_TOOLS, NULL, T0 + 1);             /* heartbeat */
+    assert_int_not_equal(n->models_gen, gen);
+    sched_agent_update(f.s, n);
+    assert_int_equal(registry_model_tools_count(f.reg, "m1"), 1);
+    tools_job(&j, "tiny");
+    assert_ptr_equal(submit_assigned(&f, &j, T0 + 1), n);
+    /* the tool agent goes suspect: counted as live, so the job waits */
+    registry_mark_suspect(f.reg, n, T0 + 2, NULL);
+    sched_agent_update(f.s, n);
+    tools_job(&j, "m1");
+    assert_int_equal(sched_submit(f.s, &j, T0 + 2, NULL), SCHED_QUEUED);
+    sched_remove(f.s, &j);
+    /* and dead: no agent */
+    registry_tick(f.reg, T0 + 90001);
+    assert_int_equal(n->state, REGISTRY_DEAD);
+    assert_int_equal(registry_model_tools_count(f.reg, "m1"), 0);
+    tools_job(&j, "m1");
+    assert_int_equal(sched_submit(f.s, &j, T0 + 90002, NULL), SCHED_NO_AGENT);
+    fx_free(&f);
+}
+
 /* --------------------------------------------------------- decision cost */
 
 static double now_ns(void)
@@ -691,6 +870,10 @@ int main(void)
         cmocka_unit_test(test_round_robin_lazy_skip),
         cmocka_unit_test(test_destroy_with_queued),
         cmocka_unit_test(test_parse_names),
+        cmocka_unit_test(test_tools_mixed_fleet),
+        cmocka_unit_test(test_tools_constraints),
+        cmocka_unit_test(test_tools_queued),
+        cmocka_unit_test(test_tools_facts_change),
         cmocka_unit_test(test_decision_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
