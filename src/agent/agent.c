@@ -39,7 +39,7 @@
 /* Types                                                                    */
 /* ======================================================================== */
 
-typedef enum { REQ_POLL, REQ_WORK, REQ_EVENTS } req_kind;
+typedef enum { REQ_ENROLL, REQ_POLL, REQ_WORK, REQ_EVENTS } req_kind;
 
 typedef struct agent_job agent_job;
 
@@ -81,12 +81,18 @@ struct agent {
     char id[37];
     char *base;             /* server URL without trailing '/' */
     char *auth_header;      /* "Authorization: Bearer ..." or NULL */
+    bool key_from_file;     /* the key came from DIR/agent.key */
+    bool token_ignored;     /* --token given but agent.key exists */
     char *name;
     json_t *labels;
     json_t *static_facts;   /* platform, cpu, gpus (refreshed per poll for gpus) */
 
     pthread_mutex_t mu;     /* job queues and flags shared with backend threads */
     agent_job *jobs;
+
+    req *enroll_req;
+    uint64_t next_enroll_ms;
+    bool enrolling;         /* --token given, no agent.key yet: enroll before polling */
 
     req *poll_req;
     req *work_req;
@@ -105,6 +111,7 @@ struct agent {
     uint64_t drain_deadline_ms;
     uint64_t final_deadline_ms;
     int exit_code;
+    bool fatal;             /* leave now with exit_code (enrollment refused, key revoked) */
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
 };
@@ -390,7 +397,8 @@ static void poll_start(agent *a)
         a->next_poll_ms = gp_now_mono_ms() + 1000;
 }
 
-static void server_unreachable(agent *a, const char *what, const char *detail)
+/* Back off after a failed request; returns the delay (ms). */
+static uint32_t server_unreachable(agent *a, const char *what, const char *detail)
 {
     uint32_t d = agent_backoff_next(&a->backoff, rnd32());
     if (!a->server_down_logged)
@@ -403,6 +411,7 @@ static void server_unreachable(agent *a, const char *what, const char *detail)
     if (!a->poll_req && a->next_poll_ms < now + d)
         a->next_poll_ms = now + d;
     a->next_work_ms = now + d;
+    return d;
 }
 
 /* The error message of a native error body, for logs. */
@@ -410,6 +419,121 @@ static const char *error_text(json_t *body)
 {
     const char *m = json_string_value(json_object_get(json_object_get(body, "error"), "message"));
     return m ? m : "";
+}
+
+/* The stable code of a native error body ("" when none). */
+static const char *error_code(json_t *body)
+{
+    const char *c = json_string_value(json_object_get(json_object_get(body, "error"), "code"));
+    return c ? c : "";
+}
+
+/* The server refused our key (401): revoked, expired or unknown. Retrying
+ * cannot help, so leave with a clear line rather than spin; a service
+ * manager restarts us (and the operator sees why). */
+static void auth_lost(agent *a, const char *what, long status, json_t *body)
+{
+    if (a->fatal)
+        return;
+    gp_log_error("auth_revoked",
+                 "server refused the agent key on %s: HTTP %ld %s %s; exiting. %s%s%s", what,
+                 status, error_code(body), error_text(body),
+                 a->key_from_file ? "The key in " : "Check --token",
+                 a->key_from_file ? a->o->state_dir : "",
+                 a->key_from_file ? "/" AGENT_KEY_FILE " is no longer valid: delete it and "
+                                    "start with --token NEW_ENROLLMENT_TOKEN to enroll again"
+                                  : "");
+    a->fatal = true;
+    a->exit_code = 1;
+}
+
+/* ======================================================================== */
+/* /agents/enroll                                                           */
+/* ======================================================================== */
+
+/* Use key as our Bearer credential from now on (NULL/"" = none). 0 or -1. */
+static int set_key(agent *a, const char *key)
+{
+    free(a->auth_header);
+    a->auth_header = NULL;
+    if (!key || !*key)
+        return 0;
+    size_t n = strlen(key) + 32;
+    a->auth_header = malloc(n);
+    if (!a->auth_header)
+        return -1;
+    snprintf(a->auth_header, n, "Authorization: Bearer %s", key);
+    return 0;
+}
+
+static void enroll_start(agent *a)
+{
+    json_t *body = json_pack("{s:s,s:s}", "agent_id", a->id, "name", a->name);
+    a->enroll_req = body ? req_start(a, REQ_ENROLL, "/agents/enroll", body,
+                                     (long)a->o->request_timeout_sec * 1000, NULL)
+                         : NULL;
+    if (!a->enroll_req)
+        a->next_enroll_ms = gp_now_mono_ms() + 1000;
+}
+
+/* The first start with --token and no agent.key: trade the enrollment
+ * token for our own key (docs/agent.md). */
+static void enroll_done(agent *a, CURLcode rc, long status, json_t *body)
+{
+    uint64_t now = gp_now_mono_ms();
+    const char *code = error_code(body);
+    if (rc != CURLE_OK || status >= 500 || status == 0 || status == 408 || status == 429) {
+        char d[160];
+        snprintf(d, sizeof d, "%s, HTTP %ld", rc != CURLE_OK ? curl_easy_strerror(rc) : "ok",
+                 status);
+        a->next_enroll_ms = now + server_unreachable(a, "enroll", d);
+        return;
+    }
+    if (status == 200) {
+        const char *key = json_string_value(json_object_get(body, "agent_key"));
+        const char *kid = json_string_value(json_object_get(body, "key_id"));
+        char err[512];
+        if (!agent_key_valid(key) || agent_state_save_key(a->o->state_dir, key, err,
+                                                          sizeof err) < 0) {
+            /* The token's use is spent; say so rather than enroll again. */
+            gp_log_error("enroll_failed", "enrolled, but could not keep the agent key: %s; "
+                         "the enrollment token's use is spent, ask for a new one",
+                         agent_key_valid(key) ? err : "the reply holds no valid agent_key");
+            a->fatal = true;
+            a->exit_code = 1;
+            return;
+        }
+        if (set_key(a, key) < 0) {
+            gp_log_error("enroll_failed", "out of memory");
+            a->fatal = true;
+            a->exit_code = 1;
+            return;
+        }
+        gp_log_info("enrolled", "enrolled with %s as agent %s (key %s); the key is kept in "
+                    "%s/" AGENT_KEY_FILE " and used from now on",
+                    a->base, a->id, kid ? kid : "?", a->o->state_dir);
+        a->key_from_file = true;
+    } else if ((status == 403 && strcmp(code, "WRONG_ROLE") == 0) || status == 404 ||
+               (status == 409 && strcmp(code, "ENROLLMENT_NOT_NEEDED") == 0)) {
+        /* --token AGENTKEY (the key itself), a server without enrollment,
+         * or one with auth off: go on with the token as it is. */
+        gp_log_info("enroll_skipped", "%s; using --token as the agent key",
+                    status == 403   ? "the token is not an enrollment token"
+                    : status == 404 ? "the server has no enrollment endpoint"
+                                    : "the server runs with auth off");
+    } else {
+        gp_log_error("enroll_rejected",
+                     "server refused enrollment: HTTP %ld %s %s; exiting (ask the operator "
+                     "for a new enrollment token)",
+                     status, code, error_text(body));
+        a->fatal = true;
+        a->exit_code = 2;
+        return;
+    }
+    a->enrolling = false;
+    a->server_down_logged = false;
+    agent_backoff_reset(&a->backoff);
+    a->next_poll_ms = now;
 }
 
 static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
@@ -422,10 +546,14 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
         server_unreachable(a, "poll", d);
         return;
     }
+    if (status == 401) {
+        auth_lost(a, "/agents/poll", status, body);
+        return;
+    }
     if (status != 200) {
-        /* 400/401/403: a configuration problem; log it loudly and retry slowly. */
+        /* 400/403: a configuration problem; log it loudly and retry slowly. */
         gp_log_error("poll_rejected", "server rejected /agents/poll: HTTP %ld %s%s", status,
-                     error_text(body), status == 401 ? " (check --token)" : "");
+                     error_text(body), status == 403 ? " (check --token)" : "");
         a->registered = false;
         uint32_t d = agent_backoff_next(&a->backoff, rnd32());
         a->next_poll_ms = now + d;
@@ -566,6 +694,10 @@ static void work_done(agent *a, CURLcode rc, long status, json_t *body)
         a->next_work_ms = now;
         return;
     }
+    if (status == 401) { /* e.g. KEY_REVOKED: the parked poll ended at revocation */
+        auth_lost(a, "/agents/work", status, body);
+        return;
+    }
     if (status != 200) {
         /* Unknown agent (server lost us), bad key, ...: re-register first. */
         gp_log_warn("work_rejected", "server rejected /agents/work: HTTP %ld %s", status,
@@ -628,6 +760,13 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         }
         return;
     }
+    if (rc == CURLE_OK && status == 401) {
+        pthread_mutex_lock(&a->mu);
+        agent_evq_nack(&j->q);
+        pthread_mutex_unlock(&a->mu);
+        auth_lost(a, "an events upload", status, body);
+        return;
+    }
     const char *code = json_string_value(json_object_get(json_object_get(body, "error"), "code"));
     if (rc == CURLE_OK && status == 409 && code && strcmp(code, "SEQ_GAP") == 0) {
         json_t *d = json_object_get(json_object_get(body, "error"), "details");
@@ -639,7 +778,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         pthread_mutex_unlock(&a->mu);
         return;
     }
-    if (rc == CURLE_OK && status >= 400 && status < 500 && status != 401 && status != 408 &&
+    if (rc == CURLE_OK && status >= 400 && status < 500 && status != 408 &&
         status != 429) {
         /* 404 JOB_NOT_FOUND / 409 NOT_ASSIGNED / 400: this job is not ours to
          * continue; stop it and send nothing more. */
@@ -653,7 +792,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         job_cancel(a, j);
         return;
     }
-    /* Transport error, 5xx, 401, 408, 429: retry the same batch later. */
+    /* Transport error, 5xx, 408, 429: retry the same batch later. */
     pthread_mutex_lock(&a->mu);
     agent_evq_nack(&j->q);
     pthread_mutex_unlock(&a->mu);
@@ -708,10 +847,17 @@ static void handle_done(agent *a, CURLMsg *m)
         /* A 200 must carry a JSON object; anything else is a broken server
          * or proxy: treat like a server error. */
         gp_log_warn("bad_reply", "server reply to a %s request is not a JSON object",
-                    r->kind == REQ_POLL ? "poll" : r->kind == REQ_WORK ? "work" : "events");
+                    r->kind == REQ_ENROLL ? "enroll"
+                    : r->kind == REQ_POLL ? "poll"
+                    : r->kind == REQ_WORK ? "work"
+                                          : "events");
         status = 502;
     }
     switch (r->kind) {
+    case REQ_ENROLL:
+        a->enroll_req = NULL;
+        enroll_done(a, rc, status, body);
+        break;
     case REQ_POLL:
         a->poll_req = NULL;
         poll_done(a, rc, status, body);
@@ -778,8 +924,18 @@ int agent_run(agent *a)
                     "INSECURE: the server's TLS certificate is NOT verified (--insecure); anyone "
                     "on the network path can impersonate %s and receive the agent key and all "
                     "prompts. Use --ca-file instead.", a->base);
+    if (a->token_ignored)
+        gp_log_info("token_ignored", "using the agent key in %s/" AGENT_KEY_FILE
+                    "; --token is ignored", a->o->state_dir);
+    a->next_enroll_ms = gp_now_mono_ms();
     for (;;) {
         uint64_t now = gp_now_mono_ms();
+
+        /* Enrollment refused or key revoked: nothing to wait for. */
+        if (a->fatal) {
+            stop_all_jobs(a);
+            break;
+        }
 
         /* Stop requests from the signal thread. */
         int sr = atomic_load(&a->stop_req);
@@ -835,11 +991,18 @@ int agent_run(agent *a)
             break;
         }
 
-        /* Heartbeat. */
-        if (!a->poll_req && now >= a->next_poll_ms)
-            poll_start(a);
-        if (!a->poll_req)
-            wake = min_u64(wake, a->next_poll_ms);
+        /* Enroll first (once), then heartbeat. */
+        if (a->enrolling) {
+            if (!a->enroll_req && now >= a->next_enroll_ms)
+                enroll_start(a);
+            if (!a->enroll_req)
+                wake = min_u64(wake, a->next_enroll_ms);
+        } else {
+            if (!a->poll_req && now >= a->next_poll_ms)
+                poll_start(a);
+            if (!a->poll_req)
+                wake = min_u64(wake, a->next_poll_ms);
+        }
 
         /* Keep a long-poll parked whenever a slot is free. */
         int free_slots = (int)a->o->slots - busy_slots(a);
@@ -872,7 +1035,7 @@ int agent_run(agent *a)
         int timeout = wake > now ? (int)min_u64(wake - now, 1000) : 0;
         curl_multi_poll(a->multi, NULL, 0, timeout, NULL);
     }
-    gp_log_info("agent_exit", "agent stopped");
+    gp_log_info("agent_exit", "agent stopped (exit code %d)", a->exit_code);
     return a->exit_code;
 }
 
@@ -882,6 +1045,7 @@ int agent_run(agent *a)
 
 agent *agent_create(const agent_options *o, agent_backend *backend, char *err, size_t errlen)
 {
+    char *key = NULL; /* from DIR/agent.key */
     agent *a = calloc(1, sizeof *a);
     if (!a) {
         snprintf(err, errlen, "out of memory");
@@ -914,24 +1078,30 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
         host[sizeof host - 1] = '\0';
         a->name = strdup(host);
     }
-    if (o->token && *o->token) {
-        size_t n = strlen(o->token) + 32;
-        a->auth_header = malloc(n);
-        if (a->auth_header)
-            snprintf(a->auth_header, n, "Authorization: Bearer %s", o->token);
-    }
+    /* Our own key from an earlier enrollment wins over --token; without
+     * one, --token is an enrollment token to trade first (or, refused as
+     * not being one, the agent key itself). */
+    int kr = agent_state_load_key(o->state_dir, &key, err, errlen);
+    if (kr < 0)
+        goto fail;
+    bool have_token = o->token && *o->token;
+    a->key_from_file = kr == 1;
+    a->token_ignored = kr == 1 && have_token;
+    a->enrolling = kr == 0 && have_token;
+    int hk = set_key(a, kr == 1 ? key : o->token);
     a->static_facts = agent_facts_static();
     a->multi = curl_multi_init();
-    if (!a->base || !a->name || !a->multi || !a->static_facts ||
-        (o->token && *o->token && !a->auth_header)) {
+    if (!a->base || !a->name || !a->multi || !a->static_facts || hk < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     /* Several requests (long-poll, heartbeat, uploads) share a few reused
      * connections to the one server. */
     curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(a->o->slots + 4));
+    free(key);
     return a;
 fail:
+    free(key);
     agent_destroy(a);
     return NULL;
 }
@@ -960,6 +1130,7 @@ void agent_destroy(agent *a)
         a->be->ops->destroy(a->be);
     a->be = NULL;
     if (a->multi) {
+        req_abort(a, a->enroll_req);
         req_abort(a, a->poll_req);
         req_abort(a, a->work_req);
         for (agent_job *j = a->jobs; j; j = j->next)

@@ -15,9 +15,10 @@ const gp_opt agent_config_table[] = {
     {"server", GP_OPT_STR, O(server), "http://127.0.0.1:8080", 0, 0, NULL,
      "base URL of gpupool-server"},
     {"token", GP_OPT_STR, O(token), NULL, 0, 0, NULL,
-     "agent key sent as Authorization: Bearer (omit while the server runs with auth off)"},
+     "enrollment token (traded once for the agent's own key, kept in state-dir/agent.key) "
+     "or an agent key; omit while the server runs with auth off"},
     {"state-dir", GP_OPT_STR, O(state_dir), "/var/lib/gpupool-agent", 0, 0, NULL,
-     "directory for the persistent agent_id (created 0700)"},
+     "directory for the persistent agent_id and agent.key (created 0700)"},
     {"slots", GP_OPT_INT, O(slots), "1", 1, 1024, NULL, "concurrent jobs"},
     {"name", GP_OPT_STR, O(name), NULL, 0, 0, NULL, "display name (default: host name)"},
     {"labels", GP_OPT_STR, O(labels), "", 0, 0, NULL, "labels for scheduling, k=v,k2=v2"},
@@ -105,6 +106,11 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
             snprintf(err, errlen, "upstream-model: required with --upstream");
             return -1;
         }
+    }
+    if (out->token && *out->token && !agent_key_valid(out->token)) {
+        snprintf(err, errlen, "token: must be printable characters without spaces (at most "
+                              "%d)", AGENT_KEY_MAX);
+        return -1;
     }
     if (out->ca_file && access(out->ca_file, R_OK) != 0) {
         snprintf(err, errlen, "ca-file: cannot read '%s'", out->ca_file);

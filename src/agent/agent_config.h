@@ -18,7 +18,7 @@
 typedef struct agent_options {
     /* --- connection to the server --- */
     char *server;              /* base URL, "http://127.0.0.1:8080" */
-    char *token;               /* agent key (Bearer), NULL with auth off */
+    char *token;               /* enrollment token or agent key; NULL with auth off */
     char *state_dir;           /* holds agent_id (0600); created 0700 */
     long long slots;           /* concurrent jobs (>= 1) */
     char *name;                /* display name; default: host name */

@@ -386,3 +386,94 @@ done:
     free(text);
     return rc;
 }
+
+/* ======================================================================== */
+/* The agent's own key                                                      */
+/* ======================================================================== */
+
+bool agent_key_valid(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > AGENT_KEY_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= 0x20 || s[i] >= 0x7f)
+            return false;
+    return true;
+}
+
+static int key_path(const char *dir, char *path, size_t len, char *err, size_t errlen)
+{
+    if (!dir || !*dir) {
+        snprintf(err, errlen, "state-dir: must be set");
+        return -1;
+    }
+    if ((size_t)snprintf(path, len, "%s/" AGENT_KEY_FILE, dir) >= len) {
+        snprintf(err, errlen, "state-dir: path too long");
+        return -1;
+    }
+    return 0;
+}
+
+int agent_state_load_key(const char *dir, char **out, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    *out = NULL;
+    if (key_path(dir, path, sizeof path, err, errlen) < 0)
+        return -1;
+    size_t len = 0;
+    char *text = gp_read_file(path, &len, AGENT_KEY_MAX + 64);
+    if (!text) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "state-dir: cannot read '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    bool text_ok = strlen(text) == len; /* a NUL inside: not a key file */
+    char *s = text;
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    if (!text_ok || !agent_key_valid(s)) {
+        snprintf(err, errlen,
+                 "state-dir: '%s' does not hold an agent key; delete it and start with "
+                 "--token to enroll again",
+                 path);
+        free(text);
+        return -1;
+    }
+    *out = strdup(s);
+    free(text);
+    if (!*out) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 1;
+}
+
+int agent_state_save_key(const char *dir, const char *key, char *err, size_t errlen)
+{
+    char path[PATH_MAX];
+    if (key_path(dir, path, sizeof path, err, errlen) < 0)
+        return -1;
+    if (!agent_key_valid(key)) {
+        snprintf(err, errlen, "the server sent an agent key that is not a printable token");
+        return -1;
+    }
+    size_t n = strlen(key);
+    char *line = malloc(n + 2);
+    if (!line) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(line, key, n);
+    line[n] = '\n';
+    int rc = gp_write_file_atomic(path, line, n + 1, 0600);
+    if (rc < 0)
+        snprintf(err, errlen, "state-dir: cannot write '%s': %s", path, strerror(errno));
+    memset(line, 0, n + 1);
+    free(line);
+    return rc;
+}

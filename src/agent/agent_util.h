@@ -117,4 +117,24 @@ json_t *agent_labels_parse(const char *s, char *err, size_t errlen);
  * ------------------------------------------------------------------------ */
 int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen);
 
+/* ---------------------------------------------------------------------------
+ * The agent's own key: "agent.key" in the state dir, received once from
+ * POST /agents/enroll and kept (0600, written atomically). It takes
+ * precedence over --token on later starts.
+ * ------------------------------------------------------------------------ */
+#define AGENT_KEY_FILE "agent.key"
+#define AGENT_KEY_MAX 512
+
+/* True when s can be sent as a Bearer credential: 1..AGENT_KEY_MAX
+ * printable ASCII characters, no spaces (so never a header injection). */
+bool agent_key_valid(const char *s);
+/* Load DIR/agent.key: 1 with the key in *out (new, caller frees), 0 when
+ * the file does not exist, -1 with a message in err when it cannot be read
+ * or does not hold one valid key (never ignored silently: it would
+ * re-enroll, or run without the key the operator meant). */
+int agent_state_load_key(const char *dir, char **out, char *err, size_t errlen);
+/* Write key to DIR/agent.key (0600, temp file + fsync + rename). 0, or -1
+ * with a message in err. */
+int agent_state_save_key(const char *dir, const char *key, char *err, size_t errlen);
+
 #endif

@@ -24,6 +24,8 @@ typedef struct agent_ext {
     gps_conn_watch *watch;
     struct event *timer;
     int free_slots;
+    char park_cid[65];                  /* correlation id of the parked request */
+    char key_id[65];                    /* key of the agent's last poll/work ("" = auth off) */
     uint32_t persisted_models_gen;
     bool persisted_once;
     bool lost_pending;                  /* deferred failover queued */
@@ -88,8 +90,23 @@ static void unpark(agent_ext *e)
         sched_agent_unready(e->g->sched, a);
 }
 
-static void reply_jobs(struct evhttp_request *req, json_t *jobs /* stolen */)
+/* Hand jobs (wire objects) to an agent. Scheduling latency is observed here,
+ * for a job's first assignment only: a requeued job's own queue time is not
+ * public (failovers_total counts those). */
+static void reply_jobs(gps_agents *g, struct evhttp_request *req, json_t *jobs /* stolen */)
 {
+    size_t i;
+    json_t *w;
+    json_array_foreach(jobs, i, w)
+    {
+        const char *id = json_string_value(json_object_get(w, "job_id"));
+        gps_job *job = id ? gps_jobs_find(g->jobs, id) : NULL;
+        if (g->metrics && job && job->attempts == 1 && job->assigned_us >= job->created_us)
+            gps_metrics_sched_latency(
+                g->metrics, job->spec.model,
+                job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
+                (double)(job->assigned_us - job->created_us) / 1e6);
+    }
     gps_http_send_json(req, 200, json_pack("{s:o}", "jobs", jobs));
 }
 
@@ -136,7 +153,7 @@ static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
     }
     struct evhttp_request *req = e->parked;
     unpark(e);
-    reply_jobs(req, json_incref(jobs_json));
+    reply_jobs(g, req, json_incref(jobs_json));
     return 0;
 }
 
@@ -152,7 +169,7 @@ static void dispatch_parked(gps_agents *g, agent_ext *e)
     if (jobs && json_array_size(jobs) > 0) {
         struct evhttp_request *req = e->parked;
         unpark(e);
-        reply_jobs(req, jobs);
+        reply_jobs(g, req, jobs);
         return;
     }
     json_decref(jobs);
@@ -295,6 +312,24 @@ static const char *body_agent_id(gps_req *r, json_t *body)
     return id;
 }
 
+/* An agent key is bound to one agent_id: refuse (403) a request made with it
+ * for another agent. bind: bind a still unbound key to agent_id (polls do;
+ * work and event uploads only check). True when the request may go on. */
+static bool key_allows(gps_agents *g, gps_req *r, const char *agent_id, bool bind)
+{
+    if (!g->auth || !r->key_id[0])
+        return true;
+    const gps_auth_key *k = gps_auth_key_find(g->auth, r->key_id);
+    if (!k)
+        return true;
+    bool ok = bind ? gps_auth_bind_agent(g->auth, k, agent_id) == 0
+                   : !k->agent_id || strcmp(k->agent_id, agent_id) == 0;
+    if (!ok)
+        gps_req_error(r, 403, "KEY_BOUND_TO_OTHER_AGENT",
+                      "this agent key is bound to another agent_id", "agent_id");
+    return ok;
+}
+
 static void h_poll(gps_req *r, void *arg)
 {
     gps_agents *g = arg;
@@ -310,14 +345,9 @@ static void h_poll(gps_req *r, void *arg)
         return;
     }
     json_decref(body);
-    if (g->auth && r->key_id[0]) {
-        const gps_auth_key *k = gps_auth_key_find(g->auth, r->key_id);
-        if (k && gps_auth_bind_agent(g->auth, k, f.agent_id) < 0) {
-            registry_facts_free(&f);
-            gps_req_error(r, 403, "KEY_BOUND_TO_OTHER_AGENT",
-                          "this agent key is bound to another agent_id", "agent_id");
-            return;
-        }
+    if (!key_allows(g, r, f.agent_id, true)) {
+        registry_facts_free(&f);
+        return;
     }
     registry_agent *a = registry_heartbeat(g->reg, &f, gp_now_mono_ms(), gp_now_wall_ms());
     registry_facts_free(&f);
@@ -328,6 +358,7 @@ static void h_poll(gps_req *r, void *arg)
     sched_agent_update(g->sched, a);
     agent_ext *e = ext_get(g, a->id, true);
     if (e) {
+        snprintf(e->key_id, sizeof e->key_id, "%s", r->key_id);
         persist_agent(g, a, e, r->key_id);
         dispatch_parked(g, e);
     }
@@ -348,7 +379,7 @@ static void h_work(gps_req *r, void *arg)
     if (!body)
         return;
     const char *id = body_agent_id(r, body);
-    if (!id) {
+    if (!id || !key_allows(g, r, id, false)) {
         json_decref(body);
         return;
     }
@@ -383,13 +414,16 @@ static void h_work(gps_req *r, void *arg)
     json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, free_slots);
     if (jobs && json_array_size(jobs) > 0) {
         sched_agent_unready(g->sched, a);
-        reply_jobs(r->req, jobs);
+        reply_jobs(g, r->req, jobs);
         return;
     }
     json_decref(jobs);
     /* Park. The agent stays ready in the scheduler (take_for_agent made it
-     * so) until this request is answered or its connection closes. */
+     * so) until this request is answered or its connection closes. The key
+     * is kept so that revoking it ends the poll at once. */
     e->parked = r->req;
+    snprintf(e->park_cid, sizeof e->park_cid, "%s", r->correlation_id);
+    snprintf(e->key_id, sizeof e->key_id, "%s", r->key_id);
     e->free_slots = free_slots;
     e->evcon = evhttp_request_get_connection(r->req);
     g->nparked++;
@@ -411,7 +445,7 @@ static void h_events(gps_req *r, void *arg)
     if (!body)
         return;
     const char *id = body_agent_id(r, body);
-    if (!id) {
+    if (!id || !key_allows(g, r, id, false)) {
         json_decref(body);
         return;
     }
@@ -456,6 +490,205 @@ static void h_events(gps_req *r, void *arg)
 }
 
 /* ------------------------------------------------------------------ */
+/* Enrollment                                                          */
+/* ------------------------------------------------------------------ */
+
+int gps_agents_enroll_parse(const json_t *body, const char **agent_id, const char **name,
+                            const char **param, char *err, size_t errlen)
+{
+    *agent_id = NULL;
+    *name = "";
+    *param = NULL;
+    if (!json_is_object(body)) {
+        snprintf(err, errlen, "the body must be a JSON object");
+        return -1;
+    }
+    const json_t *id = json_object_get(body, "agent_id");
+    if (!json_is_string(id) || !gp_uuid_valid(json_string_value(id))) {
+        *param = "agent_id";
+        snprintf(err, errlen, "'agent_id' must be a UUID string (the id the agent keeps in "
+                              "its state dir)");
+        return -1;
+    }
+    const json_t *nm = json_object_get(body, "name");
+    if (nm && !json_is_null(nm)) {
+        const char *s = json_string_value(nm);
+        size_t len = json_string_length(nm);
+        *param = "name";
+        if (!s) {
+            snprintf(err, errlen, "'name' must be a string");
+            return -1;
+        }
+        if (len > 256) {
+            snprintf(err, errlen, "'name' must be at most 256 bytes");
+            return -1;
+        }
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c < 0x20 || c == 0x7f) {
+                snprintf(err, errlen, "'name' must not hold control characters");
+                return -1;
+            }
+        }
+        *param = NULL;
+        *name = s;
+    }
+    *agent_id = json_string_value(id);
+    return 0;
+}
+
+/* Stable code and message of a refused enrollment: the agent tells its
+ * operator which (expired, revoked, used up, not an enrollment token). */
+static const char *enroll_code(gps_auth_result res)
+{
+    switch (res) {
+    case GPS_AUTH_MISSING: return "UNAUTHORIZED";
+    case GPS_AUTH_REVOKED: return "KEY_REVOKED";
+    case GPS_AUTH_EXPIRED: return "KEY_EXPIRED";
+    case GPS_AUTH_WRONG_ROLE: return "WRONG_ROLE";
+    case GPS_AUTH_EXHAUSTED: return "TOKEN_EXHAUSTED";
+    default: return "INVALID_API_KEY";
+    }
+}
+
+static const char *enroll_message(gps_auth_result res)
+{
+    switch (res) {
+    case GPS_AUTH_MISSING:
+        return "missing enrollment token (Authorization: Bearer <token>)";
+    case GPS_AUTH_REVOKED:
+        return "this enrollment token was revoked";
+    case GPS_AUTH_EXPIRED:
+        return "this enrollment token has expired";
+    case GPS_AUTH_WRONG_ROLE:
+        return "this key is not an enrollment token (an agent key is used as it is)";
+    case GPS_AUTH_EXHAUSTED:
+        return "this enrollment token is used up (no uses left)";
+    default:
+        return "unknown enrollment token";
+    }
+}
+
+/* Refuse an enrollment: counted and logged like the auth hook's refusals
+ * (never the token itself). */
+static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const char *key_id)
+{
+    if (g->metrics) {
+        char l[64];
+        gps_metrics_label(l, sizeof l, "reason", gps_auth_result_name(res), (char *)NULL);
+        gps_metrics_add(g->metrics, "auth_failures_total", l, 1);
+    }
+    gp_log_write(GP_LOG_WARN, "auth_failed", r->correlation_id,
+                 json_pack("{s:s,s:s,s:s}", "reason", gps_auth_result_name(res), "key_id",
+                           key_id ? key_id : "", "path", "/agents/enroll"),
+                 "enrollment refused");
+    gps_req_add_header(r, "x-should-retry", "false");
+    gps_req_error(r, gps_auth_result_status(res), enroll_code(res), enroll_message(res), NULL);
+}
+
+/* POST /agents/enroll: public route (the http layer does not check it);
+ * the enrollment token is checked here so that each refusal gets its own
+ * code. The credential is checked before the body is read, then spent by
+ * gps_auth_enroll. */
+static void h_enroll(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    if (!g->auth || !gps_auth_enabled(g->auth)) {
+        gps_req_error(r, 409, "ENROLLMENT_NOT_NEEDED",
+                      "auth is off on this server; run the agent without a token", NULL);
+        return;
+    }
+    const char *cred = gps_req_header(r, "Authorization");
+    const gps_auth_key *k = NULL;
+    gps_auth_result res = gps_auth_check(g->auth, cred, GPS_KEY_ENROLLMENT, &k);
+    char token_id[GPS_AUTH_ID_LEN + 1];
+    snprintf(token_id, sizeof token_id, "%s", k ? k->id : "");
+    if (res != GPS_AUTH_OK) {
+        enroll_refuse(g, r, res, token_id);
+        return;
+    }
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *agent_id, *name, *param;
+    char err[160];
+    if (gps_agents_enroll_parse(body, &agent_id, &name, &param, err, sizeof err) < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", err, param);
+        return;
+    }
+    char key[GPS_AUTH_KEY_LEN + 1], key_id[GPS_AUTH_ID_LEN + 1];
+    res = gps_auth_enroll(g->auth, cred, agent_id, name, gp_now_wall_ms(), key, key_id);
+    if (res != GPS_AUTH_OK) {
+        json_decref(body);
+        enroll_refuse(g, r, res, token_id);
+        return;
+    }
+    gp_log_write(GP_LOG_INFO, "agent_enrolled", r->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s}", "agent_id", agent_id, "name", name, "key_id",
+                           key_id, "token_id", token_id),
+                 "agent %s enrolled", agent_id);
+    json_t *reply = json_pack("{s:s,s:s,s:s}", "agent_id", agent_id, "key_id", key_id,
+                              "agent_key", key);
+    json_decref(body);
+    /* The raw key is shown this once: keep it out of any cache. */
+    gps_req_add_header(r, "Cache-Control", "no-store");
+    gps_http_send_json(r->req, 200, reply);
+    volatile char *p = key;
+    for (size_t i = 0; i < sizeof key; i++)
+        p[i] = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Revoked keys                                                        */
+/* ------------------------------------------------------------------ */
+
+/* End one agent's use of a revoked key: its parked long-poll is answered
+ * 401 KEY_REVOKED and it is deregistered (OFFLINE), so it gets no new work
+ * and the deferred failover moves its running jobs elsewhere. */
+static void revoke_one(gps_agents *g, agent_ext *e, const char *key_id)
+{
+    e->key_id[0] = '\0';
+    bool had_poll = e->parked != NULL;
+    if (e->parked) {
+        struct evhttp_request *req = e->parked;
+        unpark(e);
+        gps_http_send_error(req, GPS_DIALECT_NATIVE, 401, "KEY_REVOKED",
+                            "this agent key was revoked", NULL, e->park_cid, NULL);
+    }
+    gp_log_write(GP_LOG_WARN, "agent_key_revoked", NULL,
+                 json_pack("{s:s,s:s,s:b}", "agent_id", e->id, "key_id", key_id,
+                           "parked_poll_ended", had_poll),
+                 "agent %s: its key was revoked", e->id);
+    registry_agent *a = g->reg ? registry_get(g->reg, e->id) : NULL;
+    if (a && a->state != REGISTRY_OFFLINE && a->state != REGISTRY_DEAD)
+        registry_deregister(g->reg, a, gp_now_mono_ms());
+}
+
+/* Revocation listener (auth.h). Matching agents are collected in small
+ * batches first: the map must not change during a walk, and acting on an
+ * agent clears its key id, so the next walk does not find it again. */
+static void on_key_revoked(void *arg, const char *key_id)
+{
+    gps_agents *g = arg;
+    if (!key_id || !*key_id)
+        return;
+    for (;;) {
+        agent_ext *hit[32];
+        size_t n = 0, i;
+        for (smap_node *nd = smap_first(&g->ext, &i); nd && n < 32; nd = smap_next(&g->ext, nd, &i)) {
+            agent_ext *e = nd->val;
+            if (strcmp(e->key_id, key_id) == 0)
+                hit[n++] = e;
+        }
+        if (n == 0)
+            break;
+        for (size_t k = 0; k < n; k++)
+            revoke_one(g, hit[k], key_id);
+    }
+}
+
+/* ------------------------------------------------------------------ */
 /* Lifecycle                                                           */
 /* ------------------------------------------------------------------ */
 
@@ -474,7 +707,11 @@ gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
 
 void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth)
 {
+    if (g->auth && g->auth != auth)
+        gps_auth_set_revoke_listener(g->auth, NULL, NULL);
     g->auth = auth;
+    if (auth)
+        gps_auth_set_revoke_listener(auth, on_key_revoked, g);
 }
 
 int gps_agents_attach(gps_agents *g, registry *reg, sched *s, gps_jobs *jobs)
@@ -531,6 +768,8 @@ void gps_agents_free(gps_agents *g)
         event_free(g->tick);
     if (g->deferred)
         event_free(g->deferred);
+    if (g->auth) /* the auth object outlives us (main frees it after) */
+        gps_auth_set_revoke_listener(g->auth, NULL, NULL);
     smap_free(&g->ext, free_ext);
     free(g);
 }
@@ -538,6 +777,9 @@ void gps_agents_free(gps_agents *g)
 int gps_agents_register(gps_http *h, gps_agents *g)
 {
     int rc = 0;
+    /* Public at the http layer: h_enroll checks the enrollment token. */
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/enroll", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_NONE, h_enroll, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/poll", GPS_DIALECT_NATIVE,
                              GPS_ROLE_AGENT, h_poll, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/work", GPS_DIALECT_NATIVE,
@@ -548,6 +790,7 @@ int gps_agents_register(gps_http *h, gps_agents *g)
 }
 
 typedef struct collect_ctx {
+    gps_metrics *m;
     size_t per_state[REGISTRY_STATE_COUNT];
     long long busy, total;
 } collect_ctx;
@@ -560,6 +803,12 @@ static void collect_one(void *ud, registry_agent *a)
         a->state == REGISTRY_SUSPECT) {
         c->total += a->slots_total;
         c->busy += a->active > a->slots_busy ? a->active : a->slots_busy;
+        /* Per live agent: bounded by the fleet, gone when the agent is. */
+        char l[64];
+        gps_metrics_label(l, sizeof l, "agent", a->id, (char *)NULL);
+        gps_metrics_set(c->m, "agent_queue_depth", l, (double)a->queue_depth);
+        if (json_is_number(json_object_get(a->facts, "kv_cache_utilization")))
+            gps_metrics_set(c->m, "agent_kv_cache_utilization", l, a->kv_cache_utilization);
     }
 }
 
@@ -567,6 +816,9 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
 {
     collect_ctx c;
     memset(&c, 0, sizeof c);
+    c.m = m;
+    gps_metrics_reset(m, "agent_queue_depth");
+    gps_metrics_reset(m, "agent_kv_cache_utilization");
     if (g->reg)
         registry_foreach(g->reg, collect_one, &c);
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {

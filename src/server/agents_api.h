@@ -1,6 +1,7 @@
 /*
  * agents_api: the agent protocol endpoints (docs/protocol.md).
  *
+ *   POST /agents/enroll              enrollment token -> the agent's own key
  *   POST /agents/poll                register + heartbeat (idempotent)
  *   POST /agents/work                long-poll for jobs (held work_wait_sec)
  *   POST /agents/jobs/{id}/events    event upload; reply {"cancel": bool}
@@ -9,14 +10,24 @@
  * agent), the registry expiry timer, the reaction to registry transitions
  * (log, persist, scheduler update, failover of a dead agent's jobs) and the
  * delivery of jobs the scheduler assigns to a parked agent.
+ *
+ * Revoked agent keys: gps_agents_set_auth installs the auth module's
+ * revocation listener. When a key is revoked (admin API, CLI + SIGHUP
+ * reload), every parked long-poll authenticated by it is answered at once
+ * with 401 KEY_REVOKED, and each agent whose last request used that key is
+ * deregistered (OFFLINE): it gets no new work and its running jobs fail over
+ * like those of an agent that left (it could not upload their events any
+ * more anyway).
  */
 #ifndef GPS_AGENTS_API_H
 #define GPS_AGENTS_API_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <event2/event.h>
+#include <jansson.h>
 
 #include "server/http.h"
 #include "server/jobs.h"
@@ -44,7 +55,8 @@ gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
 int gps_agents_attach(gps_agents *g, registry *reg, sched *s, gps_jobs *jobs);
 struct gps_auth;
 /* Agent keys get bound to the first agent_id they poll with (may be NULL:
- * no binding, e.g. auth off). */
+ * no binding, e.g. auth off). Also enables POST /agents/enroll and installs
+ * the revocation listener (the auth object, borrowed, must outlive g). */
 void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth);
 /* Answer every parked long-poll with 204 (shutdown). */
 void gps_agents_release_all(gps_agents *g);
@@ -58,6 +70,14 @@ void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_st
 int gps_agents_register(gps_http *h, gps_agents *g);
 /* Metrics collector part: agents per state, slots. */
 void gps_agents_collect(gps_agents *g, struct gps_metrics *m);
+/* Validate a POST /agents/enroll body: "agent_id" (required) a UUID string
+ * (what /agents/poll accepts), "name" (optional) a string of at most 256
+ * bytes without control characters. 0 with borrowed pointers into body
+ * (*name is "" when absent), or -1 with a message in err and the offending
+ * field in *param. */
+int gps_agents_enroll_parse(const json_t *body, const char **agent_id, const char **name,
+                            const char **param, char *err, size_t errlen);
+
 /* Number of parked long-polls (tests, status). */
 size_t gps_agents_parked(const gps_agents *g);
 

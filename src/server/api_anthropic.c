@@ -794,11 +794,7 @@ typedef struct an_stream {
 
 static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_us)
 {
-    char l[128];
-    gps_metrics_label(l, sizeof l, "api", "anthropic", "outcome", outcome, (char *)NULL);
-    gps_metrics_add(c->metrics, "requests_total", l, 1);
-    gps_metrics_label(l, sizeof l, "api", "anthropic", (char *)NULL);
-    gps_metrics_observe(c->metrics, "request_duration_seconds", l,
+    gps_metrics_request(c->metrics, "anthropic", outcome,
                         (double)(gp_now_mono_us() - start_us) / 1e6);
 }
 
@@ -1054,9 +1050,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         const char *text = json_string_value(json_object_get(ev, "text"));
         if (st->stream && !st->started) {
             ensure_started(st);
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds",
-                                "api=\"anthropic\"",
-                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
         }
         gp_buf_append(&st->pending, text ? text : "", text ? strlen(text) : 0);
         if (!st->stops) {
@@ -1091,9 +1086,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             return;
         if (st->stream && !st->started) {
             ensure_started_as(st, st->pending.len > 0);
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds",
-                                "api=\"anthropic\"",
-                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
         }
         /* Text held back for a stop sequence goes out before the call. */
         emit_text(st, st->pending.data, st->pending.len);
@@ -1110,8 +1104,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
         gp_buf_consume(&st->pending, st->pending.len);
         if (!st->stream && job->first_token_us)
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"anthropic\"",
-                                (double)(job->first_token_us - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(job->first_token_us - st->start_us) / 1e6);
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";

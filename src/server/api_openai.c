@@ -753,12 +753,7 @@ typedef struct oa_stream {
 
 static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
 {
-    char l[128];
-    gps_metrics_label(l, sizeof l, "api", "openai", "outcome", outcome, (char *)NULL);
-    gps_metrics_add(c->metrics, "requests_total", l, 1);
-    gps_metrics_label(l, sizeof l, "api", "openai", (char *)NULL);
-    gps_metrics_observe(c->metrics, "request_duration_seconds", l,
-                        (double)(gp_now_mono_us() - start_us) / 1e6);
+    gps_metrics_request(c->metrics, "openai", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
 }
 
 static void outcome_of(char *out, size_t n, const char *code)
@@ -875,8 +870,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         gps_sse_send(st->req, &st->out);
         gps_job_mark_output_sent(job);
         if (first)
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
-                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
         return;
     }
     if (type == GPS_EV_TOOL_CALL && st->chat) {
@@ -906,8 +901,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         gps_sse_send(st->req, &st->out);
         gps_job_mark_output_sent(job);
         if (first)
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
-                                (double)(gp_now_mono_us() - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
         return;
     }
     if (type == GPS_EV_END) {
@@ -948,8 +943,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_http_send_json(st->req, 200, body);
         }
         if (!st->stream && job->first_token_us)
-            gps_metrics_observe(c->metrics, "time_to_first_token_seconds", "api=\"openai\"",
-                                (double)(job->first_token_us - st->start_us) / 1e6);
+            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                             (double)(job->first_token_us - st->start_us) / 1e6);
         count_request(c, "ok", st->start_us);
         st->req = NULL;
         stream_finish(st);

@@ -760,12 +760,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 
 static void count_request(gps_tasks *g, const char *outcome, uint64_t start_us)
 {
-    char l[128];
-    gps_metrics_label(l, sizeof l, "api", "native", "outcome", outcome, (char *)NULL);
-    gps_metrics_add(g->metrics, "requests_total", l, 1);
-    gps_metrics_label(l, sizeof l, "api", "native", (char *)NULL);
-    gps_metrics_observe(g->metrics, "request_duration_seconds", l,
-                        (double)(gp_now_mono_us() - start_us) / 1e6);
+    gps_metrics_request(g->metrics, "native", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
 }
 
 static void h_create(gps_req *r, void *arg)
