@@ -1172,26 +1172,11 @@ static void on_client_close(struct evhttp_connection *evcon, void *arg)
 }
 
 /* What the live agents serving model report: the smallest context length
- * (0 = unknown) and whether all of them take tools. */
+ * (0 = unknown). */
 typedef struct model_facts {
     const char *model;
     long long ctx;
-    int serving;
-    int with_tools;
 } model_facts;
-
-static bool facts_supports_tools(const registry_agent *a, const char *id)
-{
-    size_t i;
-    json_t *m;
-    json_array_foreach(json_object_get(a->facts, "models"), i, m)
-    {
-        const char *mid = json_string_value(json_object_get(m, "id"));
-        if (mid && strcmp(mid, id) == 0)
-            return json_is_true(json_object_get(m, "supports_tools"));
-    }
-    return false;
-}
 
 static void facts_cb(void *ud, registry_agent *a)
 {
@@ -1206,11 +1191,8 @@ static void facts_cb(void *ud, registry_agent *a)
             match = strcmp(mi->aliases[k], f->model) == 0;
         if (!match)
             continue;
-        f->serving++;
         if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
             f->ctx = mi->context_length;
-        if (facts_supports_tools(a, mi->id))
-            f->with_tools++;
         return;
     }
 }
@@ -1228,8 +1210,11 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
     json_decref(body);
     if (rc == 0) {
         model_facts f = {.model = areq.spec.model};
-        registry_foreach(gps_jobs_registry(c->jobs), facts_cb, &f);
-        rc = gps_anthropic_assemble(&areq, f.ctx, f.serving > 0 && f.with_tools == f.serving,
+        registry *reg = gps_jobs_registry(c->jobs);
+        registry_foreach(reg, facts_cb, &f);
+        /* With tools kept, the job goes only to the agents that take them
+         * (sched_job needs_tools). */
+        rc = gps_anthropic_assemble(&areq, f.ctx, gps_model_takes_tools(reg, areq.spec.model),
                                     msg, sizeof msg);
         if (rc < 0)
             gps_anthropic_req_clear(&areq);

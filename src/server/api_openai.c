@@ -175,47 +175,9 @@ json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
     return a;
 }
 
-typedef struct tools_facts {
-    const char *model;
-    int serving, with_tools;
-} tools_facts;
-
-/* Live agents serving f->model, and how many of them report supports_tools
- * in their model facts. */
-static void tools_facts_cb(void *ud, registry_agent *a)
-{
-    tools_facts *f = ud;
-    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT &&
-        a->state != REGISTRY_REGISTERING)
-        return;
-    for (size_t i = 0; i < a->n_models; i++) {
-        const registry_model_info *mi = &a->models[i];
-        bool match = strcmp(mi->id, f->model) == 0;
-        for (size_t k = 0; !match && k < mi->n_aliases; k++)
-            match = strcmp(mi->aliases[k], f->model) == 0;
-        if (!match)
-            continue;
-        f->serving++;
-        size_t j;
-        json_t *m;
-        json_array_foreach(json_object_get(a->facts, "models"), j, m)
-        {
-            const char *mid = json_string_value(json_object_get(m, "id"));
-            if (mid && strcmp(mid, mi->id) == 0 &&
-                json_is_true(json_object_get(m, "supports_tools"))) {
-                f->with_tools++;
-                break;
-            }
-        }
-        return;
-    }
-}
-
 bool gps_model_takes_tools(registry *reg, const char *model)
 {
-    tools_facts f = {model, 0, 0};
-    registry_foreach(reg, tools_facts_cb, &f);
-    return f.serving > 0 && f.with_tools == f.serving;
+    return registry_model_tools_count(reg, model) > 0;
 }
 
 /* Chat content: a string, or an array of {type:"text", text} parts that

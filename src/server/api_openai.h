@@ -52,9 +52,9 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
  * be NULL. Returns 0, or -1 with msg and *param. */
 int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
                            size_t msglen, const char **param);
-/* True when at least one live agent serves model and every one of them
- * reports "supports_tools": true for it (so the job can only land on an
- * agent that takes tools). */
+/* True when at least one live agent serving model reports
+ * "supports_tools": true for it. A job carrying tools (sched_job
+ * needs_tools) is then scheduled on such agents only. O(1). */
 bool gps_model_takes_tools(registry *reg, const char *model);
 
 /* Tool calls put together from an agent's tool_call events (both

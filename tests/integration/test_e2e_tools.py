@@ -10,8 +10,14 @@ as OpenAI tools; a tool_result round trip arriving upstream as a role
 "tool" message after the assistant's tool_calls; the OpenAI chat dialect
 passing tools through (message.tool_calls, streamed delta.tool_calls with
 index, finish_reason tool_calls) and its tool messages.
+
+MixedFleetTest (issue 4): one openai-backend agent that takes tools and one
+gguf agent (stories260K, whose template has no tool format) serve the same
+name; every request with tools reaches the tool agent (queued while it is
+busy, never given to the free gguf agent), plain requests reach both.
 """
 
+import concurrent.futures
 import json
 import os
 import sys
@@ -256,6 +262,90 @@ class ToolsTest(harness.TestCase):
             st, _, out = http_json("POST", srv.url + "/v1/chat/completions", b)
             self.assertEqual(st, 400, out)
             self.assertEqual(out["error"]["param"], param, out)
+
+
+GGUF_MODEL = os.path.join(harness.SOURCE_DIR, "models", "stories260K.gguf")
+
+
+def gguf_built():
+    """The agent has the gguf backend (the e2e gguf test's probe)."""
+    import test_e2e_gguf
+    return test_e2e_gguf.gguf_built()
+
+
+class MixedFleetTest(harness.TestCase):
+    """Issue 4: tools requests with a mixed fleet go to tool-capable agents
+    only; plain requests use every agent."""
+
+    N = 8   # requests per kind
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        # The upstream holds each answer back a little so that concurrent
+        # requests overlap and tools jobs have to queue for the tool agent
+        # while the gguf agent is free.
+        self.up = self.h.start_upstream(["--tokens", "4", "--tool-call", "list_dir",
+                                         "--first-delay-ms", "200"])
+        self.srv = self.h.start_server(FAST)
+        self.tool_agent = self.h.start_agent(self.srv, upstream=self.up, model="m1", slots=2)
+        self.gguf_agent = self.h.start_agent(self.srv, upstream=None, slots=2, alias="m1",
+                                             args=["--model", GGUF_MODEL, "--threads", "1"])
+        self.tid = self.tool_agent.agent_id()
+        self.gid = self.gguf_agent.agent_id()
+        for aid in (self.tid, self.gid):
+            harness.wait_until(lambda aid=aid: any(
+                e.get("agent_id") == aid and e.get("to") == "healthy"
+                for e in self.srv.log_events("agent_state")),
+                timeout=harness.START_TIMEOUT, what="agent %s healthy" % aid)
+
+    def chat(self, tools):
+        body = {"model": "m1", "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": "list /tmp"}]}
+        if tools:
+            body["tools"] = [OAI_LS_TOOL]
+        st, _, out = http_json("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
+        self.assertEqual(st, 200, out)
+        return out
+
+    def anthropic(self):
+        st, _, out = http_json("POST", self.srv.url + "/v1/messages",
+                               {"model": "m1", "max_tokens": 8, "tools": [LS_TOOL],
+                                "messages": [{"role": "user", "content": "list /tmp"}]},
+                               headers={"anthropic-version": "2023-06-01"}, timeout=120)
+        self.assertEqual(st, 200, out)
+        return out
+
+    def run_all(self, fn, n):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n) as ex:
+            return list(ex.map(lambda _: fn(), range(n)))
+
+    def test_tools_only_on_tool_agent(self):
+        # N concurrent tools requests, more than the tool agent's 2 slots:
+        # the rest wait for it, none goes to the free gguf agent.
+        for out in self.run_all(lambda: self.chat(True), self.N):
+            ch = out["choices"][0]
+            self.assertEqual(ch["finish_reason"], "tool_calls", out)
+            self.assertEqual(ch["message"]["tool_calls"][0]["function"]["name"], "list_dir")
+            self.assertEqual(out["x_pool_meta"]["agent_id"], self.tid)
+            self.assertEqual(out["x_pool_meta"]["warnings"], [], out)
+        for out in self.run_all(self.anthropic, self.N // 2):
+            self.assertEqual(out["stop_reason"], "tool_use", out)
+            self.assertEqual(out["content"][-1]["type"], "tool_use")
+            self.assertEqual(out["x_pool_meta"]["agent_id"], self.tid)
+        offered = [r for r in self.up.log_entries() if r.get("tools")]
+        self.assertEqual(len(offered), self.N + self.N // 2)
+        # plain requests are spread over both agents (bounded rounds of
+        # concurrent batches: with both agents ready, both get work)
+        seen = set()
+        for _ in range(5):
+            for out in self.run_all(lambda: self.chat(False), 4):
+                self.assertIn(out["choices"][0]["finish_reason"], ("stop", "length"), out)
+                seen.add(out["x_pool_meta"]["agent_id"])
+            if seen == {self.tid, self.gid}:
+                break
+        self.assertEqual(seen, {self.tid, self.gid})
 
 
 if __name__ == "__main__":
