@@ -18,8 +18,9 @@
  * - Consecutive messages of the same role are joined (blank line between).
  * - `tools` go to the agent as OpenAI function tools (input_schema ->
  *   parameters; tool_choice auto|any|tool|none -> auto|required|{function}|
- *   none) when every live agent that serves the model reports
- *   `"supports_tools": true` in its model facts; the conversation then goes
+ *   none) when at least one live agent that serves the model reports
+ *   `"supports_tools": true` in its model facts (the job then goes only to
+ *   such agents: sched_job needs_tools); the conversation then goes
  *   in OpenAI form too (tool_use -> assistant tool_calls, tool_result ->
  *   role "tool" messages). Otherwise tools are ignored (warning) and tool
  *   blocks are rendered as text. `tool_choice: {"type":"none"}` drops them.
