@@ -288,45 +288,98 @@ int gps_metrics_define_server(gps_metrics *m)
 {
     static const double dur[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
     static const double ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30};
+    static const double lat[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+    static const struct {
+        const char *name;
+        gps_metric_type type;
+        const char *help;
+        const double *buckets;
+        size_t nbuckets;
+    } fam[] = {
+        {"requests_total", GPS_METRIC_COUNTER,
+         "Client requests answered, by API and outcome (ok or the lower-cased error code).",
+         NULL, 0},
+        {"request_duration_seconds", GPS_METRIC_HISTOGRAM,
+         "Client request duration, arrival to last byte, by API and outcome.", dur,
+         sizeof dur / sizeof dur[0]},
+        {"time_to_first_token_seconds", GPS_METRIC_HISTOGRAM,
+         "Arrival to the first generated token sent to the client, by API and serving model.",
+         ttft, sizeof ttft / sizeof ttft[0]},
+        {"scheduling_latency_seconds", GPS_METRIC_HISTOGRAM,
+         "Submit (or requeue after a failover) to assignment to an agent, by model and "
+         "priority.",
+         lat, sizeof lat / sizeof lat[0]},
+        {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
+        {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
+        {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
+        {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
+        {"agents_parked", GPS_METRIC_GAUGE,
+         "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
+        {"slots_busy", GPS_METRIC_GAUGE, "Agent slots running a job (live agents).", NULL, 0},
+        {"slots_total", GPS_METRIC_GAUGE, "Agent slots of live agents.", NULL, 0},
+        {"agent_queue_depth", GPS_METRIC_GAUGE,
+         "Jobs waiting inside a live agent, as it reported on its last poll.", NULL, 0},
+        {"agent_kv_cache_utilization", GPS_METRIC_GAUGE,
+         "KV-cache positions in use (0 to 1) of a live agent, as it reported on its last poll "
+         "(agents that report it only).",
+         NULL, 0},
+        {"failovers_total", GPS_METRIC_COUNTER,
+         "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
+         NULL, 0},
+        {"auth_failures_total", GPS_METRIC_COUNTER,
+         "Requests refused for a missing, bad or unfit key, by reason.", NULL, 0},
+        {"rate_limited_total", GPS_METRIC_COUNTER,
+         "Requests refused by a limit, by reason (rpm, tokens_per_day, queue_full).", NULL, 0},
+        {"db_writes_total", GPS_METRIC_COUNTER, "Rows handed to the DB thread.", NULL, 0},
+        {"db_errors_total", GPS_METRIC_COUNTER, "DB operations that failed.", NULL, 0},
+    };
+    static const char *modes[] = {"requeue", "continue", "error", "exhausted"};
+    static const char *limits[] = {"rpm", "tokens_per_day", "queue_full"};
     int rc = 0;
-    rc |= gps_metrics_define(m, "requests_total", GPS_METRIC_COUNTER,
-                             "Client requests by API and outcome.", NULL, 0);
-    rc |= gps_metrics_define(m, "request_duration_seconds", GPS_METRIC_HISTOGRAM,
-                             "Client request duration, arrival to last byte.", dur,
-                             sizeof dur / sizeof dur[0]);
-    rc |= gps_metrics_define(m, "time_to_first_token_seconds", GPS_METRIC_HISTOGRAM,
-                             "Arrival to first generated token sent to the client.", ttft,
-                             sizeof ttft / sizeof ttft[0]);
-    rc |= gps_metrics_define(m, "tokens_generated_total", GPS_METRIC_COUNTER,
-                             "Tokens relayed to clients.", NULL, 0);
-    rc |= gps_metrics_define(m, "queue_depth", GPS_METRIC_GAUGE,
-                             "Jobs waiting per model and priority.", NULL, 0);
-    rc |= gps_metrics_define(m, "agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL,
-                             0);
-    rc |= gps_metrics_define(m, "agents_parked", GPS_METRIC_GAUGE,
-                             "Agents holding a long-poll for work (ready to take a job).", NULL,
-                             0);
-    rc |= gps_metrics_define(m, "slots_busy", GPS_METRIC_GAUGE,
-                             "Agent slots running a job.", NULL, 0);
-    rc |= gps_metrics_define(m, "slots_total", GPS_METRIC_GAUGE,
-                             "Agent slots of live agents.", NULL, 0);
-    rc |= gps_metrics_define(m, "failovers_total", GPS_METRIC_COUNTER,
-                             "Jobs moved to another agent after losing theirs.", NULL, 0);
-    rc |= gps_metrics_define(m, "auth_failures_total", GPS_METRIC_COUNTER,
-                             "Requests refused for a missing or bad key.", NULL, 0);
-    rc |= gps_metrics_define(m, "jobs_running", GPS_METRIC_GAUGE,
-                             "Jobs assigned to agents and not finished.", NULL, 0);
-    rc |= gps_metrics_define(m, "db_writes_total", GPS_METRIC_COUNTER,
-                             "Rows handed to the DB thread.", NULL, 0);
-    rc |= gps_metrics_define(m, "db_errors_total", GPS_METRIC_COUNTER,
-                             "DB operations that failed.", NULL, 0);
-    /* Unlabelled counters start at 0 so they show up before their first event. */
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
+        rc |= gps_metrics_define(m, fam[i].name, fam[i].type, fam[i].help, fam[i].buckets,
+                                 fam[i].nbuckets);
+    /* Counters start at 0 so that they show up (and rate() works) before
+     * their first event. */
     gps_metrics_add(m, "tokens_generated_total", NULL, 0);
     gps_metrics_add(m, "db_writes_total", NULL, 0);
     gps_metrics_add(m, "db_errors_total", NULL, 0);
-    /* Unlabelled counters start at 0 so they show up before their first event. */
-    gps_metrics_add(m, "tokens_generated_total", NULL, 0);
-    gps_metrics_add(m, "db_writes_total", NULL, 0);
-    gps_metrics_add(m, "db_errors_total", NULL, 0);
+    char l[64];
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        gps_metrics_add(m, "failovers_total",
+                        gps_metrics_label(l, sizeof l, "mode", modes[i], (char *)NULL), 0);
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+        gps_metrics_add(m, "rate_limited_total",
+                        gps_metrics_label(l, sizeof l, "reason", limits[i], (char *)NULL), 0);
     return rc ? -1 : 0;
+}
+
+void gps_metrics_request(gps_metrics *m, const char *api, const char *outcome, double seconds)
+{
+    char l[160];
+    gps_metrics_label(l, sizeof l, "api", api, "outcome", outcome, (char *)NULL);
+    gps_metrics_add(m, "requests_total", l, 1);
+    gps_metrics_observe(m, "request_duration_seconds", l, seconds);
+}
+
+void gps_metrics_ttft(gps_metrics *m, const char *api, const char *model, double seconds)
+{
+    char l[600];
+    gps_metrics_label(l, sizeof l, "api", api, "model", model, (char *)NULL);
+    gps_metrics_observe(m, "time_to_first_token_seconds", l, seconds);
+}
+
+void gps_metrics_sched_latency(gps_metrics *m, const char *model, const char *priority,
+                               double seconds)
+{
+    char l[600];
+    gps_metrics_label(l, sizeof l, "model", model, "priority", priority, (char *)NULL);
+    gps_metrics_observe(m, "scheduling_latency_seconds", l, seconds);
+}
+
+void gps_metrics_rate_limited(gps_metrics *m, const char *reason)
+{
+    char l[64];
+    gps_metrics_label(l, sizeof l, "reason", reason, (char *)NULL);
+    gps_metrics_add(m, "rate_limited_total", l, 1);
 }

@@ -6,7 +6,11 @@
  * histogram buckets); series are addressed by a preformatted label string
  * such as `api="openai",outcome="ok"` (build it with gps_metrics_label so
  * values are escaped). Labels must stay bounded (model, api, outcome,
- * state, priority): never a job id or a key.
+ * state, priority, reason, mode, agent): never a job id, a key or free
+ * text. A model label only ever names a model some agent announced (the
+ * families that carry it are observed after an agent took the job), and
+ * an agent label only names a live agent (its series vanish with it).
+ * docs/operations.md lists every family.
  *
  * Gauges that mirror live state (queue depth, agents per state) are filled
  * by a collector callback right before each render; it usually calls
@@ -49,7 +53,26 @@ int gps_metrics_render(gps_metrics *m, gp_buf *out);
  * escaping backslash, quote and newline. Returns out. */
 char *gps_metrics_label(char *out, size_t outlen, ...);
 
-/* Define the server's standard families (requests_total, ...). */
+/* Define the server's standard families (requests_total, ...). Counters
+ * with a closed set of label values (failovers_total{mode},
+ * rate_limited_total{reason}) start at 0 for each value. */
 int gps_metrics_define_server(gps_metrics *m);
+
+/* Server families with their label sets in one place (all no-ops on a
+ * family that is not defined). */
+/* A client request answered: requests_total{api,outcome} += 1 and
+ * request_duration_seconds{api,outcome} observes seconds. outcome is "ok"
+ * or the lower-cased error code. */
+void gps_metrics_request(gps_metrics *m, const char *api, const char *outcome, double seconds);
+/* First token sent: time_to_first_token_seconds{api,model}; model is the
+ * model that served (announced by an agent). */
+void gps_metrics_ttft(gps_metrics *m, const char *api, const char *model, double seconds);
+/* A job handed to an agent: scheduling_latency_seconds{model,priority},
+ * seconds from submit (or requeue) to assignment. */
+void gps_metrics_sched_latency(gps_metrics *m, const char *model, const char *priority,
+                               double seconds);
+/* A request refused by a limit: rate_limited_total{reason} += 1, reason
+ * one of "rpm", "tokens_per_day", "queue_full". */
+void gps_metrics_rate_limited(gps_metrics *m, const char *reason);
 
 #endif

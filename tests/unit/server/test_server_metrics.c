@@ -53,6 +53,58 @@ static void test_render(void **st)
     gps_metrics_free(m);
 }
 
+/* The helpers carry the documented label sets; closed label sets start at
+ * 0; a histogram's buckets are cumulative and end with +Inf == _count. */
+static void test_server_families(void **st)
+{
+    (void)st;
+    gps_metrics *m = gps_metrics_new();
+    assert_non_null(m);
+    assert_int_equal(gps_metrics_define_server(m), 0);
+    gps_metrics_request(m, "openai", "ok", 0.2);
+    gps_metrics_request(m, "openai", "ok", 3);
+    gps_metrics_request(m, "anthropic", "queue_full", 0.001);
+    gps_metrics_ttft(m, "openai", "tiny", 0.03);
+    gps_metrics_sched_latency(m, "tiny", "batch", 0.0005);
+    gps_metrics_sched_latency(m, "tiny", "batch", 1000);
+    gps_metrics_rate_limited(m, "rpm");
+    assert_true(gps_metrics_get(m, "requests_total", "api=\"openai\",outcome=\"ok\"") == 2);
+    assert_true(gps_metrics_get(m, "rate_limited_total", "reason=\"rpm\"") == 1);
+    gp_buf b;
+    gp_buf_init(&b);
+    assert_int_equal(gps_metrics_render(m, &b), 0);
+    const char *t = b.data;
+    static const char *want[] = {
+        "gpupool_request_duration_seconds_bucket{api=\"openai\",outcome=\"ok\",le=\"0.1\"} 0\n",
+        "gpupool_request_duration_seconds_bucket{api=\"openai\",outcome=\"ok\",le=\"0.25\"} 1\n",
+        "gpupool_request_duration_seconds_bucket{api=\"openai\",outcome=\"ok\",le=\"5\"} 2\n",
+        "gpupool_request_duration_seconds_bucket{api=\"openai\",outcome=\"ok\",le=\"+Inf\"} 2\n",
+        "gpupool_request_duration_seconds_sum{api=\"openai\",outcome=\"ok\"} 3.2\n",
+        "gpupool_request_duration_seconds_count{api=\"openai\",outcome=\"ok\"} 2\n",
+        "gpupool_requests_total{api=\"anthropic\",outcome=\"queue_full\"} 1\n",
+        "gpupool_time_to_first_token_seconds_count{api=\"openai\",model=\"tiny\"} 1\n",
+        "# TYPE gpupool_scheduling_latency_seconds histogram\n",
+        "gpupool_scheduling_latency_seconds_bucket{model=\"tiny\",priority=\"batch\",le=\"0.001\"} 1\n",
+        "gpupool_scheduling_latency_seconds_bucket{model=\"tiny\",priority=\"batch\",le=\"120\"} 1\n",
+        "gpupool_scheduling_latency_seconds_bucket{model=\"tiny\",priority=\"batch\",le=\"+Inf\"} 2\n",
+        "gpupool_rate_limited_total{reason=\"rpm\"} 1\n",
+        "gpupool_rate_limited_total{reason=\"tokens_per_day\"} 0\n",
+        "gpupool_rate_limited_total{reason=\"queue_full\"} 0\n",
+        "gpupool_failovers_total{mode=\"exhausted\"} 0\n",
+        "# TYPE gpupool_agent_queue_depth gauge\n",
+        "# TYPE gpupool_agent_kv_cache_utilization gauge\n",
+        "# TYPE gpupool_auth_failures_total counter\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(t, want[i]))
+            fail_msg("missing: %s\nin:\n%s", want[i], t);
+    /* Every family once, HELP before TYPE. */
+    assert_null(strstr(strstr(t, "# TYPE gpupool_tokens_generated_total") + 1,
+                       "# TYPE gpupool_tokens_generated_total"));
+    gp_buf_free(&b);
+    gps_metrics_free(m);
+}
+
 static void test_label_escape(void **st)
 {
     (void)st;
@@ -68,6 +120,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
+        cmocka_unit_test(test_server_families),
         cmocka_unit_test(test_label_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
