@@ -27,6 +27,8 @@ struct gps_auth {
     size_t n;
     bool loopback_only;
     gps_auth_stats stats;
+    gps_auth_revoke_fn on_revoke;
+    void *on_revoke_arg;
 };
 
 static const char *const role_names[GPS_KEY_ROLE_COUNT] = {
@@ -58,6 +60,7 @@ const char *gps_auth_result_name(gps_auth_result r)
     case GPS_AUTH_WRONG_ROLE: return "wrong_role";
     case GPS_AUTH_REVOKED: return "revoked";
     case GPS_AUTH_EXPIRED: return "expired";
+    case GPS_AUTH_EXHAUSTED: return "exhausted";
     }
     return "unknown";
 }
@@ -66,7 +69,7 @@ int gps_auth_result_status(gps_auth_result r)
 {
     if (r == GPS_AUTH_OK)
         return 0;
-    return r == GPS_AUTH_WRONG_ROLE ? 403 : 401;
+    return r == GPS_AUTH_WRONG_ROLE || r == GPS_AUTH_EXHAUSTED ? 403 : 401;
 }
 
 /* Does a key of role `have` pass a route wanting `want`? */
@@ -182,9 +185,37 @@ static int load_one(void *arg, const gps_store_key_row *r)
         c->oom = true;
         return 1;
     }
+    k->limits = (gps_key_limits){r->rpm, r->tokens_per_day, r->max_concurrent};
+    k->max_uses = r->max_uses;
+    k->uses = r->uses;
     table_add(c->buckets, k);
     c->n++;
     return 0;
+}
+
+static bool key_usable(const gps_auth_key *k, int64_t now)
+{
+    return !(k->revoked_at && k->revoked_at <= now) && !(k->expires_at && now >= k->expires_at);
+}
+
+/* After a reload: tell the listener about every key that was usable in
+ * old and is not (revoked, expired or gone) in the new table. */
+static void notify_lost(gps_auth *a, gps_auth_key **old)
+{
+    if (!a->on_revoke)
+        return;
+    int64_t now = gp_now_wall_ms();
+    for (size_t i = 0; i < NBUCKETS; i++)
+        for (gps_auth_key *k = old[i]; k; k = k->next) {
+            if (!key_usable(k, now))
+                continue;
+            const gps_auth_key *n = NULL;
+            for (n = a->buckets[bucket_of(k->hash)]; n; n = n->next)
+                if (strcmp(n->id, k->id) == 0)
+                    break;
+            if (!n || !key_usable(n, now))
+                a->on_revoke(a->on_revoke_arg, k->id);
+        }
 }
 
 int gps_auth_load(gps_auth *a, char *err, size_t errlen)
@@ -206,11 +237,29 @@ int gps_auth_load(gps_auth *a, char *err, size_t errlen)
         free(c);
         return -1;
     }
-    table_clear(a->buckets);
+    /* Swap first, notify, then free the old table: the listener may look
+     * keys up, and it must see the new state. */
+    gps_auth_key **old = malloc(sizeof(a->buckets));
+    if (!old) {
+        table_clear(c->buckets);
+        free(c);
+        snprintf(err, errlen, "out of memory loading keys");
+        return -1;
+    }
+    memcpy(old, a->buckets, sizeof(a->buckets));
     memcpy(a->buckets, c->buckets, sizeof(a->buckets));
     a->n = c->n;
     free(c);
+    notify_lost(a, old);
+    table_clear(old);
+    free(old);
     return 0;
+}
+
+void gps_auth_set_revoke_listener(gps_auth *a, gps_auth_revoke_fn fn, void *arg)
+{
+    a->on_revoke = fn;
+    a->on_revoke_arg = arg;
 }
 
 void gps_auth_set_loopback_only(gps_auth *a, bool loopback_only)
@@ -342,20 +391,40 @@ static void new_key_id(char out_id[GPS_AUTH_ID_LEN + 1])
 int gps_auth_key_create(gps_auth *a, gps_key_role role, const char *name, int64_t expires_at,
                         char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1])
 {
-    if ((unsigned)role >= GPS_KEY_ROLE_COUNT)
+    gps_key_spec spec = {.role = role, .name = name, .expires_at = expires_at};
+    return gps_auth_key_create_spec(a, &spec, out_key, out_id);
+}
+
+static bool limits_valid(const gps_key_limits *l)
+{
+    return l->rpm >= 0 && l->tokens_per_day >= 0 && l->max_concurrent >= 0;
+}
+
+int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
+                             char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1])
+{
+    if ((unsigned)spec->role >= GPS_KEY_ROLE_COUNT || !limits_valid(&spec->limits) ||
+        spec->max_uses < 0)
         return -1;
     char hash[65];
     gps_auth_key_generate(out_key, hash);
     new_key_id(out_id);
     int64_t now = gp_now_wall_ms();
-    gps_auth_key *k = key_new(out_id, hash, role, name, NULL, now, expires_at, 0, 0);
+    gps_auth_key *k = key_new(out_id, hash, spec->role, spec->name, spec->agent_id, now,
+                              spec->expires_at, 0, 0);
     if (!k)
         return -1;
+    k->limits = spec->limits;
+    k->max_uses = spec->max_uses;
     table_add(a->buckets, k);
     a->n++;
     if (a->store) {
-        gps_store_key_row r = {.id = k->id, .hash = k->hash, .role = gps_key_role_name(role),
-                               .name = k->name, .created_at = now, .expires_at = expires_at};
+        gps_store_key_row r = {.id = k->id, .hash = k->hash, .role = gps_key_role_name(k->role),
+                               .name = k->name, .agent_id = k->agent_id, .created_at = now,
+                               .expires_at = k->expires_at, .rpm = k->limits.rpm,
+                               .tokens_per_day = k->limits.tokens_per_day,
+                               .max_concurrent = k->limits.max_concurrent,
+                               .max_uses = k->max_uses};
         if (gps_store_key_insert(a->store, r) != 0)
             gp_log_write(GP_LOG_ERROR, "auth_key_not_persisted", NULL,
                          json_pack("{s:s}", "key_id", k->id),
@@ -381,7 +450,63 @@ int gps_auth_key_revoke(gps_auth *a, const char *key_id)
     k->revoked_at = gp_now_wall_ms();
     if (a->store)
         gps_store_key_revoke(a->store, k->id, k->revoked_at);
+    if (a->on_revoke)
+        a->on_revoke(a->on_revoke_arg, k->id);
     return 0;
+}
+
+int gps_auth_key_set_limits(gps_auth *a, const char *key_id, const gps_key_limits *limits)
+{
+    gps_auth_key *k = (gps_auth_key *)gps_auth_key_find(a, key_id);
+    if (!k)
+        return 1;
+    if (!limits_valid(limits))
+        return -1;
+    k->limits = *limits;
+    if (a->store)
+        gps_store_key_limits(a->store, k->id, limits->rpm, limits->tokens_per_day,
+                             limits->max_concurrent, k->max_uses);
+    return 0;
+}
+
+gps_auth_result gps_auth_enroll(gps_auth *a, const char *credential, const char *agent_id,
+                                const char *name, int64_t now_wall_ms,
+                                char out_key[GPS_AUTH_KEY_LEN + 1],
+                                char out_id[GPS_AUTH_ID_LEN + 1])
+{
+    out_key[0] = out_id[0] = '\0';
+    if (!agent_id || !*agent_id)
+        return GPS_AUTH_INVALID;
+    /* gps_auth_check_at would let everything through with auth off; an
+     * enrollment needs a real token whatever the listeners are. */
+    bool forced = a->loopback_only && a->n == 0;
+    if (forced)
+        return GPS_AUTH_MISSING;
+    const gps_auth_key *kc = NULL;
+    gps_auth_result r = gps_auth_check_at(a, credential, GPS_KEY_ENROLLMENT, now_wall_ms, &kc);
+    if (r != GPS_AUTH_OK)
+        return r;
+    if (!kc)
+        return GPS_AUTH_MISSING;
+    gps_auth_key *tok = (gps_auth_key *)kc;
+    if (tok->max_uses > 0 && tok->uses >= tok->max_uses) {
+        a->stats.by_result[GPS_AUTH_EXHAUSTED]++;
+        return GPS_AUTH_EXHAUSTED;
+    }
+    char nm[160];
+    if (name && *name)
+        snprintf(nm, sizeof nm, "%.150s", name);
+    else
+        snprintf(nm, sizeof nm, "agent %.64s", agent_id);
+    gps_key_spec spec = {.role = GPS_KEY_AGENT, .name = nm, .agent_id = agent_id};
+    if (gps_auth_key_create_spec(a, &spec, out_key, out_id) != 0)
+        return GPS_AUTH_INVALID;
+    /* The create above may have rehashed nothing (fixed buckets), so tok
+     * is still valid. */
+    tok->uses++;
+    if (a->store)
+        gps_store_key_uses(a->store, tok->id, tok->uses);
+    return GPS_AUTH_OK;
 }
 
 void gps_auth_key_foreach(const gps_auth *a, void (*fn)(void *arg, const gps_auth_key *k),
@@ -401,8 +526,21 @@ int gps_auth_key_create_db(const char *db_path, const char *migrations_dir, gps_
                            char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1],
                            char *err, size_t errlen)
 {
-    if ((unsigned)role >= GPS_KEY_ROLE_COUNT) {
+    gps_key_spec spec = {.role = role, .name = name, .expires_at = expires_at};
+    return gps_auth_key_create_spec_db(db_path, migrations_dir, &spec, out_key, out_id, err,
+                                       errlen);
+}
+
+int gps_auth_key_create_spec_db(const char *db_path, const char *migrations_dir,
+                                const gps_key_spec *spec, char out_key[GPS_AUTH_KEY_LEN + 1],
+                                char out_id[GPS_AUTH_ID_LEN + 1], char *err, size_t errlen)
+{
+    if ((unsigned)spec->role >= GPS_KEY_ROLE_COUNT) {
         snprintf(err, errlen, "unknown key role");
+        return -1;
+    }
+    if (!limits_valid(&spec->limits) || spec->max_uses < 0) {
+        snprintf(err, errlen, "limits must not be negative");
         return -1;
     }
     gps_store_opts opts = {.migrations_dir = migrations_dir};
@@ -412,9 +550,12 @@ int gps_auth_key_create_db(const char *db_path, const char *migrations_dir, gps_
     char hash[65];
     gps_auth_key_generate(out_key, hash);
     new_key_id(out_id);
-    gps_store_key_row r = {.id = out_id, .hash = hash, .role = gps_key_role_name(role),
-                           .name = name ? name : "", .created_at = gp_now_wall_ms(),
-                           .expires_at = expires_at};
+    gps_store_key_row r = {.id = out_id, .hash = hash, .role = gps_key_role_name(spec->role),
+                           .name = spec->name ? spec->name : "", .agent_id = spec->agent_id,
+                           .created_at = gp_now_wall_ms(), .expires_at = spec->expires_at,
+                           .rpm = spec->limits.rpm, .tokens_per_day = spec->limits.tokens_per_day,
+                           .max_concurrent = spec->limits.max_concurrent,
+                           .max_uses = spec->max_uses};
     int rc = gps_store_key_insert_sync(s, &r, err, errlen);
     gps_store_close(s);
     if (rc != 0) {

@@ -195,6 +195,10 @@ int gps_auth_key_create_db(const char *db_path, const char *migrations_dir, gps_
                            const char *name, int64_t expires_at,
                            char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1],
                            char *err, size_t errlen);
+/* Same with a full spec (limits, max_uses, bound agent). */
+int gps_auth_key_create_spec_db(const char *db_path, const char *migrations_dir,
+                                const gps_key_spec *spec, char out_key[GPS_AUTH_KEY_LEN + 1],
+                                char out_id[GPS_AUTH_ID_LEN + 1], char *err, size_t errlen);
 /* CLI `keys revoke ID --db PATH`: 0, 1 when no such active key, -1 with err. */
 int gps_auth_key_revoke_db(const char *db_path, const char *migrations_dir, const char *key_id,
                            char *err, size_t errlen);

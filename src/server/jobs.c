@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/gp_log.h"
+#include "server/limits.h"
 #include "server/store.h"
 #include "server/metrics.h"
 
@@ -42,6 +43,7 @@ struct gps_jobs {
     gps_metrics *metrics;
     gps_jobs_deliver_fn deliver;
     void *deliver_arg;
+    gps_limits *limits;         /* borrowed, may be NULL */
     gps_job *buckets[NBUCKETS];
     gps_job *head;
     size_t n_live;
@@ -406,15 +408,64 @@ static void end_on_agent(gps_jobs *j, gps_job *job, bool ok)
         registry_job_end(j->reg, a, ok, job->tokens_per_sec);
 }
 
+static void place(gps_jobs *j, gps_job *job, int depth);
+
+/* The oldest job of key_id held for max_concurrent (the job list is
+ * newest first). O(jobs), and only run while the key has jobs waiting. */
+static gps_job *oldest_held(gps_jobs *j, const char *key_id)
+{
+    gps_job *found = NULL;
+    for (gps_job *x = j->head; x; x = x->next)
+        if (x->held && !gps_job_terminal(x) && strcmp(x->key_id, key_id) == 0)
+            found = x;
+    return found;
+}
+
+/* A job of key_id left the scheduler: let the key's waiting jobs in, in
+ * arrival order, while its limit allows. */
+static void release_held(gps_jobs *j, const char *key_id)
+{
+    if (!j->limits || !key_id[0])
+        return;
+    gps_key_usage u;
+    gps_limits_get_usage(j->limits, key_id, gp_now_wall_ms(), &u);
+    while (u.waiting > 0 && gps_limits_may_start(j->limits, key_id)) {
+        gps_job *h = oldest_held(j, key_id);
+        if (!h)
+            break;
+        h->held = false;
+        h->counted = true;
+        gps_limits_waiting_add(j->limits, key_id, -1);
+        gps_limits_started(j->limits, key_id);
+        u.waiting--;
+        place(j, h, 0);
+    }
+}
+
 static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
 {
-    if (job->state == GPS_JOB_QUEUED)
+    if (job->state == GPS_JOB_QUEUED && !job->held)
         sched_remove(j->sched, &job->sj);
     job->state = st;
     job->finished_us = gp_now_mono_us();
     if (j->n_live)
         j->n_live--;
     persist(j, job);
+    if (j->limits) {
+        gps_limits_account(j->limits, job->key_id, job->prompt_tokens, job->completion_tokens,
+                           gp_now_wall_ms());
+        if (job->held) {
+            job->held = false;
+            gps_limits_waiting_add(j->limits, job->key_id, -1);
+        }
+        if (job->counted) {
+            job->counted = false;
+            gps_limits_ended(j->limits, job->key_id);
+            /* After this job's subscribers had their say: release_held may
+             * place jobs, which can deliver and notify. */
+            release_held(j, job->key_id);
+        }
+    }
 }
 
 /* Fail a job with an error event carrying the status a dialect uses. */
@@ -466,7 +517,8 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 
 static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
 
-/* Submit to the scheduler (first time or again after a failover). */
+/* Submit to the scheduler (first time, after a failover, or when a job
+ * held for its key's max_concurrent is let in). */
 static void place(gps_jobs *j, gps_job *job, int depth)
 {
     registry_agent *a = NULL;
@@ -510,10 +562,64 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
     place(j, job, depth);
 }
 
+static void log_submitted(const gps_job *job, bool held)
+{
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model", job->spec.model,
+                           "kind", gps_job_kind_name(job->spec.kind), "api",
+                           job->spec.api ? job->spec.api : "", "held", held),
+                 held ? "job submitted; waiting for a slot of its key (max_concurrent)"
+                      : "job submitted");
+}
+
+/* The job's key is at its max_concurrent: keep the job QUEUED outside the
+ * scheduler until one of the key's jobs ends (release_held). */
+static gps_job *submit_held(gps_jobs *j, gps_job *job)
+{
+    table_insert(j, job);
+    j->n_live++;
+    job->state = GPS_JOB_QUEUED;
+    job->held = true;
+    gps_limits_waiting_add(j->limits, job->key_id, 1);
+    if (job->spec.resume_id)
+        persist(j, job);
+    else
+        persist_insert(j, job);
+    log_submitted(job, true);
+    return job;
+}
+
 gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
                          const char *key_id, gps_submit_err *err)
 {
     memset(err, 0, sizeof *err);
+    if (j->limits && !spec->resume_id && key_id && *key_id) {
+        int retry = 0;
+        gps_limit_result lr = gps_limits_admit(j->limits, key_id, gp_now_wall_ms(), &retry);
+        if (lr != GPS_LIMIT_OK) {
+            char l[64];
+            gps_metrics_label(l, sizeof l, "reason", gps_limit_result_name(lr), (char *)NULL);
+            count(j, "rate_limited_total", l, 1);
+            gps_job_spec_clear(spec);
+            err->status = 429;
+            err->retry_after_sec = retry;
+            if (lr == GPS_LIMIT_RPM) {
+                err->code = "RATE_LIMITED";
+                snprintf(err->message, sizeof err->message,
+                         "this key's requests per minute are used up; retry in %d s", retry);
+            } else {
+                err->code = "TOKEN_LIMIT";
+                snprintf(err->message, sizeof err->message,
+                         "this key's tokens for today are used up; retry in %d s "
+                         "(after 00:00 UTC)", retry);
+            }
+            gp_log_write(GP_LOG_INFO, "rate_limited", correlation_id,
+                         json_pack("{s:s,s:s,s:i}", "key_id", key_id, "reason",
+                                   gps_limit_result_name(lr), "retry_after", retry),
+                         "request refused by the key's limits");
+            return NULL;
+        }
+    }
     gps_job *job = calloc(1, sizeof *job);
     if (!job) {
         gps_job_spec_clear(spec);
@@ -553,8 +659,12 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.session = job->spec.session ? job->spec.session : job->spec.user;
     job->sj.labels = job->spec.labels;
     job->sj.n_labels = job->spec.n_labels;
+    job->sj.needs_tools = job->spec.tools != NULL;
 
     registry_agent *a = NULL;
+    if (j->limits && !gps_limits_may_start(j->limits, job->key_id) &&
+        registry_model_known(j->reg, job->spec.model))
+        return submit_held(j, job);
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
     if ((r == SCHED_NO_AGENT || r == SCHED_QUEUE_FULL) && job->spec.n_fallback) {
         /* fallback_models, in order: the first that can take or queue the
@@ -617,15 +727,15 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     table_insert(j, job);
     j->n_live++;
     job->state = GPS_JOB_QUEUED;
+    if (j->limits && job->key_id[0]) {
+        job->counted = true;
+        gps_limits_started(j->limits, job->key_id);
+    }
     if (job->spec.resume_id)
         persist(j, job); /* the row of the previous process: now queued again */
     else
         persist_insert(j, job);
-    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
-                 json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "model", job->spec.model,
-                           "kind", gps_job_kind_name(job->spec.kind), "api",
-                           job->spec.api ? job->spec.api : ""),
-                 "job submitted");
+    log_submitted(job, false);
     if (r == SCHED_ASSIGNED && a) {
         mark_assigned(j, job, a);
         json_t *arr = json_array();
@@ -1157,7 +1267,7 @@ void gps_jobs_free(gps_jobs *j)
     gps_job *job = j->head;
     while (job) {
         gps_job *n = job->next;
-        if (job->state == GPS_JOB_QUEUED)
+        if (job->state == GPS_JOB_QUEUED && !job->held)
             sched_remove(j->sched, &job->sj);
         job_free(job);
         job = n;
@@ -1170,6 +1280,8 @@ void gps_jobs_free(gps_jobs *j)
     }
     free(j);
 }
+
+void gps_jobs_set_limits(gps_jobs *j, gps_limits *l) { j->limits = l; }
 
 void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg)
 {

@@ -161,6 +161,9 @@ struct gps_job {
     bool cancel_pending;          /* agent must be told to stop */
     size_t tool_bytes;            /* tool call argument bytes relayed (bounded) */
     bool ended_on_agent;          /* registry_job_end called for this assignment */
+    bool held;                    /* QUEUED but waiting for its key's max_concurrent
+                                     (not in the scheduler) */
+    bool counted;                 /* counted as running in the key's limits */
     uint64_t queued_since_us;
     uint64_t finished_us;
     struct gps_job *hnext;        /* id hash chain */
@@ -170,7 +173,8 @@ struct gps_job {
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
     int status;                   /* 404, 429, 503, 500 */
-    const char *code;             /* MODEL_NOT_FOUND, QUEUE_FULL, NO_AGENT, INTERNAL */
+    const char *code;             /* MODEL_NOT_FOUND, QUEUE_FULL, RATE_LIMITED, TOKEN_LIMIT,
+                                     NO_AGENT, INTERNAL */
     char message[256];
     int retry_after_sec;          /* 0 = none */
 } gps_submit_err;
@@ -194,6 +198,7 @@ typedef struct gps_jobs_opts {
 
 struct gps_metrics;
 struct gps_store;
+struct gps_limits;
 
 /* reg, s, store (may be NULL: no persistence), metrics are borrowed and must
  * outlive the jobs table. */
@@ -201,6 +206,12 @@ gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, regis
                        sched *s, struct gps_store *store, struct gps_metrics *metrics);
 void gps_jobs_free(gps_jobs *j);
 void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg);
+/* Per-key limits (limits.h; borrowed, may stay NULL = no limits): submit
+ * refuses over-rate keys with 429 RATE_LIMITED / TOKEN_LIMIT, holds jobs
+ * beyond a key's max_concurrent out of the scheduler (still QUEUED, same
+ * queue timeout) until one of its jobs ends, and accounts finished jobs'
+ * tokens to their key. Resumed jobs (restart) are not admitted again. */
+void gps_jobs_set_limits(gps_jobs *j, struct gps_limits *l);
 registry *gps_jobs_registry(gps_jobs *j);
 sched *gps_jobs_sched(gps_jobs *j);
 struct gps_metrics *gps_jobs_metrics(gps_jobs *j);

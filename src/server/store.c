@@ -72,12 +72,18 @@ enum {
     K_JOB_REQUEST,
     K_EVENTS_ADD,   /* optional: needs migration 0002 (job_events) */
     K_EVENTS_GET,   /* optional, idem */
+    K_KEY_LIMITS,   /* optional: needs migration 0003 (key limits, usage) */
+    K_KEY_USES,     /* optional, idem */
+    K_USAGE_ADD,    /* optional, idem */
+    K_JOB_LIST,     /* admin API: filtered request log (read) */
     K_COUNT
 };
 
 /* Statements a DB migrated by an older or custom migration set may lack:
  * their op then fails (logged) instead of the open failing. */
-#define K_OPTIONAL(k) ((k) == K_EVENTS_ADD || (k) == K_EVENTS_GET)
+#define K_OPTIONAL(k)                                                               \
+    ((k) == K_EVENTS_ADD || (k) == K_EVENTS_GET || (k) == K_KEY_LIMITS || \
+     (k) == K_KEY_USES || (k) == K_USAGE_ADD)
 
 #define JOB_COLUMNS                                                                          \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
@@ -141,6 +147,29 @@ static const struct {
         "VALUES (?1, ?2, ?3, ?4, ?5)"},
     [K_EVENTS_GET] = {"job_events_get",
         "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
+    [K_KEY_LIMITS] = {"key_limits",
+        "UPDATE api_keys SET rpm = ?2, tokens_per_day = ?3, max_concurrent = ?4, "
+        "max_uses = ?5 WHERE id = ?1"},
+    [K_KEY_USES] = {"key_uses", "UPDATE api_keys SET uses = ?2 WHERE id = ?1"},
+    [K_USAGE_ADD] = {"key_usage_add",
+        "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
+        "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
+        "SET requests = requests + excluded.requests, "
+        "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
+        "completion_tokens = completion_tokens + excluded.completion_tokens, "
+        "rate_limited = rate_limited + excluded.rate_limited"},
+    /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
+     * index) without the request and the checkpoint text: a list of up to
+     * 1000 rows should not copy every prompt. NULL filters match all. */
+    [K_JOB_LIST] = {"job_list",
+        "SELECT j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, "
+        "j.attempts, j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, "
+        "j.total_ms, j.finish_reason, j.error_code, j.correlation_id, j.seed, "
+        "j.created_at, j.finished_at, NULL, NULL, NULL FROM jobs j "
+        "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.model = ?2) "
+        "AND (?3 IS NULL OR j.agent_id = ?3) AND (?4 IS NULL OR j.key_id = ?4) "
+        "AND (?5 IS NULL OR j.created_at < ?5) "
+        "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -173,10 +202,22 @@ typedef struct op {
     int status;                /* job_get: 0 found, 1 none, -1 error; ping: 0 ok */
     row *result;               /* job_get: the row (owned) */
     json_t *events;            /* job_get: the stored event log (owned), or NULL */
+    gps_store_jobs_fn jobs_cb; /* job_list */
+    row **rows;                /* job_list: nrows rows (owned) */
+    size_t nrows;
     char msg[160];             /* ping: failure text */
     int nv;
     val v[];
 } op;
+
+static void rows_free(op *o)
+{
+    for (size_t i = 0; i < o->nrows; i++)
+        free(o->rows[i]);
+    free(o->rows);
+    o->rows = NULL;
+    o->nrows = 0;
+}
 
 #define MAXV 16
 
@@ -463,6 +504,28 @@ static bool run_op(gps_store *s, op *o, bool *failed)
             o->events = events_collect(s->st[K_EVENTS_GET], o->v[0].s);
         return false;
     }
+    if (o->kind == K_JOB_LIST) {
+        o->status = 0;
+        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+            row **grown = realloc(o->rows, (o->nrows + 1) * sizeof *grown);
+            row *r = row_copy(st);
+            if (grown)
+                o->rows = grown;
+            if (!grown || !r) {
+                free(r);
+                rc = SQLITE_NOMEM;
+                break;
+            }
+            o->rows[o->nrows++] = r;
+            rc = SQLITE_OK;
+        }
+        if (rc != SQLITE_DONE) {
+            o->status = -1;
+            rows_free(o);
+        }
+        sqlite3_reset(st);
+        return false;
+    }
     if (o->kind == K_PING) {
         if (rc == SQLITE_OK)
             rc = sqlite3_step(st);
@@ -566,7 +629,7 @@ static void *db_main(void *arg)
             writes_failed += failed;
             n++;
             last_seq = o->seq;
-            if (o->kind == K_JOB_GET || o->kind == K_PING) {
+            if (o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST) {
                 has_read = true;
                 o->next = NULL;
                 if (done_tail)
@@ -660,6 +723,7 @@ static void free_chain(op *o)
 {
     while (o) {
         op *next = o->next;
+        rows_free(o);
         free(o->result);
         free(o);
         o = next;
@@ -802,6 +866,19 @@ static void deliver(op *o)
         }
     } else if (o->kind == K_PING) {
         o->ping_cb(o->arg, o->status == 0, o->status == 0 ? "ok" : o->msg);
+    } else if (o->kind == K_JOB_LIST) {
+        gps_store_job_info *jobs = o->nrows ? calloc(o->nrows, sizeof *jobs) : NULL;
+        if (o->nrows && !jobs) {
+            o->jobs_cb(o->arg, -1, NULL, 0);
+            return;
+        }
+        for (size_t i = 0; i < o->nrows; i++) {
+            json_t *req;
+            job_info_from_row(o->rows[i], &jobs[i], &req); /* request is NULL here */
+        }
+        o->jobs_cb(o->arg, o->status, o->status == 0 ? jobs : NULL,
+                   o->status == 0 ? o->nrows : 0);
+        free(jobs);
     }
 }
 
@@ -815,6 +892,7 @@ static void deliver_all(gps_store *s)
         op *next = list->next;
         deliver(list);
         json_decref(list->events);
+        rows_free(list);
         free(list->result);
         free(list);
         list = next;
@@ -1457,12 +1535,95 @@ static void b_key_row(opb *b, const gps_store_key_row *r)
     b_int_nz(b, r->last_used_at);
 }
 
+/* Run one op's statement synchronously (CLI paths); releases b. */
+static sqlite3_stmt *sync_prepare(gps_store *s, const char *sql, char *err, size_t errlen);
+
+static int sync_run(gps_store *s, opb *b, const char *what, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = sync_prepare(s, stmts[b->kind].sql, err, errlen);
+    if (!st) {
+        b_release(b);
+        return -1;
+    }
+    int rc = bind_vals(st, b->v, b->nv);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    b_release(b);
+    int ret = 0;
+    if (rc != SQLITE_DONE) {
+        seterr(err, errlen, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->sdb));
+        ret = -1;
+    }
+    sqlite3_finalize(st);
+    return ret;
+}
+
+static bool key_row_has_extras(const gps_store_key_row *r)
+{
+    return r->rpm || r->tokens_per_day || r->max_concurrent || r->max_uses;
+}
+
+static void b_key_limits(opb *b, const char *key_id, int64_t rpm, int64_t tokens_per_day,
+                         int64_t max_concurrent, int64_t max_uses)
+{
+    b_init(b, K_KEY_LIMITS);
+    b_text(b, key_id);
+    b_int(b, rpm);
+    b_int(b, tokens_per_day);
+    b_int(b, max_concurrent);
+    b_int(b, max_uses);
+}
+
 int gps_store_key_insert(gps_store *s, gps_store_key_row r)
 {
     if (!r.id || !r.hash || !r.role)
         return -1;
     opb b;
     b_key_row(&b, &r);
+    if (enqueue_b(s, &b) != 0)
+        return -1;
+    /* Limits are a second statement (migration 0003) so that the insert
+     * itself works on any schema; both land in the same FIFO, in order. */
+    if (!key_row_has_extras(&r))
+        return 0;
+    b_key_limits(&b, r.id, r.rpm, r.tokens_per_day, r.max_concurrent, r.max_uses);
+    return enqueue_b(s, &b);
+}
+
+int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t tokens_per_day,
+                         int64_t max_concurrent, int64_t max_uses)
+{
+    if (!key_id)
+        return -1;
+    opb b;
+    b_key_limits(&b, key_id, rpm, tokens_per_day, max_concurrent, max_uses);
+    return enqueue_b(s, &b);
+}
+
+int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses)
+{
+    if (!key_id)
+        return -1;
+    opb b;
+    b_init(&b, K_KEY_USES);
+    b_text(&b, key_id);
+    b_int(&b, uses);
+    return enqueue_b(s, &b);
+}
+
+int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
+                        int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
+{
+    if (!key_id || !*key_id)
+        return -1;
+    opb b;
+    b_init(&b, K_USAGE_ADD);
+    b_text(&b, key_id);
+    b_int(&b, day);
+    b_int(&b, requests);
+    b_int(&b, prompt_tokens);
+    b_int(&b, completion_tokens);
+    b_int(&b, rate_limited);
     return enqueue_b(s, &b);
 }
 
@@ -1713,11 +1874,23 @@ done:
 int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err, size_t errlen)
 {
     int ret = -1;
+    /* A DB migrated by a custom set without 0003 has no limit columns:
+     * then every key loads as unlimited. */
+    bool extras = true;
     sqlite3_stmt *st = sync_prepare(s,
                                     "SELECT id, hash, role, name, agent_id, created_at, "
-                                    "expires_at, revoked_at, last_used_at FROM api_keys "
-                                    "ORDER BY created_at, id",
+                                    "expires_at, revoked_at, last_used_at, rpm, "
+                                    "tokens_per_day, max_concurrent, max_uses, uses "
+                                    "FROM api_keys ORDER BY created_at, id",
                                     err, errlen);
+    if (!st) {
+        extras = false;
+        st = sync_prepare(s,
+                          "SELECT id, hash, role, name, agent_id, created_at, "
+                          "expires_at, revoked_at, last_used_at FROM api_keys "
+                          "ORDER BY created_at, id",
+                          err, errlen);
+    }
     if (!st)
         return -1;
     int rc;
@@ -1737,6 +1910,11 @@ int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err,
             .expires_at = ri(r, 6, 0),
             .revoked_at = ri(r, 7, 0),
             .last_used_at = ri(r, 8, 0),
+            .rpm = extras ? ri(r, 9, 0) : 0,
+            .tokens_per_day = extras ? ri(r, 10, 0) : 0,
+            .max_concurrent = extras ? ri(r, 11, 0) : 0,
+            .max_uses = extras ? ri(r, 12, 0) : 0,
+            .uses = extras ? ri(r, 13, 0) : 0,
         };
         int cbrc = k.id && k.hash && k.role ? cb(arg, &k) : 0;
         free(r);
@@ -1809,20 +1987,48 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
         seterr(err, errlen, "key row needs id, hash and role");
         return -1;
     }
-    sqlite3_stmt *st = sync_prepare(s, stmts[K_KEY_INSERT].sql, err, errlen);
-    if (!st)
-        return -1;
     opb b;
     b_key_row(&b, row_in);
-    int rc = bind_vals(st, b.v, b.nv);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(st);
-    b_release(&b);
-    int ret = 0;
-    if (rc != SQLITE_DONE) {
+    bool extras = key_row_has_extras(row_in);
+    /* Key and limits in one transaction: a key never exists without the
+     * limits it was created with. */
+    if (extras && sqlite3_exec(s->sdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
         seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(s->sdb));
-        ret = -1;
+        b_release(&b);
+        return -1;
     }
+    int ret = sync_run(s, &b, "inserting key", err, errlen);
+    if (ret == 0 && extras) {
+        b_key_limits(&b, row_in->id, row_in->rpm, row_in->tokens_per_day,
+                     row_in->max_concurrent, row_in->max_uses);
+        ret = sync_run(s, &b, "setting key limits", err, errlen);
+    }
+    if (extras)
+        sqlite3_exec(s->sdb, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    return ret;
+}
+
+int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
+                         size_t errlen)
+{
+    sqlite3_stmt *st = sync_prepare(s,
+                                    "SELECT key_id, requests, prompt_tokens, completion_tokens, "
+                                    "rate_limited FROM key_usage WHERE day = ?1",
+                                    err, errlen);
+    if (!st)
+        return -1;
+    sqlite3_bind_int64(st, 1, day);
+    int rc, ret = -1;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *id = (const char *)sqlite3_column_text(st, 0);
+        if (id && cb(arg, id, day, sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 2),
+                     sqlite3_column_int64(st, 3), sqlite3_column_int64(st, 4)) != 0)
+            break;
+    }
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
+        seterr(err, errlen, "%s: reading key_usage: %s", s->path, sqlite3_errmsg(s->sdb));
+    else
+        ret = 0;
     sqlite3_finalize(st);
     return ret;
 }
@@ -1845,4 +2051,29 @@ int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_
     }
     sqlite3_finalize(st);
     return ret;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Admin API: the request log, filtered (async read)                        */
+/* ------------------------------------------------------------------------ */
+
+int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
+                              void *arg)
+{
+    if (!s->ev_done || !f || !cb || f->limit < 1)
+        return -1;
+    opb b;
+    b_init(&b, K_JOB_LIST);
+    b_text(&b, f->status);   /* NULL binds NULL: "any" */
+    b_text(&b, f->model);
+    b_text(&b, f->agent_id);
+    b_text(&b, f->key_id);
+    b_int_nz(&b, f->before);
+    b_int(&b, f->limit);
+    op *o = b_pack(&b);
+    if (!o)
+        return -1;
+    o->jobs_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
 }

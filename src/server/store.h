@@ -253,11 +253,22 @@ typedef struct gps_store_key_row {
     int64_t expires_at;          /* 0 = never */
     int64_t revoked_at;          /* 0 = not revoked */
     int64_t last_used_at;        /* 0 = never */
+    /* Migration 0003; 0 = unlimited. Written by a second statement. */
+    int64_t rpm, tokens_per_day, max_concurrent;
+    int64_t max_uses, uses;      /* enrollment tokens */
 } gps_store_key_row;
 int gps_store_key_insert(gps_store *s, gps_store_key_row row);
 int gps_store_key_revoke(gps_store *s, const char *key_id, int64_t revoked_at);
 int gps_store_key_used(gps_store *s, const char *key_id, int64_t used_at);
 int gps_store_key_bind_agent(gps_store *s, const char *key_id, const char *agent_id);
+/* Migration 0003: a key's limits and an enrollment token's use count. */
+int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t tokens_per_day,
+                         int64_t max_concurrent, int64_t max_uses);
+int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses);
+/* Add to a key's usage row for day (days since the epoch, UTC): upsert
+ * that adds each count to what is stored. */
+int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
+                        int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited);
 
 /* ---- async reads: cb runs on the loop thread (the base given to open) ---- */
 
@@ -319,9 +330,36 @@ int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void 
 /* Insert a key row synchronously (CLI `keys create`). 0 or -1 with err. */
 int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row, char *err,
                               size_t errlen);
+/* Today's usage rows (start-up, limits.c): cb gets each key's counts for
+ * day; return non-zero to stop. 0 or -1 with err (no key_usage table). */
+typedef int (*gps_store_usage_fn)(void *arg, const char *key_id, int64_t day, int64_t requests,
+                                  int64_t prompt_tokens, int64_t completion_tokens,
+                                  int64_t rate_limited);
+int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
+                         size_t errlen);
 /* Revoke synchronously (CLI). Returns 0, 1 when no such (unrevoked) key,
  * -1 with err. */
 int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_at, char *err,
                               size_t errlen);
+
+/* ---- admin API: the request log, filtered (async read, DB thread) ---- */
+
+/* Filters of GET /admin/jobs. NULL strings match any value; the others
+ * are exact matches. */
+typedef struct gps_store_job_filter {
+    const char *status, *model, *agent_id, *key_id;
+    int64_t before;              /* only jobs created before this (wall ms), 0 = no cursor */
+    int limit;                   /* rows at most, >= 1 */
+} gps_store_job_filter;
+/* status 0: jobs[0..n) newest first (created_at, then id, descending),
+ * without request, checkpoint or events (NULL / -1); -1 error (jobs NULL,
+ * n 0). Everything is borrowed for the callback only. */
+typedef void (*gps_store_jobs_fn)(void *arg, int status, const gps_store_job_info *jobs,
+                                  size_t n);
+/* Read after every write queued before it; cb runs on the loop thread.
+ * The filter's strings are copied. Returns 0, or -1 (no event_base,
+ * ENOMEM, limit < 1) in which case cb is never called. */
+int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
+                              void *arg);
 
 #endif
