@@ -31,6 +31,7 @@
 #include "common/gp_config.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/admin_api.h"
 #include "server/agents_api.h"
 #include "server/api_anthropic.h"
 #include "server/api_tasks.h"
@@ -38,6 +39,7 @@
 #include "server/auth.h"
 #include "server/http.h"
 #include "server/jobs.h"
+#include "server/limits.h"
 #include "server/metrics.h"
 #include "server/registry.h"
 #include "server/sched.h"
@@ -52,6 +54,7 @@ typedef struct server {
     struct event_base *base;
     gps_store *store;
     gps_auth *auth;
+    gps_limits *limits;         /* per-key rate, tokens and concurrency */
     gps_metrics *metrics;
     registry *reg;
     sched *sched;
@@ -60,6 +63,7 @@ typedef struct server {
     gps_openai *openai;
     gps_anthropic *anthropic;
     gps_tasks *tasks;
+    gps_admin *admin;
     gps_http *http;
     gps_tls *tls;               /* NULL without listen_tls */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
@@ -120,6 +124,68 @@ static int keys_main(int argc, char **argv)
     fprintf(stderr, "created %s key %s (name '%s'); store it now, it will not be shown again\n",
             role, id, name);
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The generated admin key                                             */
+/* ------------------------------------------------------------------ */
+
+static void admin_key_usable(void *arg, const gps_auth_key *k)
+{
+    int64_t now = gp_now_wall_ms();
+    if (k->role == GPS_KEY_ADMIN && !k->revoked_at && !(k->expires_at && now >= k->expires_at))
+        *(bool *)arg = true;
+}
+
+/* With auth on and no usable admin key, nobody could ever manage the
+ * server over the API: make one and leave it, 0600, in the state dir for
+ * gpupoolctl and the operator. With auth off (loopback, no keys) nothing
+ * is made: an admin key would itself turn auth on. */
+static void ensure_admin_key(server *s)
+{
+    if (!gps_auth_enabled(s->auth))
+        return;
+    bool have = false;
+    gps_auth_key_foreach(s->auth, admin_key_usable, &have);
+    if (have)
+        return;
+    char dir[1024], path[1100];
+    if (s->cfg.state_dir && *s->cfg.state_dir) {
+        snprintf(dir, sizeof dir, "%s", s->cfg.state_dir);
+    } else {
+        /* The db's directory. */
+        snprintf(dir, sizeof dir, "%s", s->cfg.db);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *(slash == dir ? slash + 1 : slash) = '\0';
+        else
+            snprintf(dir, sizeof dir, ".");
+    }
+    snprintf(path, sizeof path, "%s/admin.key", dir);
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], line[GPS_AUTH_KEY_LEN + 2];
+    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = "generated at first start"};
+    if (gps_auth_key_create_spec(s->auth, &spec, key, id) != 0) {
+        gp_log_error("admin_key_failed", "could not create the admin key (out of memory)");
+        return;
+    }
+    int n = snprintf(line, sizeof line, "%s\n", key);
+    if (gp_mkdirs(dir, 0700) < 0 || gp_write_file_atomic(path, line, (size_t)n, 0600) < 0) {
+        int e = errno;
+        gps_auth_key_revoke(s->auth, id);
+        gp_log_write(GP_LOG_ERROR, "admin_key_failed", NULL,
+                     json_pack("{s:s}", "path", path),
+                     "cannot write the admin key to %s: %s; create one with "
+                     "`gpupool-server keys create --role admin --db %s`",
+                     path, strerror(e), s->cfg.db);
+    } else {
+        gp_log_write(GP_LOG_WARN, "admin_key_created", NULL,
+                     json_pack("{s:s,s:s}", "path", path, "key_id", id),
+                     "auth is on and no admin key existed: created %s, written to %s (mode "
+                     "0600); gpupoolctl reads it from there",
+                     id, path);
+    }
+    memset(key, 0, sizeof key);
+    memset(line, 0, sizeof line);
 }
 
 /* ------------------------------------------------------------------ */
@@ -404,6 +470,12 @@ int main(int argc, char **argv)
     /* "Loopback only" means every listener: one public listener turns auth on. */
     gps_auth_set_loopback_only(s->auth, (!host || gp_host_is_loopback(host)) &&
                                             (!tls_host || gp_host_is_loopback(tls_host)));
+    ensure_admin_key(s);
+    s->limits = gps_limits_new(s->auth, s->store);
+    if (!s->limits)
+        goto oom;
+    if (gps_limits_load(s->limits, gp_now_wall_ms(), err, sizeof err) < 0)
+        gp_log_warn("usage_load_failed", "%s (today's usage starts at zero)", err);
 
     s->metrics = gps_metrics_new();
     if (!s->metrics || gps_metrics_define_server(s->metrics) < 0)
@@ -463,6 +535,7 @@ int main(int argc, char **argv)
     s->jobs = gps_jobs_new(s->base, &jopts, s->reg, s->sched, s->store, s->metrics);
     if (!s->jobs || gps_agents_attach(s->agents, s->reg, s->sched, s->jobs) < 0)
         goto oom;
+    gps_jobs_set_limits(s->jobs, s->limits);
     gps_metrics_set_collector(s->metrics, collect, s);
 
     if (gps_store_load_agents(s->store, restore_agent, s, err, sizeof err) < 0)
@@ -488,6 +561,10 @@ int main(int argc, char **argv)
     if (!s->tasks)
         goto oom;
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
+    s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
+                             SERVER_VERSION);
+    if (!s->admin)
+        goto oom;
     /* After the tasks table exists: it takes the native tasks over. */
     if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
         gp_log_warn("db_load_jobs_failed", "%s", err);
@@ -498,7 +575,8 @@ int main(int argc, char **argv)
         gps_openai_register(s->http, s->openai) < 0 ||
         gps_anthropic_register(s->http, s->anthropic) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
-        gps_agents_register(s->http, s->agents) < 0)
+        gps_agents_register(s->http, s->agents) < 0 ||
+        gps_admin_register(s->http, s->admin) < 0)
         goto oom;
 
     int bound = 0, tls_bound = 0;
@@ -572,6 +650,7 @@ done:
     gps_openai_free(s->openai);
     gps_anthropic_free(s->anthropic);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
+    gps_admin_free(s->admin);
     if (s->jobs)
         gps_jobs_free(s->jobs);
     if (s->sched)
@@ -580,6 +659,7 @@ done:
         registry_destroy(s->reg);
     if (s->agents)
         gps_agents_free(s->agents);
+    gps_limits_free(s->limits); /* after the jobs, which report to it */
     if (s->auth)
         gps_auth_free(s->auth);
     if (s->store)

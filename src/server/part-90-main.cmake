@@ -4,5 +4,8 @@ if(TARGET gps_api AND TARGET gps_auth AND TARGET gps_store)
   target_link_libraries(gpupool-server PRIVATE gps_api gps_auth gps_store gps_sched
                         gps_registry gps_core gpupool_common PkgConfig::LIBEVENT
                         PkgConfig::JANSSON PkgConfig::SQLITE Threads::Threads)
+  if(TARGET gps_admin)
+    target_link_libraries(gpupool-server PRIVATE gps_admin)
+  endif()
   install(TARGETS gpupool-server RUNTIME DESTINATION bin)
 endif()

@@ -1,0 +1,873 @@
+/*
+ * gpupoolctl: the operator's command line for the admin API (/admin/...).
+ *
+ *   gpupoolctl [--server URL] [--key KEY] [--json] [--ca-file F] [--insecure] COMMAND ...
+ *
+ * Server: --server > $GPUPOOL_SERVER > http://127.0.0.1:8080. Admin key:
+ * --key > $GPUPOOL_ADMIN_KEY > $GPUPOOL_STATE_DIR/admin.key >
+ * /var/lib/gpupool/admin.key (read when readable; no key at all is fine for
+ * a loopback server with auth off). Global options may come anywhere.
+ *
+ * Output: aligned tables for people; --json prints the server's JSON as is
+ * (pretty). Exit codes: 0 ok, 1 the server refused (its message and code
+ * on stderr) or could not be reached, 2 usage error.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "ctl/ctl_fmt.h"
+#include "ctl/ctl_http.h"
+
+#define DEFAULT_SERVER "http://127.0.0.1:8080"
+#define DEFAULT_KEY_FILE "/var/lib/gpupool/admin.key"
+#define EXIT_USAGE 2
+
+static const char usage_text[] =
+    "usage: gpupoolctl [--server URL] [--key KEY] [--json] [--ca-file F] [--insecure] COMMAND\n"
+    "\n"
+    "commands:\n"
+    "  keys list [--role R]\n"
+    "  keys create --role client|agent|admin|enrollment [--name N] [--expires-in D]\n"
+    "              [--rpm N] [--tokens-per-day N] [--max-concurrent N]\n"
+    "  keys revoke ID\n"
+    "  keys limits ID [--rpm N] [--tokens-per-day N] [--max-concurrent N]\n"
+    "  tokens create [--name N] [--max-uses N] [--expires-in D]\n"
+    "  tokens list\n"
+    "  tokens revoke ID\n"
+    "  agents list\n"
+    "  agents drain ID [--undo]\n"
+    "  agents remove ID [--force]\n"
+    "  jobs list [--status S] [--model M] [--agent A] [--key K] [--limit N]\n"
+    "  jobs show ID\n"
+    "  status\n"
+    "\n"
+    "D is a duration: 30d, 12h, 15m, 3600s. Server: --server, $GPUPOOL_SERVER or\n"
+    DEFAULT_SERVER ". Key: --key, $GPUPOOL_ADMIN_KEY, $GPUPOOL_STATE_DIR/admin.key\n"
+    "or " DEFAULT_KEY_FILE ".\n";
+
+typedef struct ctl {
+    ctl_conn conn;
+    bool json;
+    char *key_buf;        /* key read from a file (owned) */
+} ctl;
+
+/* ------------------------------------------------------------------ */
+/* Options                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Options of one command: names it accepts (flags have no value). */
+typedef struct opt_spec {
+    const char *name;     /* "--rpm" */
+    bool flag;
+} opt_spec;
+
+#define MAX_OPTS 8
+#define MAX_POS 4
+
+typedef struct parsed {
+    const char *val[MAX_OPTS];   /* by index in the spec; NULL = absent; flags "1" */
+    const char *pos[MAX_POS];
+    int npos;
+} parsed;
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "gpupoolctl: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see gpupoolctl --help)\n");
+    return -1;
+}
+
+/* Parse argv[0..argc) against spec (nspec entries); at most maxpos
+ * positionals. 0, or -1 after printing a usage error. */
+static int parse_opts(int argc, char **argv, const opt_spec *spec, size_t nspec, int maxpos,
+                      parsed *p)
+{
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0 || strcmp(a, "--") == 0) {
+            if (p->npos >= maxpos || p->npos >= MAX_POS)
+                return usage_error("unexpected argument '%s'", a);
+            p->pos[p->npos++] = a;
+            continue;
+        }
+        size_t k = 0;
+        while (k < nspec && strcmp(spec[k].name, a) != 0)
+            k++;
+        if (k == nspec)
+            return usage_error("unknown option '%s'", a);
+        if (spec[k].flag) {
+            p->val[k] = "1";
+        } else {
+            if (i + 1 >= argc)
+                return usage_error("option '%s' needs a value", a);
+            p->val[k] = argv[++i];
+        }
+    }
+    return 0;
+}
+
+/* A count option (>= 0) into body under key. 0, or -1 after a usage error. */
+static int put_count(json_t *body, const char *key, const char *opt, const char *v)
+{
+    if (!v)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (errno || end == v || *end || n < 0) {
+        fprintf(stderr, "gpupoolctl: invalid value '%s' for %s (a non-negative integer)\n", v,
+                opt);
+        return -1;
+    }
+    json_object_set_new(body, key, json_integer(n));
+    return 0;
+}
+
+static int put_duration(json_t *body, const char *v)
+{
+    if (!v)
+        return 0;
+    int64_t sec = ctl_duration_parse(v);
+    if (sec < 0) {
+        fprintf(stderr, "gpupoolctl: invalid value '%s' for --expires-in "
+                        "(a duration such as 30d, 12h, 15m, 3600s)\n", v);
+        return -1;
+    }
+    json_object_set_new(body, "expires_in_sec", json_integer(sec));
+    return 0;
+}
+
+/* Percent-encode s for a query value. New string, NULL on ENOMEM. */
+static char *qenc(const char *s)
+{
+    char *e = curl_easy_escape(NULL, s, 0);
+    char *out = e ? strdup(e) : NULL;
+    curl_free(e);
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Calls and output                                                    */
+/* ------------------------------------------------------------------ */
+
+static void print_json(const json_t *v)
+{
+    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+    if (s) {
+        puts(s);
+        free(s);
+    }
+}
+
+/* One call. Returns 0 with *out (new reference) on a 2xx, or 1 after
+ * printing why not (server error with its message and code, or transport
+ * failure naming the URL). */
+static int call(ctl *c, const char *method, const char *path, const json_t *body, json_t **out)
+{
+    char err[CURL_ERROR_SIZE + 64];
+    json_t *resp = NULL;
+    int st = ctl_http_call(&c->conn, method, path, body, &resp, err, sizeof err);
+    if (st < 0) {
+        fprintf(stderr, "gpupoolctl: cannot reach the server at %s: %s\n", c->conn.server, err);
+        return 1;
+    }
+    if (st >= 200 && st < 300) {
+        *out = resp ? resp : json_object();
+        return 0;
+    }
+    json_t *e = json_object_get(resp, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    const char *code = json_string_value(json_object_get(e, "code"));
+    if (c->json && resp)
+        print_json(resp);
+    if (msg)
+        fprintf(stderr, "gpupoolctl: %s (%s, HTTP %d)\n", msg, code ? code : "ERROR", st);
+    else
+        fprintf(stderr, "gpupoolctl: %s %s: HTTP %d\n", method, path, st);
+    if (st == 401)
+        fprintf(stderr, "gpupoolctl: check the admin key (--key, $GPUPOOL_ADMIN_KEY, "
+                        "$GPUPOOL_STATE_DIR/admin.key)\n");
+    json_decref(resp);
+    return 1;
+}
+
+static int64_t jint(const json_t *o, const char *k)
+{
+    const json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
+}
+
+static const char *jstr(const json_t *o, const char *k)
+{
+    return json_string_value(json_object_get(o, k));
+}
+
+static int print_table(ctl_table *t)
+{
+    char *s = t ? ctl_table_render(t) : NULL;
+    if (!s) {
+        fprintf(stderr, "gpupoolctl: out of memory\n");
+        ctl_table_free(t);
+        return 1;
+    }
+    fputs(s, stdout);
+    free(s);
+    ctl_table_free(t);
+    return 0;
+}
+
+static const char *limit_str(int64_t v, char *buf, size_t len)
+{
+    if (v <= 0)
+        return "-";
+    snprintf(buf, len, "%lld", (long long)v);
+    return buf;
+}
+
+static const char *key_state(const json_t *k, int64_t now)
+{
+    if (jint(k, "revoked_at"))
+        return "revoked";
+    int64_t exp = jint(k, "expires_at");
+    if (exp && exp <= now)
+        return "expired";
+    return "active";
+}
+
+/* ------------------------------------------------------------------ */
+/* keys / tokens                                                       */
+/* ------------------------------------------------------------------ */
+
+static int keys_table(const json_t *keys, bool tokens)
+{
+    static const char *const kh[] = {"ID", "ROLE", "NAME", "STATE", "RPM", "TOKENS/DAY",
+                                     "CONCURRENT", "REQS TODAY", "LAST USED", "EXPIRES"};
+    static const char *const th[] = {"ID", "NAME", "STATE", "USES", "CREATED", "EXPIRES"};
+    ctl_table *t = tokens ? ctl_table_new(6, th) : ctl_table_new(10, kh);
+    int64_t now = gp_now_wall_ms();
+    size_t i;
+    const json_t *k;
+    json_array_foreach(keys, i, k)
+    {
+        if (!t)
+            break;
+        bool enr = jstr(k, "role") && strcmp(jstr(k, "role"), "enrollment") == 0;
+        if (tokens && !enr)
+            continue;
+        const json_t *l = json_object_get(k, "limits");
+        char a[32], b[32], c[32], d[32], u[48], e[48], lu[48];
+        if (tokens) {
+            int64_t max = jint(k, "max_uses");
+            if (max > 0)
+                snprintf(u, sizeof u, "%lld/%lld", (long long)jint(k, "uses"), (long long)max);
+            else
+                snprintf(u, sizeof u, "%lld/unlimited", (long long)jint(k, "uses"));
+            const char *row[] = {jstr(k, "id"), jstr(k, "name"), key_state(k, now), u,
+                                 ctl_fmt_ago(jint(k, "created_at"), now, lu, sizeof lu),
+                                 jint(k, "expires_at") ? ctl_fmt_iso(jint(k, "expires_at"), e,
+                                                                     sizeof e)
+                                                       : "never"};
+            ctl_table_add(t, row);
+        } else {
+            snprintf(d, sizeof d, "%lld",
+                     (long long)jint(json_object_get(k, "usage_today"), "requests"));
+            const char *row[] = {jstr(k, "id"), jstr(k, "role"), jstr(k, "name"),
+                                 key_state(k, now), limit_str(jint(l, "rpm"), a, sizeof a),
+                                 limit_str(jint(l, "tokens_per_day"), b, sizeof b),
+                                 limit_str(jint(l, "max_concurrent"), c, sizeof c), d,
+                                 ctl_fmt_ago(jint(k, "last_used_at"), now, lu, sizeof lu),
+                                 jint(k, "expires_at") ? ctl_fmt_iso(jint(k, "expires_at"), e,
+                                                                     sizeof e)
+                                                       : "never"};
+            ctl_table_add(t, row);
+        }
+    }
+    return print_table(t);
+}
+
+static int keys_list(ctl *c, const char *role, bool tokens)
+{
+    char path[128] = "/admin/keys";
+    char *r = role ? qenc(role) : NULL;
+    if (r)
+        snprintf(path, sizeof path, "/admin/keys?role=%s", r);
+    free(r);
+    json_t *out = NULL;
+    int rc = call(c, "GET", path, NULL, &out);
+    if (rc)
+        return rc;
+    if (c->json)
+        print_json(out);
+    else
+        rc = keys_table(json_object_get(out, "keys"), tokens);
+    json_decref(out);
+    return rc;
+}
+
+/* keys create / tokens create: the raw key alone on stdout (scripts
+ * capture it), the details on stderr. */
+static int key_create(ctl *c, json_t *body)
+{
+    json_t *out = NULL;
+    int rc = call(c, "POST", "/admin/keys", body, &out);
+    if (rc)
+        return rc;
+    if (c->json) {
+        print_json(out);
+    } else {
+        char e[48];
+        printf("%s\n", jstr(out, "key") ? jstr(out, "key") : "");
+        fprintf(stderr,
+                "created %s key %s (name '%s', expires %s); store it now, it will not be "
+                "shown again\n",
+                jstr(out, "role") ? jstr(out, "role") : "?", jstr(out, "id") ? jstr(out, "id") : "?",
+                jstr(out, "name") ? jstr(out, "name") : "",
+                jint(out, "expires_at") ? ctl_fmt_iso(jint(out, "expires_at"), e, sizeof e)
+                                        : "never");
+    }
+    json_decref(out);
+    return 0;
+}
+
+static int key_revoke(ctl *c, const char *id)
+{
+    char *e = qenc(id);
+    char path[256];
+    snprintf(path, sizeof path, "/admin/keys/%s", e ? e : "");
+    free(e);
+    json_t *out = NULL;
+    int rc = call(c, "DELETE", path, NULL, &out);
+    if (rc)
+        return rc;
+    if (c->json)
+        print_json(out);
+    else
+        printf("revoked %s\n", id);
+    json_decref(out);
+    return 0;
+}
+
+static int cmd_keys(ctl *c, int argc, char **argv, bool tokens)
+{
+    const char *what = tokens ? "tokens" : "keys";
+    if (argc < 1)
+        return usage_error("'%s' needs a subcommand", what), EXIT_USAGE;
+    const char *sub = argv[0];
+    static const opt_spec create_keys[] = {{"--role", false},           {"--name", false},
+                                           {"--expires-in", false},     {"--rpm", false},
+                                           {"--tokens-per-day", false}, {"--max-concurrent", false}};
+    static const opt_spec create_tokens[] = {
+        {"--name", false}, {"--max-uses", false}, {"--expires-in", false}};
+    static const opt_spec limits[] = {
+        {"--rpm", false}, {"--tokens-per-day", false}, {"--max-concurrent", false}};
+    static const opt_spec list[] = {{"--role", false}};
+    parsed p;
+    if (strcmp(sub, "list") == 0) {
+        if (parse_opts(argc - 1, argv + 1, list, tokens ? 0 : 1, 0, &p) < 0)
+            return EXIT_USAGE;
+        return keys_list(c, tokens ? "enrollment" : p.val[0], tokens);
+    }
+    if (strcmp(sub, "revoke") == 0) {
+        if (parse_opts(argc - 1, argv + 1, NULL, 0, 1, &p) < 0)
+            return EXIT_USAGE;
+        if (p.npos != 1)
+            return usage_error("'%s revoke' needs an ID", what), EXIT_USAGE;
+        return key_revoke(c, p.pos[0]);
+    }
+    if (strcmp(sub, "create") == 0) {
+        json_t *body = json_object();
+        int rc = EXIT_USAGE;
+        if (tokens) {
+            if (parse_opts(argc - 1, argv + 1, create_tokens, 3, 0, &p) < 0)
+                goto create_done;
+            json_object_set_new(body, "role", json_string("enrollment"));
+            if (p.val[0])
+                json_object_set_new(body, "name", json_string(p.val[0]));
+            if (put_count(body, "max_uses", "--max-uses", p.val[1]) < 0 ||
+                put_duration(body, p.val[2]) < 0)
+                goto create_done;
+        } else {
+            if (parse_opts(argc - 1, argv + 1, create_keys, 6, 0, &p) < 0)
+                goto create_done;
+            if (!p.val[0]) {
+                usage_error("%s", "'keys create' needs --role");
+                goto create_done;
+            }
+            json_object_set_new(body, "role", json_string(p.val[0]));
+            if (p.val[1])
+                json_object_set_new(body, "name", json_string(p.val[1]));
+            if (put_duration(body, p.val[2]) < 0 ||
+                put_count(body, "rpm", "--rpm", p.val[3]) < 0 ||
+                put_count(body, "tokens_per_day", "--tokens-per-day", p.val[4]) < 0 ||
+                put_count(body, "max_concurrent", "--max-concurrent", p.val[5]) < 0)
+                goto create_done;
+        }
+        rc = key_create(c, body);
+    create_done:
+        json_decref(body);
+        return rc;
+    }
+    if (!tokens && strcmp(sub, "limits") == 0) {
+        if (parse_opts(argc - 1, argv + 1, limits, 3, 1, &p) < 0)
+            return EXIT_USAGE;
+        if (p.npos != 1)
+            return usage_error("%s", "'keys limits' needs an ID"), EXIT_USAGE;
+        if (!p.val[0] && !p.val[1] && !p.val[2])
+            return usage_error("%s", "'keys limits' needs --rpm, --tokens-per-day or "
+                                     "--max-concurrent"),
+                   EXIT_USAGE;
+        json_t *body = json_object();
+        if (put_count(body, "rpm", "--rpm", p.val[0]) < 0 ||
+            put_count(body, "tokens_per_day", "--tokens-per-day", p.val[1]) < 0 ||
+            put_count(body, "max_concurrent", "--max-concurrent", p.val[2]) < 0) {
+            json_decref(body);
+            return EXIT_USAGE;
+        }
+        char *e = qenc(p.pos[0]);
+        char path[256];
+        snprintf(path, sizeof path, "/admin/keys/%s", e ? e : "");
+        free(e);
+        json_t *out = NULL;
+        int rc = call(c, "PATCH", path, body, &out);
+        json_decref(body);
+        if (rc)
+            return rc;
+        if (c->json) {
+            print_json(out);
+        } else {
+            json_t *arr = json_array();
+            json_array_append(arr, out);
+            rc = keys_table(arr, false);
+            json_decref(arr);
+        }
+        json_decref(out);
+        return rc;
+    }
+    return usage_error("unknown subcommand '%s'", sub), EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------ */
+/* agents                                                              */
+/* ------------------------------------------------------------------ */
+
+static void join_models(const json_t *models, char *out, size_t len)
+{
+    out[0] = '\0';
+    size_t i, used = 0;
+    const json_t *m;
+    json_array_foreach(models, i, m)
+    {
+        const char *id = jstr(m, "id");
+        int n = snprintf(out + used, len - used, "%s%s", i ? "," : "", id ? id : "?");
+        if (n < 0 || (size_t)n >= len - used)
+            break;
+        used += (size_t)n;
+    }
+    if (!out[0])
+        snprintf(out, len, "-");
+}
+
+static void join_gpus(const json_t *gpus, char *out, size_t len)
+{
+    out[0] = '\0';
+    size_t i, used = 0;
+    const json_t *g;
+    json_array_foreach(gpus, i, g)
+    {
+        const char *name = jstr(g, "name");
+        int n = snprintf(out + used, len - used, "%s%s", i ? "," : "", name ? name : "?");
+        if (n < 0 || (size_t)n >= len - used)
+            break;
+        used += (size_t)n;
+    }
+    if (!out[0])
+        snprintf(out, len, "-");
+}
+
+static int agents_table(const json_t *agents)
+{
+    static const char *const h[] = {"ID", "NAME", "STATE", "SLOTS", "JOBS", "MODELS", "GPUS",
+                                    "VERSION", "LAST SEEN"};
+    ctl_table *t = ctl_table_new(9, h);
+    int64_t now = gp_now_wall_ms();
+    size_t i;
+    const json_t *a;
+    json_array_foreach(agents, i, a)
+    {
+        if (!t)
+            break;
+        char slots[32], jobs[16], models[256], gpus[256], seen[32];
+        snprintf(slots, sizeof slots, "%lld/%lld", (long long)jint(a, "slots_busy"),
+                 (long long)jint(a, "slots_total"));
+        snprintf(jobs, sizeof jobs, "%lld", (long long)jint(a, "jobs_running"));
+        join_models(json_object_get(a, "models"), models, sizeof models);
+        join_gpus(json_object_get(a, "gpus"), gpus, sizeof gpus);
+        const char *row[] = {jstr(a, "id"), jstr(a, "name"), jstr(a, "state"), slots, jobs,
+                             models, gpus, jstr(a, "version"),
+                             ctl_fmt_ago(jint(a, "last_seen"), now, seen, sizeof seen)};
+        ctl_table_add(t, row);
+    }
+    return print_table(t);
+}
+
+static int cmd_agents(ctl *c, int argc, char **argv)
+{
+    if (argc < 1)
+        return usage_error("%s", "'agents' needs a subcommand"), EXIT_USAGE;
+    const char *sub = argv[0];
+    static const opt_spec drain[] = {{"--undo", true}};
+    static const opt_spec rm[] = {{"--force", true}};
+    parsed p;
+    json_t *out = NULL;
+    int rc;
+    if (strcmp(sub, "list") == 0) {
+        if (parse_opts(argc - 1, argv + 1, NULL, 0, 0, &p) < 0)
+            return EXIT_USAGE;
+        if ((rc = call(c, "GET", "/admin/agents", NULL, &out)))
+            return rc;
+        if (c->json)
+            print_json(out);
+        else
+            rc = agents_table(json_object_get(out, "agents"));
+        json_decref(out);
+        return rc;
+    }
+    bool is_drain = strcmp(sub, "drain") == 0, is_rm = strcmp(sub, "remove") == 0;
+    if (!is_drain && !is_rm)
+        return usage_error("unknown subcommand '%s'", sub), EXIT_USAGE;
+    if (parse_opts(argc - 1, argv + 1, is_drain ? drain : rm, 1, 1, &p) < 0)
+        return EXIT_USAGE;
+    if (p.npos != 1)
+        return usage_error("'agents %s' needs an ID", sub), EXIT_USAGE;
+    char *e = qenc(p.pos[0]);
+    char path[256];
+    json_t *body = NULL;
+    if (is_drain) {
+        snprintf(path, sizeof path, "/admin/agents/%s/drain", e ? e : "");
+        body = json_pack("{s:b}", "on", !p.val[0]);
+        rc = call(c, "POST", path, body, &out);
+    } else {
+        snprintf(path, sizeof path, "/admin/agents/%s%s", e ? e : "", p.val[0] ? "?force=1" : "");
+        rc = call(c, "DELETE", path, NULL, &out);
+    }
+    free(e);
+    json_decref(body);
+    if (rc)
+        return rc;
+    if (c->json)
+        print_json(out);
+    else if (is_drain)
+        printf("agent %s: %s (%s)\n", p.pos[0], p.val[0] ? "undrained" : "draining",
+               jstr(out, "state") ? jstr(out, "state") : "?");
+    else
+        printf("removed agent %s\n", p.pos[0]);
+    json_decref(out);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* jobs                                                                */
+/* ------------------------------------------------------------------ */
+
+static const char *num_or_dash(const json_t *o, const char *k, char *buf, size_t len)
+{
+    const json_t *v = json_object_get(o, k);
+    if (!json_is_integer(v))
+        return "-";
+    snprintf(buf, len, "%lld", (long long)json_integer_value(v));
+    return buf;
+}
+
+static int jobs_table(const json_t *jobs)
+{
+    static const char *const h[] = {"ID", "STATUS", "MODEL", "AGENT", "KEY", "TOKENS",
+                                    "TOTAL MS", "CREATED", "ERROR"};
+    ctl_table *t = ctl_table_new(9, h);
+    int64_t now = gp_now_wall_ms();
+    size_t i;
+    const json_t *j;
+    json_array_foreach(jobs, i, j)
+    {
+        if (!t)
+            break;
+        char tok[48], p[24], cpl[24], total[24], created[32];
+        snprintf(tok, sizeof tok, "%s/%s", num_or_dash(j, "prompt_tokens", p, sizeof p),
+                 num_or_dash(j, "completion_tokens", cpl, sizeof cpl));
+        const char *row[] = {jstr(j, "id"), jstr(j, "status"), jstr(j, "model"),
+                             jstr(j, "agent_id"), jstr(j, "key_id"), tok,
+                             num_or_dash(j, "total_ms", total, sizeof total),
+                             ctl_fmt_ago(jint(j, "created_at"), now, created, sizeof created),
+                             jstr(j, "error_code")};
+        ctl_table_add(t, row);
+    }
+    return print_table(t);
+}
+
+/* "key: value" lines of an object, in the server's order. */
+static void print_fields(const json_t *o)
+{
+    const char *k;
+    const json_t *v;
+    size_t w = 0;
+    json_object_foreach((json_t *)o, k, v) if (strlen(k) > w) w = strlen(k);
+    int64_t now = gp_now_wall_ms();
+    json_object_foreach((json_t *)o, k, v)
+    {
+        char buf[64], ago[32];
+        const char *k_end = k + strlen(k);
+        bool is_time = (strlen(k) > 3 && strcmp(k_end - 3, "_at") == 0) ||
+                       strcmp(k, "last_seen") == 0;
+        if (is_time && json_is_integer(v)) {
+            printf("%-*s  %s (%s)\n", (int)w, k,
+                   ctl_fmt_iso((int64_t)json_integer_value(v), buf, sizeof buf),
+                   ctl_fmt_ago((int64_t)json_integer_value(v), now, ago, sizeof ago));
+        } else if (json_is_string(v)) {
+            printf("%-*s  %s\n", (int)w, k, json_string_value(v));
+        } else {
+            char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            printf("%-*s  %s\n", (int)w, k, s ? s : "?");
+            free(s);
+        }
+    }
+}
+
+static int cmd_jobs(ctl *c, int argc, char **argv)
+{
+    if (argc < 1)
+        return usage_error("%s", "'jobs' needs a subcommand"), EXIT_USAGE;
+    const char *sub = argv[0];
+    static const opt_spec list[] = {{"--status", false}, {"--model", false}, {"--agent", false},
+                                    {"--key", false},    {"--limit", false}};
+    static const char *const qnames[] = {"status", "model", "agent", "key", "limit"};
+    parsed p;
+    json_t *out = NULL;
+    int rc;
+    if (strcmp(sub, "list") == 0) {
+        if (parse_opts(argc - 1, argv + 1, list, 5, 0, &p) < 0)
+            return EXIT_USAGE;
+        gp_buf path;
+        gp_buf_init(&path);
+        gp_buf_appendf(&path, "/admin/jobs");
+        char sep = '?';
+        for (size_t i = 0; i < 5; i++) {
+            if (!p.val[i])
+                continue;
+            char *e = qenc(p.val[i]);
+            gp_buf_appendf(&path, "%c%s=%s", sep, qnames[i], e ? e : "");
+            free(e);
+            sep = '&';
+        }
+        rc = path.data ? call(c, "GET", path.data, NULL, &out) : 1;
+        gp_buf_free(&path);
+        if (rc)
+            return rc;
+        if (c->json)
+            print_json(out);
+        else
+            rc = jobs_table(json_object_get(out, "jobs"));
+        json_decref(out);
+        return rc;
+    }
+    if (strcmp(sub, "show") == 0) {
+        if (parse_opts(argc - 1, argv + 1, NULL, 0, 1, &p) < 0)
+            return EXIT_USAGE;
+        if (p.npos != 1)
+            return usage_error("%s", "'jobs show' needs an ID"), EXIT_USAGE;
+        char *e = qenc(p.pos[0]);
+        char path[256];
+        snprintf(path, sizeof path, "/admin/jobs/%s", e ? e : "");
+        free(e);
+        if ((rc = call(c, "GET", path, NULL, &out)))
+            return rc;
+        if (c->json)
+            print_json(out);
+        else
+            print_fields(out);
+        json_decref(out);
+        return 0;
+    }
+    return usage_error("unknown subcommand '%s'", sub), EXIT_USAGE;
+}
+
+/* ------------------------------------------------------------------ */
+/* status                                                              */
+/* ------------------------------------------------------------------ */
+
+static int cmd_status(ctl *c, int argc, char **argv)
+{
+    parsed p;
+    if (parse_opts(argc, argv, NULL, 0, 0, &p) < 0)
+        return EXIT_USAGE;
+    json_t *out = NULL;
+    int rc = call(c, "GET", "/admin/status", NULL, &out);
+    if (rc)
+        return rc;
+    if (c->json) {
+        print_json(out);
+        json_decref(out);
+        return 0;
+    }
+    const json_t *ag = json_object_get(out, "agents");
+    const json_t *sl = json_object_get(out, "slots");
+    const json_t *tp = json_object_get(out, "throughput");
+    printf("version      %s (up %llds)\n", jstr(out, "version") ? jstr(out, "version") : "?",
+           (long long)jint(out, "uptime_sec"));
+    printf("auth         %s\n", json_is_true(json_object_get(out, "auth")) ? "on" : "off");
+    printf("agents       %lld healthy, %lld draining, %lld suspect, %lld dead, %lld offline "
+           "(%lld total)\n",
+           (long long)jint(ag, "healthy"), (long long)jint(ag, "draining"),
+           (long long)jint(ag, "suspect"), (long long)jint(ag, "dead"),
+           (long long)jint(ag, "offline"), (long long)jint(ag, "total"));
+    printf("slots        %lld busy of %lld\n", (long long)jint(sl, "busy"),
+           (long long)jint(sl, "total"));
+    printf("jobs active  %lld (%lld queued)\n", (long long)jint(out, "jobs_active"),
+           (long long)jint(out, "queued_total"));
+    printf("throughput   %.1f requests/min, %.1f tokens/s (last 60 s)\n",
+           json_number_value(json_object_get(tp, "requests_per_min")),
+           json_number_value(json_object_get(tp, "tokens_per_sec")));
+    const json_t *q = json_object_get(out, "queue");
+    if (json_object_size(q) > 0) {
+        static const char *const h[] = {"MODEL", "QUEUED"};
+        ctl_table *t = ctl_table_new(2, h);
+        const char *k;
+        const json_t *v;
+        json_object_foreach((json_t *)q, k, v)
+        {
+            char n[24];
+            snprintf(n, sizeof n, "%lld", (long long)json_integer_value(v));
+            const char *row[] = {k, n};
+            if (t)
+                ctl_table_add(t, row);
+        }
+        printf("\n");
+        rc = print_table(t);
+    }
+    json_decref(out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* main                                                                */
+/* ------------------------------------------------------------------ */
+
+/* The admin key from a file: its first line, trimmed. NULL when missing or
+ * unreadable (not an error: the next source is tried, or none is sent). */
+static char *key_from_file(const char *path)
+{
+    size_t len = 0;
+    char *s = gp_read_file(path, &len, 4096);
+    if (!s)
+        return NULL;
+    s[strcspn(s, "\r\n")] = '\0';
+    char *p = s;
+    while (*p == ' ' || *p == '\t')
+        p++;
+    memmove(s, p, strlen(p) + 1);
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    if (!*s) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void resolve_key(ctl *c, const char *flag)
+{
+    const char *env = getenv("GPUPOOL_ADMIN_KEY");
+    if (flag || (env && *env)) {
+        c->conn.key = flag ? flag : env;
+        return;
+    }
+    const char *dir = getenv("GPUPOOL_STATE_DIR");
+    if (dir && *dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/admin.key", dir);
+        c->key_buf = key_from_file(path);
+    }
+    if (!c->key_buf)
+        c->key_buf = key_from_file(DEFAULT_KEY_FILE);
+    c->conn.key = c->key_buf;
+}
+
+int main(int argc, char **argv)
+{
+    ctl c;
+    memset(&c, 0, sizeof c);
+    const char *server = NULL, *key = NULL;
+    /* Global options come out first, wherever they are; the rest is the
+     * command and its own options. */
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    int nrest = 0, rc = EXIT_USAGE;
+    if (!rest)
+        return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = strcmp(a, "--server") == 0    ? &server
+                           : strcmp(a, "--key") == 0     ? &key
+                           : strcmp(a, "--ca-file") == 0 ? &c.conn.ca_file
+                                                         : NULL;
+        if (dst) {
+            if (i + 1 >= argc) {
+                usage_error("option '%s' needs a value", a);
+                goto done;
+            }
+            *dst = argv[++i];
+        } else if (strcmp(a, "--json") == 0) {
+            c.json = true;
+        } else if (strcmp(a, "--insecure") == 0) {
+            c.conn.insecure = true;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage_text, stdout);
+            rc = 0;
+            goto done;
+        } else {
+            rest[nrest++] = argv[i];
+        }
+    }
+    if (nrest == 0) {
+        fputs(usage_text, stderr);
+        goto done;
+    }
+    const char *env_server = getenv("GPUPOOL_SERVER");
+    c.conn.server = server ? server : (env_server && *env_server) ? env_server : DEFAULT_SERVER;
+    resolve_key(&c, key);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        fprintf(stderr, "gpupoolctl: cannot initialise libcurl\n");
+        rc = 1;
+        goto done;
+    }
+    const char *cmd = rest[0];
+    if (strcmp(cmd, "keys") == 0)
+        rc = cmd_keys(&c, nrest - 1, rest + 1, false);
+    else if (strcmp(cmd, "tokens") == 0)
+        rc = cmd_keys(&c, nrest - 1, rest + 1, true);
+    else if (strcmp(cmd, "agents") == 0)
+        rc = cmd_agents(&c, nrest - 1, rest + 1);
+    else if (strcmp(cmd, "jobs") == 0)
+        rc = cmd_jobs(&c, nrest - 1, rest + 1);
+    else if (strcmp(cmd, "status") == 0)
+        rc = cmd_status(&c, nrest - 1, rest + 1);
+    else {
+        usage_error("unknown command '%s'", cmd);
+        rc = EXIT_USAGE;
+    }
+    curl_global_cleanup();
+done:
+    if (c.key_buf) {
+        explicit_bzero(c.key_buf, strlen(c.key_buf));
+        free(c.key_buf);
+    }
+    free(rest);
+    return rc;
+}

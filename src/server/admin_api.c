@@ -1,0 +1,952 @@
+/* admin_api: see admin_api.h. */
+#include "server/admin_api.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/metrics.h"
+#include "server/sched.h"
+
+/* The dialects that count requests in request_duration_seconds{api=...}:
+ * the throughput ring sums their histogram counts. */
+static const char *const rate_apis[] = {"openai", "anthropic", "native"};
+
+struct gps_admin {
+    struct event_base *base;
+    gps_auth *auth;
+    gps_limits *limits;
+    registry *reg;
+    gps_jobs *jobs;
+    gps_store *store;
+    char version[32];
+    uint64_t started_ms;         /* monotonic, for uptime */
+    gps_admin_rate rate;
+    struct event *rate_timer;
+};
+
+/* ------------------------------------------------------------------ */
+/* Validation (pure)                                                   */
+/* ------------------------------------------------------------------ */
+
+#define FAIL(p, ...)                                                                           \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        *param = (p);                                                                          \
+        return -1;                                                                             \
+    } while (0)
+
+/* A present, non-null member must be a non-negative integer. 1 when set,
+ * 0 when absent, -1 when wrong. */
+static int opt_count(const json_t *body, const char *key, int64_t *out)
+{
+    const json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return -1;
+    *out = (int64_t)json_integer_value(v);
+    return 1;
+}
+
+/* The three limits; shared by create and PATCH. Returns how many were
+ * given, or -1 (msg, param set). */
+static int parse_limit_fields(const json_t *body, gps_key_limits *l, char *msg, size_t msglen,
+                              const char **param)
+{
+    static const char *const names[] = {"rpm", "tokens_per_day", "max_concurrent"};
+    int64_t *dst[] = {&l->rpm, &l->tokens_per_day, &l->max_concurrent};
+    int given = 0;
+    for (size_t i = 0; i < 3; i++) {
+        int rc = opt_count(body, names[i], dst[i]);
+        if (rc < 0)
+            FAIL(names[i], "'%s' must be a non-negative integer (0 = unlimited)", names[i]);
+        given += rc;
+    }
+    return given;
+}
+
+int gps_admin_parse_key_create(const json_t *body, int64_t now_wall_ms, gps_key_spec *spec,
+                               char *msg, size_t msglen, const char **param)
+{
+    memset(spec, 0, sizeof *spec);
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        FAIL(NULL, "request body must be a JSON object");
+    const char *role = json_string_value(json_object_get(body, "role"));
+    int r = role ? gps_key_role_parse(role) : -1;
+    if (r < 0)
+        FAIL("role", "'role' is required: client, agent, admin or enrollment");
+    spec->role = (gps_key_role)r;
+    const json_t *name = json_object_get(body, "name");
+    if (name && !json_is_null(name)) {
+        if (!json_is_string(name) || json_string_length(name) > 256)
+            FAIL("name", "'name' must be a string of at most 256 bytes");
+        spec->name = json_string_value(name);
+    }
+    int64_t exp = 0;
+    if (opt_count(body, "expires_in_sec", &exp) < 0 || exp > 100LL * 365 * 86400)
+        FAIL("expires_in_sec", "'expires_in_sec' must be a non-negative integer of at most "
+                               "100 years (0 = never)");
+    spec->expires_at = exp > 0 ? now_wall_ms + exp * 1000 : 0;
+    if (parse_limit_fields(body, &spec->limits, msg, msglen, param) < 0)
+        return -1;
+    if (opt_count(body, "max_uses", &spec->max_uses) < 0)
+        FAIL("max_uses", "'max_uses' must be a non-negative integer (0 = unlimited)");
+    if (spec->max_uses > 0 && spec->role != GPS_KEY_ENROLLMENT)
+        FAIL("max_uses", "'max_uses' applies to enrollment tokens only");
+    return 0;
+}
+
+int gps_admin_parse_limits(const json_t *body, gps_key_limits *limits, char *msg, size_t msglen,
+                           const char **param)
+{
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        FAIL(NULL, "request body must be a JSON object");
+    gps_key_limits l = *limits;
+    int given = parse_limit_fields(body, &l, msg, msglen, param);
+    if (given < 0)
+        return -1;
+    if (given == 0)
+        FAIL(NULL, "give at least one of 'rpm', 'tokens_per_day', 'max_concurrent'");
+    *limits = l;
+    return 0;
+}
+
+/* Copy s into *buf (advancing it); NULL when it does not fit. */
+static const char *buf_copy(char **buf, size_t *left, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    if (n > *left)
+        return NULL;
+    memcpy(*buf, s, n);
+    const char *out = *buf;
+    *buf += n;
+    *left -= n;
+    return out;
+}
+
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int gps_admin_parse_job_query(const char *query, gps_store_job_filter *f, char *buf,
+                              size_t bufsize, char *msg, size_t msglen, const char **param)
+{
+    memset(f, 0, sizeof *f);
+    f->limit = GPS_ADMIN_JOBS_DEFAULT;
+    *param = NULL;
+    msg[0] = '\0';
+    if (!query || !*query)
+        return 0;
+    struct evkeyvalq q; /* initialised by the parser, which also clears it on failure */
+    if (evhttp_parse_query_str(query, &q) != 0)
+        FAIL(NULL, "malformed query string");
+    int rc = 0;
+    for (struct evkeyval *kv = q.tqh_first; kv && rc == 0; kv = kv->next.tqe_next) {
+        const char **dst = strcmp(kv->key, "status") == 0  ? &f->status
+                           : strcmp(kv->key, "model") == 0 ? &f->model
+                           : strcmp(kv->key, "agent") == 0 ? &f->agent_id
+                           : strcmp(kv->key, "key") == 0   ? &f->key_id
+                                                           : NULL;
+        int64_t v;
+        if (dst) {
+            /* An empty value means "any", as if the parameter were absent. */
+            if (!*kv->value)
+                continue;
+            if (strlen(kv->value) > 256 || !(*dst = buf_copy(&buf, &bufsize, kv->value))) {
+                snprintf(msg, msglen, "'%s' is too long", kv->key);
+                *param = strcmp(kv->key, "status") == 0  ? "status"
+                         : strcmp(kv->key, "model") == 0 ? "model"
+                         : strcmp(kv->key, "agent") == 0 ? "agent"
+                                                         : "key";
+                rc = -1;
+            }
+        } else if (strcmp(kv->key, "limit") == 0) {
+            if (parse_i64(kv->value, 1, GPS_ADMIN_JOBS_MAX, &v) < 0) {
+                snprintf(msg, msglen, "'limit' must be an integer in 1..%d", GPS_ADMIN_JOBS_MAX);
+                *param = "limit";
+                rc = -1;
+            } else {
+                f->limit = (int)v;
+            }
+        } else if (strcmp(kv->key, "before") == 0) {
+            if (parse_i64(kv->value, 1, INT64_MAX, &v) < 0) {
+                snprintf(msg, msglen, "'before' must be a positive integer (wall ms)");
+                *param = "before";
+                rc = -1;
+            } else {
+                f->before = v;
+            }
+        }
+        /* Unknown parameters are ignored, like most HTTP APIs do. */
+    }
+    evhttp_clear_headers(&q);
+    return rc;
+}
+
+#undef FAIL
+
+/* ------------------------------------------------------------------ */
+/* Throughput ring                                                     */
+/* ------------------------------------------------------------------ */
+
+void gps_admin_rate_push(gps_admin_rate *r, uint64_t now_ms, double requests, double tokens)
+{
+    size_t i = (r->head + r->n) % GPS_ADMIN_RATE_SLOTS;
+    if (r->n == GPS_ADMIN_RATE_SLOTS) {
+        i = r->head;
+        r->head = (r->head + 1) % GPS_ADMIN_RATE_SLOTS;
+    } else {
+        r->n++;
+    }
+    r->t_ms[i] = now_ms;
+    r->requests[i] = requests;
+    r->tokens[i] = tokens;
+}
+
+void gps_admin_rate_get(const gps_admin_rate *r, uint64_t now_ms, double requests, double tokens,
+                        double *requests_per_min, double *tokens_per_sec)
+{
+    *requests_per_min = 0;
+    *tokens_per_sec = 0;
+    /* The oldest sample inside the window: samples are pushed in time
+     * order, so the first one found from the head is it. */
+    for (size_t k = 0; k < r->n; k++) {
+        size_t i = (r->head + k) % GPS_ADMIN_RATE_SLOTS;
+        if (now_ms < r->t_ms[i] || now_ms - r->t_ms[i] > 60000)
+            continue;
+        uint64_t span = now_ms - r->t_ms[i];
+        if (span < 1000)
+            return;
+        double sec = (double)span / 1000.0;
+        double dr = requests - r->requests[i], dt = tokens - r->tokens[i];
+        *requests_per_min = dr > 0 ? dr * 60.0 / sec : 0;
+        *tokens_per_sec = dt > 0 ? dt / sec : 0;
+        return;
+    }
+}
+
+static void counters_now(gps_admin *a, double *requests, double *tokens)
+{
+    gps_metrics *m = gps_jobs_metrics(a->jobs);
+    *requests = 0;
+    *tokens = 0;
+    if (!m)
+        return;
+    char l[64];
+    for (size_t i = 0; i < sizeof rate_apis / sizeof rate_apis[0]; i++) {
+        gps_metrics_label(l, sizeof l, "api", rate_apis[i], (char *)NULL);
+        *requests += gps_metrics_get(m, "request_duration_seconds", l);
+    }
+    *tokens = gps_metrics_get(m, "tokens_generated_total", NULL);
+}
+
+static void rate_tick(evutil_socket_t fd, short what, void *arg)
+{
+    gps_admin *a = arg;
+    double req, tok;
+    counters_now(a, &req, &tok);
+    gps_admin_rate_push(&a->rate, gp_now_mono_ms(), req, tok);
+}
+
+/* ------------------------------------------------------------------ */
+/* Helpers                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Wall ms as JSON: null for 0 ("never"). New reference. */
+static json_t *wall_or_null(int64_t ms)
+{
+    return ms > 0 ? json_integer((json_int_t)ms) : json_null();
+}
+
+static json_t *str_or_null(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
+
+/* Value of a query parameter of the request (copied into out), false when
+ * absent. */
+static bool query_get(gps_req *r, const char *key, char *out, size_t outlen)
+{
+    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req));
+    struct evkeyvalq q;
+    bool found = false;
+    if (query && evhttp_parse_query_str(query, &q) == 0) {
+        const char *v = evhttp_find_header(&q, key);
+        if (v) {
+            snprintf(out, outlen, "%s", v);
+            found = true;
+        }
+        evhttp_clear_headers(&q);
+    }
+    return found;
+}
+
+static void oom(gps_req *r)
+{
+    gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+}
+
+static void send_json_or_oom(gps_req *r, int status, json_t *body)
+{
+    if (!body) {
+        oom(r);
+        return;
+    }
+    gps_http_send_json(r->req, status, body);
+}
+
+/* ------------------------------------------------------------------ */
+/* Keys                                                                */
+/* ------------------------------------------------------------------ */
+
+static json_t *limits_json(const gps_key_limits *l)
+{
+    return json_pack("{s:I,s:I,s:I}", "rpm", (json_int_t)l->rpm, "tokens_per_day",
+                     (json_int_t)l->tokens_per_day, "max_concurrent",
+                     (json_int_t)l->max_concurrent);
+}
+
+/* The public view of a key (never its hash). New reference, NULL on ENOMEM. */
+static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
+{
+    gps_key_usage u;
+    memset(&u, 0, sizeof u);
+    if (a->limits)
+        gps_limits_get_usage(a->limits, k->id, now, &u);
+    return json_pack(
+        "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "id", k->id,
+        "role", gps_key_role_name(k->role), "name", k->name ? k->name : "", "agent_id",
+        str_or_null(k->agent_id), "created_at", (json_int_t)k->created_at, "expires_at",
+        wall_or_null(k->expires_at), "revoked_at", wall_or_null(k->revoked_at), "last_used_at",
+        wall_or_null(k->last_used_at), "limits", limits_json(&k->limits), "max_uses",
+        (json_int_t)k->max_uses, "uses", (json_int_t)k->uses, "usage_today", "requests",
+        (json_int_t)u.requests, "prompt_tokens", (json_int_t)u.prompt_tokens,
+        "completion_tokens", (json_int_t)u.completion_tokens, "rate_limited",
+        (json_int_t)u.rate_limited, "running", (json_int_t)u.running, "waiting",
+        (json_int_t)u.waiting);
+}
+
+typedef struct key_list {
+    gps_admin *a;
+    int role;                    /* -1 = all */
+    int64_t now;
+    json_t *arr;
+    bool oom;
+} key_list;
+
+static void key_list_one(void *arg, const gps_auth_key *k)
+{
+    key_list *kl = arg;
+    if (kl->oom || (kl->role >= 0 && (int)k->role != kl->role))
+        return;
+    json_t *o = key_json(kl->a, k, kl->now);
+    if (!o || json_array_append_new(kl->arr, o) < 0)
+        kl->oom = true;
+}
+
+static void h_keys_list(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    char role[32];
+    key_list kl = {a, -1, gp_now_wall_ms(), json_array(), false};
+    if (query_get(r, "role", role, sizeof role) && role[0]) {
+        kl.role = gps_key_role_parse(role);
+        if (kl.role < 0) {
+            json_decref(kl.arr);
+            gps_req_error(r, 400, "INVALID_REQUEST",
+                          "'role' must be client, agent, admin or enrollment", "role");
+            return;
+        }
+    }
+    if (kl.arr)
+        gps_auth_key_foreach(a->auth, key_list_one, &kl);
+    if (!kl.arr || kl.oom) {
+        json_decref(kl.arr);
+        oom(r);
+        return;
+    }
+    send_json_or_oom(r, 200, json_pack("{s:o}", "keys", kl.arr));
+}
+
+static void h_keys_create(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    gps_key_spec spec;
+    char msg[256];
+    const char *param = NULL;
+    int64_t now = gp_now_wall_ms();
+    if (gps_admin_parse_key_create(body, now, &spec, msg, sizeof msg, &param) < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        goto done;
+    }
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+    if (gps_auth_key_create_spec(a->auth, &spec, key, id) < 0) {
+        oom(r);
+        goto done;
+    }
+    /* Logged by id only: the raw key is in this reply and nowhere else. */
+    gp_log_write(GP_LOG_INFO, "admin_key_created", r->correlation_id,
+                 json_pack("{s:s,s:s,s:s}", "key_id", id, "role", gps_key_role_name(spec.role),
+                           "by", r->key_id),
+                 "admin created %s key %s", gps_key_role_name(spec.role), id);
+    json_t *out = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:I}", "id", id, "key", key, "role",
+                            gps_key_role_name(spec.role), "name", spec.name ? spec.name : "",
+                            "expires_at", wall_or_null(spec.expires_at), "limits",
+                            limits_json(&spec.limits), "max_uses", (json_int_t)spec.max_uses);
+    explicit_bzero(key, sizeof key);
+    send_json_or_oom(r, 201, out);
+done:
+    json_decref(body);
+}
+
+static void h_keys_patch(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    const gps_auth_key *k = gps_auth_key_find(a->auth, r->params[0]);
+    if (!k) {
+        gps_req_error(r, 404, "KEY_NOT_FOUND", "no such key", NULL);
+        return;
+    }
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    gps_key_limits l = k->limits;
+    char msg[256];
+    const char *param = NULL;
+    if (gps_admin_parse_limits(body, &l, msg, sizeof msg, &param) < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+    } else if (gps_auth_key_set_limits(a->auth, r->params[0], &l) != 0) {
+        gps_req_error(r, 404, "KEY_NOT_FOUND", "no such key", NULL);
+    } else {
+        gp_log_write(GP_LOG_INFO, "admin_key_limits", r->correlation_id,
+                     json_pack("{s:s,s:I,s:I,s:I}", "key_id", r->params[0], "rpm",
+                               (json_int_t)l.rpm, "tokens_per_day", (json_int_t)l.tokens_per_day,
+                               "max_concurrent", (json_int_t)l.max_concurrent),
+                     "admin changed the limits of key %s", r->params[0]);
+        /* Look it up again: set_limits may have replaced the cached key. */
+        k = gps_auth_key_find(a->auth, r->params[0]);
+        send_json_or_oom(r, 200, k ? key_json(a, k, gp_now_wall_ms()) : NULL);
+    }
+    json_decref(body);
+}
+
+static void h_keys_delete(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    const gps_auth_key *k = gps_auth_key_find(a->auth, r->params[0]);
+    if (!k) {
+        gps_req_error(r, 404, "KEY_NOT_FOUND", "no such key", NULL);
+        return;
+    }
+    /* Revoking twice is not an error: the key stays revoked (the first
+     * revocation time is kept). */
+    if (!k->revoked_at && gps_auth_key_revoke(a->auth, r->params[0]) == 0)
+        gp_log_write(GP_LOG_INFO, "admin_key_revoked", r->correlation_id,
+                     json_pack("{s:s,s:s}", "key_id", r->params[0], "by", r->key_id),
+                     "admin revoked key %s", r->params[0]);
+    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "id", r->params[0], "revoked", 1));
+}
+
+/* ------------------------------------------------------------------ */
+/* Agents                                                              */
+/* ------------------------------------------------------------------ */
+
+static json_t *agent_json(const registry_agent *ag, uint64_t now_mono, int64_t now_wall)
+{
+    json_t *labels = json_object();
+    for (size_t i = 0; labels && i < ag->n_labels; i++)
+        json_object_set_new(labels, ag->labels[i].key, json_string(ag->labels[i].value));
+    json_t *models = json_array();
+    for (size_t i = 0; models && i < ag->n_models; i++) {
+        const registry_model_info *m = &ag->models[i];
+        json_t *aliases = json_array();
+        for (size_t k = 0; aliases && k < m->n_aliases; k++)
+            json_array_append_new(aliases, json_string(m->aliases[k]));
+        json_array_append_new(
+            models, json_pack("{s:s,s:o,s:o,s:o,s:I,s:I,s:b}", "id", m->id, "aliases",
+                              aliases ? aliases : json_array(), "quantization",
+                              str_or_null(m->quantization), "architecture",
+                              str_or_null(m->architecture), "context_length",
+                              (json_int_t)m->context_length, "vram_bytes",
+                              (json_int_t)m->vram_bytes, "loaded", m->loaded));
+    }
+    json_t *gpus = ag->facts ? json_object_get(ag->facts, "gpus") : NULL;
+    /* The registry keeps monotonic times; report wall clock. */
+    int64_t last_seen = now_wall - (int64_t)(now_mono - ag->last_seen_ms);
+    int64_t registered = now_wall - (int64_t)(now_mono - ag->registered_ms);
+    int64_t since = now_wall - (int64_t)(now_mono - ag->state_since_ms);
+    return json_pack(
+        "{s:s,s:o,s:s,s:o,s:o,s:o,s:o,s:o,s:i,s:i,s:i,s:f,s:I,s:I,s:I,s:i,s:I,s:I,s:f,s:b,s:b}",
+        "id", ag->id, "name", str_or_null(ag->name), "state", registry_state_name(ag->state),
+        "version", str_or_null(ag->version), "platform", str_or_null(ag->platform), "labels",
+        labels ? labels : json_object(), "gpus",
+        json_is_array(gpus) ? json_incref(gpus) : json_array(), "models",
+        models ? models : json_array(), "slots_total", ag->slots_total, "slots_busy",
+        ag->slots_busy, "queue_depth", ag->queue_depth, "kv_cache_utilization",
+        ag->kv_cache_utilization, "last_seen", (json_int_t)last_seen, "registered_at",
+        (json_int_t)registered, "state_since", (json_int_t)since, "jobs_running", ag->active,
+        "jobs_done", (json_int_t)ag->jobs_done, "jobs_failed", (json_int_t)ag->jobs_failed,
+        "tokens_per_sec", ag->tokens_per_sec, "admin_drain", ag->admin_drain, "agent_drain",
+        ag->agent_drain);
+}
+
+typedef struct agent_list {
+    uint64_t now_mono;
+    int64_t now_wall;
+    json_t *arr;
+    bool oom;
+} agent_list;
+
+static void agent_list_one(void *ud, registry_agent *ag)
+{
+    agent_list *al = ud;
+    json_t *o = al->oom ? NULL : agent_json(ag, al->now_mono, al->now_wall);
+    if (!o || json_array_append_new(al->arr, o) < 0)
+        al->oom = true;
+}
+
+static int agent_cmp(const void *x, const void *y)
+{
+    const char *a = json_string_value(json_object_get(*(json_t *const *)x, "id"));
+    const char *b = json_string_value(json_object_get(*(json_t *const *)y, "id"));
+    return strcmp(a ? a : "", b ? b : "");
+}
+
+static void h_agents_list(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    agent_list al = {gp_now_mono_ms(), gp_now_wall_ms(), json_array(), false};
+    if (al.arr)
+        registry_foreach(a->reg, agent_list_one, &al);
+    if (!al.arr || al.oom) {
+        json_decref(al.arr);
+        oom(r);
+        return;
+    }
+    /* The registry visits in hash order: sort by id so lists are stable. */
+    size_t n = json_array_size(al.arr);
+    json_t **v = n ? malloc(n * sizeof *v) : NULL;
+    json_t *sorted = json_array();
+    if ((n && !v) || !sorted) {
+        free(v);
+        json_decref(sorted);
+        json_decref(al.arr);
+        oom(r);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_array_get(al.arr, i);
+    qsort(v, n, sizeof *v, agent_cmp);
+    for (size_t i = 0; i < n; i++)
+        json_array_append(sorted, v[i]);
+    free(v);
+    json_decref(al.arr);
+    send_json_or_oom(r, 200, json_pack("{s:o}", "agents", sorted));
+}
+
+static void h_agent_drain(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    registry_agent *ag = registry_get(a->reg, r->params[0]);
+    if (!ag) {
+        gps_req_error(r, 404, "AGENT_NOT_FOUND", "no such agent", NULL);
+        return;
+    }
+    bool on = true;
+    size_t len = 0;
+    char *raw = gps_req_body(r->req, &len);
+    free(raw);
+    if (len > 0) {
+        /* Optional body {"on": bool}. */
+        json_t *body = gps_req_json(r);
+        if (!body)
+            return;
+        const json_t *v = json_object_get(body, "on");
+        if (v && !json_is_boolean(v)) {
+            json_decref(body);
+            gps_req_error(r, 400, "INVALID_REQUEST", "'on' must be a boolean", "on");
+            return;
+        }
+        if (v)
+            on = json_is_true(v);
+        json_decref(body);
+    }
+    uint64_t now = gp_now_mono_ms();
+    registry_set_drain(a->reg, ag, on, now);
+    gp_log_write(GP_LOG_INFO, on ? "admin_agent_drain" : "admin_agent_undrain",
+                 r->correlation_id, json_pack("{s:s,s:s}", "agent_id", ag->id, "by", r->key_id),
+                 "admin %s agent %s", on ? "drained" : "undrained", ag->id);
+    send_json_or_oom(r, 200, agent_json(ag, now, gp_now_wall_ms()));
+}
+
+static void h_agent_delete(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    registry_agent *ag = registry_get(a->reg, r->params[0]);
+    if (!ag) {
+        gps_req_error(r, 404, "AGENT_NOT_FOUND", "no such agent", NULL);
+        return;
+    }
+    char force[8] = "";
+    bool forced = query_get(r, "force", force, sizeof force) &&
+                  (strcmp(force, "1") == 0 || strcmp(force, "true") == 0);
+    int running = ag->active;
+    if (running > 0 && !forced) {
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "agent has %d running job(s): drain it first, or remove with force=1", running);
+        gps_req_error(r, 409, "AGENT_BUSY", msg, NULL);
+        return;
+    }
+    char id[sizeof ag->id];
+    snprintf(id, sizeof id, "%s", ag->id);
+    /* Its jobs go elsewhere first (requeue or fail, as for a lost agent),
+     * while the registry still knows the agent: failover ends its
+     * assignments there. */
+    if (running > 0)
+        gps_jobs_agent_lost(a->jobs, id, "agent_removed");
+    ag = registry_get(a->reg, id);
+    if (ag) {
+        sched_agent_forget(gps_jobs_sched(a->jobs), ag);
+        registry_remove(a->reg, ag);
+    }
+    if (a->store && gps_store_agent_delete(a->store, id) < 0)
+        gp_log_warn("admin_agent_delete_failed", "agent %s: the DB row was not deleted", id);
+    gp_log_write(GP_LOG_INFO, "admin_agent_removed", r->correlation_id,
+                 json_pack("{s:s,s:i,s:b,s:s}", "agent_id", id, "jobs_running", running,
+                           "force", forced, "by", r->key_id),
+                 "admin removed agent %s", id);
+    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "id", id, "removed", 1));
+}
+
+/* ------------------------------------------------------------------ */
+/* Jobs                                                                */
+/* ------------------------------------------------------------------ */
+
+static json_t *job_live_json(const gps_job *j)
+{
+    return json_pack(
+        "{s:s,s:s,s:s,s:s,s:o,s:o,s:s,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:o,s:s,s:s,s:b}", "id", j->id,
+        "api", j->spec.api ? j->spec.api : "", "kind", gps_job_kind_name(j->spec.kind), "model",
+        j->spec.model ? j->spec.model : "", "key_id",
+        j->key_id[0] ? json_string(j->key_id) : json_null(), "agent_id",
+        j->agent_id[0] ? json_string(j->agent_id) : json_null(), "status",
+        gps_job_state_name(j->state), "priority",
+        j->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "attempts", j->attempts,
+        "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens",
+        (json_int_t)j->completion_tokens, "queue_ms", (json_int_t)j->queue_ms, "created_at",
+        (json_int_t)j->created_wall_ms, "finish_reason",
+        j->finish_reason[0] ? json_string(j->finish_reason) : json_null(), "error_code",
+        j->error_code[0] ? json_string(j->error_code) : json_null(), "correlation_id",
+        j->correlation_id, "source", "memory", "live", 1);
+}
+
+/* -1 in the store means NULL. */
+static json_t *ll_or_null(long long v)
+{
+    return v >= 0 ? json_integer((json_int_t)v) : json_null();
+}
+
+static json_t *job_stored_json(const gps_store_job_info *j)
+{
+    return json_pack(
+        "{s:s,s:o,s:o,s:o,s:o,s:o,s:o,s:s,s:i,s:o,s:o,s:o,s:o,s:o,s:I,s:o,s:o,s:o,s:o,s:s,s:b}",
+        "id", j->id, "api", str_or_null(j->api), "kind", str_or_null(j->kind), "model",
+        str_or_null(j->model), "key_id", str_or_null(j->key_id), "agent_id",
+        str_or_null(j->agent_id), "status", str_or_null(j->status), "priority",
+        j->priority == 1 ? "batch" : "interactive", "attempts", j->attempts, "prompt_tokens",
+        ll_or_null(j->prompt_tokens), "completion_tokens", ll_or_null(j->completion_tokens),
+        "queue_ms", ll_or_null(j->queue_ms), "ttft_ms", ll_or_null(j->ttft_ms), "total_ms",
+        ll_or_null(j->total_ms), "created_at", (json_int_t)j->created_at, "finished_at",
+        wall_or_null(j->finished_at), "finish_reason", str_or_null(j->finish_reason),
+        "error_code", str_or_null(j->error_code), "correlation_id",
+        str_or_null(j->correlation_id), "source", "store", "live", 0);
+}
+
+/* A reply that waits for the DB thread. It does not point at the admin
+ * object: the store may deliver it after the module is gone (at close). */
+typedef struct pending {
+    struct evhttp_request *req;   /* NULL once the client left */
+    struct evhttp_connection *evcon;
+    char corr[65];
+    int limit;
+} pending;
+
+static void pending_close(struct evhttp_connection *evcon, void *arg)
+{
+    pending *p = arg;
+    gps_http_drop_request(p->req);
+    p->req = NULL;
+    p->evcon = NULL;
+}
+
+static pending *pending_new(gps_req *r)
+{
+    pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->req = r->req;
+    snprintf(p->corr, sizeof p->corr, "%s", r->correlation_id);
+    p->evcon = evhttp_request_get_connection(r->req);
+    if (p->evcon)
+        evhttp_connection_set_closecb(p->evcon, pending_close, p);
+    return p;
+}
+
+/* Detach from the connection; true when the client is still there. */
+static bool pending_take(pending *p)
+{
+    if (!p->req)
+        return false;
+    if (p->evcon)
+        evhttp_connection_set_closecb(p->evcon, NULL, NULL);
+    p->evcon = NULL;
+    return true;
+}
+
+static void pending_error(pending *p, int status, const char *code, const char *message)
+{
+    gps_http_send_error(p->req, GPS_DIALECT_NATIVE, status, code, message, NULL, p->corr, NULL);
+}
+
+static void jobs_list_done(void *arg, int status, const gps_store_job_info *jobs, size_t n)
+{
+    pending *p = arg;
+    if (!pending_take(p))
+        goto done;
+    if (status != 0) {
+        pending_error(p, 500, "INTERNAL", "the request log could not be read");
+        goto done;
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n; i++)
+        if (json_array_append_new(arr, job_stored_json(&jobs[i])) < 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    /* A full page may have more behind it: the cursor is the oldest
+     * created_at seen. Jobs created in that same millisecond beyond the
+     * page are skipped by the strict "<" (rare; a smaller page is exact). */
+    json_t *next = n > 0 && (int)n >= p->limit ? json_integer((json_int_t)jobs[n - 1].created_at)
+                                               : json_null();
+    json_t *body = arr ? json_pack("{s:o,s:o}", "jobs", arr, "next_before", next) : NULL;
+    if (!body) {
+        if (!arr)
+            json_decref(next);
+        pending_error(p, 500, "INTERNAL", "out of memory");
+        goto done;
+    }
+    gps_http_send_json(p->req, 200, body);
+done:
+    free(p);
+}
+
+static void h_jobs_list(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    gps_store_job_filter f;
+    char buf[1100], msg[256];
+    const char *param = NULL;
+    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req));
+    if (gps_admin_parse_job_query(query, &f, buf, sizeof buf, msg, sizeof msg, &param) < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        return;
+    }
+    if (!a->store) {
+        gps_req_error(r, 503, "NO_STORE", "the request log is not available", NULL);
+        return;
+    }
+    pending *p = pending_new(r);
+    if (!p) {
+        oom(r);
+        return;
+    }
+    p->limit = f.limit;
+    if (gps_store_jobs_list_async(a->store, &f, jobs_list_done, p) < 0) {
+        pending_take(p);
+        free(p);
+        gps_req_error(r, 500, "INTERNAL", "the request log could not be read", NULL);
+    }
+}
+
+static void job_get_done(void *arg, int status, const gps_store_job_info *j)
+{
+    pending *p = arg;
+    if (!pending_take(p))
+        goto done;
+    if (status == 1)
+        pending_error(p, 404, "JOB_NOT_FOUND", "no such job");
+    else if (status != 0 || !j)
+        pending_error(p, 500, "INTERNAL", "the request log could not be read");
+    else {
+        json_t *body = job_stored_json(j);
+        if (body)
+            gps_http_send_json(p->req, 200, body);
+        else
+            pending_error(p, 500, "INTERNAL", "out of memory");
+    }
+done:
+    free(p);
+}
+
+static void h_job_get(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    gps_job *j = gps_jobs_find(a->jobs, r->params[0]);
+    if (j) {
+        send_json_or_oom(r, 200, job_live_json(j));
+        return;
+    }
+    if (!a->store) {
+        gps_req_error(r, 404, "JOB_NOT_FOUND", "no such job", NULL);
+        return;
+    }
+    pending *p = pending_new(r);
+    if (!p) {
+        oom(r);
+        return;
+    }
+    if (gps_store_job_get_async(a->store, r->params[0], job_get_done, p) < 0) {
+        pending_take(p);
+        free(p);
+        gps_req_error(r, 500, "INTERNAL", "the request log could not be read", NULL);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Status                                                              */
+/* ------------------------------------------------------------------ */
+
+typedef struct slot_sum {
+    long long total, busy;
+} slot_sum;
+
+static void slot_sum_one(void *ud, registry_agent *ag)
+{
+    slot_sum *s = ud;
+    /* Slots of agents that can run jobs (dead or offline ones cannot). */
+    if (ag->state == REGISTRY_HEALTHY || ag->state == REGISTRY_DRAINING ||
+        ag->state == REGISTRY_SUSPECT) {
+        s->total += ag->slots_total;
+        s->busy += ag->slots_busy;
+    }
+}
+
+static void queue_one(void *ud, const char *model, size_t interactive, size_t batch)
+{
+    json_object_set_new(ud, model, json_integer((json_int_t)(interactive + batch)));
+}
+
+static void h_status(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    uint64_t now = gp_now_mono_ms();
+    json_t *agents = json_object();
+    for (int s = 0; agents && s < REGISTRY_STATE_COUNT; s++)
+        json_object_set_new(agents, registry_state_name((registry_state)s),
+                            json_integer((json_int_t)registry_count_state(a->reg,
+                                                                          (registry_state)s)));
+    if (agents)
+        json_object_set_new(agents, "total", json_integer((json_int_t)registry_count(a->reg)));
+    slot_sum ss = {0, 0};
+    registry_foreach(a->reg, slot_sum_one, &ss);
+    json_t *queue = json_object();
+    if (queue)
+        sched_foreach_queue(gps_jobs_sched(a->jobs), queue_one, queue);
+    double req, tok, rpm, tps;
+    counters_now(a, &req, &tok);
+    gps_admin_rate_get(&a->rate, now, req, tok, &rpm, &tps);
+    json_t *body = json_pack(
+        "{s:s,s:I,s:o,s:{s:I,s:I},s:o,s:I,s:I,s:{s:f,s:f},s:b,s:I}", "version", a->version,
+        "uptime_sec", (json_int_t)((now - a->started_ms) / 1000), "agents",
+        agents ? agents : json_object(), "slots", "total", (json_int_t)ss.total, "busy",
+        (json_int_t)ss.busy, "queue", queue ? queue : json_object(), "queued_total",
+        (json_int_t)sched_queued_total(gps_jobs_sched(a->jobs)), "jobs_active",
+        (json_int_t)gps_jobs_active(a->jobs), "throughput", "requests_per_min", rpm,
+        "tokens_per_sec", tps, "auth", gps_auth_enabled(a->auth), "keys",
+        (json_int_t)gps_auth_key_count(a->auth));
+    send_json_or_oom(r, 200, body);
+}
+
+/* ------------------------------------------------------------------ */
+/* Module                                                              */
+/* ------------------------------------------------------------------ */
+
+gps_admin *gps_admin_new(struct event_base *base, gps_auth *auth, gps_limits *limits,
+                         registry *reg, gps_jobs *jobs, gps_store *store, const char *version)
+{
+    gps_admin *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->base = base;
+    a->auth = auth;
+    a->limits = limits;
+    a->reg = reg;
+    a->jobs = jobs;
+    a->store = store;
+    snprintf(a->version, sizeof a->version, "%s", version ? version : "");
+    a->started_ms = gp_now_mono_ms();
+    a->rate_timer = event_new(base, -1, EV_PERSIST, rate_tick, a);
+    struct timeval sec = {1, 0};
+    if (!a->rate_timer || event_add(a->rate_timer, &sec) < 0) {
+        gps_admin_free(a);
+        return NULL;
+    }
+    rate_tick(-1, 0, a);
+    return a;
+}
+
+void gps_admin_free(gps_admin *a)
+{
+    if (!a)
+        return;
+    if (a->rate_timer)
+        event_free(a->rate_timer);
+    free(a);
+}
+
+int gps_admin_register(gps_http *h, gps_admin *a)
+{
+    static const struct {
+        unsigned methods;
+        const char *pattern;
+        gps_handler_fn fn;
+    } routes[] = {
+        {EVHTTP_REQ_GET, "/admin/keys", h_keys_list},
+        {EVHTTP_REQ_POST, "/admin/keys", h_keys_create},
+        {EVHTTP_REQ_PATCH, "/admin/keys/{id}", h_keys_patch},
+        {EVHTTP_REQ_DELETE, "/admin/keys/{id}", h_keys_delete},
+        {EVHTTP_REQ_GET, "/admin/agents", h_agents_list},
+        {EVHTTP_REQ_POST, "/admin/agents/{id}/drain", h_agent_drain},
+        {EVHTTP_REQ_DELETE, "/admin/agents/{id}", h_agent_delete},
+        {EVHTTP_REQ_GET, "/admin/jobs", h_jobs_list},
+        {EVHTTP_REQ_GET, "/admin/jobs/{id}", h_job_get},
+        {EVHTTP_REQ_GET, "/admin/status", h_status},
+    };
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (gps_http_add_route(h, routes[i].methods, routes[i].pattern, GPS_DIALECT_NATIVE,
+                               GPS_ROLE_ADMIN, routes[i].fn, a) < 0)
+            return -1;
+    return 0;
+}

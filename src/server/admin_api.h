@@ -1,0 +1,97 @@
+/*
+ * admin_api: the operator's API under /admin/ (gpupoolctl speaks it).
+ *
+ *   GET    /admin/keys[?role=R]          keys with limits and today's usage (never a hash)
+ *   POST   /admin/keys                   create: 201 {id, key (shown once), role, ...}
+ *   PATCH  /admin/keys/{id}              change rpm / tokens_per_day / max_concurrent
+ *   DELETE /admin/keys/{id}              revoke (idempotent)
+ *   GET    /admin/agents                 agents: state, GPUs, models, slots, last seen
+ *   POST   /admin/agents/{id}/drain      drain ({"on": false} undrains)
+ *   DELETE /admin/agents/{id}[?force=1]  forget an agent (409 AGENT_BUSY while it runs jobs)
+ *   GET    /admin/jobs?status&model&agent&key&limit&before   the request log, newest first
+ *   GET    /admin/jobs/{id}              one job: live when in memory, else from the store
+ *   GET    /admin/status                 agents per state, slots, queues, throughput
+ *
+ * Every route wants an admin key (the http layer answers 401/403 first);
+ * errors are native: {"error":{"code","message","correlation_id"}}. Times
+ * are wall-clock milliseconds since the epoch, null for "never". The job
+ * list reads SQLite on the store's DB thread (gps_store_jobs_list_async):
+ * the loop never waits on it. docs/admin.md has examples.
+ *
+ * Request validation is factored into pure functions (below) so unit tests
+ * reach it without a server.
+ */
+#ifndef GPS_ADMIN_API_H
+#define GPS_ADMIN_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "server/auth.h"
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/limits.h"
+#include "server/registry.h"
+#include "server/store.h"
+
+#define GPS_ADMIN_JOBS_DEFAULT 50
+#define GPS_ADMIN_JOBS_MAX 1000
+
+/* ---- pure validation (exposed for tests) ----
+ * Each returns 0, or -1 with a message in msg and *param naming the field
+ * (static string) for a 400 INVALID_REQUEST. */
+
+/* POST /admin/keys body -> spec. spec->name points into body (borrowed:
+ * keep body alive while spec is used). expires_in_sec > 0 becomes
+ * expires_at = now_wall_ms + 1000 * expires_in_sec. */
+int gps_admin_parse_key_create(const json_t *body, int64_t now_wall_ms, gps_key_spec *spec,
+                               char *msg, size_t msglen, const char **param);
+/* PATCH /admin/keys/{id} body: the limits given replace those in *limits
+ * (which holds the key's current ones); at least one must be given. */
+int gps_admin_parse_limits(const json_t *body, gps_key_limits *limits, char *msg, size_t msglen,
+                           const char **param);
+/* GET /admin/jobs query string (may be NULL) -> filter. The filter's
+ * strings are copied into buf (bufsize bytes), which must outlive it. */
+int gps_admin_parse_job_query(const char *query, gps_store_job_filter *f, char *buf,
+                              size_t bufsize, char *msg, size_t msglen, const char **param);
+
+/* ---- throughput over the last 60 s (a ring of one-second samples) ---- */
+
+#define GPS_ADMIN_RATE_SLOTS 61
+
+typedef struct gps_admin_rate {
+    uint64_t t_ms[GPS_ADMIN_RATE_SLOTS];   /* monotonic time of each sample */
+    double requests[GPS_ADMIN_RATE_SLOTS]; /* cumulative counters at that time */
+    double tokens[GPS_ADMIN_RATE_SLOTS];
+    size_t head, n;
+} gps_admin_rate;
+
+/* Record cumulative counters at now_ms (call about once a second). */
+void gps_admin_rate_push(gps_admin_rate *r, uint64_t now_ms, double requests, double tokens);
+/* Rates between the oldest sample at most 60 s old and the given current
+ * counters: requests per minute and tokens per second (0 when less than a
+ * second of history). */
+void gps_admin_rate_get(const gps_admin_rate *r, uint64_t now_ms, double requests, double tokens,
+                        double *requests_per_min, double *tokens_per_sec);
+
+/* ---- the module ---- */
+
+typedef struct gps_admin gps_admin;
+
+/* Everything is borrowed and must outlive the admin object: auth, limits
+ * (NULL: usage reads as zeros), reg, jobs (its scheduler and metrics are
+ * used too), store (NULL: the job list answers 503). version is copied.
+ * NULL on ENOMEM. */
+gps_admin *gps_admin_new(struct event_base *base, gps_auth *auth, gps_limits *limits,
+                         registry *reg, gps_jobs *jobs, gps_store *store, const char *version);
+/* Free after the HTTP server (a store read still pending finds its request
+ * gone and frees itself). NULL is a no-op. */
+void gps_admin_free(gps_admin *a);
+/* Add the admin routes. 0 or -1. */
+int gps_admin_register(gps_http *h, gps_admin *a);
+
+#endif

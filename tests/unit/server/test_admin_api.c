@@ -1,0 +1,168 @@
+/*
+ * Unit tests for the pure parts of src/server/admin_api.c: POST
+ * /admin/keys and PATCH bodies (types, ranges, roles, the field named on
+ * error), the /admin/jobs query, and the 60 s throughput ring.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/admin_api.h"
+
+static json_t *js(const char *text)
+{
+    json_t *v = json_loads(text, JSON_DECODE_ANY, NULL);
+    assert_non_null(v);
+    return v;
+}
+
+static void test_key_create_ok(void **state)
+{
+    (void)state;
+    json_t *b = js("{\"role\":\"client\",\"name\":\"ci\",\"expires_in_sec\":60,\"rpm\":10,"
+                   "\"tokens_per_day\":1000,\"max_concurrent\":2}");
+    gps_key_spec s;
+    char msg[256];
+    const char *param = "x";
+    assert_int_equal(gps_admin_parse_key_create(b, 1000, &s, msg, sizeof msg, &param), 0);
+    assert_int_equal(s.role, GPS_KEY_CLIENT);
+    assert_string_equal(s.name, "ci");
+    assert_int_equal(s.expires_at, 1000 + 60000);
+    assert_int_equal(s.limits.rpm, 10);
+    assert_int_equal(s.limits.tokens_per_day, 1000);
+    assert_int_equal(s.limits.max_concurrent, 2);
+    assert_null(param);
+    json_decref(b);
+
+    b = js("{\"role\":\"enrollment\",\"max_uses\":3}");
+    assert_int_equal(gps_admin_parse_key_create(b, 1000, &s, msg, sizeof msg, &param), 0);
+    assert_int_equal(s.role, GPS_KEY_ENROLLMENT);
+    assert_int_equal(s.max_uses, 3);
+    assert_int_equal(s.expires_at, 0);
+    assert_null(s.name);
+    json_decref(b);
+}
+
+static void test_key_create_bad(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *body;
+        const char *param;
+    } cases[] = {
+        {"[]", NULL},
+        {"{}", "role"},
+        {"{\"role\":\"root\"}", "role"},
+        {"{\"role\":7}", "role"},
+        {"{\"role\":\"client\",\"name\":5}", "name"},
+        {"{\"role\":\"client\",\"rpm\":-1}", "rpm"},
+        {"{\"role\":\"client\",\"rpm\":\"10\"}", "rpm"},
+        {"{\"role\":\"client\",\"rpm\":1.5}", "rpm"},
+        {"{\"role\":\"client\",\"tokens_per_day\":true}", "tokens_per_day"},
+        {"{\"role\":\"client\",\"max_concurrent\":-3}", "max_concurrent"},
+        {"{\"role\":\"client\",\"expires_in_sec\":-1}", "expires_in_sec"},
+        {"{\"role\":\"client\",\"expires_in_sec\":99999999999}", "expires_in_sec"},
+        {"{\"role\":\"enrollment\",\"max_uses\":-1}", "max_uses"},
+        {"{\"role\":\"client\",\"max_uses\":2}", "max_uses"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *b = js(cases[i].body);
+        gps_key_spec s;
+        char msg[256];
+        const char *param = "unset";
+        assert_int_equal(gps_admin_parse_key_create(b, 0, &s, msg, sizeof msg, &param), -1);
+        if (cases[i].param)
+            assert_string_equal(param, cases[i].param);
+        else
+            assert_null(param);
+        assert_true(msg[0] != '\0');
+        json_decref(b);
+    }
+}
+
+static void test_limits(void **state)
+{
+    (void)state;
+    gps_key_limits l = {5, 6, 7};
+    char msg[256];
+    const char *param;
+    json_t *b = js("{\"rpm\":0,\"max_concurrent\":9}");
+    assert_int_equal(gps_admin_parse_limits(b, &l, msg, sizeof msg, &param), 0);
+    assert_int_equal(l.rpm, 0);
+    assert_int_equal(l.tokens_per_day, 6);
+    assert_int_equal(l.max_concurrent, 9);
+    json_decref(b);
+    b = js("{}");
+    assert_int_equal(gps_admin_parse_limits(b, &l, msg, sizeof msg, &param), -1);
+    json_decref(b);
+    b = js("{\"tokens_per_day\":\"x\",\"rpm\":1}");
+    assert_int_equal(gps_admin_parse_limits(b, &l, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "tokens_per_day");
+    assert_int_equal(l.rpm, 0); /* unchanged on error */
+    json_decref(b);
+}
+
+static void test_job_query(void **state)
+{
+    (void)state;
+    gps_store_job_filter f;
+    char buf[1100], msg[256];
+    const char *param;
+    assert_int_equal(gps_admin_parse_job_query(NULL, &f, buf, sizeof buf, msg, sizeof msg,
+                                               &param), 0);
+    assert_int_equal(f.limit, GPS_ADMIN_JOBS_DEFAULT);
+    assert_null(f.status);
+    assert_int_equal(gps_admin_parse_job_query("status=done&model=m%201&agent=a&key=key_x"
+                                               "&limit=1000&before=17&other=1&agent=",
+                                               &f, buf, sizeof buf, msg, sizeof msg, &param),
+                     0);
+    assert_string_equal(f.status, "done");
+    assert_string_equal(f.model, "m 1");
+    assert_string_equal(f.agent_id, "a"); /* an empty repeat does not clear it */
+    assert_string_equal(f.key_id, "key_x");
+    assert_int_equal(f.limit, 1000);
+    assert_int_equal(f.before, 17);
+    const char *bad[][2] = {{"limit=0", "limit"},     {"limit=1001", "limit"},
+                            {"limit=abc", "limit"},   {"before=-4", "before"},
+                            {"before=1x", "before"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(gps_admin_parse_job_query(bad[i][0], &f, buf, sizeof buf, msg,
+                                                   sizeof msg, &param), -1);
+        assert_string_equal(param, bad[i][1]);
+    }
+}
+
+static void test_rate(void **state)
+{
+    (void)state;
+    gps_admin_rate r;
+    memset(&r, 0, sizeof r);
+    double rpm, tps;
+    gps_admin_rate_get(&r, 1000, 5, 5, &rpm, &tps);
+    assert_true(rpm == 0 && tps == 0);
+    /* 120 s of samples, 1 request and 10 tokens a second: the ring keeps
+     * the last 61, the rate covers the last 60 s. */
+    for (int s = 0; s <= 120; s++)
+        gps_admin_rate_push(&r, (uint64_t)s * 1000, s, s * 10.0);
+    gps_admin_rate_get(&r, 120000, 120, 1200, &rpm, &tps);
+    assert_true(rpm > 59.9 && rpm < 60.1);
+    assert_true(tps > 9.99 && tps < 10.01);
+    /* Idle for a minute: nothing new. */
+    gps_admin_rate_get(&r, 180000, 120, 1200, &rpm, &tps);
+    assert_true(rpm == 0 && tps == 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_create_ok), cmocka_unit_test(test_key_create_bad),
+        cmocka_unit_test(test_limits),        cmocka_unit_test(test_job_query),
+        cmocka_unit_test(test_rate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
