@@ -2,7 +2,8 @@
  * gpupool-server: the control plane and the relay.
  *
  *   gpupool-server [--listen HOST:PORT] [--db PATH] [--config FILE] [options]
- *   gpupool-server keys create --role client|agent|admin --db PATH [--name N]
+ *   gpupool-server keys create --role client|agent|admin|enrollment --db PATH [...]
+ *   gpupool-server keys revoke ID --db PATH
  *
  * One thread runs the libevent loop (HTTP, timers, signals); the store's
  * DB thread owns SQLite writes. Start-up: config -> store (migrations) ->
@@ -76,45 +77,108 @@ typedef struct server {
 /* keys subcommand                                                     */
 /* ------------------------------------------------------------------ */
 
+static const char keys_usage[] =
+    "usage: gpupool-server keys create --role client|agent|admin|enrollment --db PATH\n"
+    "           [--name NAME] [--expires-in-sec N] [--rpm N] [--tokens-per-day N]\n"
+    "           [--max-concurrent N] [--max-uses N]\n"
+    "       gpupool-server keys revoke ID --db PATH\n"
+    "(on a running server prefer gpupoolctl; a running server sees CLI changes after SIGHUP)\n";
+
+/* A non-negative integer option value; -1 when it is not one. */
+static long long keys_num(const char *opt, const char *v)
+{
+    char *end = NULL;
+    errno = 0;
+    long long n = v ? strtoll(v, &end, 10) : -1;
+    if (!v || !*v || *end || errno || n < 0) {
+        fprintf(stderr, "gpupool-server keys: invalid value '%s' for '%s' (expected a "
+                        "non-negative integer)\n", v ? v : "", opt);
+        return -1;
+    }
+    return n;
+}
+
 static int keys_main(int argc, char **argv)
 {
-    if (argc < 3 || strcmp(argv[2], "create") != 0) {
-        fprintf(stderr, "usage: gpupool-server keys create --role client|agent|admin --db PATH "
-                        "[--name NAME]\n");
+    bool create = argc >= 3 && strcmp(argv[2], "create") == 0;
+    bool revoke = argc >= 3 && strcmp(argv[2], "revoke") == 0;
+    if (!create && !revoke) {
+        fputs(keys_usage, stderr);
         return 2;
     }
-    const char *role = NULL, *db = NULL, *name = "", *mig = NULL;
+    const char *role = NULL, *db = NULL, *name = "", *mig = NULL, *revoke_id = NULL;
+    const char *nums[6] = {NULL};
+    static const char *const num_opts[6] = {"--expires-in-sec", "--rpm", "--tokens-per-day",
+                                            "--max-concurrent", "--max-uses", NULL};
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i];
-        const char **dst = strcmp(a, "--role") == 0             ? &role
-                           : strcmp(a, "--db") == 0             ? &db
-                           : strcmp(a, "--name") == 0           ? &name
+        if (revoke && a[0] != '-' && !revoke_id) {
+            revoke_id = a;
+            continue;
+        }
+        const char **dst = strcmp(a, "--db") == 0               ? &db
                            : strcmp(a, "--migrations_dir") == 0 ? &mig
+                           : !create                            ? NULL
+                           : strcmp(a, "--role") == 0           ? &role
+                           : strcmp(a, "--name") == 0           ? &name
                                                                 : NULL;
+        for (int k = 0; create && !dst && num_opts[k]; k++)
+            if (strcmp(a, num_opts[k]) == 0)
+                dst = &nums[k];
         if (!dst) {
-            fprintf(stderr, "gpupool-server keys create: unknown option '%s'\n", a);
+            fprintf(stderr, "gpupool-server keys %s: unknown option '%s'\n", argv[2], a);
+            fputs(keys_usage, stderr);
             return 2;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "gpupool-server keys create: option '%s' needs a value\n", a);
+            fprintf(stderr, "gpupool-server keys %s: option '%s' needs a value\n", argv[2], a);
             return 2;
         }
         *dst = argv[++i];
     }
     if (!db)
         db = getenv("GPUPOOL_DB");
+    char err[512];
+    if (revoke) {
+        if (!revoke_id || !db) {
+            fprintf(stderr, "gpupool-server keys revoke: an ID and --db are required\n");
+            return 2;
+        }
+        int rc = gps_auth_key_revoke_db(db, mig, revoke_id, err, sizeof err);
+        if (rc < 0) {
+            fprintf(stderr, "gpupool-server keys revoke: %s\n", err);
+            return 1;
+        }
+        if (rc == 1) {
+            fprintf(stderr, "gpupool-server keys revoke: no active key '%s'\n", revoke_id);
+            return 1;
+        }
+        fprintf(stderr, "revoked %s\n", revoke_id);
+        return 0;
+    }
     if (!role || !db) {
         fprintf(stderr, "gpupool-server keys create: --role and --db are required\n");
         return 2;
     }
     int r = gps_key_role_parse(role);
-    if (r < 0 || r == GPS_KEY_ENROLLMENT) {
+    if (r < 0) {
         fprintf(stderr, "gpupool-server keys create: invalid value '%s' for 'role' "
-                        "(expected client, agent or admin)\n", role);
+                        "(expected client, agent, admin or enrollment)\n", role);
         return 2;
     }
-    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], err[512];
-    if (gps_auth_key_create_db(db, mig, (gps_key_role)r, name, 0, key, id, err, sizeof err) < 0) {
+    long long v[5] = {0};
+    for (int k = 0; k < 5; k++)
+        if (nums[k] && (v[k] = keys_num(num_opts[k], nums[k])) < 0)
+            return 2;
+    gps_key_spec spec = {
+        .role = (gps_key_role)r,
+        .name = name,
+        .expires_at = v[0] ? gp_now_wall_ms() + v[0] * 1000 : 0,
+        .limits = {.rpm = v[1], .tokens_per_day = v[2], .max_concurrent = v[3]},
+        .max_uses = v[4],
+    };
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+    if (gps_auth_key_create_spec_db(db, mig, &spec, key, id, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-server keys create: %s\n", err);
         return 1;
     }
@@ -407,8 +471,8 @@ int main(int argc, char **argv)
     }
     if (cfg.help) {
         printf("usage: gpupool-server [options]\n"
-               "       gpupool-server keys create --role client|agent|admin --db PATH "
-               "[--name N]\n\noptions:\n");
+               "       gpupool-server keys create|revoke ... (see gpupool-server keys)\n"
+               "\noptions:\n");
         gp_config_usage(gps_config_table, gps_config_table_len, stdout);
         gp_config_free(&cfg);
         return 0;

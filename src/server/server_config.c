@@ -27,6 +27,8 @@ const gp_opt gps_config_table[] = {
      "write the bound HTTPS port number to this file once listening"},
     {"db", GP_OPT_STR, O(db), "./gpupool.db", 0, 0, NULL,
      "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd)"},
+    {"state_dir", GP_OPT_STR, O(state_dir), "", 0, 0, NULL,
+     "where the server writes its generated admin key, admin.key (default: the db's directory)"},
     {"config", GP_OPT_STR, O(config), "/etc/gpupool/server.conf", 0, 0, NULL,
      "config file (key = value lines)"},
     {"log_level", GP_OPT_STR, O(log_level), "info", 0, 0, "debug|info|warn|error",

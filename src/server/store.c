@@ -1537,6 +1537,7 @@ static void b_key_row(opb *b, const gps_store_key_row *r)
 
 /* Run one op's statement synchronously (CLI paths); releases b. */
 static sqlite3_stmt *sync_prepare(gps_store *s, const char *sql, char *err, size_t errlen);
+static sqlite3 *sync_db(gps_store *s, char *err, size_t errlen);
 
 static int sync_run(gps_store *s, opb *b, const char *what, char *err, size_t errlen)
 {
@@ -1992,8 +1993,10 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
     bool extras = key_row_has_extras(row_in);
     /* Key and limits in one transaction: a key never exists without the
      * limits it was created with. */
-    if (extras && sqlite3_exec(s->sdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
-        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(s->sdb));
+    sqlite3 *db = extras ? sync_db(s, err, errlen) : NULL;
+    if (extras && (!db || sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)) {
+        if (db)
+            seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(db));
         b_release(&b);
         return -1;
     }
@@ -2003,8 +2006,11 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
                      row_in->max_concurrent, row_in->max_uses);
         ret = sync_run(s, &b, "setting key limits", err, errlen);
     }
-    if (extras)
-        sqlite3_exec(s->sdb, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL);
+    if (extras && sqlite3_exec(db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL) !=
+                      SQLITE_OK && ret == 0) {
+        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(db));
+        ret = -1;
+    }
     return ret;
 }
 
