@@ -138,6 +138,11 @@ test('a bad key is an AuthenticationError; x-api-key and Bearer both work', asyn
     await assert.rejects(
       bad.messages.create({ model: 'keyed-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
       (e) => e instanceof Anthropic.AuthenticationError && e.status === 401 && e.error?.error?.type === 'authentication_error');
+    // A valid key of the wrong role (agent) is a PermissionDeniedError.
+    const agentKeyed = new Anthropic({ baseURL: keyed.baseURL, apiKey: agentKey, maxRetries: 0 });
+    await assert.rejects(
+      agentKeyed.messages.create({ model: 'keyed-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
+      (e) => e instanceof Anthropic.PermissionDeniedError && e.status === 403 && e.error?.error?.type === 'permission_error');
     const good = new Anthropic({ baseURL: keyed.baseURL, apiKey: clientKey, maxRetries: 0 });
     const m = await good.messages.create({ model: 'keyed-model', max_tokens: 4, messages: [{ role: 'user', content: 'hi there' }] });
     assert.ok(m.content[0].text.length > 0);
@@ -175,6 +180,23 @@ test('a full queue is a RateLimitError', async () => {
     for (const r of res.filter((x) => x.ok)) assert.ok(r.value.content[0].text.length > 0);
   } finally {
     await busy.stop();
+  }
+});
+
+test('a known model without a live agent is an overloaded_error (503)', async () => {
+  const gone = new Pool();
+  try {
+    await gone.start({ model: 'gone-model' });
+    const exited = new Promise((res) => gone.agent.once('exit', res));
+    gone.agent.kill('SIGTERM');   // drains and deregisters: the model has no live agent
+    await exited;
+    const c = new Anthropic({ baseURL: gone.baseURL, apiKey: 'x', maxRetries: 0 });
+    await assert.rejects(
+      c.messages.create({ model: 'gone-model', max_tokens: 4, messages: [{ role: 'user', content: 'x' }] }),
+      (e) => e instanceof Anthropic.InternalServerError && e.status === 503 &&
+        e.error?.error?.type === 'overloaded_error' && Number(e.headers?.['retry-after'] ?? e.headers?.get?.('retry-after')) > 0);
+  } finally {
+    await gone.stop();
   }
 });
 

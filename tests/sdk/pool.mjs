@@ -63,7 +63,7 @@ export class Pool {
     this.port = await this.readPort(portFile);
     this.baseURL = `http://127.0.0.1:${this.port}`;
 
-    this.spawn('agent', bin('gpupool-agent'), ['--server', this.baseURL, '--state-dir', join(this.dir, 'agent'),
+    this.agent = this.spawn('agent', bin('gpupool-agent'), ['--server', this.baseURL, '--state-dir', join(this.dir, 'agent'),
       '--upstream', `http://127.0.0.1:${upPort}`, '--upstream-model', 'scripted-upstream', '--alias', model, '--slots', String(slots), ...(agentToken ? ['--token', agentToken] : [])]);
     this.model = model;
     await waitFor('the agent to register its model', async () => {
