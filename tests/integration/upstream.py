@@ -166,12 +166,18 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             return True
 
-    def wait(self, seconds):
-        """Sleep, watching for the client going away (raises ClientGone)."""
-        deadline = time.monotonic() + seconds
+    def wait(self, seconds, setting=None):
+        """Sleep, watching for the client going away (raises ClientGone).
+        With setting (a *_ms key of the config), a /_control/config change
+        of that setting applies to sleeps already under way, so a test can
+        let a held request go on."""
+        start = time.monotonic()
+        deadline = start + seconds
         while True:
             if self.client_gone():
                 raise ClientGone()
+            if setting:
+                deadline = start + self.server.state.snapshot()[setting] / 1000.0
             left = deadline - time.monotonic()
             if left <= 0:
                 return
@@ -338,7 +344,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def whole(self, rec, cfg, chat, toks, finish, cid, created, model, prompt_tokens):
         mode = cfg["mode"]
-        self.wait(cfg["first_delay_ms"] / 1000.0)
+        self.wait(cfg["first_delay_ms"] / 1000.0, "first_delay_ms")
         k = min(int(cfg["after"]), len(toks)) if mode in ("stall", "die", "malformed") else len(toks)
         for _ in range(k):
             self.wait(cfg["pace_ms"] / 1000.0)
@@ -404,7 +410,7 @@ class Handler(BaseHTTPRequestHandler):
             first = piece(None, None)
             first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
             self.chunk("data: %s\n\n" % json.dumps(first))
-        self.wait(cfg["first_delay_ms"] / 1000.0)
+        self.wait(cfg["first_delay_ms"] / 1000.0, "first_delay_ms")
         for i, t in enumerate(toks):
             if mode in ("stall", "die", "malformed") and i >= int(cfg["after"]):
                 break
