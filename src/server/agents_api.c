@@ -829,7 +829,7 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
     }
     gps_metrics_set(m, "agents_parked", NULL, (double)g->nparked);
     gps_metrics_set(m, "slots_busy", NULL, (double)c.busy);
-    gps_metrics_set(m, "slots_total", NULL, (double)c.total);
+    gps_metrics_set(m, "slots_capacity", NULL, (double)c.total);
 }
 
 size_t gps_agents_parked(const gps_agents *g)

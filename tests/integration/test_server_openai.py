@@ -358,11 +358,11 @@ class ServerOpenAI(harness.TestCase):
         for name in ("gpupool_requests_total", "gpupool_request_duration_seconds",
                      "gpupool_time_to_first_token_seconds", "gpupool_tokens_generated_total",
                      "gpupool_queue_depth", "gpupool_agents", "gpupool_slots_busy",
-                     "gpupool_slots_total", "gpupool_failovers_total",
+                     "gpupool_slots_capacity", "gpupool_failovers_total",
                      "gpupool_auth_failures_total"):
             self.assertIn("# TYPE " + name + " ", text)
         self.assertIn('gpupool_agents{state="healthy"} 1', text)
-        self.assertIn("gpupool_slots_total 1", text)
+        self.assertIn("gpupool_slots_capacity 1", text)
 
 
 if __name__ == "__main__":
