@@ -374,6 +374,151 @@ static void test_cli_errors(void **state)
     gps_auth_free(a);
 }
 
+/* ---- enrollment tokens and the revocation listener ---- */
+
+static void test_enroll(void **state)
+{
+    (void)state;
+    gps_auth *a = gps_auth_new(NULL);
+    char tok[GPS_AUTH_KEY_LEN + 1], tok_id[GPS_AUTH_ID_LEN + 1];
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+    int64_t now = gp_now_wall_ms();
+
+    /* No key at all on loopback: auth is off and nothing can enroll. */
+    assert_int_equal(gps_auth_enroll(a, "Bearer gpk_x", "agent-1", "", now, key, id),
+                     GPS_AUTH_MISSING);
+
+    gps_key_spec spec = {.role = GPS_KEY_ENROLLMENT, .name = "rack 3", .max_uses = 2};
+    assert_int_equal(gps_auth_key_create_spec(a, &spec, tok, tok_id), 0);
+    char bearer[GPS_AUTH_KEY_LEN + 8];
+    snprintf(bearer, sizeof bearer, "Bearer %s", tok);
+
+    /* The token itself is no agent or client key. */
+    assert_int_equal(gps_auth_check_at(a, bearer, GPS_KEY_AGENT, now, NULL),
+                     GPS_AUTH_WRONG_ROLE);
+    assert_int_equal(gps_auth_check_at(a, bearer, GPS_KEY_CLIENT, now, NULL),
+                     GPS_AUTH_WRONG_ROLE);
+
+    assert_int_equal(gps_auth_enroll(a, bearer, "agent-1", "gpu-box-1", now, key, id),
+                     GPS_AUTH_OK);
+    const gps_auth_key *k = gps_auth_key_find(a, id);
+    assert_non_null(k);
+    assert_int_equal(k->role, GPS_KEY_AGENT);
+    assert_string_equal(k->agent_id, "agent-1");
+    assert_string_equal(k->name, "gpu-box-1");
+    assert_int_equal(gps_auth_key_find(a, tok_id)->uses, 1);
+    /* The new key works as agent-1's key, and only as agent-1's. */
+    const gps_auth_key *got = NULL;
+    assert_int_equal(gps_auth_check_at(a, key, GPS_KEY_AGENT, now, &got), GPS_AUTH_OK);
+    assert_int_equal(gps_auth_bind_agent(a, got, "agent-1"), 0);
+    assert_int_equal(gps_auth_bind_agent(a, got, "agent-2"), -1);
+
+    assert_int_equal(gps_auth_enroll(a, tok, "agent-2", "", now, key, id), GPS_AUTH_OK);
+    assert_string_equal(gps_auth_key_find(a, id)->name, "agent agent-2");
+    /* Uses spent. */
+    assert_int_equal(gps_auth_enroll(a, bearer, "agent-3", "", now, key, id),
+                     GPS_AUTH_EXHAUSTED);
+    assert_string_equal(key, "");
+    assert_int_equal(gps_auth_result_status(GPS_AUTH_EXHAUSTED), 403);
+    assert_string_equal(gps_auth_result_name(GPS_AUTH_EXHAUSTED), "exhausted");
+
+    /* Wrong kind of key, bad token, expired token, revoked token. */
+    char ck[GPS_AUTH_KEY_LEN + 1], cid[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create(a, GPS_KEY_CLIENT, "c", 0, ck, cid), 0);
+    assert_int_equal(gps_auth_enroll(a, ck, "agent-4", "", now, key, id), GPS_AUTH_WRONG_ROLE);
+    assert_int_equal(gps_auth_enroll(a, "gpk_nope", "agent-4", "", now, key, id),
+                     GPS_AUTH_INVALID);
+    assert_int_equal(gps_auth_enroll(a, NULL, "agent-4", "", now, key, id), GPS_AUTH_MISSING);
+    gps_key_spec exp = {.role = GPS_KEY_ENROLLMENT, .expires_at = now + 1000};
+    assert_int_equal(gps_auth_key_create_spec(a, &exp, tok, tok_id), 0);
+    assert_int_equal(gps_auth_enroll(a, tok, "agent-4", "", now + 1000, key, id),
+                     GPS_AUTH_EXPIRED);
+    assert_int_equal(gps_auth_enroll(a, tok, "", "", now, key, id), GPS_AUTH_INVALID);
+    assert_int_equal(gps_auth_enroll(a, tok, "agent-4", "", now, key, id), GPS_AUTH_OK);
+    assert_int_equal(gps_auth_key_revoke(a, tok_id), 0);
+    assert_int_equal(gps_auth_enroll(a, tok, "agent-5", "", now + 1, key, id),
+                     GPS_AUTH_REVOKED);
+    gps_auth_free(a);
+}
+
+typedef struct revoked_log {
+    char ids[8][GPS_AUTH_ID_LEN + 1];
+    int n;
+} revoked_log;
+
+static void on_revoked(void *arg, const char *key_id)
+{
+    revoked_log *r = arg;
+    if (r->n < 8)
+        snprintf(r->ids[r->n++], GPS_AUTH_ID_LEN + 1, "%s", key_id);
+}
+
+static void test_revoke_listener(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_store(t->db);
+    gps_auth *a = auth_loaded(s);
+    revoked_log log = {0};
+    gps_auth_set_revoke_listener(a, on_revoked, &log);
+    char k1[GPS_AUTH_KEY_LEN + 1], id1[GPS_AUTH_ID_LEN + 1];
+    char k2[GPS_AUTH_KEY_LEN + 1], id2[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create(a, GPS_KEY_AGENT, "a1", 0, k1, id1), 0);
+    assert_int_equal(gps_auth_key_create(a, GPS_KEY_AGENT, "a2", 0, k2, id2), 0);
+    assert_int_equal(gps_auth_key_revoke(a, id1), 0);
+    assert_int_equal(log.n, 1);
+    assert_string_equal(log.ids[0], id1);
+    /* Revoking again is no news. */
+    assert_int_equal(gps_auth_key_revoke(a, id1), 1);
+    assert_int_equal(log.n, 1);
+    gps_store_flush(s);
+
+    /* Revoked behind the server's back (CLI) and found at reload (SIGHUP). */
+    char err[256] = "";
+    assert_int_equal(gps_auth_key_revoke_db(t->db, NULL, id2, err, sizeof err), 0);
+    assert_int_equal(gps_auth_load(a, err, sizeof err), 0);
+    assert_int_equal(log.n, 2);
+    assert_string_equal(log.ids[1], id2);
+    /* A reload that changes nothing tells nothing. */
+    assert_int_equal(gps_auth_load(a, err, sizeof err), 0);
+    assert_int_equal(log.n, 2);
+    gps_auth_free(a);
+    gps_store_close(s);
+}
+
+static void test_spec_keys_persist(void **state)
+{
+    tctx *t = *state;
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], err[256] = "";
+    gps_key_spec spec = {.role = GPS_KEY_ENROLLMENT, .name = "e", .max_uses = 3,
+                         .limits = {.rpm = 7, .tokens_per_day = 8, .max_concurrent = 9}};
+    assert_int_equal(gps_auth_key_create_spec_db(t->db, NULL, &spec, key, id, err, sizeof err), 0);
+    spec.limits.rpm = -1;
+    char k2[GPS_AUTH_KEY_LEN + 1], id2[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create_spec_db(t->db, NULL, &spec, k2, id2, err, sizeof err),
+                     -1);
+    gps_store *s = open_store(t->db);
+    gps_auth *a = auth_loaded(s);
+    const gps_auth_key *k = gps_auth_key_find(a, id);
+    assert_non_null(k);
+    assert_int_equal(k->limits.rpm, 7);
+    assert_int_equal(k->limits.tokens_per_day, 8);
+    assert_int_equal(k->limits.max_concurrent, 9);
+    assert_int_equal(k->max_uses, 3);
+    assert_int_equal(k->uses, 0);
+    /* An enrollment's use count is written through. */
+    char nk[GPS_AUTH_KEY_LEN + 1], nid[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_enroll(a, key, "agent-9", "", gp_now_wall_ms(), nk, nid),
+                     GPS_AUTH_OK);
+    gps_auth_free(a);
+    gps_store_close(s);
+    s = open_store(t->db);
+    a = auth_loaded(s);
+    assert_int_equal(gps_auth_key_find(a, id)->uses, 1);
+    assert_string_equal(gps_auth_key_find(a, nid)->agent_id, "agent-9");
+    gps_auth_free(a);
+    gps_store_close(s);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -385,6 +530,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_agent_binding_and_persistence, setup, teardown),
         cmocka_unit_test(test_many_keys),
         cmocka_unit_test_setup_teardown(test_cli_errors, setup, teardown),
+        cmocka_unit_test(test_enroll),
+        cmocka_unit_test_setup_teardown(test_revoke_listener, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_spec_keys_persist, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
