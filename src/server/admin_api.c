@@ -14,10 +14,6 @@
 #include "server/metrics.h"
 #include "server/sched.h"
 
-/* The dialects that count requests in request_duration_seconds{api=...}:
- * the throughput ring sums their histogram counts. */
-static const char *const rate_apis[] = {"openai", "anthropic", "native"};
-
 struct gps_admin {
     struct event_base *base;
     gps_auth *auth;
@@ -246,16 +242,10 @@ void gps_admin_rate_get(const gps_admin_rate *r, uint64_t now_ms, double request
 static void counters_now(gps_admin *a, double *requests, double *tokens)
 {
     gps_metrics *m = gps_jobs_metrics(a->jobs);
-    *requests = 0;
-    *tokens = 0;
-    if (!m)
-        return;
-    char l[64];
-    for (size_t i = 0; i < sizeof rate_apis / sizeof rate_apis[0]; i++) {
-        gps_metrics_label(l, sizeof l, "api", rate_apis[i], (char *)NULL);
-        *requests += gps_metrics_get(m, "request_duration_seconds", l);
-    }
-    *tokens = gps_metrics_get(m, "tokens_generated_total", NULL);
+    /* Totals over every api and outcome: the labels are the dialects'
+     * business, the ring only wants "how many". */
+    *requests = m ? gps_metrics_sum(m, "requests_total") : 0;
+    *tokens = m ? gps_metrics_sum(m, "tokens_generated_total") : 0;
 }
 
 static void rate_tick(evutil_socket_t fd, short what, void *arg)
@@ -311,6 +301,39 @@ static void send_json_or_oom(gps_req *r, int status, json_t *body)
         return;
     }
     gps_http_send_json(r->req, status, body);
+}
+
+/* Lists come from hash tables; sort them so output is stable: by
+ * created_at (keys; absent for agents) and then by id. */
+static int obj_cmp(const void *x, const void *y)
+{
+    const json_t *ox = *(json_t *const *)x, *oy = *(json_t *const *)y;
+    json_int_t cx = json_integer_value(json_object_get(ox, "created_at"));
+    json_int_t cy = json_integer_value(json_object_get(oy, "created_at"));
+    if (cx != cy)
+        return cx < cy ? -1 : 1;
+    const char *a = json_string_value(json_object_get(ox, "id"));
+    const char *b = json_string_value(json_object_get(oy, "id"));
+    return strcmp(a ? a : "", b ? b : "");
+}
+
+/* Sort an array of objects in place with obj_cmp. 0 or -1 (ENOMEM). */
+static int sort_objects(json_t *arr)
+{
+    size_t n = json_array_size(arr);
+    if (n < 2)
+        return 0;
+    json_t **v = malloc(n * sizeof *v);
+    if (!v)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(arr, i));
+    qsort(v, n, sizeof *v, obj_cmp);
+    json_array_clear(arr);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, v[i]);
+    free(v);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -378,7 +401,7 @@ static void h_keys_list(gps_req *r, void *arg)
     }
     if (kl.arr)
         gps_auth_key_foreach(a->auth, key_list_one, &kl);
-    if (!kl.arr || kl.oom) {
+    if (!kl.arr || kl.oom || sort_objects(kl.arr) < 0) {
         json_decref(kl.arr);
         oom(r);
         return;
@@ -526,12 +549,6 @@ static void agent_list_one(void *ud, registry_agent *ag)
         al->oom = true;
 }
 
-static int agent_cmp(const void *x, const void *y)
-{
-    const char *a = json_string_value(json_object_get(*(json_t *const *)x, "id"));
-    const char *b = json_string_value(json_object_get(*(json_t *const *)y, "id"));
-    return strcmp(a ? a : "", b ? b : "");
-}
 
 static void h_agents_list(gps_req *r, void *arg)
 {
@@ -544,25 +561,12 @@ static void h_agents_list(gps_req *r, void *arg)
         oom(r);
         return;
     }
-    /* The registry visits in hash order: sort by id so lists are stable. */
-    size_t n = json_array_size(al.arr);
-    json_t **v = n ? malloc(n * sizeof *v) : NULL;
-    json_t *sorted = json_array();
-    if ((n && !v) || !sorted) {
-        free(v);
-        json_decref(sorted);
+    if (sort_objects(al.arr) < 0) {
         json_decref(al.arr);
         oom(r);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        v[i] = json_array_get(al.arr, i);
-    qsort(v, n, sizeof *v, agent_cmp);
-    for (size_t i = 0; i < n; i++)
-        json_array_append(sorted, v[i]);
-    free(v);
-    json_decref(al.arr);
-    send_json_or_oom(r, 200, json_pack("{s:o}", "agents", sorted));
+    send_json_or_oom(r, 200, json_pack("{s:o}", "agents", al.arr));
 }
 
 static void h_agent_drain(gps_req *r, void *arg)

@@ -384,3 +384,12 @@ void gps_metrics_rate_limited(gps_metrics *m, const char *reason)
     gps_metrics_label(l, sizeof l, "reason", reason, (char *)NULL);
     gps_metrics_add(m, "rate_limited_total", l, 1);
 }
+
+double gps_metrics_sum(gps_metrics *m, const char *name)
+{
+    family *f = find_family(m, name);
+    double total = 0;
+    for (series *s = f ? f->head : NULL; s; s = s->next)
+        total += f->type == GPS_METRIC_HISTOGRAM ? (double)s->count : s->value;
+    return total;
+}

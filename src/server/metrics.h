@@ -75,4 +75,8 @@ void gps_metrics_sched_latency(gps_metrics *m, const char *model, const char *pr
  * one of "rpm", "tokens_per_day", "queue_full". */
 void gps_metrics_rate_limited(gps_metrics *m, const char *reason);
 
+/* Sum of every series of a counter/gauge family (histograms: of their
+ * counts); 0 for an unknown family. For totals over labels (admin status). */
+double gps_metrics_sum(gps_metrics *m, const char *name);
+
 #endif
