@@ -726,7 +726,7 @@ static void outcome_of(char *out, size_t n, const char *code)
     out[i] = '\0';
 }
 
-static void add_pool_headers(struct evhttp_request *req, gps_job *job)
+void gps_pool_headers(struct evhttp_request *req, gps_job *job)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (job->agent_id[0])
@@ -739,11 +739,9 @@ static void add_pool_headers(struct evhttp_request *req, gps_job *job)
     evhttp_add_header(h, "x-pool-model", job->spec.model);
 }
 
-/* x_pool_meta of a finished job (new reference): model is the model that
- * served; a fallback adds a warning naming the one asked for. */
-static json_t *pool_meta(gps_job *job)
+json_t *gps_pool_meta(gps_job *job)
 {
-    uint64_t now = gp_now_mono_us();
+    uint64_t now = job->finished_us ? job->finished_us : gp_now_mono_us();
     json_t *meta = json_pack(
         "{s:s,s:s,s:I,s:I,s:i,s:[]}", "agent_id", job->agent_id, "model", job->spec.model,
         "queue_ms", (json_int_t)job->queue_ms, "inference_ms",
@@ -799,7 +797,7 @@ static void ensure_started(oa_stream *st)
     if (st->started)
         return;
     st->started = true;
-    add_pool_headers(st->req, st->job);
+    gps_pool_headers(st->req, st->job);
     gps_sse_start(st->req);
     if (st->chat)
         emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
@@ -809,7 +807,7 @@ static void ensure_started(oa_stream *st)
 /* pool_meta plus this request's own warnings (new reference). */
 static json_t *stream_meta(oa_stream *st, gps_job *job)
 {
-    json_t *meta = pool_meta(job);
+    json_t *meta = gps_pool_meta(job);
     if (meta && st->tools_ignored)
         json_array_append_new(json_object_get(meta, "warnings"),
                               json_string("tools were ignored: no live agent serving this model "
@@ -900,7 +898,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                 if (!job->text.len) /* OpenAI: content null when only tools were called */
                     json_object_set_new(m, "content", json_null());
             }
-            add_pool_headers(st->req, job);
+            gps_pool_headers(st->req, job);
             detach_conn(st);
             gps_http_send_json(st->req, 200, body);
         }

@@ -93,6 +93,15 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 
 struct gps_http;
 struct gps_metrics;
+struct evhttp_request;
+
+/* x_pool_meta of a job (new reference): agent_id, model (the model that
+ * served), queue_ms, inference_ms (assignment to the end, or to now while
+ * it runs), attempts, warnings (a fallback names the model asked for). */
+json_t *gps_pool_meta(gps_job *job);
+/* The same as x-pool-agent, x-pool-queue-ms, x-pool-attempts and
+ * x-pool-model headers on req (before its reply starts). */
+void gps_pool_headers(struct evhttp_request *req, gps_job *job);
 typedef struct gps_openai gps_openai;
 /* The dialect's handler context (borrowed jobs and metrics). NULL on ENOMEM. */
 gps_openai *gps_openai_new(gps_jobs *jobs, struct gps_metrics *metrics, int request_timeout_sec);

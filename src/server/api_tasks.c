@@ -908,6 +908,7 @@ static json_t *status_hot(task *t)
                             json_pack("{s:s%,s:s}", "text", job->text.data ? job->text.data : "",
                                       job->text.len, "finish_reason",
                                       job->finish_reason[0] ? job->finish_reason : "stop"));
+    json_object_set_new(o, "x_pool_meta", gps_pool_meta(job));
     if (job->state == GPS_JOB_FAILED || job->state == GPS_JOB_CANCELLED) {
         json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
         json_t *d = json_object_get(last, "data");
@@ -1086,6 +1087,8 @@ static void h_get(gps_req *r, void *arg)
         cold_lookup(g, r, COLD_STATUS, 0);
         return;
     }
+    if (t->job)
+        gps_pool_headers(r->req, t->job);
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 

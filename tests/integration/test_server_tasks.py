@@ -94,6 +94,18 @@ class ServerTasks(harness.TestCase):
         self.assertEqual(s["attempts"], 1)
         self.assertEqual(s["seed"], r["seed"])
         self.assertIn("total_ms", s["timings"])
+        # x_pool_meta in the body and as x-pool-* headers, as in the other dialects
+        meta = s["x_pool_meta"]
+        self.assertEqual(meta["agent_id"], a.agent_id)
+        self.assertEqual(meta["attempts"], 1)
+        self.assertEqual(meta["model"], "m1")
+        self.assertEqual(meta["warnings"], [])
+        self.assertGreaterEqual(meta["inference_ms"], 0)
+        self.assertGreaterEqual(meta["queue_ms"], 0)
+        st, hdr, _ = harness.http_json("GET", self.srv.url + "/v2/tasks/" + r["job_id"])
+        self.assertEqual(st, 200)
+        self.assertEqual(hdr["x-pool-agent"], a.agent_id)
+        self.assertEqual(hdr["x-pool-attempts"], "1")
 
     def test_reconnect_with_last_event_id(self):
         a = self.agent()
