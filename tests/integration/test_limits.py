@@ -1,0 +1,176 @@
+"""Per-key limits end to end with real processes: gpupool-server, a real
+gpupool-agent (openai backend) and the scripted upstream (upstream.py).
+
+Covers: requests per minute (429 + Retry-After in the OpenAI, Anthropic and
+native dialects), tokens per day (429 TOKEN_LIMIT, still spent after a
+server restart, usage rows in key_usage), max_concurrent (extra jobs wait
+in the queue and all finish, never more than N at the upstream at once,
+while another key runs beside them), and the admin key the server
+generates when auth is on.
+"""
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import bearer, http_json  # noqa: E402
+
+FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
+
+
+def create_key(h, db, role, *opts):
+    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", db,
+                        "--name", "limits-test"] + list(opts),
+                       capture_output=True, text=True, timeout=30, env=h.env())
+    assert r.returncode == 0, "keys create failed: %s" % r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+def complete(srv, key, prompt="hello there", max_tokens=3):
+    return http_json("POST", srv.url + "/v1/completions",
+                     {"model": "m1", "prompt": prompt, "max_tokens": max_tokens},
+                     headers=bearer(key), timeout=60)
+
+
+class LimitsTest(harness.TestCase):
+
+    def pool(self, db, agent_key, up_args=("--tokens", "6"), slots=4, port=0):
+        self.up = self.h.start_upstream(list(up_args))
+        srv = self.h.start_server(FAST, db=db, port=port)
+        self.h.start_agent(srv, upstream=self.up, model="m1", slots=slots, token=agent_key)
+        return srv
+
+    def wait_model(self, srv, key):
+        srv.key = key
+        srv.wait_model("m1")
+
+    def test_rpm_in_every_dialect(self):
+        db = self.h.path("rpm.db")
+        ck = create_key(self.h, db, "client", "--rpm", "2")
+        ak = create_key(self.h, db, "agent")
+        srv = self.pool(db, ak)
+        self.wait_model(srv, ck)  # /v1/models is no request of the limited kind
+        for _ in range(2):
+            st, _, body = complete(srv, ck)
+            self.assertEqual(st, 200, body)
+        st, hdr, body = complete(srv, ck)
+        self.assertEqual(st, 429, body)
+        self.assertGreaterEqual(int(hdr["retry-after"]), 1)
+        self.assertLessEqual(int(hdr["retry-after"]), 31)
+        self.assertEqual(body["error"]["code"], "rate_limited")  # OpenAI codes are lower case
+        self.assertEqual(body["error"]["type"], "rate_limit_error")
+
+        st, hdr, body = http_json("POST", srv.url + "/v1/messages",
+                                  {"model": "m1", "max_tokens": 3,
+                                   "messages": [{"role": "user", "content": "hi"}]},
+                                  headers={"x-api-key": ck, "anthropic-version": "2023-06-01"})
+        self.assertEqual(st, 429, body)
+        self.assertEqual(body["type"], "error")
+        self.assertEqual(body["error"]["type"], "rate_limit_error")
+        self.assertIn("retry-after", hdr)
+
+        st, hdr, body = http_json("POST", srv.url + "/v2/tasks",
+                                  {"model": "m1", "prompt": "x", "max_tokens": 3},
+                                  headers=bearer(ck))
+        self.assertEqual(st, 429, body)
+        self.assertEqual(body["error"]["code"], "RATE_LIMITED")
+        self.assertIn("retry-after", hdr)
+
+        # Another key is not affected by this one's limit.
+        other = create_key(self.h, db, "client")
+        srv.signal(__import__("signal").SIGHUP)  # the CLI wrote it behind the server's back
+        harness.wait_until(lambda: complete(srv, other)[0] == 200, timeout=20,
+                           what="the new key accepted after SIGHUP")
+
+        # The refusals are counted for the metrics and the accounting.
+        _, _, text = harness.http_request("GET", srv.url + "/metrics")
+        self.assertIn('gpupool_rate_limited_total{reason="rpm"} 3', text.decode())
+
+    def test_tokens_per_day_survive_restart(self):
+        db = self.h.path("tpd.db")
+        ck = create_key(self.h, db, "client", "--tokens-per-day", "5")
+        ak = create_key(self.h, db, "agent")
+        srv = self.pool(db, ak)
+        self.wait_model(srv, ck)
+        st, _, body = complete(srv, ck, max_tokens=6)
+        self.assertEqual(st, 200, body)
+        used = body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+        self.assertGreaterEqual(used, 6)
+        st, hdr, body = complete(srv, ck)
+        self.assertEqual(st, 429, body)
+        self.assertEqual(body["error"]["code"], "token_limit")
+        # Until the next UTC midnight.
+        self.assertGreaterEqual(int(hdr["retry-after"]), 1)
+        self.assertLessEqual(int(hdr["retry-after"]), 86400)
+
+        # A restart on the same DB keeps today's spending.
+        port = int(srv.url.rsplit(":", 1)[1])
+        srv.stop()
+        srv2 = self.h.start_server(FAST, db=db, port=port)
+        self.wait_model(srv2, ck)
+        st, _, body = complete(srv2, ck)
+        self.assertEqual(st, 429, body)
+        self.assertEqual(body["error"]["code"], "token_limit")
+
+        srv2.stop()  # SIGTERM flushes the store
+        con = sqlite3.connect(db)
+        try:
+            rows = con.execute("SELECT k.name, u.requests, u.prompt_tokens + u.completion_tokens,"
+                               " u.rate_limited FROM key_usage u JOIN api_keys k"
+                               " ON k.id = u.key_id WHERE k.role = 'client'").fetchall()
+        finally:
+            con.close()
+        self.assertEqual(len(rows), 1, rows)
+        self.assertEqual(rows[0][1], 1)
+        self.assertEqual(rows[0][2], used)
+        self.assertEqual(rows[0][3], 2)
+
+    def test_max_concurrent_waits_in_queue(self):
+        db = self.h.path("conc.db")
+        ck = create_key(self.h, db, "client", "--max-concurrent", "1")
+        free = create_key(self.h, db, "client")
+        ak = create_key(self.h, db, "agent")
+        srv = self.pool(db, ak, up_args=("--tokens", "4", "--pace-ms", "80"), slots=4)
+        self.wait_model(srv, ck)
+        results = {}
+
+        def run(tag, key):
+            results[tag] = complete(srv, key, prompt="job " + tag, max_tokens=4)
+        threads = [threading.Thread(target=run, args=("c%d" % i, ck)) for i in range(3)]
+        threads.append(threading.Thread(target=run, args=("free", free)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for tag, (st, _, body) in results.items():
+            self.assertEqual(st, 200, (tag, body))
+        self.assertEqual(len(results), 4)
+        # The limited key's jobs ran one after another at the upstream.
+        limited = sorted((e for e in self.up.log_entries() if e["prompt"].startswith("job c")),
+                         key=lambda e: e["started"])
+        self.assertEqual(len(limited), 3)
+        for a, b in zip(limited, limited[1:]):
+            self.assertLessEqual(a["ended"], b["started"], (a, b))
+        # Held jobs were logged as such.
+        self.assertTrue(any(e.get("held") for e in srv.log_events("job_submitted")))
+
+    def test_generated_admin_key(self):
+        db = self.h.path("adm.db")
+        ak = create_key(self.h, db, "agent")  # any key turns auth on
+        self.pool(db, ak)
+        path = self.h.path("admin.key")
+        harness.wait_until(lambda: os.path.exists(path), timeout=20, what="admin.key written")
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+        with open(path) as f:
+            key = f.read().strip()
+        self.assertTrue(key.startswith("gpk_"))
+
+
+if __name__ == "__main__":
+    harness.main()
