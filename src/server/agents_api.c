@@ -504,7 +504,8 @@ int gps_agents_enroll_parse(const json_t *body, const char **agent_id, const cha
         return -1;
     }
     const json_t *id = json_object_get(body, "agent_id");
-    if (!json_is_string(id) || !gp_uuid_valid(json_string_value(id))) {
+    if (!json_is_string(id) || json_string_length(id) != 36 ||
+        !gp_uuid_valid(json_string_value(id))) {
         *param = "agent_id";
         snprintf(err, errlen, "'agent_id' must be a UUID string (the id the agent keeps in "
                               "its state dir)");

@@ -183,13 +183,17 @@ class RelayTest(harness.TestCase):
                              headers=harness.bearer(client_key))
         self.assertEqual(st, 200, b)
         self.assertEqual(b["choices"][0]["text"], expected("k", 6))
-        # An agent with an unknown key is refused (401), one with a client
-        # key too (403: wrong role); neither registers its model.
+        # An agent with an unknown key is refused (401 from the enrollment
+        # it tries first: it exits naming the reason), one with a client
+        # key too (not an enrollment token, so used as the key: its polls
+        # get 403, wrong role); neither registers its model.
         bad = self.h.start_agent(srv, upstream=self.up, model="m2", token="gp-bogus")
         wrong = self.h.start_agent(srv, upstream=self.up, model="m3", token=client_key)
-        harness.wait_until(lambda: bad.log_events("poll_rejected") and wrong.log_events("poll_rejected"),
-                           timeout=20, what="agents log their rejected polls")
-        self.assertIn("HTTP 401", bad.log_events("poll_rejected")[0]["msg"])
+        harness.wait_until(lambda: bad.log_events("enroll_rejected") and wrong.log_events("poll_rejected"),
+                           timeout=20, what="agents log their rejections")
+        self.assertIn("HTTP 401", bad.log_events("enroll_rejected")[0]["msg"])
+        harness.wait_until(lambda: not bad.alive(), timeout=20, what="agent with a bad key exits")
+        self.assertNotEqual(bad.p.returncode, 0)
         self.assertIn("HTTP 403", wrong.log_events("poll_rejected")[0]["msg"])
         models = srv.models(client_key)
         self.assertIn("m1", models)

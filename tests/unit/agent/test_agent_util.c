@@ -327,6 +327,75 @@ static void state_id_created_and_kept(void **st)
     rmdir(tmpl);
 }
 
+static void agent_key_file(void **st)
+{
+    (void)st;
+    char tmpl[] = "/tmp/gp-agent-key-XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    char path[300], err[300];
+    snprintf(path, sizeof path, "%s/agent.key", tmpl);
+    char *key = (char *)1;
+    /* No file yet: 0, nothing returned. */
+    assert_int_equal(agent_state_load_key(tmpl, &key, err, sizeof err), 0);
+    assert_null(key);
+    /* Saved 0600, read back exactly. */
+    const char *k = "gpk_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_int_equal(agent_state_save_key(tmpl, k, err, sizeof err), 0);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    assert_int_equal(agent_state_load_key(tmpl, &key, err, sizeof err), 1);
+    assert_string_equal(key, k);
+    free(key);
+    /* Surrounding blanks (an operator's editor) are fine. */
+    FILE *f = fopen(path, "w");
+    fputs("  gpk_abc \n\n", f);
+    fclose(f);
+    assert_int_equal(agent_state_load_key(tmpl, &key, err, sizeof err), 1);
+    assert_string_equal(key, "gpk_abc");
+    free(key);
+    /* Damaged: two words, empty, a NUL inside. Errors naming the file. */
+    const char *bad[] = {"gpk_a gpk_b\n", "", "\n \n"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i], f);
+        fclose(f);
+        key = NULL;
+        assert_int_equal(agent_state_load_key(tmpl, &key, err, sizeof err), -1);
+        assert_null(key);
+        assert_non_null(strstr(err, "agent.key"));
+    }
+    f = fopen(path, "w");
+    fwrite("gpk_a\0b", 1, 7, f);
+    fclose(f);
+    assert_int_equal(agent_state_load_key(tmpl, &key, err, sizeof err), -1);
+    /* A key that is not a printable token is never written. */
+    assert_int_equal(agent_state_save_key(tmpl, "gpk_a\r\nX-Evil: 1", err, sizeof err), -1);
+    assert_int_equal(agent_state_save_key(tmpl, "", err, sizeof err), -1);
+    assert_int_equal(agent_state_load_key("", &key, err, sizeof err), -1);
+    unlink(path);
+    rmdir(tmpl);
+}
+
+static void agent_key_validity(void **st)
+{
+    (void)st;
+    assert_true(agent_key_valid("gpk_0123"));
+    assert_true(agent_key_valid("gp-bogus"));
+    assert_false(agent_key_valid(NULL));
+    assert_false(agent_key_valid(""));
+    assert_false(agent_key_valid("a b"));
+    assert_false(agent_key_valid("a\tb"));
+    assert_false(agent_key_valid("a\r\nb"));
+    assert_false(agent_key_valid("caf\xc3\xa9"));
+    char big[AGENT_KEY_MAX + 2];
+    memset(big, 'k', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    assert_false(agent_key_valid(big));
+    big[AGENT_KEY_MAX] = '\0';
+    assert_true(agent_key_valid(big));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -345,6 +414,8 @@ int main(void)
         cmocka_unit_test(labels_ok),
         cmocka_unit_test(labels_bad),
         cmocka_unit_test(state_id_created_and_kept),
+        cmocka_unit_test(agent_key_file),
+        cmocka_unit_test(agent_key_validity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
