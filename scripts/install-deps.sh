@@ -12,6 +12,11 @@ PKGS=(
   python3 systemd file
   nodejs npm
   clang libclang-rt-14-dev
+  # promtool (tests/integration/test_metrics.py validates /metrics with
+  # `promtool check metrics`); Debian ships it only in the server package.
+  # Its unit is enabled on install: `systemctl disable --now prometheus` on
+  # a dev box that does not want a Prometheus on :9090.
+  prometheus
 )
 
 missing=()
