@@ -121,6 +121,19 @@ gps_dialect gps_dialect_for_path(const char *path)
 /* Replies                                                             */
 /* ------------------------------------------------------------------ */
 
+/* Reason phrases libevent 2.1's table lacks (it says "Client Error" for
+ * 429); NULL lets libevent pick. */
+static const char *extra_reason(int status)
+{
+    switch (status) {
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 499: return "Client Closed Request";
+    case 529: return "Overloaded";
+    }
+    return NULL;
+}
+
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
 {
     struct evbuffer *buf = evbuffer_new();
@@ -133,7 +146,7 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
         evbuffer_add(buf, text, strlen(text));
     else if (buf)
         evbuffer_add(buf, "{}", 2);
-    evhttp_send_reply(req, status, NULL, buf);
+    evhttp_send_reply(req, status, extra_reason(status), buf);
     if (buf)
         evbuffer_free(buf);
     free(text);
