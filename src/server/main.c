@@ -387,6 +387,10 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
     server *s = arg;
     char err[256];
+    /* First, so the lines below land in the new file after a rotation. */
+    if (s->cfg.log_file && *s->cfg.log_file && gp_log_open(s->cfg.log_file) < 0)
+        gp_log_error("log_reopen_failed", "cannot reopen %s: %s (logging to the old file)",
+                     s->cfg.log_file, strerror(errno));
     if (gps_auth_load(s->auth, err, sizeof err) < 0)
         gp_log_error("keys_reload_failed", "%s", err);
     else
@@ -489,6 +493,12 @@ int main(int argc, char **argv)
         return 2;
     }
     gp_log_init("server", (gp_log_level)gp_log_level_parse(s->cfg.log_level));
+    if (s->cfg.log_file && *s->cfg.log_file && gp_log_open(s->cfg.log_file) < 0) {
+        fprintf(stderr, "gpupool-server: cannot open log_file '%s': %s\n", s->cfg.log_file,
+                strerror(errno));
+        gp_config_free(&cfg);
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
 
     int port = 0, tls_port = 0;

@@ -33,6 +33,8 @@ const gp_opt gps_config_table[] = {
      "config file (key = value lines)"},
     {"log_level", GP_OPT_STR, O(log_level), "info", 0, 0, "debug|info|warn|error",
      "minimum log level"},
+    {"log_file", GP_OPT_STR, O(log_file), "", 0, 0, NULL,
+     "append log lines to this file instead of stderr; SIGHUP reopens it (logrotate)"},
     {"port-file", GP_OPT_STR, O(port_file), NULL, 0, 0, NULL,
      "write the bound port number to this file once listening"},
     {"migrations_dir", GP_OPT_STR, O(migrations_dir), NULL, 0, 0, NULL,

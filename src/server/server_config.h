@@ -28,6 +28,7 @@ typedef struct gps_config {
     char *state_dir;            /* generated admin key (admin.key); "" = db's directory */
     char *config;               /* config file path */
     char *log_level;            /* debug|info|warn|error */
+    char *log_file;             /* append JSON lines here ("" = stderr); SIGHUP reopens */
     char *port_file;            /* write the bound port here (tests, supervisors) */
     char *migrations_dir;       /* directory of NNNN_name.sql files (NULL = built-in search) */
     long long max_body_bytes;   /* request body limit (413 above) */

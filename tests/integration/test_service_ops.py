@@ -6,6 +6,8 @@
   is refused with a clear message;
 - keys created with `gpupool-server keys create` while the server runs are
   picked up on SIGHUP (`systemctl reload`);
+- log_file: SIGHUP reopens it, so a rotation (mv, then reload) continues in
+  a fresh file with nothing lost;
 - SIGTERM with a job that never finishes: the server waits shutdown_grace_sec,
   logs shutdown_grace_expired and exits 0 (so the unit's TimeoutStopSec only
   has to exceed the grace).
@@ -94,7 +96,8 @@ class ServiceOps(harness.TestCase):
             rows = con.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
             self.assertEqual(rows, migration_files())
             names = sorted(n for (n,) in con.execute("SELECT name FROM api_keys"))
-            self.assertEqual(names, ["agent-key", "before-backup"])
+            # Auth is on and no admin key existed: the server made one at start.
+            self.assertEqual(names, ["agent-key", "before-backup", "generated at first start"])
             self.assertEqual(con.execute("SELECT count(*) FROM agents").fetchone()[0], 1)
         finally:
             con.close()
@@ -109,6 +112,28 @@ class ServiceOps(harness.TestCase):
         srv2 = self.h.start_server(db=db, key=k1)
         self.assertEqual(models_status(srv2, k1), 200)
         self.assertEqual(models_status(srv2, k2), 401)
+
+    def test_sighup_reopens_the_log_file(self):
+        log = self.h.path("server.log")
+        srv = self.h.start_server(args=["--log_file", log])
+        harness.wait_until(lambda: os.path.exists(log) and "listening" in open(log).read(),
+                           timeout=20, what="log lines in log_file")
+        # The process's own stderr stays quiet but for sanitizer reports.
+        self.assertNotIn('"event":"listening"', srv.log_text())
+        os.rename(log, log + ".1")                  # logrotate's move
+        srv.signal(signal.SIGHUP)
+        harness.wait_until(lambda: os.path.exists(log) and "keys_reloaded" in open(log).read(),
+                           timeout=20, what="reopened log file gets the reload line")
+        st, _, _ = harness.http_json("GET", srv.url + "/health", timeout=5)
+        self.assertEqual(st, 200)
+        with open(log + ".1") as f:
+            self.assertNotIn("keys_reloaded", f.read())
+        # A log_file that cannot be opened stops start-up with a clear message.
+        r = subprocess.run([harness.SERVER_BIN, "--listen", "127.0.0.1:0", "--db",
+                            self.h.path("x.db"), "--log_file", "/nonexistent/dir/x.log"],
+                           capture_output=True, text=True, timeout=30, env=self.h.env())
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("log_file", r.stderr)
 
     def test_newer_schema_refused(self):
         db = self.h.path("newer.db")
