@@ -166,7 +166,7 @@ class Admin(harness.TestCase):
 
     # ---------------------------------------------------- agents, jobs, status
     def test_agents_jobs_status(self):
-        self.start(["--first-delay-ms", "1500"])
+        self.start(["--first-delay-ms", "4000"])
         self.srv.wait_model("m1", key=self.admin)
         a = harness.wait_until(lambda: (self.agent(self.agent_id) or {}).get("state") ==
                                "healthy" and self.agent(self.agent_id), timeout=20,
