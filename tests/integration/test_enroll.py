@@ -174,7 +174,9 @@ class TestEnrollAgent(EnrollBase):
 
     def test_agent_key_as_token_still_works(self):
         # Back-compat: --token AGENTKEY (not an enrollment token) is used as is.
-        agent_key = self.h.create_key(self.db, "agent", "direct")
+        st, _, b = self.admin("POST", "/admin/keys", {"role": "agent", "name": "direct"})
+        self.assertEqual(st, 201, b)
+        agent_key = b["key"]
         ag = self.start_agent(token=agent_key)
         self.srv.wait_model("m1")
         self.assertTrue(ag.log_events("enroll_skipped"))
@@ -263,8 +265,9 @@ class TestRevoke(EnrollBase):
         self.assertEqual(fa.poll()[0], 200)
         result = {}
 
-        def work():
-            result["r"] = fa.work(timeout=60)
+        def work():  # the raw reply: FakeAgent.work keeps only the jobs
+            result["r"] = fa._post("/agents/work", {"agent_id": aid, "free_slots": 1},
+                                   timeout=60)
         t = threading.Thread(target=work, daemon=True)
         t.start()
         harness.wait_until(lambda: self.parked() >= 1, timeout=10, what="long-poll parked")
