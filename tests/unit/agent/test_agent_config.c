@@ -80,6 +80,11 @@ static void rule_errors_name_the_key(void **st)
         {ARGC("--model", "x.gguf", "--alias", ""), ARGV("--model", "x.gguf", "--alias", ""),
          "alias"},
         {ARGC("--bogus", "1"), ARGV("--bogus", "1"), "bogus"},
+        /* A token goes into a header: no spaces or line breaks. */
+        {ARGC("--token", "Bearer gpk_x", "--model", "x.gguf"),
+         ARGV("--token", "Bearer gpk_x", "--model", "x.gguf"), "token"},
+        {ARGC("--token", "gpk_x\r\nX-Evil: 1", "--model", "x.gguf"),
+         ARGV("--token", "gpk_x\r\nX-Evil: 1", "--model", "x.gguf"), "token"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         agent_options o;
