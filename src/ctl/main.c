@@ -44,7 +44,7 @@ static const char usage_text[] =
     "  agents list\n"
     "  agents drain ID [--undo]\n"
     "  agents remove ID [--force]\n"
-    "  jobs list [--status S] [--model M] [--agent A] [--key K] [--limit N]\n"
+    "  jobs list [--status S] [--model M] [--agent A] [--key-id ID] [--limit N]\n"
     "  jobs show ID\n"
     "  status\n"
     "\n"
@@ -646,7 +646,7 @@ static int cmd_jobs(ctl *c, int argc, char **argv)
         return usage_error("%s", "'jobs' needs a subcommand"), EXIT_USAGE;
     const char *sub = argv[0];
     static const opt_spec list[] = {{"--status", false}, {"--model", false}, {"--agent", false},
-                                    {"--key", false},    {"--limit", false}};
+                                    {"--key-id", false}, {"--limit", false}};
     static const char *const qnames[] = {"status", "model", "agent", "key", "limit"};
     parsed p;
     json_t *out = NULL;

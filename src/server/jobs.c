@@ -597,9 +597,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         int retry = 0;
         gps_limit_result lr = gps_limits_admit(j->limits, key_id, gp_now_wall_ms(), &retry);
         if (lr != GPS_LIMIT_OK) {
-            char l[64];
-            gps_metrics_label(l, sizeof l, "reason", gps_limit_result_name(lr), (char *)NULL);
-            count(j, "rate_limited_total", l, 1);
+            if (j->metrics)
+                gps_metrics_rate_limited(j->metrics, gps_limit_result_name(lr));
             gps_job_spec_clear(spec);
             err->status = 429;
             err->retry_after_sec = retry;
@@ -691,6 +690,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     case SCHED_QUEUED:
         break;
     case SCHED_QUEUE_FULL: {
+        if (j->metrics)
+            gps_metrics_rate_limited(j->metrics, "queue_full");
         uint64_t est = sched_estimated_wait_ms(j->sched, job->spec.model);
         err->status = 429;
         err->code = "QUEUE_FULL";

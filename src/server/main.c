@@ -242,7 +242,7 @@ static void ensure_admin_key(server *s)
                      "`gpupool-server keys create --role admin --db %s`",
                      path, strerror(e), s->cfg.db);
     } else {
-        gp_log_write(GP_LOG_WARN, "admin_key_created", NULL,
+        gp_log_write(GP_LOG_WARN, "admin_key_generated", NULL,
                      json_pack("{s:s,s:s}", "path", path, "key_id", id),
                      "auth is on and no admin key existed: created %s, written to %s (mode "
                      "0600); gpupoolctl reads it from there",
@@ -542,7 +542,10 @@ int main(int argc, char **argv)
         goto done;
     }
     /* "Loopback only" means every listener: one public listener turns auth on. */
-    gps_auth_set_loopback_only(s->auth, (!host || gp_host_is_loopback(host)) &&
+    /* auth = on treats the server as public whatever it listens on: a
+     * loopback listener behind a reverse proxy is reached from anywhere. */
+    gps_auth_set_loopback_only(s->auth, strcmp(s->cfg.auth, "on") != 0 &&
+                                            (!host || gp_host_is_loopback(host)) &&
                                             (!tls_host || gp_host_is_loopback(tls_host)));
     ensure_admin_key(s);
     s->limits = gps_limits_new(s->auth, s->store);

@@ -27,6 +27,9 @@ const gp_opt gps_config_table[] = {
      "write the bound HTTPS port number to this file once listening"},
     {"db", GP_OPT_STR, O(db), "./gpupool.db", 0, 0, NULL,
      "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd)"},
+    {"auth", GP_OPT_STR, O(auth), "auto", 0, 0, "auto|on",
+     "auto: keys required unless every listener is loopback and no key exists; on: always "
+     "(e.g. behind a local reverse proxy)"},
     {"state_dir", GP_OPT_STR, O(state_dir), "", 0, 0, NULL,
      "where the server writes its generated admin key, admin.key (default: the db's directory)"},
     {"config", GP_OPT_STR, O(config), "/etc/gpupool/server.conf", 0, 0, NULL,

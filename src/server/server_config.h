@@ -25,6 +25,7 @@ typedef struct gps_config {
     char *tls_key;              /* PEM private key for listen_tls */
     char *tls_port_file;        /* write the bound HTTPS port here */
     char *db;                   /* SQLite file */
+    char *auth;                 /* auto (on unless loopback-only with no key) | on */
     char *state_dir;            /* generated admin key (admin.key); "" = db's directory */
     char *config;               /* config file path */
     char *log_level;            /* debug|info|warn|error */

@@ -241,13 +241,17 @@ class ServerAgents(harness.TestCase):
         try:
             ids = [r[0] for r in con.execute("SELECT id FROM agents")]
             models = [r[0] for r in con.execute("SELECT model FROM agent_models")]
-            nkeys = con.execute("SELECT COUNT(*) FROM api_keys").fetchone()[0]
+            # The two made here, and the admin key the server generated at
+            # start (auth on, no admin key).
+            nkeys = con.execute("SELECT COUNT(*) FROM api_keys WHERE role != 'admin'").fetchone()[0]
+            nadmin = con.execute("SELECT COUNT(*) FROM api_keys WHERE role = 'admin'").fetchone()[0]
             hashes = [r[0] for r in con.execute("SELECT hash FROM api_keys")]
         finally:
             con.close()
         self.assertEqual(ids, [a.agent_id])
         self.assertEqual(models, ["m1"])
         self.assertEqual(nkeys, 2)
+        self.assertEqual(nadmin, 1)
         self.assertNotIn(ckey, hashes)                 # only hashes at rest
         srv2 = self.h.start_server(db=db, key=ckey)
         self.srv = srv2
