@@ -93,7 +93,7 @@ class DebTest(unittest.TestCase):
                 expected.add("/usr/share/doc/gpupool/" + f)
         missing = sorted(expected - set(entries))
         self.assertEqual(missing, [], "not in the .deb:\n" + "\n".join(missing))
-        for b in ("gpupool-server", "gpupool-agent", "gpupool-run"):
+        for b in ("gpupool-server", "gpupool-agent", "gpupool-run", "gpupoolctl"):
             mode, owner = entries["/usr/bin/" + b]
             self.assertEqual((mode, owner), ("-rwxr-xr-x", "root/root"), b)
         self.assertEqual(entries["/etc/gpupool/server.conf"], ("-rw-r--r--", "root/root"))

@@ -86,7 +86,7 @@ class InstallTest(unittest.TestCase):
         missing = [p for p in expected_files()
                    if not os.path.isfile(under_prefix(p, self.prefix))]
         self.assertEqual(missing, [], "not installed:\n" + "\n".join(missing))
-        for b in ("gpupool-server", "gpupool-agent", "gpupool-run"):
+        for b in ("gpupool-server", "gpupool-agent", "gpupool-run", "gpupoolctl"):
             self.assertTrue(os.access(os.path.join(self.prefix, "bin", b), os.X_OK), b)
         for c in ("server.conf", "agent.conf"):
             with open(os.path.join(SOURCE_DIR, "conf", c)) as a, \
