@@ -66,6 +66,17 @@ class FailoverTest(harness.TestCase):
         self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
         for aid in (self.ida, self.idb):
             harness.wait_until(lambda aid=aid: self.healthy(aid), timeout=20, what="agent healthy")
+        # prefer_agent is not strict: a job sent while A is between two
+        # long-polls goes straight to B and the test sees one attempt. Wait
+        # until both agents have a parked long-poll.
+        harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
+
+    def parked(self):
+        _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
+        for line in raw.decode().splitlines():
+            if line.startswith("gpupool_agents_parked "):
+                return float(line.split()[-1])
+        return 0
 
     def start_cont(self, args):
         u = ContUpstream(self.h, self.h._name("upstream"), args)
