@@ -459,32 +459,17 @@ static int cmd_keys(ctl *c, int argc, char **argv, bool tokens)
 /* agents                                                              */
 /* ------------------------------------------------------------------ */
 
-static void join_models(const json_t *models, char *out, size_t len)
+/* The `field` of each object of arr, comma-separated ("-" when none; a
+ * list too long for out is cut at an element boundary). */
+static void join_field(const json_t *arr, const char *field, char *out, size_t len)
 {
     out[0] = '\0';
     size_t i, used = 0;
     const json_t *m;
-    json_array_foreach(models, i, m)
+    json_array_foreach(arr, i, m)
     {
-        const char *id = jstr(m, "id");
-        int n = snprintf(out + used, len - used, "%s%s", i ? "," : "", id ? id : "?");
-        if (n < 0 || (size_t)n >= len - used)
-            break;
-        used += (size_t)n;
-    }
-    if (!out[0])
-        snprintf(out, len, "-");
-}
-
-static void join_gpus(const json_t *gpus, char *out, size_t len)
-{
-    out[0] = '\0';
-    size_t i, used = 0;
-    const json_t *g;
-    json_array_foreach(gpus, i, g)
-    {
-        const char *name = jstr(g, "name");
-        int n = snprintf(out + used, len - used, "%s%s", i ? "," : "", name ? name : "?");
+        const char *v = jstr(m, field);
+        int n = snprintf(out + used, len - used, "%s%s", i ? "," : "", v ? v : "?");
         if (n < 0 || (size_t)n >= len - used)
             break;
         used += (size_t)n;
@@ -509,8 +494,8 @@ static int agents_table(const json_t *agents)
         snprintf(slots, sizeof slots, "%lld/%lld", (long long)jint(a, "slots_busy"),
                  (long long)jint(a, "slots_total"));
         snprintf(jobs, sizeof jobs, "%lld", (long long)jint(a, "jobs_running"));
-        join_models(json_object_get(a, "models"), models, sizeof models);
-        join_gpus(json_object_get(a, "gpus"), gpus, sizeof gpus);
+        join_field(json_object_get(a, "models"), "id", models, sizeof models);
+        join_field(json_object_get(a, "gpus"), "name", gpus, sizeof gpus);
         const char *row[] = {jstr(a, "id"), jstr(a, "name"), jstr(a, "state"), slots, jobs,
                              models, gpus, jstr(a, "version"),
                              ctl_fmt_ago(jint(a, "last_seen"), now, seen, sizeof seen)};

@@ -25,32 +25,7 @@
 /* 2026-11-23 10:00:00 UTC: a fixed "now" well inside a day. */
 #define T0 (20780LL * DAY_MS + 10LL * 3600 * 1000)
 
-typedef struct tctx {
-    char dir[64];
-    char db[128];
-} tctx;
-
-static int setup(void **state)
-{
-    tctx *t = calloc(1, sizeof(*t));
-    snprintf(t->dir, sizeof(t->dir), "/tmp/gps_limits_test_XXXXXX");
-    if (!mkdtemp(t->dir))
-        return -1;
-    snprintf(t->db, sizeof(t->db), "%s/gpupool.db", t->dir);
-    *state = t;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    tctx *t = *state;
-    char cmd[160];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", t->dir);
-    free(t);
-    return 0;
-}
+#include "db_fixture.h"
 
 /* A memory-only auth with one client key of the given limits. */
 static gps_auth *auth_with_key(gps_store *store, gps_key_limits lim, char id[GPS_AUTH_ID_LEN + 1])

@@ -24,32 +24,7 @@
 #include "common/gp_util.h"
 #include "server/store.h"
 
-typedef struct tctx {
-    char dir[64];
-    char db[128];
-} tctx;
-
-static int setup(void **state)
-{
-    tctx *t = calloc(1, sizeof(*t));
-    snprintf(t->dir, sizeof(t->dir), "/tmp/gps_store_test_XXXXXX");
-    if (!mkdtemp(t->dir))
-        return -1;
-    snprintf(t->db, sizeof(t->db), "%s/gpupool.db", t->dir);
-    *state = t;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    tctx *t = *state;
-    char cmd[160];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", t->dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", t->dir);
-    free(t);
-    return 0;
-}
+#include "db_fixture.h"
 
 /* ---- raw access for checks ---- */
 
