@@ -429,8 +429,9 @@ static const char *error_code(json_t *body)
 }
 
 /* The server refused our key (401): revoked, expired or unknown. Retrying
- * cannot help, so leave with a clear line rather than spin; a service
- * manager restarts us (and the operator sees why). */
+ * cannot help, so leave with a clear line rather than spin. Exit 2, like a
+ * configuration error: the unit's RestartPreventExitStatus=2 keeps systemd
+ * from restarting us into the same refusal every few seconds. */
 static void auth_lost(agent *a, const char *what, long status, json_t *body)
 {
     if (a->fatal)
@@ -444,7 +445,7 @@ static void auth_lost(agent *a, const char *what, long status, json_t *body)
                                     "start with --token NEW_ENROLLMENT_TOKEN to enroll again"
                                   : "");
     a->fatal = true;
-    a->exit_code = 1;
+    a->exit_code = 2;
 }
 
 /* ======================================================================== */
