@@ -74,6 +74,24 @@ export class Pool {
     return this;
   }
 
+  // Server + one agent on the bundled model (gguf backend, the embedded
+  // engine) instead of the scripted upstream; `model` is its alias.
+  async startBundled({ model = 'stories', slots = 2 } = {}) {
+    const portFile = join(this.dir, 'server.port');
+    this.spawn('server', bin('gpupool-server'), ['--listen', '127.0.0.1:0', '--port-file', portFile, '--db', join(this.dir, 'pool.db')]);
+    this.port = await this.readPort(portFile);
+    this.baseURL = `http://127.0.0.1:${this.port}`;
+    this.agent = this.spawn('agent', bin('gpupool-agent'), ['--server', this.baseURL, '--state-dir', join(this.dir, 'agent'),
+      '--model', join(SRC, 'models/stories260K.gguf'), '--alias', model, '--slots', String(slots), '--threads', '1']);
+    this.model = model;
+    await waitFor('the gguf agent to register its model', async () => {
+      const r = await fetch(`${this.baseURL}/v1/models`);
+      const j = await r.json();
+      return j.data && j.data.some((m) => m.id === model);
+    }, 60000);
+    return this;
+  }
+
   // Create a key with `gpupool-server keys create`; returns the key text.
   createKey(db, role) {
     const out = execFileSync(bin('gpupool-server'), ['keys', 'create', '--role', role, '--db', db], { encoding: 'utf8' });
