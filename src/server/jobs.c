@@ -661,7 +661,11 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.needs_tools = job->spec.tools != NULL;
 
     registry_agent *a = NULL;
-    if (j->limits && !gps_limits_may_start(j->limits, job->key_id) &&
+    /* A count_tokens job is a short tokenizer call: it neither waits for
+     * nor takes one of the key's max_concurrent places (a client counting
+     * tokens beside its own long generation must not stall behind it). */
+    bool concurrent = job->spec.kind != GPS_JOB_COUNT_TOKENS;
+    if (j->limits && concurrent && !gps_limits_may_start(j->limits, job->key_id) &&
         registry_model_known(j->reg, job->spec.model))
         return submit_held(j, job);
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
@@ -728,7 +732,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     table_insert(j, job);
     j->n_live++;
     job->state = GPS_JOB_QUEUED;
-    if (j->limits && job->key_id[0]) {
+    if (j->limits && job->key_id[0] && concurrent) {
         job->counted = true;
         gps_limits_started(j->limits, job->key_id);
     }

@@ -160,6 +160,27 @@ class LimitsTest(harness.TestCase):
         # Held jobs were logged as such.
         self.assertTrue(any(e.get("held") for e in srv.log_events("job_submitted")))
 
+    def test_count_tokens_does_not_wait_for_max_concurrent(self):
+        db = self.h.path("ct.db")
+        ck = create_key(self.h, db, "client", "--max-concurrent", "1")
+        ak = create_key(self.h, db, "agent")
+        srv = self.pool(db, ak, up_args=("--tokens", "50", "--pace-ms", "200"), slots=4)
+        self.wait_model(srv, ck)
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("r", complete(srv, ck, max_tokens=50)))
+        t.start()
+        harness.wait_until(lambda: any(e["outcome"] == "running" for e in self.up.log_entries()),
+                           timeout=20, what="the long job running upstream")
+        st, _, body = http_json("POST", srv.url + "/v1/messages/count_tokens",
+                                {"model": "m1", "messages": [{"role": "user", "content": "a b c"}]},
+                                headers={"x-api-key": ck}, timeout=60)
+        self.assertEqual(st, 200, body)
+        self.assertGreater(body["input_tokens"], 0)
+        # The generation was still under way: count_tokens did not wait for it.
+        self.assertTrue(any(e["outcome"] == "running" for e in self.up.log_entries()))
+        t.join(60)
+        self.assertEqual(out["r"][0], 200)
+
     def test_generated_admin_key(self):
         db = self.h.path("adm.db")
         ak = create_key(self.h, db, "agent")  # any key turns auth on
