@@ -23,7 +23,8 @@
 
 struct gps_auth {
     gps_store *store;            /* borrowed, may be NULL */
-    gps_auth_key *buckets[NBUCKETS];
+    gps_auth_key *buckets[NBUCKETS];   /* by digest: the checks */
+    gps_auth_key *by_id[NBUCKETS];     /* by public id: find, limits per request */
     size_t n;
     bool loopback_only;
     gps_auth_stats stats;
@@ -139,6 +140,27 @@ static gps_auth_key *key_new(const char *id, const char *hash, gps_key_role role
     return k;
 }
 
+static unsigned id_bucket_of(const char *id)
+{
+    /* FNV-1a: ids are random hex after "key_". */
+    unsigned h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h % NBUCKETS;
+}
+
+/* Rebuild the id index from the digest table (after a load swapped it). */
+static void index_rebuild(gps_auth *a)
+{
+    memset(a->by_id, 0, sizeof(a->by_id));
+    for (size_t i = 0; i < NBUCKETS; i++)
+        for (gps_auth_key *k = a->buckets[i]; k; k = k->next) {
+            unsigned b = id_bucket_of(k->id);
+            k->id_next = a->by_id[b];
+            a->by_id[b] = k;
+        }
+}
+
 static void table_add(gps_auth_key **buckets, gps_auth_key *k)
 {
     unsigned b = bucket_of(k->hash);
@@ -248,6 +270,7 @@ int gps_auth_load(gps_auth *a, char *err, size_t errlen)
     }
     memcpy(old, a->buckets, sizeof(a->buckets));
     memcpy(a->buckets, c->buckets, sizeof(a->buckets));
+    index_rebuild(a);
     a->n = c->n;
     free(c);
     notify_lost(a, old);
@@ -417,6 +440,9 @@ int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
     k->limits = spec->limits;
     k->max_uses = spec->max_uses;
     table_add(a->buckets, k);
+    unsigned ib = id_bucket_of(k->id);
+    k->id_next = a->by_id[ib];
+    a->by_id[ib] = k;
     a->n++;
     if (a->store) {
         gps_store_key_row r = {.id = k->id, .hash = k->hash, .role = gps_key_role_name(k->role),
@@ -435,10 +461,11 @@ int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
 
 const gps_auth_key *gps_auth_key_find(const gps_auth *a, const char *key_id)
 {
-    for (size_t i = 0; key_id && i < NBUCKETS; i++)
-        for (gps_auth_key *k = a->buckets[i]; k; k = k->next)
-            if (strcmp(k->id, key_id) == 0)
-                return k;
+    if (!key_id)
+        return NULL;
+    for (gps_auth_key *k = a->by_id[id_bucket_of(key_id)]; k; k = k->id_next)
+        if (strcmp(k->id, key_id) == 0)
+            return k;
     return NULL;
 }
 

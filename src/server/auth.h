@@ -107,7 +107,8 @@ typedef struct gps_auth_key {
     int64_t uses;            /* enrollment: agents enrolled with it so far */
     /* private */
     int64_t last_used_written;
-    struct gps_auth_key *next;
+    struct gps_auth_key *next;     /* chain by hash */
+    struct gps_auth_key *id_next;  /* chain by id */
 } gps_auth_key;
 
 typedef struct gps_auth gps_auth;
