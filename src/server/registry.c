@@ -688,34 +688,33 @@ double registry_agent_reliability(const registry_agent *a)
     return ((double)a->jobs_done + 1.0) / ((double)a->jobs_done + (double)a->jobs_failed + 2.0);
 }
 
-bool registry_agent_serves(const registry_agent *a, const char *name)
+/* The model of a that answers to name (id or alias), optionally only among
+ * those that take tools; NULL when none. */
+static const registry_model_info *model_named(const registry_agent *a, const char *name,
+                                         bool tools_only)
 {
     if (!name)
-        return false;
+        return NULL;
     for (size_t i = 0; i < a->n_models; i++) {
+        if (tools_only && !a->models[i].supports_tools)
+            continue;
         if (strcmp(a->models[i].id, name) == 0)
-            return true;
+            return &a->models[i];
         for (size_t j = 0; j < a->models[i].n_aliases; j++)
             if (strcmp(a->models[i].aliases[j], name) == 0)
-                return true;
+                return &a->models[i];
     }
-    return false;
+    return NULL;
+}
+
+bool registry_agent_serves(const registry_agent *a, const char *name)
+{
+    return model_named(a, name, false) != NULL;
 }
 
 bool registry_agent_takes_tools(const registry_agent *a, const char *name)
 {
-    if (!name)
-        return false;
-    for (size_t i = 0; i < a->n_models; i++) {
-        if (!a->models[i].supports_tools)
-            continue;
-        if (strcmp(a->models[i].id, name) == 0)
-            return true;
-        for (size_t j = 0; j < a->models[i].n_aliases; j++)
-            if (strcmp(a->models[i].aliases[j], name) == 0)
-                return true;
-    }
-    return false;
+    return model_named(a, name, true) != NULL;
 }
 
 const char *registry_agent_label(const registry_agent *a, const char *key)
