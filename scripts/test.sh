@@ -19,6 +19,13 @@ bash scripts/install-deps.sh
 variants=${GPUPOOL_TEST_VARIANTS:-"plain sanitize"}
 jobs=$(nproc 2>/dev/null || echo 2)
 status=0
+
+# The build scripts/demo.sh (the README's first command) makes: Release, no
+# tests. -O3 brings warnings of its own (-Werror), so it is built here too,
+# in demo.sh's directory, which a later demo run then reuses.
+echo "=== [release] build as scripts/demo.sh does, in build/release"
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DGPUPOOL_TESTS=OFF >/dev/null
+cmake --build build/release -j"$jobs" >/dev/null
 for v in $variants; do
     case "$v" in
     plain) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUPOOL_SANITIZE=OFF) ;;
