@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/buffer.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -154,24 +155,26 @@ int gps_admin_parse_job_query(const char *query, gps_store_job_filter *f, char *
     struct evkeyvalq q; /* initialised by the parser, which also clears it on failure */
     if (evhttp_parse_query_str(query, &q) != 0)
         FAIL(NULL, "malformed query string");
+    /* The exact-match filters (static names: param outlives the query). */
+    const struct {
+        const char *name;
+        const char **dst;
+    } filters[] = {{"status", &f->status}, {"model", &f->model}, {"agent", &f->agent_id},
+                   {"key", &f->key_id}};
     int rc = 0;
     for (struct evkeyval *kv = q.tqh_first; kv && rc == 0; kv = kv->next.tqe_next) {
-        const char **dst = strcmp(kv->key, "status") == 0  ? &f->status
-                           : strcmp(kv->key, "model") == 0 ? &f->model
-                           : strcmp(kv->key, "agent") == 0 ? &f->agent_id
-                           : strcmp(kv->key, "key") == 0   ? &f->key_id
-                                                           : NULL;
+        size_t fi = 0;
+        while (fi < sizeof filters / sizeof filters[0] && strcmp(kv->key, filters[fi].name))
+            fi++;
         int64_t v;
-        if (dst) {
+        if (fi < sizeof filters / sizeof filters[0]) {
             /* An empty value means "any", as if the parameter were absent. */
             if (!*kv->value)
                 continue;
-            if (strlen(kv->value) > 256 || !(*dst = buf_copy(&buf, &bufsize, kv->value))) {
-                snprintf(msg, msglen, "'%s' is too long", kv->key);
-                *param = strcmp(kv->key, "status") == 0  ? "status"
-                         : strcmp(kv->key, "model") == 0 ? "model"
-                         : strcmp(kv->key, "agent") == 0 ? "agent"
-                                                         : "key";
+            if (strlen(kv->value) > 256 ||
+                !(*filters[fi].dst = buf_copy(&buf, &bufsize, kv->value))) {
+                snprintf(msg, msglen, "'%s' is too long", filters[fi].name);
+                *param = filters[fi].name;
                 rc = -1;
             }
         } else if (strcmp(kv->key, "limit") == 0) {
@@ -467,9 +470,8 @@ static void h_keys_patch(gps_req *r, void *arg)
                                (json_int_t)l.rpm, "tokens_per_day", (json_int_t)l.tokens_per_day,
                                "max_concurrent", (json_int_t)l.max_concurrent),
                      "admin changed the limits of key %s", r->params[0]);
-        /* Look it up again: set_limits may have replaced the cached key. */
-        k = gps_auth_key_find(a->auth, r->params[0]);
-        send_json_or_oom(r, 200, k ? key_json(a, k, gp_now_wall_ms()) : NULL);
+        /* set_limits changed the cached key in place: k shows the new limits. */
+        send_json_or_oom(r, 200, key_json(a, k, gp_now_wall_ms()));
     }
     json_decref(body);
 }
@@ -578,10 +580,8 @@ static void h_agent_drain(gps_req *r, void *arg)
         return;
     }
     bool on = true;
-    size_t len = 0;
-    char *raw = gps_req_body(r->req, &len);
-    free(raw);
-    if (len > 0) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
+    if (in && evbuffer_get_length(in) > 0) {
         /* Optional body {"on": bool}. */
         json_t *body = gps_req_json(r);
         if (!body)
@@ -849,11 +849,10 @@ typedef struct slot_sum {
 static void slot_sum_one(void *ud, registry_agent *ag)
 {
     slot_sum *s = ud;
-    /* Slots of agents that can run jobs (dead or offline ones cannot). */
-    if (ag->state == REGISTRY_HEALTHY || ag->state == REGISTRY_DRAINING ||
-        ag->state == REGISTRY_SUSPECT) {
+    /* The same count as /metrics' slots_capacity and slots_busy. */
+    if (registry_agent_has_slots(ag)) {
         s->total += ag->slots_total;
-        s->busy += ag->slots_busy;
+        s->busy += registry_agent_slots_busy(ag);
     }
 }
 

@@ -800,10 +800,9 @@ static void collect_one(void *ud, registry_agent *a)
 {
     collect_ctx *c = ud;
     c->per_state[a->state]++;
-    if (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_DRAINING ||
-        a->state == REGISTRY_SUSPECT) {
+    if (registry_agent_has_slots(a)) {
         c->total += a->slots_total;
-        c->busy += a->active > a->slots_busy ? a->active : a->slots_busy;
+        c->busy += registry_agent_slots_busy(a);
         /* Per live agent: bounded by the fleet, gone when the agent is. */
         char l[64];
         gps_metrics_label(l, sizeof l, "agent", a->id, (char *)NULL);

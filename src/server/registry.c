@@ -348,6 +348,17 @@ static void list_insert(registry *reg, registry_agent *a, int id)
     a->list_id = id;
 }
 
+bool registry_agent_has_slots(const registry_agent *a)
+{
+    return a->state == REGISTRY_HEALTHY || a->state == REGISTRY_DRAINING ||
+           a->state == REGISTRY_SUSPECT;
+}
+
+int registry_agent_slots_busy(const registry_agent *a)
+{
+    return a->active > a->slots_busy ? a->active : a->slots_busy;
+}
+
 /* ========================================================== model index */
 
 static model_ent *model_get_or_add(registry *reg, const char *name, int64_t wall_ms)

@@ -248,6 +248,13 @@ void registry_foreach(const registry *reg, void (*fn)(void *ud, registry_agent *
 size_t registry_count(const registry *reg);
 size_t registry_count_state(const registry *reg, registry_state s);
 
+/* Slots as /metrics and /admin/status count them: only an agent that can
+ * still run jobs (healthy, draining, suspect) has slots, and its busy count
+ * is the larger of what it reported and what the server has assigned since
+ * (a report lags an assignment by up to a poll). */
+bool registry_agent_has_slots(const registry_agent *a);
+int registry_agent_slots_busy(const registry_agent *a);
+
 /* ----------------------------------------------------------- model index */
 
 /* True when name (id or alias) was ever served by an agent since start-up
