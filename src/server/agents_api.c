@@ -589,8 +589,8 @@ static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const 
 
 /* POST /agents/enroll: public route (the http layer does not check it);
  * the enrollment token is checked here so that each refusal gets its own
- * code. The credential is checked before the body is read, then spent by
- * gps_auth_enroll. */
+ * code. The credential is checked (once) before the body is read, then
+ * spent by gps_auth_enroll_checked. */
 static void h_enroll(gps_req *r, void *arg)
 {
     gps_agents *g = arg;
@@ -619,7 +619,8 @@ static void h_enroll(gps_req *r, void *arg)
         return;
     }
     char key[GPS_AUTH_KEY_LEN + 1], key_id[GPS_AUTH_ID_LEN + 1];
-    res = gps_auth_enroll(g->auth, cred, agent_id, name, gp_now_wall_ms(), key, key_id);
+    /* k passed the check above; nothing ran since that could free it. */
+    res = gps_auth_enroll_checked(g->auth, k, agent_id, name, key, key_id);
     if (res != GPS_AUTH_OK) {
         json_decref(body);
         enroll_refuse(g, r, res, token_id);
@@ -635,9 +636,7 @@ static void h_enroll(gps_req *r, void *arg)
     /* The raw key is shown this once: keep it out of any cache. */
     gps_req_add_header(r, "Cache-Control", "no-store");
     gps_http_send_json(r->req, 200, reply);
-    volatile char *p = key;
-    for (size_t i = 0; i < sizeof key; i++)
-        p[i] = 0;
+    explicit_bzero(key, sizeof key);
 }
 
 /* ------------------------------------------------------------------ */

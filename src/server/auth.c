@@ -515,7 +515,21 @@ gps_auth_result gps_auth_enroll(gps_auth *a, const char *credential, const char 
         return r;
     if (!kc)
         return GPS_AUTH_MISSING;
-    gps_auth_key *tok = (gps_auth_key *)kc;
+    return gps_auth_enroll_checked(a, kc, agent_id, name, out_key, out_id);
+}
+
+gps_auth_result gps_auth_enroll_checked(gps_auth *a, const gps_auth_key *token,
+                                        const char *agent_id, const char *name,
+                                        char out_key[GPS_AUTH_KEY_LEN + 1],
+                                        char out_id[GPS_AUTH_ID_LEN + 1])
+{
+    out_key[0] = out_id[0] = '\0';
+    if (!token || token->role != GPS_KEY_ENROLLMENT)
+        return GPS_AUTH_WRONG_ROLE;
+    if (!agent_id || !*agent_id)
+        return GPS_AUTH_INVALID;
+    /* The cache owns its keys; the const only keeps callers from editing. */
+    gps_auth_key *tok = (gps_auth_key *)token;
     if (tok->max_uses > 0 && tok->uses >= tok->max_uses) {
         a->stats.by_result[GPS_AUTH_EXHAUSTED]++;
         return GPS_AUTH_EXHAUSTED;

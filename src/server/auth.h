@@ -171,6 +171,15 @@ gps_auth_result gps_auth_enroll(gps_auth *a, const char *credential, const char 
 
 /* Revoke by id (cache + async write). 0, or 1 when no such active key. */
 int gps_auth_key_revoke(gps_auth *a, const char *key_id);
+/* The same for a token the caller has already checked with gps_auth_check
+ * (role enrollment, GPS_AUTH_OK): only the use count and the new key. The
+ * enroll route checks first so that a refused token is answered before the
+ * body is read, and must not check (and count) it twice. */
+gps_auth_result gps_auth_enroll_checked(gps_auth *a, const gps_auth_key *token,
+                                        const char *agent_id, const char *name,
+                                        char out_key[GPS_AUTH_KEY_LEN + 1],
+                                        char out_id[GPS_AUTH_ID_LEN + 1]);
+
 /* Revocation listener (one; agents_api installs it to end the open
  * long-polls of a revoked agent key at once). Called on the loop thread
  * after gps_auth_key_revoke revoked a key, and after gps_auth_load for each

@@ -401,6 +401,10 @@ static void test_enroll(void **state)
     char ck[GPS_AUTH_KEY_LEN + 1], cid[GPS_AUTH_ID_LEN + 1];
     assert_int_equal(gps_auth_key_create(a, GPS_KEY_CLIENT, "c", 0, ck, cid), 0);
     assert_int_equal(gps_auth_enroll(a, ck, "agent-4", "", now, key, id), GPS_AUTH_WRONG_ROLE);
+    assert_int_equal(gps_auth_enroll_checked(a, gps_auth_key_find(a, cid), "agent-4", "", key, id),
+                     GPS_AUTH_WRONG_ROLE);
+    assert_int_equal(gps_auth_enroll_checked(a, NULL, "agent-4", "", key, id),
+                     GPS_AUTH_WRONG_ROLE);
     assert_int_equal(gps_auth_enroll(a, "gpk_nope", "agent-4", "", now, key, id),
                      GPS_AUTH_INVALID);
     assert_int_equal(gps_auth_enroll(a, NULL, "agent-4", "", now, key, id), GPS_AUTH_MISSING);
