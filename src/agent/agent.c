@@ -768,8 +768,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         auth_lost(a, "an events upload", status, body);
         return;
     }
-    const char *code = json_string_value(json_object_get(json_object_get(body, "error"), "code"));
-    if (rc == CURLE_OK && status == 409 && code && strcmp(code, "SEQ_GAP") == 0) {
+    if (rc == CURLE_OK && status == 409 && strcmp(error_code(body), "SEQ_GAP") == 0) {
         json_t *d = json_object_get(json_object_get(body, "error"), "details");
         json_int_t exp = json_integer_value(json_object_get(d, "expected_seq"));
         gp_log_warn("seq_gap", "job %s: server expects seq %lld; resending from there", j->id,

@@ -325,6 +325,47 @@ fail:
 /* State dir                                                                */
 /* ======================================================================== */
 
+/* DIR/name into path. 0, or -1 with err. */
+static int state_path(const char *dir, const char *name, char *path, size_t len, char *err,
+                      size_t errlen)
+{
+    if (!dir || !*dir) {
+        snprintf(err, errlen, "state-dir: must be set");
+        return -1;
+    }
+    if ((size_t)snprintf(path, len, "%s/%s", dir, name) >= len) {
+        snprintf(err, errlen, "state-dir: path too long");
+        return -1;
+    }
+    return 0;
+}
+
+/* Read a state file of at most max bytes. 1 with *text (owned) and *value
+ * (inside it, surrounding white space trimmed), 0 when the file does not
+ * exist, -1 with err. *nul_inside (may be NULL) tells a file with a NUL byte. */
+static int state_read(const char *path, size_t max, char **text, char **value, bool *nul_inside,
+                      char *err, size_t errlen)
+{
+    size_t len = 0;
+    *text = gp_read_file(path, &len, max);
+    if (!*text) {
+        if (errno == ENOENT)
+            return 0;
+        snprintf(err, errlen, "state-dir: cannot read '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    if (nul_inside)
+        *nul_inside = strlen(*text) != len;
+    char *s = *text;
+    while (*s && isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = '\0';
+    *value = s;
+    return 1;
+}
+
 int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen)
 {
     char path[PATH_MAX];
@@ -344,20 +385,13 @@ int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen)
         snprintf(err, errlen, "state-dir: '%s' is not a directory", dir);
         return -1;
     }
-    if ((size_t)snprintf(path, sizeof path, "%s/agent_id", dir) >= sizeof path) {
-        snprintf(err, errlen, "state-dir: path too long");
+    if (state_path(dir, "agent_id", path, sizeof path, err, errlen) < 0)
         return -1;
-    }
-    size_t len = 0;
-    text = gp_read_file(path, &len, 4096);
-    if (text) {
-        /* trim whitespace */
-        char *s = text;
-        while (*s && isspace((unsigned char)*s))
-            s++;
-        char *e = s + strlen(s);
-        while (e > s && isspace((unsigned char)e[-1]))
-            *--e = '\0';
+    char *s = NULL;
+    int got = state_read(path, 4096, &text, &s, NULL, err, errlen);
+    if (got < 0)
+        goto done;
+    if (got == 1) {
         if (!gp_uuid_valid(s)) {
             snprintf(err, errlen,
                      "state-dir: '%s' does not hold a UUID; fix or delete it to register as a "
@@ -368,10 +402,6 @@ int agent_state_load_id(const char *dir, char out[37], char *err, size_t errlen)
         memcpy(out, s, 36);
         out[36] = '\0';
         rc = 0;
-        goto done;
-    }
-    if (errno != ENOENT) {
-        snprintf(err, errlen, "state-dir: cannot read '%s': %s", path, strerror(errno));
         goto done;
     }
     gp_uuid4(out);
@@ -402,41 +432,18 @@ bool agent_key_valid(const char *s)
     return true;
 }
 
-static int key_path(const char *dir, char *path, size_t len, char *err, size_t errlen)
-{
-    if (!dir || !*dir) {
-        snprintf(err, errlen, "state-dir: must be set");
-        return -1;
-    }
-    if ((size_t)snprintf(path, len, "%s/" AGENT_KEY_FILE, dir) >= len) {
-        snprintf(err, errlen, "state-dir: path too long");
-        return -1;
-    }
-    return 0;
-}
-
 int agent_state_load_key(const char *dir, char **out, char *err, size_t errlen)
 {
     char path[PATH_MAX];
     *out = NULL;
-    if (key_path(dir, path, sizeof path, err, errlen) < 0)
+    if (state_path(dir, AGENT_KEY_FILE, path, sizeof path, err, errlen) < 0)
         return -1;
-    size_t len = 0;
-    char *text = gp_read_file(path, &len, AGENT_KEY_MAX + 64);
-    if (!text) {
-        if (errno == ENOENT)
-            return 0;
-        snprintf(err, errlen, "state-dir: cannot read '%s': %s", path, strerror(errno));
-        return -1;
-    }
-    bool text_ok = strlen(text) == len; /* a NUL inside: not a key file */
-    char *s = text;
-    while (*s && isspace((unsigned char)*s))
-        s++;
-    char *e = s + strlen(s);
-    while (e > s && isspace((unsigned char)e[-1]))
-        *--e = '\0';
-    if (!text_ok || !agent_key_valid(s)) {
+    char *text = NULL, *s = NULL;
+    bool nul_inside = false;
+    int got = state_read(path, AGENT_KEY_MAX + 64, &text, &s, &nul_inside, err, errlen);
+    if (got <= 0)
+        return got;
+    if (nul_inside || !agent_key_valid(s)) {
         snprintf(err, errlen,
                  "state-dir: '%s' does not hold an agent key; delete it and start with "
                  "--token to enroll again",
@@ -456,7 +463,7 @@ int agent_state_load_key(const char *dir, char **out, char *err, size_t errlen)
 int agent_state_save_key(const char *dir, const char *key, char *err, size_t errlen)
 {
     char path[PATH_MAX];
-    if (key_path(dir, path, sizeof path, err, errlen) < 0)
+    if (state_path(dir, AGENT_KEY_FILE, path, sizeof path, err, errlen) < 0)
         return -1;
     if (!agent_key_valid(key)) {
         snprintf(err, errlen, "the server sent an agent key that is not a printable token");
