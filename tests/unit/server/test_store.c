@@ -101,13 +101,18 @@ static void test_migrations_once(void **state)
     assert_true(raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1") >
                 1600000000000LL);
     assert_text(db, "PRAGMA journal_mode", "wal");
-    const char *tables[] = {"agents", "agent_models", "api_keys", "jobs", "job_checkpoints"};
+    const char *tables[] = {"agents", "agent_models", "api_keys", "jobs", "job_checkpoints",
+                            "job_events", "key_usage"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char q[160];
         snprintf(q, sizeof(q), "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='%s'",
                  tables[i]);
         assert_int_equal(raw_int(db, q), 1);
     }
+    /* The admin listing walks this index newest first (migration 0004). */
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
+                                 "name='jobs_created' AND tbl_name='jobs'"),
+                     1);
     long long applied = raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1");
     sqlite3_close(db);
 
