@@ -90,23 +90,9 @@ static void unpark(agent_ext *e)
         sched_agent_unready(e->g->sched, a);
 }
 
-/* Hand jobs (wire objects) to an agent. Scheduling latency is observed here,
- * for a job's first assignment only: a requeued job's own queue time is not
- * public (failovers_total counts those). */
-static void reply_jobs(gps_agents *g, struct evhttp_request *req, json_t *jobs /* stolen */)
+/* Hand jobs (wire objects) to an agent. */
+static void reply_jobs(struct evhttp_request *req, json_t *jobs /* stolen */)
 {
-    size_t i;
-    json_t *w;
-    json_array_foreach(jobs, i, w)
-    {
-        const char *id = json_string_value(json_object_get(w, "job_id"));
-        gps_job *job = id ? gps_jobs_find(g->jobs, id) : NULL;
-        if (g->metrics && job && job->attempts == 1 && job->assigned_us >= job->created_us)
-            gps_metrics_sched_latency(
-                g->metrics, job->spec.model,
-                job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
-                (double)(job->assigned_us - job->created_us) / 1e6);
-    }
     gps_http_send_json(req, 200, json_pack("{s:o}", "jobs", jobs));
 }
 
@@ -153,7 +139,7 @@ static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
     }
     struct evhttp_request *req = e->parked;
     unpark(e);
-    reply_jobs(g, req, json_incref(jobs_json));
+    reply_jobs(req, json_incref(jobs_json));
     return 0;
 }
 
@@ -169,7 +155,7 @@ static void dispatch_parked(gps_agents *g, agent_ext *e)
     if (jobs && json_array_size(jobs) > 0) {
         struct evhttp_request *req = e->parked;
         unpark(e);
-        reply_jobs(g, req, jobs);
+        reply_jobs(req, jobs);
         return;
     }
     json_decref(jobs);
@@ -414,7 +400,7 @@ static void h_work(gps_req *r, void *arg)
     json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, free_slots);
     if (jobs && json_array_size(jobs) > 0) {
         sched_agent_unready(g->sched, a);
-        reply_jobs(g, r->req, jobs);
+        reply_jobs(r->req, jobs);
         return;
     }
     json_decref(jobs);

@@ -503,6 +503,15 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->attempts++;
     snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
     job->assigned_us = now;
+    /* Scheduling latency: submit to the first assignment (a requeue after
+     * a failover is counted by failovers_total instead; a delivery that
+     * found the long-poll gone is retried and not counted twice). */
+    if (!job->sched_observed && j->metrics && now >= job->created_us) {
+        job->sched_observed = true;
+        gps_metrics_sched_latency(j->metrics, job->spec.model,
+                                  job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
+                                  (double)(now - job->created_us) / 1e6);
+    }
     job->last_event_us = now;
     job->ended_on_agent = false;
     job->agent_seq = 0;

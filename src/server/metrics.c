@@ -306,8 +306,7 @@ int gps_metrics_define_server(gps_metrics *m)
          "Arrival to the first generated token sent to the client, by API and serving model.",
          ttft, sizeof ttft / sizeof ttft[0]},
         {"scheduling_latency_seconds", GPS_METRIC_HISTOGRAM,
-         "Submit (or requeue after a failover) to assignment to an agent, by model and "
-         "priority.",
+         "Submit to the first assignment to an agent, by model and priority.",
          lat, sizeof lat / sizeof lat[0]},
         {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
         {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
