@@ -155,6 +155,21 @@ static char *qenc(const char *s)
     return out;
 }
 
+/* prefix + the percent-encoded id + suffix into path: the URL of one
+ * item. 0, or -1 after a message (out of memory, or too long). */
+static int id_path(char *path, size_t len, const char *prefix, const char *id,
+                   const char *suffix)
+{
+    char *e = qenc(id);
+    int n = e ? snprintf(path, len, "%s%s%s", prefix, e, suffix) : -1;
+    free(e);
+    if (n < 0 || (size_t)n >= len) {
+        fprintf(stderr, "gpupoolctl: cannot build the URL for '%s'\n", id);
+        return -1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Calls and output                                                    */
 /* ------------------------------------------------------------------ */
@@ -340,10 +355,9 @@ static int key_create(ctl *c, json_t *body)
 
 static int key_revoke(ctl *c, const char *id)
 {
-    char *e = qenc(id);
     char path[256];
-    snprintf(path, sizeof path, "/admin/keys/%s", e ? e : "");
-    free(e);
+    if (id_path(path, sizeof path, "/admin/keys/", id, "") < 0)
+        return 1;
     json_t *out = NULL;
     int rc = call(c, "DELETE", path, NULL, &out);
     if (rc)
@@ -432,10 +446,11 @@ static int cmd_keys(ctl *c, int argc, char **argv, bool tokens)
             json_decref(body);
             return EXIT_USAGE;
         }
-        char *e = qenc(p.pos[0]);
         char path[256];
-        snprintf(path, sizeof path, "/admin/keys/%s", e ? e : "");
-        free(e);
+        if (id_path(path, sizeof path, "/admin/keys/", p.pos[0], "") < 0) {
+            json_decref(body);
+            return 1;
+        }
         json_t *out = NULL;
         int rc = call(c, "PATCH", path, body, &out);
         json_decref(body);
@@ -533,18 +548,17 @@ static int cmd_agents(ctl *c, int argc, char **argv)
         return EXIT_USAGE;
     if (p.npos != 1)
         return usage_error("'agents %s' needs an ID", sub), EXIT_USAGE;
-    char *e = qenc(p.pos[0]);
     char path[256];
     json_t *body = NULL;
+    if (id_path(path, sizeof path, "/admin/agents/", p.pos[0],
+                is_drain ? "/drain" : p.val[0] ? "?force=1" : "") < 0)
+        return 1;
     if (is_drain) {
-        snprintf(path, sizeof path, "/admin/agents/%s/drain", e ? e : "");
         body = json_pack("{s:b}", "on", !p.val[0]);
         rc = call(c, "POST", path, body, &out);
     } else {
-        snprintf(path, sizeof path, "/admin/agents/%s%s", e ? e : "", p.val[0] ? "?force=1" : "");
         rc = call(c, "DELETE", path, NULL, &out);
     }
-    free(e);
     json_decref(body);
     if (rc)
         return rc;
@@ -667,10 +681,9 @@ static int cmd_jobs(ctl *c, int argc, char **argv)
             return EXIT_USAGE;
         if (p.npos != 1)
             return usage_error("%s", "'jobs show' needs an ID"), EXIT_USAGE;
-        char *e = qenc(p.pos[0]);
         char path[256];
-        snprintf(path, sizeof path, "/admin/jobs/%s", e ? e : "");
-        free(e);
+        if (id_path(path, sizeof path, "/admin/jobs/", p.pos[0], "") < 0)
+            return 1;
         if ((rc = call(c, "GET", path, NULL, &out)))
             return rc;
         if (c->json)
