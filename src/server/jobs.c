@@ -452,8 +452,11 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
         j->n_live--;
     persist(j, job);
     if (j->limits) {
-        gps_limits_account(j->limits, job->key_id, job->prompt_tokens, job->completion_tokens,
-                           gp_now_wall_ms());
+        /* A count_tokens job reports the counted prompt as its usage: that
+         * is an answer, not tokens the key spent. */
+        if (job->spec.kind != GPS_JOB_COUNT_TOKENS)
+            gps_limits_account(j->limits, job->key_id, job->prompt_tokens,
+                               job->completion_tokens, gp_now_wall_ms());
         if (job->held) {
             job->held = false;
             gps_limits_waiting_add(j->limits, job->key_id, -1);

@@ -179,7 +179,18 @@ class LimitsTest(harness.TestCase):
         # The generation was still under way: count_tokens did not wait for it.
         self.assertTrue(any(e["outcome"] == "running" for e in self.up.log_entries()))
         t.join(60)
-        self.assertEqual(out["r"][0], 200)
+        st, _, gen = out["r"]
+        self.assertEqual(st, 200, gen)
+        # Only the generation is charged to the key's daily tokens.
+        srv.stop()
+        con = sqlite3.connect(db)
+        try:
+            spent = con.execute("SELECT sum(u.prompt_tokens + u.completion_tokens) FROM key_usage u"
+                                " JOIN api_keys k ON k.id = u.key_id WHERE k.role = 'client'"
+                                ).fetchone()[0]
+        finally:
+            con.close()
+        self.assertEqual(spent, gen["usage"]["prompt_tokens"] + gen["usage"]["completion_tokens"])
 
     def test_generated_admin_key(self):
         db = self.h.path("adm.db")
