@@ -192,6 +192,44 @@ class LimitsTest(harness.TestCase):
             con.close()
         self.assertEqual(spent, gen["usage"]["prompt_tokens"] + gen["usage"]["completion_tokens"])
 
+    def test_keys_cli(self):
+        db = self.h.path("cli.db")
+
+        def run(*args):
+            return subprocess.run([harness.SERVER_BIN, "keys"] + list(args), capture_output=True,
+                                  text=True, timeout=30, env=self.h.env())
+        r = run("create", "--role", "enrollment", "--max-uses", "2", "--expires-in-sec", "600",
+                "--db", db)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.strip().startswith("gpk_"))
+        con = sqlite3.connect(db)
+        try:
+            kid, role, max_uses, exp = con.execute(
+                "SELECT id, role, max_uses, expires_at FROM api_keys").fetchone()
+        finally:
+            con.close()
+        self.assertEqual((role, max_uses), ("enrollment", 2))
+        self.assertGreater(exp, 0)
+        r = run("revoke", kid, "--db", db)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run("revoke", kid, "--db", db)  # no active key of that id any more
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no active key", r.stderr)
+        # Bad input: named, exit 2, nothing written.
+        for args, needle in ((("--rpm", "-1"), "--rpm"), (("--rpm", "ten"), "--rpm"),
+                             (("--bogus", "1"), "unknown option"), ((), "--role")):
+            r = run("create", *(["--role", "client"] if args != () else []), *args, "--db", db)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(needle, r.stderr)
+        r = run("create", "--role", "root", "--db", db)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("role", r.stderr)
+        con = sqlite3.connect(db)
+        try:
+            self.assertEqual(con.execute("SELECT count(*) FROM api_keys").fetchone()[0], 1)
+        finally:
+            con.close()
+
     def test_generated_admin_key(self):
         db = self.h.path("adm.db")
         ak = create_key(self.h, db, "agent")  # any key turns auth on
