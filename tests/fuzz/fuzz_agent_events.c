@@ -3,7 +3,8 @@
  * arbitrary bytes parsed as JSON, plus the poll's hardware facts check and
  * the printable-name rule on every string found. Invariants beyond "no
  * crash": a refusal always names a field and says why; an accepted upload
- * holds only usage counts within GPS_AGENT_MAX_TOKENS (what jobs.c sums).
+ * holds only end-event usage counts within GPS_AGENT_MAX_TOKENS (what
+ * jobs.c sums) and events of at most GPS_AGENT_MAX_EVENT_BYTES.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +23,9 @@ static void check_counts(const json_t *body)
     size_t i;
     const json_t *ev;
     json_array_foreach(events, i, ev) {
-        const json_t *u = json_object_get(ev, "usage");
+        /* Unknown types are dropped unread (jobs.c): only end's usage is summed. */
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        const json_t *u = type && strcmp(type, "end") == 0 ? json_object_get(ev, "usage") : NULL;
         const char *k[] = {"prompt_tokens", "completion_tokens"};
         for (int j = 0; j < 2; j++) {
             const json_t *v = json_object_get(u, k[j]);
