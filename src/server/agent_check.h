@@ -30,6 +30,7 @@
 #define GPS_AGENT_MAX_MESSAGE 4096             /* error event message, bytes */
 #define GPS_AGENT_MAX_TYPE 64                  /* event type name, bytes */
 #define GPS_AGENT_MAX_NAME 256                 /* names: agent, model, alias, label, gpu */
+#define GPS_AGENT_MAX_FACTS_BYTES (1 << 20)    /* a poll body as compact JSON: kept per agent */
 
 /* Check a whole /agents/jobs/{id}/events body: agent_id (UUID), seq
  * (0..GPS_AGENT_MAX_SEQ), events (array of at most GPS_AGENT_MAX_EVENTS

@@ -215,6 +215,10 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     memset(out, 0, sizeof(*out));
     if (!json_is_object(body))
         return fail(err, errlen, "body: must be a JSON object");
+    /* The body is kept as the agent's facts (and stored): bounded. */
+    if (json_dumpb(body, NULL, 0, JSON_COMPACT) > GPS_AGENT_MAX_FACTS_BYTES)
+        return fail(err, errlen, "body: a poll is at most %d bytes of JSON",
+                    GPS_AGENT_MAX_FACTS_BYTES);
     out->raw = json_incref((json_t *)body);
 
     const json_t *id = json_object_get(body, "agent_id");

@@ -268,6 +268,7 @@ class HostileAgents(harness.TestCase):
             ({"gpus": [{"vram_total": INT64_MAX}]}, "gpus[0].vram_total"),
             ({"models": [{"id": "m1", "context_length": INT64_MAX}]}, "models[0].context_length"),
             ({"queue_depth": INT64_MAX}, "queue_depth"),
+            ({"junk": "z" * (1100 * 1024)}, "body"),  # kept per agent: at most 1 MiB
         )
         for patch, field in cases:
             a = FakeAgent(srv.url)
