@@ -235,6 +235,22 @@ class HostileAgents(harness.TestCase):
         self.assertIn("more event data", body["error"]["message"])
         self.assertGreaterEqual(metric(srv, 'gpupool_agent_events_dropped_total{reason="too_large"}'), 1)
 
+    def test_max_job_event_bytes_caps_large_max_tokens(self):
+        # max_tokens=100000 would allow ~51 MB by the per-token rule; the
+        # operator's cap (64 KiB here) wins.
+        srv = self.h.start_server(FAST + ["--max_job_event_bytes", "65536"])
+        a = FakeAgent(srv.url)
+        self.assertEqual(a.poll()[0], 200)
+        get = in_thread(self.complete, srv, None, 100000)
+        st, jobs = a.work(1, timeout=10)
+        jid = jobs[0]["job_id"]
+        st, body = a.events(jid, [{"type": "token", "text": "t" * 30000}], seq=0)
+        self.assertEqual((st, body.get("cancel")), (200, False), body)
+        st, body = a.events(jid, [{"type": "token", "text": "u" * 40000}], seq=1)
+        self.assertEqual((st, body.get("cancel")), (200, True), body)
+        st, _, body = get()
+        self.assertEqual(st, 502, body)
+
     def test_metrics_events_do_not_pile_up(self):
         srv = self.h.start_server(FAST)
         a = FakeAgent(srv.url)
