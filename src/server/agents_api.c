@@ -9,6 +9,7 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/agent_check.h"
 #include "server/gps_strmap.h"
 #include "server/metrics.h"
 #include "server/auth.h"
@@ -298,22 +299,34 @@ static const char *body_agent_id(gps_req *r, json_t *body)
     return id;
 }
 
-/* An agent key is bound to one agent_id: refuse (403) a request made with it
- * for another agent. bind: bind a still unbound key to agent_id (polls do;
- * work and event uploads only check). True when the request may go on. */
-static bool key_allows(gps_agents *g, gps_req *r, const char *agent_id, bool bind)
+/* An agent key is bound to one agent_id and an agent_id to one key: refuse
+ * (403) a request made with a key bound to another agent_id
+ * (KEY_BOUND_TO_OTHER_AGENT) or naming an agent_id another key holds
+ * (AGENT_ID_TAKEN). A still unbound key is bound by its first poll, work
+ * request or event upload. True when the request may go on. */
+static bool key_allows(gps_agents *g, gps_req *r, const char *agent_id)
 {
     if (!g->auth || !r->key_id[0])
         return true;
     const gps_auth_key *k = gps_auth_key_find(g->auth, r->key_id);
     if (!k)
         return true;
-    bool ok = bind ? gps_auth_bind_agent(g->auth, k, agent_id) == 0
-                   : !k->agent_id || strcmp(k->agent_id, agent_id) == 0;
-    if (!ok)
+    int rc = gps_auth_bind_agent(g->auth, k, agent_id);
+    if (rc == 0)
+        return true;
+    if (rc == -2) {
+        gp_log_write(GP_LOG_WARN, "agent_id_taken", r->correlation_id,
+                     json_pack("{s:s,s:s}", "agent_id", agent_id, "key_id", k->id),
+                     "a key tried to use an agent_id bound to another key");
+        gps_req_error(r, 403, "AGENT_ID_TAKEN",
+                      "this agent_id is bound to another agent key; an agent keeps its own "
+                      "agent_id (a new agent needs a new one)",
+                      "agent_id");
+    } else {
         gps_req_error(r, 403, "KEY_BOUND_TO_OTHER_AGENT",
                       "this agent key is bound to another agent_id", "agent_id");
-    return ok;
+    }
+    return false;
 }
 
 static void h_poll(gps_req *r, void *arg)
@@ -331,7 +344,7 @@ static void h_poll(gps_req *r, void *arg)
         return;
     }
     json_decref(body);
-    if (!key_allows(g, r, f.agent_id, true)) {
+    if (!key_allows(g, r, f.agent_id)) {
         registry_facts_free(&f);
         return;
     }
@@ -365,7 +378,7 @@ static void h_work(gps_req *r, void *arg)
     if (!body)
         return;
     const char *id = body_agent_id(r, body);
-    if (!id || !key_allows(g, r, id, false)) {
+    if (!id || !key_allows(g, r, id)) {
         json_decref(body);
         return;
     }
@@ -430,23 +443,21 @@ static void h_events(gps_req *r, void *arg)
     json_t *body = gps_req_json(r);
     if (!body)
         return;
-    const char *id = body_agent_id(r, body);
-    if (!id || !key_allows(g, r, id, false)) {
+    /* Every field and number first (agent_check.h): a bad value refuses
+     * the whole upload, so none of its events is applied. */
+    char field[96], emsg[256];
+    if (gps_agent_events_check(body, field, sizeof field, emsg, sizeof emsg) < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_EVENT", emsg, field);
+        return;
+    }
+    const char *id = json_string_value(json_object_get(body, "agent_id"));
+    if (!key_allows(g, r, id)) {
         json_decref(body);
         return;
     }
     json_t *seq = json_object_get(body, "seq");
     json_t *events = json_object_get(body, "events");
-    if (!json_is_integer(seq) || json_integer_value(seq) < 0) {
-        json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", "'seq' must be a non-negative integer", "seq");
-        return;
-    }
-    if (!json_is_array(events)) {
-        json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", "'events' must be an array", "events");
-        return;
-    }
     bool cancel = false;
     long long expected = -1;
     char msg[256] = "";
@@ -510,12 +521,9 @@ int gps_agents_enroll_parse(const json_t *body, const char **agent_id, const cha
             snprintf(err, errlen, "'name' must be at most 256 bytes");
             return -1;
         }
-        for (size_t i = 0; i < len; i++) {
-            unsigned char c = (unsigned char)s[i];
-            if (c < 0x20 || c == 0x7f) {
-                snprintf(err, errlen, "'name' must not hold control characters");
-                return -1;
-            }
+        if (len > 0 && !gps_agent_text_ok(s, len, 256)) {
+            snprintf(err, errlen, "'name' must be printable text (no control characters)");
+            return -1;
         }
         *param = NULL;
         *name = s;
@@ -538,7 +546,7 @@ static const char *enroll_code(gps_auth_result res)
     }
 }
 
-static const char *enroll_message(gps_auth_result res)
+static const char *enroll_message(gps_auth_result res, const gps_auth_key *k)
 {
     switch (res) {
     case GPS_AUTH_MISSING:
@@ -548,7 +556,19 @@ static const char *enroll_message(gps_auth_result res)
     case GPS_AUTH_EXPIRED:
         return "this enrollment token has expired";
     case GPS_AUTH_WRONG_ROLE:
-        return "this key is not an enrollment token (an agent key is used as it is)";
+        /* Say which key was given: a client key here is a common mix-up. */
+        switch (k ? k->role : GPS_KEY_ROLE_COUNT) {
+        case GPS_KEY_CLIENT:
+            return "this route needs an enrollment token; the key given is a client key";
+        case GPS_KEY_ADMIN:
+            return "this route needs an enrollment token; the key given is an admin key "
+                   "(make a token with POST /admin/keys {\"role\":\"enrollment\"})";
+        case GPS_KEY_AGENT:
+            return "this route needs an enrollment token; the key given is an agent key "
+                   "(an agent key is used as it is, without enrolling)";
+        default:
+            return "this route needs an enrollment token";
+        }
     case GPS_AUTH_EXHAUSTED:
         return "this enrollment token is used up (no uses left)";
     default:
@@ -558,7 +578,8 @@ static const char *enroll_message(gps_auth_result res)
 
 /* Refuse an enrollment: counted and logged like the auth hook's refusals
  * (never the token itself). */
-static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const char *key_id)
+static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const char *key_id,
+                          const gps_auth_key *k)
 {
     if (g->metrics) {
         char l[64];
@@ -570,7 +591,8 @@ static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const 
                            key_id ? key_id : "", "path", "/agents/enroll"),
                  "enrollment refused");
     gps_req_add_header(r, "x-should-retry", "false");
-    gps_req_error(r, gps_auth_result_status(res), enroll_code(res), enroll_message(res), NULL);
+    gps_req_error(r, gps_auth_result_status(res), enroll_code(res), enroll_message(res, k),
+                  NULL);
 }
 
 /* POST /agents/enroll: public route (the http layer does not check it);
@@ -591,7 +613,7 @@ static void h_enroll(gps_req *r, void *arg)
     char token_id[GPS_AUTH_ID_LEN + 1];
     snprintf(token_id, sizeof token_id, "%s", k ? k->id : "");
     if (res != GPS_AUTH_OK) {
-        enroll_refuse(g, r, res, token_id);
+        enroll_refuse(g, r, res, token_id, k);
         return;
     }
     json_t *body = gps_req_json(r);
@@ -604,12 +626,27 @@ static void h_enroll(gps_req *r, void *arg)
         gps_req_error(r, 400, "INVALID_REQUEST", err, param);
         return;
     }
+    /* An agent_id is its first key's for good: a new enrollment must not
+     * adopt one (it would take over that agent's jobs and models). */
+    if (gps_auth_agent_owner(g->auth, agent_id)) {
+        gp_log_write(GP_LOG_WARN, "agent_id_taken", r->correlation_id,
+                     json_pack("{s:s,s:s,s:s}", "agent_id", agent_id, "token_id", token_id,
+                               "path", "/agents/enroll"),
+                     "enrollment refused: the agent_id belongs to another key");
+        json_decref(body);
+        gps_req_add_header(r, "x-should-retry", "false");
+        gps_req_error(r, 403, "AGENT_ID_TAKEN",
+                      "this agent_id is already bound to an agent key; a new agent needs a "
+                      "new agent_id (the old key must be revoked to free it)",
+                      "agent_id");
+        return;
+    }
     char key[GPS_AUTH_KEY_LEN + 1], key_id[GPS_AUTH_ID_LEN + 1];
     /* k passed the check above; nothing ran since that could free it. */
     res = gps_auth_enroll_checked(g->auth, k, agent_id, name, key, key_id);
     if (res != GPS_AUTH_OK) {
         json_decref(body);
-        enroll_refuse(g, r, res, token_id);
+        enroll_refuse(g, r, res, token_id, k);
         return;
     }
     gp_log_write(GP_LOG_INFO, "agent_enrolled", r->correlation_id,

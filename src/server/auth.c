@@ -385,12 +385,28 @@ int gps_auth_bind_agent(gps_auth *a, const gps_auth_key *key, const char *agent_
     gps_auth_key *k = (gps_auth_key *)key;
     if (k->agent_id)
         return strcmp(k->agent_id, agent_id) == 0 ? 0 : -1;
+    /* The id is another key's: taking it would hand that agent's jobs,
+     * models and replies to this key's holder. */
+    if (gps_auth_agent_owner(a, agent_id))
+        return -2;
     k->agent_id = strdup(agent_id);
     if (!k->agent_id)
         return -1;
     if (a->store)
         gps_store_key_bind_agent(a->store, k->id, agent_id);
     return 0;
+}
+
+const gps_auth_key *gps_auth_agent_owner(const gps_auth *a, const char *agent_id)
+{
+    /* O(keys), run once per key (its first agent request) and per
+     * enrollment: no index to keep in step with load/revoke. */
+    for (size_t i = 0; agent_id && i < NBUCKETS; i++)
+        for (gps_auth_key *k = a->buckets[i]; k; k = k->next)
+            if (k->role == GPS_KEY_AGENT && !k->revoked_at && k->agent_id &&
+                strcmp(k->agent_id, agent_id) == 0)
+                return k;
+    return NULL;
 }
 
 void gps_auth_key_hash(const char *raw_key, char out_hash[65])

@@ -22,7 +22,8 @@
  *
  * Agent keys are bound to one agent_id: the first successful poll binds an
  * unbound key (gps_auth_bind_agent), later polls with another agent_id are
- * refused.
+ * refused. An agent_id is bound to at most one (unrevoked) key: another
+ * key cannot bind or enroll it.
  *
  * Threading: a gps_auth belongs to the loop thread (not thread-safe). It
  * writes key changes (create, revoke, bind, last_used at most once a
@@ -141,8 +142,14 @@ gps_auth_result gps_auth_check_at(gps_auth *a, const char *credential, gps_key_r
                                   int64_t now_wall_ms, const gps_auth_key **key_out);
 
 /* Bind an agent key to agent_id on first use. 0 when now bound to it (or
- * already was), -1 when the key is bound to another agent (refuse: 403). */
+ * already was), -1 when the key is bound to another agent, -2 when
+ * agent_id belongs to another key (refuse both: 403). */
 int gps_auth_bind_agent(gps_auth *a, const gps_auth_key *key, const char *agent_id);
+/* The agent key (not revoked) that agent_id is bound to, or NULL. An
+ * agent_id belongs to the first key bound to it, for as long as that key
+ * is not revoked (the binding is stored with the key: it survives
+ * restarts). */
+const gps_auth_key *gps_auth_agent_owner(const gps_auth *a, const char *agent_id);
 
 /* Create a key in the running server: cache + async store write.
  * expires_at: wall ms, 0 = never. out_key gets the raw key (show it once,

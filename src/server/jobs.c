@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/gp_log.h"
+#include "server/agent_check.h"
 #include "server/limits.h"
 #include "server/store.h"
 #include "server/metrics.h"
@@ -15,7 +16,6 @@
 #define KEEP_TERMINAL_US (300ull * 1000000ull) /* late agent uploads still get cancel:true */
 #define CANCEL_KEEP_US (600ull * 1000000ull)
 #define SWEEP_MS 250
-#define MAX_JOB_TEXT (64u << 20)  /* bytes of output kept per job */
 #define MAX_TOKENS_SLACK 64       /* tokens tolerated beyond max_tokens (stop-string holdback) */
 
 typedef struct gps_job_sub {
@@ -168,7 +168,6 @@ static void job_free(gps_job *job)
     }
     gps_job_spec_clear(&job->spec);
     gp_buf_free(&job->text);
-    json_decref(job->events);
     free(job);
 }
 
@@ -518,8 +517,8 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->last_event_us = now;
     job->ended_on_agent = false;
     job->agent_seq = 0;
-    json_decref(job->events);
-    job->events = json_array();
+    job->agent_bytes = 0;
+    job->metrics_relayed = 0;
     gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
                  json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
                            "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
@@ -661,7 +660,6 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->created_us = gp_now_mono_us();
     job->created_wall_ms = gp_now_wall_ms();
     job->queued_since_us = job->created_us;
-    job->events = json_array();
 
     job->sj.model = job->spec.model;
     job->sj.priority = job->spec.priority == GPS_PRIO_BATCH ? SCHED_BATCH : SCHED_INTERACTIVE;
@@ -987,52 +985,41 @@ void gps_jobs_kick(gps_jobs *j)
 /* Agent events                                                        */
 /* ------------------------------------------------------------------ */
 
-static int validate_event(const json_t *ev, size_t i, char *msg, size_t msglen)
+/* Bytes one attempt of job may send (jobs.h): what max_tokens tokens can
+ * plausibly take, within the operator's cap. */
+static long long event_budget(const gps_jobs *j, const gps_job *job)
 {
-    if (!json_is_object(ev)) {
-        snprintf(msg, msglen, "events[%zu] must be an object", i);
-        return -1;
-    }
-    const char *type = json_string_value(json_object_get(ev, "type"));
-    if (!type) {
-        snprintf(msg, msglen, "events[%zu].type must be a string", i);
-        return -1;
-    }
-    gps_event_type t = gps_event_type_parse(type);
-    if (t == GPS_EV_TOKEN && !json_is_string(json_object_get(ev, "text"))) {
-        snprintf(msg, msglen, "events[%zu].text must be a string", i);
-        return -1;
-    }
-    if (t == GPS_EV_TOOL_CALL) {
-        const json_t *ix = json_object_get(ev, "index");
-        const json_t *a = json_object_get(ev, "arguments");
-        const json_t *id = json_object_get(ev, "id"), *name = json_object_get(ev, "name");
-        if (!json_is_integer(ix) || json_integer_value(ix) < 0 ||
-            json_integer_value(ix) > 1024 || (a && !json_is_string(a)) ||
-            (id && !json_is_string(id)) || (name && !json_is_string(name))) {
-            snprintf(msg, msglen,
-                     "events[%zu]: a tool_call needs an integer index (0..1024) and string "
-                     "id, name, arguments",
-                     i);
-            return -1;
-        }
-    }
-    if (t == GPS_EV_END) {
-        const json_t *u = json_object_get(ev, "usage");
-        if (u && !json_is_null(u) && !json_is_object(u)) {
-            snprintf(msg, msglen, "events[%zu].usage must be an object", i);
-            return -1;
-        }
-    }
-    return 0;
+    long long cap = j->opts.max_job_event_bytes > 0 ? j->opts.max_job_event_bytes
+                                                    : GPS_JOBS_MAX_EVENT_BYTES_DEFAULT;
+    long long mt = job->spec.max_tokens > 0 ? job->spec.max_tokens : 0;
+    if (mt > GPS_AGENT_MAX_TOKENS)
+        mt = GPS_AGENT_MAX_TOKENS;
+    long long b = GPS_JOBS_EVENT_BYTES_BASE + (mt + MAX_TOKENS_SLACK) * GPS_JOBS_EVENT_BYTES_PER_TOKEN;
+    return b < cap ? b : cap;
 }
 
+static void output_too_large(gps_jobs *j, gps_job *job, const char *what)
+{
+    char m[160];
+    snprintf(m, sizeof m, "the agent sent more %s than the request allows", what);
+    count(j, "agent_events_dropped_total", "reason=\"too_large\"", 1);
+    fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE", m, 0);
+}
+
+/* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
+ * subscriber needs it copies during notify. */
 static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
 {
     gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
     uint64_t now = gp_now_mono_us();
     job->last_event_us = now;
-    json_array_append(job->events, ev);
+    /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
+     * "metrics" on a max_tokens=10 job must not be 140 MB. */
+    job->agent_bytes += (long long)json_dumpb(ev, NULL, 0, JSON_COMPACT);
+    if (job->agent_bytes > event_budget(j, job)) {
+        output_too_large(j, job, "event data");
+        return;
+    }
     switch (t) {
     case GPS_EV_STARTED:
         job->state = GPS_JOB_RUNNING;
@@ -1041,11 +1028,12 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     case GPS_EV_TOKEN: {
         job->state = GPS_JOB_RUNNING;
         const char *text = json_string_value(json_object_get(ev, "text"));
-        if (job->text.len + strlen(text) > MAX_JOB_TEXT ||
+        /* The text of all attempts together stays within one attempt's
+         * budget: a failover continues the same text. */
+        if ((long long)(job->text.len + strlen(text)) > event_budget(j, job) ||
             job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
             /* A misbehaving agent must not grow server memory without bound. */
-            fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE",
-                     "the agent sent more output than the request allows", 0);
+            output_too_large(j, job, "output");
             break;
         }
         gp_buf_append(&job->text, text, strlen(text));
@@ -1061,9 +1049,8 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         const char *a = json_string_value(json_object_get(ev, "arguments"));
         job->tool_bytes += a ? strlen(a) : 0;
         job->tool_bytes += 64; /* id, name: count every piece */
-        if (job->tool_bytes > MAX_JOB_TEXT) {
-            fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE",
-                     "the agent sent more tool call data than the request allows", 0);
+        if ((long long)job->tool_bytes > event_budget(j, job)) {
+            output_too_large(j, job, "tool call data");
             break;
         }
         if (!job->first_token_us)
@@ -1080,6 +1067,13 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
          * of the original prompt when an earlier attempt reported it. */
         if (json_is_integer(pt) && !(job->continued_tokens > 0 && job->prompt_tokens > 0))
             job->prompt_tokens = json_integer_value(pt);
+        /* Subscribers (native tasks) record what they are given: relay a
+         * bounded number per attempt; later ones only update the counts. */
+        if (job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED) {
+            count(j, "agent_events_dropped_total", "reason=\"metrics\"", 1);
+            break;
+        }
+        job->metrics_relayed++;
         notify(j, job, t, ev);
         break;
     }
@@ -1142,7 +1136,10 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         break;
     }
     default:
-        break; /* unknown types are kept in the buffer but not relayed */
+        /* Unknown types (a newer agent): accepted so that the job goes on,
+         * counted in the byte budget above, neither kept nor relayed. */
+        count(j, "agent_events_dropped_total", "reason=\"unknown_type\"", 1);
+        break;
     }
 }
 
@@ -1169,13 +1166,17 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
         *cancel = job->state != GPS_JOB_DONE || had_cancel;
         return 0;
     }
+    /* The caller checked the body (gps_agent_events_check): every field
+     * and number is within bounds, so nothing below can overflow. */
     if (seq < 0 || !json_is_array(events)) {
         snprintf(msg, msglen, "'seq' must be >= 0 and 'events' an array");
         return 400;
     }
     size_t n = json_array_size(events);
-    for (size_t i = 0; i < n; i++)
-        if (validate_event(json_array_get(events, i), i, msg, msglen) < 0)
+    char field[96];
+    for (size_t i = 0; i < n; i++) /* again for callers that did not check */
+        if (gps_agent_event_check(json_array_get(events, i), i, field, sizeof field, msg,
+                                  msglen) < 0)
             return 400;
     if (seq > job->agent_seq) {
         *expected_seq = job->agent_seq;

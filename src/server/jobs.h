@@ -7,7 +7,8 @@
  *   QUEUED/ASSIGNED/RUNNING ─client gone, cancel─▶ CANCELLED
  *   ASSIGNED/RUNNING ─agent lost, nothing sent to the client─▶ QUEUED (attempt+1)
  *
- * Every job keeps its events (seq-numbered: the per-job event buffer) and
+ * Every job keeps what its events produced (text, counters; not the events
+ * themselves, which are relayed and dropped) and
  * a list of subscribers. A dialect subscribes with a callback and turns
  * events into its wire format. Callbacks run on the loop thread. A
  * subscriber never frees the job: it unsubscribes (which only marks) and
@@ -146,8 +147,9 @@ struct gps_job {
     uint64_t first_token_us;      /* 0 until the first token */
     uint64_t last_event_us;
     long long queue_ms;           /* total time spent queued */
-    json_t *events;               /* array: the event buffer (agent events, this attempt) */
     long long agent_seq;          /* events accepted from the current agent */
+    long long agent_bytes;        /* bytes of those events (bounded, see above) */
+    int metrics_relayed;          /* metrics events relayed this attempt */
     double tokens_per_sec;        /* last reported by the agent (metrics event) */
     long long prompt_tokens;      /* from end.usage */
     char finish_reason[16];       /* from end: stop | length | tool_calls */
@@ -195,7 +197,21 @@ typedef struct gps_jobs_opts {
     int max_attempts;
     int poll_interval_sec;
     bool log_prompts;
+    long long max_job_event_bytes; /* bytes of events one agent attempt may send
+                                      (0 = GPS_JOBS_MAX_EVENT_BYTES_DEFAULT) */
 } gps_jobs_opts;
+
+/* Bounds on what an agent makes the server keep for one job (docs/
+ * operations.md, "Limits and hostile peers"). An attempt may send at most
+ * min(max_job_event_bytes, BASE + (max_tokens + 64) * PER_TOKEN) bytes of
+ * events (compact JSON); past that the job fails with 502
+ * AGENT_OUTPUT_TOO_LARGE and the agent is told to cancel. Events are not
+ * kept once applied: only the text relayed so far and counters. */
+#define GPS_JOBS_MAX_EVENT_BYTES_DEFAULT (64LL << 20)
+#define GPS_JOBS_EVENT_BYTES_BASE (256LL << 10)
+#define GPS_JOBS_EVENT_BYTES_PER_TOKEN 512LL
+#define GPS_JOBS_MAX_METRICS_RELAYED 16 /* metrics events relayed per attempt; later ones
+                                           update the counters only */
 
 struct gps_metrics;
 struct gps_store;

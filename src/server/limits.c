@@ -12,10 +12,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_log.h"
 #include "common/gp_util.h"
 
 #define NBUCKETS 256
 #define DAY_MS 86400000LL
+/* Ceiling of every daily count: sums of two counts (prompt + completion)
+ * stay far from INT64_MAX, whatever the DB or an agent said. */
+#define USAGE_MAX (INT64_MAX / 4)
+
+/* a + b for counts in 0..USAGE_MAX, saturating at USAGE_MAX. */
+static int64_t sat_add(int64_t a, int64_t b)
+{
+    return b > USAGE_MAX - a ? USAGE_MAX : a + b;
+}
+
+/* A count read back from the DB: clamped into 0..USAGE_MAX (a row written
+ * before the bounds existed, or edited by hand, must not crash or wrap). */
+static int64_t clamp_count(int64_t v, const char *key_id, const char *what)
+{
+    if (v >= 0 && v <= USAGE_MAX)
+        return v;
+    gp_log_write(GP_LOG_WARN, "key_usage_clamped", NULL,
+                 json_pack("{s:s,s:s,s:I}", "key_id", key_id, "field", what, "value",
+                           (json_int_t)v),
+                 "key_usage row out of range: clamped");
+    return v < 0 ? 0 : USAGE_MAX;
+}
 
 typedef struct lim_entry {
     char key_id[GPS_AUTH_ID_LEN + 1];
@@ -125,10 +148,10 @@ static int load_row(void *arg, const char *key_id, int64_t day, int64_t requests
     if (!e)
         return 0;
     e->u.day = day;
-    e->u.requests = requests;
-    e->u.prompt_tokens = prompt_tokens;
-    e->u.completion_tokens = completion_tokens;
-    e->u.rate_limited = rate_limited;
+    e->u.requests = clamp_count(requests, key_id, "requests");
+    e->u.prompt_tokens = clamp_count(prompt_tokens, key_id, "prompt_tokens");
+    e->u.completion_tokens = clamp_count(completion_tokens, key_id, "completion_tokens");
+    e->u.rate_limited = clamp_count(rate_limited, key_id, "rate_limited");
     return 0;
 }
 
@@ -174,7 +197,7 @@ gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now
     const gps_key_limits *lim = limits_of(l, key_id);
     gps_limit_result res = GPS_LIMIT_OK;
     if (lim && lim->tokens_per_day > 0 &&
-        e->u.prompt_tokens + e->u.completion_tokens >= lim->tokens_per_day) {
+        sat_add(e->u.prompt_tokens, e->u.completion_tokens) >= lim->tokens_per_day) {
         int64_t midnight = (day_of(now_wall_ms) + 1) * DAY_MS;
         *retry_after_sec = (int)((midnight - now_wall_ms + 999) / 1000);
         res = GPS_LIMIT_TOKENS;
@@ -192,11 +215,11 @@ gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now
     if (res != GPS_LIMIT_OK) {
         if (*retry_after_sec < 1)
             *retry_after_sec = 1;
-        e->u.rate_limited++;
+        e->u.rate_limited = sat_add(e->u.rate_limited, 1);
         persist(l, e, 0, 0, 0, 1);
         return res;
     }
-    e->u.requests++;
+    e->u.requests = sat_add(e->u.requests, 1);
     persist(l, e, 1, 0, 0, 0);
     return GPS_LIMIT_OK;
 }
@@ -249,8 +272,10 @@ void gps_limits_account(gps_limits *l, const char *key_id, int64_t prompt_tokens
     if (!prompt_tokens && !completion_tokens)
         return;
     roll_day(e, now_wall_ms);
-    e->u.prompt_tokens += prompt_tokens;
-    e->u.completion_tokens += completion_tokens;
+    prompt_tokens = prompt_tokens < USAGE_MAX ? prompt_tokens : USAGE_MAX;
+    completion_tokens = completion_tokens < USAGE_MAX ? completion_tokens : USAGE_MAX;
+    e->u.prompt_tokens = sat_add(e->u.prompt_tokens, prompt_tokens);
+    e->u.completion_tokens = sat_add(e->u.completion_tokens, completion_tokens);
     persist(l, e, 0, prompt_tokens, completion_tokens, 0);
 }
 

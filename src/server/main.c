@@ -608,6 +608,7 @@ int main(int argc, char **argv)
         .max_attempts = (int)s->cfg.max_attempts,
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
         .log_prompts = s->cfg.log_prompts,
+        .max_job_event_bytes = s->cfg.max_job_event_bytes,
     };
     s->jobs = gps_jobs_new(s->base, &jopts, s->reg, s->sched, s->store, s->metrics);
     if (!s->jobs || gps_agents_attach(s->agents, s->reg, s->sched, s->jobs) < 0)

@@ -332,6 +332,10 @@ int gps_metrics_define_server(gps_metrics *m)
          "Requests refused by a limit, by reason (rpm, tokens_per_day, queue_full).", NULL, 0},
         {"db_writes_total", GPS_METRIC_COUNTER, "Rows handed to the DB thread.", NULL, 0},
         {"db_errors_total", GPS_METRIC_COUNTER, "DB operations that failed.", NULL, 0},
+        {"agent_events_dropped_total", GPS_METRIC_COUNTER,
+         "Agent events not relayed, by reason (unknown_type, metrics beyond the per-job "
+         "number, too_large: the job failed).",
+         NULL, 0},
     };
     static const char *modes[] = {"requeue", "continue", "error", "exhausted"};
     static const char *limits[] = {"rpm", "tokens_per_day", "queue_full"};

@@ -10,13 +10,16 @@
 #include <string.h>
 
 #include "common/gp_util.h"
+#include "server/agent_check.h"
 #include "server/gps_strmap.h"
 
 #define MAX_MODELS 256
 #define MAX_ALIASES 64
 #define MAX_LABELS 64
-#define MAX_STR 256
+#define MAX_STR GPS_AGENT_MAX_NAME
 #define MAX_SLOTS 4096
+#define MAX_CONTEXT (1LL << 30)  /* tokens */
+#define MAX_BYTES (1LL << 50)    /* vram_bytes, bytes: 1 PiB */
 
 enum { LIST_NONE = 0, LIST_LIVE = 1, LIST_SUSPECT = 2 };
 
@@ -122,8 +125,8 @@ static int opt_str(const json_t *obj, const char *key, char **out)
     *out = NULL;
     if (!v || json_is_null(v))
         return 0;
-    if (!json_is_string(v) || json_string_length(v) > MAX_STR ||
-        strlen(json_string_value(v)) != json_string_length(v))
+    /* Printable text only: names reach operators' terminals (gpupoolctl). */
+    if (!json_is_string(v) || (json_string_length(v) > 0 && !gps_agent_name_ok(v, MAX_STR)))
         return -1;
     *out = strdup(json_string_value(v));
     return *out ? 0 : -2;
@@ -142,11 +145,10 @@ static int opt_int(const json_t *obj, const char *key, long long *out, long long
     return 0;
 }
 
+/* A non-empty printable name of at most MAX_STR bytes (agent_check.h). */
 static bool good_name(const json_t *v)
 {
-    return json_is_string(v) && json_string_length(v) > 0 &&
-           json_string_length(v) <= MAX_STR &&
-           strlen(json_string_value(v)) == json_string_length(v);
+    return gps_agent_name_ok(v, MAX_STR);
 }
 
 static int parse_model(const json_t *m, size_t idx, registry_model_info *out, char *err,
@@ -156,7 +158,7 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
         return fail(err, errlen, "models[%zu]: must be an object", idx);
     const json_t *id = json_object_get(m, "id");
     if (!good_name(id))
-        return fail(err, errlen, "models[%zu].id: must be a non-empty string of at most %d bytes",
+        return fail(err, errlen, "models[%zu].id: must be a non-empty printable string of at most %d bytes",
                     idx, MAX_STR);
     if (!(out->id = strdup(json_string_value(id))))
         return fail(err, errlen, "out of memory");
@@ -174,8 +176,8 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
         for (size_t i = 0; i < n; i++) {
             const json_t *a = json_array_get(al, i);
             if (!good_name(a))
-                return fail(err, errlen, "models[%zu].aliases[%zu]: must be a non-empty string",
-                            idx, i);
+                return fail(err, errlen, "models[%zu].aliases[%zu]: must be a non-empty printable string of "
+                            "at most %d bytes", idx, i, MAX_STR);
             if (!(out->aliases[i] = strdup(json_string_value(a))))
                 return fail(err, errlen, "out of memory");
             out->n_aliases = i + 1;
@@ -185,14 +187,17 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
     if ((r = opt_str(m, "quantization", &out->quantization)) ||
         (r = opt_str(m, "architecture", &out->architecture)))
         return fail(err, errlen, r == -2 ? "out of memory"
-                                         : "models[%zu]: quantization/architecture must be strings",
-                    idx);
-    if (opt_int(m, "context_length", &out->context_length, 1LL << 40) < 0)
-        return fail(err, errlen, "models[%zu].context_length: must be a non-negative integer", idx);
-    if (opt_int(m, "vram_bytes", &out->vram_bytes, 1LL << 60) < 0)
-        return fail(err, errlen, "models[%zu].vram_bytes: must be a non-negative integer", idx);
-    if (opt_int(m, "bytes", &out->bytes, 1LL << 60) < 0)
-        return fail(err, errlen, "models[%zu].bytes: must be a non-negative integer", idx);
+                                         : "models[%zu]: quantization/architecture must be printable strings of at most %d bytes",
+                    idx, MAX_STR);
+    if (opt_int(m, "context_length", &out->context_length, MAX_CONTEXT) < 0)
+        return fail(err, errlen, "models[%zu].context_length: must be an integer from 0 to %lld",
+                    idx, MAX_CONTEXT);
+    if (opt_int(m, "vram_bytes", &out->vram_bytes, MAX_BYTES) < 0)
+        return fail(err, errlen, "models[%zu].vram_bytes: must be an integer from 0 to %lld", idx,
+                    MAX_BYTES);
+    if (opt_int(m, "bytes", &out->bytes, MAX_BYTES) < 0)
+        return fail(err, errlen, "models[%zu].bytes: must be an integer from 0 to %lld", idx,
+                    MAX_BYTES);
     const json_t *ld = json_object_get(m, "loaded");
     out->loaded = true;
     if (ld && !json_is_null(ld)) {
@@ -210,6 +215,10 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     memset(out, 0, sizeof(*out));
     if (!json_is_object(body))
         return fail(err, errlen, "body: must be a JSON object");
+    /* The body is kept as the agent's facts (and stored): bounded. */
+    if (json_dumpb(body, NULL, 0, JSON_COMPACT) > GPS_AGENT_MAX_FACTS_BYTES)
+        return fail(err, errlen, "body: a poll is at most %d bytes of JSON",
+                    GPS_AGENT_MAX_FACTS_BYTES);
     out->raw = json_incref((json_t *)body);
 
     const json_t *id = json_object_get(body, "agent_id");
@@ -222,7 +231,8 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     if ((r = opt_str(body, "name", &out->name)) || (r = opt_str(body, "version", &out->version)) ||
         (r = opt_str(body, "platform", &out->platform)))
         return fail(err, errlen, r == -2 ? "out of memory"
-                                         : "name/version/platform: must be strings of at most 256 bytes");
+                                         : "name/version/platform: must be printable strings of "
+                                           "at most 256 bytes (no control characters)");
 
     const json_t *models = json_object_get(body, "models");
     if (!json_is_array(models))
@@ -253,8 +263,8 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     out->slots_busy = (int)busy;
 
     long long qd;
-    if (opt_int(body, "queue_depth", &qd, 1 << 30) < 0)
-        return fail(err, errlen, "queue_depth: must be a non-negative integer");
+    if (opt_int(body, "queue_depth", &qd, 1000000) < 0)
+        return fail(err, errlen, "queue_depth: must be an integer from 0 to 1000000");
     out->queue_depth = (int)qd;
 
     const json_t *kv = json_object_get(body, "kv_cache_utilization");
@@ -279,8 +289,12 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
         const json_t *v;
         size_t i = 0;
         json_object_foreach((json_t *)labels, k, v) {
-            if (!good_name(v) || strlen(k) == 0 || strlen(k) > MAX_STR)
-                return fail(err, errlen, "labels.%.64s: must be a non-empty string", k);
+            if (!gps_agent_text_ok(k, strlen(k), MAX_STR))
+                return fail(err, errlen, "labels: a label name must be printable text of 1 to %d "
+                            "bytes", MAX_STR);
+            if (!good_name(v))
+                return fail(err, errlen, "labels.%.64s: must be a non-empty printable string of "
+                            "at most %d bytes", k, MAX_STR);
             out->labels[i].key = strdup(k);
             out->labels[i].value = strdup(json_string_value(v));
             out->n_labels = ++i;
@@ -288,6 +302,9 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
                 return fail(err, errlen, "out of memory");
         }
     }
+
+    if (gps_agent_hw_check(body, err, errlen) < 0)
+        return -1;
 
     const json_t *st = json_object_get(body, "status");
     if (st && !json_is_null(st)) {

@@ -64,6 +64,10 @@ const gp_opt gps_config_table[] = {
      "a running job without any event this long counts as lost"},
     {"max_attempts", GP_OPT_INT, O(max_attempts), "3", 1, 100, NULL,
      "agents tried per job (failover)"},
+    {"max_job_event_bytes", GP_OPT_INT, O(max_job_event_bytes), "67108864", 65536,
+     1073741824, NULL,
+     "bytes of events one agent may send for one job (also bounded by the job's max_tokens "
+     "times 512); past it the job fails with 502 AGENT_OUTPUT_TOO_LARGE"},
     {"task_hot_sec", GP_OPT_INT, O(task_hot_sec), "300", 1, 86400, NULL,
      "a finished native task replays from memory this long, then from the DB"},
     {"scheduler", GP_OPT_STR, O(scheduler), "round_robin", 0, 0, "round_robin|weighted",

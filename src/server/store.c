@@ -154,10 +154,13 @@ static const struct {
     [K_USAGE_ADD] = {"key_usage_add",
         "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
         "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
-        "SET requests = requests + excluded.requests, "
-        "prompt_tokens = prompt_tokens + excluded.prompt_tokens, "
-        "completion_tokens = completion_tokens + excluded.completion_tokens, "
-        "rate_limited = rate_limited + excluded.rate_limited"},
+        /* Saturating (limits.c's ceiling, INT64_MAX/4): SQLite turns an
+         * overflowing sum into a REAL; MIN makes it an integer again. */
+        "SET requests = MIN(requests + excluded.requests, 2305843009213693951), "
+        "prompt_tokens = MIN(prompt_tokens + excluded.prompt_tokens, 2305843009213693951), "
+        "completion_tokens = MIN(completion_tokens + excluded.completion_tokens, "
+        "2305843009213693951), "
+        "rate_limited = MIN(rate_limited + excluded.rate_limited, 2305843009213693951)"},
     /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
      * index) without the request and the checkpoint text: a list of up to
      * 1000 rows should not copy every prompt. NULL filters match all. */
@@ -387,6 +390,17 @@ static int64_t ri(const row *r, int i, int64_t dflt)
 {
     return r->v[i].t == V_INT ? r->v[i].i : dflt;
 }
+
+/* A count read back (tokens, attempts, ms): a row out of range (written
+ * before the server bounded what agents report, or edited by hand) is
+ * clamped into 0..max so that no reader's sum overflows; NULL stays dflt. */
+static int64_t ri_count(const row *r, int i, int64_t dflt, int64_t max)
+{
+    if (r->v[i].t != V_INT)
+        return dflt;
+    return r->v[i].i < 0 ? dflt : r->v[i].i > max ? max : r->v[i].i;
+}
+#define STORE_MAX_COUNT (1LL << 40)
 
 /* ------------------------------------------------------------------------ */
 /* The store                                                                */
@@ -796,12 +810,12 @@ static void job_info_from_row(const row *r, gps_store_job_info *ji, json_t **req
     ji->agent_id = rs(r, 5);
     ji->status = rs(r, 6);
     ji->priority = (int)ri(r, 7, 0);
-    ji->attempts = (int)ri(r, 8, 0);
-    ji->prompt_tokens = ri(r, 9, -1);
-    ji->completion_tokens = ri(r, 10, -1);
-    ji->queue_ms = ri(r, 11, -1);
-    ji->ttft_ms = ri(r, 12, -1);
-    ji->total_ms = ri(r, 13, -1);
+    ji->attempts = (int)ri_count(r, 8, 0, 1000);
+    ji->prompt_tokens = ri_count(r, 9, -1, STORE_MAX_COUNT);
+    ji->completion_tokens = ri_count(r, 10, -1, STORE_MAX_COUNT);
+    ji->queue_ms = ri_count(r, 11, -1, STORE_MAX_COUNT);
+    ji->ttft_ms = ri_count(r, 12, -1, STORE_MAX_COUNT);
+    ji->total_ms = ri_count(r, 13, -1, STORE_MAX_COUNT);
     ji->finish_reason = rs(r, 14);
     ji->error_code = rs(r, 15);
     ji->correlation_id = rs(r, 16);

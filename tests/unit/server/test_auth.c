@@ -308,6 +308,37 @@ static void test_agent_binding_and_persistence(void **state)
     gps_store_close(s);
 }
 
+/* Issue 9, finding 2: an agent_id belongs to the first key bound to it;
+ * another (unbound) key cannot bind it, also after a reload from the DB,
+ * until the owner is revoked. Before the fix the second bind returned 0. */
+static void test_agent_id_has_one_owner(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_store(t->db);
+    gps_auth *a = gps_auth_new(s);
+    char key[GPS_AUTH_KEY_LEN + 1], victim[GPS_AUTH_ID_LEN + 1], thief[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create(a, GPS_KEY_AGENT, "victim", 0, key, victim), 0);
+    assert_int_equal(gps_auth_key_create(a, GPS_KEY_AGENT, "thief", 0, key, thief), 0);
+    const char *agent = "11111111-2222-4333-8444-555555555555";
+    assert_null(gps_auth_agent_owner(a, agent));
+    assert_int_equal(gps_auth_bind_agent(a, gps_auth_key_find(a, victim), agent), 0);
+    assert_string_equal(gps_auth_agent_owner(a, agent)->id, victim);
+    assert_int_equal(gps_auth_bind_agent(a, gps_auth_key_find(a, thief), agent), -2);
+    assert_null(gps_auth_key_find(a, thief)->agent_id); /* still unbound */
+    assert_int_equal(gps_store_flush(s), 0);
+
+    char err[256] = "";
+    assert_int_equal(gps_auth_load(a, err, sizeof(err)), 0);
+    assert_string_equal(gps_auth_agent_owner(a, agent)->id, victim);
+    assert_int_equal(gps_auth_bind_agent(a, gps_auth_key_find(a, thief), agent), -2);
+    /* Revoking the owner frees the id. */
+    assert_int_equal(gps_auth_key_revoke(a, victim), 0);
+    assert_null(gps_auth_agent_owner(a, agent));
+    assert_int_equal(gps_auth_bind_agent(a, gps_auth_key_find(a, thief), agent), 0);
+    gps_auth_free(a);
+    gps_store_close(s);
+}
+
 static void count_key(void *arg, const gps_auth_key *k) { (*(int *)arg)++; }
 
 static void test_many_keys(void **state)
@@ -507,6 +538,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cli_create_and_check, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hash_not_raw_key_on_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agent_binding_and_persistence, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_id_has_one_owner, setup, teardown),
         cmocka_unit_test(test_many_keys),
         cmocka_unit_test_setup_teardown(test_cli_errors, setup, teardown),
         cmocka_unit_test(test_enroll),

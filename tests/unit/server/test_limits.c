@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <event2/thread.h>
+#include <sqlite3.h>
 
 #include "server/auth.h"
 #include "server/limits.h"
@@ -216,6 +217,75 @@ static void test_usage_survives_restart(void **state)
     gps_store_close(s);
 }
 
+/* Issue 9, finding 1: a key_usage row holding INT64_MAX (saved by a
+ * server that trusted an agent's usage) or a negative count is clamped on
+ * load, the key's next request is handled without overflow (UBSan), the
+ * daily budget still refuses, and further accounting saturates. Before the
+ * fix, admit summed prompt + completion = INT64_MAX + 5 (signed overflow). */
+static void test_bad_usage_rows_are_clamped(void **state)
+{
+    tctx *t = *state;
+    char err[512] = "";
+    char lim_id[GPS_AUTH_ID_LEN + 1], free_id[GPS_AUTH_ID_LEN + 1];
+    gps_store *s = gps_store_open(t->db, NULL, NULL, err, sizeof err);
+    assert_non_null(s);
+    gps_auth *a = auth_with_key(s, (gps_key_limits){.tokens_per_day = 50}, lim_id);
+    char key[GPS_AUTH_KEY_LEN + 1];
+    gps_key_spec spec = {.role = GPS_KEY_CLIENT, .name = "free"};
+    assert_int_equal(gps_auth_key_create_spec(a, &spec, key, free_id), 0);
+    gps_auth_free(a);
+    gps_store_close(s);
+
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(t->db, &db), SQLITE_OK);
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
+             "rate_limited) VALUES ('%s', %lld, 1, 9223372036854775807, 5, -3), "
+             "('%s', %lld, -1, 9223372036854775807, 9223372036854775807, 0)",
+             lim_id, T0 / DAY_MS, free_id, T0 / DAY_MS);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+
+    s = gps_store_open(t->db, NULL, NULL, err, sizeof err);
+    assert_non_null(s);
+    a = gps_auth_new(s);
+    assert_int_equal(gps_auth_load(a, err, sizeof err), 0);
+    gps_limits *l = gps_limits_new(a, s);
+    assert_int_equal(gps_limits_load(l, T0, err, sizeof err), 0);
+    gps_key_usage u;
+    gps_limits_get_usage(l, lim_id, T0, &u);
+    assert_true(u.prompt_tokens > 0 && u.prompt_tokens <= INT64_MAX / 4);
+    assert_int_equal(u.completion_tokens, 5);
+    assert_int_equal(u.rate_limited, 0);
+    int retry;
+    assert_int_equal(gps_limits_admit(l, lim_id, T0, &retry), GPS_LIMIT_TOKENS);
+    /* The unlimited key is admitted; accounting more saturates. */
+    assert_int_equal(gps_limits_admit(l, free_id, T0, &retry), GPS_LIMIT_OK);
+    gps_limits_account(l, free_id, INT64_MAX, INT64_MAX, T0);
+    gps_limits_get_usage(l, free_id, T0, &u);
+    assert_true(u.prompt_tokens > 0 && u.completion_tokens > 0);
+    assert_true(u.prompt_tokens <= INT64_MAX / 4 && u.completion_tokens <= INT64_MAX / 4);
+    assert_int_equal(u.requests, 1); /* -1 read back as 0, then this request */
+    gps_limits_free(l);
+    gps_auth_free(a);
+    gps_store_close(s); /* flushes the saturating upserts */
+
+    /* What was written back reloads as sane numbers. */
+    s = gps_store_open(t->db, NULL, NULL, err, sizeof err);
+    assert_non_null(s);
+    a = gps_auth_new(s);
+    assert_int_equal(gps_auth_load(a, err, sizeof err), 0);
+    l = gps_limits_new(a, s);
+    assert_int_equal(gps_limits_load(l, T0, err, sizeof err), 0);
+    gps_limits_get_usage(l, free_id, T0, &u);
+    assert_true(u.prompt_tokens > 0 && u.prompt_tokens <= INT64_MAX / 4);
+    assert_int_equal(gps_limits_admit(l, lim_id, T0, &retry), GPS_LIMIT_TOKENS);
+    gps_limits_free(l);
+    gps_auth_free(a);
+    gps_store_close(s);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -226,6 +296,7 @@ int main(void)
         cmocka_unit_test(test_max_concurrent),
         cmocka_unit_test(test_limits_change_on_a_live_key),
         cmocka_unit_test_setup_teardown(test_usage_survives_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_usage_rows_are_clamped, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
