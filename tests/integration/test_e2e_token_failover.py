@@ -116,9 +116,12 @@ class TokenFailoverTest(harness.TestCase):
     def wait_parked(self, n):
         harness.wait_until(lambda: self.parked() >= n, timeout=30, what="agents parked")
 
-    def run_stream(self, body, chat, prefer=None, kill=None, n_kill=0):
+    def run_stream(self, body, chat, prefer=None, kill=None, n_kill=0, kill_at_len=None,
+                   chunks=None):
         """Stream body; with kill, kill -9 that agent once n_kill chunks with
-        text were read. Returns (text, last chunk with x_pool_meta)."""
+        text were read (or, with kill_at_len, once that many bytes were).
+        Returns (text, x_pool_meta of the last chunk); chunks (a list) gets
+        each chunk's text and finish_reason."""
         body = dict(body)
         if prefer:
             body["x_pool_options"] = {"prefer_agent": prefer}
@@ -136,10 +139,15 @@ class TokenFailoverTest(harness.TestCase):
             t = chunk_text(d, chat)
             if d.get("x_pool_meta"):
                 meta = d["x_pool_meta"]
+            if chunks is not None:
+                chunks += [(t, c.get("finish_reason")) for c in d.get("choices") or []]
             if t:
                 text += t
                 n += 1
-                if kill is not None and n == n_kill:
+                if kill is not None and kill_at_len is None and n == n_kill:
+                    kill.kill9()
+                if kill is not None and kill_at_len is not None and \
+                        len(text.encode()) == kill_at_len:
                     kill.kill9()
         s.close()
         return text, meta
@@ -173,6 +181,39 @@ class TokenFailoverTest(harness.TestCase):
         self.assertEqual([r[2:] for r in results], [(True, "tokens")] * 6, results)
         fo = self.srv.log_events("job_failover")
         self.assertEqual([e.get("mode") for e in fo], ["continue"] * 6)
+
+    def test_stop_string_straddling_the_junction(self):
+        # The stop string starts with the last character of token k's
+        # text: agent A emits token k's text but that character, holds it
+        # back, and waits at the gate (k tokens). Killed there, agent B must
+        # start with that held character in its stop matcher (primed from
+        # the ids) to find the stop string across the junction.
+        a, ida = self.agent(self.file_a, gated=True)
+        b, idb = self.agent(self.file_b)
+        self.wait_parked(2)
+        body = {"model": "tiny", "stream": True, "max_tokens": 60, "temperature": 0,
+                "prompt": "Once upon a time"}
+        chunks = []
+        base, _ = self.run_stream(body, False, prefer=idb, chunks=chunks)
+        pieces = [t for t, _ in chunks if t]
+        k = next(i for i in range(8, len(pieces) - 1)
+                 if len(pieces[i - 1]) >= 2 and pieces[i].strip())
+        at = len("".join(pieces[:k])) - 1           # where the stop string starts
+        stop = base[at:at + 1] + pieces[k]
+        self.assertEqual(base.find(stop), at, (stop, base))
+        body["stop"] = [stop]
+        chunks = []
+        whole, _ = self.run_stream(body, False, prefer=idb, chunks=chunks)
+        self.assertEqual(whole, base[:at])
+        write_atomic(self.gate, str(k))
+        self.wait_parked(2)
+        chunks = []
+        text, meta = self.run_stream(body, False, prefer=ida, kill=a,
+                                     kill_at_len=len(base[:at].encode()), chunks=chunks)
+        self.assertEqual(meta["continuation"], "tokens", meta)
+        self.assertEqual(meta["agent_id"], idb, meta)
+        self.assertEqual(text, base[:at])
+        self.assertEqual([f for _, f in chunks if f], ["stop"])
 
     def test_other_file_falls_back_to_text(self):
         other = self.h.path("c.gguf")
