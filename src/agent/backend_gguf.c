@@ -315,8 +315,13 @@ static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char 
     const char *dg = json_string_value(json_object_get(job, "continuation_digest"));
     if (!json_is_array(ids) || json_array_size(ids) == 0)
         return 0;
-    if (!b->digest[0] || !dg || strcmp(dg, b->digest) != 0)
-        return 0;   /* another file: the ids mean other tokens */
+    if (!b->digest[0] || !dg || strcmp(dg, b->digest) != 0) {
+        /* another file (the server's facts were stale): the ids mean
+         * other tokens here */
+        gp_log_warn("continuation_digest_mismatch", "job %s: continuation ids for another "
+                    "model file; continuing from the text", j->job_id);
+        return 0;
+    }
     size_t n = json_array_size(ids);
     json_t *ns = json_object_get(json_object_get(job, "sampler"), "n_sampled");
     const char *cont = json_string_value(json_object_get(job, "continuation"));
@@ -510,8 +515,6 @@ static int32_t *tokenize(gguf_backend *b, const char *text, int *n_out)
     return t;
 }
 
-/* Admit one job into a free slot: tokenize and set up sampling. Returns
- * false when the job ended here (count_tokens, errors). */
 /* Token-exact continuation: the prompt's tokens followed by the generated
  * ids of the previous attempts (never the text re-tokenized). */
 static bool append_cont_ids(gjob *j)
@@ -548,6 +551,8 @@ static void prime_stop(gguf_backend *b, gjob *j)
     gp_buf_free(&all);
 }
 
+/* Admit one job into a free slot: tokenize and set up sampling. Returns
+ * false when the job ended here (count_tokens, errors). */
 static bool job_admit(gguf_backend *b, gjob *j, int slot)
 {
     j->toks = tokenize(b, j->text, &j->n_toks);
@@ -595,8 +600,6 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     return true;
 }
 
-/* Sample from logits, stream the piece; returns a finish reason when the job
- * is done, else NULL. */
 /* Tests only (GPUPOOL_TEST_TOKEN_GATE=FILE): before sampling a job's
  * token number k (1-based, this attempt) wait until FILE holds a number
  * >= k, so a test can kill the agent at a chosen token without racing it.
@@ -632,6 +635,8 @@ static bool unsent_push(gjob *j, int32_t tok)
     return true;
 }
 
+/* Sample from logits, stream the piece; returns a finish reason when the job
+ * is done, else NULL. */
 static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
 {
     if (b->test_gate)
@@ -830,12 +835,12 @@ static json_t *gguf_models(agent_backend *base)
     gguf_backend *b = (gguf_backend *)base;
     /* supports_tools: the model's chat template has a tools format
      * (gpe_chat_supports_tools); the server sends tools only then. */
-    json_t *m = json_pack("[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias,
-                     "aliases", "quantization", b->info.quant, "context_length", b->n_ctx,
-                     "bytes", (json_int_t)b->info.file_bytes, "vram_bytes", "architecture",
-                     b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
-                     "chat_format", b->info.chat_format, "supports_tools",
-                     (int)gpe_chat_supports_tools(b->model));
+    json_t *m = json_pack(
+        "[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias, "aliases",
+        "quantization", b->info.quant, "context_length", b->n_ctx, "bytes",
+        (json_int_t)b->info.file_bytes, "vram_bytes", "architecture", b->info.arch, "loaded", 1,
+        "parameters", (json_int_t)b->info.n_params, "chat_format", b->info.chat_format,
+        "supports_tools", (int)gpe_chat_supports_tools(b->model));
     /* digest: agents with the same file continue each other's jobs from
      * token ids (docs/protocol.md). */
     if (m && b->digest[0])

@@ -597,9 +597,8 @@ static int validate_token_ids(const json_t *ev, size_t i, char *msg, size_t msgl
 /* Job assigned to agent a: track the digest its ids belong to and decide
  * how this attempt continues earlier output. Fresh output: the ids will
  * be a's. Earlier output: usable only when a serves the same file. */
-static void continuation_plan(gps_jobs *j, gps_job *job, registry_agent *a)
+static void continuation_plan(gps_job *job, registry_agent *a)
 {
-    (void)j;
     const char *d = registry_agent_model_digest(a, job->spec.model);
     bool fresh = job->text.len == 0 && job->n_gen_ids == 0 && job->continued_tokens == 0;
     if (fresh) {
@@ -671,7 +670,7 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->agent_seq = 0;
     json_decref(job->events);
     job->events = json_array();
-    continuation_plan(j, job, a);
+    continuation_plan(job, a);
     gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
                  json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
                            "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),

@@ -168,8 +168,12 @@ static void test_registry_digest(void **st)
     assert_string_equal(registry_agent_model_digest(a, "m1"), D1);
     assert_null(registry_agent_model_digest(b, "m1"));
     assert_null(registry_agent_model_digest(a, "other"));
-    static const char *bad[] = {"\"ABC\"", "\"" D1 "0\"", "42",
-                                "\"111111111111111111111111111111111111111111111111111111111111111G\""};
+    /* upper case, 65 characters, not a string, a non-hex character */
+    static const char *bad[] = {"\"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+                                "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\"",
+                                "\"" D1 "0\"", "42",
+                                "\"11111111111111111111111111111111"
+                                "1111111111111111111111111111111G\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char body[512];
         snprintf(body, sizeof body,
