@@ -86,13 +86,18 @@ static void fx_free(fx *f)
     event_base_free(f->base);
 }
 
+static char g_fo_cont[16];   /* continuation of the last failover event */
+
 /* A subscriber that plays a streaming client: every token reached it. */
 static void on_event(gps_job *job, gps_event_type t, json_t *ev, void *arg)
 {
-    (void)ev;
     (void)arg;
     if (t == GPS_EV_TOKEN)
         gps_job_mark_output_sent(job);
+    if (t == GPS_EV_FAILOVER) {
+        const char *c = json_string_value(json_object_get(ev, "continuation"));
+        snprintf(g_fo_cont, sizeof g_fo_cont, "%s", c ? c : "(none)");
+    }
 }
 
 static gps_job *submit(fx *f, long long max_tokens, bool seeded)
@@ -208,6 +213,7 @@ static void test_same_digest_continues_from_ids(void **st)
     assert_int_equal(apply(&f, job, a, 0, TOKENS), 0);
     assert_int_equal(job->completion_tokens, 3);     /* the second event stands for two */
     gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_string_equal(g_fo_cont, "tokens");
     w = take(&f, b);
     check_ids(w, D1);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "sampler"), "seed")),
@@ -231,6 +237,7 @@ static void test_other_digest_gets_text(void **st)
     json_decref(w);
     assert_int_equal(apply(&f, job, a, 0, TOKENS), 0);
     gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_string_equal(g_fo_cont, "text");   /* no live agent has a's file */
     w = take(&f, c);
     assert_null(json_object_get(w, "continuation_ids"));
     assert_null(json_object_get(json_object_get(w, "sampler"), "n_sampled"));
