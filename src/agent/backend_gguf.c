@@ -325,9 +325,14 @@ static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char 
     size_t n = json_array_size(ids);
     json_t *ns = json_object_get(json_object_get(job, "sampler"), "n_sampled");
     const char *cont = json_string_value(json_object_get(job, "continuation"));
-    if (n >= (size_t)b->n_ctx || !json_is_integer(ns) || json_integer_value(ns) < 0 || !cont) {
-        snprintf(err, errlen, "continuation_ids needs sampler.n_sampled and continuation, and "
-                              "fewer ids than the context holds");
+    /* One draw per sampled token, and every sampled token is an id here
+     * (an end-of-generation token ends the job): n_sampled cannot exceed
+     * the ids, which also bounds the generator's fast-forward. Too many
+     * ids for the context: job_admit's CONTEXT_OVERFLOW. */
+    if (!json_is_integer(ns) || json_integer_value(ns) < 0 ||
+        (size_t)json_integer_value(ns) > n || !cont) {
+        snprintf(err, errlen, "continuation_ids needs continuation and sampler.n_sampled "
+                              "(0..number of ids)");
         return -1;
     }
     j->cont_ids = malloc(n * sizeof *j->cont_ids);

@@ -292,6 +292,15 @@ static void test_token_continuation_exact(void **state)
              digest);
     assert_int_equal(start(b, bad, r), -1);
     rec_free(r);
+    /* n_sampled beyond the ids (a fast-forward the server cannot mean) */
+    r = rec_new();
+    snprintf(bad, sizeof bad,
+             "{\"job_id\":\"bad2\",\"kind\":\"completion\",\"prompt\":\"x\","
+             "\"continuation\":\"y\",\"continuation_ids\":[1,2],\"continuation_digest\":\"%s\","
+             "\"sampler\":{\"n_sampled\":1000000000000}}",
+             digest);
+    assert_int_equal(start(b, bad, r), -1);
+    rec_free(r);
     b->ops->destroy(b);
 }
 
