@@ -255,7 +255,11 @@ const float *gpe_get_logits(const gpe_ctx *ctx, int i);
  * values mean "off" (top_k <= 0, top_p <= 0 or >= 1, min_p <= 0,
  * repeat_penalty <= 0 or 1, repeat_last_n 0; -1 = all accepted tokens), so
  * a zero-initialised struct is greedy. Results do not depend on the
- * context's thread count. gpe_sampler_reset reseeds. */
+ * context's thread count. gpe_sampler_reset reseeds. Each
+ * gpe_sampler_sample call that returns a token takes exactly one draw from
+ * the generator (greedy calls too), so a sampler's whole state is its
+ * parameters, the accepted tokens and the number of tokens sampled: see
+ * gpe_sampler_advance. */
 typedef struct gpe_sampler_params {
     float temperature;        /* 0 = greedy (argmax, lowest id on ties) */
     int top_k;                /* 0 = off */
@@ -276,6 +280,12 @@ void gpe_sampler_free(gpe_sampler *s);
 int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab);
 /* Record a token (prompt or generated) for the penalties. */
 void gpe_sampler_accept(gpe_sampler *s, int32_t token);
+/* Move the generator forward as n_sampled gpe_sampler_sample calls would.
+ * A sampler made with the same params, given the same accepted tokens
+ * (prompt and generated, in order) and advanced by the number of tokens
+ * the first one sampled, samples exactly what the first one would have
+ * next (resuming a generation elsewhere). */
+void gpe_sampler_advance(gpe_sampler *s, uint64_t n_sampled);
 void gpe_sampler_reset(gpe_sampler *s);
 
 /* Stop strings over the streamed text. Feed each piece; the matcher holds
@@ -292,6 +302,12 @@ bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emi
                    size_t *emit_len);
 /* At the end of generation: whatever is still held back. */
 void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len);
+/* Resume a stream: take held (len bytes) as text fed earlier and still
+ * held back, without emitting it (the generated text of a previous
+ * matcher that it had not emitted yet). The next gpe_stop_feed then
+ * behaves exactly as that matcher's would, so a stop string that started
+ * in the held text is still found. 0, or -1 on ENOMEM / bad arguments. */
+int gpe_stop_prime(gpe_stop *st, const char *held, size_t len);
 
 /* ----------------------------------------------------------------- system */
 

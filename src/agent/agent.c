@@ -198,6 +198,28 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
     sink_push(ctx, ev);
 }
 
+/* A token event with the ids of every token sampled since the previous
+ * token event (docs/protocol.md): token_id is the last, token_ids all of
+ * them when there is more than one. */
+static void sink_token_ids(void *ctx, const char *text, size_t len, const int32_t *ids,
+                           size_t n_ids)
+{
+    json_t *t = json_stringn(text, len);
+    if (!t)
+        t = json_string("\xef\xbf\xbd");
+    json_t *ev = json_pack("{s:s,s:o}", "type", "token", "text", t);
+    if (ev && n_ids > 0)
+        json_object_set_new(ev, "token_id", json_integer(ids[n_ids - 1]));
+    if (ev && n_ids > 1) {
+        json_t *arr = json_array();
+        for (size_t i = 0; arr && i < n_ids; i++)
+            json_array_append_new(arr, json_integer(ids[i]));
+        if (arr)
+            json_object_set_new(ev, "token_ids", arr);
+    }
+    sink_push(ctx, ev);
+}
+
 static void sink_metrics(void *ctx, json_t *m)
 {
     json_t *ev = json_is_object(m) ? json_deep_copy(m) : json_object();
@@ -650,6 +672,7 @@ static void job_begin(agent *a, json_t *jj)
         .ctx = j,
         .started = sink_started,
         .token = sink_token,
+        .token_ids = sink_token_ids,
         .metrics = sink_metrics,
         .tool_call = sink_tool_call,
         .end = sink_end,

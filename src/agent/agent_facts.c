@@ -2,11 +2,19 @@
 #include "agent/agent_facts.h"
 
 #include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
 
 /* ---------------------------------------------------------------------------
  * CPU and platform
@@ -150,4 +158,123 @@ json_t *agent_facts_gpus(void)
         json_array_append_new(out, g);
     }
     return out;
+}
+
+/* ---------------------------------------------------------------------------
+ * Model file digest
+ * ------------------------------------------------------------------------ */
+
+#define DIGEST_CACHE_FILE "model-digests.json"
+#define DIGEST_CACHE_MAX 16          /* entries kept (most recent first) */
+
+static bool hex64(const char *s)
+{
+    if (!s || strlen(s) != 64)
+        return false;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return true;
+}
+
+static int hash_file(const char *path, char out[65], char *err, size_t errlen)
+{
+    int rc = -1;
+    FILE *f = fopen(path, "rb");
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char *buf = malloc(1u << 20);
+    if (!f || !md || !buf || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+        snprintf(err, errlen, "cannot hash %s: %s", path, f ? "out of memory" : strerror(errno));
+        goto done;
+    }
+    size_t n;
+    while ((n = fread(buf, 1, 1u << 20, f)) > 0)
+        if (EVP_DigestUpdate(md, buf, n) != 1)
+            break;
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned int dl = 0;
+    if (ferror(f) || EVP_DigestFinal_ex(md, d, &dl) != 1 || dl != 32) {
+        snprintf(err, errlen, "cannot hash %s: read error", path);
+        goto done;
+    }
+    for (unsigned i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+    rc = 0;
+done:
+    free(buf);
+    EVP_MD_CTX_free(md);
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+int agent_model_digest(const char *path, const char *state_dir, char out[65], bool *from_cache,
+                       char *err, size_t errlen)
+{
+    struct stat st;
+    char real[PATH_MAX], cache[PATH_MAX];
+    json_t *doc = NULL, *list = NULL;
+    *from_cache = false;
+    out[0] = '\0';
+    if (!realpath(path, real) || stat(real, &st) != 0) {
+        snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
+        return -1;
+    }
+    long long mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    bool use_cache = state_dir && *state_dir &&
+                     snprintf(cache, sizeof cache, "%s/" DIGEST_CACHE_FILE, state_dir) <
+                         (int)sizeof cache;
+    if (use_cache) {
+        size_t len = 0;
+        char *txt = gp_read_file(cache, &len, 1u << 20);
+        doc = txt ? json_loadb(txt, len, 0, NULL) : NULL;
+        free(txt);
+        list = json_object_get(doc, "entries");
+        size_t i;
+        json_t *e;
+        json_array_foreach(list, i, e) {
+            const char *p = json_string_value(json_object_get(e, "path"));
+            const char *h = json_string_value(json_object_get(e, "sha256"));
+            json_t *sz = json_object_get(e, "size"), *mt = json_object_get(e, "mtime_ns");
+            if (p && strcmp(p, real) == 0 && hex64(h) && json_is_integer(sz) &&
+                json_integer_value(sz) == (json_int_t)st.st_size && json_is_integer(mt) &&
+                json_integer_value(mt) == mtime_ns) {
+                memcpy(out, h, 65);
+                *from_cache = true;
+                json_decref(doc);
+                return 0;
+            }
+        }
+    }
+    if (hash_file(real, out, err, errlen) < 0) {
+        json_decref(doc);
+        return -1;
+    }
+    if (!use_cache)
+        goto done;
+    /* New entry first, then the others (minus any older one for this path),
+     * at most DIGEST_CACHE_MAX. A cache that cannot be written only costs
+     * hashing again at the next start. */
+    json_t *nl = json_array();
+    json_array_append_new(nl, json_pack("{s:s,s:I,s:I,s:s}", "path", real, "size",
+                                        (json_int_t)st.st_size, "mtime_ns",
+                                        (json_int_t)mtime_ns, "sha256", out));
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e) {
+        const char *p = json_string_value(json_object_get(e, "path"));
+        if (p && strcmp(p, real) != 0 && json_array_size(nl) < DIGEST_CACHE_MAX)
+            json_array_append(nl, e);
+    }
+    json_t *nd = json_pack("{s:o}", "entries", nl);
+    char *txt = nd ? json_dumps(nd, JSON_INDENT(1)) : NULL;
+    if (!txt || gp_mkdirs(state_dir, 0700) < 0 ||
+        gp_write_file_atomic(cache, txt, strlen(txt), 0600) < 0)
+        gp_log_warn("digest_cache", "cannot write %s; the model file will be hashed again "
+                    "at the next start", cache);
+    free(txt);
+    json_decref(nd);
+done:
+    json_decref(doc);
+    return 0;
 }

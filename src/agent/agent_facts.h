@@ -8,6 +8,9 @@
 #ifndef AGENT_FACTS_H
 #define AGENT_FACTS_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include <jansson.h>
 
 /* Facts that do not change while the agent runs: {"platform":"linux-x86_64",
@@ -16,5 +19,15 @@ json_t *agent_facts_static(void);
 /* Live GPU list (NVML), [] when NVML is absent or fails. New reference.
  * Call from one thread only (the agent loop). */
 json_t *agent_facts_gpus(void);
+
+/* SHA-256 (64 lowercase hex chars) of the model file at path, reported as
+ * the model's "digest" in /agents/poll: agents with the same digest run the
+ * same weights and tokenizer, so a job can continue from token ids on
+ * another one (docs/protocol.md). Hashing a multi-GB file takes seconds, so
+ * the result is cached in state_dir/model-digests.json keyed by the file's
+ * real path, size and mtime (state_dir NULL: no cache). *from_cache says
+ * whether it was. Returns 0, or -1 with a message in err. */
+int agent_model_digest(const char *path, const char *state_dir, char out[65], bool *from_cache,
+                       char *err, size_t errlen);
 
 #endif

@@ -33,6 +33,8 @@
  * /agents/work's "jobs" array, see docs/protocol.md: job_id, kind
  * ("completion" | "chat" | "count_tokens"), model, prompt, messages, params
  * {max_tokens, temperature, top_p, top_k, stop, seed}, continuation,
+ * continuation_ids + continuation_digest + sampler {seed, n_sampled}
+ * (token-exact failover, gguf only; others ignore them),
  * correlation_id, deadline_ms; chat jobs may carry OpenAI `tools` and
  * `tool_choice` (and then messages with tool_calls / role "tool"), only
  * when the backend's models() said "supports_tools": true. count_tokens:
@@ -63,6 +65,12 @@ typedef struct agent_job_sink {
      * backend cannot avoid it; len bytes, not NUL-terminated). token_id is
      * -1 when unknown (openai). */
     void (*token)(void *ctx, const char *text, size_t len, int32_t token_id);
+    /* Optional (may be NULL in a sink; then token is used): generated text
+     * with the ids of every token sampled since the previous token call,
+     * in order (n_ids >= 1). The gguf backend calls it so that the server
+     * knows the ids behind all relayed text (token-exact failover). */
+    void (*token_ids)(void *ctx, const char *text, size_t len, const int32_t *ids,
+                      size_t n_ids);
     /* Free-form metrics object, e.g. {"prompt_tokens":5,"tokens_per_sec":410.5}.
      * Borrowed: the sink copies it. */
     void (*metrics)(void *ctx, json_t *metrics);

@@ -20,7 +20,20 @@
  * calls in the output are not parsed, they stream as text), count_tokens
  * (tokenize, end at once).
  * `continuation` (failover) is appended to the prompt text: the model
- * continues after it and only new text is sent.
+ * continues after it and only new text is sent. When the job also carries
+ * `continuation_ids` and `continuation_digest` equals this model file's
+ * digest, the continuation is token-exact instead: the context is this
+ * agent's tokenization of the prompt followed by those generated ids (the
+ * text is never re-tokenized), the sampler gets the seed, the same accepted
+ * tokens and its generator advanced by `sampler.n_sampled` draws, and the
+ * stop matcher is primed with the text the lost agent had generated but
+ * not sent; so the stream goes on exactly as if nothing had failed
+ * (docs/architecture.md "Failover").
+ *
+ * Token events carry the ids of every token sampled since the previous
+ * token event (`token_ids` when more than one: text held back by the stop
+ * matcher or an incomplete UTF-8 character comes out with a later token),
+ * so the server knows the exact ids behind the text it relayed.
  */
 #include "agent/backend.h"
 
@@ -31,6 +44,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "agent/agent_facts.h"
+#include "common/gp_log.h"
+#include "common/gp_util.h"
 #include "gpupool/engine.h"
 
 #define MAX_STOPS 8
@@ -48,11 +64,19 @@ typedef struct gjob {
     char *stops[MAX_STOPS];
     size_t n_stops;
     bool cancel;               /* set under mu by job_cancel */
+    /* token-exact continuation (failover); n_cont == 0: none */
+    int32_t *cont_ids;         /* generated ids of the previous attempts */
+    int n_cont;
+    uint64_t n_sampled;        /* sampler draws the previous attempts took */
+    char *cont_text;           /* text the client already has (for the stop matcher) */
     /* decode-thread state */
     job_state state;
     int slot;
     int32_t *toks;             /* prompt tokens */
-    int n_toks, n_fed;         /* prompt length, tokens already decoded */
+    int n_toks, n_fed;         /* tokens to prefill (prompt + cont_ids), already decoded */
+    int n_prompt;              /* of those, the prompt's own (usage, metrics) */
+    int32_t *unsent;           /* ids sampled since the last token event */
+    int n_unsent, cap_unsent;
     int32_t last;              /* last sampled token (to decode next) */
     long n_gen;
     gpe_sampler *smp;
@@ -66,6 +90,8 @@ typedef struct gguf_backend {
     gpe_ctx *ctx;
     gpe_model_info info;
     char *alias;
+    char digest[65];           /* sha256 of the model file; "" when unknown */
+    char *test_gate;           /* GPUPOOL_TEST_TOKEN_GATE (tests only), or NULL */
     int n_slots, n_ctx, n_batch;
     pthread_t thread;
     bool thread_started;
@@ -92,6 +118,9 @@ static void job_free(gjob *j)
         return;
     free(j->text);
     free(j->toks);
+    free(j->cont_ids);
+    free(j->cont_text);
+    free(j->unsent);
     for (size_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
     gpe_sampler_free(j->smp);
@@ -275,6 +304,58 @@ static double num_or(json_t *o, const char *k, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* Token-exact continuation fields of a job (see the top of this file).
+ * Returns 1 when the job continues from token ids (j->cont_* set), 0 when
+ * it does not (no ids, or a digest that is not ours: text continuation),
+ * -1 with err set on malformed fields. */
+static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char *err,
+                                    size_t errlen)
+{
+    json_t *ids = json_object_get(job, "continuation_ids");
+    const char *dg = json_string_value(json_object_get(job, "continuation_digest"));
+    if (!json_is_array(ids) || json_array_size(ids) == 0)
+        return 0;
+    if (!b->digest[0] || !dg || strcmp(dg, b->digest) != 0) {
+        /* another file (the server's facts were stale): the ids mean
+         * other tokens here */
+        gp_log_warn("continuation_digest_mismatch", "job %s: continuation ids for another "
+                    "model file; continuing from the text", j->job_id);
+        return 0;
+    }
+    size_t n = json_array_size(ids);
+    json_t *ns = json_object_get(json_object_get(job, "sampler"), "n_sampled");
+    const char *cont = json_string_value(json_object_get(job, "continuation"));
+    /* One draw per sampled token, and every sampled token is an id here
+     * (an end-of-generation token ends the job): n_sampled cannot exceed
+     * the ids, which also bounds the generator's fast-forward. Too many
+     * ids for the context: job_admit's CONTEXT_OVERFLOW. */
+    if (!json_is_integer(ns) || json_integer_value(ns) < 0 ||
+        (size_t)json_integer_value(ns) > n || !cont) {
+        snprintf(err, errlen, "continuation_ids needs continuation and sampler.n_sampled "
+                              "(0..number of ids)");
+        return -1;
+    }
+    j->cont_ids = malloc(n * sizeof *j->cont_ids);
+    j->cont_text = strdup(cont);
+    if (!j->cont_ids || !j->cont_text) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int n_vocab = gpe_model_n_vocab(b->model);
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(ids, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= n_vocab) {
+            snprintf(err, errlen, "continuation_ids[%zu]: not a token id of this model", i);
+            return -1;
+        }
+        j->cont_ids[i] = (int32_t)json_integer_value(v);
+    }
+    j->n_cont = (int)n;
+    j->n_sampled = (uint64_t)json_integer_value(ns);
+    return 1;
+}
+
 static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
 {
     gjob *j = calloc(1, sizeof *j);
@@ -311,7 +392,10 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
         goto fail;
     }
     const char *cont = json_string_value(json_object_get(job, "continuation"));
-    if (cont && *cont) {
+    int tc = parse_token_continuation(b, job, j, err, errlen);
+    if (tc < 0)
+        goto fail;
+    if (tc == 0 && cont && *cont) {
         size_t a = strlen(j->text), c = strlen(cont);
         char *t = realloc(j->text, a + c + 1);
         if (!t) {
@@ -327,9 +411,14 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     j->sp.temperature = (float)num_or(params, "temperature", 0.8);
     j->sp.top_p = (float)num_or(params, "top_p", 1.0);
     j->sp.top_k = (int)num_or(params, "top_k", 0);
+    /* The client's seed, else the one the server chose for the job (the
+     * same on every attempt: a token-exact continuation needs it), else
+     * our own. */
     json_t *seed = json_object_get(params, "seed");
-    j->sp.seed = json_is_integer(seed) ? (uint64_t)json_integer_value(seed)
-                                       : (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)j;
+    json_t *sseed = json_object_get(json_object_get(job, "sampler"), "seed");
+    j->sp.seed = json_is_integer(seed)    ? (uint64_t)json_integer_value(seed)
+                 : json_is_integer(sseed) ? (uint64_t)json_integer_value(sseed)
+                                          : (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)j;
     if (j->sp.temperature < 0 || j->sp.top_p < 0 || j->sp.top_p > 1 || j->sp.top_k < 0) {
         snprintf(err, errlen, "bad sampling parameters");
         goto fail;
@@ -369,6 +458,18 @@ static void job_error(gjob *j, const char *code, const char *msg)
     j->sink.error(j->sink.ctx, code, msg);
 }
 
+/* Send a token event with emit[0..n) and the ids sampled since the last
+ * one (the backend's part of a token-exact failover: the server keeps the
+ * ids behind the text it relayed). */
+static void send_text(gjob *j, const char *emit, size_t n)
+{
+    if (j->sink.token_ids && j->n_unsent > 0)
+        j->sink.token_ids(j->sink.ctx, emit, n, j->unsent, (size_t)j->n_unsent);
+    else
+        j->sink.token(j->sink.ctx, emit, n, j->n_unsent > 0 ? j->unsent[j->n_unsent - 1] : -1);
+    j->n_unsent = 0;
+}
+
 static void job_end(gjob *j, const char *reason)
 {
     if (j->stop) {
@@ -376,12 +477,12 @@ static void job_end(gjob *j, const char *reason)
         size_t n;
         gpe_stop_flush(j->stop, &emit, &n);
         if (n > 0)
-            j->sink.token(j->sink.ctx, emit, n, -1);
+            send_text(j, emit, n);
     }
     if (j->sink.metrics && !j->count_only) {
         double t = now_s();
         double gen = j->t_first > 0 ? t - j->t_first : 0;
-        json_t *m = json_pack("{s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_toks,
+        json_t *m = json_pack("{s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_prompt,
                               "completion_tokens", (json_int_t)j->n_gen, "time_to_first_token_ms",
                               j->t_first > 0 ? (j->t_first - j->t_start) * 1e3 : 0.0,
                               "tokens_per_sec", gen > 0 && j->n_gen > 1 ? (j->n_gen - 1) / gen : 0.0);
@@ -390,7 +491,7 @@ static void job_end(gjob *j, const char *reason)
             json_decref(m);
         }
     }
-    j->sink.end(j->sink.ctx, reason, j->n_toks, j->count_only ? 0 : j->n_gen);
+    j->sink.end(j->sink.ctx, reason, j->n_prompt, j->count_only ? 0 : j->n_gen);
 }
 
 static int32_t *tokenize(gguf_backend *b, const char *text, int *n_out)
@@ -419,6 +520,42 @@ static int32_t *tokenize(gguf_backend *b, const char *text, int *n_out)
     return t;
 }
 
+/* Token-exact continuation: the prompt's tokens followed by the generated
+ * ids of the previous attempts (never the text re-tokenized). */
+static bool append_cont_ids(gjob *j)
+{
+    if (j->n_cont == 0)
+        return true;
+    int32_t *t = realloc(j->toks, (size_t)(j->n_toks + j->n_cont) * sizeof *t);
+    if (!t)
+        return false;
+    memcpy(t + j->n_toks, j->cont_ids, (size_t)j->n_cont * sizeof *t);
+    j->toks = t;
+    j->n_toks += j->n_cont;
+    return true;
+}
+
+/* The stop matcher of the lost attempt had fed the pieces of every id it
+ * sampled and emitted the continuation text; what it still held back is
+ * the rest. Give it to ours, so its next feed behaves as that one's would
+ * have (a stop string straddling the junction is still found). */
+static void prime_stop(gguf_backend *b, gjob *j)
+{
+    gp_buf all = {0};
+    char piece[256];
+    for (int i = 0; i < j->n_cont; i++) {
+        int n = gpe_token_to_piece(b->model, j->cont_ids[i], piece, sizeof piece, false);
+        gp_buf_append(&all, piece, n > 0 ? (size_t)n : 0);
+    }
+    size_t sent = strlen(j->cont_text);
+    if (all.len >= sent && (sent == 0 || memcmp(all.data, j->cont_text, sent) == 0))
+        gpe_stop_prime(j->stop, all.data ? all.data + sent : "", all.len - sent);
+    else
+        gp_log_warn("continuation_mismatch", "job %s: the continuation ids do not render to the "
+                    "continuation text; the stop matcher starts empty", j->job_id);
+    gp_buf_free(&all);
+}
+
 /* Admit one job into a free slot: tokenize and set up sampling. Returns
  * false when the job ended here (count_tokens, errors). */
 static bool job_admit(gguf_backend *b, gjob *j, int slot)
@@ -426,6 +563,11 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     j->toks = tokenize(b, j->text, &j->n_toks);
     if (!j->toks) {
         job_error(j, "INTERNAL_ERROR", "tokenization failed");
+        return false;
+    }
+    j->n_prompt = j->n_toks;
+    if (!append_cont_ids(j)) {
+        job_error(j, "INTERNAL_ERROR", "out of memory");
         return false;
     }
     if (j->sink.started)
@@ -453,9 +595,48 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     }
     for (int i = 0; i < j->n_toks; i++)
         gpe_sampler_accept(j->smp, j->toks[i]);
+    if (j->n_cont > 0) {
+        gpe_sampler_advance(j->smp, j->n_sampled);
+        prime_stop(b, j);
+    }
     j->slot = slot;
     j->state = J_PREFILL;
     gpe_seq_clear(b->ctx, slot);
+    return true;
+}
+
+/* Tests only (GPUPOOL_TEST_TOKEN_GATE=FILE): before sampling a job's
+ * token number k (1-based, this attempt) wait until FILE holds a number
+ * >= k, so a test can kill the agent at a chosen token without racing it.
+ * Gives up when the backend stops or the job is cancelled. */
+static void test_gate_wait(gguf_backend *b, gjob *j)
+{
+    for (;;) {
+        char *txt = gp_read_file(b->test_gate, NULL, 64);
+        long long allowed = txt ? atoll(txt) : 0;
+        free(txt);
+        if (allowed > j->n_gen)
+            return;
+        pthread_mutex_lock(&b->mu);
+        bool quit = b->stopping || j->cancel;
+        pthread_mutex_unlock(&b->mu);
+        if (quit)
+            return;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+}
+
+static bool unsent_push(gjob *j, int32_t tok)
+{
+    if (j->n_unsent == j->cap_unsent) {
+        int nc = j->cap_unsent ? 2 * j->cap_unsent : 8;
+        int32_t *u = realloc(j->unsent, (size_t)nc * sizeof *u);
+        if (!u)
+            return false;
+        j->unsent = u;
+        j->cap_unsent = nc;
+    }
+    j->unsent[j->n_unsent++] = tok;
     return true;
 }
 
@@ -463,6 +644,8 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
  * is done, else NULL. */
 static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
 {
+    if (b->test_gate)
+        test_gate_wait(b, j);
     int32_t tok = gpe_sampler_sample(j->smp, logits, gpe_model_n_vocab(b->model));
     gpe_sampler_accept(j->smp, tok);
     if (j->t_first == 0)
@@ -470,13 +653,15 @@ static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
     if (gpe_token_is_eog(b->model, tok))
         return "stop";
     j->n_gen++;
+    if (!unsent_push(j, tok))
+        j->n_unsent = 0;   /* out of memory: the server then lacks ids (text failover) */
     char piece[256];
     int n = gpe_token_to_piece(b->model, tok, piece, sizeof piece, false);
     const char *emit;
     size_t elen;
     bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
     if (elen > 0)
-        j->sink.token(j->sink.ctx, emit, elen, tok);
+        send_text(j, emit, elen);
     if (stopped)
         return "stop";
     if (j->n_gen >= j->max_tokens)
@@ -644,6 +829,7 @@ static void gguf_destroy(agent_backend *base)
     pthread_cond_destroy(&b->cv);
     free(b->slots);
     free(b->alias);
+    free(b->test_gate);
     gpe_ctx_free(b->ctx);
     gpe_model_free(b->model);
     free(b);
@@ -654,12 +840,17 @@ static json_t *gguf_models(agent_backend *base)
     gguf_backend *b = (gguf_backend *)base;
     /* supports_tools: the model's chat template has a tools format
      * (gpe_chat_supports_tools); the server sends tools only then. */
-    return json_pack("[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias,
-                     "aliases", "quantization", b->info.quant, "context_length", b->n_ctx,
-                     "bytes", (json_int_t)b->info.file_bytes, "vram_bytes", "architecture",
-                     b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
-                     "chat_format", b->info.chat_format, "supports_tools",
-                     (int)gpe_chat_supports_tools(b->model));
+    json_t *m = json_pack(
+        "[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias, "aliases",
+        "quantization", b->info.quant, "context_length", b->n_ctx, "bytes",
+        (json_int_t)b->info.file_bytes, "vram_bytes", "architecture", b->info.arch, "loaded", 1,
+        "parameters", (json_int_t)b->info.n_params, "chat_format", b->info.chat_format,
+        "supports_tools", (int)gpe_chat_supports_tools(b->model));
+    /* digest: agents with the same file continue each other's jobs from
+     * token ids (docs/protocol.md). */
+    if (m && b->digest[0])
+        json_object_set_new(json_array_get(m, 0), "digest", json_string(b->digest));
+    return m;
 }
 
 static void gguf_poll_facts(agent_backend *base, json_t *body)
@@ -718,6 +909,23 @@ static const agent_backend_ops gguf_ops = {
     .job_cancel = gguf_job_cancel,
 };
 
+/* The model file's digest, before the model is registered (the first
+ * poll reports it). Without one the agent still works: failovers of its
+ * jobs continue from text. */
+static void model_digest(gguf_backend *b, const agent_options *o)
+{
+    char e[512];
+    bool cached = false;
+    double t0 = now_s();
+    if (agent_model_digest(o->model, o->state_dir, b->digest, &cached, e, sizeof e) < 0) {
+        b->digest[0] = '\0';
+        gp_log_warn("model_digest_failed", "%s; failovers continue from text", e);
+        return;
+    }
+    gp_log_info("model_digest", "%s sha256 %s (%s, %.2f s)", o->model, b->digest,
+                cached ? "cached" : "hashed", now_s() - t0);
+}
+
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen)
 {
     gguf_backend *b = calloc(1, sizeof *b);
@@ -727,6 +935,9 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
     }
     b->base.ops = &gguf_ops;
     pthread_mutex_init(&b->mu, NULL);
+    const char *gate = getenv("GPUPOOL_TEST_TOKEN_GATE");
+    if (gate && *gate)
+        b->test_gate = strdup(gate);
     pthread_cond_init(&b->cv, NULL);
     if (!o->model || !*o->model) {
         snprintf(err, errlen, "model: no .gguf file given");
@@ -740,6 +951,7 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
         goto fail;
     }
     gpe_model_get_info(b->model, &b->info);
+    model_digest(b, o);
     b->n_slots = o->slots > 0 ? (int)o->slots : 1;
     if (b->n_slots > 64)
         b->n_slots = 64;

@@ -17,6 +17,12 @@
  *   6. min-p       keep candidates with prob >= min_p * max prob
  *   7. draw        one uniform draw from a seeded xoshiro256** generator
  *
+ * Every call of gpe_sampler_sample that returns a token consumes exactly
+ * one draw, taken first, whatever path it follows (greedy, or every
+ * candidate masked out, included). So the generator's position is the
+ * number of tokens sampled, and gpe_sampler_advance can put a new sampler
+ * where an old one was (token-exact continuation after a failover).
+ *
  * Everything runs on the calling thread, in a fixed order of float
  * operations, so a given seed and logits sequence always give the same
  * tokens whatever the thread count of the context.
@@ -172,6 +178,16 @@ void gpe_sampler_reset(gpe_sampler *s)
         return;
     s->hist_len = 0;
     seed_rng(s);
+}
+
+void gpe_sampler_advance(gpe_sampler *s, uint64_t n_sampled)
+{
+    if (!s)
+        return;
+    /* One draw per sampled token (see the top of this file); a few
+     * thousand steps of xoshiro cost microseconds. */
+    for (uint64_t i = 0; i < n_sampled; i++)
+        (void)xoshiro_next(s->rng);
 }
 
 void gpe_sampler_accept(gpe_sampler *s, int32_t token)
@@ -407,6 +423,8 @@ int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab)
         return -1;
     if (ensure_cap(s, n_vocab) != 0)
         return -1;
+    /* The one draw of this call, taken before any early return. */
+    double u01 = rng_uniform(s->rng);
     const gpe_sampler_params *p = &s->p;
     float *w = s->work;
     memcpy(w, logits, (size_t)n_vocab * sizeof *w);
@@ -485,7 +503,7 @@ int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab)
     if (list) {
         for (int i = 0; i < nc; i++)
             z += c[i].p;
-        double u = rng_uniform(s->rng) * z;
+        double u = u01 * z;
         for (int i = 0; i < nc; i++) {
             cum += c[i].p;
             if (u < cum)
@@ -496,7 +514,7 @@ int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab)
     for (int i = 0; i < n_vocab; i++)
         if (pr[i] >= floor_p)
             z += pr[i];
-    double u = rng_uniform(s->rng) * z;
+    double u = u01 * z;
     int last = 0;
     for (int i = 0; i < n_vocab; i++) {
         if (!(pr[i] >= floor_p) || pr[i] == 0)
@@ -670,6 +688,33 @@ bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emi
     *emit_len = out;
     st->drop = out;
     return false;
+}
+
+int gpe_stop_prime(gpe_stop *st, const char *held, size_t len)
+{
+    if (!st || (!held && len))
+        return -1;
+    if (st->drop) {
+        memmove(st->buf, st->buf + st->drop, st->len - st->drop);
+        st->len -= st->drop;
+        st->drop = 0;
+    }
+    if (st->len + len + 1 > st->cap) {
+        size_t nc = st->cap ? st->cap : 64;
+        while (nc < st->len + len + 1)
+            nc *= 2;
+        char *nb = realloc(st->buf, nc);
+        if (!nb)
+            return -1;
+        st->buf = nb;
+        st->cap = nc;
+    }
+    if (len)
+        memcpy(st->buf + st->len, held, len);
+    st->len += len;
+    /* No search here: the next feed searches the whole buffer, exactly as
+     * the matcher that held this text would have. */
+    return 0;
 }
 
 void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len)

@@ -147,6 +147,27 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
         if (int_in(ev, "token_id", 0, GPS_AGENT_MAX_TOKEN_ID) < 0)
             return fail(field, fieldlen, msg, msglen, f, "must be an integer from 0 to %lld",
                         GPS_AGENT_MAX_TOKEN_ID);
+        /* token_ids: every token sampled since the previous event (the
+         * ids of a token-exact continuation), the last equal to token_id. */
+        const json_t *ids = json_object_get(ev, "token_ids");
+        if (ids) {
+            size_t n = json_array_size(ids);
+            bool ok = json_is_array(ids) && n >= 1 && n <= GPS_AGENT_MAX_EVENTS;
+            for (size_t k = 0; ok && k < n; k++) {
+                const json_t *v = json_array_get(ids, k);
+                ok = json_is_integer(v) && json_integer_value(v) >= 0 &&
+                     json_integer_value(v) <= GPS_AGENT_MAX_TOKEN_ID;
+            }
+            const json_t *one = json_object_get(ev, "token_id");
+            if (ok && one && !json_is_null(one))
+                ok = json_integer_value(one) == json_integer_value(json_array_get(ids, n - 1));
+            snprintf(f, sizeof f, "%s.token_ids", at);
+            if (!ok)
+                return fail(field, fieldlen, msg, msglen, f,
+                            "must be an array of 1..%d token ids (integers 0..%lld), the last "
+                            "equal to token_id",
+                            GPS_AGENT_MAX_EVENTS, GPS_AGENT_MAX_TOKEN_ID);
+        }
         const json_t *lp = json_object_get(ev, "logprob");
         snprintf(f, sizeof f, "%s.logprob", at);
         if (lp && !json_is_null(lp) && !num_in(lp, GPS_AGENT_MIN_LOGPROB, 0))

@@ -852,6 +852,8 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
         "attempts", job->attempts);
     if (meta && with_warnings)
         json_object_set(meta, "warnings", st->warnings);
+    if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */
+        json_object_set_new(meta, "continuation", json_string(job->continuation_mode));
     return meta;
 }
 

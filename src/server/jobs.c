@@ -168,6 +168,7 @@ static void job_free(gps_job *job)
     }
     gps_job_spec_clear(&job->spec);
     gp_buf_free(&job->text);
+    free(job->gen_ids);
     free(job);
 }
 
@@ -295,11 +296,33 @@ json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
 /* Wire form                                                           */
 /* ------------------------------------------------------------------ */
 
+/* Token-exact continuation part of the wire (docs/protocol.md): the ids
+ * generated so far, the digest they belong to and the sampler's state
+ * (seed; draws taken = tokens sampled). The sampler seed goes with every
+ * attempt, so the first attempt samples with the seed a continuation will
+ * be given. */
+static void wire_continuation(const gps_job *job, json_t *w)
+{
+    json_t *smp = json_pack("{s:I}", "seed", (json_int_t)job->sampler_seed);
+    if (job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0) {
+        json_t *ids = json_array();
+        for (size_t i = 0; ids && i < job->n_gen_ids; i++)
+            json_array_append_new(ids, json_integer(job->gen_ids[i]));
+        json_object_set_new(w, "continuation_ids", ids);
+        json_object_set_new(w, "continuation_digest", json_string(job->ids_digest));
+        json_object_set_new(smp, "n_sampled", json_integer((json_int_t)job->n_gen_ids));
+    }
+    json_object_set_new(w, "sampler", smp);
+}
+
 json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec)
 {
     const gps_job_spec *s = &job->spec;
     /* A continuation attempt generates only what is left of the budget. */
-    long long max_tokens = s->max_tokens - job->continued_tokens;
+    long long done = job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0
+                         ? (long long)job->n_gen_ids
+                         : job->continued_tokens;
+    long long max_tokens = s->max_tokens - done;
     if (max_tokens < 1)
         max_tokens = 1;
     json_t *params = json_pack("{s:I,s:f,s:f,s:I}", "max_tokens", (json_int_t)max_tokens,
@@ -325,6 +348,7 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     }
     if (s->user)
         json_object_set_new(w, "user", json_string(s->user));
+    wire_continuation(job, w);
     return w;
 }
 
@@ -495,6 +519,106 @@ static void fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
     json_decref(ev);
 }
 
+/* ---- token-exact continuation (docs/architecture.md "Failover") ---- */
+
+/* Forget the generated ids (a requeue without output regenerates all). */
+static void ids_reset(gps_job *job)
+{
+    job->n_gen_ids = 0;
+    job->ids_ok = false;
+    job->ids_digest[0] = '\0';
+}
+
+/* Keep the ids of a token event: token_ids (every token sampled since the
+ * previous event) or token_id. An event without ids, or more ids than the
+ * request allows, ends token-exact continuation for the job. Returns the
+ * number of tokens the event stands for (>= 1). */
+static long long ids_record(gps_job *job, const json_t *ev)
+{
+    const json_t *arr = json_object_get(ev, "token_ids");
+    const json_t *one = json_object_get(ev, "token_id");
+    size_t n = json_is_array(arr) ? json_array_size(arr) : json_is_integer(one) ? 1 : 0;
+    if (n == 0) {
+        job->ids_ok = false;
+        return 1;
+    }
+    if (!job->ids_ok)
+        return (long long)n;
+    size_t cap = (size_t)(job->spec.max_tokens > 0 ? job->spec.max_tokens : 0) + MAX_TOKENS_SLACK;
+    if (job->n_gen_ids + n > cap) {
+        job->ids_ok = false;
+        return (long long)n;
+    }
+    if (job->n_gen_ids + n > job->cap_gen_ids) {
+        size_t nc = job->cap_gen_ids ? job->cap_gen_ids : 64;
+        while (nc < job->n_gen_ids + n)
+            nc *= 2;
+        int32_t *g = realloc(job->gen_ids, nc * sizeof *g);
+        if (!g) {
+            job->ids_ok = false;
+            return (long long)n;
+        }
+        job->gen_ids = g;
+        job->cap_gen_ids = nc;
+    }
+    for (size_t i = 0; i < n; i++)
+        job->gen_ids[job->n_gen_ids++] =
+            (int32_t)json_integer_value(json_is_array(arr) ? json_array_get(arr, i) : one);
+    return (long long)n;
+}
+
+/* Job assigned to agent a: track the digest its ids belong to and decide
+ * how this attempt continues earlier output. Fresh output: the ids will
+ * be a's. Earlier output: usable only when a serves the same file. */
+static void continuation_plan(gps_job *job, registry_agent *a)
+{
+    const char *d = registry_agent_model_digest(a, job->spec.model);
+    bool fresh = job->text.len == 0 && job->n_gen_ids == 0 && job->continued_tokens == 0;
+    if (fresh) {
+        job->ids_ok = d != NULL;
+        snprintf(job->ids_digest, sizeof job->ids_digest, "%s", d ? d : "");
+    } else if (!d || strcmp(d, job->ids_digest) != 0) {
+        job->ids_ok = false;  /* another tokenizer's text follows: for good */
+    }
+    job->continuation_mode = NULL;
+    if (job->continued_tokens > 0)
+        job->continuation_mode = job->ids_ok && job->n_gen_ids > 0 ? "tokens" : "text";
+}
+
+typedef struct digest_q {
+    const gps_job *job;
+    sched *s;
+    bool need_ready;      /* only agents with a free parked long-poll */
+    char found[64];
+} digest_q;
+
+static void digest_cb(void *ud, registry_agent *a)
+{
+    digest_q *q = ud;
+    if (q->found[0] || strcmp(a->id, q->job->exclude_agent) == 0)
+        return;
+    if (a->state != REGISTRY_HEALTHY &&
+        (q->need_ready || (a->state != REGISTRY_SUSPECT && a->state != REGISTRY_REGISTERING)))
+        return;
+    const char *d = registry_agent_model_digest(a, q->job->spec.model);
+    if (!d || strcmp(d, q->job->ids_digest) != 0)
+        return;
+    if (q->need_ready && sched_agent_free_slots(q->s, a) <= 0)
+        return;
+    snprintf(q->found, sizeof q->found, "%s", a->id);
+}
+
+/* An agent (not the lost one) serving the job's model from the file its
+ * ids belong to: free right now (need_ready) or just live. O(agents), on
+ * a failover only. */
+static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char out[64])
+{
+    digest_q q = {job, j->sched, need_ready, ""};
+    registry_foreach(j->reg, digest_cb, &q);
+    snprintf(out, 64, "%s", q.found);
+    return q.found[0] != '\0';
+}
+
 /* Mark job as given to agent a (the scheduler already counted the slot). */
 static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 {
@@ -519,6 +643,7 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->agent_seq = 0;
     job->agent_bytes = 0;
     job->metrics_relayed = 0;
+    continuation_plan(job, a);
     gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
                  json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
                            "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
@@ -656,6 +781,13 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text));
         job->completion_tokens = job->continued_tokens = job->spec.resume_tokens;
         job->client_saw_output = true;
+    }
+    if (job->spec.has_seed) {
+        job->sampler_seed = job->spec.seed;
+    } else {
+        uint64_t r;
+        gp_random_bytes(&r, sizeof r);
+        job->sampler_seed = (long long)(r >> 1);   /* JSON integers are signed */
     }
     job->created_us = gp_now_mono_us();
     job->created_wall_ms = gp_now_wall_ms();
@@ -885,11 +1017,18 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
     snprintf(job->exclude_agent, sizeof job->exclude_agent, "%s", job->agent_id);
     job->sj.exclude_agent = job->exclude_agent;
     job->sj.front = true;
+    char same[64] = "";
     if (cont) {
         job->continued_tokens = job->completion_tokens;
-        json_t *ev = json_pack("{s:s,s:s,s:s,s:i,s:I}", "type", "failover", "from_agent",
+        /* tokens when the ids are usable and an agent with the same file
+         * is live to take them (preferred below when one is free). */
+        bool tokens = job->ids_ok && job->n_gen_ids > 0 && digest_agent(j, job, false, same);
+        if (tokens)
+            digest_agent(j, job, true, same);
+        json_t *ev = json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "type", "failover", "from_agent",
                                job->agent_id, "reason", why, "attempt", job->attempts + 1,
-                               "completion_tokens", (json_int_t)job->completion_tokens);
+                               "completion_tokens", (json_int_t)job->completion_tokens,
+                               "continuation", tokens ? "tokens" : "text");
         job->agent_id[0] = '\0';
         job->agent_seq = 0;
         /* Subscribers may not cancel here (they have nothing to say yet),
@@ -907,8 +1046,19 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         job->continued_tokens = 0;
         job->first_token_us = 0;
         job->agent_seq = 0;
+        ids_reset(job);
+    }
+    /* Prefer a free agent serving the same file (token-exact), without
+     * waiting for one: a non-strict preference for this placement only. */
+    const char *pref = job->sj.prefer_agent;
+    int strict = job->sj.prefer_strict;
+    if (same[0] && strict != 1 && (!pref || strcmp(pref, job->exclude_agent) == 0)) {
+        job->sj.prefer_agent = same;
+        job->sj.prefer_strict = 0;
     }
     requeue_or_fail(j, job, 0);
+    job->sj.prefer_agent = pref;
+    job->sj.prefer_strict = strict;
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
@@ -1037,7 +1187,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
             break;
         }
         gp_buf_append(&job->text, text, strlen(text));
-        job->completion_tokens++;
+        /* an event may stand for several tokens (text held back by the
+         * agent's stop matcher comes with a later token) */
+        job->completion_tokens += ids_record(job, ev);
         if (!job->first_token_us)
             job->first_token_us = now;
         count(j, "tokens_generated_total", NULL, 1);

@@ -154,9 +154,24 @@ struct gps_job {
     long long prompt_tokens;      /* from end.usage */
     char finish_reason[16];       /* from end: stop | length | tool_calls */
     char error_code[48];          /* failed / cancelled */
+    /* How the current attempt continues earlier output (continue-mode
+     * failover): "tokens" (from the generated token ids, byte-exact: the
+     * agents serve the same model file by digest), "text" (the text so far
+     * appended to the prompt), NULL when it does not continue anything.
+     * Static string. x_pool_meta.continuation. */
+    const char *continuation_mode;
 
     /* ---- private to jobs.c ---- */
     gps_jobs *owner;
+    /* Token-exact continuation: the ids behind the relayed text, in order
+     * (all attempts; bounded by max_tokens), valid while ids_ok: every
+     * token event carried its ids and every attempt ran on a model file
+     * with digest ids_digest. */
+    int32_t *gen_ids;
+    size_t n_gen_ids, cap_gen_ids;
+    bool ids_ok;
+    char ids_digest[65];
+    long long sampler_seed;       /* seed every attempt samples with (wire sampler.seed) */
     sched_job sj;                 /* scheduler view; embedded (container_of) */
     char exclude_agent[64];       /* agent lost on the previous attempt */
     struct gps_job_sub *subs;

@@ -73,6 +73,7 @@ static void model_info_free(registry_model_info *m)
     free(m->aliases);
     free(m->quantization);
     free(m->architecture);
+    free(m->digest);
 }
 
 static void models_free(registry_model_info *models, size_t n)
@@ -151,6 +152,27 @@ static bool good_name(const json_t *v)
     return gps_agent_name_ok(v, MAX_STR);
 }
 
+/* models[].digest: absent/null, or the file's sha256 as 64 lowercase hex
+ * characters (anything else would make two different files look equal, or
+ * never equal). */
+static int parse_digest(const json_t *m, size_t idx, registry_model_info *out, char *err,
+                        size_t errlen)
+{
+    const json_t *d = json_object_get(m, "digest");
+    if (!d || json_is_null(d))
+        return 0;
+    const char *s = json_string_value(d);
+    bool ok = s && json_string_length(d) == 64;
+    for (size_t i = 0; ok && i < 64; i++)
+        ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+    if (!ok)
+        return fail(err, errlen, "models[%zu].digest: must be a SHA-256 in 64 lowercase hex "
+                                 "characters", idx);
+    if (!(out->digest = strdup(s)))
+        return fail(err, errlen, "out of memory");
+    return 0;
+}
+
 static int parse_model(const json_t *m, size_t idx, registry_model_info *out, char *err,
                        size_t errlen)
 {
@@ -207,7 +229,7 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
     }
     /* Lenient like the dialects were: anything but true is false. */
     out->supports_tools = json_is_true(json_object_get(m, "supports_tools"));
-    return 0;
+    return parse_digest(m, idx, out, err, errlen);
 }
 
 int registry_facts_parse(const json_t *body, registry_facts *out, char *err, size_t errlen)
@@ -738,6 +760,12 @@ static const registry_model_info *model_named(const registry_agent *a, const cha
 bool registry_agent_serves(const registry_agent *a, const char *name)
 {
     return model_named(a, name, false) != NULL;
+}
+
+const char *registry_agent_model_digest(const registry_agent *a, const char *name)
+{
+    const registry_model_info *m = model_named(a, name, false);
+    return m ? m->digest : NULL;
 }
 
 bool registry_agent_takes_tools(const registry_agent *a, const char *name)

@@ -73,6 +73,8 @@ typedef struct registry_model_info {
     long long bytes;
     bool loaded;
     bool supports_tools;    /* the agent takes OpenAI tools for it (fact, default false) */
+    char *digest;           /* sha256 of the model file (64 lowercase hex), or NULL: agents
+                               with equal digests continue each other's jobs from token ids */
 } registry_model_info;
 
 /* What one POST /agents/poll reports (docs/protocol.md). All strings and
@@ -229,6 +231,10 @@ bool registry_agent_serves(const registry_agent *a, const char *name);
 /* True when a serves name (id or alias) through a model whose facts say
  * supports_tools. O(models). */
 bool registry_agent_takes_tools(const registry_agent *a, const char *name);
+
+/* Digest of the model a serves as name (id or alias), or NULL when a does
+ * not serve it or reported no digest (openai backend, old agents). */
+const char *registry_agent_model_digest(const registry_agent *a, const char *name);
 
 /* Value of label key, or NULL. */
 const char *registry_agent_label(const registry_agent *a, const char *key);

@@ -9,3 +9,6 @@ gp_add_unit_test(test_agent_openai_stream
 gp_add_unit_test(test_agent_config
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_config.c
   LIBS gpupool_agent_base)
+gp_add_unit_test(test_agent_digest
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_digest.c
+  LIBS gpupool_agent_base)

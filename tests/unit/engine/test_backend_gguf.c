@@ -32,6 +32,12 @@ typedef struct rec {
     int n_tokens, n_started, n_metrics, n_terminal;
     char reason[32], code[64];
     long long prompt_tokens, completion_tokens;
+    /* token_ids sink: every id, and after each token event the text
+     * length and id count so far */
+    int32_t ids[1024];
+    int n_ids, n_ev;
+    size_t ev_len[1024];
+    int ev_ids[1024];
 } rec;
 
 static void on_started(void *c) { rec *r = c; pthread_mutex_lock(&r->mu); r->n_started++; pthread_mutex_unlock(&r->mu); }
@@ -46,6 +52,19 @@ static void on_token(void *c, const char *t, size_t n, int32_t id)
         r->text[r->len] = '\0';
     }
     r->n_tokens++;
+    pthread_mutex_unlock(&r->mu);
+}
+static void on_token_ids(void *c, const char *t, size_t n, const int32_t *ids, size_t n_ids)
+{
+    on_token(c, t, n, ids[n_ids - 1]);
+    rec *r = c;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < n_ids && r->n_ids < 1024; i++)
+        r->ids[r->n_ids++] = ids[i];
+    if (r->n_ev < 1024) {
+        r->ev_len[r->n_ev] = r->len;
+        r->ev_ids[r->n_ev++] = r->n_ids;
+    }
     pthread_mutex_unlock(&r->mu);
 }
 static void on_metrics(void *c, json_t *m) { (void)m; rec *r = c; pthread_mutex_lock(&r->mu); r->n_metrics++; pthread_mutex_unlock(&r->mu); }
@@ -173,6 +192,116 @@ static void test_greedy_jobs_batched(void **state)
     json_decref(facts);
     b->ops->destroy(b);
     json_decref(ref);
+}
+
+/* Start job (a JSON object, borrowed) with the token_ids sink. */
+static void start_ids(agent_backend *b, json_t *job, rec *r)
+{
+    agent_job_sink s = sink_for(r);
+    s.token_ids = on_token_ids;
+    char err[256];
+    if (b->ops->job_start(b, job, &s, err, sizeof err) != 0)
+        fail_msg("job_start: %s", err);
+}
+
+/* Token-exact continuation: a job continued from the ids of the first k
+ * token events of a reference run (its text as continuation, its sampler
+ * state) produces exactly the rest of the reference text, while another
+ * job shares the batch; a continuation for another file's digest falls
+ * back to text. */
+static void test_token_continuation_exact(void **state)
+{
+    (void)state;
+    agent_backend *b = make(2, 256);
+    json_t *models = b->ops->models(b);
+    const char *dg = json_string_value(json_object_get(json_array_get(models, 0), "digest"));
+    assert_non_null(dg);
+    assert_int_equal(strlen(dg), 64);
+    char digest[65];
+    snprintf(digest, sizeof digest, "%s", dg);
+    json_decref(models);
+    static const double temps[] = {0.0, 0.9};
+    for (size_t t = 0; t < 2; t++) {
+        json_t *params = json_pack("{s:i, s:f, s:f, s:i, s:i}", "max_tokens", 60, "temperature",
+                                   temps[t], "top_p", 0.9, "top_k", 40, "seed", 4242);
+        json_t *job = json_pack("{s:s, s:s, s:s, s:O}", "job_id", "ref", "kind", "completion",
+                                "prompt", "Once upon a time", "params", params);
+        rec *ref = rec_new();
+        start_ids(b, job, ref);
+        rec_wait(ref);
+        json_decref(job);
+        assert_string_equal(ref->reason, "length");
+        assert_int_equal(ref->n_ids, 60);
+        static const int cuts[] = {1, 5, 20};
+        for (size_t c = 0; c < 3; c++) {
+            int e = cuts[c] - 1;   /* after token event e */
+            int k = ref->ev_ids[e];
+            /* another job decodes in the other slot meanwhile */
+            rec *other = rec_new();
+            assert_int_equal(start(b, "{\"job_id\":\"o\",\"kind\":\"completion\",\"prompt\":"
+                                      "\"Lily liked\",\"params\":{\"max_tokens\":40}}", other), 0);
+            json_t *ids = json_array();
+            for (int i = 0; i < k; i++)
+                json_array_append_new(ids, json_integer(ref->ids[i]));
+            json_t *p2 = json_deep_copy(params);
+            json_object_set_new(p2, "max_tokens", json_integer(60 - k));
+            json_t *cj = json_pack("{s:s, s:s, s:s, s:o, s:s%, s:o, s:s, s:{s:i, s:i}}", "job_id",
+                                   "cont", "kind", "completion", "prompt", "Once upon a time",
+                                   "params", p2, "continuation", ref->text, ref->ev_len[e],
+                                   "continuation_ids", ids, "continuation_digest", digest,
+                                   "sampler", "seed", 4242, "n_sampled", k);
+            assert_non_null(cj);
+            rec *r = rec_new();
+            start_ids(b, cj, r);
+            rec_wait(r);
+            rec_wait(other);
+            json_decref(cj);
+            /* the continuation was ref->text up to ev_len[e]: the rest follows */
+            assert_string_equal(r->text, ref->text + ref->ev_len[e]);
+            assert_string_equal(r->reason, "length");
+            assert_int_equal(r->prompt_tokens, ref->prompt_tokens);   /* the prompt's own */
+            assert_int_equal(r->completion_tokens, 60 - k);
+            assert_memory_equal(r->ids, ref->ids + k, (size_t)(60 - k) * sizeof(int32_t));
+            rec_free(r);
+            rec_free(other);
+        }
+        /* ids for another file: continues from the text (and still ends) */
+        json_t *cj = json_pack("{s:s, s:s, s:s, s:O, s:s%, s:[i], s:s, s:{s:i, s:i}}", "job_id",
+                               "x", "kind", "completion", "prompt", "Once upon a time", "params",
+                               params, "continuation", ref->text, ref->ev_len[0],
+                               "continuation_ids", ref->ids[0], "continuation_digest",
+                               "0000000000000000000000000000000000000000000000000000000000000000",
+                               "sampler", "seed", 4242, "n_sampled", 1);
+        rec *r = rec_new();
+        start_ids(b, cj, r);
+        rec_wait(r);
+        json_decref(cj);
+        assert_string_equal(r->reason, "length");
+        assert_true(r->prompt_tokens > ref->prompt_tokens);   /* the text went into the prompt */
+        rec_free(r);
+        rec_free(ref);
+        json_decref(params);
+    }
+    /* malformed ids for our own file: the job is refused */
+    rec *r = rec_new();
+    char bad[512];
+    snprintf(bad, sizeof bad,
+             "{\"job_id\":\"bad\",\"kind\":\"completion\",\"prompt\":\"x\","
+             "\"continuation\":\"y\",\"continuation_ids\":[1,-5],\"continuation_digest\":\"%s\","
+             "\"sampler\":{\"n_sampled\":2}}",
+             digest);
+    assert_int_equal(start(b, bad, r), -1);
+    rec_free(r);
+    /* n_sampled beyond the ids (a fast-forward the server cannot mean) */
+    r = rec_new();
+    snprintf(bad, sizeof bad,
+             "{\"job_id\":\"bad2\",\"kind\":\"completion\",\"prompt\":\"x\","
+             "\"continuation\":\"y\",\"continuation_ids\":[1,2],\"continuation_digest\":\"%s\","
+             "\"sampler\":{\"n_sampled\":1000000000000}}",
+             digest);
+    assert_int_equal(start(b, bad, r), -1);
+    rec_free(r);
+    b->ops->destroy(b);
 }
 
 static void test_stop_count_chat_errors(void **state)
@@ -388,6 +517,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
         cmocka_unit_test(test_stop_count_chat_errors),
+        cmocka_unit_test(test_token_continuation_exact),
         cmocka_unit_test(test_bad_model),
         cmocka_unit_test(test_tools_fallback),
         cmocka_unit_test(test_tools_engine_on_model),

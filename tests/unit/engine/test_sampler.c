@@ -545,6 +545,176 @@ static void test_stop_whole_piece_and_flush(void **state)
     gpe_stop_free(NULL);
 }
 
+/* ------------------------------------------------ resume (failover) */
+
+#define RV 50        /* vocabulary of the synthetic model */
+#define RSTEPS 60    /* tokens generated per run */
+
+/* Logits of a synthetic model that depend on the step and the last token
+ * (so penalties and history matter). Every 5th step masks everything out:
+ * the sampler's degenerate path must still take its one draw. */
+static void synth_logits(int step, int32_t last, float *l)
+{
+    for (int i = 0; i < RV; i++)
+        l[i] = step % 5 == 4 ? -INFINITY
+                             : 3.0f * sinf((float)i * 1.3f + (float)step * 0.7f
+                                           + (float)last * 0.11f);
+}
+
+static const int32_t RPROMPT[] = {3, 9, 9, 17, 42, 3};
+
+/* Generate from step `from` to RSTEPS with s into out[from..]; out[0..from)
+ * already holds what was generated before. */
+static void synth_run(gpe_sampler *s, int32_t *out, int from)
+{
+    float l[RV];
+    for (int k = from; k < RSTEPS; k++) {
+        int32_t last = k ? out[k - 1] : RPROMPT[5];
+        synth_logits(k, last, l);
+        out[k] = gpe_sampler_sample(s, l, RV);
+        assert_true(out[k] >= 0 && out[k] < RV);
+        gpe_sampler_accept(s, out[k]);
+    }
+}
+
+static void check_resume(gpe_sampler_params p)
+{
+    int32_t ref[RSTEPS], got[RSTEPS];
+    gpe_sampler *s = gpe_sampler_init(&p);
+    assert_non_null(s);
+    for (size_t i = 0; i < sizeof RPROMPT / sizeof RPROMPT[0]; i++)
+        gpe_sampler_accept(s, RPROMPT[i]);
+    synth_run(s, ref, 0);
+    gpe_sampler_free(s);
+    static const int cuts[] = {0, 1, 4, 5, 7, 30, RSTEPS - 1};
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        int n = cuts[c];
+        /* A fresh sampler given what the first had: prompt + n generated
+         * ids accepted, generator advanced by n. */
+        s = gpe_sampler_init(&p);
+        for (size_t i = 0; i < sizeof RPROMPT / sizeof RPROMPT[0]; i++)
+            gpe_sampler_accept(s, RPROMPT[i]);
+        for (int k = 0; k < n; k++) {
+            got[k] = ref[k];
+            gpe_sampler_accept(s, ref[k]);
+        }
+        gpe_sampler_advance(s, (uint64_t)n);
+        synth_run(s, got, n);
+        gpe_sampler_free(s);
+        assert_memory_equal(got, ref, sizeof ref);
+    }
+}
+
+static void test_resume_greedy_penalties(void **state)
+{
+    (void)state;
+    gpe_sampler_params p = {0};
+    p.repeat_penalty = 1.3f;
+    p.repeat_last_n = 8;
+    p.frequency_penalty = 0.4f;
+    p.presence_penalty = 0.2f;
+    check_resume(p);
+}
+
+static void test_resume_seeded(void **state)
+{
+    (void)state;
+    gpe_sampler_params p = gpe_sampler_default_params();
+    p.seed = 1234;
+    p.temperature = 1.1f;
+    p.top_k = 20;
+    p.top_p = 0.9f;
+    p.min_p = 0.02f;
+    p.repeat_penalty = 1.2f;
+    p.repeat_last_n = 16;
+    p.frequency_penalty = 0.3f;
+    p.presence_penalty = 0.1f;
+    check_resume(p);
+    /* whole-vocabulary paths (no top-k), every accepted token penalised */
+    p.top_k = 0;
+    p.repeat_last_n = -1;
+    p.seed = 99;
+    check_resume(p);
+    /* temperature only */
+    p = (gpe_sampler_params){.temperature = 0.7f, .seed = 7};
+    check_resume(p);
+}
+
+/* Every sample call takes one draw, greedy and masked-out ones included. */
+static void test_one_draw_per_sample(void **state)
+{
+    (void)state;
+    float l[RV];
+    gpe_sampler_params p = {.temperature = 0.9f, .top_k = 5, .seed = 5};
+    gpe_sampler *a = gpe_sampler_init(&p), *b = gpe_sampler_init(&p);
+    synth_logits(4, 0, l);              /* everything masked */
+    (void)gpe_sampler_sample(a, l, RV);
+    p.temperature = 0;
+    gpe_sampler *g = gpe_sampler_init(&p);
+    (void)gpe_sampler_sample(g, l, RV);
+    gpe_sampler_advance(b, 1);
+    assert_memory_equal(a->rng, b->rng, sizeof a->rng);
+    assert_memory_equal(g->rng, b->rng, sizeof g->rng);
+    gpe_sampler_free(a);
+    gpe_sampler_free(b);
+    gpe_sampler_free(g);
+}
+
+/* A matcher primed with what another had fed but not emitted continues
+ * exactly as that one would: same total output, a stop string straddling
+ * the junction still found and never emitted. */
+static void test_stop_prime_resume(void **state)
+{
+    (void)state;
+    static const char *const stops[] = {"THE END", "\xe2\x82\xac!"};
+    static const char *const pieces[] = {"Once", " upon", " THE", " E", "very", " TH",
+                                         "E E", "ND", " more"};
+    size_t np = sizeof pieces / sizeof pieces[0];
+    char ref[256] = "";
+    gpe_stop *st = gpe_stop_init(stops, 2);
+    bool ref_stop = false;
+    for (size_t i = 0; i < np && !ref_stop; i++) {
+        const char *e;
+        size_t n;
+        ref_stop = gpe_stop_feed(st, pieces[i], strlen(pieces[i]), &e, &n);
+        strncat(ref, e, n);
+    }
+    assert_true(ref_stop);
+    assert_string_equal(ref, "Once upon THE Every ");
+    gpe_stop_free(st);
+    for (size_t cut = 1; cut < np; cut++) {
+        /* first matcher: pieces [0, cut) */
+        char fed[256] = "", out[256] = "";
+        gpe_stop *a = gpe_stop_init(stops, 2);
+        bool stopped = false;
+        for (size_t i = 0; i < cut && !stopped; i++) {
+            const char *e;
+            size_t n;
+            strcat(fed, pieces[i]);
+            stopped = gpe_stop_feed(a, pieces[i], strlen(pieces[i]), &e, &n);
+            strncat(out, e, n);
+        }
+        gpe_stop_free(a);
+        if (stopped)
+            continue;
+        /* second matcher: primed with fed minus emitted, then the rest */
+        gpe_stop *b = gpe_stop_init(stops, 2);
+        size_t sent = strlen(out);
+        assert_int_equal(strncmp(fed, out, sent), 0);
+        assert_int_equal(gpe_stop_prime(b, fed + sent, strlen(fed) - sent), 0);
+        for (size_t i = cut; i < np && !stopped; i++) {
+            const char *e;
+            size_t n;
+            stopped = gpe_stop_feed(b, pieces[i], strlen(pieces[i]), &e, &n);
+            strncat(out, e, n);
+        }
+        gpe_stop_free(b);
+        assert_true(stopped);
+        assert_string_equal(out, ref);
+    }
+    assert_int_equal(gpe_stop_prime(NULL, "x", 1), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -563,6 +733,10 @@ int main(void)
         cmocka_unit_test(test_stop_overlap_char_by_char),
         cmocka_unit_test(test_stop_utf8),
         cmocka_unit_test(test_stop_whole_piece_and_flush),
+        cmocka_unit_test(test_resume_greedy_penalties),
+        cmocka_unit_test(test_resume_seeded),
+        cmocka_unit_test(test_one_draw_per_sample),
+        cmocka_unit_test(test_stop_prime_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
