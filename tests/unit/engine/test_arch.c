@@ -205,6 +205,50 @@ static void test_mixtral(void **s)
     check_arch("tiny-random-mixtral-f16", "llama", 1e-2);
 }
 
+/* ------------------------------------------------------- chat templates */
+
+/* The phi3 file carries Phi-3's chat template (the version in llama.cpp's
+ * phi-3 test vocabulary): it is detected as the phi-3 family, and a
+ * conversation renders as that template does (its bos_token comes from the
+ * tokenizer's add_bos), with <|user|>, <|assistant|> and <|end|> each one
+ * special token and <|end|> ending generation. */
+static void test_phi3_chat(void **state)
+{
+    (void)state;
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/arch/tiny-random-phi3-f16.gguf", GP_TEST_DATA);
+    gpe_model_params mp = gpe_model_default_params();
+    mp.vocab_only = true;
+    gpe_model *m = NULL;
+    if (gpe_model_load(path, &mp, &m, err, sizeof err) != GPE_OK)
+        fail_msg("load: %s", err);
+    gpe_model_info info;
+    gpe_model_get_info(m, &info);
+    assert_string_equal(info.chat_format, "phi-3");
+    const gpe_chat_msg msgs[] = {
+        { "user", "Hi" }, { "assistant", "Yo" }, { "user", "Why?" },
+    };
+    char *txt = gpe_chat_apply(m, msgs, 3, true, err, sizeof err);
+    assert_non_null(txt);
+    assert_string_equal(txt, "<|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\nWhy?"
+                             "<|end|>\n<|assistant|>\n");
+    int32_t ids[64];
+    int n = gpe_tokenize(m, txt, strlen(txt), true, true, ids, 64);
+    assert_true(n > 6);
+    assert_int_equal(ids[0], 1);       /* <s>: the template's bos_token */
+    assert_int_equal(ids[1], 32010);   /* <|user|> */
+    int n_end = 0, n_asst = 0;
+    for (int i = 0; i < n; i++) {
+        n_end += ids[i] == 32007;
+        n_asst += ids[i] == 32001;
+    }
+    assert_int_equal(n_end, 3);
+    assert_int_equal(n_asst, 2);
+    assert_true(gpe_token_is_eog(m, 32007));
+    free(txt);
+    gpe_model_free(m);
+}
+
 /* ------------------------------------------------ crafted, refused GGUFs */
 
 typedef struct wbuf { unsigned char *p; size_t n, cap; } wbuf;
@@ -442,7 +486,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_q8_0), cmocka_unit_test(test_qwen3),
         cmocka_unit_test(test_phi3),    cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_gemma3),  cmocka_unit_test(test_mixtral),
-        cmocka_unit_test(test_crafted_loads), cmocka_unit_test(test_refuse_arch),
+        cmocka_unit_test(test_phi3_chat),       cmocka_unit_test(test_crafted_loads), cmocka_unit_test(test_refuse_arch),
         cmocka_unit_test(test_refuse_type), cmocka_unit_test(test_refuse_unused_tensor),
         cmocka_unit_test(test_refuse_missing_bias), cmocka_unit_test(test_refuse_old_moe_layout),
 #ifdef HAVE_AGENT_GGUF
