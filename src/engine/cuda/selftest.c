@@ -210,7 +210,10 @@ bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
     hp->n_rot = ST_HD;
     hp->rope_base = 10000.0f;
     hp->rope_freq_scale = 1.0f;
+    hp->rope_base_swa = 10000.0f;
     hp->rms_eps = 1e-5f;
+    hp->attn_scale = 1.0f / sqrtf((float)ST_HD);
+    hp->embd_scale = 1.0f;
     sm->m.layers = sm->layers;
     const int64_t qd = ST_HEAD * ST_HD, kvd = ST_HEAD_KV * ST_HD;
     bool ok = st_weight(sm, &sm->m.tok_embd, t, ST_VOCAB, ST_E, &r) &&
@@ -224,6 +227,8 @@ bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
     }
     for (int l = 0; l < ST_LAYER && ok; l++) {
         gpe_layer *L = &sm->layers[l];
+        L->rope_base = hp->rope_base;
+        L->rope_freq_scale = hp->rope_freq_scale;
         ok = (L->attn_norm = st_vec(sm, ST_E, &r)) != NULL &&
              (L->ffn_norm = st_vec(sm, ST_E, &r)) != NULL &&
              st_weight(sm, &L->wq, t, qd, ST_E, &r) && st_weight(sm, &L->wk, t, kvd, ST_E, &r) &&
