@@ -167,6 +167,41 @@ static void test_thresholds_on_cpu(void **state)
     }
 }
 
+/* The self-test's feature variants are real: on the CPU each gives finite
+ * logits that differ from the plain llama built from the same seed (so the
+ * GPU comparison exercises the family's kernels). */
+static void test_variants_on_cpu(void **state)
+{
+    (void)state;
+    char err[256];
+    gpe_st_model base;
+    float *ref = NULL;
+    int rr[GPE_ST_STEPS];
+    assert_true(gpe_st_model_build(&base, GPE_TYPE_F16, 77));
+    assert_int_equal(gpe_st_run_cpu(&base.m, &ref, rr, err, sizeof err), GPE_OK);
+    for (int v = 1; v < GPE_ST_N_VARIANTS; v++) {
+        gpe_st_model sm;
+        float *a = NULL;
+        int ra[GPE_ST_STEPS];
+        assert_true(gpe_st_model_build(&sm, GPE_TYPE_F16, 77));
+        assert_true(gpe_st_model_variant(&sm, v, 5));
+        assert_int_equal(gpe_st_run_cpu(&sm.m, &a, ra, err, sizeof err), GPE_OK);
+        assert_memory_equal(ra, rr, sizeof ra);
+        int total = 0;
+        for (int s = 0; s < GPE_ST_STEPS; s++)
+            total += ra[s];
+        for (int k = 0; k < total * sm.m.hp.n_vocab; k++)
+            assert_true(a[k] == a[k] && a[k] < 1e30f && a[k] > -1e30f);
+        const double d = gpe_st_max_nmse(a, ref, ra, sm.m.hp.n_vocab);
+        print_message("  %-6s vs llama: max step NMSE %.3e\n", gpe_st_variant_name(v), d);
+        assert_true(d > 1e-3);
+        free(a);
+        gpe_st_model_free(&sm);
+    }
+    free(ref);
+    gpe_st_model_free(&base);
+}
+
 /* The architecture files (tests/data/arch): the backend accepts every dense
  * family (its kernels cover biases, NEOX RoPE, per-head and post norms,
  * GELU, soft-caps, sliding windows; the GPU comparison is in
@@ -233,6 +268,7 @@ int main(void)
         cmocka_unit_test(test_errors_without_device),
         cmocka_unit_test(test_thresholds_on_cpu),
         cmocka_unit_test(test_arch_budget),
+        cmocka_unit_test(test_variants_on_cpu),
 #endif
         cmocka_unit_test(test_gpu_selftest),
     };
