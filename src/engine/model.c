@@ -107,6 +107,30 @@ static gpe_status get_pos_f32(const gpe_gguf *g, const char *arch, const char *s
     return GPE_OK;
 }
 
+/* Reads "<arch>.<suffix>" as a count in [0, maxv]; absent -> 0. */
+static gpe_status get_count(const gpe_gguf *g, const char *arch, const char *suffix, int maxv,
+                            int *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v = 0;
+    *out = 0;
+    if (!gpe_gguf_get_i64(g, key, &v)) {
+        if (gpe_gguf_find_key(g, key) >= 0) {
+            seterr(err, errlen, "metadata '%s' is not an integer", key);
+            return GPE_ERR_FORMAT;
+        }
+        return GPE_OK;
+    }
+    if (v < 0 || v > maxv) {
+        seterr(err, errlen, "metadata '%s' = %lld is out of range [0, %d]", key, (long long)v,
+               maxv);
+        return GPE_ERR_FORMAT;
+    }
+    *out = (int)v;
+    return GPE_OK;
+}
+
 /* What differs per family (defaults are llama.cpp's). */
 static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const char *arch,
                                     char *err, size_t errlen)
@@ -118,9 +142,10 @@ static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const ch
     hp->embd_scale = 1.0f;
     switch (hp->kind) {
     case GPE_ARCH_LLAMA:
-        if ((st = get_int(g, arch, "expert_count", 0, 1024, &hp->n_expert, err, errlen)) ||
-            (st = get_int(g, arch, "expert_used_count", 0, 1024, &hp->n_expert_used, err,
-                          errlen)))
+        /* 0 (some converters write it for dense files) means dense */
+        if ((st = get_count(g, arch, "expert_count", 256, &hp->n_expert, err, errlen)) ||
+            (st = get_count(g, arch, "expert_used_count", 256, &hp->n_expert_used, err,
+                            errlen)))
             return st;
         if (hp->n_expert_used > hp->n_expert || (hp->n_expert > 0 && hp->n_expert_used == 0)) {
             seterr(err, errlen, "metadata '%s.expert_used_count' = %d must be in [1, %s.expert_count = %d]",

@@ -442,6 +442,13 @@ static void test_crafted_loads(void **state)
     if (gpe_model_load(path, NULL, &m, err, sizeof err) != GPE_OK)
         fail_msg("base model: %s", err);
     gpe_model_free(m);
+    /* expert_count 0 (written by some converters for dense files) is dense */
+    static const char *const keys[] = { "expert_count", "expert_used_count" };
+    static const uint32_t zeros[] = { 0, 0 };
+    path = write_model("llama", NULL, NULL, keys, zeros, 2, NULL, 0);
+    if (gpe_model_load(path, NULL, &m, err, sizeof err) != GPE_OK)
+        fail_msg("dense model with expert_count 0: %s", err);
+    gpe_model_free(m);
     /* the same file as qwen2 loads once its three biases are there */
     const tdesc bias[] = { { "blk.0.attn_q.bias", 0, { 32, 0, 0 } },
                            { "blk.0.attn_k.bias", 0, { 32, 0, 0 } },
