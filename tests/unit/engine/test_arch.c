@@ -371,7 +371,7 @@ static const char *write_model(const char *arch, const char *drop, const char *t
         kv_u32(&kv, key, kv_vals[i]), n_kv++;
     }
     kv_str(&kv, "tokenizer.ggml.model", "llama"), n_kv++;
-    static const char *toks[8] = { "<unk>", "<s>", "</s>", "\xe2\x96\x81" "a", "a", "b", "c", "d" };
+    static const char *toks[8] = { "<unk>", "<s>", "</s>", ("\xe2\x96\x81" "a"), "a", "b", "c", "d" };
     wstr(&kv, "tokenizer.ggml.tokens");
     w32(&kv, 9); /* array */
     w32(&kv, 8); /* of string */
