@@ -47,7 +47,8 @@ static const struct {
     {"llama", GPE_ARCH_LLAMA},   {"qwen2", GPE_ARCH_QWEN2},   {"qwen3", GPE_ARCH_QWEN3},
     {"phi3", GPE_ARCH_PHI3},     {"gemma2", GPE_ARCH_GEMMA2}, {"gemma3", GPE_ARCH_GEMMA3},
 };
-#define SUPPORTED_ARCHS "llama (incl. Mistral, Llama 3, Mixtral MoE), qwen2, qwen3, phi3, gemma2, gemma3"
+#define SUPPORTED_ARCHS \
+    "llama (incl. Mistral, Llama 3, Mixtral MoE), qwen2, qwen3, phi3, gemma2, gemma3"
 
 static bool arch_lookup(const char *a, gpe_arch_kind *kind)
 {
@@ -148,7 +149,8 @@ static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const ch
                             errlen)))
             return st;
         if (hp->n_expert_used > hp->n_expert || (hp->n_expert > 0 && hp->n_expert_used == 0)) {
-            seterr(err, errlen, "metadata '%s.expert_used_count' = %d must be in [1, %s.expert_count = %d]",
+            seterr(err, errlen,
+                   "metadata '%s.expert_used_count' = %d must be in [1, %s.expert_count = %d]",
                    arch, hp->n_expert_used, arch, hp->n_expert);
             return GPE_ERR_FORMAT;
         }

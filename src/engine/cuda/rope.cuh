@@ -1,7 +1,7 @@
 /*
  * rope: RoPE "normal" (adjacent pairs of the first n_rot dims of each head)
- * or NEOX (pairs x[i], x[i + n_rot/2]) on q in place and on k, which is written rotated into the KV cache
- * together with v. Angles as model.c: theta_i = pos * base^(-2i/n_rot) by
+ * or NEOX (pairs x[i], x[i + n_rot/2]) on q in place and on k, which is
+ * written rotated into the KV cache together with v. Angles as model.c: theta_i = pos * base^(-2i/n_rot) by
  * repeated float multiplication, divided by rope_freqs[i] when present,
  * times freq_scale.
  *

@@ -371,7 +371,8 @@ static const char *write_model(const char *arch, const char *drop, const char *t
         kv_u32(&kv, key, kv_vals[i]), n_kv++;
     }
     kv_str(&kv, "tokenizer.ggml.model", "llama"), n_kv++;
-    static const char *toks[8] = { "<unk>", "<s>", "</s>", ("\xe2\x96\x81" "a"), "a", "b", "c", "d" };
+    static const char *toks[8] = { "<unk>", "<s>", "</s>", ("\xe2\x96\x81" "a"),
+                                   "a",     "b",   "c",    "d" };
     wstr(&kv, "tokenizer.ggml.tokens");
     w32(&kv, 9); /* array */
     w32(&kv, 8); /* of string */
@@ -534,14 +535,22 @@ static void test_agent_refuses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_llama3),  cmocka_unit_test(test_qwen2),
-        cmocka_unit_test(test_qwen2_q8_0), cmocka_unit_test(test_qwen3),
-        cmocka_unit_test(test_phi3),    cmocka_unit_test(test_gemma2),
-        cmocka_unit_test(test_gemma3),  cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_llama3),
+        cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_qwen2_q8_0),
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_mixtral),
         cmocka_unit_test(test_cuda_archs),
-        cmocka_unit_test(test_phi3_chat),       cmocka_unit_test(test_crafted_loads), cmocka_unit_test(test_refuse_arch),
-        cmocka_unit_test(test_refuse_type), cmocka_unit_test(test_refuse_unused_tensor),
-        cmocka_unit_test(test_refuse_missing_bias), cmocka_unit_test(test_refuse_old_moe_layout),
+        cmocka_unit_test(test_phi3_chat),
+        cmocka_unit_test(test_crafted_loads),
+        cmocka_unit_test(test_refuse_arch),
+        cmocka_unit_test(test_refuse_type),
+        cmocka_unit_test(test_refuse_unused_tensor),
+        cmocka_unit_test(test_refuse_missing_bias),
+        cmocka_unit_test(test_refuse_old_moe_layout),
 #ifdef HAVE_AGENT_GGUF
         cmocka_unit_test(test_agent_refuses),
 #endif
