@@ -1004,10 +1004,18 @@ static void attn_fn(void *arg, int ith, int nth)
                                  (size_t)kvh * hd;
                 sc[i] = dot_f32(q, k, hd) * scale;
             }
-            if (cap > 0.0f)
-                sc[i] = cap * tanhf(sc[i] * inv_cap);
             if (sc[i] > mx)
                 mx = sc[i];
+        }
+        if (cap > 0.0f) {
+            /* gemma2's soft-cap, in its own pass so that the other
+             * families' score loop stays as lean as before */
+            mx = -INFINITY;
+            for (int i = i0; i <= p; i++) {
+                sc[i] = cap * tanhf(sc[i] * inv_cap);
+                if (sc[i] > mx)
+                    mx = sc[i];
+            }
         }
         double sum = 0.0;
         for (int i = i0; i <= p; i++) {
