@@ -38,11 +38,26 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 
 /* ============================================================== loading */
 
-/* Architectures whose GGUF layout is the llama one. Mistral and Llama 3
- * files are written as "llama" by llama.cpp's converter. */
-static bool arch_supported(const char *a)
+/* Architectures this engine runs. Mistral, Llama 3 and Mixtral files are
+ * written as "llama" by llama.cpp's converter. */
+static const struct {
+    const char *name;
+    gpe_arch_kind kind;
+} k_archs[] = {
+    {"llama", GPE_ARCH_LLAMA},   {"qwen2", GPE_ARCH_QWEN2},   {"qwen3", GPE_ARCH_QWEN3},
+    {"phi3", GPE_ARCH_PHI3},     {"gemma2", GPE_ARCH_GEMMA2}, {"gemma3", GPE_ARCH_GEMMA3},
+};
+#define SUPPORTED_ARCHS \
+    "llama (incl. Mistral, Llama 3, Mixtral MoE), qwen2, qwen3, phi3, gemma2, gemma3"
+
+static bool arch_lookup(const char *a, gpe_arch_kind *kind)
 {
-    return strcmp(a, "llama") == 0;
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (strcmp(a, k_archs[i].name) == 0) {
+            *kind = k_archs[i].kind;
+            return true;
+        }
+    return false;
 }
 
 /* Reads "<arch>.<suffix>" as a positive int into *out; absent -> dflt (or
@@ -81,6 +96,103 @@ static bool get_f32(const gpe_gguf *g, const char *arch, const char *suffix, flo
     return gpe_gguf_get_f32(g, key, out);
 }
 
+/* Optional positive float "<arch>.<suffix>": absent -> dflt. */
+static gpe_status get_pos_f32(const gpe_gguf *g, const char *arch, const char *suffix,
+                              float dflt, float *out, char *err, size_t errlen)
+{
+    *out = dflt;
+    if (get_f32(g, arch, suffix, out) && !(*out > 0.0f && isfinite(*out))) {
+        seterr(err, errlen, "metadata '%s.%s' must be a positive number", arch, suffix);
+        return GPE_ERR_FORMAT;
+    }
+    return GPE_OK;
+}
+
+/* Reads "<arch>.<suffix>" as a count in [0, maxv]; absent -> 0. */
+static gpe_status get_count(const gpe_gguf *g, const char *arch, const char *suffix, int maxv,
+                            int *out, char *err, size_t errlen)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v = 0;
+    *out = 0;
+    if (!gpe_gguf_get_i64(g, key, &v)) {
+        if (gpe_gguf_find_key(g, key) >= 0) {
+            seterr(err, errlen, "metadata '%s' is not an integer", key);
+            return GPE_ERR_FORMAT;
+        }
+        return GPE_OK;
+    }
+    if (v < 0 || v > maxv) {
+        seterr(err, errlen, "metadata '%s' = %lld is out of range [0, %d]", key, (long long)v,
+               maxv);
+        return GPE_ERR_FORMAT;
+    }
+    *out = (int)v;
+    return GPE_OK;
+}
+
+/* What differs per family (defaults are llama.cpp's). */
+static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const char *arch,
+                                    char *err, size_t errlen)
+{
+    gpe_status st;
+    hp->rope_neox = hp->kind != GPE_ARCH_LLAMA;
+    hp->rope_base_swa = hp->rope_base;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = 1.0f;
+    switch (hp->kind) {
+    case GPE_ARCH_LLAMA:
+        /* 0 (some converters write it for dense files) means dense */
+        if ((st = get_count(g, arch, "expert_count", 256, &hp->n_expert, err, errlen)) ||
+            (st = get_count(g, arch, "expert_used_count", 256, &hp->n_expert_used, err,
+                            errlen)))
+            return st;
+        if (hp->n_expert_used > hp->n_expert || (hp->n_expert > 0 && hp->n_expert_used == 0)) {
+            seterr(err, errlen,
+                   "metadata '%s.expert_used_count' = %d must be in [1, %s.expert_count = %d]",
+                   arch, hp->n_expert_used, arch, hp->n_expert);
+            return GPE_ERR_FORMAT;
+        }
+        break;
+    case GPE_ARCH_QWEN2:
+    case GPE_ARCH_QWEN3:
+        break;
+    case GPE_ARCH_PHI3:
+        /* phi3.attention.sliding_window is read but not applied: llama.cpp
+         * disables Phi-3's window too (its converter's value is unreliable),
+         * and the references follow llama.cpp. */
+        break;
+    case GPE_ARCH_GEMMA2:
+    case GPE_ARCH_GEMMA3:
+        hp->embd_scale = sqrtf((float)hp->n_embd);
+        hp->gelu = true;
+        /* The 27B sizes scale queries by 1/sqrt(n_embd / n_head) (llama.cpp
+         * recognises them by their layer count: 46 for gemma2, 62 gemma3). */
+        if (hp->n_layer == (hp->kind == GPE_ARCH_GEMMA2 ? 46 : 62))
+            hp->attn_scale = 1.0f / sqrtf((float)(hp->n_embd / hp->n_head));
+        if ((st = get_int(g, arch, "attention.sliding_window", 4096, MAX_CTX, &hp->n_swa, err,
+                          errlen)))
+            return st;
+        if (hp->kind == GPE_ARCH_GEMMA2) {
+            hp->swa_pattern = 2;
+            if ((st = get_pos_f32(g, arch, "attn_logit_softcapping", 50.0f, &hp->attn_softcap,
+                                  err, errlen)) ||
+                (st = get_pos_f32(g, arch, "final_logit_softcapping", 30.0f,
+                                  &hp->final_softcap, err, errlen)))
+                return st;
+        } else {
+            if ((st = get_int(g, arch, "attention.sliding_window_pattern", 6, MAX_LAYER,
+                              &hp->swa_pattern, err, errlen)) ||
+                (st = get_pos_f32(g, arch, "rope.freq_base_swa", 10000.0f, &hp->rope_base_swa,
+                                  err, errlen)))
+                return st;
+        }
+        break;
+    }
+    return GPE_OK;
+}
+
 static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, size_t errlen)
 {
     gpe_status st;
@@ -89,9 +201,9 @@ static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, si
         seterr(err, errlen, "metadata 'general.architecture' is missing");
         return GPE_ERR_FORMAT;
     }
-    if (!arch_supported(arch)) {
-        seterr(err, errlen, "unsupported architecture '%.64s' (this engine runs the llama family)",
-               arch);
+    if (!arch_lookup(arch, &hp->kind)) {
+        seterr(err, errlen, "unsupported architecture '%.64s' (this engine runs: %s)", arch,
+               SUPPORTED_ARCHS);
         return GPE_ERR_UNSUPPORTED;
     }
     snprintf(hp->arch, sizeof hp->arch, "%s", arch);
@@ -189,56 +301,227 @@ static gpe_status read_hparams(gpe_hparams *hp, const gpe_gguf *g, char *err, si
         }
         hp->rms_eps = eps;
     }
-    return GPE_OK;
+    return read_arch_hparams(hp, g, arch, err, errlen);
 }
 
-/* Binds a 2-D weight of shape [rows][cols] (GGUF ne = {cols, rows}). */
-static gpe_status bind_weight(gpe_weight *w, const gpe_gguf *g, const char *name, int64_t cols,
-                              int64_t rows, char *err, size_t errlen)
+/* Loader state: the file, and which of its tensors the model uses (a
+ * tensor nobody binds is a feature this engine would silently skip, so the
+ * load refuses it, as llama.cpp does). */
+typedef struct loader {
+    const gpe_gguf *g;
+    bool *used;   /* [n_tensors] */
+    char *err;
+    size_t errlen;
+} loader;
+
+static const gpe_gguf_tensor *lookup(loader *ld, const char *name)
 {
-    const gpe_gguf_tensor *t = gpe_gguf_tensor_get(g, name);
-    if (!t) {
-        seterr(err, errlen, "tensor '%s' is missing", name);
-        return GPE_ERR_FORMAT;
-    }
-    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows) {
-        seterr(err, errlen, "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
-               (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
-        return GPE_ERR_FORMAT;
-    }
-    if (!gpe_type_supported(t->type)) {
-        seterr(err, errlen, "tensor '%s' has type %s, which this engine does not support", name,
-               gpe_type_name(t->type));
-        return GPE_ERR_UNSUPPORTED;
-    }
-    w->data = t->data;
+    int64_t i = gpe_gguf_find_tensor(ld->g, name);
+    if (i < 0)
+        return NULL;
+    ld->used[i] = true;
+    return gpe_gguf_tensor_at(ld->g, i);
+}
+
+static gpe_status weight_view(gpe_weight *w, const gpe_gguf_tensor *t, int64_t cols,
+                              int64_t row0, int64_t rows)
+{
     w->type = t->type;
     w->n_cols = cols;
     w->n_rows = rows;
     w->row_bytes = gpe_row_size(t->type, cols);
+    w->data = (const char *)t->data + (size_t)row0 * w->row_bytes;
+    return GPE_OK;
+}
+
+static gpe_status check_type(loader *ld, const gpe_gguf_tensor *t, const char *name)
+{
+    if (!gpe_type_supported(t->type)) {
+        seterr(ld->err, ld->errlen,
+               "tensor '%s' has type %s, which this engine does not support", name,
+               gpe_type_name(t->type));
+        return GPE_ERR_UNSUPPORTED;
+    }
+    return GPE_OK;
+}
+
+/* Binds a 2-D weight of shape [rows][cols] (GGUF ne = {cols, rows}). */
+static gpe_status bind_weight(loader *ld, gpe_weight *w, const char *name, int64_t cols,
+                              int64_t rows)
+{
+    const gpe_gguf_tensor *t = lookup(ld, name);
+    if (!t) {
+        seterr(ld->err, ld->errlen, "tensor '%s' is missing", name);
+        return GPE_ERR_FORMAT;
+    }
+    if (t->n_dims > 2 || t->ne[0] != cols || t->ne[1] != rows) {
+        seterr(ld->err, ld->errlen,
+               "tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+               (long long)t->ne[0], (long long)t->ne[1], (long long)cols, (long long)rows);
+        return GPE_ERR_FORMAT;
+    }
+    gpe_status st = check_type(ld, t, name);
+    return st ? st : weight_view(w, t, cols, 0, rows);
+}
+
+/* Binds a fused weight (GGUF ne = {cols, sum of parts}) as n consecutive
+ * row views: phi3's attn_qkv (q, k, v) and ffn_up (gate, up). */
+static gpe_status bind_fused(loader *ld, const char *name, int64_t cols, int n,
+                             gpe_weight *const *parts, const int64_t *rows)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += rows[i];
+    gpe_weight whole;
+    gpe_status st = bind_weight(ld, &whole, name, cols, total);
+    if (st)
+        return st;
+    const gpe_gguf_tensor *t = gpe_gguf_tensor_get(ld->g, name);
+    for (int64_t i = 0, r0 = 0; i < n; r0 += rows[i], i++)
+        weight_view(parts[i], t, cols, r0, rows[i]);
+    return GPE_OK;
+}
+
+/* Binds a 3-D expert tensor (GGUF ne = {cols, rows, n_exp}) as n_exp views. */
+static gpe_status bind_experts(loader *ld, gpe_weight *out, const char *name, int64_t cols,
+                               int64_t rows, int n_exp)
+{
+    const gpe_gguf_tensor *t = lookup(ld, name);
+    if (!t) {
+        seterr(ld->err, ld->errlen, "tensor '%s' is missing", name);
+        return GPE_ERR_FORMAT;
+    }
+    if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n_exp) {
+        seterr(ld->err, ld->errlen,
+               "tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %d]", name,
+               (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)cols,
+               (long long)rows, n_exp);
+        return GPE_ERR_FORMAT;
+    }
+    gpe_status st = check_type(ld, t, name);
+    if (st)
+        return st;
+    for (int e = 0; e < n_exp; e++)
+        weight_view(&out[e], t, cols, (int64_t)e * rows, rows);
     return GPE_OK;
 }
 
 /* Binds a 1-D F32 vector of n elements. */
-static gpe_status bind_vec(const float **out, const gpe_gguf *g, const char *name, int64_t n,
-                           char *err, size_t errlen)
+static gpe_status bind_vec(loader *ld, const float **out, const char *name, int64_t n)
 {
-    const gpe_gguf_tensor *t = gpe_gguf_tensor_get(g, name);
+    const gpe_gguf_tensor *t = lookup(ld, name);
     if (!t) {
-        seterr(err, errlen, "tensor '%s' is missing", name);
+        seterr(ld->err, ld->errlen, "tensor '%s' is missing", name);
         return GPE_ERR_FORMAT;
     }
     if (t->n_elements != n || t->ne[0] != n) {
-        seterr(err, errlen, "tensor '%s' has %lld elements, expected %lld", name,
+        seterr(ld->err, ld->errlen, "tensor '%s' has %lld elements, expected %lld", name,
                (long long)t->n_elements, (long long)n);
         return GPE_ERR_FORMAT;
     }
     if (t->type != GPE_TYPE_F32) {
-        seterr(err, errlen, "tensor '%s' has type %s, expected F32", name,
+        seterr(ld->err, ld->errlen, "tensor '%s' has type %s, expected F32", name,
                gpe_type_name(t->type));
         return GPE_ERR_UNSUPPORTED;
     }
     *out = t->data;
+    return GPE_OK;
+}
+
+/* Same, when the tensor may be absent (*out stays NULL). */
+static gpe_status bind_vec_opt(loader *ld, const float **out, const char *name, int64_t n)
+{
+    *out = NULL;
+    return gpe_gguf_find_tensor(ld->g, name) < 0 ? GPE_OK : bind_vec(ld, out, name, n);
+}
+
+/* Binds layer l's tensors as its family has them. */
+static gpe_status bind_layer(loader *ld, const gpe_llama *m, int l, gpe_layer *L,
+                             gpe_weight *exps)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    const gpe_arch_kind k = hp->kind;
+    const bool gemma = k == GPE_ARCH_GEMMA2 || k == GPE_ARCH_GEMMA3;
+    char n[GPE_GGUF_MAX_NAME];
+    gpe_status st;
+#define NM(nm) (snprintf(n, sizeof n, "blk.%d.%s", l, nm), n)
+    if ((st = bind_vec(ld, &L->attn_norm, NM("attn_norm.weight"), E)))
+        return st;
+    if (k == GPE_ARCH_PHI3) {
+        gpe_weight *parts[3] = { &L->wq, &L->wk, &L->wv };
+        const int64_t rows[3] = { qd, kvd, kvd };
+        if ((st = bind_fused(ld, NM("attn_qkv.weight"), E, 3, parts, rows)))
+            return st;
+    } else if ((st = bind_weight(ld, &L->wq, NM("attn_q.weight"), E, qd)) ||
+               (st = bind_weight(ld, &L->wk, NM("attn_k.weight"), E, kvd)) ||
+               (st = bind_weight(ld, &L->wv, NM("attn_v.weight"), E, kvd))) {
+        return st;
+    }
+    if ((st = bind_weight(ld, &L->wo, NM("attn_output.weight"), qd, E)))
+        return st;
+    /* Biases: qwen2 requires q/k/v ones; llama-layout files may carry them. */
+    if (k == GPE_ARCH_QWEN2) {
+        if ((st = bind_vec(ld, &L->bq, NM("attn_q.bias"), qd)) ||
+            (st = bind_vec(ld, &L->bk, NM("attn_k.bias"), kvd)) ||
+            (st = bind_vec(ld, &L->bv, NM("attn_v.bias"), kvd)))
+            return st;
+    } else if (k == GPE_ARCH_LLAMA) {
+        if ((st = bind_vec_opt(ld, &L->bq, NM("attn_q.bias"), qd)) ||
+            (st = bind_vec_opt(ld, &L->bk, NM("attn_k.bias"), kvd)) ||
+            (st = bind_vec_opt(ld, &L->bv, NM("attn_v.bias"), kvd)))
+            return st;
+    }
+    if ((k == GPE_ARCH_LLAMA || k == GPE_ARCH_QWEN2) &&
+        (st = bind_vec_opt(ld, &L->bo, NM("attn_output.bias"), E)))
+        return st;
+    if (k == GPE_ARCH_QWEN3 || k == GPE_ARCH_GEMMA3) {
+        if ((st = bind_vec(ld, &L->q_norm, NM("attn_q_norm.weight"), hp->head_dim)) ||
+            (st = bind_vec(ld, &L->k_norm, NM("attn_k_norm.weight"), hp->head_dim)))
+            return st;
+    }
+    if (gemma && ((st = bind_vec(ld, &L->post_attn_norm, NM("post_attention_norm.weight"), E)) ||
+                  (st = bind_vec(ld, &L->post_ffn_norm, NM("post_ffw_norm.weight"), E))))
+        return st;
+    if ((st = bind_vec(ld, &L->ffn_norm, NM("ffn_norm.weight"), E)))
+        return st;
+    if (hp->n_expert > 0) {
+        const int X = hp->n_expert;
+        L->exp_gate = exps;
+        L->exp_up = exps + X;
+        L->exp_down = exps + 2 * X;
+        if (gpe_gguf_find_tensor(ld->g, NM("ffn_gate.0.weight")) >= 0) {
+            seterr(ld->err, ld->errlen,
+                   "tensor '%s': experts stored one tensor each (old Mixtral layout) are not "
+                   "supported; reconvert to the merged ffn_*_exps layout", n);
+            return GPE_ERR_UNSUPPORTED;
+        }
+        if ((st = bind_weight(ld, &L->w_router, NM("ffn_gate_inp.weight"), E, X)) ||
+            (st = bind_experts(ld, L->exp_gate, NM("ffn_gate_exps.weight"), E, F, X)) ||
+            (st = bind_experts(ld, L->exp_up, NM("ffn_up_exps.weight"), E, F, X)) ||
+            (st = bind_experts(ld, L->exp_down, NM("ffn_down_exps.weight"), F, E, X)))
+            return st;
+    } else if (k == GPE_ARCH_PHI3) {
+        gpe_weight *parts[2] = { &L->w_gate, &L->w_up };
+        const int64_t rows[2] = { F, F };
+        if ((st = bind_fused(ld, NM("ffn_up.weight"), E, 2, parts, rows)))
+            return st;
+    } else if ((st = bind_weight(ld, &L->w_gate, NM("ffn_gate.weight"), E, F)) ||
+               (st = bind_weight(ld, &L->w_up, NM("ffn_up.weight"), E, F))) {
+        return st;
+    }
+    if (hp->n_expert == 0 && (st = bind_weight(ld, &L->w_down, NM("ffn_down.weight"), F, E)))
+        return st;
+#undef NM
+    L->swa = hp->n_swa > 0 && hp->swa_pattern > 0 && l % hp->swa_pattern < hp->swa_pattern - 1;
+    L->rope_base = hp->rope_base;
+    L->rope_freq_scale = hp->rope_freq_scale;
+    if (k == GPE_ARCH_GEMMA3 && L->swa) {
+        /* local layers: their own base, no position scaling */
+        L->rope_base = hp->rope_base_swa;
+        L->rope_freq_scale = 1.0f;
+    }
     return GPE_OK;
 }
 
@@ -263,63 +546,56 @@ gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t err
     }
     hp->n_vocab = (int)te->ne[1];
 
-    const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
-                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff, V = hp->n_vocab;
-    if ((st = bind_weight(&m->tok_embd, g, "token_embd.weight", E, V, err, errlen)) ||
-        (st = bind_vec(&m->output_norm, g, "output_norm.weight", E, err, errlen)))
-        return st;
-    if (gpe_gguf_tensor_get(g, "output.weight")) {
-        if ((st = bind_weight(&m->output, g, "output.weight", E, V, err, errlen)))
-            return st;
+    const int64_t n_t = gpe_gguf_n_tensors(g);
+    loader ld = { g, calloc((size_t)n_t + 1, sizeof(bool)), err, errlen };
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (hp->n_expert > 0)
+        m->experts = calloc((size_t)hp->n_layer * 3 * (size_t)hp->n_expert, sizeof *m->experts);
+    if (!ld.used || !m->layers || (hp->n_expert > 0 && !m->experts)) {
+        seterr(err, errlen, "out of memory");
+        st = GPE_ERR_NOMEM;
+        goto fail;
+    }
+
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    if ((st = bind_weight(&ld, &m->tok_embd, "token_embd.weight", E, V)) ||
+        (st = bind_vec(&ld, &m->output_norm, "output_norm.weight", E)))
+        goto fail;
+    if (gpe_gguf_find_tensor(g, "output.weight") >= 0) {
+        if ((st = bind_weight(&ld, &m->output, "output.weight", E, V)))
+            goto fail;
     } else {
         m->output = m->tok_embd;
         m->tied_output = true;
     }
-    if (gpe_gguf_tensor_get(g, "rope_freqs.weight") &&
-        (st = bind_vec(&m->rope_freqs, g, "rope_freqs.weight", hp->n_rot / 2, err, errlen)))
-        return st;
+    if ((st = bind_vec_opt(&ld, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2)))
+        goto fail;
 
-    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    if (!m->layers) {
-        seterr(err, errlen, "out of memory");
-        return GPE_ERR_NOMEM;
-    }
     for (int l = 0; l < hp->n_layer; l++) {
-        gpe_layer *L = &m->layers[l];
-        char n[GPE_GGUF_MAX_NAME];
-#define W(field, nm, c, r)                                                        \
-    do {                                                                          \
-        snprintf(n, sizeof n, "blk.%d." nm ".weight", l);                         \
-        if ((st = bind_weight(&L->field, g, n, c, r, err, errlen)))               \
-            goto fail;                                                            \
-    } while (0)
-#define N(field, nm)                                                              \
-    do {                                                                          \
-        snprintf(n, sizeof n, "blk.%d." nm ".weight", l);                         \
-        if ((st = bind_vec(&L->field, g, n, E, err, errlen)))                     \
-            goto fail;                                                            \
-    } while (0)
-        N(attn_norm, "attn_norm");
-        W(wq, "attn_q", E, qd);
-        W(wk, "attn_k", E, kvd);
-        W(wv, "attn_v", E, kvd);
-        W(wo, "attn_output", qd, E);
-        N(ffn_norm, "ffn_norm");
-        W(w_gate, "ffn_gate", E, F);
-        W(w_up, "ffn_up", E, F);
-        W(w_down, "ffn_down", F, E);
-#undef W
-#undef N
+        gpe_weight *exps = m->experts ? m->experts + (size_t)l * 3 * (size_t)hp->n_expert : NULL;
+        if ((st = bind_layer(&ld, m, l, &m->layers[l], exps)))
+            goto fail;
     }
+
+    for (int64_t i = 0; i < n_t; i++)
+        if (!ld.used[i]) {
+            seterr(err, errlen,
+                   "tensor '%s' is not used by this engine's '%s' architecture (unsupported "
+                   "feature)",
+                   gpe_gguf_tensor_at(g, i)->name, hp->arch);
+            st = GPE_ERR_UNSUPPORTED;
+            goto fail;
+        }
 
     /* Parameter count: every tensor of the file. */
-    for (int64_t i = 0; i < gpe_gguf_n_tensors(g); i++)
+    for (int64_t i = 0; i < n_t; i++)
         m->n_params += (uint64_t)gpe_gguf_tensor_at(g, i)->n_elements;
+    free(ld.used);
     return GPE_OK;
 
 fail:
-    free(m->layers);
-    m->layers = NULL;
+    free(ld.used);
+    gpe_llama_free(m);
     return st;
 }
 
@@ -329,6 +605,8 @@ void gpe_llama_free(gpe_llama *m)
         return;
     free(m->layers);
     m->layers = NULL;
+    free(m->experts);
+    m->experts = NULL;
 }
 
 /* ============================================================== scratch */
@@ -371,8 +649,22 @@ int gpe_fwd_init(gpe_fwd *f, const gpe_llama *m, int n_batch, int n_ctx, int n_t
     f->act = xalloc(f->act_bytes);
     f->act2 = xalloc(f->act_bytes);
     f->scores = xalloc((size_t)n_threads * (size_t)n_ctx * sizeof(float));
+    bool moe_ok = true;
+    if (hp->n_expert > 0) {
+        const size_t K = (size_t)hp->n_expert_used, E = (size_t)hp->n_embd;
+        f->moe_x = xalloc(B * E * sizeof(float));
+        f->moe_y = xalloc(B * E * sizeof(float));
+        f->moe_out = xalloc(B * K * E * sizeof(float));
+        f->router = xalloc(B * (size_t)hp->n_expert * sizeof(float));
+        f->moe_sel = xalloc(B * K * sizeof(int));
+        f->moe_w = xalloc(B * K * sizeof(float));
+        f->moe_tok = xalloc(B * sizeof(int));
+        f->moe_rank = xalloc(B * sizeof(int));
+        moe_ok = f->moe_x && f->moe_y && f->moe_out && f->router && f->moe_sel && f->moe_w &&
+                 f->moe_tok && f->moe_rank;
+    }
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->gate || !f->up ||
-        !f->act || !f->act2 || !f->scores) {
+        !f->act || !f->act2 || !f->scores || !moe_ok) {
         gpe_fwd_free(f);
         return -1;
     }
@@ -408,6 +700,14 @@ void gpe_fwd_free(gpe_fwd *f)
     free(f->act2);
     free(f->scores);
     free(f->logits);
+    free(f->moe_x);
+    free(f->moe_y);
+    free(f->moe_out);
+    free(f->router);
+    free(f->moe_sel);
+    free(f->moe_w);
+    free(f->moe_tok);
+    free(f->moe_rank);
     memset(f, 0, sizeof *f);
 }
 
@@ -556,30 +856,52 @@ typedef struct rope_job {
     int layer;
 } rope_job;
 
-/* Rotates adjacent pairs of the first n_rot dims of each of n_heads heads
- * (llama.cpp's "normal" RoPE). cs holds cos/sin per pair. */
-static void rope_apply(float *x, int n_heads, int hd, int n_rot, const float *cs)
+/* Rotates the first n_rot dims of each of n_heads heads: adjacent pairs
+ * (llama.cpp's "normal" RoPE) or pairs half a rotation apart (NEOX). cs
+ * holds cos/sin per pair. */
+static void rope_apply(float *x, int n_heads, int hd, int n_rot, bool neox, const float *cs)
 {
+    const int half = n_rot / 2;
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * (size_t)hd;
         for (int i = 0; i < n_rot; i += 2) {
             const float c = cs[i], s = cs[i + 1];
-            const float x0 = v[i], x1 = v[i + 1];
-            v[i] = x0 * c - x1 * s;
-            v[i + 1] = x0 * s + x1 * c;
+            float *p0 = neox ? v + i / 2 : v + i;
+            float *p1 = neox ? v + i / 2 + half : v + i + 1;
+            const float x0 = *p0, x1 = *p1;
+            *p0 = x0 * c - x1 * s;
+            *p1 = x0 * s + x1 * c;
         }
     }
+}
+
+static void add_bias(float *x, const float *b, size_t n)
+{
+    if (b)
+        for (size_t i = 0; i < n; i++)
+            x[i] += b[i];
+}
+
+/* RMS norm of each head (qwen3, gemma3: before RoPE). */
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps);
+static void head_norm(float *x, int n_heads, int hd, const float *w, float eps)
+{
+    if (!w)
+        return;
+    for (int h = 0; h < n_heads; h++)
+        rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
 }
 
 static void rope_fn(void *arg, int ith, int nth)
 {
     rope_job *j = arg;
     const gpe_hparams *hp = &j->m->hp;
+    const gpe_layer *L = &j->m->layers[j->layer];
     const int hd = hp->head_dim, n_rot = hp->n_rot;
     const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
     /* theta_i = pos * base^(-2i/n_rot), computed by repeated multiplication
      * in float like ggml's rope cache so that angles round the same way. */
-    const float theta_scale = powf(hp->rope_base, -2.0f / (float)n_rot);
+    const float theta_scale = powf(L->rope_base, -2.0f / (float)n_rot);
     float csp[GPE_MAX_ROT];   /* cos, sin per pair; n_rot <= GPE_MAX_ROT (checked at load) */
     int64_t lo, hi;
     gpe_pool_split(j->n_tok, ith, nth, &lo, &hi);
@@ -589,18 +911,23 @@ static void rope_fn(void *arg, int ith, int nth)
             float th = theta;
             if (j->m->rope_freqs)
                 th = th / j->m->rope_freqs[i / 2];
-            th *= hp->rope_freq_scale;
+            th *= L->rope_freq_scale;
             csp[i] = cosf(th);
             csp[i + 1] = sinf(th);
             theta *= theta_scale;
         }
         float *q = j->f->q + (size_t)t * qd;
         float *k = j->f->k + (size_t)t * kvd;
-        rope_apply(q, hp->n_head, hd, n_rot, csp);
-        rope_apply(k, hp->n_head_kv, hd, n_rot, csp);
+        float *v = j->f->v + (size_t)t * kvd;
+        add_bias(q, L->bq, qd);
+        add_bias(k, L->bk, kvd);
+        add_bias(v, L->bv, kvd);
+        head_norm(q, hp->n_head, hd, L->q_norm, hp->rms_eps);
+        head_norm(k, hp->n_head_kv, hd, L->k_norm, hp->rms_eps);
+        rope_apply(q, hp->n_head, hd, n_rot, hp->rope_neox, csp);
+        rope_apply(k, hp->n_head_kv, hd, n_rot, hp->rope_neox, csp);
         void *kd = gpe_kv_k(j->kv, j->layer, j->seq[t], j->pos[t]);
         void *vd = gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]);
-        const float *v = j->f->v + (size_t)t * kvd;
         if (j->kv->f16) {
             uint16_t *k16 = kd, *v16 = vd;
             for (size_t i = 0; i < kvd; i++) {
@@ -647,7 +974,10 @@ static void attn_fn(void *arg, int ith, int nth)
     const int hd = hp->head_dim, n_head = hp->n_head;
     const int group = hp->n_head / hp->n_head_kv;
     const size_t qd = (size_t)n_head * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale;
+    const float cap = hp->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    /* a windowed layer hides keys at p - n_swa and before */
+    const bool swa = j->m->layers[j->layer].swa;
     float *sc = j->f->scores + (size_t)ith * (size_t)j->f->n_ctx;
     int64_t lo, hi;
     gpe_pool_split((int64_t)j->n_tok * n_head, ith, nth, &lo, &hi);
@@ -661,7 +991,8 @@ static void attn_fn(void *arg, int ith, int nth)
             for (int d = 0; d < hd; d++)
                 q16[d] = gpe_kv_f16_table[gpe_fp32_to_fp16(q[d])];
         float mx = -INFINITY;
-        for (int i = 0; i <= p; i++) {
+        const int i0 = swa && p - hp->n_swa + 1 > 0 ? p - hp->n_swa + 1 : 0;
+        for (int i = i0; i <= p; i++) {
             if (f16) {
                 const uint16_t *k = (const uint16_t *)gpe_kv_k(j->kv, j->layer, s, i) +
                                     (size_t)kvh * hd;
@@ -676,8 +1007,18 @@ static void attn_fn(void *arg, int ith, int nth)
             if (sc[i] > mx)
                 mx = sc[i];
         }
+        if (cap > 0.0f) {
+            /* gemma2's soft-cap, in its own pass so that the other
+             * families' score loop stays as lean as before */
+            mx = -INFINITY;
+            for (int i = i0; i <= p; i++) {
+                sc[i] = cap * tanhf(sc[i] * inv_cap);
+                if (sc[i] > mx)
+                    mx = sc[i];
+            }
+        }
         double sum = 0.0;
-        for (int i = 0; i <= p; i++) {
+        for (int i = i0; i <= p; i++) {
             sc[i] = expf(sc[i] - mx);
             sum += (double)sc[i];
         }
@@ -685,7 +1026,7 @@ static void attn_fn(void *arg, int ith, int nth)
         float *out = j->f->att + (size_t)t * qd + (size_t)h * hd;
         for (int d = 0; d < hd; d++)
             out[d] = 0.0f;
-        for (int i = 0; i <= p; i++) {
+        for (int i = i0; i <= p; i++) {
             if (f16) {
                 /* the softmax weights are rounded to F16 too (llama.cpp
                  * converts them to V's type for the product) */
@@ -705,22 +1046,149 @@ static void attn_fn(void *arg, int ith, int nth)
     }
 }
 
-/* ---- SwiGLU: gate = silu(gate) * up ---- */
+/* ---- gated FFN activation: gate = act(gate) * up ---- */
 
 typedef struct swiglu_job {
     float *gate;
     const float *up;
     int64_t n;
+    bool gelu;
 } swiglu_job;
+
+/* GELU, tanh approximation, evaluated as llama.cpp's CPU backend does:
+ * through F16 (input rounded to F16, result rounded to F16), with the
+ * tails taken exactly. */
+static float gelu_f16(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    const float xr = gpe_fp16_to_fp32(gpe_fp32_to_fp16(x));
+    const float y = 0.5f * xr *
+                    (1.0f + tanhf(0.79788456080286535587989211986876f * xr *
+                                  (1.0f + 0.044715f * xr * xr)));
+    return gpe_fp16_to_fp32(gpe_fp32_to_fp16(y));
+}
 
 static void swiglu_fn(void *arg, int ith, int nth)
 {
     swiglu_job *j = arg;
     int64_t lo, hi;
     gpe_pool_split(j->n, ith, nth, &lo, &hi);
+    if (j->gelu) {
+        for (int64_t i = lo; i < hi; i++)
+            j->gate[i] = gelu_f16(j->gate[i]) * j->up[i];
+        return;
+    }
     for (int64_t i = lo; i < hi; i++) {
         const float g = j->gate[i];
         j->gate[i] = (g / (1.0f + expf(-g))) * j->up[i];
+    }
+}
+
+/* out[n_tok][n_embd] = w_down(act(w_gate x) * w_up x), the dense FFN; uses
+ * f->gate and f->up. */
+static void ffn_dense(gpe_fwd *f, gpe_pool *pool, const gpe_hparams *hp, const float *x,
+                      int n, const gpe_weight *wg, const gpe_weight *wu, const gpe_weight *wd,
+                      float *out)
+{
+    const gpe_weight *ws[2] = { wg, wu };
+    float *outs[2] = { f->gate, f->up };
+    matmul_multi(f, pool, x, n, 2, ws, outs);
+    swiglu_job sj = { f->gate, f->up, (int64_t)n * hp->n_ff, hp->gelu };
+    gpe_pool_run_n(pool, nth_for(pool, (double)sj.n * (hp->gelu ? 32.0 : 16.0)), swiglu_fn,
+                   &sj);
+    matmul(f, pool, f->gate, n, wd, out);
+}
+
+/* Mixture of experts (Mixtral's scheme, as llama.cpp computes it): per
+ * token, p = softmax(router logits) over all experts, the n_expert_used
+ * largest (lowest index first on ties) with weights p / sum(chosen p); each
+ * expert runs once over the tokens routed to it; a token's outputs are
+ * summed in rank order (best expert first). xn holds the normed inputs;
+ * the result goes to out. */
+static void ffn_moe(gpe_fwd *f, gpe_pool *pool, const gpe_hparams *hp, const gpe_layer *L,
+                    const float *xn, int n, float *out)
+{
+    const int X = hp->n_expert, K = hp->n_expert_used, E = hp->n_embd;
+    matmul(f, pool, xn, n, &L->w_router, f->router);
+    for (int t = 0; t < n; t++) {
+        float *p = f->router + (size_t)t * X;
+        float mx = -INFINITY;
+        for (int e = 0; e < X; e++)
+            if (p[e] > mx)
+                mx = p[e];
+        double sum = 0.0;
+        for (int e = 0; e < X; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += (double)p[e];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int e = 0; e < X; e++)
+            p[e] *= inv;
+        int *sel = f->moe_sel + (size_t)t * K;
+        float *w = f->moe_w + (size_t)t * K;
+        float wsum = 0.0f;
+        for (int r = 0; r < K; r++) {
+            int best = -1;
+            for (int e = 0; e < X; e++) {
+                bool taken = false;
+                for (int q = 0; q < r; q++)
+                    taken |= sel[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best]))
+                    best = e;
+            }
+            sel[r] = best;
+            w[r] = p[best];
+            wsum += w[r];
+        }
+        for (int r = 0; r < K; r++)
+            w[r] /= wsum;
+    }
+    for (int e = 0; e < X; e++) {
+        int m = 0;
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < K; r++)
+                if (f->moe_sel[(size_t)t * K + r] == e) {
+                    f->moe_tok[m] = t;
+                    f->moe_rank[m] = r;
+                    memcpy(f->moe_x + (size_t)m * E, xn + (size_t)t * E, (size_t)E * sizeof(float));
+                    m++;
+                }
+        if (m == 0)
+            continue;
+        ffn_dense(f, pool, hp, f->moe_x, m, &L->exp_gate[e], &L->exp_up[e], &L->exp_down[e],
+                  f->moe_y);
+        for (int i = 0; i < m; i++) {
+            const int t = f->moe_tok[i], r = f->moe_rank[i];
+            const float w = f->moe_w[(size_t)t * K + r];
+            const float *y = f->moe_y + (size_t)i * E;
+            float *o = f->moe_out + ((size_t)t * K + r) * E;
+            for (int d = 0; d < E; d++)
+                o[d] = y[d] * w;
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * E;
+        const float *y = f->moe_out + (size_t)t * K * E;
+        memcpy(o, y, (size_t)E * sizeof(float));
+        for (int r = 1; r < K; r++)
+            for (int d = 0; d < E; d++)
+                o[d] += y[(size_t)r * E + d];
+    }
+}
+
+/* x += (norm ? rmsnorm(y) * norm : y) for n rows (gemma's post-norms). */
+static void add_residual(float *x, float *y, const float *norm, int n, int E, float eps)
+{
+    for (int t = 0; t < n; t++) {
+        float *yr = y + (size_t)t * E;
+        if (norm)
+            rmsnorm(yr, yr, norm, E, eps);
+        float *xr = x + (size_t)t * E;
+        for (int i = 0; i < E; i++)
+            xr[i] += yr[i];
     }
 }
 
@@ -734,12 +1202,17 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
     const int E = hp->n_embd;
     const size_t qd = (size_t)hp->n_head * hp->head_dim;
 
-    /* Embedding rows. */
-    for (int t = 0; t < n; t++)
+    /* Embedding rows (gemma scales them by sqrt(n_embd)). */
+    for (int t = 0; t < n; t++) {
+        float *xr = f->x + (size_t)t * E;
         gpe_dequantize_row(m->tok_embd.type,
                            (const char *)m->tok_embd.data +
                                (size_t)tokens[t] * m->tok_embd.row_bytes,
-                           f->x + (size_t)t * E, E);
+                           xr, E);
+        if (hp->embd_scale != 1.0f)
+            for (int i = 0; i < E; i++)
+                xr[i] *= hp->embd_scale;
+    }
 
     for (int l = 0; l < hp->n_layer; l++) {
         const gpe_layer *L = &m->layers[l];
@@ -763,22 +1236,19 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
 
         /* x += Wo att; the matmul writes into xn, then a plain add. */
         matmul(f, pool, f->att, n, &L->wo, f->xn);
-        for (size_t i = 0; i < (size_t)n * (size_t)E; i++)
-            f->x[i] += f->xn[i];
+        if (L->bo)
+            for (int t = 0; t < n; t++)
+                add_bias(f->xn + (size_t)t * E, L->bo, (size_t)E);
+        add_residual(f->x, f->xn, L->post_attn_norm, n, E, hp->rms_eps);
 
         /* Feed-forward block. */
         for (int t = 0; t < n; t++)
             rmsnorm(f->xn + (size_t)t * E, f->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
-        {
-            const gpe_weight *ws[2] = { &L->w_gate, &L->w_up };
-            float *outs[2] = { f->gate, f->up };
-            matmul_multi(f, pool, f->xn, n, 2, ws, outs);
-        }
-        swiglu_job sj = { f->gate, f->up, (int64_t)n * hp->n_ff };
-        gpe_pool_run_n(pool, nth_for(pool, (double)sj.n * 16.0), swiglu_fn, &sj);
-        matmul(f, pool, f->gate, n, &L->w_down, f->xn);
-        for (size_t i = 0; i < (size_t)n * (size_t)E; i++)
-            f->x[i] += f->xn[i];
+        if (hp->n_expert > 0)
+            ffn_moe(f, pool, hp, L, f->xn, n, f->xn);
+        else
+            ffn_dense(f, pool, hp, f->xn, n, &L->w_gate, &L->w_up, &L->w_down, f->xn);
+        add_residual(f->x, f->xn, L->post_ffn_norm, n, E, hp->rms_eps);
     }
 
     /* Output: final norm and logits only for the entries that asked. */
@@ -792,5 +1262,10 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
     }
     if (n_out > 0)
         matmul(f, pool, f->xn, n_out, &m->output, logits);
+    if (hp->final_softcap > 0.0f) {
+        const float cap = hp->final_softcap, inv = 1.0f / cap;
+        for (size_t i = 0; i < (size_t)n_out * (size_t)hp->n_vocab; i++)
+            logits[i] = cap * tanhf(logits[i] * inv);
+    }
     return n_out;
 }

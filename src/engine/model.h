@@ -1,24 +1,39 @@
 /*
- * model: the llama-family transformer: hyper-parameters read from GGUF
- * metadata, weights as pointers into the file's mapping, and the CPU forward
- * pass over a batch of tokens of one or more sequences.
+ * model: the transformer families this engine runs (llama, mistral and
+ * Llama-3 files, Mixtral-style MoE, qwen2, qwen3, phi3, gemma2, gemma3):
+ * hyper-parameters read from GGUF metadata, weights as pointers into the
+ * file's mapping, and the CPU forward pass over a batch of tokens of one or
+ * more sequences.
  *
- * Architecture (llama.cpp's conventions for GGUF "llama" files):
+ * Architecture (llama.cpp's conventions for GGUF files), with the parts that
+ * only some families have in [brackets]:
  *
- *   x = token_embd[tok]                                   [n_embd]
+ *   x = token_embd[tok]  [* sqrt(n_embd): gemma]          [n_embd]
  *   for each layer l:
  *     h  = rmsnorm(x) * attn_norm
- *     q  = attn_q h,  k = attn_k h,  v = attn_v h         [n_head*hd], [n_head_kv*hd] x2
- *     q, k rotated by RoPE "normal": adjacent pairs (x[2i], x[2i+1]) of the
- *          first n_rot dims, theta_i = pos * freq_scale * base^(-2i/n_rot)
- *          (divided by rope_freqs[i] when the file has that tensor)
+ *     q  = attn_q h [+ bq], k = attn_k h [+ bk], v = attn_v h [+ bv]
+ *          (phi3: one fused attn_qkv, bound as three row views)
+ *     [q, k: rmsnorm per head * attn_q_norm / attn_k_norm: qwen3, gemma3]
+ *     q, k rotated by RoPE: "normal" (llama: pairs x[2i], x[2i+1]) or NEOX
+ *          (the others: pairs x[i], x[i + n_rot/2]) over the first n_rot
+ *          dims, theta_i = pos * freq_scale * base^(-2i/n_rot), divided by
+ *          rope_freqs[i] when the file has that tensor; gemma3's local layers
+ *          use their own base and no scaling
  *     k, v appended to the KV cache of the token's sequence
- *     a  = softmax(q k^T / sqrt(hd), causal) v  per head; head h reads KV
- *          head h / (n_head / n_head_kv) (grouped-query attention)
- *     x += attn_output a
+ *     s  = q k^T * attn_scale [softcap: cap * tanh(s / cap): gemma2]
+ *          causal, [sliding window on some layers: a query at p sees keys
+ *          p - n_swa + 1 .. p: gemma2 even layers, gemma3 5 of 6]
+ *     a  = softmax(s) v  per head; head h reads KV head h / (n_head / n_head_kv)
+ *     o  = attn_output a  [rmsnorm(o) * post_attention_norm: gemma]; x += o
  *     h  = rmsnorm(x) * ffn_norm
- *     x += ffn_down (silu(ffn_gate h) * ffn_up h)         (SwiGLU)
+ *     f  = ffn_down (act(ffn_gate h) * ffn_up h), act = SiLU, [GELU-tanh:
+ *          gemma]; (phi3: gate and up fused in one ffn_up, two row views)
+ *          [MoE: router p = softmax(ffn_gate_inp h); the n_expert_used
+ *          largest, weights renormalised to sum 1; f = sum w_e f_e(h) with
+ *          expert e's slices of the 3-D ffn_{gate,up,down}_exps]
+ *     [rmsnorm(f) * post_ffw_norm: gemma]; x += f
  *   logits = output (rmsnorm(x) * output_norm)            output = token_embd when absent (tied)
+ *   [logits = cap * tanh(logits / cap): gemma2]
  *
  * Matmuls follow llama.cpp's scheme so that its quantized references are
  * matched closely: each activation row is converted once per matmul to the
@@ -42,9 +57,21 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
+/* Architecture families (general.architecture; Mixtral is "llama" with
+ * experts). */
+typedef enum gpe_arch_kind {
+    GPE_ARCH_LLAMA = 0,
+    GPE_ARCH_QWEN2,
+    GPE_ARCH_QWEN3,
+    GPE_ARCH_PHI3,
+    GPE_ARCH_GEMMA2,
+    GPE_ARCH_GEMMA3,
+} gpe_arch_kind;
+
 /* Hyper-parameters (Config). */
 typedef struct gpe_hparams {
     char arch[32];        /* general.architecture */
+    gpe_arch_kind kind;
     int n_vocab;
     int n_ctx_train;
     int n_embd;
@@ -57,6 +84,17 @@ typedef struct gpe_hparams {
     float rope_base;      /* rope.freq_base, default 10000 */
     float rope_freq_scale; /* 1 / rope.scaling.factor for linear scaling, else 1 */
     float rms_eps;        /* attention.layer_norm_rms_epsilon */
+    bool rope_neox;       /* NEOX pairs (x[i], x[i + n_rot/2]) instead of (x[2i], x[2i+1]) */
+    float rope_base_swa;  /* gemma3 local layers: their base (rope.freq_base_swa, 10000) */
+    int n_swa;            /* sliding window (attention.sliding_window); 0 = none */
+    int swa_pattern;      /* layer l is windowed when l % swa_pattern < swa_pattern - 1 */
+    float attn_scale;     /* query scale, 1/sqrt(head_dim) except the gemma 27B sizes */
+    float attn_softcap;   /* gemma2 attn_logit_softcapping; 0 = none */
+    float final_softcap;  /* gemma2 final_logit_softcapping; 0 = none */
+    float embd_scale;     /* gemma: sqrt(n_embd); else 1 */
+    bool gelu;            /* FFN activation GELU-tanh (gemma) instead of SiLU */
+    int n_expert;         /* expert_count; 0 = dense FFN */
+    int n_expert_used;    /* expert_used_count */
 } gpe_hparams;
 
 /* A 2-D weight: n_rows rows of n_cols elements of one type, row-major. */
@@ -74,10 +112,22 @@ typedef struct gpe_layer {
     gpe_weight wk;            /* [n_head_kv*hd][n_embd] */
     gpe_weight wv;            /* [n_head_kv*hd][n_embd] */
     gpe_weight wo;            /* [n_embd][n_head*hd] */
+    const float *bq, *bk, *bv, *bo; /* attention biases or NULL (qwen2 has q/k/v) */
+    const float *q_norm;      /* [head_dim] per-head RMS norm of q, or NULL (qwen3, gemma3) */
+    const float *k_norm;      /* [head_dim] same for k */
+    const float *post_attn_norm; /* [n_embd] or NULL (gemma) */
     const float *ffn_norm;    /* [n_embd] */
-    gpe_weight w_gate;        /* [n_ff][n_embd] */
+    gpe_weight w_gate;        /* [n_ff][n_embd] (dense layers) */
     gpe_weight w_up;          /* [n_ff][n_embd] */
     gpe_weight w_down;        /* [n_embd][n_ff] */
+    const float *post_ffn_norm; /* [n_embd] or NULL (gemma) */
+    gpe_weight w_router;      /* MoE: [n_expert][n_embd] (ffn_gate_inp) */
+    gpe_weight *exp_gate;     /* MoE: [n_expert] views of ffn_gate_exps, else NULL */
+    gpe_weight *exp_up;       /* MoE: ffn_up_exps */
+    gpe_weight *exp_down;     /* MoE: ffn_down_exps */
+    bool swa;                 /* sliding-window layer */
+    float rope_base;          /* this layer's RoPE base and position scale */
+    float rope_freq_scale;
 } gpe_layer;
 
 /* Weights (read-only after load; shared by every context). */
@@ -89,13 +139,16 @@ typedef struct gpe_llama {
     bool tied_output;
     const float *rope_freqs;  /* [n_rot/2] or NULL */
     gpe_layer *layers;        /* [n_layer] */
+    gpe_weight *experts;      /* MoE: the views of every layer (one allocation) */
     uint64_t n_params;
 } gpe_llama;
 
 /* Read hyper-parameters and bind weights from an open GGUF. Refuses an
- * architecture other than the llama family (GPE_ERR_UNSUPPORTED, naming
- * it), a missing or misshapen tensor (GPE_ERR_FORMAT, naming it) and a
- * tensor type without a dot product (GPE_ERR_UNSUPPORTED). */
+ * architecture it does not run (GPE_ERR_UNSUPPORTED, naming it and listing
+ * the supported ones), a missing or misshapen tensor (GPE_ERR_FORMAT,
+ * naming it), a tensor type without a dot product and a tensor the forward
+ * pass would not use (an unimplemented feature: GPE_ERR_UNSUPPORTED, naming
+ * the tensor), each as one line in err. */
 gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t errlen);
 void gpe_llama_free(gpe_llama *m);
 
@@ -112,6 +165,14 @@ typedef struct gpe_fwd {
     float *att;      /* [n_batch][n_head*hd] attention output */
     float *gate;     /* [n_batch][n_ff] */
     float *up;       /* [n_batch][n_ff] */
+    float *moe_x;    /* MoE: [n_batch][n_embd] inputs gathered for one expert */
+    float *moe_y;    /* MoE: [n_batch][n_embd] that expert's outputs */
+    float *moe_out;  /* MoE: [n_batch][n_expert_used][n_embd] weighted outputs by rank */
+    float *router;   /* MoE: [n_batch][n_expert] router probabilities */
+    int *moe_sel;    /* MoE: [n_batch][n_expert_used] chosen experts, best first */
+    float *moe_w;    /* MoE: [n_batch][n_expert_used] their renormalised weights */
+    int *moe_tok;    /* MoE: [n_batch] tokens routed to the current expert */
+    int *moe_rank;   /* MoE: [n_batch] rank of that expert for each of them */
     void *act;       /* converted activations, act_bytes */
     size_t act_bytes;
     void *act2;      /* second conversion buffer (matmuls of two vec_dot types) */

@@ -7,7 +7,7 @@
  *
  *   M = max_w m_w,  L = sum_w l_w e^(m_w - M),  out = sum_w acc_w e^(m_w - M) / L
  *
- * Warp 0 always sees key 0, so M is finite; a warp that saw no key has
+ * Warp 0 always sees the first visible key, so M is finite; a warp that saw no key has
  * m = -inf and contributes e^-inf = 0.
  */
 #include "engine/cuda/attention.cuh"
@@ -26,7 +26,9 @@ __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cud
     const int hd = a.head_dim, group = a.n_head / a.n_head_kv, kvh = h / group;
     const int kvd = a.n_head_kv * hd;
     const int p = a.pos[t], s = a.seq[t];
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = a.scale;
+    const float inv_cap = a.softcap > 0.0f ? 1.0f / a.softcap : 0.0f;
+    const int i0 = a.window > 0 && p - a.window + 1 > 0 ? p - a.window + 1 : 0;
 
     const float *q = a.q + ((size_t)t * a.n_head + h) * hd;
     float qv[ATTN_DPL], acc[ATTN_DPL];
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cud
     }
     float m = -INFINITY, l = 0.0f;
     const size_t base = (size_t)s * (size_t)a.n_ctx * (size_t)kvd + (size_t)kvh * hd;
-    for (int i = warp; i <= p; i += ATTN_WARPS) {
+    for (int i = i0 + warp; i <= p; i += ATTN_WARPS) {
         const float *kr = a.k_cache + base + (size_t)i * kvd;
         const float *vr = a.v_cache + base + (size_t)i * kvd;
         float dot = 0.0f;
@@ -48,7 +50,9 @@ __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cud
             if (d < hd)
                 dot += qv[k] * kr[d];
         }
-        const float sc = warp_sum(dot) * scale;
+        float sc = warp_sum(dot) * scale;
+        if (a.softcap > 0.0f)
+            sc = a.softcap * tanhf(sc * inv_cap);
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new);     /* 0 on the first key (m = -inf) */
         const float e = expf(sc - m_new);

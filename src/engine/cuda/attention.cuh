@@ -2,8 +2,10 @@
  * attention: causal grouped-query attention over the device KV cache, for
  * the tokens of a batch (several sequences).
  *
- *   out[t][h] = softmax_i(q[t][h] . K[s][i][h/group] / sqrt(hd)) V[s][i][h/group]
- *   i in [0, pos[t]],  s = seq[t]
+ *   out[t][h] = softmax_i(cap(q[t][h] . K[s][i][h/group] * scale)) V[s][i][h/group]
+ *   i in [i0, pos[t]],  s = seq[t],  cap(x) = softcap * tanh(x / softcap)
+ *   (identity when softcap is 0), i0 = max(0, pos[t] - window + 1) with a
+ *   sliding window, else 0
  *
  * The batch's own K/V rows are already in the cache (rope.cuh runs first),
  * as in model.c.
@@ -23,6 +25,9 @@ typedef struct gpe_cuda_attn_args {
     const int *pos, *seq;             /* device [n_tok] */
     float *out;                       /* [n_tok][n_head*hd] */
     int n_tok, n_head, n_head_kv, head_dim, n_ctx;
+    float scale;                      /* query scale (1/sqrt(head_dim) usually) */
+    float softcap;                    /* 0 = none (gemma2: attn_logit_softcapping) */
+    int window;                       /* 0 = none, else keys pos-window+1 .. pos */
 } gpe_cuda_attn_args;
 
 void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);

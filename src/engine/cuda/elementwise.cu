@@ -1,5 +1,6 @@
 /*
- * elementwise: embedding lookup, SwiGLU, add, F32 -> F16 (elementwise.cuh).
+ * elementwise: embedding lookup, SwiGLU, GELU-GLU, add, bias, scale,
+ * soft-cap, F32 -> F16 (elementwise.cuh).
  * The formulas are the CPU ones of model.c (expf and an IEEE division: no
  * fast-math), so values differ from the CPU only by the last bits of expf.
  */
@@ -91,4 +92,74 @@ void gpe_cuda_f32_to_f16(const float *src, __half *dst, int64_t n, cudaStream_t 
     if (n > 0)
         f32_to_f16_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(
             src, dst, n);
+}
+
+static __device__ __forceinline__ float gelu_f16(float x)
+{
+    if (x <= -10.0f)
+        return 0.0f;
+    if (x >= 10.0f)
+        return x;
+    const float xr = __half2float(__float2half_rn(x));
+    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, xr),
+                                  __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, xr), xr)));
+    const float y = __fmul_rn(__fmul_rn(0.5f, xr), __fadd_rn(1.0f, tanhf(inner)));
+    return __half2float(__float2half_rn(y));
+}
+
+__global__ void geglu_kernel(float *__restrict__ gate, const float *__restrict__ up, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        gate[i] = __fmul_rn(gelu_f16(gate[i]), up[i]);
+}
+
+void gpe_cuda_geglu(float *gate, const float *up, int64_t n, cudaStream_t stream)
+{
+    if (n > 0)
+        geglu_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(gate,
+                                                                                        up, n);
+}
+
+__global__ void add_bias_kernel(float *__restrict__ x, const float *__restrict__ b,
+                                int64_t n, int n_cols)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] += b[i % n_cols];
+}
+
+void gpe_cuda_add_bias(float *x, const float *b, int n_rows, int n_cols, cudaStream_t stream)
+{
+    const int64_t n = (int64_t)n_rows * n_cols;
+    if (n > 0)
+        add_bias_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(
+            x, b, n, n_cols);
+}
+
+__global__ void scale_kernel(float *__restrict__ x, float s, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = __fmul_rn(x[i], s);
+}
+
+void gpe_cuda_scale(float *x, float s, int64_t n, cudaStream_t stream)
+{
+    if (n > 0)
+        scale_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(x, s, n);
+}
+
+__global__ void softcap_kernel(float *__restrict__ x, float cap, float inv, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = __fmul_rn(cap, tanhf(__fmul_rn(x[i], inv)));
+}
+
+void gpe_cuda_softcap(float *x, float cap, int64_t n, cudaStream_t stream)
+{
+    if (n > 0)
+        softcap_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(
+            x, cap, 1.0f / cap, n);
 }

@@ -22,6 +22,20 @@ void gpe_cuda_swiglu(float *gate, const float *up, int64_t n, cudaStream_t strea
 /* x[i] += y[i]. */
 void gpe_cuda_add(float *x, const float *y, int64_t n, cudaStream_t stream);
 
+/* gate[i] = gelu(gate[i]) * up[i], GELU in its tanh form evaluated through
+ * F16 (input and result rounded to F16; exact tails beyond +-10), as
+ * model.c and llama.cpp's CPU backend do (gemma). */
+void gpe_cuda_geglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
+
+/* x[r][c] += b[c] for r < n_rows, c < n_cols (attention biases). */
+void gpe_cuda_add_bias(float *x, const float *b, int n_rows, int n_cols, cudaStream_t stream);
+
+/* x[i] *= s (gemma's embedding scale). */
+void gpe_cuda_scale(float *x, float s, int64_t n, cudaStream_t stream);
+
+/* x[i] = cap * tanh(x[i] / cap) (gemma2's final logit soft-capping). */
+void gpe_cuda_softcap(float *x, float cap, int64_t n, cudaStream_t stream);
+
 /* dst[i] = (half)src[i], round to nearest even. */
 void gpe_cuda_f32_to_f16(const float *src, __half *dst, int64_t n, cudaStream_t stream);
 

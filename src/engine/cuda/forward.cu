@@ -61,6 +61,10 @@ static uint64_t align_up(uint64_t n)
 typedef struct cuda_layer {
     const float *attn_norm, *ffn_norm;
     gpe_cuda_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+    /* optional per family (NULL when absent): see model.h */
+    const float *bq, *bk, *bv, *bo, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    bool swa;                   /* sliding-window layer */
+    float rope_base, rope_freq_scale;
 } cuda_layer;
 
 struct gpe_cuda_model {
@@ -104,6 +108,24 @@ template <typename F> static void each_weight(const gpe_llama *m, F &&f)
         f(L->wq); f(L->wk); f(L->wv); f(L->wo);
         f(L->w_gate); f(L->w_up); f(L->w_down);
     }
+}
+
+/* Calls f(host vector, n floats, device slot) for every optional 1-D tensor
+ * of layer L (biases, per-head and post norms), in one fixed order shared by
+ * the budget and the upload; C is NULL for the budget. */
+template <typename F>
+static void each_opt_vec(const gpe_hparams *hp, const gpe_layer *L, cuda_layer *C, F &&f)
+{
+    const size_t E = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    f(L->bq, qd, C ? &C->bq : NULL);
+    f(L->bk, kvd, C ? &C->bk : NULL);
+    f(L->bv, kvd, C ? &C->bv : NULL);
+    f(L->bo, E, C ? &C->bo : NULL);
+    f(L->q_norm, hd, C ? &C->q_norm : NULL);
+    f(L->k_norm, hd, C ? &C->k_norm : NULL);
+    f(L->post_attn_norm, E, C ? &C->post_attn_norm : NULL);
+    f(L->post_ffn_norm, E, C ? &C->post_ffn_norm : NULL);
 }
 
 /* Scratch layout (offsets in a region of *total bytes); the same function
@@ -170,6 +192,13 @@ gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_
                     "CUDA backend: bad model or sizes (n_ctx %d, n_seq %d, n_batch %d)", n_ctx,
                     n_seq, n_batch);
     const gpe_hparams *hp = &m->hp;
+    /* Every dense family's operations have kernels here; the MoE FFN does
+     * not: refuse it rather than run a model without its experts. */
+    if (hp->n_expert > 0)
+        return fail(GPE_ERR_UNSUPPORTED, err, errlen,
+                    "CUDA backend: mixture-of-experts layers (%s, expert_count %d) are not "
+                    "implemented; use the CPU backend",
+                    hp->arch, hp->n_expert);
     if (hp->head_dim > GPE_CUDA_MAX_HEAD_DIM || hp->n_rot > GPE_CUDA_MAX_ROT)
         return fail(GPE_ERR_UNSUPPORTED, err, errlen,
                     "CUDA backend: head size %d / rope dims %d exceed the kernels' limit %d",
@@ -192,6 +221,11 @@ gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_
         return st;
     const uint64_t E = (uint64_t)hp->n_embd;
     wbytes += align_up(E * 4) * (1 + 2 * (uint64_t)hp->n_layer);   /* norms */
+    for (int l = 0; l < hp->n_layer; l++)
+        each_opt_vec(hp, &m->layers[l], NULL, [&](const float *v, size_t n, const float **) {
+            if (v)
+                wbytes += align_up((uint64_t)n * 4);
+        });
     if (m->rope_freqs)
         wbytes += align_up((uint64_t)(hp->n_rot / 2) * 4);
     const uint64_t kvd = (uint64_t)hp->n_head_kv * hp->head_dim;
@@ -317,6 +351,16 @@ static gpe_status upload(gpe_cuda_model *cm, const gpe_llama *m, const gpe_cuda_
             (st = put_weight(cm, &off, L->w_up, &C->w_up, err, errlen)) ||
             (st = put_weight(cm, &off, L->w_down, &C->w_down, err, errlen)))
             return st;
+        C->swa = L->swa;
+        C->rope_base = L->rope_base;
+        C->rope_freq_scale = L->rope_freq_scale;
+        each_opt_vec(hp, L, C, [&](const float *v, size_t n, const float **slot) {
+            *slot = NULL;
+            if (v && st == GPE_OK)
+                st = put_vec(cm, &off, v, n, slot, err, errlen);
+        });
+        if (st)
+            return st;
     }
     scratch_plan sp;
     plan_scratch(m, cm->n_batch, &sp);
@@ -436,6 +480,10 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
                                cudaMemcpyHostToDevice, s));
     if ((st = gpe_cuda_embed(&cm->tok_embd, d_tok, n, cm->x, s, err, errlen)))
         return st;
+    if (hp->embd_scale != 1.0f) {
+        gpe_cuda_scale(cm->x, hp->embd_scale, (int64_t)n * E, s);
+        CUDA_CHECK_LAUNCH();
+    }
 
     for (int l = 0; l < hp->n_layer; l++) {
         const cuda_layer *L = &cm->layers[l];
@@ -446,6 +494,21 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
             (st = gpe_cuda_matmul(&cm->mm, &L->wk, cm->xn, n, cm->k, kvd, false, err, errlen)) ||
             (st = gpe_cuda_matmul(&cm->mm, &L->wv, cm->xn, n, cm->v, kvd, false, err, errlen)))
             return st;
+        /* biases, then per-head Q/K norms, before RoPE (as model.c) */
+        if (L->bq)
+            gpe_cuda_add_bias(cm->q, L->bq, n, (int)qd, s);
+        if (L->bk)
+            gpe_cuda_add_bias(cm->k, L->bk, n, (int)kvd, s);
+        if (L->bv)
+            gpe_cuda_add_bias(cm->v, L->bv, n, (int)kvd, s);
+        CUDA_CHECK_LAUNCH();
+        if (L->q_norm) {
+            gpe_cuda_rmsnorm(cm->q, NULL, L->q_norm, cm->q, n * hp->n_head, hp->head_dim,
+                             hp->rms_eps, s);
+            gpe_cuda_rmsnorm(cm->k, NULL, L->k_norm, cm->k, n * hp->n_head_kv, hp->head_dim,
+                             hp->rms_eps, s);
+            CUDA_CHECK_LAUNCH();
+        }
 
         gpe_cuda_rope_args ra;
         ra.q = cm->q;
@@ -461,9 +524,10 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
         ra.head_dim = hp->head_dim;
         ra.n_rot = hp->n_rot;
         ra.n_ctx = cm->n_ctx;
-        ra.theta_scale = powf(hp->rope_base, -2.0f / (float)hp->n_rot);   /* as model.c */
-        ra.freq_scale = hp->rope_freq_scale;
+        ra.theta_scale = powf(L->rope_base, -2.0f / (float)hp->n_rot);   /* as model.c */
+        ra.freq_scale = L->rope_freq_scale;
         ra.freqs = cm->rope_freqs;
+        ra.neox = hp->rope_neox;
         gpe_cuda_rope_store(&ra, s);
         CUDA_CHECK_LAUNCH();
 
@@ -479,11 +543,18 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
         aa.n_head_kv = hp->n_head_kv;
         aa.head_dim = hp->head_dim;
         aa.n_ctx = cm->n_ctx;
+        aa.scale = hp->attn_scale;
+        aa.softcap = hp->attn_softcap;
+        aa.window = L->swa ? hp->n_swa : 0;
         gpe_cuda_attention(&aa, s);
         CUDA_CHECK_LAUNCH();
 
         if ((st = gpe_cuda_matmul(&cm->mm, &L->wo, cm->att, n, cm->xn, E, false, err, errlen)))
             return st;
+        if (L->bo)
+            gpe_cuda_add_bias(cm->xn, L->bo, n, (int)E, s);
+        if (L->post_attn_norm)
+            gpe_cuda_rmsnorm(cm->xn, NULL, L->post_attn_norm, cm->xn, n, (int)E, hp->rms_eps, s);
         gpe_cuda_add(cm->x, cm->xn, (int64_t)n * E, s);
         CUDA_CHECK_LAUNCH();
 
@@ -493,11 +564,16 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
                                   errlen)) ||
             (st = gpe_cuda_matmul(&cm->mm, &L->w_up, cm->xn, n, cm->up, F, false, err, errlen)))
             return st;
-        gpe_cuda_swiglu(cm->gate, cm->up, (int64_t)n * F, s);
+        if (hp->gelu)
+            gpe_cuda_geglu(cm->gate, cm->up, (int64_t)n * F, s);
+        else
+            gpe_cuda_swiglu(cm->gate, cm->up, (int64_t)n * F, s);
         CUDA_CHECK_LAUNCH();
         if ((st = gpe_cuda_matmul(&cm->mm, &L->w_down, cm->gate, n, cm->xn, E, false, err,
                                   errlen)))
             return st;
+        if (L->post_ffn_norm)
+            gpe_cuda_rmsnorm(cm->xn, NULL, L->post_ffn_norm, cm->xn, n, (int)E, hp->rms_eps, s);
         gpe_cuda_add(cm->x, cm->xn, (int64_t)n * E, s);
         CUDA_CHECK_LAUNCH();
     }
@@ -513,6 +589,10 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
         if ((st = gpe_cuda_matmul(&cm->mm, &cm->output, cm->xn, nr, cm->logits, V, false, err,
                                   errlen)))
             return st;
+        if (hp->final_softcap > 0.0f) {
+            gpe_cuda_softcap(cm->logits, hp->final_softcap, (int64_t)nr * V, s);
+            CUDA_CHECK_LAUNCH();
+        }
         CUDA_CHECK(cudaMemcpyAsync(logits_host + (size_t)r0 * (size_t)V, cm->logits,
                                    (size_t)nr * (size_t)V * sizeof(float),
                                    cudaMemcpyDeviceToHost, s));

@@ -14,8 +14,8 @@ static __device__ __forceinline__ double warp_sum_d(double v)
 }
 
 __global__ void __launch_bounds__(NORM_THREADS)
-    rmsnorm_kernel(const float *__restrict__ x, const int *__restrict__ rows,
-                   const float *__restrict__ w, float *__restrict__ out, int n, float eps)
+    rmsnorm_kernel(const float *x, const int *__restrict__ rows, const float *__restrict__ w,
+                   float *out, int n, float eps)
 {
     __shared__ double partial[NORM_THREADS / GPE_WARP];
     __shared__ float s_scale;

@@ -10,7 +10,9 @@
 #include "engine/cuda/common.cuh"
 
 /* out[t][:] = rmsnorm(x[src][:]) * w for t < n_rows, src = rows ? rows[t]
- * : t (rows: device array, used to gather the rows that want logits). */
+ * : t (rows: device array, used to gather the rows that want logits). out
+ * may be x (in place, rows NULL): per-head Q/K norms and gemma's
+ * post-norms. */
 void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
                       int n, float eps, cudaStream_t stream);
 

@@ -206,6 +206,7 @@ gpe_status gpe_cuda_test_rope(float *q, const float *k, const float *v, const in
     ra.theta_scale = powf(base, -2.0f / (float)n_rot);
     ra.freq_scale = freq_scale;
     ra.freqs = d_f;
+    ra.neox = false;
     gpe_cuda_rope_store(&ra, a.stream);
     if ((st = finish(a, q, d_q, qb, err, errlen)) ||
         (st = finish(a, k_cache, d_kc, cb, err, errlen)))
@@ -245,6 +246,9 @@ gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const f
     aa.n_head_kv = n_head_kv;
     aa.head_dim = hd;
     aa.n_ctx = n_ctx;
+    aa.scale = 1.0f / sqrtf((float)hd);
+    aa.softcap = 0.0f;
+    aa.window = 0;
     gpe_cuda_attention(&aa, a.stream);
     return finish(a, out, d_o, qb, err, errlen);
 }

@@ -67,6 +67,16 @@ typedef struct gpe_st_model {
 /* Fills sm with random weights of type t (any supported type), from seed.
  * Returns false when memory is short (sm then holds nothing). */
 bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed);
+/* Turns a built model into one of the other families' feature sets, so
+ * that the whole-model check covers their kernels: 1 qwen2 (Q/K/V biases,
+ * NEOX RoPE), 2 qwen3 (per-head Q/K norms, NEOX), 3 gemma2 (embedding
+ * scale, post-norms, GELU, attention and final soft-caps, a 3-position
+ * window on even layers, NEOX), 4 gemma3 (gemma2 without soft-caps, with
+ * Q/K norms and local/global RoPE bases, the global layer scaled).
+ * Returns false when memory is short. */
+#define GPE_ST_N_VARIANTS 5
+bool gpe_st_model_variant(gpe_st_model *sm, int variant, uint64_t seed);
+const char *gpe_st_variant_name(int variant);
 /* The same model with every weight dequantized to F32 (same values). */
 bool gpe_st_model_to_f32(gpe_st_model *dst, const gpe_st_model *src);
 void gpe_st_model_free(gpe_st_model *sm);

@@ -45,9 +45,12 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(gpe_cuda_rope_
     for (int u = threadIdx.x; u < a.n_head * half_rot; u += ROPE_THREADS) {
         const int h = u / half_rot, i = 2 * (u % half_rot);
         float *v = q + (size_t)h * hd;
-        const float x0 = v[i], x1 = v[i + 1], c = cs[i], sn = cs[i + 1];
-        v[i] = rot0(x0, x1, c, sn);
-        v[i + 1] = rot1(x0, x1, c, sn);
+        /* pair i/2 uses cs[i], cs[i+1]; its elements are adjacent (normal)
+         * or half a rotation apart (NEOX) */
+        const int i0 = a.neox ? i / 2 : i, i1 = a.neox ? i / 2 + half_rot : i + 1;
+        const float x0 = v[i0], x1 = v[i1], c = cs[i], sn = cs[i + 1];
+        v[i0] = rot0(x0, x1, c, sn);
+        v[i1] = rot1(x0, x1, c, sn);
     }
 
     const int kvd = a.n_head_kv * hd;
@@ -58,10 +61,16 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(gpe_cuda_rope_
     for (int e = threadIdx.x; e < kvd; e += ROPE_THREADS) {
         const int d = e % hd;
         float out = k[e];
-        if (d < n_rot) {
+        if (d < n_rot && !a.neox) {
             const int e0 = e - (d & 1);            /* first element of the pair */
             const float x0 = k[e0], x1 = k[e0 + 1], c = cs[d & ~1], sn = cs[(d & ~1) + 1];
             out = (d & 1) ? rot1(x0, x1, c, sn) : rot0(x0, x1, c, sn);
+        } else if (d < n_rot) {
+            const bool second = d >= half_rot;     /* x1 of pair d - half_rot */
+            const int pi = second ? d - half_rot : d;
+            const int e0 = e - d + pi;
+            const float x0 = k[e0], x1 = k[e0 + half_rot], c = cs[2 * pi], sn = cs[2 * pi + 1];
+            out = second ? rot1(x0, x1, c, sn) : rot0(x0, x1, c, sn);
         }
         kc[e] = out;
         vc[e] = vv[e];

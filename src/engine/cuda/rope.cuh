@@ -1,7 +1,7 @@
 /*
  * rope: RoPE "normal" (adjacent pairs of the first n_rot dims of each head)
- * on q in place and on k, which is written rotated into the KV cache
- * together with v. Angles as model.c: theta_i = pos * base^(-2i/n_rot) by
+ * or NEOX (pairs x[i], x[i + n_rot/2]) on q in place and on k, which is
+ * written rotated into the KV cache together with v. Angles as model.c: theta_i = pos * base^(-2i/n_rot) by
  * repeated float multiplication, divided by rope_freqs[i] when present,
  * times freq_scale.
  *
@@ -23,6 +23,7 @@ typedef struct gpe_cuda_rope_args {
     float theta_scale;         /* base^(-2/n_rot), computed on the host as model.c */
     float freq_scale;
     const float *freqs;        /* device [n_rot/2] or NULL */
+    bool neox;                 /* NEOX pairs (qwen, phi3, gemma) */
 } gpe_cuda_rope_args;
 
 void gpe_cuda_rope_store(const gpe_cuda_rope_args *a, cudaStream_t stream);

@@ -11,7 +11,9 @@
  * 2. Whole models: a random llama of each weight type runs the same batch
  *    script (prefill of two sequences, batched decode, a mixed batch) on the
  *    CPU forward (gpe_llama_forward) and on the CUDA backend; the largest
- *    per-step NMSE of the logits must stay under the type's threshold.
+ *    per-step NMSE of the logits must stay under the type's threshold. Then
+ *    the same with F16 models given the qwen2, qwen3, gemma2 and gemma3
+ *    feature sets (gpe_st_model_variant).
  *
  * NMSE = sum (a - ref)^2 / sum ref^2 (the measure of llama.cpp's
  * test-backend-ops). Thresholds and why: docs/cuda.md.
@@ -210,7 +212,10 @@ bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
     hp->n_rot = ST_HD;
     hp->rope_base = 10000.0f;
     hp->rope_freq_scale = 1.0f;
+    hp->rope_base_swa = 10000.0f;
     hp->rms_eps = 1e-5f;
+    hp->attn_scale = 1.0f / sqrtf((float)ST_HD);
+    hp->embd_scale = 1.0f;
     sm->m.layers = sm->layers;
     const int64_t qd = ST_HEAD * ST_HD, kvd = ST_HEAD_KV * ST_HD;
     bool ok = st_weight(sm, &sm->m.tok_embd, t, ST_VOCAB, ST_E, &r) &&
@@ -224,6 +229,8 @@ bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
     }
     for (int l = 0; l < ST_LAYER && ok; l++) {
         gpe_layer *L = &sm->layers[l];
+        L->rope_base = hp->rope_base;
+        L->rope_freq_scale = hp->rope_freq_scale;
         ok = (L->attn_norm = st_vec(sm, ST_E, &r)) != NULL &&
              (L->ffn_norm = st_vec(sm, ST_E, &r)) != NULL &&
              st_weight(sm, &L->wq, t, qd, ST_E, &r) && st_weight(sm, &L->wk, t, kvd, ST_E, &r) &&
@@ -235,6 +242,66 @@ bool gpe_st_model_build(gpe_st_model *sm, gpe_type t, uint64_t seed)
     if (!ok) {
         gpe_st_model_free(sm);
         return false;
+    }
+    return true;
+}
+
+const char *gpe_st_variant_name(int variant)
+{
+    static const char *const names[GPE_ST_N_VARIANTS] = { "llama", "qwen2", "qwen3", "gemma2",
+                                                          "gemma3" };
+    return variant >= 0 && variant < GPE_ST_N_VARIANTS ? names[variant] : "?";
+}
+
+/* small random vector around 0 (biases) */
+static const float *st_bias(gpe_st_model *sm, int64_t n, rng *r)
+{
+    float *v = st_alloc(sm, (size_t)n * sizeof(float));
+    if (v)
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 0.3f * rng_f(r);
+    return v;
+}
+
+bool gpe_st_model_variant(gpe_st_model *sm, int variant, uint64_t seed)
+{
+    rng r = { seed };
+    gpe_hparams *hp = &sm->m.hp;
+    const int64_t qd = ST_HEAD * ST_HD, kvd = ST_HEAD_KV * ST_HD;
+    if (variant <= 0)
+        return true;
+    hp->rope_neox = true;
+    const bool gemma = variant >= 3;
+    if (gemma) {
+        hp->kind = variant == 3 ? GPE_ARCH_GEMMA2 : GPE_ARCH_GEMMA3;
+        hp->embd_scale = sqrtf((float)ST_E);
+        hp->gelu = true;
+        hp->n_swa = 3;
+        hp->swa_pattern = 2;
+        if (variant == 3) {
+            hp->attn_softcap = 5.0f;
+            hp->final_softcap = 5.0f;
+        }
+    } else {
+        hp->kind = variant == 1 ? GPE_ARCH_QWEN2 : GPE_ARCH_QWEN3;
+    }
+    for (int l = 0; l < ST_LAYER; l++) {
+        gpe_layer *L = &sm->layers[l];
+        if (variant == 1 &&
+            (!(L->bq = st_bias(sm, qd, &r)) || !(L->bk = st_bias(sm, kvd, &r)) ||
+             !(L->bv = st_bias(sm, kvd, &r))))
+            return false;
+        if ((variant == 2 || variant == 4) &&
+            (!(L->q_norm = st_vec(sm, ST_HD, &r)) || !(L->k_norm = st_vec(sm, ST_HD, &r))))
+            return false;
+        if (gemma && (!(L->post_attn_norm = st_vec(sm, ST_E, &r)) ||
+                      !(L->post_ffn_norm = st_vec(sm, ST_E, &r))))
+            return false;
+        L->swa = gemma && l % 2 == 0;
+        if (variant == 4) {
+            L->rope_base = L->swa ? 10000.0f : 1000000.0f;
+            L->rope_freq_scale = L->swa ? 1.0f : 0.125f;
+        }
     }
     return true;
 }
@@ -655,6 +722,27 @@ static void check_models(report *rep)
         rep_check(rep, name, st, msg,
                   st ? 0 : gpe_st_max_nmse(gpu, cpu, rows_c, sm.m.hp.n_vocab),
                   gpe_st_model_threshold(t));
+        free(cpu);
+        free(gpu);
+        gpe_st_model_free(&sm);
+    }
+    for (int v = 1; v < GPE_ST_N_VARIANTS; v++) {
+        gpe_st_model sm;
+        float *cpu = NULL, *gpu = NULL;
+        int rows_c[GPE_ST_STEPS], rows_g[GPE_ST_STEPS];
+        snprintf(name, sizeof name, "model F16 %s", gpe_st_variant_name(v));
+        if (!gpe_st_model_build(&sm, GPE_TYPE_F16, 2000 + v) ||
+            !gpe_st_model_variant(&sm, v, 3000 + v)) {
+            gpe_st_model_free(&sm);
+            rep_check(rep, name, GPE_ERR_NOMEM, "out of memory", 0, 0);
+            continue;
+        }
+        gpe_status st = gpe_st_run_cpu(&sm.m, &cpu, rows_c, msg, sizeof msg);
+        if (st == GPE_OK)
+            st = gpe_st_run_cuda(&sm.m, &gpu, rows_g, msg, sizeof msg);
+        rep_check(rep, name, st, msg,
+                  st ? 0 : gpe_st_max_nmse(gpu, cpu, rows_c, sm.m.hp.n_vocab),
+                  gpe_st_model_threshold(GPE_TYPE_F16));
         free(cpu);
         free(gpu);
         gpe_st_model_free(&sm);

@@ -167,6 +167,75 @@ static void test_thresholds_on_cpu(void **state)
     }
 }
 
+/* The self-test's feature variants are real: on the CPU each gives finite
+ * logits that differ from the plain llama built from the same seed (so the
+ * GPU comparison exercises the family's kernels). */
+static void test_variants_on_cpu(void **state)
+{
+    (void)state;
+    char err[256];
+    gpe_st_model base;
+    float *ref = NULL;
+    int rr[GPE_ST_STEPS];
+    assert_true(gpe_st_model_build(&base, GPE_TYPE_F16, 77));
+    assert_int_equal(gpe_st_run_cpu(&base.m, &ref, rr, err, sizeof err), GPE_OK);
+    for (int v = 1; v < GPE_ST_N_VARIANTS; v++) {
+        gpe_st_model sm;
+        float *a = NULL;
+        int ra[GPE_ST_STEPS];
+        assert_true(gpe_st_model_build(&sm, GPE_TYPE_F16, 77));
+        assert_true(gpe_st_model_variant(&sm, v, 5));
+        assert_int_equal(gpe_st_run_cpu(&sm.m, &a, ra, err, sizeof err), GPE_OK);
+        assert_memory_equal(ra, rr, sizeof ra);
+        int total = 0;
+        for (int s = 0; s < GPE_ST_STEPS; s++)
+            total += ra[s];
+        for (int k = 0; k < total * sm.m.hp.n_vocab; k++)
+            assert_true(a[k] == a[k] && a[k] < 1e30f && a[k] > -1e30f);
+        const double d = gpe_st_max_nmse(a, ref, ra, sm.m.hp.n_vocab);
+        print_message("  %-6s vs llama: max step NMSE %.3e\n", gpe_st_variant_name(v), d);
+        assert_true(d > 1e-3);
+        free(a);
+        gpe_st_model_free(&sm);
+    }
+    free(ref);
+    gpe_st_model_free(&base);
+}
+
+/* The architecture files (tests/data/arch): the backend accepts every dense
+ * family (its kernels cover biases, NEOX RoPE, per-head and post norms,
+ * GELU, soft-caps, sliding windows; the GPU comparison is in
+ * test_engine_arch) and refuses the MoE file with one clear line instead of
+ * running it without its experts. No device needed. */
+static void test_arch_budget(void **state)
+{
+    (void)state;
+    static const char *files[] = { "qwen2-f16", "qwen2-q8_0", "qwen3-f16", "llama3-f16",
+                                   "phi3-f16",  "gemma2-f16", "gemma3-f16", "mixtral-f16" };
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[512], err[256] = "";
+        snprintf(path, sizeof path, "%s/arch/tiny-random-%s.gguf", GP_TEST_DATA, files[i]);
+        gpe_gguf *g = NULL;
+        assert_int_equal(gpe_gguf_open(path, &g, err, sizeof err), GPE_OK);
+        gpe_llama m;
+        if (gpe_llama_load(&m, g, err, sizeof err) != GPE_OK)
+            fail_msg("%s: %s", files[i], err);
+        gpe_cuda_budget b;
+        gpe_status st = gpe_cuda_model_bytes(&m, 256, 2, 64, &b, err, sizeof err);
+        print_message("  %-12s %s %s\n", files[i], gpe_status_name(st), st ? err : "");
+        if (strcmp(files[i], "mixtral-f16") == 0) {
+            assert_int_equal(st, GPE_ERR_UNSUPPORTED);
+            assert_non_null(strstr(err, "mixture-of-experts"));
+            assert_null(strchr(err, '\n'));
+        } else {
+            assert_int_equal(st, GPE_OK);
+            assert_true(b.weights > 0 && b.total > b.weights);
+        }
+        gpe_llama_free(&m);
+        gpe_gguf_close(g);
+    }
+}
+
 #endif /* GPE_HAVE_CUDA */
 
 static void test_gpu_selftest(void **state)
@@ -198,6 +267,8 @@ int main(void)
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_errors_without_device),
         cmocka_unit_test(test_thresholds_on_cpu),
+        cmocka_unit_test(test_arch_budget),
+        cmocka_unit_test(test_variants_on_cpu),
 #endif
         cmocka_unit_test(test_gpu_selftest),
     };
