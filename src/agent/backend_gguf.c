@@ -21,6 +21,9 @@
  * (tokenize, end at once).
  * `continuation` (failover) is appended to the prompt text: the model
  * continues after it and only new text is sent.
+ * A prompt is fed n_batch tokens per step; between steps a job still in
+ * prefill reports progress (job_progress) so that a long prompt is not
+ * mistaken for a dead agent.
  */
 #include "agent/backend.h"
 
@@ -58,6 +61,8 @@ typedef struct gjob {
     gpe_sampler *smp;
     gpe_stop *stop;
     double t_start, t_first;
+    int prog_fed;              /* n_fed at the last progress report */
+    double t_prog;             /* time of the last progress report (or admission) */
 } gjob;
 
 typedef struct gguf_backend {
@@ -455,8 +460,27 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
         gpe_sampler_accept(j->smp, j->toks[i]);
     j->slot = slot;
     j->state = J_PREFILL;
+    j->t_prog = now_s();
     gpe_seq_clear(b->ctx, slot);
     return true;
+}
+
+/* A long prefill sends nothing else: report progress so the server's stall
+ * timer sees a live agent. At most every PROGRESS_TOKENS tokens and
+ * PROGRESS_SEC seconds, whichever comes later (bounded event count). */
+#define PROGRESS_TOKENS 256
+#define PROGRESS_SEC 1.0
+static void job_progress(gjob *j)
+{
+    if (!j->sink.progress || j->state != J_PREFILL || j->n_fed >= j->n_toks ||
+        j->n_fed - j->prog_fed < PROGRESS_TOKENS)
+        return;
+    double t = now_s();
+    if (t - j->t_prog < PROGRESS_SEC)
+        return;
+    j->prog_fed = j->n_fed;
+    j->t_prog = t;
+    j->sink.progress(j->sink.ctx, j->n_fed, j->n_toks);
 }
 
 /* Sample from logits, stream the piece; returns a finish reason when the job
@@ -606,6 +630,8 @@ static void *decode_main(void *arg)
                 reason = job_step(b, j, gpe_get_logits(b->ctx, entry[s]));
                 if (reason)
                     job_end(j, reason);
+            } else {
+                job_progress(j);
             }
             if (reason) {
                 pthread_mutex_lock(&b->mu);
