@@ -1,0 +1,182 @@
+"""Liveness of busy agents (docs/protocol.md "Liveness"), with real processes:
+gpupool-server and two gpupool-agents (openai backend) over
+continuation-aware scripted upstreams (upstream_continue.py).
+
+- a one-slot agent busy with a stream keeps a free_slots 0 long-poll parked;
+  kill -9 closes it and the job's attempt ends within the disconnect grace:
+  the stream continues on the other agent although stall_timeout_sec and
+  agent_timeout_sec are 120 s (only the new mechanism can act in time);
+- an agent restarted with the same state dir (a new instance) ends the old
+  process's attempts as soon as it polls, even with a disconnect grace that
+  never runs out;
+- a long prefill (the upstream's first token comes after 2x the stall
+  timeout, long-polls answered 204 meanwhile) does not fail over: the
+  agent's polls list the job, which restarts the stall timer;
+- an agent that falls silent (SIGSTOP: connections open, nothing sent) is
+  still caught by the stall timer.
+
+Each kill -9 test prints the time from the kill to the next token the
+client reads (the failover latency), for the figures in the report.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import upstream as upstream_mod  # noqa: E402
+from test_e2e_failover import ContUpstream  # noqa: E402
+
+N = 12
+SLOW = ["--poll_interval_sec", "1", "--work_wait_sec", "5", "--agent_timeout_sec", "120",
+        "--stall_timeout_sec", "120"]
+
+
+def expected(prompt, n=N):
+    return "".join(upstream_mod.expected_tokens(prompt, n))
+
+
+class LivenessTest(harness.TestCase):
+
+    def pool(self, server_args, a_args=("--pace-ms", "250"), b_args=("--pace-ms", "5")):
+        self.srv = self.h.start_server(list(server_args))
+        self.ua = self.start_cont(["--tokens", str(N)] + list(a_args))
+        self.ub = self.start_cont(["--tokens", str(N)] + list(b_args))
+        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1")
+        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
+        self.srv.wait_model("m1")
+        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
+        harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
+
+    def start_cont(self, args):
+        u = ContUpstream(self.h, self.h._name("upstream"), args)
+        self.h.procs.append(u)
+        return u
+
+    def parked(self):
+        _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
+        for line in raw.decode().splitlines():
+            if line.startswith("gpupool_agents_parked "):
+                return float(line.split()[-1])
+        return 0
+
+    def stream(self, prompt, max_tokens=40):
+        return harness.SSEStream("POST", self.srv.url + "/v1/completions",
+                                 {"model": "m1", "stream": True, "prompt": prompt,
+                                  "max_tokens": max_tokens,
+                                  "stream_options": {"include_usage": True},
+                                  "x_pool_options": {"prefer_agent": self.ida}}, timeout=60)
+
+    def texts(self, s, n):
+        got = []
+        while len(got) < n:
+            e = s.next_event(timeout=20)
+            self.assertIsNotNone(e)
+            d = json.loads(e["data"])
+            got += [c["text"] for c in d.get("choices") or [] if c.get("text")]
+        return got
+
+    def busy_on_a(self, prompt):
+        """A stream served by agent A, 3 tokens read, and A's liveness
+        long-poll parked again (both agents parked: B idle, A busy)."""
+        s = self.stream(prompt)
+        self.assertEqual(s.status, 200)
+        got = self.texts(s, 3)
+        self.assertEqual(s.headers.get("x-pool-agent"), self.ida)
+        harness.wait_until(lambda: self.parked() >= 2, timeout=20,
+                           what="busy agent A parked its liveness long-poll")
+        return s, got
+
+    def finish(self, s, got, prompt):
+        """Read the rest; the whole text is one uninterrupted sequence and the
+        last chunk's x_pool_meta says two attempts, the second on B."""
+        events = s.events()
+        s.close()
+        datas = harness.sse_data_json(events)
+        self.assertFalse([d for d in datas if "error" in d], datas)
+        text = "".join(got) + "".join(c.get("text") or "" for d in datas
+                                      for c in d.get("choices") or [])
+        self.assertEqual(text, expected(prompt))
+        last = [d for d in datas if any(c.get("finish_reason") for c in d.get("choices") or [])]
+        self.assertEqual(last[0]["x_pool_meta"]["attempts"], 2)
+        self.assertEqual(last[0]["x_pool_meta"]["agent_id"], self.idb)
+
+    def failovers(self):
+        return [(e.get("reason"), e.get("mode")) for e in self.srv.log_events("job_failover")]
+
+    def test_kill9_busy_agent_fails_over_at_once(self):
+        self.pool(SLOW)
+        prompt = "the keeper of the light ::"
+        s, got = self.busy_on_a(prompt)
+        t0 = time.monotonic()
+        self.aa.kill9()
+        # Bounded well below stall_timeout_sec and agent_timeout_sec (120).
+        nxt = self.texts(s, 1)
+        dt = time.monotonic() - t0
+        sys.stderr.write("\nfailover_latency_kill9_to_next_token_ms %.0f\n" % (dt * 1000))
+        self.finish(s, got + nxt, prompt)
+        self.assertEqual(self.failovers(), [("agent_disconnected", "continue")])
+        self.assertEqual(len(self.srv.log_events("agent_disconnected")), 1)
+        _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
+        self.assertIn('gpupool_failovers_total{mode="continue"} 1', raw.decode())
+
+    def test_restarted_agent_ends_old_attempts(self):
+        # A grace that never runs out within the test: only the new
+        # instance's first request can end the old attempt.
+        self.pool(SLOW + ["--agent_disconnect_grace_ms", "600000"])
+        prompt = "a second life for the agent ::"
+        s, got = self.busy_on_a(prompt)
+        self.aa.kill9()
+        self.h.start_agent(self.srv, upstream=self.ua, model="m1", name="agent_a_again",
+                           state_dir=self.aa.state_dir)
+        self.finish(s, got, prompt)
+        self.assertEqual(self.failovers(), [("agent_restarted", "continue")])
+        ev = self.srv.log_events("agent_restarted")
+        self.assertEqual([(e.get("agent_id"), e.get("jobs")) for e in ev], [(self.ida, 1)])
+        self.assertEqual(self.srv.log_events("agent_disconnected"), [])
+
+    def test_long_prefill_does_not_fail_over(self):
+        # First token after 2x stall_timeout_sec; long-polls come back 204
+        # every second meanwhile. The agent's polls list the job.
+        self.pool(["--poll_interval_sec", "1", "--work_wait_sec", "1",
+                   "--stall_timeout_sec", "3"],
+                  a_args=("--first-delay-ms", "6000", "--pace-ms", "5"))
+        prompt = "think before you speak ::"
+        s = self.stream(prompt)
+        self.assertEqual(s.status, 200)
+        events = s.events()
+        s.close()
+        datas = harness.sse_data_json(events)
+        self.assertFalse([d for d in datas if "error" in d], datas)
+        text = "".join(c.get("text") or "" for d in datas for c in d.get("choices") or [])
+        self.assertEqual(text, expected(prompt))
+        last = [d for d in datas if any(c.get("finish_reason") for c in d.get("choices") or [])]
+        self.assertEqual(last[0]["x_pool_meta"]["attempts"], 1)
+        self.assertEqual(last[0]["x_pool_meta"]["agent_id"], self.ida)
+        self.assertEqual(self.failovers(), [])
+        # The upstream really held the first token that long (the test
+        # exercised a prefill longer than the stall timeout).
+        rec = [r for r in self.ua.log_entries() if r.get("path", "").endswith("completions")]
+        self.assertEqual(len(rec), 1)
+        self.assertGreaterEqual(rec[0]["ended"] - rec[0]["started"], 6.0)
+
+    def test_silent_agent_still_stalls(self):
+        # SIGSTOP: the process holds its connections but says nothing (no
+        # poll, no upload): the stall timer is what catches it.
+        self.pool(["--poll_interval_sec", "1", "--work_wait_sec", "5",
+                   "--agent_timeout_sec", "120", "--stall_timeout_sec", "2"])
+        prompt = "frozen in time ::"
+        s, got = self.busy_on_a(prompt)
+        self.aa.signal(signal.SIGSTOP)
+        try:
+            self.finish(s, got, prompt)
+        finally:
+            self.aa.signal(signal.SIGCONT)
+        self.assertEqual(self.failovers(), [("stalled", "continue")])
+
+
+if __name__ == "__main__":
+    harness.main()
