@@ -106,9 +106,11 @@ class FakeServer:
             with self.lock:
                 self.work_calls += 1
                 self.lock.notify_all()
-                while not self.jobs_to_give and not self.closed and time.monotonic() < deadline:
+                k = int(body.get("free_slots", 1))
+                # free_slots 0: a busy agent's liveness long-poll, never given jobs
+                while (k == 0 or not self.jobs_to_give) and not self.closed and \
+                        time.monotonic() < deadline:
                     self.lock.wait(0.05)
-                k = max(1, int(body.get("free_slots", 1)))
                 give, self.jobs_to_give = self.jobs_to_give[:k], self.jobs_to_give[k:]
             if not give:
                 h.reply(204)

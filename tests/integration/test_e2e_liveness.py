@@ -178,5 +178,61 @@ class LivenessTest(harness.TestCase):
         self.assertEqual(self.failovers(), [("stalled", "continue")])
 
 
+def gguf_agent_built():
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    r = subprocess.run([harness.AGENT_BIN, "--model", "/nonexistent/x.gguf", "--state-dir",
+                        "/nonexistent/state"], capture_output=True, text=True, timeout=30, env=env)
+    return "not built" not in r.stderr
+
+
+GGUF_RANDOM = os.path.join(harness.BUILD_DIR, "bench", "gguf-random")
+STALL = 4
+
+
+class GgufPrefillTest(harness.TestCase):
+    """A gguf prefill longer than stall_timeout_sec, with polls 45 s apart
+    (poll_interval_sec 60) so that only the backend's progress events can
+    keep the job alive: it completes on its first attempt."""
+
+    def test_long_prefill_sends_progress(self):
+        if not os.access(GGUF_RANDOM, os.X_OK) or not gguf_agent_built():
+            self.skipTest("gguf-random or the agent's gguf backend not built")
+        import subprocess
+        model = self.h.path("slow.gguf")
+        r = subprocess.run([GGUF_RANDOM, "--shape", "custom", "--n-embd", "256", "--n-layer",
+                            "4", "--n-head", "4", "--n-head-kv", "4", "--n-ff", "768",
+                            "--n-vocab", "512", "--n-ctx", "4096", "--type", "q8_0", "-o", model],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        srv = self.h.start_server(["--poll_interval_sec", "60", "--work_wait_sec", "60",
+                                   "--agent_timeout_sec", "120",
+                                   "--stall_timeout_sec", str(STALL)])
+        self.h.start_agent(srv, upstream=None, alias="slow",
+                           args=["--model", model, "--threads", "1", "--ctx", "2600"])
+        srv.wait_model("slow")
+        # ~2000 prompt tokens (random vocabulary: mostly byte tokens).
+        prompt = " ".join("w%d" % i for i in range(300))
+        st, _, t = harness.http_json("POST", srv.url + "/v2/tasks",
+                                     {"model": "slow", "prompt": prompt, "max_tokens": 2,
+                                      "temperature": 0}, timeout=30)
+        self.assertEqual(st, 202, t)
+        st, _, data = harness.http_request("GET", srv.url + "/v2/tasks/%s/events" % t["job_id"],
+                                           timeout=300)
+        self.assertEqual(st, 200)
+        types = [e["event"] for e in harness.parse_sse(data)]
+        self.assertEqual(types[-1], "end", types)
+        self.assertNotIn("failover", types)
+        self.assertNotIn("progress", types)  # not forwarded to clients
+        st, _, status = harness.http_json("GET", srv.url + "/v2/tasks/" + t["job_id"])
+        self.assertEqual(status["status"], "done", status)
+        self.assertEqual(status["attempts"], 1, status)
+        self.assertGreaterEqual(status["usage"]["prompt_tokens"], 1500)
+        self.assertEqual(srv.log_events("job_failover"), [])
+        if status["timings"].get("ttft_ms", 0) <= STALL * 1000:
+            self.skipTest("prefill took %s ms here: too fast to outlast the stall timeout"
+                          % status["timings"].get("ttft_ms"))
+
+
 if __name__ == "__main__":
     harness.main()
