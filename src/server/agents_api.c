@@ -46,7 +46,8 @@ struct gps_agents {
     smap ext;                           /* agent id -> agent_ext */
     struct event *tick;
     struct event *deferred;             /* runs failovers/kicks outside callbacks */
-    size_t nparked;
+    size_t nparked;                     /* parked long-polls asking for work */
+    size_t nliveness;                   /* parked free_slots 0 long-polls (busy agents) */
     char epoch[17];                     /* this process's random id: delivery tokens */
     uint64_t deliveries;                /* work replies with jobs sent so far */
 };
@@ -88,7 +89,10 @@ static void unpark(agent_ext *e)
     }
     e->parked = NULL;
     e->evcon = NULL;
-    e->g->nparked--;
+    if (e->free_slots > 0)
+        e->g->nparked--;
+    else
+        e->g->nliveness--;
     registry_agent *a = e->g->reg ? registry_get(e->g->reg, e->id) : NULL;
     if (a)
         sched_agent_unready(e->g->sched, a);
@@ -592,9 +596,12 @@ static void h_work(gps_req *r, void *arg)
     snprintf(e->key_id, sizeof e->key_id, "%s", r->key_id);
     e->free_slots = free_slots;
     e->evcon = evhttp_request_get_connection(r->req);
-    g->nparked++;
-    if (free_slots == 0)
+    if (free_slots > 0) {
+        g->nparked++;
+    } else {
+        g->nliveness++;
         sched_agent_unready(g->sched, a);
+    }
     if (e->evcon) {
         evhttp_connection_set_closecb(e->evcon, park_close_cb, e);
         evhttp_connection_set_timeout(e->evcon, g->opts.work_wait_sec + 30);
@@ -1012,6 +1019,7 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
         gps_metrics_set(m, "agents", l, (double)c.per_state[s]);
     }
     gps_metrics_set(m, "agents_parked", NULL, (double)g->nparked);
+    gps_metrics_set(m, "agents_liveness_parked", NULL, (double)g->nliveness);
     gps_metrics_set(m, "slots_busy", NULL, (double)c.busy);
     gps_metrics_set(m, "slots_capacity", NULL, (double)c.total);
 }

@@ -56,12 +56,15 @@ class LivenessTest(harness.TestCase):
         self.h.procs.append(u)
         return u
 
-    def parked(self):
+    def gauge(self, name):
         _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
         for line in raw.decode().splitlines():
-            if line.startswith("gpupool_agents_parked "):
+            if line.startswith("gpupool_%s " % name):
                 return float(line.split()[-1])
         return 0
+
+    def parked(self):
+        return self.gauge("agents_parked")
 
     def stream(self, prompt, max_tokens=40):
         return harness.SSEStream("POST", self.srv.url + "/v1/completions",
@@ -86,8 +89,9 @@ class LivenessTest(harness.TestCase):
         self.assertEqual(s.status, 200)
         got = self.texts(s, 3)
         self.assertEqual(s.headers.get("x-pool-agent"), self.ida)
-        harness.wait_until(lambda: self.parked() >= 2, timeout=20,
+        harness.wait_until(lambda: self.gauge("agents_liveness_parked") == 1, timeout=20,
                            what="busy agent A parked its liveness long-poll")
+        self.assertEqual(self.parked(), 1)  # B only: A asks for no work
         return s, got
 
     def finish(self, s, got, prompt):
