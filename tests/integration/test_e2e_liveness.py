@@ -127,6 +127,38 @@ class LivenessTest(harness.TestCase):
         _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
         self.assertIn('gpupool_failovers_total{mode="continue"} 1', raw.decode())
 
+    def test_kill9_over_tls(self):
+        # Agent A talks HTTPS (the server watches the TLS session for the
+        # peer's end). Long-polls come back 204 every second while A is
+        # busy: answered long-polls are not watched, so they end nothing.
+        from test_tls import pki, _Target
+        p = pki()
+        port_file = self.h.path("tls.port")
+        self.srv = self.h.start_server(
+            ["--poll_interval_sec", "1", "--work_wait_sec", "1", "--agent_timeout_sec", "120",
+             "--stall_timeout_sec", "120", "--listen_tls", "127.0.0.1:0", "--tls_cert",
+             p["server_crt"], "--tls_key", p["server_key"], "--tls-port-file", port_file])
+        tls_port = harness.read_port_file(port_file, self.srv.p)
+        self.ua = self.start_cont(["--tokens", str(N), "--pace-ms", "250"])
+        self.ub = self.start_cont(["--tokens", str(N), "--pace-ms", "5"])
+        self.aa = self.h.start_agent(_Target("https://127.0.0.1:%d" % tls_port), upstream=self.ua,
+                                     model="m1", args=["--ca-file", p["good_crt"]])
+        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
+        self.srv.wait_model("m1")
+        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
+        harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
+        prompt = "a secret channel ::"
+        s = self.stream(prompt)
+        self.assertEqual(s.status, 200)
+        got = self.texts(s, 6)   # 1.5 s at 250 ms a token: over a work_wait of A's
+        self.assertEqual(s.headers.get("x-pool-agent"), self.ida)
+        harness.wait_until(lambda: self.gauge("agents_liveness_parked") == 1, timeout=20,
+                           what="A's liveness long-poll parked over TLS")
+        self.assertEqual(self.srv.log_events("agent_disconnected"), [])
+        self.aa.kill9()
+        self.finish(s, got, prompt)
+        self.assertEqual(self.failovers(), [("agent_disconnected", "continue")])
+
     def test_restarted_agent_ends_old_attempts(self):
         # A grace that never runs out within the test: only the new
         # instance's first request can end the old attempt.
