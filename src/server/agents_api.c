@@ -98,17 +98,21 @@ static void unpark(agent_ext *e)
         sched_agent_unready(e->g->sched, a);
 }
 
+static void await_repark(gps_agents *g, agent_ext *e);
+
 /* Hand jobs (wire objects) to an agent. The reply carries a delivery token
  * "<epoch>.<n>" the agent echoes as `delivery_seen` once it has read it; the
  * jobs remember n (gps_jobs_agent_report). The epoch keeps a restarted
  * server from reading an older process's numbers. */
-static void reply_jobs(gps_agents *g, struct evhttp_request *req, json_t *jobs /* stolen */)
+static void reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
+                       json_t *jobs /* stolen */)
 {
     uint64_t n = ++g->deliveries;
     gps_jobs_mark_delivered(g->jobs, jobs, n);
     char tok[48];
     snprintf(tok, sizeof tok, "%s.%llu", g->epoch, (unsigned long long)n);
     gps_http_send_json(req, 200, json_pack("{s:o,s:s}", "jobs", jobs, "delivery", tok));
+    await_repark(g, e);
 }
 
 static void reply_204(struct evhttp_request *req)
@@ -124,6 +128,7 @@ static void park_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     unpark(e);
     reply_204(req);
+    await_repark(e->g, e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -145,8 +150,8 @@ static void grace_cb(evutil_socket_t fd, short what, void *arg)
     size_t n = gps_jobs_agent_assigned(g->jobs, e->id);
     gp_log_write(GP_LOG_WARN, "agent_disconnected", NULL,
                  json_pack("{s:s,s:I}", "agent_id", e->id, "jobs", (json_int_t)n),
-                 "agent %s: long-poll closed and no new one within %d ms; ending its "
-                 "jobs' attempts", e->id, g->opts.disconnect_grace_ms);
+                 "agent %s: no long-poll parked for %d ms (closed, or answered and not "
+                 "renewed); ending its jobs' attempts", e->id, g->opts.disconnect_grace_ms);
     if (n)
         gps_jobs_agent_lost(g->jobs, e->id, "agent_disconnected");
 }
@@ -167,6 +172,16 @@ static void grace_arm(gps_agents *g, agent_ext *e)
     int ms = g->opts.disconnect_grace_ms;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(e->grace, &tv);
+}
+
+/* We answered the agent's long-poll (204 at work_wait, or jobs): a live
+ * agent parks the next one within a round trip. Until it does, nothing
+ * would notice its death, so the same grace runs from the answer. */
+static void await_repark(gps_agents *g, agent_ext *e)
+{
+    registry_agent *a = g->reg ? registry_get(g->reg, e->id) : NULL;
+    if (a && a->instance[0])
+        grace_arm(g, e);
 }
 
 void gps_agents_poll_closed(gps_agents *g, const char *agent_id)
@@ -309,7 +324,7 @@ static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
     }
     struct evhttp_request *req = e->parked;
     unpark(e);
-    reply_jobs(g, req, json_incref(jobs_json));
+    reply_jobs(g, e, req, json_incref(jobs_json));
     return 0;
 }
 
@@ -325,7 +340,7 @@ static void dispatch_parked(gps_agents *g, agent_ext *e)
     if (jobs && json_array_size(jobs) > 0) {
         struct evhttp_request *req = e->parked;
         unpark(e);
-        reply_jobs(g, req, jobs);
+        reply_jobs(g, e, req, jobs);
         return;
     }
     json_decref(jobs);
@@ -584,7 +599,7 @@ static void h_work(gps_req *r, void *arg)
     json_t *jobs = free_slots > 0 ? gps_jobs_take_for_agent(g->jobs, a, free_slots) : NULL;
     if (jobs && json_array_size(jobs) > 0) {
         sched_agent_unready(g->sched, a);
-        reply_jobs(g, r->req, jobs);
+        reply_jobs(g, e, r->req, jobs);
         return;
     }
     json_decref(jobs);
