@@ -96,6 +96,12 @@ struct agent {
 
     req *poll_req;
     req *work_req;
+    req *work_stale;        /* a free_slots 0 long-poll replaced by one with free slots:
+                               in flight until the server answers it 204 */
+    int work_free;          /* free_slots the work_req in flight announced */
+    bool no_liveness;       /* the server refused free_slots 0 (older server) */
+    char instance[33];      /* random per process: the server tells restarts apart */
+    char delivery_seen[65]; /* `delivery` of the last work reply processed */
     uint64_t next_poll_ms;
     uint64_t next_work_ms;
     uint32_t poll_interval_ms;
@@ -241,6 +247,12 @@ static void sink_tool_call(void *ctx, int index, const char *id, const char *nam
     if (ev && name)
         json_object_set_new(ev, "name", json_string(name));
     sink_push(ctx, ev);
+}
+
+static void sink_progress(void *ctx, long long done, long long total)
+{
+    sink_push(ctx, json_pack("{s:s,s:I,s:I}", "type", "progress", "prompt_tokens_done",
+                             (json_int_t)done, "prompt_tokens_total", (json_int_t)total));
 }
 
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
@@ -390,6 +402,24 @@ static void req_abort(agent *a, req *r)
 /* /agents/poll                                                             */
 /* ======================================================================== */
 
+/* What the server needs to know this process and the jobs it holds
+ * (docs/protocol.md "Liveness"): instance, every job not yet reaped
+ * (running, or finished with events still to deliver), and the last work
+ * reply read before the list was made. */
+static void add_liveness(agent *a, json_t *body, bool with_jobs)
+{
+    json_object_set_new(body, "instance", json_string(a->instance));
+    if (!with_jobs)
+        return;
+    json_t *ids = json_array();
+    for (agent_job *j = a->jobs; j && ids; j = j->next)
+        json_array_append_new(ids, json_string(j->id));
+    if (ids)
+        json_object_set_new(body, "running_jobs", ids);
+    if (a->delivery_seen[0])
+        json_object_set_new(body, "delivery_seen", json_string(a->delivery_seen));
+}
+
 static json_t *poll_body(agent *a)
 {
     int busy = busy_slots(a);
@@ -406,6 +436,7 @@ static json_t *poll_body(agent *a)
         json_object_set_new(b, "models", json_array());
     if (a->be->ops->poll_facts)
         a->be->ops->poll_facts(a->be, b);
+    add_liveness(a, b, true);
     return b;
 }
 
@@ -675,6 +706,7 @@ static void job_begin(agent *a, json_t *jj)
         .token_ids = sink_token_ids,
         .metrics = sink_metrics,
         .tool_call = sink_tool_call,
+        .progress = sink_progress,
         .end = sink_end,
         .error = sink_error,
     };
@@ -697,15 +729,48 @@ static void job_begin(agent *a, json_t *jj)
 static void work_start(agent *a, int free_slots)
 {
     json_t *body = json_pack("{s:s,s:i}", "agent_id", a->id, "free_slots", free_slots);
+    if (body)
+        add_liveness(a, body, true);
     long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
     a->work_req = req_start(a, REQ_WORK, "/agents/work", body, timeout, NULL);
+    a->work_free = free_slots;
     if (!a->work_req)
         a->next_work_ms = gp_now_mono_ms() + 1000;
+}
+
+/* The jobs of a 200 work reply, and its delivery token (echoed from now
+ * on: every job it carried is in our list before the token is sent). */
+static void work_jobs(agent *a, json_t *body)
+{
+    json_t *jobs = json_object_get(body, "jobs");
+    size_t i;
+    json_t *jj;
+    json_array_foreach(jobs, i, jj) job_begin(a, jj);
+    const char *d = json_string_value(json_object_get(body, "delivery"));
+    if (d && strlen(d) < sizeof a->delivery_seen)
+        snprintf(a->delivery_seen, sizeof a->delivery_seen, "%s", d);
+}
+
+/* A replaced free_slots 0 long-poll came back: normally the server's 204;
+ * jobs are taken if a server ever sent any. */
+static void work_stale_done(agent *a, CURLcode rc, long status, json_t *body)
+{
+    if (rc == CURLE_OK && status == 200)
+        work_jobs(a, body);
 }
 
 static void work_done(agent *a, CURLcode rc, long status, json_t *body)
 {
     uint64_t now = gp_now_mono_ms();
+    if (rc == CURLE_OK && status == 400 && a->work_free == 0 && !a->no_liveness &&
+        strstr(error_text(body), "free_slots")) {
+        /* An older server: no liveness long-poll while busy (as before). */
+        gp_log_info("liveness_unsupported", "server refused a busy agent's long-poll (%s); "
+                    "a crash while busy is noticed by its stall timeout only", error_text(body));
+        a->no_liveness = true;
+        a->next_work_ms = now;
+        return;
+    }
     if (rc != CURLE_OK || status >= 500 || status == 0) {
         char d[160];
         snprintf(d, sizeof d, "%s, HTTP %ld", rc != CURLE_OK ? curl_easy_strerror(rc) : "ok",
@@ -731,10 +796,7 @@ static void work_done(agent *a, CURLcode rc, long status, json_t *body)
         a->next_work_ms = now + agent_backoff_next(&a->backoff, rnd32());
         return;
     }
-    json_t *jobs = json_object_get(body, "jobs");
-    size_t i;
-    json_t *jj;
-    json_array_foreach(jobs, i, jj) job_begin(a, jj);
+    work_jobs(a, body);
     a->next_work_ms = now;
 }
 
@@ -752,6 +814,8 @@ static void upload_start(agent *a, agent_job *j)
         return;
     json_t *body = json_pack("{s:s,s:I,s:o}", "agent_id", a->id, "seq", (json_int_t)seq,
                              "events", events);
+    if (body)
+        add_liveness(a, body, false);
     char path[64 + MAX_JOB_ID];
     snprintf(path, sizeof path, "/agents/jobs/%s/events", j->id);
     j->upload = req_start(a, REQ_EVENTS, path, body, (long)a->o->request_timeout_sec * 1000,
@@ -886,6 +950,11 @@ static void handle_done(agent *a, CURLMsg *m)
         poll_done(a, rc, status, body);
         break;
     case REQ_WORK:
+        if (r == a->work_stale) {
+            a->work_stale = NULL;
+            work_stale_done(a, rc, status, body);
+            break;
+        }
         a->work_req = NULL;
         work_done(a, rc, status, body);
         break;
@@ -1027,13 +1096,26 @@ int agent_run(agent *a)
                 wake = min_u64(wake, a->next_poll_ms);
         }
 
-        /* Keep a long-poll parked whenever a slot is free. */
+        /* Keep a long-poll parked at all times: with free slots it asks
+         * for work; busy or draining (free_slots 0) it is the liveness
+         * channel whose close tells the server this process is gone. */
         int free_slots = (int)a->o->slots - busy_slots(a);
-        if (a->draining && a->drain_announced && a->work_req) {
+        if (free_slots < 0 || a->draining)
+            free_slots = 0;
+        if (a->no_liveness && a->draining && a->drain_announced && a->work_req) {
             req_abort(a, a->work_req); /* the server knows we are draining */
             a->work_req = NULL;
         }
-        if (!a->work_req && a->registered && !a->draining && free_slots > 0) {
+        if (a->work_req && a->work_free == 0 && free_slots > 0 && !a->work_stale) {
+            /* A slot freed under a liveness long-poll: park a new one that
+             * asks for work; the server answers the old one 204. Not
+             * aborted: its close would look like our death. */
+            a->work_stale = a->work_req;
+            a->work_req = NULL;
+            a->next_work_ms = now;
+        }
+        bool want = free_slots > 0 || !a->no_liveness;
+        if (!a->work_req && a->registered && want) {
             if (now >= a->next_work_ms)
                 work_start(a, free_slots);
             else
@@ -1086,6 +1168,7 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
 
     if (agent_state_load_id(o->state_dir, a->id, err, errlen) < 0)
         goto fail;
+    gp_random_hex(a->instance, 16);
     a->labels = agent_labels_parse(o->labels, err, errlen);
     if (!a->labels)
         goto fail;
@@ -1156,6 +1239,7 @@ void agent_destroy(agent *a)
         req_abort(a, a->enroll_req);
         req_abort(a, a->poll_req);
         req_abort(a, a->work_req);
+        req_abort(a, a->work_stale);
         for (agent_job *j = a->jobs; j; j = j->next)
             req_abort(a, j->upload);
     }

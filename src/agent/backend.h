@@ -17,7 +17,7 @@
  *
  * Job lifecycle contract (every backend must keep it)
  * ---------------------------------------------------
- *   job_start() == 0  ->  started? token* metrics*  then exactly ONE of
+ *   job_start() == 0  ->  started? progress* token* metrics*  then exactly ONE of
  *                         end() or error()   (the terminal event)
  * After the terminal callback returns the backend never touches that sink
  * again (the agent may free its context). job_cancel() is asynchronous: the
@@ -85,6 +85,11 @@ typedef struct agent_job_sink {
      * backend to call (openai does) and may be NULL in a sink. */
     void (*tool_call)(void *ctx, int index, const char *id, const char *name, const char *args,
                       size_t args_len);
+    /* Prefill progress before the first token: prompt tokens done of total.
+     * Optional for a backend (gguf calls it; openai cannot know), may be
+     * NULL in a sink. Rate-limited by the backend (the agent uploads every
+     * call as a `progress` event). */
+    void (*progress)(void *ctx, long long prompt_tokens_done, long long prompt_tokens_total);
 } agent_job_sink;
 
 typedef struct agent_backend agent_backend;

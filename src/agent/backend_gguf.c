@@ -34,6 +34,10 @@
  * token event (`token_ids` when more than one: text held back by the stop
  * matcher or an incomplete UTF-8 character comes out with a later token),
  * so the server knows the exact ids behind the text it relayed.
+ *
+ * A prompt is fed n_batch tokens per step; between steps a job still in
+ * prefill reports progress (job_progress) so that a long prompt is not
+ * mistaken for a dead agent.
  */
 #include "agent/backend.h"
 
@@ -82,6 +86,8 @@ typedef struct gjob {
     gpe_sampler *smp;
     gpe_stop *stop;
     double t_start, t_first;
+    int prog_fed;              /* n_fed at the last progress report */
+    double t_prog;             /* time of the last progress report (or admission) */
 } gjob;
 
 typedef struct gguf_backend {
@@ -601,6 +607,7 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     }
     j->slot = slot;
     j->state = J_PREFILL;
+    j->t_prog = now_s();
     gpe_seq_clear(b->ctx, slot);
     return true;
 }
@@ -638,6 +645,24 @@ static bool unsent_push(gjob *j, int32_t tok)
     }
     j->unsent[j->n_unsent++] = tok;
     return true;
+}
+
+/* A long prefill sends nothing else: report progress so the server's stall
+ * timer sees a live agent. At most every PROGRESS_TOKENS tokens and
+ * PROGRESS_SEC seconds, whichever comes later (bounded event count). */
+#define PROGRESS_TOKENS 256
+#define PROGRESS_SEC 1.0
+static void job_progress(gjob *j)
+{
+    if (!j->sink.progress || j->state != J_PREFILL || j->n_fed >= j->n_toks ||
+        j->n_fed - j->prog_fed < PROGRESS_TOKENS)
+        return;
+    double t = now_s();
+    if (t - j->t_prog < PROGRESS_SEC)
+        return;
+    j->prog_fed = j->n_fed;
+    j->t_prog = t;
+    j->sink.progress(j->sink.ctx, j->n_fed, j->n_toks);
 }
 
 /* Sample from logits, stream the piece; returns a finish reason when the job
@@ -791,6 +816,8 @@ static void *decode_main(void *arg)
                 reason = job_step(b, j, gpe_get_logits(b->ctx, entry[s]));
                 if (reason)
                     job_end(j, reason);
+            } else {
+                job_progress(j);
             }
             if (reason) {
                 pthread_mutex_lock(&b->mu);

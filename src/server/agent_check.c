@@ -183,6 +183,16 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
                         "a tool_call needs an integer index (0..1024), string arguments and "
                         "printable id and name of at most %d bytes",
                         GPS_AGENT_MAX_NAME);
+    } else if (strcmp(t, "progress") == 0) {
+        /* Prefill progress (a proof of life during a long prompt): prompt
+         * token counts, bounded like any token count. */
+        static const char *const keys[] = {"prompt_tokens_done", "prompt_tokens_total"};
+        for (size_t k = 0; k < 2; k++) {
+            snprintf(f, sizeof f, "%s.%s", at, keys[k]);
+            if (int_in(ev, keys[k], 0, GPS_AGENT_MAX_TOKENS) < 0)
+                return fail(field, fieldlen, msg, msglen, f,
+                            "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
+        }
     } else if (strcmp(t, "metrics") == 0) {
         return check_metrics(ev, at, field, fieldlen, msg, msglen);
     } else if (strcmp(t, "end") == 0) {

@@ -29,6 +29,8 @@ typedef struct agent_ext {
     char key_id[65];                    /* key of the agent's last poll/work ("" = auth off) */
     uint32_t persisted_models_gen;
     bool persisted_once;
+    struct event *grace;                /* parked long-poll closed with jobs assigned:
+                                           ends their attempts unless the agent re-parks */
     bool lost_pending;                  /* deferred failover queued */
     bool kick_pending;                  /* deferred dispatch queued */
 } agent_ext;
@@ -45,7 +47,10 @@ struct gps_agents {
     smap ext;                           /* agent id -> agent_ext */
     struct event *tick;
     struct event *deferred;             /* runs failovers/kicks outside callbacks */
-    size_t nparked;
+    size_t nparked;                     /* parked long-polls asking for work */
+    size_t nliveness;                   /* parked free_slots 0 long-polls (busy agents) */
+    char epoch[17];                     /* this process's random id: delivery tokens */
+    uint64_t deliveries;                /* work replies with jobs sent so far */
 };
 
 static agent_ext *ext_get(gps_agents *g, const char *id, bool create)
@@ -85,16 +90,30 @@ static void unpark(agent_ext *e)
     }
     e->parked = NULL;
     e->evcon = NULL;
-    e->g->nparked--;
+    if (e->free_slots > 0)
+        e->g->nparked--;
+    else
+        e->g->nliveness--;
     registry_agent *a = e->g->reg ? registry_get(e->g->reg, e->id) : NULL;
     if (a)
         sched_agent_unready(e->g->sched, a);
 }
 
-/* Hand jobs (wire objects) to an agent. */
-static void reply_jobs(struct evhttp_request *req, json_t *jobs /* stolen */)
+static void await_repark(gps_agents *g, agent_ext *e);
+
+/* Hand jobs (wire objects) to an agent. The reply carries a delivery token
+ * "<epoch>.<n>" the agent echoes as `delivery_seen` once it has read it; the
+ * jobs remember n (gps_jobs_agent_report). The epoch keeps a restarted
+ * server from reading an older process's numbers. */
+static void reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
+                       json_t *jobs /* stolen */)
 {
-    gps_http_send_json(req, 200, json_pack("{s:o}", "jobs", jobs));
+    uint64_t n = ++g->deliveries;
+    gps_jobs_mark_delivered(g->jobs, jobs, n);
+    char tok[48];
+    snprintf(tok, sizeof tok, "%s.%llu", g->epoch, (unsigned long long)n);
+    gps_http_send_json(req, 200, json_pack("{s:o,s:s}", "jobs", jobs, "delivery", tok));
+    await_repark(g, e);
 }
 
 static void reply_204(struct evhttp_request *req)
@@ -110,6 +129,174 @@ static void park_timeout_cb(evutil_socket_t fd, short what, void *arg)
         return;
     unpark(e);
     reply_204(req);
+    await_repark(e->g, e);
+}
+
+/* ------------------------------------------------------------------ */
+/* Liveness: a closed long-poll, a restarted agent, its own job list     */
+/* ------------------------------------------------------------------ */
+
+static void grace_cancel(agent_ext *e)
+{
+    if (e->grace)
+        evtimer_del(e->grace);
+}
+
+/* The grace after a closed long-poll ran out without a new long-poll from
+ * the agent: the process is gone, and so are the attempts it was running. */
+static void grace_cb(evutil_socket_t fd, short what, void *arg)
+{
+    agent_ext *e = arg;
+    gps_agents *g = e->g;
+    size_t n = gps_jobs_agent_assigned(g->jobs, e->id);
+    gp_log_write(GP_LOG_WARN, "agent_disconnected", NULL,
+                 json_pack("{s:s,s:I}", "agent_id", e->id, "jobs", (json_int_t)n),
+                 "agent %s: no long-poll parked for %d ms (closed, or answered and not "
+                 "renewed); ending its jobs' attempts", e->id, g->opts.disconnect_grace_ms);
+    if (n)
+        gps_jobs_agent_lost(g->jobs, e->id, "agent_disconnected");
+}
+
+/* The parked long-poll of an agent that speaks the liveness protocol
+ * closed. With jobs assigned, wait disconnect_grace_ms for it to park
+ * again (a live agent does so within a round trip of any reply or error);
+ * only a new /agents/work cancels the wait, never a poll or an upload that
+ * may have been in flight when the process died. */
+static void grace_arm(gps_agents *g, agent_ext *e)
+{
+    if (!g->base || !g->jobs || gps_jobs_agent_assigned(g->jobs, e->id) == 0)
+        return;
+    if (!e->grace)
+        e->grace = evtimer_new(g->base, grace_cb, e);
+    if (!e->grace)
+        return;
+    int ms = g->opts.disconnect_grace_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(e->grace, &tv);
+}
+
+/* We answered the agent's long-poll (204 at work_wait, or jobs): a live
+ * agent parks the next one within a round trip. Until it does, nothing
+ * would notice its death, so the same grace runs from the answer. */
+static void await_repark(gps_agents *g, agent_ext *e)
+{
+    registry_agent *a = g->reg ? registry_get(g->reg, e->id) : NULL;
+    if (a && a->instance[0])
+        grace_arm(g, e);
+}
+
+void gps_agents_poll_closed(gps_agents *g, const char *agent_id)
+{
+    registry_agent *a = g->reg ? registry_get(g->reg, agent_id) : NULL;
+    if (!a)
+        return;
+    registry_mark_suspect(g->reg, a, gp_now_mono_ms(), "poll_disconnected");
+    agent_ext *e = ext_get(g, agent_id, true);
+    if (e && a->instance[0])
+        grace_arm(g, e);
+}
+
+void gps_agents_poll_reopened(gps_agents *g, const char *agent_id)
+{
+    agent_ext *e = ext_get(g, agent_id, false);
+    if (e)
+        grace_cancel(e);
+}
+
+typedef struct liveness {
+    const char *instance;    /* NULL: an older agent */
+    const json_t *running;   /* running_jobs, NULL when absent */
+    uint64_t seen;           /* delivery_seen of this server process, 0 = none */
+} liveness;
+
+/* "<epoch>.<n>" of this process -> n; anything else (another server
+ * process, garbage) -> 0: judge nothing by it. */
+static uint64_t delivery_number(const gps_agents *g, const char *tok)
+{
+    size_t el = strlen(g->epoch);
+    if (!tok || strncmp(tok, g->epoch, el) != 0 || tok[el] != '.')
+        return 0;
+    char *end = NULL;
+    unsigned long long n = strtoull(tok + el + 1, &end, 10);
+    return end && *end == '\0' && n <= g->deliveries ? (uint64_t)n : 0;
+}
+
+/* The liveness fields of a poll/work/events body (all optional). On a bad
+ * one, a 400 naming it has been sent and false is returned. */
+static bool liveness_parse(gps_agents *g, gps_req *r, const json_t *body, liveness *out)
+{
+    memset(out, 0, sizeof *out);
+    const json_t *in = json_object_get(body, "instance");
+    if (in && !json_is_null(in)) {
+        const char *s = json_string_value(in);
+        size_t n = s ? json_string_length(in) : 0;
+        bool ok = n >= 8 && n <= 64;
+        for (size_t i = 0; ok && i < n; i++)
+            ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+                 (s[i] >= 'A' && s[i] <= 'Z') || s[i] == '-' || s[i] == '_';
+        if (!ok) {
+            gps_req_error(r, 400, "INVALID_REQUEST",
+                          "'instance' must be 8 to 64 characters [A-Za-z0-9_-]", "instance");
+            return false;
+        }
+        out->instance = s;
+    }
+    const json_t *rj = json_object_get(body, "running_jobs");
+    if (rj && !json_is_null(rj)) {
+        bool ok = json_is_array(rj) && json_array_size(rj) <= 1024;
+        size_t i;
+        const json_t *v;
+        json_array_foreach(rj, i, v) {
+            if (!ok)
+                break;
+            ok = json_is_string(v) && json_string_length(v) > 0 && json_string_length(v) < 128;
+        }
+        if (!ok) {
+            gps_req_error(r, 400, "INVALID_REQUEST",
+                          "'running_jobs' must be an array of at most 1024 job id strings",
+                          "running_jobs");
+            return false;
+        }
+        out->running = rj;
+    }
+    const json_t *ds = json_object_get(body, "delivery_seen");
+    if (ds && !json_is_null(ds)) {
+        if (!json_is_string(ds) || json_string_length(ds) > 64) {
+            gps_req_error(r, 400, "INVALID_REQUEST",
+                          "'delivery_seen' must be the `delivery` string of a work reply",
+                          "delivery_seen");
+            return false;
+        }
+        out->seen = delivery_number(g, json_string_value(ds));
+    }
+    return true;
+}
+
+/* Act on what a request says about the agent process: a new instance ends
+ * every attempt of the previous process at once; the job list restarts the
+ * stall timer of what runs and ends what the agent no longer has. */
+static void liveness_apply(gps_agents *g, registry_agent *a, const liveness *lv)
+{
+    if (registry_note_instance(a, lv->instance)) {
+        agent_ext *e = ext_get(g, a->id, false);
+        if (e)
+            grace_cancel(e);
+        if (e && e->parked) {
+            /* The old process's long-poll (its close went unseen): no job
+             * may be handed to it any more. */
+            struct evhttp_request *old = e->parked;
+            unpark(e);
+            reply_204(old);
+        }
+        size_t n = gps_jobs_agent_assigned(g->jobs, a->id);
+        gp_log_write(GP_LOG_WARN, "agent_restarted", NULL,
+                     json_pack("{s:s,s:s,s:I}", "agent_id", a->id, "instance", lv->instance,
+                               "jobs", (json_int_t)n),
+                     "agent %s: a new process; ending the previous one's jobs", a->id);
+        if (n)
+            gps_jobs_agent_lost(g->jobs, a->id, "agent_restarted");
+    }
+    gps_jobs_agent_report(g->jobs, a->id, lv->running, lv->seen);
 }
 
 /* The parked long-poll's connection closed: a crashed or cut-off agent.
@@ -125,29 +312,27 @@ static void park_close_cb(struct evhttp_connection *evcon, void *arg)
     gp_log_write(GP_LOG_WARN, "agent_poll_disconnected", NULL,
                  json_pack("{s:s}", "agent_id", e->id),
                  "parked long-poll connection closed");
-    registry_agent *a = g->reg ? registry_get(g->reg, e->id) : NULL;
-    if (a)
-        registry_mark_suspect(g->reg, a, gp_now_mono_ms(), "poll_disconnected");
+    gps_agents_poll_closed(g, e->id);
 }
 
 static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
 {
     gps_agents *g = arg;
     agent_ext *e = ext_get(g, a->id, false);
-    if (!e || !e->parked) {
+    if (!e || !e->parked || e->free_slots == 0) {
         sched_agent_unready(g->sched, a);
         return -1;
     }
     struct evhttp_request *req = e->parked;
     unpark(e);
-    reply_jobs(req, json_incref(jobs_json));
+    reply_jobs(g, e, req, json_incref(jobs_json));
     return 0;
 }
 
 /* If agent a is parked and can take work now, hand it queued jobs. */
 static void dispatch_parked(gps_agents *g, agent_ext *e)
 {
-    if (!e->parked)
+    if (!e->parked || e->free_slots == 0)
         return;
     registry_agent *a = registry_get(g->reg, e->id);
     if (!a || a->state != REGISTRY_HEALTHY)
@@ -156,7 +341,7 @@ static void dispatch_parked(gps_agents *g, agent_ext *e)
     if (jobs && json_array_size(jobs) > 0) {
         struct evhttp_request *req = e->parked;
         unpark(e);
-        reply_jobs(req, jobs);
+        reply_jobs(g, e, req, jobs);
         return;
     }
     json_decref(jobs);
@@ -343,17 +528,21 @@ static void h_poll(gps_req *r, void *arg)
         gps_req_error(r, 400, "INVALID_REQUEST", err, NULL);
         return;
     }
-    json_decref(body);
-    if (!key_allows(g, r, f.agent_id)) {
+    liveness lv;
+    if (!key_allows(g, r, f.agent_id) || !liveness_parse(g, r, body, &lv)) {
         registry_facts_free(&f);
+        json_decref(body);
         return;
     }
     registry_agent *a = registry_heartbeat(g->reg, &f, gp_now_mono_ms(), gp_now_wall_ms());
     registry_facts_free(&f);
     if (!a) {
+        json_decref(body);
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    liveness_apply(g, a, &lv);
+    json_decref(body); /* lv pointed into it */
     sched_agent_update(g->sched, a);
     agent_ext *e = ext_get(g, a->id, true);
     if (e) {
@@ -383,10 +572,15 @@ static void h_work(gps_req *r, void *arg)
         return;
     }
     json_t *fs = json_object_get(body, "free_slots");
-    if (!json_is_integer(fs) || json_integer_value(fs) < 1 || json_integer_value(fs) > 1024) {
+    if (!json_is_integer(fs) || json_integer_value(fs) < 0 || json_integer_value(fs) > 1024) {
         json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", "'free_slots' must be an integer in 1..1024",
+        gps_req_error(r, 400, "INVALID_REQUEST", "'free_slots' must be an integer in 0..1024",
                       "free_slots");
+        return;
+    }
+    liveness lv;
+    if (!liveness_parse(g, r, body, &lv)) {
+        json_decref(body);
         return;
     }
     int free_slots = (int)json_integer_value(fs);
@@ -397,23 +591,28 @@ static void h_work(gps_req *r, void *arg)
                       "unknown agent: call POST /agents/poll first", "agent_id");
         return;
     }
-    json_decref(body);
     registry_touch(g->reg, a, gp_now_mono_ms());
     agent_ext *e = ext_get(g, a->id, true);
     if (!e) {
+        json_decref(body);
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    /* A new long-poll: the process is alive (a closed one's grace ends). */
+    gps_agents_poll_reopened(g, a->id);
+    liveness_apply(g, a, &lv);
+    json_decref(body);
     if (e->parked) {
         /* A second long-poll replaces the first (the agent gave up on it). */
         struct evhttp_request *old = e->parked;
         unpark(e);
         reply_204(old);
     }
-    json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, free_slots);
+    /* free_slots 0: a busy agent's liveness channel; parked, never given jobs. */
+    json_t *jobs = free_slots > 0 ? gps_jobs_take_for_agent(g->jobs, a, free_slots) : NULL;
     if (jobs && json_array_size(jobs) > 0) {
         sched_agent_unready(g->sched, a);
-        reply_jobs(r->req, jobs);
+        reply_jobs(g, e, r->req, jobs);
         return;
     }
     json_decref(jobs);
@@ -425,7 +624,12 @@ static void h_work(gps_req *r, void *arg)
     snprintf(e->key_id, sizeof e->key_id, "%s", r->key_id);
     e->free_slots = free_slots;
     e->evcon = evhttp_request_get_connection(r->req);
-    g->nparked++;
+    if (free_slots > 0) {
+        g->nparked++;
+    } else {
+        g->nliveness++;
+        sched_agent_unready(g->sched, a);
+    }
     if (e->evcon) {
         evhttp_connection_set_closecb(e->evcon, park_close_cb, e);
         evhttp_connection_set_timeout(e->evcon, g->opts.work_wait_sec + 30);
@@ -458,6 +662,18 @@ static void h_events(gps_req *r, void *arg)
     }
     json_t *seq = json_object_get(body, "seq");
     json_t *events = json_object_get(body, "events");
+    liveness lv;
+    if (!liveness_parse(g, r, body, &lv)) {
+        json_decref(body);
+        return;
+    }
+    /* A new instance is noticed on any request (its first may be an
+     * upload of a job the old process had: refused below, as reassigned). */
+    registry_agent *ra = registry_get(g->reg, id);
+    if (ra && lv.instance) {
+        lv.running = NULL;
+        liveness_apply(g, ra, &lv);
+    }
     bool cancel = false;
     long long expected = -1;
     char msg[256] = "";
@@ -723,8 +939,11 @@ gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
         return NULL;
     g->base = base;
     g->opts = *opts;
+    if (g->opts.disconnect_grace_ms <= 0)
+        g->opts.disconnect_grace_ms = 1000;
     g->store = store;
     g->metrics = metrics;
+    gp_random_hex(g->epoch, 8);
     return g;
 }
 
@@ -777,6 +996,8 @@ static void free_ext(void *v)
     agent_ext *e = v;
     if (e->timer)
         event_free(e->timer);
+    if (e->grace)
+        event_free(e->grace);
     gps_conn_watch_free(e->watch);
     if (e->evcon && e->parked)
         evhttp_connection_set_closecb(e->evcon, NULL, NULL);
@@ -850,6 +1071,7 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
         gps_metrics_set(m, "agents", l, (double)c.per_state[s]);
     }
     gps_metrics_set(m, "agents_parked", NULL, (double)g->nparked);
+    gps_metrics_set(m, "agents_liveness_parked", NULL, (double)g->nliveness);
     gps_metrics_set(m, "slots_busy", NULL, (double)c.busy);
     gps_metrics_set(m, "slots_capacity", NULL, (double)c.total);
 }

@@ -43,6 +43,11 @@ typedef struct gps_agents_opts {
     int poll_interval_sec;
     int work_wait_sec;
     int agent_timeout_sec;
+    /* An agent that sends an `instance` and whose parked long-poll closes
+     * while jobs are assigned to it loses those attempts after this many
+     * ms, unless a new long-poll from it arrives first (docs/protocol.md
+     * "Liveness"). 0 = the default, 1000. */
+    int disconnect_grace_ms;
 } gps_agents_opts;
 
 /* Create the agents side. reg/sched/jobs are attached afterwards with
@@ -80,5 +85,13 @@ int gps_agents_enroll_parse(const json_t *body, const char **agent_id, const cha
 
 /* Number of parked long-polls (tests, status). */
 size_t gps_agents_parked(const gps_agents *g);
+
+/* The parked long-poll of agent_id closed under it (the peer went away):
+ * the agent becomes suspect and, when it sent an `instance` and has jobs
+ * assigned, their attempts end disconnect_grace_ms later unless
+ * gps_agents_poll_reopened (a new /agents/work from it) comes first. The
+ * HTTP layer calls these; they are public for the unit tests. */
+void gps_agents_poll_closed(gps_agents *g, const char *agent_id);
+void gps_agents_poll_reopened(gps_agents *g, const char *agent_id);
 
 #endif

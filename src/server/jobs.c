@@ -640,6 +640,8 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     }
     job->last_event_us = now;
     job->ended_on_agent = false;
+    job->delivery = 0;
+    job->progress_done = job->progress_total = 0;
     job->agent_seq = 0;
     job->agent_bytes = 0;
     job->metrics_relayed = 0;
@@ -1107,6 +1109,70 @@ void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
             fail_over(j, job, why);
 }
 
+static bool on_agent(const gps_job *job, const char *agent_id)
+{
+    return (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+           strcmp(job->agent_id, agent_id) == 0;
+}
+
+size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
+{
+    size_t n = 0;
+    for (gps_job *job = j->head; job; job = job->next)
+        n += on_agent(job, agent_id);
+    return n;
+}
+
+void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery)
+{
+    size_t i;
+    const json_t *w;
+    json_array_foreach(jobs_json, i, w) {
+        const char *id = json_string_value(json_object_get(w, "job_id"));
+        gps_job *job = id ? gps_jobs_find(j, id) : NULL;
+        if (job && job->state == GPS_JOB_ASSIGNED)
+            job->delivery = delivery;
+    }
+}
+
+static bool listed(const json_t *running, const char *id)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(running, i, v) {
+        const char *s = json_string_value(v);
+        if (s && strcmp(s, id) == 0)
+            return true;
+    }
+    return false;
+}
+
+size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
+                             uint64_t seen)
+{
+    if (!json_is_array(running))
+        return 0;
+    uint64_t now = gp_now_mono_us();
+    size_t ended = 0;
+    /* fail_over may place a job on another agent but never frees one, so
+     * walking the list while it runs is safe (as in gps_jobs_agent_lost). */
+    for (gps_job *job = j->head; job; job = job->next) {
+        if (!on_agent(job, agent_id))
+            continue;
+        if (listed(running, job->id)) {
+            job->last_event_us = now;
+            continue;
+        }
+        /* Delivered in a reply the agent had processed before it made the
+         * list, and not in it: the agent no longer has the job. */
+        if (job->delivery && seen && job->delivery <= seen) {
+            fail_over(j, job, "agent_dropped_job");
+            ended++;
+        }
+    }
+    return ended;
+}
+
 json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
 {
     json_t *out = json_array();
@@ -1156,6 +1222,25 @@ static void output_too_large(gps_jobs *j, gps_job *job, const char *what)
     fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE", m, 0);
 }
 
+static bool is_progress(const json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    return type && strcmp(type, "progress") == 0;
+}
+
+/* Prefill progress: proof of life, not output. Only the latest counts are
+ * kept (never the event buffer: a long prefill must not grow memory) and
+ * nothing is relayed. */
+static void apply_progress(gps_job *job, const json_t *ev)
+{
+    const json_t *d = json_object_get(ev, "prompt_tokens_done");
+    const json_t *t = json_object_get(ev, "prompt_tokens_total");
+    if (json_is_integer(d))
+        job->progress_done = json_integer_value(d);
+    if (json_is_integer(t))
+        job->progress_total = json_integer_value(t);
+}
+
 /* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
  * subscriber needs it copies during notify. */
 static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
@@ -1168,6 +1253,10 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     job->agent_bytes += (long long)json_dumpb(ev, NULL, 0, JSON_COMPACT);
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
+        return;
+    }
+    if (is_progress(ev)) {
+        apply_progress(job, ev);
         return;
     }
     switch (t) {
@@ -1339,6 +1428,9 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
     registry_agent *a = registry_get(j->reg, agent_id);
     if (a)
         registry_touch(j->reg, a, gp_now_mono_ms());
+    /* Any accepted upload is agent activity, even a retry of events
+     * already applied: the stall timer measures the agent's silence. */
+    job->last_event_us = gp_now_mono_us();
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
         apply_one(j, job, json_array_get(events, i));

@@ -152,6 +152,8 @@ struct gps_job {
     int metrics_relayed;          /* metrics events relayed this attempt */
     double tokens_per_sec;        /* last reported by the agent (metrics event) */
     long long prompt_tokens;      /* from end.usage */
+    long long progress_done;      /* latest `progress` event of this attempt (prefill): */
+    long long progress_total;     /*   prompt tokens done / in all; 0 = none yet */
     char finish_reason[16];       /* from end: stop | length | tool_calls */
     char error_code[48];          /* failed / cancelled */
     /* How the current attempt continues earlier output (continue-mode
@@ -184,6 +186,8 @@ struct gps_job {
     bool sched_observed;          /* scheduling latency recorded (first assignment) */
     uint64_t queued_since_us;
     uint64_t finished_us;
+    uint64_t delivery;            /* the work reply that carried this attempt to its agent
+                                     (agents_api's sequence); 0 = not delivered yet */
     struct gps_job *hnext;        /* id hash chain */
     struct gps_job *prev, *next;  /* all jobs */
 };
@@ -289,6 +293,23 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
 /* Agent declared dead (or gone): its jobs fail over (requeue when the
  * client saw nothing yet, else end with an error). */
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
+/* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
+size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
+/* The wire objects in jobs_json went out to their agent in the work reply
+ * numbered delivery (> 0, increasing per server process): recorded on each
+ * job so that gps_jobs_agent_report can tell what the agent has seen. */
+void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery);
+/* An agent's own account of its jobs (poll or work `running_jobs`, docs/
+ * protocol.md). running: array of job id strings (borrowed; NULL = the agent
+ * did not say: nothing happens). seen: the last work reply the agent had
+ * processed when it made the list (0 = unknown). Each job assigned to
+ * agent_id that is listed is alive: its stall timer restarts. One that is
+ * not listed although its delivery <= seen is gone from the agent: its
+ * attempt ends at once (fail_over, reason "agent_dropped_job"). A job
+ * delivered later is never judged by this list (the agent may not have
+ * read that reply yet). Returns the attempts ended. O(jobs * listed). */
+size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
+                             uint64_t seen);
 /* Job ids assigned to agent_id that were cancelled and not acknowledged:
  * to be sent as poll commands. New reference (array of command objects). */
 json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);

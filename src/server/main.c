@@ -572,6 +572,7 @@ int main(int argc, char **argv)
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
         .work_wait_sec = (int)s->cfg.work_wait_sec,
         .agent_timeout_sec = (int)s->cfg.agent_timeout_sec,
+        .disconnect_grace_ms = (int)s->cfg.agent_disconnect_grace_ms,
     };
     s->agents = gps_agents_new(s->base, &aopts, s->store, s->metrics);
     if (!s->agents)

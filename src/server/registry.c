@@ -658,6 +658,15 @@ bool registry_mark_suspect(registry *reg, registry_agent *a, uint64_t now_ms, co
     return true;
 }
 
+bool registry_note_instance(registry_agent *a, const char *instance)
+{
+    if (!a || !instance || !*instance || strcmp(a->instance, instance) == 0)
+        return false;
+    bool replaced = a->instance[0] != '\0';
+    snprintf(a->instance, sizeof a->instance, "%s", instance);
+    return replaced;
+}
+
 void registry_set_drain(registry *reg, registry_agent *a, bool on, uint64_t now_ms)
 {
     if (!a)

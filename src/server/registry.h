@@ -135,6 +135,8 @@ typedef struct registry_agent {
     uint32_t models_gen;        /* bumps whenever models or labels change */
 
     void *sched_priv;           /* owned by the scheduler (sched.c) */
+    char instance[65];          /* the agent process's instance id ("" = none sent:
+                                   an older agent); see registry_note_instance */
 
     /* private to registry.c */
     struct registry_agent *lprev, *lnext;  /* live or suspect expiry list */
@@ -191,6 +193,13 @@ void registry_touch(registry *reg, registry_agent *a, uint64_t now_ms);
  * after the last poll). Returns true when the state changed. */
 bool registry_mark_suspect(registry *reg, registry_agent *a, uint64_t now_ms,
                            const char *reason);
+
+/* The agent process named by a request (protocol field `instance`: a
+ * random id each agent process makes at start). NULL or "" (an older agent)
+ * changes nothing. Returns true when instance replaces a different one seen
+ * before: the agent restarted, so whatever was assigned to the old process
+ * is gone. No state transition: the caller ends the old attempts. */
+bool registry_note_instance(registry_agent *a, const char *instance);
 
 /* Admin drain on/off. Draining: HEALTHY -> DRAINING; undrain: DRAINING ->
  * HEALTHY unless the agent itself reports draining. The flag survives

@@ -38,6 +38,7 @@ typedef struct gps_config {
     long long poll_interval_sec;/* agents heartbeat interval, told to agents */
     long long agent_timeout_sec;/* no heartbeat for this long -> dead */
     long long work_wait_sec;    /* long-poll hold time of /agents/work */
+    long long agent_disconnect_grace_ms; /* closed long-poll -> jobs lost after this */
     long long max_queue;        /* per-model queue bound (429 above) */
     long long queue_timeout_sec;/* queued longer -> 503 */
     long long request_timeout_sec; /* whole request bound -> 504 */

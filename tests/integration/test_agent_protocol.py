@@ -31,6 +31,9 @@ class FakeServer:
         self.lock = threading.Condition()
         self.polls = []            # poll bodies, in order
         self.work_calls = 0
+        self.works = []            # work request bodies, in order
+        self.deliveries = 0        # work replies with jobs so far
+        self.upload_instances = set()  # `instance` of every events upload
         self.jobs_to_give = []     # job objects waiting for a /agents/work
         self.uploads = {}          # job_id -> list of (seq, n events)
         self.events = {}           # job_id -> applied events (exactly once)
@@ -41,6 +44,7 @@ class FakeServer:
         self.poll_status = 200     # e.g. 503 to simulate trouble
         self.poll_interval = poll_interval
         self.work_wait = work_wait
+        self.refuse_free_slots_0 = False  # answer as a server before the liveness protocol
         self.closed = False
         fake = self
 
@@ -105,15 +109,27 @@ class FakeServer:
             deadline = time.monotonic() + self.work_wait
             with self.lock:
                 self.work_calls += 1
+                self.works.append(body)
                 self.lock.notify_all()
-                while not self.jobs_to_give and not self.closed and time.monotonic() < deadline:
+                refuse = self.refuse_free_slots_0 and body.get("free_slots") == 0
+            if refuse:
+                h.reply(400, {"error": {"code": "INVALID_REQUEST",
+                                        "message": "'free_slots' must be an integer in 1..1024"}})
+                return
+            with self.lock:
+                k = int(body.get("free_slots", 1))
+                # free_slots 0: a busy agent's liveness long-poll, never given jobs
+                while (k == 0 or not self.jobs_to_give) and not self.closed and \
+                        time.monotonic() < deadline:
                     self.lock.wait(0.05)
-                k = max(1, int(body.get("free_slots", 1)))
                 give, self.jobs_to_give = self.jobs_to_give[:k], self.jobs_to_give[k:]
+                if give:
+                    self.deliveries += 1
+                    token = "fake.%d" % self.deliveries
             if not give:
                 h.reply(204)
                 return
-            h.reply(200, {"jobs": give})
+            h.reply(200, {"jobs": give, "delivery": token})
             return
         if path.startswith("/agents/jobs/") and path.endswith("/events"):
             jid = path[len("/agents/jobs/"):-len("/events")]
@@ -123,6 +139,7 @@ class FakeServer:
                     return
                 seq = body["seq"]
                 evs = body["events"]
+                self.upload_instances.add(body.get("instance"))
                 have = self.events.setdefault(jid, [])
                 self.uploads.setdefault(jid, []).append((seq, len(evs)))
                 if seq > len(have):
@@ -234,6 +251,51 @@ class AgentProtocolTest(harness.TestCase):
         self.fake.wait(lambda: len(self.fake.polls) > n and self.fake.polls[-1]["name"] == "a1b",
                        what="poll after restart")
         self.assertEqual(self.fake.polls[-1]["agent_id"], aid)
+        # ... but it is a new process: a new instance id.
+        self.assertRegex(p["instance"], "^[0-9a-f]{32}$")
+        self.assertNotEqual(self.fake.polls[-1]["instance"], p["instance"])
+
+    def test_liveness_long_poll_while_busy(self):
+        # A one-slot agent busy with a job keeps a free_slots 0 long-poll
+        # parked, and polls and long-polls list the job with the delivery
+        # token of the reply that brought it.
+        up = self.h.start_upstream(["--tokens", "8", "--pace-ms", "300"])
+        self.start_agent(up)
+        self.fake.wait(lambda: self.fake.works, what="first long-poll")
+        inst = self.fake.works[0]["instance"]
+        self.assertEqual(self.fake.works[0]["free_slots"], 1)
+        self.assertEqual(self.fake.works[0]["running_jobs"], [])
+        self.assertNotIn("delivery_seen", self.fake.works[0])
+        self.fake.give(job("job_l1"))
+        busy = self.fake.wait(lambda: [w for w in self.fake.works if w["free_slots"] == 0],
+                              what="liveness long-poll")[0]
+        self.assertEqual((busy["instance"], busy["running_jobs"], busy["delivery_seen"]),
+                         (inst, ["job_l1"], "fake.1"))
+        p = self.fake.wait(lambda: [p for p in self.fake.polls if p.get("running_jobs")],
+                           what="a poll listing the job")[0]
+        self.assertEqual((p["instance"], p["running_jobs"], p["delivery_seen"]),
+                         (inst, ["job_l1"], "fake.1"))
+        self.fake.wait_terminal("job_l1")
+        # The slot is free again: a long-poll asking for work, with nothing listed.
+        n = len(self.fake.works)
+        again = self.fake.wait(lambda: [w for w in self.fake.works[n:] if w["free_slots"] == 1
+                                        and w["running_jobs"] == []], what="work again")[0]
+        self.assertEqual(again["delivery_seen"], "fake.1")
+        self.assertEqual(self.fake.upload_instances, {inst})
+
+    def test_older_server_without_liveness(self):
+        # A server that refuses free_slots 0: the agent stops asking (one
+        # refusal), stays registered and runs its job as before.
+        self.fake.refuse_free_slots_0 = True
+        up = self.h.start_upstream(["--tokens", "6", "--pace-ms", "200"])
+        a = self.start_agent(up)
+        self.fake.wait(lambda: self.fake.works, what="first long-poll")
+        self.fake.give(job("job_o1"))
+        evs = self.fake.wait_terminal("job_o1")
+        self.assertEqual(evs[-1]["type"], "end")
+        self.fake.wait(lambda: a.log_events("liveness_unsupported"), what="fallback logged")
+        self.assertEqual(len([w for w in self.fake.works if w["free_slots"] == 0]), 1)
+        self.assertEqual(a.log_events("work_rejected"), [])
 
     def test_completion_stream_relayed_in_order_with_seq(self):
         up = self.h.start_upstream(["--tokens", "6", "--pace-ms", "20"])

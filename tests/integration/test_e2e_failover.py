@@ -245,9 +245,20 @@ class FailoverTest(harness.TestCase):
         self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo],
                          [("AGENT_SHUTDOWN", "continue")])
 
-    def test_stall_counts_as_lost(self):
-        self.pool(["--mode", "stall", "--after", "3", "--pace-ms", "20"],
-                  server_args=["--stall_timeout_sec", "2"])
+    def test_upstream_stall_counts_as_lost(self):
+        # The agent is alive (its polls list the job, so the server's stall
+        # timer keeps restarting): its own upstream timeout reports the
+        # stall, which fails over like a lost agent.
+        self.srv = self.h.start_server(FAST)
+        self.ua = self.start_cont(["--tokens", str(N), "--mode", "stall", "--after", "3",
+                                   "--pace-ms", "20"])
+        self.ub = self.start_cont(["--tokens", str(N), "--pace-ms", "5"])
+        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1",
+                                     args=["--upstream-timeout-sec", "2"])
+        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
+        self.srv.wait_model("m1")
+        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
+        harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
         prompt = "silence then more ::"
         s = self.stream_completion(prompt)
         self.assertEqual(s.status, 200)
@@ -255,7 +266,8 @@ class FailoverTest(harness.TestCase):
         self.assertEqual(text, expected(prompt))
         self.assertEqual(usage["completion_tokens"], N)
         fo = self.srv.log_events("job_failover")
-        self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo], [("stalled", "continue")])
+        self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo],
+                         [("UPSTREAM_TIMEOUT", "continue")])
         # The stalled agent was told to stop: its upstream saw the client go.
         harness.wait_until(lambda: self.ua.log_entries()[-1]["outcome"] == "client_gone",
                            timeout=20, what="stalled upstream request closed")

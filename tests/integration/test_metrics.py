@@ -44,6 +44,7 @@ FAMILIES = {
     "jobs_running": "gauge",
     "agents": "gauge",
     "agents_parked": "gauge",
+    "agents_liveness_parked": "gauge",
     "slots_busy": "gauge",
     "slots_capacity": "gauge",
     "agent_queue_depth": "gauge",

@@ -175,8 +175,17 @@ class ServerAgents(harness.TestCase):
         self.assertEqual(st, 400)
         self.assertEqual(body["error"]["code"], "INVALID_REQUEST")
         a.poll()
-        st, _, body = self.post("/agents/work", {"agent_id": a.agent_id, "free_slots": 0})
-        self.assertEqual(st, 400)
+        for bad in (-1, 1025, "1"):
+            st, _, body = self.post("/agents/work", {"agent_id": a.agent_id, "free_slots": bad})
+            self.assertEqual(st, 400)
+            self.assertEqual(body["error"]["details"]["param"], "free_slots")
+        for field, bad in (("instance", "short"), ("instance", "has space in it"),
+                           ("running_jobs", "job_1"), ("running_jobs", [1]),
+                           ("delivery_seen", 3)):
+            st, _, body = self.post("/agents/work", {"agent_id": a.agent_id, "free_slots": 1,
+                                                     field: bad})
+            self.assertEqual(st, 400, (field, bad))
+            self.assertEqual(body["error"]["details"]["param"], field)
         st, body = a.events("job_nope", [{"type": "started"}])
         self.assertEqual(st, 404)
         self.assertEqual(body["error"]["code"], "JOB_NOT_FOUND")
