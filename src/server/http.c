@@ -165,18 +165,15 @@ static const char *extra_reason(int status)
 void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
                          struct evbuffer *body)
 {
-    if (evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) {
-        evhttp_send_reply(req, status, reason ? reason : extra_reason(status), body);
-        return;
-    }
-    /* HEAD: the GET reply's headers, no body. evhttp 2.1 adds no
-     * Content-Length to a HEAD reply and would send the body after it. */
+    /* Always a Content-Length: evhttp 2.1 adds none to a HEAD reply (and
+     * would send the body after it) nor to an HTTP/1.0 one. */
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     char cl[32];
     snprintf(cl, sizeof cl, "%zu", body ? evbuffer_get_length(body) : (size_t)0);
     evhttp_remove_header(h, "Content-Length");
     evhttp_add_header(h, "Content-Length", cl);
-    evhttp_send_reply(req, status, reason ? reason : extra_reason(status), NULL);
+    bool head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
+    evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
 }
 
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
@@ -765,18 +762,44 @@ static void inflight_release(gps_conn *c)
     c->reserved = 0;
 }
 
+/* Append to a bufferevent's input. The bufferevent keeps its end frozen
+ * except while it reads from the socket (when our input callback runs);
+ * at dispatch and on completion we are outside that window, so thaw it
+ * for the call and freeze it again. src: an evbuffer to move (data NULL)
+ * or bytes. */
+static void input_append(struct evbuffer *in, struct evbuffer *src, const void *data, size_t n)
+{
+    int rc = src ? evbuffer_add_buffer(in, src) : evbuffer_add(in, data, n);
+    if (rc == 0)
+        return;
+    evbuffer_unfreeze(in, 0);
+    if (src)
+        evbuffer_add_buffer(in, src);
+    else
+        evbuffer_add(in, data, n);
+    evbuffer_freeze(in, 0);
+}
+
 /* Put bytes where evhttp reads them. */
 static void release(gps_conn *c, const void *data, size_t n)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
-    evbuffer_add(in, data, n);
+    input_append(bufferevent_get_input(c->bev), NULL, data, n);
     c->vetted += n;
 }
 
 static void release_raw(gps_conn *c, size_t n)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
-    evbuffer_remove_buffer(c->raw, in, n);
+    struct evbuffer *part = evbuffer_new();
+    if (!part || evbuffer_remove_buffer(c->raw, part, n) != (int)n) {
+        /* ENOMEM: give up the connection's request (the deadline closes it) */
+        if (part)
+            evbuffer_free(part);
+        evbuffer_drain(c->raw, n);
+        return;
+    }
+    input_append(in, part, NULL, 0);
+    evbuffer_free(part);
     c->vetted += n;
 }
 
@@ -1168,7 +1191,7 @@ static void gate_run(gps_conn *c)
         if (keep) {
             evbuffer_remove_buffer(in, keep, c->vetted);
             evbuffer_add_buffer(c->raw, in);
-            evbuffer_add_buffer(in, keep);
+            input_append(in, keep, NULL, 0);
             evbuffer_free(keep);
         } else {
             evbuffer_drain(in, len - c->vetted); /* ENOMEM: the peer resends or gives up */
@@ -1286,8 +1309,7 @@ static bool conn_attach(gps_conn *c, struct evhttp_connection *evcon)
     c->fd = (int)bufferevent_getfd(c->bev);
     if (conn_table_put(c->h, c->fd, c) < 0) {
         c->fd = -1;
-        conn_free(c);
-        evhttp_connection_free(evcon);
+        conn_free(c); /* the caller closes the connection */
         return false;
     }
     evhttp_connection_set_closecb(evcon, conn_closed, c);
@@ -1314,7 +1336,8 @@ static void init_cb(evutil_socket_t fd, short what, void *arg)
         conn_free(c);
         return;
     }
-    conn_attach(c, cbarg);
+    if (!conn_attach(c, cbarg))
+        evhttp_connection_free(cbarg); /* a loop callback: safe here */
 }
 
 /* Every accepted connection's bufferevent goes through here. Without
@@ -1357,12 +1380,12 @@ static void on_complete(struct evhttp_request *req, void *arg)
         return;
     bufferevent_setwatermark(bev, EV_READ, 0, 0);
     gps_conn *c = conn_new(h, bev);
-    if (!c) {
+    if (!c || !conn_attach(c, evcon)) {
+        /* Inside evhttp's send path: it closes the connection after this
+         * callback when the reply says so. */
         bufferevent_setwatermark(bev, EV_READ, 0, 1);
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        return;
     }
-    conn_attach(c, evcon);
 }
 
 /* Lingering close. A refusal with a body pending closes the connection,
@@ -1453,7 +1476,7 @@ static void conn_detach(gps_conn *c)
     evbuffer_remove_cb_entry(in, c->cbe);
     c->cbe = NULL;
     if (c->st != G_DISCARD)
-        evbuffer_add_buffer(in, c->raw); /* pipelined: the next gate reads it */
+        input_append(in, c->raw, NULL, 0); /* pipelined: the next gate reads it */
     /* Until the reply is done nobody reads the input: bound it. */
     bufferevent_setwatermark(c->bev, EV_READ, 0, c->h->opts.max_header_bytes);
     conn_free(c);

@@ -248,6 +248,34 @@ class HostileHttp(harness.TestCase):
                     self.assertEqual(st, 200)
                     self.assertEqual(json.loads(body)["status"], "ok")
 
+    def test_pipelined_requests_all_answered_in_order(self):
+        """Requests sent back to back on one connection pass the gate one by
+        one: each is answered, in order, bodies and HEAD included."""
+        srv = self.h.start_server()
+        reqs = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+                b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"2;a=b\r\n{}\r\n0\r\n\r\n"
+                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        with connect(srv) as s:
+            s.sendall(reqs)
+            buf, got = b"", []
+            for i in range(6):
+                while b"\r\n\r\n" not in buf:
+                    chunk = s.recv(65536)
+                    self.assertTrue(chunk, "closed after %d replies: %r" % (i, got))
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                got.append(int(head.split(b" ")[1]))
+                n = 0 if i == 3 else int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(buf) < n:
+                    buf += s.recv(65536)
+                buf = buf[n:]
+            self.assertEqual(got, [200, 404, 400, 200, 400, 200])
+            self.assertEqual(buf, b"")
+
     # ---- finding 9: ambiguous messages ----------------------------------
 
     def test_ambiguous_messages_are_refused(self):
