@@ -197,7 +197,7 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
 const char *gps_openai_error_type(int status)
 {
     switch (status) {
-    case 400: case 404: case 405: case 409: case 413: case 422:
+    case 400: case 404: case 405: case 409: case 413: case 414: case 422: case 431: case 501:
         return "invalid_request_error";
     case 401:
         return "authentication_error";
@@ -217,7 +217,7 @@ const char *gps_openai_error_type(int status)
 static const char *anthropic_error_type(int status)
 {
     switch (status) {
-    case 400: case 405: case 409: case 422:
+    case 400: case 405: case 409: case 414: case 422: case 431: case 501:
         return "invalid_request_error";
     case 401:
         return "authentication_error";
@@ -556,9 +556,9 @@ static const struct {
 };
 
 /* Append to out->canon; false when it does not fit. */
-static bool canon_add(gps_head *out, const char *s, size_t n)
+static bool canon_add(gps_head *out, size_t cap, const char *s, size_t n)
 {
-    if (out->canon_len + n + 1 > sizeof out->canon)
+    if (out->canon_len + n + 1 > cap)
         return false;
     memcpy(out->canon + out->canon_len, s, n);
     out->canon_len += n;
@@ -572,9 +572,13 @@ static bool canon_add(gps_head *out, const char *s, size_t n)
         return (st);                                                                               \
     } while (0)
 
-int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *msg, size_t msglen)
+int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
+                        size_t canon_cap, char *msg, size_t msglen)
 {
     memset(out, 0, sizeof *out);
+    out->canon = canon;
+    if (canon_cap)
+        canon[0] = '\0';
     out->content_length = -1;
     const char *p = head, *end = head + len;
     /* Request line: METHOD SP target SP HTTP/1.x CRLF */
@@ -608,10 +612,10 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *msg, 
     if (!gps_http_target_ok(out->target))
         HEAD_FAIL(400, "request target must be a normalised path (origin-form: no scheme or "
                        "host, no empty, '.' or '..' segment)");
-    char line[512];
-    int n = snprintf(line, sizeof line, "%s %s HTTP/1.%d\r\n", out->method_name, out->target,
-                     out->minor);
-    if (n < 0 || (size_t)n >= sizeof line || !canon_add(out, line, (size_t)n))
+    const char *vers = out->minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n";
+    if (!canon_add(out, canon_cap, out->method_name, strlen(out->method_name)) ||
+        !canon_add(out, canon_cap, " ", 1) || !canon_add(out, canon_cap, out->target, tl) ||
+        !canon_add(out, canon_cap, vers, strlen(vers)))
         HEAD_FAIL(431, "request head too large");
     bool te = false;
     /* Header lines. */
@@ -672,8 +676,8 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *msg, 
                 snprintf(out->corr, sizeof out->corr, "%.*s", (int)vlen, v);
         }
 #undef IS
-        if (!canon_add(out, p, nl) || !canon_add(out, ": ", 2) || !canon_add(out, v, vlen) ||
-            !canon_add(out, "\r\n", 2))
+        if (!canon_add(out, canon_cap, p, nl) || !canon_add(out, canon_cap, ": ", 2) || !canon_add(out, canon_cap, v, vlen) ||
+            !canon_add(out, canon_cap, "\r\n", 2))
             HEAD_FAIL(431, "request head too large");
     }
     if (out->chunked && out->content_length >= 0)
@@ -682,7 +686,7 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *msg, 
      * for the next request. */
     if (out->method == EVHTTP_REQ_HEAD && (out->chunked || out->content_length > 0))
         HEAD_FAIL(400, "a HEAD request has no body");
-    if (!canon_add(out, "\r\n", 2))
+    if (!canon_add(out, canon_cap, "\r\n", 2))
         HEAD_FAIL(431, "request head too large");
     return 0;
 }
@@ -920,10 +924,13 @@ static void gate_head(gps_conn *c, size_t head_len)
 {
     gps_head *hd = malloc(sizeof *hd);
     char *flat = malloc(head_len + 1);
+    size_t canon_cap = 2 * head_len + 64;
+    char *canon = malloc(canon_cap);
     char msg[200];
-    if (!hd || !flat) {
+    if (!hd || !flat || !canon) {
         free(hd);
         free(flat);
+        free(canon);
         refuse(c, 503, "OUT_OF_MEMORY", GPS_DIALECT_NATIVE, "out of memory");
         finish_refused_head(c, NULL, true);
         return;
@@ -933,13 +940,16 @@ static void gate_head(gps_conn *c, size_t head_len)
     memset(&c->refuse, 0, sizeof *c - offsetof(gps_conn, refuse));
     deadline_set(c, 0);
     /* The empty line is not part of what the parser takes. */
-    int st = gps_http_head_parse(flat, head_len - 2, hd, msg, sizeof msg);
+    int st = gps_http_head_parse(flat, head_len - 2, hd, canon, canon_cap, msg, sizeof msg);
     if (st != 0) {
         /* Dialect by the path when the target is at least a path. */
         gps_dialect d = hd->target[0] == '/' ? gps_dialect_for_path(hd->target)
                                              : GPS_DIALECT_NATIVE;
-        refuse(c, st, st == 501 ? "NOT_IMPLEMENTED" : st == 400 ? "INVALID_REQUEST"
-                                                                : "HEAD_TOO_LARGE",
+        refuse(c, st,
+               st == 501   ? "NOT_IMPLEMENTED"
+               : st == 400 ? "INVALID_REQUEST"
+               : st == 414 ? "URI_TOO_LONG"
+                           : "HEAD_TOO_LARGE",
                d, "%s", msg);
         /* The framing cannot be trusted: always close afterwards. */
         finish_refused_head(c, hd, true);
@@ -967,6 +977,7 @@ static void gate_head(gps_conn *c, size_t head_len)
 done:
     free(hd);
     free(flat);
+    free(canon);
 }
 
 /* One chunk-size line at the front of raw. false: wait for more. */

@@ -146,10 +146,13 @@ typedef struct gps_head {
     char auth[512];            /* Authorization, trimmed ("" when blank) */
     char api_key[512];         /* x-api-key, trimmed */
     char corr[65];             /* X-Correlation-Id when sane, else "" */
-    char canon[8192];          /* the head as evhttp will see it (with CRLFCRLF) */
+    char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;
 } gps_head;
-int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *msg, size_t msglen);
+/* canon: the caller's buffer of canon_cap bytes for out->canon; 2 * len +
+ * 64 always suffices (one byte per header line is added at most). */
+int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
+                        size_t canon_cap, char *msg, size_t msglen);
 /* Whether a request target's path is normalised origin-form: starts with
  * "/", no empty segment ("//"), no "." or ".." segment, no control, space
  * or non-ASCII byte. The query is not examined beyond those bytes. */

@@ -137,8 +137,9 @@ static void test_issue9_target_ok(void **st)
 
 static int parse(const char *head, gps_head *hd)
 {
+    static char canon[4096];
     char msg[200];
-    return gps_http_head_parse(head, strlen(head), hd, msg, sizeof msg);
+    return gps_http_head_parse(head, strlen(head), hd, canon, sizeof canon, msg, sizeof msg);
 }
 
 /* Issue 9, findings 3 and 9: what the gate takes from a head. */
@@ -192,6 +193,20 @@ static void test_issue9_head_parse(void **st)
         {"TRACE / HTTP/1.1\r\n", 501},
         {"BREW / HTTP/1.1\r\n", 501},
     };
+    /* a canonical head never outgrows 2 * len + 64 (one space per header) */
+    char many[2048] = "GET / HTTP/1.1\r\n";
+    for (int i = 0; i < 100; i++)
+        strcat(many, "a:b\r\n");
+    char big[2 * sizeof many + 64], msg[100];
+    assert_int_equal(gps_http_head_parse(many, strlen(many), &hd, big, 2 * strlen(many) + 64,
+                                         msg, sizeof msg), 0);
+    assert_int_equal(hd.canon_len, strlen(many) + 100 + 2);
+    /* a long target is no reason for 431 */
+    char longt[1800] = "GET /admin/jobs?model=";
+    memset(longt + strlen(longt), 'm', 1500);
+    strcat(longt, " HTTP/1.1\r\n");
+    assert_int_equal(gps_http_head_parse(longt, strlen(longt), &hd, big, sizeof big, msg,
+                                         sizeof msg), 0);
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int got = parse(bad[i].head, &hd);
         if (got != bad[i].status)
