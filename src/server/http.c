@@ -882,7 +882,7 @@ static bool decide(gps_conn *c, const gps_head *hd)
     c->dialect = route->dialect;
     if (route->role != GPS_ROLE_NONE && h->auth) {
         const char *cred = blank_to_null(hd->auth, hd->has_auth);
-        if (!hd->has_auth && route->dialect == GPS_DIALECT_ANTHROPIC)
+        if (!cred && route->dialect == GPS_DIALECT_ANTHROPIC)
             cred = blank_to_null(hd->api_key, hd->has_api_key);
         int st = h->auth(h->auth_arg, cred, route->role, c->key_id);
         if (st != 0) {
