@@ -78,10 +78,15 @@ struct gps_req {
  * (401, 403). Installed by main; without one every request is allowed. */
 typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65]);
 
+/* Limits (0 = no limit for the last three). See docs/operations.md,
+ * "Limits and hostile peers". */
 typedef struct gps_http_opts {
     size_t max_body_bytes;
     size_t max_header_bytes;
     int idle_timeout_sec;
+    size_t max_inflight_body_bytes; /* body bytes being received, all connections */
+    int header_timeout_sec;         /* whole request head, from its first byte */
+    int body_timeout_sec;           /* whole body, from the end of the head */
 } gps_http_opts;
 
 /* New server on base. Returns NULL on allocation failure. */
@@ -117,6 +122,44 @@ int gps_http_idle_timeout(const gps_http *h);
  * method (*out then points at that route, for its dialect). */
 int gps_route_lookup(const gps_route *routes, size_t n, unsigned method, const char *path,
                      const gps_route **out, char params[][GPS_ROUTE_PARAM_MAX], int *nparams);
+/* The request gate (issue 9). Every byte a peer sends passes through a
+ * per-connection gate before evhttp sees it: the gate holds the request
+ * head back until it is complete, checks it (strict HTTP/1.1 framing,
+ * origin-form normalised target, route, method, credentials, declared
+ * length, the global cap on body bytes in flight) and hands evhttp either
+ * a canonical copy of it or, when the request is refused, a bodiless
+ * stand-in whose dispatch sends the refusal in the route's dialect. Bodies
+ * pass through counted (chunked ones re-framed without extensions or
+ * trailers). So nothing of a refused request's body is ever buffered.
+ *
+ * Pure head check (exposed for tests): parse the head (request line and
+ * header lines, CRLF-terminated, without the final empty line) into out.
+ * Returns 0, or the HTTP status to refuse with (400, 501) and a message. */
+typedef struct gps_head {
+    unsigned method;           /* EVHTTP_REQ_*; 0 for an unknown method */
+    char method_name[16];
+    char target[2048];         /* as sent (origin-form, checked) */
+    int minor;                 /* HTTP/1.x */
+    long long content_length;  /* -1 when absent */
+    bool chunked;
+    bool has_auth, has_api_key;
+    char auth[512];            /* Authorization, trimmed ("" when blank) */
+    char api_key[512];         /* x-api-key, trimmed */
+    char corr[65];             /* X-Correlation-Id when sane, else "" */
+    char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
+    size_t canon_len;
+} gps_head;
+/* canon: the caller's buffer of canon_cap bytes for out->canon; 2 * len +
+ * 64 always suffices (one byte per header line is added at most). */
+int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
+                        size_t canon_cap, char *msg, size_t msglen);
+/* Whether a request target's path is normalised origin-form: starts with
+ * "/", no empty segment ("//"), no "." or ".." segment, no control, space
+ * or non-ASCII byte. The query is not examined beyond those bytes. */
+bool gps_http_target_ok(const char *target);
+/* Bytes of request bodies being received right now (all connections). */
+size_t gps_http_inflight_bytes(const gps_http *h);
+
 /* Dialect of a path that matched no route: paths under /v1 are OpenAI (the
  * Anthropic messages endpoints excepted), others native. */
 gps_dialect gps_dialect_for_path(const char *path);
@@ -143,7 +186,14 @@ void gps_conn_watch_free(gps_conn_watch *w);
  * it and this does nothing. Never touch req afterwards. */
 void gps_http_drop_request(struct evhttp_request *req);
 
-/* ---- replies ---- */
+/* ---- replies ----
+ * HEAD: every reply helper below answers a HEAD request with the headers a
+ * GET would get (Content-Length included) and no body; a HEAD request is
+ * routed to the GET handler of its path. */
+
+/* evhttp_send_reply for handlers that build their own body (borrowed). */
+void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
+                         struct evbuffer *body);
 
 /* Reply with a JSON body (reference stolen). */
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);

@@ -19,6 +19,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -308,6 +309,8 @@ static void collect(gps_metrics *m, void *arg)
     gps_metrics_set(m, "db_drops_total", NULL, (double)st.drops);
     gps_metrics_set(m, "db_commits_total", NULL, (double)st.batches);
     gps_metrics_set(m, "db_queue_depth", NULL, (double)st.queue_depth);
+    gps_metrics_set(m, "http_body_bytes_inflight", NULL,
+                    (double)gps_http_inflight_bytes(s->http));
 }
 
 static void h_metrics(gps_req *r, void *arg)
@@ -327,7 +330,7 @@ static void h_metrics(gps_req *r, void *arg)
     struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
     evhttp_remove_header(h, "Content-Type");
     evhttp_add_header(h, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-    evhttp_send_reply(r->req, 200, "OK", eb);
+    gps_http_send_reply(r->req, 200, "OK", eb);
     evbuffer_free(eb);
     gp_buf_free(&b);
 }
@@ -448,6 +451,27 @@ static int fail_unfinished(void *arg, const gps_store_job_info *job)
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
+/* Every connection costs a descriptor: take the soft limit up to the hard
+ * one (systemd's default soft limit is 1024, the hard one far higher).
+ * When even that runs out the listener pauses (see http.c). */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return;
+    rlim_t before = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+            rl.rlim_cur = before;
+    }
+    gp_log_write(GP_LOG_INFO, "fd_limit", NULL,
+                 json_pack("{s:I,s:I}", "soft", (json_int_t)rl.rlim_cur, "hard",
+                           (json_int_t)rl.rlim_max),
+                 "open files limit %llu (hard %llu)", (unsigned long long)rl.rlim_cur,
+                 (unsigned long long)rl.rlim_max);
+}
+
 static int write_port_file(const char *path, int port)
 {
     char buf[16];
@@ -525,6 +549,7 @@ int main(int argc, char **argv)
         }
     }
 
+    raise_fd_limit();
     if (evthread_use_pthreads() < 0 || !(s->base = event_base_new())) {
         gp_log_error("startup_failed", "cannot create the event loop");
         goto done;
@@ -567,6 +592,9 @@ int main(int argc, char **argv)
                        "DB transactions committed (group commits).", NULL, 0);
     gps_metrics_define(s->metrics, "db_queue_depth", GPS_METRIC_GAUGE,
                        "DB operations waiting for the DB thread.", NULL, 0);
+    gps_metrics_define(s->metrics, "http_body_bytes_inflight", GPS_METRIC_GAUGE,
+                       "Request body bytes being received (max_inflight_body_bytes bounds it).",
+                       NULL, 0);
 
     gps_agents_opts aopts = {
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
@@ -624,6 +652,9 @@ int main(int argc, char **argv)
         .max_body_bytes = (size_t)s->cfg.max_body_bytes,
         .max_header_bytes = (size_t)s->cfg.max_header_bytes,
         .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
+        .max_inflight_body_bytes = (size_t)s->cfg.max_inflight_body_bytes,
+        .header_timeout_sec = (int)s->cfg.header_timeout_sec,
+        .body_timeout_sec = (int)s->cfg.body_timeout_sec,
     };
     s->http = gps_http_new(s->base, &hopts);
     if (!s->http)

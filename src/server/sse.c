@@ -60,8 +60,13 @@ void gps_sse_start(struct evhttp_request *req)
 
 void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
 {
-    if (buf->len == 0)
+    /* HEAD: the stream's headers went out, its events do not. */
+    if (buf->len == 0 || evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        buf->len = 0;
+        if (buf->data)
+            buf->data[0] = '\0';
         return;
+    }
     struct evbuffer *eb = evbuffer_new();
     if (!eb)
         return;

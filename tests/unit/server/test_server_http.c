@@ -112,6 +112,108 @@ static void test_error_shapes(void **st)
     assert_string_equal(gps_openai_error_type(500), "server_error");
 }
 
+/* Issue 9, finding 9: only normalised origin-form paths route. */
+static void test_issue9_target_ok(void **st)
+{
+    (void)st;
+    assert_true(gps_http_target_ok("/"));
+    assert_true(gps_http_target_ok("/v1/models/"));
+    assert_true(gps_http_target_ok("/admin/jobs?model=a/../b"));
+    assert_true(gps_http_target_ok("/v2/tasks/a.b"));
+    assert_true(gps_http_target_ok("/v2/tasks/...")); /* not a dot segment */
+    assert_false(gps_http_target_ok("http://h/v1/models"));
+    assert_false(gps_http_target_ok("*"));
+    assert_false(gps_http_target_ok("//x/admin/keys"));
+    assert_false(gps_http_target_ok("/v1//models"));
+    assert_false(gps_http_target_ok("/v1/../admin/keys"));
+    assert_false(gps_http_target_ok("/v1/%2e%2E/admin/keys"));
+    assert_false(gps_http_target_ok("/./"));
+    assert_false(gps_http_target_ok("/."));
+    assert_false(gps_http_target_ok("/a/.."));
+    assert_false(gps_http_target_ok("/a b"));
+    assert_false(gps_http_target_ok("/a\x01"));
+    assert_false(gps_http_target_ok("/caf\xc3\xa9"));
+}
+
+static int parse(const char *head, gps_head *hd)
+{
+    static char canon[4096];
+    char msg[200];
+    return gps_http_head_parse(head, strlen(head), hd, canon, sizeof canon, msg, sizeof msg);
+}
+
+/* Issue 9, findings 3 and 9: what the gate takes from a head. */
+static void test_issue9_head_parse(void **st)
+{
+    (void)st;
+    static gps_head hd;
+    assert_int_equal(parse("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length:  42 \r\nAuthorization: Bearer k\r\n"
+                           "X-Correlation-Id: abc\r\n", &hd), 0);
+    assert_int_equal(hd.method, EVHTTP_REQ_POST);
+    assert_int_equal(hd.content_length, 42);
+    assert_false(hd.chunked);
+    assert_string_equal(hd.auth, "Bearer k");
+    assert_string_equal(hd.corr, "abc");
+    assert_string_equal(hd.canon, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                  "Content-Length: 42\r\nAuthorization: Bearer k\r\n"
+                                  "X-Correlation-Id: abc\r\n\r\n");
+    assert_int_equal(parse("POST /v2/tasks HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n", &hd), 0);
+    assert_true(hd.chunked);
+    assert_int_equal(hd.content_length, -1);
+    /* blank credentials are present but empty (the caller treats them as missing) */
+    assert_int_equal(parse("GET /v1/models HTTP/1.1\r\nAuthorization:   \r\n", &hd), 0);
+    assert_true(hd.has_auth);
+    assert_string_equal(hd.auth, "");
+
+    static const struct {
+        const char *head;
+        int status;
+    } bad[] = {
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: +5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5x\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5 5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: \x0b" "5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: -1\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n", 400},
+        {"POST / HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n", 400},
+        {"POST / HTTP/1.1\r\nx-api-key: a\r\nX-Api-Key: a\r\n", 400},
+        {"POST http://h/v1/completions HTTP/1.1\r\n", 400},
+        {"GET //x/admin/keys HTTP/1.1\r\n", 400},
+        {"GET / HTTP/2.0\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost : x\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n", 400},
+        {"GET / HTTP/1.1\nHost: x\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: x\n", 400},
+        {"HEAD / HTTP/1.1\r\nContent-Length: 3\r\n", 400},
+        {"CONNECT h:443 HTTP/1.1\r\n", 501},
+        {"TRACE / HTTP/1.1\r\n", 501},
+        {"BREW / HTTP/1.1\r\n", 501},
+    };
+    /* a canonical head never outgrows 2 * len + 64 (one space per header) */
+    char many[2048] = "GET / HTTP/1.1\r\n";
+    for (int i = 0; i < 100; i++)
+        strcat(many, "a:b\r\n");
+    char big[2 * sizeof many + 64], msg[100];
+    assert_int_equal(gps_http_head_parse(many, strlen(many), &hd, big, 2 * strlen(many) + 64,
+                                         msg, sizeof msg), 0);
+    assert_int_equal(hd.canon_len, strlen(many) + 100 + 2);
+    /* a long target is no reason for 431 */
+    char longt[1800] = "GET /admin/jobs?model=";
+    memset(longt + strlen(longt), 'm', 1500);
+    strcat(longt, " HTTP/1.1\r\n");
+    assert_int_equal(gps_http_head_parse(longt, strlen(longt), &hd, big, sizeof big, msg,
+                                         sizeof msg), 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int got = parse(bad[i].head, &hd);
+        if (got != bad[i].status)
+            fail_msg("case %zu (%s): %d, want %d", i, bad[i].head, got, bad[i].status);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -119,6 +221,8 @@ int main(void)
         cmocka_unit_test(test_lookup_404_405),
         cmocka_unit_test(test_dialect_for_path),
         cmocka_unit_test(test_error_shapes),
+        cmocka_unit_test(test_issue9_target_ok),
+        cmocka_unit_test(test_issue9_head_parse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,415 @@
+"""Hostile and careless HTTP peers against a real gpupool-server (issue 9,
+findings 3, 6, 7, 8, 9 and part of 12), over raw sockets to 127.0.0.1.
+
+Every wait is bounded: replies are awaited with socket timeouts, state is
+polled through /metrics or the server log with harness.wait_until. The one
+fixed window (the fd-exhaustion CPU check) measures work done by the server
+in that window, it orders nothing.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import bearer, http_request, wait_until  # noqa: E402
+
+
+def connect(srv, timeout=10.0):
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=timeout)
+    s.settimeout(timeout)
+    return s
+
+
+def read_reply(s, head_only=False):
+    """One HTTP reply from s: (status, headers dict lower-cased, body bytes).
+    The body is read by Content-Length (a HEAD reply: none)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise AssertionError("connection closed before a reply head: %r" % buf)
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    hdr = {}
+    for ln in lines[1:]:
+        k, _, v = ln.partition(":")
+        hdr[k.strip().lower()] = v.strip()
+    if head_only:
+        return status, hdr, rest
+    n = int(hdr.get("content-length", "0"))
+    while len(rest) < n:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return status, hdr, rest[:n]
+
+
+def closed_by_peer(s, limit=10.0):
+    """True when the peer closes s (EOF or reset) within limit seconds,
+    discarding what it sends meanwhile."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            if not s.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+    return False
+
+
+def raw(srv, data, timeout=10.0):
+    """Send data on a fresh connection, return the first reply."""
+    with connect(srv, timeout) as s:
+        s.sendall(data)
+        return read_reply(s)
+
+
+def metric(srv, name):
+    st, _, body = http_request("GET", srv.url + "/metrics", timeout=5)
+    assert st == 200, st
+    for line in body.decode().splitlines():
+        if line.startswith("gpupool_" + name + " "):
+            return float(line.split()[1])
+    return None
+
+
+class HostileHttp(harness.TestCase):
+    NEEDS = (harness.SERVER_BIN,)
+
+    def server_with_key(self, args=()):
+        db = self.h.path("hostile.db")
+        key = self.h.create_key(db, "client")
+        srv = self.h.start_server(list(args), db=db, key=key)
+        return srv, key
+
+    # ---- finding 3: decided on the head, before any body byte -----------
+
+    def test_head_refusals_come_before_the_body(self):
+        srv, key = self.server_with_key()
+        # 5 MB: over max_body_bytes (4 MiB) but under evhttp's own 2x limit,
+        # where the old server waited for the whole body before answering.
+        big = 5 * 1000 * 1000
+        cases = [
+            # (request head, expected status, dialect check)
+            ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % big,
+             401, "openai"),
+            ("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: wrong\r\nContent-Length: 1000\r\n\r\n",
+             401, "anthropic"),
+            ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+             "Content-Length: %d\r\n\r\n" % (key, big), 413, "openai"),
+            ("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n"
+             "Content-Length: %d\r\n\r\n" % (key, big), 413, "anthropic"),
+            ("POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", 404, "native"),
+            ("PUT /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+             "Content-Length: 1000\r\n\r\n" % key, 405, "openai"),
+        ]
+        for head, want, dialect in cases:
+            with self.subTest(head=head.split("\r\n")[0], want=want):
+                with connect(srv, timeout=5) as s:
+                    s.sendall(head.encode())  # and not one body byte
+                    st, hdr, body = read_reply(s)
+                    self.assertEqual(st, want)
+                    self.assertIn("application/json", hdr.get("content-type", ""))
+                    j = json.loads(body)
+                    if dialect == "anthropic":
+                        self.assertEqual(j["type"], "error")
+                    elif dialect == "openai":
+                        self.assertIn("type", j["error"])
+                        self.assertIn("message", j["error"])
+                    else:
+                        self.assertIn("code", j["error"])
+                    # a body is pending: the connection is closed after the reply
+                    self.assertEqual(hdr.get("connection"), "close")
+                    self.assertTrue(closed_by_peer(s, 5), "connection left open")
+
+    def test_global_cap_on_bodies_in_flight(self):
+        srv, key = self.server_with_key(["--max_inflight_body_bytes", "1000000"])
+        head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
+        body = json.dumps({"model": "nobody-serves-this", "prompt": "x" * 700000}).encode()
+        a = connect(srv)
+        self.addCleanup(a.close)
+        a.sendall((head % (key, len(body))).encode() + body[:10])
+        wait_until(lambda: metric(srv, "http_body_bytes_inflight") == len(body), timeout=10,
+                   what="A's body counted in flight")
+        st, hdr, j = raw(srv, (head % (key, len(body))).encode())
+        self.assertEqual(st, 503)
+        self.assertEqual(hdr.get("retry-after"), "1")
+        self.assertEqual(json.loads(j)["error"]["type"], "service_unavailable")
+        a.sendall(body[10:])
+        st, _, j = read_reply(a)
+        self.assertEqual(st, 404, j)  # reached the handler: model_not_found
+        wait_until(lambda: metric(srv, "http_body_bytes_inflight") == 0, timeout=10,
+                   what="in-flight bytes released")
+        st, _, _ = raw(srv, (head % (key, len(body))).encode() + body)
+        self.assertEqual(st, 404)
+
+    def test_unread_bodies_cost_no_memory(self):
+        """100 connections each send 1 MB of a body the server refused on the
+        head: the server must not keep it (the old server buffered it all)."""
+        srv, key = self.server_with_key()
+
+        def rss_kb():
+            with open("/proc/%d/status" % srv.pid) as f:
+                for ln in f:
+                    if ln.startswith("VmRSS:"):
+                        return int(ln.split()[1])
+            return 0
+        before = rss_kb()
+        socks = []
+        chunk = b"x" * 65536
+        try:
+            for _ in range(100):
+                s = connect(srv, timeout=5)
+                socks.append(s)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Length: 8400000\r\n\r\n")
+                s.setblocking(False)
+                sent = 0
+                while sent < 1 << 20:
+                    try:
+                        sent += s.send(chunk)
+                    except (BlockingIOError, ConnectionResetError, BrokenPipeError):
+                        break
+            after = rss_kb()
+        finally:
+            for s in socks:
+                s.close()
+        # 100 MB offered; what stays is socket buffers in the kernel, not here.
+        self.assertLess(after - before, 40 * 1024, "RSS grew by %d kB" % (after - before))
+
+    # ---- finding 7: deadlines for the head and the body -----------------
+
+    def test_slow_head_and_slow_body_are_closed(self):
+        srv = self.h.start_server(["--header_timeout_sec", "2", "--body_timeout_sec", "2"])
+        slow = connect(srv)
+        self.addCleanup(slow.close)
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 20 and not closed:
+            try:
+                slow.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            closed = closed_by_peer(slow, 0.3)
+        self.assertTrue(closed, "a head trickled one byte per 0.3 s was never closed")
+        # others are served meanwhile and after
+        st, _, _ = http_request("GET", srv.url + "/health", timeout=5)
+        self.assertEqual(st, 200)
+
+        body = connect(srv)
+        self.addCleanup(body.close)
+        body.sendall(b"POST /v2/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 20 and not closed:
+            try:
+                body.sendall(b"a")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            closed = closed_by_peer(body, 0.3)
+        self.assertTrue(closed, "a body trickled one byte per 0.3 s was never closed")
+        st, _, _ = http_request("GET", srv.url + "/health", timeout=5)
+        self.assertEqual(st, 200)
+
+    # ---- finding 8: HEAD ------------------------------------------------
+
+    def test_head_is_get_without_body(self):
+        srv = self.h.start_server()
+        for path in ("/", "/health", "/metrics", "/v1/models", "/v2/tasks/nope"):
+            with self.subTest(path=path):
+                gst, ghdr, gbody = raw(srv, ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+                with connect(srv) as s:
+                    s.sendall(("HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+                    hst, hhdr, extra = read_reply(s, head_only=True)
+                    self.assertEqual(hst, gst)
+                    self.assertEqual(hhdr.get("content-type"), ghdr.get("content-type"))
+                    self.assertIn("content-length", hhdr)
+                    if path not in ("/metrics", "/health"):  # their bodies vary per call
+                        self.assertEqual(int(hhdr["content-length"]), len(gbody))
+                    self.assertEqual(extra, b"")
+                    # keep-alive: the next reply on the same connection is intact
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    st, _, body = read_reply(s)
+                    self.assertEqual(st, 200)
+                    self.assertEqual(json.loads(body)["status"], "ok")
+
+    def test_pipelined_requests_all_answered_in_order(self):
+        """Requests sent back to back on one connection pass the gate one by
+        one: each is answered, in order, bodies and HEAD included."""
+        srv = self.h.start_server()
+        reqs = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+                b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"2;a=b\r\n{}\r\n0\r\n\r\n"
+                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        with connect(srv) as s:
+            s.sendall(reqs)
+            buf, got = b"", []
+            for i in range(6):
+                while b"\r\n\r\n" not in buf:
+                    chunk = s.recv(65536)
+                    self.assertTrue(chunk, "closed after %d replies: %r" % (i, got))
+                    buf += chunk
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                got.append(int(head.split(b" ")[1]))
+                n = 0 if i == 3 else int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(buf) < n:
+                    buf += s.recv(65536)
+                buf = buf[n:]
+            self.assertEqual(got, [200, 404, 400, 200, 400, 200])
+            self.assertEqual(buf, b"")
+
+    # ---- finding 9: ambiguous messages ----------------------------------
+
+    def test_ambiguous_messages_are_refused(self):
+        srv, key = self.server_with_key(["--max_body_bytes", "4096"])
+        auth = "Authorization: Bearer %s\r\n" % key
+        post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        cases = [
+            ("two different Content-Length",
+             post + auth + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", 400),
+            ("Content-Length +5", post + auth + "Content-Length: +5\r\n\r\nhello", 400),
+            ("Content-Length 5x", post + auth + "Content-Length: 5x\r\n\r\nhello", 400),
+            ("Content-Length with a vertical tab",
+             post + auth + "Content-Length: \x0b5\r\n\r\nhello", 400),
+            ("Content-Length and Transfer-Encoding",
+             post + auth + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
+            ("two Authorization", post + auth + auth + "Content-Length: 2\r\n\r\n{}", 400),
+            ("absolute-form target",
+             "POST http://127.0.0.1/v1/completions HTTP/1.1\r\nHost: x\r\n" + auth
+             + "Content-Length: 2\r\n\r\n{}", 400),
+            ("empty segment", "GET //x/admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            ("dot-dot segment", "GET /v1/../admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            ("encoded dot-dot", "GET /v1/%2e%2E/admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            ("dot segment", "GET /./ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            ("bad chunk size",
+             post + auth + "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", 400),
+            ("chunk data without CRLF",
+             post + auth + "Transfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n", 400),
+            ("chunked body over max_body",
+             post + auth + "Transfer-Encoding: chunked\r\n\r\n1000\r\n" + "x" * 4096
+             + "\r\n1\r\nx\r\n0\r\n\r\n", 413),
+            ("body over twice max_body", post + auth + "Content-Length: 9000000\r\n\r\n", 413),
+            ("HEAD with a body", "HEAD /health HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 400),
+            ("bare LF lines", "GET /health HTTP/1.1\nHost: x\n\n", 400),
+        ]
+        for name, req, want in cases:
+            with self.subTest(name):
+                with connect(srv) as s:
+                    s.sendall(req.encode("latin-1"))
+                    is_head = req.startswith("HEAD")
+                    st, hdr, body = read_reply(s, head_only=is_head)
+                    self.assertEqual(st, want, body)
+                    self.assertIn("application/json", hdr.get("content-type", ""))
+                    if is_head:  # the reply to a HEAD has no body, only its length
+                        self.assertGreater(int(hdr["content-length"]), 0)
+                    else:
+                        self.assertIn("message", json.loads(body)["error"])
+                    if want == 413 or "Content-Length" in name or "chunk" in name:
+                        self.assertEqual(hdr.get("connection"), "close")
+                        self.assertTrue(closed_by_peer(s, 5))
+
+    def test_valid_chunk_extensions_are_accepted(self):
+        srv, key = self.server_with_key()
+        body = json.dumps({"model": "nobody-serves-this", "prompt": "hi"}).encode()
+        req = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n" % key).encode()
+        req += b"%x;name=value\r\n" % 5 + body[:5] + b"\r\n"
+        req += b"%x ; q=\"a b\"\r\n" % (len(body) - 5) + body[5:] + b"\r\n"
+        req += b"0\r\nX-Trailer: dropped\r\n\r\n"
+        st, _, j = raw(srv, req)
+        self.assertEqual(st, 404, j)  # the handler read the whole body
+        self.assertEqual(json.loads(j)["error"]["code"], "model_not_found")
+
+    def test_connect_gets_501_and_close(self):
+        srv = self.h.start_server()
+        with connect(srv) as s:
+            s.sendall(b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n")
+            st, hdr, body = read_reply(s)
+            self.assertEqual(st, 501)
+            self.assertIn("code", json.loads(body)["error"])
+            self.assertTrue(closed_by_peer(s, 5), "CONNECT left the connection open")
+
+    # ---- finding 12 (part): blank credentials are missing ones ----------
+
+    def test_blank_credentials_are_missing(self):
+        srv, key = self.server_with_key()
+        for hdrs, path in (({"Authorization": ""}, "/v1/models"),
+                           ({"Authorization": "   "}, "/v1/models"),
+                           ({"x-api-key": ""}, "/v1/messages")):
+            with self.subTest(hdrs=hdrs, path=path):
+                method = "GET" if path == "/v1/models" else "POST"
+                st, _, body = harness.http_json(method, srv.url + path,
+                                                {} if method == "POST" else None, headers=hdrs)
+                self.assertEqual(st, 401)
+                msg = body["error"]["message"]
+                self.assertIn("missing", msg)
+                if path == "/v1/messages":
+                    self.assertEqual(body["type"], "error")
+        st, _, _ = harness.http_json("GET", srv.url + "/v1/models", headers=bearer("nope"))
+        self.assertEqual(st, 401)
+
+    # ---- finding 6: out of descriptors ----------------------------------
+
+    def test_fd_exhaustion_pauses_accepting(self):
+        wrapper = ("import os, resource, sys\n"
+                   "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\n"
+                   "os.execv(sys.argv[1], sys.argv[1:])\n")
+        port_file = self.h.path("fd.port")
+        argv = [sys.executable, "-c", wrapper, harness.SERVER_BIN, "--listen", "127.0.0.1:0",
+                "--port-file", port_file, "--db", self.h.path("fd.db")]
+        p = harness.Proc("fdserver", argv, self.h.path("fdserver.log"), env=self.h.env())
+        self.h.procs.append(p)
+        port = harness.read_port_file(port_file, p.p)
+        url = "http://127.0.0.1:%d" % port
+        wait_until(lambda: http_request("GET", url + "/health", timeout=2)[0] == 200,
+                   timeout=harness.START_TIMEOUT, what="server up")
+        socks = []
+        try:
+            for _ in range(150):
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+                except OSError:
+                    break  # backlog full: refused
+                socks.append(s)
+            wait_until(lambda: p.log_events("accept_failed"), timeout=10,
+                       what="the server noticing it is out of descriptors")
+
+            def cpu_s():
+                with open("/proc/%d/stat" % p.pid) as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            c0 = cpu_s()
+            time.sleep(3)  # a measuring window, not an ordering
+            used = cpu_s() - c0
+            self.assertLess(used, 1.0, "server burnt %.2f s of CPU in 3 s while out of fds" % used)
+            lines = len(p.log_text().splitlines())
+            self.assertLess(lines, 50, "log grew to %d lines" % lines)
+        finally:
+            for s in socks:
+                s.close()
+        wait_until(lambda: http_request("GET", url + "/health", timeout=2)[0] == 200,
+                   timeout=20, what="/health answering after the connections closed")
+        self.assertTrue(any(e.get("event") == "fd_limit" and e.get("soft") == 64
+                            for e in p.log_events()), "fd_limit not logged")
+
+
+if __name__ == "__main__":
+    harness.main()
