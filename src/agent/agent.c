@@ -604,6 +604,20 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
         auth_lost(a, "/agents/poll", status, body);
         return;
     }
+    const char *code = error_code(body);
+    if (status == 403 && (strcmp(code, "AGENT_ID_TAKEN") == 0 ||
+                          strcmp(code, "KEY_BOUND_TO_OTHER_AGENT") == 0)) {
+        /* Our agent_id and our key belong to different agents: no retry can
+         * fix that, and the unit must not restart into it (exit 2). */
+        gp_log_error("agent_id_refused",
+                     "server refused agent_id %s: HTTP 403 %s %s; exiting. The agent_id in "
+                     "%s/agent_id and the agent key must belong together: a new box needs "
+                     "its own state dir (a new agent_id) and its own key or enrollment token",
+                     a->id, code, error_text(body), a->o->state_dir);
+        a->fatal = true;
+        a->exit_code = 2;
+        return;
+    }
     if (status != 200) {
         /* 400/403: a configuration problem; log it loudly and retry slowly. */
         gp_log_error("poll_rejected", "server rejected /agents/poll: HTTP %ld %s%s", status,

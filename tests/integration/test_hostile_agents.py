@@ -314,5 +314,28 @@ class HostileAgents(harness.TestCase):
         self.assertIn("name", b["error"]["message"])
 
 
+    def test_agent_whose_id_is_taken_exits_2(self):
+        """A real agent process started with a state dir whose agent_id is
+        bound to another key exits 2 (the unit's RestartPreventExitStatus)
+        with a line naming the problem, instead of retrying forever."""
+        db = self.h.path("taken.db")
+        ck = create_key(self.h, db, "client", "client")
+        vk = create_key(self.h, db, "agent", "victim")
+        ik = create_key(self.h, db, "agent", "impostor")
+        srv = self.h.start_server(FAST, db=db, key=ck)
+        victim = FakeAgent(srv.url, key=vk)
+        self.assertEqual(victim.poll()[0], 200)
+        up = self.h.start_upstream(["--tokens", "2"])
+        state = self.h.path("impostor.state")
+        os.makedirs(state)
+        with open(os.path.join(state, "agent_id"), "w") as f:
+            f.write(victim.agent_id + "\n")
+        ag = self.h.start_agent(srv, up, token=ik, state_dir=state)
+        self.assertEqual(ag.wait(timeout=60), 2)
+        lines = ag.log_events("agent_id_refused")
+        self.assertTrue(lines, "no agent_id_refused line")
+        self.assertIn("AGENT_ID_TAKEN", str(lines[0]))
+        self.assertEqual(srv.models(), ["m1"])
+
 if __name__ == "__main__":
     unittest.main()
