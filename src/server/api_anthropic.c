@@ -539,6 +539,17 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     if (!absent(tc) && !json_is_object(tc))
         FAIL("tool_choice: must be an object");
     const char *tc_type = json_string_value(json_object_get(tc, "type"));
+    if (!absent(tc)) {
+        /* Anything else used to become "auto" silently. */
+        if (!tc_type || (strcmp(tc_type, "auto") != 0 && strcmp(tc_type, "any") != 0 &&
+                         strcmp(tc_type, "tool") != 0 && strcmp(tc_type, "none") != 0))
+            FAIL("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'");
+        const json_t *tcn = json_object_get(tc, "name");
+        if (strcmp(tc_type, "tool") == 0 &&
+            (!json_is_string(tcn) || json_string_length(tcn) == 0 ||
+             json_string_length(tcn) > 256))
+            FAIL("tool_choice.name: a 'tool' choice needs the tool's name (1 to 256 bytes)");
+    }
     if (!absent(tools)) {
         if (!json_is_array(tools))
             FAIL("tools: must be an array");
@@ -796,14 +807,6 @@ static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_
 {
     gps_metrics_request(c->metrics, "anthropic", outcome,
                         (double)(gp_now_mono_us() - start_us) / 1e6);
-}
-
-static void outcome_of(char *out, size_t n, const char *code)
-{
-    size_t i = 0;
-    for (; code && code[i] && i + 1 < n; i++)
-        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
-    out[i] = '\0';
 }
 
 static void stream_free(an_stream *st)
@@ -1128,8 +1131,6 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                      message);
         else
             snprintf(full, sizeof full, "%s", message);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, code);
         if (st->started) {
             emit_event(st, "error", gps_error_body(GPS_DIALECT_ANTHROPIC, status, code, full,
                                                    NULL, st->corr, NULL));
@@ -1147,7 +1148,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_http_send_error(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
                                 st->corr, NULL);
         }
-        count_request(c, outcome, st->start_us);
+        count_request(c, code, st->start_us);
         st->req = NULL;
         stream_finish(st);
     }
@@ -1259,9 +1260,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         }
         gps_http_send_error(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message, NULL,
                             r->correlation_id, NULL);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, e.code);
-        count_request(c, outcome, r->start_us);
+        count_request(c, e.code, r->start_us);
         stream_free(st);
         return;
     }

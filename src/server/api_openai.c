@@ -21,6 +21,7 @@
 #define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
 #define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
 #define MAX_STOP 4
+#define MAX_STOP_LEN 1024
 #define MAX_MODEL_NAME 256
 
 /* ------------------------------------------------------------------ */
@@ -257,7 +258,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         if (!json_is_string(pa) || json_string_length(pa) == 0 ||
             json_string_length(pa) > 256)
             FAIL("x_pool_options.prefer_agent",
-                 "'x_pool_options.prefer_agent' must be a non-empty string");
+                 "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
         s->prefer_agent = strdup(json_string_value(pa));
     }
     const json_t *se = json_object_get(xo, "session");
@@ -265,7 +266,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         if (!json_is_string(se) || json_string_length(se) == 0 ||
             json_string_length(se) > 256)
             FAIL("x_pool_options.session",
-                 "'x_pool_options.session' must be a non-empty string");
+                 "'x_pool_options.session' must be a string of 1 to 256 bytes");
         s->session = strdup(json_string_value(se));
     }
     const json_t *lb = json_object_get(xo, "labels");
@@ -283,7 +284,9 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         {
             if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
                 FAIL("x_pool_options.labels",
-                     "'x_pool_options.labels.%.64s' must be a string", k);
+                     "'x_pool_options.labels': keys and values must be strings of at most 256 "
+                     "bytes (at '%.64s')",
+                     k);
             s->labels[s->n_labels].key = strdup(k);
             s->labels[s->n_labels].value = strdup(json_string_value(v));
             s->n_labels++;
@@ -493,7 +496,11 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     /* stop: string or array of up to 4 strings */
     const json_t *stop = json_object_get(body, "stop");
     if (!is_null_or_absent(stop)) {
+        /* An empty sequence would match at once: every reply would be
+         * empty. Refused rather than silently dropped. */
         if (json_is_string(stop)) {
+            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
+                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
             s->stop = json_array();
             json_array_append_new(s->stop, json_string(json_string_value(stop)));
         } else if (json_is_array(stop)) {
@@ -504,8 +511,10 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             json_t *e;
             json_array_foreach(stop, i, e)
             {
-                if (!json_is_string(e))
-                    FAIL("stop", "stop[%zu] must be a string", i);
+                if (!json_is_string(e) || json_string_length(e) == 0 ||
+                    json_string_length(e) > MAX_STOP_LEN)
+                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
+                         MAX_STOP_LEN);
                 json_array_append_new(s->stop, json_string(json_string_value(e)));
             }
         } else {
@@ -718,14 +727,6 @@ static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
     gps_metrics_request(c->metrics, "openai", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
 }
 
-static void outcome_of(char *out, size_t n, const char *code)
-{
-    size_t i = 0;
-    for (; code && code[i] && i + 1 < n; i++)
-        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
-    out[i] = '\0';
-}
-
 void gps_pool_headers(struct evhttp_request *req, gps_job *job)
 {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
@@ -920,8 +921,6 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             code = "AGENT_ERROR";
         if (!message)
             message = "the job failed";
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, code);
         if (st->started) {
             json_t *e = gps_error_body(GPS_DIALECT_OPENAI, status, code, message, NULL,
                                        st->corr, NULL);
@@ -942,7 +941,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_http_send_error(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
                                 st->corr, extra);
         }
-        count_request(c, outcome, st->start_us);
+        count_request(c, code, st->start_us);
         st->req = NULL;
         stream_finish(st);
     }
@@ -1023,9 +1022,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         }
         gps_http_send_error(r->req, GPS_DIALECT_OPENAI, e.status, e.code, e.message,
                             e.status == 404 ? "model" : NULL, r->correlation_id, extra);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, e.code);
-        count_request(c, outcome, r->start_us);
+        count_request(c, e.code, r->start_us);
         gp_buf_free(&st->out);
         free(st);
         return;
