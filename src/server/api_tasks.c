@@ -14,13 +14,16 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/api_openai.h"
+#include "server/auth.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "server/store.h"
+#include "server/textcheck.h"
 
 #define MAX_TOKENS_LIMIT 1000000
 #define MAX_STOP 16
+#define MAX_STOP_LEN 1024
 #define NBUCKETS 1024
 #define TICK_MS 250
 #define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
@@ -135,14 +138,17 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
     if (!absent(stop)) {
         s->stop = json_array();
         if (json_is_string(stop)) {
+            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
+                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
             json_array_append_new(s->stop, json_string(json_string_value(stop)));
         } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
             size_t i;
             json_t *e;
             json_array_foreach(stop, i, e)
             {
-                if (!json_is_string(e) || json_string_length(e) == 0)
-                    FAIL("stop", "stop[%zu] must be a non-empty string", i);
+                if (!json_is_string(e) || json_string_length(e) == 0 ||
+                    json_string_length(e) > MAX_STOP_LEN)
+                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i, MAX_STOP_LEN);
                 json_array_append_new(s->stop, json_string(json_string_value(e)));
             }
         } else {
@@ -261,6 +267,7 @@ struct gps_tasks {
     task *head;
     svc_rec *svc;
     struct event *tick;
+    gps_auth *auth;               /* borrowed; NULL: no key is admin here */
 };
 
 static unsigned bucket_of(const char *id)
@@ -814,7 +821,7 @@ static void h_create(gps_req *r, void *arg)
         }
         gps_http_send_error(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
                             e.status == 404 ? "model" : NULL, r->correlation_id, extra);
-        count_request(g, e.status == 429 ? "queue_full" : "refused", r->start_us);
+        count_request(g, e.code, r->start_us);
         return;
     }
     t->owner = g;
@@ -840,13 +847,30 @@ static void h_create(gps_req *r, void *arg)
     count_request(g, "accepted", r->start_us);
 }
 
-/* A task the caller may see: its own key's (or any when auth is off). */
+void gps_tasks_set_auth(gps_tasks *g, gps_auth *auth)
+{
+    g->auth = auth;
+}
+
+/* May the caller's key see a task owned by owner ("" or NULL: created
+ * while auth was off)? Auth off: everyone. On: its own key, and an
+ * owner-less task only an admin key (it may hold anyone's prompt). */
+static bool may_see(gps_tasks *g, const char *caller, const char *owner)
+{
+    if (!caller[0])
+        return true;
+    if (owner && owner[0])
+        return strcmp(owner, caller) == 0;
+    const gps_auth_key *k = g->auth ? gps_auth_key_find(g->auth, caller) : NULL;
+    return k && k->role == GPS_KEY_ADMIN;
+}
+
+/* A task the caller may see (may_see), else NULL: answered like someone
+ * else's task, 404. */
 static task *visible(gps_tasks *g, gps_req *r)
 {
     task *t = task_find(g, r->params[0]);
-    if (t && t->key_id[0] && r->key_id[0] && strcmp(t->key_id, r->key_id) != 0)
-        return NULL;
-    return t;
+    return t && may_see(g, r->key_id, t->key_id) ? t : NULL;
 }
 
 /* A restored task waiting to be resubmitted (or failed before it was). */
@@ -984,7 +1008,7 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
     if (c->evcon)
         evhttp_connection_set_closecb(c->evcon, NULL, NULL);
     if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
-        (j->key_id && c->key_id[0] && strcmp(j->key_id, c->key_id) != 0)) {
+        !may_see(c->g, c->key_id, j->key_id)) {
         if (status < 0)
             gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
                                 "the task store could not be read", NULL, c->corr, NULL);
@@ -1135,6 +1159,12 @@ static void h_events(gps_req *r, void *arg)
             evhttp_clear_headers(&q);
         }
         hdr = qv;
+    }
+    /* A decoded %00 would cut the value ("5%00x" read as 5). */
+    if (gps_query_has_control(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req)))) {
+        gps_req_error(r, 400, "INVALID_REQUEST",
+                      "query values must not contain control characters (such as %00)", NULL);
+        return;
     }
     long long last = gps_tasks_last_event_id(hdr);
     if (last < 0) {

@@ -638,6 +638,7 @@ int main(int argc, char **argv)
     if (!s->tasks)
         goto oom;
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
+    gps_tasks_set_auth(s->tasks, s->auth);
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
                              SERVER_VERSION);
     if (!s->admin)
