@@ -11,9 +11,10 @@ on 127.0.0.1:0 with a real SQLite file and fake agents (server_fakes.py).
 - SSE backpressure: see test_backpressure.py.
 """
 
-import json
 import os
 import re
+import sqlite3
+import subprocess
 import sys
 import threading
 import uuid
@@ -47,8 +48,12 @@ def in_thread(fn, *a, **kw):
     return get
 
 
+CTL_BIN = os.environ.get("GPUPOOL_CTL_BIN") or os.path.join(harness.BUILD_DIR, "src", "ctl",
+                                                             "gpupoolctl")
+
+
 class HostileClients(harness.TestCase):
-    NEEDS = (harness.SERVER_BIN,)
+    NEEDS = (harness.SERVER_BIN, CTL_BIN)
 
     def agent(self, srv, key=None):
         a = FakeAgent(srv.url, key=key)
@@ -182,6 +187,32 @@ class HostileClients(harness.TestCase):
         st, _, s = harness.http_json("GET", srv2.url + "/v2/tasks/" + tb["job_id"],
                                      headers=harness.bearer(admin))
         self.assertEqual(s["status"], "queued", s)
+
+
+    # -- finding 10 ------------------------------------------------------
+    def test_ctl_escapes_names_on_output(self):
+        # A name with terminal controls that got into the database (an old
+        # server, or a path that did not validate): every gpupoolctl text
+        # output shows it escaped, never a raw ESC/BEL/C1 byte.
+        db = self.h.path("ctl.db")
+        admin = self.h.create_key(db, "admin", "ops")
+        self.h.create_key(db, "client", "placeholder")
+        evil = "x\x1b]0;pwned\x07\x1b[2J\u009b31m"
+        con = sqlite3.connect(db)
+        con.execute("UPDATE api_keys SET name = ? WHERE name = 'placeholder'", (evil,))
+        con.commit()
+        con.close()
+        srv = self.h.start_server([], db=db, key=admin)
+        env = dict(self.h.env(), GPUPOOL_SERVER=srv.url, GPUPOOL_ADMIN_KEY=admin)
+        outs = []
+        for args in (["keys", "list"], ["keys", "list", "--json"]):
+            r = subprocess.run([CTL_BIN] + args, capture_output=True, timeout=60, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            outs.append(r.stdout)
+            for bad in (b"\x1b", b"\x07", b"\xc2\x9b"):
+                self.assertNotIn(bad, r.stdout + r.stderr, args)
+        self.assertIn(b"x\\x1B]0;pwned\\x07\\x1B[2J\\xC2\\x9B31m", outs[0])
+        self.assertIn(b"x\\u001B]0;pwned\\u0007", outs[1])
 
 
 if __name__ == "__main__":
