@@ -364,7 +364,7 @@ const char *gps_metrics_outcome(const char *code)
         "forbidden", "not_found", "job_not_found", "model_not_found", "queue_full",
         "rate_limited", "token_limit", "no_agent", "no_capacity", "queue_timeout", "timeout",
         "agent_lost", "agent_error", "agent_output_too_large", "context_overflow",
-        "server_restart", "shutting_down", "body_too_large",
+        "server_restart", "shutting_down", "body_too_large", "client_too_slow",
     };
     char low[32];
     size_t i = 0;
