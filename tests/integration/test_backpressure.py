@@ -15,10 +15,13 @@ job states, /proc) with a bounded deadline; RSS bounds derive from the
 config value and the measured baseline, not from durations.
 """
 
+import fcntl
 import json
 import os
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 
@@ -58,9 +61,17 @@ class RawStream:
         self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.s.connect((host, int(port)))
+        if body is None:
+            self.s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+            return
         data = json.dumps(body).encode()
         self.s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+
+    def pending(self):
+        """Bytes the server wrote that wait in this socket's receive queue."""
+        return struct.unpack("i", fcntl.ioctl(self.s.fileno(), termios.FIONREAD,
+                                              b"\0\0\0\0"))[0]
 
     def read_all(self, deadline_sec=300):
         """Read until the chunked body ends (0-length chunk). Returns the
@@ -90,6 +101,23 @@ class RawStream:
 
     def close(self):
         self.s.close()
+
+
+def sse_events(body):
+    """[{event, id, data}] of a whole SSE body (LF framing, one data line
+    per event, as the server writes JSON). harness.parse_sse is made for
+    small bodies; this one is linear for 64 MiB."""
+    out = []
+    for block in body.split("\n\n"):
+        if not block:
+            continue
+        ev = {"event": None, "id": None, "data": None}
+        for line in block.split("\n"):
+            k, _, v = line.partition(": ")
+            if k in ev:
+                ev[k] = v
+        out.append(ev)
+    return out
 
 
 def deltas(body):
@@ -227,6 +255,48 @@ class Backpressure(harness.TestCase):
         st, _, text = harness.http_request("GET", srv.url + "/metrics")
         self.assertIn(b'outcome="client_too_slow"', text)
         c.close()
+
+
+    def test_task_replays_are_paced(self):
+        # A finished 32 MiB task (its end event carries the whole text
+        # too), replayed to R clients that do not read: before the fix each
+        # replay framed the whole log at once (+~64 MiB each).
+        R = 10
+        srv, a = self.server("replay")
+        count = STREAM // TOKEN
+        st, _, task = harness.http_json("POST", srv.url + "/v2/tasks",
+                                        {"model": "m1", "prompt": "stream 0",
+                                         "max_tokens": count})
+        self.assertEqual(st, 202, task)
+        tid = task["job_id"]
+        st, jobs = a.work(1, timeout=30)
+        self.assertEqual((st, len(jobs)), (200, 1))
+        self.assertTrue(self.upload(a, jobs[0], 0, count))
+        harness.wait_until(lambda: harness.http_json("GET", srv.url + "/v2/tasks/" + tid)[2]
+                           .get("status") == "done", timeout=60, what="task done")
+        base = rss(srv.pid)
+        clients = [RawStream(srv.url, "/v2/tasks/%s/events" % tid, None) for _ in range(R)]
+        # Each replay has been answered once its client has bytes waiting.
+        harness.wait_until(lambda: all(c.pending() > 0 for c in clients), timeout=60,
+                           what="every replay started")
+        growth = rss(srv.pid) - base
+        print("RSS growth with %d non-reading replays of a %d MiB task: %.1f MiB"
+              % (R, STREAM // MIB, growth / MIB))
+        self.assertLess(growth, R * (2 * HWM + 2 * MIB) + 32 * MIB,
+                        "server framed whole replays for clients that do not read")
+        # A replay read to its end: every event in order, the end whole.
+        body = clients[0].read_all()
+        evs = sse_events(body)
+        self.assertEqual([e["id"] for e in evs], [str(i + 1) for i in range(len(evs))])
+        self.assertEqual([e["event"] for e in evs][-1], "end")
+        toks = [json.loads(e["data"])["text"] for e in evs if e["event"] == "token"]
+        want = "".join(token_text(0, i) for i in range(count))
+        self.assertTrue("".join(toks) == want, "token events differ or out of order")
+        end = json.loads(evs[-1]["data"])
+        self.assertTrue(end["text"] == want, "end text differs")
+        self.assertEqual(end["finish_reason"], "length")
+        for c in clients:
+            c.close()
 
 
 if __name__ == "__main__":
