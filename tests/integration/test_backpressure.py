@@ -120,6 +120,20 @@ def sse_events(body):
     return out
 
 
+def anthropic_deltas(body):
+    """Concatenated text_delta text of an Anthropic stream, and whether it
+    ended with message_stop."""
+    text, done = [], False
+    for ev in sse_events(body):
+        if ev["event"] == "message_stop":
+            done = True
+        elif ev["event"] == "content_block_delta":
+            d = json.loads(ev["data"])["delta"]
+            if d.get("type") == "text_delta":
+                text.append(d["text"])
+    return "".join(text), done
+
+
 def deltas(body):
     """Concatenated delta text of an OpenAI chat stream, and whether it
     ended with [DONE]."""
@@ -146,6 +160,16 @@ class Backpressure(harness.TestCase):
         srv = self.h.start_server(["--client_buffer_bytes", str(HWM),
                                    "--slow_client_timeout_sec", str(slow_sec)], name=name)
         a = FakeAgent(srv.url, slots=N)
+        # A context long enough for the streams (Anthropic clamps
+        # max_tokens to what the model's context leaves).
+        plain = a.poll_body
+
+        def poll_body(**kw):
+            b = plain(**kw)
+            for m in b["models"]:
+                m["context_length"] = 4 * 1024 * 1024
+            return b
+        a.poll_body = poll_body
         st, body = a.poll()
         self.assertEqual(st, 200, body)
         srv.wait_model("m1")
@@ -178,16 +202,16 @@ class Backpressure(harness.TestCase):
         self.assertEqual(st, 200, body)
         return True
 
-    def run_streams(self, name, read):
-        """N streams of STREAM bytes; returns (server, RSS growth once every
+    def run_streams(self, name, read, path="/v1/chat/completions", n=N):
+        """n streams of STREAM bytes; returns (server, RSS growth once every
         upload was acknowledged, clients)."""
         srv, a = self.server(name)
         count = STREAM // TOKEN
         body = lambda k: {"model": "m1", "stream": True, "max_tokens": count,  # noqa: E731
                           "messages": [{"role": "user", "content": "stream %d" % k}]}
         base = rss(srv.pid)
-        clients = [RawStream(srv.url, "/v1/chat/completions", body(k)) for k in range(N)]
-        jobs = self.take_jobs(a, N)
+        clients = [RawStream(srv.url, path, body(k)) for k in range(n)]
+        jobs = self.take_jobs(a, n)
         readers = []
         if read:
             out = {}
@@ -203,8 +227,8 @@ class Backpressure(harness.TestCase):
             t.join(300)
         return srv, grown, clients, count
 
-    def check_stream(self, body, k, count):
-        text, done = deltas(body)
+    def check_stream(self, body, k, count, parse=None):
+        text, done = (parse or deltas)(body)
         self.assertTrue(done, "stream %d did not end with [DONE]" % k)
         want = "".join(token_text(k, i) for i in range(count))
         self.assertEqual(len(text), len(want), "stream %d: length" % k)
@@ -229,6 +253,22 @@ class Backpressure(harness.TestCase):
         # Every byte arrives, in order, once the clients read.
         for k, c in enumerate(clients):
             self.check_stream(c.read_all(), k, count)
+            c.close()
+
+    def test_anthropic_non_reading_clients(self):
+        n = 2
+        path = "/v1/messages"
+        srv, base_growth, clients, count = self.run_streams("a-baseline", True, path, n)
+        for c in clients:
+            c.close()
+        srv.stop()
+        srv, growth, clients, count = self.run_streams("a-stalled", False, path, n)
+        print("Anthropic RSS growth: baseline %.1f MiB, %d non-reading clients %.1f MiB"
+              % (base_growth / MIB, n, growth / MIB))
+        self.assertLess(growth, base_growth + n * (2 * HWM + 4 * MIB) + 32 * MIB,
+                        "server buffered the streams of non-reading clients")
+        for k, c in enumerate(clients):
+            self.check_stream(c.read_all(), k, count, anthropic_deltas)
             c.close()
 
     def test_too_slow_client_is_dropped_and_its_job_cancelled(self):
