@@ -189,13 +189,17 @@ class LimitsTest(harness.TestCase):
         db = self.h.path("ct.db")
         ck = create_key(self.h, db, "client", "--max-concurrent", "1")
         ak = create_key(self.h, db, "agent")
-        srv = self.pool(db, ak, up_args=("--tokens", "50", "--pace-ms", "200"), slots=4)
+        # The upstream holds the generation before its first token until the
+        # test releases it: "still under way" is then a fact, not a race
+        # between a 10 s generation and a loaded machine.
+        srv = self.pool(db, ak, up_args=("--tokens", "50", "--first-delay-ms", "600000"),
+                        slots=4)
         self.wait_model(srv, ck)
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", complete(srv, ck, max_tokens=50)))
         t.start()
         harness.wait_until(lambda: any(e["outcome"] == "running" for e in self.up.log_entries()),
-                           timeout=20, what="the long job running upstream")
+                           timeout=60, what="the long job running upstream")
         st, _, body = http_json("POST", srv.url + "/v1/messages/count_tokens",
                                 {"model": "m1", "messages": [{"role": "user", "content": "a b c"}]},
                                 headers={"x-api-key": ck}, timeout=60)
@@ -203,7 +207,9 @@ class LimitsTest(harness.TestCase):
         self.assertGreater(body["input_tokens"], 0)
         # The generation was still under way: count_tokens did not wait for it.
         self.assertTrue(any(e["outcome"] == "running" for e in self.up.log_entries()))
-        t.join(60)
+        self.up.control(first_delay_ms=0)
+        t.join(120)
+        self.assertFalse(t.is_alive())
         st, _, gen = out["r"]
         self.assertEqual(st, 200, gen)
         # Only the generation is charged to the key's daily tokens.
