@@ -851,7 +851,9 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
                 gp_buf b;
                 gp_buf_init(&b);
                 gps_sse_format_comment(&b, "keep-alive");
-                gps_sse_send(s->req, &b);
+                /* Through the pace: a plain chunk would clear the
+                 * connection's drain callback. */
+                gps_sse_pace_send(s->pace, s->req, &b);
                 gp_buf_free(&b);
                 s->last_write_us = now;
             }
