@@ -193,3 +193,95 @@ void ctl_table_free(ctl_table *t)
     free(t->cells);
     free(t);
 }
+
+/* Length of the printable UTF-8 character at p (n bytes left), 0 when it
+ * is a control character or not valid UTF-8. */
+static size_t printable_char(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    if (c < 0x80)
+        return c < 0x20 || c == 0x7f ? 0 : 1;
+    size_t len;
+    uint32_t cp, min;
+    if ((c & 0xe0) == 0xc0)
+        len = 2, cp = c & 0x1f, min = 0x80;
+    else if ((c & 0xf0) == 0xe0)
+        len = 3, cp = c & 0x0f, min = 0x800;
+    else if ((c & 0xf8) == 0xf0)
+        len = 4, cp = c & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (n < len)
+        return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (p[k] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) || (cp >= 0x80 && cp <= 0x9f))
+        return 0;
+    return len;
+}
+
+char *ctl_fmt_escape(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char *out = malloc(n * 4 + 1); /* worst case: every byte as \xNN */
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = printable_char(p + i, n - i);
+        if (l == 0) {
+            snprintf(out + o, 5, "\\x%02X", p[i]);
+            o += 4;
+            i++;
+        } else {
+            memcpy(out + o, p + i, l);
+            o += l;
+            i += l;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+int ctl_fmt_sanitize_json(json_t *v)
+{
+    if (json_is_string(v)) {
+        char *e = ctl_fmt_escape(json_string_value(v), json_string_length(v));
+        int rc = e ? json_string_set(v, e) : -1;
+        free(e);
+        return rc;
+    }
+    if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++)
+            if (ctl_fmt_sanitize_json(json_array_get(v, i)) < 0)
+                return -1;
+        return 0;
+    }
+    if (!json_is_object(v))
+        return 0;
+    /* Keys: rebuild the object when one needs escaping (in order). */
+    json_t *copy = json_object();
+    if (!copy)
+        return -1;
+    const char *k;
+    json_t *val;
+    int rc = 0;
+    json_object_foreach(v, k, val)
+    {
+        char *ek = ctl_fmt_escape(k, strlen(k));
+        if (!ek || ctl_fmt_sanitize_json(val) < 0 || json_object_set(copy, ek, val) < 0)
+            rc = -1;
+        free(ek);
+        if (rc < 0)
+            break;
+    }
+    if (rc == 0) {
+        json_object_clear(v);
+        rc = json_object_update(v, copy);
+    }
+    json_decref(copy);
+    return rc;
+}

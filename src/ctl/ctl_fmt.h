@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 /* "30d", "12h", "15m", "3600s" or a bare number of seconds -> seconds.
  * -1 when malformed, negative, or above 100 years. */
 int64_t ctl_duration_parse(const char *s);
@@ -31,5 +33,15 @@ size_t ctl_table_rows(const ctl_table *t);
  * per row ending in '\n'. Width counts UTF-8 characters, not bytes. */
 char *ctl_table_render(const ctl_table *t);
 void ctl_table_free(ctl_table *t);
+
+/* Text from the server made safe for a terminal (new string, caller frees;
+ * NULL on ENOMEM): printable UTF-8 is kept; every byte of a control
+ * character (C0, DEL, C1) or of invalid UTF-8 becomes "\xNN". Agent names,
+ * model ids and key names come from outside: printed raw, an ESC sequence
+ * in one would drive the operator's terminal. */
+char *ctl_fmt_escape(const char *s, size_t n);
+/* Apply ctl_fmt_escape to every string and object key in v, in place
+ * (recursively). 0, or -1 on ENOMEM. */
+int ctl_fmt_sanitize_json(json_t *v);
 
 #endif

@@ -176,7 +176,11 @@ static int id_path(char *path, size_t len, const char *prefix, const char *id,
 
 static void print_json(const json_t *v)
 {
-    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+    /* ENSURE_ASCII: jansson escapes C0 controls but would write C1 ones
+     * (U+0080..9F) raw; as \uXXXX no byte of a name reaches the terminal
+     * as a control. */
+    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY |
+                                JSON_ENSURE_ASCII);
     if (s) {
         puts(s);
         free(s);
@@ -193,6 +197,14 @@ static int call(ctl *c, const char *method, const char *path, const json_t *body
     int st = ctl_http_call(&c->conn, method, path, body, &resp, err, sizeof err);
     if (st < 0) {
         fprintf(stderr, "gpupoolctl: cannot reach the server at %s: %s\n", c->conn.server, err);
+        return 1;
+    }
+    /* Every text path prints strings of this reply (names agents and
+     * operators chose, error messages): escaped here once, for all of them.
+     * --json prints the data itself, escaped by print_json. */
+    if (resp && !c->json && ctl_fmt_sanitize_json(resp) < 0) {
+        fprintf(stderr, "gpupoolctl: out of memory\n");
+        json_decref(resp);
         return 1;
     }
     if (st >= 200 && st < 300) {

@@ -1,5 +1,6 @@
 /* admin_api: see admin_api.h. */
 #include "server/admin_api.h"
+#include "server/textcheck.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -84,8 +85,11 @@ int gps_admin_parse_key_create(const json_t *body, int64_t now_wall_ms, gps_key_
     spec->role = (gps_key_role)r;
     const json_t *name = json_object_get(body, "name");
     if (name && !json_is_null(name)) {
-        if (!json_is_string(name) || json_string_length(name) > 256)
-            FAIL("name", "'name' must be a string of at most 256 bytes");
+        /* Shown raw by gpupoolctl and in logs: printable UTF-8 only. */
+        if (!json_is_string(name) || json_string_length(name) > 256 ||
+            !gps_text_printable_utf8(json_string_value(name), json_string_length(name)))
+            FAIL("name", "'name' must be printable UTF-8 (no control characters) of at most "
+                         "256 bytes");
         spec->name = json_string_value(name);
     }
     int64_t exp = 0;
@@ -152,6 +156,10 @@ int gps_admin_parse_job_query(const char *query, gps_store_job_filter *f, char *
     msg[0] = '\0';
     if (!query || !*query)
         return 0;
+    /* The parser decodes %00 and the value is then cut there: "x%00y"
+     * would match "x". No filter value can hold a control byte. */
+    if (gps_query_has_control(query))
+        FAIL(NULL, "query values must not contain control characters (such as %%00)");
     struct evkeyvalq q; /* initialised by the parser, which also clears it on failure */
     if (evhttp_parse_query_str(query, &q) != 0)
         FAIL(NULL, "malformed query string");
@@ -274,8 +282,19 @@ static json_t *str_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
+/* A query with a control byte (a decoded %00 cuts the value) gets a 400:
+ * true when answered. */
+static bool query_refused(gps_req *r)
+{
+    if (!gps_query_has_control(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req))))
+        return false;
+    gps_req_error(r, 400, "INVALID_REQUEST",
+                  "query values must not contain control characters (such as %00)", NULL);
+    return true;
+}
+
 /* Value of a query parameter of the request (copied into out), false when
- * absent. */
+ * absent. Callers refuse a query with control bytes first (query_refused). */
 static bool query_get(gps_req *r, const char *key, char *out, size_t outlen)
 {
     const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req));
@@ -392,6 +411,8 @@ static void h_keys_list(gps_req *r, void *arg)
 {
     gps_admin *a = arg;
     char role[32];
+    if (query_refused(r))
+        return;
     key_list kl = {a, -1, gp_now_wall_ms(), json_array(), false};
     if (query_get(r, "role", role, sizeof role) && role[0]) {
         kl.role = gps_key_role_parse(role);
@@ -613,6 +634,8 @@ static void h_agent_delete(gps_req *r, void *arg)
         return;
     }
     char force[8] = "";
+    if (query_refused(r))
+        return;
     bool forced = query_get(r, "force", force, sizeof force) &&
                   (strcmp(force, "1") == 0 || strcmp(force, "true") == 0);
     int running = ag->active;

@@ -539,6 +539,17 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     if (!absent(tc) && !json_is_object(tc))
         FAIL("tool_choice: must be an object");
     const char *tc_type = json_string_value(json_object_get(tc, "type"));
+    if (!absent(tc)) {
+        /* Anything else used to become "auto" silently. */
+        if (!tc_type || (strcmp(tc_type, "auto") != 0 && strcmp(tc_type, "any") != 0 &&
+                         strcmp(tc_type, "tool") != 0 && strcmp(tc_type, "none") != 0))
+            FAIL("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'");
+        const json_t *tcn = json_object_get(tc, "name");
+        if (strcmp(tc_type, "tool") == 0 &&
+            (!json_is_string(tcn) || json_string_length(tcn) == 0 ||
+             json_string_length(tcn) > 256))
+            FAIL("tool_choice.name: a 'tool' choice needs the tool's name (1 to 256 bytes)");
+    }
     if (!absent(tools)) {
         if (!json_is_array(tools))
             FAIL("tools: must be an array");
@@ -790,20 +801,23 @@ typedef struct an_stream {
     int next_block;                /* index the next content block gets */
     gp_buf text;                   /* emitted text (non-streaming body) */
     gp_buf out;                    /* SSE bytes to send */
+    /* Streaming backpressure (sse.h): while the client is behind, the
+     * job's events wait here (references to the job's event buffer) and
+     * are rendered in order once its output drains. Events, not text:
+     * the stop-sequence holdback and the content-block state follow them. */
+    gps_sse_pace *pace;
+    struct an_deferred {
+        gps_event_type type;
+        json_t *ev;
+    } *dv;
+    size_t dn, dcap;
+    bool too_slow;                 /* dropped by the pace: outcome client_too_slow */
 } an_stream;
 
 static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_us)
 {
     gps_metrics_request(c->metrics, "anthropic", outcome,
                         (double)(gp_now_mono_us() - start_us) / 1e6);
-}
-
-static void outcome_of(char *out, size_t n, const char *code)
-{
-    size_t i = 0;
-    for (; code && code[i] && i + 1 < n; i++)
-        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
-    out[i] = '\0';
 }
 
 static void stream_free(an_stream *st)
@@ -817,6 +831,10 @@ static void stream_free(an_stream *st)
     gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->text);
     gp_buf_free(&st->out);
+    gps_sse_pace_free(st->pace);
+    for (size_t i = 0; i < st->dn; i++)
+        json_decref(st->dv[i].ev);
+    free(st->dv);
     free(st);
 }
 
@@ -909,6 +927,9 @@ static void ensure_started(an_stream *st)
     ensure_started_as(st, true);
 }
 
+static void on_writable(void *arg);
+static void on_too_slow(void *arg);
+
 static void ensure_started_as(an_stream *st, bool with_text)
 {
     if (st->started)
@@ -916,6 +937,7 @@ static void ensure_started_as(an_stream *st, bool with_text)
     st->started = true;
     add_pool_headers(st->req, st->job);
     gps_sse_start(st->req);
+    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
     json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
                             "message", "role", "assistant", "content", "model", st->model,
                             "stop_reason", "stop_sequence", "usage",
@@ -1024,7 +1046,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
             json_object_set_new(md, "x_pool_meta", pool_meta(st, job, false));
         emit_event(st, "message_delta", md);
         emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-        gps_sse_send(st->req, &st->out);
+        gps_sse_pace_send(st->pace, st->req, &st->out);
         detach_conn(st);
         gps_sse_end(st->req);
     } else {
@@ -1042,12 +1064,10 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
     stream_finish(st);
 }
 
-static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+/* One event, rendered now. Returns true when st was freed. */
+static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
-    an_stream *st = arg;
     gps_anthropic *c = st->ctx;
-    if (!st->req)
-        return;
     if (type == GPS_EV_TOKEN && !st->count_only) {
         const char *text = json_string_value(json_object_get(ev, "text"));
         if (st->stream && !st->started) {
@@ -1073,19 +1093,19 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                 gps_jobs *jobs = c->jobs;
                 complete(st, job, "stop_sequence", seq);
                 gps_jobs_finish_early(jobs, job, "stop");
-                return;
+                return true;
             }
             gp_buf_consume(&st->pending, safe);
         }
         if (st->stream)
-            gps_sse_send(st->req, &st->out);
-        return;
+            gps_sse_pace_send(st->pace, st->req, &st->out);
+        return false;
     }
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0)
-            return;
+            return false;
         if (st->stream && !st->started) {
             ensure_started_as(st, st->pending.len > 0);
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
@@ -1097,10 +1117,10 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         if (st->stream) {
             stream_tool_call(st, i, started,
                              json_string_value(json_object_get(ev, "arguments")));
-            gps_sse_send(st->req, &st->out);
+            gps_sse_pace_send(st->pace, st->req, &st->out);
             gps_job_mark_output_sent(job);
         }
-        return;
+        return false;
     }
     if (type == GPS_EV_END) {
         emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
@@ -1112,7 +1132,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
         complete(st, job, sr, NULL);
-        return;
+        return true;
     }
     if (type == GPS_EV_ERROR) {
         const char *code = json_string_value(json_object_get(ev, "code"));
@@ -1130,12 +1150,10 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                      message);
         else
             snprintf(full, sizeof full, "%s", message);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, code);
         if (st->started) {
             emit_event(st, "error", gps_error_body(GPS_DIALECT_ANTHROPIC, status, code, full,
                                                    NULL, st->corr, NULL));
-            gps_sse_send(st->req, &st->out);
+            gps_sse_pace_send(st->pace, st->req, &st->out);
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
@@ -1149,10 +1167,73 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_http_send_error(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
                                 st->corr, NULL);
         }
-        count_request(c, outcome, st->start_us);
+        count_request(c, code, st->start_us);
         st->req = NULL;
         stream_finish(st);
+        return true;
     }
+    return false;
+}
+
+/* Render the events that waited while the client keeps up. Returns true
+ * when st was freed. */
+static bool catch_up(an_stream *st)
+{
+    while (st->req && st->dn > 0) {
+        if (gps_sse_pace_blocked(st->pace))
+            return false; /* on_writable resumes */
+        struct an_deferred d = st->dv[0];
+        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
+        bool freed = handle_event(st, st->job, d.type, d.ev);
+        json_decref(d.ev);
+        if (freed)
+            return true;
+    }
+    return false;
+}
+
+static void on_writable(void *arg)
+{
+    catch_up(arg);
+}
+
+/* Behind for slow_client_timeout_sec: drop the client like a disconnect
+ * (on_client_close cancels the job), counted as client_too_slow. */
+static void on_too_slow(void *arg)
+{
+    an_stream *st = arg;
+    if (!st->evcon)
+        return;
+    st->too_slow = true;
+    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
+                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "events_behind",
+                           (json_int_t)st->dn),
+                 "client did not read its stream in time; dropping it");
+    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    an_stream *st = arg;
+    if (!st->req)
+        return;
+    if (!st->stream || st->count_only ||
+        (st->dn == 0 && !gps_sse_pace_blocked(st->pace))) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    if (type != GPS_EV_TOKEN && type != GPS_EV_TOOL_CALL && type != GPS_EV_END &&
+        type != GPS_EV_ERROR)
+        return; /* not rendered anyway */
+    if (st->dn == st->dcap) {
+        size_t cap = st->dcap ? st->dcap * 2 : 64;
+        struct an_deferred *nv = realloc(st->dv, cap * sizeof *nv);
+        if (!nv)
+            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+        st->dv = nv;
+        st->dcap = cap;
+    }
+    st->dv[st->dn++] = (struct an_deferred){type, json_incref(ev)};
 }
 
 static void on_client_close(struct evhttp_connection *evcon, void *arg)
@@ -1164,7 +1245,7 @@ static void on_client_close(struct evhttp_connection *evcon, void *arg)
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
                  json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
                  "client went away; cancelling its job");
-    count_request(st->ctx, "cancelled", st->start_us);
+    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
     if (st->job) {
         gps_job_unsubscribe(st->job, NULL, st);
         gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
@@ -1261,9 +1342,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         }
         gps_http_send_error(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message, NULL,
                             r->correlation_id, NULL);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, e.code);
-        count_request(c, outcome, r->start_us);
+        count_request(c, e.code, r->start_us);
         stream_free(st);
         return;
     }

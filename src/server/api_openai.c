@@ -21,6 +21,7 @@
 #define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
 #define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
 #define MAX_STOP 4
+#define MAX_STOP_LEN 1024
 #define MAX_MODEL_NAME 256
 
 /* ------------------------------------------------------------------ */
@@ -257,7 +258,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         if (!json_is_string(pa) || json_string_length(pa) == 0 ||
             json_string_length(pa) > 256)
             FAIL("x_pool_options.prefer_agent",
-                 "'x_pool_options.prefer_agent' must be a non-empty string");
+                 "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
         s->prefer_agent = strdup(json_string_value(pa));
     }
     const json_t *se = json_object_get(xo, "session");
@@ -265,7 +266,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         if (!json_is_string(se) || json_string_length(se) == 0 ||
             json_string_length(se) > 256)
             FAIL("x_pool_options.session",
-                 "'x_pool_options.session' must be a non-empty string");
+                 "'x_pool_options.session' must be a string of 1 to 256 bytes");
         s->session = strdup(json_string_value(se));
     }
     const json_t *lb = json_object_get(xo, "labels");
@@ -283,7 +284,9 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         {
             if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
                 FAIL("x_pool_options.labels",
-                     "'x_pool_options.labels.%.64s' must be a string", k);
+                     "'x_pool_options.labels': keys and values must be strings of at most 256 "
+                     "bytes (at '%.64s')",
+                     k);
             s->labels[s->n_labels].key = strdup(k);
             s->labels[s->n_labels].value = strdup(json_string_value(v));
             s->n_labels++;
@@ -493,7 +496,11 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     /* stop: string or array of up to 4 strings */
     const json_t *stop = json_object_get(body, "stop");
     if (!is_null_or_absent(stop)) {
+        /* An empty sequence would match at once: every reply would be
+         * empty. Refused rather than silently dropped. */
         if (json_is_string(stop)) {
+            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
+                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
             s->stop = json_array();
             json_array_append_new(s->stop, json_string(json_string_value(stop)));
         } else if (json_is_array(stop)) {
@@ -504,8 +511,10 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             json_t *e;
             json_array_foreach(stop, i, e)
             {
-                if (!json_is_string(e))
-                    FAIL("stop", "stop[%zu] must be a string", i);
+                if (!json_is_string(e) || json_string_length(e) == 0 ||
+                    json_string_length(e) > MAX_STOP_LEN)
+                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
+                         MAX_STOP_LEN);
                 json_array_append_new(s->stop, json_string(json_string_value(e)));
             }
         } else {
@@ -711,19 +720,28 @@ typedef struct oa_stream {
     bool tools_ignored;             /* the request's tools were dropped (warning) */
     gps_tool_calls calls;           /* tool calls relayed so far */
     gp_buf out;
+    /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
+     * follows waits in the job's text while the client is behind, and the
+     * other events that came meanwhile wait here (references) with the
+     * text offset they followed. */
+    gps_sse_pace *pace;
+    size_t sent;
+    struct oa_deferred {
+        gps_event_type type;
+        json_t *ev;
+        size_t at;
+    } *dv;
+    size_t dn, dcap;
+    bool too_slow;                  /* dropped by the pace: outcome client_too_slow */
 } oa_stream;
+
+/* Text of a catch-up chunk: large enough to drain quickly, small enough
+ * that one chunk stays well under client_buffer_bytes. */
+#define CATCHUP_SLICE (16 * 1024)
 
 static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
 {
     gps_metrics_request(c->metrics, "openai", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
-}
-
-static void outcome_of(char *out, size_t n, const char *code)
-{
-    size_t i = 0;
-    for (; code && code[i] && i + 1 < n; i++)
-        out[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
-    out[i] = '\0';
 }
 
 void gps_pool_headers(struct evhttp_request *req, gps_job *job)
@@ -766,6 +784,10 @@ static void stream_free(oa_stream *st)
         evhttp_connection_set_closecb(st->evcon, NULL, NULL);
     gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->out);
+    gps_sse_pace_free(st->pace);
+    for (size_t i = 0; i < st->dn; i++)
+        json_decref(st->dv[i].ev);
+    free(st->dv);
     free(st);
 }
 
@@ -794,6 +816,9 @@ static void emit_json(oa_stream *st, json_t *j)
     json_decref(j);
 }
 
+static void on_writable(void *arg);
+static void on_too_slow(void *arg);
+
 static void ensure_started(oa_stream *st)
 {
     if (st->started)
@@ -801,6 +826,7 @@ static void ensure_started(oa_stream *st)
     st->started = true;
     gps_pool_headers(st->req, st->job);
     gps_sse_start(st->req);
+    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
     if (st->chat)
         emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
                                        st->include_usage));
@@ -817,30 +843,40 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
     return meta;
 }
 
-static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+/* Send n bytes of the job's text as one delta chunk. */
+static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
-    oa_stream *st = arg;
     oa_ctx *c = st->ctx;
-    if (!st->req)
-        return;
-    if (type == GPS_EV_TOKEN && st->stream) {
-        const char *text = json_string_value(json_object_get(ev, "text"));
-        bool first = !st->started;
-        ensure_started(st);
-        emit_json(st, gps_openai_chunk(st->chat, st->id, st->created, st->model,
-                                       text ? text : "", false, NULL, st->include_usage));
-        gps_sse_send(st->req, &st->out);
-        gps_job_mark_output_sent(job);
-        if (first)
-            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
-        return;
-    }
+    bool first = !st->started;
+    ensure_started(st);
+    json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false, NULL,
+                                     st->include_usage);
+    json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
+    json_t *tx = json_stringn(text, n);
+    if (st->chat)
+        json_object_set_new(json_object_get(choice, "delta"), "content", tx);
+    else
+        json_object_set_new(choice, "text", tx);
+    emit_json(st, chunk);
+    gps_sse_pace_send(st->pace, st->req, &st->out);
+    gps_job_mark_output_sent(job);
+    if (first)
+        gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                         (double)(gp_now_mono_us() - st->start_us) / 1e6);
+}
+
+/* One event, rendered now. Returns true when st was freed (the reply is
+ * complete). */
+static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_t *ev)
+{
+    oa_ctx *c = st->ctx;
+    if (type == GPS_EV_TOKEN && !st->stream)
+        return false;
     if (type == GPS_EV_TOOL_CALL && st->chat) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0 || !st->stream)
-            return;
+            return false;
         /* OpenAI streaming shape: the first piece of a call carries id,
          * type and name; every piece its index and an arguments delta. */
         const char *args = json_string_value(json_object_get(ev, "arguments"));
@@ -860,12 +896,12 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                                             "delta"),
                             "tool_calls", json_pack("[o]", tc));
         emit_json(st, chunk);
-        gps_sse_send(st->req, &st->out);
+        gps_sse_pace_send(st->pace, st->req, &st->out);
         gps_job_mark_output_sent(job);
         if (first)
             gps_metrics_ttft(c->metrics, "openai", job->spec.model,
                              (double)(gp_now_mono_us() - st->start_us) / 1e6);
-        return;
+        return false;
     }
     if (type == GPS_EV_END) {
         const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
@@ -885,7 +921,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));
             gps_sse_format(&st->out, NULL, NULL, "[DONE]");
-            gps_sse_send(st->req, &st->out);
+            gps_sse_pace_send(st->pace, st->req, &st->out);
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
@@ -910,7 +946,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         count_request(c, "ok", st->start_us);
         st->req = NULL;
         stream_finish(st);
-        return;
+        return true;
     }
     if (type == GPS_EV_ERROR) {
         const char *code = json_string_value(json_object_get(ev, "code"));
@@ -922,13 +958,11 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             code = "AGENT_ERROR";
         if (!message)
             message = "the job failed";
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, code);
         if (st->started) {
             json_t *e = gps_error_body(GPS_DIALECT_OPENAI, status, code, message, NULL,
                                        st->corr, NULL);
             emit_json(st, e);
-            gps_sse_send(st->req, &st->out);
+            gps_sse_pace_send(st->pace, st->req, &st->out);
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
@@ -944,10 +978,91 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             gps_http_send_error(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
                                 st->corr, extra);
         }
-        count_request(c, outcome, st->start_us);
+        count_request(c, code, st->start_us);
         st->req = NULL;
         stream_finish(st);
+        return true;
     }
+    return false;
+}
+
+/* Write what is behind (the job's text after sent, then the events that
+ * waited) while the client keeps up. Returns true when st was freed. */
+static bool catch_up(oa_stream *st)
+{
+    gps_job *job = st->job;
+    while (st->req) {
+        size_t limit = st->dn ? st->dv[0].at : job->text.len;
+        if (st->sent < limit) {
+            if (gps_sse_pace_blocked(st->pace))
+                return false; /* on_writable resumes */
+            size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
+                                          CATCHUP_SLICE);
+            send_text(st, job, job->text.data + st->sent, n);
+            st->sent += n;
+            continue;
+        }
+        if (!st->dn)
+            return false;
+        struct oa_deferred d = st->dv[0];
+        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
+        bool freed = handle_event(st, job, d.type, d.ev);
+        json_decref(d.ev);
+        if (freed)
+            return true;
+    }
+    return false;
+}
+
+static void on_writable(void *arg)
+{
+    catch_up(arg);
+}
+
+/* Behind for slow_client_timeout_sec: drop the client like a disconnect
+ * (on_client_close cancels the job), counted as client_too_slow. */
+static void on_too_slow(void *arg)
+{
+    oa_stream *st = arg;
+    if (!st->evcon)
+        return;
+    st->too_slow = true;
+    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
+                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "behind_bytes",
+                           (json_int_t)(st->job ? st->job->text.len - st->sent : 0)),
+                 "client did not read its stream in time; dropping it");
+    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    oa_stream *st = arg;
+    if (!st->req)
+        return;
+    if (!st->stream) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    if (type == GPS_EV_TOKEN) {
+        catch_up(st);
+        return;
+    }
+    if (type != GPS_EV_END && type != GPS_EV_ERROR && !(type == GPS_EV_TOOL_CALL && st->chat))
+        return;
+    if (st->dn == 0 && st->sent >= job->text.len) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    /* Text is still behind: this event follows it. */
+    if (st->dn == st->dcap) {
+        size_t cap = st->dcap ? st->dcap * 2 : 8;
+        struct oa_deferred *nv = realloc(st->dv, cap * sizeof *nv);
+        if (!nv)
+            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+        st->dv = nv;
+        st->dcap = cap;
+    }
+    st->dv[st->dn++] = (struct oa_deferred){type, json_incref(ev), job->text.len};
 }
 
 /* The client closed its connection: evhttp frees the request after this
@@ -961,7 +1076,7 @@ static void on_client_close(struct evhttp_connection *evcon, void *arg)
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
                  json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
                  "client went away; cancelling its job");
-    count_request(st->ctx, "cancelled", st->start_us);
+    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
     if (st->job) {
         gps_job_unsubscribe(st->job, NULL, st);
         gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
@@ -1025,9 +1140,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         }
         gps_http_send_error(r->req, GPS_DIALECT_OPENAI, e.status, e.code, e.message,
                             e.status == 404 ? "model" : NULL, r->correlation_id, extra);
-        char outcome[48];
-        outcome_of(outcome, sizeof outcome, e.code);
-        count_request(c, outcome, r->start_us);
+        count_request(c, e.code, r->start_us);
         gp_buf_free(&st->out);
         free(st);
         return;

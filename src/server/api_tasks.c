@@ -14,13 +14,16 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/api_openai.h"
+#include "server/auth.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "server/store.h"
+#include "server/textcheck.h"
 
 #define MAX_TOKENS_LIMIT 1000000
 #define MAX_STOP 16
+#define MAX_STOP_LEN 1024
 #define NBUCKETS 1024
 #define TICK_MS 250
 #define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
@@ -135,14 +138,17 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
     if (!absent(stop)) {
         s->stop = json_array();
         if (json_is_string(stop)) {
+            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
+                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
             json_array_append_new(s->stop, json_string(json_string_value(stop)));
         } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
             size_t i;
             json_t *e;
             json_array_foreach(stop, i, e)
             {
-                if (!json_is_string(e) || json_string_length(e) == 0)
-                    FAIL("stop", "stop[%zu] must be a non-empty string", i);
+                if (!json_is_string(e) || json_string_length(e) == 0 ||
+                    json_string_length(e) > MAX_STOP_LEN)
+                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i, MAX_STOP_LEN);
                 json_array_append_new(s->stop, json_string(json_string_value(e)));
             }
         } else {
@@ -215,8 +221,19 @@ typedef struct task_sub {
     struct evhttp_connection *evcon;
     gps_conn_watch *watch;
     uint64_t last_write_us;
+    /* Backpressure (sse.h): events[0..ev_sent) were written; the rest wait
+     * in the task's event log while the client is behind. A long event
+     * (the end event carries the whole text) goes out in slices: part
+     * bytes of its text were written so far. */
+    gps_sse_pace *pace;
+    size_t ev_sent;
+    size_t part;
+    bool too_slow;
     struct task_sub *next;
 } task_sub;
+
+/* Bytes framed per catch-up write. */
+#define CATCHUP_SLICE (64 * 1024)
 
 struct task {
     gps_tasks *owner;
@@ -261,6 +278,7 @@ struct gps_tasks {
     task *head;
     svc_rec *svc;
     struct event *tick;
+    gps_auth *auth;               /* borrowed; NULL: no key is admin here */
 };
 
 static unsigned bucket_of(const char *id)
@@ -368,6 +386,104 @@ static void task_flush(task *t)
     json_decref(batch);
 }
 
+static void sub_free(task_sub *s)
+{
+    sub_detach_conn(s);
+    gps_sse_pace_free(s->pace);
+    free(s);
+}
+
+/* Frame part of a long event: its data with "text" last (the end event),
+ * written as one data line in slices, each ending on a UTF-8 boundary.
+ * Compact JSON never holds a raw newline, so the line may span chunks.
+ * Appends to out from s->part on; returns true when the event is done. */
+static bool frame_long_event(gp_buf *out, task_sub *s, const json_t *ev)
+{
+    const json_t *data = json_object_get(ev, "data");
+    const json_t *text = json_object_get(data, "text");
+    const char *tx = json_string_value(text);
+    size_t len = json_string_length(text);
+    if (s->part == 0) {
+        json_t *head = json_deep_copy(data);
+        json_object_del(head, "text");
+        char *h = json_dumps(head, JSON_COMPACT);
+        json_decref(head);
+        if (!h)
+            return false;
+        size_t hl = strlen(h);
+        gp_buf_appendf(out, "event: %s\nid: %lld\ndata: ",
+                       json_string_value(json_object_get(ev, "type")),
+                       (long long)json_integer_value(json_object_get(ev, "seq")));
+        /* {"a":1} -> {"a":1,"text":"  ({} -> {"text":") */
+        gp_buf_append(out, h, hl - 1);
+        gp_buf_appendf(out, "%s\"text\":\"", hl > 2 ? "," : "");
+        free(h);
+    }
+    size_t n = gps_sse_utf8_slice(tx + s->part, len - s->part, CATCHUP_SLICE);
+    json_t *piece = json_stringn(tx + s->part, n);
+    char *e = piece ? json_dumps(piece, JSON_ENCODE_ANY) : NULL;
+    json_decref(piece);
+    if (e) {
+        gp_buf_append(out, e + 1, strlen(e) - 2); /* without the quotes */
+        free(e);
+    }
+    s->part += n;
+    if (s->part < len)
+        return false;
+    gp_buf_append(out, "\"}\n\n", 4);
+    s->part = 0;
+    return true;
+}
+
+/* Is ev one to write in slices (its data's last member a long "text")? */
+static bool is_long_event(const json_t *ev)
+{
+    const json_t *data = json_object_get(ev, "data");
+    const json_t *text = json_object_get(data, "text");
+    if (!json_is_string(text) || json_string_length(text) <= CATCHUP_SLICE)
+        return false;
+    /* Byte-identical framing only when "text" is the last member. */
+    const char *last = NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)data, k, v) last = k;
+    return last && strcmp(last, "text") == 0;
+}
+
+/* Write what s has not seen while its client keeps up; at the end of a
+ * terminal task's log, end the reply and free s. Returns true when s was
+ * freed. */
+static bool sub_catch_up(task *t, task_sub *s)
+{
+    gp_buf out;
+    gp_buf_init(&out);
+    while (s->req && s->ev_sent < json_array_size(t->events)) {
+        if (gps_sse_pace_blocked(s->pace))
+            break; /* sub_writable resumes */
+        while (s->ev_sent < json_array_size(t->events) && out.len < CATCHUP_SLICE) {
+            const json_t *ev = json_array_get(t->events, s->ev_sent);
+            if (s->part > 0 || is_long_event(ev)) {
+                if (!frame_long_event(&out, s, ev))
+                    break; /* more slices: send this one first */
+            } else {
+                sse_frame(&out, ev);
+            }
+            s->ev_sent++;
+        }
+        gps_sse_pace_send(s->pace, s->req, &out);
+        s->last_write_us = gp_now_mono_us();
+    }
+    gp_buf_free(&out);
+    if (s->req && t->terminal && s->ev_sent >= json_array_size(t->events)) {
+        sub_remove(t, s);
+        struct evhttp_request *req = s->req;
+        sub_free(s);
+        gps_sse_end(req);
+        return true;
+    }
+    return false;
+}
+
 /* Record an event (data stolen) and send it to the open streams. */
 static void task_emit(task *t, const char *type, json_t *data, bool terminal)
 {
@@ -390,24 +506,12 @@ static void task_emit(task *t, const char *type, json_t *data, bool terminal)
         t->pending_since_us = gp_now_mono_us();
     if (terminal || pending >= CHECKPOINT_EVENTS)
         task_flush(t);
-    gp_buf out;
-    gp_buf_init(&out);
     task_sub *s = t->subs;
     while (s) {
         task_sub *next = s->next;
-        sse_frame(&out, ev);
-        gps_sse_send(s->req, &out);
-        s->last_write_us = gp_now_mono_us();
-        if (terminal) {
-            sub_detach_conn(s);
-            gps_sse_end(s->req);
-            free(s);
-        }
+        sub_catch_up(t, s); /* may free s */
         s = next;
     }
-    if (terminal)
-        t->subs = NULL;
-    gp_buf_free(&out);
 }
 
 static void emit_queued(task *t)
@@ -515,10 +619,10 @@ static void task_free(gps_tasks *g, task *t)
     task_sub *s = t->subs;
     while (s) {
         task_sub *n = s->next;
-        sub_detach_conn(s);
-        if (s->req)
-            gps_sse_end(s->req);
-        free(s);
+        struct evhttp_request *req = s->req;
+        sub_free(s);
+        if (req)
+            gps_sse_end(req);
         s = n;
     }
     if (t->job)
@@ -743,11 +847,13 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
                 emit_queued(t);
         }
         for (task_sub *s = t->subs; s; s = s->next)
-            if (now - s->last_write_us > KEEPALIVE_US) {
+            if (now - s->last_write_us > KEEPALIVE_US && !gps_sse_pace_blocked(s->pace)) {
                 gp_buf b;
                 gp_buf_init(&b);
                 gps_sse_format_comment(&b, "keep-alive");
-                gps_sse_send(s->req, &b);
+                /* Through the pace: a plain chunk would clear the
+                 * connection's drain callback. */
+                gps_sse_pace_send(s->pace, s->req, &b);
                 gp_buf_free(&b);
                 s->last_write_us = now;
             }
@@ -814,7 +920,7 @@ static void h_create(gps_req *r, void *arg)
         }
         gps_http_send_error(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
                             e.status == 404 ? "model" : NULL, r->correlation_id, extra);
-        count_request(g, e.status == 429 ? "queue_full" : "refused", r->start_us);
+        count_request(g, e.code, r->start_us);
         return;
     }
     t->owner = g;
@@ -840,13 +946,30 @@ static void h_create(gps_req *r, void *arg)
     count_request(g, "accepted", r->start_us);
 }
 
-/* A task the caller may see: its own key's (or any when auth is off). */
+void gps_tasks_set_auth(gps_tasks *g, gps_auth *auth)
+{
+    g->auth = auth;
+}
+
+/* May the caller's key see a task owned by owner ("" or NULL: created
+ * while auth was off)? Auth off: everyone. On: its own key, and an
+ * owner-less task only an admin key (it may hold anyone's prompt). */
+static bool may_see(gps_tasks *g, const char *caller, const char *owner)
+{
+    if (!caller[0])
+        return true;
+    if (owner && owner[0])
+        return strcmp(owner, caller) == 0;
+    const gps_auth_key *k = g->auth ? gps_auth_key_find(g->auth, caller) : NULL;
+    return k && k->role == GPS_KEY_ADMIN;
+}
+
+/* A task the caller may see (may_see), else NULL: answered like someone
+ * else's task, 404. */
 static task *visible(gps_tasks *g, gps_req *r)
 {
     task *t = task_find(g, r->params[0]);
-    if (t && t->key_id[0] && r->key_id[0] && strcmp(t->key_id, r->key_id) != 0)
-        return NULL;
-    return t;
+    return t && may_see(g, r->key_id, t->key_id) ? t : NULL;
 }
 
 /* A restored task waiting to be resubmitted (or failed before it was). */
@@ -984,7 +1107,7 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
     if (c->evcon)
         evhttp_connection_set_closecb(c->evcon, NULL, NULL);
     if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
-        (j->key_id && c->key_id[0] && strcmp(j->key_id, c->key_id) != 0)) {
+        !may_see(c->g, c->key_id, j->key_id)) {
         if (status < 0)
             gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
                                 "the task store could not be read", NULL, c->corr, NULL);
@@ -1113,11 +1236,31 @@ static void sub_close(struct evhttp_connection *evcon, void *arg)
     gps_http_drop_request(s->req);
     s->req = NULL;
     s->evcon = NULL;
-    gps_conn_watch_free(s->watch);
-    s->watch = NULL;
     if (s->t)
         sub_remove(s->t, s);
-    free(s); /* the task keeps running: a task outlives its watchers */
+    sub_free(s); /* the task keeps running: a task outlives its watchers */
+}
+
+static void sub_writable(void *arg)
+{
+    task_sub *s = arg;
+    if (s->t)
+        sub_catch_up(s->t, s);
+}
+
+/* Behind for slow_client_timeout_sec: drop the connection (sub_close runs
+ * and frees s). The task keeps running: the client resumes with
+ * Last-Event-ID. */
+static void sub_too_slow(void *arg)
+{
+    task_sub *s = arg;
+    if (!s->evcon)
+        return;
+    gp_log_write(GP_LOG_WARN, "client_too_slow", NULL,
+                 json_pack("{s:s,s:I}", "job_id", s->t ? s->t->id : "", "next_event",
+                           (json_int_t)s->ev_sent + 1),
+                 "client did not read its task events in time; dropping it");
+    gps_sse_pace_drop(s->evcon);
 }
 
 static void h_events(gps_req *r, void *arg)
@@ -1136,6 +1279,12 @@ static void h_events(gps_req *r, void *arg)
         }
         hdr = qv;
     }
+    /* A decoded %00 would cut the value ("5%00x" read as 5). */
+    if (gps_query_has_control(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req)))) {
+        gps_req_error(r, 400, "INVALID_REQUEST",
+                      "query values must not contain control characters (such as %00)", NULL);
+        return;
+    }
     long long last = gps_tasks_last_event_id(hdr);
     if (last < 0) {
         gps_req_error(r, 400, "INVALID_REQUEST", "Last-Event-ID must be a non-negative integer",
@@ -1150,17 +1299,6 @@ static void h_events(gps_req *r, void *arg)
     /* Tells tests and operators where a replay came from. */
     evhttp_add_header(evhttp_request_get_output_headers(r->req), "X-Gpupool-Replay", "memory");
     gps_sse_start(r->req);
-    gp_buf out;
-    gp_buf_init(&out);
-    size_t n = json_array_size(t->events);
-    for (size_t i = last < (long long)n ? (size_t)last : n; i < n; i++)
-        sse_frame(&out, json_array_get(t->events, i)); /* seq i+1: exactly those after last */
-    gps_sse_send(r->req, &out);
-    gp_buf_free(&out);
-    if (t->terminal) {
-        gps_sse_end(r->req);
-        return;
-    }
     task_sub *s = calloc(1, sizeof *s);
     if (!s) {
         gps_sse_end(r->req);
@@ -1170,6 +1308,9 @@ static void h_events(gps_req *r, void *arg)
     s->t = t;
     s->req = r->req;
     s->last_write_us = gp_now_mono_us();
+    size_t n = json_array_size(t->events);
+    s->ev_sent = last < (long long)n ? (size_t)last : n; /* seq ev_sent+1: those after last */
+    s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
     s->next = t->subs;
     t->subs = s;
     s->evcon = evhttp_request_get_connection(r->req);
@@ -1178,6 +1319,8 @@ static void h_events(gps_req *r, void *arg)
         evhttp_connection_set_timeout(s->evcon, g->request_timeout_sec + 30);
         s->watch = gps_http_watch_close(r->req);
     }
+    /* The replay goes out paced, then the live events (task_emit). */
+    sub_catch_up(t, s);
 }
 
 gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *store,

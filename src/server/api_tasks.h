@@ -66,6 +66,12 @@ int gps_tasks_register(struct gps_http *h, gps_tasks *t);
  * the store); <= 0 restores the default of 300 s (config task_hot_sec). */
 void gps_tasks_set_hot_sec(gps_tasks *t, int sec);
 
+struct gps_auth;
+/* With auth on, a task created while auth was off (no owner key) is
+ * visible only to admin keys; auth (borrowed) tells a key's role. Without
+ * it such tasks are visible to no key at all once auth is on. */
+void gps_tasks_set_auth(gps_tasks *t, struct gps_auth *auth);
+
 struct gps_store_job_info;
 /* Start-up recovery: take over an unfinished native task read from the
  * store (request, seed and event log). It is resubmitted from the tick

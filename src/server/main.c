@@ -43,6 +43,7 @@
 #include "server/jobs.h"
 #include "server/limits.h"
 #include "server/metrics.h"
+#include "server/sse.h"
 #include "server/registry.h"
 #include "server/sched.h"
 #include "server/server_config.h"
@@ -671,6 +672,8 @@ int main(int argc, char **argv)
     if (!s->tasks)
         goto oom;
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
+    gps_tasks_set_auth(s->tasks, s->auth);
+    gps_sse_pace_configure((size_t)s->cfg.client_buffer_bytes, (int)s->cfg.slow_client_timeout_sec);
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
                              SERVER_VERSION);
     if (!s->admin)

@@ -361,10 +361,36 @@ int gps_metrics_define_server(gps_metrics *m)
     return rc ? -1 : 0;
 }
 
+const char *gps_metrics_outcome(const char *code)
+{
+    /* Codes the server defines (docs/api.md); an agent's own codes
+     * (UPSTREAM_*, anything it invents) are not label values: an agent
+     * must not be able to grow /metrics. */
+    static const char *const table[] = {
+        "ok", "cancelled", "accepted", "invalid_request", "internal", "unauthorized",
+        "forbidden", "not_found", "job_not_found", "model_not_found", "queue_full",
+        "rate_limited", "token_limit", "no_agent", "no_capacity", "queue_timeout", "timeout",
+        "agent_lost", "agent_error", "agent_output_too_large", "context_overflow",
+        "server_restart", "shutting_down", "body_too_large", "client_too_slow",
+    };
+    char low[32];
+    size_t i = 0;
+    for (; code && code[i] && i + 1 < sizeof low; i++)
+        low[i] = (char)(code[i] >= 'A' && code[i] <= 'Z' ? code[i] + 32 : code[i]);
+    if (code && code[i])
+        return "agent_error"; /* longer than any name in the table */
+    low[i] = '\0';
+    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++)
+        if (strcmp(low, table[k]) == 0)
+            return table[k];
+    return "agent_error";
+}
+
 void gps_metrics_request(gps_metrics *m, const char *api, const char *outcome, double seconds)
 {
     char l[160];
-    gps_metrics_label(l, sizeof l, "api", api, "outcome", outcome, (char *)NULL);
+    gps_metrics_label(l, sizeof l, "api", api, "outcome", gps_metrics_outcome(outcome),
+                      (char *)NULL);
     gps_metrics_add(m, "requests_total", l, 1);
     gps_metrics_observe(m, "request_duration_seconds", l, seconds);
 }

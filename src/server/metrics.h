@@ -61,9 +61,15 @@ int gps_metrics_define_server(gps_metrics *m);
 /* Server families with their label sets in one place (all no-ops on a
  * family that is not defined). */
 /* A client request answered: requests_total{api,outcome} += 1 and
- * request_duration_seconds{api,outcome} observes seconds. outcome is "ok"
- * or the lower-cased error code. */
+ * request_duration_seconds{api,outcome} observes seconds. outcome is "ok",
+ * "cancelled", "accepted" or an error code in any case; it goes through
+ * gps_metrics_outcome, so the label set stays closed whatever an agent
+ * reported. */
 void gps_metrics_request(gps_metrics *m, const char *api, const char *outcome, double seconds);
+/* The closed table of outcome label values: "ok", "cancelled",
+ * "accepted" and each error code the server itself defines, lower-cased;
+ * any other code (one an agent chose) is "agent_error". Static string. */
+const char *gps_metrics_outcome(const char *code);
 /* First token sent: time_to_first_token_seconds{api,model}; model is the
  * model that served (announced by an agent). */
 void gps_metrics_ttft(gps_metrics *m, const char *api, const char *model, double seconds);

@@ -49,6 +49,8 @@ typedef struct gps_config {
     long long max_attempts;     /* failover attempts per job */
     long long max_job_event_bytes; /* event bytes one agent attempt may send per job */
     long long task_hot_sec;     /* finished /v2 tasks stay in memory this long */
+    long long client_buffer_bytes;     /* SSE backpressure high-water mark per connection */
+    long long slow_client_timeout_sec; /* above it this long: the client is dropped */
     char *scheduler;            /* round_robin|weighted */
     long long shutdown_grace_sec; /* SIGTERM: how long streams may finish */
     long long retention_days;   /* finished jobs older than this are purged */

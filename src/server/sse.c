@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
 #include <event2/keyvalq_struct.h>
 
 int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *data)
@@ -81,4 +83,143 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
 void gps_sse_end(struct evhttp_request *req)
 {
     evhttp_send_reply_end(req);
+}
+
+/* ------------------------------------------------------------------ */
+/* Backpressure                                                        */
+/* ------------------------------------------------------------------ */
+
+static size_t pace_high_water = 1024 * 1024;
+static int pace_slow_sec = 60;
+
+void gps_sse_pace_configure(size_t high_water, int slow_timeout_sec)
+{
+    if (high_water > 0)
+        pace_high_water = high_water;
+    if (slow_timeout_sec > 0)
+        pace_slow_sec = slow_timeout_sec;
+}
+
+size_t gps_sse_pace_high_water(void)
+{
+    return pace_high_water;
+}
+
+struct gps_sse_pace {
+    struct evhttp_connection *evcon;
+    struct event *slow;           /* armed while blocked */
+    bool blocked;
+    gps_sse_pace_fn on_writable, on_slow;
+    void *arg;
+};
+
+static size_t unsent(const gps_sse_pace *p)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->evcon);
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+static void slow_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_sse_pace *p = arg;
+    if (p->blocked && p->on_slow)
+        p->on_slow(p->arg); /* may free p */
+}
+
+/* evhttp's write-completion callback: the connection's output is empty.
+ * evhttp keeps one such callback per connection, set by every chunk; the
+ * pace outlives every chunk it sent until the reply ends (see sse.h). */
+static void drained_cb(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    gps_sse_pace *p = arg;
+    if (!p->blocked)
+        return;
+    p->blocked = false;
+    event_del(p->slow);
+    if (p->on_writable)
+        p->on_writable(p->arg); /* may free p */
+}
+
+gps_sse_pace *gps_sse_pace_new(struct evhttp_request *req, gps_sse_pace_fn on_writable,
+                               gps_sse_pace_fn on_slow, void *arg)
+{
+    struct evhttp_connection *evcon = req ? evhttp_request_get_connection(req) : NULL;
+    if (!evcon)
+        return NULL;
+    gps_sse_pace *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->evcon = evcon;
+    p->on_writable = on_writable;
+    p->on_slow = on_slow;
+    p->arg = arg;
+    p->slow = evtimer_new(evhttp_connection_get_base(evcon), slow_cb, p);
+    if (!p->slow) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void gps_sse_pace_free(gps_sse_pace *p)
+{
+    if (!p)
+        return;
+    if (p->slow)
+        event_free(p->slow);
+    free(p);
+}
+
+bool gps_sse_pace_blocked(gps_sse_pace *p)
+{
+    if (!p)
+        return false;
+    if (p->blocked)
+        return true;
+    if (unsent(p) <= pace_high_water)
+        return false;
+    p->blocked = true;
+    struct timeval tv = {pace_slow_sec, 0};
+    event_add(p->slow, &tv);
+    return true;
+}
+
+void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf)
+{
+    if (!p) {
+        gps_sse_send(req, buf);
+        return;
+    }
+    if (buf->len == 0)
+        return;
+    struct evbuffer *eb = evbuffer_new();
+    if (!eb)
+        return;
+    evbuffer_add(eb, buf->data, buf->len);
+    evhttp_send_reply_chunk_with_cb(req, eb, drained_cb, p);
+    evbuffer_free(eb);
+    buf->len = 0;
+    if (buf->data)
+        buf->data[0] = '\0';
+    (void)gps_sse_pace_blocked(p); /* arm the slow clock at once */
+}
+
+void gps_sse_pace_drop(struct evhttp_connection *evcon)
+{
+    if (evcon)
+        evhttp_connection_free(evcon);
+}
+
+size_t gps_sse_utf8_slice(const char *s, size_t n, size_t max)
+{
+    if (n <= max)
+        return n;
+    size_t k = max;
+    /* Back up over continuation bytes to a character start. */
+    while (k > 0 && ((unsigned char)s[k] & 0xc0) == 0x80)
+        k--;
+    return k > 0 ? k : max;
 }

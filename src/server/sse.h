@@ -36,4 +36,45 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf);
 /* End the chunked reply. */
 void gps_sse_end(struct evhttp_request *req);
 
+/*
+ * Backpressure for one streaming reply (a "pace"). A client that does not
+ * read must not make the server buffer its whole stream: the writer asks
+ * gps_sse_pace_blocked before writing and, while it is true, keeps what is
+ * behind where it already is (the job's text, a task's event log) instead
+ * of formatting it. Blocked means the connection's unsent output is above
+ * the high-water mark (client_buffer_bytes). Chunks sent through
+ * gps_sse_pace_send carry a completion callback: when the output has
+ * drained after being blocked, on_writable runs and the writer catches up.
+ * Blocked for slow_client_timeout_sec without draining: on_slow runs, and
+ * the writer drops the client (gps_sse_pace_drop).
+ *
+ * Lifetime: free the pace when the reply ends (after gps_sse_end, which
+ * replaces the completion callback) or when the connection closed. The
+ * callbacks may free the pace (they are its last use).
+ */
+typedef struct gps_sse_pace gps_sse_pace;
+typedef void (*gps_sse_pace_fn)(void *arg);
+
+/* Process-wide limits (config client_buffer_bytes, slow_client_timeout_sec),
+ * set once at start-up; defaults 1 MiB and 60 s. */
+void gps_sse_pace_configure(size_t high_water, int slow_timeout_sec);
+size_t gps_sse_pace_high_water(void);
+
+/* A pace for req (a started chunked reply). NULL on ENOMEM or when req has
+ * no connection (then write unpaced). */
+gps_sse_pace *gps_sse_pace_new(struct evhttp_request *req, gps_sse_pace_fn on_writable,
+                               gps_sse_pace_fn on_slow, void *arg);
+void gps_sse_pace_free(gps_sse_pace *p);
+/* True when the writer must hold back (output above the mark); starts the
+ * slow-client clock. A NULL pace never blocks. */
+bool gps_sse_pace_blocked(gps_sse_pace *p);
+/* gps_sse_send with the drain callback (p may be NULL: plain send). */
+void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf);
+/* Close the connection of a too slow client now: its close callback runs
+ * (inside this call), as when the client goes away. */
+void gps_sse_pace_drop(struct evhttp_connection *evcon);
+/* How many bytes of text starting at s (at most n) make a slice of at most
+ * max bytes that ends on a UTF-8 character boundary (>= 1 when n >= 1). */
+size_t gps_sse_utf8_slice(const char *s, size_t n, size_t max);
+
 #endif

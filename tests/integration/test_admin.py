@@ -232,7 +232,13 @@ class Admin(harness.TestCase):
         self.assertEqual(body["state"], "draining")
         self.assertTrue(body["admin_drain"])
         st, body = self.api("POST", "/admin/agents/%s/drain" % self.agent_id, {"on": False})
-        self.assertEqual((st, body["state"]), (200, "healthy"))
+        self.assertEqual(st, 200, body)
+        self.assertFalse(body["admin_drain"])
+        # Healthy at once, or after the agent's next poll when it had meanwhile
+        # reported the drain it was told (a loaded machine): waited for, not
+        # assumed.
+        harness.wait_until(lambda: self.agent(self.agent_id)["state"] == "healthy", timeout=60,
+                           what="agent healthy after undrain")
         self.assert_error(self.api("POST", "/admin/agents/%s/drain" % self.agent_id,
                                    {"on": "no"}), 400, "INVALID_REQUEST", "on")
 
@@ -305,6 +311,11 @@ class Admin(harness.TestCase):
         self.assertIn("draining", r.stdout)
         r = self.ctl("agents", "drain", self.agent_id, "--undo")
         self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("undrained", r.stdout)
+        # As above: the state follows at the agent's next poll at the latest.
+        harness.wait_until(lambda: self.agent(self.agent_id)["state"] == "healthy", timeout=60,
+                           what="agent healthy after undrain")
+        r = self.ctl("agents", "list")
         self.assertIn("healthy", r.stdout)
 
         def jobs():

@@ -132,45 +132,74 @@ class LimitsTest(harness.TestCase):
         self.assertEqual(rows[0][3], 2)
 
     def test_max_concurrent_waits_in_queue(self):
+        # The order is checked through the server's own state, never by
+        # comparing clocks of two processes: the upstream holds every
+        # request before its first token (first_delay_ms, released through
+        # its control endpoint), so the limited key's first job stays
+        # non-terminal in the server for as long as the test wants. While it
+        # does, the key's two other jobs must stay held (never assigned),
+        # although slots are free: the unlimited key's job, submitted after
+        # them, reaches the upstream.
         db = self.h.path("conc.db")
         ck = create_key(self.h, db, "client", "--max-concurrent", "1")
         free = create_key(self.h, db, "client")
         ak = create_key(self.h, db, "agent")
-        srv = self.pool(db, ak, up_args=("--tokens", "4", "--pace-ms", "80"), slots=4)
+        srv = self.pool(db, ak, up_args=("--tokens", "4", "--first-delay-ms", "600000"),
+                        slots=4)
         self.wait_model(srv, ck)
         results = {}
 
         def run(tag, key):
-            results[tag] = complete(srv, key, prompt="job " + tag, max_tokens=4)
-        threads = [threading.Thread(target=run, args=("c%d" % i, ck)) for i in range(3)]
+            results[tag] = http_json("POST", srv.url + "/v1/completions",
+                                     {"model": "m1", "prompt": "job " + tag, "max_tokens": 4},
+                                     headers=dict(bearer(key), **{"X-Correlation-Id": tag}),
+                                     timeout=120)
+
+        def events(name, tags):
+            return [e for e in srv.log_events(name) if e.get("correlation_id") in tags]
+        limited = ("c0", "c1", "c2")
+        threads = []
+        for tag in limited:
+            threads.append(threading.Thread(target=run, args=(tag, ck)))
+            threads[-1].start()
+        harness.wait_until(lambda: len(events("job_submitted", limited)) == 3, timeout=60,
+                           what="the limited key's three jobs submitted")
         threads.append(threading.Thread(target=run, args=("free", free)))
-        for t in threads:
-            t.start()
+        threads[-1].start()
+        at_upstream = lambda: [e["prompt"] for e in self.up.log_entries()]  # noqa: E731
+        harness.wait_until(lambda: "job free" in at_upstream(), timeout=60,
+                           what="the unlimited key's job at the upstream")
+        # One limited job runs (held upstream), the two others are held by
+        # the server: submitted as held and not assigned.
+        self.assertEqual(sorted(e["held"] for e in events("job_submitted", limited)),
+                         [False, True, True])
+        self.assertEqual(len(events("job_assigned", limited)), 1)
+        self.assertEqual(len([p for p in at_upstream() if p.startswith("job c")]), 1)
+        self.up.control(first_delay_ms=0)  # let everything go on
         for t in threads:
             t.join(120)
+            self.assertFalse(t.is_alive(), "a request did not finish")
         for tag, (st, _, body) in results.items():
             self.assertEqual(st, 200, (tag, body))
         self.assertEqual(len(results), 4)
-        # The limited key's jobs ran one after another at the upstream.
-        limited = sorted((e for e in self.up.log_entries() if e["prompt"].startswith("job c")),
-                         key=lambda e: e["started"])
-        self.assertEqual(len(limited), 3)
-        for a, b in zip(limited, limited[1:]):
-            self.assertLessEqual(a["ended"], b["started"], (a, b))
-        # Held jobs were logged as such.
-        self.assertTrue(any(e.get("held") for e in srv.log_events("job_submitted")))
+        self.assertEqual(len([p for p in at_upstream() if p.startswith("job c")]), 3)
+        self.assertEqual(len(events("job_done", limited)), 3)
 
     def test_count_tokens_does_not_wait_for_max_concurrent(self):
         db = self.h.path("ct.db")
         ck = create_key(self.h, db, "client", "--max-concurrent", "1")
         ak = create_key(self.h, db, "agent")
-        srv = self.pool(db, ak, up_args=("--tokens", "50", "--pace-ms", "200"), slots=4)
+        # The upstream holds the generation before its first token until the
+        # test releases it: "still under way" is then a fact, not a race
+        # between a 10 s generation and a loaded machine.
+        srv = self.pool(db, ak, up_args=("--tokens", "50", "--first-delay-ms", "600000"),
+                        slots=4)
         self.wait_model(srv, ck)
         out = {}
         t = threading.Thread(target=lambda: out.setdefault("r", complete(srv, ck, max_tokens=50)))
         t.start()
         harness.wait_until(lambda: any(e["outcome"] == "running" for e in self.up.log_entries()),
-                           timeout=20, what="the long job running upstream")
+                           timeout=60, what="the long job running upstream")
         st, _, body = http_json("POST", srv.url + "/v1/messages/count_tokens",
                                 {"model": "m1", "messages": [{"role": "user", "content": "a b c"}]},
                                 headers={"x-api-key": ck}, timeout=60)
@@ -178,7 +207,9 @@ class LimitsTest(harness.TestCase):
         self.assertGreater(body["input_tokens"], 0)
         # The generation was still under way: count_tokens did not wait for it.
         self.assertTrue(any(e["outcome"] == "running" for e in self.up.log_entries()))
-        t.join(60)
+        self.up.control(first_delay_ms=0)
+        t.join(120)
+        self.assertFalse(t.is_alive())
         st, _, gen = out["r"]
         self.assertEqual(st, 200, gen)
         # Only the generation is charged to the key's daily tokens.

@@ -95,14 +95,16 @@ class ServerAgents(harness.TestCase):
         c.close()
         t0 = time.monotonic()
         cancelled = False
-        while time.monotonic() - t0 < 1.0:
+        # Bounded poll, generous for a loaded ASan build: the server learns
+        # of the close from its event loop, not at a fixed time.
+        while time.monotonic() - t0 < 30.0:
             st, body = a.events(jid, [{"type": "token", "text": "more"}])
             self.assertEqual(st, 200, body)
             if body["cancel"]:
                 cancelled = True
                 break
             time.sleep(0.02)
-        self.assertTrue(cancelled, "agent not told cancel:true within 1 s")
+        self.assertTrue(cancelled, "agent not told cancel:true within 30 s")
         # idempotent: later uploads keep getting cancel:true
         st, body = a.events(jid, [{"type": "token", "text": "x"}])
         self.assertEqual((st, body["cancel"]), (200, True))

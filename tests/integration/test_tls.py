@@ -431,12 +431,12 @@ class TLS(harness.TestCase):
             except (OSError, ssl.SSLError, ValueError):
                 pass
             # The socket stays open: only the alert went out, no FIN yet.
-            harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 0, timeout=5,
+            harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 0, timeout=30,
                                what="parked long-poll dropped after close_notify")
             s.close()
         else:
             s.close()
-            harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 0, timeout=5,
+            harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 0, timeout=30,
                                what="parked long-poll dropped after FIN")
 
     def test_peer_close_watch_sees_tls_clients_leave(self):

@@ -5,7 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import Anthropic from '@anthropic-ai/sdk';
-import { Pool } from './pool.mjs';
+import { Pool, waitFor } from './pool.mjs';
 
 let pool, client;
 
@@ -162,22 +162,32 @@ test('a bad key is an AuthenticationError; x-api-key and Bearer both work', asyn
 test('a full queue is a RateLimitError', async () => {
   const busy = new Pool();
   try {
-    await busy.start({ model: 'busy-model', slots: 1, serverArgs: ['--max_queue', '1'], upstreamArgs: ['--pace-ms', '300', '--tokens', '6'] });
-    const c = new Anthropic({ baseURL: busy.baseURL, apiKey: 'x', maxRetries: 0, timeout: 20000 });
-    const all = [];
-    for (let i = 0; i < 4; i++) {
-      all.push(c.messages.create({ model: 'busy-model', max_tokens: 6, messages: [{ role: 'user', content: 'slow one' }] })
-        .then((value) => ({ ok: true, value }), (reason) => ({ ok: false, reason })));
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    // As in openai.test.mjs: the upstream holds requests until released,
+    // so exactly one runs, one waits and two are refused, whatever the load.
+    await busy.start({ model: 'busy-model', slots: 1, serverArgs: ['--max_queue', '1'], upstreamArgs: ['--first-delay-ms', '600000', '--tokens', '6'] });
+    const c = new Anthropic({ baseURL: busy.baseURL, apiKey: 'x', maxRetries: 0, timeout: 120000 });
+    const settled = [];
+    const req = () => {
+      const p = c.messages.create({ model: 'busy-model', max_tokens: 6, messages: [{ role: 'user', content: 'slow one' }] })
+        .then((value) => ({ ok: true, value }), (reason) => ({ ok: false, reason }));
+      p.then((r) => settled.push(r));
+      return p;
+    };
+    const all = [req()];
+    await waitFor('the first request at the upstream', async () => (await busy.upstreamLog()).length === 1, 60000);
+    for (let i = 0; i < 3; i++) all.push(req());
+    await waitFor('two requests refused', async () => settled.length === 2, 60000);
+    await busy.upstreamConfig({ first_delay_ms: 0 });
     const res = await Promise.all(all);
     const refused = res.filter((r) => !r.ok);
-    assert.ok(refused.length >= 2, `refused ${refused.length}`);
+    assert.equal(refused.length, 2, `refused ${refused.length}`);
     for (const r of refused) {
       assert.ok(r.reason instanceof Anthropic.RateLimitError, `got ${r.reason}`);
       assert.equal(r.reason.error?.error?.type, 'rate_limit_error');
     }
-    for (const r of res.filter((x) => x.ok)) assert.ok(r.value.content[0].text.length > 0);
+    const served = res.filter((x) => x.ok);
+    assert.equal(served.length, 2);
+    for (const r of served) assert.ok(r.value.content[0].text.length > 0);
   } finally {
     await busy.stop();
   }

@@ -5,7 +5,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { Pool } from './pool.mjs';
+import { Pool, waitFor } from './pool.mjs';
 
 let pool, client;
 
@@ -118,24 +118,30 @@ test('a bad key is an AuthenticationError once keys exist', async () => {
 test('a full queue is a RateLimitError with Retry-After', async () => {
   const busy = new Pool();
   try {
-    // One slot, a queue of one, and a slow upstream: the third concurrent
-    // request finds the queue full.
-    await busy.start({ model: 'busy-model', slots: 1, serverArgs: ['--max_queue', '1'], upstreamArgs: ['--pace-ms', '300', '--tokens', '6'] });
-    const c = new OpenAI({ baseURL: `${busy.baseURL}/v1`, apiKey: 'x', maxRetries: 0, timeout: 20000 });
-    const req = () => c.chat.completions.create({ model: 'busy-model', max_tokens: 6, messages: [{ role: 'user', content: 'slow one' }] });
-    // Four requests 50 ms apart, each taking ~1.8 s: one runs, one waits
-    // in the queue, the others must be refused with 429 (whatever the timing).
-    const all = [];
-    for (let i = 0; i < 4; i++) {
-      // settle at once so that an early 429 is not an unhandled rejection
-      all.push(req().then((value) => ({ status: 'fulfilled', value }), (reason) => ({ status: 'rejected', reason })));
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    // One slot and a queue of one. The upstream holds every request before
+    // its first token until the test releases it, so the order does not
+    // depend on timing: the first request runs (held), of the three sent
+    // next one waits in the queue and two are refused with 429.
+    await busy.start({ model: 'busy-model', slots: 1, serverArgs: ['--max_queue', '1'], upstreamArgs: ['--first-delay-ms', '600000', '--tokens', '6'] });
+    const c = new OpenAI({ baseURL: `${busy.baseURL}/v1`, apiKey: 'x', maxRetries: 0, timeout: 120000 });
+    const settled = [];
+    const req = () => {
+      const p = c.chat.completions.create({ model: 'busy-model', max_tokens: 6, messages: [{ role: 'user', content: 'slow one' }] })
+        // settle at once so that an early 429 is not an unhandled rejection
+        .then((value) => ({ status: 'fulfilled', value }), (reason) => ({ status: 'rejected', reason }));
+      p.then((r) => settled.push(r));
+      return p;
+    };
+    const all = [req()];
+    await waitFor('the first request at the upstream', async () => (await busy.upstreamLog()).length === 1, 60000);
+    for (let i = 0; i < 3; i++) all.push(req());
+    await waitFor('two requests refused', async () => settled.length === 2, 60000);
+    await busy.upstreamConfig({ first_delay_ms: 0 });
     const res = await Promise.all(all);
     const ok = res.filter((r) => r.status === 'fulfilled');
     const refused = res.filter((r) => r.status === 'rejected');
-    assert.ok(ok.length >= 1 && ok.length <= 2, `served ${ok.length}`);
-    assert.ok(refused.length >= 2, `refused ${refused.length}`);
+    assert.equal(ok.length, 2, `served ${ok.length}`);
+    assert.equal(refused.length, 2, `refused ${refused.length}`);
     for (const r of refused) {
       assert.ok(r.reason instanceof OpenAI.RateLimitError, `got ${r.reason}`);
       assert.equal(r.reason.status, 429);

@@ -18,7 +18,7 @@ export const bin = (name) => {
   throw new Error(`binary ${name} not built under ${BUILD}`);
 };
 
-async function waitFor(what, fn, timeoutMs = 20000) {
+export async function waitFor(what, fn, timeoutMs = 20000) {
   const end = Date.now() + timeoutMs;
   let last;
   while (Date.now() < end) {
@@ -90,6 +90,20 @@ export class Pool {
       return j.data && j.data.some((m) => m.id === model);
     }, 60000);
     return this;
+  }
+
+  // The scripted upstream's request log (its /_control/log).
+  async upstreamLog() {
+    const r = await fetch(`http://127.0.0.1:${this.upstreamPort}/_control/log`);
+    return (await r.json()).requests;
+  }
+
+  // Change the scripted upstream's settings at run time; a first_delay_ms
+  // change applies to requests already held (tests release them with it).
+  async upstreamConfig(settings) {
+    const r = await fetch(`http://127.0.0.1:${this.upstreamPort}/_control/config`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(settings) });
+    if (r.status !== 200) throw new Error(`upstream config: HTTP ${r.status}`);
   }
 
   // Create a key with `gpupool-server keys create`; returns the key text.

@@ -85,12 +85,48 @@ static void test_table_empty(void **state)
     assert_null(ctl_table_new(0, h));
 }
 
+/* Finding 10: names from outside are printed escaped, never raw. */
+static void test_escape(void **state)
+{
+    (void)state;
+    const struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } cases[] = {
+        {"plain name", 10, "plain name"},
+        {"\x1b[2J\x1b[31mred", 12, "\\x1B[2J\\x1B[31mred"},
+        {"a\nb\tc\x07", 6, "a\\x0Ab\\x09c\\x07"},
+        {"del\x7f", 4, "del\\x7F"},
+        {"c1\xc2\x9b" "1m", 6, "c1\\xC2\\x9B1m"},        /* U+009B CSI */
+        {"bad\xff\xc3", 5, "bad\\xFF\\xC3"},           /* invalid, truncated */
+        {"\xc0\xaf", 2, "\\xC0\\xAF"},                  /* overlong "/" */
+        {"\xed\xa0\x80", 3, "\\xED\\xA0\\x80"},        /* surrogate */
+        {"caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x99\x82", 14, "caf\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x99\x82"},
+        {"nul\0x", 5, "nul\\x00x"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *e = ctl_fmt_escape(cases[i].in, cases[i].n);
+        assert_non_null(e);
+        assert_string_equal(e, cases[i].want);
+        free(e);
+    }
+    json_t *j = json_pack("{s:[s,{s:s}],s:i}", "agents", "m\x1b]0;t\x07", "name", "ok",
+                          "n\x1bk", 3);
+    assert_int_equal(ctl_fmt_sanitize_json(j), 0);
+    char *d = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    assert_string_equal(d, "{\"agents\":[\"m\\\\x1B]0;t\\\\x07\",{\"name\":\"ok\"}],"
+                           "\"n\\\\x1Bk\":3}");
+    free(d);
+    json_decref(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_duration), cmocka_unit_test(test_ago),
         cmocka_unit_test(test_iso),      cmocka_unit_test(test_table),
-        cmocka_unit_test(test_table_empty),
+        cmocka_unit_test(test_table_empty), cmocka_unit_test(test_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,6 +127,13 @@ static void test_job_query(void **state)
     assert_string_equal(f.key_id, "key_x");
     assert_int_equal(f.limit, 1000);
     assert_int_equal(f.before, 17);
+    /* A decoded %00 used to cut the value: "x%00y" matched model "x". */
+    const char *ctl[] = {"model=x%00y", "status=done%0A", "agent=a%1b[31m", "key=k%7f"};
+    for (size_t i = 0; i < sizeof ctl / sizeof ctl[0]; i++) {
+        assert_int_equal(gps_admin_parse_job_query(ctl[i], &f, buf, sizeof buf, msg,
+                                                   sizeof msg, &param), -1);
+        assert_non_null(strstr(msg, "control characters"));
+    }
     const char *bad[][2] = {{"limit=0", "limit"},     {"limit=1001", "limit"},
                             {"limit=abc", "limit"},   {"before=-4", "before"},
                             {"before=1x", "before"}};

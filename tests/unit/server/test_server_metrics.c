@@ -116,10 +116,36 @@ static void test_label_escape(void **st)
     assert_true(strlen(small) < sizeof small);
 }
 
+/* The outcome label is a closed table: an agent's own code is
+ * "agent_error", server codes keep their lower-cased name. */
+static void test_outcome_table(void **st)
+{
+    (void)st;
+    assert_string_equal(gps_metrics_outcome("ok"), "ok");
+    assert_string_equal(gps_metrics_outcome("QUEUE_FULL"), "queue_full");
+    assert_string_equal(gps_metrics_outcome("AGENT_LOST"), "agent_lost");
+    assert_string_equal(gps_metrics_outcome("X_12345"), "agent_error");
+    assert_string_equal(gps_metrics_outcome("UPSTREAM_ERROR"), "agent_error");
+    assert_string_equal(gps_metrics_outcome("queue_full_but_much_longer_than_any_name_in_table"),
+                        "agent_error");
+    assert_string_equal(gps_metrics_outcome(""), "agent_error");
+    assert_string_equal(gps_metrics_outcome(NULL), "agent_error");
+    gps_metrics *m = gps_metrics_new();
+    assert_non_null(m);
+    assert_int_equal(gps_metrics_define_server(m), 0);
+    gps_metrics_request(m, "openai", "X_random", 0.1);
+    assert_true(gps_metrics_get(m, "requests_total", "api=\"openai\",outcome=\"agent_error\"") ==
+                1);
+    assert_true(gps_metrics_get(m, "requests_total", "api=\"openai\",outcome=\"x_random\"") ==
+                0);
+    gps_metrics_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
+        cmocka_unit_test(test_outcome_table),
         cmocka_unit_test(test_server_families),
         cmocka_unit_test(test_label_escape),
     };
