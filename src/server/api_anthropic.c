@@ -802,15 +802,20 @@ typedef struct an_stream {
     gp_buf text;                   /* emitted text (non-streaming body) */
     gp_buf out;                    /* SSE bytes to send */
     /* Streaming backpressure (sse.h): while the client is behind, the
-     * job's events wait here (references to the job's event buffer) and
-     * are rendered in order once its output drains. Events, not text:
-     * the stop-sequence holdback and the content-block state follow them. */
+     * job's events wait here and are rendered in order once its output
+     * drains, so the stop-sequence holdback and the content-block state
+     * follow them as if they had come live. A run of token events is one
+     * entry naming a range of the job's text (which holds every relayed
+     * token in order): what waits costs a few words, not a copy of the
+     * stream. Other events (tool calls, end, error) are references.
+     * dv[dh..dn) waits. */
     gps_sse_pace *pace;
     struct an_deferred {
         gps_event_type type;
-        json_t *ev;
+        json_t *ev;                /* NULL for a token run */
+        size_t off, len;           /* token run: bytes of job->text */
     } *dv;
-    size_t dn, dcap;
+    size_t dh, dn, dcap;
     bool too_slow;                 /* dropped by the pace: outcome client_too_slow */
 } an_stream;
 
@@ -832,7 +837,7 @@ static void stream_free(an_stream *st)
     gp_buf_free(&st->text);
     gp_buf_free(&st->out);
     gps_sse_pace_free(st->pace);
-    for (size_t i = 0; i < st->dn; i++)
+    for (size_t i = st->dh; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
     free(st);
@@ -1175,20 +1180,56 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
+/* Token text rendered per step while catching up (bytes). */
+#define CATCH_UP_SLICE 16384
+
+static int defer_push(an_stream *st, struct an_deferred d);
+
 /* Render the events that waited while the client keeps up. Returns true
  * when st was freed. */
 static bool catch_up(an_stream *st)
 {
-    while (st->req && st->dn > 0) {
+    while (st->req && st->dh < st->dn) {
         if (gps_sse_pace_blocked(st->pace))
             return false; /* on_writable resumes */
-        struct an_deferred d = st->dv[0];
-        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
-        bool freed = handle_event(st, st->job, d.type, d.ev);
-        json_decref(d.ev);
+        struct an_deferred *d = &st->dv[st->dh];
+        if (d->type == GPS_EV_TOKEN && !d->ev) {
+            if (!st->job || d->off + d->len > st->job->text.len) {
+                st->dh++; /* the text is gone (cannot happen once output was sent) */
+                continue;
+            }
+            /* A slice of at most CATCH_UP_SLICE bytes, cut at a character
+             * boundary (the job's text is valid UTF-8), so one delta never
+             * outgrows the client's buffer by much. */
+            const char *t = st->job->text.data + d->off;
+            size_t n = d->len;
+            if (n > CATCH_UP_SLICE) {
+                n = CATCH_UP_SLICE;
+                while (n > 0 && ((unsigned char)t[n] & 0xC0) == 0x80)
+                    n--;
+            }
+            json_t *ev = json_pack("{s:s,s:s%}", "type", "token", "text", t, n);
+            d->off += n;
+            d->len -= n;
+            if (d->len == 0)
+                st->dh++;
+            if (!ev)
+                continue; /* ENOMEM: that slice is lost; the stream goes on */
+            bool freed = handle_event(st, st->job, GPS_EV_TOKEN, ev);
+            json_decref(ev);
+            if (freed)
+                return true;
+            continue;
+        }
+        struct an_deferred one = *d;
+        st->dh++;
+        bool freed = handle_event(st, st->job, one.type, one.ev);
+        json_decref(one.ev);
         if (freed)
             return true;
     }
+    if (st->dh == st->dn)
+        st->dh = st->dn = 0;
     return false;
 }
 
@@ -1207,7 +1248,7 @@ static void on_too_slow(void *arg)
     st->too_slow = true;
     gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
                  json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "events_behind",
-                           (json_int_t)st->dn),
+                           (json_int_t)(st->dn - st->dh)),
                  "client did not read its stream in time; dropping it");
     gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
 }
@@ -1218,22 +1259,53 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     if (!st->req)
         return;
     if (!st->stream || st->count_only ||
-        (st->dn == 0 && !gps_sse_pace_blocked(st->pace))) {
+        (st->dh == st->dn && !gps_sse_pace_blocked(st->pace))) {
         handle_event(st, job, type, ev);
         return;
     }
     if (type != GPS_EV_TOKEN && type != GPS_EV_TOOL_CALL && type != GPS_EV_END &&
         type != GPS_EV_ERROR)
         return; /* not rendered anyway */
+    if (type == GPS_EV_TOKEN) {
+        /* The token's text is the tail of job->text (jobs appends before
+         * it notifies): extend the waiting run, or start one. */
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        size_t n = text ? strlen(text) : 0;
+        if (n > job->text.len)
+            return;
+        size_t off = job->text.len - n;
+        struct an_deferred *last = st->dn > st->dh ? &st->dv[st->dn - 1] : NULL;
+        if (last && last->type == GPS_EV_TOKEN && !last->ev && last->off + last->len == off) {
+            last->len += n;
+            return;
+        }
+        if (n > 0)
+            (void)defer_push(st, (struct an_deferred){GPS_EV_TOKEN, NULL, off, n});
+        /* (on ENOMEM the text is lost; the stream still ends on timeout) */
+        return;
+    }
+    if (defer_push(st, (struct an_deferred){type, json_incref(ev), 0, 0}) < 0)
+        json_decref(ev); /* ENOMEM: the event is lost; the stream still ends on timeout */
+}
+
+static int defer_push(an_stream *st, struct an_deferred d)
+{
+    if (st->dh > 0 && st->dn == st->dcap) {
+        /* Reuse the consumed front before growing. */
+        memmove(st->dv, st->dv + st->dh, (st->dn - st->dh) * sizeof *st->dv);
+        st->dn -= st->dh;
+        st->dh = 0;
+    }
     if (st->dn == st->dcap) {
         size_t cap = st->dcap ? st->dcap * 2 : 64;
         struct an_deferred *nv = realloc(st->dv, cap * sizeof *nv);
         if (!nv)
-            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+            return -1;
         st->dv = nv;
         st->dcap = cap;
     }
-    st->dv[st->dn++] = (struct an_deferred){type, json_incref(ev)};
+    st->dv[st->dn++] = d;
+    return 0;
 }
 
 static void on_client_close(struct evhttp_connection *evcon, void *arg)

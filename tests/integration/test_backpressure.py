@@ -31,10 +31,12 @@ from server_fakes import FakeAgent  # noqa: E402
 
 MIB = 1024 * 1024
 HWM = 256 * 1024            # client_buffer_bytes of the servers under test
-TOKEN = 32 * 1024           # bytes per token event
-STREAM = 32 * MIB           # bytes per stream (the issue's figure)
+TOKEN = 400                 # bytes per token event: within the server's event budget
+                            # (max_tokens x 512 bytes, docs/operations.md)
+BIG_TOKEN = 32 * 1024       # the too-slow client's tokens (max_tokens 100000 allows them)
+STREAM = 32 * MIB           # bytes of text per stream (the issue's figure)
 N = 4                       # concurrent streams
-PER_UPLOAD = 16             # token events per upload (512 KiB bodies)
+PER_UPLOAD = 2048           # token events per upload (800 KiB bodies)
 
 
 def rss(pid):
@@ -45,11 +47,11 @@ def rss(pid):
     raise AssertionError("no VmRSS for %d" % pid)
 
 
-def token_text(job_no, i):
-    """Token i of stream job_no: TOKEN bytes, its number in clear so a
+def token_text(job_no, i, size=TOKEN):
+    """Token i of stream job_no: size bytes, its number in clear so a
     reordering or a loss shows."""
     head = "<%d:%d>" % (job_no, i)
-    return head + "x" * (TOKEN - len(head))
+    return head + "x" * (size - len(head))
 
 
 class RawStream:
@@ -283,7 +285,7 @@ class Backpressure(harness.TestCase):
         # client never reads (bounded: 4096 uploads = 2 GiB would be a bug).
         cancelled = False
         for i in range(4096):
-            st, body = a.events(job["job_id"], [{"type": "token", "text": token_text(0, i)}])
+            st, body = a.events(job["job_id"], [{"type": "token", "text": token_text(0, i, BIG_TOKEN)}])
             self.assertEqual(st, 200, body)
             if body.get("cancel"):
                 cancelled = True
