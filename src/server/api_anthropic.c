@@ -484,6 +484,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     out->prompt_bytes += sys.len;
     if (sys.len)
         out->system = gp_buf_steal(&sys);
+    else
+        gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
 
     if (get_unit(body, "temperature", &s->temperature, msg, msglen) < 0 ||
         get_unit(body, "top_p", &s->top_p, msg, msglen) < 0)
