@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+sys.dont_write_bytecode = True  # keep the source tree clean (harness import)
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
