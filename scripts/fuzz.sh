@@ -7,8 +7,9 @@
 #
 #   --seconds N  time per target (default 60)
 #   --jobs J     libFuzzer worker processes per target (default 1)
-#   --keep DIR   keep the grown corpora and logs in DIR (default: a temp dir,
-#                removed unless something crashed)
+#   --keep DIR   keep the grown corpora and logs in DIR, and start from the
+#                corpora already there (default: a temp dir, removed unless
+#                something crashed)
 #   TARGET       names as in tests/fuzz/part-NAME.cmake with '-' as '_'
 #                (openai_chat, tokenizer, ...); default: every target
 #
@@ -75,7 +76,7 @@ for t in "${targets[@]}"; do
     bin="$build/tests/fuzz/fuzz_$t"
     corpus="$work/$t/corpus"
     art="$work/$t/artifacts"
-    rm -rf "$corpus" "$art"
+    rm -rf "$art" "$work/$t"/fuzz-*.log
     mkdir -p "$corpus" "$art"
     [ -d "tests/fuzz/corpus/$t" ] && cp -r "tests/fuzz/corpus/$t/." "$corpus/"
     seeds=$(find "$corpus" -type f | wc -l)
