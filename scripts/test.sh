@@ -6,6 +6,10 @@
 #
 #   bash scripts/test.sh            # both builds
 #   GPUPOOL_TEST_VARIANTS=plain bash scripts/test.sh   # just one
+#
+# Then every libFuzzer target runs for GPUPOOL_TEST_FUZZ_SECONDS (default
+# 20; 0 skips the stage) on its checked-in corpus (scripts/fuzz.sh, clang
+# tree build/fuzz); a crash, leak or timeout fails the run.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -44,4 +48,12 @@ for v in $variants; do
         status=1
     fi
 done
+
+fuzz_seconds=${GPUPOOL_TEST_FUZZ_SECONDS:-20}
+if [ "$fuzz_seconds" != 0 ]; then
+    echo "=== [fuzz] every target for ${fuzz_seconds} s"
+    if ! bash scripts/fuzz.sh --seconds "$fuzz_seconds"; then
+        status=1
+    fi
+fi
 exit $status

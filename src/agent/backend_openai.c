@@ -370,6 +370,80 @@ static void fail_status(oai_job *j)
 /* Job thread                                                               */
 /* ======================================================================== */
 
+/* After the transfer (or a failure to start it): turn what was read into the
+ * job's terminal events. Kept apart from the curl loop so that the fuzz
+ * target (tests/fuzz/fuzz_agent_stream.c) runs exactly this code. */
+static void job_finish(oai_job *j, bool transfer_done, CURLcode result)
+{
+    if (atomic_load(&j->cancel)) {
+        j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
+        return;
+    }
+    if (!j->failed && transfer_done && result != CURLE_OK && !j->done_seen) {
+        if (result == CURLE_OPERATION_TIMEDOUT)
+            job_fail(j, "UPSTREAM_TIMEOUT", "upstream: %s", curl_easy_strerror(result));
+        else
+            job_fail(j, "UPSTREAM_ERROR", "upstream connection failed: %s",
+                     curl_easy_strerror(result));
+    }
+    if (!j->failed && (j->status < 200 || j->status >= 300))
+        fail_status(j);
+    if (!j->failed && j->mode == BODY_SSE && !j->done_seen) {
+        int rc = agent_sse_finish(&j->sse, on_sse_data, j);
+        if (rc == 0 && !j->done_seen && !j->failed)
+            job_fail(j, "UPSTREAM_ERROR", "upstream stream ended before [DONE]");
+    }
+    if (!j->failed && j->mode == BODY_JSON) {
+        json_error_t je;
+        json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
+        if (!obj) {
+            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
+        } else if (j->count) {
+            /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
+            json_t *c = json_object_get(obj, "count");
+            json_t *t = json_object_get(obj, "tokens");
+            if (json_is_integer(c) && json_integer_value(c) >= 0)
+                j->prompt_tokens = json_integer_value(c);
+            else if (json_is_array(t))
+                j->prompt_tokens = (long long)json_array_size(t);
+            else
+                job_fail(j, "UPSTREAM_MALFORMED", "upstream /tokenize reply has no tokens");
+            j->completion_tokens = 0;
+        } else {
+            send_started(j);
+            handle_object(j, obj, false);
+        }
+        json_decref(obj);
+    }
+    if (!j->failed && j->mode != BODY_SSE && j->mode != BODY_JSON)
+        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no usable body");
+    if (j->failed) {
+        j->sink.error(j->sink.ctx, j->err_code, j->err_msg);
+        return;
+    }
+    send_started(j);
+    {
+        uint64_t now = gp_now_mono_us();
+        long long ct = j->completion_tokens >= 0 ? j->completion_tokens : j->ntokens;
+        json_t *m = json_object();
+        if (j->t_first_us)
+            json_object_set_new(m, "ttft_ms", json_real((double)(j->t_first_us - j->t_start_us) / 1000.0));
+        if (j->t_first_us && now > j->t_first_us && ct > 1)
+            json_object_set_new(m, "tokens_per_sec",
+                                json_real((double)(ct - 1) * 1e6 / (double)(now - j->t_first_us)));
+        json_object_set_new(m, "total_ms", json_real((double)(now - j->t_start_us) / 1000.0));
+        j->sink.metrics(j->sink.ctx, m);
+        json_decref(m);
+        /* A reply that called tools ends with tool_calls whatever the
+         * upstream said (some say "stop"), unless it ran out of tokens. */
+        const char *fr = strcmp(j->finish, "length") == 0 ? "length"
+                         : j->ntool_calls > 0 || strcmp(j->finish, "tool_calls") == 0
+                             ? "tool_calls"
+                             : "stop";
+        j->sink.end(j->sink.ctx, fr, j->prompt_tokens, ct);
+    }
+}
+
 static void *job_main(void *arg)
 {
     oai_job *j = arg;
@@ -445,74 +519,7 @@ static void *job_main(void *arg)
     curl_multi_remove_handle(j->multi, easy); /* closes the upstream socket if unfinished */
 
 finish:
-    if (atomic_load(&j->cancel)) {
-        j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
-        goto out;
-    }
-    if (!j->failed && transfer_done && result != CURLE_OK && !j->done_seen) {
-        if (result == CURLE_OPERATION_TIMEDOUT)
-            job_fail(j, "UPSTREAM_TIMEOUT", "upstream: %s", curl_easy_strerror(result));
-        else
-            job_fail(j, "UPSTREAM_ERROR", "upstream connection failed: %s",
-                     curl_easy_strerror(result));
-    }
-    if (!j->failed && (j->status < 200 || j->status >= 300))
-        fail_status(j);
-    if (!j->failed && j->mode == BODY_SSE && !j->done_seen) {
-        int rc = agent_sse_finish(&j->sse, on_sse_data, j);
-        if (rc == 0 && !j->done_seen && !j->failed)
-            job_fail(j, "UPSTREAM_ERROR", "upstream stream ended before [DONE]");
-    }
-    if (!j->failed && j->mode == BODY_JSON) {
-        json_error_t je;
-        json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
-        if (!obj) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
-        } else if (j->count) {
-            /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
-            json_t *c = json_object_get(obj, "count");
-            json_t *t = json_object_get(obj, "tokens");
-            if (json_is_integer(c) && json_integer_value(c) >= 0)
-                j->prompt_tokens = json_integer_value(c);
-            else if (json_is_array(t))
-                j->prompt_tokens = (long long)json_array_size(t);
-            else
-                job_fail(j, "UPSTREAM_MALFORMED", "upstream /tokenize reply has no tokens");
-            j->completion_tokens = 0;
-        } else {
-            send_started(j);
-            handle_object(j, obj, false);
-        }
-        json_decref(obj);
-    }
-    if (!j->failed && j->mode != BODY_SSE && j->mode != BODY_JSON)
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no usable body");
-    if (j->failed) {
-        j->sink.error(j->sink.ctx, j->err_code, j->err_msg);
-        goto out;
-    }
-    send_started(j);
-    {
-        uint64_t now = gp_now_mono_us();
-        long long ct = j->completion_tokens >= 0 ? j->completion_tokens : j->ntokens;
-        json_t *m = json_object();
-        if (j->t_first_us)
-            json_object_set_new(m, "ttft_ms", json_real((double)(j->t_first_us - j->t_start_us) / 1000.0));
-        if (j->t_first_us && now > j->t_first_us && ct > 1)
-            json_object_set_new(m, "tokens_per_sec",
-                                json_real((double)(ct - 1) * 1e6 / (double)(now - j->t_first_us)));
-        json_object_set_new(m, "total_ms", json_real((double)(now - j->t_start_us) / 1000.0));
-        j->sink.metrics(j->sink.ctx, m);
-        json_decref(m);
-        /* A reply that called tools ends with tool_calls whatever the
-         * upstream said (some say "stop"), unless it ran out of tokens. */
-        const char *fr = strcmp(j->finish, "length") == 0 ? "length"
-                         : j->ntool_calls > 0 || strcmp(j->finish, "tool_calls") == 0
-                             ? "tool_calls"
-                             : "stop";
-        j->sink.end(j->sink.ctx, fr, j->prompt_tokens, ct);
-    }
-out:
+    job_finish(j, transfer_done, result);
     if (easy)
         curl_easy_cleanup(easy);
     curl_slist_free_all(h);

@@ -321,7 +321,8 @@ static json_t *openai_messages(const json_t *m)
                 const char *id = json_string_value(json_object_get(blk, "id"));
                 const char *name = json_string_value(json_object_get(blk, "name"));
                 const json_t *in = json_object_get(blk, "input");
-                char *args = json_dumps(in ? in : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
+                /* no input: "{}" below (a json_object() made here leaked) */
+                char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
                 if (!calls)
                     calls = json_array();
                 json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
@@ -483,6 +484,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     out->prompt_bytes += sys.len;
     if (sys.len)
         out->system = gp_buf_steal(&sys);
+    else
+        gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
 
     if (get_unit(body, "temperature", &s->temperature, msg, msglen) < 0 ||
         get_unit(body, "top_p", &s->top_p, msg, msglen) < 0)

@@ -6,3 +6,4 @@ add_executable(fuzz_gguf ${CMAKE_CURRENT_LIST_DIR}/fuzz_gguf.c
 target_compile_options(fuzz_gguf PRIVATE -fsanitize=fuzzer,address,undefined)
 target_link_options(fuzz_gguf PRIVATE -fsanitize=fuzzer,address,undefined)
 target_link_libraries(fuzz_gguf PRIVATE Threads::Threads m)
+add_dependencies(fuzz_all fuzz_gguf)

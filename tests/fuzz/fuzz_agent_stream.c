@@ -1,0 +1,119 @@
+/*
+ * libFuzzer target: the openai backend's reading of an upstream reply
+ * (src/agent/backend_openai.c), included so that its static callbacks run
+ * exactly as libcurl drives them: the header callback, the body in pieces
+ * through on_write (SSE or JSON or error body), then job_finish.
+ *
+ * Input: byte 0 picks the reply's shape, byte 1 the piece size, the rest is
+ * the body.
+ *   bit 0-1  Content-Type: text/event-stream, application/json, text/html, none
+ *   bit 2    status 500 instead of 200
+ *   bit 3    chat job (else completion)      bit 4  count_tokens job
+ *   bit 5    the transfer ended with an error (connection reset)
+ * Checked: the backend's contract (backend.h): exactly one terminal event,
+ * nothing after it, no token after an error; every error has a code.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent/backend_openai.c"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+typedef struct {
+    int nend, nerror, after_terminal;
+} rec;
+
+static void r_started(void *c) { ((rec *)c)->after_terminal += ((rec *)c)->nend + ((rec *)c)->nerror; }
+static void r_token(void *c, const char *t, size_t n, int32_t id)
+{
+    rec *r = c;
+    (void)id;
+    volatile char x = 0;
+    for (size_t i = 0; i < n; i++) /* the whole piece must be readable */
+        x ^= t[i];
+    (void)x;
+    r->after_terminal += r->nend + r->nerror;
+}
+static void r_metrics(void *c, json_t *m)
+{
+    if (!json_is_object(m))
+        abort();
+    ((rec *)c)->after_terminal += ((rec *)c)->nend + ((rec *)c)->nerror;
+}
+static void r_tool(void *c, int index, const char *id, const char *name, const char *args,
+                   size_t n)
+{
+    rec *r = c;
+    if (index < 0 || (n && !args))
+        abort();
+    r->after_terminal += r->nend + r->nerror;
+}
+static void r_end(void *c, const char *fr, long long pt, long long ct)
+{
+    rec *r = c;
+    if (!fr || !*fr)
+        abort();
+    r->nend++;
+}
+static void r_error(void *c, const char *code, const char *msg)
+{
+    rec *r = c;
+    if (!code || !*code || !msg)
+        abort();
+    r->nerror++;
+}
+
+static const char *const ctypes[] = {"Content-Type: text/event-stream\r\n",
+                                     "Content-Type: application/json; charset=utf-8\r\n",
+                                     "Content-Type: text/html\r\n", NULL};
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return 0;
+    const unsigned flags = data[0];
+    const size_t step = (size_t)data[1] + 1;
+    const char *p = (const char *)data + 2;
+    size_t n = size - 2;
+
+    rec r = {0};
+    oai_job j;
+    memset(&j, 0, sizeof j);
+    j.sink = (agent_job_sink){.ctx = &r,
+                              .started = r_started,
+                              .token = r_token,
+                              .metrics = r_metrics,
+                              .end = r_end,
+                              .error = r_error,
+                              .tool_call = r_tool};
+    j.chat = (flags & 8) != 0;
+    j.count = (flags & 16) != 0;
+    j.prompt_tokens = j.completion_tokens = -1;
+    atomic_init(&j.cancel, false);
+    /* A small line bound so that the overlong-line path is reachable. */
+    agent_sse_init(&j.sse, 4096);
+    gp_buf_init(&j.raw);
+
+    char status[] = "HTTP/1.1 200 OK\r\n";
+    if (flags & 4)
+        memcpy(status + 9, "500", 3);
+    bool go = on_header(status, 1, strlen(status), &j) == strlen(status);
+    const char *ct = ctypes[(flags >> 0) & 3];
+    if (go && ct)
+        go = on_header((char *)ct, 1, strlen(ct), &j) == strlen(ct);
+    while (go && n > 0) {
+        size_t k = n < step ? n : step;
+        if (on_write((char *)p, 1, k, &j) != k)
+            break;
+        p += k;
+        n -= k;
+    }
+    job_finish(&j, true, (flags & 32) ? CURLE_RECV_ERROR : CURLE_OK);
+
+    if (r.nend + r.nerror != 1 || r.after_terminal != 0)
+        abort();
+    agent_sse_free(&j.sse);
+    gp_buf_free(&j.raw);
+    return 0;
+}
