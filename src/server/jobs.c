@@ -1030,6 +1030,7 @@ gps_fo_plan gps_failover_decide(const gps_fo_facts *f)
 typedef struct other_agent_q {
     const char *model;
     const char *exclude;
+    bool with_suspect;
     bool found;
 } other_agent_q;
 
@@ -1037,24 +1038,31 @@ static void other_agent_cb(void *ud, registry_agent *a)
 {
     other_agent_q *q = ud;
     if (!q->found && strcmp(a->id, q->exclude) != 0 &&
-        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_SUSPECT ||
-         a->state == REGISTRY_REGISTERING) &&
+        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_REGISTERING ||
+         (q->with_suspect && a->state == REGISTRY_SUSPECT)) &&
         registry_agent_serves(a, q->model))
         q->found = true;
 }
 
-/* True when a live agent other than exclude serves model. O(agents), on a
- * failover only. */
+/* True when an agent other than exclude that can take work now (healthy,
+ * registering) serves model: what moving a job to a fallback model asks.
+ * A SUSPECT agent does not count: an agent killed a moment ago stays
+ * suspect until its heartbeat expires, and must not keep a job from its
+ * fallback. O(agents), on a failover only. */
 static bool model_live(gps_jobs *j, const char *model, const char *exclude)
 {
-    other_agent_q q = {model, exclude, false};
+    other_agent_q q = {model, exclude, false, false};
     registry_foreach(j->reg, other_agent_cb, &q);
     return q.found;
 }
 
+/* Suspect agents count here: an agent's own upstream error fails over
+ * only while another agent that may still be alive serves the model. */
 static bool other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
 {
-    return model_live(j, job->spec.model, exclude);
+    other_agent_q q = {job->spec.model, exclude, true, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
 }
 
 /* The first model of job's chain, other than the one it runs on, that a
@@ -1189,7 +1197,7 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         .backoff_base_ms = j->opts.backoff_base_ms,
         .backoff_cap_ms = j->opts.backoff_cap_ms,
     };
-    f.model_live = other_agent_live(j, job, job->agent_id);
+    f.model_live = model_live(j, job->spec.model, job->agent_id);
     if (!f.model_live && job->n_chain > 1)
         f.fallback_live = fallback_live(j, job, job->agent_id);
     gp_random_bytes(&f.rnd, sizeof f.rnd);
@@ -1271,6 +1279,32 @@ static bool agent_side_error(const char *code)
     return false;
 }
 
+/* Jobs waiting in the queue of a model whose last live agent was agent_id
+ * (a failover retry queued while another agent of its model was busy, a
+ * job queued at submit) move to the first model of their chain with a live
+ * agent, as a failover would. Only jobs with fallback_models are looked at
+ * (O(jobs), plus O(agents) per such job). */
+static void move_stranded(gps_jobs *j, const char *agent_id)
+{
+    for (gps_job *job = j->head; job; job = job->next) {
+        if (job->state != GPS_JOB_QUEUED || job->held || job->in_backoff ||
+            job->n_chain < 2 || !sched_job_queued(&job->sj) ||
+            model_live(j, job->spec.model, agent_id))
+            continue;
+        int fb = fallback_live(j, job, agent_id);
+        if (fb < 0)
+            continue;
+        sched_remove(j->sched, &job->sj);
+        uint64_t now = gp_now_mono_us();
+        if (now > job->queued_since_us)
+            job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+        const char *from = job->spec.model;
+        switch_model(job, (size_t)fb);
+        log_fallback(job, from, "queued");
+        retry_place(j, job);
+    }
+}
+
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
 {
     /* fail_over may place a job on another agent but never frees one, so
@@ -1279,6 +1313,7 @@ void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
         if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
             strcmp(job->agent_id, agent_id) == 0)
             fail_over(j, job, why);
+    move_stranded(j, agent_id);
 }
 
 static bool on_agent(const gps_job *job, const char *agent_id)

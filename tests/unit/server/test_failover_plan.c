@@ -277,8 +277,9 @@ static void test_fallback_when_model_has_no_live_agent(void **st)
 }
 
 /* A live agent of A is left (busy): the job stays with A, queued, even
- * though B's agent is free; and a job already on its fallback moves back
- * to the requested model when the fallback's agent dies. */
+ * though B's agent is free, until that agent is lost too; and a job
+ * already on its fallback moves back to the requested model when the
+ * fallback's agent dies. */
 static void test_model_with_live_agent_keeps_the_job(void **st)
 {
     (void)st;
@@ -297,9 +298,25 @@ static void test_model_with_live_agent_keeps_the_job(void **st)
     assert_string_equal(job->spec.model, "A");
     assert_null(job->requested_model);
     assert_string_equal(f.fo_model, "");
-    take(&f, a2);
-    assert_string_equal(job->continuation_mode, "tokens");
-    sched_agent_unready(f.s, b);
+    /* a2 dies too while the job waits in A's queue (a1 is still suspect,
+     * as an agent killed a moment ago is): it moves to B */
+    registry_mark_suspect(f.reg, a1, 2000, "test");
+    gps_jobs_agent_lost(f.jobs, a2->id, "test");
+    assert_int_equal(f.delivered, 1);
+    assert_ptr_equal(f.delivered_to, b);
+    assert_string_equal(job->spec.model, "B");
+    assert_string_equal(job->requested_model, "A");
+    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "B");
+    assert_string_equal(job->continuation_mode, "text");
+    /* a job without fallback_models stays queued for its model */
+    gps_job *j2 = submit(&f, "A", NULL);
+    assert_int_equal(j2->state, GPS_JOB_QUEUED);
+    registry_agent *b2 = add_agent(&f, 4, "B", DB);
+    assert_int_equal(sched_agent_ready(f.s, b2, 1), 0);
+    gps_jobs_agent_lost(f.jobs, a1->id, "test");
+    assert_int_equal(j2->state, GPS_JOB_QUEUED);
+    assert_string_equal(j2->spec.model, "A");
+    sched_agent_unready(f.s, b2);
     fx_free(&f);
 
     /* submit falls back to B (A has no agent); B's agent dies, A's came:
