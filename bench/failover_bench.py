@@ -95,7 +95,24 @@ class Pool:
                                 timeout=30, what="agent id")
         a.aid = aid
         self.wait_healthy(aid)
+        self.wait_parked()
         return a
+
+    def alive_agents(self):
+        return [p for p in self.h.procs if p.name.startswith("agent") and p.alive()]
+
+    def parked(self):
+        _, _, raw = self.H.http_request("GET", self.srv.url + "/metrics", timeout=5)
+        for line in raw.decode().splitlines():
+            if line.startswith("gpupool_agents_parked "):
+                return float(line.split()[-1])
+        return 0
+
+    def wait_parked(self):
+        # Every live agent has its long-poll parked: a request that prefers
+        # one (a non-strict preference) is then sure to land on it.
+        n = len(self.alive_agents())
+        self.H.wait_until(lambda: self.parked() >= n, timeout=60, what="agents parked")
 
     def wait_healthy(self, aid):
         def ok():
@@ -262,6 +279,12 @@ def agent_kill_case(H, pool, dialect, mode, reps, kill_at, max_tokens, base, oth
                 run.gap = run.first_t - holder["t"]
         else:
             run = stream_dialect(H, pool, dialect, extra, max_tokens, on_chunk)
+        if victim.alive():
+            # never killed (the job went elsewhere): not a failover; a gated
+            # agent must not stay in the pool
+            kill9(victim)
+            run.error = run.error or "victim not killed"
+            run.gap = None
         rows.append(run)
     return rows
 
@@ -278,6 +301,8 @@ def main():
     setup_env(args.build)
     import harness as H  # noqa: E402
     pool = Pool(H)
+    # SIGTERM (a timeout) must still clean up what was started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
     table = []
     try:
         others = [pool.agent(), pool.agent()]
@@ -362,6 +387,7 @@ def server_kill_case(H, pool, args):
         kill9(pool.srv)
         pool.restart_server()
         write_atomic(victim.gate, OPEN)
+        victim.gate_open = True
         last = max(i for i, _, _ in pre if i is not None)
         try:
             post = read_events(H, pool.srv.url + url_path, last=last)
@@ -370,6 +396,7 @@ def server_kill_case(H, pool, args):
             notes.append("resume failed: %r" % (e,))
             continue
         n += 1
+        pool.wait_parked()
         fmap = {i: (ev, d) for i, ev, d in full}
         pmap = {i: (ev, d) for i, ev, d in pre}
         lost += sum(1 for i in pmap if i not in fmap)
