@@ -981,18 +981,6 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
     return ahead;
 }
 
-/* The job's agent is gone (dead, stalled, shut down, its upstream failed).
- * What follows depends on spec.failover and on whether the client already
- * got output:
- *   nothing sent, mode continue|restart: a transparent requeue; text the
- *     server alone had seen is dropped and regenerated;
- *   output sent, mode continue: a requeue with continuation = the text so
- *     far (relayed or held back alike: the job's text is exactly what the
- *     dialects were given), so the next agent produces only what follows
- *     and subscribers see one stream; a `failover` event tells them;
- *   otherwise (mode error, restart after output): AGENT_LOST.
- * Every retry excludes the lost agent, goes to the front of its queue and
- * counts against max_attempts. */
 long long gps_failover_backoff_ms(int attempts, int base_ms, int cap_ms, uint32_t rnd)
 {
     if (attempts < 2 || base_ms <= 0 || cap_ms <= 0)
@@ -1081,11 +1069,11 @@ static int fallback_live(gps_jobs *j, const gps_job *job, const char *exclude)
  * for while another one serves. */
 static void switch_model(gps_job *job, size_t idx)
 {
-    const char *to = job->chain[idx];
+    char *to = job->chain[idx];
     for (size_t i = 0; i < job->spec.n_fallback; i++) {
         if (job->spec.fallback_models[i] == to) {
             job->spec.fallback_models[i] = job->spec.model;
-            job->spec.model = (char *)to;
+            job->spec.model = to;
             break;
         }
     }

@@ -178,7 +178,7 @@ struct gps_job {
     /* The models this job may run on, in the client's order: the requested
      * one, then fallback_models (pointers to the spec's strings, which
      * submit and failover swap between spec.model and fallback_models). */
-    const char *chain[1 + GPS_MAX_FALLBACK_MODELS];
+    char *chain[1 + GPS_MAX_FALLBACK_MODELS];
     size_t n_chain;
     struct event *retry_ev;       /* failover backoff timer (lazy) */
     bool in_backoff;              /* QUEUED, waiting on retry_ev (not in the scheduler) */
