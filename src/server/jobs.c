@@ -166,6 +166,8 @@ static void job_free(gps_job *job)
         free(s);
         s = n;
     }
+    if (job->retry_ev)
+        event_free(job->retry_ev);
     gps_job_spec_clear(&job->spec);
     gp_buf_free(&job->text);
     free(job->gen_ids);
@@ -469,6 +471,10 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
 {
     if (job->state == GPS_JOB_QUEUED && !job->held)
         sched_remove(j->sched, &job->sj);
+    if (job->in_backoff) {
+        event_del(job->retry_ev);
+        job->in_backoff = false;
+    }
     job->state = st;
     job->finished_us = gp_now_mono_us();
     if (j->n_live)
@@ -796,6 +802,10 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->queued_since_us = job->created_us;
 
     job->sj.model = job->spec.model;
+    /* The client's order, before a fallback below swaps the names. */
+    job->chain[job->n_chain++] = job->spec.model;
+    for (size_t i = 0; i < job->spec.n_fallback; i++)
+        job->chain[job->n_chain++] = job->spec.fallback_models[i];
     job->sj.priority = job->spec.priority == GPS_PRIO_BATCH ? SCHED_BATCH : SCHED_INTERACTIVE;
     job->sj.prefer_agent = job->spec.prefer_agent;
     job->sj.prefer_strict = -1;
@@ -971,9 +981,184 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
     return ahead;
 }
 
+long long gps_failover_backoff_ms(int attempts, int base_ms, int cap_ms, uint32_t rnd)
+{
+    if (attempts < 2 || base_ms <= 0 || cap_ms <= 0)
+        return 0;
+    long long d = base_ms;
+    for (int i = 2; i < attempts && d < cap_ms; i++)
+        d *= 2;
+    if (d > cap_ms)
+        d = cap_ms;
+    long long half = d / 2;
+    return half + (long long)(rnd % (uint32_t)(d - half + 1));
+}
+
+gps_fo_plan gps_failover_decide(const gps_fo_facts *f)
+{
+    gps_fo_plan p = {GPS_FO_FAIL_LOST, -1, 0};
+    bool cont = f->output_sent && f->mode == GPS_FAILOVER_CONTINUE;
+    /* Tool call pieces already went to the subscribers (who may have
+     * buffered them even when the client saw nothing): neither a text
+     * continuation nor a restart could avoid a broken or repeated call. */
+    if (f->mode == GPS_FAILOVER_ERROR || (f->output_sent && !cont) || f->tools_relayed)
+        return p;
+    if (f->attempts >= f->max_attempts) {
+        p.action = GPS_FO_FAIL_EXHAUSTED;
+        return p;
+    }
+    p.action = cont ? GPS_FO_CONTINUE : GPS_FO_REQUEUE;
+    if (!f->model_live && f->fallback_live >= 0)
+        p.fallback = f->fallback_live;
+    p.delay_ms = gps_failover_backoff_ms(f->attempts, f->backoff_base_ms, f->backoff_cap_ms,
+                                         f->rnd);
+    return p;
+}
+
+typedef struct other_agent_q {
+    const char *model;
+    const char *exclude;
+    bool with_suspect;
+    bool found;
+} other_agent_q;
+
+static void other_agent_cb(void *ud, registry_agent *a)
+{
+    other_agent_q *q = ud;
+    if (!q->found && strcmp(a->id, q->exclude) != 0 &&
+        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_REGISTERING ||
+         (q->with_suspect && a->state == REGISTRY_SUSPECT)) &&
+        registry_agent_serves(a, q->model))
+        q->found = true;
+}
+
+/* True when an agent other than exclude that can take work now (healthy,
+ * registering) serves model: what moving a job to a fallback model asks.
+ * A SUSPECT agent does not count: an agent killed a moment ago stays
+ * suspect until its heartbeat expires, and must not keep a job from its
+ * fallback. O(agents), on a failover only. */
+static bool model_live(gps_jobs *j, const char *model, const char *exclude)
+{
+    other_agent_q q = {model, exclude, false, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
+}
+
+/* Suspect agents count here: an agent's own upstream error fails over
+ * only while another agent that may still be alive serves the model. */
+static bool other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    other_agent_q q = {job->spec.model, exclude, true, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
+}
+
+/* The first model of job's chain, other than the one it runs on, that a
+ * live agent (not exclude) serves: its chain index, or -1. */
+static int fallback_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    for (size_t i = 0; i < job->n_chain; i++)
+        if (strcmp(job->chain[i], job->spec.model) != 0 &&
+            model_live(j, job->chain[i], exclude))
+            return (int)i;
+    return -1;
+}
+
+/* Make chain[idx] the model that serves job: it swaps places with
+ * spec.model (as at submit), and requested_model names the model asked
+ * for while another one serves. */
+static void switch_model(gps_job *job, size_t idx)
+{
+    char *to = job->chain[idx];
+    for (size_t i = 0; i < job->spec.n_fallback; i++) {
+        if (job->spec.fallback_models[i] == to) {
+            job->spec.fallback_models[i] = job->spec.model;
+            job->spec.model = to;
+            break;
+        }
+    }
+    job->sj.model = job->spec.model;
+    job->requested_model = job->chain[0] == job->spec.model ? NULL : job->chain[0];
+}
+
+/* Place a failover retry: prefer a free agent serving the file the job's
+ * ids come from (token-exact), without waiting for one: a non-strict
+ * preference for this placement only. */
+static void retry_place(gps_jobs *j, gps_job *job)
+{
+    char same[64] = "";
+    if (job->continued_tokens > 0 && job->ids_ok && job->n_gen_ids > 0)
+        digest_agent(j, job, true, same);
+    const char *pref = job->sj.prefer_agent;
+    int strict = job->sj.prefer_strict;
+    if (same[0] && strict != 1 && (!pref || strcmp(pref, job->exclude_agent) == 0)) {
+        job->sj.prefer_agent = same;
+        job->sj.prefer_strict = 0;
+    }
+    requeue_or_fail(j, job, 0);
+    job->sj.prefer_agent = pref;
+    job->sj.prefer_strict = strict;
+}
+
+static void log_fallback(const gps_job *job, const char *from, const char *when)
+{
+    gp_log_write(GP_LOG_WARN, "job_fallback", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "from_model", from,
+                           "model", job->spec.model, "when", when),
+                 "no live agent serves the job's model; moving it to a fallback model");
+}
+
+/* The backoff is over: place the retry, first moving the job to a
+ * fallback model if its own lost every live agent meanwhile. */
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_job *job = arg;
+    gps_jobs *j = job->owner;
+    job->in_backoff = false;
+    if (gps_job_terminal(job))
+        return;
+    /* The backoff is queue time for the client (x_pool_meta.queue_ms). */
+    uint64_t now = gp_now_mono_us();
+    if (now > job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    if (job->n_chain > 1 && !model_live(j, job->spec.model, job->exclude_agent)) {
+        int fb = fallback_live(j, job, job->exclude_agent);
+        if (fb >= 0) {
+            const char *from = job->spec.model;
+            switch_model(job, (size_t)fb);
+            log_fallback(job, from, "backoff");
+        }
+    }
+    retry_place(j, job);
+}
+
+/* Retry job after delay_ms (0: now). Meanwhile it is QUEUED outside the
+ * scheduler: queue_timeout, request_timeout and cancellation apply as to
+ * any queued job (finish stops the timer). */
+static void retry_after(gps_jobs *j, gps_job *job, long long delay_ms)
+{
+    if (delay_ms > 0 && j->base && !job->retry_ev)
+        job->retry_ev = evtimer_new(j->base, retry_cb, job);
+    if (delay_ms <= 0 || !job->retry_ev) {
+        retry_place(j, job);
+        return;
+    }
+    struct timeval tv = {(time_t)(delay_ms / 1000), (suseconds_t)(delay_ms % 1000) * 1000};
+    job->state = GPS_JOB_QUEUED;
+    job->queued_since_us = gp_now_mono_us();
+    if (evtimer_add(job->retry_ev, &tv) < 0) {
+        retry_place(j, job);
+        return;
+    }
+    job->in_backoff = true;
+}
+
 /* The job's agent is gone (dead, stalled, shut down, its upstream failed).
- * What follows depends on spec.failover and on whether the client already
- * got output:
+ * gps_failover_decide says what follows, from spec.failover, whether the
+ * client already got output, the attempts and which models still have a
+ * live agent:
  *   nothing sent, mode continue|restart: a transparent requeue; text the
  *     server alone had seen is dropped and regenerated;
  *   output sent, mode continue: a requeue with continuation = the text so
@@ -982,20 +1167,30 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
  *     and subscribers see one stream; a `failover` event tells them;
  *   otherwise (mode error, restart after output): AGENT_LOST.
  * Every retry excludes the lost agent, goes to the front of its queue and
- * counts against max_attempts. */
+ * counts against max_attempts; from the second on it waits a backoff; it
+ * moves to a fallback model when no live agent serves the job's model. */
 static void fail_over(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
         return;
     end_on_agent(j, job, false);
     cancel_add(j, job->agent_id, job->id);
-    gps_failover_mode mode = job->spec.failover;
-    bool cont = job->client_saw_output && mode == GPS_FAILOVER_CONTINUE;
-    /* Tool call pieces already went to the subscribers (who may have
-     * buffered them even when the client saw nothing): neither a text
-     * continuation nor a restart could avoid a broken or repeated call. */
-    bool tools_relayed = job->tool_bytes > 0;
-    if (mode == GPS_FAILOVER_ERROR || (job->client_saw_output && !cont) || tools_relayed) {
+    gps_fo_facts f = {
+        .mode = job->spec.failover,
+        .output_sent = job->client_saw_output,
+        .tools_relayed = job->tool_bytes > 0,
+        .attempts = job->attempts,
+        .max_attempts = j->opts.max_attempts,
+        .fallback_live = -1,
+        .backoff_base_ms = j->opts.backoff_base_ms,
+        .backoff_cap_ms = j->opts.backoff_cap_ms,
+    };
+    f.model_live = model_live(j, job->spec.model, job->agent_id);
+    if (!f.model_live && job->n_chain > 1)
+        f.fallback_live = fallback_live(j, job, job->agent_id);
+    gp_random_bytes(&f.rnd, sizeof f.rnd);
+    gps_fo_plan p = gps_failover_decide(&f);
+    if (p.action == GPS_FO_FAIL_LOST) {
         char m[200];
         snprintf(m, sizeof m, "the agent running this job was lost (%s)%s", why,
                  job->client_saw_output ? " after output was sent" : "");
@@ -1003,34 +1198,41 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         fail_job(j, job, 502, "AGENT_LOST", m, 0);
         return;
     }
-    if (job->attempts >= j->opts.max_attempts) {
+    if (p.action == GPS_FO_FAIL_EXHAUSTED) {
         count(j, "failovers_total", "mode=\"exhausted\"", 1);
         fail_job(j, job, 503, "AGENT_LOST", "the job's agents were lost; attempts exhausted", 1);
         return;
     }
+    bool cont = p.action == GPS_FO_CONTINUE;
+    const char *from_model = job->spec.model;
+    if (p.fallback >= 0)
+        switch_model(job, (size_t)p.fallback);
     gp_log_write(GP_LOG_WARN, "job_failover", job->correlation_id,
-                 json_pack("{s:s,s:s,s:s,s:i,s:s,s:I}", "job_id", job->id, "agent_id",
+                 json_pack("{s:s,s:s,s:s,s:i,s:s,s:I,s:s,s:I}", "job_id", job->id, "agent_id",
                            job->agent_id, "reason", why, "attempt", job->attempts, "mode",
                            cont ? "continue" : "requeue", "completion_tokens",
-                           (json_int_t)job->completion_tokens),
+                           (json_int_t)job->completion_tokens, "model", job->spec.model,
+                           "backoff_ms", (json_int_t)p.delay_ms),
                  cont ? "agent lost after output was sent; continuing on another agent"
                       : "agent lost before output reached the client; requeueing");
+    if (p.fallback >= 0)
+        log_fallback(job, from_model, "failover");
     count(j, "failovers_total", cont ? "mode=\"continue\"" : "mode=\"requeue\"", 1);
     snprintf(job->exclude_agent, sizeof job->exclude_agent, "%s", job->agent_id);
     job->sj.exclude_agent = job->exclude_agent;
     job->sj.front = true;
-    char same[64] = "";
     if (cont) {
         job->continued_tokens = job->completion_tokens;
         /* tokens when the ids are usable and an agent with the same file
-         * is live to take them (preferred below when one is free). */
+         * is live to take them (preferred by retry_place when free). */
+        char same[64];
         bool tokens = job->ids_ok && job->n_gen_ids > 0 && digest_agent(j, job, false, same);
-        if (tokens)
-            digest_agent(j, job, true, same);
         json_t *ev = json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "type", "failover", "from_agent",
                                job->agent_id, "reason", why, "attempt", job->attempts + 1,
                                "completion_tokens", (json_int_t)job->completion_tokens,
                                "continuation", tokens ? "tokens" : "text");
+        if (p.fallback >= 0)   /* the model that continues the stream */
+            json_object_set_new(ev, "model", json_string(job->spec.model));
         job->agent_id[0] = '\0';
         job->agent_seq = 0;
         /* Subscribers may not cancel here (they have nothing to say yet),
@@ -1050,17 +1252,7 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         job->agent_seq = 0;
         ids_reset(job);
     }
-    /* Prefer a free agent serving the same file (token-exact), without
-     * waiting for one: a non-strict preference for this placement only. */
-    const char *pref = job->sj.prefer_agent;
-    int strict = job->sj.prefer_strict;
-    if (same[0] && strict != 1 && (!pref || strcmp(pref, job->exclude_agent) == 0)) {
-        job->sj.prefer_agent = same;
-        job->sj.prefer_strict = 0;
-    }
-    requeue_or_fail(j, job, 0);
-    job->sj.prefer_agent = pref;
-    job->sj.prefer_strict = strict;
+    retry_after(j, job, p.delay_ms);
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
@@ -1075,28 +1267,30 @@ static bool agent_side_error(const char *code)
     return false;
 }
 
-typedef struct other_agent_q {
-    const char *model;
-    const char *exclude;
-    bool found;
-} other_agent_q;
-
-static void other_agent_cb(void *ud, registry_agent *a)
+/* Jobs waiting in the queue of a model whose last live agent was agent_id
+ * (a failover retry queued while another agent of its model was busy, a
+ * job queued at submit) move to the first model of their chain with a live
+ * agent, as a failover would. Only jobs with fallback_models are looked at
+ * (O(jobs), plus O(agents) per such job). */
+static void move_stranded(gps_jobs *j, const char *agent_id)
 {
-    other_agent_q *q = ud;
-    if (!q->found && strcmp(a->id, q->exclude) != 0 &&
-        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_SUSPECT ||
-         a->state == REGISTRY_REGISTERING) &&
-        registry_agent_serves(a, q->model))
-        q->found = true;
-}
-
-/* True when a live agent other than exclude serves the job's model. */
-static bool other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
-{
-    other_agent_q q = {job->spec.model, exclude, false};
-    registry_foreach(j->reg, other_agent_cb, &q);
-    return q.found;
+    for (gps_job *job = j->head; job; job = job->next) {
+        if (job->state != GPS_JOB_QUEUED || job->held || job->in_backoff ||
+            job->n_chain < 2 || !sched_job_queued(&job->sj) ||
+            model_live(j, job->spec.model, agent_id))
+            continue;
+        int fb = fallback_live(j, job, agent_id);
+        if (fb < 0)
+            continue;
+        sched_remove(j->sched, &job->sj);
+        uint64_t now = gp_now_mono_us();
+        if (now > job->queued_since_us)
+            job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+        const char *from = job->spec.model;
+        switch_model(job, (size_t)fb);
+        log_fallback(job, from, "queued");
+        retry_place(j, job);
+    }
 }
 
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
@@ -1107,6 +1301,7 @@ void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
         if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
             strcmp(job->agent_id, agent_id) == 0)
             fail_over(j, job, why);
+    move_stranded(j, agent_id);
 }
 
 static bool on_agent(const gps_job *job, const char *agent_id)
@@ -1356,7 +1551,8 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         if (job->spec.failover != GPS_FAILOVER_ERROR && agent_side_error(c) &&
             job->attempts < j->opts.max_attempts &&
             (!job->client_saw_output || job->spec.failover == GPS_FAILOVER_CONTINUE) &&
-            (strcmp(c, "AGENT_SHUTDOWN") == 0 || other_agent_live(j, job, job->agent_id))) {
+            (strcmp(c, "AGENT_SHUTDOWN") == 0 || other_agent_live(j, job, job->agent_id) ||
+             fallback_live(j, job, job->agent_id) >= 0)) {
             char lost[64];
             snprintf(lost, sizeof lost, "%s", job->agent_id);
             fail_over(j, job, c);

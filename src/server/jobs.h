@@ -175,6 +175,13 @@ struct gps_job {
     char ids_digest[65];
     long long sampler_seed;       /* seed every attempt samples with (wire sampler.seed) */
     sched_job sj;                 /* scheduler view; embedded (container_of) */
+    /* The models this job may run on, in the client's order: the requested
+     * one, then fallback_models (pointers to the spec's strings, which
+     * submit and failover swap between spec.model and fallback_models). */
+    char *chain[1 + GPS_MAX_FALLBACK_MODELS];
+    size_t n_chain;
+    struct event *retry_ev;       /* failover backoff timer (lazy) */
+    bool in_backoff;              /* QUEUED, waiting on retry_ev (not in the scheduler) */
     char exclude_agent[64];       /* agent lost on the previous attempt */
     struct gps_job_sub *subs;
     bool cancel_pending;          /* agent must be told to stop */
@@ -218,7 +225,51 @@ typedef struct gps_jobs_opts {
     bool log_prompts;
     long long max_job_event_bytes; /* bytes of events one agent attempt may send
                                       (0 = GPS_JOBS_MAX_EVENT_BYTES_DEFAULT) */
+    int backoff_base_ms;           /* failover backoff (gps_failover_backoff_ms); */
+    int backoff_cap_ms;            /*   0 = retries never wait */
 } gps_jobs_opts;
+
+/* ---- the failover decision (docs/architecture.md "Failover") ----
+ * Pure, so that its table is tested on its own; fail_over in jobs.c
+ * gathers the facts and carries the plan out. */
+typedef enum {
+    GPS_FO_FAIL_LOST = 0,   /* 502 AGENT_LOST: mode error, restart after output, tool calls sent */
+    GPS_FO_FAIL_EXHAUSTED,  /* 503 AGENT_LOST: max_attempts reached */
+    GPS_FO_REQUEUE,         /* nothing sent: a transparent retry from scratch */
+    GPS_FO_CONTINUE,        /* output sent, mode continue: the next agent continues it */
+} gps_fo_action;
+
+typedef struct gps_fo_facts {
+    gps_failover_mode mode;
+    bool output_sent;       /* job->client_saw_output */
+    bool tools_relayed;     /* tool call pieces went to the subscribers */
+    int attempts;           /* agents tried so far, the lost one included */
+    int max_attempts;
+    bool model_live;        /* a live agent other than the lost one serves the job's model */
+    int fallback_live;      /* first other model of the job's chain (requested model, then
+                               fallback_models in the client's order) with such an agent;
+                               -1 = none or no fallback_models */
+    int backoff_base_ms, backoff_cap_ms;
+    uint32_t rnd;           /* jitter source */
+} gps_fo_facts;
+
+typedef struct gps_fo_plan {
+    gps_fo_action action;
+    int fallback;           /* REQUEUE/CONTINUE: chain index to move to; -1 = same model */
+    long long delay_ms;     /* REQUEUE/CONTINUE: wait this long before placing; 0 = now */
+} gps_fo_plan;
+
+/* The job's model keeps the retry while any live agent serves it (a
+ * restarted agent soon takes it); when none does, the first fallback model
+ * with a live agent takes it at once instead of the job waiting out
+ * queue_timeout. With neither, the job stays queued for its model. */
+gps_fo_plan gps_failover_decide(const gps_fo_facts *f);
+/* Backoff before the retry that follows the failure of attempt number
+ * `attempts`: 0 for the first (the client waits on that retry: a free
+ * agent must take it at once); then base * 2^(attempts-2) capped at cap,
+ * with equal jitter: uniformly in [d/2, d] (rnd picks), so a burst of jobs
+ * lost together does not come back in lockstep. */
+long long gps_failover_backoff_ms(int attempts, int base_ms, int cap_ms, uint32_t rnd);
 
 /* Bounds on what an agent makes the server keep for one job (docs/
  * operations.md, "Limits and hostile peers"). An attempt may send at most

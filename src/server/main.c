@@ -636,6 +636,8 @@ int main(int argc, char **argv)
         .request_timeout_sec = (int)s->cfg.request_timeout_sec,
         .stall_timeout_sec = (int)s->cfg.stall_timeout_sec,
         .max_attempts = (int)s->cfg.max_attempts,
+        .backoff_base_ms = (int)s->cfg.failover_backoff_ms,
+        .backoff_cap_ms = (int)s->cfg.failover_backoff_max_ms,
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
         .log_prompts = s->cfg.log_prompts,
         .max_job_event_bytes = s->cfg.max_job_event_bytes,

@@ -74,6 +74,11 @@ const gp_opt gps_config_table[] = {
      "a running job without any event this long counts as lost"},
     {"max_attempts", GP_OPT_INT, O(max_attempts), "3", 1, 100, NULL,
      "agents tried per job (failover)"},
+    {"failover_backoff_ms", GP_OPT_INT, O(failover_backoff_ms), "50", 0, 60000, NULL,
+     "a job's second and later failovers wait a jittered backoff starting here, doubling "
+     "per attempt (the first retry is immediate; 0 = never wait)"},
+    {"failover_backoff_max_ms", GP_OPT_INT, O(failover_backoff_max_ms), "2000", 0, 600000,
+     NULL, "cap of the failover backoff"},
     {"max_job_event_bytes", GP_OPT_INT, O(max_job_event_bytes), "67108864", 65536,
      1073741824, NULL,
      "bytes of events one agent may send for one job (also bounded by the job's max_tokens "

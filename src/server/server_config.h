@@ -47,6 +47,8 @@ typedef struct gps_config {
     long long request_timeout_sec; /* whole request bound -> 504 */
     long long stall_timeout_sec;/* running job without an event this long -> lost */
     long long max_attempts;     /* failover attempts per job */
+    long long failover_backoff_ms;     /* first backoff of a repeated failover (0 = none) */
+    long long failover_backoff_max_ms; /* its cap */
     long long max_job_event_bytes; /* event bytes one agent attempt may send per job */
     long long task_hot_sec;     /* finished /v2 tasks stay in memory this long */
     long long client_buffer_bytes;     /* SSE backpressure high-water mark per connection */

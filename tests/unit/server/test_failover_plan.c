@@ -1,0 +1,394 @@
+/* The failover decision (issue 10 item 9): gps_failover_decide's table
+ * (mode x output sent x attempts x where a live agent is -> fail, requeue,
+ * continue, fallback, backoff), the backoff's bounds, and the jobs module
+ * carrying a plan out with a real registry, scheduler and event loop: a
+ * job whose model lost its last agent moves to its fallback model, a
+ * repeated failover waits its backoff, a job cancelled in its backoff is
+ * never placed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/jobs.h"
+
+#define C GPS_FAILOVER_CONTINUE
+#define R GPS_FAILOVER_RESTART
+#define E GPS_FAILOVER_ERROR
+
+static void test_decide_table(void **st)
+{
+    (void)st;
+    static const struct {
+        gps_failover_mode mode;
+        bool sent, tools;
+        int attempts;
+        bool model_live;
+        int fallback_live;
+        gps_fo_action action;
+        int fallback;
+        bool waits;
+    } t[] = {
+        /* nothing sent: a transparent requeue in continue and restart mode */
+        {C, false, false, 1, true, -1, GPS_FO_REQUEUE, -1, false},
+        {R, false, false, 1, true, -1, GPS_FO_REQUEUE, -1, false},
+        /* output sent: continue continues, restart and error fail */
+        {C, true, false, 1, true, -1, GPS_FO_CONTINUE, -1, false},
+        {R, true, false, 1, true, -1, GPS_FO_FAIL_LOST, -1, false},
+        {E, false, false, 1, true, -1, GPS_FO_FAIL_LOST, -1, false},
+        {E, true, false, 1, true, 0, GPS_FO_FAIL_LOST, -1, false},
+        /* tool call pieces relayed: no retry can be clean */
+        {C, false, true, 1, true, -1, GPS_FO_FAIL_LOST, -1, false},
+        /* the second and later retries wait a backoff */
+        {C, false, false, 2, true, -1, GPS_FO_REQUEUE, -1, true},
+        {C, true, false, 2, true, -1, GPS_FO_CONTINUE, -1, true},
+        /* attempts used up (max 3) */
+        {C, false, false, 3, true, -1, GPS_FO_FAIL_EXHAUSTED, -1, false},
+        {C, true, false, 3, false, 1, GPS_FO_FAIL_EXHAUSTED, -1, false},
+        {R, true, false, 3, true, -1, GPS_FO_FAIL_LOST, -1, false},
+        /* the model's last live agent is gone: the first fallback with one */
+        {C, true, false, 1, false, 1, GPS_FO_CONTINUE, 1, false},
+        {R, false, false, 1, false, 2, GPS_FO_REQUEUE, 2, false},
+        {C, false, false, 2, false, 0, GPS_FO_REQUEUE, 0, true},
+        /* a live agent of the model left: it keeps the job (fallback unused) */
+        {C, true, false, 1, true, 1, GPS_FO_CONTINUE, -1, false},
+        /* no live agent anywhere: stays queued for its model */
+        {C, true, false, 1, false, -1, GPS_FO_CONTINUE, -1, false},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        gps_fo_facts f = {.mode = t[i].mode, .output_sent = t[i].sent,
+                          .tools_relayed = t[i].tools, .attempts = t[i].attempts,
+                          .max_attempts = 3, .model_live = t[i].model_live,
+                          .fallback_live = t[i].fallback_live, .backoff_base_ms = 50,
+                          .backoff_cap_ms = 2000, .rnd = 12345};
+        gps_fo_plan p = gps_failover_decide(&f);
+        if (p.action != t[i].action || p.fallback != t[i].fallback ||
+            (p.delay_ms > 0) != t[i].waits)
+            fail_msg("row %zu: action %d fallback %d delay %lld", i, (int)p.action, p.fallback,
+                     p.delay_ms);
+    }
+}
+
+static void test_backoff_bounds(void **st)
+{
+    (void)st;
+    /* attempt -> [lo, hi] at base 50, cap 2000: d = 50 * 2^(attempts-2)
+     * capped, equal jitter in [d/2, d] */
+    static const struct {
+        int attempts;
+        long long lo, hi;
+    } t[] = {{0, 0, 0}, {1, 0, 0}, {2, 25, 50}, {3, 50, 100}, {4, 100, 200},
+             {7, 800, 1600}, {8, 1000, 2000}, {50, 1000, 2000}};
+    static const uint32_t rnds[] = {0, 1, 7, 999, 0x7fffffffu, 0xffffffffu};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        bool lo_seen = false;
+        for (size_t r = 0; r < sizeof rnds / sizeof rnds[0]; r++) {
+            long long d = gps_failover_backoff_ms(t[i].attempts, 50, 2000, rnds[r]);
+            if (d < t[i].lo || d > t[i].hi)
+                fail_msg("attempts %d rnd %u: %lld not in [%lld, %lld]", t[i].attempts,
+                         rnds[r], d, t[i].lo, t[i].hi);
+            lo_seen |= d == t[i].lo;
+        }
+        assert_true(lo_seen); /* rnd 0 gives the lower bound: the jitter is real */
+    }
+    /* 0 = off */
+    assert_int_equal(gps_failover_backoff_ms(5, 0, 2000, 3), 0);
+    assert_int_equal(gps_failover_backoff_ms(5, 50, 0, 3), 0);
+}
+
+/* ---- the jobs module carrying a plan out ---- */
+
+#define DA "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define DB "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+
+typedef struct fx {
+    struct event_base *base;
+    registry *reg;
+    sched *s;
+    gps_jobs *jobs;
+    int delivered;
+    registry_agent *delivered_to;
+    json_t *wire;
+    char fo_model[32];      /* "model" of the last failover event ("" = none) */
+    int failovers;
+    int errors;
+} fx;
+
+static int deliver(registry_agent *a, json_t *jobs_json, void *arg)
+{
+    fx *f = arg;
+    f->delivered++;
+    f->delivered_to = a;
+    json_decref(f->wire);
+    f->wire = json_incref(json_array_get(jobs_json, 0));
+    sched_agent_unready(f->s, a);
+    return 0;
+}
+
+static registry_agent *add_agent(fx *f, int i, const char *model, const char *digest)
+{
+    char body[512];
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"00000000-0000-4000-8000-%012d\",\"name\":\"a%d\","
+             "\"models\":[{\"id\":\"%s\",\"digest\":\"%s\"}],\"slots\":{\"total\":2}}",
+             i, i, model, digest);
+    json_t *j = json_loads(body, 0, NULL);
+    assert_non_null(j);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("parse: %s", err);
+    json_decref(j);
+    registry_agent *a = registry_heartbeat(f->reg, &facts, 1000, 0);
+    registry_facts_free(&facts);
+    assert_non_null(a);
+    return a;
+}
+
+static void fx_init(fx *f, int backoff_base_ms)
+{
+    memset(f, 0, sizeof *f);
+    f->base = event_base_new();
+    registry_config rc;
+    registry_config_default(&rc);
+    rc.grace_ms = 0;
+    f->reg = registry_create(&rc);
+    sched_config sc;
+    sched_config_default(&sc);
+    f->s = sched_create(f->reg, &sc);
+    gps_jobs_opts o = {.max_queue = 10, .queue_timeout_sec = 60, .request_timeout_sec = 60,
+                       .stall_timeout_sec = 60, .max_attempts = 5, .poll_interval_sec = 1,
+                       .backoff_base_ms = backoff_base_ms, .backoff_cap_ms = 2000};
+    f->jobs = gps_jobs_new(f->base, &o, f->reg, f->s, NULL, NULL);
+    assert_non_null(f->jobs);
+    gps_jobs_set_deliver(f->jobs, deliver, f);
+}
+
+static void fx_free(fx *f)
+{
+    json_decref(f->wire);
+    gps_jobs_free(f->jobs);
+    sched_destroy(f->s);
+    registry_destroy(f->reg);
+    event_base_free(f->base);
+}
+
+static void on_event(gps_job *job, gps_event_type t, json_t *ev, void *arg)
+{
+    fx *f = arg;
+    if (t == GPS_EV_TOKEN)
+        gps_job_mark_output_sent(job);
+    if (t == GPS_EV_FAILOVER) {
+        const char *m = json_string_value(json_object_get(ev, "model"));
+        snprintf(f->fo_model, sizeof f->fo_model, "%s", m ? m : "");
+        f->failovers++;
+    }
+    if (t == GPS_EV_ERROR)
+        f->errors++;
+}
+
+static gps_job *submit(fx *f, const char *model, const char *fallback)
+{
+    gps_job_spec s = {0};
+    s.kind = GPS_JOB_COMPLETION;
+    s.model = strdup(model);
+    s.prompt = strdup("hello");
+    s.max_tokens = 20;
+    s.temperature = 0;
+    s.top_p = 1;
+    s.api = "openai";
+    if (fallback) {
+        s.fallback_models[0] = strdup(fallback);
+        s.n_fallback = 1;
+    }
+    gps_submit_err err;
+    gps_job *job = gps_jobs_submit(f->jobs, &s, "corr", "", &err);
+    assert_non_null(job);
+    assert_int_equal(gps_job_subscribe(job, on_event, f), 0);
+    return job;
+}
+
+static void take(fx *f, registry_agent *a)
+{
+    json_t *arr = gps_jobs_take_for_agent(f->jobs, a, 1);
+    assert_int_equal(json_array_size(arr), 1);
+    json_decref(f->wire);
+    f->wire = json_incref(json_array_get(arr, 0));
+    json_decref(arr);
+    sched_agent_unready(f->s, a);
+}
+
+static void apply(fx *f, gps_job *job, registry_agent *a, const char *events)
+{
+    json_t *ev = json_loads(events, 0, NULL);
+    assert_non_null(ev);
+    bool cancel;
+    long long exp;
+    char msg[256];
+    assert_int_equal(gps_jobs_apply_events(f->jobs, job->id, a->id, job->agent_seq, ev, &cancel,
+                                           &exp, msg, sizeof msg),
+                     0);
+    json_decref(ev);
+}
+
+static const char *TOKENS = "[{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"Once\","
+                            "\"token_id\":5},{\"type\":\"token\",\"text\":\" upon\","
+                            "\"token_id\":6}]";
+
+/* Model A's only agent dies mid-stream; B's agent is free: the job moves
+ * to B at once (no queue_timeout wait), continues the text (another file:
+ * text continuation), and the dialects see B as the serving model and A
+ * as the requested one. */
+static void test_fallback_when_model_has_no_live_agent(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 50);
+    registry_agent *a = add_agent(&f, 1, "A", DA);
+    registry_agent *b = add_agent(&f, 2, "B", DB);
+    gps_job *job = submit(&f, "A", "B");
+    take(&f, a);
+    apply(&f, job, a, TOKENS);
+    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
+    gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_int_equal(f.failovers, 1);
+    assert_string_equal(f.fo_model, "B");
+    assert_int_equal(f.delivered, 1);         /* the first retry: at once */
+    assert_ptr_equal(f.delivered_to, b);
+    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "B");
+    assert_string_equal(json_string_value(json_object_get(f.wire, "continuation")),
+                        "Once upon");
+    assert_null(json_object_get(f.wire, "continuation_ids"));
+    assert_string_equal(job->spec.model, "B");
+    assert_string_equal(job->requested_model, "A");
+    assert_string_equal(job->continuation_mode, "text");
+    /* B's agent finishes it */
+    apply(&f, job, b, "[{\"type\":\"token\",\"text\":\" a\"},{\"type\":\"end\","
+                      "\"finish_reason\":\"stop\",\"usage\":{\"completion_tokens\":1}}]");
+    assert_int_equal(job->state, GPS_JOB_DONE);
+    assert_string_equal(job->text.data, "Once upon a");
+    assert_int_equal(job->completion_tokens, 3);
+    fx_free(&f);
+}
+
+/* A live agent of A is left (busy): the job stays with A, queued, even
+ * though B's agent is free, until that agent is lost too; and a job
+ * already on its fallback moves back to the requested model when the
+ * fallback's agent dies. */
+static void test_model_with_live_agent_keeps_the_job(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 50);
+    registry_agent *a1 = add_agent(&f, 1, "A", DA);
+    registry_agent *a2 = add_agent(&f, 3, "A", DA);
+    registry_agent *b = add_agent(&f, 2, "B", DB);
+    gps_job *job = submit(&f, "A", "B");
+    take(&f, a1);
+    apply(&f, job, a1, TOKENS);
+    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
+    gps_jobs_agent_lost(f.jobs, a1->id, "test");
+    assert_int_equal(f.delivered, 0);
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, "A");
+    assert_null(job->requested_model);
+    assert_string_equal(f.fo_model, "");
+    /* a2 dies too while the job waits in A's queue (a1 is still suspect,
+     * as an agent killed a moment ago is): it moves to B */
+    registry_mark_suspect(f.reg, a1, 2000, "test");
+    gps_jobs_agent_lost(f.jobs, a2->id, "test");
+    assert_int_equal(f.delivered, 1);
+    assert_ptr_equal(f.delivered_to, b);
+    assert_string_equal(job->spec.model, "B");
+    assert_string_equal(job->requested_model, "A");
+    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "B");
+    assert_string_equal(job->continuation_mode, "text");
+    /* a job without fallback_models stays queued for its model */
+    gps_job *j2 = submit(&f, "A", NULL);
+    assert_int_equal(j2->state, GPS_JOB_QUEUED);
+    registry_agent *b2 = add_agent(&f, 4, "B", DB);
+    assert_int_equal(sched_agent_ready(f.s, b2, 1), 0);
+    gps_jobs_agent_lost(f.jobs, a1->id, "test");
+    assert_int_equal(j2->state, GPS_JOB_QUEUED);
+    assert_string_equal(j2->spec.model, "A");
+    sched_agent_unready(f.s, b2);
+    fx_free(&f);
+
+    /* submit falls back to B (A has no agent); B's agent dies, A's came:
+     * back to the requested model, requested_model cleared */
+    fx_init(&f, 0);
+    b = add_agent(&f, 2, "B", DB);
+    job = submit(&f, "A", "B");
+    assert_string_equal(job->spec.model, "B");
+    assert_string_equal(job->requested_model, "A");
+    take(&f, b);
+    apply(&f, job, b, TOKENS);
+    a1 = add_agent(&f, 1, "A", DA);
+    gps_jobs_agent_lost(f.jobs, b->id, "test");
+    assert_string_equal(f.fo_model, "A");
+    assert_string_equal(job->spec.model, "A");
+    assert_null(job->requested_model);
+    take(&f, a1);
+    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "A");
+    fx_free(&f);
+}
+
+/* The second failover waits its backoff (not timed here: the job is not
+ * placed before the loop runs its timer, and is placed after); a job
+ * cancelled during its backoff is never placed. */
+static void test_repeated_failover_waits_backoff(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 50);
+    registry_agent *a = add_agent(&f, 1, "A", DA);
+    registry_agent *b = add_agent(&f, 2, "A", DA);
+    registry_agent *c = add_agent(&f, 3, "A", DA);
+    gps_job *job = submit(&f, "A", NULL);
+    take(&f, a);
+    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
+    gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_int_equal(f.delivered, 1);          /* first retry: immediate */
+    assert_ptr_equal(f.delivered_to, b);
+    assert_int_equal(sched_agent_ready(f.s, c, 1), 0);
+    gps_jobs_agent_lost(f.jobs, b->id, "test");
+    assert_int_equal(f.delivered, 1);          /* second: waits */
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_true(job->in_backoff);
+    for (int i = 0; i < 100 && f.delivered == 1; i++)
+        event_base_loop(f.base, EVLOOP_ONCE);
+    assert_int_equal(f.delivered, 2);
+    assert_ptr_equal(f.delivered_to, c);
+    assert_false(job->in_backoff);
+    assert_int_equal(job->attempts, 3);
+
+    /* cancelled in its backoff: the timer is gone, nothing is placed */
+    registry_agent *d = add_agent(&f, 4, "A", DA);
+    gps_jobs_agent_lost(f.jobs, c->id, "test");
+    assert_true(job->in_backoff);
+    gps_jobs_cancel(f.jobs, job, "client gone");
+    assert_false(job->in_backoff);
+    assert_int_equal(sched_agent_ready(f.s, d, 1), 0);
+    event_base_loop(f.base, EVLOOP_NONBLOCK);
+    assert_int_equal(f.delivered, 2);
+    assert_int_equal(job->state, GPS_JOB_CANCELLED);
+    sched_agent_unready(f.s, d);
+    fx_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decide_table),
+        cmocka_unit_test(test_backoff_bounds),
+        cmocka_unit_test(test_fallback_when_model_has_no_live_agent),
+        cmocka_unit_test(test_model_with_live_agent_keeps_the_job),
+        cmocka_unit_test(test_repeated_failover_waits_backoff),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
