@@ -652,10 +652,16 @@ static int reusable(const slot_cache *c, const gjob *j)
     return i;
 }
 
+/* A common prefix shorter than this (a BOS token, a chat template's first
+ * few tokens) does not make a slot worth taking over another's: taking it
+ * would throw away that slot's conversation for next to no saving. */
+#define PREFIX_MIN_USEFUL 16
+
 /* Under mu: the free slot for a prepared job. With the prefix cache, the
- * one whose cached sequence gives the most tokens, ties (and no slot with
- * a useful prefix) going to the least recently used: its K/V is the
- * least likely to be wanted again. Without it, the first free slot. */
+ * one whose cached sequence gives the most tokens; ties, and when no slot
+ * has a useful prefix (at least PREFIX_MIN_USEFUL tokens, or all that the
+ * slot holds so nothing is lost), the least recently used: its K/V is the
+ * least likely to be wanted again. Without the cache, the first free slot. */
 static int choose_slot(gguf_backend *b, const gjob *j)
 {
     int best = -1, best_reuse = -1;
@@ -665,6 +671,8 @@ static int choose_slot(gguf_backend *b, const gjob *j)
         if (!b->prefix_cache)
             return s;
         int r = reusable(&b->cache[s], j);
+        if (r < PREFIX_MIN_USEFUL && r < b->cache[s].n)
+            r = 0;
         if (r > best_reuse || (r == best_reuse && b->cache[s].tick < b->cache[best].tick)) {
             best = s;
             best_reuse = r;
