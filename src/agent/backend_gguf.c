@@ -710,7 +710,7 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     j->reused = j->n_fed = j->prog_fed = reuse;
     pthread_mutex_lock(&b->mu);
     b->pc_lookups++;
-    b->pc_hits += reuse > 0;
+    b->pc_hits += reuse >= PREFIX_MIN_USEFUL;   /* a BOS alone is no hit */
     b->pc_saved += reuse;
     b->pc_computed += j->n_toks - reuse;
     c->desc.kind[0] = '\0';   /* holds a part of the old prompt at most now */
