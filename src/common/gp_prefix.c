@@ -122,7 +122,7 @@ json_t *gp_prefix_desc_json(const gp_prefix_desc *d)
     for (int i = 0; pts && i < d->n_pts; i++)
         json_array_append_new(pts, json_pack("{s:I,s:s}", "n", (json_int_t)d->pts[i].n, "h",
                                              d->pts[i].h));
-    return json_pack("{s:s,s:I,s:o*}", "kind", d->kind, "units", (json_int_t)d->units,
+    return json_pack("{s:s,s:I,s:o}", "kind", d->kind, "units", (json_int_t)d->units,
                      "points", pts);
 }
 

@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "agent/backend.h"
+#include "common/gp_prefix.h"
 #include "gpupool/engine.h"
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
@@ -307,6 +308,43 @@ static void test_prefix_cache(void **state)
     rec_free(e);
     b->ops->destroy(b);
     cold->ops->destroy(cold);
+}
+
+
+/* The slot's advertised prefix is the chain the server computes from the
+ * same job (common/gp_prefix.h): after a 3-message chat job the slot says
+ * kind "messages", 3 units, and the hash of unit 3 matches; a request that
+ * adds a message matches those 3 units. */
+static void test_prefix_descriptor(void **state)
+{
+    (void)state;
+    agent_backend *b = make(1, 256);
+    const char *js = "{\"job_id\":\"d1\",\"kind\":\"chat\",\"params\":{\"max_tokens\":4,"
+                     "\"temperature\":0},\"messages\":[{\"role\":\"system\",\"content\":\"Be "
+                     "kind.\"},{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+                     "\"content\":\"Hello\"}]}";
+    rec *r = run(b, js);
+    json_t *facts = json_object();
+    b->ops->poll_facts(b, facts);
+    json_t *pfx = json_object_get(json_array_get(json_object_get(json_object_get(facts,
+                                  "prefix_cache"), "slots"), 0), "prefix");
+    gp_prefix_desc have;
+    assert_int_equal(gp_prefix_desc_parse(pfx, &have), 0);
+    assert_string_equal(have.kind, "messages");
+    assert_int_equal(have.units, 3);
+    json_error_t je;
+    json_t *job = json_loads(js, 0, &je);
+    json_array_append_new(json_object_get(job, "messages"),
+                          json_pack("{s:s,s:s}", "role", "user", "content", "More"));
+    gp_prefix_chain req;
+    assert_int_equal(gp_prefix_chain_of_job(job, &req), 0);
+    assert_int_equal(req.units, 4);
+    assert_int_equal(gp_prefix_match(&req, &have), 3);
+    gp_prefix_chain_free(&req);
+    json_decref(job);
+    json_decref(facts);
+    rec_free(r);
+    b->ops->destroy(b);
 }
 
 /* Start job (a JSON object, borrowed) with the token_ids sink. */
@@ -632,6 +670,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_descriptor),
         cmocka_unit_test(test_stop_count_chat_errors),
         cmocka_unit_test(test_token_continuation_exact),
         cmocka_unit_test(test_bad_model),
