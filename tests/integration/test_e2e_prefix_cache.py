@@ -1,8 +1,8 @@
-"""Prompt-prefix cache end to end (issue 13): gpupool-server with two
-gguf agents on models/stories260K.gguf, one with the cache (the default)
-and one started with --no-prefix-cache. A two-turn chat (the second turn
-resends the first with the reply and a new question) runs on each agent
-(x_pool_options.prefer_agent): the greedy answers are identical, and the
+"""Prompt-prefix cache end to end (issue 13): gpupool-server and a gguf
+agent on models/stories260K.gguf with the cache (the default), then, in its
+place, one started with --no-prefix-cache (one agent at a time: routing is
+certain). A two-turn chat (the second turn resends the first with the reply
+and a new question) runs on each: the greedy answers are identical, and the
 server's metrics, from the agents' poll facts, show the cached agent's hit
 and saved tokens and none for the other. Skipped when the agent was built
 without the gguf backend.
@@ -43,52 +43,51 @@ class PrefixCacheE2ETest(harness.TestCase):
         if not gguf_built():
             self.skipTest("gpupool-agent built without the gguf backend")
         self.srv = self.h.start_server(["--poll_interval_sec", "1"])
-        common = ["--model", MODEL, "--threads", "1"]
-        self.warm = self.h.start_agent(self.srv, upstream=None, slots=1, alias="tiny",
-                                       name="warm", args=common)
-        self.cold = self.h.start_agent(self.srv, upstream=None, slots=1, alias="tiny",
-                                       name="cold", args=common + ["--no-prefix-cache"])
-        self.srv.wait_model("tiny")
 
-    def chat(self, agent, messages):
+    def chat(self, messages):
         st, hdr, body = http_json("POST", self.srv.url + "/v1/chat/completions",
                                   {"model": "tiny", "temperature": 0, "max_tokens": 16,
-                                   "messages": messages,
-                                   "x_pool_options": {"prefer_agent": agent}}, timeout=120)
+                                   "messages": messages}, timeout=120)
         self.assertEqual(st, 200, body)
         return body["choices"][0]["message"]["content"]
 
-    def test_second_turn_hits_and_matches_cold(self):
-        ids = {"warm": self.warm.agent_id(), "cold": self.cold.agent_id()}
-        harness.wait_until(lambda: all(metric(self.scrape(), "agent_queue_depth", i) is not None
-                                       for i in ids.values()), timeout=30,
-                           what="both agents registered")
+    def conversation(self, name, args):
+        """Start one agent (the only one, so routing is certain), run two
+        turns, wait for its poll facts to count both; returns the answers
+        and the facts as the server's metrics show them; stops the agent."""
+        agent = self.h.start_agent(self.srv, upstream=None, slots=1, alias="tiny", name=name,
+                                   args=["--model", MODEL, "--threads", "1"] + args)
+        self.srv.wait_model("tiny")
+        aid = agent.agent_id()
+        harness.wait_until(lambda: metric(self.scrape(), "agent_queue_depth", aid) is not None,
+                           timeout=30, what=name + " registered")
         turn1 = [{"role": "system", "content": SYSTEM},
                  {"role": "user", "content": "Tell me about a cat and a ball."}]
-        answers = {}
-        for name in ("warm", "cold"):
-            a1 = self.chat(ids[name], turn1)
-            turn2 = turn1 + [{"role": "assistant", "content": a1},
-                             {"role": "user", "content": "What happened next?"}]
-            a2 = self.chat(ids[name], turn2)
-            answers[name] = (a1, a2)
-        self.assertEqual(answers["warm"], answers["cold"])
-
-        def facts_arrived():
-            t = self.scrape()
-            return (metric(t, "agent_prefix_cache_lookups_total", ids["warm"]) == 2 and
-                    metric(t, "agent_prefix_cache_lookups_total", ids["cold"]) == 2)
-        harness.wait_until(facts_arrived, timeout=30, what="both agents' prefix facts")
+        a1 = self.chat(turn1)
+        a2 = self.chat(turn1 + [{"role": "assistant", "content": a1},
+                                {"role": "user", "content": "What happened next?"}])
+        harness.wait_until(
+            lambda: metric(self.scrape(), "agent_prefix_cache_lookups_total", aid) == 2,
+            timeout=30, what=name + "'s prefix facts")
         t = self.scrape()
-        self.assertEqual(metric(t, "agent_prefix_cache_hits_total", ids["warm"]), 1)
-        self.assertGreater(metric(t, "agent_prefix_cache_tokens_saved_total", ids["warm"]), 16)
-        self.assertGreater(metric(t, "agent_prefix_cache_tokens_held", ids["warm"]), 0)
-        self.assertEqual(metric(t, "agent_prefix_cache_hits_total", ids["cold"]), 0)
-        self.assertEqual(metric(t, "agent_prefix_cache_tokens_saved_total", ids["cold"]), 0)
-        warm_computed = metric(t, "agent_prefix_cache_tokens_computed_total", ids["warm"])
-        cold_computed = metric(t, "agent_prefix_cache_tokens_computed_total", ids["cold"])
-        self.assertEqual(warm_computed + metric(t, "agent_prefix_cache_tokens_saved_total",
-                                                ids["warm"]), cold_computed)
+        facts = {k: metric(t, "agent_prefix_cache_" + k, aid)
+                 for k in ("hits_total", "tokens_saved_total", "tokens_computed_total",
+                           "tokens_held")}
+        self.assertEqual(agent.stop(grace=30), 0)
+        return (a1, a2), facts
+
+    def test_second_turn_hits_and_matches_cold(self):
+        warm, wf = self.conversation("warm", [])
+        cold, cf = self.conversation("cold", ["--no-prefix-cache"])
+        self.assertEqual(warm, cold)
+        self.assertEqual(wf["hits_total"], 1)
+        self.assertGreater(wf["tokens_saved_total"], 16)
+        self.assertGreater(wf["tokens_held"], 0)
+        self.assertEqual(cf["hits_total"], 0)
+        self.assertEqual(cf["tokens_saved_total"], 0)
+        # the same prompts: what one saved, the other computed
+        self.assertEqual(wf["tokens_computed_total"] + wf["tokens_saved_total"],
+                         cf["tokens_computed_total"])
 
     def scrape(self):
         st, _, raw = http_request("GET", self.srv.url + "/metrics", timeout=30)
