@@ -223,6 +223,15 @@ void gpe_ctx_free(gpe_ctx *ctx);
 int gpe_ctx_n_ctx(const gpe_ctx *ctx);
 /* Forget everything sequence seq holds (its positions restart at 0). */
 void gpe_seq_clear(gpe_ctx *ctx, int seq);
+/* Keep the first n positions of sequence seq and forget the rest (n >=
+ * what it holds: no change; n <= 0: as gpe_seq_clear). The sequence's next
+ * token goes at position n. This is how a prompt that shares a prefix with
+ * what a sequence holds reuses that prefix's K/V: truncate to the common
+ * length, then decode only the rest (keep at least the last prompt token
+ * to decode, since logits come only from a decode). K/V rows depend only on
+ * the tokens at and before their position, so the result equals a fresh
+ * prefill up to float rounding of the batch shapes. */
+void gpe_seq_truncate(gpe_ctx *ctx, int seq, int n);
 /* Number of positions sequence seq currently holds. */
 int gpe_seq_len(const gpe_ctx *ctx, int seq);
 

@@ -53,6 +53,9 @@ const gp_opt agent_config_table[] = {
      "gguf backend: CPU threads (0 = all cores)"},
     {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
      "gguf backend: context length per slot (0 = the model's)"},
+    {"prefix-cache", GP_OPT_BOOL, O(prefix_cache), "true", 0, 0, NULL,
+     "gguf backend: keep each slot's K/V after a job and reuse the longest common token "
+     "prefix of the next prompt (--no-prefix-cache: recompute every prompt)"},
     {"alias", GP_OPT_STR, O(alias), NULL, 0, 0, NULL,
      "public model id (default: the upstream model, or the model file's name)"},
 };

@@ -40,6 +40,7 @@ typedef struct agent_options {
     char *model;               /* path to a .gguf file */
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's) */
+    bool prefix_cache;         /* reuse each slot's cached prompt prefix (default on) */
     /* --- both --- */
     char *alias;               /* public model id (default: upstream model / file stem) */
 } agent_options;

@@ -38,6 +38,16 @@
  * A prompt is fed n_batch tokens per step; between steps a job still in
  * prefill reports progress (job_progress) so that a long prompt is not
  * mistaken for a dead agent.
+ *
+ * Prompt-prefix cache (on unless --no-prefix-cache): a slot keeps its
+ * sequence when its job ends, with the tokens it holds (slot_cache). A
+ * pending job is tokenized first, then takes the free slot whose tokens
+ * share the longest prefix with its own (ties and no match: the least
+ * recently used slot); the sequence is cut to that prefix and only the rest
+ * is prefilled (always at least the last prompt token, for its logits).
+ * Token-exact continuations match like any prompt (their ids are part of
+ * the tokens). Counters and, per slot, the prompt units held (gp_prefix.h)
+ * go into the poll facts as "prefix_cache" (docs/protocol.md).
  */
 #include "agent/backend.h"
 
@@ -49,6 +59,7 @@
 #include <time.h>
 
 #include "agent/agent_facts.h"
+#include "common/gp_prefix.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "gpupool/engine.h"
@@ -88,7 +99,27 @@ typedef struct gjob {
     double t_start, t_first;
     int prog_fed;              /* n_fed at the last progress report */
     double t_prog;             /* time of the last progress report (or admission) */
+    /* prompt-prefix cache */
+    bool prepared;             /* tokenized (decode thread, while still pending) */
+    bool finished;             /* ended while pending (count_tokens, errors): terminal sent */
+    int reused;                /* prompt tokens whose K/V the slot already held */
+    gp_prefix_chain chain;     /* the prompt's message/text chain (docs/protocol.md) */
 } gjob;
+
+/* What a slot's KV sequence holds once its job is over (prompt-prefix
+ * cache). toks mirrors the sequence token for token: a token is recorded
+ * when it goes into a batch and the record is cut back to gpe_seq_len after
+ * each decode, so toks[0..n) are exactly the positions the sequence holds.
+ * Owned by the decode thread, except desc/held/used_at (under mu, for
+ * poll_facts). */
+typedef struct slot_cache {
+    int32_t *toks;             /* [n_ctx] */
+    int n;
+    uint64_t tick;             /* admission order: the smallest is least recently used */
+    gp_prefix_desc desc;       /* under mu: the units of the last prompt held; kind "" = none */
+    int held;                  /* under mu: n as of the last step */
+    double used_at;            /* under mu: when its last job was admitted (0: never) */
+} slot_cache;
 
 typedef struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
@@ -109,6 +140,11 @@ typedef struct gguf_backend {
                                   read under mu by job_cancel */
     long kv_used;              /* under mu: positions held, for poll_facts */
     int n_pending;             /* under mu */
+    bool prefix_cache;         /* --prefix-cache (default on) */
+    slot_cache *cache;         /* [n_slots] */
+    uint64_t tick;             /* decode thread: admissions so far */
+    /* under mu: prompt-prefix cache counters since start (poll facts) */
+    long long pc_lookups, pc_hits, pc_saved, pc_computed;
 } gguf_backend;
 
 static double now_s(void)
@@ -131,6 +167,7 @@ static void job_free(gjob *j)
         free(j->stops[i]);
     gpe_sampler_free(j->smp);
     gpe_stop_free(j->stop);
+    gp_prefix_chain_free(&j->chain);
     free(j);
 }
 
@@ -448,6 +485,9 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
+    /* Only what the server can compute too: no chain is fine (nothing
+     * advertised for the slot). */
+    gp_prefix_chain_of_job(job, &j->chain);
     j->slot = -1;
     j->t_start = now_s();
     return j;
@@ -488,7 +528,8 @@ static void job_end(gjob *j, const char *reason)
     if (j->sink.metrics && !j->count_only) {
         double t = now_s();
         double gen = j->t_first > 0 ? t - j->t_first : 0;
-        json_t *m = json_pack("{s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_prompt,
+        json_t *m = json_pack("{s:i, s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_prompt,
+                              "prompt_tokens_cached", j->reused < j->n_prompt ? j->reused : j->n_prompt,
                               "completion_tokens", (json_int_t)j->n_gen, "time_to_first_token_ms",
                               j->t_first > 0 ? (j->t_first - j->t_start) * 1e3 : 0.0,
                               "tokens_per_sec", gen > 0 && j->n_gen > 1 ? (j->n_gen - 1) / gen : 0.0);
@@ -562,37 +603,88 @@ static void prime_stop(gguf_backend *b, gjob *j)
     gp_buf_free(&all);
 }
 
-/* Admit one job into a free slot: tokenize and set up sampling. Returns
- * false when the job ended here (count_tokens, errors). */
-static bool job_admit(gguf_backend *b, gjob *j, int slot)
+/* While the job is still pending (its slot is chosen from its tokens):
+ * tokenize, and end here the jobs that need no slot (count_tokens) or
+ * cannot run. Sets prepared; sets finished when the terminal event was
+ * sent (the job is then only unlinked and freed). */
+static void job_prepare(gguf_backend *b, gjob *j)
 {
+    j->prepared = true;
+    j->finished = true;
     j->toks = tokenize(b, j->text, &j->n_toks);
     if (!j->toks) {
         job_error(j, "INTERNAL_ERROR", "tokenization failed");
-        return false;
+        return;
     }
     j->n_prompt = j->n_toks;
     if (!append_cont_ids(j)) {
         job_error(j, "INTERNAL_ERROR", "out of memory");
-        return false;
+        return;
     }
     if (j->sink.started)
         j->sink.started(j->sink.ctx);
     if (j->count_only) {
         job_end(j, "stop");
-        return false;
+        return;
     }
     if (j->n_toks == 0) {
         job_error(j, "INVALID_REQUEST", "empty prompt");
-        return false;
+        return;
     }
     if (j->n_toks >= b->n_ctx) {
         char msg[160];
         snprintf(msg, sizeof msg, "prompt has %d tokens; the context holds %d", j->n_toks,
                  b->n_ctx);
         job_error(j, "CONTEXT_OVERFLOW", msg);
-        return false;
+        return;
     }
+    j->finished = false;
+}
+
+/* Prompt tokens a slot's cached sequence can give this job: the longest
+ * common prefix, but never the last prompt token (its logits come only
+ * from decoding it). */
+static int reusable(const slot_cache *c, const gjob *j)
+{
+    int n = c->n < j->n_toks - 1 ? c->n : j->n_toks - 1, i = 0;
+    while (i < n && c->toks[i] == j->toks[i])
+        i++;
+    return i;
+}
+
+/* A common prefix shorter than this (a BOS token, a chat template's first
+ * few tokens) does not make a slot worth taking over another's: taking it
+ * would throw away that slot's conversation for next to no saving. */
+#define PREFIX_MIN_USEFUL 16
+
+/* Under mu: the free slot for a prepared job. With the prefix cache, the
+ * one whose cached sequence gives the most tokens; ties, and when no slot
+ * has a useful prefix (at least PREFIX_MIN_USEFUL tokens, or all that the
+ * slot holds so nothing is lost), the least recently used: its K/V is the
+ * least likely to be wanted again. Without the cache, the first free slot. */
+static int choose_slot(gguf_backend *b, const gjob *j)
+{
+    int best = -1, best_reuse = -1;
+    for (int s = 0; s < b->n_slots; s++) {
+        if (b->slots[s])
+            continue;
+        if (!b->prefix_cache)
+            return s;
+        int r = reusable(&b->cache[s], j);
+        if (r < PREFIX_MIN_USEFUL && r < b->cache[s].n)
+            r = 0;
+        if (r > best_reuse || (r == best_reuse && b->cache[s].tick < b->cache[best].tick)) {
+            best = s;
+            best_reuse = r;
+        }
+    }
+    return best;
+}
+
+/* Admit a prepared job into its slot: set up sampling, and keep the
+ * slot's cached prefix (prefill starts after it) or clear the slot. */
+static bool job_admit(gguf_backend *b, gjob *j, int slot)
+{
     j->smp = gpe_sampler_init(&j->sp);
     j->stop = gpe_stop_init((const char *const *)j->stops, j->n_stops);
     if (!j->smp || !j->stop) {
@@ -608,7 +700,23 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     j->slot = slot;
     j->state = J_PREFILL;
     j->t_prog = now_s();
-    gpe_seq_clear(b->ctx, slot);
+    slot_cache *c = &b->cache[slot];
+    int reuse = b->prefix_cache ? reusable(c, j) : 0;
+    /* The K/V rows of positions < reuse were computed from the same tokens
+     * at the same positions: only the rest is decoded. */
+    gpe_seq_truncate(b->ctx, slot, reuse);
+    c->n = reuse;
+    c->tick = ++b->tick;
+    j->reused = j->n_fed = j->prog_fed = reuse;
+    pthread_mutex_lock(&b->mu);
+    b->pc_lookups++;
+    b->pc_hits += reuse >= PREFIX_MIN_USEFUL;   /* a BOS alone is no hit */
+    b->pc_saved += reuse;
+    b->pc_computed += j->n_toks - reuse;
+    c->desc.kind[0] = '\0';   /* holds a part of the old prompt at most now */
+    c->held = reuse;
+    c->used_at = j->t_prog;
+    pthread_mutex_unlock(&b->mu);
     return true;
 }
 
@@ -698,42 +806,90 @@ static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
     return NULL;
 }
 
+/* Record a token going into slot s's sequence (the cache mirrors it). */
+static void cache_push(gguf_backend *b, int s, int32_t tok)
+{
+    slot_cache *c = &b->cache[s];
+    if (c->n < b->n_ctx)
+        c->toks[c->n++] = tok;
+}
+
+/* Step 1 of the loop: wait for work, tokenize the jobs that free slots can
+ * take (outside mu: they stay in `pending`, where job_cancel finds them,
+ * and only this thread unlinks or frees pending jobs), then admit them in
+ * FIFO order, each into its best slot. Fills admit[] and cancelled[];
+ * returns whether the backend is stopping. */
+static bool admit_step(gguf_backend *b, gjob **admit, int *n_admit, bool *cancelled)
+{
+    pthread_mutex_lock(&b->mu);
+    while (!b->stopping && !b->pending) {
+        bool busy = false;
+        for (int s = 0; s < b->n_slots; s++)
+            busy |= b->slots[s] != NULL;
+        if (busy)
+            break;
+        pthread_cond_wait(&b->cv, &b->mu);
+    }
+    gjob *prep[64];
+    int n_prep = 0, n_free = 0;
+    for (int s = 0; s < b->n_slots; s++)
+        n_free += b->slots[s] == NULL;
+    for (gjob *j = b->pending; j && !b->stopping && n_prep < n_free && n_prep < 64; j = j->next)
+        if (!j->prepared)
+            prep[n_prep++] = j;
+    pthread_mutex_unlock(&b->mu);
+
+    for (int i = 0; i < n_prep; i++)
+        job_prepare(b, prep[i]);
+
+    pthread_mutex_lock(&b->mu);
+    bool stopping = b->stopping;
+    gjob *done = NULL;
+    *n_admit = 0;
+    for (gjob **pp = &b->pending; *pp;) {
+        gjob *j = *pp;
+        if (j->finished) {   /* ended while pending: unlink, free below */
+            *pp = j->next;
+            b->n_pending--;
+            j->next = done;
+            done = j;
+            continue;
+        }
+        if (stopping || !j->prepared || *n_admit == 64)
+            break;
+        int s = choose_slot(b, j);
+        if (s < 0)
+            break;
+        *pp = j->next;
+        b->n_pending--;
+        j->slot = s;
+        b->slots[s] = j;   /* reserve the slot (job_cancel sees it) */
+        admit[(*n_admit)++] = j;
+    }
+    for (int s = 0; s < b->n_slots; s++)
+        cancelled[s] = b->slots[s] && (b->slots[s]->cancel || stopping);
+    pthread_mutex_unlock(&b->mu);
+    while (done) {
+        gjob *next = done->next;
+        job_free(done);
+        done = next;
+    }
+    return stopping;
+}
+
 static void *decode_main(void *arg)
 {
     gguf_backend *b = arg;
     gpe_batch *batch = gpe_batch_init(b->n_batch + b->n_slots);
     int *entry = malloc((size_t)b->n_slots * sizeof *entry);   /* slot -> batch index */
+    bool *cancelled = malloc((size_t)b->n_slots * sizeof *cancelled);
     char err[256];
 
     for (;;) {
         /* 1. Admit pending jobs into free slots; collect cancels. */
-        pthread_mutex_lock(&b->mu);
-        while (!b->stopping && !b->pending) {
-            bool busy = false;
-            for (int s = 0; s < b->n_slots; s++)
-                busy |= b->slots[s] != NULL;
-            if (busy)
-                break;
-            pthread_cond_wait(&b->cv, &b->mu);
-        }
-        bool stopping = b->stopping;
         gjob *admit[64];
         int n_admit = 0;
-        for (int s = 0; s < b->n_slots && b->pending && n_admit < 64; s++) {
-            if (b->slots[s])
-                continue;
-            gjob *j = b->pending;
-            b->pending = j->next;
-            b->n_pending--;
-            j->slot = s;
-            b->slots[s] = j;   /* reserve the slot (job_cancel sees it) */
-            admit[n_admit++] = j;
-        }
-        bool cancelled[b->n_slots > 0 ? b->n_slots : 1];
-        for (int s = 0; s < b->n_slots; s++)
-            cancelled[s] = b->slots[s] && (b->slots[s]->cancel || stopping);
-        pthread_mutex_unlock(&b->mu);
-
+        bool stopping = admit_step(b, admit, &n_admit, cancelled);
         for (int a = 0; a < n_admit; a++) {
             gjob *j = admit[a];
             int s = j->slot;
@@ -757,7 +913,8 @@ static void *decode_main(void *arg)
             }
         }
         if (stopping) {
-            /* pending jobs never started: they still get their terminal event */
+            /* pending jobs never started: they still get their terminal
+             * event (those that ended while pending already had theirs) */
             pthread_mutex_lock(&b->mu);
             gjob *p = b->pending;
             b->pending = NULL;
@@ -765,7 +922,8 @@ static void *decode_main(void *arg)
             pthread_mutex_unlock(&b->mu);
             while (p) {
                 gjob *next = p->next;
-                job_error(p, "CANCELLED", "agent stopping");
+                if (!p->finished)
+                    job_error(p, "CANCELLED", "agent stopping");
                 job_free(p);
                 p = next;
             }
@@ -779,8 +937,10 @@ static void *decode_main(void *arg)
         for (int s = 0; s < b->n_slots; s++) {
             entry[s] = -1;
             gjob *j = b->slots[s];
-            if (j && j->state == J_GEN)
+            if (j && j->state == J_GEN) {
                 entry[s] = gpe_batch_add(batch, j->last, gpe_seq_len(b->ctx, s), s, true);
+                cache_push(b, s, j->last);
+            }
         }
         for (int s = 0; s < b->n_slots && budget > 0; s++) {
             gjob *j = b->slots[s];
@@ -792,6 +952,7 @@ static void *decode_main(void *arg)
             for (int i = 0; i < take; i++) {
                 bool last = j->n_fed + i == j->n_toks - 1;
                 int e = gpe_batch_add(batch, j->toks[j->n_fed + i], j->n_fed + i, s, last);
+                cache_push(b, s, j->toks[j->n_fed + i]);
                 if (last)
                     entry[s] = e;
             }
@@ -802,10 +963,13 @@ static void *decode_main(void *arg)
             continue;
         gpe_status st = gpe_decode(b->ctx, batch, err, sizeof err);
 
-        /* 3. Sample for every slot that got logits; finish jobs. */
+        /* 3. Sample for every slot that got logits; finish jobs. A job's
+         *    sequence stays in its slot for the next prompt (prefix cache),
+         *    except after an error or with the cache off. */
         long used = 0;
         for (int s = 0; s < b->n_slots; s++) {
             gjob *j = b->slots[s];
+            slot_cache *c = &b->cache[s];
             if (!j)
                 continue;
             const char *reason = NULL;
@@ -813,6 +977,12 @@ static void *decode_main(void *arg)
                 job_error(j, st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR", err);
                 reason = "";
             } else if (entry[s] >= 0) {
+                if (j->state == J_PREFILL && j->chain.units > 0) {
+                    /* The whole prompt is in the sequence now: advertise it. */
+                    pthread_mutex_lock(&b->mu);
+                    gp_prefix_desc_of_chain(&j->chain, &c->desc);
+                    pthread_mutex_unlock(&b->mu);
+                }
                 reason = job_step(b, j, gpe_get_logits(b->ctx, entry[s]));
                 if (reason)
                     job_end(j, reason);
@@ -823,7 +993,12 @@ static void *decode_main(void *arg)
                 pthread_mutex_lock(&b->mu);
                 b->slots[s] = NULL;
                 pthread_mutex_unlock(&b->mu);
-                gpe_seq_clear(b->ctx, s);
+                if (st != GPE_OK || !b->prefix_cache) {
+                    gpe_seq_clear(b->ctx, s);
+                    pthread_mutex_lock(&b->mu);
+                    c->desc.kind[0] = '\0';
+                    pthread_mutex_unlock(&b->mu);
+                }
                 job_free(j);
             } else {
                 used += gpe_seq_len(b->ctx, s);
@@ -831,8 +1006,17 @@ static void *decode_main(void *arg)
         }
         pthread_mutex_lock(&b->mu);
         b->kv_used = used;
+        for (int s = 0; s < b->n_slots; s++) {
+            /* the record is exactly what the sequence holds (a failed
+             * decode commits nothing) */
+            int len = gpe_seq_len(b->ctx, s);
+            if (b->cache[s].n > len)
+                b->cache[s].n = len;
+            b->cache[s].held = b->cache[s].n;
+        }
         pthread_mutex_unlock(&b->mu);
     }
+    free(cancelled);
     free(entry);
     gpe_batch_free(batch);
     return NULL;
@@ -854,6 +1038,9 @@ static void gguf_destroy(agent_backend *base)
     }
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
+    for (int s = 0; b->cache && s < b->n_slots; s++)
+        free(b->cache[s].toks);
+    free(b->cache);
     free(b->slots);
     free(b->alias);
     free(b->test_gate);
@@ -880,6 +1067,32 @@ static json_t *gguf_models(agent_backend *base)
     return m;
 }
 
+/* The prompt-prefix cache's poll facts (docs/protocol.md "Prompt-prefix
+ * cache"): counters since start, and per slot how many positions it holds
+ * and which prompt units they are (gp_prefix.h), so that the server can
+ * route a conversation to the slot that holds it. New reference. */
+static json_t *prefix_facts(gguf_backend *b)
+{
+    json_t *slots = json_array();
+    pthread_mutex_lock(&b->mu);
+    double t = now_s();
+    for (int s = 0; slots && s < b->n_slots; s++) {
+        const slot_cache *c = &b->cache[s];
+        json_t *o = json_pack("{s:i,s:b,s:i,s:I}", "slot", s, "busy", b->slots[s] != NULL,
+                              "tokens", c->held, "idle_ms",
+                              (json_int_t)(c->used_at > 0 ? (t - c->used_at) * 1e3 : -1));
+        if (o && c->desc.kind[0])
+            json_object_set_new(o, "prefix", gp_prefix_desc_json(&c->desc));
+        json_array_append_new(slots, o);
+    }
+    json_t *pc = json_pack("{s:b,s:I,s:I,s:I,s:I,s:o*}", "enabled", b->prefix_cache, "lookups",
+                           (json_int_t)b->pc_lookups, "hits", (json_int_t)b->pc_hits,
+                           "tokens_saved", (json_int_t)b->pc_saved, "tokens_computed",
+                           (json_int_t)b->pc_computed, "slots", slots);
+    pthread_mutex_unlock(&b->mu);
+    return pc;
+}
+
 static void gguf_poll_facts(agent_backend *base, json_t *body)
 {
     gguf_backend *b = (gguf_backend *)base;
@@ -889,6 +1102,9 @@ static void gguf_poll_facts(agent_backend *base, json_t *body)
     pthread_mutex_unlock(&b->mu);
     json_object_set_new(body, "kv_cache_utilization", json_real(util));
     json_object_set_new(body, "queue_depth", json_integer(depth));
+    json_t *pc = prefix_facts(b);
+    if (pc)
+        json_object_set_new(body, "prefix_cache", pc);
 }
 
 static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
@@ -994,6 +1210,13 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
     }
     b->n_ctx = gpe_ctx_n_ctx(b->ctx);
     b->slots = calloc((size_t)b->n_slots, sizeof *b->slots);
+    b->prefix_cache = o->prefix_cache;
+    b->cache = calloc((size_t)b->n_slots, sizeof *b->cache);
+    for (int s = 0; b->cache && s < b->n_slots; s++)
+        if (!(b->cache[s].toks = malloc((size_t)b->n_ctx * sizeof *b->cache[s].toks))) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
     if (o->alias && *o->alias) {
         b->alias = strdup(o->alias);
     } else {
@@ -1005,7 +1228,7 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
             n -= 5;
         b->alias = strndup(base, n);
     }
-    if (!b->slots || !b->alias) {
+    if (!b->slots || !b->cache || !b->alias) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }

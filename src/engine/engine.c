@@ -558,6 +558,19 @@ void gpe_seq_clear(gpe_ctx *ctx, int seq)
 #endif
 }
 
+void gpe_seq_truncate(gpe_ctx *ctx, int seq, int n)
+{
+    if (!ctx)
+        return;
+    if (n <= 0) {
+        gpe_seq_clear(ctx, seq);
+        return;
+    }
+    /* The CUDA backend reads K/V by position too (i <= pos), and takes the
+     * positions from the batch: the host length is the whole state. */
+    gpe_kv_seq_truncate(&ctx->kv, seq, n);
+}
+
 int gpe_seq_len(const gpe_ctx *ctx, int seq)
 {
     return ctx ? gpe_kv_seq_len(&ctx->kv, seq) : 0;

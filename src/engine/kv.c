@@ -71,6 +71,16 @@ void gpe_kv_seq_clear(gpe_kv *kv, int seq)
         kv->len[seq] = 0;
 }
 
+void gpe_kv_seq_truncate(gpe_kv *kv, int seq, int n)
+{
+    if (seq < 0 || seq >= kv->n_seq)
+        return;
+    if (n < 0)
+        n = 0;
+    if (n < kv->len[seq])
+        kv->len[seq] = n;
+}
+
 int gpe_kv_seq_len(const gpe_kv *kv, int seq)
 {
     return (seq >= 0 && seq < kv->n_seq) ? kv->len[seq] : 0;

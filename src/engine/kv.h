@@ -67,6 +67,10 @@ extern float gpe_kv_f16_table[65536];
 
 /* Forget a sequence (positions restart at 0). Out-of-range seq is ignored. */
 void gpe_kv_seq_clear(gpe_kv *kv, int seq);
+/* Keep the first n positions of a sequence (rows beyond stay in memory but
+ * are never read again: attention reads positions < len only, and the next
+ * decode overwrites them). n >= len or an out-of-range seq: no change. */
+void gpe_kv_seq_truncate(gpe_kv *kv, int seq, int n);
 /* Positions a sequence holds, 0 for an out-of-range seq. */
 int gpe_kv_seq_len(const gpe_kv *kv, int seq);
 /* Fraction of all positions in use (for the agent's kv_cache_utilization). */

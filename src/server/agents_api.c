@@ -1052,6 +1052,19 @@ static void collect_one(void *ud, registry_agent *a)
         gps_metrics_set(c->m, "agent_queue_depth", l, (double)a->queue_depth);
         if (json_is_number(json_object_get(a->facts, "kv_cache_utilization")))
             gps_metrics_set(c->m, "agent_kv_cache_utilization", l, a->kv_cache_utilization);
+        if (a->prefix.reported) {
+            long long held = 0;
+            for (size_t i = 0; i < a->prefix.n_slots; i++)
+                held += a->prefix.slots[i].tokens;
+            gps_metrics_set(c->m, "agent_prefix_cache_lookups_total", l,
+                            (double)a->prefix.lookups);
+            gps_metrics_set(c->m, "agent_prefix_cache_hits_total", l, (double)a->prefix.hits);
+            gps_metrics_set(c->m, "agent_prefix_cache_tokens_saved_total", l,
+                            (double)a->prefix.tokens_saved);
+            gps_metrics_set(c->m, "agent_prefix_cache_tokens_computed_total", l,
+                            (double)a->prefix.tokens_computed);
+            gps_metrics_set(c->m, "agent_prefix_cache_tokens_held", l, (double)held);
+        }
     }
 }
 
@@ -1062,6 +1075,11 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
     c.m = m;
     gps_metrics_reset(m, "agent_queue_depth");
     gps_metrics_reset(m, "agent_kv_cache_utilization");
+    gps_metrics_reset(m, "agent_prefix_cache_lookups_total");
+    gps_metrics_reset(m, "agent_prefix_cache_hits_total");
+    gps_metrics_reset(m, "agent_prefix_cache_tokens_saved_total");
+    gps_metrics_reset(m, "agent_prefix_cache_tokens_computed_total");
+    gps_metrics_reset(m, "agent_prefix_cache_tokens_held");
     if (g->reg)
         registry_foreach(g->reg, collect_one, &c);
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {

@@ -326,6 +326,19 @@ int gps_metrics_define_server(gps_metrics *m)
          "KV-cache positions in use (0 to 1) of a live agent, as it reported on its last poll "
          "(agents that report it only).",
          NULL, 0},
+        /* Prompt-prefix cache of gguf agents, as each reported on its last
+         * poll (counters since the agent started: a restart resets them). */
+        {"agent_prefix_cache_lookups_total", GPS_METRIC_COUNTER,
+         "Prompts a live agent looked up in its prompt-prefix cache.", NULL, 0},
+        {"agent_prefix_cache_hits_total", GPS_METRIC_COUNTER,
+         "Prompts that reused a cached prefix of a live agent's slot.", NULL, 0},
+        {"agent_prefix_cache_tokens_saved_total", GPS_METRIC_COUNTER,
+         "Prompt tokens a live agent took from its prefix cache instead of computing them.",
+         NULL, 0},
+        {"agent_prefix_cache_tokens_computed_total", GPS_METRIC_COUNTER,
+         "Prompt tokens a live agent computed (prefill).", NULL, 0},
+        {"agent_prefix_cache_tokens_held", GPS_METRIC_GAUGE,
+         "KV positions a live agent's slots hold for reuse, summed over its slots.", NULL, 0},
         {"failovers_total", GPS_METRIC_COUNTER,
          "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
          NULL, 0},

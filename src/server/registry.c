@@ -101,6 +101,7 @@ void registry_facts_free(registry_facts *f)
     free(f->platform);
     models_free(f->models, f->n_models);
     labels_free(f->labels, f->n_labels);
+    free(f->prefix.slots);
     json_decref(f->raw);
     memset(f, 0, sizeof(*f));
 }
@@ -232,6 +233,74 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
     return parse_digest(m, idx, out, err, errlen);
 }
 
+/* "prefix_cache" (optional): counters and per-slot descriptors, bounded
+ * by MAX_SLOTS entries of gp_prefix_desc's own bounds. */
+#define MAX_PREFIX_COUNT 1000000000000000LL
+static int parse_prefix(const json_t *pc, int slots_total, registry_prefix *out, char *err,
+                        size_t errlen)
+{
+    if (!pc || json_is_null(pc))
+        return 0;
+    if (!json_is_object(pc))
+        return fail(err, errlen, "prefix_cache: must be an object");
+    out->reported = true;
+    out->enabled = json_is_true(json_object_get(pc, "enabled"));
+    if (opt_int(pc, "lookups", &out->lookups, MAX_PREFIX_COUNT) < 0 ||
+        opt_int(pc, "hits", &out->hits, MAX_PREFIX_COUNT) < 0 ||
+        opt_int(pc, "tokens_saved", &out->tokens_saved, MAX_PREFIX_COUNT) < 0 ||
+        opt_int(pc, "tokens_computed", &out->tokens_computed, MAX_PREFIX_COUNT) < 0)
+        return fail(err, errlen, "prefix_cache: lookups, hits, tokens_saved and "
+                                 "tokens_computed must be integers from 0 to %lld",
+                    MAX_PREFIX_COUNT);
+    const json_t *slots = json_object_get(pc, "slots");
+    if (!slots || json_is_null(slots))
+        return 0;
+    if (!json_is_array(slots) || json_array_size(slots) > (size_t)slots_total)
+        return fail(err, errlen, "prefix_cache.slots: must be an array of at most slots.total "
+                    "(%d) entries", slots_total);
+    size_t n = json_array_size(slots);
+    if (n && !(out->slots = calloc(n, sizeof *out->slots)))
+        return fail(err, errlen, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *sl = json_array_get(slots, i);
+        registry_prefix_slot *ps = &out->slots[i];
+        long long slot, tokens;
+        const json_t *desc = json_object_get(sl, "prefix");
+        if (!json_is_object(sl) || !json_is_integer(json_object_get(sl, "slot")) ||
+            opt_int(sl, "slot", &slot, MAX_SLOTS - 1) < 0 ||
+            opt_int(sl, "tokens", &tokens, 1LL << 32) < 0 ||
+            (desc && !json_is_null(desc) && gp_prefix_desc_parse(desc, &ps->desc) < 0))
+            return fail(err, errlen, "prefix_cache.slots[%zu]: must be {slot, busy, tokens, "
+                        "prefix: {kind, units, points: [{n, h}] (at most %d)}}", i,
+                        GP_PREFIX_MAX_POINTS);
+        ps->slot = (int)slot;
+        ps->tokens = tokens;
+        ps->busy = json_is_true(json_object_get(sl, "busy"));
+        out->n_slots = i + 1;
+    }
+    return 0;
+}
+
+long registry_agent_prefix_match(const registry_agent *a, const gp_prefix_chain *req,
+                                 int *slot, long long *tokens)
+{
+    long best = 0;
+    for (size_t i = 0; a && i < a->prefix.n_slots; i++) {
+        const registry_prefix_slot *ps = &a->prefix.slots[i];
+        if (ps->busy)
+            continue;
+        long u = gp_prefix_match(req, &ps->desc);
+        if (u > best) {
+            best = u;
+            if (slot)
+                *slot = ps->slot;
+            if (tokens)
+                *tokens = ps->tokens;
+        }
+    }
+    return best;
+}
+
 int registry_facts_parse(const json_t *body, registry_facts *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof(*out));
@@ -326,6 +395,9 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     }
 
     if (gps_agent_hw_check(body, err, errlen) < 0)
+        return -1;
+    if (parse_prefix(json_object_get(body, "prefix_cache"), out->slots_total, &out->prefix, err,
+                     errlen) < 0)
         return -1;
 
     const json_t *st = json_object_get(body, "status");
@@ -509,6 +581,7 @@ static void agent_free(registry_agent *a)
     free(a->platform);
     models_free(a->models, a->n_models);
     labels_free(a->labels, a->n_labels);
+    free(a->prefix.slots);
     json_decref(a->facts);
     free(a);
 }
@@ -590,6 +663,7 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
     SWAP_FIELD(a->labels, f->labels);
     SWAP_FIELD(a->n_labels, f->n_labels);
     SWAP_FIELD(a->facts, f->raw);
+    SWAP_FIELD(a->prefix, f->prefix);
     if (changed) {
         if (a->in_index)
             index_count(reg, a, +1);

@@ -44,6 +44,8 @@
 
 #include <jansson.h>
 
+#include "common/gp_prefix.h"
+
 typedef enum registry_state {
     REGISTRY_REGISTERING = 0, /* first poll being processed (transient) */
     REGISTRY_HEALTHY,         /* takes new jobs */
@@ -77,6 +79,25 @@ typedef struct registry_model_info {
                                with equal digests continue each other's jobs from token ids */
 } registry_model_info;
 
+/* One slot's prompt-prefix cache, as an agent reports it (docs/protocol.md
+ * "Prompt-prefix cache"). */
+typedef struct registry_prefix_slot {
+    int slot;
+    bool busy;                  /* running a job now */
+    long long tokens;           /* positions its KV sequence holds */
+    gp_prefix_desc desc;        /* the prompt units held; kind "" = none advertised */
+} registry_prefix_slot;
+
+/* An agent's prompt-prefix cache facts: counters since the agent started,
+ * and per slot what it holds. reported is false for agents without one
+ * (openai backend, older agents). slots is owned by the struct. */
+typedef struct registry_prefix {
+    bool reported, enabled;
+    long long lookups, hits, tokens_saved, tokens_computed;
+    registry_prefix_slot *slots;
+    size_t n_slots;
+} registry_prefix;
+
 /* What one POST /agents/poll reports (docs/protocol.md). All strings and
  * arrays are owned by the struct; registry_facts_free releases them. */
 typedef struct registry_facts {
@@ -91,6 +112,7 @@ typedef struct registry_facts {
     int queue_depth;
     double kv_cache_utilization;
     bool draining;                     /* status == "draining" */
+    registry_prefix prefix;            /* "prefix_cache" */
     json_t *raw;                       /* the whole body (reference held by facts) */
 } registry_facts;
 
@@ -118,6 +140,7 @@ typedef struct registry_agent {
     int slots_busy;             /* reported */
     int queue_depth;            /* reported */
     double kv_cache_utilization;/* reported */
+    registry_prefix prefix;     /* reported prompt-prefix cache */
     json_t *facts;              /* last poll body, borrowed reference (gpus etc.) */
 
     registry_state state;
@@ -299,5 +322,13 @@ typedef struct registry_model_entry {
  * array (caller frees the array only; strings are borrowed) and its length
  * in *n; NULL with *n = 0 when empty or on ENOMEM. */
 registry_model_entry *registry_models_list(const registry *reg, size_t *n);
+
+/* For prefix-aware routing (the scheduler's side is a later issue): of
+ * a's free slots, the one whose advertised prefix covers the most units of
+ * a request's chain (gp_prefix_chain_of_job over the job the agent would
+ * get). Returns the units matched (0: none) and, when > 0, the slot and
+ * the positions it holds. O(slots x log units). */
+long registry_agent_prefix_match(const registry_agent *a, const gp_prefix_chain *req,
+                                 int *slot, long long *tokens);
 
 #endif

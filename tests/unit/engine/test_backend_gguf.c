@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "agent/backend.h"
+#include "common/gp_prefix.h"
 #include "gpupool/engine.h"
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
@@ -30,6 +31,7 @@ typedef struct rec {
     char text[8192];
     size_t len;
     int n_tokens, n_started, n_metrics, n_terminal;
+    long long cached;          /* metrics prompt_tokens_cached, -1 when absent */
     char reason[32], code[64];
     long long prompt_tokens, completion_tokens;
     /* token_ids sink: every id, and after each token event the text
@@ -67,7 +69,15 @@ static void on_token_ids(void *c, const char *t, size_t n, const int32_t *ids, s
     }
     pthread_mutex_unlock(&r->mu);
 }
-static void on_metrics(void *c, json_t *m) { (void)m; rec *r = c; pthread_mutex_lock(&r->mu); r->n_metrics++; pthread_mutex_unlock(&r->mu); }
+static void on_metrics(void *c, json_t *m)
+{
+    rec *r = c;
+    pthread_mutex_lock(&r->mu);
+    r->n_metrics++;
+    json_t *v = json_object_get(m, "prompt_tokens_cached");
+    r->cached = json_is_integer(v) ? json_integer_value(v) : -1;
+    pthread_mutex_unlock(&r->mu);
+}
 static void on_end(void *c, const char *reason, long long pt, long long ct)
 {
     rec *r = c;
@@ -126,7 +136,8 @@ static agent_job_sink sink_for(rec *r)
     return s;
 }
 
-static agent_backend *make(int slots, int ctx)
+/* The agent's default: prompt-prefix cache on. */
+static agent_backend *make_pc(int slots, int ctx, bool prefix_cache)
 {
     agent_options o;
     memset(&o, 0, sizeof o);
@@ -134,11 +145,17 @@ static agent_backend *make(int slots, int ctx)
     o.slots = slots;
     o.threads = 2;
     o.ctx_size = ctx;
+    o.prefix_cache = prefix_cache;
     char err[256];
     agent_backend *b = agent_backend_gguf_create(&o, err, sizeof err);
     if (!b)
         fail_msg("create: %s", err);
     return b;
+}
+
+static agent_backend *make(int slots, int ctx)
+{
+    return make_pc(slots, ctx, true);
 }
 
 static int start(agent_backend *b, const char *json, rec *r)
@@ -192,6 +209,142 @@ static void test_greedy_jobs_batched(void **state)
     json_decref(facts);
     b->ops->destroy(b);
     json_decref(ref);
+}
+
+
+/* Run one job (JSON text) to its end on b; the record is the caller's. */
+static rec *run(agent_backend *b, const char *json)
+{
+    rec *r = rec_new();
+    assert_int_equal(start(b, json, r), 0);
+    rec_wait(r);
+    assert_string_equal(r->code, "");
+    return r;
+}
+
+static long long fact(json_t *facts, const char *key)
+{
+    return json_integer_value(json_object_get(json_object_get(facts, "prefix_cache"), key));
+}
+
+#define STORY_A "Once upon a time, there was a little girl named Lily. She loved to play " \
+                "outside in the park with her big red ball and her friend Tom."
+#define STORY_B "The sun was hot and the kids went to the beach. They built a castle of " \
+                "sand and a dog came to look at it and barked at the waves."
+#define JOB(id, prompt) "{\"job_id\":\"" id "\",\"kind\":\"completion\",\"prompt\":\"" prompt \
+                        "\",\"params\":{\"max_tokens\":12,\"temperature\":0}}"
+
+/* Issue 13, prompt-prefix cache: a job whose prompt extends an earlier
+ * one's reuses the slot that holds it (prompt_tokens_cached > 0, facts
+ * count it) and streams exactly what a backend without the cache streams;
+ * with two slots holding different stories, each extension goes to the
+ * slot of its own story, also when that slot is not the least recently
+ * used; with the cache off nothing is reused. */
+static void test_prefix_cache(void **state)
+{
+    (void)state;
+    agent_backend *b = make(2, 256), *cold = make_pc(2, 256, false);
+    rec *a = run(b, JOB("a", STORY_A));
+    assert_int_equal(a->cached, 0);
+    rec *bb = run(b, JOB("b", STORY_B));
+    assert_true(bb->cached <= 1);   /* at most BOS: B took the other (empty) slot */
+    /* Slot of A is the least recently used; B's extension must still go
+     * to B's slot. */
+    rec *c = run(b, JOB("c", STORY_B " Then the sea came up and took it away."));
+    assert_true(c->cached >= bb->prompt_tokens - 1);
+    assert_true(c->cached < c->prompt_tokens);
+    rec *d = run(b, JOB("d", STORY_A " One day the ball rolled into the pond."));
+    assert_true(d->cached >= a->prompt_tokens - 1);
+    /* The same prompt again: everything but the last token comes from the
+     * cache, and the output is the same. */
+    rec *e = run(b, JOB("e", STORY_A " One day the ball rolled into the pond."));
+    assert_int_equal(e->cached, d->prompt_tokens - 1);
+    assert_string_equal(e->text, d->text);
+
+    /* Identical output to cold runs. */
+    const char *cold_jobs[] = {JOB("c", STORY_B " Then the sea came up and took it away."),
+                               JOB("d", STORY_A " One day the ball rolled into the pond.")};
+    rec *warm[] = {c, d};
+    for (int i = 0; i < 2; i++) {
+        rec *r = run(cold, cold_jobs[i]);
+        assert_int_equal(r->cached, 0);
+        assert_string_equal(r->text, warm[i]->text);
+        assert_int_equal(r->completion_tokens, warm[i]->completion_tokens);
+        rec_free(r);
+    }
+
+    json_t *facts = json_object();
+    b->ops->poll_facts(b, facts);
+    long long saved = a->cached + bb->cached + c->cached + d->cached + e->cached;
+    long long total = a->prompt_tokens + bb->prompt_tokens + c->prompt_tokens +
+                      d->prompt_tokens + e->prompt_tokens;
+    assert_int_equal(fact(facts, "lookups"), 5);
+    assert_true(fact(facts, "hits") >= 3);
+    assert_int_equal(fact(facts, "tokens_saved"), saved);
+    assert_int_equal(fact(facts, "tokens_computed"), total - saved);
+    assert_true(json_is_true(json_object_get(json_object_get(facts, "prefix_cache"), "enabled")));
+    /* Each slot holds its story and advertises it as one text unit...
+     * (prompts under 1 KiB have no whole text block: no units) */
+    json_t *slots = json_object_get(json_object_get(facts, "prefix_cache"), "slots");
+    assert_int_equal(json_array_size(slots), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *sl = json_array_get(slots, i);
+        assert_true(json_integer_value(json_object_get(sl, "tokens")) > 30);
+        assert_false(json_is_true(json_object_get(sl, "busy")));
+    }
+    json_decref(facts);
+
+    facts = json_object();
+    cold->ops->poll_facts(cold, facts);
+    assert_int_equal(fact(facts, "tokens_saved"), 0);
+    assert_int_equal(fact(facts, "hits"), 0);
+    assert_false(json_is_true(json_object_get(json_object_get(facts, "prefix_cache"), "enabled")));
+    json_decref(facts);
+
+    rec_free(a);
+    rec_free(bb);
+    rec_free(c);
+    rec_free(d);
+    rec_free(e);
+    b->ops->destroy(b);
+    cold->ops->destroy(cold);
+}
+
+
+/* The slot's advertised prefix is the chain the server computes from the
+ * same job (common/gp_prefix.h): after a 3-message chat job the slot says
+ * kind "messages", 3 units, and the hash of unit 3 matches; a request that
+ * adds a message matches those 3 units. */
+static void test_prefix_descriptor(void **state)
+{
+    (void)state;
+    agent_backend *b = make(1, 256);
+    const char *js = "{\"job_id\":\"d1\",\"kind\":\"chat\",\"params\":{\"max_tokens\":4,"
+                     "\"temperature\":0},\"messages\":[{\"role\":\"system\",\"content\":\"Be "
+                     "kind.\"},{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\","
+                     "\"content\":\"Hello\"}]}";
+    rec *r = run(b, js);
+    json_t *facts = json_object();
+    b->ops->poll_facts(b, facts);
+    json_t *pfx = json_object_get(json_array_get(json_object_get(json_object_get(facts,
+                                  "prefix_cache"), "slots"), 0), "prefix");
+    gp_prefix_desc have;
+    assert_int_equal(gp_prefix_desc_parse(pfx, &have), 0);
+    assert_string_equal(have.kind, "messages");
+    assert_int_equal(have.units, 3);
+    json_error_t je;
+    json_t *job = json_loads(js, 0, &je);
+    json_array_append_new(json_object_get(job, "messages"),
+                          json_pack("{s:s,s:s}", "role", "user", "content", "More"));
+    gp_prefix_chain req;
+    assert_int_equal(gp_prefix_chain_of_job(job, &req), 0);
+    assert_int_equal(req.units, 4);
+    assert_int_equal(gp_prefix_match(&req, &have), 3);
+    gp_prefix_chain_free(&req);
+    json_decref(job);
+    json_decref(facts);
+    rec_free(r);
+    b->ops->destroy(b);
 }
 
 /* Start job (a JSON object, borrowed) with the token_ids sink. */
@@ -516,6 +669,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
+        cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_descriptor),
         cmocka_unit_test(test_stop_count_chat_errors),
         cmocka_unit_test(test_token_continuation_exact),
         cmocka_unit_test(test_bad_model),

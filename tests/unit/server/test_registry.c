@@ -66,7 +66,7 @@ static registry_agent *poll_json(registry *reg, int i, const char *models_json,
 {
     char id[37];
     agent_uuid(i, id);
-    char body[2048];
+    char body[4096];
     snprintf(body, sizeof(body),
              "{\"agent_id\":\"%s\",\"name\":\"agent-%d\",\"version\":\"0.1.0\","
              "\"platform\":\"linux-x86_64\",\"models\":%s,\"slots\":{\"total\":4,\"busy\":0}%s%s}",
@@ -498,6 +498,122 @@ static void test_many_agents_expiry(void **st)
     registry_destroy(reg);
 }
 
+
+/* Issue 13, prompt-prefix cache: an agent's "prefix_cache" facts are kept
+ * (counters, per-slot descriptors) and a request's message chain matches
+ * the free slot that advertises the longest prefix of it; bad facts are
+ * refused naming the field. */
+static json_t *chat_job(const char *last, const char *tools)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "{\"kind\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+             "{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
+             "\"Hello!\"}%s%s%s]%s%s}",
+             last ? ",{\"role\":\"user\",\"content\":\"" : "", last ? last : "",
+             last ? "\"}" : "", tools ? ",\"tools\":" : "", tools ? tools : "");
+    json_error_t je;
+    json_t *j = json_loads(buf, 0, &je);
+    assert_non_null(j);
+    return j;
+}
+
+static void test_prefix_facts(void **st)
+{
+    (void)st;
+    registry *reg = mkreg(0);
+    /* slot 0 holds the 3-message conversation, slot 1 (busy) the same */
+    json_t *held = chat_job(NULL, NULL);
+    gp_prefix_chain c;
+    assert_int_equal(gp_prefix_chain_of_job(held, &c), 0);
+    assert_int_equal(c.units, 3);
+    assert_string_equal(c.kind, "messages");
+    gp_prefix_desc d;
+    gp_prefix_desc_of_chain(&c, &d);
+    assert_int_equal(d.n_pts, 3);   /* 1, 2, 3 */
+    json_t *dj = gp_prefix_desc_json(&d);
+    char *djs = json_dumps(dj, JSON_COMPACT);
+    char extra[1600];
+    snprintf(extra, sizeof extra,
+             "\"prefix_cache\":{\"enabled\":true,\"lookups\":9,\"hits\":4,\"tokens_saved\":700,"
+             "\"tokens_computed\":300,\"slots\":[{\"slot\":0,\"busy\":false,\"tokens\":120,"
+             "\"prefix\":%s},{\"slot\":1,\"busy\":true,\"tokens\":99,\"prefix\":%s}]}",
+             djs, djs);
+    registry_agent *a = poll_json(reg, 1, "[{\"id\":\"m1\"}]", extra, 10);
+    assert_true(a->prefix.reported);
+    assert_true(a->prefix.enabled);
+    assert_int_equal(a->prefix.lookups, 9);
+    assert_int_equal(a->prefix.hits, 4);
+    assert_int_equal(a->prefix.tokens_saved, 700);
+    assert_int_equal(a->prefix.tokens_computed, 300);
+    assert_int_equal(a->prefix.n_slots, 2);
+
+    /* The next turn (one more message) matches all 3 held messages. */
+    json_t *next = chat_job("And now?", NULL);
+    gp_prefix_chain rc;
+    assert_int_equal(gp_prefix_chain_of_job(next, &rc), 0);
+    assert_int_equal(rc.units, 4);
+    int slot = -1;
+    long long tokens = 0;
+    assert_int_equal(registry_agent_prefix_match(a, &rc, &slot, &tokens), 3);
+    assert_int_equal(slot, 0);
+    assert_int_equal(tokens, 120);
+    gp_prefix_chain_free(&rc);
+    /* Other tools change what precedes the messages: no match. */
+    json_t *tooled = chat_job("And now?", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+    assert_int_equal(gp_prefix_chain_of_job(tooled, &rc), 0);
+    assert_int_equal(registry_agent_prefix_match(a, &rc, NULL, NULL), 0);
+    gp_prefix_chain_free(&rc);
+    /* A text prompt: whole 1 KiB blocks only; never matches messages. */
+    char *big = malloc(2600);
+    memset(big, 'x', 2599);
+    big[2599] = '\0';
+    json_t *tj = json_pack("{s:s}", "prompt", big);
+    assert_int_equal(gp_prefix_chain_of_job(tj, &rc), 0);
+    assert_int_equal(rc.units, 2);
+    assert_string_equal(rc.kind, "text");
+    assert_int_equal(registry_agent_prefix_match(a, &rc, NULL, NULL), 0);
+    gp_prefix_chain_free(&rc);
+    json_decref(tj);
+    free(big);
+
+    /* A later poll without prefix_cache forgets it. */
+    a = poll1(reg, 1, 20);
+    assert_false(a->prefix.reported);
+    assert_int_equal(a->prefix.n_slots, 0);
+
+    /* Bad facts are refused, naming the field. */
+    char err[256], b[2400];
+    const char *id = "\"agent_id\":\"8d3f1c2e-7b4a-4c1d-9e2f-0a1b2c3d4e5f\",\"models\":[]";
+    const char *bad[][2] = {
+        {"\"slots\":{\"total\":1},\"prefix_cache\":5", "prefix_cache"},
+        {"\"slots\":{\"total\":1},\"prefix_cache\":{\"hits\":-1}", "prefix_cache"},
+        {"\"slots\":{\"total\":1},\"prefix_cache\":{\"slots\":[{\"slot\":0},{\"slot\":1}]}",
+         "prefix_cache.slots"},
+        {"\"slots\":{\"total\":1},\"prefix_cache\":{\"slots\":[{\"slot\":0,\"prefix\":{\"kind\":"
+         "\"messages\",\"units\":2,\"points\":[{\"n\":1,\"h\":\"XYZ\"}]}}]}",
+         "prefix_cache.slots[0]"},
+        {"\"slots\":{\"total\":1},\"prefix_cache\":{\"slots\":[{\"slot\":0,\"prefix\":{\"kind\":"
+         "\"messages\",\"units\":1,\"points\":[{\"n\":2,\"h\":\"0123456789abcdef\"}]}}]}",
+         "prefix_cache.slots[0]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(b, sizeof b, "{%s,%s}", id, bad[i][0]);
+        err[0] = '\0';
+        assert_int_equal(parse_err(b, err, sizeof err), -1);
+        if (!strstr(err, bad[i][1]))
+            fail_msg("case %zu: message '%s' does not name '%s'", i, err, bad[i][1]);
+    }
+
+    free(djs);
+    json_decref(dj);
+    json_decref(held);
+    json_decref(next);
+    json_decref(tooled);
+    gp_prefix_chain_free(&c);
+    registry_destroy(reg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -513,6 +629,7 @@ int main(void)
         cmocka_unit_test(test_model_index),
         cmocka_unit_test(test_counters_and_labels),
         cmocka_unit_test(test_many_agents_expiry),
+        cmocka_unit_test(test_prefix_facts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
