@@ -289,6 +289,7 @@ struct gps_tasks {
     struct event *tick;
     gps_auth *auth;               /* borrowed; NULL: no key is admin here */
     task *inflight;               /* tasks with a job_events write in flight */
+    bool gated;                   /* events wait for their commit (store with job_events) */
 };
 
 static unsigned bucket_of(const char *id)
@@ -378,7 +379,7 @@ static void sub_remove(task *t, task_sub *s)
  * without a store: nothing would survive a restart anyway). */
 static size_t released(const task *t)
 {
-    return t->owner->store ? t->durable : json_array_size(t->events);
+    return t->owner->gated ? t->durable : json_array_size(t->events);
 }
 
 /* Hand events[from..) to the store as one job_events batch (async,
@@ -407,7 +408,7 @@ static void task_flush(task *t)
 {
     gps_tasks *g = t->owner;
     size_t n = json_array_size(t->events);
-    if (!g->store || t->inflight_seq || t->durable >= n)
+    if (!g->gated || t->inflight_seq || t->durable >= n)
         return;
     uint64_t seq = task_write(t, t->durable);
     if (!seq) {
@@ -1458,7 +1459,10 @@ gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *sto
             return NULL;
         }
     }
-    if (store)
+    /* A DB without job_events (custom migrations) cannot make events
+     * durable: they go out at once, as without a store. */
+    g->gated = store && gps_store_has_job_events(store);
+    if (g->gated)
         gps_store_set_commit_cb(store, on_commit, g);
     return g;
 }
@@ -1469,7 +1473,7 @@ void gps_tasks_free(gps_tasks *g)
         return;
     if (g->tick)
         event_free(g->tick);
-    if (g->store)
+    if (g->gated)
         gps_store_set_commit_cb(g->store, NULL, NULL);
     while (g->head) {
         /* Shutdown: the events not in the store yet go there (closed after
@@ -1478,7 +1482,7 @@ void gps_tasks_free(gps_tasks *g)
          * their ids; either way a client sees each id once. */
         task *t = g->head;
         size_t from = t->inflight_seq ? t->inflight_n : t->durable;
-        if (g->store && from < json_array_size(t->events))
+        if (g->gated && from < json_array_size(t->events))
             task_write(t, from);
         task_free(g, t);
     }

@@ -961,6 +961,11 @@ static void on_commit(evutil_socket_t fd, short what, void *arg)
         fn(farg, done, failed);
 }
 
+bool gps_store_has_job_events(gps_store *s)
+{
+    return s && s->st[K_EVENTS_ADD] != NULL;
+}
+
 void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
 {
     pthread_mutex_lock(&s->mu);

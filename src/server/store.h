@@ -250,6 +250,9 @@ int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *eve
  * (done_seq only grows). Only one listener: set it before the loop runs,
  * and to NULL before arg goes away. Needs the event_base given to open. */
 typedef void (*gps_store_commit_fn)(void *arg, uint64_t done_seq, bool failed);
+/* Can this DB's schema hold job_events (a custom migrations_dir may lack
+ * the table: then no write will ever commit, do not wait for one)? */
+bool gps_store_has_job_events(gps_store *s);
 void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg);
 /* Replace the stored input of a job (jobs.request): native tasks store the
  * whole validated body so a restart can resubmit it. */

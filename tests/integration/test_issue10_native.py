@@ -393,5 +393,28 @@ class Issue10(harness.TestCase):
         self.assertEqual([r["reason"] for r in restarts], ["SERVER_RESTART"] * kills)
 
 
+    def test_item6_db_without_job_events_still_streams(self):
+        # A custom migrations dir without job_events: no event can become
+        # durable, so none is held back waiting for it (they go out at once).
+        src = os.environ.get("GPUPOOL_SOURCE_DIR", os.path.dirname(os.path.dirname(
+            os.path.dirname(os.path.abspath(__file__)))))
+        mig = self.h.path("mig")
+        os.mkdir(mig)
+        with open(os.path.join(src, "migrations", "0001_init.sql")) as f, \
+                open(os.path.join(mig, "0001_init.sql"), "w") as g:
+            g.write(f.read())
+        self.server(["--migrations_dir", mig])
+        a, _ = self.agents()
+        st, _, t = harness.http_json("POST", self.srv.url + "/v2/tasks",
+                                     {"model": "m1", "prompt": "p", "max_tokens": 5})
+        self.assertEqual(st, 202, t)
+        job = self.take(a)
+        a.events(job["job_id"], [{"type": "started"}, tok("ok"), end(1)])
+        st, _, data = harness.http_request("GET", self.srv.url + t["events_url"], timeout=15)
+        self.assertEqual(st, 200)
+        evs = harness.parse_sse(data.decode())
+        self.assertEqual([e["event"] for e in evs], ["queued", "started", "token", "end"])
+
+
 if __name__ == "__main__":
     harness.main()
