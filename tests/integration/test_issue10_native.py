@@ -148,10 +148,14 @@ class Issue10(harness.TestCase):
         # emitted in front of B's.
         self.server()
         a, b = self.agents()
-        s = in_thread(lambda: harness.SSEStream(
-            "POST", self.srv.url + "/v1/messages",
-            {"model": "m1", "max_tokens": 50, "stream": True, "stop_sequences": ["XYZW"],
-             "messages": [{"role": "user", "content": "hi"}]}).events())
+        def read_all():
+            with harness.SSEStream(
+                    "POST", self.srv.url + "/v1/messages",
+                    {"model": "m1", "max_tokens": 50, "stream": True,
+                     "stop_sequences": ["XYZW"],
+                     "messages": [{"role": "user", "content": "hi"}]}) as st:
+                return st.events()
+        s = in_thread(read_all)
         job = self.take(a)
         a.events(job["job_id"], [{"type": "started"}, tok("XY")])
         a.restart()
