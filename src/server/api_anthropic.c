@@ -1083,7 +1083,21 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
                              (double)(gp_now_mono_us() - st->start_us) / 1e6);
         }
-        gp_buf_append(&st->pending, text ? text : "", text ? strlen(text) : 0);
+        /* Issue 10 item 1: a requeue before output reached the client
+         * drops the job's text (jobs.c fail_over) and the next attempt
+         * starts over. What this reply gathered of the lost attempt (the
+         * non-streaming body, the stop holdback) must go too, or the
+         * body is the partial text followed by the whole. The job's text
+         * already holds this token: what we hold must be a prefix of the
+         * rest. */
+        size_t tl = text ? strlen(text) : 0;
+        size_t held = (st->stream ? 0 : st->text.len) + st->pending.len;
+        if (held + tl > job->text.len) {
+            gp_buf_consume(&st->pending, st->pending.len);
+            if (!st->stream)
+                gp_buf_consume(&st->text, st->text.len);
+        }
+        gp_buf_append(&st->pending, text ? text : "", tl);
         if (!st->stops) {
             emit_text(st, st->pending.data, st->pending.len);
             gp_buf_consume(&st->pending, st->pending.len);

@@ -28,11 +28,9 @@
 #define TICK_MS 250
 #define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
 #define KEEPALIVE_US (15ull * 1000000ull)
-/* Event-log checkpoints (job_events): a batch is written when this many
- * events are pending, at the terminal event, and otherwise from the tick
- * once the oldest pending event is this old. */
-#define CHECKPOINT_EVENTS 64
-#define CHECKPOINT_US (1000ull * 1000ull)
+/* A job_events write that failed (queue full, a failed COMMIT) is tried
+ * again from the tick, at most this often. */
+#define FLUSH_RETRY_US (250ull * 1000ull)
 
 /* ------------------------------------------------------------------ */
 /* Parsing                                                             */
@@ -228,6 +226,9 @@ typedef struct task_sub {
     gps_sse_pace *pace;
     size_t ev_sent;
     size_t part;
+    /* Last-Event-ID: events with seq <= after are the client's already,
+     * also those recorded after it connected (issue 10 item 5). */
+    long long after;
     bool too_slow;
     struct task_sub *next;
 } task_sub;
@@ -245,9 +246,17 @@ struct task {
     long long last_pos;           /* last queue position announced (-1 none) */
     uint64_t finished_us;
     task_sub *subs;
-    /* Checkpoints: events[0..flushed) were handed to the store. */
-    size_t flushed;
-    uint64_t pending_since_us;    /* when events[flushed] was recorded */
+    uint64_t created_us;          /* for request_duration_seconds at the end */
+    /* Durability (issue 10 item 6): an event goes to clients only once it
+     * is committed to job_events, so that its id means the same thing
+     * after a crash. events[0..durable) are committed (released to
+     * clients); events[durable..inflight_n) are in the one batch in
+     * flight (store op inflight_seq, 0: none); the rest wait for it. */
+    size_t durable;
+    size_t inflight_n;
+    uint64_t inflight_seq;
+    uint64_t retry_us;            /* a failed write: not before this */
+    struct task *fnext;           /* gps_tasks.inflight list */
     /* Restored at start-up and not resubmitted yet (job is NULL): the
      * stored request, to resubmit until resume_deadline_us. */
     json_t *resume_body;
@@ -279,6 +288,8 @@ struct gps_tasks {
     svc_rec *svc;
     struct event *tick;
     gps_auth *auth;               /* borrowed; NULL: no key is admin here */
+    task *inflight;               /* tasks with a job_events write in flight */
+    bool gated;                   /* events wait for their commit (store with job_events) */
 };
 
 static unsigned bucket_of(const char *id)
@@ -364,26 +375,97 @@ static void sub_remove(task *t, task_sub *s)
         }
 }
 
-/* Hand the events recorded since the last checkpoint to the store as one
- * job_events batch (async, group-committed: never blocks the loop). */
-static void task_flush(task *t)
+/* Events a client may be sent: those durable in the store (all of them
+ * without a store: nothing would survive a restart anyway). */
+static size_t released(const task *t)
+{
+    return t->owner->gated ? t->durable : json_array_size(t->events);
+}
+
+/* Hand events[from..) to the store as one job_events batch (async,
+ * group-committed: never blocks the loop). Returns the op's seq, 0 when
+ * the write was refused (queue full, ENOMEM). */
+static uint64_t task_write(task *t, size_t from)
 {
     size_t n = json_array_size(t->events);
-    gps_store *st = t->owner->store;
-    if (!st || t->flushed >= n)
-        return;
     json_t *batch = json_array();
-    for (size_t i = t->flushed; batch && i < n; i++)
+    for (size_t i = from; batch && i < n; i++)
         json_array_append(batch, json_array_get(t->events, i));
-    if (batch && gps_store_job_events(st, t->id, batch) == 0)
-        t->flushed = n;
-    else
-        gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored", t->id,
-                    t->flushed + 1, n);
-    /* On failure the batch is retried from the next tick: replay must
-     * never skip a seq. */
-    t->pending_since_us = gp_now_mono_us();
+    uint64_t seq = 0;
+    if (!batch || gps_store_job_events_seq(t->owner->store, t->id, batch, &seq) < 0) {
+        seq = 0;
+        gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored yet", t->id,
+                    from + 1, n);
+    }
     json_decref(batch);
+    return seq;
+}
+
+/* Write the events not yet durable, unless a batch is in flight (its
+ * commit notification writes the rest: one batch per task at a time, so
+ * a burst of events shares a row and a retry is never out of order). */
+static void task_flush(task *t)
+{
+    gps_tasks *g = t->owner;
+    size_t n = json_array_size(t->events);
+    if (!g->gated || t->inflight_seq || t->durable >= n)
+        return;
+    uint64_t seq = task_write(t, t->durable);
+    if (!seq) {
+        t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US; /* the tick tries again */
+        return;
+    }
+    t->inflight_seq = seq;
+    t->inflight_n = n;
+    t->fnext = g->inflight;
+    g->inflight = t;
+}
+
+static bool sub_catch_up(task *t, task_sub *s);
+
+/* The store committed (or failed) its job_events writes up to done_seq:
+ * release what became durable to the streams, write what waited. */
+static void on_commit(void *arg, uint64_t done_seq, bool failed)
+{
+    gps_tasks *g = arg;
+    task *list = g->inflight;
+    g->inflight = NULL;
+    task *next;
+    for (task *t = list; t; t = next) {
+        next = t->fnext;
+        t->fnext = NULL;
+        if (t->inflight_seq > done_seq) {
+            t->fnext = g->inflight; /* still in flight */
+            g->inflight = t;
+            continue;
+        }
+        t->inflight_seq = 0;
+        if (failed) {
+            /* Maybe this batch, maybe another: write it again (same
+             * first_seq: replaces the row if it did land). */
+            t->inflight_n = t->durable;
+            t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US;
+            continue;
+        }
+        t->durable = t->inflight_n;
+        task_flush(t);
+        task_sub *s = t->subs;
+        while (s) {
+            task_sub *sn = s->next;
+            sub_catch_up(t, s); /* may free s */
+            s = sn;
+        }
+    }
+}
+
+static void inflight_unlink(gps_tasks *g, task *t)
+{
+    for (task **pp = &g->inflight; *pp; pp = &(*pp)->fnext)
+        if (*pp == t) {
+            *pp = t->fnext;
+            break;
+        }
+    t->fnext = NULL;
 }
 
 static void sub_free(task_sub *s)
@@ -457,10 +539,15 @@ static bool sub_catch_up(task *t, task_sub *s)
 {
     gp_buf out;
     gp_buf_init(&out);
-    while (s->req && s->ev_sent < json_array_size(t->events)) {
+    size_t lim = released(t);
+    while (s->req && s->ev_sent < lim) {
         if (gps_sse_pace_blocked(s->pace))
             break; /* sub_writable resumes */
-        while (s->ev_sent < json_array_size(t->events) && out.len < CATCHUP_SLICE) {
+        while (s->ev_sent < lim && out.len < CATCHUP_SLICE) {
+            if ((long long)s->ev_sent < s->after) {
+                s->ev_sent++; /* the client has it (Last-Event-ID) */
+                continue;
+            }
             const json_t *ev = json_array_get(t->events, s->ev_sent);
             if (s->part > 0 || is_long_event(ev)) {
                 if (!frame_long_event(&out, s, ev))
@@ -474,7 +561,8 @@ static bool sub_catch_up(task *t, task_sub *s)
         s->last_write_us = gp_now_mono_us();
     }
     gp_buf_free(&out);
-    if (s->req && t->terminal && s->ev_sent >= json_array_size(t->events)) {
+    if (s->req && t->terminal && s->ev_sent >= json_array_size(t->events) &&
+        lim >= json_array_size(t->events)) {
         sub_remove(t, s);
         struct evhttp_request *req = s->req;
         sub_free(s);
@@ -484,7 +572,19 @@ static bool sub_catch_up(task *t, task_sub *s)
     return false;
 }
 
-/* Record an event (data stolen) and send it to the open streams. */
+/* requests_total{api="native"}: a task's outcome, once, when it ends (its
+ * terminal event): ok, or the error code (CANCELLED: cancelled). */
+static void count_outcome(task *t, const char *type, const json_t *data)
+{
+    gps_tasks *g = t->owner;
+    const char *code = json_string_value(json_object_get(data, "code"));
+    const char *outcome = strcmp(type, "end") == 0 ? "ok" : code ? code : "AGENT_ERROR";
+    gps_metrics_request(g->metrics, "native", outcome,
+                        (double)(gp_now_mono_us() - t->created_us) / 1e6);
+}
+
+/* Record an event (data stolen) and send it to the open streams once it
+ * is durable (on_commit; at once without a store). */
 static void task_emit(task *t, const char *type, json_t *data, bool terminal)
 {
     if (t->terminal) {
@@ -500,13 +600,10 @@ static void task_emit(task *t, const char *type, json_t *data, bool terminal)
     if (terminal) {
         t->terminal = true;
         t->finished_us = gp_now_mono_us();
+        count_outcome(t, type, data);
     }
-    size_t pending = json_array_size(t->events) - t->flushed;
-    if (pending == 1)
-        t->pending_since_us = gp_now_mono_us();
-    if (terminal || pending >= CHECKPOINT_EVENTS)
-        task_flush(t);
-    task_sub *s = t->subs;
+    task_flush(t);
+    task_sub *s = t->subs; /* without a store: sent now; else at the commit */
     while (s) {
         task_sub *next = s->next;
         sub_catch_up(t, s); /* may free s */
@@ -627,6 +724,8 @@ static void task_free(gps_tasks *g, task *t)
     }
     if (t->job)
         gps_job_unsubscribe(t->job, on_job_event, t);
+    if (t->inflight_seq)
+        inflight_unlink(g, t);
     json_decref(t->events);
     json_decref(t->resume_body);
     free(t->resume_text);
@@ -766,7 +865,8 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
         }
     }
     t->events = events;
-    t->flushed = json_array_size(events);
+    t->durable = t->inflight_n = json_array_size(events); /* read from the store */
+    t->created_us = gp_now_mono_us();
     if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
         /* It ended, but the row was not updated before the crash: the log
          * is the truth. Keep the task hot (it replays from memory). */
@@ -830,10 +930,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     task *next;
     for (task *t = g->head; t; t = next) {
         next = t->next;
-        if (t->flushed < json_array_size(t->events) && now - t->pending_since_us >= CHECKPOINT_US)
-            task_flush(t);
+        if (now >= t->retry_us)
+            task_flush(t); /* after a failed write; else a no-op */
         if (t->terminal) {
-            if (!t->subs && now - t->finished_us > g->hot_us)
+            /* Not before its log is in the store (its cold replay comes
+             * from there), unless the store stays broken. */
+            bool stored = !t->inflight_seq && released(t) >= json_array_size(t->events);
+            if (!t->subs && now - t->finished_us > g->hot_us &&
+                (stored || now - t->finished_us > 2 * g->hot_us))
                 task_free(g, t);
             continue;
         }
@@ -927,6 +1031,7 @@ static void h_create(gps_req *r, void *arg)
     t->job = job;
     t->events = events;
     t->last_pos = -1;
+    t->created_us = r->start_us;
     snprintf(t->id, sizeof t->id, "%s", job->id);
     snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
     snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
@@ -943,7 +1048,10 @@ static void h_create(gps_req *r, void *arg)
                                  gps_job_state_name(job->state), "queue_position",
                                  (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
                                  url, "seed", (json_int_t)seed));
-    count_request(g, "accepted", r->start_us);
+    /* Not requests_total: a task counts there once, with its outcome, when
+     * it ends (count_outcome). */
+    if (g->metrics)
+        gps_metrics_add(g->metrics, "tasks_accepted_total", NULL, 1);
 }
 
 void gps_tasks_set_auth(gps_tasks *g, gps_auth *auth)
@@ -1011,7 +1119,7 @@ static json_t *status_hot(task *t)
                           gps_job_state_name(job->state), "model", job->spec.model, "priority",
                           job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "seed",
                           (json_int_t)job->spec.seed, "attempts", job->attempts, "agent_id",
-                          job->agent_id, "events", (json_int_t)json_array_size(t->events));
+                          job->agent_id, "events", (json_int_t)released(t));
     if (job->state == GPS_JOB_QUEUED)
         json_object_set_new(o, "queue_position",
                             json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
@@ -1308,8 +1416,14 @@ static void h_events(gps_req *r, void *arg)
     s->t = t;
     s->req = r->req;
     s->last_write_us = gp_now_mono_us();
-    size_t n = json_array_size(t->events);
-    s->ev_sent = last < (long long)n ? (size_t)last : n; /* seq ev_sent+1: those after last */
+    size_t n = released(t);
+    /* Those after last. An id beyond the end names events not recorded
+     * yet: they are skipped when they come (sub_catch_up), the client
+     * says it has them. With ids released only once durable, a client
+     * can hold no id the store lost, so after a restart too an id beyond
+     * the end means only "not yet" (docs/api.md). */
+    s->ev_sent = last < (long long)n ? (size_t)last : n;
+    s->after = last;
     s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
     s->next = t->subs;
     t->subs = s;
@@ -1345,6 +1459,11 @@ gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *sto
             return NULL;
         }
     }
+    /* A DB without job_events (custom migrations) cannot make events
+     * durable: they go out at once, as without a store. */
+    g->gated = store && gps_store_has_job_events(store);
+    if (g->gated)
+        gps_store_set_commit_cb(store, on_commit, g);
     return g;
 }
 
@@ -1354,11 +1473,18 @@ void gps_tasks_free(gps_tasks *g)
         return;
     if (g->tick)
         event_free(g->tick);
+    if (g->gated)
+        gps_store_set_commit_cb(g->store, NULL, NULL);
     while (g->head) {
-        /* Shutdown: the events not checkpointed yet go to the store (closed
-         * after this, which commits them), so a restart resumes from here. */
-        task_flush(g->head);
-        task_free(g, g->head);
+        /* Shutdown: the events not in the store yet go there (closed after
+         * this, which commits them), so a restart resumes from here. They
+         * were never sent: a restart may send them, or others under
+         * their ids; either way a client sees each id once. */
+        task *t = g->head;
+        size_t from = t->inflight_seq ? t->inflight_n : t->durable;
+        if (g->gated && from < json_array_size(t->events))
+            task_write(t, from);
+        task_free(g, t);
     }
     while (g->svc) {
         svc_rec *n = g->svc->next;

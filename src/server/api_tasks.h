@@ -16,10 +16,13 @@
  * Every event is kept in memory while the task is hot (until task_hot_sec,
  * default 5 minutes, after its end): a reconnect with Last-Event-ID
  * (header, or the last_event_id query parameter) replays exactly the
- * events after it, then continues live. The events are also checkpointed
- * to the store's job_events (one batch per 64 events, per second, and at
- * the end; async, group-committed), so once the task left memory, or
- * after a restart, the same events come from the store. The whole request
+ * events after it, then continues live (never an id <= Last-Event-ID, also
+ * one beyond the current end). The events are written to the store's
+ * job_events (async, group-committed, one batch in flight per task) and
+ * go to clients only once committed (store.h durability notification), so
+ * an id once sent means the same event forever: once the task left
+ * memory, or after a crash and restart, the same events come from the
+ * store and the numbering continues after the last one sent. The whole request
  * with its seed is stored too: at start-up gps_tasks_restore resubmits
  * unfinished tasks under their id (docs/persistence.md).
  *

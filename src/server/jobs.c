@@ -1432,8 +1432,28 @@ static void apply_progress(gps_job *job, const json_t *ev)
     const json_t *t = json_object_get(ev, "prompt_tokens_total");
     if (json_is_integer(d))
         job->progress_done = json_integer_value(d);
-    if (json_is_integer(t))
+    if (json_is_integer(t)) {
         job->progress_total = json_integer_value(t);
+        /* An attempt that continues nothing counts the client's prompt:
+         * the usage if this agent is lost before its end (item 7). */
+        if (job->continued_tokens == 0 && job->progress_total > 0)
+            job->prompt_tokens = job->progress_total;
+    }
+}
+
+/* usage.prompt_tokens is the client's prompt, whatever an attempt was
+ * given (issue 10 item 7). An attempt that continues earlier output was
+ * given the prompt plus that output (as token ids, or as text it
+ * re-tokenized), and reports that count pt: keep the client's count when
+ * an earlier attempt reported it, else take the continued tokens off
+ * (exact for a token continuation, about right for a text one). */
+static long long client_prompt(const gps_job *job, long long pt)
+{
+    if (job->continued_tokens <= 0)
+        return pt;
+    if (job->prompt_tokens > 0)
+        return job->prompt_tokens;
+    return pt > job->continued_tokens ? pt - job->continued_tokens : pt;
 }
 
 /* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
@@ -1499,10 +1519,8 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         if (json_is_number(tps))
             job->tokens_per_sec = json_number_value(tps);
         json_t *pt = json_object_get(ev, "prompt_tokens");
-        /* A continuation's prompt holds the text so far: keep the count
-         * of the original prompt when an earlier attempt reported it. */
-        if (json_is_integer(pt) && !(job->continued_tokens > 0 && job->prompt_tokens > 0))
-            job->prompt_tokens = json_integer_value(pt);
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
         /* Subscribers (native tasks) record what they are given: relay a
          * bounded number per attempt; later ones only update the counts. */
         if (job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED) {
@@ -1522,9 +1540,8 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0 &&
-            !(job->continued_tokens > 0 && job->prompt_tokens > 0))
-            job->prompt_tokens = json_integer_value(pt);
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
         /* usage counts this attempt; earlier attempts' tokens come first. */
         if (json_is_integer(ct) && json_integer_value(ct) >= 0)
             job->completion_tokens = job->continued_tokens + json_integer_value(ct);

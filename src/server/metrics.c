@@ -309,6 +309,8 @@ int gps_metrics_define_server(gps_metrics *m)
          "Submit to the first assignment to an agent, by model and priority.",
          lat, sizeof lat / sizeof lat[0]},
         {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
+        {"tasks_accepted_total", GPS_METRIC_COUNTER,
+         "Native tasks accepted (202); each counts in requests_total once it ends.", NULL, 0},
         {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
         {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
         {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
@@ -380,7 +382,7 @@ const char *gps_metrics_outcome(const char *code)
      * (UPSTREAM_*, anything it invents) are not label values: an agent
      * must not be able to grow /metrics. */
     static const char *const table[] = {
-        "ok", "cancelled", "accepted", "invalid_request", "internal", "unauthorized",
+        "ok", "cancelled", "invalid_request", "internal", "unauthorized",
         "forbidden", "not_found", "job_not_found", "model_not_found", "queue_full",
         "rate_limited", "token_limit", "no_agent", "no_capacity", "queue_timeout", "timeout",
         "agent_lost", "agent_error", "agent_output_too_large", "context_overflow",

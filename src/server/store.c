@@ -418,6 +418,7 @@ struct gps_store {
 
     struct event_base *base;
     struct event *ev_done;       /* activated by the DB thread: read results ready */
+    struct event *ev_commit;     /* activated by the DB thread: job_events committed */
 
     pthread_t thread;
     bool thread_started;
@@ -433,6 +434,11 @@ struct gps_store {
     int flush_waiters;
     uint64_t seq_enqueued;
     uint64_t seq_done;           /* every op with seq <= this is executed and committed */
+    /* Durability notification (gps_store_set_commit_cb). */
+    gps_store_commit_fn commit_fn;
+    void *commit_arg;
+    uint64_t events_done_seq;    /* last op of the last transaction with job_events */
+    bool events_failed;          /* a failure since the last notification */
     bool last_commit_ok;
     char last_error[320];
     int64_t last_drop_log_ms;
@@ -611,16 +617,18 @@ static void *db_main(void *arg)
         uint64_t t_start = gp_now_mono_us();
         uint64_t deadline = t_start + (uint64_t)s->commit_interval_ms * 1000;
         uint64_t writes_ok = 0, writes_failed = 0, n = 0, last_seq = 0;
-        bool has_read = false;
+        bool has_read = false, has_events = false, events_failed = false;
         op *done_head = NULL, *done_tail = NULL;
 
         pthread_mutex_lock(&s->mu);
         for (;;) {
             if (!s->qhead) {
-                /* Commit now when someone waits for it (flush, a read) or
-                 * we are stopping; else keep the transaction open for more
-                 * writes until the deadline. */
-                if (s->flush_waiters || s->stop || has_read)
+                /* Commit now when someone waits for it (flush, a read,
+                 * native task events: their clients get them only once
+                 * committed) or we are stopping; else keep the transaction
+                 * open for more writes until the deadline. Ops queued
+                 * while a COMMIT runs still share the next one. */
+                if (s->flush_waiters || s->stop || has_read || has_events)
                     break;
                 uint64_t now = gp_now_mono_us();
                 if (now >= deadline)
@@ -641,6 +649,10 @@ static void *db_main(void *arg)
             bool ok = run_op(s, o, &failed);
             writes_ok += ok;
             writes_failed += failed;
+            if (o->kind == K_EVENTS_ADD) {
+                has_events = true;
+                events_failed |= !ok;
+            }
             n++;
             last_seq = o->seq;
             if (o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST) {
@@ -694,7 +706,12 @@ static void *db_main(void *arg)
         }
         if (last_seq > s->seq_done)
             s->seq_done = last_seq;
-        bool notify = false;
+        bool notify = false, notify_commit = false;
+        if (has_events) {
+            s->events_done_seq = last_seq;
+            s->events_failed |= events_failed || !commit_ok;
+            notify_commit = s->ev_commit != NULL;
+        }
         if (done_head) {
             if (s->dtail)
                 s->dtail->next = done_head;
@@ -709,6 +726,8 @@ static void *db_main(void *arg)
          * (evthread_use_pthreads before event_base_new). */
         if (notify)
             event_active(s->ev_done, EV_READ, 0);
+        if (notify_commit)
+            event_active(s->ev_commit, EV_READ, 0);
         pthread_mutex_lock(&s->mu);
     }
     s->thread_alive = false;
@@ -745,8 +764,10 @@ static void free_chain(op *o)
 }
 
 /* Queue a chain of ops (linked by next). Writes (droppable) are refused
- * beyond queue_max. Takes ownership of the chain in every case. */
-static int enqueue(gps_store *s, op *first, bool droppable)
+ * beyond queue_max. Takes ownership of the chain in every case. *seq_out
+ * (may be NULL) gets the last op's seq: read under the lock, since the DB
+ * thread may free the op as soon as it is queued. */
+static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_out)
 {
     if (!first)
         return -1;
@@ -779,8 +800,15 @@ static int enqueue(gps_store *s, op *first, bool droppable)
         return -1;
     }
     enqueue_locked(s, first, last, count);
+    if (seq_out)
+        *seq_out = s->seq_enqueued;
     pthread_mutex_unlock(&s->mu);
     return 0;
+}
+
+static int enqueue(gps_store *s, op *first, bool droppable)
+{
+    return enqueue_seq(s, first, droppable, NULL);
 }
 
 static int enqueue_b(gps_store *s, opb *b)
@@ -916,6 +944,34 @@ static void deliver_all(gps_store *s)
 static void on_done(evutil_socket_t fd, short what, void *arg)
 {
     deliver_all(arg);
+}
+
+/* job_events committed (or failed): tell the listener, on the loop. */
+static void on_commit(evutil_socket_t fd, short what, void *arg)
+{
+    gps_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    gps_store_commit_fn fn = s->commit_fn;
+    void *farg = s->commit_arg;
+    uint64_t done = s->events_done_seq;
+    bool failed = s->events_failed;
+    s->events_failed = false;
+    pthread_mutex_unlock(&s->mu);
+    if (fn)
+        fn(farg, done, failed);
+}
+
+bool gps_store_has_job_events(gps_store *s)
+{
+    return s && s->st[K_EVENTS_ADD] != NULL;
+}
+
+void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
+{
+    pthread_mutex_lock(&s->mu);
+    s->commit_fn = fn;
+    s->commit_arg = arg;
+    pthread_mutex_unlock(&s->mu);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1241,7 +1297,8 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
 
     if (base) {
         s->ev_done = event_new(base, -1, 0, on_done, s);
-        if (!s->ev_done) {
+        s->ev_commit = event_new(base, -1, 0, on_commit, s);
+        if (!s->ev_done || !s->ev_commit) {
             seterr(err, errlen, "event_new failed");
             goto fail;
         }
@@ -1270,6 +1327,8 @@ fail:
     if (s) {
         if (s->ev_done)
             event_free(s->ev_done);
+        if (s->ev_commit)
+            event_free(s->ev_commit);
         for (int k = 0; k < K_COUNT; k++)
             sqlite3_finalize(s->st[k]);
         sqlite3_close(s->db);
@@ -1300,6 +1359,8 @@ void gps_store_close(gps_store *s)
     deliver_all(s);
     if (s->ev_done)
         event_free(s->ev_done);
+    if (s->ev_commit)
+        event_free(s->ev_commit);
     for (int k = 0; k < K_COUNT; k++)
         sqlite3_finalize(s->st[k]);
     sqlite3_close(s->db);
@@ -1503,6 +1564,12 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
 
 int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
 {
+    return gps_store_job_events_seq(s, job_id, events, NULL);
+}
+
+int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *events,
+                             uint64_t *op_seq)
+{
     size_t n = json_array_size(events);
     if (!job_id || n == 0)
         return -1;
@@ -1513,7 +1580,14 @@ int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
     b_int(&b, json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")));
     b_json(&b, events);
     b_int(&b, gp_now_wall_ms());
-    return enqueue_b(s, &b);
+    op *o = b_pack(&b);
+    if (!o) {
+        pthread_mutex_lock(&s->mu);
+        s->stats.drops++;
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    return enqueue_seq(s, o, true, op_seq);
 }
 
 int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request)

@@ -234,6 +234,26 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
  * first and last seq are taken from it). One row, one statement: after a
  * crash a batch is stored whole or not at all. See docs/persistence.md. */
 int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events);
+/* The same, and *op_seq (not NULL) gets the write's place in the queue, to
+ * compare with the done_seq of the durability notification below. */
+int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *events,
+                             uint64_t *op_seq);
+
+/* Durability notification (issue 10 item 6: a native event id is sent to a
+ * client only once the event is in the database, so that it means the
+ * same thing after a crash). fn runs ON THE LOOP THREAD after a transaction
+ * that held job_events writes has been committed or has failed: every op
+ * with op_seq <= done_seq has then been executed. failed: a COMMIT, or a
+ * job_events write, failed since the previous call, so rows of writes up to
+ * done_seq may be missing: write them again (a job_events row is keyed by
+ * (job_id, first_seq): writing a batch again replaces it). Calls coalesce
+ * (done_seq only grows). Only one listener: set it before the loop runs,
+ * and to NULL before arg goes away. Needs the event_base given to open. */
+typedef void (*gps_store_commit_fn)(void *arg, uint64_t done_seq, bool failed);
+/* Can this DB's schema hold job_events (a custom migrations_dir may lack
+ * the table: then no write will ever commit, do not wait for one)? */
+bool gps_store_has_job_events(gps_store *s);
+void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg);
 /* Replace the stored input of a job (jobs.request): native tasks store the
  * whole validated body so a restart can resubmit it. */
 int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request);

@@ -208,6 +208,85 @@ static void test_corrupt_batch_ends_the_log(void **state)
     event_base_free(base);
 }
 
+/* Durability notification (issue 10 item 6): after a job_events write is
+ * committed, the listener runs on the loop with done_seq >= the write's
+ * seq and failed false; a write that fails (no table) says failed. */
+typedef struct commits {
+    int calls;
+    uint64_t done;
+    bool failed;
+} commits;
+
+static void commit_cb(void *arg, uint64_t done_seq, bool failed)
+{
+    commits *c = arg;
+    c->calls++;
+    assert_true(done_seq >= c->done); /* only grows */
+    c->done = done_seq;
+    c->failed |= failed;
+}
+
+static void wait_done(struct event_base *base, commits *c, uint64_t seq)
+{
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 2000 && c->done < seq; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+}
+
+static void test_commit_notification(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base, NULL);
+    commits c = {0};
+    gps_store_set_commit_cb(s, commit_cb, &c);
+    add_job(s, "job_n");
+    json_t *b1 = batch(1, 2), *b2 = batch(3, 5);
+    uint64_t q1 = 0, q2 = 0;
+    assert_int_equal(gps_store_job_events_seq(s, "job_n", b1, &q1), 0);
+    assert_int_equal(gps_store_job_events_seq(s, "job_n", b2, &q2), 0);
+    assert_true(q1 > 0 && q2 > q1);
+    wait_done(base, &c, q2);
+    assert_true(c.calls >= 1);
+    assert_true(c.done >= q2);
+    assert_false(c.failed);
+    /* Committed when told: a reader sees both batches. */
+    got g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_n", got_cb, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(json_array_size(g.events), 5);
+    /* Writing a batch again (a retry after a failure) replaces its row. */
+    uint64_t q3 = 0;
+    assert_int_equal(gps_store_job_events_seq(s, "job_n", b2, &q3), 0);
+    wait_done(base, &c, q3);
+    got g2 = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_n", got_cb, &g2), 0);
+    loop_until(base, &g2.calls);
+    assert_true(json_equal(g.events, g2.events));
+    /* No listener: nothing is called. */
+    gps_store_set_commit_cb(s, NULL, NULL);
+    int before = c.calls;
+    uint64_t q4 = 0;
+    json_t *b3 = batch(6, 6);
+    assert_int_equal(gps_store_job_events_seq(s, "job_n", b3, &q4), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    struct timeval tv = {0, 50000};
+    event_base_loopexit(base, &tv);
+    event_base_dispatch(base);
+    assert_int_equal(c.calls, before);
+    gps_store_close(s);
+    json_decref(b1);
+    json_decref(b2);
+    json_decref(b3);
+    json_decref(g.events);
+    json_decref(g.request);
+    json_decref(g2.events);
+    json_decref(g2.request);
+    event_base_free(base);
+}
+
 /* A DB migrated by a custom set without job_events opens; the event ops
  * fail (logged) and reads have no log. */
 static void test_without_the_table(void **state)
@@ -228,9 +307,14 @@ static void test_without_the_table(void **state)
     struct event_base *base = event_base_new();
     gps_store_opts o = {.migrations_dir = mdir};
     gps_store *s = open_ok(t->db, base, &o);
+    commits c = {0};
+    gps_store_set_commit_cb(s, commit_cb, &c);
     add_job(s, "job_d");
     json_t *b = batch(1, 2);
-    assert_int_equal(gps_store_job_events(s, "job_d", b), 0); /* queued; fails in SQLite */
+    uint64_t q = 0;
+    assert_int_equal(gps_store_job_events_seq(s, "job_d", b, &q), 0); /* fails in SQLite */
+    wait_done(base, &c, q);
+    assert_true(c.failed); /* the listener is told: the rows are missing */
     got g = {0};
     assert_int_equal(gps_store_job_get_async(s, "job_d", got_cb, &g), 0);
     loop_until(base, &g.calls);
@@ -252,6 +336,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_batches_read_back_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_batch_ends_the_log, setup, teardown),
         cmocka_unit_test_setup_teardown(test_without_the_table, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_notification, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
