@@ -110,7 +110,10 @@ struct agent {
     bool server_down_logged;
     agent_backoff backoff;  /* server reachability (poll and work) */
 
-    bool draining;          /* announce draining, take no new work */
+    bool draining;          /* stopping (SIGTERM): announce draining, take no new work */
+    bool server_drain;      /* the last poll reply carried a drain command: take no
+                             * new work while it does (not announced as our own
+                             * state, so an admin's undrain takes effect at once) */
     bool drain_announced;   /* a poll carrying "draining" was acknowledged */
     bool stopping;          /* exit once drained */
     bool jobs_stopped;      /* drain deadline passed: jobs were told to stop */
@@ -649,6 +652,7 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
     json_t *cmds = json_object_get(body, "commands");
     size_t i;
     json_t *c;
+    bool told_drain = false;
     json_array_foreach(cmds, i, c)
     {
         const char *type = json_string_value(json_object_get(c, "type"));
@@ -663,15 +667,19 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
                 job_cancel(a, j);
             }
         } else if (strcmp(type, "drain") == 0) {
-            if (!a->draining)
+            /* An operator's drain lasts as long as the server repeats it in
+             * every poll reply; it is not ours to announce back (reporting
+             * "draining" would keep the agent drained after an undrain). */
+            if (!a->server_drain)
                 gp_log_info("drain", "server asked this agent to drain");
-            a->draining = true;
-            a->drain_announced = false;
-            a->next_poll_ms = now; /* announce it */
+            told_drain = true;
         } else {
             gp_log_debug("poll_command_ignored", "unknown poll command '%s'", type);
         }
     }
+    if (a->server_drain && !told_drain)
+        gp_log_info("undrain", "server no longer asks this agent to drain");
+    a->server_drain = told_drain;
 }
 
 /* ======================================================================== */
@@ -1114,7 +1122,7 @@ int agent_run(agent *a)
          * for work; busy or draining (free_slots 0) it is the liveness
          * channel whose close tells the server this process is gone. */
         int free_slots = (int)a->o->slots - busy_slots(a);
-        if (free_slots < 0 || a->draining)
+        if (free_slots < 0 || a->draining || a->server_drain)
             free_slots = 0;
         if (a->no_liveness && a->draining && a->drain_announced && a->work_req) {
             req_abort(a, a->work_req); /* the server knows we are draining */

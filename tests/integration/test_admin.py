@@ -231,6 +231,11 @@ class Admin(harness.TestCase):
         self.assertEqual(st, 200, body)
         self.assertEqual(body["state"], "draining")
         self.assertTrue(body["admin_drain"])
+        # The agent has been told (its next poll reply carried the command):
+        # an undrain must still take effect (the agent used to keep
+        # reporting "draining" from then on, so it stayed drained forever).
+        harness.wait_until(lambda: self.ag.log_events("drain"), timeout=60,
+                           what="agent told to drain")
         st, body = self.api("POST", "/admin/agents/%s/drain" % self.agent_id, {"on": False})
         self.assertEqual(st, 200, body)
         self.assertFalse(body["admin_drain"])
