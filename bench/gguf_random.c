@@ -11,7 +11,9 @@
  * <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, then made-up pieces, so
  * that the engine's tokenizer loads it. Tensors whose row length is not a
  * multiple of the chosen type's block size fall back to Q8_0, then F16 (as
- * llama.cpp's quantizer does with other fallbacks); norms are F32.
+ * llama.cpp's quantizer does with other fallbacks); norms are F32. q4_k
+ * is Q4_K throughout; q4_k_m mixes in Q6_K where llama.cpp's Q4_K_M does
+ * (output, and attn_v / ffn_down of some layers).
  * Data is generated and written row by row: memory stays small even for
  * multi-GB files.
  */
@@ -146,6 +148,8 @@ static int set_shape(opts *o)
     return 0;
 }
 
+#define TYPES "f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q4_k_m | q5_k | q6_k"
+
 static gpe_type pick_type(gpe_type want, int64_t ne0)
 {
     if (ne0 % gpe_type_block_size(want) == 0)
@@ -174,7 +178,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: gguf-random [options] -o FILE\n"
             "  --shape S        tinyllama-1.1b | stories260k | custom (default stories260k)\n"
-            "  --type T         f32 | f16 | q8_0 | q4_0 | q4_k (default f16)\n"
+            "  --type T         " TYPES " (default f16)\n"
             "  --seed N         random seed (default 1)\n"
             "  --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --n-ff N  --n-vocab N\n"
             "  --n-ctx N        custom shape (n-ctx default 512)\n"
@@ -218,13 +222,18 @@ int main(int argc, char **argv)
         return 2;
     gpe_type wt;
     uint32_t ftype;
+    bool mix = false;
     if (strcmp(o.type, "f32") == 0) { wt = GPE_TYPE_F32; ftype = 0; }
     else if (strcmp(o.type, "f16") == 0) { wt = GPE_TYPE_F16; ftype = 1; }
     else if (strcmp(o.type, "q4_0") == 0) { wt = GPE_TYPE_Q4_0; ftype = 2; }
     else if (strcmp(o.type, "q8_0") == 0) { wt = GPE_TYPE_Q8_0; ftype = 7; }
     else if (strcmp(o.type, "q4_k") == 0) { wt = GPE_TYPE_Q4_K; ftype = 15; }
+    else if (strcmp(o.type, "q4_k_m") == 0) { wt = GPE_TYPE_Q4_K; ftype = 15; mix = true; }
+    else if (strcmp(o.type, "q5_k") == 0) { wt = GPE_TYPE_Q5_K; ftype = 16; }
+    else if (strcmp(o.type, "q6_k") == 0) { wt = GPE_TYPE_Q6_K; ftype = 18; }
+    else if (strcmp(o.type, "bf16") == 0) { wt = GPE_TYPE_BF16; ftype = 32; }
     else {
-        fprintf(stderr, "gguf-random: unknown --type '%s' (f32, f16, q8_0, q4_0, q4_k)\n", o.type);
+        fprintf(stderr, "gguf-random: unknown --type '%s' (%s)\n", o.type, TYPES);
         return 2;
     }
     g_rng = o.seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
@@ -245,15 +254,21 @@ int main(int argc, char **argv)
                                             "ffn_down"};
         const int64_t shape[9][2] = {{E, 1}, {E, E}, {E, Ekv}, {E, Ekv}, {E, E},
                                      {E, 1}, {E, F}, {E, F}, {F, E}};
+        /* q4_k_m: attn_v and ffn_down in Q6_K on the first and last
+         * eighth of the layers and every third one between (the layer
+         * choice llama.cpp's Q4_K_M makes) */
+        const int L = o.n_layer;
+        const bool more = l < L / 8 || l >= 7 * L / 8 || (l - L / 8) % 3 == 2;
         for (int k = 0; k < 9; k++) {
             snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, names[k]);
             const bool norm = shape[k][1] == 1;
-            add_tensor(ts, &n, nm, norm ? 1 : 2, shape[k][0], shape[k][1], wt, norm ? 0.1f : ws,
+            const gpe_type t = mix && more && (k == 3 || k == 8) ? GPE_TYPE_Q6_K : wt;
+            add_tensor(ts, &n, nm, norm ? 1 : 2, shape[k][0], shape[k][1], t, norm ? 0.1f : ws,
                        norm ? 1.0f : 0.0f);
         }
     }
     add_tensor(ts, &n, "output_norm.weight", 1, E, 1, wt, 0.1f, 1.0f);
-    add_tensor(ts, &n, "output.weight", 2, E, V, wt, ws, 0);
+    add_tensor(ts, &n, "output.weight", 2, E, V, mix ? GPE_TYPE_Q6_K : wt, ws, 0);
     uint64_t data = 0;
     for (int i = 0; i < n; i++) {
         ts[i].offset = data;

@@ -431,6 +431,103 @@ static void quant_q4_k(const float *x, gpe_block_q4_k *y, int64_t nb)
     }
 }
 
+/* Q5_K: Q4_K's fit with 31 levels; the fifth bit of value l of chunk c
+ * goes to qh[l] bit 2c (low half) or 2c+1 (high half). */
+static void quant_q5_k(const float *x, gpe_block_q5_k *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
+        float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            float lo = 0.0f, hi = 0.0f;
+            for (int l = 0; l < 32; l++) {
+                lo = fminf(lo, x[32 * j + l]);
+                hi = fmaxf(hi, x[32 * j + l]);
+            }
+            sc[j] = (hi - lo) / 31.0f;
+            mn[j] = -lo;
+            max_sc = fmaxf(max_sc, sc[j]);
+            max_mn = fmaxf(max_mn, mn[j]);
+        }
+        const float is = max_sc > 0 ? 63.0f / max_sc : 0.0f;
+        const float im = max_mn > 0 ? 63.0f / max_mn : 0.0f;
+        uint8_t ls[8], lm[8];
+        for (int j = 0; j < 8; j++) {
+            ls[j] = (uint8_t)clampi((int)nearbyintf(is * sc[j]), 0, 63);
+            lm[j] = (uint8_t)clampi((int)nearbyintf(im * mn[j]), 0, 63);
+            if (ls[j] == 0 && sc[j] > 0)
+                ls[j] = 1;
+        }
+        y[i].d = gpe_fp32_to_fp16(max_sc / 63.0f);
+        y[i].dmin = gpe_fp32_to_fp16(max_mn / 63.0f);
+        memset(y[i].scales, 0, sizeof y[i].scales);
+        for (int j = 0; j < 8; j++) {
+            if (j < 4) {
+                y[i].scales[j] = ls[j];
+                y[i].scales[j + 4] = lm[j];
+            } else {
+                y[i].scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+                y[i].scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+                y[i].scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
+            }
+        }
+        const float d = gpe_fp16_to_fp32(y[i].d), dmin = gpe_fp16_to_fp32(y[i].dmin);
+        uint8_t q[GPE_QK_K];
+        for (int j = 0; j < 8; j++) {
+            const float dd = d * ls[j], dm = dmin * lm[j];
+            for (int l = 0; l < 32; l++)
+                q[32 * j + l] = dd > 0 ? (uint8_t)clampi((int)nearbyintf((x[32 * j + l] + dm) / dd), 0, 31)
+                                       : 0;
+        }
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = q[64 * c + l], b = q[64 * c + 32 + l];
+                y[i].qs[32 * c + l] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
+                y[i].qh[l] |= (uint8_t)(((a >> 4) << (2 * c)) | ((b >> 4) << (2 * c + 1)));
+            }
+    }
+}
+
+/* Q6_K: per sub-block of 16 a symmetric scale (max|x|/32), the 16 scales
+ * as int8 against the block's largest; packing is q6_k_unpack's inverse. */
+static void quant_q6_k(const float *x, gpe_block_q6_k *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
+        float sc[16], max_sc = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f;
+            for (int l = 0; l < 16; l++)
+                amax = fmaxf(amax, fabsf(x[16 * j + l]));
+            sc[j] = amax / 31.0f;
+            max_sc = fmaxf(max_sc, sc[j]);
+        }
+        const float is = max_sc > 0 ? 127.0f / max_sc : 0.0f;
+        y[i].d = gpe_fp32_to_fp16(max_sc / 127.0f);
+        const float d = gpe_fp16_to_fp32(y[i].d);
+        uint8_t q[GPE_QK_K];
+        for (int j = 0; j < 16; j++) {
+            int ls = clampi((int)nearbyintf(is * sc[j]), 0, 127);
+            if (ls == 0 && sc[j] > 0)
+                ls = 1;
+            y[i].scales[j] = (int8_t)ls;
+            const float dd = d * (float)ls;
+            for (int l = 0; l < 16; l++)
+                q[16 * j + l] = dd > 0 ? (uint8_t)clampi((int)nearbyintf(x[16 * j + l] / dd) + 32, 0, 63)
+                                       : 32;
+        }
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            const uint8_t *v = q + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((v[l] & 0xF) | ((v[l + 64] & 0xF) << 4));
+                ql[l + 32] = (uint8_t)((v[l + 32] & 0xF) | ((v[l + 96] & 0xF) << 4));
+                qh[l] = (uint8_t)((v[l] >> 4) | ((v[l + 32] >> 4) << 2) | ((v[l + 64] >> 4) << 4) |
+                                  ((v[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
 bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
 {
     if (n < 0 || gpe_row_size(t, n) == 0)
@@ -453,6 +550,8 @@ bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
     case GPE_TYPE_Q8_0: quant_q8_0(x, dst, n / GPE_QK); return true;
     case GPE_TYPE_Q4_0: quant_q4_0(x, dst, n / GPE_QK); return true;
     case GPE_TYPE_Q4_K: quant_q4_k(x, dst, n / GPE_QK_K); return true;
+    case GPE_TYPE_Q5_K: quant_q5_k(x, dst, n / GPE_QK_K); return true;
+    case GPE_TYPE_Q6_K: quant_q6_k(x, dst, n / GPE_QK_K); return true;
     case GPE_TYPE_Q8_K: quant_q8_k(x, dst, n / GPE_QK_K); return true;
     default: return false;
     }

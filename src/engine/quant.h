@@ -156,9 +156,9 @@ uint16_t gpe_fp32_to_bf16(float f);       /* round to nearest even, NaN kept qui
 bool gpe_dequantize_row(gpe_type t, const void *src, float *dst, int64_t n);
 
 /* Quantize n floats into type t. Supported targets: F32, F16, BF16, Q8_0,
- * Q4_0, Q4_K, Q8_K (Q8_0/Q8_K as described above; Q4_0 and Q4_K with a
- * simple, deterministic per-block scale/min search: good enough for random
- * test models, not llama.cpp's quality search). Returns false otherwise. */
+ * Q4_0, Q4_K, Q5_K, Q6_K, Q8_K (Q8_0/Q8_K as described above; the others
+ * with a simple, deterministic per-block scale/min fit: good enough for
+ * random test and benchmark models, not llama.cpp's quality search). Returns false otherwise. */
 bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n);
 
 /* ------------------------------------------------------------- matmul */

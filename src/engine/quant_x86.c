@@ -59,51 +59,61 @@ T_AVX2 static float avx2_dot_f32(int64_t n, const void *w, const void *a)
     return s;
 }
 
-T_AVX2 static float avx2_dot_f16(int64_t n, const void *w, const void *a)
+/*
+ * The AVX2 kernels below (F32 excepted) are, like the AVX-512 ones, written
+ * once for nt activation rows (1..4, rows a + k*as) sharing one pass over
+ * the weight row; the single-row dot is the nt = 1 instance, so batching
+ * never changes a token's bits.
+ */
+#define AI __attribute__((always_inline)) inline
+#define ROW(T, k) ((const T *)(a + (size_t)(k) * as))
+
+T_AVX2 static AI void k2_f16(int64_t n, const uint16_t *x, const uint8_t *a, size_t as, int nt,
+                             float *out)
 {
-    const uint16_t *x = w, *y = a;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    __m256 s0[4], s1[4];
+    for (int k = 0; k < nt; k++)
+        s0[k] = s1[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))), s0);
-        s1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8))),
-                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8))), s1);
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8)));
+        for (int k = 0; k < nt; k++) {
+            const uint16_t *y = ROW(uint16_t, k);
+            s0[k] = _mm256_fmadd_ps(w0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i))), s0[k]);
+            s1[k] = _mm256_fmadd_ps(w1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8))),
+                                    s1[k]);
+        }
     }
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++)
-        s += h2f(x[i]) * h2f(y[i]);
-    return s;
+    for (int k = 0; k < nt; k++) {
+        const uint16_t *y = ROW(uint16_t, k);
+        float s = hsum256(_mm256_add_ps(s0[k], s1[k]));
+        for (int64_t j = i; j < n; j++)
+            s += h2f(x[j]) * h2f(y[j]);
+        out[k] = s;
+    }
 }
 
-T_AVX2 static float avx2_dot_bf16(int64_t n, const void *w, const void *a)
+T_AVX2 static AI void k2_bf16(int64_t n, const uint16_t *x, const uint8_t *a, size_t as, int nt,
+                              float *out)
 {
-    const uint16_t *x = w;
-    const float *y = a;
-    __m256 s0 = _mm256_setzero_ps();
+    __m256 s0[4];
+    for (int k = 0; k < nt; k++)
+        s0[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
-        s0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-                             _mm256_loadu_ps(y + i), s0);
+        const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        for (int k = 0; k < nt; k++)
+            s0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(ROW(float, k) + i), s0[k]);
     }
-    float s = hsum256(s0);
-    for (; i < n; i++)
-        s += gpe_bf16_to_fp32(x[i]) * y[i];
-    return s;
-}
-
-T_AVX2 static float avx2_dot_q8_0(int64_t n, const void *w, const void *a)
-{
-    const gpe_block_q8_0 *x = w, *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK; i++) {
-        const __m256i p = dot32_i8(_mm256_loadu_si256((const __m256i *)x[i].qs),
-                                   _mm256_loadu_si256((const __m256i *)y[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p),
-                              acc);
+    for (int k = 0; k < nt; k++) {
+        const float *y = ROW(float, k);
+        float s = hsum256(s0[k]);
+        for (int64_t j = i; j < n; j++)
+            s += gpe_bf16_to_fp32(x[j]) * y[j];
+        out[k] = s;
     }
-    return hsum256(acc);
 }
 
 /* 32 Q4_0 values as signed bytes -8..7, in element order. */
@@ -114,18 +124,39 @@ T_AVX2 static inline __m256i q4_0_unpack(const uint8_t *qs)
     return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
 }
 
-T_AVX2 static float avx2_dot_q4_0(int64_t n, const void *w, const void *a)
+T_AVX2 static AI __m256i w32_q8_0(const gpe_block_q8_0 *b)
 {
-    const gpe_block_q4_0 *x = w;
-    const gpe_block_q8_0 *y = a;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK; i++) {
-        const __m256i p = dot32_i8(q4_0_unpack(x[i].qs), _mm256_loadu_si256((const __m256i *)y[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d)), _mm256_cvtepi32_ps(p),
-                              acc);
-    }
-    return hsum256(acc);
+    return _mm256_loadu_si256((const __m256i *)b->qs);
 }
+T_AVX2 static AI __m256i w32_q4_0(const gpe_block_q4_0 *b) { return q4_0_unpack(b->qs); }
+
+/* Q8_0 and Q4_0: 32 signed weight bytes per block; |w| and the weight's
+ * scale are shared by the tokens. */
+#define K2_BLOCK32(NAME, WT, UNPACK)                                                              \
+    T_AVX2 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,      \
+                               float *out)                                                       \
+    {                                                                                            \
+        const __m256i ones = _mm256_set1_epi16(1);                                               \
+        __m256 acc[4];                                                                           \
+        for (int k = 0; k < nt; k++)                                                             \
+            acc[k] = _mm256_setzero_ps();                                                        \
+        for (int64_t i = 0; i < n / GPE_QK; i++) {                                               \
+            const __m256i wv = UNPACK(&x[i]);                                                    \
+            const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
+            const float dw = h2f(x[i].d);                                                        \
+            for (int k = 0; k < nt; k++) {                                                       \
+                const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
+                const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
+                                         acc[k]);                                                \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < nt; k++)                                                             \
+            out[k] = hsum256(acc[k]);                                                            \
+    }
+K2_BLOCK32(k2_q8_0, gpe_block_q8_0, w32_q8_0)
+K2_BLOCK32(k2_q4_0, gpe_block_q4_0, w32_q4_0)
 
 /* Branch-free unpack of the 8 six-bit scales and mins of a Q4_K/Q5_K block
  * (the packing gpe__scale_min_k4 reads one at a time). */
@@ -164,77 +195,64 @@ T_AVX2 static inline __m256i kq_pick(int k)
     return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
-T_AVX2 static float avx2_dot_q4_k(int64_t n, const void *w, const void *a)
+/* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
+ * nibbles of qs[32c..] then high ones, +16 from qh bits 2c / 2c+1 for Q5_K);
+ * each chunk's unpacked weights and scales serve every token. */
+T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
+                            const uint8_t *a, size_t as, int nt, float *out)
 {
-    const gpe_block_q4_k *x = w;
-    const gpe_block_q8_k *y = a;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        kq_unpack(x[i].scales, sc, mn);
-        const float da = y[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
-                            accm);
-        const __m256i scv = kq_scales256(sc);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            const __m256i lo = _mm256_and_si256(q, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
-            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0),
-                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c)));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1),
-                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum256(acc) - _mm_cvtss_f32(m);
-}
-
-T_AVX2 static float avx2_dot_q5_k(int64_t n, const void *w, const void *a)
-{
-    const gpe_block_q5_k *x = w;
-    const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        kq_unpack(x[i].scales, sc, mn);
-        const float da = y[i].d;
-        accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * da), _mm_cvtepi32_ps(kq_mins(mn, y[i].bsums)),
-                            accm);
-        const __m256i scv = kq_scales256(sc);
-        __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-            /* bit 2c of qh -> +16 on the low nibbles, bit 2c+1 -> on the high ones */
-            const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-            qh = _mm256_srli_epi16(qh, 2);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), h0);
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h1);
-            const __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
-            const __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0),
-                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c)));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1),
-                                                 _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * da), _mm256_cvtepi32_ps(sumi), acc);
+    __m256 acc[4];
+    __m128 accm[4];
+    for (int k = 0; k < nt; k++) {
+        acc[k] = _mm256_setzero_ps();
+        accm[k] = _mm_setzero_ps();
     }
-    __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
-    m = _mm_add_ss(m, _mm_movehdup_ps(m));
-    return hsum256(acc) - _mm_cvtss_f32(m);
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+        uint16_t dh, mh;
+        memcpy(&dh, b, 2);
+        memcpy(&mh, b + 2, 2);
+        const float dw = h2f(dh), dmw = h2f(mh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(b + 4, sc, mn);
+        const __m256i scv = kq_scales256(sc);
+        const uint8_t *qs = b + qs_off;
+        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        __m256i sumi[4];
+        for (int k = 0; k < nt; k++)
+            sumi[k] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (hbits) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
+            const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
+            for (int k = 0; k < nt; k++) {
+                const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 64 * c;
+                const __m256i p0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)), s0);
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa + 32))), s1);
+                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
+            }
+        }
+        for (int k = 0; k < nt; k++) {
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            accm[k] = _mm_fmadd_ps(_mm_set1_ps(dmw * y->d), _mm_cvtepi32_ps(kq_mins(mn, y->bsums)),
+                                   accm[k]);
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        __m128 m = _mm_add_ps(accm[k], _mm_movehl_ps(accm[k], accm[k]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[k] = hsum256(acc[k]) - _mm_cvtss_f32(m);
+    }
 }
 
 /* Q6_K: values are q-32 with q in 0..63; the -32 is folded in through the
@@ -247,18 +265,23 @@ static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
     return 32 * s;
 }
 
-T_AVX2 static float avx2_dot_q6_k(int64_t n, const void *w, const void *a)
+T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
+                              int nt, float *out)
 {
-    const gpe_block_q6_k *x = w;
-    const gpe_block_q8_k *y = a;
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    float accc = 0.0f;
+    __m256 acc[4];
+    float accc[4];
+    for (int k = 0; k < nt; k++) {
+        acc[k] = _mm256_setzero_ps();
+        accc[k] = 0.0f;
+    }
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
-        const int8_t *sc = x[i].scales, *qa = y[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8, qa += 128) {
+        const int8_t *sc = x[i].scales;
+        __m256i sumi[4];
+        for (int k = 0; k < nt; k++)
+            sumi[k] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
             const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
@@ -270,29 +293,74 @@ T_AVX2 static float avx2_dot_q6_k(int64_t n, const void *w, const void *a)
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
-            for (int k = 0; k < 4; k++) {
-                const __m256i av = _mm256_loadu_si256((const __m256i *)(qa + 32 * k));
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], av), s));
+            for (int j = 0; j < 4; j++) {
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+                for (int k = 0; k < nt; k++) {
+                    const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 128 * h + 32 * j;
+                    sumi[k] = _mm256_add_epi32(
+                        sumi[k], _mm256_madd_epi16(
+                                     _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i *)qa)), s));
+                }
             }
         }
-        const float d = h2f(x[i].d) * y[i].d;
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-        accc += d * (float)q6_corr(x[i].scales, y[i].bsums);
+        const float dw = h2f(x[i].d);
+        for (int k = 0; k < nt; k++) {
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            const float d = dw * y->d;
+            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            accc[k] += d * (float)q6_corr(x[i].scales, y->bsums);
+        }
     }
-    return hsum256(acc) - accc;
+    for (int k = 0; k < nt; k++)
+        out[k] = hsum256(acc[k]) - accc[k];
 }
+
+/* Instances: the single-row dot (nt = 1) and the nt-row version; the switch
+ * gives each nt its own fully unrolled copy. */
+#define KWRAP(TGT, NAME, CALL)                                                                   \
+    TGT static float NAME##_dot(int64_t n, const void *w, const void *a0)                       \
+    {                                                                                            \
+        const uint8_t *a = a0;                                                                   \
+        const size_t as = 0;                                                                     \
+        float out[1];                                                                            \
+        const int nt = 1;                                                                        \
+        CALL;                                                                                    \
+        return out[0];                                                                           \
+    }                                                                                            \
+    TGT static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as, int ntok,  \
+                                float *out)                                                      \
+    {                                                                                            \
+        const uint8_t *a = a0;                                                                   \
+        switch (ntok) {                                                                          \
+        case 1: { const int nt = 1; CALL; break; }                                               \
+        case 2: { const int nt = 2; CALL; break; }                                               \
+        case 3: { const int nt = 3; CALL; break; }                                               \
+        default: { const int nt = 4; CALL; break; }                                              \
+        }                                                                                        \
+    }
+
+KWRAP(T_AVX2, avx2_f16, k2_f16(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_bf16, k2_bf16(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q8_0, k2_q8_0(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q4_0, k2_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q4_k, k2_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q5_k, k2_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q6_k, k2_q6_k(n, w, a, as, nt, out))
 
 void gpe__kernels_avx2(gpe__kernels *k)
 {
     k->dot[GPE_TYPE_F32] = avx2_dot_f32;
-    k->dot[GPE_TYPE_F16] = avx2_dot_f16;
-    k->dot[GPE_TYPE_BF16] = avx2_dot_bf16;
-    k->dot[GPE_TYPE_Q8_0] = avx2_dot_q8_0;
-    k->dot[GPE_TYPE_Q4_0] = avx2_dot_q4_0;
-    k->dot[GPE_TYPE_Q4_K] = avx2_dot_q4_k;
-    k->dot[GPE_TYPE_Q5_K] = avx2_dot_q5_k;
-    k->dot[GPE_TYPE_Q6_K] = avx2_dot_q6_k;
+#define SET(T, NAME)                     \
+    k->dot[T] = NAME##_dot;              \
+    k->dotn[T] = NAME##_dotn;
+    SET(GPE_TYPE_F16, avx2_f16)
+    SET(GPE_TYPE_BF16, avx2_bf16)
+    SET(GPE_TYPE_Q8_0, avx2_q8_0)
+    SET(GPE_TYPE_Q4_0, avx2_q4_0)
+    SET(GPE_TYPE_Q4_K, avx2_q4_k)
+    SET(GPE_TYPE_Q5_K, avx2_q5_k)
+    SET(GPE_TYPE_Q6_K, avx2_q6_k)
+#undef SET
 }
 
 /* ============================================================== AVX-512 */
@@ -303,8 +371,6 @@ void gpe__kernels_avx2(gpe__kernels *k)
  * the same code, so a token's result is bit-identical whether or not other
  * tokens share the pass (decode results do not depend on batching).
  */
-#define AI __attribute__((always_inline)) inline
-
 T_AVX512 static inline __m512i cat256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
@@ -316,8 +382,6 @@ T_AVX512 static inline float hsum128(__m128 v)
     v = _mm_add_ss(v, _mm_movehdup_ps(v));
     return _mm_cvtss_f32(v);
 }
-
-#define ROW(T, k) ((const T *)(a + (size_t)(k) * as))
 
 T_AVX512 static AI void k512_f32(int64_t n, const float *x, const uint8_t *a, size_t as, int nt,
                                  float *out)
@@ -410,11 +474,6 @@ T_AVX512 static AI void k512_bf16(int64_t n, const uint16_t *x, const uint8_t *a
 }
 
 /* Q8_0 and Q4_0 share the driver: 32 signed weight bytes per block. */
-T_AVX512 static AI __m256i w32_q8_0(const gpe_block_q8_0 *b)
-{
-    return _mm256_loadu_si256((const __m256i *)b->qs);
-}
-T_AVX512 static AI __m256i w32_q4_0(const gpe_block_q4_0 *b) { return q4_0_unpack(b->qs); }
 
 /* 32-element blocks: one 256-bit step per block. On Skylake-SP this beats
  * pairing two 34-byte blocks into one 512-bit vector (the inserts and the
@@ -575,38 +634,14 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         out[k] = _mm512_reduce_add_ps(acc[k]) - accc[k];
 }
 
-/* Instances: the single-row dot (nt = 1) and the nt-row version; the switch
- * gives each nt its own fully unrolled copy. */
-#define K512_WRAP(NAME, CALL)                                                                    \
-    T_AVX512 static float NAME##_dot(int64_t n, const void *w, const void *a0)                  \
-    {                                                                                            \
-        const uint8_t *a = a0;                                                                   \
-        const size_t as = 0;                                                                     \
-        float out[1];                                                                            \
-        const int nt = 1;                                                                        \
-        CALL;                                                                                    \
-        return out[0];                                                                           \
-    }                                                                                            \
-    T_AVX512 static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as,       \
-                                     int ntok, float *out)                                       \
-    {                                                                                            \
-        const uint8_t *a = a0;                                                                   \
-        switch (ntok) {                                                                          \
-        case 1: { const int nt = 1; CALL; break; }                                               \
-        case 2: { const int nt = 2; CALL; break; }                                               \
-        case 3: { const int nt = 3; CALL; break; }                                               \
-        default: { const int nt = 4; CALL; break; }                                              \
-        }                                                                                        \
-    }
-
-K512_WRAP(avx512_f32, k512_f32(n, w, a, as, nt, out))
-K512_WRAP(avx512_f16, k512_f16(n, w, a, as, nt, out))
-K512_WRAP(avx512_bf16, k512_bf16(n, w, a, as, nt, out))
-K512_WRAP(avx512_q8_0, k512_q8_0(n, w, a, as, nt, out))
-K512_WRAP(avx512_q4_0, k512_q4_0(n, w, a, as, nt, out))
-K512_WRAP(avx512_q4_k, k512_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
-K512_WRAP(avx512_q5_k, k512_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
-K512_WRAP(avx512_q6_k, k512_q6_k(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_f32, k512_f32(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_f16, k512_f16(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_bf16, k512_bf16(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q8_0, k512_q8_0(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q4_0, k512_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q4_k, k512_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q5_k, k512_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q6_k, k512_q6_k(n, w, a, as, nt, out))
 
 void gpe__kernels_avx512(gpe__kernels *k)
 {

@@ -218,6 +218,7 @@ static void test_quantizers(void **state)
         x[j] = rndf() * 3.0f;
     struct { gpe_type t; float tol; } rt[] = {
         {GPE_TYPE_Q8_0, 0.02f}, {GPE_TYPE_Q4_0, 0.5f}, {GPE_TYPE_Q4_K, 0.35f},
+        {GPE_TYPE_Q5_K, 0.2f},  {GPE_TYPE_Q6_K, 0.1f},
         {GPE_TYPE_F16, 0.002f}, {GPE_TYPE_BF16, 0.02f}, {GPE_TYPE_F32, 0.0f},
     };
     uint8_t buf[1024];
@@ -228,7 +229,7 @@ static void test_quantizers(void **state)
             if (fabsf(y[j] - x[j]) > rt[i].tol)
                 fail_msg("%s round trip: x %g -> %g", gpe_type_name(rt[i].t), x[j], y[j]);
     }
-    assert_false(gpe_quantize_row(GPE_TYPE_Q6_K, x, buf, 256));
+    assert_false(gpe_quantize_row(GPE_TYPE_Q2_K, x, buf, 256));
 }
 
 /* ---------------------------------------------------- tiny-random.json refs */
