@@ -870,16 +870,26 @@ static void emit_event(an_stream *st, const char *name, json_t *j)
 
 static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
 {
-    uint64_t now = gp_now_mono_us();
-    json_t *meta = json_pack(
-        "{s:s,s:s,s:I,s:I,s:i}", "agent_id", job->agent_id, "model", job->spec.model,
-        "queue_ms", (json_int_t)job->queue_ms,
-        "inference_ms", (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0),
-        "attempts", job->attempts);
-    if (meta && with_warnings)
-        json_object_set(meta, "warnings", st->warnings);
-    if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */
-        json_object_set_new(meta, "continuation", json_string(job->continuation_mode));
+    /* The one x_pool_meta of every dialect (api_openai.h): it names the
+     * model that served at the end, a fallback taken at failover too. This
+     * request's own warnings (parse, submit) join its list once each. */
+    json_t *meta = gps_pool_meta(job);
+    if (!meta)
+        return NULL;
+    if (!with_warnings) {
+        json_object_del(meta, "warnings");
+        return meta;
+    }
+    json_t *list = json_object_get(meta, "warnings");
+    size_t i, k;
+    json_t *w, *x;
+    json_array_foreach(st->warnings, i, w)
+    {
+        bool seen = false;
+        json_array_foreach(list, k, x) if (json_equal(x, w)) seen = true;
+        if (!seen)
+            json_array_append(list, w);
+    }
     return meta;
 }
 
@@ -1051,7 +1061,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
                                stop_seq ? json_string(stop_seq) : json_null(), "usage",
                                usage_json(in, out));
         if (md)
-            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, false));
+            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
         emit_event(st, "message_delta", md);
         emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
         gps_sse_pace_send(st->pace, st->req, &st->out);

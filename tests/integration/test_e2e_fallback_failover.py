@@ -116,6 +116,49 @@ class FallbackFailoverTest(harness.TestCase):
         fb = self.srv.log_events("job_fallback")
         self.assertEqual([(e["from_model"], e["model"]) for e in fb], [("alpha", "beta")], fb)
 
+    def anthropic_stream(self, body, kill):
+        """As stream(), through /v1/messages: text from content_block_delta,
+        x_pool_meta from message_delta."""
+        s = harness.SSEStream("POST", self.srv.url + "/v1/messages", body, timeout=120)
+        self.assertEqual(s.status, 200)
+        text, before, n, meta, err = "", None, 0, None, None
+        while True:
+            e = s.next_event(timeout=90)
+            if e is None:
+                err = err or "stream ended without message_stop"
+                break
+            d = json.loads(e["data"])
+            if d.get("type") == "message_stop":
+                break
+            if d.get("type") == "error":
+                err = d["error"]
+                continue
+            t = (d.get("delta") or {}).get("text") or ""
+            if d.get("type") == "content_block_delta" and t:
+                text += t
+                n += 1
+                if n == N:
+                    before = text
+                    kill.kill9()
+            if d.get("x_pool_meta"):
+                meta = d["x_pool_meta"]
+        s.close()
+        return before, text, meta, err
+
+    def test_anthropic_stream_moves_to_fallback_model_and_says_so(self):
+        # Anthropic built its pool meta from a copy made at submit: a
+        # fallback taken at failover was not among its warnings.
+        a, ida = self.agent(self.file_a, "alpha", gated=True)
+        b, idb = self.agent(self.file_b, "beta", gated=False)
+        body = self.body(True)
+        before, text, meta, err = self.anthropic_stream(body, a)
+        self.assertIsNone(err, err)
+        self.assertIsNotNone(before, "the stream ended before the kill")
+        self.assertTrue(text.startswith(before) and len(text) > len(before), (before, text))
+        self.assertEqual((meta["agent_id"], meta["model"], meta["attempts"]), (idb, "beta", 2),
+                         meta)
+        self.assertTrue(any("alpha" in w and "beta" in w for w in meta["warnings"]), meta)
+
     def test_without_fallback_the_job_waits_for_its_model(self):
         a, ida = self.agent(self.file_a, "alpha", gated=True)
         b, idb = self.agent(self.file_b, "beta", gated=False)
