@@ -33,13 +33,6 @@ T_AVX2 static inline float hsum256(__m256 v)
 
 T_AVX2 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-/* Sum of products of 32 signed weight bytes with 32 activation bytes, as 8 int32. */
-T_AVX2 static inline __m256i dot32_i8(__m256i w, __m256i a)
-{
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
 T_AVX2 static float avx2_dot_f32(int64_t n, const void *w, const void *a)
 {
     const float *x = w, *y = a;
