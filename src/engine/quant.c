@@ -378,53 +378,62 @@ static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v;
 
 /* Q4_K: per sub-block of 32 a plain min/max affine fit (min clamped to <= 0),
  * scales and mins quantized to 6 bits against the block's largest. */
+static void kquant_fit(const float *x, float levels, uint16_t *d_out, uint16_t *dmin_out,
+                       uint8_t scales[12], uint8_t q[GPE_QK_K])
+{
+    /* The half Q4_K and Q5_K share: per 32-value sub-block an offset fit
+     * with `levels` steps, its 6-bit scale and min packed as the
+     * dequantizers read them, and each value's level 0..levels in q. */
+    float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int l = 0; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        sc[j] = (hi - lo) / levels;
+        mn[j] = -lo;
+        max_sc = fmaxf(max_sc, sc[j]);
+        max_mn = fmaxf(max_mn, mn[j]);
+    }
+    const float is = max_sc > 0 ? 63.0f / max_sc : 0.0f;
+    const float im = max_mn > 0 ? 63.0f / max_mn : 0.0f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (uint8_t)clampi((int)nearbyintf(is * sc[j]), 0, 63);
+        lm[j] = (uint8_t)clampi((int)nearbyintf(im * mn[j]), 0, 63);
+        /* a sub-block whose scale rounded to 0 but has data: keep it at 1 */
+        if (ls[j] == 0 && sc[j] > 0)
+            ls[j] = 1;
+    }
+    *d_out = gpe_fp32_to_fp16(max_sc / 63.0f);
+    *dmin_out = gpe_fp32_to_fp16(max_mn / 63.0f);
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            scales[j] = ls[j];
+            scales[j + 4] = lm[j];
+        } else {
+            scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    const float d = gpe_fp16_to_fp32(*d_out), dmin = gpe_fp16_to_fp32(*dmin_out);
+    const int top = (int)levels;
+    for (int j = 0; j < 8; j++) {
+        const float dd = d * ls[j], dm = dmin * lm[j];
+        for (int l = 0; l < 32; l++)
+            q[32 * j + l] =
+                dd > 0 ? (uint8_t)clampi((int)nearbyintf((x[32 * j + l] + dm) / dd), 0, top) : 0;
+    }
+}
+
 static void quant_q4_k(const float *x, gpe_block_q4_k *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
-        float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
-        for (int j = 0; j < 8; j++) {
-            float lo = 0.0f, hi = 0.0f;
-            for (int l = 0; l < 32; l++) {
-                lo = fminf(lo, x[32 * j + l]);
-                hi = fmaxf(hi, x[32 * j + l]);
-            }
-            sc[j] = (hi - lo) / 15.0f;
-            mn[j] = -lo;
-            max_sc = fmaxf(max_sc, sc[j]);
-            max_mn = fmaxf(max_mn, mn[j]);
-        }
-        const float is = max_sc > 0 ? 63.0f / max_sc : 0.0f;
-        const float im = max_mn > 0 ? 63.0f / max_mn : 0.0f;
-        uint8_t ls[8], lm[8];
-        for (int j = 0; j < 8; j++) {
-            ls[j] = (uint8_t)clampi((int)nearbyintf(is * sc[j]), 0, 63);
-            lm[j] = (uint8_t)clampi((int)nearbyintf(im * mn[j]), 0, 63);
-        }
-        /* a sub-block whose scale rounded to 0 but has data: keep it at 1 */
-        for (int j = 0; j < 8; j++)
-            if (ls[j] == 0 && sc[j] > 0)
-                ls[j] = 1;
-        y[i].d = gpe_fp32_to_fp16(max_sc / 63.0f);
-        y[i].dmin = gpe_fp32_to_fp16(max_mn / 63.0f);
-        memset(y[i].scales, 0, sizeof y[i].scales);
-        for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                y[i].scales[j] = ls[j];
-                y[i].scales[j + 4] = lm[j];
-            } else {
-                y[i].scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-                y[i].scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-                y[i].scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
-            }
-        }
-        const float d = gpe_fp16_to_fp32(y[i].d), dmin = gpe_fp16_to_fp32(y[i].dmin);
         uint8_t q[GPE_QK_K];
-        for (int j = 0; j < 8; j++) {
-            const float dd = d * ls[j], dm = dmin * lm[j];
-            for (int l = 0; l < 32; l++)
-                q[32 * j + l] = dd > 0 ? (uint8_t)clampi((int)nearbyintf((x[32 * j + l] + dm) / dd), 0, 15)
-                                       : 0;
-        }
+        kquant_fit(x, 15.0f, &y[i].d, &y[i].dmin, y[i].scales, q);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
                 y[i].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
@@ -436,48 +445,8 @@ static void quant_q4_k(const float *x, gpe_block_q4_k *y, int64_t nb)
 static void quant_q5_k(const float *x, gpe_block_q5_k *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += GPE_QK_K) {
-        float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
-        for (int j = 0; j < 8; j++) {
-            float lo = 0.0f, hi = 0.0f;
-            for (int l = 0; l < 32; l++) {
-                lo = fminf(lo, x[32 * j + l]);
-                hi = fmaxf(hi, x[32 * j + l]);
-            }
-            sc[j] = (hi - lo) / 31.0f;
-            mn[j] = -lo;
-            max_sc = fmaxf(max_sc, sc[j]);
-            max_mn = fmaxf(max_mn, mn[j]);
-        }
-        const float is = max_sc > 0 ? 63.0f / max_sc : 0.0f;
-        const float im = max_mn > 0 ? 63.0f / max_mn : 0.0f;
-        uint8_t ls[8], lm[8];
-        for (int j = 0; j < 8; j++) {
-            ls[j] = (uint8_t)clampi((int)nearbyintf(is * sc[j]), 0, 63);
-            lm[j] = (uint8_t)clampi((int)nearbyintf(im * mn[j]), 0, 63);
-            if (ls[j] == 0 && sc[j] > 0)
-                ls[j] = 1;
-        }
-        y[i].d = gpe_fp32_to_fp16(max_sc / 63.0f);
-        y[i].dmin = gpe_fp32_to_fp16(max_mn / 63.0f);
-        memset(y[i].scales, 0, sizeof y[i].scales);
-        for (int j = 0; j < 8; j++) {
-            if (j < 4) {
-                y[i].scales[j] = ls[j];
-                y[i].scales[j + 4] = lm[j];
-            } else {
-                y[i].scales[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
-                y[i].scales[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
-                y[i].scales[j] |= (uint8_t)((lm[j] >> 4) << 6);
-            }
-        }
-        const float d = gpe_fp16_to_fp32(y[i].d), dmin = gpe_fp16_to_fp32(y[i].dmin);
         uint8_t q[GPE_QK_K];
-        for (int j = 0; j < 8; j++) {
-            const float dd = d * ls[j], dm = dmin * lm[j];
-            for (int l = 0; l < 32; l++)
-                q[32 * j + l] = dd > 0 ? (uint8_t)clampi((int)nearbyintf((x[32 * j + l] + dm) / dd), 0, 31)
-                                       : 0;
-        }
+        kquant_fit(x, 31.0f, &y[i].d, &y[i].dmin, y[i].scales, q);
         memset(y[i].qh, 0, sizeof y[i].qh);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++) {
