@@ -69,7 +69,6 @@ enum {
     K_KEY_BIND,
     K_JOB_GET,
     K_PING,
-    K_JOB_REQUEST,
     K_EVENTS_ADD,   /* optional: needs migration 0002 (job_events) */
     K_EVENTS_GET,   /* optional, idem */
     K_KEY_LIMITS,   /* optional: needs migration 0003 (key limits, usage) */
@@ -141,7 +140,6 @@ static const struct {
         "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL"},
     [K_JOB_GET] = {"job_get", "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
     [K_PING] = {"ping", "SELECT count(*) FROM schema_migrations"},
-    [K_JOB_REQUEST] = {"job_request", "UPDATE jobs SET request = ?2 WHERE id = ?1"},
     [K_EVENTS_ADD] = {"job_events_add",
         "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
         "VALUES (?1, ?2, ?3, ?4, ?5)"},
@@ -1588,17 +1586,6 @@ int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *eve
         return -1;
     }
     return enqueue_seq(s, o, true, op_seq);
-}
-
-int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request)
-{
-    if (!job_id || !request)
-        return -1;
-    opb b;
-    b_init(&b, K_JOB_REQUEST);
-    b_text(&b, job_id);
-    b_json(&b, request);
-    return enqueue_b(s, &b);
 }
 
 int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms)
