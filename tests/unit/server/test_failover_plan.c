@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "fixture_fleet.h"
 #include "server/jobs.h"
 
 #define C GPS_FAILOVER_CONTINUE
@@ -107,76 +108,31 @@ static void test_backoff_bounds(void **st)
 #define DB "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 
 typedef struct fx {
-    struct event_base *base;
-    registry *reg;
-    sched *s;
-    gps_jobs *jobs;
-    int delivered;
-    registry_agent *delivered_to;
-    json_t *wire;
+    fleet fl;
     char fo_model[32];      /* "model" of the last failover event ("" = none) */
     int failovers;
     int errors;
 } fx;
 
-static int deliver(registry_agent *a, json_t *jobs_json, void *arg)
-{
-    fx *f = arg;
-    f->delivered++;
-    f->delivered_to = a;
-    json_decref(f->wire);
-    f->wire = json_incref(json_array_get(jobs_json, 0));
-    sched_agent_unready(f->s, a);
-    return 0;
-}
+/* The wire of the last job handed to an agent (delivered or taken). */
+#define WIRE(f) json_array_get((f).fl.delivery, 0)
 
 static registry_agent *add_agent(fx *f, int i, const char *model, const char *digest)
 {
-    char body[512];
-    snprintf(body, sizeof body,
-             "{\"agent_id\":\"00000000-0000-4000-8000-%012d\",\"name\":\"a%d\","
-             "\"models\":[{\"id\":\"%s\",\"digest\":\"%s\"}],\"slots\":{\"total\":2}}",
-             i, i, model, digest);
-    json_t *j = json_loads(body, 0, NULL);
-    assert_non_null(j);
-    registry_facts facts;
-    char err[160];
-    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
-        fail_msg("parse: %s", err);
-    json_decref(j);
-    registry_agent *a = registry_heartbeat(f->reg, &facts, 1000, 0);
-    registry_facts_free(&facts);
-    assert_non_null(a);
-    return a;
+    return fleet_agent(&f->fl, i, model, digest, 2, 1000);
 }
 
 static void fx_init(fx *f, int backoff_base_ms)
 {
     memset(f, 0, sizeof *f);
-    f->base = event_base_new();
-    registry_config rc;
-    registry_config_default(&rc);
-    rc.grace_ms = 0;
-    f->reg = registry_create(&rc);
-    sched_config sc;
-    sched_config_default(&sc);
-    f->s = sched_create(f->reg, &sc);
-    gps_jobs_opts o = {.max_queue = 10, .queue_timeout_sec = 60, .request_timeout_sec = 60,
-                       .stall_timeout_sec = 60, .max_attempts = 5, .poll_interval_sec = 1,
-                       .backoff_base_ms = backoff_base_ms, .backoff_cap_ms = 2000};
-    f->jobs = gps_jobs_new(f->base, &o, f->reg, f->s, NULL, NULL);
-    assert_non_null(f->jobs);
-    gps_jobs_set_deliver(f->jobs, deliver, f);
+    gps_jobs_opts o = fleet_opts();
+    o.max_attempts = 5;
+    o.backoff_base_ms = backoff_base_ms;
+    o.backoff_cap_ms = 2000;
+    fleet_init(&f->fl, &o, NULL);
 }
 
-static void fx_free(fx *f)
-{
-    json_decref(f->wire);
-    gps_jobs_free(f->jobs);
-    sched_destroy(f->s);
-    registry_destroy(f->reg);
-    event_base_free(f->base);
-}
+static void fx_free(fx *f) { fleet_free(&f->fl); }
 
 static void on_event(gps_job *job, gps_event_type t, json_t *ev, void *arg)
 {
@@ -194,46 +150,25 @@ static void on_event(gps_job *job, gps_event_type t, json_t *ev, void *arg)
 
 static gps_job *submit(fx *f, const char *model, const char *fallback)
 {
-    gps_job_spec s = {0};
-    s.kind = GPS_JOB_COMPLETION;
-    s.model = strdup(model);
-    s.prompt = strdup("hello");
-    s.max_tokens = 20;
-    s.temperature = 0;
-    s.top_p = 1;
-    s.api = "openai";
+    gps_job_spec s = fleet_spec(model, 20);
     if (fallback) {
         s.fallback_models[0] = strdup(fallback);
         s.n_fallback = 1;
     }
-    gps_submit_err err;
-    gps_job *job = gps_jobs_submit(f->jobs, &s, "corr", "", &err);
-    assert_non_null(job);
+    gps_job *job = fleet_submit(&f->fl, &s);
     assert_int_equal(gps_job_subscribe(job, on_event, f), 0);
     return job;
 }
 
 static void take(fx *f, registry_agent *a)
 {
-    json_t *arr = gps_jobs_take_for_agent(f->jobs, a, 1);
-    assert_int_equal(json_array_size(arr), 1);
-    json_decref(f->wire);
-    f->wire = json_incref(json_array_get(arr, 0));
-    json_decref(arr);
-    sched_agent_unready(f->s, a);
+    json_decref(f->fl.delivery);
+    f->fl.delivery = json_pack("[o]", fleet_take(&f->fl, a));
 }
 
 static void apply(fx *f, gps_job *job, registry_agent *a, const char *events)
 {
-    json_t *ev = json_loads(events, 0, NULL);
-    assert_non_null(ev);
-    bool cancel;
-    long long exp;
-    char msg[256];
-    assert_int_equal(gps_jobs_apply_events(f->jobs, job->id, a->id, job->agent_seq, ev, &cancel,
-                                           &exp, msg, sizeof msg),
-                     0);
-    json_decref(ev);
+    assert_int_equal(fleet_apply(&f->fl, job, a, job->agent_seq, events), 0);
 }
 
 static const char *TOKENS = "[{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"Once\","
@@ -254,16 +189,16 @@ static void test_fallback_when_model_has_no_live_agent(void **st)
     gps_job *job = submit(&f, "A", "B");
     take(&f, a);
     apply(&f, job, a, TOKENS);
-    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
-    gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_int_equal(sched_agent_ready(f.fl.s, b, 1), 0);
+    gps_jobs_agent_lost(f.fl.jobs, a->id, "test");
     assert_int_equal(f.failovers, 1);
     assert_string_equal(f.fo_model, "B");
-    assert_int_equal(f.delivered, 1);         /* the first retry: at once */
-    assert_ptr_equal(f.delivered_to, b);
-    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "B");
-    assert_string_equal(json_string_value(json_object_get(f.wire, "continuation")),
+    assert_int_equal(f.fl.delivered, 1);         /* the first retry: at once */
+    assert_ptr_equal(f.fl.delivered_to, b);
+    assert_string_equal(json_string_value(json_object_get(WIRE(f), "model")), "B");
+    assert_string_equal(json_string_value(json_object_get(WIRE(f), "continuation")),
                         "Once upon");
-    assert_null(json_object_get(f.wire, "continuation_ids"));
+    assert_null(json_object_get(WIRE(f), "continuation_ids"));
     assert_string_equal(job->spec.model, "B");
     assert_string_equal(job->requested_model, "A");
     assert_string_equal(job->continuation_mode, "text");
@@ -291,32 +226,32 @@ static void test_model_with_live_agent_keeps_the_job(void **st)
     gps_job *job = submit(&f, "A", "B");
     take(&f, a1);
     apply(&f, job, a1, TOKENS);
-    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
-    gps_jobs_agent_lost(f.jobs, a1->id, "test");
-    assert_int_equal(f.delivered, 0);
+    assert_int_equal(sched_agent_ready(f.fl.s, b, 1), 0);
+    gps_jobs_agent_lost(f.fl.jobs, a1->id, "test");
+    assert_int_equal(f.fl.delivered, 0);
     assert_int_equal(job->state, GPS_JOB_QUEUED);
     assert_string_equal(job->spec.model, "A");
     assert_null(job->requested_model);
     assert_string_equal(f.fo_model, "");
     /* a2 dies too while the job waits in A's queue (a1 is still suspect,
      * as an agent killed a moment ago is): it moves to B */
-    registry_mark_suspect(f.reg, a1, 2000, "test");
-    gps_jobs_agent_lost(f.jobs, a2->id, "test");
-    assert_int_equal(f.delivered, 1);
-    assert_ptr_equal(f.delivered_to, b);
+    registry_mark_suspect(f.fl.reg, a1, 2000, "test");
+    gps_jobs_agent_lost(f.fl.jobs, a2->id, "test");
+    assert_int_equal(f.fl.delivered, 1);
+    assert_ptr_equal(f.fl.delivered_to, b);
     assert_string_equal(job->spec.model, "B");
     assert_string_equal(job->requested_model, "A");
-    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "B");
+    assert_string_equal(json_string_value(json_object_get(WIRE(f), "model")), "B");
     assert_string_equal(job->continuation_mode, "text");
     /* a job without fallback_models stays queued for its model */
     gps_job *j2 = submit(&f, "A", NULL);
     assert_int_equal(j2->state, GPS_JOB_QUEUED);
     registry_agent *b2 = add_agent(&f, 4, "B", DB);
-    assert_int_equal(sched_agent_ready(f.s, b2, 1), 0);
-    gps_jobs_agent_lost(f.jobs, a1->id, "test");
+    assert_int_equal(sched_agent_ready(f.fl.s, b2, 1), 0);
+    gps_jobs_agent_lost(f.fl.jobs, a1->id, "test");
     assert_int_equal(j2->state, GPS_JOB_QUEUED);
     assert_string_equal(j2->spec.model, "A");
-    sched_agent_unready(f.s, b2);
+    sched_agent_unready(f.fl.s, b2);
     fx_free(&f);
 
     /* submit falls back to B (A has no agent); B's agent dies, A's came:
@@ -329,12 +264,12 @@ static void test_model_with_live_agent_keeps_the_job(void **st)
     take(&f, b);
     apply(&f, job, b, TOKENS);
     a1 = add_agent(&f, 1, "A", DA);
-    gps_jobs_agent_lost(f.jobs, b->id, "test");
+    gps_jobs_agent_lost(f.fl.jobs, b->id, "test");
     assert_string_equal(f.fo_model, "A");
     assert_string_equal(job->spec.model, "A");
     assert_null(job->requested_model);
     take(&f, a1);
-    assert_string_equal(json_string_value(json_object_get(f.wire, "model")), "A");
+    assert_string_equal(json_string_value(json_object_get(WIRE(f), "model")), "A");
     fx_free(&f);
 }
 
@@ -351,33 +286,33 @@ static void test_repeated_failover_waits_backoff(void **st)
     registry_agent *c = add_agent(&f, 3, "A", DA);
     gps_job *job = submit(&f, "A", NULL);
     take(&f, a);
-    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
-    gps_jobs_agent_lost(f.jobs, a->id, "test");
-    assert_int_equal(f.delivered, 1);          /* first retry: immediate */
-    assert_ptr_equal(f.delivered_to, b);
-    assert_int_equal(sched_agent_ready(f.s, c, 1), 0);
-    gps_jobs_agent_lost(f.jobs, b->id, "test");
-    assert_int_equal(f.delivered, 1);          /* second: waits */
+    assert_int_equal(sched_agent_ready(f.fl.s, b, 1), 0);
+    gps_jobs_agent_lost(f.fl.jobs, a->id, "test");
+    assert_int_equal(f.fl.delivered, 1);          /* first retry: immediate */
+    assert_ptr_equal(f.fl.delivered_to, b);
+    assert_int_equal(sched_agent_ready(f.fl.s, c, 1), 0);
+    gps_jobs_agent_lost(f.fl.jobs, b->id, "test");
+    assert_int_equal(f.fl.delivered, 1);          /* second: waits */
     assert_int_equal(job->state, GPS_JOB_QUEUED);
     assert_true(job->in_backoff);
-    for (int i = 0; i < 100 && f.delivered == 1; i++)
-        event_base_loop(f.base, EVLOOP_ONCE);
-    assert_int_equal(f.delivered, 2);
-    assert_ptr_equal(f.delivered_to, c);
+    for (int i = 0; i < 100 && f.fl.delivered == 1; i++)
+        event_base_loop(f.fl.base, EVLOOP_ONCE);
+    assert_int_equal(f.fl.delivered, 2);
+    assert_ptr_equal(f.fl.delivered_to, c);
     assert_false(job->in_backoff);
     assert_int_equal(job->attempts, 3);
 
     /* cancelled in its backoff: the timer is gone, nothing is placed */
     registry_agent *d = add_agent(&f, 4, "A", DA);
-    gps_jobs_agent_lost(f.jobs, c->id, "test");
+    gps_jobs_agent_lost(f.fl.jobs, c->id, "test");
     assert_true(job->in_backoff);
-    gps_jobs_cancel(f.jobs, job, "client gone");
+    gps_jobs_cancel(f.fl.jobs, job, "client gone");
     assert_false(job->in_backoff);
-    assert_int_equal(sched_agent_ready(f.s, d, 1), 0);
-    event_base_loop(f.base, EVLOOP_NONBLOCK);
-    assert_int_equal(f.delivered, 2);
+    assert_int_equal(sched_agent_ready(f.fl.s, d, 1), 0);
+    event_base_loop(f.fl.base, EVLOOP_NONBLOCK);
+    assert_int_equal(f.fl.delivered, 2);
     assert_int_equal(job->state, GPS_JOB_CANCELLED);
-    sched_agent_unready(f.s, d);
+    sched_agent_unready(f.fl.s, d);
     fx_free(&f);
 }
 
