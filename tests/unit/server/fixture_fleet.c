@@ -33,12 +33,12 @@ void fleet_init(fleet *f, const gps_jobs_opts *o, const registry_config *rc)
 {
     struct event_base *base = event_base_new();
     assert_non_null(base);
-    fleet_init_on(f, base, o, rc);
+    fleet_init_on(f, base, o, rc, NULL);
     f->own_base = true;
 }
 
 void fleet_init_on(fleet *f, struct event_base *base, const gps_jobs_opts *o,
-                   const registry_config *rc)
+                   const registry_config *rc, struct gps_store *store)
 {
     memset(f, 0, sizeof *f);
     f->base = base;
@@ -50,12 +50,13 @@ void fleet_init_on(fleet *f, struct event_base *base, const gps_jobs_opts *o,
     }
     f->reg = registry_create(rc);
     assert_non_null(f->reg);
+    gps_jobs_opts jo = o ? *o : fleet_opts();
     sched_config sc;
     sched_config_default(&sc);
+    sc.max_queue = (size_t)jo.max_queue;   /* as main.c: one setting for both */
     f->s = sched_create(f->reg, &sc);
     assert_non_null(f->s);
-    gps_jobs_opts jo = o ? *o : fleet_opts();
-    f->jobs = gps_jobs_new(f->base, &jo, f->reg, f->s, NULL, NULL);
+    f->jobs = gps_jobs_new(f->base, &jo, f->reg, f->s, store, NULL);
     assert_non_null(f->jobs);
     gps_jobs_set_deliver(f->jobs, deliver, f);
 }

@@ -41,9 +41,11 @@ gps_jobs_opts fleet_opts(void);
  * an agent made ready and then given a job is unready again. */
 void fleet_init(fleet *f, const gps_jobs_opts *o, const registry_config *rc);
 /* The same on the caller's base (borrowed: fleet_free leaves it), for a
- * test that makes something the registry reports to (agents_api) first. */
+ * test that makes something the registry reports to (agents_api) first,
+ * or that needs a store (borrowed, may be NULL; the base must then be
+ * made after evthread_use_pthreads). */
 void fleet_init_on(fleet *f, struct event_base *base, const gps_jobs_opts *o,
-                   const registry_config *rc);
+                   const registry_config *rc, struct gps_store *store);
 void fleet_free(fleet *f);
 
 /* Agent number i (id 00000000-0000-4000-8000-<i as 12 hex digits>,

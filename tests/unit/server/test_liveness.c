@@ -47,7 +47,7 @@ static int setup(void **state)
     rc.listener_ud = f->g;
     gps_jobs_opts jo = {.max_queue = 100, .queue_timeout_sec = 600, .request_timeout_sec = 600,
                         .stall_timeout_sec = 600, .max_attempts = 5, .poll_interval_sec = 15};
-    fleet_init_on(&f->fl, base, &jo, &rc);
+    fleet_init_on(&f->fl, base, &jo, &rc, NULL);
     assert_int_equal(gps_agents_attach(f->g, f->fl.reg, f->fl.s, f->fl.jobs), 0);
     /* the real clock: agents_api ticks the registry with it */
     f->a = fleet_agent(&f->fl, 0xa, "m", NULL, 1, gp_now_mono_ms());
