@@ -953,8 +953,9 @@ static int write_op(gps_store *s, int kind, const char *spec, ...)
     return enqueue_b(s, &b, NULL);
 }
 
-/* Queue a read of statement kind (never dropped); o's callback fields are
- * set by the caller through fill. */
+/* A read op of statement kind, its values by bind spec (new, caller owns;
+ * NULL on ENOMEM). The caller sets its callback and queues it (reads are
+ * never dropped). */
 static op *read_op(int kind, const char *spec, ...)
 {
     opb b;
