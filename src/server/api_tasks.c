@@ -1002,16 +1002,13 @@ static void h_create(gps_req *r, void *arg)
         return;
     }
     long long seed = spec.seed;
+    /* The whole validated body with its seed: what a restart resubmits,
+     * written with the job's row (one write). */
+    json_object_set_new(body, "seed", json_integer(seed));
+    spec.stored_request = body;
     gps_submit_err e;
     gps_job *job = gps_jobs_submit(g->jobs, &spec, r->correlation_id, r->key_id, &e);
     gps_job_spec_clear(&spec);
-    if (job && g->store) {
-        /* The whole validated body with its seed: what a restart resubmits
-         * (jobs.c stores only prompt/messages/max_tokens). */
-        json_object_set_new(body, "seed", json_integer(seed));
-        gps_store_job_request(g->store, job->id, body);
-    }
-    json_decref(body);
     if (!job) {
         free(t);
         json_decref(events);

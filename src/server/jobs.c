@@ -97,6 +97,7 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->session);
     free(s->resume_id);
     free(s->resume_text);
+    json_decref(s->stored_request);
     for (size_t i = 0; i < s->n_fallback; i++)
         free(s->fallback_models[i]);
     for (size_t i = 0; i < s->n_labels; i++) {
@@ -361,13 +362,19 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
 /* The request log. Prompts are stored only with log_prompts. */
 static void persist_insert(gps_jobs *j, gps_job *job)
 {
-    if (!j->store)
-        return;
-    json_t *req = NULL;
     /* Native tasks keep their input: GET /v2/tasks/{id} and a later
-     * resumption need it whatever log_prompts says. */
+     * resumption need it whatever log_prompts says. One write: the body
+     * the dialect gave (spec.stored_request) goes into the insert itself,
+     * never as a second update of the row. Taken from the spec: nothing
+     * reads it after this. */
+    json_t *req = job->spec.stored_request;
+    job->spec.stored_request = NULL;
+    if (!j->store) {
+        json_decref(req);
+        return;
+    }
     bool native = job->spec.api && strcmp(job->spec.api, "native") == 0;
-    if (j->opts.log_prompts || native) {
+    if (!req && (j->opts.log_prompts || native)) {
         req = json_object();
         if (job->spec.prompt)
             json_object_set_new(req, "prompt", json_string(job->spec.prompt));
@@ -1385,11 +1392,6 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
         json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
     }
     return out;
-}
-
-void gps_jobs_kick(gps_jobs *j)
-{
-    (void)j; /* matching happens in sched_submit / take_for_agent */
 }
 
 /* ------------------------------------------------------------------ */

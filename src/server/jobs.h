@@ -17,9 +17,13 @@
  *
  * The module owns the job table (by id), queue/request/stall timers,
  * failover and cancellation, and writes the request log through the store.
- * Matching a job to an agent goes through the scheduler; the delivery of
- * jobs to a parked long-poll goes through a deliver callback installed by
- * agents_api.
+ * Matching a job to an agent goes through the scheduler, at two moments
+ * only: when a job is placed (submit, retry after failover: sched_submit
+ * hands it to a ready agent with a parked long-poll at once) and when an
+ * agent asks for work or its parked poll can take work again (agents_api
+ * calls gps_jobs_take_for_agent: sched_dispatch). There is no other
+ * trigger to call. The delivery of jobs to a parked long-poll
+ * goes through a deliver callback installed by agents_api.
  */
 #ifndef GPS_JOBS_H
 #define GPS_JOBS_H
@@ -98,6 +102,12 @@ typedef struct gps_job_spec {
     char *resume_id;
     char *resume_text;
     long long resume_tokens;
+    /* The input to keep in the request log's row, as given (owned; a new
+     * job only). NULL: jobs.c keeps prompt/messages (+ max_tokens for a
+     * native task) when log_prompts is on or the task is native. A native
+     * task passes its whole validated body here so that the row is written
+     * once, with what a restart resubmits. */
+    json_t *stored_request;
 } gps_job_spec;
 
 void gps_job_spec_clear(gps_job_spec *s);
@@ -364,9 +374,6 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
 /* Job ids assigned to agent_id that were cancelled and not acknowledged:
  * to be sent as poll commands. New reference (array of command objects). */
 json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
-/* Something changed (an agent became ready, a slot freed): try to match
- * queued jobs. Cheap when nothing is queued. */
-void gps_jobs_kick(gps_jobs *j);
 
 /* Running + queued counts (shutdown, metrics). */
 size_t gps_jobs_active(gps_jobs *j);

@@ -1,14 +1,22 @@
 /*
  * store.c: SQLite persistence behind a DB thread (contract in store.h).
  *
+ * One way to run SQL. Every statement is a row of the table `stmts`
+ * (name, flags, SQL). Its values are built by one bind spec (b_spec: "ttjz"
+ * = text, text, JSON, integer-or-NULL) into an op, and run by stmt_exec
+ * (bind, step every row into a row handler, reset), either on the DB thread
+ * (writes and reads queued by the loop: group commit) or on the owner
+ * thread's own connection (migrations, start-up loads, CLI writes:
+ * sync_exec). Only transaction control and migration scripts go through
+ * sqlite3_exec.
+ *
  * Layout, low level to high level:
- *   - values and ops: every write is "bind these values to prepared
- *     statement K and step it", packed in one allocation by a builder on
- *     the caller's thread;
+ *   - the statement table; values, ops and the bind spec;
+ *   - connections and stmt_exec;
  *   - the queue and the DB thread (group commit);
  *   - read results handed back to the loop through an event;
  *   - opening: pragmas, migrations, statements;
- *   - the public async writers, readers and the synchronous loads.
+ *   - the public async writers and readers, then the synchronous loads.
  */
 #include "server/store.h"
 
@@ -54,6 +62,7 @@ int gps_store_schema_version(void)
 /* ------------------------------------------------------------------------ */
 
 enum {
+    /* writes and reads of the DB thread */
     K_AGENT_UPSERT = 0,
     K_AGENT_STATE,
     K_MODELS_CLEAR,
@@ -69,21 +78,31 @@ enum {
     K_KEY_BIND,
     K_JOB_GET,
     K_PING,
-    K_JOB_REQUEST,
-    K_EVENTS_ADD,   /* optional: needs migration 0002 (job_events) */
-    K_EVENTS_GET,   /* optional, idem */
-    K_KEY_LIMITS,   /* optional: needs migration 0003 (key limits, usage) */
-    K_KEY_USES,     /* optional, idem */
-    K_USAGE_ADD,    /* optional, idem */
-    K_JOB_LIST,     /* admin API: filtered request log (read) */
+    K_EVENTS_ADD,
+    K_EVENTS_GET,
+    K_KEY_LIMITS,
+    K_KEY_USES,
+    K_USAGE_ADD,
+    K_JOB_LIST,
+    /* the owner thread's: migrations and start-up loads */
+    K_SCHEMA_VERSION,
+    K_MIGRATION_RECORD,
+    K_LOAD_AGENTS,
+    K_LOAD_MODELS,
+    K_LOAD_KEYS,
+    K_LOAD_KEYS_BASE,
+    K_LOAD_JOBS,
+    K_LOAD_USAGE,
     K_COUNT
 };
 
-/* Statements a DB migrated by an older or custom migration set may lack:
- * their op then fails (logged) instead of the open failing. */
-#define K_OPTIONAL(k)                                                               \
-    ((k) == K_EVENTS_ADD || (k) == K_EVENTS_GET || (k) == K_KEY_LIMITS || \
-     (k) == K_KEY_USES || (k) == K_USAGE_ADD)
+/* Statement flags.
+ * F_OPT: a DB migrated by an older or custom migration set may lack its
+ *   table or columns (job_events: 0002; key limits and usage: 0003): its
+ *   op then fails (logged) instead of the open.
+ * F_SYNC: run on the owner thread's connection only (migrations, loads):
+ *   not prepared on the DB thread's connection at open. */
+enum { F_OPT = 1, F_SYNC = 2 };
 
 #define JOB_COLUMNS                                                                          \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
@@ -94,29 +113,33 @@ enum {
 
 #define PURGE_CHUNK 1000
 
+/* Every statement the store runs. A row: the name (for logs), flags, and
+ * the SQL; its parameters ?1..?N are bound from an op's values, which the
+ * function that queues or runs it builds with one bind spec (b_spec). */
 static const struct {
-    const char *name;   /* for logs */
+    const char *name;
+    int flags;
     const char *sql;
 } stmts[K_COUNT] = {
-    [K_AGENT_UPSERT] = {"agent_upsert",
+    [K_AGENT_UPSERT] = {"agent_upsert", 0,
         "INSERT INTO agents (id, name, version, platform, state, labels, facts, key_id, "
         "first_seen, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) "
         "ON CONFLICT(id) DO UPDATE SET name = excluded.name, version = excluded.version, "
         "platform = excluded.platform, state = excluded.state, labels = excluded.labels, "
         "facts = excluded.facts, key_id = COALESCE(excluded.key_id, agents.key_id), "
         "last_seen = excluded.last_seen"},
-    [K_AGENT_STATE] = {"agent_state",
+    [K_AGENT_STATE] = {"agent_state", 0,
         "UPDATE agents SET state = ?2, "
         "last_seen = CASE WHEN ?3 > 0 THEN ?3 ELSE last_seen END WHERE id = ?1"},
-    [K_MODELS_CLEAR] = {"agent_models_clear", "DELETE FROM agent_models WHERE agent_id = ?1"},
-    [K_MODEL_INSERT] = {"agent_model_insert",
+    [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1"},
+    [K_MODEL_INSERT] = {"agent_model_insert", 0,
         "INSERT OR REPLACE INTO agent_models (agent_id, model, aliases, quantization, "
         "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
-    [K_AGENT_DELETE] = {"agent_delete", "DELETE FROM agents WHERE id = ?1"},
-    [K_JOB_INSERT] = {"job_insert",
+    [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1"},
+    [K_JOB_INSERT] = {"job_insert", 0,
         "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
         "seed, created_at, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"},
-    [K_JOB_UPDATE] = {"job_update",
+    [K_JOB_UPDATE] = {"job_update", 0,
         "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
         "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
         "completion_tokens = COALESCE(?6, completion_tokens), "
@@ -124,34 +147,33 @@ static const struct {
         "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
         "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
         "WHERE id = ?1"},
-    [K_CHECKPOINT] = {"checkpoint",
+    [K_CHECKPOINT] = {"checkpoint", 0,
         "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
         "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job_id) DO UPDATE SET text = excluded.text, "
         "last_seq = excluded.last_seq, updated_at = excluded.updated_at"},
-    [K_PURGE] = {"purge_jobs",
+    [K_PURGE] = {"purge_jobs", 0,
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at IS NOT NULL "
         "AND finished_at < ?1 LIMIT 1000)"},
-    [K_KEY_INSERT] = {"key_insert",
+    [K_KEY_INSERT] = {"key_insert", 0,
         "INSERT INTO api_keys (id, hash, role, name, agent_id, created_at, expires_at, "
         "revoked_at, last_used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"},
-    [K_KEY_REVOKE] = {"key_revoke",
+    [K_KEY_REVOKE] = {"key_revoke", 0,
         "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL"},
-    [K_KEY_USED] = {"key_used", "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1"},
-    [K_KEY_BIND] = {"key_bind",
+    [K_KEY_USED] = {"key_used", 0, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1"},
+    [K_KEY_BIND] = {"key_bind", 0,
         "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL"},
-    [K_JOB_GET] = {"job_get", "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
-    [K_PING] = {"ping", "SELECT count(*) FROM schema_migrations"},
-    [K_JOB_REQUEST] = {"job_request", "UPDATE jobs SET request = ?2 WHERE id = ?1"},
-    [K_EVENTS_ADD] = {"job_events_add",
+    [K_JOB_GET] = {"job_get", 0, "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
+    [K_PING] = {"ping", 0, "SELECT count(*) FROM schema_migrations"},
+    [K_EVENTS_ADD] = {"job_events_add", F_OPT,
         "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
         "VALUES (?1, ?2, ?3, ?4, ?5)"},
-    [K_EVENTS_GET] = {"job_events_get",
+    [K_EVENTS_GET] = {"job_events_get", F_OPT,
         "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
-    [K_KEY_LIMITS] = {"key_limits",
+    [K_KEY_LIMITS] = {"key_limits", F_OPT,
         "UPDATE api_keys SET rpm = ?2, tokens_per_day = ?3, max_concurrent = ?4, "
         "max_uses = ?5 WHERE id = ?1"},
-    [K_KEY_USES] = {"key_uses", "UPDATE api_keys SET uses = ?2 WHERE id = ?1"},
-    [K_USAGE_ADD] = {"key_usage_add",
+    [K_KEY_USES] = {"key_uses", F_OPT, "UPDATE api_keys SET uses = ?2 WHERE id = ?1"},
+    [K_USAGE_ADD] = {"key_usage_add", F_OPT,
         "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
         "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
         /* Saturating (limits.c's ceiling, INT64_MAX/4): SQLite turns an
@@ -164,7 +186,7 @@ static const struct {
     /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
      * index) without the request and the checkpoint text: a list of up to
      * 1000 rows should not copy every prompt. NULL filters match all. */
-    [K_JOB_LIST] = {"job_list",
+    [K_JOB_LIST] = {"job_list", 0,
         "SELECT j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, "
         "j.attempts, j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, "
         "j.total_ms, j.finish_reason, j.error_code, j.correlation_id, j.seed, "
@@ -173,6 +195,30 @@ static const struct {
         "AND (?3 IS NULL OR j.agent_id = ?3) AND (?4 IS NULL OR j.key_id = ?4) "
         "AND (?5 IS NULL OR j.created_at < ?5) "
         "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6"},
+    [K_SCHEMA_VERSION] = {"schema_version", F_SYNC,
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"},
+    [K_MIGRATION_RECORD] = {"migration_record", F_SYNC,
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)"},
+    [K_LOAD_AGENTS] = {"load_agents", F_SYNC,
+        "SELECT id, name, version, platform, state, key_id, labels, facts, first_seen, "
+        "last_seen FROM agents ORDER BY id"},
+    [K_LOAD_MODELS] = {"load_agent_models", F_SYNC,
+        "SELECT model, aliases, quantization, context_length, vram_bytes, loaded "
+        "FROM agent_models WHERE agent_id = ?1 ORDER BY model"},
+    /* With migration 0003's limit columns; K_LOAD_KEYS_BASE without them
+     * (every key then loads as unlimited). */
+    [K_LOAD_KEYS] = {"load_keys", F_SYNC | F_OPT,
+        "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
+        "last_used_at, rpm, tokens_per_day, max_concurrent, max_uses, uses "
+        "FROM api_keys ORDER BY created_at, id"},
+    [K_LOAD_KEYS_BASE] = {"load_keys_base", F_SYNC,
+        "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
+        "last_used_at FROM api_keys ORDER BY created_at, id"},
+    [K_LOAD_JOBS] = {"load_unfinished_jobs", F_SYNC,
+        "SELECT " JOB_COLUMNS "WHERE j.finished_at IS NULL ORDER BY j.created_at, j.id"},
+    [K_LOAD_USAGE] = {"load_usage", F_SYNC,
+        "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
+        "FROM key_usage WHERE day = ?1"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -235,12 +281,6 @@ typedef struct opb {
     bool oom;
 } opb;
 
-static void b_init(opb *b, int kind)
-{
-    memset(b, 0, sizeof(*b));
-    b->kind = kind;
-}
-
 static val *b_slot(opb *b)
 {
     if (b->nv >= MAXV) {   /* programming error: MAXV too small for a statement */
@@ -250,35 +290,6 @@ static val *b_slot(opb *b)
     val *v = &b->v[b->nv++];
     memset(v, 0, sizeof(*v));
     return v;
-}
-
-static void b_null(opb *b) { b_slot(b); }
-
-static void b_int(opb *b, int64_t i)
-{
-    val *v = b_slot(b);
-    if (v) {
-        v->t = V_INT;
-        v->i = i;
-    }
-}
-
-/* Integer, or NULL when negative ("unchanged"/"unknown" in the API). */
-static void b_int_nn(opb *b, int64_t i)
-{
-    if (i < 0)
-        b_null(b);
-    else
-        b_int(b, i);
-}
-
-/* Integer, or NULL when zero ("never"). */
-static void b_int_nz(opb *b, int64_t i)
-{
-    if (i == 0)
-        b_null(b);
-    else
-        b_int(b, i);
 }
 
 static void b_textn(opb *b, const char *s, size_t len)
@@ -291,22 +302,76 @@ static void b_textn(opb *b, const char *s, size_t len)
     }
 }
 
-static void b_text(opb *b, const char *s) { b_textn(b, s, s ? strlen(s) : 0); }
-
-static void b_json(opb *b, const json_t *j)
+static void b_int(opb *b, int64_t i)
 {
-    if (!j) {
-        b_null(b);
-        return;
+    val *v = b_slot(b);
+    if (v) {
+        v->t = V_INT;
+        v->i = i;
     }
-    char *txt = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
-    if (!txt) {
-        b->oom = true;
-        b_null(b);
-        return;
+}
+
+/* The values of statement kind, from a bind spec: one character per
+ * parameter ?1, ?2, ... in order, each taking its argument(s):
+ *   t  const char *           text (NULL binds NULL)
+ *   T  const char *, size_t   text of that length (NULL binds NULL)
+ *   i  int64_t                integer
+ *   n  int64_t                integer, NULL when negative ("unchanged", "unknown")
+ *   z  int64_t                integer, NULL when zero ("never", "none")
+ *   j  const json_t *         compact JSON text (NULL binds NULL)
+ *   -                         NULL (no argument)
+ * Integers are read as int64_t: callers cast. Text is borrowed until
+ * b_pack or b_release; JSON is serialised here (owned by b). */
+static void b_vspec(opb *b, int kind, const char *spec, va_list ap)
+{
+    memset(b, 0, sizeof(*b));
+    b->kind = kind;
+    for (const char *c = spec; *c; c++) {
+        switch (*c) {
+        case 't': {
+            const char *t = va_arg(ap, const char *);
+            b_textn(b, t, t ? strlen(t) : 0);
+            break;
+        }
+        case 'T': {
+            const char *t = va_arg(ap, const char *);
+            size_t len = va_arg(ap, size_t);
+            b_textn(b, t, len);
+            break;
+        }
+        case 'i':
+        case 'n':
+        case 'z': {
+            int64_t i = va_arg(ap, int64_t);
+            if ((*c == 'n' && i < 0) || (*c == 'z' && i == 0))
+                b_slot(b);
+            else
+                b_int(b, i);
+            break;
+        }
+        case 'j': {
+            const json_t *j = va_arg(ap, const json_t *);
+            char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            if (j && !txt)
+                b->oom = true;
+            if (txt)
+                b->owned[b->nowned++] = txt;
+            b_textn(b, txt, txt ? strlen(txt) : 0);
+            break;
+        }
+        default:   /* '-' */
+            b_slot(b);
+            break;
+        }
     }
-    b->owned[b->nowned++] = txt;
-    b_text(b, txt);
+}
+
+static void b_spec(opb *b, int kind, const char *spec, ...)
+{
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(b, kind, spec, ap);
+    va_end(ap);
 }
 
 static void b_release(opb *b)
@@ -406,11 +471,20 @@ static int64_t ri_count(const row *r, int i, int64_t dflt, int64_t max)
 /* The store                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* A connection and the statements of the table prepared on it (lazily,
+ * once: tried[k] says whether k was prepared or failed to). */
+typedef struct conn {
+    sqlite3 *db;
+    sqlite3_stmt *st[K_COUNT];
+    bool tried[K_COUNT];
+} conn;
+
 struct gps_store {
     char *path;
-    sqlite3 *db;                 /* write connection: DB thread only (after open) */
-    sqlite3 *sdb;                /* synchronous connection: owner thread, lazily opened */
-    sqlite3_stmt *st[K_COUNT];   /* prepared on db */
+    conn w;                      /* write connection: DB thread only (after open); its
+                                    statements are all prepared at open */
+    conn r;                      /* synchronous connection: owner thread, lazily opened
+                                    (start-up loads, CLI writes) */
     int busy_timeout_ms;
     int commit_interval_ms;
     int batch_max;
@@ -457,21 +531,64 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Bind op values to st (already reset). SQLITE_OK or an error code. */
-static int bind_vals(sqlite3_stmt *st, const val *v, int nv)
+/* Statement k of the table on c (prepared on first use), or NULL when
+ * this DB's schema cannot prepare it (sqlite3_errmsg(c->db) says why, on
+ * the first try). */
+static sqlite3_stmt *conn_stmt(conn *c, int k)
 {
-    for (int i = 0; i < nv; i++) {
-        int rc;
+    if (!c->tried[k]) {
+        c->tried[k] = true;
+        if (sqlite3_prepare_v3(c->db, stmts[k].sql, -1, SQLITE_PREPARE_PERSISTENT, &c->st[k],
+                               NULL) != SQLITE_OK) {
+            sqlite3_finalize(c->st[k]);
+            c->st[k] = NULL;
+        }
+    }
+    return c->st[k];
+}
+
+static void conn_close(conn *c)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        sqlite3_finalize(c->st[k]);
+    sqlite3_close(c->db);
+    memset(c, 0, sizeof(*c));
+}
+
+/* Called with each result row; returns 0 to go on, non-zero to stop. */
+typedef int (*row_fn)(void *arg, sqlite3_stmt *st);
+
+/* The one way a statement runs, on the DB thread and the owner thread
+ * alike: bind v[0..nv) to ?1..?nv, step to the end handing each row to
+ * each (NULL: rows are ignored), reset. Returns SQLITE_DONE (every row,
+ * or *stopped = each's non-zero value) or SQLite's error code (then
+ * sqlite3_errmsg of st's connection says why). */
+static int stmt_exec(sqlite3_stmt *st, const val *v, int nv, row_fn each, void *arg,
+                     int *stopped)
+{
+    *stopped = 0;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    /* A bind spec that does not match its statement is a bug: refuse it
+     * loudly rather than run with parameters left NULL. */
+    if (nv != sqlite3_bind_parameter_count(st))
+        return SQLITE_RANGE;
+    int rc = SQLITE_OK;
+    for (int i = 0; i < nv && rc == SQLITE_OK; i++) {
         if (v[i].t == V_INT)
             rc = sqlite3_bind_int64(st, i + 1, v[i].i);
         else if (v[i].t == V_TEXT)
             rc = sqlite3_bind_text(st, i + 1, v[i].s, (int)v[i].len, SQLITE_STATIC);
         else
             rc = sqlite3_bind_null(st, i + 1);
-        if (rc != SQLITE_OK)
-            return rc;
     }
-    return SQLITE_OK;
+    while (rc == SQLITE_OK || rc == SQLITE_ROW) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW && each && (*stopped = each(arg, st)) != 0)
+            rc = SQLITE_DONE;
+    }
+    sqlite3_reset(st);
+    return rc;
 }
 
 static int exec_simple(sqlite3 *db, const char *sql, char *err, size_t errlen)
@@ -490,13 +607,36 @@ static int exec_simple(sqlite3 *db, const char *sql, char *err, size_t errlen)
 
 static void enqueue_locked(gps_store *s, op *first, op *last, size_t count);
 
-/* Run one op on the DB thread. Returns true when it was a write that
- * succeeded, false otherwise (reads return false; *failed tells a failed write). */
-static json_t *events_collect(sqlite3_stmt *st, const char *job_id);
+static json_t *events_collect(conn *c, const char *job_id);
 
+/* Row handlers of the DB thread's reads: the op collects its rows. */
+static int keep_first_row(void *arg, sqlite3_stmt *st)
+{
+    op *o = arg;
+    o->result = row_copy(st);
+    return o->result ? 1 : -1;
+}
+
+static int append_row(void *arg, sqlite3_stmt *st)
+{
+    op *o = arg;
+    row **grown = realloc(o->rows, (o->nrows + 1) * sizeof *grown);
+    if (!grown)
+        return -1;
+    o->rows = grown;
+    row *r = row_copy(st);
+    if (!r)
+        return -1;
+    o->rows[o->nrows++] = r;
+    return 0;
+}
+
+/* Run one op on the DB thread. Returns true when it was a write that
+ * succeeded, false otherwise (reads return false; *failed tells a failed
+ * write). */
 static bool run_op(gps_store *s, op *o, bool *failed)
 {
-    sqlite3_stmt *st = s->st[o->kind];
+    sqlite3_stmt *st = conn_stmt(&s->w, o->kind);
     *failed = false;
     if (!st) {
         /* An optional statement this DB's schema does not support. */
@@ -507,70 +647,44 @@ static bool run_op(gps_store *s, op *o, bool *failed)
                      stmts[o->kind].name);
         return false;
     }
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    int rc = bind_vals(st, o->v, o->nv);
-    if (o->kind == K_JOB_GET) {
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW) {
-            o->result = row_copy(st);
-            o->status = o->result ? 0 : -1;
-        } else {
-            o->status = rc == SQLITE_DONE ? 1 : -1;
-        }
-        sqlite3_reset(st);
+    int stopped;
+    switch (o->kind) {
+    case K_JOB_GET: {
+        int rc = stmt_exec(st, o->v, o->nv, keep_first_row, o, &stopped);
+        o->status = rc != SQLITE_DONE || stopped < 0 ? -1 : o->result ? 0 : 1;
         if (o->status == 0)
-            o->events = events_collect(s->st[K_EVENTS_GET], o->v[0].s);
+            o->events = events_collect(&s->w, o->v[0].s);
         return false;
     }
-    if (o->kind == K_JOB_LIST) {
-        o->status = 0;
-        while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-            row **grown = realloc(o->rows, (o->nrows + 1) * sizeof *grown);
-            row *r = row_copy(st);
-            if (grown)
-                o->rows = grown;
-            if (!grown || !r) {
-                free(r);
-                rc = SQLITE_NOMEM;
-                break;
-            }
-            o->rows[o->nrows++] = r;
-            rc = SQLITE_OK;
-        }
-        if (rc != SQLITE_DONE) {
-            o->status = -1;
-            rows_free(o);
-        }
-        sqlite3_reset(st);
-        return false;
-    }
-    if (o->kind == K_PING) {
-        if (rc == SQLITE_OK)
-            rc = sqlite3_step(st);
-        o->status = rc == SQLITE_ROW ? 0 : -1;
+    case K_JOB_LIST:
+        o->status = stmt_exec(st, o->v, o->nv, append_row, o, &stopped) == SQLITE_DONE &&
+                            stopped == 0
+                        ? 0
+                        : -1;
         if (o->status)
-            snprintf(o->msg, sizeof(o->msg), "%s", sqlite3_errmsg(s->db));
-        sqlite3_reset(st);
+            rows_free(o);
         return false;
+    case K_PING:
+        o->status = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped) == SQLITE_DONE ? 0 : -1;
+        if (o->status)
+            snprintf(o->msg, sizeof(o->msg), "%s", sqlite3_errmsg(s->w.db));
+        return false;
+    default:
+        break;
     }
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(st);
+    int rc = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped);
     if (rc != SQLITE_DONE) {
         *failed = true;
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
                      json_pack("{s:s, s:i}", "op", stmts[o->kind].name, "sqlite_code", rc),
-                     "store write %s failed: %s", stmts[o->kind].name, sqlite3_errmsg(s->db));
-        sqlite3_reset(st);
+                     "store write %s failed: %s", stmts[o->kind].name, sqlite3_errmsg(s->w.db));
         return false;
     }
-    if (o->kind == K_PURGE && sqlite3_changes(s->db) >= PURGE_CHUNK) {
+    if (o->kind == K_PURGE && sqlite3_changes(s->w.db) >= PURGE_CHUNK) {
         /* More to delete: go again after whatever queued meanwhile, so a
          * big purge never holds one long transaction. */
         opb b;
-        b_init(&b, K_PURGE);
-        b_int(&b, o->v[0].i);
+        b_spec(&b, K_PURGE, "i", o->v[0].i);
         op *again = b_pack(&b);
         if (again) {
             pthread_mutex_lock(&s->mu);
@@ -578,7 +692,6 @@ static bool run_op(gps_store *s, op *o, bool *failed)
             pthread_mutex_unlock(&s->mu);
         }
     }
-    sqlite3_reset(st);
     return true;
 }
 
@@ -610,7 +723,7 @@ static void *db_main(void *arg)
          * (waiting up to busy_timeout if a CLI holds it) so that statement
          * errors later are about the statement, not the lock. */
         err[0] = '\0';
-        bool in_tx = exec_simple(s->db, "BEGIN IMMEDIATE", err, sizeof(err)) == SQLITE_OK;
+        bool in_tx = exec_simple(s->w.db, "BEGIN IMMEDIATE", err, sizeof(err)) == SQLITE_OK;
         if (!in_tx)
             gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
                          "store: BEGIN failed (%s); writing without a transaction", err);
@@ -677,12 +790,12 @@ static void *db_main(void *arg)
         err[0] = '\0';
         if (in_tx) {
             uint64_t t0 = gp_now_mono_us();
-            if (exec_simple(s->db, "COMMIT", err, sizeof(err)) != SQLITE_OK) {
+            if (exec_simple(s->w.db, "COMMIT", err, sizeof(err)) != SQLITE_OK) {
                 commit_ok = false;
                 gp_log_write(GP_LOG_ERROR, "store_commit_failed", NULL,
                              json_pack("{s:I}", "ops", (json_int_t)n),
                              "store: COMMIT of %llu ops failed: %s", (unsigned long long)n, err);
-                exec_simple(s->db, "ROLLBACK", NULL, 0);
+                exec_simple(s->w.db, "ROLLBACK", NULL, 0);
             }
             commit_us = gp_now_mono_us() - t0;
         }
@@ -811,16 +924,46 @@ static int enqueue(gps_store *s, op *first, bool droppable)
     return enqueue_seq(s, first, droppable, NULL);
 }
 
-static int enqueue_b(gps_store *s, opb *b)
+static void count_drop(gps_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stats.drops++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queue a write (droppable); *seq_out as enqueue_seq. Releases b. */
+static int enqueue_b(gps_store *s, opb *b, uint64_t *seq_out)
 {
     op *o = b_pack(b);
     if (!o) {
-        pthread_mutex_lock(&s->mu);
-        s->stats.drops++;
-        pthread_mutex_unlock(&s->mu);
+        count_drop(s);
         return -1;
     }
-    return enqueue(s, o, true);
+    return enqueue_seq(s, o, true, seq_out);
+}
+
+/* Queue a write of statement kind, its values by bind spec (b_spec). */
+static int write_op(gps_store *s, int kind, const char *spec, ...)
+{
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    return enqueue_b(s, &b, NULL);
+}
+
+/* A read op of statement kind, its values by bind spec (new, caller owns;
+ * NULL on ENOMEM). The caller sets its callback and queues it (reads are
+ * never dropped). */
+static op *read_op(int kind, const char *spec, ...)
+{
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    return b_pack(&b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -860,36 +1003,34 @@ static void job_info_from_row(const row *r, gps_store_job_info *ji, json_t **req
     ji->checkpoint_seq = ri(r, 22, -1);
 }
 
-/* The stored event log of job_id: one array of {seq, type, data}, the
- * batches concatenated in seq order (new reference), or NULL when there is
- * none (or st is NULL: no job_events table). A batch that does not parse
- * ends the log there: replay must never skip a seq. */
-static json_t *events_collect(sqlite3_stmt *st, const char *job_id)
+/* Appends one stored batch to the log; a batch that does not parse ends
+ * the log there (replay must never skip a seq). */
+static int append_batch(void *arg, sqlite3_stmt *st)
 {
-    if (!st || !job_id)
+    json_t **all = arg;
+    const char *txt = (const char *)sqlite3_column_text(st, 0);
+    json_t *batch = txt ? json_loadb(txt, (size_t)sqlite3_column_bytes(st, 0), 0, NULL) : NULL;
+    if (!*all && json_is_array(batch))
+        *all = json_array();
+    int stop = !json_is_array(batch) || !*all || json_array_extend(*all, batch) < 0;
+    json_decref(batch);
+    return stop;
+}
+
+/* The stored event log of job_id, read on c: one array of {seq, type,
+ * data}, the batches concatenated in seq order (new reference), or NULL
+ * when there is none (or no job_events table). */
+static json_t *events_collect(conn *c, const char *job_id)
+{
+    sqlite3_stmt *st = job_id ? conn_stmt(c, K_EVENTS_GET) : NULL;
+    if (!st)
         return NULL;
     json_t *all = NULL;
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    if (sqlite3_bind_text(st, 1, job_id, -1, SQLITE_TRANSIENT) != SQLITE_OK)
-        return NULL;
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        const char *txt = (const char *)sqlite3_column_text(st, 0);
-        int n = sqlite3_column_bytes(st, 0);
-        json_t *batch = txt ? json_loadb(txt, (size_t)n, 0, NULL) : NULL;
-        if (!json_is_array(batch)) {
-            json_decref(batch);
-            break;
-        }
-        if (!all)
-            all = json_array();
-        if (!all || json_array_extend(all, batch) < 0) {
-            json_decref(batch);
-            break;
-        }
-        json_decref(batch);
-    }
-    sqlite3_reset(st);
+    opb b;
+    b_spec(&b, K_EVENTS_GET, "t", job_id);
+    int stopped;
+    stmt_exec(st, b.v, b.nv, append_batch, &all, &stopped);
+    b_release(&b);
     return all;
 }
 
@@ -963,7 +1104,7 @@ static void on_commit(evutil_socket_t fd, short what, void *arg)
 
 bool gps_store_has_job_events(gps_store *s)
 {
-    return s && s->st[K_EVENTS_ADD] != NULL;
+    return s && s->w.st[K_EVENTS_ADD] != NULL;
 }
 
 void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
@@ -1162,26 +1303,27 @@ fail:
     return -1;
 }
 
-/* Current schema version inside the open transaction (0 = fresh), -1 on error. */
-static int schema_current(sqlite3 *db, char *err, size_t errlen)
+static int read_int(void *arg, sqlite3_stmt *st)
 {
-    sqlite3_stmt *st = NULL;
-    int v = -1;
-    if (sqlite3_prepare_v2(db, "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", -1,
-                           &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int(st, 0);
-    else
-        seterr(err, errlen, "reading schema_migrations: %s", sqlite3_errmsg(db));
-    sqlite3_finalize(st);
+    *(int *)arg = sqlite3_column_int(st, 0);
+    return 0;
+}
+
+/* Current schema version inside the open transaction (0 = fresh), -1 on error. */
+static int schema_current(conn *c, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = conn_stmt(c, K_SCHEMA_VERSION);
+    int v = -1, stopped;
+    if (!st || stmt_exec(st, NULL, 0, read_int, &v, &stopped) != SQLITE_DONE || v < 0) {
+        seterr(err, errlen, "reading schema_migrations: %s", sqlite3_errmsg(c->db));
+        return -1;
+    }
     return v;
 }
 
-/* Apply pending migrations, one transaction each. Re-reads the version
- * inside each transaction so two processes opening the same fresh DB (the
- * server and a `keys create`) do not both apply one. */
-static int migrate(sqlite3 *db, const char *path, const mig_set *ms, char *err, size_t errlen)
+static int migrate(conn *c, const char *path, const mig_set *ms, char *err, size_t errlen)
 {
+    sqlite3 *db = c->db;
     char msg[512] = "";
     if (exec_simple(db,
                     "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -1197,7 +1339,7 @@ static int migrate(sqlite3 *db, const char *path, const mig_set *ms, char *err, 
             seterr(err, errlen, "%s: %s", path, msg);
             return -1;
         }
-        int cur = schema_current(db, msg, sizeof(msg));
+        int cur = schema_current(c, msg, sizeof(msg));
         if (cur < 0) {
             seterr(err, errlen, "%s: %s", path, msg);
             goto rollback;
@@ -1222,18 +1364,13 @@ static int migrate(sqlite3 *db, const char *path, const mig_set *ms, char *err, 
                    next->name, msg);
             goto rollback;
         }
-        sqlite3_stmt *st = NULL;
-        int rc = sqlite3_prepare_v2(db,
-                                    "INSERT INTO schema_migrations (version, name, applied_at) "
-                                    "VALUES (?1, ?2, ?3)",
-                                    -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-            sqlite3_bind_int(st, 1, next->version);
-            sqlite3_bind_text(st, 2, next->name, -1, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 3, gp_now_wall_ms());
-            rc = sqlite3_step(st);
-        }
-        sqlite3_finalize(st);
+        sqlite3_stmt *st = conn_stmt(c, K_MIGRATION_RECORD);
+        opb b;
+        b_spec(&b, K_MIGRATION_RECORD, "iti", (int64_t)next->version, next->name,
+               (int64_t)gp_now_wall_ms());
+        int stopped;
+        int rc = st ? stmt_exec(st, b.v, b.nv, NULL, NULL, &stopped) : SQLITE_ERROR;
+        b_release(&b);
         if (rc != SQLITE_DONE) {
             seterr(err, errlen, "%s: recording migration %04d: %s", path, next->version,
                    sqlite3_errmsg(db));
@@ -1277,22 +1414,30 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
 
     if (mig_load(&ms, opts ? opts->migrations_dir : NULL, err, errlen) != 0)
         goto fail;
-    s->db = conn_open(path, s->busy_timeout_ms, err, errlen);
-    if (!s->db)
+    s->w.db = conn_open(path, s->busy_timeout_ms, err, errlen);
+    if (!s->w.db)
         goto fail;
-    if (migrate(s->db, path, &ms, err, errlen) != 0)
+    if (migrate(&s->w, path, &ms, err, errlen) != 0)
         goto fail;
+    /* Every statement of the DB thread, now: a schema the binary cannot
+     * use is refused here, and the thread never prepares (so that
+     * gps_store_has_job_events may read w.st from the loop). */
     for (int k = 0; k < K_COUNT; k++) {
-        if (sqlite3_prepare_v3(s->db, stmts[k].sql, -1, SQLITE_PREPARE_PERSISTENT, &s->st[k],
-                               NULL) != SQLITE_OK) {
-            if (K_OPTIONAL(k)) {
-                s->st[k] = NULL;
-                continue;
-            }
+        if (stmts[k].flags & F_SYNC)
+            continue;
+        if (!conn_stmt(&s->w, k) && !(stmts[k].flags & F_OPT)) {
             seterr(err, errlen, "%s: preparing %s: %s (schema out of step with the binary?)",
-                   path, stmts[k].name, sqlite3_errmsg(s->db));
+                   path, stmts[k].name, sqlite3_errmsg(s->w.db));
             goto fail;
         }
+    }
+    for (int k = 0; k < K_COUNT; k++) {
+        /* the migration statements are not needed any more */
+        if (stmts[k].flags & F_SYNC) {
+            sqlite3_finalize(s->w.st[k]);
+            s->w.st[k] = NULL;
+        }
+        s->w.tried[k] = true;
     }
 
     if (base) {
@@ -1329,9 +1474,7 @@ fail:
             event_free(s->ev_done);
         if (s->ev_commit)
             event_free(s->ev_commit);
-        for (int k = 0; k < K_COUNT; k++)
-            sqlite3_finalize(s->st[k]);
-        sqlite3_close(s->db);
+        conn_close(&s->w);
         if (mu_ok) {
             pthread_mutex_destroy(&s->mu);
             pthread_cond_destroy(&s->cv_work);
@@ -1361,10 +1504,8 @@ void gps_store_close(gps_store *s)
         event_free(s->ev_done);
     if (s->ev_commit)
         event_free(s->ev_commit);
-    for (int k = 0; k < K_COUNT; k++)
-        sqlite3_finalize(s->st[k]);
-    sqlite3_close(s->db);
-    sqlite3_close(s->sdb);
+    conn_close(&s->w);
+    conn_close(&s->r);
     free_chain(s->qhead);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
@@ -1412,21 +1553,11 @@ int gps_store_agent_upsert(gps_store *s, gps_store_agent_row r)
 {
     if (!r.id || !r.state)
         return -1;
-    opb b;
-    b_init(&b, K_AGENT_UPSERT);
-    b_text(&b, r.id);
-    b_text(&b, r.name);
-    b_text(&b, r.version);
-    b_text(&b, r.platform);
-    b_text(&b, r.state);
     if (r.labels)
-        b_json(&b, r.labels);
-    else
-        b_text(&b, "{}");
-    b_json(&b, r.facts);
-    b_text(&b, r.key_id);
-    b_int(&b, r.last_seen);
-    return enqueue_b(s, &b);
+        return write_op(s, K_AGENT_UPSERT, "tttttjjti", r.id, r.name, r.version, r.platform,
+                        r.state, r.labels, r.facts, r.key_id, (int64_t)r.last_seen);
+    return write_op(s, K_AGENT_UPSERT, "ttttttjti", r.id, r.name, r.version, r.platform,
+                    r.state, "{}", r.facts, r.key_id, (int64_t)r.last_seen);
 }
 
 int gps_store_agent_state(gps_store *s, const char *agent_id, const char *state,
@@ -1434,12 +1565,7 @@ int gps_store_agent_state(gps_store *s, const char *agent_id, const char *state,
 {
     if (!agent_id || !state)
         return -1;
-    opb b;
-    b_init(&b, K_AGENT_STATE);
-    b_text(&b, agent_id);
-    b_text(&b, state);
-    b_int(&b, last_seen);
-    return enqueue_b(s, &b);
+    return write_op(s, K_AGENT_STATE, "tti", agent_id, state, last_seen);
 }
 
 int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_model_row *models,
@@ -1448,8 +1574,7 @@ int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_m
     if (!agent_id || (n && !models))
         return -1;
     opb b;
-    b_init(&b, K_MODELS_CLEAR);
-    b_text(&b, agent_id);
+    b_spec(&b, K_MODELS_CLEAR, "t", agent_id);
     op *head = b_pack(&b), *tail = head;
     if (!head)
         goto oom;
@@ -1461,18 +1586,11 @@ int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_m
         for (size_t k = 0; al && k < m->n_aliases; k++)
             if (m->aliases[k])
                 json_array_append_new(al, json_string(m->aliases[k]));
-        b_init(&b, K_MODEL_INSERT);
-        b_text(&b, agent_id);
-        b_text(&b, m->model);
-        if (al)
-            b_json(&b, al);
-        else
-            b.oom = true;
+        if (!al)
+            goto oom;
+        b_spec(&b, K_MODEL_INSERT, "ttjtzzi", agent_id, m->model, al, m->quantization,
+               (int64_t)m->context_length, (int64_t)m->vram_bytes, (int64_t)(m->loaded ? 1 : 0));
         json_decref(al);
-        b_text(&b, m->quantization);
-        b_int_nz(&b, m->context_length);
-        b_int_nz(&b, m->vram_bytes);
-        b_int(&b, m->loaded ? 1 : 0);
         op *o = b_pack(&b);
         if (!o)
             goto oom;
@@ -1485,9 +1603,7 @@ int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_m
     return enqueue(s, head, true);
 oom:
     free_chain(head);
-    pthread_mutex_lock(&s->mu);
-    s->stats.drops++;
-    pthread_mutex_unlock(&s->mu);
+    count_drop(s);
     return -1;
 }
 
@@ -1495,57 +1611,31 @@ int gps_store_agent_delete(gps_store *s, const char *agent_id)
 {
     if (!agent_id)
         return -1;
-    opb b;
-    b_init(&b, K_AGENT_DELETE);
-    b_text(&b, agent_id);
-    return enqueue_b(s, &b);
+    return write_op(s, K_AGENT_DELETE, "t", agent_id);
 }
 
 int gps_store_job_insert(gps_store *s, gps_store_job_row r)
 {
     if (!r.id || !r.api || !r.model || !r.status)
         return -1;
-    opb b;
-    b_init(&b, K_JOB_INSERT);
-    b_text(&b, r.id);
-    b_text(&b, r.api);
-    b_text(&b, r.kind);
-    b_text(&b, r.model);
-    b_text(&b, r.key_id);
-    b_text(&b, r.status);
-    b_int(&b, r.priority);
-    b_text(&b, r.correlation_id);
     if (r.has_seed)
-        b_int(&b, r.seed);
-    else
-        b_null(&b);
-    b_int(&b, r.created_at);
-    b_json(&b, r.request);
-    return enqueue_b(s, &b);
+        return write_op(s, K_JOB_INSERT, "ttttttitiij", r.id, r.api, r.kind, r.model, r.key_id,
+                        r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.seed,
+                        (int64_t)r.created_at, r.request);
+    return write_op(s, K_JOB_INSERT, "ttttttit-ij", r.id, r.api, r.kind, r.model, r.key_id,
+                    r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.created_at,
+                    r.request);
 }
 
 int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
 {
     if (!u.id)
         return -1;
-    opb b;
-    b_init(&b, K_JOB_UPDATE);
-    b_text(&b, u.id);
-    b_text(&b, u.status);
-    b_text(&b, u.agent_id);
-    b_int_nn(&b, u.attempts);
-    b_int_nn(&b, u.prompt_tokens);
-    b_int_nn(&b, u.completion_tokens);
-    b_int_nn(&b, u.queue_ms);
-    b_int_nn(&b, u.ttft_ms);
-    b_int_nn(&b, u.total_ms);
-    b_text(&b, u.finish_reason);
-    b_text(&b, u.error_code);
-    if (u.finished_at > 0)
-        b_int(&b, u.finished_at);
-    else
-        b_null(&b);
-    return enqueue_b(s, &b);
+    return write_op(s, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
+                    (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
+                    (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
+                    u.finish_reason, u.error_code,
+                    (int64_t)(u.finished_at > 0 ? u.finished_at : -1));
 }
 
 int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, size_t len,
@@ -1553,13 +1643,8 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
 {
     if (!job_id || (len && !text))
         return -1;
-    opb b;
-    b_init(&b, K_CHECKPOINT);
-    b_text(&b, job_id);
-    b_textn(&b, text ? text : "", len);
-    b_int(&b, last_seq);
-    b_int(&b, gp_now_wall_ms());
-    return enqueue_b(s, &b);
+    return write_op(s, K_CHECKPOINT, "tTii", job_id, text ? text : "", len, (int64_t)last_seq,
+                    (int64_t)gp_now_wall_ms());
 }
 
 int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
@@ -1574,109 +1659,39 @@ int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *eve
     if (!job_id || n == 0)
         return -1;
     opb b;
-    b_init(&b, K_EVENTS_ADD);
-    b_text(&b, job_id);
-    b_int(&b, json_integer_value(json_object_get(json_array_get(events, 0), "seq")));
-    b_int(&b, json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")));
-    b_json(&b, events);
-    b_int(&b, gp_now_wall_ms());
-    op *o = b_pack(&b);
-    if (!o) {
-        pthread_mutex_lock(&s->mu);
-        s->stats.drops++;
-        pthread_mutex_unlock(&s->mu);
-        return -1;
-    }
-    return enqueue_seq(s, o, true, op_seq);
-}
-
-int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request)
-{
-    if (!job_id || !request)
-        return -1;
-    opb b;
-    b_init(&b, K_JOB_REQUEST);
-    b_text(&b, job_id);
-    b_json(&b, request);
-    return enqueue_b(s, &b);
+    b_spec(&b, K_EVENTS_ADD, "tiiji", job_id,
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, 0), "seq")),
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
+           events, (int64_t)gp_now_wall_ms());
+    return enqueue_b(s, &b, op_seq);
 }
 
 int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms)
 {
-    opb b;
-    b_init(&b, K_PURGE);
-    b_int(&b, before_wall_ms);
-    return enqueue_b(s, &b);
+    return write_op(s, K_PURGE, "i", before_wall_ms);
 }
 
-static void b_key_row(opb *b, const gps_store_key_row *r)
-{
-    b_init(b, K_KEY_INSERT);
-    b_text(b, r->id);
-    b_text(b, r->hash);
-    b_text(b, r->role);
-    b_text(b, r->name ? r->name : "");
-    b_text(b, r->agent_id);
-    b_int(b, r->created_at);
-    b_int_nz(b, r->expires_at);
-    b_int_nz(b, r->revoked_at);
-    b_int_nz(b, r->last_used_at);
-}
-
-/* Run one op's statement synchronously (CLI paths); releases b. */
-static sqlite3_stmt *sync_prepare(gps_store *s, const char *sql, char *err, size_t errlen);
-static sqlite3 *sync_db(gps_store *s, char *err, size_t errlen);
-
-static int sync_run(gps_store *s, opb *b, const char *what, char *err, size_t errlen)
-{
-    sqlite3_stmt *st = sync_prepare(s, stmts[b->kind].sql, err, errlen);
-    if (!st) {
-        b_release(b);
-        return -1;
-    }
-    int rc = bind_vals(st, b->v, b->nv);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(st);
-    b_release(b);
-    int ret = 0;
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: %s: %s", s->path, what, sqlite3_errmsg(s->sdb));
-        ret = -1;
-    }
-    sqlite3_finalize(st);
-    return ret;
-}
+/* The key row's insert and its limits (migration 0003) are two
+ * statements, so that the insert itself works on any schema. */
+#define KEY_ROW_SPEC "tttttizzz"
+#define KEY_ROW_ARGS(r)                                                                          (r)->id, (r)->hash, (r)->role, (r)->name ? (r)->name : "", (r)->agent_id,                        (int64_t)(r)->created_at, (int64_t)(r)->expires_at, (int64_t)(r)->revoked_at,                (int64_t)(r)->last_used_at
+#define KEY_LIMITS_SPEC "tiiii"
 
 static bool key_row_has_extras(const gps_store_key_row *r)
 {
     return r->rpm || r->tokens_per_day || r->max_concurrent || r->max_uses;
 }
 
-static void b_key_limits(opb *b, const char *key_id, int64_t rpm, int64_t tokens_per_day,
-                         int64_t max_concurrent, int64_t max_uses)
-{
-    b_init(b, K_KEY_LIMITS);
-    b_text(b, key_id);
-    b_int(b, rpm);
-    b_int(b, tokens_per_day);
-    b_int(b, max_concurrent);
-    b_int(b, max_uses);
-}
-
 int gps_store_key_insert(gps_store *s, gps_store_key_row r)
 {
     if (!r.id || !r.hash || !r.role)
         return -1;
-    opb b;
-    b_key_row(&b, &r);
-    if (enqueue_b(s, &b) != 0)
+    if (write_op(s, K_KEY_INSERT, KEY_ROW_SPEC, KEY_ROW_ARGS(&r)) != 0)
         return -1;
-    /* Limits are a second statement (migration 0003) so that the insert
-     * itself works on any schema; both land in the same FIFO, in order. */
+    /* Both land in the same FIFO, in order. */
     if (!key_row_has_extras(&r))
         return 0;
-    b_key_limits(&b, r.id, r.rpm, r.tokens_per_day, r.max_concurrent, r.max_uses);
-    return enqueue_b(s, &b);
+    return gps_store_key_limits(s, r.id, r.rpm, r.tokens_per_day, r.max_concurrent, r.max_uses);
 }
 
 int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t tokens_per_day,
@@ -1684,20 +1699,15 @@ int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t 
 {
     if (!key_id)
         return -1;
-    opb b;
-    b_key_limits(&b, key_id, rpm, tokens_per_day, max_concurrent, max_uses);
-    return enqueue_b(s, &b);
+    return write_op(s, K_KEY_LIMITS, KEY_LIMITS_SPEC, key_id, rpm, tokens_per_day,
+                    max_concurrent, max_uses);
 }
 
 int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses)
 {
     if (!key_id)
         return -1;
-    opb b;
-    b_init(&b, K_KEY_USES);
-    b_text(&b, key_id);
-    b_int(&b, uses);
-    return enqueue_b(s, &b);
+    return write_op(s, K_KEY_USES, "ti", key_id, uses);
 }
 
 int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
@@ -1705,48 +1715,29 @@ int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t r
 {
     if (!key_id || !*key_id)
         return -1;
-    opb b;
-    b_init(&b, K_USAGE_ADD);
-    b_text(&b, key_id);
-    b_int(&b, day);
-    b_int(&b, requests);
-    b_int(&b, prompt_tokens);
-    b_int(&b, completion_tokens);
-    b_int(&b, rate_limited);
-    return enqueue_b(s, &b);
+    return write_op(s, K_USAGE_ADD, "tiiiii", key_id, day, requests, prompt_tokens,
+                    completion_tokens, rate_limited);
 }
 
 int gps_store_key_revoke(gps_store *s, const char *key_id, int64_t revoked_at)
 {
     if (!key_id)
         return -1;
-    opb b;
-    b_init(&b, K_KEY_REVOKE);
-    b_text(&b, key_id);
-    b_int(&b, revoked_at);
-    return enqueue_b(s, &b);
+    return write_op(s, K_KEY_REVOKE, "ti", key_id, revoked_at);
 }
 
 int gps_store_key_used(gps_store *s, const char *key_id, int64_t used_at)
 {
     if (!key_id)
         return -1;
-    opb b;
-    b_init(&b, K_KEY_USED);
-    b_text(&b, key_id);
-    b_int(&b, used_at);
-    return enqueue_b(s, &b);
+    return write_op(s, K_KEY_USED, "ti", key_id, used_at);
 }
 
 int gps_store_key_bind_agent(gps_store *s, const char *key_id, const char *agent_id)
 {
     if (!key_id || !agent_id)
         return -1;
-    opb b;
-    b_init(&b, K_KEY_BIND);
-    b_text(&b, key_id);
-    b_text(&b, agent_id);
-    return enqueue_b(s, &b);
+    return write_op(s, K_KEY_BIND, "tt", key_id, agent_id);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1757,10 +1748,7 @@ int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, v
 {
     if (!s->ev_done || !id || !cb)
         return -1;
-    opb b;
-    b_init(&b, K_JOB_GET);
-    b_text(&b, id);
-    op *o = b_pack(&b);
+    op *o = read_op(K_JOB_GET, "t", id);
     if (!o)
         return -1;
     o->job_cb = cb;
@@ -1772,9 +1760,7 @@ int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
 {
     if (!s->ev_done || !cb)
         return -1;
-    opb b;
-    b_init(&b, K_PING);
-    op *o = b_pack(&b);
+    op *o = read_op(K_PING, "");
     if (!o)
         return -1;
     o->ping_cb = cb;
@@ -1782,30 +1768,60 @@ int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
     return enqueue(s, o, false);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Synchronous connection: start-up loads and CLI writes                    */
-/* ------------------------------------------------------------------------ */
-
-static sqlite3 *sync_db(gps_store *s, char *err, size_t errlen)
+/* Filters of GET /admin/jobs: NULL binds NULL, "any". */
+int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
+                              void *arg)
 {
-    if (!s->sdb)
-        s->sdb = conn_open(s->path, s->busy_timeout_ms, err, errlen);
-    return s->sdb;
+    if (!s->ev_done || !f || !cb || f->limit < 1)
+        return -1;
+    op *o = read_op(K_JOB_LIST, "ttttzi", f->status, f->model, f->agent_id, f->key_id,
+                    (int64_t)f->before, (int64_t)f->limit);
+    if (!o)
+        return -1;
+    o->jobs_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
 }
 
-/* Prepare sql on the sync connection. NULL with err on failure. */
-static sqlite3_stmt *sync_prepare(gps_store *s, const char *sql, char *err, size_t errlen)
+/* ------------------------------------------------------------------------ */
+/* Synchronous: start-up loads and CLI writes, on the owner thread          */
+/* ------------------------------------------------------------------------ */
+
+static conn *sync_conn(gps_store *s, char *err, size_t errlen)
 {
-    sqlite3 *db = sync_db(s, err, errlen);
-    if (!db)
-        return NULL;
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-        seterr(err, errlen, "%s: %s", s->path, sqlite3_errmsg(db));
-        return NULL;
-    }
-    return st;
+    if (!s->r.db)
+        s->r.db = conn_open(s->path, s->busy_timeout_ms, err, errlen);
+    return s->r.db ? &s->r : NULL;
 }
+
+/* Run statement kind with its values by bind spec on the owner thread's
+ * connection, each row to each (may be NULL). Returns 0, each's non-zero
+ * value (it stopped; it set err if it failed), or -1 with err
+ * ("<path>: <what>: <SQLite's message>"). */
+static int sync_exec(gps_store *s, row_fn each, void *arg, const char *what, char *err,
+                     size_t errlen, int kind, const char *spec, ...)
+{
+    conn *c = sync_conn(s, err, errlen);
+    if (!c)
+        return -1;
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    int ret = -1, stopped = 0;
+    sqlite3_stmt *st = conn_stmt(c, kind);
+    if (b.oom)
+        seterr(err, errlen, "%s: %s: out of memory", s->path, what);
+    else if (!st || stmt_exec(st, b.v, b.nv, each, arg, &stopped) != SQLITE_DONE)
+        seterr(err, errlen, "%s: %s: %s", s->path, what, sqlite3_errmsg(c->db));
+    else
+        ret = stopped;
+    b_release(&b);
+    return ret;
+}
+
+/* ---- agents ---- */
 
 /* The models of one agent, as rows pointing into copies kept here. */
 typedef struct models_tmp {
@@ -1829,244 +1845,165 @@ static void models_tmp_free(models_tmp *t)
     memset(t, 0, sizeof(*t));
 }
 
-static int load_models(gps_store *s, sqlite3_stmt *st, const char *agent_id, models_tmp *t,
-                       char *err, size_t errlen)
+/* One agent_models row into t; 1 (stop) on ENOMEM. */
+static int model_row(void *arg, sqlite3_stmt *st)
 {
-    memset(t, 0, sizeof(*t));
-    t->keep = json_array();
-    if (!t->keep)
-        goto oom;
-    sqlite3_reset(st);
-    sqlite3_bind_text(st, 1, agent_id, -1, SQLITE_TRANSIENT);
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        size_t k = t->n;
-        gps_store_model_row *m = realloc(t->m, (k + 1) * sizeof(*m));
-        if (m)
-            t->m = m;
-        row **rows = realloc(t->rows, (k + 1) * sizeof(*rows));
-        if (rows)
-            t->rows = rows;
-        const char ***al = realloc(t->aliases, (k + 1) * sizeof(*al));
-        if (al)
-            t->aliases = al;
-        if (!m || !rows || !al)
-            goto oom;
-        row *r = row_copy(st);
-        if (!r)
-            goto oom;
-        t->rows[k] = r;
-        t->aliases[k] = NULL;
-        t->n++;
-        json_t *aj = rs(r, 1) ? json_loads(rs(r, 1), 0, NULL) : NULL;
-        size_t na = 0;
-        if (json_is_array(aj) && json_array_size(aj)) {
-            t->aliases[k] = calloc(json_array_size(aj), sizeof(char *));
-            if (!t->aliases[k]) {
-                json_decref(aj);
-                goto oom;
-            }
-            for (size_t i = 0; i < json_array_size(aj); i++)
-                if (json_is_string(json_array_get(aj, i)))
-                    t->aliases[k][na++] = json_string_value(json_array_get(aj, i));
+    models_tmp *t = arg;
+    size_t k = t->n;
+    gps_store_model_row *m = realloc(t->m, (k + 1) * sizeof(*m));
+    if (m)
+        t->m = m;
+    row **rows = realloc(t->rows, (k + 1) * sizeof(*rows));
+    if (rows)
+        t->rows = rows;
+    const char ***al = realloc(t->aliases, (k + 1) * sizeof(*al));
+    if (al)
+        t->aliases = al;
+    row *r = m && rows && al ? row_copy(st) : NULL;
+    if (!r)
+        return 1;
+    t->rows[k] = r;
+    t->aliases[k] = NULL;
+    t->n++;
+    json_t *aj = rs(r, 1) ? json_loads(rs(r, 1), 0, NULL) : NULL;
+    size_t na = 0;
+    if (json_is_array(aj) && json_array_size(aj)) {
+        t->aliases[k] = calloc(json_array_size(aj), sizeof(char *));
+        if (!t->aliases[k]) {
+            json_decref(aj);
+            return 1;
         }
-        if (aj)
-            json_array_append_new(t->keep, aj);   /* keeps the alias strings alive */
-        t->m[k] = (gps_store_model_row){
-            .model = rs(r, 0) ? rs(r, 0) : "",
-            .aliases = t->aliases[k],
-            .n_aliases = na,
-            .quantization = rs(r, 2),
-            .context_length = ri(r, 3, 0),
-            .vram_bytes = ri(r, 4, 0),
-            .loaded = ri(r, 5, 0) != 0,
-        };
+        for (size_t i = 0; i < json_array_size(aj); i++)
+            if (json_is_string(json_array_get(aj, i)))
+                t->aliases[k][na++] = json_string_value(json_array_get(aj, i));
     }
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: reading agent_models: %s", s->path, sqlite3_errmsg(s->sdb));
+    if (aj)
+        json_array_append_new(t->keep, aj);   /* keeps the alias strings alive */
+    t->m[k] = (gps_store_model_row){
+        .model = rs(r, 0) ? rs(r, 0) : "",
+        .aliases = t->aliases[k],
+        .n_aliases = na,
+        .quantization = rs(r, 2),
+        .context_length = ri(r, 3, 0),
+        .vram_bytes = ri(r, 4, 0),
+        .loaded = ri(r, 5, 0) != 0,
+    };
+    return 0;
+}
+
+typedef struct load_ctx {
+    gps_store *s;
+    union {                  /* the caller's callback, of the load's type */
+        gps_store_agent_fn agent;
+        gps_store_key_fn key;
+        gps_store_job_load_fn job;
+        gps_store_usage_fn usage;
+    } cb;
+    void *arg;
+    char *err;
+    size_t errlen;
+    bool extras;             /* keys: the 0003 columns are there */
+    int64_t day;             /* usage */
+} load_ctx;
+
+static int agent_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
         return -1;
     }
-    return 0;
-oom:
-    seterr(err, errlen, "out of memory");
-    return -1;
+    gps_store_agent_info a = {
+        .id = rs(r, 0),
+        .name = rs(r, 1),
+        .version = rs(r, 2),
+        .platform = rs(r, 3),
+        .state = rs(r, 4),
+        .key_id = rs(r, 5),
+        .first_seen = ri(r, 8, 0),
+        .last_seen = ri(r, 9, 0),
+    };
+    a.labels = rs(r, 6) ? json_loads(rs(r, 6), 0, NULL) : NULL;
+    if (!json_is_object(a.labels)) {
+        json_decref(a.labels);
+        a.labels = json_object();
+    }
+    a.facts = rs(r, 7) ? json_loads(rs(r, 7), JSON_DECODE_ANY, NULL) : NULL;
+    models_tmp mt = {.keep = json_array()};
+    int ret = -1;
+    if (!a.id) {
+        seterr(c->err, c->errlen, "%s: agent row without id", c->s->path);
+    } else if (!mt.keep) {
+        seterr(c->err, c->errlen, "out of memory");
+    } else {
+        /* -1: err says why */
+        int mrc = sync_exec(c->s, model_row, &mt, "reading agent_models", c->err, c->errlen,
+                            K_LOAD_MODELS, "t", a.id);
+        if (mrc > 0)
+            seterr(c->err, c->errlen, "out of memory");
+        if (mrc == 0) {
+            a.models = mt.m;
+            a.n_models = mt.n;
+            ret = c->cb.agent(c->arg, &a);
+        }
+    }
+    models_tmp_free(&mt);
+    json_decref(a.labels);
+    json_decref(a.facts);
+    free(r);
+    return ret;
 }
 
 int gps_store_load_agents(gps_store *s, gps_store_agent_fn cb, void *arg, char *err,
                           size_t errlen)
 {
-    int ret = -1;
-    sqlite3_stmt *st = sync_prepare(s,
-                                    "SELECT id, name, version, platform, state, key_id, labels, "
-                                    "facts, first_seen, last_seen FROM agents ORDER BY id",
-                                    err, errlen);
-    sqlite3_stmt *mst = st ? sync_prepare(s,
-                                          "SELECT model, aliases, quantization, context_length, "
-                                          "vram_bytes, loaded FROM agent_models "
-                                          "WHERE agent_id = ?1 ORDER BY model",
-                                          err, errlen)
-                           : NULL;
-    if (!mst)
-        goto done;
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        row *r = row_copy(st);
-        if (!r) {
-            seterr(err, errlen, "out of memory");
-            goto done;
-        }
-        gps_store_agent_info a = {0};
-        a.id = rs(r, 0);
-        a.name = rs(r, 1);
-        a.version = rs(r, 2);
-        a.platform = rs(r, 3);
-        a.state = rs(r, 4);
-        a.key_id = rs(r, 5);
-        a.labels = rs(r, 6) ? json_loads(rs(r, 6), 0, NULL) : NULL;
-        if (!json_is_object(a.labels)) {
-            json_decref(a.labels);
-            a.labels = json_object();
-        }
-        a.facts = rs(r, 7) ? json_loads(rs(r, 7), JSON_DECODE_ANY, NULL) : NULL;
-        a.first_seen = ri(r, 8, 0);
-        a.last_seen = ri(r, 9, 0);
-        models_tmp mt;
-        int cbrc = -1;
-        if (!a.id) {
-            memset(&mt, 0, sizeof(mt));
-            seterr(err, errlen, "%s: agent row without id", s->path);
-        } else if (load_models(s, mst, a.id, &mt, err, errlen) == 0) {
-            a.models = mt.m;
-            a.n_models = mt.n;
-            cbrc = cb(arg, &a);
-        }
-        models_tmp_free(&mt);
-        json_decref(a.labels);
-        json_decref(a.facts);
-        free(r);
-        if (cbrc != 0) {
-            ret = cbrc;
-            goto done;
-        }
+    load_ctx c = {.s = s, .cb.agent = cb, .arg = arg, .err = err, .errlen = errlen};
+    return sync_exec(s, agent_row, &c, "reading agents", err, errlen, K_LOAD_AGENTS, "");
+}
+
+/* ---- keys ---- */
+
+static int key_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
+        return -1;
     }
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: reading agents: %s", s->path, sqlite3_errmsg(s->sdb));
-        goto done;
-    }
-    ret = 0;
-done:
-    sqlite3_finalize(st);
-    sqlite3_finalize(mst);
+    gps_store_key_row k = {
+        .id = rs(r, 0),
+        .hash = rs(r, 1),
+        .role = rs(r, 2),
+        .name = rs(r, 3) ? rs(r, 3) : "",
+        .agent_id = rs(r, 4),
+        .created_at = ri(r, 5, 0),
+        .expires_at = ri(r, 6, 0),
+        .revoked_at = ri(r, 7, 0),
+        .last_used_at = ri(r, 8, 0),
+        .rpm = c->extras ? ri(r, 9, 0) : 0,
+        .tokens_per_day = c->extras ? ri(r, 10, 0) : 0,
+        .max_concurrent = c->extras ? ri(r, 11, 0) : 0,
+        .max_uses = c->extras ? ri(r, 12, 0) : 0,
+        .uses = c->extras ? ri(r, 13, 0) : 0,
+    };
+    int ret = k.id && k.hash && k.role ? c->cb.key(c->arg, &k) : 0;
+    free(r);
     return ret;
 }
 
 int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err, size_t errlen)
 {
-    int ret = -1;
+    load_ctx c = {.s = s, .cb.key = cb, .arg = arg, .err = err, .errlen = errlen};
+    conn *sc = sync_conn(s, err, errlen);
+    if (!sc)
+        return -1;
     /* A DB migrated by a custom set without 0003 has no limit columns:
      * then every key loads as unlimited. */
-    bool extras = true;
-    sqlite3_stmt *st = sync_prepare(s,
-                                    "SELECT id, hash, role, name, agent_id, created_at, "
-                                    "expires_at, revoked_at, last_used_at, rpm, "
-                                    "tokens_per_day, max_concurrent, max_uses, uses "
-                                    "FROM api_keys ORDER BY created_at, id",
-                                    err, errlen);
-    if (!st) {
-        extras = false;
-        st = sync_prepare(s,
-                          "SELECT id, hash, role, name, agent_id, created_at, "
-                          "expires_at, revoked_at, last_used_at FROM api_keys "
-                          "ORDER BY created_at, id",
-                          err, errlen);
-    }
-    if (!st)
-        return -1;
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        row *r = row_copy(st);
-        if (!r) {
-            seterr(err, errlen, "out of memory");
-            goto done;
-        }
-        gps_store_key_row k = {
-            .id = rs(r, 0),
-            .hash = rs(r, 1),
-            .role = rs(r, 2),
-            .name = rs(r, 3) ? rs(r, 3) : "",
-            .agent_id = rs(r, 4),
-            .created_at = ri(r, 5, 0),
-            .expires_at = ri(r, 6, 0),
-            .revoked_at = ri(r, 7, 0),
-            .last_used_at = ri(r, 8, 0),
-            .rpm = extras ? ri(r, 9, 0) : 0,
-            .tokens_per_day = extras ? ri(r, 10, 0) : 0,
-            .max_concurrent = extras ? ri(r, 11, 0) : 0,
-            .max_uses = extras ? ri(r, 12, 0) : 0,
-            .uses = extras ? ri(r, 13, 0) : 0,
-        };
-        int cbrc = k.id && k.hash && k.role ? cb(arg, &k) : 0;
-        free(r);
-        if (cbrc != 0) {
-            ret = cbrc;
-            goto done;
-        }
-    }
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: reading api_keys: %s", s->path, sqlite3_errmsg(s->sdb));
-        goto done;
-    }
-    ret = 0;
-done:
-    sqlite3_finalize(st);
-    return ret;
-}
-
-int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void *arg, char *err,
-                                   size_t errlen)
-{
-    int ret = -1;
-    sqlite3_stmt *st = sync_prepare(
-        s, "SELECT " JOB_COLUMNS "WHERE j.finished_at IS NULL ORDER BY j.created_at, j.id", err,
-        errlen);
-    if (!st)
-        return -1;
-    /* Optional (no job_events table before migration 0002). */
-    sqlite3_stmt *ev_st = NULL;
-    if (sqlite3_prepare_v2(s->sdb, stmts[K_EVENTS_GET].sql, -1, &ev_st, NULL) != SQLITE_OK) {
-        sqlite3_finalize(ev_st);
-        ev_st = NULL;
-    }
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        row *r = row_copy(st);
-        if (!r) {
-            seterr(err, errlen, "out of memory");
-            goto done;
-        }
-        gps_store_job_info ji;
-        json_t *req;
-        job_info_from_row(r, &ji, &req);
-        if (ev_st)
-            ji.events = events_collect(ev_st, ji.id);
-        int cbrc = cb(arg, &ji);
-        json_decref(req);
-        json_decref(ji.events);
-        free(r);
-        if (cbrc != 0) {
-            ret = cbrc;
-            goto done;
-        }
-    }
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: reading jobs: %s", s->path, sqlite3_errmsg(s->sdb));
-        goto done;
-    }
-    ret = 0;
-done:
-    sqlite3_finalize(ev_st);
-    sqlite3_finalize(st);
-    return ret;
+    c.extras = conn_stmt(sc, K_LOAD_KEYS) != NULL;
+    return sync_exec(s, key_row, &c, "reading api_keys", err, errlen,
+                     c.extras ? K_LOAD_KEYS : K_LOAD_KEYS_BASE, "");
 }
 
 int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, char *err,
@@ -2076,98 +2013,81 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
         seterr(err, errlen, "key row needs id, hash and role");
         return -1;
     }
-    opb b;
-    b_key_row(&b, row_in);
     bool extras = key_row_has_extras(row_in);
     /* Key and limits in one transaction: a key never exists without the
      * limits it was created with. */
-    sqlite3 *db = extras ? sync_db(s, err, errlen) : NULL;
-    if (extras && (!db || sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)) {
-        if (db)
-            seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(db));
-        b_release(&b);
+    conn *c = extras ? sync_conn(s, err, errlen) : NULL;
+    if (extras && (!c || exec_simple(c->db, "BEGIN IMMEDIATE", NULL, 0) != SQLITE_OK)) {
+        if (c)
+            seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
         return -1;
     }
-    int ret = sync_run(s, &b, "inserting key", err, errlen);
-    if (ret == 0 && extras) {
-        b_key_limits(&b, row_in->id, row_in->rpm, row_in->tokens_per_day,
-                     row_in->max_concurrent, row_in->max_uses);
-        ret = sync_run(s, &b, "setting key limits", err, errlen);
-    }
-    if (extras && sqlite3_exec(db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, NULL, NULL) !=
-                      SQLITE_OK && ret == 0) {
-        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(db));
+    int ret = sync_exec(s, NULL, NULL, "inserting key", err, errlen, K_KEY_INSERT, KEY_ROW_SPEC,
+                        KEY_ROW_ARGS(row_in));
+    if (ret == 0 && extras)
+        ret = sync_exec(s, NULL, NULL, "setting key limits", err, errlen, K_KEY_LIMITS,
+                        KEY_LIMITS_SPEC, row_in->id, row_in->rpm, row_in->tokens_per_day,
+                        row_in->max_concurrent, row_in->max_uses);
+    if (extras && exec_simple(c->db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, 0) != SQLITE_OK &&
+        ret == 0) {
+        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
         ret = -1;
     }
-    return ret;
-}
-
-int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
-                         size_t errlen)
-{
-    sqlite3_stmt *st = sync_prepare(s,
-                                    "SELECT key_id, requests, prompt_tokens, completion_tokens, "
-                                    "rate_limited FROM key_usage WHERE day = ?1",
-                                    err, errlen);
-    if (!st)
-        return -1;
-    sqlite3_bind_int64(st, 1, day);
-    int rc, ret = -1;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *id = (const char *)sqlite3_column_text(st, 0);
-        if (id && cb(arg, id, day, sqlite3_column_int64(st, 1), sqlite3_column_int64(st, 2),
-                     sqlite3_column_int64(st, 3), sqlite3_column_int64(st, 4)) != 0)
-            break;
-    }
-    if (rc != SQLITE_DONE && rc != SQLITE_ROW)
-        seterr(err, errlen, "%s: reading key_usage: %s", s->path, sqlite3_errmsg(s->sdb));
-    else
-        ret = 0;
-    sqlite3_finalize(st);
     return ret;
 }
 
 int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_at, char *err,
                               size_t errlen)
 {
-    sqlite3_stmt *st = sync_prepare(s, stmts[K_KEY_REVOKE].sql, err, errlen);
-    if (!st)
+    if (sync_exec(s, NULL, NULL, "revoking key", err, errlen, K_KEY_REVOKE, "ti", key_id,
+                  revoked_at) != 0)
         return -1;
-    sqlite3_bind_text(st, 1, key_id, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int64(st, 2, revoked_at);
-    int rc = sqlite3_step(st);
-    int ret;
-    if (rc != SQLITE_DONE) {
-        seterr(err, errlen, "%s: revoking key: %s", s->path, sqlite3_errmsg(s->sdb));
-        ret = -1;
-    } else {
-        ret = sqlite3_changes(s->sdb) > 0 ? 0 : 1;
+    return sqlite3_changes(s->r.db) > 0 ? 0 : 1;
+}
+
+/* ---- unfinished jobs, usage ---- */
+
+static int job_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
+        return -1;
     }
-    sqlite3_finalize(st);
+    gps_store_job_info ji;
+    json_t *req;
+    job_info_from_row(r, &ji, &req);
+    /* Optional (no job_events table before migration 0002). */
+    ji.events = events_collect(&c->s->r, ji.id);
+    int ret = c->cb.job(c->arg, &ji);
+    json_decref(req);
+    json_decref(ji.events);
+    free(r);
     return ret;
 }
 
-/* ------------------------------------------------------------------------ */
-/* Admin API: the request log, filtered (async read)                        */
-/* ------------------------------------------------------------------------ */
-
-int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
-                              void *arg)
+int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void *arg, char *err,
+                                   size_t errlen)
 {
-    if (!s->ev_done || !f || !cb || f->limit < 1)
-        return -1;
-    opb b;
-    b_init(&b, K_JOB_LIST);
-    b_text(&b, f->status);   /* NULL binds NULL: "any" */
-    b_text(&b, f->model);
-    b_text(&b, f->agent_id);
-    b_text(&b, f->key_id);
-    b_int_nz(&b, f->before);
-    b_int(&b, f->limit);
-    op *o = b_pack(&b);
-    if (!o)
-        return -1;
-    o->jobs_cb = cb;
-    o->arg = arg;
-    return enqueue(s, o, false);
+    load_ctx c = {.s = s, .cb.job = cb, .arg = arg, .err = err, .errlen = errlen};
+    return sync_exec(s, job_row, &c, "reading jobs", err, errlen, K_LOAD_JOBS, "");
+}
+
+static int usage_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    const char *id = (const char *)sqlite3_column_text(st, 0);
+    if (!id)
+        return 0;
+    return c->cb.usage(c->arg, id, c->day, sqlite3_column_int64(st, 1),
+                                        sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
+                                        sqlite3_column_int64(st, 4));
+}
+
+int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
+                         size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.usage = cb, .arg = arg, .err = err, .errlen = errlen, .day = day};
+    return sync_exec(s, usage_row, &c, "reading key_usage", err, errlen, K_LOAD_USAGE, "i", day);
 }

@@ -254,9 +254,6 @@ typedef void (*gps_store_commit_fn)(void *arg, uint64_t done_seq, bool failed);
  * the table: then no write will ever commit, do not wait for one)? */
 bool gps_store_has_job_events(gps_store *s);
 void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg);
-/* Replace the stored input of a job (jobs.request): native tasks store the
- * whole validated body so a restart can resubmit it. */
-int gps_store_job_request(gps_store *s, const char *job_id, const json_t *request);
 
 /* Delete finished jobs (finished_at < before_wall_ms) and their
  * checkpoints, in chunks of 1000 rows so other writes interleave. */

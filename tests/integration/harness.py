@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.parse
@@ -175,6 +176,36 @@ def http_json(method, url, body=None, headers=None, timeout=30.0):
         except ValueError:
             parsed = data
     return st, hdr, parsed
+
+
+def in_thread(fn, *a, **kw):
+    """Run fn(*a, **kw) in a daemon thread (a request that blocks until the
+    test makes an agent act). Returns a getter get(timeout=30) that joins the
+    thread (bounded: raises AssertionError when it has not finished) and
+    returns fn's result or re-raises its exception."""
+    box = {}
+
+    def run():
+        try:
+            box["v"] = fn(*a, **kw)
+        except BaseException as e:  # noqa: BLE001 - re-raised by get()
+            box["e"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+
+    def get(timeout=30):
+        t.join(timeout)
+        if t.is_alive():
+            raise AssertionError("request thread did not finish in %ss" % timeout)
+        if "e" in box:
+            raise box["e"]
+        return box["v"]
+    return get
+
+
+def post_json(url, path, body, headers=None, timeout=30):
+    """POST body as JSON to url + path: (status, headers, parsed body)."""
+    return http_json("POST", url + path, body, headers, timeout)
 
 
 def bearer(key):

@@ -16,7 +16,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import threading
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -27,25 +26,8 @@ CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
 ANTH = {"model": "m1", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 
 
-def in_thread(fn, *a, **kw):
-    box = {}
 
-    def run():
-        try:
-            box["v"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: BLE001 - re-raised by get()
-            box["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def get(timeout=60):
-        t.join(timeout)
-        if t.is_alive():
-            raise AssertionError("request thread did not finish in %ss" % timeout)
-        if "e" in box:
-            raise box["e"]
-        return box["v"]
-    return get
+in_thread = harness.in_thread
 
 
 CTL_BIN = os.environ.get("GPUPOOL_CTL_BIN") or os.path.join(harness.BUILD_DIR, "src", "ctl",
@@ -63,7 +45,7 @@ class HostileClients(harness.TestCase):
         return a
 
     def post(self, srv, path, body, headers=None):
-        return harness.http_json("POST", srv.url + path, body, headers, timeout=30)
+        return harness.post_json(srv.url, path, body, headers)
 
     # -- finding 13 ------------------------------------------------------
     def test_agent_error_codes_do_not_grow_metrics_labels(self):
@@ -80,7 +62,7 @@ class HostileClients(harness.TestCase):
             self.assertEqual((st, len(jobs)), (200, 1))
             a.events(jobs[0]["job_id"], [{"type": "started"},
                                          {"type": "error", "code": code, "message": "boom"}])
-            st, _, raw = get()
+            st, _, raw = get(60)
             self.assertIn(b"boom", raw)
             if path.startswith("/v1/chat"):
                 # The client still sees the agent's code: only the label is closed.

@@ -23,7 +23,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,25 +52,8 @@ class Agent(FakeAgent):
         assert st == 200, (st, body)
 
 
-def in_thread(fn, *a, **kw):
-    box = {}
 
-    def run():
-        try:
-            box["v"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: BLE001 - re-raised by get()
-            box["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def get(timeout=30):
-        t.join(timeout)
-        if t.is_alive():
-            raise AssertionError("thread did not finish in %ss" % timeout)
-        if "e" in box:
-            raise box["e"]
-        return box["v"]
-    return get
+in_thread = harness.in_thread
 
 
 def tok(text):

@@ -15,7 +15,6 @@ shapes and statuses (400, 404, 405, 413); count_tokens; request-id.
 import json
 import os
 import sys
-import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,25 +44,8 @@ class Agent(FakeAgent):
         return b
 
 
-def in_thread(fn, *a, **kw):
-    box = {}
 
-    def run():
-        try:
-            box["v"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: BLE001 - re-raised by get()
-            box["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def get(timeout=30):
-        t.join(timeout)
-        if t.is_alive():
-            raise AssertionError("request thread did not finish in %ss" % timeout)
-        if "e" in box:
-            raise box["e"]
-        return box["v"]
-    return get
+in_thread = harness.in_thread
 
 
 def msg(content="hi", **kw):

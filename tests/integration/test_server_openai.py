@@ -11,7 +11,6 @@ unknown model / route, 405, 413, 429 queue full, 503 no agent, /v1/models,
 import json
 import os
 import sys
-import threading
 import time
 import unittest
 
@@ -20,27 +19,8 @@ import harness  # noqa: E402
 from server_fakes import FakeAgent  # noqa: E402
 
 
-def in_thread(fn, *a, **kw):
-    """Run fn in a thread; returns a getter that joins (bounded) and returns
-    fn's result or re-raises its exception."""
-    box = {}
 
-    def run():
-        try:
-            box["v"] = fn(*a, **kw)
-        except BaseException as e:  # noqa: BLE001 - re-raised by get()
-            box["e"] = e
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-
-    def get(timeout=30):
-        t.join(timeout)
-        if t.is_alive():
-            raise AssertionError("request thread did not finish in %ss" % timeout)
-        if "e" in box:
-            raise box["e"]
-        return box["v"]
-    return get
+in_thread = harness.in_thread
 
 
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
@@ -61,7 +41,7 @@ class ServerOpenAI(harness.TestCase):
         return a
 
     def post(self, path, body, headers=None, timeout=30):
-        return harness.http_json("POST", self.srv.url + path, body, headers, timeout)
+        return harness.post_json(self.srv.url, path, body, headers, timeout)
 
     # ------------------------------------------------------------------
     def test_tools_dropped_without_tool_support(self):

@@ -150,6 +150,49 @@ class TasksDurable(harness.TestCase):
         self.assertEqual(whole[-1][2]["text"], "a1a2a3")
         self.assertEqual(self.status(srv, tid)["status"], "done")
 
+    def test_native_request_is_written_once(self):
+        # Triggers added to the server's own file count every write of
+        # jobs.request: the row's insert (with a request) and any UPDATE
+        # that sets it. A native task's input used to go in twice (the
+        # insert with prompt/messages, then an UPDATE with the whole body).
+        srv = self.h.start_server([], db=self.db)
+        db = sqlite3.connect(self.db, timeout=10)
+        try:
+            db.executescript(
+                "CREATE TABLE t_request_writes (job_id TEXT NOT NULL);"
+                "CREATE TRIGGER t_request_insert AFTER INSERT ON jobs "
+                "WHEN NEW.request IS NOT NULL "
+                "BEGIN INSERT INTO t_request_writes VALUES (NEW.id); END;"
+                "CREATE TRIGGER t_request_update AFTER UPDATE OF request ON jobs "
+                "BEGIN INSERT INTO t_request_writes VALUES (NEW.id); END;")
+        finally:
+            db.close()
+        a = self.agent(srv)
+        tid = self.create(srv, seed=99, temperature=0.25)["job_id"]
+        st, jobs = a.work(1, timeout=10)
+        self.assertEqual([j["job_id"] for j in jobs], [tid])
+        a.run_job(jobs[0], tokens=("x",))
+        self.assertEqual(self.events(srv, tid)[1][-1][1], "end")
+        # The row's last update (finished) is committed after every write
+        # queued before it: the request writes are all in by then.
+        deadline = time.time() + 15
+        while True:
+            ro = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
+            try:
+                fin, n = ro.execute(
+                    "SELECT finished_at, (SELECT count(*) FROM t_request_writes "
+                    "WHERE job_id = ?1) FROM jobs WHERE id = ?1", (tid,)).fetchone() or (None, 0)
+            finally:
+                ro.close()
+            if fin is not None or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        self.assertIsNotNone(fin, "the task's row never finished in the store")
+        self.assertEqual(n, 1)
+        req = self.stored_request(tid)
+        self.assertEqual((req["seed"], req["temperature"], req["prompt"], req["max_tokens"]),
+                         (99, 0.25, "hello", 16))
+
     def test_sigkill_while_queued_then_restart_completes(self):
         srv = self.h.start_server([], db=self.db)
         self.agent(srv)  # serves m1 but never asks for work: the task stays queued

@@ -2,5 +2,6 @@
 # agent loss (issue 10 item 9).
 set(_d ${CMAKE_CURRENT_LIST_DIR})
 if(TARGET gps_api)
-  gp_add_unit_test(test_failover_plan SOURCES ${_d}/test_failover_plan.c LIBS gps_api)
+  gp_add_unit_test(test_failover_plan SOURCES ${_d}/test_failover_plan.c ${_d}/fixture_fleet.c
+                   LIBS gps_api)
 endif()

@@ -64,10 +64,36 @@ static void test_ok(void **state)
                      0);
     assert_int_equal(s.kind, GPS_JOB_CHAT);
     assert_true(s.has_seed);
-    assert_true(s.seed >= 0);
     assert_int_equal(s.priority, GPS_PRIO_INTERACTIVE);
     assert_int_equal(json_array_size(s.messages), 1);
     gps_job_spec_clear(&s);
+}
+
+/* A generated seed is random and fits 31 bits (what the agents' sampler
+ * and every JSON reader take). Over 64 draws: each in [0, 2^31), and not
+ * all the same (a constant, e.g. an unused random source, fails). A seed
+ * of 32 random bits fails the range with probability 1 - 2^-64. */
+static void test_generated_seed(void **state)
+{
+    (void)state;
+    long long first = -1;
+    bool varied = false;
+    for (int i = 0; i < 64; i++) {
+        gps_job_spec s;
+        const char *param;
+        char msg[256];
+        assert_int_equal(parse("{\"model\":\"m\",\"prompt\":\"p\",\"max_tokens\":1}", &s, &param,
+                               msg, sizeof msg),
+                         0);
+        assert_true(s.has_seed);
+        assert_in_range(s.seed, 0, 0x7fffffff);
+        if (i == 0)
+            first = s.seed;
+        else if (s.seed != first)
+            varied = true;
+        gps_job_spec_clear(&s);
+    }
+    assert_true(varied);
 }
 
 static void test_bad(void **state)
@@ -108,6 +134,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ok),
+        cmocka_unit_test(test_generated_seed),
         cmocka_unit_test(test_bad),
         cmocka_unit_test(test_last_event_id),
     };

@@ -15,76 +15,21 @@
 
 #include <cmocka.h>
 
+#include "fixture_fleet.h"
 #include "server/jobs.h"
 
 #define D1 "1111111111111111111111111111111111111111111111111111111111111111"
 #define D2 "2222222222222222222222222222222222222222222222222222222222222222"
 
-typedef struct fx {
-    struct event_base *base;
-    registry *reg;
-    sched *s;
-    gps_jobs *jobs;
-    json_t *delivered;     /* last deliver: [jobs...] */
-    registry_agent *delivered_to;
-} fx;
-
-static int deliver(registry_agent *a, json_t *jobs_json, void *arg)
-{
-    fx *f = arg;
-    json_decref(f->delivered);
-    f->delivered = json_incref(jobs_json);
-    f->delivered_to = a;
-    sched_agent_unready(f->s, a);
-    return 0;
-}
+typedef fleet fx;
 
 static registry_agent *add_agent(fx *f, int i, const char *digest)
 {
-    char body[512];
-    snprintf(body, sizeof body,
-             "{\"agent_id\":\"00000000-0000-4000-8000-%012d\",\"name\":\"a%d\","
-             "\"models\":[{\"id\":\"m1\"%s%s%s}],\"slots\":{\"total\":2}}",
-             i, i, digest ? ",\"digest\":\"" : "", digest ? digest : "", digest ? "\"" : "");
-    json_t *j = json_loads(body, 0, NULL);
-    assert_non_null(j);
-    registry_facts facts;
-    char err[160];
-    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
-        fail_msg("parse: %s", err);
-    json_decref(j);
-    registry_agent *a = registry_heartbeat(f->reg, &facts, 1000, 0);
-    registry_facts_free(&facts);
-    assert_non_null(a);
-    return a;
+    return fleet_agent(f, i, "m1", digest, 2, 1000);
 }
 
-static void fx_init(fx *f)
-{
-    memset(f, 0, sizeof *f);
-    f->base = event_base_new();
-    registry_config rc;
-    registry_config_default(&rc);
-    rc.grace_ms = 0;
-    f->reg = registry_create(&rc);
-    sched_config sc;
-    sched_config_default(&sc);
-    f->s = sched_create(f->reg, &sc);
-    gps_jobs_opts o = {.max_queue = 10, .queue_timeout_sec = 60, .request_timeout_sec = 60,
-                       .stall_timeout_sec = 60, .max_attempts = 3, .poll_interval_sec = 1};
-    f->jobs = gps_jobs_new(f->base, &o, f->reg, f->s, NULL, NULL);
-    assert_non_null(f->jobs);
-    gps_jobs_set_deliver(f->jobs, deliver, f);
-}
-
-static void fx_free(fx *f)
-{
-    json_decref(f->delivered);
-    gps_jobs_free(f->jobs);
-    sched_destroy(f->s);
-    registry_destroy(f->reg);
-    event_base_free(f->base);
-}
+static void fx_init(fx *f) { fleet_init(f, NULL, NULL); }
+static void fx_free(fx *f) { fleet_free(f); }
 
 static char g_fo_cont[16];   /* continuation of the last failover event */
 
@@ -102,45 +47,20 @@ static void on_event(gps_job *job, gps_event_type t, json_t *ev, void *arg)
 
 static gps_job *submit(fx *f, long long max_tokens, bool seeded)
 {
-    gps_job_spec s = {0};
-    s.kind = GPS_JOB_COMPLETION;
-    s.model = strdup("m1");
-    s.prompt = strdup("hello");
-    s.max_tokens = max_tokens;
+    gps_job_spec s = fleet_spec("m1", max_tokens);
     s.temperature = 0.8;
-    s.top_p = 1;
     s.has_seed = seeded;
     s.seed = 77;
-    s.api = "openai";
-    gps_submit_err err;
-    gps_job *job = gps_jobs_submit(f->jobs, &s, "corr", "", &err);
-    assert_non_null(job);
+    gps_job *job = fleet_submit(f, &s);
     assert_int_equal(gps_job_subscribe(job, on_event, NULL), 0);
     return job;
 }
 
-/* Agent a takes work: returns the one job's wire (new reference). */
-static json_t *take(fx *f, registry_agent *a)
-{
-    json_t *arr = gps_jobs_take_for_agent(f->jobs, a, 1);
-    assert_int_equal(json_array_size(arr), 1);
-    json_t *w = json_incref(json_array_get(arr, 0));
-    json_decref(arr);
-    sched_agent_unready(f->s, a);
-    return w;
-}
+static json_t *take(fx *f, registry_agent *a) { return fleet_take(f, a); }
 
 static int apply(fx *f, gps_job *job, registry_agent *a, long long seq, const char *events)
 {
-    json_t *ev = json_loads(events, 0, NULL);
-    assert_non_null(ev);
-    bool cancel;
-    long long exp;
-    char msg[256];
-    int rc = gps_jobs_apply_events(f->jobs, job->id, a->id, seq, ev, &cancel, &exp, msg,
-                                   sizeof msg);
-    json_decref(ev);
-    return rc;
+    return fleet_apply(f, job, a, seq, events);
 }
 
 static const char *TOKENS =
@@ -206,7 +126,8 @@ static void test_same_digest_continues_from_ids(void **st)
     json_t *w = take(&f, a);
     /* every attempt gets the job's sampler seed; no ids on a first attempt */
     json_t *seed = json_object_get(json_object_get(w, "sampler"), "seed");
-    assert_true(json_is_integer(seed) && json_integer_value(seed) >= 0);
+    assert_true(json_is_integer(seed));
+    assert_int_equal(json_integer_value(seed), job->sampler_seed); /* the one drawn at submit */
     long long s1 = json_integer_value(seed);
     assert_null(json_object_get(w, "continuation_ids"));
     json_decref(w);
@@ -334,12 +255,12 @@ static void test_prefers_free_same_digest_agent(void **st)
     assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
     gps_jobs_agent_lost(f.jobs, a->id, "test");
     assert_ptr_equal(f.delivered_to, b);
-    check_ids(json_array_get(f.delivered, 0), D1);
+    check_ids(json_array_get(f.delivery, 0), D1);
     /* b lost too: only c (another file) is free: text, at once */
     f.delivered_to = NULL;
     gps_jobs_agent_lost(f.jobs, b->id, "test");
     assert_ptr_equal(f.delivered_to, c);
-    assert_null(json_object_get(json_array_get(f.delivered, 0), "continuation_ids"));
+    assert_null(json_object_get(json_array_get(f.delivery, 0), "continuation_ids"));
     fx_free(&f);
 }
 

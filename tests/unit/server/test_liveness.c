@@ -16,6 +16,7 @@
 #include <event2/event.h>
 
 #include "common/gp_util.h"
+#include "fixture_fleet.h"
 #include "server/agents_api.h"
 #include "server/agent_check.h"
 #include "server/jobs.h"
@@ -25,55 +26,32 @@
 #define GRACE_MS 50
 
 typedef struct fixture {
-    struct event_base *base;
+    fleet fl;
     gps_agents *g;
-    registry *reg;
-    sched *s;
-    gps_jobs *j;
     registry_agent *a, *b;
 } fixture;
-
-static registry_agent *poll_agent(registry *reg, const char *id)
-{
-    char body[512];
-    snprintf(body, sizeof body,
-             "{\"agent_id\":\"%s\",\"models\":[{\"id\":\"m\"}],\"slots\":{\"total\":1}}", id);
-    json_t *js = json_loads(body, 0, NULL);
-    assert_non_null(js);
-    registry_facts f;
-    char err[128];
-    assert_int_equal(registry_facts_parse(js, &f, err, sizeof err), 0);
-    json_decref(js);
-    /* the real clock: agents_api ticks the registry with it */
-    registry_agent *a = registry_heartbeat(reg, &f, gp_now_mono_ms(), 0);
-    registry_facts_free(&f);
-    assert_non_null(a);
-    return a;
-}
 
 static int setup(void **state)
 {
     fixture *f = calloc(1, sizeof *f);
-    f->base = event_base_new();
+    assert_non_null(f);
+    /* agents_api first: the registry reports transitions to it */
+    struct event_base *base = event_base_new();
     gps_agents_opts ao = {.poll_interval_sec = 15, .work_wait_sec = 25,
                           .agent_timeout_sec = 90, .disconnect_grace_ms = GRACE_MS};
-    f->g = gps_agents_new(f->base, &ao, NULL, NULL);
+    f->g = gps_agents_new(base, &ao, NULL, NULL);
+    assert_non_null(f->g);
     registry_config rc;
     registry_config_default(&rc);
     rc.listener = gps_agents_on_transition;
     rc.listener_ud = f->g;
-    f->reg = registry_create(&rc);
-    sched_config sc;
-    sched_config_default(&sc);
-    f->s = sched_create(f->reg, &sc);
     gps_jobs_opts jo = {.max_queue = 100, .queue_timeout_sec = 600, .request_timeout_sec = 600,
                         .stall_timeout_sec = 600, .max_attempts = 5, .poll_interval_sec = 15};
-    f->j = gps_jobs_new(f->base, &jo, f->reg, f->s, NULL, NULL);
-    assert_non_null(f->g);
-    assert_non_null(f->j);
-    assert_int_equal(gps_agents_attach(f->g, f->reg, f->s, f->j), 0);
-    f->a = poll_agent(f->reg, "00000000-0000-4000-8000-00000000000a");
-    f->b = poll_agent(f->reg, "00000000-0000-4000-8000-00000000000b");
+    fleet_init_on(&f->fl, base, &jo, &rc, NULL);
+    assert_int_equal(gps_agents_attach(f->g, f->fl.reg, f->fl.s, f->fl.jobs), 0);
+    /* the real clock: agents_api ticks the registry with it */
+    f->a = fleet_agent(&f->fl, 0xa, "m", NULL, 1, gp_now_mono_ms());
+    f->b = fleet_agent(&f->fl, 0xb, "m", NULL, 1, gp_now_mono_ms());
     *state = f;
     return 0;
 }
@@ -81,11 +59,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
+    struct event_base *base = f->fl.base;
     gps_agents_free(f->g);
-    gps_jobs_free(f->j);
-    sched_destroy(f->s);
-    registry_destroy(f->reg);
-    event_base_free(f->base);
+    fleet_free(&f->fl);
+    event_base_free(base);
     free(f);
     return 0;
 }
@@ -93,17 +70,8 @@ static int teardown(void **state)
 /* A queued job for model m (no agent is ready: it waits). */
 static gps_job *submit(fixture *f)
 {
-    gps_job_spec sp;
-    memset(&sp, 0, sizeof sp);
-    sp.kind = GPS_JOB_COMPLETION;
-    sp.model = strdup("m");
-    sp.prompt = strdup("hello");
-    sp.max_tokens = 10;
-    sp.top_p = 1;
-    sp.api = "openai";
-    gps_submit_err err;
-    gps_job *job = gps_jobs_submit(f->j, &sp, "cid", "", &err);
-    assert_non_null(job);
+    gps_job_spec sp = fleet_spec("m", 10);
+    gps_job *job = fleet_submit(&f->fl, &sp);
     assert_int_equal(job->state, GPS_JOB_QUEUED);
     return job;
 }
@@ -111,12 +79,12 @@ static gps_job *submit(fixture *f)
 /* Agent ag asks for one job and gets job, delivered as number n. */
 static void deliver(fixture *f, registry_agent *ag, gps_job *job, uint64_t n)
 {
-    json_t *w = gps_jobs_take_for_agent(f->j, ag, 1);
+    json_t *w = gps_jobs_take_for_agent(f->fl.jobs, ag, 1);
     assert_int_equal(json_array_size(w), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(w, 0), "job_id")),
                         job->id);
-    sched_agent_unready(f->s, ag);
-    gps_jobs_mark_delivered(f->j, w, n);
+    sched_agent_unready(f->fl.s, ag);
+    gps_jobs_mark_delivered(f->fl.jobs, w, n);
     json_decref(w);
     assert_int_equal(job->state, GPS_JOB_ASSIGNED);
     assert_string_equal(job->agent_id, ag->id);
@@ -131,8 +99,8 @@ static json_t *ids(const char *id)
 static void run_for_ms(fixture *f, int ms)
 {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    event_base_loopexit(f->base, &tv);
-    event_base_dispatch(f->base);
+    event_base_loopexit(f->fl.base, &tv);
+    event_base_dispatch(f->fl.base);
 }
 
 /* ------------------------------------------------------------------ */
@@ -161,30 +129,30 @@ static void test_running_jobs_diff(void **state)
     json_t *none = ids(NULL), *mine = ids(job->id);
 
     /* A list made before the agent read reply 7 judges nothing. */
-    assert_int_equal(gps_jobs_agent_report(f->j, f->a->id, none, 6), 0);
-    assert_int_equal(gps_jobs_agent_report(f->j, f->a->id, none, 0), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->a->id, none, 6), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->a->id, none, 0), 0);
     /* An older agent (no list) neither. */
-    assert_int_equal(gps_jobs_agent_report(f->j, f->a->id, NULL, 7), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->a->id, NULL, 7), 0);
     assert_int_equal(job->state, GPS_JOB_ASSIGNED);
 
     /* Listed: alive, and its stall timer restarts. */
     job->last_event_us = 1;
-    assert_int_equal(gps_jobs_agent_report(f->j, f->a->id, mine, 7), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->a->id, mine, 7), 0);
     assert_true(job->last_event_us > 1);
     /* Another agent's list says nothing about it. */
-    assert_int_equal(gps_jobs_agent_report(f->j, f->b->id, none, 100), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->b->id, none, 100), 0);
     assert_int_equal(job->state, GPS_JOB_ASSIGNED);
-    assert_int_equal(gps_jobs_agent_assigned(f->j, f->a->id), 1);
+    assert_int_equal(gps_jobs_agent_assigned(f->fl.jobs, f->a->id), 1);
 
     /* Read reply 7 (or later) and the job is not there: gone. */
-    assert_int_equal(gps_jobs_agent_report(f->j, f->a->id, none, 8), 1);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->a->id, none, 8), 1);
     assert_int_equal(job->state, GPS_JOB_QUEUED);   /* requeued: no agent ready */
     assert_int_equal(job->attempts, 1);
-    assert_int_equal(gps_jobs_agent_assigned(f->j, f->a->id), 0);
+    assert_int_equal(gps_jobs_agent_assigned(f->fl.jobs, f->a->id), 0);
     /* The retry goes to the other agent; its delivery is judged afresh. */
     deliver(f, f->b, job, 9);
     assert_int_equal(job->attempts, 2);
-    assert_int_equal(gps_jobs_agent_report(f->j, f->b->id, none, 8), 0);
+    assert_int_equal(gps_jobs_agent_report(f->fl.jobs, f->b->id, none, 8), 0);
     assert_int_equal(job->state, GPS_JOB_ASSIGNED);
     json_decref(none);
     json_decref(mine);
@@ -202,7 +170,7 @@ static void test_progress_event(void **state)
     long long exp;
     char msg[128];
     job->last_event_us = 1;
-    assert_int_equal(gps_jobs_apply_events(f->j, job->id, f->a->id, 0, evs, &cancel, &exp, msg,
+    assert_int_equal(gps_jobs_apply_events(f->fl.jobs, job->id, f->a->id, 0, evs, &cancel, &exp, msg,
                                            sizeof msg), 0);
     assert_true(job->last_event_us > 1);
     assert_int_equal(job->progress_done, 256);

@@ -703,6 +703,65 @@ static void test_restart_loads(void **state)
     sqlite3_close(db);
 }
 
+/* Every start-up load stops at a callback's non-zero value and returns
+ * it (issue 11: load_usage used to stop and return 0, so a caller that
+ * failed on a row, out of memory, started with partial usage). */
+static int stop_agent(void *arg, const gps_store_agent_info *a)
+{
+    (void)a;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_key(void *arg, const gps_store_key_row *k)
+{
+    (void)k;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_job(void *arg, const gps_store_job_info *j)
+{
+    (void)j;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_usage(void *arg, const char *key_id, int64_t day, int64_t requests,
+                      int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
+{
+    (void)key_id, (void)day, (void)requests, (void)prompt_tokens, (void)completion_tokens,
+        (void)rate_limited;
+    return ++*(int *)arg == 1 ? -1 : 0;
+}
+
+static void test_loads_return_the_callbacks_stop(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    for (int i = 0; i < 2; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "aaaaaaaa-2222-4333-8444-55555555555%d", i);
+        gps_store_agent_row ar = {.id = id, .state = "healthy", .last_seen = 5};
+        assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+        snprintf(id, sizeof id, "key_%d", i);
+        gps_store_key_row k = {.id = id, .hash = id, .role = "client", .created_at = 10 + i};
+        assert_int_equal(gps_store_key_insert(s, k), 0);
+        assert_int_equal(gps_store_usage_add(s, id, 3, 1, 2, 3, 0), 0);
+        snprintf(id, sizeof id, "job_%d", i);
+        add_job(s, id, NULL);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    char err[256] = "";
+    int n = 0;
+    assert_int_equal(gps_store_load_agents(s, stop_agent, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_keys(s, stop_key, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_unfinished_jobs(s, stop_job, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_usage(s, 3, stop_usage, &n, err, sizeof err), -1);
+    assert_int_equal(n, 1);
+    gps_store_close(s);
+}
+
 static void test_purge_chunks(void **state)
 {
     tctx *t = *state;
@@ -741,6 +800,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loads_return_the_callbacks_stop, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
