@@ -12,13 +12,14 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/api_openai.h"
+#include "server/poolmeta.h"
+#include "server/reqcheck.h"
+#include "server/toolcalls.h"
+#include "server/errors.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 
-#define MAX_TOKENS_LIMIT 1000000
-#define MAX_MODEL_NAME 256
 #define MAX_STOP_SEQUENCES 64
 #define MAX_STOP_LEN 1024
 #define MAX_USER_ID 4096
@@ -34,10 +35,6 @@
         goto fail;                                                                             \
     } while (0)
 
-static bool absent(const json_t *v)
-{
-    return v == NULL || json_is_null(v);
-}
 
 static void warn(gps_anthropic_req *r, const char *fmt, const char *arg)
 {
@@ -61,7 +58,7 @@ static void sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
 static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char *msg,
                             size_t msglen)
 {
-    if (absent(c))
+    if (gps_absent(c))
         return 0;
     if (json_is_string(c)) {
         sep_append(b, json_string_value(c), json_string_length(c), "\n");
@@ -158,23 +155,6 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
     return 0;
 }
 
-static int get_unit(const json_t *body, const char *key, double *out, char *msg, size_t msglen)
-{
-    const json_t *v = json_object_get(body, key);
-    if (absent(v))
-        return 0;
-    if (!json_is_number(v)) {
-        snprintf(msg, msglen, "%s: must be a number", key);
-        return -1;
-    }
-    double x = json_number_value(v);
-    if (!isfinite(x) || x < 0 || x > 1) {
-        snprintf(msg, msglen, "%s: must be between 0 and 1 (got %g)", key, x);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
 
 static const char *const known_fields[] = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
@@ -379,15 +359,15 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         FAIL("request body must be a JSON object");
 
     const json_t *model = json_object_get(body, "model");
-    if (absent(model))
+    if (gps_absent(model))
         FAIL("model: field required");
     if (!json_is_string(model) || json_string_length(model) == 0 ||
-        json_string_length(model) > MAX_MODEL_NAME)
-        FAIL("model: must be a non-empty string of at most %d bytes", MAX_MODEL_NAME);
+        json_string_length(model) > GPS_MAX_MODEL_NAME)
+        FAIL("model: must be a non-empty string of at most %d bytes", GPS_MAX_MODEL_NAME);
     s->model = strdup(json_string_value(model));
 
     const json_t *mt = json_object_get(body, "max_tokens");
-    if (absent(mt)) {
+    if (gps_absent(mt)) {
         if (!count_only)
             FAIL("max_tokens: field required");
         s->max_tokens = 1;
@@ -397,14 +377,14 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         json_int_t v = json_integer_value(mt);
         if (v < 1)
             FAIL("max_tokens: must be at least 1 (got %lld)", (long long)v);
-        s->max_tokens = v > MAX_TOKENS_LIMIT ? MAX_TOKENS_LIMIT : v;
+        s->max_tokens = v > GPS_MAX_TOKENS_LIMIT ? GPS_MAX_TOKENS_LIMIT : v;
         if (count_only)
             s->max_tokens = 1;
     }
 
     /* system: string or text blocks */
     const json_t *system = json_object_get(body, "system");
-    if (!absent(system)) {
+    if (!gps_absent(system)) {
         if (json_is_string(system)) {
             gp_buf_append(&sys, json_string_value(system), json_string_length(system));
         } else if (json_is_array(system)) {
@@ -426,7 +406,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
 
     /* messages */
     const json_t *m = json_object_get(body, "messages");
-    if (absent(m))
+    if (gps_absent(m))
         FAIL("messages: field required");
     if (!json_is_array(m))
         FAIL("messages: must be an array");
@@ -447,7 +427,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (!is_system && strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)
             FAIL("messages.%zu.role: must be 'user' or 'assistant' (got '%.40s')", i, role);
         const json_t *c = json_object_get(e, "content");
-        if (absent(c))
+        if (gps_absent(c))
             FAIL("messages.%zu.content: field required", i);
         gp_buf text;
         gp_buf_init(&text);
@@ -487,11 +467,13 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     else
         gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
 
-    if (get_unit(body, "temperature", &s->temperature, msg, msglen) < 0 ||
-        get_unit(body, "top_p", &s->top_p, msg, msglen) < 0)
+    if (gps_check_number(body, "temperature", "temperature:", 0, 1, &s->temperature, msg,
+                         msglen) < 0 ||
+        gps_check_number(body, "top_p", "top_p:", 0, 1, &s->top_p, msg,
+                         msglen) < 0)
         goto fail;
     const json_t *tk = json_object_get(body, "top_k");
-    if (!absent(tk)) {
+    if (!gps_absent(tk)) {
         if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
             json_integer_value(tk) > 1000000)
             FAIL("top_k: must be a non-negative integer");
@@ -499,7 +481,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *stops = json_object_get(body, "stop_sequences");
-    if (!absent(stops)) {
+    if (!gps_absent(stops)) {
         if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
             FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
         out->stop_sequences = json_array();
@@ -518,11 +500,11 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *md = json_object_get(body, "metadata");
-    if (!absent(md)) {
+    if (!gps_absent(md)) {
         if (!json_is_object(md))
             FAIL("metadata: must be an object");
         const json_t *uid = json_object_get(md, "user_id");
-        if (!absent(uid)) {
+        if (!gps_absent(uid)) {
             if (!json_is_string(uid) || json_string_length(uid) > MAX_USER_ID)
                 FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
             if (json_string_length(uid) > 0)
@@ -531,7 +513,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *stream = json_object_get(body, "stream");
-    if (!absent(stream)) {
+    if (!gps_absent(stream)) {
         if (!json_is_boolean(stream))
             FAIL("stream: must be a boolean");
         out->stream = json_is_true(stream) && !count_only;
@@ -539,10 +521,10 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
 
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
-    if (!absent(tc) && !json_is_object(tc))
+    if (!gps_absent(tc) && !json_is_object(tc))
         FAIL("tool_choice: must be an object");
     const char *tc_type = json_string_value(json_object_get(tc, "type"));
-    if (!absent(tc)) {
+    if (!gps_absent(tc)) {
         /* Anything else used to become "auto" silently. */
         if (!tc_type || (strcmp(tc_type, "auto") != 0 && strcmp(tc_type, "any") != 0 &&
                          strcmp(tc_type, "tool") != 0 && strcmp(tc_type, "none") != 0))
@@ -553,7 +535,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
              json_string_length(tcn) > 256))
             FAIL("tool_choice.name: a 'tool' choice needs the tool's name (1 to 256 bytes)");
     }
-    if (!absent(tools)) {
+    if (!gps_absent(tools)) {
         if (!json_is_array(tools))
             FAIL("tools: must be an array");
         json_array_foreach(tools, i, e)
@@ -561,7 +543,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             if (!json_is_object(e) || !json_is_string(json_object_get(e, "name")))
                 FAIL("tools.%zu: a tool must be an object with a string 'name'", i);
             const json_t *schema = json_object_get(e, "input_schema");
-            if (!absent(schema) && !json_is_object(schema))
+            if (!gps_absent(schema) && !json_is_object(schema))
                 FAIL("tools.%zu.input_schema: must be an object", i);
         }
         if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
@@ -579,7 +561,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *th = json_object_get(body, "thinking");
-    if (!absent(th)) {
+    if (!gps_absent(th)) {
         if (!json_is_object(th))
             FAIL("thinking: must be an object");
         const char *tt = json_string_value(json_object_get(th, "type"));
@@ -791,7 +773,7 @@ typedef struct an_stream {
     gps_job *job;
     bool stream, count_only, started;
     char id[48];
-    char model[MAX_MODEL_NAME + 1];
+    char model[GPS_MAX_MODEL_NAME + 1];
     char corr[65];
     uint64_t start_us;
     json_t *stops;                 /* owned, may be NULL */
@@ -1176,6 +1158,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             code = "AGENT_ERROR";
         if (!message)
             message = "the job failed";
+        json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
         char full[512];
         if (strcmp(code, "CONTEXT_OVERFLOW") == 0)
             snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
@@ -1183,21 +1166,15 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         else
             snprintf(full, sizeof full, "%s", message);
         if (st->started) {
-            emit_event(st, "error", gps_error_body(GPS_DIALECT_ANTHROPIC, status, code, full,
-                                                   NULL, st->corr, NULL));
+            emit_event(st, "error", gps_error_body_retry(GPS_DIALECT_ANTHROPIC, status, code,
+                                                         full, NULL, st->corr, (int)ra));
             gps_sse_pace_send(st->pace, st->req, &st->out);
             detach_conn(st);
             gps_sse_end(st->req);
         } else {
-            json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
-            if (ra > 0) {
-                char v[32];
-                snprintf(v, sizeof v, "%lld", (long long)ra);
-                evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
-            }
             detach_conn(st);
-            gps_http_send_error(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
-                                st->corr, NULL);
+            gps_send_error_retry(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
+                                 st->corr, (int)ra);
         }
         count_request(c, code, st->start_us);
         st->req = NULL;
@@ -1434,13 +1411,9 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
     gps_job *job = gps_jobs_submit(c->jobs, &areq.spec, r->correlation_id, r->key_id, &e);
     gps_anthropic_req_clear(&areq);
     if (!job) {
-        if (e.retry_after_sec > 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", e.retry_after_sec);
-            gps_req_add_header(r, "Retry-After", v);
-        }
-        gps_http_send_error(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message, NULL,
-                            r->correlation_id, NULL);
+        gps_send_error_retry(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message,
+                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.retry_after_sec);
         count_request(c, e.code, r->start_us);
         stream_free(st);
         return;

@@ -13,15 +13,16 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/api_openai.h"
+#include "server/poolmeta.h"
+#include "server/reqcheck.h"
 #include "server/auth.h"
+#include "server/errors.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "server/store.h"
 #include "server/textcheck.h"
 
-#define MAX_TOKENS_LIMIT 1000000
 #define MAX_STOP 16
 #define MAX_STOP_LEN 1024
 #define NBUCKETS 1024
@@ -36,32 +37,8 @@
 /* Parsing                                                             */
 /* ------------------------------------------------------------------ */
 
-#define FAIL(p, ...)                                                                           \
-    do {                                                                                       \
-        snprintf(msg, msglen, __VA_ARGS__);                                                    \
-        *param = (p);                                                                          \
-        goto fail;                                                                             \
-    } while (0)
 
-static bool absent(const json_t *v)
-{
-    return v == NULL || json_is_null(v);
-}
 
-static int num(const json_t *body, const char *key, double lo, double hi, double *out, char *msg,
-               size_t msglen)
-{
-    const json_t *v = json_object_get(body, key);
-    if (absent(v))
-        return 0;
-    double x = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!json_is_number(v) || !isfinite(x) || x < lo || x > hi) {
-        snprintf(msg, msglen, "'%s' must be a number between %g and %g", key, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
 
 int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                     const char **param)
@@ -74,25 +51,25 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
     *param = NULL;
     msg[0] = '\0';
     if (!json_is_object(body))
-        FAIL(NULL, "request body must be a JSON object");
+        GPS_FAIL(NULL, "request body must be a JSON object");
     const json_t *model = json_object_get(body, "model");
     if (!json_is_string(model) || json_string_length(model) == 0 ||
         json_string_length(model) > 256)
-        FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
+        GPS_FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
     s->model = strdup(json_string_value(model));
 
     const json_t *p = json_object_get(body, "prompt");
     const json_t *m = json_object_get(body, "messages");
-    if (!absent(p) && !absent(m))
-        FAIL("prompt", "give either 'prompt' or 'messages', not both");
-    if (!absent(p)) {
+    if (!gps_absent(p) && !gps_absent(m))
+        GPS_FAIL("prompt", "give either 'prompt' or 'messages', not both");
+    if (!gps_absent(p)) {
         if (!json_is_string(p))
-            FAIL("prompt", "'prompt' must be a string");
+            GPS_FAIL("prompt", "'prompt' must be a string");
         s->kind = GPS_JOB_COMPLETION;
         s->prompt = strdup(json_string_value(p));
-    } else if (!absent(m)) {
+    } else if (!gps_absent(m)) {
         if (!json_is_array(m) || json_array_size(m) == 0)
-            FAIL("messages", "'messages' must be a non-empty array");
+            GPS_FAIL("messages", "'messages' must be a non-empty array");
         s->kind = GPS_JOB_CHAT;
         s->messages = json_array();
         size_t i;
@@ -103,41 +80,43 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             const json_t *c = json_object_get(e, "content");
             if (!role || (strcmp(role, "system") && strcmp(role, "user") &&
                           strcmp(role, "assistant")))
-                FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
+                GPS_FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
             if (!json_is_string(c))
-                FAIL("messages", "messages[%zu].content must be a string", i);
+                GPS_FAIL("messages", "messages[%zu].content must be a string", i);
             json_array_append_new(s->messages, json_pack("{s:s,s:O}", "role", role, "content", c));
         }
     } else {
-        FAIL("prompt", "'prompt' or 'messages' is required");
+        GPS_FAIL("prompt", "'prompt' or 'messages' is required");
     }
 
     const json_t *mt = json_object_get(body, "max_tokens");
     if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
-        json_integer_value(mt) > MAX_TOKENS_LIMIT)
-        FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
-             MAX_TOKENS_LIMIT);
+        json_integer_value(mt) > GPS_MAX_TOKENS_LIMIT)
+        GPS_FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
+             GPS_MAX_TOKENS_LIMIT);
     s->max_tokens = json_integer_value(mt);
-    if (num(body, "temperature", 0, 2, &s->temperature, msg, msglen) < 0) {
+    if (gps_check_number(body, "temperature", "'temperature'", 0, 2, &s->temperature, msg,
+                         msglen) < 0) {
         *param = "temperature";
         goto fail;
     }
-    if (num(body, "top_p", 0, 1, &s->top_p, msg, msglen) < 0) {
+    if (gps_check_number(body, "top_p", "'top_p'", 0, 1, &s->top_p, msg,
+                         msglen) < 0) {
         *param = "top_p";
         goto fail;
     }
     const json_t *tk = json_object_get(body, "top_k");
-    if (!absent(tk)) {
+    if (!gps_absent(tk)) {
         if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
-            FAIL("top_k", "'top_k' must be a non-negative integer");
+            GPS_FAIL("top_k", "'top_k' must be a non-negative integer");
         s->top_k = json_integer_value(tk);
     }
     const json_t *stop = json_object_get(body, "stop");
-    if (!absent(stop)) {
+    if (!gps_absent(stop)) {
         s->stop = json_array();
         if (json_is_string(stop)) {
             if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
-                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
+                GPS_FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
             json_array_append_new(s->stop, json_string(json_string_value(stop)));
         } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
             size_t i;
@@ -146,17 +125,18 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             {
                 if (!json_is_string(e) || json_string_length(e) == 0 ||
                     json_string_length(e) > MAX_STOP_LEN)
-                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i, MAX_STOP_LEN);
+                    GPS_FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
+                             MAX_STOP_LEN);
                 json_array_append_new(s->stop, json_string(json_string_value(e)));
             }
         } else {
-            FAIL("stop", "'stop' must be a string or an array of at most %d strings", MAX_STOP);
+            GPS_FAIL("stop", "'stop' must be a string or an array of at most %d strings", MAX_STOP);
         }
     }
     const json_t *seed = json_object_get(body, "seed");
-    if (!absent(seed)) {
+    if (!gps_absent(seed)) {
         if (!json_is_integer(seed))
-            FAIL("seed", "'seed' must be an integer");
+            GPS_FAIL("seed", "'seed' must be an integer");
         s->seed = json_integer_value(seed);
     } else {
         /* Recorded with the job so the run can be reproduced. */
@@ -165,20 +145,12 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         s->seed = (long long)(r & 0x7fffffff);
     }
     s->has_seed = true;
-    const json_t *pr = json_object_get(body, "priority");
-    if (!absent(pr)) {
-        const char *ps = json_string_value(pr);
-        if (ps && strcmp(ps, "interactive") == 0)
-            s->priority = GPS_PRIO_INTERACTIVE;
-        else if (ps && strcmp(ps, "batch") == 0)
-            s->priority = GPS_PRIO_BATCH;
-        else
-            FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
-    }
+    if (gps_priority_parse(json_object_get(body, "priority"), &s->priority) < 0)
+        GPS_FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
     const json_t *sid = json_object_get(body, "session_id");
-    if (!absent(sid)) {
+    if (!gps_absent(sid)) {
         if (!json_is_string(sid) || json_string_length(sid) == 0 || json_string_length(sid) > 256)
-            FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
+            GPS_FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
         s->session = strdup(json_string_value(sid));
     }
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
@@ -186,7 +158,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         goto fail;
     if (!s->model || (s->kind == GPS_JOB_COMPLETION && !s->prompt) ||
         (s->kind == GPS_JOB_CHAT && !s->messages))
-        FAIL(NULL, "out of memory");
+        GPS_FAIL(NULL, "out of memory");
     return 0;
 fail:
     gps_job_spec_clear(s);
@@ -1015,15 +987,9 @@ static void h_create(gps_req *r, void *arg)
     if (!job) {
         free(t);
         json_decref(events);
-        json_t *extra = NULL;
-        if (e.retry_after_sec > 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", e.retry_after_sec);
-            gps_req_add_header(r, "Retry-After", v);
-            extra = json_pack("{s:{s:i}}", "details", "retry_after_sec", e.retry_after_sec);
-        }
-        gps_http_send_error(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
-                            e.status == 404 ? "model" : NULL, r->correlation_id, extra);
+        gps_send_error_retry(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
+                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.retry_after_sec);
         count_request(g, e.code, r->start_us);
         return;
     }
