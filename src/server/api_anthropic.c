@@ -16,6 +16,7 @@
 #include "server/reqcheck.h"
 #include "server/toolcalls.h"
 #include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
@@ -768,8 +769,7 @@ struct gps_anthropic {
 typedef struct an_stream {
     gps_anthropic *ctx;
     struct evhttp_request *req;    /* NULL once the client is gone */
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;
+    gps_held held;                  /* hold, peer-close watch (held.h) */
     gps_job *job;
     bool stream, count_only, started;
     char id[48];
@@ -812,9 +812,7 @@ static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_
 
 static void stream_free(an_stream *st)
 {
-    gps_conn_watch_free(st->watch);
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    gps_held_release(&st->held);
     json_decref(st->stops);
     json_decref(st->warnings);
     gp_buf_free(&st->pending);
@@ -837,11 +835,7 @@ static void stream_finish(an_stream *st)
 
 static void detach_conn(an_stream *st)
 {
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-    st->evcon = NULL;
+    gps_held_release(&st->held);
 }
 
 static void emit_event(an_stream *st, const char *name, json_t *j)
@@ -1243,18 +1237,18 @@ static void on_writable(void *arg)
 }
 
 /* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_close cancels the job), counted as client_too_slow. */
+ * (on_client_gone cancels the job), counted as client_too_slow. */
 static void on_too_slow(void *arg)
 {
     an_stream *st = arg;
-    if (!st->evcon)
+    if (!st->held.evcon)
         return;
     st->too_slow = true;
     gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
                  json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "events_behind",
                            (json_int_t)(st->dn - st->dh)),
                  "client did not read its stream in time; dropping it");
-    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
+    gps_held_drop(&st->held); /* runs on_client_gone: st is freed */
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
@@ -1312,12 +1306,10 @@ static int defer_push(an_stream *st, struct an_deferred d)
     return 0;
 }
 
-static void on_client_close(struct evhttp_connection *evcon, void *arg)
+static void on_client_gone(void *arg)
 {
     an_stream *st = arg;
-    gps_http_drop_request(st->req);
-    st->req = NULL;
-    st->evcon = NULL;
+    st->req = NULL; /* dropped by held.c */
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
                  json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
                  "client went away; cancelling its job");
@@ -1428,12 +1420,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         json_array_append_new(st->warnings, json_string(w));
     }
     gps_job_subscribe(job, on_job_event, st);
-    st->evcon = evhttp_request_get_connection(r->req);
-    if (st->evcon) {
-        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
-        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
-        st->watch = gps_http_watch_close(r->req);
-    }
+    gps_held_start(&st->held, r->req, true, c->request_timeout_sec + 30, on_client_gone, st);
 }
 
 static void h_messages(gps_req *r, void *arg)

@@ -14,6 +14,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
@@ -533,8 +534,7 @@ struct gps_openai {
 typedef struct oa_stream {
     oa_ctx *ctx;
     struct evhttp_request *req;     /* NULL once the client is gone */
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;          /* peer-close detection while held */
+    gps_held held;                  /* hold, peer-close watch (held.h) */
     gps_job *job;
     bool chat, stream, include_usage;
     bool started;                   /* SSE headers sent */
@@ -572,10 +572,7 @@ static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
 
 static void stream_free(oa_stream *st)
 {
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    gps_held_release(&st->held);
     gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->out);
     gps_sse_pace_free(st->pace);
@@ -597,11 +594,7 @@ static void stream_finish(oa_stream *st)
  * (a keep-alive connection outlives this request). */
 static void detach_conn(oa_stream *st)
 {
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-    st->evcon = NULL;
+    gps_held_release(&st->held);
 }
 
 static void emit_json(oa_stream *st, json_t *j)
@@ -806,18 +799,18 @@ static void on_writable(void *arg)
 }
 
 /* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_close cancels the job), counted as client_too_slow. */
+ * (on_client_gone cancels the job), counted as client_too_slow. */
 static void on_too_slow(void *arg)
 {
     oa_stream *st = arg;
-    if (!st->evcon)
+    if (!st->held.evcon)
         return;
     st->too_slow = true;
     gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
                  json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "behind_bytes",
                            (json_int_t)(st->job ? st->job->text.len - st->sent : 0)),
                  "client did not read its stream in time; dropping it");
-    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
+    gps_held_drop(&st->held); /* runs on_client_gone: st is freed */
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
@@ -853,12 +846,10 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
 
 /* The client closed its connection: evhttp frees the request after this
  * returns. Cancel the job; the agent learns it on its next upload. */
-static void on_client_close(struct evhttp_connection *evcon, void *arg)
+static void on_client_gone(void *arg)
 {
     oa_stream *st = arg;
-    gps_http_drop_request(st->req);
-    st->req = NULL;
-    st->evcon = NULL; /* closing: its callbacks are not ours to clear */
+    st->req = NULL; /* dropped by held.c */
     gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
                  json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
                  "client went away; cancelling its job");
@@ -929,14 +920,9 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     /* The model that serves (a fallback may have taken the request). */
     snprintf(st->model, sizeof st->model, "%s", job->spec.model);
     gps_job_subscribe(job, on_job_event, st);
-    st->evcon = evhttp_request_get_connection(r->req);
-    if (st->evcon) {
-        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
-        /* The connection may sit silent while the job is queued or the
-         * model thinks: give it the whole request budget, not idle_timeout. */
-        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
-        st->watch = gps_http_watch_close(r->req);
-    }
+    /* The connection may sit silent while the job is queued or the model
+     * thinks: give it the whole request budget, not idle_timeout. */
+    gps_held_start(&st->held, r->req, true, c->request_timeout_sec + 30, on_client_gone, st);
 }
 
 static void h_completions(gps_req *r, void *arg)

@@ -17,6 +17,7 @@
 #include "server/reqcheck.h"
 #include "server/auth.h"
 #include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
@@ -188,8 +189,7 @@ typedef struct task_sub {
     gps_tasks *owner;
     task *t;                      /* NULL once detached */
     struct evhttp_request *req;
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;
+    gps_held held;                /* hold, peer-close watch (held.h) */
     uint64_t last_write_us;
     /* Backpressure (sse.h): events[0..ev_sent) were written; the rest wait
      * in the task's event log while the client is behind. A long event
@@ -331,11 +331,7 @@ static void sse_frame(gp_buf *out, const json_t *ev)
 
 static void sub_detach_conn(task_sub *s)
 {
-    gps_conn_watch_free(s->watch);
-    s->watch = NULL;
-    if (s->evcon)
-        evhttp_connection_set_closecb(s->evcon, NULL, NULL);
-    s->evcon = NULL;
+    gps_held_release(&s->held);
 }
 
 static void sub_remove(task *t, task_sub *s)
@@ -1156,37 +1152,27 @@ typedef enum { COLD_STATUS, COLD_EVENTS, COLD_DELETE } cold_kind;
 typedef struct cold_req {
     gps_tasks *g;
     cold_kind kind;
-    struct evhttp_request *req;   /* NULL once the client left */
-    struct evhttp_connection *evcon;
+    gps_held held;                /* held.req: NULL once the client left */
     char corr[65];
     char key_id[65];
     long long last_id;
 } cold_req;
 
-static void cold_close(struct evhttp_connection *evcon, void *arg)
-{
-    cold_req *c = arg;
-    gps_http_drop_request(c->req);
-    c->req = NULL;
-    c->evcon = NULL;
-}
-
 static void cold_done(void *arg, int status, const gps_store_job_info *j)
 {
     cold_req *c = arg;
-    if (!c->req) {
+    if (!c->held.req) {
         free(c);
         return;
     }
-    if (c->evcon)
-        evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    gps_held_release(&c->held);
     if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
         !may_see(c->g, c->key_id, j->key_id)) {
         if (status < 0)
-            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
                                 "the task store could not be read", NULL, c->corr, NULL);
         else
-            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
                                 "no such task", NULL, c->corr, NULL);
         free(c);
         return;
@@ -1194,12 +1180,13 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
     if (c->kind != COLD_EVENTS) {
         /* A task out of memory is finished (or was failed at a restart):
          * DELETE has nothing left to cancel. */
-        gps_http_send_json(c->req, 200, status_cold(j));
+        gps_http_send_json(c->held.req, 200, status_cold(j));
         free(c);
         return;
     }
-    evhttp_add_header(evhttp_request_get_output_headers(c->req), "X-Gpupool-Replay", "store");
-    gps_sse_start(c->req);
+    evhttp_add_header(evhttp_request_get_output_headers(c->held.req), "X-Gpupool-Replay",
+                      "store");
+    gps_sse_start(c->held.req);
     gp_buf out;
     gp_buf_init(&out);
     /* The stored event log (job_events): exactly the events after last_id. */
@@ -1245,9 +1232,9 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
         sse_frame(&out, ev);
         json_decref(ev);
     }
-    gps_sse_send(c->req, &out);
+    gps_sse_send(c->held.req, &out);
     gp_buf_free(&out);
-    gps_sse_end(c->req);
+    gps_sse_end(c->held.req);
     free(c);
 }
 
@@ -1261,16 +1248,12 @@ static void cold_lookup(gps_tasks *g, gps_req *r, cold_kind kind, long long last
     }
     c->g = g;
     c->kind = kind;
-    c->req = r->req;
     c->last_id = last_id;
     snprintf(c->corr, sizeof c->corr, "%s", r->correlation_id);
     snprintf(c->key_id, sizeof c->key_id, "%s", r->key_id);
-    c->evcon = evhttp_request_get_connection(r->req);
-    if (c->evcon)
-        evhttp_connection_set_closecb(c->evcon, cold_close, c);
+    gps_held_start(&c->held, r->req, false, 0, NULL, NULL);
     if (gps_store_job_get_async(g->store, r->params[0], cold_done, c) < 0) {
-        if (c->evcon)
-            evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+        gps_held_release(&c->held);
         free(c);
         gps_req_error(r, 500, "INTERNAL", "the task store could not be read", NULL);
     }
@@ -1304,12 +1287,10 @@ static void h_delete(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 
-static void sub_close(struct evhttp_connection *evcon, void *arg)
+static void sub_gone(void *arg)
 {
     task_sub *s = arg;
-    gps_http_drop_request(s->req);
-    s->req = NULL;
-    s->evcon = NULL;
+    s->req = NULL; /* dropped by held.c */
     if (s->t)
         sub_remove(s->t, s);
     sub_free(s); /* the task keeps running: a task outlives its watchers */
@@ -1322,19 +1303,19 @@ static void sub_writable(void *arg)
         sub_catch_up(s->t, s);
 }
 
-/* Behind for slow_client_timeout_sec: drop the connection (sub_close runs
+/* Behind for slow_client_timeout_sec: drop the connection (sub_gone runs
  * and frees s). The task keeps running: the client resumes with
  * Last-Event-ID. */
 static void sub_too_slow(void *arg)
 {
     task_sub *s = arg;
-    if (!s->evcon)
+    if (!s->held.evcon)
         return;
     gp_log_write(GP_LOG_WARN, "client_too_slow", NULL,
                  json_pack("{s:s,s:I}", "job_id", s->t ? s->t->id : "", "next_event",
                            (json_int_t)s->ev_sent + 1),
                  "client did not read its task events in time; dropping it");
-    gps_sse_pace_drop(s->evcon);
+    gps_held_drop(&s->held);
 }
 
 static void h_events(gps_req *r, void *arg)
@@ -1393,12 +1374,7 @@ static void h_events(gps_req *r, void *arg)
     s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
     s->next = t->subs;
     t->subs = s;
-    s->evcon = evhttp_request_get_connection(r->req);
-    if (s->evcon) {
-        evhttp_connection_set_closecb(s->evcon, sub_close, s);
-        evhttp_connection_set_timeout(s->evcon, g->request_timeout_sec + 30);
-        s->watch = gps_http_watch_close(r->req);
-    }
+    gps_held_start(&s->held, r->req, true, g->request_timeout_sec + 30, sub_gone, s);
     /* The replay goes out paced, then the live events (task_emit). */
     sub_catch_up(t, s);
 }
