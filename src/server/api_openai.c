@@ -16,6 +16,7 @@
 #include "server/errors.h"
 #include "server/held.h"
 #include "server/http.h"
+#include "server/relay.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 
@@ -532,25 +533,18 @@ struct gps_openai {
  * reply is complete or the client went away (never while the job still
  * calls it: unsubscribe first, which only marks). */
 typedef struct oa_stream {
+    gps_relay rl;                   /* the client side (relay.h) */
     oa_ctx *ctx;
-    struct evhttp_request *req;     /* NULL once the client is gone */
-    gps_held held;                  /* hold, peer-close watch (held.h) */
-    gps_job *job;
     bool chat, stream, include_usage;
-    bool started;                   /* SSE headers sent */
     char id[48];
     long long created;
     char model[GPS_MAX_MODEL_NAME + 1];
-    char corr[65];
-    uint64_t start_us;
     bool tools_ignored;             /* the request's tools were dropped (warning) */
     gps_tool_calls calls;           /* tool calls relayed so far */
-    gp_buf out;
     /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
      * follows waits in the job's text while the client is behind, and the
      * other events that came meanwhile wait here (references) with the
      * text offset they followed. */
-    gps_sse_pace *pace;
     size_t sent;
     struct oa_deferred {
         gps_event_type type;
@@ -558,62 +552,53 @@ typedef struct oa_stream {
         size_t at;
     } *dv;
     size_t dn, dcap;
-    bool too_slow;                  /* dropped by the pace: outcome client_too_slow */
 } oa_stream;
 
 /* Text of a catch-up chunk: large enough to drain quickly, small enough
  * that one chunk stays well under client_buffer_bytes. */
 #define CATCHUP_SLICE (16 * 1024)
 
-static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
 {
-    gps_metrics_request(c->metrics, "openai", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
+    oa_stream *st = arg;
+    return st->rl.job ? (long long)(st->rl.job->text.len - st->sent) : 0;
 }
 
-static void stream_free(oa_stream *st)
+static void stream_free(void *arg)
 {
-    gps_held_release(&st->held);
+    oa_stream *st = arg;
+    gps_relay_clear(&st->rl);
     gps_tool_calls_free(&st->calls);
-    gp_buf_free(&st->out);
-    gps_sse_pace_free(st->pace);
     for (size_t i = 0; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
     free(st);
 }
 
-/* The reply is complete (or can never be): detach from the job and free. */
-static void stream_finish(oa_stream *st)
-{
-    if (st->job)
-        gps_job_unsubscribe(st->job, NULL, st);
-    stream_free(st);
-}
-
-/* Before the final reply: stop watching and forget the close callback
- * (a keep-alive connection outlives this request). */
-static void detach_conn(oa_stream *st)
-{
-    gps_held_release(&st->held);
-}
+static const gps_relay_ops OPS = {
+    .api = "openai",
+    .dialect = GPS_DIALECT_OPENAI,
+    .error_event = NULL,
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
 
 static void emit_json(oa_stream *st, json_t *j)
 {
-    gps_sse_format_json(&st->out, NULL, NULL, j);
+    gps_sse_format_json(&st->rl.out, NULL, NULL, j);
     json_decref(j);
 }
 
-static void on_writable(void *arg);
-static void on_too_slow(void *arg);
-
 static void ensure_started(oa_stream *st)
 {
-    if (st->started)
+    if (st->rl.started)
         return;
-    st->started = true;
-    gps_pool_headers(st->req, st->job);
-    gps_sse_start(st->req);
-    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
+    gps_relay_start(&st->rl);
     if (st->chat)
         emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
                                        st->include_usage));
@@ -634,7 +619,7 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
 static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
     oa_ctx *c = st->ctx;
-    bool first = !st->started;
+    bool first = !st->rl.started;
     ensure_started(st);
     json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false, NULL,
                                      st->include_usage);
@@ -645,11 +630,10 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
     else
         json_object_set_new(choice, "text", tx);
     emit_json(st, chunk);
-    gps_sse_pace_send(st->pace, st->req, &st->out);
-    gps_job_mark_output_sent(job);
+    gps_relay_send_output(&st->rl);
     if (first)
         gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                         (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                         (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
 /* One event, rendered now. Returns true when st was freed (the reply is
@@ -675,7 +659,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
         }
         json_object_set_new(tc, "function", fn);
-        bool first = !st->started;
+        bool first = !st->rl.started;
         ensure_started(st);
         json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
                                          NULL, st->include_usage);
@@ -683,11 +667,10 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                                             "delta"),
                             "tool_calls", json_pack("[o]", tc));
         emit_json(st, chunk);
-        gps_sse_pace_send(st->pace, st->req, &st->out);
-        gps_job_mark_output_sent(job);
+        gps_relay_send_output(&st->rl);
         if (first)
             gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         return false;
     }
     if (type == GPS_EV_END) {
@@ -707,10 +690,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));
-            gps_sse_format(&st->out, NULL, NULL, "[DONE]");
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
+            gps_sse_format(&st->rl.out, NULL, NULL, "[DONE]");
         } else {
             json_t *meta = stream_meta(st, job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
@@ -723,43 +703,17 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                 if (!job->text.len) /* OpenAI: content null when only tools were called */
                     json_object_set_new(m, "content", json_null());
             }
-            gps_pool_headers(st->req, job);
-            detach_conn(st);
-            gps_http_send_json(st->req, 200, body);
+            if (job->first_token_us)
+                gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                                 (double)(job->first_token_us - st->rl.start_us) / 1e6);
+            gps_relay_end_body(&st->rl, body, true);
+            return true;
         }
-        if (!st->stream && job->first_token_us)
-            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(job->first_token_us - st->start_us) / 1e6);
-        count_request(c, "ok", st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_end_stream(&st->rl);
         return true;
     }
     if (type == GPS_EV_ERROR) {
-        const char *code = json_string_value(json_object_get(ev, "code"));
-        const char *message = json_string_value(json_object_get(ev, "message"));
-        int status = (int)json_integer_value(json_object_get(ev, "status"));
-        if (status < 400 || status > 599)
-            status = 502;
-        if (!code)
-            code = "AGENT_ERROR";
-        if (!message)
-            message = "the job failed";
-        int ra = (int)json_integer_value(json_object_get(ev, "retry_after"));
-        if (st->started) {
-            emit_json(st, gps_error_body_retry(GPS_DIALECT_OPENAI, status, code, message, NULL,
-                                               st->corr, ra));
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
-        } else {
-            detach_conn(st);
-            gps_send_error_retry(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
-                                 st->corr, ra);
-        }
-        count_request(c, code, st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_fail(&st->rl, ev, NULL);
         return true;
     }
     return false;
@@ -769,11 +723,11 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
  * waited) while the client keeps up. Returns true when st was freed. */
 static bool catch_up(oa_stream *st)
 {
-    gps_job *job = st->job;
-    while (st->req) {
+    gps_job *job = st->rl.job;
+    while (st->rl.req) {
         size_t limit = st->dn ? st->dv[0].at : job->text.len;
         if (st->sent < limit) {
-            if (gps_sse_pace_blocked(st->pace))
+            if (gps_relay_blocked(&st->rl))
                 return false; /* on_writable resumes */
             size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
                                           CATCHUP_SLICE);
@@ -798,25 +752,10 @@ static void on_writable(void *arg)
     catch_up(arg);
 }
 
-/* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_gone cancels the job), counted as client_too_slow. */
-static void on_too_slow(void *arg)
-{
-    oa_stream *st = arg;
-    if (!st->held.evcon)
-        return;
-    st->too_slow = true;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
-                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "behind_bytes",
-                           (json_int_t)(st->job ? st->job->text.len - st->sent : 0)),
-                 "client did not read its stream in time; dropping it");
-    gps_held_drop(&st->held); /* runs on_client_gone: st is freed */
-}
-
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     oa_stream *st = arg;
-    if (!st->req)
+    if (!st->rl.req)
         return;
     if (!st->stream) {
         handle_event(st, job, type, ev);
@@ -844,29 +783,11 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     st->dv[st->dn++] = (struct oa_deferred){type, json_incref(ev), job->text.len};
 }
 
-/* The client closed its connection: evhttp frees the request after this
- * returns. Cancel the job; the agent learns it on its next upload. */
-static void on_client_gone(void *arg)
-{
-    oa_stream *st = arg;
-    st->req = NULL; /* dropped by held.c */
-    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
-                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
-                 "client went away; cancelling its job");
-    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
-    if (st->job) {
-        gps_job_unsubscribe(st->job, NULL, st);
-        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
-        st->job = NULL;
-    }
-    stream_free(st);
-}
-
 static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
 {
     json_t *body = gps_req_json(r);
     if (!body) {
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;
     }
     gps_openai_req oreq;
@@ -875,8 +796,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     int rc = gps_openai_parse(body, chat, &oreq, msg, sizeof msg, &param);
     json_decref(body);
     if (rc < 0) {
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
         return;
     }
     oa_stream *st = calloc(1, sizeof *st);
@@ -885,8 +805,8 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
     st->ctx = c;
-    st->req = r->req;
     st->chat = chat;
     st->stream = oreq.stream;
     st->include_usage = oreq.include_usage;
@@ -900,29 +820,13 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     }
     st->created = gp_now_wall_ms() / 1000;
     snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
-    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
-    st->start_us = r->start_us;
-    gp_buf_init(&st->out);
-
-    gps_submit_err e;
-    gps_job *job = gps_jobs_submit(c->jobs, &oreq.spec, r->correlation_id, r->key_id, &e);
-    gps_job_spec_clear(&oreq.spec);
+    gps_job *job = gps_relay_submit(&st->rl, &oreq.spec, r, c->request_timeout_sec + 30);
     if (!job) {
-        gps_send_error_retry(r->req, GPS_DIALECT_OPENAI, e.status, e.code, e.message,
-                             e.status == 404 ? "model" : NULL, r->correlation_id,
-                             e.retry_after_sec);
-        count_request(c, e.code, r->start_us);
-        gp_buf_free(&st->out);
-        free(st);
+        stream_free(st);
         return;
     }
-    st->job = job;
     /* The model that serves (a fallback may have taken the request). */
     snprintf(st->model, sizeof st->model, "%s", job->spec.model);
-    gps_job_subscribe(job, on_job_event, st);
-    /* The connection may sit silent while the job is queued or the model
-     * thinks: give it the whole request budget, not idle_timeout. */
-    gps_held_start(&st->held, r->req, true, c->request_timeout_sec + 30, on_client_gone, st);
 }
 
 static void h_completions(gps_req *r, void *arg)
