@@ -13,6 +13,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/poolmeta.h"
+#include "server/relay.h"
 #include "server/reqcheck.h"
 #include "server/toolcalls.h"
 #include "server/errors.h"
@@ -767,15 +768,11 @@ struct gps_anthropic {
 /* One in-flight client request, subscriber of its job (as in api_openai:
  * freed when the reply is complete or the client went away). */
 typedef struct an_stream {
+    gps_relay rl;                  /* the client side (relay.h) */
     gps_anthropic *ctx;
-    struct evhttp_request *req;    /* NULL once the client is gone */
-    gps_held held;                  /* hold, peer-close watch (held.h) */
-    gps_job *job;
-    bool stream, count_only, started;
+    bool stream, count_only;
     char id[48];
     char model[GPS_MAX_MODEL_NAME + 1];
-    char corr[65];
-    uint64_t start_us;
     json_t *stops;                 /* owned, may be NULL */
     json_t *warnings;              /* owned */
     gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
@@ -785,7 +782,6 @@ typedef struct an_stream {
     int open_call;                 /* ... the tool call it shows (tool_use block) */
     int next_block;                /* index the next content block gets */
     gp_buf text;                   /* emitted text (non-streaming body) */
-    gp_buf out;                    /* SSE bytes to send */
     /* Streaming backpressure (sse.h): while the client is behind, the
      * job's events wait here and are rendered in order once its output
      * drains, so the stop-sequence holdback and the content-block state
@@ -794,53 +790,51 @@ typedef struct an_stream {
      * token in order): what waits costs a few words, not a copy of the
      * stream. Other events (tool calls, end, error) are references.
      * dv[dh..dn) waits. */
-    gps_sse_pace *pace;
     struct an_deferred {
         gps_event_type type;
         json_t *ev;                /* NULL for a token run */
         size_t off, len;           /* token run: bytes of job->text */
     } *dv;
     size_t dh, dn, dcap;
-    bool too_slow;                 /* dropped by the pace: outcome client_too_slow */
 } an_stream;
 
-static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_us)
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
 {
-    gps_metrics_request(c->metrics, "anthropic", outcome,
-                        (double)(gp_now_mono_us() - start_us) / 1e6);
+    an_stream *st = arg;
+    return (long long)(st->dn - st->dh); /* events waiting */
 }
 
-static void stream_free(an_stream *st)
+static void stream_free(void *arg)
 {
-    gps_held_release(&st->held);
+    an_stream *st = arg;
+    gps_relay_clear(&st->rl);
     json_decref(st->stops);
     json_decref(st->warnings);
     gp_buf_free(&st->pending);
     gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->text);
-    gp_buf_free(&st->out);
-    gps_sse_pace_free(st->pace);
     for (size_t i = st->dh; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
     free(st);
 }
 
-static void stream_finish(an_stream *st)
-{
-    if (st->job)
-        gps_job_unsubscribe(st->job, NULL, st);
-    stream_free(st);
-}
-
-static void detach_conn(an_stream *st)
-{
-    gps_held_release(&st->held);
-}
+static const gps_relay_ops OPS = {
+    .api = "anthropic",
+    .dialect = GPS_DIALECT_ANTHROPIC,
+    .error_event = "error",
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
 
 static void emit_event(an_stream *st, const char *name, json_t *j)
 {
-    gps_sse_format_json(&st->out, name, NULL, j);
+    gps_sse_format_json(&st->rl.out, name, NULL, j);
     json_decref(j);
 }
 
@@ -867,19 +861,6 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
             json_array_append(list, w);
     }
     return meta;
-}
-
-static void add_pool_headers(struct evhttp_request *req, gps_job *job)
-{
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    if (job->agent_id[0])
-        evhttp_add_header(h, "x-pool-agent", job->agent_id);
-    char q[32];
-    snprintf(q, sizeof q, "%lld", job->queue_ms);
-    evhttp_add_header(h, "x-pool-queue-ms", q);
-    snprintf(q, sizeof q, "%d", job->attempts);
-    evhttp_add_header(h, "x-pool-attempts", q);
-    evhttp_add_header(h, "x-pool-model", job->spec.model);
 }
 
 /* Streaming content blocks: at most one open at a time, each closed by
@@ -921,21 +902,15 @@ static void ensure_started(an_stream *st)
     ensure_started_as(st, true);
 }
 
-static void on_writable(void *arg);
-static void on_too_slow(void *arg);
-
 static void ensure_started_as(an_stream *st, bool with_text)
 {
-    if (st->started)
+    if (st->rl.started)
         return;
-    st->started = true;
-    add_pool_headers(st->req, st->job);
-    gps_sse_start(st->req);
-    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
+    gps_relay_start(&st->rl);
     json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
                             "message", "role", "assistant", "content", "model", st->model,
                             "stop_reason", "stop_sequence", "usage",
-                            usage_json(st->job->prompt_tokens, 0));
+                            usage_json(st->rl.job->prompt_tokens, 0));
     if (msg && json_array_size(st->warnings))
         json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
     emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
@@ -962,7 +937,7 @@ static void emit_text(an_stream *st, const char *t, size_t n)
     emit_event(st, "content_block_delta",
                json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index",
                          st->open_block, "delta", "type", "text_delta", "text", tx));
-    gps_job_mark_output_sent(st->job);
+    gps_relay_send_output(&st->rl);
 }
 
 /* Non-streaming body: the tool_use blocks after the text (an empty text
@@ -1024,11 +999,10 @@ static void stream_tool_call(an_stream *st, int i, bool started, const char *arg
 /* The reply is complete: send its end and free st. */
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
-    gps_anthropic *c = st->ctx;
     long long in = job->prompt_tokens, out = job->completion_tokens;
     if (st->count_only) {
-        detach_conn(st);
-        gps_http_send_json(st->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t)in));
+        /* count_tokens stays a plain request: no x-pool-* headers */
+        gps_relay_end_body(&st->rl, json_pack("{s:I}", "input_tokens", (json_int_t)in), false);
     } else if (st->stream) {
         ensure_started(st);
         close_block(st);
@@ -1040,22 +1014,15 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
             json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
         emit_event(st, "message_delta", md);
         emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-        gps_sse_pace_send(st->pace, st->req, &st->out);
-        detach_conn(st);
-        gps_sse_end(st->req);
+        gps_relay_end_stream(&st->rl);
     } else {
         json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
                                              stop_reason, stop_seq, in, out,
                                              pool_meta(st, job, true));
         if (st->calls.n > 0)
             add_tool_use_blocks(st, body);
-        add_pool_headers(st->req, job);
-        detach_conn(st);
-        gps_http_send_json(st->req, 200, body);
+        gps_relay_end_body(&st->rl, body, true);
     }
-    count_request(c, "ok", st->start_us);
-    st->req = NULL;
-    stream_finish(st);
 }
 
 /* One event, rendered now. Returns true when st was freed. */
@@ -1064,10 +1031,10 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
     gps_anthropic *c = st->ctx;
     if (type == GPS_EV_TOKEN && !st->count_only) {
         const char *text = json_string_value(json_object_get(ev, "text"));
-        if (st->stream && !st->started) {
+        if (st->stream && !st->rl.started) {
             ensure_started(st);
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         }
         /* Issue 10 item 1: a requeue before output reached the client
          * drops the job's text (jobs.c fail_over) and the next attempt
@@ -1106,7 +1073,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gp_buf_consume(&st->pending, safe);
         }
         if (st->stream)
-            gps_sse_pace_send(st->pace, st->req, &st->out);
+            gps_relay_send(&st->rl);
         return false;
     }
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
@@ -1114,10 +1081,10 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0)
             return false;
-        if (st->stream && !st->started) {
+        if (st->stream && !st->rl.started) {
             ensure_started_as(st, st->pending.len > 0);
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         }
         /* Text held back for a stop sequence goes out before the call. */
         emit_text(st, st->pending.data, st->pending.len);
@@ -1125,8 +1092,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         if (st->stream) {
             stream_tool_call(st, i, started,
                              json_string_value(json_object_get(ev, "arguments")));
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            gps_job_mark_output_sent(job);
+            gps_relay_send_output(&st->rl);
         }
         return false;
     }
@@ -1135,7 +1101,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         gp_buf_consume(&st->pending, st->pending.len);
         if (!st->stream && job->first_token_us)
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(job->first_token_us - st->start_us) / 1e6);
+                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
@@ -1145,34 +1111,13 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
     if (type == GPS_EV_ERROR) {
         const char *code = json_string_value(json_object_get(ev, "code"));
         const char *message = json_string_value(json_object_get(ev, "message"));
-        int status = (int)json_integer_value(json_object_get(ev, "status"));
-        if (status < 400 || status > 599)
-            status = 502;
-        if (!code)
-            code = "AGENT_ERROR";
-        if (!message)
-            message = "the job failed";
-        json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
         char full[512];
-        if (strcmp(code, "CONTEXT_OVERFLOW") == 0)
+        if (code && strcmp(code, "CONTEXT_OVERFLOW") == 0) {
             snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
-                     message);
-        else
-            snprintf(full, sizeof full, "%s", message);
-        if (st->started) {
-            emit_event(st, "error", gps_error_body_retry(GPS_DIALECT_ANTHROPIC, status, code,
-                                                         full, NULL, st->corr, (int)ra));
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
-        } else {
-            detach_conn(st);
-            gps_send_error_retry(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
-                                 st->corr, (int)ra);
+                     message ? message : "the job failed");
+            message = full;
         }
-        count_request(c, code, st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_fail(&st->rl, ev, message);
         return true;
     }
     return false;
@@ -1187,25 +1132,20 @@ static int defer_push(an_stream *st, struct an_deferred d);
  * when st was freed. */
 static bool catch_up(an_stream *st)
 {
-    while (st->req && st->dh < st->dn) {
-        if (gps_sse_pace_blocked(st->pace))
+    while (st->rl.req && st->dh < st->dn) {
+        if (gps_relay_blocked(&st->rl))
             return false; /* on_writable resumes */
         struct an_deferred *d = &st->dv[st->dh];
         if (d->type == GPS_EV_TOKEN && !d->ev) {
-            if (!st->job || d->off + d->len > st->job->text.len) {
+            if (!st->rl.job || d->off + d->len > st->rl.job->text.len) {
                 st->dh++; /* the text is gone (cannot happen once output was sent) */
                 continue;
             }
             /* A slice of at most CATCH_UP_SLICE bytes, cut at a character
              * boundary (the job's text is valid UTF-8), so one delta never
              * outgrows the client's buffer by much. */
-            const char *t = st->job->text.data + d->off;
-            size_t n = d->len;
-            if (n > CATCH_UP_SLICE) {
-                n = CATCH_UP_SLICE;
-                while (n > 0 && ((unsigned char)t[n] & 0xC0) == 0x80)
-                    n--;
-            }
+            const char *t = st->rl.job->text.data + d->off;
+            size_t n = gps_sse_utf8_slice(t, d->len, CATCH_UP_SLICE);
             json_t *ev = json_pack("{s:s,s:s%}", "type", "token", "text", t, n);
             d->off += n;
             d->len -= n;
@@ -1213,7 +1153,7 @@ static bool catch_up(an_stream *st)
                 st->dh++;
             if (!ev)
                 continue; /* ENOMEM: that slice is lost; the stream goes on */
-            bool freed = handle_event(st, st->job, GPS_EV_TOKEN, ev);
+            bool freed = handle_event(st, st->rl.job, GPS_EV_TOKEN, ev);
             json_decref(ev);
             if (freed)
                 return true;
@@ -1221,7 +1161,7 @@ static bool catch_up(an_stream *st)
         }
         struct an_deferred one = *d;
         st->dh++;
-        bool freed = handle_event(st, st->job, one.type, one.ev);
+        bool freed = handle_event(st, st->rl.job, one.type, one.ev);
         json_decref(one.ev);
         if (freed)
             return true;
@@ -1236,28 +1176,13 @@ static void on_writable(void *arg)
     catch_up(arg);
 }
 
-/* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_gone cancels the job), counted as client_too_slow. */
-static void on_too_slow(void *arg)
-{
-    an_stream *st = arg;
-    if (!st->held.evcon)
-        return;
-    st->too_slow = true;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
-                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "events_behind",
-                           (json_int_t)(st->dn - st->dh)),
-                 "client did not read its stream in time; dropping it");
-    gps_held_drop(&st->held); /* runs on_client_gone: st is freed */
-}
-
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     an_stream *st = arg;
-    if (!st->req)
+    if (!st->rl.req)
         return;
     if (!st->stream || st->count_only ||
-        (st->dh == st->dn && !gps_sse_pace_blocked(st->pace))) {
+        (st->dh == st->dn && !gps_relay_blocked(&st->rl))) {
         handle_event(st, job, type, ev);
         return;
     }
@@ -1306,22 +1231,6 @@ static int defer_push(an_stream *st, struct an_deferred d)
     return 0;
 }
 
-static void on_client_gone(void *arg)
-{
-    an_stream *st = arg;
-    st->req = NULL; /* dropped by held.c */
-    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
-                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
-                 "client went away; cancelling its job");
-    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
-    if (st->job) {
-        gps_job_unsubscribe(st->job, NULL, st);
-        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
-        st->job = NULL;
-    }
-    stream_free(st);
-}
-
 /* What the live agents serving model report: the smallest context length
  * (0 = unknown). */
 typedef struct model_facts {
@@ -1352,7 +1261,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
 {
     json_t *body = gps_req_json(r);
     if (!body) {
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;
     }
     gps_anthropic_req areq;
@@ -1371,8 +1280,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
             gps_anthropic_req_clear(&areq);
     }
     if (rc < 0) {
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, NULL);
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, NULL);
         return;
     }
     if (count_only)
@@ -1383,34 +1291,25 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
     st->ctx = c;
-    st->req = r->req;
     st->stream = areq.stream;
     st->count_only = count_only;
     gp_id_new("msg_", st->id, sizeof st->id);
     snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
-    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
-    st->start_us = r->start_us;
     st->stops = areq.stop_sequences;
     st->warnings = areq.warnings;
     areq.stop_sequences = areq.warnings = NULL;
     gp_buf_init(&st->pending);
     gp_buf_init(&st->text);
     st->open_block = -1;
-    gp_buf_init(&st->out);
 
-    gps_submit_err e;
-    gps_job *job = gps_jobs_submit(c->jobs, &areq.spec, r->correlation_id, r->key_id, &e);
+    gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
     gps_anthropic_req_clear(&areq);
     if (!job) {
-        gps_send_error_retry(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message,
-                             e.status == 404 ? "model" : NULL, r->correlation_id,
-                             e.retry_after_sec);
-        count_request(c, e.code, r->start_us);
         stream_free(st);
         return;
     }
-    st->job = job;
     /* The model that serves (a fallback may have taken the request). */
     snprintf(st->model, sizeof st->model, "%s", job->spec.model);
     if (job->requested_model) {
@@ -1419,8 +1318,6 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
                  job->requested_model, job->spec.model);
         json_array_append_new(st->warnings, json_string(w));
     }
-    gps_job_subscribe(job, on_job_event, st);
-    gps_held_start(&st->held, r->req, true, c->request_timeout_sec + 30, on_client_gone, st);
 }
 
 static void h_messages(gps_req *r, void *arg)
