@@ -23,7 +23,6 @@
 #include "server/sse.h"
 
 #define MAX_STOP_SEQUENCES 64
-#define MAX_STOP_LEN 1024
 #define MAX_USER_ID 4096
 #define BYTES_PER_TOKEN_MAX 8   /* see the header: lower bound of the token count */
 
@@ -490,9 +489,9 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         json_array_foreach(stops, i, e)
         {
             if (!json_is_string(e) || json_string_length(e) == 0 ||
-                json_string_length(e) > MAX_STOP_LEN)
+                json_string_length(e) > GPS_MAX_STOP_LEN)
                 FAIL("stop_sequences.%zu: must be a non-empty string of at most %d bytes", i,
-                     MAX_STOP_LEN);
+                     GPS_MAX_STOP_LEN);
             json_array_append_new(out->stop_sequences, json_string(json_string_value(e)));
         }
         if (json_array_size(out->stop_sequences) == 0) {
@@ -759,11 +758,6 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-struct gps_anthropic {
-    gps_jobs *jobs;
-    gps_metrics *metrics;
-    int request_timeout_sec;
-};
 
 /* One in-flight client request, subscriber of its job (as in api_openai:
  * freed when the reply is complete or the client went away). */
@@ -1062,7 +1056,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             if (hit >= 0) {
                 /* Matched here: finish the reply, then the job (which tells
                  * the agent to stop). st is freed by complete. */
-                char seq[MAX_STOP_LEN + 1];
+                char seq[GPS_MAX_STOP_LEN + 1];
                 snprintf(seq, sizeof seq, "%s",
                          json_string_value(json_array_get(st->stops, (size_t)hit)));
                 gps_jobs *jobs = c->jobs;
@@ -1332,18 +1326,12 @@ static void h_count_tokens(gps_req *r, void *arg)
 
 gps_anthropic *gps_anthropic_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
 {
-    gps_anthropic *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->jobs = jobs;
-    c->metrics = metrics;
-    c->request_timeout_sec = request_timeout_sec;
-    return c;
+    return gps_relay_ctx_new(jobs, metrics, request_timeout_sec);
 }
 
 void gps_anthropic_free(gps_anthropic *a)
 {
-    free(a);
+    gps_relay_ctx_free(a);
 }
 
 int gps_anthropic_register(gps_http *h, gps_anthropic *c)

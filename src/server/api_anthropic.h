@@ -114,7 +114,7 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
 
 struct gps_http;
 struct gps_metrics;
-typedef struct gps_anthropic gps_anthropic;
+typedef struct gps_relay_ctx gps_anthropic; /* relay.h */
 /* Handler context (borrowed jobs and metrics). NULL on ENOMEM. */
 gps_anthropic *gps_anthropic_new(gps_jobs *jobs, struct gps_metrics *metrics,
                                  int request_timeout_sec);

@@ -23,7 +23,6 @@
 #define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
 #define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
 #define MAX_STOP 4
-#define MAX_STOP_LEN 1024
 
 /* ------------------------------------------------------------------ */
 /* Request validation                                                  */
@@ -291,16 +290,6 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
         s->max_tokens = v;
     }
 
-    if (gps_check_number(body, "temperature", "'temperature'", 0, 2, &s->temperature, msg,
-                         msglen) < 0) {
-        *param = "temperature";
-        goto fail;
-    }
-    if (gps_check_number(body, "top_p", "'top_p'", 0, 1, &s->top_p, msg,
-                         msglen) < 0) {
-        *param = "top_p";
-        goto fail;
-    }
     double pen = 0;
     if (gps_check_number(body, "presence_penalty", "'presence_penalty'", -2, 2, &pen, msg,
                          msglen) < 0) {
@@ -312,51 +301,13 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
         *param = "frequency_penalty";
         goto fail;
     }
+    /* temperature, top_p, top_k (an extension: llama.cpp, vLLM), stop (up
+     * to 4 sequences) */
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
+        goto fail;
 
-    const json_t *tk = json_object_get(body, "top_k");   /* extension (llama.cpp, vLLM) */
-    if (!gps_absent(tk)) {
-        if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
-            json_integer_value(tk) > 1000000)
-            GPS_FAIL("top_k", "'top_k' must be a non-negative integer");
-        s->top_k = json_integer_value(tk);
-    }
-
-    /* stop: string or array of up to 4 strings */
-    const json_t *stop = json_object_get(body, "stop");
-    if (!gps_absent(stop)) {
-        /* An empty sequence would match at once: every reply would be
-         * empty. Refused rather than silently dropped. */
-        if (json_is_string(stop)) {
-            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
-                GPS_FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
-            s->stop = json_array();
-            json_array_append_new(s->stop, json_string(json_string_value(stop)));
-        } else if (json_is_array(stop)) {
-            if (json_array_size(stop) > MAX_STOP)
-                GPS_FAIL("stop", "'stop' may hold at most %d sequences", MAX_STOP);
-            s->stop = json_array();
-            size_t i;
-            json_t *e;
-            json_array_foreach(stop, i, e)
-            {
-                if (!json_is_string(e) || json_string_length(e) == 0 ||
-                    json_string_length(e) > MAX_STOP_LEN)
-                    GPS_FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
-                         MAX_STOP_LEN);
-                json_array_append_new(s->stop, json_string(json_string_value(e)));
-            }
-        } else {
-            GPS_FAIL("stop", "'stop' must be a string or an array of strings");
-        }
-    }
-
-    const json_t *seed = json_object_get(body, "seed");
-    if (!gps_absent(seed)) {
-        if (!json_is_integer(seed))
-            GPS_FAIL("seed", "'seed' must be an integer");
-        s->has_seed = true;
-        s->seed = json_integer_value(seed);
-    }
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
 
     const json_t *stream = json_object_get(body, "stream");
     if (!gps_absent(stream)) {
@@ -522,12 +473,7 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-typedef struct gps_openai oa_ctx;
-struct gps_openai {
-    gps_jobs *jobs;
-    gps_metrics *metrics;
-    int request_timeout_sec;
-};
+typedef gps_relay_ctx oa_ctx;
 
 /* One in-flight client request: subscriber of its job. Freed when the
  * reply is complete or the client went away (never while the job still
@@ -871,18 +817,12 @@ static void h_models(gps_req *r, void *arg)
 
 gps_openai *gps_openai_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
 {
-    gps_openai *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->jobs = jobs;
-    c->metrics = metrics;
-    c->request_timeout_sec = request_timeout_sec;
-    return c;
+    return gps_relay_ctx_new(jobs, metrics, request_timeout_sec);
 }
 
 void gps_openai_free(gps_openai *o)
 {
-    free(o);
+    gps_relay_ctx_free(o);
 }
 
 int gps_openai_register(gps_http *h, gps_openai *c)

@@ -70,7 +70,7 @@ struct gps_http;
 struct gps_metrics;
 struct evhttp_request;
 
-typedef struct gps_openai gps_openai;
+typedef struct gps_relay_ctx gps_openai; /* relay.h */
 /* The dialect's handler context (borrowed jobs and metrics). NULL on ENOMEM. */
 gps_openai *gps_openai_new(gps_jobs *jobs, struct gps_metrics *metrics, int request_timeout_sec);
 /* Free after the HTTP server (its routes point at o). */

@@ -25,7 +25,6 @@
 #include "server/textcheck.h"
 
 #define MAX_STOP 16
-#define MAX_STOP_LEN 1024
 #define NBUCKETS 1024
 #define TICK_MS 250
 #define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
@@ -96,50 +95,11 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         GPS_FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
              GPS_MAX_TOKENS_LIMIT);
     s->max_tokens = json_integer_value(mt);
-    if (gps_check_number(body, "temperature", "'temperature'", 0, 2, &s->temperature, msg,
-                         msglen) < 0) {
-        *param = "temperature";
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
         goto fail;
-    }
-    if (gps_check_number(body, "top_p", "'top_p'", 0, 1, &s->top_p, msg,
-                         msglen) < 0) {
-        *param = "top_p";
-        goto fail;
-    }
-    const json_t *tk = json_object_get(body, "top_k");
-    if (!gps_absent(tk)) {
-        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
-            GPS_FAIL("top_k", "'top_k' must be a non-negative integer");
-        s->top_k = json_integer_value(tk);
-    }
-    const json_t *stop = json_object_get(body, "stop");
-    if (!gps_absent(stop)) {
-        s->stop = json_array();
-        if (json_is_string(stop)) {
-            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
-                GPS_FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
-            json_array_append_new(s->stop, json_string(json_string_value(stop)));
-        } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(stop, i, e)
-            {
-                if (!json_is_string(e) || json_string_length(e) == 0 ||
-                    json_string_length(e) > MAX_STOP_LEN)
-                    GPS_FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
-                             MAX_STOP_LEN);
-                json_array_append_new(s->stop, json_string(json_string_value(e)));
-            }
-        } else {
-            GPS_FAIL("stop", "'stop' must be a string or an array of at most %d strings", MAX_STOP);
-        }
-    }
-    const json_t *seed = json_object_get(body, "seed");
-    if (!gps_absent(seed)) {
-        if (!json_is_integer(seed))
-            GPS_FAIL("seed", "'seed' must be an integer");
-        s->seed = json_integer_value(seed);
-    } else {
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
+    if (!s->has_seed) {
         /* Recorded with the job so the run can be reproduced. */
         uint32_t r;
         gp_random_bytes(&r, sizeof r);

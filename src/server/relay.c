@@ -2,6 +2,7 @@
 #include "server/relay.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/http.h>
@@ -15,6 +16,22 @@ static void count(const gps_relay_ops *ops, struct gps_metrics *m, const char *o
                   uint64_t start_us)
 {
     gps_metrics_request(m, ops->api, outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+gps_relay_ctx *gps_relay_ctx_new(gps_jobs *jobs, struct gps_metrics *m, int request_timeout_sec)
+{
+    gps_relay_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->jobs = jobs;
+    c->metrics = m;
+    c->request_timeout_sec = request_timeout_sec;
+    return c;
+}
+
+void gps_relay_ctx_free(gps_relay_ctx *c)
+{
+    free(c);
 }
 
 void gps_relay_count_req(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *r,

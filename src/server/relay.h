@@ -51,6 +51,17 @@ typedef struct gps_relay_ops {
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
 } gps_relay_ops;
 
+/* What a relaying dialect's handlers share (jobs and metrics borrowed):
+ * gps_openai and gps_anthropic are this. */
+typedef struct gps_relay_ctx {
+    gps_jobs *jobs;
+    struct gps_metrics *metrics;
+    int request_timeout_sec;
+} gps_relay_ctx;
+/* NULL on ENOMEM. Free after the HTTP server (routes point at it). */
+gps_relay_ctx *gps_relay_ctx_new(gps_jobs *jobs, struct gps_metrics *m, int request_timeout_sec);
+void gps_relay_ctx_free(gps_relay_ctx *c);
+
 typedef struct gps_relay {
     const gps_relay_ops *ops;
     void *owner;

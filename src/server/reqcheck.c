@@ -29,6 +29,83 @@ int gps_check_number(const json_t *body, const char *key, const char *name, doub
     return 0;
 }
 
+int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size_t msglen)
+{
+    *out = NULL;
+    if (gps_absent(stop))
+        return 0;
+    if (!json_is_string(stop) && !(json_is_array(stop) && json_array_size(stop) <= max)) {
+        snprintf(msg, msglen, "'stop' must be a string or an array of at most %zu strings", max);
+        return -1;
+    }
+    json_t *a = json_array();
+    if (!a) {
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
+    if (json_is_string(stop))
+        json_array_append(a, (json_t *)stop); /* a reference: jansson does not change it */
+    else
+        json_array_extend(a, (json_t *)stop);
+    size_t i;
+    json_t *e;
+    json_array_foreach(a, i, e)
+    {
+        if (!json_is_string(e) || json_string_length(e) == 0 ||
+            json_string_length(e) > GPS_MAX_STOP_LEN) {
+            if (json_is_string(stop))
+                snprintf(msg, msglen, "'stop' must be a string of 1 to %d bytes",
+                         GPS_MAX_STOP_LEN);
+            else
+                snprintf(msg, msglen, "stop[%zu] must be a string of 1 to %d bytes", i,
+                         GPS_MAX_STOP_LEN);
+            json_decref(a);
+            return -1;
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, size_t max_stop,
+                       char *msg, size_t msglen, const char **param)
+{
+    *param = NULL;
+    /* The checks write msg themselves: name the field and leave. */
+    *param = "temperature";
+    if (gps_check_number(body, "temperature", "'temperature'", 0, temp_max, &s->temperature, msg,
+                         msglen) < 0)
+        goto fail;
+    *param = "top_p";
+    if (gps_check_number(body, "top_p", "'top_p'", 0, 1, &s->top_p, msg, msglen) < 0)
+        goto fail;
+    *param = NULL;
+    const json_t *tk = json_object_get(body, "top_k");
+    if (!gps_absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
+            GPS_FAIL("top_k", "'top_k' must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+    *param = "stop";
+    if (gps_stop_parse(json_object_get(body, "stop"), max_stop, &s->stop, msg, msglen) < 0)
+        goto fail;
+    *param = NULL;
+    return 0;
+fail:
+    return -1;
+}
+
+int gps_seed_parse(const json_t *v, gps_job_spec *s)
+{
+    if (gps_absent(v))
+        return 0;
+    if (!json_is_integer(v))
+        return -1;
+    s->seed = json_integer_value(v);
+    s->has_seed = true;
+    return 0;
+}
+
 int gps_priority_parse(const json_t *v, gps_job_priority *out)
 {
     if (gps_absent(v))

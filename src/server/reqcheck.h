@@ -42,6 +42,23 @@ bool gps_absent(const json_t *v);
 int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
                      double hi, double *out, char *msg, size_t msglen);
 
+/* A stop field (absent/null: nothing; a string; an array of at most max
+ * strings), each sequence 1 to GPS_MAX_STOP_LEN bytes: an empty one would
+ * match at once and make every reply empty, so it is refused, not dropped.
+ * On success *out is a new array (NULL when absent). 0, or -1 with msg. */
+#define GPS_MAX_STOP_LEN 1024
+int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size_t msglen);
+
+/* The sampling fields OpenAI and native requests share: temperature
+ * [0, temp_max], top_p [0, 1], top_k (integer 0 to 1000000, an extension),
+ * stop (at most max_stop sequences). Into s; 0, or -1 with msg and *param. */
+int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, size_t max_stop,
+                       char *msg, size_t msglen, const char **param);
+
+/* seed: an integer sets s->seed and s->has_seed (absent: nothing). 0, or
+ * -1 when present and not an integer. */
+int gps_seed_parse(const json_t *v, gps_job_spec *s);
+
 /* "interactive" | "batch" (absent: *out untouched). 0, or -1 when v is
  * present and neither. */
 int gps_priority_parse(const json_t *v, gps_job_priority *out);
