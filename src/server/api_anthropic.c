@@ -1173,8 +1173,6 @@ static void on_writable(void *arg)
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     an_stream *st = arg;
-    if (!st->rl.req)
-        return;
     if (!st->stream || st->count_only ||
         (st->dh == st->dn && !gps_relay_blocked(&st->rl))) {
         handle_event(st, job, type, ev);
@@ -1334,12 +1332,13 @@ void gps_anthropic_free(gps_anthropic *a)
     gps_relay_ctx_free(a);
 }
 
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_messages, NULL},
+    {EVHTTP_REQ_POST, "/v1/messages/count_tokens", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT,
+     h_count_tokens, NULL},
+};
+
 int gps_anthropic_register(gps_http *h, gps_anthropic *c)
 {
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC,
-                             GPS_ROLE_CLIENT, h_messages, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages/count_tokens",
-                             GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_count_tokens, c);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

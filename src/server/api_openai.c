@@ -701,8 +701,6 @@ static void on_writable(void *arg)
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     oa_stream *st = arg;
-    if (!st->rl.req)
-        return;
     if (!st->stream) {
         handle_event(st, job, type, ev);
         return;
@@ -825,14 +823,13 @@ void gps_openai_free(gps_openai *o)
     gps_relay_ctx_free(o);
 }
 
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_completions, NULL},
+    {EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_chat, NULL},
+    {EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_models, NULL},
+};
+
 int gps_openai_register(gps_http *h, gps_openai *c)
 {
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_completions, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_chat, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_models, c);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

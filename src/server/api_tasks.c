@@ -1396,16 +1396,14 @@ void gps_tasks_free(gps_tasks *g)
     free(g);
 }
 
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_create, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_get, NULL},
+    {EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_delete, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_events, NULL},
+};
+
 int gps_tasks_register(gps_http *h, gps_tasks *g)
 {
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT,
-                             h_create, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_get, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_delete, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_events, g);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], g);
 }

@@ -1626,6 +1626,15 @@ int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_d
     return 0;
 }
 
+int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg)
+{
+    for (size_t i = 0; i < n; i++)
+        if (gps_http_add_route(h, table[i].methods, table[i].pattern, table[i].dialect,
+                               table[i].role, table[i].fn, arg) < 0)
+            return -1;
+    return 0;
+}
+
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg)
 {
     h->auth = fn;

@@ -95,6 +95,9 @@ void gps_http_free(gps_http *h);
 /* Add a route (the pattern string must outlive h). 0 or -1 when the table is full. */
 int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_dialect d,
                        gps_role role, gps_handler_fn fn, void *arg);
+/* Every route of a table (a dialect's routes), each with arg instead of
+ * the table's (NULL) arg. 0 or -1. */
+int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg);
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
 /* Bind host:port (port 0 = ephemeral). *bound_port receives the real port.
  * 0 or -1 with a message in err. */

@@ -78,11 +78,19 @@ static void gone(void *arg)
                  "client went away; cancelling its job");
     gps_relay_count(rl, rl->too_slow ? "client_too_slow" : "cancelled");
     if (rl->job) {
-        gps_job_unsubscribe(rl->job, NULL, rl->owner);
+        gps_job_unsubscribe(rl->job, NULL, rl);
         gps_jobs_cancel(rl->jobs, rl->job, "client_disconnected");
         rl->job = NULL;
     }
     rl->ops->free(rl->owner);
+}
+
+/* Events reach the dialect only while its client is there. */
+static void on_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    gps_relay *rl = arg;
+    if (rl->req)
+        rl->ops->on_event(job, type, ev, rl->owner);
 }
 
 gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int timeout_sec)
@@ -99,7 +107,7 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
         return NULL;
     }
     rl->job = job;
-    gps_job_subscribe(job, rl->ops->on_event, rl->owner);
+    gps_job_subscribe(job, on_event, rl);
     /* The connection may sit silent while the job is queued or the model
      * thinks: give it the whole request budget, not idle_timeout. */
     gps_held_start(&rl->held, r->req, true, timeout_sec, gone, rl);
@@ -208,7 +216,7 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
 void gps_relay_finish(gps_relay *rl)
 {
     if (rl->job)
-        gps_job_unsubscribe(rl->job, NULL, rl->owner);
+        gps_job_unsubscribe(rl->job, NULL, rl);
     rl->ops->free(rl->owner);
 }
 

@@ -45,7 +45,7 @@ typedef struct gps_relay_ops {
     const char *api;              /* metrics label: "openai", "anthropic" */
     gps_dialect dialect;          /* error shape */
     const char *error_event;      /* SSE event of a stream error; NULL: data line only */
-    gps_job_event_fn on_event;    /* the job's events (arg: the owner) */
+    gps_job_event_fn on_event;    /* the job's events while the client is there (arg: owner) */
     void (*writable)(void *owner); /* the client drained: catch up */
     long long (*behind)(void *owner); /* how far behind (logged when dropped) */
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
