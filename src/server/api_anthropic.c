@@ -763,7 +763,7 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
  * freed when the reply is complete or the client went away). */
 typedef struct an_stream {
     gps_relay rl;                  /* the client side (relay.h) */
-    gps_anthropic *ctx;
+    gps_relay_ctx *ctx;
     bool stream, count_only;
     char id[48];
     char model[GPS_MAX_MODEL_NAME + 1];
@@ -1022,7 +1022,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
 /* One event, rendered now. Returns true when st was freed. */
 static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
-    gps_anthropic *c = st->ctx;
+    gps_relay_ctx *c = st->ctx;
     if (type == GPS_EV_TOKEN && !st->count_only) {
         const char *text = json_string_value(json_object_get(ev, "text"));
         if (st->stream && !st->rl.started) {
@@ -1249,7 +1249,7 @@ static void facts_cb(void *ud, registry_agent *a)
     }
 }
 
-static void handle(gps_req *r, gps_anthropic *c, bool count_only)
+static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
 {
     json_t *body = gps_req_json(r);
     if (!body) {
@@ -1322,23 +1322,13 @@ static void h_count_tokens(gps_req *r, void *arg)
     handle(r, arg, true);
 }
 
-gps_anthropic *gps_anthropic_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
-{
-    return gps_relay_ctx_new(jobs, metrics, request_timeout_sec);
-}
-
-void gps_anthropic_free(gps_anthropic *a)
-{
-    gps_relay_ctx_free(a);
-}
-
 static const gps_route ROUTES[] = {
     {EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_messages, NULL},
     {EVHTTP_REQ_POST, "/v1/messages/count_tokens", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT,
      h_count_tokens, NULL},
 };
 
-int gps_anthropic_register(gps_http *h, gps_anthropic *c)
+int gps_anthropic_register(gps_http *h, gps_relay_ctx *c)
 {
     return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

@@ -813,23 +813,13 @@ static void h_models(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, body);
 }
 
-gps_openai *gps_openai_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
-{
-    return gps_relay_ctx_new(jobs, metrics, request_timeout_sec);
-}
-
-void gps_openai_free(gps_openai *o)
-{
-    gps_relay_ctx_free(o);
-}
-
 static const gps_route ROUTES[] = {
     {EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_completions, NULL},
     {EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_chat, NULL},
     {EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_models, NULL},
 };
 
-int gps_openai_register(gps_http *h, gps_openai *c)
+int gps_openai_register(gps_http *h, gps_relay_ctx *c)
 {
     return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

@@ -70,12 +70,9 @@ struct gps_http;
 struct gps_metrics;
 struct evhttp_request;
 
-typedef struct gps_relay_ctx gps_openai; /* relay.h */
-/* The dialect's handler context (borrowed jobs and metrics). NULL on ENOMEM. */
-gps_openai *gps_openai_new(gps_jobs *jobs, struct gps_metrics *metrics, int request_timeout_sec);
-/* Free after the HTTP server (its routes point at o). */
-void gps_openai_free(gps_openai *o);
-/* Routes /v1/completions, /v1/chat/completions and /v1/models on h. */
-int gps_openai_register(struct gps_http *h, gps_openai *o);
+struct gps_relay_ctx;
+/* Routes /v1/completions, /v1/chat/completions and /v1/models on h; c (the
+ * relay's context, relay.h) is shared with Anthropic and must outlive h. */
+int gps_openai_register(struct gps_http *h, struct gps_relay_ctx *c);
 
 #endif

@@ -51,8 +51,8 @@ typedef struct gps_relay_ops {
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
 } gps_relay_ops;
 
-/* What a relaying dialect's handlers share (jobs and metrics borrowed):
- * gps_openai and gps_anthropic are this. */
+/* What the relaying dialects' handlers share (jobs and metrics borrowed):
+ * one for OpenAI and Anthropic (main.c). */
 typedef struct gps_relay_ctx {
     gps_jobs *jobs;
     struct gps_metrics *metrics;
