@@ -13,6 +13,7 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/held.h"
 #include "server/metrics.h"
 #include "server/sched.h"
 
@@ -714,47 +715,34 @@ static json_t *job_stored_json(const gps_store_job_info *j)
 /* A reply that waits for the DB thread. It does not point at the admin
  * object: the store may deliver it after the module is gone (at close). */
 typedef struct pending {
-    struct evhttp_request *req;   /* NULL once the client left */
-    struct evhttp_connection *evcon;
+    gps_held held;                /* held.req: NULL once the client left */
     char corr[65];
     int limit;
 } pending;
-
-static void pending_close(struct evhttp_connection *evcon, void *arg)
-{
-    pending *p = arg;
-    gps_http_drop_request(p->req);
-    p->req = NULL;
-    p->evcon = NULL;
-}
 
 static pending *pending_new(gps_req *r)
 {
     pending *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->req = r->req;
     snprintf(p->corr, sizeof p->corr, "%s", r->correlation_id);
-    p->evcon = evhttp_request_get_connection(r->req);
-    if (p->evcon)
-        evhttp_connection_set_closecb(p->evcon, pending_close, p);
+    gps_held_start(&p->held, r->req, false, 0, NULL, NULL);
     return p;
 }
 
 /* Detach from the connection; true when the client is still there. */
 static bool pending_take(pending *p)
 {
-    if (!p->req)
+    if (!p->held.req)
         return false;
-    if (p->evcon)
-        evhttp_connection_set_closecb(p->evcon, NULL, NULL);
-    p->evcon = NULL;
+    gps_held_release(&p->held);
     return true;
 }
 
 static void pending_error(pending *p, int status, const char *code, const char *message)
 {
-    gps_http_send_error(p->req, GPS_DIALECT_NATIVE, status, code, message, NULL, p->corr, NULL);
+    gps_http_send_error(p->held.req, GPS_DIALECT_NATIVE, status, code, message, NULL, p->corr,
+                        NULL);
 }
 
 static void jobs_list_done(void *arg, int status, const gps_store_job_info *jobs, size_t n)
@@ -784,7 +772,7 @@ static void jobs_list_done(void *arg, int status, const gps_store_job_info *jobs
         pending_error(p, 500, "INTERNAL", "out of memory");
         goto done;
     }
-    gps_http_send_json(p->req, 200, body);
+    gps_http_send_json(p->held.req, 200, body);
 done:
     free(p);
 }
@@ -829,7 +817,7 @@ static void job_get_done(void *arg, int status, const gps_store_job_info *j)
     else {
         json_t *body = job_stored_json(j);
         if (body)
-            gps_http_send_json(p->req, 200, body);
+            gps_http_send_json(p->held.req, 200, body);
         else
             pending_error(p, 500, "INTERNAL", "out of memory");
     }

@@ -11,6 +11,7 @@
 #include "common/gp_util.h"
 #include "server/agent_check.h"
 #include "server/gps_strmap.h"
+#include "server/held.h"
 #include "server/metrics.h"
 #include "server/auth.h"
 #include "server/store.h"
@@ -21,8 +22,7 @@ typedef struct agent_ext {
     gps_agents *g;
     char id[37];
     struct evhttp_request *parked;      /* NULL when none */
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;
+    gps_held held;                /* the parked request (held.h) */
     struct event *timer;
     int free_slots;
     char park_cid[65];                  /* correlation id of the parked request */
@@ -80,16 +80,12 @@ static void unpark(agent_ext *e)
 {
     if (!e->parked)
         return;
-    gps_conn_watch_free(e->watch);
-    e->watch = NULL;
-    if (e->evcon)
-        evhttp_connection_set_closecb(e->evcon, NULL, NULL);
+    gps_held_release(&e->held);
     if (e->timer) {
         event_free(e->timer);
         e->timer = NULL;
     }
     e->parked = NULL;
-    e->evcon = NULL;
     if (e->free_slots > 0)
         e->g->nparked--;
     else
@@ -301,14 +297,11 @@ static void liveness_apply(gps_agents *g, registry_agent *a, const liveness *lv)
 
 /* The parked long-poll's connection closed: a crashed or cut-off agent.
  * Mark it suspect at once so nothing more is routed to it. */
-static void park_close_cb(struct evhttp_connection *evcon, void *arg)
+static void park_gone(void *arg)
 {
     agent_ext *e = arg;
     gps_agents *g = e->g;
-    struct evhttp_request *req = e->parked;
-    e->evcon = NULL; /* closing: do not touch its callbacks any more */
-    unpark(e);
-    gps_http_drop_request(req);
+    unpark(e); /* held.c dropped the request */
     gp_log_write(GP_LOG_WARN, "agent_poll_disconnected", NULL,
                  json_pack("{s:s}", "agent_id", e->id),
                  "parked long-poll connection closed");
@@ -623,18 +616,13 @@ static void h_work(gps_req *r, void *arg)
     snprintf(e->park_cid, sizeof e->park_cid, "%s", r->correlation_id);
     snprintf(e->key_id, sizeof e->key_id, "%s", r->key_id);
     e->free_slots = free_slots;
-    e->evcon = evhttp_request_get_connection(r->req);
     if (free_slots > 0) {
         g->nparked++;
     } else {
         g->nliveness++;
         sched_agent_unready(g->sched, a);
     }
-    if (e->evcon) {
-        evhttp_connection_set_closecb(e->evcon, park_close_cb, e);
-        evhttp_connection_set_timeout(e->evcon, g->opts.work_wait_sec + 30);
-        e->watch = gps_http_watch_close(r->req);
-    }
+    gps_held_start(&e->held, r->req, true, g->opts.work_wait_sec + 30, park_gone, e);
     e->timer = evtimer_new(g->base, park_timeout_cb, e);
     struct timeval tv = {g->opts.work_wait_sec, 0};
     if (e->timer)
@@ -998,9 +986,7 @@ static void free_ext(void *v)
         event_free(e->timer);
     if (e->grace)
         event_free(e->grace);
-    gps_conn_watch_free(e->watch);
-    if (e->evcon && e->parked)
-        evhttp_connection_set_closecb(e->evcon, NULL, NULL);
+    gps_held_release(&e->held);
     free(e);
 }
 

@@ -12,15 +12,17 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/api_openai.h"
+#include "server/poolmeta.h"
+#include "server/relay.h"
+#include "server/reqcheck.h"
+#include "server/toolcalls.h"
+#include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 
-#define MAX_TOKENS_LIMIT 1000000
-#define MAX_MODEL_NAME 256
 #define MAX_STOP_SEQUENCES 64
-#define MAX_STOP_LEN 1024
 #define MAX_USER_ID 4096
 #define BYTES_PER_TOKEN_MAX 8   /* see the header: lower bound of the token count */
 
@@ -34,10 +36,6 @@
         goto fail;                                                                             \
     } while (0)
 
-static bool absent(const json_t *v)
-{
-    return v == NULL || json_is_null(v);
-}
 
 static void warn(gps_anthropic_req *r, const char *fmt, const char *arg)
 {
@@ -61,7 +59,7 @@ static void sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
 static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char *msg,
                             size_t msglen)
 {
-    if (absent(c))
+    if (gps_absent(c))
         return 0;
     if (json_is_string(c)) {
         sep_append(b, json_string_value(c), json_string_length(c), "\n");
@@ -158,23 +156,6 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
     return 0;
 }
 
-static int get_unit(const json_t *body, const char *key, double *out, char *msg, size_t msglen)
-{
-    const json_t *v = json_object_get(body, key);
-    if (absent(v))
-        return 0;
-    if (!json_is_number(v)) {
-        snprintf(msg, msglen, "%s: must be a number", key);
-        return -1;
-    }
-    double x = json_number_value(v);
-    if (!isfinite(x) || x < 0 || x > 1) {
-        snprintf(msg, msglen, "%s: must be between 0 and 1 (got %g)", key, x);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
 
 static const char *const known_fields[] = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
@@ -379,15 +360,15 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         FAIL("request body must be a JSON object");
 
     const json_t *model = json_object_get(body, "model");
-    if (absent(model))
+    if (gps_absent(model))
         FAIL("model: field required");
     if (!json_is_string(model) || json_string_length(model) == 0 ||
-        json_string_length(model) > MAX_MODEL_NAME)
-        FAIL("model: must be a non-empty string of at most %d bytes", MAX_MODEL_NAME);
+        json_string_length(model) > GPS_MAX_MODEL_NAME)
+        FAIL("model: must be a non-empty string of at most %d bytes", GPS_MAX_MODEL_NAME);
     s->model = strdup(json_string_value(model));
 
     const json_t *mt = json_object_get(body, "max_tokens");
-    if (absent(mt)) {
+    if (gps_absent(mt)) {
         if (!count_only)
             FAIL("max_tokens: field required");
         s->max_tokens = 1;
@@ -397,14 +378,14 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         json_int_t v = json_integer_value(mt);
         if (v < 1)
             FAIL("max_tokens: must be at least 1 (got %lld)", (long long)v);
-        s->max_tokens = v > MAX_TOKENS_LIMIT ? MAX_TOKENS_LIMIT : v;
+        s->max_tokens = v > GPS_MAX_TOKENS_LIMIT ? GPS_MAX_TOKENS_LIMIT : v;
         if (count_only)
             s->max_tokens = 1;
     }
 
     /* system: string or text blocks */
     const json_t *system = json_object_get(body, "system");
-    if (!absent(system)) {
+    if (!gps_absent(system)) {
         if (json_is_string(system)) {
             gp_buf_append(&sys, json_string_value(system), json_string_length(system));
         } else if (json_is_array(system)) {
@@ -426,7 +407,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
 
     /* messages */
     const json_t *m = json_object_get(body, "messages");
-    if (absent(m))
+    if (gps_absent(m))
         FAIL("messages: field required");
     if (!json_is_array(m))
         FAIL("messages: must be an array");
@@ -447,7 +428,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (!is_system && strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)
             FAIL("messages.%zu.role: must be 'user' or 'assistant' (got '%.40s')", i, role);
         const json_t *c = json_object_get(e, "content");
-        if (absent(c))
+        if (gps_absent(c))
             FAIL("messages.%zu.content: field required", i);
         gp_buf text;
         gp_buf_init(&text);
@@ -487,11 +468,13 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     else
         gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
 
-    if (get_unit(body, "temperature", &s->temperature, msg, msglen) < 0 ||
-        get_unit(body, "top_p", &s->top_p, msg, msglen) < 0)
+    if (gps_check_number(body, "temperature", "temperature:", 0, 1, &s->temperature, msg,
+                         msglen) < 0 ||
+        gps_check_number(body, "top_p", "top_p:", 0, 1, &s->top_p, msg,
+                         msglen) < 0)
         goto fail;
     const json_t *tk = json_object_get(body, "top_k");
-    if (!absent(tk)) {
+    if (!gps_absent(tk)) {
         if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
             json_integer_value(tk) > 1000000)
             FAIL("top_k: must be a non-negative integer");
@@ -499,16 +482,16 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *stops = json_object_get(body, "stop_sequences");
-    if (!absent(stops)) {
+    if (!gps_absent(stops)) {
         if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
             FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
         out->stop_sequences = json_array();
         json_array_foreach(stops, i, e)
         {
             if (!json_is_string(e) || json_string_length(e) == 0 ||
-                json_string_length(e) > MAX_STOP_LEN)
+                json_string_length(e) > GPS_MAX_STOP_LEN)
                 FAIL("stop_sequences.%zu: must be a non-empty string of at most %d bytes", i,
-                     MAX_STOP_LEN);
+                     GPS_MAX_STOP_LEN);
             json_array_append_new(out->stop_sequences, json_string(json_string_value(e)));
         }
         if (json_array_size(out->stop_sequences) == 0) {
@@ -518,11 +501,11 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *md = json_object_get(body, "metadata");
-    if (!absent(md)) {
+    if (!gps_absent(md)) {
         if (!json_is_object(md))
             FAIL("metadata: must be an object");
         const json_t *uid = json_object_get(md, "user_id");
-        if (!absent(uid)) {
+        if (!gps_absent(uid)) {
             if (!json_is_string(uid) || json_string_length(uid) > MAX_USER_ID)
                 FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
             if (json_string_length(uid) > 0)
@@ -531,7 +514,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *stream = json_object_get(body, "stream");
-    if (!absent(stream)) {
+    if (!gps_absent(stream)) {
         if (!json_is_boolean(stream))
             FAIL("stream: must be a boolean");
         out->stream = json_is_true(stream) && !count_only;
@@ -539,10 +522,10 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
 
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
-    if (!absent(tc) && !json_is_object(tc))
+    if (!gps_absent(tc) && !json_is_object(tc))
         FAIL("tool_choice: must be an object");
     const char *tc_type = json_string_value(json_object_get(tc, "type"));
-    if (!absent(tc)) {
+    if (!gps_absent(tc)) {
         /* Anything else used to become "auto" silently. */
         if (!tc_type || (strcmp(tc_type, "auto") != 0 && strcmp(tc_type, "any") != 0 &&
                          strcmp(tc_type, "tool") != 0 && strcmp(tc_type, "none") != 0))
@@ -553,7 +536,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
              json_string_length(tcn) > 256))
             FAIL("tool_choice.name: a 'tool' choice needs the tool's name (1 to 256 bytes)");
     }
-    if (!absent(tools)) {
+    if (!gps_absent(tools)) {
         if (!json_is_array(tools))
             FAIL("tools: must be an array");
         json_array_foreach(tools, i, e)
@@ -561,7 +544,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             if (!json_is_object(e) || !json_is_string(json_object_get(e, "name")))
                 FAIL("tools.%zu: a tool must be an object with a string 'name'", i);
             const json_t *schema = json_object_get(e, "input_schema");
-            if (!absent(schema) && !json_is_object(schema))
+            if (!gps_absent(schema) && !json_is_object(schema))
                 FAIL("tools.%zu.input_schema: must be an object", i);
         }
         if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
@@ -579,7 +562,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     }
 
     const json_t *th = json_object_get(body, "thinking");
-    if (!absent(th)) {
+    if (!gps_absent(th)) {
         if (!json_is_object(th))
             FAIL("thinking: must be an object");
         const char *tt = json_string_value(json_object_get(th, "type"));
@@ -775,25 +758,15 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-struct gps_anthropic {
-    gps_jobs *jobs;
-    gps_metrics *metrics;
-    int request_timeout_sec;
-};
 
 /* One in-flight client request, subscriber of its job (as in api_openai:
  * freed when the reply is complete or the client went away). */
 typedef struct an_stream {
-    gps_anthropic *ctx;
-    struct evhttp_request *req;    /* NULL once the client is gone */
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;
-    gps_job *job;
-    bool stream, count_only, started;
+    gps_relay rl;                  /* the client side (relay.h) */
+    gps_relay_ctx *ctx;
+    bool stream, count_only;
     char id[48];
-    char model[MAX_MODEL_NAME + 1];
-    char corr[65];
-    uint64_t start_us;
+    char model[GPS_MAX_MODEL_NAME + 1];
     json_t *stops;                 /* owned, may be NULL */
     json_t *warnings;              /* owned */
     gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
@@ -803,7 +776,6 @@ typedef struct an_stream {
     int open_call;                 /* ... the tool call it shows (tool_use block) */
     int next_block;                /* index the next content block gets */
     gp_buf text;                   /* emitted text (non-streaming body) */
-    gp_buf out;                    /* SSE bytes to send */
     /* Streaming backpressure (sse.h): while the client is behind, the
      * job's events wait here and are rendered in order once its output
      * drains, so the stop-sequence holdback and the content-block state
@@ -812,59 +784,51 @@ typedef struct an_stream {
      * token in order): what waits costs a few words, not a copy of the
      * stream. Other events (tool calls, end, error) are references.
      * dv[dh..dn) waits. */
-    gps_sse_pace *pace;
     struct an_deferred {
         gps_event_type type;
         json_t *ev;                /* NULL for a token run */
         size_t off, len;           /* token run: bytes of job->text */
     } *dv;
     size_t dh, dn, dcap;
-    bool too_slow;                 /* dropped by the pace: outcome client_too_slow */
 } an_stream;
 
-static void count_request(gps_anthropic *c, const char *outcome, uint64_t start_us)
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
 {
-    gps_metrics_request(c->metrics, "anthropic", outcome,
-                        (double)(gp_now_mono_us() - start_us) / 1e6);
+    an_stream *st = arg;
+    return (long long)(st->dn - st->dh); /* events waiting */
 }
 
-static void stream_free(an_stream *st)
+static void stream_free(void *arg)
 {
-    gps_conn_watch_free(st->watch);
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    an_stream *st = arg;
+    gps_relay_clear(&st->rl);
     json_decref(st->stops);
     json_decref(st->warnings);
     gp_buf_free(&st->pending);
     gps_tool_calls_free(&st->calls);
     gp_buf_free(&st->text);
-    gp_buf_free(&st->out);
-    gps_sse_pace_free(st->pace);
     for (size_t i = st->dh; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
     free(st);
 }
 
-static void stream_finish(an_stream *st)
-{
-    if (st->job)
-        gps_job_unsubscribe(st->job, NULL, st);
-    stream_free(st);
-}
-
-static void detach_conn(an_stream *st)
-{
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-    st->evcon = NULL;
-}
+static const gps_relay_ops OPS = {
+    .api = "anthropic",
+    .dialect = GPS_DIALECT_ANTHROPIC,
+    .error_event = "error",
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
 
 static void emit_event(an_stream *st, const char *name, json_t *j)
 {
-    gps_sse_format_json(&st->out, name, NULL, j);
+    gps_sse_format_json(&st->rl.out, name, NULL, j);
     json_decref(j);
 }
 
@@ -891,19 +855,6 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
             json_array_append(list, w);
     }
     return meta;
-}
-
-static void add_pool_headers(struct evhttp_request *req, gps_job *job)
-{
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    if (job->agent_id[0])
-        evhttp_add_header(h, "x-pool-agent", job->agent_id);
-    char q[32];
-    snprintf(q, sizeof q, "%lld", job->queue_ms);
-    evhttp_add_header(h, "x-pool-queue-ms", q);
-    snprintf(q, sizeof q, "%d", job->attempts);
-    evhttp_add_header(h, "x-pool-attempts", q);
-    evhttp_add_header(h, "x-pool-model", job->spec.model);
 }
 
 /* Streaming content blocks: at most one open at a time, each closed by
@@ -945,21 +896,15 @@ static void ensure_started(an_stream *st)
     ensure_started_as(st, true);
 }
 
-static void on_writable(void *arg);
-static void on_too_slow(void *arg);
-
 static void ensure_started_as(an_stream *st, bool with_text)
 {
-    if (st->started)
+    if (st->rl.started)
         return;
-    st->started = true;
-    add_pool_headers(st->req, st->job);
-    gps_sse_start(st->req);
-    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
+    gps_relay_start(&st->rl);
     json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
                             "message", "role", "assistant", "content", "model", st->model,
                             "stop_reason", "stop_sequence", "usage",
-                            usage_json(st->job->prompt_tokens, 0));
+                            usage_json(st->rl.job->prompt_tokens, 0));
     if (msg && json_array_size(st->warnings))
         json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
     emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
@@ -986,7 +931,7 @@ static void emit_text(an_stream *st, const char *t, size_t n)
     emit_event(st, "content_block_delta",
                json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index",
                          st->open_block, "delta", "type", "text_delta", "text", tx));
-    gps_job_mark_output_sent(st->job);
+    gps_relay_send_output(&st->rl);
 }
 
 /* Non-streaming body: the tool_use blocks after the text (an empty text
@@ -1048,11 +993,10 @@ static void stream_tool_call(an_stream *st, int i, bool started, const char *arg
 /* The reply is complete: send its end and free st. */
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
-    gps_anthropic *c = st->ctx;
     long long in = job->prompt_tokens, out = job->completion_tokens;
     if (st->count_only) {
-        detach_conn(st);
-        gps_http_send_json(st->req, 200, json_pack("{s:I}", "input_tokens", (json_int_t)in));
+        /* count_tokens stays a plain request: no x-pool-* headers */
+        gps_relay_end_body(&st->rl, json_pack("{s:I}", "input_tokens", (json_int_t)in), false);
     } else if (st->stream) {
         ensure_started(st);
         close_block(st);
@@ -1064,34 +1008,27 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
             json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
         emit_event(st, "message_delta", md);
         emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
-        gps_sse_pace_send(st->pace, st->req, &st->out);
-        detach_conn(st);
-        gps_sse_end(st->req);
+        gps_relay_end_stream(&st->rl);
     } else {
         json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
                                              stop_reason, stop_seq, in, out,
                                              pool_meta(st, job, true));
         if (st->calls.n > 0)
             add_tool_use_blocks(st, body);
-        add_pool_headers(st->req, job);
-        detach_conn(st);
-        gps_http_send_json(st->req, 200, body);
+        gps_relay_end_body(&st->rl, body, true);
     }
-    count_request(c, "ok", st->start_us);
-    st->req = NULL;
-    stream_finish(st);
 }
 
 /* One event, rendered now. Returns true when st was freed. */
 static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
-    gps_anthropic *c = st->ctx;
+    gps_relay_ctx *c = st->ctx;
     if (type == GPS_EV_TOKEN && !st->count_only) {
         const char *text = json_string_value(json_object_get(ev, "text"));
-        if (st->stream && !st->started) {
+        if (st->stream && !st->rl.started) {
             ensure_started(st);
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         }
         /* Issue 10 item 1: a requeue before output reached the client
          * drops the job's text (jobs.c fail_over) and the next attempt
@@ -1119,7 +1056,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             if (hit >= 0) {
                 /* Matched here: finish the reply, then the job (which tells
                  * the agent to stop). st is freed by complete. */
-                char seq[MAX_STOP_LEN + 1];
+                char seq[GPS_MAX_STOP_LEN + 1];
                 snprintf(seq, sizeof seq, "%s",
                          json_string_value(json_array_get(st->stops, (size_t)hit)));
                 gps_jobs *jobs = c->jobs;
@@ -1130,7 +1067,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gp_buf_consume(&st->pending, safe);
         }
         if (st->stream)
-            gps_sse_pace_send(st->pace, st->req, &st->out);
+            gps_relay_send(&st->rl);
         return false;
     }
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
@@ -1138,10 +1075,10 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0)
             return false;
-        if (st->stream && !st->started) {
+        if (st->stream && !st->rl.started) {
             ensure_started_as(st, st->pending.len > 0);
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         }
         /* Text held back for a stop sequence goes out before the call. */
         emit_text(st, st->pending.data, st->pending.len);
@@ -1149,8 +1086,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         if (st->stream) {
             stream_tool_call(st, i, started,
                              json_string_value(json_object_get(ev, "arguments")));
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            gps_job_mark_output_sent(job);
+            gps_relay_send_output(&st->rl);
         }
         return false;
     }
@@ -1159,7 +1095,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         gp_buf_consume(&st->pending, st->pending.len);
         if (!st->stream && job->first_token_us)
             gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(job->first_token_us - st->start_us) / 1e6);
+                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
@@ -1169,39 +1105,13 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
     if (type == GPS_EV_ERROR) {
         const char *code = json_string_value(json_object_get(ev, "code"));
         const char *message = json_string_value(json_object_get(ev, "message"));
-        int status = (int)json_integer_value(json_object_get(ev, "status"));
-        if (status < 400 || status > 599)
-            status = 502;
-        if (!code)
-            code = "AGENT_ERROR";
-        if (!message)
-            message = "the job failed";
         char full[512];
-        if (strcmp(code, "CONTEXT_OVERFLOW") == 0)
+        if (code && strcmp(code, "CONTEXT_OVERFLOW") == 0) {
             snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
-                     message);
-        else
-            snprintf(full, sizeof full, "%s", message);
-        if (st->started) {
-            emit_event(st, "error", gps_error_body(GPS_DIALECT_ANTHROPIC, status, code, full,
-                                                   NULL, st->corr, NULL));
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
-        } else {
-            json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
-            if (ra > 0) {
-                char v[32];
-                snprintf(v, sizeof v, "%lld", (long long)ra);
-                evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
-            }
-            detach_conn(st);
-            gps_http_send_error(st->req, GPS_DIALECT_ANTHROPIC, status, code, full, NULL,
-                                st->corr, NULL);
+                     message ? message : "the job failed");
+            message = full;
         }
-        count_request(c, code, st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_fail(&st->rl, ev, message);
         return true;
     }
     return false;
@@ -1216,25 +1126,20 @@ static int defer_push(an_stream *st, struct an_deferred d);
  * when st was freed. */
 static bool catch_up(an_stream *st)
 {
-    while (st->req && st->dh < st->dn) {
-        if (gps_sse_pace_blocked(st->pace))
+    while (st->rl.req && st->dh < st->dn) {
+        if (gps_relay_blocked(&st->rl))
             return false; /* on_writable resumes */
         struct an_deferred *d = &st->dv[st->dh];
         if (d->type == GPS_EV_TOKEN && !d->ev) {
-            if (!st->job || d->off + d->len > st->job->text.len) {
+            if (!st->rl.job || d->off + d->len > st->rl.job->text.len) {
                 st->dh++; /* the text is gone (cannot happen once output was sent) */
                 continue;
             }
             /* A slice of at most CATCH_UP_SLICE bytes, cut at a character
              * boundary (the job's text is valid UTF-8), so one delta never
              * outgrows the client's buffer by much. */
-            const char *t = st->job->text.data + d->off;
-            size_t n = d->len;
-            if (n > CATCH_UP_SLICE) {
-                n = CATCH_UP_SLICE;
-                while (n > 0 && ((unsigned char)t[n] & 0xC0) == 0x80)
-                    n--;
-            }
+            const char *t = st->rl.job->text.data + d->off;
+            size_t n = gps_sse_utf8_slice(t, d->len, CATCH_UP_SLICE);
             json_t *ev = json_pack("{s:s,s:s%}", "type", "token", "text", t, n);
             d->off += n;
             d->len -= n;
@@ -1242,7 +1147,7 @@ static bool catch_up(an_stream *st)
                 st->dh++;
             if (!ev)
                 continue; /* ENOMEM: that slice is lost; the stream goes on */
-            bool freed = handle_event(st, st->job, GPS_EV_TOKEN, ev);
+            bool freed = handle_event(st, st->rl.job, GPS_EV_TOKEN, ev);
             json_decref(ev);
             if (freed)
                 return true;
@@ -1250,7 +1155,7 @@ static bool catch_up(an_stream *st)
         }
         struct an_deferred one = *d;
         st->dh++;
-        bool freed = handle_event(st, st->job, one.type, one.ev);
+        bool freed = handle_event(st, st->rl.job, one.type, one.ev);
         json_decref(one.ev);
         if (freed)
             return true;
@@ -1265,28 +1170,11 @@ static void on_writable(void *arg)
     catch_up(arg);
 }
 
-/* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_close cancels the job), counted as client_too_slow. */
-static void on_too_slow(void *arg)
-{
-    an_stream *st = arg;
-    if (!st->evcon)
-        return;
-    st->too_slow = true;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
-                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "events_behind",
-                           (json_int_t)(st->dn - st->dh)),
-                 "client did not read its stream in time; dropping it");
-    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
-}
-
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     an_stream *st = arg;
-    if (!st->req)
-        return;
     if (!st->stream || st->count_only ||
-        (st->dh == st->dn && !gps_sse_pace_blocked(st->pace))) {
+        (st->dh == st->dn && !gps_relay_blocked(&st->rl))) {
         handle_event(st, job, type, ev);
         return;
     }
@@ -1335,24 +1223,6 @@ static int defer_push(an_stream *st, struct an_deferred d)
     return 0;
 }
 
-static void on_client_close(struct evhttp_connection *evcon, void *arg)
-{
-    an_stream *st = arg;
-    gps_http_drop_request(st->req);
-    st->req = NULL;
-    st->evcon = NULL;
-    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
-                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
-                 "client went away; cancelling its job");
-    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
-    if (st->job) {
-        gps_job_unsubscribe(st->job, NULL, st);
-        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
-        st->job = NULL;
-    }
-    stream_free(st);
-}
-
 /* What the live agents serving model report: the smallest context length
  * (0 = unknown). */
 typedef struct model_facts {
@@ -1379,11 +1249,11 @@ static void facts_cb(void *ud, registry_agent *a)
     }
 }
 
-static void handle(gps_req *r, gps_anthropic *c, bool count_only)
+static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
 {
     json_t *body = gps_req_json(r);
     if (!body) {
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;
     }
     gps_anthropic_req areq;
@@ -1402,8 +1272,7 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
             gps_anthropic_req_clear(&areq);
     }
     if (rc < 0) {
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, NULL);
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, NULL);
         return;
     }
     if (count_only)
@@ -1414,38 +1283,25 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
     st->ctx = c;
-    st->req = r->req;
     st->stream = areq.stream;
     st->count_only = count_only;
     gp_id_new("msg_", st->id, sizeof st->id);
     snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
-    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
-    st->start_us = r->start_us;
     st->stops = areq.stop_sequences;
     st->warnings = areq.warnings;
     areq.stop_sequences = areq.warnings = NULL;
     gp_buf_init(&st->pending);
     gp_buf_init(&st->text);
     st->open_block = -1;
-    gp_buf_init(&st->out);
 
-    gps_submit_err e;
-    gps_job *job = gps_jobs_submit(c->jobs, &areq.spec, r->correlation_id, r->key_id, &e);
+    gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
     gps_anthropic_req_clear(&areq);
     if (!job) {
-        if (e.retry_after_sec > 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", e.retry_after_sec);
-            gps_req_add_header(r, "Retry-After", v);
-        }
-        gps_http_send_error(r->req, GPS_DIALECT_ANTHROPIC, e.status, e.code, e.message, NULL,
-                            r->correlation_id, NULL);
-        count_request(c, e.code, r->start_us);
         stream_free(st);
         return;
     }
-    st->job = job;
     /* The model that serves (a fallback may have taken the request). */
     snprintf(st->model, sizeof st->model, "%s", job->spec.model);
     if (job->requested_model) {
@@ -1453,13 +1309,6 @@ static void handle(gps_req *r, gps_anthropic *c, bool count_only)
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
                  job->requested_model, job->spec.model);
         json_array_append_new(st->warnings, json_string(w));
-    }
-    gps_job_subscribe(job, on_job_event, st);
-    st->evcon = evhttp_request_get_connection(r->req);
-    if (st->evcon) {
-        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
-        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
-        st->watch = gps_http_watch_close(r->req);
     }
 }
 
@@ -1473,28 +1322,13 @@ static void h_count_tokens(gps_req *r, void *arg)
     handle(r, arg, true);
 }
 
-gps_anthropic *gps_anthropic_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
-{
-    gps_anthropic *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->jobs = jobs;
-    c->metrics = metrics;
-    c->request_timeout_sec = request_timeout_sec;
-    return c;
-}
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_messages, NULL},
+    {EVHTTP_REQ_POST, "/v1/messages/count_tokens", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT,
+     h_count_tokens, NULL},
+};
 
-void gps_anthropic_free(gps_anthropic *a)
+int gps_anthropic_register(gps_http *h, gps_relay_ctx *c)
 {
-    free(a);
-}
-
-int gps_anthropic_register(gps_http *h, gps_anthropic *c)
-{
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC,
-                             GPS_ROLE_CLIENT, h_messages, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/messages/count_tokens",
-                             GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_count_tokens, c);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

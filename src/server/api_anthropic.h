@@ -114,13 +114,9 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
 
 struct gps_http;
 struct gps_metrics;
-typedef struct gps_anthropic gps_anthropic;
-/* Handler context (borrowed jobs and metrics). NULL on ENOMEM. */
-gps_anthropic *gps_anthropic_new(gps_jobs *jobs, struct gps_metrics *metrics,
-                                 int request_timeout_sec);
-/* Free after the HTTP server (its routes point at a). */
-void gps_anthropic_free(gps_anthropic *a);
-/* Routes /v1/messages and /v1/messages/count_tokens on h. */
-int gps_anthropic_register(struct gps_http *h, gps_anthropic *a);
+struct gps_relay_ctx;
+/* Routes /v1/messages and /v1/messages/count_tokens on h; c (the relay's
+ * context, relay.h) is shared with OpenAI and must outlive h. */
+int gps_anthropic_register(struct gps_http *h, struct gps_relay_ctx *c);
 
 #endif

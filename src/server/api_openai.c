@@ -13,32 +13,22 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
+#include "server/relay.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 
-#define MAX_TOKENS_LIMIT 1000000
 #define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
 #define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
 #define MAX_STOP 4
-#define MAX_STOP_LEN 1024
-#define MAX_MODEL_NAME 256
 
 /* ------------------------------------------------------------------ */
 /* Request validation                                                  */
 /* ------------------------------------------------------------------ */
 
-#define FAIL(p, ...)                                                                           \
-    do {                                                                                       \
-        snprintf(msg, msglen, __VA_ARGS__);                                                    \
-        *param = (p);                                                                          \
-        goto fail;                                                                             \
-    } while (0)
 
-static bool is_null_or_absent(const json_t *v)
-{
-    return v == NULL || json_is_null(v);
-}
 
 /* An assistant message's tool_calls: [{id, type:"function", function:
  * {name, arguments:string}}]. */
@@ -114,54 +104,6 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
 /* Tool call accumulation                                              */
 /* ------------------------------------------------------------------ */
 
-int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started)
-{
-    *started = false;
-    const json_t *ix = json_object_get(ev, "index");
-    if (!json_is_integer(ix) || json_integer_value(ix) < 0 ||
-        json_integer_value(ix) > (json_int_t)acc->n)
-        return -1; /* calls come in index order */
-    size_t i = (size_t)json_integer_value(ix);
-    const char *args = json_string_value(json_object_get(ev, "arguments"));
-    if (i == acc->n) {
-        const char *name = json_string_value(json_object_get(ev, "name"));
-        const char *id = json_string_value(json_object_get(ev, "id"));
-        if (!name)
-            return -1;
-        gps_tool_call *v = realloc(acc->v, (acc->n + 1) * sizeof *v);
-        if (!v)
-            return -1;
-        acc->v = v;
-        gps_tool_call *c = &v[acc->n];
-        char made[32];
-        snprintf(made, sizeof made, "call_%zu", i);
-        c->id = strdup(id ? id : made);
-        c->name = strdup(name);
-        gp_buf_init(&c->args);
-        if (!c->id || !c->name) {
-            free(c->id);
-            free(c->name);
-            return -1;
-        }
-        acc->n++;
-        *started = true;
-    }
-    if (args)
-        gp_buf_append(&acc->v[i].args, args, strlen(args));
-    return (int)i;
-}
-
-void gps_tool_calls_free(gps_tool_calls *acc)
-{
-    for (size_t i = 0; i < acc->n; i++) {
-        free(acc->v[i].id);
-        free(acc->v[i].name);
-        gp_buf_free(&acc->v[i].args);
-    }
-    free(acc->v);
-    acc->v = NULL;
-    acc->n = 0;
-}
 
 json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
 {
@@ -174,11 +116,6 @@ json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
                                            "arguments", args ? args : json_string("")));
     }
     return a;
-}
-
-bool gps_model_takes_tools(registry *reg, const char *model)
-{
-    return registry_model_tools_count(reg, model) > 0;
 }
 
 /* Chat content: a string, or an array of {type:"text", text} parts that
@@ -215,122 +152,6 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
     return gp_buf_steal(&b);
 }
 
-static int get_number(const json_t *body, const char *key, double lo, double hi, double *out,
-                      char *msg, size_t msglen)
-{
-    const json_t *v = json_object_get(body, key);
-    if (is_null_or_absent(v))
-        return 0;
-    if (!json_is_number(v)) {
-        snprintf(msg, msglen, "'%s' must be a number", key);
-        return -1;
-    }
-    double x = json_number_value(v);
-    if (!isfinite(x) || x < lo || x > hi) {
-        snprintf(msg, msglen, "'%s' must be between %g and %g (got %g)", key, lo, hi, x);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
-                           const char **param)
-{
-    *param = NULL;
-    if (is_null_or_absent(xo))
-        return 0;
-    if (!json_is_object(xo))
-        FAIL("x_pool_options", "'x_pool_options' must be an object");
-    const json_t *pr = json_object_get(xo, "priority");
-    if (!is_null_or_absent(pr)) {
-        const char *ps = json_string_value(pr);
-        if (ps && strcmp(ps, "interactive") == 0)
-            s->priority = GPS_PRIO_INTERACTIVE;
-        else if (ps && strcmp(ps, "batch") == 0)
-            s->priority = GPS_PRIO_BATCH;
-        else
-            FAIL("x_pool_options.priority", "'x_pool_options.priority' must be "
-                                            "\"interactive\" or \"batch\"");
-    }
-    const json_t *pa = json_object_get(xo, "prefer_agent");
-    if (!is_null_or_absent(pa)) {
-        if (!json_is_string(pa) || json_string_length(pa) == 0 ||
-            json_string_length(pa) > 256)
-            FAIL("x_pool_options.prefer_agent",
-                 "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
-        s->prefer_agent = strdup(json_string_value(pa));
-    }
-    const json_t *se = json_object_get(xo, "session");
-    if (!is_null_or_absent(se)) {
-        if (!json_is_string(se) || json_string_length(se) == 0 ||
-            json_string_length(se) > 256)
-            FAIL("x_pool_options.session",
-                 "'x_pool_options.session' must be a string of 1 to 256 bytes");
-        s->session = strdup(json_string_value(se));
-    }
-    const json_t *lb = json_object_get(xo, "labels");
-    if (!is_null_or_absent(lb)) {
-        if (!json_is_object(lb) || json_object_size(lb) > 16)
-            FAIL("x_pool_options.labels",
-                 "'x_pool_options.labels' must be an object of at most 16 string values");
-        s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
-                           sizeof *s->labels);
-        if (!s->labels)
-            FAIL(NULL, "out of memory");
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)lb, k, v)
-        {
-            if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
-                FAIL("x_pool_options.labels",
-                     "'x_pool_options.labels': keys and values must be strings of at most 256 "
-                     "bytes (at '%.64s')",
-                     k);
-            s->labels[s->n_labels].key = strdup(k);
-            s->labels[s->n_labels].value = strdup(json_string_value(v));
-            s->n_labels++;
-        }
-    }
-    const json_t *fo = json_object_get(xo, "failover");
-    if (!is_null_or_absent(fo)) {
-        const char *fs = json_string_value(fo);
-        if (fs && strcmp(fs, "continue") == 0)
-            s->failover = GPS_FAILOVER_CONTINUE;
-        else if (fs && strcmp(fs, "restart") == 0)
-            s->failover = GPS_FAILOVER_RESTART;
-        else if (fs && strcmp(fs, "error") == 0)
-            s->failover = GPS_FAILOVER_ERROR;
-        else
-            FAIL("x_pool_options.failover", "'x_pool_options.failover' must be \"continue\", "
-                                            "\"restart\" or \"error\"");
-    }
-    const json_t *fm = json_object_get(xo, "fallback_models");
-    if (!is_null_or_absent(fm)) {
-        if (!json_is_array(fm) || json_array_size(fm) > GPS_MAX_FALLBACK_MODELS)
-            FAIL("x_pool_options.fallback_models",
-                 "'x_pool_options.fallback_models' must be an array of at most %d model names",
-                 GPS_MAX_FALLBACK_MODELS);
-        size_t i;
-        json_t *v;
-        json_array_foreach(fm, i, v)
-        {
-            if (!json_is_string(v) || json_string_length(v) == 0 ||
-                json_string_length(v) > MAX_MODEL_NAME)
-                FAIL("x_pool_options.fallback_models",
-                     "'x_pool_options.fallback_models[%zu]' must be a non-empty string of at "
-                     "most %d bytes",
-                     i, MAX_MODEL_NAME);
-            s->fallback_models[s->n_fallback] = strdup(json_string_value(v));
-            if (!s->fallback_models[s->n_fallback])
-                FAIL(NULL, "out of memory");
-            s->n_fallback++;
-        }
-    }
-    return 0;
-fail:
-    return -1;
-}
 
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
                      size_t msglen, const char **param)
@@ -348,62 +169,63 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     msg[0] = '\0';
 
     if (!json_is_object(body))
-        FAIL(NULL, "request body must be a JSON object");
+        GPS_FAIL(NULL, "request body must be a JSON object");
 
     /* model */
     const json_t *model = json_object_get(body, "model");
-    if (is_null_or_absent(model))
-        FAIL("model", "'model' is required");
+    if (gps_absent(model))
+        GPS_FAIL("model", "'model' is required");
     if (!json_is_string(model))
-        FAIL("model", "'model' must be a string");
-    if (json_string_length(model) == 0 || json_string_length(model) > MAX_MODEL_NAME)
-        FAIL("model", "'model' must be a non-empty string of at most %d bytes", MAX_MODEL_NAME);
+        GPS_FAIL("model", "'model' must be a string");
+    if (json_string_length(model) == 0 || json_string_length(model) > GPS_MAX_MODEL_NAME)
+        GPS_FAIL("model", "'model' must be a non-empty string of at most %d bytes",
+                 GPS_MAX_MODEL_NAME);
     s->model = strdup(json_string_value(model));
 
     /* prompt / messages */
     if (!chat) {
         const json_t *p = json_object_get(body, "prompt");
-        if (is_null_or_absent(p))
-            FAIL("prompt", "'prompt' is required");
+        if (gps_absent(p))
+            GPS_FAIL("prompt", "'prompt' is required");
         if (json_is_array(p)) {
             if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
-                FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
+                GPS_FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
                                "(token arrays and batches are not supported)");
             p = json_array_get(p, 0);
         }
         if (!json_is_string(p))
-            FAIL("prompt", "'prompt' must be a string");
+            GPS_FAIL("prompt", "'prompt' must be a string");
         s->prompt = strdup(json_string_value(p));
     } else {
         const json_t *m = json_object_get(body, "messages");
-        if (is_null_or_absent(m))
-            FAIL("messages", "'messages' is required");
+        if (gps_absent(m))
+            GPS_FAIL("messages", "'messages' is required");
         if (!json_is_array(m))
-            FAIL("messages", "'messages' must be an array");
+            GPS_FAIL("messages", "'messages' must be an array");
         if (json_array_size(m) == 0)
-            FAIL("messages", "'messages' must contain at least one message");
+            GPS_FAIL("messages", "'messages' must contain at least one message");
         s->messages = json_array();
         size_t i;
         json_t *e;
         json_array_foreach(m, i, e)
         {
             if (!json_is_object(e))
-                FAIL("messages", "messages[%zu] must be an object", i);
+                GPS_FAIL("messages", "messages[%zu] must be an object", i);
             const json_t *role = json_object_get(e, "role");
             if (!json_is_string(role))
-                FAIL("messages", "messages[%zu].role must be a string", i);
+                GPS_FAIL("messages", "messages[%zu].role must be a string", i);
             const char *r = json_string_value(role);
             if (strcmp(r, "developer") == 0)
                 r = "system";
             if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
                 strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
-                FAIL("messages",
+                GPS_FAIL("messages",
                      "messages[%zu].role '%.40s' is not supported (system, developer, user, "
                      "assistant, tool)",
                      i, json_string_value(role));
             const json_t *c = json_object_get(e, "content");
             const json_t *calls = json_object_get(e, "tool_calls");
-            if (strcmp(r, "assistant") == 0 && !is_null_or_absent(calls) &&
+            if (strcmp(r, "assistant") == 0 && !gps_absent(calls) &&
                 !(json_is_array(calls) && json_array_size(calls) == 0)) {
                 /* An earlier turn that called tools: kept as it is (content
                  * may be null), validated so agents get a clean shape. */
@@ -411,8 +233,8 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
                     *param = "messages";
                     goto fail;
                 }
-                char *text = is_null_or_absent(c) ? NULL : content_text(c, i, msg, msglen);
-                if (!is_null_or_absent(c) && !text) {
+                char *text = gps_absent(c) ? NULL : content_text(c, i, msg, msglen);
+                if (!gps_absent(c) && !text) {
                     *param = "messages";
                     goto fail;
                 }
@@ -425,8 +247,8 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             if (strcmp(r, "tool") == 0) {
                 const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
                 if (!tcid)
-                    FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
-                char *text = is_null_or_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
+                    GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
+                char *text = gps_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
                 if (!text) {
                     *param = "messages";
                     goto fail;
@@ -437,8 +259,8 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
                 free(text);
                 continue;
             }
-            if (is_null_or_absent(c))
-                FAIL("messages", "messages[%zu].content is required", i);
+            if (gps_absent(c))
+                GPS_FAIL("messages", "messages[%zu].content is required", i);
             char *text = content_text(c, i, msg, msglen);
             if (!text) {
                 *param = "messages";
@@ -453,149 +275,106 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     /* max_tokens (max_completion_tokens is the newer chat name) */
     const char *mt_key = "max_tokens";
     const json_t *mt = json_object_get(body, "max_tokens");
-    if (chat && is_null_or_absent(mt)) {
+    if (chat && gps_absent(mt)) {
         mt = json_object_get(body, "max_completion_tokens");
         mt_key = "max_completion_tokens";
     }
-    if (!is_null_or_absent(mt)) {
+    if (!gps_absent(mt)) {
         if (!json_is_integer(mt))
-            FAIL(mt_key, "'%s' must be an integer", mt_key);
+            GPS_FAIL(mt_key, "'%s' must be an integer", mt_key);
         json_int_t v = json_integer_value(mt);
-        if (v < 1 || v > MAX_TOKENS_LIMIT)
-            FAIL(mt_key, "'%s' must be between 1 and %d (got %lld)", mt_key, MAX_TOKENS_LIMIT,
+        if (v < 1 || v > GPS_MAX_TOKENS_LIMIT)
+            GPS_FAIL(mt_key, "'%s' must be between 1 and %d (got %lld)", mt_key,
+                     GPS_MAX_TOKENS_LIMIT,
                  (long long)v);
         s->max_tokens = v;
     }
 
-    if (get_number(body, "temperature", 0, 2, &s->temperature, msg, msglen) < 0) {
-        *param = "temperature";
-        goto fail;
-    }
-    if (get_number(body, "top_p", 0, 1, &s->top_p, msg, msglen) < 0) {
-        *param = "top_p";
-        goto fail;
-    }
     double pen = 0;
-    if (get_number(body, "presence_penalty", -2, 2, &pen, msg, msglen) < 0) {
+    if (gps_check_number(body, "presence_penalty", "'presence_penalty'", -2, 2, &pen, msg,
+                         msglen) < 0) {
         *param = "presence_penalty";
         goto fail;
     }
-    if (get_number(body, "frequency_penalty", -2, 2, &pen, msg, msglen) < 0) {
+    if (gps_check_number(body, "frequency_penalty", "'frequency_penalty'", -2, 2, &pen, msg,
+                         msglen) < 0) {
         *param = "frequency_penalty";
         goto fail;
     }
+    /* temperature, top_p, top_k (an extension: llama.cpp, vLLM), stop (up
+     * to 4 sequences) */
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
+        goto fail;
 
-    const json_t *tk = json_object_get(body, "top_k");   /* extension (llama.cpp, vLLM) */
-    if (!is_null_or_absent(tk)) {
-        if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
-            json_integer_value(tk) > 1000000)
-            FAIL("top_k", "'top_k' must be a non-negative integer");
-        s->top_k = json_integer_value(tk);
-    }
-
-    /* stop: string or array of up to 4 strings */
-    const json_t *stop = json_object_get(body, "stop");
-    if (!is_null_or_absent(stop)) {
-        /* An empty sequence would match at once: every reply would be
-         * empty. Refused rather than silently dropped. */
-        if (json_is_string(stop)) {
-            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
-                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
-            s->stop = json_array();
-            json_array_append_new(s->stop, json_string(json_string_value(stop)));
-        } else if (json_is_array(stop)) {
-            if (json_array_size(stop) > MAX_STOP)
-                FAIL("stop", "'stop' may hold at most %d sequences", MAX_STOP);
-            s->stop = json_array();
-            size_t i;
-            json_t *e;
-            json_array_foreach(stop, i, e)
-            {
-                if (!json_is_string(e) || json_string_length(e) == 0 ||
-                    json_string_length(e) > MAX_STOP_LEN)
-                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i,
-                         MAX_STOP_LEN);
-                json_array_append_new(s->stop, json_string(json_string_value(e)));
-            }
-        } else {
-            FAIL("stop", "'stop' must be a string or an array of strings");
-        }
-    }
-
-    const json_t *seed = json_object_get(body, "seed");
-    if (!is_null_or_absent(seed)) {
-        if (!json_is_integer(seed))
-            FAIL("seed", "'seed' must be an integer");
-        s->has_seed = true;
-        s->seed = json_integer_value(seed);
-    }
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
 
     const json_t *stream = json_object_get(body, "stream");
-    if (!is_null_or_absent(stream)) {
+    if (!gps_absent(stream)) {
         if (!json_is_boolean(stream))
-            FAIL("stream", "'stream' must be a boolean");
+            GPS_FAIL("stream", "'stream' must be a boolean");
         out->stream = json_is_true(stream);
     }
     const json_t *so = json_object_get(body, "stream_options");
-    if (!is_null_or_absent(so)) {
+    if (!gps_absent(so)) {
         if (!json_is_object(so))
-            FAIL("stream_options", "'stream_options' must be an object");
+            GPS_FAIL("stream_options", "'stream_options' must be an object");
         if (!out->stream)
-            FAIL("stream_options", "'stream_options' is only allowed when 'stream' is true");
+            GPS_FAIL("stream_options", "'stream_options' is only allowed when 'stream' is true");
         const json_t *iu = json_object_get(so, "include_usage");
-        if (!is_null_or_absent(iu)) {
+        if (!gps_absent(iu)) {
             if (!json_is_boolean(iu))
-                FAIL("stream_options", "'stream_options.include_usage' must be a boolean");
+                GPS_FAIL("stream_options", "'stream_options.include_usage' must be a boolean");
             out->include_usage = json_is_true(iu);
         }
     }
 
     const json_t *user = json_object_get(body, "user");
-    if (!is_null_or_absent(user)) {
+    if (!gps_absent(user)) {
         if (!json_is_string(user) || json_string_length(user) > 256)
-            FAIL("user", "'user' must be a string of at most 256 bytes");
+            GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
         s->user = strdup(json_string_value(user));
     }
 
     const json_t *n = json_object_get(body, "n");
-    if (!is_null_or_absent(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
-        FAIL("n", "only n=1 is supported");
+    if (!gps_absent(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
+        GPS_FAIL("n", "only n=1 is supported");
     const json_t *best_of = json_object_get(body, "best_of");
-    if (!is_null_or_absent(best_of) &&
+    if (!gps_absent(best_of) &&
         (!json_is_integer(best_of) || json_integer_value(best_of) != 1))
-        FAIL("best_of", "only best_of=1 is supported");
+        GPS_FAIL("best_of", "only best_of=1 is supported");
     const json_t *echo = json_object_get(body, "echo");
-    if (!is_null_or_absent(echo) && !json_is_false(echo))
-        FAIL("echo", "echo is not supported");
+    if (!gps_absent(echo) && !json_is_false(echo))
+        GPS_FAIL("echo", "echo is not supported");
     const json_t *lp = json_object_get(body, "logprobs");
-    if (!is_null_or_absent(lp) && !json_is_false(lp) &&
+    if (!gps_absent(lp) && !json_is_false(lp) &&
         !(json_is_integer(lp) && json_integer_value(lp) == 0))
-        FAIL("logprobs", "logprobs are not supported");
+        GPS_FAIL("logprobs", "logprobs are not supported");
     const json_t *suffix = json_object_get(body, "suffix");
-    if (!is_null_or_absent(suffix))
-        FAIL("suffix", "suffix is not supported");
+    if (!gps_absent(suffix))
+        GPS_FAIL("suffix", "suffix is not supported");
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
-    if (!is_null_or_absent(tools)) {
+    if (!gps_absent(tools)) {
         if (!chat)
-            FAIL("tools", "tools are only supported by /v1/chat/completions");
+            GPS_FAIL("tools", "tools are only supported by /v1/chat/completions");
         if (gps_openai_tools_check(tools, tchoice, msg, msglen, param) < 0)
             goto fail;
         if (json_array_size(tools) > 0) {
             s->tools = json_deep_copy(tools);
-            if (!is_null_or_absent(tchoice))
+            if (!gps_absent(tchoice))
                 s->tool_choice = json_deep_copy(tchoice);
         }
-    } else if (!is_null_or_absent(tchoice) &&
+    } else if (!gps_absent(tchoice) &&
                !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||
                                              strcmp(json_string_value(tchoice), "auto") == 0))) {
-        FAIL("tool_choice", "'tool_choice' needs 'tools'");
+        GPS_FAIL("tool_choice", "'tool_choice' needs 'tools'");
     }
     const json_t *rf = json_object_get(body, "response_format");
-    if (!is_null_or_absent(rf)) {
+    if (!gps_absent(rf)) {
         const char *t = json_string_value(json_object_get(rf, "type"));
         if (!t || strcmp(t, "text") != 0)
-            FAIL("response_format", "only response_format {\"type\":\"text\"} is supported");
+            GPS_FAIL("response_format", "only response_format {\"type\":\"text\"} is supported");
     }
 
     /* Pool extension. */
@@ -694,37 +473,24 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
-typedef struct gps_openai oa_ctx;
-struct gps_openai {
-    gps_jobs *jobs;
-    gps_metrics *metrics;
-    int request_timeout_sec;
-};
+typedef gps_relay_ctx oa_ctx;
 
 /* One in-flight client request: subscriber of its job. Freed when the
  * reply is complete or the client went away (never while the job still
  * calls it: unsubscribe first, which only marks). */
 typedef struct oa_stream {
+    gps_relay rl;                   /* the client side (relay.h) */
     oa_ctx *ctx;
-    struct evhttp_request *req;     /* NULL once the client is gone */
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;          /* peer-close detection while held */
-    gps_job *job;
     bool chat, stream, include_usage;
-    bool started;                   /* SSE headers sent */
     char id[48];
     long long created;
-    char model[MAX_MODEL_NAME + 1];
-    char corr[65];
-    uint64_t start_us;
+    char model[GPS_MAX_MODEL_NAME + 1];
     bool tools_ignored;             /* the request's tools were dropped (warning) */
     gps_tool_calls calls;           /* tool calls relayed so far */
-    gp_buf out;
     /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
      * follows waits in the job's text while the client is behind, and the
      * other events that came meanwhile wait here (references) with the
      * text offset they followed. */
-    gps_sse_pace *pace;
     size_t sent;
     struct oa_deferred {
         gps_event_type type;
@@ -732,101 +498,53 @@ typedef struct oa_stream {
         size_t at;
     } *dv;
     size_t dn, dcap;
-    bool too_slow;                  /* dropped by the pace: outcome client_too_slow */
 } oa_stream;
 
 /* Text of a catch-up chunk: large enough to drain quickly, small enough
  * that one chunk stays well under client_buffer_bytes. */
 #define CATCHUP_SLICE (16 * 1024)
 
-static void count_request(oa_ctx *c, const char *outcome, uint64_t start_us)
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
 {
-    gps_metrics_request(c->metrics, "openai", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
+    oa_stream *st = arg;
+    return st->rl.job ? (long long)(st->rl.job->text.len - st->sent) : 0;
 }
 
-void gps_pool_headers(struct evhttp_request *req, gps_job *job)
+static void stream_free(void *arg)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    if (job->agent_id[0])
-        evhttp_add_header(h, "x-pool-agent", job->agent_id);
-    char q[32];
-    snprintf(q, sizeof q, "%lld", job->queue_ms);
-    evhttp_add_header(h, "x-pool-queue-ms", q);
-    snprintf(q, sizeof q, "%d", job->attempts);
-    evhttp_add_header(h, "x-pool-attempts", q);
-    evhttp_add_header(h, "x-pool-model", job->spec.model);
-}
-
-json_t *gps_pool_meta(gps_job *job)
-{
-    uint64_t now = job->finished_us ? job->finished_us : gp_now_mono_us();
-    json_t *meta = json_pack(
-        "{s:s,s:s,s:I,s:I,s:i,s:[]}", "agent_id", job->agent_id, "model", job->spec.model,
-        "queue_ms", (json_int_t)job->queue_ms, "inference_ms",
-        (json_int_t)(job->assigned_us ? (now - job->assigned_us) / 1000 : 0), "attempts",
-        job->attempts, "warnings");
-    if (meta && job->requested_model) {
-        char w[600];
-        snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
-                 job->requested_model, job->spec.model);
-        json_array_append_new(json_object_get(meta, "warnings"), json_string(w));
-    }
-    if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */
-        json_object_set_new(meta, "continuation", json_string(job->continuation_mode));
-    return meta;
-}
-
-static void stream_free(oa_stream *st)
-{
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
+    oa_stream *st = arg;
+    gps_relay_clear(&st->rl);
     gps_tool_calls_free(&st->calls);
-    gp_buf_free(&st->out);
-    gps_sse_pace_free(st->pace);
     for (size_t i = 0; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
     free(st);
 }
 
-/* The reply is complete (or can never be): detach from the job and free. */
-static void stream_finish(oa_stream *st)
-{
-    if (st->job)
-        gps_job_unsubscribe(st->job, NULL, st);
-    stream_free(st);
-}
-
-/* Before the final reply: stop watching and forget the close callback
- * (a keep-alive connection outlives this request). */
-static void detach_conn(oa_stream *st)
-{
-    gps_conn_watch_free(st->watch);
-    st->watch = NULL;
-    if (st->evcon)
-        evhttp_connection_set_closecb(st->evcon, NULL, NULL);
-    st->evcon = NULL;
-}
+static const gps_relay_ops OPS = {
+    .api = "openai",
+    .dialect = GPS_DIALECT_OPENAI,
+    .error_event = NULL,
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
 
 static void emit_json(oa_stream *st, json_t *j)
 {
-    gps_sse_format_json(&st->out, NULL, NULL, j);
+    gps_sse_format_json(&st->rl.out, NULL, NULL, j);
     json_decref(j);
 }
 
-static void on_writable(void *arg);
-static void on_too_slow(void *arg);
-
 static void ensure_started(oa_stream *st)
 {
-    if (st->started)
+    if (st->rl.started)
         return;
-    st->started = true;
-    gps_pool_headers(st->req, st->job);
-    gps_sse_start(st->req);
-    st->pace = gps_sse_pace_new(st->req, on_writable, on_too_slow, st);
+    gps_relay_start(&st->rl);
     if (st->chat)
         emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
                                        st->include_usage));
@@ -847,7 +565,7 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
 static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
     oa_ctx *c = st->ctx;
-    bool first = !st->started;
+    bool first = !st->rl.started;
     ensure_started(st);
     json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false, NULL,
                                      st->include_usage);
@@ -858,11 +576,10 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
     else
         json_object_set_new(choice, "text", tx);
     emit_json(st, chunk);
-    gps_sse_pace_send(st->pace, st->req, &st->out);
-    gps_job_mark_output_sent(job);
+    gps_relay_send_output(&st->rl);
     if (first)
         gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                         (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                         (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
 /* One event, rendered now. Returns true when st was freed (the reply is
@@ -888,7 +605,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
         }
         json_object_set_new(tc, "function", fn);
-        bool first = !st->started;
+        bool first = !st->rl.started;
         ensure_started(st);
         json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
                                          NULL, st->include_usage);
@@ -896,11 +613,10 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                                             "delta"),
                             "tool_calls", json_pack("[o]", tc));
         emit_json(st, chunk);
-        gps_sse_pace_send(st->pace, st->req, &st->out);
-        gps_job_mark_output_sent(job);
+        gps_relay_send_output(&st->rl);
         if (first)
             gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(gp_now_mono_us() - st->start_us) / 1e6);
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         return false;
     }
     if (type == GPS_EV_END) {
@@ -920,10 +636,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));
-            gps_sse_format(&st->out, NULL, NULL, "[DONE]");
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
+            gps_sse_format(&st->rl.out, NULL, NULL, "[DONE]");
         } else {
             json_t *meta = stream_meta(st, job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
@@ -936,51 +649,17 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                 if (!job->text.len) /* OpenAI: content null when only tools were called */
                     json_object_set_new(m, "content", json_null());
             }
-            gps_pool_headers(st->req, job);
-            detach_conn(st);
-            gps_http_send_json(st->req, 200, body);
+            if (job->first_token_us)
+                gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                                 (double)(job->first_token_us - st->rl.start_us) / 1e6);
+            gps_relay_end_body(&st->rl, body, true);
+            return true;
         }
-        if (!st->stream && job->first_token_us)
-            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(job->first_token_us - st->start_us) / 1e6);
-        count_request(c, "ok", st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_end_stream(&st->rl);
         return true;
     }
     if (type == GPS_EV_ERROR) {
-        const char *code = json_string_value(json_object_get(ev, "code"));
-        const char *message = json_string_value(json_object_get(ev, "message"));
-        int status = (int)json_integer_value(json_object_get(ev, "status"));
-        if (status < 400 || status > 599)
-            status = 502;
-        if (!code)
-            code = "AGENT_ERROR";
-        if (!message)
-            message = "the job failed";
-        if (st->started) {
-            json_t *e = gps_error_body(GPS_DIALECT_OPENAI, status, code, message, NULL,
-                                       st->corr, NULL);
-            emit_json(st, e);
-            gps_sse_pace_send(st->pace, st->req, &st->out);
-            detach_conn(st);
-            gps_sse_end(st->req);
-        } else {
-            json_int_t ra = json_integer_value(json_object_get(ev, "retry_after"));
-            json_t *extra = NULL;
-            if (ra > 0) {
-                char v[32];
-                snprintf(v, sizeof v, "%lld", (long long)ra);
-                evhttp_add_header(evhttp_request_get_output_headers(st->req), "Retry-After", v);
-                extra = json_pack("{s:I}", "retry_after_sec", ra);
-            }
-            detach_conn(st);
-            gps_http_send_error(st->req, GPS_DIALECT_OPENAI, status, code, message, NULL,
-                                st->corr, extra);
-        }
-        count_request(c, code, st->start_us);
-        st->req = NULL;
-        stream_finish(st);
+        gps_relay_fail(&st->rl, ev, NULL);
         return true;
     }
     return false;
@@ -990,11 +669,11 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
  * waited) while the client keeps up. Returns true when st was freed. */
 static bool catch_up(oa_stream *st)
 {
-    gps_job *job = st->job;
-    while (st->req) {
+    gps_job *job = st->rl.job;
+    while (st->rl.req) {
         size_t limit = st->dn ? st->dv[0].at : job->text.len;
         if (st->sent < limit) {
-            if (gps_sse_pace_blocked(st->pace))
+            if (gps_relay_blocked(&st->rl))
                 return false; /* on_writable resumes */
             size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
                                           CATCHUP_SLICE);
@@ -1019,26 +698,9 @@ static void on_writable(void *arg)
     catch_up(arg);
 }
 
-/* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (on_client_close cancels the job), counted as client_too_slow. */
-static void on_too_slow(void *arg)
-{
-    oa_stream *st = arg;
-    if (!st->evcon)
-        return;
-    st->too_slow = true;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", st->corr,
-                 json_pack("{s:s,s:I}", "job_id", st->job ? st->job->id : "", "behind_bytes",
-                           (json_int_t)(st->job ? st->job->text.len - st->sent : 0)),
-                 "client did not read its stream in time; dropping it");
-    gps_sse_pace_drop(st->evcon); /* runs on_client_close: st is freed */
-}
-
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     oa_stream *st = arg;
-    if (!st->req)
-        return;
     if (!st->stream) {
         handle_event(st, job, type, ev);
         return;
@@ -1065,31 +727,11 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     st->dv[st->dn++] = (struct oa_deferred){type, json_incref(ev), job->text.len};
 }
 
-/* The client closed its connection: evhttp frees the request after this
- * returns. Cancel the job; the agent learns it on its next upload. */
-static void on_client_close(struct evhttp_connection *evcon, void *arg)
-{
-    oa_stream *st = arg;
-    gps_http_drop_request(st->req);
-    st->req = NULL;
-    st->evcon = NULL; /* closing: its callbacks are not ours to clear */
-    gp_log_write(GP_LOG_INFO, "client_disconnected", st->corr,
-                 json_pack("{s:s}", "job_id", st->job ? st->job->id : ""),
-                 "client went away; cancelling its job");
-    count_request(st->ctx, st->too_slow ? "client_too_slow" : "cancelled", st->start_us);
-    if (st->job) {
-        gps_job_unsubscribe(st->job, NULL, st);
-        gps_jobs_cancel(st->ctx->jobs, st->job, "client_disconnected");
-        st->job = NULL;
-    }
-    stream_free(st);
-}
-
 static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
 {
     json_t *body = gps_req_json(r);
     if (!body) {
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;
     }
     gps_openai_req oreq;
@@ -1098,8 +740,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     int rc = gps_openai_parse(body, chat, &oreq, msg, sizeof msg, &param);
     json_decref(body);
     if (rc < 0) {
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
-        count_request(c, "invalid_request", r->start_us);
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
         return;
     }
     oa_stream *st = calloc(1, sizeof *st);
@@ -1108,8 +749,8 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
     st->ctx = c;
-    st->req = r->req;
     st->chat = chat;
     st->stream = oreq.stream;
     st->include_usage = oreq.include_usage;
@@ -1123,40 +764,13 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     }
     st->created = gp_now_wall_ms() / 1000;
     snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
-    snprintf(st->corr, sizeof st->corr, "%s", r->correlation_id);
-    st->start_us = r->start_us;
-    gp_buf_init(&st->out);
-
-    gps_submit_err e;
-    gps_job *job = gps_jobs_submit(c->jobs, &oreq.spec, r->correlation_id, r->key_id, &e);
-    gps_job_spec_clear(&oreq.spec);
+    gps_job *job = gps_relay_submit(&st->rl, &oreq.spec, r, c->request_timeout_sec + 30);
     if (!job) {
-        json_t *extra = NULL;
-        if (e.retry_after_sec > 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", e.retry_after_sec);
-            gps_req_add_header(r, "Retry-After", v);
-            extra = json_pack("{s:i}", "retry_after_sec", e.retry_after_sec);
-        }
-        gps_http_send_error(r->req, GPS_DIALECT_OPENAI, e.status, e.code, e.message,
-                            e.status == 404 ? "model" : NULL, r->correlation_id, extra);
-        count_request(c, e.code, r->start_us);
-        gp_buf_free(&st->out);
-        free(st);
+        stream_free(st);
         return;
     }
-    st->job = job;
     /* The model that serves (a fallback may have taken the request). */
     snprintf(st->model, sizeof st->model, "%s", job->spec.model);
-    gps_job_subscribe(job, on_job_event, st);
-    st->evcon = evhttp_request_get_connection(r->req);
-    if (st->evcon) {
-        evhttp_connection_set_closecb(st->evcon, on_client_close, st);
-        /* The connection may sit silent while the job is queued or the
-         * model thinks: give it the whole request budget, not idle_timeout. */
-        evhttp_connection_set_timeout(st->evcon, c->request_timeout_sec + 30);
-        st->watch = gps_http_watch_close(r->req);
-    }
 }
 
 static void h_completions(gps_req *r, void *arg)
@@ -1199,30 +813,13 @@ static void h_models(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, body);
 }
 
-gps_openai *gps_openai_new(gps_jobs *jobs, gps_metrics *metrics, int request_timeout_sec)
-{
-    gps_openai *c = calloc(1, sizeof *c);
-    if (!c)
-        return NULL;
-    c->jobs = jobs;
-    c->metrics = metrics;
-    c->request_timeout_sec = request_timeout_sec;
-    return c;
-}
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_completions, NULL},
+    {EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_chat, NULL},
+    {EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_models, NULL},
+};
 
-void gps_openai_free(gps_openai *o)
+int gps_openai_register(gps_http *h, gps_relay_ctx *c)
 {
-    free(o);
-}
-
-int gps_openai_register(gps_http *h, gps_openai *c)
-{
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_completions, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_chat, c);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI,
-                             GPS_ROLE_CLIENT, h_models, c);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
 }

@@ -24,6 +24,9 @@
 #include <jansson.h>
 
 #include "server/jobs.h"
+#include "server/poolmeta.h"
+#include "server/reqcheck.h"
+#include "server/toolcalls.h"
 
 typedef struct gps_openai_req {
     gps_job_spec spec;       /* owned; moved into the job on submit */
@@ -39,40 +42,12 @@ typedef struct gps_openai_req {
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
                      size_t msglen, const char **param);
 
-/* Parse the pool extension object `x_pool_options` (priority,
- * prefer_agent, session, labels, failover, fallback_models) into s; shared
- * by every dialect. xo may be NULL or null (nothing to do). Returns 0, or
- * -1 with msg and *param set
- * (what was filled so far stays in s: the caller clears s). */
-int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
-                           const char **param);
-
 /* Validate OpenAI function tools and tool_choice ("auto" | "none" |
  * "required" | {"type":"function","function":{"name"}}); tool_choice may
  * be NULL. Returns 0, or -1 with msg and *param. */
 int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
                            size_t msglen, const char **param);
-/* True when at least one live agent serving model reports
- * "supports_tools": true for it. A job carrying tools (sched_job
- * needs_tools) is then scheduled on such agents only. O(1). */
-bool gps_model_takes_tools(registry *reg, const char *model);
 
-/* Tool calls put together from an agent's tool_call events (both
- * dialects). The first event of call i (i == n) carries id and name. */
-typedef struct gps_tool_call {
-    char *id;
-    char *name;
-    gp_buf args;             /* the arguments JSON text so far */
-} gps_tool_call;
-typedef struct gps_tool_calls {
-    gps_tool_call *v;
-    size_t n;
-} gps_tool_calls;
-/* Apply one tool_call event. Returns the call's index, or -1 when the
- * event does not fit (an index that skips ahead, a new call without a
- * name, ENOMEM): the caller ignores it. *started: this event began a call. */
-int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started);
-void gps_tool_calls_free(gps_tool_calls *acc);
 /* message.tool_calls: [{id, type:"function", function:{name, arguments}}]. */
 json_t *gps_tool_calls_openai(const gps_tool_calls *acc);
 
@@ -95,19 +70,9 @@ struct gps_http;
 struct gps_metrics;
 struct evhttp_request;
 
-/* x_pool_meta of a job (new reference): agent_id, model (the model that
- * served), queue_ms, inference_ms (assignment to the end, or to now while
- * it runs), attempts, warnings (a fallback names the model asked for). */
-json_t *gps_pool_meta(gps_job *job);
-/* The same as x-pool-agent, x-pool-queue-ms, x-pool-attempts and
- * x-pool-model headers on req (before its reply starts). */
-void gps_pool_headers(struct evhttp_request *req, gps_job *job);
-typedef struct gps_openai gps_openai;
-/* The dialect's handler context (borrowed jobs and metrics). NULL on ENOMEM. */
-gps_openai *gps_openai_new(gps_jobs *jobs, struct gps_metrics *metrics, int request_timeout_sec);
-/* Free after the HTTP server (its routes point at o). */
-void gps_openai_free(gps_openai *o);
-/* Routes /v1/completions, /v1/chat/completions and /v1/models on h. */
-int gps_openai_register(struct gps_http *h, gps_openai *o);
+struct gps_relay_ctx;
+/* Routes /v1/completions, /v1/chat/completions and /v1/models on h; c (the
+ * relay's context, relay.h) is shared with Anthropic and must outlive h. */
+int gps_openai_register(struct gps_http *h, struct gps_relay_ctx *c);
 
 #endif

@@ -13,17 +13,18 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/api_openai.h"
+#include "server/poolmeta.h"
+#include "server/reqcheck.h"
 #include "server/auth.h"
+#include "server/errors.h"
+#include "server/held.h"
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "server/store.h"
 #include "server/textcheck.h"
 
-#define MAX_TOKENS_LIMIT 1000000
 #define MAX_STOP 16
-#define MAX_STOP_LEN 1024
 #define NBUCKETS 1024
 #define TICK_MS 250
 #define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
@@ -36,32 +37,8 @@
 /* Parsing                                                             */
 /* ------------------------------------------------------------------ */
 
-#define FAIL(p, ...)                                                                           \
-    do {                                                                                       \
-        snprintf(msg, msglen, __VA_ARGS__);                                                    \
-        *param = (p);                                                                          \
-        goto fail;                                                                             \
-    } while (0)
 
-static bool absent(const json_t *v)
-{
-    return v == NULL || json_is_null(v);
-}
 
-static int num(const json_t *body, const char *key, double lo, double hi, double *out, char *msg,
-               size_t msglen)
-{
-    const json_t *v = json_object_get(body, key);
-    if (absent(v))
-        return 0;
-    double x = json_is_number(v) ? json_number_value(v) : NAN;
-    if (!json_is_number(v) || !isfinite(x) || x < lo || x > hi) {
-        snprintf(msg, msglen, "'%s' must be a number between %g and %g", key, lo, hi);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
 
 int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                     const char **param)
@@ -74,25 +51,25 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
     *param = NULL;
     msg[0] = '\0';
     if (!json_is_object(body))
-        FAIL(NULL, "request body must be a JSON object");
+        GPS_FAIL(NULL, "request body must be a JSON object");
     const json_t *model = json_object_get(body, "model");
     if (!json_is_string(model) || json_string_length(model) == 0 ||
         json_string_length(model) > 256)
-        FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
+        GPS_FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
     s->model = strdup(json_string_value(model));
 
     const json_t *p = json_object_get(body, "prompt");
     const json_t *m = json_object_get(body, "messages");
-    if (!absent(p) && !absent(m))
-        FAIL("prompt", "give either 'prompt' or 'messages', not both");
-    if (!absent(p)) {
+    if (!gps_absent(p) && !gps_absent(m))
+        GPS_FAIL("prompt", "give either 'prompt' or 'messages', not both");
+    if (!gps_absent(p)) {
         if (!json_is_string(p))
-            FAIL("prompt", "'prompt' must be a string");
+            GPS_FAIL("prompt", "'prompt' must be a string");
         s->kind = GPS_JOB_COMPLETION;
         s->prompt = strdup(json_string_value(p));
-    } else if (!absent(m)) {
+    } else if (!gps_absent(m)) {
         if (!json_is_array(m) || json_array_size(m) == 0)
-            FAIL("messages", "'messages' must be a non-empty array");
+            GPS_FAIL("messages", "'messages' must be a non-empty array");
         s->kind = GPS_JOB_CHAT;
         s->messages = json_array();
         size_t i;
@@ -103,82 +80,38 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             const json_t *c = json_object_get(e, "content");
             if (!role || (strcmp(role, "system") && strcmp(role, "user") &&
                           strcmp(role, "assistant")))
-                FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
+                GPS_FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
             if (!json_is_string(c))
-                FAIL("messages", "messages[%zu].content must be a string", i);
+                GPS_FAIL("messages", "messages[%zu].content must be a string", i);
             json_array_append_new(s->messages, json_pack("{s:s,s:O}", "role", role, "content", c));
         }
     } else {
-        FAIL("prompt", "'prompt' or 'messages' is required");
+        GPS_FAIL("prompt", "'prompt' or 'messages' is required");
     }
 
     const json_t *mt = json_object_get(body, "max_tokens");
     if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
-        json_integer_value(mt) > MAX_TOKENS_LIMIT)
-        FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
-             MAX_TOKENS_LIMIT);
+        json_integer_value(mt) > GPS_MAX_TOKENS_LIMIT)
+        GPS_FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
+             GPS_MAX_TOKENS_LIMIT);
     s->max_tokens = json_integer_value(mt);
-    if (num(body, "temperature", 0, 2, &s->temperature, msg, msglen) < 0) {
-        *param = "temperature";
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
         goto fail;
-    }
-    if (num(body, "top_p", 0, 1, &s->top_p, msg, msglen) < 0) {
-        *param = "top_p";
-        goto fail;
-    }
-    const json_t *tk = json_object_get(body, "top_k");
-    if (!absent(tk)) {
-        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
-            FAIL("top_k", "'top_k' must be a non-negative integer");
-        s->top_k = json_integer_value(tk);
-    }
-    const json_t *stop = json_object_get(body, "stop");
-    if (!absent(stop)) {
-        s->stop = json_array();
-        if (json_is_string(stop)) {
-            if (json_string_length(stop) == 0 || json_string_length(stop) > MAX_STOP_LEN)
-                FAIL("stop", "'stop' must be a string of 1 to %d bytes", MAX_STOP_LEN);
-            json_array_append_new(s->stop, json_string(json_string_value(stop)));
-        } else if (json_is_array(stop) && json_array_size(stop) <= MAX_STOP) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(stop, i, e)
-            {
-                if (!json_is_string(e) || json_string_length(e) == 0 ||
-                    json_string_length(e) > MAX_STOP_LEN)
-                    FAIL("stop", "stop[%zu] must be a string of 1 to %d bytes", i, MAX_STOP_LEN);
-                json_array_append_new(s->stop, json_string(json_string_value(e)));
-            }
-        } else {
-            FAIL("stop", "'stop' must be a string or an array of at most %d strings", MAX_STOP);
-        }
-    }
-    const json_t *seed = json_object_get(body, "seed");
-    if (!absent(seed)) {
-        if (!json_is_integer(seed))
-            FAIL("seed", "'seed' must be an integer");
-        s->seed = json_integer_value(seed);
-    } else {
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
+    if (!s->has_seed) {
         /* Recorded with the job so the run can be reproduced. */
         uint32_t r;
         gp_random_bytes(&r, sizeof r);
         s->seed = (long long)(r & 0x7fffffff);
     }
     s->has_seed = true;
-    const json_t *pr = json_object_get(body, "priority");
-    if (!absent(pr)) {
-        const char *ps = json_string_value(pr);
-        if (ps && strcmp(ps, "interactive") == 0)
-            s->priority = GPS_PRIO_INTERACTIVE;
-        else if (ps && strcmp(ps, "batch") == 0)
-            s->priority = GPS_PRIO_BATCH;
-        else
-            FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
-    }
+    if (gps_priority_parse(json_object_get(body, "priority"), &s->priority) < 0)
+        GPS_FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
     const json_t *sid = json_object_get(body, "session_id");
-    if (!absent(sid)) {
+    if (!gps_absent(sid)) {
         if (!json_is_string(sid) || json_string_length(sid) == 0 || json_string_length(sid) > 256)
-            FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
+            GPS_FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
         s->session = strdup(json_string_value(sid));
     }
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
@@ -186,7 +119,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         goto fail;
     if (!s->model || (s->kind == GPS_JOB_COMPLETION && !s->prompt) ||
         (s->kind == GPS_JOB_CHAT && !s->messages))
-        FAIL(NULL, "out of memory");
+        GPS_FAIL(NULL, "out of memory");
     return 0;
 fail:
     gps_job_spec_clear(s);
@@ -216,8 +149,7 @@ typedef struct task_sub {
     gps_tasks *owner;
     task *t;                      /* NULL once detached */
     struct evhttp_request *req;
-    struct evhttp_connection *evcon;
-    gps_conn_watch *watch;
+    gps_held held;                /* hold, peer-close watch (held.h) */
     uint64_t last_write_us;
     /* Backpressure (sse.h): events[0..ev_sent) were written; the rest wait
      * in the task's event log while the client is behind. A long event
@@ -359,11 +291,7 @@ static void sse_frame(gp_buf *out, const json_t *ev)
 
 static void sub_detach_conn(task_sub *s)
 {
-    gps_conn_watch_free(s->watch);
-    s->watch = NULL;
-    if (s->evcon)
-        evhttp_connection_set_closecb(s->evcon, NULL, NULL);
-    s->evcon = NULL;
+    gps_held_release(&s->held);
 }
 
 static void sub_remove(task *t, task_sub *s)
@@ -1012,15 +940,9 @@ static void h_create(gps_req *r, void *arg)
     if (!job) {
         free(t);
         json_decref(events);
-        json_t *extra = NULL;
-        if (e.retry_after_sec > 0) {
-            char v[32];
-            snprintf(v, sizeof v, "%d", e.retry_after_sec);
-            gps_req_add_header(r, "Retry-After", v);
-            extra = json_pack("{s:{s:i}}", "details", "retry_after_sec", e.retry_after_sec);
-        }
-        gps_http_send_error(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
-                            e.status == 404 ? "model" : NULL, r->correlation_id, extra);
+        gps_send_error_retry(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
+                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.retry_after_sec);
         count_request(g, e.code, r->start_us);
         return;
     }
@@ -1187,37 +1109,27 @@ typedef enum { COLD_STATUS, COLD_EVENTS, COLD_DELETE } cold_kind;
 typedef struct cold_req {
     gps_tasks *g;
     cold_kind kind;
-    struct evhttp_request *req;   /* NULL once the client left */
-    struct evhttp_connection *evcon;
+    gps_held held;                /* held.req: NULL once the client left */
     char corr[65];
     char key_id[65];
     long long last_id;
 } cold_req;
 
-static void cold_close(struct evhttp_connection *evcon, void *arg)
-{
-    cold_req *c = arg;
-    gps_http_drop_request(c->req);
-    c->req = NULL;
-    c->evcon = NULL;
-}
-
 static void cold_done(void *arg, int status, const gps_store_job_info *j)
 {
     cold_req *c = arg;
-    if (!c->req) {
+    if (!c->held.req) {
         free(c);
         return;
     }
-    if (c->evcon)
-        evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+    gps_held_release(&c->held);
     if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
         !may_see(c->g, c->key_id, j->key_id)) {
         if (status < 0)
-            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
                                 "the task store could not be read", NULL, c->corr, NULL);
         else
-            gps_http_send_error(c->req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
                                 "no such task", NULL, c->corr, NULL);
         free(c);
         return;
@@ -1225,12 +1137,13 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
     if (c->kind != COLD_EVENTS) {
         /* A task out of memory is finished (or was failed at a restart):
          * DELETE has nothing left to cancel. */
-        gps_http_send_json(c->req, 200, status_cold(j));
+        gps_http_send_json(c->held.req, 200, status_cold(j));
         free(c);
         return;
     }
-    evhttp_add_header(evhttp_request_get_output_headers(c->req), "X-Gpupool-Replay", "store");
-    gps_sse_start(c->req);
+    evhttp_add_header(evhttp_request_get_output_headers(c->held.req), "X-Gpupool-Replay",
+                      "store");
+    gps_sse_start(c->held.req);
     gp_buf out;
     gp_buf_init(&out);
     /* The stored event log (job_events): exactly the events after last_id. */
@@ -1276,9 +1189,9 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
         sse_frame(&out, ev);
         json_decref(ev);
     }
-    gps_sse_send(c->req, &out);
+    gps_sse_send(c->held.req, &out);
     gp_buf_free(&out);
-    gps_sse_end(c->req);
+    gps_sse_end(c->held.req);
     free(c);
 }
 
@@ -1292,16 +1205,12 @@ static void cold_lookup(gps_tasks *g, gps_req *r, cold_kind kind, long long last
     }
     c->g = g;
     c->kind = kind;
-    c->req = r->req;
     c->last_id = last_id;
     snprintf(c->corr, sizeof c->corr, "%s", r->correlation_id);
     snprintf(c->key_id, sizeof c->key_id, "%s", r->key_id);
-    c->evcon = evhttp_request_get_connection(r->req);
-    if (c->evcon)
-        evhttp_connection_set_closecb(c->evcon, cold_close, c);
+    gps_held_start(&c->held, r->req, false, 0, NULL, NULL);
     if (gps_store_job_get_async(g->store, r->params[0], cold_done, c) < 0) {
-        if (c->evcon)
-            evhttp_connection_set_closecb(c->evcon, NULL, NULL);
+        gps_held_release(&c->held);
         free(c);
         gps_req_error(r, 500, "INTERNAL", "the task store could not be read", NULL);
     }
@@ -1335,12 +1244,10 @@ static void h_delete(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 
-static void sub_close(struct evhttp_connection *evcon, void *arg)
+static void sub_gone(void *arg)
 {
     task_sub *s = arg;
-    gps_http_drop_request(s->req);
-    s->req = NULL;
-    s->evcon = NULL;
+    s->req = NULL; /* dropped by held.c */
     if (s->t)
         sub_remove(s->t, s);
     sub_free(s); /* the task keeps running: a task outlives its watchers */
@@ -1353,19 +1260,19 @@ static void sub_writable(void *arg)
         sub_catch_up(s->t, s);
 }
 
-/* Behind for slow_client_timeout_sec: drop the connection (sub_close runs
+/* Behind for slow_client_timeout_sec: drop the connection (sub_gone runs
  * and frees s). The task keeps running: the client resumes with
  * Last-Event-ID. */
 static void sub_too_slow(void *arg)
 {
     task_sub *s = arg;
-    if (!s->evcon)
+    if (!s->held.evcon)
         return;
     gp_log_write(GP_LOG_WARN, "client_too_slow", NULL,
                  json_pack("{s:s,s:I}", "job_id", s->t ? s->t->id : "", "next_event",
                            (json_int_t)s->ev_sent + 1),
                  "client did not read its task events in time; dropping it");
-    gps_sse_pace_drop(s->evcon);
+    gps_held_drop(&s->held);
 }
 
 static void h_events(gps_req *r, void *arg)
@@ -1424,12 +1331,7 @@ static void h_events(gps_req *r, void *arg)
     s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
     s->next = t->subs;
     t->subs = s;
-    s->evcon = evhttp_request_get_connection(r->req);
-    if (s->evcon) {
-        evhttp_connection_set_closecb(s->evcon, sub_close, s);
-        evhttp_connection_set_timeout(s->evcon, g->request_timeout_sec + 30);
-        s->watch = gps_http_watch_close(r->req);
-    }
+    gps_held_start(&s->held, r->req, true, g->request_timeout_sec + 30, sub_gone, s);
     /* The replay goes out paced, then the live events (task_emit). */
     sub_catch_up(t, s);
 }
@@ -1491,16 +1393,14 @@ void gps_tasks_free(gps_tasks *g)
     free(g);
 }
 
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_create, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_get, NULL},
+    {EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_delete, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_events, NULL},
+};
+
 int gps_tasks_register(gps_http *h, gps_tasks *g)
 {
-    int rc = 0;
-    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT,
-                             h_create, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_get, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_delete, g);
-    rc |= gps_http_add_route(h, EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE,
-                             GPS_ROLE_CLIENT, h_events, g);
-    return rc ? -1 : 0;
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], g);
 }

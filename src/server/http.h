@@ -95,6 +95,9 @@ void gps_http_free(gps_http *h);
 /* Add a route (the pattern string must outlive h). 0 or -1 when the table is full. */
 int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_dialect d,
                        gps_role role, gps_handler_fn fn, void *arg);
+/* Every route of a table (a dialect's routes), each with arg instead of
+ * the table's (NULL) arg. 0 or -1. */
+int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg);
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
 /* Bind host:port (port 0 = ephemeral). *bound_port receives the real port.
  * 0 or -1 with a message in err. */
@@ -197,20 +200,13 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
 
 /* Reply with a JSON body (reference stolen). */
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
-/* Build the error body of dialect d (new reference). code is a stable
- * native code ("INVALID_REQUEST"); param names the offending field or NULL;
- * extra (stolen, may be NULL) is merged into the inner error object. */
-json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *message,
-                       const char *param, const char *correlation_id, json_t *extra);
-/* Send an error in dialect d. */
+/* Send an error in dialect d (body: errors.h, gps_error_body). */
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
                          const char *code, const char *message, const char *param,
                          const char *correlation_id, json_t *extra);
 /* Same, using r's dialect and correlation id. */
 void gps_req_error(gps_req *r, int status, const char *code, const char *message,
                    const char *param);
-/* OpenAI "type" for a status (invalid_request_error, authentication_error, ...). */
-const char *gps_openai_error_type(int status);
 
 /* The request body as a NUL-terminated string (new, caller frees), or NULL
  * when empty or on allocation failure. *len receives the length. */

@@ -45,6 +45,7 @@
 #include "server/metrics.h"
 #include "server/sse.h"
 #include "server/registry.h"
+#include "server/relay.h"
 #include "server/sched.h"
 #include "server/server_config.h"
 #include "server/store.h"
@@ -63,8 +64,7 @@ typedef struct server {
     sched *sched;
     gps_jobs *jobs;
     gps_agents *agents;
-    gps_openai *openai;
-    gps_anthropic *anthropic;
+    gps_relay_ctx *relay;         /* the OpenAI and Anthropic handlers' context */
     gps_tasks *tasks;
     gps_admin *admin;
     gps_http *http;
@@ -663,11 +663,8 @@ int main(int argc, char **argv)
     if (!s->http)
         goto oom;
     gps_http_set_auth(s->http, auth_hook, s);
-    s->openai = gps_openai_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
-    if (!s->openai)
-        goto oom;
-    s->anthropic = gps_anthropic_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
-    if (!s->anthropic)
+    s->relay = gps_relay_ctx_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
+    if (!s->relay)
         goto oom;
     s->tasks = gps_tasks_new(s->base, s->jobs, s->store, s->metrics,
                              (int)s->cfg.request_timeout_sec);
@@ -687,8 +684,8 @@ int main(int argc, char **argv)
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
         gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
                            GPS_ROLE_NONE, h_metrics, s) < 0 ||
-        gps_openai_register(s->http, s->openai) < 0 ||
-        gps_anthropic_register(s->http, s->anthropic) < 0 ||
+        gps_openai_register(s->http, s->relay) < 0 ||
+        gps_anthropic_register(s->http, s->relay) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0 ||
         gps_admin_register(s->http, s->admin) < 0)
@@ -762,8 +759,7 @@ done:
     if (s->http)
         gps_http_free(s->http);
     gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */
-    gps_openai_free(s->openai);
-    gps_anthropic_free(s->anthropic);
+    gps_relay_ctx_free(s->relay);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
     gps_admin_free(s->admin);
     if (s->jobs)

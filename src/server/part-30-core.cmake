@@ -3,6 +3,8 @@
 add_library(gps_core STATIC
   ${CMAKE_CURRENT_LIST_DIR}/server_config.c
   ${CMAKE_CURRENT_LIST_DIR}/http.c
+  ${CMAKE_CURRENT_LIST_DIR}/errors.c
+  ${CMAKE_CURRENT_LIST_DIR}/held.c
   ${CMAKE_CURRENT_LIST_DIR}/tls.c
   ${CMAKE_CURRENT_LIST_DIR}/sse.c
   ${CMAKE_CURRENT_LIST_DIR}/textcheck.c

@@ -1,4 +1,4 @@
-/* Routing table (404/405, params) and dialect error shapes. */
+/* Routing table (404/405, params); the error shapes are in test_errors.c. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -73,43 +73,6 @@ static void test_dialect_for_path(void **st)
     assert_int_equal(gps_dialect_for_path("/agents/x"), GPS_DIALECT_NATIVE);
     assert_int_equal(gps_dialect_for_path("/"), GPS_DIALECT_NATIVE);
     assert_int_equal(gps_dialect_for_path("/v10/x"), GPS_DIALECT_NATIVE);
-}
-
-static void test_error_shapes(void **st)
-{
-    (void)st;
-    json_t *o = gps_error_body(GPS_DIALECT_OPENAI, 400, "INVALID_REQUEST", "bad top_p", "top_p",
-                               "c1", NULL);
-    json_t *e = json_object_get(o, "error");
-    assert_string_equal(json_string_value(json_object_get(e, "message")), "bad top_p");
-    assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
-    assert_string_equal(json_string_value(json_object_get(e, "param")), "top_p");
-    assert_string_equal(json_string_value(json_object_get(e, "code")), "invalid_request");
-    json_decref(o);
-
-    o = gps_error_body(GPS_DIALECT_OPENAI, 503, "NO_AGENT", "none", NULL, NULL,
-                       json_pack("{s:i}", "retry_after_sec", 15));
-    e = json_object_get(o, "error");
-    assert_true(json_is_null(json_object_get(e, "param")));
-    assert_int_equal(json_integer_value(json_object_get(e, "retry_after_sec")), 15);
-    assert_string_equal(json_string_value(json_object_get(e, "type")), "service_unavailable");
-    json_decref(o);
-
-    o = gps_error_body(GPS_DIALECT_NATIVE, 409, "SEQ_GAP", "gap", NULL, "corr", NULL);
-    e = json_object_get(o, "error");
-    assert_string_equal(json_string_value(json_object_get(e, "code")), "SEQ_GAP");
-    assert_string_equal(json_string_value(json_object_get(e, "correlation_id")), "corr");
-    json_decref(o);
-
-    o = gps_error_body(GPS_DIALECT_ANTHROPIC, 404, "NOT_FOUND", "nope", NULL, NULL, NULL);
-    assert_string_equal(json_string_value(json_object_get(o, "type")), "error");
-    e = json_object_get(o, "error");
-    assert_string_equal(json_string_value(json_object_get(e, "type")), "not_found_error");
-    json_decref(o);
-
-    assert_string_equal(gps_openai_error_type(401), "authentication_error");
-    assert_string_equal(gps_openai_error_type(429), "rate_limit_error");
-    assert_string_equal(gps_openai_error_type(500), "server_error");
 }
 
 /* Issue 9, finding 9: only normalised origin-form paths route. */
@@ -220,7 +183,6 @@ int main(void)
         cmocka_unit_test(test_lookup_found),
         cmocka_unit_test(test_lookup_404_405),
         cmocka_unit_test(test_dialect_for_path),
-        cmocka_unit_test(test_error_shapes),
         cmocka_unit_test(test_issue9_target_ok),
         cmocka_unit_test(test_issue9_head_parse),
     };
