@@ -13,8 +13,8 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/auth.h"
-#include "server/limits.h"
+#include "server/auth/auth.h"
+#include "server/auth/limits.h"
 
 static double per_call_ns(gps_limits *l, const char *id, int n)
 {

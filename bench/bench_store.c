@@ -14,7 +14,7 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/store.h"
+#include "server/store/store.h"
 
 static int run(const char *dir, int n, int interval_ms, int batch_max)
 {

@@ -122,8 +122,7 @@ struct agent_backend {
 /* Constructors. Each returns a new backend, or NULL with a message in err.
  * Options are borrowed and outlive the backend. */
 agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen);
-/* Defined in backend_gguf.c (engine module) when it is built; the agent's
- * CMakeLists defines AGENT_HAVE_GGUF=1 in that case. */
+/* Defined in backend_gguf.c (the embedded engine). */
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen);
 
 #endif

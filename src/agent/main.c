@@ -99,12 +99,7 @@ int main(int argc, char **argv)
     if (o.upstream) {
         be = agent_backend_openai_create(&o, err, sizeof err);
     } else {
-#ifdef AGENT_HAVE_GGUF
         be = agent_backend_gguf_create(&o, err, sizeof err);
-#else
-        snprintf(err, sizeof err, "model: the gguf backend is not built into this agent "
-                                  "(use --upstream URL --upstream-model NAME)");
-#endif
     }
     if (!be) {
         fprintf(stderr, "gpupool-agent: %s\n", err);

@@ -1,6 +1,6 @@
 /* admin_api: see admin_api.h. */
 #include "server/admin_api.h"
-#include "server/textcheck.h"
+#include "server/http/textcheck.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -13,9 +13,9 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/held.h"
+#include "server/http/held.h"
 #include "server/metrics.h"
-#include "server/sched.h"
+#include "server/fleet/sched.h"
 
 struct gps_admin {
     struct event_base *base;

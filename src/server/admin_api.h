@@ -31,12 +31,12 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "server/auth.h"
-#include "server/http.h"
-#include "server/jobs.h"
-#include "server/limits.h"
-#include "server/registry.h"
-#include "server/store.h"
+#include "server/auth/auth.h"
+#include "server/http/http.h"
+#include "server/jobs/jobs.h"
+#include "server/auth/limits.h"
+#include "server/fleet/registry.h"
+#include "server/store/store.h"
 
 #define GPS_ADMIN_JOBS_DEFAULT 50
 #define GPS_ADMIN_JOBS_MAX 1000

@@ -9,12 +9,12 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
-#include "server/agent_check.h"
-#include "server/gps_strmap.h"
-#include "server/held.h"
+#include "server/fleet/agent_check.h"
+#include "server/fleet/gps_strmap.h"
+#include "server/http/held.h"
 #include "server/metrics.h"
-#include "server/auth.h"
-#include "server/store.h"
+#include "server/auth/auth.h"
+#include "server/store/store.h"
 
 /* Per-agent state of this module (not the registry's): the parked
  * long-poll and what was last persisted. */

@@ -29,10 +29,10 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "server/http.h"
-#include "server/jobs.h"
-#include "server/registry.h"
-#include "server/sched.h"
+#include "server/http/http.h"
+#include "server/jobs/jobs.h"
+#include "server/fleet/registry.h"
+#include "server/fleet/sched.h"
 
 struct gps_store;
 struct gps_metrics;

@@ -13,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "server/agent_check.h"
+#include "server/fleet/agent_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

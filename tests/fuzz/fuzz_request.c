@@ -20,9 +20,9 @@
 
 #include <jansson.h>
 
-#include "server/api_anthropic.h"
-#include "server/api_openai.h"
-#include "server/api_tasks.h"
+#include "server/dialects/api_anthropic.h"
+#include "server/dialects/api_openai.h"
+#include "server/dialects/api_tasks.h"
 
 #ifndef FUZZ_PARSER
 #error "FUZZ_PARSER must be 1..6"

@@ -114,7 +114,7 @@ class ServerAnthropic(harness.TestCase):
         self.assertTrue(msgs[0]["content"].endswith("The user's terminal is 120 columns wide; keep lines short."))
         self.assertNotIn("# Tools", msgs[0]["content"])  # the template takes no tools
         self.assertEqual([m["role"] for m in msgs], ["system", "user"])
-        self.assertIn("Summarise what src/server/jobs.c does", msgs[1]["content"])
+        self.assertIn("Summarise what src/server/jobs/jobs.c does", msgs[1]["content"])
         mt = job["params"]["max_tokens"]
         self.assertLess(mt, 20000)
         self.assertGreater(mt, 20000 - len(raw) // 4)

@@ -6,7 +6,5 @@ gp_add_unit_test(test_engine_arch
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_arch.c
   LIBS gpupool-engine PkgConfig::JANSSON m
   LABELS engine)
-if(TARGET gpupool_agent_core AND EXISTS ${CMAKE_SOURCE_DIR}/src/agent/backend_gguf.c)
-  target_link_libraries(test_engine_arch PRIVATE gpupool_agent_core)
-  target_compile_definitions(test_engine_arch PRIVATE HAVE_AGENT_GGUF)
-endif()
+target_link_libraries(test_engine_arch PRIVATE gpupool_agent_core)
+target_compile_definitions(test_engine_arch PRIVATE HAVE_AGENT_GGUF)

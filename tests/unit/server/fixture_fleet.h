@@ -17,9 +17,9 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "server/jobs.h"
-#include "server/registry.h"
-#include "server/sched.h"
+#include "server/jobs/jobs.h"
+#include "server/fleet/registry.h"
+#include "server/fleet/sched.h"
 
 typedef struct fleet {
     struct event_base *base;

@@ -1,0 +1,1334 @@
+/* api_anthropic: see api_anthropic.h. */
+#include "server/dialects/api_anthropic.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/dialects/poolmeta.h"
+#include "server/dialects/relay.h"
+#include "server/dialects/reqcheck.h"
+#include "server/dialects/toolcalls.h"
+#include "server/http/errors.h"
+#include "server/http/held.h"
+#include "server/http/http.h"
+#include "server/metrics.h"
+#include "server/http/sse.h"
+
+#define MAX_STOP_SEQUENCES 64
+#define MAX_USER_ID 4096
+#define BYTES_PER_TOKEN_MAX 8   /* see the header: lower bound of the token count */
+
+/* ------------------------------------------------------------------ */
+/* Request parsing                                                     */
+/* ------------------------------------------------------------------ */
+
+#define FAIL(...)                                                                              \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        goto fail;                                                                             \
+    } while (0)
+
+
+static void warn(gps_anthropic_req *r, const char *fmt, const char *arg)
+{
+    char w[256];
+    snprintf(w, sizeof w, fmt, arg);
+    /* Same warning once. */
+    size_t i;
+    json_t *e;
+    json_array_foreach(r->warnings, i, e) if (strcmp(json_string_value(e), w) == 0) return;
+    json_array_append_new(r->warnings, json_string(w));
+}
+
+static void sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
+{
+    if (b->len && sep)
+        gp_buf_append(b, sep, strlen(sep));
+    gp_buf_append(b, s, n);
+}
+
+/* The text of a tool_result's content (a string or blocks). -1 with msg. */
+static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char *msg,
+                            size_t msglen)
+{
+    if (gps_absent(c))
+        return 0;
+    if (json_is_string(c)) {
+        sep_append(b, json_string_value(c), json_string_length(c), "\n");
+        return 0;
+    }
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "%s.content must be a string or an array of blocks", where);
+        return -1;
+    }
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk)
+    {
+        const char *t = json_string_value(json_object_get(blk, "type"));
+        const json_t *tx = json_object_get(blk, "text");
+        if (!t || strcmp(t, "text") != 0 || !json_is_string(tx)) {
+            snprintf(msg, msglen,
+                     "%s.content[%zu]: blocks of type '%.40s' are not supported by this pool "
+                     "(text only)",
+                     where, i, t ? t : "(none)");
+            return -1;
+        }
+        sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
+    }
+    return 0;
+}
+
+/* Render one message's content (string or blocks) into b. -1 with msg. */
+static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, bool system_role,
+                           gp_buf *b, char *msg, size_t msglen)
+{
+    if (json_is_string(c)) {
+        gp_buf_append(b, json_string_value(c), json_string_length(c));
+        return 0;
+    }
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "messages.%zu.content: must be a string or an array of content "
+                              "blocks", mi);
+        return -1;
+    }
+    size_t i;
+    json_t *blk;
+    json_array_foreach(c, i, blk)
+    {
+        char where[64];
+        snprintf(where, sizeof where, "messages.%zu.content.%zu", mi, i);
+        const char *t = json_string_value(json_object_get(blk, "type"));
+        if (!json_is_object(blk) || !t) {
+            snprintf(msg, msglen, "%s: a content block must be an object with a 'type'", where);
+            return -1;
+        }
+        if (strcmp(t, "text") == 0) {
+            const json_t *tx = json_object_get(blk, "text");
+            if (!json_is_string(tx)) {
+                snprintf(msg, msglen, "%s.text: must be a string", where);
+                return -1;
+            }
+            sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
+        } else if (!system_role && strcmp(t, "tool_use") == 0) {
+            const char *name = json_string_value(json_object_get(blk, "name"));
+            const char *id = json_string_value(json_object_get(blk, "id"));
+            char *input = json_dumps(json_object_get(blk, "input"),
+                                     JSON_COMPACT | JSON_ENCODE_ANY);
+            gp_buf tmp;
+            gp_buf_init(&tmp);
+            gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] %s", id ? id : "",
+                           name ? name : "", input ? input : "{}");
+            free(input);
+            sep_append(b, tmp.data, tmp.len, "\n");
+            gp_buf_free(&tmp);
+        } else if (!system_role && strcmp(t, "tool_result") == 0) {
+            const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+            gp_buf tmp;
+            gp_buf_init(&tmp);
+            gp_buf_appendf(&tmp, "[tool_result id=%s%s]", id ? id : "",
+                           json_is_true(json_object_get(blk, "is_error")) ? " error" : "");
+            if (tool_result_text(json_object_get(blk, "content"), &tmp, where, msg, msglen) < 0) {
+                gp_buf_free(&tmp);
+                return -1;
+            }
+            sep_append(b, tmp.data, tmp.len, "\n");
+            gp_buf_free(&tmp);
+        } else if (!system_role &&
+                   (strcmp(t, "thinking") == 0 || strcmp(t, "redacted_thinking") == 0)) {
+            warn(r, "%s blocks in messages are not sent to the model", t);
+        } else {
+            snprintf(msg, msglen,
+                     "%s: content blocks of type '%.40s' are not supported by this pool "
+                     "(it serves text: text, tool_use and tool_result blocks)",
+                     where, t);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+
+static const char *const known_fields[] = {
+    "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
+    "top_k", "metadata", "stream", "tools", "tool_choice", "thinking", "x_pool_options",
+    "service_tier", NULL};
+
+static void render_tools(gps_anthropic_req *r, const json_t *tools)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    gp_buf_appendf(&b, "# Tools\n\nYou may call the following tools. To call one, answer "
+                       "with a JSON object {\"name\": <tool name>, \"input\": <arguments>}.\n");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const char *desc = json_string_value(json_object_get(t, "description"));
+        gp_buf_appendf(&b, "\n## %s\n", name ? name : "");
+        if (type && strcmp(type, "custom") != 0)
+            gp_buf_appendf(&b, "Built-in tool of type %s.\n", type);
+        if (desc)
+            gp_buf_appendf(&b, "%s\n", desc);
+        const json_t *schema = json_object_get(t, "input_schema");
+        if (json_is_object(schema)) {
+            char *s = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS);
+            if (s)
+                gp_buf_appendf(&b, "Input schema: %s\n", s);
+            free(s);
+        }
+    }
+    r->tools_text = gp_buf_steal(&b);
+}
+
+/* Anthropic tools -> OpenAI function tools (input_schema -> parameters).
+ * Built-in tools (a type other than custom) have no schema: they become
+ * functions taking any object, described by their type. */
+json_t *gps_anthropic_tools_to_openai(const json_t *tools)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *name = json_string_value(json_object_get(t, "name"));
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *desc = json_object_get(t, "description");
+        const json_t *schema = json_object_get(t, "input_schema");
+        json_t *fn = json_pack("{s:s}", "name", name ? name : "");
+        if (json_is_string(desc)) {
+            json_object_set(fn, "description", (json_t *)desc);
+        } else if (type && strcmp(type, "custom") != 0) {
+            char d[128];
+            snprintf(d, sizeof d, "Built-in tool of type %.64s.", type);
+            json_object_set_new(fn, "description", json_string(d));
+        }
+        json_object_set_new(fn, "parameters", json_is_object(schema)
+                                                  ? json_deep_copy(schema)
+                                                  : json_pack("{s:s}", "type", "object"));
+        json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+    }
+    return out;
+}
+
+json_t *gps_anthropic_tool_choice_to_openai(const json_t *tc)
+{
+    const char *t = json_string_value(json_object_get(tc, "type"));
+    if (!t || strcmp(t, "auto") == 0)
+        return json_string("auto");
+    if (strcmp(t, "any") == 0)
+        return json_string("required");
+    if (strcmp(t, "none") == 0)
+        return json_string("none");
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    if (strcmp(t, "tool") == 0 && name)
+        return json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name", name);
+    return json_string("auto");
+}
+
+/* Append an OpenAI message; consecutive plain messages of the same role
+ * are joined (blank line between), as on the text path. */
+static void oai_append(json_t *arr, const char *role, const char *text, size_t len,
+                       json_t *tool_calls)
+{
+    json_t *last = json_array_get(arr, json_array_size(arr) - 1);
+    const char *lr = json_string_value(json_object_get(last, "role"));
+    const json_t *lc = json_object_get(last, "content");
+    if (!tool_calls && lr && strcmp(lr, role) == 0 && json_is_string(lc) &&
+        !json_object_get(last, "tool_calls") && strcmp(role, "tool") != 0) {
+        gp_buf b;
+        gp_buf_init(&b);
+        gp_buf_append(&b, json_string_value(lc), json_string_length(lc));
+        sep_append(&b, text, len, "\n\n");
+        json_object_set_new(last, "content", json_stringn(b.data ? b.data : "", b.len));
+        gp_buf_free(&b);
+        return;
+    }
+    json_t *m = json_pack("{s:s}", "role", role);
+    if (tool_calls) {
+        json_object_set_new(m, "content", len ? json_stringn(text, len) : json_null());
+        json_object_set_new(m, "tool_calls", tool_calls);
+    } else {
+        json_object_set_new(m, "content", json_stringn(text ? text : "", len));
+    }
+    json_array_append_new(arr, m);
+}
+
+/* The conversation in OpenAI form for agents that take tools: assistant
+ * tool_use blocks -> tool_calls, user tool_result blocks -> role "tool"
+ * messages (before the user's own text of that turn). System entries are
+ * skipped (merged into the system prompt by the text path). The blocks
+ * were validated by content_to_text already. */
+static json_t *openai_messages(const json_t *m)
+{
+    json_t *out = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e)
+    {
+        const char *role = json_string_value(json_object_get(e, "role"));
+        const json_t *c = json_object_get(e, "content");
+        if (!role || strcmp(role, "system") == 0)
+            continue;
+        bool user = strcmp(role, "user") == 0;
+        if (json_is_string(c)) {
+            oai_append(out, role, json_string_value(c), json_string_length(c), NULL);
+            continue;
+        }
+        gp_buf text;
+        gp_buf_init(&text);
+        json_t *calls = NULL;
+        size_t k;
+        json_t *blk;
+        json_array_foreach(c, k, blk)
+        {
+            const char *t = json_string_value(json_object_get(blk, "type"));
+            if (!t)
+                continue;
+            if (strcmp(t, "text") == 0) {
+                const json_t *tx = json_object_get(blk, "text");
+                sep_append(&text, json_string_value(tx), json_string_length(tx), "\n");
+            } else if (!user && strcmp(t, "tool_use") == 0) {
+                const char *id = json_string_value(json_object_get(blk, "id"));
+                const char *name = json_string_value(json_object_get(blk, "name"));
+                const json_t *in = json_object_get(blk, "input");
+                /* no input: "{}" below (a json_object() made here leaked) */
+                char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+                if (!calls)
+                    calls = json_array();
+                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
+                                                       id ? id : "", "type", "function",
+                                                       "function", "name", name ? name : "",
+                                                       "arguments", args ? args : "{}"));
+                free(args);
+            } else if (user && strcmp(t, "tool_result") == 0) {
+                const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+                gp_buf r, body;
+                gp_buf_init(&r);
+                gp_buf_init(&body);
+                char ignored[8];
+                tool_result_text(json_object_get(blk, "content"), &body, "", ignored,
+                                 sizeof ignored);
+                if (json_is_true(json_object_get(blk, "is_error")))
+                    gp_buf_appendf(&r, "Error: ");
+                gp_buf_append(&r, body.data ? body.data : "", body.len);
+                gp_buf_free(&body);
+                json_array_append_new(out, json_pack("{s:s,s:s,s:s%}", "role", "tool",
+                                                     "tool_call_id", id ? id : "", "content",
+                                                     r.data ? r.data : "", r.len));
+                gp_buf_free(&r);
+            }
+        }
+        if (calls)
+            oai_append(out, "assistant", text.data, text.len, calls);
+        else if (text.len)
+            oai_append(out, role, text.data, text.len, NULL);
+        gp_buf_free(&text);
+    }
+    return out;
+}
+
+int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
+                        size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    out->count_only = count_only;
+    gps_job_spec *s = &out->spec;
+    s->kind = GPS_JOB_CHAT;
+    s->api = "anthropic";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    msg[0] = '\0';
+    gp_buf sys, cur;
+    gp_buf_init(&sys);
+    gp_buf_init(&cur);
+    out->warnings = json_array();
+    if (!out->warnings)
+        FAIL("out of memory");
+    if (!json_is_object(body))
+        FAIL("request body must be a JSON object");
+
+    const json_t *model = json_object_get(body, "model");
+    if (gps_absent(model))
+        FAIL("model: field required");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) > GPS_MAX_MODEL_NAME)
+        FAIL("model: must be a non-empty string of at most %d bytes", GPS_MAX_MODEL_NAME);
+    s->model = strdup(json_string_value(model));
+
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (gps_absent(mt)) {
+        if (!count_only)
+            FAIL("max_tokens: field required");
+        s->max_tokens = 1;
+    } else {
+        if (!json_is_integer(mt))
+            FAIL("max_tokens: must be an integer");
+        json_int_t v = json_integer_value(mt);
+        if (v < 1)
+            FAIL("max_tokens: must be at least 1 (got %lld)", (long long)v);
+        s->max_tokens = v > GPS_MAX_TOKENS_LIMIT ? GPS_MAX_TOKENS_LIMIT : v;
+        if (count_only)
+            s->max_tokens = 1;
+    }
+
+    /* system: string or text blocks */
+    const json_t *system = json_object_get(body, "system");
+    if (!gps_absent(system)) {
+        if (json_is_string(system)) {
+            gp_buf_append(&sys, json_string_value(system), json_string_length(system));
+        } else if (json_is_array(system)) {
+            size_t i;
+            json_t *blk;
+            json_array_foreach(system, i, blk)
+            {
+                const char *t = json_string_value(json_object_get(blk, "type"));
+                const json_t *tx = json_object_get(blk, "text");
+                if (!t || strcmp(t, "text") != 0 || !json_is_string(tx))
+                    FAIL("system.%zu: system blocks must be {\"type\":\"text\",\"text\":string}",
+                         i);
+                sep_append(&sys, json_string_value(tx), json_string_length(tx), "\n\n");
+            }
+        } else {
+            FAIL("system: must be a string or an array of text blocks");
+        }
+    }
+
+    /* messages */
+    const json_t *m = json_object_get(body, "messages");
+    if (gps_absent(m))
+        FAIL("messages: field required");
+    if (!json_is_array(m))
+        FAIL("messages: must be an array");
+    s->messages = json_array();
+    if (!s->messages)
+        FAIL("out of memory");
+    const char *cur_role = NULL;
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e)
+    {
+        if (!json_is_object(e))
+            FAIL("messages.%zu: must be an object", i);
+        const char *role = json_string_value(json_object_get(e, "role"));
+        if (!role)
+            FAIL("messages.%zu.role: field required", i);
+        bool is_system = strcmp(role, "system") == 0;
+        if (!is_system && strcmp(role, "user") != 0 && strcmp(role, "assistant") != 0)
+            FAIL("messages.%zu.role: must be 'user' or 'assistant' (got '%.40s')", i, role);
+        const json_t *c = json_object_get(e, "content");
+        if (gps_absent(c))
+            FAIL("messages.%zu.content: field required", i);
+        gp_buf text;
+        gp_buf_init(&text);
+        if (content_to_text(out, c, i, is_system, &text, msg, msglen) < 0) {
+            gp_buf_free(&text);
+            goto fail;
+        }
+        out->prompt_bytes += text.len;
+        if (is_system) {
+            /* Mid-conversation system entries join the system prompt. */
+            sep_append(&sys, text.data ? text.data : "", text.len, "\n\n");
+            gp_buf_free(&text);
+            continue;
+        }
+        if (cur_role && strcmp(cur_role, role) == 0) {
+            sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
+        } else {
+            if (cur_role)
+                json_array_append_new(s->messages,
+                                      json_pack("{s:s,s:s%}", "role", cur_role, "content",
+                                                cur.data ? cur.data : "", cur.len));
+            gp_buf_free(&cur);
+            gp_buf_init(&cur);
+            gp_buf_append(&cur, text.data ? text.data : "", text.len);
+            cur_role = strcmp(role, "user") == 0 ? "user" : "assistant";
+        }
+        gp_buf_free(&text);
+    }
+    if (cur_role)
+        json_array_append_new(s->messages, json_pack("{s:s,s:s%}", "role", cur_role, "content",
+                                                     cur.data ? cur.data : "", cur.len));
+    if (json_array_size(s->messages) == 0)
+        FAIL("messages: at least one user or assistant message is required");
+    out->prompt_bytes += sys.len;
+    if (sys.len)
+        out->system = gp_buf_steal(&sys);
+    else
+        gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
+
+    if (gps_check_number(body, "temperature", "temperature:", 0, 1, &s->temperature, msg,
+                         msglen) < 0 ||
+        gps_check_number(body, "top_p", "top_p:", 0, 1, &s->top_p, msg,
+                         msglen) < 0)
+        goto fail;
+    const json_t *tk = json_object_get(body, "top_k");
+    if (!gps_absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 ||
+            json_integer_value(tk) > 1000000)
+            FAIL("top_k: must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+
+    const json_t *stops = json_object_get(body, "stop_sequences");
+    if (!gps_absent(stops)) {
+        if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
+            FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
+        out->stop_sequences = json_array();
+        json_array_foreach(stops, i, e)
+        {
+            if (!json_is_string(e) || json_string_length(e) == 0 ||
+                json_string_length(e) > GPS_MAX_STOP_LEN)
+                FAIL("stop_sequences.%zu: must be a non-empty string of at most %d bytes", i,
+                     GPS_MAX_STOP_LEN);
+            json_array_append_new(out->stop_sequences, json_string(json_string_value(e)));
+        }
+        if (json_array_size(out->stop_sequences) == 0) {
+            json_decref(out->stop_sequences);
+            out->stop_sequences = NULL;
+        }
+    }
+
+    const json_t *md = json_object_get(body, "metadata");
+    if (!gps_absent(md)) {
+        if (!json_is_object(md))
+            FAIL("metadata: must be an object");
+        const json_t *uid = json_object_get(md, "user_id");
+        if (!gps_absent(uid)) {
+            if (!json_is_string(uid) || json_string_length(uid) > MAX_USER_ID)
+                FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
+            if (json_string_length(uid) > 0)
+                s->user = strdup(json_string_value(uid)); /* scheduler affinity key */
+        }
+    }
+
+    const json_t *stream = json_object_get(body, "stream");
+    if (!gps_absent(stream)) {
+        if (!json_is_boolean(stream))
+            FAIL("stream: must be a boolean");
+        out->stream = json_is_true(stream) && !count_only;
+    }
+
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *tc = json_object_get(body, "tool_choice");
+    if (!gps_absent(tc) && !json_is_object(tc))
+        FAIL("tool_choice: must be an object");
+    const char *tc_type = json_string_value(json_object_get(tc, "type"));
+    if (!gps_absent(tc)) {
+        /* Anything else used to become "auto" silently. */
+        if (!tc_type || (strcmp(tc_type, "auto") != 0 && strcmp(tc_type, "any") != 0 &&
+                         strcmp(tc_type, "tool") != 0 && strcmp(tc_type, "none") != 0))
+            FAIL("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'");
+        const json_t *tcn = json_object_get(tc, "name");
+        if (strcmp(tc_type, "tool") == 0 &&
+            (!json_is_string(tcn) || json_string_length(tcn) == 0 ||
+             json_string_length(tcn) > 256))
+            FAIL("tool_choice.name: a 'tool' choice needs the tool's name (1 to 256 bytes)");
+    }
+    if (!gps_absent(tools)) {
+        if (!json_is_array(tools))
+            FAIL("tools: must be an array");
+        json_array_foreach(tools, i, e)
+        {
+            if (!json_is_object(e) || !json_is_string(json_object_get(e, "name")))
+                FAIL("tools.%zu: a tool must be an object with a string 'name'", i);
+            const json_t *schema = json_object_get(e, "input_schema");
+            if (!gps_absent(schema) && !json_is_object(schema))
+                FAIL("tools.%zu.input_schema: must be an object", i);
+        }
+        if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
+            /* The text form only sizes the prompt bound: agents render the
+             * structured tools with their own chat template. */
+            render_tools(out, tools);
+            if (out->tools_text)
+                out->prompt_bytes += strlen(out->tools_text);
+            out->tools = gps_anthropic_tools_to_openai(tools);
+            out->tool_choice = gps_anthropic_tool_choice_to_openai(tc);
+            out->tool_messages = openai_messages(m);
+            if (!out->tools || !out->tool_choice || !out->tool_messages)
+                FAIL("out of memory");
+        }
+    }
+
+    const json_t *th = json_object_get(body, "thinking");
+    if (!gps_absent(th)) {
+        if (!json_is_object(th))
+            FAIL("thinking: must be an object");
+        const char *tt = json_string_value(json_object_get(th, "type"));
+        if (!tt || strcmp(tt, "disabled") != 0)
+            warn(out, "thinking (%s) is not supported by this pool; answered without it",
+                 tt ? tt : "?");
+    }
+
+    const char *param = NULL;
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
+        0)
+        goto fail;
+
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)body, k, v)
+    {
+        bool known = false;
+        for (size_t f = 0; known_fields[f]; f++)
+            known = known || strcmp(k, known_fields[f]) == 0;
+        if (!known)
+            warn(out, "unknown field '%.64s' ignored", k);
+    }
+
+    if (!s->model)
+        FAIL("out of memory");
+    gp_buf_free(&cur);
+    return 0;
+fail:
+    gp_buf_free(&sys);
+    gp_buf_free(&cur);
+    gps_anthropic_req_clear(out);
+    return -1;
+}
+
+void gps_anthropic_req_clear(gps_anthropic_req *r)
+{
+    gps_job_spec_clear(&r->spec);
+    free(r->system);
+    free(r->tools_text);
+    json_decref(r->stop_sequences);
+    json_decref(r->warnings);
+    json_decref(r->tools);
+    json_decref(r->tool_choice);
+    json_decref(r->tool_messages);
+    r->tools = r->tool_choice = r->tool_messages = NULL;
+    r->system = r->tools_text = NULL;
+    r->stop_sequences = r->warnings = NULL;
+}
+
+long long gps_anthropic_tokens_lower_bound(size_t bytes)
+{
+    return (long long)(bytes / BYTES_PER_TOKEN_MAX);
+}
+
+int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool tools_supported,
+                           char *msg, size_t msglen)
+{
+    gps_job_spec *s = &r->spec;
+    gp_buf sys;
+    gp_buf_init(&sys);
+    if (r->system)
+        gp_buf_append(&sys, r->system, strlen(r->system));
+    if (r->tools) {
+        if (tools_supported) {
+            /* Structured: the agent passes them on (openai) or renders them
+             * with its template (gguf); tool blocks go as tool messages. */
+            json_decref(s->messages);
+            s->messages = r->tool_messages;
+            s->tools = r->tools;
+            s->tool_choice = r->tool_choice;
+            r->tool_messages = r->tools = r->tool_choice = NULL;
+        } else {
+            warn(r, "tools were ignored: the chat template of model '%.100s' does not take "
+                    "tools (no agent reports supports_tools)", s->model);
+        }
+    }
+    if (sys.len) {
+        json_t *m = json_pack("{s:s,s:s%}", "role", "system", "content", sys.data, sys.len);
+        if (!m || json_array_insert_new(s->messages, 0, m) < 0) {
+            gp_buf_free(&sys);
+            snprintf(msg, msglen, "out of memory");
+            return -1;
+        }
+    }
+    gp_buf_free(&sys);
+    if (context_length > 0) {
+        long long lb = gps_anthropic_tokens_lower_bound(r->prompt_bytes);
+        if (lb >= context_length) {
+            snprintf(msg, msglen,
+                     "prompt is too long: at least %lld tokens (estimated from %zu bytes) > "
+                     "%lld tokens, the context length of model '%.100s'",
+                     lb, r->prompt_bytes, context_length, s->model);
+            return -1;
+        }
+        if (!r->count_only && s->max_tokens > context_length - lb) {
+            char w[400];
+            snprintf(w, sizeof w,
+                     "max_tokens %lld was clamped to %lld: model '%.100s' has a context of "
+                     "%lld tokens and the prompt takes at least %lld",
+                     s->max_tokens, context_length - lb, s->model, context_length, lb);
+            json_array_append_new(r->warnings, json_string(w));
+            s->max_tokens = context_length - lb;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stop sequences, response bodies                                     */
+/* ------------------------------------------------------------------ */
+
+int gps_anthropic_stop_scan(const char *t, size_t len, const json_t *stops, size_t *safe_len,
+                            size_t *match_at)
+{
+    int best = -1;
+    size_t best_at = len;
+    size_t i;
+    json_t *s;
+    json_array_foreach(stops, i, s)
+    {
+        const char *p = json_string_value(s);
+        size_t n = json_string_length(s);
+        if (!p || n == 0 || n > len)
+            continue;
+        const char *hit = memmem(t, len, p, n);
+        if (hit && (size_t)(hit - t) < best_at) {
+            best_at = (size_t)(hit - t);
+            best = (int)i;
+        }
+    }
+    if (best >= 0) {
+        *match_at = best_at;
+        *safe_len = best_at;
+        return best;
+    }
+    /* Hold back the longest tail that starts some stop sequence. */
+    size_t hold = 0;
+    json_array_foreach(stops, i, s)
+    {
+        const char *p = json_string_value(s);
+        size_t n = json_string_length(s);
+        if (!p || n < 2)
+            continue;
+        size_t k = n - 1 < len ? n - 1 : len;
+        for (; k > hold; k--)
+            if (memcmp(t + len - k, p, k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    *safe_len = len - hold;
+    *match_at = 0;
+    return -1;
+}
+
+const char *gps_anthropic_stop_reason(const char *finish_reason)
+{
+    if (finish_reason && strcmp(finish_reason, "tool_calls") == 0)
+        return "tool_use";
+    return finish_reason && strcmp(finish_reason, "length") == 0 ? "max_tokens" : "end_turn";
+}
+
+static json_t *usage_json(long long in, long long out)
+{
+    return json_pack("{s:I,s:I}", "input_tokens", (json_int_t)(in > 0 ? in : 0), "output_tokens",
+                     (json_int_t)(out > 0 ? out : 0));
+}
+
+json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
+                              const char *stop_reason, const char *stop_sequence,
+                              long long input_tokens, long long output_tokens, json_t *meta)
+{
+    json_t *content = json_array();
+    json_array_append_new(content,
+                          json_pack("{s:s,s:s}", "type", "text", "text", text ? text : ""));
+    json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s}", "id", id, "type", "message", "role",
+                          "assistant", "content", content, "model", model);
+    if (!o) {
+        json_decref(meta);
+        return NULL;
+    }
+    json_object_set_new(o, "stop_reason", stop_reason ? json_string(stop_reason) : json_null());
+    json_object_set_new(o, "stop_sequence",
+                        stop_sequence ? json_string(stop_sequence) : json_null());
+    json_object_set_new(o, "usage", usage_json(input_tokens, output_tokens));
+    if (meta)
+        json_object_set_new(o, "x_pool_meta", meta);
+    return o;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+
+/* One in-flight client request, subscriber of its job (as in api_openai:
+ * freed when the reply is complete or the client went away). */
+typedef struct an_stream {
+    gps_relay rl;                  /* the client side (relay.h) */
+    gps_relay_ctx *ctx;
+    bool stream, count_only;
+    char id[48];
+    char model[GPS_MAX_MODEL_NAME + 1];
+    json_t *stops;                 /* owned, may be NULL */
+    json_t *warnings;              /* owned */
+    gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
+    gps_tool_calls calls;          /* tool calls relayed so far */
+    int open_block;                /* streaming: index of the open content block, -1 none */
+    bool open_is_text;             /* ... and whether it is the text block */
+    int open_call;                 /* ... the tool call it shows (tool_use block) */
+    int next_block;                /* index the next content block gets */
+    gp_buf text;                   /* emitted text (non-streaming body) */
+    /* Streaming backpressure (sse.h): while the client is behind, the
+     * job's events wait here and are rendered in order once its output
+     * drains, so the stop-sequence holdback and the content-block state
+     * follow them as if they had come live. A run of token events is one
+     * entry naming a range of the job's text (which holds every relayed
+     * token in order): what waits costs a few words, not a copy of the
+     * stream. Other events (tool calls, end, error) are references.
+     * dv[dh..dn) waits. */
+    struct an_deferred {
+        gps_event_type type;
+        json_t *ev;                /* NULL for a token run */
+        size_t off, len;           /* token run: bytes of job->text */
+    } *dv;
+    size_t dh, dn, dcap;
+} an_stream;
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
+{
+    an_stream *st = arg;
+    return (long long)(st->dn - st->dh); /* events waiting */
+}
+
+static void stream_free(void *arg)
+{
+    an_stream *st = arg;
+    gps_relay_clear(&st->rl);
+    json_decref(st->stops);
+    json_decref(st->warnings);
+    gp_buf_free(&st->pending);
+    gps_tool_calls_free(&st->calls);
+    gp_buf_free(&st->text);
+    for (size_t i = st->dh; i < st->dn; i++)
+        json_decref(st->dv[i].ev);
+    free(st->dv);
+    free(st);
+}
+
+static const gps_relay_ops OPS = {
+    .api = "anthropic",
+    .dialect = GPS_DIALECT_ANTHROPIC,
+    .error_event = "error",
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
+
+static void emit_event(an_stream *st, const char *name, json_t *j)
+{
+    gps_sse_format_json(&st->rl.out, name, NULL, j);
+    json_decref(j);
+}
+
+static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
+{
+    /* The one x_pool_meta of every dialect (api_openai.h): it names the
+     * model that served at the end, a fallback taken at failover too. This
+     * request's own warnings (parse, submit) join its list once each. */
+    json_t *meta = gps_pool_meta(job);
+    if (!meta)
+        return NULL;
+    if (!with_warnings) {
+        json_object_del(meta, "warnings");
+        return meta;
+    }
+    json_t *list = json_object_get(meta, "warnings");
+    size_t i, k;
+    json_t *w, *x;
+    json_array_foreach(st->warnings, i, w)
+    {
+        bool seen = false;
+        json_array_foreach(list, k, x) if (json_equal(x, w)) seen = true;
+        if (!seen)
+            json_array_append(list, w);
+    }
+    return meta;
+}
+
+/* Streaming content blocks: at most one open at a time, each closed by
+ * exactly one content_block_stop before the next starts. */
+static void close_block(an_stream *st)
+{
+    if (st->open_block < 0)
+        return;
+    emit_event(st, "content_block_stop",
+               json_pack("{s:s,s:i}", "type", "content_block_stop", "index", st->open_block));
+    st->open_block = -1;
+}
+
+static void open_text_block(an_stream *st)
+{
+    close_block(st);
+    st->open_block = st->next_block++;
+    st->open_is_text = true;
+    emit_event(st, "content_block_start",
+               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index",
+                         st->open_block, "content_block", "type", "text", "text", ""));
+}
+
+/* "toolu_" + the call id without its "call_" prefix: one id per call,
+ * stable across the reply. */
+void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
+{
+    const char *s = call_id ? call_id : "";
+    if (strncmp(s, "call_", 5) == 0)
+        s += 5;
+    else if (strncmp(s, "toolu_", 6) == 0)
+        s += 6;
+    snprintf(out, outlen, "toolu_%s", s);
+}
+
+static void ensure_started_as(an_stream *st, bool with_text);
+static void ensure_started(an_stream *st)
+{
+    ensure_started_as(st, true);
+}
+
+static void ensure_started_as(an_stream *st, bool with_text)
+{
+    if (st->rl.started)
+        return;
+    gps_relay_start(&st->rl);
+    json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
+                            "message", "role", "assistant", "content", "model", st->model,
+                            "stop_reason", "stop_sequence", "usage",
+                            usage_json(st->rl.job->prompt_tokens, 0));
+    if (msg && json_array_size(st->warnings))
+        json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
+    emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
+                                              msg));
+    if (with_text)
+        open_text_block(st);
+    emit_event(st, "ping", json_pack("{s:s}", "type", "ping"));
+}
+
+/* Emit n bytes of text to the client (a delta, or the body buffer). */
+static void emit_text(an_stream *st, const char *t, size_t n)
+{
+    if (n == 0)
+        return;
+    if (!st->stream) {
+        gp_buf_append(&st->text, t, n);
+        return;
+    }
+    json_t *tx = json_stringn(t, n);
+    if (!tx) /* not UTF-8 on its own: cannot happen for whole agent tokens */
+        tx = json_string("");
+    if (st->open_block < 0 || !st->open_is_text)
+        open_text_block(st); /* text after a tool call: a new text block */
+    emit_event(st, "content_block_delta",
+               json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index",
+                         st->open_block, "delta", "type", "text_delta", "text", tx));
+    gps_relay_send_output(&st->rl);
+}
+
+/* Non-streaming body: the tool_use blocks after the text (an empty text
+ * block is dropped). input is the parsed arguments JSON; arguments that
+ * are not a JSON object give {} and a warning. */
+static void add_tool_use_blocks(an_stream *st, json_t *body)
+{
+    json_t *content = json_object_get(body, "content");
+    if (!st->text.len)
+        json_array_clear(content);
+    for (size_t i = 0; i < st->calls.n; i++) {
+        const gps_tool_call *c = &st->calls.v[i];
+        json_t *input = json_loadb(c->args.data ? c->args.data : "{}",
+                                   c->args.len ? c->args.len : 2, 0, NULL);
+        if (!json_is_object(input)) {
+            json_decref(input);
+            input = json_object();
+            json_t *meta = json_object_get(body, "x_pool_meta");
+            json_t *w = json_object_get(meta, "warnings");
+            char m[200];
+            snprintf(m, sizeof m, "tool call '%.100s': the model's arguments are not a JSON "
+                                  "object; input left empty", c->name);
+            if (json_is_array(w))
+                json_array_append_new(w, json_string(m));
+        }
+        char id[160];
+        gps_anthropic_tool_use_id(c->id, id, sizeof id);
+        json_array_append_new(content, json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id",
+                                                 id, "name", c->name, "input", input));
+    }
+}
+
+/* A piece of a tool call (streaming): a new call closes the open block and
+ * starts a tool_use block; argument text becomes input_json_delta. */
+static void stream_tool_call(an_stream *st, int i, bool started, const char *args)
+{
+    if (started) {
+        close_block(st);
+        char id[160];
+        gps_anthropic_tool_use_id(st->calls.v[i].id, id, sizeof id);
+        st->open_block = st->next_block++;
+        st->open_is_text = false;
+        st->open_call = i;
+        emit_event(st, "content_block_start",
+                   json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start",
+                             "index", st->open_block, "content_block", "type", "tool_use", "id",
+                             id, "name", st->calls.v[i].name, "input"));
+    }
+    /* Pieces of a call whose block was closed already cannot be shown
+     * any more (upstreams send calls one after another). */
+    if (!args || !*args || st->open_block < 0 || st->open_is_text || st->open_call != i)
+        return;
+    emit_event(st, "content_block_delta",
+               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
+                         st->open_block, "delta", "type", "input_json_delta", "partial_json",
+                         args));
+}
+
+/* The reply is complete: send its end and free st. */
+static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
+{
+    long long in = job->prompt_tokens, out = job->completion_tokens;
+    if (st->count_only) {
+        /* count_tokens stays a plain request: no x-pool-* headers */
+        gps_relay_end_body(&st->rl, json_pack("{s:I}", "input_tokens", (json_int_t)in), false);
+    } else if (st->stream) {
+        ensure_started(st);
+        close_block(st);
+        json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
+                               "stop_reason", stop_reason, "stop_sequence",
+                               stop_seq ? json_string(stop_seq) : json_null(), "usage",
+                               usage_json(in, out));
+        if (md)
+            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
+        emit_event(st, "message_delta", md);
+        emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        gps_relay_end_stream(&st->rl);
+    } else {
+        json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
+                                             stop_reason, stop_seq, in, out,
+                                             pool_meta(st, job, true));
+        if (st->calls.n > 0)
+            add_tool_use_blocks(st, body);
+        gps_relay_end_body(&st->rl, body, true);
+    }
+}
+
+/* One event, rendered now. Returns true when st was freed. */
+static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_t *ev)
+{
+    gps_relay_ctx *c = st->ctx;
+    if (type == GPS_EV_TOKEN && !st->count_only) {
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        if (st->stream && !st->rl.started) {
+            ensure_started(st);
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
+        }
+        /* Issue 10 item 1: a requeue before output reached the client
+         * drops the job's text (jobs.c fail_over) and the next attempt
+         * starts over. What this reply gathered of the lost attempt (the
+         * non-streaming body, the stop holdback) must go too, or the
+         * body is the partial text followed by the whole. The job's text
+         * already holds this token: what we hold must be a prefix of the
+         * rest. */
+        size_t tl = text ? strlen(text) : 0;
+        size_t held = (st->stream ? 0 : st->text.len) + st->pending.len;
+        if (held + tl > job->text.len) {
+            gp_buf_consume(&st->pending, st->pending.len);
+            if (!st->stream)
+                gp_buf_consume(&st->text, st->text.len);
+        }
+        gp_buf_append(&st->pending, text ? text : "", tl);
+        if (!st->stops) {
+            emit_text(st, st->pending.data, st->pending.len);
+            gp_buf_consume(&st->pending, st->pending.len);
+        } else {
+            size_t safe = 0, at = 0;
+            int hit = gps_anthropic_stop_scan(st->pending.data ? st->pending.data : "",
+                                              st->pending.len, st->stops, &safe, &at);
+            emit_text(st, st->pending.data, safe);
+            if (hit >= 0) {
+                /* Matched here: finish the reply, then the job (which tells
+                 * the agent to stop). st is freed by complete. */
+                char seq[GPS_MAX_STOP_LEN + 1];
+                snprintf(seq, sizeof seq, "%s",
+                         json_string_value(json_array_get(st->stops, (size_t)hit)));
+                gps_jobs *jobs = c->jobs;
+                complete(st, job, "stop_sequence", seq);
+                gps_jobs_finish_early(jobs, job, "stop");
+                return true;
+            }
+            gp_buf_consume(&st->pending, safe);
+        }
+        if (st->stream)
+            gps_relay_send(&st->rl);
+        return false;
+    }
+    if (type == GPS_EV_TOOL_CALL && !st->count_only) {
+        bool started = false;
+        int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i < 0)
+            return false;
+        if (st->stream && !st->rl.started) {
+            ensure_started_as(st, st->pending.len > 0);
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
+        }
+        /* Text held back for a stop sequence goes out before the call. */
+        emit_text(st, st->pending.data, st->pending.len);
+        gp_buf_consume(&st->pending, st->pending.len);
+        if (st->stream) {
+            stream_tool_call(st, i, started,
+                             json_string_value(json_object_get(ev, "arguments")));
+            gps_relay_send_output(&st->rl);
+        }
+        return false;
+    }
+    if (type == GPS_EV_END) {
+        emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
+        gp_buf_consume(&st->pending, st->pending.len);
+        if (!st->stream && job->first_token_us)
+            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
+                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
+        const char *sr = gps_anthropic_stop_reason(job->finish_reason);
+        if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
+            sr = "tool_use";
+        complete(st, job, sr, NULL);
+        return true;
+    }
+    if (type == GPS_EV_ERROR) {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        char full[512];
+        if (code && strcmp(code, "CONTEXT_OVERFLOW") == 0) {
+            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
+                     message ? message : "the job failed");
+            message = full;
+        }
+        gps_relay_fail(&st->rl, ev, message);
+        return true;
+    }
+    return false;
+}
+
+/* Token text rendered per step while catching up (bytes). */
+#define CATCH_UP_SLICE 16384
+
+static int defer_push(an_stream *st, struct an_deferred d);
+
+/* Render the events that waited while the client keeps up. Returns true
+ * when st was freed. */
+static bool catch_up(an_stream *st)
+{
+    while (st->rl.req && st->dh < st->dn) {
+        if (gps_relay_blocked(&st->rl))
+            return false; /* on_writable resumes */
+        struct an_deferred *d = &st->dv[st->dh];
+        if (d->type == GPS_EV_TOKEN && !d->ev) {
+            if (!st->rl.job || d->off + d->len > st->rl.job->text.len) {
+                st->dh++; /* the text is gone (cannot happen once output was sent) */
+                continue;
+            }
+            /* A slice of at most CATCH_UP_SLICE bytes, cut at a character
+             * boundary (the job's text is valid UTF-8), so one delta never
+             * outgrows the client's buffer by much. */
+            const char *t = st->rl.job->text.data + d->off;
+            size_t n = gps_sse_utf8_slice(t, d->len, CATCH_UP_SLICE);
+            json_t *ev = json_pack("{s:s,s:s%}", "type", "token", "text", t, n);
+            d->off += n;
+            d->len -= n;
+            if (d->len == 0)
+                st->dh++;
+            if (!ev)
+                continue; /* ENOMEM: that slice is lost; the stream goes on */
+            bool freed = handle_event(st, st->rl.job, GPS_EV_TOKEN, ev);
+            json_decref(ev);
+            if (freed)
+                return true;
+            continue;
+        }
+        struct an_deferred one = *d;
+        st->dh++;
+        bool freed = handle_event(st, st->rl.job, one.type, one.ev);
+        json_decref(one.ev);
+        if (freed)
+            return true;
+    }
+    if (st->dh == st->dn)
+        st->dh = st->dn = 0;
+    return false;
+}
+
+static void on_writable(void *arg)
+{
+    catch_up(arg);
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    an_stream *st = arg;
+    if (!st->stream || st->count_only ||
+        (st->dh == st->dn && !gps_relay_blocked(&st->rl))) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    if (type != GPS_EV_TOKEN && type != GPS_EV_TOOL_CALL && type != GPS_EV_END &&
+        type != GPS_EV_ERROR)
+        return; /* not rendered anyway */
+    if (type == GPS_EV_TOKEN) {
+        /* The token's text is the tail of job->text (jobs appends before
+         * it notifies): extend the waiting run, or start one. */
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        size_t n = text ? strlen(text) : 0;
+        if (n > job->text.len)
+            return;
+        size_t off = job->text.len - n;
+        struct an_deferred *last = st->dn > st->dh ? &st->dv[st->dn - 1] : NULL;
+        if (last && last->type == GPS_EV_TOKEN && !last->ev && last->off + last->len == off) {
+            last->len += n;
+            return;
+        }
+        if (n > 0)
+            (void)defer_push(st, (struct an_deferred){GPS_EV_TOKEN, NULL, off, n});
+        /* (on ENOMEM the text is lost; the stream still ends on timeout) */
+        return;
+    }
+    if (defer_push(st, (struct an_deferred){type, json_incref(ev), 0, 0}) < 0)
+        json_decref(ev); /* ENOMEM: the event is lost; the stream still ends on timeout */
+}
+
+static int defer_push(an_stream *st, struct an_deferred d)
+{
+    if (st->dh > 0 && st->dn == st->dcap) {
+        /* Reuse the consumed front before growing. */
+        memmove(st->dv, st->dv + st->dh, (st->dn - st->dh) * sizeof *st->dv);
+        st->dn -= st->dh;
+        st->dh = 0;
+    }
+    if (st->dn == st->dcap) {
+        size_t cap = st->dcap ? st->dcap * 2 : 64;
+        struct an_deferred *nv = realloc(st->dv, cap * sizeof *nv);
+        if (!nv)
+            return -1;
+        st->dv = nv;
+        st->dcap = cap;
+    }
+    st->dv[st->dn++] = d;
+    return 0;
+}
+
+/* What the live agents serving model report: the smallest context length
+ * (0 = unknown). */
+typedef struct model_facts {
+    const char *model;
+    long long ctx;
+} model_facts;
+
+static void facts_cb(void *ud, registry_agent *a)
+{
+    model_facts *f = ud;
+    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT &&
+        a->state != REGISTRY_REGISTERING)
+        return;
+    for (size_t i = 0; i < a->n_models; i++) {
+        const registry_model_info *mi = &a->models[i];
+        bool match = strcmp(mi->id, f->model) == 0;
+        for (size_t k = 0; !match && k < mi->n_aliases; k++)
+            match = strcmp(mi->aliases[k], f->model) == 0;
+        if (!match)
+            continue;
+        if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
+            f->ctx = mi->context_length;
+        return;
+    }
+}
+
+static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
+{
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
+        return;
+    }
+    gps_anthropic_req areq;
+    char msg[512];
+    int rc = gps_anthropic_parse(body, count_only, &areq, msg, sizeof msg);
+    json_decref(body);
+    if (rc == 0) {
+        model_facts f = {.model = areq.spec.model};
+        registry *reg = gps_jobs_registry(c->jobs);
+        registry_foreach(reg, facts_cb, &f);
+        /* With tools kept, the job goes only to the agents that take them
+         * (sched_job needs_tools). */
+        rc = gps_anthropic_assemble(&areq, f.ctx, gps_model_takes_tools(reg, areq.spec.model),
+                                    msg, sizeof msg);
+        if (rc < 0)
+            gps_anthropic_req_clear(&areq);
+    }
+    if (rc < 0) {
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, NULL);
+        return;
+    }
+    if (count_only)
+        areq.spec.kind = GPS_JOB_COUNT_TOKENS;
+    an_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        gps_anthropic_req_clear(&areq);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
+    st->ctx = c;
+    st->stream = areq.stream;
+    st->count_only = count_only;
+    gp_id_new("msg_", st->id, sizeof st->id);
+    snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
+    st->stops = areq.stop_sequences;
+    st->warnings = areq.warnings;
+    areq.stop_sequences = areq.warnings = NULL;
+    gp_buf_init(&st->pending);
+    gp_buf_init(&st->text);
+    st->open_block = -1;
+
+    gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
+    gps_anthropic_req_clear(&areq);
+    if (!job) {
+        stream_free(st);
+        return;
+    }
+    /* The model that serves (a fallback may have taken the request). */
+    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    if (job->requested_model) {
+        char w[600];
+        snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
+                 job->requested_model, job->spec.model);
+        json_array_append_new(st->warnings, json_string(w));
+    }
+}
+
+static void h_messages(gps_req *r, void *arg)
+{
+    handle(r, arg, false);
+}
+
+static void h_count_tokens(gps_req *r, void *arg)
+{
+    handle(r, arg, true);
+}
+
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/messages", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT, h_messages, NULL},
+    {EVHTTP_REQ_POST, "/v1/messages/count_tokens", GPS_DIALECT_ANTHROPIC, GPS_ROLE_CLIENT,
+     h_count_tokens, NULL},
+};
+
+int gps_anthropic_register(gps_http *h, gps_relay_ctx *c)
+{
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
+}

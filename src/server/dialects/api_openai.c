@@ -1,0 +1,825 @@
+/* api_openai: see api_openai.h. */
+#include "server/dialects/api_openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/http/errors.h"
+#include "server/http/held.h"
+#include "server/http/http.h"
+#include "server/dialects/relay.h"
+#include "server/metrics.h"
+#include "server/http/sse.h"
+
+#define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
+#define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
+#define MAX_STOP 4
+
+/* ------------------------------------------------------------------ */
+/* Request validation                                                  */
+/* ------------------------------------------------------------------ */
+
+
+
+/* An assistant message's tool_calls: [{id, type:"function", function:
+ * {name, arguments:string}}]. */
+static int tool_calls_check(const json_t *calls, size_t idx, char *msg, size_t msglen)
+{
+    if (!json_is_array(calls)) {
+        snprintf(msg, msglen, "messages[%zu].tool_calls must be an array", idx);
+        return -1;
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(calls, i, c)
+    {
+        const json_t *fn = json_object_get(c, "function");
+        if (!json_is_string(json_object_get(c, "id")) ||
+            !json_is_string(json_object_get(fn, "name")) ||
+            !json_is_string(json_object_get(fn, "arguments"))) {
+            snprintf(msg, msglen,
+                     "messages[%zu].tool_calls[%zu] must be {\"id\":string,\"type\":"
+                     "\"function\",\"function\":{\"name\":string,\"arguments\":string}}",
+                     idx, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
+                           size_t msglen, const char **param)
+{
+    *param = "tools";
+    if (!json_is_array(tools)) {
+        snprintf(msg, msglen, "'tools' must be an array");
+        return -1;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *fn = json_object_get(t, "function");
+        const json_t *params = json_object_get(fn, "parameters");
+        if (!type || strcmp(type, "function") != 0 || !json_is_object(fn) ||
+            !json_is_string(json_object_get(fn, "name")) ||
+            (params && !json_is_null(params) && !json_is_object(params))) {
+            snprintf(msg, msglen,
+                     "tools[%zu] must be {\"type\":\"function\",\"function\":{\"name\":string,"
+                     "\"parameters\":object}}",
+                     i);
+            return -1;
+        }
+    }
+    *param = "tool_choice";
+    if (!tool_choice || json_is_null(tool_choice))
+        return 0;
+    if (json_is_string(tool_choice)) {
+        const char *v = json_string_value(tool_choice);
+        if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0 || strcmp(v, "required") == 0)
+            return 0;
+    } else if (json_is_object(tool_choice)) {
+        const char *type = json_string_value(json_object_get(tool_choice, "type"));
+        const char *name =
+            json_string_value(json_object_get(json_object_get(tool_choice, "function"), "name"));
+        if (type && strcmp(type, "function") == 0 && name)
+            return 0;
+    }
+    snprintf(msg, msglen, "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                          "{\"type\":\"function\",\"function\":{\"name\":string}}");
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tool call accumulation                                              */
+/* ------------------------------------------------------------------ */
+
+
+json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < acc->n; i++) {
+        const gps_tool_call *c = &acc->v[i];
+        json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
+        json_array_append_new(a, json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type",
+                                           "function", "function", "name", c->name,
+                                           "arguments", args ? args : json_string("")));
+    }
+    return a;
+}
+
+/* Chat content: a string, or an array of {type:"text", text} parts that
+ * are concatenated. Returns a new string or NULL with msg set. */
+static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
+{
+    if (json_is_string(c))
+        return strdup(json_string_value(c));
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
+                 idx);
+        return NULL;
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    size_t i;
+    json_t *part;
+    json_array_foreach(c, i, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !type || strcmp(type, "text") != 0 || !json_is_string(text)) {
+            snprintf(msg, msglen,
+                     "messages[%zu].content[%zu] must be {\"type\":\"text\",\"text\":string} "
+                     "(only text parts are supported)",
+                     idx, i);
+            gp_buf_free(&b);
+            return NULL;
+        }
+        gp_buf_append(&b, json_string_value(text), json_string_length(text));
+    }
+    if (!b.data)
+        return strdup("");
+    return gp_buf_steal(&b);
+}
+
+
+int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
+                     size_t msglen, const char **param)
+{
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    gps_job_spec *s = &out->spec;
+    s->kind = chat ? GPS_JOB_CHAT : GPS_JOB_COMPLETION;
+    s->api = "openai";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+
+    if (!json_is_object(body))
+        GPS_FAIL(NULL, "request body must be a JSON object");
+
+    /* model */
+    const json_t *model = json_object_get(body, "model");
+    if (gps_absent(model))
+        GPS_FAIL("model", "'model' is required");
+    if (!json_is_string(model))
+        GPS_FAIL("model", "'model' must be a string");
+    if (json_string_length(model) == 0 || json_string_length(model) > GPS_MAX_MODEL_NAME)
+        GPS_FAIL("model", "'model' must be a non-empty string of at most %d bytes",
+                 GPS_MAX_MODEL_NAME);
+    s->model = strdup(json_string_value(model));
+
+    /* prompt / messages */
+    if (!chat) {
+        const json_t *p = json_object_get(body, "prompt");
+        if (gps_absent(p))
+            GPS_FAIL("prompt", "'prompt' is required");
+        if (json_is_array(p)) {
+            if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
+                GPS_FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
+                               "(token arrays and batches are not supported)");
+            p = json_array_get(p, 0);
+        }
+        if (!json_is_string(p))
+            GPS_FAIL("prompt", "'prompt' must be a string");
+        s->prompt = strdup(json_string_value(p));
+    } else {
+        const json_t *m = json_object_get(body, "messages");
+        if (gps_absent(m))
+            GPS_FAIL("messages", "'messages' is required");
+        if (!json_is_array(m))
+            GPS_FAIL("messages", "'messages' must be an array");
+        if (json_array_size(m) == 0)
+            GPS_FAIL("messages", "'messages' must contain at least one message");
+        s->messages = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(m, i, e)
+        {
+            if (!json_is_object(e))
+                GPS_FAIL("messages", "messages[%zu] must be an object", i);
+            const json_t *role = json_object_get(e, "role");
+            if (!json_is_string(role))
+                GPS_FAIL("messages", "messages[%zu].role must be a string", i);
+            const char *r = json_string_value(role);
+            if (strcmp(r, "developer") == 0)
+                r = "system";
+            if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+                strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
+                GPS_FAIL("messages",
+                     "messages[%zu].role '%.40s' is not supported (system, developer, user, "
+                     "assistant, tool)",
+                     i, json_string_value(role));
+            const json_t *c = json_object_get(e, "content");
+            const json_t *calls = json_object_get(e, "tool_calls");
+            if (strcmp(r, "assistant") == 0 && !gps_absent(calls) &&
+                !(json_is_array(calls) && json_array_size(calls) == 0)) {
+                /* An earlier turn that called tools: kept as it is (content
+                 * may be null), validated so agents get a clean shape. */
+                if (tool_calls_check(calls, i, msg, msglen) < 0) {
+                    *param = "messages";
+                    goto fail;
+                }
+                char *text = gps_absent(c) ? NULL : content_text(c, i, msg, msglen);
+                if (!gps_absent(c) && !text) {
+                    *param = "messages";
+                    goto fail;
+                }
+                json_t *am = json_pack("{s:s,s:O}", "role", "assistant", "tool_calls", calls);
+                json_object_set_new(am, "content", text ? json_string(text) : json_null());
+                free(text);
+                json_array_append_new(s->messages, am);
+                continue;
+            }
+            if (strcmp(r, "tool") == 0) {
+                const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
+                if (!tcid)
+                    GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
+                char *text = gps_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
+                if (!text) {
+                    *param = "messages";
+                    goto fail;
+                }
+                json_array_append_new(s->messages,
+                                      json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
+                                                tcid, "content", text));
+                free(text);
+                continue;
+            }
+            if (gps_absent(c))
+                GPS_FAIL("messages", "messages[%zu].content is required", i);
+            char *text = content_text(c, i, msg, msglen);
+            if (!text) {
+                *param = "messages";
+                goto fail;
+            }
+            json_array_append_new(s->messages,
+                                  json_pack("{s:s,s:s}", "role", r, "content", text));
+            free(text);
+        }
+    }
+
+    /* max_tokens (max_completion_tokens is the newer chat name) */
+    const char *mt_key = "max_tokens";
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (chat && gps_absent(mt)) {
+        mt = json_object_get(body, "max_completion_tokens");
+        mt_key = "max_completion_tokens";
+    }
+    if (!gps_absent(mt)) {
+        if (!json_is_integer(mt))
+            GPS_FAIL(mt_key, "'%s' must be an integer", mt_key);
+        json_int_t v = json_integer_value(mt);
+        if (v < 1 || v > GPS_MAX_TOKENS_LIMIT)
+            GPS_FAIL(mt_key, "'%s' must be between 1 and %d (got %lld)", mt_key,
+                     GPS_MAX_TOKENS_LIMIT,
+                 (long long)v);
+        s->max_tokens = v;
+    }
+
+    double pen = 0;
+    if (gps_check_number(body, "presence_penalty", "'presence_penalty'", -2, 2, &pen, msg,
+                         msglen) < 0) {
+        *param = "presence_penalty";
+        goto fail;
+    }
+    if (gps_check_number(body, "frequency_penalty", "'frequency_penalty'", -2, 2, &pen, msg,
+                         msglen) < 0) {
+        *param = "frequency_penalty";
+        goto fail;
+    }
+    /* temperature, top_p, top_k (an extension: llama.cpp, vLLM), stop (up
+     * to 4 sequences) */
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
+        goto fail;
+
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
+
+    const json_t *stream = json_object_get(body, "stream");
+    if (!gps_absent(stream)) {
+        if (!json_is_boolean(stream))
+            GPS_FAIL("stream", "'stream' must be a boolean");
+        out->stream = json_is_true(stream);
+    }
+    const json_t *so = json_object_get(body, "stream_options");
+    if (!gps_absent(so)) {
+        if (!json_is_object(so))
+            GPS_FAIL("stream_options", "'stream_options' must be an object");
+        if (!out->stream)
+            GPS_FAIL("stream_options", "'stream_options' is only allowed when 'stream' is true");
+        const json_t *iu = json_object_get(so, "include_usage");
+        if (!gps_absent(iu)) {
+            if (!json_is_boolean(iu))
+                GPS_FAIL("stream_options", "'stream_options.include_usage' must be a boolean");
+            out->include_usage = json_is_true(iu);
+        }
+    }
+
+    const json_t *user = json_object_get(body, "user");
+    if (!gps_absent(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256)
+            GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
+        s->user = strdup(json_string_value(user));
+    }
+
+    const json_t *n = json_object_get(body, "n");
+    if (!gps_absent(n) && (!json_is_integer(n) || json_integer_value(n) != 1))
+        GPS_FAIL("n", "only n=1 is supported");
+    const json_t *best_of = json_object_get(body, "best_of");
+    if (!gps_absent(best_of) &&
+        (!json_is_integer(best_of) || json_integer_value(best_of) != 1))
+        GPS_FAIL("best_of", "only best_of=1 is supported");
+    const json_t *echo = json_object_get(body, "echo");
+    if (!gps_absent(echo) && !json_is_false(echo))
+        GPS_FAIL("echo", "echo is not supported");
+    const json_t *lp = json_object_get(body, "logprobs");
+    if (!gps_absent(lp) && !json_is_false(lp) &&
+        !(json_is_integer(lp) && json_integer_value(lp) == 0))
+        GPS_FAIL("logprobs", "logprobs are not supported");
+    const json_t *suffix = json_object_get(body, "suffix");
+    if (!gps_absent(suffix))
+        GPS_FAIL("suffix", "suffix is not supported");
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *tchoice = json_object_get(body, "tool_choice");
+    if (!gps_absent(tools)) {
+        if (!chat)
+            GPS_FAIL("tools", "tools are only supported by /v1/chat/completions");
+        if (gps_openai_tools_check(tools, tchoice, msg, msglen, param) < 0)
+            goto fail;
+        if (json_array_size(tools) > 0) {
+            s->tools = json_deep_copy(tools);
+            if (!gps_absent(tchoice))
+                s->tool_choice = json_deep_copy(tchoice);
+        }
+    } else if (!gps_absent(tchoice) &&
+               !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||
+                                             strcmp(json_string_value(tchoice), "auto") == 0))) {
+        GPS_FAIL("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    const json_t *rf = json_object_get(body, "response_format");
+    if (!gps_absent(rf)) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!t || strcmp(t, "text") != 0)
+            GPS_FAIL("response_format", "only response_format {\"type\":\"text\"} is supported");
+    }
+
+    /* Pool extension. */
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                               param) < 0)
+        goto fail;
+
+    if (!s->model || (!chat && !s->prompt) || (chat && !s->messages)) {
+        snprintf(msg, msglen, "out of memory");
+        goto fail;
+    }
+    return 0;
+fail:
+    gps_job_spec_clear(s);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Response construction                                               */
+/* ------------------------------------------------------------------ */
+
+static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
+                           const char *model)
+{
+    const char *object = chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                              : "text_completion";
+    return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", object, "created",
+                     (json_int_t)created, "model", model, "system_fingerprint", "gpupool");
+}
+
+json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
+                         const char *text, bool with_role, const char *finish_reason,
+                         bool usage_null)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat) {
+        json_t *delta = json_object();
+        if (with_role)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (text || with_role)
+            json_object_set_new(delta, "content", json_string(text ? text : ""));
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    }
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        finish_reason ? json_string(finish_reason) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    if (usage_null)
+        json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+static json_t *usage_object(long long p, long long c)
+{
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
+}
+
+json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
+                               long long prompt_tokens, long long completion_tokens)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_object_set_new(o, "choices", json_array());
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    return o;
+}
+
+json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
+                            const char *text, const char *finish_reason,
+                            long long prompt_tokens, long long completion_tokens, json_t *meta)
+{
+    json_t *o = base_object(chat, false, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat)
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
+                                      text ? text : "", "refusal"));
+    else
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        json_string(finish_reason && *finish_reason ? finish_reason : "stop"));
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    if (meta)
+        json_object_set_new(o, "x_pool_meta", meta);
+    return o;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+typedef gps_relay_ctx oa_ctx;
+
+/* One in-flight client request: subscriber of its job. Freed when the
+ * reply is complete or the client went away (never while the job still
+ * calls it: unsubscribe first, which only marks). */
+typedef struct oa_stream {
+    gps_relay rl;                   /* the client side (relay.h) */
+    oa_ctx *ctx;
+    bool chat, stream, include_usage;
+    char id[48];
+    long long created;
+    char model[GPS_MAX_MODEL_NAME + 1];
+    bool tools_ignored;             /* the request's tools were dropped (warning) */
+    gps_tool_calls calls;           /* tool calls relayed so far */
+    /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
+     * follows waits in the job's text while the client is behind, and the
+     * other events that came meanwhile wait here (references) with the
+     * text offset they followed. */
+    size_t sent;
+    struct oa_deferred {
+        gps_event_type type;
+        json_t *ev;
+        size_t at;
+    } *dv;
+    size_t dn, dcap;
+} oa_stream;
+
+/* Text of a catch-up chunk: large enough to drain quickly, small enough
+ * that one chunk stays well under client_buffer_bytes. */
+#define CATCHUP_SLICE (16 * 1024)
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+static void on_writable(void *arg);
+
+static long long behind(void *arg)
+{
+    oa_stream *st = arg;
+    return st->rl.job ? (long long)(st->rl.job->text.len - st->sent) : 0;
+}
+
+static void stream_free(void *arg)
+{
+    oa_stream *st = arg;
+    gps_relay_clear(&st->rl);
+    gps_tool_calls_free(&st->calls);
+    for (size_t i = 0; i < st->dn; i++)
+        json_decref(st->dv[i].ev);
+    free(st->dv);
+    free(st);
+}
+
+static const gps_relay_ops OPS = {
+    .api = "openai",
+    .dialect = GPS_DIALECT_OPENAI,
+    .error_event = NULL,
+    .on_event = on_job_event,
+    .writable = on_writable,
+    .behind = behind,
+    .free = stream_free,
+};
+
+static void emit_json(oa_stream *st, json_t *j)
+{
+    gps_sse_format_json(&st->rl.out, NULL, NULL, j);
+    json_decref(j);
+}
+
+static void ensure_started(oa_stream *st)
+{
+    if (st->rl.started)
+        return;
+    gps_relay_start(&st->rl);
+    if (st->chat)
+        emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
+                                       st->include_usage));
+}
+
+/* pool_meta plus this request's own warnings (new reference). */
+static json_t *stream_meta(oa_stream *st, gps_job *job)
+{
+    json_t *meta = gps_pool_meta(job);
+    if (meta && st->tools_ignored)
+        json_array_append_new(json_object_get(meta, "warnings"),
+                              json_string("tools were ignored: no live agent serving this model "
+                                          "reports supports_tools"));
+    return meta;
+}
+
+/* Send n bytes of the job's text as one delta chunk. */
+static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
+{
+    oa_ctx *c = st->ctx;
+    bool first = !st->rl.started;
+    ensure_started(st);
+    json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false, NULL,
+                                     st->include_usage);
+    json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
+    json_t *tx = json_stringn(text, n);
+    if (st->chat)
+        json_object_set_new(json_object_get(choice, "delta"), "content", tx);
+    else
+        json_object_set_new(choice, "text", tx);
+    emit_json(st, chunk);
+    gps_relay_send_output(&st->rl);
+    if (first)
+        gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                         (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
+}
+
+/* One event, rendered now. Returns true when st was freed (the reply is
+ * complete). */
+static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_t *ev)
+{
+    oa_ctx *c = st->ctx;
+    if (type == GPS_EV_TOKEN && !st->stream)
+        return false;
+    if (type == GPS_EV_TOOL_CALL && st->chat) {
+        bool started = false;
+        int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i < 0 || !st->stream)
+            return false;
+        /* OpenAI streaming shape: the first piece of a call carries id,
+         * type and name; every piece its index and an arguments delta. */
+        const char *args = json_string_value(json_object_get(ev, "arguments"));
+        json_t *fn = json_pack("{s:s}", "arguments", args ? args : "");
+        json_t *tc = json_pack("{s:i}", "index", i);
+        if (started) {
+            json_object_set_new(tc, "id", json_string(st->calls.v[i].id));
+            json_object_set_new(tc, "type", json_string("function"));
+            json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
+        }
+        json_object_set_new(tc, "function", fn);
+        bool first = !st->rl.started;
+        ensure_started(st);
+        json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
+                                         NULL, st->include_usage);
+        json_object_set_new(json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
+                                            "delta"),
+                            "tool_calls", json_pack("[o]", tc));
+        emit_json(st, chunk);
+        gps_relay_send_output(&st->rl);
+        if (first)
+            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
+        return false;
+    }
+    if (type == GPS_EV_END) {
+        const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
+        if (st->calls.n > 0 && strcmp(fr, "length") != 0)
+            fr = "tool_calls";
+        long long pt = job->prompt_tokens, ct = job->completion_tokens;
+        if (st->stream) {
+            ensure_started(st);
+            /* The headers left with the first token: the last chunk tells
+             * which agent finished and how many were tried (failover). */
+            json_t *last = gps_openai_chunk(st->chat, st->id, st->created, st->model,
+                                            st->chat ? NULL : "", false, fr, st->include_usage);
+            if (last)
+                json_object_set_new(last, "x_pool_meta", stream_meta(st, job));
+            emit_json(st, last);
+            if (st->include_usage)
+                emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
+                                                     pt, ct));
+            gps_sse_format(&st->rl.out, NULL, NULL, "[DONE]");
+        } else {
+            json_t *meta = stream_meta(st, job);
+            json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
+                                               job->text.data ? job->text.data : "", fr, pt, ct,
+                                               meta);
+            if (st->chat && st->calls.n > 0) {
+                json_t *m = json_object_get(json_array_get(json_object_get(body, "choices"), 0),
+                                            "message");
+                json_object_set_new(m, "tool_calls", gps_tool_calls_openai(&st->calls));
+                if (!job->text.len) /* OpenAI: content null when only tools were called */
+                    json_object_set_new(m, "content", json_null());
+            }
+            if (job->first_token_us)
+                gps_metrics_ttft(c->metrics, "openai", job->spec.model,
+                                 (double)(job->first_token_us - st->rl.start_us) / 1e6);
+            gps_relay_end_body(&st->rl, body, true);
+            return true;
+        }
+        gps_relay_end_stream(&st->rl);
+        return true;
+    }
+    if (type == GPS_EV_ERROR) {
+        gps_relay_fail(&st->rl, ev, NULL);
+        return true;
+    }
+    return false;
+}
+
+/* Write what is behind (the job's text after sent, then the events that
+ * waited) while the client keeps up. Returns true when st was freed. */
+static bool catch_up(oa_stream *st)
+{
+    gps_job *job = st->rl.job;
+    while (st->rl.req) {
+        size_t limit = st->dn ? st->dv[0].at : job->text.len;
+        if (st->sent < limit) {
+            if (gps_relay_blocked(&st->rl))
+                return false; /* on_writable resumes */
+            size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
+                                          CATCHUP_SLICE);
+            send_text(st, job, job->text.data + st->sent, n);
+            st->sent += n;
+            continue;
+        }
+        if (!st->dn)
+            return false;
+        struct oa_deferred d = st->dv[0];
+        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
+        bool freed = handle_event(st, job, d.type, d.ev);
+        json_decref(d.ev);
+        if (freed)
+            return true;
+    }
+    return false;
+}
+
+static void on_writable(void *arg)
+{
+    catch_up(arg);
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    oa_stream *st = arg;
+    if (!st->stream) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    if (type == GPS_EV_TOKEN) {
+        catch_up(st);
+        return;
+    }
+    if (type != GPS_EV_END && type != GPS_EV_ERROR && !(type == GPS_EV_TOOL_CALL && st->chat))
+        return;
+    if (st->dn == 0 && st->sent >= job->text.len) {
+        handle_event(st, job, type, ev);
+        return;
+    }
+    /* Text is still behind: this event follows it. */
+    if (st->dn == st->dcap) {
+        size_t cap = st->dcap ? st->dcap * 2 : 8;
+        struct oa_deferred *nv = realloc(st->dv, cap * sizeof *nv);
+        if (!nv)
+            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+        st->dv = nv;
+        st->dcap = cap;
+    }
+    st->dv[st->dn++] = (struct oa_deferred){type, json_incref(ev), job->text.len};
+}
+
+static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
+{
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
+        return;
+    }
+    gps_openai_req oreq;
+    char msg[512];
+    const char *param = NULL;
+    int rc = gps_openai_parse(body, chat, &oreq, msg, sizeof msg, &param);
+    json_decref(body);
+    if (rc < 0) {
+        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        return;
+    }
+    oa_stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        gps_job_spec_clear(&oreq.spec);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
+    st->ctx = c;
+    st->chat = chat;
+    st->stream = oreq.stream;
+    st->include_usage = oreq.include_usage;
+    gp_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    if (oreq.spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), oreq.spec.model)) {
+        /* No agent could take them: answer without tools rather than fail. */
+        json_decref(oreq.spec.tools);
+        json_decref(oreq.spec.tool_choice);
+        oreq.spec.tools = oreq.spec.tool_choice = NULL;
+        st->tools_ignored = true;
+    }
+    st->created = gp_now_wall_ms() / 1000;
+    snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
+    gps_job *job = gps_relay_submit(&st->rl, &oreq.spec, r, c->request_timeout_sec + 30);
+    if (!job) {
+        stream_free(st);
+        return;
+    }
+    /* The model that serves (a fallback may have taken the request). */
+    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+}
+
+static void h_completions(gps_req *r, void *arg)
+{
+    handle_generate(r, arg, false);
+}
+
+static void h_chat(gps_req *r, void *arg)
+{
+    handle_generate(r, arg, true);
+}
+
+static void iso8601(char *out, size_t n, int64_t wall_ms)
+{
+    time_t t = (time_t)(wall_ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+static void h_models(gps_req *r, void *arg)
+{
+    oa_ctx *c = arg;
+    size_t n = 0;
+    registry_model_entry *list = registry_models_list(gps_jobs_registry(c->jobs), &n);
+    json_t *data = json_array();
+    for (size_t i = 0; i < n; i++) {
+        char ts[32];
+        iso8601(ts, sizeof ts, list[i].created_wall_ms);
+        json_array_append_new(
+            data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "id", list[i].id, "object",
+                            "model", "created", (json_int_t)(list[i].created_wall_ms / 1000),
+                            "owned_by", "gpupool", "type", "model", "display_name", list[i].id,
+                            "created_at", ts));
+    }
+    json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
+    json_object_set_new(body, "first_id", n ? json_string(list[0].id) : json_null());
+    json_object_set_new(body, "last_id", n ? json_string(list[n - 1].id) : json_null());
+    free(list);
+    gps_http_send_json(r->req, 200, body);
+}
+
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v1/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_completions, NULL},
+    {EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_chat, NULL},
+    {EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_models, NULL},
+};
+
+int gps_openai_register(gps_http *h, gps_relay_ctx *c)
+{
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
+}

@@ -1,0 +1,78 @@
+/*
+ * api_openai: the OpenAI dialect.
+ *
+ *   POST /v1/completions        prompt -> text_completion (+ SSE chunks)
+ *   POST /v1/chat/completions   messages -> chat.completion (+ chat.completion.chunk)
+ *   GET  /v1/models             models served now (also the Anthropic SDK's
+ *                               models.list shape: has_more, first_id, last_id)
+ *
+ * Streaming: every chunk carries a `choices` array; the first chat delta
+ * carries role "assistant"; the last content chunk carries finish_reason;
+ * with stream_options.include_usage a final chunk with `choices: []` and
+ * `usage`; then `data: [DONE]`. An error before the first byte is a plain
+ * HTTP error in OpenAI's shape; later, a `data: {"error":{...}}` chunk.
+ *
+ * The parse and build functions are pure (unit-tested); the handlers are
+ * registered by gps_openai_register.
+ */
+#ifndef GPS_API_OPENAI_H
+#define GPS_API_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "server/jobs/jobs.h"
+#include "server/dialects/poolmeta.h"
+#include "server/dialects/reqcheck.h"
+#include "server/dialects/toolcalls.h"
+
+typedef struct gps_openai_req {
+    gps_job_spec spec;       /* owned; moved into the job on submit */
+    bool chat;
+    bool stream;
+    bool include_usage;
+} gps_openai_req;
+
+/* Validate an already parsed JSON body. Returns 0, or -1 with a message
+ * for people in msg and the offending field in *param (static string, or
+ * NULL). On error out holds nothing to free; on success free with
+ * gps_job_spec_clear(&out->spec) unless moved. */
+int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
+                     size_t msglen, const char **param);
+
+/* Validate OpenAI function tools and tool_choice ("auto" | "none" |
+ * "required" | {"type":"function","function":{"name"}}); tool_choice may
+ * be NULL. Returns 0, or -1 with msg and *param. */
+int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
+                           size_t msglen, const char **param);
+
+/* message.tool_calls: [{id, type:"function", function:{name, arguments}}]. */
+json_t *gps_tool_calls_openai(const gps_tool_calls *acc);
+
+/* One streaming chunk (new reference). text may be NULL (an empty delta /
+ * text); with_role adds "role":"assistant" to the chat delta;
+ * finish_reason NULL = null; usage_null adds "usage": null (OpenAI does so
+ * on every chunk when include_usage is set). */
+json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
+                         const char *text, bool with_role, const char *finish_reason,
+                         bool usage_null);
+/* The final usage chunk: choices [] and usage. */
+json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
+                               long long prompt_tokens, long long completion_tokens);
+/* The non-streaming body. meta (stolen, may be NULL) becomes x_pool_meta. */
+json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
+                            const char *text, const char *finish_reason,
+                            long long prompt_tokens, long long completion_tokens, json_t *meta);
+
+struct gps_http;
+struct gps_metrics;
+struct evhttp_request;
+
+struct gps_relay_ctx;
+/* Routes /v1/completions, /v1/chat/completions and /v1/models on h; c (the
+ * relay's context, relay.h) is shared with Anthropic and must outlive h. */
+int gps_openai_register(struct gps_http *h, struct gps_relay_ctx *c);
+
+#endif

@@ -1,0 +1,1406 @@
+/* api_tasks: see api_tasks.h. */
+#include "server/dialects/api_tasks.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/dialects/poolmeta.h"
+#include "server/dialects/reqcheck.h"
+#include "server/auth/auth.h"
+#include "server/http/errors.h"
+#include "server/http/held.h"
+#include "server/http/http.h"
+#include "server/metrics.h"
+#include "server/http/sse.h"
+#include "server/store/store.h"
+#include "server/http/textcheck.h"
+
+#define MAX_STOP 16
+#define NBUCKETS 1024
+#define TICK_MS 250
+#define KEEP_HOT_SEC 300 /* default: terminal tasks stay in memory 5 minutes */
+#define KEEPALIVE_US (15ull * 1000000ull)
+/* A job_events write that failed (queue full, a failed COMMIT) is tried
+ * again from the tick, at most this often. */
+#define FLUSH_RETRY_US (250ull * 1000ull)
+
+/* ------------------------------------------------------------------ */
+/* Parsing                                                             */
+/* ------------------------------------------------------------------ */
+
+
+
+
+int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                    const char **param)
+{
+    memset(s, 0, sizeof *s);
+    s->api = "native";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        GPS_FAIL(NULL, "request body must be a JSON object");
+    const json_t *model = json_object_get(body, "model");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) > 256)
+        GPS_FAIL("model", "'model' is required: a non-empty string of at most 256 bytes");
+    s->model = strdup(json_string_value(model));
+
+    const json_t *p = json_object_get(body, "prompt");
+    const json_t *m = json_object_get(body, "messages");
+    if (!gps_absent(p) && !gps_absent(m))
+        GPS_FAIL("prompt", "give either 'prompt' or 'messages', not both");
+    if (!gps_absent(p)) {
+        if (!json_is_string(p))
+            GPS_FAIL("prompt", "'prompt' must be a string");
+        s->kind = GPS_JOB_COMPLETION;
+        s->prompt = strdup(json_string_value(p));
+    } else if (!gps_absent(m)) {
+        if (!json_is_array(m) || json_array_size(m) == 0)
+            GPS_FAIL("messages", "'messages' must be a non-empty array");
+        s->kind = GPS_JOB_CHAT;
+        s->messages = json_array();
+        size_t i;
+        json_t *e;
+        json_array_foreach(m, i, e)
+        {
+            const char *role = json_string_value(json_object_get(e, "role"));
+            const json_t *c = json_object_get(e, "content");
+            if (!role || (strcmp(role, "system") && strcmp(role, "user") &&
+                          strcmp(role, "assistant")))
+                GPS_FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
+            if (!json_is_string(c))
+                GPS_FAIL("messages", "messages[%zu].content must be a string", i);
+            json_array_append_new(s->messages, json_pack("{s:s,s:O}", "role", role, "content", c));
+        }
+    } else {
+        GPS_FAIL("prompt", "'prompt' or 'messages' is required");
+    }
+
+    const json_t *mt = json_object_get(body, "max_tokens");
+    if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
+        json_integer_value(mt) > GPS_MAX_TOKENS_LIMIT)
+        GPS_FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
+             GPS_MAX_TOKENS_LIMIT);
+    s->max_tokens = json_integer_value(mt);
+    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
+        goto fail;
+    if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
+        GPS_FAIL("seed", "'seed' must be an integer");
+    if (!s->has_seed) {
+        /* Recorded with the job so the run can be reproduced. */
+        uint32_t r;
+        gp_random_bytes(&r, sizeof r);
+        s->seed = (long long)(r & 0x7fffffff);
+    }
+    s->has_seed = true;
+    if (gps_priority_parse(json_object_get(body, "priority"), &s->priority) < 0)
+        GPS_FAIL("priority", "'priority' must be \"interactive\" or \"batch\"");
+    const json_t *sid = json_object_get(body, "session_id");
+    if (!gps_absent(sid)) {
+        if (!json_is_string(sid) || json_string_length(sid) == 0 || json_string_length(sid) > 256)
+            GPS_FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
+        s->session = strdup(json_string_value(sid));
+    }
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
+        0)
+        goto fail;
+    if (!s->model || (s->kind == GPS_JOB_COMPLETION && !s->prompt) ||
+        (s->kind == GPS_JOB_CHAT && !s->messages))
+        GPS_FAIL(NULL, "out of memory");
+    return 0;
+fail:
+    gps_job_spec_clear(s);
+    return -1;
+}
+
+long long gps_tasks_last_event_id(const char *s)
+{
+    if (!s || !*s)
+        return 0;
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 0)
+        return -1;
+    return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tasks                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct task task;
+
+/* One open events stream. */
+typedef struct task_sub {
+    gps_tasks *owner;
+    task *t;                      /* NULL once detached */
+    struct evhttp_request *req;
+    gps_held held;                /* hold, peer-close watch (held.h) */
+    uint64_t last_write_us;
+    /* Backpressure (sse.h): events[0..ev_sent) were written; the rest wait
+     * in the task's event log while the client is behind. A long event
+     * (the end event carries the whole text) goes out in slices: part
+     * bytes of its text were written so far. */
+    gps_sse_pace *pace;
+    size_t ev_sent;
+    size_t part;
+    /* Last-Event-ID: events with seq <= after are the client's already,
+     * also those recorded after it connected (issue 10 item 5). */
+    long long after;
+    bool too_slow;
+    struct task_sub *next;
+} task_sub;
+
+/* Bytes framed per catch-up write. */
+#define CATCHUP_SLICE (64 * 1024)
+
+struct task {
+    gps_tasks *owner;
+    gps_job *job;                 /* subscribed until the task is evicted */
+    char id[40];
+    char key_id[65];
+    json_t *events;               /* array of {seq, type, data} */
+    bool terminal;
+    long long last_pos;           /* last queue position announced (-1 none) */
+    uint64_t finished_us;
+    task_sub *subs;
+    uint64_t created_us;          /* for request_duration_seconds at the end */
+    /* Durability (issue 10 item 6): an event goes to clients only once it
+     * is committed to job_events, so that its id means the same thing
+     * after a crash. events[0..durable) are committed (released to
+     * clients); events[durable..inflight_n) are in the one batch in
+     * flight (store op inflight_seq, 0: none); the rest wait for it. */
+    size_t durable;
+    size_t inflight_n;
+    uint64_t inflight_seq;
+    uint64_t retry_us;            /* a failed write: not before this */
+    struct task *fnext;           /* gps_tasks.inflight list */
+    /* Restored at start-up and not resubmitted yet (job is NULL): the
+     * stored request, to resubmit until resume_deadline_us. */
+    json_t *resume_body;
+    char *resume_text;            /* token texts of the stored events */
+    long long resume_tokens;      /* token events among them */
+    int resume_attempts;
+    char resume_agent[64];        /* agent of the last started event */
+    char corr[65];
+    uint64_t resume_deadline_us;
+    struct task *hnext, *next, *prev;
+};
+
+/* Per-model service time (assignment to end), for the wait estimate. */
+typedef struct svc_rec {
+    char model[257];
+    double ewma_ms;
+    struct svc_rec *next;
+} svc_rec;
+
+struct gps_tasks {
+    struct event_base *base;
+    gps_jobs *jobs;
+    gps_store *store;
+    gps_metrics *metrics;
+    int request_timeout_sec;
+    uint64_t hot_us;              /* terminal tasks stay in memory this long */
+    task *buckets[NBUCKETS];
+    task *head;
+    svc_rec *svc;
+    struct event *tick;
+    gps_auth *auth;               /* borrowed; NULL: no key is admin here */
+    task *inflight;               /* tasks with a job_events write in flight */
+    bool gated;                   /* events wait for their commit (store with job_events) */
+};
+
+static unsigned bucket_of(const char *id)
+{
+    uint32_t h = 2166136261u;
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 16777619u;
+    return h % NBUCKETS;
+}
+
+static task *task_find(gps_tasks *g, const char *id)
+{
+    for (task *t = g->buckets[bucket_of(id)]; t; t = t->hnext)
+        if (strcmp(t->id, id) == 0)
+            return t;
+    return NULL;
+}
+
+static svc_rec *svc_get(gps_tasks *g, const char *model, bool create)
+{
+    for (svc_rec *r = g->svc; r; r = r->next)
+        if (strcmp(r->model, model) == 0)
+            return r;
+    if (!create)
+        return NULL;
+    svc_rec *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    snprintf(r->model, sizeof r->model, "%s", model);
+    r->next = g->svc;
+    g->svc = r;
+    return r;
+}
+
+typedef struct slot_count {
+    const char *model;
+    long long slots;
+} slot_count;
+
+static void slots_cb(void *ud, registry_agent *a)
+{
+    slot_count *c = ud;
+    if (a->state == REGISTRY_HEALTHY && registry_agent_serves(a, c->model))
+        c->slots += a->slots_total > 0 ? a->slots_total : 1;
+}
+
+/* Rough wait before the job starts: the jobs ahead spread over the slots
+ * that serve the model, each taking the recent service time. */
+static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
+{
+    svc_rec *r = svc_get(g, job->spec.model, false);
+    if (!r || r->ewma_ms <= 0)
+        return (long long)sched_estimated_wait_ms(gps_jobs_sched(g->jobs), job->spec.model);
+    slot_count c = {job->spec.model, 0};
+    registry_foreach(gps_jobs_registry(g->jobs), slots_cb, &c);
+    long long slots = c.slots > 0 ? c.slots : 1;
+    return (long long)((double)((long long)pos / slots + 1) * r->ewma_ms);
+}
+
+static void sse_frame(gp_buf *out, const json_t *ev)
+{
+    char idbuf[32];
+    snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(json_object_get(ev, "seq")));
+    gps_sse_format_json(out, json_string_value(json_object_get(ev, "type")), idbuf,
+                        json_object_get(ev, "data"));
+}
+
+static void sub_detach_conn(task_sub *s)
+{
+    gps_held_release(&s->held);
+}
+
+static void sub_remove(task *t, task_sub *s)
+{
+    for (task_sub **pp = &t->subs; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            return;
+        }
+}
+
+/* Events a client may be sent: those durable in the store (all of them
+ * without a store: nothing would survive a restart anyway). */
+static size_t released(const task *t)
+{
+    return t->owner->gated ? t->durable : json_array_size(t->events);
+}
+
+/* Hand events[from..) to the store as one job_events batch (async,
+ * group-committed: never blocks the loop). Returns the op's seq, 0 when
+ * the write was refused (queue full, ENOMEM). */
+static uint64_t task_write(task *t, size_t from)
+{
+    size_t n = json_array_size(t->events);
+    json_t *batch = json_array();
+    for (size_t i = from; batch && i < n; i++)
+        json_array_append(batch, json_array_get(t->events, i));
+    uint64_t seq = 0;
+    if (!batch || gps_store_job_events_seq(t->owner->store, t->id, batch, &seq) < 0) {
+        seq = 0;
+        gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored yet", t->id,
+                    from + 1, n);
+    }
+    json_decref(batch);
+    return seq;
+}
+
+/* Write the events not yet durable, unless a batch is in flight (its
+ * commit notification writes the rest: one batch per task at a time, so
+ * a burst of events shares a row and a retry is never out of order). */
+static void task_flush(task *t)
+{
+    gps_tasks *g = t->owner;
+    size_t n = json_array_size(t->events);
+    if (!g->gated || t->inflight_seq || t->durable >= n)
+        return;
+    uint64_t seq = task_write(t, t->durable);
+    if (!seq) {
+        t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US; /* the tick tries again */
+        return;
+    }
+    t->inflight_seq = seq;
+    t->inflight_n = n;
+    t->fnext = g->inflight;
+    g->inflight = t;
+}
+
+static bool sub_catch_up(task *t, task_sub *s);
+
+/* The store committed (or failed) its job_events writes up to done_seq:
+ * release what became durable to the streams, write what waited. */
+static void on_commit(void *arg, uint64_t done_seq, bool failed)
+{
+    gps_tasks *g = arg;
+    task *list = g->inflight;
+    g->inflight = NULL;
+    task *next;
+    for (task *t = list; t; t = next) {
+        next = t->fnext;
+        t->fnext = NULL;
+        if (t->inflight_seq > done_seq) {
+            t->fnext = g->inflight; /* still in flight */
+            g->inflight = t;
+            continue;
+        }
+        t->inflight_seq = 0;
+        if (failed) {
+            /* Maybe this batch, maybe another: write it again (same
+             * first_seq: replaces the row if it did land). */
+            t->inflight_n = t->durable;
+            t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US;
+            continue;
+        }
+        t->durable = t->inflight_n;
+        task_flush(t);
+        task_sub *s = t->subs;
+        while (s) {
+            task_sub *sn = s->next;
+            sub_catch_up(t, s); /* may free s */
+            s = sn;
+        }
+    }
+}
+
+static void inflight_unlink(gps_tasks *g, task *t)
+{
+    for (task **pp = &g->inflight; *pp; pp = &(*pp)->fnext)
+        if (*pp == t) {
+            *pp = t->fnext;
+            break;
+        }
+    t->fnext = NULL;
+}
+
+static void sub_free(task_sub *s)
+{
+    sub_detach_conn(s);
+    gps_sse_pace_free(s->pace);
+    free(s);
+}
+
+/* Frame part of a long event: its data with "text" last (the end event),
+ * written as one data line in slices, each ending on a UTF-8 boundary.
+ * Compact JSON never holds a raw newline, so the line may span chunks.
+ * Appends to out from s->part on; returns true when the event is done. */
+static bool frame_long_event(gp_buf *out, task_sub *s, const json_t *ev)
+{
+    const json_t *data = json_object_get(ev, "data");
+    const json_t *text = json_object_get(data, "text");
+    const char *tx = json_string_value(text);
+    size_t len = json_string_length(text);
+    if (s->part == 0) {
+        json_t *head = json_deep_copy(data);
+        json_object_del(head, "text");
+        char *h = json_dumps(head, JSON_COMPACT);
+        json_decref(head);
+        if (!h)
+            return false;
+        size_t hl = strlen(h);
+        gp_buf_appendf(out, "event: %s\nid: %lld\ndata: ",
+                       json_string_value(json_object_get(ev, "type")),
+                       (long long)json_integer_value(json_object_get(ev, "seq")));
+        /* {"a":1} -> {"a":1,"text":"  ({} -> {"text":") */
+        gp_buf_append(out, h, hl - 1);
+        gp_buf_appendf(out, "%s\"text\":\"", hl > 2 ? "," : "");
+        free(h);
+    }
+    size_t n = gps_sse_utf8_slice(tx + s->part, len - s->part, CATCHUP_SLICE);
+    json_t *piece = json_stringn(tx + s->part, n);
+    char *e = piece ? json_dumps(piece, JSON_ENCODE_ANY) : NULL;
+    json_decref(piece);
+    if (e) {
+        gp_buf_append(out, e + 1, strlen(e) - 2); /* without the quotes */
+        free(e);
+    }
+    s->part += n;
+    if (s->part < len)
+        return false;
+    gp_buf_append(out, "\"}\n\n", 4);
+    s->part = 0;
+    return true;
+}
+
+/* Is ev one to write in slices (its data's last member a long "text")? */
+static bool is_long_event(const json_t *ev)
+{
+    const json_t *data = json_object_get(ev, "data");
+    const json_t *text = json_object_get(data, "text");
+    if (!json_is_string(text) || json_string_length(text) <= CATCHUP_SLICE)
+        return false;
+    /* Byte-identical framing only when "text" is the last member. */
+    const char *last = NULL;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)data, k, v) last = k;
+    return last && strcmp(last, "text") == 0;
+}
+
+/* Write what s has not seen while its client keeps up; at the end of a
+ * terminal task's log, end the reply and free s. Returns true when s was
+ * freed. */
+static bool sub_catch_up(task *t, task_sub *s)
+{
+    gp_buf out;
+    gp_buf_init(&out);
+    size_t lim = released(t);
+    while (s->req && s->ev_sent < lim) {
+        if (gps_sse_pace_blocked(s->pace))
+            break; /* sub_writable resumes */
+        while (s->ev_sent < lim && out.len < CATCHUP_SLICE) {
+            if ((long long)s->ev_sent < s->after) {
+                s->ev_sent++; /* the client has it (Last-Event-ID) */
+                continue;
+            }
+            const json_t *ev = json_array_get(t->events, s->ev_sent);
+            if (s->part > 0 || is_long_event(ev)) {
+                if (!frame_long_event(&out, s, ev))
+                    break; /* more slices: send this one first */
+            } else {
+                sse_frame(&out, ev);
+            }
+            s->ev_sent++;
+        }
+        gps_sse_pace_send(s->pace, s->req, &out);
+        s->last_write_us = gp_now_mono_us();
+    }
+    gp_buf_free(&out);
+    if (s->req && t->terminal && s->ev_sent >= json_array_size(t->events) &&
+        lim >= json_array_size(t->events)) {
+        sub_remove(t, s);
+        struct evhttp_request *req = s->req;
+        sub_free(s);
+        gps_sse_end(req);
+        return true;
+    }
+    return false;
+}
+
+/* requests_total{api="native"}: a task's outcome, once, when it ends (its
+ * terminal event): ok, or the error code (CANCELLED: cancelled). */
+static void count_outcome(task *t, const char *type, const json_t *data)
+{
+    gps_tasks *g = t->owner;
+    const char *code = json_string_value(json_object_get(data, "code"));
+    const char *outcome = strcmp(type, "end") == 0 ? "ok" : code ? code : "AGENT_ERROR";
+    gps_metrics_request(g->metrics, "native", outcome,
+                        (double)(gp_now_mono_us() - t->created_us) / 1e6);
+}
+
+/* Record an event (data stolen) and send it to the open streams once it
+ * is durable (on_commit; at once without a store). */
+static void task_emit(task *t, const char *type, json_t *data, bool terminal)
+{
+    if (t->terminal) {
+        json_decref(data);
+        return;
+    }
+    long long seq = (long long)json_array_size(t->events) + 1;
+    json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
+                           data ? data : json_object());
+    if (!ev)
+        return;
+    json_array_append_new(t->events, ev);
+    if (terminal) {
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+        count_outcome(t, type, data);
+    }
+    task_flush(t);
+    task_sub *s = t->subs; /* without a store: sent now; else at the commit */
+    while (s) {
+        task_sub *next = s->next;
+        sub_catch_up(t, s); /* may free s */
+        s = next;
+    }
+}
+
+static void emit_queued(task *t)
+{
+    gps_job *job = t->job;
+    size_t pos = gps_jobs_queue_position(t->owner->jobs, job);
+    t->last_pos = (long long)pos;
+    task_emit(t, "queued",
+              json_pack("{s:I,s:I}", "position", (json_int_t)pos, "estimated_wait_ms",
+                        (json_int_t)estimate_wait_ms(t->owner, job, pos)),
+              false);
+}
+
+static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    task *t = arg;
+    gps_tasks *g = t->owner;
+    switch (type) {
+    case GPS_EV_STARTED:
+        task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
+                                          job->attempts),
+                  false);
+        t->last_pos = -1;
+        break;
+    case GPS_EV_TOKEN: {
+        if (t->last_pos >= 0 || json_array_size(t->events) == 1) {
+            /* No started event from the agent: announce the start anyway. */
+            bool seen = false;
+            size_t i;
+            json_t *e;
+            json_array_foreach(t->events, i, e) seen =
+                seen || strcmp(json_string_value(json_object_get(e, "type")), "started") == 0;
+            if (!seen)
+                task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id,
+                                                  "attempt", job->attempts),
+                          false);
+            t->last_pos = -1;
+        }
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        task_emit(t, "token", json_pack("{s:s}", "text", text ? text : ""), false);
+        gps_job_mark_output_sent(job);
+        break;
+    }
+    case GPS_EV_METRICS: {
+        json_t *d = json_deep_copy(ev);
+        json_object_del(d, "type");
+        task_emit(t, "metrics", d, false);
+        break;
+    }
+    case GPS_EV_FAILOVER: {
+        /* The agent was lost after tokens were recorded: another agent
+         * continues from the text so far. One more numbered, non-terminal
+         * event; the tokens that follow continue the same text. */
+        json_t *d = json_deep_copy(ev);
+        json_object_del(d, "type");
+        task_emit(t, "failover", d, false);
+        break;
+    }
+    case GPS_EV_END: {
+        if (job->assigned_us) {
+            svc_rec *r = svc_get(g, job->spec.model, true);
+            double ms = (double)(gp_now_mono_us() - job->assigned_us) / 1000.0;
+            if (r)
+                r->ewma_ms = r->ewma_ms > 0 ? 0.8 * r->ewma_ms + 0.2 * ms : ms;
+        }
+        task_emit(t, "end",
+                  json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
+                            job->finish_reason[0] ? job->finish_reason : "stop", "usage",
+                            "prompt_tokens", (json_int_t)job->prompt_tokens,
+                            "completion_tokens", (json_int_t)job->completion_tokens, "text",
+                            job->text.data ? job->text.data : "", job->text.len),
+                  true);
+        break;
+    }
+    case GPS_EV_ERROR: {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        task_emit(t, "error",
+                  json_pack("{s:s,s:s}", "code", code ? code : "AGENT_ERROR", "message",
+                            message ? message : "the job failed"),
+                  true);
+        break;
+    }
+    default:
+        return;
+    }
+    if (t->terminal && g->store)
+        gps_store_checkpoint(g->store, t->id, job->text.data ? job->text.data : "", job->text.len,
+                             (long long)json_array_size(t->events));
+}
+
+static void task_free(gps_tasks *g, task *t)
+{
+    task **pp = &g->buckets[bucket_of(t->id)];
+    while (*pp && *pp != t)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = t->hnext;
+    if (t->prev)
+        t->prev->next = t->next;
+    else if (g->head == t)
+        g->head = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    task_sub *s = t->subs;
+    while (s) {
+        task_sub *n = s->next;
+        struct evhttp_request *req = s->req;
+        sub_free(s);
+        if (req)
+            gps_sse_end(req);
+        s = n;
+    }
+    if (t->job)
+        gps_job_unsubscribe(t->job, on_job_event, t);
+    if (t->inflight_seq)
+        inflight_unlink(g, t);
+    json_decref(t->events);
+    json_decref(t->resume_body);
+    free(t->resume_text);
+    free(t);
+}
+
+/* ------------------------------------------------------------------ */
+/* Restart recovery                                                    */
+/* ------------------------------------------------------------------ */
+
+static void task_link(gps_tasks *g, task *t)
+{
+    unsigned b = bucket_of(t->id);
+    t->hnext = g->buckets[b];
+    g->buckets[b] = t;
+    t->next = g->head;
+    if (g->head)
+        g->head->prev = t;
+    g->head = t;
+}
+
+/* A restored task that cannot run again: its terminal error event, and
+ * the request-log row finished (jobs.c never knew this task). */
+static void restore_fail(gps_tasks *g, task *t, const char *code, const char *message)
+{
+    task_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
+    if (g->store) {
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+        u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
+        u.error_code = code;
+        u.finished_at = gp_now_wall_ms();
+        gps_store_job_update_async(g->store, u);
+    }
+}
+
+/* Submit a restored task again, under its id, with its recorded seed and
+ * the text it had generated as continuation. Until an agent serving the
+ * model is back (agents reconnect after a server restart) the submission
+ * is refused: try again each tick until the deadline. */
+static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
+{
+    gps_job_spec spec;
+    char msg[512];
+    const char *param = NULL;
+    if (gps_tasks_parse(t->resume_body, &spec, msg, sizeof msg, &param) < 0) {
+        char m[600];
+        snprintf(m, sizeof m, "the stored request cannot be resubmitted: %s", msg);
+        restore_fail(g, t, "SERVER_RESTART", m);
+        return;
+    }
+    spec.resume_id = strdup(t->id);
+    if (t->resume_tokens > 0 && t->resume_text) {
+        spec.resume_text = strdup(t->resume_text);
+        spec.resume_tokens = t->resume_tokens;
+    }
+    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text)) {
+        gps_job_spec_clear(&spec);
+        return; /* ENOMEM: next tick */
+    }
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(g->jobs, &spec, t->corr, t->key_id, &e);
+    gps_job_spec_clear(&spec);
+    if (!job) {
+        bool later = e.status == 503 || e.status == 429 || e.status == 404;
+        if (later && now < t->resume_deadline_us)
+            return;
+        char m[400];
+        snprintf(m, sizeof m, "the task could not be resumed after a server restart: %s",
+                 e.message);
+        restore_fail(g, t, e.code ? e.code : "SERVER_RESTART", m);
+        return;
+    }
+    t->job = job;
+    gps_job_subscribe(job, on_job_event, t);
+    gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
+                           (json_int_t)json_array_size(t->events), "completion_tokens",
+                           (json_int_t)t->resume_tokens),
+                 "native task resubmitted after a server restart");
+    if (t->resume_tokens > 0)
+        /* Same shape as a continuation failover (jobs.c): the tokens that
+         * follow continue the text the client already has. */
+        task_emit(t, "failover",
+                  json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",
+                            "SERVER_RESTART", "attempt", t->resume_attempts + 1,
+                            "completion_tokens", (json_int_t)t->resume_tokens),
+                  false);
+    if (job->state == GPS_JOB_QUEUED)
+        emit_queued(t);
+    else
+        t->last_pos = -1;
+    json_decref(t->resume_body);
+    t->resume_body = NULL;
+    free(t->resume_text);
+    t->resume_text = NULL;
+}
+
+int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
+{
+    if (!g || !j || !j->id || !j->api || strcmp(j->api, "native") != 0 ||
+        !json_is_object(j->request) || !json_object_get(j->request, "model") ||
+        task_find(g, j->id))
+        return -1;
+    task *t = calloc(1, sizeof *t);
+    json_t *events = json_array();
+    gp_buf text;
+    gp_buf_init(&text);
+    if (!t || !events)
+        goto oom;
+    t->owner = g;
+    t->last_pos = -1;
+    snprintf(t->id, sizeof t->id, "%s", j->id);
+    snprintf(t->key_id, sizeof t->key_id, "%s", j->key_id ? j->key_id : "");
+    snprintf(t->corr, sizeof t->corr, "%s", j->correlation_id ? j->correlation_id : "");
+    t->resume_attempts = j->attempts;
+    /* The stored log, up to its first gap: seq must stay 1..n. */
+    const char *last_type = NULL;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != (json_int_t)i + 1)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        json_t *data = json_object_get(ev, "data");
+        if (!type || json_array_append(events, ev) < 0)
+            break;
+        last_type = type;
+        if (strcmp(type, "token") == 0) {
+            const char *tx = json_string_value(json_object_get(data, "text"));
+            if (tx && gp_buf_append(&text, tx, strlen(tx)) < 0)
+                goto oom;
+            t->resume_tokens++;
+        } else if (strcmp(type, "started") == 0) {
+            const char *a = json_string_value(json_object_get(data, "agent_id"));
+            snprintf(t->resume_agent, sizeof t->resume_agent, "%s", a ? a : "");
+        }
+    }
+    t->events = events;
+    t->durable = t->inflight_n = json_array_size(events); /* read from the store */
+    t->created_us = gp_now_mono_us();
+    if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
+        /* It ended, but the row was not updated before the crash: the log
+         * is the truth. Keep the task hot (it replays from memory). */
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+        json_t *d = json_object_get(json_array_get(events, json_array_size(events) - 1), "data");
+        if (g->store) {
+            gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+            bool done = strcmp(last_type, "end") == 0;
+            u.status = done ? "done" : "failed";
+            u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
+            u.error_code = done ? NULL : json_string_value(json_object_get(d, "code"));
+            u.finished_at = gp_now_wall_ms();
+            gps_store_job_update_async(g->store, u);
+            if (done)
+                gps_store_checkpoint(g->store, t->id, text.data ? text.data : "", text.len,
+                                     (long long)json_array_size(events));
+        }
+    }
+    /* Kept while the task has no job: resubmission, status (model, seed). */
+    t->resume_body = json_deep_copy(j->request);
+    if (!t->resume_body)
+        goto oom;
+    if (j->has_seed)
+        json_object_set_new(t->resume_body, "seed", json_integer(j->seed));
+    if (t->terminal) {
+        gp_buf_free(&text);
+        task_link(g, t);
+        return 0;
+    }
+    if (text.len) {
+        t->resume_text = strndup(text.data, text.len);
+        if (!t->resume_text)
+            goto oom;
+    }
+    gp_buf_free(&text);
+    t->resume_deadline_us =
+        gp_now_mono_us() + (uint64_t)(g->request_timeout_sec > 0 ? g->request_timeout_sec : 600) *
+                               1000000ull;
+    task_link(g, t);
+    return 0;
+oom:
+    gp_buf_free(&text);
+    if (t)
+        json_decref(t->resume_body);
+    json_decref(events);
+    free(t);
+    return -1;
+}
+
+void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
+{
+    if (g)
+        g->hot_us = (uint64_t)(sec > 0 ? sec : KEEP_HOT_SEC) * 1000000ull;
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_tasks *g = arg;
+    uint64_t now = gp_now_mono_us();
+    task *next;
+    for (task *t = g->head; t; t = next) {
+        next = t->next;
+        if (now >= t->retry_us)
+            task_flush(t); /* after a failed write; else a no-op */
+        if (t->terminal) {
+            /* Not before its log is in the store (its cold replay comes
+             * from there), unless the store stays broken. */
+            bool stored = !t->inflight_seq && released(t) >= json_array_size(t->events);
+            if (!t->subs && now - t->finished_us > g->hot_us &&
+                (stored || now - t->finished_us > 2 * g->hot_us))
+                task_free(g, t);
+            continue;
+        }
+        if (!t->job) {
+            task_resubmit(g, t, now);
+            continue;
+        }
+        if (t->job->state == GPS_JOB_QUEUED) {
+            long long pos = (long long)gps_jobs_queue_position(g->jobs, t->job);
+            if (pos != t->last_pos)
+                emit_queued(t);
+        }
+        for (task_sub *s = t->subs; s; s = s->next)
+            if (now - s->last_write_us > KEEPALIVE_US && !gps_sse_pace_blocked(s->pace)) {
+                gp_buf b;
+                gp_buf_init(&b);
+                gps_sse_format_comment(&b, "keep-alive");
+                /* Through the pace: a plain chunk would clear the
+                 * connection's drain callback. */
+                gps_sse_pace_send(s->pace, s->req, &b);
+                gp_buf_free(&b);
+                s->last_write_us = now;
+            }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Handlers                                                            */
+/* ------------------------------------------------------------------ */
+
+static void count_request(gps_tasks *g, const char *outcome, uint64_t start_us)
+{
+    gps_metrics_request(g->metrics, "native", outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+static void h_create(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body) {
+        count_request(g, "invalid_request", r->start_us);
+        return;
+    }
+    gps_job_spec spec;
+    char msg[512];
+    const char *param = NULL;
+    int rc = gps_tasks_parse(body, &spec, msg, sizeof msg, &param);
+    if (rc < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        count_request(g, "invalid_request", r->start_us);
+        return;
+    }
+    task *t = calloc(1, sizeof *t);
+    json_t *events = json_array();
+    if (!t || !events) {
+        free(t);
+        json_decref(events);
+        json_decref(body);
+        gps_job_spec_clear(&spec);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    long long seed = spec.seed;
+    /* The whole validated body with its seed: what a restart resubmits,
+     * written with the job's row (one write). */
+    json_object_set_new(body, "seed", json_integer(seed));
+    spec.stored_request = body;
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(g->jobs, &spec, r->correlation_id, r->key_id, &e);
+    gps_job_spec_clear(&spec);
+    if (!job) {
+        free(t);
+        json_decref(events);
+        gps_send_error_retry(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
+                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.retry_after_sec);
+        count_request(g, e.code, r->start_us);
+        return;
+    }
+    t->owner = g;
+    t->job = job;
+    t->events = events;
+    t->last_pos = -1;
+    t->created_us = r->start_us;
+    snprintf(t->id, sizeof t->id, "%s", job->id);
+    snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
+    snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
+    task_link(g, t);
+    gps_job_subscribe(job, on_job_event, t);
+    emit_queued(t);
+    char url[96];
+    snprintf(url, sizeof url, "/v2/tasks/%s/events", t->id);
+    char loc[96];
+    snprintf(loc, sizeof loc, "/v2/tasks/%s", t->id);
+    gps_req_add_header(r, "Location", loc);
+    gps_http_send_json(r->req, 202,
+                       json_pack("{s:s,s:s,s:I,s:s,s:I}", "job_id", t->id, "status",
+                                 gps_job_state_name(job->state), "queue_position",
+                                 (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
+                                 url, "seed", (json_int_t)seed));
+    /* Not requests_total: a task counts there once, with its outcome, when
+     * it ends (count_outcome). */
+    if (g->metrics)
+        gps_metrics_add(g->metrics, "tasks_accepted_total", NULL, 1);
+}
+
+void gps_tasks_set_auth(gps_tasks *g, gps_auth *auth)
+{
+    g->auth = auth;
+}
+
+/* May the caller's key see a task owned by owner ("" or NULL: created
+ * while auth was off)? Auth off: everyone. On: its own key, and an
+ * owner-less task only an admin key (it may hold anyone's prompt). */
+static bool may_see(gps_tasks *g, const char *caller, const char *owner)
+{
+    if (!caller[0])
+        return true;
+    if (owner && owner[0])
+        return strcmp(owner, caller) == 0;
+    const gps_auth_key *k = g->auth ? gps_auth_key_find(g->auth, caller) : NULL;
+    return k && k->role == GPS_KEY_ADMIN;
+}
+
+/* A task the caller may see (may_see), else NULL: answered like someone
+ * else's task, 404. */
+static task *visible(gps_tasks *g, gps_req *r)
+{
+    task *t = task_find(g, r->params[0]);
+    return t && may_see(g, r->key_id, t->key_id) ? t : NULL;
+}
+
+/* A restored task waiting to be resubmitted (or failed before it was). */
+static json_t *status_restored(task *t)
+{
+    json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+    json_t *d = json_object_get(last, "data");
+    const char *type = json_string_value(json_object_get(last, "type"));
+    json_t *o = json_pack("{s:s,s:I}", "job_id", t->id, "events",
+                          (json_int_t)json_array_size(t->events));
+    if (!o)
+        return json_object();
+    json_t *b = t->resume_body;
+    json_object_set(o, "model", json_object_get(b, "model"));
+    json_object_set(o, "seed", json_object_get(b, "seed"));
+    if (!t->terminal) {
+        json_object_set_new(o, "status", json_string("queued"));
+    } else if (type && strcmp(type, "end") == 0) {
+        json_object_set_new(o, "status", json_string("done"));
+        json_object_set_new(o, "result", json_pack("{s:O,s:O}", "text",
+                                                   json_object_get(d, "text"), "finish_reason",
+                                                   json_object_get(d, "finish_reason")));
+    } else {
+        const char *code = json_string_value(json_object_get(d, "code"));
+        json_object_set_new(o, "status", json_string(code && strcmp(code, "CANCELLED") == 0
+                                                         ? "cancelled"
+                                                         : "failed"));
+        json_object_set_new(o, "error", json_deep_copy(d));
+    }
+    return o;
+}
+
+static json_t *status_hot(task *t)
+{
+    gps_job *job = t->job;
+    if (!job)
+        return status_restored(t);
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s,s:I}", "job_id", t->id, "status",
+                          gps_job_state_name(job->state), "model", job->spec.model, "priority",
+                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "seed",
+                          (json_int_t)job->spec.seed, "attempts", job->attempts, "agent_id",
+                          job->agent_id, "events", (json_int_t)released(t));
+    if (job->state == GPS_JOB_QUEUED)
+        json_object_set_new(o, "queue_position",
+                            json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
+    uint64_t end = job->finished_us ? job->finished_us : gp_now_mono_us();
+    json_t *tm = json_pack("{s:I,s:I}", "queue_ms", (json_int_t)job->queue_ms, "total_ms",
+                           (json_int_t)((end - job->created_us) / 1000));
+    if (job->first_token_us)
+        json_object_set_new(tm, "ttft_ms",
+                            json_integer((json_int_t)((job->first_token_us - job->created_us) /
+                                                      1000)));
+    json_object_set_new(o, "timings", tm);
+    json_object_set_new(o, "usage",
+                        json_pack("{s:I,s:I}", "prompt_tokens", (json_int_t)job->prompt_tokens,
+                                  "completion_tokens", (json_int_t)job->completion_tokens));
+    if (job->state == GPS_JOB_DONE)
+        json_object_set_new(o, "result",
+                            json_pack("{s:s%,s:s}", "text", job->text.data ? job->text.data : "",
+                                      job->text.len, "finish_reason",
+                                      job->finish_reason[0] ? job->finish_reason : "stop"));
+    json_object_set_new(o, "x_pool_meta", gps_pool_meta(job));
+    if (job->state == GPS_JOB_FAILED || job->state == GPS_JOB_CANCELLED) {
+        json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+        json_t *d = json_object_get(last, "data");
+        json_object_set_new(o, "error",
+                            json_pack("{s:s,s:s}", "code", job->error_code, "message",
+                                      json_string_value(json_object_get(d, "message"))
+                                          ? json_string_value(json_object_get(d, "message"))
+                                          : job->error_code));
+    }
+    return o;
+}
+
+static json_t *status_cold(const gps_store_job_info *j)
+{
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "job_id", j->id, "status", j->status,
+                          "model", j->model, "priority", j->priority ? "batch" : "interactive",
+                          "attempts", j->attempts, "agent_id", j->agent_id ? j->agent_id : "");
+    json_object_set_new(o, "seed", j->has_seed ? json_integer(j->seed) : json_null());
+    json_t *tm = json_object();
+    if (j->queue_ms >= 0)
+        json_object_set_new(tm, "queue_ms", json_integer(j->queue_ms));
+    if (j->ttft_ms >= 0)
+        json_object_set_new(tm, "ttft_ms", json_integer(j->ttft_ms));
+    if (j->total_ms >= 0)
+        json_object_set_new(tm, "total_ms", json_integer(j->total_ms));
+    json_object_set_new(o, "timings", tm);
+    json_object_set_new(o, "usage",
+                        json_pack("{s:I,s:I}", "prompt_tokens",
+                                  (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                                  "completion_tokens",
+                                  (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens
+                                                                        : 0)));
+    if (strcmp(j->status, "done") == 0)
+        json_object_set_new(o, "result",
+                            json_pack("{s:s%,s:s}", "text",
+                                      j->checkpoint_text ? j->checkpoint_text : "",
+                                      j->checkpoint_text ? j->checkpoint_len : 0,
+                                      "finish_reason",
+                                      j->finish_reason ? j->finish_reason : "stop"));
+    else if (j->error_code)
+        json_object_set_new(o, "error", json_pack("{s:s,s:s}", "code", j->error_code, "message",
+                                                  j->error_code));
+    return o;
+}
+
+/* A store read for a task that left memory. */
+typedef enum { COLD_STATUS, COLD_EVENTS, COLD_DELETE } cold_kind;
+typedef struct cold_req {
+    gps_tasks *g;
+    cold_kind kind;
+    gps_held held;                /* held.req: NULL once the client left */
+    char corr[65];
+    char key_id[65];
+    long long last_id;
+} cold_req;
+
+static void cold_done(void *arg, int status, const gps_store_job_info *j)
+{
+    cold_req *c = arg;
+    if (!c->held.req) {
+        free(c);
+        return;
+    }
+    gps_held_release(&c->held);
+    if (status != 0 || !j || !j->api || strcmp(j->api, "native") != 0 ||
+        !may_see(c->g, c->key_id, j->key_id)) {
+        if (status < 0)
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 500, "INTERNAL",
+                                "the task store could not be read", NULL, c->corr, NULL);
+        else
+            gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 404, "JOB_NOT_FOUND",
+                                "no such task", NULL, c->corr, NULL);
+        free(c);
+        return;
+    }
+    if (c->kind != COLD_EVENTS) {
+        /* A task out of memory is finished (or was failed at a restart):
+         * DELETE has nothing left to cancel. */
+        gps_http_send_json(c->held.req, 200, status_cold(j));
+        free(c);
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(c->held.req), "X-Gpupool-Replay",
+                      "store");
+    gps_sse_start(c->held.req);
+    gp_buf out;
+    gp_buf_init(&out);
+    /* The stored event log (job_events): exactly the events after last_id. */
+    long long next = 1;
+    bool terminal = false;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != next)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        terminal = type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
+        if (next > c->last_id)
+            sse_frame(&out, ev);
+        next++;
+        if (terminal)
+            break;
+    }
+    /* No log (a task finished before migration 0002, or its last batch
+     * was lost): the terminal event, made from the row and checkpoint. */
+    long long seq = j->events ? next : (j->checkpoint_seq > 0 ? j->checkpoint_seq : 1);
+    if (!terminal && c->last_id < seq && j->finished_at > 0) {
+        json_t *data;
+        const char *type;
+        if (strcmp(j->status, "done") == 0) {
+            type = "end";
+            data = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
+                             j->finish_reason ? j->finish_reason : "stop", "usage",
+                             "prompt_tokens",
+                             (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                             "completion_tokens",
+                             (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens : 0),
+                             "text", j->checkpoint_text ? j->checkpoint_text : "",
+                             j->checkpoint_text ? j->checkpoint_len : 0);
+        } else {
+            type = "error";
+            data = json_pack("{s:s,s:s}", "code", j->error_code ? j->error_code : "FAILED",
+                             "message", j->error_code ? j->error_code : "the job failed");
+        }
+        json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
+                               data);
+        sse_frame(&out, ev);
+        json_decref(ev);
+    }
+    gps_sse_send(c->held.req, &out);
+    gp_buf_free(&out);
+    gps_sse_end(c->held.req);
+    free(c);
+}
+
+static void cold_lookup(gps_tasks *g, gps_req *r, cold_kind kind, long long last_id)
+{
+    cold_req *c = calloc(1, sizeof *c);
+    if (!g->store || !c) {
+        free(c);
+        gps_req_error(r, 404, "JOB_NOT_FOUND", "no such task", NULL);
+        return;
+    }
+    c->g = g;
+    c->kind = kind;
+    c->last_id = last_id;
+    snprintf(c->corr, sizeof c->corr, "%s", r->correlation_id);
+    snprintf(c->key_id, sizeof c->key_id, "%s", r->key_id);
+    gps_held_start(&c->held, r->req, false, 0, NULL, NULL);
+    if (gps_store_job_get_async(g->store, r->params[0], cold_done, c) < 0) {
+        gps_held_release(&c->held);
+        free(c);
+        gps_req_error(r, 500, "INTERNAL", "the task store could not be read", NULL);
+    }
+}
+
+static void h_get(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_STATUS, 0);
+        return;
+    }
+    if (t->job)
+        gps_pool_headers(r->req, t->job);
+    gps_http_send_json(r->req, 200, status_hot(t));
+}
+
+static void h_delete(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_DELETE, 0);
+        return;
+    }
+    if (t->job)
+        gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
+    else if (!t->terminal)
+        restore_fail(g, t, "CANCELLED", "the task was cancelled");
+    gps_http_send_json(r->req, 200, status_hot(t));
+}
+
+static void sub_gone(void *arg)
+{
+    task_sub *s = arg;
+    s->req = NULL; /* dropped by held.c */
+    if (s->t)
+        sub_remove(s->t, s);
+    sub_free(s); /* the task keeps running: a task outlives its watchers */
+}
+
+static void sub_writable(void *arg)
+{
+    task_sub *s = arg;
+    if (s->t)
+        sub_catch_up(s->t, s);
+}
+
+/* Behind for slow_client_timeout_sec: drop the connection (sub_gone runs
+ * and frees s). The task keeps running: the client resumes with
+ * Last-Event-ID. */
+static void sub_too_slow(void *arg)
+{
+    task_sub *s = arg;
+    if (!s->held.evcon)
+        return;
+    gp_log_write(GP_LOG_WARN, "client_too_slow", NULL,
+                 json_pack("{s:s,s:I}", "job_id", s->t ? s->t->id : "", "next_event",
+                           (json_int_t)s->ev_sent + 1),
+                 "client did not read its task events in time; dropping it");
+    gps_held_drop(&s->held);
+}
+
+static void h_events(gps_req *r, void *arg)
+{
+    gps_tasks *g = arg;
+    const char *hdr = gps_req_header(r, "Last-Event-ID");
+    char qv[32] = "";
+    if (!hdr) {
+        struct evkeyvalq q;
+        const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req));
+        if (query && evhttp_parse_query_str(query, &q) == 0) {
+            const char *v = evhttp_find_header(&q, "last_event_id");
+            if (v)
+                snprintf(qv, sizeof qv, "%s", v);
+            evhttp_clear_headers(&q);
+        }
+        hdr = qv;
+    }
+    /* A decoded %00 would cut the value ("5%00x" read as 5). */
+    if (gps_query_has_control(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(r->req)))) {
+        gps_req_error(r, 400, "INVALID_REQUEST",
+                      "query values must not contain control characters (such as %00)", NULL);
+        return;
+    }
+    long long last = gps_tasks_last_event_id(hdr);
+    if (last < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "Last-Event-ID must be a non-negative integer",
+                      "Last-Event-ID");
+        return;
+    }
+    task *t = visible(g, r);
+    if (!t) {
+        cold_lookup(g, r, COLD_EVENTS, last);
+        return;
+    }
+    /* Tells tests and operators where a replay came from. */
+    evhttp_add_header(evhttp_request_get_output_headers(r->req), "X-Gpupool-Replay", "memory");
+    gps_sse_start(r->req);
+    task_sub *s = calloc(1, sizeof *s);
+    if (!s) {
+        gps_sse_end(r->req);
+        return;
+    }
+    s->owner = g;
+    s->t = t;
+    s->req = r->req;
+    s->last_write_us = gp_now_mono_us();
+    size_t n = released(t);
+    /* Those after last. An id beyond the end names events not recorded
+     * yet: they are skipped when they come (sub_catch_up), the client
+     * says it has them. With ids released only once durable, a client
+     * can hold no id the store lost, so after a restart too an id beyond
+     * the end means only "not yet" (docs/api.md). */
+    s->ev_sent = last < (long long)n ? (size_t)last : n;
+    s->after = last;
+    s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
+    s->next = t->subs;
+    t->subs = s;
+    gps_held_start(&s->held, r->req, true, g->request_timeout_sec + 30, sub_gone, s);
+    /* The replay goes out paced, then the live events (task_emit). */
+    sub_catch_up(t, s);
+}
+
+gps_tasks *gps_tasks_new(struct event_base *base, gps_jobs *jobs, gps_store *store,
+                         gps_metrics *metrics, int request_timeout_sec)
+{
+    gps_tasks *g = calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->base = base;
+    g->jobs = jobs;
+    g->store = store;
+    g->metrics = metrics;
+    g->request_timeout_sec = request_timeout_sec;
+    g->hot_us = KEEP_HOT_SEC * 1000000ull;
+    if (base) {
+        g->tick = event_new(base, -1, EV_PERSIST, tick_cb, g);
+        struct timeval tv = {0, TICK_MS * 1000};
+        if (!g->tick || event_add(g->tick, &tv) < 0) {
+            if (g->tick)
+                event_free(g->tick);
+            free(g);
+            return NULL;
+        }
+    }
+    /* A DB without job_events (custom migrations) cannot make events
+     * durable: they go out at once, as without a store. */
+    g->gated = store && gps_store_has_job_events(store);
+    if (g->gated)
+        gps_store_set_commit_cb(store, on_commit, g);
+    return g;
+}
+
+void gps_tasks_free(gps_tasks *g)
+{
+    if (!g)
+        return;
+    if (g->tick)
+        event_free(g->tick);
+    if (g->gated)
+        gps_store_set_commit_cb(g->store, NULL, NULL);
+    while (g->head) {
+        /* Shutdown: the events not in the store yet go there (closed after
+         * this, which commits them), so a restart resumes from here. They
+         * were never sent: a restart may send them, or others under
+         * their ids; either way a client sees each id once. */
+        task *t = g->head;
+        size_t from = t->inflight_seq ? t->inflight_n : t->durable;
+        if (g->gated && from < json_array_size(t->events))
+            task_write(t, from);
+        task_free(g, t);
+    }
+    while (g->svc) {
+        svc_rec *n = g->svc->next;
+        free(g->svc);
+        g->svc = n;
+    }
+    free(g);
+}
+
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_POST, "/v2/tasks", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_create, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_get, NULL},
+    {EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_delete, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}/events", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h_events, NULL},
+};
+
+int gps_tasks_register(gps_http *h, gps_tasks *g)
+{
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], g);
+}

@@ -1,0 +1,24 @@
+/*
+ * poolmeta: what the pool tells a client about how its job ran, the same
+ * in every dialect: the x_pool_meta object of a reply (non-streaming body,
+ * last stream event, a task) and the x-pool-* response headers.
+ */
+#ifndef GPS_POOLMETA_H
+#define GPS_POOLMETA_H
+
+#include <jansson.h>
+
+#include "server/jobs/jobs.h"
+
+struct evhttp_request;
+
+/* x_pool_meta of a job (new reference): agent_id, model (the model that
+ * served), queue_ms, inference_ms (assignment to the end, or to now while
+ * it runs), attempts, warnings (a fallback names the model asked for),
+ * continuation (after a failover). */
+json_t *gps_pool_meta(gps_job *job);
+/* The same as x-pool-agent, x-pool-queue-ms, x-pool-attempts and
+ * x-pool-model headers on req (before its reply starts). */
+void gps_pool_headers(struct evhttp_request *req, gps_job *job);
+
+#endif

@@ -1,0 +1,229 @@
+/* relay: the client side of a relayed request, once (see relay.h). */
+#include "server/dialects/relay.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/http.h>
+
+#include "common/gp_log.h"
+#include "server/http/errors.h"
+#include "server/metrics.h"
+#include "server/dialects/poolmeta.h"
+
+static void count(const gps_relay_ops *ops, struct gps_metrics *m, const char *outcome,
+                  uint64_t start_us)
+{
+    gps_metrics_request(m, ops->api, outcome, (double)(gp_now_mono_us() - start_us) / 1e6);
+}
+
+gps_relay_ctx *gps_relay_ctx_new(gps_jobs *jobs, struct gps_metrics *m, int request_timeout_sec)
+{
+    gps_relay_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->jobs = jobs;
+    c->metrics = m;
+    c->request_timeout_sec = request_timeout_sec;
+    return c;
+}
+
+void gps_relay_ctx_free(gps_relay_ctx *c)
+{
+    free(c);
+}
+
+void gps_relay_count_req(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *r,
+                         const char *outcome)
+{
+    count(ops, m, outcome, r->start_us);
+}
+
+void gps_relay_refuse(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *r, int status,
+                      const char *code, const char *message, const char *param)
+{
+    gps_http_send_error(r->req, ops->dialect, status, code, message, param, r->correlation_id,
+                        NULL);
+    count(ops, m, code, r->start_us);
+}
+
+void gps_relay_init(gps_relay *rl, const gps_relay_ops *ops, void *owner, gps_jobs *jobs,
+                    struct gps_metrics *m, gps_req *r)
+{
+    memset(rl, 0, sizeof *rl);
+    rl->ops = ops;
+    rl->owner = owner;
+    rl->jobs = jobs;
+    rl->metrics = m;
+    rl->req = r->req;
+    snprintf(rl->corr, sizeof rl->corr, "%s", r->correlation_id);
+    rl->start_us = r->start_us;
+    gp_buf_init(&rl->out);
+}
+
+void gps_relay_count(gps_relay *rl, const char *outcome)
+{
+    count(rl->ops, rl->metrics, outcome, rl->start_us);
+}
+
+/* The client closed its connection (held.c dropped the request): cancel
+ * the job; the agent learns it on its next upload. */
+static void gone(void *arg)
+{
+    gps_relay *rl = arg;
+    rl->req = NULL;
+    gp_log_write(GP_LOG_INFO, "client_disconnected", rl->corr,
+                 json_pack("{s:s}", "job_id", rl->job ? rl->job->id : ""),
+                 "client went away; cancelling its job");
+    gps_relay_count(rl, rl->too_slow ? "client_too_slow" : "cancelled");
+    if (rl->job) {
+        gps_job_unsubscribe(rl->job, NULL, rl);
+        gps_jobs_cancel(rl->jobs, rl->job, "client_disconnected");
+        rl->job = NULL;
+    }
+    rl->ops->free(rl->owner);
+}
+
+/* Events reach the dialect only while its client is there. */
+static void on_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    gps_relay *rl = arg;
+    if (rl->req)
+        rl->ops->on_event(job, type, ev, rl->owner);
+}
+
+gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int timeout_sec)
+{
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(rl->jobs, spec, r->correlation_id, r->key_id, &e);
+    gps_job_spec_clear(spec);
+    if (!job) {
+        gps_send_error_retry(r->req, rl->ops->dialect, e.status, e.code, e.message,
+                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.retry_after_sec);
+        gps_relay_count(rl, e.code);
+        rl->req = NULL;
+        return NULL;
+    }
+    rl->job = job;
+    gps_job_subscribe(job, on_event, rl);
+    /* The connection may sit silent while the job is queued or the model
+     * thinks: give it the whole request budget, not idle_timeout. */
+    gps_held_start(&rl->held, r->req, true, timeout_sec, gone, rl);
+    return job;
+}
+
+static void writable(void *arg)
+{
+    gps_relay *rl = arg;
+    rl->ops->writable(rl->owner);
+}
+
+/* Behind for slow_client_timeout_sec: drop the client like a disconnect
+ * (gone cancels the job), counted as client_too_slow. */
+static void too_slow(void *arg)
+{
+    gps_relay *rl = arg;
+    if (!rl->held.evcon)
+        return;
+    rl->too_slow = true;
+    gp_log_write(GP_LOG_WARN, "client_too_slow", rl->corr,
+                 json_pack("{s:s,s:I}", "job_id", rl->job ? rl->job->id : "", "behind",
+                           (json_int_t)rl->ops->behind(rl->owner)),
+                 "client did not read its stream in time; dropping it");
+    gps_held_drop(&rl->held); /* runs gone: the owner is freed */
+}
+
+void gps_relay_start(gps_relay *rl)
+{
+    if (rl->started)
+        return;
+    rl->started = true;
+    gps_pool_headers(rl->req, rl->job);
+    gps_sse_start(rl->req);
+    rl->pace = gps_sse_pace_new(rl->req, writable, too_slow, rl);
+}
+
+bool gps_relay_blocked(gps_relay *rl)
+{
+    return gps_sse_pace_blocked(rl->pace);
+}
+
+void gps_relay_send(gps_relay *rl)
+{
+    gps_sse_pace_send(rl->pace, rl->req, &rl->out);
+}
+
+void gps_relay_send_output(gps_relay *rl)
+{
+    gps_relay_send(rl);
+    gps_job_mark_output_sent(rl->job);
+}
+
+void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
+{
+    const char *code = json_string_value(json_object_get(ev, "code"));
+    int status = (int)json_integer_value(json_object_get(ev, "status"));
+    int ra = (int)json_integer_value(json_object_get(ev, "retry_after"));
+    if (status < 400 || status > 599)
+        status = 502;
+    if (!code)
+        code = "AGENT_ERROR";
+    if (!message)
+        message = json_string_value(json_object_get(ev, "message"));
+    if (!message)
+        message = "the job failed";
+    if (rl->started) {
+        json_t *body =
+            gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->corr, ra);
+        gps_sse_format_json(&rl->out, rl->ops->error_event, NULL, body);
+        json_decref(body);
+        gps_relay_send(rl);
+        gps_held_release(&rl->held);
+        gps_sse_end(rl->req);
+    } else {
+        gps_held_release(&rl->held);
+        gps_send_error_retry(rl->req, rl->ops->dialect, status, code, message, NULL, rl->corr,
+                             ra);
+    }
+    gps_relay_count(rl, code);
+    rl->req = NULL;
+    gps_relay_finish(rl);
+}
+
+void gps_relay_end_stream(gps_relay *rl)
+{
+    gps_relay_send(rl);
+    gps_held_release(&rl->held);
+    gps_sse_end(rl->req);
+    gps_relay_count(rl, "ok");
+    rl->req = NULL;
+    gps_relay_finish(rl);
+}
+
+void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
+{
+    if (pool_headers && rl->job)
+        gps_pool_headers(rl->req, rl->job);
+    gps_held_release(&rl->held);
+    gps_http_send_json(rl->req, 200, body);
+    gps_relay_count(rl, "ok");
+    rl->req = NULL;
+    gps_relay_finish(rl);
+}
+
+void gps_relay_finish(gps_relay *rl)
+{
+    if (rl->job)
+        gps_job_unsubscribe(rl->job, NULL, rl);
+    rl->ops->free(rl->owner);
+}
+
+void gps_relay_clear(gps_relay *rl)
+{
+    gps_held_release(&rl->held);
+    gp_buf_free(&rl->out);
+    gps_sse_pace_free(rl->pace);
+    rl->pace = NULL;
+}

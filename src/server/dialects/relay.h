@@ -1,0 +1,114 @@
+/*
+ * relay: the client side of a relayed request, written once for every
+ * dialect that streams a job to its client (OpenAI, Anthropic).
+ *
+ * A dialect's stream embeds a gps_relay and gives it a const table of
+ * operations; the relay owns, for it:
+ *   - submit: a refused job is an HTTP error in the dialect's shape
+ *     (errors.h: param "model" on 404, Retry-After + retry_after_sec);
+ *   - hold: the request is held (held.h) with a peer-close watch; a client
+ *     that goes away cancels its job (outcome "cancelled");
+ *   - subscribe / unsubscribe to the job;
+ *   - output: gps_relay_send_output is the one way a dialect writes bytes
+ *     that came from the agent, and it marks the job output-sent (after
+ *     that a lost agent can no longer be hidden by a requeue): dialects
+ *     never call gps_job_mark_output_sent;
+ *   - backpressure (sse.h, gps_sse_pace): the dialect asks
+ *     gps_relay_blocked before rendering what is behind and keeps it where
+ *     it is (the job's text) while blocked; ops->writable runs when the
+ *     connection drained; a client behind for slow_client_timeout_sec is
+ *     dropped (outcome "client_too_slow", job cancelled);
+ *   - errors: before the first byte an HTTP error, after it one stream
+ *     error event (ops->error_event names its SSE event, NULL: data only);
+ *   - metrics: requests_total / request_duration_seconds{api, outcome}
+ *     through the closed outcome table (metrics.h).
+ * The dialect renders: open, token, tool call, end, whole body (its own
+ * file); it parses the body into a job spec before the relay exists.
+ */
+#ifndef GPS_RELAY_H
+#define GPS_RELAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "server/http/held.h"
+#include "server/http/http.h"
+#include "server/jobs/jobs.h"
+#include "server/http/sse.h"
+
+struct gps_metrics;
+
+typedef struct gps_relay_ops {
+    const char *api;              /* metrics label: "openai", "anthropic" */
+    gps_dialect dialect;          /* error shape */
+    const char *error_event;      /* SSE event of a stream error; NULL: data line only */
+    gps_job_event_fn on_event;    /* the job's events while the client is there (arg: owner) */
+    void (*writable)(void *owner); /* the client drained: catch up */
+    long long (*behind)(void *owner); /* how far behind (logged when dropped) */
+    void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
+} gps_relay_ops;
+
+/* What the relaying dialects' handlers share (jobs and metrics borrowed):
+ * one for OpenAI and Anthropic (main.c). */
+typedef struct gps_relay_ctx {
+    gps_jobs *jobs;
+    struct gps_metrics *metrics;
+    int request_timeout_sec;
+} gps_relay_ctx;
+/* NULL on ENOMEM. Free after the HTTP server (routes point at it). */
+gps_relay_ctx *gps_relay_ctx_new(gps_jobs *jobs, struct gps_metrics *m, int request_timeout_sec);
+void gps_relay_ctx_free(gps_relay_ctx *c);
+
+typedef struct gps_relay {
+    const gps_relay_ops *ops;
+    void *owner;
+    gps_jobs *jobs;
+    struct gps_metrics *metrics;
+    struct evhttp_request *req;   /* NULL once the client is gone or answered */
+    gps_held held;
+    gps_job *job;
+    gps_sse_pace *pace;
+    gp_buf out;                   /* rendered, not yet written */
+    bool started;                 /* SSE headers sent */
+    bool too_slow;
+    char corr[65];
+    uint64_t start_us;
+} gps_relay;
+
+/* A request answered before any relay exists: counted (an error already
+ * sent, e.g. by gps_req_json) / refused with the error in ops' dialect. */
+void gps_relay_count_req(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *r,
+                         const char *outcome);
+void gps_relay_refuse(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *r, int status,
+                      const char *code, const char *message, const char *param);
+void gps_relay_init(gps_relay *rl, const gps_relay_ops *ops, void *owner, gps_jobs *jobs,
+                    struct gps_metrics *m, gps_req *r);
+/* Submit spec (cleared). Refused: the error is sent and counted, NULL is
+ * returned and the caller frees its stream. Else the job is subscribed
+ * and the request held (timeout_sec for the wait). */
+gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int timeout_sec);
+/* requests_total{api,outcome} for this request. */
+void gps_relay_count(gps_relay *rl, const char *outcome);
+/* Start the SSE reply: x-pool-* headers, chunked reply, pace. */
+void gps_relay_start(gps_relay *rl);
+bool gps_relay_blocked(gps_relay *rl);
+/* Write out (paced): framing only / bytes that came from the agent. */
+void gps_relay_send(gps_relay *rl);
+void gps_relay_send_output(gps_relay *rl);
+/* The job failed (ev: its error event; message NULL: ev's). Sends the
+ * error (HTTP or stream event), counts it, frees the owner. */
+void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);
+/* Done: the stream's last bytes are in out / the whole body (stolen).
+ * Counts "ok", frees the owner. */
+void gps_relay_end_stream(gps_relay *rl);
+/* pool_headers: the x-pool-* headers too (not for a plain request). */
+void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
+/* Unsubscribe and free the owner (ops->free); also for a refused submit. */
+void gps_relay_finish(gps_relay *rl);
+/* For ops->free: what the relay itself holds. */
+void gps_relay_clear(gps_relay *rl);
+
+#endif

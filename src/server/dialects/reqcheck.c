@@ -1,0 +1,211 @@
+/* reqcheck: validation helpers shared by every dialect (see reqcheck.h). */
+#include "server/dialects/reqcheck.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+bool gps_absent(const json_t *v)
+{
+    return v == NULL || json_is_null(v);
+}
+
+int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
+                     double hi, double *out, char *msg, size_t msglen)
+{
+    const json_t *v = json_object_get(body, key);
+    if (gps_absent(v))
+        return 0;
+    if (!json_is_number(v)) {
+        snprintf(msg, msglen, "%s must be a number between %g and %g", name, lo, hi);
+        return -1;
+    }
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi) {
+        snprintf(msg, msglen, "%s must be a number between %g and %g (got %g)", name, lo, hi, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size_t msglen)
+{
+    *out = NULL;
+    if (gps_absent(stop))
+        return 0;
+    if (!json_is_string(stop) && !(json_is_array(stop) && json_array_size(stop) <= max)) {
+        snprintf(msg, msglen, "'stop' must be a string or an array of at most %zu strings", max);
+        return -1;
+    }
+    json_t *a = json_array();
+    if (!a) {
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
+    if (json_is_string(stop))
+        json_array_append(a, (json_t *)stop); /* a reference: jansson does not change it */
+    else
+        json_array_extend(a, (json_t *)stop);
+    size_t i;
+    json_t *e;
+    json_array_foreach(a, i, e)
+    {
+        if (!json_is_string(e) || json_string_length(e) == 0 ||
+            json_string_length(e) > GPS_MAX_STOP_LEN) {
+            if (json_is_string(stop))
+                snprintf(msg, msglen, "'stop' must be a string of 1 to %d bytes",
+                         GPS_MAX_STOP_LEN);
+            else
+                snprintf(msg, msglen, "stop[%zu] must be a string of 1 to %d bytes", i,
+                         GPS_MAX_STOP_LEN);
+            json_decref(a);
+            return -1;
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, size_t max_stop,
+                       char *msg, size_t msglen, const char **param)
+{
+    *param = NULL;
+    /* The checks write msg themselves: name the field and leave. */
+    *param = "temperature";
+    if (gps_check_number(body, "temperature", "'temperature'", 0, temp_max, &s->temperature, msg,
+                         msglen) < 0)
+        goto fail;
+    *param = "top_p";
+    if (gps_check_number(body, "top_p", "'top_p'", 0, 1, &s->top_p, msg, msglen) < 0)
+        goto fail;
+    *param = NULL;
+    const json_t *tk = json_object_get(body, "top_k");
+    if (!gps_absent(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000)
+            GPS_FAIL("top_k", "'top_k' must be a non-negative integer");
+        s->top_k = json_integer_value(tk);
+    }
+    *param = "stop";
+    if (gps_stop_parse(json_object_get(body, "stop"), max_stop, &s->stop, msg, msglen) < 0)
+        goto fail;
+    *param = NULL;
+    return 0;
+fail:
+    return -1;
+}
+
+int gps_seed_parse(const json_t *v, gps_job_spec *s)
+{
+    if (gps_absent(v))
+        return 0;
+    if (!json_is_integer(v))
+        return -1;
+    s->seed = json_integer_value(v);
+    s->has_seed = true;
+    return 0;
+}
+
+int gps_priority_parse(const json_t *v, gps_job_priority *out)
+{
+    if (gps_absent(v))
+        return 0;
+    const char *s = json_string_value(v);
+    if (s && strcmp(s, "interactive") == 0)
+        *out = GPS_PRIO_INTERACTIVE;
+    else if (s && strcmp(s, "batch") == 0)
+        *out = GPS_PRIO_BATCH;
+    else
+        return -1;
+    return 0;
+}
+
+int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
+                           const char **param)
+{
+    *param = NULL;
+    if (gps_absent(xo))
+        return 0;
+    if (!json_is_object(xo))
+        GPS_FAIL("x_pool_options", "'x_pool_options' must be an object");
+    if (gps_priority_parse(json_object_get(xo, "priority"), &s->priority) < 0)
+        GPS_FAIL("x_pool_options.priority",
+                 "'x_pool_options.priority' must be \"interactive\" or \"batch\"");
+    const json_t *pa = json_object_get(xo, "prefer_agent");
+    if (!gps_absent(pa)) {
+        if (!json_is_string(pa) || json_string_length(pa) == 0 ||
+            json_string_length(pa) > 256)
+            GPS_FAIL("x_pool_options.prefer_agent",
+                 "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
+        s->prefer_agent = strdup(json_string_value(pa));
+    }
+    const json_t *se = json_object_get(xo, "session");
+    if (!gps_absent(se)) {
+        if (!json_is_string(se) || json_string_length(se) == 0 ||
+            json_string_length(se) > 256)
+            GPS_FAIL("x_pool_options.session",
+                 "'x_pool_options.session' must be a string of 1 to 256 bytes");
+        s->session = strdup(json_string_value(se));
+    }
+    const json_t *lb = json_object_get(xo, "labels");
+    if (!gps_absent(lb)) {
+        if (!json_is_object(lb) || json_object_size(lb) > 16)
+            GPS_FAIL("x_pool_options.labels",
+                 "'x_pool_options.labels' must be an object of at most 16 string values");
+        s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
+                           sizeof *s->labels);
+        if (!s->labels)
+            GPS_FAIL(NULL, "out of memory");
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)lb, k, v)
+        {
+            if (!json_is_string(v) || strlen(k) > 256 || json_string_length(v) > 256)
+                GPS_FAIL("x_pool_options.labels",
+                     "'x_pool_options.labels': keys and values must be strings of at most 256 "
+                     "bytes (at '%.64s')",
+                     k);
+            s->labels[s->n_labels].key = strdup(k);
+            s->labels[s->n_labels].value = strdup(json_string_value(v));
+            s->n_labels++;
+        }
+    }
+    const json_t *fo = json_object_get(xo, "failover");
+    if (!gps_absent(fo)) {
+        const char *fs = json_string_value(fo);
+        if (fs && strcmp(fs, "continue") == 0)
+            s->failover = GPS_FAILOVER_CONTINUE;
+        else if (fs && strcmp(fs, "restart") == 0)
+            s->failover = GPS_FAILOVER_RESTART;
+        else if (fs && strcmp(fs, "error") == 0)
+            s->failover = GPS_FAILOVER_ERROR;
+        else
+            GPS_FAIL("x_pool_options.failover", "'x_pool_options.failover' must be \"continue\", "
+                                            "\"restart\" or \"error\"");
+    }
+    const json_t *fm = json_object_get(xo, "fallback_models");
+    if (!gps_absent(fm)) {
+        if (!json_is_array(fm) || json_array_size(fm) > GPS_MAX_FALLBACK_MODELS)
+            GPS_FAIL("x_pool_options.fallback_models",
+                 "'x_pool_options.fallback_models' must be an array of at most %d model names",
+                 GPS_MAX_FALLBACK_MODELS);
+        size_t i;
+        json_t *v;
+        json_array_foreach(fm, i, v)
+        {
+            if (!json_is_string(v) || json_string_length(v) == 0 ||
+                json_string_length(v) > GPS_MAX_MODEL_NAME)
+                GPS_FAIL("x_pool_options.fallback_models",
+                     "'x_pool_options.fallback_models[%zu]' must be a non-empty string of at "
+                     "most %d bytes",
+                     i, GPS_MAX_MODEL_NAME);
+            s->fallback_models[s->n_fallback] = strdup(json_string_value(v));
+            if (!s->fallback_models[s->n_fallback])
+                GPS_FAIL(NULL, "out of memory");
+            s->n_fallback++;
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}

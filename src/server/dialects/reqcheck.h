@@ -1,0 +1,74 @@
+/*
+ * reqcheck: the validation helpers every dialect's request parser uses
+ * (OpenAI, Anthropic, native tasks), so that a limit or a range means the
+ * same thing whichever API a request came through.
+ *
+ * Parsers follow one pattern: they fill a gps_job_spec, and on the first
+ * bad field write a message for people into msg (msglen bytes), point
+ * *param at the field's name (static string) and `goto fail`. GPS_FAIL
+ * does those three steps; it expects msg, msglen, param and a fail label
+ * in scope. Pure functions (unit-tested in tests/unit/server/test_reqcheck.c).
+ */
+#ifndef GPS_REQCHECK_H
+#define GPS_REQCHECK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "server/jobs/jobs.h"
+
+/* Largest max_tokens any dialect accepts (Anthropic clamps to it). */
+#define GPS_MAX_TOKENS_LIMIT 1000000
+/* Longest model name (the model field, fallback_models entries). */
+#define GPS_MAX_MODEL_NAME 256
+
+#define GPS_FAIL(p, ...)                                                                       \
+    do {                                                                                       \
+        snprintf(msg, msglen, __VA_ARGS__);                                                    \
+        *param = (p);                                                                          \
+        goto fail;                                                                             \
+    } while (0)
+
+/* A field that is missing or JSON null: both mean "use the default". */
+bool gps_absent(const json_t *v);
+
+/* body[key] when present must be a finite number in [lo, hi]; it is then
+ * stored in *out (untouched when absent). name is how the message names
+ * the field ("'top_p'" in OpenAI's and the native style, "top_p:" in
+ * Anthropic's). 0, or -1 with msg. */
+int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
+                     double hi, double *out, char *msg, size_t msglen);
+
+/* A stop field (absent/null: nothing; a string; an array of at most max
+ * strings), each sequence 1 to GPS_MAX_STOP_LEN bytes: an empty one would
+ * match at once and make every reply empty, so it is refused, not dropped.
+ * On success *out is a new array (NULL when absent). 0, or -1 with msg. */
+#define GPS_MAX_STOP_LEN 1024
+int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size_t msglen);
+
+/* The sampling fields OpenAI and native requests share: temperature
+ * [0, temp_max], top_p [0, 1], top_k (integer 0 to 1000000, an extension),
+ * stop (at most max_stop sequences). Into s; 0, or -1 with msg and *param. */
+int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, size_t max_stop,
+                       char *msg, size_t msglen, const char **param);
+
+/* seed: an integer sets s->seed and s->has_seed (absent: nothing). 0, or
+ * -1 when present and not an integer. */
+int gps_seed_parse(const json_t *v, gps_job_spec *s);
+
+/* "interactive" | "batch" (absent: *out untouched). 0, or -1 when v is
+ * present and neither. */
+int gps_priority_parse(const json_t *v, gps_job_priority *out);
+
+/* The pool extension object `x_pool_options` (priority, prefer_agent,
+ * session, labels, failover, fallback_models) into s; the same in every
+ * dialect. xo may be NULL or null (nothing to do). Returns 0, or -1 with
+ * msg and *param set (what was filled so far stays in s: the caller
+ * clears s). */
+int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
+                           const char **param);
+
+#endif

@@ -1,0 +1,225 @@
+/* sse: see sse.h. */
+#include "server/http/sse.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/keyvalq_struct.h>
+
+int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *data)
+{
+    if (event && gp_buf_appendf(out, "event: %s\n", event) < 0)
+        return -1;
+    if (id && gp_buf_appendf(out, "id: %s\n", id) < 0)
+        return -1;
+    const char *p = data ? data : "";
+    /* A bare CR or CRLF also ends a line for the client: split on all. */
+    for (;;) {
+        size_t l = strcspn(p, "\r\n");
+        if (gp_buf_append(out, "data: ", 6) < 0 || gp_buf_append(out, p, l) < 0 ||
+            gp_buf_append(out, "\n", 1) < 0)
+            return -1;
+        p += l;
+        if (*p == '\0')
+            break;
+        if (p[0] == '\r' && p[1] == '\n')
+            p += 2;
+        else
+            p++;
+    }
+    return gp_buf_append(out, "\n", 1);
+}
+
+int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const json_t *j)
+{
+    /* Compact JSON never contains a raw newline (strings escape it). */
+    char *s = json_dumps(j, JSON_COMPACT);
+    if (!s)
+        return -1;
+    int rc = gps_sse_format(out, event, id, s);
+    free(s);
+    return rc;
+}
+
+int gps_sse_format_comment(gp_buf *out, const char *text)
+{
+    return gp_buf_appendf(out, ": %s\n\n", text ? text : "");
+}
+
+void gps_sse_start(struct evhttp_request *req)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "text/event-stream");
+    evhttp_add_header(h, "Cache-Control", "no-cache");
+    /* Tell reverse proxies (nginx) not to buffer the stream. */
+    evhttp_add_header(h, "X-Accel-Buffering", "no");
+    evhttp_send_reply_start(req, 200, "OK");
+}
+
+void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
+{
+    /* HEAD: the stream's headers went out, its events do not. */
+    if (buf->len == 0 || evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        buf->len = 0;
+        if (buf->data)
+            buf->data[0] = '\0';
+        return;
+    }
+    struct evbuffer *eb = evbuffer_new();
+    if (!eb)
+        return;
+    evbuffer_add(eb, buf->data, buf->len);
+    evhttp_send_reply_chunk(req, eb);
+    evbuffer_free(eb);
+    buf->len = 0;
+    if (buf->data)
+        buf->data[0] = '\0';
+}
+
+void gps_sse_end(struct evhttp_request *req)
+{
+    evhttp_send_reply_end(req);
+}
+
+/* ------------------------------------------------------------------ */
+/* Backpressure                                                        */
+/* ------------------------------------------------------------------ */
+
+static size_t pace_high_water = 1024 * 1024;
+static int pace_slow_sec = 60;
+
+void gps_sse_pace_configure(size_t high_water, int slow_timeout_sec)
+{
+    if (high_water > 0)
+        pace_high_water = high_water;
+    if (slow_timeout_sec > 0)
+        pace_slow_sec = slow_timeout_sec;
+}
+
+size_t gps_sse_pace_high_water(void)
+{
+    return pace_high_water;
+}
+
+struct gps_sse_pace {
+    struct evhttp_connection *evcon;
+    struct event *slow;           /* armed while blocked */
+    bool blocked;
+    gps_sse_pace_fn on_writable, on_slow;
+    void *arg;
+};
+
+static size_t unsent(const gps_sse_pace *p)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->evcon);
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+static void slow_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_sse_pace *p = arg;
+    if (p->blocked && p->on_slow)
+        p->on_slow(p->arg); /* may free p */
+}
+
+/* evhttp's write-completion callback: the connection's output is empty.
+ * evhttp keeps one such callback per connection, set by every chunk; the
+ * pace outlives every chunk it sent until the reply ends (see sse.h). */
+static void drained_cb(struct evhttp_connection *evcon, void *arg)
+{
+    (void)evcon;
+    gps_sse_pace *p = arg;
+    if (!p->blocked)
+        return;
+    p->blocked = false;
+    event_del(p->slow);
+    if (p->on_writable)
+        p->on_writable(p->arg); /* may free p */
+}
+
+gps_sse_pace *gps_sse_pace_new(struct evhttp_request *req, gps_sse_pace_fn on_writable,
+                               gps_sse_pace_fn on_slow, void *arg)
+{
+    struct evhttp_connection *evcon = req ? evhttp_request_get_connection(req) : NULL;
+    if (!evcon)
+        return NULL;
+    gps_sse_pace *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->evcon = evcon;
+    p->on_writable = on_writable;
+    p->on_slow = on_slow;
+    p->arg = arg;
+    p->slow = evtimer_new(evhttp_connection_get_base(evcon), slow_cb, p);
+    if (!p->slow) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void gps_sse_pace_free(gps_sse_pace *p)
+{
+    if (!p)
+        return;
+    if (p->slow)
+        event_free(p->slow);
+    free(p);
+}
+
+bool gps_sse_pace_blocked(gps_sse_pace *p)
+{
+    if (!p)
+        return false;
+    if (p->blocked)
+        return true;
+    if (unsent(p) <= pace_high_water)
+        return false;
+    p->blocked = true;
+    struct timeval tv = {pace_slow_sec, 0};
+    event_add(p->slow, &tv);
+    return true;
+}
+
+void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf)
+{
+    if (!p) {
+        gps_sse_send(req, buf);
+        return;
+    }
+    if (buf->len == 0)
+        return;
+    struct evbuffer *eb = evbuffer_new();
+    if (!eb)
+        return;
+    evbuffer_add(eb, buf->data, buf->len);
+    evhttp_send_reply_chunk_with_cb(req, eb, drained_cb, p);
+    evbuffer_free(eb);
+    buf->len = 0;
+    if (buf->data)
+        buf->data[0] = '\0';
+    (void)gps_sse_pace_blocked(p); /* arm the slow clock at once */
+}
+
+void gps_sse_pace_drop(struct evhttp_connection *evcon)
+{
+    if (evcon)
+        evhttp_connection_free(evcon);
+}
+
+size_t gps_sse_utf8_slice(const char *s, size_t n, size_t max)
+{
+    if (n <= max)
+        return n;
+    size_t k = max;
+    /* Back up over continuation bytes to a character start. */
+    while (k > 0 && ((unsigned char)s[k] & 0xc0) == 0x80)
+        k--;
+    return k > 0 ? k : max;
+}

@@ -1,0 +1,1808 @@
+/* jobs: see jobs.h. */
+#include "server/jobs/jobs.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "server/fleet/agent_check.h"
+#include "server/auth/limits.h"
+#include "server/store/store.h"
+#include "server/metrics.h"
+
+#define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
+#define KEEP_TERMINAL_US (300ull * 1000000ull) /* late agent uploads still get cancel:true */
+#define CANCEL_KEEP_US (600ull * 1000000ull)
+#define SWEEP_MS 250
+#define MAX_TOKENS_SLACK 64       /* tokens tolerated beyond max_tokens (stop-string holdback) */
+
+typedef struct gps_job_sub {
+    gps_job_event_fn fn;
+    void *arg;
+    bool dead;
+    struct gps_job_sub *next;
+} gps_job_sub;
+
+/* A job an agent must be told to stop (client gone, timeout, failover away
+ * from a stalled agent). Sent as a poll command and as cancel:true. */
+typedef struct cancel_rec {
+    char agent_id[64];
+    char job_id[40];
+    uint64_t since_us;
+    struct cancel_rec *next;
+} cancel_rec;
+
+struct gps_jobs {
+    struct event_base *base;
+    gps_jobs_opts opts;
+    registry *reg;
+    sched *sched;
+    struct gps_store *store;
+    gps_metrics *metrics;
+    gps_jobs_deliver_fn deliver;
+    void *deliver_arg;
+    gps_limits *limits;         /* borrowed, may be NULL */
+    gps_job *buckets[NBUCKETS];
+    gps_job *head;
+    size_t n_live;
+    cancel_rec *cancels;
+    struct event *sweep;
+    int notify_depth;           /* >0 while subscriber callbacks run */
+};
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+const char *gps_job_state_name(gps_job_state s)
+{
+    static const char *n[] = {"queued", "assigned", "running", "done", "failed", "cancelled"};
+    return (unsigned)s < sizeof n / sizeof n[0] ? n[s] : "unknown";
+}
+
+const char *gps_job_kind_name(gps_job_kind k)
+{
+    static const char *n[] = {"completion", "chat", "count_tokens"};
+    return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "completion";
+}
+
+gps_event_type gps_event_type_parse(const char *s)
+{
+    /* Name -> type pairs rather than an index: GPS_EV_FAILOVER is made by
+     * the server only, so an agent's "failover" event stays UNKNOWN. */
+    static const struct {
+        const char *name;
+        gps_event_type type;
+    } n[] = {{"started", GPS_EV_STARTED}, {"token", GPS_EV_TOKEN}, {"metrics", GPS_EV_METRICS},
+             {"end", GPS_EV_END},         {"error", GPS_EV_ERROR},
+             {"tool_call", GPS_EV_TOOL_CALL}};
+    for (size_t i = 0; s && i < sizeof n / sizeof n[0]; i++)
+        if (strcmp(s, n[i].name) == 0)
+            return n[i].type;
+    return GPS_EV_UNKNOWN;
+}
+
+void gps_job_spec_clear(gps_job_spec *s)
+{
+    free(s->model);
+    free(s->prompt);
+    json_decref(s->messages);
+    json_decref(s->tools);
+    json_decref(s->tool_choice);
+    json_decref(s->stop);
+    free(s->user);
+    free(s->prefer_agent);
+    free(s->session);
+    free(s->resume_id);
+    free(s->resume_text);
+    json_decref(s->stored_request);
+    for (size_t i = 0; i < s->n_fallback; i++)
+        free(s->fallback_models[i]);
+    for (size_t i = 0; i < s->n_labels; i++) {
+        free(s->labels[i].key);
+        free(s->labels[i].value);
+    }
+    free(s->labels);
+    const char *api = s->api;
+    memset(s, 0, sizeof *s);
+    s->api = api;
+}
+
+bool gps_job_terminal(const gps_job *job)
+{
+    return job->state == GPS_JOB_DONE || job->state == GPS_JOB_FAILED ||
+           job->state == GPS_JOB_CANCELLED;
+}
+
+static unsigned bucket_of(const char *id)
+{
+    uint32_t h = 2166136261u; /* FNV-1a 32 */
+    for (; *id; id++)
+        h = (h ^ (unsigned char)*id) * 16777619u;
+    return h % NBUCKETS;
+}
+
+gps_job *gps_jobs_find(gps_jobs *j, const char *id)
+{
+    for (gps_job *x = j->buckets[bucket_of(id)]; x; x = x->hnext)
+        if (strcmp(x->id, id) == 0)
+            return x;
+    return NULL;
+}
+
+static void table_insert(gps_jobs *j, gps_job *job)
+{
+    unsigned b = bucket_of(job->id);
+    job->hnext = j->buckets[b];
+    j->buckets[b] = job;
+    job->next = j->head;
+    job->prev = NULL;
+    if (j->head)
+        j->head->prev = job;
+    j->head = job;
+}
+
+static void table_remove(gps_jobs *j, gps_job *job)
+{
+    gps_job **pp = &j->buckets[bucket_of(job->id)];
+    while (*pp && *pp != job)
+        pp = &(*pp)->hnext;
+    if (*pp)
+        *pp = job->hnext;
+    if (job->prev)
+        job->prev->next = job->next;
+    else if (j->head == job)
+        j->head = job->next;
+    if (job->next)
+        job->next->prev = job->prev;
+}
+
+static void job_free(gps_job *job)
+{
+    gps_job_sub *s = job->subs;
+    while (s) {
+        gps_job_sub *n = s->next;
+        free(s);
+        s = n;
+    }
+    if (job->retry_ev)
+        event_free(job->retry_ev);
+    gps_job_spec_clear(&job->spec);
+    gp_buf_free(&job->text);
+    free(job->gen_ids);
+    free(job);
+}
+
+static void count(gps_jobs *j, const char *name, const char *labels, double v)
+{
+    if (j->metrics)
+        gps_metrics_add(j->metrics, name, labels, v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Subscribers                                                         */
+/* ------------------------------------------------------------------ */
+
+int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    gps_job_sub *s = calloc(1, sizeof *s);
+    if (!s)
+        return -1;
+    s->fn = fn;
+    s->arg = arg;
+    s->next = job->subs;
+    job->subs = s;
+    return 0;
+}
+
+void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (s->arg == arg && (!fn || s->fn == fn))
+            s->dead = true;
+}
+
+static bool has_live_subs(const gps_job *job)
+{
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (!s->dead)
+            return true;
+    return false;
+}
+
+static void prune_subs(gps_job *job)
+{
+    gps_job_sub **pp = &job->subs;
+    while (*pp) {
+        if ((*pp)->dead) {
+            gps_job_sub *d = *pp;
+            *pp = d->next;
+            free(d);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+/* Call every live subscriber. Dead ones are pruned only when no callback
+ * chain is running (a callback may unsubscribe itself or another). */
+static void notify(gps_jobs *j, gps_job *job, gps_event_type type, json_t *ev)
+{
+    j->notify_depth++;
+    for (gps_job_sub *s = job->subs; s; s = s->next)
+        if (!s->dead)
+            s->fn(job, type, ev, s->arg);
+    j->notify_depth--;
+    if (j->notify_depth == 0)
+        prune_subs(job);
+}
+
+void gps_job_mark_output_sent(gps_job *job)
+{
+    job->client_saw_output = true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Cancellation records                                                */
+/* ------------------------------------------------------------------ */
+
+static void cancel_add(gps_jobs *j, const char *agent_id, const char *job_id)
+{
+    if (!agent_id || !*agent_id)
+        return;
+    for (cancel_rec *c = j->cancels; c; c = c->next)
+        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0)
+            return;
+    cancel_rec *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    snprintf(c->agent_id, sizeof c->agent_id, "%s", agent_id);
+    snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
+    c->since_us = gp_now_mono_us();
+    c->next = j->cancels;
+    j->cancels = c;
+}
+
+static bool cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
+{
+    for (cancel_rec **pp = &j->cancels; *pp; pp = &(*pp)->next) {
+        cancel_rec *c = *pp;
+        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0) {
+            *pp = c->next;
+            free(c);
+            return true;
+        }
+    }
+    return false;
+}
+
+json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
+{
+    json_t *out = json_array();
+    for (cancel_rec **pp = &j->cancels; *pp;) {
+        cancel_rec *c = *pp;
+        if (strcmp(c->agent_id, agent_id) == 0) {
+            json_array_append_new(out,
+                                  json_pack("{s:s,s:s}", "type", "cancel", "job_id", c->job_id));
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Wire form                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Token-exact continuation part of the wire (docs/protocol.md): the ids
+ * generated so far, the digest they belong to and the sampler's state
+ * (seed; draws taken = tokens sampled). The sampler seed goes with every
+ * attempt, so the first attempt samples with the seed a continuation will
+ * be given. */
+static void wire_continuation(const gps_job *job, json_t *w)
+{
+    json_t *smp = json_pack("{s:I}", "seed", (json_int_t)job->sampler_seed);
+    if (job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0) {
+        json_t *ids = json_array();
+        for (size_t i = 0; ids && i < job->n_gen_ids; i++)
+            json_array_append_new(ids, json_integer(job->gen_ids[i]));
+        json_object_set_new(w, "continuation_ids", ids);
+        json_object_set_new(w, "continuation_digest", json_string(job->ids_digest));
+        json_object_set_new(smp, "n_sampled", json_integer((json_int_t)job->n_gen_ids));
+    }
+    json_object_set_new(w, "sampler", smp);
+}
+
+json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec)
+{
+    const gps_job_spec *s = &job->spec;
+    /* A continuation attempt generates only what is left of the budget. */
+    long long done = job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0
+                         ? (long long)job->n_gen_ids
+                         : job->continued_tokens;
+    long long max_tokens = s->max_tokens - done;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    json_t *params = json_pack("{s:I,s:f,s:f,s:I}", "max_tokens", (json_int_t)max_tokens,
+                               "temperature", s->temperature, "top_p", s->top_p, "top_k",
+                               (json_int_t)s->top_k);
+    json_object_set_new(params, "stop", s->stop ? json_deep_copy(s->stop) : json_array());
+    json_object_set_new(params, "seed", s->has_seed ? json_integer(s->seed) : json_null());
+    uint64_t budget_us = (uint64_t)request_timeout_sec * 1000000ull;
+    uint64_t used = now_us > job->created_us ? now_us - job->created_us : 0;
+    long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
+    json_t *w = json_pack("{s:s,s:s,s:s,s:o,s:s,s:i,s:s,s:I}", "job_id", job->id, "kind",
+                          gps_job_kind_name(s->kind), "model", s->model, "params", params,
+                          "continuation",
+                          job->continued_tokens > 0 && job->text.data ? job->text.data : "",
+                          "attempt", job->attempts, "correlation_id",
+                          job->correlation_id, "deadline_ms", (json_int_t)deadline_ms);
+    json_object_set_new(w, "prompt", s->prompt ? json_string(s->prompt) : json_null());
+    json_object_set_new(w, "messages", s->messages ? json_deep_copy(s->messages) : json_null());
+    if (s->tools) {
+        json_object_set_new(w, "tools", json_deep_copy(s->tools));
+        if (s->tool_choice)
+            json_object_set_new(w, "tool_choice", json_deep_copy(s->tool_choice));
+    }
+    if (s->user)
+        json_object_set_new(w, "user", json_string(s->user));
+    wire_continuation(job, w);
+    return w;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle                                                           */
+/* ------------------------------------------------------------------ */
+
+/* The request log. Prompts are stored only with log_prompts. */
+static void persist_insert(gps_jobs *j, gps_job *job)
+{
+    /* Native tasks keep their input: GET /v2/tasks/{id} and a later
+     * resumption need it whatever log_prompts says. One write: the body
+     * the dialect gave (spec.stored_request) goes into the insert itself,
+     * never as a second update of the row. Taken from the spec: nothing
+     * reads it after this. */
+    json_t *req = job->spec.stored_request;
+    job->spec.stored_request = NULL;
+    if (!j->store) {
+        json_decref(req);
+        return;
+    }
+    bool native = job->spec.api && strcmp(job->spec.api, "native") == 0;
+    if (!req && (j->opts.log_prompts || native)) {
+        req = json_object();
+        if (job->spec.prompt)
+            json_object_set_new(req, "prompt", json_string(job->spec.prompt));
+        if (job->spec.messages)
+            json_object_set(req, "messages", job->spec.messages);
+        if (native)
+            json_object_set_new(req, "max_tokens", json_integer(job->spec.max_tokens));
+    }
+    gps_store_job_row row = {
+        .id = job->id,
+        .api = job->spec.api ? job->spec.api : "openai",
+        .kind = gps_job_kind_name(job->spec.kind),
+        .model = job->spec.model,
+        .key_id = job->key_id[0] ? job->key_id : NULL,
+        .status = gps_job_state_name(job->state),
+        .priority = job->spec.priority,
+        .correlation_id = job->correlation_id,
+        .has_seed = job->spec.has_seed,
+        .seed = job->spec.seed,
+        .created_at = job->created_wall_ms,
+        .request = req,
+    };
+    if (gps_store_job_insert(j->store, row) < 0)
+        count(j, "db_errors_total", NULL, 1);
+    else
+        count(j, "db_writes_total", NULL, 1);
+    json_decref(req);
+}
+
+static void persist(gps_jobs *j, gps_job *job)
+{
+    if (!j->store)
+        return;
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
+    u.status = gps_job_state_name(job->state);
+    u.agent_id = job->agent_id[0] ? job->agent_id : NULL;
+    u.attempts = job->attempts;
+    u.queue_ms = job->queue_ms;
+    if (gps_job_terminal(job)) {
+        u.prompt_tokens = job->prompt_tokens;
+        u.completion_tokens = job->completion_tokens;
+        if (job->first_token_us)
+            u.ttft_ms = (long long)((job->first_token_us - job->created_us) / 1000);
+        u.total_ms = (long long)((job->finished_us - job->created_us) / 1000);
+        u.finish_reason = job->finish_reason[0] ? job->finish_reason : NULL;
+        u.error_code = job->error_code[0] ? job->error_code : NULL;
+        u.finished_at = gp_now_wall_ms();
+    }
+    if (gps_store_job_update_async(j->store, u) < 0)
+        count(j, "db_errors_total", NULL, 1);
+    else
+        count(j, "db_writes_total", NULL, 1);
+}
+
+/* End the current assignment on the agent's books, once. */
+static void end_on_agent(gps_jobs *j, gps_job *job, bool ok)
+{
+    if (job->ended_on_agent || !job->agent_id[0])
+        return;
+    job->ended_on_agent = true;
+    registry_agent *a = registry_get(j->reg, job->agent_id);
+    if (a)
+        registry_job_end(j->reg, a, ok, job->tokens_per_sec);
+}
+
+static void place(gps_jobs *j, gps_job *job, int depth);
+
+/* The oldest job of key_id held for max_concurrent (the job list is
+ * newest first). O(jobs), and only run while the key has jobs waiting. */
+static gps_job *oldest_held(gps_jobs *j, const char *key_id)
+{
+    gps_job *found = NULL;
+    for (gps_job *x = j->head; x; x = x->next)
+        if (x->held && !gps_job_terminal(x) && strcmp(x->key_id, key_id) == 0)
+            found = x;
+    return found;
+}
+
+/* A job of key_id left the scheduler: let the key's waiting jobs in, in
+ * arrival order, while its limit allows. */
+static void release_held(gps_jobs *j, const char *key_id)
+{
+    if (!j->limits || !key_id[0])
+        return;
+    gps_key_usage u;
+    gps_limits_get_usage(j->limits, key_id, gp_now_wall_ms(), &u);
+    while (u.waiting > 0 && gps_limits_may_start(j->limits, key_id)) {
+        gps_job *h = oldest_held(j, key_id);
+        if (!h)
+            break;
+        h->held = false;
+        h->counted = true;
+        gps_limits_waiting_add(j->limits, key_id, -1);
+        gps_limits_started(j->limits, key_id);
+        u.waiting--;
+        place(j, h, 0);
+    }
+}
+
+static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
+{
+    if (job->state == GPS_JOB_QUEUED && !job->held)
+        sched_remove(j->sched, &job->sj);
+    if (job->in_backoff) {
+        event_del(job->retry_ev);
+        job->in_backoff = false;
+    }
+    job->state = st;
+    job->finished_us = gp_now_mono_us();
+    if (j->n_live)
+        j->n_live--;
+    persist(j, job);
+    if (j->limits) {
+        /* A count_tokens job reports the counted prompt as its usage: that
+         * is an answer, not tokens the key spent. */
+        if (job->spec.kind != GPS_JOB_COUNT_TOKENS)
+            gps_limits_account(j->limits, job->key_id, job->prompt_tokens,
+                               job->completion_tokens, gp_now_wall_ms());
+        if (job->held) {
+            job->held = false;
+            gps_limits_waiting_add(j->limits, job->key_id, -1);
+        }
+        if (job->counted) {
+            job->counted = false;
+            gps_limits_ended(j->limits, job->key_id);
+            /* After this job's subscribers had their say: release_held may
+             * place jobs, which can deliver and notify. */
+            release_held(j, job->key_id);
+        }
+    }
+}
+
+/* Fail a job with an error event carrying the status a dialect uses. */
+static void fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
+                     const char *message, int retry_after)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, false);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->error_code, sizeof job->error_code, "%s", code);
+    finish(j, job, GPS_JOB_FAILED);
+    gp_log_write(GP_LOG_WARN, "job_failed", job->correlation_id,
+                 json_pack("{s:s,s:s,s:i,s:s}", "job_id", job->id, "code", code, "status",
+                           status, "agent_id", job->agent_id),
+                 "%s", message);
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", code, "message",
+                           message, "status", status);
+    if (retry_after > 0)
+        json_object_set_new(ev, "retry_after", json_integer(retry_after));
+    notify(j, job, GPS_EV_ERROR, ev);
+    json_decref(ev);
+}
+
+/* ---- token-exact continuation (docs/architecture.md "Failover") ---- */
+
+/* Forget the generated ids (a requeue without output regenerates all). */
+static void ids_reset(gps_job *job)
+{
+    job->n_gen_ids = 0;
+    job->ids_ok = false;
+    job->ids_digest[0] = '\0';
+}
+
+/* Keep the ids of a token event: token_ids (every token sampled since the
+ * previous event) or token_id. An event without ids, or more ids than the
+ * request allows, ends token-exact continuation for the job. Returns the
+ * number of tokens the event stands for (>= 1). */
+static long long ids_record(gps_job *job, const json_t *ev)
+{
+    const json_t *arr = json_object_get(ev, "token_ids");
+    const json_t *one = json_object_get(ev, "token_id");
+    size_t n = json_is_array(arr) ? json_array_size(arr) : json_is_integer(one) ? 1 : 0;
+    if (n == 0) {
+        job->ids_ok = false;
+        return 1;
+    }
+    if (!job->ids_ok)
+        return (long long)n;
+    size_t cap = (size_t)(job->spec.max_tokens > 0 ? job->spec.max_tokens : 0) + MAX_TOKENS_SLACK;
+    if (job->n_gen_ids + n > cap) {
+        job->ids_ok = false;
+        return (long long)n;
+    }
+    if (job->n_gen_ids + n > job->cap_gen_ids) {
+        size_t nc = job->cap_gen_ids ? job->cap_gen_ids : 64;
+        while (nc < job->n_gen_ids + n)
+            nc *= 2;
+        int32_t *g = realloc(job->gen_ids, nc * sizeof *g);
+        if (!g) {
+            job->ids_ok = false;
+            return (long long)n;
+        }
+        job->gen_ids = g;
+        job->cap_gen_ids = nc;
+    }
+    for (size_t i = 0; i < n; i++)
+        job->gen_ids[job->n_gen_ids++] =
+            (int32_t)json_integer_value(json_is_array(arr) ? json_array_get(arr, i) : one);
+    return (long long)n;
+}
+
+/* Job assigned to agent a: track the digest its ids belong to and decide
+ * how this attempt continues earlier output. Fresh output: the ids will
+ * be a's. Earlier output: usable only when a serves the same file. */
+static void continuation_plan(gps_job *job, registry_agent *a)
+{
+    const char *d = registry_agent_model_digest(a, job->spec.model);
+    bool fresh = job->text.len == 0 && job->n_gen_ids == 0 && job->continued_tokens == 0;
+    if (fresh) {
+        job->ids_ok = d != NULL;
+        snprintf(job->ids_digest, sizeof job->ids_digest, "%s", d ? d : "");
+    } else if (!d || strcmp(d, job->ids_digest) != 0) {
+        job->ids_ok = false;  /* another tokenizer's text follows: for good */
+    }
+    job->continuation_mode = NULL;
+    if (job->continued_tokens > 0)
+        job->continuation_mode = job->ids_ok && job->n_gen_ids > 0 ? "tokens" : "text";
+}
+
+typedef struct digest_q {
+    const gps_job *job;
+    sched *s;
+    bool need_ready;      /* only agents with a free parked long-poll */
+    char found[64];
+} digest_q;
+
+static void digest_cb(void *ud, registry_agent *a)
+{
+    digest_q *q = ud;
+    if (q->found[0] || strcmp(a->id, q->job->exclude_agent) == 0)
+        return;
+    if (a->state != REGISTRY_HEALTHY &&
+        (q->need_ready || (a->state != REGISTRY_SUSPECT && a->state != REGISTRY_REGISTERING)))
+        return;
+    const char *d = registry_agent_model_digest(a, q->job->spec.model);
+    if (!d || strcmp(d, q->job->ids_digest) != 0)
+        return;
+    if (q->need_ready && sched_agent_free_slots(q->s, a) <= 0)
+        return;
+    snprintf(q->found, sizeof q->found, "%s", a->id);
+}
+
+/* An agent (not the lost one) serving the job's model from the file its
+ * ids belong to: free right now (need_ready) or just live. O(agents), on
+ * a failover only. */
+static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char out[64])
+{
+    digest_q q = {job, j->sched, need_ready, ""};
+    registry_foreach(j->reg, digest_cb, &q);
+    snprintf(out, 64, "%s", q.found);
+    return q.found[0] != '\0';
+}
+
+/* Mark job as given to agent a (the scheduler already counted the slot). */
+static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
+{
+    uint64_t now = gp_now_mono_us();
+    if (job->state == GPS_JOB_QUEUED && job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    job->state = GPS_JOB_ASSIGNED;
+    job->attempts++;
+    snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    job->assigned_us = now;
+    /* Scheduling latency: submit to the first assignment (a requeue after
+     * a failover is counted by failovers_total instead; a delivery that
+     * found the long-poll gone is retried and not counted twice). */
+    if (!job->sched_observed && j->metrics && now >= job->created_us) {
+        job->sched_observed = true;
+        gps_metrics_sched_latency(j->metrics, job->spec.model,
+                                  job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
+                                  (double)(now - job->created_us) / 1e6);
+    }
+    job->last_event_us = now;
+    job->ended_on_agent = false;
+    job->delivery = 0;
+    job->progress_done = job->progress_total = 0;
+    job->agent_seq = 0;
+    job->agent_bytes = 0;
+    job->metrics_relayed = 0;
+    continuation_plan(job, a);
+    gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
+                 json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
+                           "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
+                 "job assigned");
+    persist(j, job);
+}
+
+static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
+
+/* Submit to the scheduler (first time, after a failover, or when a job
+ * held for its key's max_concurrent is let in). */
+static void place(gps_jobs *j, gps_job *job, int depth)
+{
+    registry_agent *a = NULL;
+    job->sj.agent = NULL;
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if (r == SCHED_QUEUED) {
+        job->state = GPS_JOB_QUEUED;
+        return;
+    }
+    if (r == SCHED_ASSIGNED && a) {
+        mark_assigned(j, job, a);
+        json_t *arr = json_array();
+        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
+        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
+        json_decref(arr);
+        if (rc < 0) {
+            /* The agent was ready in the scheduler but its long-poll is
+             * gone: give the slot back and try elsewhere (bounded). */
+            job->attempts--;
+            end_on_agent(j, job, true);
+            job->agent_id[0] = '\0';
+            requeue_or_fail(j, job, depth + 1);
+        }
+        return;
+    }
+    int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+    if (r == SCHED_QUEUE_FULL)
+        fail_job(j, job, 503, "NO_CAPACITY", "queue full while failing over", retry);
+    else
+        fail_job(j, job, 503, "NO_AGENT", "no agent available for the model", retry);
+}
+
+static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
+{
+    if (depth > 4) {
+        fail_job(j, job, 503, "NO_AGENT", "no agent could take the job", 1);
+        return;
+    }
+    job->state = GPS_JOB_QUEUED;
+    job->queued_since_us = gp_now_mono_us();
+    place(j, job, depth);
+}
+
+static void log_submitted(const gps_job *job, bool held)
+{
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model", job->spec.model,
+                           "kind", gps_job_kind_name(job->spec.kind), "api",
+                           job->spec.api ? job->spec.api : "", "held", held),
+                 held ? "job submitted; waiting for a slot of its key (max_concurrent)"
+                      : "job submitted");
+}
+
+/* The job's key is at its max_concurrent: keep the job QUEUED outside the
+ * scheduler until one of the key's jobs ends (release_held). */
+static gps_job *submit_held(gps_jobs *j, gps_job *job)
+{
+    table_insert(j, job);
+    j->n_live++;
+    job->state = GPS_JOB_QUEUED;
+    job->held = true;
+    gps_limits_waiting_add(j->limits, job->key_id, 1);
+    if (job->spec.resume_id)
+        persist(j, job);
+    else
+        persist_insert(j, job);
+    log_submitted(job, true);
+    return job;
+}
+
+gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
+                         const char *key_id, gps_submit_err *err)
+{
+    memset(err, 0, sizeof *err);
+    if (j->limits && !spec->resume_id && key_id && *key_id) {
+        int retry = 0;
+        gps_limit_result lr = gps_limits_admit(j->limits, key_id, gp_now_wall_ms(), &retry);
+        if (lr != GPS_LIMIT_OK) {
+            if (j->metrics)
+                gps_metrics_rate_limited(j->metrics, gps_limit_result_name(lr));
+            gps_job_spec_clear(spec);
+            err->status = 429;
+            err->retry_after_sec = retry;
+            if (lr == GPS_LIMIT_RPM) {
+                err->code = "RATE_LIMITED";
+                snprintf(err->message, sizeof err->message,
+                         "this key's requests per minute are used up; retry in %d s", retry);
+            } else {
+                err->code = "TOKEN_LIMIT";
+                snprintf(err->message, sizeof err->message,
+                         "this key's tokens for today are used up; retry in %d s "
+                         "(after 00:00 UTC)", retry);
+            }
+            gp_log_write(GP_LOG_INFO, "rate_limited", correlation_id,
+                         json_pack("{s:s,s:s,s:i}", "key_id", key_id, "reason",
+                                   gps_limit_result_name(lr), "retry_after", retry),
+                         "request refused by the key's limits");
+            return NULL;
+        }
+    }
+    gps_job *job = calloc(1, sizeof *job);
+    if (!job) {
+        gps_job_spec_clear(spec);
+        err->status = 500;
+        err->code = "INTERNAL";
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return NULL;
+    }
+    job->owner = j;
+    if (spec->resume_id)
+        snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
+    else
+        gp_id_new("job_", job->id, sizeof job->id);
+    snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
+             correlation_id ? correlation_id : "");
+    snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    job->spec = *spec;
+    memset(spec, 0, sizeof *spec);
+    spec->api = job->spec.api;
+    gp_buf_init(&job->text);
+    if (job->spec.resume_text && job->spec.resume_tokens > 0) {
+        /* Continue where the previous server process stopped: the client
+         * already has this text (its events are stored). */
+        gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text));
+        job->completion_tokens = job->continued_tokens = job->spec.resume_tokens;
+        job->client_saw_output = true;
+    }
+    if (job->spec.has_seed) {
+        job->sampler_seed = job->spec.seed;
+    } else {
+        uint64_t r;
+        gp_random_bytes(&r, sizeof r);
+        job->sampler_seed = (long long)(r >> 1);   /* JSON integers are signed */
+    }
+    job->created_us = gp_now_mono_us();
+    job->created_wall_ms = gp_now_wall_ms();
+    job->queued_since_us = job->created_us;
+
+    job->sj.model = job->spec.model;
+    /* The client's order, before a fallback below swaps the names. */
+    job->chain[job->n_chain++] = job->spec.model;
+    for (size_t i = 0; i < job->spec.n_fallback; i++)
+        job->chain[job->n_chain++] = job->spec.fallback_models[i];
+    job->sj.priority = job->spec.priority == GPS_PRIO_BATCH ? SCHED_BATCH : SCHED_INTERACTIVE;
+    job->sj.prefer_agent = job->spec.prefer_agent;
+    job->sj.prefer_strict = -1;
+    job->sj.session = job->spec.session ? job->spec.session : job->spec.user;
+    job->sj.labels = job->spec.labels;
+    job->sj.n_labels = job->spec.n_labels;
+    job->sj.needs_tools = job->spec.tools != NULL;
+
+    registry_agent *a = NULL;
+    /* A count_tokens job is a short tokenizer call: it neither waits for
+     * nor takes one of the key's max_concurrent places (a client counting
+     * tokens beside its own long generation must not stall behind it). */
+    bool concurrent = job->spec.kind != GPS_JOB_COUNT_TOKENS;
+    if (j->limits && concurrent && !gps_limits_may_start(j->limits, job->key_id) &&
+        registry_model_known(j->reg, job->spec.model))
+        return submit_held(j, job);
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if ((r == SCHED_NO_AGENT || r == SCHED_QUEUE_FULL) && job->spec.n_fallback) {
+        /* fallback_models, in order: the first that can take or queue the
+         * job serves it. spec.model becomes the serving model (the reply,
+         * the request log and failover all use it); the requested name
+         * moves into its slot. When none can, the first model's error is
+         * the answer. */
+        for (size_t i = 0; i < job->spec.n_fallback; i++) {
+            job->sj.model = job->spec.fallback_models[i];
+            sched_result rf = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+            if (rf == SCHED_ASSIGNED || rf == SCHED_QUEUED) {
+                char *served = job->spec.fallback_models[i];
+                job->spec.fallback_models[i] = job->spec.model;
+                job->spec.model = served;
+                job->requested_model = job->spec.fallback_models[i];
+                r = rf;
+                break;
+            }
+        }
+        job->sj.model = job->spec.model;
+    }
+    switch (r) {
+    case SCHED_ASSIGNED:
+    case SCHED_QUEUED:
+        break;
+    case SCHED_QUEUE_FULL: {
+        if (j->metrics)
+            gps_metrics_rate_limited(j->metrics, "queue_full");
+        uint64_t est = sched_estimated_wait_ms(j->sched, job->spec.model);
+        err->status = 429;
+        err->code = "QUEUE_FULL";
+        err->retry_after_sec = est ? (int)((est + 999) / 1000) : 1;
+        snprintf(err->message, sizeof err->message,
+                 "the queue for model '%.100s' is full; retry later", job->spec.model);
+        job_free(job);
+        return NULL;
+    }
+    case SCHED_NO_AGENT:
+        if (registry_model_known(j->reg, job->spec.model)) {
+            err->status = 503;
+            err->code = "NO_AGENT";
+            err->retry_after_sec = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+            snprintf(err->message, sizeof err->message,
+                     "no agent is serving model '%.100s' right now; retry later",
+                     job->spec.model);
+        } else {
+            err->status = 404;
+            err->code = "MODEL_NOT_FOUND";
+            snprintf(err->message, sizeof err->message,
+                     "the model '%.100s' does not exist (no agent has served it)",
+                     job->spec.model);
+        }
+        job_free(job);
+        return NULL;
+    default:
+        err->status = 500;
+        err->code = "INTERNAL";
+        snprintf(err->message, sizeof err->message, "scheduler error");
+        job_free(job);
+        return NULL;
+    }
+    table_insert(j, job);
+    j->n_live++;
+    job->state = GPS_JOB_QUEUED;
+    if (j->limits && job->key_id[0] && concurrent) {
+        job->counted = true;
+        gps_limits_started(j->limits, job->key_id);
+    }
+    if (job->spec.resume_id)
+        persist(j, job); /* the row of the previous process: now queued again */
+    else
+        persist_insert(j, job);
+    log_submitted(job, false);
+    if (r == SCHED_ASSIGNED && a) {
+        mark_assigned(j, job, a);
+        json_t *arr = json_array();
+        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
+        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
+        json_decref(arr);
+        if (rc < 0) {
+            job->attempts--;
+            end_on_agent(j, job, true);
+            job->agent_id[0] = '\0';
+            requeue_or_fail(j, job, 1);
+        }
+    } else {
+        job->state = GPS_JOB_QUEUED;
+    }
+    return job;
+}
+
+void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, true);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->error_code, sizeof job->error_code, "CANCELLED");
+    finish(j, job, GPS_JOB_CANCELLED);
+    gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s}", "job_id", job->id, "reason", reason ? reason : "",
+                           "agent_id", job->agent_id),
+                 "job cancelled");
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", "CANCELLED", "message",
+                           "the job was cancelled", "status", 499);
+    notify(j, job, GPS_EV_ERROR, ev);
+    json_decref(ev);
+}
+
+void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
+{
+    if (gps_job_terminal(job))
+        return;
+    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
+    if (on_agent) {
+        end_on_agent(j, job, true);
+        cancel_add(j, job->agent_id, job->id);
+    }
+    snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
+             finish_reason ? finish_reason : "stop");
+    finish(j, job, GPS_JOB_DONE);
+    gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
+                 json_pack("{s:s,s:s,s:I,s:s,s:b}", "job_id", job->id, "agent_id",
+                           job->agent_id, "completion_tokens",
+                           (json_int_t)job->completion_tokens, "finish_reason",
+                           job->finish_reason, "early", 1),
+                 "job finished by the server (stop sequence)");
+    json_t *ev = json_pack("{s:s,s:s,s:{s:I,s:I}}", "type", "end", "finish_reason",
+                           job->finish_reason, "usage", "prompt_tokens",
+                           (json_int_t)job->prompt_tokens, "completion_tokens",
+                           (json_int_t)job->completion_tokens);
+    notify(j, job, GPS_EV_END, ev);
+    json_decref(ev);
+}
+
+size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
+{
+    if (job->state != GPS_JOB_QUEUED)
+        return 0;
+    size_t ahead = 0;
+    for (const gps_job *x = j->head; x; x = x->next) {
+        if (x == job || x->state != GPS_JOB_QUEUED || strcmp(x->spec.model, job->spec.model))
+            continue;
+        if (x->spec.priority != job->spec.priority) {
+            ahead += x->spec.priority < job->spec.priority; /* interactive goes first */
+            continue;
+        }
+        if (x->sj.front != job->sj.front)
+            ahead += x->sj.front;                           /* failover retries first */
+        else if (x->queued_since_us < job->queued_since_us ||
+                 (x->queued_since_us == job->queued_since_us && x->created_us < job->created_us))
+            ahead++;
+    }
+    return ahead;
+}
+
+long long gps_failover_backoff_ms(int attempts, int base_ms, int cap_ms, uint32_t rnd)
+{
+    if (attempts < 2 || base_ms <= 0 || cap_ms <= 0)
+        return 0;
+    long long d = base_ms;
+    for (int i = 2; i < attempts && d < cap_ms; i++)
+        d *= 2;
+    if (d > cap_ms)
+        d = cap_ms;
+    long long half = d / 2;
+    return half + (long long)(rnd % (uint32_t)(d - half + 1));
+}
+
+gps_fo_plan gps_failover_decide(const gps_fo_facts *f)
+{
+    gps_fo_plan p = {GPS_FO_FAIL_LOST, -1, 0};
+    bool cont = f->output_sent && f->mode == GPS_FAILOVER_CONTINUE;
+    /* Tool call pieces already went to the subscribers (who may have
+     * buffered them even when the client saw nothing): neither a text
+     * continuation nor a restart could avoid a broken or repeated call. */
+    if (f->mode == GPS_FAILOVER_ERROR || (f->output_sent && !cont) || f->tools_relayed)
+        return p;
+    if (f->attempts >= f->max_attempts) {
+        p.action = GPS_FO_FAIL_EXHAUSTED;
+        return p;
+    }
+    p.action = cont ? GPS_FO_CONTINUE : GPS_FO_REQUEUE;
+    if (!f->model_live && f->fallback_live >= 0)
+        p.fallback = f->fallback_live;
+    p.delay_ms = gps_failover_backoff_ms(f->attempts, f->backoff_base_ms, f->backoff_cap_ms,
+                                         f->rnd);
+    return p;
+}
+
+typedef struct other_agent_q {
+    const char *model;
+    const char *exclude;
+    bool with_suspect;
+    bool found;
+} other_agent_q;
+
+static void other_agent_cb(void *ud, registry_agent *a)
+{
+    other_agent_q *q = ud;
+    if (!q->found && strcmp(a->id, q->exclude) != 0 &&
+        (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_REGISTERING ||
+         (q->with_suspect && a->state == REGISTRY_SUSPECT)) &&
+        registry_agent_serves(a, q->model))
+        q->found = true;
+}
+
+/* True when an agent other than exclude that can take work now (healthy,
+ * registering) serves model: what moving a job to a fallback model asks.
+ * A SUSPECT agent does not count: an agent killed a moment ago stays
+ * suspect until its heartbeat expires, and must not keep a job from its
+ * fallback. O(agents), on a failover only. */
+static bool model_live(gps_jobs *j, const char *model, const char *exclude)
+{
+    other_agent_q q = {model, exclude, false, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
+}
+
+/* Suspect agents count here: an agent's own upstream error fails over
+ * only while another agent that may still be alive serves the model. */
+static bool other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    other_agent_q q = {job->spec.model, exclude, true, false};
+    registry_foreach(j->reg, other_agent_cb, &q);
+    return q.found;
+}
+
+/* The first model of job's chain, other than the one it runs on, that a
+ * live agent (not exclude) serves: its chain index, or -1. */
+static int fallback_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    for (size_t i = 0; i < job->n_chain; i++)
+        if (strcmp(job->chain[i], job->spec.model) != 0 &&
+            model_live(j, job->chain[i], exclude))
+            return (int)i;
+    return -1;
+}
+
+/* Make chain[idx] the model that serves job: it swaps places with
+ * spec.model (as at submit), and requested_model names the model asked
+ * for while another one serves. */
+static void switch_model(gps_job *job, size_t idx)
+{
+    char *to = job->chain[idx];
+    for (size_t i = 0; i < job->spec.n_fallback; i++) {
+        if (job->spec.fallback_models[i] == to) {
+            job->spec.fallback_models[i] = job->spec.model;
+            job->spec.model = to;
+            break;
+        }
+    }
+    job->sj.model = job->spec.model;
+    job->requested_model = job->chain[0] == job->spec.model ? NULL : job->chain[0];
+}
+
+/* Place a failover retry: prefer a free agent serving the file the job's
+ * ids come from (token-exact), without waiting for one: a non-strict
+ * preference for this placement only. */
+static void retry_place(gps_jobs *j, gps_job *job)
+{
+    char same[64] = "";
+    if (job->continued_tokens > 0 && job->ids_ok && job->n_gen_ids > 0)
+        digest_agent(j, job, true, same);
+    const char *pref = job->sj.prefer_agent;
+    int strict = job->sj.prefer_strict;
+    if (same[0] && strict != 1 && (!pref || strcmp(pref, job->exclude_agent) == 0)) {
+        job->sj.prefer_agent = same;
+        job->sj.prefer_strict = 0;
+    }
+    requeue_or_fail(j, job, 0);
+    job->sj.prefer_agent = pref;
+    job->sj.prefer_strict = strict;
+}
+
+static void log_fallback(const gps_job *job, const char *from, const char *when)
+{
+    gp_log_write(GP_LOG_WARN, "job_fallback", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "from_model", from,
+                           "model", job->spec.model, "when", when),
+                 "no live agent serves the job's model; moving it to a fallback model");
+}
+
+/* The backoff is over: place the retry, first moving the job to a
+ * fallback model if its own lost every live agent meanwhile. */
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_job *job = arg;
+    gps_jobs *j = job->owner;
+    job->in_backoff = false;
+    if (gps_job_terminal(job))
+        return;
+    /* The backoff is queue time for the client (x_pool_meta.queue_ms). */
+    uint64_t now = gp_now_mono_us();
+    if (now > job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    if (job->n_chain > 1 && !model_live(j, job->spec.model, job->exclude_agent)) {
+        int fb = fallback_live(j, job, job->exclude_agent);
+        if (fb >= 0) {
+            const char *from = job->spec.model;
+            switch_model(job, (size_t)fb);
+            log_fallback(job, from, "backoff");
+        }
+    }
+    retry_place(j, job);
+}
+
+/* Retry job after delay_ms (0: now). Meanwhile it is QUEUED outside the
+ * scheduler: queue_timeout, request_timeout and cancellation apply as to
+ * any queued job (finish stops the timer). */
+static void retry_after(gps_jobs *j, gps_job *job, long long delay_ms)
+{
+    if (delay_ms > 0 && j->base && !job->retry_ev)
+        job->retry_ev = evtimer_new(j->base, retry_cb, job);
+    if (delay_ms <= 0 || !job->retry_ev) {
+        retry_place(j, job);
+        return;
+    }
+    struct timeval tv = {(time_t)(delay_ms / 1000), (suseconds_t)(delay_ms % 1000) * 1000};
+    job->state = GPS_JOB_QUEUED;
+    job->queued_since_us = gp_now_mono_us();
+    if (evtimer_add(job->retry_ev, &tv) < 0) {
+        retry_place(j, job);
+        return;
+    }
+    job->in_backoff = true;
+}
+
+/* The job's agent is gone (dead, stalled, shut down, its upstream failed).
+ * gps_failover_decide says what follows, from spec.failover, whether the
+ * client already got output, the attempts and which models still have a
+ * live agent:
+ *   nothing sent, mode continue|restart: a transparent requeue; text the
+ *     server alone had seen is dropped and regenerated;
+ *   output sent, mode continue: a requeue with continuation = the text so
+ *     far (relayed or held back alike: the job's text is exactly what the
+ *     dialects were given), so the next agent produces only what follows
+ *     and subscribers see one stream; a `failover` event tells them;
+ *   otherwise (mode error, restart after output): AGENT_LOST.
+ * Every retry excludes the lost agent, goes to the front of its queue and
+ * counts against max_attempts; from the second on it waits a backoff; it
+ * moves to a fallback model when no live agent serves the job's model. */
+static void fail_over(gps_jobs *j, gps_job *job, const char *why)
+{
+    if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
+        return;
+    end_on_agent(j, job, false);
+    cancel_add(j, job->agent_id, job->id);
+    gps_fo_facts f = {
+        .mode = job->spec.failover,
+        .output_sent = job->client_saw_output,
+        .tools_relayed = job->tool_bytes > 0,
+        .attempts = job->attempts,
+        .max_attempts = j->opts.max_attempts,
+        .fallback_live = -1,
+        .backoff_base_ms = j->opts.backoff_base_ms,
+        .backoff_cap_ms = j->opts.backoff_cap_ms,
+    };
+    f.model_live = model_live(j, job->spec.model, job->agent_id);
+    if (!f.model_live && job->n_chain > 1)
+        f.fallback_live = fallback_live(j, job, job->agent_id);
+    gp_random_bytes(&f.rnd, sizeof f.rnd);
+    gps_fo_plan p = gps_failover_decide(&f);
+    if (p.action == GPS_FO_FAIL_LOST) {
+        char m[200];
+        snprintf(m, sizeof m, "the agent running this job was lost (%s)%s", why,
+                 job->client_saw_output ? " after output was sent" : "");
+        count(j, "failovers_total", "mode=\"error\"", 1);
+        fail_job(j, job, 502, "AGENT_LOST", m, 0);
+        return;
+    }
+    if (p.action == GPS_FO_FAIL_EXHAUSTED) {
+        count(j, "failovers_total", "mode=\"exhausted\"", 1);
+        fail_job(j, job, 503, "AGENT_LOST", "the job's agents were lost; attempts exhausted", 1);
+        return;
+    }
+    bool cont = p.action == GPS_FO_CONTINUE;
+    const char *from_model = job->spec.model;
+    if (p.fallback >= 0)
+        switch_model(job, (size_t)p.fallback);
+    gp_log_write(GP_LOG_WARN, "job_failover", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:i,s:s,s:I,s:s,s:I}", "job_id", job->id, "agent_id",
+                           job->agent_id, "reason", why, "attempt", job->attempts, "mode",
+                           cont ? "continue" : "requeue", "completion_tokens",
+                           (json_int_t)job->completion_tokens, "model", job->spec.model,
+                           "backoff_ms", (json_int_t)p.delay_ms),
+                 cont ? "agent lost after output was sent; continuing on another agent"
+                      : "agent lost before output reached the client; requeueing");
+    if (p.fallback >= 0)
+        log_fallback(job, from_model, "failover");
+    count(j, "failovers_total", cont ? "mode=\"continue\"" : "mode=\"requeue\"", 1);
+    snprintf(job->exclude_agent, sizeof job->exclude_agent, "%s", job->agent_id);
+    job->sj.exclude_agent = job->exclude_agent;
+    job->sj.front = true;
+    if (cont) {
+        job->continued_tokens = job->completion_tokens;
+        /* tokens when the ids are usable and an agent with the same file
+         * is live to take them (preferred by retry_place when free). */
+        char same[64];
+        bool tokens = job->ids_ok && job->n_gen_ids > 0 && digest_agent(j, job, false, same);
+        json_t *ev = json_pack("{s:s,s:s,s:s,s:i,s:I,s:s}", "type", "failover", "from_agent",
+                               job->agent_id, "reason", why, "attempt", job->attempts + 1,
+                               "completion_tokens", (json_int_t)job->completion_tokens,
+                               "continuation", tokens ? "tokens" : "text");
+        if (p.fallback >= 0)   /* the model that continues the stream */
+            json_object_set_new(ev, "model", json_string(job->spec.model));
+        job->agent_id[0] = '\0';
+        job->agent_seq = 0;
+        /* Subscribers may not cancel here (they have nothing to say yet),
+         * but if one does, the job is terminal and stays so. */
+        notify(j, job, GPS_EV_FAILOVER, ev);
+        json_decref(ev);
+        if (gps_job_terminal(job))
+            return;
+    } else {
+        job->agent_id[0] = '\0';
+        job->text.len = 0;
+        if (job->text.data)
+            job->text.data[0] = '\0';
+        job->completion_tokens = 0;
+        job->continued_tokens = 0;
+        job->first_token_us = 0;
+        job->agent_seq = 0;
+        ids_reset(job);
+    }
+    retry_after(j, job, p.delay_ms);
+}
+
+/* Error codes an agent reports for a failure of its own, not of the
+ * request: another agent may well succeed. */
+static bool agent_side_error(const char *code)
+{
+    static const char *const codes[] = {"AGENT_SHUTDOWN", "UPSTREAM_ERROR", "UPSTREAM_TIMEOUT",
+                                        "UPSTREAM_MALFORMED"};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        if (strcmp(code, codes[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Jobs waiting in the queue of a model whose last live agent was agent_id
+ * (a failover retry queued while another agent of its model was busy, a
+ * job queued at submit) move to the first model of their chain with a live
+ * agent, as a failover would. Only jobs with fallback_models are looked at
+ * (O(jobs), plus O(agents) per such job). */
+static void move_stranded(gps_jobs *j, const char *agent_id)
+{
+    for (gps_job *job = j->head; job; job = job->next) {
+        if (job->state != GPS_JOB_QUEUED || job->held || job->in_backoff ||
+            job->n_chain < 2 || !sched_job_queued(&job->sj) ||
+            model_live(j, job->spec.model, agent_id))
+            continue;
+        int fb = fallback_live(j, job, agent_id);
+        if (fb < 0)
+            continue;
+        sched_remove(j->sched, &job->sj);
+        uint64_t now = gp_now_mono_us();
+        if (now > job->queued_since_us)
+            job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+        const char *from = job->spec.model;
+        switch_model(job, (size_t)fb);
+        log_fallback(job, from, "queued");
+        retry_place(j, job);
+    }
+}
+
+void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)
+{
+    /* fail_over may place a job on another agent but never frees one, so
+     * walking the list while it runs is safe. */
+    for (gps_job *job = j->head; job; job = job->next)
+        if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+            strcmp(job->agent_id, agent_id) == 0)
+            fail_over(j, job, why);
+    move_stranded(j, agent_id);
+}
+
+static bool on_agent(const gps_job *job, const char *agent_id)
+{
+    return (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+           strcmp(job->agent_id, agent_id) == 0;
+}
+
+size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
+{
+    size_t n = 0;
+    for (gps_job *job = j->head; job; job = job->next)
+        n += on_agent(job, agent_id);
+    return n;
+}
+
+void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery)
+{
+    size_t i;
+    const json_t *w;
+    json_array_foreach(jobs_json, i, w) {
+        const char *id = json_string_value(json_object_get(w, "job_id"));
+        gps_job *job = id ? gps_jobs_find(j, id) : NULL;
+        if (job && job->state == GPS_JOB_ASSIGNED)
+            job->delivery = delivery;
+    }
+}
+
+static bool listed(const json_t *running, const char *id)
+{
+    size_t i;
+    const json_t *v;
+    json_array_foreach(running, i, v) {
+        const char *s = json_string_value(v);
+        if (s && strcmp(s, id) == 0)
+            return true;
+    }
+    return false;
+}
+
+size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
+                             uint64_t seen)
+{
+    if (!json_is_array(running))
+        return 0;
+    uint64_t now = gp_now_mono_us();
+    size_t ended = 0;
+    /* fail_over may place a job on another agent but never frees one, so
+     * walking the list while it runs is safe (as in gps_jobs_agent_lost). */
+    for (gps_job *job = j->head; job; job = job->next) {
+        if (!on_agent(job, agent_id))
+            continue;
+        if (listed(running, job->id)) {
+            job->last_event_us = now;
+            continue;
+        }
+        /* Delivered in a reply the agent had processed before it made the
+         * list, and not in it: the agent no longer has the job. */
+        if (job->delivery && seen && job->delivery <= seen) {
+            fail_over(j, job, "agent_dropped_job");
+            ended++;
+        }
+    }
+    return ended;
+}
+
+json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
+{
+    json_t *out = json_array();
+    if (!out || free_slots <= 0)
+        return out;
+    if (sched_agent_ready(j->sched, a, free_slots) < 0)
+        return out;
+    sched_job *picked[64];
+    size_t max = free_slots < 64 ? (size_t)free_slots : 64;
+    size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
+    uint64_t now = gp_now_mono_us();
+    for (size_t i = 0; i < n; i++) {
+        gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
+        mark_assigned(j, job, a);
+        json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Agent events                                                        */
+/* ------------------------------------------------------------------ */
+
+/* Bytes one attempt of job may send (jobs.h): what max_tokens tokens can
+ * plausibly take, within the operator's cap. */
+static long long event_budget(const gps_jobs *j, const gps_job *job)
+{
+    long long cap = j->opts.max_job_event_bytes > 0 ? j->opts.max_job_event_bytes
+                                                    : GPS_JOBS_MAX_EVENT_BYTES_DEFAULT;
+    long long mt = job->spec.max_tokens > 0 ? job->spec.max_tokens : 0;
+    if (mt > GPS_AGENT_MAX_TOKENS)
+        mt = GPS_AGENT_MAX_TOKENS;
+    long long b = GPS_JOBS_EVENT_BYTES_BASE + (mt + MAX_TOKENS_SLACK) * GPS_JOBS_EVENT_BYTES_PER_TOKEN;
+    return b < cap ? b : cap;
+}
+
+static void output_too_large(gps_jobs *j, gps_job *job, const char *what)
+{
+    char m[160];
+    snprintf(m, sizeof m, "the agent sent more %s than the request allows", what);
+    count(j, "agent_events_dropped_total", "reason=\"too_large\"", 1);
+    fail_job(j, job, 502, "AGENT_OUTPUT_TOO_LARGE", m, 0);
+}
+
+static bool is_progress(const json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    return type && strcmp(type, "progress") == 0;
+}
+
+/* Prefill progress: proof of life, not output. Only the latest counts are
+ * kept (never the event buffer: a long prefill must not grow memory) and
+ * nothing is relayed. */
+static void apply_progress(gps_job *job, const json_t *ev)
+{
+    const json_t *d = json_object_get(ev, "prompt_tokens_done");
+    const json_t *t = json_object_get(ev, "prompt_tokens_total");
+    if (json_is_integer(d))
+        job->progress_done = json_integer_value(d);
+    if (json_is_integer(t)) {
+        job->progress_total = json_integer_value(t);
+        /* An attempt that continues nothing counts the client's prompt:
+         * the usage if this agent is lost before its end (item 7). */
+        if (job->continued_tokens == 0 && job->progress_total > 0)
+            job->prompt_tokens = job->progress_total;
+    }
+}
+
+/* usage.prompt_tokens is the client's prompt, whatever an attempt was
+ * given (issue 10 item 7). An attempt that continues earlier output was
+ * given the prompt plus that output (as token ids, or as text it
+ * re-tokenized), and reports that count pt: keep the client's count when
+ * an earlier attempt reported it, else take the continued tokens off
+ * (exact for a token continuation, about right for a text one). */
+static long long client_prompt(const gps_job *job, long long pt)
+{
+    if (job->continued_tokens <= 0)
+        return pt;
+    if (job->prompt_tokens > 0)
+        return job->prompt_tokens;
+    return pt > job->continued_tokens ? pt - job->continued_tokens : pt;
+}
+
+/* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
+ * subscriber needs it copies during notify. */
+static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
+{
+    gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
+    uint64_t now = gp_now_mono_us();
+    job->last_event_us = now;
+    /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
+     * "metrics" on a max_tokens=10 job must not be 140 MB. */
+    job->agent_bytes += (long long)json_dumpb(ev, NULL, 0, JSON_COMPACT);
+    if (job->agent_bytes > event_budget(j, job)) {
+        output_too_large(j, job, "event data");
+        return;
+    }
+    if (is_progress(ev)) {
+        apply_progress(job, ev);
+        return;
+    }
+    switch (t) {
+    case GPS_EV_STARTED:
+        job->state = GPS_JOB_RUNNING;
+        notify(j, job, t, ev);
+        break;
+    case GPS_EV_TOKEN: {
+        job->state = GPS_JOB_RUNNING;
+        const char *text = json_string_value(json_object_get(ev, "text"));
+        /* The text of all attempts together stays within one attempt's
+         * budget: a failover continues the same text. */
+        if ((long long)(job->text.len + strlen(text)) > event_budget(j, job) ||
+            job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
+            /* A misbehaving agent must not grow server memory without bound. */
+            output_too_large(j, job, "output");
+            break;
+        }
+        gp_buf_append(&job->text, text, strlen(text));
+        /* an event may stand for several tokens (text held back by the
+         * agent's stop matcher comes with a later token) */
+        job->completion_tokens += ids_record(job, ev);
+        if (!job->first_token_us)
+            job->first_token_us = now;
+        count(j, "tokens_generated_total", NULL, 1);
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_TOOL_CALL: {
+        job->state = GPS_JOB_RUNNING;
+        const char *a = json_string_value(json_object_get(ev, "arguments"));
+        job->tool_bytes += a ? strlen(a) : 0;
+        job->tool_bytes += 64; /* id, name: count every piece */
+        if ((long long)job->tool_bytes > event_budget(j, job)) {
+            output_too_large(j, job, "tool call data");
+            break;
+        }
+        if (!job->first_token_us)
+            job->first_token_us = now;
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_METRICS: {
+        json_t *tps = json_object_get(ev, "tokens_per_sec");
+        if (json_is_number(tps))
+            job->tokens_per_sec = json_number_value(tps);
+        json_t *pt = json_object_get(ev, "prompt_tokens");
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        /* Subscribers (native tasks) record what they are given: relay a
+         * bounded number per attempt; later ones only update the counts. */
+        if (job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED) {
+            count(j, "agent_events_dropped_total", "reason=\"metrics\"", 1);
+            break;
+        }
+        job->metrics_relayed++;
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_END: {
+        const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
+        snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
+                 fr && strcmp(fr, "length") == 0       ? "length"
+                 : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
+                                                       : "stop");
+        json_t *u = json_object_get(ev, "usage");
+        json_t *pt = json_object_get(u, "prompt_tokens");
+        json_t *ct = json_object_get(u, "completion_tokens");
+        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
+            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        /* usage counts this attempt; earlier attempts' tokens come first. */
+        if (json_is_integer(ct) && json_integer_value(ct) >= 0)
+            job->completion_tokens = job->continued_tokens + json_integer_value(ct);
+        end_on_agent(j, job, true);
+        finish(j, job, GPS_JOB_DONE);
+        gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
+                     json_pack("{s:s,s:s,s:I,s:I,s:s}", "job_id", job->id, "agent_id",
+                               job->agent_id, "prompt_tokens", (json_int_t)job->prompt_tokens,
+                               "completion_tokens", (json_int_t)job->completion_tokens,
+                               "finish_reason", job->finish_reason),
+                     "job finished");
+        notify(j, job, t, ev);
+        break;
+    }
+    case GPS_EV_ERROR: {
+        const char *code = json_string_value(json_object_get(ev, "code"));
+        const char *message = json_string_value(json_object_get(ev, "message"));
+        char c[64];
+        snprintf(c, sizeof c, "%s", code ? code : "AGENT_ERROR");
+        /* The agent's own failure (drain timeout, its upstream died): fail
+         * over like a lost agent. AGENT_SHUTDOWN always (the agent is
+         * going away, as if lost); upstream failures only when another
+         * live agent serves the model, else the agent's error stands. */
+        if (job->spec.failover != GPS_FAILOVER_ERROR && agent_side_error(c) &&
+            job->attempts < j->opts.max_attempts &&
+            (!job->client_saw_output || job->spec.failover == GPS_FAILOVER_CONTINUE) &&
+            (strcmp(c, "AGENT_SHUTDOWN") == 0 || other_agent_live(j, job, job->agent_id) ||
+             fallback_live(j, job, job->agent_id) >= 0)) {
+            char lost[64];
+            snprintf(lost, sizeof lost, "%s", job->agent_id);
+            fail_over(j, job, c);
+            /* It reported the job over itself: nothing to cancel. */
+            cancel_take(j, lost, job->id);
+            break;
+        }
+        /* The agent is still alive and reports the job failed: do not keep
+         * a cancel record for it. */
+        end_on_agent(j, job, false);
+        /* The request itself was at fault (prompt longer than the context,
+         * input the model refuses): a client error, not a bad gateway. */
+        int status = strcmp(c, "CONTEXT_OVERFLOW") == 0 || strcmp(c, "INVALID_REQUEST") == 0
+                         ? 400
+                         : 502;
+        fail_job(j, job, status, c, message ? message : "the agent reported an error", 0);
+        cancel_take(j, job->agent_id, job->id);
+        break;
+    }
+    default:
+        /* Unknown types (a newer agent): accepted so that the job goes on,
+         * counted in the byte budget above, neither kept nor relayed. */
+        count(j, "agent_events_dropped_total", "reason=\"unknown_type\"", 1);
+        break;
+    }
+}
+
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen)
+{
+    *cancel = false;
+    *expected_seq = -1;
+    gps_job *job = gps_jobs_find(j, job_id);
+    if (!job) {
+        snprintf(msg, msglen, "unknown job '%.60s'", job_id);
+        return 404;
+    }
+    if (strcmp(job->agent_id, agent_id) != 0) {
+        snprintf(msg, msglen, "job '%.60s' is not assigned to this agent", job_id);
+        cancel_take(j, agent_id, job_id);
+        return 409;
+    }
+    if (gps_job_terminal(job)) {
+        /* A job the server finished early (stop sequence) still has a
+         * cancel record: the agent must stop generating. */
+        bool had_cancel = cancel_take(j, agent_id, job_id);
+        *cancel = job->state != GPS_JOB_DONE || had_cancel;
+        return 0;
+    }
+    /* The caller checked the body (gps_agent_events_check): every field
+     * and number is within bounds, so nothing below can overflow. */
+    if (seq < 0 || !json_is_array(events)) {
+        snprintf(msg, msglen, "'seq' must be >= 0 and 'events' an array");
+        return 400;
+    }
+    size_t n = json_array_size(events);
+    char field[96];
+    for (size_t i = 0; i < n; i++) /* again for callers that did not check */
+        if (gps_agent_event_check(json_array_get(events, i), i, field, sizeof field, msg,
+                                  msglen) < 0)
+            return 400;
+    if (seq > job->agent_seq) {
+        *expected_seq = job->agent_seq;
+        snprintf(msg, msglen, "seq %lld is beyond the %lld events received", seq,
+                 job->agent_seq);
+        return 409;
+    }
+    registry_agent *a = registry_get(j->reg, agent_id);
+    if (a)
+        registry_touch(j->reg, a, gp_now_mono_ms());
+    /* Any accepted upload is agent activity, even a retry of events
+     * already applied: the stall timer measures the agent's silence. */
+    job->last_event_us = gp_now_mono_us();
+    for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
+        job->agent_seq++;
+        apply_one(j, job, json_array_get(events, i));
+        if (gps_job_terminal(job))
+            break;
+        if (strcmp(job->agent_id, agent_id) != 0)
+            return 0; /* failed over away from this agent by its own error */
+    }
+    if (job->state == GPS_JOB_CANCELLED || job->state == GPS_JOB_FAILED) {
+        /* Failed by the agent's own error event: nothing to cancel. */
+        *cancel = job->state == GPS_JOB_CANCELLED || cancel_take(j, agent_id, job_id);
+    } else if (job->state == GPS_JOB_DONE) {
+        *cancel = cancel_take(j, agent_id, job_id); /* finished early by the server */
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Timers                                                              */
+/* ------------------------------------------------------------------ */
+
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_jobs *j = arg;
+    uint64_t now = gp_now_mono_us();
+    uint64_t qt = (uint64_t)j->opts.queue_timeout_sec * 1000000ull;
+    uint64_t rt = (uint64_t)j->opts.request_timeout_sec * 1000000ull;
+    uint64_t stall = (uint64_t)j->opts.stall_timeout_sec * 1000000ull;
+    gps_job *next;
+    for (gps_job *job = j->head; job; job = next) {
+        next = job->next;
+        if (gps_job_terminal(job)) {
+            if (!has_live_subs(job) && now - job->finished_us > KEEP_TERMINAL_US) {
+                table_remove(j, job);
+                job_free(job);
+            }
+            continue;
+        }
+        if (now - job->created_us > rt) {
+            fail_job(j, job, 504, "TIMEOUT", "the request timed out", 0);
+            continue;
+        }
+        if (job->state == GPS_JOB_QUEUED && now - job->queued_since_us > qt) {
+            int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
+            fail_job(j, job, 503, "QUEUE_TIMEOUT", "no agent took the job in time", retry);
+            continue;
+        }
+        if ((job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING) &&
+            now - job->last_event_us > stall)
+            fail_over(j, job, "stalled");
+    }
+    for (cancel_rec **pp = &j->cancels; *pp;) {
+        /* Records added by this very sweep (a stalled job's agent, a
+         * timeout) are newer than now: unsigned now - since would wrap. */
+        if (now > (*pp)->since_us && now - (*pp)->since_us > CANCEL_KEEP_US) {
+            cancel_rec *c = *pp;
+            *pp = c->next;
+            free(c);
+        } else {
+            pp = &(*pp)->next;
+        }
+    }
+}
+
+gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, registry *reg,
+                       sched *s, struct gps_store *store, gps_metrics *metrics)
+{
+    gps_jobs *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->base = base;
+    j->opts = *opts;
+    j->reg = reg;
+    j->sched = s;
+    j->store = store;
+    j->metrics = metrics;
+    if (base) {
+        j->sweep = event_new(base, -1, EV_PERSIST, sweep_cb, j);
+        struct timeval tv = {0, SWEEP_MS * 1000};
+        if (!j->sweep || event_add(j->sweep, &tv) < 0) {
+            if (j->sweep)
+                event_free(j->sweep);
+            free(j);
+            return NULL;
+        }
+    }
+    return j;
+}
+
+void gps_jobs_free(gps_jobs *j)
+{
+    if (!j)
+        return;
+    if (j->sweep)
+        event_free(j->sweep);
+    gps_job *job = j->head;
+    while (job) {
+        gps_job *n = job->next;
+        if (job->state == GPS_JOB_QUEUED && !job->held)
+            sched_remove(j->sched, &job->sj);
+        job_free(job);
+        job = n;
+    }
+    cancel_rec *c = j->cancels;
+    while (c) {
+        cancel_rec *n = c->next;
+        free(c);
+        c = n;
+    }
+    free(j);
+}
+
+void gps_jobs_set_limits(gps_jobs *j, gps_limits *l) { j->limits = l; }
+
+void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg)
+{
+    j->deliver = fn;
+    j->deliver_arg = arg;
+}
+
+registry *gps_jobs_registry(gps_jobs *j)
+{
+    return j->reg;
+}
+
+sched *gps_jobs_sched(gps_jobs *j)
+{
+    return j->sched;
+}
+
+gps_metrics *gps_jobs_metrics(gps_jobs *j)
+{
+    return j->metrics;
+}
+
+size_t gps_jobs_active(gps_jobs *j)
+{
+    return j->n_live;
+}
+
+static void queue_cb(void *ud, const char *model, size_t interactive, size_t batch)
+{
+    gps_metrics *m = ud;
+    char l[320];
+    gps_metrics_label(l, sizeof l, "model", model, "priority", "interactive", (char *)NULL);
+    gps_metrics_set(m, "queue_depth", l, (double)interactive);
+    gps_metrics_label(l, sizeof l, "model", model, "priority", "batch", (char *)NULL);
+    gps_metrics_set(m, "queue_depth", l, (double)batch);
+}
+
+void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
+{
+    gps_metrics_reset(m, "queue_depth");
+    sched_foreach_queue(j->sched, queue_cb, m);
+    size_t running = 0;
+    for (gps_job *job = j->head; job; job = job->next)
+        if (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING)
+            running++;
+    gps_metrics_set(m, "jobs_running", NULL, (double)running);
+}

@@ -1,0 +1,385 @@
+/*
+ * jobs: the job lifecycle, from a client request to its last event.
+ *
+ *   submit ─▶ QUEUED ─(an agent with a parked long-poll takes it)─▶ ASSIGNED
+ *   ASSIGNED ─started/token─▶ RUNNING ─end─▶ DONE
+ *   QUEUED/ASSIGNED/RUNNING ─error, timeout─▶ FAILED
+ *   QUEUED/ASSIGNED/RUNNING ─client gone, cancel─▶ CANCELLED
+ *   ASSIGNED/RUNNING ─agent lost, nothing sent to the client─▶ QUEUED (attempt+1)
+ *
+ * Every job keeps what its events produced (text, counters; not the events
+ * themselves, which are relayed and dropped) and
+ * a list of subscribers. A dialect subscribes with a callback and turns
+ * events into its wire format. Callbacks run on the loop thread. A
+ * subscriber never frees the job: it unsubscribes (which only marks) and
+ * the job is freed at a safe point (a zero-delay timer) once it is
+ * terminal and has no live subscriber.
+ *
+ * The module owns the job table (by id), queue/request/stall timers,
+ * failover and cancellation, and writes the request log through the store.
+ * Matching a job to an agent goes through the scheduler, at two moments
+ * only: when a job is placed (submit, retry after failover: sched_submit
+ * hands it to a ready agent with a parked long-poll at once) and when an
+ * agent asks for work or its parked poll can take work again (agents_api
+ * calls gps_jobs_take_for_agent: sched_dispatch). There is no other
+ * trigger to call. The delivery of jobs to a parked long-poll
+ * goes through a deliver callback installed by agents_api.
+ */
+#ifndef GPS_JOBS_H
+#define GPS_JOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "server/fleet/registry.h"
+#include "server/fleet/sched.h"
+
+typedef enum { GPS_JOB_COMPLETION = 0, GPS_JOB_CHAT, GPS_JOB_COUNT_TOKENS } gps_job_kind;
+typedef enum { GPS_PRIO_INTERACTIVE = 0, GPS_PRIO_BATCH = 1 } gps_job_priority;
+/* x_pool_options.failover: what happens when the job's agent is lost.
+ *   continue: before output reached the client, a transparent requeue;
+ *             after, another agent continues from the text sent so far
+ *   restart:  a transparent requeue while nothing was sent, else an error
+ *   error:    no failover at all: the job fails with AGENT_LOST at once */
+typedef enum {
+    GPS_FAILOVER_CONTINUE = 0,
+    GPS_FAILOVER_RESTART,
+    GPS_FAILOVER_ERROR,
+} gps_failover_mode;
+#define GPS_MAX_FALLBACK_MODELS 4
+
+typedef enum {
+    GPS_JOB_QUEUED = 0,
+    GPS_JOB_ASSIGNED,   /* handed to an agent, no event yet */
+    GPS_JOB_RUNNING,    /* at least one event from the agent */
+    GPS_JOB_DONE,
+    GPS_JOB_FAILED,
+    GPS_JOB_CANCELLED,
+} gps_job_state;
+
+const char *gps_job_state_name(gps_job_state s);
+const char *gps_job_kind_name(gps_job_kind k);
+
+/* What the client asked for, in dialect-neutral form. Owned by the job
+ * once submitted (gps_job_spec_clear frees the members). */
+typedef struct gps_job_spec {
+    gps_job_kind kind;
+    char *model;
+    char *prompt;            /* completion */
+    json_t *messages;        /* chat: array of {role, content:string}; with tools also
+                                OpenAI assistant tool_calls and role "tool" messages */
+    json_t *tools;           /* chat: OpenAI function tools, or NULL (owned) */
+    json_t *tool_choice;     /* OpenAI form ("auto", "none", "required", {function}), or NULL */
+    long long max_tokens;
+    double temperature;
+    double top_p;
+    long long top_k;
+    json_t *stop;            /* array of strings, or NULL */
+    bool has_seed;
+    long long seed;
+    char *user;
+    gps_job_priority priority;
+    char *prefer_agent;
+    char *session;           /* affinity key (x_pool_options.session); NULL = use user */
+    registry_label *labels;  /* constraints (x_pool_options.labels); owned, n_labels */
+    size_t n_labels;
+    gps_failover_mode failover;  /* x_pool_options.failover; default continue */
+    /* x_pool_options.fallback_models: tried in order when model has no
+     * capacity at submit (no live agent, unknown, queue full). Owned. */
+    char *fallback_models[GPS_MAX_FALLBACK_MODELS];
+    size_t n_fallback;
+    const char *api;         /* static: "openai", "anthropic", "native" */
+    /* Restart recovery (api_tasks): resubmit a stored task under its id
+     * (the request-log row exists: updated, not inserted) with the text it
+     * had generated before the restart as continuation (resume_tokens
+     * tokens; > 0 makes the first attempt a continuation). Owned; NULL/0
+     * for a new job. */
+    char *resume_id;
+    char *resume_text;
+    long long resume_tokens;
+    /* The input to keep in the request log's row, as given (owned; a new
+     * job only). NULL: jobs.c keeps prompt/messages (+ max_tokens for a
+     * native task) when log_prompts is on or the task is native. A native
+     * task passes its whole validated body here so that the row is written
+     * once, with what a restart resubmits. */
+    json_t *stored_request;
+} gps_job_spec;
+
+void gps_job_spec_clear(gps_job_spec *s);
+
+typedef enum {
+    GPS_EV_STARTED = 0,
+    GPS_EV_TOKEN,
+    GPS_EV_METRICS,
+    GPS_EV_END,
+    GPS_EV_ERROR,
+    GPS_EV_FAILOVER,   /* server-made: {from_agent, reason, attempt, completion_tokens};
+                          never from an agent, never terminal */
+    GPS_EV_TOOL_CALL,  /* {index, id?, name?, arguments}: a piece of a tool call; the
+                          first piece of a call carries id and name */
+    GPS_EV_UNKNOWN,
+} gps_event_type;
+
+gps_event_type gps_event_type_parse(const char *s);
+
+typedef struct gps_job gps_job;
+typedef struct gps_jobs gps_jobs;
+
+/* Subscriber callback. ev is borrowed: the event as stored ("type" and its
+ * fields). end: finish_reason, usage {prompt_tokens, completion_tokens}.
+ * error: code, message, and "status" (the HTTP status a dialect uses
+ * before its first byte), plus "retry_after" when it makes sense. */
+typedef void (*gps_job_event_fn)(gps_job *job, gps_event_type type, json_t *ev, void *arg);
+
+struct gps_job {
+    char id[40];                  /* "job_" + 24 hex */
+    char correlation_id[65];
+    char key_id[65];
+    gps_job_spec spec;
+    gps_job_state state;
+    int attempts;                 /* agents tried so far */
+    char agent_id[64];            /* current/last agent ("" when none) */
+    gp_buf text;                  /* text relayed to subscribers so far */
+    long long completion_tokens;  /* tokens relayed, all attempts together */
+    long long continued_tokens;   /* tokens before the current attempt (continuation) */
+    const char *requested_model;  /* the model asked for when a fallback serves
+                                     (points into spec.fallback_models), else NULL;
+                                     spec.model is then the model that serves */
+    bool client_saw_output;       /* a subscriber sent bytes that depend on the agent */
+    uint64_t created_us;          /* monotonic */
+    int64_t created_wall_ms;
+    uint64_t assigned_us;         /* last assignment */
+    uint64_t first_token_us;      /* 0 until the first token */
+    uint64_t last_event_us;
+    long long queue_ms;           /* total time spent queued */
+    long long agent_seq;          /* events accepted from the current agent */
+    long long agent_bytes;        /* bytes of those events (bounded, see above) */
+    int metrics_relayed;          /* metrics events relayed this attempt */
+    double tokens_per_sec;        /* last reported by the agent (metrics event) */
+    long long prompt_tokens;      /* from end.usage */
+    long long progress_done;      /* latest `progress` event of this attempt (prefill): */
+    long long progress_total;     /*   prompt tokens done / in all; 0 = none yet */
+    char finish_reason[16];       /* from end: stop | length | tool_calls */
+    char error_code[48];          /* failed / cancelled */
+    /* How the current attempt continues earlier output (continue-mode
+     * failover): "tokens" (from the generated token ids, byte-exact: the
+     * agents serve the same model file by digest), "text" (the text so far
+     * appended to the prompt), NULL when it does not continue anything.
+     * Static string. x_pool_meta.continuation. */
+    const char *continuation_mode;
+
+    /* ---- private to jobs.c ---- */
+    gps_jobs *owner;
+    /* Token-exact continuation: the ids behind the relayed text, in order
+     * (all attempts; bounded by max_tokens), valid while ids_ok: every
+     * token event carried its ids and every attempt ran on a model file
+     * with digest ids_digest. */
+    int32_t *gen_ids;
+    size_t n_gen_ids, cap_gen_ids;
+    bool ids_ok;
+    char ids_digest[65];
+    long long sampler_seed;       /* seed every attempt samples with (wire sampler.seed) */
+    sched_job sj;                 /* scheduler view; embedded (container_of) */
+    /* The models this job may run on, in the client's order: the requested
+     * one, then fallback_models (pointers to the spec's strings, which
+     * submit and failover swap between spec.model and fallback_models). */
+    char *chain[1 + GPS_MAX_FALLBACK_MODELS];
+    size_t n_chain;
+    struct event *retry_ev;       /* failover backoff timer (lazy) */
+    bool in_backoff;              /* QUEUED, waiting on retry_ev (not in the scheduler) */
+    char exclude_agent[64];       /* agent lost on the previous attempt */
+    struct gps_job_sub *subs;
+    bool cancel_pending;          /* agent must be told to stop */
+    size_t tool_bytes;            /* tool call argument bytes relayed (bounded) */
+    bool ended_on_agent;          /* registry_job_end called for this assignment */
+    bool held;                    /* QUEUED but waiting for its key's max_concurrent
+                                     (not in the scheduler) */
+    bool counted;                 /* counted as running in the key's limits */
+    bool sched_observed;          /* scheduling latency recorded (first assignment) */
+    uint64_t queued_since_us;
+    uint64_t finished_us;
+    uint64_t delivery;            /* the work reply that carried this attempt to its agent
+                                     (agents_api's sequence); 0 = not delivered yet */
+    struct gps_job *hnext;        /* id hash chain */
+    struct gps_job *prev, *next;  /* all jobs */
+};
+
+/* Submit errors: the status and code a dialect should answer with. */
+typedef struct gps_submit_err {
+    int status;                   /* 404, 429, 503, 500 */
+    const char *code;             /* MODEL_NOT_FOUND, QUEUE_FULL, RATE_LIMITED, TOKEN_LIMIT,
+                                     NO_AGENT, INTERNAL */
+    char message[256];
+    int retry_after_sec;          /* 0 = none */
+} gps_submit_err;
+
+/* Deliver callback (agents_api): jobs were assigned to agent a by the
+ * scheduler while its long-poll was parked; jobs_json is the array of wire
+ * objects (borrowed). The callback answers the parked request and calls
+ * sched_agent_unready. Return 0 when handed over, -1 when the agent has no
+ * parked long-poll any more (the jobs are then requeued). */
+typedef int (*gps_jobs_deliver_fn)(registry_agent *a, json_t *jobs_json, void *arg);
+
+typedef struct gps_jobs_opts {
+    int max_queue;
+    int queue_timeout_sec;
+    int request_timeout_sec;
+    int stall_timeout_sec;
+    int max_attempts;
+    int poll_interval_sec;
+    bool log_prompts;
+    long long max_job_event_bytes; /* bytes of events one agent attempt may send
+                                      (0 = GPS_JOBS_MAX_EVENT_BYTES_DEFAULT) */
+    int backoff_base_ms;           /* failover backoff (gps_failover_backoff_ms); */
+    int backoff_cap_ms;            /*   0 = retries never wait */
+} gps_jobs_opts;
+
+/* ---- the failover decision (docs/architecture.md "Failover") ----
+ * Pure, so that its table is tested on its own; fail_over in jobs.c
+ * gathers the facts and carries the plan out. */
+typedef enum {
+    GPS_FO_FAIL_LOST = 0,   /* 502 AGENT_LOST: mode error, restart after output, tool calls sent */
+    GPS_FO_FAIL_EXHAUSTED,  /* 503 AGENT_LOST: max_attempts reached */
+    GPS_FO_REQUEUE,         /* nothing sent: a transparent retry from scratch */
+    GPS_FO_CONTINUE,        /* output sent, mode continue: the next agent continues it */
+} gps_fo_action;
+
+typedef struct gps_fo_facts {
+    gps_failover_mode mode;
+    bool output_sent;       /* job->client_saw_output */
+    bool tools_relayed;     /* tool call pieces went to the subscribers */
+    int attempts;           /* agents tried so far, the lost one included */
+    int max_attempts;
+    bool model_live;        /* a live agent other than the lost one serves the job's model */
+    int fallback_live;      /* first other model of the job's chain (requested model, then
+                               fallback_models in the client's order) with such an agent;
+                               -1 = none or no fallback_models */
+    int backoff_base_ms, backoff_cap_ms;
+    uint32_t rnd;           /* jitter source */
+} gps_fo_facts;
+
+typedef struct gps_fo_plan {
+    gps_fo_action action;
+    int fallback;           /* REQUEUE/CONTINUE: chain index to move to; -1 = same model */
+    long long delay_ms;     /* REQUEUE/CONTINUE: wait this long before placing; 0 = now */
+} gps_fo_plan;
+
+/* The job's model keeps the retry while any live agent serves it (a
+ * restarted agent soon takes it); when none does, the first fallback model
+ * with a live agent takes it at once instead of the job waiting out
+ * queue_timeout. With neither, the job stays queued for its model. */
+gps_fo_plan gps_failover_decide(const gps_fo_facts *f);
+/* Backoff before the retry that follows the failure of attempt number
+ * `attempts`: 0 for the first (the client waits on that retry: a free
+ * agent must take it at once); then base * 2^(attempts-2) capped at cap,
+ * with equal jitter: uniformly in [d/2, d] (rnd picks), so a burst of jobs
+ * lost together does not come back in lockstep. */
+long long gps_failover_backoff_ms(int attempts, int base_ms, int cap_ms, uint32_t rnd);
+
+/* Bounds on what an agent makes the server keep for one job (docs/
+ * operations.md, "Limits and hostile peers"). An attempt may send at most
+ * min(max_job_event_bytes, BASE + (max_tokens + 64) * PER_TOKEN) bytes of
+ * events (compact JSON); past that the job fails with 502
+ * AGENT_OUTPUT_TOO_LARGE and the agent is told to cancel. Events are not
+ * kept once applied: only the text relayed so far and counters. */
+#define GPS_JOBS_MAX_EVENT_BYTES_DEFAULT (64LL << 20)
+#define GPS_JOBS_EVENT_BYTES_BASE (256LL << 10)
+#define GPS_JOBS_EVENT_BYTES_PER_TOKEN 512LL
+#define GPS_JOBS_MAX_METRICS_RELAYED 16 /* metrics events relayed per attempt; later ones
+                                           update the counters only */
+
+struct gps_metrics;
+struct gps_store;
+struct gps_limits;
+
+/* reg, s, store (may be NULL: no persistence), metrics are borrowed and must
+ * outlive the jobs table. */
+gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, registry *reg,
+                       sched *s, struct gps_store *store, struct gps_metrics *metrics);
+void gps_jobs_free(gps_jobs *j);
+void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg);
+/* Per-key limits (limits.h; borrowed, may stay NULL = no limits): submit
+ * refuses over-rate keys with 429 RATE_LIMITED / TOKEN_LIMIT, holds jobs
+ * beyond a key's max_concurrent out of the scheduler (still QUEUED, same
+ * queue timeout) until one of its jobs ends, and accounts finished jobs'
+ * tokens to their key. Resumed jobs (restart) are not admitted again. */
+void gps_jobs_set_limits(gps_jobs *j, struct gps_limits *l);
+registry *gps_jobs_registry(gps_jobs *j);
+sched *gps_jobs_sched(gps_jobs *j);
+struct gps_metrics *gps_jobs_metrics(gps_jobs *j);
+
+/* Create a job from spec (moved in: spec is left empty on success and on
+ * failure alike) and queue it. Returns the job, or NULL with err filled
+ * (no agent serves the model, queue full, ...). The caller subscribes at
+ * once (same loop turn; no event can be delivered before it returns). */
+gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
+                         const char *key_id, gps_submit_err *err);
+/* Add / remove a subscriber. Removing only marks it; safe inside callbacks. */
+int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg);
+void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg);
+/* The client got bytes that came from the agent: after this a lost agent
+ * can no longer be hidden by a transparent requeue. */
+void gps_job_mark_output_sent(gps_job *job);
+/* Cancel (idempotent). The agent learns it from its next event upload or
+ * poll. Subscribers get no further events. */
+void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason);
+/* The client side decided the job is complete (a stop sequence matched on
+ * the server): the job ends DONE with finish_reason, subscribers get an
+ * `end` event and the agent is told to stop. No-op on a terminal job. */
+void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason);
+/* Queued jobs of the same model that will be served before job (0 = next;
+ * also 0 when not queued). O(jobs). */
+size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);
+gps_job *gps_jobs_find(gps_jobs *j, const char *id);
+bool gps_job_terminal(const gps_job *job);
+
+/* ---- agent side (agents_api) ---- */
+
+/* Agent a asks for work with free_slots: it becomes ready in the
+ * scheduler and takes what is queued for it. Returns the array of job wire
+ * objects (new reference; empty = park the long-poll, the agent stays
+ * ready until sched_agent_unready). NULL on ENOMEM. */
+json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots);
+/* Apply an event batch. Returns 0 (*cancel set), 404 unknown job, 409 when
+ * not assigned to agent_id (*expected_seq = -1) or a seq gap
+ * (*expected_seq = what the server has), 400 for a malformed event (msg). */
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen);
+/* Agent declared dead (or gone): its jobs fail over (requeue when the
+ * client saw nothing yet, else end with an error). */
+void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
+/* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
+size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
+/* The wire objects in jobs_json went out to their agent in the work reply
+ * numbered delivery (> 0, increasing per server process): recorded on each
+ * job so that gps_jobs_agent_report can tell what the agent has seen. */
+void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery);
+/* An agent's own account of its jobs (poll or work `running_jobs`, docs/
+ * protocol.md). running: array of job id strings (borrowed; NULL = the agent
+ * did not say: nothing happens). seen: the last work reply the agent had
+ * processed when it made the list (0 = unknown). Each job assigned to
+ * agent_id that is listed is alive: its stall timer restarts. One that is
+ * not listed although its delivery <= seen is gone from the agent: its
+ * attempt ends at once (fail_over, reason "agent_dropped_job"). A job
+ * delivered later is never judged by this list (the agent may not have
+ * read that reply yet). Returns the attempts ended. O(jobs * listed). */
+size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
+                             uint64_t seen);
+/* Job ids assigned to agent_id that were cancelled and not acknowledged:
+ * to be sent as poll commands. New reference (array of command objects). */
+json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
+
+/* Running + queued counts (shutdown, metrics). */
+size_t gps_jobs_active(gps_jobs *j);
+/* Metrics collector part: queue depth and running jobs. */
+void gps_jobs_collect(gps_jobs *j, struct gps_metrics *m);
+/* Wire form of a job for /agents/work (new reference). */
+json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec);
+
+#endif

@@ -1,0 +1,2093 @@
+/*
+ * store.c: SQLite persistence behind a DB thread (contract in store.h).
+ *
+ * One way to run SQL. Every statement is a row of the table `stmts`
+ * (name, flags, SQL). Its values are built by one bind spec (b_spec: "ttjz"
+ * = text, text, JSON, integer-or-NULL) into an op, and run by stmt_exec
+ * (bind, step every row into a row handler, reset), either on the DB thread
+ * (writes and reads queued by the loop: group commit) or on the owner
+ * thread's own connection (migrations, start-up loads, CLI writes:
+ * sync_exec). Only transaction control and migration scripts go through
+ * sqlite3_exec.
+ *
+ * Layout, low level to high level:
+ *   - the statement table; values, ops and the bind spec;
+ *   - connections and stmt_exec;
+ *   - the queue and the DB thread (group commit);
+ *   - read results handed back to the loop through an event;
+ *   - opening: pragmas, migrations, statements;
+ *   - the public async writers and readers, then the synchronous loads.
+ */
+#include "server/store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sqlite3.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+
+/* ------------------------------------------------------------------------ */
+/* Embedded migrations                                                      */
+/* ------------------------------------------------------------------------ */
+
+struct migration {
+    int version;
+    const char *name;
+    const char *sql;
+};
+
+#include "store_migrations.inc"
+
+#define N_EMBEDDED (sizeof(embedded_migrations) / sizeof(embedded_migrations[0]))
+
+int gps_store_schema_version(void)
+{
+    int v = 0;
+    for (size_t i = 0; i < N_EMBEDDED; i++)
+        if (embedded_migrations[i].version > v)
+            v = embedded_migrations[i].version;
+    return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Statements                                                               */
+/* ------------------------------------------------------------------------ */
+
+enum {
+    /* writes and reads of the DB thread */
+    K_AGENT_UPSERT = 0,
+    K_AGENT_STATE,
+    K_MODELS_CLEAR,
+    K_MODEL_INSERT,
+    K_AGENT_DELETE,
+    K_JOB_INSERT,
+    K_JOB_UPDATE,
+    K_CHECKPOINT,
+    K_PURGE,
+    K_KEY_INSERT,
+    K_KEY_REVOKE,
+    K_KEY_USED,
+    K_KEY_BIND,
+    K_JOB_GET,
+    K_PING,
+    K_EVENTS_ADD,
+    K_EVENTS_GET,
+    K_KEY_LIMITS,
+    K_KEY_USES,
+    K_USAGE_ADD,
+    K_JOB_LIST,
+    /* the owner thread's: migrations and start-up loads */
+    K_SCHEMA_VERSION,
+    K_MIGRATION_RECORD,
+    K_LOAD_AGENTS,
+    K_LOAD_MODELS,
+    K_LOAD_KEYS,
+    K_LOAD_KEYS_BASE,
+    K_LOAD_JOBS,
+    K_LOAD_USAGE,
+    K_COUNT
+};
+
+/* Statement flags.
+ * F_OPT: a DB migrated by an older or custom migration set may lack its
+ *   table or columns (job_events: 0002; key limits and usage: 0003): its
+ *   op then fails (logged) instead of the open.
+ * F_SYNC: run on the owner thread's connection only (migrations, loads):
+ *   not prepared on the DB thread's connection at open. */
+enum { F_OPT = 1, F_SYNC = 2 };
+
+#define JOB_COLUMNS                                                                          \
+    "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
+    "j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, j.total_ms, "              \
+    "j.finish_reason, j.error_code, j.correlation_id, j.seed, j.created_at, j.finished_at, " \
+    "j.request, c.text, c.last_seq "                                                         \
+    "FROM jobs j LEFT JOIN job_checkpoints c ON c.job_id = j.id "
+
+#define PURGE_CHUNK 1000
+
+/* Every statement the store runs. A row: the name (for logs), flags, and
+ * the SQL; its parameters ?1..?N are bound from an op's values, which the
+ * function that queues or runs it builds with one bind spec (b_spec). */
+static const struct {
+    const char *name;
+    int flags;
+    const char *sql;
+} stmts[K_COUNT] = {
+    [K_AGENT_UPSERT] = {"agent_upsert", 0,
+        "INSERT INTO agents (id, name, version, platform, state, labels, facts, key_id, "
+        "first_seen, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) "
+        "ON CONFLICT(id) DO UPDATE SET name = excluded.name, version = excluded.version, "
+        "platform = excluded.platform, state = excluded.state, labels = excluded.labels, "
+        "facts = excluded.facts, key_id = COALESCE(excluded.key_id, agents.key_id), "
+        "last_seen = excluded.last_seen"},
+    [K_AGENT_STATE] = {"agent_state", 0,
+        "UPDATE agents SET state = ?2, "
+        "last_seen = CASE WHEN ?3 > 0 THEN ?3 ELSE last_seen END WHERE id = ?1"},
+    [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1"},
+    [K_MODEL_INSERT] = {"agent_model_insert", 0,
+        "INSERT OR REPLACE INTO agent_models (agent_id, model, aliases, quantization, "
+        "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+    [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1"},
+    [K_JOB_INSERT] = {"job_insert", 0,
+        "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
+        "seed, created_at, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"},
+    [K_JOB_UPDATE] = {"job_update", 0,
+        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
+        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
+        "completion_tokens = COALESCE(?6, completion_tokens), "
+        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
+        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
+        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
+        "WHERE id = ?1"},
+    [K_CHECKPOINT] = {"checkpoint", 0,
+        "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
+        "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job_id) DO UPDATE SET text = excluded.text, "
+        "last_seq = excluded.last_seq, updated_at = excluded.updated_at"},
+    [K_PURGE] = {"purge_jobs", 0,
+        "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at IS NOT NULL "
+        "AND finished_at < ?1 LIMIT 1000)"},
+    [K_KEY_INSERT] = {"key_insert", 0,
+        "INSERT INTO api_keys (id, hash, role, name, agent_id, created_at, expires_at, "
+        "revoked_at, last_used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"},
+    [K_KEY_REVOKE] = {"key_revoke", 0,
+        "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL"},
+    [K_KEY_USED] = {"key_used", 0, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1"},
+    [K_KEY_BIND] = {"key_bind", 0,
+        "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL"},
+    [K_JOB_GET] = {"job_get", 0, "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
+    [K_PING] = {"ping", 0, "SELECT count(*) FROM schema_migrations"},
+    [K_EVENTS_ADD] = {"job_events_add", F_OPT,
+        "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5)"},
+    [K_EVENTS_GET] = {"job_events_get", F_OPT,
+        "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
+    [K_KEY_LIMITS] = {"key_limits", F_OPT,
+        "UPDATE api_keys SET rpm = ?2, tokens_per_day = ?3, max_concurrent = ?4, "
+        "max_uses = ?5 WHERE id = ?1"},
+    [K_KEY_USES] = {"key_uses", F_OPT, "UPDATE api_keys SET uses = ?2 WHERE id = ?1"},
+    [K_USAGE_ADD] = {"key_usage_add", F_OPT,
+        "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
+        "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
+        /* Saturating (limits.c's ceiling, INT64_MAX/4): SQLite turns an
+         * overflowing sum into a REAL; MIN makes it an integer again. */
+        "SET requests = MIN(requests + excluded.requests, 2305843009213693951), "
+        "prompt_tokens = MIN(prompt_tokens + excluded.prompt_tokens, 2305843009213693951), "
+        "completion_tokens = MIN(completion_tokens + excluded.completion_tokens, "
+        "2305843009213693951), "
+        "rate_limited = MIN(rate_limited + excluded.rate_limited, 2305843009213693951)"},
+    /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
+     * index) without the request and the checkpoint text: a list of up to
+     * 1000 rows should not copy every prompt. NULL filters match all. */
+    [K_JOB_LIST] = {"job_list", 0,
+        "SELECT j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, "
+        "j.attempts, j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, "
+        "j.total_ms, j.finish_reason, j.error_code, j.correlation_id, j.seed, "
+        "j.created_at, j.finished_at, NULL, NULL, NULL FROM jobs j "
+        "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.model = ?2) "
+        "AND (?3 IS NULL OR j.agent_id = ?3) AND (?4 IS NULL OR j.key_id = ?4) "
+        "AND (?5 IS NULL OR j.created_at < ?5) "
+        "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6"},
+    [K_SCHEMA_VERSION] = {"schema_version", F_SYNC,
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"},
+    [K_MIGRATION_RECORD] = {"migration_record", F_SYNC,
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)"},
+    [K_LOAD_AGENTS] = {"load_agents", F_SYNC,
+        "SELECT id, name, version, platform, state, key_id, labels, facts, first_seen, "
+        "last_seen FROM agents ORDER BY id"},
+    [K_LOAD_MODELS] = {"load_agent_models", F_SYNC,
+        "SELECT model, aliases, quantization, context_length, vram_bytes, loaded "
+        "FROM agent_models WHERE agent_id = ?1 ORDER BY model"},
+    /* With migration 0003's limit columns; K_LOAD_KEYS_BASE without them
+     * (every key then loads as unlimited). */
+    [K_LOAD_KEYS] = {"load_keys", F_SYNC | F_OPT,
+        "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
+        "last_used_at, rpm, tokens_per_day, max_concurrent, max_uses, uses "
+        "FROM api_keys ORDER BY created_at, id"},
+    [K_LOAD_KEYS_BASE] = {"load_keys_base", F_SYNC,
+        "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
+        "last_used_at FROM api_keys ORDER BY created_at, id"},
+    [K_LOAD_JOBS] = {"load_unfinished_jobs", F_SYNC,
+        "SELECT " JOB_COLUMNS "WHERE j.finished_at IS NULL ORDER BY j.created_at, j.id"},
+    [K_LOAD_USAGE] = {"load_usage", F_SYNC,
+        "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
+        "FROM key_usage WHERE day = ?1"},
+};
+
+/* ------------------------------------------------------------------------ */
+/* Values and ops                                                           */
+/* ------------------------------------------------------------------------ */
+
+enum { V_NULL = 0, V_INT, V_TEXT };
+
+typedef struct val {
+    int t;
+    int64_t i;
+    const char *s;   /* V_TEXT: len bytes + NUL, inside the owning allocation */
+    size_t len;
+} val;
+
+/* A row copied out of a statement: n values, strings packed after them. */
+typedef struct row {
+    int n;
+    val v[];
+} row;
+
+typedef struct op {
+    struct op *next;
+    uint64_t seq;
+    int kind;                  /* K_* */
+    /* reads */
+    gps_store_job_fn job_cb;
+    gps_store_ping_fn ping_cb;
+    void *arg;
+    int status;                /* job_get: 0 found, 1 none, -1 error; ping: 0 ok */
+    row *result;               /* job_get: the row (owned) */
+    json_t *events;            /* job_get: the stored event log (owned), or NULL */
+    gps_store_jobs_fn jobs_cb; /* job_list */
+    row **rows;                /* job_list: nrows rows (owned) */
+    size_t nrows;
+    char msg[160];             /* ping: failure text */
+    int nv;
+    val v[];
+} op;
+
+static void rows_free(op *o)
+{
+    for (size_t i = 0; i < o->nrows; i++)
+        free(o->rows[i]);
+    free(o->rows);
+    o->rows = NULL;
+    o->nrows = 0;
+}
+
+#define MAXV 16
+
+/* Builder: values borrowed from the caller (or owned temporaries from
+ * json_dumps), packed into one op by b_pack. */
+typedef struct opb {
+    int kind;
+    int nv;
+    val v[MAXV];
+    char *owned[MAXV];
+    int nowned;
+    bool oom;
+} opb;
+
+static val *b_slot(opb *b)
+{
+    if (b->nv >= MAXV) {   /* programming error: MAXV too small for a statement */
+        b->oom = true;
+        return NULL;
+    }
+    val *v = &b->v[b->nv++];
+    memset(v, 0, sizeof(*v));
+    return v;
+}
+
+static void b_textn(opb *b, const char *s, size_t len)
+{
+    val *v = b_slot(b);
+    if (v && s) {
+        v->t = V_TEXT;
+        v->s = s;
+        v->len = len;
+    }
+}
+
+static void b_int(opb *b, int64_t i)
+{
+    val *v = b_slot(b);
+    if (v) {
+        v->t = V_INT;
+        v->i = i;
+    }
+}
+
+/* The values of statement kind, from a bind spec: one character per
+ * parameter ?1, ?2, ... in order, each taking its argument(s):
+ *   t  const char *           text (NULL binds NULL)
+ *   T  const char *, size_t   text of that length (NULL binds NULL)
+ *   i  int64_t                integer
+ *   n  int64_t                integer, NULL when negative ("unchanged", "unknown")
+ *   z  int64_t                integer, NULL when zero ("never", "none")
+ *   j  const json_t *         compact JSON text (NULL binds NULL)
+ *   -                         NULL (no argument)
+ * Integers are read as int64_t: callers cast. Text is borrowed until
+ * b_pack or b_release; JSON is serialised here (owned by b). */
+static void b_vspec(opb *b, int kind, const char *spec, va_list ap)
+{
+    memset(b, 0, sizeof(*b));
+    b->kind = kind;
+    for (const char *c = spec; *c; c++) {
+        switch (*c) {
+        case 't': {
+            const char *t = va_arg(ap, const char *);
+            b_textn(b, t, t ? strlen(t) : 0);
+            break;
+        }
+        case 'T': {
+            const char *t = va_arg(ap, const char *);
+            size_t len = va_arg(ap, size_t);
+            b_textn(b, t, len);
+            break;
+        }
+        case 'i':
+        case 'n':
+        case 'z': {
+            int64_t i = va_arg(ap, int64_t);
+            if ((*c == 'n' && i < 0) || (*c == 'z' && i == 0))
+                b_slot(b);
+            else
+                b_int(b, i);
+            break;
+        }
+        case 'j': {
+            const json_t *j = va_arg(ap, const json_t *);
+            char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            if (j && !txt)
+                b->oom = true;
+            if (txt)
+                b->owned[b->nowned++] = txt;
+            b_textn(b, txt, txt ? strlen(txt) : 0);
+            break;
+        }
+        default:   /* '-' */
+            b_slot(b);
+            break;
+        }
+    }
+}
+
+static void b_spec(opb *b, int kind, const char *spec, ...)
+{
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(b, kind, spec, ap);
+    va_end(ap);
+}
+
+static void b_release(opb *b)
+{
+    for (int i = 0; i < b->nowned; i++)
+        free(b->owned[i]);
+    b->nowned = 0;
+}
+
+/* Pack the builder into one allocation (new op, caller owns). NULL on
+ * ENOMEM. Releases the builder's temporaries in both cases. */
+static op *b_pack(opb *b)
+{
+    op *o = NULL;
+    if (b->oom)
+        goto done;
+    size_t total = sizeof(op) + (size_t)b->nv * sizeof(val);
+    for (int i = 0; i < b->nv; i++)
+        if (b->v[i].t == V_TEXT)
+            total += b->v[i].len + 1;
+    o = calloc(1, total);
+    if (!o)
+        goto done;
+    o->kind = b->kind;
+    o->nv = b->nv;
+    char *p = (char *)&o->v[b->nv];
+    for (int i = 0; i < b->nv; i++) {
+        o->v[i] = b->v[i];
+        if (b->v[i].t == V_TEXT) {
+            memcpy(p, b->v[i].s, b->v[i].len);
+            p[b->v[i].len] = '\0';
+            o->v[i].s = p;
+            p += b->v[i].len + 1;
+        }
+    }
+done:
+    b_release(b);
+    return o;
+}
+
+/* Copy the current row of st (new, caller frees). NULL on ENOMEM. */
+static row *row_copy(sqlite3_stmt *st)
+{
+    int n = sqlite3_column_count(st);
+    size_t total = sizeof(row) + (size_t)n * sizeof(val);
+    for (int i = 0; i < n; i++) {
+        int t = sqlite3_column_type(st, i);
+        if (t == SQLITE_TEXT || t == SQLITE_BLOB)
+            total += (size_t)sqlite3_column_bytes(st, i) + 1;
+    }
+    row *r = calloc(1, total);
+    if (!r)
+        return NULL;
+    r->n = n;
+    char *p = (char *)&r->v[n];
+    for (int i = 0; i < n; i++) {
+        int t = sqlite3_column_type(st, i);
+        if (t == SQLITE_NULL) {
+            r->v[i].t = V_NULL;
+        } else if (t == SQLITE_INTEGER || t == SQLITE_FLOAT) {
+            r->v[i].t = V_INT;
+            r->v[i].i = sqlite3_column_int64(st, i);
+        } else {
+            const void *data = t == SQLITE_TEXT ? (const void *)sqlite3_column_text(st, i)
+                                                : sqlite3_column_blob(st, i);
+            size_t len = (size_t)sqlite3_column_bytes(st, i);
+            if (len && data)
+                memcpy(p, data, len);
+            p[len] = '\0';
+            r->v[i].t = V_TEXT;
+            r->v[i].s = p;
+            r->v[i].len = len;
+            p += len + 1;
+        }
+    }
+    return r;
+}
+
+static const char *rs(const row *r, int i) { return r->v[i].t == V_TEXT ? r->v[i].s : NULL; }
+static int64_t ri(const row *r, int i, int64_t dflt)
+{
+    return r->v[i].t == V_INT ? r->v[i].i : dflt;
+}
+
+/* A count read back (tokens, attempts, ms): a row out of range (written
+ * before the server bounded what agents report, or edited by hand) is
+ * clamped into 0..max so that no reader's sum overflows; NULL stays dflt. */
+static int64_t ri_count(const row *r, int i, int64_t dflt, int64_t max)
+{
+    if (r->v[i].t != V_INT)
+        return dflt;
+    return r->v[i].i < 0 ? dflt : r->v[i].i > max ? max : r->v[i].i;
+}
+#define STORE_MAX_COUNT (1LL << 40)
+
+/* ------------------------------------------------------------------------ */
+/* The store                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* A connection and the statements of the table prepared on it (lazily,
+ * once: tried[k] says whether k was prepared or failed to). */
+typedef struct conn {
+    sqlite3 *db;
+    sqlite3_stmt *st[K_COUNT];
+    bool tried[K_COUNT];
+} conn;
+
+struct gps_store {
+    char *path;
+    conn w;                      /* write connection: DB thread only (after open); its
+                                    statements are all prepared at open */
+    conn r;                      /* synchronous connection: owner thread, lazily opened
+                                    (start-up loads, CLI writes) */
+    int busy_timeout_ms;
+    int commit_interval_ms;
+    int batch_max;
+    size_t queue_max;
+
+    struct event_base *base;
+    struct event *ev_done;       /* activated by the DB thread: read results ready */
+    struct event *ev_commit;     /* activated by the DB thread: job_events committed */
+
+    pthread_t thread;
+    bool thread_started;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;      /* DB thread waits for ops */
+    pthread_cond_t cv_done;      /* flushers wait for commits */
+    /* everything below is guarded by mu */
+    op *qhead, *qtail;
+    op *dhead, *dtail;           /* finished reads awaiting delivery on the loop */
+    bool stop;
+    bool thread_alive;
+    int flush_waiters;
+    uint64_t seq_enqueued;
+    uint64_t seq_done;           /* every op with seq <= this is executed and committed */
+    /* Durability notification (gps_store_set_commit_cb). */
+    gps_store_commit_fn commit_fn;
+    void *commit_arg;
+    uint64_t events_done_seq;    /* last op of the last transaction with job_events */
+    bool events_failed;          /* a failure since the last notification */
+    bool last_commit_ok;
+    char last_error[320];
+    int64_t last_drop_log_ms;
+    gps_store_stats stats;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || !errlen)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Statement k of the table on c (prepared on first use), or NULL when
+ * this DB's schema cannot prepare it (sqlite3_errmsg(c->db) says why, on
+ * the first try). */
+static sqlite3_stmt *conn_stmt(conn *c, int k)
+{
+    if (!c->tried[k]) {
+        c->tried[k] = true;
+        if (sqlite3_prepare_v3(c->db, stmts[k].sql, -1, SQLITE_PREPARE_PERSISTENT, &c->st[k],
+                               NULL) != SQLITE_OK) {
+            sqlite3_finalize(c->st[k]);
+            c->st[k] = NULL;
+        }
+    }
+    return c->st[k];
+}
+
+static void conn_close(conn *c)
+{
+    for (int k = 0; k < K_COUNT; k++)
+        sqlite3_finalize(c->st[k]);
+    sqlite3_close(c->db);
+    memset(c, 0, sizeof(*c));
+}
+
+/* Called with each result row; returns 0 to go on, non-zero to stop. */
+typedef int (*row_fn)(void *arg, sqlite3_stmt *st);
+
+/* The one way a statement runs, on the DB thread and the owner thread
+ * alike: bind v[0..nv) to ?1..?nv, step to the end handing each row to
+ * each (NULL: rows are ignored), reset. Returns SQLITE_DONE (every row,
+ * or *stopped = each's non-zero value) or SQLite's error code (then
+ * sqlite3_errmsg of st's connection says why). */
+static int stmt_exec(sqlite3_stmt *st, const val *v, int nv, row_fn each, void *arg,
+                     int *stopped)
+{
+    *stopped = 0;
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    /* A bind spec that does not match its statement is a bug: refuse it
+     * loudly rather than run with parameters left NULL. */
+    if (nv != sqlite3_bind_parameter_count(st))
+        return SQLITE_RANGE;
+    int rc = SQLITE_OK;
+    for (int i = 0; i < nv && rc == SQLITE_OK; i++) {
+        if (v[i].t == V_INT)
+            rc = sqlite3_bind_int64(st, i + 1, v[i].i);
+        else if (v[i].t == V_TEXT)
+            rc = sqlite3_bind_text(st, i + 1, v[i].s, (int)v[i].len, SQLITE_STATIC);
+        else
+            rc = sqlite3_bind_null(st, i + 1);
+    }
+    while (rc == SQLITE_OK || rc == SQLITE_ROW) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW && each && (*stopped = each(arg, st)) != 0)
+            rc = SQLITE_DONE;
+    }
+    sqlite3_reset(st);
+    return rc;
+}
+
+static int exec_simple(sqlite3 *db, const char *sql, char *err, size_t errlen)
+{
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK)
+        seterr(err, errlen, "%s", msg ? msg : sqlite3_errstr(rc));
+    sqlite3_free(msg);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* DB thread                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void enqueue_locked(gps_store *s, op *first, op *last, size_t count);
+
+static json_t *events_collect(conn *c, const char *job_id);
+
+/* Row handlers of the DB thread's reads: the op collects its rows. */
+static int keep_first_row(void *arg, sqlite3_stmt *st)
+{
+    op *o = arg;
+    o->result = row_copy(st);
+    return o->result ? 1 : -1;
+}
+
+static int append_row(void *arg, sqlite3_stmt *st)
+{
+    op *o = arg;
+    row **grown = realloc(o->rows, (o->nrows + 1) * sizeof *grown);
+    if (!grown)
+        return -1;
+    o->rows = grown;
+    row *r = row_copy(st);
+    if (!r)
+        return -1;
+    o->rows[o->nrows++] = r;
+    return 0;
+}
+
+/* Run one op on the DB thread. Returns true when it was a write that
+ * succeeded, false otherwise (reads return false; *failed tells a failed
+ * write). */
+static bool run_op(gps_store *s, op *o, bool *failed)
+{
+    sqlite3_stmt *st = conn_stmt(&s->w, o->kind);
+    *failed = false;
+    if (!st) {
+        /* An optional statement this DB's schema does not support. */
+        *failed = true;
+        gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
+                     json_pack("{s:s}", "op", stmts[o->kind].name),
+                     "store op %s is not supported by this database's schema",
+                     stmts[o->kind].name);
+        return false;
+    }
+    int stopped;
+    switch (o->kind) {
+    case K_JOB_GET: {
+        int rc = stmt_exec(st, o->v, o->nv, keep_first_row, o, &stopped);
+        o->status = rc != SQLITE_DONE || stopped < 0 ? -1 : o->result ? 0 : 1;
+        if (o->status == 0)
+            o->events = events_collect(&s->w, o->v[0].s);
+        return false;
+    }
+    case K_JOB_LIST:
+        o->status = stmt_exec(st, o->v, o->nv, append_row, o, &stopped) == SQLITE_DONE &&
+                            stopped == 0
+                        ? 0
+                        : -1;
+        if (o->status)
+            rows_free(o);
+        return false;
+    case K_PING:
+        o->status = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped) == SQLITE_DONE ? 0 : -1;
+        if (o->status)
+            snprintf(o->msg, sizeof(o->msg), "%s", sqlite3_errmsg(s->w.db));
+        return false;
+    default:
+        break;
+    }
+    int rc = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped);
+    if (rc != SQLITE_DONE) {
+        *failed = true;
+        gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
+                     json_pack("{s:s, s:i}", "op", stmts[o->kind].name, "sqlite_code", rc),
+                     "store write %s failed: %s", stmts[o->kind].name, sqlite3_errmsg(s->w.db));
+        return false;
+    }
+    if (o->kind == K_PURGE && sqlite3_changes(s->w.db) >= PURGE_CHUNK) {
+        /* More to delete: go again after whatever queued meanwhile, so a
+         * big purge never holds one long transaction. */
+        opb b;
+        b_spec(&b, K_PURGE, "i", o->v[0].i);
+        op *again = b_pack(&b);
+        if (again) {
+            pthread_mutex_lock(&s->mu);
+            enqueue_locked(s, again, again, 1);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return true;
+}
+
+static void timespec_in_us(struct timespec *ts, uint64_t us_from_now)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)(us_from_now / 1000000);
+    ts->tv_nsec += (long)(us_from_now % 1000000) * 1000;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *db_main(void *arg)
+{
+    gps_store *s = arg;
+    char err[256];
+
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->qhead && !s->stop)
+            pthread_cond_wait(&s->cv_work, &s->mu);
+        if (!s->qhead && s->stop)
+            break;
+        pthread_mutex_unlock(&s->mu);
+
+        /* One group transaction: BEGIN IMMEDIATE takes the write lock now
+         * (waiting up to busy_timeout if a CLI holds it) so that statement
+         * errors later are about the statement, not the lock. */
+        err[0] = '\0';
+        bool in_tx = exec_simple(s->w.db, "BEGIN IMMEDIATE", err, sizeof(err)) == SQLITE_OK;
+        if (!in_tx)
+            gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
+                         "store: BEGIN failed (%s); writing without a transaction", err);
+        uint64_t t_start = gp_now_mono_us();
+        uint64_t deadline = t_start + (uint64_t)s->commit_interval_ms * 1000;
+        uint64_t writes_ok = 0, writes_failed = 0, n = 0, last_seq = 0;
+        bool has_read = false, has_events = false, events_failed = false;
+        op *done_head = NULL, *done_tail = NULL;
+
+        pthread_mutex_lock(&s->mu);
+        for (;;) {
+            if (!s->qhead) {
+                /* Commit now when someone waits for it (flush, a read,
+                 * native task events: their clients get them only once
+                 * committed) or we are stopping; else keep the transaction
+                 * open for more writes until the deadline. Ops queued
+                 * while a COMMIT runs still share the next one. */
+                if (s->flush_waiters || s->stop || has_read || has_events)
+                    break;
+                uint64_t now = gp_now_mono_us();
+                if (now >= deadline)
+                    break;
+                struct timespec ts;
+                timespec_in_us(&ts, deadline - now);
+                pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
+                continue;
+            }
+            op *o = s->qhead;
+            s->qhead = o->next;
+            if (!s->qhead)
+                s->qtail = NULL;
+            s->stats.queue_depth--;
+            pthread_mutex_unlock(&s->mu);
+
+            bool failed;
+            bool ok = run_op(s, o, &failed);
+            writes_ok += ok;
+            writes_failed += failed;
+            if (o->kind == K_EVENTS_ADD) {
+                has_events = true;
+                events_failed |= !ok;
+            }
+            n++;
+            last_seq = o->seq;
+            if (o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST) {
+                has_read = true;
+                o->next = NULL;
+                if (done_tail)
+                    done_tail->next = o;
+                else
+                    done_head = o;
+                done_tail = o;
+            } else {
+                free(o);
+            }
+            pthread_mutex_lock(&s->mu);
+            if (n >= (uint64_t)s->batch_max || gp_now_mono_us() >= deadline)
+                break;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        bool commit_ok = true;
+        uint64_t commit_us = 0;
+        err[0] = '\0';
+        if (in_tx) {
+            uint64_t t0 = gp_now_mono_us();
+            if (exec_simple(s->w.db, "COMMIT", err, sizeof(err)) != SQLITE_OK) {
+                commit_ok = false;
+                gp_log_write(GP_LOG_ERROR, "store_commit_failed", NULL,
+                             json_pack("{s:I}", "ops", (json_int_t)n),
+                             "store: COMMIT of %llu ops failed: %s", (unsigned long long)n, err);
+                exec_simple(s->w.db, "ROLLBACK", NULL, 0);
+            }
+            commit_us = gp_now_mono_us() - t0;
+        }
+
+        pthread_mutex_lock(&s->mu);
+        if (commit_ok) {
+            s->stats.ops_committed += writes_ok;
+            s->stats.ops_failed += writes_failed;
+            s->stats.batches++;
+            s->stats.last_batch_ops = n;
+            s->stats.last_commit_us = commit_us;
+            if (commit_us > s->stats.max_commit_us)
+                s->stats.max_commit_us = commit_us;
+            s->stats.last_commit_wall_ms = gp_now_wall_ms();
+            s->last_commit_ok = true;
+        } else {
+            s->stats.ops_failed += writes_ok + writes_failed;
+            s->stats.commit_failures++;
+            s->last_commit_ok = false;
+            snprintf(s->last_error, sizeof(s->last_error), "last commit failed: %s", err);
+        }
+        if (last_seq > s->seq_done)
+            s->seq_done = last_seq;
+        bool notify = false, notify_commit = false;
+        if (has_events) {
+            s->events_done_seq = last_seq;
+            s->events_failed |= events_failed || !commit_ok;
+            notify_commit = s->ev_commit != NULL;
+        }
+        if (done_head) {
+            if (s->dtail)
+                s->dtail->next = done_head;
+            else
+                s->dhead = done_head;
+            s->dtail = done_tail;
+            notify = s->ev_done != NULL;
+        }
+        pthread_cond_broadcast(&s->cv_done);
+        pthread_mutex_unlock(&s->mu);
+        /* event_active is thread-safe once the base is notifiable
+         * (evthread_use_pthreads before event_base_new). */
+        if (notify)
+            event_active(s->ev_done, EV_READ, 0);
+        if (notify_commit)
+            event_active(s->ev_commit, EV_READ, 0);
+        pthread_mutex_lock(&s->mu);
+    }
+    s->thread_alive = false;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* Append a chain of count ops. Caller holds mu. */
+static void enqueue_locked(gps_store *s, op *first, op *last, size_t count)
+{
+    for (op *o = first; o; o = o->next)
+        o->seq = ++s->seq_enqueued;
+    last->next = NULL;
+    if (s->qtail)
+        s->qtail->next = first;
+    else
+        s->qhead = first;
+    s->qtail = last;
+    s->stats.queue_depth += count;
+    s->stats.ops_enqueued += count;
+    pthread_cond_signal(&s->cv_work);
+}
+
+static void free_chain(op *o)
+{
+    while (o) {
+        op *next = o->next;
+        rows_free(o);
+        free(o->result);
+        free(o);
+        o = next;
+    }
+}
+
+/* Queue a chain of ops (linked by next). Writes (droppable) are refused
+ * beyond queue_max. Takes ownership of the chain in every case. *seq_out
+ * (may be NULL) gets the last op's seq: read under the lock, since the DB
+ * thread may free the op as soon as it is queued. */
+static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_out)
+{
+    if (!first)
+        return -1;
+    size_t count = 1;
+    op *last = first;
+    while (last->next) {
+        last = last->next;
+        count++;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (!s->thread_alive || (droppable && s->stats.queue_depth + count > s->queue_max)) {
+        bool alive = s->thread_alive;
+        s->stats.drops += count;
+        uint64_t drops = s->stats.drops;
+        int64_t now = gp_now_wall_ms();
+        bool log = now - s->last_drop_log_ms >= 1000;
+        if (log)
+            s->last_drop_log_ms = now;
+        pthread_mutex_unlock(&s->mu);
+        if (log && alive)
+            gp_log_write(GP_LOG_ERROR, "store_queue_full", NULL,
+                         json_pack("{s:I, s:I}", "drops_total", (json_int_t)drops, "queue_max",
+                                   (json_int_t)s->queue_max),
+                         "store: write queue full (%zu ops), dropping writes", s->queue_max);
+        else if (log)
+            gp_log_write(GP_LOG_ERROR, "store_queue_full", NULL,
+                         json_pack("{s:I}", "drops_total", (json_int_t)drops),
+                         "store: DB thread not running, dropping writes");
+        free_chain(first);
+        return -1;
+    }
+    enqueue_locked(s, first, last, count);
+    if (seq_out)
+        *seq_out = s->seq_enqueued;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static int enqueue(gps_store *s, op *first, bool droppable)
+{
+    return enqueue_seq(s, first, droppable, NULL);
+}
+
+static void count_drop(gps_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->stats.drops++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Queue a write (droppable); *seq_out as enqueue_seq. Releases b. */
+static int enqueue_b(gps_store *s, opb *b, uint64_t *seq_out)
+{
+    op *o = b_pack(b);
+    if (!o) {
+        count_drop(s);
+        return -1;
+    }
+    return enqueue_seq(s, o, true, seq_out);
+}
+
+/* Queue a write of statement kind, its values by bind spec (b_spec). */
+static int write_op(gps_store *s, int kind, const char *spec, ...)
+{
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    return enqueue_b(s, &b, NULL);
+}
+
+/* A read op of statement kind, its values by bind spec (new, caller owns;
+ * NULL on ENOMEM). The caller sets its callback and queues it (reads are
+ * never dropped). */
+static op *read_op(int kind, const char *spec, ...)
+{
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    return b_pack(&b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Read results, delivered on the loop thread                               */
+/* ------------------------------------------------------------------------ */
+
+static void job_info_from_row(const row *r, gps_store_job_info *ji, json_t **request)
+{
+    memset(ji, 0, sizeof(*ji));
+    ji->id = rs(r, 0);
+    ji->api = rs(r, 1);
+    ji->kind = rs(r, 2);
+    ji->model = rs(r, 3);
+    ji->key_id = rs(r, 4);
+    ji->agent_id = rs(r, 5);
+    ji->status = rs(r, 6);
+    ji->priority = (int)ri(r, 7, 0);
+    ji->attempts = (int)ri_count(r, 8, 0, 1000);
+    ji->prompt_tokens = ri_count(r, 9, -1, STORE_MAX_COUNT);
+    ji->completion_tokens = ri_count(r, 10, -1, STORE_MAX_COUNT);
+    ji->queue_ms = ri_count(r, 11, -1, STORE_MAX_COUNT);
+    ji->ttft_ms = ri_count(r, 12, -1, STORE_MAX_COUNT);
+    ji->total_ms = ri_count(r, 13, -1, STORE_MAX_COUNT);
+    ji->finish_reason = rs(r, 14);
+    ji->error_code = rs(r, 15);
+    ji->correlation_id = rs(r, 16);
+    ji->has_seed = r->v[17].t == V_INT;
+    ji->seed = ri(r, 17, 0);
+    ji->created_at = ri(r, 18, 0);
+    ji->finished_at = ri(r, 19, 0);
+    *request = NULL;
+    if (r->v[20].t == V_TEXT)
+        *request = json_loadb(r->v[20].s, r->v[20].len, JSON_DECODE_ANY, NULL);
+    ji->request = *request;
+    ji->checkpoint_text = r->v[21].t == V_TEXT ? r->v[21].s : NULL;
+    ji->checkpoint_len = r->v[21].t == V_TEXT ? r->v[21].len : 0;
+    ji->checkpoint_seq = ri(r, 22, -1);
+}
+
+/* Appends one stored batch to the log; a batch that does not parse ends
+ * the log there (replay must never skip a seq). */
+static int append_batch(void *arg, sqlite3_stmt *st)
+{
+    json_t **all = arg;
+    const char *txt = (const char *)sqlite3_column_text(st, 0);
+    json_t *batch = txt ? json_loadb(txt, (size_t)sqlite3_column_bytes(st, 0), 0, NULL) : NULL;
+    if (!*all && json_is_array(batch))
+        *all = json_array();
+    int stop = !json_is_array(batch) || !*all || json_array_extend(*all, batch) < 0;
+    json_decref(batch);
+    return stop;
+}
+
+/* The stored event log of job_id, read on c: one array of {seq, type,
+ * data}, the batches concatenated in seq order (new reference), or NULL
+ * when there is none (or no job_events table). */
+static json_t *events_collect(conn *c, const char *job_id)
+{
+    sqlite3_stmt *st = job_id ? conn_stmt(c, K_EVENTS_GET) : NULL;
+    if (!st)
+        return NULL;
+    json_t *all = NULL;
+    opb b;
+    b_spec(&b, K_EVENTS_GET, "t", job_id);
+    int stopped;
+    stmt_exec(st, b.v, b.nv, append_batch, &all, &stopped);
+    b_release(&b);
+    return all;
+}
+
+static void deliver(op *o)
+{
+    if (o->kind == K_JOB_GET) {
+        if (o->status == 0 && o->result) {
+            gps_store_job_info ji;
+            json_t *req;
+            job_info_from_row(o->result, &ji, &req);
+            ji.events = o->events;
+            o->job_cb(o->arg, 0, &ji);
+            json_decref(req);
+        } else {
+            o->job_cb(o->arg, o->status, NULL);
+        }
+    } else if (o->kind == K_PING) {
+        o->ping_cb(o->arg, o->status == 0, o->status == 0 ? "ok" : o->msg);
+    } else if (o->kind == K_JOB_LIST) {
+        gps_store_job_info *jobs = o->nrows ? calloc(o->nrows, sizeof *jobs) : NULL;
+        if (o->nrows && !jobs) {
+            o->jobs_cb(o->arg, -1, NULL, 0);
+            return;
+        }
+        for (size_t i = 0; i < o->nrows; i++) {
+            json_t *req;
+            job_info_from_row(o->rows[i], &jobs[i], &req); /* request is NULL here */
+        }
+        o->jobs_cb(o->arg, o->status, o->status == 0 ? jobs : NULL,
+                   o->status == 0 ? o->nrows : 0);
+        free(jobs);
+    }
+}
+
+static void deliver_all(gps_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    op *list = s->dhead;
+    s->dhead = s->dtail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    while (list) {
+        op *next = list->next;
+        deliver(list);
+        json_decref(list->events);
+        rows_free(list);
+        free(list->result);
+        free(list);
+        list = next;
+    }
+}
+
+static void on_done(evutil_socket_t fd, short what, void *arg)
+{
+    deliver_all(arg);
+}
+
+/* job_events committed (or failed): tell the listener, on the loop. */
+static void on_commit(evutil_socket_t fd, short what, void *arg)
+{
+    gps_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    gps_store_commit_fn fn = s->commit_fn;
+    void *farg = s->commit_arg;
+    uint64_t done = s->events_done_seq;
+    bool failed = s->events_failed;
+    s->events_failed = false;
+    pthread_mutex_unlock(&s->mu);
+    if (fn)
+        fn(farg, done, failed);
+}
+
+bool gps_store_has_job_events(gps_store *s)
+{
+    return s && s->w.st[K_EVENTS_ADD] != NULL;
+}
+
+void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
+{
+    pthread_mutex_lock(&s->mu);
+    s->commit_fn = fn;
+    s->commit_arg = arg;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening and migrations                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Pragmas shared by both connections. */
+static int conn_setup(sqlite3 *db, int busy_ms, const char *path, char *err, size_t errlen)
+{
+    char msg[256] = "";
+    sqlite3_busy_timeout(db, busy_ms);
+    sqlite3_extended_result_codes(db, 1);
+    /* The first statement reads the header: a file that is not SQLite
+     * fails here with SQLITE_NOTADB. */
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        int prim = rc & 0xff;
+        if (prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT)
+            seterr(err, errlen, "%s: not a SQLite database or corrupted (%s)", path,
+                   sqlite3_errmsg(db));
+        else
+            seterr(err, errlen, "%s: cannot open database: %s", path, sqlite3_errmsg(db));
+        sqlite3_finalize(st);
+        return -1;
+    }
+    const char *mode = (const char *)sqlite3_column_text(st, 0);
+    bool wal = mode && strcmp(mode, "wal") == 0;
+    sqlite3_finalize(st);
+    if (!wal) {
+        seterr(err, errlen, "%s: cannot switch the database to WAL mode", path);
+        return -1;
+    }
+    if (exec_simple(db, "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", msg,
+                    sizeof(msg)) != SQLITE_OK) {
+        seterr(err, errlen, "%s: %s", path, msg);
+        return -1;
+    }
+    return 0;
+}
+
+static sqlite3 *conn_open(const char *path, int busy_ms, char *err, size_t errlen)
+{
+    sqlite3 *db = NULL;
+    int rc = sqlite3_open_v2(path, &db,
+                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                             NULL);
+    if (rc != SQLITE_OK) {
+        seterr(err, errlen, "%s: cannot open database: %s", path,
+               db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        sqlite3_close(db);
+        return NULL;
+    }
+    if (conn_setup(db, busy_ms, path, err, errlen) != 0) {
+        sqlite3_close(db);
+        return NULL;
+    }
+    return db;
+}
+
+typedef struct mig_set {
+    struct migration *m;
+    char **owned;          /* strings read from a directory */
+    size_t n, nowned;
+} mig_set;
+
+static void mig_set_free(mig_set *ms)
+{
+    for (size_t i = 0; i < ms->nowned; i++)
+        free(ms->owned[i]);
+    free(ms->owned);
+    free(ms->m);
+    memset(ms, 0, sizeof(*ms));
+}
+
+static int mig_cmp(const void *a, const void *b)
+{
+    const struct migration *x = a, *y = b;
+    return (x->version > y->version) - (x->version < y->version);
+}
+
+/* Parse "NNNN_name.sql": version or -1. name_out gets "name". */
+static int mig_name_parse(const char *fn, char *name_out, size_t name_len)
+{
+    size_t len = strlen(fn);
+    if (len < 10 || strcmp(fn + len - 4, ".sql") != 0 || fn[4] != '_')
+        return -1;
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        if (fn[i] < '0' || fn[i] > '9')
+            return -1;
+        v = v * 10 + (fn[i] - '0');
+    }
+    size_t nl = len - 9;
+    if (nl == 0 || nl >= name_len)
+        return -1;
+    for (size_t i = 0; i < nl; i++) {
+        char c = fn[5 + i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-'))
+            return -1;
+    }
+    memcpy(name_out, fn + 5, nl);
+    name_out[nl] = '\0';
+    return v;
+}
+
+static int mig_own(mig_set *ms, char *str)
+{
+    char **p = realloc(ms->owned, (ms->nowned + 1) * sizeof(*p));
+    if (!p) {
+        free(str);
+        return -1;
+    }
+    ms->owned = p;
+    ms->owned[ms->nowned++] = str;
+    return 0;
+}
+
+static int mig_load(mig_set *ms, const char *dir, char *err, size_t errlen)
+{
+    memset(ms, 0, sizeof(*ms));
+    if (!dir) {
+        ms->m = calloc(N_EMBEDDED, sizeof(*ms->m));
+        if (!ms->m)
+            goto oom;
+        memcpy(ms->m, embedded_migrations, sizeof(embedded_migrations));
+        ms->n = N_EMBEDDED;
+        return 0;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        seterr(err, errlen, "migrations directory %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char name[128];
+        if (de->d_name[0] == '.' || strlen(de->d_name) < 4 ||
+            strcmp(de->d_name + strlen(de->d_name) - 4, ".sql") != 0)
+            continue;
+        int v = mig_name_parse(de->d_name, name, sizeof(name));
+        if (v <= 0) {
+            seterr(err, errlen, "migrations directory %s: %s is not named NNNN_name.sql", dir,
+                   de->d_name);
+            closedir(d);
+            goto fail;
+        }
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        size_t len;
+        char *sql = gp_read_file(path, &len, 16 << 20);
+        if (!sql) {
+            seterr(err, errlen, "%s: %s", path, strerror(errno));
+            closedir(d);
+            goto fail;
+        }
+        char *nm = strdup(name);
+        struct migration *nm_arr = realloc(ms->m, (ms->n + 1) * sizeof(*ms->m));
+        if (mig_own(ms, sql) != 0 || !nm || mig_own(ms, nm) != 0 || !nm_arr) {
+            if (nm_arr)
+                ms->m = nm_arr;
+            closedir(d);
+            goto oom;
+        }
+        ms->m = nm_arr;
+        ms->m[ms->n++] = (struct migration){v, nm, sql};
+    }
+    closedir(d);
+    if (ms->n == 0) {
+        seterr(err, errlen, "migrations directory %s holds no NNNN_name.sql file", dir);
+        goto fail;
+    }
+    qsort(ms->m, ms->n, sizeof(*ms->m), mig_cmp);
+    for (size_t i = 1; i < ms->n; i++)
+        if (ms->m[i].version == ms->m[i - 1].version) {
+            seterr(err, errlen, "migrations directory %s: version %04d appears twice", dir,
+                   ms->m[i].version);
+            goto fail;
+        }
+    return 0;
+oom:
+    seterr(err, errlen, "out of memory loading migrations");
+fail:
+    mig_set_free(ms);
+    return -1;
+}
+
+static int read_int(void *arg, sqlite3_stmt *st)
+{
+    *(int *)arg = sqlite3_column_int(st, 0);
+    return 0;
+}
+
+/* Current schema version inside the open transaction (0 = fresh), -1 on error. */
+static int schema_current(conn *c, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = conn_stmt(c, K_SCHEMA_VERSION);
+    int v = -1, stopped;
+    if (!st || stmt_exec(st, NULL, 0, read_int, &v, &stopped) != SQLITE_DONE || v < 0) {
+        seterr(err, errlen, "reading schema_migrations: %s", sqlite3_errmsg(c->db));
+        return -1;
+    }
+    return v;
+}
+
+static int migrate(conn *c, const char *path, const mig_set *ms, char *err, size_t errlen)
+{
+    sqlite3 *db = c->db;
+    char msg[512] = "";
+    if (exec_simple(db,
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                    "applied_at INTEGER NOT NULL)",
+                    msg, sizeof(msg)) != SQLITE_OK) {
+        seterr(err, errlen, "%s: creating schema_migrations: %s", path, msg);
+        return -1;
+    }
+    int known = ms->n ? ms->m[ms->n - 1].version : 0;
+    for (;;) {
+        if (exec_simple(db, "BEGIN IMMEDIATE", msg, sizeof(msg)) != SQLITE_OK) {
+            seterr(err, errlen, "%s: %s", path, msg);
+            return -1;
+        }
+        int cur = schema_current(c, msg, sizeof(msg));
+        if (cur < 0) {
+            seterr(err, errlen, "%s: %s", path, msg);
+            goto rollback;
+        }
+        if (cur > known) {
+            seterr(err, errlen,
+                   "%s: database schema version %d is newer than this binary knows (%d); "
+                   "refusing to open it (use a newer gpupool-server)",
+                   path, cur, known);
+            goto rollback;
+        }
+        const struct migration *next = NULL;
+        for (size_t i = 0; i < ms->n && !next; i++)
+            if (ms->m[i].version > cur)
+                next = &ms->m[i];
+        if (!next) {
+            exec_simple(db, "COMMIT", NULL, 0);
+            return 0;
+        }
+        if (exec_simple(db, next->sql, msg, sizeof(msg)) != SQLITE_OK) {
+            seterr(err, errlen, "%s: migration %04d_%s failed: %s", path, next->version,
+                   next->name, msg);
+            goto rollback;
+        }
+        sqlite3_stmt *st = conn_stmt(c, K_MIGRATION_RECORD);
+        opb b;
+        b_spec(&b, K_MIGRATION_RECORD, "iti", (int64_t)next->version, next->name,
+               (int64_t)gp_now_wall_ms());
+        int stopped;
+        int rc = st ? stmt_exec(st, b.v, b.nv, NULL, NULL, &stopped) : SQLITE_ERROR;
+        b_release(&b);
+        if (rc != SQLITE_DONE) {
+            seterr(err, errlen, "%s: recording migration %04d: %s", path, next->version,
+                   sqlite3_errmsg(db));
+            goto rollback;
+        }
+        if (exec_simple(db, "COMMIT", msg, sizeof(msg)) != SQLITE_OK) {
+            seterr(err, errlen, "%s: committing migration %04d: %s", path, next->version, msg);
+            goto rollback;
+        }
+        gp_log_write(GP_LOG_INFO, "store_migration_applied", NULL,
+                     json_pack("{s:i, s:s}", "version", next->version, "name", next->name),
+                     "applied migration %04d_%s", next->version, next->name);
+    }
+rollback:
+    exec_simple(db, "ROLLBACK", NULL, 0);
+    return -1;
+}
+
+gps_store *gps_store_open(const char *path, struct event_base *base, const gps_store_opts *opts,
+                          char *err, size_t errlen)
+{
+    gps_store *s = NULL;
+    mig_set ms = {0};
+    bool mu_ok = false;
+
+    if (!path || !*path) {
+        seterr(err, errlen, "no database path given");
+        return NULL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s || !(s->path = strdup(path))) {
+        seterr(err, errlen, "out of memory");
+        goto fail;
+    }
+    s->commit_interval_ms = opts && opts->commit_interval_ms > 0 ? opts->commit_interval_ms : 5;
+    s->batch_max = opts && opts->batch_max > 0 ? opts->batch_max : 64;
+    s->queue_max = opts && opts->queue_max > 0 ? opts->queue_max : 100000;
+    s->busy_timeout_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 5000;
+    s->base = base;
+    s->last_commit_ok = true;
+
+    if (mig_load(&ms, opts ? opts->migrations_dir : NULL, err, errlen) != 0)
+        goto fail;
+    s->w.db = conn_open(path, s->busy_timeout_ms, err, errlen);
+    if (!s->w.db)
+        goto fail;
+    if (migrate(&s->w, path, &ms, err, errlen) != 0)
+        goto fail;
+    /* Every statement of the DB thread, now: a schema the binary cannot
+     * use is refused here, and the thread never prepares (so that
+     * gps_store_has_job_events may read w.st from the loop). */
+    for (int k = 0; k < K_COUNT; k++) {
+        if (stmts[k].flags & F_SYNC)
+            continue;
+        if (!conn_stmt(&s->w, k) && !(stmts[k].flags & F_OPT)) {
+            seterr(err, errlen, "%s: preparing %s: %s (schema out of step with the binary?)",
+                   path, stmts[k].name, sqlite3_errmsg(s->w.db));
+            goto fail;
+        }
+    }
+    for (int k = 0; k < K_COUNT; k++) {
+        /* the migration statements are not needed any more */
+        if (stmts[k].flags & F_SYNC) {
+            sqlite3_finalize(s->w.st[k]);
+            s->w.st[k] = NULL;
+        }
+        s->w.tried[k] = true;
+    }
+
+    if (base) {
+        s->ev_done = event_new(base, -1, 0, on_done, s);
+        s->ev_commit = event_new(base, -1, 0, on_commit, s);
+        if (!s->ev_done || !s->ev_commit) {
+            seterr(err, errlen, "event_new failed");
+            goto fail;
+        }
+    }
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv_work, &ca);
+    pthread_cond_init(&s->cv_done, NULL);
+    pthread_condattr_destroy(&ca);
+    mu_ok = true;
+    s->thread_alive = true;
+    if (pthread_create(&s->thread, NULL, db_main, s) != 0) {
+        s->thread_alive = false;
+        seterr(err, errlen, "cannot start the DB thread: %s", strerror(errno));
+        goto fail;
+    }
+    s->thread_started = true;
+    mig_set_free(&ms);
+    return s;
+
+fail:
+    mig_set_free(&ms);
+    if (s) {
+        if (s->ev_done)
+            event_free(s->ev_done);
+        if (s->ev_commit)
+            event_free(s->ev_commit);
+        conn_close(&s->w);
+        if (mu_ok) {
+            pthread_mutex_destroy(&s->mu);
+            pthread_cond_destroy(&s->cv_work);
+            pthread_cond_destroy(&s->cv_done);
+        }
+        free(s->path);
+        free(s);
+    }
+    return NULL;
+}
+
+void gps_store_close(gps_store *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->stop = true;
+        pthread_cond_signal(&s->cv_work);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    /* Reads finished after the loop stopped: deliver them here so their
+     * args are not leaked. */
+    deliver_all(s);
+    if (s->ev_done)
+        event_free(s->ev_done);
+    if (s->ev_commit)
+        event_free(s->ev_commit);
+    conn_close(&s->w);
+    conn_close(&s->r);
+    free_chain(s->qhead);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_cond_destroy(&s->cv_done);
+    free(s->path);
+    free(s);
+}
+
+int gps_store_flush(gps_store *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t target = s->seq_enqueued;
+    s->flush_waiters++;
+    pthread_cond_signal(&s->cv_work);
+    while (s->seq_done < target && s->thread_alive)
+        pthread_cond_wait(&s->cv_done, &s->mu);
+    s->flush_waiters--;
+    int rc = s->seq_done >= target && s->last_commit_ok ? 0 : -1;
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+void gps_store_get_stats(gps_store *s, gps_store_stats *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->stats;
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool gps_store_healthy(gps_store *s, char *msg, size_t msglen)
+{
+    pthread_mutex_lock(&s->mu);
+    bool ok = s->thread_alive && s->last_commit_ok;
+    if (!ok)
+        seterr(msg, msglen, "%s", !s->thread_alive ? "DB thread not running" : s->last_error);
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Async writes                                                             */
+/* ------------------------------------------------------------------------ */
+
+int gps_store_agent_upsert(gps_store *s, gps_store_agent_row r)
+{
+    if (!r.id || !r.state)
+        return -1;
+    if (r.labels)
+        return write_op(s, K_AGENT_UPSERT, "tttttjjti", r.id, r.name, r.version, r.platform,
+                        r.state, r.labels, r.facts, r.key_id, (int64_t)r.last_seen);
+    return write_op(s, K_AGENT_UPSERT, "ttttttjti", r.id, r.name, r.version, r.platform,
+                    r.state, "{}", r.facts, r.key_id, (int64_t)r.last_seen);
+}
+
+int gps_store_agent_state(gps_store *s, const char *agent_id, const char *state,
+                          int64_t last_seen)
+{
+    if (!agent_id || !state)
+        return -1;
+    return write_op(s, K_AGENT_STATE, "tti", agent_id, state, last_seen);
+}
+
+int gps_store_agent_models(gps_store *s, const char *agent_id, const gps_store_model_row *models,
+                           size_t n)
+{
+    if (!agent_id || (n && !models))
+        return -1;
+    opb b;
+    b_spec(&b, K_MODELS_CLEAR, "t", agent_id);
+    op *head = b_pack(&b), *tail = head;
+    if (!head)
+        goto oom;
+    for (size_t i = 0; i < n; i++) {
+        const gps_store_model_row *m = &models[i];
+        if (!m->model)
+            continue;
+        json_t *al = json_array();
+        for (size_t k = 0; al && k < m->n_aliases; k++)
+            if (m->aliases[k])
+                json_array_append_new(al, json_string(m->aliases[k]));
+        if (!al)
+            goto oom;
+        b_spec(&b, K_MODEL_INSERT, "ttjtzzi", agent_id, m->model, al, m->quantization,
+               (int64_t)m->context_length, (int64_t)m->vram_bytes, (int64_t)(m->loaded ? 1 : 0));
+        json_decref(al);
+        op *o = b_pack(&b);
+        if (!o)
+            goto oom;
+        tail->next = o;
+        tail = o;
+    }
+    /* One chain: the delete and the inserts land in the same transaction
+     * unless the batch boundary falls between them (then the next commit
+     * follows within milliseconds). */
+    return enqueue(s, head, true);
+oom:
+    free_chain(head);
+    count_drop(s);
+    return -1;
+}
+
+int gps_store_agent_delete(gps_store *s, const char *agent_id)
+{
+    if (!agent_id)
+        return -1;
+    return write_op(s, K_AGENT_DELETE, "t", agent_id);
+}
+
+int gps_store_job_insert(gps_store *s, gps_store_job_row r)
+{
+    if (!r.id || !r.api || !r.model || !r.status)
+        return -1;
+    if (r.has_seed)
+        return write_op(s, K_JOB_INSERT, "ttttttitiij", r.id, r.api, r.kind, r.model, r.key_id,
+                        r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.seed,
+                        (int64_t)r.created_at, r.request);
+    return write_op(s, K_JOB_INSERT, "ttttttit-ij", r.id, r.api, r.kind, r.model, r.key_id,
+                    r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.created_at,
+                    r.request);
+}
+
+int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
+{
+    if (!u.id)
+        return -1;
+    return write_op(s, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
+                    (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
+                    (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
+                    u.finish_reason, u.error_code,
+                    (int64_t)(u.finished_at > 0 ? u.finished_at : -1));
+}
+
+int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, size_t len,
+                         long long last_seq)
+{
+    if (!job_id || (len && !text))
+        return -1;
+    return write_op(s, K_CHECKPOINT, "tTii", job_id, text ? text : "", len, (int64_t)last_seq,
+                    (int64_t)gp_now_wall_ms());
+}
+
+int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
+{
+    return gps_store_job_events_seq(s, job_id, events, NULL);
+}
+
+int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *events,
+                             uint64_t *op_seq)
+{
+    size_t n = json_array_size(events);
+    if (!job_id || n == 0)
+        return -1;
+    opb b;
+    b_spec(&b, K_EVENTS_ADD, "tiiji", job_id,
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, 0), "seq")),
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
+           events, (int64_t)gp_now_wall_ms());
+    return enqueue_b(s, &b, op_seq);
+}
+
+int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms)
+{
+    return write_op(s, K_PURGE, "i", before_wall_ms);
+}
+
+/* The key row's insert and its limits (migration 0003) are two
+ * statements, so that the insert itself works on any schema. */
+#define KEY_ROW_SPEC "tttttizzz"
+#define KEY_ROW_ARGS(r)                                                                          (r)->id, (r)->hash, (r)->role, (r)->name ? (r)->name : "", (r)->agent_id,                        (int64_t)(r)->created_at, (int64_t)(r)->expires_at, (int64_t)(r)->revoked_at,                (int64_t)(r)->last_used_at
+#define KEY_LIMITS_SPEC "tiiii"
+
+static bool key_row_has_extras(const gps_store_key_row *r)
+{
+    return r->rpm || r->tokens_per_day || r->max_concurrent || r->max_uses;
+}
+
+int gps_store_key_insert(gps_store *s, gps_store_key_row r)
+{
+    if (!r.id || !r.hash || !r.role)
+        return -1;
+    if (write_op(s, K_KEY_INSERT, KEY_ROW_SPEC, KEY_ROW_ARGS(&r)) != 0)
+        return -1;
+    /* Both land in the same FIFO, in order. */
+    if (!key_row_has_extras(&r))
+        return 0;
+    return gps_store_key_limits(s, r.id, r.rpm, r.tokens_per_day, r.max_concurrent, r.max_uses);
+}
+
+int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t tokens_per_day,
+                         int64_t max_concurrent, int64_t max_uses)
+{
+    if (!key_id)
+        return -1;
+    return write_op(s, K_KEY_LIMITS, KEY_LIMITS_SPEC, key_id, rpm, tokens_per_day,
+                    max_concurrent, max_uses);
+}
+
+int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses)
+{
+    if (!key_id)
+        return -1;
+    return write_op(s, K_KEY_USES, "ti", key_id, uses);
+}
+
+int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
+                        int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
+{
+    if (!key_id || !*key_id)
+        return -1;
+    return write_op(s, K_USAGE_ADD, "tiiiii", key_id, day, requests, prompt_tokens,
+                    completion_tokens, rate_limited);
+}
+
+int gps_store_key_revoke(gps_store *s, const char *key_id, int64_t revoked_at)
+{
+    if (!key_id)
+        return -1;
+    return write_op(s, K_KEY_REVOKE, "ti", key_id, revoked_at);
+}
+
+int gps_store_key_used(gps_store *s, const char *key_id, int64_t used_at)
+{
+    if (!key_id)
+        return -1;
+    return write_op(s, K_KEY_USED, "ti", key_id, used_at);
+}
+
+int gps_store_key_bind_agent(gps_store *s, const char *key_id, const char *agent_id)
+{
+    if (!key_id || !agent_id)
+        return -1;
+    return write_op(s, K_KEY_BIND, "tt", key_id, agent_id);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Async reads                                                              */
+/* ------------------------------------------------------------------------ */
+
+int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, void *arg)
+{
+    if (!s->ev_done || !id || !cb)
+        return -1;
+    op *o = read_op(K_JOB_GET, "t", id);
+    if (!o)
+        return -1;
+    o->job_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    op *o = read_op(K_PING, "");
+    if (!o)
+        return -1;
+    o->ping_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+/* Filters of GET /admin/jobs: NULL binds NULL, "any". */
+int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
+                              void *arg)
+{
+    if (!s->ev_done || !f || !cb || f->limit < 1)
+        return -1;
+    op *o = read_op(K_JOB_LIST, "ttttzi", f->status, f->model, f->agent_id, f->key_id,
+                    (int64_t)f->before, (int64_t)f->limit);
+    if (!o)
+        return -1;
+    o->jobs_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Synchronous: start-up loads and CLI writes, on the owner thread          */
+/* ------------------------------------------------------------------------ */
+
+static conn *sync_conn(gps_store *s, char *err, size_t errlen)
+{
+    if (!s->r.db)
+        s->r.db = conn_open(s->path, s->busy_timeout_ms, err, errlen);
+    return s->r.db ? &s->r : NULL;
+}
+
+/* Run statement kind with its values by bind spec on the owner thread's
+ * connection, each row to each (may be NULL). Returns 0, each's non-zero
+ * value (it stopped; it set err if it failed), or -1 with err
+ * ("<path>: <what>: <SQLite's message>"). */
+static int sync_exec(gps_store *s, row_fn each, void *arg, const char *what, char *err,
+                     size_t errlen, int kind, const char *spec, ...)
+{
+    conn *c = sync_conn(s, err, errlen);
+    if (!c)
+        return -1;
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    int ret = -1, stopped = 0;
+    sqlite3_stmt *st = conn_stmt(c, kind);
+    if (b.oom)
+        seterr(err, errlen, "%s: %s: out of memory", s->path, what);
+    else if (!st || stmt_exec(st, b.v, b.nv, each, arg, &stopped) != SQLITE_DONE)
+        seterr(err, errlen, "%s: %s: %s", s->path, what, sqlite3_errmsg(c->db));
+    else
+        ret = stopped;
+    b_release(&b);
+    return ret;
+}
+
+/* ---- agents ---- */
+
+/* The models of one agent, as rows pointing into copies kept here. */
+typedef struct models_tmp {
+    gps_store_model_row *m;
+    row **rows;              /* the copied result rows (strings) */
+    json_t *keep;            /* parsed alias arrays (alias strings) */
+    const char ***aliases;   /* per model, array of alias pointers */
+    size_t n;
+} models_tmp;
+
+static void models_tmp_free(models_tmp *t)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        free(t->rows[i]);
+        free(t->aliases[i]);
+    }
+    free(t->rows);
+    free(t->aliases);
+    free(t->m);
+    json_decref(t->keep);
+    memset(t, 0, sizeof(*t));
+}
+
+/* One agent_models row into t; 1 (stop) on ENOMEM. */
+static int model_row(void *arg, sqlite3_stmt *st)
+{
+    models_tmp *t = arg;
+    size_t k = t->n;
+    gps_store_model_row *m = realloc(t->m, (k + 1) * sizeof(*m));
+    if (m)
+        t->m = m;
+    row **rows = realloc(t->rows, (k + 1) * sizeof(*rows));
+    if (rows)
+        t->rows = rows;
+    const char ***al = realloc(t->aliases, (k + 1) * sizeof(*al));
+    if (al)
+        t->aliases = al;
+    row *r = m && rows && al ? row_copy(st) : NULL;
+    if (!r)
+        return 1;
+    t->rows[k] = r;
+    t->aliases[k] = NULL;
+    t->n++;
+    json_t *aj = rs(r, 1) ? json_loads(rs(r, 1), 0, NULL) : NULL;
+    size_t na = 0;
+    if (json_is_array(aj) && json_array_size(aj)) {
+        t->aliases[k] = calloc(json_array_size(aj), sizeof(char *));
+        if (!t->aliases[k]) {
+            json_decref(aj);
+            return 1;
+        }
+        for (size_t i = 0; i < json_array_size(aj); i++)
+            if (json_is_string(json_array_get(aj, i)))
+                t->aliases[k][na++] = json_string_value(json_array_get(aj, i));
+    }
+    if (aj)
+        json_array_append_new(t->keep, aj);   /* keeps the alias strings alive */
+    t->m[k] = (gps_store_model_row){
+        .model = rs(r, 0) ? rs(r, 0) : "",
+        .aliases = t->aliases[k],
+        .n_aliases = na,
+        .quantization = rs(r, 2),
+        .context_length = ri(r, 3, 0),
+        .vram_bytes = ri(r, 4, 0),
+        .loaded = ri(r, 5, 0) != 0,
+    };
+    return 0;
+}
+
+typedef struct load_ctx {
+    gps_store *s;
+    union {                  /* the caller's callback, of the load's type */
+        gps_store_agent_fn agent;
+        gps_store_key_fn key;
+        gps_store_job_load_fn job;
+        gps_store_usage_fn usage;
+    } cb;
+    void *arg;
+    char *err;
+    size_t errlen;
+    bool extras;             /* keys: the 0003 columns are there */
+    int64_t day;             /* usage */
+} load_ctx;
+
+static int agent_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
+        return -1;
+    }
+    gps_store_agent_info a = {
+        .id = rs(r, 0),
+        .name = rs(r, 1),
+        .version = rs(r, 2),
+        .platform = rs(r, 3),
+        .state = rs(r, 4),
+        .key_id = rs(r, 5),
+        .first_seen = ri(r, 8, 0),
+        .last_seen = ri(r, 9, 0),
+    };
+    a.labels = rs(r, 6) ? json_loads(rs(r, 6), 0, NULL) : NULL;
+    if (!json_is_object(a.labels)) {
+        json_decref(a.labels);
+        a.labels = json_object();
+    }
+    a.facts = rs(r, 7) ? json_loads(rs(r, 7), JSON_DECODE_ANY, NULL) : NULL;
+    models_tmp mt = {.keep = json_array()};
+    int ret = -1;
+    if (!a.id) {
+        seterr(c->err, c->errlen, "%s: agent row without id", c->s->path);
+    } else if (!mt.keep) {
+        seterr(c->err, c->errlen, "out of memory");
+    } else {
+        /* -1: err says why */
+        int mrc = sync_exec(c->s, model_row, &mt, "reading agent_models", c->err, c->errlen,
+                            K_LOAD_MODELS, "t", a.id);
+        if (mrc > 0)
+            seterr(c->err, c->errlen, "out of memory");
+        if (mrc == 0) {
+            a.models = mt.m;
+            a.n_models = mt.n;
+            ret = c->cb.agent(c->arg, &a);
+        }
+    }
+    models_tmp_free(&mt);
+    json_decref(a.labels);
+    json_decref(a.facts);
+    free(r);
+    return ret;
+}
+
+int gps_store_load_agents(gps_store *s, gps_store_agent_fn cb, void *arg, char *err,
+                          size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.agent = cb, .arg = arg, .err = err, .errlen = errlen};
+    return sync_exec(s, agent_row, &c, "reading agents", err, errlen, K_LOAD_AGENTS, "");
+}
+
+/* ---- keys ---- */
+
+static int key_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
+        return -1;
+    }
+    gps_store_key_row k = {
+        .id = rs(r, 0),
+        .hash = rs(r, 1),
+        .role = rs(r, 2),
+        .name = rs(r, 3) ? rs(r, 3) : "",
+        .agent_id = rs(r, 4),
+        .created_at = ri(r, 5, 0),
+        .expires_at = ri(r, 6, 0),
+        .revoked_at = ri(r, 7, 0),
+        .last_used_at = ri(r, 8, 0),
+        .rpm = c->extras ? ri(r, 9, 0) : 0,
+        .tokens_per_day = c->extras ? ri(r, 10, 0) : 0,
+        .max_concurrent = c->extras ? ri(r, 11, 0) : 0,
+        .max_uses = c->extras ? ri(r, 12, 0) : 0,
+        .uses = c->extras ? ri(r, 13, 0) : 0,
+    };
+    int ret = k.id && k.hash && k.role ? c->cb.key(c->arg, &k) : 0;
+    free(r);
+    return ret;
+}
+
+int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err, size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.key = cb, .arg = arg, .err = err, .errlen = errlen};
+    conn *sc = sync_conn(s, err, errlen);
+    if (!sc)
+        return -1;
+    /* A DB migrated by a custom set without 0003 has no limit columns:
+     * then every key loads as unlimited. */
+    c.extras = conn_stmt(sc, K_LOAD_KEYS) != NULL;
+    return sync_exec(s, key_row, &c, "reading api_keys", err, errlen,
+                     c.extras ? K_LOAD_KEYS : K_LOAD_KEYS_BASE, "");
+}
+
+int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, char *err,
+                              size_t errlen)
+{
+    if (!row_in || !row_in->id || !row_in->hash || !row_in->role) {
+        seterr(err, errlen, "key row needs id, hash and role");
+        return -1;
+    }
+    bool extras = key_row_has_extras(row_in);
+    /* Key and limits in one transaction: a key never exists without the
+     * limits it was created with. */
+    conn *c = extras ? sync_conn(s, err, errlen) : NULL;
+    if (extras && (!c || exec_simple(c->db, "BEGIN IMMEDIATE", NULL, 0) != SQLITE_OK)) {
+        if (c)
+            seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
+        return -1;
+    }
+    int ret = sync_exec(s, NULL, NULL, "inserting key", err, errlen, K_KEY_INSERT, KEY_ROW_SPEC,
+                        KEY_ROW_ARGS(row_in));
+    if (ret == 0 && extras)
+        ret = sync_exec(s, NULL, NULL, "setting key limits", err, errlen, K_KEY_LIMITS,
+                        KEY_LIMITS_SPEC, row_in->id, row_in->rpm, row_in->tokens_per_day,
+                        row_in->max_concurrent, row_in->max_uses);
+    if (extras && exec_simple(c->db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, 0) != SQLITE_OK &&
+        ret == 0) {
+        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
+        ret = -1;
+    }
+    return ret;
+}
+
+int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_at, char *err,
+                              size_t errlen)
+{
+    if (sync_exec(s, NULL, NULL, "revoking key", err, errlen, K_KEY_REVOKE, "ti", key_id,
+                  revoked_at) != 0)
+        return -1;
+    return sqlite3_changes(s->r.db) > 0 ? 0 : 1;
+}
+
+/* ---- unfinished jobs, usage ---- */
+
+static int job_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    row *r = row_copy(st);
+    if (!r) {
+        seterr(c->err, c->errlen, "out of memory");
+        return -1;
+    }
+    gps_store_job_info ji;
+    json_t *req;
+    job_info_from_row(r, &ji, &req);
+    /* Optional (no job_events table before migration 0002). */
+    ji.events = events_collect(&c->s->r, ji.id);
+    int ret = c->cb.job(c->arg, &ji);
+    json_decref(req);
+    json_decref(ji.events);
+    free(r);
+    return ret;
+}
+
+int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void *arg, char *err,
+                                   size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.job = cb, .arg = arg, .err = err, .errlen = errlen};
+    return sync_exec(s, job_row, &c, "reading jobs", err, errlen, K_LOAD_JOBS, "");
+}
+
+static int usage_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    const char *id = (const char *)sqlite3_column_text(st, 0);
+    if (!id)
+        return 0;
+    return c->cb.usage(c->arg, id, c->day, sqlite3_column_int64(st, 1),
+                                        sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
+                                        sqlite3_column_int64(st, 4));
+}
+
+int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
+                         size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.usage = cb, .arg = arg, .err = err, .errlen = errlen, .day = day};
+    return sync_exec(s, usage_row, &c, "reading key_usage", err, errlen, K_LOAD_USAGE, "i", day);
+}

@@ -1,0 +1,163 @@
+/* The validation helpers every dialect shares (reqcheck.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/dialects/reqcheck.h"
+
+static void test_absent(void **st)
+{
+    (void)st;
+    json_t *n = json_null(), *z = json_integer(0);
+    assert_true(gps_absent(NULL));
+    assert_true(gps_absent(n));
+    assert_false(gps_absent(z));
+    json_decref(n);
+    json_decref(z);
+}
+
+static void test_check_number(void **st)
+{
+    (void)st;
+    char msg[160];
+    json_t *b = json_pack("{s:f,s:s,s:i,s:n}", "t", 0.5, "s", "x", "big", 3, "nul");
+    double out = -1;
+    assert_int_equal(gps_check_number(b, "t", "'t'", 0, 1, &out, msg, sizeof msg), 0);
+    assert_true(out == 0.5);
+    out = -1; /* absent and null: untouched */
+    assert_int_equal(gps_check_number(b, "missing", "'m'", 0, 1, &out, msg, sizeof msg), 0);
+    assert_int_equal(gps_check_number(b, "nul", "'n'", 0, 1, &out, msg, sizeof msg), 0);
+    assert_true(out == -1);
+    assert_int_equal(gps_check_number(b, "s", "'s'", 0, 1, &out, msg, sizeof msg), -1);
+    assert_string_equal(msg, "'s' must be a number between 0 and 1");
+    /* The name comes as the dialect writes it (Anthropic: "key:"). */
+    assert_int_equal(gps_check_number(b, "big", "big:", -2, 2, &out, msg, sizeof msg), -1);
+    assert_string_equal(msg, "big: must be a number between -2 and 2 (got 3)");
+    /* Bounds are inclusive. */
+    assert_int_equal(gps_check_number(b, "big", "'big'", 0, 3, &out, msg, sizeof msg), 0);
+    assert_true(out == 3);
+    json_decref(b);
+}
+
+static void test_priority(void **st)
+{
+    (void)st;
+    gps_job_priority p = GPS_PRIO_INTERACTIVE;
+    json_t *batch = json_string("batch"), *inter = json_string("interactive"),
+           *bad = json_string("urgent"), *num = json_integer(1);
+    assert_int_equal(gps_priority_parse(NULL, &p), 0);
+    assert_int_equal(p, GPS_PRIO_INTERACTIVE);
+    assert_int_equal(gps_priority_parse(batch, &p), 0);
+    assert_int_equal(p, GPS_PRIO_BATCH);
+    assert_int_equal(gps_priority_parse(inter, &p), 0);
+    assert_int_equal(p, GPS_PRIO_INTERACTIVE);
+    assert_int_equal(gps_priority_parse(bad, &p), -1);
+    assert_int_equal(gps_priority_parse(num, &p), -1);
+    assert_int_equal(p, GPS_PRIO_INTERACTIVE);
+    json_decref(batch);
+    json_decref(inter);
+    json_decref(bad);
+    json_decref(num);
+}
+
+static void test_stop_and_sampling(void **st)
+{
+    (void)st;
+    char msg[160];
+    json_t *out = NULL;
+    json_t *one = json_string("END"), *empty = json_string(""),
+           *arr = json_pack("[s,s]", "a", "b"), *bad = json_pack("[s,i]", "a", 3),
+           *many = json_pack("[s,s,s]", "a", "b", "c");
+    assert_int_equal(gps_stop_parse(NULL, 4, &out, msg, sizeof msg), 0);
+    assert_null(out);
+    assert_int_equal(gps_stop_parse(one, 4, &out, msg, sizeof msg), 0);
+    assert_int_equal(json_array_size(out), 1);
+    json_decref(out);
+    assert_int_equal(gps_stop_parse(arr, 2, &out, msg, sizeof msg), 0);
+    assert_string_equal(json_string_value(json_array_get(out, 1)), "b");
+    json_decref(out);
+    /* An empty sequence would end every reply at once: refused. */
+    assert_int_equal(gps_stop_parse(empty, 4, &out, msg, sizeof msg), -1);
+    assert_string_equal(msg, "'stop' must be a string of 1 to 1024 bytes");
+    assert_int_equal(gps_stop_parse(bad, 4, &out, msg, sizeof msg), -1);
+    assert_string_equal(msg, "stop[1] must be a string of 1 to 1024 bytes");
+    assert_int_equal(gps_stop_parse(many, 2, &out, msg, sizeof msg), -1);
+    assert_null(out);
+
+    gps_job_spec s;
+    memset(&s, 0, sizeof s);
+    const char *param = NULL;
+    json_t *b = json_pack("{s:f,s:i,s:[s]}", "temperature", 1.5, "top_k", 40, "stop", "x");
+    assert_int_equal(gps_sampling_parse(b, &s, 2, 4, msg, sizeof msg, &param), 0);
+    assert_true(s.temperature == 1.5);
+    assert_int_equal(s.top_k, 40);
+    assert_int_equal(json_array_size(s.stop), 1);
+    json_decref(s.stop);
+    json_decref(b);
+    memset(&s, 0, sizeof s);
+    b = json_pack("{s:f}", "top_p", 1.5);
+    assert_int_equal(gps_sampling_parse(b, &s, 2, 4, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "top_p");
+    json_decref(b);
+    b = json_pack("{s:[s]}", "stop", "");
+    assert_int_equal(gps_sampling_parse(b, &s, 2, 4, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "stop");
+    json_decref(b);
+
+    json_t *seed = json_integer(7), *str = json_string("7");
+    memset(&s, 0, sizeof s);
+    assert_int_equal(gps_seed_parse(NULL, &s), 0);
+    assert_false(s.has_seed);
+    assert_int_equal(gps_seed_parse(str, &s), -1);
+    assert_int_equal(gps_seed_parse(seed, &s), 0);
+    assert_true(s.has_seed);
+    assert_int_equal(s.seed, 7);
+    json_decref(seed);
+    json_decref(str);
+    json_decref(one);
+    json_decref(empty);
+    json_decref(arr);
+    json_decref(bad);
+    json_decref(many);
+}
+
+/* GPS_FAIL: message, param, jump; one parser shape for every dialect. */
+static int parse_one(const json_t *v, char *msg, size_t msglen, const char **param)
+{
+    *param = NULL;
+    if (!json_is_integer(v) || json_integer_value(v) > GPS_MAX_TOKENS_LIMIT)
+        GPS_FAIL("max_tokens", "'max_tokens' must be at most %d", GPS_MAX_TOKENS_LIMIT);
+    return 0;
+fail:
+    return -1;
+}
+
+static void test_fail_macro(void **st)
+{
+    (void)st;
+    char msg[96];
+    const char *param;
+    json_t *ok = json_integer(GPS_MAX_TOKENS_LIMIT), *big = json_integer(GPS_MAX_TOKENS_LIMIT + 1);
+    assert_int_equal(parse_one(ok, msg, sizeof msg, &param), 0);
+    assert_null(param);
+    assert_int_equal(parse_one(big, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "max_tokens");
+    assert_string_equal(msg, "'max_tokens' must be at most 1000000");
+    json_decref(ok);
+    json_decref(big);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_absent),
+        cmocka_unit_test(test_check_number),
+        cmocka_unit_test(test_priority),
+        cmocka_unit_test(test_stop_and_sampling),
+        cmocka_unit_test(test_fail_macro),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,89 @@
+/* The one error-body builder (errors.h): every dialect's shape, and the
+ * same facts (param, retry_after_sec) in the same place in each. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/http/errors.h"
+
+static void test_error_shapes(void **st)
+{
+    (void)st;
+    json_t *o = gps_error_body(GPS_DIALECT_OPENAI, 400, "INVALID_REQUEST", "bad top_p", "top_p",
+                               "c1", NULL);
+    json_t *e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "message")), "bad top_p");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "top_p");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "invalid_request");
+    json_decref(o);
+
+    o = gps_error_body(GPS_DIALECT_OPENAI, 503, "NO_AGENT", "none", NULL, NULL,
+                       json_pack("{s:i}", "retry_after_sec", 15));
+    e = json_object_get(o, "error");
+    assert_true(json_is_null(json_object_get(e, "param")));
+    assert_int_equal(json_integer_value(json_object_get(e, "retry_after_sec")), 15);
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "service_unavailable");
+    json_decref(o);
+
+    o = gps_error_body(GPS_DIALECT_NATIVE, 409, "SEQ_GAP", "gap", NULL, "corr", NULL);
+    e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "code")), "SEQ_GAP");
+    assert_string_equal(json_string_value(json_object_get(e, "correlation_id")), "corr");
+    json_decref(o);
+
+    o = gps_error_body(GPS_DIALECT_ANTHROPIC, 404, "NOT_FOUND", "nope", NULL, NULL, NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "type")), "error");
+    e = json_object_get(o, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "not_found_error");
+    json_decref(o);
+
+    assert_string_equal(gps_openai_error_type(401), "authentication_error");
+    assert_string_equal(gps_openai_error_type(429), "rate_limit_error");
+    assert_string_equal(gps_openai_error_type(500), "server_error");
+}
+
+/* retry_after_sec sits in the error object beside the message in every
+ * dialect (it was flat in OpenAI, missing in Anthropic and nested under
+ * details in native); param names the field everywhere. */
+static void test_error_same_fields_every_dialect(void **st)
+{
+    (void)st;
+    const gps_dialect ds[] = {GPS_DIALECT_OPENAI, GPS_DIALECT_ANTHROPIC, GPS_DIALECT_NATIVE};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+        json_t *o = gps_error_body_retry(ds[i], 429, "QUEUE_FULL", "full", NULL, "c", 7);
+        json_t *e = json_object_get(o, "error");
+        assert_int_equal(json_integer_value(json_object_get(e, "retry_after_sec")), 7);
+        assert_string_equal(json_string_value(json_object_get(e, "message")), "full");
+        assert_null(json_object_get(e, "details"));
+        json_decref(o);
+
+        o = gps_error_body_retry(ds[i], 404, "MODEL_NOT_FOUND", "no such model", "model", "c",
+                                 0);
+        e = json_object_get(o, "error");
+        assert_null(json_object_get(e, "retry_after_sec"));
+        const json_t *param = ds[i] == GPS_DIALECT_NATIVE
+                                  ? json_object_get(json_object_get(e, "details"), "param")
+                                  : json_object_get(e, "param");
+        assert_string_equal(json_string_value(param), "model");
+        json_decref(o);
+    }
+    /* Anthropic without a param: no param field (its own shape has none). */
+    json_t *o = gps_error_body_retry(GPS_DIALECT_ANTHROPIC, 500, "INTERNAL", "x", NULL, NULL, 0);
+    assert_null(json_object_get(json_object_get(o, "error"), "param"));
+    assert_string_equal(json_string_value(json_object_get(json_object_get(o, "error"), "type")),
+                        "api_error");
+    json_decref(o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_shapes),
+        cmocka_unit_test(test_error_same_fields_every_dialect),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,190 @@
+/* Routing table (404/405, params); the error shapes are in test_errors.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/http/http.h"
+
+static void h(gps_req *r, void *arg) { (void)r; (void)arg; }
+
+static const gps_route routes[] = {
+    {EVHTTP_REQ_POST, "/v1/chat/completions", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h, NULL},
+    {EVHTTP_REQ_GET, "/v1/models", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h, NULL},
+    {EVHTTP_REQ_POST, "/agents/jobs/{id}/events", GPS_DIALECT_NATIVE, GPS_ROLE_AGENT, h, NULL},
+    {EVHTTP_REQ_GET, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h, NULL},
+    {EVHTTP_REQ_DELETE, "/v2/tasks/{id}", GPS_DIALECT_NATIVE, GPS_ROLE_CLIENT, h, NULL},
+};
+#define N (sizeof routes / sizeof routes[0])
+
+static void test_lookup_found(void **st)
+{
+    (void)st;
+    const gps_route *r = NULL;
+    char p[GPS_ROUTE_MAX_PARAMS][GPS_ROUTE_PARAM_MAX];
+    int np = -1;
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_POST, "/v1/chat/completions", &r, p, &np), 0);
+    assert_ptr_equal(r, &routes[0]);
+    assert_int_equal(np, 0);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, "/v1/models/", &r, p, &np), 0);
+    assert_ptr_equal(r, &routes[1]);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_POST, "/agents/jobs/job_abc/events", &r, p, &np), 0);
+    assert_ptr_equal(r, &routes[2]);
+    assert_int_equal(np, 1);
+    assert_string_equal(p[0], "job_abc");
+    /* same pattern, two methods */
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_DELETE, "/v2/tasks/t1", &r, p, &np), 0);
+    assert_ptr_equal(r, &routes[4]);
+    assert_string_equal(p[0], "t1");
+}
+
+static void test_lookup_404_405(void **st)
+{
+    (void)st;
+    const gps_route *r = NULL;
+    char p[GPS_ROUTE_MAX_PARAMS][GPS_ROUTE_PARAM_MAX];
+    int np;
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, "/v1/nothing", &r, p, &np), 404);
+    assert_null(r);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, "/v1/chat/completionsX", &r, p, &np), 404);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, "/v1/chat", &r, p, &np), 404);
+    /* an empty parameter segment does not match */
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_POST, "/agents/jobs//events", &r, p, &np), 404);
+    /* a parameter never spans segments */
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_POST, "/agents/jobs/a/b/events", &r, p, &np), 404);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, "/v1/chat/completions", &r, p, &np), 405);
+    assert_ptr_equal(r, &routes[0]);
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_PUT, "/v2/tasks/x", &r, p, &np), 405);
+    assert_int_equal(r->dialect, GPS_DIALECT_NATIVE);
+    /* a parameter longer than the buffer does not match (no truncation) */
+    char longp[400] = "/v2/tasks/";
+    memset(longp + 10, 'a', 300);
+    longp[310] = '\0';
+    assert_int_equal(gps_route_lookup(routes, N, EVHTTP_REQ_GET, longp, &r, p, &np), 404);
+}
+
+static void test_dialect_for_path(void **st)
+{
+    (void)st;
+    assert_int_equal(gps_dialect_for_path("/v1/whatever"), GPS_DIALECT_OPENAI);
+    assert_int_equal(gps_dialect_for_path("/v1/messages"), GPS_DIALECT_ANTHROPIC);
+    assert_int_equal(gps_dialect_for_path("/agents/x"), GPS_DIALECT_NATIVE);
+    assert_int_equal(gps_dialect_for_path("/"), GPS_DIALECT_NATIVE);
+    assert_int_equal(gps_dialect_for_path("/v10/x"), GPS_DIALECT_NATIVE);
+}
+
+/* Issue 9, finding 9: only normalised origin-form paths route. */
+static void test_issue9_target_ok(void **st)
+{
+    (void)st;
+    assert_true(gps_http_target_ok("/"));
+    assert_true(gps_http_target_ok("/v1/models/"));
+    assert_true(gps_http_target_ok("/admin/jobs?model=a/../b"));
+    assert_true(gps_http_target_ok("/v2/tasks/a.b"));
+    assert_true(gps_http_target_ok("/v2/tasks/...")); /* not a dot segment */
+    assert_false(gps_http_target_ok("http://h/v1/models"));
+    assert_false(gps_http_target_ok("*"));
+    assert_false(gps_http_target_ok("//x/admin/keys"));
+    assert_false(gps_http_target_ok("/v1//models"));
+    assert_false(gps_http_target_ok("/v1/../admin/keys"));
+    assert_false(gps_http_target_ok("/v1/%2e%2E/admin/keys"));
+    assert_false(gps_http_target_ok("/./"));
+    assert_false(gps_http_target_ok("/."));
+    assert_false(gps_http_target_ok("/a/.."));
+    assert_false(gps_http_target_ok("/a b"));
+    assert_false(gps_http_target_ok("/a\x01"));
+    assert_false(gps_http_target_ok("/caf\xc3\xa9"));
+}
+
+static int parse(const char *head, gps_head *hd)
+{
+    static char canon[4096];
+    char msg[200];
+    return gps_http_head_parse(head, strlen(head), hd, canon, sizeof canon, msg, sizeof msg);
+}
+
+/* Issue 9, findings 3 and 9: what the gate takes from a head. */
+static void test_issue9_head_parse(void **st)
+{
+    (void)st;
+    static gps_head hd;
+    assert_int_equal(parse("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Length:  42 \r\nAuthorization: Bearer k\r\n"
+                           "X-Correlation-Id: abc\r\n", &hd), 0);
+    assert_int_equal(hd.method, EVHTTP_REQ_POST);
+    assert_int_equal(hd.content_length, 42);
+    assert_false(hd.chunked);
+    assert_string_equal(hd.auth, "Bearer k");
+    assert_string_equal(hd.corr, "abc");
+    assert_string_equal(hd.canon, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                  "Content-Length: 42\r\nAuthorization: Bearer k\r\n"
+                                  "X-Correlation-Id: abc\r\n\r\n");
+    assert_int_equal(parse("POST /v2/tasks HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n", &hd), 0);
+    assert_true(hd.chunked);
+    assert_int_equal(hd.content_length, -1);
+    /* blank credentials are present but empty (the caller treats them as missing) */
+    assert_int_equal(parse("GET /v1/models HTTP/1.1\r\nAuthorization:   \r\n", &hd), 0);
+    assert_true(hd.has_auth);
+    assert_string_equal(hd.auth, "");
+
+    static const struct {
+        const char *head;
+        int status;
+    } bad[] = {
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: +5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5x\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5 5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: \x0b" "5\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: -1\r\n", 400},
+        {"POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n", 400},
+        {"POST / HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n", 400},
+        {"POST / HTTP/1.1\r\nx-api-key: a\r\nX-Api-Key: a\r\n", 400},
+        {"POST http://h/v1/completions HTTP/1.1\r\n", 400},
+        {"GET //x/admin/keys HTTP/1.1\r\n", 400},
+        {"GET / HTTP/2.0\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost : x\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n", 400},
+        {"GET / HTTP/1.1\nHost: x\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: x\n", 400},
+        {"HEAD / HTTP/1.1\r\nContent-Length: 3\r\n", 400},
+        {"CONNECT h:443 HTTP/1.1\r\n", 501},
+        {"TRACE / HTTP/1.1\r\n", 501},
+        {"BREW / HTTP/1.1\r\n", 501},
+    };
+    /* a canonical head never outgrows 2 * len + 64 (one space per header) */
+    char many[2048] = "GET / HTTP/1.1\r\n";
+    for (int i = 0; i < 100; i++)
+        strcat(many, "a:b\r\n");
+    char big[2 * sizeof many + 64], msg[100];
+    assert_int_equal(gps_http_head_parse(many, strlen(many), &hd, big, 2 * strlen(many) + 64,
+                                         msg, sizeof msg), 0);
+    assert_int_equal(hd.canon_len, strlen(many) + 100 + 2);
+    /* a long target is no reason for 431 */
+    char longt[1800] = "GET /admin/jobs?model=";
+    memset(longt + strlen(longt), 'm', 1500);
+    strcat(longt, " HTTP/1.1\r\n");
+    assert_int_equal(gps_http_head_parse(longt, strlen(longt), &hd, big, sizeof big, msg,
+                                         sizeof msg), 0);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int got = parse(bad[i].head, &hd);
+        if (got != bad[i].status)
+            fail_msg("case %zu (%s): %d, want %d", i, bad[i].head, got, bad[i].status);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lookup_found),
+        cmocka_unit_test(test_lookup_404_405),
+        cmocka_unit_test(test_dialect_for_path),
+        cmocka_unit_test(test_issue9_target_ok),
+        cmocka_unit_test(test_issue9_head_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,254 @@
+/* gps_jobs_submit (jobs.h): a job is assigned at once to a ready agent,
+ * queued in order otherwise, refused with the status and code a dialect
+ * answers with (404 unknown model, 503 no live agent, 429 queue full: the
+ * spec is emptied either way), moved to its first fallback model with
+ * capacity, and written to the request log once, with the input that the
+ * log keeps (nothing for OpenAI without log_prompts, the dialect's
+ * stored_request for a native task). Real registry, scheduler, jobs and
+ * SQLite store (fixture_fleet.h, db_fixture.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "fixture_fleet.h"
+#include "server/jobs/jobs.h"
+#include "server/store/store.h"
+
+#include "db_fixture.h"
+
+static void test_assigned_at_once_to_a_ready_agent(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 2, 1000);
+    assert_int_equal(sched_agent_ready(f.s, a, 1), 0);
+    gps_job_spec s = fleet_spec("m1", 12);
+    s.has_seed = true;
+    s.seed = 77;
+    gps_job *job = fleet_submit(&f, &s);
+    assert_null(s.model); /* moved in */
+    assert_int_equal(job->state, GPS_JOB_ASSIGNED);
+    assert_int_equal(job->attempts, 1);
+    assert_string_equal(job->agent_id, a->id);
+    assert_int_equal(strncmp(job->id, "job_", 4), 0);
+    assert_int_equal(strlen(job->id), 4 + 24);
+    assert_string_equal(job->correlation_id, "corr");
+    assert_ptr_equal(gps_jobs_find(f.jobs, job->id), job);
+    /* handed to the parked long-poll in the same call */
+    assert_int_equal(f.delivered, 1);
+    assert_ptr_equal(f.delivered_to, a);
+    json_t *w = json_array_get(f.delivery, 0);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
+    assert_string_equal(json_string_value(json_object_get(w, "model")), "m1");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "params"),
+                                                        "max_tokens")),
+                     12);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(w, "sampler"), "seed")),
+                     77);
+    assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 1);
+    fleet_free(&f);
+}
+
+static void test_queued_in_order_until_an_agent_asks(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 2, 1000);   /* live, not ready */
+    gps_job_spec s1 = fleet_spec("m1", 5), s2 = fleet_spec("m1", 5);
+    gps_job *j1 = fleet_submit(&f, &s1);
+    gps_job *j2 = fleet_submit(&f, &s2);
+    assert_int_equal(j1->state, GPS_JOB_QUEUED);
+    assert_int_equal(j2->state, GPS_JOB_QUEUED);
+    assert_int_equal(j1->attempts, 0);
+    assert_string_equal(j1->agent_id, "");
+    assert_int_equal(gps_jobs_queue_position(f.jobs, j1), 0);
+    assert_int_equal(gps_jobs_queue_position(f.jobs, j2), 1);
+    assert_int_equal(gps_jobs_active(f.jobs), 2);
+    assert_int_equal(f.delivered, 0);
+    json_t *w = fleet_take(&f, a);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), j1->id);
+    json_decref(w);
+    assert_int_equal(j1->state, GPS_JOB_ASSIGNED);
+    assert_int_equal(gps_jobs_queue_position(f.jobs, j2), 0);
+    fleet_free(&f);
+}
+
+/* Refusals: the status, code and Retry-After a dialect sends. */
+static void test_refused(void **state)
+{
+    (void)state;
+    gps_jobs_opts o = fleet_opts();
+    o.max_queue = 2;
+    o.poll_interval_sec = 4;
+    static const struct {
+        const char *model;
+        int status;
+        const char *code;
+        bool retry_after;
+    } t[] = {
+        {"nope", 404, "MODEL_NOT_FOUND", false},   /* no agent ever served it */
+        {"gone", 503, "NO_AGENT", true},           /* known, its agent went offline */
+        {"m1", 429, "QUEUE_FULL", true},           /* two already queued */
+    };
+    fleet f;
+    fleet_init(&f, &o, NULL);
+    fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+    registry_agent *g = fleet_agent(&f, 2, "gone", NULL, 1, 1000);
+    registry_deregister(f.reg, g, 1000);
+    for (int i = 0; i < 2; i++) {
+        gps_job_spec s = fleet_spec("m1", 5);
+        fleet_submit(&f, &s);
+    }
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        gps_job_spec s = fleet_spec(t[i].model, 5);
+        gps_submit_err err;
+        assert_null(gps_jobs_submit(f.jobs, &s, "corr", "", &err));
+        assert_null(s.model);   /* emptied on failure too */
+        assert_null(s.prompt);
+        assert_string_equal(s.api, "openai");
+        if (err.status != t[i].status || strcmp(err.code, t[i].code) != 0 ||
+            (err.retry_after_sec > 0) != t[i].retry_after)
+            fail_msg("%s: %d %s retry %d", t[i].model, err.status, err.code,
+                     err.retry_after_sec);
+        assert_non_null(strstr(err.message, t[i].model));
+    }
+    assert_int_equal(gps_jobs_active(f.jobs), 2);
+    fleet_free(&f);
+}
+
+/* fallback_models at submit: the first that can take or queue the job
+ * serves it; with none, the first model's error is the answer. */
+static void test_fallback_at_submit(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    fleet_agent(&f, 1, "B", NULL, 1, 1000);
+    fleet_agent(&f, 2, "C", NULL, 1, 1000);
+    gps_job_spec s = fleet_spec("A", 5);
+    s.fallback_models[0] = strdup("nope");
+    s.fallback_models[1] = strdup("C");
+    s.fallback_models[2] = strdup("B");
+    s.n_fallback = 3;
+    gps_job *job = fleet_submit(&f, &s);
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, "C");
+    assert_string_equal(job->requested_model, "A");
+
+    gps_job_spec s2 = fleet_spec("A", 5);
+    s2.fallback_models[0] = strdup("nope");
+    s2.n_fallback = 1;
+    gps_submit_err err;
+    assert_null(gps_jobs_submit(f.jobs, &s2, "corr", "", &err));
+    assert_int_equal(err.status, 404);
+    assert_non_null(strstr(err.message, "'A'"));
+    fleet_free(&f);
+}
+
+/* ---- the request log ---- */
+
+typedef struct row {
+    int calls, status;
+    char api[16], status_s[16], model[16];
+    json_t *request;
+} row;
+
+static void row_cb(void *arg, int status, const gps_store_job_info *j)
+{
+    row *r = arg;
+    r->calls++;
+    r->status = status;
+    if (!j)
+        return;
+    snprintf(r->api, sizeof r->api, "%s", j->api);
+    snprintf(r->status_s, sizeof r->status_s, "%s", j->status);
+    snprintf(r->model, sizeof r->model, "%s", j->model);
+    r->request = j->request ? json_deep_copy(j->request) : NULL;
+}
+
+static bool row_read(void *arg) { return ((row *)arg)->calls > 0; }
+
+static row read_row(fleet *f, gps_store *st, const char *id)
+{
+    row r = {0};
+    assert_int_equal(gps_store_job_get_async(st, id, row_cb, &r), 0);
+    assert_true(fleet_run_until(f, row_read, &r, 10000));
+    assert_int_equal(r.status, 0);
+    return r;
+}
+
+static void test_request_log_written_once(void **state)
+{
+    tctx *t = *state;
+    char err[256];
+    struct event_base *base = event_base_new();
+    gps_store *st = gps_store_open(t->db, base, NULL, err, sizeof err);
+    if (!st)
+        fail_msg("%s", err);
+    fleet f;
+    fleet_init_on(&f, base, NULL, NULL, st);
+    fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+
+    gps_job_spec so = fleet_spec("m1", 5);                  /* OpenAI, no log_prompts */
+    gps_job *jo = fleet_submit(&f, &so);
+    gps_job_spec sn = fleet_spec("m1", 6);                  /* native, built by jobs.c */
+    sn.api = "native";
+    gps_job *jn = fleet_submit(&f, &sn);
+    gps_job_spec sb = fleet_spec("m1", 7);                  /* native with its body */
+    sb.api = "native";
+    json_t *body = json_pack("{s:s,s:s,s:i,s:i,s:f}", "model", "m1", "prompt", "hello",
+                             "max_tokens", 7, "seed", 5, "temperature", 0.25);
+    sb.stored_request = json_incref(body);
+    gps_job *jb = fleet_submit(&f, &sb);
+    assert_null(sb.stored_request);
+    assert_null(jb->spec.stored_request);   /* taken by the write, not kept */
+    assert_int_equal(gps_store_flush(st), 0);
+    gps_store_stats stats;
+    gps_store_get_stats(st, &stats);
+    /* one write per job: the insert (a native body used to be a second) */
+    assert_int_equal(stats.ops_committed, 3);
+    assert_int_equal(stats.ops_failed, 0);
+
+    row r = read_row(&f, st, jo->id);
+    assert_string_equal(r.api, "openai");
+    assert_string_equal(r.status_s, "queued");
+    assert_string_equal(r.model, "m1");
+    assert_null(r.request);
+    r = read_row(&f, st, jn->id);
+    assert_string_equal(r.api, "native");
+    json_t *want = json_pack("{s:s,s:i}", "prompt", "hello", "max_tokens", 6);
+    assert_true(json_equal(r.request, want));
+    json_decref(want);
+    json_decref(r.request);
+    r = read_row(&f, st, jb->id);
+    assert_true(json_equal(r.request, body));
+    json_decref(r.request);
+    json_decref(body);
+
+    fleet_free(&f);
+    gps_store_close(st);
+    event_base_free(base);
+}
+
+int main(void)
+{
+    evthread_use_pthreads();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
+        cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_fallback_at_submit),
+        cmocka_unit_test_setup_teardown(test_request_log_written_once, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

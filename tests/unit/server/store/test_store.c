@@ -1,0 +1,806 @@
+/*
+ * Unit tests for src/server/store/store.c: migrations, the DB thread's group
+ * commit, overload drops, start-up loads, async reads back on the loop.
+ * Every test uses a real SQLite file in its own temporary directory and
+ * checks the results through a separate raw sqlite3 connection.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <sqlite3.h>
+
+#include "common/gp_util.h"
+#include "server/store/store.h"
+
+#include "db_fixture.h"
+
+/* ---- raw access for checks ---- */
+
+static sqlite3 *raw_open(const char *path)
+{
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    return db;
+}
+
+static long long raw_int(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    long long v = sqlite3_column_type(st, 0) == SQLITE_NULL ? -999 : sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* First column of the first row as a malloc'd string ("<null>" for NULL). */
+static char *raw_text(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    const char *s = (const char *)sqlite3_column_text(st, 0);
+    char *r = strdup(s ? s : "<null>");
+    sqlite3_finalize(st);
+    return r;
+}
+
+static void raw_exec(sqlite3 *db, const char *sql)
+{
+    char *msg = NULL;
+    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK)
+        fprintf(stderr, "raw_exec: %s\n", msg);
+    sqlite3_free(msg);
+    assert_int_equal(rc, SQLITE_OK);
+}
+
+static void assert_text(sqlite3 *db, const char *sql, const char *want)
+{
+    char *got = raw_text(db, sql);
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static gps_store *open_ok(const char *path, struct event_base *base, const gps_store_opts *o)
+{
+    char err[512] = "";
+    gps_store *s = gps_store_open(path, base, o, err, sizeof(err));
+    if (!s)
+        fprintf(stderr, "open failed: %s\n", err);
+    assert_non_null(s);
+    return s;
+}
+
+/* ---- migrations ---- */
+
+static void test_migrations_once(void **state)
+{
+    tctx *t = *state;
+    assert_true(gps_store_schema_version() >= 1);
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    gps_store_close(s);
+
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"),
+                     gps_store_schema_version());
+    assert_text(db, "SELECT name FROM schema_migrations WHERE version = 1", "init");
+    assert_true(raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1") >
+                1600000000000LL);
+    assert_text(db, "PRAGMA journal_mode", "wal");
+    const char *tables[] = {"agents", "agent_models", "api_keys", "jobs", "job_checkpoints",
+                            "job_events", "key_usage"};
+    for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+        char q[160];
+        snprintf(q, sizeof(q), "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='%s'",
+                 tables[i]);
+        assert_int_equal(raw_int(db, q), 1);
+    }
+    /* The admin listing walks this index newest first (migration 0004). */
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type='index' AND "
+                                 "name='jobs_created' AND tbl_name='jobs'"),
+                     1);
+    long long applied = raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1");
+    sqlite3_close(db);
+
+    /* Re-open: nothing applied again, the record is untouched. */
+    s = open_ok(t->db, NULL, NULL);
+    gps_store_close(s);
+    db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"),
+                     gps_store_schema_version());
+    assert_int_equal(raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1"),
+                     applied);
+    sqlite3_close(db);
+}
+
+static void test_newer_schema_refused(void **state)
+{
+    tctx *t = *state;
+    gps_store_close(open_ok(t->db, NULL, NULL));
+    sqlite3 *db = raw_open(t->db);
+    raw_exec(db, "INSERT INTO schema_migrations VALUES (999, 'future', 0)");
+    sqlite3_close(db);
+    char err[512] = "";
+    gps_store *s = gps_store_open(t->db, NULL, NULL, err, sizeof(err));
+    assert_null(s);
+    assert_non_null(strstr(err, "newer"));
+    assert_non_null(strstr(err, "999"));
+}
+
+static void test_not_sqlite(void **state)
+{
+    tctx *t = *state;
+    FILE *f = fopen(t->db, "wb");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++)
+        fputs("this is not a database file at all. ", f);
+    fclose(f);
+    char err[512] = "";
+    assert_null(gps_store_open(t->db, NULL, NULL, err, sizeof(err)));
+    assert_non_null(strstr(err, "not a SQLite database"));
+
+    /* An unopenable path is a clear error as well. */
+    char bad[256];
+    snprintf(bad, sizeof(bad), "%s/no/such/dir/x.db", t->dir);
+    err[0] = '\0';
+    assert_null(gps_store_open(bad, NULL, NULL, err, sizeof(err)));
+    assert_non_null(strstr(err, "cannot open"));
+}
+
+static void write_file(const char *path, const char *data)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(data, f);
+    fclose(f);
+}
+
+static void test_migrations_dir(void **state)
+{
+    tctx *t = *state;
+    char mdir[128], p[256];
+    snprintf(mdir, sizeof(mdir), "%s/mig", t->dir);
+    assert_int_equal(mkdir(mdir, 0755), 0);
+    size_t len;
+    char *init = gp_read_file(GP_SOURCE_DIR "/migrations/0001_init.sql", &len, 1 << 20);
+    assert_non_null(init);
+    snprintf(p, sizeof(p), "%s/0001_init.sql", mdir);
+    write_file(p, init);
+    free(init);
+    snprintf(p, sizeof(p), "%s/0002_extra.sql", mdir);
+    write_file(p, "CREATE TABLE extra (x INTEGER);");
+    snprintf(p, sizeof(p), "%s/README", mdir);
+    write_file(p, "not a migration, ignored");
+
+    gps_store_opts o = {.migrations_dir = mdir};
+    gps_store_close(open_ok(t->db, NULL, &o));
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT max(version) FROM schema_migrations"), 2);
+    assert_text(db, "SELECT name FROM schema_migrations WHERE version = 2", "extra");
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM extra"), 0);
+    sqlite3_close(db);
+
+    /* The embedded set stops at 1 (as long as the repo has one migration):
+     * this DB is now newer than the binary. */
+    if (gps_store_schema_version() < 2) {
+        char err[512] = "";
+        assert_null(gps_store_open(t->db, NULL, NULL, err, sizeof(err)));
+        assert_non_null(strstr(err, "newer"));
+    }
+
+    /* A broken migration rolls back and names itself. */
+    snprintf(p, sizeof(p), "%s/0003_broken.sql", mdir);
+    write_file(p, "CREATE TABLE ok3 (x); THIS IS NOT SQL;");
+    char err[512] = "";
+    assert_null(gps_store_open(t->db, NULL, &o, err, sizeof(err)));
+    assert_non_null(strstr(err, "0003_broken"));
+    db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT max(version) FROM schema_migrations"), 2);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE name='ok3'"), 0);
+    sqlite3_close(db);
+
+    /* A badly named .sql file is refused. */
+    unlink(p);
+    snprintf(p, sizeof(p), "%s/3_bad.sql", mdir);
+    write_file(p, "SELECT 1;");
+    err[0] = '\0';
+    assert_null(gps_store_open(t->db, NULL, &o, err, sizeof(err)));
+    assert_non_null(strstr(err, "NNNN_name.sql"));
+}
+
+/* ---- async writes ---- */
+
+typedef struct got_job {
+    int calls;
+    int status;
+    char model[64], status_s[32], agent[64], checkpoint[64], req_prompt[64];
+    long long completion_tokens, seq, attempts, ttft;
+    bool has_seed;
+    long long seed;
+} got_job;
+
+static void on_job(void *arg, int status, const gps_store_job_info *j)
+{
+    got_job *g = arg;
+    g->calls++;
+    g->status = status;
+    if (!j)
+        return;
+    snprintf(g->model, sizeof(g->model), "%s", j->model);
+    snprintf(g->status_s, sizeof(g->status_s), "%s", j->status);
+    snprintf(g->agent, sizeof(g->agent), "%s", j->agent_id ? j->agent_id : "<null>");
+    snprintf(g->checkpoint, sizeof(g->checkpoint), "%.*s", (int)j->checkpoint_len,
+             j->checkpoint_text ? j->checkpoint_text : "");
+    json_t *p = j->request ? json_object_get(j->request, "prompt") : NULL;
+    snprintf(g->req_prompt, sizeof(g->req_prompt), "%s", p ? json_string_value(p) : "<none>");
+    g->completion_tokens = j->completion_tokens;
+    g->seq = j->checkpoint_seq;
+    g->attempts = j->attempts;
+    g->ttft = j->ttft_ms;
+    g->has_seed = j->has_seed;
+    g->seed = j->seed;
+}
+
+/* Run the loop until *flag becomes non-zero (bounded: 2000 turns of at most 10 ms). */
+static void loop_until(struct event_base *base, const int *flag)
+{
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 2000 && !*flag; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+}
+
+static void add_job(gps_store *s, const char *id, const json_t *req)
+{
+    gps_store_job_row r = {.id = id, .api = "native", .kind = "completion", .model = "tiny",
+                           .key_id = "key_x", .status = "queued", .priority = 1,
+                           .correlation_id = "corr-1", .has_seed = true, .seed = 42,
+                           .created_at = gp_now_wall_ms(), .request = req};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+}
+
+static void test_async_writes_and_reads(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *s = open_ok(t->db, base, NULL);
+
+    json_t *labels = json_pack("{s:s}", "region", "eu");
+    json_t *facts = json_pack("{s:[{s:s}]}", "gpus", "name", "RTX 4090");
+    gps_store_agent_row ar = {.id = "11111111-2222-4333-8444-555555555555", .name = "box1",
+                              .version = "0.1.0", .platform = "linux", .state = "healthy",
+                              .labels = labels, .facts = facts, .key_id = "key_a",
+                              .last_seen = 1000};
+    assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+    const char *al[] = {"tiny-alias", "t2"};
+    gps_store_model_row models[] = {
+        {.model = "tiny", .aliases = al, .n_aliases = 2, .quantization = "Q8_0",
+         .context_length = 2048, .vram_bytes = 123, .loaded = true},
+        {.model = "other"},
+    };
+    assert_int_equal(gps_store_agent_models(s, ar.id, models, 2), 0);
+    assert_int_equal(gps_store_agent_models(s, ar.id, models, 1), 0);   /* replace: 1 left */
+    assert_int_equal(gps_store_agent_state(s, ar.id, "suspect", 2000), 0);
+
+    json_t *req = json_pack("{s:s}", "prompt", "Once upon a time");
+    add_job(s, "job_1", req);
+    json_decref(req);
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_1");
+    u.status = "running";
+    u.agent_id = ar.id;
+    u.attempts = 1;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    u = GPS_STORE_JOB_UPDATE_INIT("job_1");   /* only tokens: agent/status kept */
+    u.completion_tokens = 7;
+    u.ttft_ms = 12;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    assert_int_equal(gps_store_checkpoint(s, "job_1", "Once upon a time there", 22, 5), 0);
+    assert_int_equal(gps_store_checkpoint(s, "job_1", "Once upon a time there was", 26, 6), 0);
+
+    /* Read-your-writes through the queue, callback on the loop thread. */
+    got_job g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_1", on_job, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.calls, 1);
+    assert_int_equal(g.status, 0);
+    assert_string_equal(g.model, "tiny");
+    assert_string_equal(g.status_s, "running");
+    assert_string_equal(g.agent, ar.id);
+    assert_string_equal(g.checkpoint, "Once upon a time there was");
+    assert_string_equal(g.req_prompt, "Once upon a time");
+    assert_int_equal(g.completion_tokens, 7);
+    assert_int_equal(g.ttft, 12);
+    assert_int_equal(g.attempts, 1);
+    assert_int_equal(g.seq, 6);
+    assert_true(g.has_seed);
+    assert_int_equal(g.seed, 42);
+
+    got_job none = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_nope", on_job, &none), 0);
+    loop_until(base, &none.calls);
+    assert_int_equal(none.calls, 1);
+    assert_int_equal(none.status, 1);
+
+    assert_int_equal(gps_store_flush(s), 0);
+    char msg[128] = "";
+    assert_true(gps_store_healthy(s, msg, sizeof(msg)));
+
+    sqlite3 *db = raw_open(t->db);
+    assert_text(db, "SELECT state FROM agents", "suspect");
+    assert_int_equal(raw_int(db, "SELECT last_seen FROM agents"), 2000);
+    assert_int_equal(raw_int(db, "SELECT first_seen FROM agents"), 1000);
+    assert_text(db, "SELECT labels FROM agents", "{\"region\":\"eu\"}");
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM agent_models"), 1);
+    assert_text(db, "SELECT aliases FROM agent_models", "[\"tiny-alias\",\"t2\"]");
+    assert_text(db, "SELECT status FROM jobs WHERE id='job_1'", "running");
+    assert_int_equal(raw_int(db, "SELECT completion_tokens FROM jobs"), 7);
+    assert_int_equal(raw_int(db, "SELECT prompt_tokens FROM jobs"), -999);   /* NULL */
+    assert_int_equal(raw_int(db, "SELECT last_seq FROM job_checkpoints"), 6);
+    sqlite3_close(db);
+
+    /* A write SQLite rejects (checkpoint of an unknown job: foreign key)
+     * is counted; its neighbours in the batch still commit. */
+    gps_store_stats before, after;
+    gps_store_get_stats(s, &before);
+    assert_int_equal(gps_store_checkpoint(s, "job_missing", "x", 1, 1), 0);
+    add_job(s, "job_2", NULL);
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_get_stats(s, &after);
+    assert_int_equal(after.ops_failed, before.ops_failed + 1);
+    assert_int_equal(after.ops_committed, before.ops_committed + 1);
+    db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 2);
+    assert_text(db, "SELECT COALESCE(request, 'none') FROM jobs WHERE id='job_2'", "none");
+    sqlite3_close(db);
+
+    json_decref(labels);
+    json_decref(facts);
+    gps_store_close(s);
+    event_base_free(base);
+}
+
+static void on_ping(void *arg, bool ok, const char *msg)
+{
+    *(int *)arg = ok ? 1 : -1;
+}
+
+static void test_ping_and_no_base(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base, NULL);
+    int pinged = 0;
+    assert_int_equal(gps_store_ping_async(s, on_ping, &pinged), 0);
+    loop_until(base, &pinged);
+    assert_int_equal(pinged, 1);
+    gps_store_close(s);
+    event_base_free(base);
+
+    /* Without a base (CLI), async reads are refused; writes still work. */
+    s = open_ok(t->db, NULL, NULL);
+    got_job g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "x", on_job, &g), -1);
+    add_job(s, "job_cli", NULL);
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_close(s);
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 1);
+    sqlite3_close(db);
+}
+
+/* Reads pending when the store closes are still delivered (on close). */
+static void test_close_delivers_reads(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base, NULL);
+    got_job g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "none", on_job, &g), 0);
+    gps_store_close(s);   /* loop never ran */
+    assert_int_equal(g.calls, 1);
+    assert_int_equal(g.status, 1);
+    event_base_free(base);
+}
+
+static void test_group_commit(void **state)
+{
+    tctx *t = *state;
+    /* A long interval makes batch boundaries deterministic: a batch ends
+     * at batch_max ops, or when the queue is empty and flush waits. */
+    gps_store_opts o = {.commit_interval_ms = 60000, .batch_max = 64};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    enum { N = 1000 };
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job_%d", i);
+        add_job(s, id, NULL);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_committed, N);
+    assert_int_equal(st.ops_failed, 0);
+    assert_int_equal(st.drops, 0);
+    assert_int_equal(st.queue_depth, 0);
+    assert_int_equal(st.batches, (N + 63) / 64);
+    assert_int_equal(st.last_batch_ops, N % 64);
+    assert_true(st.last_commit_wall_ms > 0);
+    gps_store_close(s);
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), N);
+    sqlite3_close(db);
+}
+
+typedef struct writer_arg {
+    gps_store *s;
+    int who;
+    int n;
+} writer_arg;
+
+static void *writer(void *p)
+{
+    writer_arg *w = p;
+    for (int i = 0; i < w->n; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job_%d_%d", w->who, i);
+        gps_store_job_row r = {.id = id, .api = "openai", .model = "m", .status = "queued",
+                               .created_at = i};
+        if (gps_store_job_insert(w->s, r) != 0)
+            return (void *)1;
+        if (i % 10 == 0) {
+            gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id);
+            u.status = "done";
+            u.finished_at = i + 1;
+            if (gps_store_job_update_async(w->s, u) != 0)
+                return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static void test_concurrent_enqueue(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    enum { THREADS = 3, PER = 3000 };
+    pthread_t th[THREADS];
+    writer_arg wa[THREADS];
+    for (int i = 0; i < THREADS; i++) {
+        wa[i] = (writer_arg){s, i, PER};
+        assert_int_equal(pthread_create(&th[i], NULL, writer, &wa[i]), 0);
+    }
+    /* Flushes race with the writers: each must return, none may lose ops. */
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(gps_store_flush(s), 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *rv;
+        pthread_join(th[i], &rv);
+        assert_null(rv);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    long long want_ops = THREADS * (PER + PER / 10);
+    assert_int_equal(st.ops_committed, want_ops);
+    assert_int_equal(st.ops_enqueued, want_ops);
+    assert_true(st.batches < (uint64_t)want_ops);
+    gps_store_close(s);
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), THREADS * PER);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs WHERE status='done'"),
+                     THREADS * (PER / 10));
+    sqlite3_close(db);
+}
+
+static void test_overload_drops(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.queue_max = 10, .busy_timeout_ms = 20000};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    /* Hold the write lock from another connection: the DB thread waits in
+     * BEGIN IMMEDIATE and takes nothing off the queue meanwhile. */
+    sqlite3 *db = raw_open(t->db);
+    raw_exec(db, "BEGIN IMMEDIATE");
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 25; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job_%d", i);
+        gps_store_job_row r = {.id = id, .api = "openai", .model = "m", .status = "queued"};
+        if (gps_store_job_insert(s, r) == 0)
+            accepted++;
+        else
+            refused++;
+    }
+    assert_int_equal(accepted, 10);
+    assert_int_equal(refused, 15);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.drops, 15);
+    raw_exec(db, "COMMIT");
+    assert_int_equal(gps_store_flush(s), 0);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 10);
+    sqlite3_close(db);
+    gps_store_close(s);
+}
+
+/* ---- restart: loads ---- */
+
+typedef struct agents_seen {
+    int n;
+    char name[32], state[32], region[32], gpu[32], alias1[32];
+    size_t n_models, n_aliases;
+    long long ctx;
+    bool loaded;
+} agents_seen;
+
+static int on_agent(void *arg, const gps_store_agent_info *a)
+{
+    agents_seen *as = arg;
+    as->n++;
+    snprintf(as->name, sizeof(as->name), "%s", a->name ? a->name : "<null>");
+    snprintf(as->state, sizeof(as->state), "%s", a->state);
+    json_t *r = json_object_get(a->labels, "region");
+    snprintf(as->region, sizeof(as->region), "%s", r ? json_string_value(r) : "<none>");
+    json_t *g = a->facts ? json_object_get(json_array_get(json_object_get(a->facts, "gpus"), 0),
+                                           "name")
+                         : NULL;
+    snprintf(as->gpu, sizeof(as->gpu), "%s", g ? json_string_value(g) : "<none>");
+    as->n_models = a->n_models;
+    if (a->n_models) {
+        as->n_aliases = a->models[0].n_aliases;
+        snprintf(as->alias1, sizeof(as->alias1), "%s",
+                 a->models[0].n_aliases > 1 ? a->models[0].aliases[1] : "<none>");
+        as->ctx = a->models[0].context_length;
+        as->loaded = a->models[0].loaded;
+    }
+    return 0;
+}
+
+typedef struct keys_seen {
+    int n;
+    char id[40], hash[65], role[16], name[32];
+    int64_t revoked_at, expires_at;
+} keys_seen;
+
+static int on_key(void *arg, const gps_store_key_row *k)
+{
+    keys_seen *ks = arg;
+    ks->n++;
+    snprintf(ks->id, sizeof(ks->id), "%s", k->id);
+    snprintf(ks->hash, sizeof(ks->hash), "%s", k->hash);
+    snprintf(ks->role, sizeof(ks->role), "%s", k->role);
+    snprintf(ks->name, sizeof(ks->name), "%s", k->name);
+    ks->revoked_at = k->revoked_at;
+    ks->expires_at = k->expires_at;
+    return 0;
+}
+
+typedef struct jobs_seen {
+    int n;
+    char ids[8][32];
+    char checkpoint[64];
+    char prompt[64];
+} jobs_seen;
+
+static int on_unfinished(void *arg, const gps_store_job_info *j)
+{
+    jobs_seen *js = arg;
+    if (js->n < 8)
+        snprintf(js->ids[js->n], sizeof(js->ids[0]), "%s", j->id);
+    js->n++;
+    if (j->checkpoint_text)
+        snprintf(js->checkpoint, sizeof(js->checkpoint), "%.*s", (int)j->checkpoint_len,
+                 j->checkpoint_text);
+    json_t *p = j->request ? json_object_get(j->request, "prompt") : NULL;
+    if (p)
+        snprintf(js->prompt, sizeof(js->prompt), "%s", json_string_value(p));
+    return 0;
+}
+
+static void test_restart_loads(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    json_t *labels = json_pack("{s:s}", "region", "us");
+    json_t *facts = json_pack("{s:[{s:s}]}", "gpus", "name", "A100");
+    gps_store_agent_row ar = {.id = "aaaaaaaa-2222-4333-8444-555555555555", .name = "rack",
+                              .state = "healthy", .labels = labels, .facts = facts,
+                              .last_seen = 5};
+    assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+    json_decref(labels);
+    json_decref(facts);
+    const char *al[] = {"a", "b", "c"};
+    gps_store_model_row m = {.model = "llama", .aliases = al, .n_aliases = 3,
+                             .context_length = 4096, .loaded = true};
+    assert_int_equal(gps_store_agent_models(s, ar.id, &m, 1), 0);
+    gps_store_key_row k = {.id = "key_abc", .hash = "00ff", .role = "client", .name = "ci",
+                           .created_at = 10, .expires_at = 99999};
+    assert_int_equal(gps_store_key_insert(s, k), 0);
+    assert_int_equal(gps_store_key_revoke(s, "key_abc", 77), 0);
+
+    json_t *req = json_pack("{s:s}", "prompt", "hello");
+    add_job(s, "job_a", req);              /* unfinished, with checkpoint */
+    json_decref(req);
+    assert_int_equal(gps_store_checkpoint(s, "job_a", "so far", 6, 3), 0);
+    add_job(s, "job_b", NULL);             /* unfinished */
+    add_job(s, "job_old", NULL);           /* finished long ago: purged */
+    add_job(s, "job_new", NULL);           /* finished recently: kept */
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_old");
+    u.status = "done";
+    u.finished_at = 1000;
+    gps_store_job_update_async(s, u);
+    assert_int_equal(gps_store_checkpoint(s, "job_old", "old", 3, 1), 0);
+    u = GPS_STORE_JOB_UPDATE_INIT("job_new");
+    u.status = "failed";
+    u.error_code = "AGENT_LOST";
+    u.finished_at = gp_now_wall_ms();
+    gps_store_job_update_async(s, u);
+    assert_int_equal(gps_store_purge_jobs(s, gp_now_wall_ms() - 86400000LL), 0);
+    gps_store_close(s);   /* close flushes */
+
+    s = open_ok(t->db, NULL, NULL);
+    char err[256] = "";
+    agents_seen as = {0};
+    assert_int_equal(gps_store_load_agents(s, on_agent, &as, err, sizeof(err)), 0);
+    assert_int_equal(as.n, 1);
+    assert_string_equal(as.name, "rack");
+    assert_string_equal(as.state, "healthy");
+    assert_string_equal(as.region, "us");
+    assert_string_equal(as.gpu, "A100");
+    assert_int_equal(as.n_models, 1);
+    assert_int_equal(as.n_aliases, 3);
+    assert_string_equal(as.alias1, "b");
+    assert_int_equal(as.ctx, 4096);
+    assert_true(as.loaded);
+
+    keys_seen ks = {0};
+    assert_int_equal(gps_store_load_keys(s, on_key, &ks, err, sizeof(err)), 0);
+    assert_int_equal(ks.n, 1);
+    assert_string_equal(ks.id, "key_abc");
+    assert_string_equal(ks.role, "client");
+    assert_string_equal(ks.name, "ci");
+    assert_int_equal(ks.revoked_at, 77);
+    assert_int_equal(ks.expires_at, 99999);
+
+    jobs_seen js = {0};
+    assert_int_equal(gps_store_load_unfinished_jobs(s, on_unfinished, &js, err, sizeof(err)), 0);
+    assert_int_equal(js.n, 2);
+    assert_string_equal(js.checkpoint, "so far");
+    assert_string_equal(js.prompt, "hello");
+
+    /* Sync key insert and revoke (the CLI path). */
+    gps_store_key_row k2 = {.id = "key_cli", .hash = "abcd", .role = "admin", .created_at = 20};
+    assert_int_equal(gps_store_key_insert_sync(s, &k2, err, sizeof(err)), 0);
+    assert_int_equal(gps_store_key_insert_sync(s, &k2, err, sizeof(err)), -1);   /* duplicate */
+    assert_non_null(strstr(err, "inserting key"));
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_cli", 30, err, sizeof(err)), 0);
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_cli", 31, err, sizeof(err)), 1);
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_none", 31, err, sizeof(err)), 1);
+    gps_store_close(s);
+
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 3);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs WHERE id='job_old'"), 0);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM job_checkpoints WHERE job_id='job_old'"), 0);
+    assert_text(db, "SELECT error_code FROM jobs WHERE id='job_new'", "AGENT_LOST");
+    assert_int_equal(raw_int(db, "SELECT revoked_at FROM api_keys WHERE id='key_cli'"), 30);
+    sqlite3_close(db);
+}
+
+/* Every start-up load stops at a callback's non-zero value and returns
+ * it (issue 11: load_usage used to stop and return 0, so a caller that
+ * failed on a row, out of memory, started with partial usage). */
+static int stop_agent(void *arg, const gps_store_agent_info *a)
+{
+    (void)a;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_key(void *arg, const gps_store_key_row *k)
+{
+    (void)k;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_job(void *arg, const gps_store_job_info *j)
+{
+    (void)j;
+    return ++*(int *)arg == 1 ? 7 : 0;
+}
+static int stop_usage(void *arg, const char *key_id, int64_t day, int64_t requests,
+                      int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
+{
+    (void)key_id, (void)day, (void)requests, (void)prompt_tokens, (void)completion_tokens,
+        (void)rate_limited;
+    return ++*(int *)arg == 1 ? -1 : 0;
+}
+
+static void test_loads_return_the_callbacks_stop(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    for (int i = 0; i < 2; i++) {
+        char id[64];
+        snprintf(id, sizeof id, "aaaaaaaa-2222-4333-8444-55555555555%d", i);
+        gps_store_agent_row ar = {.id = id, .state = "healthy", .last_seen = 5};
+        assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+        snprintf(id, sizeof id, "key_%d", i);
+        gps_store_key_row k = {.id = id, .hash = id, .role = "client", .created_at = 10 + i};
+        assert_int_equal(gps_store_key_insert(s, k), 0);
+        assert_int_equal(gps_store_usage_add(s, id, 3, 1, 2, 3, 0), 0);
+        snprintf(id, sizeof id, "job_%d", i);
+        add_job(s, id, NULL);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    char err[256] = "";
+    int n = 0;
+    assert_int_equal(gps_store_load_agents(s, stop_agent, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_keys(s, stop_key, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_unfinished_jobs(s, stop_job, &n, err, sizeof err), 7);
+    assert_int_equal(n, 1);
+    n = 0;
+    assert_int_equal(gps_store_load_usage(s, 3, stop_usage, &n, err, sizeof err), -1);
+    assert_int_equal(n, 1);
+    gps_store_close(s);
+}
+
+static void test_purge_chunks(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    enum { N = 2500 };   /* > 2 purge chunks of 1000 */
+    for (int i = 0; i < N; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job_%d", i);
+        add_job(s, id, NULL);
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id);
+        u.status = "done";
+        u.finished_at = 1000 + i;
+        assert_int_equal(gps_store_job_update_async(s, u), 0);
+    }
+    add_job(s, "job_live", NULL);
+    assert_int_equal(gps_store_purge_jobs(s, 1000000), 0);
+    gps_store_close(s);   /* the re-queued chunks run before the thread stops */
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 1);
+    sqlite3_close(db);
+}
+
+int main(void)
+{
+    evthread_use_pthreads();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_migrations_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_not_sqlite, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_migrations_dir, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_async_writes_and_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ping_and_no_base, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_close_delivers_reads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_loads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_purge_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_loads_return_the_callbacks_stop, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
