@@ -12,9 +12,12 @@
 typedef float (*gpe__dot_fn)(int64_t n, const void *w, const void *a);
 
 /* Optional: one weight row against ntok (1..4) activation rows a + k*as,
- * results in out[k]; must give exactly what dot gives for each row. */
-typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, int ntok,
-                             float *out);
+ * results in out[k]; must give exactly what dot gives for each row. For
+ * weight types whose vec_dot type is Q8_0, ad holds the activation rows'
+ * block scales as floats (ad[k * n/32 + i], token k, block i), converted
+ * once per matmul; other types ignore ad. */
+typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, const float *ad,
+                             int ntok, float *out);
 
 typedef struct gpe__kernels {
     gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */

@@ -18,6 +18,7 @@
 
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool gpe__have_x86_kernels(void) { return true; }
 
@@ -123,33 +124,45 @@ T_AVX2 static AI __m256i w32_q8_0(const gpe_block_q8_0 *b)
 }
 T_AVX2 static AI __m256i w32_q4_0(const gpe_block_q4_0 *b) { return q4_0_unpack(b->qs); }
 
-/* Q8_0 and Q4_0: 32 signed weight bytes per block; |w| and the weight's
- * scale are shared by the tokens. */
-#define K2_BLOCK32(NAME, WT, UNPACK)                                                              \
-    T_AVX2 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,      \
-                               float *out)                                                       \
+/* Integer dot of 32 unsigned bytes u with 32 signed bytes s as 8 int32
+ * lanes (lane j: bytes 4j..4j+3). maddubs cannot saturate here (|w| <= 128,
+ * |a| <= 127: a pair sums to at most 32512), so the VNNI dpbusd
+ * (target avx512vnni, below) gives the same integers in one instruction. */
+T_AVX2 static AI __m256i doti_avx2(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Q8_0 and Q4_0 (AVX2, AVX-512 and AVX-512 VNNI instances): 32 signed
+ * weight bytes per block; |w| and the weight's scale are shared by the
+ * tokens. ad (matmul only, else NULL): the activation scales as floats,
+ * ad[k * nb + i] for token k, block i, converted once per matmul rather
+ * than once per (weight row, token, block); same value, same bits. */
+#define BLOCK32(TGT, NAME, WT, UNPACK, DOTI)                                                     \
+    TGT static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, const float *ad, \
+                            int nt, float *out)                                                  \
     {                                                                                            \
-        const __m256i ones = _mm256_set1_epi16(1);                                               \
+        const int64_t nb = n / GPE_QK;                                                           \
         __m256 acc[4];                                                                           \
         for (int k = 0; k < nt; k++)                                                             \
             acc[k] = _mm256_setzero_ps();                                                        \
-        for (int64_t i = 0; i < n / GPE_QK; i++) {                                               \
+        for (int64_t i = 0; i < nb; i++) {                                                       \
             const __m256i wv = UNPACK(&x[i]);                                                    \
             const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
-            const float dw = h2f(x[i].d);                                                        \
+            const __m256 dw = _mm256_set1_ps(h2f(x[i].d));                                       \
             for (int k = 0; k < nt; k++) {                                                       \
                 const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
                 const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
+                const __m256 da = ad ? _mm256_broadcast_ss(ad + k * nb + i) : _mm256_set1_ps(h2f(y->d)); \
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(DOTI(aw, sa)), \
                                          acc[k]);                                                \
             }                                                                                    \
         }                                                                                        \
         for (int k = 0; k < nt; k++)                                                             \
             out[k] = hsum256(acc[k]);                                                            \
     }
-K2_BLOCK32(k2_q8_0, gpe_block_q8_0, w32_q8_0)
-K2_BLOCK32(k2_q4_0, gpe_block_q4_0, w32_q4_0)
+BLOCK32(T_AVX2, k2_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32(T_AVX2, k2_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
 
 /* Branch-free unpack of the 8 six-bit scales and mins of a Q4_K/Q5_K block
  * (the packing gpe__scale_min_k4 reads one at a time). */
@@ -315,15 +328,18 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
     {                                                                                            \
         const uint8_t *a = a0;                                                                   \
         const size_t as = 0;                                                                     \
+        const float *ad = NULL;                                                                  \
         float out[1];                                                                            \
+        (void)ad;                                                                                \
         const int nt = 1;                                                                        \
         CALL;                                                                                    \
         return out[0];                                                                           \
     }                                                                                            \
-    TGT static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as, int ntok,  \
-                                float *out)                                                      \
+    TGT static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as,            \
+                                const float *ad, int ntok, float *out)                           \
     {                                                                                            \
         const uint8_t *a = a0;                                                                   \
+        (void)ad;                                                                                \
         switch (ntok) {                                                                          \
         case 1: { const int nt = 1; CALL; break; }                                               \
         case 2: { const int nt = 2; CALL; break; }                                               \
@@ -334,8 +350,8 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
 
 KWRAP(T_AVX2, avx2_f16, k2_f16(n, w, a, as, nt, out))
 KWRAP(T_AVX2, avx2_bf16, k2_bf16(n, w, a, as, nt, out))
-KWRAP(T_AVX2, avx2_q8_0, k2_q8_0(n, w, a, as, nt, out))
-KWRAP(T_AVX2, avx2_q4_0, k2_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q8_0, k2_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_AVX2, avx2_q4_0, k2_q4_0(n, w, a, as, ad, nt, out))
 KWRAP(T_AVX2, avx2_q4_k, k2_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q5_k, k2_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q6_k, k2_q6_k(n, w, a, as, nt, out))
@@ -466,38 +482,18 @@ T_AVX512 static AI void k512_bf16(int64_t n, const uint16_t *x, const uint8_t *a
     }
 }
 
-/* Q8_0 and Q4_0 share the driver: 32 signed weight bytes per block. */
-
-/* 32-element blocks: one 256-bit step per block. On Skylake-SP this beats
- * pairing two 34-byte blocks into one 512-bit vector (the inserts and the
- * two-scale vector cost more than the wider multiply saves); with several
- * tokens the weight unpack and sign are shared. */
-#define K512_BLOCK32(NAME, WT, UNPACK)                                                            \
-    T_AVX512 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,    \
-                                 float *out)                                                     \
-    {                                                                                            \
-        const int64_t nb = n / GPE_QK;                                                           \
-        const __m256i ones = _mm256_set1_epi16(1);                                               \
-        __m256 acc[4];                                                                           \
-        for (int k = 0; k < nt; k++)                                                             \
-            acc[k] = _mm256_setzero_ps();                                                        \
-        for (int64_t i = 0; i < nb; i++) {                                                       \
-            const __m256i wv = UNPACK(&x[i]);                                                    \
-            const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
-            const float dw = h2f(x[i].d);                                                        \
-            for (int k = 0; k < nt; k++) {                                                       \
-                const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
-                const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
-                                         acc[k]);                                                \
-            }                                                                                    \
-        }                                                                                        \
-        for (int k = 0; k < nt; k++)                                                             \
-            out[k] = hsum256(acc[k]);                                                            \
-    }
-K512_BLOCK32(k512_q8_0, gpe_block_q8_0, w32_q8_0)
-K512_BLOCK32(k512_q4_0, gpe_block_q4_0, w32_q4_0)
+/* Q8_0 and Q4_0: 32-element blocks, one 256-bit step per block (on
+ * Skylake-SP this beats pairing two 34-byte blocks into one 512-bit vector:
+ * the inserts and the two-scale vector cost more than the wider multiply
+ * saves). With VNNI the integer dot is one dpbusd. */
+T_VNNI static AI __m256i doti_vnni(__m256i u, __m256i s)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+BLOCK32(T_AVX512, k512_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32(T_AVX512, k512_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
+BLOCK32(T_VNNI, kvnni_q8_0, gpe_block_q8_0, w32_q8_0, doti_vnni)
+BLOCK32(T_VNNI, kvnni_q4_0, gpe_block_q4_0, w32_q4_0, doti_vnni)
 
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
@@ -630,8 +626,10 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
 KWRAP(T_AVX512, avx512_f32, k512_f32(n, w, a, as, nt, out))
 KWRAP(T_AVX512, avx512_f16, k512_f16(n, w, a, as, nt, out))
 KWRAP(T_AVX512, avx512_bf16, k512_bf16(n, w, a, as, nt, out))
-KWRAP(T_AVX512, avx512_q8_0, k512_q8_0(n, w, a, as, nt, out))
-KWRAP(T_AVX512, avx512_q4_0, k512_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q8_0, k512_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_AVX512, avx512_q4_0, k512_q4_0(n, w, a, as, ad, nt, out))
+KWRAP(T_VNNI, vnni_q8_0, kvnni_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_VNNI, vnni_q4_0, kvnni_q4_0(n, w, a, as, ad, nt, out))
 KWRAP(T_AVX512, avx512_q4_k, k512_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
 KWRAP(T_AVX512, avx512_q5_k, k512_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX512, avx512_q6_k, k512_q6_k(n, w, a, as, nt, out))
@@ -649,6 +647,10 @@ void gpe__kernels_avx512(gpe__kernels *k)
     SET(GPE_TYPE_Q4_K, avx512_q4_k)
     SET(GPE_TYPE_Q5_K, avx512_q5_k)
     SET(GPE_TYPE_Q6_K, avx512_q6_k)
+    if (__builtin_cpu_supports("avx512vnni")) {
+        SET(GPE_TYPE_Q8_0, vnni_q8_0)
+        SET(GPE_TYPE_Q4_0, vnni_q4_0)
+    }
 #undef SET
 }
 
