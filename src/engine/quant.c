@@ -768,6 +768,9 @@ float gpe_vec_dot(gpe_type wt, int64_t n, const void *wrow, const void *act)
  * every activation row passes over them, so weights stream from memory
  * once per call whatever n_tok is. */
 #define ROW_CHUNK 16
+/* Below this many tokens the blocked kernel's per-call unpacking of the
+ * weights costs more than it saves. */
+#define GEMM_MIN_TOK 4
 
 void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_end,
                      int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
@@ -778,6 +781,10 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
     gpe__dotn_fn dotn = n_tok > 1 ? k->dotn[wt] : NULL;
     const size_t rs = gpe_row_size(wt, n_cols);
     const char *w = W, *a = act;
+    /* Prompt-sized batches: the blocked kernel, where there is one, takes
+     * what it can (whole groups of rows) and the rest goes on below. */
+    if (k->gemm[wt] && n_tok >= GEMM_MIN_TOK)
+        row_begin = k->gemm[wt](n_cols, W, rs, row_begin, row_end, act, act_row_bytes, n_tok, out, ldo);
     /* Q8_0 activations: their f16 block scales as floats, once per call
      * instead of once per (row, token, block) in the kernel. Without the
      * memory, the per-token dot computes the same values. */

@@ -19,9 +19,17 @@ typedef float (*gpe__dot_fn)(int64_t n, const void *w, const void *a);
 typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, const float *ad,
                              int ntok, float *out);
 
+/* Optional: rows [r0, r1) of W (rows rs bytes apart) against n_tok
+ * activation rows act + t*as, out[t*ldo + r] for each; must give exactly
+ * what dot gives. Returns the first row it did not do (it may leave a
+ * remainder, or do nothing when out of memory); the caller does the rest. */
+typedef int64_t (*gpe__gemm_fn)(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                                const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+
 typedef struct gpe__kernels {
     gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */
     gpe__dotn_fn dotn[GPE_TYPE_COUNT];   /* NULL: matmul calls dot per token */
+    gpe__gemm_fn gemm[GPE_TYPE_COUNT];   /* NULL: matmul uses dotn / dot */
 } gpe__kernels;
 
 /* Scalar reference kernels (quant.c). */

@@ -11,6 +11,7 @@
 #include "engine/quant_impl.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -495,6 +496,136 @@ BLOCK32(T_AVX512, k512_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
 BLOCK32(T_VNNI, kvnni_q8_0, gpe_block_q8_0, w32_q8_0, doti_vnni)
 BLOCK32(T_VNNI, kvnni_q4_0, gpe_block_q4_0, w32_q4_0, doti_vnni)
 
+/*
+ * Q4_0 / Q8_0 prompt-sized matmuls with VNNI, 8 weight rows at a time.
+ *
+ * The per-token kernel above spends ~7 instructions per (row, token, block):
+ * sign-adjust, dot, convert, scale, accumulate. Here 8 rows' blocks are
+ * unpacked once per call and transposed so that vector j holds bytes
+ * 4j..4j+3 of each of the 8 rows (lane r = row r); one dpbusd with the
+ * token's 4 activation bytes broadcast then yields, in lane r, exactly the
+ * int32 lane j of the per-token kernel's dot for row r. The activations are
+ * made unsigned (a + 128, what dpbusd wants) once per call, and
+ * -128 * (sum of those 4 weight bytes) per (block, j) starts the dot, which
+ * keeps it exact. Float accumulators are per j, in the per-token kernel's
+ * order (per block: acc_j += (dw * da) * lane_j), and are summed in
+ * hsum256's order at the end: every output is bit-identical to dot().
+ */
+typedef struct g8_blk {
+    __m256i w[8];      /* transposed weight bytes (signed) */
+    __m256i c[8];      /* -128 * sum of the 4 bytes of w[j] in each lane */
+    __m256 dw;         /* the 8 rows' block scales */
+} g8_blk;
+
+/* 8x8 transpose of 32-bit elements: r[k] lane j -> r'[j] lane k. */
+T_VNNI static AI void tr8x8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        r[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* nt (1 or 2) tokens against one 8-row group; out rows r0..r0+7. */
+T_VNNI static AI void g8_tokens(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,
+                                const float *ad, int nt, float *out, int64_t ldo)
+{
+    __m256 acc[2][8];
+    for (int k = 0; k < nt; k++)
+        for (int j = 0; j < 8; j++)
+            acc[k][j] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        __m256 sc[2];
+        for (int k = 0; k < nt; k++)
+            sc[k] = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i));
+        for (int j = 0; j < 8; j++) {
+            const __m256i w = _mm256_load_si256(&B[i].w[j]);
+            for (int k = 0; k < nt; k++) {
+                int32_t a4;
+                memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);
+                const __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256(&B[i].c[j]),
+                                                      _mm256_set1_epi32(a4), w);
+                acc[k][j] = _mm256_fmadd_ps(sc[k], _mm256_cvtepi32_ps(p), acc[k][j]);
+            }
+        }
+    }
+    for (int k = 0; k < nt; k++) {
+        const __m256 *v = acc[k];   /* hsum256's order, lane-wise */
+        const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                                       _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
+        _mm256_storeu_ps(out + k * ldo, s);
+    }
+}
+
+/* Rows [r0, r1) in groups of 8 against n_tok tokens; returns the first row
+ * not done (a remainder under 8 rows, or r0 without memory). */
+#define G8(NAME, WT, UNPACK)                                                                    \
+    T_VNNI static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,    \
+                               const void *act, size_t as, int n_tok, float *out, int64_t ldo) \
+    {                                                                                           \
+        const int64_t nb = n / GPE_QK;                                                          \
+        const int64_t rend = r0 + (r1 - r0) / 8 * 8;                                           \
+        const size_t axs = (size_t)n;                                                           \
+        g8_blk *B = aligned_alloc(32, (size_t)nb * sizeof *B);                                  \
+        uint8_t *ax = malloc((size_t)n_tok * axs);                                              \
+        float *ad = malloc((size_t)n_tok * (size_t)nb * sizeof *ad);                            \
+        if (!B || !ax || !ad) {                                                                 \
+            free(B);                                                                            \
+            free(ax);                                                                           \
+            free(ad);                                                                           \
+            return r0;                                                                          \
+        }                                                                                       \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                      \
+        for (int t = 0; t < n_tok; t++) {                                                       \
+            const gpe_block_q8_0 *y = (const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as); \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                _mm256_storeu_si256((__m256i *)(ax + t * axs + 32 * i),                         \
+                                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)y[i].qs), flip)); \
+                ad[t * nb + i] = h2f(y[i].d);                                                   \
+            }                                                                                   \
+        }                                                                                       \
+        for (int64_t r = r0; r < rend; r += 8) {                                                \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                __m256i v[8];                                                                   \
+                uint16_t d[8];                                                                  \
+                for (int k = 0; k < 8; k++) {                                                   \
+                    const WT *x = (const WT *)((const uint8_t *)W + (size_t)(r + k) * rs) + i;  \
+                    v[k] = UNPACK(x);                                                           \
+                    d[k] = x->d;                                                                \
+                }                                                                               \
+                tr8x8(v);                                                                       \
+                for (int j = 0; j < 8; j++) {                                                   \
+                    B[i].w[j] = v[j];                                                           \
+                    B[i].c[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                        \
+                                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, v[j])); \
+                }                                                                               \
+                B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));                 \
+            }                                                                                   \
+            int t = 0;                                                                          \
+            for (; t + 2 <= n_tok; t += 2)                                                      \
+                g8_tokens(nb, B, ax + t * axs, axs, ad + t * nb, 2, out + t * ldo + r, ldo);    \
+            if (t < n_tok)                                                                      \
+                g8_tokens(nb, B, ax + t * axs, axs, ad + t * nb, 1, out + t * ldo + r, ldo);    \
+        }                                                                                       \
+        free(B);                                                                                \
+        free(ax);                                                                               \
+        free(ad);                                                                               \
+        return rend;                                                                            \
+    }
+G8(g8_q8_0, gpe_block_q8_0, w32_q8_0)
+G8(g8_q4_0, gpe_block_q4_0, w32_q4_0)
+
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 {
@@ -650,6 +781,8 @@ void gpe__kernels_avx512(gpe__kernels *k)
     if (__builtin_cpu_supports("avx512vnni")) {
         SET(GPE_TYPE_Q8_0, vnni_q8_0)
         SET(GPE_TYPE_Q4_0, vnni_q4_0)
+        k->gemm[GPE_TYPE_Q8_0] = g8_q8_0;
+        k->gemm[GPE_TYPE_Q4_0] = g8_q4_0;
     }
 #undef SET
 }
