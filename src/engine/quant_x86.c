@@ -545,12 +545,15 @@ T_VNNI static AI void g8_tokens(int64_t nb, const g8_blk *B, const uint8_t *ax, 
     for (int k = 0; k < nt; k++)
         for (int j = 0; j < 8; j++)
             acc[k][j] = _mm256_setzero_ps();
+    /* fully unrolled, so that the 8 or 16 accumulators live in registers */
     for (int64_t i = 0; i < nb; i++) {
         __m256 sc[2];
         for (int k = 0; k < nt; k++)
             sc[k] = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i));
+#pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             const __m256i w = _mm256_load_si256(&B[i].w[j]);
+#pragma GCC unroll 2
             for (int k = 0; k < nt; k++) {
                 int32_t a4;
                 memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);
