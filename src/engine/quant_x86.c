@@ -357,6 +357,9 @@ KWRAP(T_AVX2, avx2_q4_k, k2_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_
 KWRAP(T_AVX2, avx2_q5_k, k2_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q6_k, k2_q6_k(n, w, a, as, nt, out))
 
+static int64_t g8avx2_q4_0(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                           const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+
 void gpe__kernels_avx2(gpe__kernels *k)
 {
     k->dot[GPE_TYPE_F32] = avx2_dot_f32;
@@ -370,6 +373,7 @@ void gpe__kernels_avx2(gpe__kernels *k)
     SET(GPE_TYPE_Q4_K, avx2_q4_k)
     SET(GPE_TYPE_Q5_K, avx2_q5_k)
     SET(GPE_TYPE_Q6_K, avx2_q6_k)
+    k->gemm[GPE_TYPE_Q4_0] = g8avx2_q4_0;
 #undef SET
 }
 
@@ -518,7 +522,7 @@ typedef struct g8_blk {
 } g8_blk;
 
 /* 8x8 transpose of 32-bit elements: r[k] lane j -> r'[j] lane k. */
-T_VNNI static AI void tr8x8(__m256i r[8])
+T_AVX2 static AI void tr8x8(__m256i r[8])
 {
     __m256i t[8], u[8];
     for (int k = 0; k < 8; k += 2) {
@@ -537,44 +541,59 @@ T_VNNI static AI void tr8x8(__m256i r[8])
     }
 }
 
-/* nt (1 or 2) tokens against one 8-row group; out rows r0..r0+7. */
-T_VNNI static AI void g8_tokens(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,
-                                const float *ad, int nt, float *out, int64_t ldo)
+/* c + the int32 lanes of the dot of unsigned bytes u with signed bytes s:
+ * one dpbusd with VNNI; maddubs + madd on AVX2, exact only while a byte
+ * pair stays within int16 (255 * 8 * 2 for Q4_0's -8..7: AVX2 does Q4_0
+ * only). */
+T_VNNI static AI __m256i dotc_vnni(__m256i c, __m256i u, __m256i s)
 {
-    __m256 acc[2][8];
-    for (int k = 0; k < nt; k++)
-        for (int j = 0; j < 8; j++)
-            acc[k][j] = _mm256_setzero_ps();
-    /* fully unrolled, so that the 8 or 16 accumulators live in registers */
-    for (int64_t i = 0; i < nb; i++) {
-        __m256 sc[2];
-        for (int k = 0; k < nt; k++)
-            sc[k] = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i));
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) {
-            const __m256i w = _mm256_load_si256(&B[i].w[j]);
-#pragma GCC unroll 2
-            for (int k = 0; k < nt; k++) {
-                int32_t a4;
-                memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);
-                const __m256i p = _mm256_dpbusd_epi32(_mm256_load_si256(&B[i].c[j]),
-                                                      _mm256_set1_epi32(a4), w);
-                acc[k][j] = _mm256_fmadd_ps(sc[k], _mm256_cvtepi32_ps(p), acc[k][j]);
-            }
-        }
-    }
-    for (int k = 0; k < nt; k++) {
-        const __m256 *v = acc[k];   /* hsum256's order, lane-wise */
-        const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
-                                       _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
-        _mm256_storeu_ps(out + k * ldo, s);
-    }
+    return _mm256_dpbusd_epi32(c, u, s);
 }
+T_AVX2 static AI __m256i dotc_avx2(__m256i c, __m256i u, __m256i s)
+{
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/* nt (1 or 2) tokens against one 8-row group; out rows r0..r0+7. Fully
+ * unrolled, so that the 8 or 16 accumulators live in registers (AVX2 has
+ * 16 of them: one token at a time there). */
+#define G8_TOKENS(TGT, NAME, DOTC)                                                              \
+    TGT static AI void NAME(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,        \
+                            const float *ad, int nt, float *out, int64_t ldo)                  \
+    {                                                                                           \
+        __m256 acc[2][8];                                                                       \
+        for (int k = 0; k < nt; k++)                                                            \
+            for (int j = 0; j < 8; j++)                                                         \
+                acc[k][j] = _mm256_setzero_ps();                                                \
+        for (int64_t i = 0; i < nb; i++) {                                                      \
+            __m256 sc[2];                                                                       \
+            for (int k = 0; k < nt; k++)                                                        \
+                sc[k] = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i));           \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                               \
+                const __m256i w = _mm256_load_si256(&B[i].w[j]);                                \
+                _Pragma("GCC unroll 2") for (int k = 0; k < nt; k++) {                          \
+                    int32_t a4;                                                                 \
+                    memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);                              \
+                    const __m256i p = DOTC(_mm256_load_si256(&B[i].c[j]), _mm256_set1_epi32(a4), w); \
+                    acc[k][j] = _mm256_fmadd_ps(sc[k], _mm256_cvtepi32_ps(p), acc[k][j]);       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int k = 0; k < nt; k++) {                                                          \
+            const __m256 *v = acc[k]; /* hsum256's order, lane-wise */                          \
+            const __m256 s = _mm256_add_ps(                                                     \
+                _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),            \
+                _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));           \
+            _mm256_storeu_ps(out + k * ldo, s);                                                 \
+        }                                                                                       \
+    }
+G8_TOKENS(T_VNNI, g8_tokens_vnni, dotc_vnni)
+G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
 
 /* Rows [r0, r1) in groups of 8 against n_tok tokens; returns the first row
  * not done (a remainder under 8 rows, or r0 without memory). */
-#define G8(NAME, WT, UNPACK)                                                                    \
-    T_VNNI static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,    \
+#define G8(TGT, NAME, WT, UNPACK, TOKENS, DOTC, NTMAX)                                         \
+    TGT static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,    \
                                const void *act, size_t as, int n_tok, float *out, int64_t ldo) \
     {                                                                                           \
         const int64_t nb = n / GPE_QK;                                                          \
@@ -611,23 +630,24 @@ T_VNNI static AI void g8_tokens(int64_t nb, const g8_blk *B, const uint8_t *ax, 
                 for (int j = 0; j < 8; j++) {                                                   \
                     B[i].w[j] = v[j];                                                           \
                     B[i].c[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                        \
-                                                 _mm256_dpbusd_epi32(_mm256_setzero_si256(), flip, v[j])); \
+                                                 DOTC(_mm256_setzero_si256(), flip, v[j])); \
                 }                                                                               \
                 B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));                 \
             }                                                                                   \
             int t = 0;                                                                          \
-            for (; t + 2 <= n_tok; t += 2)                                                      \
-                g8_tokens(nb, B, ax + t * axs, axs, ad + t * nb, 2, out + t * ldo + r, ldo);    \
-            if (t < n_tok)                                                                      \
-                g8_tokens(nb, B, ax + t * axs, axs, ad + t * nb, 1, out + t * ldo + r, ldo);    \
+            for (; NTMAX == 2 && t + 2 <= n_tok; t += 2)                                        \
+                TOKENS(nb, B, ax + t * axs, axs, ad + t * nb, 2, out + t * ldo + r, ldo);       \
+            for (; t < n_tok; t++)                                                              \
+                TOKENS(nb, B, ax + t * axs, axs, ad + t * nb, 1, out + t * ldo + r, ldo);       \
         }                                                                                       \
         free(B);                                                                                \
         free(ax);                                                                               \
         free(ad);                                                                               \
         return rend;                                                                            \
     }
-G8(g8_q8_0, gpe_block_q8_0, w32_q8_0)
-G8(g8_q4_0, gpe_block_q4_0, w32_q4_0)
+G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8_tokens_vnni, dotc_vnni, 2)
+G8(T_VNNI, g8_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_vnni, dotc_vnni, 2)
+G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
 
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
