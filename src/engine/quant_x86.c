@@ -202,13 +202,48 @@ T_AVX2 static inline __m256i kq_pick(int k)
     return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
+/* One 64-value chunk of a Q4_K (hbits false) / Q5_K block as unsigned
+ * bytes: lo = low nibbles of the chunk's 32 qs bytes (values 0..31 of the
+ * chunk), hi = high nibbles (32..63), plus 16 from qh's next two bits for
+ * Q5_K (*qh is shifted on for the next chunk). Shared by the AVX2 and
+ * AVX-512 kernels. */
+T_AVX2 static AI void kq_chunk(const uint8_t *qs, bool hbits, __m256i *qh, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)qs);
+    *lo = _mm256_and_si256(q, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (hbits) {
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(_mm256_and_si256(*qh, one), 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(*qh, 1), one), 4));
+        *qh = _mm256_srli_epi16(*qh, 2);
+    }
+}
+
+/* One half (128 values) of a Q6_K block as unsigned 6-bit bytes 0..63:
+ * q[j] = values 32j..32j+31 of the half (low 4 bits from ql, high 2 from
+ * qh). Shared by the AVX2 and AVX-512 kernels. */
+T_AVX2 static AI void q6_half(const uint8_t *ql, const uint8_t *qhp, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+}
+
 /* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
  * nibbles of qs[32c..] then high ones, +16 from qh bits 2c / 2c+1 for Q5_K);
  * each chunk's unpacked weights and scales serve every token. */
 T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
                             const uint8_t *a, size_t as, int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc[4];
     __m128 accm[4];
     for (int k = 0; k < nt; k++) {
@@ -230,13 +265,8 @@ T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t 
         for (int k = 0; k < nt; k++)
             sumi[k] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (hbits) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-                qh = _mm256_srli_epi16(qh, 2);
-            }
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
             const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
             const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
             for (int k = 0; k < nt; k++) {
@@ -275,7 +305,6 @@ static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
 T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                               int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
     __m256 acc[4];
     float accc[4];
     for (int k = 0; k < nt; k++) {
@@ -289,17 +318,8 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
         for (int k = 0; k < nt; k++)
             sumi[k] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_half(ql, qhp, q);
             for (int j = 0; j < 4; j++) {
                 const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
                 for (int k = 0; k < nt; k++) {
@@ -663,7 +683,6 @@ T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off,
                                 bool hbits, const uint8_t *a, size_t as, int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
     __m512 acc[4];
     __m128 accm[4];
@@ -685,13 +704,8 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
         __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         __m512i qv[4], scl[4];
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (hbits) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-                qh = _mm256_srli_epi16(qh, 2);
-            }
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
             qv[c] = cat256(lo, hi);
             scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
         }
@@ -715,7 +729,6 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
 T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                                   int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
     /* int16 lane j of a 512-bit vector takes scale j/16 ... of its half */
     const __m512i idx_lo = _mm512_srli_epi16(
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
@@ -731,25 +744,13 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         __m512i qv[4], scl[4];
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            const __m256i q1 = _mm256_or_si256(
-                _mm256_and_si256(l1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            const __m256i q2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            const __m256i q3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            __m256i q[4];
+            q6_half(ql, qhp, q);
             int64_t s8;
             memcpy(&s8, x[i].scales + 8 * h, 8);
             const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
-            qv[2 * h] = cat256(q0, q1);
-            qv[2 * h + 1] = cat256(q2, q3);
+            qv[2 * h] = cat256(q[0], q[1]);
+            qv[2 * h + 1] = cat256(q[2], q[3]);
             scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
             scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
         }
