@@ -303,6 +303,8 @@ bool gpe_dequantize_row(gpe_type t, const void *src, float *dst, int64_t n)
 
 /* ----------------------------------------------------------- quantization */
 
+static const gpe__kernels *kernels(void);
+
 /* Q8_0 as ggml's x86 CPU path does it: d = amax/127 (stored f16),
  * q = round-half-even(x * 127/amax). */
 static void quant_q8_0(const float *x, gpe_block_q8_0 *y, int64_t nb)
@@ -516,7 +518,12 @@ bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
             memcpy(p + 2 * i, &h, 2);
         }
         return true;
-    case GPE_TYPE_Q8_0: quant_q8_0(x, dst, n / GPE_QK); return true;
+    case GPE_TYPE_Q8_0:
+        if (kernels()->quant_q8_0)
+            kernels()->quant_q8_0(x, dst, n / GPE_QK);
+        else
+            quant_q8_0(x, dst, n / GPE_QK);
+        return true;
     case GPE_TYPE_Q4_0: quant_q4_0(x, dst, n / GPE_QK); return true;
     case GPE_TYPE_Q4_K: quant_q4_k(x, dst, n / GPE_QK_K); return true;
     case GPE_TYPE_Q5_K: quant_q5_k(x, dst, n / GPE_QK_K); return true;

@@ -30,6 +30,8 @@ typedef struct gpe__kernels {
     gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */
     gpe__dotn_fn dotn[GPE_TYPE_COUNT];   /* NULL: matmul calls dot per token */
     gpe__gemm_fn gemm[GPE_TYPE_COUNT];   /* NULL: matmul uses dotn / dot */
+    /* Q8_0 quantizer (nb blocks); NULL: the scalar one. Must give its bytes. */
+    void (*quant_q8_0)(const float *x, void *dst, int64_t nb);
 } gpe__kernels;
 
 /* Scalar reference kernels (quant.c). */

@@ -54,6 +54,39 @@ T_AVX2 static float avx2_dot_f32(int64_t n, const void *w, const void *a)
     return s;
 }
 
+/* Q8_0 quantizer, byte for byte quant.c's: amax by max_ps (a NaN input is
+ * skipped, as fmaxf skips it), the same d and id, round-half-even by
+ * round_ps (nearbyintf in the default rounding mode). */
+T_AVX2 static void avx2_quant_q8_0(const float *x, void *dst, int64_t nb)
+{
+    gpe_block_q8_0 *y = dst;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            mx = _mm256_max_ps(_mm256_and_ps(v[k], absmask), mx);
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float amax = _mm_cvtss_f32(m);
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = gpe_fp32_to_fp16(d);
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], idv),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* the packs work per 128-bit lane: dwords come out as q0 0-3, q1
+         * 0-3, q2 0-3, q3 0-3 | q0 4-7, ...; the permute restores order */
+        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y[i].qs,
+                            _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+}
+
 /*
  * The AVX2 kernels below (F32 excepted) are, like the AVX-512 ones, written
  * once for nt activation rows (1..4, rows a + k*as) sharing one pass over
@@ -394,6 +427,7 @@ void gpe__kernels_avx2(gpe__kernels *k)
     SET(GPE_TYPE_Q5_K, avx2_q5_k)
     SET(GPE_TYPE_Q6_K, avx2_q6_k)
     k->gemm[GPE_TYPE_Q4_0] = g8avx2_q4_0;
+    k->quant_q8_0 = avx2_quant_q8_0;
 #undef SET
 }
 

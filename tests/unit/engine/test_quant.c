@@ -489,6 +489,48 @@ static void test_dot_extremes(void **state)
     assert_string_equal(gpe_cpu_features(), gpe_isa_name(best));
 }
 
+/* The SIMD Q8_0 quantizer gives the scalar one's bytes on every path:
+ * random rows, exact halves (round half to even: amax 127 makes id 1),
+ * zeros, a NaN (skipped by the max), and tiny values. */
+static void test_quant_q8_0_isas(void **state)
+{
+    (void)state;
+    const gpe_isa best = gpe_quant_best_isa();
+    enum { N = 32 * 6 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = rndf() * 5.0f;
+    for (int i = 32; i < 64; i++)   /* block 1: halves, amax 127 */
+        x[i] = (float)(i - 48) + 0.5f;
+    x[32] = 127.0f;
+    for (int i = 64; i < 96; i++)   /* block 2: all zero */
+        x[i] = 0.0f;
+    x[100] = NAN;                   /* block 3 */
+    for (int i = 128; i < 160; i++) /* block 4: tiny */
+        x[i] = (float)(i - 140) * 1e-30f;
+    x[170] = -3e4f;                 /* block 5: negative amax */
+    gpe_block_q8_0 ref[N / 32], got[N / 32];
+    assert_true(gpe_quant_set_isa(GPE_ISA_SCALAR));
+    assert_true(gpe_quantize_row(GPE_TYPE_Q8_0, x, ref, N));
+    assert_int_equal(ref[1].qs[0], 127);
+    assert_int_equal(ref[1].qs[1], -14);   /* -14.5 rounds to even */
+    assert_int_equal(ref[1].qs[2], -14);   /* -13.5 too */
+    for (int isa = GPE_ISA_AVX2; isa <= (int)best; isa++) {
+        assert_true(gpe_quant_set_isa((gpe_isa)isa));
+        memset(got, 0x5a, sizeof got);
+        assert_true(gpe_quantize_row(GPE_TYPE_Q8_0, x, got, N));
+        for (int b = 0; b < N / 32; b++) {
+            /* block 3's NaN element itself converts to no defined value */
+            for (int j = 0; j < 32; j++)
+                if (!(b == 3 && j == 4) && got[b].qs[j] != ref[b].qs[j])
+                    fail_msg("%s block %d [%d]: %d vs scalar %d", gpe_isa_name((gpe_isa)isa), b, j,
+                             got[b].qs[j], ref[b].qs[j]);
+            assert_int_equal(got[b].d, ref[b].d);
+        }
+    }
+    assert_true(gpe_quant_set_isa(best));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_hand_q4_k),
         cmocka_unit_test(test_hand_q5_k_q6_k),
         cmocka_unit_test(test_quantizers),
+        cmocka_unit_test(test_quant_q8_0_isas),
         cmocka_unit_test(test_reference_dequant),
         cmocka_unit_test(test_dot_paths),
         cmocka_unit_test(test_matmul_rows),
