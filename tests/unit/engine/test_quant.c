@@ -420,7 +420,10 @@ static void test_matmul_rows(void **state)
 {
     (void)state;
     const gpe_isa best = gpe_quant_best_isa();
-    enum { ROWS = 37, NTOK = 7 };   /* groups of 4 and a remainder of 3 */
+    /* 11 tokens: the blocked kernel (8 or more tokens; 34 rows = 4 groups
+     * of 8 and a remainder), with pairs and a single; 7: groups of 4 and a
+     * remainder of 3 for the per-row kernels */
+    enum { ROWS = 37, NTOK = 11 };
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const gpe_type t = k_types[ti];
         const int64_t n = 512;
@@ -440,13 +443,14 @@ static void test_matmul_rows(void **state)
                 x[i] = rndf();
             assert_true(gpe_quantize_row_act(t, x, act + ars * k, n));
         }
-        for (int isa = 0; isa <= (int)best; isa++) {
+        for (int c = 0; c < 2 * ((int)best + 1); c++) {
+            const int isa = c / 2, ntok = c % 2 ? 7 : NTOK;
             assert_true(gpe_quant_set_isa((gpe_isa)isa));
             float out[NTOK * 40];
             for (int i = 0; i < NTOK * 40; i++)
                 out[i] = -12345.0f;
-            gpe_matmul_rows(t, W, 3, ROWS, n, act, NTOK, ars, out, 40);
-            for (int k = 0; k < NTOK; k++) {
+            gpe_matmul_rows(t, W, 3, ROWS, n, act, ntok, ars, out, 40);
+            for (int k = 0; k < ntok; k++) {
                 for (int r = 0; r < 40; r++) {
                     if (r < 3 || r >= ROWS) {
                         assert_true(out[k * 40 + r] == -12345.0f);
