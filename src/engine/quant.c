@@ -303,6 +303,8 @@ bool gpe_dequantize_row(gpe_type t, const void *src, float *dst, int64_t n)
 
 /* ----------------------------------------------------------- quantization */
 
+static const gpe__kernels *kernels(void);
+
 /* Q8_0 as ggml's x86 CPU path does it: d = amax/127 (stored f16),
  * q = round-half-even(x * 127/amax). */
 static void quant_q8_0(const float *x, gpe_block_q8_0 *y, int64_t nb)
@@ -516,7 +518,12 @@ bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
             memcpy(p + 2 * i, &h, 2);
         }
         return true;
-    case GPE_TYPE_Q8_0: quant_q8_0(x, dst, n / GPE_QK); return true;
+    case GPE_TYPE_Q8_0:
+        if (kernels()->quant_q8_0)
+            kernels()->quant_q8_0(x, dst, n / GPE_QK);
+        else
+            quant_q8_0(x, dst, n / GPE_QK);
+        return true;
     case GPE_TYPE_Q4_0: quant_q4_0(x, dst, n / GPE_QK); return true;
     case GPE_TYPE_Q4_K: quant_q4_k(x, dst, n / GPE_QK_K); return true;
     case GPE_TYPE_Q5_K: quant_q5_k(x, dst, n / GPE_QK_K); return true;
@@ -768,6 +775,10 @@ float gpe_vec_dot(gpe_type wt, int64_t n, const void *wrow, const void *act)
  * every activation row passes over them, so weights stream from memory
  * once per call whatever n_tok is. */
 #define ROW_CHUNK 16
+/* Below this many tokens the blocked kernel's per-call unpacking of the
+ * weights costs more than it saves (Q4_0 decode, 2 threads: 4 sequences
+ * were slower with it, 8 faster). */
+#define GEMM_MIN_TOK 8
 
 void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_end,
                      int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
@@ -775,20 +786,40 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
 {
     const gpe__kernels *k = kernels();
     const gpe__dot_fn dot = k->dot[wt];
-    const gpe__dotn_fn dotn = k->dotn[wt];
+    gpe__dotn_fn dotn = n_tok > 1 ? k->dotn[wt] : NULL;
     const size_t rs = gpe_row_size(wt, n_cols);
     const char *w = W, *a = act;
+    /* Prompt-sized batches: the blocked kernel, where there is one, takes
+     * what it can (whole groups of rows) and the rest goes on below. */
+    if (k->gemm[wt] && n_tok >= GEMM_MIN_TOK)
+        row_begin = k->gemm[wt](n_cols, W, rs, row_begin, row_end, act, act_row_bytes, n_tok, out, ldo);
+    /* Q8_0 activations: their f16 block scales as floats, once per call
+     * instead of once per (row, token, block) in the kernel. Without the
+     * memory, the per-token dot computes the same values. */
+    float *ad = NULL;
+    const int64_t nb = n_cols / GPE_QK;
+    if (dotn && k_traits[wt].dot_type == GPE_TYPE_Q8_0) {
+        ad = malloc((size_t)n_tok * (size_t)nb * sizeof *ad);
+        if (!ad)
+            dotn = NULL;
+        for (int t = 0; ad && t < n_tok; t++) {
+            const gpe_block_q8_0 *y = (const gpe_block_q8_0 *)(a + (size_t)t * act_row_bytes);
+            for (int64_t i = 0; i < nb; i++)
+                ad[(size_t)t * (size_t)nb + (size_t)i] = gpe_fp16_to_fp32(y[i].d);
+        }
+    }
     for (int64_t r0 = row_begin; r0 < row_end; r0 += ROW_CHUNK) {
         const int64_t r1 = r0 + ROW_CHUNK < row_end ? r0 + ROW_CHUNK : row_end;
         int t = 0;
-        if (dotn && n_tok > 1) {
+        if (dotn) {
             /* groups of up to 4 tokens share each pass over a weight row */
             for (; t < n_tok; t += 4) {
                 const int nt = n_tok - t < 4 ? n_tok - t : 4;
                 const char *at = a + (size_t)t * act_row_bytes;
+                const float *adt = ad ? ad + (size_t)t * (size_t)nb : NULL;
                 for (int64_t r = r0; r < r1; r++) {
                     float o[4];
-                    dotn(n_cols, w + (size_t)r * rs, at, act_row_bytes, nt, o);
+                    dotn(n_cols, w + (size_t)r * rs, at, act_row_bytes, adt, nt, o);
                     for (int j = 0; j < nt; j++)
                         out[(int64_t)(t + j) * ldo + r] = o[j];
                 }
@@ -801,4 +832,5 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
                 o[r] = dot(n_cols, w + (size_t)r * rs, at);
         }
     }
+    free(ad);
 }

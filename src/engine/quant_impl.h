@@ -12,13 +12,26 @@
 typedef float (*gpe__dot_fn)(int64_t n, const void *w, const void *a);
 
 /* Optional: one weight row against ntok (1..4) activation rows a + k*as,
- * results in out[k]; must give exactly what dot gives for each row. */
-typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, int ntok,
-                             float *out);
+ * results in out[k]; must give exactly what dot gives for each row. For
+ * weight types whose vec_dot type is Q8_0, ad holds the activation rows'
+ * block scales as floats (ad[k * n/32 + i], token k, block i), converted
+ * once per matmul; other types ignore ad. */
+typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as, const float *ad,
+                             int ntok, float *out);
+
+/* Optional: rows [r0, r1) of W (rows rs bytes apart) against n_tok
+ * activation rows act + t*as, out[t*ldo + r] for each; must give exactly
+ * what dot gives. Returns the first row it did not do (it may leave a
+ * remainder, or do nothing when out of memory); the caller does the rest. */
+typedef int64_t (*gpe__gemm_fn)(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                                const void *act, size_t as, int n_tok, float *out, int64_t ldo);
 
 typedef struct gpe__kernels {
     gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */
     gpe__dotn_fn dotn[GPE_TYPE_COUNT];   /* NULL: matmul calls dot per token */
+    gpe__gemm_fn gemm[GPE_TYPE_COUNT];   /* NULL: matmul uses dotn / dot */
+    /* Q8_0 quantizer (nb blocks); NULL: the scalar one. Must give its bytes. */
+    void (*quant_q8_0)(const float *x, void *dst, int64_t nb);
 } gpe__kernels;
 
 /* Scalar reference kernels (quant.c). */

@@ -11,6 +11,7 @@
 #include "engine/quant_impl.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -18,6 +19,7 @@
 
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool gpe__have_x86_kernels(void) { return true; }
 
@@ -50,6 +52,39 @@ T_AVX2 static float avx2_dot_f32(int64_t n, const void *w, const void *a)
     for (; i < n; i++)
         s += x[i] * y[i];
     return s;
+}
+
+/* Q8_0 quantizer, byte for byte quant.c's: amax by max_ps (a NaN input is
+ * skipped, as fmaxf skips it), the same d and id, round-half-even by
+ * round_ps (nearbyintf in the default rounding mode). */
+T_AVX2 static void avx2_quant_q8_0(const float *x, void *dst, int64_t nb)
+{
+    gpe_block_q8_0 *y = dst;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < nb; i++, x += GPE_QK) {
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            mx = _mm256_max_ps(_mm256_and_ps(v[k], absmask), mx);
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float amax = _mm_cvtss_f32(m);
+        const float d = amax / 127.0f;
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        y[i].d = gpe_fp32_to_fp16(d);
+        const __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++)
+            q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], idv),
+                                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        /* the packs work per 128-bit lane: dwords come out as q0 0-3, q1
+         * 0-3, q2 0-3, q3 0-3 | q0 4-7, ...; the permute restores order */
+        const __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)y[i].qs,
+                            _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
 }
 
 /*
@@ -123,33 +158,45 @@ T_AVX2 static AI __m256i w32_q8_0(const gpe_block_q8_0 *b)
 }
 T_AVX2 static AI __m256i w32_q4_0(const gpe_block_q4_0 *b) { return q4_0_unpack(b->qs); }
 
-/* Q8_0 and Q4_0: 32 signed weight bytes per block; |w| and the weight's
- * scale are shared by the tokens. */
-#define K2_BLOCK32(NAME, WT, UNPACK)                                                              \
-    T_AVX2 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,      \
-                               float *out)                                                       \
+/* Integer dot of 32 unsigned bytes u with 32 signed bytes s as 8 int32
+ * lanes (lane j: bytes 4j..4j+3). maddubs cannot saturate here (|w| <= 128,
+ * |a| <= 127: a pair sums to at most 32512), so the VNNI dpbusd
+ * (target avx512vnni, below) gives the same integers in one instruction. */
+T_AVX2 static AI __m256i doti_avx2(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+/* Q8_0 and Q4_0 (AVX2, AVX-512 and AVX-512 VNNI instances): 32 signed
+ * weight bytes per block; |w| and the weight's scale are shared by the
+ * tokens. ad (matmul only, else NULL): the activation scales as floats,
+ * ad[k * nb + i] for token k, block i, converted once per matmul rather
+ * than once per (weight row, token, block); same value, same bits. */
+#define BLOCK32(TGT, NAME, WT, UNPACK, DOTI)                                                     \
+    TGT static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, const float *ad, \
+                            int nt, float *out)                                                  \
     {                                                                                            \
-        const __m256i ones = _mm256_set1_epi16(1);                                               \
+        const int64_t nb = n / GPE_QK;                                                           \
         __m256 acc[4];                                                                           \
         for (int k = 0; k < nt; k++)                                                             \
             acc[k] = _mm256_setzero_ps();                                                        \
-        for (int64_t i = 0; i < n / GPE_QK; i++) {                                               \
+        for (int64_t i = 0; i < nb; i++) {                                                       \
             const __m256i wv = UNPACK(&x[i]);                                                    \
             const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
-            const float dw = h2f(x[i].d);                                                        \
+            const __m256 dw = _mm256_set1_ps(h2f(x[i].d));                                       \
             for (int k = 0; k < nt; k++) {                                                       \
                 const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
                 const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
+                const __m256 da = ad ? _mm256_broadcast_ss(ad + k * nb + i) : _mm256_set1_ps(h2f(y->d)); \
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(DOTI(aw, sa)), \
                                          acc[k]);                                                \
             }                                                                                    \
         }                                                                                        \
         for (int k = 0; k < nt; k++)                                                             \
             out[k] = hsum256(acc[k]);                                                            \
     }
-K2_BLOCK32(k2_q8_0, gpe_block_q8_0, w32_q8_0)
-K2_BLOCK32(k2_q4_0, gpe_block_q4_0, w32_q4_0)
+BLOCK32(T_AVX2, k2_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32(T_AVX2, k2_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
 
 /* Branch-free unpack of the 8 six-bit scales and mins of a Q4_K/Q5_K block
  * (the packing gpe__scale_min_k4 reads one at a time). */
@@ -188,13 +235,48 @@ T_AVX2 static inline __m256i kq_pick(int k)
     return _mm256_set1_epi16((short)(((2 * k + 1) << 8) | (2 * k)));
 }
 
+/* One 64-value chunk of a Q4_K (hbits false) / Q5_K block as unsigned
+ * bytes: lo = low nibbles of the chunk's 32 qs bytes (values 0..31 of the
+ * chunk), hi = high nibbles (32..63), plus 16 from qh's next two bits for
+ * Q5_K (*qh is shifted on for the next chunk). Shared by the AVX2 and
+ * AVX-512 kernels. */
+T_AVX2 static AI void kq_chunk(const uint8_t *qs, bool hbits, __m256i *qh, __m256i *lo, __m256i *hi)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m256i q = _mm256_loadu_si256((const __m256i *)qs);
+    *lo = _mm256_and_si256(q, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if (hbits) {
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(_mm256_and_si256(*qh, one), 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(*qh, 1), one), 4));
+        *qh = _mm256_srli_epi16(*qh, 2);
+    }
+}
+
+/* One half (128 values) of a Q6_K block as unsigned 6-bit bytes 0..63:
+ * q[j] = values 32j..32j+31 of the half (low 4 bits from ql, high 2 from
+ * qh). Shared by the AVX2 and AVX-512 kernels. */
+T_AVX2 static AI void q6_half(const uint8_t *ql, const uint8_t *qhp, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+}
+
 /* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
  * nibbles of qs[32c..] then high ones, +16 from qh bits 2c / 2c+1 for Q5_K);
  * each chunk's unpacked weights and scales serve every token. */
 T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
                             const uint8_t *a, size_t as, int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc[4];
     __m128 accm[4];
     for (int k = 0; k < nt; k++) {
@@ -216,13 +298,8 @@ T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t 
         for (int k = 0; k < nt; k++)
             sumi[k] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (hbits) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-                qh = _mm256_srli_epi16(qh, 2);
-            }
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
             const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
             const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
             for (int k = 0; k < nt; k++) {
@@ -261,7 +338,6 @@ static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
 T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                               int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
     __m256 acc[4];
     float accc[4];
     for (int k = 0; k < nt; k++) {
@@ -275,17 +351,8 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
         for (int k = 0; k < nt; k++)
             sumi[k] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            q6_half(ql, qhp, q);
             for (int j = 0; j < 4; j++) {
                 const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
                 for (int k = 0; k < nt; k++) {
@@ -315,15 +382,18 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
     {                                                                                            \
         const uint8_t *a = a0;                                                                   \
         const size_t as = 0;                                                                     \
+        const float *ad = NULL;                                                                  \
         float out[1];                                                                            \
+        (void)ad;                                                                                \
         const int nt = 1;                                                                        \
         CALL;                                                                                    \
         return out[0];                                                                           \
     }                                                                                            \
-    TGT static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as, int ntok,  \
-                                float *out)                                                      \
+    TGT static void NAME##_dotn(int64_t n, const void *w, const void *a0, size_t as,            \
+                                const float *ad, int ntok, float *out)                           \
     {                                                                                            \
         const uint8_t *a = a0;                                                                   \
+        (void)ad;                                                                                \
         switch (ntok) {                                                                          \
         case 1: { const int nt = 1; CALL; break; }                                               \
         case 2: { const int nt = 2; CALL; break; }                                               \
@@ -334,11 +404,14 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
 
 KWRAP(T_AVX2, avx2_f16, k2_f16(n, w, a, as, nt, out))
 KWRAP(T_AVX2, avx2_bf16, k2_bf16(n, w, a, as, nt, out))
-KWRAP(T_AVX2, avx2_q8_0, k2_q8_0(n, w, a, as, nt, out))
-KWRAP(T_AVX2, avx2_q4_0, k2_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX2, avx2_q8_0, k2_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_AVX2, avx2_q4_0, k2_q4_0(n, w, a, as, ad, nt, out))
 KWRAP(T_AVX2, avx2_q4_k, k2_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q5_k, k2_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q6_k, k2_q6_k(n, w, a, as, nt, out))
+
+static int64_t g8avx2_q4_0(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                           const void *act, size_t as, int n_tok, float *out, int64_t ldo);
 
 void gpe__kernels_avx2(gpe__kernels *k)
 {
@@ -353,6 +426,8 @@ void gpe__kernels_avx2(gpe__kernels *k)
     SET(GPE_TYPE_Q4_K, avx2_q4_k)
     SET(GPE_TYPE_Q5_K, avx2_q5_k)
     SET(GPE_TYPE_Q6_K, avx2_q6_k)
+    k->gemm[GPE_TYPE_Q4_0] = g8avx2_q4_0;
+    k->quant_q8_0 = avx2_quant_q8_0;
 #undef SET
 }
 
@@ -466,38 +541,167 @@ T_AVX512 static AI void k512_bf16(int64_t n, const uint16_t *x, const uint8_t *a
     }
 }
 
-/* Q8_0 and Q4_0 share the driver: 32 signed weight bytes per block. */
+/* Q8_0 and Q4_0: 32-element blocks, one 256-bit step per block (on
+ * Skylake-SP this beats pairing two 34-byte blocks into one 512-bit vector:
+ * the inserts and the two-scale vector cost more than the wider multiply
+ * saves). With VNNI the integer dot is one dpbusd. */
+T_VNNI static AI __m256i doti_vnni(__m256i u, __m256i s)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+BLOCK32(T_AVX512, k512_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32(T_AVX512, k512_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
+BLOCK32(T_VNNI, kvnni_q8_0, gpe_block_q8_0, w32_q8_0, doti_vnni)
+BLOCK32(T_VNNI, kvnni_q4_0, gpe_block_q4_0, w32_q4_0, doti_vnni)
 
-/* 32-element blocks: one 256-bit step per block. On Skylake-SP this beats
- * pairing two 34-byte blocks into one 512-bit vector (the inserts and the
- * two-scale vector cost more than the wider multiply saves); with several
- * tokens the weight unpack and sign are shared. */
-#define K512_BLOCK32(NAME, WT, UNPACK)                                                            \
-    T_AVX512 static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, int nt,    \
-                                 float *out)                                                     \
-    {                                                                                            \
-        const int64_t nb = n / GPE_QK;                                                           \
-        const __m256i ones = _mm256_set1_epi16(1);                                               \
-        __m256 acc[4];                                                                           \
-        for (int k = 0; k < nt; k++)                                                             \
-            acc[k] = _mm256_setzero_ps();                                                        \
-        for (int64_t i = 0; i < nb; i++) {                                                       \
-            const __m256i wv = UNPACK(&x[i]);                                                    \
-            const __m256i aw = _mm256_sign_epi8(wv, wv);                                         \
-            const float dw = h2f(x[i].d);                                                        \
-            for (int k = 0; k < nt; k++) {                                                       \
-                const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i;                            \
-                const __m256i sa = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv); \
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), ones);         \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(y->d)), _mm256_cvtepi32_ps(p),  \
-                                         acc[k]);                                                \
-            }                                                                                    \
-        }                                                                                        \
-        for (int k = 0; k < nt; k++)                                                             \
-            out[k] = hsum256(acc[k]);                                                            \
+/*
+ * Q4_0 / Q8_0 prompt-sized matmuls with VNNI, 8 weight rows at a time.
+ *
+ * The per-token kernel above spends ~7 instructions per (row, token, block):
+ * sign-adjust, dot, convert, scale, accumulate. Here 8 rows' blocks are
+ * unpacked once per call and transposed so that vector j holds bytes
+ * 4j..4j+3 of each of the 8 rows (lane r = row r); one dpbusd with the
+ * token's 4 activation bytes broadcast then yields, in lane r, exactly the
+ * int32 lane j of the per-token kernel's dot for row r. The activations are
+ * made unsigned (a + 128, what dpbusd wants) once per call, and
+ * -128 * (sum of those 4 weight bytes) per (block, j) starts the dot, which
+ * keeps it exact. Float accumulators are per j, in the per-token kernel's
+ * order (per block: acc_j += (dw * da) * lane_j), and are summed in
+ * hsum256's order at the end: every output is bit-identical to dot().
+ */
+typedef struct g8_blk {
+    __m256i w[8];      /* transposed weight bytes (signed) */
+    __m256i c[8];      /* -128 * sum of the 4 bytes of w[j] in each lane */
+    __m256 dw;         /* the 8 rows' block scales */
+} g8_blk;
+
+/* 8x8 transpose of 32-bit elements: r[k] lane j -> r'[j] lane k. */
+T_AVX2 static AI void tr8x8(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int k = 0; k < 8; k += 2) {
+        t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+        t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
     }
-K512_BLOCK32(k512_q8_0, gpe_block_q8_0, w32_q8_0)
-K512_BLOCK32(k512_q4_0, gpe_block_q4_0, w32_q4_0)
+    for (int k = 0; k < 8; k += 4) {
+        u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+        u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+        u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        r[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* c + the int32 lanes of the dot of unsigned bytes u with signed bytes s:
+ * one dpbusd with VNNI; maddubs + madd on AVX2, exact only while a byte
+ * pair stays within int16 (255 * 8 * 2 for Q4_0's -8..7: AVX2 does Q4_0
+ * only). */
+T_VNNI static AI __m256i dotc_vnni(__m256i c, __m256i u, __m256i s)
+{
+    return _mm256_dpbusd_epi32(c, u, s);
+}
+T_AVX2 static AI __m256i dotc_avx2(__m256i c, __m256i u, __m256i s)
+{
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+/* nt (1 or 2) tokens against one 8-row group; out rows r0..r0+7. Fully
+ * unrolled, so that the 8 or 16 accumulators live in registers (AVX2 has
+ * 16 of them: one token at a time there). */
+#define G8_TOKENS(TGT, NAME, DOTC)                                                              \
+    TGT static AI void NAME(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,        \
+                            const float *ad, int nt, float *out, int64_t ldo)                  \
+    {                                                                                           \
+        __m256 acc[2][8];                                                                       \
+        for (int k = 0; k < nt; k++)                                                            \
+            for (int j = 0; j < 8; j++)                                                         \
+                acc[k][j] = _mm256_setzero_ps();                                                \
+        for (int64_t i = 0; i < nb; i++) {                                                      \
+            __m256 sc[2];                                                                       \
+            for (int k = 0; k < nt; k++)                                                        \
+                sc[k] = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i));           \
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                               \
+                const __m256i w = _mm256_load_si256(&B[i].w[j]);                                \
+                _Pragma("GCC unroll 2") for (int k = 0; k < nt; k++) {                          \
+                    int32_t a4;                                                                 \
+                    memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);                              \
+                    const __m256i p = DOTC(_mm256_load_si256(&B[i].c[j]), _mm256_set1_epi32(a4), w); \
+                    acc[k][j] = _mm256_fmadd_ps(sc[k], _mm256_cvtepi32_ps(p), acc[k][j]);       \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int k = 0; k < nt; k++) {                                                          \
+            const __m256 *v = acc[k]; /* hsum256's order, lane-wise */                          \
+            const __m256 s = _mm256_add_ps(                                                     \
+                _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),            \
+                _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));           \
+            _mm256_storeu_ps(out + k * ldo, s);                                                 \
+        }                                                                                       \
+    }
+G8_TOKENS(T_VNNI, g8_tokens_vnni, dotc_vnni)
+G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
+
+/* Rows [r0, r1) in groups of 8 against n_tok tokens; returns the first row
+ * not done (a remainder under 8 rows, or r0 without memory). */
+#define G8(TGT, NAME, WT, UNPACK, TOKENS, DOTC, NTMAX)                                         \
+    TGT static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,    \
+                               const void *act, size_t as, int n_tok, float *out, int64_t ldo) \
+    {                                                                                           \
+        const int64_t nb = n / GPE_QK;                                                          \
+        const int64_t rend = r0 + (r1 - r0) / 8 * 8;                                           \
+        const size_t axs = (size_t)n;                                                           \
+        g8_blk *B = aligned_alloc(32, (size_t)nb * sizeof *B);                                  \
+        uint8_t *ax = malloc((size_t)n_tok * axs);                                              \
+        float *ad = malloc((size_t)n_tok * (size_t)nb * sizeof *ad);                            \
+        if (!B || !ax || !ad) {                                                                 \
+            free(B);                                                                            \
+            free(ax);                                                                           \
+            free(ad);                                                                           \
+            return r0;                                                                          \
+        }                                                                                       \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                      \
+        for (int t = 0; t < n_tok; t++) {                                                       \
+            const gpe_block_q8_0 *y = (const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as); \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                _mm256_storeu_si256((__m256i *)(ax + t * axs + 32 * i),                         \
+                                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)y[i].qs), flip)); \
+                ad[t * nb + i] = h2f(y[i].d);                                                   \
+            }                                                                                   \
+        }                                                                                       \
+        for (int64_t r = r0; r < rend; r += 8) {                                                \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                __m256i v[8];                                                                   \
+                uint16_t d[8];                                                                  \
+                for (int k = 0; k < 8; k++) {                                                   \
+                    const WT *x = (const WT *)((const uint8_t *)W + (size_t)(r + k) * rs) + i;  \
+                    v[k] = UNPACK(x);                                                           \
+                    d[k] = x->d;                                                                \
+                }                                                                               \
+                tr8x8(v);                                                                       \
+                for (int j = 0; j < 8; j++) {                                                   \
+                    B[i].w[j] = v[j];                                                           \
+                    B[i].c[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                        \
+                                                 DOTC(_mm256_setzero_si256(), flip, v[j])); \
+                }                                                                               \
+                B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));                 \
+            }                                                                                   \
+            int t = 0;                                                                          \
+            for (; NTMAX == 2 && t + 2 <= n_tok; t += 2)                                        \
+                TOKENS(nb, B, ax + t * axs, axs, ad + t * nb, 2, out + t * ldo + r, ldo);       \
+            for (; t < n_tok; t++)                                                              \
+                TOKENS(nb, B, ax + t * axs, axs, ad + t * nb, 1, out + t * ldo + r, ldo);       \
+        }                                                                                       \
+        free(B);                                                                                \
+        free(ax);                                                                               \
+        free(ad);                                                                               \
+        return rend;                                                                            \
+    }
+G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8_tokens_vnni, dotc_vnni, 2)
+G8(T_VNNI, g8_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_vnni, dotc_vnni, 2)
+G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
 
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
@@ -513,7 +717,6 @@ T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off,
                                 bool hbits, const uint8_t *a, size_t as, int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
     __m512 acc[4];
     __m128 accm[4];
@@ -535,13 +738,8 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
         __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
         __m512i qv[4], scl[4];
         for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            if (hbits) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-                qh = _mm256_srli_epi16(qh, 2);
-            }
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
             qv[c] = cat256(lo, hi);
             scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
         }
@@ -565,7 +763,6 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
 T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                                   int nt, float *out)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
     /* int16 lane j of a 512-bit vector takes scale j/16 ... of its half */
     const __m512i idx_lo = _mm512_srli_epi16(
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
@@ -581,25 +778,13 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         __m512i qv[4], scl[4];
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)qhp);
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
-                                               _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-            const __m256i q1 = _mm256_or_si256(
-                _mm256_and_si256(l1, m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-            const __m256i q2 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
-            const __m256i q3 = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+            __m256i q[4];
+            q6_half(ql, qhp, q);
             int64_t s8;
             memcpy(&s8, x[i].scales + 8 * h, 8);
             const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
-            qv[2 * h] = cat256(q0, q1);
-            qv[2 * h + 1] = cat256(q2, q3);
+            qv[2 * h] = cat256(q[0], q[1]);
+            qv[2 * h + 1] = cat256(q[2], q[3]);
             scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
             scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
         }
@@ -630,8 +815,10 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
 KWRAP(T_AVX512, avx512_f32, k512_f32(n, w, a, as, nt, out))
 KWRAP(T_AVX512, avx512_f16, k512_f16(n, w, a, as, nt, out))
 KWRAP(T_AVX512, avx512_bf16, k512_bf16(n, w, a, as, nt, out))
-KWRAP(T_AVX512, avx512_q8_0, k512_q8_0(n, w, a, as, nt, out))
-KWRAP(T_AVX512, avx512_q4_0, k512_q4_0(n, w, a, as, nt, out))
+KWRAP(T_AVX512, avx512_q8_0, k512_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_AVX512, avx512_q4_0, k512_q4_0(n, w, a, as, ad, nt, out))
+KWRAP(T_VNNI, vnni_q8_0, kvnni_q8_0(n, w, a, as, ad, nt, out))
+KWRAP(T_VNNI, vnni_q4_0, kvnni_q4_0(n, w, a, as, ad, nt, out))
 KWRAP(T_AVX512, avx512_q4_k, k512_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false, a, as, nt, out))
 KWRAP(T_AVX512, avx512_q5_k, k512_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX512, avx512_q6_k, k512_q6_k(n, w, a, as, nt, out))
@@ -649,6 +836,12 @@ void gpe__kernels_avx512(gpe__kernels *k)
     SET(GPE_TYPE_Q4_K, avx512_q4_k)
     SET(GPE_TYPE_Q5_K, avx512_q5_k)
     SET(GPE_TYPE_Q6_K, avx512_q6_k)
+    if (__builtin_cpu_supports("avx512vnni")) {
+        SET(GPE_TYPE_Q8_0, vnni_q8_0)
+        SET(GPE_TYPE_Q4_0, vnni_q4_0)
+        k->gemm[GPE_TYPE_Q8_0] = g8_q8_0;
+        k->gemm[GPE_TYPE_Q4_0] = g8_q4_0;
+    }
 #undef SET
 }
 

@@ -420,7 +420,10 @@ static void test_matmul_rows(void **state)
 {
     (void)state;
     const gpe_isa best = gpe_quant_best_isa();
-    enum { ROWS = 37, NTOK = 7 };   /* groups of 4 and a remainder of 3 */
+    /* 11 tokens: the blocked kernel (8 or more tokens; 34 rows = 4 groups
+     * of 8 and a remainder), with pairs and a single; 7: groups of 4 and a
+     * remainder of 3 for the per-row kernels */
+    enum { ROWS = 37, NTOK = 11 };
     for (size_t ti = 0; ti < sizeof k_types / sizeof k_types[0]; ti++) {
         const gpe_type t = k_types[ti];
         const int64_t n = 512;
@@ -440,13 +443,14 @@ static void test_matmul_rows(void **state)
                 x[i] = rndf();
             assert_true(gpe_quantize_row_act(t, x, act + ars * k, n));
         }
-        for (int isa = 0; isa <= (int)best; isa++) {
+        for (int c = 0; c < 2 * ((int)best + 1); c++) {
+            const int isa = c / 2, ntok = c % 2 ? 7 : NTOK;
             assert_true(gpe_quant_set_isa((gpe_isa)isa));
             float out[NTOK * 40];
             for (int i = 0; i < NTOK * 40; i++)
                 out[i] = -12345.0f;
-            gpe_matmul_rows(t, W, 3, ROWS, n, act, NTOK, ars, out, 40);
-            for (int k = 0; k < NTOK; k++) {
+            gpe_matmul_rows(t, W, 3, ROWS, n, act, ntok, ars, out, 40);
+            for (int k = 0; k < ntok; k++) {
                 for (int r = 0; r < 40; r++) {
                     if (r < 3 || r >= ROWS) {
                         assert_true(out[k * 40 + r] == -12345.0f);
@@ -489,6 +493,48 @@ static void test_dot_extremes(void **state)
     assert_string_equal(gpe_cpu_features(), gpe_isa_name(best));
 }
 
+/* The SIMD Q8_0 quantizer gives the scalar one's bytes on every path:
+ * random rows, exact halves (round half to even: amax 127 makes id 1),
+ * zeros, a NaN (skipped by the max), and tiny values. */
+static void test_quant_q8_0_isas(void **state)
+{
+    (void)state;
+    const gpe_isa best = gpe_quant_best_isa();
+    enum { N = 32 * 6 };
+    float x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = rndf() * 5.0f;
+    for (int i = 32; i < 64; i++)   /* block 1: halves, amax 127 */
+        x[i] = (float)(i - 48) + 0.5f;
+    x[32] = 127.0f;
+    for (int i = 64; i < 96; i++)   /* block 2: all zero */
+        x[i] = 0.0f;
+    x[100] = NAN;                   /* block 3 */
+    for (int i = 128; i < 160; i++) /* block 4: tiny */
+        x[i] = (float)(i - 140) * 1e-30f;
+    x[170] = -3e4f;                 /* block 5: negative amax */
+    gpe_block_q8_0 ref[N / 32], got[N / 32];
+    assert_true(gpe_quant_set_isa(GPE_ISA_SCALAR));
+    assert_true(gpe_quantize_row(GPE_TYPE_Q8_0, x, ref, N));
+    assert_int_equal(ref[1].qs[0], 127);
+    assert_int_equal(ref[1].qs[1], -14);   /* -14.5 rounds to even */
+    assert_int_equal(ref[1].qs[2], -14);   /* -13.5 too */
+    for (int isa = GPE_ISA_AVX2; isa <= (int)best; isa++) {
+        assert_true(gpe_quant_set_isa((gpe_isa)isa));
+        memset(got, 0x5a, sizeof got);
+        assert_true(gpe_quantize_row(GPE_TYPE_Q8_0, x, got, N));
+        for (int b = 0; b < N / 32; b++) {
+            /* block 3's NaN element itself converts to no defined value */
+            for (int j = 0; j < 32; j++)
+                if (!(b == 3 && j == 4) && got[b].qs[j] != ref[b].qs[j])
+                    fail_msg("%s block %d [%d]: %d vs scalar %d", gpe_isa_name((gpe_isa)isa), b, j,
+                             got[b].qs[j], ref[b].qs[j]);
+            assert_int_equal(got[b].d, ref[b].d);
+        }
+    }
+    assert_true(gpe_quant_set_isa(best));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +544,7 @@ int main(void)
         cmocka_unit_test(test_hand_q4_k),
         cmocka_unit_test(test_hand_q5_k_q6_k),
         cmocka_unit_test(test_quantizers),
+        cmocka_unit_test(test_quant_q8_0_isas),
         cmocka_unit_test(test_reference_dequant),
         cmocka_unit_test(test_dot_paths),
         cmocka_unit_test(test_matmul_rows),
