@@ -203,8 +203,8 @@ static void tool_calls_whole_and_malformed(void **st)
      * an index that skips ahead: UPSTREAM_MALFORMED. */
     const char *bad[] = {
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{}}]}}]}",
-        "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"f\","
-        "\"arguments\":{}}}]}}]}",
+        ("{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"name\":\"f\","
+         "\"arguments\":{}}}]}}]}"), /* one element in two lines (clang -Wstring-concatenation) */
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":3,\"function\":{\"name\":\"f\"}}]}}]}",
         "{\"choices\":[{\"delta\":{\"tool_calls\":{}}}]}",
         "{\"choices\":[{\"delta\":{\"tool_calls\":[{\"function\":{\"arguments\":\"x\"}}]}}]}",
