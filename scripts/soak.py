@@ -50,6 +50,8 @@ def parse_args():
                     metavar=("MIN", "MAX"), help="seconds between agent kills (uniform)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep-tmp", action="store_true", help="keep logs and the DB")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG=VALUE",
+                    help="extra server flag, e.g. --server-arg=--heap_trim_bytes=0 (repeatable)")
     a = ap.parse_args()
     if not (0 < a.minutes <= 24 * 60):
         ap.error("--minutes must be in (0, 1440]")
@@ -476,7 +478,8 @@ def main():
     try:
         # Agents lost fast: a heartbeat a second, dead after 3 s of silence.
         srv = h.start_server(["--poll_interval_sec", "1", "--agent_timeout_sec", "3",
-                              "--stall_timeout_sec", "10", "--max_attempts", "5"])
+                              "--stall_timeout_sec", "10", "--max_attempts", "5"] +
+                             [x for a in ARGS.server_arg for x in a.split("=", 1)])
         print("soak: server pid %d on %s, tmp %s" % (srv.pid, srv.url, h.tmp), flush=True)
         samples.append((0.0,) + proc_sample(srv.pid))
 

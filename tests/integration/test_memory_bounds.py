@@ -100,7 +100,8 @@ class MemoryBounds(harness.TestCase):
         self.assertEqual((st, r.get("status")), (200, "done"), r)
         # The process memory gauges: RSS, heap in use and free, SQLite.
         self.assertGreater(m["gpupool_process_resident_bytes"], 0)
-        self.assertGreater(m["gpupool_heap_inuse_bytes"], 0)
+        # glibc's figures; 0 under ASan, whose allocator replaces glibc's.
+        self.assertGreaterEqual(m["gpupool_heap_inuse_bytes"], 0)
         self.assertGreaterEqual(m["gpupool_heap_free_bytes"], 0)
         self.assertGreater(m["gpupool_db_memory_bytes"], 0)
         self.assertGreaterEqual(m["gpupool_jobs_in_memory"], len(tids))
