@@ -19,7 +19,8 @@
 typedef struct gps_memstat {
     size_t rss_bytes;        /* resident set, /proc/self/statm (0 if unreadable) */
     size_t heap_inuse_bytes; /* malloc'd and not freed (arena chunks + mmapped chunks) */
-    size_t heap_free_bytes;  /* held by malloc, free (free lists and arena tops) */
+    size_t heap_free_bytes;  /* held by malloc, free (free lists and arena tops); pages a
+                                trim gave back stay counted (no longer resident) */
     size_t heap_mmap_bytes;  /* of heap_inuse: chunks malloc got with mmap (large ones) */
 } gps_memstat;
 

@@ -359,8 +359,8 @@ int gps_metrics_define_server(gps_metrics *m)
         {"heap_inuse_bytes", GPS_METRIC_GAUGE,
          "Bytes in live malloc allocations, all arenas (glibc mallinfo2).", NULL, 0},
         {"heap_free_bytes", GPS_METRIC_GAUGE,
-         "Bytes malloc holds free (free lists and arena tops, all arenas): resident until "
-         "trimmed.", NULL, 0},
+         "Bytes malloc holds free (free lists and arena tops, all arenas), trimmed pages "
+         "included (those are no longer resident).", NULL, 0},
         {"heap_trims_total", GPS_METRIC_COUNTER,
          "Times free heap was given back to the kernel (heap_trim_bytes).", NULL, 0},
         {"tasks_in_memory", GPS_METRIC_GAUGE,
