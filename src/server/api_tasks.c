@@ -948,7 +948,10 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
      * list is newest first): past hot_max_events the older ones go cold
      * early. Each event is a few jansson objects (~1 KiB for a token), so
      * without this bound the memory of hot tasks grows with the request
-     * rate times task_hot_sec. */
+     * rate times task_hot_sec. The newest finished task stays whatever its
+     * size (one task's events are bounded by its max_tokens and
+     * max_job_event_bytes): its replays are paced from memory, while a
+     * replay from the store frames the whole log at once. */
     size_t hot_events = 0;
     for (task *t = g->head; t; t = next) {
         next = t->next;
@@ -959,7 +962,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             /* Not before its log is in the store (its cold replay comes
              * from there), unless the store stays broken. */
             bool stored = !t->inflight_seq && released(t) >= nev;
-            bool over = g->hot_max_events && hot_events + nev > g->hot_max_events;
+            bool over = g->hot_max_events && hot_events > 0 &&
+                        hot_events + nev > g->hot_max_events;
             if (!t->subs && ((now - t->finished_us > g->hot_us &&
                               (stored || now - t->finished_us > 2 * g->hot_us)) ||
                              (over && stored))) {

@@ -106,6 +106,44 @@ class MemoryBounds(harness.TestCase):
         self.assertGreater(m["gpupool_db_memory_bytes"], 0)
         self.assertGreaterEqual(m["gpupool_jobs_in_memory"], len(tids))
 
+    def test_the_newest_finished_task_stays_hot_whatever_its_size(self):
+        # A replay from memory is paced; one from the store frames the whole
+        # log (test_backpressure's 32 MiB task): a single task larger than
+        # the cap must not go cold for being large, only for being older.
+        srv = self.h.start_server(["--task_hot_max_events", "5"], db=self.h.path("m3.db"))
+        a = FakeAgent(srv.url, models=("m1",), slots=1)
+        self.assertEqual(a.poll()[0], 200)
+
+        def run():
+            st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                         {"model": "m1", "prompt": "hello", "max_tokens": 16})
+            self.assertEqual(st, 202, r)
+            st, jobs = a.work(1, timeout=10)
+            a.run_job(jobs[0], tokens=TOKENS)
+            return r["job_id"]
+
+        def cold(tid):
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                m = scrape(srv)
+                src, _ = self.replay(srv, tid)
+                if src == "store":
+                    return True, m
+                time.sleep(0.1)
+            return False, m
+
+        first = run()
+        # Committed, ticked and still hot: the tick's eviction would have
+        # run many times over within a second (every 250 ms).
+        deadline = time.time() + 1.5
+        while time.time() < deadline:
+            self.assertEqual(self.replay(srv, first)[0], "memory")
+            time.sleep(0.1)
+        second = run()
+        gone, m = cold(first)  # older, over the cap: goes cold
+        self.assertTrue(gone, m)
+        self.assertEqual(self.replay(srv, second)[0], "memory")
+
     def test_without_the_cap_pressure_tasks_stay_hot(self):
         """Control: under the cap nothing goes cold before task_hot_sec."""
         srv = self.h.start_server(["--task_hot_max_events", "100000"], db=self.h.path("m2.db"))
