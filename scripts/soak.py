@@ -50,6 +50,8 @@ def parse_args():
                     metavar=("MIN", "MAX"), help="seconds between agent kills (uniform)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep-tmp", action="store_true", help="keep logs and the DB")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG=VALUE",
+                    help="extra server flag, e.g. --server-arg=--heap_trim_bytes=0 (repeatable)")
     a = ap.parse_args()
     if not (0 < a.minutes <= 24 * 60):
         ap.error("--minutes must be in (0, 1440]")
@@ -395,6 +397,52 @@ def proc_sample(pid):
     return rss, fds
 
 
+MEM_GAUGES = [("process_resident_bytes", "rss"), ("heap_inuse_bytes", "heap used"),
+              ("heap_free_bytes", "heap free"), ("db_memory_bytes", "sqlite"),
+              ("jobs_in_memory", "jobs"), ("tasks_in_memory", "tasks"),
+              ("task_events_in_memory", "task events"), ("agents", "agents")]
+
+
+def mem_sample(url):
+    """The server's memory gauges from /metrics (memstat.h): {name: value}
+    (a family's series summed), {} when unreachable. Tells a retention (heap
+    in use grows, with the object counts) from allocator behaviour (heap
+    free grows, in use flat)."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=10)
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8", "replace")
+        conn.close()
+    except (OSError, http.client.HTTPException):
+        return {}
+    out = {}
+    want = {"gpupool_" + n: n for n, _ in MEM_GAUGES}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in want:
+            try:
+                out[want[name]] = out.get(want[name], 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+def fmt_mem(d):
+    parts = []
+    for n, label in MEM_GAUGES:
+        v = d.get(n)
+        if v is None:
+            parts.append("%s ?" % label)
+        elif n.endswith("_bytes"):
+            parts.append("%s %.1f MB" % (label, v / 1e6))
+        else:
+            parts.append("%s %d" % (label, v))
+    return "  ".join(parts)
+
+
 def word_diff(expected, got):
     """(lost, duplicated) words of got against expected."""
     a, b = expected.split(), got.split()
@@ -419,6 +467,7 @@ def main():
     lock = threading.Lock()
     results = []
     samples = []            # (t, rss kB, fds)
+    mem = []                # (t, {gauge: value}) each minute (mem_sample)
 
     def on_signal(signum, frame):
         raise SystemExit(130)
@@ -429,7 +478,8 @@ def main():
     try:
         # Agents lost fast: a heartbeat a second, dead after 3 s of silence.
         srv = h.start_server(["--poll_interval_sec", "1", "--agent_timeout_sec", "3",
-                              "--stall_timeout_sec", "10", "--max_attempts", "5"])
+                              "--stall_timeout_sec", "10", "--max_attempts", "5"] +
+                             [x for a in ARGS.server_arg for x in a.split("=", 1)])
         print("soak: server pid %d on %s, tmp %s" % (srv.pid, srv.url, h.tmp), flush=True)
         samples.append((0.0,) + proc_sample(srv.pid))
 
@@ -468,6 +518,7 @@ def main():
         print("soak: %d expected texts, %d..%d words" % (len(expected), lens[0], lens[-1]),
               flush=True)
         samples.append((0.0,) + proc_sample(srv.pid))
+        mem.append((0.0, mem_sample(srv.url)))
         t0 = time.monotonic()
         end_at = t0 + ARGS.minutes * 60
 
@@ -513,8 +564,11 @@ def main():
                     samples.append((t, rss, fds))
                     n = len(results)
                 if t >= next_min:
-                    print("soak: %4.0f s  server rss %6d kB  fds %4d  requests %d" %
-                          (t, rss, fds, n), flush=True)
+                    ms = mem_sample(srv.url)
+                    with lock:
+                        mem.append((t, ms))
+                    print("soak: %4.0f s  server rss %6d kB  fds %4d  requests %d  %s" %
+                          (t, rss, fds, n, fmt_mem(ms)), flush=True)
                     next_min += 60.0
 
         threads = [threading.Thread(target=client, args=(i,), daemon=True)
@@ -534,6 +588,7 @@ def main():
         # settle: the server frees finished jobs after a while; sample at the end
         time.sleep(2.0)
         end_sample = proc_sample(srv.pid)
+        end_mem = mem_sample(srv.url)
         server_alive = srv.alive()
         if end_sample[0] is not None:
             samples.append((time.monotonic() - t0,) + end_sample)
@@ -599,6 +654,13 @@ def main():
         print("-" * (w + 40))
         for k, v in rows:
             print("%-*s  %s" % (w, k, v))
+        # Memory per minute: RSS beside the heap (in use / free) and the
+        # objects the server holds, to tell a retention from the allocator.
+        mem.append((elapsed, end_mem))
+        print()
+        print("%7s  %s" % ("t", "server memory (/metrics)"))
+        for t, d in mem:
+            print("%5.0f s  %s" % (t, fmt_mem(d)))
         for cls in ("without failover", "after failover"):
             for r in mism[cls][:3]:
                 print("\nmismatch %s: %s %s %s attempts=%d\n  expected %r\n  got      %r" %

@@ -10,6 +10,7 @@
 #
 #   scripts/soak.sh [--minutes N] [--build-dir DIR] [--agents N] [--slots N]
 #                   [--clients N] [--seed N] [--keep-tmp]
+#                   [--server-arg=--KEY=VALUE ...]
 #
 # Builds the Release tree build/release (as scripts/demo.sh does) unless
 # --build-dir names another (e.g. an ASan build). Default 10 minutes.

@@ -29,6 +29,7 @@
 #include <event2/thread.h>
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
+#include <sqlite3.h>
 
 #include "common/gp_config.h"
 #include "common/gp_log.h"
@@ -42,6 +43,7 @@
 #include "server/http/http.h"
 #include "server/jobs/jobs.h"
 #include "server/auth/limits.h"
+#include "server/memstat.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
 #include "server/fleet/registry.h"
@@ -52,6 +54,7 @@
 #include "server/http/tls.h"
 
 #define SERVER_VERSION "0.1.0"
+#define TRIM_INTERVAL_SEC 10 /* heap_trim_bytes is checked this often */
 
 typedef struct server {
     gps_config cfg;
@@ -69,7 +72,7 @@ typedef struct server {
     gps_admin *admin;
     gps_http *http;
     gps_tls *tls;               /* NULL without listen_tls */
-    struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer;
+    struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
     uint64_t shutdown_deadline_ms;
     int exit_code;
@@ -312,6 +315,16 @@ static void collect(gps_metrics *m, void *arg)
     gps_metrics_set(m, "db_queue_depth", NULL, (double)st.queue_depth);
     gps_metrics_set(m, "http_body_bytes_inflight", NULL,
                     (double)gps_http_inflight_bytes(s->http));
+    size_t ntasks = 0, nevents = 0;
+    gps_tasks_memory(s->tasks, &ntasks, &nevents);
+    gps_metrics_set(m, "tasks_in_memory", NULL, (double)ntasks);
+    gps_metrics_set(m, "task_events_in_memory", NULL, (double)nevents);
+    gps_memstat ms;
+    gps_memstat_read(&ms);
+    gps_metrics_set(m, "process_resident_bytes", NULL, (double)ms.rss_bytes);
+    gps_metrics_set(m, "heap_inuse_bytes", NULL, (double)ms.heap_inuse_bytes);
+    gps_metrics_set(m, "heap_free_bytes", NULL, (double)ms.heap_free_bytes);
+    gps_metrics_set(m, "db_memory_bytes", NULL, (double)sqlite3_memory_used());
 }
 
 static void h_metrics(gps_req *r, void *arg)
@@ -414,6 +427,21 @@ static void purge_cb(evutil_socket_t fd, short what, void *arg)
     if (s->cfg.retention_days > 0)
         gps_store_purge_jobs(s->store,
                              gp_now_wall_ms() - s->cfg.retention_days * 86400LL * 1000LL);
+}
+
+/* Free heap back to the kernel (memstat.h says why). On the loop thread
+ * so that it never runs in the middle of a burst of our own allocations;
+ * the DB thread only waits for its arena's lock for the trim's duration. */
+static void trim_cb(evutil_socket_t fd, short what, void *arg)
+{
+    server *s = arg;
+    size_t released = 0;
+    if (!gps_memstat_trim((size_t)s->cfg.heap_trim_bytes, &released))
+        return;
+    gps_metrics_add(s->metrics, "heap_trims_total", NULL, 1);
+    gp_log_write(GP_LOG_DEBUG, "heap_trimmed", NULL,
+                 json_pack("{s:I}", "released_bytes", (json_int_t)released),
+                 "gave %zu bytes of free heap back to the kernel", released);
 }
 
 /* ------------------------------------------------------------------ */
@@ -671,6 +699,7 @@ int main(int argc, char **argv)
     if (!s->tasks)
         goto oom;
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
+    gps_tasks_set_hot_max_events(s->tasks, (size_t)s->cfg.task_hot_max_events);
     gps_tasks_set_auth(s->tasks, s->auth);
     gps_sse_pace_configure((size_t)s->cfg.client_buffer_bytes, (int)s->cfg.slow_client_timeout_sec);
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
@@ -721,10 +750,12 @@ int main(int argc, char **argv)
     s->sig_int = evsignal_new(s->base, SIGINT, on_term, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_hup, s);
     s->purge_timer = event_new(s->base, -1, EV_PERSIST, purge_cb, s);
-    struct timeval hour = {3600, 0};
-    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->purge_timer ||
+    s->trim_timer = event_new(s->base, -1, EV_PERSIST, trim_cb, s);
+    struct timeval hour = {3600, 0}, trim_every = {TRIM_INTERVAL_SEC, 0};
+    if (!s->sig_term || !s->sig_int || !s->sig_hup || !s->purge_timer || !s->trim_timer ||
         event_add(s->sig_term, NULL) < 0 || event_add(s->sig_int, NULL) < 0 ||
-        event_add(s->sig_hup, NULL) < 0 || event_add(s->purge_timer, &hour) < 0)
+        event_add(s->sig_hup, NULL) < 0 || event_add(s->purge_timer, &hour) < 0 ||
+        (s->cfg.heap_trim_bytes > 0 && event_add(s->trim_timer, &trim_every) < 0))
         goto oom;
     purge_cb(-1, 0, s);
 
@@ -777,7 +808,7 @@ done:
         gps_store_close(s->store);
     gps_metrics_free(s->metrics);
     struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->shutdown_timer,
-                           s->purge_timer};
+                           s->purge_timer, s->trim_timer};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             event_free(evs[i]);

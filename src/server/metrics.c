@@ -313,6 +313,9 @@ int gps_metrics_define_server(gps_metrics *m)
          "Native tasks accepted (202); each counts in requests_total once it ends.", NULL, 0},
         {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
         {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
+        {"jobs_in_memory", GPS_METRIC_GAUGE,
+         "Jobs the server holds in memory: live ones and finished ones kept for late agent "
+         "uploads (5 minutes).", NULL, 0},
         {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
         {"agents_parked", GPS_METRIC_GAUGE,
          "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
@@ -348,6 +351,25 @@ int gps_metrics_define_server(gps_metrics *m)
          "Requests refused for a missing, bad or unfit key, by reason.", NULL, 0},
         {"rate_limited_total", GPS_METRIC_COUNTER,
          "Requests refused by a limit, by reason (rpm, tokens_per_day, queue_full).", NULL, 0},
+        /* Process memory (memstat.h): RSS next to glibc's own figures, so
+         * that a leak (heap in use grows) can be told from allocator
+         * behaviour (free heap grows, in use flat). */
+        {"process_resident_bytes", GPS_METRIC_GAUGE, "Resident set size of the server.", NULL,
+         0},
+        {"heap_inuse_bytes", GPS_METRIC_GAUGE,
+         "Bytes in live malloc allocations, all arenas (glibc mallinfo2).", NULL, 0},
+        {"heap_free_bytes", GPS_METRIC_GAUGE,
+         "Bytes malloc holds free (free lists and arena tops, all arenas), trimmed pages "
+         "included (those are no longer resident).", NULL, 0},
+        {"heap_trims_total", GPS_METRIC_COUNTER,
+         "Times free heap was given back to the kernel (heap_trim_bytes).", NULL, 0},
+        {"tasks_in_memory", GPS_METRIC_GAUGE,
+         "Native tasks held in memory (running, and finished ones still hot).", NULL, 0},
+        {"task_events_in_memory", GPS_METRIC_GAUGE,
+         "Events those tasks hold for replay (task_hot_max_events bounds the finished "
+         "ones').", NULL, 0},
+        {"db_memory_bytes", GPS_METRIC_GAUGE,
+         "Bytes SQLite has allocated (page caches, statements), both connections.", NULL, 0},
         {"db_writes_total", GPS_METRIC_COUNTER, "Rows handed to the DB thread.", NULL, 0},
         {"db_errors_total", GPS_METRIC_COUNTER, "DB operations that failed.", NULL, 0},
         {"agent_events_dropped_total", GPS_METRIC_COUNTER,

@@ -85,6 +85,11 @@ const gp_opt gps_config_table[] = {
      "times 512); past it the job fails with 502 AGENT_OUTPUT_TOO_LARGE"},
     {"task_hot_sec", GP_OPT_INT, O(task_hot_sec), "300", 1, 86400, NULL,
      "a finished native task replays from memory this long, then from the DB"},
+    {"task_hot_max_events", GP_OPT_INT, O(task_hot_max_events), "20000", 1, 100000000, NULL,
+     "events finished native tasks keep in memory, all together (about 1 KiB each); past it "
+     "the oldest finished tasks replay from the DB before task_hot_sec"},
+    {"heap_trim_bytes", GP_OPT_INT, O(heap_trim_bytes), "4194304", 0, 1073741824, NULL,
+     "every 10 s, free heap above this goes back to the kernel (malloc_trim; 0 = never)"},
     {"client_buffer_bytes", GP_OPT_INT, O(client_buffer_bytes), "1048576", 4096, 1073741824,
      NULL, "a stream stops writing to a client whose unsent output is above this"},
     {"slow_client_timeout_sec", GP_OPT_INT, O(slow_client_timeout_sec), "60", 1, 86400, NULL,

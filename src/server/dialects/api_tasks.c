@@ -215,6 +215,7 @@ struct gps_tasks {
     gps_metrics *metrics;
     int request_timeout_sec;
     uint64_t hot_us;              /* terminal tasks stay in memory this long */
+    size_t hot_max_events;        /* ... while all of them hold fewer events (0 = no cap) */
     task *buckets[NBUCKETS];
     task *head;
     svc_rec *svc;
@@ -851,22 +852,53 @@ void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
         g->hot_us = (uint64_t)(sec > 0 ? sec : KEEP_HOT_SEC) * 1000000ull;
 }
 
+void gps_tasks_set_hot_max_events(gps_tasks *g, size_t n)
+{
+    if (g)
+        g->hot_max_events = n;
+}
+
+void gps_tasks_memory(const gps_tasks *g, size_t *tasks, size_t *events)
+{
+    *tasks = *events = 0;
+    for (const task *t = g ? g->head : NULL; t; t = t->next) {
+        (*tasks)++;
+        *events += json_array_size(t->events);
+    }
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_tasks *g = arg;
     uint64_t now = gp_now_mono_us();
     task *next;
+    /* Events held by the finished tasks seen so far, newest first (the
+     * list is newest first): past hot_max_events the older ones go cold
+     * early. Each event is a few jansson objects (~1 KiB for a token), so
+     * without this bound the memory of hot tasks grows with the request
+     * rate times task_hot_sec. The newest finished task stays whatever its
+     * size (one task's events are bounded by its max_tokens and
+     * max_job_event_bytes): its replays are paced from memory, while a
+     * replay from the store frames the whole log at once. */
+    size_t hot_events = 0;
     for (task *t = g->head; t; t = next) {
         next = t->next;
         if (now >= t->retry_us)
             task_flush(t); /* after a failed write; else a no-op */
+        size_t nev = json_array_size(t->events);
         if (t->terminal) {
             /* Not before its log is in the store (its cold replay comes
              * from there), unless the store stays broken. */
-            bool stored = !t->inflight_seq && released(t) >= json_array_size(t->events);
-            if (!t->subs && now - t->finished_us > g->hot_us &&
-                (stored || now - t->finished_us > 2 * g->hot_us))
+            bool stored = !t->inflight_seq && released(t) >= nev;
+            bool over = g->hot_max_events && hot_events > 0 &&
+                        hot_events + nev > g->hot_max_events;
+            if (!t->subs && ((now - t->finished_us > g->hot_us &&
+                              (stored || now - t->finished_us > 2 * g->hot_us)) ||
+                             (over && stored))) {
                 task_free(g, t);
+                continue;
+            }
+            hot_events += nev;
             continue;
         }
         if (!t->job) {

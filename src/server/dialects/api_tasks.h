@@ -68,6 +68,13 @@ int gps_tasks_register(struct gps_http *h, gps_tasks *t);
 /* How long a finished task stays in memory (replay from memory, then from
  * the store); <= 0 restores the default of 300 s (config task_hot_sec). */
 void gps_tasks_set_hot_sec(gps_tasks *t, int sec);
+/* ... and only while the finished tasks in memory hold at most n events
+ * together: past it the oldest finished ones (whose events are in the
+ * store, with no open stream) go cold early; the newest finished task
+ * stays, whatever its size. 0 = no cap (config task_hot_max_events). */
+void gps_tasks_set_hot_max_events(gps_tasks *t, size_t n);
+/* Tasks in memory and the events they hold (for /metrics; walks them). */
+void gps_tasks_memory(const gps_tasks *t, size_t *tasks, size_t *events);
 
 struct gps_auth;
 /* With auth on, a task created while auth was off (no owner key) is

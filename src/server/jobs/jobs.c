@@ -1800,9 +1800,12 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
 {
     gps_metrics_reset(m, "queue_depth");
     sched_foreach_queue(j->sched, queue_cb, m);
-    size_t running = 0;
-    for (gps_job *job = j->head; job; job = job->next)
+    size_t running = 0, held = 0;
+    for (gps_job *job = j->head; job; job = job->next) {
+        held++;
         if (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING)
             running++;
+    }
     gps_metrics_set(m, "jobs_running", NULL, (double)running);
+    gps_metrics_set(m, "jobs_in_memory", NULL, (double)held);
 }

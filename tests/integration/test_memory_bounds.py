@@ -1,0 +1,176 @@
+"""gpupool-server: what it keeps in memory is bounded by count, not only by
+time (issue 9, soak: server RSS grew with the request rate).
+
+A finished native task (/v2/tasks) keeps every event in memory for
+task_hot_sec (300 s) so that a resume replays from memory. Each event is a
+few jansson objects (about 1 KiB a token), so under load the hot tasks
+held rate x task_hot_sec x tokens KiB: the soak's ~20 native tasks a
+minute of 300 tokens held ~35 MB, and RSS kept every peak of it.
+task_hot_max_events bounds the events the finished tasks hold together:
+past it the oldest go cold early (their replay comes from the store).
+
+A real server process, a fake agent driven step by step (server_fakes.py),
+the server's /metrics: gpupool_task_events_in_memory and
+gpupool_tasks_in_memory; the heap and RSS gauges are present and sane.
+"""
+
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from server_fakes import FakeAgent  # noqa: E402
+
+CAP = 40
+TOKENS = ["t%d " % i for i in range(10)]
+
+
+def events_of(data):
+    return [(int(e["id"]), e["event"], json.loads(e["data"])) for e in harness.parse_sse(data)]
+
+
+def scrape(srv):
+    """{family: value} of the unlabelled samples of /metrics."""
+    st, _, data = harness.http_request("GET", srv.url + "/metrics")
+    assert st == 200, st
+    out = {}
+    for line in data.decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+class MemoryBounds(harness.TestCase):
+    NEEDS = (harness.SERVER_BIN,)
+
+    def replay(self, srv, tid):
+        st, hdr, data = harness.http_request("GET", srv.url + "/v2/tasks/%s/events" % tid,
+                                             timeout=10)
+        self.assertEqual(st, 200, data)
+        return hdr.get("x-gpupool-replay"), events_of(data)
+
+    def test_finished_tasks_hold_at_most_task_hot_max_events(self):
+        db = self.h.path("mem.db")
+        srv = self.h.start_server(["--task_hot_max_events", str(CAP)], db=db)
+        a = FakeAgent(srv.url, models=("m1",), slots=1)
+        st, body = a.poll()
+        self.assertEqual(st, 200, body)
+        tids, whole = [], {}
+        # 5 tasks of 12+ events each (queued?, started, 10 tokens, end):
+        # more than CAP together, each one alone well under it.
+        for _ in range(5):
+            st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                         {"model": "m1", "prompt": "hello", "max_tokens": 16})
+            self.assertEqual(st, 202, r)
+            tid = r["job_id"]
+            st, jobs = a.work(1, timeout=10)
+            self.assertEqual([j["job_id"] for j in jobs], [tid])
+            st, _ = a.run_job(jobs[0], tokens=TOKENS)
+            self.assertEqual(st, 200)
+            src, evs = self.replay(srv, tid)  # read while hot: the reference stream
+            self.assertEqual(src, "memory")
+            self.assertEqual(evs[-1][1], "end")
+            self.assertEqual(evs[-1][2]["text"], "".join(TOKENS))
+            tids.append(tid)
+            whole[tid] = evs
+        total = sum(len(v) for v in whole.values())
+        self.assertGreater(total, CAP)
+        # The bound holds once the tasks' tick ran after their logs were
+        # committed (the oldest cannot go before that: their replay would
+        # have nowhere to come from).
+        deadline = time.time() + 20
+        m = scrape(srv)
+        while m.get("gpupool_task_events_in_memory", total) > CAP and time.time() < deadline:
+            time.sleep(0.1)
+            m = scrape(srv)
+        self.assertLessEqual(m["gpupool_task_events_in_memory"], CAP, m)
+        self.assertGreaterEqual(m["gpupool_task_events_in_memory"], len(whole[tids[-1]]), m)
+        self.assertLess(m["gpupool_tasks_in_memory"], len(tids))
+        # Nothing is lost: the newest replays from memory, the oldest from
+        # the store, each exactly as it was streamed while hot.
+        src, evs = self.replay(srv, tids[-1])
+        self.assertEqual((src, evs), ("memory", whole[tids[-1]]))
+        src, evs = self.replay(srv, tids[0])
+        self.assertEqual((src, evs), ("store", whole[tids[0]]))
+        st, _, r = harness.http_json("GET", srv.url + "/v2/tasks/" + tids[0])
+        self.assertEqual((st, r.get("status")), (200, "done"), r)
+        # The process memory gauges: RSS, heap in use and free, SQLite.
+        self.assertGreater(m["gpupool_process_resident_bytes"], 0)
+        # glibc's figures; 0 under ASan, whose allocator replaces glibc's.
+        self.assertGreaterEqual(m["gpupool_heap_inuse_bytes"], 0)
+        self.assertGreaterEqual(m["gpupool_heap_free_bytes"], 0)
+        self.assertGreater(m["gpupool_db_memory_bytes"], 0)
+        self.assertGreaterEqual(m["gpupool_jobs_in_memory"], len(tids))
+
+    def test_the_newest_finished_task_stays_hot_whatever_its_size(self):
+        # A replay from memory is paced; one from the store frames the whole
+        # log (test_backpressure's 32 MiB task): a single task larger than
+        # the cap must not go cold for being large, only for being older.
+        srv = self.h.start_server(["--task_hot_max_events", "5"], db=self.h.path("m3.db"))
+        a = FakeAgent(srv.url, models=("m1",), slots=1)
+        self.assertEqual(a.poll()[0], 200)
+
+        def run():
+            st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                         {"model": "m1", "prompt": "hello", "max_tokens": 16})
+            self.assertEqual(st, 202, r)
+            st, jobs = a.work(1, timeout=10)
+            a.run_job(jobs[0], tokens=TOKENS)
+            return r["job_id"]
+
+        def cold(tid):
+            deadline = time.time() + 20
+            while time.time() < deadline:
+                m = scrape(srv)
+                src, _ = self.replay(srv, tid)
+                if src == "store":
+                    return True, m
+                time.sleep(0.1)
+            return False, m
+
+        first = run()
+        # Committed, ticked and still hot: the tick's eviction would have
+        # run many times over within a second (every 250 ms).
+        deadline = time.time() + 1.5
+        while time.time() < deadline:
+            self.assertEqual(self.replay(srv, first)[0], "memory")
+            time.sleep(0.1)
+        second = run()
+        gone, m = cold(first)  # older, over the cap: goes cold
+        self.assertTrue(gone, m)
+        self.assertEqual(self.replay(srv, second)[0], "memory")
+
+    def test_without_the_cap_pressure_tasks_stay_hot(self):
+        """Control: under the cap nothing goes cold before task_hot_sec."""
+        srv = self.h.start_server(["--task_hot_max_events", "100000"], db=self.h.path("m2.db"))
+        a = FakeAgent(srv.url, models=("m1",), slots=1)
+        self.assertEqual(a.poll()[0], 200)
+        tids = []
+        for _ in range(3):
+            st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                         {"model": "m1", "prompt": "hello", "max_tokens": 16})
+            self.assertEqual(st, 202, r)
+            st, jobs = a.work(1, timeout=10)
+            a.run_job(jobs[0], tokens=TOKENS)
+            tids.append(r["job_id"])
+        # Committed and ticked (the replay header says where it came from).
+        for tid in tids:
+            src, evs = self.replay(srv, tid)
+            self.assertEqual(src, "memory")
+            self.assertEqual(evs[-1][1], "end")
+        # The gauge is the tasks' tick's count (every 250 ms): poll for it.
+        deadline = time.time() + 20
+        m = scrape(srv)
+        while m["gpupool_tasks_in_memory"] < len(tids) and time.time() < deadline:
+            time.sleep(0.1)
+            m = scrape(srv)
+        self.assertEqual(m["gpupool_tasks_in_memory"], len(tids), m)
+        self.assertGreater(m["gpupool_task_events_in_memory"], 3 * len(TOKENS))
+
+
+if __name__ == "__main__":
+    unittest.main()
