@@ -55,12 +55,14 @@ def chat_text(events):
 
 class FailoverTest(harness.TestCase):
 
-    def pool(self, a_args, b_args=("--pace-ms", "5"), server_args=()):
-        """Server, upstream A (a_args) behind agent A, upstream B behind agent B."""
+    def pool(self, a_args, b_args=("--pace-ms", "5"), server_args=(), agent_a_args=()):
+        """Server, upstream A (a_args) behind agent A (agent_a_args), upstream B
+        behind agent B; returns when both agents have a long-poll parked."""
         self.srv = self.h.start_server(FAST + list(server_args))
         self.ua = self.start_cont(["--tokens", str(N)] + list(a_args))
         self.ub = self.start_cont(["--tokens", str(N)] + list(b_args))
-        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1")
+        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1",
+                                     args=list(agent_a_args))
         self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
         self.srv.wait_model("m1")
         self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
@@ -223,20 +225,14 @@ class FailoverTest(harness.TestCase):
     def test_continue_after_agent_drain_timeout(self):
         # SIGTERM with a 1 s drain timeout: agent A stops the job with
         # AGENT_SHUTDOWN, which fails over like a lost agent.
-        self.srv = self.h.start_server(FAST)
-        self.ua = self.start_cont(["--tokens", str(N), "--pace-ms", "300"])
-        self.ub = self.start_cont(["--tokens", str(N), "--pace-ms", "5"])
-        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1",
-                                     args=["--drain-timeout-sec", "1"])
-        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
-        self.srv.wait_model("m1")
-        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
-        for aid in (self.ida, self.idb):
-            harness.wait_until(lambda aid=aid: self.healthy(aid), timeout=20, what="agent healthy")
+        # Through pool(): the job must start on A, and prefer_agent only gets
+        # it there when A has a long-poll parked (a CI run sent it to B).
+        self.pool(["--pace-ms", "300"], agent_a_args=["--drain-timeout-sec", "1"])
         prompt = "drain the pool ::"
         s = self.stream_completion(prompt)
         self.assertEqual(s.status, 200)
         got = self.first_texts(s, 2)
+        self.assertEqual(s.headers.get("x-pool-agent"), self.ida)
         self.aa.signal(signal.SIGTERM)
         text, usage = self.read_rest(s, got)
         self.assertEqual(text, expected(prompt))
@@ -249,16 +245,8 @@ class FailoverTest(harness.TestCase):
         # The agent is alive (its polls list the job, so the server's stall
         # timer keeps restarting): its own upstream timeout reports the
         # stall, which fails over like a lost agent.
-        self.srv = self.h.start_server(FAST)
-        self.ua = self.start_cont(["--tokens", str(N), "--mode", "stall", "--after", "3",
-                                   "--pace-ms", "20"])
-        self.ub = self.start_cont(["--tokens", str(N), "--pace-ms", "5"])
-        self.aa = self.h.start_agent(self.srv, upstream=self.ua, model="m1",
-                                     args=["--upstream-timeout-sec", "2"])
-        self.ab = self.h.start_agent(self.srv, upstream=self.ub, model="m1")
-        self.srv.wait_model("m1")
-        self.ida, self.idb = self.aa.agent_id(), self.ab.agent_id()
-        harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
+        self.pool(["--mode", "stall", "--after", "3", "--pace-ms", "20"],
+                  agent_a_args=["--upstream-timeout-sec", "2"])
         prompt = "silence then more ::"
         s = self.stream_completion(prompt)
         self.assertEqual(s.status, 200)
