@@ -145,6 +145,9 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
             json_string_length(se) > 256)
             GPS_FAIL("x_pool_options.session",
                  "'x_pool_options.session' must be a string of 1 to 256 bytes");
+        /* Over a dialect's own affinity key (the native session_id): the
+         * pool option is the more specific of the two. */
+        free(s->session);
         s->session = strdup(json_string_value(se));
     }
     const json_t *lb = json_object_get(xo, "labels");

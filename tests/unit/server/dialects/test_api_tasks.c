@@ -73,6 +73,24 @@ static void test_ok(void **state)
  * and every JSON reader take). Over 64 draws: each in [0, 2^31), and not
  * all the same (a constant, e.g. an unused random source, fails). A seed
  * of 32 random bits fails the range with probability 1 - 2^-64. */
+/* session_id and x_pool_options.session both given: the pool option wins
+ * and the first copy is freed (a fuzz run found it leaked; ASan says so). */
+static void test_session_twice(void **state)
+{
+    (void)state;
+    gps_job_spec s;
+    char msg[256];
+    const char *param = NULL;
+    json_t *body = json_loads("{\"model\":\"m\",\"prompt\":\"p\",\"max_tokens\":1,"
+                              "\"session_id\":\"abc\",\"x_pool_options\":{\"session\":\"xyz\"}}",
+                              0, NULL);
+    assert_non_null(body);
+    assert_int_equal(gps_tasks_parse(body, &s, msg, sizeof msg, &param), 0);
+    assert_string_equal(s.session, "xyz");
+    gps_job_spec_clear(&s);
+    json_decref(body);
+}
+
 static void test_generated_seed(void **state)
 {
     (void)state;
@@ -135,6 +153,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ok),
         cmocka_unit_test(test_generated_seed),
+        cmocka_unit_test(test_session_twice),
         cmocka_unit_test(test_bad),
         cmocka_unit_test(test_last_event_id),
     };
