@@ -1054,6 +1054,13 @@ static void collect_one(void *ud, registry_agent *a)
     }
 }
 
+static void collect_model(void *ud, const char *name, size_t live_agents)
+{
+    char l[600]; /* a 256-byte name, every byte escaped */
+    gps_metrics_label(l, sizeof l, "model", name, (char *)NULL);
+    gps_metrics_set(ud, "model_agents", l, (double)live_agents);
+}
+
 void gps_agents_collect(gps_agents *g, gps_metrics *m)
 {
     collect_ctx c;
@@ -1066,8 +1073,10 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
     gps_metrics_reset(m, "agent_prefix_cache_tokens_saved_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_computed_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_held");
-    if (g->reg)
+    if (g->reg) {
         registry_foreach(g->reg, collect_one, &c);
+        registry_models_foreach(g->reg, collect_model, m);
+    }
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {
         char l[64];
         gps_metrics_label(l, sizeof l, "state", registry_state_name((registry_state)s),

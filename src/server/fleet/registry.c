@@ -964,3 +964,12 @@ registry_model_entry *registry_models_list(const registry *reg, size_t *n)
     *n = k;
     return out;
 }
+
+void registry_models_foreach(const registry *reg,
+                             void (*fn)(void *ud, const char *name, size_t live_agents),
+                             void *ud)
+{
+    size_t i;
+    for (smap_node *nd = smap_first(&reg->models, &i); nd; nd = smap_next(&reg->models, nd, &i))
+        fn(ud, nd->key, ((const model_ent *)nd->val)->live);
+}

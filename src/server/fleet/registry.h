@@ -323,6 +323,13 @@ typedef struct registry_model_entry {
  * in *n; NULL with *n = 0 when empty or on ENOMEM. */
 registry_model_entry *registry_models_list(const registry *reg, size_t *n);
 
+/* Calls fn for every model name (id or alias) known since start-up
+ * (registry_model_known), with the live agents serving it now (0: requests
+ * for it get 503 NO_AGENT). Unordered. For the per-model gauge of /metrics. */
+void registry_models_foreach(const registry *reg,
+                             void (*fn)(void *ud, const char *name, size_t live_agents),
+                             void *ud);
+
 /* For prefix-aware routing (the scheduler's side is a later issue): of
  * a's free slots, the one whose advertised prefix covers the most units of
  * a request's chain (gp_prefix_chain_of_job over the job the agent would

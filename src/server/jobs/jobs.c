@@ -1182,6 +1182,8 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         return;
     end_on_agent(j, job, false);
     cancel_add(j, job->agent_id, job->id);
+    if (j->metrics)
+        gps_metrics_attempt_lost(j->metrics, why);
     gps_fo_facts f = {
         .mode = job->spec.failover,
         .output_sent = job->client_saw_output,
