@@ -106,6 +106,15 @@ void registry_facts_free(registry_facts *f)
     memset(f, 0, sizeof(*f));
 }
 
+void registry_facts_drop_model(registry_facts *f, size_t i)
+{
+    if (!f || i >= f->n_models)
+        return;
+    model_info_free(&f->models[i]);
+    memmove(&f->models[i], &f->models[i + 1], (f->n_models - i - 1) * sizeof(f->models[0]));
+    f->n_models--;
+}
+
 static int fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)

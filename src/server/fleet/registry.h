@@ -123,6 +123,9 @@ typedef struct registry_facts {
  * per model, 64 labels; strings at most 256 bytes (4096 for labels' total). */
 int registry_facts_parse(const json_t *body, registry_facts *out, char *err, size_t errlen);
 void registry_facts_free(registry_facts *f);
+/* Remove f->models[i] (freed; the ones after it move down). For a model
+ * the server refuses before the heartbeat applies the facts (pins.h). */
+void registry_facts_drop_model(registry_facts *f, size_t i);
 
 /*
  * One agent. Fields are READ-ONLY outside registry.c (change them only

@@ -641,6 +641,10 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->state = GPS_JOB_ASSIGNED;
     job->attempts++;
     snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    /* The file that serves it (x_pool_meta.model_sha256: what an operator
+     * pinned, or what a client may want to check). */
+    const char *dg = registry_agent_model_digest(a, job->spec.model);
+    snprintf(job->model_digest, sizeof job->model_digest, "%s", dg ? dg : "");
     job->assigned_us = now;
     /* Scheduling latency: submit to the first assignment (a requeue after
      * a failover is counted by failovers_total instead; a delivery that
