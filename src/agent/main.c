@@ -67,9 +67,11 @@ static bool stop_pending(void)
 }
 
 /* --model URL: download (or find in the cache) before anything registers,
- * then point o->model at the local file. path must outlive o. */
-static int fetch_model(agent_options *o, char *path, size_t pathlen, char *err, size_t errlen)
+ * then point o->model at the local file (a copy: gp_config_free frees the
+ * option strings). */
+static int fetch_model(agent_options *o, char *err, size_t errlen)
 {
+    char path[4096 + 256];
     char cache[4096];
     if (o->model_cache && *o->model_cache)
         snprintf(cache, sizeof cache, "%s", o->model_cache);
@@ -88,9 +90,15 @@ static int fetch_model(agent_options *o, char *path, size_t pathlen, char *err, 
         .max_attempts = (int)o->model_download_attempts,
         .progress_bar = isatty(STDERR_FILENO) == 1,
     };
-    if (model_fetch(&fo, stop_pending, path, pathlen, err, errlen) < 0)
+    if (model_fetch(&fo, stop_pending, path, sizeof path, err, errlen) < 0)
         return -1;
-    o->model = path; /* o's strings belong to cfg; this one to the caller */
+    char *local = strdup(path);
+    if (!local) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    free(o->model);
+    o->model = local;
     return 0;
 }
 
@@ -133,9 +141,7 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    static char model_path[4096 + 256];
-    if (o.model && model_fetch_is_remote(o.model) &&
-        fetch_model(&o, model_path, sizeof model_path, err, sizeof err) < 0) {
+    if (o.model && model_fetch_is_remote(o.model) && fetch_model(&o, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-agent: model: %s\n", err);
         gp_log_error("model_fetch_failed", "%s", err);
         goto cleanup_curl;

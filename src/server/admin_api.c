@@ -574,7 +574,8 @@ static void agent_list_one(void *ud, registry_agent *ag)
     json_t *o = al->oom ? NULL : agent_json(ag, al->now_mono, al->now_wall);
     /* Models a pin refused (absent from "models"), with the reason. */
     json_t *refused = al->pins ? gps_pins_refused(al->pins, ag->id) : NULL;
-    if (o && json_object_set(o, "refused_models", refused ? refused : json_array()) < 0) {
+    if (o && json_object_set_new(o, "refused_models",
+                                 refused ? json_incref(refused) : json_array()) < 0) {
         json_decref(o);
         o = NULL;
     }
