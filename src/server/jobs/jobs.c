@@ -1529,6 +1529,11 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         json_t *pt = json_object_get(ev, "prompt_tokens");
         if (json_is_integer(pt) && json_integer_value(pt) >= 0)
             job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        /* An openai agent whose upstream has no count endpoint estimated
+         * (docs/agent.md "Counting tokens"): the reply says so. */
+        json_t *ce = json_object_get(ev, "count_estimated");
+        if (json_is_number(ce) && json_number_value(ce) != 0)
+            job->count_estimated = true;
         /* Subscribers (native tasks) record what they are given: relay a
          * bounded number per attempt; later ones only update the counts. */
         if (job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED) {
