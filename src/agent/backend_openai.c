@@ -541,6 +541,15 @@ static void count_reset(oai_job *j)
     j->raw.len = 0;
 }
 
+/* The metrics event that marks a count as an estimate (the sink copies it). */
+static void mark_estimated(oai_job *j)
+{
+    json_t *m = json_pack("{s:i}", "count_estimated", 1);
+    if (m)
+        j->sink.metrics(j->sink.ctx, m);
+    json_decref(m);
+}
+
 /* count_tokens: the methods of openai_count.h in turn, from the one that
  * answered last; a count never fails for want of an endpoint (the estimate
  * is the last resort, marked as such). Only a cancel ends it otherwise. */
@@ -565,7 +574,7 @@ static void count_main(oai_job *j, struct curl_slist *h)
             atomic_store(&b->count_method, m);
             send_started(j);
             if (est)
-                j->sink.metrics(j->sink.ctx, json_pack("{s:i}", "count_estimated", 1));
+                mark_estimated(j);
             j->sink.end(j->sink.ctx, "stop", n, 0);
             return;
         }
@@ -580,7 +589,7 @@ static void count_main(oai_job *j, struct curl_slist *h)
     atomic_store(&b->count_method, first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
                                                                : OAI_COUNT_TOKENIZE);
     send_started(j);
-    j->sink.metrics(j->sink.ctx, json_pack("{s:i}", "count_estimated", 1));
+    mark_estimated(j);
     j->sink.end(j->sink.ctx, "stop", j->count_estimate, 0);
 }
 
