@@ -11,6 +11,7 @@
 #   ETC/gpupool/server.conf, agent.conf                  (examples; conffiles in the .deb)
 #   P/share/doc/gpupool/    docs/*.md, README.md, LICENSE
 #   P/share/gpupool/migrations/NNNN_name.sql             (reference copy: the binary embeds them)
+#   P/share/gpupool/prometheus/gpupool-alerts.yml, P/share/gpupool/grafana/gpupool.json
 # ETC is /etc when P is /usr (as in the .deb) and P/etc otherwise, the same
 # rule as GNUInstallDirs' CMAKE_INSTALL_FULL_SYSCONFDIR. It is decided at
 # install time, not configure time, so that `cmake --install --prefix` and
@@ -33,6 +34,11 @@ get_filename_component(_gp_conf ${_gp_conf} ABSOLUTE)
 # the README and licence go next to it.
 install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/LICENSE
         DESTINATION share/doc/gpupool)
+
+# Operator files for Prometheus and Grafana (docs/operations.md "Metrics and
+# alerts"): read by those tools, not by gpupool, so under share/ rather than /etc.
+install(FILES ${_gp_conf}/prometheus/gpupool-alerts.yml DESTINATION share/gpupool/prometheus)
+install(FILES ${_gp_conf}/grafana/gpupool.json DESTINATION share/gpupool/grafana)
 
 install(FILES ${_gp_conf}/gpupool.sysusers DESTINATION ${GPUPOOL_SYSUSERSDIR}
         RENAME gpupool.conf)

@@ -48,7 +48,21 @@ const gp_opt agent_config_table[] = {
      "openai backend: no byte from the upstream this long -> UPSTREAM_TIMEOUT"},
     {"upstream-connect-timeout-sec", GP_OPT_INT, O(upstream_connect_timeout_sec), "10", 1, 600,
      NULL, "openai backend: connect timeout"},
-    {"model", GP_OPT_STR, O(model), NULL, 0, 0, NULL, "gguf backend: path to a .gguf model"},
+    {"model", GP_OPT_STR, O(model), NULL, 0, 0, NULL,
+     "gguf backend: a .gguf file, or a URL to download it from (http://, https://, "
+     "hf:OWNER/REPO/FILE.gguf[@REVISION]) into --model-cache before registering"},
+    {"model-sha256", GP_OPT_STR, O(model_sha256), NULL, 0, 0, NULL,
+     "gguf backend: the model file's sha256 (64 hex): a download or a cached file that "
+     "differs is refused"},
+    {"model-cache", GP_OPT_STR, O(model_cache), NULL, 0, 0, NULL,
+     "gguf backend: where downloaded models go (default: STATE_DIR/models)"},
+    {"hf-endpoint", GP_OPT_STR, O(hf_endpoint), "https://huggingface.co", 0, 0, NULL,
+     "gguf backend: base URL of hf: model specs (a mirror)"},
+    {"model-token", GP_OPT_STR, O(model_token), NULL, 0, 0, NULL,
+     "gguf backend: Bearer token for the model download (gated repositories; prefer "
+     "GPUPOOL_MODEL_TOKEN in the environment)"},
+    {"model-download-attempts", GP_OPT_INT, O(model_download_attempts), "8", 1, 1000, NULL,
+     "gguf backend: download attempts in a row without progress before giving up"},
     {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
      "gguf backend: CPU threads (0 = all cores)"},
     {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
@@ -126,6 +140,27 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
         snprintf(err, errlen, "insecure: refusing to start without certificate verification; "
                               "add --i-understand-insecure to confirm, or better, pass the "
                               "server's CA with --ca-file");
+        return -1;
+    }
+    if (out->model_sha256) {
+        /* Accept upper-case hex as people paste it; compare in lower case. */
+        size_t n = strlen(out->model_sha256);
+        bool ok = n == 64;
+        for (size_t i = 0; ok && i < n; i++) {
+            char c = out->model_sha256[i];
+            if (c >= 'A' && c <= 'F')
+                out->model_sha256[i] = (char)(c + 32);
+            c = out->model_sha256[i];
+            ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        }
+        if (!ok) {
+            snprintf(err, errlen, "model-sha256: must be 64 hex digits");
+            return -1;
+        }
+    }
+    if (!is_http_url(out->hf_endpoint)) {
+        snprintf(err, errlen, "hf-endpoint: '%s' must be an http:// or https:// URL",
+                 out->hf_endpoint ? out->hf_endpoint : "");
         return -1;
     }
     if (out->alias && !*out->alias) {

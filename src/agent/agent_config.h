@@ -37,7 +37,12 @@ typedef struct agent_options {
     long long upstream_timeout_sec; /* no byte from upstream this long -> UPSTREAM_TIMEOUT */
     long long upstream_connect_timeout_sec;
     /* --- backend gguf (src/agent/backend_gguf.c) --- */
-    char *model;               /* path to a .gguf file */
+    char *model;               /* path to a .gguf file, or a URL / hf: spec (model_fetch.h) */
+    char *model_sha256;        /* expected sha256 of the model file (downloads and cache) */
+    char *model_cache;         /* download cache (default: STATE_DIR/models) */
+    char *hf_endpoint;         /* base URL that hf: specs resolve against */
+    char *model_token;         /* Bearer token for the model download, or NULL */
+    long long model_download_attempts; /* attempts in a row without progress */
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's) */
     bool prefix_cache;         /* reuse each slot's cached prompt prefix (default on) */

@@ -208,6 +208,51 @@ done:
     return rc;
 }
 
+/* The cache file's path under state_dir; false when there is none. */
+static bool cache_path(const char *state_dir, char out[PATH_MAX])
+{
+    return state_dir && *state_dir &&
+           snprintf(out, PATH_MAX, "%s/" DIGEST_CACHE_FILE, state_dir) < PATH_MAX;
+}
+
+/* The cache's entries array (borrowed from *doc, which the caller frees). */
+static json_t *cache_load(const char *cache, json_t **doc)
+{
+    size_t len = 0;
+    char *txt = gp_read_file(cache, &len, 1u << 20);
+    *doc = txt ? json_loadb(txt, len, 0, NULL) : NULL;
+    free(txt);
+    return json_object_get(*doc, "entries");
+}
+
+/* Write the cache with (real, st, sha) first, then the other entries of
+ * list (minus any older one for this path), at most DIGEST_CACHE_MAX. A
+ * cache that cannot be written only costs hashing again at the next start. */
+static void cache_store(const char *cache, const char *state_dir, const char *real,
+                        const struct stat *st, const char *sha, json_t *list)
+{
+    long long mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
+    json_t *nl = json_array();
+    json_array_append_new(nl, json_pack("{s:s,s:I,s:I,s:s}", "path", real, "size",
+                                        (json_int_t)st->st_size, "mtime_ns",
+                                        (json_int_t)mtime_ns, "sha256", sha));
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e) {
+        const char *p = json_string_value(json_object_get(e, "path"));
+        if (p && strcmp(p, real) != 0 && json_array_size(nl) < DIGEST_CACHE_MAX)
+            json_array_append(nl, e);
+    }
+    json_t *nd = json_pack("{s:o}", "entries", nl);
+    char *txt = nd ? json_dumps(nd, JSON_INDENT(1)) : NULL;
+    if (!txt || gp_mkdirs(state_dir, 0700) < 0 ||
+        gp_write_file_atomic(cache, txt, strlen(txt), 0600) < 0)
+        gp_log_warn("digest_cache", "cannot write %s; the model file will be hashed again "
+                    "at the next start", cache);
+    free(txt);
+    json_decref(nd);
+}
+
 int agent_model_digest(const char *path, const char *state_dir, char out[65], bool *from_cache,
                        char *err, size_t errlen)
 {
@@ -221,15 +266,9 @@ int agent_model_digest(const char *path, const char *state_dir, char out[65], bo
         return -1;
     }
     long long mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
-    bool use_cache = state_dir && *state_dir &&
-                     snprintf(cache, sizeof cache, "%s/" DIGEST_CACHE_FILE, state_dir) <
-                         (int)sizeof cache;
+    bool use_cache = cache_path(state_dir, cache);
     if (use_cache) {
-        size_t len = 0;
-        char *txt = gp_read_file(cache, &len, 1u << 20);
-        doc = txt ? json_loadb(txt, len, 0, NULL) : NULL;
-        free(txt);
-        list = json_object_get(doc, "entries");
+        list = cache_load(cache, &doc);
         size_t i;
         json_t *e;
         json_array_foreach(list, i, e) {
@@ -250,31 +289,21 @@ int agent_model_digest(const char *path, const char *state_dir, char out[65], bo
         json_decref(doc);
         return -1;
     }
-    if (!use_cache)
-        goto done;
-    /* New entry first, then the others (minus any older one for this path),
-     * at most DIGEST_CACHE_MAX. A cache that cannot be written only costs
-     * hashing again at the next start. */
-    json_t *nl = json_array();
-    json_array_append_new(nl, json_pack("{s:s,s:I,s:I,s:s}", "path", real, "size",
-                                        (json_int_t)st.st_size, "mtime_ns",
-                                        (json_int_t)mtime_ns, "sha256", out));
-    size_t i;
-    json_t *e;
-    json_array_foreach(list, i, e) {
-        const char *p = json_string_value(json_object_get(e, "path"));
-        if (p && strcmp(p, real) != 0 && json_array_size(nl) < DIGEST_CACHE_MAX)
-            json_array_append(nl, e);
-    }
-    json_t *nd = json_pack("{s:o}", "entries", nl);
-    char *txt = nd ? json_dumps(nd, JSON_INDENT(1)) : NULL;
-    if (!txt || gp_mkdirs(state_dir, 0700) < 0 ||
-        gp_write_file_atomic(cache, txt, strlen(txt), 0600) < 0)
-        gp_log_warn("digest_cache", "cannot write %s; the model file will be hashed again "
-                    "at the next start", cache);
-    free(txt);
-    json_decref(nd);
-done:
+    if (use_cache)
+        cache_store(cache, state_dir, real, &st, out, list);
     json_decref(doc);
     return 0;
+}
+
+void agent_model_digest_remember(const char *path, const char *state_dir, const char *sha256)
+{
+    struct stat st;
+    char real[PATH_MAX], cache[PATH_MAX];
+    json_t *doc = NULL;
+    if (!hex64(sha256) || !cache_path(state_dir, cache) || !realpath(path, real) ||
+        stat(real, &st) != 0)
+        return;
+    json_t *list = cache_load(cache, &doc);
+    cache_store(cache, state_dir, real, &st, sha256, list);
+    json_decref(doc);
 }

@@ -30,4 +30,9 @@ json_t *agent_facts_gpus(void);
 int agent_model_digest(const char *path, const char *state_dir, char out[65], bool *from_cache,
                        char *err, size_t errlen);
 
+/* Record sha256 (64 lower-case hex) as path's digest in state_dir's cache,
+ * keyed by the file's current size and mtime: a file this agent has just
+ * downloaded and verified need not be hashed again at load. Best effort. */
+void agent_model_digest_remember(const char *path, const char *state_dir, const char *sha256);
+
 #endif

@@ -35,6 +35,7 @@
 
 #include "agent/agent_util.h"
 #include "agent/backend.h"
+#include "agent/openai_count.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 
@@ -56,8 +57,10 @@ typedef struct oai_job {
     char id[128];
     agent_job_sink sink;
     bool chat;
-    bool count;             /* count_tokens: POST /tokenize, no generation */
-    char *body;             /* request JSON (owned) */
+    bool count;             /* count_tokens: no generation (openai_count.h) */
+    char *body;             /* request JSON (owned); count: the /tokenize body */
+    char *count_body;       /* count: the messages/count_tokens body (owned) */
+    long long count_estimate; /* count: method 3's answer */
     char *correlation_id;   /* owned, may be NULL */
     CURLM *multi;           /* owned; freed after the thread is joined */
     pthread_t th;
@@ -87,6 +90,8 @@ struct oai_backend {
     char *url_chat;
     char *url_completions;
     char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
+    char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
+    atomic_int count_method; /* the count method that answered last (oai_count_method) */
     char *public_id;
     char *auth_header;
     pthread_mutex_t mu;
@@ -398,17 +403,6 @@ static void job_finish(oai_job *j, bool transfer_done, CURLcode result)
         json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
         if (!obj) {
             job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
-        } else if (j->count) {
-            /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
-            json_t *c = json_object_get(obj, "count");
-            json_t *t = json_object_get(obj, "tokens");
-            if (json_is_integer(c) && json_integer_value(c) >= 0)
-                j->prompt_tokens = json_integer_value(c);
-            else if (json_is_array(t))
-                j->prompt_tokens = (long long)json_array_size(t);
-            else
-                job_fail(j, "UPSTREAM_MALFORMED", "upstream /tokenize reply has no tokens");
-            j->completion_tokens = 0;
         } else {
             send_started(j);
             handle_object(j, obj, false);
@@ -444,39 +438,54 @@ static void job_finish(oai_job *j, bool transfer_done, CURLcode result)
     }
 }
 
-static void *job_main(void *arg)
+/* Headers every upstream request carries. NULL on ENOMEM. */
+static struct curl_slist *job_headers(oai_job *j)
 {
-    oai_job *j = arg;
-    oai_backend *b = j->b;
-    const agent_options *o = b->o;
-    struct curl_slist *h = NULL;
-    CURL *easy = curl_easy_init();
-    CURLcode result = CURLE_OK;
-    bool transfer_done = false;
-
-    j->t_start_us = gp_now_mono_us();
-    j->last_byte_ms = gp_now_mono_ms();
-    if (!easy) {
-        job_fail(j, "INTERNAL_ERROR", "cannot create an HTTP handle");
-        goto finish;
-    }
-    h = curl_slist_append(h, "Content-Type: application/json");
-    h = curl_slist_append(h, "Accept: text/event-stream");
-    h = curl_slist_append(h, "Expect:");
-    if (b->auth_header)
-        h = curl_slist_append(h, b->auth_header);
+    struct curl_slist *h = NULL, *n;
     char hv[300];
+    const char *fixed[] = {"Content-Type: application/json", "Accept: text/event-stream",
+                           "Expect:", j->b->auth_header};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        if (!fixed[i])
+            continue;
+        if (!(n = curl_slist_append(h, fixed[i])))
+            goto oom;
+        h = n;
+    }
     snprintf(hv, sizeof hv, "X-Gpupool-Job-Id: %s", j->id);
-    h = curl_slist_append(h, hv);
+    if (!(n = curl_slist_append(h, hv)))
+        goto oom;
+    h = n;
     if (j->correlation_id) {
         snprintf(hv, sizeof hv, "X-Correlation-Id: %s", j->correlation_id);
-        h = curl_slist_append(h, hv);
+        if (!(n = curl_slist_append(h, hv)))
+            goto oom;
+        h = n;
     }
-    curl_easy_setopt(easy, CURLOPT_URL, j->count  ? b->url_tokenize
-                                        : j->chat ? b->url_chat
-                                                  : b->url_completions);
+    return h;
+oom:
+    curl_slist_free_all(h);
+    return NULL;
+}
+
+/* One POST of body to url, read through on_header/on_write into j, on the
+ * job's multi (so that a cancel wakes it). Returns true when the transfer
+ * ended (*result its code), false when cancelled, stalled (job failed) or
+ * not started (job failed). */
+static bool transfer(oai_job *j, const char *url, const char *body, struct curl_slist *h,
+                     CURLcode *result)
+{
+    const agent_options *o = j->b->o;
+    bool done = false;
+    CURL *easy = curl_easy_init();
+    if (!easy) {
+        job_fail(j, "INTERNAL_ERROR", "cannot create an HTTP handle");
+        return false;
+    }
+    j->last_byte_ms = gp_now_mono_ms();
+    curl_easy_setopt(easy, CURLOPT_URL, url);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, j->body);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, j);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
@@ -489,11 +498,11 @@ static void *job_main(void *arg)
         curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
     if (curl_multi_add_handle(j->multi, easy) != CURLM_OK) {
         job_fail(j, "INTERNAL_ERROR", "cannot start the upstream request");
-        goto finish;
+        curl_easy_cleanup(easy);
+        return false;
     }
-
     uint64_t stall_ms = (uint64_t)o->upstream_timeout_sec * 1000;
-    while (!transfer_done) {
+    while (!done) {
         if (atomic_load(&j->cancel))
             break;
         int running = 0;
@@ -502,12 +511,13 @@ static void *job_main(void *arg)
         int left;
         while ((m = curl_multi_info_read(j->multi, &left)))
             if (m->msg == CURLMSG_DONE) {
-                result = m->data.result;
-                transfer_done = true;
+                *result = m->data.result;
+                done = true;
             }
-        if (transfer_done)
+        if (done)
             break;
-        if (!j->started_sent && j->status >= 200 && j->status < 300 && j->mode != BODY_UNKNOWN)
+        if (!j->count && !j->started_sent && j->status >= 200 && j->status < 300 &&
+            j->mode != BODY_UNKNOWN)
             send_started(j);
         if (gp_now_mono_ms() - j->last_byte_ms > stall_ms) {
             job_fail(j, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
@@ -517,11 +527,94 @@ static void *job_main(void *arg)
         curl_multi_poll(j->multi, NULL, 0, 200, NULL);
     }
     curl_multi_remove_handle(j->multi, easy); /* closes the upstream socket if unfinished */
+    curl_easy_cleanup(easy);
+    return done;
+}
 
+/* Forget what one count attempt read, before the next method. */
+static void count_reset(oai_job *j)
+{
+    j->failed = false;
+    j->err_code[0] = j->err_msg[0] = '\0';
+    j->status = 0;
+    j->mode = BODY_UNKNOWN;
+    j->raw.len = 0;
+}
+
+/* The metrics event that marks a count as an estimate (the sink copies it). */
+static void mark_estimated(oai_job *j)
+{
+    json_t *m = json_pack("{s:i}", "count_estimated", 1);
+    if (m)
+        j->sink.metrics(j->sink.ctx, m);
+    json_decref(m);
+}
+
+/* count_tokens: the methods of openai_count.h in turn, from the one that
+ * answered last; a count never fails for want of an endpoint (the estimate
+ * is the last resort, marked as such). Only a cancel ends it otherwise. */
+static void count_main(oai_job *j, struct curl_slist *h)
+{
+    oai_backend *b = j->b;
+    int first = atomic_load(&b->count_method);
+    for (int m = first; m < OAI_COUNT_ESTIMATE; m++) {
+        const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
+        const char *body = m == OAI_COUNT_MESSAGES ? j->count_body : j->body;
+        if (!body)
+            continue;
+        count_reset(j);
+        CURLcode result = CURLE_OK;
+        bool done = transfer(j, url, body, h, &result);
+        if (atomic_load(&j->cancel))
+            return; /* the agent already reported the job over */
+        long long n = 0;
+        bool est = false;
+        if (done && result == CURLE_OK && j->status >= 200 && j->status < 300 &&
+            oai_count_parse((oai_count_method)m, j->raw.data, j->raw.len, &n, &est) == 0) {
+            atomic_store(&b->count_method, m);
+            send_started(j);
+            if (est)
+                mark_estimated(j);
+            j->sink.end(j->sink.ctx, "stop", n, 0);
+            return;
+        }
+        gp_log_write(GP_LOG_DEBUG, "count_method_failed", j->correlation_id,
+                     json_pack("{s:s,s:s,s:i}", "job_id", j->id, "url", url, "status",
+                               (int)j->status),
+                     "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id,
+                     url, j->status, j->failed ? ": " : "", j->failed ? j->err_msg : "");
+    }
+    /* Neither endpoint answered (none there, or the upstream is down):
+     * estimate, and say so. */
+    atomic_store(&b->count_method, first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
+                                                               : OAI_COUNT_TOKENIZE);
+    send_started(j);
+    mark_estimated(j);
+    j->sink.end(j->sink.ctx, "stop", j->count_estimate, 0);
+}
+
+static void *job_main(void *arg)
+{
+    oai_job *j = arg;
+    oai_backend *b = j->b;
+    CURLcode result = CURLE_OK;
+    bool transfer_done = false;
+
+    j->t_start_us = gp_now_mono_us();
+    j->last_byte_ms = gp_now_mono_ms();
+    struct curl_slist *h = job_headers(j);
+    if (!h) {
+        job_fail(j, "INTERNAL_ERROR", "out of memory");
+        goto finish;
+    }
+    if (j->count) {
+        count_main(j, h);
+        goto done;
+    }
+    transfer_done = transfer(j, j->chat ? b->url_chat : b->url_completions, j->body, h, &result);
 finish:
     job_finish(j, transfer_done, result);
-    if (easy)
-        curl_easy_cleanup(easy);
+done:
     curl_slist_free_all(h);
     pthread_mutex_lock(&b->mu);
     j->exited = true;
@@ -536,6 +629,7 @@ static void job_free(oai_job *j)
     agent_sse_free(&j->sse);
     gp_buf_free(&j->raw);
     free(j->body);
+    free(j->count_body);
     free(j->correlation_id);
     free(j);
 }
@@ -624,35 +718,16 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *coun
                 json_object_set(req, "tool_choice", tc);
         }
     } else if (kind && strcmp(kind, "count_tokens") == 0) {
-        /* Token count through the upstream's /tokenize (llama-server reads
-         * "content", vLLM "prompt"). Chat messages are counted as their
-         * contents joined by newlines: the template's own tokens are not
-         * included (documented approximation). */
-        gp_buf text;
-        gp_buf_init(&text);
-        const char *prompt = json_string_value(json_object_get(job, "prompt"));
-        json_t *msgs = json_object_get(job, "messages");
-        if (prompt) {
-            gp_buf_append(&text, prompt, strlen(prompt));
-        } else if (json_is_array(msgs)) {
-            size_t i;
-            json_t *m;
-            json_array_foreach(msgs, i, m)
-            {
-                const char *c = json_string_value(json_object_get(m, "content"));
-                if (!c)
-                    continue;
-                if (text.len)
-                    gp_buf_append(&text, "\n", 1);
-                gp_buf_append(&text, c, strlen(c));
-            }
-        } else {
-            snprintf(err, errlen, "count_tokens job without a prompt or messages");
-            goto fail;
-        }
+        /* The /tokenize body (llama-server reads "content", vLLM "prompt");
+         * oai_job_start adds the other methods' (openai_count.h). */
+        char *text = oai_count_text(job);
         json_decref(req);
-        json_t *t = json_stringn(text.data ? text.data : "", text.len);
-        gp_buf_free(&text);
+        if (!text) {
+            snprintf(err, errlen, "count_tokens job without a prompt or messages");
+            return NULL;
+        }
+        json_t *t = json_string(text);
+        free(text);
         if (!t) {
             snprintf(err, errlen, "count_tokens text is not valid UTF-8");
             return NULL;
@@ -726,6 +801,12 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     gp_buf_init(&j->raw);
     j->body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
+    if (count) {
+        json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
+        j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
+        json_decref(cb);
+        j->count_estimate = oai_count_estimate(job);
+    }
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
     if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
         j->correlation_id = strdup(cid);
@@ -787,6 +868,7 @@ static void oai_destroy(agent_backend *base)
     free(b->url_chat);
     free(b->url_completions);
     free(b->url_tokenize);
+    free(b->url_count);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -847,6 +929,8 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->url_chat = endpoint(o->upstream, "chat/completions");
     b->url_completions = endpoint(o->upstream, "completions");
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
+    b->url_count = root_endpoint(o->upstream, "v1/messages/count_tokens");
+    atomic_init(&b->count_method, OAI_COUNT_MESSAGES);
     b->public_id = strdup(o->alias && *o->alias ? o->alias : o->upstream_model);
     if (o->upstream_key && *o->upstream_key) {
         size_t n = strlen(o->upstream_key) + 32;
@@ -854,7 +938,8 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
         if (b->auth_header)
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
-    if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->public_id ||
+    if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
+        !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");

@@ -18,12 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
 #include "agent/agent.h"
 #include "agent/agent_config.h"
 #include "agent/backend.h"
+#include "agent/model_fetch.h"
 #include "common/gp_log.h"
 
 typedef struct {
@@ -54,6 +56,50 @@ static void usage(FILE *out)
                  "                     (--upstream URL --upstream-model NAME | --model FILE.gguf)\n"
                  "                     [--alias NAME]\n\noptions:\n");
     gp_config_usage(agent_config_table, agent_config_table_len, out);
+}
+
+/* The stop signals are blocked (sigwait takes them once the agent runs):
+ * while a model downloads, before that, look for one pending. */
+static bool stop_pending(void)
+{
+    sigset_t p;
+    return sigpending(&p) == 0 && (sigismember(&p, SIGTERM) == 1 || sigismember(&p, SIGINT) == 1);
+}
+
+/* --model URL: download (or find in the cache) before anything registers,
+ * then point o->model at the local file (a copy: gp_config_free frees the
+ * option strings). */
+static int fetch_model(agent_options *o, char *err, size_t errlen)
+{
+    char path[4096 + 256];
+    char cache[4096];
+    if (o->model_cache && *o->model_cache)
+        snprintf(cache, sizeof cache, "%s", o->model_cache);
+    else if (snprintf(cache, sizeof cache, "%s/models", o->state_dir) >= (int)sizeof cache) {
+        snprintf(err, errlen, "state-dir: path too long");
+        return -1;
+    }
+    model_fetch_opts fo = {
+        .spec = o->model,
+        .sha256 = o->model_sha256,
+        .cache_dir = cache,
+        .state_dir = o->state_dir,
+        .hf_endpoint = o->hf_endpoint,
+        .token = o->model_token,
+        .ca_file = o->ca_file,
+        .max_attempts = (int)o->model_download_attempts,
+        .progress_bar = isatty(STDERR_FILENO) == 1,
+    };
+    if (model_fetch(&fo, stop_pending, path, sizeof path, err, errlen) < 0)
+        return -1;
+    char *local = strdup(path);
+    if (!local) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    free(o->model);
+    o->model = local;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -95,6 +141,11 @@ int main(int argc, char **argv)
         goto done;
     }
 
+    if (o.model && model_fetch_is_remote(o.model) && fetch_model(&o, err, sizeof err) < 0) {
+        fprintf(stderr, "gpupool-agent: model: %s\n", err);
+        gp_log_error("model_fetch_failed", "%s", err);
+        goto cleanup_curl;
+    }
     agent_backend *be = NULL;
     if (o.upstream) {
         be = agent_backend_openai_create(&o, err, sizeof err);

@@ -44,6 +44,9 @@ static const char usage_text[] =
     "  agents list\n"
     "  agents drain ID [--undo]\n"
     "  agents remove ID [--force]\n"
+    "  models pins\n"
+    "  models pin NAME SHA256       refuse agents whose file for NAME has another sha256\n"
+    "  models unpin NAME\n"
     "  jobs list [--status S] [--model M] [--agent A] [--key-id ID] [--limit N]\n"
     "  jobs show ID\n"
     "  status\n"
@@ -522,6 +525,16 @@ static int agents_table(const json_t *agents)
                  (long long)jint(a, "slots_total"));
         snprintf(jobs, sizeof jobs, "%lld", (long long)jint(a, "jobs_running"));
         join_field(json_object_get(a, "models"), "id", models, sizeof models);
+        /* Models a pin refused: listed, marked, so that the operator sees why
+         * the agent gets no work for them (--json has the reason). */
+        size_t k;
+        const json_t *rf;
+        json_array_foreach(json_object_get(a, "refused_models"), k, rf)
+        {
+            size_t used = strcmp(models, "-") == 0 ? 0 : strlen(models);
+            snprintf(models + used, sizeof models - used, "%s%s(REFUSED)", used ? "," : "",
+                     jstr(rf, "model"));
+        }
         join_field(json_object_get(a, "gpus"), "name", gpus, sizeof gpus);
         const char *row[] = {jstr(a, "id"), jstr(a, "name"), jstr(a, "state"), slots, jobs,
                              models, gpus, jstr(a, "version"),
@@ -581,6 +594,75 @@ static int cmd_agents(ctl *c, int argc, char **argv)
                jstr(out, "state") ? jstr(out, "state") : "?");
     else
         printf("removed agent %s\n", p.pos[0]);
+    json_decref(out);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* models                                                              */
+/* ------------------------------------------------------------------ */
+
+static int cmd_models(ctl *c, int argc, char **argv)
+{
+    if (argc < 1)
+        return usage_error("%s", "'models' needs a subcommand"), EXIT_USAGE;
+    const char *sub = argv[0];
+    parsed p;
+    json_t *out = NULL, *body = NULL;
+    int rc;
+    bool list = strcmp(sub, "pins") == 0, pin = strcmp(sub, "pin") == 0,
+         unpin = strcmp(sub, "unpin") == 0;
+    if (!list && !pin && !unpin)
+        return usage_error("unknown subcommand '%s'", sub), EXIT_USAGE;
+    if (parse_opts(argc - 1, argv + 1, NULL, 0, pin ? 2 : unpin ? 1 : 0, &p) < 0)
+        return EXIT_USAGE;
+    if ((pin && p.npos != 2) || (unpin && p.npos != 1))
+        return usage_error("%s", pin ? "'models pin' needs NAME and SHA256"
+                                     : "'models unpin' needs NAME"),
+               EXIT_USAGE;
+    if (list) {
+        if ((rc = call(c, "GET", "/admin/models/pins", NULL, &out)))
+            return rc;
+        if (c->json) {
+            print_json(out);
+        } else {
+            static const char *const h[] = {"NAME", "SHA256", "PINNED", "BY"};
+            ctl_table *t = ctl_table_new(4, h);
+            int64_t now = gp_now_wall_ms();
+            size_t i;
+            const json_t *x;
+            json_array_foreach(json_object_get(out, "pins"), i, x)
+            {
+                char ago[32];
+                const char *row[] = {jstr(x, "name"), jstr(x, "sha256"),
+                                     ctl_fmt_ago(jint(x, "created_at"), now, ago, sizeof ago),
+                                     jstr(x, "created_by")};
+                if (t)
+                    ctl_table_add(t, row);
+            }
+            rc = print_table(t);
+        }
+        json_decref(out);
+        return rc;
+    }
+    char path[1024];
+    if (pin) {
+        body = json_pack("{s:s,s:s}", "name", p.pos[0], "sha256", p.pos[1]);
+        rc = call(c, "POST", "/admin/models/pins", body, &out);
+        json_decref(body);
+    } else {
+        if (id_path(path, sizeof path, "/admin/models/pins?name=", p.pos[0], "") < 0)
+            return 1;
+        rc = call(c, "DELETE", path, NULL, &out);
+    }
+    if (rc)
+        return rc;
+    if (c->json)
+        print_json(out);
+    else if (pin)
+        printf("pinned %s to sha256 %s\n", jstr(out, "name"), jstr(out, "sha256"));
+    else
+        printf("unpinned %s\n", p.pos[0]);
     json_decref(out);
     return 0;
 }
@@ -866,6 +948,8 @@ int main(int argc, char **argv)
         rc = cmd_agents(&c, nrest - 1, rest + 1);
     else if (strcmp(cmd, "jobs") == 0)
         rc = cmd_jobs(&c, nrest - 1, rest + 1);
+    else if (strcmp(cmd, "models") == 0)
+        rc = cmd_models(&c, nrest - 1, rest + 1);
     else if (strcmp(cmd, "status") == 0)
         rc = cmd_status(&c, nrest - 1, rest + 1);
     else {

@@ -1,4 +1,5 @@
 /* admin_api: see admin_api.h. */
+#include "server/fleet/pins.h"
 #include "server/admin_api.h"
 #include "server/http/textcheck.h"
 
@@ -24,6 +25,7 @@ struct gps_admin {
     registry *reg;
     gps_jobs *jobs;
     gps_store *store;
+    gps_pins *pins;              /* NULL: no attestation */
     char version[32];
     uint64_t started_ms;         /* monotonic, for uptime */
     gps_admin_rate rate;
@@ -563,12 +565,20 @@ typedef struct agent_list {
     int64_t now_wall;
     json_t *arr;
     bool oom;
+    gps_pins *pins;
 } agent_list;
 
 static void agent_list_one(void *ud, registry_agent *ag)
 {
     agent_list *al = ud;
     json_t *o = al->oom ? NULL : agent_json(ag, al->now_mono, al->now_wall);
+    /* Models a pin refused (absent from "models"), with the reason. */
+    json_t *refused = al->pins ? gps_pins_refused(al->pins, ag->id) : NULL;
+    if (o && json_object_set_new(o, "refused_models",
+                                 refused ? json_incref(refused) : json_array()) < 0) {
+        json_decref(o);
+        o = NULL;
+    }
     if (!o || json_array_append_new(al->arr, o) < 0)
         al->oom = true;
 }
@@ -577,7 +587,7 @@ static void agent_list_one(void *ud, registry_agent *ag)
 static void h_agents_list(gps_req *r, void *arg)
 {
     gps_admin *a = arg;
-    agent_list al = {gp_now_mono_ms(), gp_now_wall_ms(), json_array(), false};
+    agent_list al = {gp_now_mono_ms(), gp_now_wall_ms(), json_array(), false, a->pins};
     if (al.arr)
         registry_foreach(a->reg, agent_list_one, &al);
     if (!al.arr || al.oom) {
@@ -659,6 +669,8 @@ static void h_agent_delete(gps_req *r, void *arg)
         sched_agent_forget(gps_jobs_sched(a->jobs), ag);
         registry_remove(a->reg, ag);
     }
+    if (a->pins)
+        gps_pins_forget(a->pins, id);
     if (a->store && gps_store_agent_delete(a->store, id) < 0)
         gp_log_warn("admin_agent_delete_failed", "agent %s: the DB row was not deleted", id);
     gp_log_write(GP_LOG_INFO, "admin_agent_removed", r->correlation_id,
@@ -940,6 +952,95 @@ void gps_admin_free(gps_admin *a)
     free(a);
 }
 
+/* ------------------------------------------------------------------ */
+/* Model pins                                                          */
+/* ------------------------------------------------------------------ */
+
+static bool pins_ready(gps_req *r, gps_admin *a)
+{
+    if (a->pins)
+        return true;
+    gps_req_error(r, 503, "UNAVAILABLE", "model pins are not available on this server", NULL);
+    return false;
+}
+
+static void h_pins_list(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!pins_ready(r, a))
+        return;
+    json_t *l = gps_pins_list(a->pins);
+    send_json_or_oom(r, 200, l ? json_pack("{s:o}", "pins", l) : NULL);
+}
+
+static void h_pins_set(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!pins_ready(r, a))
+        return;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *name = json_string_value(json_object_get(body, "name"));
+    const char *sha = json_string_value(json_object_get(body, "sha256"));
+    char low[65] = "";
+    if (sha && strlen(sha) == 64)
+        for (int i = 0; i <= 64; i++)
+            low[i] = (char)(sha[i] >= 'A' && sha[i] <= 'F' ? sha[i] + 32 : sha[i]);
+    int64_t now = gp_now_wall_ms();
+    if (!gps_pins_name_ok(name)) {
+        gps_req_error(r, 400, "INVALID_REQUEST",
+                      "'name' must be a model id or alias (1 to 256 printable bytes, no spaces)",
+                      "name");
+    } else if (!gps_pins_sha_ok(low)) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "'sha256' must be 64 hex digits", "sha256");
+    } else {
+        int rc = gps_pins_set(a->pins, name, low, now, r->key_id[0] ? r->key_id : NULL);
+        if (rc == -2) {
+            gps_req_error(r, 409, "TOO_MANY_PINS", "the pin table is full (4096 pins)", NULL);
+        } else if (rc < 0) {
+            oom(r);
+        } else {
+            if (a->store && gps_store_pin_set(a->store, name, low, now,
+                                              r->key_id[0] ? r->key_id : NULL) < 0)
+                gp_log_warn("admin_pin_store_failed", "pin of %s not written to the DB", name);
+            gp_log_write(GP_LOG_INFO, "admin_model_pinned", r->correlation_id,
+                         json_pack("{s:s,s:s,s:s}", "name", name, "sha256", low, "by", r->key_id),
+                         "admin pinned %s to sha256 %s", name, low);
+            send_json_or_oom(r, 200, json_pack("{s:s,s:s,s:I}", "name", name, "sha256", low,
+                                               "created_at", (json_int_t)now));
+        }
+    }
+    json_decref(body);
+}
+
+static void h_pins_delete(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!pins_ready(r, a))
+        return;
+    char name[300];
+    if (!query_get(r, "name", name, sizeof name) || !gps_pins_name_ok(name)) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "'name' query parameter required", "name");
+        return;
+    }
+    if (gps_pins_delete(a->pins, name) != 0) {
+        gps_req_error(r, 404, "PIN_NOT_FOUND", "no pin for that name", "name");
+        return;
+    }
+    if (a->store && gps_store_pin_delete(a->store, name) < 0)
+        gp_log_warn("admin_pin_store_failed", "unpin of %s not written to the DB", name);
+    gp_log_write(GP_LOG_INFO, "admin_model_unpinned", r->correlation_id,
+                 json_pack("{s:s,s:s}", "name", name, "by", r->key_id), "admin unpinned %s",
+                 name);
+    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "name", name, "removed", 1));
+}
+
+void gps_admin_set_pins(gps_admin *a, gps_pins *pins)
+{
+    a->pins = pins;
+}
+
 int gps_admin_register(gps_http *h, gps_admin *a)
 {
     static const struct {
@@ -957,6 +1058,9 @@ int gps_admin_register(gps_http *h, gps_admin *a)
         {EVHTTP_REQ_GET, "/admin/jobs", h_jobs_list},
         {EVHTTP_REQ_GET, "/admin/jobs/{id}", h_job_get},
         {EVHTTP_REQ_GET, "/admin/status", h_status},
+        {EVHTTP_REQ_GET, "/admin/models/pins", h_pins_list},
+        {EVHTTP_REQ_POST, "/admin/models/pins", h_pins_set},
+        {EVHTTP_REQ_DELETE, "/admin/models/pins", h_pins_delete},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (gps_http_add_route(h, routes[i].methods, routes[i].pattern, GPS_DIALECT_NATIVE,

@@ -91,6 +91,10 @@ gps_admin *gps_admin_new(struct event_base *base, gps_auth *auth, gps_limits *li
 /* Free after the HTTP server (a store read still pending finds its request
  * gone and frees itself). NULL is a no-op. */
 void gps_admin_free(gps_admin *a);
+/* Model pins (fleet/pins.h) for /admin/models/pins and agents' refusals;
+ * borrowed, may be NULL (then those routes answer 503). */
+struct gps_pins;
+void gps_admin_set_pins(gps_admin *a, struct gps_pins *pins);
 /* Add the admin routes. 0 or -1. */
 int gps_admin_register(gps_http *h, gps_admin *a);
 

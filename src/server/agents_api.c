@@ -10,6 +10,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
+#include "server/fleet/pins.h"
 #include "server/fleet/gps_strmap.h"
 #include "server/http/held.h"
 #include "server/metrics.h"
@@ -44,6 +45,7 @@ struct gps_agents {
     sched *sched;
     gps_jobs *jobs;
     struct gps_auth *auth;
+    gps_pins *pins;                     /* model attestation; NULL: none */
     smap ext;                           /* agent id -> agent_ext */
     struct event *tick;
     struct event *deferred;             /* runs failovers/kicks outside callbacks */
@@ -527,6 +529,9 @@ static void h_poll(gps_req *r, void *arg)
         json_decref(body);
         return;
     }
+    /* Models whose file does not match an operator's pin never reach the
+     * registry: nothing can be routed to them (pins.h). */
+    size_t refused = g->pins ? gps_pins_filter(g->pins, &f) : 0;
     registry_agent *a = registry_heartbeat(g->reg, &f, gp_now_mono_ms(), gp_now_wall_ms());
     registry_facts_free(&f);
     if (!a) {
@@ -550,6 +555,9 @@ static void h_poll(gps_req *r, void *arg)
                               registry_state_name(a->state), "poll_interval_sec",
                               g->opts.poll_interval_sec, "work_wait_sec", g->opts.work_wait_sec,
                               "commands", commands);
+    /* Tell the agent, so that its own log says why a model gets no work. */
+    if (reply && refused)
+        json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
     gps_http_send_json(r->req, 200, reply);
 }
 
@@ -935,6 +943,11 @@ gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
     return g;
 }
 
+void gps_agents_set_pins(gps_agents *g, gps_pins *pins)
+{
+    g->pins = pins;
+}
+
 void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth)
 {
     if (g->auth && g->auth != auth)
@@ -1054,6 +1067,13 @@ static void collect_one(void *ud, registry_agent *a)
     }
 }
 
+static void collect_model(void *ud, const char *name, size_t live_agents)
+{
+    char l[600]; /* a 256-byte name, every byte escaped */
+    gps_metrics_label(l, sizeof l, "model", name, (char *)NULL);
+    gps_metrics_set(ud, "model_agents", l, (double)live_agents);
+}
+
 void gps_agents_collect(gps_agents *g, gps_metrics *m)
 {
     collect_ctx c;
@@ -1066,8 +1086,10 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
     gps_metrics_reset(m, "agent_prefix_cache_tokens_saved_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_computed_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_held");
-    if (g->reg)
+    if (g->reg) {
         registry_foreach(g->reg, collect_one, &c);
+        registry_models_foreach(g->reg, collect_model, m);
+    }
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {
         char l[64];
         gps_metrics_label(l, sizeof l, "state", registry_state_name((registry_state)s),

@@ -65,6 +65,10 @@ struct gps_auth;
 void gps_agents_set_auth(gps_agents *g, struct gps_auth *auth);
 /* Answer every parked long-poll with 204 (shutdown). */
 void gps_agents_release_all(gps_agents *g);
+/* Model pins applied to every poll's facts (fleet/pins.h); borrowed, may
+ * be NULL (no attestation). */
+struct gps_pins;
+void gps_agents_set_pins(gps_agents *g, struct gps_pins *pins);
 void gps_agents_free(gps_agents *g);
 
 /* Registry listener (pass with g as ud to registry_create). */

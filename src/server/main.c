@@ -34,6 +34,7 @@
 #include "common/gp_config.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/fleet/pins.h"
 #include "server/admin_api.h"
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
@@ -67,6 +68,7 @@ typedef struct server {
     sched *sched;
     gps_jobs *jobs;
     gps_agents *agents;
+    gps_pins *pins;             /* model attestation (operator pins) */
     gps_relay_ctx *relay;         /* the OpenAI and Anthropic handlers' context */
     gps_tasks *tasks;
     gps_admin *admin;
@@ -448,6 +450,16 @@ static void trim_cb(evutil_socket_t fd, short what, void *arg)
 /* Start-up recovery                                                   */
 /* ------------------------------------------------------------------ */
 
+/* A pin from the store (start-up). A row the pins table refuses (edited
+ * by hand) is logged and skipped. */
+static int load_pin(void *arg, const char *name, const char *sha256, int64_t created_at,
+                    const char *created_by)
+{
+    if (gps_pins_set(arg, name, sha256, created_at, created_by) < 0)
+        gp_log_warn("db_pin_skipped", "model_pins row '%s' is not a valid pin; ignored", name);
+    return 0;
+}
+
 static int restore_agent(void *arg, const gps_store_agent_info *a)
 {
     server *s = arg;
@@ -635,6 +647,12 @@ int main(int argc, char **argv)
     if (!s->agents)
         goto oom;
     gps_agents_set_auth(s->agents, s->auth);
+    s->pins = gps_pins_new();
+    if (!s->pins)
+        goto oom;
+    if (gps_store_load_pins(s->store, load_pin, s->pins, err, sizeof err) < 0)
+        gp_log_warn("db_load_pins_failed", "%s; no model is pinned", err);
+    gps_agents_set_pins(s->agents, s->pins);
 
     registry_config rcfg;
     registry_config_default(&rcfg);
@@ -706,6 +724,7 @@ int main(int argc, char **argv)
                              SERVER_VERSION);
     if (!s->admin)
         goto oom;
+    gps_admin_set_pins(s->admin, s->pins);
     /* After the tasks table exists: it takes the native tasks over. */
     if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
         gp_log_warn("db_load_jobs_failed", "%s", err);
@@ -801,6 +820,7 @@ done:
         registry_destroy(s->reg);
     if (s->agents)
         gps_agents_free(s->agents);
+    gps_pins_free(s->pins); /* after the agents and the admin API, which borrow it */
     gps_limits_free(s->limits); /* after the jobs, which report to it */
     if (s->auth)
         gps_auth_free(s->auth);

@@ -284,6 +284,16 @@ char *gps_metrics_label(char *out, size_t outlen, ...)
     return out;
 }
 
+/* attempts_lost_total's closed label set: the server's own reasons for
+ * ending an attempt, AGENT_SHUTDOWN lower-cased, upstream_error for an
+ * agent's UPSTREAM_* codes and agent_error for any other code an agent
+ * ended it with (an agent cannot add label values). */
+static const char *const lost_reasons[] = {
+    "agent_dead",      "agent_offline",     "agent_disconnected", "agent_restarted",
+    "agent_removed",   "agent_dropped_job", "stalled",            "agent_shutdown",
+    "upstream_error",  "agent_error",
+};
+
 int gps_metrics_define_server(gps_metrics *m)
 {
     static const double dur[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
@@ -317,6 +327,9 @@ int gps_metrics_define_server(gps_metrics *m)
          "Jobs the server holds in memory: live ones and finished ones kept for late agent "
          "uploads (5 minutes).", NULL, 0},
         {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
+        {"model_agents", GPS_METRIC_GAUGE,
+         "Live agents serving each model name known since start (0: its requests get 503).",
+         NULL, 0},
         {"agents_parked", GPS_METRIC_GAUGE,
          "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
         {"agents_liveness_parked", GPS_METRIC_GAUGE,
@@ -346,6 +359,10 @@ int gps_metrics_define_server(gps_metrics *m)
          "KV positions a live agent's slots hold for reuse, summed over its slots.", NULL, 0},
         {"failovers_total", GPS_METRIC_COUNTER,
          "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
+         NULL, 0},
+        {"attempts_lost_total", GPS_METRIC_COUNTER,
+         "Job attempts ended by losing their agent, by reason (stalled: no event for "
+         "stall_timeout_sec).",
          NULL, 0},
         {"auth_failures_total", GPS_METRIC_COUNTER,
          "Requests refused for a missing, bad or unfit key, by reason.", NULL, 0},
@@ -395,7 +412,31 @@ int gps_metrics_define_server(gps_metrics *m)
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
         gps_metrics_add(m, "rate_limited_total",
                         gps_metrics_label(l, sizeof l, "reason", limits[i], (char *)NULL), 0);
+    for (size_t i = 0; i < sizeof lost_reasons / sizeof lost_reasons[0]; i++)
+        gps_metrics_add(m, "attempts_lost_total",
+                        gps_metrics_label(l, sizeof l, "reason", lost_reasons[i], (char *)NULL),
+                        0);
     return rc ? -1 : 0;
+}
+
+void gps_metrics_attempt_lost(gps_metrics *m, const char *why)
+{
+    const char *reason = "agent_error";
+    char low[32];
+    size_t i = 0;
+    for (; why && why[i] && i + 1 < sizeof low; i++)
+        low[i] = (char)(why[i] >= 'A' && why[i] <= 'Z' ? why[i] + 32 : why[i]);
+    low[i] = '\0';
+    if (why && !why[i]) {
+        for (size_t k = 0; k < sizeof lost_reasons / sizeof lost_reasons[0]; k++)
+            if (strcmp(low, lost_reasons[k]) == 0)
+                reason = lost_reasons[k];
+        if (strncmp(low, "upstream_", 9) == 0)
+            reason = "upstream_error"; /* the agent's upstream failed or stalled */
+    }
+    char l[64];
+    gps_metrics_add(m, "attempts_lost_total",
+                    gps_metrics_label(l, sizeof l, "reason", reason, (char *)NULL), 1);
 }
 
 const char *gps_metrics_outcome(const char *code)

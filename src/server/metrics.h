@@ -73,6 +73,13 @@ const char *gps_metrics_outcome(const char *code);
 /* First token sent: time_to_first_token_seconds{api,model}; model is the
  * model that served (announced by an agent). */
 void gps_metrics_ttft(gps_metrics *m, const char *api, const char *model, double seconds);
+/* A job attempt ended because its agent was lost:
+ * attempts_lost_total{reason} += 1. why is the server's reason
+ * (agent_dead, agent_offline, agent_disconnected, agent_restarted,
+ * agent_removed, agent_dropped_job, stalled) or the error code an agent
+ * ended the attempt with (AGENT_SHUTDOWN -> agent_shutdown, UPSTREAM_* ->
+ * upstream_error, any other -> agent_error), so the label set stays closed. */
+void gps_metrics_attempt_lost(gps_metrics *m, const char *why);
 /* A job handed to an agent: scheduling_latency_seconds{model,priority},
  * seconds from submit (or requeue) to assignment. */
 void gps_metrics_sched_latency(gps_metrics *m, const char *model, const char *priority,

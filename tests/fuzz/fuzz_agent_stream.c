@@ -8,7 +8,7 @@
  * the body.
  *   bit 0-1  Content-Type: text/event-stream, application/json, text/html, none
  *   bit 2    status 500 instead of 200
- *   bit 3    chat job (else completion)      bit 4  count_tokens job
+ *   bit 3    chat job (else completion)      bit 4  a count_tokens reply instead
  *   bit 5    the transfer ended with an error (connection reset)
  * Checked: the backend's contract (backend.h): exactly one terminal event,
  * nothing after it, no token after an error; every error has a code.
@@ -88,7 +88,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               .error = r_error,
                               .tool_call = r_tool};
     j.chat = (flags & 8) != 0;
-    j.count = (flags & 16) != 0;
+    if (flags & 16) {
+        /* A count_tokens reply: parsed by openai_count.c for each method
+         * (count jobs do not go through job_finish). */
+        long long cnt = -1;
+        bool est = false;
+        for (int m = OAI_COUNT_MESSAGES; m <= OAI_COUNT_TOKENIZE; m++)
+            if (oai_count_parse((oai_count_method)m, p, n, &cnt, &est) == 0 && cnt < 0)
+                abort();
+        return 0;
+    }
     j.prompt_tokens = j.completion_tokens = -1;
     atomic_init(&j.cancel, false);
     /* A small line bound so that the overlong-line path is reachable. */

@@ -74,9 +74,14 @@ class FailoverTest(harness.TestCase):
         harness.wait_until(lambda: self.parked() >= 2, timeout=20, what="both agents parked")
 
     def parked(self):
+        return self.metric("gpupool_agents_parked")
+
+    def metric(self, series):
+        """The value of one series of /metrics, given as it is written
+        (name{labels}); 0 when absent."""
         _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
         for line in raw.decode().splitlines():
-            if line.startswith("gpupool_agents_parked "):
+            if line.startswith(series + " "):
                 return float(line.split()[-1])
         return 0
 
@@ -240,6 +245,7 @@ class FailoverTest(harness.TestCase):
         fo = self.srv.log_events("job_failover")
         self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo],
                          [("AGENT_SHUTDOWN", "continue")])
+        self.assertEqual(self.metric('gpupool_attempts_lost_total{reason="agent_shutdown"}'), 1)
 
     def test_upstream_stall_counts_as_lost(self):
         # The agent is alive (its polls list the job, so the server's stall
@@ -256,6 +262,8 @@ class FailoverTest(harness.TestCase):
         fo = self.srv.log_events("job_failover")
         self.assertEqual([(e.get("reason"), e.get("mode")) for e in fo],
                          [("UPSTREAM_TIMEOUT", "continue")])
+        self.assertEqual(self.metric('gpupool_attempts_lost_total{reason="upstream_error"}'), 1)
+        self.assertEqual(self.metric('gpupool_attempts_lost_total{reason="stalled"}'), 0)
         # The stalled agent was told to stop: its upstream saw the client go.
         harness.wait_until(lambda: self.ua.log_entries()[-1]["outcome"] == "client_gone",
                            timeout=20, what="stalled upstream request closed")

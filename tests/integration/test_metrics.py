@@ -55,6 +55,8 @@ FAMILIES = {
     "agent_prefix_cache_tokens_computed_total": "counter",
     "agent_prefix_cache_tokens_held": "gauge",
     "failovers_total": "counter",
+    "attempts_lost_total": "counter",
+    "model_agents": "gauge",
     "auth_failures_total": "counter",
     "rate_limited_total": "counter",
     "db_writes_total": "counter",
@@ -227,6 +229,14 @@ class MetricsTest(harness.TestCase):
             self.assertEqual(value("rate_limited_total", reason=reason), 0)
         for mode in ("requeue", "continue", "error", "exhausted"):
             self.assertEqual(value("failovers_total", mode=mode), 0)
+        for reason in ("agent_dead", "agent_offline", "agent_disconnected", "agent_restarted",
+                       "agent_removed", "agent_dropped_job", "stalled", "agent_shutdown",
+                       "upstream_error", "agent_error"):
+            self.assertEqual(value("attempts_lost_total", reason=reason), 0)
+        # The served model has its live agent; an unknown name never becomes a label.
+        self.assertEqual(value("model_agents", model="tiny"), 1)
+        self.assertFalse([s for s in samples if s[0] == "gpupool_model_agents"
+                          and s[1].get("model") == "no-such-model"])
         self.assertEqual(value("agents", state="healthy"), 1)
         self.assertEqual(value("slots_capacity"), 2)
         self.assertEqual(value("jobs_running"), 0)

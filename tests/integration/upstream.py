@@ -18,6 +18,7 @@ and changeable at run time through a control endpoint:
                       http500 / http400: an error status with an OpenAI error body
   --after K           tokens sent before a stall/die/malformed (default 2)
   --models a,b        ids listed by /v1/models (default "m1")
+  --no-tokenize       POST /tokenize answers 404 (a server without a count endpoint)
   --tool-call NAME    when a chat request offers a function tool NAME (in
                       "tools") and no message has role "tool" yet, answer with tool calls instead of text:
                       --tool-calls N calls (default 1) to NAME, call k with
@@ -115,6 +116,7 @@ class State:
             "tool_call": args.tool_call,
             "tool_calls": args.tool_calls,
             "tool_text": args.tool_text,
+            "tokenize": not args.no_tokenize,
         }
         self.log = []
         self.next_id = 0
@@ -248,6 +250,12 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.send_json(404, {"error": "no route"})
             return
+        if self.path == "/tokenize" and not st.snapshot()["tokenize"]:
+            st.new_record({"path": self.path, "started": time.time(), "ended": time.time(),
+                           "outcome": "error_status", "tokens_sent": 0, "disconnected": False,
+                           "headers": {}})
+            self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
+            return
         if self.path == "/tokenize":
             # llama-server reads "content", vLLM "prompt": one token per word.
             try:
@@ -267,6 +275,9 @@ class Handler(BaseHTTPRequestHandler):
         if self.path in ("/v1/chat/completions", "/chat/completions"):
             self.generate(raw, chat=True)
             return
+        st.new_record({"path": self.path, "started": time.time(), "ended": time.time(),
+                       "outcome": "error_status", "tokens_sent": 0, "disconnected": False,
+                       "headers": {}})
         self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
 
     def generate(self, raw, chat):
@@ -482,6 +493,8 @@ def main(argv=None):
     ap.add_argument("--tool-call", default=None)
     ap.add_argument("--tool-calls", type=int, default=1)
     ap.add_argument("--tool-text", type=int, default=0)
+    ap.add_argument("--no-tokenize", action="store_true",
+                    help="answer POST /tokenize with 404 (a server without a count endpoint)")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
     ap.add_argument("--tls-key", help="private key of --tls-cert")

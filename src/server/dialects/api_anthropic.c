@@ -995,8 +995,12 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
 {
     long long in = job->prompt_tokens, out = job->completion_tokens;
     if (st->count_only) {
-        /* count_tokens stays a plain request: no x-pool-* headers */
-        gps_relay_end_body(&st->rl, json_pack("{s:I}", "input_tokens", (json_int_t)in), false);
+        /* count_tokens stays a plain request: no x-pool-* headers. An
+         * estimate (an upstream without a count endpoint) says so. */
+        json_t *body = json_pack("{s:I}", "input_tokens", (json_int_t)in);
+        if (body && job->count_estimated)
+            json_object_set_new(body, "x_pool_meta", json_pack("{s:b}", "estimated", 1));
+        gps_relay_end_body(&st->rl, body, false);
     } else if (st->stream) {
         ensure_started(st);
         close_block(st);

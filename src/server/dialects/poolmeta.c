@@ -35,6 +35,8 @@ json_t *gps_pool_meta(gps_job *job)
                  job->requested_model, job->spec.model);
         json_array_append_new(json_object_get(meta, "warnings"), json_string(w));
     }
+    if (meta && job->model_digest[0])
+        json_object_set_new(meta, "model_sha256", json_string(job->model_digest));
     if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */
         json_object_set_new(meta, "continuation", json_string(job->continuation_mode));
     return meta;

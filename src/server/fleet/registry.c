@@ -106,6 +106,15 @@ void registry_facts_free(registry_facts *f)
     memset(f, 0, sizeof(*f));
 }
 
+void registry_facts_drop_model(registry_facts *f, size_t i)
+{
+    if (!f || i >= f->n_models)
+        return;
+    model_info_free(&f->models[i]);
+    memmove(&f->models[i], &f->models[i + 1], (f->n_models - i - 1) * sizeof(f->models[0]));
+    f->n_models--;
+}
+
 static int fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -963,4 +972,13 @@ registry_model_entry *registry_models_list(const registry *reg, size_t *n)
     qsort(out, k, sizeof(*out), entry_cmp);
     *n = k;
     return out;
+}
+
+void registry_models_foreach(const registry *reg,
+                             void (*fn)(void *ud, const char *name, size_t live_agents),
+                             void *ud)
+{
+    size_t i;
+    for (smap_node *nd = smap_first(&reg->models, &i); nd; nd = smap_next(&reg->models, nd, &i))
+        fn(ud, nd->key, ((const model_ent *)nd->val)->live);
 }

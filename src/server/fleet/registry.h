@@ -123,6 +123,9 @@ typedef struct registry_facts {
  * per model, 64 labels; strings at most 256 bytes (4096 for labels' total). */
 int registry_facts_parse(const json_t *body, registry_facts *out, char *err, size_t errlen);
 void registry_facts_free(registry_facts *f);
+/* Remove f->models[i] (freed; the ones after it move down). For a model
+ * the server refuses before the heartbeat applies the facts (pins.h). */
+void registry_facts_drop_model(registry_facts *f, size_t i);
 
 /*
  * One agent. Fields are READ-ONLY outside registry.c (change them only
@@ -322,6 +325,13 @@ typedef struct registry_model_entry {
  * array (caller frees the array only; strings are borrowed) and its length
  * in *n; NULL with *n = 0 when empty or on ENOMEM. */
 registry_model_entry *registry_models_list(const registry *reg, size_t *n);
+
+/* Calls fn for every model name (id or alias) known since start-up
+ * (registry_model_known), with the live agents serving it now (0: requests
+ * for it get 503 NO_AGENT). Unordered. For the per-model gauge of /metrics. */
+void registry_models_foreach(const registry *reg,
+                             void (*fn)(void *ud, const char *name, size_t live_agents),
+                             void *ud);
 
 /* For prefix-aware routing (the scheduler's side is a later issue): of
  * a's free slots, the one whose advertised prefix covers the most units of

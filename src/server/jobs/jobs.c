@@ -641,6 +641,10 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->state = GPS_JOB_ASSIGNED;
     job->attempts++;
     snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    /* The file that serves it (x_pool_meta.model_sha256: what an operator
+     * pinned, or what a client may want to check). */
+    const char *dg = registry_agent_model_digest(a, job->spec.model);
+    snprintf(job->model_digest, sizeof job->model_digest, "%s", dg ? dg : "");
     job->assigned_us = now;
     /* Scheduling latency: submit to the first assignment (a requeue after
      * a failover is counted by failovers_total instead; a delivery that
@@ -1182,6 +1186,8 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         return;
     end_on_agent(j, job, false);
     cancel_add(j, job->agent_id, job->id);
+    if (j->metrics)
+        gps_metrics_attempt_lost(j->metrics, why);
     gps_fo_facts f = {
         .mode = job->spec.failover,
         .output_sent = job->client_saw_output,
@@ -1523,6 +1529,11 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         json_t *pt = json_object_get(ev, "prompt_tokens");
         if (json_is_integer(pt) && json_integer_value(pt) >= 0)
             job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        /* An openai agent whose upstream has no count endpoint estimated
+         * (docs/agent.md "Counting tokens"): the reply says so. */
+        json_t *ce = json_object_get(ev, "count_estimated");
+        if (json_is_number(ce) && json_number_value(ce) != 0)
+            job->count_estimated = true;
         /* Subscribers (native tasks) record what they are given: relay a
          * bounded number per attempt; later ones only update the counts. */
         if (job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED) {

@@ -144,6 +144,8 @@ struct gps_job {
     gps_job_state state;
     int attempts;                 /* agents tried so far */
     char agent_id[64];            /* current/last agent ("" when none) */
+    char model_digest[65];        /* sha256 of that agent's model file ("" when unknown) */
+    bool count_estimated;         /* count_tokens: the agent estimated (no count endpoint) */
     gp_buf text;                  /* text relayed to subscribers so far */
     long long completion_tokens;  /* tokens relayed, all attempts together */
     long long continued_tokens;   /* tokens before the current attempt (continuation) */

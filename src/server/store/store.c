@@ -93,6 +93,9 @@ enum {
     K_LOAD_KEYS_BASE,
     K_LOAD_JOBS,
     K_LOAD_USAGE,
+    K_PIN_SET,
+    K_PIN_DELETE,
+    K_LOAD_PINS,
     K_COUNT
 };
 
@@ -219,6 +222,14 @@ static const struct {
     [K_LOAD_USAGE] = {"load_usage", F_SYNC,
         "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
         "FROM key_usage WHERE day = ?1"},
+    /* Model pins (migration 0005). */
+    [K_PIN_SET] = {"model_pin_set", F_OPT,
+        "INSERT INTO model_pins (name, sha256, created_at, created_by) VALUES (?1, ?2, ?3, ?4) "
+        "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, "
+        "created_at = excluded.created_at, created_by = excluded.created_by"},
+    [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1"},
+    [K_LOAD_PINS] = {"load_model_pins", F_SYNC | F_OPT,
+        "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1898,6 +1909,7 @@ typedef struct load_ctx {
         gps_store_key_fn key;
         gps_store_job_load_fn job;
         gps_store_usage_fn usage;
+        gps_store_pin_fn pin;
     } cb;
     void *arg;
     char *err;
@@ -2090,4 +2102,38 @@ int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void 
 {
     load_ctx c = {.s = s, .cb.usage = cb, .arg = arg, .err = err, .errlen = errlen, .day = day};
     return sync_exec(s, usage_row, &c, "reading key_usage", err, errlen, K_LOAD_USAGE, "i", day);
+}
+
+/* ---- model pins ---- */
+
+int gps_store_pin_set(gps_store *s, const char *name, const char *sha256, int64_t created_at,
+                      const char *created_by)
+{
+    if (!name || !sha256)
+        return -1;
+    return write_op(s, K_PIN_SET, "ttit", name, sha256, created_at, created_by);
+}
+
+int gps_store_pin_delete(gps_store *s, const char *name)
+{
+    if (!name)
+        return -1;
+    return write_op(s, K_PIN_DELETE, "t", name);
+}
+
+static int pin_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    const char *name = (const char *)sqlite3_column_text(st, 0);
+    const char *sha = (const char *)sqlite3_column_text(st, 1);
+    if (!name || !sha)
+        return 0;
+    return c->cb.pin(c->arg, name, sha, sqlite3_column_int64(st, 2),
+                     (const char *)sqlite3_column_text(st, 3));
+}
+
+int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err, size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.pin = cb, .arg = arg, .err = err, .errlen = errlen};
+    return sync_exec(s, pin_row, &c, "reading model_pins", err, errlen, K_LOAD_PINS, "");
 }

@@ -379,4 +379,16 @@ typedef void (*gps_store_jobs_fn)(void *arg, int status, const gps_store_job_inf
 int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
                               void *arg);
 
+/* Model pins (migration 0005, docs/admin.md "Model pins"): name -> the
+ * sha256 of the file that must serve it. Set/delete are queued writes like
+ * the others (the server's in-memory table, fleet/pins.h, is what
+ * decides); load runs at start-up. Returns 0 or -1 (load: with err; no
+ * model_pins table is an error there). */
+int gps_store_pin_set(gps_store *s, const char *name, const char *sha256, int64_t created_at,
+                      const char *created_by);
+int gps_store_pin_delete(gps_store *s, const char *name);
+typedef int (*gps_store_pin_fn)(void *arg, const char *name, const char *sha256,
+                                int64_t created_at, const char *created_by);
+int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err, size_t errlen);
+
 #endif

@@ -12,3 +12,9 @@ gp_add_unit_test(test_agent_config
 gp_add_unit_test(test_agent_digest
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_digest.c
   LIBS gpupool_agent_base)
+gp_add_unit_test(test_model_fetch
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_model_fetch.c
+  LIBS gpupool_agent_base)
+gp_add_unit_test(test_openai_count
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_count.c
+  LIBS gpupool_agent_base)

@@ -1,0 +1,166 @@
+/* openai_count: see openai_count.h. */
+#include "agent/openai_count.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_util.h"
+
+/* The text of a message's content: a string, or the text parts of an
+ * array of content parts. */
+static void content_text(const json_t *c, gp_buf *out)
+{
+    if (json_is_string(c)) {
+        gp_buf_append(out, json_string_value(c), json_string_length(c));
+        return;
+    }
+    size_t i;
+    const json_t *p;
+    json_array_foreach((json_t *)c, i, p)
+    {
+        const json_t *t = json_object_get(p, "text");
+        if (json_is_string(t))
+            gp_buf_append(out, json_string_value(t), json_string_length(t));
+    }
+}
+
+/* Tool calls of an assistant message, as "name(arguments)" text. */
+static void calls_text(const json_t *m, gp_buf *out)
+{
+    size_t i;
+    const json_t *tc;
+    json_array_foreach(json_object_get(m, "tool_calls"), i, tc)
+    {
+        const json_t *f = json_object_get(tc, "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        const char *args = json_string_value(json_object_get(f, "arguments"));
+        if (out->len)
+            gp_buf_append(out, "\n", 1);
+        if (name)
+            gp_buf_append(out, name, strlen(name));
+        if (args)
+            gp_buf_append(out, args, strlen(args));
+    }
+}
+
+json_t *oai_count_messages_body(const json_t *job, const char *model)
+{
+    const char *prompt = json_string_value(json_object_get(job, "prompt"));
+    const json_t *msgs = json_object_get(job, "messages");
+    json_t *out = json_pack("{s:s,s:[]}", "model", model, "messages");
+    if (!out)
+        return NULL;
+    json_t *list = json_object_get(out, "messages");
+    if (prompt) {
+        json_array_append_new(list, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+        return out;
+    }
+    if (!json_is_array(msgs)) {
+        json_decref(out);
+        return NULL;
+    }
+    gp_buf sys;
+    gp_buf_init(&sys);
+    size_t i;
+    const json_t *m;
+    json_array_foreach((json_t *)msgs, i, m)
+    {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        gp_buf t;
+        gp_buf_init(&t);
+        content_text(json_object_get(m, "content"), &t);
+        if (role && strcmp(role, "system") == 0) {
+            if (sys.len && t.len)
+                gp_buf_append(&sys, "\n", 1);
+            gp_buf_append(&sys, t.data ? t.data : "", t.len);
+        } else {
+            bool assistant = role && strcmp(role, "assistant") == 0;
+            if (assistant)
+                calls_text(m, &t);
+            /* Anthropic content must not be empty. */
+            json_t *s = json_stringn(t.len ? t.data : " ", t.len ? t.len : 1);
+            if (s)
+                json_array_append_new(list, json_pack("{s:s,s:o}", "role",
+                                                      assistant ? "assistant" : "user",
+                                                      "content", s));
+        }
+        gp_buf_free(&t);
+    }
+    if (sys.len) {
+        json_t *s = json_stringn(sys.data, sys.len);
+        if (s)
+            json_object_set_new(out, "system", s);
+    }
+    gp_buf_free(&sys);
+    if (json_array_size(list) == 0) /* only a system prompt: count it as the user's */
+        json_array_append_new(list, json_pack("{s:s,s:O}", "role", "user", "content",
+                                              json_object_get(out, "system")));
+    return out;
+}
+
+char *oai_count_text(const json_t *job)
+{
+    const char *prompt = json_string_value(json_object_get(job, "prompt"));
+    const json_t *msgs = json_object_get(job, "messages");
+    if (prompt)
+        return strdup(prompt);
+    if (!json_is_array(msgs))
+        return NULL;
+    gp_buf t;
+    gp_buf_init(&t);
+    size_t i;
+    const json_t *m;
+    json_array_foreach((json_t *)msgs, i, m)
+    {
+        if (i)
+            gp_buf_append(&t, "\n", 1);
+        content_text(json_object_get(m, "content"), &t);
+        calls_text(m, &t);
+    }
+    char *out = gp_buf_steal(&t);
+    return out ? out : strdup("");
+}
+
+long long oai_count_estimate(const json_t *job)
+{
+    char *text = oai_count_text(job);
+    if (!text)
+        return 0;
+    size_t bytes = strlen(text);
+    free(text);
+    const json_t *msgs = json_object_get(job, "messages");
+    long long n = (long long)((bytes + 3) / 4);
+    if (json_is_array(msgs))
+        n += 4 * (long long)json_array_size(msgs); /* role and turn markers */
+    return n > 0 ? n : 1;
+}
+
+int oai_count_parse(oai_count_method m, const char *body, size_t len, long long *n,
+                    bool *estimated)
+{
+    *estimated = false;
+    json_t *o = json_loadb(body ? body : "", len, 0, NULL);
+    int rc = -1;
+    if (m == OAI_COUNT_MESSAGES) {
+        const json_t *v = json_object_get(o, "input_tokens");
+        if (json_is_integer(v) && json_integer_value(v) >= 0) {
+            *n = json_integer_value(v);
+            *estimated = json_is_true(json_object_get(json_object_get(o, "x_pool_meta"),
+                                                      "estimated"));
+            rc = 0;
+        }
+    } else if (m == OAI_COUNT_TOKENIZE) {
+        /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
+        const json_t *c = json_object_get(o, "count");
+        const json_t *t = json_object_get(o, "tokens");
+        if (json_is_integer(c) && json_integer_value(c) >= 0) {
+            *n = json_integer_value(c);
+            rc = 0;
+        } else if (json_is_array(t)) {
+            *n = (long long)json_array_size(t);
+            rc = 0;
+        }
+    }
+    json_decref(o);
+    return rc;
+}
