@@ -309,6 +309,9 @@ void gpe_stop_free(gpe_stop *st);
  * text before it has been emitted; generation should end). */
 bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
                    size_t *emit_len);
+/* After gpe_stop_feed returned true: the index (in the init list) of the
+ * stop string that matched (the earliest in the text); -1 before a match. */
+int gpe_stop_which(const gpe_stop *st);
 /* At the end of generation: whatever is still held back. */
 void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len);
 /* Resume a stream: take held (len bytes) as text fed earlier and still

@@ -61,6 +61,7 @@ struct agent_job {
     /* --- under a->mu (backend threads write these) --- */
     agent_evq q;
     bool backend_done;      /* the terminal callback was delivered */
+    char *stop_seq;         /* the stop string generation ended on (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
     /* --- loop thread only --- */
@@ -258,6 +259,16 @@ static void sink_progress(void *ctx, long long done, long long total)
                              (json_int_t)done, "prompt_tokens_total", (json_int_t)total));
 }
 
+static void sink_stop_sequence(void *ctx, const char *seq)
+{
+    agent_job *j = ctx;
+    char *copy = seq ? strdup(seq) : NULL;
+    pthread_mutex_lock(&j->a->mu);
+    free(j->stop_seq);
+    j->stop_seq = copy;
+    pthread_mutex_unlock(&j->a->mu);
+}
+
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
 {
     agent_job *j = ctx;
@@ -274,6 +285,8 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason", fr, "usage", usage);
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
+    if (ev && j->stop_seq && strcmp(fr, "stop") == 0)
+        json_object_set_new(ev, "stop_sequence", json_string(j->stop_seq));
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
@@ -689,6 +702,7 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
 static void job_free(agent_job *j)
 {
     agent_evq_free(&j->q);
+    free(j->stop_seq);
     free(j->correlation_id);
     free(j);
 }
@@ -730,6 +744,7 @@ static void job_begin(agent *a, json_t *jj)
         .tool_call = sink_tool_call,
         .progress = sink_progress,
         .end = sink_end,
+        .stop_sequence = sink_stop_sequence,
         .error = sink_error,
     };
     char err[256] = "";

@@ -74,6 +74,10 @@ typedef struct agent_job_sink {
     /* Free-form metrics object, e.g. {"prompt_tokens":5,"tokens_per_sec":410.5}.
      * Borrowed: the sink copies it. */
     void (*metrics)(void *ctx, json_t *metrics);
+    /* Optional (may be NULL), before end: generation stopped on this stop
+     * string, one of the job's params.stop (the end event names it, so that
+     * the Anthropic dialect can say stop_reason "stop_sequence"). */
+    void (*stop_sequence)(void *ctx, const char *seq);
     /* Terminal: finish_reason "stop" | "length" | "tool_calls"; token counts (-1 unknown). */
     void (*end)(void *ctx, const char *finish_reason, long long prompt_tokens,
                 long long completion_tokens);

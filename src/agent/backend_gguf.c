@@ -781,8 +781,16 @@ static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
         test_gate_wait(b, j);
     int32_t tok = gpe_sampler_sample(j->smp, logits, gpe_model_n_vocab(b->model));
     gpe_sampler_accept(j->smp, tok);
-    if (j->t_first == 0)
+    if (j->t_first == 0) {
         j->t_first = now_s();
+        /* The prompt's size is known once it is prefilled: the server has it
+         * before the first token (an Anthropic message_start carries it, and
+         * a reply the server ends early still reports it). */
+        json_t *m = j->sink.metrics ? json_pack("{s:i}", "prompt_tokens", j->n_prompt) : NULL;
+        if (m)
+            j->sink.metrics(j->sink.ctx, m);
+        json_decref(m);
+    }
     if (gpe_token_is_eog(b->model, tok))
         return "stop";
     j->n_gen++;
@@ -795,8 +803,12 @@ static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
     bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
     if (elen > 0)
         send_text(j, emit, elen);
-    if (stopped)
+    if (stopped) {
+        int w = gpe_stop_which(j->stop);
+        if (w >= 0 && (size_t)w < j->n_stops && j->sink.stop_sequence)
+            j->sink.stop_sequence(j->sink.ctx, j->stops[w]);
         return "stop";
+    }
     if (j->n_gen >= j->max_tokens)
         return "length";
     if (gpe_seq_len(b->ctx, j->slot) >= b->n_ctx)

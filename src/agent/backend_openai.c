@@ -60,6 +60,8 @@ typedef struct oai_job {
     bool count;             /* count_tokens: no generation (openai_count.h) */
     char *body;             /* request JSON (owned); count: the /tokenize body */
     char *count_body;       /* count: the messages/count_tokens body (owned) */
+    json_t *stops;          /* the job's params.stop (owned), or NULL */
+    char *stop_seq;         /* the stop string the upstream said it stopped on (owned) */
     long long count_estimate; /* count: method 3's answer */
     char *correlation_id;   /* owned, may be NULL */
     CURLM *multi;           /* owned; freed after the thread is joined */
@@ -138,11 +140,32 @@ static void take_usage(oai_job *j, json_t *usage)
         j->completion_tokens = json_integer_value(ct);
 }
 
+/* Which stop string an upstream stopped on, when it says so: vLLM puts it
+ * in the choice's "stop_reason", llama-server in "stopping_word". Taken
+ * only when it is one of the job's own (an upstream cannot name others). */
+static void take_stop_word(oai_job *j, const json_t *v)
+{
+    const char *w = json_string_value(v);
+    size_t i;
+    const json_t *s;
+    if (!w || !*w || j->stop_seq)
+        return;
+    json_array_foreach(j->stops, i, s)
+    {
+        if (json_is_string(s) && strcmp(json_string_value(s), w) == 0) {
+            j->stop_seq = strdup(w);
+            return;
+        }
+    }
+}
+
 static void take_finish(oai_job *j, json_t *c0)
 {
     const char *fr = json_string_value(json_object_get(c0, "finish_reason"));
     if (fr && *fr)
         snprintf(j->finish, sizeof j->finish, "%s", fr);
+    take_stop_word(j, json_object_get(c0, "stop_reason"));
+    take_stop_word(j, json_object_get(c0, "stopping_word"));
 }
 
 #define MAX_TOOL_CALLS 128
@@ -256,6 +279,7 @@ static int handle_object(oai_job *j, json_t *obj, bool streamed)
         return 2;
     }
     take_usage(j, json_object_get(obj, "usage"));
+    take_stop_word(j, json_object_get(obj, "stopping_word"));
     return 0;
 }
 
@@ -434,6 +458,8 @@ static void job_finish(oai_job *j, bool transfer_done, CURLcode result)
                          : j->ntool_calls > 0 || strcmp(j->finish, "tool_calls") == 0
                              ? "tool_calls"
                              : "stop";
+        if (j->stop_seq && strcmp(fr, "stop") == 0 && j->sink.stop_sequence)
+            j->sink.stop_sequence(j->sink.ctx, j->stop_seq);
         j->sink.end(j->sink.ctx, fr, j->prompt_tokens, ct);
     }
 }
@@ -630,6 +656,8 @@ static void job_free(oai_job *j)
     gp_buf_free(&j->raw);
     free(j->body);
     free(j->count_body);
+    json_decref(j->stops);
+    free(j->stop_seq);
     free(j->correlation_id);
     free(j);
 }
@@ -801,6 +829,9 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     gp_buf_init(&j->raw);
     j->body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
+    json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
+    if (json_is_array(stops) && json_array_size(stops) > 0)
+        j->stops = json_deep_copy(stops);
     if (count) {
         json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
         j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;

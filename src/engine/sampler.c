@@ -546,6 +546,7 @@ struct gpe_stop {
     char *buf;          /* held-back text; the first `drop` bytes were emitted last call */
     size_t len, cap, drop;
     bool matched;
+    int which;          /* index of the stop string that matched */
 };
 
 gpe_stop *gpe_stop_init(const char *const *stops, size_t n)
@@ -668,13 +669,17 @@ bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emi
      * none, so only a match ending in the new piece is possible; searching
      * the whole (short) buffer keeps this simple. */
     size_t best = SIZE_MAX;
+    int which = -1;
     for (size_t i = 0; i < st->n; i++) {
         const char *hit = memmem(st->buf, st->len, st->stops[i], st->lens[i]);
-        if (hit && (size_t)(hit - st->buf) < best)
+        if (hit && (size_t)(hit - st->buf) < best) {
             best = (size_t)(hit - st->buf);
+            which = (int)i;
+        }
     }
     if (best != SIZE_MAX) {
         st->matched = true;
+        st->which = which;
         *emit = st->buf;
         *emit_len = best;
         st->drop = st->len;         /* everything from the stop string on is discarded */
@@ -739,4 +744,9 @@ void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len)
     *emit = st->buf;
     *emit_len = st->len;
     st->drop = st->len;
+}
+
+int gpe_stop_which(const gpe_stop *st)
+{
+    return st && st->matched ? st->which : -1;
 }

@@ -18,6 +18,8 @@ and changeable at run time through a control endpoint:
                       http500 / http400: an error status with an OpenAI error body
   --after K           tokens sent before a stall/die/malformed (default 2)
   --models a,b        ids listed by /v1/models (default "m1")
+  --honor-stop        stop before the first of the request's stop strings (vLLM-like:
+                      finish_reason "stop", "stop_reason": the string in the last choice)
   --no-tokenize       POST /tokenize answers 404 (a server without a count endpoint)
   --tool-call NAME    when a chat request offers a function tool NAME (in
                       "tools") and no message has role "tool" yet, answer with tool calls instead of text:
@@ -117,6 +119,7 @@ class State:
             "tool_calls": args.tool_calls,
             "tool_text": args.tool_text,
             "tokenize": not args.no_tokenize,
+            "honor_stop": args.honor_stop,
         }
         self.log = []
         self.next_id = 0
@@ -330,6 +333,26 @@ class Handler(BaseHTTPRequestHandler):
             n = max_tokens
             finish = "length"
         toks = expected_tokens(prompt_text_of(body, chat), n)
+        self.stop_word = None
+        stops = body.get("stop")
+        stops = [stops] if isinstance(stops, str) else stops if isinstance(stops, list) else []
+        if cfg["honor_stop"] and stops:
+            # Cut at the earliest stop string; tokens after it are never sent.
+            text = "".join(toks)
+            hits = [(text.find(w), w) for w in stops if isinstance(w, str) and w and w in text]
+            if hits:
+                at, self.stop_word = min(hits)
+                kept, used = [], 0
+                for t in toks:
+                    if used + len(t) <= at:
+                        kept.append(t)
+                        used += len(t)
+                    else:
+                        if at > used:
+                            kept.append(t[:at - used])
+                        break
+                toks = kept
+                finish = "stop"
         prompt_tokens = len(prompt_text_of(body, chat).split())
         cid = ("chatcmpl-" if chat else "cmpl-") + "%d" % rec["id"]
         created = int(time.time())
@@ -391,6 +414,8 @@ class Handler(BaseHTTPRequestHandler):
             obj = {"id": cid, "object": "chat.completion", "created": created, "model": model,
                    "choices": [{"index": 0, "message": message,
                                 "finish_reason": finish}], "usage": usage}
+            if self.stop_word is not None:
+                obj["choices"][0]["stop_reason"] = self.stop_word
         else:
             obj = {"id": cid, "object": "text_completion", "created": created, "model": model,
                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
@@ -466,7 +491,10 @@ class Handler(BaseHTTPRequestHandler):
                 d = piece(None, None)
                 d["choices"][0]["delta"] = {"tool_calls": [tc]}
                 self.chunk("data: %s\n\n" % json.dumps(d))
-        self.chunk("data: %s\n\n" % json.dumps(piece(None if chat else "", finish)))
+        last = piece(None if chat else "", finish)
+        if self.stop_word is not None:
+            last["choices"][0]["stop_reason"] = self.stop_word
+        self.chunk("data: %s\n\n" % json.dumps(last))
         so = body.get("stream_options")
         if isinstance(so, dict) and so.get("include_usage"):
             u = piece(None, None)
@@ -493,6 +521,9 @@ def main(argv=None):
     ap.add_argument("--tool-call", default=None)
     ap.add_argument("--tool-calls", type=int, default=1)
     ap.add_argument("--tool-text", type=int, default=0)
+    ap.add_argument("--honor-stop", action="store_true",
+                    help="end a reply before the first of the request's stop strings, as vLLM "
+                         "does (finish_reason stop, the string in the choice's stop_reason)")
     ap.add_argument("--no-tokenize", action="store_true",
                     help="answer POST /tokenize with 404 (a server without a count endpoint)")
     ap.add_argument("--verbose", action="store_true")

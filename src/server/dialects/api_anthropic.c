@@ -498,6 +498,12 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             json_decref(out->stop_sequences);
             out->stop_sequences = NULL;
         }
+        /* The agent gets them too: it (or its upstream) stops before the
+         * string and reports usage and which string it was (end event
+         * stop_sequence). The relay still scans the text for agents that
+         * do not stop on them. */
+        if (out->stop_sequences && !(s->stop = json_deep_copy(out->stop_sequences)))
+            FAIL("out of memory");
     }
 
     const json_t *md = json_object_get(body, "metadata");
@@ -1103,7 +1109,19 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
-        complete(st, job, sr, NULL);
+        /* The agent (or its upstream) stopped on one of our stop strings
+         * itself, before sending it: say which, with the agent's usage. */
+        const char *seq = NULL;
+        if (strcmp(sr, "end_turn") == 0 && job->stop_sequence && st->stops) {
+            size_t i;
+            json_t *s;
+            json_array_foreach(st->stops, i, s)
+            {
+                if (strcmp(json_string_value(s), job->stop_sequence) == 0)
+                    seq = json_string_value(s);
+            }
+        }
+        complete(st, job, seq ? "stop_sequence" : sr, seq);
         return true;
     }
     if (type == GPS_EV_ERROR) {

@@ -204,6 +204,14 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
         snprintf(f, sizeof f, "%s.usage", at);
         if (u && !json_is_null(u) && !json_is_object(u))
             return fail(field, fieldlen, msg, msglen, f, "must be an object");
+        const json_t *ss = json_object_get(ev, "stop_sequence");
+        snprintf(f, sizeof f, "%s.stop_sequence", at);
+        if (ss && !json_is_null(ss) &&
+            (!json_is_string(ss) || json_string_length(ss) == 0 ||
+             json_string_length(ss) > GPS_AGENT_MAX_STOP_SEQUENCE))
+            return fail(field, fieldlen, msg, msglen, f,
+                        "must be a non-empty string of at most %d bytes",
+                        GPS_AGENT_MAX_STOP_SEQUENCE);
         static const char *const counts[] = {"prompt_tokens", "completion_tokens"};
         for (size_t k = 0; k < 2; k++) {
             snprintf(f, sizeof f, "%s.usage.%s", at, counts[k]);

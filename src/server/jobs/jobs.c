@@ -172,6 +172,7 @@ static void job_free(gps_job *job)
     gps_job_spec_clear(&job->spec);
     gp_buf_free(&job->text);
     free(job->gen_ids);
+    free(job->stop_sequence);
     free(job);
 }
 
@@ -1550,6 +1551,11 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
                  fr && strcmp(fr, "length") == 0       ? "length"
                  : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
                                                        : "stop");
+        /* The stop string the agent stopped on (agent_check bounded it):
+         * the Anthropic dialect reports it as stop_sequence. */
+        const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
+        free(job->stop_sequence);
+        job->stop_sequence = ss ? strdup(ss) : NULL;
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");

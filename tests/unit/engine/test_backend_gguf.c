@@ -32,6 +32,8 @@ typedef struct rec {
     size_t len;
     int n_tokens, n_started, n_metrics, n_terminal;
     long long cached;          /* metrics prompt_tokens_cached, -1 when absent */
+    long long first_prompt;    /* the first metrics event's prompt_tokens, -1 when absent */
+    int first_at_tokens;       /* token events before the first metrics event */
     char reason[32], code[64];
     long long prompt_tokens, completion_tokens;
     /* token_ids sink: every id, and after each token event the text
@@ -91,7 +93,11 @@ static void on_metrics(void *c, json_t *m)
 {
     rec *r = c;
     pthread_mutex_lock(&r->mu);
-    r->n_metrics++;
+    if (r->n_metrics++ == 0) {
+        json_t *p = json_object_get(m, "prompt_tokens");
+        r->first_prompt = json_is_integer(p) ? json_integer_value(p) : -1;
+        r->first_at_tokens = r->n_tokens;
+    }
     json_t *v = json_object_get(m, "prompt_tokens_cached");
     r->cached = json_is_integer(v) ? json_integer_value(v) : -1;
     pthread_mutex_unlock(&r->mu);
@@ -240,7 +246,11 @@ static void test_greedy_jobs_batched(void **state)
                          (long long)json_array_size(json_object_get(cs, "prompt_ids")));
         assert_string_equal(r[i]->text, json_string_value(json_object_get(cs, "generated_text")));
         assert_int_equal(r[i]->n_started, 1);
-        assert_int_equal(r[i]->n_metrics, 1);
+        /* The prompt's size before the first token (a reply the server ends
+         * early still has it), then the job's metrics at its end. */
+        assert_int_equal(r[i]->n_metrics, 2);
+        assert_int_equal(r[i]->first_at_tokens, 0);
+        assert_int_equal(r[i]->first_prompt, r[i]->prompt_tokens);
         rec_free(r[i]);
     }
     json_t *facts = json_object();
