@@ -1,0 +1,614 @@
+/* responses: the Responses API's shapes (see responses.h). */
+#include "server/dialects/responses.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/dialects/api_openai.h"
+#include "server/http/sse.h"
+
+#define DEFAULT_MAX_OUTPUT_TOKENS 4096 /* OpenAI: up to the model's limit; we bound it */
+#define MAX_METADATA_KEYS 16
+
+/* ------------------------------------------------------------------ */
+/* Request                                                             */
+/* ------------------------------------------------------------------ */
+
+/* A message's content: a string, or parts of type input_text /
+ * output_text / text, concatenated. NULL with msg when a part is another
+ * kind (images, files, audio are not supported). */
+static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
+{
+    if (json_is_string(c))
+        return strdup(json_string_value(c));
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "input[%zu].content must be a string or an array of text parts",
+                 idx);
+        return NULL;
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    size_t i;
+    json_t *p;
+    json_array_foreach(c, i, p)
+    {
+        const char *type = json_string_value(json_object_get(p, "type"));
+        const json_t *text = json_object_get(p, "text");
+        if (!type ||
+            (strcmp(type, "input_text") != 0 && strcmp(type, "output_text") != 0 &&
+             strcmp(type, "text") != 0) ||
+            !json_is_string(text)) {
+            snprintf(msg, msglen,
+                     "input[%zu].content[%zu] must be {\"type\":\"input_text\",\"text\":string} "
+                     "(only text parts are supported%s%.40s)",
+                     idx, i, type ? "; got " : "", type ? type : "");
+            gp_buf_free(&b);
+            return NULL;
+        }
+        gp_buf_append(&b, json_string_value(text), json_string_length(text));
+    }
+    char *s = gp_buf_steal(&b);
+    return s ? s : strdup("");
+}
+
+/* The assistant message that function_call items attach to: the last
+ * message when it is an assistant's (its calls go with its text), else a
+ * new one with content null. */
+static json_t *calls_holder(json_t *messages)
+{
+    json_t *last = json_array_get(messages, json_array_size(messages) - 1);
+    const char *role = json_string_value(json_object_get(last, "role"));
+    if (!last || !role || strcmp(role, "assistant") != 0) {
+        last = json_pack("{s:s,s:n}", "role", "assistant", "content");
+        if (!last || json_array_append_new(messages, last) < 0)
+            return NULL;
+    }
+    json_t *calls = json_object_get(last, "tool_calls");
+    if (!calls) {
+        calls = json_array();
+        if (!calls || json_object_set_new(last, "tool_calls", calls) < 0)
+            return NULL;
+    }
+    return calls;
+}
+
+/* input (string or items) + instructions -> chat messages. */
+static int parse_input(const json_t *input, const json_t *instructions, json_t *messages,
+                       char *msg, size_t msglen, const char **param)
+{
+    if (!gps_absent(instructions)) {
+        if (!json_is_string(instructions))
+            GPS_FAIL("instructions", "'instructions' must be a string");
+        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content",
+                                                  json_string_value(instructions)));
+    }
+    if (gps_absent(input))
+        GPS_FAIL("input", "'input' is required");
+    if (json_is_string(input)) {
+        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content",
+                                                  json_string_value(input)));
+        return 0;
+    }
+    if (!json_is_array(input) || json_array_size(input) == 0)
+        GPS_FAIL("input", "'input' must be a string or a non-empty array of items");
+    size_t i;
+    json_t *it;
+    json_array_foreach(input, i, it)
+    {
+        if (!json_is_object(it))
+            GPS_FAIL("input", "input[%zu] must be an object", i);
+        const char *type = json_string_value(json_object_get(it, "type"));
+        const char *role = json_string_value(json_object_get(it, "role"));
+        if ((!type && role) || (type && strcmp(type, "message") == 0)) {
+            if (!role)
+                GPS_FAIL("input", "input[%zu].role must be a string", i);
+            const char *r = strcmp(role, "developer") == 0 ? "system" : role;
+            if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+                strcmp(r, "assistant") != 0)
+                GPS_FAIL("input",
+                         "input[%zu].role '%.40s' is not supported (user, assistant, system, "
+                         "developer)",
+                         i, role);
+            char *text = content_text(json_object_get(it, "content"), i, msg, msglen);
+            if (!text) {
+                *param = "input";
+                goto fail;
+            }
+            json_array_append_new(messages,
+                                  json_pack("{s:s,s:s}", "role", r, "content", text));
+            free(text);
+        } else if (type && strcmp(type, "function_call") == 0) {
+            const char *call_id = json_string_value(json_object_get(it, "call_id"));
+            const char *name = json_string_value(json_object_get(it, "name"));
+            const char *args = json_string_value(json_object_get(it, "arguments"));
+            if (!call_id || !name || !args)
+                GPS_FAIL("input",
+                         "input[%zu] (function_call) needs string call_id, name and arguments",
+                         i);
+            json_t *calls = calls_holder(messages);
+            if (!calls ||
+                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", call_id,
+                                                       "type", "function", "function", "name",
+                                                       name, "arguments", args)) < 0)
+                GPS_FAIL(NULL, "out of memory");
+        } else if (type && strcmp(type, "function_call_output") == 0) {
+            const char *call_id = json_string_value(json_object_get(it, "call_id"));
+            const json_t *out = json_object_get(it, "output");
+            if (!call_id)
+                GPS_FAIL("input", "input[%zu] (function_call_output) needs a string call_id", i);
+            char *text = json_is_string(out) ? strdup(json_string_value(out))
+                                             : content_text(out, i, msg, msglen);
+            if (!text) {
+                *param = "input";
+                goto fail;
+            }
+            json_array_append_new(messages, json_pack("{s:s,s:s,s:s}", "role", "tool",
+                                                      "tool_call_id", call_id, "content", text));
+            free(text);
+        } else if (type && strcmp(type, "reasoning") == 0) {
+            continue; /* a reasoning model's own items: nothing to replay here */
+        } else {
+            GPS_FAIL("input",
+                     "input[%zu] has type '%.40s': supported are message, function_call, "
+                     "function_call_output (and reasoning, ignored)",
+                     i, type ? type : "(none)");
+        }
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* Responses function tools ({type, name, description, parameters, strict})
+ * into chat tools ({type, function: {name, description, parameters}}). */
+static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *s, char *msg,
+                       size_t msglen, const char **param)
+{
+    if (!json_is_array(tools))
+        GPS_FAIL("tools", "'tools' must be an array");
+    json_t *chat = json_array();
+    s->tools = chat;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const char *type = json_string_value(json_object_get(t, "type"));
+        json_t *name = json_object_get(t, "name");
+        json_t *params = json_object_get(t, "parameters");
+        json_t *desc = json_object_get(t, "description");
+        if (!type || strcmp(type, "function") != 0)
+            GPS_FAIL("tools",
+                     "tools[%zu] has type '%.40s': only function tools are supported", i,
+                     type ? type : "(none)");
+        if (!json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params)) ||
+            (desc && !json_is_null(desc) && !json_is_string(desc)))
+            GPS_FAIL("tools",
+                     "tools[%zu] must be {\"type\":\"function\",\"name\":string,"
+                     "\"parameters\":object}",
+                     i);
+        json_t *fn = json_pack("{s:O}", "name", name);
+        if (json_is_string(desc))
+            json_object_set(fn, "description", desc);
+        if (json_is_object(params))
+            json_object_set(fn, "parameters", params);
+        json_array_append_new(chat, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+    }
+    if (gps_absent(choice))
+        return 0;
+    if (json_is_string(choice)) {
+        const char *v = json_string_value(choice);
+        if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0 || strcmp(v, "required") == 0) {
+            s->tool_choice = json_string(v);
+            return 0;
+        }
+    } else if (json_is_object(choice)) {
+        const char *type = json_string_value(json_object_get(choice, "type"));
+        const char *name = json_string_value(json_object_get(choice, "name"));
+        if (type && strcmp(type, "function") == 0 && name) {
+            s->tool_choice = json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name",
+                                       name);
+            return 0;
+        }
+    }
+    GPS_FAIL("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                            "{\"type\":\"function\",\"name\":string}");
+fail:
+    return -1;
+}
+
+int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                   const char **param)
+{
+    memset(out, 0, sizeof *out);
+    gps_job_spec *s = &out->spec;
+    s->kind = GPS_JOB_CHAT;
+    s->api = "openai";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->max_tokens = DEFAULT_MAX_OUTPUT_TOKENS;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        GPS_FAIL(NULL, "request body must be a JSON object");
+
+    const json_t *model = json_object_get(body, "model");
+    if (!json_is_string(model) || json_string_length(model) == 0 ||
+        json_string_length(model) > GPS_MAX_MODEL_NAME)
+        GPS_FAIL("model", "'model' is required: a non-empty string of at most %d bytes",
+                 GPS_MAX_MODEL_NAME);
+    s->model = strdup(json_string_value(model));
+
+    const json_t *prev = json_object_get(body, "previous_response_id");
+    if (!gps_absent(prev))
+        GPS_FAIL("previous_response_id",
+                 "'previous_response_id' is not supported: this server stores no responses; "
+                 "send the whole conversation in 'input'");
+    const json_t *bg = json_object_get(body, "background");
+    if (!gps_absent(bg) && !json_is_false(bg))
+        GPS_FAIL("background", "background responses are not supported");
+    const json_t *conv = json_object_get(body, "conversation");
+    if (!gps_absent(conv))
+        GPS_FAIL("conversation", "'conversation' is not supported: send the whole "
+                                 "conversation in 'input'");
+
+    s->messages = json_array();
+    if (!s->messages)
+        GPS_FAIL(NULL, "out of memory");
+    if (parse_input(json_object_get(body, "input"), json_object_get(body, "instructions"),
+                    s->messages, msg, msglen, param) < 0)
+        goto fail;
+    if (json_array_size(s->messages) == 0)
+        GPS_FAIL("input", "'input' holds no message");
+
+    const json_t *mt = json_object_get(body, "max_output_tokens");
+    if (!gps_absent(mt)) {
+        if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
+            json_integer_value(mt) > GPS_MAX_TOKENS_LIMIT)
+            GPS_FAIL("max_output_tokens", "'max_output_tokens' must be an integer between 1 "
+                                          "and %d",
+                     GPS_MAX_TOKENS_LIMIT);
+        s->max_tokens = json_integer_value(mt);
+    }
+    if (!gps_absent(json_object_get(body, "stop")))
+        GPS_FAIL("stop", "'stop' is not a Responses API parameter");
+    if (gps_sampling_parse(body, s, 2, 0, msg, msglen, param) < 0)
+        goto fail;
+
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *tchoice = json_object_get(body, "tool_choice");
+    if (!gps_absent(tools)) {
+        if (parse_tools(tools, tchoice, s, msg, msglen, param) < 0)
+            goto fail;
+        if (json_array_size(s->tools) == 0) {
+            json_decref(s->tools);
+            json_decref(s->tool_choice);
+            s->tools = s->tool_choice = NULL;
+        }
+    } else if (!gps_absent(tchoice) &&
+               !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||
+                                             strcmp(json_string_value(tchoice), "auto") == 0))) {
+        GPS_FAIL("tool_choice", "'tool_choice' needs 'tools'");
+    }
+
+    const json_t *stream = json_object_get(body, "stream");
+    if (!gps_absent(stream)) {
+        if (!json_is_boolean(stream))
+            GPS_FAIL("stream", "'stream' must be a boolean");
+        out->stream = json_is_true(stream);
+    }
+    const json_t *store = json_object_get(body, "store");
+    if (!gps_absent(store) && !json_is_boolean(store))
+        GPS_FAIL("store", "'store' must be a boolean");
+    const json_t *ptc = json_object_get(body, "parallel_tool_calls");
+    if (!gps_absent(ptc) && !json_is_boolean(ptc))
+        GPS_FAIL("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+    const json_t *md = json_object_get(body, "metadata");
+    if (!gps_absent(md) && (!json_is_object(md) || json_object_size(md) > MAX_METADATA_KEYS))
+        GPS_FAIL("metadata", "'metadata' must be an object of at most %d keys",
+                 MAX_METADATA_KEYS);
+    const json_t *text = json_object_get(body, "text");
+    if (!gps_absent(text)) {
+        const json_t *fmt = json_object_get(text, "format");
+        const char *ft = json_string_value(json_object_get(fmt, "type"));
+        if (!json_is_object(text) || (fmt && !json_is_null(fmt) && (!ft || strcmp(ft, "text"))))
+            GPS_FAIL("text", "only text.format {\"type\":\"text\"} is supported");
+    }
+    const json_t *tlp = json_object_get(body, "top_logprobs");
+    if (!gps_absent(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0))
+        GPS_FAIL("top_logprobs", "logprobs are not supported");
+    const json_t *user = json_object_get(body, "user");
+    if (!gps_absent(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256)
+            GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
+        s->user = strdup(json_string_value(user));
+    }
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                               param) < 0)
+        goto fail;
+
+    /* What the response object repeats of the request. */
+    out->echo = json_pack("{s:o,s:I,s:f,s:f,s:b,s:o,s:b}", "instructions",
+                          json_is_string(json_object_get(body, "instructions"))
+                              ? json_deep_copy(json_object_get(body, "instructions"))
+                              : json_null(),
+                          "max_output_tokens", (json_int_t)s->max_tokens, "temperature",
+                          s->temperature, "top_p", s->top_p, "parallel_tool_calls",
+                          !json_is_false(ptc), "metadata",
+                          json_is_object(md) ? json_deep_copy(md) : json_object(), "store", 0);
+    if (!out->echo)
+        GPS_FAIL(NULL, "out of memory");
+    /* The tools as the client gave them (Responses shape). */
+    json_object_set_new(out->echo, "tools",
+                        json_is_array(tools) ? json_deep_copy(tools) : json_array());
+    json_object_set_new(out->echo, "tool_choice",
+                        gps_absent(tchoice) ? json_string("auto") : json_deep_copy(tchoice));
+    if (s->user)
+        json_object_set_new(out->echo, "user", json_string(s->user));
+    if (!s->model)
+        GPS_FAIL(NULL, "out of memory");
+    return 0;
+fail:
+    gps_resp_req_clear(out);
+    return -1;
+}
+
+void gps_resp_req_clear(gps_resp_req *r)
+{
+    gps_job_spec_clear(&r->spec);
+    json_decref(r->echo);
+    r->echo = NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Response                                                            */
+/* ------------------------------------------------------------------ */
+
+void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
+{
+    memset(o, 0, sizeof *o);
+    gp_id_new("resp_", o->id, sizeof o->id);
+    o->created = gp_now_wall_ms() / 1000;
+    snprintf(o->model, sizeof o->model, "%s", model);
+    o->echo = echo;
+    gp_buf_init(&o->text);
+}
+
+void gps_resp_out_clear(gps_resp_out *o)
+{
+    gp_buf_free(&o->text);
+}
+
+static json_t *usage_json(long long in, long long outn)
+{
+    if (in < 0)
+        in = 0;
+    if (outn < 0)
+        outn = 0;
+    return json_pack("{s:I,s:{s:i},s:I,s:{s:i},s:I}", "input_tokens", (json_int_t)in,
+                     "input_tokens_details", "cached_tokens", 0, "output_tokens",
+                     (json_int_t)outn, "output_tokens_details", "reasoning_tokens", 0,
+                     "total_tokens", (json_int_t)(in + outn));
+}
+
+static json_t *text_part(const char *t, size_t n)
+{
+    json_t *s = json_stringn(t ? t : "", t ? n : 0);
+    return json_pack("{s:s,s:o,s:[]}", "type", "output_text", "text", s ? s : json_string(""),
+                     "annotations");
+}
+
+static json_t *item_json(const gps_resp_out *o, const struct gps_resp_item *it,
+                         const gps_tool_calls *calls, bool done)
+{
+    const char *status = done ? "completed" : "in_progress";
+    if (it->is_call) {
+        const gps_tool_call *c = &calls->v[it->call];
+        json_t *args = json_stringn(done && c->args.data ? c->args.data : "",
+                                    done ? c->args.len : 0);
+        return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s}", "type", "function_call", "id",
+                         it->item_id, "call_id", c->id, "name", c->name, "arguments",
+                         args ? args : json_string(""), "status", status);
+    }
+    json_t *content = json_array();
+    if (done)
+        json_array_append_new(content, text_part(o->text.data + it->text_from,
+                                                 it->text_to - it->text_from));
+    return json_pack("{s:s,s:s,s:s,s:s,s:o}", "type", "message", "id", it->item_id, "status",
+                     status, "role", "assistant", "content", content);
+}
+
+/* The response object: status, output items (as far as built), usage. */
+static json_t *response_json(const gps_resp_out *o, const gps_tool_calls *calls,
+                             const char *status, bool with_usage, long long in, long long outn,
+                             json_t *meta)
+{
+    json_t *output = json_array();
+    for (int i = 0; output && i < o->n_items; i++)
+        json_array_append_new(output, item_json(o, &o->items[i], calls, o->items[i].done));
+    json_t *r = json_pack("{s:s,s:s,s:I,s:s,s:n,s:o,s:s,s:o,s:s,s:{s:{s:s}},s:n}", "id", o->id,
+                          "object", "response", "created_at", (json_int_t)o->created, "status",
+                          status, "error", "incomplete_details",
+                          strcmp(status, "incomplete") == 0
+                              ? json_pack("{s:s}", "reason", "max_output_tokens")
+                              : json_null(),
+                          "model", o->model, "output", output ? output : json_array(),
+                          "truncation", "disabled", "text", "format", "type", "text",
+                          "previous_response_id");
+    if (!r) {
+        json_decref(meta);
+        return NULL;
+    }
+    if (o->echo)
+        json_object_update(r, o->echo);
+    json_object_set_new(r, "usage", with_usage ? usage_json(in, outn) : json_null());
+    if (meta)
+        json_object_set_new(r, "x_pool_meta", meta);
+    return r;
+}
+
+/* One event: `type` and `sequence_number` added to ev (stolen). */
+static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
+{
+    if (!ev)
+        return;
+    json_object_set_new(ev, "type", json_string(type));
+    json_object_set_new(ev, "sequence_number", json_integer(o->seq++));
+    gps_sse_format_json(sse, type, NULL, ev);
+    json_decref(ev);
+}
+
+void gps_resp_open(gps_resp_out *o, gp_buf *sse)
+{
+    emit(o, sse, "response.created",
+         json_pack("{s:o}", "response", response_json(o, NULL, "in_progress", false, 0, 0, NULL)));
+    emit(o, sse, "response.in_progress",
+         json_pack("{s:o}", "response", response_json(o, NULL, "in_progress", false, 0, 0, NULL)));
+}
+
+static struct gps_resp_item *open_message(gps_resp_out *o)
+{
+    struct gps_resp_item *last = o->n_items ? &o->items[o->n_items - 1] : NULL;
+    if (last && !last->is_call && !last->done)
+        return last;
+    return NULL;
+}
+
+/* Close the open message, if any. */
+static void close_message(gps_resp_out *o, gp_buf *sse)
+{
+    struct gps_resp_item *it = open_message(o);
+    if (!it)
+        return;
+    int idx = (int)(it - o->items);
+    it->text_to = o->text.len;
+    const char *t = o->text.data ? o->text.data + it->text_from : "";
+    size_t n = it->text_to - it->text_from;
+    json_t *s = json_stringn(t, n);
+    emit(o, sse, "response.output_text.done",
+         json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
+                   "content_index", 0, "text", s ? s : json_string("")));
+    emit(o, sse, "response.content_part.done",
+         json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
+                   "content_index", 0, "part", text_part(t, n)));
+    it->done = true;
+    emit(o, sse, "response.output_item.done",
+         json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(o, it, NULL, true)));
+}
+
+void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
+{
+    if (n == 0)
+        return;
+    struct gps_resp_item *it = open_message(o);
+    if (!it) {
+        if (o->n_items >= GPS_RESP_MAX_ITEMS)
+            return; /* bounded: a reply this fragmented is not a real one */
+        it = &o->items[o->n_items++];
+        memset(it, 0, sizeof *it);
+        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        it->text_from = it->text_to = o->text.len;
+        int idx = (int)(it - o->items);
+        emit(o, sse, "response.output_item.added",
+             json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(o, it, NULL, false)));
+        emit(o, sse, "response.content_part.added",
+             json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
+                       "content_index", 0, "part", text_part("", 0)));
+    }
+    gp_buf_append(&o->text, t, n);
+    it->text_to = o->text.len;
+    json_t *d = json_stringn(t, n);
+    emit(o, sse, "response.output_text.delta",
+         json_pack("{s:s,s:i,s:i,s:o,s:[]}", "item_id", it->item_id, "output_index",
+                   (int)(it - o->items), "content_index", 0, "delta", d ? d : json_string(""),
+                   "logprobs"));
+}
+
+static struct gps_resp_item *call_item(gps_resp_out *o, int call)
+{
+    for (int i = 0; i < o->n_items; i++)
+        if (o->items[i].is_call && o->items[i].call == call)
+            return &o->items[i];
+    return NULL;
+}
+
+void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
+                   bool started, const char *args)
+{
+    close_message(o, sse);
+    struct gps_resp_item *it = call_item(o, i);
+    if (started && !it) {
+        if (o->n_items >= GPS_RESP_MAX_ITEMS)
+            return;
+        it = &o->items[o->n_items++];
+        memset(it, 0, sizeof *it);
+        it->is_call = true;
+        it->call = i;
+        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+        emit(o, sse, "response.output_item.added",
+             json_pack("{s:i,s:o}", "output_index", (int)(it - o->items), "item",
+                       item_json(o, it, calls, false)));
+    }
+    if (!it || !args || !*args)
+        return;
+    emit(o, sse, "response.function_call_arguments.delta",
+         json_pack("{s:s,s:i,s:s}", "item_id", it->item_id, "output_index",
+                   (int)(it - o->items), "delta", args));
+}
+
+void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens, json_t *meta)
+{
+    close_message(o, sse);
+    for (int i = 0; i < o->n_items; i++) {
+        struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call || it->done)
+            continue;
+        const gps_tool_call *c = &calls->v[it->call];
+        json_t *a = json_stringn(c->args.data ? c->args.data : "", c->args.len);
+        emit(o, sse, "response.function_call_arguments.done",
+             json_pack("{s:s,s:i,s:o}", "item_id", it->item_id, "output_index", i, "arguments",
+                       a ? a : json_string("")));
+        it->done = true;
+        emit(o, sse, "response.output_item.done",
+             json_pack("{s:i,s:o}", "output_index", i, "item", item_json(o, it, calls, true)));
+    }
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    const char *status = incomplete ? "incomplete" : "completed";
+    emit(o, sse, incomplete ? "response.incomplete" : "response.completed",
+         json_pack("{s:o}", "response",
+                   response_json(o, calls, status, true, prompt_tokens, completion_tokens,
+                                 meta)));
+}
+
+json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                        size_t text_len, const char *finish_reason, long long prompt_tokens,
+                        long long completion_tokens, json_t *meta)
+{
+    /* The whole reply at once: its text as one message, then its calls. */
+    gp_buf_free(&o->text);
+    gp_buf_init(&o->text);
+    o->n_items = 0;
+    if (text_len > 0) {
+        struct gps_resp_item *it = &o->items[o->n_items++];
+        memset(it, 0, sizeof *it);
+        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        gp_buf_append(&o->text, text, text_len);
+        it->text_from = 0;
+        it->text_to = o->text.len;
+        it->done = true;
+    }
+    for (size_t i = 0; calls && i < calls->n && o->n_items < GPS_RESP_MAX_ITEMS; i++) {
+        struct gps_resp_item *it = &o->items[o->n_items++];
+        memset(it, 0, sizeof *it);
+        it->is_call = true;
+        it->call = (int)i;
+        it->done = true;
+        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+    }
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
+                         completion_tokens, meta);
+}

@@ -1,0 +1,99 @@
+/*
+ * responses: the OpenAI Responses API's shapes (POST /v1/responses), the
+ * pure half of the dialect: the request into a chat job spec, and the
+ * response object and its typed stream events out of what a job produced.
+ * api_responses.c relays jobs with them (relay.h).
+ *
+ * Request: `input` as a string (one user message) or items: messages
+ * (role user / assistant / system / developer; content a string or
+ * input_text / output_text parts), `function_call` items (an earlier turn's
+ * calls: they become the assistant message's tool_calls) and
+ * `function_call_output` items (role tool); `reasoning` items are dropped.
+ * `instructions` is a first system message. `max_output_tokens`,
+ * `temperature`, `top_p`, function `tools` with `tool_choice`, `stream`,
+ * `user`, `metadata`, `parallel_tool_calls`, `x_pool_options`. Nothing is
+ * stored (`store` is echoed as false); `previous_response_id` is refused
+ * with a 400 naming it (send the whole conversation).
+ *
+ * Stream: response.created, response.in_progress, then per output item
+ * response.output_item.added; for a message response.content_part.added,
+ * response.output_text.delta..., response.output_text.done,
+ * response.content_part.done; for a function call
+ * response.function_call_arguments.delta..., .done; response.output_item.done;
+ * last response.completed (or response.incomplete when max_output_tokens
+ * cut it). Every event carries `type` and `sequence_number`; the SSE event
+ * name is the type.
+ */
+#ifndef GPS_RESPONSES_H
+#define GPS_RESPONSES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "server/dialects/reqcheck.h"
+#include "server/dialects/toolcalls.h"
+#include "server/jobs/jobs.h"
+
+typedef struct gps_resp_req {
+    gps_job_spec spec;   /* owned; moved into the job on submit */
+    bool stream;
+    json_t *echo;        /* request fields the response object repeats (owned) */
+} gps_resp_req;
+
+/* Validate a JSON body. 0, or -1 with msg and *param (the field); on error
+ * out holds nothing; on success free with gps_resp_req_clear unless the
+ * spec was moved. */
+int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                   const char **param);
+void gps_resp_req_clear(gps_resp_req *r);
+
+#define GPS_RESP_MAX_ITEMS 128
+
+/* The output a response has built so far, and its stream's state. */
+typedef struct gps_resp_out {
+    char id[48];                 /* resp_... */
+    long long created;           /* unix seconds */
+    char model[GPS_MAX_MODEL_NAME + 1];
+    json_t *echo;                /* borrowed from the request (its own reference) */
+    long long seq;               /* next sequence_number */
+    /* Output items in order: a message (its text) or a function call. */
+    struct gps_resp_item {
+        bool is_call;
+        int call;                /* is_call: index into the job's tool calls */
+        char item_id[48];        /* msg_... / fc_... */
+        size_t text_from, text_to; /* message: its bytes of the response's text */
+        bool done;
+    } items[GPS_RESP_MAX_ITEMS];
+    int n_items;
+    gp_buf text;                 /* every message's text, in order */
+} gps_resp_out;
+
+/* echo borrowed (kept referenced by the caller until gps_resp_out_clear). */
+void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo);
+void gps_resp_out_clear(gps_resp_out *o);
+
+/* Stream events, appended to sse as `event: TYPE` / `data: JSON`: */
+/* response.created and response.in_progress. */
+void gps_resp_open(gps_resp_out *o, gp_buf *sse);
+/* Text: opens a message item when none is open, then one delta. */
+void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n);
+/* A tool call event: call i of calls (started: its first piece; args: this
+ * piece's arguments delta). Closes an open message first. */
+void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
+                   bool started, const char *args);
+/* Close every open item and end with response.completed (incomplete when
+ * finish_reason is "length"); meta (stolen, may be NULL) is x_pool_meta. */
+void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens, json_t *meta);
+
+/* Non-streaming: the whole text and calls as one response object (new
+ * reference); meta stolen. Also what response.completed carries. */
+json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                        size_t text_len, const char *finish_reason, long long prompt_tokens,
+                        long long completion_tokens, json_t *meta);
+
+#endif

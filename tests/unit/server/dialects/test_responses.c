@@ -1,0 +1,318 @@
+/* responses: the Responses API request into a chat job spec (input string
+ * and items, instructions, function calls and their outputs, tools and
+ * tool_choice, refusals naming the field) and the response object and
+ * stream events out of what a job produced (the event sequence the SDK's
+ * ResponseStream accumulates, sequence numbers, incomplete on length). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/dialects/responses.h"
+
+static json_t *J(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    if (!j)
+        fprintf(stderr, "bad test JSON: %s\n", e.text);
+    assert_non_null(j);
+    return j;
+}
+
+static int parse(const char *body, gps_resp_req *r, char *msg, const char **param)
+{
+    json_t *b = J(body);
+    int rc = gps_resp_parse(b, r, msg, 512, param);
+    json_decref(b);
+    return rc;
+}
+
+static void test_input_string_and_instructions(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"Hi\",\"instructions\":\"Be brief.\","
+                           "\"max_output_tokens\":7,\"temperature\":0.5,\"stream\":true,"
+                           "\"metadata\":{\"k\":\"v\"}}",
+                           &r, msg, &param),
+                     0);
+    assert_string_equal(r.spec.model, "m");
+    assert_int_equal(r.spec.kind, GPS_JOB_CHAT);
+    assert_int_equal(r.spec.max_tokens, 7);
+    assert_true(r.stream);
+    json_t *m = r.spec.messages;
+    assert_int_equal(json_array_size(m), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")),
+                        "system");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")),
+                        "Hi");
+    assert_string_equal(json_string_value(json_object_get(r.echo, "instructions")), "Be brief.");
+    assert_int_equal(json_integer_value(json_object_get(r.echo, "max_output_tokens")), 7);
+    assert_true(json_is_false(json_object_get(r.echo, "store")));
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(r.echo, "metadata"), "k")), "v");
+    gps_resp_req_clear(&r);
+}
+
+static void test_items_with_function_calls(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"input\":["
+              "{\"role\":\"developer\",\"content\":\"sys\"},"
+              "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\","
+              "\"text\":\"weather \"},{\"type\":\"input_text\",\"text\":\"in Paris?\"}]},"
+              "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[]},"
+              "{\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"get_weather\","
+              "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},"
+              "{\"type\":\"function_call\",\"call_id\":\"call_2\",\"name\":\"get_time\","
+              "\"arguments\":\"{}\"},"
+              "{\"type\":\"function_call_output\",\"call_id\":\"call_1\",\"output\":\"sunny\"},"
+              "{\"type\":\"function_call_output\",\"call_id\":\"call_2\",\"output\":\"noon\"},"
+              "{\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"ok\"}]}],"
+              "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"description\":\"d\","
+              "\"parameters\":{\"type\":\"object\"}}],"
+              "\"tool_choice\":{\"type\":\"function\",\"name\":\"get_weather\"}}",
+              &r, msg, &param),
+        0);
+    json_t *m = r.spec.messages;
+    assert_int_equal(json_array_size(m), 6);
+    const char *roles[] = {"system", "user", "assistant", "tool", "tool", "assistant"};
+    for (size_t i = 0; i < 6; i++)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(m, i), "role")),
+                            roles[i]);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 1), "content")),
+                        "weather in Paris?");
+    json_t *calls = json_object_get(json_array_get(m, 2), "tool_calls");
+    assert_int_equal(json_array_size(calls), 2);
+    assert_true(json_is_null(json_object_get(json_array_get(m, 2), "content")));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(calls, 1), "id")),
+                        "call_2");
+    assert_string_equal(
+        json_string_value(json_object_get(
+            json_object_get(json_array_get(calls, 0), "function"), "arguments")),
+        "{\"city\":\"Paris\"}");
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(m, 3), "tool_call_id")), "call_1");
+    /* Tools in chat shape for the agent, as given for the echo. */
+    json_t *fn = json_object_get(json_array_get(r.spec.tools, 0), "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "get_weather");
+    assert_string_equal(json_string_value(json_object_get(fn, "description")), "d");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(r.spec.tool_choice, "function"),
+                                          "name")),
+        "get_weather");
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(r.echo, "tools"), 0),
+                                          "name")),
+        "get_weather");
+    gps_resp_req_clear(&r);
+}
+
+static void test_refusals_name_the_field(void **st)
+{
+    (void)st;
+    struct {
+        const char *body, *param, *words;
+    } cases[] = {
+        {"{\"input\":\"x\"}", "model", "'model'"},
+        {"{\"model\":\"m\"}", "input", "'input' is required"},
+        {"{\"model\":\"m\",\"input\":[]}", "input", "non-empty"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":\"resp_1\"}",
+         "previous_response_id", "stores no responses"},
+        {"{\"model\":\"m\",\"input\":[{\"type\":\"input_image\"}]}", "input", "input_image"},
+        {"{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+         "\"input_image\",\"image_url\":\"x\"}]}]}",
+         "input", "only text parts"},
+        {"{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input",
+         "not supported"},
+        {"{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}", "input",
+         "call_id"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens",
+         "between 1"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"temperature\":3}", "temperature", "temperature"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools",
+         "only function tools"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", "tools",
+         "\"name\":string"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice",
+         "needs 'tools'"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}",
+         "text", "text.format"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"background\":true}", "background", "background"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"stream\":\"yes\"}", "stream", "boolean"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"stop\":[\"a\"]}", "stop", "not a Responses"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gps_resp_req r;
+        char msg[512] = "";
+        const char *param = NULL;
+        assert_int_equal(parse(cases[i].body, &r, msg, &param), -1);
+        if (!param || strcmp(param, cases[i].param) != 0 || !strstr(msg, cases[i].words)) {
+            fprintf(stderr, "case %zu: param %s msg %s\n", i, param ? param : "(null)", msg);
+            fail();
+        }
+        assert_null(r.echo);
+        assert_null(r.spec.messages);
+    }
+}
+
+/* Split an SSE buffer into its data JSON objects, checking that each
+ * event's name is its type and that sequence numbers count up from 0. */
+static json_t *events(const gp_buf *b)
+{
+    json_t *out = json_array();
+    const char *p = b->data, *end = b->data + b->len;
+    long long seq = 0;
+    while (p && p < end) {
+        const char *e = strstr(p, "\n\n");
+        assert_non_null(e);
+        char name[80] = "";
+        const char *ev = strstr(p, "event: ");
+        assert_true(ev == p);
+        sscanf(ev + 7, "%79[^\n]", name);
+        const char *d = strstr(p, "data: ");
+        assert_non_null(d);
+        json_t *j = json_loadb(d + 6, (size_t)(e - d - 6), 0, NULL);
+        assert_non_null(j);
+        assert_string_equal(json_string_value(json_object_get(j, "type")), name);
+        assert_int_equal(json_integer_value(json_object_get(j, "sequence_number")), seq++);
+        json_array_append_new(out, j);
+        p = e + 2;
+    }
+    return out;
+}
+
+static const char *type_at(json_t *evs, size_t i)
+{
+    return json_string_value(json_object_get(json_array_get(evs, i), "type"));
+}
+
+static void test_stream_text_then_call(void **st)
+{
+    (void)st;
+    json_t *echo = J("{\"store\":false,\"tools\":[],\"tool_choice\":\"auto\"}");
+    gps_resp_out o;
+    gps_resp_out_init(&o, "m", echo);
+    gp_buf sse;
+    gp_buf_init(&sse);
+    gps_tool_calls calls = {0};
+    gps_resp_open(&o, &sse);
+    gps_resp_text(&o, &sse, "Hel", 3);
+    gps_resp_text(&o, &sse, "lo", 2);
+    json_t *ev = J("{\"type\":\"tool_call\",\"index\":0,\"id\":\"call_9\",\"name\":\"f\","
+                   "\"arguments\":\"{\\\"a\\\":\"}");
+    bool started = false;
+    assert_int_equal(gps_tool_calls_add(&calls, ev, &started), 0);
+    gps_resp_call(&o, &sse, &calls, 0, started, "{\"a\":");
+    json_decref(ev);
+    ev = J("{\"type\":\"tool_call\",\"index\":0,\"arguments\":\"1}\"}");
+    assert_int_equal(gps_tool_calls_add(&calls, ev, &started), 0);
+    gps_resp_call(&o, &sse, &calls, 0, started, "1}");
+    json_decref(ev);
+    gps_resp_close(&o, &sse, &calls, "tool_calls", 5, 7, json_pack("{s:s}", "agent_id", "a"));
+
+    json_t *evs = events(&sse);
+    const char *want[] = {"response.created", "response.in_progress",
+                          "response.output_item.added", "response.content_part.added",
+                          "response.output_text.delta", "response.output_text.delta",
+                          "response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.output_item.added",
+                          "response.function_call_arguments.delta",
+                          "response.function_call_arguments.delta",
+                          "response.function_call_arguments.done",
+                          "response.output_item.done", "response.completed"};
+    assert_int_equal(json_array_size(evs), sizeof want / sizeof want[0]);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        assert_string_equal(type_at(evs, i), want[i]);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(evs, 6), "text")),
+                        "Hello");
+    json_t *call_added = json_object_get(json_array_get(evs, 9), "item");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(evs, 9), "output_index")),
+                     1);
+    assert_string_equal(json_string_value(json_object_get(call_added, "call_id")), "call_9");
+    assert_string_equal(json_string_value(json_object_get(call_added, "arguments")), "");
+    json_t *resp = json_object_get(json_array_get(evs, 14), "response");
+    assert_string_equal(json_string_value(json_object_get(resp, "status")), "completed");
+    assert_string_equal(json_string_value(json_object_get(resp, "id")), o.id);
+    json_t *out = json_object_get(resp, "output");
+    assert_int_equal(json_array_size(out), 2);
+    assert_string_equal(
+        json_string_value(json_object_get(
+            json_array_get(json_object_get(json_array_get(out, 0), "content"), 0), "text")),
+        "Hello");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(out, 1), "arguments")),
+                        "{\"a\":1}");
+    json_t *u = json_object_get(resp, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "input_tokens")), 5);
+    assert_int_equal(json_integer_value(json_object_get(u, "output_tokens")), 7);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), 12);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(resp, "x_pool_meta"), "agent_id")),
+        "a");
+    assert_true(json_is_false(json_object_get(resp, "store")));
+    json_decref(evs);
+    gp_buf_free(&sse);
+    gps_tool_calls_free(&calls);
+    gps_resp_out_clear(&o);
+    json_decref(echo);
+}
+
+static void test_incomplete_and_whole_body(void **st)
+{
+    (void)st;
+    gps_resp_out o;
+    gps_resp_out_init(&o, "m", NULL);
+    gp_buf sse;
+    gp_buf_init(&sse);
+    gps_resp_open(&o, &sse);
+    gps_resp_text(&o, &sse, "abc", 3);
+    gps_resp_close(&o, &sse, &(gps_tool_calls){0}, "length", 1, 3, NULL);
+    json_t *evs = events(&sse);
+    size_t n = json_array_size(evs);
+    assert_string_equal(type_at(evs, n - 1), "response.incomplete");
+    json_t *resp = json_object_get(json_array_get(evs, n - 1), "response");
+    assert_string_equal(json_string_value(json_object_get(resp, "status")), "incomplete");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(resp, "incomplete_details"), "reason")),
+                        "max_output_tokens");
+    json_decref(evs);
+    gp_buf_free(&sse);
+    gps_resp_out_clear(&o);
+
+    gps_resp_out_init(&o, "m", NULL);
+    json_t *body = gps_resp_object(&o, &(gps_tool_calls){0}, "whole", 5, "stop", 2, 1, NULL);
+    assert_string_equal(json_string_value(json_object_get(body, "object")), "response");
+    assert_string_equal(json_string_value(json_object_get(body, "status")), "completed");
+    json_t *item = json_array_get(json_object_get(body, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(item, "type")), "message");
+    assert_string_equal(json_string_value(json_object_get(item, "role")), "assistant");
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(json_object_get(item, "content"), 0),
+                                          "text")),
+        "whole");
+    json_decref(body);
+    gps_resp_out_clear(&o);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_input_string_and_instructions),
+        cmocka_unit_test(test_items_with_function_calls),
+        cmocka_unit_test(test_refusals_name_the_field),
+        cmocka_unit_test(test_stream_text_then_call),
+        cmocka_unit_test(test_incomplete_and_whole_body),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
