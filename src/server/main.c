@@ -39,6 +39,7 @@
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
 #include "server/dialects/api_tasks.h"
+#include "server/dialects/api_responses.h"
 #include "server/dialects/api_openai.h"
 #include "server/auth/auth.h"
 #include "server/http/http.h"
@@ -734,6 +735,7 @@ int main(int argc, char **argv)
                            GPS_ROLE_NONE, h_metrics, s) < 0 ||
         gps_openai_register(s->http, s->relay) < 0 ||
         gps_anthropic_register(s->http, s->relay) < 0 ||
+        gps_responses_register(s->http, s->relay) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0 ||
         gps_admin_register(s->http, s->admin) < 0)

@@ -162,8 +162,8 @@ fail:
 
 /* Responses function tools ({type, name, description, parameters, strict})
  * into chat tools ({type, function: {name, description, parameters}}). */
-static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *s, char *msg,
-                       size_t msglen, const char **param)
+static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *s,
+                       json_t *warnings, char *msg, size_t msglen, const char **param)
 {
     if (!json_is_array(tools))
         GPS_FAIL("tools", "'tools' must be an array");
@@ -177,10 +177,18 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         json_t *name = json_object_get(t, "name");
         json_t *params = json_object_get(t, "parameters");
         json_t *desc = json_object_get(t, "description");
-        if (!type || strcmp(type, "function") != 0)
-            GPS_FAIL("tools",
-                     "tools[%zu] has type '%.40s': only function tools are supported", i,
-                     type ? type : "(none)");
+        if (!type)
+            GPS_FAIL("tools", "tools[%zu].type must be a string", i);
+        if (strcmp(type, "function") != 0) {
+            /* Hosted tools (web_search, file_search, ...) and namespaces
+             * are the provider's own: an agent runs functions only. The
+             * request still runs (Codex offers such tools by default). */
+            char w[160];
+            snprintf(w, sizeof w, "tools[%zu] of type '%.40s' was ignored: only function tools "
+                     "are supported", i, type);
+            json_array_append_new(warnings, json_string(w));
+            continue;
+        }
         if (!json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params)) ||
             (desc && !json_is_null(desc) && !json_is_string(desc)))
             GPS_FAIL("tools",
@@ -206,9 +214,21 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         const char *type = json_string_value(json_object_get(choice, "type"));
         const char *name = json_string_value(json_object_get(choice, "name"));
         if (type && strcmp(type, "function") == 0 && name) {
-            s->tool_choice = json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name",
-                                       name);
-            return 0;
+            size_t k;
+            json_t *t2;
+            json_array_foreach(chat, k, t2)
+            {
+                if (strcmp(json_string_value(json_object_get(json_object_get(t2, "function"),
+                                                             "name")),
+                           name) == 0) {
+                    s->tool_choice = json_pack("{s:s,s:{s:s}}", "type", "function", "function",
+                                               "name", name);
+                    return 0;
+                }
+            }
+            GPS_FAIL("tool_choice", "'tool_choice' names '%.64s', which is not a function in "
+                                    "'tools'",
+                     name);
         }
     }
     GPS_FAIL("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
@@ -279,7 +299,9 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
-        if (parse_tools(tools, tchoice, s, msg, msglen, param) < 0)
+        out->warnings = json_array();
+        if (!out->warnings ||
+            parse_tools(tools, tchoice, s, out->warnings, msg, msglen, param) < 0)
             goto fail;
         if (json_array_size(s->tools) == 0) {
             json_decref(s->tools);
@@ -358,7 +380,8 @@ void gps_resp_req_clear(gps_resp_req *r)
 {
     gps_job_spec_clear(&r->spec);
     json_decref(r->echo);
-    r->echo = NULL;
+    json_decref(r->warnings);
+    r->echo = r->warnings = NULL;
 }
 
 /* ------------------------------------------------------------------ */

@@ -11,7 +11,9 @@
  * `function_call_output` items (role tool); `reasoning` items are dropped.
  * `instructions` is a first system message. `max_output_tokens`,
  * `temperature`, `top_p`, function `tools` with `tool_choice`, `stream`,
- * `user`, `metadata`, `parallel_tool_calls`, `x_pool_options`. Nothing is
+ * `user`, `metadata`, `parallel_tool_calls`, `x_pool_options`. Tools of
+ * other types (hosted tools, namespaces) are dropped with a warning in
+ * x_pool_meta (an agent runs functions only). Nothing is
  * stored (`store` is echoed as false); `previous_response_id` is refused
  * with a 400 naming it (send the whole conversation).
  *
@@ -41,6 +43,7 @@ typedef struct gps_resp_req {
     gps_job_spec spec;   /* owned; moved into the job on submit */
     bool stream;
     json_t *echo;        /* request fields the response object repeats (owned) */
+    json_t *warnings;    /* strings for x_pool_meta.warnings (owned), or NULL */
 } gps_resp_req;
 
 /* Validate a JSON body. 0, or -1 with msg and *param (the field); on error

@@ -119,6 +119,31 @@ static void test_items_with_function_calls(void **st)
     gps_resp_req_clear(&r);
 }
 
+static void test_hosted_tools_are_dropped_with_a_warning(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"tools\":["
+                           "{\"type\":\"web_search\",\"external_web_access\":false},"
+                           "{\"type\":\"function\",\"name\":\"f\"},"
+                           "{\"type\":\"namespace\",\"name\":\"n\",\"tools\":[]}]}",
+                           &r, msg, &param),
+                     0);
+    assert_int_equal(json_array_size(r.spec.tools), 1);
+    assert_int_equal(json_array_size(r.warnings), 2);
+    assert_non_null(strstr(json_string_value(json_array_get(r.warnings, 0)), "'web_search'"));
+    gps_resp_req_clear(&r);
+    /* Only hosted tools: the job carries none. */
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"tools\":["
+                           "{\"type\":\"web_search\"}]}",
+                           &r, msg, &param),
+                     0);
+    assert_null(r.spec.tools);
+    gps_resp_req_clear(&r);
+}
+
 static void test_refusals_name_the_field(void **st)
 {
     (void)st;
@@ -141,8 +166,9 @@ static void test_refusals_name_the_field(void **st)
         {"{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens",
          "between 1"},
         {"{\"model\":\"m\",\"input\":\"x\",\"temperature\":3}", "temperature", "temperature"},
-        {"{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools",
-         "only function tools"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":"
+         "\"f\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"g\"}}",
+         "tool_choice", "not a function in"},
         {"{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", "tools",
          "\"name\":string"},
         {"{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice",
@@ -163,6 +189,7 @@ static void test_refusals_name_the_field(void **st)
             fail();
         }
         assert_null(r.echo);
+        assert_null(r.warnings);
         assert_null(r.spec.messages);
     }
 }
@@ -310,6 +337,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_input_string_and_instructions),
         cmocka_unit_test(test_items_with_function_calls),
+        cmocka_unit_test(test_hosted_tools_are_dropped_with_a_warning),
         cmocka_unit_test(test_refusals_name_the_field),
         cmocka_unit_test(test_stream_text_then_call),
         cmocka_unit_test(test_incomplete_and_whole_body),
