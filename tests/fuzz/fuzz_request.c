@@ -8,6 +8,7 @@
  *   1 gps_openai_parse chat          4 gps_anthropic_parse count_tokens
  *   2 gps_openai_parse completions   5 gps_tasks_parse (/v2/tasks)
  *   3 gps_anthropic_parse messages   6 gps_pool_options_parse (x_pool_options)
+ *   7 gps_resp_parse (/v1/responses)
  *
  * Properties checked beyond "no crash, no leak": a refusal always carries a
  * message for people, and the parsed spec is released by its own clear
@@ -23,9 +24,10 @@
 #include "server/dialects/api_anthropic.h"
 #include "server/dialects/api_openai.h"
 #include "server/dialects/api_tasks.h"
+#include "server/dialects/responses.h"
 
 #ifndef FUZZ_PARSER
-#error "FUZZ_PARSER must be 1..6"
+#error "FUZZ_PARSER must be 1..7"
 #endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -80,8 +82,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rc = gps_pool_options_parse(body, &s, msg, sizeof msg, &param);
     need_msg(rc, msg);
     gps_job_spec_clear(&s);
+#elif FUZZ_PARSER == 7
+    gps_resp_req r;
+    rc = gps_resp_parse(body, &r, msg, sizeof msg, &param);
+    need_msg(rc, msg);
+    if (rc == 0)
+        gps_resp_req_clear(&r);
 #else
-#error "FUZZ_PARSER must be 1..6"
+#error "FUZZ_PARSER must be 1..7"
 #endif
     (void)param;
     json_decref(body);
