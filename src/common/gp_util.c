@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+
+#include <jansson.h>
 #include <unistd.h>
 
 #include <openssl/rand.h>
@@ -350,4 +352,59 @@ char *gp_buf_steal(gp_buf *b)
         d = calloc(1, 1);
     gp_buf_init(b);
     return d;
+}
+
+/* ------------------------------------------------------------------ json */
+
+/* Bytes of s[0..n) inside a JSON string as json_dumps writes it: '"' and
+ * '\\' and \b \f \n \r \t take 2, other control characters 6 (\u00XX),
+ * everything else (UTF-8 included) 1. */
+static size_t escaped_len(const char *s, size_t n)
+{
+    size_t len = n;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' ||
+            c == '\t')
+            len += 1;
+        else if (c < 0x20)
+            len += 5;
+    }
+    return len;
+}
+
+size_t gp_json_compact_size(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        size_t n = 2, k = 0;
+        const char *key;
+        json_t *val;
+        json_object_foreach((json_t *)v, key, val) {
+            n += escaped_len(key, strlen(key)) + 3 + gp_json_compact_size(val) + (k++ ? 1 : 0);
+        }
+        return n;
+    }
+    case JSON_ARRAY: {
+        size_t n = 2, cnt = json_array_size(v);
+        for (size_t i = 0; i < cnt; i++)
+            n += gp_json_compact_size(json_array_get(v, i)) + (i ? 1 : 0);
+        return n;
+    }
+    case JSON_STRING:
+        return 2 + escaped_len(json_string_value(v), json_string_length(v));
+    case JSON_INTEGER: {
+        char b[32];
+        return (size_t)snprintf(b, sizeof b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    }
+    case JSON_REAL:
+        return json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
+    case JSON_TRUE:
+        return 4;
+    case JSON_FALSE:
+        return 5;
+    case JSON_NULL:
+        return 4;
+    }
+    return 0;
 }

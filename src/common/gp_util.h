@@ -70,4 +70,10 @@ void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
 /* Take ownership of the storage (new, caller frees); b is left empty. */
 char *gp_buf_steal(gp_buf *b);
 
+/* The length of json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY), computed
+ * without writing it (reals excepted, which are formatted): what the
+ * server counts an agent's events by, once per event. */
+struct json_t;
+size_t gp_json_compact_size(const struct json_t *v);
+
 #endif

@@ -487,6 +487,8 @@ typedef struct oa_stream {
     char model[GPS_MAX_MODEL_NAME + 1];
     bool tools_ignored;             /* the request's tools were dropped (warning) */
     gps_tool_calls calls;           /* tool calls relayed so far */
+    gps_sse_tpl text_tpl;           /* a text chunk with the text left open (sse.h) */
+    bool tpl_tried;
     /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
      * follows waits in the job's text while the client is behind, and the
      * other events that came meanwhile wait here (references) with the
@@ -499,6 +501,10 @@ typedef struct oa_stream {
     } *dv;
     size_t dn, dcap;
 } oa_stream;
+
+/* The open field of the text chunk template (never in a real chunk: if a
+ * model name holds it, the template is refused and chunks are built). */
+#define TEXT_MARKER "@@gpupool-text@@"
 
 /* Text of a catch-up chunk: large enough to drain quickly, small enough
  * that one chunk stays well under client_buffer_bytes. */
@@ -518,6 +524,7 @@ static void stream_free(void *arg)
     oa_stream *st = arg;
     gps_relay_clear(&st->rl);
     gps_tool_calls_free(&st->calls);
+    gps_sse_tpl_free(&st->text_tpl);
     for (size_t i = 0; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
@@ -567,15 +574,28 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
     oa_ctx *c = st->ctx;
     bool first = !st->rl.started;
     ensure_started(st);
-    json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false, NULL,
-                                     st->include_usage);
-    json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
-    json_t *tx = json_stringn(text, n);
-    if (st->chat)
-        json_object_set_new(json_object_get(choice, "delta"), "content", tx);
-    else
-        json_object_set_new(choice, "text", tx);
-    emit_json(st, chunk);
+    if (!st->tpl_tried) {
+        /* Every text chunk of this stream is the same but for its text. */
+        st->tpl_tried = true;
+        json_t *c = gps_openai_chunk(st->chat, st->id, st->created, st->model, TEXT_MARKER,
+                                     false, NULL, st->include_usage);
+        if (!c || gps_sse_tpl_init(&st->text_tpl, NULL, c, TEXT_MARKER) < 0)
+            st->text_tpl.pre = NULL; /* (a model named like the marker) the slow path */
+        json_decref(c);
+    }
+    if (st->text_tpl.pre) {
+        gps_sse_tpl_emit(&st->rl.out, &st->text_tpl, text, n);
+    } else {
+        json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false,
+                                         NULL, st->include_usage);
+        json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
+        json_t *tx = json_stringn(text, n);
+        if (st->chat)
+            json_object_set_new(json_object_get(choice, "delta"), "content", tx);
+        else
+            json_object_set_new(choice, "text", tx);
+        emit_json(st, chunk);
+    }
     gps_relay_send_output(&st->rl);
     if (first)
         gps_metrics_ttft(c->metrics, "openai", job->spec.model,

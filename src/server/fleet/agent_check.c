@@ -121,32 +121,43 @@ static int check_metrics(const json_t *ev, const char *at, char *field, size_t f
     return 0;
 }
 
+/* A failure of field events[i]<suffix>. The field's name is formatted only
+ * here: checking a valid event (the common case, every token of every
+ * stream) formats nothing. */
+static int efail(char *field, size_t fieldlen, char *msg, size_t msglen, size_t i,
+                 const char *suffix, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int efail(char *field, size_t fieldlen, char *msg, size_t msglen, size_t i,
+                 const char *suffix, const char *fmt, ...)
+{
+    char f[96], m[400];
+    snprintf(f, sizeof f, "events[%zu]%s", i, suffix);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    return fail(field, fieldlen, msg, msglen, f, "%s", m);
+}
+
+#define EFAIL(suffix, ...) return efail(field, fieldlen, msg, msglen, i, suffix, __VA_ARGS__)
+
 int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldlen, char *msg,
                           size_t msglen)
 {
-    char at[32], f[96];
-    snprintf(at, sizeof at, "events[%zu]", i);
     if (!json_is_object(ev))
-        return fail(field, fieldlen, msg, msglen, at, "must be an object");
+        EFAIL("", "must be an object");
     /* Size first: every later rule reads a bounded object. */
-    size_t bytes = json_dumpb(ev, NULL, 0, JSON_COMPACT);
+    size_t bytes = gp_json_compact_size(ev);
     if (bytes == 0 || bytes > GPS_AGENT_MAX_EVENT_BYTES)
-        return fail(field, fieldlen, msg, msglen, at, "an event is at most %d bytes of JSON",
-                    GPS_AGENT_MAX_EVENT_BYTES);
+        EFAIL("", "an event is at most %d bytes of JSON", GPS_AGENT_MAX_EVENT_BYTES);
     const json_t *type = json_object_get(ev, "type");
-    snprintf(f, sizeof f, "%s.type", at);
     if (!gps_agent_name_ok(type, GPS_AGENT_MAX_TYPE))
-        return fail(field, fieldlen, msg, msglen, f,
-                    "must be a printable string of at most %d bytes", GPS_AGENT_MAX_TYPE);
+        EFAIL(".type", "must be a printable string of at most %d bytes", GPS_AGENT_MAX_TYPE);
     const char *t = json_string_value(type);
     if (strcmp(t, "token") == 0) {
-        snprintf(f, sizeof f, "%s.text", at);
         if (!json_is_string(json_object_get(ev, "text")))
-            return fail(field, fieldlen, msg, msglen, f, "must be a string");
-        snprintf(f, sizeof f, "%s.token_id", at);
+            EFAIL(".text", "must be a string");
         if (int_in(ev, "token_id", 0, GPS_AGENT_MAX_TOKEN_ID) < 0)
-            return fail(field, fieldlen, msg, msglen, f, "must be an integer from 0 to %lld",
-                        GPS_AGENT_MAX_TOKEN_ID);
+            EFAIL(".token_id", "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKEN_ID);
         /* token_ids: every token sampled since the previous event (the
          * ids of a token-exact continuation), the last equal to token_id. */
         const json_t *ids = json_object_get(ev, "token_ids");
@@ -161,78 +172,66 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
             const json_t *one = json_object_get(ev, "token_id");
             if (ok && one && !json_is_null(one))
                 ok = json_integer_value(one) == json_integer_value(json_array_get(ids, n - 1));
-            snprintf(f, sizeof f, "%s.token_ids", at);
             if (!ok)
-                return fail(field, fieldlen, msg, msglen, f,
-                            "must be an array of 1..%d token ids (integers 0..%lld), the last "
-                            "equal to token_id",
-                            GPS_AGENT_MAX_EVENTS, GPS_AGENT_MAX_TOKEN_ID);
+                EFAIL(".token_ids",
+                      "must be an array of 1..%d token ids (integers 0..%lld), the last "
+                      "equal to token_id",
+                      GPS_AGENT_MAX_EVENTS, GPS_AGENT_MAX_TOKEN_ID);
         }
         const json_t *lp = json_object_get(ev, "logprob");
-        snprintf(f, sizeof f, "%s.logprob", at);
         if (lp && !json_is_null(lp) && !num_in(lp, GPS_AGENT_MIN_LOGPROB, 0))
-            return fail(field, fieldlen, msg, msglen, f, "must be a number from %g to 0",
-                        GPS_AGENT_MIN_LOGPROB);
+            EFAIL(".logprob", "must be a number from %g to 0", GPS_AGENT_MIN_LOGPROB);
     } else if (strcmp(t, "tool_call") == 0) {
         const json_t *a = json_object_get(ev, "arguments");
         const json_t *id = json_object_get(ev, "id"), *name = json_object_get(ev, "name");
         if (int_in(ev, "index", 0, 1024) != 0 || (a && !json_is_string(a)) ||
             (id && !gps_agent_name_ok(id, GPS_AGENT_MAX_NAME)) ||
             (name && !gps_agent_name_ok(name, GPS_AGENT_MAX_NAME)))
-            return fail(field, fieldlen, msg, msglen, at,
-                        "a tool_call needs an integer index (0..1024), string arguments and "
-                        "printable id and name of at most %d bytes",
-                        GPS_AGENT_MAX_NAME);
+            EFAIL("", "a tool_call needs an integer index (0..1024), string arguments and "
+                      "printable id and name of at most %d bytes",
+                  GPS_AGENT_MAX_NAME);
     } else if (strcmp(t, "progress") == 0) {
         /* Prefill progress (a proof of life during a long prompt): prompt
          * token counts, bounded like any token count. */
         static const char *const keys[] = {"prompt_tokens_done", "prompt_tokens_total"};
-        for (size_t k = 0; k < 2; k++) {
-            snprintf(f, sizeof f, "%s.%s", at, keys[k]);
+        static const char *const sfx[] = {".prompt_tokens_done", ".prompt_tokens_total"};
+        for (size_t k = 0; k < 2; k++)
             if (int_in(ev, keys[k], 0, GPS_AGENT_MAX_TOKENS) < 0)
-                return fail(field, fieldlen, msg, msglen, f,
-                            "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
-        }
+                EFAIL(sfx[k], "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
     } else if (strcmp(t, "metrics") == 0) {
+        char at[32];
+        snprintf(at, sizeof at, "events[%zu]", i);
         return check_metrics(ev, at, field, fieldlen, msg, msglen);
     } else if (strcmp(t, "end") == 0) {
         const json_t *fr = json_object_get(ev, "finish_reason");
-        snprintf(f, sizeof f, "%s.finish_reason", at);
         if (fr && !json_is_null(fr) && !gps_agent_name_ok(fr, 32))
-            return fail(field, fieldlen, msg, msglen, f, "must be a short string");
+            EFAIL(".finish_reason", "must be a short string");
         const json_t *u = json_object_get(ev, "usage");
-        snprintf(f, sizeof f, "%s.usage", at);
         if (u && !json_is_null(u) && !json_is_object(u))
-            return fail(field, fieldlen, msg, msglen, f, "must be an object");
+            EFAIL(".usage", "must be an object");
         const json_t *ss = json_object_get(ev, "stop_sequence");
-        snprintf(f, sizeof f, "%s.stop_sequence", at);
         if (ss && !json_is_null(ss) &&
             (!json_is_string(ss) || json_string_length(ss) == 0 ||
              json_string_length(ss) > GPS_AGENT_MAX_STOP_SEQUENCE))
-            return fail(field, fieldlen, msg, msglen, f,
-                        "must be a non-empty string of at most %d bytes",
-                        GPS_AGENT_MAX_STOP_SEQUENCE);
+            EFAIL(".stop_sequence", "must be a non-empty string of at most %d bytes",
+                  GPS_AGENT_MAX_STOP_SEQUENCE);
         static const char *const counts[] = {"prompt_tokens", "completion_tokens"};
-        for (size_t k = 0; k < 2; k++) {
-            snprintf(f, sizeof f, "%s.usage.%s", at, counts[k]);
+        static const char *const csfx[] = {".usage.prompt_tokens", ".usage.completion_tokens"};
+        for (size_t k = 0; k < 2; k++)
             if (int_in(u, counts[k], 0, GPS_AGENT_MAX_TOKENS) < 0)
-                return fail(field, fieldlen, msg, msglen, f, "must be an integer from 0 to %lld",
-                            GPS_AGENT_MAX_TOKENS);
-        }
+                EFAIL(csfx[k], "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
     } else if (strcmp(t, "error") == 0) {
         const json_t *c = json_object_get(ev, "code"), *m = json_object_get(ev, "message");
-        snprintf(f, sizeof f, "%s.code", at);
         if (c && !json_is_null(c) && !gps_agent_name_ok(c, GPS_AGENT_MAX_CODE))
-            return fail(field, fieldlen, msg, msglen, f,
-                        "must be a printable string of at most %d bytes", GPS_AGENT_MAX_CODE);
-        snprintf(f, sizeof f, "%s.message", at);
+            EFAIL(".code", "must be a printable string of at most %d bytes", GPS_AGENT_MAX_CODE);
         if (m && !json_is_null(m) &&
             (!json_is_string(m) || json_string_length(m) > GPS_AGENT_MAX_MESSAGE))
-            return fail(field, fieldlen, msg, msglen, f, "must be a string of at most %d bytes",
-                        GPS_AGENT_MAX_MESSAGE);
+            EFAIL(".message", "must be a string of at most %d bytes", GPS_AGENT_MAX_MESSAGE);
     }
     return 0;
 }
+
+#undef EFAIL
 
 int gps_agent_events_check(const json_t *body, char *field, size_t fieldlen, char *msg,
                            size_t msglen)

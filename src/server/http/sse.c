@@ -1,6 +1,7 @@
 /* sse: see sse.h. */
 #include "server/http/sse.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,89 @@ int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const js
     int rc = gps_sse_format(out, event, id, s);
     free(s);
     return rc;
+}
+
+int gps_json_escape_append(gp_buf *out, const char *text, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t run = 0; /* bytes copied as they are, pending */
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)text[i];
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
+        if (i > run && gp_buf_append(out, text + run, i - run) < 0)
+            return -1;
+        run = i + 1;
+        char e[6] = {'\\', 0};
+        size_t el = 2;
+        switch (c) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\b': e[1] = 'b'; break;
+        case '\f': e[1] = 'f'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        default:
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            el = 6;
+        }
+        if (gp_buf_append(out, e, el) < 0)
+            return -1;
+    }
+    return n > run ? gp_buf_append(out, text + run, n - run) : 0;
+}
+
+int gps_sse_tpl_init(gps_sse_tpl *t, const char *event, const json_t *obj, const char *marker)
+{
+    memset(t, 0, sizeof *t);
+    char *s = json_dumps(obj, JSON_COMPACT);
+    gp_buf q;
+    gp_buf_init(&q);
+    int rc = -1;
+    if (!s || gp_buf_append(&q, "\"", 1) < 0 ||
+        gps_json_escape_append(&q, marker, strlen(marker)) < 0 || gp_buf_append(&q, "\"", 1) < 0)
+        goto done;
+    char *at = strstr(s, q.data);
+    if (!at || strstr(at + 1, q.data))
+        goto done; /* the marker must be the one open field */
+    gp_buf pre;
+    gp_buf_init(&pre);
+    if ((event && gp_buf_appendf(&pre, "event: %s\n", event) < 0) ||
+        gp_buf_appendf(&pre, "data: %.*s", (int)(at - s) + 1, s) < 0) {
+        gp_buf_free(&pre);
+        goto done;
+    }
+    const char *tail = at + q.len - 1; /* the closing quote */
+    t->npre = pre.len;
+    t->pre = gp_buf_steal(&pre);
+    t->post = malloc(strlen(tail) + 3);
+    if (!t->pre || !t->post) {
+        gps_sse_tpl_free(t);
+        goto done;
+    }
+    t->npost = (size_t)sprintf(t->post, "%s\n\n", tail);
+    rc = 0;
+done:
+    free(s);
+    gp_buf_free(&q);
+    return rc;
+}
+
+int gps_sse_tpl_emit(gp_buf *out, const gps_sse_tpl *t, const char *text, size_t n)
+{
+    if (gp_buf_append(out, t->pre, t->npre) < 0 || gps_json_escape_append(out, text, n) < 0)
+        return -1;
+    return gp_buf_append(out, t->post, t->npost);
+}
+
+void gps_sse_tpl_free(gps_sse_tpl *t)
+{
+    free(t->pre);
+    free(t->post);
+    memset(t, 0, sizeof *t);
 }
 
 int gps_sse_format_comment(gp_buf *out, const char *text)

@@ -26,6 +26,30 @@
 int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *data);
 /* Append "data: <compact JSON>\n\n". j is borrowed. */
 int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const json_t *j);
+/*
+ * An event rendered once with one string field left open (a "template"):
+ * a stream's token events differ only in their text, so a token costs an
+ * escape and two copies instead of building and dumping a JSON object (the
+ * relay's hottest path: json_pack + json_dumps per token were a third of
+ * the server's CPU at 64 streams).
+ */
+typedef struct gps_sse_tpl {
+    char *pre, *post;     /* "[event: E\n]data: {...\"" and "\"...}\n\n" (owned) */
+    size_t npre, npost;
+} gps_sse_tpl;
+/* Render obj (borrowed) once: the string value equal to marker (which must
+ * occur exactly once in the dump) is the open field. event may be NULL.
+ * 0, or -1 (ENOMEM, marker not found or not unique). */
+int gps_sse_tpl_init(gps_sse_tpl *t, const char *event, const json_t *obj, const char *marker);
+/* Append the event with text (n bytes of UTF-8) in the open field,
+ * escaped as JSON. 0 or -1 (ENOMEM). */
+int gps_sse_tpl_emit(gp_buf *out, const gps_sse_tpl *t, const char *text, size_t n);
+void gps_sse_tpl_free(gps_sse_tpl *t);
+/* Append text as the inside of a JSON string: '"' and '\\' escaped,
+ * control characters as \n, \t, ... or \u00XX; other bytes (UTF-8) as
+ * they are (what json_dumps writes without JSON_ENSURE_ASCII). */
+int gps_json_escape_append(gp_buf *out, const char *text, size_t n);
+
 /* Append a comment line (": text\n\n"), used as a keep-alive. */
 int gps_sse_format_comment(gp_buf *out, const char *text);
 

@@ -209,7 +209,8 @@ struct gps_job {
     uint64_t delivery;            /* the work reply that carried this attempt to its agent
                                      (agents_api's sequence); 0 = not delivered yet */
     struct gps_job *hnext;        /* id hash chain */
-    struct gps_job *prev, *next;  /* all jobs */
+    struct gps_job *prev, *next;  /* the live list, or (done) the finished list */
+    bool done;                    /* on the finished list (terminal) */
 };
 
 /* Submit errors: the status and code a dialect should answer with. */

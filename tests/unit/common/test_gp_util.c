@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <jansson.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,9 +118,36 @@ static void test_time(void **state)
     assert_true(gp_now_wall_ms() > 1700000000000LL);
 }
 
+/* gp_json_compact_size is the length json_dumps writes, for every kind of
+ * value (the agent event size limit and byte budget count by it). */
+static void test_json_compact_size(void **st)
+{
+    (void)st;
+    const char *docs[] = {
+        "{}", "[]", "\"\"", "0", "-42", "9223372036854775807", "true", "false", "null",
+        "1.5", "-0.001", "1e300",
+        "{\"type\":\"token\",\"text\":\" Once\",\"token_id\":403}",
+        "{\"a\":[1,2,{\"b\":\"q\\\"uote \\\\ back\"}],\"c\":null}",
+        "{\"ctl\":\"\\u0001\\u001f\\b\\f\\n\\r\\t\\u007f\"}",
+        "{\"k\\\"ey\":\"caf\\u00e9 \\u20ac \\ud83d\\ude00\"}",
+        "{\"type\":\"end\",\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2},"
+        "\"finish_reason\":\"stop\"}",
+        "[[],{},[[]],\"/\"]",
+    };
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        json_t *v = json_loads(docs[i], JSON_DECODE_ANY, NULL);
+        assert_non_null(v);
+        size_t want = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (gp_json_compact_size(v) != want)
+            fail_msg("%s: %zu, want %zu", docs[i], gp_json_compact_size(v), want);
+        json_decref(v);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_compact_size),
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),

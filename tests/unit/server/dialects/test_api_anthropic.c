@@ -77,7 +77,9 @@ static void test_basic(void **state)
     assert_true(r.stream);
     assert_string_equal(r.spec.user, "{\"session\":\"s1\"}");
     assert_int_equal(json_array_size(r.stop_sequences), 1);
-    assert_null(r.spec.stop); /* matched by the server, not sent to the agent */
+    /* Matched by the relay and given to the agent too (it stops before the
+     * string and reports its usage and which string it was). */
+    assert_true(json_equal(r.spec.stop, r.stop_sequences));
     assert_int_equal(json_array_size(r.warnings), 0);
     char msg[256];
     assert_int_equal(gps_anthropic_assemble(&r, 0, false, msg, sizeof msg), 0);

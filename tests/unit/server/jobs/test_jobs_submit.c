@@ -240,10 +240,41 @@ static void test_request_log_written_once(void **state)
     event_base_free(base);
 }
 
+/* A lost agent ends every job it had, even when each failover finishes the
+ * job (failover "error": AGENT_LOST), which moves it from the live list to
+ * the finished one while the loss walks the live list; and finished jobs
+ * are no longer counted as the agent's. */
+static void test_agent_lost_ends_every_job(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 4, 1000);
+    gps_job *jobs[3];
+    for (int i = 0; i < 3; i++) {
+        gps_job_spec s = fleet_spec("m1", 8);
+        s.failover = GPS_FAILOVER_ERROR;
+        jobs[i] = fleet_submit(&f, &s);
+        json_decref(fleet_take(&f, a));
+        assert_int_equal(jobs[i]->state, GPS_JOB_ASSIGNED);
+    }
+    assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 3);
+    gps_jobs_agent_lost(f.jobs, a->id, "agent_dead");
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(jobs[i]->state, GPS_JOB_FAILED);
+        assert_string_equal(jobs[i]->error_code, "AGENT_LOST");
+        /* Still findable (late uploads get cancel:true) while kept. */
+        assert_ptr_equal(gps_jobs_find(f.jobs, jobs[i]->id), jobs[i]);
+    }
+    assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 0);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_agent_lost_ends_every_job),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
         cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
         cmocka_unit_test(test_refused),
