@@ -325,7 +325,7 @@ int gps_metrics_define_server(gps_metrics *m)
         {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
         {"jobs_in_memory", GPS_METRIC_GAUGE,
          "Jobs the server holds in memory: live ones and finished ones kept for late agent "
-         "uploads (5 minutes).", NULL, 0},
+         "uploads (60 s, without their text).", NULL, 0},
         {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
         {"model_agents", GPS_METRIC_GAUGE,
          "Live agents serving each model name known since start (0: its requests get 503).",

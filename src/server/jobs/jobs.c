@@ -13,7 +13,11 @@
 #include "server/metrics.h"
 
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
-#define KEEP_TERMINAL_US (300ull * 1000000ull) /* late agent uploads still get cancel:true */
+/* A finished job stays findable this long so that a late upload from its
+ * agent gets cancel:true; after that the upload gets 404 JOB_NOT_FOUND,
+ * which stops the job on the agent just the same. Its text and request are
+ * dropped at the first sweep after it finished (trim_done). */
+#define KEEP_TERMINAL_US (60ull * 1000000ull)
 #define CANCEL_KEEP_US (600ull * 1000000ull)
 #define SWEEP_MS 250
 #define MAX_TOKENS_SLACK 64       /* tokens tolerated beyond max_tokens (stop-string holdback) */
@@ -52,6 +56,7 @@ struct gps_jobs {
      * in the order they finished, so that expiry only looks at the oldest. */
     gps_job *head;
     gps_job *done_head, *done_tail;
+    gps_job *trim_next;         /* first finished job not yet trimmed */
     size_t n_done;
     size_t n_live;
     cancel_rec *cancels;
@@ -151,9 +156,13 @@ static void table_insert(gps_jobs *j, gps_job *job)
     j->head = job;
 }
 
+static bool has_live_subs(const gps_job *job);
+
 /* Take job out of the list it is on (live or finished). */
 static void list_unlink(gps_jobs *j, gps_job *job)
 {
+    if (j->trim_next == job)
+        j->trim_next = job->next;
     gps_job **head = job->done ? &j->done_head : &j->head;
     if (job->prev)
         job->prev->next = job->next;
@@ -182,6 +191,34 @@ static void list_to_done(gps_jobs *j, gps_job *job)
         j->done_head = job;
     j->done_tail = job;
     j->n_done++;
+    if (!j->trim_next)
+        j->trim_next = job;
+}
+
+/* A finished job nobody reads any more (its client has its answer): keep
+ * what finding it and answering a late upload need (ids, state, agent,
+ * model, counts), drop its text and request. With a subscriber still there
+ * (a native task replaying from memory) it is left whole. */
+static void trim_done(gps_job *job)
+{
+    if (has_live_subs(job) || job->trimmed)
+        return;
+    job->trimmed = true;
+    gp_buf_free(&job->text);
+    gp_buf_init(&job->text);
+    free(job->gen_ids);
+    job->gen_ids = NULL;
+    job->n_gen_ids = job->cap_gen_ids = 0;
+    gps_job_spec *sp = &job->spec;
+    free(sp->prompt);
+    json_decref(sp->messages);
+    json_decref(sp->tools);
+    json_decref(sp->tool_choice);
+    json_decref(sp->stop);
+    json_decref(sp->stored_request);
+    free(sp->resume_text);
+    sp->prompt = sp->resume_text = NULL;
+    sp->messages = sp->tools = sp->tool_choice = sp->stop = sp->stored_request = NULL;
 }
 
 static void table_remove(gps_jobs *j, gps_job *job)
@@ -1736,6 +1773,10 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t rt = (uint64_t)j->opts.request_timeout_sec * 1000000ull;
     uint64_t stall = (uint64_t)j->opts.stall_timeout_sec * 1000000ull;
     gps_job *next;
+    /* Newly finished jobs: trimmed once. */
+    for (gps_job *job = j->trim_next; job; job = job->next)
+        trim_done(job);
+    j->trim_next = NULL;
     /* Finished jobs, oldest first: stop at the first one still young. */
     for (gps_job *job = j->done_head; job; job = next) {
         next = job->next;

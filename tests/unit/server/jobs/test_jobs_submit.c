@@ -270,11 +270,67 @@ static void test_agent_lost_ends_every_job(void **state)
     fleet_free(&f);
 }
 
+static void keep_sub(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    (void)job;
+    (void)type;
+    (void)ev;
+    (void)arg;
+}
+
+static bool trimmed(void *arg)
+{
+    return ((gps_job *)arg)->trimmed;
+}
+
+/* A finished job nobody reads any more keeps only what finding it needs:
+ * its text and request go at the next sweep (memory that does not grow
+ * with the request rate); one with a live subscriber (a native task
+ * replaying from memory) is left whole. */
+static void test_finished_jobs_drop_text_and_request(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 4, 1000);
+    gps_job *jobs[2];
+    for (int i = 0; i < 2; i++) {
+        gps_job_spec s = fleet_spec("m1", 8);
+        jobs[i] = fleet_submit(&f, &s);
+        json_decref(fleet_take(&f, a));
+    }
+    assert_int_equal(gps_job_subscribe(jobs[1], keep_sub, NULL), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(fleet_apply(&f, jobs[i], a, 0,
+                                     "[{\"type\":\"token\",\"text\":\"Once upon\"},"
+                                     "{\"type\":\"end\",\"finish_reason\":\"stop\","
+                                     "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}]"),
+                         0);
+    assert_int_equal(jobs[0]->state, GPS_JOB_DONE);
+    assert_int_equal(jobs[0]->text.len, 9);
+    assert_true(fleet_run_until(&f, trimmed, jobs[0], 5000));
+    assert_int_equal(jobs[0]->text.len, 0);
+    assert_null(jobs[0]->spec.prompt);
+    assert_null(jobs[0]->spec.messages);
+    /* What a late upload and the admin view need stays. */
+    assert_ptr_equal(gps_jobs_find(f.jobs, jobs[0]->id), jobs[0]);
+    assert_string_equal(jobs[0]->spec.model, "m1");
+    assert_string_equal(jobs[0]->agent_id, a->id);
+    assert_int_equal(jobs[0]->completion_tokens, 2);
+    /* The subscribed one is whole. */
+    assert_false(jobs[1]->trimmed);
+    assert_int_equal(jobs[1]->text.len, 9);
+    assert_non_null(jobs[1]->spec.prompt);
+    gps_job_unsubscribe(jobs[1], keep_sub, NULL);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_lost_ends_every_job),
+        cmocka_unit_test(test_finished_jobs_drop_text_and_request),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
         cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
         cmocka_unit_test(test_refused),
