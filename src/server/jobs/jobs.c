@@ -1470,14 +1470,22 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
         return out;
     if (sched_agent_ready(j->sched, a, free_slots) < 0)
         return out;
+    /* As many as the agent has free slots, in one reply: a burst reaches an
+     * agent in one round trip instead of one per 64 jobs. */
     sched_job *picked[64];
-    size_t max = free_slots < 64 ? (size_t)free_slots : 64;
-    size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
+    size_t left = (size_t)free_slots;
     uint64_t now = gp_now_mono_us();
-    for (size_t i = 0; i < n; i++) {
-        gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
-        mark_assigned(j, job, a);
-        json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+    while (left > 0) {
+        size_t max = left < 64 ? left : 64;
+        size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
+        for (size_t i = 0; i < n; i++) {
+            gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
+            mark_assigned(j, job, a);
+            json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+        }
+        if (n < max)
+            break;
+        left -= n;
     }
     return out;
 }

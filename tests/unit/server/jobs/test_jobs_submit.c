@@ -270,6 +270,31 @@ static void test_agent_lost_ends_every_job(void **state)
     fleet_free(&f);
 }
 
+/* A long-poll with n free slots takes up to n queued jobs in one reply,
+ * past the scheduler's batch of 64: a burst reaches its agent in one round
+ * trip. */
+static void test_one_reply_takes_every_free_slot(void **state)
+{
+    (void)state;
+    fleet f;
+    gps_jobs_opts o = fleet_opts();
+    o.max_queue = 300;
+    fleet_init(&f, &o, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 1024, 1000);
+    for (int i = 0; i < 150; i++) {
+        gps_job_spec s = fleet_spec("m1", 8);
+        assert_int_equal(fleet_submit(&f, &s)->state, GPS_JOB_QUEUED);
+    }
+    json_t *got = gps_jobs_take_for_agent(f.jobs, a, 140);
+    assert_int_equal(json_array_size(got), 140);
+    json_decref(got);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1024);
+    assert_int_equal(json_array_size(got), 10);
+    json_decref(got);
+    assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 150);
+    fleet_free(&f);
+}
+
 static void keep_sub(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     (void)job;
@@ -330,6 +355,7 @@ int main(void)
     evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_lost_ends_every_job),
+        cmocka_unit_test(test_one_reply_takes_every_free_slot),
         cmocka_unit_test(test_finished_jobs_drop_text_and_request),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
         cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
