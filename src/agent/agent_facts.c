@@ -167,16 +167,6 @@ json_t *agent_facts_gpus(void)
 #define DIGEST_CACHE_FILE "model-digests.json"
 #define DIGEST_CACHE_MAX 16          /* entries kept (most recent first) */
 
-static bool hex64(const char *s)
-{
-    if (!s || strlen(s) != 64)
-        return false;
-    for (int i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    return true;
-}
-
 static int hash_file(const char *path, char out[65], char *err, size_t errlen)
 {
     int rc = -1;
@@ -275,7 +265,7 @@ int agent_model_digest(const char *path, const char *state_dir, char out[65], bo
             const char *p = json_string_value(json_object_get(e, "path"));
             const char *h = json_string_value(json_object_get(e, "sha256"));
             json_t *sz = json_object_get(e, "size"), *mt = json_object_get(e, "mtime_ns");
-            if (p && strcmp(p, real) == 0 && hex64(h) && json_is_integer(sz) &&
+            if (p && strcmp(p, real) == 0 && gp_hex64_ok(h) && json_is_integer(sz) &&
                 json_integer_value(sz) == (json_int_t)st.st_size && json_is_integer(mt) &&
                 json_integer_value(mt) == mtime_ns) {
                 memcpy(out, h, 65);
@@ -300,7 +290,7 @@ void agent_model_digest_remember(const char *path, const char *state_dir, const 
     struct stat st;
     char real[PATH_MAX], cache[PATH_MAX];
     json_t *doc = NULL;
-    if (!hex64(sha256) || !cache_path(state_dir, cache) || !realpath(path, real) ||
+    if (!gp_hex64_ok(sha256) || !cache_path(state_dir, cache) || !realpath(path, real) ||
         stat(real, &st) != 0)
         return;
     json_t *list = cache_load(cache, &doc);

@@ -422,16 +422,6 @@ static void md_hex(EVP_MD_CTX *md, char out[65])
         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-static bool hex64_ok(const char *s)
-{
-    if (!s || strlen(s) != 64)
-        return false;
-    for (int i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    return true;
-}
-
 /* A file already in the cache: usable as it is unless a given sha256
  * disagrees (then it is removed and downloaded again). */
 static bool cached_ok(const model_fetch_opts *o, const char *path)
@@ -462,7 +452,7 @@ int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path
     int rc = -1;
     char url[FETCH_URL_MAX], part[4096 + 8], dir[4096];
     fetch f = {.o = o, .should_stop = should_stop, .fd = -1, .total = -1, .last_decile = -1};
-    if (o->sha256 && !hex64_ok(o->sha256)) {
+    if (o->sha256 && !gp_hex64_ok(o->sha256)) {
         snprintf(err, errlen, "model-sha256: must be 64 lower-case hex digits");
         return -1;
     }

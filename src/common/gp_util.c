@@ -103,6 +103,16 @@ void gp_id_new(const char *prefix, char *out, size_t outlen)
 
 /* --------------------------------------------------------------- hashing */
 
+bool gp_hex64_ok(const char *s)
+{
+    if (!s || strlen(s) != 64)
+        return false;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+    return true;
+}
+
 void gp_sha256_hex(const void *data, size_t len, char out[65])
 {
     static const char hex[] = "0123456789abcdef";

@@ -34,6 +34,9 @@ bool gp_uuid_valid(const char *s);
  * strlen(prefix)+25. */
 void gp_id_new(const char *prefix, char *out, size_t outlen);
 
+/* True when s is 64 lower-case hex digits (a SHA-256 as gp_sha256_hex
+ * writes it). */
+bool gp_hex64_ok(const char *s);
 /* Lowercase hex SHA-256 of data. */
 void gp_sha256_hex(const void *data, size_t len, char out[65]);
 /* Constant-time comparison of two equal-length buffers: 1 equal, 0 not. */

@@ -489,34 +489,20 @@ typedef struct oa_stream {
     gps_tool_calls calls;           /* tool calls relayed so far */
     gps_sse_tpl text_tpl;           /* a text chunk with the text left open (sse.h) */
     bool tpl_tried;
-    /* Streaming backpressure (sse.h): job->text[0..sent) went out; what
-     * follows waits in the job's text while the client is behind, and the
-     * other events that came meanwhile wait here (references) with the
-     * text offset they followed. */
-    size_t sent;
-    struct oa_deferred {
-        gps_event_type type;
-        json_t *ev;
-        size_t at;
-    } *dv;
-    size_t dn, dcap;
 } oa_stream;
 
 /* The open field of the text chunk template (never in a real chunk: if a
  * model name holds it, the template is refused and chunks are built). */
 #define TEXT_MARKER "@@gpupool-text@@"
 
-/* Text of a catch-up chunk: large enough to drain quickly, small enough
- * that one chunk stays well under client_buffer_bytes. */
-#define CATCHUP_SLICE (16 * 1024)
-
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static void on_writable(void *arg);
+static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
 
 static long long behind(void *arg)
 {
-    oa_stream *st = arg;
-    return st->rl.job ? (long long)(st->rl.job->text.len - st->sent) : 0;
+    return gps_relay_behind(&((oa_stream *)arg)->rl);
 }
 
 static void stream_free(void *arg)
@@ -525,9 +511,6 @@ static void stream_free(void *arg)
     gps_relay_clear(&st->rl);
     gps_tool_calls_free(&st->calls);
     gps_sse_tpl_free(&st->text_tpl);
-    for (size_t i = 0; i < st->dn; i++)
-        json_decref(st->dv[i].ev);
-    free(st->dv);
     free(st);
 }
 
@@ -539,6 +522,8 @@ static const gps_relay_ops OPS = {
     .writable = on_writable,
     .behind = behind,
     .free = stream_free,
+    .render_text = render_text,
+    .render_event = render_event,
 };
 
 static void emit_json(oa_stream *st, json_t *j)
@@ -685,66 +670,28 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-/* Write what is behind (the job's text after sent, then the events that
- * waited) while the client keeps up. Returns true when st was freed. */
-static bool catch_up(oa_stream *st)
+static void render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
-    gps_job *job = st->rl.job;
-    while (st->rl.req) {
-        size_t limit = st->dn ? st->dv[0].at : job->text.len;
-        if (st->sent < limit) {
-            if (gps_relay_blocked(&st->rl))
-                return false; /* on_writable resumes */
-            size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
-                                          CATCHUP_SLICE);
-            send_text(st, job, job->text.data + st->sent, n);
-            st->sent += n;
-            continue;
-        }
-        if (!st->dn)
-            return false;
-        struct oa_deferred d = st->dv[0];
-        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
-        bool freed = handle_event(st, job, d.type, d.ev);
-        json_decref(d.ev);
-        if (freed)
-            return true;
-    }
-    return false;
+    send_text(arg, job, text, n);
+}
+
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
+{
+    return handle_event(arg, job, type, ev);
 }
 
 static void on_writable(void *arg)
 {
-    catch_up(arg);
+    gps_relay_catch_up(&((oa_stream *)arg)->rl);
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     oa_stream *st = arg;
-    if (!st->stream) {
+    if (!st->stream)
         handle_event(st, job, type, ev);
-        return;
-    }
-    if (type == GPS_EV_TOKEN) {
-        catch_up(st);
-        return;
-    }
-    if (type != GPS_EV_END && type != GPS_EV_ERROR && !(type == GPS_EV_TOOL_CALL && st->chat))
-        return;
-    if (st->dn == 0 && st->sent >= job->text.len) {
-        handle_event(st, job, type, ev);
-        return;
-    }
-    /* Text is still behind: this event follows it. */
-    if (st->dn == st->dcap) {
-        size_t cap = st->dcap ? st->dcap * 2 : 8;
-        struct oa_deferred *nv = realloc(st->dv, cap * sizeof *nv);
-        if (!nv)
-            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
-        st->dv = nv;
-        st->dcap = cap;
-    }
-    st->dv[st->dn++] = (struct oa_deferred){type, json_incref(ev), job->text.len};
+    else
+        gps_relay_stream_event(&st->rl, job, type, ev);
 }
 
 static void handle_generate(gps_req *r, oa_ctx *c, bool chat)

@@ -13,10 +13,6 @@
 #include "server/http/sse.h"
 #include "server/metrics.h"
 
-/* Text of a catch-up delta: large enough to drain quickly, small enough
- * that one event stays well under client_buffer_bytes. */
-#define CATCHUP_SLICE (16 * 1024)
-
 /* One client request: subscriber of its job (freed by the relay). */
 typedef struct rs_stream {
     gps_relay rl;
@@ -27,24 +23,16 @@ typedef struct rs_stream {
     gps_resp_out out;          /* the response built so far */
     gps_tool_calls calls;
     bool tools_ignored;
-    /* Backpressure (as api_openai.c): job->text[0..sent) went out; the
-     * events that came while the client was behind wait here. */
-    size_t sent;
-    struct rs_deferred {
-        gps_event_type type;
-        json_t *ev;
-        size_t at;
-    } *dv;
-    size_t dn, dcap;
 } rs_stream;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static void on_writable(void *arg);
+static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
 
 static long long behind(void *arg)
 {
-    rs_stream *st = arg;
-    return st->rl.job ? (long long)(st->rl.job->text.len - st->sent) : 0;
+    return gps_relay_behind(&((rs_stream *)arg)->rl);
 }
 
 static void stream_free(void *arg)
@@ -55,9 +43,6 @@ static void stream_free(void *arg)
     gps_resp_out_clear(&st->out);
     json_decref(st->echo);
     json_decref(st->warnings);
-    for (size_t i = 0; i < st->dn; i++)
-        json_decref(st->dv[i].ev);
-    free(st->dv);
     free(st);
 }
 
@@ -69,6 +54,8 @@ static const gps_relay_ops OPS = {
     .writable = on_writable,
     .behind = behind,
     .free = stream_free,
+    .render_text = render_text,
+    .render_event = render_event,
 };
 
 static json_t *meta_of(rs_stream *st, gps_job *job)
@@ -134,39 +121,22 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-/* Write what is behind (the job's text after sent, then the events that
- * waited) while the client keeps up. Returns true when st was freed. */
-static bool catch_up(rs_stream *st)
+static void render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
-    gps_job *job = st->rl.job;
-    while (st->rl.req) {
-        size_t limit = st->dn ? st->dv[0].at : job->text.len;
-        if (st->sent < limit) {
-            if (gps_relay_blocked(&st->rl))
-                return false; /* on_writable resumes */
-            size_t n = gps_sse_utf8_slice(job->text.data + st->sent, limit - st->sent,
-                                          CATCHUP_SLICE);
-            ensure_started(st, job);
-            gps_resp_text(&st->out, &st->rl.out, job->text.data + st->sent, n);
-            gps_relay_send_output(&st->rl);
-            st->sent += n;
-            continue;
-        }
-        if (!st->dn)
-            return false;
-        struct rs_deferred d = st->dv[0];
-        memmove(st->dv, st->dv + 1, --st->dn * sizeof *st->dv);
-        bool freed = handle_event(st, job, d.type, d.ev);
-        json_decref(d.ev);
-        if (freed)
-            return true;
-    }
-    return false;
+    rs_stream *st = arg;
+    ensure_started(st, job);
+    gps_resp_text(&st->out, &st->rl.out, text, n);
+    gps_relay_send_output(&st->rl);
+}
+
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
+{
+    return handle_event(arg, job, type, ev);
 }
 
 static void on_writable(void *arg)
 {
-    catch_up(arg);
+    gps_relay_catch_up(&((rs_stream *)arg)->rl);
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
@@ -177,26 +147,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             handle_event(st, job, type, ev);
         return;
     }
-    if (type == GPS_EV_TOKEN) {
-        catch_up(st);
-        return;
-    }
-    if (type != GPS_EV_END && type != GPS_EV_ERROR && type != GPS_EV_TOOL_CALL)
-        return;
-    if (st->dn == 0 && st->sent >= job->text.len) {
-        handle_event(st, job, type, ev);
-        return;
-    }
-    /* Text is still behind: this event follows it. */
-    if (st->dn == st->dcap) {
-        size_t cap = st->dcap ? st->dcap * 2 : 8;
-        struct rs_deferred *nv = realloc(st->dv, cap * sizeof *nv);
-        if (!nv)
-            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
-        st->dv = nv;
-        st->dcap = cap;
-    }
-    st->dv[st->dn++] = (struct rs_deferred){type, json_incref(ev), job->text.len};
+    gps_relay_stream_event(&st->rl, job, type, ev);
 }
 
 static void h_responses(gps_req *r, void *arg)

@@ -222,8 +222,73 @@ void gps_relay_finish(gps_relay *rl)
 
 void gps_relay_clear(gps_relay *rl)
 {
+    for (size_t i = 0; i < rl->dn; i++)
+        json_decref(rl->dv[i].ev);
+    free(rl->dv);
+    rl->dv = NULL;
+    rl->dn = rl->dcap = 0;
     gps_held_release(&rl->held);
     gp_buf_free(&rl->out);
     gps_sse_pace_free(rl->pace);
     rl->pace = NULL;
+}
+
+/* Text of a catch-up delta: large enough to drain quickly, small enough
+ * that one event stays well under client_buffer_bytes. */
+#define CATCHUP_SLICE (16 * 1024)
+
+bool gps_relay_catch_up(gps_relay *rl)
+{
+    gps_job *job = rl->job;
+    void *owner = rl->owner;
+    while (rl->req) {
+        size_t limit = rl->dn ? rl->dv[0].at : job->text.len;
+        if (rl->sent < limit) {
+            if (gps_relay_blocked(rl))
+                return false; /* ops->writable resumes */
+            size_t n = gps_sse_utf8_slice(job->text.data + rl->sent, limit - rl->sent,
+                                          CATCHUP_SLICE);
+            rl->ops->render_text(owner, job, job->text.data + rl->sent, n);
+            rl->sent += n;
+            continue;
+        }
+        if (!rl->dn)
+            return false;
+        struct gps_relay_deferred d = rl->dv[0];
+        memmove(rl->dv, rl->dv + 1, --rl->dn * sizeof *rl->dv);
+        bool freed = rl->ops->render_event(owner, job, d.type, d.ev);
+        json_decref(d.ev);
+        if (freed)
+            return true;
+    }
+    return false;
+}
+
+void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev)
+{
+    if (type == GPS_EV_TOKEN) {
+        gps_relay_catch_up(rl);
+        return;
+    }
+    if (type != GPS_EV_END && type != GPS_EV_ERROR && type != GPS_EV_TOOL_CALL)
+        return;
+    if (rl->dn == 0 && rl->sent >= job->text.len) {
+        rl->ops->render_event(rl->owner, job, type, ev);
+        return;
+    }
+    /* Text is still behind: this event follows it. */
+    if (rl->dn == rl->dcap) {
+        size_t cap = rl->dcap ? rl->dcap * 2 : 8;
+        struct gps_relay_deferred *nv = realloc(rl->dv, cap * sizeof *nv);
+        if (!nv)
+            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+        rl->dv = nv;
+        rl->dcap = cap;
+    }
+    rl->dv[rl->dn++] = (struct gps_relay_deferred){type, json_incref(ev), job->text.len};
+}
+
+long long gps_relay_behind(const gps_relay *rl)
+{
+    return rl->job ? (long long)(rl->job->text.len - rl->sent) : 0;
 }

@@ -49,6 +49,12 @@ typedef struct gps_relay_ops {
     void (*writable)(void *owner); /* the client drained: catch up */
     long long (*behind)(void *owner); /* how far behind (logged when dropped) */
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
+    /* A dialect that streams through the relay's catch-up queue
+     * (gps_relay_stream_event) renders with these two: n bytes of the
+     * job's text as one delta, and any other event (true: the reply is
+     * complete and the owner freed). NULL for the others. */
+    void (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
+    bool (*render_event)(void *owner, gps_job *job, gps_event_type type, json_t *ev);
 } gps_relay_ops;
 
 /* What the relaying dialects' handlers share (jobs and metrics borrowed):
@@ -74,6 +80,16 @@ typedef struct gps_relay {
     gp_buf out;                   /* rendered, not yet written */
     bool started;                 /* SSE headers sent */
     bool too_slow;
+    /* The catch-up queue (gps_relay_stream_event): job->text[0..sent) went
+     * out; the events that came while the client was behind wait here
+     * with the text offset they followed. */
+    size_t sent;
+    struct gps_relay_deferred {
+        gps_event_type type;
+        json_t *ev;
+        size_t at;
+    } *dv;
+    size_t dn, dcap;
     char corr[65];
     uint64_t start_us;
 } gps_relay;
@@ -106,6 +122,17 @@ void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);
 void gps_relay_end_stream(gps_relay *rl);
 /* pool_headers: the x-pool-* headers too (not for a plain request). */
 void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
+/* A streaming dialect's on_event (ops->render_text / render_event): text
+ * goes out as fast as the client reads it, straight from the job's text,
+ * and the events after it (tool calls, end, error) wait in order behind it
+ * while the client is behind. Non-streaming replies do not use it. */
+void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev);
+/* ops->writable of such a dialect: write what is behind. Returns true when
+ * the owner was freed (the reply completed). */
+bool gps_relay_catch_up(gps_relay *rl);
+/* ops->behind of such a dialect: bytes of text not yet written. */
+long long gps_relay_behind(const gps_relay *rl);
+
 /* Unsubscribe and free the owner (ops->free); also for a refused submit. */
 void gps_relay_finish(gps_relay *rl);
 /* For ops->free: what the relay itself holds. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/gp_log.h"
+#include "common/gp_util.h"
 #include "server/fleet/gps_strmap.h"
 
 typedef struct pin {
@@ -59,12 +60,7 @@ bool gps_pins_name_ok(const char *name)
 
 bool gps_pins_sha_ok(const char *s)
 {
-    if (!s || strlen(s) != 64)
-        return false;
-    for (int i = 0; i < 64; i++)
-        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-            return false;
-    return true;
+    return gp_hex64_ok(s);
 }
 
 int gps_pins_set(gps_pins *p, const char *name, const char *sha256, int64_t created_at,
