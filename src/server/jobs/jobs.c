@@ -746,6 +746,24 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 
 static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
 
+/* The scheduler gave job to agent a, whose long-poll is parked: hand it
+ * over now. When the long-poll turns out to be gone, give the slot back
+ * and try elsewhere (depth bounds the retries). */
+static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
+{
+    mark_assigned(j, job, a);
+    json_t *arr = json_array();
+    json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
+    int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
+    json_decref(arr);
+    if (rc < 0) {
+        job->attempts--;
+        end_on_agent(j, job, true);
+        job->agent_id[0] = '\0';
+        requeue_or_fail(j, job, depth);
+    }
+}
+
 /* Submit to the scheduler (first time, after a failover, or when a job
  * held for its key's max_concurrent is let in). */
 static void place(gps_jobs *j, gps_job *job, int depth)
@@ -758,19 +776,7 @@ static void place(gps_jobs *j, gps_job *job, int depth)
         return;
     }
     if (r == SCHED_ASSIGNED && a) {
-        mark_assigned(j, job, a);
-        json_t *arr = json_array();
-        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
-        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
-        json_decref(arr);
-        if (rc < 0) {
-            /* The agent was ready in the scheduler but its long-poll is
-             * gone: give the slot back and try elsewhere (bounded). */
-            job->attempts--;
-            end_on_agent(j, job, true);
-            job->agent_id[0] = '\0';
-            requeue_or_fail(j, job, depth + 1);
-        }
+        deliver_to(j, job, a, depth + 1);
         return;
     }
     int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
@@ -981,17 +987,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         persist_insert(j, job);
     log_submitted(job, false);
     if (r == SCHED_ASSIGNED && a) {
-        mark_assigned(j, job, a);
-        json_t *arr = json_array();
-        json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
-        int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
-        json_decref(arr);
-        if (rc < 0) {
-            job->attempts--;
-            end_on_agent(j, job, true);
-            job->agent_id[0] = '\0';
-            requeue_or_fail(j, job, 1);
-        }
+        deliver_to(j, job, a, 1);
     } else {
         job->state = GPS_JOB_QUEUED;
     }
