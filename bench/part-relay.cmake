@@ -9,4 +9,10 @@ if(Python3_Interpreter_FOUND AND TARGET gpupool-agent)
     COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/relay_bench.py --build ${CMAKE_BINARY_DIR}
     USES_TERMINAL
     COMMENT "relay benchmark (server + agent vs upstream direct)")
+  # Server CPU per token event per dialect, RSS per non-reading client
+  # (bench/relay_cpu.py): cmake --build BUILD --target bench-relay-cpu
+  add_custom_target(bench-relay-cpu
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/relay_cpu.py --build ${CMAKE_BINARY_DIR}
+    USES_TERMINAL
+    COMMENT "relay CPU per token event, RSS per non-reading client")
 endif()
