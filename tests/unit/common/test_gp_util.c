@@ -130,8 +130,8 @@ static void test_json_compact_size(void **st)
         "{\"a\":[1,2,{\"b\":\"q\\\"uote \\\\ back\"}],\"c\":null}",
         "{\"ctl\":\"\\u0001\\u001f\\b\\f\\n\\r\\t\\u007f\"}",
         "{\"k\\\"ey\":\"caf\\u00e9 \\u20ac \\ud83d\\ude00\"}",
-        "{\"type\":\"end\",\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2},"
-        "\"finish_reason\":\"stop\"}",
+        ("{\"type\":\"end\",\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2},"
+         "\"finish_reason\":\"stop\"}"),
         "[[],{},[[]],\"/\"]",
     };
     for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
