@@ -62,6 +62,7 @@ struct agent_job {
     agent_evq q;
     bool backend_done;      /* the terminal callback was delivered */
     char *stop_seq;         /* the stop string generation ended on (owned), or NULL */
+    json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
     /* --- loop thread only --- */
@@ -269,6 +270,16 @@ static void sink_stop_sequence(void *ctx, const char *seq)
     pthread_mutex_unlock(&j->a->mu);
 }
 
+static void sink_upstream_meta(void *ctx, json_t *meta)
+{
+    agent_job *j = ctx;
+    json_t *copy = json_is_object(meta) ? json_deep_copy(meta) : NULL;
+    pthread_mutex_lock(&j->a->mu);
+    json_decref(j->upstream_meta);
+    j->upstream_meta = copy;
+    pthread_mutex_unlock(&j->a->mu);
+}
+
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
 {
     agent_job *j = ctx;
@@ -287,6 +298,10 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     pthread_mutex_lock(&a->mu);
     if (ev && j->stop_seq && strcmp(fr, "stop") == 0)
         json_object_set_new(ev, "stop_sequence", json_string(j->stop_seq));
+    if (ev && j->upstream_meta) {
+        json_object_set_new(ev, "upstream_meta", j->upstream_meta);
+        j->upstream_meta = NULL;
+    }
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
@@ -703,6 +718,7 @@ static void job_free(agent_job *j)
 {
     agent_evq_free(&j->q);
     free(j->stop_seq);
+    json_decref(j->upstream_meta);
     free(j->correlation_id);
     free(j);
 }
@@ -745,6 +761,7 @@ static void job_begin(agent *a, json_t *jj)
         .progress = sink_progress,
         .end = sink_end,
         .stop_sequence = sink_stop_sequence,
+        .upstream_meta = sink_upstream_meta,
         .error = sink_error,
     };
     char err[256] = "";

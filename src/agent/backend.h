@@ -78,6 +78,11 @@ typedef struct agent_job_sink {
      * string, one of the job's params.stop (the end event names it, so that
      * the Anthropic dialect can say stop_reason "stop_sequence"). */
     void (*stop_sequence)(void *ctx, const char *seq);
+    /* Optional (may be NULL), before end: the upstream is itself a pool and
+     * said how it ran the request (its x_pool_meta object; borrowed, the
+     * sink copies it). The end event carries it as upstream_meta, so that a
+     * pool of pools shows both tiers (docs/protocol.md). */
+    void (*upstream_meta)(void *ctx, json_t *meta);
     /* Terminal: finish_reason "stop" | "length" | "tool_calls"; token counts (-1 unknown). */
     void (*end)(void *ctx, const char *finish_reason, long long prompt_tokens,
                 long long completion_tokens);

@@ -64,6 +64,7 @@ typedef struct oai_job {
     char *stop_seq;         /* the stop string the upstream said it stopped on (owned) */
     long long count_estimate; /* count: method 3's answer */
     char *correlation_id;   /* owned, may be NULL */
+    char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     CURLM *multi;           /* owned; freed after the thread is joined */
     pthread_t th;
     atomic_bool cancel;
@@ -280,6 +281,11 @@ static int handle_object(oai_job *j, json_t *obj, bool streamed)
     }
     take_usage(j, json_object_get(obj, "usage"));
     take_stop_word(j, json_object_get(obj, "stopping_word"));
+    /* An upstream that is itself a pool says how it ran the request (the
+     * last stream chunk or the body); the end event passes it on. */
+    json_t *meta = json_object_get(obj, "x_pool_meta");
+    if (json_is_object(meta) && j->sink.upstream_meta)
+        j->sink.upstream_meta(j->sink.ctx, meta);
     return 0;
 }
 
@@ -488,6 +494,11 @@ static struct curl_slist *job_headers(oai_job *j)
             goto oom;
         h = n;
     }
+    if (j->pool_options) {
+        if (!(n = curl_slist_append(h, j->pool_options)))
+            goto oom;
+        h = n;
+    }
     return h;
 oom:
     curl_slist_free_all(h);
@@ -659,6 +670,7 @@ static void job_free(oai_job *j)
     json_decref(j->stops);
     free(j->stop_seq);
     free(j->correlation_id);
+    free(j->pool_options);
     free(j);
 }
 
@@ -797,6 +809,39 @@ static json_t *oai_models(agent_backend *base)
                      b->o->upstream_model, "supports_tools", 1);
 }
 
+/* The pool options that matter to an upstream pool (docs/protocol.md): the
+ * job's session key (its affinity there too) and a batch priority, as an
+ * X-Pool-Options header line. A header, not a body field: a plain
+ * OpenAI-compatible server ignores it, where some refuse unknown fields.
+ * *out stays NULL when there is nothing to say. -1: out of memory. */
+static int pool_options_header(json_t *job, char **out)
+{
+    *out = NULL;
+    const char *session = json_string_value(json_object_get(job, "session"));
+    const char *prio = json_string_value(json_object_get(job, "priority"));
+    json_t *o = json_object();
+    if (!o)
+        return -1;
+    /* The server bounded the session (256 bytes); JSON escaping keeps CR/LF
+     * out of the header line. */
+    if (session && *session)
+        json_object_set_new(o, "session", json_string(session));
+    if (prio && strcmp(prio, "batch") == 0)
+        json_object_set_new(o, "priority", json_string("batch"));
+    int rc = 0;
+    if (json_object_size(o) > 0) {
+        char *v = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        size_t n = v ? strlen(v) + sizeof "X-Pool-Options: " : 0;
+        if (v && (*out = malloc(n)))
+            snprintf(*out, n, "X-Pool-Options: %s", v);
+        else
+            rc = -1;
+        free(v);
+    }
+    json_decref(o);
+    return rc;
+}
+
 static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
                          size_t errlen)
 {
@@ -841,6 +886,11 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
     if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
         j->correlation_id = strdup(cid);
+    if (pool_options_header(job, &j->pool_options) < 0) {
+        job_free(j);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     j->multi = curl_multi_init();
     if (!j->body || !j->multi) {
         job_free(j);

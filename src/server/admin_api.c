@@ -686,7 +686,7 @@ static void h_agent_delete(gps_req *r, void *arg)
 
 static json_t *job_live_json(const gps_job *j)
 {
-    return json_pack(
+    json_t *o = json_pack(
         "{s:s,s:s,s:s,s:s,s:o,s:o,s:s,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:o,s:s,s:s,s:b}", "id", j->id,
         "api", j->spec.api ? j->spec.api : "", "kind", gps_job_kind_name(j->spec.kind), "model",
         j->spec.model ? j->spec.model : "", "key_id",
@@ -700,6 +700,11 @@ static json_t *job_live_json(const gps_job *j)
         j->finish_reason[0] ? json_string(j->finish_reason) : json_null(), "error_code",
         j->error_code[0] ? json_string(j->error_code) : json_null(), "correlation_id",
         j->correlation_id, "source", "memory", "live", 1);
+    /* The affinity key the scheduler used (x_pool_options.session, else user). */
+    const char *session = j->spec.session ? j->spec.session : j->spec.user;
+    if (o && session)
+        json_object_set_new(o, "session", json_string(session));
+    return o;
 }
 
 /* -1 in the store means NULL. */

@@ -11,6 +11,14 @@ gpupool-server (docs/agent.md "Counting tokens", docs/api.md).
   count (the agent uses the inner server's count endpoint), never a 502 and
   not marked as an estimate;
 - the client's X-Correlation-Id reaches the inner pool's request log;
+- x_pool_options reach the inner pool (the session key and a batch priority,
+  passed by the agent as an X-Pool-Options header), from the body or from
+  the client's own X-Pool-Options header; a bad header is a 400 in the
+  dialect's shape; the outer reply's x_pool_meta.upstream is the inner
+  pool's x_pool_meta (its agent, its attempts);
+- a failover inside the inner pool is invisible outside it: the outer
+  client's stream is whole, with no error and one attempt, and only
+  x_pool_meta.upstream says the inner pool used two agents;
 - an upstream with neither count endpoint (a plain OpenAI-compatible server,
   tests/integration/upstream.py --no-tokenize) gets a count marked
   `x_pool_meta.estimated`, equal to the documented estimate.
@@ -34,7 +42,7 @@ class PoolOfPools(harness.TestCase):
     def setUp(self):
         super().setUp()
         self.inner = self.h.start_server(["--poll_interval_sec", "1"], name="inner")
-        self.h.start_agent(self.inner, slots=2, alias="tiny",
+        self.gguf = self.h.start_agent(self.inner, slots=2, alias="tiny",
                            args=["--model", MODEL, "--threads", "1"], name="gguf")
         self.inner.wait_model("tiny")
         self.outer = self.h.start_server(["--poll_interval_sec", "1"], name="outer")
@@ -137,6 +145,80 @@ class PoolOfPools(harness.TestCase):
         self.assertEqual(st, 200, jobs)
         self.assertIn(cid, [j.get("correlation_id") for j in jobs["jobs"]])
 
+    def inner_job(self, cid):
+        """The inner pool's job of correlation id cid: its request-log row
+        (priority) and its job_submitted log line (session)."""
+        st, _, jobs = http_json("GET", self.inner.url + "/admin/jobs?limit=50", timeout=10)
+        self.assertEqual(st, 200, jobs)
+        mine = [j for j in jobs["jobs"] if j.get("correlation_id") == cid]
+        self.assertEqual(len(mine), 1, jobs)
+        sub = [e for e in self.inner.log_events("job_submitted")
+               if e.get("job_id") == mine[0]["id"]]
+        self.assertEqual(len(sub), 1)
+        self.assertEqual(sub[0]["priority"], mine[0]["priority"])
+        return dict(mine[0], session=sub[0].get("session"))
+
+    def test_pool_options_and_meta_cross_both_tiers(self):
+        gguf_id = [self.gguf.agent_id()]
+        chat = {"model": "tiny", "messages": MSGS, "max_tokens": 6, "temperature": 0,
+                "x_pool_options": {"session": "conv-7", "priority": "batch"}}
+        st, hdr, b = self.post(self.outer, "/v1/chat/completions", chat,
+                               headers={"X-Correlation-Id": "tiers-body"})
+        self.assertEqual(st, 200, b)
+        job = self.inner_job("tiers-body")
+        self.assertEqual((job["priority"], job.get("session")), ("batch", "conv-7"), job)
+        meta = b["x_pool_meta"]
+        self.assertEqual(meta["attempts"], 1)
+        self.assertEqual(meta["upstream"]["agent_id"], gguf_id[0])
+        self.assertEqual(meta["upstream"]["attempts"], 1)
+        self.assertEqual(meta["upstream"]["model"], "tiny")
+        self.assertNotEqual(meta["agent_id"], gguf_id[0])
+
+        # The same options as a client header (no body field), streamed, in
+        # the Anthropic dialect: the meta rides on message_delta.
+        msg = {"model": "tiny", "system": "You tell stories.", "max_tokens": 6,
+               "temperature": 0, "messages": MSGS[1:], "stream": True}
+        st, _, raw = http_request("POST", self.outer.url + "/v1/messages", msg, timeout=120,
+                                  headers={"X-Correlation-Id": "tiers-header",
+                                           "X-Pool-Options": json.dumps(
+                                               {"session": "conv-8", "priority": "batch"})})
+        self.assertEqual(st, 200, raw)
+        evs = sse_data_json(parse_sse(raw))
+        delta = [e for e in evs if e.get("type") == "message_delta"][-1]
+        self.assertEqual(delta["x_pool_meta"]["upstream"]["agent_id"], gguf_id[0])
+        job = self.inner_job("tiers-header")
+        self.assertEqual((job["priority"], job.get("session")), ("batch", "conv-8"), job)
+
+        # A body key wins over the header's; the header fills the rest.
+        st, _, b = self.post(self.outer, "/v1/completions",
+                             {"model": "tiny", "prompt": "Once", "max_tokens": 2,
+                              "x_pool_options": {"session": "from-body"}},
+                             headers={"X-Correlation-Id": "tiers-both",
+                                      "X-Pool-Options": '{"session":"hdr","priority":"batch"}'})
+        self.assertEqual(st, 200, b)
+        job = self.inner_job("tiers-both")
+        self.assertEqual((job["priority"], job.get("session")), ("batch", "from-body"), job)
+
+        # A header that is not a JSON object: 400 in each dialect's shape.
+        bad = {"X-Pool-Options": "{session: nope"}
+        st, _, b = self.post(self.outer, "/v1/chat/completions", chat, headers=bad)
+        self.assertEqual(st, 400, b)
+        self.assertEqual(b["error"]["param"], "x_pool_options")
+        self.assertIn("X-Pool-Options", b["error"]["message"])
+        st, _, b = self.post(self.outer, "/v1/messages", dict(msg, stream=False), headers=bad)
+        self.assertEqual(st, 400, b)
+        self.assertEqual(b["type"], "error")
+        self.assertEqual(b["error"]["type"], "invalid_request_error")
+        st, _, b = self.post(self.outer, "/v2/tasks", {"model": "tiny", "prompt": "x"},
+                             headers={"X-Pool-Options": "[1]"})
+        self.assertEqual(st, 400, b)
+        self.assertEqual(b["error"]["code"], "INVALID_REQUEST")
+        plain = {k: v for k, v in chat.items() if k != "x_pool_options"}
+        st, _, b = self.post(self.outer, "/v1/chat/completions", plain,
+                             headers={"X-Pool-Options": '{"priority":"urgent"}'})
+        self.assertEqual(st, 400, b)
+        self.assertEqual(b["error"]["param"], "x_pool_options.priority")
+
     def test_count_without_endpoints_is_an_estimate(self):
         up = self.h.start_upstream(["--no-tokenize", "--models", "plain"])
         self.h.start_agent(self.outer, upstream=up, model="plain", name="plainagent")
@@ -154,6 +236,74 @@ class PoolOfPools(harness.TestCase):
         # again (the agent remembers only a method that answered).
         paths = [r["path"] for r in up.log_entries()]
         self.assertEqual(paths, ["/v1/messages/count_tokens", "/tokenize"])
+
+
+class InnerFailover(harness.TestCase):
+    """client -> outer server <- relay agent -> inner server <- agents A, B
+    (openai backends over continuation-aware upstreams). A's upstream sends
+    4 tokens and stalls; B joins; A is killed; the inner pool continues the
+    reply on B. Outside, nothing happened."""
+
+    def test_inner_failover_is_invisible_outside(self):
+        from test_e2e_failover import FAST, N, ContUpstream, expected
+        inner = self.h.start_server(FAST, name="inner")
+        ua = ContUpstream(self.h, self.h._name("upstream"),
+                          ["--tokens", str(N), "--mode", "stall", "--after", "4"])
+        self.h.procs.append(ua)
+        aa = self.h.start_agent(inner, upstream=ua, model="m1", slots=1, name="inner_a")
+        inner.wait_model("m1")
+        outer = self.h.start_server(FAST, name="outer")
+        self.h.start_agent(outer, slots=2, name="relay",
+                           args=["--upstream", inner.url + "/v1", "--upstream-model", "m1",
+                                 "--alias", "m1"])
+        outer.wait_model("m1")
+
+        prompt = "the lighthouse keeper said ::"
+        s = harness.SSEStream("POST", outer.url + "/v1/completions",
+                              {"model": "m1", "stream": True, "prompt": prompt,
+                               "max_tokens": 40, "stream_options": {"include_usage": True}},
+                              timeout=60)
+        self.assertEqual(s.status, 200)
+        got = []
+        while len(got) < 4:
+            e = s.next_event(timeout=30)
+            self.assertIsNotNone(e)
+            d = json.loads(e["data"])
+            got += [c["text"] for c in d.get("choices") or [] if c.get("text")]
+        # A is stalled holding the job (one slot: it has no long-poll
+        # parked). B joins and parks; then A dies.
+        ub = ContUpstream(self.h, self.h._name("upstream"), ["--tokens", str(N)])
+        self.h.procs.append(ub)
+        ab = self.h.start_agent(inner, upstream=ub, model="m1", name="inner_b")
+        idb = ab.agent_id()
+
+        def parked():
+            _, _, raw = http_request("GET", inner.url + "/metrics", timeout=5)
+            return any(line.startswith("gpupool_agents_parked ") and float(line.split()[-1]) >= 1
+                       for line in raw.decode().splitlines())
+        harness.wait_until(parked, timeout=30, what="agent B parked on the inner pool")
+        aa.kill9()
+
+        events = s.events()
+        s.close()
+        datas = sse_data_json(events)
+        self.assertFalse([d for d in datas if "error" in d], datas)
+        self.assertEqual(events[-1]["data"], "[DONE]")
+        text = "".join(got) + "".join(c.get("text") or "" for d in datas
+                                      for c in d.get("choices") or [])
+        self.assertEqual(text, expected(prompt))
+        self.assertEqual([d["usage"] for d in datas if d.get("usage")][-1]["completion_tokens"], N)
+        last = [d for d in datas if any(c.get("finish_reason") for c in d.get("choices") or [])]
+        self.assertEqual(len(last), 1)
+        self.assertEqual(last[0]["choices"][0]["finish_reason"], "stop")
+        meta = last[0]["x_pool_meta"]
+        self.assertEqual(meta["attempts"], 1)            # the outer pool saw one attempt
+        self.assertNotIn("continuation", meta)
+        self.assertEqual(meta["upstream"]["attempts"], 2)  # the inner one used two agents
+        self.assertEqual(meta["upstream"]["agent_id"], idb)
+        self.assertEqual(meta["upstream"]["continuation"], "text")
+        self.assertEqual([e.get("mode") for e in inner.log_events("job_failover")], ["continue"])
+        self.assertEqual(outer.log_events("job_failover"), [])
 
 
 if __name__ == "__main__":

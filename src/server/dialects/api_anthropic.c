@@ -1273,7 +1273,7 @@ static void facts_cb(void *ud, registry_agent *a)
 
 static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
 {
-    json_t *body = gps_req_json(r);
+    json_t *body = gps_req_job_json(r);
     if (!body) {
         gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;

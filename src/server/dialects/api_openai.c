@@ -17,6 +17,7 @@
 #include "server/http/held.h"
 #include "server/http/http.h"
 #include "server/dialects/relay.h"
+#include "server/dialects/reqcheck.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
 
@@ -696,7 +697,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
 
 static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
 {
-    json_t *body = gps_req_json(r);
+    json_t *body = gps_req_job_json(r);
     if (!body) {
         gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;

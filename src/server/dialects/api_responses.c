@@ -7,6 +7,7 @@
 #include "common/gp_util.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
+#include "server/dialects/reqcheck.h"
 #include "server/dialects/responses.h"
 #include "server/dialects/toolcalls.h"
 #include "server/http/http.h"
@@ -153,7 +154,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
 static void h_responses(gps_req *r, void *arg)
 {
     gps_relay_ctx *c = arg;
-    json_t *body = gps_req_json(r);
+    json_t *body = gps_req_job_json(r);
     if (!body) {
         gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
         return;

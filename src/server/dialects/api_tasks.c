@@ -936,7 +936,7 @@ static void count_request(gps_tasks *g, const char *outcome, uint64_t start_us)
 static void h_create(gps_req *r, void *arg)
 {
     gps_tasks *g = arg;
-    json_t *body = gps_req_json(r);
+    json_t *body = gps_req_job_json(r);
     if (!body) {
         count_request(g, "invalid_request", r->start_us);
         return;

@@ -37,6 +37,10 @@ json_t *gps_pool_meta(gps_job *job)
     }
     if (meta && job->model_digest[0])
         json_object_set_new(meta, "model_sha256", json_string(job->model_digest));
+    /* The agent's upstream is another pool: how that pool ran it (its own
+     * agent, attempts, failovers), nested as the client would see it there. */
+    if (meta && job->upstream_meta)
+        json_object_set(meta, "upstream", job->upstream_meta);
     if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */
         json_object_set_new(meta, "continuation", json_string(job->continuation_mode));
     return meta;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/http/http.h"
+
 bool gps_absent(const json_t *v)
 {
     return v == NULL || json_is_null(v);
@@ -211,4 +213,46 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
     return 0;
 fail:
     return -1;
+}
+
+int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, size_t msglen)
+{
+    if (!header)
+        return 0;
+    json_error_t je;
+    json_t *h = json_loads(header, JSON_REJECT_DUPLICATES, &je);
+    if (!json_is_object(h)) {
+        snprintf(msg, msglen, "the X-Pool-Options header must be a JSON object (%s)",
+                 h ? "not an object" : je.text);
+        json_decref(h);
+        return -1;
+    }
+    json_t *xo = json_object_get(body, "x_pool_options");
+    if (gps_absent(xo)) {
+        json_object_set_new(body, "x_pool_options", h);
+        return 0;
+    }
+    if (!json_is_object(xo)) {
+        json_decref(h);
+        snprintf(msg, msglen, "'x_pool_options' must be an object");
+        return -1;
+    }
+    json_object_update_missing(xo, h);
+    json_decref(h);
+    return 0;
+}
+
+json_t *gps_req_job_json(struct gps_req *r)
+{
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return NULL;
+    char msg[256];
+    if (gps_pool_options_merge_header(body, gps_req_header(r, "X-Pool-Options"), msg,
+                                      sizeof msg) < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, "x_pool_options");
+        return NULL;
+    }
+    return body;
 }

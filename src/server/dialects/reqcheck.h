@@ -71,4 +71,17 @@ int gps_priority_parse(const json_t *v, gps_job_priority *out);
 int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
                            const char **param);
 
+/* The X-Pool-Options request header: the same object as x_pool_options,
+ * for clients that can add a header but not a body field (Claude Code's
+ * ANTHROPIC_CUSTOM_HEADERS, Codex's http_headers, an agent whose upstream
+ * is another pool). Its keys join body's x_pool_options; a key in the body
+ * wins. header NULL: nothing to do. 0, or -1 with msg when the header is
+ * not a JSON object (or the body's x_pool_options is not one). */
+int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, size_t msglen);
+
+struct gps_req;
+/* gps_req_json plus the X-Pool-Options merge: the body of a job request
+ * (new reference), or NULL after replying 400 in r's dialect. */
+json_t *gps_req_job_json(struct gps_req *r);
+
 #endif

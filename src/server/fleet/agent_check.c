@@ -215,6 +215,13 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
              json_string_length(ss) > GPS_AGENT_MAX_STOP_SEQUENCE))
             EFAIL(".stop_sequence", "must be a non-empty string of at most %d bytes",
                   GPS_AGENT_MAX_STOP_SEQUENCE);
+        /* An upstream pool's x_pool_meta, shown to the client as
+         * x_pool_meta.upstream: an object, bounded like any agent text. */
+        const json_t *um = json_object_get(ev, "upstream_meta");
+        if (um && !json_is_null(um) &&
+            (!json_is_object(um) || gp_json_compact_size(um) > GPS_AGENT_MAX_UPSTREAM_META))
+            EFAIL(".upstream_meta", "must be an object of at most %d bytes (compact JSON)",
+                  GPS_AGENT_MAX_UPSTREAM_META);
         static const char *const counts[] = {"prompt_tokens", "completion_tokens"};
         static const char *const csfx[] = {".usage.prompt_tokens", ".usage.completion_tokens"};
         for (size_t k = 0; k < 2; k++)

@@ -30,6 +30,7 @@
 #define GPS_AGENT_MAX_MESSAGE 4096             /* error event message, bytes */
 #define GPS_AGENT_MAX_TYPE 64                  /* event type name, bytes */
 #define GPS_AGENT_MAX_STOP_SEQUENCE 1024       /* end.stop_sequence: a request's stop string */
+#define GPS_AGENT_MAX_UPSTREAM_META 4096       /* end.upstream_meta: compact JSON bytes */
 #define GPS_AGENT_MAX_NAME 256                 /* names: agent, model, alias, label, gpu */
 #define GPS_AGENT_MAX_FACTS_BYTES (1 << 20)    /* a poll body as compact JSON: kept per agent */
 

@@ -245,6 +245,7 @@ static void job_free(gps_job *job)
     gp_buf_free(&job->text);
     free(job->gen_ids);
     free(job->stop_sequence);
+    json_decref(job->upstream_meta);
     free(job);
 }
 
@@ -424,6 +425,13 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     }
     if (s->user)
         json_object_set_new(w, "user", json_string(s->user));
+    /* What an agent whose upstream is another pool passes on to it
+     * (docs/protocol.md): the affinity key and a batch priority. */
+    const char *session = s->session ? s->session : s->user;
+    if (session)
+        json_object_set_new(w, "session", json_string(session));
+    if (s->priority == GPS_PRIO_BATCH)
+        json_object_set_new(w, "priority", json_string("batch"));
     wire_continuation(job, w);
     return w;
 }
@@ -799,10 +807,17 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
 
 static void log_submitted(const gps_job *job, bool held)
 {
-    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id,
-                 json_pack("{s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model", job->spec.model,
-                           "kind", gps_job_kind_name(job->spec.kind), "api",
-                           job->spec.api ? job->spec.api : "", "held", held),
+    json_t *f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model",
+                          job->spec.model, "kind", gps_job_kind_name(job->spec.kind), "api",
+                          job->spec.api ? job->spec.api : "", "priority",
+                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
+                          "held", held);
+    /* The affinity key (x_pool_options.session, else user): which
+     * conversation a job belongs to, for an operator reading the log. */
+    const char *session = job->spec.session ? job->spec.session : job->spec.user;
+    if (f && session)
+        json_object_set_new(f, "session", json_string(session));
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, f,
                  held ? "job submitted; waiting for a slot of its key (max_concurrent)"
                       : "job submitted");
 }
@@ -1641,6 +1656,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
         free(job->stop_sequence);
         job->stop_sequence = ss ? strdup(ss) : NULL;
+        json_t *um = json_object_get(ev, "upstream_meta");
+        json_decref(job->upstream_meta);
+        job->upstream_meta = json_is_object(um) ? json_incref(um) : NULL;
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");

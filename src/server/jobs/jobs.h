@@ -147,6 +147,7 @@ struct gps_job {
     char model_digest[65];        /* sha256 of that agent's model file ("" when unknown) */
     bool count_estimated;         /* count_tokens: the agent estimated (no count endpoint) */
     char *stop_sequence;          /* end: the stop string the agent stopped on (owned), or NULL */
+    json_t *upstream_meta;        /* end: an upstream pool's x_pool_meta (owned), or NULL */
     gp_buf text;                  /* text relayed to subscribers so far */
     long long completion_tokens;  /* tokens relayed, all attempts together */
     long long continued_tokens;   /* tokens before the current attempt (continuation) */

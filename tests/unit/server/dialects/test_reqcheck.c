@@ -150,6 +150,43 @@ static void test_fail_macro(void **st)
     json_decref(big);
 }
 
+/* X-Pool-Options: its keys join the body's x_pool_options, the body's win. */
+static void test_pool_options_header(void **st)
+{
+    (void)st;
+    char msg[256];
+    json_t *b = json_pack("{s:s}", "model", "m");
+    assert_int_equal(gps_pool_options_merge_header(b, NULL, msg, sizeof msg), 0);
+    assert_null(json_object_get(b, "x_pool_options"));
+    assert_int_equal(gps_pool_options_merge_header(b, "{\"session\":\"s1\"}", msg, sizeof msg), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(b, "x_pool_options"),
+                                                          "session")),
+                        "s1");
+    json_decref(b);
+
+    b = json_pack("{s:{s:s}}", "x_pool_options", "session", "body");
+    assert_int_equal(gps_pool_options_merge_header(b, "{\"session\":\"hdr\",\"priority\":\"batch\"}",
+                                                   msg, sizeof msg),
+                     0);
+    json_t *xo = json_object_get(b, "x_pool_options");
+    assert_string_equal(json_string_value(json_object_get(xo, "session")), "body");
+    assert_string_equal(json_string_value(json_object_get(xo, "priority")), "batch");
+    json_decref(b);
+
+    const char *bad[] = {"{session", "[1]", "\"x\"", "", "{\"a\":1,\"a\":2}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        b = json_object();
+        assert_int_equal(gps_pool_options_merge_header(b, bad[i], msg, sizeof msg), -1);
+        assert_non_null(strstr(msg, "X-Pool-Options"));
+        assert_null(json_object_get(b, "x_pool_options"));
+        json_decref(b);
+    }
+    b = json_pack("{s:i}", "x_pool_options", 3);
+    assert_int_equal(gps_pool_options_merge_header(b, "{}", msg, sizeof msg), -1);
+    assert_string_equal(msg, "'x_pool_options' must be an object");
+    json_decref(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +195,7 @@ int main(void)
         cmocka_unit_test(test_priority),
         cmocka_unit_test(test_stop_and_sampling),
         cmocka_unit_test(test_fail_macro),
+        cmocka_unit_test(test_pool_options_header),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

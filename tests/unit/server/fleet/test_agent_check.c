@@ -36,6 +36,24 @@ static int check(const char *evs, char *field, size_t fl)
     return rc;
 }
 
+/* check() for texts larger than its buffer. */
+static int check_big(const char *evs, char *field, size_t fl)
+{
+    size_t n = strlen(evs) + 128;
+    char *buf = malloc(n);
+    assert_non_null(buf);
+    snprintf(buf, n, "{\"agent_id\":\"%s\",\"seq\":0,\"events\":%s}", AID, evs);
+    json_error_t je;
+    json_t *b = json_loads(buf, 0, &je);
+    free(buf);
+    assert_non_null(b);
+    char msg[256] = "";
+    field[0] = '\0';
+    int rc = gps_agent_events_check(b, field, fl, msg, sizeof msg);
+    json_decref(b);
+    return rc;
+}
+
 static void expect_bad(const char *evs, const char *want_field)
 {
     char field[96];
@@ -67,6 +85,26 @@ static void test_the_repro_is_refused(void **state)
     expect_ok("[{\"type\":\"end\",\"finish_reason\":\"stop\",\"usage\":{\"prompt_tokens\":"
               "1000000000,\"completion_tokens\":0}}]");
     expect_ok("[{\"type\":\"end\"}]");
+}
+
+/* end.upstream_meta (an upstream pool's x_pool_meta): an object, bounded. */
+static void test_upstream_meta(void **state)
+{
+    (void)state;
+    expect_ok("[{\"type\":\"end\",\"upstream_meta\":{\"agent_id\":\"x\",\"attempts\":2}}]");
+    expect_ok("[{\"type\":\"end\",\"upstream_meta\":null}]");
+    expect_bad("[{\"type\":\"end\",\"upstream_meta\":\"x\"}]", "events[0].upstream_meta");
+    expect_bad("[{\"type\":\"end\",\"upstream_meta\":[1]}]", "events[0].upstream_meta");
+    char evs[GPS_AGENT_MAX_UPSTREAM_META + 128];
+    /* {"w":"aaa..."} of exactly the limit passes; one byte more does not. */
+    size_t pad = GPS_AGENT_MAX_UPSTREAM_META - strlen("{\"w\":\"\"}");
+    for (int extra = 0; extra <= 1; extra++) {
+        int n = snprintf(evs, sizeof evs, "[{\"type\":\"end\",\"upstream_meta\":{\"w\":\"");
+        memset(evs + n, 'a', pad + (size_t)extra);
+        snprintf(evs + n + pad + (size_t)extra, sizeof evs - (n + pad + (size_t)extra), "\"}}]");
+        char field[96];
+        assert_int_equal(check_big(evs, field, sizeof field), extra ? -1 : 0);
+    }
 }
 
 static void test_token_fields(void **state)
@@ -212,7 +250,8 @@ static void test_hw(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_the_repro_is_refused), cmocka_unit_test(test_token_fields),
+        cmocka_unit_test(test_the_repro_is_refused),
+        cmocka_unit_test(test_upstream_meta), cmocka_unit_test(test_token_fields),
         cmocka_unit_test(test_metrics_fields),       cmocka_unit_test(test_sizes_and_seq),
         cmocka_unit_test(test_error_and_tool_call),  cmocka_unit_test(test_text_ok),
         cmocka_unit_test(test_hw),
