@@ -37,6 +37,7 @@
 #include "agent/backend.h"
 #include "agent/openai_count.h"
 #include "common/gp_log.h"
+#include "common/gp_count.h"
 #include "common/gp_util.h"
 
 #ifndef AGENT_VERSION
@@ -760,7 +761,7 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *coun
     } else if (kind && strcmp(kind, "count_tokens") == 0) {
         /* The /tokenize body (llama-server reads "content", vLLM "prompt");
          * oai_job_start adds the other methods' (openai_count.h). */
-        char *text = oai_count_text(job);
+        char *text = gp_count_text(job);
         json_decref(req);
         if (!text) {
             snprintf(err, errlen, "count_tokens job without a prompt or messages");
@@ -881,7 +882,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
         j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
         json_decref(cb);
-        j->count_estimate = oai_count_estimate(job);
+        j->count_estimate = gp_count_estimate(job);
     }
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
     if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))

@@ -4,44 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_count.h"
 #include "common/gp_util.h"
-
-/* The text of a message's content: a string, or the text parts of an
- * array of content parts. */
-static void content_text(const json_t *c, gp_buf *out)
-{
-    if (json_is_string(c)) {
-        gp_buf_append(out, json_string_value(c), json_string_length(c));
-        return;
-    }
-    size_t i;
-    const json_t *p;
-    json_array_foreach((json_t *)c, i, p)
-    {
-        const json_t *t = json_object_get(p, "text");
-        if (json_is_string(t))
-            gp_buf_append(out, json_string_value(t), json_string_length(t));
-    }
-}
-
-/* Tool calls of an assistant message, as "name(arguments)" text. */
-static void calls_text(const json_t *m, gp_buf *out)
-{
-    size_t i;
-    const json_t *tc;
-    json_array_foreach(json_object_get(m, "tool_calls"), i, tc)
-    {
-        const json_t *f = json_object_get(tc, "function");
-        const char *name = json_string_value(json_object_get(f, "name"));
-        const char *args = json_string_value(json_object_get(f, "arguments"));
-        if (out->len)
-            gp_buf_append(out, "\n", 1);
-        if (name)
-            gp_buf_append(out, name, strlen(name));
-        if (args)
-            gp_buf_append(out, args, strlen(args));
-    }
-}
 
 json_t *oai_count_messages_body(const json_t *job, const char *model)
 {
@@ -68,7 +32,7 @@ json_t *oai_count_messages_body(const json_t *job, const char *model)
         const char *role = json_string_value(json_object_get(m, "role"));
         gp_buf t;
         gp_buf_init(&t);
-        content_text(json_object_get(m, "content"), &t);
+        gp_count_content_text(json_object_get(m, "content"), &t);
         if (role && strcmp(role, "system") == 0) {
             if (sys.len && t.len)
                 gp_buf_append(&sys, "\n", 1);
@@ -76,7 +40,7 @@ json_t *oai_count_messages_body(const json_t *job, const char *model)
         } else {
             bool assistant = role && strcmp(role, "assistant") == 0;
             if (assistant)
-                calls_text(m, &t);
+                gp_count_calls_text(m, &t);
             /* Anthropic content must not be empty. */
             json_t *s = json_stringn(t.len ? t.data : " ", t.len ? t.len : 1);
             if (s)
@@ -96,43 +60,6 @@ json_t *oai_count_messages_body(const json_t *job, const char *model)
         json_array_append_new(list, json_pack("{s:s,s:O}", "role", "user", "content",
                                               json_object_get(out, "system")));
     return out;
-}
-
-char *oai_count_text(const json_t *job)
-{
-    const char *prompt = json_string_value(json_object_get(job, "prompt"));
-    const json_t *msgs = json_object_get(job, "messages");
-    if (prompt)
-        return strdup(prompt);
-    if (!json_is_array(msgs))
-        return NULL;
-    gp_buf t;
-    gp_buf_init(&t);
-    size_t i;
-    const json_t *m;
-    json_array_foreach((json_t *)msgs, i, m)
-    {
-        if (i)
-            gp_buf_append(&t, "\n", 1);
-        content_text(json_object_get(m, "content"), &t);
-        calls_text(m, &t);
-    }
-    char *out = gp_buf_steal(&t);
-    return out ? out : strdup("");
-}
-
-long long oai_count_estimate(const json_t *job)
-{
-    char *text = oai_count_text(job);
-    if (!text)
-        return 0;
-    size_t bytes = strlen(text);
-    free(text);
-    const json_t *msgs = json_object_get(job, "messages");
-    long long n = (long long)((bytes + 3) / 4);
-    if (json_is_array(msgs))
-        n += 4 * (long long)json_array_size(msgs); /* role and turn markers */
-    return n > 0 ? n : 1;
 }
 
 int oai_count_parse(oai_count_method m, const char *body, size_t len, long long *n,

@@ -34,12 +34,7 @@ typedef enum {
  * NULL when the job has neither or on ENOMEM. */
 json_t *oai_count_messages_body(const json_t *job, const char *model);
 
-/* The text /tokenize counts: prompt, or the messages' contents joined by
- * newlines. Malloc'd (caller frees), NULL when the job has neither. */
-char *oai_count_text(const json_t *job);
-
-/* The estimate of method 3 for job (>= 1 for any non-empty job). */
-long long oai_count_estimate(const json_t *job);
+/* The text /tokenize counts and the estimate of method 3: common/gp_count.h. */
 
 /* Parse a 2xx reply of method m: *n = the count; *estimated = the upstream
  * itself said it estimated (an inner gpupool's x_pool_meta.estimated).

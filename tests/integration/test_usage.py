@@ -14,8 +14,17 @@ and `stop_reason: "stop_sequence"`.
   prompt's size before the first token), and the text before the ".";
 - openai agent on an upstream that honours `stop` like vLLM (upstream.py
   --honor-stop: it names the string in the choice's stop_reason);
-- what the key is charged for the day equals the usage the replies reported.
+- what the key is charged for the day equals the usage the replies reported;
+- a client that leaves mid-stream (OpenAI chat, Anthropic messages; gguf
+  and openai agents) is charged what its request-log row says: the tokens
+  the server relayed and the prompt (its real size when the agent reported
+  it before the first token, as gguf does; else the documented estimate,
+  since the openai backend learns it only from the upstream's last chunk);
+- a request that failed over mid-stream reports the usage of the whole reply
+  once (the prompt once, every relayed token) and is charged that.
 """
+
+import json
 
 import os
 import sys
@@ -23,6 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import bearer, http_json, http_request, parse_sse, sse_data_json  # noqa: E402
+import upstream as upstream_mod  # noqa: E402
 
 MODEL = os.path.join(harness.SOURCE_DIR, "models", "stories260K.gguf")
 MSGS = [{"role": "user", "content": "Once upon a time"}]
@@ -68,11 +78,6 @@ class Usage(harness.TestCase):
         return start, delta, text
 
     def check_charged(self):
-        st, _, b = http_json("GET", self.srv.url + "/admin/keys", headers=bearer(self.admin))
-        self.assertEqual(st, 200, b)
-        k = [k for k in b["keys"] if k["name"] == "c"][0]
-        u = k["usage_today"]
-
         def settled():
             st, _, b = http_json("GET", self.srv.url + "/admin/keys",
                                  headers=bearer(self.admin))
@@ -117,6 +122,108 @@ class Usage(harness.TestCase):
         b = self.message(dict(base, stop_sequences=None))
         self.assertEqual(b["stop_reason"], "end_turn")
         self.check_charged()
+
+    def cancel_midstream(self, path, body, n_events):
+        """Stream body to path, read n_events token events, hang up; returns
+        the job's request-log row once the server has cancelled it."""
+        cid = "cancel-%s-%s" % (path.strip("/").replace("/", "-"), body["model"])
+        s = harness.SSEStream("POST", self.srv.url + path, dict(body, stream=True),
+                              headers=dict(bearer(self.client), **{"X-Correlation-Id": cid}),
+                              timeout=60)
+        self.assertEqual(s.status, 200)
+        seen = 0
+        while seen < n_events:
+            e = s.next_event(timeout=30)
+            self.assertIsNotNone(e, "the stream ended before %d tokens" % n_events)
+            d = json.loads(e["data"]) if e.get("data", "").startswith("{") else {}
+            if d.get("type") == "content_block_delta" or \
+                    any((c.get("delta") or {}).get("content") for c in d.get("choices") or []):
+                seen += 1
+        s.close()
+
+        def row():
+            st, _, b = http_json("GET", self.srv.url + "/admin/jobs?limit=50",
+                                 headers=bearer(self.admin))
+            rows = [j for j in b.get("jobs", []) if j.get("correlation_id") == cid]
+            return rows[0] if rows and rows[0]["status"] == "cancelled" else None
+        r = harness.wait_until(row, timeout=30, what="the job cancelled")
+        self.assertGreaterEqual(r["completion_tokens"], n_events)
+        self.assertGreater(r["prompt_tokens"], 0)
+        self.charged[0] += r["prompt_tokens"]
+        self.charged[1] += r["completion_tokens"]
+        return r
+
+    def test_client_gone_is_charged_what_was_logged(self):
+        # A slow upstream, so that the client surely leaves first (400 tokens
+        # at 100 ms). The openai backend learns the prompt's size only from
+        # the upstream's last chunk: the server charges the documented
+        # estimate ("Once upon a time": 16 bytes -> 4, + 4 for one message).
+        st, _, _ = http_json("POST", self.up.url + "/_control/config",
+                             {"pace_ms": 100, "tokens": 400})
+        self.assertEqual(st, 200)
+        base = {"model": "m1", "max_tokens": 2000, "messages": MSGS}
+        for path, n in (("/v1/chat/completions", 3), ("/v1/messages", 2)):
+            r = self.cancel_midstream(path, base, n)
+            self.assertEqual(r["prompt_tokens"], (len("Once upon a time") + 3) // 4 + 4)
+            ev = [e for e in self.srv.log_events("job_cancelled") if e.get("job_id") == r["id"]]
+            self.assertEqual(len(ev), 1)
+            self.assertTrue(ev[0]["prompt_estimated"])
+            self.assertEqual(ev[0]["completion_tokens"], r["completion_tokens"])
+        self.check_charged()
+
+
+class FailoverUsage(harness.TestCase):
+
+    def test_failover_reports_and_charges_the_whole_reply_once(self):
+        from test_e2e_failover import FAST, N, ContUpstream, expected
+        db = self.h.path("fo.db")
+        admin = self.h.create_key(db, "admin", "ops")
+        client = self.h.create_key(db, "client", "c")
+        keys = [self.h.create_key(db, "agent", "a%d" % i) for i in range(2)]
+        srv = self.h.start_server(FAST, db=db)
+        ua = ContUpstream(self.h, self.h._name("upstream"),
+                          ["--tokens", str(N), "--mode", "die", "--after", "4"])
+        ub = ContUpstream(self.h, self.h._name("upstream"), ["--tokens", str(N)])
+        self.h.procs += [ua, ub]
+        aa = self.h.start_agent(srv, upstream=ua, model="m1", token=keys[0])
+        self.h.start_agent(srv, upstream=ub, model="m1", token=keys[1])
+        srv.wait_model("m1", key=client)
+        ida = aa.agent_id()
+
+        def parked():
+            _, _, raw = http_request("GET", srv.url + "/metrics", timeout=5)
+            return any(line.startswith("gpupool_agents_parked ") and float(line.split()[-1]) >= 2
+                       for line in raw.decode().splitlines())
+        harness.wait_until(parked, timeout=30, what="both agents parked")
+        prompt = "once upon a time there was a pool"
+        reported = [0, 0]
+        # OpenAI chat, streamed: A dies after 4 tokens, B continues.
+        st, _, raw = http_request("POST", srv.url + "/v1/chat/completions",
+                                  {"model": "m1", "stream": True, "max_tokens": 50,
+                                   "stream_options": {"include_usage": True},
+                                   "messages": [{"role": "user", "content": prompt}],
+                                   "x_pool_options": {"prefer_agent": ida}},
+                                  headers=bearer(client), timeout=60)
+        self.assertEqual(st, 200, raw)
+        datas = sse_data_json(parse_sse(raw))
+        text = "".join((c.get("delta") or {}).get("content") or ""
+                       for d in datas for c in d.get("choices") or [])
+        self.assertEqual(text, expected(prompt))
+        last = [d for d in datas if any(c.get("finish_reason") for c in d.get("choices") or [])]
+        self.assertEqual(last[0]["x_pool_meta"]["attempts"], 2)
+        u = [d["usage"] for d in datas if d.get("usage")][-1]
+        self.assertEqual(u["completion_tokens"], N)
+        # The prompt once: what B's upstream was asked minus the continuation
+        # is not the client's prompt; upstream.py counts one token per word.
+        self.assertEqual(u["prompt_tokens"], len(prompt.split()))
+        reported[0] += u["prompt_tokens"]
+        reported[1] += u["completion_tokens"]
+
+        def settled():
+            st, _, b = http_json("GET", srv.url + "/admin/keys", headers=bearer(admin))
+            k = [k for k in b["keys"] if k["name"] == "c"][0]["usage_today"]
+            return k if [k["prompt_tokens"], k["completion_tokens"]] == reported else None
+        harness.wait_until(settled, timeout=10, what="key usage equal to the reply's")
 
 
 if __name__ == "__main__":

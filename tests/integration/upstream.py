@@ -354,6 +354,10 @@ class Handler(BaseHTTPRequestHandler):
                 toks = kept
                 finish = "stop"
         prompt_tokens = len(prompt_text_of(body, chat).split())
+        # A continuation (upstream_continue.py took it out of the body) is
+        # prompt the model reads, as with a real server: count it.
+        if isinstance(body.get("x_continued_from"), int):
+            prompt_tokens += body["x_continued_from"]
         cid = ("chatcmpl-" if chat else "cmpl-") + "%d" % rec["id"]
         created = int(time.time())
         model = body.get("model") or "m1"

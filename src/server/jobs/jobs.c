@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_count.h"
 #include "common/gp_log.h"
 #include "server/fleet/agent_check.h"
 #include "server/auth/limits.h"
@@ -1009,10 +1010,35 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     return job;
 }
 
+/* A job cancelled while an agent ran it: the agent had read the prompt,
+ * and the key pays for it even when the agent never said its size (the
+ * openai backend learns it from the upstream's final usage only): then the
+ * documented estimate (common/gp_count.h). Returns true when estimated. */
+static bool charge_prompt_of_cancelled(gps_job *job)
+{
+    if (job->state != GPS_JOB_RUNNING || job->prompt_tokens > 0 ||
+        job->spec.kind == GPS_JOB_COUNT_TOKENS)
+        return false;
+    json_t *w = json_object();
+    if (!w)
+        return false;
+    if (job->spec.prompt)
+        json_object_set_new(w, "prompt", json_string(job->spec.prompt));
+    if (job->spec.messages)
+        json_object_set(w, "messages", job->spec.messages);
+    long long n = gp_count_estimate(w);
+    json_decref(w);
+    if (n <= 0)
+        return false;
+    job->prompt_tokens = n;
+    return true;
+}
+
 void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
 {
     if (gps_job_terminal(job))
         return;
+    bool estimated = charge_prompt_of_cancelled(job);
     bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
     if (on_agent) {
         end_on_agent(j, job, true);
@@ -1021,8 +1047,10 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
     snprintf(job->error_code, sizeof job->error_code, "CANCELLED");
     finish(j, job, GPS_JOB_CANCELLED);
     gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
-                 json_pack("{s:s,s:s,s:s}", "job_id", job->id, "reason", reason ? reason : "",
-                           "agent_id", job->agent_id),
+                 json_pack("{s:s,s:s,s:s,s:I,s:I,s:b}", "job_id", job->id, "reason",
+                           reason ? reason : "", "agent_id", job->agent_id, "prompt_tokens",
+                           (json_int_t)job->prompt_tokens, "completion_tokens",
+                           (json_int_t)job->completion_tokens, "prompt_estimated", estimated),
                  "job cancelled");
     json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", "CANCELLED", "message",
                            "the job was cancelled", "status", 499);

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "agent/openai_count.h"
+#include "common/gp_count.h"
 
 static json_t *J(const char *s)
 {
@@ -67,8 +68,8 @@ static void test_messages_body(void **st)
     json_decref(job);
     job = J("{\"kind\":\"count_tokens\"}");
     assert_null(oai_count_messages_body(job, "m"));
-    assert_null(oai_count_text(job));
-    assert_int_equal(oai_count_estimate(job), 0);
+    assert_null(gp_count_text(job));
+    assert_int_equal(gp_count_estimate(job), 0);
     json_decref(job);
 }
 
@@ -77,14 +78,14 @@ static void test_text_and_estimate(void **st)
     (void)st;
     json_t *job = J("{\"messages\":[{\"role\":\"user\",\"content\":\"12345678\"},"
                     "{\"role\":\"assistant\",\"content\":\"abc\"}]}");
-    char *t = oai_count_text(job);
+    char *t = gp_count_text(job);
     assert_string_equal(t, "12345678\nabc");
     free(t);
     /* 12 bytes -> 3, plus 4 per message. */
-    assert_int_equal(oai_count_estimate(job), 3 + 8);
+    assert_int_equal(gp_count_estimate(job), 3 + 8);
     json_decref(job);
     job = J("{\"prompt\":\"x\"}");
-    assert_int_equal(oai_count_estimate(job), 1);
+    assert_int_equal(gp_count_estimate(job), 1);
     json_decref(job);
 }
 
