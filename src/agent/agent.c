@@ -101,6 +101,7 @@ struct agent {
     req *work_stale;        /* a free_slots 0 long-poll replaced by one with free slots:
                                in flight until the server answers it 204 */
     int work_free;          /* free_slots the work_req in flight announced */
+    bool prefix_reported;   /* long-polls carry the backend's prefix_cache facts */
     bool no_liveness;       /* the server refused free_slots 0 (older server) */
     char instance[33];      /* random per process: the server tells restarts apart */
     char delivery_seen[65]; /* `delivery` of the last work reply processed */
@@ -780,11 +781,32 @@ static void job_begin(agent *a, json_t *jj)
     }
 }
 
+/* The backend's prefix_cache facts (gguf), or NULL: sent with every
+ * long-poll too, so that the server routes a conversation's next turn by
+ * what the slots hold now, not at the last heartbeat. New reference. */
+static json_t *prefix_facts(agent *a)
+{
+    if (!a->be->ops->poll_facts)
+        return NULL;
+    json_t *tmp = json_object();
+    if (!tmp)
+        return NULL;
+    a->be->ops->poll_facts(a->be, tmp);
+    json_t *pc = json_incref(json_object_get(tmp, "prefix_cache"));
+    json_decref(tmp);
+    return pc;
+}
+
 static void work_start(agent *a, int free_slots)
 {
     json_t *body = json_pack("{s:s,s:i}", "agent_id", a->id, "free_slots", free_slots);
     if (body)
         add_liveness(a, body, true);
+    json_t *pc = body ? prefix_facts(a) : NULL;
+    if (pc) {
+        a->prefix_reported = json_is_true(json_object_get(pc, "enabled"));
+        json_object_set_new(body, "prefix_cache", pc);
+    }
     long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
     a->work_req = req_start(a, REQ_WORK, "/agents/work", body, timeout, NULL);
     a->work_free = free_slots;
@@ -805,8 +827,8 @@ static void work_jobs(agent *a, json_t *body)
         snprintf(a->delivery_seen, sizeof a->delivery_seen, "%s", d);
 }
 
-/* A replaced free_slots 0 long-poll came back: normally the server's 204;
- * jobs are taken if a server ever sent any. */
+/* A replaced long-poll came back: normally the server's 204; jobs are
+ * taken if the server answered it with some before the new one arrived. */
 static void work_stale_done(agent *a, CURLcode rc, long status, json_t *body)
 {
     if (rc == CURLE_OK && status == 200)
@@ -1160,10 +1182,14 @@ int agent_run(agent *a)
             req_abort(a, a->work_req); /* the server knows we are draining */
             a->work_req = NULL;
         }
-        if (a->work_req && a->work_free == 0 && free_slots > 0 && !a->work_stale) {
+        if (a->work_req && free_slots > a->work_free && !a->work_stale &&
+            (a->work_free == 0 || a->prefix_reported)) {
             /* A slot freed under a liveness long-poll: park a new one that
              * asks for work; the server answers the old one 204. Not
-             * aborted: its close would look like our death. */
+             * aborted: its close would look like our death. With a prefix
+             * cache, any freed slot re-parks: the new long-poll says what
+             * the slot now holds (its reply's jobs, if the server sent the
+             * old one any, are still taken: work_stale_done). */
             a->work_stale = a->work_req;
             a->work_req = NULL;
             a->next_work_ms = now;

@@ -602,6 +602,15 @@ static void h_work(gps_req *r, void *arg)
     /* A new long-poll: the process is alive (a closed one's grace ends). */
     gps_agents_poll_reopened(g, a->id);
     liveness_apply(g, a, &lv);
+    /* What its slots hold now (a job just ended): fresher than the last
+     * poll's, for prefix routing. Indexed when the scheduler sees it ready. */
+    char perr[256];
+    if (registry_agent_set_prefix(a, json_object_get(body, "prefix_cache"), perr,
+                                  sizeof perr) < 0) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", perr, "prefix_cache");
+        return;
+    }
     json_decref(body);
     if (e->parked) {
         /* A second long-poll replaces the first (the agent gave up on it). */

@@ -668,6 +668,7 @@ int main(int argc, char **argv)
     sched_config scfg;
     sched_config_default(&scfg);
     scfg.max_queue = (size_t)s->cfg.max_queue;
+    scfg.prefix_routing = s->cfg.prefix_routing;
     if (sched_policy_parse(s->cfg.scheduler, &scfg.policy) < 0) {
         fprintf(stderr, "gpupool-server: invalid value '%s' for 'scheduler'\n",
                 s->cfg.scheduler);

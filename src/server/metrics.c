@@ -319,6 +319,9 @@ int gps_metrics_define_server(gps_metrics *m)
          "Submit to the first assignment to an agent, by model and priority.",
          lat, sizeof lat / sizeof lat[0]},
         {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
+        {"prefix_routed_total", GPS_METRIC_COUNTER,
+         "Assignments of jobs while agents advertise prompt prefixes: hit = sent to the slot "
+         "holding the job's longest prefix, miss = by policy.", NULL, 0},
         {"tasks_accepted_total", GPS_METRIC_COUNTER,
          "Native tasks accepted (202); each counts in requests_total once it ends.", NULL, 0},
         {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
@@ -403,6 +406,8 @@ int gps_metrics_define_server(gps_metrics *m)
     /* Counters start at 0 so that they show up (and rate() works) before
      * their first event. */
     gps_metrics_add(m, "tokens_generated_total", NULL, 0);
+    gps_metrics_add(m, "prefix_routed_total", "result=\"hit\"", 0);
+    gps_metrics_add(m, "prefix_routed_total", "result=\"miss\"", 0);
     gps_metrics_add(m, "db_writes_total", NULL, 0);
     gps_metrics_add(m, "db_errors_total", NULL, 0);
     char l[64];
@@ -493,6 +498,16 @@ void gps_metrics_rate_limited(gps_metrics *m, const char *reason)
     char l[64];
     gps_metrics_label(l, sizeof l, "reason", reason, (char *)NULL);
     gps_metrics_add(m, "rate_limited_total", l, 1);
+}
+
+double gps_metrics_sum_except(gps_metrics *m, const char *name, const char *except)
+{
+    family *f = find_family(m, name);
+    double total = 0;
+    for (series *s = f ? f->head : NULL; s; s = s->next)
+        if (!except || !s->labels || !strstr(s->labels, except))
+            total += f->type == GPS_METRIC_HISTOGRAM ? (double)s->count : s->value;
+    return total;
 }
 
 double gps_metrics_sum(gps_metrics *m, const char *name)

@@ -91,5 +91,8 @@ void gps_metrics_rate_limited(gps_metrics *m, const char *reason);
 /* Sum of every series of a counter/gauge family (histograms: of their
  * counts); 0 for an unknown family. For totals over labels (admin status). */
 double gps_metrics_sum(gps_metrics *m, const char *name);
+/* The same over the series whose labels do not contain `except` (e.g.
+ * "outcome=\"ok\"": the requests that failed). */
+double gps_metrics_sum_except(gps_metrics *m, const char *name, const char *except);
 
 #endif

@@ -96,6 +96,8 @@ const gp_opt gps_config_table[] = {
      "a streaming client above client_buffer_bytes this long is dropped"},
     {"scheduler", GP_OPT_STR, O(scheduler), "round_robin", 0, 0, "round_robin|weighted",
      "scheduling policy"},
+    {"prefix_routing", GP_OPT_BOOL, O(prefix_routing), "true", 0, 0, NULL,
+     "send a request to the agent whose slot holds its longest prompt prefix"},
     {"shutdown_grace_sec", GP_OPT_INT, O(shutdown_grace_sec), "30", 0, 3600, NULL,
      "SIGTERM: how long running streams may finish"},
     {"retention_days", GP_OPT_INT, O(retention_days), "30", 0, 36500, NULL,

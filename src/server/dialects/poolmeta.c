@@ -39,6 +39,10 @@ json_t *gps_pool_meta(gps_job *job)
         json_object_set_new(meta, "model_sha256", json_string(job->model_digest));
     /* The agent's upstream is another pool: how that pool ran it (its own
      * agent, attempts, failovers), nested as the client would see it there. */
+    /* Routed to the slot that held this many of the prompt's units (a
+     * message each, or 1024-byte blocks): the agent skipped their prefill. */
+    if (meta && job->prefix_units > 0)
+        json_object_set_new(meta, "prefix_units", json_integer(job->prefix_units));
     if (meta && job->upstream_meta)
         json_object_set(meta, "upstream", job->upstream_meta);
     if (meta && job->continuation_mode)   /* "tokens" | "text" after a failover */

@@ -290,6 +290,21 @@ static int parse_prefix(const json_t *pc, int slots_total, registry_prefix *out,
     return 0;
 }
 
+int registry_agent_set_prefix(registry_agent *a, const json_t *pc, char *err, size_t errlen)
+{
+    if (!pc || json_is_null(pc))
+        return 0;
+    registry_prefix p = {0};
+    if (parse_prefix(pc, a->slots_total > 0 ? a->slots_total : 1, &p, err, errlen) < 0) {
+        free(p.slots);
+        return -1;
+    }
+    free(a->prefix.slots);
+    a->prefix = p;
+    a->prefix_gen++;
+    return 0;
+}
+
 long registry_agent_prefix_match(const registry_agent *a, const gp_prefix_chain *req,
                                  int *slot, long long *tokens)
 {
@@ -673,6 +688,8 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
     SWAP_FIELD(a->n_labels, f->n_labels);
     SWAP_FIELD(a->facts, f->raw);
     SWAP_FIELD(a->prefix, f->prefix);
+    if (a->prefix.reported || f->prefix.reported)
+        a->prefix_gen++;
     if (changed) {
         if (a->in_index)
             index_count(reg, a, +1);

@@ -159,6 +159,7 @@ typedef struct registry_agent {
     uint64_t jobs_failed;       /* ended with an error or lost */
     double tokens_per_sec;      /* EWMA of reported speed, 0 = unknown */
     uint32_t models_gen;        /* bumps whenever models or labels change */
+    uint32_t prefix_gen;        /* bumps whenever a prefix_cache report arrives */
 
     void *sched_priv;           /* owned by the scheduler (sched.c) */
     char instance[65];          /* the agent process's instance id ("" = none sent:
@@ -338,6 +339,14 @@ void registry_models_foreach(const registry *reg,
  * a request's chain (gp_prefix_chain_of_job over the job the agent would
  * get). Returns the units matched (0: none) and, when > 0, the slot and
  * the positions it holds. O(slots x log units). */
+/* A prefix_cache object reported outside a poll (the agent's
+ * POST /agents/work body: fresh after each job, where polls come every
+ * poll_interval). Validated as in a poll (slots bounded by the agent's
+ * slots_total); replaces a->prefix and bumps prefix_gen. NULL/null: no
+ * change. 0, or -1 with err (a->prefix unchanged). */
+int registry_agent_set_prefix(registry_agent *a, const json_t *prefix_cache, char *err,
+                              size_t errlen);
+
 long registry_agent_prefix_match(const registry_agent *a, const gp_prefix_chain *req,
                                  int *slot, long long *tokens);
 

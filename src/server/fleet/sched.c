@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "server/fleet/gps_strmap.h"
+#include "server/fleet/prefix_index.h"
 
 /* Separator between a model name and a label in a ring key: a byte that
  * cannot appear in JSON-sourced names without escaping, so no collision with
@@ -53,6 +54,9 @@ struct sagent {
     uint32_t gen;                 /* registry models_gen the members match */
     member *members;
     size_t n_members;
+    pidx_owner po;                /* its slots' advertised prefixes */
+    uint32_t prefix_gen;          /* registry prefix_gen po matches */
+    bool prefix_indexed;
     sagent *prev, *next;          /* all sagents (for destroy) */
 };
 
@@ -75,6 +79,7 @@ struct sched {
     smap rings;
     smap queues;
     smap affinity;
+    pidx *prefixes;
     aff *aff_head, *aff_tail;
     sagent *agents;
     int64_t seq_back, seq_front;  /* queue order counters */
@@ -96,6 +101,7 @@ void sched_config_default(sched_config *c)
     c->weighted_sample = 16;
     c->affinity_ttl_ms = 300000;
     c->prefer_strict = false;
+    c->prefix_routing = true;
 }
 
 int sched_policy_parse(const char *s, sched_policy *out)
@@ -144,6 +150,10 @@ sched *sched_create(registry *reg, const sched_config *cfg)
         sched_config_default(&s->cfg);
     if (s->cfg.weighted_sample == 0)
         s->cfg.weighted_sample = 1;
+    if (!(s->prefixes = pidx_create())) {
+        free(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -340,9 +350,16 @@ static sagent *sa_get(sched *s, registry_agent *a, bool create)
     return sa;
 }
 
-/* Bring ring membership in line with: parked, free > 0, HEALTHY. */
+/* Bring ring membership in line with: parked, free > 0, HEALTHY; and the
+ * prefix index with the agent's last prefix_cache report. */
 static int sa_sync(sched *s, sagent *sa)
 {
+    if (!sa->prefix_indexed || sa->prefix_gen != sa->a->prefix_gen) {
+        sa->prefix_gen = sa->a->prefix_gen;
+        sa->prefix_indexed = true;
+        if (pidx_owner_set(s->prefixes, &sa->po, sa, &sa->a->prefix) < 0)
+            return -1;
+    }
     if (!sa->built || sa->gen != sa->a->models_gen) {
         sa_unlink(sa);
         if (sa_build(s, sa) < 0)
@@ -394,9 +411,15 @@ void sched_agent_forget(sched *s, registry_agent *a)
         s->agents = sa->next;
     if (sa->next)
         sa->next->prev = sa->prev;
+    pidx_owner_clear(s->prefixes, &sa->po);
     free(sa->members);
     free(sa);
     a->sched_priv = NULL;
+}
+
+size_t sched_prefix_entries(const sched *s)
+{
+    return s->cfg.prefix_routing ? pidx_size(s->prefixes) : 0;
 }
 
 int sched_agent_free_slots(const sched *s, const registry_agent *a)
@@ -654,13 +677,38 @@ static void assign(sched *s, sagent *sa, sched_job *j, uint64_t now)
     }
 }
 
-static sagent *choose(sched *s, const sched_job *j, uint64_t now)
+typedef struct prefix_ctx {
+    sched *s;
+    const sched_job *j;
+} prefix_ctx;
+
+static bool prefix_accept(void *ctx, void *ud)
+{
+    prefix_ctx *c = ctx;
+    sagent *sa = ud;
+    return sa_usable(c->s, sa) && registry_agent_serves(sa->a, c->j->model) &&
+           agent_fits(c->s, sa->a, c->j);
+}
+
+static sagent *choose(sched *s, sched_job *j, uint64_t now)
 {
     sagent *sa;
     if (j->prefer_agent && (sa = pick_agent(s, registry_get(s->reg, j->prefer_agent), j)))
         return sa;
     if (job_strict(s, j))
         return NULL;
+    /* The agent whose slot already holds the longest part of this prompt
+     * skips that much prefill (a conversation's next turn): before
+     * affinity and policy, which only guess where it went last. */
+    if (s->cfg.prefix_routing && j->prefix) {
+        prefix_ctx c = {s, j};
+        void *ud;
+        long n = pidx_route(s->prefixes, j->prefix, prefix_accept, &c, &ud);
+        if (n > 0) {
+            j->prefix_units = n;
+            return ud;
+        }
+    }
     if (s->cfg.policy == SCHED_WEIGHTED && j->session) {
         const char *id = sched_affinity_get(s, j->session, now);
         if (id && (sa = pick_agent(s, registry_get(s->reg, id), j)))
@@ -744,6 +792,7 @@ sched_result sched_submit(sched *s, sched_job *j, uint64_t now_ms, registry_agen
     if ((unsigned)j->priority >= SCHED_PRIORITY_COUNT)
         j->priority = SCHED_BATCH;
     j->agent = NULL;
+    j->prefix_units = 0;
     if (registry_model_live_count(s->reg, j->model) == 0)
         return SCHED_NO_AGENT;
     /* The dialects drop tools when no agent takes them; this catches the
@@ -876,10 +925,12 @@ void sched_destroy(sched *s)
     while (sa) {
         sagent *next = sa->next;
         sa->a->sched_priv = NULL;
+        pidx_owner_clear(s->prefixes, &sa->po);
         free(sa->members);
         free(sa);
         sa = next;
     }
+    pidx_destroy(s->prefixes);
     smap_free(&s->rings, free);
     /* Queued jobs belong to the core; just detach them. */
     size_t i;

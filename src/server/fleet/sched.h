@@ -49,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/gp_prefix.h"
 #include "server/fleet/registry.h"
 
 typedef enum sched_policy {
@@ -82,6 +83,8 @@ typedef struct sched_config {
     uint64_t affinity_ttl_ms;   /* session -> agent memory; 300000 (5 min) */
     bool prefer_strict;         /* default for jobs: wait for prefer_agent (true)
                                    or fall back to any eligible agent (false, default) */
+    bool prefix_routing;        /* send a job to the ready agent whose slot holds
+                                   its longest prompt prefix (true, default) */
 } sched_config;
 
 void sched_config_default(sched_config *c);
@@ -103,10 +106,14 @@ typedef struct sched_job {
     bool needs_tools;               /* carries tools: only agents whose facts say
                                        supports_tools for model may take it */
     bool front;                     /* queue at the head of its priority (failover) */
+    const gp_prefix_chain *prefix;  /* the job's prompt chain (gp_prefix_chain_of_job
+                                       over its wire JSON), borrowed; NULL = none */
 
     /* set by the scheduler */
     uint64_t enqueue_ms;            /* when sched_submit queued it */
     registry_agent *agent;          /* agent it was assigned to, or NULL */
+    long prefix_units;              /* > 0: routed to a slot holding that many of
+                                       its prompt units (sched_submit) */
 
     /* private to sched.c */
     struct sched_job *qprev, *qnext;
@@ -185,6 +192,10 @@ bool sched_agent_is_ready(const sched *s, const registry_agent *a);
  * speed term 0); affinity: a is the session's agent. */
 double sched_agent_score(const sched *s, const registry_agent *a, double best_tps,
                          bool affinity, uint64_t now_ms);
+
+/* Slot checkpoints in the prefix index (0: no agent advertises a prefix,
+ * so a job's chain need not be computed). */
+size_t sched_prefix_entries(const sched *s);
 
 /* Agent id remembered for session (NULL when none or expired). */
 const char *sched_affinity_get(sched *s, const char *session, uint64_t now_ms);

@@ -247,6 +247,7 @@ static void job_free(gps_job *job)
     free(job->gen_ids);
     free(job->stop_sequence);
     json_decref(job->upstream_meta);
+    gp_prefix_chain_free(&job->prefix_chain);
     free(job);
 }
 
@@ -758,8 +759,42 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
 /* The scheduler gave job to agent a, whose long-poll is parked: hand it
  * over now. When the long-poll turns out to be gone, give the slot back
  * and try elsewhere (depth bounds the retries). */
+/* The job's prompt chain (gp_prefix.h), computed as an agent computes it
+ * from the wire JSON, for the scheduler's prefix routing; only while some
+ * agent advertises a prefix (the hashing costs a pass over the prompt). */
+static void set_prefix_chain(gps_jobs *j, gps_job *job)
+{
+    if (job->spec.kind == GPS_JOB_COUNT_TOKENS || sched_prefix_entries(j->sched) == 0)
+        return;
+    json_t *w = json_object();
+    if (!w)
+        return;
+    if (job->spec.prompt)
+        json_object_set_new(w, "prompt", json_string(job->spec.prompt));
+    if (job->spec.messages)
+        json_object_set(w, "messages", job->spec.messages);
+    if (job->spec.tools)
+        json_object_set(w, "tools", job->spec.tools);
+    if (job->spec.tool_choice)
+        json_object_set(w, "tool_choice", job->spec.tool_choice);
+    if (gp_prefix_chain_of_job(w, &job->prefix_chain) == 0 && job->prefix_chain.units > 0)
+        job->sj.prefix = &job->prefix_chain;
+    json_decref(w);
+}
+
+/* After an assignment by sched: was it the prefix that chose the agent? */
+static void note_prefix_route(gps_jobs *j, gps_job *job)
+{
+    if (!job->sj.prefix)
+        return;
+    job->prefix_units = job->sj.prefix_units;
+    count(j, "prefix_routed_total", job->prefix_units > 0 ? "result=\"hit\"" : "result=\"miss\"",
+          1);
+}
+
 static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
+    note_prefix_route(j, job);
     mark_assigned(j, job, a);
     json_t *arr = json_array();
     json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
@@ -920,6 +955,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.labels = job->spec.labels;
     job->sj.n_labels = job->spec.n_labels;
     job->sj.needs_tools = job->spec.tools != NULL;
+    set_prefix_chain(j, job);
 
     registry_agent *a = NULL;
     /* A count_tokens job is a short tokenizer call: it neither waits for

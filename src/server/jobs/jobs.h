@@ -148,6 +148,9 @@ struct gps_job {
     bool count_estimated;         /* count_tokens: the agent estimated (no count endpoint) */
     char *stop_sequence;          /* end: the stop string the agent stopped on (owned), or NULL */
     json_t *upstream_meta;        /* end: an upstream pool's x_pool_meta (owned), or NULL */
+    gp_prefix_chain prefix_chain; /* its prompt chain for prefix routing (owned; empty
+                                     when no agent advertises prefixes) */
+    long prefix_units;            /* units of the prompt the chosen slot held (0: none) */
     gp_buf text;                  /* text relayed to subscribers so far */
     long long completion_tokens;  /* tokens relayed, all attempts together */
     long long continued_tokens;   /* tokens before the current attempt (continuation) */

@@ -98,6 +98,159 @@ static registry_agent *submit_assigned(fx *f, sched_job *j, uint64_t now)
     return a;
 }
 
+
+/* ---------------------------------------------------- prefix routing */
+
+/* A chat job's messages from a compact list of contents: "s" = the system
+ * prompt, anything else a user/assistant turn in order. */
+static json_t *conv(const char *const *turns)
+{
+    json_t *msgs = json_array();
+    for (int i = 0; turns[i]; i++) {
+        const char *role = strcmp(turns[i], "s") == 0 ? "system" : (i % 2 ? "user" : "assistant");
+        if (i == 0 && strcmp(turns[i], "s") != 0)
+            role = "user";
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", role, "content", turns[i]));
+    }
+    json_t *job = json_pack("{s:o}", "messages", msgs);
+    assert_non_null(job);
+    return job;
+}
+
+/* Agent a advertises (one slot) the prompt of turns. */
+static void advertise(fx *f, registry_agent *a, const char *const *turns)
+{
+    json_t *job = conv(turns);
+    gp_prefix_chain c;
+    assert_int_equal(gp_prefix_chain_of_job(job, &c), 0);
+    gp_prefix_desc d;
+    gp_prefix_desc_of_chain(&c, &d);
+    json_t *pc = json_pack("{s:b,s:[{s:i,s:b,s:i,s:o}]}", "enabled", 1, "slots", "slot", 0,
+                           "busy", 0, "tokens", 100, "prefix", gp_prefix_desc_json(&d));
+    char err[128];
+    assert_int_equal(registry_agent_set_prefix(a, pc, err, sizeof err), 0);
+    assert_int_equal(sched_agent_update(f->s, a), 0);
+    json_decref(pc);
+    json_decref(job);
+    gp_prefix_chain_free(&c);
+}
+
+typedef struct prefix_row {
+    const char *what;
+    const char *const *held[3];     /* what agents 0..2 advertise (NULL: nothing) */
+    const char *const *request;
+    int ready[3];                   /* free slots of each (0: not ready) */
+    int want_agent;                 /* index (round robin's first is agent 0) */
+    long want_units;
+} prefix_row;
+
+static const char *const T_SU1[] = {"s", "u1", NULL};
+static const char *const T_SU1A1U2[] = {"s", "u1", "a1", "u2", NULL};
+static const char *const T_SU1A1U2A2U3[] = {"s", "u1", "a1", "u2", "a2", "u3", NULL};
+static const char *const T_SUX[] = {"s", "ux", NULL};
+static const char *const T_U1[] = {"u1", NULL};
+static const char *const T_U1A1U2[] = {"u1", "a1", "u2", NULL};
+
+static void test_prefix_routing_table(void **st)
+{
+    (void)st;
+    static const prefix_row rows[] = {
+        {"next turn goes where the first ran", {NULL, T_SU1, NULL}, T_SU1A1U2, {1, 1, 1}, 1, 2},
+        {"the deepest holder wins", {T_SU1, NULL, T_SU1A1U2}, T_SU1A1U2A2U3, {1, 1, 1}, 2, 4},
+        {"a shared system prompt alone does not route", {NULL, T_SUX, NULL}, T_SU1, {1, 1, 1},
+         0, 0},
+        {"a one-message previous turn routes (whole chain held)", {NULL, NULL, T_U1},
+         T_U1A1U2, {1, 1, 1}, 2, 1},
+        {"the holder without a free slot is skipped", {NULL, T_SU1, NULL}, T_SU1A1U2, {1, 0, 1},
+         0, 0},
+        {"a shallower holder serves when the deepest is busy", {T_SU1, NULL, T_SU1A1U2},
+         T_SU1A1U2A2U3, {1, 1, 0}, 0, 2},
+        {"nothing held: policy", {NULL, NULL, NULL}, T_SU1A1U2, {1, 1, 1}, 0, 0},
+    };
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        const prefix_row *row = &rows[r];
+        fx f;
+        fx_init(&f, SCHED_ROUND_ROBIN, 100);
+        registry_agent *ag[3];
+        for (int i = 0; i < 3; i++) {
+            ag[i] = add_m1(&f, i);
+            if (row->ready[i])
+                assert_int_equal(sched_agent_ready(f.s, ag[i], row->ready[i]), 0);
+            if (row->held[i])
+                advertise(&f, ag[i], row->held[i]);
+        }
+        json_t *job = conv(row->request);
+        gp_prefix_chain c;
+        assert_int_equal(gp_prefix_chain_of_job(job, &c), 0);
+        sched_job j;
+        job_init(&j, "m1", SCHED_INTERACTIVE);
+        j.prefix = &c;
+        registry_agent *a = submit_assigned(&f, &j, T0);
+        if (j.prefix_units != row->want_units || a != ag[row->want_agent])
+            fail_msg("row '%s': got units %ld", row->what, j.prefix_units);
+        gp_prefix_chain_free(&c);
+        json_decref(job);
+        fx_free(&f);
+    }
+}
+
+/* Equal holders take turns; prefix_routing off ignores what is held; an
+ * agent forgotten by the scheduler leaves the index. */
+static void test_prefix_routing_rotation_and_off(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    registry_agent *ag[3];
+    for (int i = 0; i < 3; i++) {
+        ag[i] = add_m1(&f, i);
+        assert_int_equal(sched_agent_ready(f.s, ag[i], 4), 0);
+    }
+    advertise(&f, ag[0], T_SU1);
+    advertise(&f, ag[2], T_SU1);
+    assert_int_equal(sched_prefix_entries(f.s), 4); /* points n=1, n=2 of two slots */
+    json_t *job = conv(T_SU1A1U2);
+    gp_prefix_chain c;
+    assert_int_equal(gp_prefix_chain_of_job(job, &c), 0);
+    registry_agent *got[4];
+    for (int k = 0; k < 4; k++) {
+        sched_job j;
+        job_init(&j, "m1", SCHED_INTERACTIVE);
+        j.prefix = &c;
+        got[k] = submit_assigned(&f, &j, T0);
+        assert_int_equal(j.prefix_units, 2);
+    }
+    assert_ptr_equal(got[0], ag[0]);
+    assert_ptr_equal(got[1], ag[2]);
+    assert_ptr_equal(got[2], ag[0]);
+    assert_ptr_equal(got[3], ag[2]);
+    sched_agent_forget(f.s, ag[0]);
+    assert_int_equal(sched_prefix_entries(f.s), 2);
+    fx_free(&f);
+
+    sched_config sc;
+    sched_config_default(&sc);
+    sc.prefix_routing = false;
+    registry_config rc;
+    registry_config_default(&rc);
+    f.reg = registry_create(&rc);
+    f.s = sched_create(f.reg, &sc);
+    for (int i = 0; i < 2; i++) {
+        ag[i] = add_m1(&f, i);
+        assert_int_equal(sched_agent_ready(f.s, ag[i], 4), 0);
+    }
+    advertise(&f, ag[1], T_SU1);
+    assert_int_equal(sched_prefix_entries(f.s), 0);
+    sched_job j;
+    job_init(&j, "m1", SCHED_INTERACTIVE);
+    j.prefix = &c;
+    assert_ptr_equal(submit_assigned(&f, &j, T0), ag[0]); /* round robin: first agent */
+    assert_int_equal(j.prefix_units, 0);
+    gp_prefix_chain_free(&c);
+    json_decref(job);
+    fx_free(&f);
+}
+
 /* -------------------------------------------------------------- tests */
 
 static void test_round_robin_order(void **st)
@@ -875,6 +1028,8 @@ int main(void)
         cmocka_unit_test(test_tools_queued),
         cmocka_unit_test(test_tools_facts_change),
         cmocka_unit_test(test_decision_cost),
+        cmocka_unit_test(test_prefix_routing_table),
+        cmocka_unit_test(test_prefix_routing_rotation_and_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
