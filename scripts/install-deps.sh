@@ -17,6 +17,9 @@ PKGS=(
   # Its unit is enabled on install: `systemctl disable --now prometheus` on
   # a dev box that does not want a Prometheus on :9090.
   prometheus
+  # Headless Chromium drives the dashboard's browser test
+  # (tests/integration/test_dashboard.py, over the DevTools protocol).
+  chromium
 )
 
 missing=()

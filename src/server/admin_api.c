@@ -29,6 +29,7 @@ struct gps_admin {
     char version[32];
     uint64_t started_ms;         /* monotonic, for uptime */
     gps_admin_rate rate;
+    gps_admin_history history;
     struct event *rate_timer;
 };
 
@@ -262,12 +263,74 @@ static void counters_now(gps_admin *a, double *requests, double *tokens)
     *tokens = m ? gps_metrics_sum(m, "tokens_generated_total") : 0;
 }
 
+/* Requests answered with an error (every outcome but ok). */
+static double errors_now(gps_admin *a)
+{
+    gps_metrics *m = gps_jobs_metrics(a->jobs);
+    return m ? gps_metrics_sum_except(m, "requests_total", "outcome=\"ok\"") : 0;
+}
+
 static void rate_tick(evutil_socket_t fd, short what, void *arg)
 {
     gps_admin *a = arg;
     double req, tok;
     counters_now(a, &req, &tok);
     gps_admin_rate_push(&a->rate, gp_now_mono_ms(), req, tok);
+    gps_admin_history_push(&a->history, gp_now_wall_ms(), req, errors_now(a));
+}
+
+void gps_admin_history_push(gps_admin_history *h, int64_t now_wall_ms, double requests,
+                            double errors)
+{
+    int64_t minute = now_wall_ms / 60000;
+    if (h->cur_minute == 0) {
+        h->cur_minute = minute;
+        h->cur_req0 = requests;
+        h->cur_err0 = errors;
+        return;
+    }
+    if (minute <= h->cur_minute)
+        return;
+    /* Close the minute in progress (what arrived up to this first sample
+     * of the next minute counts in it: a second's blur at most). */
+    size_t i = (h->head + h->n) % GPS_ADMIN_HISTORY_MINUTES;
+    if (h->n == GPS_ADMIN_HISTORY_MINUTES)
+        h->head = (h->head + 1) % GPS_ADMIN_HISTORY_MINUTES;
+    else
+        h->n++;
+    h->minute[i] = h->cur_minute;
+    h->requests[i] = requests - h->cur_req0;
+    h->errors[i] = errors - h->cur_err0;
+    h->cur_minute = minute;
+    h->cur_req0 = requests;
+    h->cur_err0 = errors;
+}
+
+json_t *gps_admin_history_json(const gps_admin_history *h, int64_t now_wall_ms, double requests,
+                               double errors)
+{
+    json_t *arr = json_array();
+    int64_t now_min = now_wall_ms / 60000;
+    int64_t first = now_min - (GPS_ADMIN_HISTORY_MINUTES - 1);
+    size_t k = 0;
+    for (int64_t m = first; arr && m < now_min; m++) {
+        double rq = 0, er = 0;
+        /* The ring is in minute order: advance past older entries. */
+        while (k < h->n && h->minute[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES] < m)
+            k++;
+        if (k < h->n && h->minute[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES] == m) {
+            rq = h->requests[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES];
+            er = h->errors[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES];
+        }
+        json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t", (json_int_t)(m * 60000),
+                                             "requests", rq, "errors", er));
+    }
+    double rq = h->cur_minute == now_min ? requests - h->cur_req0 : 0;
+    double er = h->cur_minute == now_min ? errors - h->cur_err0 : 0;
+    if (arr)
+        json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t", (json_int_t)(now_min * 60000),
+                                             "requests", rq, "errors", er));
+    return arr;
 }
 
 /* ------------------------------------------------------------------ */
@@ -889,9 +952,8 @@ static void queue_one(void *ud, const char *model, size_t interactive, size_t ba
     json_object_set_new(ud, model, json_integer((json_int_t)(interactive + batch)));
 }
 
-static void h_status(gps_req *r, void *arg)
+static json_t *status_json(gps_admin *a)
 {
-    gps_admin *a = arg;
     uint64_t now = gp_now_mono_ms();
     json_t *agents = json_object();
     for (int s = 0; agents && s < REGISTRY_STATE_COUNT; s++)
@@ -917,7 +979,36 @@ static void h_status(gps_req *r, void *arg)
         (json_int_t)gps_jobs_active(a->jobs), "throughput", "requests_per_min", rpm,
         "tokens_per_sec", tps, "auth", gps_auth_enabled(a->auth), "keys",
         (json_int_t)gps_auth_key_count(a->auth));
-    send_json_or_oom(r, 200, body);
+    return body;
+}
+
+static void h_status(gps_req *r, void *arg)
+{
+    send_json_or_oom(r, 200, status_json(arg));
+}
+
+json_t *gps_admin_snapshot(gps_admin *a)
+{
+    agent_list al = {gp_now_mono_ms(), gp_now_wall_ms(), json_array(), false, a->pins};
+    if (al.arr)
+        registry_foreach(a->reg, agent_list_one, &al);
+    if (!al.arr || al.oom || sort_objects(al.arr) < 0) {
+        json_decref(al.arr);
+        return NULL;
+    }
+    double req, tok;
+    counters_now(a, &req, &tok);
+    int64_t now = gp_now_wall_ms();
+    json_t *hist = gps_admin_history_json(&a->history, now, req, errors_now(a));
+    json_t *status = status_json(a);
+    if (!hist || !status) {
+        json_decref(al.arr);
+        json_decref(hist);
+        json_decref(status);
+        return NULL;
+    }
+    return json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr, "history",
+                     hist, "requests_total", req, "time", (json_int_t)now);
 }
 
 /* ------------------------------------------------------------------ */

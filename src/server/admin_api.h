@@ -78,9 +78,41 @@ void gps_admin_rate_push(gps_admin_rate *r, uint64_t now_ms, double requests, do
 void gps_admin_rate_get(const gps_admin_rate *r, uint64_t now_ms, double requests, double tokens,
                         double *requests_per_min, double *tokens_per_sec);
 
-/* ---- the module ---- */
+/* ---- requests and errors per minute over the last hour (the dashboard's
+ * sparklines): a ring of finished minutes plus the one in progress ---- */
+
+#define GPS_ADMIN_HISTORY_MINUTES 60
+
+typedef struct gps_admin_history {
+    int64_t minute[GPS_ADMIN_HISTORY_MINUTES];     /* wall minute (ms / 60000) */
+    double requests[GPS_ADMIN_HISTORY_MINUTES];    /* answered in that minute */
+    double errors[GPS_ADMIN_HISTORY_MINUTES];      /* of which not ok */
+    size_t head, n;
+    int64_t cur_minute;                            /* the minute in progress, 0 = none yet */
+    double cur_req0, cur_err0;                     /* cumulative counters at its start */
+} gps_admin_history;
+
+/* Feed cumulative counters at wall time now_wall_ms (call about once a
+ * second): a new minute closes the previous one into the ring. */
+void gps_admin_history_push(gps_admin_history *h, int64_t now_wall_ms, double requests,
+                            double errors);
+/* New reference: [{"t": wall ms of the minute, "requests", "errors"}...]
+ * oldest first, ending with the minute in progress (counted up to the
+ * given cumulative counters); minutes without traffic inside the hour are
+ * present with zeros. */
+json_t *gps_admin_history_json(const gps_admin_history *h, int64_t now_wall_ms,
+                               double requests, double errors);
+
 
 typedef struct gps_admin gps_admin;
+
+/* What /admin/events sends each second (the dashboard): {"status": as GET
+ * /admin/status, "agents": as GET /admin/agents' list, "history": as
+ * gps_admin_history_json, "requests_total": cumulative}. New reference or
+ * NULL (ENOMEM). */
+json_t *gps_admin_snapshot(gps_admin *a);
+
+/* ---- the module ---- */
 
 /* Everything is borrowed and must outlive the admin object: auth, limits
  * (NULL: usage reads as zeros), reg, jobs (its scheduler and metrics are

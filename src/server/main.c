@@ -36,6 +36,7 @@
 #include "common/gp_util.h"
 #include "server/fleet/pins.h"
 #include "server/admin_api.h"
+#include "server/dashboard/dashboard.h"
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
 #include "server/dialects/api_tasks.h"
@@ -73,6 +74,7 @@ typedef struct server {
     gps_relay_ctx *relay;         /* the OpenAI and Anthropic handlers' context */
     gps_tasks *tasks;
     gps_admin *admin;
+    gps_dashboard *dashboard;
     gps_http *http;
     gps_tls *tls;               /* NULL without listen_tls */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
@@ -395,6 +397,7 @@ static void on_term(evutil_socket_t sig, short what, void *arg)
      * connection to upload the last events of a running stream. Client
      * routes answer 503 SHUTTING_DOWN from now on. */
     gps_http_set_shutting_down(s->http, true);
+    gps_dashboard_close_streams(s->dashboard);
     s->shutdown_deadline_ms = gp_now_mono_ms() + (uint64_t)s->cfg.shutdown_grace_sec * 1000;
     s->shutdown_timer = event_new(s->base, -1, EV_PERSIST, shutdown_check, s);
     struct timeval tv = {0, 100000};
@@ -727,6 +730,9 @@ int main(int argc, char **argv)
     if (!s->admin)
         goto oom;
     gps_admin_set_pins(s->admin, s->pins);
+    s->dashboard = gps_dashboard_new(s->base, s->admin);
+    if (!s->dashboard)
+        goto oom;
     /* After the tasks table exists: it takes the native tasks over. */
     if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
         gp_log_warn("db_load_jobs_failed", "%s", err);
@@ -739,7 +745,8 @@ int main(int argc, char **argv)
         gps_responses_register(s->http, s->relay) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0 ||
-        gps_admin_register(s->http, s->admin) < 0)
+        gps_admin_register(s->http, s->admin) < 0 ||
+        gps_dashboard_register(s->http, s->dashboard) < 0)
         goto oom;
 
     int bound = 0, tls_bound = 0;
@@ -809,6 +816,7 @@ int main(int argc, char **argv)
 oom:
     gp_log_error("startup_failed", "out of memory during start-up");
 done:
+    gps_dashboard_free(s->dashboard); /* its streams end while the http server is there */
     if (s->http)
         gps_http_free(s->http);
     gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */

@@ -164,12 +164,53 @@ static void test_rate(void **state)
     assert_true(rpm == 0 && tps == 0);
 }
 
+/* Requests and errors per minute over the hour: finished minutes from the
+ * ring, the current one up to now, quiet minutes as zeros, older than an
+ * hour dropped. */
+static void test_history(void **st)
+{
+    (void)st;
+    gps_admin_history h;
+    memset(&h, 0, sizeof h);
+    const int64_t M = 60000, base = 1000000 * M;   /* a whole minute */
+    gps_admin_history_push(&h, base, 100, 5);        /* start: counters at 100 / 5 */
+    gps_admin_history_push(&h, base + 30000, 110, 5);
+    gps_admin_history_push(&h, base + M + 1000, 112, 6);  /* minute 0 closed: 12 req, 1 err */
+    gps_admin_history_push(&h, base + 3 * M, 120, 6);     /* minute 1 closed: 8 / 0; 2 quiet */
+    json_t *a = gps_admin_history_json(&h, base + 3 * M + 5000, 123, 7);
+    assert_int_equal(json_array_size(a), GPS_ADMIN_HISTORY_MINUTES);
+    size_t n = json_array_size(a);
+    json_t *cur = json_array_get(a, n - 1), *m2 = json_array_get(a, n - 2),
+           *m1 = json_array_get(a, n - 3), *m0 = json_array_get(a, n - 4);
+    assert_int_equal(json_integer_value(json_object_get(cur, "t")), base + 3 * M);
+    assert_true(json_real_value(json_object_get(cur, "requests")) == 3);
+    assert_true(json_real_value(json_object_get(cur, "errors")) == 1);
+    assert_true(json_real_value(json_object_get(m2, "requests")) == 0);
+    assert_true(json_real_value(json_object_get(m1, "requests")) == 8);
+    assert_true(json_real_value(json_object_get(m0, "requests")) == 12);
+    assert_true(json_real_value(json_object_get(m0, "errors")) == 1);
+    assert_int_equal(json_integer_value(json_object_get(m0, "t")), base);
+    json_decref(a);
+    /* 70 minutes later: every entry is older than the hour. */
+    a = gps_admin_history_json(&h, base + 73 * M, 123, 7);
+    for (size_t i = 0; i < json_array_size(a); i++)
+        assert_true(json_real_value(json_object_get(json_array_get(a, i), "requests")) == 0);
+    json_decref(a);
+    /* More than an hour of minutes: the ring keeps the last 60. */
+    for (int k = 4; k < 200; k++)
+        gps_admin_history_push(&h, base + k * M, 120 + k, 7);
+    assert_int_equal(h.n, GPS_ADMIN_HISTORY_MINUTES);
+    a = gps_admin_history_json(&h, base + 199 * M + 1, 320, 7);
+    assert_true(json_real_value(json_object_get(json_array_get(a, 0), "requests")) == 1);
+    json_decref(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_create_ok), cmocka_unit_test(test_key_create_bad),
         cmocka_unit_test(test_limits),        cmocka_unit_test(test_job_query),
-        cmocka_unit_test(test_rate),
+        cmocka_unit_test(test_rate),          cmocka_unit_test(test_history),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
