@@ -39,7 +39,7 @@
 /* Types                                                                    */
 /* ======================================================================== */
 
-typedef enum { REQ_ENROLL, REQ_POLL, REQ_WORK, REQ_EVENTS } req_kind;
+typedef enum { REQ_ENROLL, REQ_POLL, REQ_WORK, REQ_EVENTS, REQ_EVENTS_BATCH } req_kind;
 
 typedef struct agent_job agent_job;
 
@@ -51,6 +51,8 @@ typedef struct req {
     gp_buf resp;
     bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
     agent_job *job;      /* REQ_EVENTS: the job (borrowed; it waits for us) */
+    agent_job **batch;   /* REQ_EVENTS_BATCH: its jobs, in the body's order (owned array) */
+    size_t n_batch;
     char errbuf[CURL_ERROR_SIZE]; /* libcurl's detail (TLS verification errors) */
 } req;
 
@@ -110,6 +112,11 @@ struct agent {
     uint32_t poll_interval_ms;
     uint32_t work_wait_ms;
     bool registered;        /* last poll succeeded */
+    bool events_batch;      /* the server takes POST /agents/events (poll features) */
+    req *batch_req;         /* the batched upload in flight, or NULL */
+    agent_job **ready;      /* scratch: jobs with events to send (loop thread) */
+    uint64_t batch_since_ms; /* first pending event not yet in a batch (0: none) */
+    size_t ready_cap;
     bool server_down_logged;
     agent_backoff backoff;  /* server reachability (poll and work) */
 
@@ -351,6 +358,7 @@ static void req_free(req *r)
 {
     if (!r)
         return;
+    free(r->batch);
     if (r->easy)
         curl_easy_cleanup(r->easy);
     curl_slist_free_all(r->hdrs);
@@ -668,6 +676,17 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
     json_int_t pi = json_integer_value(json_object_get(body, "poll_interval_sec"));
     if (pi >= 1 && pi <= 3600)
         a->poll_interval_ms = (uint32_t)pi * 1000;
+    /* A server that takes batched uploads says so; an older one does not,
+     * and keeps getting one upload per job. */
+    bool batch = false;
+    size_t fi;
+    json_t *fv;
+    json_array_foreach(json_object_get(body, "features"), fi, fv)
+    {
+        if (json_is_string(fv) && strcmp(json_string_value(fv), "events_batch") == 0)
+            batch = true;
+    }
+    a->events_batch = batch && a->o->events_batch;
     json_int_t ww = json_integer_value(json_object_get(body, "work_wait_sec"));
     if (ww >= 1 && ww <= 3600)
         a->work_wait_ms = (uint32_t)ww * 1000;
@@ -975,6 +994,135 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
     }
 }
 
+/* Batched uploads (docs/protocol.md "Batched uploads"): the pending events
+ * of every job with some, in one POST /agents/events, one such request in
+ * flight. Sent as soon as the previous one is answered, so at low load a
+ * token waits no longer than with one upload per job, and under load
+ * everything that accumulated during a round trip travels together. Each
+ * entry's outcome goes through upload_done as its own upload's would. */
+#define BATCH_MAX_JOBS 256
+#define BATCH_MAX_BYTES (1u << 20)   /* then the rest waits for the next one */
+
+static void batch_start(agent *a, agent_job **ready, size_t n)
+{
+    json_t *entries = json_array();
+    req *r = NULL;
+    agent_job **jobs = calloc(n ? n : 1, sizeof *jobs);
+    size_t k = 0, bytes = 0;
+    if (!entries || !jobs)
+        goto fail;
+    for (size_t i = 0; i < n && k < BATCH_MAX_JOBS && bytes < BATCH_MAX_BYTES; i++) {
+        agent_job *j = ready[i];
+        size_t seq = 0;
+        pthread_mutex_lock(&a->mu);
+        json_t *events = agent_evq_take(&j->q, MAX_BATCH_EVENTS, &seq);
+        pthread_mutex_unlock(&a->mu);
+        if (!events)
+            continue;
+        bytes += gp_json_compact_size(events);
+        json_t *e = json_pack("{s:s,s:I,s:o}", "job_id", j->id, "seq", (json_int_t)seq,
+                              "events", events);
+        if (!e || json_array_append_new(entries, e) < 0) {
+            pthread_mutex_lock(&a->mu);
+            agent_evq_nack(&j->q);
+            pthread_mutex_unlock(&a->mu);
+            continue;
+        }
+        jobs[k++] = j;
+    }
+    if (k == 0)
+        goto fail;
+    json_t *body = json_pack("{s:s,s:o}", "agent_id", a->id, "jobs", entries);
+    entries = NULL;
+    if (body)
+        add_liveness(a, body, false);
+    r = req_start(a, REQ_EVENTS_BATCH, "/agents/events", body,
+                  (long)a->o->request_timeout_sec * 1000, NULL);
+    if (!r) {
+        for (size_t i = 0; i < k; i++) {
+            pthread_mutex_lock(&a->mu);
+            agent_evq_nack(&jobs[i]->q);
+            pthread_mutex_unlock(&a->mu);
+            jobs[i]->next_upload_ms = gp_now_mono_ms() + 1000;
+        }
+        goto fail;
+    }
+    r->batch = jobs;
+    r->n_batch = k;
+    for (size_t i = 0; i < k; i++)
+        jobs[i]->upload = r;
+    a->batch_req = r;
+    return;
+fail:
+    json_decref(entries);
+    free(jobs);
+}
+
+static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
+{
+    a->batch_req = NULL;
+    json_t *list = json_object_get(body, "jobs");
+    if (rc == CURLE_OK && status == 404 && !json_is_array(list)) {
+        /* No such route after all (a server swapped for an older one):
+         * back to one upload per job; nothing of this batch was applied. */
+        gp_log_warn("events_batch_unsupported", "server has no POST /agents/events; uploading "
+                    "per job");
+        a->events_batch = false;
+        for (size_t i = 0; i < r->n_batch; i++) {
+            agent_job *j = r->batch[i];
+            j->upload = NULL;
+            pthread_mutex_lock(&a->mu);
+            agent_evq_nack(&j->q);
+            pthread_mutex_unlock(&a->mu);
+        }
+        return;
+    }
+    if (rc != CURLE_OK || status != 200 || !json_is_array(list)) {
+        /* The whole request failed: each job as if its own upload had. */
+        for (size_t i = 0; i < r->n_batch; i++)
+            upload_done(a, r->batch[i], rc, status, body);
+        return;
+    }
+    for (size_t i = 0; i < r->n_batch; i++) {
+        agent_job *j = r->batch[i];
+        json_t *e = json_array_get(list, i);
+        const char *jid = json_string_value(json_object_get(e, "job_id"));
+        if (!jid || strcmp(jid, j->id) != 0) {
+            /* A reply that does not line up: retry this job's events
+             * (seq makes a resend harmless). */
+            upload_done(a, j, CURLE_RECV_ERROR, 0, NULL);
+            continue;
+        }
+        long est = (long)json_integer_value(json_object_get(e, "status"));
+        json_t *one = est == 200
+                          ? json_pack("{s:O}", "cancel",
+                                      json_object_get(e, "cancel") ? json_object_get(e, "cancel")
+                                                                   : json_false())
+                          : json_pack("{s:O}", "error",
+                                      json_object_get(e, "error") ? json_object_get(e, "error")
+                                                                  : json_object());
+        upload_done(a, j, CURLE_OK, est, one);
+        json_decref(one);
+    }
+}
+
+/* Jobs the backend still runs. */
+static int running_jobs(agent *a)
+{
+    return busy_slots(a);
+}
+
+static bool grow_ready(agent *a)
+{
+    size_t cap = a->ready_cap ? a->ready_cap * 2 : 64;
+    agent_job **n = realloc(a->ready, cap * sizeof *n);
+    if (!n)
+        return false;
+    a->ready = n;
+    a->ready_cap = cap;
+    return true;
+}
+
 /* ======================================================================== */
 /* Completions and the loop                                                 */
 /* ======================================================================== */
@@ -1036,6 +1184,9 @@ static void handle_done(agent *a, CURLMsg *m)
         break;
     case REQ_EVENTS:
         upload_done(a, r->job, rc, status, body);
+        break;
+    case REQ_EVENTS_BATCH:
+        batch_done(a, r, rc, status, body);
         break;
     }
     json_decref(body);
@@ -1126,8 +1277,10 @@ int agent_run(agent *a)
             stop_all_jobs(a);
         }
 
-        /* Per-job upkeep: deadlines and uploads. */
+        /* Per-job upkeep: deadlines and uploads (batched when the server
+         * takes it and none is in flight). */
         uint64_t wake = now + 1000;
+        size_t n_ready = 0;
         for (agent_job *j = a->jobs; j; j = j->next) {
             pthread_mutex_lock(&a->mu);
             bool overdue = !j->backend_done && j->deadline_ms && now >= j->deadline_ms &&
@@ -1141,13 +1294,30 @@ int agent_run(agent *a)
                 job_cancel(a, j);
             }
             if (ready) {
-                if (now >= j->next_upload_ms)
-                    upload_start(a, j);
-                else
+                if (now < j->next_upload_ms)
                     wake = min_u64(wake, j->next_upload_ms);
+                else if (!a->events_batch)
+                    upload_start(a, j);
+                else if (n_ready < a->ready_cap || grow_ready(a))
+                    a->ready[n_ready++] = j;
             }
             if (j->deadline_ms && !j->stop_deadline)
                 wake = min_u64(wake, j->deadline_ms);
+        }
+        if (n_ready && !a->batch_req) {
+            /* With two or more jobs running, wait up to events-batch-ms
+             * after the first pending event so that the others' tokens
+             * share the request; a lone job's go at once (its latency is
+             * what a single stream sees). */
+            if (!a->batch_since_ms)
+                a->batch_since_ms = now;
+            uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
+            if (running_jobs(a) < 2 || now >= due) {
+                batch_start(a, a->ready, n_ready);
+                a->batch_since_ms = 0;
+            } else {
+                wake = min_u64(wake, due);
+            }
         }
         reap_jobs(a);
 
@@ -1320,8 +1490,12 @@ void agent_destroy(agent *a)
         req_abort(a, a->poll_req);
         req_abort(a, a->work_req);
         req_abort(a, a->work_stale);
+        /* A batched upload is shared by its jobs: abort it once. */
+        req_abort(a, a->batch_req);
         for (agent_job *j = a->jobs; j; j = j->next)
-            req_abort(a, j->upload);
+            if (j->upload != a->batch_req)
+                req_abort(a, j->upload);
+        a->batch_req = NULL;
     }
     while (a->jobs) {
         agent_job *j = a->jobs;
@@ -1330,6 +1504,7 @@ void agent_destroy(agent *a)
     }
     if (a->multi)
         curl_multi_cleanup(a->multi);
+    free(a->ready);
     json_decref(a->labels);
     json_decref(a->static_facts);
     free(a->base);

@@ -46,6 +46,8 @@ typedef struct agent_options {
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's) */
     bool prefix_cache;         /* reuse each slot's cached prompt prefix (default on) */
+    bool events_batch;         /* one upload for the events of all jobs (default on) */
+    long long events_batch_ms; /* with 2+ jobs running, wait this long to fill a batch */
     /* --- both --- */
     char *alias;               /* public model id (default: upstream model / file stem) */
 } agent_options;

@@ -551,10 +551,12 @@ static void h_poll(gps_req *r, void *arg)
     json_t *commands = gps_jobs_pending_cancels(g->jobs, a->id);
     if (a->admin_drain)
         json_array_append_new(commands, json_pack("{s:s}", "type", "drain"));
-    json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o}", "agent_id", a->id, "state",
+    /* features: what this server takes beyond the first protocol, so that
+     * a newer agent uses it only here (events_batch: POST /agents/events). */
+    json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o,s:[s]}", "agent_id", a->id, "state",
                               registry_state_name(a->state), "poll_interval_sec",
                               g->opts.poll_interval_sec, "work_wait_sec", g->opts.work_wait_sec,
-                              "commands", commands);
+                              "commands", commands, "features", "events_batch");
     /* Tell the agent, so that its own log says why a model gets no work. */
     if (reply && refused)
         json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
@@ -646,6 +648,71 @@ static void h_work(gps_req *r, void *arg)
         evtimer_add(e->timer, &tv);
 }
 
+/* Apply one job's events (already checked by gps_agent_events_check) and
+ * say how it went, as the single-job route answers and as one entry of a
+ * batch: *status 200 with cancel, or an error code, message and details. */
+typedef struct apply_result {
+    int status;
+    const char *code;            /* NULL when 200 */
+    char msg[256];
+    bool cancel;
+    long long expected_seq;      /* SEQ_GAP: >= 0 */
+} apply_result;
+
+static void apply_job_events(gps_agents *g, const char *job_id, const char *agent_id,
+                             const json_t *seq, const json_t *events, apply_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->expected_seq = -1;
+    int rc = gps_jobs_apply_events(g->jobs, job_id, agent_id, json_integer_value(seq),
+                                   (json_t *)events, &out->cancel, &out->expected_seq, out->msg,
+                                   sizeof out->msg);
+    switch (rc) {
+    case 0:
+        out->status = 200;
+        break;
+    case 404:
+        out->status = 404;
+        out->code = "JOB_NOT_FOUND";
+        break;
+    case 409:
+        out->status = 409;
+        out->code = out->expected_seq >= 0 ? "SEQ_GAP" : "NOT_ASSIGNED";
+        break;
+    default:
+        out->status = 400;
+        out->code = "INVALID_REQUEST";
+        break;
+    }
+}
+
+/* gpupool_agent_uploads_total{route} and the job entries they carried. */
+static void count_upload(gps_agents *g, const char *route, size_t entries)
+{
+    gps_metrics *m = gps_jobs_metrics(g->jobs);
+    if (!m)
+        return;
+    char l[48];
+    gps_metrics_label(l, sizeof l, "route", route, (char *)NULL);
+    gps_metrics_add(m, "agent_uploads_total", l, 1);
+    gps_metrics_add(m, "agent_upload_entries_total", l, (double)entries);
+}
+
+/* A new instance is noticed on any request (its first may be an upload of
+ * a job the old process had: refused when applied, as reassigned). */
+static bool events_liveness(gps_agents *g, gps_req *r, json_t *body, const char *id)
+{
+    liveness lv;
+    if (!liveness_parse(g, r, body, &lv))
+        return false;
+    registry_agent *ra = registry_get(g->reg, id);
+    if (ra && lv.instance) {
+        lv.running = NULL;
+        liveness_apply(g, ra, &lv);
+    }
+    return true;
+}
+
 static void h_events(gps_req *r, void *arg)
 {
     gps_agents *g = arg;
@@ -661,50 +728,113 @@ static void h_events(gps_req *r, void *arg)
         return;
     }
     const char *id = json_string_value(json_object_get(body, "agent_id"));
-    if (!key_allows(g, r, id)) {
+    if (!key_allows(g, r, id) || !events_liveness(g, r, body, id)) {
         json_decref(body);
         return;
     }
-    json_t *seq = json_object_get(body, "seq");
-    json_t *events = json_object_get(body, "events");
-    liveness lv;
-    if (!liveness_parse(g, r, body, &lv)) {
-        json_decref(body);
-        return;
-    }
-    /* A new instance is noticed on any request (its first may be an
-     * upload of a job the old process had: refused below, as reassigned). */
-    registry_agent *ra = registry_get(g->reg, id);
-    if (ra && lv.instance) {
-        lv.running = NULL;
-        liveness_apply(g, ra, &lv);
-    }
-    bool cancel = false;
-    long long expected = -1;
-    char msg[256] = "";
-    int rc = gps_jobs_apply_events(g->jobs, r->params[0], id, json_integer_value(seq), events,
-                                   &cancel, &expected, msg, sizeof msg);
+    apply_result res;
+    apply_job_events(g, r->params[0], id, json_object_get(body, "seq"),
+                     json_object_get(body, "events"), &res);
     json_decref(body);
-    switch (rc) {
-    case 0:
-        gps_http_send_json(r->req, 200, json_pack("{s:b}", "cancel", cancel));
-        break;
-    case 404:
-        gps_req_error(r, 404, "JOB_NOT_FOUND", msg, NULL);
-        break;
-    case 409:
-        if (expected >= 0)
-            gps_http_send_error(r->req, GPS_DIALECT_NATIVE, 409, "SEQ_GAP", msg, NULL,
-                                r->correlation_id,
-                                json_pack("{s:{s:I}}", "details", "expected_seq",
-                                          (json_int_t)expected));
-        else
-            gps_req_error(r, 409, "NOT_ASSIGNED", msg, NULL);
-        break;
-    default:
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, "events");
-        break;
+    count_upload(g, "job", 1);
+    if (res.status == 200)
+        gps_http_send_json(r->req, 200, json_pack("{s:b}", "cancel", res.cancel));
+    else if (res.expected_seq >= 0)
+        gps_http_send_error(r->req, GPS_DIALECT_NATIVE, 409, "SEQ_GAP", res.msg, NULL,
+                            r->correlation_id,
+                            json_pack("{s:{s:I}}", "details", "expected_seq",
+                                      (json_int_t)res.expected_seq));
+    else
+        gps_req_error(r, res.status, res.code, res.msg,
+                      res.status == 400 ? "events" : NULL);
+}
+
+/* POST /agents/events: the events of several jobs of one agent in one
+ * request (docs/protocol.md "Batched uploads"). Each entry is judged alone,
+ * exactly as its own POST /agents/jobs/{id}/events would be (a bad entry
+ * refuses that entry only), and the reply lists every entry's outcome in
+ * order. One request instead of one per job: at 50 tokens/s per stream
+ * the per-request cost, not the events, is what a server spends. */
+#define MAX_BATCH_JOBS 1024
+static void h_events_batch(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *id = json_string_value(json_object_get(body, "agent_id"));
+    json_t *jobs = json_object_get(body, "jobs");
+    if (!id || !gp_uuid_valid(id)) {
+        json_decref(body);
+        gps_req_error(r, 400, "INVALID_REQUEST", "'agent_id' must be a UUID string",
+                      "agent_id");
+        return;
     }
+    if (!json_is_array(jobs) || json_array_size(jobs) == 0 ||
+        json_array_size(jobs) > MAX_BATCH_JOBS) {
+        json_decref(body);
+        char m[128];
+        snprintf(m, sizeof m, "'jobs' must be an array of 1 to %d entries", MAX_BATCH_JOBS);
+        gps_req_error(r, 400, "INVALID_REQUEST", m, "jobs");
+        return;
+    }
+    if (!key_allows(g, r, id) || !events_liveness(g, r, body, id)) {
+        json_decref(body);
+        return;
+    }
+    json_t *out = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(jobs, i, e)
+    {
+        const char *jid = json_string_value(json_object_get(e, "job_id"));
+        json_t *res_e = NULL;
+        if (!json_is_object(e) || !jid || json_string_length(json_object_get(e, "job_id")) == 0 ||
+            json_string_length(json_object_get(e, "job_id")) > 128) {
+            res_e = json_pack("{s:o,s:i,s:{s:s,s:s,s:{s:s}}}", "job_id",
+                              jid ? json_string(jid) : json_null(), "status", 400, "error",
+                              "code", "INVALID_REQUEST", "message",
+                              "each entry must be an object with a 'job_id' string of 1 to 128 "
+                              "bytes, 'seq' and 'events'",
+                              "details", "param", "job_id");
+            json_array_append_new(out, res_e);
+            continue;
+        }
+        /* The entry as a single upload's body, for the same checks. */
+        json_t *one = json_pack("{s:s,s:O,s:O}", "agent_id", id, "seq",
+                                json_object_get(e, "seq") ? json_object_get(e, "seq")
+                                                          : json_null(),
+                                "events",
+                                json_object_get(e, "events") ? json_object_get(e, "events")
+                                                             : json_null());
+        char field[96], emsg[256];
+        if (!one || gps_agent_events_check(one, field, sizeof field, emsg, sizeof emsg) < 0) {
+            res_e = json_pack("{s:s,s:i,s:{s:s,s:s,s:{s:s}}}", "job_id", jid, "status", 400,
+                              "error", "code", "INVALID_EVENT", "message",
+                              one ? emsg : "out of memory", "details", "param",
+                              one ? field : "");
+        } else {
+            apply_result res;
+            apply_job_events(g, jid, id, json_object_get(one, "seq"),
+                             json_object_get(one, "events"), &res);
+            if (res.status == 200)
+                res_e = json_pack("{s:s,s:i,s:b}", "job_id", jid, "status", 200, "cancel",
+                                  res.cancel);
+            else {
+                res_e = json_pack("{s:s,s:i,s:{s:s,s:s}}", "job_id", jid, "status", res.status,
+                                  "error", "code", res.code, "message", res.msg);
+                if (res_e && res.expected_seq >= 0)
+                    json_object_set_new(json_object_get(res_e, "error"), "details",
+                                        json_pack("{s:I}", "expected_seq",
+                                                  (json_int_t)res.expected_seq));
+            }
+        }
+        json_decref(one);
+        json_array_append_new(out, res_e);
+    }
+    count_upload(g, "batch", json_array_size(out));
+    json_decref(body);
+    gps_http_send_json(r->req, 200, json_pack("{s:o}", "jobs", out));
 }
 
 /* ------------------------------------------------------------------ */
@@ -1038,6 +1168,8 @@ int gps_agents_register(gps_http *h, gps_agents *g)
                              GPS_ROLE_AGENT, h_work, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/jobs/{id}/events",
                              GPS_DIALECT_NATIVE, GPS_ROLE_AGENT, h_events, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/events", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_AGENT, h_events_batch, g);
     return rc ? -1 : 0;
 }
 

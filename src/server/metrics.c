@@ -319,6 +319,11 @@ int gps_metrics_define_server(gps_metrics *m)
          "Submit to the first assignment to an agent, by model and priority.",
          lat, sizeof lat / sizeof lat[0]},
         {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
+        {"agent_uploads_total", GPS_METRIC_COUNTER,
+         "Agents' event uploads by route: job (one job per request) or batch "
+         "(POST /agents/events).", NULL, 0},
+        {"agent_upload_entries_total", GPS_METRIC_COUNTER,
+         "Jobs' event batches those uploads carried (batch: one per job entry).", NULL, 0},
         {"prefix_routed_total", GPS_METRIC_COUNTER,
          "Assignments of jobs while agents advertise prompt prefixes: hit = sent to the slot "
          "holding the job's longest prefix, miss = by policy.", NULL, 0},
@@ -407,6 +412,10 @@ int gps_metrics_define_server(gps_metrics *m)
      * their first event. */
     gps_metrics_add(m, "tokens_generated_total", NULL, 0);
     gps_metrics_add(m, "prefix_routed_total", "result=\"hit\"", 0);
+    gps_metrics_add(m, "agent_uploads_total", "route=\"job\"", 0);
+    gps_metrics_add(m, "agent_uploads_total", "route=\"batch\"", 0);
+    gps_metrics_add(m, "agent_upload_entries_total", "route=\"job\"", 0);
+    gps_metrics_add(m, "agent_upload_entries_total", "route=\"batch\"", 0);
     gps_metrics_add(m, "prefix_routed_total", "result=\"miss\"", 0);
     gps_metrics_add(m, "db_writes_total", NULL, 0);
     gps_metrics_add(m, "db_errors_total", NULL, 0);
