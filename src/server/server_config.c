@@ -64,7 +64,7 @@ const gp_opt gps_config_table[] = {
     {"agent_disconnect_grace_ms", GP_OPT_INT, O(agent_disconnect_grace_ms), "1000", 1, 600000,
      NULL, "a busy agent's closed long-poll ends its jobs' attempts after this, unless it "
      "parks again"},
-    {"max_queue", GP_OPT_INT, O(max_queue), "100", 1, 1000000, NULL,
+    {"max_queue", GP_OPT_INT, O(max_queue), "1000", 1, 1000000, NULL,
      "queued jobs per model before 429"},
     {"queue_timeout_sec", GP_OPT_INT, O(queue_timeout_sec), "60", 1, 86400, NULL,
      "a job queued longer than this fails with 503"},

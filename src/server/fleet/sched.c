@@ -92,7 +92,7 @@ void sched_config_default(sched_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->policy = SCHED_ROUND_ROBIN;
-    c->max_queue = 100;
+    c->max_queue = 1000;
     c->w_load = 1.0;
     c->w_active = 1.0;
     c->w_speed = 1.0;

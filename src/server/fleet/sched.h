@@ -71,7 +71,7 @@ int sched_priority_parse(const char *s, sched_priority *out);
 
 typedef struct sched_config {
     sched_policy policy;
-    size_t max_queue;           /* per model name, both priorities together; 100 */
+    size_t max_queue;           /* per model name, both priorities together; 1000 */
     /* weighted: score = weight(ramp) * (w_load*(1-load) + w_active/(active+1)
      *   + w_speed*speed + w_reliability*reliability + w_affinity*affinity)
      * load = max(active, reported busy) / slots_total (clamped to 1);

@@ -38,7 +38,7 @@ static void test_defaults(void **st)
     assert_int_equal(o.poll_interval_sec, 15);
     assert_int_equal(o.agent_timeout_sec, 90);
     assert_int_equal(o.work_wait_sec, 25);
-    assert_int_equal(o.max_queue, 100);
+    assert_int_equal(o.max_queue, 1000);
     assert_int_equal(o.max_attempts, 3);
     assert_string_equal(o.scheduler, "round_robin");
     assert_false(o.log_prompts);
