@@ -143,7 +143,7 @@ def main():
         grown = (rss_kb(srv.pid) - base) / 1024.0
         print("stalled clients: %d x %d MiB streams, server RSS +%.1f MiB (%.1f MiB per client;"
               " the job's text holds what is behind)" % (args.stalled, args.stalled_mib, grown,
-                                                         grown / args.stalled))
+                                                         grown / max(1, args.stalled)))
         for s in socks:
             s.close()
     finally:

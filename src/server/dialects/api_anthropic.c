@@ -21,6 +21,7 @@
 #include "server/http/http.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
+#include "server/http/textcheck.h"
 
 #define MAX_STOP_SEQUENCES 64
 #define MAX_USER_ID 4096
@@ -782,6 +783,8 @@ typedef struct an_stream {
     int open_call;                 /* ... the tool call it shows (tool_use block) */
     int next_block;                /* index the next content block gets */
     gp_buf text;                   /* emitted text (non-streaming body) */
+    gps_sse_tpl delta_tpl;         /* a text delta with the text left open (sse.h) */
+    int delta_tpl_index;           /* the block index it was made for; -1: none yet */
     /* Streaming backpressure (sse.h): while the client is behind, the
      * job's events wait here and are rendered in order once its output
      * drains, so the stop-sequence holdback and the content-block state
@@ -819,6 +822,7 @@ static void stream_free(void *arg)
     for (size_t i = st->dh; i < st->dn; i++)
         json_decref(st->dv[i].ev);
     free(st->dv);
+    gps_sse_tpl_free(&st->delta_tpl);
     free(st);
 }
 
@@ -831,6 +835,8 @@ static const gps_relay_ops OPS = {
     .behind = behind,
     .free = stream_free,
 };
+
+#define DELTA_MARKER "@@gpupool-text@@"
 
 static void emit_event(an_stream *st, const char *name, json_t *j)
 {
@@ -929,14 +935,32 @@ static void emit_text(an_stream *st, const char *t, size_t n)
         gp_buf_append(&st->text, t, n);
         return;
     }
-    json_t *tx = json_stringn(t, n);
-    if (!tx) /* not UTF-8 on its own: cannot happen for whole agent tokens */
-        tx = json_string("");
+    /* Not UTF-8 on its own cannot happen for whole agent tokens (jansson
+     * checked the upload); a piece cut inside a character would be sent
+     * as an empty delta, as before. */
+    if (!gps_text_utf8(t, n))
+        n = 0;
     if (st->open_block < 0 || !st->open_is_text)
         open_text_block(st); /* text after a tool call: a new text block */
-    emit_event(st, "content_block_delta",
-               json_pack("{s:s,s:i,s:{s:s,s:o}}", "type", "content_block_delta", "index",
-                         st->open_block, "delta", "type", "text_delta", "text", tx));
+    if (st->delta_tpl_index != st->open_block) {
+        /* Every delta of a text block is the same but for its text: render
+         * it once (an escape and two copies per token, as OpenAI's). */
+        gps_sse_tpl_free(&st->delta_tpl);
+        json_t *d = json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
+                              st->open_block, "delta", "type", "text_delta", "text",
+                              DELTA_MARKER);
+        if (d && gps_sse_tpl_init(&st->delta_tpl, "content_block_delta", d, DELTA_MARKER) == 0)
+            st->delta_tpl_index = st->open_block;
+        else
+            st->delta_tpl.pre = NULL;
+        json_decref(d);
+    }
+    if (st->delta_tpl.pre && st->delta_tpl_index == st->open_block)
+        gps_sse_tpl_emit(&st->rl.out, &st->delta_tpl, t, n);
+    else
+        emit_event(st, "content_block_delta",
+                   json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
+                             st->open_block, "delta", "type", "text_delta", "text", t, n));
     gps_relay_send_output(&st->rl);
 }
 
@@ -1317,6 +1341,7 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     gp_buf_init(&st->pending);
     gp_buf_init(&st->text);
     st->open_block = -1;
+    st->delta_tpl_index = -1;
 
     gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
     gps_anthropic_req_clear(&areq);

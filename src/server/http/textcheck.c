@@ -3,14 +3,15 @@
 
 #include <stdint.h>
 
-bool gps_text_printable_utf8(const char *s, size_t n)
+/* The one decoder: printable additionally refuses control characters. */
+static bool utf8_check(const char *s, size_t n, bool printable)
 {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (i < n) {
         unsigned c = p[i];
         if (c < 0x80) {
-            if (c < 0x20 || c == 0x7f)
+            if (printable && (c < 0x20 || c == 0x7f))
                 return false;
             i++;
             continue;
@@ -34,11 +35,21 @@ bool gps_text_printable_utf8(const char *s, size_t n)
             cp = (cp << 6) | (p[i + k] & 0x3f);
         }
         if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ||
-            (cp >= 0x80 && cp <= 0x9f))
+            (printable && cp >= 0x80 && cp <= 0x9f))
             return false;
         i += len;
     }
     return true;
+}
+
+bool gps_text_printable_utf8(const char *s, size_t n)
+{
+    return utf8_check(s, n, true);
+}
+
+bool gps_text_utf8(const char *s, size_t n)
+{
+    return utf8_check(s, n, false);
 }
 
 static int hexval(char c)

@@ -15,6 +15,9 @@
 /* True when s[0..n) is valid UTF-8 (shortest form, no surrogates) with no
  * control character: C0 (including NUL, TAB, LF), DEL, or C1 (U+0080..9F). */
 bool gps_text_printable_utf8(const char *s, size_t n);
+/* True when s[0..n) is valid UTF-8 (shortest form, no surrogates); any
+ * character, control ones included (what a JSON string may carry). */
+bool gps_text_utf8(const char *s, size_t n);
 
 /* True when a raw (still percent-encoded) query string holds a control
  * byte (0x00..0x1f, 0x7f), raw or as a %XX escape. NULL is fine (false). */
