@@ -5,7 +5,10 @@
  * bandwidth) times one activation row through gpe_matmul_rows. Rates are
  * per second of thread CPU time.
  *
- *   quant-bench [--n N] [--mib M] [--ms T]
+ *   quant-bench [--n N] [--mib M] [--ms T] [--tok K]
+ *
+ * The last column is K tokens (default 4) through one gpe_matmul_rows call:
+ * --tok 64 measures the prompt-batch kernels.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -28,9 +31,11 @@ int main(int argc, char **argv)
 {
     int64_t n = 4096;
     double mib = 1.0, ms = 300;
+    int ntok = 4;
     static const struct option lo[] = {{"n", required_argument, 0, 'n'},
                                        {"mib", required_argument, 0, 'm'},
                                        {"ms", required_argument, 0, 't'},
+                                       {"tok", required_argument, 0, 'k'},
                                        {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -38,10 +43,15 @@ int main(int argc, char **argv)
         case 'n': n = atoll(optarg); break;
         case 'm': mib = atof(optarg); break;
         case 't': ms = atof(optarg); break;
+        case 'k': ntok = atoi(optarg); break;
         default:
-            fprintf(stderr, "usage: quant-bench [--n COLS] [--mib WEIGHT_MIB] [--ms TIME_PER_CASE]\n");
+            fprintf(stderr, "usage: quant-bench [--n COLS] [--mib WEIGHT_MIB] [--ms TIME_PER_CASE] [--tok K]\n");
             return 2;
         }
+    }
+    if (ntok < 1 || ntok > 4096) {
+        fprintf(stderr, "quant-bench: --tok must be 1..4096\n");
+        return 2;
     }
     if (n <= 0 || n % 256 != 0) {
         fprintf(stderr, "quant-bench: --n must be a positive multiple of 256\n");
@@ -52,8 +62,9 @@ int main(int argc, char **argv)
     const gpe_isa best = gpe_quant_best_isa();
     printf("quant-bench: n=%lld, ~%.1f MiB of weights per type, 1 thread, best ISA %s\n",
            (long long)n, mib, gpe_isa_name(best));
-    printf("%-6s %-7s %10s %10s %9s %12s\n", "type", "isa", "Gelem/s", "GB/s(w)", "speedup",
-           "Gelem/s(x4)");
+    char colk[32];
+    snprintf(colk, sizeof colk, "Gelem/s(x%d)", ntok);
+    printf("%-6s %-7s %10s %10s %9s %13s\n", "type", "isa", "Gelem/s", "GB/s(w)", "speedup", colk);
     float *x = malloc((size_t)n * sizeof *x);
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
@@ -85,18 +96,18 @@ int main(int argc, char **argv)
                 }
             }
         }
-        /* 4 activation rows (the same values) for the 4-token figure */
+        /* ntok activation rows (the same values) for the last column */
         const size_t ars = gpe_row_size(gpe_vec_dot_type(t), n);
-        uint8_t *act = malloc(ars * 4);
-        for (int k = 0; k < 4; k++)
-            gpe_quantize_row_act(t, x, act + ars * k, n);
-        float *out = malloc((size_t)rows * 4 * sizeof *out);
+        uint8_t *act = malloc(ars * (size_t)ntok);
+        for (int k = 0; k < ntok; k++)
+            gpe_quantize_row_act(t, x, act + ars * (size_t)k, n);
+        float *out = malloc((size_t)rows * (size_t)ntok * sizeof *out);
         double base = 0;
         for (int isa = 0; isa <= (int)best; isa++) {
             gpe_quant_set_isa((gpe_isa)isa);
             double rate[2];
             for (int m = 0; m < 2; m++) {
-                const int nt = m ? 4 : 1;
+                const int nt = m ? ntok : 1;
                 gpe_matmul_rows(t, W, 0, rows, n, act, nt, ars, out, rows);   /* warm up */
                 long iters = 0;
                 const double t0 = now();
@@ -110,7 +121,7 @@ int main(int argc, char **argv)
             }
             if (isa == 0)
                 base = rate[0];
-            printf("%-6s %-7s %10.2f %10.2f %8.1fx %12.2f\n", gpe_type_name(t),
+            printf("%-6s %-7s %10.2f %10.2f %8.1fx %13.2f\n", gpe_type_name(t),
                    gpe_isa_name((gpe_isa)isa), rate[0] / 1e9, rate[0] / 1e9 * (double)rs / (double)n,
                    rate[0] / base, rate[1] / 1e9);
         }

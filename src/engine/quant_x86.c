@@ -271,18 +271,45 @@ T_AVX2 static AI void q6_half(const uint8_t *ql, const uint8_t *qhp, __m256i q[4
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
 }
 
+/*
+ * The K-quant kernels' order of float operations (AVX2, AVX-512 and the
+ * blocked gemm below give the same bits): per 256-value block the integer
+ * sums are exact (isum = sum over sub-blocks of scale * sum q*a, and for
+ * Q4_K/Q5_K imin = sum of min * activation pair sums; Q6_K folds its -32
+ * into isum), then, block after block in order,
+ *     acc  = fma(fl(d * da),    (float)isum, acc)
+ *     accm = fma(fl(dmin * da), (float)imin, accm)
+ * and the result is acc - accm. A block's float work is two scalar fmas,
+ * which lets the gemm keep one row per vector lane.
+ */
+T_AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+T_AVX2 static inline int hsum_i32x4(__m128i s)
+{
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+/* acc + d * (float)i with one rounding, as _mm256_fmadd_ps does per lane. */
+T_AVX2 static inline float fma_acc(float d, int i, float acc)
+{
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(d), _mm_set_ss((float)i), _mm_set_ss(acc)));
+}
+
 /* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
  * nibbles of qs[32c..] then high ones, +16 from qh bits 2c / 2c+1 for Q5_K);
  * each chunk's unpacked weights and scales serve every token. */
 T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
                             const uint8_t *a, size_t as, int nt, float *out)
 {
-    __m256 acc[4];
-    __m128 accm[4];
-    for (int k = 0; k < nt; k++) {
-        acc[k] = _mm256_setzero_ps();
-        accm[k] = _mm_setzero_ps();
-    }
+    float acc[4], accm[4];
+    for (int k = 0; k < nt; k++)
+        acc[k] = accm[k] = 0.0f;
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
         const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
         uint16_t dh, mh;
@@ -313,37 +340,29 @@ T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t 
         }
         for (int k = 0; k < nt; k++) {
             const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            accm[k] = _mm_fmadd_ps(_mm_set1_ps(dmw * y->d), _mm_cvtepi32_ps(kq_mins(mn, y->bsums)),
-                                   accm[k]);
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
+            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]), acc[k]);
+            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
         }
     }
-    for (int k = 0; k < nt; k++) {
-        __m128 m = _mm_add_ps(accm[k], _mm_movehl_ps(accm[k], accm[k]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        out[k] = hsum256(acc[k]) - _mm_cvtss_f32(m);
-    }
+    for (int k = 0; k < nt; k++)
+        out[k] = acc[k] - accm[k];
 }
 
 /* Q6_K: values are q-32 with q in 0..63; the -32 is folded in through the
- * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum. */
-static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
+ * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum, exact in int32. */
+T_AVX2 static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
 {
-    int s = 0;
-    for (int g = 0; g < 16; g++)
-        s += scales[g] * bsums[g];
-    return 32 * s;
+    const __m256i cm = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales)),
+                                         _mm256_loadu_si256((const __m256i *)bsums));
+    return 32 * hsum_i32x8(cm);
 }
 
 T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                               int nt, float *out)
 {
-    __m256 acc[4];
-    float accc[4];
-    for (int k = 0; k < nt; k++) {
-        acc[k] = _mm256_setzero_ps();
-        accc[k] = 0.0f;
-    }
+    float acc[4];
+    for (int k = 0; k < nt; k++)
+        acc[k] = 0.0f;
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
         const int8_t *sc = x[i].scales;
@@ -366,13 +385,11 @@ T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t 
         const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
             const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            const float d = dw * y->d;
-            acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[k]), acc[k]);
-            accc[k] += d * (float)q6_corr(x[i].scales, y->bsums);
+            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]) - q6_corr(x[i].scales, y->bsums), acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
-        out[k] = hsum256(acc[k]) - accc[k];
+        out[k] = acc[k];
 }
 
 /* Instances: the single-row dot (nt = 1) and the nt-row version; the switch
@@ -410,8 +427,13 @@ KWRAP(T_AVX2, avx2_q4_k, k2_kq(n, w, sizeof(gpe_block_q4_k), offsetof(gpe_block_
 KWRAP(T_AVX2, avx2_q5_k, k2_kq(n, w, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true, a, as, nt, out))
 KWRAP(T_AVX2, avx2_q6_k, k2_q6_k(n, w, a, as, nt, out))
 
-static int64_t g8avx2_q4_0(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
-                           const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+#define GEMM_DECL(NAME)                                                                      \
+    static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,         \
+                        const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+GEMM_DECL(g8avx2_q4_0)
+GEMM_DECL(kq8_q4_k_avx2)
+GEMM_DECL(kq8_q5_k_avx2)
+GEMM_DECL(kq8_q6_k_avx2)
 
 void gpe__kernels_avx2(gpe__kernels *k)
 {
@@ -427,6 +449,9 @@ void gpe__kernels_avx2(gpe__kernels *k)
     SET(GPE_TYPE_Q5_K, avx2_q5_k)
     SET(GPE_TYPE_Q6_K, avx2_q6_k)
     k->gemm[GPE_TYPE_Q4_0] = g8avx2_q4_0;
+    k->gemm[GPE_TYPE_Q4_K] = kq8_q4_k_avx2;
+    k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_avx2;
+    k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_avx2;
     k->quant_q8_0 = avx2_quant_q8_0;
 #undef SET
 }
@@ -442,13 +467,6 @@ void gpe__kernels_avx2(gpe__kernels *k)
 T_AVX512 static inline __m512i cat256(__m256i lo, __m256i hi)
 {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-}
-
-T_AVX512 static inline float hsum128(__m128 v)
-{
-    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-    v = _mm_add_ss(v, _mm_movehdup_ps(v));
-    return _mm_cvtss_f32(v);
 }
 
 T_AVX512 static AI void k512_f32(int64_t n, const float *x, const uint8_t *a, size_t as, int nt,
@@ -703,6 +721,206 @@ G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8_tokens_vnni, dotc_vnni, 2)
 G8(T_VNNI, g8_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_vnni, dotc_vnni, 2)
 G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
 
+/*
+ * K-quant prompt-sized matmuls, 8 weight rows at a time, one row per int32
+ * lane. Per 8-row group and block, each row's 256 values are unpacked to
+ * bytes (unsigned: Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, so dpbusd / maddubs
+ * take them as they are, with no sign trick) in 32-value vectors, and the 8
+ * rows' vectors are transposed so that w[v][j] holds bytes 4j..4j+3 of
+ * vector v of every row. One dpbusd with the token's 4 activation bytes
+ * broadcast then adds, in each row's lane, the sum over those 4 values;
+ * sub-block sums times the rows' scales (pmulld) make the block's exact
+ * isum, and the mins (or Q6_K's -32 correction) come from vpdpwssd of the
+ * rows' int16 pairs with the token's activation sums. The float work is the
+ * per-token kernels' (see "The K-quant kernels' order"), lane-wise, so each
+ * output is bit-identical to dot(). The block's unpacked form (2.7 KiB) is
+ * built once per call and serves every token.
+ */
+typedef struct kq8_blk {
+    __m256i w[8][8];   /* [vector v][byte group j], rows in lanes */
+    __m256i sc[16];    /* sub-block scales as int32 per row (Q4_K/Q5_K: 8 of 32 values; Q6_K: 16 of 16) */
+    __m256i pr[8];     /* int16 pairs per row: Q4_K/Q5_K mins (m[2p], m[2p+1]), 4 used; Q6_K scales, 8 */
+    __m256 d, dmin;
+} kq8_blk;
+
+/* dpwssd: c + the int32 lanes of pairwise int16 products (exact here: the
+ * sums stay far below 2^31). */
+T_VNNI static AI __m256i dotw_vnni(__m256i c, __m256i a, __m256i b)
+{
+    return _mm256_dpwssd_epi32(c, a, b);
+}
+T_AVX2 static AI __m256i dotw_avx2(__m256i c, __m256i a, __m256i b)
+{
+    return _mm256_add_epi32(c, _mm256_madd_epi16(a, b));
+}
+
+/* int16 pairs (lo = v[2p] of row r, hi = v[2p+1]) as int32 lanes, for np pairs. */
+T_AVX2 static inline void kq8_pairs(__m256i *dst, const int16_t v[8][16], int np)
+{
+    for (int p = 0; p < np; p++) {
+        int32_t l[8];
+        for (int r = 0; r < 8; r++)
+            l[r] = (int32_t)(uint16_t)v[r][2 * p] | (int32_t)((uint32_t)(uint16_t)v[r][2 * p + 1] << 16);
+        dst[p] = _mm256_loadu_si256((const __m256i *)l);
+    }
+}
+
+/* Unpack and transpose block i of rows W + r*rs .. (8 rows). q6: Q6_K,
+ * else Q4_K (hbits false) / Q5_K (true) with bbytes/qs_off as in k2_kq. */
+T_AVX2 static AI void kq8_build(kq8_blk *B, const uint8_t *W, size_t rs, int64_t i, bool q6,
+                                size_t bbytes, size_t qs_off, bool hbits)
+{
+    __m256i v[8][8];   /* [vector][row] before the transposes */
+    int16_t pr[8][16];
+    int32_t sc[16][8];
+    float d[8], dm[8];
+    for (int r = 0; r < 8; r++) {
+        const uint8_t *b = W + (size_t)r * rs + (size_t)i * bbytes;
+        if (q6) {
+            const gpe_block_q6_k *x = (const gpe_block_q6_k *)b;
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                q6_half(x->ql + 64 * h, x->qh + 32 * h, q);
+                for (int j = 0; j < 4; j++)
+                    v[4 * h + j][r] = q[j];
+            }
+            for (int g = 0; g < 16; g++) {
+                sc[g][r] = x->scales[g];
+                pr[r][g] = x->scales[g];
+            }
+            d[r] = h2f(x->d);
+            dm[r] = 0.0f;
+        } else {
+            uint16_t dh, mh;
+            memcpy(&dh, b, 2);
+            memcpy(&mh, b + 2, 2);
+            uint8_t s8[8], m8[8];
+            kq_unpack(b + 4, s8, m8);
+            __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++)
+                kq_chunk(b + qs_off + 32 * c, hbits, &qh, &v[2 * c][r], &v[2 * c + 1][r]);
+            for (int s = 0; s < 8; s++) {
+                sc[s][r] = s8[s];
+                pr[r][s] = m8[s];
+            }
+            d[r] = h2f(dh);
+            dm[r] = h2f(mh);
+        }
+    }
+    for (int k = 0; k < 8; k++) {
+        tr8x8(v[k]);
+        for (int j = 0; j < 8; j++)
+            B->w[k][j] = v[k][j];
+    }
+    for (int g = 0; g < (q6 ? 16 : 8); g++)
+        B->sc[g] = _mm256_loadu_si256((const __m256i *)sc[g]);
+    kq8_pairs(B->pr, (const int16_t(*)[16])pr, q6 ? 8 : 4);
+    B->d = _mm256_loadu_ps(d);
+    B->dmin = _mm256_loadu_ps(dm);
+}
+
+/* The broadcast int32 at p (4 activation bytes or two int16 sums). */
+T_AVX2 static AI __m256i bc4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* One token against one built block: acc/accm (the 8 rows' running sums)
+ * advanced by one block. */
+#define KQ8_TOKEN(TGT, NAME, DOTC, DOTW)                                                        \
+    TGT static AI void NAME(const kq8_blk *B, const gpe_block_q8_k *y, bool q6, __m256 *acc,   \
+                            __m256 *accm)                                                       \
+    {                                                                                           \
+        __m256i isum = _mm256_setzero_si256(), imin = _mm256_setzero_si256();                   \
+        const __m256i z = _mm256_setzero_si256();                                               \
+        if (q6) {                                                                               \
+            _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) {                               \
+                const int8_t *qa = y->qs + 32 * v;                                              \
+                __m256i t0 = DOTC(z, B->w[v][0], bc4(qa));                                      \
+                __m256i t1 = DOTC(z, B->w[v][4], bc4(qa + 16));                                 \
+                t0 = DOTC(t0, B->w[v][1], bc4(qa + 4));                                         \
+                t1 = DOTC(t1, B->w[v][5], bc4(qa + 20));                                        \
+                t0 = DOTC(t0, B->w[v][2], bc4(qa + 8));                                         \
+                t1 = DOTC(t1, B->w[v][6], bc4(qa + 24));                                        \
+                t0 = DOTC(t0, B->w[v][3], bc4(qa + 12));                                        \
+                t1 = DOTC(t1, B->w[v][7], bc4(qa + 28));                                        \
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(t0, B->sc[2 * v]));            \
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(t1, B->sc[2 * v + 1]));        \
+            }                                                                                   \
+            __m256i corr = z;                                                                   \
+            _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)                                 \
+                corr = DOTW(corr, B->pr[p], bc4(y->bsums + 2 * p));                             \
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));                          \
+        } else {                                                                                \
+            _Pragma("GCC unroll 8") for (int v = 0; v < 8; v++) {                               \
+                const int8_t *qa = y->qs + 32 * v;                                              \
+                __m256i t0 = DOTC(z, B->w[v][0], bc4(qa));                                      \
+                __m256i t1 = DOTC(z, B->w[v][4], bc4(qa + 16));                                 \
+                t0 = DOTC(t0, B->w[v][1], bc4(qa + 4));                                         \
+                t1 = DOTC(t1, B->w[v][5], bc4(qa + 20));                                        \
+                t0 = DOTC(t0, B->w[v][2], bc4(qa + 8));                                         \
+                t1 = DOTC(t1, B->w[v][6], bc4(qa + 24));                                        \
+                t0 = DOTC(t0, B->w[v][3], bc4(qa + 12));                                        \
+                t1 = DOTC(t1, B->w[v][7], bc4(qa + 28));                                        \
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_add_epi32(t0, t1), B->sc[v])); \
+            }                                                                                   \
+            /* sums of the 8 sub-blocks of 32, as int16, then pairs */                          \
+            const __m128i s8 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),       \
+                                              _mm_loadu_si128((const __m128i *)(y->bsums + 8))); \
+            int16_t s16[8];                                                                     \
+            _mm_storeu_si128((__m128i *)s16, s8);                                               \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)                                 \
+                imin = DOTW(imin, B->pr[p], bc4(s16 + 2 * p));                                  \
+            const __m256 dm = _mm256_mul_ps(B->dmin, _mm256_set1_ps(y->d));                     \
+            *accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(imin), *accm);                       \
+        }                                                                                       \
+        const __m256 d = _mm256_mul_ps(B->d, _mm256_set1_ps(y->d));                             \
+        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), *acc);                              \
+    }
+KQ8_TOKEN(T_VNNI, kq8_token_vnni, dotc_vnni, dotw_vnni)
+KQ8_TOKEN(T_AVX2, kq8_token_avx2, dotc_avx2, dotw_avx2)
+
+/* Rows [r0, r1) in groups of 8; returns the first row not done. */
+#define KQ8(TGT, NAME, TOKEN, Q6, BB, QOFF, HBITS)                                             \
+    TGT static int64_t NAME(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,    \
+                               const void *act, size_t as, int n_tok, float *out, int64_t ldo) \
+    {                                                                                           \
+        const int64_t nb = n / GPE_QK_K;                                                        \
+        const int64_t rend = r0 + (r1 - r0) / 8 * 8;                                           \
+        kq8_blk *B = aligned_alloc(32, sizeof *B);                                              \
+        __m256 *acc = aligned_alloc(32, (size_t)n_tok * 2 * sizeof *acc);                       \
+        if (!B || !acc) {                                                                       \
+            free(B);                                                                            \
+            free(acc);                                                                          \
+            return r0;                                                                          \
+        }                                                                                       \
+        for (int64_t r = r0; r < rend; r += 8) {                                                \
+            for (int t = 0; t < 2 * n_tok; t++)                                                 \
+                acc[t] = _mm256_setzero_ps();                                                   \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                kq8_build(B, (const uint8_t *)W + (size_t)r * rs, rs, i, Q6, BB, QOFF, HBITS);  \
+                for (int t = 0; t < n_tok; t++) {                                               \
+                    const gpe_block_q8_k *y =                                                   \
+                        (const gpe_block_q8_k *)((const uint8_t *)act + (size_t)t * as) + i;    \
+                    TOKEN(B, y, Q6, &acc[2 * t], &acc[2 * t + 1]);                              \
+                }                                                                               \
+            }                                                                                   \
+            for (int t = 0; t < n_tok; t++)                                                     \
+                _mm256_storeu_ps(out + t * ldo + r, _mm256_sub_ps(acc[2 * t], acc[2 * t + 1])); \
+        }                                                                                       \
+        free(B);                                                                                \
+        free(acc);                                                                              \
+        return rend;                                                                            \
+    }
+KQ8(T_VNNI, kq8_q4_k_vnni, kq8_token_vnni, false, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false)
+KQ8(T_VNNI, kq8_q5_k_vnni, kq8_token_vnni, false, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true)
+KQ8(T_VNNI, kq8_q6_k_vnni, kq8_token_vnni, true, sizeof(gpe_block_q6_k), 0, false)
+KQ8(T_AVX2, kq8_q4_k_avx2, kq8_token_avx2, false, sizeof(gpe_block_q4_k), offsetof(gpe_block_q4_k, qs), false)
+KQ8(T_AVX2, kq8_q5_k_avx2, kq8_token_avx2, false, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true)
+KQ8(T_AVX2, kq8_q6_k_avx2, kq8_token_avx2, true, sizeof(gpe_block_q6_k), 0, false)
+
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 {
@@ -713,17 +931,14 @@ T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 
 /* Q4_K (hbits = false) and Q5_K (true): 4 chunks of 64 values per block,
  * chunk c = low nibbles of qs[32c..] then high nibbles (+16 from qh bits
- * 2c / 2c+1 for Q5_K). */
+ * 2c / 2c+1 for Q5_K). Float order: see "The K-quant kernels' order". */
 T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off,
                                 bool hbits, const uint8_t *a, size_t as, int nt, float *out)
 {
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
-    __m512 acc[4];
-    __m128 accm[4];
-    for (int k = 0; k < nt; k++) {
-        acc[k] = _mm512_setzero_ps();
-        accm[k] = _mm_setzero_ps();
-    }
+    float acc[4], accm[4];
+    for (int k = 0; k < nt; k++)
+        acc[k] = accm[k] = 0.0f;
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
         const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
         uint16_t dh, mh;
@@ -745,19 +960,18 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
         }
         for (int k = 0; k < nt; k++) {
             const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            accm[k] = _mm_fmadd_ps(_mm_set1_ps(dmw * y->d), _mm_cvtepi32_ps(kq_mins(mn, y->bsums)),
-                                   accm[k]);
             __m512i sumi = _mm512_setzero_si512();
             for (int c = 0; c < 4; c++)
                 sumi = _mm512_add_epi32(
                     sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
                                                 qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
                                             scl[c]));
-            acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(dw * y->d), _mm512_cvtepi32_ps(sumi), acc[k]);
+            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi), acc[k]);
+            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
         }
     }
     for (int k = 0; k < nt; k++)
-        out[k] = _mm512_reduce_add_ps(acc[k]) - hsum128(accm[k]);
+        out[k] = acc[k] - accm[k];
 }
 
 T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
@@ -768,12 +982,9 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
                          13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
     const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
-    __m512 acc[4];
-    float accc[4];
-    for (int k = 0; k < nt; k++) {
-        acc[k] = _mm512_setzero_ps();
-        accc[k] = 0.0f;
-    }
+    float acc[4];
+    for (int k = 0; k < nt; k++)
+        acc[k] = 0.0f;
     for (int64_t i = 0; i < n / GPE_QK_K; i++) {
         __m512i qv[4], scl[4];
         for (int h = 0; h < 2; h++) {
@@ -788,7 +999,6 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
             scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
             scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
         }
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
             const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
@@ -798,18 +1008,12 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
                     sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
                                                 qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
                                             scl[j]));
-            /* -32 offset: 32 * sum_g sc[g] * bsums[g], exact in int32 */
-            const __m256i cm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
-            __m128i c4 = _mm_add_epi32(_mm256_castsi256_si128(cm), _mm256_extracti128_si256(cm, 1));
-            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0x4E));
-            c4 = _mm_add_epi32(c4, _mm_shuffle_epi32(c4, 0xB1));
-            const float d = dw * y->d;
-            acc[k] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc[k]);
-            accc[k] += d * (float)(32 * _mm_cvtsi128_si32(c4));
+            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi) - q6_corr(x[i].scales, y->bsums),
+                             acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
-        out[k] = _mm512_reduce_add_ps(acc[k]) - accc[k];
+        out[k] = acc[k];
 }
 
 KWRAP(T_AVX512, avx512_f32, k512_f32(n, w, a, as, nt, out))
@@ -841,6 +1045,9 @@ void gpe__kernels_avx512(gpe__kernels *k)
         SET(GPE_TYPE_Q4_0, vnni_q4_0)
         k->gemm[GPE_TYPE_Q8_0] = g8_q8_0;
         k->gemm[GPE_TYPE_Q4_0] = g8_q4_0;
+        k->gemm[GPE_TYPE_Q4_K] = kq8_q4_k_vnni;
+        k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_vnni;
+        k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_vnni;
     }
 #undef SET
 }
