@@ -167,12 +167,92 @@ T_AVX2 static AI __m256i doti_avx2(__m256i u, __m256i s)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-/* Q8_0 and Q4_0 (AVX2, AVX-512 and AVX-512 VNNI instances): 32 signed
- * weight bytes per block; |w| and the weight's scale are shared by the
- * tokens. ad (matmul only, else NULL): the activation scales as floats,
- * ad[k * nb + i] for token k, block i, converted once per matmul rather
- * than once per (weight row, token, block); same value, same bits. */
+/*
+ * Q4_0 (AVX2, AVX-512 and AVX-512 VNNI instances), and its 8-row gemm
+ * below, in one float order: block i's integer dot is exact, and
+ * float lane i % 8 of the accumulator takes fma(fl(dw * da), (float)isum,
+ * lane) in block order; the result is hsum256 of the 8 lanes. Blocks go in
+ * eights: their integer vectors are reduced to one vector of 8 sums.
+ * |w| and the weight's scale are shared by the tokens. ad (matmul only,
+ * else NULL): the activation scales as floats, ad[k * nb + i] for token k,
+ * block i, converted once per matmul; same value, same bits.
+ */
+/* 8 f16 scales, stride bytes apart from p, as floats; lanes from nq on
+ * are 0. */
+T_AVX2 static AI __m256 f16x8(const uint8_t *p, size_t stride, int nq)
+{
+    /* built in a register: eight 2-byte stores read back as one vector
+     * would stall on store forwarding */
+    __m128i h = _mm_setzero_si128();
+    uint16_t v;
+#define F16X8_LANE(q)                                       \
+    if (q < nq) {                                           \
+        memcpy(&v, p + (size_t)(q) * stride, 2);            \
+        h = _mm_insert_epi16(h, v, q);                      \
+    }
+    F16X8_LANE(0) F16X8_LANE(1) F16X8_LANE(2) F16X8_LANE(3)
+    F16X8_LANE(4) F16X8_LANE(5) F16X8_LANE(6) F16X8_LANE(7)
+#undef F16X8_LANE
+    return _mm256_cvtph_ps(h);
+}
+
 #define BLOCK32(TGT, NAME, WT, UNPACK, DOTI)                                                     \
+    TGT static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, const float *ad, \
+                            int nt, float *out)                                                  \
+    {                                                                                            \
+        const int64_t nb = n / GPE_QK;                                                           \
+        __m256 acc[4];                                                                           \
+        for (int k = 0; k < nt; k++)                                                             \
+            acc[k] = _mm256_setzero_ps();                                                        \
+        for (int64_t i0 = 0; i0 < nb; i0 += 8) {                                                 \
+            const int nq = nb - i0 < 8 ? (int)(nb - i0) : 8;                                     \
+            /* pairs of blocks, then pairs of pairs: at most 3 vectors live per token */         \
+            __m256i quad[2][4];                                                                  \
+            _Pragma("GCC unroll 2") for (int hq = 0; hq < 2; hq++) {                             \
+                __m256i pair[2][4];                                                              \
+                _Pragma("GCC unroll 2") for (int pq = 0; pq < 2; pq++) {                         \
+                    __m256i v[2][4];                                                             \
+                    _Pragma("GCC unroll 2") for (int e = 0; e < 2; e++) {                        \
+                        const int q = 4 * hq + 2 * pq + e;                                       \
+                        if (q >= nq) { /* zero sum and scale: the lane gets +0 */                \
+                            for (int k = 0; k < nt; k++)                                         \
+                                v[e][k] = _mm256_setzero_si256();                                \
+                            continue;                                                            \
+                        }                                                                        \
+                        const WT *xb = &x[i0 + q];                                               \
+                        const __m256i wv = UNPACK(xb);                                           \
+                        const __m256i aw = _mm256_sign_epi8(wv, wv);                             \
+                        for (int k = 0; k < nt; k++) {                                           \
+                            const gpe_block_q8_0 *y = ROW(gpe_block_q8_0, k) + i0 + q;           \
+                            v[e][k] = DOTI(aw, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y->qs), wv)); \
+                        }                                                                        \
+                    }                                                                            \
+                    for (int k = 0; k < nt; k++)                                                 \
+                        pair[pq][k] = _mm256_hadd_epi32(v[0][k], v[1][k]);                       \
+                }                                                                                \
+                for (int k = 0; k < nt; k++)                                                     \
+                    quad[hq][k] = _mm256_hadd_epi32(pair[0][k], pair[1][k]);                     \
+            }                                                                                    \
+            const __m256 dw = f16x8((const uint8_t *)&x[i0].d, sizeof(WT), nq);                  \
+            for (int k = 0; k < nt; k++) {                                                       \
+                const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(quad[0][k], quad[1][k], 0x20), \
+                                                      _mm256_permute2x128_si256(quad[0][k], quad[1][k], 0x31)); \
+                const __m256 da = ad && nq == 8 ? _mm256_loadu_ps(ad + k * nb + i0)              \
+                                                : f16x8((const uint8_t *)&(ROW(gpe_block_q8_0, k) + i0)->d, \
+                                                        sizeof(gpe_block_q8_0), nq);             \
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, da), _mm256_cvtepi32_ps(isum), acc[k]); \
+            }                                                                                    \
+        }                                                                                        \
+        for (int k = 0; k < nt; k++)                                                             \
+            out[k] = hsum256(acc[k]);                                                            \
+    }
+/* Q8_0 keeps llama.cpp's order (float lane j of the accumulator takes
+ * fma(fl(dw * da), (float)(int32 lane j of the block's dot), lane j) for
+ * bytes 4j..4j+3 of every block; the result is hsum256): with activations
+ * rounded to Q8_0 before every product, a tiny random model's logits move
+ * by several 1e-2 under any other order (tests/data/arch's Q8_0 file), so
+ * this is what lets the engine land within 1e-5 of llama.cpp there. */
+#define BLOCK32J(TGT, NAME, WT, UNPACK, DOTI)                                                     \
     TGT static AI void NAME(int64_t n, const WT *x, const uint8_t *a, size_t as, const float *ad, \
                             int nt, float *out)                                                  \
     {                                                                                            \
@@ -195,7 +275,7 @@ T_AVX2 static AI __m256i doti_avx2(__m256i u, __m256i s)
         for (int k = 0; k < nt; k++)                                                             \
             out[k] = hsum256(acc[k]);                                                            \
     }
-BLOCK32(T_AVX2, k2_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32J(T_AVX2, k2_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
 BLOCK32(T_AVX2, k2_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
 
 /* Branch-free unpack of the 8 six-bit scales and mins of a Q4_K/Q5_K block
@@ -282,23 +362,22 @@ T_AVX2 static AI void q6_half(const uint8_t *ql, const uint8_t *qhp, __m256i q[4
  * and the result is acc - accm. A block's float work is two scalar fmas,
  * which lets the gemm keep one row per vector lane.
  */
-T_AVX2 static inline int hsum_i32x8(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-T_AVX2 static inline int hsum_i32x4(__m128i s)
-{
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
 /* acc + d * (float)i with one rounding, as _mm256_fmadd_ps does per lane. */
 T_AVX2 static inline float fma_acc(float d, int i, float acc)
 {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(d), _mm_set_ss((float)i), _mm_set_ss(acc)));
+}
+
+/* The four int32 sums of a, b, c, d (8 lanes each) in r[0..3]: one
+ * reduction per four blocks instead of one per block. */
+T_AVX2 static inline void hsum4_i32x8(__m256i a, __m256i b, __m256i c, __m256i d, int r[4])
+{
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    _mm_storeu_si128((__m128i *)r, _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+}
+T_AVX2 static inline void hsum4_i32x4(__m128i a, __m128i b, __m128i c, __m128i d, int r[4])
+{
+    _mm_storeu_si128((__m128i *)r, _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d)));
 }
 
 /* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
@@ -307,41 +386,61 @@ T_AVX2 static inline float fma_acc(float d, int i, float acc)
 T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
                             const uint8_t *a, size_t as, int nt, float *out)
 {
+    const int64_t nb = n / GPE_QK_K;
     float acc[4], accm[4];
     for (int k = 0; k < nt; k++)
         acc[k] = accm[k] = 0.0f;
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
-        uint16_t dh, mh;
-        memcpy(&dh, b, 2);
-        memcpy(&mh, b + 2, 2);
-        const float dw = h2f(dh), dmw = h2f(mh);
-        uint8_t sc[8], mn[8];
-        kq_unpack(b + 4, sc, mn);
-        const __m256i scv = kq_scales256(sc);
-        const uint8_t *qs = b + qs_off;
-        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        __m256i sumi[4];
-        for (int k = 0; k < nt; k++)
-            sumi[k] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
-            const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
-            const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
+    /* blocks in fours: the integer vectors of four blocks are reduced together */
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
+        __m256i vs[4][4];
+        __m128i vm[4][4];
+        float dws[4], dms[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
             for (int k = 0; k < nt; k++) {
-                const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 64 * c;
-                const __m256i p0 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)), s0);
-                const __m256i p1 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa + 32))), s1);
-                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
+                vs[q][k] = _mm256_setzero_si256();
+                vm[q][k] = _mm_setzero_si128();
             }
+            if (q >= nq)
+                continue;
+            const int64_t i = i0 + q;
+            const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+            uint16_t dh, mh;
+            memcpy(&dh, b, 2);
+            memcpy(&mh, b + 2, 2);
+            dws[q] = h2f(dh);
+            dms[q] = h2f(mh);
+            uint8_t sc[8], mn[8];
+            kq_unpack(b + 4, sc, mn);
+            const __m256i scv = kq_scales256(sc);
+            const uint8_t *qs = b + qs_off;
+            __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                __m256i lo, hi;
+                kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
+                const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
+                const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
+                for (int k = 0; k < nt; k++) {
+                    const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 64 * c;
+                    const __m256i p0 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)), s0);
+                    const __m256i p1 = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa + 32))), s1);
+                    vs[q][k] = _mm256_add_epi32(vs[q][k], _mm256_add_epi32(p0, p1));
+                }
+            }
+            for (int k = 0; k < nt; k++)
+                vm[q][k] = kq_mins(mn, ROW(gpe_block_q8_k, k)[i].bsums);
         }
         for (int k = 0; k < nt; k++) {
-            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]), acc[k]);
-            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
+            int is[4], im[4];
+            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
+            hsum4_i32x4(vm[0][k], vm[1][k], vm[2][k], vm[3][k], im);
+            for (int q = 0; q < nq; q++) {
+                const float da = ROW(gpe_block_q8_k, k)[i0 + q].d;
+                acc[k] = fma_acc(dws[q] * da, is[q], acc[k]);
+                accm[k] = fma_acc(dms[q] * da, im[q], accm[k]);
+            }
         }
     }
     for (int k = 0; k < nt; k++)
@@ -349,43 +448,55 @@ T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t 
 }
 
 /* Q6_K: values are q-32 with q in 0..63; the -32 is folded in through the
- * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum, exact in int32. */
-T_AVX2 static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
+ * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum, exact in int32.
+ * Returned as 8 int32 lanes (32 * sc*bsum pairs) to subtract from the
+ * block's integer vector before its reduction. */
+T_AVX2 static inline __m256i q6_corr(const int8_t *scales, const int16_t *bsums)
 {
-    const __m256i cm = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales)),
-                                         _mm256_loadu_si256((const __m256i *)bsums));
-    return 32 * hsum_i32x8(cm);
+    return _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales)),
+                                               _mm256_loadu_si256((const __m256i *)bsums)),
+                             5);
 }
 
 T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                               int nt, float *out)
 {
+    const int64_t nb = n / GPE_QK_K;
     float acc[4];
     for (int k = 0; k < nt; k++)
         acc[k] = 0.0f;
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
-        const int8_t *sc = x[i].scales;
-        __m256i sumi[4];
-        for (int k = 0; k < nt; k++)
-            sumi[k] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
-            __m256i q[4];
-            q6_half(ql, qhp, q);
-            for (int j = 0; j < 4; j++) {
-                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-                for (int k = 0; k < nt; k++) {
-                    const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 128 * h + 32 * j;
-                    sumi[k] = _mm256_add_epi32(
-                        sumi[k], _mm256_madd_epi16(
-                                     _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i *)qa)), s));
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
+        __m256i vs[4][4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            for (int k = 0; k < nt; k++)
+                vs[q][k] = _mm256_setzero_si256();
+            if (q >= nq)
+                continue;
+            const int64_t i = i0 + q;
+            const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
+            const int8_t *sc = x[i].scales;
+            for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
+                __m256i qv[4];
+                q6_half(ql, qhp, qv);
+                for (int j = 0; j < 4; j++) {
+                    const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+                    for (int k = 0; k < nt; k++) {
+                        const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 128 * h + 32 * j;
+                        vs[q][k] = _mm256_add_epi32(
+                            vs[q][k], _mm256_madd_epi16(
+                                          _mm256_maddubs_epi16(qv[j], _mm256_loadu_si256((const __m256i *)qa)), s));
+                    }
                 }
             }
+            for (int k = 0; k < nt; k++)
+                vs[q][k] = _mm256_sub_epi32(vs[q][k], q6_corr(x[i].scales, ROW(gpe_block_q8_k, k)[i].bsums));
         }
-        const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
-            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]) - q6_corr(x[i].scales, y->bsums), acc[k]);
+            int is[4];
+            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
+            for (int q = 0; q < nq; q++)
+                acc[k] = fma_acc(h2f(x[i0 + q].d) * ROW(gpe_block_q8_k, k)[i0 + q].d, is[q], acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
@@ -567,29 +678,28 @@ T_VNNI static AI __m256i doti_vnni(__m256i u, __m256i s)
 {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
-BLOCK32(T_AVX512, k512_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
+BLOCK32J(T_AVX512, k512_q8_0, gpe_block_q8_0, w32_q8_0, doti_avx2)
 BLOCK32(T_AVX512, k512_q4_0, gpe_block_q4_0, w32_q4_0, doti_avx2)
-BLOCK32(T_VNNI, kvnni_q8_0, gpe_block_q8_0, w32_q8_0, doti_vnni)
+BLOCK32J(T_VNNI, kvnni_q8_0, gpe_block_q8_0, w32_q8_0, doti_vnni)
 BLOCK32(T_VNNI, kvnni_q4_0, gpe_block_q4_0, w32_q4_0, doti_vnni)
 
 /*
- * Q4_0 / Q8_0 prompt-sized matmuls with VNNI, 8 weight rows at a time.
+ * Q4_0 / Q8_0 prompt-sized matmuls, 8 weight rows at a time.
  *
- * The per-token kernel above spends ~7 instructions per (row, token, block):
- * sign-adjust, dot, convert, scale, accumulate. Here 8 rows' blocks are
- * unpacked once per call and transposed so that vector j holds bytes
- * 4j..4j+3 of each of the 8 rows (lane r = row r); one dpbusd with the
- * token's 4 activation bytes broadcast then yields, in lane r, exactly the
- * int32 lane j of the per-token kernel's dot for row r. The activations are
- * made unsigned (a + 128, what dpbusd wants) once per call, and
- * -128 * (sum of those 4 weight bytes) per (block, j) starts the dot, which
- * keeps it exact. Float accumulators are per j, in the per-token kernel's
- * order (per block: acc_j += (dw * da) * lane_j), and are summed in
- * hsum256's order at the end: every output is bit-identical to dot().
+ * 8 rows' blocks are unpacked once per call and transposed so that vector j
+ * holds bytes 4j..4j+3 of each of the 8 rows (lane r = row r); one dpbusd
+ * with the token's 4 activation bytes broadcast adds, in lane r, row r's
+ * sum over those 4 values; 8 of them make the block's exact integer dot.
+ * The activations are made unsigned (a + 128, what dpbusd wants) once per
+ * call, and -128 * (sum of the block's weight bytes) starts the dot, which
+ * keeps it exact. The float work is the per-token kernel's, lane-wise (Q4_0:
+ * see "Q4_0 ... in one float order"; Q8_0: llama.cpp's, one accumulator per
+ * byte group): every output is bit-identical to dot().
  */
 typedef struct g8_blk {
     __m256i w[8];      /* transposed weight bytes (signed) */
-    __m256i c[8];      /* -128 * sum of the 4 bytes of w[j] in each lane */
+    __m256i c;         /* -128 * the sum of the block's 32 weight bytes, per row */
+    __m256i cj[8];     /* the same per byte group j (Q8_0's order) */
     __m256 dw;         /* the 8 rows' block scales */
 } g8_blk;
 
@@ -627,9 +737,45 @@ T_AVX2 static AI __m256i dotc_avx2(__m256i c, __m256i u, __m256i s)
 }
 
 /* nt (1 or 2) tokens against one 8-row group; out rows r0..r0+7. Fully
- * unrolled, so that the 8 or 16 accumulators live in registers (AVX2 has
- * 16 of them: one token at a time there). */
+ * unrolled, so that the 8 or 16 accumulators (one per block lane) live in
+ * registers (AVX2 has 16 of them: one token at a time there). */
 #define G8_TOKENS(TGT, NAME, DOTC)                                                              \
+    TGT static AI void NAME(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,        \
+                            const float *ad, int nt, float *out, int64_t ldo)                  \
+    {                                                                                           \
+        __m256 acc[2][8];                                                                       \
+        for (int k = 0; k < nt; k++)                                                            \
+            for (int l = 0; l < 8; l++)                                                         \
+                acc[k][l] = _mm256_setzero_ps();                                                \
+        for (int64_t i0 = 0; i0 < nb; i0 += 8) {                                                \
+            _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) {                               \
+                const int64_t i = i0 + l;                                                       \
+                if (i >= nb)                                                                    \
+                    break;                                                                      \
+                _Pragma("GCC unroll 2") for (int k = 0; k < nt; k++) {                          \
+                    const uint8_t *a4 = ax + k * axs + 32 * i;                                  \
+                    __m256i p = _mm256_load_si256(&B[i].c);                                     \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                       \
+                        int32_t v4;                                                             \
+                        memcpy(&v4, a4 + 4 * j, 4);                                             \
+                        p = DOTC(p, _mm256_set1_epi32(v4), _mm256_load_si256(&B[i].w[j]));      \
+                    }                                                                           \
+                    const __m256 sc = _mm256_mul_ps(B[i].dw, _mm256_broadcast_ss(ad + k * nb + i)); \
+                    acc[k][l] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), acc[k][l]);          \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int k = 0; k < nt; k++) {                                                          \
+            const __m256 *v = acc[k]; /* hsum256's order, lane-wise */                          \
+            const __m256 s = _mm256_add_ps(                                                     \
+                _mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),            \
+                _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));           \
+            _mm256_storeu_ps(out + k * ldo, s);                                                 \
+        }                                                                                       \
+    }
+/* Q8_0's (llama.cpp's) order: one accumulator per byte group j, each
+ * group's dot converted and scaled on its own. */
+#define G8J_TOKENS(TGT, NAME, DOTC)                                                              \
     TGT static AI void NAME(int64_t nb, const g8_blk *B, const uint8_t *ax, size_t axs,        \
                             const float *ad, int nt, float *out, int64_t ldo)                  \
     {                                                                                           \
@@ -646,7 +792,7 @@ T_AVX2 static AI __m256i dotc_avx2(__m256i c, __m256i u, __m256i s)
                 _Pragma("GCC unroll 2") for (int k = 0; k < nt; k++) {                          \
                     int32_t a4;                                                                 \
                     memcpy(&a4, ax + k * axs + 32 * i + 4 * j, 4);                              \
-                    const __m256i p = DOTC(_mm256_load_si256(&B[i].c[j]), _mm256_set1_epi32(a4), w); \
+                    const __m256i p = DOTC(_mm256_load_si256(&B[i].cj[j]), _mm256_set1_epi32(a4), w); \
                     acc[k][j] = _mm256_fmadd_ps(sc[k], _mm256_cvtepi32_ps(p), acc[k][j]);       \
                 }                                                                               \
             }                                                                                   \
@@ -659,6 +805,7 @@ T_AVX2 static AI __m256i dotc_avx2(__m256i c, __m256i u, __m256i s)
             _mm256_storeu_ps(out + k * ldo, s);                                                 \
         }                                                                                       \
     }
+G8J_TOKENS(T_VNNI, g8j_tokens_vnni, dotc_vnni)
 G8_TOKENS(T_VNNI, g8_tokens_vnni, dotc_vnni)
 G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
 
@@ -699,11 +846,14 @@ G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
                     d[k] = x->d;                                                                \
                 }                                                                               \
                 tr8x8(v);                                                                       \
+                __m256i c = _mm256_setzero_si256();                                             \
                 for (int j = 0; j < 8; j++) {                                                   \
                     B[i].w[j] = v[j];                                                           \
-                    B[i].c[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                        \
-                                                 DOTC(_mm256_setzero_si256(), flip, v[j])); \
+                    B[i].cj[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                       \
+                                                  DOTC(_mm256_setzero_si256(), flip, v[j]));    \
+                    c = _mm256_add_epi32(c, B[i].cj[j]);                                        \
                 }                                                                               \
+                B[i].c = c;                                                                     \
                 B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));                 \
             }                                                                                   \
             int t = 0;                                                                          \
@@ -717,7 +867,7 @@ G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
         free(ad);                                                                               \
         return rend;                                                                            \
     }
-G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8_tokens_vnni, dotc_vnni, 2)
+G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8j_tokens_vnni, dotc_vnni, 2)
 G8(T_VNNI, g8_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_vnni, dotc_vnni, 2)
 G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
 
@@ -936,38 +1086,63 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
                                 bool hbits, const uint8_t *a, size_t as, int nt, float *out)
 {
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
+    const int64_t nb = n / GPE_QK_K;
     float acc[4], accm[4];
     for (int k = 0; k < nt; k++)
         acc[k] = accm[k] = 0.0f;
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
-        uint16_t dh, mh;
-        memcpy(&dh, b, 2);
-        memcpy(&mh, b + 2, 2);
-        const float dw = h2f(dh), dmw = h2f(mh);
-        uint8_t sc[8], mn[8];
-        kq_unpack(b + 4, sc, mn);
-        const __m512i scv =
-            _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const uint8_t *qs = b + qs_off;
-        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        __m512i qv[4], scl[4];
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
-            qv[c] = cat256(lo, hi);
-            scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
+        __m256i vs[4][4];   /* each block's 16 lanes folded to 8 */
+        __m128i vm[4][4];
+        float dws[4], dms[4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            for (int k = 0; k < nt; k++) {
+                vs[q][k] = _mm256_setzero_si256();
+                vm[q][k] = _mm_setzero_si128();
+            }
+            if (q >= nq)
+                continue;
+            const int64_t i = i0 + q;
+            const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+            uint16_t dh, mh;
+            memcpy(&dh, b, 2);
+            memcpy(&mh, b + 2, 2);
+            dws[q] = h2f(dh);
+            dms[q] = h2f(mh);
+            uint8_t sc[8], mn[8];
+            kq_unpack(b + 4, sc, mn);
+            const __m512i scv =
+                _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+            const uint8_t *qs = b + qs_off;
+            __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+            __m512i qv[4], scl[4];
+            for (int c = 0; c < 4; c++) {
+                __m256i lo, hi;
+                kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
+                qv[c] = cat256(lo, hi);
+                scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
+            }
+            for (int k = 0; k < nt; k++) {
+                const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+                __m512i sumi = _mm512_setzero_si512();
+                for (int c = 0; c < 4; c++)
+                    sumi = _mm512_add_epi32(
+                        sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                    qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
+                                                scl[c]));
+                vs[q][k] = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+                vm[q][k] = kq_mins(mn, y->bsums);
+            }
         }
         for (int k = 0; k < nt; k++) {
-            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            __m512i sumi = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++)
-                sumi = _mm512_add_epi32(
-                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
-                                                qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
-                                            scl[c]));
-            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi), acc[k]);
-            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
+            int is[4], im[4];
+            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
+            hsum4_i32x4(vm[0][k], vm[1][k], vm[2][k], vm[3][k], im);
+            for (int q = 0; q < nq; q++) {
+                const float da = ROW(gpe_block_q8_k, k)[i0 + q].d;
+                acc[k] = fma_acc(dws[q] * da, is[q], acc[k]);
+                accm[k] = fma_acc(dms[q] * da, im[q], accm[k]);
+            }
         }
     }
     for (int k = 0; k < nt; k++)
@@ -982,34 +1157,49 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
                          13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
     const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
+    const int64_t nb = n / GPE_QK_K;
     float acc[4];
     for (int k = 0; k < nt; k++)
         acc[k] = 0.0f;
-    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
-        __m512i qv[4], scl[4];
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-            __m256i q[4];
-            q6_half(ql, qhp, q);
-            int64_t s8;
-            memcpy(&s8, x[i].scales + 8 * h, 8);
-            const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
-            qv[2 * h] = cat256(q[0], q[1]);
-            qv[2 * h + 1] = cat256(q[2], q[3]);
-            scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
-            scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
+    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
+        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
+        __m256i vs[4][4];
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            for (int k = 0; k < nt; k++)
+                vs[q][k] = _mm256_setzero_si256();
+            if (q >= nq)
+                continue;
+            const int64_t i = i0 + q;
+            __m512i qv[4], scl[4];
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
+                __m256i qq[4];
+                q6_half(ql, qhp, qq);
+                int64_t s8;
+                memcpy(&s8, x[i].scales + 8 * h, 8);
+                const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
+                qv[2 * h] = cat256(qq[0], qq[1]);
+                qv[2 * h + 1] = cat256(qq[2], qq[3]);
+                scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
+                scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
+            }
+            for (int k = 0; k < nt; k++) {
+                const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+                __m512i sumi = _mm512_setzero_si512();
+                for (int j = 0; j < 4; j++)
+                    sumi = _mm512_add_epi32(
+                        sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                    qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
+                                                scl[j]));
+                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+                vs[q][k] = _mm256_sub_epi32(s8, q6_corr(x[i].scales, y->bsums));
+            }
         }
-        const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
-            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-            __m512i sumi = _mm512_setzero_si512();
-            for (int j = 0; j < 4; j++)
-                sumi = _mm512_add_epi32(
-                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
-                                                qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
-                                            scl[j]));
-            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi) - q6_corr(x[i].scales, y->bsums),
-                             acc[k]);
+            int is[4];
+            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
+            for (int q = 0; q < nq; q++)
+                acc[k] = fma_acc(h2f(x[i0 + q].d) * ROW(gpe_block_q8_k, k)[i0 + q].d, is[q], acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
