@@ -206,6 +206,10 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
             goto fail;
         }
         m->has_weights = true;
+        /* the CPU matmuls read row-interleaved copies where a type has
+         * them; without the memory they read the rows (same results) */
+        if (p.backend == GPE_BACKEND_CPU)
+            gpe_llama_pack(&m->llama);
     }
     /* The tokenizer is required: a model whose text cannot be read or
      * written is of no use to any caller of this API. */

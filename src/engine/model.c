@@ -599,10 +599,58 @@ fail:
     return st;
 }
 
+/* The dense matmul weights of the model (experts are left on their rows). */
+static int pack_list(gpe_llama *m, gpe_weight **ws, int cap)
+{
+    int n = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        gpe_layer *L = &m->layers[l];
+        gpe_weight *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lw / sizeof lw[0]; i++)
+            if (lw[i]->data && n < cap)
+                ws[n++] = lw[i];
+    }
+    if (n < cap)
+        ws[n++] = &m->output;
+    return n;
+}
+
+bool gpe_llama_pack(gpe_llama *m)
+{
+    const int cap = 7 * m->hp.n_layer + 1;
+    gpe_weight **ws = malloc((size_t)cap * sizeof *ws);
+    if (!ws)
+        return false;
+    const int n = pack_list(m, ws, cap);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t b = gpe_pack_size(ws[i]->type, ws[i]->n_rows, ws[i]->n_cols);
+        total += (b + 63) / 64 * 64;
+    }
+    uint8_t *buf = total ? aligned_alloc(64, total) : NULL;
+    if (buf) {
+        size_t off = 0;
+        for (int i = 0; i < n; i++) {
+            const size_t b = gpe_pack_size(ws[i]->type, ws[i]->n_rows, ws[i]->n_cols);
+            if (!b)
+                continue;
+            gpe_pack_rows(ws[i]->type, ws[i]->data, ws[i]->n_rows, ws[i]->n_cols, buf + off);
+            ws[i]->packed = buf + off;
+            off += (b + 63) / 64 * 64;
+        }
+        m->packed = buf;
+        m->packed_bytes = total;
+    }
+    free(ws);
+    return total == 0 || buf != NULL;
+}
+
 void gpe_llama_free(gpe_llama *m)
 {
     if (!m)
         return;
+    free(m->packed);
+    m->packed = NULL;
     free(m->layers);
     m->layers = NULL;
     free(m->experts);
@@ -767,6 +815,17 @@ static void mm_fn(void *arg, int ith, int nth)
     for (int i = 0; i < j->n_items; i++) {
         const mm_item *it = &j->it[i];
         int64_t lo, hi;
+        if (it->w->packed) {
+            /* whole groups of 8 rows per worker; the last takes the tail */
+            const int64_t ng = it->w->n_rows / 8;
+            gpe_pool_split(ng, ith, nth, &lo, &hi);
+            lo *= 8;
+            hi = ith == nth - 1 ? it->w->n_rows : hi * 8;
+            if (lo < hi)
+                gpe_matmul_packed(it->w->type, it->w->packed, it->w->data, lo, hi, it->w->n_cols,
+                                  it->act, j->n_tok, it->act_row_bytes, it->out, it->w->n_rows);
+            continue;
+        }
         gpe_pool_split(it->w->n_rows, ith, nth, &lo, &hi);
         if (lo < hi)
             gpe_matmul_rows(it->w->type, it->w->data, lo, hi, it->w->n_cols, it->act, j->n_tok,

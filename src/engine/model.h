@@ -100,6 +100,7 @@ typedef struct gpe_hparams {
 /* A 2-D weight: n_rows rows of n_cols elements of one type, row-major. */
 typedef struct gpe_weight {
     const void *data;     /* row 0, inside the mapping */
+    const void *packed;   /* row-interleaved copy (quant.h gpe_pack_rows) or NULL */
     gpe_type type;
     int64_t n_cols;       /* elements per row (GGUF ne[0]) */
     int64_t n_rows;       /* GGUF ne[1] */
@@ -141,6 +142,8 @@ typedef struct gpe_llama {
     gpe_layer *layers;        /* [n_layer] */
     gpe_weight *experts;      /* MoE: the views of every layer (one allocation) */
     uint64_t n_params;
+    void *packed;             /* gpe_llama_pack's copies (one allocation) or NULL */
+    size_t packed_bytes;
 } gpe_llama;
 
 /* Read hyper-parameters and bind weights from an open GGUF. Refuses an
@@ -151,6 +154,12 @@ typedef struct gpe_llama {
  * the tensor), each as one line in err. */
 gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t errlen);
 void gpe_llama_free(gpe_llama *m);
+/* For the CPU backend: row-interleaved copies of the matmul weights whose
+ * type has a packed form (Q4_0), in one allocation the model owns (about
+ * the size of those weights; the mapped file is no longer read for them).
+ * Returns false, leaving the model as it was, when the memory is not
+ * there: the matmuls then read the rows as before. */
+bool gpe_llama_pack(gpe_llama *m);
 
 /* Scratch for one context (RunState), sized for n_batch tokens. */
 typedef struct gpe_fwd {

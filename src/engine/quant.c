@@ -834,3 +834,52 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
     }
     free(ad);
 }
+
+/* --------------------------------------------------------- packed weights */
+
+#define PACK_ROWS 8
+#define PACK_Q4_0_BYTES (PACK_ROWS * sizeof(gpe_block_q4_0))   /* 144 */
+
+size_t gpe_pack_size(gpe_type t, int64_t n_rows, int64_t n_cols)
+{
+    if (t != GPE_TYPE_Q4_0 || n_rows < PACK_ROWS || n_cols <= 0 || n_cols % GPE_QK)
+        return 0;
+    return (size_t)(n_rows / PACK_ROWS) * (size_t)(n_cols / GPE_QK) * PACK_Q4_0_BYTES;
+}
+
+bool gpe_pack_rows(gpe_type t, const void *W, int64_t n_rows, int64_t n_cols, void *dst)
+{
+    if (!gpe_pack_size(t, n_rows, n_cols))
+        return false;
+    const int64_t nb = n_cols / GPE_QK, ng = n_rows / PACK_ROWS;
+    const gpe_block_q4_0 *w = W;
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < ng; g++) {
+        for (int64_t i = 0; i < nb; i++, o += PACK_Q4_0_BYTES) {
+            for (int r = 0; r < PACK_ROWS; r++) {
+                const gpe_block_q4_0 *b = &w[(g * PACK_ROWS + r) * nb + i];
+                memcpy(o + 2 * r, &b->d, 2);
+                for (int j = 0; j < 4; j++)
+                    memcpy(o + 16 + 32 * j + 4 * r, b->qs + 4 * j, 4);
+            }
+        }
+    }
+    return true;
+}
+
+void gpe_matmul_packed(gpe_type t, const void *P, const void *W, int64_t row_begin,
+                       int64_t row_end, int64_t n_cols, const void *act, int n_tok,
+                       size_t act_row_bytes, float *out, int64_t ldo)
+{
+    const gpe__packed_fn fn = kernels()->packed[t];
+    const int64_t g0 = (row_begin + PACK_ROWS - 1) / PACK_ROWS, g1 = row_end / PACK_ROWS;
+    if (!P || !fn || g0 >= g1 ||
+        !fn(n_cols, P, g0, g1, act, act_row_bytes, n_tok, out, ldo)) {
+        gpe_matmul_rows(t, W, row_begin, row_end, n_cols, act, n_tok, act_row_bytes, out, ldo);
+        return;
+    }
+    if (row_begin < g0 * PACK_ROWS)
+        gpe_matmul_rows(t, W, row_begin, g0 * PACK_ROWS, n_cols, act, n_tok, act_row_bytes, out, ldo);
+    if (g1 * PACK_ROWS < row_end)
+        gpe_matmul_rows(t, W, g1 * PACK_ROWS, row_end, n_cols, act, n_tok, act_row_bytes, out, ldo);
+}

@@ -188,6 +188,32 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
                      int64_t n_cols, const void *act, int n_tok, size_t act_row_bytes,
                      float *out, int64_t ldo);
 
+/* ------------------------------------------------------- packed weights */
+
+/* Row-interleaved copies of a weight matrix for the CPU matmul (what a
+ * repack at load buys: the kernel needs no per-call unpacking or
+ * transposing, and one-token decode reads 8 rows per vector). Only Q4_0
+ * has a packed form. Layout, per group of 8 rows g and block i, at byte
+ * (g * nb + i) * 144 (nb = n_cols / 32): the 8 rows' f16 scales, then 4 x 8
+ * little-endian 32-bit words, word [j][r] = bytes 4j..4j+3 of row r's qs
+ * (low nibbles: values 4j..4j+3; high: 16+4j..16+4j+3). Same bytes as the
+ * rows themselves. Rows after the last whole group are not packed.
+ *
+ * Bytes gpe_pack_rows writes for n_rows x n_cols of type t, or 0 when t
+ * has no packed form or there is no whole group of 8 rows. */
+size_t gpe_pack_size(gpe_type t, int64_t n_rows, int64_t n_cols);
+/* Packs the whole groups of W (rows gpe_row_size(t, n_cols) apart) into dst
+ * (gpe_pack_size bytes). Returns false when t has no packed form. */
+bool gpe_pack_rows(gpe_type t, const void *W, int64_t n_rows, int64_t n_cols, void *dst);
+/* gpe_matmul_rows over [row_begin, row_end) of W, using P (W packed by
+ * gpe_pack_rows) for the whole groups inside the range; other rows, and
+ * every row when the ISA in use has no packed kernel, come from W. Outputs
+ * are bit-identical to gpe_matmul_rows (hence to gpe_vec_dot). Threads
+ * should split on multiples of 8 rows. */
+void gpe_matmul_packed(gpe_type t, const void *P, const void *W, int64_t row_begin,
+                       int64_t row_end, int64_t n_cols, const void *act, int n_tok,
+                       size_t act_row_bytes, float *out, int64_t ldo);
+
 /* ---------------------------------------------------------------- ISA */
 
 typedef enum gpe_isa { GPE_ISA_SCALAR = 0, GPE_ISA_AVX2 = 1, GPE_ISA_AVX512 = 2 } gpe_isa;

@@ -26,10 +26,18 @@ typedef void (*gpe__dotn_fn)(int64_t n, const void *w, const void *a, size_t as,
 typedef int64_t (*gpe__gemm_fn)(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
                                 const void *act, size_t as, int n_tok, float *out, int64_t ldo);
 
+/* Optional: groups [g0, g1) of 8 rows of a packed matrix P (quant.h's
+ * layout) against n_tok activation rows act + t*as; out[t*ldo + 8g + r].
+ * Must give exactly what dot gives. Returns false (having written
+ * nothing) when out of memory. */
+typedef bool (*gpe__packed_fn)(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,
+                               size_t as, int n_tok, float *out, int64_t ldo);
+
 typedef struct gpe__kernels {
     gpe__dot_fn dot[GPE_TYPE_COUNT];     /* NULL for unsupported types */
     gpe__dotn_fn dotn[GPE_TYPE_COUNT];   /* NULL: matmul calls dot per token */
     gpe__gemm_fn gemm[GPE_TYPE_COUNT];   /* NULL: matmul uses dotn / dot */
+    gpe__packed_fn packed[GPE_TYPE_COUNT]; /* NULL: packed matmul uses the rows */
     /* Q8_0 quantizer (nb blocks); NULL: the scalar one. Must give its bytes. */
     void (*quant_q8_0)(const float *x, void *dst, int64_t nb);
 } gpe__kernels;

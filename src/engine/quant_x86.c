@@ -545,6 +545,8 @@ GEMM_DECL(g8avx2_q4_0)
 GEMM_DECL(kq8_q4_k_avx2)
 GEMM_DECL(kq8_q5_k_avx2)
 GEMM_DECL(kq8_q6_k_avx2)
+static bool pk_q4_0_avx2(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,
+                         size_t as, int n_tok, float *out, int64_t ldo);
 
 void gpe__kernels_avx2(gpe__kernels *k)
 {
@@ -563,6 +565,7 @@ void gpe__kernels_avx2(gpe__kernels *k)
     k->gemm[GPE_TYPE_Q4_K] = kq8_q4_k_avx2;
     k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_avx2;
     k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_avx2;
+    k->packed[GPE_TYPE_Q4_0] = pk_q4_0_avx2;
     k->quant_q8_0 = avx2_quant_q8_0;
 #undef SET
 }
@@ -870,6 +873,121 @@ G8_TOKENS(T_AVX2, g8_tokens_avx2, dotc_avx2)
 G8(T_VNNI, g8_q8_0, gpe_block_q8_0, w32_q8_0, g8j_tokens_vnni, dotc_vnni, 2)
 G8(T_VNNI, g8_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_vnni, dotc_vnni, 2)
 G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
+
+/*
+ * Q4_0 packed at load (quant.h: gpe_pack_rows): the words of a group's
+ * block are already rows-in-lanes, so nothing is transposed per call.
+ * Prompt-sized batches build the 8-row gemm's blocks from them (a mask
+ * and a shift per vector); fewer tokens (decode) take the nibbles as they
+ * are, unsigned, with the activations signed, and remove the -8 afterwards
+ * as 8 * (sum of the activation block): one dpbusd per 4 values of 8 rows,
+ * against ~14 instructions per block of one row in the per-token kernel.
+ * Same integers and the same float order: bit-identical to dot().
+ */
+T_AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));
+        u[j] = _mm256_and_si256(v, m4);                          /* values 4j..4j+3 */
+        u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4); /* 16+4j..16+4j+3 */
+    }
+}
+
+#define PK_Q4_0(TGT, NAME, TOKENS, DOTC, NTMAX)                                                \
+    TGT static bool NAME(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,     \
+                         size_t as, int n_tok, float *out, int64_t ldo)                         \
+    {                                                                                           \
+        const int64_t nb = n / GPE_QK;                                                          \
+        const size_t gbytes = (size_t)nb * 8 * sizeof(gpe_block_q4_0);                          \
+        float *ad = malloc((size_t)n_tok * (size_t)nb * sizeof *ad);                            \
+        int32_t *a8 = malloc((size_t)n_tok * (size_t)nb * sizeof *a8);                          \
+        g8_blk *B = n_tok >= 8 ? aligned_alloc(32, (size_t)nb * sizeof *B) : NULL;              \
+        uint8_t *ax = n_tok >= 8 ? malloc((size_t)n_tok * (size_t)n) : NULL;                    \
+        const __m256i flip = _mm256_set1_epi8((char)0x80);                                      \
+        bool ok = ad && a8 && (n_tok < 8 || (B && ax));                                         \
+        for (int t = 0; ok && t < n_tok; t++) {                                                 \
+            const gpe_block_q8_0 *y = (const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as); \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                const __m256i q = _mm256_loadu_si256((const __m256i *)y[i].qs);                 \
+                ad[t * nb + i] = h2f(y[i].d);                                                   \
+                /* 8 * the block's sum: dot with unsigned 8s */                                 \
+                a8[t * nb + i] = hsum_i32x8(DOTC(_mm256_setzero_si256(), _mm256_set1_epi8(8), q)); \
+                if (ax)                                                                         \
+                    _mm256_storeu_si256((__m256i *)(ax + t * n + 32 * i), _mm256_xor_si256(q, flip)); \
+            }                                                                                   \
+        }                                                                                       \
+        for (int64_t g = g0; ok && g < g1; g++) {                                               \
+            const uint8_t *pg = (const uint8_t *)P + (size_t)g * gbytes;                        \
+            if (n_tok >= 8) {                                                                   \
+                for (int64_t i = 0; i < nb; i++) {                                              \
+                    const uint8_t *blk = pg + (size_t)i * 8 * sizeof(gpe_block_q4_0);           \
+                    __m256i u[8], c = _mm256_setzero_si256();                                   \
+                    pk_words(blk, u);                                                           \
+                    for (int j = 0; j < 8; j++) {                                               \
+                        B[i].w[j] = _mm256_sub_epi8(u[j], _mm256_set1_epi8(8));                 \
+                        B[i].cj[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                   \
+                                                      DOTC(_mm256_setzero_si256(), flip, B[i].w[j])); \
+                        c = _mm256_add_epi32(c, B[i].cj[j]);                                    \
+                    }                                                                           \
+                    B[i].c = c;                                                                 \
+                    B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));           \
+                }                                                                               \
+                int t = 0;                                                                      \
+                for (; NTMAX == 2 && t + 2 <= n_tok; t += 2)                                    \
+                    TOKENS(nb, B, ax + t * n, (size_t)n, ad + t * nb, 2, out + t * ldo + 8 * g, ldo); \
+                for (; t < n_tok; t++)                                                          \
+                    TOKENS(nb, B, ax + t * n, (size_t)n, ad + t * nb, 1, out + t * ldo + 8 * g, ldo); \
+                continue;                                                                       \
+            }                                                                                   \
+            for (int t = 0; t < n_tok; t++) {                                                   \
+                const int8_t *a = ((const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as))->qs; \
+                const size_t ab = sizeof(gpe_block_q8_0);                                       \
+                __m256 acc[8];                                                                  \
+                for (int l = 0; l < 8; l++)                                                     \
+                    acc[l] = _mm256_setzero_ps();                                               \
+                for (int64_t i0 = 0; i0 < nb; i0 += 8) {                                        \
+                    _Pragma("GCC unroll 8") for (int l = 0; l < 8; l++) {                       \
+                        const int64_t i = i0 + l;                                               \
+                        if (i >= nb)                                                            \
+                            break;                                                              \
+                        const uint8_t *blk = pg + (size_t)i * 8 * sizeof(gpe_block_q4_0);       \
+                        const int8_t *ai = a + (size_t)i * ab;                                  \
+                        __m256i u[8], p = _mm256_setzero_si256();                               \
+                        pk_words(blk, u);                                                       \
+                        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                   \
+                            int32_t v4;                                                         \
+                            memcpy(&v4, ai + 4 * j, 4);                                         \
+                            p = DOTC(p, u[j], _mm256_set1_epi32(v4));                           \
+                        }                                                                       \
+                        p = _mm256_sub_epi32(p, _mm256_set1_epi32(a8[t * nb + i]));             \
+                        const __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), \
+                                                        _mm256_broadcast_ss(ad + t * nb + i));  \
+                        acc[l] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), acc[l]);            \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 sum = _mm256_add_ps(                                               \
+                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])), \
+                    _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]))); \
+                _mm256_storeu_ps(out + t * ldo + 8 * g, sum);                                   \
+            }                                                                                   \
+        }                                                                                       \
+        free(ad);                                                                               \
+        free(a8);                                                                               \
+        free(B);                                                                                \
+        free(ax);                                                                               \
+        return ok;                                                                              \
+    }
+PK_Q4_0(T_VNNI, pk_q4_0_vnni, g8_tokens_vnni, dotc_vnni, 2)
+PK_Q4_0(T_AVX2, pk_q4_0_avx2, g8_tokens_avx2, dotc_avx2, 1)
 
 /*
  * K-quant prompt-sized matmuls, 8 weight rows at a time, one row per int32
@@ -1238,6 +1356,7 @@ void gpe__kernels_avx512(gpe__kernels *k)
         k->gemm[GPE_TYPE_Q4_K] = kq8_q4_k_vnni;
         k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_vnni;
         k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_vnni;
+        k->packed[GPE_TYPE_Q4_0] = pk_q4_0_vnni;
     }
 #undef SET
 }
