@@ -48,6 +48,16 @@ void gpe__kernels_scalar(gpe__kernels *k);
  * CPU supports the ISA. */
 void gpe__kernels_avx2(gpe__kernels *k);
 void gpe__kernels_avx512(gpe__kernels *k);
+/* Blocked F16 / BF16 matmuls (quant_x86_f16.c), gemm entries of the AVX2
+ * and AVX-512 tables: bit-identical to that ISA's dot. */
+int64_t gpe__gemm_f16_avx2(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                           const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+int64_t gpe__gemm_bf16_avx2(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                            const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+int64_t gpe__gemm_f16_avx512(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                             const void *act, size_t as, int n_tok, float *out, int64_t ldo);
+int64_t gpe__gemm_bf16_avx512(int64_t n, const void *W, size_t rs, int64_t r0, int64_t r1,
+                              const void *act, size_t as, int n_tok, float *out, int64_t ldo);
 /* Whether the build has the x86 kernels at all. */
 bool gpe__have_x86_kernels(void);
 

@@ -15,25 +15,13 @@
 #include <string.h>
 
 #if defined(__x86_64__)
-#include <immintrin.h>
+#include "engine/quant_x86.h"
 
-#define T_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 #define T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool gpe__have_x86_kernels(void) { return true; }
 
 /* ================================================================ AVX2 */
-
-T_AVX2 static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-T_AVX2 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 T_AVX2 static float avx2_dot_f32(int64_t n, const void *w, const void *a)
 {
@@ -566,6 +554,8 @@ void gpe__kernels_avx2(gpe__kernels *k)
     k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_avx2;
     k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_avx2;
     k->packed[GPE_TYPE_Q4_0] = pk_q4_0_avx2;
+    k->gemm[GPE_TYPE_F16] = gpe__gemm_f16_avx2;
+    k->gemm[GPE_TYPE_BF16] = gpe__gemm_bf16_avx2;
     k->quant_q8_0 = avx2_quant_q8_0;
 #undef SET
 }
@@ -1348,6 +1338,8 @@ void gpe__kernels_avx512(gpe__kernels *k)
     SET(GPE_TYPE_Q4_K, avx512_q4_k)
     SET(GPE_TYPE_Q5_K, avx512_q5_k)
     SET(GPE_TYPE_Q6_K, avx512_q6_k)
+    k->gemm[GPE_TYPE_F16] = gpe__gemm_f16_avx512;
+    k->gemm[GPE_TYPE_BF16] = gpe__gemm_bf16_avx512;
     if (__builtin_cpu_supports("avx512vnni")) {
         SET(GPE_TYPE_Q8_0, vnni_q8_0)
         SET(GPE_TYPE_Q4_0, vnni_q4_0)

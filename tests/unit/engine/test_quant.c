@@ -537,6 +537,60 @@ static void test_packed_matmul(void **state)
     assert_true(gpe_quant_set_isa(best));
 }
 
+/* F16 / BF16 blocked matmul at its edges: rows with a partial step and a
+ * scalar tail (1023: AVX-512 F16 ends with a half step and 15 singles;
+ * 4099: 3 singles everywhere), row and token remainders of every tile
+ * shape (34 rows, 25 tokens), and at 4099 columns more tokens than one
+ * panel holds. Every output must equal gpe_vec_dot exactly. */
+static void test_matmul_rows_f16_edges(void **state)
+{
+    (void)state;
+    const gpe_isa best = gpe_quant_best_isa();
+    static const gpe_type types[] = {GPE_TYPE_F16, GPE_TYPE_BF16};
+    static const int64_t cols[] = {1023, 4099};
+    enum { R0 = 3, ROWS = 37, LDO = 40, NTOK = 25 };
+    for (size_t ti = 0; ti < 2; ti++) {
+        for (size_t ci = 0; ci < 2; ci++) {
+            const gpe_type t = types[ti];
+            const int64_t n = cols[ci];
+            const size_t rs = gpe_row_size(t, n);
+            uint8_t *W = malloc(rs * ROWS);
+            for (int r = 0; r < ROWS; r++) {
+                void *w = random_weights(t, n);
+                memcpy(W + rs * r, w, rs);
+                free(w);
+            }
+            const size_t ars = gpe_row_size(gpe_vec_dot_type(t), n);
+            uint8_t *act = malloc(ars * NTOK);
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int k = 0; k < NTOK; k++) {
+                for (int64_t i = 0; i < n; i++)
+                    x[i] = rndf();
+                assert_true(gpe_quantize_row_act(t, x, act + ars * k, n));
+            }
+            for (int isa = 0; isa <= (int)best; isa++) {
+                assert_true(gpe_quant_set_isa((gpe_isa)isa));
+                float out[NTOK * LDO];
+                for (int i = 0; i < NTOK * LDO; i++)
+                    out[i] = -12345.0f;
+                gpe_matmul_rows(t, W, R0, ROWS, n, act, NTOK, ars, out, LDO);
+                for (int k = 0; k < NTOK; k++) {
+                    for (int r = 0; r < LDO; r++) {
+                        const float want = r < R0 || r >= ROWS
+                                               ? -12345.0f
+                                               : gpe_vec_dot(t, n, W + rs * r, act + ars * k);
+                        assert_true(out[k * LDO + r] == want);
+                    }
+                }
+            }
+            free(W);
+            free(act);
+            free(x);
+        }
+    }
+    assert_true(gpe_quant_set_isa(best));
+}
+
 /* Extreme quant values: Q8_0 weights of -128 and activations at +-127. */
 static void test_dot_extremes(void **state)
 {
@@ -619,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_dot_paths),
         cmocka_unit_test(test_matmul_rows),
         cmocka_unit_test(test_packed_matmul),
+        cmocka_unit_test(test_matmul_rows_f16_edges),
         cmocka_unit_test(test_dot_extremes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
