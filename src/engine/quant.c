@@ -11,6 +11,7 @@
 #include "engine/quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -838,30 +839,107 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
 /* --------------------------------------------------------- packed weights */
 
 #define PACK_ROWS 8
-#define PACK_Q4_0_BYTES (PACK_ROWS * sizeof(gpe_block_q4_0))   /* 144 */
+
+/* Bytes per group of 8 rows and block (quant.h's layouts); 0: no packed form. */
+static size_t pack_block_bytes(gpe_type t)
+{
+    switch (t) {
+    case GPE_TYPE_Q4_0: return 144;
+    case GPE_TYPE_Q4_K: return 1184;
+    case GPE_TYPE_Q5_K: return 1440;
+    case GPE_TYPE_Q6_K: return 1680;
+    default: return 0;
+    }
+}
 
 size_t gpe_pack_size(gpe_type t, int64_t n_rows, int64_t n_cols)
 {
-    if (t != GPE_TYPE_Q4_0 || n_rows < PACK_ROWS || n_cols <= 0 || n_cols % GPE_QK)
+    const size_t bb = pack_block_bytes(t);
+    const int64_t bs = gpe_type_block_size(t);
+    if (!bb || n_rows < PACK_ROWS || n_cols <= 0 || n_cols % bs)
         return 0;
-    return (size_t)(n_rows / PACK_ROWS) * (size_t)(n_cols / GPE_QK) * PACK_Q4_0_BYTES;
+    return (size_t)(n_rows / PACK_ROWS) * (size_t)(n_cols / bs) * bb;
+}
+
+/* words [J][r] = word J of each row's field (rows' fields src[r], nw words). */
+static uint8_t *pack_words(uint8_t *o, const uint8_t *const src[PACK_ROWS], int nw)
+{
+    for (int j = 0; j < nw; j++)
+        for (int r = 0; r < PACK_ROWS; r++, o += 4)
+            memcpy(o, src[r] + 4 * j, 4);
+    return o;
+}
+
+/* One group-block: the 8 rows' block i (b[r] its first byte). */
+static void pack_block(gpe_type t, const uint8_t *const b[PACK_ROWS], uint8_t *o)
+{
+    const uint8_t *f[PACK_ROWS];
+    switch (t) {
+    case GPE_TYPE_Q4_0:
+        for (int r = 0; r < PACK_ROWS; r++, o += 2) {
+            memcpy(o, b[r], 2);
+            f[r] = b[r] + offsetof(gpe_block_q4_0, qs);
+        }
+        pack_words(o, f, 4);
+        return;
+    case GPE_TYPE_Q4_K:
+    case GPE_TYPE_Q5_K:
+        for (int r = 0; r < PACK_ROWS; r++) {
+            memcpy(o + 2 * r, b[r], 2);          /* d */
+            memcpy(o + 16 + 2 * r, b[r] + 2, 2); /* dmin */
+            for (int s = 0; s < 8; s++)
+                gpe__scale_min_k4(s, b[r] + 4, o + 32 + 8 * s + r, o + 96 + 8 * s + r);
+        }
+        o += 160;
+        for (int r = 0; r < PACK_ROWS; r++)
+            f[r] = b[r] + (t == GPE_TYPE_Q4_K ? offsetof(gpe_block_q4_k, qs) : offsetof(gpe_block_q5_k, qs));
+        o = pack_words(o, f, 32);
+        if (t == GPE_TYPE_Q5_K) {
+            for (int r = 0; r < PACK_ROWS; r++)
+                f[r] = b[r] + offsetof(gpe_block_q5_k, qh);
+            pack_words(o, f, 8);
+        }
+        return;
+    case GPE_TYPE_Q6_K:
+        for (int r = 0; r < PACK_ROWS; r++) {
+            memcpy(o + 2 * r, b[r] + offsetof(gpe_block_q6_k, d), 2);
+            for (int g = 0; g < 16; g++)
+                o[16 + 8 * g + r] = b[r][offsetof(gpe_block_q6_k, scales) + g];
+        }
+        o += 144;
+        /* in the order the kernel reads them: per half h and word j, ql
+         * words 16h + j and 16h + 8 + j, then qh word 8h + j */
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 8; j++) {
+                const int src[3][2] = {{offsetof(gpe_block_q6_k, ql), 16 * h + j},
+                                       {offsetof(gpe_block_q6_k, ql), 16 * h + 8 + j},
+                                       {offsetof(gpe_block_q6_k, qh), 8 * h + j}};
+                for (int k = 0; k < 3; k++) {
+                    for (int r = 0; r < PACK_ROWS; r++)
+                        f[r] = b[r] + src[k][0] + 4 * src[k][1];
+                    o = pack_words(o, f, 1);
+                }
+            }
+        return;
+    default:
+        return;
+    }
 }
 
 bool gpe_pack_rows(gpe_type t, const void *W, int64_t n_rows, int64_t n_cols, void *dst)
 {
     if (!gpe_pack_size(t, n_rows, n_cols))
         return false;
-    const int64_t nb = n_cols / GPE_QK, ng = n_rows / PACK_ROWS;
-    const gpe_block_q4_0 *w = W;
+    const size_t bb = pack_block_bytes(t), rs = gpe_row_size(t, n_cols);
+    const size_t blk = gpe_type_block_bytes(t);
+    const int64_t nb = n_cols / gpe_type_block_size(t), ng = n_rows / PACK_ROWS;
     uint8_t *o = dst;
     for (int64_t g = 0; g < ng; g++) {
-        for (int64_t i = 0; i < nb; i++, o += PACK_Q4_0_BYTES) {
-            for (int r = 0; r < PACK_ROWS; r++) {
-                const gpe_block_q4_0 *b = &w[(g * PACK_ROWS + r) * nb + i];
-                memcpy(o + 2 * r, &b->d, 2);
-                for (int j = 0; j < 4; j++)
-                    memcpy(o + 16 + 32 * j + 4 * r, b->qs + 4 * j, 4);
-            }
+        for (int64_t i = 0; i < nb; i++, o += bb) {
+            const uint8_t *b[PACK_ROWS];
+            for (int r = 0; r < PACK_ROWS; r++)
+                b[r] = (const uint8_t *)W + (size_t)(g * PACK_ROWS + r) * rs + (size_t)i * blk;
+            pack_block(t, b, o);
         }
     }
     return true;

@@ -192,12 +192,20 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
 
 /* Row-interleaved copies of a weight matrix for the CPU matmul (what a
  * repack at load buys: the kernel needs no per-call unpacking or
- * transposing, and one-token decode reads 8 rows per vector). Only Q4_0
- * has a packed form. Layout, per group of 8 rows g and block i, at byte
- * (g * nb + i) * 144 (nb = n_cols / 32): the 8 rows' f16 scales, then 4 x 8
- * little-endian 32-bit words, word [j][r] = bytes 4j..4j+3 of row r's qs
- * (low nibbles: values 4j..4j+3; high: 16+4j..16+4j+3). Same bytes as the
- * rows themselves. Rows after the last whole group are not packed.
+ * transposing, and one-token decode reads 8 rows per vector). Q4_0, Q4_K,
+ * Q5_K and Q6_K have a packed form. Per group of 8 rows g and block i, at
+ * byte (g * nb + i) * B (nb blocks per row), "words [J][r]" meaning the
+ * little-endian 32-bit word J of row r's field, rows innermost:
+ *   Q4_0 (B = 144):  d[8] f16; qs words [4][8] (low nibbles of word j:
+ *                    values 4j..4j+3, high: 16+4j..16+4j+3)
+ *   Q4_K (B = 1184): d[8], dmin[8] f16; scale[8 sub-blocks][8 rows] and
+ *                    min[8][8] (6-bit, unpacked to bytes); qs words [32][8]
+ *   Q5_K (B = 1440): as Q4_K, then qh words [8][8]
+ *   Q6_K (B = 1680): d[8] f16; scales[16][8] int8; then per half h and
+ *                    word j < 8: ql words 16h+j and 16h+8+j, qh word 8h+j
+ *                    (each [8 rows]), in the order the kernel reads them
+ * The same bytes as the rows (Q4_K/Q5_K: 32 more per group-block, +2.8 %,
+ * for the unpacked scales). Rows after the last whole group are not packed.
  *
  * Bytes gpe_pack_rows writes for n_rows x n_cols of type t, or 0 when t
  * has no packed form or there is no whole group of 8 rows. */

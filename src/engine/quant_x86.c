@@ -533,8 +533,13 @@ GEMM_DECL(g8avx2_q4_0)
 GEMM_DECL(kq8_q4_k_avx2)
 GEMM_DECL(kq8_q5_k_avx2)
 GEMM_DECL(kq8_q6_k_avx2)
-static bool pk_q4_0_avx2(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,
-                         size_t as, int n_tok, float *out, int64_t ldo);
+#define PACKED_DECL(NAME)                                                                    \
+    static bool NAME(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,        \
+                     size_t as, int n_tok, float *out, int64_t ldo);
+PACKED_DECL(pk_q4_0_avx2)
+PACKED_DECL(pk_q4_k_avx2)
+PACKED_DECL(pk_q5_k_avx2)
+PACKED_DECL(pk_q6_k_avx2)
 
 void gpe__kernels_avx2(gpe__kernels *k)
 {
@@ -554,6 +559,9 @@ void gpe__kernels_avx2(gpe__kernels *k)
     k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_avx2;
     k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_avx2;
     k->packed[GPE_TYPE_Q4_0] = pk_q4_0_avx2;
+    k->packed[GPE_TYPE_Q4_K] = pk_q4_k_avx2;
+    k->packed[GPE_TYPE_Q5_K] = pk_q5_k_avx2;
+    k->packed[GPE_TYPE_Q6_K] = pk_q6_k_avx2;
     k->gemm[GPE_TYPE_F16] = gpe__gemm_f16_avx2;
     k->gemm[GPE_TYPE_BF16] = gpe__gemm_bf16_avx2;
     k->quant_q8_0 = avx2_quant_q8_0;
@@ -1179,6 +1187,108 @@ KQ8(T_AVX2, kq8_q4_k_avx2, kq8_token_avx2, false, sizeof(gpe_block_q4_k), offset
 KQ8(T_AVX2, kq8_q5_k_avx2, kq8_token_avx2, false, sizeof(gpe_block_q5_k), offsetof(gpe_block_q5_k, qs), true)
 KQ8(T_AVX2, kq8_q6_k_avx2, kq8_token_avx2, true, sizeof(gpe_block_q6_k), 0, false)
 
+/*
+ * K-quants packed at load (quant.h's layouts): the 8-row gemm's blocks are
+ * built from the packed words with masks and shifts (no transposes, no
+ * scale unpacking), so decode gets the rows-in-lanes kernel too: per
+ * block, 64 dpbusd serve 8 rows where the per-row kernel spends about as
+ * many instructions on one. Same integers and float order as dot().
+ */
+enum { PKQ_Q4_K, PKQ_Q5_K, PKQ_Q6_K };
+
+T_AVX2 static AI void kq8_build_packed(kq8_blk *B, const uint8_t *blk, int kind)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    B->d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+    if (kind == PKQ_Q6_K) {
+        const uint8_t *sc = blk + 16, *q = blk + 144;
+        B->dmin = _mm256_setzero_ps();
+        for (int g = 0; g < 16; g++)
+            B->sc[g] = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * g)));
+        for (int p = 0; p < 8; p++)
+            B->pr[p] = _mm256_or_si256(_mm256_and_si256(B->sc[2 * p], _mm256_set1_epi32(0xFFFF)),
+                                       _mm256_slli_epi32(B->sc[2 * p + 1], 16));
+        /* per 32-value vector v = 4h + k: low or high nibbles of ql word
+         * 16h + 8(k & 1) + j, and bits 2k, 2k+1 of qh word 8h + j as bits
+         * 4-5 (the three words are stored side by side) */
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *t = q + 96 * (8 * h + j);   /* ql, ql + 8 words, qh */
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)t);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(t + 32));
+                const __m256i hq = _mm256_loadu_si256((const __m256i *)(t + 64));
+                B->w[4 * h][j] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                                 _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30));
+                B->w[4 * h + 1][j] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                                     _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30));
+                B->w[4 * h + 2][j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                                     _mm256_and_si256(hq, m30));
+                B->w[4 * h + 3][j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                                     _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30));
+            }
+        return;
+    }
+    const uint8_t *sc = blk + 32, *mn = blk + 96, *qs = blk + 160, *qh = blk + 1184;
+    B->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
+    for (int s = 0; s < 8; s++)
+        B->sc[s] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * s)));
+    for (int p = 0; p < 4; p++)
+        B->pr[p] = _mm256_or_si256(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p))),
+            _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p + 8))), 16));
+    const __m256i one = _mm256_set1_epi8(1);
+    _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+        for (int j = 0; j < 8; j++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + j)));
+            __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+            if (kind == PKQ_Q5_K) {
+                /* bit 2c (low nibbles' values) and 2c+1 (high) of qh word j */
+                const __m256i hq = _mm256_loadu_si256((const __m256i *)(qh + 32 * j));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 2 * c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 2 * c + 1), one), 4));
+            }
+            B->w[2 * c][j] = lo;
+            B->w[2 * c + 1][j] = hi;
+        }
+}
+
+#define PK_KQ(TGT, NAME, TOKEN, KIND, BB)                                                      \
+    TGT static bool NAME(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,     \
+                         size_t as, int n_tok, float *out, int64_t ldo)                         \
+    {                                                                                           \
+        const int64_t nb = n / GPE_QK_K;                                                        \
+        kq8_blk B;                                                                              \
+        __m256 small[2 * 16];                                                                   \
+        __m256 *acc = n_tok <= 16 ? small                                                       \
+                                  : aligned_alloc(32, (size_t)n_tok * 2 * sizeof(__m256));     \
+        if (!acc)                                                                               \
+            return false;                                                                       \
+        for (int64_t g = g0; g < g1; g++) {                                                     \
+            for (int t = 0; t < 2 * n_tok; t++)                                                 \
+                acc[t] = _mm256_setzero_ps();                                                   \
+            for (int64_t i = 0; i < nb; i++) {                                                  \
+                kq8_build_packed(&B, (const uint8_t *)P + (size_t)(g * nb + i) * (BB), KIND);  \
+                for (int t = 0; t < n_tok; t++) {                                               \
+                    const gpe_block_q8_k *y =                                                   \
+                        (const gpe_block_q8_k *)((const uint8_t *)act + (size_t)t * as) + i;    \
+                    TOKEN(&B, y, KIND == PKQ_Q6_K, &acc[2 * t], &acc[2 * t + 1]);               \
+                }                                                                               \
+            }                                                                                   \
+            for (int t = 0; t < n_tok; t++)                                                     \
+                _mm256_storeu_ps(out + t * ldo + 8 * g, _mm256_sub_ps(acc[2 * t], acc[2 * t + 1])); \
+        }                                                                                       \
+        if (acc != small)                                                                       \
+            free(acc);                                                                          \
+        return true;                                                                            \
+    }
+PK_KQ(T_VNNI, pk_q4_k_vnni, kq8_token_vnni, PKQ_Q4_K, 1184)
+PK_KQ(T_VNNI, pk_q5_k_vnni, kq8_token_vnni, PKQ_Q5_K, 1440)
+PK_KQ(T_VNNI, pk_q6_k_vnni, kq8_token_vnni, PKQ_Q6_K, 1680)
+PK_KQ(T_AVX2, pk_q4_k_avx2, kq8_token_avx2, PKQ_Q4_K, 1184)
+PK_KQ(T_AVX2, pk_q5_k_avx2, kq8_token_avx2, PKQ_Q5_K, 1440)
+PK_KQ(T_AVX2, pk_q6_k_avx2, kq8_token_avx2, PKQ_Q6_K, 1680)
+
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
 {
@@ -1349,6 +1459,9 @@ void gpe__kernels_avx512(gpe__kernels *k)
         k->gemm[GPE_TYPE_Q5_K] = kq8_q5_k_vnni;
         k->gemm[GPE_TYPE_Q6_K] = kq8_q6_k_vnni;
         k->packed[GPE_TYPE_Q4_0] = pk_q4_0_vnni;
+        k->packed[GPE_TYPE_Q4_K] = pk_q4_k_vnni;
+        k->packed[GPE_TYPE_Q5_K] = pk_q5_k_vnni;
+        k->packed[GPE_TYPE_Q6_K] = pk_q6_k_vnni;
     }
 #undef SET
 }

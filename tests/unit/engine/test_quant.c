@@ -467,10 +467,11 @@ static void test_matmul_rows(void **state)
     assert_true(gpe_quant_set_isa(best));
 }
 
-/* Packed Q4_0 (gpe_pack_rows + gpe_matmul_packed) == one vec_dot per (row,
- * token), on every path: decode-sized (1, 2, 3 tokens) and prompt-sized
- * (8, 11) batches, ranges that start and end inside a group of 8, and
- * block counts that do (16) and do not (5) fill the kernels' 8 lanes. */
+/* Packed weights (gpe_pack_rows + gpe_matmul_packed) == one vec_dot per
+ * (row, token), on every path, for every type with a packed form:
+ * decode-sized (1, 2, 3 tokens) and prompt-sized (8, 11) batches, ranges
+ * that start and end inside a group of 8, and block counts that do and do
+ * not fill the Q4_0 kernels' 8 lanes. */
 static void test_packed_matmul(void **state)
 {
     (void)state;
@@ -479,60 +480,67 @@ static void test_packed_matmul(void **state)
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q8_0, ROWS, 512), 0);
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q4_0, 7, 512), 0);
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q4_0, ROWS, 512), 4 * 16 * 144);
-    assert_false(gpe_pack_rows(GPE_TYPE_Q4_K, NULL, ROWS, 512, NULL));
-    static const int64_t ns[] = {512, 160};
+    assert_int_equal(gpe_pack_size(GPE_TYPE_Q4_K, ROWS, 512), 4 * 2 * 1184);
+    assert_int_equal(gpe_pack_size(GPE_TYPE_Q6_K, ROWS, 512), 4 * 2 * 1680);
+    assert_false(gpe_pack_rows(GPE_TYPE_Q8_0, NULL, ROWS, 512, NULL));
+    static const gpe_type types[] = {GPE_TYPE_Q4_0, GPE_TYPE_Q4_K, GPE_TYPE_Q5_K, GPE_TYPE_Q6_K};
     static const int toks[] = {1, 2, 3, 8, NTOK};
     static const int64_t ranges[][2] = {{0, ROWS}, {3, ROWS}, {8, 24}, {5, 13}};
-    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
-        const int64_t n = ns[ni];
-        const size_t rs = gpe_row_size(GPE_TYPE_Q4_0, n);
-        uint8_t *W = malloc(rs * ROWS);
-        for (int r = 0; r < ROWS; r++) {
-            void *w = random_weights(GPE_TYPE_Q4_0, n);
-            memcpy(W + rs * r, w, rs);
-            free(w);
-        }
-        void *P = malloc(gpe_pack_size(GPE_TYPE_Q4_0, ROWS, n));
-        assert_true(gpe_pack_rows(GPE_TYPE_Q4_0, W, ROWS, n, P));
-        const size_t ars = gpe_row_size(GPE_TYPE_Q8_0, n);
-        uint8_t *act = malloc(ars * NTOK);
-        float *x = malloc((size_t)n * sizeof *x);
-        for (int k = 0; k < NTOK; k++) {
-            for (int64_t i = 0; i < n; i++)
-                x[i] = rndf();
-            assert_true(gpe_quantize_row_act(GPE_TYPE_Q4_0, x, act + ars * k, n));
-        }
-        for (int isa = 0; isa <= (int)best; isa++) {
-            assert_true(gpe_quant_set_isa((gpe_isa)isa));
-            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
-                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
-                    const int ntok = toks[ti];
-                    const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
-                    float out[NTOK * LDO];
-                    for (int i = 0; i < NTOK * LDO; i++)
-                        out[i] = -12345.0f;
-                    gpe_matmul_packed(GPE_TYPE_Q4_0, P, W, r0, r1, n, act, ntok, ars, out, LDO);
-                    for (int k = 0; k < ntok; k++) {
-                        for (int r = 0; r < LDO; r++) {
-                            const float got = out[k * LDO + r];
-                            if (r < r0 || r >= r1) {
-                                assert_true(got == -12345.0f);
-                                continue;
+    for (size_t ti0 = 0; ti0 < sizeof types / sizeof types[0]; ti0++) {
+        const gpe_type t = types[ti0];
+        const int64_t ns[2] = {512, t == GPE_TYPE_Q4_0 ? 160 : 1280};
+        for (int ni = 0; ni < 2; ni++) {
+            const int64_t n = ns[ni];
+            const size_t rs = gpe_row_size(t, n);
+            uint8_t *W = malloc(rs * ROWS);
+            for (int r = 0; r < ROWS; r++) {
+                void *w = random_weights(t, n);
+                memcpy(W + rs * r, w, rs);
+                free(w);
+            }
+            void *P = malloc(gpe_pack_size(t, ROWS, n));
+            assert_true(gpe_pack_rows(t, W, ROWS, n, P));
+            const size_t ars = gpe_row_size(gpe_vec_dot_type(t), n);
+            uint8_t *act = malloc(ars * NTOK);
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int k = 0; k < NTOK; k++) {
+                for (int64_t i = 0; i < n; i++)
+                    x[i] = rndf();
+                assert_true(gpe_quantize_row_act(t, x, act + ars * k, n));
+            }
+            for (int isa = 0; isa <= (int)best; isa++) {
+                assert_true(gpe_quant_set_isa((gpe_isa)isa));
+                for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                    for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                        const int ntok = toks[ti];
+                        const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];
+                        float out[NTOK * LDO];
+                        for (int i = 0; i < NTOK * LDO; i++)
+                            out[i] = -12345.0f;
+                        gpe_matmul_packed(t, P, W, r0, r1, n, act, ntok, ars, out, LDO);
+                        for (int k = 0; k < ntok; k++) {
+                            for (int r = 0; r < LDO; r++) {
+                                const float got = out[k * LDO + r];
+                                if (r < r0 || r >= r1) {
+                                    assert_true(got == -12345.0f);
+                                    continue;
+                                }
+                                const float want = gpe_vec_dot(t, n, W + rs * r, act + ars * k);
+                                if (got != want)
+                                    fail_msg("%s %s n=%ld tokens %d rows [%ld,%ld): row %d token %d: "
+                                             "%.9g != %.9g", gpe_type_name(t),
+                                             gpe_isa_name((gpe_isa)isa), (long)n, ntok, (long)r0,
+                                             (long)r1, r, k, got, want);
                             }
-                            const float want = gpe_vec_dot(GPE_TYPE_Q4_0, n, W + rs * r, act + ars * k);
-                            if (got != want)
-                                fail_msg("%s n=%ld tokens %d rows [%ld,%ld): row %d token %d: %.9g != %.9g",
-                                         gpe_isa_name((gpe_isa)isa), (long)n, ntok, (long)r0,
-                                         (long)r1, r, k, got, want);
                         }
                     }
                 }
             }
+            free(W);
+            free(P);
+            free(act);
+            free(x);
         }
-        free(W);
-        free(P);
-        free(act);
-        free(x);
     }
     assert_true(gpe_quant_set_isa(best));
 }
