@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Sanity caps on hyper-parameters: far above any model this engine can run,
  * low enough that no size computed from them overflows. */
@@ -599,6 +601,16 @@ fail:
     return st;
 }
 
+/* Tell the kernel the whole pages inside [p, p + n) of the read-only file
+ * mapping are not needed (they are read back from the file if touched). */
+static void drop_pages(const void *p, size_t n)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = ((uintptr_t)p + pg - 1) / pg * pg, e = ((uintptr_t)p + n) / pg * pg;
+    if (e > a)
+        madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
 /* The dense matmul weights of the model (experts are left on their rows). */
 static int pack_list(gpe_llama *m, gpe_weight **ws, int cap)
 {
@@ -637,6 +649,11 @@ bool gpe_llama_pack(gpe_llama *m)
             gpe_pack_rows(ws[i]->type, ws[i]->data, ws[i]->n_rows, ws[i]->n_cols, buf + off);
             ws[i]->packed = buf + off;
             off += (b + 63) / 64 * 64;
+            /* the packed rows' file pages are not read again (a tied output
+             * is also the token embedding, which is): let the kernel drop
+             * them now rather than count the weights twice in RSS */
+            if (!(ws[i] == &m->output && m->tied_output))
+                drop_pages(ws[i]->data, (size_t)(ws[i]->n_rows / 8 * 8) * ws[i]->row_bytes);
         }
         m->packed = buf;
         m->packed_bytes = total;
