@@ -31,6 +31,15 @@ static inline uint32_t block_lanes(int b, int lo, int hi)
     return ((1u << (last + 1)) - 1u) & ~((1u << first) - 1u);
 }
 
+/* The next of the fewest chunks of at most max rows that cover n rows,
+ * as even as can be (8 rows in 4 + 4 rather than 6 + 2: a thin chunk
+ * spends as many loads of V on fewer sums). */
+static inline int even_chunk(int n, int max)
+{
+    const int chunks = (n + max - 1) / max;
+    return (n + chunks - 1) / chunks;
+}
+
 /* Zero s[0, 16 b0) and s[16 (b1 + 1), n): keys of no block the row uses. */
 static void zero_outside(float *s, int b0, int b1, int n)
 {
@@ -201,8 +210,8 @@ T_AVX2 static void y_pv(const float *w, size_t ws, int nr, const float *v, size_
         const int last = rem - 8 * (nd - 1);
         const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(last),
                                                 _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        for (int r0 = 0; r0 < nr; r0 += 4) {
-            const int r = nr - r0 < 4 ? nr - r0 : 4;
+        for (int r0 = 0, r; r0 < nr; r0 += r) {
+            r = even_chunk(nr - r0, 4);
             const float *wr = w + (size_t)r0 * ws;
             float *const *o = out + r0;
             switch (r * 4 + nd) {
@@ -360,8 +369,8 @@ T_AVX512 static void z_pv(const float *w, size_t ws, int nr, const float *v, siz
     for (int d0 = 0; d0 < hd; d0 += 64) {
         const int rem = hd - d0 < 64 ? hd - d0 : 64, nd = (rem + 15) / 16;
         const __mmask16 tail = (__mmask16)((1u << (rem - 16 * (nd - 1))) - 1u);
-        for (int r0 = 0; r0 < nr; r0 += 6) {
-            const int r = nr - r0 < 6 ? nr - r0 : 6;
+        for (int r0 = 0, r; r0 < nr; r0 += r) {
+            r = even_chunk(nr - r0, 6);
             const float *wr = w + (size_t)r0 * ws;
             float *const *o = out + r0;
             switch (r * 8 + nd) {
