@@ -1,19 +1,15 @@
 /* kv: KV cache storage (see kv.h). */
 #include "kv.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/quant.h"
 
-float gpe_kv_f16_table[65536];
-static pthread_once_t table_once = PTHREAD_ONCE_INIT;
-
-static void table_build(void)
+/* Positions allocated per sequence for K: n_ctx rounded up to whole blocks. */
+static size_t k_positions(int n_ctx)
 {
-    for (uint32_t h = 0; h < 65536; h++)
-        gpe_kv_f16_table[h] = gpe_fp16_to_fp32((uint16_t)h);
+    return ((size_t)n_ctx + GPE_KV_KBLOCK - 1) / GPE_KV_KBLOCK * GPE_KV_KBLOCK;
 }
 
 int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim, bool f16)
@@ -21,20 +17,19 @@ int gpe_kv_init(gpe_kv *kv, int n_layer, int n_seq, int n_ctx, int kv_dim, bool 
     memset(kv, 0, sizeof *kv);
     if (n_layer <= 0 || n_seq <= 0 || n_ctx <= 0 || kv_dim <= 0)
         return -1;
-    /* Overflow check on the element count before multiplying into bytes. */
+    /* Overflow check on the element count (K's, the larger) before
+     * multiplying into bytes. */
     uint64_t n = (uint64_t)n_layer * (uint64_t)n_seq;
-    if (n > SIZE_MAX / (uint64_t)n_ctx)
+    if (n > SIZE_MAX / k_positions(n_ctx))
         return -1;
+    const uint64_t nk = n * k_positions(n_ctx);
     n *= (uint64_t)n_ctx;
-    if (n > SIZE_MAX / (uint64_t)kv_dim / sizeof(float))
+    if (nk > SIZE_MAX / (uint64_t)kv_dim / sizeof(float))
         return -1;
-    n *= (uint64_t)kv_dim;
 
     const size_t esz = f16 ? sizeof(uint16_t) : sizeof(float);
-    if (f16)
-        pthread_once(&table_once, table_build);
-    kv->k = calloc((size_t)n, esz);
-    kv->v = calloc((size_t)n, esz);
+    kv->k = calloc((size_t)(nk * (uint64_t)kv_dim), esz);
+    kv->v = calloc((size_t)(n * (uint64_t)kv_dim), esz);
     kv->len = calloc((size_t)n_seq, sizeof(int));
     if (!kv->k || !kv->v || !kv->len) {
         gpe_kv_free(kv);
@@ -60,8 +55,28 @@ void gpe_kv_free(gpe_kv *kv)
 
 uint64_t gpe_kv_bytes(const gpe_kv *kv)
 {
-    return 2ull * (uint64_t)kv->n_layer * (uint64_t)kv->n_seq * (uint64_t)kv->n_ctx *
-           (uint64_t)kv->kv_dim * (kv->f16 ? 2u : 4u);
+    return (uint64_t)kv->n_layer * (uint64_t)kv->n_seq *
+           ((uint64_t)k_positions(kv->n_ctx) + (uint64_t)kv->n_ctx) * (uint64_t)kv->kv_dim *
+           gpe_kv_esize(kv);
+}
+
+void gpe_kv_put(gpe_kv *kv, int layer, int seq, int pos, const float *k, const float *v)
+{
+    const size_t kvd = (size_t)kv->kv_dim, lane = (size_t)(pos % GPE_KV_KBLOCK);
+    void *kb = gpe_kv_kblock(kv, layer, seq, pos / GPE_KV_KBLOCK);
+    void *vr = gpe_kv_v(kv, layer, seq, pos);
+    if (kv->f16) {
+        uint16_t *k16 = kb, *v16 = vr;
+        for (size_t i = 0; i < kvd; i++) {
+            k16[i * GPE_KV_KBLOCK + lane] = gpe_fp32_to_fp16(k[i]);
+            v16[i] = gpe_fp32_to_fp16(v[i]);
+        }
+    } else {
+        float *k32 = kb;
+        for (size_t i = 0; i < kvd; i++)
+            k32[i * GPE_KV_KBLOCK + lane] = k[i];
+        memcpy(vr, v, kvd * sizeof(float));
+    }
 }
 
 void gpe_kv_seq_clear(gpe_kv *kv, int seq)

@@ -4,8 +4,14 @@
  * Each sequence (an agent slot) owns a fixed region of n_ctx positions per
  * layer, so sequences never move and never fragment:
  *
- *   k[layer][seq][pos][kv_dim]    kv_dim = n_head_kv * head_dim
+ *   k[layer][seq][pos / 16][kv_dim][pos % 16]    kv_dim = n_head_kv * head_dim
  *   v[layer][seq][pos][kv_dim]
+ *
+ * K is stored in blocks of 16 positions, transposed: the attention computes
+ * the scores of 16 keys at once, one per SIMD lane, and reads a block's
+ * values for one dimension as one contiguous vector (attn.h). V keeps one
+ * row per position (the attention sums rows of V). n_ctx is rounded up to
+ * whole blocks for K.
  *
  * K rows are stored after RoPE. len[seq] is the number of positions the
  * sequence holds; gpe_decode writes rows at len..len+n-1 and then commits
@@ -16,8 +22,7 @@
  * with an F32 KV cache), or F16 (half the memory; llama.cpp's default). In
  * F16 mode the attention rounds like llama.cpp's non-flash path with an F16
  * cache: q is rounded to F16 for q.k, and the softmax weights are rounded to
- * F16 before they multiply V (model.c). F16 values are read through a
- * 65536-entry table (gpe_kv_f16_table) built once.
+ * F16 before they multiply V (attn.h).
  *
  * Internal to the engine.
  */
@@ -34,8 +39,8 @@ typedef struct gpe_kv {
     int n_ctx;          /* positions per sequence */
     int kv_dim;         /* elements per cached row */
     bool f16;           /* elements are F16 bit patterns (uint16_t), else float */
-    void *k;            /* [n_layer][n_seq][n_ctx][kv_dim] */
-    void *v;            /* same shape */
+    void *k;            /* [n_layer][n_seq][n_ctx / 16, rounded up][kv_dim][16] */
+    void *v;            /* [n_layer][n_seq][n_ctx][kv_dim] */
     int *len;           /* [n_seq] positions held */
 } gpe_kv;
 
@@ -46,24 +51,32 @@ void gpe_kv_free(gpe_kv *kv);
 /* Bytes the cache holds (both K and V). */
 uint64_t gpe_kv_bytes(const gpe_kv *kv);
 
-/* Row of K (or V) for (layer, seq, pos): float * or uint16_t * as kv->f16
- * says. No bounds check (callers validate). */
-static inline void *gpe_kv_row(const gpe_kv *kv, void *base, int layer, int seq, int pos)
+/* Positions per K block. */
+#define GPE_KV_KBLOCK 16
+
+/* Bytes per element. */
+static inline size_t gpe_kv_esize(const gpe_kv *kv)
 {
-    size_t row = ((size_t)layer * (size_t)kv->n_seq + (size_t)seq) * (size_t)kv->n_ctx + (size_t)pos;
-    return (char *)base + row * (size_t)kv->kv_dim * (kv->f16 ? 2u : 4u);
+    return kv->f16 ? 2u : 4u;
 }
-static inline void *gpe_kv_k(const gpe_kv *kv, int layer, int seq, int pos)
+/* K block blk (positions 16 blk .. 16 blk + 15) of (layer, seq):
+ * [kv_dim][16] elements, float or uint16_t as kv->f16 says; consecutive
+ * blocks of a sequence are adjacent. No bounds check (callers validate). */
+static inline void *gpe_kv_kblock(const gpe_kv *kv, int layer, int seq, int blk)
 {
-    return gpe_kv_row(kv, kv->k, layer, seq, pos);
+    const size_t nblk = (size_t)(kv->n_ctx + GPE_KV_KBLOCK - 1) / GPE_KV_KBLOCK;
+    const size_t b = ((size_t)layer * (size_t)kv->n_seq + (size_t)seq) * nblk + (size_t)blk;
+    return (char *)kv->k + b * (size_t)kv->kv_dim * GPE_KV_KBLOCK * gpe_kv_esize(kv);
 }
+/* Row of V for (layer, seq, pos): kv_dim elements. No bounds check. */
 static inline void *gpe_kv_v(const gpe_kv *kv, int layer, int seq, int pos)
 {
-    return gpe_kv_row(kv, kv->v, layer, seq, pos);
+    size_t row = ((size_t)layer * (size_t)kv->n_seq + (size_t)seq) * (size_t)kv->n_ctx + (size_t)pos;
+    return (char *)kv->v + row * (size_t)kv->kv_dim * gpe_kv_esize(kv);
 }
-
-/* F16 bit pattern -> float, for every pattern (built by gpe_kv_init). */
-extern float gpe_kv_f16_table[65536];
+/* Store the K and V rows (kv_dim floats each) of (layer, seq, pos),
+ * converted to F16 (nearest even) in an F16 cache. No bounds check. */
+void gpe_kv_put(gpe_kv *kv, int layer, int seq, int pos, const float *k, const float *v);
 
 /* Forget a sequence (positions restart at 0). Out-of-range seq is ignored. */
 void gpe_kv_seq_clear(gpe_kv *kv, int seq);

@@ -713,7 +713,7 @@ int gpe_fwd_init(gpe_fwd *f, const gpe_llama *m, int n_batch, int n_ctx, int n_t
     f->act_bytes = B * maxc * sizeof(float);
     f->act = xalloc(f->act_bytes);
     f->act2 = xalloc(f->act_bytes);
-    f->scores = xalloc((size_t)n_threads * (size_t)n_ctx * sizeof(float));
+    const bool attn_ok = gpe_attn_ws_init(&f->attn, n_batch, n_ctx, hp->head_dim, n_threads) == 0;
     bool moe_ok = true;
     if (hp->n_expert > 0) {
         const size_t K = (size_t)hp->n_expert_used, E = (size_t)hp->n_embd;
@@ -729,7 +729,7 @@ int gpe_fwd_init(gpe_fwd *f, const gpe_llama *m, int n_batch, int n_ctx, int n_t
                  f->moe_tok && f->moe_rank;
     }
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->gate || !f->up ||
-        !f->act || !f->act2 || !f->scores || !moe_ok) {
+        !f->act || !f->act2 || !attn_ok || !moe_ok) {
         gpe_fwd_free(f);
         return -1;
     }
@@ -763,7 +763,7 @@ void gpe_fwd_free(gpe_fwd *f)
     free(f->up);
     free(f->act);
     free(f->act2);
-    free(f->scores);
+    gpe_attn_ws_free(&f->attn);
     free(f->logits);
     free(f->moe_x);
     free(f->moe_y);
@@ -1002,151 +1002,7 @@ static void rope_fn(void *arg, int ith, int nth)
         head_norm(k, hp->n_head_kv, hd, L->k_norm, hp->rms_eps);
         rope_apply(q, hp->n_head, hd, n_rot, hp->rope_neox, csp);
         rope_apply(k, hp->n_head_kv, hd, n_rot, hp->rope_neox, csp);
-        void *kd = gpe_kv_k(j->kv, j->layer, j->seq[t], j->pos[t]);
-        void *vd = gpe_kv_v(j->kv, j->layer, j->seq[t], j->pos[t]);
-        if (j->kv->f16) {
-            uint16_t *k16 = kd, *v16 = vd;
-            for (size_t i = 0; i < kvd; i++) {
-                k16[i] = gpe_fp32_to_fp16(k[i]);
-                v16[i] = gpe_fp32_to_fp16(v[i]);
-            }
-        } else {
-            memcpy(kd, k, kvd * sizeof(float));
-            memcpy(vd, v, kvd * sizeof(float));
-        }
-    }
-}
-
-/* ---- attention: one unit = (token, head) ---- */
-
-typedef struct attn_job {
-    const gpe_llama *m;
-    gpe_fwd *f;
-    const gpe_kv *kv;
-    const int *pos, *seq;
-    int n_tok;
-    int layer;
-} attn_job;
-
-/* 4 floats as one value (GNU vector extension): the lane-wise loops below
- * compile to SSE on any x86-64 (and NEON elsewhere), element for element
- * the same arithmetic as the scalar loops they replace. Locals only,
- * loaded and stored through memcpy (no alignment needed). */
-typedef float v4f __attribute__((vector_size(16)));
-
-/* Fixed-order dot product (8 partial sums, then a fixed reduction), so the
- * same inputs give the same bits everywhere. */
-static float dot_f32(const float *a, const float *b, int n)
-{
-    v4f s0 = { 0 }, s1 = { 0 };   /* partial sums 0-3 and 4-7 */
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v4f x0, x1, y0, y1;
-        memcpy(&x0, a + i, sizeof x0);
-        memcpy(&x1, a + i + 4, sizeof x1);
-        memcpy(&y0, b + i, sizeof y0);
-        memcpy(&y1, b + i + 4, sizeof y1);
-        s0 += x0 * y0;
-        s1 += x1 * y1;
-    }
-    float r = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s1[0] + s1[1]) + (s1[2] + s1[3]));
-    for (; i < n; i++)
-        r += a[i] * b[i];
-    return r;
-}
-
-/* out[d] += w * v[d], d < n */
-static void axpy_f32(float *out, float w, const float *v, int n)
-{
-    int d = 0;
-    for (; d + 4 <= n; d += 4) {
-        v4f o, x;
-        memcpy(&o, out + d, sizeof o);
-        memcpy(&x, v + d, sizeof x);
-        o += w * x;
-        memcpy(out + d, &o, sizeof o);
-    }
-    for (; d < n; d++)
-        out[d] += w * v[d];
-}
-
-static void attn_fn(void *arg, int ith, int nth)
-{
-    attn_job *j = arg;
-    const gpe_hparams *hp = &j->m->hp;
-    const int hd = hp->head_dim, n_head = hp->n_head;
-    const int group = hp->n_head / hp->n_head_kv;
-    const size_t qd = (size_t)n_head * hd;
-    const float scale = hp->attn_scale;
-    const float cap = hp->attn_softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
-    /* a windowed layer hides keys at p - n_swa and before */
-    const bool swa = j->m->layers[j->layer].swa;
-    float *sc = j->f->scores + (size_t)ith * (size_t)j->f->n_ctx;
-    /* Units dealt out in turn rather than in ranges: a causal prompt's
-     * later tokens attend over more keys, so ranges would leave the first
-     * thread idle for most of the step. */
-    const int64_t n_units = (int64_t)j->n_tok * n_head;
-    for (int64_t u = ith; u < n_units; u += nth) {
-        const int t = (int)(u / n_head), h = (int)(u % n_head);
-        const int s = j->seq[t], p = j->pos[t], kvh = h / group;
-        const float *q = j->f->q + (size_t)t * qd + (size_t)h * hd;
-        const bool f16 = j->kv->f16;
-        float q16[GPE_MAX_HEAD_DIM], kf[GPE_MAX_HEAD_DIM];
-        if (f16) /* llama.cpp converts q to the cache's type for q.k */
-            for (int d = 0; d < hd; d++)
-                q16[d] = gpe_kv_f16_table[gpe_fp32_to_fp16(q[d])];
-        float mx = -INFINITY;
-        const int i0 = swa && p - hp->n_swa + 1 > 0 ? p - hp->n_swa + 1 : 0;
-        for (int i = i0; i <= p; i++) {
-            if (f16) {
-                const uint16_t *k = (const uint16_t *)gpe_kv_k(j->kv, j->layer, s, i) +
-                                    (size_t)kvh * hd;
-                for (int d = 0; d < hd; d++)
-                    kf[d] = gpe_kv_f16_table[k[d]];
-                sc[i] = dot_f32(q16, kf, hd) * scale;
-            } else {
-                const float *k = (const float *)gpe_kv_k(j->kv, j->layer, s, i) +
-                                 (size_t)kvh * hd;
-                sc[i] = dot_f32(q, k, hd) * scale;
-            }
-            if (sc[i] > mx)
-                mx = sc[i];
-        }
-        if (cap > 0.0f) {
-            /* gemma2's soft-cap, in its own pass so that the other
-             * families' score loop stays as lean as before */
-            mx = -INFINITY;
-            for (int i = i0; i <= p; i++) {
-                sc[i] = cap * tanhf(sc[i] * inv_cap);
-                if (sc[i] > mx)
-                    mx = sc[i];
-            }
-        }
-        double sum = 0.0;
-        for (int i = i0; i <= p; i++) {
-            sc[i] = expf(sc[i] - mx);
-            sum += (double)sc[i];
-        }
-        const float inv = (float)(1.0 / sum);
-        float *out = j->f->att + (size_t)t * qd + (size_t)h * hd;
-        for (int d = 0; d < hd; d++)
-            out[d] = 0.0f;
-        for (int i = i0; i <= p; i++) {
-            if (f16) {
-                /* the softmax weights are rounded to F16 too (llama.cpp
-                 * converts them to V's type for the product) */
-                const uint16_t *v = (const uint16_t *)gpe_kv_v(j->kv, j->layer, s, i) +
-                                    (size_t)kvh * hd;
-                const float w = gpe_kv_f16_table[gpe_fp32_to_fp16(sc[i] * inv)];
-                for (int d = 0; d < hd; d++)
-                    kf[d] = gpe_kv_f16_table[v[d]];
-                axpy_f32(out, w, kf, hd);
-            } else {
-                const float *v = (const float *)gpe_kv_v(j->kv, j->layer, s, i) +
-                                 (size_t)kvh * hd;
-                axpy_f32(out, sc[i] * inv, v, hd);
-            }
-        }
+        gpe_kv_put(j->kv, j->layer, j->seq[t], j->pos[t], k, v);
     }
 }
 
@@ -1335,8 +1191,13 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
         double attn_work = 0.0;
         for (int t = 0; t < n; t++)
             attn_work += (double)(pos[t] + 1) * (double)qd * 2.0;
-        attn_job aj = { m, f, kv, pos, seq, n, l };
-        gpe_pool_run_n(pool, nth_for(pool, attn_work), attn_fn, &aj);
+        const gpe_attn_args aa = {
+            .kv = kv, .layer = l, .q = f->q, .out = f->att, .pos = pos, .seq = seq, .n_tok = n,
+            .n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+            .scale = hp->attn_scale, .softcap = hp->attn_softcap,
+            .window = L->swa ? hp->n_swa : 0,
+        };
+        gpe_attn_run(&f->attn, pool, nth_for(pool, attn_work), &aa);
 
         /* x += Wo att; the matmul writes into xn, then a plain add. */
         matmul(f, pool, f->att, n, &L->wo, f->xn);

@@ -52,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/attn.h"
 #include "engine/gguf.h"
 #include "engine/kv.h"
 #include "engine/quant.h"
@@ -185,7 +186,7 @@ typedef struct gpe_fwd {
     void *act;       /* converted activations, act_bytes */
     size_t act_bytes;
     void *act2;      /* second conversion buffer (matmuls of two vec_dot types) */
-    float *scores;   /* [n_threads][n_ctx] attention scores */
+    gpe_attn_ws attn; /* attention scratch */
     float *logits;   /* [logits_cap][n_vocab]: rows of the entries that asked */
     int logits_cap;  /* rows allocated (grown by gpe_fwd_reserve_logits) */
 } gpe_fwd;
