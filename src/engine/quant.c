@@ -507,12 +507,16 @@ bool gpe_quantize_row(gpe_type t, const float *x, void *dst, int64_t n)
     uint8_t *p = dst;
     switch (t) {
     case GPE_TYPE_F32: memcpy(dst, x, (size_t)n * 4); return true;
-    case GPE_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) {
+    case GPE_TYPE_F16: {
+        int64_t i = 0;
+        if (kernels()->quant_f16)
+            i = kernels()->quant_f16(x, dst, n);
+        for (; i < n; i++) {
             uint16_t h = gpe_fp32_to_fp16(x[i]);
             memcpy(p + 2 * i, &h, 2);
         }
         return true;
+    }
     case GPE_TYPE_BF16:
         for (int64_t i = 0; i < n; i++) {
             uint16_t h = gpe_fp32_to_bf16(x[i]);

@@ -40,6 +40,9 @@ typedef struct gpe__kernels {
     gpe__packed_fn packed[GPE_TYPE_COUNT]; /* NULL: packed matmul uses the rows */
     /* Q8_0 quantizer (nb blocks); NULL: the scalar one. Must give its bytes. */
     void (*quant_q8_0)(const float *x, void *dst, int64_t nb);
+    /* F32 -> F16 of a prefix of n values, returning how many it did; NULL:
+     * the scalar gpe_fp32_to_fp16. Must give its bits (NaN included). */
+    int64_t (*quant_f16)(const float *x, void *dst, int64_t n);
 } gpe__kernels;
 
 /* Scalar reference kernels (quant.c). */

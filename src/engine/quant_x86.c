@@ -75,6 +75,24 @@ T_AVX2 static void avx2_quant_q8_0(const float *x, void *dst, int64_t nb)
     }
 }
 
+/* F32 -> F16 by F16C (round to nearest even, as gpe_fp32_to_fp16), eight
+ * at a time. A NaN comes out as F16C keeps it (payload's top bits); the
+ * scalar conversion gives sign | 0x7e00, so NaN lanes are set to that. */
+T_AVX2 static int64_t avx2_quant_f16(const float *x, void *dst, int64_t n)
+{
+    uint16_t *o = dst;
+    const __m128i abs = _mm_set1_epi16(0x7fff), inf = _mm_set1_epi16(0x7c00);
+    const __m128i sgn = _mm_set1_epi16((short)0x8000), qnan = _mm_set1_epi16(0x7e00);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(h, abs), inf);
+        h = _mm_blendv_epi8(h, _mm_or_si128(_mm_and_si128(h, sgn), qnan), nan);
+        _mm_storeu_si128((__m128i *)(o + i), h);
+    }
+    return i;
+}
+
 /*
  * The AVX2 kernels below (F32 excepted) are, like the AVX-512 ones, written
  * once for nt activation rows (1..4, rows a + k*as) sharing one pass over
@@ -565,6 +583,7 @@ void gpe__kernels_avx2(gpe__kernels *k)
     k->gemm[GPE_TYPE_F16] = gpe__gemm_f16_avx2;
     k->gemm[GPE_TYPE_BF16] = gpe__gemm_bf16_avx2;
     k->quant_q8_0 = avx2_quant_q8_0;
+    k->quant_f16 = avx2_quant_f16;
 #undef SET
 }
 

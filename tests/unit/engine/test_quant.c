@@ -625,6 +625,43 @@ static void test_dot_extremes(void **state)
     assert_string_equal(gpe_cpu_features(), gpe_isa_name(best));
 }
 
+/* The SIMD F32 -> F16 conversion (activation rows of F16 weights, the F16
+ * KV cache) gives the scalar one's bits on every path: random values,
+ * halfway cases (round half to even), subnormals, the overflow edge, both
+ * infinities, NaNs with payloads, and a length that leaves a scalar tail. */
+static void test_quant_f16_isas(void **state)
+{
+    (void)state;
+    const gpe_isa best = gpe_quant_best_isa();
+    enum { N = 77 };
+    float x[N];
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x3f800000u, 0x3f801000u, 0x3f803000u, 0x387fc000u,
+        0x33800000u, 0x33000000u, 0x33000001u, 0x477fe000u, 0x477ff000u, 0x477fefffu,
+        0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa5a5a5u, 0x7f800001u, 0x00000001u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < N; i++) {
+        if (i < ns)
+            memcpy(&x[i], &special[i], 4);
+        else
+            x[i] = rndf() * (i % 3 == 0 ? 70000.0f : i % 3 == 1 ? 1e-5f : 3.0f);
+    }
+    uint16_t want[N], got[N];
+    assert_true(gpe_quant_set_isa(GPE_ISA_SCALAR));
+    assert_true(gpe_quantize_row(GPE_TYPE_F16, x, want, N));
+    for (int isa = GPE_ISA_AVX2; isa <= (int)best; isa++) {
+        assert_true(gpe_quant_set_isa((gpe_isa)isa));
+        memset(got, 0xAB, sizeof got);
+        assert_true(gpe_quantize_row(GPE_TYPE_F16, x, got, N));
+        for (int i = 0; i < N; i++)
+            if (got[i] != want[i])
+                fail_msg("%s element %d (0x%08x): 0x%04x != scalar 0x%04x",
+                         gpe_isa_name((gpe_isa)isa), i, (unsigned)(i < ns ? special[i] : 0), got[i],
+                         want[i]);
+    }
+    assert_true(gpe_quant_set_isa(best));
+}
+
 /* The SIMD Q8_0 quantizer gives the scalar one's bytes on every path:
  * random rows, exact halves (round half to even: amax 127 makes id 1),
  * zeros, a NaN (skipped by the max), and tiny values. */
@@ -683,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_packed_matmul),
         cmocka_unit_test(test_matmul_rows_f16_edges),
         cmocka_unit_test(test_dot_extremes),
+        cmocka_unit_test(test_quant_f16_isas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
