@@ -893,13 +893,13 @@ G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
 
 /*
  * Q4_0 packed at load (quant.h: gpe_pack_rows): the words of a group's
- * block are already rows-in-lanes, so nothing is transposed per call.
- * Prompt-sized batches build the 8-row gemm's blocks from them (a mask
- * and a shift per vector); fewer tokens (decode) take the nibbles as they
- * are, unsigned, with the activations signed, and remove the -8 afterwards
- * as 8 * (sum of the activation block): one dpbusd per 4 values of 8 rows,
- * against ~14 instructions per block of one row in the per-token kernel.
- * Same integers and the same float order: bit-identical to dot().
+ * block are already rows-in-lanes, so nothing is transposed per call. The
+ * nibbles are taken as they are, unsigned (a mask and a shift per vector,
+ * once per block for a chunk of tokens), with the activations signed, and
+ * the -8 is removed afterwards as 8 * (sum of the activation block): one
+ * dpbusd per 4 values of 8 rows, against ~14 instructions per block of one
+ * row in the per-token kernel. Same integers and the same float order:
+ * bit-identical to dot().
  */
 T_AVX2 static inline int hsum_i32x8(__m256i v)
 {
@@ -919,11 +919,15 @@ T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
     }
 }
 
-/* From this many tokens the 8-row gemm's build pays (one thread, Q4_0
- * 2048 columns, Gelem/s direct vs built: 8 tokens 77 vs 70 from L2 and 56
- * vs 47 from memory; 16 tokens about equal; 24 and more, the build) */
-#define PK_GEMM_MIN_TOK 16
-#define PK_Q4_0(TGT, NAME, TOKENS, DOTC, NTMAX)                                                \
+/* Tokens per pass over a group: their 8 block lanes (8 KiB) stay in L1
+ * while each block is unpacked once for all of them. One thread, Q4_0 2048
+ * columns from L2, Gelem/s: 1 / 4 / 8 / 32 / 64 / 128 tokens = 71 / 103 /
+ * 112 / 117 / 108 / 92; building the 8-row gemm's blocks instead (the
+ * unpacked weights' prompt path) gave 70 / 84 / 82 / 89 at 8 / 32 / 64 /
+ * 128 tokens. */
+#define PK_CHUNK 32
+
+#define PK_Q4_0(TGT, NAME, DOTC)                                                               \
     TGT static bool NAME(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,     \
                          size_t as, int n_tok, float *out, int64_t ldo)                         \
     {                                                                                           \
@@ -931,47 +935,25 @@ T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
         const size_t gbytes = (size_t)nb * 8 * sizeof(gpe_block_q4_0);                          \
         float *ad = malloc((size_t)n_tok * (size_t)nb * sizeof *ad);                            \
         int32_t *a8 = malloc((size_t)n_tok * (size_t)nb * sizeof *a8);                          \
-        g8_blk *B = n_tok >= PK_GEMM_MIN_TOK ? aligned_alloc(32, (size_t)nb * sizeof *B) : NULL;              \
-        uint8_t *ax = n_tok >= PK_GEMM_MIN_TOK ? malloc((size_t)n_tok * (size_t)n) : NULL;                    \
-        const __m256i flip = _mm256_set1_epi8((char)0x80);                                      \
-        bool ok = ad && a8 && (n_tok < PK_GEMM_MIN_TOK || (B && ax));                                         \
-        for (int t = 0; ok && t < n_tok; t++) {                                                 \
+        if (!ad || !a8) {                                                                       \
+            free(ad);                                                                           \
+            free(a8);                                                                           \
+            return false;                                                                       \
+        }                                                                                       \
+        for (int t = 0; t < n_tok; t++) {                                                       \
             const gpe_block_q8_0 *y = (const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as); \
             for (int64_t i = 0; i < nb; i++) {                                                  \
-                const __m256i q = _mm256_loadu_si256((const __m256i *)y[i].qs);                 \
                 ad[t * nb + i] = h2f(y[i].d);                                                   \
-                /* 8 * the block's sum: dot with unsigned 8s */                                 \
-                a8[t * nb + i] = hsum_i32x8(DOTC(_mm256_setzero_si256(), _mm256_set1_epi8(8), q)); \
-                if (ax)                                                                         \
-                    _mm256_storeu_si256((__m256i *)(ax + t * n + 32 * i), _mm256_xor_si256(q, flip)); \
+                /* 8 * the block's sum: a dot with unsigned 8s */                               \
+                a8[t * nb + i] = hsum_i32x8(DOTC(_mm256_setzero_si256(), _mm256_set1_epi8(8),    \
+                                                 _mm256_loadu_si256((const __m256i *)y[i].qs))); \
             }                                                                                   \
         }                                                                                       \
-        for (int64_t g = g0; ok && g < g1; g++) {                                               \
+        __m256 accs[PK_CHUNK * 8];                                                              \
+        for (int64_t g = g0; g < g1; g++) {                                                     \
             const uint8_t *pg = (const uint8_t *)P + (size_t)g * gbytes;                        \
-            if (n_tok >= PK_GEMM_MIN_TOK) {                                                                   \
-                for (int64_t i = 0; i < nb; i++) {                                              \
-                    const uint8_t *blk = pg + (size_t)i * 8 * sizeof(gpe_block_q4_0);           \
-                    __m256i u[8], c = _mm256_setzero_si256();                                   \
-                    pk_words(blk, u);                                                           \
-                    for (int j = 0; j < 8; j++) {                                               \
-                        B[i].w[j] = _mm256_sub_epi8(u[j], _mm256_set1_epi8(8));                 \
-                        B[i].cj[j] = _mm256_sub_epi32(_mm256_setzero_si256(),                   \
-                                                      DOTC(_mm256_setzero_si256(), flip, B[i].w[j])); \
-                        c = _mm256_add_epi32(c, B[i].cj[j]);                                    \
-                    }                                                                           \
-                    B[i].c = c;                                                                 \
-                    B[i].dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));           \
-                }                                                                               \
-                int t = 0;                                                                      \
-                for (; NTMAX == 2 && t + 2 <= n_tok; t += 2)                                    \
-                    TOKENS(nb, B, ax + t * n, (size_t)n, ad + t * nb, 2, out + t * ldo + 8 * g, ldo); \
-                for (; t < n_tok; t++)                                                          \
-                    TOKENS(nb, B, ax + t * n, (size_t)n, ad + t * nb, 1, out + t * ldo + 8 * g, ldo); \
-                continue;                                                                       \
-            }                                                                                   \
-            for (int t = 0; t < n_tok; t++) {                                                   \
-                const int8_t *a = ((const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as))->qs; \
-                const size_t ab = sizeof(gpe_block_q8_0);                                       \
+            if (n_tok == 1) { /* decode: the 8 block lanes in registers */                      \
+                const int8_t *a = ((const gpe_block_q8_0 *)act)->qs;                            \
                 __m256 acc[8];                                                                  \
                 for (int l = 0; l < 8; l++)                                                     \
                     acc[l] = _mm256_setzero_ps();                                               \
@@ -981,7 +963,7 @@ T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
                         if (i >= nb)                                                            \
                             break;                                                              \
                         const uint8_t *blk = pg + (size_t)i * 8 * sizeof(gpe_block_q4_0);       \
-                        const int8_t *ai = a + (size_t)i * ab;                                  \
+                        const int8_t *ai = a + (size_t)i * sizeof(gpe_block_q8_0);              \
                         __m256i u[8], p = _mm256_setzero_si256();                               \
                         pk_words(blk, u);                                                       \
                         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                   \
@@ -989,26 +971,55 @@ T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
                             memcpy(&v4, ai + 4 * j, 4);                                         \
                             p = DOTC(p, u[j], _mm256_set1_epi32(v4));                           \
                         }                                                                       \
-                        p = _mm256_sub_epi32(p, _mm256_set1_epi32(a8[t * nb + i]));             \
+                        p = _mm256_sub_epi32(p, _mm256_set1_epi32(a8[i]));                      \
                         const __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), \
-                                                        _mm256_broadcast_ss(ad + t * nb + i));  \
+                                                        _mm256_broadcast_ss(ad + i));           \
                         acc[l] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), acc[l]);            \
                     }                                                                           \
                 }                                                                               \
-                const __m256 sum = _mm256_add_ps(                                               \
-                    _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])), \
-                    _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]))); \
-                _mm256_storeu_ps(out + t * ldo + 8 * g, sum);                                   \
+                _mm256_storeu_ps(out + 8 * g,                                                   \
+                                 _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])), \
+                                               _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])))); \
+                continue;                                                                       \
+            }                                                                                   \
+            for (int t0 = 0; t0 < n_tok; t0 += PK_CHUNK) {                                      \
+                const int nt = n_tok - t0 < PK_CHUNK ? n_tok - t0 : PK_CHUNK;                   \
+                for (int l = 0; l < 8 * nt; l++)                                                \
+                    accs[l] = _mm256_setzero_ps();                                              \
+                for (int64_t i = 0; i < nb; i++) {                                              \
+                    const uint8_t *blk = pg + (size_t)i * 8 * sizeof(gpe_block_q4_0);           \
+                    __m256i u[8];                                                               \
+                    pk_words(blk, u);                                                           \
+                    const __m256 dwv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));  \
+                    for (int t = t0; t < t0 + nt; t++) {                                        \
+                        const int8_t *ai =                                                      \
+                            ((const gpe_block_q8_0 *)((const uint8_t *)act + (size_t)t * as) + i)->qs; \
+                        __m256i p = _mm256_setzero_si256();                                     \
+                        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                   \
+                            int32_t v4;                                                         \
+                            memcpy(&v4, ai + 4 * j, 4);                                         \
+                            p = DOTC(p, u[j], _mm256_set1_epi32(v4));                           \
+                        }                                                                       \
+                        p = _mm256_sub_epi32(p, _mm256_set1_epi32(a8[t * nb + i]));             \
+                        const __m256 sc = _mm256_mul_ps(dwv, _mm256_broadcast_ss(ad + t * nb + i)); \
+                        __m256 *ac = &accs[8 * (t - t0) + (i & 7)];                             \
+                        *ac = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(p), *ac);                  \
+                    }                                                                           \
+                }                                                                               \
+                for (int t = 0; t < nt; t++) {                                                  \
+                    const __m256 *v = &accs[8 * t]; /* hsum256's order, lane-wise */            \
+                    _mm256_storeu_ps(out + (t0 + t) * ldo + 8 * g,                              \
+                                     _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])), \
+                                                   _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])))); \
+                }                                                                               \
             }                                                                                   \
         }                                                                                       \
         free(ad);                                                                               \
         free(a8);                                                                               \
-        free(B);                                                                                \
-        free(ax);                                                                               \
-        return ok;                                                                              \
+        return true;                                                                            \
     }
-PK_Q4_0(T_VNNI, pk_q4_0_vnni, g8_tokens_vnni, dotc_vnni, 2)
-PK_Q4_0(T_AVX2, pk_q4_0_avx2, g8_tokens_avx2, dotc_avx2, 1)
+PK_Q4_0(T_VNNI, pk_q4_0_vnni, dotc_vnni)
+PK_Q4_0(T_AVX2, pk_q4_0_avx2, dotc_avx2)
 
 /*
  * K-quant prompt-sized matmuls, 8 weight rows at a time, one row per int32

@@ -469,15 +469,15 @@ static void test_matmul_rows(void **state)
 
 /* Packed weights (gpe_pack_rows + gpe_matmul_packed) == one vec_dot per
  * (row, token), on every path, for every type with a packed form:
- * decode-sized (1, 2, 3, 8, 11 tokens) and prompt-sized (17: Q4_0 builds the
- * 8-row gemm's blocks from 16 tokens on) batches, ranges
+ * decode-sized (1: its own Q4_0 kernel; 2, 3, 8) and prompt-sized (17; 40:
+ * more than one of Q4_0's 32-token chunks) batches, ranges
  * that start and end inside a group of 8, and block counts that do and do
  * not fill the Q4_0 kernels' 8 lanes. */
 static void test_packed_matmul(void **state)
 {
     (void)state;
     const gpe_isa best = gpe_quant_best_isa();
-    enum { ROWS = 37, NTOK = 17, LDO = 40 };
+    enum { ROWS = 37, NTOK = 40, LDO = 40 };
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q8_0, ROWS, 512), 0);
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q4_0, 7, 512), 0);
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q4_0, ROWS, 512), 4 * 16 * 144);
@@ -485,7 +485,7 @@ static void test_packed_matmul(void **state)
     assert_int_equal(gpe_pack_size(GPE_TYPE_Q6_K, ROWS, 512), 4 * 2 * 1680);
     assert_false(gpe_pack_rows(GPE_TYPE_Q8_0, NULL, ROWS, 512, NULL));
     static const gpe_type types[] = {GPE_TYPE_Q4_0, GPE_TYPE_Q4_K, GPE_TYPE_Q5_K, GPE_TYPE_Q6_K};
-    static const int toks[] = {1, 2, 3, 8, 11, NTOK};
+    static const int toks[] = {1, 2, 3, 8, 17, NTOK};
     static const int64_t ranges[][2] = {{0, ROWS}, {3, ROWS}, {8, 24}, {5, 13}};
     for (size_t ti0 = 0; ti0 < sizeof types / sizeof types[0]; ti0++) {
         const gpe_type t = types[ti0];
