@@ -895,14 +895,14 @@ static void pack_block(gpe_type t, const uint8_t *const b[PACK_ROWS], uint8_t *o
                 gpe__scale_min_k4(s, b[r] + 4, o + 32 + 8 * s + r, o + 96 + 8 * s + r);
         }
         o += 160;
-        for (int r = 0; r < PACK_ROWS; r++)
-            f[r] = b[r] + (t == GPE_TYPE_Q4_K ? offsetof(gpe_block_q4_k, qs) : offsetof(gpe_block_q5_k, qs));
-        o = pack_words(o, f, 32);
-        if (t == GPE_TYPE_Q5_K) {
+        if (t == GPE_TYPE_Q5_K) { /* qh first: the kernel reads it with every qs word */
             for (int r = 0; r < PACK_ROWS; r++)
                 f[r] = b[r] + offsetof(gpe_block_q5_k, qh);
-            pack_words(o, f, 8);
+            o = pack_words(o, f, 8);
         }
+        for (int r = 0; r < PACK_ROWS; r++)
+            f[r] = b[r] + (t == GPE_TYPE_Q4_K ? offsetof(gpe_block_q4_k, qs) : offsetof(gpe_block_q5_k, qs));
+        pack_words(o, f, 32);
         return;
     case GPE_TYPE_Q6_K:
         for (int r = 0; r < PACK_ROWS; r++) {

@@ -200,7 +200,7 @@ void gpe_matmul_rows(gpe_type wt, const void *W, int64_t row_begin, int64_t row_
  *                    values 4j..4j+3, high: 16+4j..16+4j+3)
  *   Q4_K (B = 1184): d[8], dmin[8] f16; scale[8 sub-blocks][8 rows] and
  *                    min[8][8] (6-bit, unpacked to bytes); qs words [32][8]
- *   Q5_K (B = 1440): as Q4_K, then qh words [8][8]
+ *   Q5_K (B = 1440): as Q4_K with qh words [8][8] before the qs words
  *   Q6_K (B = 1680): d[8] f16; scales[16][8] int8; then per half h and
  *                    word j < 8: ql words 16h+j and 16h+8+j, qh word 8h+j
  *                    (each [8 rows]), in the order the kernel reads them

@@ -1263,7 +1263,7 @@ T_AVX2 static AI void kq8_build_packed(kq8_blk *B, const uint8_t *blk, int kind)
             }
         return;
     }
-    const uint8_t *sc = blk + 32, *mn = blk + 96, *qs = blk + 160, *qh = blk + 1184;
+    const uint8_t *sc = blk + 32, *mn = blk + 96, *qh = blk + 160, *qs = blk + (kind == PKQ_Q5_K ? 416 : 160);
     B->dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));
     for (int s = 0; s < 8; s++)
         B->sc[s] = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * s)));
@@ -1287,11 +1287,113 @@ T_AVX2 static AI void kq8_build_packed(kq8_blk *B, const uint8_t *blk, int kind)
         }
 }
 
-#define PK_KQ(TGT, NAME, TOKEN, KIND, BB)                                                      \
+/* One token against one packed block, without building the block: the
+ * words are unpacked into registers and go straight into dpbusd (decode
+ * would otherwise store 2 KiB of unpacked block and read it back per
+ * block). The same integers and float operations as kq8_build_packed +
+ * KQ8_TOKEN. */
+#define PKQ_TOKEN1(TGT, NAME, DOTC, DOTW)                                                      \
+    TGT static AI void NAME(const uint8_t *blk, const gpe_block_q8_k *y, int kind, __m256 *acc, \
+                            __m256 *accm)                                                       \
+    {                                                                                           \
+        const __m256i m4 = _mm256_set1_epi8(0xF), z = _mm256_setzero_si256();                   \
+        const __m256 da = _mm256_set1_ps(y->d);                                                 \
+        __m256i isum = z;                                                                       \
+        if (kind == PKQ_Q6_K) {                                                                 \
+            const int8_t *sc = (const int8_t *)blk + 16;                                        \
+            const uint8_t *q = blk + 144;                                                       \
+            const __m256i m30 = _mm256_set1_epi8(0x30);                                         \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                               \
+                __m256i t[4][2] = {{z, z}, {z, z}, {z, z}, {z, z}};                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                           \
+                    const uint8_t *tq = q + 96 * (8 * h + j);                                   \
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)tq);                 \
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(tq + 32));          \
+                    const __m256i hq = _mm256_loadu_si256((const __m256i *)(tq + 64));          \
+                    const __m256i w[4] = {                                                      \
+                        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 4), m30)), \
+                        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hq, 2), m30)), \
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hq, m30)), \
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),         \
+                                        _mm256_and_si256(_mm256_srli_epi16(hq, 2), m30))};      \
+                    _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++)                         \
+                        t[k][j >> 2] = DOTC(t[k][j >> 2], w[k], bc4(y->qs + 128 * h + 32 * k + 4 * j)); \
+                }                                                                               \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {                           \
+                    const int g = 2 * (4 * h + k);                                              \
+                    isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(t[k][0],                   \
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * g))))); \
+                    isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(t[k][1],                   \
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * g + 8))))); \
+                }                                                                               \
+            }                                                                                   \
+            __m256i corr = z;                                                                   \
+            _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {                               \
+                const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * p))); \
+                const __m256i hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * p + 8))); \
+                const __m256i pr = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), \
+                                                   _mm256_slli_epi32(hi, 16));                  \
+                corr = DOTW(corr, pr, bc4(y->bsums + 2 * p));                                   \
+            }                                                                                   \
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(corr, 5));                          \
+        } else {                                                                                \
+            const uint8_t *sc = blk + 32, *mn = blk + 96, *qh = blk + 160, *qs = blk + (kind == PKQ_Q5_K ? 416 : 160);    \
+            const __m256i one = _mm256_set1_epi8(1);                                            \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                               \
+                __m256i tl[2] = {z, z}, th[2] = {z, z};                                         \
+                _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                           \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + j))); \
+                    __m256i lo = _mm256_and_si256(w, m4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4); \
+                    if (kind == PKQ_Q5_K) {                                                     \
+                        const __m256i hq = _mm256_loadu_si256((const __m256i *)(qh + 32 * j));  \
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(                             \
+                                                     _mm256_and_si256(_mm256_srli_epi16(hq, 2 * c), one), 4)); \
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(                             \
+                                                     _mm256_and_si256(_mm256_srli_epi16(hq, 2 * c + 1), one), 4)); \
+                    }                                                                           \
+                    tl[j & 1] = DOTC(tl[j & 1], lo, bc4(y->qs + 64 * c + 4 * j));               \
+                    th[j & 1] = DOTC(th[j & 1], hi, bc4(y->qs + 64 * c + 32 + 4 * j));          \
+                }                                                                               \
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_add_epi32(tl[0], tl[1]), \
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * c)))));    \
+                isum = _mm256_add_epi32(isum, _mm256_mullo_epi32(_mm256_add_epi32(th[0], th[1]), \
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * c + 8))))); \
+            }                                                                                   \
+            const __m128i s8 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y->bsums),       \
+                                              _mm_loadu_si128((const __m128i *)(y->bsums + 8))); \
+            int16_t s16[8];                                                                     \
+            _mm_storeu_si128((__m128i *)s16, s8);                                               \
+            __m256i imin = z;                                                                   \
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) {                               \
+                const __m256i pr = _mm256_or_si256(                                             \
+                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p))),      \
+                    _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * p + 8))), 16)); \
+                imin = DOTW(imin, pr, bc4(s16 + 2 * p));                                        \
+            }                                                                                   \
+            const __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16))), da); \
+            *accm = _mm256_fmadd_ps(dm, _mm256_cvtepi32_ps(imin), *accm);                       \
+        }                                                                                       \
+        const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk)), da); \
+        *acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), *acc);                              \
+    }
+PKQ_TOKEN1(T_VNNI, pkq_token1_vnni, dotc_vnni, dotw_vnni)
+PKQ_TOKEN1(T_AVX2, pkq_token1_avx2, dotc_avx2, dotw_avx2)
+
+#define PK_KQ(TGT, NAME, TOKEN, TOKEN1, KIND, BB)                                              \
     TGT static bool NAME(int64_t n, const void *P, int64_t g0, int64_t g1, const void *act,     \
                          size_t as, int n_tok, float *out, int64_t ldo)                         \
     {                                                                                           \
         const int64_t nb = n / GPE_QK_K;                                                        \
+        if (n_tok == 1) {                                                                       \
+            for (int64_t g = g0; g < g1; g++) {                                                 \
+                __m256 a1 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();                      \
+                for (int64_t i = 0; i < nb; i++)                                                \
+                    TOKEN1((const uint8_t *)P + (size_t)(g * nb + i) * (BB),                    \
+                           (const gpe_block_q8_k *)act + i, KIND, &a1, &m1);                    \
+                _mm256_storeu_ps(out + 8 * g, _mm256_sub_ps(a1, m1));                           \
+            }                                                                                   \
+            return true;                                                                        \
+        }                                                                                       \
         kq8_blk B;                                                                              \
         __m256 small[2 * 16];                                                                   \
         __m256 *acc = n_tok <= 16 ? small                                                       \
@@ -1316,12 +1418,12 @@ T_AVX2 static AI void kq8_build_packed(kq8_blk *B, const uint8_t *blk, int kind)
             free(acc);                                                                          \
         return true;                                                                            \
     }
-PK_KQ(T_VNNI, pk_q4_k_vnni, kq8_token_vnni, PKQ_Q4_K, 1184)
-PK_KQ(T_VNNI, pk_q5_k_vnni, kq8_token_vnni, PKQ_Q5_K, 1440)
-PK_KQ(T_VNNI, pk_q6_k_vnni, kq8_token_vnni, PKQ_Q6_K, 1680)
-PK_KQ(T_AVX2, pk_q4_k_avx2, kq8_token_avx2, PKQ_Q4_K, 1184)
-PK_KQ(T_AVX2, pk_q5_k_avx2, kq8_token_avx2, PKQ_Q5_K, 1440)
-PK_KQ(T_AVX2, pk_q6_k_avx2, kq8_token_avx2, PKQ_Q6_K, 1680)
+PK_KQ(T_VNNI, pk_q4_k_vnni, kq8_token_vnni, pkq_token1_vnni, PKQ_Q4_K, 1184)
+PK_KQ(T_VNNI, pk_q5_k_vnni, kq8_token_vnni, pkq_token1_vnni, PKQ_Q5_K, 1440)
+PK_KQ(T_VNNI, pk_q6_k_vnni, kq8_token_vnni, pkq_token1_vnni, PKQ_Q6_K, 1680)
+PK_KQ(T_AVX2, pk_q4_k_avx2, kq8_token_avx2, pkq_token1_avx2, PKQ_Q4_K, 1184)
+PK_KQ(T_AVX2, pk_q5_k_avx2, kq8_token_avx2, pkq_token1_avx2, PKQ_Q5_K, 1440)
+PK_KQ(T_AVX2, pk_q6_k_avx2, kq8_token_avx2, pkq_token1_avx2, PKQ_Q6_K, 1680)
 
 /* pshufb pattern per 128-bit lane: lanes 0-1 take int16 scale k0, lanes 2-3 k1. */
 T_AVX512 static inline __m512i kq_pick2(int k0, int k1)
