@@ -368,22 +368,23 @@ T_AVX2 static AI void q6_half(const uint8_t *ql, const uint8_t *qhp, __m256i q[4
  * and the result is acc - accm. A block's float work is two scalar fmas,
  * which lets the gemm keep one row per vector lane.
  */
+T_AVX2 static inline int hsum_i32x8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+T_AVX2 static inline int hsum_i32x4(__m128i s)
+{
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
 /* acc + d * (float)i with one rounding, as _mm256_fmadd_ps does per lane. */
 T_AVX2 static inline float fma_acc(float d, int i, float acc)
 {
     return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(d), _mm_set_ss((float)i), _mm_set_ss(acc)));
-}
-
-/* The four int32 sums of a, b, c, d (8 lanes each) in r[0..3]: one
- * reduction per four blocks instead of one per block. */
-T_AVX2 static inline void hsum4_i32x8(__m256i a, __m256i b, __m256i c, __m256i d, int r[4])
-{
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    _mm_storeu_si128((__m128i *)r, _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
-}
-T_AVX2 static inline void hsum4_i32x4(__m128i a, __m128i b, __m128i c, __m128i d, int r[4])
-{
-    _mm_storeu_si128((__m128i *)r, _mm_hadd_epi32(_mm_hadd_epi32(a, b), _mm_hadd_epi32(c, d)));
 }
 
 /* Q4_K (hbits = false) and Q5_K (true), chunk by chunk (64 values: low
@@ -392,61 +393,41 @@ T_AVX2 static inline void hsum4_i32x4(__m128i a, __m128i b, __m128i c, __m128i d
 T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t qs_off, bool hbits,
                             const uint8_t *a, size_t as, int nt, float *out)
 {
-    const int64_t nb = n / GPE_QK_K;
     float acc[4], accm[4];
     for (int k = 0; k < nt; k++)
         acc[k] = accm[k] = 0.0f;
-    /* blocks in fours: the integer vectors of four blocks are reduced together */
-    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
-        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
-        __m256i vs[4][4];
-        __m128i vm[4][4];
-        float dws[4], dms[4];
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+        uint16_t dh, mh;
+        memcpy(&dh, b, 2);
+        memcpy(&mh, b + 2, 2);
+        const float dw = h2f(dh), dmw = h2f(mh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(b + 4, sc, mn);
+        const __m256i scv = kq_scales256(sc);
+        const uint8_t *qs = b + qs_off;
+        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        __m256i sumi[4];
+        for (int k = 0; k < nt; k++)
+            sumi[k] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
+            const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
+            const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
             for (int k = 0; k < nt; k++) {
-                vs[q][k] = _mm256_setzero_si256();
-                vm[q][k] = _mm_setzero_si128();
+                const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 64 * c;
+                const __m256i p0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)), s0);
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa + 32))), s1);
+                sumi[k] = _mm256_add_epi32(sumi[k], _mm256_add_epi32(p0, p1));
             }
-            if (q >= nq)
-                continue;
-            const int64_t i = i0 + q;
-            const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
-            uint16_t dh, mh;
-            memcpy(&dh, b, 2);
-            memcpy(&mh, b + 2, 2);
-            dws[q] = h2f(dh);
-            dms[q] = h2f(mh);
-            uint8_t sc[8], mn[8];
-            kq_unpack(b + 4, sc, mn);
-            const __m256i scv = kq_scales256(sc);
-            const uint8_t *qs = b + qs_off;
-            __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-            for (int c = 0; c < 4; c++) {
-                __m256i lo, hi;
-                kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
-                const __m256i s0 = _mm256_shuffle_epi8(scv, kq_pick(2 * c));
-                const __m256i s1 = _mm256_shuffle_epi8(scv, kq_pick(2 * c + 1));
-                for (int k = 0; k < nt; k++) {
-                    const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 64 * c;
-                    const __m256i p0 = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qa)), s0);
-                    const __m256i p1 = _mm256_madd_epi16(
-                        _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qa + 32))), s1);
-                    vs[q][k] = _mm256_add_epi32(vs[q][k], _mm256_add_epi32(p0, p1));
-                }
-            }
-            for (int k = 0; k < nt; k++)
-                vm[q][k] = kq_mins(mn, ROW(gpe_block_q8_k, k)[i].bsums);
         }
         for (int k = 0; k < nt; k++) {
-            int is[4], im[4];
-            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
-            hsum4_i32x4(vm[0][k], vm[1][k], vm[2][k], vm[3][k], im);
-            for (int q = 0; q < nq; q++) {
-                const float da = ROW(gpe_block_q8_k, k)[i0 + q].d;
-                acc[k] = fma_acc(dws[q] * da, is[q], acc[k]);
-                accm[k] = fma_acc(dms[q] * da, im[q], accm[k]);
-            }
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]), acc[k]);
+            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
         }
     }
     for (int k = 0; k < nt; k++)
@@ -454,55 +435,43 @@ T_AVX2 static AI void k2_kq(int64_t n, const uint8_t *xb, size_t bbytes, size_t 
 }
 
 /* Q6_K: values are q-32 with q in 0..63; the -32 is folded in through the
- * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum, exact in int32.
- * Returned as 8 int32 lanes (32 * sc*bsum pairs) to subtract from the
- * block's integer vector before its reduction. */
-T_AVX2 static inline __m256i q6_corr(const int8_t *scales, const int16_t *bsums)
+ * activation's per-16 sums: sum sc*q*a - 32*sum sc*bsum, exact in int32. */
+T_AVX2 static inline int q6_corr(const int8_t *scales, const int16_t *bsums)
 {
-    return _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales)),
-                                               _mm256_loadu_si256((const __m256i *)bsums)),
-                             5);
+    const __m256i cm = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales)),
+                                         _mm256_loadu_si256((const __m256i *)bsums));
+    return 32 * hsum_i32x8(cm);
 }
 
 T_AVX2 static AI void k2_q6_k(int64_t n, const gpe_block_q6_k *x, const uint8_t *a, size_t as,
                               int nt, float *out)
 {
-    const int64_t nb = n / GPE_QK_K;
     float acc[4];
     for (int k = 0; k < nt; k++)
         acc[k] = 0.0f;
-    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
-        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
-        __m256i vs[4][4];
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            for (int k = 0; k < nt; k++)
-                vs[q][k] = _mm256_setzero_si256();
-            if (q >= nq)
-                continue;
-            const int64_t i = i0 + q;
-            const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
-            const int8_t *sc = x[i].scales;
-            for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
-                __m256i qv[4];
-                q6_half(ql, qhp, qv);
-                for (int j = 0; j < 4; j++) {
-                    const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
-                    for (int k = 0; k < nt; k++) {
-                        const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 128 * h + 32 * j;
-                        vs[q][k] = _mm256_add_epi32(
-                            vs[q][k], _mm256_madd_epi16(
-                                          _mm256_maddubs_epi16(qv[j], _mm256_loadu_si256((const __m256i *)qa)), s));
-                    }
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        const uint8_t *ql = x[i].ql, *qhp = x[i].qh;
+        const int8_t *sc = x[i].scales;
+        __m256i sumi[4];
+        for (int k = 0; k < nt; k++)
+            sumi[k] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++, ql += 64, qhp += 32, sc += 8) {
+            __m256i q[4];
+            q6_half(ql, qhp, q);
+            for (int j = 0; j < 4; j++) {
+                const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+                for (int k = 0; k < nt; k++) {
+                    const int8_t *qa = ROW(gpe_block_q8_k, k)[i].qs + 128 * h + 32 * j;
+                    sumi[k] = _mm256_add_epi32(
+                        sumi[k], _mm256_madd_epi16(
+                                     _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i *)qa)), s));
                 }
             }
-            for (int k = 0; k < nt; k++)
-                vs[q][k] = _mm256_sub_epi32(vs[q][k], q6_corr(x[i].scales, ROW(gpe_block_q8_k, k)[i].bsums));
         }
+        const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
-            int is[4];
-            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
-            for (int q = 0; q < nq; q++)
-                acc[k] = fma_acc(h2f(x[i0 + q].d) * ROW(gpe_block_q8_k, k)[i0 + q].d, is[q], acc[k]);
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            acc[k] = fma_acc(dw * y->d, hsum_i32x8(sumi[k]) - q6_corr(x[i].scales, y->bsums), acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
@@ -901,14 +870,6 @@ G8(T_AVX2, g8avx2_q4_0, gpe_block_q4_0, w32_q4_0, g8_tokens_avx2, dotc_avx2, 1)
  * row in the per-token kernel. Same integers and the same float order:
  * bit-identical to dot().
  */
-T_AVX2 static inline int hsum_i32x8(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
 T_AVX2 static AI void pk_words(const uint8_t *blk, __m256i u[8])
 {
     const __m256i m4 = _mm256_set1_epi8(0xF);
@@ -1440,63 +1401,38 @@ T_AVX512 static AI void k512_kq(int64_t n, const uint8_t *xb, size_t bbytes, siz
                                 bool hbits, const uint8_t *a, size_t as, int nt, float *out)
 {
     const __m512i pick[4] = {kq_pick2(0, 1), kq_pick2(2, 3), kq_pick2(4, 5), kq_pick2(6, 7)};
-    const int64_t nb = n / GPE_QK_K;
     float acc[4], accm[4];
     for (int k = 0; k < nt; k++)
         acc[k] = accm[k] = 0.0f;
-    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
-        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
-        __m256i vs[4][4];   /* each block's 16 lanes folded to 8 */
-        __m128i vm[4][4];
-        float dws[4], dms[4];
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            for (int k = 0; k < nt; k++) {
-                vs[q][k] = _mm256_setzero_si256();
-                vm[q][k] = _mm_setzero_si128();
-            }
-            if (q >= nq)
-                continue;
-            const int64_t i = i0 + q;
-            const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
-            uint16_t dh, mh;
-            memcpy(&dh, b, 2);
-            memcpy(&mh, b + 2, 2);
-            dws[q] = h2f(dh);
-            dms[q] = h2f(mh);
-            uint8_t sc[8], mn[8];
-            kq_unpack(b + 4, sc, mn);
-            const __m512i scv =
-                _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-            const uint8_t *qs = b + qs_off;
-            __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-            __m512i qv[4], scl[4];
-            for (int c = 0; c < 4; c++) {
-                __m256i lo, hi;
-                kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
-                qv[c] = cat256(lo, hi);
-                scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
-            }
-            for (int k = 0; k < nt; k++) {
-                const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-                __m512i sumi = _mm512_setzero_si512();
-                for (int c = 0; c < 4; c++)
-                    sumi = _mm512_add_epi32(
-                        sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
-                                                    qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
-                                                scl[c]));
-                vs[q][k] = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
-                vm[q][k] = kq_mins(mn, y->bsums);
-            }
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        const uint8_t *b = xb + (size_t)i * bbytes;   /* d, dmin, scales[12] at 0, 2, 4 */
+        uint16_t dh, mh;
+        memcpy(&dh, b, 2);
+        memcpy(&mh, b + 2, 2);
+        const float dw = h2f(dh), dmw = h2f(mh);
+        uint8_t sc[8], mn[8];
+        kq_unpack(b + 4, sc, mn);
+        const __m512i scv =
+            _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const uint8_t *qs = b + qs_off;
+        __m256i qh = hbits ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        __m512i qv[4], scl[4];
+        for (int c = 0; c < 4; c++) {
+            __m256i lo, hi;
+            kq_chunk(qs + 32 * c, hbits, &qh, &lo, &hi);
+            qv[c] = cat256(lo, hi);
+            scl[c] = _mm512_shuffle_epi8(scv, pick[c]);
         }
         for (int k = 0; k < nt; k++) {
-            int is[4], im[4];
-            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
-            hsum4_i32x4(vm[0][k], vm[1][k], vm[2][k], vm[3][k], im);
-            for (int q = 0; q < nq; q++) {
-                const float da = ROW(gpe_block_q8_k, k)[i0 + q].d;
-                acc[k] = fma_acc(dws[q] * da, is[q], acc[k]);
-                accm[k] = fma_acc(dms[q] * da, im[q], accm[k]);
-            }
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++)
+                sumi = _mm512_add_epi32(
+                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                qv[c], _mm512_loadu_si512((const void *)(y->qs + 64 * c))),
+                                            scl[c]));
+            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi), acc[k]);
+            accm[k] = fma_acc(dmw * y->d, hsum_i32x4(kq_mins(mn, y->bsums)), accm[k]);
         }
     }
     for (int k = 0; k < nt; k++)
@@ -1511,49 +1447,34 @@ T_AVX512 static AI void k512_q6_k(int64_t n, const gpe_block_q6_k *x, const uint
         _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
                          13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), 3);
     const __m512i idx_hi = _mm512_add_epi16(idx_lo, _mm512_set1_epi16(4));
-    const int64_t nb = n / GPE_QK_K;
     float acc[4];
     for (int k = 0; k < nt; k++)
         acc[k] = 0.0f;
-    for (int64_t i0 = 0; i0 < nb; i0 += 4) {
-        const int nq = nb - i0 < 4 ? (int)(nb - i0) : 4;
-        __m256i vs[4][4];
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            for (int k = 0; k < nt; k++)
-                vs[q][k] = _mm256_setzero_si256();
-            if (q >= nq)
-                continue;
-            const int64_t i = i0 + q;
-            __m512i qv[4], scl[4];
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
-                __m256i qq[4];
-                q6_half(ql, qhp, qq);
-                int64_t s8;
-                memcpy(&s8, x[i].scales + 8 * h, 8);
-                const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
-                qv[2 * h] = cat256(qq[0], qq[1]);
-                qv[2 * h + 1] = cat256(qq[2], qq[3]);
-                scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
-                scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
-            }
-            for (int k = 0; k < nt; k++) {
-                const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
-                __m512i sumi = _mm512_setzero_si512();
-                for (int j = 0; j < 4; j++)
-                    sumi = _mm512_add_epi32(
-                        sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
-                                                    qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
-                                                scl[j]));
-                const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
-                vs[q][k] = _mm256_sub_epi32(s8, q6_corr(x[i].scales, y->bsums));
-            }
+    for (int64_t i = 0; i < n / GPE_QK_K; i++) {
+        __m512i qv[4], scl[4];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qhp = x[i].qh + 32 * h;
+            __m256i q[4];
+            q6_half(ql, qhp, q);
+            int64_t s8;
+            memcpy(&s8, x[i].scales + 8 * h, 8);
+            const __m512i sv = _mm512_castsi128_si512(_mm_cvtepi8_epi16(_mm_cvtsi64_si128(s8)));
+            qv[2 * h] = cat256(q[0], q[1]);
+            qv[2 * h + 1] = cat256(q[2], q[3]);
+            scl[2 * h] = _mm512_permutexvar_epi16(idx_lo, sv);
+            scl[2 * h + 1] = _mm512_permutexvar_epi16(idx_hi, sv);
         }
+        const float dw = h2f(x[i].d);
         for (int k = 0; k < nt; k++) {
-            int is[4];
-            hsum4_i32x8(vs[0][k], vs[1][k], vs[2][k], vs[3][k], is);
-            for (int q = 0; q < nq; q++)
-                acc[k] = fma_acc(h2f(x[i0 + q].d) * ROW(gpe_block_q8_k, k)[i0 + q].d, is[q], acc[k]);
+            const gpe_block_q8_k *y = ROW(gpe_block_q8_k, k) + i;
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++)
+                sumi = _mm512_add_epi32(
+                    sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(
+                                                qv[j], _mm512_loadu_si512((const void *)(y->qs + 64 * j))),
+                                            scl[j]));
+            acc[k] = fma_acc(dw * y->d, _mm512_reduce_add_epi32(sumi) - q6_corr(x[i].scales, y->bsums),
+                             acc[k]);
         }
     }
     for (int k = 0; k < nt; k++)
