@@ -8,6 +8,8 @@
 #include "engine/model.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -627,39 +629,84 @@ static int pack_list(gpe_llama *m, gpe_weight **ws, int cap)
     return n;
 }
 
+/* One weight to pack: where it goes, and whether its file pages may go. */
+typedef struct pack_item {
+    gpe_weight *w;
+    uint8_t *dst;
+    bool drop;
+} pack_item;
+
+typedef struct pack_job {
+    pack_item *it;
+    int n;
+    atomic_int next;
+} pack_job;
+
+static void *pack_worker(void *arg)
+{
+    pack_job *j = arg;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        gpe_weight *w = j->it[i].w;
+        gpe_pack_rows(w->type, w->data, w->n_rows, w->n_cols, j->it[i].dst);
+        /* the packed rows' file pages are not read again (a tied output is
+         * also the token embedding, which is): let the kernel drop them now
+         * rather than count the weights twice in RSS */
+        if (j->it[i].drop)
+            drop_pages(w->data, (size_t)(w->n_rows / 8 * 8) * w->row_bytes);
+    }
+    return NULL;
+}
+
 bool gpe_llama_pack(gpe_llama *m)
 {
     const int cap = 7 * m->hp.n_layer + 1;
     gpe_weight **ws = malloc((size_t)cap * sizeof *ws);
-    if (!ws)
-        return false;
+    pack_item *items = malloc((size_t)cap * sizeof *items);
+    bool ok = false;
+    if (!ws || !items)
+        goto out;
     const int n = pack_list(m, ws, cap);
     size_t total = 0;
+    int ni = 0;
     for (int i = 0; i < n; i++) {
         const size_t b = gpe_pack_size(ws[i]->type, ws[i]->n_rows, ws[i]->n_cols);
         total += (b + 63) / 64 * 64;
     }
+    ok = total == 0;
     uint8_t *buf = total ? aligned_alloc(64, total) : NULL;
-    if (buf) {
-        size_t off = 0;
-        for (int i = 0; i < n; i++) {
-            const size_t b = gpe_pack_size(ws[i]->type, ws[i]->n_rows, ws[i]->n_cols);
-            if (!b)
-                continue;
-            gpe_pack_rows(ws[i]->type, ws[i]->data, ws[i]->n_rows, ws[i]->n_cols, buf + off);
-            ws[i]->packed = buf + off;
-            off += (b + 63) / 64 * 64;
-            /* the packed rows' file pages are not read again (a tied output
-             * is also the token embedding, which is): let the kernel drop
-             * them now rather than count the weights twice in RSS */
-            if (!(ws[i] == &m->output && m->tied_output))
-                drop_pages(ws[i]->data, (size_t)(ws[i]->n_rows / 8 * 8) * ws[i]->row_bytes);
-        }
-        m->packed = buf;
-        m->packed_bytes = total;
+    if (!buf)
+        goto out;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t b = gpe_pack_size(ws[i]->type, ws[i]->n_rows, ws[i]->n_cols);
+        if (!b)
+            continue;
+        items[ni++] = (pack_item){ws[i], buf + off, !(ws[i] == &m->output && m->tied_output)};
+        off += (b + 63) / 64 * 64;
     }
+    /* A few hundred MB to tens of GB of copying: spread over the cores
+     * (agent start-up waits for it). Threads that cannot start leave
+     * their share to the others and to this one. */
+    pack_job job = {.it = items, .n = ni};
+    atomic_init(&job.next, 0);
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = nc < 1 ? 1 : nc > 16 ? 16 : (int)nc, started = 0;
+    pthread_t th[16];
+    for (int t = 1; t < nt && t < ni; t++)
+        if (pthread_create(&th[started], NULL, pack_worker, &job) == 0)
+            started++;
+    pack_worker(&job);
+    for (int t = 0; t < started; t++)
+        pthread_join(th[t], NULL);
+    for (int i = 0; i < ni; i++)
+        items[i].w->packed = items[i].dst;
+    m->packed = buf;
+    m->packed_bytes = total;
+    ok = true;
+out:
     free(ws);
-    return total == 0 || buf != NULL;
+    free(items);
+    return ok;
 }
 
 void gpe_llama_free(gpe_llama *m)
