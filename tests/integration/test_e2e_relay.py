@@ -105,8 +105,7 @@ class RelayTest(harness.TestCase):
             # two long-polls (it just finished the previous job) is skipped,
             # which a loaded CI run saw as a 4/3/2 spread. Send each request
             # when all three have a long-poll parked.
-            harness.wait_until(lambda: self._parked(srv) == 3, timeout=20,
-                               what="three agents parked")
+            srv.wait_parked(3, timeout=20)
             st, hdr, body = http_json("POST", srv.url + "/v1/completions",
                                       {"model": "m1", "prompt": "n%d" % i, "max_tokens": 2})
             self.assertEqual(st, 200, body)
@@ -116,14 +115,6 @@ class RelayTest(harness.TestCase):
         ids = {a.agent_id() for a in self.agents}
         self.assertEqual(set(served), ids, served)
         self.assertLessEqual(max(served.values()) - min(served.values()), 1, served)
-
-    @staticmethod
-    def _parked(srv):
-        _, _, raw = http_request("GET", srv.url + "/metrics", timeout=5)
-        for line in raw.decode().splitlines():
-            if line.startswith("gpupool_agents_parked "):
-                return float(line.split()[-1])
-        return 0
 
     def _healthy_agents(self):
         ids = set()

@@ -106,15 +106,8 @@ class TokenFailoverTest(harness.TestCase):
         return any(e.get("agent_id") == aid and e.get("to") == "healthy"
                    for e in self.srv.log_events("agent_state"))
 
-    def parked(self):
-        _, _, raw = harness.http_request("GET", self.srv.url + "/metrics", timeout=5)
-        for line in raw.decode().splitlines():
-            if line.startswith("gpupool_agents_parked "):
-                return float(line.split()[-1])
-        return 0
-
     def wait_parked(self, n):
-        harness.wait_until(lambda: self.parked() >= n, timeout=30, what="agents parked")
+        self.srv.wait_parked(n)
 
     def run_stream(self, body, chat, prefer=None, kill=None, n_kill=0, kill_at_len=None,
                    chunks=None):
