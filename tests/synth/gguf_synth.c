@@ -15,7 +15,8 @@
  * drawn tensor after tensor in file order (np_random reproduces numpy's
  * numbers bit for bit), rounded to the stored type. A recipe with
  * "quantize" instead builds its base recipe and converts it the way
- * llama-quantize did (see quantize_q8_0).
+ * llama-quantize did (synth_quant: its reference quantizers, its tensor
+ * order, its key order).
  *
  * Recipe (JSON):
  *   {"file": "arch/x.gguf", "bytes": N, "sha256": "hex",
@@ -27,8 +28,11 @@
  *            through F16 before storing F32), "fill": v, "values": [...]}
  *   Inside "layers", names get the prefix "blk.N." for N = 0..L-1, layer
  *   after layer.
- *   Quantized: {"file", "bytes", "sha256", "quantize": {"from": "base.json", "type": "q8_0"}}
- *   ("from" is relative to the recipe's directory).
+ *   Quantized: {"file", "bytes", "sha256", "quantize": {"from": "base.json",
+ *     "type": "q4_k", "types": {"output.weight": "q6_k", ...}, "file_type": 15}}
+ *   ("from" is relative to the recipe's directory; "type" is the default for
+ *   F16 tensors of 2+ dims, "types" the exceptions llama-quantize's mix chose,
+ *   "file_type" the general.file_type it wrote).
  *
  * Exit status 0 when the file was written and matches; 1 with a message
  * naming the recipe otherwise (a mismatching file is not left behind unless
@@ -45,10 +49,10 @@
 
 #include "np_random.h"
 #include "synth_gguf.h"
+#include "synth_quant.h"
 
 #define ERRLEN 8192
 #define MAX_SOURCES 8
-#define QK8_0 32
 
 typedef struct synth_ctx {
     const char *data_dir;
@@ -321,23 +325,6 @@ done:
 
 /* ------------------------------------------------------------ quantize */
 
-/* llama.cpp's reference Q8_0 block: d = amax / 127 stored as F16, each
- * value x * (1/d) rounded half away from zero (roundf), in float. */
-static void quantize_q8_0(const float *x, uint8_t *out, int64_t n)
-{
-    for (int64_t b = 0; b < n / QK8_0; b++, x += QK8_0, out += 2 + QK8_0) {
-        float amax = 0.0f;
-        for (int j = 0; j < QK8_0; j++)
-            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t h = synth_f32_to_f16(d);
-        memcpy(out, &h, 2);
-        for (int j = 0; j < QK8_0; j++)
-            out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
-    }
-}
-
 static int layer_of(const char *name)
 {
     int l = -1;
@@ -357,10 +344,24 @@ static int tensor_order(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* F16 tensors of two or more dimensions become Q8_0 (the F16 values
- * widened to F32 first); the others stay as they are. Takes the data out of
- * base (left with NULL pointers). */
-static bool quantize_tensors(synth_ctx *c, synth_gguf *base, synth_gguf *g)
+/* The type a tensor gets: its entry in "types", else the default. */
+static bool tensor_qtype(synth_ctx *c, json_t *q, const char *name, synth_qtype *out)
+{
+    const char *t = json_string_value(json_object_get(json_object_get(q, "types"), name));
+    if (!t)
+        t = json_string_value(json_object_get(q, "type"));
+    if (!t || !synth_qtype_parse(t, out)) {
+        snprintf(c->err, ERRLEN, "tensor '%s': no known quantized type (q4_0, q8_0, q4_k, q5_k, q6_k)",
+                 name);
+        return false;
+    }
+    return true;
+}
+
+/* F16 tensors of two or more dimensions are quantized (the F16 values
+ * widened to F32 first, as llama-quantize does); the others stay as they
+ * are. Takes the data out of base (left with NULL pointers). */
+static bool quantize_tensors(synth_ctx *c, json_t *q, synth_gguf *base, synth_gguf *g)
 {
     qsort(base->t, base->n_t, sizeof *base->t, tensor_order);
     for (size_t i = 0; i < base->n_t; i++) {
@@ -368,34 +369,47 @@ static bool quantize_tensors(synth_ctx *c, synth_gguf *base, synth_gguf *g)
         void *data = t->data;
         size_t nbytes = t->nbytes;
         uint32_t type = t->type;
+        synth_qtype qt;
         t->data = NULL;
         if (t->type == SYNTH_T_F16 && t->n_dims >= 2) {
             int64_t n = (int64_t)(nbytes / 2);
-            float *f = malloc((size_t)n * sizeof *f);
-            uint8_t *q = malloc((size_t)(n / QK8_0) * (2 + QK8_0));
-            if (!f || !q || t->ne[0] % QK8_0 != 0) {
-                snprintf(c->err, ERRLEN, "tensor '%s': cannot quantize (memory or row length)",
-                         t->name);
+            float *f = NULL;
+            uint8_t *out = NULL;
+            if (!tensor_qtype(c, q, t->name, &qt))
+                goto fail;
+            if (t->ne[0] % synth_qtype_block(qt) != 0) {
+                snprintf(c->err, ERRLEN, "tensor '%s': rows of %lld are not whole blocks of %d",
+                         t->name, (long long)t->ne[0], synth_qtype_block(qt));
+                goto fail;
+            }
+            size_t qbytes = (size_t)(n / synth_qtype_block(qt)) * synth_qtype_block_bytes(qt);
+            f = malloc((size_t)n * sizeof *f);
+            out = malloc(qbytes);
+            if (!f || !out) {
+                snprintf(c->err, ERRLEN, "tensor '%s': out of memory", t->name);
                 free(f);
-                free(q);
-                free(data);
-                return false;
+                free(out);
+                goto fail;
             }
             for (int64_t j = 0; j < n; j++) {
                 uint16_t h;
                 memcpy(&h, (uint8_t *)data + 2 * j, 2);
                 f[j] = synth_f16_to_f32(h);
             }
-            quantize_q8_0(f, q, n);
+            synth_quantize(qt, f, n, out);
             free(f);
             free(data);
-            data = q;
-            nbytes = (size_t)(n / QK8_0) * (2 + QK8_0);
-            type = SYNTH_T_Q8_0;
+            data = out;
+            nbytes = qbytes;
+            type = (uint32_t)qt;
         }
         if (!synth_gguf_add_tensor(g, t->name, t->n_dims, t->ne, type, data, nbytes, c->err,
                                    ERRLEN))
             return false;
+        continue;
+fail:
+        free(data);
+        return false;
     }
     return true;
 }
@@ -420,14 +434,15 @@ static json_t *recipe_load(synth_ctx *c, const char *path)
 static bool quantized_build(synth_ctx *c, json_t *q, synth_gguf *g)
 {
     const char *from = json_string_value(json_object_get(q, "from"));
-    const char *type = json_string_value(json_object_get(q, "type"));
+    json_t *ftype = json_object_get(q, "file_type");
     char path[4096];
     json_t *base_rec = NULL;
     synth_gguf base;
     bool ok = false;
     synth_gguf_init(&base);
-    if (!from || !type || strcmp(type, "q8_0") != 0) {
-        snprintf(c->err, ERRLEN, "\"quantize\" needs \"from\" and \"type\": \"q8_0\"");
+    if (!from || !json_is_string(json_object_get(q, "type")) || !json_is_integer(ftype) ||
+        json_integer_value(ftype) < 0 || json_integer_value(ftype) > 1000) {
+        snprintf(c->err, ERRLEN, "\"quantize\" needs \"from\", \"type\" and \"file_type\"");
         goto done;
     }
     const char *slash = strrchr(c->recipe_path, '/');
@@ -440,9 +455,10 @@ static bool quantized_build(synth_ctx *c, json_t *q, synth_gguf *g)
     /* The metadata, then the two keys llama-quantize sets. */
     synth_gguf_move_kv(g, &base);
     if (!synth_gguf_add_u32(g, "general.quantization_version", 2, c->err, ERRLEN) ||
-        !synth_gguf_add_u32(g, "general.file_type", 7 /* MOSTLY_Q8_0 */, c->err, ERRLEN))
+        !synth_gguf_add_u32(g, "general.file_type", (uint32_t)json_integer_value(ftype), c->err,
+                            ERRLEN))
         goto done;
-    ok = quantize_tensors(c, &base, g);
+    ok = quantize_tensors(c, q, &base, g);
 done:
     json_decref(base_rec);
     synth_gguf_free(&base);
