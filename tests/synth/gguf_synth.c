@@ -358,9 +358,47 @@ static bool tensor_qtype(synth_ctx *c, json_t *q, const char *name, synth_qtype 
     return true;
 }
 
-/* F16 tensors of two or more dimensions are quantized (the F16 values
- * widened to F32 first, as llama-quantize does); the others stay as they
- * are. Takes the data out of base (left with NULL pointers). */
+/* Quantize one F16 tensor t (its data in *data, *nbytes long) to the type
+ * the recipe gives it: on success *data is replaced by the quantized bytes
+ * (the F16 buffer freed) and *type set; on failure *data is left alone. */
+static bool quantize_one(synth_ctx *c, json_t *q, const synth_tensor *t, void **data,
+                         size_t *nbytes, uint32_t *type)
+{
+    synth_qtype qt;
+    if (!tensor_qtype(c, q, t->name, &qt))
+        return false;
+    const int64_t n = (int64_t)(*nbytes / 2);
+    const int qk = synth_qtype_block(qt);
+    if (t->ne[0] % qk != 0) {
+        snprintf(c->err, ERRLEN, "tensor '%s': rows of %lld are not whole blocks of %d", t->name,
+                 (long long)t->ne[0], qk);
+        return false;
+    }
+    const size_t qbytes = (size_t)(n / qk) * synth_qtype_block_bytes(qt);
+    float *f = malloc((size_t)n * sizeof *f);
+    uint8_t *out = malloc(qbytes);
+    if (!f || !out) {
+        snprintf(c->err, ERRLEN, "tensor '%s': out of memory", t->name);
+        free(f);
+        free(out);
+        return false;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)*data + 2 * j, 2);
+        f[j] = synth_f16_to_f32(h);   /* llama-quantize widens F16 to F32 first */
+    }
+    synth_quantize(qt, f, n, out);
+    free(f);
+    free(*data);
+    *data = out;
+    *nbytes = qbytes;
+    *type = (uint32_t)qt;
+    return true;
+}
+
+/* F16 tensors of two or more dimensions are quantized; the others stay as
+ * they are. Takes the data out of base (left with NULL pointers). */
 static bool quantize_tensors(synth_ctx *c, json_t *q, synth_gguf *base, synth_gguf *g)
 {
     qsort(base->t, base->n_t, sizeof *base->t, tensor_order);
@@ -369,47 +407,16 @@ static bool quantize_tensors(synth_ctx *c, json_t *q, synth_gguf *base, synth_gg
         void *data = t->data;
         size_t nbytes = t->nbytes;
         uint32_t type = t->type;
-        synth_qtype qt;
         t->data = NULL;
-        if (t->type == SYNTH_T_F16 && t->n_dims >= 2) {
-            int64_t n = (int64_t)(nbytes / 2);
-            float *f = NULL;
-            uint8_t *out = NULL;
-            if (!tensor_qtype(c, q, t->name, &qt))
-                goto fail;
-            if (t->ne[0] % synth_qtype_block(qt) != 0) {
-                snprintf(c->err, ERRLEN, "tensor '%s': rows of %lld are not whole blocks of %d",
-                         t->name, (long long)t->ne[0], synth_qtype_block(qt));
-                goto fail;
-            }
-            size_t qbytes = (size_t)(n / synth_qtype_block(qt)) * synth_qtype_block_bytes(qt);
-            f = malloc((size_t)n * sizeof *f);
-            out = malloc(qbytes);
-            if (!f || !out) {
-                snprintf(c->err, ERRLEN, "tensor '%s': out of memory", t->name);
-                free(f);
-                free(out);
-                goto fail;
-            }
-            for (int64_t j = 0; j < n; j++) {
-                uint16_t h;
-                memcpy(&h, (uint8_t *)data + 2 * j, 2);
-                f[j] = synth_f16_to_f32(h);
-            }
-            synth_quantize(qt, f, n, out);
-            free(f);
+        if (t->type == SYNTH_T_F16 && t->n_dims >= 2 &&
+            !quantize_one(c, q, t, &data, &nbytes, &type)) {
             free(data);
-            data = out;
-            nbytes = qbytes;
-            type = (uint32_t)qt;
+            return false;
         }
+        /* add_tensor takes data, also when it fails */
         if (!synth_gguf_add_tensor(g, t->name, t->n_dims, t->ne, type, data, nbytes, c->err,
                                    ERRLEN))
             return false;
-        continue;
-fail:
-        free(data);
-        return false;
     }
     return true;
 }
@@ -446,7 +453,7 @@ static bool quantized_build(synth_ctx *c, json_t *q, synth_gguf *g)
         goto done;
     }
     const char *slash = strrchr(c->recipe_path, '/');
-    int dirlen = slash ? (int)(slash - c->recipe_path + 1) : 0;
+    int dirlen = slash && from[0] != '/' ? (int)(slash - c->recipe_path + 1) : 0;
     snprintf(path, sizeof path, "%.*s%s", dirlen, c->recipe_path, from);
     if (!(base_rec = recipe_load(c, path)))
         goto done;
