@@ -214,7 +214,7 @@ static void test_arch_budget(void **state)
                                    "phi3-f16",  "gemma2-f16", "gemma3-f16", "mixtral-f16" };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[512], err[256] = "";
-        snprintf(path, sizeof path, "%s/arch/tiny-random-%s.gguf", GP_TEST_DATA, files[i]);
+        snprintf(path, sizeof path, "%s/arch/tiny-random-%s.gguf", GP_MODEL_DATA, files[i]);
         gpe_gguf *g = NULL;
         assert_int_equal(gpe_gguf_open(path, &g, err, sizeof err), GPE_OK);
         gpe_llama m;
