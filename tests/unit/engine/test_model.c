@@ -300,9 +300,12 @@ static void test_stories_logits_kv_f16(void **state)
     }
     printf("stories260K KV F16: top-10 logits max abs diff vs llama.cpp (F16 KV) = %.3g\n",
            worst);
-    /* F16 rounding of the softmax weights flips on 1-ulp input changes;
-     * measured 7.8e-4 worst over the 5 prompts (4e-6 on the first). */
-    assert_true(worst <= 1e-3);
+    /* F16 rounding of the K/V rows and softmax weights flips on 1-ulp
+     * input changes, and the F32 dot products sum in another order on each
+     * SIMD path: measured 7.8e-4 worst over the 5 prompts with AVX-512 (4e-6
+     * on the first), 1.46e-3 with AVX2 (AMD EPYC without AVX-512). The F32
+     * cache's comparison above is within 1.1e-5 on both. */
+    assert_true(worst <= 2e-3);
     gpe_model_free(m);
     json_decref(ref);
 }
