@@ -3,8 +3,8 @@
 # machine that lacks the build dependencies (libevent, jansson, SQLite,
 # libcurl, cmocka): the binaries gpu-check runs, the shared libraries they
 # load that are not part of the CUDA driver/toolkit (found with ldd), and
-# the test data recipes. The CUDA runtime libraries are NOT packed: the GPU
-# machine's toolkit provides them.
+# the paths the tests were built with (`paths`). The CUDA runtime libraries
+# are NOT packed: the GPU machine's toolkit provides them.
 #
 #   cmake -S . -B build/cuda -DGPUPOOL_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real
 #   cmake --build build/cuda -j
@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 rm -rf "$dst"
 mkdir -p "$dst/bin" "$dst/lib"
 bins=(src/server/gpupool-server src/agent/gpupool-agent src/run/gpupool-run bench/gguf-random
-      tests/unit/engine/test_cuda tests/unit/engine/test_engine_arch)
+      tests/synth/gguf-synth tests/unit/engine/test_cuda tests/unit/engine/test_engine_arch)
 for f in "${bins[@]}"; do
     [ -x "$bdir/$f" ] || { echo "gpu-bundle: $bdir/$f is missing (build it first)" >&2; exit 1; }
     cp "$bdir/$f" "$dst/bin/"
@@ -35,5 +35,11 @@ done | sort -u | while read -r lib; do
     *) [ -e "$dst/lib/$(basename "$lib")" ] || cp -L "$lib" "$dst/lib/" ;;
     esac
 done
+# The test binaries read the source tree's tests/data and the generated
+# models at the absolute paths of this build: gpu-check recreates them.
+{
+    echo "source=$root"
+    echo "model_data=$(cd "$bdir" && pwd)/tests/data"
+} >"$dst/paths"
 strip --strip-unneeded "$dst"/bin/* "$dst"/lib/* 2>/dev/null || true
 du -sh "$dst"

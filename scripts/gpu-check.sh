@@ -12,8 +12,8 @@
 # --prebuilt DIR is for GPU machines without the build dependencies: DIR/bin
 # holds gpupool-server, gpupool-agent, gpupool-run, gguf-random, gguf-synth,
 # test_cuda and test_engine_arch; DIR/lib the shared libraries they need
-# (put first on LD_LIBRARY_PATH); DIR/data the recipes and references of
-# tests/data (the architecture models are generated from them here).
+# (put first on LD_LIBRARY_PATH); DIR/paths the paths the tests were built
+# with. scripts/gpu-bundle.sh makes such a DIR.
 #
 # Exit status: 0 all green (or no GPU), 1 a check failed, 2 bad usage.
 set -uo pipefail
@@ -55,8 +55,23 @@ fail() { results+=("| $1 | **FAIL** | $2 |"); note "FAIL $1: $2"; failed=1; }
 if [ -n "$prebuilt" ]; then
     bin="$prebuilt/bin"
     export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    data="$prebuilt/data"
     build_s=0
+    # The bundle's tests were built elsewhere: they read tests/data at the
+    # source path they were built from and the generated models under
+    # model_data. Recreate both here (a link to this checkout, and the
+    # models written by gguf-synth from the recipes, checked by sha256).
+    src_path=$(sed -n 's/^source=//p' "$prebuilt/paths")
+    data=$(sed -n 's/^model_data=//p' "$prebuilt/paths")
+    if [ -n "$src_path" ] && [ ! -e "$src_path" ]; then
+        mkdir -p "$(dirname "$src_path")" && ln -s "$root" "$src_path"
+    fi
+    for r in tests/data/recipes/*.json; do
+        rel=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["file"])' "$r")
+        [ -s "$data/$rel" ] && continue
+        mkdir -p "$(dirname "$data/$rel")"
+        "$bin/gguf-synth" --data tests/data --out "$data/$rel" "$r" >>"$log" 2>&1 ||
+            fail test-models "gguf-synth $r failed (see $log)"
+    done
 else
     bdir=build/gpu
     note "building with CUDA for this GPU only in $bdir"
@@ -74,7 +89,7 @@ else
     bin="$out/bin"
     mkdir -p "$bin"
     for f in src/server/gpupool-server src/agent/gpupool-agent src/run/gpupool-run \
-             bench/gguf-random tools/gguf-synth tests/unit/engine/test_cuda \
+             bench/gguf-random tests/synth/gguf-synth tests/unit/engine/test_cuda \
              tests/unit/engine/test_engine_arch; do
         [ -e "$bdir/$f" ] && ln -sf "$root/$bdir/$f" "$bin/"
     done
@@ -97,8 +112,8 @@ run_test() {   # NAME TIMEOUT CMD...: pass when CMD exits 0
     fi
 }
 run_test selftest 300 "$bin/gpupool-run" selftest --backend cuda
-run_test test_cuda 300 env GP_TEST_DATA_DIR="$data" "$bin/test_cuda"
-run_test test_engine_arch 300 env GP_TEST_DATA_DIR="$data" "$bin/test_engine_arch"
+run_test test_cuda 300 "$bin/test_cuda"
+run_test test_engine_arch 300 "$bin/test_engine_arch"
 # test_engine_arch skips its CUDA part silently when no device answers: make sure it ran.
 if grep -q "CUDA" "$out/test_engine_arch.txt" && ! grep -q "skipped: no CUDA" "$out/test_engine_arch.txt"; then
     pass arch-on-cuda "$(grep -c 'CUDA' "$out/test_engine_arch.txt") CUDA lines; $(grep -E 'CUDA' "$out/test_engine_arch.txt" | tail -1)"
