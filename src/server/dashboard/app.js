@@ -158,7 +158,7 @@ function gpuRow(a, g) {
   if (g.utilization != null) bits.push("util " + fmt(100 * g.utilization) + "%");
   if (g.temperature != null) bits.push(fmt(g.temperature) + " °C");
   if (g.power_w != null) bits.push(fmt(g.power_w) + " W");
-  return el("tr", { class: "gpu-row", "data-agent-id": a.id, "data-gpu": String(g.index), "data-gpu-state": g.state || "" },
+  return el("tr", { class: "gpu-row", "data-gpu-agent": a.id, "data-gpu": String(g.index), "data-gpu-state": g.state || "" },
     el("td", { class: "gpu-name", text: "GPU " + g.index + " · " + (g.name || "?") }),
     el("td", {}, el("span", { class: "state state-gpu-" + (g.state || "unused"), text: g.state || "" })),
     el("td", { colSpan: 2 }, bar),
@@ -177,7 +177,7 @@ function renderAgents(agents) {
       "data-drain": a.id, "data-on": drained ? "false" : "true",
       onclick: () => drain(a, !drained),
     });
-    tb.append(el("tr", { "data-agent-id": a.id, "data-state": a.state },
+    tb.append(el("tr", { class: "agent-row", "data-agent-id": a.id, "data-state": a.state },
       el("td", {}, el("strong", { text: a.name || "(unnamed)" }),
         a.backend ? el("span", { class: "backend", "data-backend": a.backend, text: a.backend }) : null,
         el("br"), el("span", { class: "mono", text: a.id })),
@@ -189,7 +189,7 @@ function renderAgents(agents) {
       el("td", { text: ago(a.last_seen) }),
       el("td", {}, btn)));
     if (a.error) {
-      tb.append(el("tr", { class: "agent-error", "data-agent-id": a.id },
+      tb.append(el("tr", { class: "agent-error", "data-error-agent": a.id },
         el("td", { colSpan: 8, text: "error " + a.error.code + ": " + a.error.message })));
     }
     for (const g of a.gpus || []) tb.append(gpuRow(a, g));
