@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The gguf agent's backend choice and device faults with real processes
+(issue 22, items 1 and 6), on any machine: the GPUs are hidden
+(CUDA_VISIBLE_DEVICES=""), and a device fault is the engine's test hook
+GPUPOOL_ENGINE_FAULT=decode:N (the N-th gpe_decode of each context fails
+with GPE_ERR_BACKEND and leaves the context unusable, as a lost GPU does).
+
+- `--backend cuda` without a usable GPU exits 2 with one line saying why;
+- `--backend auto` runs on the CPU and logs one `backend_choice` line
+  saying so and why; the server sees backend "cpu";
+- agent A (fault at its 8th decode) and agent B serve the same file: a
+  streamed greedy chat sent to A fails over to B when A's decode fails,
+  and the client's text is byte-identical to an uninterrupted run (token
+  continuation); A logs the fault, reports it (backend_faults 1 in
+  /admin/agents), re-initialises its engine after the backoff and serves
+  a request again.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import http_json  # noqa: E402
+
+MODEL = os.path.join(harness.SOURCE_DIR, "models", "stories260K.gguf")
+FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "5", "--work_wait_sec", "5"]
+FAULT_AT = 8   # decodes: the prompt's prefill is one, then one per token
+CHAT = {"model": "tiny", "stream": True, "max_tokens": 48, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell me a story about a cat"}]}
+
+
+def gguf_built():
+    r = subprocess.run([harness.AGENT_BIN, "--model", "/nonexistent/x.gguf", "--state-dir",
+                        "/nonexistent", "--server", "http://127.0.0.1:9"],
+                       capture_output=True, text=True, timeout=30)
+    return "not built" not in (r.stdout + r.stderr)
+
+
+def no_gpu_env(h, fault=None):
+    env = h.env()
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.pop("GPUPOOL_ENGINE_FAULT", None)
+    if fault:
+        env["GPUPOOL_ENGINE_FAULT"] = fault
+    return env
+
+
+class BackendTest(harness.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+
+    def start_agent(self, path, fault=None, args=()):
+        name = self.h._name("agent")
+        state = self.h.path(name + ".state")
+        argv = [harness.AGENT_BIN, "--server", self.srv.url, "--state-dir", state, "--name",
+                name, "--slots", "1", "--log-level", "debug", "--alias", "tiny", "--model",
+                path, "--threads", "1"] + list(args)
+        a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"),
+                         env=no_gpu_env(self.h, fault))
+        self.h.procs.append(a)
+        harness.wait_until(lambda: os.path.exists(os.path.join(state, "agent_id")), timeout=60,
+                           what="agent_id file")
+        with open(os.path.join(state, "agent_id")) as f:
+            aid = f.read().strip()
+        harness.wait_until(lambda: self.agent_info(aid).get("state") == "healthy", timeout=60,
+                           what="agent healthy")
+        return a, aid
+
+    def agent_info(self, aid):
+        st, _, b = http_json("GET", self.srv.url + "/admin/agents")
+        if st != 200:
+            return {}
+        return next((x for x in b["agents"] if x["id"] == aid), {})
+
+    def stream(self, prefer):
+        body = dict(CHAT, x_pool_options={"prefer_agent": prefer})
+        s = harness.SSEStream("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
+        self.assertEqual(s.status, 200)
+        text, meta = "", None
+        while True:
+            e = s.next_event(timeout=60)
+            self.assertIsNotNone(e, "stream ended without [DONE]")
+            if e["data"] == "[DONE]":
+                break
+            d = json.loads(e["data"])
+            self.assertNotIn("error", d, d)
+            for c in d.get("choices") or []:
+                text += (c.get("delta") or {}).get("content") or ""
+            meta = d.get("x_pool_meta") or meta
+        s.close()
+        return text, meta
+
+    def test_cuda_without_gpu_exits_2_with_one_line(self):
+        r = subprocess.run([harness.AGENT_BIN, "--server", "http://127.0.0.1:9", "--state-dir",
+                            self.h.path("st"), "--model", MODEL, "--backend", "cuda"],
+                           capture_output=True, text=True, timeout=60, env=no_gpu_env(self.h))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith("gpupool-agent: backend cuda: no usable GPU: "),
+                        lines)
+
+    def test_auto_logs_the_cpu_choice(self):
+        self.srv = self.h.start_server(FAST)
+        a, aid = self.start_agent(MODEL)
+        choice = a.log_events("backend_choice")
+        self.assertEqual(len(choice), 1, choice)
+        self.assertTrue(choice[0]["msg"].startswith("cpu: no usable GPU ("), choice)
+        harness.wait_until(lambda: self.agent_info(aid).get("backend") == "cpu", timeout=30,
+                           what="backend cpu in /admin/agents")
+        info = self.agent_info(aid)
+        self.assertIsNone(info["error"])
+        self.assertEqual(info["backend_faults"], 0)
+        self.assertEqual(info["slots_total"], 1)
+
+    def test_device_fault_fails_over_token_exact_and_recovers(self):
+        self.srv = self.h.start_server(FAST)
+        file_a, file_b = self.h.path("a.gguf"), self.h.path("b.gguf")
+        shutil.copyfile(MODEL, file_a)
+        shutil.copyfile(MODEL, file_b)
+        a, ida = self.start_agent(file_a, fault="decode:%d" % FAULT_AT)
+        b, idb = self.start_agent(file_b)
+        self.srv.wait_parked(2)
+        base, meta = self.stream(idb)
+        self.assertEqual(meta["agent_id"], idb, meta)
+        self.assertGreater(len(base), 40, base)
+
+        self.srv.wait_parked(2)
+        text, meta = self.stream(ida)
+        self.assertEqual(text, base)
+        self.assertEqual(meta["attempts"], 2, meta)
+        self.assertEqual(meta["agent_id"], idb, meta)
+        self.assertEqual(meta.get("continuation"), "tokens", meta)
+        fo = self.srv.log_events("job_failover")
+        self.assertEqual(len(fo), 1, fo)
+
+        faults = a.log_events("engine_fault")
+        self.assertEqual(len(faults), 1, faults)
+        self.assertIn("injected fault", faults[0]["msg"])
+        self.assertIn("re-initialises it in 1 s", faults[0]["msg"])
+        harness.wait_until(lambda: self.agent_info(ida).get("backend_faults") == 1, timeout=30,
+                           what="the fault in A's facts")
+        harness.wait_until(lambda: a.log_events("engine_recovered"), timeout=30,
+                           what="A's engine back in service")
+
+        # A serves again: a short request (fewer decodes than FAULT_AT).
+        self.srv.wait_parked(2)
+        st, hdr, body = http_json("POST", self.srv.url + "/v1/chat/completions",
+                                  {"model": "tiny", "max_tokens": 4, "temperature": 0,
+                                   "messages": [{"role": "user", "content": "Hi"}],
+                                   "x_pool_options": {"prefer_agent": ida}}, timeout=120)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(hdr.get("x-pool-agent"), ida, body)
+        self.assertTrue(a.alive() and b.alive())
+
+
+if __name__ == "__main__":
+    harness.main()
