@@ -46,7 +46,8 @@ typedef struct agent_options {
     long long model_download_attempts; /* attempts in a row without progress */
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's; auto on a GPU) */
-    char *backend;             /* auto|cuda|cpu: where the engine runs the model */
+    char *backend;             /* auto|cuda|cpu: where the engine runs the model (NULL, in
+                                  options filled by hand: cpu) */
     char *devices;             /* "all" or "0,2": CUDA devices the engine may use */
     char *kv_f16;              /* auto|on|off: F16 KV cache (auto: on with CUDA) */
     bool prefix_cache;         /* reuse each slot's cached prompt prefix (default on) */

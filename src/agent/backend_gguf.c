@@ -1639,6 +1639,10 @@ static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_pl
         }
         e->ready = true;
         engine_note_held(e);
+        char where[96];
+        engine_where(e, where, sizeof where);
+        gp_log_info("engine_ready", "engine %d on %s: slots %d..%d, %d positions each", i, where,
+                    e->slot0, e->slot0 + e->n_slots - 1, gpe_ctx_n_ctx(e->ctx));
     }
     b->n_slots = slot0;
     b->model = b->eng[0].model;

@@ -56,6 +56,13 @@ static int load(const char *path, gpe_backend_kind be, int n_devices, const int 
     return 0;
 }
 
+/* The slots engine e of n gets from --slots N (spread, the first ones
+ * taking the remainder). */
+static int given_slots(long long total, int e, int n)
+{
+    return (int)(total / n + (e < total % n ? 1 : 0));
+}
+
 int gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *err,
                   size_t errlen)
 {
@@ -65,12 +72,26 @@ int gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *e
     p->n_ctx = o->ctx_size > 0 ? (int)o->ctx_size : 0;
     p->kv_f16 = o->kv_f16 && strcmp(o->kv_f16, "on") == 0;
     snprintf(p->why, sizeof p->why, "%s", why);
-    if (load(o->model, GPE_BACKEND_CPU, 0, NULL, &p->engines[0].model, err, errlen) < 0)
-        return -1;
-    p->engines[0].n_seq = o->slots > 0 ? (int)o->slots : GGUF_PLAN_CPU_SLOTS;
-    if (p->engines[0].n_seq > 64)
-        p->engines[0].n_seq = 64;
-    p->n_engines = 1;
+    int slots = o->slots > 0 ? (int)o->slots : GGUF_PLAN_CPU_SLOTS;
+    if (slots > 64)
+        slots = 64;
+    /* Tests only: GPUPOOL_TEST_ENGINES=N runs the CPU slots as N engines
+     * (each its own context and decode thread), as N GPUs would, so that
+     * CI without a GPU exercises slots spread over engines. */
+    const char *te = getenv("GPUPOOL_TEST_ENGINES");
+    int n = te && atoi(te) > 1 ? atoi(te) : 1;
+    if (n > slots)
+        n = slots;
+    if (n > GPE_MAX_DEVICES)
+        n = GPE_MAX_DEVICES;
+    for (int e = 0; e < n; e++) {
+        if (load(o->model, GPE_BACKEND_CPU, 0, NULL, &p->engines[e].model, err, errlen) < 0) {
+            gguf_plan_free(p);
+            return -1;
+        }
+        p->engines[e].n_seq = given_slots(slots, e, n);
+        p->n_engines = e + 1;
+    }
     return 0;
 }
 
@@ -152,13 +173,6 @@ static int auto_slots(const gguf_plan *p, gpe_model *m, char *msg, size_t msglen
             return k;
     }
     return 1;
-}
-
-/* The slots engine e of n gets from --slots N (spread, the first ones
- * taking the remainder). */
-static int given_slots(long long total, int e, int n)
-{
-    return (int)(total / n + (e < total % n ? 1 : 0));
 }
 
 /* Does an engine of n_seq slots fit m? 1 yes, 0 no (msg), -1 estimate failed (msg). */
@@ -299,7 +313,9 @@ static void describe_cuda(gguf_plan *p, const char *extra)
 int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
-    const char *be = o->backend ? o->backend : "auto";
+    /* NULL: options filled by hand (tests, benchmarks): the CPU, as before
+     * backends existed. The option table's default is auto. */
+    const char *be = o->backend ? o->backend : "cpu";
     if (strcmp(be, "cpu") == 0)
         return gguf_plan_cpu(o, out, "cpu: --backend cpu", err, errlen);
     bool must = strcmp(be, "cuda") == 0;

@@ -13,7 +13,10 @@ with GPE_ERR_BACKEND and leaves the context unusable, as a lost GPU does).
   and the client's text is byte-identical to an uninterrupted run (token
   continuation); A logs the fault, reports it (backend_faults 1 in
   /admin/agents), re-initialises its engine after the backoff and serves
-  a request again.
+  a request again;
+- with GPUPOOL_TEST_ENGINES=2 (tests only) the CPU slots run as two
+  engines, as on two GPUs: two requests at once are each as run alone,
+  and the prompt-prefix cache still finds its prefixes.
 """
 
 import json
@@ -29,8 +32,10 @@ from harness import http_json  # noqa: E402
 MODEL = os.path.join(harness.SOURCE_DIR, "models", "stories260K.gguf")
 FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "5", "--work_wait_sec", "5"]
 FAULT_AT = 8   # decodes: the prompt's prefill is one, then one per token
+SYSTEM = {"role": "system", "content": "You are a storyteller for small children. Your "
+          "stories are short, kind and simple, with a happy ending."}
 CHAT = {"model": "tiny", "stream": True, "max_tokens": 48, "temperature": 0,
-        "messages": [{"role": "user", "content": "Tell me a story about a cat"}]}
+        "messages": [SYSTEM, {"role": "user", "content": "Tell me a story about a cat"}]}
 
 
 def gguf_built():
@@ -56,14 +61,16 @@ class BackendTest(harness.TestCase):
         if not gguf_built():
             self.skipTest("gpupool-agent built without the gguf backend")
 
-    def start_agent(self, path, fault=None, args=()):
+    def start_agent(self, path, fault=None, args=(), engines=None):
         name = self.h._name("agent")
         state = self.h.path(name + ".state")
         argv = [harness.AGENT_BIN, "--server", self.srv.url, "--state-dir", state, "--name",
                 name, "--slots", "1", "--log-level", "debug", "--alias", "tiny", "--model",
                 path, "--threads", "1"] + list(args)
-        a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"),
-                         env=no_gpu_env(self.h, fault))
+        env = no_gpu_env(self.h, fault)
+        if engines:
+            env["GPUPOOL_TEST_ENGINES"] = str(engines)
+        a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"), env=env)
         self.h.procs.append(a)
         harness.wait_until(lambda: os.path.exists(os.path.join(state, "agent_id")), timeout=60,
                            what="agent_id file")
@@ -79,8 +86,8 @@ class BackendTest(harness.TestCase):
             return {}
         return next((x for x in b["agents"] if x["id"] == aid), {})
 
-    def stream(self, prefer):
-        body = dict(CHAT, x_pool_options={"prefer_agent": prefer})
+    def stream(self, prefer, req=CHAT):
+        body = dict(req, x_pool_options={"prefer_agent": prefer})
         s = harness.SSEStream("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
         self.assertEqual(s.status, 200)
         text, meta = "", None
@@ -159,6 +166,36 @@ class BackendTest(harness.TestCase):
         self.assertEqual(st, 200, body)
         self.assertEqual(hdr.get("x-pool-agent"), ida, body)
         self.assertTrue(a.alive() and b.alive())
+
+    def test_slots_spread_over_engines(self):
+        # GPUPOOL_TEST_ENGINES=2: the CPU slots run as two engines (two
+        # contexts, two decode threads), as on two GPUs.
+        self.srv = self.h.start_server(FAST)
+        a, ida = self.start_agent(MODEL, args=["--slots", "2"], engines=2)
+        ready = a.log_events("engine_ready")
+        self.assertEqual([e["msg"].split(":")[0] for e in ready], ["engine 0 on the CPU engine",
+                                                                  "engine 1 on the CPU engine"])
+        self.srv.wait_parked(1)
+        base, _ = self.stream(ida)
+        other = dict(CHAT, messages=[SYSTEM, {"role": "user", "content": "Tell me about a dog"}])
+        base2, _ = self.stream(ida, other)
+        # Both at once: each engine runs one; the texts are as run alone.
+        t1 = harness.in_thread(self.stream, ida)
+        t2 = harness.in_thread(self.stream, ida, other)
+        (text1, m1), (text2, m2) = t1(120), t2(120)
+        self.assertEqual((text1, text2), (base, base2))
+        self.assertEqual((m1["agent_id"], m2["agent_id"]), (ida, ida))
+        # The same conversation again reuses its prefix, on whichever
+        # engine holds it (the slot choice looks at every engine's slots).
+        self.assertEqual(self.stream(ida)[0], base)
+        harness.wait_until(lambda: self.hits(ida) >= 3, timeout=30, what="prefix hits")
+
+    def hits(self, aid):
+        text = harness.http_request("GET", self.srv.url + "/metrics")[2].decode()
+        for ln in text.splitlines():
+            if ln.startswith('gpupool_agent_prefix_cache_hits_total{agent="%s"}' % aid):
+                return float(ln.split()[-1])
+        return 0
 
 
 if __name__ == "__main__":
