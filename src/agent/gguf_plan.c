@@ -320,6 +320,10 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
         return gguf_plan_cpu(o, out, "cpu: --backend cpu", err, errlen);
     bool must = strcmp(be, "cuda") == 0;
     char why[384] = "", line[768];
+    /* Number the devices as nvidia-smi and NVML do (CUDA's default puts
+     * the fastest first), so that --devices 1 is nvidia-smi's GPU 1.
+     * Before the CUDA runtime loads; single-threaded here (start-up). */
+    setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
     int count = gpe_gpu_count(why, sizeof why);
     if (count <= 0) {
         if (must) {
