@@ -893,8 +893,10 @@ static bool engine_has_work(gguf_backend *b, gguf_engine *e, double t)
     for (int s = e->slot0; s < e->slot0 + e->n_slots; s++)
         if (b->slots[s])
             return true;
+    /* `preparing` first: while it is set, another thread writes the
+     * job's other flags outside mu */
     for (gjob *j = b->pending; j; j = j->next)
-        if (j->finished || (!j->prepared && !j->preparing))
+        if (!j->preparing && (j->finished || !j->prepared))
             return true;
     /* prepared jobs wait for a free slot: one of ours if we have one */
     if (b->pending)
@@ -964,15 +966,15 @@ static bool admit_step(gguf_engine *e, bool idle, gjob **mine, bool *cancelled)
     int n_reserved = 0;
     for (gjob **pp = &b->pending; *pp;) {
         gjob *j = *pp;
-        if (j->finished && !j->preparing) {   /* ended while pending: unlink, free below */
+        if (!j->preparing && j->finished) {   /* ended while pending: unlink, free below */
             *pp = j->next;
             b->n_pending--;
             j->next = done;
             done = j;
             continue;
         }
-        if (stopping || !j->prepared || n_reserved == 64)
-            break;
+        if (stopping || j->preparing || !j->prepared || n_reserved == 64)
+            break;   /* FIFO: the jobs behind it wait too */
         int s = choose_slot(b, j);
         if (s < 0)
             break;
