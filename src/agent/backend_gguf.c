@@ -161,7 +161,7 @@ struct gguf_backend {
     int n_eng;
     gpe_backend_kind kind;
     bool refused;              /* the model cannot run here: no engine, refusal says why */
-    char refusal[768];
+    char refusal[1280];
     gpe_model_info info;
     char *alias;
     char digest[65];           /* sha256 of the model file; "" when unknown */

@@ -319,7 +319,7 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
     if (strcmp(be, "cpu") == 0)
         return gguf_plan_cpu(o, out, "cpu: --backend cpu", err, errlen);
     bool must = strcmp(be, "cuda") == 0;
-    char why[384] = "", line[768];
+    char why[384] = "", line[1280];
     /* Number the devices as nvidia-smi and NVML do (CUDA's default puts
      * the fastest first), so that --devices 1 is nvidia-smi's GPU 1.
      * Before the CUDA runtime loads; single-threaded here (start-up). */
@@ -362,12 +362,17 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
     }
     if (must) {
         out->refused = true;
-        snprintf(out->why, sizeof out->why, "the model does not fit in VRAM: %s", msg);
+        snprintf(out->why, sizeof out->why, "the model does not fit in VRAM: %.1200s", msg);
         return 0;
     }
-    snprintf(line, sizeof line, "cpu: the model does not fit in VRAM (%s)", msg);
+    snprintf(line, sizeof line, "cpu: the model does not fit in VRAM (%.1200s)", msg);
     return gguf_plan_cpu(o, out, line, err, errlen);
 fail:
     gguf_plan_free(out);
-    return -1;
+    if (must)
+        return -1;
+    /* auto: a CUDA load that fails (the plugin, the driver) is the CPU;
+     * a file that does not load fails there too, with its own message. */
+    snprintf(line, sizeof line, "cpu: the model does not load on CUDA (%.1000s)", err);
+    return gguf_plan_cpu(o, out, line, err, errlen);
 }

@@ -49,7 +49,7 @@ typedef struct gguf_plan {
     gguf_plan_engine engines[GPE_MAX_DEVICES];
     int n_engines;
     bool refused;                   /* the model cannot run here: why has the numbers */
-    char why[768];                  /* the choice in one line */
+    char why[1280];                 /* the choice in one line */
 } gguf_plan;
 
 /* Make the plan. Returns 0 (a plan, perhaps refused), or -1 with err for a
