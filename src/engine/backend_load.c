@@ -27,14 +27,14 @@
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const gpe_backend_ops *g_ops;
-static char g_why[512];
+static char g_why[1024];
 
 static void *try_open(const char *path, char *why, size_t whylen)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         const char *e = dlerror();
-        snprintf(why, whylen, "cannot load %s: %s", path, e ? e : "unknown error");
+        snprintf(why, whylen, "cannot load %.400s: %.500s", path, e ? e : "unknown error");
     }
     return h;
 }
