@@ -487,6 +487,9 @@ static json_t *poll_body(agent *a)
     json_object_set_new(b, "gpus", agent_facts_gpus());
     if (!json_object_get(b, "models"))
         json_object_set_new(b, "models", json_array());
+    /* The backend in use (docs/protocol.md "Backend and GPUs"): the gguf
+     * backend says cuda or cpu in its poll_facts. */
+    json_object_set_new(b, "backend", json_string(a->be->ops->name));
     if (a->be->ops->poll_facts)
         a->be->ops->poll_facts(a->be, b);
     add_liveness(a, b, true);
