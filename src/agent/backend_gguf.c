@@ -1678,7 +1678,7 @@ static int place_model(gguf_backend *b, const agent_options *o, char *err, size_
     char e[512];
     gpe_status st = GPE_OK;
     if (!plan.refused) {
-        gp_log_info("backend_choice", "%s", plan.why);
+        gp_log_debug("backend_plan", "%s", plan.why);
         st = engines_start(b, o, &plan, e, sizeof e);
         if (st != GPE_OK && plan.backend == GPE_BACKEND_CUDA &&
             (st == GPE_ERR_INSUFFICIENT_VRAM || st == GPE_ERR_BACKEND)) {
@@ -1691,7 +1691,6 @@ static int place_model(gguf_backend *b, const agent_options *o, char *err, size_
                 snprintf(why, sizeof why, "cpu: the CUDA context failed (%s)", e);
                 if (gguf_plan_cpu(o, &plan, why, err, errlen) < 0)
                     return -1;
-                gp_log_info("backend_choice", "%s", plan.why);
                 st = engines_start(b, o, &plan, e, sizeof e);
             }
         }
@@ -1710,6 +1709,8 @@ static int place_model(gguf_backend *b, const agent_options *o, char *err, size_
         snprintf(err, errlen, "engine context: %s", e);
         return -1;
     }
+    /* One line: where the model runs and why (the CPU line of a fallback). */
+    gp_log_info("backend_choice", "%s", plan.why);
     return 0;
 }
 

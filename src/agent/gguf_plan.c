@@ -275,9 +275,13 @@ static int gpu_ctx(const agent_options *o)
     mp.vocab_only = true;
     int n = 0;
     if (gpe_model_load(o->model, &mp, &m, e, sizeof e) == GPE_OK) {
+        /* metadata only (no weights read): ARCH.context_length */
         gpe_model_info info;
         gpe_model_get_info(m, &info);
-        n = info.n_ctx_train;
+        char key[128], val[64];
+        snprintf(key, sizeof key, "%s.context_length", info.arch ? info.arch : "llama");
+        if (gpe_model_meta_str(m, key, val, sizeof val))
+            n = atoi(val);
         gpe_model_free(m);
     }
     if (n <= 0 || n > GGUF_PLAN_AUTO_CTX_MAX)

@@ -14,6 +14,13 @@ with GPE_ERR_BACKEND and leaves the context unusable, as a lost GPU does).
   continuation); A logs the fault, reports it (backend_faults 1 in
   /admin/agents), re-initialises its engine after the backoff and serves
   a request again;
+- with fake GPUs (the engine loads fakegpu/fake_gpu_plugin.c as its CUDA
+  plugin: GPUs of 4 GiB that compute nothing, and a model budgeted at
+  8 GiB): `--backend cuda` refuses the model with the numbers per device
+  (one GPU, then split over both), stays up, registers no model and
+  reports MODEL_DOES_NOT_FIT to the server; `--backend auto` falls back
+  to the CPU with the numbers in its one line; `--devices` naming a device
+  that does not exist exits 2;
 - with GPUPOOL_TEST_ENGINES=2 (tests only) the CPU slots run as two
   engines, as on two GPUs: two requests at once are each as run alone,
   and the prompt-prefix cache still finds its prefixes.
@@ -30,6 +37,7 @@ import harness  # noqa: E402
 from harness import http_json  # noqa: E402
 
 MODEL = os.path.join(harness.SOURCE_DIR, "models", "stories260K.gguf")
+FAKEGPU = os.path.join(harness.BUILD_DIR, "tests", "integration", "libgpupool_fakegpu.so")
 FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "5", "--work_wait_sec", "5"]
 FAULT_AT = 8   # decodes: the prompt's prefill is one, then one per token
 SYSTEM = {"role": "system", "content": "You are a storyteller for small children. Your "
@@ -61,7 +69,7 @@ class BackendTest(harness.TestCase):
         if not gguf_built():
             self.skipTest("gpupool-agent built without the gguf backend")
 
-    def start_agent(self, path, fault=None, args=(), engines=None):
+    def start_agent(self, path, fault=None, args=(), engines=None, env_extra=None):
         name = self.h._name("agent")
         state = self.h.path(name + ".state")
         argv = [harness.AGENT_BIN, "--server", self.srv.url, "--state-dir", state, "--name",
@@ -70,6 +78,7 @@ class BackendTest(harness.TestCase):
         env = no_gpu_env(self.h, fault)
         if engines:
             env["GPUPOOL_TEST_ENGINES"] = str(engines)
+        env.update(env_extra or {})
         a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"), env=env)
         self.h.procs.append(a)
         harness.wait_until(lambda: os.path.exists(os.path.join(state, "agent_id")), timeout=60,
@@ -189,6 +198,91 @@ class BackendTest(harness.TestCase):
         # engine holds it (the slot choice looks at every engine's slots).
         self.assertEqual(self.stream(ida)[0], base)
         harness.wait_until(lambda: self.hits(ida) >= 3, timeout=30, what="prefix hits")
+
+    # -- fake GPUs (fakegpu/fake_gpu_plugin.c): 4 GiB each, a model of 8 GiB
+    def fake_env(self, count=1, vram_mib=4096):
+        if not os.path.exists(FAKEGPU):
+            self.skipTest("the fake GPU plugin is not built")
+        return {"GPUPOOL_CUDA_PLUGIN": FAKEGPU, "FAKEGPU_COUNT": str(count),
+                "FAKEGPU_VRAM_MIB": str(vram_mib), "FAKEGPU_WEIGHTS_MIB": "8192"}
+
+    def test_cuda_model_that_does_not_fit_is_an_agent_error(self):
+        self.srv = self.h.start_server(FAST)
+        a, aid = self.start_agent(MODEL, args=["--backend", "cuda"], env_extra=self.fake_env(2))
+        harness.wait_until(lambda: (self.agent_info(aid).get("error") or {}).get("code")
+                           == "MODEL_DOES_NOT_FIT", timeout=30, what="the agent error")
+        info = self.agent_info(aid)
+        self.assertEqual(info["models"], [])
+        self.assertEqual(info["backend"], "cuda")
+        msg = info["error"]["message"]
+        # the numbers, per device, of one GPU and of the split over both
+        self.assertIn("device 0 (Fake GPU 0) needs 8.31 GiB (weights 8.00, KV 0.00 for 1 slot(s) "
+                      "of 512 positions, scratch 0.06, reserve 0.25) plus a margin of 0.25 GiB; "
+                      "3.60 GiB free; device 1 (Fake GPU 1) needs 8.31 GiB", msg)
+        self.assertIn("3.60 GiB free", msg)
+        self.assertIn("split over 2 devices: device 0 (Fake GPU 0) needs 4.31 GiB", msg)
+        refused = a.log_events("model_refused")
+        self.assertEqual(len(refused), 1, refused)
+        self.assertIn("Fake GPU", refused[0]["msg"])
+        self.assertFalse(a.log_events("backend_choice"))
+        # It takes no work and stays up; the server routes nothing to it.
+        st, _, body = http_json("POST", self.srv.url + "/v1/chat/completions",
+                                {"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+        self.assertEqual(st, 404, body)
+        self.assertTrue(a.alive())
+        text = harness.http_request("GET", self.srv.url + "/metrics")[2].decode()
+        self.assertIn('gpupool_agent_error{agent="%s"} 1' % aid, text)
+
+    def test_auto_falls_back_to_the_cpu_with_the_numbers(self):
+        self.srv = self.h.start_server(FAST)
+        a, aid = self.start_agent(MODEL, env_extra=self.fake_env(1))
+        choice = a.log_events("backend_choice")
+        self.assertEqual(len(choice), 1, choice)
+        self.assertTrue(choice[0]["msg"].startswith(
+            "cpu: the model does not fit in VRAM (device 0 (Fake GPU 0) needs 8.31 GiB"), choice)
+        harness.wait_until(lambda: self.agent_info(aid).get("backend") == "cpu", timeout=30,
+                           what="backend cpu")
+        st, _, body = http_json("POST", self.srv.url + "/v1/chat/completions",
+                                {"model": "tiny", "max_tokens": 4,
+                                 "messages": [{"role": "user", "content": "Hi"}]}, timeout=60)
+        self.assertEqual(st, 200, body)
+
+    def test_split_planned_then_cpu_when_the_contexts_fail(self):
+        # 6 GiB GPUs: the model fits on neither alone but split over both;
+        # the fake GPUs then refuse the context: auto takes the CPU.
+        self.srv = self.h.start_server(FAST)
+        a, aid = self.start_agent(MODEL, env_extra=self.fake_env(2, vram_mib=6144))
+        choice = a.log_events("backend_choice")
+        self.assertEqual(len(choice), 1, choice)
+        self.assertEqual(choice[0]["msg"], "cpu: the CUDA context failed (CUDA devices 0,1: "
+                         "CUDA device 0: the fake GPU plugin computes nothing "
+                         "(INSUFFICIENT_VRAM))")
+        harness.wait_until(lambda: self.agent_info(aid).get("backend") == "cpu", timeout=30,
+                           what="backend cpu")
+
+    def test_auto_slots_from_free_vram(self):
+        # 16 GiB GPUs (14.4 free), 8 GiB of weights, 512 MiB of K/V per
+        # slot of 512 positions: (14.4 - 0.72 margin - 8.81 for one slot)
+        # / 0.5 + 1 = 10 slots per GPU, F16 K/V by default on CUDA.
+        self.srv = self.h.start_server(FAST)
+        env = self.fake_env(2, vram_mib=16384)
+        env["FAKEGPU_KV_BYTES"] = str(1 << 20)
+        a, aid = self.start_agent(MODEL, args=["--slots", "auto"], env_extra=env)
+        plan = a.log_events("backend_plan")
+        self.assertEqual([p["msg"] for p in plan],
+                         ["cuda: one engine on each of device(s) 0,1; 20 slot(s) of 512 "
+                          "positions, F16 KV cache"])
+
+    def test_devices_that_do_not_exist_exit_2(self):
+        env = no_gpu_env(self.h)
+        env.update(self.fake_env(2))
+        r = subprocess.run([harness.AGENT_BIN, "--server", "http://127.0.0.1:9", "--state-dir",
+                            self.h.path("st"), "--model", MODEL, "--devices", "1,3"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr.strip().splitlines(),
+                         ["gpupool-agent: devices: CUDA device 3 does not exist (2 visible: "
+                          "0..1)"])
 
     def hits(self, aid):
         text = harness.http_request("GET", self.srv.url + "/metrics")[2].decode()
