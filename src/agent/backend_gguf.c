@@ -1,18 +1,29 @@
 /*
  * backend_gguf: the agent's embedded-engine backend (--model FILE.gguf).
  *
- * One engine context holds one KV sequence per agent slot. One decode
- * thread owns the context and runs every job together: each step it builds
- * one batch with the prompt tokens of newly admitted jobs (prefill, at most
+ * Where the model runs is gguf_plan.h's choice (--backend, --devices,
+ * --slots): one engine context on the CPU; on CUDA one per GPU (or one
+ * split by layers over several). Each engine holds one KV sequence per
+ * slot of its share of the agent's slots, and one decode thread per engine
+ * owns its context and runs its jobs together: each step it builds one
+ * batch with the prompt tokens of newly admitted jobs (prefill, at most
  * n_batch tokens per step so running jobs keep streaming) and the last
  * sampled token of every generating job (decode), so the weights are read
- * once per step for all slots (continuous batching).
+ * once per step for all its slots (continuous batching).
  *
  * Threads: the agent's main thread calls create/models/poll_facts/
- * job_start/job_cancel/destroy; they only touch the shared queue and flags
- * under mu. The decode thread owns ctx, the slots' samplers and stop
- * matchers, and calls the sinks (one thread, so each job's callbacks are in
- * order). Jobs wait in `pending` until a slot is free.
+ * job_start/job_cancel/slots/destroy; they only touch the shared queue and
+ * flags under mu. Any decode thread may tokenize a pending job and reserve
+ * a free slot for it on any engine (the best slot over all of them); the
+ * slot's engine thread admits it, owns its sampler and stop matcher, and
+ * calls its sinks (one thread per job from then on, so each job's
+ * callbacks are in order). Jobs wait in `pending` until a slot is free.
+ *
+ * A device fault (GPE_ERR_BACKEND, GPE_ERR_INSUFFICIENT_VRAM from a
+ * decode) fails that engine's jobs with DEVICE_ERROR / INSUFFICIENT_VRAM
+ * (the server fails them over), takes its slots out of service, frees its
+ * context and re-creates it with exponential backoff (engine_fault,
+ * engine_reinit); the other engines go on.
  *
  * Job kinds: completion (prompt), chat (messages rendered with the model's
  * chat template, gpe_chat_apply_tools: OpenAI tools and tool messages go
