@@ -400,7 +400,7 @@ gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_
     return GPE_OK;
 }
 
-gpe_status gpe_cuda_budget(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
+gpe_status gpe_cuda_plan_devices(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
                            gpe_vram_need *out, int *n_out, char *err, size_t errlen)
 {
     int n_dev = 0;
@@ -463,7 +463,7 @@ gpe_status gpe_cuda_device_info(int device, gpe_gpu_info *out, char *err, size_t
         return fail(GPE_ERR_BACKEND, err, errlen, "CUDA device %d: %s", device,
                     cudaGetErrorString(ce));
     out->index = device;
-    snprintf(out->name, sizeof out->name, "%s", prop.name);
+    snprintf(out->name, sizeof out->name, "%.95s", prop.name);
     out->cc_major = prop.major;
     out->cc_minor = prop.minor;
     out->total_bytes = tb;
@@ -693,7 +693,7 @@ gpe_status gpe_cuda_model_create(const gpe_llama *m, const gpe_bplace *pl, const
     gpe_status st;
 
     *out = NULL;
-    if ((st = gpe_cuda_budget(m, pl, sz, need, &n_need, err, errlen)))
+    if ((st = gpe_cuda_plan_devices(m, pl, sz, need, &n_need, err, errlen)))
         return st;
     if ((st = preflight(need, n_need, err, errlen)))
         return st;
