@@ -599,11 +599,14 @@ static gpe_status upload_stage(gpe_cuda_model *cm, cuda_stage *S, const gpe_llam
     /* Full FP32 for F32 GEMMs (no TF32): results comparable to the CPU. */
     CUBLAS_CHECK(cublasSetMathMode(S->blas, CUBLAS_DEFAULT_MATH));
 
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->wmem), S->need.weights));
+    if (S->need.weights > 0)
+        CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->wmem), S->need.weights));
     S->wmem_bytes = S->need.weights;
-    CUDA_CHECK(cudaMalloc(&S->kv, S->need.kv));
+    if (S->need.kv > 0) {   /* 0 for a stage given no layers */
+        CUDA_CHECK(cudaMalloc(&S->kv, S->need.kv));
+        CUDA_CHECK(cudaMemsetAsync(S->kv, 0, S->need.kv, S->stream));
+    }
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->smem), S->need.scratch));
-    CUDA_CHECK(cudaMemsetAsync(S->kv, 0, S->need.kv, S->stream));
     S->k_cache = static_cast<uint8_t *>(S->kv);
     S->v_cache = S->k_cache + S->need.kv / 2;
 
