@@ -71,7 +71,7 @@ gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_
 
 /* Per-stage needs of a placement, reading each device's free memory
  * (layers split by pl->split, or by free memory when all 0). */
-gpe_status gpe_cuda_budget(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
+gpe_status gpe_cuda_plan_devices(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
                            gpe_vram_need *out, int *n_out, char *err, size_t errlen);
 
 /* Creates the model on its placement: preflight per device (the stages

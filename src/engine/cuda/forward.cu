@@ -400,7 +400,7 @@ gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_
     return GPE_OK;
 }
 
-gpe_status gpe_cuda_budget(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
+gpe_status gpe_cuda_plan_devices(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
                            gpe_vram_need *out, int *n_out, char *err, size_t errlen)
 {
     int n_dev = 0;
@@ -463,7 +463,7 @@ gpe_status gpe_cuda_device_info(int device, gpe_gpu_info *out, char *err, size_t
         return fail(GPE_ERR_BACKEND, err, errlen, "CUDA device %d: %s", device,
                     cudaGetErrorString(ce));
     out->index = device;
-    snprintf(out->name, sizeof out->name, "%s", prop.name);
+    snprintf(out->name, sizeof out->name, "%.95s", prop.name);
     out->cc_major = prop.major;
     out->cc_minor = prop.minor;
     out->total_bytes = tb;
@@ -599,11 +599,14 @@ static gpe_status upload_stage(gpe_cuda_model *cm, cuda_stage *S, const gpe_llam
     /* Full FP32 for F32 GEMMs (no TF32): results comparable to the CPU. */
     CUBLAS_CHECK(cublasSetMathMode(S->blas, CUBLAS_DEFAULT_MATH));
 
-    CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->wmem), S->need.weights));
+    if (S->need.weights > 0)
+        CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->wmem), S->need.weights));
     S->wmem_bytes = S->need.weights;
-    CUDA_CHECK(cudaMalloc(&S->kv, S->need.kv));
+    if (S->need.kv > 0) {   /* 0 for a stage given no layers */
+        CUDA_CHECK(cudaMalloc(&S->kv, S->need.kv));
+        CUDA_CHECK(cudaMemsetAsync(S->kv, 0, S->need.kv, S->stream));
+    }
     CUDA_CHECK(cudaMalloc(reinterpret_cast<void **>(&S->smem), S->need.scratch));
-    CUDA_CHECK(cudaMemsetAsync(S->kv, 0, S->need.kv, S->stream));
     S->k_cache = static_cast<uint8_t *>(S->kv);
     S->v_cache = S->k_cache + S->need.kv / 2;
 
@@ -693,7 +696,7 @@ gpe_status gpe_cuda_model_create(const gpe_llama *m, const gpe_bplace *pl, const
     gpe_status st;
 
     *out = NULL;
-    if ((st = gpe_cuda_budget(m, pl, sz, need, &n_need, err, errlen)))
+    if ((st = gpe_cuda_plan_devices(m, pl, sz, need, &n_need, err, errlen)))
         return st;
     if ((st = preflight(need, n_need, err, errlen)))
         return st;

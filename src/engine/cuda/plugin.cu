@@ -50,7 +50,7 @@ static gpe_backend_ops make_ops()
     o.gpu = true;
     o.device_count = op_device_count;
     o.device_info = gpe_cuda_device_info;
-    o.budget = gpe_cuda_budget;
+    o.budget = gpe_cuda_plan_devices;
     o.ctx_create = op_ctx_create;
     o.forward = op_forward;
     o.seq_clear = op_seq_clear;

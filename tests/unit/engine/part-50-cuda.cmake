@@ -17,4 +17,7 @@ if(GPE_HAVE_CUDA)
   target_sources(test_cuda PRIVATE $<TARGET_OBJECTS:gpe_cuda>)
   target_link_libraries(test_cuda PRIVATE CUDA::cudart CUDA::cublas stdc++)
   add_dependencies(test_cuda gpupool-cuda)
+  # Linked by the C driver (nvcc's link of a CUDA-language executable with
+  # no device link step writes nothing); cudart and libstdc++ are explicit.
+  set_target_properties(test_cuda PROPERTIES LINKER_LANGUAGE C)
 endif()
