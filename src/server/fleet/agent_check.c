@@ -272,6 +272,9 @@ static const struct {
 } hw_bounds[] = {
     {"vram_total", 0, 1125899906842624.0}, /* 2^50 */
     {"vram_used", 0, 1125899906842624.0},
+    {"vram_model", 0, 1125899906842624.0},
+    {"vram_free", 0, 1125899906842624.0},
+    {"power_w", 0, 100000},
     {"utilization", 0, 1},
     {"temperature", -273, 1000},
     {"index", 0, 65536},

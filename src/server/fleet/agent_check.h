@@ -57,8 +57,9 @@ bool gps_agent_name_ok(const json_t *v, size_t max);
 
 /* Check the poll body's "gpus" (absent, null, or an array of at most 64
  * flat objects: printable strings of at most GPS_AGENT_MAX_NAME bytes,
- * booleans, and numbers: vram_total/vram_used 0..2^50, utilization 0..1,
- * temperature -273..1000, index/cores 0..65536, others within
+ * booleans, and numbers: vram_total/vram_used/vram_model/vram_free 0..2^50,
+ * utilization 0..1, temperature -273..1000, power_w 0..100000,
+ * index/cores 0..65536, others within
  * GPS_AGENT_MAX_NUMBER) and "cpu" (absent, null or one such object).
  * 0 or -1 with msg naming the field. */
 int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen);

@@ -45,6 +45,7 @@
 #include <jansson.h>
 
 #include "common/gp_prefix.h"
+#include "server/fleet/hw_facts.h"
 
 typedef enum registry_state {
     REGISTRY_REGISTERING = 0, /* first poll being processed (transient) */
@@ -113,6 +114,7 @@ typedef struct registry_facts {
     double kv_cache_utilization;
     bool draining;                     /* status == "draining" */
     registry_prefix prefix;            /* "prefix_cache" */
+    hw_facts hw;                       /* backend, agent error, GPUs (hw_facts.h) */
     json_t *raw;                       /* the whole body (reference held by facts) */
 } registry_facts;
 
@@ -144,6 +146,7 @@ typedef struct registry_agent {
     int queue_depth;            /* reported */
     double kv_cache_utilization;/* reported */
     registry_prefix prefix;     /* reported prompt-prefix cache */
+    hw_facts hw;                /* reported backend, agent error and GPUs */
     json_t *facts;              /* last poll body, borrowed reference (gpus etc.) */
 
     registry_state state;
