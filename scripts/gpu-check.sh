@@ -53,49 +53,54 @@ fail() { results+=("| $1 | **FAIL** | $2 |"); note "FAIL $1: $2"; failed=1; }
 
 # ------------------------------------------------------------------ build
 if [ -n "$prebuilt" ]; then
-    bin="$prebuilt/bin"
-    export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    build_s=0
-    # The bundle's tests were built elsewhere: they read tests/data at the
-    # source path they were built from and the generated models under
-    # model_data. Recreate both here (a link to this checkout, and the
-    # models written by gguf-synth from the recipes, checked by sha256).
+    # A bundle from scripts/gpu-bundle.sh: laid out like the build directory
+    # it came from. Its tests read tests/data and the plugin at the absolute
+    # source and build paths they were compiled with: link those here.
+    bdir=$prebuilt
     src_path=$(sed -n 's/^source=//p' "$prebuilt/paths")
-    data=$(sed -n 's/^model_data=//p' "$prebuilt/paths")
-    if [ -n "$src_path" ] && [ ! -e "$src_path" ]; then
-        mkdir -p "$(dirname "$src_path")" && ln -s "$root" "$src_path"
-    fi
+    build_path=$(sed -n 's/^build=//p' "$prebuilt/paths")
+    for pair in "$src_path:$root" "$build_path:$prebuilt"; do
+        p=${pair%%:*} target=${pair#*:}
+        if [ -n "$p" ] && [ ! -e "$p" ]; then
+            mkdir -p "$(dirname "$p")" && ln -s "$target" "$p"
+        fi
+    done
+    export LD_LIBRARY_PATH="$prebuilt/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The random-weight test models, from their recipes (sha256-checked).
     for r in tests/data/recipes/*.json; do
         rel=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["file"])' "$r")
-        [ -s "$data/$rel" ] && continue
-        mkdir -p "$(dirname "$data/$rel")"
-        "$bin/gguf-synth" --data tests/data --out "$data/$rel" "$r" >>"$log" 2>&1 ||
-            fail test-models "gguf-synth $r failed (see $log)"
+        [ -s "$bdir/tests/data/$rel" ] && continue
+        mkdir -p "$(dirname "$bdir/tests/data/$rel")"
+        "$bdir/tests/synth/gguf-synth" --data tests/data --out "$bdir/tests/data/$rel" "$r" \
+            >>"$log" 2>&1 || fail test-models "gguf-synth $r failed (see $log)"
     done
+    build_s=0
 else
     bdir=build/gpu
     note "building with CUDA for this GPU only in $bdir"
-    [ -x scripts/install-deps.sh ] && [ -z "${GPU_CHECK_NO_DEPS:-}" ] && bash scripts/install-deps.sh >>"$log" 2>&1
+    [ -z "${GPU_CHECK_NO_DEPS:-}" ] && bash scripts/install-deps.sh >>"$log" 2>&1
     b0=$(date +%s)
     if ! cmake -S . -B "$bdir" -DCMAKE_BUILD_TYPE=Release -DGPUPOOL_CUDA=ON \
             -DCMAKE_CUDA_ARCHITECTURES=native >>"$log" 2>&1 ||
        ! cmake --build "$bdir" -j"$(nproc)" --target gpupool-server gpupool-agent gpupool-run \
-            gguf-random gguf-synth test_cuda test_engine_arch gp-test-models >>"$log" 2>&1; then
+            gpupool-cuda gguf-random test_cuda test_engine_backend test_engine_arch \
+            test_engine_prefix gp_test_models >>"$log" 2>&1; then
         fail build "cmake failed: see $log"
         tail -30 "$log" >&2
         exit 1
     fi
     build_s=$(( $(date +%s) - b0 ))
-    bin="$out/bin"
-    mkdir -p "$bin"
-    for f in src/server/gpupool-server src/agent/gpupool-agent src/run/gpupool-run \
-             bench/gguf-random tests/synth/gguf-synth tests/unit/engine/test_cuda \
-             tests/unit/engine/test_engine_arch; do
-        [ -e "$bdir/$f" ] && ln -sf "$root/$bdir/$f" "$bin/"
-    done
-    data="$root/$bdir/tests/data"
+    bdir=$(cd "$bdir" && pwd)
     pass build "${build_s} s (CUDA architecture: native)"
 fi
+bin="$out/bin"
+mkdir -p "$bin"
+for f in src/server/gpupool-server src/agent/gpupool-agent src/run/gpupool-run \
+         bench/gguf-random tests/unit/engine/test_cuda tests/unit/engine/test_engine_backend \
+         tests/unit/engine/test_engine_arch tests/unit/engine/test_engine_prefix; do
+    ln -sf "$bdir/$f" "$bin/"
+done
+export GPUPOOL_CUDA_PLUGIN="$bdir/src/engine/libgpupool-cuda.so"
 
 gpu_line=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
 note "GPU: $gpu_line"
@@ -104,7 +109,9 @@ note "GPU: $gpu_line"
 run_test() {   # NAME TIMEOUT CMD...: pass when CMD exits 0
     local name=$1 to=$2; shift 2
     local t0=$(date +%s)
-    if timeout "$to" "$@" >"$out/$name.txt" 2>&1; then
+    local runner=(timeout "$to")
+    declare -F "$1" >/dev/null && runner=()   # a shell function: run as it is
+    if "${runner[@]}" "$@" >"$out/$name.txt" 2>&1; then
         pass "$name" "$(( $(date +%s) - t0 )) s; $(grep -E 'checks|PASSED|passed|OK' "$out/$name.txt" | tail -1 | tr '|' '/')"
     else
         fail "$name" "exit $?; see $out/$name.txt"
@@ -113,12 +120,33 @@ run_test() {   # NAME TIMEOUT CMD...: pass when CMD exits 0
 }
 run_test selftest 300 "$bin/gpupool-run" selftest --backend cuda
 run_test test_cuda 300 "$bin/test_cuda"
+run_test test_engine_backend 300 "$bin/test_engine_backend"
+run_test test_engine_prefix 300 "$bin/test_engine_prefix"
 run_test test_engine_arch 300 "$bin/test_engine_arch"
 # test_engine_arch skips its CUDA part silently when no device answers: make sure it ran.
 if grep -q "CUDA" "$out/test_engine_arch.txt" && ! grep -q "skipped: no CUDA" "$out/test_engine_arch.txt"; then
     pass arch-on-cuda "$(grep -c 'CUDA' "$out/test_engine_arch.txt") CUDA lines; $(grep -E 'CUDA' "$out/test_engine_arch.txt" | tail -1)"
 else
     fail arch-on-cuda "the architecture files did not run on CUDA (see $out/test_engine_arch.txt)"
+fi
+
+# Greedy text of the bundled model: CUDA (one device, and its layers split
+# over device 0 twice) equals the CPU's; F16 KV on a split runs.
+stories=models/stories260K.gguf
+same_text() {
+    local a b
+    a=$("$bin/gpupool-run" generate -m "$stories" -p "Once upon a time" -n 48 --temp 0 2>/dev/null) || return 1
+    b=$("$bin/gpupool-run" generate -m "$stories" -p "Once upon a time" -n 48 --temp 0 "$@" 2>/dev/null) || return 1
+    [ "$a" = "$b" ] || { printf 'cpu:  %s\ncuda: %s\n' "$a" "$b"; return 1; }
+    echo "$b"
+}
+run_test greedy-cuda-eq-cpu 120 same_text --backend cuda
+run_test greedy-split-eq-cpu 120 same_text --backend cuda --devices 0,0
+run_test generate-split-kv-f16 120 "$bin/gpupool-run" generate -m "$stories" -p "Once upon a time" \
+    -n 48 --temp 0 --backend cuda --devices 0,0 --kv-f16
+if command -v python3 >/dev/null; then
+    run_test test_e2e_gpu 300 env GPUPOOL_BUILD_DIR="$bdir" GPUPOOL_SOURCE_DIR="$root" \
+        python3 tests/integration/test_e2e_gpu.py
 fi
 
 # ------------------------------------------------------------- end to end
