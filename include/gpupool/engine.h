@@ -380,6 +380,10 @@ typedef struct gpe_gpu_info {
 } gpe_gpu_info;
 gpe_status gpe_gpu_info_get(int device, gpe_gpu_info *out, char *err, size_t errlen);
 
+/* Path of the CUDA plugin the engine loaded (after gpe_gpu_count or any
+ * other first GPU use), NULL when none is loaded. For logs. */
+const char *gpe_cuda_plugin_path(void);
+
 /* Is the CUDA backend loadable, and are devices visible? (gpe_gpu_count > 0) */
 bool gpe_cuda_available(void);
 /* CUDA backend self-test (kernels vs the CPU reference); message in err. */

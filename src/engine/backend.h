@@ -101,6 +101,8 @@ const gpe_backend_ops *gpe_backend_cpu(void);
  * NULL when it cannot be loaded, with the reason in why. A table returned
  * may still have 0 devices (its device_count says why). */
 const gpe_backend_ops *gpe_backend_cuda(char *why, size_t whylen);
+/* The file it was loaded from (NULL when not loaded). */
+const char *gpe_backend_cuda_path(void);
 
 #ifdef __cplusplus
 }

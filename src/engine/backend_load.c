@@ -4,8 +4,9 @@
  *
  * Where it looks (the first file that exists is loaded; docs/cuda.md):
  *   1. $GPUPOOL_CUDA_PLUGIN (a path; tests point it at broken plugins);
- *   2. next to the binary or library holding this code (dladdr): DIR/NAME,
- *      DIR/../lib/gpupool/NAME (the install layout: P/bin + P/lib/gpupool);
+ *   2. next to the library holding this code (dladdr) and next to the
+ *      executable (/proc/self/exe): DIR/NAME, DIR/../lib/gpupool/NAME (the
+ *      install layout: P/bin + P/lib/gpupool);
  *   3. the build tree's copy (GPE_CUDA_PLUGIN_BUILD_PATH, CUDA builds only);
  *   4. NAME through the dynamic loader's search path (LD_LIBRARY_PATH,
  *      ld.so.cache).
@@ -17,6 +18,7 @@
  * engine then has 0 GPUs and runs on the CPU.
  */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +30,14 @@
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static const gpe_backend_ops *g_ops;
 static char g_why[1024];
+static char g_path[2048];
 
 static void *try_open(const char *path, char *why, size_t whylen)
 {
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
+    if (h) {
+        snprintf(g_path, sizeof g_path, "%s", path);
+    } else {
         const char *e = dlerror();
         snprintf(why, whylen, "cannot load %.400s: %.500s", path, e ? e : "unknown error");
     }
@@ -40,17 +45,37 @@ static void *try_open(const char *path, char *why, size_t whylen)
 }
 
 #ifdef GPUPOOL_HAVE_CUDA
-/* Directory of the object holding this function ("" when unknown). */
-static void self_dir(char *out, size_t outlen)
+/* Strips the last path component of path (in place); false when it has none. */
+static bool to_dir(char *path)
 {
+    char *slash = strrchr(path, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    return true;
+}
+
+/* Directories to look in: that of the shared object holding this code
+ * (dladdr), and that of the executable (/proc/self/exe: dladdr names the
+ * main program by its argv[0], which is a bare name when it was started
+ * through PATH). Returns how many were written (0..2). */
+static int self_dirs(char out[2][768])
+{
+    int n = 0;
     Dl_info di;
-    out[0] = '\0';
-    if (dladdr((void *)self_dir, &di) == 0 || !di.dli_fname || !strchr(di.dli_fname, '/'))
-        return;
-    snprintf(out, outlen, "%s", di.dli_fname);
-    char *slash = strrchr(out, '/');
-    if (slash)
-        *slash = '\0';
+    if (dladdr((void *)self_dirs, &di) != 0 && di.dli_fname && di.dli_fname[0] == '/') {
+        snprintf(out[n], sizeof out[n], "%s", di.dli_fname);
+        if (to_dir(out[n]))
+            n++;
+    }
+    char exe[768];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k > 0) {
+        exe[k] = '\0';
+        if (to_dir(exe) && (n == 0 || strcmp(exe, out[0]) != 0))
+            snprintf(out[n++], sizeof out[0], "%s", exe);
+    }
+    return n;
 }
 #endif
 
@@ -63,12 +88,12 @@ static void *find_plugin(char *why, size_t whylen)
     snprintf(why, whylen, "the CUDA backend is not built into this engine");
     return NULL;
 #else
-    char dir[768], path[1024];
-    self_dir(dir, sizeof dir);
-    if (*dir) {
+    char dirs[2][768], path[2048];
+    const int n_dirs = self_dirs(dirs);
+    for (int d = 0; d < n_dirs; d++) {
         const char *rel[] = {"/", "/../lib/gpupool/"};
         for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
-            snprintf(path, sizeof path, "%s%s%s", dir, rel[i], GPE_CUDA_PLUGIN_NAME);
+            snprintf(path, sizeof path, "%s%s%s", dirs[d], rel[i], GPE_CUDA_PLUGIN_NAME);
             if (access(path, F_OK) == 0)
                 return try_open(path, why, whylen);
         }
@@ -108,6 +133,11 @@ static void load_once(void)
     /* Kept loaded for the life of the process (its code backs every CUDA
      * context; CUDA runtimes do not like being unloaded). */
     g_ops = ops;
+}
+
+const char *gpe_backend_cuda_path(void)
+{
+    return g_ops ? g_path : NULL;
 }
 
 const gpe_backend_ops *gpe_backend_cuda(char *why, size_t whylen)

@@ -848,6 +848,11 @@ gpe_status gpe_gpu_info_get(int device, gpe_gpu_info *out, char *err, size_t err
     return ops->device_info(device, out, err, errlen);
 }
 
+const char *gpe_cuda_plugin_path(void)
+{
+    return gpe_backend_cuda_path();
+}
+
 bool gpe_cuda_available(void)
 {
     return gpe_gpu_count(NULL, 0) > 0;

@@ -94,6 +94,8 @@ static int exec_selftest(int argc, char **argv)
     char why[512] = "";
     int n_gpu = gpe_gpu_count(why, sizeof why);
     bool cuda = n_gpu > 0;
+    if (gpe_cuda_plugin_path())
+        printf("CUDA plugin: %s\n", gpe_cuda_plugin_path());
     if (strcmp(backend, "cuda") == 0 || (strcmp(backend, "auto") == 0 && cuda)) {
         static char err[16384];
         err[0] = '\0';

@@ -176,13 +176,27 @@ class DebTest(unittest.TestCase):
         grun = os.path.join(root, "usr/bin/gpupool-run")
         model = os.path.join(SOURCE_DIR, "models", "stories260K.gguf")
         # As installed: the plugin is found in ../lib/gpupool (or is absent).
-        r = run([grun, "selftest", "-m", model], timeout=120)
+        env0 = dict(os.environ)
+        env0.pop("GPUPOOL_CUDA_PLUGIN", None)
+        r = run([grun, "selftest", "-m", model], env=env0, timeout=120)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         if not has_plugin:
             self.assertIn("not built", r.stdout)
-        elif "CUDA self-test: ok" not in r.stdout:
-            # no GPU here: the plugin loaded and said why there is no device
-            self.assertIn("no CUDA device is visible", r.stdout)
+        else:
+            self.assertIn("CUDA plugin: %s/usr/bin/../lib/gpupool/libgpupool-cuda.so\n" % root,
+                          r.stdout)
+            if "CUDA self-test: ok" not in r.stdout:
+                # no GPU here: the plugin loaded and said why there is no device
+                self.assertIn("no CUDA device is visible", r.stdout)
+        # Started through PATH (argv[0] a bare name): still found, next to
+        # the executable (/proc/self/exe).
+        env_path = dict(os.environ, PATH=os.path.join(root, "usr/bin") + ":" + os.environ["PATH"])
+        env_path.pop("GPUPOOL_CUDA_PLUGIN", None)
+        r = run(["gpupool-run", "selftest"], env=env_path, cwd=self.tmp, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        if has_plugin:
+            self.assertIn("CUDA plugin: %s/usr/bin/../lib/gpupool/libgpupool-cuda.so\n"
+                          % os.path.realpath(root), r.stdout)
         # A plugin that cannot load: 0 GPUs with the reason, the CPU runs.
         broken = os.path.join(BUILD_DIR, "tests", "unit", "engine",
                               "libgpe_test_needs_missing.so")

@@ -91,6 +91,17 @@ gpe_status gpe_st_run_cpu(const gpe_llama *m, float **logits, int step_rows[GPE_
 /* Same on the CUDA backend (device 0). */
 gpe_status gpe_st_run_cuda(const gpe_llama *m, float **logits, int step_rows[GPE_ST_STEPS],
                            char *err, size_t errlen);
+/* The same two with an F16 KV cache when kv_f16, and on the CUDA backend
+ * with the layers split over device 0 n_split times (1 = one device). */
+gpe_status gpe_st_run_cpu_kv(const gpe_llama *m, bool kv_f16, float **logits,
+                             int step_rows[GPE_ST_STEPS], char *err, size_t errlen);
+gpe_status gpe_st_run_cuda_ex(const gpe_llama *m, int n_split, bool kv_f16, float **logits,
+                              int step_rows[GPE_ST_STEPS], char *err, size_t errlen);
+/* Allowance of the F16 KV whole-model check (GPU F16 KV vs CPU F16 KV), on
+ * top of the type's threshold: the CPU's whole F16-vs-F32 KV effect on the
+ * Q4_K random model is 7.4e-4 (test_cuda), the two F16 paths differ in part
+ * of it (the CPU also rounds the softmax weights). */
+#define GPE_ST_KV_F16_THRESHOLD 2e-3
 
 /* Largest per-step NMSE of a against the reference ref. */
 double gpe_st_max_nmse(const float *a, const float *ref, const int step_rows[GPE_ST_STEPS],

@@ -405,6 +405,12 @@ static int st_total_rows(const st_step *steps, int step_rows[GPE_ST_STEPS])
 gpe_status gpe_st_run_cpu(const gpe_llama *m, float **logits, int step_rows[GPE_ST_STEPS],
                           char *err, size_t errlen)
 {
+    return gpe_st_run_cpu_kv(m, false, logits, step_rows, err, errlen);
+}
+
+gpe_status gpe_st_run_cpu_kv(const gpe_llama *m, bool kv_f16, float **logits,
+                             int step_rows[GPE_ST_STEPS], char *err, size_t errlen)
+{
     st_step steps[GPE_ST_STEPS];
     gpe_kv kv;
     gpe_fwd f;
@@ -417,7 +423,7 @@ gpe_status gpe_st_run_cpu(const gpe_llama *m, float **logits, int step_rows[GPE_
     const int total = st_total_rows(steps, step_rows);
     out = malloc((size_t)total * (size_t)m->hp.n_vocab * sizeof(float));
     kv_ok = gpe_kv_init(&kv, m->hp.n_layer, ST_SEQ, ST_CTX,
-                        m->hp.n_head_kv * m->hp.head_dim, false) == 0;
+                        m->hp.n_head_kv * m->hp.head_dim, kv_f16) == 0;
     f_ok = gpe_fwd_init(&f, m, ST_BATCH, ST_CTX, 1) == 0;
     pool = gpe_pool_create(1);
     if (!out || !kv_ok || !f_ok || !pool || gpe_fwd_reserve_logits(&f, m, ST_BATCH) != 0) {
@@ -447,6 +453,12 @@ done:
 gpe_status gpe_st_run_cuda(const gpe_llama *m, float **logits, int step_rows[GPE_ST_STEPS],
                            char *err, size_t errlen)
 {
+    return gpe_st_run_cuda_ex(m, 1, false, logits, step_rows, err, errlen);
+}
+
+gpe_status gpe_st_run_cuda_ex(const gpe_llama *m, int n_split, bool kv_f16, float **logits,
+                              int step_rows[GPE_ST_STEPS], char *err, size_t errlen)
+{
     st_step steps[GPE_ST_STEPS];
     gpe_cuda_model *cm = NULL;
     float *out = NULL;
@@ -459,7 +471,11 @@ gpe_status gpe_st_run_cuda(const gpe_llama *m, float **logits, int step_rows[GPE
         snprintf(err, errlen, "out of memory");
         return GPE_ERR_NOMEM;
     }
-    st = gpe_cuda_model_upload(m, 0, ST_CTX, ST_SEQ, ST_BATCH, &cm, err, errlen);
+    gpe_bplace pl;
+    memset(&pl, 0, sizeof pl);
+    pl.n = n_split < 1 ? 1 : n_split > GPE_MAX_DEVICES ? GPE_MAX_DEVICES : n_split;
+    gpe_bsizes sz = { ST_CTX, ST_SEQ, ST_BATCH, 1, kv_f16 };
+    st = gpe_cuda_model_create(m, &pl, &sz, &cm, err, errlen);
     size_t off = 0;
     for (int s = 0; s < GPE_ST_STEPS && st == GPE_OK; s++) {
         const st_step *p = &steps[s];
@@ -703,6 +719,48 @@ static void check_attention(report *rep, rng *r)
     rep_check(rep, "attention", st, msg, st ? 0 : gpe_st_nmse(out, ref, T * H * HD), TH_F32);
 }
 
+/* The Q4_K model (a) split over device 0 twice and three times against
+ * one device: same kernels and shapes, so NMSE 0 is expected (threshold
+ * 1e-10 leaves room for a library choosing another algorithm); (b) with an
+ * F16 KV cache against the CPU's F16 KV path, one device and split. */
+static void check_split_and_kv_f16(report *rep)
+{
+    char msg[256], name[64];
+    gpe_st_model sm;
+    float *one = NULL, *cpu16 = NULL;
+    int rows[GPE_ST_STEPS];
+    if (!gpe_st_model_build(&sm, GPE_TYPE_Q4_K, 4242)) {
+        rep_check(rep, "model Q4_K split", GPE_ERR_NOMEM, "out of memory", 0, 0);
+        return;
+    }
+    gpe_status st = gpe_st_run_cuda_ex(&sm.m, 1, false, &one, rows, msg, sizeof msg);
+    for (int k = 2; k <= 3; k++) {
+        float *g = NULL;
+        gpe_status s2 = st;
+        if (s2 == GPE_OK)
+            s2 = gpe_st_run_cuda_ex(&sm.m, k, false, &g, rows, msg, sizeof msg);
+        snprintf(name, sizeof name, "model Q4_K split %dx device 0 vs one", k);
+        rep_check(rep, name, s2, msg, s2 ? 0 : gpe_st_max_nmse(g, one, rows, sm.m.hp.n_vocab),
+                  1e-10);
+        free(g);
+    }
+    st = gpe_st_run_cpu_kv(&sm.m, true, &cpu16, rows, msg, sizeof msg);
+    for (int k = 1; k <= 2; k++) {
+        float *g = NULL;
+        gpe_status s2 = st;
+        if (s2 == GPE_OK)
+            s2 = gpe_st_run_cuda_ex(&sm.m, k, true, &g, rows, msg, sizeof msg);
+        snprintf(name, sizeof name, "model Q4_K KV F16%s vs CPU KV F16", k > 1 ? " split" : "");
+        rep_check(rep, name, s2, msg,
+                  s2 ? 0 : gpe_st_max_nmse(g, cpu16, rows, sm.m.hp.n_vocab),
+                  gpe_st_model_threshold(GPE_TYPE_Q4_K) + GPE_ST_KV_F16_THRESHOLD);
+        free(g);
+    }
+    free(one);
+    free(cpu16);
+    gpe_st_model_free(&sm);
+}
+
 static void check_models(report *rep)
 {
     char msg[256], name[64];
@@ -726,6 +784,7 @@ static void check_models(report *rep)
         free(gpu);
         gpe_st_model_free(&sm);
     }
+    check_split_and_kv_f16(rep);
     for (int v = 1; v < GPE_ST_N_VARIANTS; v++) {
         gpe_st_model sm;
         float *cpu = NULL, *gpu = NULL;
