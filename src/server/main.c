@@ -290,6 +290,13 @@ static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65]
     return gps_auth_result_status(r);
 }
 
+/* Home mode: auth off (loopback listeners, no key). */
+static bool home_hook(void *arg)
+{
+    server *s = arg;
+    return !gps_auth_enabled(s->auth);
+}
+
 static void h_health(gps_req *r, void *arg)
 {
     server *s = arg;
@@ -707,6 +714,7 @@ int main(int argc, char **argv)
         .max_header_bytes = (size_t)s->cfg.max_header_bytes,
         .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
         .max_inflight_body_bytes = (size_t)s->cfg.max_inflight_body_bytes,
+        .max_unauth_body_bytes = (size_t)s->cfg.max_unauth_body_bytes,
         .header_timeout_sec = (int)s->cfg.header_timeout_sec,
         .body_timeout_sec = (int)s->cfg.body_timeout_sec,
     };
@@ -714,6 +722,7 @@ int main(int argc, char **argv)
     if (!s->http)
         goto oom;
     gps_http_set_auth(s->http, auth_hook, s);
+    gps_http_set_home_check(s->http, home_hook, s);
     s->relay = gps_relay_ctx_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->relay)
         goto oom;

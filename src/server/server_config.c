@@ -55,6 +55,10 @@ const gp_opt gps_config_table[] = {
     {"max_inflight_body_bytes", GP_OPT_INT, O(max_inflight_body_bytes), "67108864", 1024,
      68719476736LL, NULL,
      "request body bytes being received at once, all connections (503 above)"},
+    {"max_unauth_body_bytes", GP_OPT_INT, O(max_unauth_body_bytes), "65536", 1024, 16777216,
+     NULL,
+     "largest body of a request without credentials (enrollment; 413 above); such bodies "
+     "together get at most a quarter of max_inflight_body_bytes"},
     {"poll_interval_sec", GP_OPT_INT, O(poll_interval_sec), "15", 1, 3600, NULL,
      "agent heartbeat interval"},
     {"agent_timeout_sec", GP_OPT_INT, O(agent_timeout_sec), "90", 1, 86400, NULL,

@@ -420,7 +420,7 @@ class TLS(harness.TestCase):
         raw = socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10)
         s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
         req = json.dumps({"agent_id": aid, "free_slots": 1}).encode()
-        s.sendall(b"POST /agents/work HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /agents/work HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(req), req))
         harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 1, timeout=10,
                            what="agent parked")

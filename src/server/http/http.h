@@ -87,6 +87,11 @@ typedef struct gps_http_opts {
     size_t max_inflight_body_bytes; /* body bytes being received, all connections */
     int header_timeout_sec;         /* whole request head, from its first byte */
     int body_timeout_sec;           /* whole body, from the end of the head */
+    /* A request without credentials (a route of role NONE: enrollment) may
+     * send at most this body (0: 65536), and such bodies together take at
+     * most a quarter of max_inflight_body_bytes: the rest is reserved for
+     * agents and clients whose key was checked at the head. */
+    size_t max_unauth_body_bytes;
 } gps_http_opts;
 
 /* New server on base. Returns NULL on allocation failure. */
@@ -99,6 +104,13 @@ int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_d
  * the table's (NULL) arg. 0 or -1. */
 int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg);
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
+/* Home mode (auth off: loopback listeners and no key) asked per request:
+ * while fn(arg) is true, a browser page from elsewhere must not be able to
+ * use the API (cross-site requests, DNS rebinding). Such requests are
+ * refused at the head: a Host that is not a loopback name or address, an
+ * Origin other than the server's own (http or https + the Host), and a
+ * body whose Content-Type is not application/json. */
+void gps_http_set_home_check(gps_http *h, bool (*fn)(void *arg), void *arg);
 /* Bind host:port (port 0 = ephemeral). *bound_port receives the real port.
  * 0 or -1 with a message in err. */
 int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
@@ -149,6 +161,10 @@ typedef struct gps_head {
     char auth[512];            /* Authorization, trimmed ("" when blank) */
     char api_key[512];         /* x-api-key, trimmed */
     char corr[65];             /* X-Correlation-Id when sane, else "" */
+    bool has_host, has_origin, has_ctype;
+    char host[256];            /* Host (trimmed; "" when longer) */
+    char origin[256];          /* Origin (trimmed; "" when longer) */
+    char ctype[128];           /* Content-Type (trimmed; "" when longer) */
     char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;
 } gps_head;
