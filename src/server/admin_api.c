@@ -443,7 +443,8 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
     if (a->limits)
         gps_limits_get_usage(a->limits, k->id, now, &u);
     return json_pack(
-        "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "id", k->id,
+        "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "id",
+        k->id,
         "role", gps_key_role_name(k->role), "name", k->name ? k->name : "", "agent_id",
         str_or_null(k->agent_id), "created_at", (json_int_t)k->created_at, "expires_at",
         wall_or_null(k->expires_at), "revoked_at", wall_or_null(k->revoked_at), "last_used_at",
@@ -452,7 +453,7 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
         (json_int_t)u.requests, "prompt_tokens", (json_int_t)u.prompt_tokens,
         "completion_tokens", (json_int_t)u.completion_tokens, "rate_limited",
         (json_int_t)u.rate_limited, "running", (json_int_t)u.running, "waiting",
-        (json_int_t)u.waiting);
+        (json_int_t)u.waiting, "reserved_tokens", (json_int_t)u.reserved_tokens);
 }
 
 typedef struct key_list {

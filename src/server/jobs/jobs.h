@@ -207,6 +207,7 @@ struct gps_job {
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */
+    long long reserved_tokens;    /* held against the key's tokens_per_day until it ends */
     bool sched_observed;          /* scheduling latency recorded (first assignment) */
     uint64_t queued_since_us;
     uint64_t finished_us;
