@@ -103,8 +103,11 @@ int gps_admin_parse_key_create(const json_t *body, int64_t now_wall_ms, gps_key_
     spec->expires_at = exp > 0 ? now_wall_ms + exp * 1000 : 0;
     if (parse_limit_fields(body, &spec->limits, msg, msglen, param) < 0)
         return -1;
-    if (opt_count(body, "max_uses", &spec->max_uses) < 0)
+    int given = opt_count(body, "max_uses", &spec->max_uses);
+    if (given < 0)
         FAIL("max_uses", "'max_uses' must be a non-negative integer (0 = unlimited)");
+    if (given == 0 && spec->role == GPS_KEY_ENROLLMENT)
+        spec->max_uses = GPS_ENROLL_DEFAULT_MAX_USES;
     if (spec->max_uses > 0 && spec->role != GPS_KEY_ENROLLMENT)
         FAIL("max_uses", "'max_uses' applies to enrollment tokens only");
     return 0;

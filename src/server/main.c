@@ -187,6 +187,8 @@ static int keys_main(int argc, char **argv)
         .limits = {.rpm = v[1], .tokens_per_day = v[2], .max_concurrent = v[3]},
         .max_uses = v[4],
     };
+    if (!nums[4] && spec.role == GPS_KEY_ENROLLMENT)
+        spec.max_uses = GPS_ENROLL_DEFAULT_MAX_USES;
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
     if (gps_auth_key_create_spec_db(db, mig, &spec, key, id, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-server keys create: %s\n", err);
@@ -653,6 +655,7 @@ int main(int argc, char **argv)
         .work_wait_sec = (int)s->cfg.work_wait_sec,
         .agent_timeout_sec = (int)s->cfg.agent_timeout_sec,
         .disconnect_grace_ms = (int)s->cfg.agent_disconnect_grace_ms,
+        .max_agents = (int)s->cfg.max_agents,
     };
     s->agents = gps_agents_new(s->base, &aopts, s->store, s->metrics);
     if (!s->agents)

@@ -63,6 +63,8 @@ const gp_opt gps_config_table[] = {
      "agent heartbeat interval"},
     {"agent_timeout_sec", GP_OPT_INT, O(agent_timeout_sec), "90", 1, 86400, NULL,
      "an agent silent this long is dead"},
+    {"max_agents", GP_OPT_INT, O(max_agents), "1024", 1, 1000000, NULL,
+     "agents the server knows at most, dead ones included (a new agent beyond: 503)"},
     {"work_wait_sec", GP_OPT_INT, O(work_wait_sec), "25", 1, 600, NULL,
      "how long /agents/work is held before a 204"},
     {"agent_disconnect_grace_ms", GP_OPT_INT, O(agent_disconnect_grace_ms), "1000", 1, 600000,

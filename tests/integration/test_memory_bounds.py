@@ -172,5 +172,93 @@ class MemoryBounds(harness.TestCase):
         self.assertGreater(m["gpupool_task_events_in_memory"], 3 * len(TOKENS))
 
 
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for ln in f:
+            if ln.startswith("VmRSS:"):
+                return int(ln.split()[1])
+    return 0
+
+
+class AgentFacts(harness.TestCase):
+    """Issue 25, finding 6: a 1 MiB poll body with an unknown field cost
+    ~20 MB of RSS per agent, kept (and stored) until an admin removed the
+    agent; 10 agents of one default enrollment token held 219 MB."""
+    NEEDS = (harness.SERVER_BIN,)
+
+    def test_only_known_facts_are_kept(self):
+        import sqlite3
+        db = self.h.path("facts.db")
+        srv = self.h.start_server(["--agent_timeout_sec", "2", "--poll_interval_sec", "1"], db=db)
+        gpu = {"index": 0, "name": "H100", "vram_total": 80 << 30, "vram_used": 1 << 30,
+               "vram_free": 79 << 30, "utilization": 0.5, "temperature": 40, "power": 300}
+        before = rss_kb(srv.pid)
+        agents = []
+        for i in range(10):
+            a = FakeAgent(srv.url, models=("m1",))
+            body = a.poll_body()
+            body["gpus"] = [gpu]
+            body["backend"] = "cuda"
+            body["junk"] = [[]] * 300000  # ~0.9 MB of JSON, 300,000 values
+            st, j = a._post("/agents/poll", body)
+            self.assertEqual(st, 200, j)
+            agents.append(a)
+        grown = rss_kb(srv.pid) - before
+        # The old server kept ~40 MB per agent (407 MB for these 10); now
+        # the parse of one body is all it costs (45 MB, held by the heap).
+        self.assertLess(grown, 150 * 1024, "RSS grew by %d kB for 10 agents" % grown)
+        st, _, listing = harness.http_json("GET", srv.url + "/admin/agents")
+        self.assertEqual(st, 200, listing)
+        rows = listing["agents"] if isinstance(listing, dict) else listing
+        self.assertEqual(len(rows), 10)
+        self.assertTrue(all(r["gpus"] == [gpu] for r in rows), rows[0])
+        # A body with more than a handful of errors, or over the size kept:
+        # refused, naming the field.
+        a = agents[0]
+        body = a.poll_body()
+        body["errors"] = [{"code": "X"}] * 100
+        st, j = a._post("/agents/poll", body)
+        self.assertEqual(st, 400, j)
+        self.assertIn("errors", j["error"]["message"])
+        body = a.poll_body()
+        body["backend"] = "x" * 70000
+        st, j = a._post("/agents/poll", body)
+        self.assertEqual(st, 400, j)
+        # Dead agents' facts are forgotten.
+        harness.wait_until(lambda: all(r["state"] == "dead" for r in
+                                       harness.http_json("GET", srv.url + "/admin/agents")[2]["agents"]),
+                           timeout=30, what="the agents dead")
+        rows = harness.http_json("GET", srv.url + "/admin/agents")[2]["agents"]
+        self.assertTrue(all(r["gpus"] == [] for r in rows), rows[0])
+        srv.stop()
+        con = sqlite3.connect(db)
+        try:
+            facts = [json.loads(r[0]) for r in con.execute("SELECT facts FROM agents")]
+        finally:
+            con.close()
+        self.assertEqual(len(facts), 10)
+        for f in facts:
+            self.assertNotIn("junk", f)
+            self.assertEqual(f.get("backend"), "cuda")
+            self.assertEqual(f.get("gpus"), [gpu])
+
+    def test_agents_and_enrollments_are_bounded(self):
+        srv = self.h.start_server(["--max_agents", "3"])
+        known = [FakeAgent(srv.url) for _ in range(3)]
+        for a in known:
+            st, j = a.poll()
+            self.assertEqual(st, 200, j)
+        st, j = FakeAgent(srv.url).poll()
+        self.assertEqual(st, 503, j)
+        self.assertEqual(j["error"]["code"], "AGENT_LIMIT")
+        st, j = known[0].poll()  # a known agent still polls
+        self.assertEqual(st, 200, j)
+        # An enrollment token made without max_uses gets a finite one.
+        st, _, j = harness.http_json("POST", srv.url + "/admin/keys",
+                                     {"role": "enrollment", "name": "rack"})
+        self.assertEqual(st, 201, j)
+        self.assertEqual(j["max_uses"], 16)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -272,6 +272,8 @@ static const struct {
 } hw_bounds[] = {
     {"vram_total", 0, 1125899906842624.0}, /* 2^50 */
     {"vram_used", 0, 1125899906842624.0},
+    {"vram_free", 0, 1125899906842624.0},
+    {"power", 0, 1000000},
     {"utilization", 0, 1},
     {"temperature", -273, 1000},
     {"index", 0, 65536},
@@ -324,4 +326,43 @@ int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen)
     if (cpu && !json_is_null(cpu))
         return check_hw_object(cpu, "cpu", msg, msglen);
     return 0;
+}
+
+/* The poll fields kept per agent. To keep a new one, add it here, and
+ * bound its contents (gps_agent_hw_check, or a check of its own). */
+static const char *const facts_kept[] = {
+    "name",   "version", "platform", "status", "slots",   "queue_depth", "kv_cache_utilization",
+    "labels", "gpus",    "cpu",      "backend", "errors",
+};
+
+json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen)
+{
+    const json_t *errs = json_object_get(body, "errors");
+    if (errs && !json_is_null(errs) &&
+        (!json_is_array(errs) || json_array_size(errs) > GPS_AGENT_MAX_ERRORS)) {
+        fail(NULL, 0, msg, msglen, "errors", "must be an array of at most %d entries",
+             GPS_AGENT_MAX_ERRORS);
+        return NULL;
+    }
+    json_t *kept = json_object();
+    if (!kept) {
+        snprintf(msg, msglen, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof facts_kept / sizeof facts_kept[0]; i++) {
+        json_t *v = json_object_get(body, facts_kept[i]);
+        if (v && json_object_set(kept, facts_kept[i], v) < 0) {
+            json_decref(kept);
+            snprintf(msg, msglen, "out of memory");
+            return NULL;
+        }
+    }
+    if (json_dumpb(kept, NULL, 0, JSON_COMPACT) > GPS_AGENT_MAX_KEPT_FACTS_BYTES) {
+        json_decref(kept);
+        fail(NULL, 0, msg, msglen, "body",
+             "the facts kept per agent (%s and the like) are at most %d bytes of JSON",
+             "gpus, cpu, labels, backend, errors", GPS_AGENT_MAX_KEPT_FACTS_BYTES);
+        return NULL;
+    }
+    return kept;
 }

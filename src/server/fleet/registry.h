@@ -113,7 +113,7 @@ typedef struct registry_facts {
     double kv_cache_utilization;
     bool draining;                     /* status == "draining" */
     registry_prefix prefix;            /* "prefix_cache" */
-    json_t *raw;                       /* the whole body (reference held by facts) */
+    json_t *raw;                       /* the known fields kept (gps_agent_facts_kept) */
 } registry_facts;
 
 /* Validate and convert a /agents/poll body. body is borrowed (a reference
@@ -144,7 +144,8 @@ typedef struct registry_agent {
     int queue_depth;            /* reported */
     double kv_cache_utilization;/* reported */
     registry_prefix prefix;     /* reported prompt-prefix cache */
-    json_t *facts;              /* last poll body, borrowed reference (gpus etc.) */
+    json_t *facts;              /* known fields of the last poll (gpus etc.); NULL
+                                   once dead or offline (forgotten until it polls) */
 
     registry_state state;
     uint64_t last_seen_ms;      /* last heartbeat (or registry_touch) */
