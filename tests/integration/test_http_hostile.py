@@ -231,7 +231,8 @@ class HostileHttp(harness.TestCase):
 
     def test_head_is_get_without_body(self):
         srv = self.h.start_server()
-        for path in ("/", "/health", "/metrics", "/v1/models", "/v2/tasks/nope"):
+        for path in ("/", "/health", "/metrics", "/v1/models", "/v2/tasks/nope",
+                     "/dashboard", "/dashboard/app.js", "/dashboard/app.css"):
             with self.subTest(path=path):
                 gst, ghdr, gbody = raw(srv, ("GET %s HTTP/1.1\r\nHost: localhost\r\n\r\n" % path).encode())
                 with connect(srv) as s:
