@@ -648,6 +648,7 @@ struct gps_conn {
     struct evbuffer_cb_entry *cbe;
     struct event *init_ev;             /* NULL once attached */
     struct event *deadline;            /* head or body deadline */
+    struct event *hs_deadline;         /* TLS: the handshake's, from accept */
     struct evbuffer *raw;              /* bytes held back from evhttp */
     struct evbuffer *held;             /* the vetted request, until it is whole */
     int fd;
@@ -685,6 +686,21 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     /* Not inside evhttp's callbacks: freeing the connection runs its close
      * callback, which frees c (and this event). */
     evhttp_connection_free(c->evcon);
+}
+
+/* A TLS handshake must end within header_timeout_sec of the accept: a
+ * ClientHello sent a byte a second kept the connection forever, as every
+ * byte renewed the idle timeout (issue 25). */
+static void hs_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_conn *c = arg;
+    SSL *ssl = bufferevent_openssl_get_ssl(c->bev);
+    if (!ssl || SSL_is_init_finished(ssl) || !c->evcon)
+        return;
+    gp_log_write(GP_LOG_DEBUG, "tls_handshake_deadline", NULL,
+                 json_pack("{s:i}", "timeout_sec", c->h->opts.header_timeout_sec),
+                 "closing a connection whose TLS handshake did not end in time");
+    evhttp_connection_free(c->evcon); /* frees c (its close callback) */
 }
 
 static void deadline_set(gps_conn *c, int sec)
@@ -1347,6 +1363,8 @@ static void conn_free(gps_conn *c)
         event_free(c->init_ev);
     if (c->deadline)
         event_free(c->deadline);
+    if (c->hs_deadline)
+        event_free(c->hs_deadline);
     if (c->raw)
         evbuffer_free(c->raw);
     if (c->held)
@@ -1427,11 +1445,19 @@ static void init_cb(evutil_socket_t fd, short what, void *arg)
 /* Every accepted connection's bufferevent goes through here. Without
  * memory for the gate, the connection is starved (reads capped at one
  * byte) and evhttp's idle timeout closes it: it is never ungated. */
-static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev)
+static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev, bool tls)
 {
     if (!bev)
         return NULL;
     gps_conn *c = conn_new(h, bev);
+    if (c && tls && h->opts.header_timeout_sec > 0) {
+        struct timeval tv = {h->opts.header_timeout_sec, 0};
+        c->hs_deadline = evtimer_new(h->base, hs_deadline_cb, c);
+        if (!c->hs_deadline || event_add(c->hs_deadline, &tv) < 0) {
+            conn_free(c);
+            c = NULL;
+        }
+    }
     if (c) {
         c->init_ev = event_new(h->base, -1, 0, init_cb, c);
         if (c->init_ev) {
@@ -1449,7 +1475,7 @@ static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev)
 
 static struct bufferevent *plain_bevcb(struct event_base *base, void *arg)
 {
-    return gate_bev(arg, bufferevent_socket_new(base, -1, 0));
+    return gate_bev(arg, bufferevent_socket_new(base, -1, 0), false);
 }
 
 /* A request was answered completely: the next one on the connection goes
@@ -1963,7 +1989,7 @@ static struct bufferevent *tls_bevcb(struct event_base *base, void *arg)
     /* Many clients close without close_notify; treat that as a plain EOF
      * rather than an error (HTTP framing already delimits every message). */
     bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-    return gate_bev(h, bev);
+    return gate_bev(h, bev, true);
 }
 
 int gps_http_bind_tls(gps_http *h, const char *host, int port, gps_tls *tls, int *bound_port,
