@@ -66,6 +66,7 @@ struct gps_http {
     size_t inflight_unauth;     /* the part of it from requests without credentials */
     bool (*home)(void *);       /* home mode now? (see gps_http_set_home_check) */
     void *home_arg;
+    char pool_id[17];           /* this pool in X-Pool-Via */
     gps_conn **conn_by_fd;      /* gates by socket, for dispatch */
     size_t nconn_by_fd;
     gps_conn *conns_all;        /* every gate, freed with h */
@@ -161,6 +162,7 @@ static const char *extra_reason(int status)
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 499: return "Client Closed Request";
+    case 508: return "Loop Detected";
     case 529: return "Overloaded";
     }
     return NULL;
@@ -597,6 +599,14 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
             out->has_origin = true;
             if (vlen < sizeof out->origin)
                 snprintf(out->origin, sizeof out->origin, "%.*s", (int)vlen, v);
+        } else if (IS("X-Pool-Via")) {
+            if (out->has_via)
+                HEAD_FAIL(400, "more than one X-Pool-Via header");
+            out->has_via = true;
+            if (vlen >= sizeof out->via)
+                HEAD_FAIL(400, "X-Pool-Via longer than %zu bytes: a loop of pools?",
+                          sizeof out->via - 1);
+            snprintf(out->via, sizeof out->via, "%.*s", (int)vlen, v);
         } else if (IS("Content-Type")) {
             /* A second one makes the type unknown ("" never matches). */
             if (!out->has_ctype && vlen < sizeof out->ctype)
@@ -928,6 +938,43 @@ static bool home_refuse(gps_conn *c, const gps_head *hd, gps_dialect d)
     return false;
 }
 
+/* X-Pool-Via: ids separated by commas (and blanks). Returns true when
+ * refused: this pool is in it, or it holds GPS_POOL_MAX_HOPS ids already
+ * (this pool would add one more). */
+static bool pool_loop_refuse(gps_conn *c, const gps_head *hd, gps_dialect d)
+{
+    if (!hd->has_via)
+        return false;
+    int hops = 0;
+    bool self = false;
+    for (const char *p = hd->via; *p;) {
+        p += strspn(p, ", \t");
+        size_t n = strcspn(p, ", \t");
+        if (n == 0)
+            break;
+        hops++;
+        if (n == strlen(c->h->pool_id) && strncmp(p, c->h->pool_id, n) == 0)
+            self = true;
+        p += n;
+    }
+    /* This pool's id must fit behind the chain it passes on. */
+    bool fits = strlen(hd->via) + 2 + strlen(c->h->pool_id) < GPS_POOL_VIA_MAX;
+    if (!self && hops < GPS_POOL_MAX_HOPS && fits)
+        return false;
+    c->no_retry = true;
+    if (self)
+        refuse(c, 508, "POOL_LOOP", d,
+               "pool loop: this request already passed through this pool (X-Pool-Via: %.100s); "
+               "an agent's upstream leads back into a pool the request came through",
+               hd->via);
+    else
+        refuse(c, 508, "POOL_LOOP", d,
+               "this request passed through %d pools (X-Pool-Via: %.100s), the most a request "
+               "may: a loop of pools?",
+               hops, hd->via);
+    return true;
+}
+
 /* The decision on a complete head. Returns true when accepted. */
 static bool decide(gps_conn *c, const gps_head *hd)
 {
@@ -982,6 +1029,8 @@ static bool decide(gps_conn *c, const gps_head *hd)
         }
         c->authed = true;
     }
+    if (pool_loop_refuse(c, hd, route->dialect))
+        return false;
     c->unauth = route->role == GPS_ROLE_NONE;
     size_t cap = body_cap(c);
     if (hd->content_length > 0 && (uint64_t)hd->content_length > cap) {
@@ -1651,6 +1700,10 @@ static void dispatch(struct evhttp_request *req, void *arg)
         c = &gc;
     }
     evhttp_request_set_on_complete_cb(req, on_complete, h);
+    /* The chain this pool passes on (the gate checked the header). */
+    const char *via = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Pool-Via");
+    snprintf(r.pool_via, sizeof r.pool_via, "%s%s%s", via && *via ? via : "",
+             via && *via ? ", " : "", h->pool_id);
 
     const char *corr = evhttp_find_header(evhttp_request_get_input_headers(req),
                                           "X-Correlation-Id");
@@ -1775,6 +1828,7 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         return NULL;
     h->base = base;
     h->opts = *opts;
+    gp_random_hex(h->pool_id, 8);
     h->evh = evhttp_new(base);
     if (!h->evh) {
         free(h);

@@ -41,6 +41,13 @@ typedef enum {
 } gps_role;
 
 #define GPS_ROUTE_MAX_PARAMS 4
+/* Pools of pools (issue 25): every pool a request passes through appends
+ * its id (16 hex) to X-Pool-Via, which an agent whose upstream is a pool
+ * passes on. A request that names this pool already (a loop: an agent's
+ * upstream leads back into a pool it came through) or passed through more
+ * than GPS_POOL_MAX_HOPS pools is refused at the head (508 POOL_LOOP). */
+#define GPS_POOL_MAX_HOPS 4
+#define GPS_POOL_VIA_MAX 128
 #define GPS_ROUTE_PARAM_MAX 128
 
 typedef struct gps_http gps_http;
@@ -69,6 +76,7 @@ struct gps_req {
     char params[GPS_ROUTE_MAX_PARAMS][GPS_ROUTE_PARAM_MAX];
     int nparams;
     uint64_t start_us;                /* gp_now_mono_us() when dispatched */
+    char pool_via[GPS_POOL_VIA_MAX];  /* X-Pool-Via of the request + this pool's id */
 };
 
 /* Auth hook: decide whether `credential` may use a route of `role`.
@@ -165,6 +173,8 @@ typedef struct gps_head {
     char host[256];            /* Host (trimmed; "" when longer) */
     char origin[256];          /* Origin (trimmed; "" when longer) */
     char ctype[128];           /* Content-Type (trimmed; "" when longer) */
+    bool has_via;
+    char via[GPS_POOL_VIA_MAX];  /* X-Pool-Via (trimmed; "" when longer) */
     char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;
 } gps_head;

@@ -464,6 +464,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
         json_object_set_new(w, "session", json_string(session));
     if (s->priority == GPS_PRIO_BATCH)
         json_object_set_new(w, "priority", json_string("batch"));
+    if (s->pool_via[0])
+        json_object_set_new(w, "pool_via", json_string(s->pool_via));
     wire_continuation(job, w);
     return w;
 }
