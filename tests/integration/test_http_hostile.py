@@ -486,6 +486,29 @@ class PreAuthBudget(harness.TestCase):
         self.assertEqual(st, 404, j)
 
 
+    def test_one_peer_holds_a_few_bodies_at_most(self):
+        srv = self.h.start_server(["--max_unauth_body_bytes", "10000"])
+        head = (b"POST /agents/enroll HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n")
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        # Four bodies of 9000 bytes from 127.0.0.1: 36000 of the 40000 a peer may hold.
+        for i in range(4):
+            s = connect(srv)
+            socks.append(s)
+            s.sendall(head + b" " * 9000)
+            wait_until(lambda: metric(srv, "http_body_bytes_inflight") == 9000 * (i + 1),
+                       timeout=10, what="body %d counted" % i)
+        with connect(srv) as s:
+            s.sendall(head + b" " * 9000)
+            st, hdr, body = read_reply(s)
+            self.assertEqual(st, 503, body)
+        # A peer with a key is not held back by them.
+        st, _, j = http_json("POST", srv.url + "/v1/completions",
+                             {"model": "nobody-serves-this", "prompt": "x" * 50000}, timeout=10)
+        self.assertEqual(st, 404, j)
+
+
 class HomeMode(harness.TestCase):
     """Issue 25, finding 2: with auth off (loopback, no key) any web page the
     user visits could create an admin key (cross-site POST, DNS rebinding)."""

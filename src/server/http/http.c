@@ -670,6 +670,8 @@ struct gps_conn {
     uint64_t body_total;
     size_t reserved;                   /* our share of h->inflight */
     size_t reserved_unauth;            /* ... and of h->inflight_unauth */
+    unsigned char peer[16];            /* the peer's address (IPv4 mapped), for per-peer bounds */
+    bool has_peer;
     /* What dispatch must know. */
     int refuse;                        /* HTTP status, 0 = accepted */
     gps_dialect dialect;
@@ -741,15 +743,36 @@ static size_t unauth_share(const gps_http *h)
     return h->opts.max_inflight_body_bytes / 4;
 }
 
+static size_t unauth_cap(const gps_http *h)
+{
+    return h->opts.max_unauth_body_bytes ? h->opts.max_unauth_body_bytes : 65536;
+}
+
+/* Bytes of requests without credentials one peer address has in flight:
+ * the gates are scanned (only for such requests, which are rare). */
+static size_t peer_unauth(const gps_conn *c)
+{
+    size_t sum = 0;
+    if (!c->has_peer)
+        return 0;
+    for (const gps_conn *o = c->h->conns_all; o; o = o->next)
+        if (o->reserved_unauth && o->has_peer && memcmp(o->peer, c->peer, sizeof o->peer) == 0)
+            sum += o->reserved_unauth;
+    return sum;
+}
+
 static bool inflight_fits(const gps_conn *c, uint64_t n)
 {
     const gps_http *h = c->h;
     size_t max = h->opts.max_inflight_body_bytes;
-    if (!max)
-        return true;
-    if (n > max || h->inflight + n > max)
+    if (max && (n > max || h->inflight + n > max))
         return false;
-    return !c->unauth || h->inflight_unauth + n <= unauth_share(h);
+    if (!c->unauth)
+        return true;
+    if (max && h->inflight_unauth + n > unauth_share(h))
+        return false;
+    /* One address may hold GPS_HTTP_PEER_UNAUTH_BODIES such bodies' worth. */
+    return peer_unauth(c) + n <= GPS_HTTP_PEER_UNAUTH_BODIES * unauth_cap(h);
 }
 
 static bool inflight_charge(gps_conn *c, size_t n)
@@ -866,7 +889,7 @@ static const char *blank_to_null(const char *s, bool present)
 /* The largest body the current request may have. */
 static size_t body_cap(const gps_conn *c)
 {
-    size_t unauth = c->h->opts.max_unauth_body_bytes ? c->h->opts.max_unauth_body_bytes : 65536;
+    size_t unauth = unauth_cap(c->h);
     size_t max = c->h->opts.max_body_bytes;
     return c->unauth && unauth < max ? unauth : max;
 }
@@ -1458,6 +1481,19 @@ static bool conn_attach(gps_conn *c, struct evhttp_connection *evcon)
 {
     c->evcon = evcon;
     c->fd = (int)bufferevent_getfd(c->bev);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+            c->has_peer = true;
+        } else if (ss.ss_family == AF_INET) {
+            static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+            memcpy(c->peer, mapped, 12);
+            memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+            c->has_peer = true;
+        }
+    }
     if (conn_table_put(c->h, c->fd, c) < 0) {
         c->fd = -1;
         conn_free(c); /* the caller closes the connection */

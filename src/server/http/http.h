@@ -101,6 +101,9 @@ typedef struct gps_http_opts {
      * agents and clients whose key was checked at the head. */
     size_t max_unauth_body_bytes;
 } gps_http_opts;
+/* One peer address may have this many max_unauth_body_bytes in flight in
+ * requests without credentials (a peer cannot take the whole quarter). */
+#define GPS_HTTP_PEER_UNAUTH_BODIES 4
 
 /* New server on base. Returns NULL on allocation failure. */
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts);
