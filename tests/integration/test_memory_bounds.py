@@ -172,6 +172,14 @@ class MemoryBounds(harness.TestCase):
         self.assertGreater(m["gpupool_task_events_in_memory"], 3 * len(TOKENS))
 
 
+def sanitizer_build():
+    try:
+        with open(os.path.join(harness.BUILD_DIR, "CMakeCache.txt")) as f:
+            return "GPUPOOL_SANITIZE:BOOL=ON" in f.read()
+    except OSError:
+        return False
+
+
 def rss_kb(pid):
     with open("/proc/%d/status" % pid) as f:
         for ln in f:
@@ -203,15 +211,19 @@ class AgentFacts(harness.TestCase):
             st, j = a._post("/agents/poll", body)
             self.assertEqual(st, 200, j)
             agents.append(a)
+            # Just polled, so alive: its known facts are there.
+            rows = harness.http_json("GET", srv.url + "/admin/agents")[2]["agents"]
+            self.assertEqual([r["gpus"] for r in rows if r["id"] == a.agent_id], [[gpu]])
         grown = rss_kb(srv.pid) - before
         # The old server kept ~40 MB per agent (407 MB for these 10); now
         # the parse of one body is all it costs (45 MB, held by the heap).
-        self.assertLess(grown, 150 * 1024, "RSS grew by %d kB for 10 agents" % grown)
+        # Not under ASan, whose quarantine keeps every freed parse; the
+        # stored facts below tell the same there.
+        if not sanitizer_build():
+            self.assertLess(grown, 150 * 1024, "RSS grew by %d kB for 10 agents" % grown)
         st, _, listing = harness.http_json("GET", srv.url + "/admin/agents")
         self.assertEqual(st, 200, listing)
-        rows = listing["agents"] if isinstance(listing, dict) else listing
-        self.assertEqual(len(rows), 10)
-        self.assertTrue(all(r["gpus"] == [gpu] for r in rows), rows[0])
+        self.assertEqual(len(listing["agents"]), 10)
         # A body with more than a handful of errors, or over the size kept:
         # refused, naming the field.
         a = agents[0]
