@@ -485,6 +485,44 @@ static bool canon_add(gps_head *out, size_t cap, const char *s, size_t n)
         return (st);                                                                               \
     } while (0)
 
+/* The fields home mode and pool loops look at (issue 25): Host, Origin,
+ * Content-Type, X-Pool-Via. 0, or the status to refuse with. */
+static int head_site_field(gps_head *out, const char *name, size_t nl, const char *v,
+                           size_t vlen, char *msg, size_t msglen)
+{
+#define IS(n) (nl == sizeof(n) - 1 && strncasecmp(name, n, nl) == 0)
+    if (IS("Host")) {
+        if (out->has_host)
+            HEAD_FAIL(400, "more than one Host header");
+        out->has_host = true;
+        if (vlen < sizeof out->host)
+            snprintf(out->host, sizeof out->host, "%.*s", (int)vlen, v);
+    } else if (IS("Origin")) {
+        if (out->has_origin)
+            HEAD_FAIL(400, "more than one Origin header");
+        out->has_origin = true;
+        if (vlen < sizeof out->origin)
+            snprintf(out->origin, sizeof out->origin, "%.*s", (int)vlen, v);
+    } else if (IS("X-Pool-Via")) {
+        if (out->has_via)
+            HEAD_FAIL(400, "more than one X-Pool-Via header");
+        out->has_via = true;
+        if (vlen >= sizeof out->via)
+            HEAD_FAIL(400, "X-Pool-Via longer than %zu bytes: a loop of pools?",
+                      sizeof out->via - 1);
+        snprintf(out->via, sizeof out->via, "%.*s", (int)vlen, v);
+    } else if (IS("Content-Type")) {
+        /* A second one makes the type unknown ("" never matches). */
+        if (!out->has_ctype && vlen < sizeof out->ctype)
+            snprintf(out->ctype, sizeof out->ctype, "%.*s", (int)vlen, v);
+        else
+            out->ctype[0] = '\0';
+        out->has_ctype = true;
+    }
+#undef IS
+    return 0;
+}
+
 int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
                         size_t canon_cap, char *msg, size_t msglen)
 {
@@ -587,33 +625,10 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
         } else if (IS("X-Correlation-Id")) {
             if (vlen < sizeof out->corr)
                 snprintf(out->corr, sizeof out->corr, "%.*s", (int)vlen, v);
-        } else if (IS("Host")) {
-            if (out->has_host)
-                HEAD_FAIL(400, "more than one Host header");
-            out->has_host = true;
-            if (vlen < sizeof out->host)
-                snprintf(out->host, sizeof out->host, "%.*s", (int)vlen, v);
-        } else if (IS("Origin")) {
-            if (out->has_origin)
-                HEAD_FAIL(400, "more than one Origin header");
-            out->has_origin = true;
-            if (vlen < sizeof out->origin)
-                snprintf(out->origin, sizeof out->origin, "%.*s", (int)vlen, v);
-        } else if (IS("X-Pool-Via")) {
-            if (out->has_via)
-                HEAD_FAIL(400, "more than one X-Pool-Via header");
-            out->has_via = true;
-            if (vlen >= sizeof out->via)
-                HEAD_FAIL(400, "X-Pool-Via longer than %zu bytes: a loop of pools?",
-                          sizeof out->via - 1);
-            snprintf(out->via, sizeof out->via, "%.*s", (int)vlen, v);
-        } else if (IS("Content-Type")) {
-            /* A second one makes the type unknown ("" never matches). */
-            if (!out->has_ctype && vlen < sizeof out->ctype)
-                snprintf(out->ctype, sizeof out->ctype, "%.*s", (int)vlen, v);
-            else
-                out->ctype[0] = '\0';
-            out->has_ctype = true;
+        } else {
+            int st = head_site_field(out, p, nl, v, vlen, msg, msglen);
+            if (st)
+                return st;
         }
 #undef IS
         if (!canon_add(out, canon_cap, p, nl) || !canon_add(out, canon_cap, ": ", 2) || !canon_add(out, canon_cap, v, vlen) ||
