@@ -100,7 +100,24 @@ set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "file:///usr/share/doc/gpupool/README.md")
 # list below (Debian 12's names).
 find_program(GPUPOOL_DPKG_SHLIBDEPS dpkg-shlibdeps)
 find_program(GPUPOOL_FILE_CMD file)
-if(GPUPOOL_DPKG_SHLIBDEPS AND GPUPOOL_FILE_CMD)
+if(GPUPOOL_DPKG_SHLIBDEPS AND GPUPOOL_FILE_CMD AND TARGET gpupool-cuda)
+  # A CUDA build packs the CUDA plugin (P/lib/gpupool/libgpupool-cuda.so),
+  # which links libcudart/libcublas. The package must not depend on them:
+  # the engine loads the plugin at run time and runs on the CPU when it
+  # cannot (docs/cuda.md). So the Depends are computed at cpack time from
+  # the binaries alone (cmake/ShlibdepsNoCuda.cmake), not by CPack from
+  # every ELF file in the package.
+  set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS OFF)
+  set(GPUPOOL_SHLIBDEPS_BINARIES
+      "$<TARGET_FILE:gpupool-server>;$<TARGET_FILE:gpupool-agent>;$<TARGET_FILE:gpupool-run>;$<TARGET_FILE:gpupoolctl>")
+  file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/gpupool-cpack-project.cmake CONTENT "
+set(GPUPOOL_SHLIBDEPS \"${GPUPOOL_DPKG_SHLIBDEPS}\")
+set(GPUPOOL_SHLIBDEPS_BINARIES \"${GPUPOOL_SHLIBDEPS_BINARIES}\")
+set(GPUPOOL_SHLIBDEPS_WORKDIR \"${CMAKE_BINARY_DIR}/gpupool-shlibdeps\")
+include(\"${CMAKE_CURRENT_LIST_DIR}/ShlibdepsNoCuda.cmake\")
+")
+  set(CPACK_PROJECT_CONFIG_FILE ${CMAKE_BINARY_DIR}/gpupool-cpack-project.cmake)
+elseif(GPUPOOL_DPKG_SHLIBDEPS AND GPUPOOL_FILE_CMD)
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 else()
   set(CPACK_DEBIAN_PACKAGE_DEPENDS

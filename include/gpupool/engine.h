@@ -72,9 +72,18 @@ typedef struct gpe_model gpe_model;
 
 typedef enum gpe_backend_kind { GPE_BACKEND_CPU = 0, GPE_BACKEND_CUDA = 1 } gpe_backend_kind;
 
+#define GPE_MAX_DEVICES 16
+
 typedef struct gpe_model_params {
     gpe_backend_kind backend;   /* default CPU */
-    int gpu_device;             /* CUDA device index */
+    int gpu_device;             /* CUDA device when n_devices == 0 */
+    int n_devices;              /* >= 2: layers split over devices[0..n_devices-1] in order
+                                   (llama.cpp's --split-mode layer); the same index may repeat
+                                   (tests split over one GPU); 0 or 1: one device (devices[0]
+                                   when n_devices == 1, else gpu_device) */
+    int devices[GPE_MAX_DEVICES];
+    float split[GPE_MAX_DEVICES]; /* share of the layers per device; all 0 = in proportion to
+                                     each device's free VRAM at context creation */
     bool vocab_only;            /* load metadata + tokenizer only (no weights needed) */
 } gpe_model_params;
 
@@ -213,14 +222,38 @@ typedef struct gpe_ctx_params {
     int n_threads;    /* 0 = number of online CPUs */
     int n_batch;      /* max tokens per gpe_decode; default 512 */
     bool kv_f16;      /* KV cache in F16 (half the memory; llama.cpp's default and
-                         its rounding) instead of F32; default false. CPU only. */
+                         its rounding) instead of F32; default false. CPU and CUDA. */
 } gpe_ctx_params;
 
 gpe_ctx_params gpe_ctx_default_params(void);
+/* Creates a context on the model's backend. CUDA: weights, K/V and scratch
+ * are uploaded to the model's device(s) after a VRAM preflight per device
+ * (GPE_ERR_INSUFFICIENT_VRAM naming the device and the numbers). */
 gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **out, char *err,
                         size_t errlen);
 void gpe_ctx_free(gpe_ctx *ctx);
 int gpe_ctx_n_ctx(const gpe_ctx *ctx);
+
+/* What a context with these params would need on each device of the
+ * model's placement, without allocating anything (CPU models: GPE_ERR_ARG).
+ * out[i] is for the i-th device of the placement (devices[] order, or
+ * gpu_device alone); *n_out receives how many. */
+typedef struct gpe_vram_need {
+    int device;
+    int layer_begin, layer_end;         /* layers [begin, end) on this device */
+    uint64_t weights, kv, scratch, reserve, total;
+    uint64_t free_bytes;                /* free on that device now */
+} gpe_vram_need;
+gpe_status gpe_ctx_vram_estimate(const gpe_model *m, const gpe_ctx_params *p,
+                                 gpe_vram_need out[GPE_MAX_DEVICES], int *n_out,
+                                 char *err, size_t errlen);
+
+/* After gpe_ctx_init: the backend a context runs on ("cpu", "cuda") and,
+ * for GPU contexts, its devices and the bytes it holds on each (returns how
+ * many entries were written; 0 for CPU contexts; free_bytes filled at the
+ * call). */
+const char *gpe_ctx_backend_name(const gpe_ctx *ctx);
+int gpe_ctx_devices(const gpe_ctx *ctx, gpe_vram_need out[GPE_MAX_DEVICES]);
 /* Forget everything sequence seq holds (its positions restart at 0). */
 void gpe_seq_clear(gpe_ctx *ctx, int seq);
 /* Keep the first n positions of sequence seq and forget the rest (n >=
@@ -248,7 +281,13 @@ int gpe_batch_size(const gpe_batch *b);
 
 /* Run the model on a batch. Prompt tokens of a sequence are processed
  * together (prefill); single tokens of several sequences share one pass over
- * the weights (decode). On error nothing is appended to the KV cache. */
+ * the weights (decode). On error nothing is appended to the KV cache.
+ * A device failure (any CUDA error, device lost, out of memory) returns
+ * GPE_ERR_BACKEND (GPE_ERR_INSUFFICIENT_VRAM for out-of-memory) with a
+ * message starting "CUDA device N: "; the context is then unusable (every
+ * later decode fails): free it and create a new one. Test hook:
+ * GPUPOOL_ENGINE_FAULT (docs/engine.md) injects such a failure on any
+ * backend. */
 gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen);
 /* Logits (n_vocab floats) of batch entry i from the last gpe_decode, or NULL
  * when that entry did not ask for logits. Valid until the next decode. */
@@ -325,7 +364,23 @@ int gpe_stop_prime(gpe_stop *st, const char *held, size_t len);
 
 /* Which SIMD path the CPU backend chose at run time ("avx512", "avx2", "scalar"). */
 const char *gpe_cpu_features(void);
-/* Is the CUDA backend compiled in, and are devices visible? */
+/* GPUs the CUDA backend sees. Loads the backend on first use (it is a
+ * plugin, libgpupool-cuda.so, loaded at run time: a machine without the CUDA
+ * runtime or driver simply has 0 devices; docs/cuda.md says where it is
+ * looked for). Returns the number of devices (0 when none); when 0, `why`
+ * (may be NULL) says why in one line. */
+int gpe_gpu_count(char *why, size_t whylen);
+
+typedef struct gpe_gpu_info {
+    int index;
+    char name[96];              /* "NVIDIA H100 80GB HBM3" */
+    char pci_bus_id[32];
+    int cc_major, cc_minor;
+    uint64_t total_bytes, free_bytes;   /* cudaMemGetInfo at the time of the call */
+} gpe_gpu_info;
+gpe_status gpe_gpu_info_get(int device, gpe_gpu_info *out, char *err, size_t errlen);
+
+/* Is the CUDA backend loadable, and are devices visible? (gpe_gpu_count > 0) */
 bool gpe_cuda_available(void);
 /* CUDA backend self-test (kernels vs the CPU reference); message in err. */
 gpe_status gpe_cuda_selftest(char *err, size_t errlen);

@@ -169,6 +169,18 @@ static agent_job *job_find(agent *a, const char *id)
     return NULL;
 }
 
+/* The backend's slots (backend.h): all of them, and those it offers now. */
+static void slot_counts(agent *a, int *total, int *usable)
+{
+    if (a->be->ops->slots) {
+        a->be->ops->slots(a->be, total, usable);
+        if (*total < 1)
+            *total = 1;
+        return;
+    }
+    *total = *usable = a->o->slots > 0 ? (int)a->o->slots : 1;
+}
+
 static int busy_slots(agent *a)
 {
     int n = 0;
@@ -494,11 +506,12 @@ static void add_liveness(agent *a, json_t *body, bool with_jobs)
 
 static json_t *poll_body(agent *a)
 {
-    int busy = busy_slots(a);
+    int busy = busy_slots(a), total, usable;
+    slot_counts(a, &total, &usable);
     json_t *b = json_pack("{s:s,s:s,s:s,s:o,s:{s:I,s:i},s:i,s:O,s:s}", "agent_id", a->id,
                           "name", a->name, "version", AGENT_VERSION, "models",
                           a->be->ops->models(a->be), "slots", "total",
-                          (json_int_t)a->o->slots, "busy", busy, "queue_depth", 0, "labels",
+                          (json_int_t)total, "busy", busy, "queue_depth", 0, "labels",
                           a->labels, "status", a->draining ? "draining" : "online");
     if (!b)
         return NULL;
@@ -506,6 +519,9 @@ static json_t *poll_body(agent *a)
     json_object_set_new(b, "gpus", agent_facts_gpus());
     if (!json_object_get(b, "models"))
         json_object_set_new(b, "models", json_array());
+    /* The backend in use (docs/protocol.md "Backend and GPUs"): the gguf
+     * backend says cuda or cpu in its poll_facts. */
+    json_object_set_new(b, "backend", json_string(a->be->ops->name));
     if (a->be->ops->poll_facts)
         a->be->ops->poll_facts(a->be, b);
     add_liveness(a, b, true);
@@ -1287,8 +1303,10 @@ int agent_run(agent *a)
 {
     a->next_poll_ms = gp_now_mono_ms();
     a->next_work_ms = UINT64_MAX;
-    gp_log_info("agent_start", "agent %s (%s) serving through backend %s, %lld slot(s), server %s",
-                a->id, a->name, a->be->ops->name, a->o->slots, a->base);
+    int total, usable;
+    slot_counts(a, &total, &usable);
+    gp_log_info("agent_start", "agent %s (%s) serving through backend %s, %d slot(s), server %s",
+                a->id, a->name, a->be->ops->name, total, a->base);
     if (a->o->insecure)
         gp_log_warn("tls_insecure",
                     "INSECURE: the server's TLS certificate is NOT verified (--insecure); anyone "
@@ -1396,7 +1414,9 @@ int agent_run(agent *a)
         /* Keep a long-poll parked at all times: with free slots it asks
          * for work; busy or draining (free_slots 0) it is the liveness
          * channel whose close tells the server this process is gone. */
-        int free_slots = (int)a->o->slots - busy_slots(a);
+        int total, usable;
+        slot_counts(a, &total, &usable);
+        int free_slots = usable - busy_slots(a);
         if (free_slots < 0 || a->draining || a->server_drain)
             free_slots = 0;
         if (a->no_liveness && a->draining && a->drain_announced && a->work_req) {
@@ -1504,7 +1524,9 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     }
     /* Several requests (long-poll, heartbeat, uploads) share a few reused
      * connections to the one server. */
-    curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(a->o->slots + 4));
+    int total, usable;
+    slot_counts(a, &total, &usable);
+    curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(total + 4));
     free(key);
     return a;
 fail:

@@ -2,6 +2,7 @@
 #include "agent/agent_config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -19,7 +20,9 @@ const gp_opt agent_config_table[] = {
      "or an agent key; omit while the server runs with auth off"},
     {"state-dir", GP_OPT_STR, O(state_dir), "/var/lib/gpupool-agent", 0, 0, NULL,
      "directory for the persistent agent_id and agent.key (created 0700)"},
-    {"slots", GP_OPT_INT, O(slots), "1", 1, 1024, NULL, "concurrent jobs"},
+    {"slots", GP_OPT_STR, O(slots_opt), "auto", 0, 0, NULL,
+     "concurrent jobs (1..1024), or auto: 1 for the openai backend and a model on the CPU; "
+     "on GPUs as many as fit in free VRAM (logged at start)"},
     {"name", GP_OPT_STR, O(name), NULL, 0, 0, NULL, "display name (default: host name)"},
     {"labels", GP_OPT_STR, O(labels), "", 0, 0, NULL, "labels for scheduling, k=v,k2=v2"},
     {"log-level", GP_OPT_STR, O(log_level), "info", 0, 0, "debug|info|warn|error",
@@ -70,7 +73,18 @@ const gp_opt agent_config_table[] = {
     {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
      "gguf backend: CPU threads (0 = all cores)"},
     {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
-     "gguf backend: context length per slot (0 = the model's)"},
+     "gguf backend: context length per slot (0 = the model's; on GPUs with --slots auto the "
+     "model's capped at 8192)"},
+    {"backend", GP_OPT_STR, O(backend), "auto", 0, 0, "auto|cuda|cpu",
+     "gguf backend: where the model runs: auto (CUDA when a GPU is visible and the model "
+     "fits, else the CPU; the choice is logged), cuda (refuse to start without a usable GPU), "
+     "cpu"},
+    {"devices", GP_OPT_STR, O(devices), "all", 0, 0, NULL,
+     "gguf backend: CUDA devices to use, all or a list such as 0,2 (a model that fits one GPU "
+     "runs on each of them; a larger one is split by layers over them)"},
+    {"kv-f16", GP_OPT_STR, O(kv_f16), "auto", 0, 0, "auto|on|off",
+     "gguf backend: F16 KV cache (half the memory of F32); auto: on with CUDA, off on the "
+     "CPU"},
     {"events-batch", GP_OPT_BOOL, O(events_batch), "true", 0, 0, NULL,
      "upload the events of all running jobs in one request when the server takes it"},
     {"events-batch-ms", GP_OPT_INT, O(events_batch_ms), "0", 0, 1000, NULL,
@@ -89,6 +103,63 @@ static bool is_http_url(const char *s)
 {
     return s && (strncmp(s, "http://", 7) == 0 || strncmp(s, "https://", 8) == 0) &&
            s[strncmp(s, "https://", 8) == 0 ? 8 : 7] != '\0';
+}
+
+/* --slots: "auto" (0) or 1..1024. */
+static int agent_slots_parse(agent_options *out, char *err, size_t errlen)
+{
+    const char *v = out->slots_opt ? out->slots_opt : "auto";
+    if (strcmp(v, "auto") == 0) {
+        out->slots = 0;
+        return 0;
+    }
+    char *end = NULL;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || n < 1 || n > 1024) {
+        snprintf(err, errlen, "slots: '%s' must be auto or a number from 1 to 1024", v);
+        return -1;
+    }
+    out->slots = n;
+    return 0;
+}
+
+/* --devices: "all" or a comma list of distinct device numbers. */
+static int agent_devices_check(const agent_options *out, char *err, size_t errlen)
+{
+    int list[AGENT_MAX_DEVICES];
+    if (agent_devices_parse(out->devices, list, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
+int agent_devices_parse(const char *spec, int out[AGENT_MAX_DEVICES], char *err, size_t errlen)
+{
+    if (!spec || strcmp(spec, "all") == 0)
+        return 0;
+    int n = 0;
+    const char *p = spec;
+    for (;;) {
+        char *end = NULL;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d > 255 || (*end != ',' && *end != '\0')) {
+            snprintf(err, errlen, "devices: '%s' must be all or a list of device numbers such "
+                     "as 0,2", spec);
+            return -1;
+        }
+        for (int i = 0; i < n; i++)
+            if (out[i] == (int)d) {
+                snprintf(err, errlen, "devices: device %ld is listed twice", d);
+                return -1;
+            }
+        if (n == AGENT_MAX_DEVICES) {
+            snprintf(err, errlen, "devices: at most %d devices", AGENT_MAX_DEVICES);
+            return -1;
+        }
+        out[n++] = (int)d;
+        if (*end == '\0')
+            return n;
+        p = end + 1;
+    }
 }
 
 int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv, char **envp,
@@ -177,6 +248,8 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
         snprintf(err, errlen, "alias: must not be empty");
         return -1;
     }
+    if (agent_slots_parse(out, err, errlen) < 0 || agent_devices_check(out, err, errlen) < 0)
+        return -1;
     json_t *labels = agent_labels_parse(out->labels, err, errlen);
     if (!labels)
         return -1;

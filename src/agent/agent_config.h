@@ -20,7 +20,8 @@ typedef struct agent_options {
     char *server;              /* base URL, "http://127.0.0.1:8080" */
     char *token;               /* enrollment token or agent key; NULL with auth off */
     char *state_dir;           /* holds agent_id (0600); created 0700 */
-    long long slots;           /* concurrent jobs (>= 1) */
+    long long slots;           /* concurrent jobs (>= 1); 0 = auto (from --slots auto) */
+    char *slots_opt;           /* --slots as given: "auto" or a number */
     char *name;                /* display name; default: host name */
     char *labels;              /* "k=v,k2=v2" (parse with agent_labels_parse) */
     char *log_level;           /* debug|info|warn|error */
@@ -45,13 +46,23 @@ typedef struct agent_options {
     long long model_download_attempts; /* attempts in a row without progress */
     long long model_max_bytes;   /* largest model file a download accepts */
     long long threads;         /* CPU threads for the engine (0 = auto) */
-    long long ctx_size;        /* context length per slot (0 = model's) */
+    long long ctx_size;        /* context length per slot (0 = model's; auto on a GPU) */
+    char *backend;             /* auto|cuda|cpu: where the engine runs the model (NULL, in
+                                  options filled by hand: cpu) */
+    char *devices;             /* "all" or "0,2": CUDA devices the engine may use */
+    char *kv_f16;              /* auto|on|off: F16 KV cache (auto: on with CUDA) */
     bool prefix_cache;         /* reuse each slot's cached prompt prefix (default on) */
     bool events_batch;         /* one upload for the events of all jobs (default on) */
     long long events_batch_ms; /* with 2+ jobs running, wait this long to fill a batch */
     /* --- both --- */
     char *alias;               /* public model id (default: upstream model / file stem) */
 } agent_options;
+
+#define AGENT_MAX_DEVICES 16   /* as the engine's GPE_MAX_DEVICES */
+
+/* --devices: "all" (or NULL) -> 0; else the listed device numbers into
+ * out[] and their count (>= 1); -1 with err when malformed. */
+int agent_devices_parse(const char *spec, int out[AGENT_MAX_DEVICES], char *err, size_t errlen);
 
 extern const gp_opt agent_config_table[];
 extern const size_t agent_config_table_len;

@@ -75,6 +75,13 @@ typedef struct {
 typedef struct {
     unsigned int gpu, memory;
 } nvml_utilization;
+/* nvmlPciInfo_t (v3): the legacy 16-byte bus id, domain, bus, device,
+ * two ids, then the 32-byte "00000000:3B:00.0" bus id. */
+typedef struct {
+    char bus_id_legacy[16];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
+} nvml_pci;
 
 static struct {
     int state; /* 0 untried, 1 ready, -1 absent */
@@ -88,6 +95,8 @@ static struct {
     int (*temp)(nvml_device, int, unsigned int *);
     int (*driver)(char *, unsigned int);
     int (*cc)(nvml_device, int *, int *);
+    int (*power)(nvml_device, unsigned int *);   /* milliwatts */
+    int (*pci)(nvml_device, nvml_pci *);
 } nv;
 
 static void nvml_load(void)
@@ -106,6 +115,8 @@ static void nvml_load(void)
     SYM(temp, "nvmlDeviceGetTemperature");
     SYM(driver, "nvmlSystemGetDriverVersion");
     SYM(cc, "nvmlDeviceGetCudaComputeCapability");
+    SYM(power, "nvmlDeviceGetPowerUsage");
+    SYM(pci, "nvmlDeviceGetPciInfo_v3");
 #undef SYM
     if (!nv.init || !nv.count || !nv.handle || nv.init() != 0) {
         dlclose(nv.lib);
@@ -140,6 +151,7 @@ json_t *agent_facts_gpus(void)
         if (nv.memory && nv.memory(d, &m) == 0) {
             json_object_set_new(g, "vram_total", json_integer((json_int_t)m.total));
             json_object_set_new(g, "vram_used", json_integer((json_int_t)m.used));
+            json_object_set_new(g, "vram_free", json_integer((json_int_t)m.free));
         }
         nvml_utilization u;
         if (nv.util && nv.util(d, &u) == 0)
@@ -147,6 +159,18 @@ json_t *agent_facts_gpus(void)
         unsigned int t = 0;
         if (nv.temp && nv.temp(d, 0 /* NVML_TEMPERATURE_GPU */, &t) == 0)
             json_object_set_new(g, "temperature", json_integer(t));
+        unsigned int mw = 0;
+        if (nv.power && nv.power(d, &mw) == 0)
+            json_object_set_new(g, "power_w", json_real(mw / 1000.0));
+        nvml_pci pci;
+        if (nv.pci && nv.pci(d, &pci) == 0) {
+            /* The same form CUDA reports (cudaDeviceGetPCIBusId): the
+             * backend finds its devices in this list by it. */
+            char bus[32];
+            snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", pci.domain & 0xffff, pci.bus & 0xff,
+                     pci.device & 0xff);
+            json_object_set_new(g, "pci_bus_id", json_string(bus));
+        }
         if (driver[0])
             json_object_set_new(g, "driver", json_string(driver));
         int ma = 0, mi = 0;

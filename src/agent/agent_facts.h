@@ -17,7 +17,13 @@
  * "cpu":{"vendor":"cpu","name":...,"cores":N}}. New reference. */
 json_t *agent_facts_static(void);
 /* Live GPU list (NVML), [] when NVML is absent or fails. New reference.
- * Call from one thread only (the agent loop). */
+ * Each entry: vendor, index (NVML's, as nvidia-smi shows), name,
+ * vram_total/used/free (bytes), utilization (0..1), temperature (C),
+ * power_w, pci_bus_id ("0000:3b:00.0", lower case), driver,
+ * compute_capability; a figure NVML cannot give is absent. The gguf
+ * backend adds what it knows of the GPUs it uses (vram_model, state,
+ * cuda_device) in its poll_facts. Call from one thread only (the agent
+ * loop). */
 json_t *agent_facts_gpus(void);
 
 /* SHA-256 (64 lowercase hex chars) of the model file at path, reported as

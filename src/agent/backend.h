@@ -121,6 +121,11 @@ typedef struct agent_backend_ops {
                      size_t errlen);
     /* Ask a running job to stop (asynchronous, idempotent). */
     void (*job_cancel)(agent_backend *b, const char *job_id);
+    /* (optional, may be NULL: --slots, auto = 1) The backend's slots:
+     * *total all it has (>= 1, the poll's slots.total), *usable those it
+     * offers now (0..total: the gguf backend stops offering the slots of a
+     * GPU that failed until it is re-initialised). Thread-safe. */
+    void (*slots)(agent_backend *b, int *total, int *usable);
 } agent_backend_ops;
 
 /* Every backend embeds this as the FIRST member of its own struct. */

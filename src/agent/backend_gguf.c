@@ -1,18 +1,29 @@
 /*
  * backend_gguf: the agent's embedded-engine backend (--model FILE.gguf).
  *
- * One engine context holds one KV sequence per agent slot. One decode
- * thread owns the context and runs every job together: each step it builds
- * one batch with the prompt tokens of newly admitted jobs (prefill, at most
+ * Where the model runs is gguf_plan.h's choice (--backend, --devices,
+ * --slots): one engine context on the CPU; on CUDA one per GPU (or one
+ * split by layers over several). Each engine holds one KV sequence per
+ * slot of its share of the agent's slots, and one decode thread per engine
+ * owns its context and runs its jobs together: each step it builds one
+ * batch with the prompt tokens of newly admitted jobs (prefill, at most
  * n_batch tokens per step so running jobs keep streaming) and the last
  * sampled token of every generating job (decode), so the weights are read
- * once per step for all slots (continuous batching).
+ * once per step for all its slots (continuous batching).
  *
  * Threads: the agent's main thread calls create/models/poll_facts/
- * job_start/job_cancel/destroy; they only touch the shared queue and flags
- * under mu. The decode thread owns ctx, the slots' samplers and stop
- * matchers, and calls the sinks (one thread, so each job's callbacks are in
- * order). Jobs wait in `pending` until a slot is free.
+ * job_start/job_cancel/slots/destroy; they only touch the shared queue and
+ * flags under mu. Any decode thread may tokenize a pending job and reserve
+ * a free slot for it on any engine (the best slot over all of them); the
+ * slot's engine thread admits it, owns its sampler and stop matcher, and
+ * calls its sinks (one thread per job from then on, so each job's
+ * callbacks are in order). Jobs wait in `pending` until a slot is free.
+ *
+ * A device fault (GPE_ERR_BACKEND, GPE_ERR_INSUFFICIENT_VRAM from a
+ * decode) fails that engine's jobs with DEVICE_ERROR / INSUFFICIENT_VRAM
+ * (the server fails them over), takes its slots out of service, frees its
+ * context and re-creates it with exponential backoff (engine_fault,
+ * engine_reinit); the other engines go on.
  *
  * Job kinds: completion (prompt), chat (messages rendered with the model's
  * chat template, gpe_chat_apply_tools: OpenAI tools and tool messages go
@@ -59,6 +70,7 @@
 #include <time.h>
 
 #include "agent/agent_facts.h"
+#include "agent/gguf_plan.h"
 #include "common/gp_prefix.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -100,6 +112,7 @@ typedef struct gjob {
     int prog_fed;              /* n_fed at the last progress report */
     double t_prog;             /* time of the last progress report (or admission) */
     /* prompt-prefix cache */
+    bool preparing;            /* under mu: a decode thread is tokenizing it */
     bool prepared;             /* tokenized (decode thread, while still pending) */
     bool finished;             /* ended while pending (count_tokens, errors): terminal sent */
     int reused;                /* prompt tokens whose K/V the slot already held */
@@ -121,31 +134,65 @@ typedef struct slot_cache {
     double used_at;            /* under mu: when its last job was admitted (0: never) */
 } slot_cache;
 
-typedef struct gguf_backend {
+typedef struct gguf_backend gguf_backend;
+
+/* One engine context: on the CPU the only one; on CUDA one per GPU (or
+ * one split over several). Its slots are b->slots[slot0 .. slot0 +
+ * n_slots), sequence s - slot0 of ctx. Its decode thread owns ctx; after
+ * a device fault ctx is freed and re-created with backoff (engine_fault,
+ * engine_reinit) while the other engines go on. */
+typedef struct gguf_engine {
+    gguf_backend *b;
+    int id;
+    gpe_model *model;          /* owned */
+    gpe_ctx *ctx;              /* decode thread; NULL while out of service */
+    gpe_ctx_params cp;         /* how ctx is (re-)created */
+    int slot0, n_slots;
+    int n_devices;             /* 0 on the CPU */
+    int devices[GPE_MAX_DEVICES];
+    char pci[GPE_MAX_DEVICES][32]; /* PCI bus id of each device ("" unknown), for the facts */
+    char gpu_name[GPE_MAX_DEVICES][96];
+    uint64_t gpu_total[GPE_MAX_DEVICES];
+    pthread_t thread;
+    bool thread_started;
+    double backoff_s;          /* decode thread: the next re-init delay (0: none yet) */
+    /* under b->mu */
+    bool ready;                /* offers its slots */
+    long long faults;          /* device faults since start */
+    char error[320];           /* the last device error, "" none */
+    double retry_at;           /* while not ready: when the next re-init is tried */
+    uint64_t held[GPE_MAX_DEVICES]; /* bytes ctx holds per device (gpe_ctx_devices) */
+    long kv_used;              /* positions held */
+} gguf_engine;
+
+struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
-    gpe_model *model;
-    gpe_ctx *ctx;
+    gpe_model *model;          /* engines[0]'s: tokenizer, chat template, facts */
+    gguf_engine *eng;          /* [n_eng] */
+    int n_eng;
+    gpe_backend_kind kind;
+    bool refused;              /* the model cannot run here: no engine, refusal says why */
+    char refusal[1280];
     gpe_model_info info;
     char *alias;
     char digest[65];           /* sha256 of the model file; "" when unknown */
     char *test_gate;           /* GPUPOOL_TEST_TOKEN_GATE (tests only), or NULL */
     int n_slots, n_ctx, n_batch;
-    pthread_t thread;
-    bool thread_started;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;         /* broadcast: several decode threads wait on it */
     bool stopping;             /* under mu */
     gjob *pending;             /* under mu: FIFO of jobs not yet admitted */
-    gjob **slots;              /* [n_slots]; entries owned by the decode thread,
-                                  read under mu by job_cancel */
-    long kv_used;              /* under mu: positions held, for poll_facts */
+    gjob **slots;              /* [n_slots] under mu: a job reserved for the slot
+                                  (state J_PENDING) or running in it; written by the
+                                  slot's engine thread, and by any thread reserving a
+                                  free slot */
     int n_pending;             /* under mu */
     bool prefix_cache;         /* --prefix-cache (default on) */
     slot_cache *cache;         /* [n_slots] */
-    uint64_t tick;             /* decode thread: admissions so far */
+    uint64_t tick;             /* under mu: admissions so far */
     /* under mu: prompt-prefix cache counters since start (poll facts) */
     long long pc_lookups, pc_hits, pc_saved, pc_computed;
-} gguf_backend;
+};
 
 static double now_s(void)
 {
@@ -657,34 +704,55 @@ static int reusable(const slot_cache *c, const gjob *j)
  * would throw away that slot's conversation for next to no saving. */
 #define PREFIX_MIN_USEFUL 16
 
-/* Under mu: the free slot for a prepared job. With the prefix cache, the
- * one whose cached sequence gives the most tokens; ties, and when no slot
- * has a useful prefix (at least PREFIX_MIN_USEFUL tokens, or all that the
- * slot holds so nothing is lost), the least recently used: its K/V is the
- * least likely to be wanted again. Without the cache, the first free slot. */
+/* Under mu: the free slot for a prepared job, over every engine that is
+ * in service (a conversation's slot may be on any GPU). With the prefix
+ * cache, the one whose cached sequence gives the most tokens; ties, and
+ * when no slot has a useful prefix (at least PREFIX_MIN_USEFUL tokens, or
+ * all that the slot holds so nothing is lost), the least recently used:
+ * its K/V is the least likely to be wanted again; among unused slots the
+ * engine with the fewest busy slots first (jobs spread over the GPUs).
+ * Without the cache, the first free slot of the least busy engine. */
 static int choose_slot(gguf_backend *b, const gjob *j)
 {
-    int best = -1, best_reuse = -1;
-    for (int s = 0; s < b->n_slots; s++) {
-        if (b->slots[s])
+    int best = -1, best_reuse = -1, best_busy = 0;
+    for (int e = 0; e < b->n_eng; e++) {
+        gguf_engine *g = &b->eng[e];
+        if (!g->ready)
             continue;
-        if (!b->prefix_cache)
-            return s;
-        int r = reusable(&b->cache[s], j);
-        if (r < PREFIX_MIN_USEFUL && r < b->cache[s].n)
-            r = 0;
-        if (r > best_reuse || (r == best_reuse && b->cache[s].tick < b->cache[best].tick)) {
-            best = s;
-            best_reuse = r;
+        int busy = 0;
+        for (int s = g->slot0; s < g->slot0 + g->n_slots; s++)
+            busy += b->slots[s] != NULL;
+        for (int s = g->slot0; s < g->slot0 + g->n_slots; s++) {
+            if (b->slots[s])
+                continue;
+            int r = b->prefix_cache ? reusable(&b->cache[s], j) : 0;
+            if (r < PREFIX_MIN_USEFUL && r < b->cache[s].n)
+                r = 0;
+            bool better = r > best_reuse;
+            if (!better && r == best_reuse) {
+                /* equal reuse: prefer the less busy engine, then the LRU slot */
+                better = busy < best_busy ||
+                         (busy == best_busy && b->prefix_cache &&
+                          b->cache[s].tick < b->cache[best].tick);
+            }
+            if (better) {
+                best = s;
+                best_reuse = r;
+                best_busy = busy;
+            }
+            if (!b->prefix_cache)
+                break; /* any free slot of this engine is as good */
         }
     }
     return best;
 }
 
-/* Admit a prepared job into its slot: set up sampling, and keep the
- * slot's cached prefix (prefill starts after it) or clear the slot. */
-static bool job_admit(gguf_backend *b, gjob *j, int slot)
+/* Admit a reserved job into its slot (decode thread of the slot's
+ * engine): set up sampling, and keep the slot's cached prefix (prefill
+ * starts after it) or clear the slot. */
+static bool job_admit(gguf_engine *e, gjob *j, int slot)
 {
+    gguf_backend *b = e->b;
     j->smp = gpe_sampler_init(&j->sp);
     j->stop = gpe_stop_init((const char *const *)j->stops, j->n_stops);
     if (!j->smp || !j->stop) {
@@ -704,11 +772,11 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     int reuse = b->prefix_cache ? reusable(c, j) : 0;
     /* The K/V rows of positions < reuse were computed from the same tokens
      * at the same positions: only the rest is decoded. */
-    gpe_seq_truncate(b->ctx, slot, reuse);
+    gpe_seq_truncate(e->ctx, slot - e->slot0, reuse);
     c->n = reuse;
-    c->tick = ++b->tick;
     j->reused = j->n_fed = j->prog_fed = reuse;
     pthread_mutex_lock(&b->mu);
+    c->tick = ++b->tick;
     b->pc_lookups++;
     b->pc_hits += reuse >= PREFIX_MIN_USEFUL;   /* a BOS alone is no hit */
     b->pc_saved += reuse;
@@ -719,7 +787,6 @@ static bool job_admit(gguf_backend *b, gjob *j, int slot)
     pthread_mutex_unlock(&b->mu);
     return true;
 }
-
 /* Tests only (GPUPOOL_TEST_TOKEN_GATE=FILE): before sampling a job's
  * token number k (1-based, this attempt) wait until FILE holds a number
  * >= k, so a test can kill the agent at a chosen token without racing it.
@@ -775,8 +842,9 @@ static void job_progress(gjob *j)
 
 /* Sample from logits, stream the piece; returns a finish reason when the job
  * is done, else NULL. */
-static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
+static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
 {
+    gguf_backend *b = e->b;
     if (b->test_gate)
         test_gate_wait(b, j);
     int32_t tok = gpe_sampler_sample(j->smp, logits, gpe_model_n_vocab(b->model));
@@ -811,7 +879,7 @@ static const char *job_step(gguf_backend *b, gjob *j, const float *logits)
     }
     if (j->n_gen >= j->max_tokens)
         return "length";
-    if (gpe_seq_len(b->ctx, j->slot) >= b->n_ctx)
+    if (gpe_seq_len(e->ctx, j->slot - e->slot0) >= b->n_ctx)
         return "length";
     j->last = tok;
     j->state = J_GEN;
@@ -826,60 +894,115 @@ static void cache_push(gguf_backend *b, int s, int32_t tok)
         c->toks[c->n++] = tok;
 }
 
-/* Step 1 of the loop: wait for work, tokenize the jobs that free slots can
- * take (outside mu: they stay in `pending`, where job_cancel finds them,
- * and only this thread unlinks or frees pending jobs), then admit them in
- * FIFO order, each into its best slot. Fills admit[] and cancelled[];
- * returns whether the backend is stopping. */
-static bool admit_step(gguf_backend *b, gjob **admit, int *n_admit, bool *cancelled)
+/* Under mu: whether engine e has something to do now (or must stop). */
+static bool engine_has_work(gguf_backend *b, gguf_engine *e, double t)
 {
+    if (b->stopping)
+        return true;
+    if (!e->ready)
+        return t >= e->retry_at;
+    for (int s = e->slot0; s < e->slot0 + e->n_slots; s++)
+        if (b->slots[s])
+            return true;
+    /* `preparing` first: while it is set, another thread writes the
+     * job's other flags outside mu */
+    for (gjob *j = b->pending; j; j = j->next)
+        if (!j->preparing && (j->finished || !j->prepared))
+            return true;
+    /* prepared jobs wait for a free slot: one of ours if we have one */
+    if (b->pending)
+        for (int s = e->slot0; s < e->slot0 + e->n_slots; s++)
+            if (!b->slots[s])
+                return true;
+    return false;
+}
+
+static void cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, double until_mono)
+{
+    /* the condition variable's clock is CLOCK_REALTIME: convert */
+    double wait = until_mono - now_s();
+    if (wait <= 0)
+        return;
+    if (wait > 3600)
+        wait = 3600;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + wait;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* Step 1 of the loop: wait for work, tokenize the pending jobs that free
+ * slots can take (outside mu: they stay in `pending`, where job_cancel
+ * finds them; `preparing` keeps two engines from taking the same one),
+ * then reserve a slot for each in FIFO order, on whichever engine suits it
+ * best (choose_slot): the slot's engine admits it. idle: the previous
+ * round did nothing (wait a moment rather than spin). Fills mine[] (our
+ * slots' jobs as of now) and cancelled[]; returns whether the backend is
+ * stopping. */
+static bool admit_step(gguf_engine *e, bool idle, gjob **mine, bool *cancelled)
+{
+    gguf_backend *b = e->b;
     pthread_mutex_lock(&b->mu);
-    while (!b->stopping && !b->pending) {
-        bool busy = false;
-        for (int s = 0; s < b->n_slots; s++)
-            busy |= b->slots[s] != NULL;
-        if (busy)
-            break;
-        pthread_cond_wait(&b->cv, &b->mu);
+    if (idle && !b->stopping)
+        cond_wait_until(&b->cv, &b->mu, now_s() + 0.05);
+    while (!engine_has_work(b, e, now_s())) {
+        if (!e->ready)
+            cond_wait_until(&b->cv, &b->mu, e->retry_at);
+        else
+            pthread_cond_wait(&b->cv, &b->mu);
     }
     gjob *prep[64];
     int n_prep = 0, n_free = 0;
-    for (int s = 0; s < b->n_slots; s++)
-        n_free += b->slots[s] == NULL;
+    for (int g = 0; g < b->n_eng; g++)
+        for (int s = b->eng[g].slot0; b->eng[g].ready && s < b->eng[g].slot0 + b->eng[g].n_slots;
+             s++)
+            n_free += b->slots[s] == NULL;
     for (gjob *j = b->pending; j && !b->stopping && n_prep < n_free && n_prep < 64; j = j->next)
-        if (!j->prepared)
+        if (!j->prepared && !j->preparing) {
+            j->preparing = true;
             prep[n_prep++] = j;
+        }
     pthread_mutex_unlock(&b->mu);
 
     for (int i = 0; i < n_prep; i++)
         job_prepare(b, prep[i]);
 
     pthread_mutex_lock(&b->mu);
-    bool stopping = b->stopping;
+    for (int i = 0; i < n_prep; i++)
+        prep[i]->preparing = false;
+    bool stopping = b->stopping, reserved = false;
     gjob *done = NULL;
-    *n_admit = 0;
+    int n_reserved = 0;
     for (gjob **pp = &b->pending; *pp;) {
         gjob *j = *pp;
-        if (j->finished) {   /* ended while pending: unlink, free below */
+        if (!j->preparing && j->finished) {   /* ended while pending: unlink, free below */
             *pp = j->next;
             b->n_pending--;
             j->next = done;
             done = j;
             continue;
         }
-        if (stopping || !j->prepared || *n_admit == 64)
-            break;
+        if (stopping || j->preparing || !j->prepared || n_reserved == 64)
+            break;   /* FIFO: the jobs behind it wait too */
         int s = choose_slot(b, j);
         if (s < 0)
             break;
         *pp = j->next;
         b->n_pending--;
         j->slot = s;
-        b->slots[s] = j;   /* reserve the slot (job_cancel sees it) */
-        admit[(*n_admit)++] = j;
+        j->state = J_PENDING;
+        b->slots[s] = j;   /* reserved: its engine admits it (job_cancel sees it) */
+        n_reserved++;
+        reserved |= s < e->slot0 || s >= e->slot0 + e->n_slots;
     }
-    for (int s = 0; s < b->n_slots; s++)
-        cancelled[s] = b->slots[s] && (b->slots[s]->cancel || stopping);
+    for (int s = 0; s < e->n_slots; s++) {
+        mine[s] = b->slots[e->slot0 + s];
+        cancelled[s] = mine[s] && (mine[s]->cancel || stopping);
+    }
+    if (reserved || n_prep > 0)
+        pthread_cond_broadcast(&b->cv);   /* another engine has a job, or jobs were prepared */
     pthread_mutex_unlock(&b->mu);
     while (done) {
         gjob *next = done->next;
@@ -889,145 +1012,319 @@ static bool admit_step(gguf_backend *b, gjob **admit, int *n_admit, bool *cancel
     return stopping;
 }
 
-static void *decode_main(void *arg)
+/* Free slot s (global index) of engine e: the job leaves it; the
+ * sequence stays for the prefix cache unless keep is false. */
+static void slot_release(gguf_engine *e, int s, bool keep)
 {
-    gguf_backend *b = arg;
-    gpe_batch *batch = gpe_batch_init(b->n_batch + b->n_slots);
-    int *entry = malloc((size_t)b->n_slots * sizeof *entry);   /* slot -> batch index */
-    bool *cancelled = malloc((size_t)b->n_slots * sizeof *cancelled);
-    char err[256];
+    gguf_backend *b = e->b;
+    if (!keep && e->ctx)
+        gpe_seq_clear(e->ctx, s - e->slot0);
+    pthread_mutex_lock(&b->mu);
+    b->slots[s] = NULL;
+    if (!keep) {
+        b->cache[s].desc.kind[0] = '\0';
+        b->cache[s].n = 0;
+        b->cache[s].held = 0;
+    }
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
 
-    for (;;) {
-        /* 1. Admit pending jobs into free slots; collect cancels. */
-        gjob *admit[64];
-        int n_admit = 0;
-        bool stopping = admit_step(b, admit, &n_admit, cancelled);
-        for (int a = 0; a < n_admit; a++) {
-            gjob *j = admit[a];
-            int s = j->slot;
-            if (!cancelled[s] && !job_admit(b, j, s)) {
-                pthread_mutex_lock(&b->mu);
-                b->slots[s] = NULL;
-                pthread_mutex_unlock(&b->mu);
-                job_free(j);
-            }
-        }
-        for (int s = 0; s < b->n_slots; s++) {
-            if (!cancelled[s])
-                continue;
+/* Record what e's new context holds on each device (poll facts). */
+static void engine_note_held(gguf_engine *e)
+{
+    gpe_vram_need d[GPE_MAX_DEVICES];
+    int n = e->ctx && e->n_devices > 0 ? gpe_ctx_devices(e->ctx, d) : 0;
+    pthread_mutex_lock(&e->b->mu);
+    for (int i = 0; i < GPE_MAX_DEVICES; i++)
+        e->held[i] = i < n ? d[i].total : 0;
+    pthread_mutex_unlock(&e->b->mu);
+}
+
+/* Which devices an engine runs on, for messages: "CUDA device 0", "CUDA
+ * devices 0,1", "the CPU engine". */
+static void engine_where(const gguf_engine *e, char *buf, size_t len)
+{
+    if (e->n_devices == 0) {
+        snprintf(buf, len, "the CPU engine");
+        return;
+    }
+    size_t u = (size_t)snprintf(buf, len, "CUDA device%s ", e->n_devices > 1 ? "s" : "");
+    for (int i = 0; i < e->n_devices && u < len; i++)
+        u += (size_t)snprintf(buf + u, len - u, "%s%d", i ? "," : "", e->devices[i]);
+}
+
+#define BACKOFF_FIRST_S 1.0
+#define BACKOFF_MAX_S 60.0
+
+/* The device failed during a decode (a CUDA error, a lost device, out of
+ * VRAM because another process took it): fail the attempts running on
+ * this engine with a clear error (the server fails them over), put back
+ * the jobs only reserved here, stop offering its slots, free its context
+ * and schedule a re-init with exponential backoff. The other engines go
+ * on. */
+static void engine_fault(gguf_engine *e, gjob **mine, gpe_status st, const char *err)
+{
+    gguf_backend *b = e->b;
+    const char *code = st == GPE_ERR_INSUFFICIENT_VRAM ? "INSUFFICIENT_VRAM" : "DEVICE_ERROR";
+    char where[96], msg[640];
+    engine_where(e, where, sizeof where);
+    e->backoff_s = e->backoff_s > 0 ? e->backoff_s * 2 : BACKOFF_FIRST_S;
+    if (e->backoff_s > BACKOFF_MAX_S)
+        e->backoff_s = BACKOFF_MAX_S;
+    snprintf(msg, sizeof msg, "%s failed: %.400s (%s); the agent takes it out of service and "
+             "re-initialises it in %.0f s", where, err, gpe_status_name(st), e->backoff_s);
+    gp_log_error("engine_fault", "%s", msg);
+    for (int k = 0; k < e->n_slots; k++) {
+        gjob *j = mine[k];
+        int s = e->slot0 + k;
+        if (!j)
+            continue;
+        if (j->state == J_PENDING) {
+            /* reserved, never admitted: another engine may take it */
             pthread_mutex_lock(&b->mu);
-            gjob *j = b->slots[s];
+            b->slots[s] = NULL;
+            j->slot = -1;
+            j->next = b->pending;
+            b->pending = j;
+            b->n_pending++;
+            pthread_mutex_unlock(&b->mu);
+        } else {
+            job_error(j, code, msg);
+            job_free(j);
+            pthread_mutex_lock(&b->mu);
             b->slots[s] = NULL;
             pthread_mutex_unlock(&b->mu);
-            if (j) {
-                job_error(j, "CANCELLED", "cancelled");
+        }
+        mine[k] = NULL;
+    }
+    gpe_ctx_free(e->ctx);
+    e->ctx = NULL;
+    pthread_mutex_lock(&b->mu);
+    for (int s = e->slot0; s < e->slot0 + e->n_slots; s++) {
+        gjob *j = b->slots[s];
+        if (j && j->state == J_PENDING) {   /* reserved since our last look */
+            b->slots[s] = NULL;
+            j->slot = -1;
+            j->next = b->pending;
+            b->pending = j;
+            b->n_pending++;
+        }
+        b->cache[s].n = 0;
+        b->cache[s].held = 0;
+        b->cache[s].desc.kind[0] = '\0';
+    }
+    e->ready = false;
+    e->faults++;
+    snprintf(e->error, sizeof e->error, "%s: %.280s", code, err);
+    e->retry_at = now_s() + e->backoff_s;
+    e->kv_used = 0;
+    memset(e->held, 0, sizeof e->held);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Out of service and its backoff is over: create the context again. */
+static void engine_reinit(gguf_engine *e)
+{
+    gguf_backend *b = e->b;
+    char err[384], where[96];
+    engine_where(e, where, sizeof where);
+    gpe_ctx *c = NULL;
+    gpe_status st = gpe_ctx_init(e->model, &e->cp, &c, err, sizeof err);
+    if (st != GPE_OK) {
+        e->backoff_s = e->backoff_s * 2 > BACKOFF_MAX_S ? BACKOFF_MAX_S : e->backoff_s * 2;
+        gp_log_warn("engine_reinit_failed", "%s: %s (%s); next try in %.0f s", where, err,
+                    gpe_status_name(st), e->backoff_s);
+        pthread_mutex_lock(&b->mu);
+        snprintf(e->error, sizeof e->error, "re-init: %.300s", err);
+        e->retry_at = now_s() + e->backoff_s;
+        pthread_mutex_unlock(&b->mu);
+        return;
+    }
+    e->ctx = c;
+    engine_note_held(e);
+    pthread_mutex_lock(&b->mu);
+    e->ready = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    gp_log_info("engine_recovered", "%s is back in service (%d slot(s))", where, e->n_slots);
+}
+
+/* Step 2: one batch of e's slots: the next token of every generating
+ * job, then prompt chunks of prefilling ones up to n_batch tokens.
+ * entry[k]: the batch index whose logits slot slot0+k samples from. */
+static void build_batch(gguf_engine *e, gjob **mine, gpe_batch *batch, int *entry)
+{
+    gguf_backend *b = e->b;
+    gpe_batch_clear(batch);
+    int budget = b->n_batch;
+    for (int k = 0; k < e->n_slots; k++) {
+        entry[k] = -1;
+        gjob *j = mine[k];
+        if (j && j->state == J_GEN) {
+            entry[k] = gpe_batch_add(batch, j->last, gpe_seq_len(e->ctx, k), k, true);
+            cache_push(b, e->slot0 + k, j->last);
+        }
+    }
+    for (int k = 0; k < e->n_slots && budget > 0; k++) {
+        gjob *j = mine[k];
+        if (!j || j->state != J_PREFILL)
+            continue;
+        int take = j->n_toks - j->n_fed;
+        if (take > budget)
+            take = budget;
+        for (int i = 0; i < take; i++) {
+            bool last = j->n_fed + i == j->n_toks - 1;
+            int x = gpe_batch_add(batch, j->toks[j->n_fed + i], j->n_fed + i, k, last);
+            cache_push(b, e->slot0 + k, j->toks[j->n_fed + i]);
+            if (last)
+                entry[k] = x;
+        }
+        j->n_fed += take;
+        budget -= take;
+    }
+}
+
+/* Step 3: sample for every slot that got logits; finish jobs. A job's
+ * sequence stays in its slot for the next prompt (prefix cache), except
+ * after an error or with the cache off. */
+static void after_decode(gguf_engine *e, gjob **mine, const int *entry, gpe_status st,
+                         const char *err)
+{
+    gguf_backend *b = e->b;
+    long used = 0;
+    for (int k = 0; k < e->n_slots; k++) {
+        gjob *j = mine[k];
+        int s = e->slot0 + k;
+        slot_cache *c = &b->cache[s];
+        if (!j || j->state == J_PENDING)
+            continue;
+        const char *reason = NULL;
+        if (st != GPE_OK) {
+            job_error(j, st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR", err);
+            reason = "";
+        } else if (entry[k] >= 0) {
+            if (j->state == J_PREFILL && j->chain.units > 0) {
+                /* The whole prompt is in the sequence now: advertise it. */
+                pthread_mutex_lock(&b->mu);
+                gp_prefix_desc_of_chain(&j->chain, &c->desc);
+                pthread_mutex_unlock(&b->mu);
+            }
+            reason = job_step(e, j, gpe_get_logits(e->ctx, entry[k]));
+            if (reason)
+                job_end(j, reason);
+        } else {
+            job_progress(j);
+        }
+        if (reason) {
+            mine[k] = NULL;
+            slot_release(e, s, st == GPE_OK && b->prefix_cache);
+            job_free(j);
+        } else {
+            used += gpe_seq_len(e->ctx, k);
+        }
+    }
+    pthread_mutex_lock(&b->mu);
+    e->kv_used = used;
+    for (int k = 0; k < e->n_slots; k++) {
+        /* the record is exactly what the sequence holds (a failed
+         * decode commits nothing) */
+        int len = gpe_seq_len(e->ctx, k);
+        slot_cache *c = &b->cache[e->slot0 + k];
+        if (c->n > len)
+            c->n = len;
+        c->held = c->n;
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Stopping: pending jobs never started still get their terminal event
+ * (those that ended while pending already had theirs). */
+static void fail_pending(gguf_backend *b)
+{
+    pthread_mutex_lock(&b->mu);
+    gjob *p = b->pending, *keep = NULL;
+    b->pending = NULL;
+    b->n_pending = 0;
+    /* one being tokenized by another engine stays until it is done */
+    for (gjob *n; p; p = n) {
+        n = p->next;
+        if (p->preparing) {
+            p->next = keep;
+            keep = p;
+            b->n_pending++;
+            continue;
+        }
+        pthread_mutex_unlock(&b->mu);
+        if (!p->finished)
+            job_error(p, "CANCELLED", "agent stopping");
+        job_free(p);
+        pthread_mutex_lock(&b->mu);
+    }
+    b->pending = keep;
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void *decode_main(void *arg)
+{
+    gguf_engine *e = arg;
+    gguf_backend *b = e->b;
+    gpe_batch *batch = gpe_batch_init(b->n_batch + e->n_slots);
+    int *entry = malloc((size_t)e->n_slots * sizeof *entry);   /* slot -> batch index */
+    bool *cancelled = malloc((size_t)e->n_slots * sizeof *cancelled);
+    gjob **mine = malloc((size_t)e->n_slots * sizeof *mine);
+    char err[384];
+    bool idle = false;
+
+    while (batch && entry && cancelled && mine) {
+        /* 1. Reserve slots for pending jobs; collect cancels. */
+        bool stopping = admit_step(e, idle, mine, cancelled);
+        idle = true;
+        for (int k = 0; k < e->n_slots; k++) {
+            gjob *j = mine[k];
+            if (!j)
+                continue;
+            if (cancelled[k]) {
+                job_error(j, "CANCELLED", stopping ? "agent stopping" : "cancelled");
                 job_free(j);
+                mine[k] = NULL;
+                slot_release(e, e->slot0 + k, e->ctx != NULL && b->prefix_cache);
+                idle = false;
+            } else if (j->state == J_PENDING && e->ctx) {
+                if (!job_admit(e, j, e->slot0 + k)) {
+                    job_free(j);
+                    mine[k] = NULL;
+                    slot_release(e, e->slot0 + k, false);
+                }
+                idle = false;
             }
         }
         if (stopping) {
-            /* pending jobs never started: they still get their terminal
-             * event (those that ended while pending already had theirs) */
-            pthread_mutex_lock(&b->mu);
-            gjob *p = b->pending;
-            b->pending = NULL;
-            b->n_pending = 0;
-            pthread_mutex_unlock(&b->mu);
-            while (p) {
-                gjob *next = p->next;
-                if (!p->finished)
-                    job_error(p, "CANCELLED", "agent stopping");
-                job_free(p);
-                p = next;
-            }
+            fail_pending(b);
             break;
         }
+        if (!e->ctx) {
+            engine_reinit(e);
+            idle = false;
+            continue;
+        }
 
-        /* 2. One batch: decode tokens of generating slots, then prompt
-         *    chunks of prefilling slots up to n_batch tokens. */
-        gpe_batch_clear(batch);
-        int budget = b->n_batch;
-        for (int s = 0; s < b->n_slots; s++) {
-            entry[s] = -1;
-            gjob *j = b->slots[s];
-            if (j && j->state == J_GEN) {
-                entry[s] = gpe_batch_add(batch, j->last, gpe_seq_len(b->ctx, s), s, true);
-                cache_push(b, s, j->last);
-            }
-        }
-        for (int s = 0; s < b->n_slots && budget > 0; s++) {
-            gjob *j = b->slots[s];
-            if (!j || j->state != J_PREFILL)
-                continue;
-            int take = j->n_toks - j->n_fed;
-            if (take > budget)
-                take = budget;
-            for (int i = 0; i < take; i++) {
-                bool last = j->n_fed + i == j->n_toks - 1;
-                int e = gpe_batch_add(batch, j->toks[j->n_fed + i], j->n_fed + i, s, last);
-                cache_push(b, s, j->toks[j->n_fed + i]);
-                if (last)
-                    entry[s] = e;
-            }
-            j->n_fed += take;
-            budget -= take;
-        }
+        /* 2. One batch, 3. decode and sample. */
+        build_batch(e, mine, batch, entry);
         if (gpe_batch_size(batch) == 0)
             continue;
-        gpe_status st = gpe_decode(b->ctx, batch, err, sizeof err);
-
-        /* 3. Sample for every slot that got logits; finish jobs. A job's
-         *    sequence stays in its slot for the next prompt (prefix cache),
-         *    except after an error or with the cache off. */
-        long used = 0;
-        for (int s = 0; s < b->n_slots; s++) {
-            gjob *j = b->slots[s];
-            slot_cache *c = &b->cache[s];
-            if (!j)
-                continue;
-            const char *reason = NULL;
-            if (st != GPE_OK) {
-                job_error(j, st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR", err);
-                reason = "";
-            } else if (entry[s] >= 0) {
-                if (j->state == J_PREFILL && j->chain.units > 0) {
-                    /* The whole prompt is in the sequence now: advertise it. */
-                    pthread_mutex_lock(&b->mu);
-                    gp_prefix_desc_of_chain(&j->chain, &c->desc);
-                    pthread_mutex_unlock(&b->mu);
-                }
-                reason = job_step(b, j, gpe_get_logits(b->ctx, entry[s]));
-                if (reason)
-                    job_end(j, reason);
-            } else {
-                job_progress(j);
-            }
-            if (reason) {
-                pthread_mutex_lock(&b->mu);
-                b->slots[s] = NULL;
-                pthread_mutex_unlock(&b->mu);
-                if (st != GPE_OK || !b->prefix_cache) {
-                    gpe_seq_clear(b->ctx, s);
-                    pthread_mutex_lock(&b->mu);
-                    c->desc.kind[0] = '\0';
-                    pthread_mutex_unlock(&b->mu);
-                }
-                job_free(j);
-            } else {
-                used += gpe_seq_len(b->ctx, s);
-            }
+        idle = false;
+        gpe_status st = gpe_decode(e->ctx, batch, err, sizeof err);
+        if (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM) {
+            engine_fault(e, mine, st, err);
+            continue;
         }
-        pthread_mutex_lock(&b->mu);
-        b->kv_used = used;
-        for (int s = 0; s < b->n_slots; s++) {
-            /* the record is exactly what the sequence holds (a failed
-             * decode commits nothing) */
-            int len = gpe_seq_len(b->ctx, s);
-            if (b->cache[s].n > len)
-                b->cache[s].n = len;
-            b->cache[s].held = b->cache[s].n;
-        }
-        pthread_mutex_unlock(&b->mu);
+        if (st == GPE_OK)
+            e->backoff_s = 0;   /* it works again: the next fault starts the backoff over */
+        after_decode(e, mine, entry, st, err);
     }
+    free(mine);
     free(cancelled);
     free(entry);
     gpe_batch_free(batch);
@@ -1041,13 +1338,13 @@ static void gguf_destroy(agent_backend *base)
     gguf_backend *b = (gguf_backend *)base;
     if (!b)
         return;
-    if (b->thread_started) {
-        pthread_mutex_lock(&b->mu);
-        b->stopping = true;
-        pthread_cond_signal(&b->cv);
-        pthread_mutex_unlock(&b->mu);
-        pthread_join(b->thread, NULL);
-    }
+    pthread_mutex_lock(&b->mu);
+    b->stopping = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    for (int e = 0; e < b->n_eng; e++)
+        if (b->eng[e].thread_started)
+            pthread_join(b->eng[e].thread, NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
     for (int s = 0; b->cache && s < b->n_slots; s++)
@@ -1056,29 +1353,41 @@ static void gguf_destroy(agent_backend *base)
     free(b->slots);
     free(b->alias);
     free(b->test_gate);
-    gpe_ctx_free(b->ctx);
-    gpe_model_free(b->model);
+    for (int e = 0; e < b->n_eng; e++) {
+        gpe_ctx_free(b->eng[e].ctx);
+        gpe_model_free(b->eng[e].model);
+    }
+    free(b->eng);
     free(b);
 }
 
 static json_t *gguf_models(agent_backend *base)
 {
     gguf_backend *b = (gguf_backend *)base;
+    if (b->refused)
+        return json_array();   /* never register a model it cannot run */
+    uint64_t vram = 0;
+    pthread_mutex_lock(&b->mu);
+    for (int e = 0; e < b->n_eng; e++)
+        for (int d = 0; d < b->eng[e].n_devices; d++)
+            vram += b->eng[e].held[d];
+    pthread_mutex_unlock(&b->mu);
     /* supports_tools: the model's chat template has a tools format
      * (gpe_chat_supports_tools); the server sends tools only then. */
     json_t *m = json_pack(
-        "[{s:s, s:[], s:s, s:i, s:I, s:n, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias, "aliases",
+        "[{s:s, s:[], s:s, s:i, s:I, s:o, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias, "aliases",
         "quantization", b->info.quant, "context_length", b->n_ctx, "bytes",
-        (json_int_t)b->info.file_bytes, "vram_bytes", "architecture", b->info.arch, "loaded", 1,
-        "parameters", (json_int_t)b->info.n_params, "chat_format", b->info.chat_format,
-        "supports_tools", (int)gpe_chat_supports_tools(b->model));
+        (json_int_t)b->info.file_bytes, "vram_bytes",
+        b->kind == GPE_BACKEND_CUDA ? json_integer((json_int_t)vram) : json_null(),
+        "architecture", b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
+        "chat_format", b->info.chat_format, "supports_tools",
+        (int)gpe_chat_supports_tools(b->model));
     /* digest: agents with the same file continue each other's jobs from
      * token ids (docs/protocol.md). */
     if (m && b->digest[0])
         json_object_set_new(json_array_get(m, 0), "digest", json_string(b->digest));
     return m;
 }
-
 /* The prompt-prefix cache's poll facts (docs/protocol.md "Prompt-prefix
  * cache"): counters since start, and per slot how many positions it holds
  * and which prompt units they are (gp_prefix.h), so that the server can
@@ -1105,24 +1414,133 @@ static json_t *prefix_facts(gguf_backend *b)
     return pc;
 }
 
+/* "0000:3B:00.0" and "0000:3b:00.0" name the same device. */
+static bool same_pci(const char *x, const char *y)
+{
+    unsigned a[4], c[4];
+    return x && y && sscanf(x, "%x:%x:%x.%x", &a[0], &a[1], &a[2], &a[3]) == 4 &&
+           sscanf(y, "%x:%x:%x.%x", &c[0], &c[1], &c[2], &c[3]) == 4 && a[0] == c[0] &&
+           a[1] == c[1] && a[2] == c[2] && a[3] == c[3];
+}
+
+/* Under mu: what the engines know of their GPUs, merged into the poll's
+ * "gpus" (NVML's list, found by PCI bus id; a GPU NVML does not list is
+ * added from the engine's own figures): the CUDA device number, the bytes
+ * the model holds on it, and whether it is in service ("ok") or out of
+ * service after a fault ("fault"). */
+static void merge_gpus(gguf_backend *b, json_t *body)
+{
+    json_t *gpus = json_object_get(body, "gpus");
+    if (!json_is_array(gpus)) {
+        gpus = json_array();
+        json_object_set_new(body, "gpus", gpus);
+    }
+    for (int e = 0; e < b->n_eng; e++) {
+        const gguf_engine *g = &b->eng[e];
+        for (int d = 0; d < g->n_devices; d++) {
+            json_t *o = NULL, *x;
+            size_t i;
+            json_array_foreach(gpus, i, x) {
+                if (same_pci(json_string_value(json_object_get(x, "pci_bus_id")), g->pci[d]))
+                    o = x;
+            }
+            if (!o) {
+                o = json_pack("{s:s,s:i,s:s,s:I,s:s}", "vendor", "nvidia", "index",
+                              g->devices[d], "name", g->gpu_name[d], "vram_total",
+                              (json_int_t)g->gpu_total[d], "pci_bus_id", g->pci[d]);
+                if (!o || json_array_append_new(gpus, o) < 0)
+                    continue;
+            }
+            json_object_set_new(o, "cuda_device", json_integer(g->devices[d]));
+            json_object_set_new(o, "vram_model", json_integer((json_int_t)g->held[d]));
+            json_object_set_new(o, "state", json_string(g->ready ? "ok" : "fault"));
+        }
+    }
+}
+
+/* Under mu: one entry per engine (docs/protocol.md "Backend and GPUs"). */
+static json_t *engines_facts(gguf_backend *b, long long *faults)
+{
+    json_t *arr = json_array();
+    double t = now_s();
+    *faults = 0;
+    for (int e = 0; arr && e < b->n_eng; e++) {
+        const gguf_engine *g = &b->eng[e];
+        json_t *devs = json_array();
+        for (int d = 0; devs && d < g->n_devices; d++)
+            json_array_append_new(devs, json_integer(g->devices[d]));
+        json_t *o = json_pack("{s:s,s:o*,s:i,s:i,s:s,s:I}", "backend",
+                              b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu", "devices", devs,
+                              "first_slot", g->slot0, "slots", g->n_slots, "state",
+                              g->ready ? "ready" : "fault", "faults", (json_int_t)g->faults);
+        if (o && g->error[0])
+            json_object_set_new(o, "last_error", json_string(g->error));
+        if (o && !g->ready)
+            json_object_set_new(o, "retry_in_ms", json_integer((json_int_t)(
+                                    g->retry_at > t ? (g->retry_at - t) * 1e3 : 0)));
+        json_array_append_new(arr, o);
+        *faults += g->faults;
+    }
+    return arr;
+}
+
 static void gguf_poll_facts(agent_backend *base, json_t *body)
 {
     gguf_backend *b = (gguf_backend *)base;
+    json_object_set_new(body, "backend",
+                        json_string(b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu"));
+    if (b->refused) {
+        json_object_set_new(body, "error", json_pack("{s:s,s:s}", "code", "MODEL_DOES_NOT_FIT",
+                                                     "message", b->refusal));
+        json_object_set_new(body, "queue_depth", json_integer(0));
+        return;
+    }
+    long long faults = 0;
     pthread_mutex_lock(&b->mu);
-    double util = (double)b->kv_used / ((double)b->n_ctx * (double)b->n_slots);
+    long used = 0;
+    for (int e = 0; e < b->n_eng; e++)
+        used += b->eng[e].kv_used;
+    double util = (double)used / ((double)b->n_ctx * (double)b->n_slots);
     int depth = b->n_pending;
+    json_t *eng = engines_facts(b, &faults);
+    if (b->kind == GPE_BACKEND_CUDA)
+        merge_gpus(b, body);
     pthread_mutex_unlock(&b->mu);
-    json_object_set_new(body, "kv_cache_utilization", json_real(util));
+    json_object_set_new(body, "kv_cache_utilization", json_real(util > 1 ? 1 : util));
     json_object_set_new(body, "queue_depth", json_integer(depth));
+    json_object_set_new(body, "backend_faults", json_integer(faults));
+    if (eng)
+        json_object_set_new(body, "engines", eng);
     json_t *pc = prefix_facts(b);
     if (pc)
         json_object_set_new(body, "prefix_cache", pc);
+}
+
+static void gguf_slots(agent_backend *base, int *total, int *usable)
+{
+    gguf_backend *b = (gguf_backend *)base;
+    if (b->refused) {
+        *total = 1;
+        *usable = 0;
+        return;
+    }
+    int n = 0;
+    pthread_mutex_lock(&b->mu);
+    for (int e = 0; e < b->n_eng; e++)
+        n += b->eng[e].ready ? b->eng[e].n_slots : 0;
+    pthread_mutex_unlock(&b->mu);
+    *total = b->n_slots;
+    *usable = n;
 }
 
 static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
                           size_t errlen)
 {
     gguf_backend *b = (gguf_backend *)base;
+    if (b->refused) {
+        snprintf(err, errlen, "the model is not loaded: %s", b->refusal);
+        return -1;
+    }
     gjob *j = job_parse(b, job, err, errlen);
     if (!j)
         return -1;
@@ -1133,7 +1551,7 @@ static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink
         tail = &(*tail)->next;
     *tail = j;
     b->n_pending++;
-    pthread_cond_signal(&b->cv);
+    pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
     return 0;
 }
@@ -1141,6 +1559,8 @@ static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink
 static void gguf_job_cancel(agent_backend *base, const char *job_id)
 {
     gguf_backend *b = (gguf_backend *)base;
+    if (b->refused)
+        return;
     pthread_mutex_lock(&b->mu);
     for (gjob **pp = &b->pending; *pp; pp = &(*pp)->next)
         if (strcmp((*pp)->job_id, job_id) == 0) {
@@ -1151,18 +1571,10 @@ static void gguf_job_cancel(agent_backend *base, const char *job_id)
     for (int s = 0; s < b->n_slots; s++)
         if (b->slots[s] && strcmp(b->slots[s]->job_id, job_id) == 0)
             b->slots[s]->cancel = true;
-    pthread_cond_signal(&b->cv);
+    pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
 }
 
-static const agent_backend_ops gguf_ops = {
-    .name = "gguf",
-    .destroy = gguf_destroy,
-    .models = gguf_models,
-    .poll_facts = gguf_poll_facts,
-    .job_start = gguf_job_start,
-    .job_cancel = gguf_job_cancel,
-};
 
 /* The model file's digest, before the model is registered (the first
  * poll reports it). Without one the agent still works: failovers of its
@@ -1179,6 +1591,138 @@ static void model_digest(gguf_backend *b, const agent_options *o)
     }
     gp_log_info("model_digest", "%s sha256 %s (%s, %.2f s)", o->model, b->digest,
                 cached ? "cached" : "hashed", now_s() - t0);
+}
+
+
+static const agent_backend_ops gguf_ops = {
+    .name = "gguf",
+    .destroy = gguf_destroy,
+    .models = gguf_models,
+    .poll_facts = gguf_poll_facts,
+    .job_start = gguf_job_start,
+    .job_cancel = gguf_job_cancel,
+    .slots = gguf_slots,
+};
+
+/* Create the engines of the plan (their contexts: on CUDA this uploads
+ * the weights and allocates the KV cache, after the engine's own VRAM
+ * preflight). The models move from the plan to the engines. Returns
+ * GPE_OK, or the failing status with err set (engines made so far stay
+ * for gguf_destroy or engines_drop). */
+static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_plan *plan,
+                                char *err, size_t errlen)
+{
+    b->eng = calloc((size_t)plan->n_engines, sizeof *b->eng);
+    if (!b->eng) {
+        snprintf(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
+    }
+    b->n_eng = plan->n_engines;
+    b->kind = plan->backend;
+    int slot0 = 0;
+    for (int i = 0; i < b->n_eng; i++) {
+        gguf_engine *e = &b->eng[i];
+        const gguf_plan_engine *pe = &plan->engines[i];
+        e->b = b;
+        e->id = i;
+        e->model = pe->model;
+        plan->engines[i].model = NULL;
+        e->n_devices = pe->n_devices;
+        memcpy(e->devices, pe->devices, sizeof e->devices);
+        e->slot0 = slot0;
+        e->n_slots = pe->n_seq;
+        slot0 += pe->n_seq;
+        e->cp = gguf_plan_ctx_params(o, plan, i, b->n_batch);
+        for (int d = 0; d < e->n_devices; d++) {
+            gpe_gpu_info gi;
+            char ge[128];
+            if (gpe_gpu_info_get(e->devices[d], &gi, ge, sizeof ge) == GPE_OK) {
+                snprintf(e->pci[d], sizeof e->pci[d], "%s", gi.pci_bus_id);
+                snprintf(e->gpu_name[d], sizeof e->gpu_name[d], "%s", gi.name);
+                e->gpu_total[d] = gi.total_bytes;
+            }
+        }
+        char e2[384];
+        gpe_status st = gpe_ctx_init(e->model, &e->cp, &e->ctx, e2, sizeof e2);
+        if (st != GPE_OK) {
+            char where[96];
+            engine_where(e, where, sizeof where);
+            snprintf(err, errlen, "%s: %s (%s)", where, e2, gpe_status_name(st));
+            return st;
+        }
+        e->ready = true;
+        engine_note_held(e);
+        char where[96];
+        engine_where(e, where, sizeof where);
+        gp_log_info("engine_ready", "engine %d on %s: slots %d..%d, %d positions each", i, where,
+                    e->slot0, e->slot0 + e->n_slots - 1, gpe_ctx_n_ctx(e->ctx));
+    }
+    b->n_slots = slot0;
+    b->model = b->eng[0].model;
+    b->n_ctx = gpe_ctx_n_ctx(b->eng[0].ctx);
+    return GPE_OK;
+}
+
+/* Undo engines_start (before any thread runs). */
+static void engines_drop(gguf_backend *b)
+{
+    for (int e = 0; e < b->n_eng; e++) {
+        gpe_ctx_free(b->eng[e].ctx);
+        gpe_model_free(b->eng[e].model);
+    }
+    free(b->eng);
+    b->eng = NULL;
+    b->n_eng = 0;
+    b->model = NULL;
+}
+
+/* Choose where the model runs (gguf_plan.h) and start the engines there.
+ * A CUDA context the engine refuses (its preflight: not enough VRAM) is
+ * the CPU under --backend auto, a refusal under --backend cuda. Returns
+ * 0 (b->refused may be set), or -1 with err: the agent exits. */
+static int place_model(gguf_backend *b, const agent_options *o, char *err, size_t errlen)
+{
+    gguf_plan plan;
+    if (gguf_plan_make(o, &plan, err, errlen) < 0)
+        return -1;
+    bool must_cuda = o->backend && strcmp(o->backend, "cuda") == 0;
+    char e[512];
+    gpe_status st = GPE_OK;
+    if (!plan.refused) {
+        gp_log_debug("backend_plan", "%s", plan.why);
+        st = engines_start(b, o, &plan, e, sizeof e);
+        if (st != GPE_OK && plan.backend == GPE_BACKEND_CUDA &&
+            (st == GPE_ERR_INSUFFICIENT_VRAM || st == GPE_ERR_BACKEND)) {
+            engines_drop(b);
+            if (must_cuda) {
+                plan.refused = true;
+                snprintf(plan.why, sizeof plan.why, "%s", e);
+            } else {
+                char why[600];
+                snprintf(why, sizeof why, "cpu: the CUDA context failed (%s)", e);
+                if (gguf_plan_cpu(o, &plan, why, err, errlen) < 0)
+                    return -1;
+                st = engines_start(b, o, &plan, e, sizeof e);
+            }
+        }
+    }
+    gguf_plan_free(&plan);
+    if (plan.refused) {
+        b->refused = true;
+        b->kind = GPE_BACKEND_CUDA;
+        snprintf(b->refusal, sizeof b->refusal, "%s", plan.why);
+        gp_log_error("model_refused", "%s: the agent serves no model and reports this to the "
+                     "server", plan.why);
+        fprintf(stderr, "gpupool-agent: model refused: %s\n", plan.why);
+        return 0;
+    }
+    if (st != GPE_OK) {
+        snprintf(err, errlen, "engine context: %s", e);
+        return -1;
+    }
+    /* One line: where the model runs and why (the CPU line of a fallback). */
+    gp_log_info("backend_choice", "%s", plan.why);
+    return 0;
 }
 
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen)
@@ -1198,29 +1742,13 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
         snprintf(err, errlen, "model: no .gguf file given");
         goto fail;
     }
-    gpe_model_params mp = gpe_model_default_params();
-    char e[384];
-    gpe_status st = gpe_model_load(o->model, &mp, &b->model, e, sizeof e);
-    if (st != GPE_OK) {
-        snprintf(err, errlen, "model: %s (%s)", e, gpe_status_name(st));
+    b->n_batch = 256;
+    if (place_model(b, o, err, errlen) < 0)
         goto fail;
-    }
+    if (b->refused)
+        return &b->base;
     gpe_model_get_info(b->model, &b->info);
     model_digest(b, o);
-    b->n_slots = o->slots > 0 ? (int)o->slots : 1;
-    if (b->n_slots > 64)
-        b->n_slots = 64;
-    b->n_batch = 256;
-    gpe_ctx_params cp = gpe_ctx_default_params();
-    cp.n_ctx = o->ctx_size > 0 ? (int)o->ctx_size : 0;
-    cp.n_seq = b->n_slots;
-    cp.n_threads = (int)o->threads;
-    cp.n_batch = b->n_batch + b->n_slots;
-    if ((st = gpe_ctx_init(b->model, &cp, &b->ctx, e, sizeof e)) != GPE_OK) {
-        snprintf(err, errlen, "engine context: %s (%s)", e, gpe_status_name(st));
-        goto fail;
-    }
-    b->n_ctx = gpe_ctx_n_ctx(b->ctx);
     b->slots = calloc((size_t)b->n_slots, sizeof *b->slots);
     b->prefix_cache = o->prefix_cache;
     b->cache = calloc((size_t)b->n_slots, sizeof *b->cache);
@@ -1244,11 +1772,13 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    if (pthread_create(&b->thread, NULL, decode_main, b) != 0) {
-        snprintf(err, errlen, "cannot start the decode thread");
-        goto fail;
+    for (int e = 0; e < b->n_eng; e++) {
+        if (pthread_create(&b->eng[e].thread, NULL, decode_main, &b->eng[e]) != 0) {
+            snprintf(err, errlen, "cannot start a decode thread");
+            goto fail;
+        }
+        b->eng[e].thread_started = true;
     }
-    b->thread_started = true;
     return &b->base;
 fail:
     gguf_destroy(&b->base);

@@ -53,7 +53,9 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]\n"
                  "                     [--name NAME] [--labels k=v,...]\n"
-                 "                     (--upstream URL --upstream-model NAME | --model FILE.gguf)\n"
+                 "                     (--upstream URL --upstream-model NAME | --model FILE.gguf\n"
+                 "                      [--backend auto|cuda|cpu] [--devices all|0,1,...]\n"
+                 "                      [--slots auto|N] [--ctx N] [--kv-f16 auto|on|off])\n"
                  "                     [--alias NAME]\n\noptions:\n");
     gp_config_usage(agent_config_table, agent_config_table_len, out);
 }
@@ -154,8 +156,9 @@ int main(int argc, char **argv)
         be = agent_backend_gguf_create(&o, err, sizeof err);
     }
     if (!be) {
+        /* One line (journald keeps stderr): "gpupool-agent: backend cuda:
+         * no usable GPUs: ..." says what to fix. Exit 2. */
         fprintf(stderr, "gpupool-agent: %s\n", err);
-        gp_log_error("backend_failed", "%s", err);
         goto cleanup_curl;
     }
     a = agent_create(&o, be, err, sizeof err); /* owns be from here */

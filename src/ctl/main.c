@@ -535,6 +535,14 @@ static int agents_table(const json_t *agents)
             snprintf(models + used, sizeof models - used, "%s%s(REFUSED)", used ? "," : "",
                      jstr(rf, "model"));
         }
+        /* An agent error (a model it refused to run): in place of the
+         * models it would serve; --json has the message with the numbers. */
+        const char *ecode = json_string_value(json_object_get(json_object_get(a, "error"),
+                                                              "code"));
+        if (ecode) {
+            size_t used = strcmp(models, "-") == 0 ? 0 : strlen(models);
+            snprintf(models + used, sizeof models - used, "%sERROR:%s", used ? "," : "", ecode);
+        }
         join_field(json_object_get(a, "gpus"), "name", gpus, sizeof gpus);
         const char *row[] = {jstr(a, "id"), jstr(a, "name"), jstr(a, "state"), slots, jobs,
                              models, gpus, jstr(a, "version"),

@@ -5,6 +5,9 @@
  *
  * Sections: status names, model (load, info, metadata, tensors),
  * tokenizer and chat glue, batches, contexts and decode, system.
+ *
+ * Compute goes through a backend's table of operations (backend.h): the
+ * CPU backend, or the CUDA plugin. This file knows no backend's insides.
  */
 #include "gpupool/engine.h"
 
@@ -13,15 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/backend.h"
 #include "engine/gguf.h"
-#include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/quant.h"
-#include "engine/threadpool.h"
 #include "engine/tokenizer.h"
-#ifdef GPUPOOL_HAVE_CUDA
-#include "engine/cuda/backend_cuda.h"
-#endif
 
 struct gpe_model {
     gpe_gguf *g;              /* owns the mapping every weight points into */
@@ -33,8 +32,8 @@ struct gpe_model {
     const char *chat_format;  /* static string from gpe_chat_detect */
     uint64_t weight_bytes;
     gpe_model_info info;
-    gpe_backend_kind backend; /* where contexts of this model run */
-    int gpu_device;
+    const gpe_backend_ops *ops; /* where contexts of this model run */
+    gpe_bplace place;         /* its devices (GPU backends) */
 };
 
 struct gpe_batch {
@@ -48,17 +47,20 @@ struct gpe_batch {
 
 struct gpe_ctx {
     gpe_model *m;
-    gpe_pool *pool;
-    gpe_kv kv;
-    gpe_fwd fwd;
+    const gpe_backend_ops *ops;
+    gpe_bctx *b;              /* the backend's state: weights, K/V, scratch */
     int n_ctx, n_seq, n_batch;
+    int *len;                 /* [n_seq] positions each sequence holds */
     int *next_pos;            /* [n_seq] validation scratch */
     int *row_of;              /* [row_cap] batch index -> logits row or -1 */
     int row_cap;
+    float *logits;            /* [logits_cap][n_vocab] */
+    int logits_cap;
     int last_n;               /* entries of the last decoded batch */
-#ifdef GPUPOOL_HAVE_CUDA
-    gpe_cuda_model *cuda;     /* weights + KV in VRAM; NULL for CPU contexts */
-#endif
+    int n_decodes;            /* gpe_decode calls that reached the backend */
+    int fault_at;             /* GPUPOOL_ENGINE_FAULT: fail this decode (1-based), 0 = off */
+    gpe_status fault_status;
+    char *broken;             /* why the context is unusable, NULL while it is fine */
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -170,6 +172,57 @@ static void fill_info(gpe_model *m)
     in->eos = meta_token(g, "tokenizer.ggml.eos_token_id", n_vocab);
 }
 
+/* The backend and placement of a model's contexts, from its params: the
+ * CUDA plugin must load and see every device named. */
+static gpe_status choose_backend(const gpe_model_params *p, gpe_model *m, char *err,
+                                 size_t errlen)
+{
+    if (p->backend == GPE_BACKEND_CPU) {
+        m->ops = gpe_backend_cpu();
+        return GPE_OK;
+    }
+    if (p->backend != GPE_BACKEND_CUDA) {
+        seterr(err, errlen, "unknown backend %d", (int)p->backend);
+        return GPE_ERR_ARG;
+    }
+    if (p->n_devices < 0 || p->n_devices > GPE_MAX_DEVICES) {
+        seterr(err, errlen, "n_devices %d out of range [0, %d]", p->n_devices, GPE_MAX_DEVICES);
+        return GPE_ERR_ARG;
+    }
+    char why[512] = "";
+    const gpe_backend_ops *ops = gpe_backend_cuda(why, sizeof why);
+    int n_dev = ops ? ops->device_count(why, sizeof why) : 0;
+    if (n_dev <= 0) {
+        seterr(err, errlen, "CUDA backend unavailable: %s", why);
+        return GPE_ERR_BACKEND;
+    }
+    gpe_bplace *pl = &m->place;
+    memset(pl, 0, sizeof *pl);
+    if (p->n_devices == 0) {
+        pl->n = 1;
+        pl->device[0] = p->gpu_device;
+    } else {
+        pl->n = p->n_devices;
+        for (int i = 0; i < pl->n; i++) {
+            pl->device[i] = p->devices[i];
+            pl->split[i] = p->split[i];
+            if (!(p->split[i] >= 0.0f) || p->split[i] > 1e9f) {
+                seterr(err, errlen, "split[%d] = %g: shares must be >= 0", i,
+                       (double)p->split[i]);
+                return GPE_ERR_ARG;
+            }
+        }
+    }
+    for (int i = 0; i < pl->n; i++)
+        if (pl->device[i] < 0 || pl->device[i] >= n_dev) {
+            seterr(err, errlen, "CUDA device %d does not exist (%d visible)", pl->device[i],
+                   n_dev);
+            return GPE_ERR_ARG;
+        }
+    m->ops = ops;
+    return GPE_OK;
+}
+
 gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_model **out,
                           char *err, size_t errlen)
 {
@@ -186,15 +239,13 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
         seterr(err, errlen, "no model path given");
         return GPE_ERR_ARG;
     }
-    if (p.backend == GPE_BACKEND_CUDA && !gpe_cuda_available()) {
-        seterr(err, errlen, "the CUDA backend is not built into this engine");
-        return GPE_ERR_BACKEND;
-    }
     m = calloc(1, sizeof *m);
     if (!m) {
         seterr(err, errlen, "out of memory");
         return GPE_ERR_NOMEM;
     }
+    if ((st = choose_backend(&p, m, err, errlen)))
+        goto fail;
     char sub[256];
     if ((st = gpe_gguf_open(path, &m->g, sub, sizeof sub))) {
         seterr(err, errlen, "%s: %s", path, sub);
@@ -208,7 +259,7 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
         m->has_weights = true;
         /* the CPU matmuls read row-interleaved copies where a type has
          * them; without the memory they read the rows (same results) */
-        if (p.backend == GPE_BACKEND_CPU)
+        if (!m->ops->gpu)
             gpe_llama_pack(&m->llama);
     }
     /* The tokenizer is required: a model whose text cannot be read or
@@ -232,8 +283,6 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
         st = GPE_ERR_NOMEM;
         goto fail;
     }
-    m->backend = p.backend;
-    m->gpu_device = p.gpu_device;
     find_quant(m);
     const char *tmpl = gpe_gguf_get_str(m->g, "tokenizer.chat_template", NULL);
     m->chat_format = gpe_chat_detect(tmpl ? tmpl : "");
@@ -434,24 +483,17 @@ gpe_ctx_params gpe_ctx_default_params(void)
     return p;
 }
 
-gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **out, char *err,
-                        size_t errlen)
+/* Validated, defaulted sizes of a context. */
+static gpe_status ctx_sizes(const gpe_model *m, const gpe_ctx_params *params, gpe_bsizes *sz,
+                            char *err, size_t errlen)
 {
     gpe_ctx_params p = params ? *params : gpe_ctx_default_params();
-    gpe_ctx *c = NULL;
-
-    if (!out) {
-        seterr(err, errlen, "out is NULL");
-        return GPE_ERR_ARG;
-    }
-    *out = NULL;
     if (!m || !m->has_weights) {
         seterr(err, errlen, "model has no weights (loaded vocab-only?)");
         return GPE_ERR_ARG;
     }
-    const gpe_hparams *hp = &m->llama.hp;
     if (p.n_ctx == 0)
-        p.n_ctx = hp->n_ctx_train;
+        p.n_ctx = m->llama.hp.n_ctx_train;
     if (p.n_seq == 0)
         p.n_seq = 1;
     if (p.n_batch == 0)
@@ -472,56 +514,79 @@ gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **ou
         seterr(err, errlen, "n_threads %d out of range [0, 512]", p.n_threads);
         return GPE_ERR_ARG;
     }
+    sz->n_ctx = p.n_ctx;
+    sz->n_seq = p.n_seq;
+    sz->n_batch = p.n_batch;
+    sz->n_threads = p.n_threads;
+    sz->kv_f16 = p.kv_f16;
+    return GPE_OK;
+}
+
+/* GPUPOOL_ENGINE_FAULT (docs/engine.md): "init" fails gpe_ctx_init;
+ * "decode:N[:STATUS]" fails the N-th gpe_decode of the context (STATUS a
+ * gpe_status_name, default BACKEND). Read once per context creation.
+ * Returns false when the value asks init to fail. */
+static bool fault_setup(gpe_ctx *c, char *err, size_t errlen)
+{
+    const char *f = getenv("GPUPOOL_ENGINE_FAULT");
+    if (!f || !*f)
+        return true;
+    if (strcmp(f, "init") == 0) {
+        seterr(err, errlen, "injected fault: context creation (GPUPOOL_ENGINE_FAULT=init)");
+        return false;
+    }
+    if (strncmp(f, "decode:", 7) != 0)
+        return true;   /* unknown hook: ignored, as the variable is for tests */
+    char *end;
+    long n = strtol(f + 7, &end, 10);
+    if (end == f + 7 || n < 1 || n > 1000000000L)
+        return true;
+    c->fault_at = (int)n;
+    c->fault_status = GPE_ERR_BACKEND;
+    if (*end == ':')
+        for (int s = GPE_ERR_IO; s <= GPE_ERR_BACKEND; s++)
+            if (strcmp(end + 1, gpe_status_name((gpe_status)s)) == 0)
+                c->fault_status = (gpe_status)s;
+    return true;
+}
+
+gpe_status gpe_ctx_init(gpe_model *m, const gpe_ctx_params *params, gpe_ctx **out, char *err,
+                        size_t errlen)
+{
+    gpe_bsizes sz;
+    gpe_ctx *c = NULL;
+    gpe_status st;
+
+    if (!out) {
+        seterr(err, errlen, "out is NULL");
+        return GPE_ERR_ARG;
+    }
+    *out = NULL;
+    if ((st = ctx_sizes(m, params, &sz, err, errlen)))
+        return st;
     c = calloc(1, sizeof *c);
     if (!c)
         goto nomem;
     c->m = m;
-    c->n_ctx = p.n_ctx;
-    c->n_seq = p.n_seq;
-    c->n_batch = p.n_batch;
-    /* CUDA contexts do their work on the device: no CPU workers needed. */
-    c->pool = gpe_pool_create(m->backend == GPE_BACKEND_CUDA ? 1 : p.n_threads);
-    if (!c->pool)
-        goto nomem;
-#ifdef GPUPOOL_HAVE_CUDA
-    if (m->backend == GPE_BACKEND_CUDA && p.kv_f16) {
-        seterr(err, errlen, "an F16 KV cache is supported by the CPU backend only");
+    c->ops = m->ops;
+    c->n_ctx = sz.n_ctx;
+    c->n_seq = sz.n_seq;
+    c->n_batch = sz.n_batch;
+    if (!fault_setup(c, err, errlen)) {
         gpe_ctx_free(c);
-        return GPE_ERR_UNSUPPORTED;
+        return GPE_ERR_BACKEND;
     }
-    if (m->backend == GPE_BACKEND_CUDA) {
-        /* Weights, K/V and scratch live in VRAM (preflight inside: a model
-         * that does not fit is GPE_ERR_INSUFFICIENT_VRAM before anything is
-         * allocated). On the host only the sequence lengths and the logits. */
-        gpe_status st = gpe_cuda_model_upload(&m->llama, m->gpu_device, p.n_ctx, p.n_seq,
-                                              p.n_batch, &c->cuda, err, errlen);
-        if (st != GPE_OK) {
-            gpe_ctx_free(c);
-            return st;
-        }
-        c->kv.n_layer = hp->n_layer;
-        c->kv.n_seq = p.n_seq;
-        c->kv.n_ctx = p.n_ctx;
-        c->kv.kv_dim = hp->n_head_kv * hp->head_dim;
-        c->kv.len = calloc((size_t)p.n_seq, sizeof *c->kv.len);
-        if (!c->kv.len)
-            goto nomem;
-    } else
-#endif
-    {
-        if (gpe_kv_init(&c->kv, hp->n_layer, p.n_seq, p.n_ctx, hp->n_head_kv * hp->head_dim,
-                        p.kv_f16) != 0) {
-            seterr(err, errlen, "cannot allocate the KV cache (%d sequences x %d positions)",
-                   p.n_seq, p.n_ctx);
-            gpe_ctx_free(c);
-            return GPE_ERR_NOMEM;
-        }
-        if (gpe_fwd_init(&c->fwd, &m->llama, p.n_batch, p.n_ctx, gpe_pool_size(c->pool)) != 0)
-            goto nomem;
-    }
-    c->next_pos = calloc((size_t)p.n_seq, sizeof *c->next_pos);
-    if (!c->next_pos)
+    c->len = calloc((size_t)sz.n_seq, sizeof *c->len);
+    c->next_pos = calloc((size_t)sz.n_seq, sizeof *c->next_pos);
+    if (!c->len || !c->next_pos)
         goto nomem;
+    /* GPU backends: weights, K/V and scratch go to the devices (preflight
+     * inside: a model that does not fit is GPE_ERR_INSUFFICIENT_VRAM before
+     * anything is allocated). */
+    if ((st = c->ops->ctx_create(&m->llama, &m->place, &sz, &c->b, err, errlen))) {
+        gpe_ctx_free(c);
+        return st;
+    }
     *out = c;
     return GPE_OK;
 
@@ -535,14 +600,13 @@ void gpe_ctx_free(gpe_ctx *ctx)
 {
     if (!ctx)
         return;
-#ifdef GPUPOOL_HAVE_CUDA
-    gpe_cuda_model_free(ctx->cuda);
-#endif
-    gpe_pool_destroy(ctx->pool);
-    gpe_kv_free(&ctx->kv);
-    gpe_fwd_free(&ctx->fwd);
+    if (ctx->b)
+        ctx->ops->ctx_free(ctx->b);
+    free(ctx->len);
     free(ctx->next_pos);
     free(ctx->row_of);
+    free(ctx->logits);
+    free(ctx->broken);
     free(ctx);
 }
 
@@ -551,33 +615,64 @@ int gpe_ctx_n_ctx(const gpe_ctx *ctx)
     return ctx ? ctx->n_ctx : 0;
 }
 
+gpe_status gpe_ctx_vram_estimate(const gpe_model *m, const gpe_ctx_params *p,
+                                 gpe_vram_need out[GPE_MAX_DEVICES], int *n_out, char *err,
+                                 size_t errlen)
+{
+    gpe_bsizes sz;
+    gpe_status st;
+    if (n_out)
+        *n_out = 0;
+    if (!out || !n_out) {
+        seterr(err, errlen, "out or n_out is NULL");
+        return GPE_ERR_ARG;
+    }
+    if ((st = ctx_sizes(m, p, &sz, err, errlen)))
+        return st;
+    return m->ops->budget(&m->llama, &m->place, &sz, out, n_out, err, errlen);
+}
+
+const char *gpe_ctx_backend_name(const gpe_ctx *ctx)
+{
+    return ctx ? ctx->ops->name : "none";
+}
+
+int gpe_ctx_devices(const gpe_ctx *ctx, gpe_vram_need out[GPE_MAX_DEVICES])
+{
+    if (!ctx || !out || !ctx->b)
+        return 0;
+    return ctx->ops->devices(ctx->b, out);
+}
+
 void gpe_seq_clear(gpe_ctx *ctx, int seq)
 {
-    if (!ctx)
+    if (!ctx || seq < 0 || seq >= ctx->n_seq)
         return;
-    gpe_kv_seq_clear(&ctx->kv, seq);
-#ifdef GPUPOOL_HAVE_CUDA
-    if (ctx->cuda)
-        gpe_cuda_seq_clear(ctx->cuda, seq);
-#endif
+    ctx->len[seq] = 0;
+    if (ctx->b && !ctx->broken)
+        ctx->ops->seq_clear(ctx->b, seq);
 }
 
 void gpe_seq_truncate(gpe_ctx *ctx, int seq, int n)
 {
-    if (!ctx)
+    if (!ctx || seq < 0 || seq >= ctx->n_seq)
         return;
     if (n <= 0) {
         gpe_seq_clear(ctx, seq);
         return;
     }
-    /* The CUDA backend reads K/V by position too (i <= pos), and takes the
-     * positions from the batch: the host length is the whole state. */
-    gpe_kv_seq_truncate(&ctx->kv, seq, n);
+    /* Backends read K/V by position (i <= pos) and take the positions from
+     * the batch: the length is the whole state; rows past it are
+     * overwritten by the next decode before they are read. */
+    if (n < ctx->len[seq])
+        ctx->len[seq] = n;
 }
 
 int gpe_seq_len(const gpe_ctx *ctx, int seq)
 {
-    return ctx ? gpe_kv_seq_len(&ctx->kv, seq) : 0;
+    if (!ctx || seq < 0 || seq >= ctx->n_seq)
+        return 0;
+    return ctx->len[seq];
 }
 
 /* Checks every entry before anything is computed, so that a rejected batch
@@ -586,7 +681,7 @@ static gpe_status validate_batch(gpe_ctx *c, const gpe_batch *b, char *err, size
 {
     const int n_vocab = c->m->llama.hp.n_vocab;
     for (int s = 0; s < c->n_seq; s++)
-        c->next_pos[s] = c->kv.len[s];
+        c->next_pos[s] = c->len[s];
     for (int i = 0; i < b->n; i++) {
         const int s = b->seq[i];
         if (s < 0 || s >= c->n_seq) {
@@ -615,33 +710,70 @@ static gpe_status validate_batch(gpe_ctx *c, const gpe_batch *b, char *err, size
     return GPE_OK;
 }
 
+/* Room for the batch's row map and n_out rows of logits. */
+static int reserve(gpe_ctx *ctx, int n, int n_out)
+{
+    if (n > ctx->row_cap) {
+        int *r = realloc(ctx->row_of, (size_t)n * sizeof *r);
+        if (!r)
+            return -1;
+        ctx->row_of = r;
+        ctx->row_cap = n;
+    }
+    if (n_out > ctx->logits_cap) {
+        const size_t V = (size_t)ctx->m->llama.hp.n_vocab;
+        float *l = realloc(ctx->logits, (size_t)n_out * V * sizeof *l);
+        if (!l)
+            return -1;
+        ctx->logits = l;
+        ctx->logits_cap = n_out;
+    }
+    return 0;
+}
+
+/* Marks the context unusable after a device fault (real or injected). */
+static gpe_status breakdown(gpe_ctx *ctx, gpe_status st, const char *msg, char *err,
+                            size_t errlen)
+{
+    if (!ctx->broken)
+        ctx->broken = strdup(msg && *msg ? msg : gpe_status_name(st));
+    seterr(err, errlen, "%s", msg);
+    return st;
+}
+
 gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen)
 {
     gpe_status st;
+    char msg[512];
     if (!ctx || !b) {
         seterr(err, errlen, "ctx or batch is NULL");
         return GPE_ERR_ARG;
     }
     ctx->last_n = 0;
+    if (ctx->broken) {
+        seterr(err, errlen, "context unusable after a device fault (%s): free it and create "
+               "a new one", ctx->broken);
+        return GPE_ERR_BACKEND;
+    }
     if (b->n == 0) {
         seterr(err, errlen, "empty batch");
         return GPE_ERR_ARG;
     }
     if ((st = validate_batch(ctx, b, err, errlen)))
         return st;
+    if (++ctx->n_decodes == ctx->fault_at) {
+        snprintf(msg, sizeof msg, "injected fault: decode %d (GPUPOOL_ENGINE_FAULT)",
+                 ctx->n_decodes);
+        return breakdown(ctx, ctx->fault_status, msg, err, errlen);
+    }
 
     int n_out = 0;
     for (int i = 0; i < b->n; i++)
         n_out += b->logits[i] ? 1 : 0;
-    if (b->n > ctx->row_cap) {
-        int *r = realloc(ctx->row_of, (size_t)b->n * sizeof *r);
-        if (!r)
-            goto nomem;
-        ctx->row_of = r;
-        ctx->row_cap = b->n;
+    if (reserve(ctx, b->n, n_out) != 0) {
+        seterr(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
     }
-    if (gpe_fwd_reserve_logits(&ctx->fwd, &ctx->m->llama, n_out) != 0)
-        goto nomem;
 
     /* Batches larger than n_batch run in chunks; a later chunk sees the
      * earlier chunks' K/V rows because attention reads the cache by
@@ -658,53 +790,75 @@ gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen
                 base = ctx->row_of[i];
                 break;
             }
-        float *lg = ctx->fwd.logits + (size_t)base * (size_t)n_vocab;
-#ifdef GPUPOOL_HAVE_CUDA
-        if (ctx->cuda) {
-            /* A device error leaves partial K/V rows at this batch's
-             * positions; the lengths are not committed, so the sequences
-             * are as before. */
-            st = gpe_cuda_forward(ctx->cuda, b->tok + c0, b->pos + c0, b->seq + c0,
-                                  b->logits + c0, cn, lg, err, errlen);
-            if (st != GPE_OK)
-                return st;
-            continue;
+        float *lg = ctx->logits ? ctx->logits + (size_t)base * (size_t)n_vocab : NULL;
+        /* A failure leaves partial K/V rows at this batch's positions; the
+         * lengths are not committed, so the sequences are as before. A
+         * device failure also leaves the backend context unusable. */
+        msg[0] = '\0';
+        st = ctx->ops->forward(ctx->b, b->tok + c0, b->pos + c0, b->seq + c0, b->logits + c0,
+                               cn, lg, msg, sizeof msg);
+        if (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM)
+            return breakdown(ctx, st, msg, err, errlen);
+        if (st != GPE_OK) {
+            seterr(err, errlen, "%s", msg);
+            return st;
         }
-#endif
-        gpe_llama_forward(&ctx->m->llama, &ctx->fwd, &ctx->kv, ctx->pool, b->tok + c0,
-                          b->pos + c0, b->seq + c0, b->logits + c0, cn, lg);
     }
     for (int i = 0; i < b->n; i++)
-        if (b->pos[i] + 1 > ctx->kv.len[b->seq[i]])
-            ctx->kv.len[b->seq[i]] = b->pos[i] + 1;
+        if (b->pos[i] + 1 > ctx->len[b->seq[i]])
+            ctx->len[b->seq[i]] = b->pos[i] + 1;
     ctx->last_n = b->n;
     return GPE_OK;
-
-nomem:
-    seterr(err, errlen, "out of memory");
-    return GPE_ERR_NOMEM;
 }
 
 const float *gpe_get_logits(const gpe_ctx *ctx, int i)
 {
     if (!ctx || i < 0 || i >= ctx->last_n || ctx->row_of[i] < 0)
         return NULL;
-    return ctx->fwd.logits + (size_t)ctx->row_of[i] * (size_t)ctx->m->llama.hp.n_vocab;
+    return ctx->logits + (size_t)ctx->row_of[i] * (size_t)ctx->m->llama.hp.n_vocab;
 }
 
 /* =============================================================== system */
 
-#ifndef GPUPOOL_HAVE_CUDA
-/* Without the CUDA backend these report it plainly; the CUDA build provides
- * its own definitions in src/engine/cuda/. */
+int gpe_gpu_count(char *why, size_t whylen)
+{
+    char w[512] = "";
+    const gpe_backend_ops *ops = gpe_backend_cuda(w, sizeof w);
+    int n = ops ? ops->device_count(w, sizeof w) : 0;
+    if (n <= 0) {
+        seterr(why, whylen, "%s", w);
+        return 0;
+    }
+    return n;
+}
+
+gpe_status gpe_gpu_info_get(int device, gpe_gpu_info *out, char *err, size_t errlen)
+{
+    char w[512] = "";
+    if (!out) {
+        seterr(err, errlen, "out is NULL");
+        return GPE_ERR_ARG;
+    }
+    memset(out, 0, sizeof *out);
+    const gpe_backend_ops *ops = gpe_backend_cuda(w, sizeof w);
+    if (!ops) {
+        seterr(err, errlen, "%s", w);
+        return GPE_ERR_BACKEND;
+    }
+    return ops->device_info(device, out, err, errlen);
+}
+
 bool gpe_cuda_available(void)
 {
-    return false;
+    return gpe_gpu_count(NULL, 0) > 0;
 }
 
 gpe_status gpe_cuda_selftest(char *err, size_t errlen)
 {
-    seterr(err, errlen, "the CUDA backend is not built into this engine");
+    char w[512] = "";
+    const gpe_backend_ops *ops = gpe_backend_cuda(w, sizeof w);
+    if (ops && ops->device_count(w, sizeof w) > 0)
+        return ops->selftest(err, errlen);
+    seterr(err, errlen, "%s", w);
     return GPE_ERR_BACKEND;
 }
-#endif

@@ -1,5 +1,10 @@
 # Engine part: the CUDA backend (src/engine/cuda/). Owner: E5.
 #
+# The backend is a run-time plugin, libgpupool-cuda.so (declared in
+# CMakeLists.txt once the engine library exists): the engine dlopen()s it
+# on first GPU use (backend_load.c) and links no CUDA library itself, so a
+# CUDA build's binaries start on machines without the CUDA runtime.
+#
 # GPUPOOL_CUDA = AUTO builds it when nvcc is found (and the build is not
 # sanitized: ASan and nvcc-compiled host code do not mix); ON requires it;
 # OFF never builds it. Kernels are compiled for the architectures that
@@ -46,6 +51,8 @@ if(_gpe_cuda_want)
                  "architectures ${CMAKE_CUDA_ARCHITECTURES})")
 
   set(_gpe_cuda_dir ${CMAKE_CURRENT_LIST_DIR}/cuda)
+  # The backend's objects: linked into the plugin (CMakeLists.txt, after
+  # the engine library exists) and into test_cuda, never into the engine.
   add_library(gpe_cuda OBJECT
     ${_gpe_cuda_dir}/norm.cu
     ${_gpe_cuda_dir}/rope.cu
@@ -54,6 +61,7 @@ if(_gpe_cuda_want)
     ${_gpe_cuda_dir}/elementwise.cu
     ${_gpe_cuda_dir}/forward.cu
     ${_gpe_cuda_dir}/optest.cu
+    ${_gpe_cuda_dir}/plugin.cu
     ${_gpe_cuda_dir}/selftest.c)
   # The directory's options (-Wall -Werror -pthread, sanitizers, ...) are gcc
   # flags: keep them for the C file only, and give nvcc its own spelling.
@@ -72,15 +80,15 @@ if(_gpe_cuda_want)
   target_include_directories(gpe_cuda PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   set_target_properties(gpe_cuda PROPERTIES CUDA_SEPARABLE_COMPILATION OFF
                                             POSITION_INDEPENDENT_CODE ON)
-  list(APPEND GPE_PARTS gpe_cuda)
-  # engine.c drops its "not built" stubs of gpe_cuda_available/selftest.
+  target_compile_definitions(gpe_cuda PRIVATE GPE_HAVE_CUDA=1 GPUPOOL_HAVE_CUDA=1)
+  # The plugin links the engine's parts too (the self-test runs the CPU
+  # forward): they must be position-independent. No semantic interposition:
+  # the executables keep the same code generation as non-PIC objects.
   foreach(_p ${GPE_PARTS})
+    set_target_properties(${_p} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+    target_compile_options(${_p} PRIVATE -fno-semantic-interposition)
     target_compile_definitions(${_p} PRIVATE GPE_HAVE_CUDA=1 GPUPOOL_HAVE_CUDA=1)
   endforeach()
-  # Shared cudart (the driver is loaded by it at run time: a machine without
-  # one reports "no device", it does not fail to start); nvcc's host objects
-  # need libstdc++.
-  list(APPEND GPE_EXTRA_LIBS CUDA::cudart CUDA::cublas stdc++)
   set(GPE_HAVE_CUDA ON)
 else()
   message(STATUS "gpupool: CUDA backend OFF (GPUPOOL_CUDA=${GPUPOOL_CUDA})")

@@ -36,6 +36,7 @@ static void usage(FILE *out)
             "      --seqs S         sequences decoded together in tgN (default 1)\n"
             "      --json           one JSON object per result line instead of the table\n"
             "      --backend B      cpu (default) or cuda; --device N: CUDA device index\n"
+            "      --devices LIST   CUDA devices, e.g. 0,1: the layers split over them in order\n"
             "      --kv-f16         F16 KV cache (llama.cpp's default) instead of F32\n"
             "  -h, --help           this help\n");
 }
@@ -49,6 +50,7 @@ typedef struct bench_opts {
     const char *backend;
     long device;
     bool kv_f16;
+    const char *devices;
 } bench_opts;
 
 static uint32_t lcg(uint32_t *s)
@@ -190,7 +192,7 @@ done:
 
 static int exec_bench(int argc, char **argv)
 {
-    enum { O_SEQS = 256, O_JSON, O_BACKEND, O_DEVICE, O_KV16 };
+    enum { O_SEQS = 256, O_JSON, O_BACKEND, O_DEVICE, O_KV16, O_DEVICES };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' }, { "n-prompt", required_argument, 0, 'p' },
         { "n-gen", required_argument, 0, 'n' }, { "threads", required_argument, 0, 't' },
@@ -198,6 +200,7 @@ static int exec_bench(int argc, char **argv)
         { "json", no_argument, 0, O_JSON },     { "help", no_argument, 0, 'h' },
         { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
         { "kv-f16", no_argument, 0, O_KV16 },
+        { "devices", required_argument, 0, O_DEVICES },
         { 0, 0, 0, 0 },
     };
     bench_opts o;
@@ -220,6 +223,12 @@ static int exec_bench(int argc, char **argv)
         case O_KV16: o.kv_f16 = true; break;
         case O_BACKEND: o.backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
         case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o.device); break;
+        case O_DEVICES: {
+            int d[GPE_MAX_DEVICES], nd;
+            o.devices = optarg;
+            ok = gpr_parse_devices(NAME, optarg, d, &nd);
+            break;
+        }
         case 't': {
             char *dup = strdup(optarg), *save = NULL;
             o.n_threads = 0;
@@ -258,7 +267,7 @@ static int exec_bench(int argc, char **argv)
     if (o.n_threads == 0)
         o.threads[o.n_threads++] = 0;
 
-    gpe_model *m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device);
+    gpe_model *m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device, o.devices);
     if (!m)
         return 1;
     gpe_model_info in;

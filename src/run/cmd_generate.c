@@ -35,6 +35,8 @@ static void usage(FILE *out)
             "      --kv-f16         F16 KV cache (half the memory, llama.cpp's default)\n"
             "      --backend B      cpu (default) or cuda\n"
             "      --device N       CUDA device index (default 0)\n"
+            "      --devices LIST   CUDA devices, e.g. 0,1: the layers split over them in order\n"
+            "                       (by free memory; an index may repeat)\n"
             "  -c, --ctx N          context length (default: prompt + n, at most the model's)\n"
             "      --no-eog         do not stop at end-of-generation tokens\n"
             "      --json           one JSON object per token, then a summary object\n"
@@ -56,12 +58,13 @@ typedef struct gen_opts {
     const char *backend;
     long device;
     bool kv_f16;
+    const char *devices;
 } gen_opts;
 
 static int parse(int argc, char **argv, gen_opts *o)
 {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_REP, O_SEED, O_JSON, O_NOEOG, O_BACKEND,
-           O_DEVICE, O_KV16 };
+           O_DEVICE, O_KV16, O_DEVICES };
     static const struct option lo[] = {
         { "model", required_argument, 0, 'm' },   { "prompt", required_argument, 0, 'p' },
         { "n-predict", required_argument, 0, 'n' }, { "temp", required_argument, 0, O_TEMP },
@@ -72,6 +75,7 @@ static int parse(int argc, char **argv, gen_opts *o)
         { "no-eog", no_argument, 0, O_NOEOG },    { "help", no_argument, 0, 'h' },
         { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
         { "kv-f16", no_argument, 0, O_KV16 },
+        { "devices", required_argument, 0, O_DEVICES },
         { 0, 0, 0, 0 },
     };
     /* defaults, in one place */
@@ -108,6 +112,12 @@ static int parse(int argc, char **argv, gen_opts *o)
         case O_KV16: o->kv_f16 = true; break;
         case O_BACKEND: o->backend = optarg; ok = gpr_check_backend(NAME, optarg); break;
         case O_DEVICE: ok = gpr_parse_int(NAME, "--device", optarg, 0, 1024, &o->device); break;
+        case O_DEVICES: {
+            int d[GPE_MAX_DEVICES], nd;
+            o->devices = optarg;
+            ok = gpr_parse_devices(NAME, optarg, d, &nd);
+            break;
+        }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -166,7 +176,7 @@ static int exec_generate(int argc, char **argv)
     int32_t *ids = NULL;
     char err[512];
 
-    if (!(m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device)))
+    if (!(m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device, o.devices)))
         goto done;
     gpe_model_info info;
     gpe_model_get_info(m, &info);

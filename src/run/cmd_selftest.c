@@ -91,9 +91,19 @@ static int exec_selftest(int argc, char **argv)
                 backend);
         return 2;
     }
-    bool cuda = gpe_cuda_available();
+    char why[512] = "";
+    int n_gpu = gpe_gpu_count(why, sizeof why);
+    bool cuda = n_gpu > 0;
     if (strcmp(backend, "cuda") == 0 || (strcmp(backend, "auto") == 0 && cuda)) {
-        char err[512] = "";
+        static char err[16384];
+        err[0] = '\0';
+        for (int i = 0; i < n_gpu; i++) {
+            gpe_gpu_info gi;
+            if (gpe_gpu_info_get(i, &gi, err, sizeof err) == GPE_OK)
+                printf("CUDA device %d: %s, compute capability %d.%d, %.0f of %.0f MiB free\n",
+                       i, gi.name, gi.cc_major, gi.cc_minor, gi.free_bytes / 1048576.0,
+                       gi.total_bytes / 1048576.0);
+        }
         gpe_status st = gpe_cuda_selftest(err, sizeof err);
         if (st != GPE_OK) {
             fprintf(stderr, "gpupool-run %s: CUDA: %s (%s)\n", NAME, err, gpe_status_name(st));
@@ -103,7 +113,7 @@ static int exec_selftest(int argc, char **argv)
         return 0;
     }
     if (!cuda)
-        printf("CUDA backend: not built (or no device visible); testing the CPU backend\n");
+        printf("CUDA backend unavailable (%s); testing the CPU backend\n", why);
     return cpu_check(model);
 }
 

@@ -38,10 +38,14 @@ bool gpr_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *ou
 
 /* Loads a model, printing a clear message on failure (NULL then).
  * backend: NULL or "cpu" for the CPU, "cuda" for the CUDA backend (device
- * `device`). */
+ * `device`, or the devices of `devices`, a --devices list: "0,1" splits
+ * the layers over devices 0 and 1; NULL = just `device`). */
 gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only);
 gpe_model *gpr_load_model_on(const char *cmd, const char *path, const char *backend,
-                             int device);
+                             int device, const char *devices);
+/* Parses a --devices list (comma-separated device indexes, 1 to
+ * GPE_MAX_DEVICES of them, repeats allowed); prints the error. */
+bool gpr_parse_devices(const char *cmd, const char *s, int *out, int *n);
 /* Validates a --backend value ("cpu" or "cuda"); prints the error. */
 bool gpr_check_backend(const char *cmd, const char *s);
 

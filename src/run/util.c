@@ -61,8 +61,37 @@ bool gpr_parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *ou
     return true;
 }
 
+bool gpr_parse_devices(const char *cmd, const char *s, int *out, int *n)
+{
+    *n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 1024 || (*end != ',' && *end != '\0') ||
+            *n >= GPE_MAX_DEVICES) {
+            fprintf(stderr,
+                    "gpupool-run %s: --devices: '%s' is not a list of 1 to %d device indexes "
+                    "(e.g. 0,1)\n", cmd, s, GPE_MAX_DEVICES);
+            return false;
+        }
+        out[(*n)++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end == ',' && !*p) {
+            fprintf(stderr, "gpupool-run %s: --devices: '%s' ends with a comma\n", cmd, s);
+            return false;
+        }
+    }
+    if (*n == 0) {
+        fprintf(stderr, "gpupool-run %s: --devices: empty list\n", cmd);
+        return false;
+    }
+    return true;
+}
+
 static gpe_model *load(const char *cmd, const char *path, bool vocab_only, bool cuda,
-                       int device)
+                       int device, const char *devices)
 {
     struct stat sb;
     if (stat(path, &sb) != 0) {
@@ -75,6 +104,8 @@ static gpe_model *load(const char *cmd, const char *path, bool vocab_only, bool 
     mp.vocab_only = vocab_only;
     mp.backend = cuda ? GPE_BACKEND_CUDA : GPE_BACKEND_CPU;
     mp.gpu_device = device;
+    if (devices && !gpr_parse_devices(cmd, devices, mp.devices, &mp.n_devices))
+        return NULL;
     gpe_status st = gpe_model_load(path, &mp, &m, err, sizeof err);
     if (st != GPE_OK) {
         fprintf(stderr, "gpupool-run %s: cannot load model (%s): %s\n", cmd, gpe_status_name(st),
@@ -86,12 +117,13 @@ static gpe_model *load(const char *cmd, const char *path, bool vocab_only, bool 
 
 gpe_model *gpr_load_model(const char *cmd, const char *path, bool vocab_only)
 {
-    return load(cmd, path, vocab_only, false, 0);
+    return load(cmd, path, vocab_only, false, 0, NULL);
 }
 
-gpe_model *gpr_load_model_on(const char *cmd, const char *path, const char *backend, int device)
+gpe_model *gpr_load_model_on(const char *cmd, const char *path, const char *backend, int device,
+                             const char *devices)
 {
-    return load(cmd, path, false, backend && strcmp(backend, "cuda") == 0, device);
+    return load(cmd, path, false, backend && strcmp(backend, "cuda") == 0, device, devices);
 }
 
 bool gpr_check_backend(const char *cmd, const char *s)

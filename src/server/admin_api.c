@@ -607,17 +607,17 @@ static json_t *agent_json(const registry_agent *ag, uint64_t now_mono, int64_t n
                               (json_int_t)m->context_length, "vram_bytes",
                               (json_int_t)m->vram_bytes, "loaded", m->loaded));
     }
-    json_t *gpus = ag->facts ? json_object_get(ag->facts, "gpus") : NULL;
+    /* GPUs as the registry keeps them (hw_facts.h: known fields only). */
+    json_t *gpus = hw_facts_gpus_json(&ag->hw);
     /* The registry keeps monotonic times; report wall clock. */
     int64_t last_seen = now_wall - (int64_t)(now_mono - ag->last_seen_ms);
     int64_t registered = now_wall - (int64_t)(now_mono - ag->registered_ms);
     int64_t since = now_wall - (int64_t)(now_mono - ag->state_since_ms);
-    return json_pack(
+    json_t *o = json_pack(
         "{s:s,s:o,s:s,s:o,s:o,s:o,s:o,s:o,s:i,s:i,s:i,s:f,s:I,s:I,s:I,s:i,s:I,s:I,s:f,s:b,s:b}",
         "id", ag->id, "name", str_or_null(ag->name), "state", registry_state_name(ag->state),
         "version", str_or_null(ag->version), "platform", str_or_null(ag->platform), "labels",
-        labels ? labels : json_object(), "gpus",
-        json_is_array(gpus) ? json_incref(gpus) : json_array(), "models",
+        labels ? labels : json_object(), "gpus", gpus ? gpus : json_array(), "models",
         models ? models : json_array(), "slots_total", ag->slots_total, "slots_busy",
         ag->slots_busy, "queue_depth", ag->queue_depth, "kv_cache_utilization",
         ag->kv_cache_utilization, "last_seen", (json_int_t)last_seen, "registered_at",
@@ -625,6 +625,18 @@ static json_t *agent_json(const registry_agent *ag, uint64_t now_mono, int64_t n
         "jobs_done", (json_int_t)ag->jobs_done, "jobs_failed", (json_int_t)ag->jobs_failed,
         "tokens_per_sec", ag->tokens_per_sec, "admin_drain", ag->admin_drain, "agent_drain",
         ag->agent_drain);
+    /* The backend in use, and an agent error (a model it refused to run:
+     * docs/protocol.md "Backend and GPUs"). */
+    if (o && (json_object_set_new(o, "backend", ag->hw.backend[0] ? json_string(ag->hw.backend)
+                                                                   : json_null()) < 0 ||
+              json_object_set_new(o, "error", hw_facts_error_json(&ag->hw)) < 0 ||
+              json_object_set_new(o, "backend_faults", ag->hw.faults >= 0
+                                                           ? json_integer(ag->hw.faults)
+                                                           : json_null()) < 0)) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 typedef struct agent_list {

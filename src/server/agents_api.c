@@ -1189,6 +1189,49 @@ int gps_agents_register(gps_http *h, gps_agents *g)
     return rc ? -1 : 0;
 }
 
+/* GPU gauges of one live agent (hw_facts.h), only the figures it knows. */
+static void collect_gpus(gps_metrics *m, const registry_agent *a)
+{
+    for (int i = 0; i < a->hw.n_gpus; i++) {
+        const hw_gpu *g = &a->hw.gpus[i];
+        char idx[16], l[700]; /* id, a 256-byte name with every byte escaped, index */
+        snprintf(idx, sizeof idx, "%d", g->index);
+        gps_metrics_label(l, sizeof l, "agent", a->id, "name", a->name ? a->name : "", "gpu",
+                          idx, (char *)NULL);
+        if (g->vram_total >= 0)
+            gps_metrics_set(m, "gpu_vram_total_bytes", l, (double)g->vram_total);
+        if (g->vram_used >= 0)
+            gps_metrics_set(m, "gpu_vram_used_bytes", l, (double)g->vram_used);
+        if (g->vram_model >= 0)
+            gps_metrics_set(m, "gpu_vram_model_bytes", l, (double)g->vram_model);
+        if (g->vram_free >= 0)
+            gps_metrics_set(m, "gpu_vram_free_bytes", l, (double)g->vram_free);
+        if (g->utilization >= 0)
+            gps_metrics_set(m, "gpu_utilization_ratio", l, g->utilization);
+        if (g->temperature > -1000)
+            gps_metrics_set(m, "gpu_temperature_celsius", l, g->temperature);
+        if (g->power_w >= 0)
+            gps_metrics_set(m, "gpu_power_watts", l, g->power_w);
+        if (g->in_use)
+            gps_metrics_set(m, "gpu_fault", l, g->fault ? 1 : 0);
+    }
+}
+
+/* Backend, agent error and device faults of one live agent. */
+static void collect_backend(gps_metrics *m, const registry_agent *a, const char *l)
+{
+    if (a->hw.backend[0]) {
+        char lb[96];
+        gps_metrics_label(lb, sizeof lb, "agent", a->id, "backend", a->hw.backend,
+                          (char *)NULL);
+        gps_metrics_set(m, "agent_backend", lb, 1);
+    }
+    gps_metrics_set(m, "agent_error", l, a->hw.error_code[0] ? 1 : 0);
+    if (a->hw.faults >= 0)
+        gps_metrics_set(m, "agent_backend_faults_total", l, (double)a->hw.faults);
+    collect_gpus(m, a);
+}
+
 typedef struct collect_ctx {
     gps_metrics *m;
     size_t per_state[REGISTRY_STATE_COUNT];
@@ -1221,6 +1264,7 @@ static void collect_one(void *ud, registry_agent *a)
                             (double)a->prefix.tokens_computed);
             gps_metrics_set(c->m, "agent_prefix_cache_tokens_held", l, (double)held);
         }
+        collect_backend(c->m, a, l);
     }
 }
 
@@ -1243,6 +1287,13 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
     gps_metrics_reset(m, "agent_prefix_cache_tokens_saved_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_computed_total");
     gps_metrics_reset(m, "agent_prefix_cache_tokens_held");
+    static const char *const hw_families[] = {
+        "agent_backend", "agent_error", "agent_backend_faults_total", "gpu_vram_total_bytes",
+        "gpu_vram_used_bytes", "gpu_vram_model_bytes", "gpu_vram_free_bytes",
+        "gpu_utilization_ratio", "gpu_temperature_celsius", "gpu_power_watts", "gpu_fault",
+    };
+    for (size_t i = 0; i < sizeof hw_families / sizeof hw_families[0]; i++)
+        gps_metrics_reset(m, hw_families[i]);
     if (g->reg) {
         registry_foreach(g->reg, collect_one, &c);
         registry_models_foreach(g->reg, collect_model, m);

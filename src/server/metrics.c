@@ -365,6 +365,33 @@ int gps_metrics_define_server(gps_metrics *m)
          "Prompt tokens a live agent computed (prefill).", NULL, 0},
         {"agent_prefix_cache_tokens_held", GPS_METRIC_GAUGE,
          "KV positions a live agent's slots hold for reuse, summed over its slots.", NULL, 0},
+        /* Backend and GPUs of live agents, as each reported on its last
+         * poll (hw_facts.h); GPU series are labelled agent (id), name and
+         * gpu (the agent's device index). */
+        {"agent_backend", GPS_METRIC_GAUGE,
+         "1 for the backend a live agent runs its model on (cuda, cpu, openai).", NULL, 0},
+        {"agent_error", GPS_METRIC_GAUGE,
+         "1 while a live agent reports an error (e.g. a model that does not fit its GPUs: "
+         "it serves no model).",
+         NULL, 0},
+        {"agent_backend_faults_total", GPS_METRIC_COUNTER,
+         "Device faults (CUDA errors, out of VRAM while running) a live agent's engine had "
+         "since it started.",
+         NULL, 0},
+        {"gpu_vram_total_bytes", GPS_METRIC_GAUGE, "VRAM of a live agent's GPU.", NULL, 0},
+        {"gpu_vram_used_bytes", GPS_METRIC_GAUGE,
+         "VRAM in use on a live agent's GPU (every process).", NULL, 0},
+        {"gpu_vram_model_bytes", GPS_METRIC_GAUGE,
+         "VRAM the agent's model (weights, KV cache, scratch) holds on its GPU.", NULL, 0},
+        {"gpu_vram_free_bytes", GPS_METRIC_GAUGE, "Free VRAM on a live agent's GPU.", NULL, 0},
+        {"gpu_utilization_ratio", GPS_METRIC_GAUGE,
+         "GPU busy fraction (0 to 1) over the driver's last sample period.", NULL, 0},
+        {"gpu_temperature_celsius", GPS_METRIC_GAUGE, "GPU core temperature.", NULL, 0},
+        {"gpu_power_watts", GPS_METRIC_GAUGE, "GPU power draw.", NULL, 0},
+        {"gpu_fault", GPS_METRIC_GAUGE,
+         "1 while the agent keeps a GPU out of service after a device error (it re-initialises "
+         "it with backoff).",
+         NULL, 0},
         {"failovers_total", GPS_METRIC_COUNTER,
          "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
          NULL, 0},

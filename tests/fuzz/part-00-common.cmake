@@ -30,6 +30,6 @@ function(gp_add_fuzz name)
   target_link_options(${name} PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_libraries(${name} PRIVATE ${F_LIBS} Threads::Threads m)
   target_compile_definitions(${name} PRIVATE GP_TEST_DATA="${GP_TEST_DATA}"
-                             GP_SOURCE_DIR="${CMAKE_SOURCE_DIR}" ${F_DEFS})
+                             GP_MODEL_DATA="${GP_MODEL_DATA}" GP_SOURCE_DIR="${CMAKE_SOURCE_DIR}" ${F_DEFS})
   add_dependencies(fuzz_all ${name})
 endfunction()

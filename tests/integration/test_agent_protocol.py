@@ -236,6 +236,7 @@ class AgentProtocolTest(harness.TestCase):
         self.assertEqual(p["slots"], {"total": 3, "busy": 0})
         self.assertEqual(p["labels"], {"region": "eu", "tier": "gold"})
         self.assertIsInstance(p["gpus"], list)
+        self.assertEqual(p["backend"], "openai")
         self.assertEqual(p["cpu"]["vendor"], "cpu")
         self.assertGreaterEqual(p["cpu"]["cores"], 1)
         self.assertEqual([m["id"] for m in p["models"]], ["pub"])

@@ -93,12 +93,12 @@ class DashboardTest(harness.TestCase):
         self.browser = cdp.Browser(self.h.tmp)
         page = self.browser.page()
         page.navigate(self.srv.url + "/dashboard#key=" + self.admin)
-        page.wait_js("document.querySelectorAll('#agents tbody tr').length === 2", timeout=60,
+        page.wait_js("document.querySelectorAll('#agents tbody tr.agent-row').length === 2", timeout=60,
                      what="both agents on the page")
         # The key left the address bar (it never went to the server).
         self.assertEqual(page.js("location.hash"), "")
         self.assertEqual(page.js("document.getElementById('conn').dataset.state"), "live")
-        names = page.js("[...document.querySelectorAll('#agents tbody tr')]"
+        names = page.js("[...document.querySelectorAll('#agents tbody tr.agent-row')]"
                         ".map(r => r.querySelector('strong').textContent).sort()")
         self.assertEqual(names, ["gpu-box-0", "gpu-box-1"])
         page.wait_js("document.querySelectorAll('#jobs tbody tr[data-status=\"done\"]').length >= 1",
@@ -154,7 +154,7 @@ class DashboardTest(harness.TestCase):
                      timeout=30, what="the refusal")
         page.js("document.getElementById('login-key').value = %s;"
                 "document.getElementById('login-form').requestSubmit()" % json.dumps(self.admin))
-        page.wait_js("document.querySelectorAll('#agents tbody tr').length === 2", timeout=60,
+        page.wait_js("document.querySelectorAll('#agents tbody tr.agent-row').length === 2", timeout=60,
                      what="the agents after signing in")
         page.close()
 

@@ -153,6 +153,61 @@ class DebTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, out)
         self.assertEqual(out, "", "systemd-analyze verify warned:\n" + out)
 
+    def test_cuda_plugin_optional(self):
+        """A CUDA build's package holds the CUDA plugin but depends on no CUDA
+        library, no binary links one, and the binaries start and run on the
+        CPU when the plugin cannot load: here a plugin whose dependency is
+        missing (GPUPOOL_CUDA_PLUGIN), as libcudart is on a CPU-only machine.
+        In a CPU build (no plugin) the same checks run against the reason
+        "not built"."""
+        r = run([self.dpkg_deb, "--contents", self.deb])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        has_plugin = "./usr/lib/gpupool/libgpupool-cuda.so" in r.stdout
+        depends = self.field("Depends")
+        self.assertNotRegex(depends, "cuda|cublas", "Depends: " + depends)
+        root = os.path.join(self.tmp, "root-cuda")
+        r = run([self.dpkg_deb, "-x", self.deb, root])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        readelf = need_tool("readelf", "binutils")
+        for b in ("gpupool-server", "gpupool-agent", "gpupool-run", "gpupoolctl"):
+            r = run([readelf, "-d", os.path.join(root, "usr/bin", b)])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertNotRegex(r.stdout, r"NEEDED.*(cudart|cublas)", b)
+        grun = os.path.join(root, "usr/bin/gpupool-run")
+        model = os.path.join(SOURCE_DIR, "models", "stories260K.gguf")
+        # As installed: the plugin is found in ../lib/gpupool (or is absent).
+        r = run([grun, "selftest", "-m", model], timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        if not has_plugin:
+            self.assertIn("not built", r.stdout)
+        elif "CUDA self-test: ok" not in r.stdout:
+            # no GPU here: the plugin loaded and said why there is no device
+            self.assertIn("no CUDA device is visible", r.stdout)
+        # A plugin that cannot load: 0 GPUs with the reason, the CPU runs.
+        broken = os.path.join(BUILD_DIR, "tests", "unit", "engine",
+                              "libgpe_test_needs_missing.so")
+        self.assertTrue(os.path.isfile(broken), broken + " not built")
+        env = dict(os.environ, GPUPOOL_CUDA_PLUGIN=broken)
+        r = run([grun, "selftest", "-m", model], env=env, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("libgpe_test_phantom.so: cannot open shared object file", r.stdout)
+        self.assertIn("testing the CPU backend", r.stdout)
+        r = run([grun, "generate", "-m", model, "-n", "4", "-p", "Once upon"], env=env,
+                timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = run([grun, "selftest", "--backend", "cuda"], env=env, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot load " + broken, r.stderr)
+        r = run([grun, "generate", "-m", model, "-n", "4", "-p", "Once", "--backend", "cuda"],
+                env=env, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("CUDA backend unavailable: cannot load", r.stderr)
+        # The agent starts (reads its config) with the plugin unloadable.
+        r = run([os.path.join(root, "usr/bin/gpupool-agent"), "--config",
+                 os.path.join(root, "etc/gpupool/agent.conf"), "--print-config"],
+                env=env, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

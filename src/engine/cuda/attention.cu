@@ -17,6 +17,16 @@
 #define ATTN_WARPS 4
 #define ATTN_DPL (GPE_CUDA_MAX_HEAD_DIM / GPE_WARP)   /* dims per lane */
 
+static __device__ __forceinline__ float load(const float *p) { return *p; }
+static __device__ __forceinline__ float load(const __half *p) { return __half2float(*p); }
+/* q as the dot product sees it: F16-rounded with an F16 cache. */
+static __device__ __forceinline__ float qval(float x, const float *) { return x; }
+static __device__ __forceinline__ float qval(float x, const __half *)
+{
+    return __half2float(__float2half_rn(x));
+}
+
+template <typename T>
 __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cuda_attn_args a)
 {
     __shared__ float s_m[ATTN_WARPS], s_l[ATTN_WARPS];
@@ -35,20 +45,20 @@ __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cud
 #pragma unroll
     for (int k = 0; k < ATTN_DPL; k++) {
         const int d = lane + GPE_WARP * k;
-        qv[k] = d < hd ? q[d] : 0.0f;
+        qv[k] = d < hd ? qval(q[d], static_cast<const T *>(nullptr)) : 0.0f;
         acc[k] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     const size_t base = (size_t)s * (size_t)a.n_ctx * (size_t)kvd + (size_t)kvh * hd;
     for (int i = i0 + warp; i <= p; i += ATTN_WARPS) {
-        const float *kr = a.k_cache + base + (size_t)i * kvd;
-        const float *vr = a.v_cache + base + (size_t)i * kvd;
+        const T *kr = static_cast<const T *>(a.k_cache) + base + (size_t)i * kvd;
+        const T *vr = static_cast<const T *>(a.v_cache) + base + (size_t)i * kvd;
         float dot = 0.0f;
 #pragma unroll
         for (int k = 0; k < ATTN_DPL; k++) {
             const int d = lane + GPE_WARP * k;
             if (d < hd)
-                dot += qv[k] * kr[d];
+                dot += qv[k] * load(kr + d);
         }
         float sc = warp_sum(dot) * scale;
         if (a.softcap > 0.0f)
@@ -61,7 +71,7 @@ __global__ void __launch_bounds__(ATTN_WARPS *GPE_WARP) attention_kernel(gpe_cud
         for (int k = 0; k < ATTN_DPL; k++) {
             const int d = lane + GPE_WARP * k;
             if (d < hd)
-                acc[k] = acc[k] * corr + e * vr[d];
+                acc[k] = acc[k] * corr + e * load(vr + d);
         }
         m = m_new;
     }
@@ -100,5 +110,8 @@ void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream)
     if (a->n_tok <= 0)
         return;
     const dim3 grid((unsigned)a->n_tok, (unsigned)a->n_head);
-    attention_kernel<<<grid, ATTN_WARPS * GPE_WARP, 0, stream>>>(*a);
+    if (a->f16)
+        attention_kernel<__half><<<grid, ATTN_WARPS * GPE_WARP, 0, stream>>>(*a);
+    else
+        attention_kernel<float><<<grid, ATTN_WARPS * GPE_WARP, 0, stream>>>(*a);
 }

@@ -21,7 +21,9 @@
 
 typedef struct gpe_cuda_attn_args {
     const float *q;                   /* [n_tok][n_head*hd] */
-    const float *k_cache, *v_cache;   /* this layer's [n_seq][n_ctx][kv_dim] */
+    const void *k_cache, *v_cache;    /* this layer's [n_seq][n_ctx][kv_dim], float or __half */
+    bool f16;                         /* __half caches; q is rounded to F16 for q.k, as the
+                                         CPU's F16 path and llama.cpp's do */
     const int *pos, *seq;             /* device [n_tok] */
     float *out;                       /* [n_tok][n_head*hd] */
     int n_tok, n_head, n_head_kv, head_dim, n_ctx;

@@ -23,8 +23,13 @@
  * Threading: a gpe_cuda_model is used by one thread at a time. Several
  * models may live on one device (each has its own stream and cuBLAS handle).
  *
- * Internal to the engine. Present only in builds with the CUDA backend
- * (GPE_HAVE_CUDA / GPUPOOL_HAVE_CUDA defined).
+ * Placement: gpe_cuda_model_create takes a placement (backend.h): with
+ * several entries the layers are split over them (forward.cu says how);
+ * gpe_cuda_model_upload is the one-device, F32-KV shorthand.
+ *
+ * Built into the CUDA plugin (libgpupool-cuda.so, plugin.cu exports its
+ * table), never into libgpupool-engine; test_cuda links these objects
+ * directly for its host-side checks.
  */
 #ifndef GPE_BACKEND_CUDA_H
 #define GPE_BACKEND_CUDA_H
@@ -39,6 +44,7 @@
 extern "C" {
 #endif
 
+#include "engine/backend.h"
 #include "engine/model.h"
 
 typedef struct gpe_cuda_model gpe_cuda_model;
@@ -50,7 +56,7 @@ bool gpe_cuda_device_count(int *n);
 /* What a model needs in VRAM (bytes). */
 typedef struct gpe_cuda_budget {
     uint64_t weights;   /* every tensor, tied output stored once */
-    uint64_t kv;        /* K and V caches, F32 */
+    uint64_t kv;        /* K and V caches (F32 here) */
     uint64_t scratch;   /* activations, logits, GEMM dequantization buffer */
     uint64_t reserve;   /* cuBLAS workspace and allocator slack */
     uint64_t total;
@@ -62,6 +68,25 @@ typedef struct gpe_cuda_budget {
  * otherwise. */
 gpe_status gpe_cuda_model_bytes(const gpe_llama *m, int n_ctx, int n_seq, int n_batch,
                                 gpe_cuda_budget *out, char *err, size_t errlen);
+
+/* Per-stage needs of a placement, reading each device's free memory
+ * (layers split by pl->split, or by free memory when all 0). */
+gpe_status gpe_cuda_plan_devices(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
+                           gpe_vram_need *out, int *n_out, char *err, size_t errlen);
+
+/* Creates the model on its placement: preflight per device (the stages
+ * on one device together), then upload. Errors name the device ("CUDA
+ * device N: ..."); GPE_ERR_INSUFFICIENT_VRAM when it does not fit. */
+gpe_status gpe_cuda_model_create(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
+                                 gpe_cuda_model **out, char *err, size_t errlen);
+
+/* Stages of a model: device, layers, planned bytes, free now. */
+int gpe_cuda_model_devices(const gpe_cuda_model *cm, gpe_vram_need *out);
+
+/* Device count with the reason when 0 ("no CUDA device is visible
+ * (cudaGetDeviceCount: ...)"), and one device's description. */
+int gpe_cuda_device_count_why(char *why, size_t whylen);
+gpe_status gpe_cuda_device_info(int device, gpe_gpu_info *out, char *err, size_t errlen);
 
 /* Uploads m to device `device`. Preflight first: the budget above is
  * compared with cudaMemGetInfo's free memory before anything is allocated;
@@ -78,8 +103,9 @@ gpe_status gpe_cuda_model_upload(const gpe_llama *m, int device, int n_ctx, int 
  * n_vocab floats at logits_host. Unlike the CPU function it checks its
  * arguments (ids, seq, pos in range: GPE_ERR_ARG) and reports device errors
  * (GPE_ERR_BACKEND; the cache may then hold partial rows at the batch's
- * positions, which the caller does not commit). Returns after the logits
- * are on the host. */
+ * positions, which the caller does not commit; the model is then unusable:
+ * later calls fail, the message starting "CUDA device N: "). Returns after
+ * the logits are on the host. */
 gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
                             const int *seq, const bool *want, int n, float *logits_host,
                             char *err, size_t errlen);

@@ -4,7 +4,8 @@
  * Error handling: host functions of the backend return gpe_status and write
  * a message to the caller's err buffer. CUDA_CHECK / CUBLAS_CHECK turn a
  * failed runtime or cuBLAS call into GPE_ERR_BACKEND with the call's text
- * and the library's message, and return from the enclosing function (which
+ * and the library's message (GPE_ERR_INSUFFICIENT_VRAM when it was out of
+ * memory), and return from the enclosing function (which
  * must have `char *err, size_t errlen` in scope and return gpe_status).
  * Callers free what they own on that path (see forward.cu).
  *
@@ -26,20 +27,29 @@
 gpe_status gpe_cuda_seterr(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Same, with the status to return (GPE_ERR_INSUFFICIENT_VRAM for
+ * out-of-memory errors, GPE_ERR_BACKEND for the rest). */
+gpe_status gpe_cuda_seterr_st(gpe_status st, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 #define CUDA_CHECK(call)                                                                  \
     do {                                                                                  \
         cudaError_t e_ = (call);                                                          \
         if (e_ != cudaSuccess)                                                            \
-            return gpe_cuda_seterr(err, errlen, "%s (%s:%d): %s", #call, __FILE__,        \
-                                   __LINE__, cudaGetErrorString(e_));                     \
+            return gpe_cuda_seterr_st(e_ == cudaErrorMemoryAllocation                     \
+                                          ? GPE_ERR_INSUFFICIENT_VRAM : GPE_ERR_BACKEND,  \
+                                      err, errlen, "%s (%s:%d): %s", #call, __FILE__,     \
+                                      __LINE__, cudaGetErrorString(e_));                  \
     } while (0)
 
 #define CUBLAS_CHECK(call)                                                                \
     do {                                                                                  \
         cublasStatus_t s_ = (call);                                                       \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                                  \
-            return gpe_cuda_seterr(err, errlen, "%s (%s:%d): %s", #call, __FILE__,        \
-                                   __LINE__, cublasGetStatusString(s_));                  \
+            return gpe_cuda_seterr_st(s_ == CUBLAS_STATUS_ALLOC_FAILED                    \
+                                          ? GPE_ERR_INSUFFICIENT_VRAM : GPE_ERR_BACKEND,  \
+                                      err, errlen, "%s (%s:%d): %s", #call, __FILE__,     \
+                                      __LINE__, cublasGetStatusString(s_));               \
     } while (0)
 
 /* Kernel launch check: launch-configuration errors surface immediately,

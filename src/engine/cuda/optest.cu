@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/backend_cuda.h"
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/matmul.cuh"
 #include "engine/cuda/norm.cuh"
@@ -58,7 +59,7 @@ static gpe_status upload(arena &a, T **dst, const void *src, size_t bytes, char 
 
 static gpe_status begin(arena &a, bool with_blas, char *err, size_t errlen)
 {
-    if (!gpe_cuda_available())
+    if (!gpe_cuda_device_count(NULL))
         return gpe_cuda_seterr(err, errlen, "no CUDA device");
     CUDA_CHECK(cudaSetDevice(0));
     /* A blocking stream: it is ordered after the synchronous cudaMemcpy /
@@ -197,6 +198,7 @@ gpe_status gpe_cuda_test_rope(float *q, const float *k, const float *v, const in
     ra.seq = d_seq;
     ra.k_cache = d_kc;
     ra.v_cache = d_vc;
+    ra.f16 = false;
     ra.n_tok = n_tok;
     ra.n_head = n_head;
     ra.n_head_kv = n_head_kv;
@@ -238,6 +240,7 @@ gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const f
     aa.q = d_q;
     aa.k_cache = d_kc;
     aa.v_cache = d_vc;
+    aa.f16 = false;
     aa.pos = d_pos;
     aa.seq = d_seq;
     aa.out = d_o;

@@ -20,6 +20,10 @@ static __device__ __forceinline__ float rot1(float x0, float x1, float c, float 
     return __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
 }
 
+static __device__ __forceinline__ void store(float *c, float x) { *c = x; }
+static __device__ __forceinline__ void store(__half *c, float x) { *c = __float2half_rn(x); }
+
+template <typename T>
 __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(gpe_cuda_rope_args a)
 {
     __shared__ float cs[GPE_CUDA_MAX_ROT];
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(gpe_cuda_rope_
     const float *k = a.k + (size_t)t * kvd;
     const float *vv = a.v + (size_t)t * kvd;
     const size_t row = ((size_t)s * (size_t)a.n_ctx + (size_t)p) * (size_t)kvd;
-    float *kc = a.k_cache + row, *vc = a.v_cache + row;
+    T *kc = static_cast<T *>(a.k_cache) + row, *vc = static_cast<T *>(a.v_cache) + row;
     for (int e = threadIdx.x; e < kvd; e += ROPE_THREADS) {
         const int d = e % hd;
         float out = k[e];
@@ -72,13 +76,17 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_store_kernel(gpe_cuda_rope_
             const float x0 = k[e0], x1 = k[e0 + half_rot], c = cs[2 * pi], sn = cs[2 * pi + 1];
             out = second ? rot1(x0, x1, c, sn) : rot0(x0, x1, c, sn);
         }
-        kc[e] = out;
-        vc[e] = vv[e];
+        store(kc + e, out);
+        store(vc + e, vv[e]);
     }
 }
 
 void gpe_cuda_rope_store(const gpe_cuda_rope_args *a, cudaStream_t stream)
 {
-    if (a->n_tok > 0)
-        rope_store_kernel<<<a->n_tok, ROPE_THREADS, 0, stream>>>(*a);
+    if (a->n_tok <= 0)
+        return;
+    if (a->f16)
+        rope_store_kernel<__half><<<a->n_tok, ROPE_THREADS, 0, stream>>>(*a);
+    else
+        rope_store_kernel<float><<<a->n_tok, ROPE_THREADS, 0, stream>>>(*a);
 }

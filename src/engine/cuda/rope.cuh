@@ -3,7 +3,8 @@
  * or NEOX (pairs x[i], x[i + n_rot/2]) on q in place and on k, which is
  * written rotated into the KV cache together with v. Angles as model.c: theta_i = pos * base^(-2i/n_rot) by
  * repeated float multiplication, divided by rope_freqs[i] when present,
- * times freq_scale.
+ * times freq_scale. With an F16 cache the k and v rows are stored rounded
+ * to F16 (nearest even, as the CPU's gpe_kv_put).
  *
  * Internal to src/engine/cuda/.
  */
@@ -18,7 +19,8 @@ typedef struct gpe_cuda_rope_args {
     float *q;                  /* [n_tok][n_head*hd], rotated in place */
     const float *k, *v;        /* [n_tok][n_head_kv*hd] */
     const int *pos, *seq;      /* device [n_tok] */
-    float *k_cache, *v_cache;  /* this layer's [n_seq][n_ctx][kv_dim] */
+    void *k_cache, *v_cache;   /* this layer's [n_seq][n_ctx][kv_dim], float or __half */
+    bool f16;                  /* caches hold __half (rounded to nearest even) */
     int n_tok, n_head, n_head_kv, head_dim, n_rot, n_ctx;
     float theta_scale;         /* base^(-2/n_rot), computed on the host as model.c */
     float freq_scale;

@@ -138,6 +138,33 @@ async function drain(agent, on) {
   }
 }
 
+function gib(bytes) {
+  return bytes == null ? "-" : fmt(bytes / (1 << 30), 1) + " GiB";
+}
+
+// One row per GPU under its agent: a VRAM bar (the model's share and what
+// everything else uses), utilisation, temperature, power, and "fault"
+// while the agent keeps the GPU out of service.
+function gpuRow(a, g) {
+  const total = g.vram_total || 0;
+  const used = g.vram_used != null ? g.vram_used : (total && g.vram_free != null ? total - g.vram_free : null);
+  const pct = (v) => (total && v != null ? Math.max(0, Math.min(100, (100 * v) / total)) : 0);
+  const bar = el("div", { class: "vram", title: "VRAM: model " + gib(g.vram_model) + ", used " + gib(used) + " of " + gib(g.vram_total) },
+    el("div", { class: "vram-used" }), el("div", { class: "vram-model" }));
+  bar.children[0].style.width = pct(used).toFixed(1) + "%";
+  bar.children[1].style.width = pct(g.vram_model).toFixed(1) + "%";
+  const bits = [];
+  bits.push("VRAM " + gib(used) + " / " + gib(g.vram_total) + (g.vram_model != null ? " (model " + gib(g.vram_model) + ")" : ""));
+  if (g.utilization != null) bits.push("util " + fmt(100 * g.utilization) + "%");
+  if (g.temperature != null) bits.push(fmt(g.temperature) + " °C");
+  if (g.power_w != null) bits.push(fmt(g.power_w) + " W");
+  return el("tr", { class: "gpu-row", "data-gpu-agent": a.id, "data-gpu": String(g.index), "data-gpu-state": g.state || "" },
+    el("td", { class: "gpu-name", text: "GPU " + g.index + " · " + (g.name || "?") }),
+    el("td", {}, el("span", { class: "state state-gpu-" + (g.state || "unused"), text: g.state || "" })),
+    el("td", { colSpan: 2 }, bar),
+    el("td", { colSpan: 4, class: "gpu-figures", text: bits.join(" · ") }));
+}
+
 function renderAgents(agents) {
   const tb = $("agents").querySelector("tbody");
   tb.replaceChildren();
@@ -150,8 +177,10 @@ function renderAgents(agents) {
       "data-drain": a.id, "data-on": drained ? "false" : "true",
       onclick: () => drain(a, !drained),
     });
-    tb.append(el("tr", { "data-agent-id": a.id, "data-state": a.state },
-      el("td", {}, el("strong", { text: a.name || "(unnamed)" }), el("br"), el("span", { class: "mono", text: a.id })),
+    tb.append(el("tr", { class: "agent-row", "data-agent-id": a.id, "data-state": a.state },
+      el("td", {}, el("strong", { text: a.name || "(unnamed)" }),
+        a.backend ? el("span", { class: "backend", "data-backend": a.backend, text: a.backend }) : null,
+        el("br"), el("span", { class: "mono", text: a.id })),
       el("td", {}, el("span", { class: "state state-" + a.state, text: a.state })),
       el("td", { text: models.join(", ") }),
       el("td", { text: fmt(a.slots_busy) + " / " + fmt(a.slots_total) }),
@@ -159,6 +188,11 @@ function renderAgents(agents) {
       el("td", { text: fmt(a.jobs_done) + " / " + fmt(a.jobs_failed) }),
       el("td", { text: ago(a.last_seen) }),
       el("td", {}, btn)));
+    if (a.error) {
+      tb.append(el("tr", { class: "agent-error", "data-error-agent": a.id },
+        el("td", { colSpan: 8, text: "error " + a.error.code + ": " + a.error.message })));
+    }
+    for (const g of a.gpus || []) tb.append(gpuRow(a, g));
   }
 }
 

@@ -272,8 +272,9 @@ static const struct {
 } hw_bounds[] = {
     {"vram_total", 0, 1125899906842624.0}, /* 2^50 */
     {"vram_used", 0, 1125899906842624.0},
+    {"vram_model", 0, 1125899906842624.0},
     {"vram_free", 0, 1125899906842624.0},
-    {"power", 0, 1000000},
+    {"power_w", 0, 100000},
     {"utilization", 0, 1},
     {"temperature", -273, 1000},
     {"index", 0, 65536},
@@ -331,19 +332,13 @@ int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen)
 /* The poll fields kept per agent. To keep a new one, add it here, and
  * bound its contents (gps_agent_hw_check, or a check of its own). */
 static const char *const facts_kept[] = {
-    "name",   "version", "platform", "status", "slots",   "queue_depth", "kv_cache_utilization",
-    "labels", "gpus",    "cpu",      "backend", "errors",
+    "name",   "version", "platform", "status",  "slots",          "queue_depth",
+    "kv_cache_utilization", "labels", "gpus",   "cpu",     "backend", "backend_faults",
+    "engines", "error",
 };
 
 json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen)
 {
-    const json_t *errs = json_object_get(body, "errors");
-    if (errs && !json_is_null(errs) &&
-        (!json_is_array(errs) || json_array_size(errs) > GPS_AGENT_MAX_ERRORS)) {
-        fail(NULL, 0, msg, msglen, "errors", "must be an array of at most %d entries",
-             GPS_AGENT_MAX_ERRORS);
-        return NULL;
-    }
     json_t *kept = json_object();
     if (!kept) {
         snprintf(msg, msglen, "out of memory");
@@ -361,7 +356,7 @@ json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen)
         json_decref(kept);
         fail(NULL, 0, msg, msglen, "body",
              "the facts kept per agent (%s and the like) are at most %d bytes of JSON",
-             "gpus, cpu, labels, backend, errors", GPS_AGENT_MAX_KEPT_FACTS_BYTES);
+             "gpus, cpu, labels, engines, error", GPS_AGENT_MAX_KEPT_FACTS_BYTES);
         return NULL;
     }
     return kept;

@@ -34,7 +34,6 @@
 #define GPS_AGENT_MAX_NAME 256                 /* names: agent, model, alias, label, gpu */
 #define GPS_AGENT_MAX_FACTS_BYTES (1 << 20)    /* a poll body as compact JSON */
 #define GPS_AGENT_MAX_KEPT_FACTS_BYTES 65536   /* what is kept of it per agent (below) */
-#define GPS_AGENT_MAX_ERRORS 32                /* entries of a poll's "errors" report */
 
 /* Check a whole /agents/jobs/{id}/events body: agent_id (UUID), seq
  * (0..GPS_AGENT_MAX_SEQ), events (array of at most GPS_AGENT_MAX_EVENTS
@@ -59,9 +58,9 @@ bool gps_agent_name_ok(const json_t *v, size_t max);
 
 /* Check the poll body's "gpus" (absent, null, or an array of at most 64
  * flat objects: printable strings of at most GPS_AGENT_MAX_NAME bytes,
- * booleans, and numbers: vram_total/vram_used/vram_free 0..2^50, utilization 0..1,
- * power 0..1e6 (W),
- * temperature -273..1000, index/cores 0..65536, others within
+ * booleans, and numbers: vram_total/vram_used/vram_model/vram_free 0..2^50,
+ * utilization 0..1, temperature -273..1000, power_w 0..100000,
+ * index/cores 0..65536, others within
  * GPS_AGENT_MAX_NUMBER) and "cpu" (absent, null or one such object).
  * 0 or -1 with msg naming the field. */
 int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen);
@@ -69,13 +68,12 @@ int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen);
 /* What of a poll body is kept as the agent's facts (the registry's copy,
  * the agents table's facts column): the known fields of one table in
  * agent_check.c (name, version, platform, status, slots, queue_depth,
- * kv_cache_utilization, labels, gpus, cpu, backend, errors), nothing else.
- * Unknown fields, models (kept parsed), prefix_cache and the liveness
- * fields are dropped (issue 25: a 1 MiB unknown field cost ~20 MB per
- * agent, kept until an admin removed it). New reference, or NULL with msg
- * when what would be kept exceeds GPS_AGENT_MAX_KEPT_FACTS_BYTES of
- * compact JSON or "errors" is not an array of at most
- * GPS_AGENT_MAX_ERRORS entries (or on ENOMEM). */
+ * kv_cache_utilization, labels, gpus, cpu, backend, backend_faults,
+ * engines, error), nothing else. Unknown fields, models (kept parsed),
+ * prefix_cache and the liveness fields are dropped (issue 25: a 1 MiB
+ * unknown field cost ~40 MB per agent, kept until an admin removed it).
+ * New reference, or NULL with msg when what would be kept exceeds
+ * GPS_AGENT_MAX_KEPT_FACTS_BYTES of compact JSON (or on ENOMEM). */
 json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen);
 
 #endif

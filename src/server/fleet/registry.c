@@ -422,6 +422,7 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
 
     if (gps_agent_hw_check(body, err, errlen) < 0)
         return -1;
+    hw_facts_parse(body, &out->hw);
     if (parse_prefix(json_object_get(body, "prefix_cache"), out->slots_total, &out->prefix, err,
                      errlen) < 0)
         return -1;
@@ -696,6 +697,7 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
     SWAP_FIELD(a->n_labels, f->n_labels);
     SWAP_FIELD(a->facts, f->raw);
     SWAP_FIELD(a->prefix, f->prefix);
+    a->hw = f->hw;
     if (a->prefix.reported || f->prefix.reported)
         a->prefix_gen++;
     if (changed) {

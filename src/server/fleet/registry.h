@@ -45,6 +45,7 @@
 #include <jansson.h>
 
 #include "common/gp_prefix.h"
+#include "server/fleet/hw_facts.h"
 
 typedef enum registry_state {
     REGISTRY_REGISTERING = 0, /* first poll being processed (transient) */
@@ -113,6 +114,7 @@ typedef struct registry_facts {
     double kv_cache_utilization;
     bool draining;                     /* status == "draining" */
     registry_prefix prefix;            /* "prefix_cache" */
+    hw_facts hw;                       /* backend, agent error, GPUs (hw_facts.h) */
     json_t *raw;                       /* the known fields kept (gps_agent_facts_kept) */
 } registry_facts;
 
@@ -144,8 +146,9 @@ typedef struct registry_agent {
     int queue_depth;            /* reported */
     double kv_cache_utilization;/* reported */
     registry_prefix prefix;     /* reported prompt-prefix cache */
-    json_t *facts;              /* known fields of the last poll (gpus etc.); NULL
-                                   once dead or offline (forgotten until it polls) */
+    hw_facts hw;                /* reported backend, agent error and GPUs */
+    json_t *facts;              /* known fields of the last poll (gps_agent_facts_kept);
+                                   NULL once dead or offline (until it polls again) */
 
     registry_state state;
     uint64_t last_seen_ms;      /* last heartbeat (or registry_touch) */

@@ -1457,11 +1457,14 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
- * request: another agent may well succeed. */
+ * request: another agent may well succeed. DEVICE_ERROR and
+ * INSUFFICIENT_VRAM: a gguf agent's GPU failed or ran out of memory
+ * mid-job (it takes that GPU out of service and re-initialises it). */
 static bool agent_side_error(const char *code)
 {
     static const char *const codes[] = {"AGENT_SHUTDOWN", "UPSTREAM_ERROR", "UPSTREAM_TIMEOUT",
-                                        "UPSTREAM_MALFORMED"};
+                                        "UPSTREAM_MALFORMED", "DEVICE_ERROR",
+                                        "INSUFFICIENT_VRAM"};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
         if (strcmp(code, codes[i]) == 0)
             return true;

@@ -32,7 +32,11 @@ static void openai_ok_and_defaults(void **st)
                   ARGV("--upstream", "http://127.0.0.1:9", "--upstream-model", "m"));
     assert_int_equal(rc, 0);
     assert_string_equal(o.server, "http://127.0.0.1:8080");
-    assert_int_equal(o.slots, 1);
+    assert_int_equal(o.slots, 0); /* auto: 1 for openai (agent.c), from VRAM on GPUs */
+    assert_string_equal(o.slots_opt, "auto");
+    assert_string_equal(o.backend, "auto");
+    assert_string_equal(o.devices, "all");
+    assert_string_equal(o.kv_f16, "auto");
     assert_null(o.token);
     assert_null(o.model);
     assert_string_equal(o.upstream_model, "m");
@@ -52,6 +56,29 @@ static void env_beats_flag(void **st)
     assert_int_equal(rc, 0);
     assert_int_equal(o.slots, 9);
     assert_string_equal(o.state_dir, "/x");
+    gp_config_free(&cfg);
+}
+
+static void gpu_options(void **st)
+{
+    (void)st;
+    agent_options o;
+    gp_config cfg;
+    char err[300] = "";
+    int rc = load(&o, &cfg, NULL, err, sizeof err,
+                  ARGC("--model", "x.gguf", "--backend", "cuda", "--devices", "2,0",
+                       "--slots", "12", "--kv-f16", "off"),
+                  ARGV("--model", "x.gguf", "--backend", "cuda", "--devices", "2,0",
+                       "--slots", "12", "--kv-f16", "off"));
+    assert_int_equal(rc, 0);
+    assert_int_equal(o.slots, 12);
+    assert_string_equal(o.backend, "cuda");
+    assert_string_equal(o.kv_f16, "off");
+    int dev[AGENT_MAX_DEVICES];
+    assert_int_equal(agent_devices_parse(o.devices, dev, err, sizeof err), 2);
+    assert_int_equal(dev[0], 2);
+    assert_int_equal(dev[1], 0);
+    assert_int_equal(agent_devices_parse("all", dev, err, sizeof err), 0);
     gp_config_free(&cfg);
 }
 
@@ -76,6 +103,20 @@ static void rule_errors_name_the_key(void **st)
          "labels"},
         {ARGC("--slots", "0", "--model", "x.gguf"), ARGV("--slots", "0", "--model", "x.gguf"),
          "slots"},
+        {ARGC("--slots", "many", "--model", "x.gguf"),
+         ARGV("--slots", "many", "--model", "x.gguf"), "slots: 'many' must be auto"},
+        {ARGC("--slots", "1025", "--model", "x.gguf"),
+         ARGV("--slots", "1025", "--model", "x.gguf"), "slots"},
+        {ARGC("--backend", "gpu", "--model", "x.gguf"),
+         ARGV("--backend", "gpu", "--model", "x.gguf"), "backend"},
+        {ARGC("--devices", "0,x", "--model", "x.gguf"),
+         ARGV("--devices", "0,x", "--model", "x.gguf"), "devices: '0,x'"},
+        {ARGC("--devices", "1,1", "--model", "x.gguf"),
+         ARGV("--devices", "1,1", "--model", "x.gguf"), "listed twice"},
+        {ARGC("--devices", "", "--model", "x.gguf"), ARGV("--devices", "", "--model", "x.gguf"),
+         "devices"},
+        {ARGC("--kv-f16", "yes", "--model", "x.gguf"),
+         ARGV("--kv-f16", "yes", "--model", "x.gguf"), "kv-f16"},
         {ARGC("--model", "x.gguf", "stray"), ARGV("--model", "x.gguf", "stray"), "stray"},
         {ARGC("--model", "x.gguf", "--alias", ""), ARGV("--model", "x.gguf", "--alias", ""),
          "alias"},
@@ -102,6 +143,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(openai_ok_and_defaults),
         cmocka_unit_test(env_beats_flag),
+        cmocka_unit_test(gpu_options),
         cmocka_unit_test(rule_errors_name_the_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -92,7 +92,7 @@ static void check_arch_on(const char *base, const char *arch, double tol,
 {
     json_t *ref = load_ref(base);
     char path[512], err[256];
-    snprintf(path, sizeof path, "%s/arch/%s.gguf", GP_TEST_DATA, base);
+    snprintf(path, sizeof path, "%s/arch/%s.gguf", GP_MODEL_DATA, base);
     gpe_model *m = NULL;
     gpe_model_params mp = gpe_model_default_params();
     mp.backend = backend;
@@ -236,7 +236,7 @@ static void test_cuda_archs(void **s)
     check_arch_on("tiny-random-gemma3-f16", "gemma3", 1e-2, GPE_BACKEND_CUDA);
 
     char path[512], err[256] = "";
-    snprintf(path, sizeof path, "%s/arch/tiny-random-mixtral-f16.gguf", GP_TEST_DATA);
+    snprintf(path, sizeof path, "%s/arch/tiny-random-mixtral-f16.gguf", GP_MODEL_DATA);
     gpe_model_params mp = gpe_model_default_params();
     mp.backend = GPE_BACKEND_CUDA;
     gpe_model *m = NULL;
@@ -261,7 +261,7 @@ static void test_phi3_chat(void **state)
 {
     (void)state;
     char path[512], err[256];
-    snprintf(path, sizeof path, "%s/arch/tiny-random-phi3-f16.gguf", GP_TEST_DATA);
+    snprintf(path, sizeof path, "%s/arch/tiny-random-phi3-f16.gguf", GP_MODEL_DATA);
     gpe_model_params mp = gpe_model_default_params();
     mp.vocab_only = true;
     gpe_model *m = NULL;

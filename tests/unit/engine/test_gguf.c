@@ -18,19 +18,19 @@
 /* ------------------------------------------------------------ real files */
 
 typedef struct file_case {
-    const char *path;   /* relative to GP_SOURCE_DIR */
+    const char *path;   /* relative to GP_SOURCE_DIR; "@name": GP_MODEL_DATA/name (generated) */
     int64_t n_kv, n_tensors;
 } file_case;
 
 /* Counts cross-checked with an independent Python reading of the files. */
 static const file_case k_files[] = {
     {"models/stories260K.gguf", 19, 48},
-    {"tests/data/tiny-random-f16.gguf", 23, 21},
-    {"tests/data/tiny-random-q4_0.gguf", 24, 21},
-    {"tests/data/tiny-random-q4_k_m.gguf", 24, 21},
-    {"tests/data/tiny-random-q5_k_m.gguf", 24, 21},
-    {"tests/data/tiny-random-q6_k.gguf", 24, 21},
-    {"tests/data/tiny-random-q8_0.gguf", 24, 21},
+    {"@tiny-random-f16.gguf", 23, 21},
+    {"@tiny-random-q4_0.gguf", 24, 21},
+    {"@tiny-random-q4_k_m.gguf", 24, 21},
+    {"@tiny-random-q5_k_m.gguf", 24, 21},
+    {"@tiny-random-q6_k.gguf", 24, 21},
+    {"@tiny-random-q8_0.gguf", 24, 21},
     {"tests/data/vocab/ggml-vocab-bert-bge.gguf", 20, 0},
     {"tests/data/vocab/ggml-vocab-deepseek-coder.gguf", 25, 0},
     {"tests/data/vocab/ggml-vocab-deepseek-llm.gguf", 23, 0},
@@ -46,7 +46,10 @@ static const file_case k_files[] = {
 static gpe_gguf *open_src(const char *rel)
 {
     char path[1024], err[512] = "";
-    snprintf(path, sizeof path, "%s/%s", GP_SOURCE_DIR, rel);
+    if (rel[0] == '@')
+        snprintf(path, sizeof path, "%s/%s", GP_MODEL_DATA, rel + 1);
+    else
+        snprintf(path, sizeof path, "%s/%s", GP_SOURCE_DIR, rel);
     gpe_gguf *g = NULL;
     gpe_status st = gpe_gguf_open(path, &g, err, sizeof err);
     if (st != GPE_OK)

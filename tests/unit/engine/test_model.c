@@ -207,7 +207,7 @@ static void tiny_random_logits(bool kv_f16)
     int files = 0;
     json_object_foreach(models, file, mj) {
         char path[512];
-        snprintf(path, sizeof path, "%s/%s", GP_TEST_DATA, file);
+        snprintf(path, sizeof path, "%s/%s", GP_MODEL_DATA, file);
         gpe_model *m = load_model(path);
         bool f16 = strstr(file, "f16") != NULL;
         /* The data's tolerances are 1e-3 (F16 weights) and 2e-2
@@ -300,9 +300,12 @@ static void test_stories_logits_kv_f16(void **state)
     }
     printf("stories260K KV F16: top-10 logits max abs diff vs llama.cpp (F16 KV) = %.3g\n",
            worst);
-    /* F16 rounding of the softmax weights flips on 1-ulp input changes;
-     * measured 7.8e-4 worst over the 5 prompts (4e-6 on the first). */
-    assert_true(worst <= 1e-3);
+    /* F16 rounding of the K/V rows and softmax weights flips on 1-ulp
+     * input changes, and the F32 dot products sum in another order on each
+     * SIMD path: measured 7.8e-4 worst over the 5 prompts with AVX-512 (4e-6
+     * on the first), 1.46e-3 with AVX2 (AMD EPYC without AVX-512). The F32
+     * cache's comparison above is within 1.1e-5 on both. */
+    assert_true(worst <= 2e-3);
     gpe_model_free(m);
     json_decref(ref);
 }
@@ -340,7 +343,7 @@ static float *run_steps(gpe_model *m, int n_threads, int32_t *toks_out)
 static void test_thread_invariance_kv_f16(void **state)
 {
     (void)state;
-    gpe_model *m = load_model(GP_TEST_DATA "/tiny-random-q8_0.gguf");
+    gpe_model *m = load_model(GP_MODEL_DATA "/tiny-random-q8_0.gguf");
     int32_t t1[8], t2[8];
     float *a = run_steps_kv(m, 1, t1, true);
     float *b = run_steps_kv(m, 2, t2, true);
@@ -357,9 +360,9 @@ static void test_thread_invariance_kv_f16(void **state)
 static void test_thread_invariance(void **state)
 {
     (void)state;
-    const char *files[] = { STORIES, GP_TEST_DATA "/tiny-random-q4_k_m.gguf",
-                            GP_TEST_DATA "/tiny-random-f16.gguf",
-                            GP_TEST_DATA "/tiny-random-q8_0.gguf" };
+    const char *files[] = { STORIES, GP_MODEL_DATA "/tiny-random-q4_k_m.gguf",
+                            GP_MODEL_DATA "/tiny-random-f16.gguf",
+                            GP_MODEL_DATA "/tiny-random-q8_0.gguf" };
     for (size_t f = 0; f < sizeof files / sizeof files[0]; f++) {
         gpe_model *m = load_model(files[f]);
         int nv = gpe_model_n_vocab(m);
@@ -459,8 +462,8 @@ static void test_batch_invariance(void **state)
 {
     (void)state;
     batch_invariance_one(STORIES);
-    batch_invariance_one(GP_TEST_DATA "/tiny-random-q4_k_m.gguf");
-    batch_invariance_one(GP_TEST_DATA "/tiny-random-q8_0.gguf");
+    batch_invariance_one(GP_MODEL_DATA "/tiny-random-q4_k_m.gguf");
+    batch_invariance_one(GP_MODEL_DATA "/tiny-random-q8_0.gguf");
 }
 
 /* Prefill in chunks (n_batch smaller than the prompt) gives the same logits
@@ -675,7 +678,7 @@ static void test_ctx_full_and_bad_batch(void **state)
 static void test_model_info(void **state)
 {
     (void)state;
-    gpe_model *m = load_model(GP_TEST_DATA "/tiny-random-q4_k_m.gguf");
+    gpe_model *m = load_model(GP_MODEL_DATA "/tiny-random-q4_k_m.gguf");
     gpe_model_info in;
     gpe_model_get_info(m, &in);
     assert_string_equal(in.arch, "llama");

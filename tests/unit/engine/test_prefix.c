@@ -170,9 +170,9 @@ static void check_model(const char *path)
 }
 
 static void test_stories(void **s) { (void)s; check_model(GP_SOURCE_DIR "/models/stories260K.gguf"); }
-static void test_qwen2(void **s) { (void)s; check_model(GP_TEST_DATA "/arch/tiny-random-qwen2-f16.gguf"); }
-static void test_qwen2_q8(void **s) { (void)s; check_model(GP_TEST_DATA "/arch/tiny-random-qwen2-q8_0.gguf"); }
-static void test_gemma2(void **s) { (void)s; check_model(GP_TEST_DATA "/arch/tiny-random-gemma2-f16.gguf"); }
+static void test_qwen2(void **s) { (void)s; check_model(GP_MODEL_DATA "/arch/tiny-random-qwen2-f16.gguf"); }
+static void test_qwen2_q8(void **s) { (void)s; check_model(GP_MODEL_DATA "/arch/tiny-random-qwen2-q8_0.gguf"); }
+static void test_gemma2(void **s) { (void)s; check_model(GP_MODEL_DATA "/arch/tiny-random-gemma2-f16.gguf"); }
 
 /* Truncation's edges: beyond the length changes nothing, <= 0 clears, a
  * bad sequence or NULL context is ignored, and the next decode must start

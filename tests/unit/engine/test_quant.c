@@ -249,7 +249,7 @@ static void test_reference_dequant(void **state)
     json_t *model;
     int checked = 0;
     json_object_foreach(models, fname, model) {
-        snprintf(path, sizeof path, "%s/%s", GP_TEST_DATA, fname);
+        snprintf(path, sizeof path, "%s/%s", GP_MODEL_DATA, fname);
         char err[512];
         gpe_gguf *g = NULL;
         if (gpe_gguf_open(path, &g, err, sizeof err) != GPE_OK)
