@@ -183,8 +183,8 @@ static void each_opt_vec(const gpe_hparams *hp, const gpe_layer *L, cuda_layer *
 /* Scratch layout (offsets in a region of *total bytes); the same function
  * sizes the preflight and carves the allocation, so they cannot disagree. */
 typedef struct scratch_plan {
-    uint64_t x, xn, q, k, v, att, gate, up, logits, xh, wbuf, ints, total;
-    uint64_t wbuf_bytes, xh_elems;
+    uint64_t x, xn, q, k, v, att, gate, up, logits, xh, wbuf, xq, xqd, ints, total;
+    uint64_t wbuf_bytes, xh_elems, xq_elems;
 } scratch_plan;
 
 static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
@@ -228,11 +228,17 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     TAKE(logits, out_rows * V * 4);
     TAKE(xh, wbuf ? B * maxc * 2 : 0);
     TAKE(wbuf, wbuf);
+    /* int8 activations of the dp4a mat-vec (mmvq.cuh): up to
+     * GPE_CUDA_MMV_MAX rows of the widest input, one F32 scale per 32 */
+    const uint64_t xq_rows = B < GPE_CUDA_MMV_MAX ? B : GPE_CUDA_MMV_MAX;
+    TAKE(xq, xq_rows * maxc);
+    TAKE(xqd, xq_rows * (maxc / 32 + 1) * 4);
     TAKE(ints, 4 * B * sizeof(int));
 #undef TAKE
     p->total = off;
     p->wbuf_bytes = wbuf;
     p->xh_elems = wbuf ? B * maxc : 0;
+    p->xq_elems = xq_rows * maxc;
 }
 
 /* The checks of a model and sizes this backend can run (no device needed). */
@@ -585,6 +591,9 @@ static void carve_scratch(gpe_cuda_model *cm, cuda_stage *S, const gpe_llama *m)
     S->mm.wbuf_bytes = sp.wbuf_bytes;
     S->mm.xh = sp.xh_elems ? reinterpret_cast<__half *>(s + sp.xh) : NULL;
     S->mm.xh_elems = sp.xh_elems;
+    S->mm.xq = reinterpret_cast<int8_t *>(s + sp.xq);
+    S->mm.xqd = reinterpret_cast<float *>(s + sp.xqd);
+    S->mm.xq_elems = sp.xq_elems;
 }
 
 /* Allocates a stage's regions on its device and copies its tensors. */

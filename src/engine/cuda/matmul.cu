@@ -7,6 +7,7 @@
 
 #include "engine/cuda/dequant.cuh"
 #include "engine/cuda/elementwise.cuh"
+#include "engine/cuda/mmvq.cuh"
 
 #define MMV_WARPS 4   /* output rows (warps) per thread block */
 
@@ -202,6 +203,12 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
                                gpe_type_name(w->type), (long long)w->n_cols);
     if (n_tok > GPE_CUDA_MMV_MAX || force_gemm)
         return gemm(mm, w, x, n_tok, y, ldy, err, errlen);
+    if (mm->xq && gpe_cuda_mmvq_takes(w->type) &&
+        (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems) {
+        gpe_cuda_mmvq(mm, w, x, n_tok, y, ldy);
+        CUDA_CHECK_LAUNCH();
+        return GPE_OK;
+    }
     gpe_cuda_dispatch_type(w->type, [&](auto tr) {
         mmv_dispatch<decltype(tr)>(w, x, n_tok, y, ldy, mm->stream);
     });

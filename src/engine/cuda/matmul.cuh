@@ -47,6 +47,9 @@ typedef struct gpe_cuda_mm {
     size_t wbuf_bytes;
     __half *xh;            /* activations converted to F16 */
     size_t xh_elems;
+    int8_t *xq;            /* activations rounded to int8 (mmvq.cuh), n_tok x n_cols */
+    float *xqd;            /* their scales, one per 32 values */
+    size_t xq_elems;       /* room in xq (0: the dp4a kernels are not used) */
 } gpe_cuda_mm;
 
 /* true when the backend has kernels for t and the row length suits them
