@@ -6,7 +6,8 @@
 #
 # Files (made once with bench/gguf-random, seed 7, into $MODELS):
 #   7B (llama2-7b shape) Q4_K_M, Q4_0, Q8_0 and TinyLlama-1.1B Q4_K_M;
-#   FILES="7b-q4_k_m tl-q4_k_m" picks a subset (names: 7b-TYPE, tl-TYPE).
+#   FILES="7b-q4_k_m tl-q4_k_m" picks a subset (names: 7b-TYPE, tl-TYPE,
+#   st-TYPE for the tiny stories260k shape, to try the script out).
 # Tests: pp512 and tg128 (one sequence), tg64 with 8 and 32 sequences.
 # Environment:
 #   MODELS=DIR        where the files live (default /tmp/gpupool-cuda-bench)
@@ -18,6 +19,7 @@
 #   LLAMA_BENCH=PATH, LLAMA_BATCHED_BENCH=PATH   llama.cpp's llama-bench and
 #                     llama-batched-bench (CUDA builds): their column
 #   SEQS="8 32"       batched decode widths ("" skips them)
+#   BACKEND=cpu       gpupool on the CPU instead (to try the script out)
 # Output: one markdown table; tg128 also as effective bandwidth (weight
 # bytes x tokens/s: what a decode step has to read). Raw JSON in $MODELS/out.
 set -uo pipefail
@@ -33,14 +35,16 @@ reps=${REPS:-3}
 variants=${VARIANTS:-gpupool=-}
 files=${FILES:-7b-q4_k_m 7b-q4_0 7b-q8_0 tl-q4_k_m}
 seqs=${SEQS-8 32}
+backend=${BACKEND:-cuda}
 out=$models/out
 mkdir -p "$out"
 rm -f "$out"/*.json
 
 for f in $files; do
     shape=${f%%-*}; type=${f#*-}
-    case $shape in 7b) s=llama2-7b ;; tl) s=tinyllama-1.1b ;;
-        *) echo "cuda-bench: unknown file name $f (7b-TYPE or tl-TYPE)" >&2; exit 2 ;; esac
+    case $shape in 7b) s=llama2-7b ;; tl) s=tinyllama-1.1b ;; st) s=stories260k ;;
+        *) echo "cuda-bench: unknown file name $f (7b-TYPE, tl-TYPE, st-TYPE)" >&2; exit 2 ;;
+    esac
     [ -s "$models/$f.gguf" ] && continue
     echo "cuda-bench: generating $f.gguf" >&2
     "$gen" --shape "$s" --type "$type" --seed 7 -o "$models/$f.gguf" >&2 || exit 1
@@ -54,9 +58,9 @@ for v in $variants; do
         (
             [ "$plugin" != - ] && export GPUPOOL_CUDA_PLUGIN=$plugin
             [ -n "$mmv" ] && export GPUPOOL_CUDA_MMV=$mmv
-            "$run" bench --backend cuda -m "$m" -r "$reps" -p 512 -n 128 --json
+            "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 512 -n 128 --json
             for s in $seqs; do
-                "$run" bench --backend cuda -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" --json
+                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" --json
             done
         ) >"$out/gp.$label.$f.json" 2>"$out/gp.$label.$f.err" ||
             echo "cuda-bench: $label on $f failed (see $out/gp.$label.$f.err)" >&2
