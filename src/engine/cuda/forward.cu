@@ -824,10 +824,13 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
 
     gpe_cuda_rmsnorm(S->x, NULL, L->attn_norm, S->xn, n, (int)E, hp->rms_eps, s);
     CUDA_CHECK_LAUNCH();
-    if ((st = gpe_cuda_matmul(mm, &L->wq, S->xn, n, S->q, qd, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->wk, S->xn, n, S->k, kvd, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->wv, S->xn, n, S->v, kvd, false, err, errlen)))
-        return st;
+    {
+        const gpe_cuda_weight *const w[3] = {&L->wq, &L->wk, &L->wv};
+        float *const y[3] = {S->q, S->k, S->v};
+        const int64_t ld[3] = {qd, kvd, kvd};
+        if ((st = gpe_cuda_matmul_n(mm, w, 3, S->xn, n, y, ld, err, errlen)))
+            return st;
+    }
     /* biases, then per-head Q/K norms, before RoPE (as model.c) */
     if (L->bq)
         gpe_cuda_add_bias(S->q, L->bq, n, (int)qd, s);
@@ -900,9 +903,13 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
 
     gpe_cuda_rmsnorm(S->x, NULL, L->ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
     CUDA_CHECK_LAUNCH();
-    if ((st = gpe_cuda_matmul(mm, &L->w_gate, S->xn, n, S->gate, F, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->w_up, S->xn, n, S->up, F, false, err, errlen)))
-        return st;
+    {
+        const gpe_cuda_weight *const w[2] = {&L->w_gate, &L->w_up};
+        float *const y[2] = {S->gate, S->up};
+        const int64_t ld[2] = {F, F};
+        if ((st = gpe_cuda_matmul_n(mm, w, 2, S->xn, n, y, ld, err, errlen)))
+            return st;
+    }
     if (hp->gelu)
         gpe_cuda_geglu(S->gate, S->up, (int64_t)n * F, s);
     else

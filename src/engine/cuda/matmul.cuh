@@ -62,6 +62,13 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen);
 
+/* gpe_cuda_matmul of n_w weights (all with the same n_cols) on the same x:
+ * y[i] = x w[i]^T with leading dimension ldy[i]. The dp4a path rounds x
+ * once for all of them (Q/K/V, gate/up). */
+gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                             const float *x, int n_tok, float *const *y, const int64_t *ldy,
+                             char *err, size_t errlen);
+
 /* Dequantizes rows [0, n_rows) of w into out (F32, row-major). */
 gpe_status gpe_cuda_dequant_f32(const gpe_cuda_weight *w, float *out, cudaStream_t stream,
                                 char *err, size_t errlen);

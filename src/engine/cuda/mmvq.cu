@@ -270,11 +270,15 @@ static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok
 }
 static_assert(GPE_CUDA_MMV_MAX == 8, "mmvq_cols instantiates 1..8 columns");
 
-void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x, int n_tok,
-                   float *y, int64_t ldy)
+void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, int64_t n_cols)
 {
-    const int64_t n = (int64_t)n_tok * w->n_cols;
+    const int64_t n = (int64_t)n_tok * n_cols;
     q8_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(x, n, mm->xq, mm->xqd);
+}
+
+void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                   int64_t ldy)
+{
     switch (w->type) {
     case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy); break;
     case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy); break;

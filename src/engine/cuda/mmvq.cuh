@@ -33,11 +33,15 @@
  * was not asked for with GPUPOOL_CUDA_MMV=legacy, read once per process). */
 bool gpe_cuda_mmvq_takes(gpe_type t);
 
-/* Quantizes the n_tok activation rows x (n_cols each, n_cols % 32 == 0)
- * into mm->xq / mm->xqd, then y = x W^T as gpe_cuda_matmul. The caller
- * checked gpe_cuda_mmvq_takes(w->type), 1 <= n_tok <= GPE_CUDA_MMV_MAX and
- * that mm->xq holds n_tok * n_cols values. */
-void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x, int n_tok,
-                   float *y, int64_t ldy);
+/* Rounds the n_tok activation rows x (n_cols each, n_cols % 32 == 0) into
+ * mm->xq / mm->xqd. The caller checked that mm->xq holds n_tok * n_cols
+ * values. */
+void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, int64_t n_cols);
+
+/* y = x W^T as gpe_cuda_matmul, from the activations gpe_cuda_mmvq_quantize
+ * left in mm->xq (n_cols = w->n_cols). The caller checked
+ * gpe_cuda_mmvq_takes(w->type) and 1 <= n_tok <= GPE_CUDA_MMV_MAX. */
+void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                   int64_t ldy);
 
 #endif
