@@ -15,7 +15,7 @@
 #   VARIANTS="label=PLUGIN[,mmv] ..."  gpupool runs, one column each: the
 #                     plugin file (GPUPOOL_CUDA_PLUGIN; "-" = the default one)
 #                     and optionally GPUPOOL_CUDA_MMV (legacy = the F32
-#                     mat-vec kernels); default "gpupool=-"
+#                     mat-vec kernels); default: the directory's plugin
 #   LLAMA_BENCH=PATH, LLAMA_BATCHED_BENCH=PATH   llama.cpp's llama-bench and
 #                     llama-batched-bench (CUDA builds): their column
 #   SEQS="8 32"       batched decode widths ("" skips them)
@@ -24,7 +24,7 @@
 # bytes x tokens/s: what a decode step has to read). Raw JSON in $MODELS/out.
 set -uo pipefail
 
-bdir=${1:-build}
+bdir=$(cd "${1:-build}" && pwd) || exit 2
 run=$bdir/src/run/gpupool-run
 gen=$bdir/bench/gguf-random
 [ -x "$run" ] && [ -x "$gen" ] ||
@@ -32,7 +32,7 @@ gen=$bdir/bench/gguf-random
 [ -d "$bdir/lib" ] && export LD_LIBRARY_PATH="$bdir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 models=${MODELS:-/tmp/gpupool-cuda-bench}
 reps=${REPS:-3}
-variants=${VARIANTS:-gpupool=-}
+variants=${VARIANTS:-gpupool=$bdir/src/engine/libgpupool-cuda.so}
 files=${FILES:-7b-q4_k_m 7b-q4_0 7b-q8_0 tl-q4_k_m}
 seqs=${SEQS-8 32}
 backend=${BACKEND:-cuda}
@@ -40,6 +40,7 @@ out=$models/out
 mkdir -p "$out"
 rm -f "$out"/*.json
 
+gen_pids=()
 for f in $files; do
     shape=${f%%-*}; type=${f#*-}
     case $shape in 7b) s=llama2-7b ;; tl) s=tinyllama-1.1b ;; st) s=stories260k ;;
@@ -47,7 +48,14 @@ for f in $files; do
     esac
     [ -s "$models/$f.gguf" ] && continue
     echo "cuda-bench: generating $f.gguf" >&2
-    "$gen" --shape "$s" --type "$type" --seed 7 -o "$models/$f.gguf" >&2 || exit 1
+    # in parallel (one core each; the 7B files take a minute or two), to a
+    # temporary name so an interrupted run leaves no half file behind
+    { "$gen" --shape "$s" --type "$type" --seed 7 -o "$models/$f.gguf.tmp" >&2 &&
+        mv "$models/$f.gguf.tmp" "$models/$f.gguf"; } &
+    gen_pids+=($!)
+done
+for p in "${gen_pids[@]}"; do
+    wait "$p" || { echo "cuda-bench: generating a file failed" >&2; exit 1; }
 done
 
 for v in $variants; do
