@@ -12,10 +12,12 @@
 # Environment:
 #   MODELS=DIR        where the files live (default /tmp/gpupool-cuda-bench)
 #   REPS=N            repetitions (default 3)
-#   VARIANTS="label=PLUGIN[,mmv] ..."  gpupool runs, one column each: the
-#                     plugin file (GPUPOOL_CUDA_PLUGIN; "-" = the default one)
-#                     and optionally GPUPOOL_CUDA_MMV (legacy = the F32
-#                     mat-vec kernels); default: the directory's plugin
+#   VARIANTS="label=PLUGIN[,SETTING...] ..."  gpupool runs, one column each:
+#                     the plugin file (GPUPOOL_CUDA_PLUGIN; "-" = the one the
+#                     engine finds) and settings: VAR=VALUE is exported, a
+#                     bare word is GPUPOOL_CUDA_MMV (legacy = the F32 mat-vec
+#                     kernels), e.g. "new=P nographs=P,GPUPOOL_CUDA_GRAPHS=0
+#                     legacy=P,legacy"; default: the directory's plugin
 #   LLAMA_BENCH=PATH, LLAMA_BATCHED_BENCH=PATH   llama.cpp's llama-bench and
 #                     llama-batched-bench (CUDA builds): their column
 #   SEQS="8 32"       batched decode widths ("" skips them)
@@ -59,13 +61,16 @@ for p in "${gen_pids[@]}"; do
 done
 
 for v in $variants; do
-    label=${v%%=*}; rest=${v#*=}; plugin=${rest%%,*}; mmv=
-    [ "$rest" != "$plugin" ] && mmv=${rest#*,}
+    label=${v%%=*}; rest=${v#*=}; plugin=${rest%%,*}; settings=
+    [ "$rest" != "$plugin" ] && settings=${rest#*,}
     for f in $files; do
         m=$models/$f.gguf
         (
             [ "$plugin" != - ] && export GPUPOOL_CUDA_PLUGIN=$plugin
-            [ -n "$mmv" ] && export GPUPOOL_CUDA_MMV=$mmv
+            IFS=, read -ra kv <<<"$settings"
+            for e in "${kv[@]}"; do
+                case $e in *=*) export "${e?}" ;; ?*) export GPUPOOL_CUDA_MMV="$e" ;; esac
+            done
             "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 512 -n 128 --json
             for s in $seqs; do
                 "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" --json
