@@ -29,9 +29,9 @@ bool gpe_cuda_mmvq_takes(gpe_type t)
 /* One warp per block of 32 values (n % 32 == 0, so a warp is wholly in or
  * out of range and the full-mask shuffles are safe). The division is the
  * IEEE one (__fdiv_rn) and roundf rounds half away from zero, as the host
- * reference gpe_cuda_q8_ref_row does, so both give the same bytes. */
-static __global__ void q8_kernel(const float *__restrict__ x, int64_t n, int8_t *__restrict__ xq,
-                          float *__restrict__ xqd)
+ * reference q8_round (selftest.c) does, so both give the same bytes. */
+static __global__ void q8_kernel(const float *__restrict__ x, int64_t n,
+                                 int8_t *__restrict__ xq, float *__restrict__ xqd)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
