@@ -1003,7 +1003,12 @@ static gpe_status stage_graph(gpe_cuda_model *cm, cuda_stage *S, int n, int n_ou
     cudaGraphExec_t *ge = &S->graph[n][n_out];
     if (!*ge) {
         cudaGraph_t g = NULL;
-        CUDA_CHECK(cudaStreamBeginCapture(S->stream, cudaStreamCaptureModeThreadLocal));
+        if (cudaStreamBeginCapture(S->stream, cudaStreamCaptureModeThreadLocal) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            S->no_graph = true;
+            return GPE_OK;
+        }
         const gpe_status st = stage_kernels(cm, S, n, n_out, NULL, err, errlen);
         cudaError_t e = cudaStreamEndCapture(S->stream, &g);
         if (st == GPE_OK && e == cudaSuccess && g)
