@@ -5,7 +5,8 @@
  * 1. Per-op checks on random inputs, each against a CPU reference:
  *    dequantization of every type (must be bit-exact: NMSE 0), mat-vec with
  *    1, 3 and 8 columns and GEMM with 8 (forced) and 13 columns for every
- *    type (reference: the dequantized row times x in double), RMSNorm, RoPE
+ *    type (reference: the dequantized row times x in double; for the dp4a
+ *    mat-vec also times x rounded as the kernel rounds it), RMSNorm, RoPE
  *    (with n_rot < head size, rope_freqs and linear scaling) and attention
  *    (several sequences, GQA, in double).
  * 2. Whole models: a random llama of each weight type runs the same batch
