@@ -4,6 +4,7 @@
  * downloading one.
  *
  *   gguf-random --shape tinyllama-1.1b --type q4_k --seed 1 -o tl.gguf
+ *   gguf-random --shape llama2-7b --type q4_k_m --seed 7 -o 7b.gguf   (3.8 GiB)
  *   gguf-random --shape custom --n-embd 256 --n-layer 2 --n-head 4 --n-head-kv 2 \
  *               --n-ff 768 --n-vocab 512 --type q8_0 -o small.gguf
  *
@@ -122,11 +123,15 @@ static int set_shape(opts *o)
     if (strcmp(o->shape, "tinyllama-1.1b") == 0) {
         o->n_embd = 2048; o->n_layer = 22; o->n_head = 32; o->n_head_kv = 4;
         o->n_ff = 5632; o->n_vocab = 32000; o->n_ctx = 2048;
+    } else if (strcmp(o->shape, "llama2-7b") == 0) {
+        o->n_embd = 4096; o->n_layer = 32; o->n_head = 32; o->n_head_kv = 32;
+        o->n_ff = 11008; o->n_vocab = 32000; o->n_ctx = 4096;
     } else if (strcmp(o->shape, "stories260k") == 0) {
         o->n_embd = 64; o->n_layer = 5; o->n_head = 8; o->n_head_kv = 4;
         o->n_ff = 172; o->n_vocab = 512; o->n_ctx = 512;
     } else if (strcmp(o->shape, "custom") != 0) {
-        fprintf(stderr, "gguf-random: unknown --shape '%s' (tinyllama-1.1b, stories260k, custom)\n",
+        fprintf(stderr, "gguf-random: unknown --shape '%s' (tinyllama-1.1b, llama2-7b, "
+                        "stories260k, custom)\n",
                 o->shape);
         return -1;
     }
@@ -177,7 +182,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: gguf-random [options] -o FILE\n"
-            "  --shape S        tinyllama-1.1b | stories260k | custom (default stories260k)\n"
+            "  --shape S        tinyllama-1.1b | llama2-7b | stories260k | custom\n"
+            "                   (default stories260k)\n"
             "  --type T         " TYPES " (default f16)\n"
             "  --seed N         random seed (default 1)\n"
             "  --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --n-ff N  --n-vocab N\n"

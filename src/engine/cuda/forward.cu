@@ -127,6 +127,13 @@ typedef struct cuda_stage {
     uint8_t *smem;              /* scratch region */
     float *x, *xn, *q, *k, *v, *att, *gate, *up, *logits;
     int *d_ints;                /* [4][n_batch]: tokens, pos, seq, rows */
+
+    /* Decode steps as CUDA graphs (stage_graph): one per batch shape
+     * [n][n_out], n <= GPE_CUDA_MMV_MAX, captured on the shape's first
+     * step. Valid for the model's life: the kernels read positions,
+     * sequences and rows from d_ints and every buffer stays in place. */
+    cudaGraphExec_t graph[GPE_CUDA_MMV_MAX + 1][GPE_CUDA_MMV_MAX + 1];
+    bool no_graph;              /* a capture failed: plain launches from then on */
 } cuda_stage;
 
 struct gpe_cuda_model {
@@ -183,8 +190,8 @@ static void each_opt_vec(const gpe_hparams *hp, const gpe_layer *L, cuda_layer *
 /* Scratch layout (offsets in a region of *total bytes); the same function
  * sizes the preflight and carves the allocation, so they cannot disagree. */
 typedef struct scratch_plan {
-    uint64_t x, xn, q, k, v, att, gate, up, logits, xh, wbuf, ints, total;
-    uint64_t wbuf_bytes, xh_elems;
+    uint64_t x, xn, q, k, v, att, gate, up, logits, xh, wbuf, xq, xqd, ints, total;
+    uint64_t wbuf_bytes, xh_elems, xq_elems;
 } scratch_plan;
 
 static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
@@ -228,11 +235,17 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     TAKE(logits, out_rows * V * 4);
     TAKE(xh, wbuf ? B * maxc * 2 : 0);
     TAKE(wbuf, wbuf);
+    /* int8 activations of the dp4a mat-vec (mmvq.cuh): up to
+     * GPE_CUDA_MMV_MAX rows of the widest input, one F32 scale per 32 */
+    const uint64_t xq_rows = B < GPE_CUDA_MMV_MAX ? B : GPE_CUDA_MMV_MAX;
+    TAKE(xq, xq_rows * maxc);
+    TAKE(xqd, xq_rows * (maxc / 32 + 1) * 4);
     TAKE(ints, 4 * B * sizeof(int));
 #undef TAKE
     p->total = off;
     p->wbuf_bytes = wbuf;
     p->xh_elems = wbuf ? B * maxc : 0;
+    p->xq_elems = xq_rows * maxc;
 }
 
 /* The checks of a model and sizes this backend can run (no device needed). */
@@ -482,6 +495,10 @@ void gpe_cuda_model_free(gpe_cuda_model *cm)
         cudaSetDevice(S->device);
         if (S->stream)
             cudaStreamSynchronize(S->stream);
+        for (int a = 0; a <= GPE_CUDA_MMV_MAX; a++)
+            for (int b = 0; b <= GPE_CUDA_MMV_MAX; b++)
+                if (S->graph[a][b])
+                    cudaGraphExecDestroy(S->graph[a][b]);
         if (S->blas)
             cublasDestroy(S->blas);
         if (S->stream)
@@ -585,6 +602,9 @@ static void carve_scratch(gpe_cuda_model *cm, cuda_stage *S, const gpe_llama *m)
     S->mm.wbuf_bytes = sp.wbuf_bytes;
     S->mm.xh = sp.xh_elems ? reinterpret_cast<__half *>(s + sp.xh) : NULL;
     S->mm.xh_elems = sp.xh_elems;
+    S->mm.xq = reinterpret_cast<int8_t *>(s + sp.xq);
+    S->mm.xqd = reinterpret_cast<float *>(s + sp.xqd);
+    S->mm.xq_elems = sp.xq_elems;
 }
 
 /* Allocates a stage's regions on its device and copies its tensors. */
@@ -804,10 +824,13 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
 
     gpe_cuda_rmsnorm(S->x, NULL, L->attn_norm, S->xn, n, (int)E, hp->rms_eps, s);
     CUDA_CHECK_LAUNCH();
-    if ((st = gpe_cuda_matmul(mm, &L->wq, S->xn, n, S->q, qd, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->wk, S->xn, n, S->k, kvd, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->wv, S->xn, n, S->v, kvd, false, err, errlen)))
-        return st;
+    {
+        const gpe_cuda_weight *const w[3] = {&L->wq, &L->wk, &L->wv};
+        float *const y[3] = {S->q, S->k, S->v};
+        const int64_t ld[3] = {qd, kvd, kvd};
+        if ((st = gpe_cuda_matmul_n(mm, w, 3, S->xn, n, y, ld, err, errlen)))
+            return st;
+    }
     /* biases, then per-head Q/K norms, before RoPE (as model.c) */
     if (L->bq)
         gpe_cuda_add_bias(S->q, L->bq, n, (int)qd, s);
@@ -880,9 +903,13 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
 
     gpe_cuda_rmsnorm(S->x, NULL, L->ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
     CUDA_CHECK_LAUNCH();
-    if ((st = gpe_cuda_matmul(mm, &L->w_gate, S->xn, n, S->gate, F, false, err, errlen)) ||
-        (st = gpe_cuda_matmul(mm, &L->w_up, S->xn, n, S->up, F, false, err, errlen)))
-        return st;
+    {
+        const gpe_cuda_weight *const w[2] = {&L->w_gate, &L->w_up};
+        float *const y[2] = {S->gate, S->up};
+        const int64_t ld[2] = {F, F};
+        if ((st = gpe_cuda_matmul_n(mm, w, 2, S->xn, n, y, ld, err, errlen)))
+            return st;
+    }
     if (hp->gelu)
         gpe_cuda_geglu(S->gate, S->up, (int64_t)n * F, s);
     else
@@ -899,7 +926,8 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
 
 /* Output on the last stage: final norm of the wanted rows (gathered
  * through d_rows) and logits, OUT_CHUNK rows at a time so the device
- * buffer stays small. */
+ * buffer stays small. logits_host NULL (graph capture): one chunk only,
+ * left in S->logits for the caller to copy. */
 static gpe_status run_output(gpe_cuda_model *cm, cuda_stage *S, int n_out, float *logits_host,
                              char *err, size_t errlen)
 {
@@ -921,10 +949,81 @@ static gpe_status run_output(gpe_cuda_model *cm, cuda_stage *S, int n_out, float
             gpe_cuda_softcap(S->logits, hp->final_softcap, (int64_t)nr * V, s);
             CUDA_CHECK_LAUNCH();
         }
-        CUDA_CHECK(cudaMemcpyAsync(logits_host + (size_t)r0 * (size_t)V, S->logits,
-                                   (size_t)nr * (size_t)V * sizeof(float),
-                                   cudaMemcpyDeviceToHost, s));
+        if (logits_host)
+            CUDA_CHECK(cudaMemcpyAsync(logits_host + (size_t)r0 * (size_t)V, S->logits,
+                                       (size_t)nr * (size_t)V * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
     }
+    return GPE_OK;
+}
+
+/* The kernels of stage S for a batch of n tokens, after its inputs are on
+ * the device: embedding (first stage), layers, output (last stage). */
+static gpe_status stage_kernels(gpe_cuda_model *cm, cuda_stage *S, int n, int n_out,
+                                float *logits_host, char *err, size_t errlen)
+{
+    const int64_t E = cm->hp.n_embd;
+    gpe_status st;
+    if (S->first) {
+        if ((st = gpe_cuda_embed(&cm->tok_embd, S->d_ints, n, S->x, S->stream, err, errlen)))
+            return st;
+        if (cm->hp.embd_scale != 1.0f) {
+            gpe_cuda_scale(S->x, cm->hp.embd_scale, (int64_t)n * E, S->stream);
+            CUDA_CHECK_LAUNCH();
+        }
+    }
+    for (int l = S->l0; l < S->l1; l++)
+        if ((st = run_layer(cm, S, l, n, err, errlen)))
+            return st;
+    if (S->last && (st = run_output(cm, S, n_out, logits_host, err, errlen)))
+        return st;
+    return GPE_OK;
+}
+
+/* CUDA graphs for decode steps, unless GPUPOOL_CUDA_GRAPHS=0 (read once). */
+static bool graphs_enabled(void)
+{
+    static const bool on = [] {
+        const char *e = getenv("GPUPOOL_CUDA_GRAPHS");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+/* Runs stage S's kernels for a decode batch (n <= GPE_CUDA_MMV_MAX, so no
+ * cuBLAS and one logits chunk) as a CUDA graph: ~13 kernel launches per
+ * layer become one graph launch per step. The graph of the shape is
+ * captured on first use. *done false: the capture failed (S->no_graph is
+ * set, the error cleared) and the caller launches the kernels itself,
+ * which reports any real device fault. */
+static gpe_status stage_graph(gpe_cuda_model *cm, cuda_stage *S, int n, int n_out, bool *done,
+                              char *err, size_t errlen)
+{
+    *done = false;
+    cudaGraphExec_t *ge = &S->graph[n][n_out];
+    if (!*ge) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamBeginCapture(S->stream, cudaStreamCaptureModeThreadLocal) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            S->no_graph = true;
+            return GPE_OK;
+        }
+        const gpe_status st = stage_kernels(cm, S, n, n_out, NULL, err, errlen);
+        cudaError_t e = cudaStreamEndCapture(S->stream, &g);
+        if (st == GPE_OK && e == cudaSuccess && g)
+            e = cudaGraphInstantiate(ge, g, 0);
+        if (g)
+            cudaGraphDestroy(g);
+        if (st != GPE_OK || e != cudaSuccess || !g) {
+            *ge = NULL;
+            (void)cudaGetLastError();
+            S->no_graph = true;
+            return GPE_OK;
+        }
+    }
+    CUDA_CHECK(cudaGraphLaunch(*ge, S->stream));
+    *done = true;
     return GPE_OK;
 }
 
@@ -943,23 +1042,22 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
         CUDA_CHECK(cudaMemcpyAsync(S->d_ints, cm->h_ints,
                                    4 * (size_t)cm->n_batch * sizeof(int),
                                    cudaMemcpyHostToDevice, s));
-        if (S->first) {
-            if ((st = gpe_cuda_embed(&cm->tok_embd, S->d_ints, n, S->x, s, err, errlen)))
-                return st;
-            if (cm->hp.embd_scale != 1.0f) {
-                gpe_cuda_scale(S->x, cm->hp.embd_scale, (int64_t)n * E, s);
-                CUDA_CHECK_LAUNCH();
-            }
-        } else {
+        if (!S->first) {
             /* the previous stage's stream has finished (synchronized below) */
             const cuda_stage *P = &cm->st[i - 1];
             CUDA_CHECK(cudaMemcpyPeerAsync(S->x, S->device, P->x, P->device,
                                            (size_t)n * (size_t)E * sizeof(float), s));
         }
-        for (int l = S->l0; l < S->l1; l++)
-            if ((st = run_layer(cm, S, l, n, err, errlen)))
-                return st;
-        if (S->last && (st = run_output(cm, S, n_out, logits_host, err, errlen)))
+        const int out_cap = cm->n_batch < OUT_CHUNK ? cm->n_batch : OUT_CHUNK;
+        bool done = false;
+        if (graphs_enabled() && !S->no_graph && n <= GPE_CUDA_MMV_MAX && n_out <= out_cap &&
+            (st = stage_graph(cm, S, n, n_out, &done, err, errlen)))
+            return st;
+        if (done && S->last && n_out > 0)
+            CUDA_CHECK(cudaMemcpyAsync(logits_host, S->logits,
+                                       (size_t)n_out * (size_t)cm->hp.n_vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
+        if (!done && (st = stage_kernels(cm, S, n, n_out, logits_host, err, errlen)))
             return st;
         CUDA_CHECK(cudaStreamSynchronize(s));
     }

@@ -7,6 +7,7 @@
 
 #include "engine/cuda/dequant.cuh"
 #include "engine/cuda/elementwise.cuh"
+#include "engine/cuda/mmvq.cuh"
 
 #define MMV_WARPS 4   /* output rows (warps) per thread block */
 
@@ -191,6 +192,14 @@ static gpe_status gemm(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const fl
     return GPE_OK;
 }
 
+/* The dp4a kernels take this product (mat-vec sizes, a type they know, room
+ * for the rounded activations). */
+static bool use_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
+{
+    return n_tok <= GPE_CUDA_MMV_MAX && mm->xq && gpe_cuda_mmvq_takes(w->type) &&
+           (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems;
+}
+
 gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen)
@@ -202,9 +211,38 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
                                gpe_type_name(w->type), (long long)w->n_cols);
     if (n_tok > GPE_CUDA_MMV_MAX || force_gemm)
         return gemm(mm, w, x, n_tok, y, ldy, err, errlen);
+    if (use_mmvq(mm, w, n_tok)) {
+        gpe_cuda_mmvq_quantize(mm, x, n_tok, w->n_cols);
+        gpe_cuda_mmvq(mm, w, n_tok, y, ldy);
+        CUDA_CHECK_LAUNCH();
+        return GPE_OK;
+    }
     gpe_cuda_dispatch_type(w->type, [&](auto tr) {
         mmv_dispatch<decltype(tr)>(w, x, n_tok, y, ldy, mm->stream);
     });
     CUDA_CHECK_LAUNCH();
+    return GPE_OK;
+}
+
+gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                             const float *x, int n_tok, float *const *y, const int64_t *ldy,
+                             char *err, size_t errlen)
+{
+    bool rounded = false;   /* mm->xq holds x */
+    for (int i = 0; i < n_w; i++) {
+        if (n_tok <= 0 || !gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) ||
+            !use_mmvq(mm, w[i], n_tok) || (i > 0 && w[i]->n_cols != w[0]->n_cols)) {
+            gpe_status st = gpe_cuda_matmul(mm, w[i], x, n_tok, y[i], ldy[i], false, err, errlen);
+            if (st)
+                return st;
+            rounded = false;   /* it may have rounded x itself: not relied upon */
+            continue;
+        }
+        if (!rounded)
+            gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
+        rounded = true;
+        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i]);
+        CUDA_CHECK_LAUNCH();
+    }
     return GPE_OK;
 }

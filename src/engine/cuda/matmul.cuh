@@ -47,6 +47,9 @@ typedef struct gpe_cuda_mm {
     size_t wbuf_bytes;
     __half *xh;            /* activations converted to F16 */
     size_t xh_elems;
+    int8_t *xq;            /* activations rounded to int8 (mmvq.cuh), n_tok x n_cols */
+    float *xqd;            /* their scales, one per 32 values */
+    size_t xq_elems;       /* room in xq (0: the dp4a kernels are not used) */
 } gpe_cuda_mm;
 
 /* true when the backend has kernels for t and the row length suits them
@@ -58,6 +61,13 @@ bool gpe_cuda_weight_ok(gpe_type t, int64_t n_cols);
 gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen);
+
+/* gpe_cuda_matmul of n_w weights (all with the same n_cols) on the same x:
+ * y[i] = x w[i]^T with leading dimension ldy[i]. The dp4a path rounds x
+ * once for all of them (Q/K/V, gate/up). */
+gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                             const float *x, int n_tok, float *const *y, const int64_t *ldy,
+                             char *err, size_t errlen);
 
 /* Dequantizes rows [0, n_rows) of w into out (F32, row-major). */
 gpe_status gpe_cuda_dequant_f32(const gpe_cuda_weight *w, float *out, cudaStream_t stream,

@@ -11,6 +11,7 @@
 #include "engine/cuda/backend_cuda.h"
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/matmul.cuh"
+#include "engine/cuda/mmvq.cuh"
 #include "engine/cuda/norm.cuh"
 #include "engine/cuda/rope.cuh"
 
@@ -142,9 +143,17 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
     mm.xh_elems = (size_t)n_tok * (size_t)n_cols;
     CUDA_CHECK(a.alloc(&mm.wbuf, mm.wbuf_bytes));
     CUDA_CHECK(a.alloc(&mm.xh, mm.xh_elems * sizeof(__half)));
+    mm.xq_elems = (size_t)n_tok * (size_t)n_cols;
+    CUDA_CHECK(a.alloc(&mm.xq, mm.xq_elems));
+    CUDA_CHECK(a.alloc(&mm.xqd, (mm.xq_elems / 32 + 1) * sizeof(float)));
     if ((st = gpe_cuda_matmul(&mm, &cw, d_x, n_tok, d_y, n_rows, force_gemm, err, errlen)))
         return st;
     return finish(a, y, d_y, yb, err, errlen);
+}
+
+bool gpe_cuda_test_matvec_q8(gpe_type t)
+{
+    return gpe_cuda_mmvq_takes(t);
 }
 
 gpe_status gpe_cuda_test_rmsnorm(const float *x, const float *w, int n_rows, int n, float eps,

@@ -5,7 +5,8 @@
  * 1. Per-op checks on random inputs, each against a CPU reference:
  *    dequantization of every type (must be bit-exact: NMSE 0), mat-vec with
  *    1, 3 and 8 columns and GEMM with 8 (forced) and 13 columns for every
- *    type (reference: the dequantized row times x in double), RMSNorm, RoPE
+ *    type (reference: the dequantized row times x in double; for the dp4a
+ *    mat-vec also times x rounded as the kernel rounds it), RMSNorm, RoPE
  *    (with n_rot < head size, rope_freqs and linear scaling) and attention
  *    (several sequences, GQA, in double).
  * 2. Whole models: a random llama of each weight type runs the same batch
@@ -35,9 +36,19 @@
  * rounding of sums, ~1e-14..1e-12. The GEMM path of F16/quantized weights
  * rounds weights and activations to F16 (relative error <= 2^-11 each:
  * NMSE ~1e-7). */
+/* The dp4a mat-vec (mmvq.cuh) rounds the activations to int8 blocks: its
+ * check uses a reference built from the same rounded activations (q8_round,
+ * bit-identical to the kernel's), so only F32 sums remain and TH_F32
+ * holds. Against the unrounded activations (uniform in [-1, 1)) the
+ * rounding error of a value is uniform in +-d/2 with d ~ 1/127, so the
+ * NMSE of a product is ~(1/127)^2 / 12 / (1/3) ~ 1.6e-5 whatever the
+ * weights: TH_Q8_ACT (6x) catches a rounding that agrees with q8_round but
+ * is wrong (a scale too small that clips, say). */
 #define TH_EXACT 0.0
 #define TH_F32 1e-9
 #define TH_GEMM_F16 2e-5
+#define TH_Q8_ACT 1e-4
+#define GPE_CUDA_MMV_MAX_ST 8   /* the widest mat-vec batch (matmul.cuh) */
 
 /* ------------------------------------------------------------- random */
 
@@ -534,6 +545,37 @@ static const gpe_type k_types[] = { GPE_TYPE_F32,  GPE_TYPE_F16,  GPE_TYPE_BF16,
                                     GPE_TYPE_Q5_K, GPE_TYPE_Q6_K };
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
+/* The dp4a kernels' activation rounding (mmvq.cu, q8_kernel) on the host:
+ * per 32 values d = max|x| / 127, q = round(x / d) (half away from zero),
+ * and out = q * d, the value the kernel multiplies with. */
+static void q8_round(const float *x, float *out, size_t n)
+{
+    for (size_t b = 0; b + 32 <= n; b += 32) {
+        float a = 0.0f;
+        for (size_t i = 0; i < 32; i++)
+            a = fmaxf(a, fabsf(x[b + i]));
+        const float d = a / 127.0f;
+        for (size_t i = 0; i < 32; i++) {
+            int q = d == 0.0f ? 0 : (int)roundf(x[b + i] / d);
+            q = q > 127 ? 127 : (q < -127 ? -127 : q);
+            out[b + i] = (float)((double)q * (double)d);
+        }
+    }
+}
+
+/* ref[t][i] = sum_c deq[i][c] * x[t][c] in double. */
+static void matmul_ref(const float *deq, const float *x, int n_tok, int rows, int cols,
+                       float *ref)
+{
+    for (int t0 = 0; t0 < n_tok; t0++)
+        for (int i = 0; i < rows; i++) {
+            double s = 0.0;
+            for (int c = 0; c < cols; c++)
+                s += (double)deq[(size_t)i * cols + c] * (double)x[(size_t)t0 * cols + c];
+            ref[(size_t)t0 * rows + i] = (float)s;
+        }
+}
+
 static void check_matmul_ops(report *rep, rng *r)
 {
     enum { ROWS = 37, COLS = 512, MAXT = 13 };
@@ -546,12 +588,15 @@ static void check_matmul_ops(report *rep, rng *r)
     float *ref = malloc(sizeof(float) * MAXT * ROWS);
     float *deq = malloc(sizeof(float) * ROWS * COLS);
     float *gdeq = malloc(sizeof(float) * ROWS * COLS);
-    if (!x || !y || !ref || !deq || !gdeq) {
+    float *x8 = malloc(sizeof(float) * MAXT * COLS);
+    float *ref8 = malloc(sizeof(float) * MAXT * ROWS);
+    if (!x || !y || !ref || !deq || !gdeq || !x8 || !ref8) {
         rep_check(rep, "matmul", GPE_ERR_NOMEM, "out of memory", 0, 0);
         goto done;
     }
     for (int i = 0; i < MAXT * COLS; i++)
         x[i] = rng_f(r);
+    q8_round(x, x8, (size_t)MAXT * COLS);
     for (size_t ti = 0; ti < N_TYPES; ti++) {
         const gpe_type t = k_types[ti];
         gpe_st_model_free(&holder);
@@ -567,13 +612,10 @@ static void check_matmul_ops(report *rep, rng *r)
         rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(gdeq, deq, (size_t)ROWS * COLS),
                   TH_EXACT);
 
-        for (int t0 = 0; t0 < MAXT; t0++)
-            for (int i = 0; i < ROWS; i++) {
-                double s = 0.0;
-                for (int c = 0; c < COLS; c++)
-                    s += (double)deq[(size_t)i * COLS + c] * (double)x[(size_t)t0 * COLS + c];
-                ref[(size_t)t0 * ROWS + i] = (float)s;
-            }
+        matmul_ref(deq, x, MAXT, ROWS, COLS, ref);
+        const bool q8 = gpe_cuda_test_matvec_q8(t);
+        if (q8)
+            matmul_ref(deq, x8, GPE_CUDA_MMV_MAX_ST, ROWS, COLS, ref8);
         static const struct { int n; bool gemm; } cases[] = {
             { 1, false }, { 3, false }, { 8, false }, { 8, true }, { 13, true } };
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -584,8 +626,15 @@ static void check_matmul_ops(report *rep, rng *r)
                                       sizeof msg);
             const double th = (gemm && t != GPE_TYPE_F32 && t != GPE_TYPE_BF16) ? TH_GEMM_F16
                                                                                   : TH_F32;
+            const float *want = (q8 && !gemm) ? ref8 : ref;   /* n <= 8 when !gemm */
             rep_check(rep, name, st, msg,
-                      st ? 0 : gpe_st_nmse(y, ref, (size_t)cases[c].n * ROWS), th);
+                      st ? 0 : gpe_st_nmse(y, want, (size_t)cases[c].n * ROWS), th);
+            if (q8 && !gemm && st == GPE_OK) {
+                snprintf(name, sizeof name, "matvec %s x%d vs f32 x", gpe_type_name(t),
+                         cases[c].n);
+                rep_check(rep, name, st, msg, gpe_st_nmse(y, ref, (size_t)cases[c].n * ROWS),
+                          TH_Q8_ACT);
+            }
         }
     }
 done:
@@ -595,6 +644,8 @@ done:
     free(ref);
     free(deq);
     free(gdeq);
+    free(x8);
+    free(ref8);
 }
 
 static void check_rmsnorm(report *rep, rng *r)

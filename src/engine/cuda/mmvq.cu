@@ -1,0 +1,289 @@
+/*
+ * mmvq: dp4a mat-vec kernels (see mmvq.cuh for the scheme and numerics).
+ */
+#include "engine/cuda/mmvq.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cuda/dequant.cuh"
+
+#define MMVQ_WARPS 4   /* output rows (warps) per thread block */
+
+bool gpe_cuda_mmvq_takes(gpe_type t)
+{
+    /* Read once (thread-safe static initialisation): the choice must not
+     * change under a running model. */
+    static const bool legacy = [] {
+        const char *e = getenv("GPUPOOL_CUDA_MMV");
+        return e && strcmp(e, "legacy") == 0;
+    }();
+    if (legacy)
+        return false;
+    return t == GPE_TYPE_Q4_0 || t == GPE_TYPE_Q8_0 || t == GPE_TYPE_Q4_K ||
+           t == GPE_TYPE_Q6_K;
+}
+
+/* ------------------------------------------------ activation rounding */
+
+/* One warp per block of 32 values (n % 32 == 0, so a warp is wholly in or
+ * out of range and the full-mask shuffles are safe). The division is the
+ * IEEE one (__fdiv_rn) and roundf rounds half away from zero, as the host
+ * reference q8_round (selftest.c) does, so both give the same bytes. */
+static __global__ void q8_kernel(const float *__restrict__ x, int64_t n,
+                                 int8_t *__restrict__ xq, float *__restrict__ xqd)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    const float v = x[i];
+    float a = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+    const float d = __fdiv_rn(a, 127.0f);
+    int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    xq[i] = (int8_t)q;
+    if ((threadIdx.x & 31) == 0)
+        xqd[i / GPE_CUDA_Q8_BLK] = d;
+}
+
+/* ------------------------------------------------------ weight readers */
+
+/* Each reader handles one "unit" of a weight row (UPB units per block of
+ * BLK values) for NC activation rows: xq/xqd point at the block's first
+ * column in activation row 0; row j is ldq values (ldq / 32 scales)
+ * further. The activation bytes of a unit are 16-byte aligned (xq starts
+ * 256-byte aligned, ldq and the column offsets are multiples of 16). */
+
+static __device__ __forceinline__ int4 ld_i4(const int8_t *p)
+{
+    return *reinterpret_cast<const int4 *>(p);
+}
+
+static __device__ __forceinline__ int dot4(int w0, int w1, int w2, int w3, int4 a)
+{
+    return __dp4a(w0, a.x, __dp4a(w1, a.y, __dp4a(w2, a.z, __dp4a(w3, a.w, 0))));
+}
+
+static __device__ __forceinline__ int sum4(int4 a)
+{
+    return dot4(0x01010101, 0x01010101, 0x01010101, 0x01010101, a);
+}
+
+/* Q4_0 (18 bytes, 2-byte aligned): one unit per block; low nibbles of
+ * qs[i] are value i, high nibbles value 16 + i; x = d * (q - 8). */
+struct qk_q4_0 {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q4_0;
+    static constexpr int BLK = 32, BYTES = 18, UPB = 1;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const float d = f16_bits_to_f32(ld_u16(b));
+        int lo[4], hi[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint32_t q = ld_u32_a2(b + 2 + 4 * k);
+            lo[k] = (int)(q & 0x0F0F0F0Fu);
+            hi[k] = (int)((q >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int4 a0 = ld_i4(xq + j * ldq), a1 = ld_i4(xq + j * ldq + 16);
+            const int s = dot4(lo[0], lo[1], lo[2], lo[3], a0) +
+                          dot4(hi[0], hi[1], hi[2], hi[3], a1);
+            const int sa = sum4(a0) + sum4(a1);
+            acc[j] += d * xqd[j * (ldq / GPE_CUDA_Q8_BLK)] * (float)(s - 8 * sa);
+        }
+    }
+};
+
+/* Q8_0 (34 bytes, 2-byte aligned): one unit per block; x = d * q. */
+struct qk_q8_0 {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q8_0;
+    static constexpr int BLK = 32, BYTES = 34, UPB = 1;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const float d = f16_bits_to_f32(ld_u16(b));
+        int q[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            q[k] = (int)ld_u32_a2(b + 2 + 4 * k);
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int4 a0 = ld_i4(xq + j * ldq), a1 = ld_i4(xq + j * ldq + 16);
+            const int s = dot4(q[0], q[1], q[2], q[3], a0) + dot4(q[4], q[5], q[6], q[7], a1);
+            acc[j] += d * xqd[j * (ldq / GPE_CUDA_Q8_BLK)] * (float)s;
+        }
+    }
+};
+
+/* Q4_K (144 bytes, 16-byte aligned): unit u = 2p + h (p: 64-value group,
+ * h: half) is qs[32p + 16h .. +15], one 128-bit load: low nibbles are
+ * columns 64p + 16h .. +15 (sub-block 2p), high nibbles columns
+ * 64p + 32 + 16h .. +15 (sub-block 2p + 1); x = (d*sc)*q - dmin*m, so
+ * sum x*a = d1 * sum q*a - m1 * sum a per sub-block. */
+struct qk_q4_k {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q4_K;
+    static constexpr int BLK = 256, BYTES = 144, UPB = 8;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const int p = u / 2, h = u % 2;
+        const uint4 q = *reinterpret_cast<const uint4 *>(b + 16 + 32 * p + 16 * h);
+        const float d = f16_bits_to_f32(ld_u16(b)), dmin = f16_bits_to_f32(ld_u16(b + 2));
+        float sc, m;
+        scale_min_k4(2 * p, b + 4, sc, m);
+        const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, m);
+        scale_min_k4(2 * p + 1, b + 4, sc, m);
+        const float d2 = __fmul_rn(d, sc), m2 = __fmul_rn(dmin, m);
+        const uint32_t m4 = 0x0F0F0F0Fu;
+        const int lo0 = (int)(q.x & m4), lo1 = (int)(q.y & m4), lo2 = (int)(q.z & m4),
+                  lo3 = (int)(q.w & m4);
+        const int hi0 = (int)((q.x >> 4) & m4), hi1 = (int)((q.y >> 4) & m4),
+                  hi2 = (int)((q.z >> 4) & m4), hi3 = (int)((q.w >> 4) & m4);
+        const int c_lo = 64 * p + 16 * h, c_hi = c_lo + 32;
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int8_t *a = xq + j * ldq;
+            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+            const int4 al = ld_i4(a + c_lo), ah = ld_i4(a + c_hi);
+            const float vl = d1 * (float)dot4(lo0, lo1, lo2, lo3, al) - m1 * (float)sum4(al);
+            const float vh = d2 * (float)dot4(hi0, hi1, hi2, hi3, ah) - m2 * (float)sum4(ah);
+            acc[j] += ad[2 * p] * vl + ad[2 * p + 1] * vh;
+        }
+    }
+};
+
+/* Q6_K (210 bytes, 2-byte aligned): unit u = 2n + lh reads ql[64n + 16lh
+ * ..+15], ql[64n + 32 + 16lh ..+15] and qh[32n + 16lh ..+15] (48 bytes) for
+ * 64 values: group g (0..3) is columns 128n + 32g + 16lh .. +15, one scale
+ * (index 8n + 2g + lh) and one activation block (4n + g) each; the 6-bit
+ * values are rebuilt four bytes at a time and offset by -32 per byte. */
+struct qk_q6_k {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q6_K;
+    static constexpr int BLK = 256, BYTES = 210, UPB = 4;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const int n = u / 2, lh = u % 2, l0 = 16 * lh;
+        const float d = f16_bits_to_f32(ld_u16(b + 208));
+        const int8_t *scales = reinterpret_cast<const int8_t *>(b + 192);
+        int w[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            /* unsigned: the shifts move bits across bytes, masked after */
+            const uint32_t qa = ld_u32_a2(b + 64 * n + l0 + 4 * k);
+            const uint32_t qb = ld_u32_a2(b + 64 * n + 32 + l0 + 4 * k);
+            const uint32_t qh = ld_u32_a2(b + 128 + 32 * n + l0 + 4 * k);
+            const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
+            w[0][k] = (int)__vsubss4((qa & m4) | ((qh << 4) & m2), off);
+            w[1][k] = (int)__vsubss4((qb & m4) | ((qh << 2) & m2), off);
+            w[2][k] = (int)__vsubss4(((qa >> 4) & m4) | (qh & m2), off);
+            w[3][k] = (int)__vsubss4(((qb >> 4) & m4) | ((qh >> 2) & m2), off);
+        }
+        int sc[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+            sc[g] = scales[8 * n + 2 * g + lh];
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int8_t *a = xq + j * ldq;
+            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+            float s = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
+                s += ad[4 * n + g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
+            }
+            acc[j] += d * s;
+        }
+    }
+};
+
+/* ------------------------------------------------------------- kernel */
+
+/* One warp per output row; lane i takes units i, i+32, ... (consecutive
+ * lanes read consecutive weight bytes). A warp whose row is out of range
+ * leaves as a whole, so warp_sum's full-mask shuffles are safe. */
+template <typename Q, int NC>
+__global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
+    mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int n_units,
+                const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
+                float *__restrict__ y, int64_t ldy)
+{
+    const int lane = threadIdx.x;
+    const int64_t row = (int64_t)blockIdx.x * MMVQ_WARPS + threadIdx.y;
+    if (row >= n_rows)
+        return;
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+        acc[j] = 0.0f;
+#pragma unroll 2
+    for (int ui = lane; ui < n_units; ui += GPE_WARP) {
+        const int blk = ui / Q::UPB;
+        const int64_t col0 = (int64_t)blk * Q::BLK;
+        Q::template dot<NC>(wr + (size_t)blk * Q::BYTES, ui % Q::UPB, xq + col0,
+                            xqd + col0 / GPE_CUDA_Q8_BLK, ldq, acc);
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0)
+            y[j * ldy + row] = s;
+    }
+}
+
+template <typename Q, int NC>
+static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, float *y, int64_t ldy)
+{
+    const int n_units = (int)(w->n_cols / Q::BLK * Q::UPB);
+    const dim3 block(GPE_WARP, MMVQ_WARPS);
+    const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MMVQ_WARPS));
+    mmvq_kernel<Q, NC><<<grid, block, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,
+                                                      n_units, mm->xq, mm->xqd, w->n_cols, y,
+                                                      ldy);
+}
+
+template <typename Q>
+static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                      int64_t ldy)
+{
+    switch (n_tok) {
+    case 1: mmvq_launch<Q, 1>(mm, w, y, ldy); break;
+    case 2: mmvq_launch<Q, 2>(mm, w, y, ldy); break;
+    case 3: mmvq_launch<Q, 3>(mm, w, y, ldy); break;
+    case 4: mmvq_launch<Q, 4>(mm, w, y, ldy); break;
+    case 5: mmvq_launch<Q, 5>(mm, w, y, ldy); break;
+    case 6: mmvq_launch<Q, 6>(mm, w, y, ldy); break;
+    case 7: mmvq_launch<Q, 7>(mm, w, y, ldy); break;
+    default: mmvq_launch<Q, 8>(mm, w, y, ldy); break;
+    }
+}
+static_assert(GPE_CUDA_MMV_MAX == 8, "mmvq_cols instantiates 1..8 columns");
+
+void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, int64_t n_cols)
+{
+    const int64_t n = (int64_t)n_tok * n_cols;
+    q8_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(x, n, mm->xq, mm->xqd);
+}
+
+void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                   int64_t ldy)
+{
+    switch (w->type) {
+    case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy); break;
+    case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy); break;
+    case GPE_TYPE_Q4_K: mmvq_cols<qk_q4_k>(mm, w, n_tok, y, ldy); break;
+    case GPE_TYPE_Q6_K: mmvq_cols<qk_q6_k>(mm, w, n_tok, y, ldy); break;
+    default: break;   /* the caller checked gpe_cuda_mmvq_takes */
+    }
+}
