@@ -41,6 +41,7 @@ struct gps_agents {
     gps_agents_opts opts;
     struct gps_store *store;
     gps_metrics *metrics;
+    gps_metrics *collect_m;        /* during gps_agents_collect only */
     registry *reg;
     sched *sched;
     gps_jobs *jobs;
@@ -561,6 +562,49 @@ static void h_poll(gps_req *r, void *arg)
     if (reply && refused)
         json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
     gps_http_send_json(r->req, 200, reply);
+}
+
+/* POST /agents/deregister {agent_id, instance?}: a clean stop. The agent
+ * goes OFFLINE (no work, not counted as down: GpupoolAgentDown ignores
+ * it) until its next poll. An instance that is not the registered one (a
+ * newer process took the agent_id over) changes nothing. Idempotent. */
+static void h_deregister(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *id = body_agent_id(r, body);
+    if (!id || !key_allows(g, r, id)) {
+        json_decref(body);
+        return;
+    }
+    const char *inst = json_string_value(json_object_get(body, "instance"));
+    registry_agent *a = registry_get(g->reg, id);
+    if (!a) {
+        json_decref(body);
+        gps_req_error(r, 404, "AGENT_NOT_FOUND", "unknown agent", "agent_id");
+        return;
+    }
+    bool stale = inst && a->instance[0] && strcmp(inst, a->instance) != 0;
+    if (!stale && a->state != REGISTRY_OFFLINE) {
+        /* Answer its parked long-poll first: the close that follows the
+         * agent's exit must not read as a death. */
+        agent_ext *e = ext_get(g, id, false);
+        if (e && e->parked) {
+            struct evhttp_request *req = e->parked;
+            unpark(e);
+            reply_204(req);
+        }
+        registry_deregister(g->reg, a, gp_now_mono_ms());
+        gp_log_write(GP_LOG_INFO, "agent_deregistered", r->correlation_id,
+                     json_pack("{s:s,s:s}", "agent_id", a->id, "name", a->name ? a->name : ""),
+                     "agent %s (%s) stopped cleanly: offline", a->id, a->name ? a->name : "");
+    }
+    json_decref(body);
+    gps_http_send_json(r->req, 200,
+                       json_pack("{s:s,s:s}", "agent_id", a->id, "state",
+                                 registry_state_name(a->state)));
 }
 
 static void h_work(gps_req *r, void *arg)
@@ -1170,6 +1214,8 @@ int gps_agents_register(gps_http *h, gps_agents *g)
                              GPS_DIALECT_NATIVE, GPS_ROLE_AGENT, h_events, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/events", GPS_DIALECT_NATIVE,
                              GPS_ROLE_AGENT, h_events_batch, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/deregister", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_AGENT, h_deregister, g);
     return rc ? -1 : 0;
 }
 
@@ -1205,9 +1251,9 @@ static void collect_gpus(gps_metrics *m, const registry_agent *a)
 static void collect_backend(gps_metrics *m, const registry_agent *a, const char *l)
 {
     if (a->hw.backend[0]) {
-        char lb[96];
-        gps_metrics_label(lb, sizeof lb, "agent", a->id, "backend", a->hw.backend,
-                          (char *)NULL);
+        char lb[800];
+        gps_metrics_label(lb, sizeof lb, "agent", a->id, "name", a->name ? a->name : "",
+                          "backend", a->hw.backend, (char *)NULL);
         gps_metrics_set(m, "agent_backend", lb, 1);
     }
     gps_metrics_set(m, "agent_error", l, a->hw.error_code[0] ? 1 : 0);
@@ -1229,9 +1275,12 @@ static void collect_one(void *ud, registry_agent *a)
     if (registry_agent_has_slots(a)) {
         c->total += a->slots_total;
         c->busy += registry_agent_slots_busy(a);
-        /* Per live agent: bounded by the fleet, gone when the agent is. */
-        char l[64];
-        gps_metrics_label(l, sizeof l, "agent", a->id, (char *)NULL);
+        /* Per live agent: bounded by the fleet, gone when the agent is.
+         * The name is for people (dashboards' legends); the id stays the
+         * series' identity. */
+        char l[700]; /* a 256-byte name, every byte escaped */
+        gps_metrics_label(l, sizeof l, "agent", a->id, "name", a->name ? a->name : "",
+                          (char *)NULL);
         gps_metrics_set(c->m, "agent_queue_depth", l, (double)a->queue_depth);
         if (json_is_number(json_object_get(a->facts, "kv_cache_utilization")))
             gps_metrics_set(c->m, "agent_kv_cache_utilization", l, a->kv_cache_utilization);
@@ -1252,11 +1301,34 @@ static void collect_one(void *ud, registry_agent *a)
     }
 }
 
+typedef struct model_probe {
+    const char *name;
+    bool listed;
+} model_probe;
+
+static void probe_one(void *ud, registry_agent *a)
+{
+    model_probe *p = ud;
+    if (!p->listed && registry_agent_serves(a, p->name))
+        p->listed = true;
+}
+
+/* A model with no live agent is shown (0, GpupoolNoAgentForModel) while a
+ * known agent, in any state, still lists it: one that died or stopped.
+ * A name no agent lists any more (renamed, agent removed) is dropped, or
+ * its 0 would page until a restart. */
 static void collect_model(void *ud, const char *name, size_t live_agents)
 {
+    gps_agents *g = ud;
+    if (live_agents == 0) {
+        model_probe p = {name, false};
+        registry_foreach(g->reg, probe_one, &p);
+        if (!p.listed)
+            return;
+    }
     char l[600]; /* a 256-byte name, every byte escaped */
     gps_metrics_label(l, sizeof l, "model", name, (char *)NULL);
-    gps_metrics_set(ud, "model_agents", l, (double)live_agents);
+    gps_metrics_set(g->collect_m, "model_agents", l, (double)live_agents);
 }
 
 void gps_agents_collect(gps_agents *g, gps_metrics *m)
@@ -1275,12 +1347,14 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
         "agent_backend", "agent_error", "agent_backend_faults_total", "gpu_vram_total_bytes",
         "gpu_vram_used_bytes", "gpu_vram_model_bytes", "gpu_vram_free_bytes",
         "gpu_utilization_ratio", "gpu_temperature_celsius", "gpu_power_watts", "gpu_fault",
+        "model_agents",
     };
     for (size_t i = 0; i < sizeof hw_families / sizeof hw_families[0]; i++)
         gps_metrics_reset(m, hw_families[i]);
     if (g->reg) {
         registry_foreach(g->reg, collect_one, &c);
-        registry_models_foreach(g->reg, collect_model, m);
+        g->collect_m = m;
+        registry_models_foreach(g->reg, collect_model, g);
     }
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {
         char l[64];

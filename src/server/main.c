@@ -215,15 +215,16 @@ static void admin_key_usable(void *arg, const gps_auth_key *k)
  * server over the API: make one and leave it, 0600, in the state dir for
  * gpupoolctl and the operator. With auth off (loopback, no keys) nothing
  * is made: an admin key would itself turn auth on. */
-static void ensure_admin_key(server *s)
+static int ensure_admin_key_at(server *s, char *path, size_t pathlen)
 {
     if (!gps_auth_enabled(s->auth))
-        return;
+        return -1;
     bool have = false;
     gps_auth_key_foreach(s->auth, admin_key_usable, &have);
     if (have)
-        return;
-    char dir[1024], path[1100];
+        return -1;
+    char dir[1024];
+    int rc = -1;
     if (s->cfg.state_dir && *s->cfg.state_dir) {
         snprintf(dir, sizeof dir, "%s", s->cfg.state_dir);
     } else {
@@ -235,12 +236,12 @@ static void ensure_admin_key(server *s)
         else
             snprintf(dir, sizeof dir, ".");
     }
-    snprintf(path, sizeof path, "%s/admin.key", dir);
+    snprintf(path, pathlen, "%s/admin.key", dir);
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], line[GPS_AUTH_KEY_LEN + 2];
-    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = "generated at first start"};
+    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = "generated when auth turned on"};
     if (gps_auth_key_create_spec(s->auth, &spec, key, id) != 0) {
         gp_log_error("admin_key_failed", "could not create the admin key (out of memory)");
-        return;
+        return -1;
     }
     int n = snprintf(line, sizeof line, "%s\n", key);
     if (gp_mkdirs(dir, 0700) < 0 || gp_write_file_atomic(path, line, (size_t)n, 0600) < 0) {
@@ -255,11 +256,26 @@ static void ensure_admin_key(server *s)
         gp_log_write(GP_LOG_WARN, "admin_key_generated", NULL,
                      json_pack("{s:s,s:s}", "path", path, "key_id", id),
                      "auth is on and no admin key existed: created %s, written to %s (mode "
-                     "0600); gpupoolctl reads it from there",
+                     "0600); gpupoolctl reads it from /var/lib/gpupool/admin.key, from "
+                     "$GPUPOOL_STATE_DIR/admin.key or with --key-file",
                      id, path);
+        rc = 0;
     }
     memset(key, 0, sizeof key);
     memset(line, 0, sizeof line);
+    return rc;
+}
+
+static void ensure_admin_key(server *s)
+{
+    char path[1100];
+    (void)ensure_admin_key_at(s, path, sizeof path);
+}
+
+/* gps_admin's hook: POST /admin/keys turned auth on. */
+static int admin_auth_on(void *arg, char *path, size_t pathlen)
+{
+    return ensure_admin_key_at(arg, path, pathlen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -414,10 +430,13 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     if (s->cfg.log_file && *s->cfg.log_file && gp_log_open(s->cfg.log_file) < 0)
         gp_log_error("log_reopen_failed", "cannot reopen %s: %s (logging to the old file)",
                      s->cfg.log_file, strerror(errno));
-    if (gps_auth_load(s->auth, err, sizeof err) < 0)
+    if (gps_auth_load(s->auth, err, sizeof err) < 0) {
         gp_log_error("keys_reload_failed", "%s", err);
-    else
+    } else {
         gp_log_info("keys_reloaded", "%zu keys", gps_auth_key_count(s->auth));
+        /* Keys added to the DB offline may have turned auth on. */
+        ensure_admin_key(s);
+    }
     if (s->tls) {
         if (gps_tls_reload(s->tls, err, sizeof err) < 0)
             gp_log_error("tls_reload_failed", "%s (keeping the previous certificate)", err);
@@ -730,6 +749,7 @@ int main(int argc, char **argv)
     if (!s->admin)
         goto oom;
     gps_admin_set_pins(s->admin, s->pins);
+    gps_admin_set_auth_on_hook(s->admin, admin_auth_on, s);
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
         goto oom;

@@ -252,10 +252,11 @@ class MetricsTest(harness.TestCase):
         self.assertEqual(value("slots_capacity"), 2)
         self.assertEqual(value("jobs_running"), 0)
         aid = self.agent.agent_id()
-        self.assertEqual(value("agent_queue_depth", agent=aid), 0)
+        # Per-agent series carry the agent's name next to its id (legends).
+        self.assertEqual(value("agent_queue_depth", agent=aid, name=self.agent.name), 0)
         if self.gguf:
             # The gguf backend reports its KV-cache use on every poll.
-            kv = value("agent_kv_cache_utilization", agent=aid)
+            kv = value("agent_kv_cache_utilization", agent=aid, name=self.agent.name)
             self.assertTrue(0 <= kv <= 1, kv)
         else:
             # The openai backend does not know it: no series rather than a fake 0.
