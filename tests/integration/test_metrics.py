@@ -215,9 +215,9 @@ class MetricsTest(harness.TestCase):
                 self.assertNotIn(k, ("job", "job_id", "key", "key_id", "correlation_id"), name)
                 self.assertFalse(v.startswith(("job_", "gp-")), (name, labels))
 
-        def value(name, **labels):
-            got = [v for n, ls, v in samples if n == "gpupool_" + name and ls == labels]
-            self.assertEqual(len(got), 1, "one sample %s%r in:\n%s" % (name, labels, text))
+        def value(family, **labels):
+            got = [v for n, ls, v in samples if n == "gpupool_" + family and ls == labels]
+            self.assertEqual(len(got), 1, "one sample %s%r in:\n%s" % (family, labels, text))
             return got[0]
 
         self.check_histograms(types, samples)
