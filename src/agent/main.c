@@ -70,7 +70,7 @@ static bool stop_pending(void)
 
 /* --model URL: download (or find in the cache) before anything registers,
  * then point o->model at the local file (a copy: gp_config_free frees the
- * option strings). */
+ * option strings). 0, or model_fetch's -1 / MODEL_FETCH_TRANSIENT. */
 static int fetch_model(agent_options *o, char *err, size_t errlen)
 {
     char path[4096 + 256];
@@ -92,8 +92,9 @@ static int fetch_model(agent_options *o, char *err, size_t errlen)
         .max_attempts = (int)o->model_download_attempts,
         .progress_bar = isatty(STDERR_FILENO) == 1,
     };
-    if (model_fetch(&fo, stop_pending, path, sizeof path, err, errlen) < 0)
-        return -1;
+    int fr = model_fetch(&fo, stop_pending, path, sizeof path, err, errlen);
+    if (fr < 0)
+        return fr;
     char *local = strdup(path);
     if (!local) {
         snprintf(err, errlen, "out of memory");
@@ -143,9 +144,16 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    if (o.model && model_fetch_is_remote(o.model) && fetch_model(&o, err, sizeof err) < 0) {
+    int fr = o.model && model_fetch_is_remote(o.model) ? fetch_model(&o, err, sizeof err) : 0;
+    if (fr < 0) {
+        /* For the unit (RestartPreventExitStatus=2): a stop is clean (0);
+         * what a later try may fix (network, the server's 5xx) exits 1 and
+         * systemd restarts us into a resume; what it cannot (a wrong
+         * sha256, 404/401/403, a bad spec) exits 2 rather than download the
+         * same wrong bytes again and again. */
+        rc = stop_pending() ? 0 : fr == MODEL_FETCH_TRANSIENT ? 1 : 2;
         fprintf(stderr, "gpupool-agent: model: %s\n", err);
-        gp_log_error("model_fetch_failed", "%s", err);
+        gp_log_error("model_fetch_failed", "%s (exit %d)", err, rc);
         goto cleanup_curl;
     }
     agent_backend *be = NULL;

@@ -40,7 +40,7 @@ class ModelServer:
     def __init__(self, data, name):
         self.data = data
         self.name = name
-        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing
+        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing | busy
         self.requests = []        # (path, range header or None)
         self.lock = threading.Lock()
         outer = self
@@ -57,6 +57,12 @@ class ModelServer:
                     outer.requests.append((self.path, rng))
                     mode = outer.mode
                     n_req = len(outer.requests)
+                if mode == "busy":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "4")
+                    self.end_headers()
+                    self.wfile.write(b"busy")
+                    return
                 if not self.path.endswith("/" + outer.name) or mode == "missing":
                     self.send_response(404)
                     self.send_header("Content-Length", "9")
@@ -134,9 +140,12 @@ class ModelDownloadTest(harness.TestCase):
         self.assertEqual(st, 200, b)
         self.assertEqual(b["usage"]["completion_tokens"], 4)
 
-    def wait_exit(self, a):
+    def wait_exit(self, a, code=2):
+        # 2: no retry can help (the unit's RestartPreventExitStatus=2 keeps
+        # systemd from downloading the same wrong bytes again); 1: a later
+        # try may (systemd restarts the agent into a resume).
         rc = a.wait(timeout=60)
-        self.assertNotEqual(rc, 0)
+        self.assertEqual(rc, code, a.log_text()[-3000:])
         return a.log_text()
 
     def test_download_registers_and_serves(self):
@@ -209,6 +218,15 @@ class ModelDownloadTest(harness.TestCase):
         log = self.wait_exit(a)
         self.assertIn("answered HTTP 404", log)
         self.assertEqual(len(self.ms.requests), 1)  # a 404 is not retried
+        self.assertEqual(self.cache_files(a.state_dir), [])  # no empty .part left
+
+    def test_server_trouble_exits_1_for_a_restart(self):
+        self.ms.mode = "busy"
+        a = self.agent(self.ms.url + "/m/stories260K.gguf", "--model-download-attempts", "2")
+        log = self.wait_exit(a, code=1)
+        self.assertIn("answered HTTP 503", log)
+        self.assertIn("2 attempts in a row without progress", log)
+        self.assertEqual(len(self.ms.requests), 2)
 
     def test_hf_spec_and_the_cache(self):
         sd = self.h.path("a.state")
