@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -215,7 +216,7 @@ static void admin_key_usable(void *arg, const gps_auth_key *k)
  * server over the API: make one and leave it, 0600, in the state dir for
  * gpupoolctl and the operator. With auth off (loopback, no keys) nothing
  * is made: an admin key would itself turn auth on. */
-static int ensure_admin_key_at(server *s, char *path, size_t pathlen)
+static int ensure_admin_key_at(server *s, const char *why, char *path, size_t pathlen)
 {
     if (!gps_auth_enabled(s->auth))
         return -1;
@@ -238,7 +239,7 @@ static int ensure_admin_key_at(server *s, char *path, size_t pathlen)
     }
     snprintf(path, pathlen, "%s/admin.key", dir);
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], line[GPS_AUTH_KEY_LEN + 2];
-    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = "generated when auth turned on"};
+    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = why};
     if (gps_auth_key_create_spec(s->auth, &spec, key, id) != 0) {
         gp_log_error("admin_key_failed", "could not create the admin key (out of memory)");
         return -1;
@@ -269,13 +270,14 @@ static int ensure_admin_key_at(server *s, char *path, size_t pathlen)
 static void ensure_admin_key(server *s)
 {
     char path[1100];
-    (void)ensure_admin_key_at(s, path, sizeof path);
+    (void)ensure_admin_key_at(s, "generated at first start", path, sizeof path);
 }
 
 /* gps_admin's hook: POST /admin/keys turned auth on. */
 static int admin_auth_on(void *arg, char *path, size_t pathlen)
 {
-    return ensure_admin_key_at(arg, path, pathlen);
+    return ensure_admin_key_at(arg, "generated when the first key turned auth on", path,
+                               pathlen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -348,9 +350,37 @@ static void collect(gps_metrics *m, void *arg)
     gps_metrics_set(m, "db_memory_bytes", NULL, (double)sqlite3_memory_used());
 }
 
+/* metrics_key set: the scraper must send it as a Bearer token. Compared
+ * in constant time (no timing oracle on a public route). */
+static bool metrics_allowed(server *s, gps_req *r)
+{
+    const char *want = s->cfg.metrics_key;
+    if (!want || !*want)
+        return true;
+    const char *h = gps_req_header(r, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    const char *got = h + 7;
+    size_t wl = strlen(want), gl = strlen(got);
+    unsigned char diff = wl != gl;
+    for (size_t i = 0; i < wl; i++)
+        diff |= (unsigned char)(want[i] ^ (i < gl ? got[i] : 0));
+    return diff == 0;
+}
+
 static void h_metrics(gps_req *r, void *arg)
 {
     server *s = arg;
+    if (!metrics_allowed(s, r)) {
+        char l[64];
+        gps_metrics_label(l, sizeof l, "reason", "metrics_key", (char *)NULL);
+        gps_metrics_add(s->metrics, "auth_failures_total", l, 1);
+        gps_req_add_header(r, "WWW-Authenticate", "Bearer realm=\"gpupool metrics\"");
+        gps_req_error(r, 401, "INVALID_API_KEY",
+                      "GET /metrics needs the metrics key (metrics_key) as a Bearer token",
+                      NULL);
+        return;
+    }
     gp_buf b;
     gp_buf_init(&b);
     struct evbuffer *eb = evbuffer_new();
@@ -547,6 +577,10 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "keys") == 0)
         return keys_main(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("gpupool-server %s\n", SERVER_VERSION);
+        return 0;
+    }
 
     server S;
     memset(&S, 0, sizeof S);
@@ -564,6 +598,7 @@ int main(int argc, char **argv)
     if (cfg.help) {
         printf("usage: gpupool-server [options]\n"
                "       gpupool-server keys create|revoke ... (see gpupool-server keys)\n"
+               "       gpupool-server --version\n"
                "\noptions:\n");
         gp_config_usage(gps_config_table, gps_config_table_len, stdout);
         gp_config_free(&cfg);

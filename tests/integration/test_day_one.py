@@ -168,6 +168,37 @@ class DayOne(harness.TestCase):
         self.assertEqual(r[0], 200, r)
         self.assertEqual(model_agents(self.scrape()), {"new-name": 1})
 
+    def test_version_root_redirect_and_metrics_key(self):
+        r = subprocess.run([harness.SERVER_BIN, "--version"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        mkey = "scrape-secret-0123456789"
+        self.srv = self.h.start_server(["--metrics_key", mkey])
+        st, _, health = harness.http_json("GET", self.srv.url + "/health")
+        self.assertEqual(r.stdout, "gpupool-server %s\n" % health["version"])
+        # A browser opening the address lands on the dashboard.
+        st, hdr, _ = harness.http_request("GET", self.srv.url + "/")
+        self.assertEqual(st, 302)
+        self.assertEqual({k.lower(): v for k, v in hdr.items()}["location"], "/dashboard")
+        # /metrics wants its key; a wrong one is counted and logged.
+        st, _, _ = harness.http_request("GET", self.srv.url + "/metrics")
+        self.assertEqual(st, 401)
+        st, _, _ = harness.http_request("GET", self.srv.url + "/metrics",
+                                        headers={"Authorization": "Bearer " + mkey[:-1] + "x"})
+        self.assertEqual(st, 401)
+        st, _, raw = harness.http_request("GET", self.srv.url + "/metrics",
+                                          headers={"Authorization": "Bearer " + mkey})
+        self.assertEqual(st, 200)
+        self.assertIn('gpupool_auth_failures_total{reason="metrics_key"} 2', raw.decode())
+        # The key is never printed back; a short one is refused at start.
+        r = subprocess.run([harness.SERVER_BIN, "--metrics_key", mkey, "--print-config"],
+                           capture_output=True, text=True, timeout=30, env=self.h.env())
+        self.assertNotIn(mkey, r.stdout)
+        r = subprocess.run([harness.SERVER_BIN, "--metrics_key", "short"],
+                           capture_output=True, text=True, timeout=30, env=self.h.env())
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("metrics_key", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -231,6 +231,15 @@ size_t gps_dashboard_streams(const gps_dashboard *d)
     return d ? d->n_streams : 0;
 }
 
+/* GET /: a person who opens the server's address in a browser lands on the
+ * dashboard (API clients never ask for /). */
+static void h_root(gps_req *r, void *arg)
+{
+    (void)arg;
+    gps_req_add_header(r, "Location", "/dashboard");
+    gps_http_send_reply(r->req, 302, "Found", NULL);
+}
+
 int gps_dashboard_register(gps_http *h, gps_dashboard *d)
 {
     static const struct {
@@ -238,6 +247,7 @@ int gps_dashboard_register(gps_http *h, gps_dashboard *d)
         gps_role role;
         gps_handler_fn fn;
     } routes[] = {
+        {"/", GPS_ROLE_NONE, h_root},
         {"/dashboard", GPS_ROLE_NONE, h_index},
         {"/dashboard/", GPS_ROLE_NONE, h_index},
         {"/dashboard/app.js", GPS_ROLE_NONE, h_js},
