@@ -48,8 +48,8 @@ static const char usage_text[] =
     "  tokens list\n"
     "  tokens revoke ID\n"
     "  agents list\n"
-    "  agents drain ID [--undo]\n"
-    "  agents remove ID [--force]\n"
+    "  agents drain AGENT [--undo]      AGENT: id, name or unique id prefix\n"
+    "  agents remove AGENT [--force]\n"
     "  models pins\n"
     "  models pin NAME SHA256       refuse agents whose file for NAME has another sha256\n"
     "  models unpin NAME\n"
@@ -568,6 +568,60 @@ static int agents_table(const json_t *agents)
     return print_table(t);
 }
 
+/* An agent named on the command line: its full id, its name, or a prefix
+ * of its id that only it has. The id goes to out; 0, or 1 after a message
+ * (no such agent, or several match: they are listed). */
+static int resolve_agent(ctl *c, const char *arg, char *out, size_t outlen)
+{
+    json_t *list = NULL;
+    int rc = call(c, "GET", "/admin/agents", NULL, &list);
+    if (rc)
+        return rc;
+    const json_t *agents = json_object_get(list, "agents");
+    const char *by_name = NULL, *by_prefix = NULL;
+    int n_name = 0, n_prefix = 0;
+    size_t al = strlen(arg), i;
+    json_t *a;
+    json_array_foreach(agents, i, a) {
+        const char *id = jstr(a, "id"), *name = jstr(a, "name");
+        if (!id)
+            continue;
+        if (strcmp(id, arg) == 0) {
+            snprintf(out, outlen, "%s", id);
+            json_decref(list);
+            return 0;
+        }
+        if (name && strcmp(name, arg) == 0) {
+            by_name = id;
+            n_name++;
+        }
+        if (strncmp(id, arg, al) == 0) {
+            by_prefix = id;
+            n_prefix++;
+        }
+    }
+    const char *pick = n_name == 1 ? by_name : n_name == 0 && n_prefix == 1 ? by_prefix : NULL;
+    if (pick) {
+        snprintf(out, outlen, "%s", pick);
+        json_decref(list);
+        return 0;
+    }
+    if (n_name + n_prefix == 0) {
+        fprintf(stderr, "gpupoolctl: no agent has the id, name or id prefix '%s' "
+                        "(gpupoolctl agents list)\n", arg);
+    } else {
+        fprintf(stderr, "gpupoolctl: '%s' names several agents; give the id:\n", arg);
+        json_array_foreach(agents, i, a) {
+            const char *id = jstr(a, "id"), *name = jstr(a, "name");
+            if (id && ((n_name && name && strcmp(name, arg) == 0) ||
+                       (!n_name && strncmp(id, arg, al) == 0)))
+                fprintf(stderr, "  %s  %s\n", id, name ? name : "");
+        }
+    }
+    json_decref(list);
+    return 1;
+}
+
 static int cmd_agents(ctl *c, int argc, char **argv)
 {
     if (argc < 1)
@@ -597,9 +651,11 @@ static int cmd_agents(ctl *c, int argc, char **argv)
         return EXIT_USAGE;
     if (p.npos != 1)
         return usage_error("'agents %s' needs an ID", sub), EXIT_USAGE;
-    char path[256];
+    char path[256], id[128];
     json_t *body = NULL;
-    if (id_path(path, sizeof path, "/admin/agents/", p.pos[0],
+    if ((rc = resolve_agent(c, p.pos[0], id, sizeof id)))
+        return rc;
+    if (id_path(path, sizeof path, "/admin/agents/", id,
                 is_drain ? "/drain" : p.val[0] ? "?force=1" : "") < 0)
         return 1;
     if (is_drain) {
@@ -614,10 +670,10 @@ static int cmd_agents(ctl *c, int argc, char **argv)
     if (c->json)
         print_json(out);
     else if (is_drain)
-        printf("agent %s: %s (%s)\n", p.pos[0], p.val[0] ? "undrained" : "draining",
+        printf("agent %s: %s (%s)\n", id, p.val[0] ? "undrained" : "draining",
                jstr(out, "state") ? jstr(out, "state") : "?");
     else
-        printf("removed agent %s\n", p.pos[0]);
+        printf("removed agent %s\n", id);
     json_decref(out);
     return 0;
 }

@@ -150,6 +150,34 @@ class DayOne(harness.TestCase):
         st, body = fa.poll()
         self.assertEqual((st, body["state"]), (200, "healthy"), body)
 
+    def test_agents_by_name_or_prefix(self):
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        a = FakeAgent(self.srv.url, name="box-1", agent_id="2c0f7e5e-0000-4000-8000-000000000001")
+        b = FakeAgent(self.srv.url, name="box-2", agent_id="2c0f7e5e-0000-4000-8000-000000000002")
+        c = FakeAgent(self.srv.url, name="box-2", agent_id="9a9a9a9a-0000-4000-8000-000000000003")
+        for f in (a, b, c):
+            self.assertEqual(f.poll()[0], 200)
+
+        def state(f):
+            return [x["state"] for x in json.loads(self.ctl("--json", "agents", "list").stdout)
+                    ["agents"] if x["id"] == f.agent_id][0]
+        r = self.ctl("agents", "drain", "box-1")
+        self.assertIn(a.agent_id, r.stdout)
+        self.assertEqual(state(a), "draining")
+        self.ctl("agents", "drain", "9a9")
+        self.assertEqual(state(c), "draining")
+        r = self.ctl("agents", "drain", "box-2", check=False)  # two agents share the name
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(b.agent_id, r.stderr)
+        self.assertIn(c.agent_id, r.stderr)
+        r = self.ctl("agents", "drain", "2c0f", check=False)  # prefix of two ids
+        self.assertEqual(r.returncode, 1)
+        r = self.ctl("agents", "remove", "nobody", check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no agent has", r.stderr)
+        self.ctl("agents", "remove", b.agent_id)
+        self.assertEqual(state(a), "draining")
+
     def test_renamed_model_series_disappears(self):
         self.srv = self.h.start_server(["--poll_interval_sec", "1"])
         fa = FakeAgent(self.srv.url, models=("old-name",), name="renamer")
