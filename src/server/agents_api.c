@@ -378,10 +378,45 @@ static void persist_state(gps_agents *g, registry_agent *a)
         gps_metrics_add(g->metrics, "db_errors_total", NULL, 1);
 }
 
+typedef struct name_probe {
+    const registry_agent *self;
+    const registry_agent *other; /* first other agent with self's name */
+} name_probe;
+
+static void name_one(void *ud, registry_agent *a)
+{
+    name_probe *p = ud;
+    if (!p->other && a != p->self && a->name && strcmp(a->name, p->self->name) == 0)
+        p->other = a;
+}
+
+/* Two agents with one name make logs, legends and `gpupoolctl agents drain
+ * NAME` ambiguous: say so when an agent (re)joins. Not refused: the id is
+ * the identity, and a name may be reused on purpose after a rebuild. */
+static void warn_duplicate_name(gps_agents *g, const registry_agent *a)
+{
+    if (!a->name || !*a->name)
+        return;
+    name_probe p = {a, NULL};
+    registry_foreach(g->reg, name_one, &p);
+    if (!p.other)
+        return;
+    gp_log_write(GP_LOG_WARN, "agent_name_duplicate", NULL,
+                 json_pack("{s:s,s:s,s:s,s:s}", "agent_id", a->id, "name", a->name, "other_id",
+                           p.other->id, "other_state", registry_state_name(p.other->state)),
+                 "agent %s uses the name '%s' of agent %s (%s): give each box its own --name, "
+                 "or forget the old one (gpupoolctl agents remove %s)",
+                 a->id, a->name, p.other->id, registry_state_name(p.other->state), p.other->id);
+}
+
 void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_state,
                               registry_state new_state, const char *reason, uint64_t now_ms)
 {
     gps_agents *g = ud;
+    if (g->reg && (old_state == REGISTRY_REGISTERING || old_state == REGISTRY_OFFLINE ||
+                   old_state == REGISTRY_DEAD) &&
+        (new_state == REGISTRY_HEALTHY || new_state == REGISTRY_DRAINING))
+        warn_duplicate_name(g, a);
     gp_log_level lvl = new_state == REGISTRY_DEAD || new_state == REGISTRY_SUSPECT
                            ? GP_LOG_WARN
                            : GP_LOG_INFO;

@@ -157,6 +157,10 @@ class DayOne(harness.TestCase):
         c = FakeAgent(self.srv.url, name="box-2", agent_id="9a9a9a9a-0000-4000-8000-000000000003")
         for f in (a, b, c):
             self.assertEqual(f.poll()[0], 200)
+        # The second box-2 is warned about, once, naming the first.
+        dup = self.srv.log_events("agent_name_duplicate")
+        self.assertEqual([(d["agent_id"], d["other_id"]) for d in dup],
+                         [(c.agent_id, b.agent_id)])
 
         def state(f):
             return [x["state"] for x in json.loads(self.ctl("--json", "agents", "list").stdout)
