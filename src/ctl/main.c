@@ -277,11 +277,16 @@ static const char *limit_str(int64_t v, char *buf, size_t len)
 
 static const char *key_state(const json_t *k, int64_t now)
 {
+    const char *s = jstr(k, "state"); /* the server's word, when it sends one */
+    if (s)
+        return strcmp(s, "used_up") == 0 ? "used up" : s;
     if (jint(k, "revoked_at"))
         return "revoked";
     int64_t exp = jint(k, "expires_at");
     if (exp && exp <= now)
         return "expired";
+    if (jint(k, "max_uses") > 0 && jint(k, "uses") >= jint(k, "max_uses"))
+        return "used up";
     return "active";
 }
 

@@ -444,7 +444,13 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
     memset(&u, 0, sizeof u);
     if (a->limits)
         gps_limits_get_usage(a->limits, k->id, now, &u);
-    return json_pack(
+    /* One word for tables: a token whose uses are spent refuses every
+     * enrollment like a revoked one, and should look like it. */
+    const char *state = k->revoked_at                              ? "revoked"
+                        : k->expires_at && now >= k->expires_at    ? "expired"
+                        : k->max_uses > 0 && k->uses >= k->max_uses ? "used_up"
+                                                                    : "active";
+    json_t *o = json_pack(
         "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "id", k->id,
         "role", gps_key_role_name(k->role), "name", k->name ? k->name : "", "agent_id",
         str_or_null(k->agent_id), "created_at", (json_int_t)k->created_at, "expires_at",
@@ -455,6 +461,11 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
         "completion_tokens", (json_int_t)u.completion_tokens, "rate_limited",
         (json_int_t)u.rate_limited, "running", (json_int_t)u.running, "waiting",
         (json_int_t)u.waiting);
+    if (o && json_object_set_new(o, "state", json_string(state)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 typedef struct key_list {

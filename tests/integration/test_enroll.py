@@ -142,10 +142,15 @@ class TestEnrollAgent(EnrollBase):
             self.assertEqual(f.read().strip(), key)
 
     def test_used_up_token_refused(self):
-        tok, _ = self.make_token(max_uses=1)
+        tok, tid = self.make_token(max_uses=1)
+        self.assertEqual([k["state"] for k in self.keys("enrollment") if k["id"] == tid],
+                         ["active"])
         a1 = self.start_agent(token=tok)
         harness.wait_until(lambda: os.path.exists(self.key_file(a1)),
                            timeout=harness.START_TIMEOUT, what="first agent enrolls")
+        # Shown as used up, not active, once its one use is spent.
+        self.assertEqual([k["state"] for k in self.keys("enrollment") if k["id"] == tid],
+                         ["used_up"])
         a2 = self.start_agent(token=tok)
         rc = self.wait_exit(a2)
         self.assertNotEqual(rc, 0)
