@@ -1025,6 +1025,43 @@ static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const 
                   NULL);
 }
 
+/* POST /agents/check: would this credential get an agent in? An agent asks
+ * before a long model download, so that a bad key fails in a second, not
+ * after hours. Public at the http layer (an enrollment token must get an
+ * answer too); changes nothing: no binding, no use spent. 200 {"role":
+ * "agent"|"enrollment"|null (auth off)} or the refusal enrollment gives. */
+static void h_check(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    if (!g->auth || !gps_auth_enabled(g->auth)) {
+        gps_http_send_json(r->req, 200, json_pack("{s:n}", "role"));
+        return;
+    }
+    const char *cred = gps_req_header(r, "Authorization");
+    const gps_auth_key *k = NULL;
+    gps_auth_result res = gps_auth_check(g->auth, cred, GPS_KEY_AGENT, &k);
+    if (res == GPS_AUTH_OK) {
+        gps_http_send_json(r->req, 200, json_pack("{s:s}", "role", "agent"));
+        return;
+    }
+    if (res == GPS_AUTH_WRONG_ROLE) {
+        k = NULL;
+        res = gps_auth_check(g->auth, cred, GPS_KEY_ENROLLMENT, &k);
+        if (res == GPS_AUTH_OK && k && k->max_uses > 0 && k->uses >= k->max_uses)
+            res = GPS_AUTH_EXHAUSTED;
+        if (res == GPS_AUTH_OK) {
+            gps_http_send_json(r->req, 200, json_pack("{s:s}", "role", "enrollment"));
+            return;
+        }
+    }
+    gps_req_add_header(r, "x-should-retry", "false");
+    gps_req_error(r, gps_auth_result_status(res), enroll_code(res),
+                  res == GPS_AUTH_WRONG_ROLE ? "this key is neither an agent key nor an "
+                                               "enrollment token"
+                                             : enroll_message(res, k),
+                  NULL);
+}
+
 /* POST /agents/enroll: public route (the http layer does not check it);
  * the enrollment token is checked here so that each refusal gets its own
  * code. The credential is checked (once) before the body is read, then
@@ -1251,6 +1288,9 @@ int gps_agents_register(gps_http *h, gps_agents *g)
                              GPS_ROLE_AGENT, h_events_batch, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/deregister", GPS_DIALECT_NATIVE,
                              GPS_ROLE_AGENT, h_deregister, g);
+    /* Public at the http layer: h_check answers for any credential. */
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/check", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_NONE, h_check, g);
     return rc ? -1 : 0;
 }
 

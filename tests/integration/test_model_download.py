@@ -251,6 +251,20 @@ class ModelDownloadTest(harness.TestCase):
         self.assertEqual(self.ms.requests[-1],
                          ("/someone/tiny-stories/resolve/v2/stories260K.gguf", None))
 
+    def test_refused_credentials_fail_before_the_download(self):
+        # auth on, and a token the server does not know: the agent asks
+        # POST /agents/check first and never starts the download.
+        srv = self.h.start_server(["--auth", "on"])
+        sd = self.h.path("a.state")
+        a = self.h.start_agent(srv, args=["--model", self.ms.url + "/m/stories260K.gguf",
+                                          "--threads", "1", "--token", "gpk_" + "0" * 64],
+                               state_dir=sd)
+        log = self.wait_exit(a, code=2)
+        self.assertTrue(a.log_events("auth_refused"), log[-3000:])
+        self.assertIn("not downloading the model", log)
+        self.assertEqual(self.ms.requests, [])
+        self.assertEqual(self.cache_files(sd), [])
+
     def test_bad_specs_fail_at_start(self):
         for spec, msg in (("hf:onlyowner", "not hf:OWNER/REPO/PATH"),
                           ("hf:o/r/../x.gguf", "not hf:OWNER/REPO/PATH"),
