@@ -94,6 +94,16 @@ class DayOne(harness.TestCase):
         self.assertIn("--token", lines[0]["msg"])
         self.assertIn("tokens create", lines[0]["msg"])
 
+    def test_key_added_offline_then_reload(self):
+        self.srv = self.h.start_server([])
+        self.h.create_key(self.srv.db, "client", "offline")
+        self.srv.signal(signal.SIGHUP)
+        admin_path = os.path.join(self.h.tmp, "admin.key")
+        harness.wait_until(lambda: os.path.exists(admin_path), timeout=20,
+                           what="admin.key after the reload turned auth on")
+        self.assertEqual(stat.S_IMODE(os.stat(admin_path).st_mode), 0o600)
+        self.ctl("--key-file", admin_path, "keys", "list")
+
     def test_admin_key_first_needs_no_file(self):
         self.srv = self.h.start_server([])
         r = self.ctl("--json", "keys", "create", "--role", "admin", "--name", "ops")
