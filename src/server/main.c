@@ -284,7 +284,8 @@ static int admin_auth_on(void *arg, char *path, size_t pathlen)
 /* Auth hook, health, metrics                                          */
 /* ------------------------------------------------------------------ */
 
-static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65])
+static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65],
+                     const char *client)
 {
     server *s = arg;
     key_id[0] = '\0';
@@ -302,9 +303,9 @@ static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65]
     gps_metrics_label(l, sizeof l, "reason", gps_auth_result_name(r), (char *)NULL);
     gps_metrics_add(s->metrics, "auth_failures_total", l, 1);
     gp_log_write(GP_LOG_WARN, "auth_failed", NULL,
-                 json_pack("{s:s,s:s}", "reason", gps_auth_result_name(r), "key_id",
-                           k ? k->id : ""),
-                 "request refused");
+                 json_pack("{s:s,s:s,s:s}", "reason", gps_auth_result_name(r), "key_id",
+                           k ? k->id : "", "client", client ? client : "?"),
+                 "request refused (client %s)", client ? client : "?");
     return gps_auth_result_status(r);
 }
 
@@ -762,6 +763,7 @@ int main(int argc, char **argv)
         .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
         .max_inflight_body_bytes = (size_t)s->cfg.max_inflight_body_bytes,
         .header_timeout_sec = (int)s->cfg.header_timeout_sec,
+        .trusted_proxies = s->cfg.trusted_proxies,
         .body_timeout_sec = (int)s->cfg.body_timeout_sec,
     };
     s->http = gps_http_new(s->base, &hopts);

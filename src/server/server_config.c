@@ -105,6 +105,9 @@ const gp_opt gps_config_table[] = {
     {"log_prompts", GP_OPT_BOOL, O(log_prompts), "false", 0, 0, NULL,
      "store prompts and outputs in the job log (native tasks keep theirs regardless: "
      "that makes them durable)"},
+    {"trusted_proxies", GP_OPT_STR, O(trusted_proxies), "", 0, 0, NULL,
+     "comma-separated IP addresses of reverse proxies whose X-Forwarded-For gives the "
+     "client address in auth-failure logs (exact addresses; default none)"},
     {"metrics_key", GP_OPT_STR, O(metrics_key), "", 0, 0, NULL,
      "when set, GET /metrics needs 'Authorization: Bearer <this>' (16+ characters; "
      "better GPUPOOL_METRICS_KEY in the environment)"},

@@ -94,6 +94,25 @@ class DayOne(harness.TestCase):
         self.assertIn("--token", lines[0]["msg"])
         self.assertIn("tokens create", lines[0]["msg"])
 
+    def test_client_address_in_auth_failures(self):
+        bad = {"Authorization": "Bearer gpk_" + "2" * 64}
+
+        def clients(srv, xff):
+            n = len(srv.log_events("auth_failed"))
+            st, _, _ = harness.http_request("GET", srv.url + "/v1/models",
+                                            headers=dict(bad, **{"X-Forwarded-For": xff}))
+            self.assertEqual(st, 401)
+            return [e["client"] for e in srv.log_events("auth_failed")[n:]]
+        # No trusted proxy: the peer is the client, whatever the header says.
+        plain = self.h.start_server(["--auth", "on"])
+        self.assertEqual(clients(plain, "203.0.113.9"), ["127.0.0.1"])
+        # Behind a trusted proxy: the nearest address it did not add itself.
+        self.srv = self.h.start_server(["--auth", "on", "--trusted_proxies",
+                                        "10.0.0.1, 127.0.0.1"])
+        self.assertEqual(clients(self.srv, "198.51.100.1, 203.0.113.7, 10.0.0.1"),
+                         ["203.0.113.7"])
+        self.assertEqual(clients(self.srv, "10.0.0.1"), ["10.0.0.1"])
+
     def test_key_added_offline_then_reload(self):
         self.srv = self.h.start_server([])
         self.h.create_key(self.srv.db, "client", "offline")

@@ -76,7 +76,11 @@ struct gps_req {
  * Anthropic dialect, the x-api-key value; NULL when absent. Return 0 and
  * fill key_id (may be "") to allow, or the HTTP status to refuse with
  * (401, 403). Installed by main; without one every request is allowed. */
-typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65]);
+/* client: the request's client address for logs: the peer's IP, or, when
+ * the peer is one of opts.trusted_proxies, the nearest untrusted address of
+ * its X-Forwarded-For ("?" when unknown). */
+typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65],
+                           const char *client);
 
 /* Limits (0 = no limit for the last three). See docs/operations.md,
  * "Limits and hostile peers". */
@@ -87,6 +91,10 @@ typedef struct gps_http_opts {
     size_t max_inflight_body_bytes; /* body bytes being received, all connections */
     int header_timeout_sec;         /* whole request head, from its first byte */
     int body_timeout_sec;           /* whole body, from the end of the head */
+    /* Comma-separated IP addresses of reverse proxies whose X-Forwarded-For
+     * is believed for the client address in logs (borrowed; NULL or "":
+     * none, the peer's address is the client's). */
+    const char *trusted_proxies;
 } gps_http_opts;
 
 /* New server on base. Returns NULL on allocation failure. */
@@ -149,6 +157,7 @@ typedef struct gps_head {
     char auth[512];            /* Authorization, trimmed ("" when blank) */
     char api_key[512];         /* x-api-key, trimmed */
     char corr[65];             /* X-Correlation-Id when sane, else "" */
+    char xff[256];             /* the last X-Forwarded-For, trimmed ("" when absent) */
     char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;
 } gps_head;
