@@ -236,8 +236,19 @@ size_t gps_dashboard_streams(const gps_dashboard *d)
 static void h_root(gps_req *r, void *arg)
 {
     (void)arg;
+    static const char body[] = "gpupool-server: the dashboard is at /dashboard\n";
+    struct evbuffer *eb = evbuffer_new();
+    if (!eb) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    evbuffer_add(eb, body, sizeof body - 1);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "text/plain; charset=utf-8");
     gps_req_add_header(r, "Location", "/dashboard");
-    gps_http_send_reply(r->req, 302, "Found", NULL);
+    gps_http_send_reply(r->req, 302, "Found", eb);
+    evbuffer_free(eb);
 }
 
 int gps_dashboard_register(gps_http *h, gps_dashboard *d)
