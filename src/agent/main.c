@@ -9,7 +9,8 @@
  *                 [--alias NAME] [--config FILE] [--print-config]
  *
  * Signals: SIGTERM/SIGINT drain (announce "draining", finish running jobs up
- * to drain-timeout-sec, exit 0); a second one stops at once (exit 1).
+ * to drain-timeout-sec, deregister, exit 0); a second one stops at once
+ * (exit 1). A model download: 0 stopped, 1 may succeed later, 2 will not.
  * Signals are taken by a dedicated thread (sigwait) so that the loop is
  * woken through agent_stop, never interrupted.
  */
