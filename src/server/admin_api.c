@@ -516,7 +516,7 @@ static void h_keys_list(gps_req *r, void *arg)
  * auth on. With an admin key just made, the caller holds one already. */
 static json_t *auth_turned_on(gps_admin *a, gps_key_role role)
 {
-    char path[1100] = "", msg[1400];
+    char path[1100] = "", msg[2600]; /* the path appears twice */
     bool wrote = role != GPS_KEY_ADMIN && a->auth_on &&
                  a->auth_on(a->auth_on_arg, path, sizeof path) == 0;
     if (role == GPS_KEY_ADMIN)
