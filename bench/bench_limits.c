@@ -24,7 +24,7 @@ static double per_call_ns(gps_limits *l, const char *id, int n)
     for (int i = 0; i < n; i++) {
         /* Step the clock so the rpm bucket keeps refilling: every call
          * takes the admit path, not the refusal. */
-        gps_limits_admit(l, id, now + i, &retry);
+        gps_limits_admit(l, id, now + i, 0, &retry);
         if (gps_limits_may_start(l, id)) {
             gps_limits_started(l, id);
             gps_limits_ended(l, id);

@@ -77,6 +77,7 @@ struct agent_job {
     /* --- loop thread only --- */
     bool cancelled;         /* server said stop: drop events, upload nothing */
     bool cancel_sent;       /* backend->job_cancel already called */
+    bool upload_refused;    /* its events were refused once: an error event replaced them */
     req *upload;            /* upload in flight, or NULL */
     uint64_t next_upload_ms;
     uint64_t failing_since_ms; /* 0 = last upload fine */
@@ -300,19 +301,50 @@ static void sink_stop_sequence(void *ctx, const char *seq)
     pthread_mutex_unlock(&j->a->mu);
 }
 
+/* What the server accepts of upstream values (src/server/fleet/agent_check.h:
+ * GPS_AGENT_MAX_UPSTREAM_META, GPS_AGENT_MAX_TOKENS). An upstream beyond
+ * them would make the server refuse the whole upload: such values are
+ * dropped here, with a warning (issue 25). */
+#define AGENT_MAX_UPSTREAM_META 4096
+#define AGENT_MAX_TOKENS 1000000000LL
+
 static void sink_upstream_meta(void *ctx, json_t *meta)
 {
     agent_job *j = ctx;
     json_t *copy = json_is_object(meta) ? json_deep_copy(meta) : NULL;
+    size_t n = copy ? json_dumpb(copy, NULL, 0, JSON_COMPACT) : 0;
+    if (n > AGENT_MAX_UPSTREAM_META) {
+        gp_log_write(GP_LOG_WARN, "upstream_value_dropped", j->correlation_id,
+                     json_pack("{s:s,s:s,s:I}", "job_id", j->id, "field", "x_pool_meta",
+                               "bytes", (json_int_t)n),
+                     "the upstream's x_pool_meta is over %d bytes: not passed on",
+                     AGENT_MAX_UPSTREAM_META);
+        json_decref(copy);
+        copy = NULL;
+    }
     pthread_mutex_lock(&j->a->mu);
     json_decref(j->upstream_meta);
     j->upstream_meta = copy;
     pthread_mutex_unlock(&j->a->mu);
 }
 
+/* A token count from the upstream, or -1 (unknown) when absurd. */
+static long long sane_count(agent_job *j, const char *field, long long v)
+{
+    if (v <= AGENT_MAX_TOKENS)
+        return v;
+    gp_log_write(GP_LOG_WARN, "upstream_value_dropped", j->correlation_id,
+                 json_pack("{s:s,s:s,s:I}", "job_id", j->id, "field", field, "value",
+                           (json_int_t)v),
+                 "the upstream reported %lld %s: not passed on", v, field);
+    return -1;
+}
+
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
 {
     agent_job *j = ctx;
+    pt = sane_count(j, "prompt_tokens", pt);
+    ct = sane_count(j, "completion_tokens", ct);
     json_t *usage = json_object();
     if (pt >= 0)
         json_object_set_new(usage, "prompt_tokens", json_integer(pt));
@@ -997,6 +1029,25 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         pthread_mutex_lock(&a->mu);
         agent_evq_rewind(&j->q, exp > 0 ? (size_t)exp : 0);
         pthread_mutex_unlock(&a->mu);
+        return;
+    }
+    if (rc == CURLE_OK && status == 400 && !j->upload_refused) {
+        /* The server refused what the events say (a value out of its
+         * bounds): without a word the client would wait for the deadline
+         * (issue 25). The refused events make way for an error event that
+         * ends the job now, and the backend stops. */
+        j->upload_refused = true;
+        char msg[600];
+        snprintf(msg, sizeof msg, "the server refused this job's events: %.500s",
+                 error_text(body));
+        gp_log_write(GP_LOG_WARN, "upload_refused", j->correlation_id,
+                     json_pack("{s:s,s:s}", "job_id", j->id, "error", error_text(body)),
+                     "server refused events for job %s (HTTP 400): failing it", j->id);
+        pthread_mutex_lock(&a->mu);
+        agent_evq_replace_rest(&j->q, json_pack("{s:s,s:s,s:s}", "type", "error", "code",
+                                                "AGENT_UPLOAD_REFUSED", "message", msg));
+        pthread_mutex_unlock(&a->mu);
+        job_cancel(a, j);
         return;
     }
     if (rc == CURLE_OK && status >= 400 && status < 500 && status != 408 &&

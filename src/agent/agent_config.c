@@ -66,6 +66,10 @@ const gp_opt agent_config_table[] = {
      "GPUPOOL_MODEL_TOKEN in the environment)"},
     {"model-download-attempts", GP_OPT_INT, O(model_download_attempts), "8", 1, 1000, NULL,
      "gguf backend: download attempts in a row without progress before giving up"},
+    {"model-max-bytes", GP_OPT_INT, O(model_max_bytes), "1099511627776", 1024,
+     1125899906842624LL, NULL,
+     "gguf backend: largest model file a download accepts (larger: refused, the partial "
+     "file removed)"},
     {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
      "gguf backend: CPU threads (0 = all cores)"},
     {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,

@@ -44,6 +44,7 @@ typedef struct agent_options {
     char *hf_endpoint;         /* base URL that hf: specs resolve against */
     char *model_token;         /* Bearer token for the model download, or NULL */
     long long model_download_attempts; /* attempts in a row without progress */
+    long long model_max_bytes;   /* largest model file a download accepts */
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's; auto on a GPU) */
     char *backend;             /* auto|cuda|cpu: where the engine runs the model (NULL, in

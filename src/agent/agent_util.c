@@ -196,6 +196,16 @@ void agent_evq_rewind(agent_evq *q, size_t expected_seq)
     q->inflight = 0;
 }
 
+void agent_evq_replace_rest(agent_evq *q, json_t *ev)
+{
+    size_t n = agent_evq_len(q);
+    while (n > q->acked)
+        json_array_remove(q->events, --n);
+    q->inflight = 0;
+    q->terminal = false;
+    agent_evq_push(q, ev);
+}
+
 bool agent_evq_done(const agent_evq *q)
 {
     return q->terminal && q->inflight == 0 && q->acked == agent_evq_len(q);

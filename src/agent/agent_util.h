@@ -78,6 +78,10 @@ void agent_evq_nack(agent_evq *q);
 /* The server expects seq next (409 SEQ_GAP or a partial ack): resend from
  * there. Clamped to the events we have. */
 void agent_evq_rewind(agent_evq *q, size_t expected_seq);
+/* The events from the first unacknowledged one on were refused by the
+ * server (400: not what it accepts): they are dropped and ev (reference
+ * stolen; an error event) ends the queue in their place. */
+void agent_evq_replace_rest(agent_evq *q, json_t *ev);
 /* Every event, including a terminal one, acknowledged. */
 bool agent_evq_done(const agent_evq *q);
 size_t agent_evq_len(const agent_evq *q);

@@ -66,6 +66,7 @@ typedef struct oai_job {
     long long count_estimate; /* count: method 3's answer */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
+    char pool_via[160];     /* X-Pool-Via header line, or "" */
     CURLM *multi;           /* owned; freed after the thread is joined */
     pthread_t th;
     atomic_bool cancel;
@@ -495,6 +496,11 @@ static struct curl_slist *job_headers(oai_job *j)
             goto oom;
         h = n;
     }
+    if (j->pool_via[0]) {
+        if (!(n = curl_slist_append(h, j->pool_via)))
+            goto oom;
+        h = n;
+    }
     if (j->pool_options) {
         if (!(n = curl_slist_append(h, j->pool_options)))
             goto oom;
@@ -887,6 +893,11 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
     if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
         j->correlation_id = strdup(cid);
+    /* The pools the job came through: an upstream pool refuses a loop
+     * (docs/protocol.md). Ids and separators only, bounded by the server. */
+    const char *via = json_string_value(json_object_get(job, "pool_via"));
+    if (via && strlen(via) < 128 && strspn(via, "0123456789abcdefABCDEF, ") == strlen(via))
+        snprintf(j->pool_via, sizeof j->pool_via, "X-Pool-Via: %s", via);
     if (pool_options_header(job, &j->pool_options) < 0) {
         job_free(j);
         snprintf(err, errlen, "out of memory");

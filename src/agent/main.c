@@ -179,6 +179,7 @@ static int fetch_model(agent_options *o, char *err, size_t errlen)
         .token = o->model_token,
         .ca_file = o->ca_file,
         .max_attempts = (int)o->model_download_attempts,
+        .max_bytes = o->model_max_bytes,
         .progress_bar = isatty(STDERR_FILENO) == 1,
     };
     int fr = model_fetch(&fo, stop_pending, path, sizeof path, err, errlen);

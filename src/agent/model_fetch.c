@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,6 +137,8 @@ typedef struct fetch {
     bool restart;          /* a 200 to a range request: the file starts over */
     bool write_failed;
     int write_errno;
+    bool too_big;          /* over max_bytes: refused, the .part goes */
+    char location[256];    /* Location of the last response ("" none) */
     uint64_t last_report_ms;
     int last_decile;
     long long attempt_start; /* have at the start of this attempt */
@@ -232,8 +235,22 @@ static size_t on_header(char *buf, size_t size, size_t n, void *ud)
         const char *sp = memchr(buf, ' ', len);
         f->status = sp ? strtol(sp + 1, NULL, 10) : 0;
         f->body_ok = false;
+        f->location[0] = '\0';
+    } else if (len > 9 && strncasecmp(buf, "location:", 9) == 0) {
+        size_t s = 9;
+        while (s < len && (buf[s] == ' ' || buf[s] == '\t'))
+            s++;
+        size_t e = len;
+        while (e > s && (buf[e - 1] == '\r' || buf[e - 1] == '\n' || buf[e - 1] == ' '))
+            e--;
+        snprintf(f->location, sizeof f->location, "%.*s", (int)(e - s), buf + s);
     }
     return len;
+}
+
+static long long max_bytes(const fetch *f)
+{
+    return f->o->max_bytes > 0 ? f->o->max_bytes : MODEL_FETCH_DEFAULT_MAX_BYTES;
 }
 
 /* Decide, at the first byte of the final response's body, what it is. */
@@ -261,6 +278,10 @@ static bool start_body(fetch *f, CURL *easy)
     } else {
         return false;
     }
+    if (f->total > max_bytes(f)) {
+        f->too_big = true;
+        return false;
+    }
     f->body_ok = true;
     return true;
 }
@@ -278,8 +299,12 @@ static size_t on_body(char *buf, size_t size, size_t n, void *ud)
     if (f->status != 200 && f->status != 206)
         return len; /* an error page: read and drop it (the status says it all) */
     if (!f->body_ok && !start_body(f, w->easy)) {
-        f->write_failed = true;
+        f->write_failed = !f->too_big;
         f->write_errno = errno;
+        return 0;
+    }
+    if (f->have + (long long)len > max_bytes(f)) {
+        f->too_big = true; /* an endless body, or a Content-Length that lied */
         return 0;
     }
     size_t done = 0;
@@ -332,7 +357,10 @@ static attempt_rc attempt(fetch *f, const char *url, char *err, size_t errlen)
     curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 1L); /* hf resolve URLs redirect to a CDN */
     curl_easy_setopt(easy, CURLOPT_MAXREDIRS, 10L);
     curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    /* Never from https down to http (a redirect could hand the download
+     * to anyone on the path). */
+    curl_easy_setopt(easy, CURLOPT_REDIR_PROTOCOLS_STR,
+                     strncmp(url, "https://", 8) == 0 ? "https" : "http,https");
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT, 30L);
     /* No overall timeout (models are GBs): a stalled transfer is one that
      * moves under 1 KiB/s for 60 s. */
@@ -367,6 +395,11 @@ static attempt_rc attempt(fetch *f, const char *url, char *err, size_t errlen)
         snprintf(err, errlen, "stopped; %lld bytes kept for a resume", f->have);
         goto done;
     }
+    if (f->too_big) {
+        snprintf(err, errlen, "%s is larger than %lld bytes (model-max-bytes): refused", url,
+                 max_bytes(f));
+        goto done;
+    }
     if (f->write_failed) {
         snprintf(err, errlen, "cannot write the model file: %s", strerror(f->write_errno));
         goto done;
@@ -385,12 +418,24 @@ static attempt_rc attempt(fetch *f, const char *url, char *err, size_t errlen)
         rc = ATTEMPT_RETRY;
         goto done;
     }
+    if (f->status >= 300 && f->status < 400 && strncmp(url, "https://", 8) == 0 &&
+        strncasecmp(f->location, "http://", 7) == 0) {
+        /* libcurl did not follow it (REDIR_PROTOCOLS): say why. */
+        snprintf(err, errlen, "%s redirected to %.200s: refused (from https only to https)", url,
+                 f->location);
+        goto done;
+    }
     if (f->status != 0 && f->status != 200 && f->status != 206) {
         snprintf(err, errlen, "%s answered HTTP %ld", url, f->status);
         /* Server-side trouble and rate limits may pass; anything else (404,
          * 401, 403) will not. */
         rc = f->status >= 500 || f->status == 429 || f->status == 408 ? ATTEMPT_RETRY
                                                                        : ATTEMPT_FATAL;
+        goto done;
+    }
+    if (cc == CURLE_UNSUPPORTED_PROTOCOL) {
+        snprintf(err, errlen, "%s redirected to a protocol that is refused (from https only to "
+                 "https): %s", url, curl_easy_strerror(cc));
         goto done;
     }
     if (cc != CURLE_OK) {
@@ -492,8 +537,11 @@ int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path
         attempt_rc ar = attempt(&f, url, err, errlen);
         if (ar == ATTEMPT_DONE)
             break;
-        if (ar == ATTEMPT_FATAL)
+        if (ar == ATTEMPT_FATAL) {
+            if (f.too_big)
+                unlink(part); /* nothing of it will ever be used */
             goto done;
+        }
         if (f.have > before || f.restart) {
             failures = 0;
             backoff = 1000;

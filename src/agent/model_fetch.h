@@ -13,12 +13,18 @@
  * when complete, so a crash never leaves a truncated model under the final
  * name. A file already in the cache is used without a request (after its
  * sha256 check when one is given; a mismatch downloads it again).
+ *
+ * Bounds (issue 25): a file larger than max_bytes (by its Content-Length,
+ * or as its bytes arrive) is refused and its .part removed; a download
+ * that starts on https:// follows redirects to https:// only.
  */
 #ifndef GPUPOOL_AGENT_MODEL_FETCH_H
 #define GPUPOOL_AGENT_MODEL_FETCH_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#define MODEL_FETCH_DEFAULT_MAX_BYTES (1LL << 40) /* 1 TiB */
 
 typedef struct model_fetch_opts {
     const char *spec;        /* what --model said: URL or hf:... */
@@ -29,6 +35,7 @@ typedef struct model_fetch_opts {
     const char *token;       /* Bearer token sent with the download, or NULL */
     const char *ca_file;     /* PEM bundle for https, or NULL (system CAs) */
     int max_attempts;        /* connection attempts without progress before giving up */
+    long long max_bytes;     /* largest file accepted (0: MODEL_FETCH_DEFAULT_MAX_BYTES) */
     bool progress_bar;       /* a terminal: draw a bar on stderr; else log lines */
 } model_fetch_opts;
 

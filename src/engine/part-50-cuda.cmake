@@ -40,8 +40,11 @@ if(_gpe_cuda_want)
   if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
     set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
   endif()
+  # A cache entry, not a directory variable: test_cuda (tests/unit/engine)
+  # compiles the backend's objects too and must see the same list.
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;86-real;89-real;90")
+    set(CMAKE_CUDA_ARCHITECTURES "75-real;80-real;86-real;89-real;90" CACHE STRING
+        "CUDA architectures of the kernels")
   endif()
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)

@@ -105,8 +105,11 @@ int gps_admin_parse_key_create(const json_t *body, int64_t now_wall_ms, gps_key_
     spec->expires_at = exp > 0 ? now_wall_ms + exp * 1000 : 0;
     if (parse_limit_fields(body, &spec->limits, msg, msglen, param) < 0)
         return -1;
-    if (opt_count(body, "max_uses", &spec->max_uses) < 0)
+    int given = opt_count(body, "max_uses", &spec->max_uses);
+    if (given < 0)
         FAIL("max_uses", "'max_uses' must be a non-negative integer (0 = unlimited)");
+    if (given == 0 && spec->role == GPS_KEY_ENROLLMENT)
+        spec->max_uses = GPS_ENROLL_DEFAULT_MAX_USES;
     if (spec->max_uses > 0 && spec->role != GPS_KEY_ENROLLMENT)
         FAIL("max_uses", "'max_uses' applies to enrollment tokens only");
     return 0;
@@ -451,7 +454,8 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
                         : k->max_uses > 0 && k->uses >= k->max_uses ? "used_up"
                                                                     : "active";
     json_t *o = json_pack(
-        "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I}}", "id", k->id,
+        "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "id",
+        k->id,
         "role", gps_key_role_name(k->role), "name", k->name ? k->name : "", "agent_id",
         str_or_null(k->agent_id), "created_at", (json_int_t)k->created_at, "expires_at",
         wall_or_null(k->expires_at), "revoked_at", wall_or_null(k->revoked_at), "last_used_at",
@@ -460,7 +464,7 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
         (json_int_t)u.requests, "prompt_tokens", (json_int_t)u.prompt_tokens,
         "completion_tokens", (json_int_t)u.completion_tokens, "rate_limited",
         (json_int_t)u.rate_limited, "running", (json_int_t)u.running, "waiting",
-        (json_int_t)u.waiting);
+        (json_int_t)u.waiting, "reserved_tokens", (json_int_t)u.reserved_tokens);
     if (o && json_object_set_new(o, "state", json_string(state)) < 0) {
         json_decref(o);
         return NULL;

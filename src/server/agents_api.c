@@ -565,6 +565,22 @@ static void h_poll(gps_req *r, void *arg)
         json_decref(body);
         return;
     }
+    size_t max_agents = g->opts.max_agents > 0 ? (size_t)g->opts.max_agents : 1024;
+    if (!registry_get(g->reg, f.agent_id) && registry_count(g->reg) >= max_agents) {
+        registry_facts_free(&f);
+        json_decref(body);
+        gp_log_write(GP_LOG_WARN, "agent_limit", r->correlation_id,
+                     json_pack("{s:I}", "max_agents", (json_int_t)max_agents),
+                     "a new agent was refused: the server knows max_agents agents");
+        gps_req_add_header(r, "Retry-After", "60");
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "the server knows %zu agents (max_agents), dead ones included: an admin must "
+                 "remove some (DELETE /admin/agents/{id}) before a new one can register",
+                 max_agents);
+        gps_req_error(r, 503, "AGENT_LIMIT", msg, NULL);
+        return;
+    }
     /* Models whose file does not match an operator's pin never reach the
      * registry: nothing can be routed to them (pins.h). */
     size_t refused = g->pins ? gps_pins_filter(g->pins, &f) : 0;

@@ -50,6 +50,10 @@ typedef struct gps_agents_opts {
      * ms, unless a new long-poll from it arrives first (docs/protocol.md
      * "Liveness"). 0 = the default, 1000. */
     int disconnect_grace_ms;
+    /* Agents the registry holds at most (any state): a poll from a new
+     * agent_id beyond it is refused (503 AGENT_LIMIT) until an admin
+     * removes some. 0 = the default, 1024. */
+    int max_agents;
 } gps_agents_opts;
 
 /* Create the agents side. reg/sched/jobs are attached afterwards with

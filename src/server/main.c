@@ -188,6 +188,8 @@ static int keys_main(int argc, char **argv)
         .limits = {.rpm = v[1], .tokens_per_day = v[2], .max_concurrent = v[3]},
         .max_uses = v[4],
     };
+    if (!nums[4] && spec.role == GPS_KEY_ENROLLMENT)
+        spec.max_uses = GPS_ENROLL_DEFAULT_MAX_USES;
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
     if (gps_auth_key_create_spec_db(db, mig, &spec, key, id, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-server keys create: %s\n", err);
@@ -307,6 +309,13 @@ static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65]
                            k ? k->id : "", "client", client ? client : "?"),
                  "request refused (client %s)", client ? client : "?");
     return gps_auth_result_status(r);
+}
+
+/* Home mode: auth off (loopback listeners, no key). */
+static bool home_hook(void *arg)
+{
+    server *s = arg;
+    return !gps_auth_enabled(s->auth);
 }
 
 static void h_health(gps_req *r, void *arg)
@@ -701,6 +710,7 @@ int main(int argc, char **argv)
         .work_wait_sec = (int)s->cfg.work_wait_sec,
         .agent_timeout_sec = (int)s->cfg.agent_timeout_sec,
         .disconnect_grace_ms = (int)s->cfg.agent_disconnect_grace_ms,
+        .max_agents = (int)s->cfg.max_agents,
     };
     s->agents = gps_agents_new(s->base, &aopts, s->store, s->metrics);
     if (!s->agents)
@@ -762,6 +772,7 @@ int main(int argc, char **argv)
         .max_header_bytes = (size_t)s->cfg.max_header_bytes,
         .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
         .max_inflight_body_bytes = (size_t)s->cfg.max_inflight_body_bytes,
+        .max_unauth_body_bytes = (size_t)s->cfg.max_unauth_body_bytes,
         .header_timeout_sec = (int)s->cfg.header_timeout_sec,
         .trusted_proxies = s->cfg.trusted_proxies,
         .body_timeout_sec = (int)s->cfg.body_timeout_sec,
@@ -770,6 +781,7 @@ int main(int argc, char **argv)
     if (!s->http)
         goto oom;
     gps_http_set_auth(s->http, auth_hook, s);
+    gps_http_set_home_check(s->http, home_hook, s);
     s->relay = gps_relay_ctx_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->relay)
         goto oom;

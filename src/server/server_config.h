@@ -40,8 +40,10 @@ typedef struct gps_config {
     long long header_timeout_sec; /* whole request head deadline */
     long long body_timeout_sec; /* whole request body deadline */
     long long max_inflight_body_bytes; /* body bytes being received, all connections */
+    long long max_unauth_body_bytes; /* body of a request without credentials */
     long long poll_interval_sec;/* agents heartbeat interval, told to agents */
     long long agent_timeout_sec;/* no heartbeat for this long -> dead */
+    long long max_agents;       /* agents the registry holds at most (any state) */
     long long work_wait_sec;    /* long-poll hold time of /agents/work */
     long long agent_disconnect_grace_ms; /* closed long-poll -> jobs lost after this */
     long long max_queue;        /* per-model queue bound (429 above) */

@@ -155,6 +155,10 @@ def http_request(method, url, body=None, headers=None, timeout=30.0):
         h.setdefault("Content-Type", "application/json")
     if isinstance(body, str):
         body = body.encode()
+    if body and not any(k.lower() == "content-type" for k in h):
+        # What every client of ours sends; a server with auth off refuses
+        # bodies of another type (issue 25).
+        h["Content-Type"] = "application/json"
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request(method, path, body=body, headers=h)
@@ -303,6 +307,8 @@ class SSEStream:
             h.setdefault("Content-Type", "application/json")
         if isinstance(body, str):
             body = body.encode()
+        if body and not any(k.lower() == "content-type" for k in h):
+            h["Content-Type"] = "application/json"
         self.conn = http.client.HTTPConnection(host, port, timeout=timeout)
         self.conn.request(method, path, body=body, headers=h)
         self.resp = self.conn.getresponse()

@@ -159,5 +159,47 @@ class DashboardTest(harness.TestCase):
         page.close()
 
 
+class HomeModeDashboard(harness.TestCase):
+    """Issue 25: with auth off the server refuses foreign Host and Origin
+    values and non-JSON bodies; its own dashboard (same origin, JSON) keeps
+    working, drain button included, under 127.0.0.1 and localhost."""
+
+    def setUp(self):
+        super().setUp()
+        if not cdp.chromium_binary():
+            self.skipTest("chromium is not installed (scripts/install-deps.sh installs it)")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.up = self.h.start_upstream(["--tokens", "6"])
+        self.agent = self.h.start_agent(self.srv, upstream=self.up, model="m1", name="home-box")
+        self.srv.wait_model("m1")
+        self.id = self.agent.agent_id()
+        self.browser = None
+
+    def tearDown(self):
+        if self.browser:
+            self.browser.close()
+        super().tearDown()
+
+    def test_dashboard_works_in_home_mode(self):
+        self.browser = cdp.Browser(self.h.tmp)
+        for host in ("127.0.0.1", "localhost"):
+            with self.subTest(host=host):
+                page = self.browser.page()
+                page.navigate("http://%s:%d/dashboard" % (host, self.srv.port))
+                page.wait_js("document.querySelectorAll('#agents tbody tr').length === 1",
+                             timeout=60, what="the agent on the page")
+                self.assertEqual(page.js("document.getElementById('conn').dataset.state"), "live")
+                button = "document.querySelector('button[data-drain=\"%s\"]')" % self.id
+                page.js(button + ".click()")
+                want = host == "127.0.0.1"  # the first click drains, the second undrains
+
+                def state():
+                    st, _, b = http_json("GET", self.srv.url + "/admin/agents")
+                    return [a["admin_drain"] for a in b["agents"] if a["id"] == self.id]
+                harness.wait_until(lambda: state() == [want], timeout=30,
+                                   what="the page's drain button to reach the server")
+                page.close()
+
+
 if __name__ == "__main__":
     harness.main()

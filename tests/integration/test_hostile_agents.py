@@ -17,6 +17,7 @@ a real SQLite file.
   with a client key says so.
 """
 
+import json
 import os
 import sqlite3
 import sys
@@ -336,6 +337,51 @@ class HostileAgents(harness.TestCase):
         self.assertTrue(lines, "no agent_id_refused line")
         self.assertIn("AGENT_ID_TAKEN", str(lines[0]))
         self.assertEqual(srv.models(), ["m1"])
+
+
+class HostileUpstream(harness.TestCase):
+    """Issue 25: the agent forwarded upstream values the server refuses
+    (x_pool_meta over 4 KiB, usage 2^62): the whole upload was refused, the
+    agent dropped the job without a word and the client waited minutes. The
+    agent now drops such values (with a warning), and when the server
+    refuses an upload anyway it sends an error event that ends the job."""
+    NEEDS = (harness.SERVER_BIN, harness.AGENT_BIN)
+
+    def setUp(self):
+        super().setUp()
+        self.up = self.h.start_upstream(["--tokens", "4"])
+        self.srv = self.h.start_server(FAST + ["--request_timeout_sec", "300"])
+        self.agent = self.h.start_agent(self.srv, upstream=self.up, model="m1")
+        self.srv.wait_model("m1")
+
+    def chat(self):
+        return http_json("POST", self.srv.url + "/v1/chat/completions",
+                         {"model": "m1", "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "one two three"}]},
+                         timeout=30)
+
+    def test_absurd_usage_is_dropped(self):
+        self.up.control(usage_prompt_tokens=2 ** 62)
+        st, _, body = self.chat()
+        self.assertEqual(st, 200, body)
+        self.assertLess(body["usage"]["prompt_tokens"], 10 ** 9)
+        self.assertTrue(self.agent.log_events("upstream_value_dropped"))
+
+    def test_oversized_pool_meta_is_dropped(self):
+        self.up.control(x_pool_meta_bytes=5000)
+        st, _, body = self.chat()
+        self.assertEqual(st, 200, body)
+        self.assertNotIn("upstream", body.get("x_pool_meta") or {})
+        self.assertTrue(self.agent.log_events("upstream_value_dropped"))
+
+    def test_a_refused_upload_ends_the_job_with_an_error(self):
+        # A token over the server's bound for one event (64 KiB).
+        self.up.control(first_token_bytes=70000)
+        st, _, body = self.chat()
+        self.assertGreaterEqual(st, 500, body)
+        self.assertIn("refused", json.dumps(body))
+        self.assertTrue(self.agent.log_events("upload_refused"))
+
 
 if __name__ == "__main__":
     unittest.main()

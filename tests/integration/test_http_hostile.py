@@ -16,7 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import bearer, http_request, wait_until  # noqa: E402
+from harness import bearer, http_json, http_request, wait_until  # noqa: E402
 
 
 def connect(srv, timeout=10.0):
@@ -102,16 +102,16 @@ class HostileHttp(harness.TestCase):
         big = 5 * 1000 * 1000
         cases = [
             # (request head, expected status, dialect check)
-            ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % big,
+            ("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % big,
              401, "openai"),
-            ("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: wrong\r\nContent-Length: 1000\r\n\r\n",
+            ("POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nx-api-key: wrong\r\nContent-Length: 1000\r\n\r\n",
              401, "anthropic"),
-            ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            ("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\n"
              "Content-Length: %d\r\n\r\n" % (key, big), 413, "openai"),
-            ("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: %s\r\n"
+            ("POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nx-api-key: %s\r\n"
              "Content-Length: %d\r\n\r\n" % (key, big), 413, "anthropic"),
-            ("POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", 404, "native"),
-            ("PUT /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            ("POST /nowhere HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n", 404, "native"),
+            ("PUT /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\n"
              "Content-Length: 1000\r\n\r\n" % key, 405, "openai"),
         ]
         for head, want, dialect in cases:
@@ -135,19 +135,20 @@ class HostileHttp(harness.TestCase):
 
     def test_global_cap_on_bodies_in_flight(self):
         srv, key = self.server_with_key(["--max_inflight_body_bytes", "1000000"])
-        head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        head = ("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\n"
                 "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n")
         body = json.dumps({"model": "nobody-serves-this", "prompt": "x" * 700000}).encode()
         a = connect(srv)
         self.addCleanup(a.close)
-        a.sendall((head % (key, len(body))).encode() + body[:10])
-        wait_until(lambda: metric(srv, "http_body_bytes_inflight") == len(body), timeout=10,
-                   what="A's body counted in flight")
+        # Bytes are counted as they arrive (issue 25), not as declared.
+        a.sendall((head % (key, len(body))).encode() + body[:-10])
+        wait_until(lambda: metric(srv, "http_body_bytes_inflight") == len(body) - 10,
+                   timeout=10, what="A's body counted in flight")
         st, hdr, j = raw(srv, (head % (key, len(body))).encode())
         self.assertEqual(st, 503)
         self.assertEqual(hdr.get("retry-after"), "1")
         self.assertEqual(json.loads(j)["error"]["type"], "service_unavailable")
-        a.sendall(body[10:])
+        a.sendall(body[-10:])
         st, _, j = read_reply(a)
         self.assertEqual(st, 404, j)  # reached the handler: model_not_found
         wait_until(lambda: metric(srv, "http_body_bytes_inflight") == 0, timeout=10,
@@ -173,7 +174,7 @@ class HostileHttp(harness.TestCase):
             for _ in range(100):
                 s = connect(srv, timeout=5)
                 socks.append(s)
-                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
                           b"Content-Length: 8400000\r\n\r\n")
                 s.setblocking(False)
                 sent = 0
@@ -195,7 +196,7 @@ class HostileHttp(harness.TestCase):
         srv = self.h.start_server(["--header_timeout_sec", "2", "--body_timeout_sec", "2"])
         slow = connect(srv)
         self.addCleanup(slow.close)
-        slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         t0 = time.monotonic()
         closed = False
         while time.monotonic() - t0 < 20 and not closed:
@@ -212,7 +213,7 @@ class HostileHttp(harness.TestCase):
 
         body = connect(srv)
         self.addCleanup(body.close)
-        body.sendall(b"POST /v2/tasks HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        body.sendall(b"POST /v2/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\n")
         t0 = time.monotonic()
         closed = False
         while time.monotonic() - t0 < 20 and not closed:
@@ -230,11 +231,12 @@ class HostileHttp(harness.TestCase):
 
     def test_head_is_get_without_body(self):
         srv = self.h.start_server()
-        for path in ("/", "/health", "/metrics", "/v1/models", "/v2/tasks/nope"):
+        for path in ("/", "/health", "/metrics", "/v1/models", "/v2/tasks/nope",
+                     "/dashboard", "/dashboard/app.js", "/dashboard/app.css"):
             with self.subTest(path=path):
-                gst, ghdr, gbody = raw(srv, ("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+                gst, ghdr, gbody = raw(srv, ("GET %s HTTP/1.1\r\nHost: localhost\r\n\r\n" % path).encode())
                 with connect(srv) as s:
-                    s.sendall(("HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n" % path).encode())
+                    s.sendall(("HEAD %s HTTP/1.1\r\nHost: localhost\r\n\r\n" % path).encode())
                     hst, hhdr, extra = read_reply(s, head_only=True)
                     self.assertEqual(hst, gst)
                     self.assertEqual(hhdr.get("content-type"), ghdr.get("content-type"))
@@ -243,7 +245,7 @@ class HostileHttp(harness.TestCase):
                         self.assertEqual(int(hhdr["content-length"]), len(gbody))
                     self.assertEqual(extra, b"")
                     # keep-alive: the next reply on the same connection is intact
-                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
                     st, _, body = read_reply(s)
                     self.assertEqual(st, 200)
                     self.assertEqual(json.loads(body)["status"], "ok")
@@ -252,13 +254,14 @@ class HostileHttp(harness.TestCase):
         """Requests sent back to back on one connection pass the gate one by
         one: each is answered, in order, bodies and HEAD included."""
         srv = self.h.start_server()
-        reqs = (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
-                b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"2;a=b\r\n{}\r\n0\r\n\r\n"
-                b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        reqs = (b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                b"GET /nope HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 2\r\n\r\n{}"
+                b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n"
+                b"Content-Type: application/json\r\n\r\n2;a=b\r\n{}\r\n0\r\n\r\n"
+                b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         with connect(srv) as s:
             s.sendall(reqs)
             buf, got = b"", []
@@ -281,7 +284,7 @@ class HostileHttp(harness.TestCase):
     def test_ambiguous_messages_are_refused(self):
         srv, key = self.server_with_key(["--max_body_bytes", "4096"])
         auth = "Authorization: Bearer %s\r\n" % key
-        post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        post = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
         cases = [
             ("two different Content-Length",
              post + auth + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", 400),
@@ -293,12 +296,12 @@ class HostileHttp(harness.TestCase):
              post + auth + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
             ("two Authorization", post + auth + auth + "Content-Length: 2\r\n\r\n{}", 400),
             ("absolute-form target",
-             "POST http://127.0.0.1/v1/completions HTTP/1.1\r\nHost: x\r\n" + auth
+             "POST http://127.0.0.1/v1/completions HTTP/1.1\r\nHost: localhost\r\n" + auth
              + "Content-Length: 2\r\n\r\n{}", 400),
-            ("empty segment", "GET //x/admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-            ("dot-dot segment", "GET /v1/../admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-            ("encoded dot-dot", "GET /v1/%2e%2E/admin/keys HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-            ("dot segment", "GET /./ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+            ("empty segment", "GET //x/admin/keys HTTP/1.1\r\nHost: localhost\r\n\r\n", 400),
+            ("dot-dot segment", "GET /v1/../admin/keys HTTP/1.1\r\nHost: localhost\r\n\r\n", 400),
+            ("encoded dot-dot", "GET /v1/%2e%2E/admin/keys HTTP/1.1\r\nHost: localhost\r\n\r\n", 400),
+            ("dot segment", "GET /./ HTTP/1.1\r\nHost: localhost\r\n\r\n", 400),
             ("bad chunk size",
              post + auth + "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", 400),
             ("chunk data without CRLF",
@@ -307,7 +310,7 @@ class HostileHttp(harness.TestCase):
              post + auth + "Transfer-Encoding: chunked\r\n\r\n1000\r\n" + "x" * 4096
              + "\r\n1\r\nx\r\n0\r\n\r\n", 413),
             ("body over twice max_body", post + auth + "Content-Length: 9000000\r\n\r\n", 413),
-            ("HEAD with a body", "HEAD /health HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 400),
+            ("HEAD with a body", "HEAD /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\r\nabc", 400),
             ("bare LF lines", "GET /health HTTP/1.1\nHost: x\n\n", 400),
         ]
         for name, req, want in cases:
@@ -329,7 +332,7 @@ class HostileHttp(harness.TestCase):
     def test_valid_chunk_extensions_are_accepted(self):
         srv, key = self.server_with_key()
         body = json.dumps({"model": "nobody-serves-this", "prompt": "hi"}).encode()
-        req = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+        req = ("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\n"
                "Transfer-Encoding: chunked\r\n\r\n" % key).encode()
         req += b"%x;name=value\r\n" % 5 + body[:5] + b"\r\n"
         req += b"%x ; q=\"a b\"\r\n" % (len(body) - 5) + body[5:] + b"\r\n"
@@ -409,6 +412,156 @@ class HostileHttp(harness.TestCase):
                    timeout=20, what="/health answering after the connections closed")
         self.assertTrue(any(e.get("event") == "fd_limit" and e.get("soft") == 64
                             for e in p.log_events()), "fd_limit not logged")
+
+
+class PreAuthBudget(harness.TestCase):
+    """Issue 25, finding 1: peers without a key could fill the pool-wide
+    budget of body bytes in flight with declared lengths and one byte each,
+    and every POST of agents and clients got 503 for body_timeout_sec."""
+    NEEDS = (harness.SERVER_BIN,)
+
+    def test_declared_lengths_reserve_nothing(self):
+        db = self.h.path("budget.db")
+        key = self.h.create_key(db, "client")
+        srv = self.h.start_server([], db=db, key=key)
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        # 16 x 4 MiB declared (the whole 64 MiB), one byte sent each, by a
+        # client with a key: only the bytes that arrived count.
+        for _ in range(16):
+            s = connect(srv)
+            socks.append(s)
+            s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer %s\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 4194304\r\n\r\n{"
+                       % key).encode())
+        wait_until(lambda: metric(srv, "http_body_bytes_inflight") >= 16, timeout=10,
+                   what="the 16 bytes counted")
+        self.assertEqual(metric(srv, "http_body_bytes_inflight"), 16)
+        st, _, j = http_json("POST", srv.url + "/v1/completions",
+                             {"model": "nobody-serves-this", "prompt": "hi"},
+                             headers=bearer(key), timeout=10)
+        self.assertEqual(st, 404, j)  # reached the handler: model_not_found
+
+    def test_get_and_enroll_bodies_are_bounded_at_the_head(self):
+        srv = self.h.start_server([], db=self.h.path("b.db"),
+                                  key=self.h.create_key(self.h.path("b.db"), "client"))
+        for path in ("/health", "/metrics", "/dashboard"):
+            with self.subTest(path=path):
+                with connect(srv, timeout=5) as s:
+                    s.sendall(("GET %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4194304\r\n\r\n{"
+                               % path).encode())
+                    st, hdr, body = read_reply(s)
+                    self.assertEqual(st, 400)
+                    self.assertIn("GET request has no body", json.loads(body)["error"]["message"])
+                    self.assertTrue(closed_by_peer(s, 5))
+        with connect(srv, timeout=5) as s:
+            s.sendall(b"POST /agents/enroll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 4194304\r\n\r\n{")
+            st, _, body = read_reply(s)
+            self.assertEqual(st, 413)
+            self.assertIn("65536", json.loads(body)["error"]["message"])
+
+    def test_peers_without_a_key_get_a_quarter_at_most(self):
+        db = self.h.path("share.db")
+        key = self.h.create_key(db, "client")
+        srv = self.h.start_server(["--max_inflight_body_bytes", "400000"], db=db, key=key)
+        head = (b"POST /agents/enroll HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 65000\r\n\r\n")
+        first = connect(srv)
+        self.addCleanup(first.close)
+        first.sendall(head + b" " * 60000)
+        wait_until(lambda: metric(srv, "http_body_bytes_inflight") == 60000, timeout=10,
+                   what="the first enrollment body counted")
+        # A quarter (100000) is all that requests without a key may hold.
+        for _ in range(3):
+            with connect(srv) as s:
+                s.sendall(head + b" " * 60000)
+                st, hdr, body = read_reply(s)
+                self.assertEqual(st, 503, body)
+                self.assertEqual(hdr.get("retry-after"), "1")
+        # The rest stays for clients and agents.
+        st, _, j = http_json("POST", srv.url + "/v1/completions",
+                             {"model": "nobody-serves-this", "prompt": "x" * 250000},
+                             headers=bearer(key), timeout=10)
+        self.assertEqual(st, 404, j)
+
+
+    def test_one_peer_holds_a_few_bodies_at_most(self):
+        srv = self.h.start_server(["--max_unauth_body_bytes", "10000"])
+        head = (b"POST /agents/enroll HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 10000\r\n\r\n")
+        socks = []
+        self.addCleanup(lambda: [s.close() for s in socks])
+        # Four bodies of 9000 bytes from 127.0.0.1: 36000 of the 40000 a peer may hold.
+        for i in range(4):
+            s = connect(srv)
+            socks.append(s)
+            s.sendall(head + b" " * 9000)
+            wait_until(lambda: metric(srv, "http_body_bytes_inflight") == 9000 * (i + 1),
+                       timeout=10, what="body %d counted" % i)
+        with connect(srv) as s:
+            s.sendall(head + b" " * 9000)
+            st, hdr, body = read_reply(s)
+            self.assertEqual(st, 503, body)
+        # A peer with a key is not held back by them.
+        st, _, j = http_json("POST", srv.url + "/v1/completions",
+                             {"model": "nobody-serves-this", "prompt": "x" * 50000}, timeout=10)
+        self.assertEqual(st, 404, j)
+
+
+class HomeMode(harness.TestCase):
+    """Issue 25, finding 2: with auth off (loopback, no key) any web page the
+    user visits could create an admin key (cross-site POST, DNS rebinding)."""
+    NEEDS = (harness.SERVER_BIN,)
+
+    def req(self, srv, method, path, host=None, origin=None, ctype="application/json",
+            body=b'{"role":"admin"}'):
+        hdr = "%s %s HTTP/1.1\r\nHost: %s\r\n" % (method, path, host or "127.0.0.1:%d" % srv.port)
+        if origin:
+            hdr += "Origin: %s\r\n" % origin
+        if ctype:
+            hdr += "Content-Type: %s\r\n" % ctype
+        if body:
+            hdr += "Content-Length: %d\r\n" % len(body)
+        with connect(srv, timeout=5) as s:
+            s.sendall(hdr.encode() + "\r\n".encode() + (body or b""))
+            st, _, b = read_reply(s)
+            return st, json.loads(b) if b else None
+
+    def test_foreign_pages_cannot_use_the_api(self):
+        srv = self.h.start_server([])
+        cases = [
+            ({"host": "attacker.example", "origin": "http://attacker.example",
+              "ctype": "text/plain"}, 403, "HOST_NOT_ALLOWED"),
+            ({"host": "attacker.example:%d" % srv.port}, 403, "HOST_NOT_ALLOWED"),
+            ({"host": "127.0.0.1.attacker.example"}, 403, "HOST_NOT_ALLOWED"),
+            ({"origin": "http://attacker.example"}, 403, "ORIGIN_NOT_ALLOWED"),
+            ({"origin": "null"}, 403, "ORIGIN_NOT_ALLOWED"),
+            ({"origin": "http://127.0.0.1:1"}, 403, "ORIGIN_NOT_ALLOWED"),
+            ({"ctype": "text/plain"}, 415, "UNSUPPORTED_MEDIA_TYPE"),
+            ({"ctype": None}, 415, "UNSUPPORTED_MEDIA_TYPE"),
+        ]
+        for kw, want, code in cases:
+            with self.subTest(**{k: str(v) for k, v in kw.items()}):
+                st, j = self.req(srv, "POST", "/admin/keys", **kw)
+                self.assertEqual(st, want, j)
+                self.assertEqual(j["error"]["code"], code)
+        # A rebound name cannot read either.
+        st, j = self.req(srv, "GET", "/admin/keys", host="attacker.example", body=None)
+        self.assertEqual(st, 403, j)
+        # No key was made: auth is still off, the list is empty.
+        st, _, j = http_json("GET", srv.url + "/admin/keys")
+        self.assertEqual(st, 200, j)
+        self.assertEqual(j["keys"], [])
+        # The server's own pages (dashboard: same origin, JSON) still work,
+        # under each loopback name.
+        st, _, _ = http_request("GET", "http://localhost:%d/dashboard" % srv.port)
+        self.assertEqual(st, 200)
+        st, j = self.req(srv, "POST", "/admin/keys", host="localhost:%d" % srv.port,
+                         origin="http://localhost:%d" % srv.port,
+                         ctype="application/json; charset=utf-8",
+                         body=b'{"role":"client","name":"from the dashboard"}')
+        self.assertEqual(st, 201, j)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,58 @@ class LimitsTest(harness.TestCase):
         self.assertEqual(rows[0][2], used)
         self.assertEqual(rows[0][3], 2)
 
+    def test_tokens_per_day_hold_under_concurrency(self):
+        """Issue 25, finding 4: 30 concurrent requests of 50 tokens on a key
+        with 100 tokens a day were all admitted (1,590 tokens spent): the
+        check saw finished jobs only. Each now reserves its most at
+        admission, so the budget overshoots by one request at most."""
+        db = self.h.path("tpdc.db")
+        ck = create_key(self.h, db, "client", "--tokens-per-day", "100")
+        ak = create_key(self.h, db, "agent")
+        adm = create_key(self.h, db, "admin")
+        # The upstream holds every generation before its first token: all
+        # 30 requests are in flight together, none has ended.
+        srv = self.pool(db, ak, up_args=("--tokens", "50", "--first-delay-ms", "600000"),
+                        slots=32)
+        self.wait_model(srv, ck)
+        results = []
+        lock = threading.Lock()
+
+        def run():
+            r = complete(srv, ck, prompt="hello there", max_tokens=50)
+            with lock:
+                results.append(r)
+        threads = [threading.Thread(target=run) for _ in range(30)]
+        for t in threads:
+            t.start()
+
+        def refused():
+            with lock:
+                return len([r for r in results if r[0] == 429])
+        harness.wait_until(lambda: refused() == 28, timeout=60,
+                           what="28 of the 30 requests refused while two run")
+        for r in results:
+            self.assertEqual(r[2]["error"]["code"], "token_limit", r)
+        # The key's usage shows what the two running ones hold.
+        st, _, keys = http_json("GET", srv.url + "/admin/keys", headers=bearer(adm))
+        self.assertEqual(st, 200, keys)
+        mine = [k for k in keys["keys"] if k["role"] == "client"][0]
+        self.assertGreaterEqual(mine["usage_today"]["reserved_tokens"], 100)
+        self.up.control(first_delay_ms=0)
+        for t in threads:
+            t.join(120)
+            self.assertFalse(t.is_alive(), "a request did not finish")
+        ok = [r for r in results if r[0] == 200]
+        self.assertEqual(len(ok), 2, [r[0] for r in results])
+        spent = sum(r[2]["usage"]["prompt_tokens"] + r[2]["usage"]["completion_tokens"]
+                    for r in ok)
+        # At most one request over the budget.
+        self.assertLessEqual(spent, 100 + max(r[2]["usage"]["prompt_tokens"] +
+                                              r[2]["usage"]["completion_tokens"] for r in ok))
+        st, _, keys = http_json("GET", srv.url + "/admin/keys", headers=bearer(adm))
+        mine = [k for k in keys["keys"] if k["role"] == "client"][0]
+        self.assertEqual(mine["usage_today"]["reserved_tokens"], 0)
+
     def test_max_concurrent_waits_in_queue(self):
         # The order is checked through the server's own state, never by
         # comparing clocks of two processes: the upstream holds every

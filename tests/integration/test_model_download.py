@@ -40,7 +40,8 @@ class ModelServer:
     def __init__(self, data, name):
         self.data = data
         self.name = name
-        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing | busy
+        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing | endless | busy
+        self.redirect_to = None   # a URL every request is sent to (302)
         self.requests = []        # (path, range header or None)
         self.lock = threading.Lock()
         outer = self
@@ -57,6 +58,24 @@ class ModelServer:
                     outer.requests.append((self.path, rng))
                     mode = outer.mode
                     n_req = len(outer.requests)
+                if outer.redirect_to:
+                    self.send_response(302)
+                    self.send_header("Location", outer.redirect_to)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if mode == "endless":
+                    # No length, no end: bytes until the client hangs up.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    try:
+                        while True:
+                            self.wfile.write(b"x" * 65536)
+                    except OSError:
+                        return
                 if mode == "busy":
                     self.send_response(503)
                     self.send_header("Content-Length", "4")
@@ -211,6 +230,37 @@ class ModelDownloadTest(harness.TestCase):
         self.assertEqual(b["data"], [])
         st, _, b = http_json("GET", self.srv.url + "/admin/agents")
         self.assertEqual(b.get("agents", []), [], b)
+
+    def test_downloads_are_bounded_in_size(self):
+        """Issue 25: an endless URL wrote 2.4 GB in 8 s and the .part was
+        kept. Past --model-max-bytes the download is refused and the partial
+        file removed, by Content-Length or as the bytes arrive."""
+        for mode, limit in (("endless", "3000000"), ("ok", "100000")):
+            with self.subTest(mode=mode):
+                self.ms.mode = mode
+                sd = self.h.path("big-%s.state" % mode)
+                a = self.agent(self.ms.url + "/m/stories260K.gguf", "--model-max-bytes", limit,
+                               state_dir=sd)
+                log = self.wait_exit(a)
+                self.assertIn("larger than %s bytes" % limit, log)
+                self.assertEqual(self.cache_files(sd), [])
+
+    def test_no_redirect_from_https_to_http(self):
+        import ssl
+        from test_tls import pki
+        p = pki()
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(p["server_crt"], p["server_key"])
+        tls = ModelServer(self.data, "stories260K.gguf")
+        self.addCleanup(tls.close)
+        tls.httpd.socket = ctx.wrap_socket(tls.httpd.socket, server_side=True)
+        tls.redirect_to = self.ms.url + "/m/stories260K.gguf"
+        sd = self.h.path("redir.state")
+        a = self.agent("https://127.0.0.1:%d/m/stories260K.gguf" % tls.port, "--ca-file",
+                       p["good_crt"], "--model-download-attempts", "1", state_dir=sd)
+        log = self.wait_exit(a)
+        self.assertIn("from https only to https", log)
+        self.assertEqual(self.ms.requests, [])  # the http server never saw a request
 
     def test_missing_file_fails_clearly(self):
         self.ms.mode = "missing"

@@ -306,5 +306,35 @@ class InnerFailover(harness.TestCase):
         self.assertEqual(outer.log_events("job_failover"), [])
 
 
+class PoolLoop(harness.TestCase):
+    """Issue 25: an agent whose upstream is its own server filled its slots
+    and the queue for the whole queue timeout. Every pool appends its id to
+    X-Pool-Via; a pool that finds itself there refuses at once (508
+    POOL_LOOP), and the client learns of the loop within seconds."""
+    NEEDS = (harness.SERVER_BIN, harness.AGENT_BIN)
+
+    def test_an_agent_looping_back_is_refused_at_once(self):
+        srv = self.h.start_server(["--poll_interval_sec", "1", "--request_timeout_sec", "120"])
+        self.h.start_agent(srv, slots=1, name="loop",
+                           args=["--upstream", srv.url + "/v1", "--upstream-model", "m1",
+                                 "--alias", "m1"])
+        srv.wait_model("m1")
+        st, _, body = http_json("POST", srv.url + "/v1/chat/completions",
+                                {"model": "m1", "max_tokens": 4,
+                                 "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+        self.assertGreaterEqual(st, 500, body)
+        self.assertIn("loop", json.dumps(body))
+
+    def test_hops_are_bounded_and_a_foreign_chain_passes(self):
+        srv = self.h.start_server([])
+        chain = ", ".join("%016x" % i for i in range(4))
+        st, _, body = http_json("GET", srv.url + "/v1/models", headers={"X-Pool-Via": chain})
+        self.assertEqual(st, 508, body)
+        self.assertIn("4 pools", body["error"]["message"])
+        st, _, body = http_json("GET", srv.url + "/v1/models",
+                                headers={"X-Pool-Via": "0123456789abcdef"})
+        self.assertEqual(st, 200, body)
+
+
 if __name__ == "__main__":
     harness.main()

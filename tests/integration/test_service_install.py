@@ -44,6 +44,9 @@ def documented_layout():
     return paths
 
 
+CUDA_PLUGIN = "/usr/lib/gpupool/libgpupool-cuda.so"
+
+
 def expected_files():
     """Layout paths plus every file of docs/ and migrations/."""
     paths = set(documented_layout())
@@ -55,6 +58,10 @@ def expected_files():
     for f in os.listdir(os.path.join(SOURCE_DIR, "migrations")):
         if f.endswith(".sql"):
             paths.add("/usr/share/gpupool/migrations/" + f)
+    # A build with the CUDA backend also installs its plugin (the layout's
+    # note in docs/operations.md).
+    if os.path.isfile(os.path.join(BUILD_DIR, "src", "engine", "libgpupool-cuda.so")):
+        paths.add(CUDA_PLUGIN)
     return sorted(paths)
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 import uuid
 import warnings
@@ -306,6 +307,39 @@ class TLS(harness.TestCase):
                 with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
                     self.assertEqual(s.version(), v.name.replace("v1_", "v1."))
 
+    def test_slow_handshake_is_closed(self):
+        """Issue 25: a ClientHello sent a byte at a time held a connection
+        forever (every byte renewed the idle timeout). The handshake now
+        has header_timeout_sec from the accept."""
+        srv = self.tls_server(extra=["--header_timeout_sec", "2"])
+        s = socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10)
+        self.addCleanup(s.close)
+        # A handshake record header announcing 512 bytes, then a dribble.
+        s.sendall(b"\x16\x03\x01\x02\x00\x01")
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 15 and not closed:
+            try:
+                s.sendall(b"\x00")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            s.settimeout(0.5)
+            try:
+                closed = s.recv(4096) == b""
+            except socket.timeout:
+                pass
+            except ConnectionResetError:
+                closed = True
+        self.assertTrue(closed, "a dribbled handshake kept the connection open for 15 s")
+        # A connection whose handshake ended is not closed by that deadline.
+        ctx = ssl.create_default_context(cafile=pki()["good_crt"])
+        with socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10) as raw:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as t:
+                time.sleep(3)  # past the handshake deadline: a window, not an ordering
+                t.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                self.assertTrue(t.recv(4096).startswith(b"HTTP/1.1 200"))
+
     def test_sighup_reloads_certificate(self):
         p = pki()
         crt, key = self.h.path("live.crt"), self.h.path("live.key")
@@ -420,7 +454,7 @@ class TLS(harness.TestCase):
         raw = socket.create_connection(("127.0.0.1", srv.tls_port), timeout=10)
         s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
         req = json.dumps({"agent_id": aid, "free_slots": 1}).encode()
-        s.sendall(b"POST /agents/work HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /agents/work HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(req), req))
         harness.wait_until(lambda: metric(srv, "gpupool_agents_parked") == 1, timeout=10,
                            what="agent parked")

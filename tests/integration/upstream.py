@@ -38,7 +38,10 @@ Control (JSON):
   GET  /_control/log  {"requests":[{id, path, model, stream, prompt, messages,
         tools, tool_choice, tool_calls_sent, headers, body, tokens_sent,
         started, ended, outcome, disconnected, disconnect_mono, disconnect_wall}]}
-  (settings tool_call, tool_calls, tool_text are the --tool-* flags)
+  (settings tool_call, tool_calls, tool_text are the --tool-* flags;
+   hostile ones, control only: usage_prompt_tokens (reported instead of the
+   count), x_pool_meta_bytes (an x_pool_meta of about that size on the last
+   chunk/object), first_token_bytes (the first token is that many 'x'))
      outcome: "complete" | "stall" | "die" | "malformed" | "error_status" |
               "client_gone" | "running".  *_mono is time.monotonic() (the same
               CLOCK_MONOTONIC as the test process), *_wall is time.time().
@@ -120,6 +123,9 @@ class State:
             "tool_text": args.tool_text,
             "tokenize": not args.no_tokenize,
             "honor_stop": args.honor_stop,
+            "usage_prompt_tokens": None,
+            "x_pool_meta_bytes": 0,
+            "first_token_bytes": 0,
         }
         self.log = []
         self.next_id = 0
@@ -354,6 +360,10 @@ class Handler(BaseHTTPRequestHandler):
                 toks = kept
                 finish = "stop"
         prompt_tokens = len(prompt_text_of(body, chat).split())
+        if cfg.get("usage_prompt_tokens") is not None:
+            prompt_tokens = int(cfg["usage_prompt_tokens"])
+        if cfg.get("first_token_bytes") and toks:
+            toks = ["x" * int(cfg["first_token_bytes"])] + toks[1:]
         # A continuation (upstream_continue.py took it out of the body) is
         # prompt the model reads, as with a real server: count it.
         if isinstance(body.get("x_continued_from"), int):
@@ -424,6 +434,8 @@ class Handler(BaseHTTPRequestHandler):
             obj = {"id": cid, "object": "text_completion", "created": created, "model": model,
                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
                    "usage": usage}
+        if cfg.get("x_pool_meta_bytes"):
+            obj["x_pool_meta"] = {"pad": "x" * int(cfg["x_pool_meta_bytes"])}
         rec["outcome"] = "complete"
         rec["ended"] = time.time()
         self.send_json(200, obj)
@@ -498,6 +510,8 @@ class Handler(BaseHTTPRequestHandler):
         last = piece(None if chat else "", finish)
         if self.stop_word is not None:
             last["choices"][0]["stop_reason"] = self.stop_word
+        if cfg.get("x_pool_meta_bytes"):
+            last["x_pool_meta"] = {"pad": "x" * int(cfg["x_pool_meta_bytes"])}
         self.chunk("data: %s\n\n" % json.dumps(last))
         so = body.get("stream_options")
         if isinstance(so, dict) and so.get("include_usage"):

@@ -84,6 +84,11 @@ typedef struct gps_key_limits {
 
 /* What a new key is: role and name, plus optional expiry, limits, use
  * count (enrollment tokens) and a pre-bound agent (enrolled agent keys). */
+/* Enrollments an enrollment token allows when its creator names no
+ * max_uses (admin API, `keys create`): a leaked token without a bound
+ * would mint agents without end (issue 25). An explicit 0 is unlimited. */
+#define GPS_ENROLL_DEFAULT_MAX_USES 16
+
 typedef struct gps_key_spec {
     gps_key_role role;
     const char *name;        /* NULL = "" */

@@ -100,7 +100,8 @@ static lim_entry *entry_get(gps_limits *l, const char *key_id)
     return e;
 }
 
-/* A new UTC day starts the day's counts afresh; jobs in flight stay. */
+/* A new UTC day starts the day's counts afresh; jobs in flight (and what
+ * they reserved) stay. */
 static void roll_day(lim_entry *e, int64_t now)
 {
     int64_t d = day_of(now);
@@ -185,7 +186,7 @@ static void refill(lim_entry *e, int64_t rpm, int64_t now)
 }
 
 gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now_wall_ms,
-                                  int *retry_after_sec)
+                                  int64_t reserve_tokens, int *retry_after_sec)
 {
     *retry_after_sec = 0;
     if (!key_id || !*key_id)
@@ -197,7 +198,8 @@ gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now
     const gps_key_limits *lim = limits_of(l, key_id);
     gps_limit_result res = GPS_LIMIT_OK;
     if (lim && lim->tokens_per_day > 0 &&
-        sat_add(e->u.prompt_tokens, e->u.completion_tokens) >= lim->tokens_per_day) {
+        sat_add(sat_add(e->u.prompt_tokens, e->u.completion_tokens), e->u.reserved_tokens) >=
+            lim->tokens_per_day) {
         int64_t midnight = (day_of(now_wall_ms) + 1) * DAY_MS;
         *retry_after_sec = (int)((midnight - now_wall_ms + 999) / 1000);
         res = GPS_LIMIT_TOKENS;
@@ -220,8 +222,21 @@ gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now
         return res;
     }
     e->u.requests = sat_add(e->u.requests, 1);
+    if (reserve_tokens > 0)
+        e->u.reserved_tokens =
+            sat_add(e->u.reserved_tokens, reserve_tokens < USAGE_MAX ? reserve_tokens : USAGE_MAX);
     persist(l, e, 1, 0, 0, 0);
     return GPS_LIMIT_OK;
+}
+
+void gps_limits_release(gps_limits *l, const char *key_id, int64_t reserved_tokens)
+{
+    lim_entry *e = key_id && *key_id ? entry_find(l, key_id) : NULL;
+    if (!e || reserved_tokens <= 0)
+        return;
+    reserved_tokens = reserved_tokens < USAGE_MAX ? reserved_tokens : USAGE_MAX;
+    e->u.reserved_tokens =
+        e->u.reserved_tokens > reserved_tokens ? e->u.reserved_tokens - reserved_tokens : 0;
 }
 
 bool gps_limits_may_start(gps_limits *l, const char *key_id)

@@ -11,10 +11,16 @@
  *                  rpm per 60 s; an empty bucket refuses with 429 and a
  *                  Retry-After of the time until the next whole request.
  *   tokens_per_day prompt + completion tokens of finished jobs in the
- *                  current UTC day; once spent, requests are refused with
- *                  429 until the next UTC midnight (Retry-After says when).
- *                  A running job may overshoot the budget: it is counted
- *                  when it ends, never cut off.
+ *                  current UTC day, plus what admitted jobs still hold: a
+ *                  job reserves its most (prompt estimate + max_tokens)
+ *                  at admission and gives back what it did not use when
+ *                  it ends. A request is admitted while spent + reserved
+ *                  is under the budget, so concurrent requests overshoot
+ *                  it by one request at most (issue 25: 30 concurrent
+ *                  requests all passed a check made on finished jobs
+ *                  only). Once spent, requests are refused with 429 until
+ *                  the next UTC midnight (Retry-After says when). A
+ *                  running job is never cut off.
  *   max_concurrent at most N jobs of a key are in the scheduler (queued or
  *                  on an agent) at once; jobs beyond that wait in the
  *                  key's own line, in arrival order, and move on as
@@ -56,6 +62,7 @@ typedef struct gps_key_usage {
     int64_t rate_limited;       /* refused requests (rpm or tokens) */
     int64_t running;            /* jobs in the scheduler (queued or on an agent) */
     int64_t waiting;            /* jobs waiting for a max_concurrent slot */
+    int64_t reserved_tokens;    /* held by admitted jobs that have not ended */
 } gps_key_usage;
 
 /* auth and store (store may be NULL: no persistence) are borrowed and must
@@ -68,9 +75,14 @@ int gps_limits_load(gps_limits *l, int64_t now_wall_ms, char *err, size_t errlen
 
 /* Admission of one request of key_id ("" or NULL: no key, always OK).
  * Counts it (request and usage row) when admitted and the refusal
- * otherwise; *retry_after_sec (>= 1) says when to try again. */
+ * otherwise; *retry_after_sec (>= 1) says when to try again. Admitted,
+ * the request holds reserve_tokens (its most) against the daily budget
+ * until gps_limits_release gives them back. */
 gps_limit_result gps_limits_admit(gps_limits *l, const char *key_id, int64_t now_wall_ms,
-                                  int *retry_after_sec);
+                                  int64_t reserve_tokens, int *retry_after_sec);
+/* An admitted request ended (or never ran): its reservation goes; what it
+ * really used is counted by gps_limits_account. */
+void gps_limits_release(gps_limits *l, const char *key_id, int64_t reserved_tokens);
 
 /* Concurrency. may_start: may one more job of key_id enter the scheduler?
  * started/ended bracket a job's time in the scheduler; waiting_add moves

@@ -59,7 +59,8 @@ static void send_static(gps_req *r, const unsigned char *data, size_t len, const
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
-    evhttp_send_reply(r->req, 200, "OK", b);
+    /* With Content-Length, and no body after a HEAD (issue 25). */
+    gps_http_send_reply(r->req, 200, "OK", b);
     evbuffer_free(b);
 }
 

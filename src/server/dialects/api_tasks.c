@@ -967,6 +967,7 @@ static void h_create(gps_req *r, void *arg)
     json_object_set_new(body, "seed", json_integer(seed));
     spec.stored_request = body;
     gps_submit_err e;
+    snprintf(spec.pool_via, sizeof spec.pool_via, "%s", r->pool_via);
     gps_job *job = gps_jobs_submit(g->jobs, &spec, r->correlation_id, r->key_id, &e);
     gps_job_spec_clear(&spec);
     if (!job) {

@@ -96,6 +96,7 @@ static void on_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int timeout_sec)
 {
     gps_submit_err e;
+    snprintf(spec->pool_via, sizeof spec->pool_via, "%s", r->pool_via);
     gps_job *job = gps_jobs_submit(rl->jobs, spec, r->correlation_id, r->key_id, &e);
     gps_job_spec_clear(spec);
     if (!job) {

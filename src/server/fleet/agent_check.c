@@ -328,3 +328,36 @@ int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen)
         return check_hw_object(cpu, "cpu", msg, msglen);
     return 0;
 }
+
+/* The poll fields kept per agent. To keep a new one, add it here, and
+ * bound its contents (gps_agent_hw_check, or a check of its own). */
+static const char *const facts_kept[] = {
+    "name",   "version", "platform", "status",  "slots",          "queue_depth",
+    "kv_cache_utilization", "labels", "gpus",   "cpu",     "backend", "backend_faults",
+    "engines", "error",
+};
+
+json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen)
+{
+    json_t *kept = json_object();
+    if (!kept) {
+        snprintf(msg, msglen, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof facts_kept / sizeof facts_kept[0]; i++) {
+        json_t *v = json_object_get(body, facts_kept[i]);
+        if (v && json_object_set(kept, facts_kept[i], v) < 0) {
+            json_decref(kept);
+            snprintf(msg, msglen, "out of memory");
+            return NULL;
+        }
+    }
+    if (json_dumpb(kept, NULL, 0, JSON_COMPACT) > GPS_AGENT_MAX_KEPT_FACTS_BYTES) {
+        json_decref(kept);
+        fail(NULL, 0, msg, msglen, "body",
+             "the facts kept per agent (%s and the like) are at most %d bytes of JSON",
+             "gpus, cpu, labels, engines, error", GPS_AGENT_MAX_KEPT_FACTS_BYTES);
+        return NULL;
+    }
+    return kept;
+}

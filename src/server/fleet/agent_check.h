@@ -32,7 +32,8 @@
 #define GPS_AGENT_MAX_STOP_SEQUENCE 1024       /* end.stop_sequence: a request's stop string */
 #define GPS_AGENT_MAX_UPSTREAM_META 4096       /* end.upstream_meta: compact JSON bytes */
 #define GPS_AGENT_MAX_NAME 256                 /* names: agent, model, alias, label, gpu */
-#define GPS_AGENT_MAX_FACTS_BYTES (1 << 20)    /* a poll body as compact JSON: kept per agent */
+#define GPS_AGENT_MAX_FACTS_BYTES (1 << 20)    /* a poll body as compact JSON */
+#define GPS_AGENT_MAX_KEPT_FACTS_BYTES 65536   /* what is kept of it per agent (below) */
 
 /* Check a whole /agents/jobs/{id}/events body: agent_id (UUID), seq
  * (0..GPS_AGENT_MAX_SEQ), events (array of at most GPS_AGENT_MAX_EVENTS
@@ -63,5 +64,16 @@ bool gps_agent_name_ok(const json_t *v, size_t max);
  * GPS_AGENT_MAX_NUMBER) and "cpu" (absent, null or one such object).
  * 0 or -1 with msg naming the field. */
 int gps_agent_hw_check(const json_t *body, char *msg, size_t msglen);
+
+/* What of a poll body is kept as the agent's facts (the registry's copy,
+ * the agents table's facts column): the known fields of one table in
+ * agent_check.c (name, version, platform, status, slots, queue_depth,
+ * kv_cache_utilization, labels, gpus, cpu, backend, backend_faults,
+ * engines, error), nothing else. Unknown fields, models (kept parsed),
+ * prefix_cache and the liveness fields are dropped (issue 25: a 1 MiB
+ * unknown field cost ~40 MB per agent, kept until an admin removed it).
+ * New reference, or NULL with msg when what would be kept exceeds
+ * GPS_AGENT_MAX_KEPT_FACTS_BYTES of compact JSON (or on ENOMEM). */
+json_t *gps_agent_facts_kept(const json_t *body, char *msg, size_t msglen);
 
 #endif

@@ -330,11 +330,13 @@ int registry_facts_parse(const json_t *body, registry_facts *out, char *err, siz
     memset(out, 0, sizeof(*out));
     if (!json_is_object(body))
         return fail(err, errlen, "body: must be a JSON object");
-    /* The body is kept as the agent's facts (and stored): bounded. */
     if (json_dumpb(body, NULL, 0, JSON_COMPACT) > GPS_AGENT_MAX_FACTS_BYTES)
         return fail(err, errlen, "body: a poll is at most %d bytes of JSON",
                     GPS_AGENT_MAX_FACTS_BYTES);
-    out->raw = json_incref((json_t *)body);
+    /* Only the known fields are kept as the agent's facts (and stored). */
+    out->raw = gps_agent_facts_kept(body, err, errlen);
+    if (!out->raw)
+        return -1;
 
     const json_t *id = json_object_get(body, "agent_id");
     if (!json_is_string(id) || !gp_uuid_valid(json_string_value(id)))
@@ -570,6 +572,12 @@ static void set_state(registry *reg, registry_agent *a, registry_state ns, const
     reg->state_count[ns]++;
     a->state = ns;
     a->state_since_ms = now;
+    /* A dead or offline agent's hardware facts say nothing true any more:
+     * forget them (the next poll brings new ones). */
+    if (ns == REGISTRY_DEAD || ns == REGISTRY_OFFLINE) {
+        json_decref(a->facts);
+        a->facts = NULL;
+    }
 
     int want = LIST_NONE;
     if (ns == REGISTRY_REGISTERING || ns == REGISTRY_HEALTHY || ns == REGISTRY_DRAINING)

@@ -115,7 +115,7 @@ typedef struct registry_facts {
     bool draining;                     /* status == "draining" */
     registry_prefix prefix;            /* "prefix_cache" */
     hw_facts hw;                       /* backend, agent error, GPUs (hw_facts.h) */
-    json_t *raw;                       /* the whole body (reference held by facts) */
+    json_t *raw;                       /* the known fields kept (gps_agent_facts_kept) */
 } registry_facts;
 
 /* Validate and convert a /agents/poll body. body is borrowed (a reference
@@ -147,7 +147,8 @@ typedef struct registry_agent {
     double kv_cache_utilization;/* reported */
     registry_prefix prefix;     /* reported prompt-prefix cache */
     hw_facts hw;                /* reported backend, agent error and GPUs */
-    json_t *facts;              /* last poll body, borrowed reference (gpus etc.) */
+    json_t *facts;              /* known fields of the last poll (gps_agent_facts_kept);
+                                   NULL once dead or offline (until it polls again) */
 
     registry_state state;
     uint64_t last_seen_ms;      /* last heartbeat (or registry_touch) */

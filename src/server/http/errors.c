@@ -10,7 +10,8 @@
 const char *gps_openai_error_type(int status)
 {
     switch (status) {
-    case 400: case 404: case 405: case 409: case 413: case 414: case 422: case 431: case 501:
+    case 400: case 404: case 405: case 409: case 413: case 414: case 415: case 422: case 431:
+    case 501:
         return "invalid_request_error";
     case 401:
         return "authentication_error";
@@ -30,7 +31,7 @@ const char *gps_openai_error_type(int status)
 static const char *anthropic_error_type(int status)
 {
     switch (status) {
-    case 400: case 405: case 409: case 414: case 422: case 431: case 501:
+    case 400: case 405: case 409: case 414: case 415: case 422: case 431: case 501:
         return "invalid_request_error";
     case 401:
         return "authentication_error";

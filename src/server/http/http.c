@@ -62,7 +62,11 @@ struct gps_http {
     gps_auth_fn auth;
     void *auth_arg;
     bool shutting_down;
-    size_t inflight;            /* body bytes being received (the gate's reservations) */
+    size_t inflight;            /* body bytes received and not yet dispatched, all gates */
+    size_t inflight_unauth;     /* the part of it from requests without credentials */
+    bool (*home)(void *);       /* home mode now? (see gps_http_set_home_check) */
+    void *home_arg;
+    char pool_id[17];           /* this pool in X-Pool-Via */
     gps_conn **conn_by_fd;      /* gates by socket, for dispatch */
     size_t nconn_by_fd;
     gps_conn *conns_all;        /* every gate, freed with h */
@@ -158,6 +162,7 @@ static const char *extra_reason(int status)
     case 422: return "Unprocessable Content";
     case 429: return "Too Many Requests";
     case 499: return "Client Closed Request";
+    case 508: return "Loop Detected";
     case 529: return "Overloaded";
     }
     return NULL;
@@ -480,6 +485,44 @@ static bool canon_add(gps_head *out, size_t cap, const char *s, size_t n)
         return (st);                                                                               \
     } while (0)
 
+/* The fields home mode and pool loops look at (issue 25): Host, Origin,
+ * Content-Type, X-Pool-Via. 0, or the status to refuse with. */
+static int head_site_field(gps_head *out, const char *name, size_t nl, const char *v,
+                           size_t vlen, char *msg, size_t msglen)
+{
+#define IS(n) (nl == sizeof(n) - 1 && strncasecmp(name, n, nl) == 0)
+    if (IS("Host")) {
+        if (out->has_host)
+            HEAD_FAIL(400, "more than one Host header");
+        out->has_host = true;
+        if (vlen < sizeof out->host)
+            snprintf(out->host, sizeof out->host, "%.*s", (int)vlen, v);
+    } else if (IS("Origin")) {
+        if (out->has_origin)
+            HEAD_FAIL(400, "more than one Origin header");
+        out->has_origin = true;
+        if (vlen < sizeof out->origin)
+            snprintf(out->origin, sizeof out->origin, "%.*s", (int)vlen, v);
+    } else if (IS("X-Pool-Via")) {
+        if (out->has_via)
+            HEAD_FAIL(400, "more than one X-Pool-Via header");
+        out->has_via = true;
+        if (vlen >= sizeof out->via)
+            HEAD_FAIL(400, "X-Pool-Via longer than %zu bytes: a loop of pools?",
+                      sizeof out->via - 1);
+        snprintf(out->via, sizeof out->via, "%.*s", (int)vlen, v);
+    } else if (IS("Content-Type")) {
+        /* A second one makes the type unknown ("" never matches). */
+        if (!out->has_ctype && vlen < sizeof out->ctype)
+            snprintf(out->ctype, sizeof out->ctype, "%.*s", (int)vlen, v);
+        else
+            out->ctype[0] = '\0';
+        out->has_ctype = true;
+    }
+#undef IS
+    return 0;
+}
+
 int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
                         size_t canon_cap, char *msg, size_t msglen)
 {
@@ -584,6 +627,10 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
         } else if (IS("X-Correlation-Id")) {
             if (vlen < sizeof out->corr)
                 snprintf(out->corr, sizeof out->corr, "%.*s", (int)vlen, v);
+        } else {
+            int st = head_site_field(out, p, nl, v, vlen, msg, msglen);
+            if (st)
+                return st;
         }
 #undef IS
         if (!canon_add(out, canon_cap, p, nl) || !canon_add(out, canon_cap, ": ", 2) || !canon_add(out, canon_cap, v, vlen) ||
@@ -593,9 +640,12 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
     if (out->chunked && out->content_length >= 0)
         HEAD_FAIL(400, "both Content-Length and Transfer-Encoding");
     /* evhttp never reads a body after HEAD: one sent anyway would be taken
-     * for the next request. */
+     * for the next request. A GET body means nothing to any route, and
+     * would only be bytes a peer makes the server hold (issue 25). */
     if (out->method == EVHTTP_REQ_HEAD && (out->chunked || out->content_length > 0))
         HEAD_FAIL(400, "a HEAD request has no body");
+    if (out->method == EVHTTP_REQ_GET && (out->chunked || out->content_length > 0))
+        HEAD_FAIL(400, "a GET request has no body");
     if (!canon_add(out, canon_cap, "\r\n", 2))
         HEAD_FAIL(431, "request head too large");
     return 0;
@@ -625,7 +675,9 @@ struct gps_conn {
     struct evbuffer_cb_entry *cbe;
     struct event *init_ev;             /* NULL once attached */
     struct event *deadline;            /* head or body deadline */
+    struct event *hs_deadline;         /* TLS: the handshake's, from accept */
     struct evbuffer *raw;              /* bytes held back from evhttp */
+    struct evbuffer *held;             /* the vetted request, until it is whole */
     int fd;
     bool busy;                         /* we are changing the input ourselves */
     bool holds_ref;                    /* bufferevent_incref until attached */
@@ -634,6 +686,9 @@ struct gps_conn {
     uint64_t left;
     uint64_t body_total;
     size_t reserved;                   /* our share of h->inflight */
+    size_t reserved_unauth;            /* ... and of h->inflight_unauth */
+    unsigned char peer[16];            /* the peer's address (IPv4 mapped), for per-peer bounds */
+    bool has_peer;
     /* What dispatch must know. */
     int refuse;                        /* HTTP status, 0 = accepted */
     gps_dialect dialect;
@@ -642,6 +697,8 @@ struct gps_conn {
     char allow[64];
     bool www_auth, no_retry, close_after, retry_after;
     bool authed;
+    bool unauth;                       /* a route without credentials (role NONE) */
+    char corr[65];                     /* the request's X-Correlation-Id, for a stand-in */
     char key_id[65];
 };
 
@@ -660,6 +717,21 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
     evhttp_connection_free(c->evcon);
 }
 
+/* A TLS handshake must end within header_timeout_sec of the accept: a
+ * ClientHello sent a byte a second kept the connection forever, as every
+ * byte renewed the idle timeout (issue 25). */
+static void hs_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_conn *c = arg;
+    SSL *ssl = bufferevent_openssl_get_ssl(c->bev);
+    if (!ssl || SSL_is_init_finished(ssl) || !c->evcon)
+        return;
+    gp_log_write(GP_LOG_DEBUG, "tls_handshake_deadline", NULL,
+                 json_pack("{s:i}", "timeout_sec", c->h->opts.header_timeout_sec),
+                 "closing a connection whose TLS handshake did not end in time");
+    evhttp_connection_free(c->evcon); /* frees c (its close callback) */
+}
+
 static void deadline_set(gps_conn *c, int sec)
 {
     if (c->deadline)
@@ -673,7 +745,64 @@ static void deadline_set(gps_conn *c, int sec)
 static void inflight_release(gps_conn *c)
 {
     c->h->inflight -= c->reserved;
+    c->h->inflight_unauth -= c->reserved_unauth;
     c->reserved = 0;
+    c->reserved_unauth = 0;
+}
+
+/* The budgets a request's body bytes are charged to as they arrive (issue
+ * 25: a declared Content-Length reserved at the head let 16 peers holding
+ * one byte each fill the budget). Requests without credentials get a
+ * quarter at most, so enrollments can never starve agents and clients.
+ * false: the bytes do not fit (nothing charged). */
+static size_t unauth_share(const gps_http *h)
+{
+    return h->opts.max_inflight_body_bytes / 4;
+}
+
+static size_t unauth_cap(const gps_http *h)
+{
+    return h->opts.max_unauth_body_bytes ? h->opts.max_unauth_body_bytes : 65536;
+}
+
+/* Bytes of requests without credentials one peer address has in flight:
+ * the gates are scanned (only for such requests, which are rare). */
+static size_t peer_unauth(const gps_conn *c)
+{
+    size_t sum = 0;
+    if (!c->has_peer)
+        return 0;
+    for (const gps_conn *o = c->h->conns_all; o; o = o->next)
+        if (o->reserved_unauth && o->has_peer && memcmp(o->peer, c->peer, sizeof o->peer) == 0)
+            sum += o->reserved_unauth;
+    return sum;
+}
+
+static bool inflight_fits(const gps_conn *c, uint64_t n)
+{
+    const gps_http *h = c->h;
+    size_t max = h->opts.max_inflight_body_bytes;
+    if (max && (n > max || h->inflight + n > max))
+        return false;
+    if (!c->unauth)
+        return true;
+    if (max && h->inflight_unauth + n > unauth_share(h))
+        return false;
+    /* One address may hold GPS_HTTP_PEER_UNAUTH_BODIES such bodies' worth. */
+    return peer_unauth(c) + n <= GPS_HTTP_PEER_UNAUTH_BODIES * unauth_cap(h);
+}
+
+static bool inflight_charge(gps_conn *c, size_t n)
+{
+    if (!inflight_fits(c, n))
+        return false;
+    c->reserved += n;
+    c->h->inflight += n;
+    if (c->unauth) {
+        c->reserved_unauth += n;
+        c->h->inflight_unauth += n;
+    }
+    return true;
 }
 
 /* Append to a bufferevent's input. The bufferevent keeps its end frozen
@@ -694,26 +823,28 @@ static void input_append(struct evbuffer *in, struct evbuffer *src, const void *
     evbuffer_freeze(in, 0);
 }
 
-/* Put bytes where evhttp reads them. */
+/* The gate's output for the current request is held until the request is
+ * whole (or refused): evhttp never sees a partial body, so a refusal in
+ * the middle of one is a plain stand-in request (below). */
 static void release(gps_conn *c, const void *data, size_t n)
 {
-    input_append(bufferevent_get_input(c->bev), NULL, data, n);
-    c->vetted += n;
+    if (evbuffer_add(c->held, data, n) < 0)
+        c->st = G_DISCARD; /* ENOMEM: nothing reaches evhttp; the deadline closes it */
 }
 
 static void release_raw(gps_conn *c, size_t n)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
-    struct evbuffer *part = evbuffer_new();
-    if (!part || evbuffer_remove_buffer(c->raw, part, n) != (int)n) {
-        /* ENOMEM: give up the connection's request (the deadline closes it) */
-        if (part)
-            evbuffer_free(part);
+    if (evbuffer_remove_buffer(c->raw, c->held, n) != (int)n) {
         evbuffer_drain(c->raw, n);
-        return;
+        c->st = G_DISCARD;
     }
-    input_append(in, part, NULL, 0);
-    evbuffer_free(part);
+}
+
+/* The request is whole: hand it to evhttp. */
+static void flush_held(gps_conn *c)
+{
+    size_t n = evbuffer_get_length(c->held);
+    input_append(bufferevent_get_input(c->bev), c->held, NULL, 0);
     c->vetted += n;
 }
 
@@ -733,27 +864,38 @@ static void refuse(gps_conn *c, int status, const char *code, gps_dialect d, con
     c->dialect = d;
 }
 
-static void finish_refused_head(gps_conn *c, const gps_head *hd, bool body_pending)
+static void finish_stand_in(gps_conn *c, bool head_method, const char *corr, bool body_pending)
 {
     char stand_in[160];
     int n = snprintf(stand_in, sizeof stand_in, "%s / HTTP/1.1\r\n%s%s%s\r\n",
-                     hd && hd->method == EVHTTP_REQ_HEAD ? "HEAD" : "GET",
-                     hd && hd->corr[0] ? "X-Correlation-Id: " : "", hd ? hd->corr : "",
-                     hd && hd->corr[0] ? "\r\n" : "");
+                     head_method ? "HEAD" : "GET", corr[0] ? "X-Correlation-Id: " : "", corr,
+                     corr[0] ? "\r\n" : "");
+    evbuffer_drain(c->held, evbuffer_get_length(c->held));
     release(c, stand_in, (size_t)n);
+    flush_held(c);
     c->close_after = body_pending;
     c->st = body_pending ? G_DISCARD : G_DONE;
     deadline_set(c, 0);
 }
 
+static void finish_refused_head(gps_conn *c, const gps_head *hd, bool body_pending)
+{
+    finish_stand_in(c, hd && hd->method == EVHTTP_REQ_HEAD, hd ? hd->corr : "", body_pending);
+}
+
+/* Inside a body: what was held of the request is dropped and evhttp gets
+ * the stand-in instead; the rest of the body is discarded. */
 static void refuse_in_body(gps_conn *c)
 {
-    /* evhttp expects a chunk-size line here (we only ever hand it whole
-     * chunks): the last chunk ends the request. */
-    release(c, "0\r\n\r\n", 5);
-    c->close_after = true;
-    c->st = G_DISCARD;
-    deadline_set(c, 0);
+    finish_stand_in(c, false, c->corr, true);
+}
+
+static void refuse_busy(gps_conn *c)
+{
+    c->retry_after = true;
+    refuse(c, 503, "SERVER_BUSY", c->dialect,
+           "too many request bodies are being received; retry shortly");
+    refuse_in_body(c);
 }
 
 /* ip (trimmed span [p, e)) is one of h's trusted proxies (exact match). */
@@ -823,6 +965,118 @@ static const char *blank_to_null(const char *s, bool present)
     return present && s[0] ? s : NULL;
 }
 
+/* The largest body the current request may have. */
+static size_t body_cap(const gps_conn *c)
+{
+    size_t unauth = unauth_cap(c->h);
+    size_t max = c->h->opts.max_body_bytes;
+    return c->unauth && unauth < max ? unauth : max;
+}
+
+/* Host is a loopback name or address, with or without a port. */
+static bool host_is_loopback(const char *host)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s", host);
+    if (name[0] == '[') {
+        char *e = strchr(name, ']');
+        if (!e || (e[1] && (e[1] != ':' || !e[2] || strspn(e + 2, "0123456789") != strlen(e + 2))))
+            return false;
+        *e = '\0';
+        return strcmp(name + 1, "::1") == 0;
+    }
+    char *colon = strchr(name, ':');
+    if (colon) {
+        if (!colon[1] || strspn(colon + 1, "0123456789") != strlen(colon + 1))
+            return false;
+        *colon = '\0';
+    }
+    if (strcasecmp(name, "localhost") == 0 || strcasecmp(name, "localhost.") == 0)
+        return true;
+    struct in_addr a;
+    return inet_pton(AF_INET, name, &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+/* Home mode (auth off): refuse what a web page elsewhere could make a
+ * browser send (issue 25, finding 2). Returns true when refused. */
+static bool home_refuse(gps_conn *c, const gps_head *hd, gps_dialect d)
+{
+    gps_http *h = c->h;
+    if (!h->home || !h->home(h->home_arg))
+        return false;
+    c->no_retry = true;
+    /* A browser always sends Host; a rebound DNS name arrives as its own. */
+    if (hd->has_host && !host_is_loopback(hd->host)) {
+        refuse(c, 403, "HOST_NOT_ALLOWED", d,
+               "with auth off this server answers only requests addressed to a loopback name "
+               "(Host: localhost, 127.0.0.1 or [::1]), not '%.100s'; create a key to serve "
+               "other names",
+               hd->host);
+        return true;
+    }
+    if (hd->has_origin) {
+        char http_o[300], https_o[300];
+        snprintf(http_o, sizeof http_o, "http://%s", hd->host);
+        snprintf(https_o, sizeof https_o, "https://%s", hd->host);
+        if (!hd->has_host || !hd->origin[0] ||
+            (strcasecmp(hd->origin, http_o) != 0 && strcasecmp(hd->origin, https_o) != 0)) {
+            refuse(c, 403, "ORIGIN_NOT_ALLOWED", d,
+                   "cross-origin request refused: with auth off only pages of this server "
+                   "(Origin %.100s) may call it, not '%.100s'",
+                   http_o, hd->origin);
+            return true;
+        }
+    }
+    bool body = hd->chunked || hd->content_length > 0;
+    if (body) {
+        size_t tl = strcspn(hd->ctype, "; \t");
+        if (tl != 16 || strncasecmp(hd->ctype, "application/json", 16) != 0) {
+            refuse(c, 415, "UNSUPPORTED_MEDIA_TYPE", d,
+                   "request bodies must be sent as Content-Type: application/json%s%.100s%s",
+                   hd->has_ctype ? " (not '" : "", hd->ctype, hd->has_ctype ? "')" : "");
+            return true;
+        }
+    }
+    return false;
+}
+
+/* X-Pool-Via: ids separated by commas (and blanks). Returns true when
+ * refused: this pool is in it, or it holds GPS_POOL_MAX_HOPS ids already
+ * (this pool would add one more). */
+static bool pool_loop_refuse(gps_conn *c, const gps_head *hd, gps_dialect d)
+{
+    if (!hd->has_via)
+        return false;
+    int hops = 0;
+    bool self = false;
+    for (const char *p = hd->via; *p;) {
+        p += strspn(p, ", \t");
+        size_t n = strcspn(p, ", \t");
+        if (n == 0)
+            break;
+        hops++;
+        if (n == strlen(c->h->pool_id) && strncmp(p, c->h->pool_id, n) == 0)
+            self = true;
+        p += n;
+    }
+    /* This pool's id must fit behind the chain it passes on. */
+    bool fits = strlen(hd->via) + 2 + strlen(c->h->pool_id) < GPS_POOL_VIA_MAX;
+    if (!self && hops < GPS_POOL_MAX_HOPS && fits)
+        return false;
+    c->no_retry = true;
+    if (self)
+        refuse(c, 508, "POOL_LOOP", d,
+               "pool loop: this request already passed through this pool (X-Pool-Via: %.100s); "
+               "an agent's upstream leads back into a pool the request came through",
+               hd->via);
+    else
+        refuse(c, 508, "POOL_LOOP", d,
+               "this request passed through %d pools (X-Pool-Via: %.100s), the most a request "
+               "may: a loop of pools?",
+               hops, hd->via);
+    return true;
+}
+
 /* The decision on a complete head. Returns true when accepted. */
 static bool decide(gps_conn *c, const gps_head *hd)
 {
@@ -852,6 +1106,8 @@ static bool decide(gps_conn *c, const gps_head *hd)
         return false;
     }
     c->dialect = route->dialect;
+    if (home_refuse(c, hd, route->dialect))
+        return false;
     if (route->role != GPS_ROLE_NONE && h->auth) {
         const char *cred = blank_to_null(hd->auth, hd->has_auth);
         if (!cred && route->dialect == GPS_DIALECT_ANTHROPIC)
@@ -878,13 +1134,18 @@ static bool decide(gps_conn *c, const gps_head *hd)
         }
         c->authed = true;
     }
-    if (hd->content_length > 0 && (uint64_t)hd->content_length > h->opts.max_body_bytes) {
-        refuse(c, 413, "BODY_TOO_LARGE", route->dialect, "request body exceeds %zu bytes",
-               h->opts.max_body_bytes);
+    if (pool_loop_refuse(c, hd, route->dialect))
+        return false;
+    c->unauth = route->role == GPS_ROLE_NONE;
+    size_t cap = body_cap(c);
+    if (hd->content_length > 0 && (uint64_t)hd->content_length > cap) {
+        refuse(c, 413, "BODY_TOO_LARGE", route->dialect, "request body exceeds %zu bytes%s", cap,
+               c->unauth ? " (a request without credentials)" : "");
         return false;
     }
-    if (hd->content_length > 0 && h->opts.max_inflight_body_bytes &&
-        h->inflight + (size_t)hd->content_length > h->opts.max_inflight_body_bytes) {
+    /* Nothing is reserved on the declared length (bytes are charged as
+     * they arrive), but a body that could not fit now is refused at once. */
+    if (hd->content_length > 0 && !inflight_fits(c, (uint64_t)hd->content_length)) {
         c->retry_after = true;
         refuse(c, 503, "SERVER_BUSY", route->dialect,
                "too many request bodies are being received; retry shortly");
@@ -935,6 +1196,7 @@ static void gate_head(gps_conn *c, size_t head_len)
         finish_refused_head(c, hd, body);
         goto done;
     }
+    snprintf(c->corr, sizeof c->corr, "%s", hd->corr);
     release(c, hd->canon, hd->canon_len);
     if (hd->chunked) {
         c->st = G_CHUNK_SIZE;
@@ -942,10 +1204,9 @@ static void gate_head(gps_conn *c, size_t head_len)
     } else if (hd->content_length > 0) {
         c->st = G_BODY;
         c->left = (uint64_t)hd->content_length;
-        c->reserved = (size_t)hd->content_length;
-        c->h->inflight += c->reserved;
     } else {
         c->st = G_DONE;
+        flush_held(c);
     }
     if (body)
         deadline_set(c, c->h->opts.body_timeout_sec);
@@ -958,7 +1219,6 @@ done:
 /* One chunk-size line at the front of raw. false: wait for more. */
 static bool gate_chunk_size(gps_conn *c)
 {
-    gps_http *h = c->h;
     size_t len = evbuffer_get_length(c->raw);
     struct evbuffer_ptr e = evbuffer_search(c->raw, "\n", 1, NULL);
     if (e.pos < 0) {
@@ -1007,23 +1267,18 @@ static bool gate_chunk_size(gps_conn *c)
         c->st = G_TRAILER;
         return true;
     }
-    if (c->body_total + size > h->opts.max_body_bytes) {
-        refuse(c, 413, "BODY_TOO_LARGE", c->dialect, "request body exceeds %zu bytes",
-               h->opts.max_body_bytes);
+    size_t cap = body_cap(c);
+    if (c->body_total + size > cap) {
+        refuse(c, 413, "BODY_TOO_LARGE", c->dialect, "request body exceeds %zu bytes%s", cap,
+               c->unauth ? " (a request without credentials)" : "");
         refuse_in_body(c);
         return true;
     }
-    if (h->opts.max_inflight_body_bytes &&
-        h->inflight + size > h->opts.max_inflight_body_bytes) {
-        c->retry_after = true;
-        refuse(c, 503, "SERVER_BUSY", c->dialect,
-               "too many request bodies are being received; retry shortly");
-        refuse_in_body(c);
+    if (!inflight_fits(c, size)) {
+        refuse_busy(c);
         return true;
     }
     c->body_total += size;
-    c->reserved += (size_t)size;
-    h->inflight += (size_t)size;
     char out[32];
     int n = snprintf(out, sizeof out, "%llx\r\n", (unsigned long long)size);
     release(c, out, (size_t)n);
@@ -1053,6 +1308,7 @@ static bool gate_trailer(gps_conn *c)
         if (empty && (e.pos == 0 || first == '\r')) {
             release(c, "0\r\n\r\n", 5);
             c->st = G_DONE;
+            flush_held(c);
             deadline_set(c, 0);
             return true;
         }
@@ -1113,10 +1369,15 @@ static void gate_step(gps_conn *c)
             if (len == 0)
                 return;
             size_t n = len < c->left ? len : (size_t)c->left;
+            if (!inflight_charge(c, n)) {
+                refuse_busy(c);
+                continue;
+            }
             release_raw(c, n);
             c->left -= n;
-            if (c->left == 0) {
+            if (c->left == 0 && c->st == G_BODY) {
                 c->st = G_DONE;
+                flush_held(c);
                 deadline_set(c, 0);
             }
             continue;
@@ -1129,9 +1390,13 @@ static void gate_step(gps_conn *c)
             if (len == 0)
                 return;
             size_t n = len < c->left ? len : (size_t)c->left;
+            if (!inflight_charge(c, n)) {
+                refuse_busy(c);
+                continue;
+            }
             release_raw(c, n);
             c->left -= n;
-            if (c->left == 0)
+            if (c->left == 0 && c->st == G_CHUNK_DATA)
                 c->st = G_CHUNK_CRLF;
             continue;
         }
@@ -1252,8 +1517,12 @@ static void conn_free(gps_conn *c)
         event_free(c->init_ev);
     if (c->deadline)
         event_free(c->deadline);
+    if (c->hs_deadline)
+        event_free(c->hs_deadline);
     if (c->raw)
         evbuffer_free(c->raw);
+    if (c->held)
+        evbuffer_free(c->held);
     if (c->holds_ref)
         bufferevent_decref(c->bev);
     if (c->prev)
@@ -1274,13 +1543,14 @@ static gps_conn *conn_new(gps_http *h, struct bufferevent *bev)
     c->bev = bev;
     c->fd = -1;
     c->raw = evbuffer_new();
+    c->held = evbuffer_new();
     c->deadline = evtimer_new(h->base, deadline_cb, c);
     c->cbe = evbuffer_add_cb(bufferevent_get_input(bev), input_cb, c);
     c->next = h->conns_all;
     if (c->next)
         c->next->prev = c;
     h->conns_all = c;
-    if (!c->raw || !c->deadline || !c->cbe) {
+    if (!c->raw || !c->held || !c->deadline || !c->cbe) {
         conn_free(c);
         return NULL;
     }
@@ -1293,6 +1563,19 @@ static bool conn_attach(gps_conn *c, struct evhttp_connection *evcon)
 {
     c->evcon = evcon;
     c->fd = (int)bufferevent_getfd(c->bev);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+            c->has_peer = true;
+        } else if (ss.ss_family == AF_INET) {
+            static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+            memcpy(c->peer, mapped, 12);
+            memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+            c->has_peer = true;
+        }
+    }
     if (conn_table_put(c->h, c->fd, c) < 0) {
         c->fd = -1;
         conn_free(c); /* the caller closes the connection */
@@ -1329,11 +1612,19 @@ static void init_cb(evutil_socket_t fd, short what, void *arg)
 /* Every accepted connection's bufferevent goes through here. Without
  * memory for the gate, the connection is starved (reads capped at one
  * byte) and evhttp's idle timeout closes it: it is never ungated. */
-static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev)
+static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev, bool tls)
 {
     if (!bev)
         return NULL;
     gps_conn *c = conn_new(h, bev);
+    if (c && tls && h->opts.header_timeout_sec > 0) {
+        struct timeval tv = {h->opts.header_timeout_sec, 0};
+        c->hs_deadline = evtimer_new(h->base, hs_deadline_cb, c);
+        if (!c->hs_deadline || event_add(c->hs_deadline, &tv) < 0) {
+            conn_free(c);
+            c = NULL;
+        }
+    }
     if (c) {
         c->init_ev = event_new(h->base, -1, 0, init_cb, c);
         if (c->init_ev) {
@@ -1351,7 +1642,7 @@ static struct bufferevent *gate_bev(gps_http *h, struct bufferevent *bev)
 
 static struct bufferevent *plain_bevcb(struct event_base *base, void *arg)
 {
-    return gate_bev(arg, bufferevent_socket_new(base, -1, 0));
+    return gate_bev(arg, bufferevent_socket_new(base, -1, 0), false);
 }
 
 /* A request was answered completely: the next one on the connection goes
@@ -1527,6 +1818,10 @@ static void dispatch(struct evhttp_request *req, void *arg)
         c = &gc;
     }
     evhttp_request_set_on_complete_cb(req, on_complete, h);
+    /* The chain this pool passes on (the gate checked the header). */
+    const char *via = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Pool-Via");
+    snprintf(r.pool_via, sizeof r.pool_via, "%s%s%s", via && *via ? via : "",
+             via && *via ? ", " : "", h->pool_id);
 
     const char *corr = evhttp_find_header(evhttp_request_get_input_headers(req),
                                           "X-Correlation-Id");
@@ -1657,6 +1952,7 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         return NULL;
     h->base = base;
     h->opts = *opts;
+    gp_random_hex(h->pool_id, 8);
     h->evh = evhttp_new(base);
     if (!h->evh) {
         free(h);
@@ -1712,6 +2008,12 @@ void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg)
 {
     h->auth = fn;
     h->auth_arg = arg;
+}
+
+void gps_http_set_home_check(gps_http *h, bool (*fn)(void *arg), void *arg)
+{
+    h->home = fn;
+    h->home_arg = arg;
 }
 
 /* The port a bound socket really got (port 0 asks for an ephemeral one). */
@@ -1865,7 +2167,7 @@ static struct bufferevent *tls_bevcb(struct event_base *base, void *arg)
     /* Many clients close without close_notify; treat that as a plain EOF
      * rather than an error (HTTP framing already delimits every message). */
     bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
-    return gate_bev(h, bev);
+    return gate_bev(h, bev, true);
 }
 
 int gps_http_bind_tls(gps_http *h, const char *host, int port, gps_tls *tls, int *bound_port,

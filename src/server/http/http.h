@@ -41,6 +41,13 @@ typedef enum {
 } gps_role;
 
 #define GPS_ROUTE_MAX_PARAMS 4
+/* Pools of pools (issue 25): every pool a request passes through appends
+ * its id (16 hex) to X-Pool-Via, which an agent whose upstream is a pool
+ * passes on. A request that names this pool already (a loop: an agent's
+ * upstream leads back into a pool it came through) or passed through more
+ * than GPS_POOL_MAX_HOPS pools is refused at the head (508 POOL_LOOP). */
+#define GPS_POOL_MAX_HOPS 4
+#define GPS_POOL_VIA_MAX 128
 #define GPS_ROUTE_PARAM_MAX 128
 
 typedef struct gps_http gps_http;
@@ -69,6 +76,7 @@ struct gps_req {
     char params[GPS_ROUTE_MAX_PARAMS][GPS_ROUTE_PARAM_MAX];
     int nparams;
     uint64_t start_us;                /* gp_now_mono_us() when dispatched */
+    char pool_via[GPS_POOL_VIA_MAX];  /* X-Pool-Via of the request + this pool's id */
 };
 
 /* Auth hook: decide whether `credential` may use a route of `role`.
@@ -91,11 +99,19 @@ typedef struct gps_http_opts {
     size_t max_inflight_body_bytes; /* body bytes being received, all connections */
     int header_timeout_sec;         /* whole request head, from its first byte */
     int body_timeout_sec;           /* whole body, from the end of the head */
+    /* A request without credentials (a route of role NONE: enrollment) may
+     * send at most this body (0: 65536), and such bodies together take at
+     * most a quarter of max_inflight_body_bytes: the rest is reserved for
+     * agents and clients whose key was checked at the head. */
+    size_t max_unauth_body_bytes;
     /* Comma-separated IP addresses of reverse proxies whose X-Forwarded-For
      * is believed for the client address in logs (borrowed; NULL or "":
      * none, the peer's address is the client's). */
     const char *trusted_proxies;
 } gps_http_opts;
+/* One peer address may have this many max_unauth_body_bytes in flight in
+ * requests without credentials (a peer cannot take the whole quarter). */
+#define GPS_HTTP_PEER_UNAUTH_BODIES 4
 
 /* New server on base. Returns NULL on allocation failure. */
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts);
@@ -107,6 +123,13 @@ int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_d
  * the table's (NULL) arg. 0 or -1. */
 int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg);
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
+/* Home mode (auth off: loopback listeners and no key) asked per request:
+ * while fn(arg) is true, a browser page from elsewhere must not be able to
+ * use the API (cross-site requests, DNS rebinding). Such requests are
+ * refused at the head: a Host that is not a loopback name or address, an
+ * Origin other than the server's own (http or https + the Host), and a
+ * body whose Content-Type is not application/json. */
+void gps_http_set_home_check(gps_http *h, bool (*fn)(void *arg), void *arg);
 /* Bind host:port (port 0 = ephemeral). *bound_port receives the real port.
  * 0 or -1 with a message in err. */
 int gps_http_bind(gps_http *h, const char *host, int port, int *bound_port, char *err,
@@ -157,6 +180,12 @@ typedef struct gps_head {
     char auth[512];            /* Authorization, trimmed ("" when blank) */
     char api_key[512];         /* x-api-key, trimmed */
     char corr[65];             /* X-Correlation-Id when sane, else "" */
+    bool has_host, has_origin, has_ctype;
+    char host[256];            /* Host (trimmed; "" when longer) */
+    char origin[256];          /* Origin (trimmed; "" when longer) */
+    char ctype[128];           /* Content-Type (trimmed; "" when longer) */
+    bool has_via;
+    char via[GPS_POOL_VIA_MAX];  /* X-Pool-Via (trimmed; "" when longer) */
     char xff[256];             /* the last X-Forwarded-For, trimmed ("" when absent) */
     char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;

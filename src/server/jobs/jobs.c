@@ -232,8 +232,38 @@ static void table_remove(gps_jobs *j, gps_job *job)
     list_unlink(j, job);
 }
 
+/* Give back what the job held against its key's daily budget (once). */
+static void release_reservation(gps_job *job)
+{
+    if (job->reserved_tokens > 0 && job->owner && job->owner->limits)
+        gps_limits_release(job->owner->limits, job->key_id, job->reserved_tokens);
+    job->reserved_tokens = 0;
+}
+
+/* The most tokens a new job may spend: its prompt (the documented
+ * estimate, common/gp_count.h) plus max_tokens. A count_tokens job spends
+ * none. */
+static long long job_token_reserve(const gps_job_spec *spec)
+{
+    if (spec->kind == GPS_JOB_COUNT_TOKENS)
+        return 0;
+    long long n = spec->max_tokens > 0 ? spec->max_tokens : 0;
+    json_t *w = json_object();
+    if (w) {
+        if (spec->prompt)
+            json_object_set_new(w, "prompt", json_string(spec->prompt));
+        if (spec->messages)
+            json_object_set(w, "messages", spec->messages);
+        long long p = gp_count_estimate(w);
+        json_decref(w);
+        n += p > 0 ? p : 0;
+    }
+    return n;
+}
+
 static void job_free(gps_job *job)
 {
+    release_reservation(job);
     gps_job_sub *s = job->subs;
     while (s) {
         gps_job_sub *n = s->next;
@@ -434,6 +464,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
         json_object_set_new(w, "session", json_string(session));
     if (s->priority == GPS_PRIO_BATCH)
         json_object_set_new(w, "priority", json_string("batch"));
+    if (s->pool_via[0])
+        json_object_set_new(w, "pool_via", json_string(s->pool_via));
     wire_continuation(job, w);
     return w;
 }
@@ -574,6 +606,7 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
     if (j->limits) {
         /* A count_tokens job reports the counted prompt as its usage: that
          * is an answer, not tokens the key spent. */
+        release_reservation(job);
         if (job->spec.kind != GPS_JOB_COUNT_TOKENS)
             gps_limits_account(j->limits, job->key_id, job->prompt_tokens,
                                job->completion_tokens, gp_now_wall_ms());
@@ -879,9 +912,12 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
                          const char *key_id, gps_submit_err *err)
 {
     memset(err, 0, sizeof *err);
+    long long reserve = 0;
     if (j->limits && !spec->resume_id && key_id && *key_id) {
         int retry = 0;
-        gps_limit_result lr = gps_limits_admit(j->limits, key_id, gp_now_wall_ms(), &retry);
+        reserve = job_token_reserve(spec);
+        gps_limit_result lr =
+            gps_limits_admit(j->limits, key_id, gp_now_wall_ms(), reserve, &retry);
         if (lr != GPS_LIMIT_OK) {
             if (j->metrics)
                 gps_metrics_rate_limited(j->metrics, gps_limit_result_name(lr));
@@ -907,6 +943,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     }
     gps_job *job = calloc(1, sizeof *job);
     if (!job) {
+        if (reserve > 0)
+            gps_limits_release(j->limits, key_id, reserve);
         gps_job_spec_clear(spec);
         err->status = 500;
         err->code = "INTERNAL";
@@ -921,6 +959,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
              correlation_id ? correlation_id : "");
     snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    job->reserved_tokens = reserve;
     job->spec = *spec;
     memset(spec, 0, sizeof *spec);
     spec->api = job->spec.api;

@@ -94,6 +94,10 @@ typedef struct gps_job_spec {
     char *fallback_models[GPS_MAX_FALLBACK_MODELS];
     size_t n_fallback;
     const char *api;         /* static: "openai", "anthropic", "native" */
+    /* The pools the request passed through, this one last (gps_req's
+     * pool_via): an agent whose upstream is a pool passes it on as
+     * X-Pool-Via ("" = none, e.g. a task resubmitted after a restart). */
+    char pool_via[128];
     /* Restart recovery (api_tasks): resubmit a stored task under its id
      * (the request-log row exists: updated, not inserted) with the text it
      * had generated before the restart as continuation (resume_tokens
@@ -207,6 +211,7 @@ struct gps_job {
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */
+    long long reserved_tokens;    /* held against the key's tokens_per_day until it ends */
     bool sched_observed;          /* scheduling latency recorded (first assignment) */
     uint64_t queued_since_us;
     uint64_t finished_us;

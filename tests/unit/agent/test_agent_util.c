@@ -204,6 +204,37 @@ static void evq_max_batch_and_rewind(void **st)
     agent_evq_free(&q);
 }
 
+/* A refused upload: its events (and the later ones) make way for one
+ * error event, which ends the queue (issue 25). */
+static void evq_replace_rest(void **st)
+{
+    (void)st;
+    agent_evq q;
+    agent_evq_init(&q);
+    for (int i = 0; i < 3; i++)
+        agent_evq_push(&q, ev("token"));
+    size_t seq;
+    json_t *b = agent_evq_take(&q, 0, &seq);
+    json_decref(b);
+    agent_evq_ack(&q);
+    agent_evq_push(&q, ev("token"));
+    agent_evq_push(&q, ev("end"));
+    b = agent_evq_take(&q, 0, &seq);
+    json_decref(b);
+    agent_evq_replace_rest(&q, ev("error"));
+    assert_int_equal(agent_evq_len(&q), 4);
+    assert_true(q.terminal);
+    b = agent_evq_take(&q, 0, &seq);
+    assert_int_equal(seq, 3);
+    assert_int_equal(json_array_size(b), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(b, 0), "type")),
+                        "error");
+    json_decref(b);
+    agent_evq_ack(&q);
+    assert_true(agent_evq_done(&q));
+    agent_evq_free(&q);
+}
+
 static void evq_nothing_after_terminal(void **st)
 {
     (void)st;
@@ -410,6 +441,7 @@ int main(void)
         cmocka_unit_test(evq_batches_everything_accumulated),
         cmocka_unit_test(evq_max_batch_and_rewind),
         cmocka_unit_test(evq_nothing_after_terminal),
+        cmocka_unit_test(evq_replace_rest),
         cmocka_unit_test(backoff_schedule),
         cmocka_unit_test(labels_ok),
         cmocka_unit_test(labels_bad),

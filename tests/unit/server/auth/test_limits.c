@@ -48,18 +48,18 @@ static void test_rpm_bucket(void **state)
     int retry = -1;
     /* A fresh key has its whole minute at once. */
     for (int i = 0; i < 3; i++)
-        assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_RPM);
+        assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_RPM);
     /* One request comes back every 20 s. */
     assert_true(retry >= 1 && retry <= 21);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 10000, &retry), GPS_LIMIT_RPM);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 10000, 0, &retry), GPS_LIMIT_RPM);
     assert_true(retry >= 1 && retry <= 11);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 20000, &retry), GPS_LIMIT_OK);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 20000, &retry), GPS_LIMIT_RPM);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 20000, 0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 20000, 0, &retry), GPS_LIMIT_RPM);
     /* Idle for long: the bucket holds at most rpm. */
     for (int i = 0; i < 3; i++)
-        assert_int_equal(gps_limits_admit(l, id, T0 + 3600000, &retry), GPS_LIMIT_OK);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 3600000, &retry), GPS_LIMIT_RPM);
+        assert_int_equal(gps_limits_admit(l, id, T0 + 3600000, 0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 3600000, 0, &retry), GPS_LIMIT_RPM);
 
     gps_key_usage u;
     gps_limits_get_usage(l, id, T0 + 3600000, &u);
@@ -77,15 +77,52 @@ static void test_no_key_and_unlimited(void **state)
     gps_limits *l = gps_limits_new(a, NULL);
     int retry = -1;
     for (int i = 0; i < 1000; i++) {
-        assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
-        assert_int_equal(gps_limits_admit(l, "", T0, &retry), GPS_LIMIT_OK);
-        assert_int_equal(gps_limits_admit(l, NULL, T0, &retry), GPS_LIMIT_OK);
+        assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
+        assert_int_equal(gps_limits_admit(l, "", T0, 0, &retry), GPS_LIMIT_OK);
+        assert_int_equal(gps_limits_admit(l, NULL, T0, 0, &retry), GPS_LIMIT_OK);
         /* A key id the auth cache does not know: counted, never limited. */
-        assert_int_equal(gps_limits_admit(l, "key_unknown", T0, &retry), GPS_LIMIT_OK);
+        assert_int_equal(gps_limits_admit(l, "key_unknown", T0, 0, &retry), GPS_LIMIT_OK);
     }
     assert_int_equal(retry, 0);
     assert_true(gps_limits_may_start(l, id));
     assert_true(gps_limits_may_start(l, NULL));
+    gps_limits_free(l);
+    gps_auth_free(a);
+}
+
+/* Issue 25, finding 4: concurrent requests each reserve their most at
+ * admission, so the budget overshoots by one request at most; what a job
+ * did not use comes back when it ends. */
+static void test_tokens_per_day_reserved_at_admission(void **state)
+{
+    (void)state;
+    char id[GPS_AUTH_ID_LEN + 1];
+    gps_auth *a = auth_with_key(NULL, (gps_key_limits){.tokens_per_day = 100}, id);
+    gps_limits *l = gps_limits_new(a, NULL);
+    int retry = -1;
+    int admitted = 0;
+    for (int i = 0; i < 30; i++)
+        if (gps_limits_admit(l, id, T0, 55, &retry) == GPS_LIMIT_OK)
+            admitted++;
+    assert_int_equal(admitted, 2); /* 0 + 55 < 100, 55 + 55 >= 100 */
+    gps_key_usage u;
+    gps_limits_get_usage(l, id, T0, &u);
+    assert_int_equal(u.reserved_tokens, 110);
+    /* One ends having used 10 of its 55: 45 come back. */
+    gps_limits_release(l, id, 55);
+    gps_limits_account(l, id, 4, 6, T0);
+    assert_int_equal(gps_limits_admit(l, id, T0, 55, &retry), GPS_LIMIT_OK); /* 10 + 55 < 100 */
+    assert_int_equal(gps_limits_admit(l, id, T0, 55, &retry), GPS_LIMIT_TOKENS); /* 10 + 110 */
+    gps_limits_release(l, id, 110);
+    gps_limits_account(l, id, 8, 12, T0);
+    gps_limits_get_usage(l, id, T0, &u);
+    assert_int_equal(u.reserved_tokens, 0);
+    assert_int_equal(u.prompt_tokens + u.completion_tokens, 30);
+    assert_int_equal(gps_limits_admit(l, id, T0, 55, &retry), GPS_LIMIT_OK); /* 30 spent */
+    /* Releasing more than is held never goes below zero. */
+    gps_limits_release(l, id, 1000);
+    gps_limits_get_usage(l, id, T0, &u);
+    assert_int_equal(u.reserved_tokens, 0);
     gps_limits_free(l);
     gps_auth_free(a);
 }
@@ -97,12 +134,12 @@ static void test_tokens_per_day_and_rollover(void **state)
     gps_auth *a = auth_with_key(NULL, (gps_key_limits){.tokens_per_day = 100}, id);
     gps_limits *l = gps_limits_new(a, NULL);
     int retry = -1;
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
     gps_limits_account(l, id, 60, 39, T0);
     /* 99 of 100 spent: one more request may start (and may overshoot). */
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
     gps_limits_account(l, id, 5, 20, T0);
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_TOKENS);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_TOKENS);
     /* Until the next UTC midnight: 14 h from 10:00. */
     assert_int_equal(retry, 14 * 3600);
     gps_key_usage u;
@@ -112,7 +149,7 @@ static void test_tokens_per_day_and_rollover(void **state)
     assert_int_equal(u.requests, 2);
     assert_int_equal(u.rate_limited, 1);
     /* A new day, a new budget. */
-    assert_int_equal(gps_limits_admit(l, id, T0 + 14LL * 3600 * 1000, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 14LL * 3600 * 1000, 0, &retry), GPS_LIMIT_OK);
     gps_limits_get_usage(l, id, T0 + 14LL * 3600 * 1000, &u);
     assert_int_equal(u.prompt_tokens + u.completion_tokens, 0);
     assert_int_equal(u.requests, 1);
@@ -156,12 +193,12 @@ static void test_limits_change_on_a_live_key(void **state)
     gps_auth *a = auth_with_key(NULL, (gps_key_limits){0}, id);
     gps_limits *l = gps_limits_new(a, NULL);
     int retry;
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
     gps_key_limits lim = {.rpm = 1, .max_concurrent = 1};
     assert_int_equal(gps_auth_key_set_limits(a, id, &lim), 0);
     assert_int_equal(gps_auth_key_find(a, id)->limits.rpm, 1);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 1, &retry), GPS_LIMIT_OK);
-    assert_int_equal(gps_limits_admit(l, id, T0 + 2, &retry), GPS_LIMIT_RPM);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 1, 0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0 + 2, 0, &retry), GPS_LIMIT_RPM);
     gps_limits_started(l, id);
     assert_false(gps_limits_may_start(l, id));
     lim.max_concurrent = 0;
@@ -184,12 +221,12 @@ static void test_usage_survives_restart(void **state)
     gps_auth *a = auth_with_key(s, (gps_key_limits){.rpm = 100, .tokens_per_day = 50}, id);
     gps_limits *l = gps_limits_new(a, s);
     int retry;
-    assert_int_equal(gps_limits_admit(l, id, T0 - DAY_MS, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0 - DAY_MS, 0, &retry), GPS_LIMIT_OK);
     gps_limits_account(l, id, 1000, 1000, T0 - DAY_MS); /* yesterday: not today's budget */
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_OK);
     gps_limits_account(l, id, 30, 25, T0);
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_TOKENS);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_TOKENS);
     gps_limits_free(l);
     gps_auth_free(a);
     gps_store_close(s); /* flushes the queued writes */
@@ -211,7 +248,7 @@ static void test_usage_survives_restart(void **state)
     assert_int_equal(u.completion_tokens, 25);
     assert_int_equal(u.rate_limited, 1);
     /* The budget stays spent across the restart. */
-    assert_int_equal(gps_limits_admit(l, id, T0, &retry), GPS_LIMIT_TOKENS);
+    assert_int_equal(gps_limits_admit(l, id, T0, 0, &retry), GPS_LIMIT_TOKENS);
     gps_limits_free(l);
     gps_auth_free(a);
     gps_store_close(s);
@@ -259,9 +296,9 @@ static void test_bad_usage_rows_are_clamped(void **state)
     assert_int_equal(u.completion_tokens, 5);
     assert_int_equal(u.rate_limited, 0);
     int retry;
-    assert_int_equal(gps_limits_admit(l, lim_id, T0, &retry), GPS_LIMIT_TOKENS);
+    assert_int_equal(gps_limits_admit(l, lim_id, T0, 0, &retry), GPS_LIMIT_TOKENS);
     /* The unlimited key is admitted; accounting more saturates. */
-    assert_int_equal(gps_limits_admit(l, free_id, T0, &retry), GPS_LIMIT_OK);
+    assert_int_equal(gps_limits_admit(l, free_id, T0, 0, &retry), GPS_LIMIT_OK);
     gps_limits_account(l, free_id, INT64_MAX, INT64_MAX, T0);
     gps_limits_get_usage(l, free_id, T0, &u);
     assert_true(u.prompt_tokens > 0 && u.completion_tokens > 0);
@@ -280,7 +317,7 @@ static void test_bad_usage_rows_are_clamped(void **state)
     assert_int_equal(gps_limits_load(l, T0, err, sizeof err), 0);
     gps_limits_get_usage(l, free_id, T0, &u);
     assert_true(u.prompt_tokens > 0 && u.prompt_tokens <= INT64_MAX / 4);
-    assert_int_equal(gps_limits_admit(l, lim_id, T0, &retry), GPS_LIMIT_TOKENS);
+    assert_int_equal(gps_limits_admit(l, lim_id, T0, 0, &retry), GPS_LIMIT_TOKENS);
     gps_limits_free(l);
     gps_auth_free(a);
     gps_store_close(s);
@@ -295,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_tokens_per_day_and_rollover),
         cmocka_unit_test(test_max_concurrent),
         cmocka_unit_test(test_limits_change_on_a_live_key),
+        cmocka_unit_test(test_tokens_per_day_reserved_at_admission),
         cmocka_unit_test_setup_teardown(test_usage_survives_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_usage_rows_are_clamped, setup, teardown),
     };

@@ -114,7 +114,8 @@ static void test_parse_valid(void **st)
         "\"models\":[{\"id\":\"stories260K\",\"aliases\":[\"tiny\"],\"quantization\":\"F32\","
         "\"context_length\":512,\"vram_bytes\":0,\"loaded\":true,\"architecture\":\"llama\","
         "\"bytes\":1185376}],\"slots\":{\"total\":4,\"busy\":1},\"queue_depth\":2,"
-        "\"kv_cache_utilization\":0.12,\"labels\":{\"region\":\"eu\"},\"status\":\"draining\"}";
+        "\"kv_cache_utilization\":0.12,\"labels\":{\"region\":\"eu\"},\"status\":\"draining\","
+        "\"junk\":[1,2,3]}";
     json_t *j = json_loads(body, 0, NULL);
     registry_facts f;
     char err[128];
@@ -135,7 +136,14 @@ static void test_parse_valid(void **st)
     assert_int_equal(f.n_labels, 1);
     assert_string_equal(f.labels[0].key, "region");
     assert_string_equal(f.labels[0].value, "eu");
-    assert_ptr_equal(f.raw, j);
+    /* Only the known fields are kept (issue 25): not the models (parsed
+     * above), not an unknown field. */
+    assert_non_null(f.raw);
+    assert_ptr_not_equal(f.raw, j);
+    assert_non_null(json_object_get(f.raw, "labels"));
+    assert_null(json_object_get(f.raw, "models"));
+    assert_null(json_object_get(f.raw, "agent_id"));
+    assert_null(json_object_get(f.raw, "junk"));
     registry_facts_free(&f);
     json_decref(j);
 }

@@ -135,6 +135,18 @@ static void test_issue9_head_parse(void **st)
     assert_int_equal(parse("GET /v1/models HTTP/1.1\r\nAuthorization:   \r\n", &hd), 0);
     assert_true(hd.has_auth);
     assert_string_equal(hd.auth, "");
+    /* what home mode and pool loops look at (issue 25) */
+    assert_int_equal(parse("POST /admin/keys HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"
+                           "Origin: http://127.0.0.1:8080\r\nContent-Type: text/plain\r\n"
+                           "X-Pool-Via: 0123456789abcdef\r\n", &hd), 0);
+    assert_string_equal(hd.host, "127.0.0.1:8080");
+    assert_string_equal(hd.origin, "http://127.0.0.1:8080");
+    assert_string_equal(hd.ctype, "text/plain");
+    assert_string_equal(hd.via, "0123456789abcdef");
+    assert_int_equal(parse("POST / HTTP/1.1\r\nContent-Type: application/json\r\n"
+                           "Content-Type: text/plain\r\n", &hd), 0);
+    assert_true(hd.has_ctype);
+    assert_string_equal(hd.ctype, ""); /* two types: none that matches */
 
     static const struct {
         const char *head;
@@ -159,6 +171,12 @@ static void test_issue9_head_parse(void **st)
         {"GET / HTTP/1.1\nHost: x\r\n", 400},
         {"GET / HTTP/1.1\r\nHost: x\n", 400},
         {"HEAD / HTTP/1.1\r\nContent-Length: 3\r\n", 400},
+        /* issue 25: GET bodies, two Host, Origin or X-Pool-Via */
+        {"GET /health HTTP/1.1\r\nContent-Length: 3\r\n", 400},
+        {"GET /health HTTP/1.1\r\nTransfer-Encoding: chunked\r\n", 400},
+        {"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n", 400},
+        {"GET / HTTP/1.1\r\nOrigin: a\r\nOrigin: a\r\n", 400},
+        {"GET / HTTP/1.1\r\nX-Pool-Via: a\r\nX-Pool-Via: b\r\n", 400},
         {"CONNECT h:443 HTTP/1.1\r\n", 501},
         {"TRACE / HTTP/1.1\r\n", 501},
         {"BREW / HTTP/1.1\r\n", 501},
