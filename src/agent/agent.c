@@ -39,7 +39,14 @@
 /* Types                                                                    */
 /* ======================================================================== */
 
-typedef enum { REQ_ENROLL, REQ_POLL, REQ_WORK, REQ_EVENTS, REQ_EVENTS_BATCH } req_kind;
+typedef enum {
+    REQ_ENROLL,
+    REQ_POLL,
+    REQ_WORK,
+    REQ_EVENTS,
+    REQ_EVENTS_BATCH,
+    REQ_DEREGISTER
+} req_kind;
 
 typedef struct agent_job agent_job;
 
@@ -126,6 +133,9 @@ struct agent {
                              * new work while it does (not announced as our own
                              * state, so an admin's undrain takes effect at once) */
     bool drain_announced;   /* a poll carrying "draining" was acknowledged */
+    req *dereg_req;         /* POST /agents/deregister in flight (clean stop) */
+    bool leaving;           /* deregistering: no new poll or long-poll */
+    bool dereg_done;        /* answered, failed or timed out: exit */
     bool stopping;          /* exit once drained */
     bool jobs_stopped;      /* drain deadline passed: jobs were told to stop */
     uint64_t drain_deadline_ms;
@@ -577,6 +587,19 @@ static void auth_lost(agent *a, const char *what, long status, json_t *body)
 {
     if (a->fatal)
         return;
+    if (!a->key_from_file && !(a->o->token && *a->o->token)) {
+        /* Started without a key against a server with auth off; a key
+         * made since then turned auth on. */
+        gp_log_error("auth_required",
+                     "server refused this agent on %s: HTTP %ld %s %s; exiting. The server "
+                     "now requires a key (auth turns on with its first key): make an "
+                     "enrollment token (gpupoolctl tokens create) and start this agent with "
+                     "--token TOKEN (or GPUPOOL_TOKEN in its environment file)",
+                     what, status, error_code(body), error_text(body));
+        a->fatal = true;
+        a->exit_code = 2;
+        return;
+    }
     gp_log_error("auth_revoked",
                  "server refused the agent key on %s: HTTP %ld %s %s; exiting. %s%s%s", what,
                  status, error_code(body), error_text(body),
@@ -1255,9 +1278,42 @@ static void handle_done(agent *a, CURLMsg *m)
     case REQ_EVENTS_BATCH:
         batch_done(a, r, rc, status, body);
         break;
+    case REQ_DEREGISTER:
+        a->dereg_req = NULL;
+        a->dereg_done = true;
+        if (rc == CURLE_OK && status == 200)
+            gp_log_info("deregistered", "the server marked this agent offline");
+        else
+            gp_log_warn("deregister_failed", "deregistration failed (%s, HTTP %ld): the "
+                        "server will see this agent go silent",
+                        rc == CURLE_OK ? "ok" : curl_easy_strerror(rc), status);
+        break;
     }
     json_decref(body);
     req_free(r);
+}
+
+/* A clean stop tells the server (POST /agents/deregister), so that it
+ * shows the agent offline rather than dead and pages nobody. Started once
+ * no poll is in flight (a poll after it would register us again); true
+ * while the loop should keep going for it. */
+static bool deregister_step(agent *a)
+{
+    if (!a->registered || a->dereg_done || a->fatal)
+        return false;
+    if (a->dereg_req)
+        return true;
+    if (a->poll_req) {
+        a->leaving = true; /* let it finish, start no other */
+        return true;
+    }
+    a->leaving = true;
+    json_t *body = json_pack("{s:s,s:s}", "agent_id", a->id, "instance", a->instance);
+    a->dereg_req = body ? req_start(a, REQ_DEREGISTER, "/agents/deregister", body, 3000, NULL)
+                        : NULL;
+    if (!a->dereg_req)
+        a->dereg_done = true;
+    return a->dereg_req != NULL;
 }
 
 /* Free jobs that are finished on both sides (safe point: not inside any
@@ -1391,7 +1447,8 @@ int agent_run(agent *a)
         reap_jobs(a);
 
         /* Leave when drained (or out of time after stopping the jobs). */
-        if (a->stopping && !a->jobs && (a->drain_announced || !a->registered))
+        if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
+            !deregister_step(a))
             break;
         if (a->jobs_stopped && now >= a->final_deadline_ms) {
             gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
@@ -1405,9 +1462,9 @@ int agent_run(agent *a)
             if (!a->enroll_req)
                 wake = min_u64(wake, a->next_enroll_ms);
         } else {
-            if (!a->poll_req && now >= a->next_poll_ms)
+            if (!a->poll_req && now >= a->next_poll_ms && !a->leaving)
                 poll_start(a);
-            if (!a->poll_req)
+            if (!a->poll_req && !a->leaving)
                 wake = min_u64(wake, a->next_poll_ms);
         }
 
@@ -1436,7 +1493,7 @@ int agent_run(agent *a)
             a->next_work_ms = now;
         }
         bool want = free_slots > 0 || !a->no_liveness;
-        if (!a->work_req && a->registered && want) {
+        if (!a->work_req && a->registered && want && !a->leaving) {
             if (now >= a->next_work_ms)
                 work_start(a, free_slots);
             else
@@ -1563,6 +1620,7 @@ void agent_destroy(agent *a)
         req_abort(a, a->poll_req);
         req_abort(a, a->work_req);
         req_abort(a, a->work_stale);
+        req_abort(a, a->dereg_req);
         /* A batched upload is shared by its jobs: abort it once. */
         req_abort(a, a->batch_req);
         for (agent_job *j = a->jobs; j; j = j->next)

@@ -9,7 +9,8 @@
  *                 [--alias NAME] [--config FILE] [--print-config]
  *
  * Signals: SIGTERM/SIGINT drain (announce "draining", finish running jobs up
- * to drain-timeout-sec, exit 0); a second one stops at once (exit 1).
+ * to drain-timeout-sec, deregister, exit 0); a second one stops at once
+ * (exit 1). A model download: 0 stopped, 1 may succeed later, 2 will not.
  * Signals are taken by a dedicated thread (sigwait) so that the loop is
  * woken through agent_stop, never interrupted.
  */
@@ -21,10 +22,12 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <jansson.h>
 
 #include "agent/agent.h"
 #include "agent/agent_config.h"
 #include "agent/backend.h"
+#include "agent/agent_util.h"
 #include "agent/model_fetch.h"
 #include "common/gp_log.h"
 
@@ -68,9 +71,95 @@ static bool stop_pending(void)
     return sigpending(&p) == 0 && (sigismember(&p, SIGTERM) == 1 || sigismember(&p, SIGINT) == 1);
 }
 
+typedef struct check_body {
+    char data[2048];
+    size_t len;
+} check_body;
+
+static size_t check_write(char *p, size_t sz, size_t n, void *ud)
+{
+    check_body *b = ud;
+    size_t take = sz * n;
+    size_t room = sizeof b->data - 1 - b->len;
+    memcpy(b->data + b->len, p, take < room ? take : room);
+    b->len += take < room ? take : room;
+    b->data[b->len] = '\0';
+    return sz * n;
+}
+
+/* Before a download that may take hours, ask the server whether it will
+ * take our credential (POST /agents/check): a revoked key or a spent token
+ * then fails in a second. -1 (err set) only when the server says no; an
+ * unreachable or older server (404) is no reason not to download. */
+static int check_credentials(const agent_options *o, char *err, size_t errlen)
+{
+    char *key = NULL, lerr[256], url[4200], auth[256];
+    int rc = 0;
+    if (agent_state_load_key(o->state_dir, &key, lerr, sizeof lerr) < 0)
+        return 0; /* agent_create reports it */
+    const char *cred = key ? key : (o->token && *o->token) ? o->token : NULL;
+    size_t bl = strlen(o->server);
+    while (bl > 0 && o->server[bl - 1] == '/')
+        bl--;
+    snprintf(url, sizeof url, "%.*s/agents/check", (int)bl, o->server);
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = NULL;
+    check_body b = {.len = 0};
+    if (!c)
+        goto done;
+    if (cred) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", cred);
+        h = curl_slist_append(h, auth);
+        explicit_bzero(auth, sizeof auth);
+    }
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 15L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, check_write);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
+    if (o->ca_file && *o->ca_file)
+        curl_easy_setopt(c, CURLOPT_CAINFO, o->ca_file);
+    if (o->insecure && o->insecure_confirmed) {
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(c, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
+    CURLcode cc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    if (cc != CURLE_OK || (status != 401 && status != 403)) {
+        if (cc != CURLE_OK || status != 200)
+            gp_log_warn("credentials_unchecked", "could not check the agent's credentials "
+                        "with %s before the model download (%s, HTTP %ld); downloading anyway",
+                        url, cc != CURLE_OK ? curl_easy_strerror(cc) : "ok", status);
+        goto done;
+    }
+    json_t *j = json_loads(b.data, 0, NULL);
+    const json_t *e = json_object_get(j, "error");
+    const char *code = json_string_value(json_object_get(e, "code"));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    snprintf(err, errlen, "the server refuses this agent's %s (HTTP %ld %s: %s); not "
+             "downloading the model. %s", key ? "key (" AGENT_KEY_FILE ")" : cred ? "--token"
+             : "missing credential", status, code ? code : "?", msg ? msg : "",
+             key ? "Delete the key file and start with --token NEW_ENROLLMENT_TOKEN"
+                 : "Start with --token and a valid enrollment token (gpupoolctl tokens create)");
+    json_decref(j);
+    rc = -1;
+done:
+    curl_slist_free_all(h);
+    if (c)
+        curl_easy_cleanup(c);
+    if (key) {
+        explicit_bzero(key, strlen(key));
+        free(key);
+    }
+    return rc;
+}
+
 /* --model URL: download (or find in the cache) before anything registers,
  * then point o->model at the local file (a copy: gp_config_free frees the
- * option strings). */
+ * option strings). 0, or model_fetch's -1 / MODEL_FETCH_TRANSIENT. */
 static int fetch_model(agent_options *o, char *err, size_t errlen)
 {
     char path[4096 + 256];
@@ -93,8 +182,9 @@ static int fetch_model(agent_options *o, char *err, size_t errlen)
         .max_bytes = o->model_max_bytes,
         .progress_bar = isatty(STDERR_FILENO) == 1,
     };
-    if (model_fetch(&fo, stop_pending, path, sizeof path, err, errlen) < 0)
-        return -1;
+    int fr = model_fetch(&fo, stop_pending, path, sizeof path, err, errlen);
+    if (fr < 0)
+        return fr;
     char *local = strdup(path);
     if (!local) {
         snprintf(err, errlen, "out of memory");
@@ -144,9 +234,22 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    if (o.model && model_fetch_is_remote(o.model) && fetch_model(&o, err, sizeof err) < 0) {
+    bool remote = o.model && model_fetch_is_remote(o.model);
+    if (remote && check_credentials(&o, err, sizeof err) < 0) {
+        fprintf(stderr, "gpupool-agent: %s\n", err);
+        gp_log_error("auth_refused", "%s", err);
+        goto cleanup_curl; /* exit 2: no restart into the same refusal */
+    }
+    int fr = remote ? fetch_model(&o, err, sizeof err) : 0;
+    if (fr < 0) {
+        /* For the unit (RestartPreventExitStatus=2): a stop is clean (0);
+         * what a later try may fix (network, the server's 5xx) exits 1 and
+         * systemd restarts us into a resume; what it cannot (a wrong
+         * sha256, 404/401/403, a bad spec) exits 2 rather than download the
+         * same wrong bytes again and again. */
+        rc = stop_pending() ? 0 : fr == MODEL_FETCH_TRANSIENT ? 1 : 2;
         fprintf(stderr, "gpupool-agent: model: %s\n", err);
-        gp_log_error("model_fetch_failed", "%s", err);
+        gp_log_error("model_fetch_failed", "%s (exit %d)", err, rc);
         goto cleanup_curl;
     }
     agent_backend *be = NULL;

@@ -550,6 +550,7 @@ int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path
             size_t l = strlen(err);
             snprintf(err + l, errlen - l, " (%d attempts in a row without progress; %lld "
                      "bytes kept in %s for the next start)", failures, f.have, part);
+            rc = MODEL_FETCH_TRANSIENT;
             goto done;
         }
         gp_log_warn("model_download_retry", "%s; retrying in %.1f s", err,
@@ -558,6 +559,7 @@ int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path
         for (uint64_t slept = 0; slept < backoff; slept += 100) {
             if (should_stop && should_stop()) {
                 snprintf(err, errlen, "stopped; %lld bytes kept for a resume", f.have);
+                rc = MODEL_FETCH_TRANSIENT;
                 goto done;
             }
             struct timespec ts = {0, 100 * 1000000L};
@@ -589,6 +591,9 @@ int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path
 done:
     if (f.fd >= 0)
         close(f.fd);
+    /* Nothing arrived (a 404, a refused token): leave no empty .part. */
+    if (rc != 0 && f.fd >= 0 && f.have == 0)
+        unlink(part);
     EVP_MD_CTX_free(f.md);
     return rc;
 }

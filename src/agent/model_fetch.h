@@ -55,11 +55,16 @@ int model_fetch_url(const char *spec, const char *hf_endpoint, char *out, size_t
 int model_fetch_cache_path(const char *url, const char *cache_dir, char *out, size_t outlen,
                            char *err, size_t errlen);
 
+#define MODEL_FETCH_TRANSIENT (-2)
+
 /* Fetch o->spec into the cache (or find it there) and write the local path
- * to path_out. Blocks; returns 0, or -1 with err saying what failed (HTTP
- * status, sha256 mismatch, disk, too many failed attempts). should_stop
- * (may be NULL), polled during the transfer and between attempts, aborts
- * it when it returns true (the .part file is kept for a resume). */
+ * to path_out. Blocks; returns 0, or, with err saying what failed:
+ * MODEL_FETCH_TRANSIENT (-2) when a later try may succeed (too many
+ * attempts without progress: the network, the server's 5xx; or stopped),
+ * -1 when it will not without a change (HTTP 4xx, sha256 mismatch, a bad
+ * spec, disk). should_stop (may be NULL), polled during the transfer and
+ * between attempts, aborts it when it returns true (the .part file is kept
+ * for a resume). A download that got no byte leaves no .part file. */
 int model_fetch(const model_fetch_opts *o, bool (*should_stop)(void), char *path_out,
                 size_t path_len, char *err, size_t errlen);
 

@@ -1,12 +1,17 @@
 /*
  * gpupoolctl: the operator's command line for the admin API (/admin/...).
  *
- *   gpupoolctl [--server URL] [--key KEY] [--json] [--ca-file F] [--insecure] COMMAND ...
+ *   gpupoolctl [--server URL] [--key KEY | --key-file F] [--json] [--ca-file F] [--insecure]
+ *              COMMAND ...
  *
- * Server: --server > $GPUPOOL_SERVER > http://127.0.0.1:8080. Admin key:
- * --key > $GPUPOOL_ADMIN_KEY > $GPUPOOL_STATE_DIR/admin.key >
- * /var/lib/gpupool/admin.key (read when readable; no key at all is fine for
- * a loopback server with auth off). Global options may come anywhere.
+ * Server: --server > $GPUPOOL_SERVER > the config file > http://127.0.0.1:8080.
+ * Admin key: --key > $GPUPOOL_ADMIN_KEY > --key-file > $GPUPOOL_ADMIN_KEY_FILE >
+ * the config file's key_file > $GPUPOOL_STATE_DIR/admin.key >
+ * /var/lib/gpupool/admin.key (the last two read when readable; no key at all
+ * is fine for a loopback server with auth off). CA: --ca-file >
+ * $GPUPOOL_CA_FILE > the config file's ca_file. Global options may come
+ * anywhere. The config file ($GPUPOOL_CTL_CONFIG or
+ * ~/.config/gpupool/ctl.conf) holds "name = value" lines.
  *
  * Output: aligned tables for people; --json prints the server's JSON as is
  * (pretty). Exit codes: 0 ok, 1 the server refused (its message and code
@@ -30,7 +35,8 @@
 #define EXIT_USAGE 2
 
 static const char usage_text[] =
-    "usage: gpupoolctl [--server URL] [--key KEY] [--json] [--ca-file F] [--insecure] COMMAND\n"
+    "usage: gpupoolctl [--server URL] [--key KEY | --key-file F] [--json] [--ca-file F]\n"
+    "                  [--insecure] COMMAND\n"
     "\n"
     "commands:\n"
     "  keys list [--role R]\n"
@@ -42,8 +48,8 @@ static const char usage_text[] =
     "  tokens list\n"
     "  tokens revoke ID\n"
     "  agents list\n"
-    "  agents drain ID [--undo]\n"
-    "  agents remove ID [--force]\n"
+    "  agents drain AGENT [--undo]      AGENT: id, name or unique id prefix\n"
+    "  agents remove AGENT [--force]\n"
     "  models pins\n"
     "  models pin NAME SHA256       refuse agents whose file for NAME has another sha256\n"
     "  models unpin NAME\n"
@@ -51,14 +57,20 @@ static const char usage_text[] =
     "  jobs show ID\n"
     "  status\n"
     "\n"
-    "D is a duration: 30d, 12h, 15m, 3600s. Server: --server, $GPUPOOL_SERVER or\n"
-    DEFAULT_SERVER ". Key: --key, $GPUPOOL_ADMIN_KEY, $GPUPOOL_STATE_DIR/admin.key\n"
-    "or " DEFAULT_KEY_FILE ".\n";
+    "D is a duration: 30d, 12h, 15m, 3600s. Server: --server, $GPUPOOL_SERVER, the\n"
+    "config file's server or " DEFAULT_SERVER ". Key: --key, $GPUPOOL_ADMIN_KEY,\n"
+    "--key-file, $GPUPOOL_ADMIN_KEY_FILE, the config file's key_file,\n"
+    "$GPUPOOL_STATE_DIR/admin.key or " DEFAULT_KEY_FILE ". CA: --ca-file,\n"
+    "$GPUPOOL_CA_FILE or the config file's ca_file. Config file: $GPUPOOL_CTL_CONFIG or\n"
+    "~/.config/gpupool/ctl.conf (server = URL, key_file = F, ca_file = F, insecure = true).\n";
 
 typedef struct ctl {
     ctl_conn conn;
     bool json;
     char *key_buf;        /* key read from a file (owned) */
+    char *file_buf;       /* the config file's text; cfg_* point into it (owned) */
+    const char *cfg_server, *cfg_key_file, *cfg_ca_file;
+    bool cfg_insecure;
 } ctl;
 
 /* ------------------------------------------------------------------ */
@@ -225,7 +237,7 @@ static int call(ctl *c, const char *method, const char *path, const json_t *body
         fprintf(stderr, "gpupoolctl: %s %s: HTTP %d\n", method, path, st);
     if (st == 401)
         fprintf(stderr, "gpupoolctl: check the admin key (--key, $GPUPOOL_ADMIN_KEY, "
-                        "$GPUPOOL_STATE_DIR/admin.key)\n");
+                        "--key-file, $GPUPOOL_STATE_DIR/admin.key)\n");
     json_decref(resp);
     return 1;
 }
@@ -265,11 +277,16 @@ static const char *limit_str(int64_t v, char *buf, size_t len)
 
 static const char *key_state(const json_t *k, int64_t now)
 {
+    const char *s = jstr(k, "state"); /* the server's word, when it sends one */
+    if (s)
+        return strcmp(s, "used_up") == 0 ? "used up" : s;
     if (jint(k, "revoked_at"))
         return "revoked";
     int64_t exp = jint(k, "expires_at");
     if (exp && exp <= now)
         return "expired";
+    if (jint(k, "max_uses") > 0 && jint(k, "uses") >= jint(k, "max_uses"))
+        return "used up";
     return "active";
 }
 
@@ -364,6 +381,10 @@ static int key_create(ctl *c, json_t *body)
                 jint(out, "expires_at") ? ctl_fmt_iso(jint(out, "expires_at"), e, sizeof e)
                                         : "never");
     }
+    /* Even with --json: the operator must see that auth just turned on. */
+    const char *on = jstr(json_object_get(out, "auth_turned_on"), "message");
+    if (on)
+        fprintf(stderr, "gpupoolctl: NOTE: %s\n", on);
     json_decref(out);
     return 0;
 }
@@ -552,6 +573,60 @@ static int agents_table(const json_t *agents)
     return print_table(t);
 }
 
+/* An agent named on the command line: its full id, its name, or a prefix
+ * of its id that only it has. The id goes to out; 0, or 1 after a message
+ * (no such agent, or several match: they are listed). */
+static int resolve_agent(ctl *c, const char *arg, char *out, size_t outlen)
+{
+    json_t *list = NULL;
+    int rc = call(c, "GET", "/admin/agents", NULL, &list);
+    if (rc)
+        return rc;
+    const json_t *agents = json_object_get(list, "agents");
+    const char *by_name = NULL, *by_prefix = NULL;
+    int n_name = 0, n_prefix = 0;
+    size_t al = strlen(arg), i;
+    json_t *a;
+    json_array_foreach(agents, i, a) {
+        const char *id = jstr(a, "id"), *name = jstr(a, "name");
+        if (!id)
+            continue;
+        if (strcmp(id, arg) == 0) {
+            snprintf(out, outlen, "%s", id);
+            json_decref(list);
+            return 0;
+        }
+        if (name && strcmp(name, arg) == 0) {
+            by_name = id;
+            n_name++;
+        }
+        if (strncmp(id, arg, al) == 0) {
+            by_prefix = id;
+            n_prefix++;
+        }
+    }
+    const char *pick = n_name == 1 ? by_name : n_name == 0 && n_prefix == 1 ? by_prefix : NULL;
+    if (pick) {
+        snprintf(out, outlen, "%s", pick);
+        json_decref(list);
+        return 0;
+    }
+    if (n_name + n_prefix == 0) {
+        fprintf(stderr, "gpupoolctl: no agent has the id, name or id prefix '%s' "
+                        "(gpupoolctl agents list)\n", arg);
+    } else {
+        fprintf(stderr, "gpupoolctl: '%s' names several agents; give the id:\n", arg);
+        json_array_foreach(agents, i, a) {
+            const char *id = jstr(a, "id"), *name = jstr(a, "name");
+            if (id && ((n_name && name && strcmp(name, arg) == 0) ||
+                       (!n_name && strncmp(id, arg, al) == 0)))
+                fprintf(stderr, "  %s  %s\n", id, name ? name : "");
+        }
+    }
+    json_decref(list);
+    return 1;
+}
+
 static int cmd_agents(ctl *c, int argc, char **argv)
 {
     if (argc < 1)
@@ -581,9 +656,11 @@ static int cmd_agents(ctl *c, int argc, char **argv)
         return EXIT_USAGE;
     if (p.npos != 1)
         return usage_error("'agents %s' needs an ID", sub), EXIT_USAGE;
-    char path[256];
+    char path[256], id[128];
     json_t *body = NULL;
-    if (id_path(path, sizeof path, "/admin/agents/", p.pos[0],
+    if ((rc = resolve_agent(c, p.pos[0], id, sizeof id)))
+        return rc;
+    if (id_path(path, sizeof path, "/admin/agents/", id,
                 is_drain ? "/drain" : p.val[0] ? "?force=1" : "") < 0)
         return 1;
     if (is_drain) {
@@ -598,10 +675,10 @@ static int cmd_agents(ctl *c, int argc, char **argv)
     if (c->json)
         print_json(out);
     else if (is_drain)
-        printf("agent %s: %s (%s)\n", p.pos[0], p.val[0] ? "undrained" : "draining",
+        printf("agent %s: %s (%s)\n", id, p.val[0] ? "undrained" : "draining",
                jstr(out, "state") ? jstr(out, "state") : "?");
     else
-        printf("removed agent %s\n", p.pos[0]);
+        printf("removed agent %s\n", id);
     json_decref(out);
     return 0;
 }
@@ -882,12 +959,94 @@ static char *key_from_file(const char *path)
     return s;
 }
 
-static void resolve_key(ctl *c, const char *flag)
+/* The config file: $GPUPOOL_CTL_CONFIG, else $XDG_CONFIG_HOME/gpupool/ctl.conf
+ * or ~/.config/gpupool/ctl.conf; "name = value" lines (server, key_file,
+ * ca_file, insecure = true), # comments. A missing file is fine; a named
+ * one missing, or an unknown name, is a usage error (-1). */
+static int read_config(ctl *c)
+{
+    char path[4096];
+    const char *named = getenv("GPUPOOL_CTL_CONFIG"), *xdg = getenv("XDG_CONFIG_HOME"),
+               *home = getenv("HOME");
+    if (named && *named)
+        snprintf(path, sizeof path, "%s", named);
+    else if (xdg && *xdg)
+        snprintf(path, sizeof path, "%s/gpupool/ctl.conf", xdg);
+    else if (home && *home)
+        snprintf(path, sizeof path, "%s/.config/gpupool/ctl.conf", home);
+    else
+        return 0;
+    size_t len = 0;
+    c->file_buf = gp_read_file(path, &len, 65536);
+    if (!c->file_buf) {
+        if (named && *named) {
+            fprintf(stderr, "gpupoolctl: cannot read %s ($GPUPOOL_CTL_CONFIG): %s\n", path,
+                    strerror(errno));
+            return -1;
+        }
+        return 0;
+    }
+    int lineno = 0;
+    for (char *line = c->file_buf, *next; line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        lineno++;
+        line[strcspn(line, "#")] = '\0';
+        char *eq = strchr(line, '=');
+        char *name = line + strspn(line, " \t\r");
+        if (!*name)
+            continue;
+        if (!eq) {
+            fprintf(stderr, "gpupoolctl: %s:%d: expected name = value\n", path, lineno);
+            return -1;
+        }
+        char *v = eq + 1;
+        *eq = '\0';
+        for (size_t nl = strlen(name); nl > 0 && strchr(" \t", name[nl - 1]); nl--)
+            name[nl - 1] = '\0';
+        v += strspn(v, " \t");
+        size_t vl = strlen(v);
+        while (vl > 0 && strchr(" \t\r", v[vl - 1]))
+            v[--vl] = '\0';
+        if (strcmp(name, "server") == 0)
+            c->cfg_server = v;
+        else if (strcmp(name, "key_file") == 0)
+            c->cfg_key_file = v;
+        else if (strcmp(name, "ca_file") == 0)
+            c->cfg_ca_file = v;
+        else if (strcmp(name, "insecure") == 0)
+            c->cfg_insecure = strcmp(v, "true") == 0 || strcmp(v, "1") == 0;
+        else {
+            fprintf(stderr, "gpupoolctl: %s:%d: unknown setting '%s' (server, key_file, "
+                            "ca_file, insecure)\n", path, lineno, name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* --key > $GPUPOOL_ADMIN_KEY > --key-file > $GPUPOOL_ADMIN_KEY_FILE >
+ * key_file in the config file > $GPUPOOL_STATE_DIR/admin.key > the
+ * default file. A key file named explicitly must be readable (-1). */
+static int resolve_key(ctl *c, const char *flag, const char *file_flag)
 {
     const char *env = getenv("GPUPOOL_ADMIN_KEY");
     if (flag || (env && *env)) {
         c->conn.key = flag ? flag : env;
-        return;
+        return 0;
+    }
+    const char *env_file = getenv("GPUPOOL_ADMIN_KEY_FILE");
+    const char *named = file_flag                  ? file_flag
+                        : (env_file && *env_file) ? env_file
+                                                   : c->cfg_key_file;
+    if (named) {
+        c->conn.key = c->key_buf = key_from_file(named);
+        if (!c->key_buf) {
+            fprintf(stderr, "gpupoolctl: cannot read an admin key from %s\n", named);
+            return -1;
+        }
+        return 0;
     }
     const char *dir = getenv("GPUPOOL_STATE_DIR");
     if (dir && *dir) {
@@ -898,13 +1057,14 @@ static void resolve_key(ctl *c, const char *flag)
     if (!c->key_buf)
         c->key_buf = key_from_file(DEFAULT_KEY_FILE);
     c->conn.key = c->key_buf;
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     ctl c;
     memset(&c, 0, sizeof c);
-    const char *server = NULL, *key = NULL;
+    const char *server = NULL, *key = NULL, *key_file = NULL;
     /* Global options come out first, wherever they are; the rest is the
      * command and its own options. */
     char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -915,6 +1075,7 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         const char **dst = strcmp(a, "--server") == 0    ? &server
                            : strcmp(a, "--key") == 0     ? &key
+                           : strcmp(a, "--key-file") == 0 ? &key_file
                            : strcmp(a, "--ca-file") == 0 ? &c.conn.ca_file
                                                          : NULL;
         if (dst) {
@@ -939,9 +1100,19 @@ int main(int argc, char **argv)
         fputs(usage_text, stderr);
         goto done;
     }
-    const char *env_server = getenv("GPUPOOL_SERVER");
-    c.conn.server = server ? server : (env_server && *env_server) ? env_server : DEFAULT_SERVER;
-    resolve_key(&c, key);
+    if (read_config(&c) < 0)
+        goto done;
+    const char *env_server = getenv("GPUPOOL_SERVER"), *env_ca = getenv("GPUPOOL_CA_FILE");
+    c.conn.server = server                        ? server
+                    : (env_server && *env_server) ? env_server
+                    : c.cfg_server                ? c.cfg_server
+                                                  : DEFAULT_SERVER;
+    if (!c.conn.ca_file)
+        c.conn.ca_file = (env_ca && *env_ca) ? env_ca : c.cfg_ca_file;
+    if (c.cfg_insecure)
+        c.conn.insecure = true;
+    if (resolve_key(&c, key, key_file) < 0)
+        goto done;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
         fprintf(stderr, "gpupoolctl: cannot initialise libcurl\n");
         rc = 1;
@@ -970,6 +1141,7 @@ done:
         explicit_bzero(c.key_buf, strlen(c.key_buf));
         free(c.key_buf);
     }
+    free(c.file_buf);
     free(rest);
     return rc;
 }

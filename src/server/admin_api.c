@@ -26,6 +26,8 @@ struct gps_admin {
     gps_jobs *jobs;
     gps_store *store;
     gps_pins *pins;              /* NULL: no attestation */
+    gps_admin_auth_on_fn auth_on; /* NULL: none (see gps_admin_set_auth_on_hook) */
+    void *auth_on_arg;
     char version[32];
     uint64_t started_ms;         /* monotonic, for uptime */
     gps_admin_rate rate;
@@ -445,7 +447,13 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
     memset(&u, 0, sizeof u);
     if (a->limits)
         gps_limits_get_usage(a->limits, k->id, now, &u);
-    return json_pack(
+    /* One word for tables: a token whose uses are spent refuses every
+     * enrollment like a revoked one, and should look like it. */
+    const char *state = k->revoked_at                              ? "revoked"
+                        : k->expires_at && now >= k->expires_at    ? "expired"
+                        : k->max_uses > 0 && k->uses >= k->max_uses ? "used_up"
+                                                                    : "active";
+    json_t *o = json_pack(
         "{s:s,s:s,s:s,s:o,s:I,s:o,s:o,s:o,s:o,s:I,s:I,s:{s:I,s:I,s:I,s:I,s:I,s:I,s:I}}", "id",
         k->id,
         "role", gps_key_role_name(k->role), "name", k->name ? k->name : "", "agent_id",
@@ -457,6 +465,11 @@ static json_t *key_json(gps_admin *a, const gps_auth_key *k, int64_t now)
         "completion_tokens", (json_int_t)u.completion_tokens, "rate_limited",
         (json_int_t)u.rate_limited, "running", (json_int_t)u.running, "waiting",
         (json_int_t)u.waiting, "reserved_tokens", (json_int_t)u.reserved_tokens);
+    if (o && json_object_set_new(o, "state", json_string(state)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 typedef struct key_list {
@@ -503,6 +516,32 @@ static void h_keys_list(gps_req *r, void *arg)
     send_json_or_oom(r, 200, json_pack("{s:o}", "keys", kl.arr));
 }
 
+/* {"admin_key_file": path or null, "message"} for the reply that turned
+ * auth on. With an admin key just made, the caller holds one already. */
+static json_t *auth_turned_on(gps_admin *a, gps_key_role role)
+{
+    char path[1100] = "", msg[2600]; /* the path appears twice */
+    bool wrote = role != GPS_KEY_ADMIN && a->auth_on &&
+                 a->auth_on(a->auth_on_arg, path, sizeof path) == 0;
+    if (role == GPS_KEY_ADMIN)
+        snprintf(msg, sizeof msg,
+                 "auth is now on (this server had no keys): every request needs a key; use "
+                 "this admin key for the admin API");
+    else if (wrote)
+        snprintf(msg, sizeof msg,
+                 "auth is now on (this server had no keys): every request needs a key; an "
+                 "admin key was written to %s (mode 0600): use it for the admin API "
+                 "(gpupoolctl --key-file %s); agents without a key are refused from now on: "
+                 "give each an agent key or an enrollment token",
+                 path, path);
+    else
+        snprintf(msg, sizeof msg,
+                 "auth is now on (this server had no keys) and no admin key could be written: "
+                 "make one with `gpupool-server keys create --role admin --db DB` and reload "
+                 "the server (SIGHUP)");
+    return json_pack("{s:s?,s:s}", "admin_key_file", wrote ? path : NULL, "message", msg);
+}
+
 static void h_keys_create(gps_req *r, void *arg)
 {
     gps_admin *a = arg;
@@ -518,10 +557,15 @@ static void h_keys_create(gps_req *r, void *arg)
         goto done;
     }
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+    bool was_off = !gps_auth_enabled(a->auth);
     if (gps_auth_key_create_spec(a->auth, &spec, key, id) < 0) {
         oom(r);
         goto done;
     }
+    /* The first key of a loopback server turns auth on: from the next
+     * request on, this operator (who has no key) would be locked out. Leave
+     * an admin key in the state dir and say so in the reply. */
+    json_t *auth_on = was_off ? auth_turned_on(a, spec.role) : NULL;
     /* Logged by id only: the raw key is in this reply and nowhere else. */
     gp_log_write(GP_LOG_INFO, "admin_key_created", r->correlation_id,
                  json_pack("{s:s,s:s,s:s}", "key_id", id, "role", gps_key_role_name(spec.role),
@@ -531,6 +575,10 @@ static void h_keys_create(gps_req *r, void *arg)
                             gps_key_role_name(spec.role), "name", spec.name ? spec.name : "",
                             "expires_at", wall_or_null(spec.expires_at), "limits",
                             limits_json(&spec.limits), "max_uses", (json_int_t)spec.max_uses);
+    if (out && auth_on)
+        json_object_set_new(out, "auth_turned_on", auth_on);
+    else
+        json_decref(auth_on);
     explicit_bzero(key, sizeof key);
     send_json_or_oom(r, 201, out);
 done:
@@ -1151,6 +1199,12 @@ static void h_pins_delete(gps_req *r, void *arg)
 void gps_admin_set_pins(gps_admin *a, gps_pins *pins)
 {
     a->pins = pins;
+}
+
+void gps_admin_set_auth_on_hook(gps_admin *a, gps_admin_auth_on_fn fn, void *arg)
+{
+    a->auth_on = fn;
+    a->auth_on_arg = arg;
 }
 
 int gps_admin_register(gps_http *h, gps_admin *a)

@@ -127,6 +127,12 @@ void gps_admin_free(gps_admin *a);
  * borrowed, may be NULL (then those routes answer 503). */
 struct gps_pins;
 void gps_admin_set_pins(gps_admin *a, struct gps_pins *pins);
+/* Called when POST /admin/keys turns auth on (the first key of a loopback
+ * server that had none): it must leave the operator an admin key, writing
+ * its path into path (pathlen bytes) and returning 0, or return -1 (then
+ * the reply says how to make one). Borrowed; NULL: no hook. */
+typedef int (*gps_admin_auth_on_fn)(void *arg, char *path, size_t pathlen);
+void gps_admin_set_auth_on_hook(gps_admin *a, gps_admin_auth_on_fn fn, void *arg);
 /* Add the admin routes. 0 or -1. */
 int gps_admin_register(gps_http *h, gps_admin *a);
 

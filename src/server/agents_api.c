@@ -41,6 +41,7 @@ struct gps_agents {
     gps_agents_opts opts;
     struct gps_store *store;
     gps_metrics *metrics;
+    gps_metrics *collect_m;        /* during gps_agents_collect only */
     registry *reg;
     sched *sched;
     gps_jobs *jobs;
@@ -377,10 +378,45 @@ static void persist_state(gps_agents *g, registry_agent *a)
         gps_metrics_add(g->metrics, "db_errors_total", NULL, 1);
 }
 
+typedef struct name_probe {
+    const registry_agent *self;
+    const registry_agent *other; /* first other agent with self's name */
+} name_probe;
+
+static void name_one(void *ud, registry_agent *a)
+{
+    name_probe *p = ud;
+    if (!p->other && a != p->self && a->name && strcmp(a->name, p->self->name) == 0)
+        p->other = a;
+}
+
+/* Two agents with one name make logs, legends and `gpupoolctl agents drain
+ * NAME` ambiguous: say so when an agent (re)joins. Not refused: the id is
+ * the identity, and a name may be reused on purpose after a rebuild. */
+static void warn_duplicate_name(gps_agents *g, const registry_agent *a)
+{
+    if (!a->name || !*a->name)
+        return;
+    name_probe p = {a, NULL};
+    registry_foreach(g->reg, name_one, &p);
+    if (!p.other)
+        return;
+    gp_log_write(GP_LOG_WARN, "agent_name_duplicate", NULL,
+                 json_pack("{s:s,s:s,s:s,s:s}", "agent_id", a->id, "name", a->name, "other_id",
+                           p.other->id, "other_state", registry_state_name(p.other->state)),
+                 "agent %s uses the name '%s' of agent %s (%s): give each box its own --name, "
+                 "or forget the old one (gpupoolctl agents remove %s)",
+                 a->id, a->name, p.other->id, registry_state_name(p.other->state), p.other->id);
+}
+
 void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_state,
                               registry_state new_state, const char *reason, uint64_t now_ms)
 {
     gps_agents *g = ud;
+    if (g->reg && (old_state == REGISTRY_REGISTERING || old_state == REGISTRY_OFFLINE ||
+                   old_state == REGISTRY_DEAD) &&
+        (new_state == REGISTRY_HEALTHY || new_state == REGISTRY_DRAINING))
+        warn_duplicate_name(g, a);
     gp_log_level lvl = new_state == REGISTRY_DEAD || new_state == REGISTRY_SUSPECT
                            ? GP_LOG_WARN
                            : GP_LOG_INFO;
@@ -577,6 +613,49 @@ static void h_poll(gps_req *r, void *arg)
     if (reply && refused)
         json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
     gps_http_send_json(r->req, 200, reply);
+}
+
+/* POST /agents/deregister {agent_id, instance?}: a clean stop. The agent
+ * goes OFFLINE (no work, not counted as down: GpupoolAgentDown ignores
+ * it) until its next poll. An instance that is not the registered one (a
+ * newer process took the agent_id over) changes nothing. Idempotent. */
+static void h_deregister(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const char *id = body_agent_id(r, body);
+    if (!id || !key_allows(g, r, id)) {
+        json_decref(body);
+        return;
+    }
+    const char *inst = json_string_value(json_object_get(body, "instance"));
+    registry_agent *a = registry_get(g->reg, id);
+    if (!a) {
+        json_decref(body);
+        gps_req_error(r, 404, "AGENT_NOT_FOUND", "unknown agent", "agent_id");
+        return;
+    }
+    bool stale = inst && a->instance[0] && strcmp(inst, a->instance) != 0;
+    if (!stale && a->state != REGISTRY_OFFLINE) {
+        /* Answer its parked long-poll first: the close that follows the
+         * agent's exit must not read as a death. */
+        agent_ext *e = ext_get(g, id, false);
+        if (e && e->parked) {
+            struct evhttp_request *req = e->parked;
+            unpark(e);
+            reply_204(req);
+        }
+        registry_deregister(g->reg, a, gp_now_mono_ms());
+        gp_log_write(GP_LOG_INFO, "agent_deregistered", r->correlation_id,
+                     json_pack("{s:s,s:s}", "agent_id", a->id, "name", a->name ? a->name : ""),
+                     "agent %s (%s) stopped cleanly: offline", a->id, a->name ? a->name : "");
+    }
+    json_decref(body);
+    gps_http_send_json(r->req, 200,
+                       json_pack("{s:s,s:s}", "agent_id", a->id, "state",
+                                 registry_state_name(a->state)));
 }
 
 static void h_work(gps_req *r, void *arg)
@@ -962,6 +1041,43 @@ static void enroll_refuse(gps_agents *g, gps_req *r, gps_auth_result res, const 
                   NULL);
 }
 
+/* POST /agents/check: would this credential get an agent in? An agent asks
+ * before a long model download, so that a bad key fails in a second, not
+ * after hours. Public at the http layer (an enrollment token must get an
+ * answer too); changes nothing: no binding, no use spent. 200 {"role":
+ * "agent"|"enrollment"|null (auth off)} or the refusal enrollment gives. */
+static void h_check(gps_req *r, void *arg)
+{
+    gps_agents *g = arg;
+    if (!g->auth || !gps_auth_enabled(g->auth)) {
+        gps_http_send_json(r->req, 200, json_pack("{s:n}", "role"));
+        return;
+    }
+    const char *cred = gps_req_header(r, "Authorization");
+    const gps_auth_key *k = NULL;
+    gps_auth_result res = gps_auth_check(g->auth, cred, GPS_KEY_AGENT, &k);
+    if (res == GPS_AUTH_OK) {
+        gps_http_send_json(r->req, 200, json_pack("{s:s}", "role", "agent"));
+        return;
+    }
+    if (res == GPS_AUTH_WRONG_ROLE) {
+        k = NULL;
+        res = gps_auth_check(g->auth, cred, GPS_KEY_ENROLLMENT, &k);
+        if (res == GPS_AUTH_OK && k && k->max_uses > 0 && k->uses >= k->max_uses)
+            res = GPS_AUTH_EXHAUSTED;
+        if (res == GPS_AUTH_OK) {
+            gps_http_send_json(r->req, 200, json_pack("{s:s}", "role", "enrollment"));
+            return;
+        }
+    }
+    gps_req_add_header(r, "x-should-retry", "false");
+    gps_req_error(r, gps_auth_result_status(res), enroll_code(res),
+                  res == GPS_AUTH_WRONG_ROLE ? "this key is neither an agent key nor an "
+                                               "enrollment token"
+                                             : enroll_message(res, k),
+                  NULL);
+}
+
 /* POST /agents/enroll: public route (the http layer does not check it);
  * the enrollment token is checked here so that each refusal gets its own
  * code. The credential is checked (once) before the body is read, then
@@ -1186,6 +1302,11 @@ int gps_agents_register(gps_http *h, gps_agents *g)
                              GPS_DIALECT_NATIVE, GPS_ROLE_AGENT, h_events, g);
     rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/events", GPS_DIALECT_NATIVE,
                              GPS_ROLE_AGENT, h_events_batch, g);
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/deregister", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_AGENT, h_deregister, g);
+    /* Public at the http layer: h_check answers for any credential. */
+    rc |= gps_http_add_route(h, EVHTTP_REQ_POST, "/agents/check", GPS_DIALECT_NATIVE,
+                             GPS_ROLE_NONE, h_check, g);
     return rc ? -1 : 0;
 }
 
@@ -1221,9 +1342,9 @@ static void collect_gpus(gps_metrics *m, const registry_agent *a)
 static void collect_backend(gps_metrics *m, const registry_agent *a, const char *l)
 {
     if (a->hw.backend[0]) {
-        char lb[96];
-        gps_metrics_label(lb, sizeof lb, "agent", a->id, "backend", a->hw.backend,
-                          (char *)NULL);
+        char lb[800];
+        gps_metrics_label(lb, sizeof lb, "agent", a->id, "name", a->name ? a->name : "",
+                          "backend", a->hw.backend, (char *)NULL);
         gps_metrics_set(m, "agent_backend", lb, 1);
     }
     gps_metrics_set(m, "agent_error", l, a->hw.error_code[0] ? 1 : 0);
@@ -1245,9 +1366,12 @@ static void collect_one(void *ud, registry_agent *a)
     if (registry_agent_has_slots(a)) {
         c->total += a->slots_total;
         c->busy += registry_agent_slots_busy(a);
-        /* Per live agent: bounded by the fleet, gone when the agent is. */
-        char l[64];
-        gps_metrics_label(l, sizeof l, "agent", a->id, (char *)NULL);
+        /* Per live agent: bounded by the fleet, gone when the agent is.
+         * The name is for people (dashboards' legends); the id stays the
+         * series' identity. */
+        char l[700]; /* a 256-byte name, every byte escaped */
+        gps_metrics_label(l, sizeof l, "agent", a->id, "name", a->name ? a->name : "",
+                          (char *)NULL);
         gps_metrics_set(c->m, "agent_queue_depth", l, (double)a->queue_depth);
         if (json_is_number(json_object_get(a->facts, "kv_cache_utilization")))
             gps_metrics_set(c->m, "agent_kv_cache_utilization", l, a->kv_cache_utilization);
@@ -1268,11 +1392,34 @@ static void collect_one(void *ud, registry_agent *a)
     }
 }
 
+typedef struct model_probe {
+    const char *name;
+    bool listed;
+} model_probe;
+
+static void probe_one(void *ud, registry_agent *a)
+{
+    model_probe *p = ud;
+    if (!p->listed && registry_agent_serves(a, p->name))
+        p->listed = true;
+}
+
+/* A model with no live agent is shown (0, GpupoolNoAgentForModel) while a
+ * known agent, in any state, still lists it: one that died or stopped.
+ * A name no agent lists any more (renamed, agent removed) is dropped, or
+ * its 0 would page until a restart. */
 static void collect_model(void *ud, const char *name, size_t live_agents)
 {
+    gps_agents *g = ud;
+    if (live_agents == 0) {
+        model_probe p = {name, false};
+        registry_foreach(g->reg, probe_one, &p);
+        if (!p.listed)
+            return;
+    }
     char l[600]; /* a 256-byte name, every byte escaped */
     gps_metrics_label(l, sizeof l, "model", name, (char *)NULL);
-    gps_metrics_set(ud, "model_agents", l, (double)live_agents);
+    gps_metrics_set(g->collect_m, "model_agents", l, (double)live_agents);
 }
 
 void gps_agents_collect(gps_agents *g, gps_metrics *m)
@@ -1291,12 +1438,14 @@ void gps_agents_collect(gps_agents *g, gps_metrics *m)
         "agent_backend", "agent_error", "agent_backend_faults_total", "gpu_vram_total_bytes",
         "gpu_vram_used_bytes", "gpu_vram_model_bytes", "gpu_vram_free_bytes",
         "gpu_utilization_ratio", "gpu_temperature_celsius", "gpu_power_watts", "gpu_fault",
+        "model_agents",
     };
     for (size_t i = 0; i < sizeof hw_families / sizeof hw_families[0]; i++)
         gps_metrics_reset(m, hw_families[i]);
     if (g->reg) {
         registry_foreach(g->reg, collect_one, &c);
-        registry_models_foreach(g->reg, collect_model, m);
+        g->collect_m = m;
+        registry_models_foreach(g->reg, collect_model, g);
     }
     for (int s = 0; s < REGISTRY_STATE_COUNT; s++) {
         char l[64];

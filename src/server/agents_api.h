@@ -5,6 +5,8 @@
  *   POST /agents/poll                register + heartbeat (idempotent)
  *   POST /agents/work                long-poll for jobs (held work_wait_sec)
  *   POST /agents/jobs/{id}/events    event upload; reply {"cancel": bool}
+ *   POST /agents/deregister          a clean stop: the agent goes offline
+ *   POST /agents/check               is this agent key / enrollment token good?
  *
  * It also owns the agents' side of the loop: the parked long-polls (one per
  * agent), the registry expiry timer, the reaction to registry transitions

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/event.h>
 #include <event2/http.h>
@@ -217,15 +218,16 @@ static void admin_key_usable(void *arg, const gps_auth_key *k)
  * server over the API: make one and leave it, 0600, in the state dir for
  * gpupoolctl and the operator. With auth off (loopback, no keys) nothing
  * is made: an admin key would itself turn auth on. */
-static void ensure_admin_key(server *s)
+static int ensure_admin_key_at(server *s, const char *why, char *path, size_t pathlen)
 {
     if (!gps_auth_enabled(s->auth))
-        return;
+        return -1;
     bool have = false;
     gps_auth_key_foreach(s->auth, admin_key_usable, &have);
     if (have)
-        return;
-    char dir[1024], path[1100];
+        return -1;
+    char dir[1024];
+    int rc = -1;
     if (s->cfg.state_dir && *s->cfg.state_dir) {
         snprintf(dir, sizeof dir, "%s", s->cfg.state_dir);
     } else {
@@ -237,12 +239,12 @@ static void ensure_admin_key(server *s)
         else
             snprintf(dir, sizeof dir, ".");
     }
-    snprintf(path, sizeof path, "%s/admin.key", dir);
+    snprintf(path, pathlen, "%s/admin.key", dir);
     char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1], line[GPS_AUTH_KEY_LEN + 2];
-    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = "generated at first start"};
+    gps_key_spec spec = {.role = GPS_KEY_ADMIN, .name = why};
     if (gps_auth_key_create_spec(s->auth, &spec, key, id) != 0) {
         gp_log_error("admin_key_failed", "could not create the admin key (out of memory)");
-        return;
+        return -1;
     }
     int n = snprintf(line, sizeof line, "%s\n", key);
     if (gp_mkdirs(dir, 0700) < 0 || gp_write_file_atomic(path, line, (size_t)n, 0600) < 0) {
@@ -257,18 +259,35 @@ static void ensure_admin_key(server *s)
         gp_log_write(GP_LOG_WARN, "admin_key_generated", NULL,
                      json_pack("{s:s,s:s}", "path", path, "key_id", id),
                      "auth is on and no admin key existed: created %s, written to %s (mode "
-                     "0600); gpupoolctl reads it from there",
+                     "0600); gpupoolctl reads it from /var/lib/gpupool/admin.key, from "
+                     "$GPUPOOL_STATE_DIR/admin.key or with --key-file",
                      id, path);
+        rc = 0;
     }
     memset(key, 0, sizeof key);
     memset(line, 0, sizeof line);
+    return rc;
+}
+
+static void ensure_admin_key(server *s)
+{
+    char path[1100];
+    (void)ensure_admin_key_at(s, "generated at first start", path, sizeof path);
+}
+
+/* gps_admin's hook: POST /admin/keys turned auth on. */
+static int admin_auth_on(void *arg, char *path, size_t pathlen)
+{
+    return ensure_admin_key_at(arg, "generated when the first key turned auth on", path,
+                               pathlen);
 }
 
 /* ------------------------------------------------------------------ */
 /* Auth hook, health, metrics                                          */
 /* ------------------------------------------------------------------ */
 
-static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65])
+static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65],
+                     const char *client)
 {
     server *s = arg;
     key_id[0] = '\0';
@@ -286,9 +305,9 @@ static int auth_hook(void *arg, const char *cred, gps_role role, char key_id[65]
     gps_metrics_label(l, sizeof l, "reason", gps_auth_result_name(r), (char *)NULL);
     gps_metrics_add(s->metrics, "auth_failures_total", l, 1);
     gp_log_write(GP_LOG_WARN, "auth_failed", NULL,
-                 json_pack("{s:s,s:s}", "reason", gps_auth_result_name(r), "key_id",
-                           k ? k->id : ""),
-                 "request refused");
+                 json_pack("{s:s,s:s,s:s}", "reason", gps_auth_result_name(r), "key_id",
+                           k ? k->id : "", "client", client ? client : "?"),
+                 "request refused (client %s)", client ? client : "?");
     return gps_auth_result_status(r);
 }
 
@@ -341,9 +360,37 @@ static void collect(gps_metrics *m, void *arg)
     gps_metrics_set(m, "db_memory_bytes", NULL, (double)sqlite3_memory_used());
 }
 
+/* metrics_key set: the scraper must send it as a Bearer token. Compared
+ * in constant time (no timing oracle on a public route). */
+static bool metrics_allowed(server *s, gps_req *r)
+{
+    const char *want = s->cfg.metrics_key;
+    if (!want || !*want)
+        return true;
+    const char *h = gps_req_header(r, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    const char *got = h + 7;
+    size_t wl = strlen(want), gl = strlen(got);
+    unsigned char diff = wl != gl;
+    for (size_t i = 0; i < wl; i++)
+        diff |= (unsigned char)(want[i] ^ (i < gl ? got[i] : 0));
+    return diff == 0;
+}
+
 static void h_metrics(gps_req *r, void *arg)
 {
     server *s = arg;
+    if (!metrics_allowed(s, r)) {
+        char l[64];
+        gps_metrics_label(l, sizeof l, "reason", "metrics_key", (char *)NULL);
+        gps_metrics_add(s->metrics, "auth_failures_total", l, 1);
+        gps_req_add_header(r, "WWW-Authenticate", "Bearer realm=\"gpupool metrics\"");
+        gps_req_error(r, 401, "INVALID_API_KEY",
+                      "GET /metrics needs the metrics key (metrics_key) as a Bearer token",
+                      NULL);
+        return;
+    }
     gp_buf b;
     gp_buf_init(&b);
     struct evbuffer *eb = evbuffer_new();
@@ -423,10 +470,13 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
     if (s->cfg.log_file && *s->cfg.log_file && gp_log_open(s->cfg.log_file) < 0)
         gp_log_error("log_reopen_failed", "cannot reopen %s: %s (logging to the old file)",
                      s->cfg.log_file, strerror(errno));
-    if (gps_auth_load(s->auth, err, sizeof err) < 0)
+    if (gps_auth_load(s->auth, err, sizeof err) < 0) {
         gp_log_error("keys_reload_failed", "%s", err);
-    else
+    } else {
         gp_log_info("keys_reloaded", "%zu keys", gps_auth_key_count(s->auth));
+        /* Keys added to the DB offline may have turned auth on. */
+        ensure_admin_key(s);
+    }
     if (s->tls) {
         if (gps_tls_reload(s->tls, err, sizeof err) < 0)
             gp_log_error("tls_reload_failed", "%s (keeping the previous certificate)", err);
@@ -537,6 +587,10 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "keys") == 0)
         return keys_main(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("gpupool-server %s\n", SERVER_VERSION);
+        return 0;
+    }
 
     server S;
     memset(&S, 0, sizeof S);
@@ -554,6 +608,7 @@ int main(int argc, char **argv)
     if (cfg.help) {
         printf("usage: gpupool-server [options]\n"
                "       gpupool-server keys create|revoke ... (see gpupool-server keys)\n"
+               "       gpupool-server --version\n"
                "\noptions:\n");
         gp_config_usage(gps_config_table, gps_config_table_len, stdout);
         gp_config_free(&cfg);
@@ -719,6 +774,7 @@ int main(int argc, char **argv)
         .max_inflight_body_bytes = (size_t)s->cfg.max_inflight_body_bytes,
         .max_unauth_body_bytes = (size_t)s->cfg.max_unauth_body_bytes,
         .header_timeout_sec = (int)s->cfg.header_timeout_sec,
+        .trusted_proxies = s->cfg.trusted_proxies,
         .body_timeout_sec = (int)s->cfg.body_timeout_sec,
     };
     s->http = gps_http_new(s->base, &hopts);
@@ -742,6 +798,7 @@ int main(int argc, char **argv)
     if (!s->admin)
         goto oom;
     gps_admin_set_pins(s->admin, s->pins);
+    gps_admin_set_auth_on_hook(s->admin, admin_auth_on, s);
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
         goto oom;

@@ -109,7 +109,14 @@ const gp_opt gps_config_table[] = {
     {"retention_days", GP_OPT_INT, O(retention_days), "30", 0, 36500, NULL,
      "purge finished jobs older than this (0 = keep)"},
     {"log_prompts", GP_OPT_BOOL, O(log_prompts), "false", 0, 0, NULL,
-     "store prompts and outputs in the job log"},
+     "store prompts and outputs in the job log (native tasks keep theirs regardless: "
+     "that makes them durable)"},
+    {"trusted_proxies", GP_OPT_STR, O(trusted_proxies), "", 0, 0, NULL,
+     "comma-separated IP addresses of reverse proxies whose X-Forwarded-For gives the "
+     "client address in auth-failure logs (exact addresses; default none)"},
+    {"metrics_key", GP_OPT_STR, O(metrics_key), "", 0, 0, NULL,
+     "when set, GET /metrics needs 'Authorization: Bearer <this>' (16+ characters; "
+     "better GPUPOOL_METRICS_KEY in the environment)"},
 };
 const size_t gps_config_table_len = sizeof gps_config_table / sizeof gps_config_table[0];
 
@@ -155,6 +162,10 @@ int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char
     }
     if (out->listen_tls && (!out->tls_key || !*out->tls_key)) {
         snprintf(err, errlen, "tls_key: required with listen_tls");
+        return -1;
+    }
+    if (out->metrics_key && *out->metrics_key && strlen(out->metrics_key) < 16) {
+        snprintf(err, errlen, "metrics_key: at least 16 characters (or empty: /metrics public)");
         return -1;
     }
     if (!out->db || !*out->db) {

@@ -27,6 +27,8 @@ typedef struct gps_config {
     char *db;                   /* SQLite file */
     char *auth;                 /* auto (on unless loopback-only with no key) | on */
     char *state_dir;            /* generated admin key (admin.key); "" = db's directory */
+    char *metrics_key;          /* "" = /metrics is public */
+    char *trusted_proxies;      /* comma-separated proxy IPs whose X-Forwarded-For is believed */
     char *config;               /* config file path */
     char *log_level;            /* debug|info|warn|error */
     char *log_file;             /* append JSON lines here ("" = stderr); SIGHUP reopens */

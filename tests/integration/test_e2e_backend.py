@@ -231,7 +231,7 @@ class BackendTest(harness.TestCase):
         self.assertEqual(st, 404, body)
         self.assertTrue(a.alive())
         text = harness.http_request("GET", self.srv.url + "/metrics")[2].decode()
-        self.assertIn('gpupool_agent_error{agent="%s"} 1' % aid, text)
+        self.assertRegex(text, r'gpupool_agent_error\{agent="%s",name="[^"]*"\} 1' % aid)
 
     def test_auto_falls_back_to_the_cpu_with_the_numbers(self):
         self.srv = self.h.start_server(FAST)
@@ -287,7 +287,7 @@ class BackendTest(harness.TestCase):
     def hits(self, aid):
         text = harness.http_request("GET", self.srv.url + "/metrics")[2].decode()
         for ln in text.splitlines():
-            if ln.startswith('gpupool_agent_prefix_cache_hits_total{agent="%s"}' % aid):
+            if ln.startswith('gpupool_agent_prefix_cache_hits_total{agent="%s",' % aid):
                 return float(ln.split()[-1])
         return 0
 

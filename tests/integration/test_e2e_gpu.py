@@ -118,7 +118,8 @@ class GpuTest(harness.TestCase):
         st, _, raw = http_request("GET", self.srv.url + "/metrics")
         text = raw.decode()
         self.assertIn('gpupool_gpu_vram_model_bytes{agent="%s"' % aid, text)
-        self.assertIn('gpupool_agent_backend{agent="%s",backend="cuda"} 1' % aid, text)
+        self.assertRegex(text, r'gpupool_agent_backend\{agent="%s",name="[^"]*",backend="cuda"\} 1'
+                         % aid)
         if os.access(PROMTOOL, os.X_OK):
             r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,
                                text=True, timeout=60)

@@ -32,7 +32,7 @@ def gguf_built():
 
 
 def metric(text, name, agent):
-    m = re.search(r'^gpupool_%s\{agent="%s"\} (\S+)$' % (name, agent), text, re.M)
+    m = re.search(r'^gpupool_%s\{agent="%s",name="[^"]*"\} (\S+)$' % (name, agent), text, re.M)
     return float(m.group(1)) if m else None
 
 

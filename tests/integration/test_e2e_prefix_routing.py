@@ -64,7 +64,8 @@ class PrefixRoutingTest(harness.TestCase):
         aid = b1["x_pool_meta"]["agent_id"]
         harness.wait_until(
             lambda: metric(self.scrape(),
-                           'gpupool_agent_prefix_cache_lookups_total{agent="%s"}' % aid) >= 1,
+                           'gpupool_agent_prefix_cache_lookups_total{agent="%s",name="%s"}'
+                           % (aid, ("pa", "pb")[self.ids.index(aid)])) >= 1,
             timeout=30, what="the first turn's agent reporting its slot")
         self.wait_parked()
         turn2 = turn1 + [{"role": "assistant",

@@ -142,10 +142,15 @@ class TestEnrollAgent(EnrollBase):
             self.assertEqual(f.read().strip(), key)
 
     def test_used_up_token_refused(self):
-        tok, _ = self.make_token(max_uses=1)
+        tok, tid = self.make_token(max_uses=1)
+        self.assertEqual([k["state"] for k in self.keys("enrollment") if k["id"] == tid],
+                         ["active"])
         a1 = self.start_agent(token=tok)
         harness.wait_until(lambda: os.path.exists(self.key_file(a1)),
                            timeout=harness.START_TIMEOUT, what="first agent enrolls")
+        # Shown as used up, not active, once its one use is spent.
+        self.assertEqual([k["state"] for k in self.keys("enrollment") if k["id"] == tid],
+                         ["used_up"])
         a2 = self.start_agent(token=tok)
         rc = self.wait_exit(a2)
         self.assertNotEqual(rc, 0)
@@ -155,6 +160,28 @@ class TestEnrollAgent(EnrollBase):
         self.assertIn("used up", rej[0]["msg"])
         self.assertFalse(os.path.exists(self.key_file(a2)))
         self.assertIn('gpupool_auth_failures_total{reason="exhausted"}', self.metrics())
+
+    def test_check_route(self):
+        # POST /agents/check answers for any credential and spends nothing.
+        def check(cred):
+            return http_json("POST", self.srv.url + "/agents/check", {},
+                             headers=bearer(cred) if cred else None, timeout=10)
+        tok, tid = self.make_token(max_uses=1)
+        st, _, b = check(tok)
+        self.assertEqual((st, b), (200, {"role": "enrollment"}))
+        self.assertEqual([k["uses"] for k in self.keys("enrollment") if k["id"] == tid], [0])
+        st, _, b = self.enroll(tok)
+        self.assertEqual(st, 200, b)
+        st, _, b = check(b["agent_key"])
+        self.assertEqual((st, b), (200, {"role": "agent"}))
+        st, _, b = check(tok)
+        self.assertEqual((st, b["error"]["code"]), (403, "TOKEN_EXHAUSTED"), b)
+        st, _, b = check("gpk_" + "1" * 64)
+        self.assertEqual((st, b["error"]["code"]), (401, "INVALID_API_KEY"), b)
+        st, _, b = check(None)
+        self.assertEqual((st, b["error"]["code"]), (401, "UNAUTHORIZED"), b)
+        st, _, b = check(self.client_key)
+        self.assertEqual((st, b["error"]["code"]), (403, "WRONG_ROLE"), b)
 
     def test_expired_token_refused(self):
         tok, _ = self.make_token(max_uses=0, expires_in_sec=1)

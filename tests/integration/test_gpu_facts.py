@@ -133,11 +133,13 @@ class GpuFactsTest(harness.TestCase):
         self.assertEqual(len([k for k in samples(text, "gpu_vram_total_bytes")
                               if a.agent_id in k]), 16)
         self.assertEqual(samples(text, "agent_backend")[
-            '{agent="%s",backend="cuda"}' % a.agent_id], 1)
-        self.assertEqual(samples(text, "agent_error")['{agent="%s"}' % bad.agent_id], 1)
-        self.assertEqual(samples(text, "agent_error")['{agent="%s"}' % a.agent_id], 0)
+            '{agent="%s",name="gpu-box",backend="cuda"}' % a.agent_id], 1)
+        self.assertEqual(samples(text, "agent_error")[
+            '{agent="%s",name="small-box"}' % bad.agent_id], 1)
+        self.assertEqual(samples(text, "agent_error")['{agent="%s",name="gpu-box"}' % a.agent_id],
+                         0)
         self.assertEqual(samples(text, "agent_backend_faults_total")[
-            '{agent="%s"}' % a.agent_id], 3)
+            '{agent="%s",name="gpu-box"}' % a.agent_id], 3)
         self.assertTrue(os.access(PROMTOOL, os.X_OK), "promtool not found "
                         "(bash scripts/install-deps.sh installs it)")
         r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True,

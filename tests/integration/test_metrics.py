@@ -215,9 +215,9 @@ class MetricsTest(harness.TestCase):
                 self.assertNotIn(k, ("job", "job_id", "key", "key_id", "correlation_id"), name)
                 self.assertFalse(v.startswith(("job_", "gp-")), (name, labels))
 
-        def value(name, **labels):
-            got = [v for n, ls, v in samples if n == "gpupool_" + name and ls == labels]
-            self.assertEqual(len(got), 1, "one sample %s%r in:\n%s" % (name, labels, text))
+        def value(family, **labels):
+            got = [v for n, ls, v in samples if n == "gpupool_" + family and ls == labels]
+            self.assertEqual(len(got), 1, "one sample %s%r in:\n%s" % (family, labels, text))
             return got[0]
 
         self.check_histograms(types, samples)
@@ -252,10 +252,11 @@ class MetricsTest(harness.TestCase):
         self.assertEqual(value("slots_capacity"), 2)
         self.assertEqual(value("jobs_running"), 0)
         aid = self.agent.agent_id()
-        self.assertEqual(value("agent_queue_depth", agent=aid), 0)
+        # Per-agent series carry the agent's name next to its id (legends).
+        self.assertEqual(value("agent_queue_depth", agent=aid, name=self.agent.name), 0)
         if self.gguf:
             # The gguf backend reports its KV-cache use on every poll.
-            kv = value("agent_kv_cache_utilization", agent=aid)
+            kv = value("agent_kv_cache_utilization", agent=aid, name=self.agent.name)
             self.assertTrue(0 <= kv <= 1, kv)
         else:
             # The openai backend does not know it: no series rather than a fake 0.

@@ -40,7 +40,7 @@ class ModelServer:
     def __init__(self, data, name):
         self.data = data
         self.name = name
-        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing | endless
+        self.mode = "ok"          # ok | drop_once | no_range | wrong | missing | endless | busy
         self.redirect_to = None   # a URL every request is sent to (302)
         self.requests = []        # (path, range header or None)
         self.lock = threading.Lock()
@@ -76,6 +76,12 @@ class ModelServer:
                             self.wfile.write(b"x" * 65536)
                     except OSError:
                         return
+                if mode == "busy":
+                    self.send_response(503)
+                    self.send_header("Content-Length", "4")
+                    self.end_headers()
+                    self.wfile.write(b"busy")
+                    return
                 if not self.path.endswith("/" + outer.name) or mode == "missing":
                     self.send_response(404)
                     self.send_header("Content-Length", "9")
@@ -153,9 +159,12 @@ class ModelDownloadTest(harness.TestCase):
         self.assertEqual(st, 200, b)
         self.assertEqual(b["usage"]["completion_tokens"], 4)
 
-    def wait_exit(self, a):
+    def wait_exit(self, a, code=2):
+        # 2: no retry can help (the unit's RestartPreventExitStatus=2 keeps
+        # systemd from downloading the same wrong bytes again); 1: a later
+        # try may (systemd restarts the agent into a resume).
         rc = a.wait(timeout=60)
-        self.assertNotEqual(rc, 0)
+        self.assertEqual(rc, code, a.log_text()[-3000:])
         return a.log_text()
 
     def test_download_registers_and_serves(self):
@@ -259,6 +268,15 @@ class ModelDownloadTest(harness.TestCase):
         log = self.wait_exit(a)
         self.assertIn("answered HTTP 404", log)
         self.assertEqual(len(self.ms.requests), 1)  # a 404 is not retried
+        self.assertEqual(self.cache_files(a.state_dir), [])  # no empty .part left
+
+    def test_server_trouble_exits_1_for_a_restart(self):
+        self.ms.mode = "busy"
+        a = self.agent(self.ms.url + "/m/stories260K.gguf", "--model-download-attempts", "2")
+        log = self.wait_exit(a, code=1)
+        self.assertIn("answered HTTP 503", log)
+        self.assertIn("2 attempts in a row without progress", log)
+        self.assertEqual(len(self.ms.requests), 2)
 
     def test_hf_spec_and_the_cache(self):
         sd = self.h.path("a.state")
@@ -282,6 +300,20 @@ class ModelDownloadTest(harness.TestCase):
         self.check_serves()
         self.assertEqual(self.ms.requests[-1],
                          ("/someone/tiny-stories/resolve/v2/stories260K.gguf", None))
+
+    def test_refused_credentials_fail_before_the_download(self):
+        # auth on, and a token the server does not know: the agent asks
+        # POST /agents/check first and never starts the download.
+        srv = self.h.start_server(["--auth", "on"])
+        sd = self.h.path("a.state")
+        a = self.h.start_agent(srv, args=["--model", self.ms.url + "/m/stories260K.gguf",
+                                          "--threads", "1", "--token", "gpk_" + "0" * 64],
+                               state_dir=sd)
+        log = self.wait_exit(a, code=2)
+        self.assertTrue(a.log_events("auth_refused"), log[-3000:])
+        self.assertIn("not downloading the model", log)
+        self.assertEqual(self.ms.requests, [])
+        self.assertEqual(self.cache_files(sd), [])
 
     def test_bad_specs_fail_at_start(self):
         for spec, msg in (("hf:onlyowner", "not hf:OWNER/REPO/PATH"),

@@ -106,6 +106,13 @@ class OpsConfTest(harness.TestCase):
         dash = json.load(open(DASHBOARD))
         self.assertEqual(dash["uid"], "gpupool-overview")
         self.assertIn("datasource", [v["name"] for v in dash["templating"]["list"]])
+        # Panels pick their data source through the variable: an __inputs
+        # entry would be asked for at import and then used by nothing.
+        self.assertNotIn("__inputs", dash)
+        req = {(r["type"], r["id"]) for r in dash["__requires"]}
+        self.assertIn(("datasource", "prometheus"), req)
+        used = {p["type"] for p in dash["panels"] if p["type"] != "row"}
+        self.assertEqual(used - {i for t, i in req if t == "panel"}, set())
         ids = [p["id"] for p in dash["panels"]]
         self.assertEqual(len(ids), len(set(ids)), "panel ids repeat")
         cells = set()
@@ -122,6 +129,8 @@ class OpsConfTest(harness.TestCase):
             self.assertTrue(p["targets"], p["title"])
             for t in p["targets"]:
                 self.assertTrue(t["expr"].strip(), p["title"])
+                # Per-agent series: legends by the agent's name, not its UUID.
+                self.assertNotIn("{{agent}}", t.get("legendFormat", ""), p["title"])
 
     def test_dashboard_queries_parse(self):
         dash = json.load(open(DASHBOARD))

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sqlite3
 import subprocess
 import sys
@@ -78,9 +79,11 @@ class ServiceOps(harness.TestCase):
                 c.close()
         harness.wait_until(lambda: agents_in(db) == 1, timeout=10, what="agent row committed")
         backup = self.h.path("backup.db")
+        # As documented: under umask 077, so the copy is 0600 like the DB.
         r = subprocess.run([cli, db, ".backup " + backup], capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, preexec_fn=lambda: os.umask(0o077))
         self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(stat.S_IMODE(os.stat(backup).st_mode), 0o600)
         self.assertTrue(srv.alive())
         k2 = self.h.create_key(db, "client", "after-backup")
         srv.signal(signal.SIGHUP)

@@ -246,7 +246,9 @@ async function refreshKeys() {
     if (k.revoked_at) continue;
     const u = k.usage_today || {};
     tb.append(el("tr", { "data-key-id": k.id },
-      el("td", { text: k.name }), el("td", { class: "mono", text: k.id }), el("td", { text: k.role }),
+      el("td", { text: k.name }), el("td", { class: "mono", text: k.id }),
+      // A spent or expired token refuses every enrollment: say so next to its role.
+      el("td", { text: k.role + (k.state && k.state !== "active" ? " (" + k.state.replace("_", " ") + ")" : "") }),
       el("td", { text: fmt(u.requests) }),
       el("td", { text: fmt((u.prompt_tokens || 0) + (u.completion_tokens || 0)) }),
       el("td", { text: ago(k.last_used_at) }),

@@ -232,6 +232,26 @@ size_t gps_dashboard_streams(const gps_dashboard *d)
     return d ? d->n_streams : 0;
 }
 
+/* GET /: a person who opens the server's address in a browser lands on the
+ * dashboard (API clients never ask for /). */
+static void h_root(gps_req *r, void *arg)
+{
+    (void)arg;
+    static const char body[] = "gpupool-server: the dashboard is at /dashboard\n";
+    struct evbuffer *eb = evbuffer_new();
+    if (!eb) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    evbuffer_add(eb, body, sizeof body - 1);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(r->req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "text/plain; charset=utf-8");
+    gps_req_add_header(r, "Location", "/dashboard");
+    gps_http_send_reply(r->req, 302, "Found", eb);
+    evbuffer_free(eb);
+}
+
 int gps_dashboard_register(gps_http *h, gps_dashboard *d)
 {
     static const struct {
@@ -239,6 +259,7 @@ int gps_dashboard_register(gps_http *h, gps_dashboard *d)
         gps_role role;
         gps_handler_fn fn;
     } routes[] = {
+        {"/", GPS_ROLE_NONE, h_root},
         {"/dashboard", GPS_ROLE_NONE, h_index},
         {"/dashboard/", GPS_ROLE_NONE, h_index},
         {"/dashboard/app.js", GPS_ROLE_NONE, h_js},

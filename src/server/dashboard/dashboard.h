@@ -2,6 +2,7 @@
  * dashboard: the operator's live web page and its event stream
  * (docs/operations.md "Dashboard").
  *
+ *   GET /                     302 to /dashboard (a browser opening the address)
  *   GET /dashboard            the page (HTML); /dashboard/app.js, /dashboard/app.css
  *                             its script and style. Static files embedded in the
  *                             binary at build time (cmake/Embed.cmake): no CDN, no

@@ -622,6 +622,8 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
                 HEAD_FAIL(400, "more than one x-api-key header");
             out->has_api_key = true;
             snprintf(out->api_key, sizeof out->api_key, "%.*s", (int)vlen, v);
+        } else if (IS("X-Forwarded-For")) {
+            snprintf(out->xff, sizeof out->xff, "%.*s", (int)vlen, v);
         } else if (IS("X-Correlation-Id")) {
             if (vlen < sizeof out->corr)
                 snprintf(out->corr, sizeof out->corr, "%.*s", (int)vlen, v);
@@ -896,6 +898,68 @@ static void refuse_busy(gps_conn *c)
     refuse_in_body(c);
 }
 
+/* ip (trimmed span [p, e)) is one of h's trusted proxies (exact match). */
+static bool proxy_trusted(const gps_http *h, const char *p, const char *e)
+{
+    const char *l = h->opts.trusted_proxies;
+    while (p < e && (*p == ' ' || *p == '\t'))
+        p++;
+    while (e > p && (e[-1] == ' ' || e[-1] == '\t'))
+        e--;
+    size_t n = (size_t)(e - p);
+    while (l && *l && n) {
+        l += strspn(l, " ,\t");
+        size_t k = strcspn(l, " ,\t");
+        if (k == n && strncmp(l, p, n) == 0)
+            return true;
+        l += k;
+    }
+    return false;
+}
+
+/* The client address for logs (gps_auth_fn): peer, or behind trusted
+ * proxies the rightmost X-Forwarded-For entry that is not one of them
+ * (entries left of it are the client's say, so not believed); when every
+ * entry is a trusted proxy, the leftmost. */
+static void client_addr(const gps_http *h, const char *peer, const char *xff, char *out,
+                        size_t outlen)
+{
+    snprintf(out, outlen, "%s", peer && *peer ? peer : "?");
+    if (!peer || !xff || !*xff || !proxy_trusted(h, peer, peer + strlen(peer)))
+        return;
+    const char *end = xff + strlen(xff);
+    while (end > xff) {
+        const char *start = end;
+        while (start > xff && start[-1] != ',')
+            start--;
+        const char *s = start, *e = end;
+        while (s < e && (*s == ' ' || *s == '\t'))
+            s++;
+        while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+            e--;
+        if (e > s) {
+            snprintf(out, outlen, "%.*s", (int)(e - s), s);
+            if (!proxy_trusted(h, s, e))
+                return;
+        }
+        end = start > xff ? start - 1 : xff;
+    }
+}
+
+/* The numeric address of fd's peer ("" when unknown). */
+static void peer_of_fd(evutil_socket_t fd, char *out, size_t outlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    out[0] = '\0';
+    if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &sl) < 0)
+        return;
+    if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)outlen);
+    else if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)outlen);
+}
+
 static const char *blank_to_null(const char *s, bool present)
 {
     return present && s[0] ? s : NULL;
@@ -1048,7 +1112,10 @@ static bool decide(gps_conn *c, const gps_head *hd)
         const char *cred = blank_to_null(hd->auth, hd->has_auth);
         if (!cred && route->dialect == GPS_DIALECT_ANTHROPIC)
             cred = blank_to_null(hd->api_key, hd->has_api_key);
-        int st = h->auth(h->auth_arg, cred, route->role, c->key_id);
+        char peer[INET6_ADDRSTRLEN], client[256];
+        peer_of_fd(bufferevent_getfd(c->bev), peer, sizeof peer);
+        client_addr(h, peer, hd->xff, client, sizeof client);
+        int st = h->auth(h->auth_arg, cred, route->role, c->key_id, client);
         if (st != 0) {
             c->no_retry = true;
             if (st == 403) {
@@ -1817,7 +1884,13 @@ static void dispatch(struct evhttp_request *req, void *arg)
             cred = evhttp_find_header(ih, "x-api-key");
         if (cred && !cred[strspn(cred, " \t")])
             cred = NULL; /* blank: missing, not invalid */
-        int st = h->auth(h->auth_arg, cred, route->role, r.key_id);
+        char *peer = NULL, client[256];
+        ev_uint16_t pport = 0;
+        struct evhttp_connection *evc = evhttp_request_get_connection(req);
+        if (evc)
+            evhttp_connection_get_peer(evc, &peer, &pport);
+        client_addr(h, peer, evhttp_find_header(ih, "X-Forwarded-For"), client, sizeof client);
+        int st = h->auth(h->auth_arg, cred, route->role, r.key_id, client);
         if (st != 0) {
             if (st == 401 && route->dialect != GPS_DIALECT_NATIVE)
                 evhttp_add_header(oh, "WWW-Authenticate", "Bearer");

@@ -84,7 +84,11 @@ struct gps_req {
  * Anthropic dialect, the x-api-key value; NULL when absent. Return 0 and
  * fill key_id (may be "") to allow, or the HTTP status to refuse with
  * (401, 403). Installed by main; without one every request is allowed. */
-typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65]);
+/* client: the request's client address for logs: the peer's IP, or, when
+ * the peer is one of opts.trusted_proxies, the nearest untrusted address of
+ * its X-Forwarded-For ("?" when unknown). */
+typedef int (*gps_auth_fn)(void *arg, const char *credential, gps_role role, char key_id[65],
+                           const char *client);
 
 /* Limits (0 = no limit for the last three). See docs/operations.md,
  * "Limits and hostile peers". */
@@ -100,6 +104,10 @@ typedef struct gps_http_opts {
      * most a quarter of max_inflight_body_bytes: the rest is reserved for
      * agents and clients whose key was checked at the head. */
     size_t max_unauth_body_bytes;
+    /* Comma-separated IP addresses of reverse proxies whose X-Forwarded-For
+     * is believed for the client address in logs (borrowed; NULL or "":
+     * none, the peer's address is the client's). */
+    const char *trusted_proxies;
 } gps_http_opts;
 /* One peer address may have this many max_unauth_body_bytes in flight in
  * requests without credentials (a peer cannot take the whole quarter). */
@@ -178,6 +186,7 @@ typedef struct gps_head {
     char ctype[128];           /* Content-Type (trimmed; "" when longer) */
     bool has_via;
     char via[GPS_POOL_VIA_MAX];  /* X-Pool-Via (trimmed; "" when longer) */
+    char xff[256];             /* the last X-Forwarded-For, trimmed ("" when absent) */
     char *canon;               /* the head as evhttp will see it (with CRLFCRLF), NUL-ended */
     size_t canon_len;
 } gps_head;
