@@ -16,6 +16,8 @@
  * tls_cert/tls_key); both serve the same routes. Auth is forced on when
  * either is not loopback. --port-file receives the HTTP port (the HTTPS
  * port when there is no HTTP listener); --tls-port-file the HTTPS port.
+ * metrics_listen adds a third listener that serves only /metrics and
+ * /health (--metrics-port-file); /metrics then leaves the other two.
  */
 #include <errno.h>
 #include <signal.h>
@@ -77,6 +79,7 @@ typedef struct server {
     gps_admin *admin;
     gps_dashboard *dashboard;
     gps_http *http;
+    gps_http *metrics_http;     /* metrics_listen: /metrics and /health only */
     gps_tls *tls;               /* NULL without listen_tls */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
@@ -427,6 +430,8 @@ static void shutdown_check(evutil_socket_t fd, short what, void *arg)
                      "grace period over; exiting with jobs still running");
     event_del(s->shutdown_timer);
     gps_http_stop_accepting(s->http);
+    if (s->metrics_http)
+        gps_http_stop_accepting(s->metrics_http);
     gps_agents_release_all(s->agents);
     /* Let the 204s and final chunks reach their sockets before the loop
      * stops and evhttp_free closes every connection. */
@@ -581,6 +586,47 @@ static int write_port_file(const char *path, int port)
     char buf[16];
     int n = snprintf(buf, sizeof buf, "%d\n", port);
     return gp_write_file_atomic(path, buf, (size_t)n, 0644);
+}
+
+/* metrics_listen: a listener of its own that serves only /metrics and
+ * /health, so a scraper on a private address needs no route to the API
+ * and the API listeners (maybe public) stop answering /metrics at all.
+ * Same header/body limits; no auth hook: both routes are keyless (the
+ * metrics key, when set, still applies). */
+static int metrics_listener_start(server *s, const gps_http_opts *hopts)
+{
+    char *mhost = NULL, err[256];
+    int mport = 0, bound = 0, rc = -1;
+    if (gp_parse_hostport(s->cfg.metrics_listen, &mhost, &mport, true) < 0)
+        goto out;
+    s->metrics_http = gps_http_new(s->base, hopts);
+    if (!s->metrics_http ||
+        gps_http_add_route(s->metrics_http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
+                           GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
+        gps_http_add_route(s->metrics_http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
+                           GPS_ROLE_NONE, h_metrics, s) < 0) {
+        gp_log_error("startup_failed", "out of memory during start-up");
+        goto out;
+    }
+    if (gps_http_bind(s->metrics_http, mhost, mport, &bound, err, sizeof err) < 0) {
+        gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
+                     json_pack("{s:s,s:i,s:b}", "host", mhost, "port", mport, "metrics", 1),
+                     "%s: %s", err, strerror(errno));
+        goto out;
+    }
+    if (s->cfg.metrics_port_file && write_port_file(s->cfg.metrics_port_file, bound) < 0) {
+        gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.metrics_port_file,
+                     strerror(errno));
+        goto out;
+    }
+    gp_log_write(GP_LOG_INFO, "listening_metrics", NULL,
+                 json_pack("{s:s,s:i,s:b}", "host", mhost, "port", bound, "metrics_key",
+                           s->cfg.metrics_key && *s->cfg.metrics_key),
+                 "metrics on %s:%d (and no longer on the API listeners)", mhost, bound);
+    rc = 0;
+out:
+    free(mhost);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -805,10 +851,12 @@ int main(int argc, char **argv)
     /* After the tasks table exists: it takes the native tasks over. */
     if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
         gp_log_warn("db_load_jobs_failed", "%s", err);
+    bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
-        gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics", GPS_DIALECT_NATIVE,
-                           GPS_ROLE_NONE, h_metrics, s) < 0 ||
+        (!own_metrics && gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics",
+                                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_metrics,
+                                            s) < 0) ||
         gps_openai_register(s->http, s->relay) < 0 ||
         gps_anthropic_register(s->http, s->relay) < 0 ||
         gps_responses_register(s->http, s->relay) < 0 ||
@@ -832,6 +880,8 @@ int main(int argc, char **argv)
                      "%s: %s", err, strerror(errno));
         goto done;
     }
+    if (own_metrics && metrics_listener_start(s, &hopts) < 0)
+        goto done;
     if (s->cfg.port_file && write_port_file(s->cfg.port_file, host ? bound : tls_bound) < 0) {
         gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.port_file,
                      strerror(errno));
@@ -888,6 +938,8 @@ done:
     gps_dashboard_free(s->dashboard); /* its streams end while the http server is there */
     if (s->http)
         gps_http_free(s->http);
+    if (s->metrics_http)
+        gps_http_free(s->metrics_http);
     gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */
     gps_relay_ctx_free(s->relay);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */

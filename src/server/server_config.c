@@ -117,6 +117,12 @@ const gp_opt gps_config_table[] = {
     {"metrics_key", GP_OPT_STR, O(metrics_key), "", 0, 0, NULL,
      "when set, GET /metrics needs 'Authorization: Bearer <this>' (16+ characters; "
      "better GPUPOOL_METRICS_KEY in the environment)"},
+    {"metrics_listen", GP_OPT_STR, O(metrics_listen), "", 0, 0, NULL,
+     "serve /metrics (and /health) on this host:port only, e.g. a private address for "
+     "the scraper; the API listeners then answer 404 for /metrics (\"\" = on the API "
+     "listeners)"},
+    {"metrics-port-file", GP_OPT_STR, O(metrics_port_file), NULL, 0, 0, NULL,
+     "write the bound metrics_listen port number to this file once listening"},
 };
 const size_t gps_config_table_len = sizeof gps_config_table / sizeof gps_config_table[0];
 
@@ -163,6 +169,17 @@ int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char
     if (out->listen_tls && (!out->tls_key || !*out->tls_key)) {
         snprintf(err, errlen, "tls_key: required with listen_tls");
         return -1;
+    }
+    if (out->metrics_listen && *out->metrics_listen) {
+        char *mh = NULL;
+        int mp = 0;
+        int bad = gp_parse_hostport(out->metrics_listen, &mh, &mp, true);
+        free(mh);
+        if (bad < 0) {
+            snprintf(err, errlen, "invalid value '%s' for 'metrics_listen' (expected host:port)",
+                     out->metrics_listen);
+            return -1;
+        }
     }
     if (out->metrics_key && *out->metrics_key && strlen(out->metrics_key) < 16) {
         snprintf(err, errlen, "metrics_key: at least 16 characters (or empty: /metrics public)");

@@ -28,6 +28,8 @@ typedef struct gps_config {
     char *auth;                 /* auto (on unless loopback-only with no key) | on */
     char *state_dir;            /* generated admin key (admin.key); "" = db's directory */
     char *metrics_key;          /* "" = /metrics is public */
+    char *metrics_listen;       /* host:port of a listener for /metrics and /health only */
+    char *metrics_port_file;    /* write the bound metrics port here */
     char *trusted_proxies;      /* comma-separated proxy IPs whose X-Forwarded-For is believed */
     char *config;               /* config file path */
     char *log_level;            /* debug|info|warn|error */

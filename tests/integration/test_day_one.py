@@ -261,5 +261,26 @@ class DayOne(harness.TestCase):
         self.assertIn("metrics_key", r.stderr)
 
 
+    def test_metrics_on_their_own_listener(self):
+        mport_file = os.path.join(self.h.tmp, "metrics.port")
+        self.srv = self.h.start_server(["--metrics_listen", "127.0.0.1:0",
+                                        "--metrics-port-file", mport_file])
+        murl = "http://127.0.0.1:%d" % harness.read_port_file(mport_file, self.srv.p)
+        # The scraper's listener: metrics and health, nothing else.
+        st, _, raw = harness.http_request("GET", murl + "/metrics")
+        self.assertEqual(st, 200)
+        self.assertIn("gpupool_process_resident_bytes", raw.decode())
+        self.assertEqual(harness.http_request("GET", murl + "/health")[0], 200)
+        for path in ("/v1/models", "/admin/keys", "/dashboard"):
+            self.assertEqual(harness.http_request("GET", murl + path)[0], 404, path)
+        # The API listener no longer answers /metrics.
+        self.assertEqual(harness.http_request("GET", self.srv.url + "/metrics")[0], 404)
+        self.assertEqual(harness.http_request("GET", self.srv.url + "/health")[0], 200)
+        # A bad address is a configuration error, said at start.
+        r = subprocess.run([harness.SERVER_BIN, "--metrics_listen", "nowhere"],
+                           capture_output=True, text=True, timeout=30, env=self.h.env())
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("metrics_listen", r.stderr)
+
 if __name__ == "__main__":
     unittest.main()
