@@ -290,6 +290,36 @@ def sse_data_json(events):
     return out
 
 
+def agent_info(server_url, aid, key=None):
+    """The agent's row of GET /admin/agents ({} when absent or refused)."""
+    st, _, b = http_json("GET", server_url + "/admin/agents", headers=bearer(key))
+    if st != 200 or not isinstance(b, dict):
+        return {}
+    return next((x for x in b.get("agents", []) if x.get("id") == aid), {})
+
+
+def chat_stream(tc, server_url, body, timeout=120):
+    """Stream a chat completion to [DONE]; returns (text, last x_pool_meta).
+    tc: the TestCase whose assertions fail the test on an error event."""
+    s = SSEStream("POST", server_url + "/v1/chat/completions", body, timeout=timeout)
+    tc.assertEqual(s.status, 200)
+    text, meta = "", None
+    try:
+        while True:
+            e = s.next_event(timeout=60)
+            tc.assertIsNotNone(e, "stream ended without [DONE]")
+            if e["data"] == "[DONE]":
+                break
+            d = json.loads(e["data"])
+            tc.assertNotIn("error", d, d)
+            for c in d.get("choices") or []:
+                text += (c.get("delta") or {}).get("content") or ""
+            meta = d.get("x_pool_meta") or meta
+    finally:
+        s.close()
+    return text, meta
+
+
 class SSEStream:
     """An open streaming request: iterate events as they arrive, close() at any
     time (the client-disconnect tests do that on purpose).
@@ -512,11 +542,12 @@ class Upstream(Proc):
 class Agent(Proc):
     """gpupool-agent connected to a Server."""
 
-    def __init__(self, h, name, server, args, state_dir):
+    def __init__(self, h, name, server, args, state_dir, env=None):
         self.state_dir = state_dir
         argv = [AGENT_BIN, "--server", server.url, "--state-dir", state_dir,
                 "--name", name] + list(args)
-        super().__init__(name, argv, os.path.join(h.tmp, name + ".log"), env=h.env())
+        super().__init__(name, argv, os.path.join(h.tmp, name + ".log"),
+                         env=env if env is not None else h.env())
 
     def agent_id(self, timeout=START_TIMEOUT):
         path = os.path.join(self.state_dir, "agent_id")
@@ -579,19 +610,20 @@ class Harness:
         return u
 
     def start_agent(self, server, upstream=None, model="m1", args=(), name=None,
-                    state_dir=None, slots=1, token=None, alias=None):
+                    state_dir=None, slots=1, token=None, alias=None, env=None):
         """Start gpupool-agent with the openai backend on upstream (or pass
-        backend flags yourself in args with upstream=None)."""
+        backend flags yourself in args with upstream=None). env: the whole
+        environment (default: self.env()). slots None: the agent's default."""
         name = name or self._name("agent")
         state_dir = state_dir or self.path(name + ".state")
-        argv = ["--slots", str(slots), "--log-level", "debug"]
+        argv = ["--log-level", "debug"] + (["--slots", str(slots)] if slots is not None else [])
         if token:
             argv += ["--token", token]
         if upstream is not None:
             argv += ["--upstream", upstream.url, "--upstream-model", model]
         if alias:
             argv += ["--alias", alias]
-        a = Agent(self, name, server, argv + list(args), state_dir)
+        a = Agent(self, name, server, argv + list(args), state_dir, env=env)
         self.procs.append(a)
         return a
 

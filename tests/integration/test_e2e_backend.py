@@ -70,48 +70,23 @@ class BackendTest(harness.TestCase):
             self.skipTest("gpupool-agent built without the gguf backend")
 
     def start_agent(self, path, fault=None, args=(), engines=None, env_extra=None):
-        name = self.h._name("agent")
-        state = self.h.path(name + ".state")
-        argv = [harness.AGENT_BIN, "--server", self.srv.url, "--state-dir", state, "--name",
-                name, "--slots", "1", "--log-level", "debug", "--alias", "tiny", "--model",
-                path, "--threads", "1"] + list(args)
         env = no_gpu_env(self.h, fault)
         if engines:
             env["GPUPOOL_TEST_ENGINES"] = str(engines)
         env.update(env_extra or {})
-        a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"), env=env)
-        self.h.procs.append(a)
-        harness.wait_until(lambda: os.path.exists(os.path.join(state, "agent_id")), timeout=60,
-                           what="agent_id file")
-        with open(os.path.join(state, "agent_id")) as f:
-            aid = f.read().strip()
+        a = self.h.start_agent(self.srv, alias="tiny", env=env,
+                               args=["--model", path, "--threads", "1"] + list(args))
+        aid = a.agent_id(timeout=60)
         harness.wait_until(lambda: self.agent_info(aid).get("state") == "healthy", timeout=60,
                            what="agent healthy")
         return a, aid
 
     def agent_info(self, aid):
-        st, _, b = http_json("GET", self.srv.url + "/admin/agents")
-        if st != 200:
-            return {}
-        return next((x for x in b["agents"] if x["id"] == aid), {})
+        return harness.agent_info(self.srv.url, aid)
 
     def stream(self, prefer, req=CHAT):
-        body = dict(req, x_pool_options={"prefer_agent": prefer})
-        s = harness.SSEStream("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
-        self.assertEqual(s.status, 200)
-        text, meta = "", None
-        while True:
-            e = s.next_event(timeout=60)
-            self.assertIsNotNone(e, "stream ended without [DONE]")
-            if e["data"] == "[DONE]":
-                break
-            d = json.loads(e["data"])
-            self.assertNotIn("error", d, d)
-            for c in d.get("choices") or []:
-                text += (c.get("delta") or {}).get("content") or ""
-            meta = d.get("x_pool_meta") or meta
-        s.close()
-        return text, meta
+        return harness.chat_stream(self, self.srv.url,
+                                   dict(req, x_pool_options={"prefer_agent": prefer}))
 
     def test_cuda_without_gpu_exits_2_with_one_line(self):
         r = subprocess.run([harness.AGENT_BIN, "--server", "http://127.0.0.1:9", "--state-dir",

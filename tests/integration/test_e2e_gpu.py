@@ -56,44 +56,20 @@ class GpuTest(harness.TestCase):
         self.srv = self.h.start_server(FAST)
 
     def start_agent(self, args, env_extra=None):
-        name = self.h._name("agent")
-        state = self.h.path(name + ".state")
-        argv = [harness.AGENT_BIN, "--server", self.srv.url, "--state-dir", state, "--name",
-                name, "--log-level", "debug", "--alias", "tiny"] + list(args)
         env = self.h.env()
-        env.pop("GPUPOOL_ENGINE_FAULT", None)
         env.update(env_extra or {})
-        a = harness.Proc(name, argv, os.path.join(self.h.tmp, name + ".log"), env=env)
-        self.h.procs.append(a)
-        harness.wait_until(lambda: os.path.exists(os.path.join(state, "agent_id")), timeout=120,
-                           what="agent_id file")
-        with open(os.path.join(state, "agent_id")) as f:
-            aid = f.read().strip()
+        a = self.h.start_agent(self.srv, alias="tiny", env=env, slots=None, args=list(args))
+        aid = a.agent_id(timeout=120)
         harness.wait_until(lambda: self.info(aid).get("state") == "healthy", timeout=120,
                            what="agent healthy")
         return a, aid
 
     def info(self, aid):
-        st, _, b = http_json("GET", self.srv.url + "/admin/agents")
-        return next((x for x in b.get("agents", []) if x["id"] == aid), {}) if st == 200 else {}
+        return harness.agent_info(self.srv.url, aid)
 
     def stream(self, prefer):
-        body = dict(CHAT, x_pool_options={"prefer_agent": prefer})
-        s = harness.SSEStream("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
-        self.assertEqual(s.status, 200)
-        text, meta = "", None
-        while True:
-            e = s.next_event(timeout=60)
-            self.assertIsNotNone(e, "stream ended without [DONE]")
-            if e["data"] == "[DONE]":
-                break
-            d = json.loads(e["data"])
-            self.assertNotIn("error", d, d)
-            for c in d.get("choices") or []:
-                text += (c.get("delta") or {}).get("content") or ""
-            meta = d.get("x_pool_meta") or meta
-        s.close()
-        return text, meta
+        return harness.chat_stream(self, self.srv.url,
+                                   dict(CHAT, x_pool_options={"prefer_agent": prefer}))
 
     def test_auto_runs_on_the_gpu(self):
         a, aid = self.start_agent(["--model", MODEL])
