@@ -26,7 +26,6 @@ with GPE_ERR_BACKEND and leaves the context unusable, as a lost GPU does).
   and the prompt-prefix cache still finds its prefixes.
 """
 
-import json
 import os
 import shutil
 import subprocess
