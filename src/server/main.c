@@ -51,6 +51,7 @@
 #include "server/auth/limits.h"
 #include "server/memstat.h"
 #include "server/metrics.h"
+#include "server/dialects/resp_state.h"
 #include "server/http/sse.h"
 #include "server/fleet/registry.h"
 #include "server/dialects/relay.h"
@@ -80,6 +81,8 @@ typedef struct server {
     gps_dashboard *dashboard;
     gps_http *http;
     gps_http *metrics_http;     /* metrics_listen: /metrics and /health only */
+    gps_resp_state *resp_state; /* stored Responses */
+    gps_responses *responses;   /* the Responses routes' context */
     gps_tls *tls;               /* NULL without listen_tls */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
@@ -497,6 +500,7 @@ static void purge_cb(evutil_socket_t fd, short what, void *arg)
     if (s->cfg.retention_days > 0)
         gps_store_purge_jobs(s->store,
                              gp_now_wall_ms() - s->cfg.retention_days * 86400LL * 1000LL);
+    gps_resp_state_purge(s->resp_state);
 }
 
 /* Free heap back to the kernel (memstat.h says why). On the loop thread
@@ -831,6 +835,11 @@ int main(int argc, char **argv)
     s->relay = gps_relay_ctx_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->relay)
         goto oom;
+    s->resp_state = gps_resp_state_new(s->store, (int)s->cfg.responses_ttl_sec,
+                                       (int)s->cfg.responses_per_key);
+    s->responses = s->resp_state ? gps_responses_new(s->relay, s->resp_state) : NULL;
+    if (!s->responses)
+        goto oom;
     s->tasks = gps_tasks_new(s->base, s->jobs, s->store, s->metrics,
                              (int)s->cfg.request_timeout_sec);
     if (!s->tasks)
@@ -859,7 +868,7 @@ int main(int argc, char **argv)
                                             s) < 0) ||
         gps_openai_register(s->http, s->relay) < 0 ||
         gps_anthropic_register(s->http, s->relay) < 0 ||
-        gps_responses_register(s->http, s->relay) < 0 ||
+        gps_responses_register(s->http, s->responses) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0 ||
         gps_admin_register(s->http, s->admin) < 0 ||
@@ -941,6 +950,8 @@ done:
     if (s->metrics_http)
         gps_http_free(s->metrics_http);
     gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */
+    gps_responses_free(s->responses);
+    gps_resp_state_free(s->resp_state);
     gps_relay_ctx_free(s->relay);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
     gps_admin_free(s->admin);

@@ -117,6 +117,10 @@ const gp_opt gps_config_table[] = {
     {"metrics_key", GP_OPT_STR, O(metrics_key), "", 0, 0, NULL,
      "when set, GET /metrics needs 'Authorization: Bearer <this>' (16+ characters; "
      "better GPUPOOL_METRICS_KEY in the environment)"},
+    {"responses_ttl_sec", GP_OPT_INT, O(responses_ttl_sec), "2592000", 60, 31536000, NULL,
+     "stored Responses (store: true) expire after this (default 30 days)"},
+    {"responses_per_key", GP_OPT_INT, O(responses_per_key), "1000", 1, 1000000, NULL,
+     "stored Responses a key keeps (its oldest go first)"},
     {"metrics_listen", GP_OPT_STR, O(metrics_listen), "", 0, 0, NULL,
      "serve /metrics (and /health) on this host:port only, e.g. a private address for "
      "the scraper; the API listeners then answer 404 for /metrics (\"\" = on the API "

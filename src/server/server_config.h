@@ -28,6 +28,8 @@ typedef struct gps_config {
     char *auth;                 /* auto (on unless loopback-only with no key) | on */
     char *state_dir;            /* generated admin key (admin.key); "" = db's directory */
     char *metrics_key;          /* "" = /metrics is public */
+    long long responses_ttl_sec;  /* stored Responses expire after this */
+    long long responses_per_key;  /* a key keeps its newest this many */
     char *metrics_listen;       /* host:port of a listener for /metrics and /health only */
     char *metrics_port_file;    /* write the bound metrics port here */
     char *trusted_proxies;      /* comma-separated proxy IPs whose X-Forwarded-For is believed */

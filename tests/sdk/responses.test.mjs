@@ -134,7 +134,8 @@ test('errors raise the SDK error classes', async () => {
   await assert.rejects(relay.responses.create({ model: 'no-such-model', input: 'x' }),
     (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
   await assert.rejects(relay.responses.create({ model: 'pool-model', input: 'x', previous_response_id: 'resp_1' }),
-    (e) => e instanceof OpenAI.BadRequestError && /previous_response_id/.test(e.message));
+    (e) => e instanceof OpenAI.BadRequestError && e.code === 'previous_response_not_found'
+      && e.param === 'previous_response_id');
   await assert.rejects(relay.responses.create({ model: 'pool-model', input: 'x', tools: [LIST_DIR],
     tool_choice: { type: 'function', name: 'nope' } }),
     (e) => e instanceof OpenAI.BadRequestError && /tool_choice/.test(e.message));

@@ -8,6 +8,7 @@
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
 #include "server/dialects/reqcheck.h"
+#include "server/dialects/resp_state.h"
 #include "server/dialects/responses.h"
 #include "server/dialects/toolcalls.h"
 #include "server/http/http.h"
@@ -24,7 +25,18 @@ typedef struct rs_stream {
     gps_resp_out out;          /* the response built so far */
     gps_tool_calls calls;
     bool tools_ignored;
+    /* store: what the saved response needs, and its owner's key. */
+    gps_resp_state *state;     /* NULL: store false */
+    json_t *messages;          /* the conversation sent (owned), or NULL */
+    size_t n_instr;
+    char key_id[65];
 } rs_stream;
+
+/* The routes' argument. */
+typedef struct gps_responses {
+    gps_relay_ctx *c;
+    gps_resp_state *state;
+} rs_api;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static void on_writable(void *arg);
@@ -44,6 +56,7 @@ static void stream_free(void *arg)
     gps_resp_out_clear(&st->out);
     json_decref(st->echo);
     json_decref(st->warnings);
+    json_decref(st->messages);
     free(st);
 }
 
@@ -71,6 +84,21 @@ static json_t *meta_of(rs_stream *st, gps_job *job)
                               json_string("tools were ignored: no live agent serving this model "
                                           "reports supports_tools"));
     return meta;
+}
+
+/* store: keep the finished response for later references. */
+static void save(rs_stream *st, gps_job *job, const char *fr)
+{
+    if (!st->state)
+        return;
+    json_t *items = NULL;
+    json_t *obj = gps_resp_final(&st->out, &st->calls, fr, job->prompt_tokens,
+                                 job->completion_tokens);
+    json_t *ctx = gps_resp_context(&st->out, &st->calls, st->messages, st->n_instr, &items);
+    gps_resp_state_save(st->state, st->key_id, st->out.id, obj, ctx, items);
+    json_decref(obj);
+    json_decref(ctx);
+    json_decref(items);
 }
 
 static void ensure_started(rs_stream *st, gps_job *job)
@@ -103,6 +131,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
             ensure_started(st, job);
             gps_resp_close(&st->out, &st->rl.out, &st->calls, fr, job->prompt_tokens,
                            job->completion_tokens, meta_of(st, job));
+            save(st, job, fr);
             gps_relay_end_stream(&st->rl);
             return true;
         }
@@ -112,6 +141,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         if (job->first_token_us)
             gps_metrics_ttft(st->ctx->metrics, "openai", job->spec.model,
                              (double)(job->first_token_us - st->rl.start_us) / 1e6);
+        save(st, job, fr);
         gps_relay_end_body(&st->rl, body, true);
         return true;
     }
@@ -151,44 +181,38 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     gps_relay_stream_event(&st->rl, job, type, ev);
 }
 
-static void h_responses(gps_req *r, void *arg)
+/* Submit rq's job and relay it to r's client (rq's spec is moved). */
+static void start(rs_api *api, gps_req *r, gps_resp_req *rq)
 {
-    gps_relay_ctx *c = arg;
-    json_t *body = gps_req_job_json(r);
-    if (!body) {
-        gps_relay_count_req(&OPS, c->metrics, r, "invalid_request");
-        return;
-    }
-    gps_resp_req rq;
-    char msg[512];
-    const char *param = NULL;
-    int rc = gps_resp_parse(body, &rq, msg, sizeof msg, &param);
-    json_decref(body);
-    if (rc < 0) {
-        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
-        return;
-    }
+    gps_relay_ctx *c = api->c;
     rs_stream *st = calloc(1, sizeof *st);
     if (!st) {
-        gps_resp_req_clear(&rq);
+        gps_resp_req_clear(rq);
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
     gps_relay_init(&st->rl, &OPS, st, c->jobs, c->metrics, r);
     st->ctx = c;
-    st->stream = rq.stream;
-    st->echo = rq.echo;
-    st->warnings = rq.warnings;
-    rq.echo = rq.warnings = NULL;
-    if (rq.spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), rq.spec.model)) {
+    st->stream = rq->stream;
+    st->echo = rq->echo;
+    st->warnings = rq->warnings;
+    rq->echo = rq->warnings = NULL;
+    if (rq->store && api->state) {
+        st->state = api->state;
+        st->messages = json_deep_copy(rq->spec.messages);
+        st->n_instr = rq->n_instr;
+        snprintf(st->key_id, sizeof st->key_id, "%s", r->key_id);
+    }
+    if (rq->spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), rq->spec.model)) {
         /* No agent could take them: answer without tools rather than fail. */
-        json_decref(rq.spec.tools);
-        json_decref(rq.spec.tool_choice);
-        rq.spec.tools = rq.spec.tool_choice = NULL;
+        json_decref(rq->spec.tools);
+        json_decref(rq->spec.tool_choice);
+        rq->spec.tools = rq->spec.tool_choice = NULL;
         st->tools_ignored = true;
     }
-    gps_resp_out_init(&st->out, rq.spec.model, st->echo);
-    gps_job *job = gps_relay_submit(&st->rl, &rq.spec, r, c->request_timeout_sec + 30);
+    gps_resp_out_init(&st->out, rq->spec.model, st->echo);
+    gps_job *job = gps_relay_submit(&st->rl, &rq->spec, r, c->request_timeout_sec + 30);
+    gps_resp_req_clear(rq);
     if (!job) {
         stream_free(st);
         return;
@@ -197,11 +221,118 @@ static void h_responses(gps_req *r, void *arg)
     snprintf(st->out.model, sizeof st->out.model, "%s", job->spec.model);
 }
 
+/* A request that refers to stored state, waiting for the store. The
+ * gps_req is copied (the dispatcher's lives on its stack); its path is
+ * not used after dispatch. */
+typedef struct rs_wait {
+    gps_held held;             /* held.req: NULL once the client left */
+    gps_req req;
+    gps_resp_req rq;
+    rs_api *api;
+} rs_wait;
+
+static void resolved(void *arg, int status, json_t *prev_context, json_t *items)
+{
+    rs_wait *w = arg;
+    gps_req *r = &w->req;
+    char msg[512];
+    const char *param = NULL;
+    if (!w->held.req) {
+        gps_relay_count_req(&OPS, w->api->c->metrics, r, "cancelled");
+        goto done;
+    }
+    gps_held_release(&w->held);
+    if (status != 0) {
+        if (status > 0)
+            snprintf(msg, sizeof msg, "Previous response with id '%.64s' not found.",
+                     w->rq.prev_id);
+        gps_relay_refuse(&OPS, w->api->c->metrics, r, status > 0 ? 400 : 500,
+                         status > 0 ? "previous_response_not_found" : "INTERNAL",
+                         status > 0 ? msg : "stored responses could not be read",
+                         status > 0 ? "previous_response_id" : NULL);
+        goto done;
+    }
+    if (gps_resp_splice(&w->rq, prev_context, items, msg, sizeof msg, &param) < 0) {
+        gps_relay_refuse(&OPS, w->api->c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        goto done;
+    }
+    start(w->api, r, &w->rq);
+done:
+    gps_resp_req_clear(&w->rq);
+    free(w);
+}
+
+static void wait_for_state(rs_api *api, gps_req *r, gps_resp_req *rq)
+{
+    rs_wait *w = api->state ? calloc(1, sizeof *w) : NULL;
+    if (!w) {
+        gps_resp_req_clear(rq);
+        gps_relay_refuse(&OPS, api->c->metrics, r, api->state ? 500 : 400,
+                         api->state ? "INTERNAL" : "INVALID_REQUEST",
+                         api->state ? "out of memory" : "this server keeps no responses",
+                         api->state ? NULL : "previous_response_id");
+        return;
+    }
+    w->req = *r;
+    w->req.path = NULL;
+    w->rq = *rq;
+    w->api = api;
+    memset(rq, 0, sizeof *rq);
+    gps_held_start(&w->held, r->req, true, 0, NULL, NULL);
+    if (gps_resp_state_fetch(api->state, r->key_id, &w->rq, resolved, w) < 0) {
+        gps_held_release(&w->held);
+        gps_relay_refuse(&OPS, api->c->metrics, r, 503, "SERVER_BUSY",
+                         "stored responses cannot be reached now", NULL);
+        gps_resp_req_clear(&w->rq);
+        free(w);
+    }
+}
+
+static void h_responses(gps_req *r, void *arg)
+{
+    rs_api *api = arg;
+    json_t *body = gps_req_job_json(r);
+    if (!body) {
+        gps_relay_count_req(&OPS, api->c->metrics, r, "invalid_request");
+        return;
+    }
+    gps_resp_req rq;
+    char msg[512];
+    const char *param = NULL;
+    int rc = gps_resp_parse(body, &rq, msg, sizeof msg, &param);
+    json_decref(body);
+    if (rc < 0) {
+        gps_relay_refuse(&OPS, api->c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        return;
+    }
+    if (rq.prev_id || rq.refs)
+        wait_for_state(api, r, &rq);
+    else
+        start(api, r, &rq);
+}
+
 static const gps_route ROUTES[] = {
     {EVHTTP_REQ_POST, "/v1/responses", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, h_responses, NULL},
 };
 
-int gps_responses_register(gps_http *h, gps_relay_ctx *c)
+gps_responses *gps_responses_new(gps_relay_ctx *c, gps_resp_state *st)
 {
-    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], c);
+    rs_api *api = calloc(1, sizeof *api);
+    if (!api)
+        return NULL;
+    api->c = c;
+    api->state = st;
+    return api;
+}
+
+void gps_responses_free(gps_responses *api)
+{
+    free(api);
+}
+
+int gps_responses_register(gps_http *h, gps_responses *api)
+{
+    if (gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], api) < 0)
+        return -1;
+    return api->state ? gps_resp_state_register(h, api->state) : 0;
 }

@@ -146,12 +146,21 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
             json_array_append_new(messages, json_pack("{s:s,s:s,s:s}", "role", "tool",
                                                       "tool_call_id", call_id, "content", text));
             free(text);
+        } else if (type && strcmp(type, "item_reference") == 0) {
+            const char *id = json_string_value(json_object_get(it, "id"));
+            if (!id || !*id || strlen(id) > 64)
+                GPS_FAIL("input", "input[%zu] (item_reference) needs a string id", i);
+            /* Marked here, resolved from the store (gps_resp_splice). */
+            if (json_array_append_new(messages, json_pack("{s:s,s:s,s:I}", "role", "$ref",
+                                                          "id", id, "index",
+                                                          (json_int_t)i)) < 0)
+                GPS_FAIL(NULL, "out of memory");
         } else if (type && strcmp(type, "reasoning") == 0) {
             continue; /* a reasoning model's own items: nothing to replay here */
         } else {
             GPS_FAIL("input",
                      "input[%zu] has type '%.40s': supported are message, function_call, "
-                     "function_call_output (and reasoning, ignored)",
+                     "function_call_output, item_reference (and reasoning, ignored)",
                      i, type ? type : "(none)");
         }
     }
@@ -261,10 +270,15 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     s->model = strdup(json_string_value(model));
 
     const json_t *prev = json_object_get(body, "previous_response_id");
-    if (!gps_absent(prev))
-        GPS_FAIL("previous_response_id",
-                 "'previous_response_id' is not supported: this server stores no responses; "
-                 "send the whole conversation in 'input'");
+    if (!gps_absent(prev)) {
+        if (!json_is_string(prev) || json_string_length(prev) == 0 ||
+            json_string_length(prev) > 64)
+            GPS_FAIL("previous_response_id",
+                     "'previous_response_id' must be a response id (a string)");
+        out->prev_id = strdup(json_string_value(prev));
+        if (!out->prev_id)
+            GPS_FAIL(NULL, "out of memory");
+    }
     const json_t *bg = json_object_get(body, "background");
     if (!gps_absent(bg) && !json_is_false(bg))
         GPS_FAIL("background", "background responses are not supported");
@@ -279,8 +293,20 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     if (parse_input(json_object_get(body, "input"), json_object_get(body, "instructions"),
                     s->messages, msg, msglen, param) < 0)
         goto fail;
-    if (json_array_size(s->messages) == 0)
+    out->n_instr = json_is_string(json_object_get(body, "instructions")) ? 1 : 0;
+    if (json_array_size(s->messages) == 0 && !out->prev_id)
         GPS_FAIL("input", "'input' holds no message");
+    size_t mi;
+    json_t *m;
+    json_array_foreach(s->messages, mi, m)
+    {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (strcmp(role, "$ref") != 0)
+            continue;
+        if (!out->refs && !(out->refs = json_array()))
+            GPS_FAIL(NULL, "out of memory");
+        json_array_append(out->refs, json_object_get(m, "id"));
+    }
 
     const json_t *mt = json_object_get(body, "max_output_tokens");
     if (!gps_absent(mt)) {
@@ -323,6 +349,7 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     const json_t *store = json_object_get(body, "store");
     if (!gps_absent(store) && !json_is_boolean(store))
         GPS_FAIL("store", "'store' must be a boolean");
+    out->store = !json_is_false(store);
     const json_t *ptc = json_object_get(body, "parallel_tool_calls");
     if (!gps_absent(ptc) && !json_is_boolean(ptc))
         GPS_FAIL("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
@@ -358,9 +385,12 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
                           "max_output_tokens", (json_int_t)s->max_tokens, "temperature",
                           s->temperature, "top_p", s->top_p, "parallel_tool_calls",
                           !json_is_false(ptc), "metadata",
-                          json_is_object(md) ? json_deep_copy(md) : json_object(), "store", 0);
+                          json_is_object(md) ? json_deep_copy(md) : json_object(), "store",
+                          (int)out->store);
     if (!out->echo)
         GPS_FAIL(NULL, "out of memory");
+    if (out->prev_id)
+        json_object_set_new(out->echo, "previous_response_id", json_string(out->prev_id));
     /* The tools as the client gave them (Responses shape). */
     json_object_set_new(out->echo, "tools",
                         json_is_array(tools) ? json_deep_copy(tools) : json_array());
@@ -381,7 +411,74 @@ void gps_resp_req_clear(gps_resp_req *r)
     gps_job_spec_clear(&r->spec);
     json_decref(r->echo);
     json_decref(r->warnings);
-    r->echo = r->warnings = NULL;
+    json_decref(r->refs);
+    free(r->prev_id);
+    r->echo = r->warnings = r->refs = NULL;
+    r->prev_id = NULL;
+}
+
+/* Copies of src's messages onto out (a later call may add tool_calls to
+ * the last one: the caller's array must not change). */
+static int extend_copy(json_t *out, const json_t *src)
+{
+    for (size_t i = 0; i < json_array_size(src); i++)
+        if (json_array_append_new(out, json_deep_copy(json_array_get(src, i))) < 0)
+            return -1;
+    return 0;
+}
+
+/* A stored fragment into out: a function call joins the assistant message
+ * before it (as parse_input's function_call items do). */
+static int splice_one(json_t *out, json_t *frag)
+{
+    json_t *calls = json_object_get(frag, "tool_calls");
+    if (!json_is_array(calls))
+        return json_array_append_new(out, json_deep_copy(frag));
+    json_t *holder = calls_holder(out);
+    if (!holder)
+        return -1;
+    return json_array_extend(holder, calls);
+}
+
+int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
+                    char *msg, size_t msglen, const char **param)
+{
+    *param = NULL;
+    json_t *old = r->spec.messages, *out = json_array();
+    if (!out)
+        GPS_FAIL(NULL, "out of memory");
+    size_t i;
+    json_t *m;
+    json_array_foreach(old, i, m)
+    {
+        if (i == r->n_instr && prev_context && extend_copy(out, prev_context) < 0)
+            GPS_FAIL(NULL, "out of memory");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (strcmp(role, "$ref") != 0) {
+            if (json_array_append_new(out, json_deep_copy(m)) < 0)
+                GPS_FAIL(NULL, "out of memory");
+            continue;
+        }
+        const char *id = json_string_value(json_object_get(m, "id"));
+        json_t *frag = json_object_get(items, id);
+        if (!json_is_object(frag))
+            GPS_FAIL("input",
+                     "input[%lld] (item_reference): no stored item '%.64s' for this key "
+                     "(expired, deleted, never stored or another key's)",
+                     (long long)json_integer_value(json_object_get(m, "index")), id);
+        if (splice_one(out, frag) < 0)
+            GPS_FAIL(NULL, "out of memory");
+    }
+    if (json_array_size(old) <= r->n_instr && prev_context && extend_copy(out, prev_context) < 0)
+        GPS_FAIL(NULL, "out of memory");
+    if (json_array_size(out) == r->n_instr)
+        GPS_FAIL("input", "'input' holds no message");
+    r->spec.messages = out;
+    json_decref(old);
+    return 0;
+fail:
+    json_decref(out);
+    return -1;
 }
 
 /* ------------------------------------------------------------------ */
@@ -634,4 +731,76 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                          completion_tokens, meta);
+}
+
+/* ------------------------------------------------------------------ */
+/* Stored state                                                        */
+/* ------------------------------------------------------------------ */
+
+static json_t *call_json(const gps_tool_call *c)
+{
+    json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
+    return json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type", "function", "function",
+                     "name", c->name, "arguments", args ? args : json_string(""));
+}
+
+json_t *gps_resp_context(const gps_resp_out *o, const gps_tool_calls *calls,
+                         const json_t *messages, size_t n_instr, json_t **items)
+{
+    json_t *ctx = json_array(), *its = json_array();
+    json_t *reply = json_pack("{s:s,s:n}", "role", "assistant", "content");
+    gp_buf text;
+    gp_buf_init(&text);
+    if (!ctx || !its || !reply)
+        goto fail;
+    for (size_t i = n_instr; i < json_array_size(messages); i++)
+        if (json_array_append(ctx, json_array_get(messages, i)) < 0)
+            goto fail;
+    json_t *tc = NULL;
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        json_t *frag;
+        if (it->is_call) {
+            if (!calls || it->call < 0 || (size_t)it->call >= calls->n)
+                continue;
+            json_t *c = call_json(&calls->v[it->call]);
+            if (!tc && json_object_set_new(reply, "tool_calls", tc = json_array()) < 0)
+                goto fail;
+            json_array_append(tc, c);
+            frag = json_pack("{s:s,s:n,s:[o]}", "role", "assistant", "content", "tool_calls",
+                             c);
+        } else {
+            const char *t = o->text.data ? o->text.data + it->text_from : "";
+            size_t n = it->text_to - it->text_from;
+            gp_buf_append(&text, t, n);
+            frag = json_pack("{s:s,s:s%}", "role", "assistant", "content", t, n);
+        }
+        if (!frag || json_array_append_new(its, json_pack("{s:s,s:o}", "id", it->item_id,
+                                                          "message", frag)) < 0)
+            goto fail;
+    }
+    if (text.len)
+        json_object_set_new(reply, "content", json_stringn(text.data, text.len));
+    if (json_array_append_new(ctx, reply) < 0) {
+        reply = NULL;
+        goto fail;
+    }
+    gp_buf_free(&text);
+    *items = its;
+    return ctx;
+fail:
+    gp_buf_free(&text);
+    json_decref(ctx);
+    json_decref(its);
+    json_decref(reply);
+    return NULL;
+}
+
+json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
+                       const char *finish_reason, long long prompt_tokens,
+                       long long completion_tokens)
+{
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
+                         completion_tokens, NULL);
 }

@@ -13,9 +13,10 @@
  * `temperature`, `top_p`, function `tools` with `tool_choice`, `stream`,
  * `user`, `metadata`, `parallel_tool_calls`, `x_pool_options`. Tools of
  * other types (hosted tools, namespaces) are dropped with a warning in
- * x_pool_meta (an agent runs functions only). Nothing is
- * stored (`store` is echoed as false); `previous_response_id` is refused
- * with a 400 naming it (send the whole conversation).
+ * x_pool_meta (an agent runs functions only). `store` (default true)
+ * keeps the response for `previous_response_id` and `item_reference`
+ * items of later requests (resp_state.h); this module only marks those
+ * references and splices what was read (gps_resp_splice).
  *
  * Stream: response.created, response.in_progress, then per output item
  * response.output_item.added; for a message response.content_part.added,
@@ -42,8 +43,15 @@
 typedef struct gps_resp_req {
     gps_job_spec spec;   /* owned; moved into the job on submit */
     bool stream;
+    bool store;          /* keep the response (store, default true) */
     json_t *echo;        /* request fields the response object repeats (owned) */
     json_t *warnings;    /* strings for x_pool_meta.warnings (owned), or NULL */
+    /* Stored state the request refers to (resolve with gps_resp_splice
+     * once read): previous_response_id, and the ids of its item_reference
+     * items (each stands in spec.messages as a {"role":"$ref"} mark). */
+    char *prev_id;       /* owned, or NULL */
+    json_t *refs;        /* array of item ids (owned), or NULL */
+    size_t n_instr;      /* leading system messages from `instructions` */
 } gps_resp_req;
 
 /* Validate a JSON body. 0, or -1 with msg and *param (the field); on error
@@ -52,6 +60,14 @@ typedef struct gps_resp_req {
 int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                    const char **param);
 void gps_resp_req_clear(gps_resp_req *r);
+
+/* Put the stored state into the request's messages: prev_context (the
+ * previous response's conversation, or NULL) after the instructions, and
+ * each item_reference mark replaced by items[id] (an object of chat message
+ * fragments by item id; a function call joins the assistant message before
+ * it). 0, or -1 with msg and *param naming what was not found. */
+int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
+                    char *msg, size_t msglen, const char **param);
 
 #define GPS_RESP_MAX_ITEMS 128
 
@@ -98,5 +114,15 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
                         size_t text_len, const char *finish_reason, long long prompt_tokens,
                         long long completion_tokens, json_t *meta);
+
+/* What a stored response keeps: the conversation through it (messages
+ * after the instructions, then the output as one assistant message; new
+ * reference) and, in *items, [{id, message}] per output item (new). */
+json_t *gps_resp_context(const gps_resp_out *o, const gps_tool_calls *calls,
+                         const json_t *messages, size_t n_instr, json_t **items);
+/* The final response object without x_pool_meta (new reference). */
+json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
+                       const char *finish_reason, long long prompt_tokens,
+                       long long completion_tokens);
 
 #endif

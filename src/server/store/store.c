@@ -96,6 +96,13 @@ enum {
     K_PIN_SET,
     K_PIN_DELETE,
     K_LOAD_PINS,
+    K_RESP_PUT,
+    K_RESP_ITEMS_PUT,
+    K_RESP_TRIM,
+    K_RESP_GET,
+    K_RESP_ITEMS_GET,
+    K_RESP_DELETE,
+    K_RESP_PURGE,
     K_COUNT
 };
 
@@ -104,8 +111,10 @@ enum {
  *   table or columns (job_events: 0002; key limits and usage: 0003): its
  *   op then fails (logged) instead of the open.
  * F_SYNC: run on the owner thread's connection only (migrations, loads):
- *   not prepared on the DB thread's connection at open. */
-enum { F_OPT = 1, F_SYNC = 2 };
+ *   not prepared on the DB thread's connection at open.
+ * F_CELLS: an async read (or a write whose caller wants the changed row
+ *   count) answered through gps_store_cells_fn. */
+enum { F_OPT = 1, F_SYNC = 2, F_CELLS = 4 };
 
 #define JOB_COLUMNS                                                                          \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
@@ -230,6 +239,31 @@ static const struct {
     [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1"},
     [K_LOAD_PINS] = {"load_model_pins", F_SYNC | F_OPT,
         "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name"},
+    /* Stored responses (migration 0006). The items come as one JSON array
+     * of {id, message} and land in one statement. */
+    [K_RESP_PUT] = {"response_put", F_OPT,
+        "INSERT OR REPLACE INTO responses (id, key_id, created_at, expires_at, object, "
+        "context) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+    [K_RESP_ITEMS_PUT] = {"response_items_put", F_OPT,
+        "INSERT OR REPLACE INTO response_items (item_id, response_id, key_id, message) "
+        "SELECT json_extract(value, '$.id'), ?1, ?2, json_extract(value, '$.message') "
+        "FROM json_each(?3)"},
+    /* A key keeps its newest ?2 responses. */
+    [K_RESP_TRIM] = {"response_trim", F_OPT,
+        "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
+        "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?2)"},
+    [K_RESP_GET] = {"response_get", F_OPT | F_CELLS,
+        "SELECT object, context FROM responses WHERE id = ?1 AND key_id = ?2 "
+        "AND expires_at > ?3"},
+    [K_RESP_ITEMS_GET] = {"response_items_get", F_OPT | F_CELLS,
+        "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
+        "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
+        "AND i.item_id IN (SELECT value FROM json_each(?2))"},
+    [K_RESP_DELETE] = {"response_delete", F_OPT | F_CELLS,
+        "DELETE FROM responses WHERE id = ?1 AND key_id = ?2"},
+    [K_RESP_PURGE] = {"response_purge", F_OPT,
+        "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at < ?1 "
+        "LIMIT 1000)"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -263,6 +297,8 @@ typedef struct op {
     row *result;               /* job_get: the row (owned) */
     json_t *events;            /* job_get: the stored event log (owned), or NULL */
     gps_store_jobs_fn jobs_cb; /* job_list */
+    gps_store_cells_fn cells_cb; /* F_CELLS statements */
+    int64_t changes;           /* F_CELLS: rows the statement changed */
     row **rows;                /* job_list: nrows rows (owned) */
     size_t nrows;
     char msg[160];             /* ping: failure text */
@@ -675,6 +711,17 @@ static bool run_op(gps_store *s, op *o, bool *failed)
         if (o->status)
             rows_free(o);
         return false;
+    case K_RESP_GET:
+    case K_RESP_ITEMS_GET:
+    case K_RESP_DELETE:
+        o->status = stmt_exec(st, o->v, o->nv, append_row, o, &stopped) == SQLITE_DONE &&
+                            stopped == 0
+                        ? 0
+                        : -1;
+        o->changes = o->kind == K_RESP_DELETE ? sqlite3_changes(s->w.db) : 0;
+        if (o->status)
+            rows_free(o);
+        return false;
     case K_PING:
         o->status = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped) == SQLITE_DONE ? 0 : -1;
         if (o->status)
@@ -691,11 +738,12 @@ static bool run_op(gps_store *s, op *o, bool *failed)
                      "store write %s failed: %s", stmts[o->kind].name, sqlite3_errmsg(s->w.db));
         return false;
     }
-    if (o->kind == K_PURGE && sqlite3_changes(s->w.db) >= PURGE_CHUNK) {
+    if ((o->kind == K_PURGE || o->kind == K_RESP_PURGE) &&
+        sqlite3_changes(s->w.db) >= PURGE_CHUNK) {
         /* More to delete: go again after whatever queued meanwhile, so a
          * big purge never holds one long transaction. */
         opb b;
-        b_spec(&b, K_PURGE, "i", o->v[0].i);
+        b_spec(&b, o->kind, "i", o->v[0].i);
         op *again = b_pack(&b);
         if (again) {
             pthread_mutex_lock(&s->mu);
@@ -779,7 +827,8 @@ static void *db_main(void *arg)
             }
             n++;
             last_seq = o->seq;
-            if (o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST) {
+            if (o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST ||
+                (stmts[o->kind].flags & F_CELLS)) {
                 has_read = true;
                 o->next = NULL;
                 if (done_tail)
@@ -1045,6 +1094,28 @@ static json_t *events_collect(conn *c, const char *job_id)
     return all;
 }
 
+/* F_CELLS results: every row's columns as text, row-major. */
+static void deliver_cells(op *o)
+{
+    gps_store_cells res = {.changes = o->changes};
+    const char **cell = NULL;
+    if (o->status == 0 && o->nrows) {
+        res.ncols = (size_t)o->rows[0]->n;
+        cell = calloc(o->nrows * res.ncols, sizeof *cell);
+        if (!cell) {
+            o->cells_cb(o->arg, -1, NULL);
+            return;
+        }
+        for (size_t i = 0; i < o->nrows; i++)
+            for (size_t c = 0; c < res.ncols; c++)
+                cell[i * res.ncols + c] = rs(o->rows[i], (int)c);
+        res.nrows = o->nrows;
+    }
+    res.cell = cell;
+    o->cells_cb(o->arg, o->status, o->status == 0 ? &res : NULL);
+    free(cell);
+}
+
 static void deliver(op *o)
 {
     if (o->kind == K_JOB_GET) {
@@ -1060,6 +1131,8 @@ static void deliver(op *o)
         }
     } else if (o->kind == K_PING) {
         o->ping_cb(o->arg, o->status == 0, o->status == 0 ? "ok" : o->msg);
+    } else if (stmts[o->kind].flags & F_CELLS) {
+        deliver_cells(o);
     } else if (o->kind == K_JOB_LIST) {
         gps_store_job_info *jobs = o->nrows ? calloc(o->nrows, sizeof *jobs) : NULL;
         if (o->nrows && !jobs) {
@@ -1792,6 +1865,62 @@ int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_s
     o->jobs_cb = cb;
     o->arg = arg;
     return enqueue(s, o, false);
+}
+
+/* Stored responses (migration 0006)                                        */
+
+int gps_store_response_put(gps_store *s, const gps_store_response_row *r)
+{
+    if (!r || !r->id || !r->key_id || !r->object || !r->context)
+        return -1;
+    if (write_op(s, K_RESP_PUT, "ttiijj", r->id, r->key_id, r->created_at, r->expires_at,
+                 r->object, r->context) != 0)
+        return -1;
+    /* Same FIFO: the items and the trim follow the row they belong to. */
+    if (json_array_size(r->items) &&
+        write_op(s, K_RESP_ITEMS_PUT, "ttj", r->id, r->key_id, r->items) != 0)
+        return -1;
+    if (r->keep_per_key > 0)
+        return write_op(s, K_RESP_TRIM, "ti", r->key_id, r->keep_per_key);
+    return 0;
+}
+
+static int cells_op(gps_store *s, op *o, gps_store_cells_fn cb, void *arg)
+{
+    if (!o)
+        return -1;
+    o->cells_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+int gps_store_response_get_async(gps_store *s, const char *id, const char *key_id,
+                                 int64_t now_ms, gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !id || !key_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_RESP_GET, "tti", id, key_id, now_ms), cb, arg);
+}
+
+int gps_store_response_items_async(gps_store *s, const char *key_id, const json_t *ids,
+                                   int64_t now_ms, gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !key_id || !json_is_array(ids) || !cb)
+        return -1;
+    return cells_op(s, read_op(K_RESP_ITEMS_GET, "tji", key_id, ids, now_ms), cb, arg);
+}
+
+int gps_store_response_delete_async(gps_store *s, const char *id, const char *key_id,
+                                    gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !id || !key_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_RESP_DELETE, "tt", id, key_id), cb, arg);
+}
+
+int gps_store_purge_responses(gps_store *s, int64_t now_ms)
+{
+    return write_op(s, K_RESP_PURGE, "i", now_ms);
 }
 
 /* ------------------------------------------------------------------------ */

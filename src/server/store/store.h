@@ -314,6 +314,41 @@ typedef void (*gps_store_job_fn)(void *arg, int status, const gps_store_job_info
  * -1 (no event_base, ENOMEM) in which case cb is never called. */
 int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, void *arg);
 
+/* Results of the small reads below: nrows rows of ncols text cells,
+ * row-major (cell[row * ncols + col]; NULL = SQL NULL), and for a delete
+ * the number of rows it removed. Borrowed for the callback. status 0, or
+ * -1 (SQLite error, or a schema without the table) with res NULL. */
+typedef struct gps_store_cells {
+    size_t nrows, ncols;
+    const char *const *cell;
+    int64_t changes;
+} gps_store_cells;
+typedef void (*gps_store_cells_fn)(void *arg, int status, const gps_store_cells *res);
+
+/* Stored Responses (migration 0006; see migrations/0006_responses.sql).
+ * key_id is "" for requests made with auth off. */
+typedef struct gps_store_response_row {
+    const char *id, *key_id;
+    int64_t created_at, expires_at;   /* wall ms */
+    const json_t *object;             /* the response object */
+    const json_t *context;            /* chat messages through this response */
+    const json_t *items;              /* [{id, message}] of its output items, or NULL */
+    int64_t keep_per_key;             /* > 0: then drop the key's older ones past this */
+} gps_store_response_row;
+int gps_store_response_put(gps_store *s, const gps_store_response_row *r);
+/* One row: object, context (unexpired, this key's only). */
+int gps_store_response_get_async(gps_store *s, const char *id, const char *key_id,
+                                 int64_t now_ms, gps_store_cells_fn cb, void *arg);
+/* Rows of item_id, message for the ids (a JSON array of strings) this key
+ * stored and that have not expired; missing ids are simply absent. */
+int gps_store_response_items_async(gps_store *s, const char *key_id, const json_t *ids,
+                                   int64_t now_ms, gps_store_cells_fn cb, void *arg);
+/* res->changes: 1 when this key's response id was deleted, else 0. */
+int gps_store_response_delete_async(gps_store *s, const char *id, const char *key_id,
+                                    gps_store_cells_fn cb, void *arg);
+/* Delete expired responses (and their items), in chunks. */
+int gps_store_purge_responses(gps_store *s, int64_t now_ms);
+
 /* ok: SELECT 1 ran on the DB thread; msg describes a failure. */
 typedef void (*gps_store_ping_fn)(void *arg, bool ok, const char *msg);
 int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg);

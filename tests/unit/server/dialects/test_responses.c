@@ -55,7 +55,9 @@ static void test_input_string_and_instructions(void **st)
                         "Hi");
     assert_string_equal(json_string_value(json_object_get(r.echo, "instructions")), "Be brief.");
     assert_int_equal(json_integer_value(json_object_get(r.echo, "max_output_tokens")), 7);
-    assert_true(json_is_false(json_object_get(r.echo, "store")));
+    assert_true(json_is_true(json_object_get(r.echo, "store"))); /* store defaults on */
+    assert_true(r.store);
+    assert_int_equal(r.n_instr, 1);
     assert_string_equal(
         json_string_value(json_object_get(json_object_get(r.echo, "metadata"), "k")), "v");
     gps_resp_req_clear(&r);
@@ -153,8 +155,10 @@ static void test_refusals_name_the_field(void **st)
         {"{\"input\":\"x\"}", "model", "'model'"},
         {"{\"model\":\"m\"}", "input", "'input' is required"},
         {"{\"model\":\"m\",\"input\":[]}", "input", "non-empty"},
-        {"{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":\"resp_1\"}",
-         "previous_response_id", "stores no responses"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":7}",
+         "previous_response_id", "a response id"},
+        {"{\"model\":\"m\",\"input\":[{\"type\":\"item_reference\"}]}", "input",
+         "needs a string id"},
         {"{\"model\":\"m\",\"input\":[{\"type\":\"input_image\"}]}", "input", "input_image"},
         {"{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
          "\"input_image\",\"image_url\":\"x\"}]}]}",
@@ -332,6 +336,111 @@ static void test_incomplete_and_whole_body(void **st)
     gps_resp_out_clear(&o);
 }
 
+/* previous_response_id and item_reference: marked at parse, spliced from
+ * what the store gave back. */
+static void test_stored_state_splice(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"instructions\":\"I\",\"store\":false,"
+                           "\"previous_response_id\":\"resp_p\",\"input\":["
+                           "{\"type\":\"item_reference\",\"id\":\"fc_1\"},"
+                           "{\"type\":\"function_call_output\",\"call_id\":\"c1\","
+                           "\"output\":\"42\"},"
+                           "{\"type\":\"item_reference\",\"id\":\"msg_9\"}]}",
+                           &r, msg, &param),
+                     0);
+    assert_false(r.store);
+    assert_string_equal(r.prev_id, "resp_p");
+    assert_int_equal(json_array_size(r.refs), 2);
+    assert_true(json_is_false(json_object_get(r.echo, "store")));
+    assert_string_equal(json_string_value(json_object_get(r.echo, "previous_response_id")),
+                        "resp_p");
+    json_t *prev = json_loads("[{\"role\":\"user\",\"content\":\"q\"},"
+                              "{\"role\":\"assistant\",\"content\":\"a\"}]",
+                              0, NULL);
+    json_t *items = json_loads(
+        "{\"fc_1\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+        "\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}",
+        0, NULL);
+    /* msg_9 is not there: named in the error, the request untouched. */
+    assert_int_equal(gps_resp_splice(&r, prev, items, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "input");
+    assert_non_null(strstr(msg, "msg_9"));
+    assert_non_null(strstr(msg, "input[2]"));
+    json_object_set_new(items, "msg_9", json_pack("{s:s,s:s}", "role", "assistant", "content",
+                                                  "done"));
+    assert_int_equal(gps_resp_splice(&r, prev, items, msg, sizeof msg, &param), 0);
+    json_t *want = json_loads(
+        "[{\"role\":\"system\",\"content\":\"I\"},{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":\"a\",\"tool_calls\":[{\"id\":\"c1\",\"type\":"
+        "\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
+        "{\"role\":\"assistant\",\"content\":\"done\"}]",
+        0, NULL);
+    if (!json_equal(r.spec.messages, want)) {
+        char *got = json_dumps(r.spec.messages, JSON_COMPACT);
+        fprintf(stderr, "spliced: %s\n", got);
+        free(got);
+        fail();
+    }
+    json_decref(want);
+    json_decref(prev);
+    json_decref(items);
+    gps_resp_req_clear(&r);
+}
+
+/* What a stored response keeps: the conversation through it, and each
+ * output item as a chat fragment. */
+static void test_stored_context_and_items(void **st)
+{
+    (void)st;
+    gps_resp_out o;
+    gps_tool_calls calls;
+    memset(&calls, 0, sizeof calls);
+    gps_resp_out_init(&o, "m", NULL);
+    json_t *ev = json_pack("{s:i,s:s,s:s,s:s}", "index", 0, "id", "c1", "name", "f",
+                           "arguments", "{}");
+    bool started;
+    int ci = gps_tool_calls_add(&calls, ev, &started);
+    json_decref(ev);
+    assert_int_equal(ci, 0);
+    json_decref(gps_resp_object(&o, &calls, "hi", 2, "tool_calls", 3, 4, NULL));
+    (void)ci;
+    json_t *msgs = json_loads("[{\"role\":\"system\",\"content\":\"I\"},"
+                              "{\"role\":\"user\",\"content\":\"q\"}]",
+                              0, NULL);
+    json_t *items = NULL;
+    json_t *ctx = gps_resp_context(&o, &calls, msgs, 1, &items);
+    assert_non_null(ctx);
+    assert_int_equal(json_array_size(ctx), 2); /* instructions left out */
+    json_t *reply = json_array_get(ctx, 1);
+    assert_string_equal(json_string_value(json_object_get(reply, "content")), "hi");
+    assert_int_equal(json_array_size(json_object_get(reply, "tool_calls")), 1);
+    assert_int_equal(json_array_size(items), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(items, 0), "id")),
+                        o.items[0].item_id);
+    json_t *fc = json_object_get(json_array_get(items, 1), "message");
+    assert_string_equal(json_string_value(json_object_get(
+                            json_object_get(json_array_get(json_object_get(fc, "tool_calls"), 0),
+                                            "function"),
+                            "name")),
+                        "f");
+    json_t *fin = gps_resp_final(&o, &calls, "tool_calls", 3, 4);
+    assert_null(json_object_get(fin, "x_pool_meta"));
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(fin, "usage"),
+                                                        "total_tokens")),
+                     7);
+    json_decref(fin);
+    json_decref(ctx);
+    json_decref(items);
+    json_decref(msgs);
+    gps_resp_out_clear(&o);
+    gps_tool_calls_free(&calls);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -339,6 +448,8 @@ int main(void)
         cmocka_unit_test(test_items_with_function_calls),
         cmocka_unit_test(test_hosted_tools_are_dropped_with_a_warning),
         cmocka_unit_test(test_refusals_name_the_field),
+        cmocka_unit_test(test_stored_state_splice),
+        cmocka_unit_test(test_stored_context_and_items),
         cmocka_unit_test(test_stream_text_then_call),
         cmocka_unit_test(test_incomplete_and_whole_body),
     };

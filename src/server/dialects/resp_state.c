@@ -1,0 +1,275 @@
+/* resp_state: stored Responses (see resp_state.h). */
+#include "server/dialects/resp_state.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/http/held.h"
+
+struct gps_resp_state {
+    gps_store *store;
+    int64_t ttl_ms;
+    int keep_per_key;
+};
+
+gps_resp_state *gps_resp_state_new(gps_store *st, int ttl_sec, int keep_per_key)
+{
+    gps_resp_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->store = st;
+    s->ttl_ms = (int64_t)ttl_sec * 1000;
+    s->keep_per_key = keep_per_key;
+    return s;
+}
+
+void gps_resp_state_free(gps_resp_state *s)
+{
+    free(s);
+}
+
+/* ------------------------------------------------------------------ */
+/* Fetch: the previous response, then the referenced items             */
+/* ------------------------------------------------------------------ */
+
+typedef struct fetch {
+    gps_resp_state *s;
+    char key_id[65];
+    json_t *refs;            /* owned copy, or NULL */
+    json_t *prev_context;    /* owned, or NULL */
+    gps_resp_state_fn done;
+    void *arg;
+} fetch;
+
+static void fetch_end(fetch *f, int status, json_t *items)
+{
+    f->done(f->arg, status, status == 0 ? f->prev_context : NULL, items);
+    json_decref(f->prev_context);
+    json_decref(f->refs);
+    free(f);
+}
+
+static void items_done(void *arg, int status, const gps_store_cells *res)
+{
+    fetch *f = arg;
+    json_t *items = json_object();
+    if (status != 0 || !items) {
+        json_decref(items);
+        fetch_end(f, -1, NULL);
+        return;
+    }
+    for (size_t i = 0; i < res->nrows; i++) {
+        const char *id = res->cell[i * res->ncols];
+        const char *msg = res->cell[i * res->ncols + 1];
+        json_t *m = msg ? json_loads(msg, 0, NULL) : NULL;
+        if (id && json_is_object(m))
+            json_object_set_new(items, id, m);
+        else
+            json_decref(m);
+    }
+    fetch_end(f, 0, items);
+    json_decref(items);
+}
+
+static void fetch_items(fetch *f)
+{
+    if (!f->refs) {
+        json_t *none = json_object();
+        fetch_end(f, none ? 0 : -1, none);
+        json_decref(none);
+        return;
+    }
+    if (gps_store_response_items_async(f->s->store, f->key_id, f->refs, gp_now_wall_ms(),
+                                       items_done, f) < 0)
+        fetch_end(f, -1, NULL);
+}
+
+static void prev_done(void *arg, int status, const gps_store_cells *res)
+{
+    fetch *f = arg;
+    if (status != 0) {
+        fetch_end(f, -1, NULL);
+        return;
+    }
+    const char *ctx = res->nrows ? res->cell[1] : NULL;
+    f->prev_context = ctx ? json_loads(ctx, 0, NULL) : NULL;
+    if (!json_is_array(f->prev_context)) {
+        fetch_end(f, 1, NULL);
+        return;
+    }
+    fetch_items(f);
+}
+
+int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_req *rq,
+                         gps_resp_state_fn done, void *arg)
+{
+    if (!s->store)
+        return -1;
+    fetch *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->s = s;
+    snprintf(f->key_id, sizeof f->key_id, "%s", key_id);
+    f->refs = rq->refs ? json_deep_copy(rq->refs) : NULL;
+    f->done = done;
+    f->arg = arg;
+    if ((rq->refs && !f->refs) ||
+        (rq->prev_id && gps_store_response_get_async(s->store, rq->prev_id, key_id,
+                                                     gp_now_wall_ms(), prev_done, f) < 0)) {
+        json_decref(f->refs);
+        free(f);
+        return -1;
+    }
+    if (!rq->prev_id)
+        fetch_items(f);
+    return 0;
+}
+
+void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
+                         const json_t *object, const json_t *context, const json_t *items)
+{
+    if (!s->store || !object || !context)
+        return;
+    int64_t now = gp_now_wall_ms();
+    gps_store_response_row row = {
+        .id = id,
+        .key_id = key_id,
+        .created_at = now,
+        .expires_at = now + s->ttl_ms,
+        .object = object,
+        .context = context,
+        .items = items,
+        .keep_per_key = s->keep_per_key,
+    };
+    if (gps_store_response_put(s->store, &row) < 0)
+        gp_log_warn("response_store_failed", "response %s was not stored (store queue full)",
+                    id);
+}
+
+void gps_resp_state_purge(gps_resp_state *s)
+{
+    if (s->store)
+        gps_store_purge_responses(s->store, gp_now_wall_ms());
+}
+
+/* ------------------------------------------------------------------ */
+/* GET and DELETE /v1/responses/{id}                                   */
+/* ------------------------------------------------------------------ */
+
+/* A reply waiting for the DB thread. */
+typedef struct pending {
+    gps_held held;            /* held.req: NULL once the client left */
+    char corr[65];
+    char id[GPS_ROUTE_PARAM_MAX];
+} pending;
+
+static pending *pending_new(gps_req *r)
+{
+    pending *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    snprintf(p->corr, sizeof p->corr, "%s", r->correlation_id);
+    snprintf(p->id, sizeof p->id, "%s", r->params[0]);
+    gps_held_start(&p->held, r->req, false, 0, NULL, NULL);
+    return p;
+}
+
+/* Detach from the connection; true when the client is still there. */
+static bool pending_take(pending *p)
+{
+    if (!p->held.req)
+        return false;
+    gps_held_release(&p->held);
+    return true;
+}
+
+static void pending_error(pending *p, int status, const char *code, const char *message)
+{
+    gps_http_send_error(p->held.req, GPS_DIALECT_OPENAI, status, code, message, NULL, p->corr,
+                        NULL);
+}
+
+static void not_found(pending *p)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "Response with id '%.64s' not found.", p->id);
+    pending_error(p, 404, "NOT_FOUND", msg);
+}
+
+static void get_done(void *arg, int status, const gps_store_cells *res)
+{
+    pending *p = arg;
+    if (!pending_take(p))
+        goto done;
+    if (status != 0) {
+        pending_error(p, 500, "INTERNAL", "stored responses could not be read");
+        goto done;
+    }
+    json_t *obj = res->nrows && res->cell[0] ? json_loads(res->cell[0], 0, NULL) : NULL;
+    if (!obj)
+        not_found(p);
+    else
+        gps_http_send_json(p->held.req, 200, obj);
+done:
+    free(p);
+}
+
+static void delete_done(void *arg, int status, const gps_store_cells *res)
+{
+    pending *p = arg;
+    if (!pending_take(p))
+        goto done;
+    if (status != 0) {
+        pending_error(p, 500, "INTERNAL", "stored responses could not be changed");
+        goto done;
+    }
+    if (res->changes == 0) {
+        not_found(p);
+        goto done;
+    }
+    json_t *body = json_pack("{s:s,s:s,s:b}", "id", p->id, "object", "response", "deleted", 1);
+    if (body)
+        gps_http_send_json(p->held.req, 200, body);
+    else
+        pending_error(p, 500, "INTERNAL", "out of memory");
+done:
+    free(p);
+}
+
+static void h_get_or_delete(gps_req *r, void *arg)
+{
+    gps_resp_state *s = arg;
+    bool del = r->method == EVHTTP_REQ_DELETE;
+    if (!s->store) {
+        gps_req_error(r, 404, "NOT_FOUND", "this server keeps no responses", NULL);
+        return;
+    }
+    pending *p = pending_new(r);
+    if (!p) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return;
+    }
+    int rc = del ? gps_store_response_delete_async(s->store, p->id, r->key_id, delete_done, p)
+                 : gps_store_response_get_async(s->store, p->id, r->key_id, gp_now_wall_ms(),
+                                                get_done, p);
+    if (rc < 0) {
+        pending_take(p);
+        free(p);
+        gps_req_error(r, 503, "SERVER_BUSY", "stored responses cannot be reached now", NULL);
+    }
+}
+
+static const gps_route ROUTES[] = {
+    {EVHTTP_REQ_GET, "/v1/responses/{id}", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT,
+     h_get_or_delete, NULL},
+    {EVHTTP_REQ_DELETE, "/v1/responses/{id}", GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT,
+     h_get_or_delete, NULL},
+};
+
+int gps_resp_state_register(gps_http *h, gps_resp_state *s)
+{
+    return gps_http_add_routes(h, ROUTES, sizeof ROUTES / sizeof ROUTES[0], s);
+}
