@@ -859,43 +859,25 @@ static json_t *job_stored_json(const gps_store_job_info *j)
 /* A reply that waits for the DB thread. It does not point at the admin
  * object: the store may deliver it after the module is gone (at close). */
 typedef struct pending {
-    gps_held held;                /* held.req: NULL once the client left */
-    char corr[65];
+    gps_db_wait w;                /* w.held.req: NULL once the client left */
     int limit;
 } pending;
 
 static pending *pending_new(gps_req *r)
 {
     pending *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    snprintf(p->corr, sizeof p->corr, "%s", r->correlation_id);
-    gps_held_start(&p->held, r->req, false, 0, NULL, NULL);
+    if (p)
+        gps_db_wait_start(&p->w, r);
     return p;
-}
-
-/* Detach from the connection; true when the client is still there. */
-static bool pending_take(pending *p)
-{
-    if (!p->held.req)
-        return false;
-    gps_held_release(&p->held);
-    return true;
-}
-
-static void pending_error(pending *p, int status, const char *code, const char *message)
-{
-    gps_http_send_error(p->held.req, GPS_DIALECT_NATIVE, status, code, message, NULL, p->corr,
-                        NULL);
 }
 
 static void jobs_list_done(void *arg, int status, const gps_store_job_info *jobs, size_t n)
 {
     pending *p = arg;
-    if (!pending_take(p))
+    if (!gps_db_wait_take(&p->w))
         goto done;
     if (status != 0) {
-        pending_error(p, 500, "INTERNAL", "the request log could not be read");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "the request log could not be read");
         goto done;
     }
     json_t *arr = json_array();
@@ -913,10 +895,10 @@ static void jobs_list_done(void *arg, int status, const gps_store_job_info *jobs
     if (!body) {
         if (!arr)
             json_decref(next);
-        pending_error(p, 500, "INTERNAL", "out of memory");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "out of memory");
         goto done;
     }
-    gps_http_send_json(p->held.req, 200, body);
+    gps_http_send_json(p->w.held.req, 200, body);
 done:
     free(p);
 }
@@ -943,7 +925,7 @@ static void h_jobs_list(gps_req *r, void *arg)
     }
     p->limit = f.limit;
     if (gps_store_jobs_list_async(a->store, &f, jobs_list_done, p) < 0) {
-        pending_take(p);
+        gps_db_wait_take(&p->w);
         free(p);
         gps_req_error(r, 500, "INTERNAL", "the request log could not be read", NULL);
     }
@@ -952,18 +934,18 @@ static void h_jobs_list(gps_req *r, void *arg)
 static void job_get_done(void *arg, int status, const gps_store_job_info *j)
 {
     pending *p = arg;
-    if (!pending_take(p))
+    if (!gps_db_wait_take(&p->w))
         goto done;
     if (status == 1)
-        pending_error(p, 404, "JOB_NOT_FOUND", "no such job");
+        gps_db_wait_error(&p->w, 404, "JOB_NOT_FOUND", "no such job");
     else if (status != 0 || !j)
-        pending_error(p, 500, "INTERNAL", "the request log could not be read");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "the request log could not be read");
     else {
         json_t *body = job_stored_json(j);
         if (body)
-            gps_http_send_json(p->held.req, 200, body);
+            gps_http_send_json(p->w.held.req, 200, body);
         else
-            pending_error(p, 500, "INTERNAL", "out of memory");
+            gps_db_wait_error(&p->w, 500, "INTERNAL", "out of memory");
     }
 done:
     free(p);
@@ -987,7 +969,7 @@ static void h_job_get(gps_req *r, void *arg)
         return;
     }
     if (gps_store_job_get_async(a->store, r->params[0], job_get_done, p) < 0) {
-        pending_take(p);
+        gps_db_wait_take(&p->w);
         free(p);
         gps_req_error(r, 500, "INTERNAL", "the request log could not be read", NULL);
     }

@@ -161,58 +161,31 @@ void gps_resp_state_purge(gps_resp_state *s)
 
 /* A reply waiting for the DB thread. */
 typedef struct pending {
-    gps_held held;            /* held.req: NULL once the client left */
-    char corr[65];
+    gps_db_wait w;            /* w.held.req: NULL once the client left */
     char id[GPS_ROUTE_PARAM_MAX];
 } pending;
-
-static pending *pending_new(gps_req *r)
-{
-    pending *p = calloc(1, sizeof *p);
-    if (!p)
-        return NULL;
-    snprintf(p->corr, sizeof p->corr, "%s", r->correlation_id);
-    snprintf(p->id, sizeof p->id, "%s", r->params[0]);
-    gps_held_start(&p->held, r->req, false, 0, NULL, NULL);
-    return p;
-}
-
-/* Detach from the connection; true when the client is still there. */
-static bool pending_take(pending *p)
-{
-    if (!p->held.req)
-        return false;
-    gps_held_release(&p->held);
-    return true;
-}
-
-static void pending_error(pending *p, int status, const char *code, const char *message)
-{
-    gps_http_send_error(p->held.req, GPS_DIALECT_OPENAI, status, code, message, NULL, p->corr,
-                        NULL);
-}
 
 static void not_found(pending *p)
 {
     char msg[160];
     snprintf(msg, sizeof msg, "Response with id '%.64s' not found.", p->id);
-    pending_error(p, 404, "NOT_FOUND", msg);
+    gps_db_wait_error(&p->w, 404, "NOT_FOUND", msg);
 }
 
 static void get_done(void *arg, int status, const gps_store_cells *res)
 {
     pending *p = arg;
-    if (!pending_take(p))
+    if (!gps_db_wait_take(&p->w))
         goto done;
     if (status != 0) {
-        pending_error(p, 500, "INTERNAL", "stored responses could not be read");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "stored responses could not be read");
         goto done;
     }
     json_t *obj = res->nrows && res->cell[0] ? json_loads(res->cell[0], 0, NULL) : NULL;
     if (!obj)
         not_found(p);
     else
-        gps_http_send_json(p->held.req, 200, obj);
+        gps_http_send_json(p->w.held.req, 200, obj);
 done:
     free(p);
 }
@@ -220,10 +193,10 @@ done:
 static void delete_done(void *arg, int status, const gps_store_cells *res)
 {
     pending *p = arg;
-    if (!pending_take(p))
+    if (!gps_db_wait_take(&p->w))
         goto done;
     if (status != 0) {
-        pending_error(p, 500, "INTERNAL", "stored responses could not be changed");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "stored responses could not be changed");
         goto done;
     }
     if (res->changes == 0) {
@@ -232,9 +205,9 @@ static void delete_done(void *arg, int status, const gps_store_cells *res)
     }
     json_t *body = json_pack("{s:s,s:s,s:b}", "id", p->id, "object", "response", "deleted", 1);
     if (body)
-        gps_http_send_json(p->held.req, 200, body);
+        gps_http_send_json(p->w.held.req, 200, body);
     else
-        pending_error(p, 500, "INTERNAL", "out of memory");
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "out of memory");
 done:
     free(p);
 }
@@ -247,7 +220,11 @@ static void h_get_or_delete(gps_req *r, void *arg)
         gps_req_error(r, 404, "NOT_FOUND", "this server keeps no responses", NULL);
         return;
     }
-    pending *p = pending_new(r);
+    pending *p = calloc(1, sizeof *p);
+    if (p) {
+        gps_db_wait_start(&p->w, r);
+        snprintf(p->id, sizeof p->id, "%s", r->params[0]);
+    }
     if (!p) {
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
@@ -256,7 +233,7 @@ static void h_get_or_delete(gps_req *r, void *arg)
                  : gps_store_response_get_async(s->store, p->id, r->key_id, gp_now_wall_ms(),
                                                 get_done, p);
     if (rc < 0) {
-        pending_take(p);
+        gps_db_wait_take(&p->w);
         free(p);
         gps_req_error(r, 503, "SERVER_BUSY", "stored responses cannot be reached now", NULL);
     }

@@ -1,6 +1,8 @@
 /* held: one helper for every request the server holds (see held.h). */
 #include "server/http/held.h"
 
+#include <stdio.h>
+
 #include <event2/http.h>
 
 #include "server/http/sse.h"
@@ -51,4 +53,24 @@ void gps_held_drop(gps_held *h)
 {
     if (h->evcon)
         gps_sse_pace_drop(h->evcon);
+}
+
+void gps_db_wait_start(gps_db_wait *w, gps_req *r)
+{
+    w->dialect = r->route ? r->route->dialect : GPS_DIALECT_NATIVE;
+    snprintf(w->corr, sizeof w->corr, "%s", r->correlation_id);
+    gps_held_start(&w->held, r->req, false, 0, NULL, NULL);
+}
+
+bool gps_db_wait_take(gps_db_wait *w)
+{
+    if (!w->held.req)
+        return false;
+    gps_held_release(&w->held);
+    return true;
+}
+
+void gps_db_wait_error(gps_db_wait *w, int status, const char *code, const char *message)
+{
+    gps_http_send_error(w->held.req, w->dialect, status, code, message, NULL, w->corr, NULL);
 }

@@ -50,4 +50,19 @@ void gps_held_release(gps_held *h);
  * not held. */
 void gps_held_drop(gps_held *h);
 
+/* A reply that waits for the DB thread (GET of stored rows and the like):
+ * no socket watch, no timeout change, nothing to cancel; the callback takes
+ * the request back and answers it, or finds the client gone. */
+typedef struct gps_db_wait {
+    gps_held held;                    /* held.req: NULL once the client left */
+    gps_dialect dialect;              /* of the error body */
+    char corr[65];
+} gps_db_wait;
+
+void gps_db_wait_start(gps_db_wait *w, gps_req *r);
+/* Stop holding; true when the client is still there to answer. */
+bool gps_db_wait_take(gps_db_wait *w);
+/* After a true gps_db_wait_take: an error in the request's dialect. */
+void gps_db_wait_error(gps_db_wait *w, int status, const char *code, const char *message);
+
 #endif
