@@ -114,5 +114,40 @@ class PrefixTenantTest(harness.TestCase):
         self.assertEqual(meta["prefix_units"], len(MESSAGES))
 
 
+class PoolOfPoolsTenantTest(harness.TestCase):
+    """client -> outer pool (two keys) <- relay agent -> inner pool (home
+    mode) <- gguf agent: the relay passes each job's tenant on, so the inner
+    pool keeps the outer keys apart too (x_pool_meta.upstream is the inner
+    pool's meta, prefix_units included)."""
+
+    def test_outer_keys_stay_apart_upstream(self):
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        inner = self.h.start_server(["--poll_interval_sec", "1"], name="inner")
+        self.h.start_agent(inner, slots=2, alias="tiny", name="gguf",
+                           args=["--model", MODEL, "--threads", "1"])
+        inner.wait_model("tiny")
+        db = self.h.path("outer.db")
+        a = self.h.create_key(db, "client", "alice")
+        b = self.h.create_key(db, "client", "bob")
+        akey = self.h.create_key(db, "agent", "relay")
+        outer = self.h.start_server(["--poll_interval_sec", "1"], db=db, name="outer")
+        self.h.start_agent(outer, slots=2, name="relay", token=akey,
+                           args=["--upstream", inner.url + "/v1", "--upstream-model", "tiny",
+                                 "--alias", "tiny"])
+        outer.wait_model("tiny", key=a)
+
+        def chat(key):
+            st, _, c = http_json("POST", outer.url + "/v1/chat/completions",
+                                 {"model": "tiny", "messages": MESSAGES, "max_tokens": 4,
+                                  "temperature": 0}, headers=auth(key), timeout=120)
+            self.assertEqual(st, 200, c)
+            return c["x_pool_meta"]["upstream"]
+
+        harness.wait_until(lambda: chat(a).get("prefix_units", 0) > 0, timeout=60,
+                           what="key A routed by its prefix in the inner pool")
+        self.assertNotIn("prefix_units", chat(b))
+
+
 if __name__ == "__main__":
     harness.main()
