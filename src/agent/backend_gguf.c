@@ -116,6 +116,7 @@ typedef struct gjob {
     bool prepared;             /* tokenized (decode thread, while still pending) */
     bool finished;             /* ended while pending (count_tokens, errors): terminal sent */
     int reused;                /* prompt tokens whose K/V the slot already held */
+    char tenant[65];           /* the server's tenant tag ("" = the shared tenant) */
     gp_prefix_chain chain;     /* the prompt's message/text chain (docs/protocol.md) */
 } gjob;
 
@@ -129,6 +130,7 @@ typedef struct slot_cache {
     int32_t *toks;             /* [n_ctx] */
     int n;
     uint64_t tick;             /* admission order: the smallest is least recently used */
+    char tenant[65];           /* whose prompt the tokens are (gjob.tenant) */
     gp_prefix_desc desc;       /* under mu: the units of the last prompt held; kind "" = none */
     int held;                  /* under mu: n as of the last step */
     double used_at;            /* under mu: when its last job was admitted (0: never) */
@@ -535,6 +537,12 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     /* Only what the server can compute too: no chain is fine (nothing
      * advertised for the slot). */
     gp_prefix_chain_of_job(job, &j->chain);
+    /* Longer than the server ever sends: hashed down, still distinct. */
+    const char *tenant = json_string_value(json_object_get(job, "tenant"));
+    if (tenant && strlen(tenant) < sizeof j->tenant)
+        snprintf(j->tenant, sizeof j->tenant, "%s", tenant);
+    else if (tenant)
+        gp_sha256_hex(tenant, strlen(tenant), j->tenant);
     j->slot = -1;
     j->t_start = now_s();
     return j;
@@ -690,9 +698,13 @@ static void job_prepare(gguf_backend *b, gjob *j)
 
 /* Prompt tokens a slot's cached sequence can give this job: the longest
  * common prefix, but never the last prompt token (its logits come only
- * from decoding it). */
+ * from decoding it); none when another tenant's prompt is in the slot:
+ * the cached count and the time to first token would tell this job's
+ * client what the other one sent (the slot is then taken as a cold one). */
 static int reusable(const slot_cache *c, const gjob *j)
 {
+    if (strcmp(c->tenant, j->tenant) != 0)
+        return 0;
     int n = c->n < j->n_toks - 1 ? c->n : j->n_toks - 1, i = 0;
     while (i < n && c->toks[i] == j->toks[i])
         i++;
@@ -774,6 +786,7 @@ static bool job_admit(gguf_engine *e, gjob *j, int slot)
      * at the same positions: only the rest is decoded. */
     gpe_seq_truncate(e->ctx, slot - e->slot0, reuse);
     c->n = reuse;
+    memcpy(c->tenant, j->tenant, sizeof c->tenant);
     j->reused = j->n_fed = j->prog_fed = reuse;
     pthread_mutex_lock(&b->mu);
     c->tick = ++b->tick;

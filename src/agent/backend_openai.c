@@ -817,7 +817,9 @@ static json_t *oai_models(agent_backend *base)
 }
 
 /* The pool options that matter to an upstream pool (docs/protocol.md): the
- * job's session key (its affinity there too) and a batch priority, as an
+ * job's session key (its affinity there too), a batch priority and the
+ * job's tenant tag (so the upstream pool keeps this pool's tenants apart in
+ * its prompt-prefix cache, inside the tenant of our upstream key), as an
  * X-Pool-Options header line. A header, not a body field: a plain
  * OpenAI-compatible server ignores it, where some refuse unknown fields.
  * *out stays NULL when there is nothing to say. -1: out of memory. */
@@ -826,6 +828,7 @@ static int pool_options_header(json_t *job, char **out)
     *out = NULL;
     const char *session = json_string_value(json_object_get(job, "session"));
     const char *prio = json_string_value(json_object_get(job, "priority"));
+    const char *tenant = json_string_value(json_object_get(job, "tenant"));
     json_t *o = json_object();
     if (!o)
         return -1;
@@ -835,6 +838,10 @@ static int pool_options_header(json_t *job, char **out)
         json_object_set_new(o, "session", json_string(session));
     if (prio && strcmp(prio, "batch") == 0)
         json_object_set_new(o, "priority", json_string("batch"));
+    /* The server sends 32 hex digits; anything else is not passed on (an
+     * upstream pool refuses a tag over 64 bytes). */
+    if (tenant && *tenant && strlen(tenant) <= 64)
+        json_object_set_new(o, "tenant", json_string(tenant));
     int rc = 0;
     if (json_object_size(o) > 0) {
         char *v = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);

@@ -62,6 +62,12 @@ int gp_prefix_chain_of_job(const json_t *job, gp_prefix_chain *out)
     bool ok = chain_link("gpupool-prefix-v1", out->kind, strlen(out->kind), h) &&
               chain_link(h, tj ? tj : "null", strlen(tj ? tj : "null"), h);
     free(tj);
+    /* A tenant's chain shares no hash with another tenant's, so neither
+     * the server's routing nor an agent's advertised slots match across
+     * tenants (the agent also compares the tag itself before reusing). */
+    const char *tenant = json_string_value(json_object_get(job, "tenant"));
+    if (ok && tenant && *tenant)
+        ok = chain_link(h, tenant, strlen(tenant), h);
     if (!ok)
         goto fail;
 

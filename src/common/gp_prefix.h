@@ -10,7 +10,10 @@
  *     prompt (a partial last block is not a unit: the next turn extends it).
  * h_0 = SHA-256("gpupool-prefix-v1\n" kind "\n" tools), where kind is
  * "messages" or "text" and tools the job's tools array as compact JSON with
- * sorted keys ("null" without tools, or with tool_choice "none");
+ * sorted keys ("null" without tools, or with tool_choice "none"), and
+ * when the job has a non-empty "tenant" tag (the server's opaque tag of
+ * the API key, docs/protocol.md) one more link h_0 = SHA-256(hex(h_0) "\n"
+ * tenant): chains of different tenants never share a hash;
  * h_i = SHA-256(hex(h_{i-1}) "\n" unit_i), a message unit being the message
  * object as compact JSON with sorted keys (jansson's JSON_COMPACT |
  * JSON_SORT_KEYS, the same library on both sides). Hashes travel as the

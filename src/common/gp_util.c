@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <openssl/rand.h>
+#include <openssl/hmac.h>
 #include <openssl/sha.h>
 #include <openssl/crypto.h>
 
@@ -119,6 +120,21 @@ void gp_sha256_hex(const void *data, size_t len, char out[65])
     unsigned char md[SHA256_DIGEST_LENGTH];
     SHA256(data, len, md);
     for (int i = 0; i < SHA256_DIGEST_LENGTH; i++) {
+        out[2 * i] = hex[md[i] >> 4];
+        out[2 * i + 1] = hex[md[i] & 15];
+    }
+    out[64] = '\0';
+}
+
+void gp_hmac_sha256_hex(const void *key, size_t keylen, const void *data, size_t len,
+                        char out[65])
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (!HMAC(EVP_sha256(), key, (int)keylen, data, len, md, &n) || n != 32)
+        abort(); /* a tag that silently is not keyed would be worse */
+    for (unsigned i = 0; i < 32; i++) {
         out[2 * i] = hex[md[i] >> 4];
         out[2 * i + 1] = hex[md[i] & 15];
     }

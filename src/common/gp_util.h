@@ -39,6 +39,9 @@ void gp_id_new(const char *prefix, char *out, size_t outlen);
 bool gp_hex64_ok(const char *s);
 /* Lowercase hex SHA-256 of data. */
 void gp_sha256_hex(const void *data, size_t len, char out[65]);
+/* Lowercase hex HMAC-SHA-256 of data under key. */
+void gp_hmac_sha256_hex(const void *key, size_t keylen, const void *data, size_t len,
+                        char out[65]);
 /* Constant-time comparison of two equal-length buffers: 1 equal, 0 not. */
 int gp_ct_equal(const void *a, const void *b, size_t n);
 

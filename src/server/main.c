@@ -806,6 +806,7 @@ int main(int argc, char **argv)
         .backoff_cap_ms = (int)s->cfg.failover_backoff_max_ms,
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
         .log_prompts = s->cfg.log_prompts,
+        .prefix_cache_pool = strcmp(s->cfg.prefix_cache_scope, "pool") == 0,
         .max_job_event_bytes = s->cfg.max_job_event_bytes,
     };
     s->jobs = gps_jobs_new(s->base, &jopts, s->reg, s->sched, s->store, s->metrics);

@@ -104,6 +104,10 @@ const gp_opt gps_config_table[] = {
      "scheduling policy"},
     {"prefix_routing", GP_OPT_BOOL, O(prefix_routing), "true", 0, 0, NULL,
      "send a request to the agent whose slot holds its longest prompt prefix"},
+    {"prefix_cache_scope", GP_OPT_STR, O(prefix_cache_scope), "key", 0, 0, "key|pool",
+     "key: a request reuses (and is routed by) only prompt prefixes its own API key left in "
+     "an agent's cache; pool: all keys share the cache (single-tenant pools; the cached "
+     "token count and the time to first token then tell one key about another's prompts)"},
     {"shutdown_grace_sec", GP_OPT_INT, O(shutdown_grace_sec), "30", 0, 3600, NULL,
      "SIGTERM: how long running streams may finish"},
     {"retention_days", GP_OPT_INT, O(retention_days), "30", 0, 36500, NULL,

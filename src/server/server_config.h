@@ -65,6 +65,7 @@ typedef struct gps_config {
     long long slow_client_timeout_sec; /* above it this long: the client is dropped */
     char *scheduler;            /* round_robin|weighted */
     bool prefix_routing;        /* route to the agent holding the prompt's prefix */
+    char *prefix_cache_scope;   /* key|pool: whose prompt prefixes a request may reuse */
     long long shutdown_grace_sec; /* SIGTERM: how long streams may finish */
     long long retention_days;   /* finished jobs older than this are purged */
     bool log_prompts;           /* store prompts in the job log */

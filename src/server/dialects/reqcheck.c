@@ -152,6 +152,17 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         free(s->session);
         s->session = strdup(json_string_value(se));
     }
+    const json_t *tn = json_object_get(xo, "tenant");
+    if (!gps_absent(tn)) {
+        /* A downstream pool's tenant tag (its agent passes it on): only
+         * narrows this key's prompt-prefix tenant (jobs.c tenant_of). */
+        if (!json_is_string(tn) || json_string_length(tn) == 0 ||
+            json_string_length(tn) > 64)
+            GPS_FAIL("x_pool_options.tenant",
+                 "'x_pool_options.tenant' must be a string of 1 to 64 bytes");
+        free(s->tenant_sub);
+        s->tenant_sub = strdup(json_string_value(tn));
+    }
     const json_t *lb = json_object_get(xo, "labels");
     if (!gps_absent(lb)) {
         if (!json_is_object(lb) || json_object_size(lb) > 16)

@@ -8,6 +8,7 @@
 
 #include "common/gp_count.h"
 #include "common/gp_log.h"
+#include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
 #include "server/auth/limits.h"
 #include "server/store/store.h"
@@ -42,6 +43,7 @@ typedef struct cancel_rec {
 struct gps_jobs {
     struct event_base *base;
     gps_jobs_opts opts;
+    unsigned char tenant_secret[32]; /* keys the tenant tags (random per process) */
     registry *reg;
     sched *sched;
     struct gps_store *store;
@@ -108,6 +110,7 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->user);
     free(s->prefer_agent);
     free(s->session);
+    free(s->tenant_sub);
     free(s->resume_id);
     free(s->resume_text);
     json_decref(s->stored_request);
@@ -466,6 +469,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
         json_object_set_new(w, "priority", json_string("batch"));
     if (s->pool_via[0])
         json_object_set_new(w, "pool_via", json_string(s->pool_via));
+    if (job->tenant[0])
+        json_object_set_new(w, "tenant", json_string(job->tenant));
     wire_continuation(job, w);
     return w;
 }
@@ -789,6 +794,34 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 
 static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
 
+/* A job's prompt-prefix tenant (gps_job.tenant): one per key, narrowed by
+ * a downstream pool's tag (sub); "" when every request shares the cache
+ * (scope pool, or no key and no sub: home mode is one tenant). Keyed with
+ * a secret so an agent can neither read the key id out of the tag nor
+ * forge another key's tag; a new process has a new secret (the agents'
+ * caches then miss once per conversation). */
+static void tenant_of(gps_jobs *j, const char *key_id, const char *sub, char out[33])
+{
+    out[0] = '\0';
+    if (j->opts.prefix_cache_pool || (!key_id[0] && !(sub && *sub)))
+        return;
+    size_t kl = strlen(key_id), sl = sub ? strlen(sub) : 0;
+    char *msg = malloc(kl + sl + 2);
+    if (!msg) {
+        /* never fall back to the shared tenant: a tag no one else has */
+        gp_random_hex(out, 16);
+        return;
+    }
+    memcpy(msg, key_id, kl);
+    msg[kl] = '\n';
+    memcpy(msg + kl + 1, sub ? sub : "", sl + 1);
+    char h[65];
+    gp_hmac_sha256_hex(j->tenant_secret, sizeof j->tenant_secret, msg, kl + 1 + sl, h);
+    free(msg);
+    memcpy(out, h, 32);
+    out[32] = '\0';
+}
+
 /* The scheduler gave job to agent a, whose long-poll is parked: hand it
  * over now. When the long-poll turns out to be gone, give the slot back
  * and try elsewhere (depth bounds the retries). */
@@ -810,6 +843,8 @@ static void set_prefix_chain(gps_jobs *j, gps_job *job)
         json_object_set(w, "tools", job->spec.tools);
     if (job->spec.tool_choice)
         json_object_set(w, "tool_choice", job->spec.tool_choice);
+    if (job->tenant[0])
+        json_object_set_new(w, "tenant", json_string(job->tenant));
     if (gp_prefix_chain_of_job(w, &job->prefix_chain) == 0 && job->prefix_chain.units > 0)
         job->sj.prefix = &job->prefix_chain;
     json_decref(w);
@@ -959,6 +994,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
              correlation_id ? correlation_id : "");
     snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    tenant_of(j, job->key_id, spec->tenant_sub, job->tenant);
     job->reserved_tokens = reserve;
     job->spec = *spec;
     memset(spec, 0, sizeof *spec);
@@ -1953,6 +1989,7 @@ gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, regis
         return NULL;
     j->base = base;
     j->opts = *opts;
+    gp_random_bytes(j->tenant_secret, sizeof j->tenant_secret);
     j->reg = reg;
     j->sched = s;
     j->store = store;

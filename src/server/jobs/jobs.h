@@ -86,6 +86,9 @@ typedef struct gps_job_spec {
     gps_job_priority priority;
     char *prefer_agent;
     char *session;           /* affinity key (x_pool_options.session); NULL = use user */
+    /* x_pool_options.tenant: a pool downstream's own tenant tag, which
+     * narrows the key's prompt-prefix tenant (never widens it); owned. */
+    char *tenant_sub;
     registry_label *labels;  /* constraints (x_pool_options.labels); owned, n_labels */
     size_t n_labels;
     gps_failover_mode failover;  /* x_pool_options.failover; default continue */
@@ -144,6 +147,11 @@ struct gps_job {
     char id[40];                  /* "job_" + 24 hex */
     char correlation_id[65];
     char key_id[65];
+    /* The prompt-prefix tenant (docs/protocol.md "Prompt-prefix cache"):
+     * hex HMAC of the key id under this process's secret, so an agent sees
+     * an opaque tag; "" = the one shared tenant (no key, or
+     * prefix_cache_scope pool). Sent with the job as "tenant". */
+    char tenant[33];
     gps_job_spec spec;
     gps_job_state state;
     int attempts;                 /* agents tried so far */
@@ -247,6 +255,7 @@ typedef struct gps_jobs_opts {
     int max_attempts;
     int poll_interval_sec;
     bool log_prompts;
+    bool prefix_cache_pool;        /* prefix_cache_scope pool: one tenant for all keys */
     long long max_job_event_bytes; /* bytes of events one agent attempt may send
                                       (0 = GPS_JOBS_MAX_EVENT_BYTES_DEFAULT) */
     int backoff_base_ms;           /* failover backoff (gps_failover_backoff_ms); */

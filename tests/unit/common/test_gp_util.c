@@ -38,6 +38,9 @@ static void test_sha256_and_ct(void **state)
     gp_sha256_hex("abc", 3, hex);
     /* FIPS 180-2 test vector for "abc". */
     assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    /* RFC 4231 test case 2. */
+    gp_hmac_sha256_hex("Jefe", 4, "what do ya want for nothing?", 28, hex);
+    assert_string_equal(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     assert_true(gp_ct_equal("abcd", "abcd", 4));
     assert_false(gp_ct_equal("abcd", "abce", 4));
 }

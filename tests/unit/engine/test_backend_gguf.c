@@ -361,6 +361,39 @@ static void test_prefix_cache(void **state)
 }
 
 
+#define JOB_T(id, tenant, prompt)                                                          \
+    "{\"job_id\":\"" id "\",\"kind\":\"completion\",\"tenant\":\"" tenant           \
+    "\",\"prompt\":\"" prompt "\",\"params\":{\"max_tokens\":12,\"temperature\":0}}"
+
+/* Issue 25 finding 3: a slot's prompt is reused only by jobs of the tenant
+ * that left it. Another tenant's identical prompt finds nothing cached (it
+ * takes the least recently used slot cold, here the empty one), a job
+ * without a tenant is a tenant of its own, and the owner still hits. */
+static void test_prefix_cache_tenants(void **state)
+{
+    (void)state;
+    agent_backend *b = make(2, 256);
+    rec *a = run(b, JOB_T("a", "aaaa", STORY_A));
+    assert_int_equal(a->cached, 0);
+    rec *x = run(b, JOB_T("x", "bbbb", STORY_A));
+    assert_int_equal(x->cached, 0);
+    rec *a2 = run(b, JOB_T("a2", "aaaa", STORY_A " One day the ball rolled into the pond."));
+    assert_true(a2->cached >= a->prompt_tokens - 1);
+    rec *y = run(b, JOB_T("y", "", STORY_A " One day the ball rolled into the pond."));
+    assert_int_equal(y->cached, 0);
+    assert_string_equal(y->text, a2->text);  /* a cold slot, the same answer */
+    /* y took the least recently used slot (x's); a's is still a's */
+    rec *a3 = run(b, JOB_T("a3", "aaaa", STORY_A " One day the ball rolled into the pond."));
+    assert_int_equal(a3->cached, a2->prompt_tokens - 1);
+    rec_free(a);
+    rec_free(x);
+    rec_free(a2);
+    rec_free(y);
+    rec_free(a3);
+    b->ops->destroy(b);
+}
+
+
 /* The slot's advertised prefix is the chain the server computes from the
  * same job (common/gp_prefix.h): after a 3-message chat job the slot says
  * kind "messages", 3 units, and the hash of unit 3 matches; a request that
@@ -729,6 +762,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_prefix_cache_tenants),
         cmocka_unit_test(test_prefix_descriptor),
         cmocka_unit_test(test_stop_count_chat_errors),
         cmocka_unit_test(test_token_continuation_exact),

@@ -151,6 +151,31 @@ static void test_fail_macro(void **st)
 }
 
 /* X-Pool-Options: its keys join the body's x_pool_options, the body's win. */
+/* x_pool_options.tenant (a downstream pool's tag): 1 to 64 bytes. */
+static void test_pool_options_tenant(void **st)
+{
+    (void)st;
+    char msg[256], big[80];
+    const char *param = NULL;
+    gps_job_spec s;
+    memset(&s, 0, sizeof s);
+    json_t *xo = json_pack("{s:s}", "tenant", "0123456789abcdef0123456789abcdef");
+    assert_int_equal(gps_pool_options_parse(xo, &s, msg, sizeof msg, &param), 0);
+    assert_string_equal(s.tenant_sub, "0123456789abcdef0123456789abcdef");
+    json_decref(xo);
+    memset(big, 'a', 65);
+    big[65] = '\0';
+    const json_t *bad[] = {json_string(""), json_string(big), json_integer(7)};
+    for (size_t i = 0; i < 3; i++) {
+        xo = json_pack("{s:O}", "tenant", bad[i]);
+        assert_int_equal(gps_pool_options_parse(xo, &s, msg, sizeof msg, &param), -1);
+        assert_string_equal(param, "x_pool_options.tenant");
+        json_decref(xo);
+        json_decref((json_t *)bad[i]);
+    }
+    gps_job_spec_clear(&s);
+}
+
 static void test_pool_options_header(void **st)
 {
     (void)st;
@@ -196,6 +221,7 @@ int main(void)
         cmocka_unit_test(test_stop_and_sampling),
         cmocka_unit_test(test_fail_macro),
         cmocka_unit_test(test_pool_options_header),
+        cmocka_unit_test(test_pool_options_tenant),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -567,6 +567,17 @@ static void test_prefix_facts(void **st)
     assert_int_equal(slot, 0);
     assert_int_equal(tokens, 120);
     gp_prefix_chain_free(&rc);
+    /* Another tenant's identical conversation shares no hash: no match;
+     * an empty tag is no tag. */
+    json_object_set_new(next, "tenant", json_string("0123456789abcdef0123456789abcdef"));
+    assert_int_equal(gp_prefix_chain_of_job(next, &rc), 0);
+    assert_int_equal(rc.units, 4);
+    assert_int_equal(registry_agent_prefix_match(a, &rc, NULL, NULL), 0);
+    gp_prefix_chain_free(&rc);
+    json_object_set_new(next, "tenant", json_string(""));
+    assert_int_equal(gp_prefix_chain_of_job(next, &rc), 0);
+    assert_int_equal(registry_agent_prefix_match(a, &rc, NULL, NULL), 3);
+    gp_prefix_chain_free(&rc);
     /* Other tools change what precedes the messages: no match. */
     json_t *tooled = chat_job("And now?", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
     assert_int_equal(gp_prefix_chain_of_job(tooled, &rc), 0);

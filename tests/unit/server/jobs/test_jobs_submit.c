@@ -58,6 +58,57 @@ static void test_assigned_at_once_to_a_ready_agent(void **state)
     fleet_free(&f);
 }
 
+/* Issue 25 finding 3: each key's jobs carry a tenant tag of their own (32
+ * hex digits, not the key id), the same for every job of the key, narrowed
+ * by x_pool_options.tenant; no key, or prefix_cache_scope pool: no tag. */
+static gps_job *submit_as(fleet *f, const char *key_id, const char *sub)
+{
+    gps_job_spec s = fleet_spec("m1", 4);
+    s.tenant_sub = sub ? strdup(sub) : NULL;
+    gps_submit_err err;
+    gps_job *job = gps_jobs_submit(f->jobs, &s, "corr", key_id, &err);
+    assert_non_null(job);
+    return job;
+}
+
+static void test_tenant_tags(void **state)
+{
+    (void)state;
+    for (int pool = 0; pool < 2; pool++) {
+        gps_jobs_opts o = fleet_opts();
+        o.prefix_cache_pool = pool;
+        fleet f;
+        fleet_init(&f, &o, NULL);
+        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 2, 1000);
+        (void)a;
+        gps_job *k1 = submit_as(&f, "key1", NULL), *k1b = submit_as(&f, "key1", NULL);
+        gps_job *k2 = submit_as(&f, "key2", NULL), *k1s = submit_as(&f, "key1", "down");
+        gps_job *none = submit_as(&f, "", NULL);
+        assert_string_equal(none->tenant, "");
+        if (pool) {
+            assert_string_equal(k1->tenant, "");
+            assert_string_equal(k2->tenant, "");
+            assert_string_equal(k1s->tenant, "");
+        } else {
+            assert_int_equal(strlen(k1->tenant), 32);
+            assert_string_equal(k1->tenant, k1b->tenant);
+            assert_string_not_equal(k1->tenant, k2->tenant);
+            assert_string_not_equal(k1->tenant, k1s->tenant);
+            assert_null(strstr(k1->tenant, "key1"));
+        }
+        json_t *w = gps_job_wire(k1, 0, 60);
+        if (pool)
+            assert_null(json_object_get(w, "tenant"));
+        else
+            assert_string_equal(json_string_value(json_object_get(w, "tenant")), k1->tenant);
+        json_decref(w);
+        w = gps_job_wire(none, 0, 60);
+        assert_null(json_object_get(w, "tenant"));
+        json_decref(w);
+        fleet_free(&f);
+    }
+}
+
 static void test_queued_in_order_until_an_agent_asks(void **state)
 {
     (void)state;
@@ -360,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
         cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_tenant_tags),
         cmocka_unit_test(test_fallback_at_submit),
         cmocka_unit_test_setup_teardown(test_request_log_written_once, setup, teardown),
     };
