@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
@@ -107,13 +106,6 @@ static void stream_gone(void *arg)
     free(s);
 }
 
-static size_t unsent(struct evhttp_request *req)
-{
-    struct evhttp_connection *c = evhttp_request_get_connection(req);
-    struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
-    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
-}
-
 /* One snapshot, framed once, to every stream that keeps up. */
 static void broadcast(gps_dashboard *d)
 {
@@ -129,7 +121,7 @@ static void broadcast(gps_dashboard *d)
         return;
     }
     for (stream *s = d->streams; s; s = s->next) {
-        if (!s->held.req || unsent(s->held.req) > STREAM_HIGH_WATER)
+        if (!s->held.req || gps_sse_unsent(s->held.req) > STREAM_HIGH_WATER)
             continue;  /* a slow tab misses a snapshot, not memory */
         gp_buf copy;
         gp_buf_init(&copy);

@@ -197,10 +197,20 @@ struct gps_sse_pace {
     void *arg;
 };
 
+static size_t conn_unsent(struct evhttp_connection *c)
+{
+    struct bufferevent *bev = c ? evhttp_connection_get_bufferevent(c) : NULL;
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+size_t gps_sse_unsent(struct evhttp_request *req)
+{
+    return req ? conn_unsent(evhttp_request_get_connection(req)) : 0;
+}
+
 static size_t unsent(const gps_sse_pace *p)
 {
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(p->evcon);
-    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+    return conn_unsent(p->evcon);
 }
 
 static void slow_cb(evutil_socket_t fd, short what, void *arg)

@@ -83,6 +83,8 @@ typedef void (*gps_sse_pace_fn)(void *arg);
  * set once at start-up; defaults 1 MiB and 60 s. */
 void gps_sse_pace_configure(size_t high_water, int slow_timeout_sec);
 size_t gps_sse_pace_high_water(void);
+/* Bytes written to req's connection and not yet sent (0 without one). */
+size_t gps_sse_unsent(struct evhttp_request *req);
 
 /* A pace for req (a started chunked reply). NULL on ENOMEM or when req has
  * no connection (then write unpaced). */
