@@ -1,0 +1,268 @@
+/*
+ * grammar: JSON-Schema-constrained sampling over a model's vocabulary
+ * (engine.h gpe_grammar_*, gpe_schema_check). A compiled schema
+ * (jschema.c), a matcher state (jsongram.c), and each token's bytes.
+ *
+ * The mask of one step: the 256 first bytes are tried once on the state;
+ * a token whose first byte fails is out at once (most of the vocabulary in
+ * structural positions). Inside a string, a token of plain text (whole
+ * UTF-8 characters, no quote, backslash or control byte) needs only its
+ * character count (most of the vocabulary there). Only the rest is fed byte
+ * by byte on a copy of the state. Every accepted token must also leave the
+ * value completable in the tokens that remain (gpe_jg_remaining <= left -
+ * 1, one byte per token being always possible: byte-fallback or byte-level
+ * vocabularies), which is how a string without maxLength still closes
+ * before max_tokens.
+ */
+#include <gpupool/engine.h>
+
+#include "jschema.h"
+#include "jsongram.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gpe_grammar {
+    gpe_jschema *prog;
+    gpe_jg_state st;
+    bool ended;            /* an end-of-generation token was accepted */
+    int n_vocab;
+    uint32_t *off;         /* [n_vocab + 1] into bytes */
+    uint8_t *bytes;
+    uint8_t *plain;        /* [n_vocab] chars of a plain-text token (0: not plain) */
+    bool *eog;
+    float *masked;         /* [n_vocab] */
+    gpe_jg_state trial;
+};
+
+static void seterr(char *err, size_t errlen, const char *msg)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s", msg);
+}
+
+/* Compile schema text; NULL/"" = any JSON object. */
+static gpe_jschema *compile_text(const char *schema, char *err, size_t errlen, gpe_status *st)
+{
+    json_t *js = NULL;
+    if (schema && *schema) {
+        json_error_t je;
+        js = json_loads(schema, JSON_DECODE_ANY, &je);
+        if (!js) {
+            if (err && errlen)
+                snprintf(err, errlen, "schema is not JSON: %s", je.text);
+            *st = GPE_ERR_ARG;
+            return NULL;
+        }
+    }
+    gpe_jschema *p = gpe_jschema_compile(js, err, errlen);
+    json_decref(js);
+    *st = p ? GPE_OK : GPE_ERR_UNSUPPORTED;
+    return p;
+}
+
+gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen)
+{
+    gpe_status st;
+    gpe_jschema *p = compile_text(schema, err, errlen, &st);
+    gpe_jschema_free(p);
+    return st;
+}
+
+/* Characters of a plain-text token (whole UTF-8 characters, nothing a JSON
+ * string must escape), 0 when it is not one. */
+static uint8_t plain_chars(const uint8_t *b, int n)
+{
+    int chars = 0;
+    for (int i = 0; i < n;) {
+        uint8_t c = b[i];
+        int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (!len || c < 0x20 || c == '"' || c == '\\' || i + len > n)
+            return 0;
+        /* validity of the continuation bytes is left to the full check */
+        if (len > 1) {
+            for (int k = 1; k < len; k++)
+                if ((b[i + k] & 0xC0) != 0x80)
+                    return 0;
+            if (c < 0xC2 || c > 0xF4 || (c == 0xE0 && b[i + 1] < 0xA0) ||
+                (c == 0xED && b[i + 1] > 0x9F) || (c == 0xF0 && b[i + 1] < 0x90) ||
+                (c == 0xF4 && b[i + 1] > 0x8F))
+                return 0;
+        }
+        i += len;
+        if (++chars > 255)
+            return 0;
+    }
+    return (uint8_t)chars;
+}
+
+static int vocab_init(gpe_grammar *g, const gpe_model *m)
+{
+    int n = gpe_model_n_vocab(m);
+    g->n_vocab = n;
+    g->off = malloc(((size_t)n + 1) * sizeof *g->off);
+    g->plain = calloc((size_t)n, 1);
+    g->eog = calloc((size_t)n, sizeof *g->eog);
+    g->masked = malloc((size_t)n * sizeof *g->masked);
+    size_t cap = (size_t)n * 4 + 64, len = 0;
+    g->bytes = malloc(cap);
+    if (!g->off || !g->plain || !g->eog || !g->masked || !g->bytes)
+        return -1;
+    char piece[256];
+    for (int t = 0; t < n; t++) {
+        g->off[t] = (uint32_t)len;
+        g->eog[t] = gpe_token_is_eog(m, t);
+        int k = gpe_token_to_piece(m, t, piece, sizeof piece, false);
+        if (k <= 0 || g->eog[t])
+            continue;
+        if (len + (size_t)k > cap) {
+            cap = (cap + (size_t)k) * 2;
+            uint8_t *nb = realloc(g->bytes, cap);
+            if (!nb)
+                return -1;
+            g->bytes = nb;
+        }
+        memcpy(g->bytes + len, piece, (size_t)k);
+        g->plain[t] = plain_chars(g->bytes + len, k);
+        len += (size_t)k;
+    }
+    g->off[n] = (uint32_t)len;
+    return 0;
+}
+
+gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
+                            char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!m) {
+        seterr(err, errlen, "no model");
+        return GPE_ERR_ARG;
+    }
+    gpe_status st;
+    gpe_grammar *g = calloc(1, sizeof *g);
+    if (!g) {
+        seterr(err, errlen, "out of memory");
+        return GPE_ERR_NOMEM;
+    }
+    g->prog = compile_text(schema, err, errlen, &st);
+    if (!g->prog)
+        goto fail;
+    if (vocab_init(g, m) < 0) {
+        seterr(err, errlen, "out of memory");
+        st = GPE_ERR_NOMEM;
+        goto fail;
+    }
+    gpe_jg_init(&g->st, g->prog);
+    *out = g;
+    return GPE_OK;
+fail:
+    gpe_grammar_free(g);
+    return st;
+}
+
+void gpe_grammar_free(gpe_grammar *g)
+{
+    if (!g)
+        return;
+    gpe_jschema_free(g->prog);
+    free(g->off);
+    free(g->bytes);
+    free(g->plain);
+    free(g->eog);
+    free(g->masked);
+    free(g);
+}
+
+/* Would token t keep the value completable within limit more bytes? */
+static bool token_ok(gpe_grammar *g, int t, int64_t limit)
+{
+    const uint8_t *b = g->bytes + g->off[t];
+    int n = (int)(g->off[t + 1] - g->off[t]);
+    gpe_jg_copy(&g->trial, &g->st);
+    for (int i = 0; i < n; i++)
+        if (!gpe_jg_feed(&g->trial, g->prog, b[i]))
+            return false;
+    return gpe_jg_remaining(&g->trial, g->prog) <= limit;
+}
+
+/* One masking pass; returns how many tokens it allowed. */
+static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
+{
+    bool first_ok[256];
+    for (int c = 0; c < 256; c++) {
+        gpe_jg_copy(&g->trial, &g->st);
+        first_ok[c] = gpe_jg_feed(&g->trial, g->prog, (unsigned char)c);
+    }
+    int64_t rem = gpe_jg_remaining(&g->st, g->prog);
+    int64_t chars = 0, mn = 0, mx = -1, below = 0;
+    bool in_str = gpe_jg_in_string(&g->st, g->prog, &chars, &mn, &mx);
+    if (in_str)
+        below = rem - gpe_jg_frame_remaining(&g->st.f[g->st.depth - 1], g->prog);
+    int allowed = 0;
+    for (int t = 0; t < n; t++) {
+        bool ok;
+        if (g->eog[t]) {
+            ok = rem == 0;
+        } else if (g->off[t + 1] == g->off[t] || !first_ok[g->bytes[g->off[t]]]) {
+            ok = false;
+        } else if (in_str && g->plain[t]) {
+            int64_t c2 = chars + g->plain[t];
+            ok = (mx < 0 || c2 <= mx) && below + (mn > c2 ? mn - c2 : 0) + 1 <= limit;
+        } else {
+            ok = token_ok(g, t, limit);
+        }
+        g->masked[t] = ok ? logits[t] : -INFINITY;
+        allowed += ok;
+    }
+    return allowed;
+}
+
+const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, int left)
+{
+    if (!g || !logits)
+        return logits;
+    int n = n_vocab < g->n_vocab ? n_vocab : g->n_vocab;
+    /* left counts this token: after it, left - 1 tokens remain to finish */
+    int64_t limit = left > 0 ? (int64_t)left - 1 : GPE_JS_INF - 1;
+    if (mask_pass(g, logits, n, limit) == 0 && limit < GPE_JS_INF - 1 &&
+        mask_pass(g, logits, n, GPE_JS_INF - 1) == 0) {
+        /* Stuck (a budget too small for the schema, or nesting deeper than
+         * the matcher holds): let the model end rather than write garbage. */
+        for (int t = 0; t < n; t++)
+            g->masked[t] = g->eog[t] ? logits[t] : -INFINITY;
+    }
+    for (int t = n; t < n_vocab; t++)
+        g->masked[t] = -INFINITY;
+    return g->masked;
+}
+
+gpe_status gpe_grammar_accept(gpe_grammar *g, int32_t token)
+{
+    if (!g || token < 0 || token >= g->n_vocab)
+        return GPE_ERR_ARG;
+    if (g->eog[token]) {
+        g->ended = true;
+        return gpe_jg_remaining(&g->st, g->prog) == 0 ? GPE_OK : GPE_ERR_ARG;
+    }
+    const uint8_t *b = g->bytes + g->off[token];
+    int n = (int)(g->off[token + 1] - g->off[token]);
+    gpe_jg_copy(&g->trial, &g->st);
+    for (int i = 0; i < n; i++)
+        if (!gpe_jg_feed(&g->trial, g->prog, b[i]))
+            return GPE_ERR_ARG;
+    gpe_jg_copy(&g->st, &g->trial);
+    return GPE_OK;
+}
+
+bool gpe_grammar_done(const gpe_grammar *g)
+{
+    return g && g->st.depth == 0;
+}
+
+bool gpe_grammar_complete(const gpe_grammar *g)
+{
+    return g && gpe_jg_remaining(&g->st, g->prog) == 0;
+}
