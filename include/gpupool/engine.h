@@ -390,6 +390,8 @@ const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, 
 /* Advance by the sampled token. GPE_ERR_ARG when the schema does not allow
  * it (the state is then unchanged). */
 gpe_status gpe_grammar_accept(gpe_grammar *g, int32_t token);
+/* Advance by text written earlier (a continuation after a failover). */
+gpe_status gpe_grammar_accept_text(gpe_grammar *g, const char *text, size_t len);
 /* The value is closed: nothing more may follow (stop the generation). */
 bool gpe_grammar_done(const gpe_grammar *g);
 /* The value may end here (a closed value, or a number that may also go on). */

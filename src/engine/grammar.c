@@ -43,34 +43,6 @@ static void seterr(char *err, size_t errlen, const char *msg)
         snprintf(err, errlen, "%s", msg);
 }
 
-/* Compile schema text; NULL/"" = any JSON object. */
-static gpe_jschema *compile_text(const char *schema, char *err, size_t errlen, gpe_status *st)
-{
-    json_t *js = NULL;
-    if (schema && *schema) {
-        json_error_t je;
-        js = json_loads(schema, JSON_DECODE_ANY, &je);
-        if (!js) {
-            if (err && errlen)
-                snprintf(err, errlen, "schema is not JSON: %s", je.text);
-            *st = GPE_ERR_ARG;
-            return NULL;
-        }
-    }
-    gpe_jschema *p = gpe_jschema_compile(js, err, errlen);
-    json_decref(js);
-    *st = p ? GPE_OK : GPE_ERR_UNSUPPORTED;
-    return p;
-}
-
-gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen)
-{
-    gpe_status st;
-    gpe_jschema *p = compile_text(schema, err, errlen, &st);
-    gpe_jschema_free(p);
-    return st;
-}
-
 /* Characters of a plain-text token (whole UTF-8 characters, nothing a JSON
  * string must escape), 0 when it is not one. */
 static uint8_t plain_chars(const uint8_t *b, int n)
@@ -147,7 +119,7 @@ gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar 
         seterr(err, errlen, "out of memory");
         return GPE_ERR_NOMEM;
     }
-    g->prog = compile_text(schema, err, errlen, &st);
+    g->prog = gpe_jschema_compile_text(schema, err, errlen, &st);
     if (!g->prog)
         goto fail;
     if (vocab_init(g, m) < 0) {
@@ -253,6 +225,17 @@ gpe_status gpe_grammar_accept(gpe_grammar *g, int32_t token)
     for (int i = 0; i < n; i++)
         if (!gpe_jg_feed(&g->trial, g->prog, b[i]))
             return GPE_ERR_ARG;
+    gpe_jg_copy(&g->st, &g->trial);
+    return GPE_OK;
+}
+
+gpe_status gpe_grammar_accept_text(gpe_grammar *g, const char *text, size_t len)
+{
+    if (!g || (!text && len))
+        return GPE_ERR_ARG;
+    gpe_jg_copy(&g->trial, &g->st);
+    if (!gpe_jg_feed_all(&g->trial, g->prog, text, len))
+        return GPE_ERR_ARG;
     gpe_jg_copy(&g->st, &g->trial);
     return GPE_OK;
 }

@@ -11,6 +11,8 @@
  */
 #include "jschema.h"
 
+#include <gpupool/engine.h>
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -801,4 +803,32 @@ void gpe_jschema_free(gpe_jschema *p)
     }
     free(p->nodes);
     free(p);
+}
+
+gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
+                                      gpe_status *st)
+{
+    json_t *js = NULL;
+    if (schema && *schema) {
+        json_error_t je;
+        js = json_loads(schema, JSON_DECODE_ANY, &je);
+        if (!js) {
+            if (err && errlen)
+                snprintf(err, errlen, "schema is not JSON: %s", je.text);
+            *st = GPE_ERR_ARG;
+            return NULL;
+        }
+    }
+    gpe_jschema *p = gpe_jschema_compile(js, err, errlen);
+    json_decref(js);
+    *st = p ? GPE_OK : GPE_ERR_UNSUPPORTED;
+    return p;
+}
+
+gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen)
+{
+    gpe_status st;
+    gpe_jschema *p = gpe_jschema_compile_text(schema, err, errlen, &st);
+    gpe_jschema_free(p);
+    return st;
 }

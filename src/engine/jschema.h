@@ -15,6 +15,7 @@
 #ifndef GPE_JSCHEMA_H
 #define GPE_JSCHEMA_H
 
+#include <gpupool/engine.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -86,6 +87,11 @@ typedef struct gpe_jschema {
  * is not supported (or what is wrong). Caller frees with gpe_jschema_free. */
 gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen);
 void gpe_jschema_free(gpe_jschema *p);
+/* Same from JSON text (NULL or "": json_object mode); *st: GPE_OK,
+ * GPE_ERR_ARG (not JSON) or GPE_ERR_UNSUPPORTED. gpe_schema_check
+ * (engine.h) is this, for the server. */
+gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
+                                      gpe_status *st);
 
 /* The node behind refs. */
 static inline const gpe_js_node *gpe_jschema_node(const gpe_jschema *p, int i)
