@@ -33,6 +33,12 @@ struct gpe_grammar {
     uint8_t *bytes;
     uint8_t *plain;        /* [n_vocab] chars of a plain-text token (0: not plain) */
     bool *eog;
+    int32_t *by_first;     /* token ids grouped by first byte (non-empty, not eog) */
+    int first_at[257];     /* group of byte c: by_first[first_at[c] .. first_at[c + 1]) */
+    int32_t *nonplain;     /* non-empty, non-eog tokens that are not plain text */
+    int n_nonplain;
+    int32_t *eogs;         /* end-of-generation ids */
+    int n_eogs;
     float *masked;         /* [n_vocab] */
     gpe_jg_state trial;
 };
@@ -102,6 +108,27 @@ static int vocab_init(gpe_grammar *g, const gpe_model *m)
         len += (size_t)k;
     }
     g->off[n] = (uint32_t)len;
+    /* counting sort by first byte */
+    g->by_first = malloc((size_t)n * sizeof *g->by_first);
+    g->eogs = malloc((size_t)n * sizeof *g->eogs);
+    g->nonplain = malloc((size_t)n * sizeof *g->nonplain);
+    if (!g->by_first || !g->eogs || !g->nonplain)
+        return -1;
+    int count[257] = {0};
+    for (int t = 0; t < n; t++) {
+        if (g->eog[t])
+            g->eogs[g->n_eogs++] = t;
+        else if (g->off[t + 1] > g->off[t])
+            count[g->bytes[g->off[t]] + 1]++;
+        if (!g->eog[t] && g->off[t + 1] > g->off[t] && !g->plain[t])
+            g->nonplain[g->n_nonplain++] = t;
+    }
+    for (int c = 0; c < 256; c++)
+        count[c + 1] += count[c];
+    memcpy(g->first_at, count, sizeof g->first_at);
+    for (int t = 0; t < n; t++)
+        if (!g->eog[t] && g->off[t + 1] > g->off[t])
+            g->by_first[count[g->bytes[g->off[t]]]++] = t;
     return 0;
 }
 
@@ -144,6 +171,9 @@ void gpe_grammar_free(gpe_grammar *g)
     free(g->bytes);
     free(g->plain);
     free(g->eog);
+    free(g->by_first);
+    free(g->eogs);
+    free(g->nonplain);
     free(g->masked);
     free(g);
 }
@@ -160,45 +190,72 @@ static bool token_ok(gpe_grammar *g, int t, int64_t limit)
     return gpe_jg_remaining(&g->trial, g->prog) <= limit;
 }
 
-/* One masking pass; returns how many tokens it allowed. */
+/* One masking pass over the tokens whose first byte the state takes (the
+ * masked buffer is all -inf on entry); returns how many it allowed. */
 static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
 {
-    bool first_ok[256];
-    for (int c = 0; c < 256; c++) {
-        gpe_jg_copy(&g->trial, &g->st);
-        first_ok[c] = gpe_jg_feed(&g->trial, g->prog, (unsigned char)c);
-    }
     int64_t rem = gpe_jg_remaining(&g->st, g->prog);
     int64_t chars = 0, mn = 0, mx = -1, below = 0;
     bool in_str = gpe_jg_in_string(&g->st, g->prog, &chars, &mn, &mx);
     if (in_str)
         below = rem - gpe_jg_frame_remaining(&g->st.f[g->st.depth - 1], g->prog);
     int allowed = 0;
-    for (int t = 0; t < n; t++) {
-        bool ok;
-        if (g->eog[t]) {
-            ok = rem == 0;
-        } else if (g->off[t + 1] == g->off[t] || !first_ok[g->bytes[g->off[t]]]) {
-            ok = false;
-        } else if (in_str && g->plain[t]) {
-            int64_t c2 = chars + g->plain[t];
-            ok = (mx < 0 || c2 <= mx) && below + (mn > c2 ? mn - c2 : 0) + 1 <= limit;
-        } else {
-            ok = token_ok(g, t, limit);
+    if (in_str) {
+        /* Inside a string most of the vocabulary is plain text: a token of
+         * p characters fits when lb <= p <= ub (maxLength; minLength within
+         * the budget), one sequential pass; then the few other tokens. */
+        int64_t ub = mx < 0 ? 255 : mx - chars;
+        int64_t lb = mn - chars - (limit - below - 1);
+        ub = ub > 255 ? 255 : ub;
+        lb = lb < 1 ? 1 : lb;
+        if (below + 1 > limit)
+            ub = 0;
+        uint8_t lo8 = (uint8_t)(lb > 255 ? 255 : lb), hi8 = (uint8_t)(ub < 0 ? 0 : ub);
+        for (int t = 0; t < n; t++) {
+            bool ok = g->plain[t] >= lo8 && g->plain[t] <= hi8;
+            g->masked[t] = ok ? logits[t] : -INFINITY;
+            allowed += ok;
         }
-        g->masked[t] = ok ? logits[t] : -INFINITY;
-        allowed += ok;
+        for (int i = 0; i < g->n_nonplain; i++) {
+            int t = g->nonplain[i];
+            if (t < n && token_ok(g, t, limit)) {
+                g->masked[t] = logits[t];
+                allowed++;
+            }
+        }
+        return allowed;   /* no end of generation inside a string */
+    }
+    for (int i = 0; i < g->n_eogs; i++)
+        if (rem == 0 && g->eogs[i] < n) {
+            g->masked[g->eogs[i]] = logits[g->eogs[i]];
+            allowed++;
+        }
+    for (int c = 0; c < 256; c++) {
+        if (g->first_at[c] == g->first_at[c + 1])
+            continue;
+        gpe_jg_copy(&g->trial, &g->st);
+        if (!gpe_jg_feed(&g->trial, g->prog, (unsigned char)c))
+            continue;
+        for (int i = g->first_at[c]; i < g->first_at[c + 1]; i++) {
+            int t = g->by_first[i];
+            if (t < n && token_ok(g, t, limit)) {
+                g->masked[t] = logits[t];
+                allowed++;
+            }
+        }
     }
     return allowed;
 }
 
 const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, int left)
 {
-    if (!g || !logits)
-        return logits;
+    if (!g || !logits || n_vocab != g->n_vocab)
+        return logits;   /* not this model's logits: nothing sensible to mask */
     int n = n_vocab < g->n_vocab ? n_vocab : g->n_vocab;
     /* left counts this token: after it, left - 1 tokens remain to finish */
     int64_t limit = left > 0 ? (int64_t)left - 1 : GPE_JS_INF - 1;
+    for (int t = 0; t < n; t++)
+        g->masked[t] = -INFINITY;
     if (mask_pass(g, logits, n, limit) == 0 && limit < GPE_JS_INF - 1 &&
         mask_pass(g, logits, n, GPE_JS_INF - 1) == 0) {
         /* Stuck (a budget too small for the schema, or nesting deeper than
@@ -206,8 +263,6 @@ const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, 
         for (int t = 0; t < n; t++)
             g->masked[t] = g->eog[t] ? logits[t] : -INFINITY;
     }
-    for (int t = n; t < n_vocab; t++)
-        g->masked[t] = -INFINITY;
     return g->masked;
 }
 
