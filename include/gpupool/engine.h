@@ -380,6 +380,15 @@ gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen);
 gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
                             char *err, size_t errlen);
 void gpe_grammar_free(gpe_grammar *g);
+/* The per-model part (each token's bytes, grouped for the mask: a pass
+ * over the vocabulary, milliseconds for 100k tokens), to build once and
+ * share: read-only, so grammars on several threads may use one. It must
+ * outlive the grammars made from it. gpe_grammar_init builds its own. */
+typedef struct gpe_grammar_vocab gpe_grammar_vocab;
+gpe_status gpe_grammar_vocab_init(const gpe_model *m, gpe_grammar_vocab **out);
+void gpe_grammar_vocab_free(gpe_grammar_vocab *v);
+gpe_status gpe_grammar_init_vocab(const gpe_grammar_vocab *v, const char *schema,
+                                  gpe_grammar **out, char *err, size_t errlen);
 /* Logits with every token the schema does not allow next set to -inf (a
  * buffer of g's, valid until the next call; logits is not modified). left:
  * tokens the generation may still produce, this one included (<= 0:

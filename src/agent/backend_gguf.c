@@ -169,6 +169,8 @@ typedef struct gguf_engine {
 struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
     gpe_model *model;          /* engines[0]'s: tokenizer, chat template, facts */
+    gpe_grammar_vocab *gvocab; /* model's token bytes for response_format (owned; built
+                                  with the engines, read-only after) */
     gguf_engine *eng;          /* [n_eng] */
     int n_eng;
     gpe_backend_kind kind;
@@ -420,7 +422,7 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
         return -1;
     }
     char why[256];
-    gpe_status st = gpe_grammar_init(b->model, schema, &j->gram, why, sizeof why);
+    gpe_status st = gpe_grammar_init_vocab(b->gvocab, schema, &j->gram, why, sizeof why);
     free(schema);
     if (st != GPE_OK) {
         snprintf(err, errlen, "response_format: %s", why);
@@ -1401,6 +1403,7 @@ static void gguf_destroy(agent_backend *base)
     free(b->slots);
     free(b->alias);
     free(b->test_gate);
+    gpe_grammar_vocab_free(b->gvocab);
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);
@@ -1708,12 +1711,18 @@ static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_pl
     b->n_slots = slot0;
     b->model = b->eng[0].model;
     b->n_ctx = gpe_ctx_n_ctx(b->eng[0].ctx);
-    return GPE_OK;
+    /* Once per model, not per request: milliseconds on a 150k vocabulary. */
+    gpe_status gs = gpe_grammar_vocab_init(b->model, &b->gvocab);
+    if (gs != GPE_OK)
+        snprintf(err, errlen, "out of memory (grammar vocabulary)");
+    return gs;
 }
 
 /* Undo engines_start (before any thread runs). */
 static void engines_drop(gguf_backend *b)
 {
+    gpe_grammar_vocab_free(b->gvocab);
+    b->gvocab = NULL;
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);

@@ -24,10 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct gpe_grammar {
-    gpe_jschema *prog;
-    gpe_jg_state st;
-    bool ended;            /* an end-of-generation token was accepted */
+/* Each token's bytes and what the mask needs to know of them: built once
+ * per model, read-only, shared by every grammar of that model. */
+struct gpe_grammar_vocab {
     int n_vocab;
     uint32_t *off;         /* [n_vocab + 1] into bytes */
     uint8_t *bytes;
@@ -39,6 +38,14 @@ struct gpe_grammar {
     int n_nonplain;
     int32_t *eogs;         /* end-of-generation ids */
     int n_eogs;
+};
+
+struct gpe_grammar {
+    gpe_jschema *prog;
+    const gpe_grammar_vocab *v;
+    gpe_grammar_vocab *owned;   /* gpe_grammar_init's own vocab, else NULL */
+    gpe_jg_state st;
+    bool ended;            /* an end-of-generation token was accepted */
     float *masked;         /* [n_vocab] */
     gpe_jg_state trial;
 };
@@ -77,17 +84,16 @@ static uint8_t plain_chars(const uint8_t *b, int n)
     return (uint8_t)chars;
 }
 
-static int vocab_init(gpe_grammar *g, const gpe_model *m)
+static int vocab_build(gpe_grammar_vocab *g, const gpe_model *m)
 {
     int n = gpe_model_n_vocab(m);
     g->n_vocab = n;
     g->off = malloc(((size_t)n + 1) * sizeof *g->off);
     g->plain = calloc((size_t)n, 1);
     g->eog = calloc((size_t)n, sizeof *g->eog);
-    g->masked = malloc((size_t)n * sizeof *g->masked);
     size_t cap = (size_t)n * 4 + 64, len = 0;
     g->bytes = malloc(cap);
-    if (!g->off || !g->plain || !g->eog || !g->masked || !g->bytes)
+    if (!g->off || !g->plain || !g->eog || !g->bytes)
         return -1;
     char piece[256];
     for (int t = 0; t < n; t++) {
@@ -132,12 +138,42 @@ static int vocab_init(gpe_grammar *g, const gpe_model *m)
     return 0;
 }
 
-gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
-                            char *err, size_t errlen)
+gpe_status gpe_grammar_vocab_init(const gpe_model *m, gpe_grammar_vocab **out)
 {
     *out = NULL;
-    if (!m) {
-        seterr(err, errlen, "no model");
+    if (!m)
+        return GPE_ERR_ARG;
+    gpe_grammar_vocab *v = calloc(1, sizeof *v);
+    if (!v)
+        return GPE_ERR_NOMEM;
+    if (vocab_build(v, m) < 0) {
+        gpe_grammar_vocab_free(v);
+        return GPE_ERR_NOMEM;
+    }
+    *out = v;
+    return GPE_OK;
+}
+
+void gpe_grammar_vocab_free(gpe_grammar_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->off);
+    free(v->bytes);
+    free(v->plain);
+    free(v->eog);
+    free(v->by_first);
+    free(v->eogs);
+    free(v->nonplain);
+    free(v);
+}
+
+gpe_status gpe_grammar_init_vocab(const gpe_grammar_vocab *v, const char *schema,
+                                  gpe_grammar **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!v) {
+        seterr(err, errlen, "no vocabulary");
         return GPE_ERR_ARG;
     }
     gpe_status st;
@@ -146,10 +182,12 @@ gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar 
         seterr(err, errlen, "out of memory");
         return GPE_ERR_NOMEM;
     }
+    g->v = v;
     g->prog = gpe_jschema_compile_text(schema, err, errlen, &st);
     if (!g->prog)
         goto fail;
-    if (vocab_init(g, m) < 0) {
+    g->masked = malloc((size_t)v->n_vocab * sizeof *g->masked);
+    if (!g->masked) {
         seterr(err, errlen, "out of memory");
         st = GPE_ERR_NOMEM;
         goto fail;
@@ -162,18 +200,31 @@ fail:
     return st;
 }
 
+gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
+                            char *err, size_t errlen)
+{
+    *out = NULL;
+    gpe_grammar_vocab *v = NULL;
+    gpe_status st = gpe_grammar_vocab_init(m, &v);
+    if (st != GPE_OK) {
+        seterr(err, errlen, m ? "out of memory" : "no model");
+        return st;
+    }
+    st = gpe_grammar_init_vocab(v, schema, out, err, errlen);
+    if (st != GPE_OK) {
+        gpe_grammar_vocab_free(v);
+        return st;
+    }
+    (*out)->owned = v;
+    return GPE_OK;
+}
+
 void gpe_grammar_free(gpe_grammar *g)
 {
     if (!g)
         return;
     gpe_jschema_free(g->prog);
-    free(g->off);
-    free(g->bytes);
-    free(g->plain);
-    free(g->eog);
-    free(g->by_first);
-    free(g->eogs);
-    free(g->nonplain);
+    gpe_grammar_vocab_free(g->owned);
     free(g->masked);
     free(g);
 }
@@ -181,8 +232,8 @@ void gpe_grammar_free(gpe_grammar *g)
 /* Would token t keep the value completable within limit more bytes? */
 static bool token_ok(gpe_grammar *g, int t, int64_t limit)
 {
-    const uint8_t *b = g->bytes + g->off[t];
-    int n = (int)(g->off[t + 1] - g->off[t]);
+    const uint8_t *b = g->v->bytes + g->v->off[t];
+    int n = (int)(g->v->off[t + 1] - g->v->off[t]);
     gpe_jg_copy(&g->trial, &g->st);
     for (int i = 0; i < n; i++)
         if (!gpe_jg_feed(&g->trial, g->prog, b[i]))
@@ -212,12 +263,12 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
             ub = 0;
         uint8_t lo8 = (uint8_t)(lb > 255 ? 255 : lb), hi8 = (uint8_t)(ub < 0 ? 0 : ub);
         for (int t = 0; t < n; t++) {
-            bool ok = g->plain[t] >= lo8 && g->plain[t] <= hi8;
+            bool ok = g->v->plain[t] >= lo8 && g->v->plain[t] <= hi8;
             g->masked[t] = ok ? logits[t] : -INFINITY;
             allowed += ok;
         }
-        for (int i = 0; i < g->n_nonplain; i++) {
-            int t = g->nonplain[i];
+        for (int i = 0; i < g->v->n_nonplain; i++) {
+            int t = g->v->nonplain[i];
             if (t < n && token_ok(g, t, limit)) {
                 g->masked[t] = logits[t];
                 allowed++;
@@ -225,19 +276,19 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
         }
         return allowed;   /* no end of generation inside a string */
     }
-    for (int i = 0; i < g->n_eogs; i++)
-        if (rem == 0 && g->eogs[i] < n) {
-            g->masked[g->eogs[i]] = logits[g->eogs[i]];
+    for (int i = 0; i < g->v->n_eogs; i++)
+        if (rem == 0 && g->v->eogs[i] < n) {
+            g->masked[g->v->eogs[i]] = logits[g->v->eogs[i]];
             allowed++;
         }
     for (int c = 0; c < 256; c++) {
-        if (g->first_at[c] == g->first_at[c + 1])
+        if (g->v->first_at[c] == g->v->first_at[c + 1])
             continue;
         gpe_jg_copy(&g->trial, &g->st);
         if (!gpe_jg_feed(&g->trial, g->prog, (unsigned char)c))
             continue;
-        for (int i = g->first_at[c]; i < g->first_at[c + 1]; i++) {
-            int t = g->by_first[i];
+        for (int i = g->v->first_at[c]; i < g->v->first_at[c + 1]; i++) {
+            int t = g->v->by_first[i];
             if (t < n && token_ok(g, t, limit)) {
                 g->masked[t] = logits[t];
                 allowed++;
@@ -249,9 +300,9 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
 
 const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, int left)
 {
-    if (!g || !logits || n_vocab != g->n_vocab)
+    if (!g || !logits || n_vocab != g->v->n_vocab)
         return logits;   /* not this model's logits: nothing sensible to mask */
-    int n = n_vocab < g->n_vocab ? n_vocab : g->n_vocab;
+    int n = n_vocab < g->v->n_vocab ? n_vocab : g->v->n_vocab;
     /* left counts this token: after it, left - 1 tokens remain to finish */
     int64_t limit = left > 0 ? (int64_t)left - 1 : GPE_JS_INF - 1;
     for (int t = 0; t < n; t++)
@@ -261,21 +312,21 @@ const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, 
         /* Stuck (a budget too small for the schema, or nesting deeper than
          * the matcher holds): let the model end rather than write garbage. */
         for (int t = 0; t < n; t++)
-            g->masked[t] = g->eog[t] ? logits[t] : -INFINITY;
+            g->masked[t] = g->v->eog[t] ? logits[t] : -INFINITY;
     }
     return g->masked;
 }
 
 gpe_status gpe_grammar_accept(gpe_grammar *g, int32_t token)
 {
-    if (!g || token < 0 || token >= g->n_vocab)
+    if (!g || token < 0 || token >= g->v->n_vocab)
         return GPE_ERR_ARG;
-    if (g->eog[token]) {
+    if (g->v->eog[token]) {
         g->ended = true;
         return gpe_jg_remaining(&g->st, g->prog) == 0 ? GPE_OK : GPE_ERR_ARG;
     }
-    const uint8_t *b = g->bytes + g->off[token];
-    int n = (int)(g->off[token + 1] - g->off[token]);
+    const uint8_t *b = g->v->bytes + g->v->off[token];
+    int n = (int)(g->v->off[token + 1] - g->v->off[token]);
     gpe_jg_copy(&g->trial, &g->st);
     for (int i = 0; i < n; i++)
         if (!gpe_jg_feed(&g->trial, g->prog, b[i]))
