@@ -704,8 +704,12 @@ static int finish(cctx *c)
         if (p->nodes[t].kind == GPE_JS_REF)
             return fail(c, "'$ref' cycle that never reaches a schema");
     }
-    for (int round = 0; round <= p->n_nodes + 1; round++) {
-        bool changed = false;
+    /* Min-plus over nonnegative lengths: settles in about as many rounds
+     * as the longest chain of nodes, which compile's depth limit bounds;
+     * the cap keeps a hostile schema from costing the server more. */
+    bool changed = true;
+    for (int round = 0; round < 512 && changed; round++) {
+        changed = false;
         for (int i = 0; i < p->n_nodes; i++) {
             gpe_js_node *n = &p->nodes[i];
             int64_t m = node_min_len(p, n);
@@ -717,9 +721,9 @@ static int finish(cctx *c)
                 changed = true;
             }
         }
-        if (!changed)
-            break;
     }
+    if (changed)
+        return fail(c, "schema too complex (its lengths do not settle)");
     if (p->nodes[p->root].min_len >= GPE_JS_INF)
         return fail(c, "the schema has no instance this decoder can write (required "
                     "recursion or an empty enum)");
