@@ -48,6 +48,7 @@ struct gpe_grammar {
     bool ended;            /* an end-of-generation token was accepted */
     float *masked;         /* [n_vocab] */
     gpe_jg_state trial;
+    gpe_jg_state after1;   /* the state after a first byte (second-byte filter) */
 };
 
 static void seterr(char *err, size_t errlen, const char *msg)
@@ -262,11 +263,17 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
         if (below + 1 > limit)
             ub = 0;
         uint8_t lo8 = (uint8_t)(lb > 255 ? 255 : lb), hi8 = (uint8_t)(ub < 0 ? 0 : ub);
-        for (int t = 0; t < n; t++) {
-            bool ok = g->v->plain[t] >= lo8 && g->v->plain[t] <= hi8;
-            g->masked[t] = ok ? logits[t] : -INFINITY;
-            allowed += ok;
-        }
+        /* local restrict pointers: the loop vectorises */
+        const uint8_t *restrict plain = g->v->plain;
+        const float *restrict in = logits;
+        float *restrict out = g->masked;
+        uint8_t span = (uint8_t)(hi8 - lo8);   /* lo8 >= 1: plain 0 never fits */
+        if (hi8 >= lo8)
+            for (int t = 0; t < n; t++) {
+                int ok = (uint8_t)(plain[t] - lo8) <= span;
+                out[t] = ok ? in[t] : -INFINITY;
+                allowed += ok;
+            }
         for (int i = 0; i < g->v->n_nonplain; i++) {
             int t = g->v->nonplain[i];
             if (t < n && token_ok(g, t, limit)) {
@@ -284,11 +291,22 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
     for (int c = 0; c < 256; c++) {
         if (g->v->first_at[c] == g->v->first_at[c + 1])
             continue;
-        gpe_jg_copy(&g->trial, &g->st);
-        if (!gpe_jg_feed(&g->trial, g->prog, (unsigned char)c))
+        gpe_jg_copy(&g->after1, &g->st);
+        if (!gpe_jg_feed(&g->after1, g->prog, (unsigned char)c))
             continue;
+        /* A large group (words after 't', 'n', 'f', '"'): filter on the
+         * second byte too, 256 tries instead of thousands of tokens. */
+        bool second_ok[256];
+        bool big = g->v->first_at[c + 1] - g->v->first_at[c] > 256;
+        for (int d = 0; big && d < 256; d++) {
+            gpe_jg_copy(&g->trial, &g->after1);
+            second_ok[d] = gpe_jg_feed(&g->trial, g->prog, (unsigned char)d);
+        }
         for (int i = g->v->first_at[c]; i < g->v->first_at[c + 1]; i++) {
             int t = g->v->by_first[i];
+            if (big && g->v->off[t + 1] - g->v->off[t] >= 2 &&
+                !second_ok[g->v->bytes[g->v->off[t] + 1]])
+                continue;
             if (t < n && token_ok(g, t, limit)) {
                 g->masked[t] = logits[t];
                 allowed++;
@@ -305,8 +323,9 @@ const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, 
     int n = n_vocab < g->v->n_vocab ? n_vocab : g->v->n_vocab;
     /* left counts this token: after it, left - 1 tokens remain to finish */
     int64_t limit = left > 0 ? (int64_t)left - 1 : GPE_JS_INF - 1;
+    float *restrict out = g->masked;
     for (int t = 0; t < n; t++)
-        g->masked[t] = -INFINITY;
+        out[t] = -INFINITY;
     if (mask_pass(g, logits, n, limit) == 0 && limit < GPE_JS_INF - 1 &&
         mask_pass(g, logits, n, GPE_JS_INF - 1) == 0) {
         /* Stuck (a budget too small for the schema, or nesting deeper than
