@@ -271,7 +271,8 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
         if (hi8 >= lo8)
             for (int t = 0; t < n; t++) {
                 int ok = (uint8_t)(plain[t] - lo8) <= span;
-                out[t] = ok ? in[t] : -INFINITY;
+                float x = in[t];   /* read unconditionally: if-converted */
+                out[t] = ok ? x : -INFINITY;
                 allowed += ok;
             }
         for (int i = 0; i < g->v->n_nonplain; i++) {
