@@ -891,8 +891,13 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     if (b->test_gate)
         test_gate_wait(b, j);
     int n_vocab = gpe_model_n_vocab(b->model);
-    if (j->gram)
-        logits = gpe_grammar_mask(j->gram, logits, n_vocab, (int)(j->max_tokens - j->n_gen));
+    if (j->gram) {
+        /* tokens left: the budget, or the context if it ends first */
+        long left = j->max_tokens - j->n_gen;
+        long lc = (long)b->n_ctx - gpe_seq_len(e->ctx, j->slot - e->slot0);
+        left = lc < left ? lc : left;
+        logits = gpe_grammar_mask(j->gram, logits, n_vocab, left > 1 ? (int)left : 1);
+    }
     int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
     gpe_sampler_accept(j->smp, tok);
     if (j->gram)
@@ -907,8 +912,9 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
             j->sink.metrics(j->sink.ctx, m);
         json_decref(m);
     }
-    if (gpe_token_is_eog(b->model, tok))
-        return "stop";
+    if (gpe_token_is_eog(b->model, tok))   /* under a schema: only where the value may end,
+                                              unless the schema could not go on at all */
+        return j->gram && !gpe_grammar_complete(j->gram) ? "length" : "stop";
     j->n_gen++;
     if (!unsent_push(j, tok))
         j->n_unsent = 0;   /* out of memory: the server then lacks ids (text failover) */
