@@ -1659,6 +1659,7 @@ static const agent_backend_ops gguf_ops = {
     .job_start = gguf_job_start,
     .job_cancel = gguf_job_cancel,
     .slots = gguf_slots,
+    .structured_output = true,
 };
 
 /* Create the engines of the plan (their contexts: on CUDA this uploads

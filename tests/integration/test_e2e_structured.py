@@ -164,5 +164,30 @@ class StructuredE2ETest(harness.TestCase):
         self.assertIn("'pattern'", b["error"]["message"])
 
 
+class StructuredOpenaiBackendTest(harness.TestCase):
+    """An openai-backend agent does not apply response_format (yet): the
+    request is refused (400 naming it), never answered with plain text."""
+
+    def test_refused_not_ignored(self):
+        up = self.h.start_upstream(["--tokens", "6"])
+        srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(srv, upstream=up, model="m1")
+        srv.wait_model("m1")
+        for stream in (False, True):
+            st, _, b = http_request("POST", srv.url + "/v1/chat/completions",
+                                    {"model": "m1", "stream": stream,
+                                     "messages": [{"role": "user", "content": "x"}],
+                                     "response_format": {"type": "json_object"}}, timeout=60)
+            self.assertEqual(st, 400, b)
+            err = json.loads(b)["error"]
+            self.assertEqual(err["code"], "invalid_request")
+            self.assertIn("response_format", err["message"])
+        # text is untouched
+        st, _, b = http_json("POST", srv.url + "/v1/chat/completions",
+                             {"model": "m1", "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "text"}}, timeout=60)
+        self.assertEqual(st, 200, b)
+
+
 if __name__ == "__main__":
     harness.main()
