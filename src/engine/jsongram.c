@@ -459,8 +459,14 @@ int64_t gpe_jg_frame_remaining(const gpe_jg_frame *f, const gpe_jschema *p)
         if (f->st == N_FRAC)
             return 0;
         return num_need(nd, f->neg, f->n, f->v);
-    default:
-        return nd->lit_len[f->k] - f->n;
+    default: {
+        /* the shortest candidate still alive (sorted order puts a prefix
+         * first, not the shortest: "blue" < "red") */
+        int m = nd->lit_len[f->k];
+        for (int i = f->k + 1; i < f->h; i++)
+            m = nd->lit_len[i] < m ? nd->lit_len[i] : m;
+        return m - f->n;
+    }
     }
 }
 

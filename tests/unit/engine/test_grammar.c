@@ -299,6 +299,66 @@ static void test_matcher_corpus(void **state)
     gpe_jschema_free(p);
 }
 
+/* Random walks over the matcher: at each step one byte, drawn among those
+ * the matcher takes that keep the value completable within the budget;
+ * every finished walk must parse and validate. Reaches what the tiny model
+ * rarely writes (escapes, multi-byte UTF-8, fractions at the bounds). */
+static void test_matcher_random_walks(void **state)
+{
+    (void)state;
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    const char *extra[] = {
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
+        "\"maxLength\":5},\"x\":{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":3},"
+        "\"e\":{\"enum\":[1,12,\"a\\\"b\",[1,2],{\"k\":null}]}},\"required\":[\"s\",\"x\",\"e\"]}",
+        NULL,
+    };
+    size_t n_corpus = sizeof corpus / sizeof corpus[0];
+    for (size_t i = 0; i < n_corpus + 2; i++) {
+        const char *text = i < n_corpus ? corpus[i] : extra[i - n_corpus];
+        gpe_jschema *p = compile(text);
+        json_t *schema = text ? json_loads(text, 0, NULL) : json_object();
+        v_root = schema;
+        for (int walk = 0; walk < 300; walk++) {
+            gpe_jg_state s, t;
+            gpe_jg_init(&s, p);
+            char out[512];
+            int len = 0, budget = (int)gpe_jg_remaining(&s, p) + walk % 200;
+            while (s.depth > 0 && len < budget) {
+                unsigned char ok[256];
+                int n_ok = 0;
+                for (int c = 1; c < 256; c++) {
+                    gpe_jg_copy(&t, &s);
+                    if (gpe_jg_feed(&t, p, (unsigned char)c) &&
+                        gpe_jg_remaining(&t, p) <= budget - len - 1)
+                        ok[n_ok++] = (unsigned char)c;
+                }
+                if (n_ok == 0) {
+                    out[len] = 0;
+                    fail_msg("schema %zu walk %d stuck after %s (budget %d, rem %lld)", i, walk, out, budget, (long long)gpe_jg_remaining(&s, p));
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                unsigned char c = ok[x % (uint64_t)n_ok];
+                assert_true(gpe_jg_feed(&s, p, c));
+                out[len++] = (char)c;
+                if (gpe_jg_remaining(&s, p) == 0 && s.depth > 0 && x % 4 == 0)
+                    break;   /* a number may end without a closing byte */
+            }
+            out[len] = '\0';
+            assert_int_equal(gpe_jg_remaining(&s, p), 0);
+            json_error_t je;
+            json_t *v = json_loads(out, JSON_DECODE_ANY, &je);
+            if (!v || !valid(v, schema) || (!text && !json_is_object(v)))
+                fail_msg("schema %zu walk %d: '%s' (%s)", i, walk, out, v ? "invalid" : je.text);
+            json_decref(v);
+        }
+        json_decref(schema);
+        gpe_jschema_free(p);
+    }
+}
+
 /* ------------------------------------------------------------- model */
 
 typedef struct gen_out {
@@ -415,6 +475,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_matcher_corpus),
+        cmocka_unit_test(test_matcher_random_walks),
         cmocka_unit_test(test_stories_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
