@@ -311,10 +311,24 @@ static void test_matcher_random_walks(void **state)
         "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
         "\"maxLength\":5},\"x\":{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":3},"
         "\"e\":{\"enum\":[1,12,\"a\\\"b\",[1,2],{\"k\":null}]}},\"required\":[\"s\",\"x\",\"e\"]}",
+        /* recursion through $defs, anyOf with an array, free values */
+        "{\"$ref\":\"#/$defs/node\",\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":"
+        "{\"v\":{\"type\":[\"integer\",\"null\"],\"exclusiveMinimum\":-7,\"exclusiveMaximum\":-2},"
+        "\"kids\":{\"anyOf\":[{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"},"
+        "\"maxItems\":2},{\"type\":\"string\",\"minLength\":3,\"maxLength\":3}]},"
+        "\"m\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"boolean\"}}},"
+        "\"required\":[\"v\"],\"additionalProperties\":false}}}",
+        /* a top-level array of numbers, minItems forcing */
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":100,\"maximum\":1000},"
+        "\"minItems\":3,\"maxItems\":5}",
+        /* a top-level integer (no closing byte) and a bare string */
+        "{\"type\":\"integer\",\"minimum\":-50,\"maximum\":12345}",
+        "{\"type\":\"string\",\"minLength\":4}",
         NULL,
     };
     size_t n_corpus = sizeof corpus / sizeof corpus[0];
-    for (size_t i = 0; i < n_corpus + 2; i++) {
+    size_t n_extra = sizeof extra / sizeof extra[0];
+    for (size_t i = 0; i < n_corpus + n_extra; i++) {
         const char *text = i < n_corpus ? corpus[i] : extra[i - n_corpus];
         gpe_jschema *p = compile(text);
         json_t *schema = text ? json_loads(text, 0, NULL) : json_object();
@@ -333,6 +347,8 @@ static void test_matcher_random_walks(void **state)
                         gpe_jg_remaining(&t, p) <= budget - len - 1)
                         ok[n_ok++] = (unsigned char)c;
                 }
+                if (n_ok == 0 && gpe_jg_remaining(&s, p) == 0)
+                    break;   /* complete, and nothing may follow (a number at its bound) */
                 if (n_ok == 0) {
                     out[len] = 0;
                     fail_msg("schema %zu walk %d stuck after %s (budget %d, rem %lld)", i, walk, out, budget, (long long)gpe_jg_remaining(&s, p));
