@@ -438,6 +438,8 @@ static int compile_body(cctx *c, const json_t *s, const char *path)
     const json_t *v;
     int n_kw = 0;
     json_object_foreach((json_t *)s, k, v) {
+        if (!strcmp(k, "uniqueItems") && json_is_false(v))
+            continue;   /* asks for nothing */
         if (!is_known(k))
             return fail(c, "unsupported JSON Schema keyword '%s' at %s", k, path);
         if (!is_annotation(k))

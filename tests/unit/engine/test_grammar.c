@@ -216,6 +216,8 @@ static void test_refused_keywords(void **state)
     for (size_t i = 0; i < sizeof corpus / sizeof corpus[0]; i++)
         assert_int_equal(gpe_schema_check(corpus[i], err, sizeof err), GPE_OK);
     assert_int_equal(gpe_schema_check(NULL, err, sizeof err), GPE_OK);
+    assert_int_equal(gpe_schema_check("{\"type\":\"array\",\"uniqueItems\":false}", err,
+                                      sizeof err), GPE_OK);
     /* annotations are fine */
     assert_int_equal(gpe_schema_check("{\"title\":\"t\",\"description\":\"d\",\"type\":"
                                       "\"string\",\"default\":\"x\"}", err, sizeof err),
