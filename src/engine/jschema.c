@@ -215,20 +215,35 @@ static int number_node(cctx *c, const json_t *s, bool integer, const char *path)
     /* Bounds apply to the integer part; a fraction is only written where
      * every fraction keeps the value in range (see jsongram.c). */
     double lo = -(double)NUM_LIMIT, hi = (double)NUM_LIMIT;
+    bool lo_x = false, hi_x = false;
     if (hmn)
         lo = fmax(lo, ceil(mn));
-    if (hxmn)
-        lo = fmax(lo, floor(xmn) + 1);
+    if (hxmn) {
+        /* a number may sit just above a whole exclusive bound (0.5 > 0) */
+        double b = !integer && xmn == floor(xmn) ? xmn : floor(xmn) + 1;
+        if (b > lo || (b == lo && !integer && xmn == b)) {
+            lo_x = !integer && xmn == b;
+            lo = b;
+        }
+    }
     if (hmx)
         hi = fmin(hi, floor(mx));
-    if (hxmx)
-        hi = fmin(hi, ceil(xmx) - 1);
-    if (lo > (double)NUM_LIMIT || hi < -(double)NUM_LIMIT || lo > hi)
+    if (hxmx) {
+        double b = !integer && xmx == ceil(xmx) ? xmx : ceil(xmx) - 1;
+        if (b < hi || (b == hi && !integer && xmx == b)) {
+            hi_x = !integer && xmx == b;
+            hi = b;
+        }
+    }
+    if (lo > (double)NUM_LIMIT || hi < -(double)NUM_LIMIT || lo > hi ||
+        (lo == hi && (lo_x || hi_x)))
         return fail(c, "'minimum'/'maximum' at %s: no %s in the range that this decoder "
                     "writes (integer parts up to 15 digits)", path,
                     integer ? "integer" : "whole number");
     n->lo = (int64_t)lo;
     n->hi = (int64_t)hi;
+    n->lo_x = lo_x;
+    n->hi_x = hi_x;
     return id;
 }
 
@@ -590,15 +605,51 @@ static int64_t add_cap(int64_t a, int64_t b)
     return s >= GPE_JS_INF || a >= GPE_JS_INF || b >= GPE_JS_INF ? GPE_JS_INF : s;
 }
 
-/* Digits of x > 0. */
-static int64_t ndigits(int64_t x)
+static const int64_t pow10s[16] = {
+    1LL, 10LL, 100LL, 1000LL, 10000LL, 100000LL, 1000000LL, 10000000LL, 100000000LL,
+    1000000000LL, 10000000000LL, 100000000000LL, 1000000000000LL, 10000000000000LL,
+    100000000000000LL, 1000000000000000LL};
+
+/* Does [a, b] meet [lo, hi]? */
+static bool meets(int64_t a, int64_t b, int64_t lo, int64_t hi)
 {
-    int64_t d = 1;
-    while (x >= 10) {
-        x /= 10;
-        d++;
+    return a <= b && lo <= hi && b >= lo && a <= hi;
+}
+
+/* An integer part x completes as: an integer (0 more bytes) when x lies in
+ * [lo + lo_x, hi - hi_x]; with a fraction (2 more: ".d") when every
+ * fraction keeps the value in range: x in [lo, hi - 1] for a positive
+ * sign, x in [lo + 1, hi] for a negative one. */
+int64_t gpe_js_num_need(const gpe_js_node *nd, bool neg, int n, int64_t v)
+{
+    int64_t ilo = nd->lo + nd->lo_x, ihi = nd->hi - nd->hi_x;
+    int64_t flo = neg ? nd->lo + 1 : nd->lo, fhi = neg ? nd->hi : nd->hi - 1;
+    bool frac = nd->allow_frac;
+    if (n > 0) {
+        int64_t x = neg ? -v : v;
+        if (meets(x, x, ilo, ihi))
+            return 0;
+        if (frac && meets(x, x, flo, fhi))
+            return 2;
+        if (v == 0)
+            return GPE_JS_INF;   /* a leading zero takes no more digits */
     }
-    return d;
+    for (int j = 1; n + j <= 15; j++) {
+        int64_t a, b;
+        if (n == 0) {
+            a = j == 1 ? 0 : pow10s[j - 1];
+            b = pow10s[j] - 1;
+        } else {
+            a = v * pow10s[j];
+            b = a + pow10s[j] - 1;
+        }
+        int64_t x0 = neg ? -b : a, x1 = neg ? -a : b;
+        if (meets(x0, x1, ilo, ihi))
+            return j;
+        if (frac && meets(x0, x1, flo, fhi))
+            return j + 2;
+    }
+    return GPE_JS_INF;
 }
 
 static int64_t node_min_len(const gpe_jschema *p, const gpe_js_node *n)
@@ -628,10 +679,15 @@ static int64_t node_min_len(const gpe_jschema *p, const gpe_js_node *n)
     }
     case GPE_JS_STRING:
         return n->min_chars > GPE_JS_INF ? GPE_JS_INF : 2 + n->min_chars;
-    case GPE_JS_NUMBER:
-        if (n->lo <= 0 && n->hi >= 0)
-            return 1;
-        return n->lo > 0 ? ndigits(n->lo) : 1 + ndigits(-n->hi);
+    case GPE_JS_NUMBER: {
+        int64_t m = GPE_JS_INF;
+        for (int d = 0; d <= 9; d++) {
+            int64_t r = gpe_js_num_need(n, false, 1, d);
+            m = r < GPE_JS_INF && r + 1 < m ? r + 1 : m;
+        }
+        int64_t r = gpe_js_num_need(n, true, 0, 0);
+        return r < GPE_JS_INF && r + 1 < m ? r + 1 : m;
+    }
     case GPE_JS_LITERALS: {
         int64_t m = GPE_JS_INF;
         for (int i = 0; i < n->n_lits; i++)

@@ -58,8 +58,11 @@ typedef struct gpe_js_node {
     int64_t min_items, max_items;   /* max_items < 0: unbounded */
     /* string: lengths in code points */
     int64_t min_chars, max_chars;   /* max_chars < 0: unbounded */
-    /* number: the integer part lies in [lo, hi] */
+    /* number: the value lies in [lo, hi], or (lo_x, hi_x) ]lo or hi[ for an
+     * exclusive bound on a number node (an integer value of the bound:
+     * lo itself only with a nonzero fraction) */
     int64_t lo, hi;
+    bool lo_x, hi_x;
     bool allow_frac;
     /* literals, sorted bytewise */
     char **lits;
@@ -92,6 +95,12 @@ void gpe_jschema_free(gpe_jschema *p);
  * (engine.h) is this, for the server. */
 gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
                                       gpe_status *st);
+
+/* Fewest more bytes that complete a number of node nd (GPE_JS_NUMBER)
+ * from an integer part written so far: neg ('-' written), n digits of
+ * value v (n = 0: nothing after the sign). 0: complete now; GPE_JS_INF:
+ * no completion is in range. See jsongram.c for the number rules. */
+int64_t gpe_js_num_need(const gpe_js_node *nd, bool neg, int n, int64_t v);
 
 /* The node behind refs. */
 static inline const gpe_js_node *gpe_jschema_node(const gpe_jschema *p, int i)

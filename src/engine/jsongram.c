@@ -28,43 +28,22 @@ enum { R_FAIL, R_OK, R_POP, R_RETRY, R_POP_RETRY }; /* handler results */
 
 #define MAX_DIGITS 15
 
-static const int64_t pow10s[MAX_DIGITS + 1] = {
-    1LL, 10LL, 100LL, 1000LL, 10000LL, 100000LL, 1000000LL, 10000000LL, 100000000LL,
-    1000000000LL, 10000000000LL, 100000000000LL, 1000000000000LL, 10000000000000LL,
-    100000000000000LL, 1000000000000000LL};
-
-/* Fewest more digits that bring an integer part (neg, n digits, value v)
- * into [lo, hi]; 0 when it is in range now; GPE_JS_INF when none can. */
-static int64_t num_need(const gpe_js_node *nd, bool neg, int n, int64_t v)
-{
-    if (n > 0) {
-        int64_t x = neg ? -v : v;
-        if (x >= nd->lo && x <= nd->hi)
-            return 0;
-        if (v == 0)
-            return GPE_JS_INF;   /* a leading zero takes no more digits */
-    }
-    for (int j = 1; n + j <= MAX_DIGITS; j++) {
-        int64_t a, b;
-        if (n == 0) {
-            a = j == 1 ? 0 : pow10s[j - 1];
-            b = pow10s[j] - 1;
-        } else {
-            a = v * pow10s[j];
-            b = a + pow10s[j] - 1;
-        }
-        int64_t x0 = neg ? -b : a, x1 = neg ? -a : b;
-        if (x1 >= nd->lo && x0 <= nd->hi)
-            return j;
-    }
-    return GPE_JS_INF;
-}
-
-static bool frac_ok(const gpe_js_node *nd, bool neg, int64_t v)
+/* May a fraction follow integer part (neg, v)? Only where every fraction
+ * keeps the value in range; *nonzero: the fraction must not be all zeros
+ * (the integer part is an exclusive bound). */
+static bool frac_ok(const gpe_js_node *nd, bool neg, int64_t v, bool *nonzero)
 {
     if (!nd->allow_frac)
         return false;
-    return neg ? (-v - 1 >= nd->lo && -v <= nd->hi) : (v >= nd->lo && v + 1 <= nd->hi);
+    int64_t x = neg ? -v : v;
+    bool ok = neg ? (x - 1 >= nd->lo && x <= nd->hi) : (x >= nd->lo && x + 1 <= nd->hi);
+    *nonzero = neg ? (nd->hi_x && x == nd->hi) : (nd->lo_x && x == nd->lo);
+    return ok;
+}
+
+static int64_t num_need(const gpe_js_node *nd, bool neg, int n, int64_t v)
+{
+    return gpe_js_num_need(nd, neg, n, v);
 }
 
 static bool push(gpe_jg_state *s, int node)
@@ -313,24 +292,28 @@ static int num_byte(const gpe_jschema *p, gpe_jg_frame *f, unsigned char c)
         if (f->n == 0)
             return R_FAIL;
         if (c == '.') {
-            if (!frac_ok(nd, f->neg, f->v))
+            bool nz;
+            if (!frac_ok(nd, f->neg, f->v, &nz))
                 return R_FAIL;
             f->st = N_DOT;
+            f->h = nz;   /* a nonzero fraction digit is still due */
             return R_OK;
         }
         return num_need(nd, f->neg, f->n, f->v) == 0 ? R_POP_RETRY : R_FAIL;
     case N_DOT:
-        if (!digit)
+        if (!digit || (f->h && f->k + 1 >= MAX_DIGITS && c == '0'))
             return R_FAIL;
         f->st = N_FRAC;
         f->k = 1;
+        f->h = f->h && c == '0';
         return R_OK;
     default:
         if (!digit)
-            return R_POP_RETRY;
-        if (f->k >= MAX_DIGITS)
+            return f->h ? R_FAIL : R_POP_RETRY;
+        if (f->k >= MAX_DIGITS || (f->h && f->k + 1 >= MAX_DIGITS && c == '0'))
             return R_FAIL;
         f->k++;
+        f->h = f->h && c == '0';
         return R_OK;
     }
 }
@@ -457,7 +440,7 @@ int64_t gpe_jg_frame_remaining(const gpe_jg_frame *f, const gpe_jschema *p)
         if (f->st == N_DOT)
             return 1;
         if (f->st == N_FRAC)
-            return 0;
+            return f->h ? 1 : 0;   /* a nonzero digit still due */
         return num_need(nd, f->neg, f->n, f->v);
     default: {
         /* the shortest candidate still alive (sorted order puts a prefix

@@ -282,6 +282,33 @@ static void test_matcher_corpus(void **state)
     for (size_t i = 0; i < sizeof corpus / sizeof corpus[0]; i++)
         gpe_jschema_free(ps[i]);
 
+    /* exclusive whole bounds on a number: a fraction that is not all zeros */
+    gpe_jschema *ex = compile("{\"type\":\"number\",\"exclusiveMinimum\":0,"
+                              "\"exclusiveMaximum\":1}");
+    assert_true(accepts(ex, "0.5"));
+    assert_true(accepts(ex, "0.05"));
+    assert_false(accepts(ex, "0"));
+    assert_false(accepts(ex, "0.0"));
+    assert_false(accepts(ex, "1"));
+    assert_false(accepts(ex, "1.5"));
+    assert_false(accepts(ex, "-0.5"));
+    gpe_jschema_free(ex);
+    ex = compile("{\"type\":\"number\",\"minimum\":-2,\"exclusiveMaximum\":0}");
+    assert_true(accepts(ex, "-0.5"));
+    assert_true(accepts(ex, "-2"));
+    assert_true(accepts(ex, "-1.25"));
+    assert_false(accepts(ex, "-0"));
+    assert_false(accepts(ex, "-0.00"));
+    assert_false(accepts(ex, "0.5"));
+    assert_false(accepts(ex, "-2.5"));
+    gpe_jschema_free(ex);
+    ex = compile("{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":3}");
+    assert_true(accepts(ex, "1"));
+    assert_true(accepts(ex, "2"));
+    assert_false(accepts(ex, "0"));
+    assert_false(accepts(ex, "3"));
+    gpe_jschema_free(ex);
+
     /* json_object mode: any object, nothing else */
     gpe_jschema *any = compile(NULL);
     assert_true(accepts(any, "{}"));
@@ -326,6 +353,11 @@ static void test_matcher_random_walks(void **state)
         /* a top-level integer (no closing byte) and a bare string */
         "{\"type\":\"integer\",\"minimum\":-50,\"maximum\":12345}",
         "{\"type\":\"string\",\"minLength\":4}",
+        /* exclusive whole bounds on numbers: 0 < x < 1, -2 <= x < 0 */
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"exclusiveMinimum\":0,"
+        "\"exclusiveMaximum\":1},\"minItems\":1}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-2,"
+        "\"exclusiveMaximum\":0},\"minItems\":1}",
         NULL,
     };
     size_t n_corpus = sizeof corpus / sizeof corpus[0];
