@@ -360,6 +360,52 @@ void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len);
  * in the held text is still found. 0, or -1 on ENOMEM / bad arguments. */
 int gpe_stop_prime(gpe_stop *st, const char *held, size_t len);
 
+/* ------------------------------------------------------ structured output */
+
+/* JSON-Schema-constrained sampling (docs/api.md "Structured outputs" lists
+ * the keywords enforced; any other keyword is refused, naming it). The
+ * output is compact JSON (no whitespace), object properties in the order
+ * the schema declares them. Per sequence: one gpe_grammar per generation.
+ *
+ *   gpe_grammar *g; gpe_grammar_init(m, schema_text, &g, err, sizeof err);
+ *   each step: const float *l = gpe_grammar_mask(g, logits, n_vocab, left);
+ *              tok = gpe_sampler_sample(s, l, n_vocab); gpe_grammar_accept(g, tok);
+ *              stop when gpe_token_is_eog(tok) or gpe_grammar_done(g) */
+typedef struct gpe_grammar gpe_grammar;
+
+/* Check a schema (JSON text) without a model: GPE_OK, GPE_ERR_ARG (not
+ * JSON) or GPE_ERR_UNSUPPORTED (err names the keyword or the problem).
+ * NULL or "" is the json_object mode: any JSON object. */
+gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen);
+gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
+                            char *err, size_t errlen);
+void gpe_grammar_free(gpe_grammar *g);
+/* The per-model part (each token's bytes, grouped for the mask: a pass
+ * over the vocabulary, milliseconds for 100k tokens), to build once and
+ * share: read-only, so grammars on several threads may use one. It must
+ * outlive the grammars made from it. gpe_grammar_init builds its own. */
+typedef struct gpe_grammar_vocab gpe_grammar_vocab;
+gpe_status gpe_grammar_vocab_init(const gpe_model *m, gpe_grammar_vocab **out);
+void gpe_grammar_vocab_free(gpe_grammar_vocab *v);
+gpe_status gpe_grammar_init_vocab(const gpe_grammar_vocab *v, const char *schema,
+                                  gpe_grammar **out, char *err, size_t errlen);
+/* Logits with every token the schema does not allow next set to -inf (a
+ * buffer of g's, valid until the next call; logits is not modified). left:
+ * tokens the generation may still produce, this one included (<= 0:
+ * unbounded); tokens that would leave the value unfinishable in that many
+ * are masked too, so the value closes before the budget ends. End-of-
+ * generation tokens are allowed only where the value is complete. */
+const float *gpe_grammar_mask(gpe_grammar *g, const float *logits, int n_vocab, int left);
+/* Advance by the sampled token. GPE_ERR_ARG when the schema does not allow
+ * it (the state is then unchanged). */
+gpe_status gpe_grammar_accept(gpe_grammar *g, int32_t token);
+/* Advance by text written earlier (a continuation after a failover). */
+gpe_status gpe_grammar_accept_text(gpe_grammar *g, const char *text, size_t len);
+/* The value is closed: nothing more may follow (stop the generation). */
+bool gpe_grammar_done(const gpe_grammar *g);
+/* The value may end here (a closed value, or a number that may also go on). */
+bool gpe_grammar_complete(const gpe_grammar *g);
+
 /* ----------------------------------------------------------------- system */
 
 /* Which SIMD path the CPU backend chose at run time ("avx512", "avx2", "scalar"). */

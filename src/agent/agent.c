@@ -856,7 +856,19 @@ static void job_begin(agent *a, json_t *jj)
         .error = sink_error,
     };
     char err[256] = "";
-    if (a->be->ops->job_start(a->be, jj, &sink, err, sizeof err) != 0) {
+    const char *rft = json_string_value(
+        json_object_get(json_object_get(jj, "response_format"), "type"));
+    if (rft && strcmp(rft, "text") != 0 && !a->be->ops->structured_output) {
+        /* Never the unconstrained text in place of what was asked. */
+        gp_log_write(GP_LOG_WARN, "job_rejected", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id),
+                     "backend %s does not apply response_format", a->be->ops->name);
+        /* INVALID_REQUEST: the server answers 400 with this message */
+        char why[160];
+        snprintf(why, sizeof why, "response_format json_object/json_schema is not supported by "
+                 "this agent's %s backend", a->be->ops->name);
+        sink_error(j, "INVALID_REQUEST", why);
+    } else if (a->be->ops->job_start(a->be, jj, &sink, err, sizeof err) != 0) {
         gp_log_write(GP_LOG_WARN, "job_rejected", j->correlation_id,
                      json_pack("{s:s}", "job_id", j->id), "backend rejected job: %s", err);
         /* No callback will come: report it ourselves. */

@@ -48,6 +48,7 @@
 #ifndef AGENT_BACKEND_H
 #define AGENT_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -126,6 +127,11 @@ typedef struct agent_backend_ops {
      * offers now (0..total: the gguf backend stops offering the slots of a
      * GPU that failed until it is re-initialised). Thread-safe. */
     void (*slots)(agent_backend *b, int *total, int *usable);
+    /* The backend applies a job's `response_format` (json_object,
+     * json_schema: docs/protocol.md). When false the agent fails such a
+     * job (INVALID_REQUEST, a 400 for the client) rather than return text
+     * the client did not ask for. */
+    bool structured_output;
 } agent_backend_ops;
 
 /* Every backend embeds this as the FIRST member of its own struct. */

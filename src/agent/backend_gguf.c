@@ -108,6 +108,7 @@ typedef struct gjob {
     long n_gen;
     gpe_sampler *smp;
     gpe_stop *stop;
+    gpe_grammar *gram;         /* response_format json_object/json_schema, else NULL */
     double t_start, t_first;
     int prog_fed;              /* n_fed at the last progress report */
     double t_prog;             /* time of the last progress report (or admission) */
@@ -170,6 +171,8 @@ typedef struct gguf_engine {
 struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
     gpe_model *model;          /* engines[0]'s: tokenizer, chat template, facts */
+    gpe_grammar_vocab *gvocab; /* model's token bytes for response_format (owned; built
+                                  with the engines, read-only after) */
     gguf_engine *eng;          /* [n_eng] */
     int n_eng;
     gpe_backend_kind kind;
@@ -216,6 +219,7 @@ static void job_free(gjob *j)
         free(j->stops[i]);
     gpe_sampler_free(j->smp);
     gpe_stop_free(j->stop);
+    gpe_grammar_free(j->gram);
     gp_prefix_chain_free(&j->chain);
     free(j);
 }
@@ -396,6 +400,43 @@ static double num_or(json_t *o, const char *k, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* response_format (docs/protocol.md, OpenAI's chat form): json_object or
+ * json_schema become a grammar that constrains every sampled token. The
+ * text a continuation carries was written under the same schema: the
+ * grammar starts after it. */
+static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const char *cont,
+                                 char *err, size_t errlen)
+{
+    json_t *rf = json_object_get(job, "response_format");
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!type || strcmp(type, "text") == 0)
+        return 0;
+    char *schema = NULL;
+    if (strcmp(type, "json_schema") == 0) {
+        json_t *sc = json_object_get(json_object_get(rf, "json_schema"), "schema");
+        schema = json_dumps(sc ? sc : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!schema) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    } else if (strcmp(type, "json_object") != 0) {
+        snprintf(err, errlen, "response_format type '%s' is not supported", type);
+        return -1;
+    }
+    char why[256];
+    gpe_status st = gpe_grammar_init_vocab(b->gvocab, schema, &j->gram, why, sizeof why);
+    free(schema);
+    if (st != GPE_OK) {
+        snprintf(err, errlen, "response_format: %s", why);
+        return -1;
+    }
+    if (cont && *cont && gpe_grammar_accept_text(j->gram, cont, strlen(cont)) != GPE_OK) {
+        snprintf(err, errlen, "continuation does not match the response_format schema");
+        return -1;
+    }
+    return 0;
+}
+
 /* Token-exact continuation fields of a job (see the top of this file).
  * Returns 1 when the job continues from token ids (j->cont_* set), 0 when
  * it does not (no ids, or a digest that is not ours: text continuation),
@@ -534,6 +575,8 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
+    if (parse_response_format(b, job, j, cont, err, errlen) < 0)
+        goto fail;
     /* Only what the server can compute too: no chain is fine (nothing
      * advertised for the slot). */
     gp_prefix_chain_of_job(job, &j->chain);
@@ -860,8 +903,18 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     gguf_backend *b = e->b;
     if (b->test_gate)
         test_gate_wait(b, j);
-    int32_t tok = gpe_sampler_sample(j->smp, logits, gpe_model_n_vocab(b->model));
+    int n_vocab = gpe_model_n_vocab(b->model);
+    if (j->gram) {
+        /* tokens left: the budget, or the context if it ends first */
+        long left = j->max_tokens - j->n_gen;
+        long lc = (long)b->n_ctx - gpe_seq_len(e->ctx, j->slot - e->slot0);
+        left = lc < left ? lc : left;
+        logits = gpe_grammar_mask(j->gram, logits, n_vocab, left > 1 ? (int)left : 1);
+    }
+    int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
     gpe_sampler_accept(j->smp, tok);
+    if (j->gram)
+        (void)gpe_grammar_accept(j->gram, tok);   /* masked: always allowed */
     if (j->t_first == 0) {
         j->t_first = now_s();
         /* The prompt's size is known once it is prefilled: the server has it
@@ -872,8 +925,9 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
             j->sink.metrics(j->sink.ctx, m);
         json_decref(m);
     }
-    if (gpe_token_is_eog(b->model, tok))
-        return "stop";
+    if (gpe_token_is_eog(b->model, tok))   /* under a schema: only where the value may end,
+                                              unless the schema could not go on at all */
+        return j->gram && !gpe_grammar_complete(j->gram) ? "length" : "stop";
     j->n_gen++;
     if (!unsent_push(j, tok))
         j->n_unsent = 0;   /* out of memory: the server then lacks ids (text failover) */
@@ -890,6 +944,8 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
             j->sink.stop_sequence(j->sink.ctx, j->stops[w]);
         return "stop";
     }
+    if (j->gram && gpe_grammar_done(j->gram))
+        return "stop";   /* the value is closed (job_end flushes what is held) */
     if (j->n_gen >= j->max_tokens)
         return "length";
     if (gpe_seq_len(e->ctx, j->slot - e->slot0) >= b->n_ctx)
@@ -1366,6 +1422,7 @@ static void gguf_destroy(agent_backend *base)
     free(b->slots);
     free(b->alias);
     free(b->test_gate);
+    gpe_grammar_vocab_free(b->gvocab);
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);
@@ -1615,6 +1672,7 @@ static const agent_backend_ops gguf_ops = {
     .job_start = gguf_job_start,
     .job_cancel = gguf_job_cancel,
     .slots = gguf_slots,
+    .structured_output = true,
 };
 
 /* Create the engines of the plan (their contexts: on CUDA this uploads
@@ -1673,12 +1731,18 @@ static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_pl
     b->n_slots = slot0;
     b->model = b->eng[0].model;
     b->n_ctx = gpe_ctx_n_ctx(b->eng[0].ctx);
-    return GPE_OK;
+    /* Once per model, not per request: milliseconds on a 150k vocabulary. */
+    gpe_status gs = gpe_grammar_vocab_init(b->model, &b->gvocab);
+    if (gs != GPE_OK)
+        snprintf(err, errlen, "out of memory (grammar vocabulary)");
+    return gs;
 }
 
 /* Undo engines_start (before any thread runs). */
 static void engines_drop(gguf_backend *b)
 {
+    gpe_grammar_vocab_free(b->gvocab);
+    b->gvocab = NULL;
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);

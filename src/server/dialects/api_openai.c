@@ -1,5 +1,6 @@
 /* api_openai: see api_openai.h. */
 #include "server/dialects/api_openai.h"
+#include "server/dialects/rformat.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -374,8 +375,13 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     const json_t *rf = json_object_get(body, "response_format");
     if (!gps_absent(rf)) {
         const char *t = json_string_value(json_object_get(rf, "type"));
-        if (!t || strcmp(t, "text") != 0)
-            GPS_FAIL("response_format", "only response_format {\"type\":\"text\"} is supported");
+        if (!chat && (!t || strcmp(t, "text") != 0))
+            GPS_FAIL("response_format", "response_format is only supported by "
+                     "/v1/chat/completions");
+        if (chat && gps_rformat_chat(rf, &s->response_format, msg, msglen) < 0) {
+            *param = "response_format";
+            goto fail;
+        }
     }
 
     /* Pool extension. */

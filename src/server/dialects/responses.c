@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "server/dialects/api_openai.h"
+#include "server/dialects/rformat.h"
 #include "server/http/sse.h"
 
 #define DEFAULT_MAX_OUTPUT_TOKENS 4096 /* OpenAI: up to the model's limit; we bound it */
@@ -359,10 +360,13 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
                  MAX_METADATA_KEYS);
     const json_t *text = json_object_get(body, "text");
     if (!gps_absent(text)) {
-        const json_t *fmt = json_object_get(text, "format");
-        const char *ft = json_string_value(json_object_get(fmt, "type"));
-        if (!json_is_object(text) || (fmt && !json_is_null(fmt) && (!ft || strcmp(ft, "text"))))
-            GPS_FAIL("text", "only text.format {\"type\":\"text\"} is supported");
+        if (!json_is_object(text))
+            GPS_FAIL("text", "'text' must be an object");
+        if (gps_rformat_responses(json_object_get(text, "format"), &s->response_format, msg,
+                                  msglen) < 0) {
+            *param = "text.format";
+            goto fail;
+        }
     }
     const json_t *tlp = json_object_get(body, "top_logprobs");
     if (!gps_absent(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0))
@@ -398,6 +402,8 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
                         gps_absent(tchoice) ? json_string("auto") : json_deep_copy(tchoice));
     if (s->user)
         json_object_set_new(out->echo, "user", json_string(s->user));
+    if (s->response_format)   /* structured output: the format as given */
+        json_object_set_new(out->echo, "text", json_deep_copy(text));
     if (!s->model)
         GPS_FAIL(NULL, "out of memory");
     return 0;

@@ -106,6 +106,7 @@ void gps_job_spec_clear(gps_job_spec *s)
     json_decref(s->messages);
     json_decref(s->tools);
     json_decref(s->tool_choice);
+    json_decref(s->response_format);
     json_decref(s->stop);
     free(s->user);
     free(s->prefer_agent);
@@ -218,9 +219,11 @@ static void trim_done(gps_job *job)
     json_decref(sp->messages);
     json_decref(sp->tools);
     json_decref(sp->tool_choice);
+    json_decref(sp->response_format);
     json_decref(sp->stop);
     json_decref(sp->stored_request);
     free(sp->resume_text);
+    sp->response_format = NULL;
     sp->prompt = sp->resume_text = NULL;
     sp->messages = sp->tools = sp->tool_choice = sp->stop = sp->stored_request = NULL;
 }
@@ -458,6 +461,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
         if (s->tool_choice)
             json_object_set_new(w, "tool_choice", json_deep_copy(s->tool_choice));
     }
+    if (s->response_format)
+        json_object_set_new(w, "response_format", json_deep_copy(s->response_format));
     if (s->user)
         json_object_set_new(w, "user", json_string(s->user));
     /* What an agent whose upstream is another pool passes on to it

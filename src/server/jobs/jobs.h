@@ -75,6 +75,8 @@ typedef struct gps_job_spec {
                                 OpenAI assistant tool_calls and role "tool" messages */
     json_t *tools;           /* chat: OpenAI function tools, or NULL (owned) */
     json_t *tool_choice;     /* OpenAI form ("auto", "none", "required", {function}), or NULL */
+    json_t *response_format; /* structured output, OpenAI chat form (dialects/rformat.h), or
+                                NULL for text (owned) */
     long long max_tokens;
     double temperature;
     double top_p;

@@ -272,6 +272,71 @@ static rec *run(agent_backend *b, const char *json)
     return r;
 }
 
+#define PERSON_RF "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":" \
+    "\"p\",\"schema\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"," \
+    "\"maxLength\":8},\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":99}}," \
+    "\"required\":[\"name\",\"age\"],\"additionalProperties\":false}}}"
+
+/* Issue 26, response_format: a constrained job writes the schema's JSON and
+ * ends with stop when the value closes, while an unconstrained job in the
+ * same batch streams exactly its reference; a text continuation is fed to
+ * the constraint first; an unknown type fails the job at its start. */
+static void test_response_format(void **state)
+{
+    (void)state;
+    json_error_t je;
+    json_t *ref = json_load_file(GP_TEST_DATA "/stories260K.greedy.json", 0, &je);
+    assert_non_null(ref);
+    json_t *cs = json_array_get(json_object_get(ref, "cases"), 0);
+    agent_backend *b = make(2, 256);
+    for (int seed = 1; seed <= 3; seed++) {
+        rec *plain = rec_new(), *con = rec_new();
+        json_t *job = json_pack("{s:s, s:s, s:s, s:{s:i, s:f, s:i}}", "job_id", "plain", "kind",
+                                "completion", "prompt",
+                                json_string_value(json_object_get(cs, "prompt")), "params",
+                                "max_tokens", 64, "temperature", 0.0, "seed", 1);
+        char *js = json_dumps(job, 0);
+        char cj[2048];
+        snprintf(cj, sizeof cj, "{\"job_id\":\"c\",\"kind\":\"completion\",\"prompt\":\"Once\","
+                 "\"params\":{\"max_tokens\":100,\"temperature\":1.0,\"seed\":%d}," PERSON_RF
+                 "}", seed);
+        assert_int_equal(start(b, cj, con), 0);
+        assert_int_equal(start(b, js, plain), 0);
+        free(js);
+        json_decref(job);
+        rec_wait(con);
+        rec_wait(plain);
+        assert_string_equal(plain->text,
+                            json_string_value(json_object_get(cs, "generated_text")));
+        assert_string_equal(con->reason, "stop");
+        json_t *v = json_loads(con->text, 0, &je);
+        if (!v || !json_is_string(json_object_get(v, "name")) ||
+            !json_is_integer(json_object_get(v, "age")) || json_object_size(v) != 2)
+            fail_msg("not the schema's JSON: %s", con->text);
+        json_decref(v);
+        rec_free(plain);
+        rec_free(con);
+    }
+    /* continuation: the text already sent is part of the value */
+    rec *r = run(b, "{\"job_id\":\"k\",\"kind\":\"completion\",\"prompt\":\"Once\","
+                    "\"continuation\":\"{\\\"name\\\":\\\"Bo\","
+                    "\"params\":{\"max_tokens\":60,\"temperature\":1.0,\"seed\":5}," PERSON_RF "}");
+    char full[8300];
+    snprintf(full, sizeof full, "{\"name\":\"Bo%s", r->text);
+    json_t *v = json_loads(full, 0, &je);
+    if (!v || strncmp(json_string_value(json_object_get(v, "name")), "Bo", 2) != 0)
+        fail_msg("continuation: %s", full);
+    json_decref(v);
+    rec_free(r);
+    /* unknown type */
+    r = rec_new();
+    assert_true(start(b, "{\"job_id\":\"x\",\"kind\":\"completion\",\"prompt\":\"Once\","
+                         "\"response_format\":{\"type\":\"yaml\"}}", r) != 0);
+    rec_free(r);
+    b->ops->destroy(b);
+    json_decref(ref);
+}
+
 static long long fact(json_t *facts, const char *key)
 {
     return json_integer_value(json_object_get(json_object_get(facts, "prefix_cache"), key));
@@ -761,6 +826,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_jobs_batched),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_prefix_cache_tenants),
         cmocka_unit_test(test_prefix_descriptor),

@@ -171,8 +171,15 @@ static void test_bad_fields(void **st)
     bad("{\"model\":\"m\"," M ",\"frequency_penalty\":-3}", true, "frequency_penalty");
     bad("{\"model\":\"m\"," M ",\"top_k\":-1}", true, "top_k");
     bad("{\"model\":\"m\"," M ",\"tools\":[{\"type\":\"function\"}]}", true, "tools");
-    bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_object\"}}", true,
+    bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}", true,
         "response_format");
+    bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+        "{\"schema\":{}}}}", true, "response_format");
+    bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"xml\"}}", true,
+        "response_format");
+    bad("{\"model\":\"m\",\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}",
+        false, "response_format");
     bad("{\"model\":\"m\"," M ",\"x_pool_options\":[]}", true, "x_pool_options");
     bad("{\"model\":\"m\"," M ",\"x_pool_options\":{\"labels\":{\"region\":1}}}", true,
         "x_pool_options.labels");
@@ -191,6 +198,42 @@ static void test_bad_fields(void **st)
     bad("{\"model\":\"m\",\"prompt\":\"x\",\"best_of\":2}", false, "best_of");
     bad("{\"model\":\"m\",\"prompt\":\"x\",\"logprobs\":5}", false, "logprobs");
     bad("{\"model\":\"m\",\"prompt\":\"x\",\"suffix\":\"s\"}", false, "suffix");
+}
+
+/* Structured output: json_object and json_schema reach the job spec in
+ * the chat form; an unsupported keyword is refused by name. */
+static void test_response_format(void **st)
+{
+    (void)st;
+    gps_openai_req r;
+    ok("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"text\"}}", true, &r);
+    assert_null(r.spec.response_format);
+    gps_job_spec_clear(&r.spec);
+    ok("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_object\"}}", true, &r);
+    assert_string_equal(json_string_value(json_object_get(r.spec.response_format, "type")),
+                        "json_object");
+    gps_job_spec_clear(&r.spec);
+    ok("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+       "{\"name\":\"person\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":"
+       "{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],\"additionalProperties\":false}}}}",
+       true, &r);
+    json_t *js = json_object_get(r.spec.response_format, "json_schema");
+    assert_string_equal(json_string_value(json_object_get(js, "name")), "person");
+    assert_true(json_is_true(json_object_get(js, "strict")));
+    assert_true(json_is_object(json_object_get(js, "schema")));
+    gps_job_spec_clear(&r.spec);
+
+    json_t *j = json_loads("{\"model\":\"m\"," M ",\"response_format\":{\"type\":"
+                           "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
+                           "\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":"
+                           "\"date-time\"}}}}}}", 0, NULL);
+    char msg[256] = "";
+    const char *param = NULL;
+    assert_int_equal(gps_openai_parse(j, true, &r, msg, sizeof msg, &param), -1);
+    json_decref(j);
+    assert_string_equal(param, "response_format");
+    if (!strstr(msg, "'format'") || !strstr(msg, "#/properties/d"))
+        fail_msg("message does not name the keyword and where: %s", msg);
 }
 
 static void test_chunks(void **st)
@@ -345,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_tool_calls_acc),
         cmocka_unit_test(test_completion_ok),
         cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_chunks),
         cmocka_unit_test(test_response),
     };

@@ -63,6 +63,34 @@ static void test_input_string_and_instructions(void **st)
     gps_resp_req_clear(&r);
 }
 
+/* text.format json_schema reaches the job spec in the chat form; the
+ * response object repeats the format as given. */
+static void test_text_format_json_schema(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"Hi\",\"text\":{\"format\":{\"type\":"
+                           "\"json_schema\",\"name\":\"p\",\"strict\":true,\"schema\":{\"type\":"
+                           "\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}}",
+                           &r, msg, &param),
+                     0);
+    json_t *rf = r.spec.response_format;
+    assert_string_equal(json_string_value(json_object_get(rf, "type")), "json_schema");
+    json_t *js = json_object_get(rf, "json_schema");
+    assert_string_equal(json_string_value(json_object_get(js, "name")), "p");
+    assert_true(json_is_true(json_object_get(js, "strict")));
+    json_t *echo = json_object_get(json_object_get(r.echo, "text"), "format");
+    assert_string_equal(json_string_value(json_object_get(echo, "name")), "p");
+    gps_resp_req_clear(&r);
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"Hi\",\"text\":{\"format\":{\"type\":"
+                           "\"json_object\"}}}", &r, msg, &param), 0);
+    assert_string_equal(json_string_value(json_object_get(r.spec.response_format, "type")),
+                        "json_object");
+    gps_resp_req_clear(&r);
+}
+
 static void test_items_with_function_calls(void **st)
 {
     (void)st;
@@ -178,7 +206,12 @@ static void test_refusals_name_the_field(void **st)
         {"{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice",
          "needs 'tools'"},
         {"{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}",
-         "text", "text.format"},
+         "text.format", "text.format.name"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\","
+         "\"name\":\"n\",\"schema\":{\"type\":\"array\",\"uniqueItems\":true}}}}",
+         "text.format", "'uniqueItems'"},
+        {"{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"yaml\"}}}",
+         "text.format", "json_schema"},
         {"{\"model\":\"m\",\"input\":\"x\",\"background\":true}", "background", "background"},
         {"{\"model\":\"m\",\"input\":\"x\",\"stream\":\"yes\"}", "stream", "boolean"},
         {"{\"model\":\"m\",\"input\":\"x\",\"stop\":[\"a\"]}", "stop", "not a Responses"},
@@ -446,6 +479,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_input_string_and_instructions),
         cmocka_unit_test(test_items_with_function_calls),
+        cmocka_unit_test(test_text_format_json_schema),
         cmocka_unit_test(test_hosted_tools_are_dropped_with_a_warning),
         cmocka_unit_test(test_refusals_name_the_field),
         cmocka_unit_test(test_stored_state_splice),

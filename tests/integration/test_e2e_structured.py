@@ -1,0 +1,193 @@
+"""Structured outputs end to end (issue 26): gpupool-server + gpupool-agent
+--model models/stories260K.gguf. Chat `response_format` (json_schema,
+json_object) and Responses `text.format`, streamed and not: every reply of
+the tiny model parses, validates against its schema (a small validator
+here, standard library only) and ends with finish_reason "stop"; an
+unsupported schema keyword is a 400 naming it, before any agent work.
+Skipped when the agent was built without the gguf backend.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import http_json, http_request, parse_sse, sse_data_json  # noqa: E402
+from test_e2e_gguf import MODEL, gguf_built  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 1, "maximum": 99},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]},
+                 "minItems": 1, "maxItems": 3},
+        "nick": {"anyOf": [{"type": "string", "maxLength": 4}, {"type": "null"}]},
+        "home": {"$ref": "#/$defs/place"},
+    },
+    "required": ["name", "age", "pets", "nick", "home"],
+    "additionalProperties": False,
+    "$defs": {"place": {"type": "object",
+                        "properties": {"city": {"type": "string", "minLength": 1,
+                                                "maxLength": 8},
+                                       "ok": {"type": "boolean"}},
+                        "required": ["city", "ok"], "additionalProperties": False}},
+}
+
+
+def valid(v, s, root):
+    """The keywords the tests use, as JSON Schema defines them."""
+    if "$ref" in s:
+        return valid(v, root["$defs"][s["$ref"].split("/")[-1]], root)
+    if "anyOf" in s:
+        return any(valid(v, a, root) for a in s["anyOf"])
+    if "enum" in s and v not in s["enum"]:
+        return False
+    t = s.get("type")
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool,
+             "null": type(None)}
+    if t == "integer":
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False
+    elif t is not None and not isinstance(v, kinds[t]):
+        return False
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < s.get("minimum", v) or v > s.get("maximum", v):
+            return False
+    if isinstance(v, str):
+        if len(v) < s.get("minLength", 0) or len(v) > s.get("maxLength", len(v)):
+            return False
+    if isinstance(v, list):
+        if len(v) < s.get("minItems", 0) or len(v) > s.get("maxItems", len(v)):
+            return False
+        if not all(valid(e, s.get("items", {}), root) for e in v):
+            return False
+    if isinstance(v, dict):
+        props = s.get("properties", {})
+        if any(r not in v for r in s.get("required", [])):
+            return False
+        for k, e in v.items():
+            if k in props:
+                if not valid(e, props[k], root):
+                    return False
+            elif s.get("additionalProperties") is False:
+                return False
+    return True
+
+
+class StructuredE2ETest(harness.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=2, alias="tiny",
+                                        args=["--model", MODEL, "--threads", "1"])
+        self.srv.wait_model("tiny")
+
+    def chat(self, rf, stream, seed, max_tokens=400):
+        body = {"model": "tiny", "stream": stream, "max_tokens": max_tokens, "temperature": 1,
+                "seed": seed, "response_format": rf,
+                "messages": [{"role": "user", "content": "Tell me about a person"}]}
+        if not stream:
+            st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions", body,
+                                 timeout=120)
+            self.assertEqual(st, 200, b)
+            return b["choices"][0]["message"]["content"], b["choices"][0]["finish_reason"]
+        st, _, raw = http_request("POST", self.srv.url + "/v1/chat/completions", body,
+                                  timeout=120)
+        self.assertEqual(st, 200, raw)
+        chunks = sse_data_json(parse_sse(raw))
+        text = "".join(c["choices"][0]["delta"].get("content") or ""
+                       for c in chunks if c.get("choices"))
+        finish = [c["choices"][0]["finish_reason"] for c in chunks
+                  if c.get("choices") and c["choices"][0].get("finish_reason")]
+        return text, finish[-1]
+
+    def test_chat_json_schema(self):
+        rf = {"type": "json_schema",
+              "json_schema": {"name": "person", "strict": True, "schema": PERSON}}
+        for seed in range(1, 5):
+            for stream in (False, True):
+                text, finish = self.chat(rf, stream, seed)
+                self.assertEqual(finish, "stop", text)
+                v = json.loads(text)
+                self.assertTrue(valid(v, PERSON, PERSON), text)
+
+    def test_chat_json_object_closes_within_budget(self):
+        for seed in range(1, 4):
+            for stream in (False, True):
+                text, finish = self.chat({"type": "json_object"}, stream, seed, max_tokens=40)
+                self.assertEqual(finish, "stop", text)
+                self.assertIsInstance(json.loads(text), dict)
+
+    def test_responses_text_format(self):
+        fmt = {"type": "json_schema", "name": "person", "strict": True, "schema": PERSON}
+        body = {"model": "tiny", "input": "Tell me about a person", "temperature": 1,
+                "max_output_tokens": 400, "text": {"format": fmt}}
+        st, _, b = http_json("POST", self.srv.url + "/v1/responses", body, timeout=120)
+        self.assertEqual(st, 200, b)
+        self.assertEqual(b["status"], "completed", b)
+        self.assertEqual(b["text"]["format"]["name"], "person")
+        text = b["output"][0]["content"][0]["text"]
+        self.assertTrue(valid(json.loads(text), PERSON, PERSON), text)
+
+        body["stream"] = True
+        st, _, raw = http_request("POST", self.srv.url + "/v1/responses", body, timeout=120)
+        self.assertEqual(st, 200, raw)
+        evs = sse_data_json(parse_sse(raw))
+        text = "".join(e.get("delta", "") for e in evs
+                       if e.get("type") == "response.output_text.delta")
+        done = [e for e in evs if e.get("type") == "response.completed"]
+        self.assertEqual(len(done), 1, evs[-1])
+        self.assertTrue(valid(json.loads(text), PERSON, PERSON), text)
+
+    def test_unsupported_keyword_is_400_naming_it(self):
+        bad = {"type": "object", "properties": {"mail": {"type": "string", "format": "email"}}}
+        st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions",
+                             {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "m", "schema": bad}}},
+                             timeout=30)
+        self.assertEqual(st, 400, b)
+        self.assertIn("'format'", b["error"]["message"])
+        self.assertEqual(b["error"]["param"], "response_format")
+        st, _, b = http_json("POST", self.srv.url + "/v1/responses",
+                             {"model": "tiny", "input": "x",
+                              "text": {"format": {"type": "json_schema", "name": "m",
+                                                  "schema": {"type": "string",
+                                                             "pattern": "^a"}}}},
+                             timeout=30)
+        self.assertEqual(st, 400, b)
+        self.assertIn("'pattern'", b["error"]["message"])
+
+
+class StructuredOpenaiBackendTest(harness.TestCase):
+    """An openai-backend agent does not apply response_format (yet): the
+    request is refused (400 naming it), never answered with plain text."""
+
+    def test_refused_not_ignored(self):
+        up = self.h.start_upstream(["--tokens", "6"])
+        srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(srv, upstream=up, model="m1")
+        srv.wait_model("m1")
+        for stream in (False, True):
+            st, _, b = http_request("POST", srv.url + "/v1/chat/completions",
+                                    {"model": "m1", "stream": stream,
+                                     "messages": [{"role": "user", "content": "x"}],
+                                     "response_format": {"type": "json_object"}}, timeout=60)
+            self.assertEqual(st, 400, b)
+            err = json.loads(b)["error"]
+            self.assertEqual(err["code"], "invalid_request")
+            self.assertIn("response_format", err["message"])
+        # text is untouched
+        st, _, b = http_json("POST", srv.url + "/v1/chat/completions",
+                             {"model": "m1", "messages": [{"role": "user", "content": "x"}],
+                              "response_format": {"type": "text"}}, timeout=60)
+        self.assertEqual(st, 200, b)
+
+
+if __name__ == "__main__":
+    harness.main()
