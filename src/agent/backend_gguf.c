@@ -85,6 +85,7 @@ typedef struct gjob {
     char job_id[128];
     agent_job_sink sink;
     bool count_only;
+    json_t *emb_input;         /* embeddings job: its `input` array (owned), else NULL */
     char *text;                /* rendered prompt (+ continuation), owned */
     long max_tokens;
     gpe_sampler_params sp;
@@ -182,6 +183,11 @@ struct gguf_backend {
     int n_slots, n_ctx, n_batch;
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* broadcast: several decode threads wait on it */
+    /* Embeddings jobs run on their own context (created on first use,
+     * EMBED_SEQS sequences), one at a time, on the decode thread that
+     * prepares them: the slots' sequences are left alone. */
+    pthread_mutex_t emb_mu;
+    gpe_ctx *emb_ctx;          /* under emb_mu */
     bool stopping;             /* under mu */
     gjob *pending;             /* under mu: FIFO of jobs not yet admitted */
     gjob **slots;              /* [n_slots] under mu: a job reserved for the slot
@@ -207,6 +213,7 @@ static void job_free(gjob *j)
 {
     if (!j)
         return;
+    json_decref(j->emb_input);
     free(j->text);
     free(j->toks);
     free(j->cont_ids);
@@ -479,6 +486,16 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
             goto fail;
         }
         j->count_only = strcmp(kind, "count_tokens") == 0;
+    } else if (strcmp(kind, "embeddings") == 0) {
+        json_t *in = json_object_get(job, "input");
+        if (!json_is_array(in) || json_array_size(in) == 0) {
+            snprintf(err, errlen, "embeddings job without input");
+            goto fail;
+        }
+        j->emb_input = json_incref(in);
+        j->text = strdup("");
+        if (!j->text)
+            goto fail;
     } else {
         snprintf(err, errlen, "unknown job kind '%s'", kind);
         goto fail;
@@ -662,10 +679,16 @@ static void prime_stop(gguf_backend *b, gjob *j)
  * tokenize, and end here the jobs that need no slot (count_tokens) or
  * cannot run. Sets prepared; sets finished when the terminal event was
  * sent (the job is then only unlinked and freed). */
+static void job_embed(gguf_backend *b, gjob *j);
+
 static void job_prepare(gguf_backend *b, gjob *j)
 {
     j->prepared = true;
     j->finished = true;
+    if (j->emb_input) {
+        job_embed(b, j);
+        return;
+    }
     j->toks = tokenize(b, j->text, &j->n_toks);
     if (!j->toks) {
         job_error(j, "INTERNAL_ERROR", "tokenization failed");
@@ -694,6 +717,116 @@ static void job_prepare(gguf_backend *b, gjob *j)
         return;
     }
     j->finished = false;
+}
+
+/* ---------------------------------------------------------- embeddings */
+
+#define EMBED_SEQS 8
+
+/* Input i of an embeddings job as tokens: a string (tokenized with the
+ * model's special tokens, as a prompt) or an array of token ids. Returns
+ * a malloc'd array or NULL with msg set. */
+static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, char *msg,
+                             size_t msglen)
+{
+    int32_t *t = NULL;
+    if (json_is_string(v)) {
+        t = tokenize(b, json_string_value(v), n);
+    } else if (json_is_array(v)) {
+        *n = (int)json_array_size(v);
+        t = malloc(((size_t)*n + 1) * sizeof *t);
+        for (int k = 0; t && k < *n; k++) {
+            json_t *x = json_array_get(v, (size_t)k);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+                json_integer_value(x) >= b->info.n_vocab) {
+                snprintf(msg, msglen, "input[%zu][%d]: not a token id of this model", i, k);
+                free(t);
+                return NULL;
+            }
+            t[k] = (int32_t)json_integer_value(x);
+        }
+    }
+    if (!t) {
+        snprintf(msg, msglen, "input[%zu]: not a string or an array of token ids", i);
+        return NULL;
+    }
+    if (*n < 1 || *n > b->n_ctx) {
+        snprintf(msg, msglen, "input[%zu] has %d tokens; the context holds %d", i, *n,
+                 b->n_ctx);
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* Under emb_mu: the embeddings context, created on first use. */
+static gpe_ctx *embed_ctx(gguf_backend *b, char *msg, size_t msglen)
+{
+    if (b->emb_ctx)
+        return b->emb_ctx;
+    if (b->kind != GPE_BACKEND_CPU) {
+        snprintf(msg, msglen, "embeddings run on the CPU backend only (this agent uses CUDA)");
+        return NULL;
+    }
+    gpe_ctx_params cp = b->eng[0].cp;
+    cp.n_seq = EMBED_SEQS;
+    gpe_ctx_init(b->model, &cp, &b->emb_ctx, msg, msglen);
+    return b->emb_ctx;
+}
+
+/* An embeddings job, whole: every input pooled by the engine (up to
+ * EMBED_SEQS inputs a pass), one embedding() each, then end. */
+static void job_embed(gguf_backend *b, gjob *j)
+{
+    size_t n_in = json_array_size(j->emb_input);
+    const int dim = gpe_model_embedding_dim(b->model);
+    int32_t **toks = calloc(n_in, sizeof *toks);
+    int *nt = calloc(n_in, sizeof *nt);
+    float *out = malloc(n_in * (size_t)dim * sizeof *out);
+    char msg[320] = "";
+    const char *code = "INVALID_REQUEST";
+    long long total = 0;
+    if (!toks || !nt || !out) {
+        code = "INTERNAL_ERROR";
+        snprintf(msg, sizeof msg, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_in; i++) {
+        toks[i] = embed_tokens(b, json_array_get(j->emb_input, i), i, &nt[i], msg, sizeof msg);
+        if (!toks[i])
+            goto done;
+        total += nt[i];
+    }
+    if (j->sink.started)
+        j->sink.started(j->sink.ctx);
+    pthread_mutex_lock(&b->emb_mu);
+    gpe_ctx *c = embed_ctx(b, msg, sizeof msg);
+    gpe_status st = c ? gpe_embed_batch(c, (const int32_t *const *)toks, nt, (int)n_in, out,
+                                        dim, msg, sizeof msg)
+                      : GPE_ERR_UNSUPPORTED;
+    if (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM) {
+        gpe_ctx_free(b->emb_ctx);
+        b->emb_ctx = NULL;
+    }
+    pthread_mutex_unlock(&b->emb_mu);
+    if (st != GPE_OK) {
+        code = st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR";
+        goto done;
+    }
+    for (size_t i = 0; i < n_in && j->sink.embedding; i++)
+        j->sink.embedding(j->sink.ctx, (int)i, out + i * (size_t)dim, dim);
+    j->n_prompt = (int)total;
+    msg[0] = '\0';
+done:
+    if (msg[0])
+        job_error(j, code, msg);
+    else
+        j->sink.end(j->sink.ctx, "stop", total, 0);
+    for (size_t i = 0; toks && i < n_in; i++)
+        free(toks[i]);
+    free(toks);
+    free(nt);
+    free(out);
 }
 
 /* Prompt tokens a slot's cached sequence can give this job: the longest
@@ -1360,6 +1493,8 @@ static void gguf_destroy(agent_backend *base)
             pthread_join(b->eng[e].thread, NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
+    gpe_ctx_free(b->emb_ctx);
+    pthread_mutex_destroy(&b->emb_mu);
     for (int s = 0; b->cache && s < b->n_slots; s++)
         free(b->cache[s].toks);
     free(b->cache);
@@ -1747,6 +1882,7 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
     }
     b->base.ops = &gguf_ops;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->emb_mu, NULL);
     const char *gate = getenv("GPUPOOL_TEST_TOKEN_GATE");
     if (gate && *gate)
         b->test_gate = strdup(gate);

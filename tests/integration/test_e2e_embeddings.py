@@ -1,0 +1,114 @@
+"""POST /v1/embeddings end to end (issue 26 item 2): gpupool-server +
+gpupool-agent --model models/stories260K.gguf (gguf backend), plain HTTP.
+A string, an array of strings, token ids and arrays of token ids give one
+unit-length vector per input in order, the same input the same vector,
+different inputs different vectors; base64 decodes to the float vector;
+usage counts the prompt tokens; errors are OpenAI's shape naming the
+parameter (input, encoding_format, dimensions), including an input longer
+than the model's context. Skipped when the agent has no gguf backend.
+"""
+
+import base64
+import math
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import http_json  # noqa: E402
+from test_e2e_gguf import MODEL, gguf_built  # noqa: E402
+
+
+def norm(v):
+    return math.sqrt(sum(x * x for x in v))
+
+
+class EmbeddingsE2ETest(harness.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=2, alias="tiny",
+                                        args=["--model", MODEL, "--threads", "1",
+                                              "--ctx", "256"])
+        self.srv.wait_model("tiny")
+
+    def embed(self, body, want=200):
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings", body, timeout=120)
+        self.assertEqual(st, want, out)
+        return out
+
+    def test_string_array_tokens(self):
+        one = self.embed({"model": "tiny", "input": "Once upon a time"})
+        self.assertEqual(one["object"], "list")
+        self.assertEqual(one["model"], "tiny")
+        self.assertEqual(len(one["data"]), 1)
+        d = one["data"][0]
+        self.assertEqual((d["object"], d["index"]), ("embedding", 0))
+        vec = d["embedding"]
+        self.assertEqual(len(vec), 64)  # stories260K's n_embd
+        self.assertAlmostEqual(norm(vec), 1.0, places=4)
+        self.assertGreater(one["usage"]["prompt_tokens"], 0)
+        self.assertEqual(one["usage"]["total_tokens"], one["usage"]["prompt_tokens"])
+
+        texts = ["The cat sat", "Once upon a time", "A big red apple"]
+        many = self.embed({"model": "tiny", "input": texts, "user": "u1"})
+        self.assertEqual([x["index"] for x in many["data"]], [0, 1, 2])
+        vecs = [x["embedding"] for x in many["data"]]
+        for a, b in zip(vecs[1], vec):
+            self.assertAlmostEqual(a, b, places=5)   # same input, same vector
+        self.assertGreater(max(abs(a - b) for a, b in zip(vecs[0], vecs[2])), 1e-3)
+        self.assertGreater(many["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"])
+
+        toks = self.embed({"model": "tiny", "input": [1, 400, 30, 9]})
+        self.assertEqual(len(toks["data"]), 1)
+        self.assertEqual(toks["usage"]["prompt_tokens"], 4)
+        arrs = self.embed({"model": "tiny", "input": [[1, 400, 30, 9], [1, 50]]})
+        self.assertEqual(len(arrs["data"]), 2)
+        for a, b in zip(arrs["data"][0]["embedding"], toks["data"][0]["embedding"]):
+            self.assertAlmostEqual(a, b, places=5)
+
+    def test_base64(self):
+        f = self.embed({"model": "tiny", "input": "She was happy"})["data"][0]["embedding"]
+        b = self.embed({"model": "tiny", "input": "She was happy",
+                        "encoding_format": "base64"})["data"][0]["embedding"]
+        self.assertIsInstance(b, str)
+        raw = base64.b64decode(b)
+        dec = struct.unpack("<%df" % (len(raw) // 4), raw)
+        self.assertEqual(len(dec), len(f))
+        for x, y in zip(dec, f):
+            self.assertAlmostEqual(x, y, places=6)
+        self.embed({"model": "tiny", "input": "x", "dimensions": 64})
+
+    def test_errors_name_the_param(self):
+        cases = [
+            ({"model": "tiny"}, "input"),
+            ({"model": "tiny", "input": ""}, "input"),
+            ({"model": "tiny", "input": []}, "input"),
+            ({"model": "tiny", "input": ["a", 3]}, "input"),
+            ({"model": "tiny", "input": ["a"] * 2049}, "input"),
+            ({"model": "tiny", "input": "a", "encoding_format": "int8"}, "encoding_format"),
+            ({"model": "tiny", "input": "a", "dimensions": 0}, "dimensions"),
+        ]
+        for body, param in cases:
+            out = self.embed(body, want=400)
+            self.assertEqual(out["error"]["param"], param, out)
+        # token ids beyond the context: refused by the server before a job
+        out = self.embed({"model": "tiny", "input": [[1] * 300]}, want=400)
+        self.assertIn("input[0]", out["error"]["message"])
+        # a string beyond the context: the agent counts it
+        out = self.embed({"model": "tiny", "input": ["hi", "word " * 400]}, want=400)
+        self.assertIn("input[1]", out["error"]["message"])
+        # dimensions other than the model's
+        out = self.embed({"model": "tiny", "input": "a", "dimensions": 32}, want=400)
+        self.assertIn("dimensions", out["error"]["message"])
+        st, _, _ = http_json("POST", self.srv.url + "/v1/embeddings",
+                             {"model": "nope", "input": "a"}, timeout=60)
+        self.assertEqual(st, 404)
+
+
+if __name__ == "__main__":
+    harness.main()
