@@ -11,7 +11,12 @@
  *     an input equals the normalised final hidden state at its last token,
  *     which does not depend on what follows, so a prefix's vector differs
  *     from the whole input's;
- *   - bad dims, empty or too long inputs and unknown token ids are refused.
+ *   - bad dims, empty or too long inputs and unknown token ids are refused;
+ *   - <arch>.pooling_type on gguf-random files of the same weights (same
+ *     seed) with the key absent (last), 0 (none: last), 1 (mean), 2 (cls),
+ *     4 (rank: unsupported): cls of an input is last of its first token;
+ *     mean of two tokens lies in the span of the two positions' states
+ *     (last of each prefix) with positive weights, unit length.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -162,11 +168,91 @@ static void test_arch_files(void **state)
     }
 }
 
+/* A small random llama file with pooling key p (-1: none) at path. */
+static void make_file(char *path, size_t len, int p)
+{
+    char cmd[1024], pool[32] = "";
+    snprintf(path, len, "/tmp/gpe_test_embed_%d_%d.gguf", (int)getpid(), p + 1);
+    if (p >= 0)
+        snprintf(pool, sizeof pool, "--pooling %d", p);
+    snprintf(cmd, sizeof cmd,
+             "'%s' --shape custom --n-embd 64 --n-layer 2 --n-head 4 --n-head-kv 2 "
+             "--n-ff 128 --n-vocab 400 --type f32 --seed 5 %s -o '%s' >/dev/null",
+             GGUF_RANDOM_EXE, pool, path);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void embed_file(int p, const int32_t *t, int n, float *out, int *pooling)
+{
+    char path[256], err[256];
+    make_file(path, sizeof path, p);
+    gpe_model *m = load(path);
+    unlink(path);
+    *pooling = gpe_model_pooling(m);
+    if (*pooling > 0) {
+        gpe_ctx *c = ctx_make(m, 64, 1, 64, 1);
+        embed_one(c, t, n, out, 64);
+        gpe_ctx_free(c);
+    } else {
+        gpe_ctx *c = ctx_make(m, 64, 1, 64, 1);
+        assert_int_equal(gpe_embed(c, t, n, out, 64, err, sizeof err), GPE_ERR_UNSUPPORTED);
+        gpe_ctx_free(c);
+    }
+    gpe_model_free(m);
+}
+
+static void test_pooling(void **state)
+{
+    (void)state;
+    const int32_t t[2] = { 1, 300 };
+    float last[64], none[64], first[64], second[64], cls[64], mean[64], rank[64];
+    int pl;
+    embed_file(-1, t, 2, last, &pl);
+    assert_int_equal(pl, GPE_POOLING_LAST);
+    embed_file(0, t, 2, none, &pl);
+    assert_int_equal(pl, GPE_POOLING_LAST);
+    assert_memory_equal(last, none, sizeof last);
+    embed_file(-1, t, 1, first, &pl);      /* state at position 0 */
+    memcpy(second, last, sizeof last);     /* state at position 1 */
+    embed_file(2, t, 2, cls, &pl);
+    assert_int_equal(pl, GPE_POOLING_CLS);
+    assert_true(maxdiff(cls, first, 64) < 1e-6);
+    embed_file(1, t, 2, mean, &pl);
+    assert_int_equal(pl, GPE_POOLING_MEAN);
+    embed_file(4, t, 2, rank, &pl);
+    assert_int_equal(pl, -1);
+
+    /* mean = a*first + b*second (unit vectors) with a, b > 0: solve the
+     * 2x2 normal equations and check the residual. */
+    double g11 = 0, g12 = 0, g22 = 0, r1 = 0, r2 = 0, nm = 0;
+    for (int i = 0; i < 64; i++) {
+        g11 += (double)first[i] * first[i];
+        g12 += (double)first[i] * second[i];
+        g22 += (double)second[i] * second[i];
+        r1 += (double)first[i] * mean[i];
+        r2 += (double)second[i] * mean[i];
+        nm += (double)mean[i] * mean[i];
+    }
+    double det = g11 * g22 - g12 * g12;
+    assert_true(fabs(det) > 1e-6);
+    double a = (r1 * g22 - r2 * g12) / det, b = (r2 * g11 - r1 * g12) / det, res = 0;
+    for (int i = 0; i < 64; i++) {
+        double d = mean[i] - a * first[i] - b * second[i];
+        res += d * d;
+    }
+    printf("mean pooling: weights %.4f %.4f, residual %.3g\n", a, b, sqrt(res));
+    assert_true(a > 0 && b > 0);
+    assert_true(sqrt(res) < 1e-4);
+    assert_true(fabs(sqrt(nm) - 1.0) < 1e-5);
+    assert_true(maxdiff(mean, last, 64) > 1e-3 && maxdiff(mean, cls, 64) > 1e-3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories),
         cmocka_unit_test(test_arch_files),
+        cmocka_unit_test(test_pooling),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
