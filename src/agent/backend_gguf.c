@@ -183,11 +183,14 @@ struct gguf_backend {
     int n_slots, n_ctx, n_batch;
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* broadcast: several decode threads wait on it */
-    /* Embeddings jobs run on their own context (created on first use,
-     * EMBED_SEQS sequences), one at a time, on the decode thread that
-     * prepares them: the slots' sequences are left alone. */
+    /* Embeddings jobs run on contexts of their own (created on first use),
+     * one job at a time, on the decode thread that prepares them: the
+     * slots' sequences are left alone. emb_ctx[0]: EMBED_SEQS sequences of
+     * EMBED_SHORT positions (short inputs share passes); emb_ctx[1]: one
+     * sequence of n_ctx (longer inputs, one by one). Together at most two
+     * slots' worth of K/V (EMBED_SEQS * EMBED_SHORT <= a slot of 4096). */
     pthread_mutex_t emb_mu;
-    gpe_ctx *emb_ctx;          /* under emb_mu */
+    gpe_ctx *emb_ctx[2];       /* under emb_mu */
     bool stopping;             /* under mu */
     gjob *pending;             /* under mu: FIFO of jobs not yet admitted */
     gjob **slots;              /* [n_slots] under mu: a job reserved for the slot
@@ -722,6 +725,7 @@ static void job_prepare(gguf_backend *b, gjob *j)
 /* ---------------------------------------------------------- embeddings */
 
 #define EMBED_SEQS 8
+#define EMBED_SHORT 512
 
 /* Input i of an embeddings job as tokens: a string (tokenized with the
  * model's special tokens, as a prompt) or an array of token ids. Returns
@@ -759,23 +763,74 @@ static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, char 
     return t;
 }
 
-/* Under emb_mu: the embeddings context, created on first use. */
-static gpe_ctx *embed_ctx(gguf_backend *b, char *msg, size_t msglen)
+/* Under emb_mu: embeddings context k (see gguf_backend), created on
+ * first use. */
+static gpe_ctx *embed_ctx(gguf_backend *b, int k, char *msg, size_t msglen)
 {
-    if (b->emb_ctx)
-        return b->emb_ctx;
+    if (b->emb_ctx[k])
+        return b->emb_ctx[k];
     if (b->kind != GPE_BACKEND_CPU) {
         snprintf(msg, msglen, "embeddings run on the CPU backend only (this agent uses CUDA)");
         return NULL;
     }
     gpe_ctx_params cp = b->eng[0].cp;
-    cp.n_seq = EMBED_SEQS;
-    gpe_ctx_init(b->model, &cp, &b->emb_ctx, msg, msglen);
-    return b->emb_ctx;
+    cp.n_seq = k == 0 ? EMBED_SEQS : 1;
+    cp.n_ctx = k == 0 && b->n_ctx > EMBED_SHORT ? EMBED_SHORT : b->n_ctx;
+    gpe_ctx_init(b->model, &cp, &b->emb_ctx[k], msg, msglen);
+    return b->emb_ctx[k];
 }
 
-/* An embeddings job, whole: every input pooled by the engine (up to
- * EMBED_SEQS inputs a pass), one embedding() each, then end. */
+/* Under emb_mu: the vectors of all inputs into out. Inputs that fit the
+ * short context go through it together (gathered, then scattered back);
+ * the others one by one on the long one. */
+static gpe_status embed_all(gguf_backend *b, int32_t **toks, const int *nt, size_t n_in,
+                            int dim, float *out, char *msg, size_t msglen)
+{
+    gpe_status st = GPE_OK;
+    const int short_len = b->n_ctx > EMBED_SHORT ? EMBED_SHORT : b->n_ctx;
+    const int32_t **st_toks = malloc(n_in * sizeof *st_toks);
+    int *st_n = malloc(n_in * sizeof *st_n);
+    size_t *st_at = malloc(n_in * sizeof *st_at), n_short = 0;
+    float *st_out = malloc(n_in * (size_t)dim * sizeof *st_out);
+    if (!st_toks || !st_n || !st_at || !st_out) {
+        snprintf(msg, msglen, "out of memory");
+        st = GPE_ERR_NOMEM;
+        goto done;
+    }
+    for (size_t i = 0; i < n_in && st == GPE_OK; i++) {
+        if (nt[i] <= short_len) {
+            st_toks[n_short] = toks[i];
+            st_n[n_short] = nt[i];
+            st_at[n_short++] = i;
+            continue;
+        }
+        gpe_ctx *c = embed_ctx(b, 1, msg, msglen);
+        st = c ? gpe_embed(c, toks[i], nt[i], out + i * (size_t)dim, dim, msg, msglen)
+               : GPE_ERR_UNSUPPORTED;
+    }
+    if (st == GPE_OK && n_short > 0) {
+        gpe_ctx *c = embed_ctx(b, 0, msg, msglen);
+        st = c ? gpe_embed_batch(c, st_toks, st_n, (int)n_short, st_out, dim, msg, msglen)
+               : GPE_ERR_UNSUPPORTED;
+        for (size_t k = 0; st == GPE_OK && k < n_short; k++)
+            memcpy(out + st_at[k] * (size_t)dim, st_out + k * (size_t)dim,
+                   (size_t)dim * sizeof *out);
+    }
+    /* A device fault leaves a context unusable: the next job makes new ones. */
+    for (int k = 0; k < 2 && (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM); k++) {
+        gpe_ctx_free(b->emb_ctx[k]);
+        b->emb_ctx[k] = NULL;
+    }
+done:
+    free(st_toks);
+    free(st_n);
+    free(st_at);
+    free(st_out);
+    return st;
+}
+
+/* An embeddings job, whole: every input pooled by the engine, one
+ * embedding() each, then end. */
 static void job_embed(gguf_backend *b, gjob *j)
 {
     size_t n_in = json_array_size(j->emb_input);
@@ -793,21 +848,17 @@ static void job_embed(gguf_backend *b, gjob *j)
     }
     for (size_t i = 0; i < n_in; i++) {
         toks[i] = embed_tokens(b, json_array_get(j->emb_input, i), i, &nt[i], msg, sizeof msg);
-        if (!toks[i])
+        if (!toks[i]) {
+            if (nt[i] > b->n_ctx)
+                code = "CONTEXT_OVERFLOW";
             goto done;
+        }
         total += nt[i];
     }
     if (j->sink.started)
         j->sink.started(j->sink.ctx);
     pthread_mutex_lock(&b->emb_mu);
-    gpe_ctx *c = embed_ctx(b, msg, sizeof msg);
-    gpe_status st = c ? gpe_embed_batch(c, (const int32_t *const *)toks, nt, (int)n_in, out,
-                                        dim, msg, sizeof msg)
-                      : GPE_ERR_UNSUPPORTED;
-    if (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM) {
-        gpe_ctx_free(b->emb_ctx);
-        b->emb_ctx = NULL;
-    }
+    gpe_status st = embed_all(b, toks, nt, n_in, dim, out, msg, sizeof msg);
     pthread_mutex_unlock(&b->emb_mu);
     if (st != GPE_OK) {
         code = st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR";
@@ -1493,7 +1544,8 @@ static void gguf_destroy(agent_backend *base)
             pthread_join(b->eng[e].thread, NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
-    gpe_ctx_free(b->emb_ctx);
+    gpe_ctx_free(b->emb_ctx[0]);
+    gpe_ctx_free(b->emb_ctx[1]);
     pthread_mutex_destroy(&b->emb_mu);
     for (int s = 0; b->cache && s < b->n_slots; s++)
         free(b->cache[s].toks);

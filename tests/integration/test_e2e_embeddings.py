@@ -110,5 +110,43 @@ class EmbeddingsE2ETest(harness.TestCase):
         self.assertEqual(st, 404)
 
 
+class LongInputsTest(harness.TestCase):
+    """An agent whose context (1024) is longer than the short embeddings
+    context (512 positions, 8 sequences): inputs over 512 tokens run one by
+    one on a second context, the others together; the vectors come back in
+    the request's order."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=1, alias="tiny",
+                                        args=["--model", MODEL, "--threads", "1",
+                                              "--ctx", "1024"])
+        self.srv.wait_model("tiny")
+
+    def embed(self, inp):
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "tiny", "input": inp}, timeout=120)
+        self.assertEqual(st, 200, out)
+        return [d["embedding"] for d in out["data"]], out["usage"]["prompt_tokens"]
+
+    def test_mixed_lengths_keep_order(self):
+        a, b = [1, 400, 30, 9], [1, 50, 60]
+        long_in = [1] + [(i * 7) % 500 + 10 for i in range(700)]
+        (va,), _ = self.embed([a])
+        (vb,), _ = self.embed([b])
+        vecs, pt = self.embed([a, long_in, b])
+        self.assertEqual(pt, len(a) + len(long_in) + len(b))
+        self.assertEqual(len(vecs), 3)
+        for x, y in zip(vecs[0], va):
+            self.assertAlmostEqual(x, y, places=5)
+        for x, y in zip(vecs[2], vb):
+            self.assertAlmostEqual(x, y, places=5)
+        self.assertAlmostEqual(norm(vecs[1]), 1.0, places=4)
+        self.assertGreater(max(abs(x - y) for x, y in zip(vecs[1], va)), 1e-3)
+
+
 if __name__ == "__main__":
     harness.main()
