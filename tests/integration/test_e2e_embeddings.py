@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from harness import http_json  # noqa: E402
+from harness import http_json, http_request  # noqa: E402
 from test_e2e_gguf import MODEL, gguf_built  # noqa: E402
 
 
@@ -70,6 +70,10 @@ class EmbeddingsE2ETest(harness.TestCase):
         self.assertEqual(len(arrs["data"]), 2)
         for a, b in zip(arrs["data"][0]["embedding"], toks["data"][0]["embedding"]):
             self.assertAlmostEqual(a, b, places=5)
+        # its own api label in the request metrics
+        st, _, raw = http_request("GET", self.srv.url + "/metrics", None, timeout=30)
+        self.assertEqual(st, 200)
+        self.assertIn('requests_total{api="embeddings",outcome="ok"} 4', raw.decode())
 
     def test_base64(self):
         f = self.embed({"model": "tiny", "input": "She was happy"})["data"][0]["embedding"]
