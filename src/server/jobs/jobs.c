@@ -835,7 +835,8 @@ static void tenant_of(gps_jobs *j, const char *key_id, const char *sub, char out
  * agent advertises a prefix (the hashing costs a pass over the prompt). */
 static void set_prefix_chain(gps_jobs *j, gps_job *job)
 {
-    if (job->spec.kind == GPS_JOB_COUNT_TOKENS || sched_prefix_entries(j->sched) == 0)
+    if (job->spec.kind == GPS_JOB_COUNT_TOKENS || job->spec.kind == GPS_JOB_EMBED ||
+        sched_prefix_entries(j->sched) == 0)
         return;
     json_t *w = json_object();
     if (!w)
