@@ -1582,6 +1582,10 @@ static json_t *gguf_models(agent_backend *base)
         "architecture", b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
         "chat_format", b->info.chat_format, "supports_tools",
         (int)gpe_chat_supports_tools(b->model));
+    /* Embeddings run on the CPU backend only (job_embed). */
+    if (m)
+        json_object_set_new(json_array_get(m, 0), "supports_embeddings",
+                            json_boolean(b->kind == GPE_BACKEND_CPU));
     /* digest: agents with the same file continue each other's jobs from
      * token ids (docs/protocol.md). */
     if (m && b->digest[0])

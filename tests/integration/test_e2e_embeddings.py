@@ -152,5 +152,47 @@ class LongInputsTest(harness.TestCase):
         self.assertGreater(max(abs(x - y) for x, y in zip(vecs[1], va)), 1e-3)
 
 
+class MixedFleetTest(harness.TestCase):
+    """One model served by an openai-backend agent (no embeddings) and a
+    gguf agent: embeddings jobs go only to the agent whose model facts say
+    supports_embeddings; with only the openai agent left, the request is a
+    400 naming model, not a queue until a timeout."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.up = self.h.start_upstream(["--tokens", "4"])
+        self.srv = self.h.start_server(["--poll_interval_sec", "1", "--work_wait_sec", "5"])
+        self.oa = self.h.start_agent(self.srv, upstream=self.up, model="m1", slots=2)
+        self.ga = self.h.start_agent(self.srv, upstream=None, slots=2, alias="m1",
+                                     args=["--model", MODEL, "--threads", "1"])
+        for aid in (self.oa.agent_id(), self.ga.agent_id()):
+            harness.wait_until(lambda aid=aid: any(
+                e.get("agent_id") == aid and e.get("to") == "healthy"
+                for e in self.srv.log_events("agent_state")),
+                timeout=harness.START_TIMEOUT, what="agent %s healthy" % aid)
+
+    def post(self):
+        return http_json("POST", self.srv.url + "/v1/embeddings",
+                         {"model": "m1", "input": ["a", "b"]}, timeout=60)
+
+    def test_only_capable_agents(self):
+        for _ in range(8):
+            st, _, out = self.post()
+            self.assertEqual(st, 200, out)
+            self.assertEqual(len(out["data"][1]["embedding"]), 64)
+        self.assertEqual(self.ga.stop(grace=30), 0)
+        gid = self.ga.agent_id()
+        harness.wait_until(lambda: any(
+            e.get("agent_id") == gid and e.get("to") != "healthy"
+            for e in self.srv.log_events("agent_state")),
+            timeout=harness.START_TIMEOUT, what="gguf agent gone")
+        st, _, out = self.post()
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "model")
+        self.assertIn("supports_embeddings", out["error"]["message"])
+
+
 if __name__ == "__main__":
     harness.main()

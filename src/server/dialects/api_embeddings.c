@@ -73,9 +73,12 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
 typedef struct model_ctx {
     const char *model;
     long long ctx;
+    int serving, embedding;   /* live agents serving it / of those computing embeddings */
 } model_ctx;
 
-/* The smallest context length a live agent gives the model (0: unknown). */
+/* Of the live agents serving the model: how many, how many compute
+ * embeddings (supports_embeddings), and the smallest context length of
+ * those (0: unknown). */
 static void ctx_cb(void *ud, registry_agent *a)
 {
     model_ctx *f = ud;
@@ -86,8 +89,15 @@ static void ctx_cb(void *ud, registry_agent *a)
         bool match = strcmp(mi->id, f->model) == 0;
         for (size_t k = 0; !match && k < mi->n_aliases; k++)
             match = strcmp(mi->aliases[k], f->model) == 0;
-        if (match && mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
+        if (!match)
+            continue;
+        f->serving++;
+        if (!mi->supports_embeddings)
+            break;
+        f->embedding++;
+        if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
             f->ctx = mi->context_length;
+        break;
     }
 }
 
@@ -107,6 +117,15 @@ static void h_embeddings(gps_req *r, void *arg)
     gps_embed_req req;
     int rc = gps_embed_parse(body, f.ctx, &req, msg, sizeof msg, &param);
     json_decref(body);
+    if (rc == 0 && f.serving > 0 && f.embedding == 0) {
+        /* Served, but by agents that cannot embed (an openai backend, a
+         * CUDA gguf agent): say so rather than queue until a timeout. */
+        snprintf(msg, sizeof msg, "model '%.200s' is served by no agent that computes "
+                 "embeddings (none reports supports_embeddings for it)", req.model);
+        param = "model";
+        gps_embed_req_clear(&req);
+        rc = -1;
+    }
     if (rc < 0) {
         gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
         return;

@@ -1036,6 +1036,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.labels = job->spec.labels;
     job->sj.n_labels = job->spec.n_labels;
     job->sj.needs_tools = job->spec.tools != NULL;
+    job->sj.needs_embeddings = job->spec.kind == GPS_JOB_EMBED;
     set_prefix_chain(j, job);
 
     registry_agent *a = NULL;
