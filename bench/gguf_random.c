@@ -31,6 +31,7 @@ typedef struct opts {
     const char *shape, *type, *out;
     uint64_t seed;
     int n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+    int pooling;    /* llama.pooling_type to write; -1 = none (the key is absent) */
 } opts;
 
 typedef struct tensor {
@@ -188,18 +189,22 @@ static void usage(FILE *f)
             "  --seed N         random seed (default 1)\n"
             "  --n-embd N  --n-layer N  --n-head N  --n-head-kv N  --n-ff N  --n-vocab N\n"
             "  --n-ctx N        custom shape (n-ctx default 512)\n"
+            "  --pooling N      write llama.pooling_type N (embeddings: 1 mean, 2 cls,\n"
+            "                   3 last); default: no key\n"
             "  -o FILE          output path\n");
 }
 
 int main(int argc, char **argv)
 {
-    opts o = {.shape = "stories260k", .type = "f16", .seed = 1, .n_ctx = 512, .n_vocab = 512};
+    opts o = {.shape = "stories260k", .type = "f16", .seed = 1, .n_ctx = 512, .n_vocab = 512,
+              .pooling = -1};
     static const struct option lo[] = {
         {"shape", required_argument, 0, 's'},   {"type", required_argument, 0, 't'},
         {"seed", required_argument, 0, 'S'},    {"n-embd", required_argument, 0, 1},
         {"n-layer", required_argument, 0, 2},   {"n-head", required_argument, 0, 3},
         {"n-head-kv", required_argument, 0, 4}, {"n-ff", required_argument, 0, 5},
         {"n-vocab", required_argument, 0, 6},   {"n-ctx", required_argument, 0, 7},
+        {"pooling", required_argument, 0, 8},
         {"output", required_argument, 0, 'o'},  {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -215,6 +220,7 @@ int main(int argc, char **argv)
         case 5: o.n_ff = atoi(optarg); break;
         case 6: o.n_vocab = atoi(optarg); break;
         case 7: o.n_ctx = atoi(optarg); break;
+        case 8: o.pooling = atoi(optarg); break;
         case 'o': o.out = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -286,7 +292,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "gguf-random: %s: %s\n", o.out, strerror(errno));
         return 1;
     }
-    const int n_kv = 25;
+    const int n_kv = 25 + (o.pooling >= 0);
     w_raw(&w, "GGUF", 4);
     w_u32(&w, 3);
     w_u64(&w, (uint64_t)n);
@@ -340,6 +346,8 @@ int main(int argc, char **argv)
     kv_bool(&w, "tokenizer.ggml.add_bos_token", true);
     kv_bool(&w, "tokenizer.ggml.add_eos_token", false);
     kv_u32(&w, "general.alignment", 32);                                      /* 25 */
+    if (o.pooling >= 0)
+        kv_u32(&w, "llama.pooling_type", (uint32_t)o.pooling);
     for (int i = 0; i < n; i++) {
         w_str(&w, ts[i].name);
         w_u32(&w, (uint32_t)ts[i].n_dims);

@@ -293,6 +293,42 @@ gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen
  * when that entry did not ask for logits. Valid until the next decode. */
 const float *gpe_get_logits(const gpe_ctx *ctx, int i);
 
+/* ------------------------------------------------------------- embeddings */
+
+/* Pooled embeddings: each input runs through the model (no sampling); the
+ * final hidden state after the output norm (n_embd floats per token) is
+ * pooled as the model says and L2-normalised. Pooling comes from the GGUF's
+ * <arch>.pooling_type: 1 mean, 2 cls (first token), 3 last token. A file
+ * without the key, or with 0 (none: llama.cpp then gives one vector per
+ * token, which no single-vector API can carry), pools the last token: in a
+ * causal decoder it is the only position that has seen the whole input
+ * (Qwen3-embedding-style files declare 3 for this reason). Other values
+ * (4 rank) are GPE_ERR_UNSUPPORTED. */
+typedef enum gpe_pooling {
+    GPE_POOLING_MEAN = 1,
+    GPE_POOLING_CLS = 2,
+    GPE_POOLING_LAST = 3,
+} gpe_pooling;
+
+/* The pooling gpe_embed uses for this model, or -1 when unsupported. */
+int gpe_model_pooling(const gpe_model *m);
+/* Length of one embedding (n_embd); 0 for a vocab-only model. */
+int gpe_model_embedding_dim(const gpe_model *m);
+/* Embed one input: tokens[0..n) (1 <= n <= the context length) into out
+ * (dim floats; dim must equal gpe_model_embedding_dim). Uses the context's
+ * sequences as scratch: every sequence is cleared before and after, so call
+ * it on a context that holds nothing the caller still needs. Backends
+ * without embeddings (CUDA today) give GPE_ERR_UNSUPPORTED. */
+gpe_status gpe_embed(gpe_ctx *ctx, const int32_t *tokens, int n, float *out, int dim, char *err,
+                     size_t errlen);
+/* Embed n_inputs inputs (tokens[i], n_tokens[i]) into out (n_inputs rows of
+ * dim floats). Up to n_seq inputs at a time share each pass over the
+ * weights (their tokens go into the same batches, n_batch tokens a pass);
+ * each result equals gpe_embed of that input up to float rounding. Same
+ * scratch rule as gpe_embed. */
+gpe_status gpe_embed_batch(gpe_ctx *ctx, const int32_t *const *tokens, const int *n_tokens,
+                           int n_inputs, float *out, int dim, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- sampler */
 
 /* Sampling runs in this fixed order: penalties (over the last repeat_last_n

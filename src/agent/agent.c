@@ -291,6 +291,18 @@ static void sink_progress(void *ctx, long long done, long long total)
                              (json_int_t)done, "prompt_tokens_total", (json_int_t)total));
 }
 
+/* {"type":"embedding","index":i,"embedding":base64 of dim little-endian
+ * float32} (docs/protocol.md "Embeddings"; the hosts are little-endian). */
+static void sink_embedding(void *ctx, int index, const float *v, int dim)
+{
+    char *b64 = gp_base64_encode(v, (size_t)dim * sizeof *v);
+    json_t *ev = b64 ? json_pack("{s:s,s:i,s:s}", "type", "embedding", "index", index,
+                                 "embedding", b64)
+                     : NULL;
+    free(b64);
+    sink_push(ctx, ev);
+}
+
 static void sink_stop_sequence(void *ctx, const char *seq)
 {
     agent_job *j = ctx;
@@ -850,6 +862,7 @@ static void job_begin(agent *a, json_t *jj)
         .metrics = sink_metrics,
         .tool_call = sink_tool_call,
         .progress = sink_progress,
+        .embedding = sink_embedding,
         .end = sink_end,
         .stop_sequence = sink_stop_sequence,
         .upstream_meta = sink_upstream_meta,

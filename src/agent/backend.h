@@ -31,7 +31,7 @@
  *
  * Job JSON (borrowed; json_incref it to keep it): exactly the object of
  * /agents/work's "jobs" array, see docs/protocol.md: job_id, kind
- * ("completion" | "chat" | "count_tokens"), model, prompt, messages, params
+ * ("completion" | "chat" | "count_tokens" | "embeddings"), model, prompt, messages, params
  * {max_tokens, temperature, top_p, top_k, stop, seed}, continuation,
  * continuation_ids + continuation_digest + sampler {seed, n_sampled}
  * (token-exact failover, gguf only; others ignore them),
@@ -39,7 +39,8 @@
  * `tool_choice` (and then messages with tool_calls / role "tool"), only
  * when the backend's models() said "supports_tools": true. count_tokens:
  * no token events, end with finish_reason "stop" and usage.prompt_tokens
- * set.
+ * set. embeddings: `input` (an array of strings or of arrays of token ids);
+ * one embedding() per input, then end "stop" with usage.prompt_tokens.
  *
  * Error codes (stable, go to the client): UPSTREAM_ERROR, UPSTREAM_MALFORMED,
  * UPSTREAM_TIMEOUT (openai), INVALID_REQUEST (bad job), CONTEXT_OVERFLOW,
@@ -100,6 +101,9 @@ typedef struct agent_job_sink {
      * NULL in a sink. Rate-limited by the backend (the agent uploads every
      * call as a `progress` event). */
     void (*progress)(void *ctx, long long prompt_tokens_done, long long prompt_tokens_total);
+    /* An embeddings job's vector for input `index` (dim floats), before the
+     * terminal end (docs/protocol.md "Embeddings"). May be NULL in a sink. */
+    void (*embedding)(void *ctx, int index, const float *v, int dim);
 } agent_job_sink;
 
 typedef struct agent_backend agent_backend;

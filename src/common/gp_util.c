@@ -434,3 +434,66 @@ size_t gp_json_compact_size(const json_t *v)
     }
     return 0;
 }
+
+/* ------------------------------------------------------------- base64 */
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *gp_base64_encode(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        if (i + 1 < n)
+            v |= (uint32_t)p[i + 1] << 8;
+        if (i + 2 < n)
+            v |= p[i + 2];
+        *o++ = B64[v >> 18 & 63];
+        *o++ = B64[v >> 12 & 63];
+        *o++ = i + 1 < n ? B64[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? B64[v & 63] : '=';
+    }
+    *o = '\0';
+    return out;
+}
+
+static int b64_val(char c)
+{
+    const char *q = c ? strchr(B64, c) : NULL;
+    return q ? (int)(q - B64) : -1;
+}
+
+unsigned char *gp_base64_decode(const char *text, size_t len, size_t *n)
+{
+    if (len % 4 != 0)
+        return NULL;
+    unsigned char *out = malloc(len / 4 * 3 + 1);
+    size_t k = 0;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < len; i += 4) {
+        int v[4], pad = 0;
+        for (int q = 0; q < 4; q++) {
+            bool last = i + 4 == len;
+            if (last && q >= 2 && text[i + q] == '=' && (q == 3 || text[i + 3] == '=')) {
+                v[q] = 0;
+                pad++;
+            } else if ((v[q] = b64_val(text[i + q])) < 0) {
+                free(out);
+                return NULL;
+            }
+        }
+        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
+                     (uint32_t)v[3];
+        out[k++] = (unsigned char)(x >> 16);
+        if (pad < 2)
+            out[k++] = (unsigned char)(x >> 8);
+        if (pad < 1)
+            out[k++] = (unsigned char)x;
+    }
+    *n = k;
+    return out;
+}

@@ -82,4 +82,11 @@ char *gp_buf_steal(gp_buf *b);
 struct json_t;
 size_t gp_json_compact_size(const struct json_t *v);
 
+/* Base64 (RFC 4648, with padding): embeddings travel as little-endian
+ * float32 bytes in base64 (docs/protocol.md). encode: a malloc'd NUL-ended
+ * string (caller frees) or NULL on ENOMEM. decode: a malloc'd buffer and
+ * its length in *n, or NULL when the text is not base64 (or ENOMEM). */
+char *gp_base64_encode(const void *data, size_t n);
+unsigned char *gp_base64_decode(const char *text, size_t len, size_t *n);
+
 #endif

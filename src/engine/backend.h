@@ -41,7 +41,7 @@ extern "C" {
 
 /* Bump when gpe_backend_ops, gpe_bplace or what the backends read of
  * gpe_llama changes shape. */
-#define GPE_BACKEND_ABI 2u
+#define GPE_BACKEND_ABI 3u
 
 #define GPE_CUDA_PLUGIN_ENTRY "gpe_cuda_backend_entry"
 #define GPE_CUDA_PLUGIN_NAME "libgpupool-cuda.so"
@@ -89,6 +89,11 @@ typedef struct gpe_backend_ops {
     void (*ctx_free)(gpe_bctx *c);
     /* Backend self-test (kernels vs the CPU reference); NULL = none. */
     gpe_status (*selftest)(char *err, size_t errlen);
+    /* gpe_llama_hidden's contract (model.h): n <= n_batch tokens, the
+     * output-normed hidden state of every token as n rows of n_embd floats
+     * at hidden (embeddings). NULL = the backend has no embeddings. */
+    gpe_status (*hidden)(gpe_bctx *c, const int32_t *tok, const int *pos, const int *seq,
+                         int n, float *hidden, char *err, size_t errlen);
 } gpe_backend_ops;
 
 /* The plugin's entry: returns its table when abi matches, else NULL. */

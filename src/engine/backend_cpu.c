@@ -88,6 +88,13 @@ static gpe_status cpu_forward(gpe_bctx *c, const int32_t *tok, const int *pos, c
     return GPE_OK;
 }
 
+static gpe_status cpu_hidden(gpe_bctx *c, const int32_t *tok, const int *pos, const int *seq,
+                             int n, float *hidden, char *err, size_t errlen)
+{
+    gpe_llama_hidden(c->m, &c->fwd, &c->kv, c->pool, tok, pos, seq, n, hidden);
+    return GPE_OK;
+}
+
 /* Rows past a sequence's length are never read (attention stops at pos),
  * so clearing needs no work; kept for the table's symmetry. */
 static void cpu_seq_clear(gpe_bctx *c, int seq)
@@ -114,6 +121,7 @@ static const gpe_backend_ops cpu_ops = {
     .devices = cpu_devices,
     .ctx_free = cpu_ctx_free,
     .selftest = NULL,
+    .hidden = cpu_hidden,
 };
 
 const gpe_backend_ops *gpe_backend_cpu(void)

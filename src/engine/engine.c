@@ -11,6 +11,7 @@
  */
 #include "gpupool/engine.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -816,6 +817,184 @@ const float *gpe_get_logits(const gpe_ctx *ctx, int i)
     if (!ctx || i < 0 || i >= ctx->last_n || ctx->row_of[i] < 0)
         return NULL;
     return ctx->logits + (size_t)ctx->row_of[i] * (size_t)ctx->m->llama.hp.n_vocab;
+}
+
+/* =========================================================== embeddings */
+
+int gpe_model_pooling(const gpe_model *m)
+{
+    char key[64];
+    int64_t v;
+    if (!m)
+        return -1;
+    snprintf(key, sizeof key, "%s.pooling_type", m->info.arch);
+    if (!gpe_gguf_get_i64(m->g, key, &v) || v == 0)
+        return GPE_POOLING_LAST;
+    return v >= GPE_POOLING_MEAN && v <= GPE_POOLING_LAST ? (int)v : -1;
+}
+
+int gpe_model_embedding_dim(const gpe_model *m)
+{
+    return m && m->has_weights ? m->llama.hp.n_embd : 0;
+}
+
+/* Scratch of one gpe_embed_batch call: a chunk of at most n_batch tokens
+ * of several inputs, their hidden rows, and where each row pools to. */
+typedef struct embed_run {
+    gpe_ctx *ctx;
+    int pooling, E, cap, n;
+    int32_t *tok;
+    int *pos, *seq, *input;
+    float *hidden;
+    float *out;
+    const int *n_tokens;
+} embed_run;
+
+/* Runs the chunk and folds its rows into the outputs of their inputs. */
+static gpe_status embed_flush(embed_run *r, char *err, size_t errlen)
+{
+    char msg[512] = "";
+    gpe_ctx *ctx = r->ctx;
+    if (r->n == 0)
+        return GPE_OK;
+    if (++ctx->n_decodes == ctx->fault_at) {
+        snprintf(msg, sizeof msg, "injected fault: decode %d (GPUPOOL_ENGINE_FAULT)",
+                 ctx->n_decodes);
+        return breakdown(ctx, ctx->fault_status, msg, err, errlen);
+    }
+    gpe_status st = ctx->ops->hidden(ctx->b, r->tok, r->pos, r->seq, r->n, r->hidden, msg,
+                                     sizeof msg);
+    if (st == GPE_ERR_BACKEND || st == GPE_ERR_INSUFFICIENT_VRAM)
+        return breakdown(ctx, st, msg, err, errlen);
+    if (st != GPE_OK) {
+        seterr(err, errlen, "%s", msg);
+        return st;
+    }
+    for (int t = 0; t < r->n; t++) {
+        const float *h = r->hidden + (size_t)t * r->E;
+        float *o = r->out + (size_t)r->input[t] * r->E;
+        bool take = r->pooling == GPE_POOLING_MEAN ||
+                    (r->pooling == GPE_POOLING_CLS && r->pos[t] == 0) ||
+                    (r->pooling == GPE_POOLING_LAST && r->pos[t] == r->n_tokens[r->input[t]] - 1);
+        if (take)
+            for (int i = 0; i < r->E; i++)
+                o[i] += h[i];
+    }
+    r->n = 0;
+    return GPE_OK;
+}
+
+static void embed_finish(float *o, int E, int pooling, int n_tok)
+{
+    double ss = 0.0;
+    if (pooling == GPE_POOLING_MEAN)
+        for (int i = 0; i < E; i++)
+            o[i] /= (float)n_tok;
+    for (int i = 0; i < E; i++)
+        ss += (double)o[i] * o[i];
+    /* An all-zero state stays zero rather than dividing by zero. */
+    float inv = ss > 0.0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+    for (int i = 0; i < E; i++)
+        o[i] *= inv;
+}
+
+static gpe_status embed_check(gpe_ctx *ctx, const int32_t *const *tokens, const int *n_tokens,
+                              int n_inputs, const float *out, int dim, char *err,
+                              size_t errlen)
+{
+    if (!ctx || !tokens || !n_tokens || !out || n_inputs < 0) {
+        seterr(err, errlen, "bad arguments");
+        return GPE_ERR_ARG;
+    }
+    if (ctx->broken) {
+        seterr(err, errlen, "context unusable after a device fault (%s): free it and create "
+               "a new one", ctx->broken);
+        return GPE_ERR_BACKEND;
+    }
+    if (!ctx->ops->hidden) {
+        seterr(err, errlen, "the %s backend does not compute embeddings", ctx->ops->name);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    if (gpe_model_pooling(ctx->m) < 0) {
+        seterr(err, errlen, "%s.pooling_type: unsupported pooling (1 mean, 2 cls, 3 last)",
+               ctx->m->info.arch);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    if (dim != ctx->m->llama.hp.n_embd) {
+        seterr(err, errlen, "dim %d is not the model's embedding length %d", dim,
+               ctx->m->llama.hp.n_embd);
+        return GPE_ERR_ARG;
+    }
+    for (int i = 0; i < n_inputs; i++) {
+        if (n_tokens[i] < 1 || n_tokens[i] > ctx->n_ctx || !tokens[i]) {
+            seterr(err, errlen, "input %d has %d tokens (1 to the context length %d)", i,
+                   n_tokens[i], ctx->n_ctx);
+            return n_tokens[i] > ctx->n_ctx ? GPE_ERR_CTX_FULL : GPE_ERR_ARG;
+        }
+        for (int j = 0; j < n_tokens[i]; j++)
+            if (tokens[i][j] < 0 || tokens[i][j] >= ctx->m->llama.hp.n_vocab) {
+                seterr(err, errlen, "input %d: token %d at %d is out of the vocabulary", i,
+                       (int)tokens[i][j], j);
+                return GPE_ERR_ARG;
+            }
+    }
+    return GPE_OK;
+}
+
+gpe_status gpe_embed_batch(gpe_ctx *ctx, const int32_t *const *tokens, const int *n_tokens,
+                           int n_inputs, float *out, int dim, char *err, size_t errlen)
+{
+    gpe_status st = embed_check(ctx, tokens, n_tokens, n_inputs, out, dim, err, errlen);
+    if (st != GPE_OK)
+        return st;
+    embed_run r = { .ctx = ctx, .pooling = gpe_model_pooling(ctx->m), .E = dim,
+                    .cap = ctx->n_batch, .out = out, .n_tokens = n_tokens };
+    r.tok = malloc((size_t)r.cap * sizeof *r.tok);
+    r.pos = malloc((size_t)r.cap * sizeof *r.pos);
+    r.seq = malloc((size_t)r.cap * sizeof *r.seq);
+    r.input = malloc((size_t)r.cap * sizeof *r.input);
+    r.hidden = malloc((size_t)r.cap * (size_t)dim * sizeof *r.hidden);
+    if (!r.tok || !r.pos || !r.seq || !r.input || !r.hidden) {
+        seterr(err, errlen, "out of memory");
+        st = GPE_ERR_NOMEM;
+        goto done;
+    }
+    memset(out, 0, (size_t)n_inputs * (size_t)dim * sizeof *out);
+    /* Up to n_seq inputs at a time, one sequence each, their tokens in
+     * order so that every chunk follows what its sequences already hold. */
+    for (int g0 = 0; g0 < n_inputs && st == GPE_OK; g0 += ctx->n_seq) {
+        int g1 = g0 + ctx->n_seq < n_inputs ? g0 + ctx->n_seq : n_inputs;
+        for (int s = 0; s < ctx->n_seq; s++)
+            gpe_seq_clear(ctx, s);
+        for (int i = g0; i < g1 && st == GPE_OK; i++)
+            for (int j = 0; j < n_tokens[i] && st == GPE_OK; j++) {
+                r.tok[r.n] = tokens[i][j];
+                r.pos[r.n] = j;
+                r.seq[r.n] = i - g0;
+                r.input[r.n] = i;
+                if (++r.n == r.cap)
+                    st = embed_flush(&r, err, errlen);
+            }
+        if (st == GPE_OK)
+            st = embed_flush(&r, err, errlen);
+        for (int i = g0; i < g1 && st == GPE_OK; i++)
+            embed_finish(out + (size_t)i * dim, dim, r.pooling, n_tokens[i]);
+    }
+    for (int s = 0; s < ctx->n_seq; s++)
+        gpe_seq_clear(ctx, s);
+done:
+    free(r.tok);
+    free(r.pos);
+    free(r.seq);
+    free(r.input);
+    free(r.hidden);
+    return st;
+}
+
+gpe_status gpe_embed(gpe_ctx *ctx, const int32_t *tokens, int n, float *out, int dim, char *err,
+                     size_t errlen)
+{
+    return gpe_embed_batch(ctx, &tokens, &n, 1, out, dim, err, errlen);
 }
 
 /* =============================================================== system */

@@ -1201,9 +1201,10 @@ static void add_residual(float *x, float *y, const float *norm, int n, int E, fl
 
 /* ============================================================== forward */
 
-int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
-                      const int32_t *tokens, const int *pos, const int *seq, const bool *want,
-                      int n, float *logits)
+/* Embedding rows and every layer: leaves the residual stream of the n
+ * tokens in f->x (before the output norm). */
+static void run_layers(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
+                       const int32_t *tokens, const int *pos, const int *seq, int n)
 {
     const gpe_hparams *hp = &m->hp;
     const int E = hp->n_embd;
@@ -1262,6 +1263,15 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
             ffn_dense(f, pool, hp, f->xn, n, &L->w_gate, &L->w_up, &L->w_down, f->xn);
         add_residual(f->x, f->xn, L->post_ffn_norm, n, E, hp->rms_eps);
     }
+}
+
+int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
+                      const int32_t *tokens, const int *pos, const int *seq, const bool *want,
+                      int n, float *logits)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int E = hp->n_embd;
+    run_layers(m, f, kv, pool, tokens, pos, seq, n);
 
     /* Output: final norm and logits only for the entries that asked. */
     int n_out = 0;
@@ -1280,4 +1290,15 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
             logits[i] = cap * tanhf(logits[i] * inv);
     }
     return n_out;
+}
+
+void gpe_llama_hidden(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
+                      const int32_t *tokens, const int *pos, const int *seq, int n,
+                      float *hidden)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int E = hp->n_embd;
+    run_layers(m, f, kv, pool, tokens, pos, seq, n);
+    for (int t = 0; t < n; t++)
+        rmsnorm(hidden + (size_t)t * E, f->x + (size_t)t * E, m->output_norm, E, hp->rms_eps);
 }

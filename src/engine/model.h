@@ -207,5 +207,11 @@ int gpe_fwd_reserve_logits(gpe_fwd *f, const gpe_llama *m, int n_out);
 int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
                       const int32_t *tokens, const int *pos, const int *seq, const bool *want,
                       int n, float *logits);
+/* The same pass without the output matrix: the final hidden state of every
+ * one of the n tokens after the output norm (what embeddings pool), as n
+ * consecutive rows of n_embd floats at hidden. Cannot fail. */
+void gpe_llama_hidden(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
+                      const int32_t *tokens, const int *pos, const int *seq, int n,
+                      float *hidden);
 
 #endif

@@ -42,6 +42,7 @@
 #include "server/dashboard/dashboard.h"
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
+#include "server/dialects/api_embeddings.h"
 #include "server/dialects/api_tasks.h"
 #include "server/dialects/api_responses.h"
 #include "server/dialects/api_openai.h"
@@ -869,6 +870,7 @@ int main(int argc, char **argv)
                                             s) < 0) ||
         gps_openai_register(s->http, s->relay) < 0 ||
         gps_anthropic_register(s->http, s->relay) < 0 ||
+        gps_embeddings_register(s->http, s->relay) < 0 ||
         gps_responses_register(s->http, s->responses) < 0 ||
         gps_tasks_register(s->http, s->tasks) < 0 ||
         gps_agents_register(s->http, s->agents) < 0 ||

@@ -227,6 +227,12 @@ int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldl
         for (size_t k = 0; k < 2; k++)
             if (int_in(u, counts[k], 0, GPS_AGENT_MAX_TOKENS) < 0)
                 EFAIL(csfx[k], "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
+    } else if (strcmp(t, "embedding") == 0) {
+        /* An embeddings job's vector (docs/protocol.md "Embeddings"). */
+        if (int_in(ev, "index", 0, 2047) != 0)
+            EFAIL(".index", "must be an integer from 0 to 2047");
+        if (!json_is_string(json_object_get(ev, "embedding")))
+            EFAIL(".embedding", "must be a string (base64 of little-endian float32)");
     } else if (strcmp(t, "error") == 0) {
         const json_t *c = json_object_get(ev, "code"), *m = json_object_get(ev, "message");
         if (c && !json_is_null(c) && !gps_agent_name_ok(c, GPS_AGENT_MAX_CODE))

@@ -239,6 +239,7 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
     }
     /* Lenient like the dialects were: anything but true is false. */
     out->supports_tools = json_is_true(json_object_get(m, "supports_tools"));
+    out->supports_embeddings = json_is_true(json_object_get(m, "supports_embeddings"));
     return parse_digest(m, idx, out, err, errlen);
 }
 
@@ -890,6 +891,12 @@ const char *registry_agent_model_digest(const registry_agent *a, const char *nam
 bool registry_agent_takes_tools(const registry_agent *a, const char *name)
 {
     return model_named(a, name, true) != NULL;
+}
+
+bool registry_agent_takes_embeddings(const registry_agent *a, const char *name)
+{
+    const registry_model_info *m = model_named(a, name, false);
+    return m && m->supports_embeddings;
 }
 
 const char *registry_agent_label(const registry_agent *a, const char *key)

@@ -76,6 +76,7 @@ typedef struct registry_model_info {
     long long bytes;
     bool loaded;
     bool supports_tools;    /* the agent takes OpenAI tools for it (fact, default false) */
+    bool supports_embeddings; /* the agent computes embeddings for it (fact, default false) */
     char *digest;           /* sha256 of the model file (64 lowercase hex), or NULL: agents
                                with equal digests continue each other's jobs from token ids */
 } registry_model_info;
@@ -271,6 +272,9 @@ bool registry_agent_serves(const registry_agent *a, const char *name);
 /* True when a serves name (id or alias) through a model whose facts say
  * supports_tools. O(models). */
 bool registry_agent_takes_tools(const registry_agent *a, const char *name);
+/* Does a compute embeddings for model name (id or alias): its facts say
+ * supports_embeddings for it (embeddings jobs go only to such agents). */
+bool registry_agent_takes_embeddings(const registry_agent *a, const char *name);
 
 /* Digest of the model a serves as name (id or alias), or NULL when a does
  * not serve it or reported no digest (openai backend, old agents). */

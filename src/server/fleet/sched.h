@@ -105,6 +105,9 @@ typedef struct sched_job {
     const char *exclude_agent;      /* agent_id not to use (failover retry); NULL */
     bool needs_tools;               /* carries tools: only agents whose facts say
                                        supports_tools for model may take it */
+    bool needs_embeddings;          /* an embeddings job: only agents whose facts say
+                                       supports_embeddings for model (checked per
+                                       candidate; no ring of its own) */
     bool front;                     /* queue at the head of its priority (failover) */
     const gp_prefix_chain *prefix;  /* the job's prompt chain (gp_prefix_chain_of_job
                                        over its wire JSON), borrowed; NULL = none */

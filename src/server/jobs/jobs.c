@@ -79,7 +79,7 @@ const char *gps_job_state_name(gps_job_state s)
 
 const char *gps_job_kind_name(gps_job_kind k)
 {
-    static const char *n[] = {"completion", "chat", "count_tokens"};
+    static const char *n[] = {"completion", "chat", "count_tokens", "embeddings"};
     return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "completion";
 }
 
@@ -92,7 +92,7 @@ gps_event_type gps_event_type_parse(const char *s)
         gps_event_type type;
     } n[] = {{"started", GPS_EV_STARTED}, {"token", GPS_EV_TOKEN}, {"metrics", GPS_EV_METRICS},
              {"end", GPS_EV_END},         {"error", GPS_EV_ERROR},
-             {"tool_call", GPS_EV_TOOL_CALL}};
+             {"tool_call", GPS_EV_TOOL_CALL}, {"embedding", GPS_EV_EMBEDDING}};
     for (size_t i = 0; s && i < sizeof n / sizeof n[0]; i++)
         if (strcmp(s, n[i].name) == 0)
             return n[i].type;
@@ -104,6 +104,7 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->model);
     free(s->prompt);
     json_decref(s->messages);
+    json_decref(s->input);
     json_decref(s->tools);
     json_decref(s->tool_choice);
     json_decref(s->response_format);
@@ -260,6 +261,8 @@ static long long job_token_reserve(const gps_job_spec *spec)
             json_object_set_new(w, "prompt", json_string(spec->prompt));
         if (spec->messages)
             json_object_set(w, "messages", spec->messages);
+        if (spec->input)
+            json_object_set(w, "input", spec->input);
         long long p = gp_count_estimate(w);
         json_decref(w);
         n += p > 0 ? p : 0;
@@ -456,6 +459,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
                           job->correlation_id, "deadline_ms", (json_int_t)deadline_ms);
     json_object_set_new(w, "prompt", s->prompt ? json_string(s->prompt) : json_null());
     json_object_set_new(w, "messages", s->messages ? json_deep_copy(s->messages) : json_null());
+    if (s->input)
+        json_object_set_new(w, "input", json_deep_copy(s->input));
     if (s->tools) {
         json_object_set_new(w, "tools", json_deep_copy(s->tools));
         if (s->tool_choice)
@@ -835,7 +840,8 @@ static void tenant_of(gps_jobs *j, const char *key_id, const char *sub, char out
  * agent advertises a prefix (the hashing costs a pass over the prompt). */
 static void set_prefix_chain(gps_jobs *j, gps_job *job)
 {
-    if (job->spec.kind == GPS_JOB_COUNT_TOKENS || sched_prefix_entries(j->sched) == 0)
+    if (job->spec.kind == GPS_JOB_COUNT_TOKENS || job->spec.kind == GPS_JOB_EMBED ||
+        sched_prefix_entries(j->sched) == 0)
         return;
     json_t *w = json_object();
     if (!w)
@@ -1035,6 +1041,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.labels = job->spec.labels;
     job->sj.n_labels = job->spec.n_labels;
     job->sj.needs_tools = job->spec.tools != NULL;
+    job->sj.needs_embeddings = job->spec.kind == GPS_JOB_EMBED;
     set_prefix_chain(j, job);
 
     registry_agent *a = NULL;
@@ -1658,6 +1665,9 @@ static long long event_budget(const gps_jobs *j, const gps_job *job)
 {
     long long cap = j->opts.max_job_event_bytes > 0 ? j->opts.max_job_event_bytes
                                                     : GPS_JOBS_MAX_EVENT_BYTES_DEFAULT;
+    /* An embed job's vectors are sized by its inputs, not max_tokens. */
+    if (job->spec.kind == GPS_JOB_EMBED)
+        return cap;
     long long mt = job->spec.max_tokens > 0 ? job->spec.max_tokens : 0;
     if (mt > GPS_AGENT_MAX_TOKENS)
         mt = GPS_AGENT_MAX_TOKENS;
@@ -1770,6 +1780,13 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
         notify(j, job, t, ev);
         break;
     }
+    case GPS_EV_EMBEDDING:
+        /* Only an embed job's subscriber (api_embeddings.c) keeps them. */
+        if (job->spec.kind != GPS_JOB_EMBED)
+            break;
+        job->state = GPS_JOB_RUNNING;
+        notify(j, job, t, ev);
+        break;
     case GPS_EV_METRICS: {
         json_t *tps = json_object_get(ev, "tokens_per_sec");
         if (json_is_number(tps))

@@ -39,7 +39,12 @@
 #include "server/fleet/registry.h"
 #include "server/fleet/sched.h"
 
-typedef enum { GPS_JOB_COMPLETION = 0, GPS_JOB_CHAT, GPS_JOB_COUNT_TOKENS } gps_job_kind;
+typedef enum {
+    GPS_JOB_COMPLETION = 0,
+    GPS_JOB_CHAT,
+    GPS_JOB_COUNT_TOKENS,
+    GPS_JOB_EMBED,           /* /v1/embeddings: spec.input, embedding events, then end */
+} gps_job_kind;
 typedef enum { GPS_PRIO_INTERACTIVE = 0, GPS_PRIO_BATCH = 1 } gps_job_priority;
 /* x_pool_options.failover: what happens when the job's agent is lost.
  *   continue: before output reached the client, a transparent requeue;
@@ -73,6 +78,7 @@ typedef struct gps_job_spec {
     char *prompt;            /* completion */
     json_t *messages;        /* chat: array of {role, content:string}; with tools also
                                 OpenAI assistant tool_calls and role "tool" messages */
+    json_t *input;           /* embed: array of strings or of arrays of token ids (owned) */
     json_t *tools;           /* chat: OpenAI function tools, or NULL (owned) */
     json_t *tool_choice;     /* OpenAI form ("auto", "none", "required", {function}), or NULL */
     json_t *response_format; /* structured output, OpenAI chat form (dialects/rformat.h), or
@@ -131,6 +137,8 @@ typedef enum {
                           never from an agent, never terminal */
     GPS_EV_TOOL_CALL,  /* {index, id?, name?, arguments}: a piece of a tool call; the
                           first piece of a call carries id and name */
+    GPS_EV_EMBEDDING,  /* {index, embedding}: an embed job's vector of input index, base64
+                          of little-endian float32 (docs/protocol.md "Embeddings") */
     GPS_EV_UNKNOWN,
 } gps_event_type;
 

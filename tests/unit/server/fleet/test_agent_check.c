@@ -199,7 +199,13 @@ static void test_error_and_tool_call(void **state)
     expect_bad("[{\"type\":\"tool_call\",\"arguments\":\"{}\"}]", "events[0]");
     expect_bad("[{\"type\":\"tool_call\",\"index\":1025}]", "events[0]");
     expect_bad("[{\"type\":\"tool_call\",\"index\":0,\"name\":\"\\u001b]0;x\\u0007\"}]",
-               "events[0]");
+               "events[0]");    /* embeddings jobs: a base64 vector per input index */
+    expect_ok("[{\"type\":\"embedding\",\"index\":3,\"embedding\":\"AACAPw==\"}]");
+    expect_bad("[{\"type\":\"embedding\",\"embedding\":\"AACAPw==\"}]", "events[0].index");
+    expect_bad("[{\"type\":\"embedding\",\"index\":2048,\"embedding\":\"\"}]",
+               "events[0].index");
+    expect_bad("[{\"type\":\"embedding\",\"index\":0,\"embedding\":[1.0]}]",
+               "events[0].embedding");
 }
 
 static void test_text_ok(void **state)

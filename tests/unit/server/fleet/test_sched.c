@@ -906,6 +906,67 @@ static void test_tools_queued(void **st)
     fx_free(&f);
 }
 
+/* ------------------------------------------ embeddings (issue 26) */
+
+#define M1_EMB "[{\"id\":\"m1\",\"aliases\":[\"tiny\"],\"supports_embeddings\":true}]"
+
+/* An embeddings job only reaches an agent whose facts say
+ * supports_embeddings for the model (by id or alias), under both policies
+ * and when queued; strict prefer_agent on another agent is NO_AGENT; a
+ * plain job still reaches both. */
+static void test_embeddings_only_on_capable_agents(void **st)
+{
+    (void)st;
+    sched_policy pols[] = {SCHED_ROUND_ROBIN, SCHED_WEIGHTED};
+    for (int p = 0; p < 2; p++) {
+        fx f;
+        fx_init(&f, pols[p], 100);
+        registry_agent *e = add_agent(&f, 1, M1_EMB, NULL, T0);
+        registry_agent *n = add_agent(&f, 2, M1_PLAIN, NULL, T0);
+        assert_true(registry_agent_takes_embeddings(e, "m1"));
+        assert_true(registry_agent_takes_embeddings(e, "tiny"));
+        assert_false(registry_agent_takes_embeddings(n, "m1"));
+        assert_false(registry_agent_takes_embeddings(e, "other"));
+        sched_agent_ready(f.s, e, 1000);
+        sched_agent_ready(f.s, n, 1000);
+        int on_n = 0;
+        for (int k = 0; k < 20; k++) {
+            sched_job j;
+            job_init(&j, k % 2 ? "tiny" : "m1", SCHED_INTERACTIVE);
+            j.needs_embeddings = true;
+            assert_ptr_equal(submit_assigned(&f, &j, T0), e);
+            job_init(&j, "m1", SCHED_INTERACTIVE);
+            on_n += submit_assigned(&f, &j, T0) == n;
+        }
+        assert_true(on_n > 0);
+        sched_job j;
+        job_init(&j, "m1", SCHED_INTERACTIVE);
+        j.needs_embeddings = true;
+        j.prefer_agent = n->id;
+        j.prefer_strict = 1;
+        assert_int_equal(sched_submit(f.s, &j, T0, NULL), SCHED_NO_AGENT);
+        fx_free(&f);
+    }
+
+    /* Queued: the agent without embeddings skips the job, the other takes it. */
+    fx f;
+    fx_init(&f, SCHED_ROUND_ROBIN, 100);
+    registry_agent *e = add_agent(&f, 1, M1_EMB, NULL, T0);
+    registry_agent *n = add_agent(&f, 2, M1_PLAIN, NULL, T0);
+    sched_job q;
+    job_init(&q, "m1", SCHED_INTERACTIVE);
+    q.needs_embeddings = true;
+    assert_int_equal(sched_submit(f.s, &q, T0, NULL), SCHED_QUEUED);
+    sched_agent_ready(f.s, n, 2);
+    sched_job *out[4];
+    assert_int_equal(sched_dispatch(f.s, n, out, 4, T0 + 1), 0);
+    assert_true(sched_job_queued(&q));
+    sched_agent_ready(f.s, e, 1);
+    assert_int_equal(sched_dispatch(f.s, e, out, 4, T0 + 2), 1);
+    assert_ptr_equal(out[0], &q);
+    fx_free(&f);
+}
+
 /* Tool support follows the facts: a tools job gets NO_AGENT when no live
  * agent takes tools for the model (the dialects drop the tools before
  * that), and a heartbeat that adds supports_tools moves the agent into the
@@ -1026,6 +1087,7 @@ int main(void)
         cmocka_unit_test(test_tools_mixed_fleet),
         cmocka_unit_test(test_tools_constraints),
         cmocka_unit_test(test_tools_queued),
+        cmocka_unit_test(test_embeddings_only_on_capable_agents),
         cmocka_unit_test(test_tools_facts_change),
         cmocka_unit_test(test_decision_cost),
         cmocka_unit_test(test_prefix_routing_table),

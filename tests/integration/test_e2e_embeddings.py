@@ -1,0 +1,198 @@
+"""POST /v1/embeddings end to end (issue 26 item 2): gpupool-server +
+gpupool-agent --model models/stories260K.gguf (gguf backend), plain HTTP.
+A string, an array of strings, token ids and arrays of token ids give one
+unit-length vector per input in order, the same input the same vector,
+different inputs different vectors; base64 decodes to the float vector;
+usage counts the prompt tokens; errors are OpenAI's shape naming the
+parameter (input, encoding_format, dimensions), including an input longer
+than the model's context. Skipped when the agent has no gguf backend.
+"""
+
+import base64
+import math
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from harness import http_json, http_request  # noqa: E402
+from test_e2e_gguf import MODEL, gguf_built  # noqa: E402
+
+
+def norm(v):
+    return math.sqrt(sum(x * x for x in v))
+
+
+class EmbeddingsE2ETest(harness.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=2, alias="tiny",
+                                        args=["--model", MODEL, "--threads", "1",
+                                              "--ctx", "256"])
+        self.srv.wait_model("tiny")
+
+    def embed(self, body, want=200):
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings", body, timeout=120)
+        self.assertEqual(st, want, out)
+        return out
+
+    def test_string_array_tokens(self):
+        one = self.embed({"model": "tiny", "input": "Once upon a time"})
+        self.assertEqual(one["object"], "list")
+        self.assertEqual(one["model"], "tiny")
+        self.assertEqual(len(one["data"]), 1)
+        d = one["data"][0]
+        self.assertEqual((d["object"], d["index"]), ("embedding", 0))
+        vec = d["embedding"]
+        self.assertEqual(len(vec), 64)  # stories260K's n_embd
+        self.assertAlmostEqual(norm(vec), 1.0, places=4)
+        self.assertGreater(one["usage"]["prompt_tokens"], 0)
+        self.assertEqual(one["usage"]["total_tokens"], one["usage"]["prompt_tokens"])
+
+        texts = ["The cat sat", "Once upon a time", "A big red apple"]
+        many = self.embed({"model": "tiny", "input": texts, "user": "u1"})
+        self.assertEqual([x["index"] for x in many["data"]], [0, 1, 2])
+        vecs = [x["embedding"] for x in many["data"]]
+        for a, b in zip(vecs[1], vec):
+            self.assertAlmostEqual(a, b, places=5)   # same input, same vector
+        self.assertGreater(max(abs(a - b) for a, b in zip(vecs[0], vecs[2])), 1e-3)
+        self.assertGreater(many["usage"]["prompt_tokens"], one["usage"]["prompt_tokens"])
+
+        toks = self.embed({"model": "tiny", "input": [1, 400, 30, 9]})
+        self.assertEqual(len(toks["data"]), 1)
+        self.assertEqual(toks["usage"]["prompt_tokens"], 4)
+        arrs = self.embed({"model": "tiny", "input": [[1, 400, 30, 9], [1, 50]]})
+        self.assertEqual(len(arrs["data"]), 2)
+        for a, b in zip(arrs["data"][0]["embedding"], toks["data"][0]["embedding"]):
+            self.assertAlmostEqual(a, b, places=5)
+        # its own api label in the request metrics
+        st, _, raw = http_request("GET", self.srv.url + "/metrics", None, timeout=30)
+        self.assertEqual(st, 200)
+        self.assertIn('requests_total{api="embeddings",outcome="ok"} 4', raw.decode())
+
+    def test_base64(self):
+        f = self.embed({"model": "tiny", "input": "She was happy"})["data"][0]["embedding"]
+        b = self.embed({"model": "tiny", "input": "She was happy",
+                        "encoding_format": "base64"})["data"][0]["embedding"]
+        self.assertIsInstance(b, str)
+        raw = base64.b64decode(b)
+        dec = struct.unpack("<%df" % (len(raw) // 4), raw)
+        self.assertEqual(len(dec), len(f))
+        for x, y in zip(dec, f):
+            self.assertAlmostEqual(x, y, places=6)
+        self.embed({"model": "tiny", "input": "x", "dimensions": 64})
+
+    def test_errors_name_the_param(self):
+        cases = [
+            ({"model": "tiny"}, "input"),
+            ({"model": "tiny", "input": ""}, "input"),
+            ({"model": "tiny", "input": []}, "input"),
+            ({"model": "tiny", "input": ["a", 3]}, "input"),
+            ({"model": "tiny", "input": ["a"] * 2049}, "input"),
+            ({"model": "tiny", "input": "a", "encoding_format": "int8"}, "encoding_format"),
+            ({"model": "tiny", "input": "a", "dimensions": 0}, "dimensions"),
+        ]
+        for body, param in cases:
+            out = self.embed(body, want=400)
+            self.assertEqual(out["error"]["param"], param, out)
+        # token ids beyond the context: refused by the server before a job
+        out = self.embed({"model": "tiny", "input": [[1] * 300]}, want=400)
+        self.assertIn("input[0]", out["error"]["message"])
+        # a string beyond the context: the agent counts it
+        out = self.embed({"model": "tiny", "input": ["hi", "word " * 400]}, want=400)
+        self.assertIn("input[1]", out["error"]["message"])
+        # dimensions other than the model's
+        out = self.embed({"model": "tiny", "input": "a", "dimensions": 32}, want=400)
+        self.assertIn("dimensions", out["error"]["message"])
+        st, _, _ = http_json("POST", self.srv.url + "/v1/embeddings",
+                             {"model": "nope", "input": "a"}, timeout=60)
+        self.assertEqual(st, 404)
+
+
+class LongInputsTest(harness.TestCase):
+    """An agent whose context (1024) is longer than the short embeddings
+    context (512 positions, 8 sequences): inputs over 512 tokens run one by
+    one on a second context, the others together; the vectors come back in
+    the request's order."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=1, alias="tiny",
+                                        args=["--model", MODEL, "--threads", "1",
+                                              "--ctx", "1024"])
+        self.srv.wait_model("tiny")
+
+    def embed(self, inp):
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "tiny", "input": inp}, timeout=120)
+        self.assertEqual(st, 200, out)
+        return [d["embedding"] for d in out["data"]], out["usage"]["prompt_tokens"]
+
+    def test_mixed_lengths_keep_order(self):
+        a, b = [1, 400, 30, 9], [1, 50, 60]
+        long_in = [1] + [(i * 7) % 500 + 10 for i in range(700)]
+        (va,), _ = self.embed([a])
+        (vb,), _ = self.embed([b])
+        vecs, pt = self.embed([a, long_in, b])
+        self.assertEqual(pt, len(a) + len(long_in) + len(b))
+        self.assertEqual(len(vecs), 3)
+        for x, y in zip(vecs[0], va):
+            self.assertAlmostEqual(x, y, places=5)
+        for x, y in zip(vecs[2], vb):
+            self.assertAlmostEqual(x, y, places=5)
+        self.assertAlmostEqual(norm(vecs[1]), 1.0, places=4)
+        self.assertGreater(max(abs(x - y) for x, y in zip(vecs[1], va)), 1e-3)
+
+
+class MixedFleetTest(harness.TestCase):
+    """One model served by an openai-backend agent (no embeddings) and a
+    gguf agent: embeddings jobs go only to the agent whose model facts say
+    supports_embeddings; with only the openai agent left, the request is a
+    400 naming model, not a queue until a timeout."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        self.up = self.h.start_upstream(["--tokens", "4"])
+        self.srv = self.h.start_server(["--poll_interval_sec", "1", "--work_wait_sec", "5"])
+        self.oa = self.h.start_agent(self.srv, upstream=self.up, model="m1", slots=2)
+        self.ga = self.h.start_agent(self.srv, upstream=None, slots=2, alias="m1",
+                                     args=["--model", MODEL, "--threads", "1"])
+        for aid in (self.oa.agent_id(), self.ga.agent_id()):
+            harness.wait_until(lambda aid=aid: any(
+                e.get("agent_id") == aid and e.get("to") == "healthy"
+                for e in self.srv.log_events("agent_state")),
+                timeout=harness.START_TIMEOUT, what="agent %s healthy" % aid)
+
+    def post(self):
+        return http_json("POST", self.srv.url + "/v1/embeddings",
+                         {"model": "m1", "input": ["a", "b"]}, timeout=60)
+
+    def test_only_capable_agents(self):
+        for _ in range(8):
+            st, _, out = self.post()
+            self.assertEqual(st, 200, out)
+            self.assertEqual(len(out["data"][1]["embedding"]), 64)
+        self.assertEqual(self.ga.stop(grace=30), 0)
+        gid = self.ga.agent_id()
+        harness.wait_until(lambda: any(
+            e.get("agent_id") == gid and e.get("to") != "healthy"
+            for e in self.srv.log_events("agent_state")),
+            timeout=harness.START_TIMEOUT, what="gguf agent gone")
+        st, _, out = self.post()
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "model")
+        self.assertIn("supports_embeddings", out["error"]["message"])
+
+
+if __name__ == "__main__":
+    harness.main()
