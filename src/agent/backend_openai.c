@@ -2,10 +2,18 @@
  * backend_openai: relay jobs to an existing OpenAI-compatible server
  * (llama.cpp's llama-server, vLLM, Ollama, another gpupool-server).
  *
- * One thread per job. Each drives its own libcurl multi handle with one
- * transfer, so that job_cancel can wake it (curl_multi_wakeup) and drop the
- * transfer at once: the upstream sees its client go away immediately and
- * stops generating. The request is always streamed (stream: true,
+ * One loop thread for every job, as nginx's upstream module runs: a
+ * libevent event_base and one libcurl multi handle driven through
+ * curl_multi_socket_action, so an agent with --slots 1024 holds 1,024
+ * upstream streams on one thread and a few KiB each (a job, its easy
+ * handle, its parser buffers). Connections to the upstream are kept alive
+ * and reused between jobs. Other threads never touch curl: job_start and
+ * job_cancel queue their work under the backend's mutex and wake the loop
+ * through a pipe; the loop starts transfers, and a cancel drops the
+ * transfer at once (the upstream sees its client go away and stops
+ * generating). Handles are removed only outside libcurl's callbacks (a
+ * stream that said [DONE] is finished after curl_multi_socket_action
+ * returns). The request is always streamed (stream: true,
  * stream_options.include_usage) so tokens are relayed as they arrive; the
  * server turns them back into one body for non-streaming clients.
  *
@@ -22,6 +30,8 @@
  *   UPSTREAM_TIMEOUT    no byte from the upstream for upstream-timeout-sec
  *   CANCELLED           job_cancel
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -29,8 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
+#include <event2/event.h>
 #include <jansson.h>
 
 #include "agent/agent_util.h"
@@ -47,13 +59,17 @@
 #define MAX_ERRBODY (64u << 10)     /* error bodies: kept for the message only */
 #define MAX_JSONBODY (16u << 20)    /* a non-streamed reply (lenient path) */
 #define MAX_SSE_LINE (4u << 20)     /* one SSE line / event */
+/* libcurl's receive buffer per transfer (its default is 16 KiB): a stream's
+ * events are a few hundred bytes, and 1,024 streams hold 1,024 of these. */
+#define OAI_RECV_BUFFER 4096L
 
 typedef struct oai_backend oai_backend;
 
 typedef enum { BODY_UNKNOWN, BODY_SSE, BODY_JSON, BODY_ERROR } body_mode;
 
 typedef struct oai_job {
-    struct oai_job *next;
+    struct oai_job *prev, *next; /* b->jobs (under b->mu) */
+    struct oai_job *in_next;     /* b->inbox, then the loop's work lists */
     oai_backend *b;
     char id[128];
     agent_job_sink sink;
@@ -67,12 +83,18 @@ typedef struct oai_job {
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     char pool_via[160];     /* X-Pool-Via header line, or "" */
-    CURLM *multi;           /* owned; freed after the thread is joined */
-    pthread_t th;
-    atomic_bool cancel;
-    bool exited;            /* thread finished (under b->mu): join and free */
+    atomic_bool cancel;     /* job_cancel asked (set under b->mu) */
+    bool cancel_taken;      /* under b->mu: the loop has it in hand */
 
-    /* --- job thread only --- */
+    /* --- loop thread only --- */
+    CURL *easy;             /* the transfer in flight, or NULL */
+    struct curl_slist *hdrs; /* request headers (owned), for every transfer */
+    int count_m;            /* count: the method being tried (oai_count_method) */
+    int count_first;        /* count: the method tried first */
+    bool done_queued;       /* on the loop's [DONE] list */
+    bool completed;         /* libcurl said the transfer ended (result) */
+    CURLcode result;
+    struct oai_job *fin_next; /* loop_settle's list of completed transfers */
     body_mode mode;
     long status;
     agent_sse sse;
@@ -99,8 +121,25 @@ struct oai_backend {
     atomic_int count_method; /* the count method that answered last (oai_count_method) */
     char *public_id;
     char *auth_header;
+
+    /* --- shared with the agent's thread, under mu --- */
     pthread_mutex_t mu;
-    oai_job *jobs;
+    oai_job *jobs;          /* every job not yet finished (doubly linked) */
+    oai_job *inbox, **inbox_tail; /* started, not yet taken by the loop */
+    bool cancel_pending;    /* some job in jobs has cancel set, not yet taken */
+    bool stopping;          /* destroy: cancel everything, then leave the loop */
+    int wake_fd[2];         /* a byte on [1] wakes the loop */
+    atomic_bool wake_sent;  /* a byte is in the pipe, not yet drained */
+    pthread_t th;
+    bool th_started;
+
+    /* --- loop thread only --- */
+    struct event_base *evb;
+    struct event *wake_ev, *curl_timer, *sweep_timer;
+    CURLM *multi;
+    oai_job *done_list;     /* streams that said [DONE] inside a libcurl callback */
+    int nrunning;           /* jobs begun and not yet finished */
+    bool leaving;           /* stopping taken: break out when nrunning is 0 */
 };
 
 /* ======================================================================== */
@@ -121,10 +160,19 @@ static void job_fail(oai_job *j, const char *code, const char *fmt, ...)
     va_end(ap);
 }
 
+static void send_started(oai_job *j)
+{
+    if (j->started_sent)
+        return;
+    j->started_sent = true;
+    j->sink.started(j->sink.ctx);
+}
+
 static void emit_text(oai_job *j, const char *text, size_t len)
 {
     if (len == 0)
         return;
+    send_started(j); /* the contract: started before the first token */
     if (!j->t_first_us)
         j->t_first_us = gp_now_mono_us();
     j->ntokens++;
@@ -225,6 +273,7 @@ static int take_tool_calls(oai_job *j, json_t *calls, bool streamed)
         }
         if (!j->t_first_us)
             j->t_first_us = gp_now_mono_us();
+        send_started(j);
         if (j->sink.tool_call)
             j->sink.tool_call(j->sink.ctx, (int)index, first ? id : NULL, first ? name : NULL,
                           json_string_value(args) ? json_string_value(args) : "",
@@ -310,12 +359,17 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     return rc;
 }
 
-static void send_started(oai_job *j)
+/* A stream said [DONE] inside a libcurl callback: the loop finishes the job
+ * once curl_multi_socket_action returns (never from inside libcurl). The
+ * transfer goes on meanwhile, so that the chunked body's end, usually in
+ * the same read, lets the connection be reused. */
+static void queue_done(oai_job *j)
 {
-    if (j->started_sent)
+    if (!j->b || j->done_queued)
         return;
-    j->started_sent = true;
-    j->sink.started(j->sink.ctx);
+    j->done_queued = true;
+    j->in_next = j->b->done_list;
+    j->b->done_list = j;
 }
 
 /* libcurl write callback. Returning anything but n aborts the transfer. */
@@ -324,6 +378,8 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *ud)
     oai_job *j = ud;
     size_t n = sz * nm;
     j->last_byte_ms = gp_now_mono_ms();
+    if (j->done_seen)
+        return n; /* after [DONE]: the rest of the body is not read */
     if (j->mode == BODY_UNKNOWN) {
         job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no Content-Type");
         return 0;
@@ -344,10 +400,14 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *ud)
         int rc = agent_sse_feed(&j->sse, p, n, on_sse_data, j);
         if (rc == 0)
             return n;
+        if (rc == 1) {
+            queue_done(j);
+            return n;
+        }
         if (rc < 0)
             job_fail(j, "UPSTREAM_MALFORMED", "upstream sent an SSE line longer than %u bytes",
                      MAX_SSE_LINE);
-        return 0; /* [DONE] (rc 1) or failure: stop reading */
+        return 0; /* failure: stop reading */
     }
     default:
         return 0;
@@ -365,6 +425,13 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
         const char *sp = memchr(p, ' ', n);
         j->status = sp ? strtol(sp + 1, NULL, 10) : 0;
         j->mode = j->status >= 200 && j->status < 300 ? BODY_UNKNOWN : BODY_ERROR;
+        return n;
+    }
+    if ((n == 2 && p[0] == '\r' && p[1] == '\n') || (n == 1 && p[0] == '\n')) {
+        /* The headers are in: a usable generation reply has started. */
+        if (!j->count && j->status >= 200 && j->status < 300 &&
+            (j->mode == BODY_SSE || j->mode == BODY_JSON))
+            send_started(j);
         return n;
     }
     if (n > 13 && strncasecmp(p, "content-type:", 13) == 0 && j->status >= 200 &&
@@ -512,67 +579,88 @@ oom:
     return NULL;
 }
 
-/* One POST of body to url, read through on_header/on_write into j, on the
- * job's multi (so that a cancel wakes it). Returns true when the transfer
- * ended (*result its code), false when cancelled, stalled (job failed) or
- * not started (job failed). */
-static bool transfer(oai_job *j, const char *url, const char *body, struct curl_slist *h,
-                     CURLcode *result)
+/* ======================================================================== */
+/* The loop thread: libevent + curl_multi_socket_action                     */
+/* ======================================================================== */
+
+static void job_free(oai_job *j)
 {
-    const agent_options *o = j->b->o;
-    bool done = false;
+    if (j->easy)
+        curl_easy_cleanup(j->easy);
+    curl_slist_free_all(j->hdrs);
+    agent_sse_free(&j->sse);
+    gp_buf_free(&j->raw);
+    free(j->body);
+    free(j->count_body);
+    json_decref(j->stops);
+    free(j->stop_seq);
+    free(j->correlation_id);
+    free(j->pool_options);
+    free(j);
+}
+
+/* The job's terminal event has been delivered: forget it (job_cancel no
+ * longer finds it) and free it. */
+static void job_release(oai_backend *b, oai_job *j)
+{
+    pthread_mutex_lock(&b->mu);
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        b->jobs = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    pthread_mutex_unlock(&b->mu);
+    b->nrunning--;
+    if (b->nrunning == 0)
+        evtimer_del(b->sweep_timer); /* nothing to watch for stalls */
+    job_free(j);
+}
+
+/* Stop the job's transfer, if one runs. Removing an unfinished transfer
+ * closes its connection: the upstream sees the client go away. */
+static void xfer_drop(oai_backend *b, oai_job *j)
+{
+    if (!j->easy)
+        return;
+    curl_multi_remove_handle(b->multi, j->easy);
+    curl_easy_cleanup(j->easy);
+    j->easy = NULL;
+}
+
+/* Start one POST of body to url, read through on_header/on_write into j.
+ * Returns 0, or -1 with the job failed (nothing started). */
+static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *body)
+{
+    const agent_options *o = b->o;
     CURL *easy = curl_easy_init();
     if (!easy) {
         job_fail(j, "INTERNAL_ERROR", "cannot create an HTTP handle");
-        return false;
+        return -1;
     }
     j->last_byte_ms = gp_now_mono_ms();
     curl_easy_setopt(easy, CURLOPT_URL, url);
-    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(easy, CURLOPT_HTTPHEADER, j->hdrs);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, j);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, j);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, j);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
     curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
     curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, OAI_RECV_BUFFER);
     if (o->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
-    if (curl_multi_add_handle(j->multi, easy) != CURLM_OK) {
+    if (curl_multi_add_handle(b->multi, easy) != CURLM_OK) {
         job_fail(j, "INTERNAL_ERROR", "cannot start the upstream request");
         curl_easy_cleanup(easy);
-        return false;
+        return -1;
     }
-    uint64_t stall_ms = (uint64_t)o->upstream_timeout_sec * 1000;
-    while (!done) {
-        if (atomic_load(&j->cancel))
-            break;
-        int running = 0;
-        curl_multi_perform(j->multi, &running);
-        CURLMsg *m;
-        int left;
-        while ((m = curl_multi_info_read(j->multi, &left)))
-            if (m->msg == CURLMSG_DONE) {
-                *result = m->data.result;
-                done = true;
-            }
-        if (done)
-            break;
-        if (!j->count && !j->started_sent && j->status >= 200 && j->status < 300 &&
-            j->mode != BODY_UNKNOWN)
-            send_started(j);
-        if (gp_now_mono_ms() - j->last_byte_ms > stall_ms) {
-            job_fail(j, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
-                     (long long)o->upstream_timeout_sec);
-            break;
-        }
-        curl_multi_poll(j->multi, NULL, 0, 200, NULL);
-    }
-    curl_multi_remove_handle(j->multi, easy); /* closes the upstream socket if unfinished */
-    curl_easy_cleanup(easy);
-    return done;
+    j->easy = easy;
+    return 0;
 }
 
 /* Forget what one count attempt read, before the next method. */
@@ -594,110 +682,304 @@ static void mark_estimated(oai_job *j)
     json_decref(m);
 }
 
-/* count_tokens: the methods of openai_count.h in turn, from the one that
- * answered last; a count never fails for want of an endpoint (the estimate
- * is the last resort, marked as such). Only a cancel ends it otherwise. */
-static void count_main(oai_job *j, struct curl_slist *h)
+static void count_try(oai_backend *b, oai_job *j);
+
+/* count_tokens: one method's transfer ended (done: it ran to its end,
+ * result its code). A count never fails for want of an endpoint: the next
+ * method, and the estimate last (openai_count.h). */
+static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
-    oai_backend *b = j->b;
-    int first = atomic_load(&b->count_method);
-    for (int m = first; m < OAI_COUNT_ESTIMATE; m++) {
-        const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
+    int m = j->count_m;
+    const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
+    long long n = 0;
+    bool est = false;
+    if (done && result == CURLE_OK && j->status >= 200 && j->status < 300 &&
+        oai_count_parse((oai_count_method)m, j->raw.data, j->raw.len, &n, &est) == 0) {
+        atomic_store(&b->count_method, m);
+        send_started(j);
+        if (est)
+            mark_estimated(j);
+        j->sink.end(j->sink.ctx, "stop", n, 0);
+        job_release(b, j);
+        return;
+    }
+    gp_log_write(GP_LOG_DEBUG, "count_method_failed", j->correlation_id,
+                 json_pack("{s:s,s:s,s:i}", "job_id", j->id, "url", url, "status",
+                           (int)j->status),
+                 "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id, url,
+                 j->status, j->failed ? ": " : "", j->failed ? j->err_msg : "");
+    j->count_m++;
+    count_try(b, j);
+}
+
+/* count_tokens: start the method j->count_m or the next one that has a
+ * body; past the last, the estimate (marked as such). */
+static void count_try(oai_backend *b, oai_job *j)
+{
+    for (; j->count_m < OAI_COUNT_ESTIMATE; j->count_m++) {
+        int m = j->count_m;
         const char *body = m == OAI_COUNT_MESSAGES ? j->count_body : j->body;
         if (!body)
             continue;
         count_reset(j);
-        CURLcode result = CURLE_OK;
-        bool done = transfer(j, url, body, h, &result);
-        if (atomic_load(&j->cancel))
-            return; /* the agent already reported the job over */
-        long long n = 0;
-        bool est = false;
-        if (done && result == CURLE_OK && j->status >= 200 && j->status < 300 &&
-            oai_count_parse((oai_count_method)m, j->raw.data, j->raw.len, &n, &est) == 0) {
-            atomic_store(&b->count_method, m);
-            send_started(j);
-            if (est)
-                mark_estimated(j);
-            j->sink.end(j->sink.ctx, "stop", n, 0);
-            return;
-        }
-        gp_log_write(GP_LOG_DEBUG, "count_method_failed", j->correlation_id,
-                     json_pack("{s:s,s:s,s:i}", "job_id", j->id, "url", url, "status",
-                               (int)j->status),
-                     "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id,
-                     url, j->status, j->failed ? ": " : "", j->failed ? j->err_msg : "");
+        if (xfer_start(b, j, m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize, body) == 0)
+            return; /* count_step_done when it ends */
+        count_step_done(b, j, false, CURLE_OK);
+        return;
     }
     /* Neither endpoint answered (none there, or the upstream is down):
      * estimate, and say so. */
-    atomic_store(&b->count_method, first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
-                                                               : OAI_COUNT_TOKENIZE);
+    atomic_store(&b->count_method, j->count_first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
+                                                                         : OAI_COUNT_TOKENIZE);
     send_started(j);
     mark_estimated(j);
     j->sink.end(j->sink.ctx, "stop", j->count_estimate, 0);
+    job_release(b, j);
 }
 
-static void *job_main(void *arg)
+/* A transfer is over (done: it ran to its end with result; else it was
+ * stopped, the job failed): drop it and report, or try the next count
+ * method. */
+static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
-    oai_job *j = arg;
-    oai_backend *b = j->b;
-    CURLcode result = CURLE_OK;
-    bool transfer_done = false;
+    xfer_drop(b, j);
+    if (j->count) {
+        count_step_done(b, j, done, result);
+        return;
+    }
+    job_finish(j, done, result);
+    job_release(b, j);
+}
 
+/* A job taken from the inbox: build its headers and start its first
+ * transfer. */
+static void job_begin(oai_backend *b, oai_job *j)
+{
+    b->nrunning++;
+    if (b->nrunning == 1) {
+        struct timeval tv = {0, 200 * 1000};
+        evtimer_add(b->sweep_timer, &tv);
+    }
     j->t_start_us = gp_now_mono_us();
     j->last_byte_ms = gp_now_mono_ms();
-    struct curl_slist *h = job_headers(j);
-    if (!h) {
+    j->hdrs = job_headers(j);
+    if (!j->hdrs) {
         job_fail(j, "INTERNAL_ERROR", "out of memory");
-        goto finish;
+        if (!j->count) {
+            xfer_end(b, j, false, CURLE_OK);
+            return;
+        }
     }
     if (j->count) {
-        count_main(j, h);
-        goto done;
+        j->count_first = j->count_m = atomic_load(&b->count_method);
+        count_try(b, j);
+        return;
     }
-    transfer_done = transfer(j, j->chat ? b->url_chat : b->url_completions, j->body, h, &result);
-finish:
-    job_finish(j, transfer_done, result);
-done:
-    curl_slist_free_all(h);
-    pthread_mutex_lock(&b->mu);
-    j->exited = true;
+    if (xfer_start(b, j, j->chat ? b->url_chat : b->url_completions, j->body) != 0)
+        xfer_end(b, j, false, CURLE_OK);
+}
+
+/* A cancelled job: stop its transfer and report it over. */
+static void job_stop(oai_backend *b, oai_job *j)
+{
+    xfer_drop(b, j);
+    j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
+    job_release(b, j);
+}
+
+/* After libcurl ran: finish the transfers it completed and the streams
+ * that said [DONE] while their transfer still runs (the upstream has not
+ * ended the body yet: nothing more is wanted from it; dropping the
+ * transfer closes that connection). Completed ones are collected first so
+ * that no job is freed while the [DONE] list still points at it. */
+static void loop_settle(oai_backend *b)
+{
+    oai_job *completed = NULL;
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(b->multi, &left))) {
+        char *priv = NULL;
+        if (m->msg != CURLMSG_DONE)
+            continue;
+        curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, &priv);
+        oai_job *j = (oai_job *)priv;
+        if (!j || j->completed)
+            continue;
+        j->completed = true;
+        j->result = m->data.result;
+        j->fin_next = completed;
+        completed = j;
+    }
+    oai_job *list = b->done_list;
+    b->done_list = NULL;
+    while (list) {
+        oai_job *j = list;
+        list = j->in_next;
+        bool was_queued = j->done_queued;
+        j->done_queued = false;
+        if (was_queued && !j->completed)
+            xfer_end(b, j, true, CURLE_OK);
+    }
+    while (completed) {
+        oai_job *j = completed;
+        completed = j->fin_next;
+        j->completed = false;
+        xfer_end(b, j, true, j->result);
+    }
+}
+
+static void on_sock_event(evutil_socket_t fd, short what, void *arg)
+{
+    oai_backend *b = arg;
+    int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) | ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
+    int running = 0;
+    curl_multi_socket_action(b->multi, fd, action, &running);
+    loop_settle(b);
+}
+
+static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
+{
+    oai_backend *b = arg;
+    int running = 0;
+    (void)fd;
+    (void)what;
+    curl_multi_socket_action(b->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+    loop_settle(b);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: watch s as libcurl asks (socketp: its event). */
+static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    oai_backend *b = userp;
+    struct event *ev = socketp;
+    (void)easy;
+    if (what == CURL_POLL_REMOVE) {
+        if (ev)
+            event_free(ev);
+        return 0;
+    }
+    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
+                         ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
+    if (ev) {
+        event_del(ev);
+        event_assign(ev, b->evb, s, kind, on_sock_event, b);
+    } else {
+        ev = event_new(b->evb, s, kind, on_sock_event, b);
+        if (!ev)
+            return -1;
+        curl_multi_assign(b->multi, s, ev);
+    }
+    event_add(ev, NULL);
+    return 0;
+}
+
+/* CURLMOPT_TIMERFUNCTION: one timer for libcurl's next timeout. */
+static int on_curl_timeout(CURLM *multi, long timeout_ms, void *userp)
+{
+    oai_backend *b = userp;
+    (void)multi;
+    if (timeout_ms < 0) {
+        evtimer_del(b->curl_timer);
+        return 0;
+    }
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    evtimer_add(b->curl_timer, &tv);
+    return 0;
+}
+
+/* Every 200 ms while jobs run: a transfer with no byte from the upstream
+ * for upstream-timeout-sec fails with UPSTREAM_TIMEOUT. */
+static void on_sweep(evutil_socket_t fd, short what, void *arg)
+{
+    oai_backend *b = arg;
+    (void)fd;
+    (void)what;
+    uint64_t now = gp_now_mono_ms(), stall_ms = (uint64_t)b->o->upstream_timeout_sec * 1000;
+    oai_job *stalled = NULL;
+    pthread_mutex_lock(&b->mu); /* the list; its transfers are the loop's */
+    for (oai_job *j = b->jobs; j; j = j->next)
+        if (j->easy && !j->done_queued && now - j->last_byte_ms > stall_ms) {
+            j->in_next = stalled;
+            stalled = j;
+        }
     pthread_mutex_unlock(&b->mu);
+    while (stalled) {
+        oai_job *j = stalled;
+        stalled = j->in_next;
+        job_fail(j, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
+                 (long long)b->o->upstream_timeout_sec);
+        xfer_end(b, j, false, CURLE_OK);
+    }
+}
+
+/* The pipe says other threads queued work: new jobs, cancels, a stop. */
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    oai_backend *b = arg;
+    char buf[64];
+    (void)what;
+    while (read(fd, buf, sizeof buf) > 0)
+        ;
+    atomic_store(&b->wake_sent, false); /* before reading the state: no wake lost */
+    oai_job *in = NULL, *cancelled = NULL;
+    pthread_mutex_lock(&b->mu);
+    in = b->inbox;
+    b->inbox = NULL;
+    b->inbox_tail = &b->inbox;
+    if (b->cancel_pending) {
+        b->cancel_pending = false;
+        for (oai_job *j = b->jobs; j; j = j->next)
+            if (atomic_load(&j->cancel) && !j->cancel_taken)
+                j->cancel_taken = true;
+    }
+    if (b->stopping)
+        b->leaving = true;
+    pthread_mutex_unlock(&b->mu);
+    /* New jobs in arrival order; one cancelled before it began never starts. */
+    while (in) {
+        oai_job *j = in;
+        in = j->in_next;
+        if (j->cancel_taken) {
+            b->nrunning++;
+            job_stop(b, j);
+        } else {
+            job_begin(b, j);
+        }
+    }
+    /* Cancelled jobs that had begun (a job is freed only on this thread). */
+    pthread_mutex_lock(&b->mu);
+    for (oai_job *j = b->jobs; j; j = j->next)
+        if (j->cancel_taken) {
+            j->cancel_taken = false; /* listed once */
+            j->in_next = cancelled;
+            cancelled = j;
+        }
+    pthread_mutex_unlock(&b->mu);
+    while (cancelled) {
+        oai_job *j = cancelled;
+        cancelled = j->in_next;
+        job_stop(b, j);
+    }
+    loop_settle(b);
+    if (b->leaving && b->nrunning == 0)
+        event_base_loopbreak(b->evb);
+}
+
+static void *loop_main(void *arg)
+{
+    oai_backend *b = arg;
+    event_base_dispatch(b->evb);
     return NULL;
 }
 
-static void job_free(oai_job *j)
+/* Another thread: make the loop look at the shared state. */
+static void loop_wake(oai_backend *b)
 {
-    if (j->multi)
-        curl_multi_cleanup(j->multi);
-    agent_sse_free(&j->sse);
-    gp_buf_free(&j->raw);
-    free(j->body);
-    free(j->count_body);
-    json_decref(j->stops);
-    free(j->stop_seq);
-    free(j->correlation_id);
-    free(j->pool_options);
-    free(j);
-}
-
-/* Join and free jobs whose threads have finished. */
-static void reap(oai_backend *b)
-{
-    for (;;) {
-        oai_job *dead = NULL;
-        pthread_mutex_lock(&b->mu);
-        for (oai_job **pp = &b->jobs; *pp; pp = &(*pp)->next)
-            if ((*pp)->exited) {
-                dead = *pp;
-                *pp = dead->next;
-                break;
-            }
-        pthread_mutex_unlock(&b->mu);
-        if (!dead)
-            return;
-        pthread_join(dead->th, NULL);
-        job_free(dead);
+    if (!atomic_exchange(&b->wake_sent, true)) {
+        ssize_t w;
+        do
+            w = write(b->wake_fd[1], "x", 1);
+        while (w < 0 && errno == EINTR);
     }
 }
 
@@ -853,7 +1135,6 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
                          size_t errlen)
 {
     oai_backend *b = (oai_backend *)base;
-    reap(b);
     const char *id = json_string_value(json_object_get(job, "job_id"));
     if (!id || strlen(id) >= 128) {
         snprintf(err, errlen, "job without a valid job_id");
@@ -903,35 +1184,37 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    j->multi = curl_multi_init();
-    if (!j->body || !j->multi) {
+    if (!j->body) {
         job_free(j);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    /* The loop takes it from the inbox (job_begin); cancel finds it in jobs. */
     pthread_mutex_lock(&b->mu);
-    if (pthread_create(&j->th, NULL, job_main, j) != 0) {
-        pthread_mutex_unlock(&b->mu);
-        job_free(j);
-        snprintf(err, errlen, "cannot start a job thread");
-        return -1;
-    }
     j->next = b->jobs;
+    if (b->jobs)
+        b->jobs->prev = j;
     b->jobs = j;
+    *b->inbox_tail = j;
+    b->inbox_tail = &j->in_next;
     pthread_mutex_unlock(&b->mu);
+    loop_wake(b);
     return 0;
 }
 
 static void oai_job_cancel(agent_backend *base, const char *job_id)
 {
     oai_backend *b = (oai_backend *)base;
+    bool found = false;
     pthread_mutex_lock(&b->mu);
     for (oai_job *j = b->jobs; j; j = j->next)
-        if (!j->exited && strcmp(j->id, job_id) == 0) {
+        if (strcmp(j->id, job_id) == 0 && !atomic_load(&j->cancel)) {
             atomic_store(&j->cancel, true);
-            curl_multi_wakeup(j->multi);
+            b->cancel_pending = found = true;
         }
     pthread_mutex_unlock(&b->mu);
+    if (found)
+        loop_wake(b);
 }
 
 static void oai_destroy(agent_backend *base)
@@ -939,24 +1222,30 @@ static void oai_destroy(agent_backend *base)
     oai_backend *b = (oai_backend *)base;
     if (!b)
         return;
-    pthread_mutex_lock(&b->mu);
-    for (oai_job *j = b->jobs; j; j = j->next) {
-        atomic_store(&j->cancel, true);
-        curl_multi_wakeup(j->multi);
-    }
-    pthread_mutex_unlock(&b->mu);
-    /* Join everything (each thread delivers its terminal event first). */
-    for (;;) {
+    if (b->th_started) {
+        /* Cancel everything; the loop delivers each terminal event, then
+         * leaves once no job runs. */
         pthread_mutex_lock(&b->mu);
-        oai_job *j = b->jobs;
-        if (j)
-            b->jobs = j->next;
+        for (oai_job *j = b->jobs; j; j = j->next)
+            atomic_store(&j->cancel, true);
+        b->cancel_pending = b->stopping = true;
         pthread_mutex_unlock(&b->mu);
-        if (!j)
-            break;
-        pthread_join(j->th, NULL);
-        job_free(j);
+        loop_wake(b);
+        pthread_join(b->th, NULL);
     }
+    if (b->multi)
+        curl_multi_cleanup(b->multi); /* closes the kept-alive connections */
+    if (b->wake_ev)
+        event_free(b->wake_ev);
+    if (b->curl_timer)
+        event_free(b->curl_timer);
+    if (b->sweep_timer)
+        event_free(b->sweep_timer);
+    if (b->evb)
+        event_base_free(b->evb);
+    for (int i = 0; i < 2; i++)
+        if (b->wake_fd[i] >= 0)
+            close(b->wake_fd[i]);
     pthread_mutex_destroy(&b->mu);
     free(b->url_chat);
     free(b->url_completions);
@@ -965,6 +1254,46 @@ static void oai_destroy(agent_backend *base)
     free(b->public_id);
     free(b->auth_header);
     free(b);
+}
+
+/* The loop's event base, wake pipe, timers and multi handle, then its
+ * thread. 0, or -1 with err set (oai_destroy frees what was made). */
+static int loop_init(oai_backend *b, char *err, size_t errlen)
+{
+    if (pipe(b->wake_fd) != 0) {
+        snprintf(err, errlen, "openai backend: pipe: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < 2; i++) {
+        fcntl(b->wake_fd[i], F_SETFL, fcntl(b->wake_fd[i], F_GETFL) | O_NONBLOCK);
+        fcntl(b->wake_fd[i], F_SETFD, FD_CLOEXEC);
+    }
+    b->evb = event_base_new();
+    b->multi = curl_multi_init();
+    if (b->evb) {
+        b->wake_ev = event_new(b->evb, b->wake_fd[0], EV_READ | EV_PERSIST, on_wake, b);
+        b->curl_timer = evtimer_new(b->evb, on_curl_timer, b);
+        b->sweep_timer = event_new(b->evb, -1, EV_PERSIST, on_sweep, b);
+    }
+    if (!b->evb || !b->multi || !b->wake_ev || !b->curl_timer || !b->sweep_timer ||
+        event_add(b->wake_ev, NULL) != 0) {
+        snprintf(err, errlen, "openai backend: cannot set up its event loop");
+        return -1;
+    }
+    curl_multi_setopt(b->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
+    curl_multi_setopt(b->multi, CURLMOPT_SOCKETDATA, b);
+    curl_multi_setopt(b->multi, CURLMOPT_TIMERFUNCTION, on_curl_timeout);
+    curl_multi_setopt(b->multi, CURLMOPT_TIMERDATA, b);
+    /* Idle connections kept for reuse: one per slot is what a full agent
+     * can use again at once. */
+    long slots = b->o->slots > 0 ? (long)b->o->slots : 1;
+    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, slots + 4);
+    if (pthread_create(&b->th, NULL, loop_main, b) != 0) {
+        snprintf(err, errlen, "openai backend: cannot start its loop thread");
+        return -1;
+    }
+    b->th_started = true;
+    return 0;
 }
 
 static const agent_backend_ops oai_ops = {
@@ -1019,6 +1348,9 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->base.ops = &oai_ops;
     b->o = o;
     pthread_mutex_init(&b->mu, NULL);
+    b->inbox_tail = &b->inbox;
+    b->wake_fd[0] = b->wake_fd[1] = -1;
+    atomic_init(&b->wake_sent, false);
     b->url_chat = endpoint(o->upstream, "chat/completions");
     b->url_completions = endpoint(o->upstream, "completions");
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
@@ -1036,6 +1368,10 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (loop_init(b, err, errlen) != 0) {
+        oai_destroy(&b->base);
         return NULL;
     }
     gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s')",
