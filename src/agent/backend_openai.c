@@ -45,9 +45,9 @@
 #include <event2/event.h>
 #include <jansson.h>
 
-#include "agent/agent_util.h"
 #include "agent/backend.h"
 #include "agent/openai_count.h"
+#include "agent/openai_stream.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
 #include "common/gp_util.h"
@@ -56,8 +56,6 @@
 #define AGENT_VERSION "0.0.0"
 #endif
 
-#define MAX_ERRBODY (64u << 10)     /* error bodies: kept for the message only */
-#define MAX_JSONBODY (16u << 20)    /* a non-streamed reply (lenient path) */
 #define MAX_SSE_LINE (4u << 20)     /* one SSE line / event */
 /* libcurl's receive buffer per transfer (its default is 16 KiB): a stream's
  * events are a few hundred bytes, and 1,024 streams hold 1,024 of these. */
@@ -65,25 +63,19 @@
 
 typedef struct oai_backend oai_backend;
 
-typedef enum { BODY_UNKNOWN, BODY_SSE, BODY_JSON, BODY_ERROR } body_mode;
-
 typedef struct oai_job {
     struct oai_job *prev, *next; /* b->jobs (under b->mu) */
     struct oai_job *in_next;     /* b->inbox, then the loop's work lists */
     oai_backend *b;
     char id[128];
-    agent_job_sink sink;
-    bool chat;
-    bool count;             /* count_tokens: no generation (openai_count.h) */
     char *body;             /* request JSON (owned); count: the /tokenize body */
     char *count_body;       /* count: the messages/count_tokens body (owned) */
     json_t *stops;          /* the job's params.stop (owned), or NULL */
-    char *stop_seq;         /* the stop string the upstream said it stopped on (owned) */
     long long count_estimate; /* count: method 3's answer */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     char pool_via[160];     /* X-Pool-Via header line, or "" */
-    atomic_bool cancel;     /* job_cancel asked (set under b->mu) */
+    bool cancel;            /* under b->mu: job_cancel asked */
     bool cancel_taken;      /* under b->mu: the loop has it in hand */
 
     /* --- loop thread only --- */
@@ -95,20 +87,7 @@ typedef struct oai_job {
     bool completed;         /* libcurl said the transfer ended (result) */
     CURLcode result;
     struct oai_job *fin_next; /* loop_settle's list of completed transfers */
-    body_mode mode;
-    long status;
-    agent_sse sse;
-    gp_buf raw;             /* error body or non-streamed JSON body */
-    bool done_seen;         /* data: [DONE] */
-    bool failed;            /* err_code/err_msg set */
-    char err_code[32];
-    char err_msg[300];
-    char finish[32];
-    long long prompt_tokens, completion_tokens;
-    long long ntokens;
-    int ntool_calls;        /* tool call indices announced (id+name sent) */
-    bool started_sent;
-    uint64_t t_start_us, t_first_us, last_byte_ms;
+    oai_stream st;          /* the reply being read (sink, parser, usage) */
 } oai_job;
 
 struct oai_backend {
@@ -143,221 +122,8 @@ struct oai_backend {
 };
 
 /* ======================================================================== */
-/* Stream parsing (job thread)                                              */
+/* libcurl's callbacks: the reply goes to the job's parser (openai_stream.h) */
 /* ======================================================================== */
-
-static void job_fail(oai_job *j, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void job_fail(oai_job *j, const char *code, const char *fmt, ...)
-{
-    if (j->failed)
-        return; /* keep the first cause */
-    j->failed = true;
-    snprintf(j->err_code, sizeof j->err_code, "%s", code);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(j->err_msg, sizeof j->err_msg, fmt, ap);
-    va_end(ap);
-}
-
-static void send_started(oai_job *j)
-{
-    if (j->started_sent)
-        return;
-    j->started_sent = true;
-    j->sink.started(j->sink.ctx);
-}
-
-static void emit_text(oai_job *j, const char *text, size_t len)
-{
-    if (len == 0)
-        return;
-    send_started(j); /* the contract: started before the first token */
-    if (!j->t_first_us)
-        j->t_first_us = gp_now_mono_us();
-    j->ntokens++;
-    j->sink.token(j->sink.ctx, text, len, -1);
-}
-
-static void take_usage(oai_job *j, json_t *usage)
-{
-    if (!json_is_object(usage))
-        return;
-    json_t *pt = json_object_get(usage, "prompt_tokens");
-    json_t *ct = json_object_get(usage, "completion_tokens");
-    if (json_is_integer(pt))
-        j->prompt_tokens = json_integer_value(pt);
-    if (json_is_integer(ct))
-        j->completion_tokens = json_integer_value(ct);
-}
-
-/* Which stop string an upstream stopped on, when it says so: vLLM puts it
- * in the choice's "stop_reason", llama-server in "stopping_word". Taken
- * only when it is one of the job's own (an upstream cannot name others). */
-static void take_stop_word(oai_job *j, const json_t *v)
-{
-    const char *w = json_string_value(v);
-    size_t i;
-    const json_t *s;
-    if (!w || !*w || j->stop_seq)
-        return;
-    json_array_foreach(j->stops, i, s)
-    {
-        if (json_is_string(s) && strcmp(json_string_value(s), w) == 0) {
-            j->stop_seq = strdup(w);
-            return;
-        }
-    }
-}
-
-static void take_finish(oai_job *j, json_t *c0)
-{
-    const char *fr = json_string_value(json_object_get(c0, "finish_reason"));
-    if (fr && *fr)
-        snprintf(j->finish, sizeof j->finish, "%s", fr);
-    take_stop_word(j, json_object_get(c0, "stop_reason"));
-    take_stop_word(j, json_object_get(c0, "stopping_word"));
-}
-
-#define MAX_TOOL_CALLS 128
-
-/* The tool_calls array of a delta (streamed: pieces with an index; the
- * first piece of a call carries id and name) or of a message (whole
- * calls). Each piece becomes one tool_call event. Returns 0, or 2 with the
- * job failed. */
-static int take_tool_calls(oai_job *j, json_t *calls, bool streamed)
-{
-    if (!calls || json_is_null(calls))
-        return 0;
-    if (!json_is_array(calls)) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream tool_calls is not an array");
-        return 2;
-    }
-    size_t i;
-    json_t *c;
-    json_array_foreach(calls, i, c)
-    {
-        json_t *ix = json_object_get(c, "index");
-        json_t *fn = json_object_get(c, "function");
-        json_t *args = json_object_get(fn, "arguments");
-        /* Without an index (whole messages; some servers' streams): a
-         * piece with a function name starts the next call, one without
-         * continues the last. */
-        long long index = json_is_integer(ix) ? json_integer_value(ix)
-                          : !streamed || json_string_value(json_object_get(fn, "name"))
-                              ? j->ntool_calls
-                              : j->ntool_calls - 1;
-        if (!json_is_object(c) || (ix && !json_is_integer(ix)) || index < 0 ||
-            index >= MAX_TOOL_CALLS || (fn && !json_is_object(fn)) ||
-            (args && !json_is_null(args) && !json_is_string(args))) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a malformed tool call");
-            return 2;
-        }
-        const char *id = json_string_value(json_object_get(c, "id"));
-        const char *name = json_string_value(json_object_get(fn, "name"));
-        bool first = index >= j->ntool_calls;
-        if (first) {
-            /* A call starts: it must say which function (ids are made up
-             * when the upstream gives none). Calls arrive in index order. */
-            if (!name || index != j->ntool_calls) {
-                job_fail(j, "UPSTREAM_MALFORMED",
-                         "upstream tool call %lld starts without a function name", index);
-                return 2;
-            }
-            j->ntool_calls++;
-        }
-        char made[160];
-        if (first && !id) {
-            snprintf(made, sizeof made, "call_%s_%lld", j->id, index);
-            id = made;
-        }
-        if (!j->t_first_us)
-            j->t_first_us = gp_now_mono_us();
-        send_started(j);
-        if (j->sink.tool_call)
-            j->sink.tool_call(j->sink.ctx, (int)index, first ? id : NULL, first ? name : NULL,
-                          json_string_value(args) ? json_string_value(args) : "",
-                          json_string_value(args) ? json_string_length(args) : 0);
-    }
-    return 0;
-}
-
-/* One parsed chunk object (streamed), or the whole reply (not streamed). */
-static int handle_object(oai_job *j, json_t *obj, bool streamed)
-{
-    if (!json_is_object(obj)) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not a JSON object");
-        return 2;
-    }
-    json_t *err = json_object_get(obj, "error");
-    if (err && !json_is_null(err)) {
-        const char *m = json_string_value(json_object_get(err, "message"));
-        if (!m)
-            m = json_string_value(err);
-        job_fail(j, "UPSTREAM_ERROR", "upstream reported an error: %.200s", m ? m : "(no message)");
-        return 2;
-    }
-    json_t *choices = json_object_get(obj, "choices");
-    if (choices && !json_is_array(choices)) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream chunk has a 'choices' that is not an array");
-        return 2;
-    }
-    json_t *c0 = json_array_get(choices, 0);
-    if (c0) {
-        if (!json_is_object(c0)) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream choice is not an object");
-            return 2;
-        }
-        json_t *t;
-        if (j->chat)
-            t = json_object_get(json_object_get(c0, streamed ? "delta" : "message"), "content");
-        else
-            t = json_object_get(c0, "text");
-        if (t && !json_is_null(t) && !json_is_string(t)) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream text is not a string");
-            return 2;
-        }
-        if (json_is_string(t))
-            emit_text(j, json_string_value(t), json_string_length(t));
-        if (j->chat && take_tool_calls(j,
-                                       json_object_get(json_object_get(c0, streamed ? "delta"
-                                                                                    : "message"),
-                                                       "tool_calls"),
-                                       streamed) != 0)
-            return 2;
-        take_finish(j, c0);
-    } else if (!streamed) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no choices");
-        return 2;
-    }
-    take_usage(j, json_object_get(obj, "usage"));
-    take_stop_word(j, json_object_get(obj, "stopping_word"));
-    /* An upstream that is itself a pool says how it ran the request (the
-     * last stream chunk or the body); the end event passes it on. */
-    json_t *meta = json_object_get(obj, "x_pool_meta");
-    if (json_is_object(meta) && j->sink.upstream_meta)
-        j->sink.upstream_meta(j->sink.ctx, meta);
-    return 0;
-}
-
-/* SSE event data. Returns 0 to go on, 1 at [DONE], 2 on failure. */
-static int on_sse_data(void *ud, const char *data, size_t len)
-{
-    oai_job *j = ud;
-    if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
-        j->done_seen = true;
-        return 1;
-    }
-    json_error_t je;
-    json_t *obj = json_loadb(data, len, 0, &je);
-    if (!obj) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not JSON (%s)", je.text);
-        return 2;
-    }
-    int rc = handle_object(j, obj, true);
-    json_decref(obj);
-    return rc;
-}
 
 /* A stream said [DONE] inside a libcurl callback: the loop finishes the job
  * once curl_multi_socket_action returns (never from inside libcurl). The
@@ -365,178 +131,29 @@ static int on_sse_data(void *ud, const char *data, size_t len)
  * the same read, lets the connection be reused. */
 static void queue_done(oai_job *j)
 {
-    if (!j->b || j->done_queued)
+    if (j->done_queued)
         return;
     j->done_queued = true;
     j->in_next = j->b->done_list;
     j->b->done_list = j;
 }
 
-/* libcurl write callback. Returning anything but n aborts the transfer. */
+/* Returning anything but n aborts the transfer. */
 static size_t on_write(char *p, size_t sz, size_t nm, void *ud)
 {
     oai_job *j = ud;
     size_t n = sz * nm;
-    j->last_byte_ms = gp_now_mono_ms();
-    if (j->done_seen)
-        return n; /* after [DONE]: the rest of the body is not read */
-    if (j->mode == BODY_UNKNOWN) {
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no Content-Type");
-        return 0;
-    }
-    switch (j->mode) {
-    case BODY_ERROR:
-        if (j->raw.len < MAX_ERRBODY)
-            gp_buf_append(&j->raw, p, n < MAX_ERRBODY - j->raw.len ? n : MAX_ERRBODY - j->raw.len);
-        return n;
-    case BODY_JSON:
-        if (j->raw.len + n > MAX_JSONBODY) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply larger than %u bytes", MAX_JSONBODY);
-            return 0;
-        }
-        gp_buf_append(&j->raw, p, n);
-        return n;
-    case BODY_SSE: {
-        int rc = agent_sse_feed(&j->sse, p, n, on_sse_data, j);
-        if (rc == 0)
-            return n;
-        if (rc == 1) {
-            queue_done(j);
-            return n;
-        }
-        if (rc < 0)
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream sent an SSE line longer than %u bytes",
-                     MAX_SSE_LINE);
-        return 0; /* failure: stop reading */
-    }
-    default:
-        return 0;
-    }
+    int rc = oai_stream_body(&j->st, p, n);
+    if (rc == 1)
+        queue_done(j);
+    return rc < 0 ? 0 : n;
 }
 
-/* Decide how to read the body, once the status and headers are in. */
 static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
 {
     oai_job *j = ud;
     size_t n = sz * nm;
-    j->last_byte_ms = gp_now_mono_ms();
-    if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
-        /* status line: parse the code */
-        const char *sp = memchr(p, ' ', n);
-        j->status = sp ? strtol(sp + 1, NULL, 10) : 0;
-        j->mode = j->status >= 200 && j->status < 300 ? BODY_UNKNOWN : BODY_ERROR;
-        return n;
-    }
-    if ((n == 2 && p[0] == '\r' && p[1] == '\n') || (n == 1 && p[0] == '\n')) {
-        /* The headers are in: a usable generation reply has started. */
-        if (!j->count && j->status >= 200 && j->status < 300 &&
-            (j->mode == BODY_SSE || j->mode == BODY_JSON))
-            send_started(j);
-        return n;
-    }
-    if (n > 13 && strncasecmp(p, "content-type:", 13) == 0 && j->status >= 200 &&
-        j->status < 300) {
-        const char *v = p + 13;
-        while (*v == ' ' || *v == '\t')
-            v++;
-        if (strncasecmp(v, "text/event-stream", 17) == 0)
-            j->mode = BODY_SSE;
-        else if (strncasecmp(v, "application/json", 16) == 0)
-            j->mode = BODY_JSON;
-        else {
-            char ct[64];
-            size_t l = strcspn(v, "\r\n;");
-            snprintf(ct, sizeof ct, "%.*s", (int)(l < 60 ? l : 60), v);
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream replied with Content-Type '%s'", ct);
-            return 0;
-        }
-    }
-    return n;
-}
-
-/* Fills err/msg for a finished non-2xx reply. */
-static void fail_status(oai_job *j)
-{
-    json_t *b = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, NULL);
-    const char *m = json_string_value(json_object_get(json_object_get(b, "error"), "message"));
-    if (!m)
-        m = json_string_value(json_object_get(b, "error"));
-    if (!m)
-        m = json_string_value(json_object_get(b, "message"));
-    if (m)
-        job_fail(j, "UPSTREAM_ERROR", "upstream replied HTTP %ld: %.200s", j->status, m);
-    else
-        job_fail(j, "UPSTREAM_ERROR", "upstream replied HTTP %ld", j->status);
-    json_decref(b);
-}
-
-/* ======================================================================== */
-/* Job thread                                                               */
-/* ======================================================================== */
-
-/* After the transfer (or a failure to start it): turn what was read into the
- * job's terminal events. Kept apart from the curl loop so that the fuzz
- * target (tests/fuzz/fuzz_agent_stream.c) runs exactly this code. */
-static void job_finish(oai_job *j, bool transfer_done, CURLcode result)
-{
-    if (atomic_load(&j->cancel)) {
-        j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
-        return;
-    }
-    if (!j->failed && transfer_done && result != CURLE_OK && !j->done_seen) {
-        if (result == CURLE_OPERATION_TIMEDOUT)
-            job_fail(j, "UPSTREAM_TIMEOUT", "upstream: %s", curl_easy_strerror(result));
-        else
-            job_fail(j, "UPSTREAM_ERROR", "upstream connection failed: %s",
-                     curl_easy_strerror(result));
-    }
-    if (!j->failed && (j->status < 200 || j->status >= 300))
-        fail_status(j);
-    if (!j->failed && j->mode == BODY_SSE && !j->done_seen) {
-        int rc = agent_sse_finish(&j->sse, on_sse_data, j);
-        if (rc == 0 && !j->done_seen && !j->failed)
-            job_fail(j, "UPSTREAM_ERROR", "upstream stream ended before [DONE]");
-    }
-    if (!j->failed && j->mode == BODY_JSON) {
-        json_error_t je;
-        json_t *obj = json_loadb(j->raw.data ? j->raw.data : "", j->raw.len, 0, &je);
-        if (!obj) {
-            job_fail(j, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
-        } else {
-            send_started(j);
-            handle_object(j, obj, false);
-        }
-        json_decref(obj);
-    }
-    if (!j->failed && j->mode != BODY_SSE && j->mode != BODY_JSON)
-        job_fail(j, "UPSTREAM_MALFORMED", "upstream reply has no usable body");
-    if (j->failed) {
-        j->sink.error(j->sink.ctx, j->err_code, j->err_msg);
-        return;
-    }
-    send_started(j);
-    {
-        uint64_t now = gp_now_mono_us();
-        long long ct = j->completion_tokens >= 0 ? j->completion_tokens : j->ntokens;
-        json_t *m = json_object();
-        if (j->t_first_us)
-            json_object_set_new(m, "ttft_ms", json_real((double)(j->t_first_us - j->t_start_us) / 1000.0));
-        if (j->t_first_us && now > j->t_first_us && ct > 1)
-            json_object_set_new(m, "tokens_per_sec",
-                                json_real((double)(ct - 1) * 1e6 / (double)(now - j->t_first_us)));
-        json_object_set_new(m, "total_ms", json_real((double)(now - j->t_start_us) / 1000.0));
-        j->sink.metrics(j->sink.ctx, m);
-        json_decref(m);
-        /* A reply that called tools ends with tool_calls whatever the
-         * upstream said (some say "stop"), unless it ran out of tokens. */
-        const char *fr = strcmp(j->finish, "length") == 0 ? "length"
-                         : j->ntool_calls > 0 || strcmp(j->finish, "tool_calls") == 0
-                             ? "tool_calls"
-                             : "stop";
-        if (j->stop_seq && strcmp(fr, "stop") == 0 && j->sink.stop_sequence)
-            j->sink.stop_sequence(j->sink.ctx, j->stop_seq);
-        j->sink.end(j->sink.ctx, fr, j->prompt_tokens, ct);
-    }
+    return oai_stream_header(&j->st, p, n) == 0 ? n : 0;
 }
 
 /* Headers every upstream request carries. NULL on ENOMEM. */
@@ -588,12 +205,10 @@ static void job_free(oai_job *j)
     if (j->easy)
         curl_easy_cleanup(j->easy);
     curl_slist_free_all(j->hdrs);
-    agent_sse_free(&j->sse);
-    gp_buf_free(&j->raw);
+    oai_stream_free(&j->st);
     free(j->body);
     free(j->count_body);
     json_decref(j->stops);
-    free(j->stop_seq);
     free(j->correlation_id);
     free(j->pool_options);
     free(j);
@@ -635,10 +250,10 @@ static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *b
     const agent_options *o = b->o;
     CURL *easy = curl_easy_init();
     if (!easy) {
-        job_fail(j, "INTERNAL_ERROR", "cannot create an HTTP handle");
+        oai_stream_fail(&j->st, "INTERNAL_ERROR", "cannot create an HTTP handle");
         return -1;
     }
-    j->last_byte_ms = gp_now_mono_ms();
+    j->st.last_byte_ms = gp_now_mono_ms();
     curl_easy_setopt(easy, CURLOPT_URL, url);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, j->hdrs);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
@@ -655,7 +270,7 @@ static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *b
     if (o->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
     if (curl_multi_add_handle(b->multi, easy) != CURLM_OK) {
-        job_fail(j, "INTERNAL_ERROR", "cannot start the upstream request");
+        oai_stream_fail(&j->st, "INTERNAL_ERROR", "cannot start the upstream request");
         curl_easy_cleanup(easy);
         return -1;
     }
@@ -663,22 +278,12 @@ static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *b
     return 0;
 }
 
-/* Forget what one count attempt read, before the next method. */
-static void count_reset(oai_job *j)
-{
-    j->failed = false;
-    j->err_code[0] = j->err_msg[0] = '\0';
-    j->status = 0;
-    j->mode = BODY_UNKNOWN;
-    j->raw.len = 0;
-}
-
 /* The metrics event that marks a count as an estimate (the sink copies it). */
 static void mark_estimated(oai_job *j)
 {
     json_t *m = json_pack("{s:i}", "count_estimated", 1);
     if (m)
-        j->sink.metrics(j->sink.ctx, m);
+        j->st.sink.metrics(j->st.sink.ctx, m);
     json_decref(m);
 }
 
@@ -693,21 +298,21 @@ static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode resu
     const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
     long long n = 0;
     bool est = false;
-    if (done && result == CURLE_OK && j->status >= 200 && j->status < 300 &&
-        oai_count_parse((oai_count_method)m, j->raw.data, j->raw.len, &n, &est) == 0) {
+    if (done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300 &&
+        oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
         atomic_store(&b->count_method, m);
-        send_started(j);
+        oai_stream_started(&j->st);
         if (est)
             mark_estimated(j);
-        j->sink.end(j->sink.ctx, "stop", n, 0);
+        j->st.sink.end(j->st.sink.ctx, "stop", n, 0);
         job_release(b, j);
         return;
     }
     gp_log_write(GP_LOG_DEBUG, "count_method_failed", j->correlation_id,
                  json_pack("{s:s,s:s,s:i}", "job_id", j->id, "url", url, "status",
-                           (int)j->status),
+                           (int)j->st.status),
                  "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id, url,
-                 j->status, j->failed ? ": " : "", j->failed ? j->err_msg : "");
+                 j->st.status, j->st.failed ? ": " : "", j->st.failed ? j->st.err_msg : "");
     j->count_m++;
     count_try(b, j);
 }
@@ -721,7 +326,7 @@ static void count_try(oai_backend *b, oai_job *j)
         const char *body = m == OAI_COUNT_MESSAGES ? j->count_body : j->body;
         if (!body)
             continue;
-        count_reset(j);
+        oai_stream_reset(&j->st);
         if (xfer_start(b, j, m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize, body) == 0)
             return; /* count_step_done when it ends */
         count_step_done(b, j, false, CURLE_OK);
@@ -731,10 +336,19 @@ static void count_try(oai_backend *b, oai_job *j)
      * estimate, and say so. */
     atomic_store(&b->count_method, j->count_first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
                                                                          : OAI_COUNT_TOKENIZE);
-    send_started(j);
+    oai_stream_started(&j->st);
     mark_estimated(j);
-    j->sink.end(j->sink.ctx, "stop", j->count_estimate, 0);
+    j->st.sink.end(j->st.sink.ctx, "stop", j->count_estimate, 0);
     job_release(b, j);
+}
+
+/* The reply's terminal events after a transfer that libcurl ended with an
+ * error (ignored by the parser once [DONE] was read). */
+static void xfer_fail(oai_job *j, const char *code, const char *prefix, CURLcode result)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "%s%s", prefix, curl_easy_strerror(result));
+    oai_stream_finish(&j->st, code, msg);
 }
 
 /* A transfer is over (done: it ran to its end with result; else it was
@@ -743,11 +357,16 @@ static void count_try(oai_backend *b, oai_job *j)
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     xfer_drop(b, j);
-    if (j->count) {
+    if (j->st.count) {
         count_step_done(b, j, done, result);
         return;
     }
-    job_finish(j, done, result);
+    if (!done || result == CURLE_OK)
+        oai_stream_finish(&j->st, NULL, NULL); /* not done: the job failed already */
+    else if (result == CURLE_OPERATION_TIMEDOUT)
+        xfer_fail(j, "UPSTREAM_TIMEOUT", "upstream: ", result);
+    else
+        xfer_fail(j, "UPSTREAM_ERROR", "upstream connection failed: ", result);
     job_release(b, j);
 }
 
@@ -760,22 +379,20 @@ static void job_begin(oai_backend *b, oai_job *j)
         struct timeval tv = {0, 200 * 1000};
         evtimer_add(b->sweep_timer, &tv);
     }
-    j->t_start_us = gp_now_mono_us();
-    j->last_byte_ms = gp_now_mono_ms();
+    j->st.t_start_us = gp_now_mono_us();
+    j->st.last_byte_ms = gp_now_mono_ms();
     j->hdrs = job_headers(j);
     if (!j->hdrs) {
-        job_fail(j, "INTERNAL_ERROR", "out of memory");
-        if (!j->count) {
-            xfer_end(b, j, false, CURLE_OK);
-            return;
-        }
+        j->st.sink.error(j->st.sink.ctx, "INTERNAL_ERROR", "out of memory");
+        job_release(b, j);
+        return;
     }
-    if (j->count) {
+    if (j->st.count) {
         j->count_first = j->count_m = atomic_load(&b->count_method);
         count_try(b, j);
         return;
     }
-    if (xfer_start(b, j, j->chat ? b->url_chat : b->url_completions, j->body) != 0)
+    if (xfer_start(b, j, j->st.chat ? b->url_chat : b->url_completions, j->body) != 0)
         xfer_end(b, j, false, CURLE_OK);
 }
 
@@ -783,7 +400,7 @@ static void job_begin(oai_backend *b, oai_job *j)
 static void job_stop(oai_backend *b, oai_job *j)
 {
     xfer_drop(b, j);
-    j->sink.error(j->sink.ctx, "CANCELLED", "the job was cancelled");
+    j->st.sink.error(j->st.sink.ctx, "CANCELLED", "the job was cancelled");
     job_release(b, j);
 }
 
@@ -898,7 +515,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     oai_job *stalled = NULL;
     pthread_mutex_lock(&b->mu); /* the list; its transfers are the loop's */
     for (oai_job *j = b->jobs; j; j = j->next)
-        if (j->easy && !j->done_queued && now - j->last_byte_ms > stall_ms) {
+        if (j->easy && !j->done_queued && now - j->st.last_byte_ms > stall_ms) {
             j->in_next = stalled;
             stalled = j;
         }
@@ -906,7 +523,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     while (stalled) {
         oai_job *j = stalled;
         stalled = j->in_next;
-        job_fail(j, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
+        oai_stream_fail(&j->st, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
                  (long long)b->o->upstream_timeout_sec);
         xfer_end(b, j, false, CURLE_OK);
     }
@@ -929,7 +546,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     if (b->cancel_pending) {
         b->cancel_pending = false;
         for (oai_job *j = b->jobs; j; j = j->next)
-            if (atomic_load(&j->cancel) && !j->cancel_taken)
+            if (j->cancel && !j->cancel_taken)
                 j->cancel_taken = true;
     }
     if (b->stopping)
@@ -1152,19 +769,12 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     snprintf(j->id, sizeof j->id, "%s", id);
     j->b = b;
-    j->sink = *sink;
-    j->chat = chat;
-    j->count = count;
-    j->prompt_tokens = -1;
-    j->completion_tokens = -1;
-    atomic_init(&j->cancel, false);
-    agent_sse_init(&j->sse, MAX_SSE_LINE);
-    gp_buf_init(&j->raw);
-    j->body = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
     json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
     if (json_is_array(stops) && json_array_size(stops) > 0)
         j->stops = json_deep_copy(stops);
+    oai_stream_init(&j->st, sink, j->id, chat, count, j->stops, MAX_SSE_LINE);
+    j->body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
     if (count) {
         json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
         j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
@@ -1208,8 +818,8 @@ static void oai_job_cancel(agent_backend *base, const char *job_id)
     bool found = false;
     pthread_mutex_lock(&b->mu);
     for (oai_job *j = b->jobs; j; j = j->next)
-        if (strcmp(j->id, job_id) == 0 && !atomic_load(&j->cancel)) {
-            atomic_store(&j->cancel, true);
+        if (strcmp(j->id, job_id) == 0 && !j->cancel) {
+            j->cancel = true;
             b->cancel_pending = found = true;
         }
     pthread_mutex_unlock(&b->mu);
@@ -1227,7 +837,7 @@ static void oai_destroy(agent_backend *base)
          * leaves once no job runs. */
         pthread_mutex_lock(&b->mu);
         for (oai_job *j = b->jobs; j; j = j->next)
-            atomic_store(&j->cancel, true);
+            j->cancel = true;
         b->cancel_pending = b->stopping = true;
         pthread_mutex_unlock(&b->mu);
         loop_wake(b);
