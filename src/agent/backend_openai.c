@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -866,6 +867,24 @@ static void oai_destroy(agent_backend *base)
     free(b);
 }
 
+/* Every stream is a socket: with more slots than the open-files soft limit
+ * allows (systemd's default is 1024), take it up towards the hard limit. */
+static void fd_limit_for_slots(long slots)
+{
+    struct rlimit rl;
+    rlim_t want = (rlim_t)slots + 64; /* the agent's own connections, the pipe, logs */
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
+        return;
+    rlim_t before = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+        rl.rlim_cur = before;
+    if (rl.rlim_cur < want)
+        gp_log_warn("fd_limit", "open files limit %llu is below --slots %ld + 64: streams past it "
+                    "fail to connect (raise LimitNOFILE)",
+                    (unsigned long long)rl.rlim_cur, slots);
+}
+
 /* The loop's event base, wake pipe, timers and multi handle, then its
  * thread. 0, or -1 with err set (oai_destroy frees what was made). */
 static int loop_init(oai_backend *b, char *err, size_t errlen)
@@ -898,6 +917,7 @@ static int loop_init(oai_backend *b, char *err, size_t errlen)
      * can use again at once. */
     long slots = b->o->slots > 0 ? (long)b->o->slots : 1;
     curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, slots + 4);
+    fd_limit_for_slots(slots);
     if (pthread_create(&b->th, NULL, loop_main, b) != 0) {
         snprintf(err, errlen, "openai backend: cannot start its loop thread");
         return -1;
