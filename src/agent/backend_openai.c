@@ -5,10 +5,11 @@
  * One loop thread for every job, as nginx's upstream module runs: a
  * libevent event_base and one libcurl multi handle driven through
  * curl_multi_socket_action, so an agent with --slots 1024 holds 1,024
- * upstream streams on one thread and a few KiB each (a job, its easy
- * handle, its parser buffers). Connections to the upstream are kept alive
- * and reused between jobs. Other threads never touch curl: job_start and
- * job_cancel queue their work under the backend's mutex and wake the loop
+ * upstream streams on one thread, about 15 KiB each (mostly libcurl's
+ * easy handle, its 4 KiB receive buffer and connection; docs/scaling.md).
+ * Connections to the upstream are kept alive and reused between jobs.
+ * Other threads never touch curl: job_start and job_cancel queue their
+ * work under the backend's mutex and wake the loop
  * through a pipe; the loop starts transfers, and a cancel drops the
  * transfer at once (the upstream sees its client go away and stops
  * generating). Handles are removed only outside libcurl's callbacks (a
