@@ -7,9 +7,14 @@ holds each one before its first token (first_delay_ms, a gate that a control
 call opens). Once the upstream holds all 200 at once, the agent's thread
 count (/proc/PID/status) must still be small; then the gate opens and every
 stream must complete with exactly the text the upstream generated for it.
+A second test cancels 100 held streams at once (their clients go away): the
+upstream must see every one of its clients go, and the agent's slots must be
+free again.
 """
 
+import json
 import os
+import socket
 import sys
 import threading
 import unittest
@@ -96,6 +101,41 @@ class ManyStreamsTest(harness.TestCase):
         self.assertEqual(len(log), STREAMS)
         self.assertTrue(all(r["outcome"] == "complete" for r in log),
                         [r["outcome"] for r in log if r["outcome"] != "complete"])
+        self.assertLessEqual(threads_of(agent.pid), MAX_THREADS)
+
+    def test_100_held_streams_cancelled_at_once(self):
+        n = 100
+        up = self.h.start_upstream(["--tokens", str(TOKENS), "--first-delay-ms", "600000"])
+        srv = self.h.start_server(FAST)
+        agent = self.h.start_agent(srv, upstream=up, model="m1", slots=n)
+        srv.wait_model("m1")
+        host, port = "127.0.0.1", int(srv.url.rsplit(":", 1)[1])
+        socks = []
+        for i in range(n):
+            body = json.dumps({"model": "m1", "stream": True, "prompt": "c%d" % i}).encode()
+            s = socket.create_connection((host, port), timeout=30)
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                      % len(body) + body)
+            socks.append(s)
+        wait_until(lambda: len(up.log_entries()) >= n, timeout=60,
+                   what="%d requests held at the upstream" % n)
+        self.assertLessEqual(threads_of(agent.pid), MAX_THREADS)
+        for s in socks:
+            s.close()
+        # Every client went away: the server cancels each job, the agent drops
+        # each transfer, and the upstream sees each of its clients go.
+        wait_until(lambda: all(r["outcome"] == "client_gone" for r in up.log_entries()),
+                   timeout=60, what="the upstream saw all %d clients go" % n)
+        # All n slots are free again: a request after them is served at once.
+        up.control(first_delay_ms=0)
+        st, _, raw = http_request("POST", srv.url + "/v1/completions",
+                                  {"model": "m1", "stream": True, "prompt": "after all"},
+                                  timeout=60)
+        self.assertEqual(st, 200, raw)
+        chunks = [c for c in sse_data_json(parse_sse(raw)) if c.get("choices")]
+        self.assertEqual("".join(c["choices"][0].get("text") or "" for c in chunks),
+                         "".join(upstream_mod.expected_tokens("after all", TOKENS)))
         self.assertLessEqual(threads_of(agent.pid), MAX_THREADS)
 
 
