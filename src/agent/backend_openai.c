@@ -450,7 +450,8 @@ static void loop_settle(oai_backend *b)
 static void on_sock_event(evutil_socket_t fd, short what, void *arg)
 {
     oai_backend *b = arg;
-    int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) | ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
+    int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) |
+                 ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
     int running = 0;
     curl_multi_socket_action(b->multi, fd, action, &running);
     loop_settle(b);
@@ -526,7 +527,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
         oai_job *j = stalled;
         stalled = j->in_next;
         oai_stream_fail(&j->st, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
-                 (long long)b->o->upstream_timeout_sec);
+                        (long long)b->o->upstream_timeout_sec);
         xfer_end(b, j, false, CURLE_OK);
     }
 }

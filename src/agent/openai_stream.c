@@ -160,7 +160,7 @@ static int take_tool_calls(oai_stream *s, json_t *calls, bool streamed)
              * when the upstream gives none). Calls arrive in index order. */
             if (!name || index != s->ntool_calls) {
                 oai_stream_fail(s, "UPSTREAM_MALFORMED",
-                         "upstream tool call %lld starts without a function name", index);
+                                "upstream tool call %lld starts without a function name", index);
                 return 2;
             }
             s->ntool_calls++;
@@ -193,12 +193,14 @@ static int handle_object(oai_stream *s, json_t *obj, bool streamed)
         const char *m = json_string_value(json_object_get(err, "message"));
         if (!m)
             m = json_string_value(err);
-        oai_stream_fail(s, "UPSTREAM_ERROR", "upstream reported an error: %.200s", m ? m : "(no message)");
+        oai_stream_fail(s, "UPSTREAM_ERROR", "upstream reported an error: %.200s",
+                        m ? m : "(no message)");
         return 2;
     }
     json_t *choices = json_object_get(obj, "choices");
     if (choices && !json_is_array(choices)) {
-        oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream chunk has a 'choices' that is not an array");
+        oai_stream_fail(s, "UPSTREAM_MALFORMED",
+                        "upstream chunk has a 'choices' that is not an array");
         return 2;
     }
     json_t *c0 = json_array_get(choices, 0);
@@ -250,7 +252,8 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     json_error_t je;
     json_t *obj = json_loadb(data, len, 0, &je);
     if (!obj) {
-        oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not JSON (%s)", je.text);
+        oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not JSON (%s)",
+                        je.text);
         return 2;
     }
     int rc = handle_object(s, obj, true);
@@ -300,8 +303,8 @@ int oai_stream_body(oai_stream *s, const char *p, size_t n)
         if (rc == 0 || rc == 1)
             return rc; /* 1: [DONE] */
         if (rc < 0)
-            oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream sent an SSE line longer than %zu bytes",
-                            s->sse.max_line);
+            oai_stream_fail(s, "UPSTREAM_MALFORMED",
+                            "upstream sent an SSE line longer than %zu bytes", s->sse.max_line);
         return -1;
     }
     }
