@@ -7,8 +7,8 @@
  * The agent's main thread owns the backend object: it calls create,
  * models, poll_facts, job_start, job_cancel and destroy, never concurrently.
  * Each backend runs its jobs on its own thread(s) (the openai backend: one
- * thread per job driving a libcurl transfer; the gguf backend: its decode
- * thread). Those threads report a job's progress through the
+ * loop thread driving every job's libcurl transfer; the gguf backend: its
+ * decode thread). Those threads report a job's progress through the
  * agent_job_sink given to job_start. Sink callbacks:
  *   - may be called from any backend thread, for different jobs at once;
  *   - are thread-safe and never block for long: they copy their arguments

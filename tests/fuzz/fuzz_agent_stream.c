@@ -1,8 +1,8 @@
 /*
  * libFuzzer target: the openai backend's reading of an upstream reply
- * (src/agent/backend_openai.c), included so that its static callbacks run
- * exactly as libcurl drives them: the header callback, the body in pieces
- * through on_write (SSE or JSON or error body), then job_finish.
+ * (src/agent/openai_stream.h), driven as the backend's libcurl callbacks
+ * drive it: the header lines, the body in pieces (SSE or JSON or error
+ * body) until the parser says stop, then oai_stream_finish.
  *
  * Input: byte 0 picks the reply's shape, byte 1 the piece size, the rest is
  * the body.
@@ -15,20 +15,31 @@
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "agent/backend_openai.c"
+#include "agent/openai_count.h"
+#include "agent/openai_stream.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 typedef struct {
     int nend, nerror, after_terminal;
+    bool started;
 } rec;
 
-static void r_started(void *c) { ((rec *)c)->after_terminal += ((rec *)c)->nend + ((rec *)c)->nerror; }
+static void r_started(void *c)
+{
+    rec *r = c;
+    r->after_terminal += r->nend + r->nerror + r->started; /* once, before the end */
+    r->started = true;
+}
 static void r_token(void *c, const char *t, size_t n, int32_t id)
 {
     rec *r = c;
     (void)id;
+    if (!r->started) /* started comes before the first token */
+        abort();
     volatile char x = 0;
     for (size_t i = 0; i < n; i++) /* the whole piece must be readable */
         x ^= t[i];
@@ -45,9 +56,15 @@ static void r_tool(void *c, int index, const char *id, const char *name, const c
                    size_t n)
 {
     rec *r = c;
-    if (index < 0 || (n && !args))
+    if (index < 0 || (n && !args) || !r->started)
         abort();
     r->after_terminal += r->nend + r->nerror;
+}
+static void r_stop(void *c, const char *seq)
+{
+    rec *r = c;
+    if (!seq || r->nend + r->nerror)
+        abort();
 }
 static void r_end(void *c, const char *fr, long long pt, long long ct)
 {
@@ -78,19 +95,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 2;
 
     rec r = {0};
-    oai_job j;
-    memset(&j, 0, sizeof j);
-    j.sink = (agent_job_sink){.ctx = &r,
-                              .started = r_started,
-                              .token = r_token,
-                              .metrics = r_metrics,
-                              .end = r_end,
-                              .error = r_error,
-                              .tool_call = r_tool};
-    j.chat = (flags & 8) != 0;
     if (flags & 16) {
         /* A count_tokens reply: parsed by openai_count.c for each method
-         * (count jobs do not go through job_finish). */
+         * (count replies do not go through oai_stream_finish). */
         long long cnt = -1;
         bool est = false;
         for (int m = OAI_COUNT_MESSAGES; m <= OAI_COUNT_TOKENIZE; m++)
@@ -98,31 +105,44 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 abort();
         return 0;
     }
-    j.prompt_tokens = j.completion_tokens = -1;
-    atomic_init(&j.cancel, false);
+    const agent_job_sink sink = {.ctx = &r,
+                                 .started = r_started,
+                                 .token = r_token,
+                                 .metrics = r_metrics,
+                                 .end = r_end,
+                                 .error = r_error,
+                                 .tool_call = r_tool,
+                                 .stop_sequence = r_stop};
+    static const char *const stop_words[] = {"\n\n", "END"};
+    json_t *stops = json_pack("[s,s]", stop_words[0], stop_words[1]);
+    oai_stream s;
     /* A small line bound so that the overlong-line path is reachable. */
-    agent_sse_init(&j.sse, 4096);
-    gp_buf_init(&j.raw);
+    oai_stream_init(&s, &sink, "fuzz", (flags & 8) != 0, false, stops, 4096);
 
     char status[] = "HTTP/1.1 200 OK\r\n";
     if (flags & 4)
         memcpy(status + 9, "500", 3);
-    bool go = on_header(status, 1, strlen(status), &j) == strlen(status);
+    bool go = oai_stream_header(&s, status, strlen(status)) == 0;
     const char *ct = ctypes[(flags >> 0) & 3];
     if (go && ct)
-        go = on_header((char *)ct, 1, strlen(ct), &j) == strlen(ct);
+        go = oai_stream_header(&s, ct, strlen(ct)) == 0;
+    if (go)
+        go = oai_stream_header(&s, "\r\n", 2) == 0;
     while (go && n > 0) {
         size_t k = n < step ? n : step;
-        if (on_write((char *)p, 1, k, &j) != k)
+        if (oai_stream_body(&s, p, k) != 0)
             break;
         p += k;
         n -= k;
     }
-    job_finish(&j, true, (flags & 32) ? CURLE_RECV_ERROR : CURLE_OK);
+    if (flags & 32)
+        oai_stream_finish(&s, "UPSTREAM_ERROR", "upstream connection failed: reset");
+    else
+        oai_stream_finish(&s, NULL, NULL);
+    oai_stream_free(&s);
+    json_decref(stops);
 
     if (r.nend + r.nerror != 1 || r.after_terminal != 0)
         abort();
-    agent_sse_free(&j.sse);
-    gp_buf_free(&j.raw);
     return 0;
 }

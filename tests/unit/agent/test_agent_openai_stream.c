@@ -1,12 +1,13 @@
-/* Unit tests for the openai backend's stream handling: the file is included
- * so that the static parsing functions can be driven byte by byte, exactly
- * as libcurl would call them, with a recording event sink. */
+/* Unit tests for the openai backend's reading of a reply (openai_stream.h),
+ * driven byte by byte as libcurl would, with a recording event sink, and
+ * for its request building. Both files are included for their statics. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "agent/openai_stream.c" /* its statics: handle_object, fail_status */
 #include "agent/backend_openai.c"
 
 typedef struct {
@@ -51,47 +52,42 @@ static void r_tool(void *c, int index, const char *id, const char *name, const c
                    args);
 }
 
-static void job_init(oai_job *j, rec *r, bool chat)
+static void job_init(oai_stream *j, rec *r, bool chat)
 {
-    memset(j, 0, sizeof *j);
     memset(r, 0, sizeof *r);
     gp_buf_init(&r->text);
     gp_buf_init(&r->calls);
-    j->sink = (agent_job_sink){.ctx = r,
-                               .started = r_started,
-                               .token = r_token,
-                               .metrics = r_metrics,
-                               .end = r_end,
-                               .error = r_error,
-                               .tool_call = r_tool};
-    j->chat = chat;
-    j->prompt_tokens = j->completion_tokens = -1;
-    agent_sse_init(&j->sse, 1024);
-    gp_buf_init(&j->raw);
+    agent_job_sink sink = {.ctx = r,
+                           .started = r_started,
+                           .token = r_token,
+                           .metrics = r_metrics,
+                           .end = r_end,
+                           .error = r_error,
+                           .tool_call = r_tool};
+    oai_stream_init(j, &sink, "job1", chat, false, NULL, 1024);
 }
 
-static void job_done(oai_job *j, rec *r)
+static void job_done(oai_stream *j, rec *r)
 {
-    agent_sse_free(&j->sse);
-    gp_buf_free(&j->raw);
+    oai_stream_free(j);
     gp_buf_free(&r->text);
     gp_buf_free(&r->calls);
 }
 
-static size_t hdr(oai_job *j, const char *line)
+/* As libcurl's header callback: the line's length, or 0 to stop. */
+static size_t hdr(oai_stream *j, const char *line)
 {
-    return on_header((char *)line, 1, strlen(line), j);
+    return oai_stream_header(j, line, strlen(line)) == 0 ? strlen(line) : 0;
 }
 
 /* Feed the body in pieces of `step` bytes; returns bytes accepted overall. */
-static size_t body(oai_job *j, const char *s, size_t step)
+static size_t body(oai_stream *j, const char *s, size_t step)
 {
     size_t n = strlen(s), done = 0;
     while (done < n) {
         size_t k = n - done < step ? n - done : step;
-        size_t got = on_write((char *)s + done, 1, k, j);
-        if (got != k)
-            return done + got;
+        if (oai_stream_body(j, s + done, k) < 0)
+            return done;
         done += k;
     }
     return done;
@@ -111,15 +107,15 @@ static void chat_stream_any_split(void **st)
 {
     (void)st;
     for (size_t step = 1; step < 64; step++) {
-        oai_job j;
+        oai_stream j;
         rec r;
         job_init(&j, &r, true);
         hdr(&j, "HTTP/1.1 200 OK\r\n");
         hdr(&j, "Content-Type: text/event-stream; charset=utf-8\r\n");
         size_t n = body(&j, chat_stream, step);
-        /* Reading stops at [DONE]: the piece holding its blank line is refused. */
-        size_t len = strlen(chat_stream);
-        assert_int_equal(n, (len - 1) / step * step);
+        /* Everything is taken (what follows [DONE] is not parsed), so that
+         * the transfer can end and its connection be reused. */
+        assert_int_equal(n, strlen(chat_stream));
         assert_true(j.done_seen);
         assert_false(j.failed);
         assert_int_equal(r.ntokens, 2);
@@ -151,7 +147,7 @@ static void tool_calls_streamed(void **st)
 {
     (void)st;
     for (size_t step = 1; step < 40; step += 7) {
-        oai_job j;
+        oai_stream j;
         rec r;
         job_init(&j, &r, true);
         hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -171,7 +167,7 @@ static void tool_calls_streamed(void **st)
 static void tool_calls_whole_and_malformed(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, true);
     json_t *o = json_loads("{\"choices\":[{\"message\":{\"content\":null,\"tool_calls\":["
@@ -225,7 +221,7 @@ static void tool_calls_whole_and_malformed(void **st)
 static void completion_stream(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, false);
     hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -251,7 +247,7 @@ static void malformed_chunk_fails(void **st)
         "data: {\"choices\": [{\"text\": 12}]}\n\n",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        oai_job j;
+        oai_stream j;
         rec r;
         job_init(&j, &r, false);
         hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -267,7 +263,7 @@ static void malformed_chunk_fails(void **st)
 static void error_object_in_stream(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, true);
     hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -282,7 +278,7 @@ static void error_object_in_stream(void **st)
 static void overlong_line_fails(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, true);
     hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -299,7 +295,7 @@ static void overlong_line_fails(void **st)
 static void wrong_content_type_and_error_status(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, true);
     hdr(&j, "HTTP/1.1 200 OK\r\n");
@@ -331,7 +327,7 @@ static void wrong_content_type_and_error_status(void **st)
 static void json_reply_lenient(void **st)
 {
     (void)st;
-    oai_job j;
+    oai_stream j;
     rec r;
     job_init(&j, &r, true);
     hdr(&j, "HTTP/1.1 200 OK\r\n");

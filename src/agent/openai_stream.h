@@ -1,0 +1,102 @@
+/*
+ * openai_stream: reading one reply of an OpenAI-compatible upstream (the
+ * openai backend's parser). Bytes in, job events out, no I/O: the
+ * transport (backend_openai.c) hands over the header lines and the body
+ * bytes as the network delivers them, in pieces of any size, and says how
+ * the transfer ended; this module turns them into the job's sink calls
+ * (backend.h): started, token, tool_call, metrics, stop_sequence,
+ * upstream_meta, then exactly one of end or error.
+ *
+ * The reply's shape is chosen by its status and Content-Type:
+ *   2xx text/event-stream   OpenAI SSE chunks up to `data: [DONE]`
+ *   2xx application/json    one whole reply (a server that ignored stream)
+ *   non-2xx                 an error body, kept (64 KiB) for the message
+ * Failures get a stable code (backend.h): UPSTREAM_MALFORMED for a reply
+ * that is not what it should be (no or an unexpected Content-Type, a chunk
+ * that is not JSON or not the expected shape, an SSE line over max_line),
+ * UPSTREAM_ERROR for an error status or an error object in the stream, a
+ * stream that ends before [DONE], and for the transport's own failures.
+ *
+ * count_tokens replies (count set): only status and raw are taken (the
+ * transport parses them with openai_count.h) and no event is sent.
+ *
+ * Fuzzed by tests/fuzz/fuzz_agent_stream.c.
+ */
+#ifndef AGENT_OPENAI_STREAM_H
+#define AGENT_OPENAI_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "agent/agent_util.h"
+#include "agent/backend.h"
+#include "common/gp_util.h"
+
+typedef enum {
+    OAI_BODY_UNKNOWN, /* no status yet, or 2xx without a Content-Type yet */
+    OAI_BODY_SSE,
+    OAI_BODY_JSON,
+    OAI_BODY_ERROR,   /* non-2xx: the body is an error message */
+} oai_body_mode;
+
+/* One reply being read. Set up with oai_stream_init; the fields below the
+ * line are read-only outside openai_stream.c. */
+typedef struct oai_stream {
+    agent_job_sink sink;    /* copied */
+    const char *job_id;     /* borrowed: names tool calls the upstream left unnamed */
+    const json_t *stops;    /* borrowed: the job's params.stop, or NULL */
+    bool chat;              /* chat reply (delta/message) or completion (text) */
+    bool count;             /* count_tokens reply: status and raw only */
+    /* ---------------------------------------------------------------- */
+    oai_body_mode mode;
+    long status;            /* HTTP status, 0 before the status line */
+    agent_sse sse;
+    gp_buf raw;             /* error body or non-streamed JSON body */
+    bool done_seen;         /* data: [DONE] */
+    bool failed;            /* err_code/err_msg set */
+    char err_code[32];
+    char err_msg[300];
+    char finish[32];        /* the upstream's finish_reason */
+    char *stop_seq;         /* the stop string the upstream said it stopped on (owned) */
+    long long prompt_tokens, completion_tokens; /* usage, -1 unknown */
+    long long ntokens;      /* token events sent */
+    int ntool_calls;        /* tool call indices announced (id+name sent) */
+    bool started_sent;
+    uint64_t t_start_us, t_first_us; /* monotonic: init, first token */
+    uint64_t last_byte_ms;  /* monotonic: the last header or body byte */
+} oai_stream;
+
+/* sink is copied; job_id and stops are borrowed and outlive the stream.
+ * max_line bounds one SSE line (and event). */
+void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_id, bool chat,
+                     bool count, const json_t *stops, size_t max_line);
+void oai_stream_free(oai_stream *s);
+/* Forget what was read (status, body, failure) before another attempt
+ * (the count methods); the sink, job and timings stay. */
+void oai_stream_reset(oai_stream *s);
+
+/* One header line as received, CRLF included (the status line first, the
+ * blank line last). 0 to go on, -1 to stop the transfer (failed). The
+ * blank line of a usable 2xx reply sends started. */
+int oai_stream_header(oai_stream *s, const char *line, size_t n);
+/* Body bytes. 0 to go on; 1 once [DONE] has been read (later bytes are
+ * ignored: the transport may end the transfer); -1 to stop the transfer
+ * (failed). */
+int oai_stream_body(oai_stream *s, const char *p, size_t n);
+
+/* Fail the reply with a code and a message (the first cause is kept). */
+void oai_stream_fail(oai_stream *s, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Send started, once. */
+void oai_stream_started(oai_stream *s);
+
+/* The transfer is over: send the terminal events (metrics, stop_sequence,
+ * then end; or error). xfer_code/xfer_msg: how the transport ended, NULL
+ * when it ran to its end; ignored once [DONE] was read or the reply
+ * failed already. Not for count replies. */
+void oai_stream_finish(oai_stream *s, const char *xfer_code, const char *xfer_msg);
+
+#endif
