@@ -18,6 +18,7 @@
  * stream_options.include_usage) so tokens are relayed as they arrive; the
  * server turns them back into one body for non-streaming clients.
  *
+ * Structured output: a job's `response_format` goes upstream as it is.
  * Tools: a job's `tools`/`tool_choice` go upstream as they are (the model
  * facts say supports_tools: the upstream decides); the reply's tool_calls
  * (streamed pieces or a whole message) become tool_call events, and a reply
@@ -666,6 +667,11 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *coun
             if (tc && !json_is_null(tc))
                 json_object_set(req, "tool_choice", tc);
         }
+        /* Structured output: the server checked the schema (docs/api.md);
+         * llama-server, vLLM and Ollama enforce OpenAI's form themselves. */
+        json_t *rf = json_object_get(job, "response_format");
+        if (json_is_object(rf))
+            json_object_set(req, "response_format", rf);
     } else if (kind && strcmp(kind, "count_tokens") == 0) {
         /* The /tokenize body (llama-server reads "content", vLLM "prompt");
          * oai_job_start adds the other methods' (openai_count.h). */
@@ -942,6 +948,7 @@ static const agent_backend_ops oai_ops = {
     .poll_facts = NULL,
     .job_start = oai_job_start,
     .job_cancel = oai_job_cancel,
+    .structured_output = true, /* passed to the upstream, which enforces it */
 };
 
 /* "http://h:p" -> "http://h:p/v1/<ep>"; "http://h:p/v1" -> ".../v1/<ep>". */

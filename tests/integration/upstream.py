@@ -32,6 +32,9 @@ and changeable at run time through a control endpoint:
   --port P --port-file F   listen on 127.0.0.1:P (0 = ephemeral), write the port to F
   --tls-cert C --tls-key K  serve HTTPS
 
+A chat request with response_format json_object / json_schema gets a JSON
+value for the schema (schema_example) in 5-character pieces, finish "stop".
+
 Control (JSON):
   POST /_control/config {"pace_ms":..,"mode":..,...}  change settings (returns all)
   POST /_control/reset                                 clear the request log
@@ -106,6 +109,46 @@ def expected_tokens(prompt_text, n):
     # Keep tokens short and JSON-friendly whatever the prompt holds.
     words = ["".join(ch for ch in w if ch.isalnum())[:12] or "w" for w in words]
     return [" %s%d" % (words[i % len(words)], i) for i in range(n)]
+
+
+def schema_value(schema, words, defs):
+    """A JSON value valid for the simple schemas the tests send."""
+    if not isinstance(schema, dict):
+        return None
+    if "$ref" in schema:
+        return schema_value(defs.get(schema["$ref"].split("/")[-1], {}), words, defs)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for alt in ("anyOf", "oneOf"):
+        if schema.get(alt):
+            return schema_value(schema[alt][0], words, defs)
+    t = schema.get("type")
+    t = t[0] if isinstance(t, list) else t
+    if t == "object" or "properties" in schema:
+        return {k: schema_value(v, words, defs)
+                for k, v in (schema.get("properties") or {}).items()}
+    if t == "array":
+        n = max(int(schema.get("minItems", 1)), 1)
+        return [schema_value(schema.get("items", {"type": "string"}), words, defs)
+                for _ in range(n)]
+    if t == "string":
+        return "".join(words).strip()[:int(schema.get("maxLength", 40))]
+    if t == "integer":
+        return int(schema.get("minimum", 1))
+    if t == "number":
+        return float(schema.get("minimum", 1.5))
+    if t == "boolean":
+        return True
+    return None
+
+
+def schema_example(rf, toks):
+    if rf.get("type") == "json_object":
+        return {"answer": "".join(toks).strip()}
+    schema = (rf.get("json_schema") or {}).get("schema") or {}
+    return schema_value(schema, toks, schema.get("$defs") or schema.get("definitions") or {})
 
 
 class State:
@@ -339,6 +382,15 @@ class Handler(BaseHTTPRequestHandler):
             n = max_tokens
             finish = "length"
         toks = expected_tokens(prompt_text_of(body, chat), n)
+        rec["response_format"] = body.get("response_format")
+        if chat and isinstance(body.get("response_format"), dict) and \
+                body["response_format"].get("type") in ("json_object", "json_schema"):
+            # Structured output, as llama-server / vLLM honour it: a JSON
+            # value for the schema, streamed in pieces of 5 characters.
+            text = json.dumps(schema_example(body["response_format"], toks),
+                              separators=(",", ":"))
+            toks = [text[i:i + 5] for i in range(0, len(text), 5)]
+            finish = "stop"
         self.stop_word = None
         stops = body.get("stop")
         stops = [stops] if isinstance(stops, str) else stops if isinstance(stops, list) else []

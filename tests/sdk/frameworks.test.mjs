@@ -8,7 +8,7 @@
 // conversation yet, so every tool loop ends after one call.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { generateText, streamText, tool, stepCountIs } from 'ai';
+import { generateText, streamText, generateObject, streamObject, tool, stepCountIs } from 'ai';
 import { createOpenAI } from '@ai-sdk/openai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createAnthropic } from '@ai-sdk/anthropic';
@@ -56,7 +56,7 @@ const aiModels = () => ({
   'openai (responses)': openai()(MODEL),
   'openai (chat)': openai().chat(MODEL),
   'openai-compatible': createOpenAICompatible({ name: 'gpupool', baseURL: `${base}/v1`,
-    apiKey: KEY, includeUsage: true })(MODEL),
+    apiKey: KEY, includeUsage: true, supportsStructuredOutputs: true })(MODEL),
   anthropic: createAnthropic({ baseURL: `${base}/v1`, apiKey: KEY })(MODEL),
 });
 
@@ -153,6 +153,27 @@ test('AI SDK: multi-turn on the Responses API refers to stored items', async () 
   assert.equal(msgs[3].content, second.text);
 });
 
+// The scripted upstream answers a response_format with a JSON value for the
+// schema (upstream.py schema_example): strings from the prompt's words,
+// integers at their minimum.
+const PERSON = z.object({ name: z.string().max(30), age: z.number().int().min(7) });
+
+test('AI SDK: generateObject and streamObject (response_format json_schema)', async () => {
+  for (const name of ['openai (responses)', 'openai (chat)', 'openai-compatible']) {
+    const model = aiModels()[name];
+    const r = await generateObject({ model, schema: PERSON, prompt: 'alpha beta', maxRetries: 0 });
+    assert.equal(r.object.age, 7, name);
+    assert.equal(typeof r.object.name, 'string', name);
+    const last = await lastUpstreamRequest();
+    assert.equal(last.response_format.type, 'json_schema', name);
+    const s = streamObject({ model, schema: PERSON, prompt: 'alpha beta', maxRetries: 0 });
+    let partials = 0;
+    for await (const p of s.partialObjectStream) partials += p ? 1 : 0;
+    assert.ok(partials > 1, `${name}: ${partials}`);
+    assert.deepEqual(await s.object, r.object, name);
+  }
+});
+
 // ---- LangChain.js --------------------------------------------------------
 
 const lcOpenAI = (extra = {}) => new ChatOpenAI({ model: MODEL, apiKey: KEY, maxRetries: 0,
@@ -192,6 +213,15 @@ test('LangChain: bindTools, a tool call and the answer to its result', async () 
   }
 });
 
+test('LangChain: withStructuredOutput (json_schema by default)', async () => {
+  for (const name of ['ChatOpenAI (chat)', 'ChatOpenAI (responses)']) {
+    const m = lcModels()[name].withStructuredOutput(PERSON, { name: 'person' });
+    const r = await m.invoke('alpha beta');
+    assert.equal(r.age, 7, name);
+    assert.equal(typeof r.name, 'string', name);
+  }
+});
+
 // ---- OpenAI Agents SDK ---------------------------------------------------
 
 test('Agents SDK: a run with a tool, on the Responses API and on chat completions', async () => {
@@ -216,5 +246,10 @@ test('Agents SDK: a run with a tool, on the Responses API and on chat completion
     await s.completed;
     assert.equal(s.finalOutput, r.finalOutput, api);
     assert.equal(text, r.finalOutput, api);
+    // outputType: the final output is parsed and validated by the SDK.
+    const typed = new Agent({ name: 'typed', instructions: 'Describe a person.', model: MODEL,
+      outputType: PERSON });
+    const t = await run(typed, 'alpha beta');
+    assert.equal(t.finalOutput.age, 7, api);
   }
 });
