@@ -1000,8 +1000,9 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     /* Events held by the finished tasks seen so far, newest first (the
      * list is newest first): past hot_max_events the older ones go cold
      * early. A non-token event is a few jansson objects (~1 KiB; a token
-     * in a run is ~12 B plus its text, task_log.h), so without this bound the memory of hot tasks grows with the request
-     * rate times task_hot_sec. The newest finished task stays whatever its
+     * in a run is ~12 B plus its text, task_log.h), so without this
+     * bound the memory of hot tasks grows with the request rate times
+     * task_hot_sec. The newest finished task stays whatever its
      * size (one task's events are bounded by its max_tokens and
      * max_job_event_bytes): its replays are paced from memory, while a
      * replay from the store frames the whole log at once. */
