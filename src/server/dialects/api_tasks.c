@@ -475,7 +475,8 @@ static bool sub_catch_up(task *t, task_sub *s)
     gp_buf out;
     gp_buf_init(&out);
     size_t lim = released(t);
-    while (s->req && s->ev_sent < lim) {
+    bool oom = false;
+    while (s->req && s->ev_sent < lim && !oom) {
         if (gps_sse_pace_blocked(s->pace))
             break; /* sub_writable resumes */
         while (s->ev_sent < lim && out.len < CATCHUP_SLICE) {
@@ -484,8 +485,10 @@ static bool sub_catch_up(task *t, task_sub *s)
                 continue;
             }
             json_t *ev = gps_tlog_get(t->log, s->ev_sent);
-            if (!ev)
-                break; /* ENOMEM: the next write tries again */
+            if (!ev) {
+                oom = true; /* ENOMEM: the next event or write tries again */
+                break;
+            }
             bool more = false;
             if (s->part > 0 || is_long_event(ev))
                 more = !frame_long_event(&out, s, ev);
