@@ -912,7 +912,7 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
     if (!ids_ok || !t->resume_digest[0] || t->n_resume_ids == 0) {
         free(t->resume_ids);
         t->resume_ids = NULL;
-        t->n_resume_ids = 0;
+        t->n_resume_ids = t->cap_resume_ids = 0;
     } else {
         /* Tokens as the job counts them (an event may stand for several). */
         t->resume_tokens = (long long)t->n_resume_ids;
