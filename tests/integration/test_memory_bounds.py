@@ -44,6 +44,23 @@ def scrape(srv):
     return out
 
 
+def sanitizer_build():
+    try:
+        with open(os.path.join(harness.BUILD_DIR, "CMakeCache.txt")) as f:
+            return "GPUPOOL_SANITIZE:BOOL=ON" in f.read()
+    except OSError:
+        return False
+
+
+def rss_of(pid):
+    """Resident bytes of a process (/proc/PID/status VmRSS)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for %d" % pid)
+
+
 class MemoryBounds(harness.TestCase):
     NEEDS = (harness.SERVER_BIN,)
 
@@ -105,6 +122,68 @@ class MemoryBounds(harness.TestCase):
         self.assertGreaterEqual(m["gpupool_heap_free_bytes"], 0)
         self.assertGreater(m["gpupool_db_memory_bytes"], 0)
         self.assertGreaterEqual(m["gpupool_jobs_in_memory"], len(tids))
+
+    def test_a_token_flood_into_one_task_costs_bytes_not_objects(self):
+        # Issue 25 finding 5: an agent streaming 1-byte tokens into one
+        # native task (max_tokens 1e6) grew RSS by ~950 B per event, a
+        # jansson object per token in the task's log. Adjacent tokens are
+        # coalesced now: a token costs its text and a few bytes of offsets
+        # and ids. The bound is loose (what the job itself keeps, the
+        # store's batches, malloc slack) and far under the old cost.
+        srv = self.h.start_server([], db=self.h.path("flood.db"))
+        a = FakeAgent(srv.url, models=("m1",), slots=1)
+        self.assertEqual(a.poll()[0], 200)
+        st, _, r = harness.http_json("POST", srv.url + "/v2/tasks",
+                                     {"model": "m1", "prompt": "hello", "max_tokens": 1000000})
+        self.assertEqual(st, 202, r)
+        tid = r["job_id"]
+        st, jobs = a.work(1, timeout=10)
+        self.assertEqual([j["job_id"] for j in jobs], [tid])
+        self.assertEqual(a.events(tid, [{"type": "started"}])[0], 200)
+        batch, rounds = 1000, 150
+
+        def send(n):
+            for _ in range(n):
+                st, body = a.events(tid, [{"type": "token", "text": "x", "token_id": 7}] * batch)
+                self.assertEqual(st, 200, body)
+                self.assertFalse(body.get("cancel"), body)
+
+        send(10)  # warm-up: the allocator's arenas, the store's caches
+        before = rss_of(srv.pid)
+        send(rounds)
+        n = rounds * batch
+        # Every token reached the log and the store (and replays exactly).
+        m = scrape(srv)
+        self.assertGreaterEqual(m["gpupool_task_events_in_memory"], (rounds + 10) * batch)
+        grown = rss_of(srv.pid) - before
+        per_event = grown / n
+        sys.stderr.write("\n1-byte token flood: %d events, RSS +%.1f MB, %.0f B per event\n"
+                         % (n, grown / 1e6, per_event))
+        if not sanitizer_build():  # ASan's quarantine keeps freed memory resident
+            self.assertLess(per_event, 200)
+        self.assertEqual(a.events(tid, [{"type": "end", "finish_reason": "stop",
+                                         "usage": {"prompt_tokens": 1,
+                                                   "completion_tokens": 1}}])[0], 200)
+        # The replay, each event under its own id (frames split by hand:
+        # parse_sse is slow on 160k events).
+        n_all = (rounds + 10) * batch + 3  # queued, started, the tokens, end
+        st, hdr, data = harness.http_request("GET", srv.url + "/v2/tasks/%s/events" % tid,
+                                             timeout=60)
+        self.assertEqual((st, hdr.get("x-gpupool-replay")), (200, "memory"))
+        frames = [f for f in data.split(b"\n\n") if f]
+        self.assertEqual(len(frames), n_all)
+        ids = [int(f.split(b"\n")[1][4:]) for f in frames]
+        self.assertEqual(ids, list(range(1, n_all + 1)))
+        token = b'event: token\nid: %d\ndata: {"text":"x"}'
+        self.assertEqual([f for f in frames[2:-1] if f != token % int(f.split(b"\n")[1][4:])],
+                         [])
+        self.assertEqual(json.loads(frames[-1].split(b"data: ", 1)[1])["text"],
+                         "x" * ((rounds + 10) * batch))
+        # A resume in the middle of the run: exactly the events after it.
+        st, _, rest = harness.http_request("GET", srv.url + "/v2/tasks/%s/events" % tid,
+                                           headers={"Last-Event-ID": "54321"}, timeout=60)
+        self.assertEqual(st, 200)
+        self.assertTrue(rest == b"\n\n".join(frames[54321:]) + b"\n\n")
 
     def test_the_newest_finished_task_stays_hot_whatever_its_size(self):
         # A replay from memory is paced; one from the store frames the whole

@@ -15,6 +15,7 @@
 #include "common/gp_util.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/reqcheck.h"
+#include "server/dialects/task_log.h"
 #include "server/auth/auth.h"
 #include "server/http/errors.h"
 #include "server/http/held.h"
@@ -173,7 +174,7 @@ struct task {
     gps_job *job;                 /* subscribed until the task is evicted */
     char id[40];
     char key_id[65];
-    json_t *events;               /* array of {seq, type, data} */
+    gps_tlog *log;                /* its events, 1..n (task_log.h) */
     bool terminal;
     long long last_pos;           /* last queue position announced (-1 none) */
     uint64_t finished_us;
@@ -196,6 +197,9 @@ struct task {
     long long resume_tokens;      /* token events among them */
     int resume_attempts;
     char resume_agent[64];        /* agent of the last started event */
+    int32_t *resume_ids;          /* token ids of the stored token events, all of */
+    size_t n_resume_ids, cap_resume_ids; /* them (NULL: some lack theirs) */
+    char resume_digest[65];       /* the model file they belong to */
     char corr[65];
     uint64_t resume_deadline_us;
     struct task *hnext, *next, *prev;
@@ -308,7 +312,7 @@ static void sub_remove(task *t, task_sub *s)
  * without a store: nothing would survive a restart anyway). */
 static size_t released(const task *t)
 {
-    return t->owner->gated ? t->durable : json_array_size(t->events);
+    return t->owner->gated ? t->durable : gps_tlog_count(t->log);
 }
 
 /* Hand events[from..) to the store as one job_events batch (async,
@@ -316,12 +320,14 @@ static size_t released(const task *t)
  * the write was refused (queue full, ENOMEM). */
 static uint64_t task_write(task *t, size_t from)
 {
-    size_t n = json_array_size(t->events);
+    size_t n = gps_tlog_count(t->log);
     json_t *batch = json_array();
-    for (size_t i = from; batch && i < n; i++)
-        json_array_append(batch, json_array_get(t->events, i));
+    size_t i = from;
+    for (; batch && i < n; i++)
+        if (json_array_append_new(batch, gps_tlog_get(t->log, i)) < 0)
+            break; /* ENOMEM: no row with a gap */
     uint64_t seq = 0;
-    if (!batch || gps_store_job_events_seq(t->owner->store, t->id, batch, &seq) < 0) {
+    if (!batch || i < n || gps_store_job_events_seq(t->owner->store, t->id, batch, &seq) < 0) {
         seq = 0;
         gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored yet", t->id,
                     from + 1, n);
@@ -336,7 +342,7 @@ static uint64_t task_write(task *t, size_t from)
 static void task_flush(task *t)
 {
     gps_tasks *g = t->owner;
-    size_t n = json_array_size(t->events);
+    size_t n = gps_tlog_count(t->log);
     if (!g->gated || t->inflight_seq || t->durable >= n)
         return;
     uint64_t seq = task_write(t, t->durable);
@@ -469,7 +475,8 @@ static bool sub_catch_up(task *t, task_sub *s)
     gp_buf out;
     gp_buf_init(&out);
     size_t lim = released(t);
-    while (s->req && s->ev_sent < lim) {
+    bool oom = false;
+    while (s->req && s->ev_sent < lim && !oom) {
         if (gps_sse_pace_blocked(s->pace))
             break; /* sub_writable resumes */
         while (s->ev_sent < lim && out.len < CATCHUP_SLICE) {
@@ -477,21 +484,27 @@ static bool sub_catch_up(task *t, task_sub *s)
                 s->ev_sent++; /* the client has it (Last-Event-ID) */
                 continue;
             }
-            const json_t *ev = json_array_get(t->events, s->ev_sent);
-            if (s->part > 0 || is_long_event(ev)) {
-                if (!frame_long_event(&out, s, ev))
-                    break; /* more slices: send this one first */
-            } else {
-                sse_frame(&out, ev);
+            json_t *ev = gps_tlog_get(t->log, s->ev_sent);
+            if (!ev) {
+                oom = true; /* ENOMEM: the next event or write tries again */
+                break;
             }
+            bool more = false;
+            if (s->part > 0 || is_long_event(ev))
+                more = !frame_long_event(&out, s, ev);
+            else
+                sse_frame(&out, ev);
+            json_decref(ev);
+            if (more)
+                break; /* more slices: send this one first */
             s->ev_sent++;
         }
         gps_sse_pace_send(s->pace, s->req, &out);
         s->last_write_us = gp_now_mono_us();
     }
     gp_buf_free(&out);
-    if (s->req && t->terminal && s->ev_sent >= json_array_size(t->events) &&
-        lim >= json_array_size(t->events)) {
+    if (s->req && t->terminal && s->ev_sent >= gps_tlog_count(t->log) &&
+        lim >= gps_tlog_count(t->log)) {
         sub_remove(t, s);
         struct evhttp_request *req = s->req;
         sub_free(s);
@@ -512,25 +525,10 @@ static void count_outcome(task *t, const char *type, const json_t *data)
                         (double)(gp_now_mono_us() - t->created_us) / 1e6);
 }
 
-/* Record an event (data stolen) and send it to the open streams once it
+/* The event just recorded: stored, then sent to the open streams once it
  * is durable (on_commit; at once without a store). */
-static void task_emit(task *t, const char *type, json_t *data, bool terminal)
+static void task_publish(task *t)
 {
-    if (t->terminal) {
-        json_decref(data);
-        return;
-    }
-    long long seq = (long long)json_array_size(t->events) + 1;
-    json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
-                           data ? data : json_object());
-    if (!ev)
-        return;
-    json_array_append_new(t->events, ev);
-    if (terminal) {
-        t->terminal = true;
-        t->finished_us = gp_now_mono_us();
-        count_outcome(t, type, data);
-    }
     task_flush(t);
     task_sub *s = t->subs; /* without a store: sent now; else at the commit */
     while (s) {
@@ -538,6 +536,70 @@ static void task_emit(task *t, const char *type, json_t *data, bool terminal)
         sub_catch_up(t, s); /* may free s */
         s = next;
     }
+}
+
+/* Record an event (data and hidden stolen: hidden's members go to the
+ * store beside seq/type/data, never to a client) and publish it. */
+static void task_emit_hidden(task *t, const char *type, json_t *data, json_t *hidden,
+                             bool terminal)
+{
+    if (t->terminal) {
+        json_decref(data);
+        json_decref(hidden);
+        return;
+    }
+    if (terminal)
+        json_incref(data); /* count_outcome reads it */
+    if (gps_tlog_append(t->log, type, data, hidden) < 0) {
+        if (terminal)
+            json_decref(data);
+        return;
+    }
+    if (terminal) {
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+        count_outcome(t, type, data);
+        json_decref(data);
+    }
+    task_publish(t);
+}
+
+static void task_emit(task *t, const char *type, json_t *data, bool terminal)
+{
+    task_emit_hidden(t, type, data, NULL, terminal);
+}
+
+/* A token event: coalesced into the log's token run (task_log.h), with
+ * the token ids behind it while the job's ids are token-exact (a restart
+ * resumes from them, issue 25 finding 8). */
+static void task_emit_token(task *t, const json_t *ev)
+{
+    if (t->terminal)
+        return;
+    const char *text = json_string_value(json_object_get(ev, "text"));
+    int32_t one, *ids = NULL;
+    size_t n = 0;
+    if (gps_job_ids_digest(t->job)) {
+        const json_t *arr = json_object_get(ev, "token_ids");
+        const json_t *id = json_object_get(ev, "token_id");
+        n = json_array_size(arr);
+        if (n) {
+            ids = malloc(n * sizeof *ids);
+            for (size_t i = 0; ids && i < n; i++)
+                ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+            if (!ids)
+                n = 0;
+        } else if (json_is_integer(id)) {
+            one = (int32_t)json_integer_value(id);
+            ids = &one;
+            n = 1;
+        }
+    }
+    int rc = gps_tlog_append_token(t->log, text ? text : "", text ? strlen(text) : 0, ids, n);
+    if (ids != &one)
+        free(ids);
+    if (rc == 0)
+        task_publish(t);
 }
 
 static void emit_queued(task *t)
@@ -556,28 +618,31 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     task *t = arg;
     gps_tasks *g = t->owner;
     switch (type) {
-    case GPS_EV_STARTED:
-        task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
-                                          job->attempts),
-                  false);
+    case GPS_EV_STARTED: {
+        /* The file the job's token ids belong to, for a restart (hidden). */
+        const char *dg = gps_job_ids_digest(job);
+        task_emit_hidden(t, "started",
+                         json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
+                                   job->attempts),
+                         dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
         t->last_pos = -1;
         break;
+    }
     case GPS_EV_TOKEN: {
-        if (t->last_pos >= 0 || json_array_size(t->events) == 1) {
+        if (t->last_pos >= 0 || gps_tlog_count(t->log) == 1) {
             /* No started event from the agent: announce the start anyway. */
             bool seen = false;
-            size_t i;
-            json_t *e;
-            json_array_foreach(t->events, i, e) seen =
-                seen || strcmp(json_string_value(json_object_get(e, "type")), "started") == 0;
+            for (size_t i = 0; !seen && i < gps_tlog_count(t->log); i++)
+                seen = strcmp(gps_tlog_type(t->log, i), "started") == 0;
+            const char *dg = gps_job_ids_digest(job);
             if (!seen)
-                task_emit(t, "started", json_pack("{s:s,s:i}", "agent_id", job->agent_id,
-                                                  "attempt", job->attempts),
-                          false);
+                task_emit_hidden(t, "started",
+                                 json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
+                                           job->attempts),
+                                 dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
             t->last_pos = -1;
         }
-        const char *text = json_string_value(json_object_get(ev, "text"));
-        task_emit(t, "token", json_pack("{s:s}", "text", text ? text : ""), false);
+        task_emit_token(t, ev);
         gps_job_mark_output_sent(job);
         break;
     }
@@ -626,7 +691,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     }
     if (t->terminal && g->store)
         gps_store_checkpoint(g->store, t->id, job->text.data ? job->text.data : "", job->text.len,
-                             (long long)json_array_size(t->events));
+                             (long long)gps_tlog_count(t->log));
 }
 
 static void task_free(gps_tasks *g, task *t)
@@ -655,9 +720,10 @@ static void task_free(gps_tasks *g, task *t)
         gps_job_unsubscribe(t->job, on_job_event, t);
     if (t->inflight_seq)
         inflight_unlink(g, t);
-    json_decref(t->events);
+    gps_tlog_free(t->log);
     json_decref(t->resume_body);
     free(t->resume_text);
+    free(t->resume_ids);
     free(t);
 }
 
@@ -710,7 +776,18 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
         spec.resume_text = strdup(t->resume_text);
         spec.resume_tokens = t->resume_tokens;
     }
-    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text)) {
+    if (spec.resume_text && t->resume_ids) {
+        /* Token-exact on an agent serving the same file, else from the
+         * text (jobs.c decides at the assignment, as for a failover). */
+        spec.resume_ids = malloc(t->n_resume_ids * sizeof *spec.resume_ids);
+        if (spec.resume_ids) {
+            memcpy(spec.resume_ids, t->resume_ids, t->n_resume_ids * sizeof *spec.resume_ids);
+            spec.n_resume_ids = t->n_resume_ids;
+            snprintf(spec.resume_digest, sizeof spec.resume_digest, "%s", t->resume_digest);
+        }
+    }
+    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text) ||
+        (spec.resume_text && t->resume_ids && !spec.resume_ids)) {
         gps_job_spec_clear(&spec);
         return; /* ENOMEM: next tick */
     }
@@ -731,7 +808,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
     gps_job_subscribe(job, on_job_event, t);
     gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
-                           (json_int_t)json_array_size(t->events), "completion_tokens",
+                           (json_int_t)gps_tlog_count(t->log), "completion_tokens",
                            (json_int_t)t->resume_tokens),
                  "native task resubmitted after a server restart");
     if (t->resume_tokens > 0)
@@ -750,6 +827,35 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
     t->resume_body = NULL;
     free(t->resume_text);
     t->resume_text = NULL;
+    free(t->resume_ids);
+    t->resume_ids = NULL;
+    t->n_resume_ids = t->cap_resume_ids = 0;
+}
+
+/* Append a stored token event's ids (its hidden "ids") to the task's;
+ * -1 when it has none (or ENOMEM): no token-exact resume then. */
+static int resume_ids_add(task *t, const json_t *ids)
+{
+    size_t n = json_array_size(ids);
+    if (n == 0)
+        return -1;
+    if (t->n_resume_ids + n > t->cap_resume_ids) {
+        size_t nc = t->cap_resume_ids ? t->cap_resume_ids : 64;
+        while (nc < t->n_resume_ids + n)
+            nc *= 2;
+        int32_t *p = realloc(t->resume_ids, nc * sizeof *p);
+        if (!p)
+            return -1;
+        t->resume_ids = p;
+        t->cap_resume_ids = nc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(ids, i);
+        if (!json_is_integer(v))
+            return -1;
+        t->resume_ids[t->n_resume_ids++] = (int32_t)json_integer_value(v);
+    }
+    return 0;
 }
 
 int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
@@ -759,7 +865,7 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
         task_find(g, j->id))
         return -1;
     task *t = calloc(1, sizeof *t);
-    json_t *events = json_array();
+    gps_tlog *events = gps_tlog_new();
     gp_buf text;
     gp_buf_init(&text);
     if (!t || !events)
@@ -772,6 +878,11 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
     t->resume_attempts = j->attempts;
     /* The stored log, up to its first gap: seq must stay 1..n. */
     const char *last_type = NULL;
+    /* Token-exact resume (issue 25 finding 8): while every token event
+     * holds its ids, their concatenation and the digest of the file they
+     * came from (a started event's, hidden) let an agent serving that
+     * file continue as if nothing had happened. */
+    bool ids_ok = true;
     size_t i;
     json_t *ev;
     json_array_foreach(j->events, i, ev)
@@ -780,28 +891,42 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
             break;
         const char *type = json_string_value(json_object_get(ev, "type"));
         json_t *data = json_object_get(ev, "data");
-        if (!type || json_array_append(events, ev) < 0)
+        if (!type || gps_tlog_append_stored(events, ev) < 0)
             break;
-        last_type = type;
+        last_type = gps_tlog_type(events, i);
         if (strcmp(type, "token") == 0) {
             const char *tx = json_string_value(json_object_get(data, "text"));
             if (tx && gp_buf_append(&text, tx, strlen(tx)) < 0)
                 goto oom;
             t->resume_tokens++;
+            if (ids_ok && resume_ids_add(t, json_object_get(ev, "ids")) < 0)
+                ids_ok = false;
         } else if (strcmp(type, "started") == 0) {
             const char *a = json_string_value(json_object_get(data, "agent_id"));
+            const char *dg = json_string_value(json_object_get(ev, "digest"));
             snprintf(t->resume_agent, sizeof t->resume_agent, "%s", a ? a : "");
+            if (dg)
+                snprintf(t->resume_digest, sizeof t->resume_digest, "%s", dg);
         }
     }
-    t->events = events;
-    t->durable = t->inflight_n = json_array_size(events); /* read from the store */
+    if (!ids_ok || !t->resume_digest[0] || t->n_resume_ids == 0) {
+        free(t->resume_ids);
+        t->resume_ids = NULL;
+        t->n_resume_ids = t->cap_resume_ids = 0;
+    } else {
+        /* Tokens as the job counts them (an event may stand for several). */
+        t->resume_tokens = (long long)t->n_resume_ids;
+    }
+    t->log = events;
+    t->durable = t->inflight_n = gps_tlog_count(t->log); /* read from the store */
     t->created_us = gp_now_mono_us();
     if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
         /* It ended, but the row was not updated before the crash: the log
          * is the truth. Keep the task hot (it replays from memory). */
         t->terminal = true;
         t->finished_us = gp_now_mono_us();
-        json_t *d = json_object_get(json_array_get(events, json_array_size(events) - 1), "data");
+        json_t *lastev = gps_tlog_get(events, gps_tlog_count(events) - 1);
+        json_t *d = json_object_get(lastev, "data");
         if (g->store) {
             gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
             bool done = strcmp(last_type, "end") == 0;
@@ -812,8 +937,9 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
             gps_store_job_update_async(g->store, u);
             if (done)
                 gps_store_checkpoint(g->store, t->id, text.data ? text.data : "", text.len,
-                                     (long long)json_array_size(events));
+                                     (long long)gps_tlog_count(events));
         }
+        json_decref(lastev);
     }
     /* Kept while the task has no job: resubmission, status (model, seed). */
     t->resume_body = json_deep_copy(j->request);
@@ -839,9 +965,11 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
     return 0;
 oom:
     gp_buf_free(&text);
-    if (t)
+    if (t) {
         json_decref(t->resume_body);
-    json_decref(events);
+        free(t->resume_ids);
+    }
+    gps_tlog_free(events);
     free(t);
     return -1;
 }
@@ -863,7 +991,7 @@ void gps_tasks_memory(const gps_tasks *g, size_t *tasks, size_t *events)
     *tasks = *events = 0;
     for (const task *t = g ? g->head : NULL; t; t = t->next) {
         (*tasks)++;
-        *events += json_array_size(t->events);
+        *events += gps_tlog_count(t->log);
     }
 }
 
@@ -874,9 +1002,10 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     task *next;
     /* Events held by the finished tasks seen so far, newest first (the
      * list is newest first): past hot_max_events the older ones go cold
-     * early. Each event is a few jansson objects (~1 KiB for a token), so
-     * without this bound the memory of hot tasks grows with the request
-     * rate times task_hot_sec. The newest finished task stays whatever its
+     * early. A non-token event is a few jansson objects (~1 KiB; a token
+     * in a run is ~12 B plus its text, task_log.h), so without this
+     * bound the memory of hot tasks grows with the request rate times
+     * task_hot_sec. The newest finished task stays whatever its
      * size (one task's events are bounded by its max_tokens and
      * max_job_event_bytes): its replays are paced from memory, while a
      * replay from the store frames the whole log at once. */
@@ -885,7 +1014,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
         next = t->next;
         if (now >= t->retry_us)
             task_flush(t); /* after a failed write; else a no-op */
-        size_t nev = json_array_size(t->events);
+        size_t nev = gps_tlog_count(t->log);
         if (t->terminal) {
             /* Not before its log is in the store (its cold replay comes
              * from there), unless the store stays broken. */
@@ -952,10 +1081,10 @@ static void h_create(gps_req *r, void *arg)
         return;
     }
     task *t = calloc(1, sizeof *t);
-    json_t *events = json_array();
+    gps_tlog *events = gps_tlog_new();
     if (!t || !events) {
         free(t);
-        json_decref(events);
+        gps_tlog_free(events);
         json_decref(body);
         gps_job_spec_clear(&spec);
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
@@ -972,7 +1101,7 @@ static void h_create(gps_req *r, void *arg)
     gps_job_spec_clear(&spec);
     if (!job) {
         free(t);
-        json_decref(events);
+        gps_tlog_free(events);
         gps_send_error_retry(r->req, GPS_DIALECT_NATIVE, e.status, e.code, e.message,
                              e.status == 404 ? "model" : NULL, r->correlation_id,
                              e.retry_after_sec);
@@ -981,7 +1110,7 @@ static void h_create(gps_req *r, void *arg)
     }
     t->owner = g;
     t->job = job;
-    t->events = events;
+    t->log = events;
     t->last_pos = -1;
     t->created_us = r->start_us;
     snprintf(t->id, sizeof t->id, "%s", job->id);
@@ -1035,13 +1164,15 @@ static task *visible(gps_tasks *g, gps_req *r)
 /* A restored task waiting to be resubmitted (or failed before it was). */
 static json_t *status_restored(task *t)
 {
-    json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+    size_t n = gps_tlog_count(t->log);
+    json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
     json_t *d = json_object_get(last, "data");
     const char *type = json_string_value(json_object_get(last, "type"));
-    json_t *o = json_pack("{s:s,s:I}", "job_id", t->id, "events",
-                          (json_int_t)json_array_size(t->events));
-    if (!o)
+    json_t *o = json_pack("{s:s,s:I}", "job_id", t->id, "events", (json_int_t)n);
+    if (!o) {
+        json_decref(last);
         return json_object();
+    }
     json_t *b = t->resume_body;
     json_object_set(o, "model", json_object_get(b, "model"));
     json_object_set(o, "seed", json_object_get(b, "seed"));
@@ -1059,6 +1190,7 @@ static json_t *status_restored(task *t)
                                                          : "failed"));
         json_object_set_new(o, "error", json_deep_copy(d));
     }
+    json_decref(last);
     return o;
 }
 
@@ -1093,13 +1225,15 @@ static json_t *status_hot(task *t)
                                       job->finish_reason[0] ? job->finish_reason : "stop"));
     json_object_set_new(o, "x_pool_meta", gps_pool_meta(job));
     if (job->state == GPS_JOB_FAILED || job->state == GPS_JOB_CANCELLED) {
-        json_t *last = json_array_get(t->events, json_array_size(t->events) - 1);
+        size_t n = gps_tlog_count(t->log);
+        json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
         json_t *d = json_object_get(last, "data");
         json_object_set_new(o, "error",
                             json_pack("{s:s,s:s}", "code", job->error_code, "message",
                                       json_string_value(json_object_get(d, "message"))
                                           ? json_string_value(json_object_get(d, "message"))
                                           : job->error_code));
+        json_decref(last);
     }
     return o;
 }
@@ -1414,7 +1548,7 @@ void gps_tasks_free(gps_tasks *g)
          * their ids; either way a client sees each id once. */
         task *t = g->head;
         size_t from = t->inflight_seq ? t->inflight_n : t->durable;
-        if (g->gated && from < json_array_size(t->events))
+        if (g->gated && from < gps_tlog_count(t->log))
             task_write(t, from);
         task_free(g, t);
     }

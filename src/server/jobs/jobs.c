@@ -115,6 +115,7 @@ void gps_job_spec_clear(gps_job_spec *s)
     free(s->tenant_sub);
     free(s->resume_id);
     free(s->resume_text);
+    free(s->resume_ids);
     json_decref(s->stored_request);
     for (size_t i = 0; i < s->n_fallback; i++)
         free(s->fallback_models[i]);
@@ -712,6 +713,27 @@ static long long ids_record(gps_job *job, const json_t *ev)
     return (long long)n;
 }
 
+const char *gps_job_ids_digest(const gps_job *job)
+{
+    return job && job->ids_ok && job->ids_digest[0] ? job->ids_digest : NULL;
+}
+
+/* A task resumed after a server restart with its token ids: they become
+ * the job's generated ids, as if its earlier attempts had run here
+ * (continuation_plan then picks tokens or text per agent). */
+static void resume_ids_take(gps_job *job)
+{
+    gps_job_spec *s = &job->spec;
+    if (!s->resume_ids || !s->n_resume_ids || !s->resume_digest[0])
+        return;
+    job->gen_ids = s->resume_ids;
+    job->n_gen_ids = job->cap_gen_ids = s->n_resume_ids;
+    s->resume_ids = NULL;
+    s->n_resume_ids = 0;
+    job->ids_ok = true;
+    snprintf(job->ids_digest, sizeof job->ids_digest, "%s", s->resume_digest);
+}
+
 /* Job assigned to agent a: track the digest its ids belong to and decide
  * how this attempt continues earlier output. Fresh output: the ids will
  * be a's. Earlier output: usable only when a serves the same file. */
@@ -1017,6 +1039,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text));
         job->completion_tokens = job->continued_tokens = job->spec.resume_tokens;
         job->client_saw_output = true;
+        resume_ids_take(job);
     }
     if (job->spec.has_seed) {
         job->sampler_seed = job->spec.seed;

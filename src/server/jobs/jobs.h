@@ -117,6 +117,13 @@ typedef struct gps_job_spec {
     char *resume_id;
     char *resume_text;
     long long resume_tokens;
+    /* ... and, when known, the token ids behind resume_text and the digest
+     * of the model file they came from: an agent serving that file
+     * continues token-exact, any other from the text (issue 25 finding
+     * 8). Owned; NULL/0 when unknown. */
+    int32_t *resume_ids;
+    size_t n_resume_ids;
+    char resume_digest[65];
     /* The input to keep in the request log's row, as given (owned; a new
      * job only). NULL: jobs.c keeps prompt/messages (+ max_tokens for a
      * native task) when log_prompts is on or the task is native. A native
@@ -240,6 +247,11 @@ struct gps_job {
     bool done;                    /* on the finished list (terminal) */
     bool trimmed;                 /* finished, text and request dropped (jobs.c trim_done) */
 };
+
+/* The digest of the model file the job's generated token ids belong to
+ * while they are token-exact (every token so far came with its ids, all
+ * from that file), else NULL. Borrowed: valid until the job changes. */
+const char *gps_job_ids_digest(const gps_job *job);
 
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {

@@ -1,0 +1,260 @@
+/* task_log: see task_log.h. */
+#include "server/dialects/task_log.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A run's offsets are 32-bit: past this many text bytes (or ids) a new
+ * run starts. */
+#define RUN_MAX 0x7fffffffu
+/* What one jansson event costs, roughly (for gps_tlog_bytes). */
+#define JSON_EVENT_BYTES 512
+
+typedef struct entry {
+    size_t first;                 /* index of its first event */
+    size_t n;                     /* events it holds (1 unless a token run) */
+    json_t *ev;                   /* one event; NULL for a token run */
+    /* A token run: token k's text is text[ends[k-1]..ends[k]), its ids
+     * ids[id_ends[k-1]..id_ends[k]) (ends[-1] = id_ends[-1] = 0). */
+    char *text;
+    size_t len, cap;
+    uint32_t *ends, *id_ends;
+    size_t cap_tok;
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+} entry;
+
+struct gps_tlog {
+    entry *e;
+    size_t n, cap;                /* entries */
+    size_t count;                 /* events */
+};
+
+gps_tlog *gps_tlog_new(void)
+{
+    return calloc(1, sizeof(gps_tlog));
+}
+
+static void entry_clear(entry *e)
+{
+    json_decref(e->ev);
+    free(e->text);
+    free(e->ends);
+    free(e->id_ends);
+    free(e->ids);
+}
+
+void gps_tlog_free(gps_tlog *l)
+{
+    if (!l)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        entry_clear(&l->e[i]);
+    free(l->e);
+    free(l);
+}
+
+size_t gps_tlog_count(const gps_tlog *l)
+{
+    return l ? l->count : 0;
+}
+
+size_t gps_tlog_bytes(const gps_tlog *l)
+{
+    if (!l)
+        return 0;
+    size_t b = sizeof *l + l->cap * sizeof(entry);
+    for (size_t i = 0; i < l->n; i++) {
+        const entry *e = &l->e[i];
+        b += e->ev ? JSON_EVENT_BYTES
+                   : e->cap + e->cap_tok * 2 * sizeof(uint32_t) + e->cap_ids * sizeof(int32_t);
+    }
+    return b;
+}
+
+/* Grow *p (of *cap elements of size sz) to hold need; 0 or -1. */
+static int grow(void **p, size_t *cap, size_t need, size_t sz)
+{
+    if (need <= *cap)
+        return 0;
+    size_t nc = *cap ? *cap : 16;
+    while (nc < need)
+        nc *= 2;
+    void *q = realloc(*p, nc * sz);
+    if (!q)
+        return -1;
+    *p = q;
+    *cap = nc;
+    return 0;
+}
+
+static entry *entry_new(gps_tlog *l)
+{
+    if (grow((void **)&l->e, &l->cap, l->n + 1, sizeof(entry)) < 0)
+        return NULL;
+    entry *e = &l->e[l->n];
+    memset(e, 0, sizeof *e);
+    e->first = l->count;
+    return e;
+}
+
+int gps_tlog_append(gps_tlog *l, const char *type, json_t *data, json_t *hidden)
+{
+    json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)l->count + 1, "type", type,
+                           "data", data ? data : json_object());
+    entry *e = ev ? entry_new(l) : NULL;
+    if (!e) {
+        json_decref(ev);
+        json_decref(hidden);
+        return -1;
+    }
+    if (json_is_object(hidden))
+        json_object_update_missing(ev, hidden);
+    json_decref(hidden);
+    e->ev = ev;
+    e->n = 1;
+    l->n++;
+    l->count++;
+    return 0;
+}
+
+int gps_tlog_append_token(gps_tlog *l, const char *text, size_t len, const int32_t *ids,
+                          size_t n_ids)
+{
+    entry *e = l->n ? &l->e[l->n - 1] : NULL;
+    bool fresh = !e || e->ev || e->len + len > RUN_MAX || e->n_ids + n_ids > RUN_MAX;
+    entry tmp;
+    if (fresh) {
+        memset(&tmp, 0, sizeof tmp);
+        tmp.first = l->count;
+        e = &tmp;
+    }
+    /* Grow everything first: a failure leaves the run as it was. */
+    if (grow((void **)&e->text, &e->cap, e->len + len + 1, 1) < 0)
+        goto oom;
+    size_t ct = e->cap_tok;
+    if (grow((void **)&e->ends, &ct, e->n + 1, sizeof(uint32_t)) < 0)
+        goto oom;
+    ct = e->cap_tok;
+    if (grow((void **)&e->id_ends, &ct, e->n + 1, sizeof(uint32_t)) < 0)
+        goto oom;
+    e->cap_tok = ct;
+    if (n_ids && grow((void **)&e->ids, &e->cap_ids, e->n_ids + n_ids, sizeof(int32_t)) < 0)
+        goto oom;
+    if (fresh && !entry_new(l))
+        goto oom;
+    memcpy(e->text + e->len, text, len);
+    e->len += len;
+    e->text[e->len] = '\0';
+    if (n_ids)
+        memcpy(e->ids + e->n_ids, ids, n_ids * sizeof *ids);
+    e->n_ids += n_ids;
+    e->ends[e->n] = (uint32_t)e->len;
+    e->id_ends[e->n] = (uint32_t)e->n_ids;
+    e->n++;
+    if (fresh) {
+        l->e[l->n] = tmp;
+        l->n++;
+    }
+    l->count++;
+    return 0;
+oom:
+    /* A grown buffer of a fresh run is not in the log yet. */
+    if (fresh)
+        entry_clear(&tmp);
+    return -1;
+}
+
+/* A token event that a run can hold: data exactly {"text": string}, and
+ * hidden members at most "ids" (an array of integers). */
+static bool is_plain_token(const json_t *ev, const char *type)
+{
+    if (strcmp(type, "token") != 0)
+        return false;
+    const json_t *data = json_object_get(ev, "data");
+    if (!json_is_object(data) || json_object_size(data) != 1 ||
+        !json_is_string(json_object_get(data, "text")))
+        return false;
+    size_t extra = json_object_size(ev) - 3;
+    const json_t *ids = json_object_get(ev, "ids");
+    if (extra > 1 || (extra == 1 && !json_is_array(ids)))
+        return false;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(ids, i, v) if (!json_is_integer(v)) return false;
+    return true;
+}
+
+int gps_tlog_append_stored(gps_tlog *l, const json_t *ev)
+{
+    const char *type = json_string_value(json_object_get(ev, "type"));
+    if (!type || !json_object_get(ev, "seq") || !json_object_get(ev, "data"))
+        return -1;
+    if (is_plain_token(ev, type)) {
+        const json_t *text = json_object_get(json_object_get(ev, "data"), "text");
+        const json_t *arr = json_object_get(ev, "ids");
+        size_t n = json_array_size(arr);
+        int32_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+        if (n && !ids)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+        int rc = gps_tlog_append_token(l, json_string_value(text), json_string_length(text),
+                                       ids, n);
+        free(ids);
+        return rc;
+    }
+    json_t *hidden = json_deep_copy(ev);
+    if (!hidden)
+        return -1;
+    json_object_del(hidden, "seq");
+    json_object_del(hidden, "type");
+    json_object_del(hidden, "data");
+    return gps_tlog_append(l, type, json_deep_copy(json_object_get(ev, "data")), hidden);
+}
+
+/* The entry holding event i (i < count). */
+static const entry *entry_of(const gps_tlog *l, size_t i)
+{
+    size_t lo = 0, hi = l->n; /* e[lo].first <= i < e[hi].first */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->e[mid].first <= i)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &l->e[lo];
+}
+
+json_t *gps_tlog_get(const gps_tlog *l, size_t i)
+{
+    if (!l || i >= l->count)
+        return NULL;
+    const entry *e = entry_of(l, i);
+    if (e->ev)
+        return json_incref(e->ev);
+    size_t k = i - e->first;
+    size_t t0 = k ? e->ends[k - 1] : 0, i0 = k ? e->id_ends[k - 1] : 0;
+    json_t *ev = json_pack("{s:I,s:s,s:{s:s%}}", "seq", (json_int_t)i + 1, "type", "token",
+                           "data", "text", e->text + t0, (size_t)e->ends[k] - t0);
+    if (ev && e->id_ends[k] > i0) {
+        json_t *ids = json_array();
+        for (size_t j = i0; ids && j < e->id_ends[k]; j++)
+            json_array_append_new(ids, json_integer(e->ids[j]));
+        if (!ids || json_object_set_new(ev, "ids", ids) < 0) {
+            json_decref(ev);
+            return NULL;
+        }
+    }
+    return ev;
+}
+
+const char *gps_tlog_type(const gps_tlog *l, size_t i)
+{
+    if (!l || i >= l->count)
+        return NULL;
+    const entry *e = entry_of(l, i);
+    return e->ev ? json_string_value(json_object_get(e->ev, "type")) : "token";
+}
