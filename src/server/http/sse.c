@@ -47,7 +47,7 @@ int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const js
 
 int gps_json_escape_append(gp_buf *out, const char *text, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
+    static const char hex[] = "0123456789ABCDEF"; /* as jansson writes them */
     size_t run = 0; /* bytes copied as they are, pending */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)text[i];
