@@ -200,6 +200,19 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
     free(text);
 }
 
+void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
+{
+    struct evbuffer *buf = evbuffer_new();
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (buf)
+        evbuffer_add(buf, text, n);
+    gps_http_send_reply(req, status, NULL, buf);
+    if (buf)
+        evbuffer_free(buf);
+}
+
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
                          const char *code, const char *message, const char *param,
                          const char *correlation_id, json_t *extra)

@@ -1825,9 +1825,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     }
 }
 
-int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
-                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
-                          size_t msglen)
+static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                        json_t *events, bool checked, bool *cancel, long long *expected_seq,
+                        char *msg, size_t msglen)
 {
     *cancel = false;
     *expected_seq = -1;
@@ -1856,7 +1856,7 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
     }
     size_t n = json_array_size(events);
     char field[96];
-    for (size_t i = 0; i < n; i++) /* again for callers that did not check */
+    for (size_t i = 0; i < n && !checked; i++) /* for callers that did not check */
         if (gps_agent_event_check(json_array_get(events, i), i, field, sizeof field, msg,
                                   msglen) < 0)
             return 400;
@@ -1887,6 +1887,22 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
         *cancel = cancel_take(j, agent_id, job_id); /* finished early by the server */
     }
     return 0;
+}
+
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen)
+{
+    return apply_events(j, job_id, agent_id, seq, events, false, cancel, expected_seq, msg,
+                        msglen);
+}
+
+int gps_jobs_apply_checked_events(gps_jobs *j, const char *job_id, const char *agent_id,
+                                  long long seq, json_t *events, bool *cancel,
+                                  long long *expected_seq, char *msg, size_t msglen)
+{
+    return apply_events(j, job_id, agent_id, seq, events, true, cancel, expected_seq, msg,
+                        msglen);
 }
 
 /* ------------------------------------------------------------------ */

@@ -365,6 +365,12 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots);
 int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
                           json_t *events, bool *cancel, long long *expected_seq, char *msg,
                           size_t msglen);
+/* The same for events the caller already checked with
+ * gps_agent_events_check (agent_check.h): every event is not checked a
+ * second time (the check was a seventh of an upload's cost). */
+int gps_jobs_apply_checked_events(gps_jobs *j, const char *job_id, const char *agent_id,
+                                  long long seq, json_t *events, bool *cancel,
+                                  long long *expected_seq, char *msg, size_t msglen);
 /* Agent declared dead (or gone): its jobs fail over (requeue when the
  * client saw nothing yet, else end with an error). */
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
