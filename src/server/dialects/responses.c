@@ -7,6 +7,7 @@
 
 #include "server/dialects/api_openai.h"
 #include "server/http/sse.h"
+#include "server/http/ids.h"
 
 #define DEFAULT_MAX_OUTPUT_TOKENS 4096 /* OpenAI: up to the model's limit; we bound it */
 #define MAX_METADATA_KEYS 16
@@ -391,7 +392,7 @@ void gps_resp_req_clear(gps_resp_req *r)
 void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
 {
     memset(o, 0, sizeof *o);
-    gp_id_new("resp_", o->id, sizeof o->id);
+    gps_id_new("resp_", o->id, sizeof o->id);
     o->created = gp_now_wall_ms() / 1000;
     snprintf(o->model, sizeof o->model, "%s", model);
     o->echo = echo;
@@ -566,7 +567,7 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
             return; /* bounded: a reply this fragmented is not a real one */
         it = &o->items[o->n_items++];
         memset(it, 0, sizeof *it);
-        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
         int idx = (int)(it - o->items);
         emit(o, sse, "response.output_item.added",
@@ -600,7 +601,7 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
         memset(it, 0, sizeof *it);
         it->is_call = true;
         it->call = i;
-        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+        gps_id_new("fc_", it->item_id, sizeof it->item_id);
         emit(o, sse, "response.output_item.added",
              json_pack("{s:i,s:o}", "output_index", (int)(it - o->items), "item",
                        item_json(o, it, calls, false)));
@@ -649,7 +650,7 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
     if (text_len > 0) {
         struct gps_resp_item *it = &o->items[o->n_items++];
         memset(it, 0, sizeof *it);
-        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        gps_id_new("msg_", it->item_id, sizeof it->item_id);
         gp_buf_append(&o->text, text, text_len);
         it->text_from = 0;
         it->text_to = o->text.len;
@@ -661,7 +662,7 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
         it->is_call = true;
         it->call = (int)i;
         it->done = true;
-        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+        gps_id_new("fc_", it->item_id, sizeof it->item_id);
     }
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,

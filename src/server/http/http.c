@@ -27,6 +27,7 @@
 #include "common/gp_util.h"
 #include "server/http/errors.h"
 #include "server/http/tls.h"
+#include "server/http/ids.h"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -1841,7 +1842,7 @@ static void dispatch(struct evhttp_request *req, void *arg)
     if (corr && corr_ok(corr))
         snprintf(r.correlation_id, sizeof r.correlation_id, "%s", corr);
     else
-        gp_random_hex(r.correlation_id, 16);
+        gps_id_hex(r.correlation_id, 16);
     struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
     evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
     evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");

@@ -12,6 +12,7 @@
 #include "server/auth/limits.h"
 #include "server/store/store.h"
 #include "server/metrics.h"
+#include "server/http/ids.h"
 
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
 /* A finished job stays findable this long so that a late upload from its
@@ -955,7 +956,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     if (spec->resume_id)
         snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
     else
-        gp_id_new("job_", job->id, sizeof job->id);
+        gps_id_new("job_", job->id, sizeof job->id);
     snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
              correlation_id ? correlation_id : "");
     snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
