@@ -78,6 +78,7 @@ typedef struct gps_relay {
     gps_job *job;
     gps_sse_pace *pace;
     gp_buf out;                   /* rendered, not yet written */
+    struct event *flush;          /* writes out once per loop turn (gps_relay_send_output) */
     bool started;                 /* SSE headers sent */
     bool too_slow;
     /* The catch-up queue (gps_relay_stream_event): job->text[0..sent) went
