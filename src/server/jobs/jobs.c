@@ -9,6 +9,7 @@
 #include "common/gp_count.h"
 #include "common/gp_log.h"
 #include "server/fleet/agent_check.h"
+#include "server/fleet/gps_strmap.h"
 #include "server/auth/limits.h"
 #include "server/store/store.h"
 #include "server/metrics.h"
@@ -1580,6 +1581,17 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         return 0;
     uint64_t now = gp_now_mono_us();
     size_t ended = 0;
+    /* The list as a set (up to 1,024 ids, agent_check): a lookup per job
+     * instead of a scan of the list per job. Out of memory: the scan. */
+    smap set = {0};
+    bool use_set = true;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(running, i, v) {
+        const char *s = json_string_value(v);
+        if (s && use_set && !smap_put(&set, s, (void *)v))
+            use_set = false;
+    }
     /* As in gps_jobs_agent_lost: fail_over may move job to the finished
      * list, so the next live job is taken first. */
     gps_job *next;
@@ -1587,7 +1599,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         next = job->next;
         if (!on_agent(job, agent_id))
             continue;
-        if (listed(running, job->id)) {
+        if (use_set ? smap_find(&set, job->id) != NULL : listed(running, job->id)) {
             job->last_event_us = now;
             continue;
         }
@@ -1598,6 +1610,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
             ended++;
         }
     }
+    smap_free(&set, NULL);
     return ended;
 }
 
