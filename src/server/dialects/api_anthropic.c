@@ -1102,7 +1102,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gp_buf_consume(&st->pending, safe);
         }
         if (st->stream)
-            gps_relay_send(&st->rl);
+            gps_relay_send_soon(&st->rl);
         return false;
     }
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {

@@ -187,13 +187,18 @@ static bool flush_later(gps_relay *rl)
     return true;
 }
 
+void gps_relay_send_soon(gps_relay *rl)
+{
+    if (rl->out.len >= FLUSH_NOW || !flush_later(rl))
+        gps_relay_send(rl);
+}
+
 void gps_relay_send_output(gps_relay *rl)
 {
     /* Marked now: the client will have it before anything else happens
      * to the job (a failover must not start it over). */
     gps_job_mark_output_sent(rl->job);
-    if (rl->out.len >= FLUSH_NOW || !flush_later(rl))
-        gps_relay_send(rl);
+    gps_relay_send_soon(rl);
 }
 
 void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
