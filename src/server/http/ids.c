@@ -1,7 +1,6 @@
 /* ids: see ids.h. */
 #include "server/http/ids.h"
 
-#include <stdint.h>
 #include <stdio.h>
 
 #include "common/gp_util.h"
@@ -18,18 +17,23 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-void gps_id_hex(char *out, size_t nbytes)
+uint64_t gps_id_u64(void)
 {
-    static const char hex[] = "0123456789abcdef";
     if (!seeded) {
         gp_random_bytes(key, sizeof key);
         seeded = 1;
     }
+    return mix(++counter ^ key[0]) ^ key[1];
+}
+
+void gps_id_hex(char *out, size_t nbytes)
+{
+    static const char hex[] = "0123456789abcdef";
     /* The event loop is one thread: no lock. Each 8 bytes of output take
      * the next counter value, so longer ids stay distinct too. */
     size_t i = 0;
     while (i < nbytes) {
-        uint64_t v = mix(++counter ^ key[0]) ^ key[1];
+        uint64_t v = gps_id_u64();
         for (int b = 0; b < 8 && i < nbytes; b++, i++, v >>= 8) {
             out[2 * i] = hex[(v >> 4) & 15];
             out[2 * i + 1] = hex[v & 15];

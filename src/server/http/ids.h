@@ -15,10 +15,14 @@
 #define GPS_IDS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Write nbytes * 2 lowercase hex digits and a NUL to out. */
 void gps_id_hex(char *out, size_t nbytes);
 /* out = prefix + 24 hex digits (truncated to outlen), as gp_id_new. */
 void gps_id_new(const char *prefix, char *out, size_t outlen);
+/* 64 bits from the same sequence (a job's sampler seed when the request
+ * gives none: it must differ between jobs, not be secret). */
+uint64_t gps_id_u64(void);
 
 #endif

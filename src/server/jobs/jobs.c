@@ -996,8 +996,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     if (job->spec.has_seed) {
         job->sampler_seed = job->spec.seed;
     } else {
-        uint64_t r;
-        gp_random_bytes(&r, sizeof r);
+        uint64_t r = gps_id_u64(); /* (no RAND_bytes per job: ids.h) */
         job->sampler_seed = (long long)(r >> 1);   /* JSON integers are signed */
     }
     job->created_us = gp_now_mono_us();
