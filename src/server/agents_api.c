@@ -888,6 +888,7 @@ static void batch_ok_append(gp_buf *out, size_t i, const char *jid, size_t n, bo
     else
         gp_buf_append(out, no, sizeof no - 1);
 }
+
 /* The entry of an applied job: {"job_id":..,"status":200,"cancel":b} or
  * its error. */
 static void batch_result_append(gp_buf *out, size_t i, const char *jid, size_t jid_len,
@@ -905,8 +906,11 @@ static void batch_result_append(gp_buf *out, size_t i, const char *jid, size_t j
     batch_entry_append(out, i, res_e);
 }
 
-/* The hot path: a batch of the shape upload_read.h reads (token events,
- * no liveness fields), applied without a jansson tree per token. Returns
+/* The hot path: a batch of the shape upload_read.h reads (token events; of
+ * the liveness fields only "instance", as the agent sends it), applied
+ * without a jansson tree per token. Each entry is judged and answered as
+ * in the jansson path below: the reader takes only bodies every check of
+ * that path accepts. Returns
  * false when the body is not of that shape (nothing was done: the caller
  * parses it with jansson), true when the request was answered. */
 static bool batch_fast(gps_agents *g, gps_req *r)
