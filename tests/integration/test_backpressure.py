@@ -155,6 +155,23 @@ def deltas(body):
     return "".join(text), done
 
 
+def responses_deltas(body):
+    """Concatenated output_text deltas of a Responses stream, and whether it
+    ended with response.completed or response.incomplete."""
+    text, done = [], False
+    for ev in sse_events(body):
+        if ev["event"] in ("response.completed", "response.incomplete"):
+            done = True
+        elif ev["event"] == "response.output_text.delta":
+            text.append(json.loads(ev["data"])["delta"])
+    return "".join(text), done
+
+
+def responses_body(k, count):
+    return {"model": "m1", "stream": True, "max_output_tokens": count,
+            "input": [{"role": "user", "content": "stream %d" % k}]}
+
+
 class Backpressure(harness.TestCase):
     NEEDS = (harness.SERVER_BIN,)
 
@@ -204,13 +221,15 @@ class Backpressure(harness.TestCase):
         self.assertEqual(st, 200, body)
         return True
 
-    def run_streams(self, name, read, path="/v1/chat/completions", n=N):
+    def run_streams(self, name, read, path="/v1/chat/completions", n=N, make_body=None):
         """n streams of STREAM bytes; returns (server, RSS growth once every
         upload was acknowledged, clients)."""
         srv, a = self.server(name)
         count = STREAM // TOKEN
         body = lambda k: {"model": "m1", "stream": True, "max_tokens": count,  # noqa: E731
                           "messages": [{"role": "user", "content": "stream %d" % k}]}
+        if make_body:
+            body = lambda k: make_body(k, count)  # noqa: E731
         base = rss(srv.pid)
         clients = [RawStream(srv.url, path, body(k)) for k in range(n)]
         jobs = self.take_jobs(a, n)
@@ -279,11 +298,37 @@ class Backpressure(harness.TestCase):
             self.check_stream(c.read_all(), k, count, anthropic_deltas)
             c.close()
 
+    def test_responses_non_reading_clients(self):
+        n = 2
+        path = "/v1/responses"
+        srv, base_growth, clients, count = self.run_streams("r-baseline", True, path, n,
+                                                            responses_body)
+        for c in clients:
+            c.close()
+        srv.stop()
+        srv, growth, clients, count = self.run_streams("r-stalled", False, path, n,
+                                                       responses_body)
+        print("Responses RSS growth: baseline %.1f MiB, %d non-reading clients %.1f MiB"
+              % (base_growth / MIB, n, growth / MIB))
+        # As above: the jobs' texts hold what is behind, nothing else may.
+        self.assertLess(growth, base_growth + n * STREAM + n * (2 * HWM + 4 * MIB) + 32 * MIB,
+                        "server buffered the streams of non-reading clients")
+        for k, c in enumerate(clients):
+            self.check_stream(c.read_all(), k, count, responses_deltas)
+            c.close()
+
     def test_too_slow_client_is_dropped_and_its_job_cancelled(self):
-        srv, a = self.server("slow", slow_sec=2)
-        c = RawStream(srv.url, "/v1/chat/completions",
+        self.too_slow("/v1/chat/completions",
                       {"model": "m1", "stream": True, "max_tokens": 100000,
                        "messages": [{"role": "user", "content": "stream 0"}]})
+
+    def test_too_slow_responses_client_is_dropped(self):
+        self.too_slow("/v1/responses", responses_body(0, 100000),
+                      label='api="responses",outcome="client_too_slow"')
+
+    def too_slow(self, path, req, label='outcome="client_too_slow"'):
+        srv, a = self.server("slow", slow_sec=2)
+        c = RawStream(srv.url, path, req)
         job = self.take_jobs(a, 1)[0]
         st, _ = a.events(job["job_id"], [{"type": "started"}])
         self.assertEqual(st, 200)
@@ -301,7 +346,7 @@ class Backpressure(harness.TestCase):
         self.assertTrue(cancelled, "the job of a too slow client was never cancelled")
         self.assertTrue(srv.log_events("client_too_slow"))
         st, _, text = harness.http_request("GET", srv.url + "/metrics")
-        self.assertIn(b'outcome="client_too_slow"', text)
+        self.assertIn(label.encode(), text)
         c.close()
 
 

@@ -184,6 +184,13 @@ class MetricsTest(harness.TestCase):
         st, _, b = self.post("/v1/messages", {"model": "tiny", "max_tokens": 6, "messages": msgs})
         self.assertEqual(st, 200, b)
         tokens += b["usage"]["output_tokens"]
+        st, _, raw = http_request("POST", self.srv.url + "/v1/responses",
+                                  {"model": "tiny", "input": "Once", "max_output_tokens": 4,
+                                   "stream": True}, headers=bearer(self.ckey), timeout=120)
+        self.assertEqual(st, 200, raw)
+        done = [c for c in sse_data_json(parse_sse(raw))
+                if c.get("type") in ("response.completed", "response.incomplete")]
+        tokens += done[-1]["response"]["usage"]["output_tokens"]
         # Errors: a body that fails validation, a model nobody serves.
         st, _, b = self.post("/v1/chat/completions", {"model": "tiny", "messages": "nope"})
         self.assertEqual(st, 400, b)
@@ -231,8 +238,11 @@ class MetricsTest(harness.TestCase):
                                outcome="model_not_found"), 1)
         self.assertEqual(value("time_to_first_token_seconds_count", api="openai", model="tiny"), 3)
         self.assertEqual(value("time_to_first_token_seconds_count", api="anthropic", model="tiny"), 1)
+        # Responses under its own label, not OpenAI's.
+        self.assertEqual(value("requests_total", api="responses", outcome="ok"), 1)
+        self.assertEqual(value("time_to_first_token_seconds_count", api="responses", model="tiny"), 1)
         self.assertEqual(value("scheduling_latency_seconds_count", model="tiny",
-                               priority="interactive"), 4)
+                               priority="interactive"), 5)
         self.assertEqual(value("tokens_generated_total"), tokens)
         self.assertEqual(value("auth_failures_total", reason="invalid"), 1)
         self.assertEqual(value("auth_failures_total", reason="missing"), 1)

@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/http/sse.h"
 #include "server/http/textcheck.h"
+#include "server/http/ids.h"
 
 #define MAX_STOP_SEQUENCES 64
 #define MAX_USER_ID 4096
@@ -1101,7 +1102,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gp_buf_consume(&st->pending, safe);
         }
         if (st->stream)
-            gps_relay_send(&st->rl);
+            gps_relay_send_soon(&st->rl);
         return false;
     }
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
@@ -1333,7 +1334,7 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     st->ctx = c;
     st->stream = areq.stream;
     st->count_only = count_only;
-    gp_id_new("msg_", st->id, sizeof st->id);
+    gps_id_new("msg_", st->id, sizeof st->id);
     snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
     st->stops = areq.stop_sequences;
     st->warnings = areq.warnings;

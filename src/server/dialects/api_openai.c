@@ -21,6 +21,7 @@
 #include "server/dialects/reqcheck.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
+#include "server/http/ids.h"
 
 #define DEFAULT_MAX_TOKENS_COMPLETION 16   /* OpenAI's documented default */
 #define DEFAULT_MAX_TOKENS_CHAT 1024       /* OpenAI: "until the context ends"; we bound it */
@@ -728,7 +729,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     st->chat = chat;
     st->stream = oreq.stream;
     st->include_usage = oreq.include_usage;
-    gp_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    gps_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
     if (oreq.spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), oreq.spec.model)) {
         /* No agent could take them: answer without tools rather than fail. */
         json_decref(oreq.spec.tools);

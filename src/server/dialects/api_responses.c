@@ -61,7 +61,7 @@ static void stream_free(void *arg)
 }
 
 static const gps_relay_ops OPS = {
-    .api = "openai",
+    .api = "responses", /* metrics label: its own, not OpenAI's completions and chat */
     .dialect = GPS_DIALECT_OPENAI,
     .error_event = "error",
     .on_event = on_job_event,
@@ -107,7 +107,7 @@ static void ensure_started(rs_stream *st, gps_job *job)
         return;
     gps_relay_start(&st->rl);
     gps_resp_open(&st->out, &st->rl.out);
-    gps_metrics_ttft(st->ctx->metrics, "openai", job->spec.model,
+    gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
                      (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
@@ -139,7 +139,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
                                        job->prompt_tokens, job->completion_tokens,
                                        meta_of(st, job));
         if (job->first_token_us)
-            gps_metrics_ttft(st->ctx->metrics, "openai", job->spec.model,
+            gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
                              (double)(job->first_token_us - st->rl.start_us) / 1e6);
         save(st, job, fr);
         gps_relay_end_body(&st->rl, body, true);

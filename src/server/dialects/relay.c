@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
 #include <event2/http.h>
 
 #include "common/gp_log.h"
@@ -156,10 +157,48 @@ void gps_relay_send(gps_relay *rl)
     gps_sse_pace_send(rl->pace, rl->req, &rl->out);
 }
 
+/* Output rendered during one loop turn goes out as one chunk at its end:
+ * an upload that carries many tokens of a stream (or several uploads read
+ * in one turn) costs one write, not one per token (a chunk's evbuffer and
+ * its bufferevent write were a sixth of the server's instructions per
+ * token). More than this much waiting is written at once, so what is not
+ * yet counted by the pace's high-water mark stays small. */
+#define FLUSH_NOW (16 * 1024)
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_relay *rl = arg;
+    if (rl->req && rl->out.len > 0)
+        gps_relay_send(rl);
+}
+
+static bool flush_later(gps_relay *rl)
+{
+    if (!rl->flush) {
+        struct evhttp_connection *c = rl->req ? evhttp_request_get_connection(rl->req) : NULL;
+        struct event_base *base = c ? evhttp_connection_get_base(c) : NULL;
+        rl->flush = base ? event_new(base, -1, 0, flush_cb, rl) : NULL;
+        if (!rl->flush)
+            return false;
+    }
+    event_active(rl->flush, EV_TIMEOUT, 1); /* (already active: nothing more) */
+    return true;
+}
+
+void gps_relay_send_soon(gps_relay *rl)
+{
+    if (rl->out.len >= FLUSH_NOW || !flush_later(rl))
+        gps_relay_send(rl);
+}
+
 void gps_relay_send_output(gps_relay *rl)
 {
-    gps_relay_send(rl);
+    /* Marked now: the client will have it before anything else happens
+     * to the job (a failover must not start it over). */
     gps_job_mark_output_sent(rl->job);
+    gps_relay_send_soon(rl);
 }
 
 void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
@@ -232,6 +271,9 @@ void gps_relay_clear(gps_relay *rl)
     gp_buf_free(&rl->out);
     gps_sse_pace_free(rl->pace);
     rl->pace = NULL;
+    if (rl->flush)
+        event_free(rl->flush); /* (also takes it off the active queue) */
+    rl->flush = NULL;
 }
 
 /* Text of a catch-up delta: large enough to drain quickly, small enough

@@ -78,6 +78,7 @@ typedef struct gps_relay {
     gps_job *job;
     gps_sse_pace *pace;
     gp_buf out;                   /* rendered, not yet written */
+    struct event *flush;          /* writes out once per loop turn (gps_relay_send_output) */
     bool started;                 /* SSE headers sent */
     bool too_slow;
     /* The catch-up queue (gps_relay_stream_event): job->text[0..sent) went
@@ -111,9 +112,13 @@ void gps_relay_count(gps_relay *rl, const char *outcome);
 /* Start the SSE reply: x-pool-* headers, chunked reply, pace. */
 void gps_relay_start(gps_relay *rl);
 bool gps_relay_blocked(gps_relay *rl);
-/* Write out (paced): framing only / bytes that came from the agent. */
+/* Write out (paced): framing only, at once / bytes that came from the
+ * agent, at the end of this loop turn (every stream's output of a turn is
+ * one write; 16 KiB or more waiting goes at once) / framing only, at the
+ * end of this loop turn. */
 void gps_relay_send(gps_relay *rl);
 void gps_relay_send_output(gps_relay *rl);
+void gps_relay_send_soon(gps_relay *rl);
 /* The job failed (ev: its error event; message NULL: ev's). Sends the
  * error (HTTP or stream event), counts it, frees the owner. */
 void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);

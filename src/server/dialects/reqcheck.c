@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/buffer.h>
+#include <event2/http.h>
+
 #include "server/http/http.h"
 
 bool gps_absent(const json_t *v)
@@ -258,6 +261,11 @@ json_t *gps_req_job_json(struct gps_req *r)
     json_t *body = gps_req_json(r);
     if (!body)
         return NULL;
+    /* The body is parsed: its bytes (in libevent's read chunks) need not
+     * stay for the stream's whole life (issue 24 item 4: RSS per stream). */
+    struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
+    if (in)
+        evbuffer_drain(in, evbuffer_get_length(in));
     char msg[256];
     if (gps_pool_options_merge_header(body, gps_req_header(r, "X-Pool-Options"), msg,
                                       sizeof msg) < 0) {

@@ -8,6 +8,7 @@
 #include "server/dialects/api_openai.h"
 #include "server/dialects/rformat.h"
 #include "server/http/sse.h"
+#include "server/http/ids.h"
 
 #define DEFAULT_MAX_OUTPUT_TOKENS 4096 /* OpenAI: up to the model's limit; we bound it */
 #define MAX_METADATA_KEYS 16
@@ -494,7 +495,7 @@ fail:
 void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
 {
     memset(o, 0, sizeof *o);
-    gp_id_new("resp_", o->id, sizeof o->id);
+    gps_id_new("resp_", o->id, sizeof o->id);
     o->created = gp_now_wall_ms() / 1000;
     snprintf(o->model, sizeof o->model, "%s", model);
     o->echo = echo;
@@ -623,6 +624,42 @@ static void close_message(gps_resp_out *o, gp_buf *sse)
          json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(o, it, NULL, true)));
 }
 
+/* Append the decimal digits of v (>= 0). */
+static int append_uint(gp_buf *b, unsigned long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    do {
+        d[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/*
+ * A text delta, the one event a reply sends per token: rendered as text
+ * (the same fields, in the same order, that json_pack + json_dumps wrote)
+ * rather than built as a jansson object and dumped, which was a fifth of
+ * the server's instructions per relayed token. item_id is ours ("msg_" +
+ * hex), so it needs no escaping; the delta is escaped as sse.h says.
+ */
+static void delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
+                         const char *t, size_t n)
+{
+    static const char pre[] = "event: response.output_text.delta\ndata: {\"item_id\":\"";
+    static const char mid[] = ",\"content_index\":0,\"delta\":\"";
+    static const char post[] =
+        "\",\"logprobs\":[],\"type\":\"response.output_text.delta\",\"sequence_number\":";
+    if (gp_buf_append(sse, pre, sizeof pre - 1) < 0 ||
+        gp_buf_append(sse, item_id, strlen(item_id)) < 0 ||
+        gp_buf_append(sse, "\",\"output_index\":", 17) < 0 || append_uint(sse, (unsigned)idx) < 0 ||
+        gp_buf_append(sse, mid, sizeof mid - 1) < 0 || gps_json_escape_append(sse, t, n) < 0 ||
+        gp_buf_append(sse, post, sizeof post - 1) < 0 || append_uint(sse, (unsigned long long)o->seq) < 0)
+        return;
+    o->seq++;
+    gp_buf_append(sse, "}\n\n", 3);
+}
+
 void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
 {
     if (n == 0)
@@ -633,7 +670,7 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
             return; /* bounded: a reply this fragmented is not a real one */
         it = &o->items[o->n_items++];
         memset(it, 0, sizeof *it);
-        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
         int idx = (int)(it - o->items);
         emit(o, sse, "response.output_item.added",
@@ -644,11 +681,7 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
     }
     gp_buf_append(&o->text, t, n);
     it->text_to = o->text.len;
-    json_t *d = json_stringn(t, n);
-    emit(o, sse, "response.output_text.delta",
-         json_pack("{s:s,s:i,s:i,s:o,s:[]}", "item_id", it->item_id, "output_index",
-                   (int)(it - o->items), "content_index", 0, "delta", d ? d : json_string(""),
-                   "logprobs"));
+    delta_render(o, sse, it->item_id, (int)(it - o->items), t, n);
 }
 
 static struct gps_resp_item *call_item(gps_resp_out *o, int call)
@@ -671,7 +704,7 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
         memset(it, 0, sizeof *it);
         it->is_call = true;
         it->call = i;
-        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+        gps_id_new("fc_", it->item_id, sizeof it->item_id);
         emit(o, sse, "response.output_item.added",
              json_pack("{s:i,s:o}", "output_index", (int)(it - o->items), "item",
                        item_json(o, it, calls, false)));
@@ -720,7 +753,7 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
     if (text_len > 0) {
         struct gps_resp_item *it = &o->items[o->n_items++];
         memset(it, 0, sizeof *it);
-        gp_id_new("msg_", it->item_id, sizeof it->item_id);
+        gps_id_new("msg_", it->item_id, sizeof it->item_id);
         gp_buf_append(&o->text, text, text_len);
         it->text_from = 0;
         it->text_to = o->text.len;
@@ -732,7 +765,7 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
         it->is_call = true;
         it->call = (int)i;
         it->done = true;
-        gp_id_new("fc_", it->item_id, sizeof it->item_id);
+        gps_id_new("fc_", it->item_id, sizeof it->item_id);
     }
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,

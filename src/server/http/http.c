@@ -27,6 +27,7 @@
 #include "common/gp_util.h"
 #include "server/http/errors.h"
 #include "server/http/tls.h"
+#include "server/http/ids.h"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -198,6 +199,19 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
     if (buf)
         evbuffer_free(buf);
     free(text);
+}
+
+void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
+{
+    struct evbuffer *buf = evbuffer_new();
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (buf)
+        evbuffer_add(buf, text, n);
+    gps_http_send_reply(req, status, NULL, buf);
+    if (buf)
+        evbuffer_free(buf);
 }
 
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
@@ -1828,7 +1842,7 @@ static void dispatch(struct evhttp_request *req, void *arg)
     if (corr && corr_ok(corr))
         snprintf(r.correlation_id, sizeof r.correlation_id, "%s", corr);
     else
-        gp_random_hex(r.correlation_id, 16);
+        gps_id_hex(r.correlation_id, 16);
     struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
     evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
     evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");

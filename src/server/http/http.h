@@ -238,6 +238,8 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
 
 /* Reply with a JSON body (reference stolen). */
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
+/* Send n bytes of JSON text (borrowed) rendered by the caller. */
+void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n);
 /* Send an error in dialect d (body: errors.h, gps_error_body). */
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
                          const char *code, const char *message, const char *param,

@@ -10,11 +10,19 @@
 #include <event2/event.h>
 #include <event2/keyvalq_struct.h>
 
+/* "name: value\n" (no printf: this runs for every event of every stream). */
+static int field(gp_buf *out, const char *name, size_t nlen, const char *value)
+{
+    if (gp_buf_append(out, name, nlen) < 0 || gp_buf_append(out, value, strlen(value)) < 0)
+        return -1;
+    return gp_buf_append(out, "\n", 1);
+}
+
 int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *data)
 {
-    if (event && gp_buf_appendf(out, "event: %s\n", event) < 0)
+    if (event && field(out, "event: ", 7, event) < 0)
         return -1;
-    if (id && gp_buf_appendf(out, "id: %s\n", id) < 0)
+    if (id && field(out, "id: ", 4, id) < 0)
         return -1;
     const char *p = data ? data : "";
     /* A bare CR or CRLF also ends a line for the client: split on all. */
@@ -34,20 +42,30 @@ int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *d
     return gp_buf_append(out, "\n", 1);
 }
 
+static int dump_cb(const char *buf, size_t size, void *data)
+{
+    return gp_buf_append(data, buf, size);
+}
+
 int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const json_t *j)
 {
-    /* Compact JSON never contains a raw newline (strings escape it). */
-    char *s = json_dumps(j, JSON_COMPACT);
-    if (!s)
+    size_t at = out->len; /* a failure leaves out as it was */
+    /* Compact JSON never contains a raw newline (strings escape it): one
+     * data line, dumped straight into out (no copy of the text). */
+    if (!j || (event && field(out, "event: ", 7, event) < 0) ||
+        (id && field(out, "id: ", 4, id) < 0) || gp_buf_append(out, "data: ", 6) < 0 ||
+        json_dump_callback(j, dump_cb, out, JSON_COMPACT) < 0 || gp_buf_append(out, "\n\n", 2) < 0) {
+        out->len = at;
+        if (out->data)
+            out->data[at] = '\0';
         return -1;
-    int rc = gps_sse_format(out, event, id, s);
-    free(s);
-    return rc;
+    }
+    return 0;
 }
 
 int gps_json_escape_append(gp_buf *out, const char *text, size_t n)
 {
-    static const char hex[] = "0123456789abcdef";
+    static const char hex[] = "0123456789ABCDEF"; /* as jansson writes them */
     size_t run = 0; /* bytes copied as they are, pending */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)text[i];

@@ -10,9 +10,11 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
+#include "server/fleet/gps_strmap.h"
 #include "server/auth/limits.h"
 #include "server/store/store.h"
 #include "server/metrics.h"
+#include "server/http/ids.h"
 
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
 /* A finished job stays findable this long so that a late upload from its
@@ -42,6 +44,7 @@ typedef struct cancel_rec {
 
 struct gps_jobs {
     struct event_base *base;
+    json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     gps_jobs_opts opts;
     unsigned char tenant_secret[32]; /* keys the tenant tags (random per process) */
     registry *reg;
@@ -679,6 +682,42 @@ static void ids_reset(gps_job *job)
  * previous event) or token_id. An event without ids, or more ids than the
  * request allows, ends token-exact continuation for the job. Returns the
  * number of tokens the event stands for (>= 1). */
+static bool ids_room(gps_job *job, size_t n)
+{
+    if (!job->ids_ok)
+        return false;
+    size_t cap = (size_t)(job->spec.max_tokens > 0 ? job->spec.max_tokens : 0) + MAX_TOKENS_SLACK;
+    if (job->n_gen_ids + n > cap) {
+        job->ids_ok = false;
+        return false;
+    }
+    if (job->n_gen_ids + n > job->cap_gen_ids) {
+        size_t nc = job->cap_gen_ids ? job->cap_gen_ids : 64;
+        while (nc < job->n_gen_ids + n)
+            nc *= 2;
+        int32_t *g = realloc(job->gen_ids, nc * sizeof *g);
+        if (!g) {
+            job->ids_ok = false;
+            return false;
+        }
+        job->gen_ids = g;
+        job->cap_gen_ids = nc;
+    }
+    return true;
+}
+
+/* ids_record for a token read without a tree (token_id -1: none). */
+static long long ids_record_one(gps_job *job, long long token_id)
+{
+    if (token_id < 0) {
+        job->ids_ok = false;
+        return 1;
+    }
+    if (ids_room(job, 1))
+        job->gen_ids[job->n_gen_ids++] = (int32_t)token_id;
+    return 1;
+}
+
 static long long ids_record(gps_job *job, const json_t *ev)
 {
     const json_t *arr = json_object_get(ev, "token_ids");
@@ -688,25 +727,8 @@ static long long ids_record(gps_job *job, const json_t *ev)
         job->ids_ok = false;
         return 1;
     }
-    if (!job->ids_ok)
+    if (!ids_room(job, n))
         return (long long)n;
-    size_t cap = (size_t)(job->spec.max_tokens > 0 ? job->spec.max_tokens : 0) + MAX_TOKENS_SLACK;
-    if (job->n_gen_ids + n > cap) {
-        job->ids_ok = false;
-        return (long long)n;
-    }
-    if (job->n_gen_ids + n > job->cap_gen_ids) {
-        size_t nc = job->cap_gen_ids ? job->cap_gen_ids : 64;
-        while (nc < job->n_gen_ids + n)
-            nc *= 2;
-        int32_t *g = realloc(job->gen_ids, nc * sizeof *g);
-        if (!g) {
-            job->ids_ok = false;
-            return (long long)n;
-        }
-        job->gen_ids = g;
-        job->cap_gen_ids = nc;
-    }
     for (size_t i = 0; i < n; i++)
         job->gen_ids[job->n_gen_ids++] =
             (int32_t)json_integer_value(json_is_array(arr) ? json_array_get(arr, i) : one);
@@ -1023,7 +1045,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     if (spec->resume_id)
         snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
     else
-        gp_id_new("job_", job->id, sizeof job->id);
+        gps_id_new("job_", job->id, sizeof job->id);
     snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
              correlation_id ? correlation_id : "");
     snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
@@ -1044,8 +1066,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     if (job->spec.has_seed) {
         job->sampler_seed = job->spec.seed;
     } else {
-        uint64_t r;
-        gp_random_bytes(&r, sizeof r);
+        uint64_t r = gps_id_u64(); /* (no RAND_bytes per job: ids.h) */
         job->sampler_seed = (long long)(r >> 1);   /* JSON integers are signed */
     }
     job->created_us = gp_now_mono_us();
@@ -1630,6 +1651,17 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         return 0;
     uint64_t now = gp_now_mono_us();
     size_t ended = 0;
+    /* The list as a set (up to 1,024 ids, agent_check): a lookup per job
+     * instead of a scan of the list per job. Out of memory: the scan. */
+    smap set = {0};
+    bool use_set = true;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(running, i, v) {
+        const char *s = json_string_value(v);
+        if (s && use_set && !smap_put(&set, s, (void *)v))
+            use_set = false;
+    }
     /* As in gps_jobs_agent_lost: fail_over may move job to the finished
      * list, so the next live job is taken first. */
     gps_job *next;
@@ -1637,7 +1669,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         next = job->next;
         if (!on_agent(job, agent_id))
             continue;
-        if (listed(running, job->id)) {
+        if (use_set ? smap_find(&set, job->id) != NULL : listed(running, job->id)) {
             job->last_event_us = now;
             continue;
         }
@@ -1648,6 +1680,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
             ended++;
         }
     }
+    smap_free(&set, NULL);
     return ended;
 }
 
@@ -1906,9 +1939,45 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
     }
 }
 
-int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
-                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
-                          size_t msglen)
+/* A token read without a tree (gps_event_in): what apply_one does for a
+ * token event, from its fields. */
+static void apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
+{
+    uint64_t now = gp_now_mono_us();
+    job->last_event_us = now;
+    job->agent_bytes += (long long)e->bytes;
+    if (job->agent_bytes > event_budget(j, job)) {
+        output_too_large(j, job, "event data");
+        return;
+    }
+    job->state = GPS_JOB_RUNNING;
+    if ((long long)(job->text.len + e->len) > event_budget(j, job) ||
+        job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
+        output_too_large(j, job, "output");
+        return;
+    }
+    gp_buf_append(&job->text, e->text, e->len);
+    job->completion_tokens += ids_record_one(job, e->token_id);
+    if (!job->first_token_us)
+        job->first_token_us = now;
+    count(j, "tokens_generated_total", NULL, 1);
+    /* Subscribers read a token event's text only and keep no reference
+     * (they copy): one object serves every token; made anew should one
+     * ever be kept. */
+    if (j->tok_ev && j->tok_ev->refcount > 1) {
+        json_decref(j->tok_ev);
+        j->tok_ev = NULL;
+    }
+    if (!j->tok_ev)
+        j->tok_ev = json_pack("{s:s}", "type", "token");
+    if (j->tok_ev)
+        json_object_set_new_nocheck(j->tok_ev, "text", json_stringn_nocheck(e->text, e->len));
+    notify(j, job, GPS_EV_TOKEN, j->tok_ev);
+}
+
+static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                        json_t *events, const gps_event_in *in, size_t n_in, bool checked,
+                        bool *cancel, long long *expected_seq, char *msg, size_t msglen)
 {
     *cancel = false;
     *expected_seq = -1;
@@ -1931,13 +2000,13 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
     }
     /* The caller checked the body (gps_agent_events_check): every field
      * and number is within bounds, so nothing below can overflow. */
-    if (seq < 0 || !json_is_array(events)) {
+    if (seq < 0 || (!in && !json_is_array(events))) {
         snprintf(msg, msglen, "'seq' must be >= 0 and 'events' an array");
         return 400;
     }
-    size_t n = json_array_size(events);
+    size_t n = in ? n_in : json_array_size(events);
     char field[96];
-    for (size_t i = 0; i < n; i++) /* again for callers that did not check */
+    for (size_t i = 0; i < n && !checked; i++) /* for callers that did not check */
         if (gps_agent_event_check(json_array_get(events, i), i, field, sizeof field, msg,
                                   msglen) < 0)
             return 400;
@@ -1955,7 +2024,10 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
     job->last_event_us = gp_now_mono_us();
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
-        apply_one(j, job, json_array_get(events, i));
+        if (in && !in[i].ev)
+            apply_token(j, job, &in[i]);
+        else
+            apply_one(j, job, in ? in[i].ev : json_array_get(events, i));
         if (gps_job_terminal(job))
             break;
         if (strcmp(job->agent_id, agent_id) != 0)
@@ -1968,6 +2040,30 @@ int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id,
         *cancel = cancel_take(j, agent_id, job_id); /* finished early by the server */
     }
     return 0;
+}
+
+int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          json_t *events, bool *cancel, long long *expected_seq, char *msg,
+                          size_t msglen)
+{
+    return apply_events(j, job_id, agent_id, seq, events, NULL, 0, false, cancel, expected_seq,
+                        msg, msglen);
+}
+
+int gps_jobs_apply_checked_events(gps_jobs *j, const char *job_id, const char *agent_id,
+                                  long long seq, json_t *events, bool *cancel,
+                                  long long *expected_seq, char *msg, size_t msglen)
+{
+    return apply_events(j, job_id, agent_id, seq, events, NULL, 0, true, cancel, expected_seq,
+                        msg, msglen);
+}
+
+int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          const gps_event_in *evs, size_t n, bool *cancel,
+                          long long *expected_seq, char *msg, size_t msglen)
+{
+    return apply_events(j, job_id, agent_id, seq, NULL, evs, n, true, cancel, expected_seq, msg,
+                        msglen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2075,6 +2171,7 @@ void gps_jobs_free(gps_jobs *j)
         free(c);
         c = n;
     }
+    json_decref(j->tok_ev);
     free(j);
 }
 

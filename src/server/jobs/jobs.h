@@ -396,6 +396,26 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots);
 int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
                           json_t *events, bool *cancel, long long *expected_seq, char *msg,
                           size_t msglen);
+/* The same for events the caller already checked with
+ * gps_agent_events_check (agent_check.h): every event is not checked a
+ * second time (the check was a seventh of an upload's cost). */
+int gps_jobs_apply_checked_events(gps_jobs *j, const char *job_id, const char *agent_id,
+                                  long long seq, json_t *events, bool *cancel,
+                                  long long *expected_seq, char *msg, size_t msglen);
+/* One event of an upload read without a jansson tree per token
+ * (upload_read.h): a token's fields, or any other event as an object. */
+typedef struct gps_event_in {
+    json_t *ev;          /* a non-token event (borrowed), or NULL: a token */
+    const char *text;    /* token: its text, len bytes, no NUL inside (borrowed) */
+    size_t len;
+    long long token_id;  /* token: -1 when absent */
+    size_t bytes;        /* the event's size as compact JSON (the event budget) */
+} gps_event_in;
+/* gps_jobs_apply_checked_events for such events (checked the same way);
+ * same returns. Subscribers get a token event holding type and text only. */
+int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
+                          const gps_event_in *evs, size_t n, bool *cancel,
+                          long long *expected_seq, char *msg, size_t msglen);
 /* Agent declared dead (or gone): its jobs fail over (requeue when the
  * client saw nothing yet, else end with an error). */
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);

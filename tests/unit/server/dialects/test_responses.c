@@ -474,6 +474,39 @@ static void test_stored_context_and_items(void **st)
     gps_tool_calls_free(&calls);
 }
 
+/* A text delta is rendered as text, not dumped by jansson: it must be the
+ * bytes json_dumps writes for the same object, whatever the text holds. */
+static void test_delta_is_what_jansson_writes(void **st)
+{
+    (void)st;
+    static const char *texts[] = {"tok", "a\"b\\c\n\r\t\x01\x1f/", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+    gps_resp_out o;
+    gps_resp_out_init(&o, "m", NULL);
+    gp_buf sse;
+    gp_buf_init(&sse);
+    gps_resp_text(&o, &sse, "x", 1); /* opens the message item */
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        sse.len = 0;
+        long long seq = o.seq;
+        gps_resp_text(&o, &sse, texts[i], strlen(texts[i]));
+        json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:[],s:s,s:I}", "item_id", o.items[0].item_id,
+                              "output_index", 0, "content_index", 0, "delta", texts[i],
+                              "logprobs", "type", "response.output_text.delta",
+                              "sequence_number", (json_int_t)seq);
+        char *d = json_dumps(j, JSON_COMPACT);
+        gp_buf want;
+        gp_buf_init(&want);
+        gp_buf_appendf(&want, "event: response.output_text.delta\ndata: %s\n\n", d);
+        assert_int_equal(sse.len, want.len);
+        assert_memory_equal(sse.data, want.data, want.len);
+        gp_buf_free(&want);
+        free(d);
+        json_decref(j);
+    }
+    gp_buf_free(&sse);
+    gps_resp_out_clear(&o);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -485,6 +518,7 @@ int main(void)
         cmocka_unit_test(test_stored_state_splice),
         cmocka_unit_test(test_stored_context_and_items),
         cmocka_unit_test(test_stream_text_then_call),
+        cmocka_unit_test(test_delta_is_what_jansson_writes),
         cmocka_unit_test(test_incomplete_and_whole_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

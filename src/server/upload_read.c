@@ -1,0 +1,405 @@
+/* upload_read: see upload_read.h. */
+#include "server/upload_read.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/fleet/agent_check.h"
+#include "server/http/textcheck.h"
+
+/* A cursor over the body; every reader returns false for "not ours". */
+typedef struct rd {
+    const char *p, *end;
+    gps_upload *u;
+} rd;
+
+static void ws(rd *r)
+{
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r'))
+        r->p++;
+}
+
+static bool lit(rd *r, char c)
+{
+    ws(r);
+    if (r->p >= r->end || *r->p != c)
+        return false;
+    r->p++;
+    return true;
+}
+
+/* A string, unescaped, appended to out. No \u escapes (jansson's rules for
+ * them, surrogates and \u0000, are left to jansson), no raw control bytes,
+ * valid UTF-8. */
+static bool str(rd *r, gp_buf *out)
+{
+    if (!lit(r, '"'))
+        return false;
+    size_t from = out->len;
+    const char *run = r->p;
+    for (;;) {
+        if (r->p >= r->end)
+            return false;
+        unsigned char c = (unsigned char)*r->p;
+        if (c == '"' || c == '\\') {
+            if (r->p > run && gp_buf_append(out, run, (size_t)(r->p - run)) < 0)
+                return false;
+            if (c == '"')
+                break;
+            if (r->p + 1 >= r->end)
+                return false;
+            char e;
+            switch (r->p[1]) {
+            case '"': e = '"'; break;
+            case '\\': e = '\\'; break;
+            case '/': e = '/'; break;
+            case 'b': e = '\b'; break;
+            case 'f': e = '\f'; break;
+            case 'n': e = '\n'; break;
+            case 'r': e = '\r'; break;
+            case 't': e = '\t'; break;
+            default: return false; /* \u (jansson's rules) or not an escape */
+            }
+            if (gp_buf_append(out, &e, 1) < 0)
+                return false;
+            r->p += 2;
+            run = r->p;
+            continue;
+        }
+        if (c < 0x20)
+            return false;
+        r->p++;
+    }
+    r->p++; /* the closing quote */
+    return gps_text_utf8(out->data + from, out->len - from);
+}
+
+/* A key (at most 15 bytes of [a-z_], as every key of ours) into k. */
+static bool key(rd *r, char k[16])
+{
+    ws(r);
+    if (r->p >= r->end || *r->p != '"')
+        return false;
+    const char *s = r->p + 1;
+    const char *q = memchr(s, '"', (size_t)(r->end - s));
+    if (!q || q - s > 15)
+        return false;
+    for (const char *c = s; c < q; c++)
+        if (!((*c >= 'a' && *c <= 'z') || *c == '_'))
+            return false; /* ours are [a-z_]: anything else is not ours */
+    memcpy(k, s, (size_t)(q - s));
+    k[q - s] = '\0';
+    r->p = q + 1;
+    return lit(r, ':');
+}
+
+/* A non-negative integer as JSON writes it: no sign, no leading zero, no
+ * fraction or exponent (jansson would make those reals), at most 18 digits. */
+static bool num(rd *r, long long *v)
+{
+    ws(r);
+    const char *s = r->p;
+    long long x = 0;
+    while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
+        if (r->p - s < 18) /* past 18 digits it is declined below: no overflow */
+            x = x * 10 + (*r->p - '0');
+        r->p++;
+    }
+    size_t nd = (size_t)(r->p - s);
+    if (nd == 0 || nd > 18 || (nd > 1 && *s == '0'))
+        return false;
+    if (r->p < r->end && (*r->p == '.' || *r->p == 'e' || *r->p == 'E'))
+        return false;
+    *v = x;
+    return true;
+}
+
+/* Skip one value (a non-token event is cut out this way and handed to
+ * jansson, which judges it whole). */
+static bool skip(rd *r, int depth)
+{
+    ws(r);
+    if (r->p >= r->end || depth > 64)
+        return false;
+    char c = *r->p;
+    if (c == '"') {
+        for (r->p++; r->p < r->end; r->p++) {
+            if (*r->p == '\\')
+                r->p++;
+            else if (*r->p == '"') {
+                r->p++;
+                return true;
+            }
+        }
+        return false;
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        r->p++;
+        if (lit(r, close))
+            return true;
+        do {
+            if (c == '{' && (!skip(r, depth + 1) || !lit(r, ':')))
+                return false;
+            if (!skip(r, depth + 1))
+                return false;
+        } while (lit(r, ','));
+        return lit(r, close);
+    }
+    const char *s = r->p;
+    while (r->p < r->end && strchr(",}] \t\r\n", *r->p) == NULL)
+        r->p++;
+    return r->p > s;
+}
+
+static gps_event_in *ev_push(gps_upload *u)
+{
+    if (u->n_evs == u->cap_evs) {
+        size_t nc = u->cap_evs ? u->cap_evs * 2 : 64;
+        gps_event_in *v = realloc(u->evs, nc * sizeof *v);
+        if (!v)
+            return NULL;
+        u->evs = v;
+        u->cap_evs = nc;
+    }
+    gps_event_in *e = &u->evs[u->n_evs++];
+    memset(e, 0, sizeof *e);
+    e->token_id = -1;
+    return e;
+}
+
+/* JSON-escaped length of s, as jansson writes it (gp_json_compact_size). */
+static size_t esc_len(const char *s, size_t n)
+{
+    size_t len = n;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' ||
+            c == '\t')
+            len += 1;
+        else if (c < 0x20)
+            len += 5;
+    }
+    return len;
+}
+
+static size_t digits(long long v)
+{
+    size_t n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
+    }
+    return n;
+}
+
+/* A token event {"type":"token","text":..[,"token_id":N]}, keys in any
+ * order. false with r->p anywhere: the caller rewinds. */
+static bool token_ev(rd *r, gps_event_in *e)
+{
+    gps_upload *u = r->u;
+    bool has_type = false, has_text = false, has_id = false;
+    size_t text_from = u->text.len;
+    if (!lit(r, '{'))
+        return false;
+    do {
+        char k[16];
+        if (!key(r, k))
+            return false;
+        if (!strcmp(k, "type") && !has_type) {
+            size_t at = u->text.len;
+            if (!str(r, &u->text) || u->text.len - at != 5 ||
+                memcmp(u->text.data + at, "token", 5) != 0)
+                return false;
+            u->text.len = at; /* (the type is not kept) */
+            has_type = true;
+        } else if (!strcmp(k, "text") && !has_text) {
+            text_from = u->text.len;
+            if (!str(r, &u->text))
+                return false;
+            e->text = u->text.data + text_from;
+            e->len = u->text.len - text_from;
+            has_text = true;
+        } else if (!strcmp(k, "token_id") && !has_id) {
+            if (!num(r, &e->token_id) || e->token_id > GPS_AGENT_MAX_TOKEN_ID)
+                return false;
+            has_id = true;
+        } else {
+            return false; /* another key, or a duplicate */
+        }
+    } while (lit(r, ','));
+    if (!lit(r, '}') || !has_type || !has_text)
+        return false;
+    /* {"type":"token","text":"..."[,"token_id":N]} as compact JSON */
+    e->bytes = 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + esc_len(e->text, e->len)) +
+               (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
+    return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
+}
+
+/* Any other event: cut out, parsed and checked alone. */
+static bool other_ev(rd *r, gps_event_in *e, size_t i)
+{
+    ws(r);
+    const char *s = r->p;
+    if (!skip(r, 0))
+        return false;
+    e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
+    char field[96], msg[256];
+    if (!e->ev || gps_agent_event_check(e->ev, i, field, sizeof field, msg, sizeof msg) < 0)
+        return false;
+    e->bytes = gp_json_compact_size(e->ev);
+    return true;
+}
+
+static bool events(rd *r, gps_upload_job *jb)
+{
+    gps_upload *u = r->u;
+    jb->first = u->n_evs;
+    if (!lit(r, '['))
+        return false;
+    if (lit(r, ']'))
+        return true;
+    do {
+        if (u->n_evs - jb->first >= GPS_AGENT_MAX_EVENTS)
+            return false;
+        gps_event_in *e = ev_push(u);
+        if (!e)
+            return false;
+        const char *at = r->p;
+        size_t tlen = u->text.len;
+        if (!token_ev(r, e)) {
+            r->p = at;
+            u->text.len = tlen;
+            memset(e, 0, sizeof *e);
+            e->token_id = -1;
+            if (!other_ev(r, e, u->n_evs - 1 - jb->first))
+                return false;
+        }
+        jb->n++;
+    } while (lit(r, ','));
+    return lit(r, ']');
+}
+
+static bool entry(rd *r)
+{
+    gps_upload *u = r->u;
+    if (u->n_jobs == u->cap_jobs) {
+        size_t nc = u->cap_jobs ? u->cap_jobs * 2 : 16;
+        gps_upload_job *v = realloc(u->jobs, nc * sizeof *v);
+        if (!v)
+            return false;
+        u->jobs = v;
+        u->cap_jobs = nc;
+    }
+    gps_upload_job *jb = &u->jobs[u->n_jobs++];
+    memset(jb, 0, sizeof *jb);
+    bool has_id = false, has_seq = false, has_evs = false;
+    if (!lit(r, '{'))
+        return false;
+    do {
+        char k[16];
+        if (!key(r, k))
+            return false;
+        if (!strcmp(k, "job_id") && !has_id) {
+            jb->job_id_off = u->text.len;
+            if (!str(r, &u->text) || gp_buf_append(&u->text, "", 1) < 0)
+                return false;
+            jb->job_id_len = u->text.len - 1 - jb->job_id_off;
+            if (jb->job_id_len == 0 || jb->job_id_len > 128 ||
+                memchr(u->text.data + jb->job_id_off, '\0', jb->job_id_len))
+                return false;
+            has_id = true;
+        } else if (!strcmp(k, "seq") && !has_seq) {
+            if (!num(r, &jb->seq) || jb->seq > GPS_AGENT_MAX_SEQ)
+                return false;
+            has_seq = true;
+        } else if (!strcmp(k, "events") && !has_evs) {
+            if (!events(r, jb))
+                return false;
+            has_evs = true;
+        } else {
+            return false;
+        }
+    } while (lit(r, ','));
+    return lit(r, '}') && has_id && has_seq && has_evs;
+}
+
+static bool top(rd *r, size_t max_jobs)
+{
+    gps_upload *u = r->u;
+    bool has_agent = false, has_jobs = false;
+    if (!lit(r, '{'))
+        return false;
+    do {
+        char k[16];
+        if (!key(r, k))
+            return false;
+        if (!strcmp(k, "agent_id") && !has_agent) {
+            size_t at = u->text.len;
+            if (!str(r, &u->text) || u->text.len - at != 36)
+                return false;
+            memcpy(u->agent_id, u->text.data + at, 36);
+            u->agent_id[36] = '\0';
+            u->text.len = at;
+            if (!gp_uuid_valid(u->agent_id))
+                return false;
+            has_agent = true;
+        } else if (!strcmp(k, "jobs") && !has_jobs) {
+            if (!lit(r, '[') || lit(r, ']'))
+                return false; /* an empty batch is refused: jansson's path words it */
+            do {
+                if (u->n_jobs >= max_jobs || !entry(r))
+                    return false;
+            } while (lit(r, ','));
+            if (!lit(r, ']'))
+                return false;
+            has_jobs = true;
+        } else if (!strcmp(k, "instance") && !u->instance) {
+            size_t at = u->text.len;
+            if (!str(r, &u->text) || gp_buf_append(&u->text, "", 1) < 0)
+                return false;
+            u->instance = u->text.data + at;
+            u->instance_len = u->text.len - 1 - at;
+            if (memchr(u->instance, '\0', u->instance_len))
+                return false;
+        } else {
+            return false; /* other liveness fields and the rest: jansson's path */
+        }
+    } while (lit(r, ','));
+    if (!lit(r, '}') || !has_agent || !has_jobs)
+        return false;
+    ws(r);
+    return r->p == r->end;
+}
+
+bool gps_upload_read(const char *body, size_t n, size_t max_jobs, gps_upload *u)
+{
+    memset(u, 0, sizeof *u);
+    gp_buf_init(&u->text);
+    /* What is kept (unescaped texts, job ids and their NULs) is never
+     * longer than the body: one allocation, and pointers into it hold. */
+    u->text.data = malloc(n + 16);
+    if (!u->text.data)
+        return false;
+    u->text.cap = n + 16;
+    u->text.data[0] = '\0';
+    char *base = u->text.data;
+    rd r = {body, body + n, u};
+    if (!body || !top(&r, max_jobs) || u->text.data != base) {
+        gps_upload_free(u);
+        return false;
+    }
+    for (size_t i = 0; i < u->n_jobs; i++)
+        u->jobs[i].job_id = u->text.data + u->jobs[i].job_id_off;
+    return true;
+}
+
+void gps_upload_free(gps_upload *u)
+{
+    for (size_t i = 0; i < u->n_evs; i++)
+        json_decref(u->evs[i].ev);
+    free(u->evs);
+    free(u->jobs);
+    gp_buf_free(&u->text);
+    memset(u, 0, sizeof *u);
+}

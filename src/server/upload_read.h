@@ -1,0 +1,53 @@
+/*
+ * upload_read: a strict reader for the hot shape of a batched agent upload
+ * (POST /agents/events, docs/protocol.md "Batched uploads"), without a
+ * jansson tree per token event.
+ *
+ *   {"agent_id":"<uuid>","jobs":[{"job_id":"..","seq":N,"events":[E,..]},..]
+ *    [,"instance":".."]}
+ *
+ * A token event {"type":"token","text":"..."[,"token_id":N]} is read into
+ * the upload's text buffer (unescaped); any other event is cut out of the
+ * body and parsed alone with jansson. The reader takes only bodies that
+ * every rule of agent_check.h accepts and that jansson reads the same way
+ * (tests/fuzz/fuzz_upload.c checks it differentially): for anything else
+ * (another key, a \u escape, a duplicate key, a value out of bounds, bad
+ * UTF-8, ...) it says no and the caller parses the body with jansson as
+ * before, which also words the error.
+ */
+#ifndef GPS_UPLOAD_READ_H
+#define GPS_UPLOAD_READ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#include "common/gp_util.h"
+#include "server/jobs/jobs.h" /* gps_event_in */
+
+typedef struct gps_upload_job {
+    const char *job_id;  /* NUL-terminated, in gps_upload.text */
+    size_t job_id_off, job_id_len;
+    long long seq;
+    size_t first, n;     /* its events: gps_upload.evs[first .. first + n) */
+} gps_upload_job;
+
+typedef struct gps_upload {
+    char agent_id[37];
+    const char *instance;  /* the agent process's "instance" (NUL-terminated), or NULL */
+    size_t instance_len;
+    gps_upload_job *jobs;
+    size_t n_jobs, cap_jobs;
+    gps_event_in *evs;   /* a token's text points into text; ev is owned here */
+    size_t n_evs, cap_evs;
+    gp_buf text;         /* token texts and job ids (sized once: never moves) */
+} gps_upload;
+
+/* Read body (n bytes, borrowed). true: *u holds the upload (free it with
+ * gps_upload_free); false: not the hot shape or not valid, *u is empty
+ * and the caller falls back to jansson. max_jobs bounds the entries. */
+bool gps_upload_read(const char *body, size_t n, size_t max_jobs, gps_upload *u);
+void gps_upload_free(gps_upload *u);
+
+#endif

@@ -1,0 +1,105 @@
+/* upload_read: the hot shape is read to the same values jansson reads, and
+ * everything else is declined (the caller then parses it with jansson). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/upload_read.h"
+
+#define AID "91fc6fca-796a-4bf3-9c3b-dfb4553702a9"
+
+static bool rd(const char *s, gps_upload *u)
+{
+    return gps_upload_read(s, strlen(s), 1024, u);
+}
+
+static void test_tokens_and_other_events(void **st)
+{
+    (void)st;
+    gps_upload u;
+    assert_true(rd("{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"job_1\",\"seq\":12,"
+                   "\"events\":[{\"type\":\"token\",\"text\":\"a\\\"\\\\\\/\\n\\u00e9\"},"
+                   "{\"text\":\" b\",\"token_id\":42,\"type\":\"token\"},{\"type\":\"started\"},"
+                   "{\"type\":\"end\",\"finish_reason\":\"stop\"}]},"
+                   "{\"job_id\":\"job_2\",\"seq\":0,\"events\":[]}],\"instance\":\"i1\"}",
+                   &u));
+    assert_string_equal(u.agent_id, AID);
+    assert_string_equal(u.instance, "i1");
+    assert_int_equal(u.n_jobs, 2);
+    assert_string_equal(u.jobs[0].job_id, "job_1");
+    assert_int_equal(u.jobs[0].seq, 12);
+    assert_int_equal(u.jobs[0].n, 4);
+    assert_int_equal(u.jobs[1].n, 0);
+    /* a \u escape: that event went to jansson whole */
+    assert_non_null(u.evs[0].ev);
+    assert_string_equal(json_string_value(json_object_get(u.evs[0].ev, "text")),
+                        "a\"\\/\n\xc3\xa9");
+    assert_null(u.evs[1].ev);
+    assert_int_equal(u.evs[1].len, 2);
+    assert_memory_equal(u.evs[1].text, " b", 2);
+    assert_int_equal(u.evs[1].token_id, 42);
+    /* {"type":"token","text":" b","token_id":42} */
+    assert_int_equal(u.evs[1].bytes, strlen("{\"type\":\"token\",\"text\":\" b\",\"token_id\":42}"));
+    assert_non_null(u.evs[2].ev);
+    assert_non_null(u.evs[3].ev);
+    gps_upload_free(&u);
+
+    assert_true(rd("{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+                   "[{\"type\":\"token\",\"text\":\"x\\ty\"}]}]}", &u));
+    assert_null(u.evs[0].ev);
+    assert_memory_equal(u.evs[0].text, "x\ty", 3);
+    assert_int_equal(u.evs[0].token_id, -1);
+    assert_int_equal(u.evs[0].bytes, strlen("{\"type\":\"token\",\"text\":\"x\\ty\"}"));
+    gps_upload_free(&u);
+}
+
+static void test_declined(void **st)
+{
+    (void)st;
+    static const char *bad[] = {
+        "",
+        "[]",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[]}",                     /* empty batch */
+        "{\"agent_id\":\"not-a-uuid\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":[]}],"
+        "\"running_jobs\":[]}",                                         /* liveness: jansson's */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":01,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":1.0,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":-1,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"\",\"seq\":0,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"events\":[]}]}", /* no seq */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"seq\":0,\"events\":[]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+        "[{\"type\":\"token\",\"text\":\"a\",\"text\":\"b\"}]}]}",      /* duplicate key */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+        "[{\"type\":\"token\",\"text\":\"\xc3\"}]}]}",                  /* bad UTF-8 */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+        "[{\"type\":\"token\",\"text\":\"a\nb\"}]}]}",                  /* raw control byte */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+        "[{\"type\":\"token\",\"text\":\"a\",\"token_id\":2147483648}]}]}",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
+        "[{\"type\":\"bogus\\u001b\"}]}]}",                             /* check refuses */
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":[]}]} x",
+        "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":[]}]",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        gps_upload u;
+        if (rd(bad[i], &u))
+            fail_msg("accepted #%zu: %s", i, bad[i]);
+        assert_null(u.jobs);
+        assert_null(u.evs);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tokens_and_other_events),
+        cmocka_unit_test(test_declined),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
