@@ -1961,7 +1961,7 @@ static void apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
     if (!job->first_token_us)
         job->first_token_us = now;
     count(j, "tokens_generated_total", NULL, 1);
-    /* Subscribers read a token event's text only and keep no reference
+    /* Subscribers read a token event's text and id only and keep no reference
      * (they copy): one object serves every token; made anew should one
      * ever be kept. */
     if (j->tok_ev && j->tok_ev->refcount > 1) {
@@ -1970,8 +1970,14 @@ static void apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
     }
     if (!j->tok_ev)
         j->tok_ev = json_pack("{s:s}", "type", "token");
-    if (j->tok_ev)
+    if (j->tok_ev) {
         json_object_set_new_nocheck(j->tok_ev, "text", json_stringn_nocheck(e->text, e->len));
+        /* Native tasks keep a token's id for a token-exact resume. */
+        if (e->token_id >= 0)
+            json_object_set_new_nocheck(j->tok_ev, "token_id", json_integer(e->token_id));
+        else
+            json_object_del(j->tok_ev, "token_id");
+    }
     notify(j, job, GPS_EV_TOKEN, j->tok_ev);
 }
 
