@@ -67,5 +67,6 @@ test('codex exec answers through the pool (Responses API)', async () => {
   // Its function tools were relayed; hosted ones were dropped, not refused.
   assert.ok(last.tools.some((t) => t.function && t.function.name), JSON.stringify(last.tools).slice(0, 300));
   const metrics = await (await fetch(`${pool.baseURL}/metrics`)).text();
-  assert.match(metrics, /gpupool_requests_total\{api="openai",outcome="ok"\} [1-9]/);
+  // Responses traffic has its own label.
+  assert.match(metrics, /gpupool_requests_total\{api="responses",outcome="ok"\} [1-9]/);
 });
