@@ -385,7 +385,7 @@ char *gp_buf_steal(gp_buf *b)
 /* Bytes of s[0..n) inside a JSON string as json_dumps writes it: '"' and
  * '\\' and \b \f \n \r \t take 2, other control characters 6 (\u00XX),
  * everything else (UTF-8 included) 1. */
-static size_t escaped_len(const char *s, size_t n)
+size_t gp_json_escaped_len(const char *s, size_t n)
 {
     size_t len = n;
     for (size_t i = 0; i < n; i++) {
@@ -407,7 +407,7 @@ size_t gp_json_compact_size(const json_t *v)
         const char *key;
         json_t *val;
         json_object_foreach((json_t *)v, key, val) {
-            n += escaped_len(key, strlen(key)) + 3 + gp_json_compact_size(val) + (k++ ? 1 : 0);
+            n += gp_json_escaped_len(key, strlen(key)) + 3 + gp_json_compact_size(val) + (k++ ? 1 : 0);
         }
         return n;
     }
@@ -418,7 +418,7 @@ size_t gp_json_compact_size(const json_t *v)
         return n;
     }
     case JSON_STRING:
-        return 2 + escaped_len(json_string_value(v), json_string_length(v));
+        return 2 + gp_json_escaped_len(json_string_value(v), json_string_length(v));
     case JSON_INTEGER: {
         char b[32];
         return (size_t)snprintf(b, sizeof b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));

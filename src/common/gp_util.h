@@ -76,6 +76,10 @@ void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
 /* Take ownership of the storage (new, caller frees); b is left empty. */
 char *gp_buf_steal(gp_buf *b);
 
+/* Bytes of s[0..n) inside a JSON string as json_dumps writes it: '"',
+ * '\\' and \b \f \n \r \t take 2, other control characters 6 (\u00XX),
+ * everything else (UTF-8 included) 1. */
+size_t gp_json_escaped_len(const char *s, size_t n);
 /* The length of json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY), computed
  * without writing it (reals excepted, which are formatted): what the
  * server counts an agent's events by, once per event. */

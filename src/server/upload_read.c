@@ -168,21 +168,6 @@ static gps_event_in *ev_push(gps_upload *u)
     return e;
 }
 
-/* JSON-escaped length of s, as jansson writes it (gp_json_compact_size). */
-static size_t esc_len(const char *s, size_t n)
-{
-    size_t len = n;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' ||
-            c == '\t')
-            len += 1;
-        else if (c < 0x20)
-            len += 5;
-    }
-    return len;
-}
-
 static size_t digits(long long v)
 {
     size_t n = 1;
@@ -231,7 +216,7 @@ static bool token_ev(rd *r, gps_event_in *e)
     if (!lit(r, '}') || !has_type || !has_text)
         return false;
     /* {"type":"token","text":"..."[,"token_id":N]} as compact JSON */
-    e->bytes = 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + esc_len(e->text, e->len)) +
+    e->bytes = 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
                (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
