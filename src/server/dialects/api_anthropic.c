@@ -1285,10 +1285,7 @@ static void facts_cb(void *ud, registry_agent *a)
         return;
     for (size_t i = 0; i < a->n_models; i++) {
         const registry_model_info *mi = &a->models[i];
-        bool match = strcmp(mi->id, f->model) == 0;
-        for (size_t k = 0; !match && k < mi->n_aliases; k++)
-            match = strcmp(mi->aliases[k], f->model) == 0;
-        if (!match)
+        if (!registry_model_info_named(mi, f->model))
             continue;
         if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
             f->ctx = mi->context_length;

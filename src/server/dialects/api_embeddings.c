@@ -86,10 +86,7 @@ static void ctx_cb(void *ud, registry_agent *a)
         return;
     for (size_t i = 0; i < a->n_models; i++) {
         const registry_model_info *mi = &a->models[i];
-        bool match = strcmp(mi->id, f->model) == 0;
-        for (size_t k = 0; !match && k < mi->n_aliases; k++)
-            match = strcmp(mi->aliases[k], f->model) == 0;
-        if (!match)
+        if (!registry_model_info_named(mi, f->model))
             continue;
         f->serving++;
         if (!mi->supports_embeddings)

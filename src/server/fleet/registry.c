@@ -868,11 +868,8 @@ static const registry_model_info *model_named(const registry_agent *a, const cha
     for (size_t i = 0; i < a->n_models; i++) {
         if (tools_only && !a->models[i].supports_tools)
             continue;
-        if (strcmp(a->models[i].id, name) == 0)
+        if (registry_model_info_named(&a->models[i], name))
             return &a->models[i];
-        for (size_t j = 0; j < a->models[i].n_aliases; j++)
-            if (strcmp(a->models[i].aliases[j], name) == 0)
-                return &a->models[i];
     }
     return NULL;
 }
@@ -947,6 +944,16 @@ size_t registry_count_state(const registry *reg, registry_state s)
 }
 
 /* ========================================================== model index */
+
+bool registry_model_info_named(const registry_model_info *mi, const char *name)
+{
+    if (strcmp(mi->id, name) == 0)
+        return true;
+    for (size_t k = 0; k < mi->n_aliases; k++)
+        if (strcmp(mi->aliases[k], name) == 0)
+            return true;
+    return false;
+}
 
 bool registry_model_known(const registry *reg, const char *name)
 {

@@ -310,6 +310,8 @@ int registry_agent_slots_busy(const registry_agent *a);
 /* True when name (id or alias) was ever served by an agent since start-up
  * (or noted with registry_model_note): 503 vs 404 for a request. */
 bool registry_model_known(const registry *reg, const char *name);
+/* True when name is mi's id or one of its aliases. */
+bool registry_model_info_named(const registry_model_info *mi, const char *name);
 
 /* Number of live agents (REGISTERING, HEALTHY, SUSPECT) serving name now.
  * 0 -> NO_AGENT (503 or 404). O(1). */
