@@ -8,7 +8,9 @@
 #   7B (llama2-7b shape) Q4_K_M, Q4_0, Q8_0 and TinyLlama-1.1B Q4_K_M;
 #   FILES="7b-q4_k_m tl-q4_k_m" picks a subset (names: 7b-TYPE, tl-TYPE,
 #   st-TYPE for the tiny stories260k shape, to try the script out).
-# Tests: pp512 and tg128 (one sequence), tg64 with 8 and 32 sequences.
+# Tests: ppP for each P of $PROMPTS and tg128 (one sequence), tg64 with 8
+# and 32 sequences, and tg128 after D tokens of context ("tg128 @ dD") for
+# each D of $DEPTHS.
 # Environment:
 #   MODELS=DIR        where the files live (default /tmp/gpupool-cuda-bench)
 #   REPS=N            repetitions (default 3)
@@ -21,6 +23,10 @@
 #   LLAMA_BENCH=PATH, LLAMA_BATCHED_BENCH=PATH   llama.cpp's llama-bench and
 #                     llama-batched-bench (CUDA builds): their column
 #   SEQS="8 32"       batched decode widths ("" skips them)
+#   PROMPTS="512"     prompt sizes (e.g. "512 2048")
+#   DEPTHS=""         context depths for tg128 (e.g. "8192 32768")
+#   KV=f16            gpupool's KV cache type, f16 (llama.cpp's default) or f32
+#   FA=1              llama.cpp's flash attention (1 on, 0 off)
 #   BACKEND=cpu       gpupool on the CPU instead (to try the script out)
 # Output: one markdown table; tg128 also as effective bandwidth (weight
 # bytes x tokens/s: what a decode step has to read). Raw JSON in $MODELS/out.
@@ -37,6 +43,10 @@ reps=${REPS:-3}
 variants=${VARIANTS:-gpupool=$bdir/src/engine/libgpupool-cuda.so}
 files=${FILES:-7b-q4_k_m 7b-q4_0 7b-q8_0 tl-q4_k_m}
 seqs=${SEQS-8 32}
+prompts=${PROMPTS-512}
+depths=${DEPTHS-}
+fa=${FA:-1}
+kvopt=; [ "${KV:-f16}" = f16 ] && kvopt=--kv-f16
 backend=${BACKEND:-cuda}
 out=$models/out
 mkdir -p "$out"
@@ -71,9 +81,17 @@ for v in $variants; do
             for e in "${kv[@]}"; do
                 case $e in *=*) export "${e?}" ;; ?*) export GPUPOOL_CUDA_MMV="$e" ;; esac
             done
-            "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 512 -n 128 --json
+            for p in $prompts; do
+                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p "$p" -n 0 $kvopt --json
+            done
+            "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 $kvopt --json
             for s in $seqs; do
-                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" --json
+                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" \
+                    $kvopt --json
+            done
+            for d in $depths; do
+                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 -d "$d" \
+                    $kvopt --json
             done
         ) >"$out/gp.$label.$f.json" 2>"$out/gp.$label.$f.err" ||
             echo "cuda-bench: $label on $f failed (see $out/gp.$label.$f.err)" >&2
@@ -82,23 +100,29 @@ done
 
 if [ -n "${LLAMA_BENCH:-}" ]; then
     for f in $files; do
-        "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -p 512 -n 128 -r "$reps" -o json \
-            >"$out/lc.$f.json" 2>"$out/lc.$f.err" ||
+        { "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
+              -p "$(echo $prompts | tr ' ' ,)" -n 128 &&
+          if [ -n "$depths" ]; then
+              "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
+                  -p 0 -n 128 -d "$(echo $depths | tr ' ' ,)"
+          fi; } >"$out/lc.$f.json" 2>"$out/lc.$f.err" ||
             echo "cuda-bench: llama-bench on $f failed" >&2
     done
 fi
 if [ -n "${LLAMA_BATCHED_BENCH:-}" ] && [ -n "$seqs" ]; then
     for f in $files; do
-        "$LLAMA_BATCHED_BENCH" -m "$models/$f.gguf" -ngl 99 -c 8192 -npp 32 -ntg 64 \
+        "$LLAMA_BATCHED_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$([ "$fa" = 1 ] && echo on || echo off)" \
+            -c 8192 -npp 32 -ntg 64 \
             -npl "$(echo $seqs | tr ' ' ',')" --output-format jsonl \
             >"$out/lcb.$f.json" 2>"$out/lcb.$f.err" ||
             echo "cuda-bench: llama-batched-bench on $f failed" >&2
     done
 fi
 
-python3 - "$out" "$files" "$variants" "$seqs" <<'PY'
+python3 - "$out" "$files" "$variants" "$seqs" "$prompts" "$depths" <<'PY'
 import json, os, sys
 out, files, variants, seqs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), sys.argv[4].split()
+prompts, depths = sys.argv[5].split(), sys.argv[6].split()
 labels = [v.split("=", 1)[0] for v in variants]
 
 def lines(path):
@@ -128,11 +152,14 @@ for f in files:
             nbytes = r.get("bytes", nbytes)
     for r in lines(f"{out}/lc.{f}.json"):
         t = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
+        if r.get("n_depth"):
+            t += f" @ d{r['n_depth']}"
         res.setdefault(t, {})["llama.cpp"] = r["avg_ts"]
     for r in lines(f"{out}/lcb.{f}.json"):
         if "pl" in r and "speed_tg" in r:
             res.setdefault(f"tg64 x{r['pl']}", {})["llama.cpp"] = r["speed_tg"]
-    order = ["pp512", "tg128"] + [f"tg64 x{s}" for s in seqs]
+    order = [f"pp{p}" for p in prompts] + ["tg128"] + [f"tg64 x{s}" for s in seqs] \
+        + [f"tg128 @ d{d}" for d in depths]
     for t in order:
         if t in res:
             rows.append((f, t, res[t], nbytes))

@@ -8,6 +8,10 @@
  *        every step. With --seqs S, each step decodes S sequences together
  *        (one batch: the weights are read once per step for all S) and the
  *        figure is the total tokens/s of the S sequences.
+ * With --depth D (llama-bench's -d), the sequences first hold D tokens
+ * (decoded untimed, once) and every test starts at position D: ppP @ dD is
+ * a P-token prompt after D tokens of context, tgN @ dD a decode with D
+ * tokens of context (what long conversations and agent prompts cost).
  * Each test runs once untimed and short (warm-up: page cache, thread wake-up), then
  * -r times; the mean and standard deviation of tokens/s are printed.
  * Token ids are a fixed pseudo-random sequence (speed does not depend on
@@ -27,13 +31,14 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: gpupool-run bench -m FILE [-p 512] [-n 128] [-t N[,N...]] [-r 3] [--seqs S] "
-            "[--json]\n\n"
+            "[-d D] [--json]\n\n"
             "  -m, --model FILE     GGUF model file (required)\n"
             "  -p, --n-prompt P     prompt tokens for the ppP test, 0 = skip (default 512)\n"
             "  -n, --n-gen N        tokens for the tgN test, 0 = skip (default 128)\n"
             "  -t, --threads LIST   thread counts, comma separated (default: online CPUs)\n"
             "  -r, --reps R         timed repetitions per test (default 3)\n"
             "      --seqs S         sequences decoded together in tgN (default 1)\n"
+            "  -d, --depth D        tokens of context before each test (default 0)\n"
             "      --json           one JSON object per result line instead of the table\n"
             "      --backend B      cpu (default) or cuda; --device N: CUDA device index\n"
             "      --devices LIST   CUDA devices, e.g. 0,1: the layers split over them in order\n"
@@ -43,7 +48,7 @@ static void usage(FILE *out)
 
 typedef struct bench_opts {
     const char *model;
-    long n_prompt, n_gen, reps, seqs;
+    long n_prompt, n_gen, reps, seqs, depth;
     int threads[16];
     int n_threads;
     bool json;
@@ -59,15 +64,38 @@ static uint32_t lcg(uint32_t *s)
     return *s >> 8;
 }
 
-/* One timed run of a test; returns seconds, or a negative value on error. */
-static double run_pp(gpe_ctx *c, gpe_batch *b, int n_prompt, int n_vocab)
+/* Sequences 0..seqs-1 hold depth tokens each (decoded n_batch at a time). */
+static int fill_depth(gpe_ctx *c, gpe_batch *b, int n_batch, int depth, int seqs, int n_vocab)
+{
+    char err[256];
+    uint32_t s = 4242;
+    for (int q = 0; q < seqs; q++) {
+        gpe_seq_clear(c, q);
+        for (int i0 = 0; i0 < depth; i0 += n_batch) {
+            const int n = depth - i0 < n_batch ? depth - i0 : n_batch;
+            gpe_batch_clear(b);
+            for (int i = 0; i < n; i++)
+                gpe_batch_add(b, (int32_t)(lcg(&s) % (uint32_t)n_vocab), i0 + i, q, i == n - 1);
+            if (gpe_decode(c, b, err, sizeof err) != GPE_OK) {
+                fprintf(stderr, "gpupool-run %s: decode (depth): %s\n", NAME, err);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* One timed run of a test after depth tokens of context; returns seconds,
+ * or a negative value on error. */
+static double run_pp(gpe_ctx *c, gpe_batch *b, int depth, int n_prompt, int n_vocab)
 {
     char err[256];
     uint32_t s = 12345;
-    gpe_seq_clear(c, 0);
+    gpe_seq_truncate(c, 0, depth);
     gpe_batch_clear(b);
     for (int i = 0; i < n_prompt; i++)
-        gpe_batch_add(b, (int32_t)(lcg(&s) % (uint32_t)n_vocab), i, 0, i == n_prompt - 1);
+        gpe_batch_add(b, (int32_t)(lcg(&s) % (uint32_t)n_vocab), depth + i, 0,
+                      i == n_prompt - 1);
     double t0 = gpr_now();
     if (gpe_decode(c, b, err, sizeof err) != GPE_OK) {
         fprintf(stderr, "gpupool-run %s: decode: %s\n", NAME, err);
@@ -76,17 +104,17 @@ static double run_pp(gpe_ctx *c, gpe_batch *b, int n_prompt, int n_vocab)
     return gpr_now() - t0;
 }
 
-static double run_tg(gpe_ctx *c, gpe_batch *b, int n_gen, int seqs, int n_vocab)
+static double run_tg(gpe_ctx *c, gpe_batch *b, int depth, int n_gen, int seqs, int n_vocab)
 {
     char err[256];
     uint32_t s = 777;
     for (int q = 0; q < seqs; q++)
-        gpe_seq_clear(c, q);
+        gpe_seq_truncate(c, q, depth);
     double t0 = gpr_now();
     for (int i = 0; i < n_gen; i++) {
         gpe_batch_clear(b);
         for (int q = 0; q < seqs; q++)
-            gpe_batch_add(b, (int32_t)(lcg(&s) % (uint32_t)n_vocab), i, q, true);
+            gpe_batch_add(b, (int32_t)(lcg(&s) % (uint32_t)n_vocab), depth + i, q, true);
         if (gpe_decode(c, b, err, sizeof err) != GPE_OK) {
             fprintf(stderr, "gpupool-run %s: decode: %s\n", NAME, err);
             return -1;
@@ -136,13 +164,16 @@ static int bench_threads(const bench_opts *o, gpe_model *m, const gpe_model_info
     gpe_batch *b = NULL;
     double *tps = calloc((size_t)o->reps, sizeof *tps);
     gpe_ctx_params cp = gpe_ctx_default_params();
-    long need = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
+    long need = (o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen) + o->depth;
     cp.n_ctx = (int)(need > 0 ? need : 1);
     cp.n_seq = (int)o->seqs;
     cp.n_threads = threads;
     cp.kv_f16 = o->kv_f16;
     long nb = o->n_prompt > o->seqs ? o->n_prompt : o->seqs;
+    if (nb < o->depth && nb < 512)   /* the depth is decoded in batches of this size */
+        nb = o->depth < 512 ? o->depth : 512;
     cp.n_batch = (int)(nb > 0 ? nb : 1);
+    const int depth = (int)o->depth;
     if (!tps)
         goto done;
     if (gpe_ctx_init(m, &cp, &c, err, sizeof err) != GPE_OK) {
@@ -153,33 +184,38 @@ static int bench_threads(const bench_opts *o, gpe_model *m, const gpe_model_info
     if (!b)
         goto done;
     int n_vocab = gpe_model_n_vocab(m);
-    char test[64];
+    char test[64], at[32] = "";
+    if (depth > 0)
+        snprintf(at, sizeof at, " @ d%d", depth);
     if (o->n_prompt > 0) {
+        if (fill_depth(c, b, cp.n_batch, depth, 1, n_vocab) < 0)
+            goto done;
         /* warm-up: a short prompt touches every weight page just as well */
-        if (run_pp(c, b, (int)(o->n_prompt < 16 ? o->n_prompt : 16), n_vocab) < 0)
+        if (run_pp(c, b, depth, (int)(o->n_prompt < 16 ? o->n_prompt : 16), n_vocab) < 0)
             goto done;
         for (int r = 0; r < o->reps; r++) {
-            double t = run_pp(c, b, (int)o->n_prompt, n_vocab);
+            double t = run_pp(c, b, depth, (int)o->n_prompt, n_vocab);
             if (t < 0)
                 goto done;
             tps[r] = o->n_prompt / t;
         }
-        snprintf(test, sizeof test, "pp%ld", o->n_prompt);
+        snprintf(test, sizeof test, "pp%ld%s", o->n_prompt, at);
         report(o, in, threads, test, tps, (int)o->reps);
     }
     if (o->n_gen > 0) {
-        if (run_tg(c, b, (int)(o->n_gen < 16 ? o->n_gen : 16), (int)o->seqs, n_vocab) < 0)
+        if (fill_depth(c, b, cp.n_batch, depth, (int)o->seqs, n_vocab) < 0 ||
+            run_tg(c, b, depth, (int)(o->n_gen < 16 ? o->n_gen : 16), (int)o->seqs, n_vocab) < 0)
             goto done;
         for (int r = 0; r < o->reps; r++) {
-            double t = run_tg(c, b, (int)o->n_gen, (int)o->seqs, n_vocab);
+            double t = run_tg(c, b, depth, (int)o->n_gen, (int)o->seqs, n_vocab);
             if (t < 0)
                 goto done;
             tps[r] = (double)o->n_gen * (double)o->seqs / t;
         }
         if (o->seqs > 1)
-            snprintf(test, sizeof test, "tg%ld x%ld", o->n_gen, o->seqs);
+            snprintf(test, sizeof test, "tg%ld x%ld%s", o->n_gen, o->seqs, at);
         else
-            snprintf(test, sizeof test, "tg%ld", o->n_gen);
+            snprintf(test, sizeof test, "tg%ld%s", o->n_gen, at);
         report(o, in, threads, test, tps, (int)o->reps);
     }
     rc = 0;
@@ -201,6 +237,7 @@ static int exec_bench(int argc, char **argv)
         { "backend", required_argument, 0, O_BACKEND }, { "device", required_argument, 0, O_DEVICE },
         { "kv-f16", no_argument, 0, O_KV16 },
         { "devices", required_argument, 0, O_DEVICES },
+        { "depth", required_argument, 0, 'd' },
         { 0, 0, 0, 0 },
     };
     bench_opts o;
@@ -211,13 +248,14 @@ static int exec_bench(int argc, char **argv)
     o.seqs = 1;
     optind = 1;
     int c;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:r:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:t:r:d:h", lo, NULL)) != -1) {
         bool ok = true;
         switch (c) {
         case 'm': o.model = optarg; break;
         case 'p': ok = gpr_parse_int(NAME, "-p", optarg, 0, 65536, &o.n_prompt); break;
         case 'n': ok = gpr_parse_int(NAME, "-n", optarg, 0, 65536, &o.n_gen); break;
         case 'r': ok = gpr_parse_int(NAME, "-r", optarg, 1, 1000, &o.reps); break;
+        case 'd': ok = gpr_parse_int(NAME, "-d", optarg, 0, 1 << 20, &o.depth); break;
         case O_SEQS: ok = gpr_parse_int(NAME, "--seqs", optarg, 1, 256, &o.seqs); break;
         case O_JSON: o.json = true; break;
         case O_KV16: o.kv_f16 = true; break;
@@ -272,7 +310,7 @@ static int exec_bench(int argc, char **argv)
         return 1;
     gpe_model_info in;
     gpe_model_get_info(m, &in);
-    if (o.n_prompt > in.n_ctx_train || o.n_gen > in.n_ctx_train)
+    if (o.depth + (o.n_prompt > o.n_gen ? o.n_prompt : o.n_gen) > in.n_ctx_train)
         fprintf(stderr, "gpupool-run %s: note: test longer than the training context (%d)\n",
                 NAME, in.n_ctx_train);
     if (!o.json) {

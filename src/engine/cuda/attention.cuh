@@ -19,6 +19,10 @@
 
 #define GPE_CUDA_MAX_HEAD_DIM 256
 
+/* Split decode (attention.cu): partial results of up to this many
+ * (key split x token) pairs are kept in the caller's scratch. */
+#define GPE_CUDA_ATTN_PART_CAP 256
+
 typedef struct gpe_cuda_attn_args {
     const float *q;                   /* [n_tok][n_head*hd] */
     const void *k_cache, *v_cache;    /* this layer's [n_seq][n_ctx][kv_dim], float or __half */
@@ -30,8 +34,18 @@ typedef struct gpe_cuda_attn_args {
     float scale;                      /* query scale (1/sqrt(head_dim) usually) */
     float softcap;                    /* 0 = none (gemma2: attn_logit_softcapping) */
     int window;                       /* 0 = none, else keys pos-window+1 .. pos */
+    float *part;                      /* scratch of gpe_cuda_attn_part_floats() floats for
+                                         the key splits of a decode batch; NULL: no split */
 } gpe_cuda_attn_args;
 
+/* Floats of the split-decode scratch for a model's head shape. */
+size_t gpe_cuda_attn_part_floats(int n_head, int head_dim);
+
+/* Launches the attention on stream; the kernel chosen depends only on the
+ * shapes (n_tok, heads, head_dim, n_ctx), never on the positions, so a
+ * decode step stays valid in a CUDA graph. GPUPOOL_CUDA_ATTN=legacy (read
+ * once per process) selects the first kernel (one block per token and
+ * head) for every shape. */
 void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);
 
 #endif

@@ -125,7 +125,7 @@ typedef struct cuda_stage {
     uint8_t *k_cache, *v_cache; /* [l1 - l0][n_seq][n_ctx][kv_dim] each, F32 or F16 */
 
     uint8_t *smem;              /* scratch region */
-    float *x, *xn, *q, *k, *v, *att, *gate, *up, *logits;
+    float *x, *xn, *q, *k, *v, *att, *attp, *gate, *up, *logits;
     int *d_ints;                /* [4][n_batch]: tokens, pos, seq, rows */
 
     /* Decode steps as CUDA graphs (stage_graph): one per batch shape
@@ -190,7 +190,7 @@ static void each_opt_vec(const gpe_hparams *hp, const gpe_layer *L, cuda_layer *
 /* Scratch layout (offsets in a region of *total bytes); the same function
  * sizes the preflight and carves the allocation, so they cannot disagree. */
 typedef struct scratch_plan {
-    uint64_t x, xn, q, k, v, att, gate, up, logits, xh, wbuf, xq, xqd, ints, total;
+    uint64_t x, xn, q, k, v, att, attp, gate, up, logits, xh, wbuf, xq, xqd, ints, total;
     uint64_t wbuf_bytes, xh_elems, xq_elems;
 } scratch_plan;
 
@@ -230,6 +230,8 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     TAKE(k, B * kvd * 4);
     TAKE(v, B * kvd * 4);
     TAKE(att, B * qd * 4);
+    /* partial results of the split decode attention (attention.cuh) */
+    TAKE(attp, gpe_cuda_attn_part_floats(hp->n_head, hp->head_dim) * 4);
     TAKE(gate, B * F * 4);
     TAKE(up, B * F * 4);
     TAKE(logits, out_rows * V * 4);
@@ -592,6 +594,7 @@ static void carve_scratch(gpe_cuda_model *cm, cuda_stage *S, const gpe_llama *m)
     S->k = reinterpret_cast<float *>(s + sp.k);
     S->v = reinterpret_cast<float *>(s + sp.v);
     S->att = reinterpret_cast<float *>(s + sp.att);
+    S->attp = reinterpret_cast<float *>(s + sp.attp);
     S->gate = reinterpret_cast<float *>(s + sp.gate);
     S->up = reinterpret_cast<float *>(s + sp.up);
     S->logits = reinterpret_cast<float *>(s + sp.logits);
@@ -889,6 +892,7 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
     aa.scale = hp->attn_scale;
     aa.softcap = hp->attn_softcap;
     aa.window = L->swa ? hp->n_swa : 0;
+    aa.part = S->attp;
     gpe_cuda_attention(&aa, s);
     CUDA_CHECK_LAUNCH();
 

@@ -227,12 +227,13 @@ gpe_status gpe_cuda_test_rope(float *q, const float *k, const float *v, const in
 
 gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const float *v_cache,
                                    const int *pos, const int *seq, int n_tok, int n_seq,
-                                   int n_ctx, int n_head, int n_head_kv, int hd, float *out,
-                                   char *err, size_t errlen)
+                                   int n_ctx, int n_head, int n_head_kv, int hd,
+                                   float softcap, int window, float *out, char *err,
+                                   size_t errlen)
 {
     arena a;
     gpe_status st;
-    float *d_q = NULL, *d_kc = NULL, *d_vc = NULL, *d_o = NULL;
+    float *d_q = NULL, *d_kc = NULL, *d_vc = NULL, *d_o = NULL, *d_part = NULL;
     int *d_pos = NULL, *d_seq = NULL;
     const size_t qb = (size_t)n_tok * n_head * hd * sizeof(float);
     const size_t cb = (size_t)n_seq * n_ctx * n_head_kv * hd * sizeof(float);
@@ -245,6 +246,7 @@ gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const f
         (st = upload(a, &d_seq, seq, (size_t)n_tok * sizeof(int), err, errlen)))
         return st;
     CUDA_CHECK(a.alloc(&d_o, qb));
+    CUDA_CHECK(a.alloc(&d_part, gpe_cuda_attn_part_floats(n_head, hd) * sizeof(float)));
     gpe_cuda_attn_args aa;
     aa.q = d_q;
     aa.k_cache = d_kc;
@@ -259,8 +261,9 @@ gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const f
     aa.head_dim = hd;
     aa.n_ctx = n_ctx;
     aa.scale = 1.0f / sqrtf((float)hd);
-    aa.softcap = 0.0f;
-    aa.window = 0;
+    aa.softcap = softcap;
+    aa.window = window;
+    aa.part = d_part;
     gpe_cuda_attention(&aa, a.stream);
     return finish(a, out, d_o, qb, err, errlen);
 }

@@ -727,47 +727,122 @@ static void check_rope(report *rep, rng *r)
     rep_check(rep, "rope v", st, msg, st ? 0 : gpe_st_nmse(vgot, v, T * HKV * HD), TH_EXACT);
 }
 
-static void check_attention(report *rep, rng *r)
+/* One attention shape: tokens (pos, seq), caches of nseq x ctx positions,
+ * heads H over HKV KV heads of size HD, soft-cap and window (0: none). */
+typedef struct attn_case {
+    const char *name;
+    int T, nseq, ctx, H, HKV, HD;
+    float softcap;
+    int window;
+} attn_case;
+
+/* The attention of token t, head h in double (the kernel's definition,
+ * attention.cuh). sc: ctx doubles of scratch. */
+static void attn_ref_row(const attn_case *c, const float *q, const float *kc, const float *vc,
+                         int t, int h, int pos, int seq, double *sc, float *ref)
 {
-    enum { T = 7, NSEQ = 3, CTX = 300, H = 8, HKV = 2, HD = 128 };
-    char msg[256];
-    static float q[T * H * HD], kc[NSEQ * CTX * HKV * HD], vc[NSEQ * CTX * HKV * HD];
-    static float out[T * H * HD], ref[T * H * HD];
-    static double sc[CTX];
-    const int pos[T] = { 0, 1, 2, 299, 5, 150, 37 };
-    const int seq[T] = { 0, 0, 0, 1, 2, 2, 1 };
-    for (int i = 0; i < T * H * HD; i++)
+    const int kvh = h / (c->H / c->HKV);
+    const int i0 = c->window > 0 && pos - c->window + 1 > 0 ? pos - c->window + 1 : 0;
+    const float *qv = q + ((size_t)t * c->H + h) * c->HD;
+    double mx = -INFINITY, sum = 0.0;
+    for (int i = i0; i <= pos; i++) {
+        const float *kr = kc + ((size_t)(seq * c->ctx + i) * c->HKV + kvh) * c->HD;
+        double d = 0.0;
+        for (int e = 0; e < c->HD; e++)
+            d += (double)qv[e] * kr[e];
+        sc[i] = d / sqrt((double)c->HD);
+        if (c->softcap > 0.0f)
+            sc[i] = c->softcap * tanh(sc[i] / c->softcap);
+        if (sc[i] > mx)
+            mx = sc[i];
+    }
+    for (int i = i0; i <= pos; i++)
+        sum += (sc[i] = exp(sc[i] - mx));
+    for (int e = 0; e < c->HD; e++) {
+        double o = 0.0;
+        for (int i = i0; i <= pos; i++)
+            o += sc[i] * vc[((size_t)(seq * c->ctx + i) * c->HKV + kvh) * c->HD + e];
+        ref[((size_t)t * c->H + h) * c->HD + e] = (float)(o / sum);
+    }
+}
+
+static void check_attention_case(report *rep, rng *r, const attn_case *c, const int *pos,
+                                 const int *seq)
+{
+    char msg[256], name[96];
+    const size_t nq = (size_t)c->T * c->H * c->HD;
+    const size_t nc = (size_t)c->nseq * c->ctx * c->HKV * c->HD;
+    float *q = malloc(nq * sizeof *q), *out = malloc(nq * sizeof *out);
+    float *ref = malloc(nq * sizeof *ref), *kc = malloc(nc * sizeof *kc);
+    float *vc = malloc(nc * sizeof *vc);
+    double *sc = malloc((size_t)c->ctx * sizeof *sc);
+    snprintf(name, sizeof name, "attention %s", c->name);
+    if (!q || !out || !ref || !kc || !vc || !sc) {
+        rep_check(rep, name, GPE_ERR_NOMEM, "no host memory", 0, TH_F32);
+        goto done;
+    }
+    for (size_t i = 0; i < nq; i++)
         q[i] = 2.0f * rng_f(r);
-    for (int i = 0; i < NSEQ * CTX * HKV * HD; i++) {
+    for (size_t i = 0; i < nc; i++) {
         kc[i] = rng_f(r);
         vc[i] = rng_f(r);
     }
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < H; h++) {
-            const int kvh = h / (H / HKV);
-            const float *qv = q + (t * H + h) * HD;
-            double mx = -INFINITY, sum = 0.0;
-            for (int i = 0; i <= pos[t]; i++) {
-                const float *kr = kc + ((size_t)(seq[t] * CTX + i) * HKV + kvh) * HD;
-                double d = 0.0;
-                for (int e = 0; e < HD; e++)
-                    d += (double)qv[e] * kr[e];
-                sc[i] = d / sqrt((double)HD);
-                if (sc[i] > mx)
-                    mx = sc[i];
-            }
-            for (int i = 0; i <= pos[t]; i++)
-                sum += (sc[i] = exp(sc[i] - mx));
-            for (int e = 0; e < HD; e++) {
-                double o = 0.0;
-                for (int i = 0; i <= pos[t]; i++)
-                    o += sc[i] * vc[((size_t)(seq[t] * CTX + i) * HKV + kvh) * HD + e];
-                ref[(t * H + h) * HD + e] = (float)(o / sum);
-            }
-        }
-    gpe_status st = gpe_cuda_test_attention(q, kc, vc, pos, seq, T, NSEQ, CTX, H, HKV, HD, out,
-                                            msg, sizeof msg);
-    rep_check(rep, "attention", st, msg, st ? 0 : gpe_st_nmse(out, ref, T * H * HD), TH_F32);
+    for (int t = 0; t < c->T; t++)
+        for (int h = 0; h < c->H; h++)
+            attn_ref_row(c, q, kc, vc, t, h, pos[t], seq[t], sc, ref);
+    gpe_status st = gpe_cuda_test_attention(q, kc, vc, pos, seq, c->T, c->nseq, c->ctx, c->H,
+                                            c->HKV, c->HD, c->softcap, c->window, out, msg,
+                                            sizeof msg);
+    rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(out, ref, nq), TH_F32);
+done:
+    free(q);
+    free(out);
+    free(ref);
+    free(kc);
+    free(vc);
+    free(sc);
+}
+
+/* Each kernel of attention.cu on the shapes that select it: the decode
+ * kernel (<= 8 tokens) with 1, 2 and 12 key splits and GQA groups 1, 4, 6
+ * and 16 (RW 1, 4, 8 with a partial and a second pass), the prefill kernel
+ * (> 8 tokens) for head sizes 64/96/128 (4 rows per warp) and 256 (1 row),
+ * sequences mixed in one tile, soft-cap and sliding window. */
+static void check_attention(report *rep, rng *r)
+{
+    static const attn_case dec = { "decode", 7, 3, 300, 8, 2, 128, 0.0f, 0 };
+    static const int dec_pos[7] = { 0, 1, 2, 299, 5, 150, 37 };
+    static const int dec_seq[7] = { 0, 0, 0, 1, 2, 2, 1 };
+    static const attn_case dec_long = { "decode long", 3, 2, 3000, 12, 2, 96, 30.0f, 0 };
+    static const int dl_pos[3] = { 2999, 1000, 257 };
+    static const int dl_seq[3] = { 1, 0, 1 };
+    static const attn_case dec_g16 = { "decode group 16", 2, 1, 600, 16, 1, 64, 0.0f, 500 };
+    static const int g16_pos[2] = { 599, 100 };
+    static const int g16_seq[2] = { 0, 0 };
+    static const attn_case dec_g1 = { "decode group 1", 8, 2, 1200, 4, 4, 256, 0.0f, 0 };
+    static const int g1_pos[8] = { 1199, 0, 700, 3, 256, 255, 511, 1000 };
+    static const int g1_seq[8] = { 0, 1, 1, 0, 0, 1, 0, 1 };
+    check_attention_case(rep, r, &dec, dec_pos, dec_seq);
+    check_attention_case(rep, r, &dec_long, dl_pos, dl_seq);
+    check_attention_case(rep, r, &dec_g16, g16_pos, g16_seq);
+    check_attention_case(rep, r, &dec_g1, g1_pos, g1_seq);
+
+    /* prefill: a 30-token chunk of sequence 0, then tokens of sequences 1
+     * and 2 interleaved (tiles with two sequences) */
+    enum { PT = 45 };
+    int pos[PT], seq[PT];
+    for (int t = 0; t < PT; t++) {
+        seq[t] = t < 30 ? 0 : 1 + t % 2;
+        pos[t] = t < 30 ? 40 + t : 100 + 3 * t;
+    }
+    static const attn_case pre[] = {
+        { "prefill", PT, 3, 300, 8, 2, 128, 0.0f, 0 },
+        { "prefill head 64 window", PT, 3, 300, 8, 1, 64, 0.0f, 17 },
+        { "prefill head 96", PT, 3, 300, 6, 2, 96, 0.0f, 0 },
+        { "prefill head 256 soft-cap", PT, 3, 300, 4, 2, 256, 20.0f, 9 },
+    };
+    for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
+        check_attention_case(rep, r, &pre[i], pos, seq);
 }
 
 /* The Q4_K model (a) split over device 0 twice and three times against
