@@ -1,7 +1,8 @@
 /*
  * attention (attention.cuh). Three kernels, chosen by shape:
  *
- * - decode (at most AT_D_MAX_TOK tokens, the batches of a decode step):
+ * - decode (at most AT_D_MAX_TOK tokens, or more with decode_rows: the
+ *   batches of a decode step):
  *   one block per (token, KV head, key split). The block's rows are the
  *   query heads of the token that share the KV head (GQA: K/V rows are read
  *   once for all of them); its AT_D_WARPS warps take interleaved tiles of
@@ -46,7 +47,8 @@
 
 /* ---------------------------------------------------------------- legacy
  *
- * One block of ATTN_WARPS warps per (token, head). Warp w visits keys w, w + ATTN_WARPS, ... with an online softmax
+ * One block of ATTN_WARPS warps per (token, head). Warp w visits keys w,
+ * w + ATTN_WARPS, ... with an online softmax
  * (running max m, running sum l, running weighted sum acc of V rows), lane
  * j holding dims j, j+32, ... of q and acc. The warps' partial results are
  * then merged in shared memory:
@@ -445,13 +447,13 @@ __global__ void __launch_bounds__(AT_P_WARPS *GPE_WARP) at_prefill_kernel(gpe_cu
  * the cache lines are shared through L1), V rows by the whole warp.
  * n_split 1: rows written to out; else (m, l, unnormalised acc) to the
  * scratch for at_combine_kernel. */
-template <typename T, int RW>
+template <typename T, int RW, int NC>
 __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cuda_attn_args a,
                                                                         int chunk, int n_split)
 {
-    constexpr int NC = GPE_CUDA_MAX_HEAD_DIM / 128;
-    __shared__ __align__(16) float s_q[RW][GPE_CUDA_MAX_HEAD_DIM];
-    __shared__ __align__(16) float s_acc[AT_D_WARPS][RW][GPE_CUDA_MAX_HEAD_DIM];
+    constexpr int QS = 128 * NC;   /* the largest head size of the instance */
+    __shared__ __align__(16) float s_q[RW][QS];
+    __shared__ __align__(16) float s_acc[AT_D_WARPS][RW][QS];
     __shared__ float s_m[AT_D_WARPS][RW], s_l[AT_D_WARPS][RW];
     const int lane = threadIdx.x % GPE_WARP, warp = threadIdx.x / GPE_WARP;
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
@@ -490,7 +492,7 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
         for (int kb = klo + AT_KEYS * warp; kb <= khi; kb += AT_KEYS * AT_D_WARPS) {
             const int i = kb + lane;
             const T *krow = kc + (size_t)i * kvd;
-            at_scores<RW, NC>(st, p, &s_q[0][0], GPE_CUDA_MAX_HEAD_DIM, lo, hi, kb, hd,
+            at_scores<RW, NC>(st, p, &s_q[0][0], QS, lo, hi, kb, hd,
                               a.scale, a.softcap,
                               [&](int d) { return i <= khi ? ld4(krow + d) : f4_zero(); });
             at_pv<RW, NC>(st, p, kb, khi, hd, [&](int j, int d) {
@@ -577,6 +579,21 @@ static bool at_legacy_only(void)
     return legacy;
 }
 
+template <typename T, int NC>
+static void at_decode_rw(const gpe_cuda_attn_args *a, dim3 grid, int chunk, int n_split,
+                         cudaStream_t stream)
+{
+    const int group = a->n_head / a->n_head_kv, nt = AT_D_WARPS * GPE_WARP;
+    if (group >= 8)
+        at_decode_kernel<T, 8, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+    else if (group >= 4)
+        at_decode_kernel<T, 4, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+    else if (group >= 2)
+        at_decode_kernel<T, 2, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+    else
+        at_decode_kernel<T, 1, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+}
+
 template <typename T>
 static void at_decode(const gpe_cuda_attn_args *a, cudaStream_t stream)
 {
@@ -596,15 +613,10 @@ static void at_decode(const gpe_cuda_attn_args *a, cudaStream_t stream)
         }
     }
     const dim3 grid((unsigned)a->n_tok, (unsigned)a->n_head_kv, (unsigned)n_split);
-    const int group = a->n_head / a->n_head_kv;
-    if (group >= 8)
-        at_decode_kernel<T, 8><<<grid, AT_D_WARPS * GPE_WARP, 0, stream>>>(*a, chunk, n_split);
-    else if (group >= 4)
-        at_decode_kernel<T, 4><<<grid, AT_D_WARPS * GPE_WARP, 0, stream>>>(*a, chunk, n_split);
-    else if (group >= 2)
-        at_decode_kernel<T, 2><<<grid, AT_D_WARPS * GPE_WARP, 0, stream>>>(*a, chunk, n_split);
+    if (a->head_dim <= 128)
+        at_decode_rw<T, 1>(a, grid, chunk, n_split, stream);
     else
-        at_decode_kernel<T, 1><<<grid, AT_D_WARPS * GPE_WARP, 0, stream>>>(*a, chunk, n_split);
+        at_decode_rw<T, 2>(a, grid, chunk, n_split, stream);
     if (n_split > 1)
         at_combine_kernel<<<dim3((unsigned)a->n_tok, (unsigned)a->n_head), 128, 0, stream>>>(
             *a, n_split);
@@ -628,7 +640,7 @@ template <typename T> static void at_launch(const gpe_cuda_attn_args *a, cudaStr
     if (at_legacy_only() || a->head_dim % 4 != 0) {
         const dim3 grid((unsigned)a->n_tok, (unsigned)a->n_head);
         at_legacy_kernel<T><<<grid, ATTN_WARPS * GPE_WARP, 0, stream>>>(*a);
-    } else if (a->n_tok <= AT_D_MAX_TOK) {
+    } else if (a->n_tok <= AT_D_MAX_TOK || a->decode_rows) {
         at_decode<T>(a, stream);
     } else {
         at_prefill<T>(a, stream);

@@ -36,16 +36,19 @@ typedef struct gpe_cuda_attn_args {
     int window;                       /* 0 = none, else keys pos-window+1 .. pos */
     float *part;                      /* scratch of gpe_cuda_attn_part_floats() floats for
                                          the key splits of a decode batch; NULL: no split */
+    bool decode_rows;                 /* n_tok > 8: the tokens are mostly single rows of
+                                         different sequences (a batched decode step), so
+                                         the decode kernel suits them; else the prefill one */
 } gpe_cuda_attn_args;
 
 /* Floats of the split-decode scratch for a model's head shape. */
 size_t gpe_cuda_attn_part_floats(int n_head, int head_dim);
 
 /* Launches the attention on stream; the kernel chosen depends only on the
- * shapes (n_tok, heads, head_dim, n_ctx), never on the positions, so a
- * decode step stays valid in a CUDA graph. GPUPOOL_CUDA_ATTN=legacy (read
- * once per process) selects the first kernel (one block per token and
- * head) for every shape. */
+ * shapes (n_tok, heads, head_dim, n_ctx) and, past 8 tokens, decode_rows,
+ * never on the positions, so a decode step stays valid in a CUDA graph.
+ * GPUPOOL_CUDA_ATTN=legacy (read once per process) selects the first
+ * kernel (one block per token and head) for every shape. */
 void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);
 
 #endif

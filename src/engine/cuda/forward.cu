@@ -146,6 +146,8 @@ struct gpe_cuda_model {
     const float *output_norm;           /* last stage */
     cuda_layer *layers;         /* host array [n_layer] of device pointers */
     int *h_ints;                /* host staging of the batch's ints */
+    bool decode_rows;           /* this batch's tokens are mostly single rows of different
+                                   sequences (attention.cuh) */
     bool broken;                /* a forward failed: unusable */
     char broken_msg[256];
 };
@@ -893,6 +895,7 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
     aa.softcap = hp->attn_softcap;
     aa.window = L->swa ? hp->n_swa : 0;
     aa.part = S->attp;
+    aa.decode_rows = cm->decode_rows;
     gpe_cuda_attention(&aa, s);
     CUDA_CHECK_LAUNCH();
 
@@ -1083,8 +1086,10 @@ gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int
                     cm->n_batch);
     int *h_tok = cm->h_ints, *h_pos = h_tok + cm->n_batch, *h_seq = h_pos + cm->n_batch;
     int *h_rows = h_seq + cm->n_batch;
-    int n_out = 0;
+    int n_out = 0, runs = 0;
     for (int i = 0; i < n; i++) {
+        if (i == 0 || seq[i] != seq[i - 1])
+            runs++;
         if (tokens[i] < 0 || tokens[i] >= cm->hp.n_vocab)
             return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: token %d of entry %d out of "
                         "range [0, %d)", (int)tokens[i], i, cm->hp.n_vocab);
@@ -1100,6 +1105,9 @@ gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int
     }
     if (n_out > 0 && !logits_host)
         return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: logits requested, no buffer");
+    /* Runs of fewer than 4 tokens of one sequence on average: a batched
+     * decode step (many sequences) rather than a prompt. */
+    cm->decode_rows = 4 * runs > n;
     int dev = cm->st[0].device;
     gpe_status st = forward(cm, n, n_out, logits_host, &dev, err, errlen);
     if (st != GPE_OK) {

@@ -228,8 +228,8 @@ gpe_status gpe_cuda_test_rope(float *q, const float *k, const float *v, const in
 gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const float *v_cache,
                                    const int *pos, const int *seq, int n_tok, int n_seq,
                                    int n_ctx, int n_head, int n_head_kv, int hd,
-                                   float softcap, int window, float *out, char *err,
-                                   size_t errlen)
+                                   float softcap, int window, bool decode_rows, float *out,
+                                   char *err, size_t errlen)
 {
     arena a;
     gpe_status st;
@@ -264,6 +264,7 @@ gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const f
     aa.softcap = softcap;
     aa.window = window;
     aa.part = d_part;
+    aa.decode_rows = decode_rows;
     gpe_cuda_attention(&aa, a.stream);
     return finish(a, out, d_o, qb, err, errlen);
 }

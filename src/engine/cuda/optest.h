@@ -49,14 +49,14 @@ gpe_status gpe_cuda_test_rope(float *q, const float *k, const float *v, const in
                               float *k_cache, float *v_cache, char *err, size_t errlen);
 
 /* out[n_tok][n_head*hd] = attention of q over caches [n_seq][n_ctx][kvd]
- * (F32), scale 1/sqrt(hd); softcap 0 and window 0: none. n_tok <= 8 takes
- * the decode kernel (with key splits when n_ctx > 256), more the prefill
- * kernel, as in a forward. */
+ * (F32), scale 1/sqrt(hd); softcap 0 and window 0: none. n_tok <= 8 or
+ * decode_rows takes the decode kernel (with key splits when n_ctx > 256),
+ * else the prefill kernel, as in a forward. */
 gpe_status gpe_cuda_test_attention(const float *q, const float *k_cache, const float *v_cache,
                                    const int *pos, const int *seq, int n_tok, int n_seq,
                                    int n_ctx, int n_head, int n_head_kv, int hd,
-                                   float softcap, int window, float *out, char *err,
-                                   size_t errlen);
+                                   float softcap, int window, bool decode_rows, float *out,
+                                   char *err, size_t errlen);
 
 
 /* ---- host side of the self-test (selftest.c; no GPU needed) ---- */

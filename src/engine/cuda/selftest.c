@@ -734,6 +734,7 @@ typedef struct attn_case {
     int T, nseq, ctx, H, HKV, HD;
     float softcap;
     int window;
+    bool decode_rows;   /* more than 8 tokens through the decode kernel */
 } attn_case;
 
 /* The attention of token t, head h in double (the kernel's definition,
@@ -791,8 +792,8 @@ static void check_attention_case(report *rep, rng *r, const attn_case *c, const 
         for (int h = 0; h < c->H; h++)
             attn_ref_row(c, q, kc, vc, t, h, pos[t], seq[t], sc, ref);
     gpe_status st = gpe_cuda_test_attention(q, kc, vc, pos, seq, c->T, c->nseq, c->ctx, c->H,
-                                            c->HKV, c->HD, c->softcap, c->window, out, msg,
-                                            sizeof msg);
+                                            c->HKV, c->HD, c->softcap, c->window,
+                                            c->decode_rows, out, msg, sizeof msg);
     rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(out, ref, nq), TH_F32);
 done:
     free(q);
@@ -804,28 +805,43 @@ done:
 }
 
 /* Each kernel of attention.cu on the shapes that select it: the decode
- * kernel (<= 8 tokens) with 1, 2 and 12 key splits and GQA groups 1, 4, 6
- * and 16 (RW 1, 4, 8 with a partial and a second pass), the prefill kernel
+ * kernel (<= 8 tokens, and 20 with decode_rows) with 1, 2 and 12 key
+ * splits and GQA groups 1, 4, 6 and 16 (RW 1, 4, 8 with a partial and a
+ * second pass), the prefill kernel
  * (> 8 tokens) for head sizes 64/96/128 (4 rows per warp) and 256 (1 row),
  * sequences mixed in one tile, soft-cap and sliding window. */
 static void check_attention(report *rep, rng *r)
 {
-    static const attn_case dec = { "decode", 7, 3, 300, 8, 2, 128, 0.0f, 0 };
+    static const attn_case dec = { "decode", 7, 3, 300, 8, 2, 128, 0.0f, 0, false };
     static const int dec_pos[7] = { 0, 1, 2, 299, 5, 150, 37 };
     static const int dec_seq[7] = { 0, 0, 0, 1, 2, 2, 1 };
-    static const attn_case dec_long = { "decode long", 3, 2, 3000, 12, 2, 96, 30.0f, 0 };
+    static const attn_case dec_long = { "decode long", 3, 2, 3000, 12, 2, 96, 30.0f, 0,
+                                        false };
     static const int dl_pos[3] = { 2999, 1000, 257 };
     static const int dl_seq[3] = { 1, 0, 1 };
-    static const attn_case dec_g16 = { "decode group 16", 2, 1, 600, 16, 1, 64, 0.0f, 500 };
+    static const attn_case dec_g16 = { "decode group 16", 2, 1, 600, 16, 1, 64, 0.0f, 500,
+                                       false };
     static const int g16_pos[2] = { 599, 100 };
     static const int g16_seq[2] = { 0, 0 };
-    static const attn_case dec_g1 = { "decode group 1", 8, 2, 1200, 4, 4, 256, 0.0f, 0 };
+    static const attn_case dec_g1 = { "decode group 1", 8, 2, 1200, 4, 4, 256, 0.0f, 0,
+                                      false };
     static const int g1_pos[8] = { 1199, 0, 700, 3, 256, 255, 511, 1000 };
     static const int g1_seq[8] = { 0, 1, 1, 0, 0, 1, 0, 1 };
     check_attention_case(rep, r, &dec, dec_pos, dec_seq);
     check_attention_case(rep, r, &dec_long, dl_pos, dl_seq);
     check_attention_case(rep, r, &dec_g16, g16_pos, g16_seq);
     check_attention_case(rep, r, &dec_g1, g1_pos, g1_seq);
+
+    /* a batched decode step: 20 sequences, one token each */
+    enum { DT = 20 };
+    int dpos[DT], dseq[DT];
+    for (int t = 0; t < DT; t++) {
+        dseq[t] = DT - 1 - t;
+        dpos[t] = (37 * t + 11) % 300;
+    }
+    static const attn_case dec_many = { "decode 20 sequences", DT, DT, 300, 8, 2, 128, 0.0f, 0,
+                                        true };
+    check_attention_case(rep, r, &dec_many, dpos, dseq);
 
     /* prefill: a 30-token chunk of sequence 0, then tokens of sequences 1
      * and 2 interleaved (tiles with two sequences) */
@@ -836,10 +852,10 @@ static void check_attention(report *rep, rng *r)
         pos[t] = t < 30 ? 40 + t : 100 + 3 * t;
     }
     static const attn_case pre[] = {
-        { "prefill", PT, 3, 300, 8, 2, 128, 0.0f, 0 },
-        { "prefill head 64 window", PT, 3, 300, 8, 1, 64, 0.0f, 17 },
-        { "prefill head 96", PT, 3, 300, 6, 2, 96, 0.0f, 0 },
-        { "prefill head 256 soft-cap", PT, 3, 300, 4, 2, 256, 20.0f, 9 },
+        { "prefill", PT, 3, 300, 8, 2, 128, 0.0f, 0, false },
+        { "prefill head 64 window", PT, 3, 300, 8, 1, 64, 0.0f, 17, false },
+        { "prefill head 96", PT, 3, 300, 6, 2, 96, 0.0f, 0, false },
+        { "prefill head 256 soft-cap", PT, 3, 300, 4, 2, 256, 20.0f, 9, false },
     };
     for (size_t i = 0; i < sizeof pre / sizeof pre[0]; i++)
         check_attention_case(rep, r, &pre[i], pos, seq);
