@@ -33,6 +33,7 @@
 #include <cstring>
 
 #include "engine/cuda/attention.cuh"
+#include "engine/cuda/mmq.cuh"
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/elementwise.cuh"
 #include "engine/cuda/matmul.cuh"
@@ -192,8 +193,8 @@ static void each_opt_vec(const gpe_hparams *hp, const gpe_layer *L, cuda_layer *
 /* Scratch layout (offsets in a region of *total bytes); the same function
  * sizes the preflight and carves the allocation, so they cannot disagree. */
 typedef struct scratch_plan {
-    uint64_t x, xn, q, k, v, att, attp, gate, up, logits, xh, wbuf, xq, xqd, ints, total;
-    uint64_t wbuf_bytes, xh_elems, xq_elems;
+    uint64_t x, xn, q, k, v, att, attp, gate, up, logits, xh, wbuf, xq, xqd, mmqp, ints, total;
+    uint64_t wbuf_bytes, xh_elems, xq_elems, mmqp_elems;
 } scratch_plan;
 
 static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
@@ -220,6 +221,17 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     });
     if (B <= GPE_CUDA_MMV_MAX)
         wbuf = 0;   /* batches this small always take the mat-vec path */
+    /* split sums of the small-batch GEMM: the most any weight needs at any
+     * batch size it may see (mmq.cuh) */
+    uint64_t mmqp = 0;
+    const int mq_max = (int)(B < (uint64_t)gpe_cuda_mmq_max() ? B : gpe_cuda_mmq_max());
+    each_weight(m, [&](const gpe_weight &w) {
+        for (int n = GPE_CUDA_MMV_MAX + 1; n <= mq_max; n++) {
+            const uint64_t f = gpe_cuda_mmq_part_floats(w.n_rows, w.n_cols, n);
+            if (f > mmqp)
+                mmqp = f;
+        }
+    });
     uint64_t off = 0;
 #define TAKE(field, bytes)       \
     do {                         \
@@ -244,12 +256,14 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     const uint64_t xq_rows = B < GPE_CUDA_MMV_MAX ? B : GPE_CUDA_MMV_MAX;
     TAKE(xq, xq_rows * maxc);
     TAKE(xqd, xq_rows * (maxc / 32 + 1) * 4);
+    TAKE(mmqp, mmqp * 4);
     TAKE(ints, 4 * B * sizeof(int));
 #undef TAKE
     p->total = off;
     p->wbuf_bytes = wbuf;
     p->xh_elems = wbuf ? B * maxc : 0;
     p->xq_elems = xq_rows * maxc;
+    p->mmqp_elems = mmqp;
 }
 
 /* The checks of a model and sizes this backend can run (no device needed). */
@@ -610,6 +624,8 @@ static void carve_scratch(gpe_cuda_model *cm, cuda_stage *S, const gpe_llama *m)
     S->mm.xq = reinterpret_cast<int8_t *>(s + sp.xq);
     S->mm.xqd = reinterpret_cast<float *>(s + sp.xqd);
     S->mm.xq_elems = sp.xq_elems;
+    S->mm.mmq_part = sp.mmqp_elems ? reinterpret_cast<float *>(s + sp.mmqp) : NULL;
+    S->mm.mmq_part_elems = sp.mmqp_elems;
 }
 
 /* Allocates a stage's regions on its device and copies its tensors. */

@@ -7,6 +7,7 @@
 
 #include "engine/cuda/dequant.cuh"
 #include "engine/cuda/elementwise.cuh"
+#include "engine/cuda/mmq.cuh"
 #include "engine/cuda/mmvq.cuh"
 
 #define MMV_WARPS 4   /* output rows (warps) per thread block */
@@ -200,6 +201,15 @@ static bool use_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
            (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems;
 }
 
+/* The small-batch GEMM (mmq.cuh) takes this product: its sizes and type,
+ * and room for the F16 activations and the split sums. */
+static bool use_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
+{
+    return gpe_cuda_mmq_takes(w, n_tok) && mm->xh &&
+           (size_t)n_tok * (size_t)w->n_cols <= mm->xh_elems &&
+           gpe_cuda_mmq_part_floats(w->n_rows, w->n_cols, n_tok) <= mm->mmq_part_elems;
+}
+
 gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen)
@@ -209,6 +219,12 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
     if (!gpe_cuda_weight_ok(w->type, w->n_cols))
         return gpe_cuda_seterr(err, errlen, "matmul: type %s with %lld columns unsupported",
                                gpe_type_name(w->type), (long long)w->n_cols);
+    if (!force_gemm && use_mmq(mm, w, n_tok)) {
+        gpe_cuda_f32_to_f16(x, mm->xh, (int64_t)n_tok * w->n_cols, mm->stream);
+        gpe_cuda_mmq(mm, w, n_tok, y, ldy);
+        CUDA_CHECK_LAUNCH();
+        return GPE_OK;
+    }
     if (n_tok > GPE_CUDA_MMV_MAX || force_gemm)
         return gemm(mm, w, x, n_tok, y, ldy, err, errlen);
     if (use_mmvq(mm, w, n_tok)) {

@@ -9,6 +9,9 @@
  * once per step. Activations stay F32 (more precise than the CPU path, which
  * converts them to Q8_0/Q8_K/F16 first).
  *
+ * Batches of 9..64 tokens on F16 and quantized weights: mmq.cuh (tiles
+ * dequantized in shared memory, tensor cores), same numerics as the GEMM.
+ *
  * Prefill (more tokens): cuBLAS GEMM. F32 weights are used in place (SGEMM
  * precision: cuBLAS default math, no TF32); BF16 weights are dequantized to
  * F32 (SGEMM); F16 and quantized weights are dequantized to F16 and the
@@ -50,6 +53,8 @@ typedef struct gpe_cuda_mm {
     int8_t *xq;            /* activations rounded to int8 (mmvq.cuh), n_tok x n_cols */
     float *xqd;            /* their scales, one per 32 values */
     size_t xq_elems;       /* room in xq (0: the dp4a kernels are not used) */
+    float *mmq_part;       /* split partial sums of the small-batch GEMM (mmq.cuh) */
+    size_t mmq_part_elems; /* room in mmq_part */
 } gpe_cuda_mm;
 
 /* true when the backend has kernels for t and the row length suits them

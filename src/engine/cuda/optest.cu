@@ -11,6 +11,7 @@
 #include "engine/cuda/backend_cuda.h"
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/matmul.cuh"
+#include "engine/cuda/mmq.cuh"
 #include "engine/cuda/mmvq.cuh"
 #include "engine/cuda/norm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -146,6 +147,8 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
     mm.xq_elems = (size_t)n_tok * (size_t)n_cols;
     CUDA_CHECK(a.alloc(&mm.xq, mm.xq_elems));
     CUDA_CHECK(a.alloc(&mm.xqd, (mm.xq_elems / 32 + 1) * sizeof(float)));
+    mm.mmq_part_elems = gpe_cuda_mmq_part_floats(n_rows, n_cols, n_tok);
+    CUDA_CHECK(a.alloc(&mm.mmq_part, mm.mmq_part_elems * sizeof(float)));
     if ((st = gpe_cuda_matmul(&mm, &cw, d_x, n_tok, d_y, n_rows, force_gemm, err, errlen)))
         return st;
     return finish(a, y, d_y, yb, err, errlen);

@@ -578,7 +578,7 @@ static void matmul_ref(const float *deq, const float *x, int n_tok, int rows, in
 
 static void check_matmul_ops(report *rep, rng *r)
 {
-    enum { ROWS = 37, COLS = 512, MAXT = 13 };
+    enum { ROWS = 37, COLS = 512, MAXT = 40 };
     char msg[256], name[64];
     gpe_weight w;
     gpe_st_model holder;
@@ -616,20 +616,26 @@ static void check_matmul_ops(report *rep, rng *r)
         const bool q8 = gpe_cuda_test_matvec_q8(t);
         if (q8)
             matmul_ref(deq, x8, GPE_CUDA_MMV_MAX_ST, ROWS, COLS, ref8);
+        /* mat-vec up to 8 tokens; the cuBLAS GEMM (forced) at 8 and 13;
+         * 13 and 40 unforced: the small-batch GEMM (mmq.cuh) on F16 and
+         * quantized types (one and two token tiles, split sums), the
+         * cuBLAS GEMM on F32/BF16 */
         static const struct { int n; bool gemm; } cases[] = {
-            { 1, false }, { 3, false }, { 8, false }, { 8, true }, { 13, true } };
+            { 1, false }, { 3, false }, { 8, false }, { 8, true }, { 13, true }, { 13, false },
+            { 40, false } };
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-            const bool gemm = cases[c].gemm;
-            snprintf(name, sizeof name, "%s %s x%d", gemm ? "gemm" : "matvec", gpe_type_name(t),
+            const bool gemm = cases[c].gemm, mv = !gemm && cases[c].n <= GPE_CUDA_MMV_MAX_ST;
+            const bool f32 = t == GPE_TYPE_F32 || t == GPE_TYPE_BF16;
+            snprintf(name, sizeof name, "%s %s x%d",
+                     mv ? "matvec" : (gemm || f32) ? "gemm" : "mmq", gpe_type_name(t),
                      cases[c].n);
             st = gpe_cuda_test_matmul(t, w.data, ROWS, COLS, x, cases[c].n, gemm, y, msg,
                                       sizeof msg);
-            const double th = (gemm && t != GPE_TYPE_F32 && t != GPE_TYPE_BF16) ? TH_GEMM_F16
-                                                                                  : TH_F32;
-            const float *want = (q8 && !gemm) ? ref8 : ref;   /* n <= 8 when !gemm */
+            const double th = (!mv && !f32) ? TH_GEMM_F16 : TH_F32;
+            const float *want = (q8 && mv) ? ref8 : ref;
             rep_check(rep, name, st, msg,
                       st ? 0 : gpe_st_nmse(y, want, (size_t)cases[c].n * ROWS), th);
-            if (q8 && !gemm && st == GPE_OK) {
+            if (q8 && mv && st == GPE_OK) {
                 snprintf(name, sizeof name, "matvec %s x%d vs f32 x", gpe_type_name(t),
                          cases[c].n);
                 rep_check(rep, name, st, msg, gpe_st_nmse(y, ref, (size_t)cases[c].n * ROWS),
@@ -646,6 +652,48 @@ done:
     free(gdeq);
     free(x8);
     free(ref8);
+}
+
+/* The small-batch GEMM's tails: 70 rows (a second, partial tile of 64)
+ * and 160 columns (a partial step of 128) on the 32-value types. */
+static void check_mmq_tails(report *rep, rng *r)
+{
+    enum { ROWS = 70, COLS = 160, T = 40 };
+    static const gpe_type types[] = { GPE_TYPE_F16, GPE_TYPE_Q8_0, GPE_TYPE_Q4_0 };
+    char msg[256], name[64];
+    gpe_weight w;
+    gpe_st_model holder;
+    memset(&holder, 0, sizeof holder);
+    float *x = malloc(sizeof(float) * T * COLS), *y = malloc(sizeof(float) * T * ROWS);
+    float *ref = malloc(sizeof(float) * T * ROWS), *deq = malloc(sizeof(float) * ROWS * COLS);
+    if (!x || !y || !ref || !deq) {
+        rep_check(rep, "mmq tails", GPE_ERR_NOMEM, "out of memory", 0, 0);
+        goto done;
+    }
+    for (int i = 0; i < T * COLS; i++)
+        x[i] = rng_f(r);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        gpe_st_model_free(&holder);
+        snprintf(name, sizeof name, "mmq %s %dx%d x%d", gpe_type_name(types[ti]), ROWS, COLS, T);
+        if (!st_weight(&holder, &w, types[ti], ROWS, COLS, r)) {
+            rep_check(rep, name, GPE_ERR_NOMEM, "out of memory", 0, 0);
+            continue;
+        }
+        for (int i = 0; i < ROWS; i++)
+            gpe_dequantize_row(types[ti], (const uint8_t *)w.data + (size_t)i * w.row_bytes,
+                               deq + (size_t)i * COLS, COLS);
+        matmul_ref(deq, x, T, ROWS, COLS, ref);
+        gpe_status st = gpe_cuda_test_matmul(types[ti], w.data, ROWS, COLS, x, T, false, y, msg,
+                                             sizeof msg);
+        rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(y, ref, (size_t)T * ROWS),
+                  TH_GEMM_F16);
+    }
+done:
+    gpe_st_model_free(&holder);
+    free(x);
+    free(y);
+    free(ref);
+    free(deq);
 }
 
 static void check_rmsnorm(report *rep, rng *r)
@@ -967,6 +1015,7 @@ gpe_status gpe_cuda_selftest_run(char *err, size_t errlen)
     check_rope(&rep, &r);
     check_attention(&rep, &r);
     check_matmul_ops(&rep, &r);
+    check_mmq_tails(&rep, &r);
     check_models(&rep);
     if (err && errlen)
         snprintf(err, errlen, "%d checks, %d failed on %d device(s): %s", rep.n_pass + rep.n_fail,

@@ -1,0 +1,45 @@
+/*
+ * mmq: Y = X W^T for small batches of 9..GPE_CUDA_MMQ_MAX tokens (a decode
+ * step of many sequences, a short prompt) on F16 and quantized weights,
+ * without materialising an F16 copy of W.
+ *
+ * The GEMM path (matmul.cuh) dequantizes every weight to F16 in global
+ * memory and hands it to cuBLAS: a 7B step writes and reads back ~13 GB
+ * of F16 for ~4 GB of Q4_K, whatever the batch. Here each block
+ * dequantizes a 64-row x 128-column tile of W into shared memory (the same
+ * readers as the rest of the backend, dequant.cuh, so the F16 values are
+ * the GEMM path's), multiplies it with the matching tile of up to 32
+ * F16 activation rows on the tensor cores (wmma 16x16x16, F32
+ * accumulation) and moves on along K: W is read once per 32 tokens. The
+ * columns are cut into splits (blockIdx.z) so that even a 4096-row matrix
+ * fills the GPU; the splits' partial sums go to a scratch and are added in
+ * a fixed order (deterministic results). Numerics are the GEMM path's (F16
+ * weights and activations, F32 accumulation) up to the summation order.
+ *
+ * Internal to src/engine/cuda/.
+ */
+#ifndef GPE_CUDA_MMQ_CUH
+#define GPE_CUDA_MMQ_CUH
+
+#include "engine/cuda/matmul.cuh"
+
+#define GPE_CUDA_MMQ_MAX 64   /* widest batch this path takes by default */
+
+/* The widest batch the path takes: GPE_CUDA_MMQ_MAX, or
+ * GPUPOOL_CUDA_MMQ_MAX when set (read once; 0 turns the path off). */
+int gpe_cuda_mmq_max(void);
+
+/* true when the path takes this weight for n_tok tokens (type, shape). */
+bool gpe_cuda_mmq_takes(const gpe_cuda_weight *w, int n_tok);
+
+/* Floats of split scratch the product of w with n_tok tokens needs (0:
+ * none). The caller sizes mm->mmq_part with the largest over its weights
+ * and batch sizes; the launch uses the same rule. */
+size_t gpe_cuda_mmq_part_floats(int64_t n_rows, int64_t n_cols, int n_tok);
+
+/* y = x w^T on mm->stream; mm->xh must hold x converted to F16 (n_tok x
+ * n_cols) and mm->mmq_part gpe_cuda_mmq_part_floats() floats. */
+void gpe_cuda_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                  int64_t ldy);
+
+#endif
