@@ -42,6 +42,9 @@ Control (JSON):
         tools, tool_choice, tool_calls_sent, headers, body, tokens_sent,
         started, ended, outcome, disconnected, disconnect_mono, disconnect_wall}]}
   (settings tool_call, tool_calls, tool_text are the --tool-* flags;
+   name_stop (default true): with honor_stop, say which string stopped the
+   reply; false answers as llama-server's OpenAI-compatible replies do,
+   finish_reason "stop" and nothing else;
    hostile ones, control only: usage_prompt_tokens (reported instead of the
    count), x_pool_meta_bytes (an x_pool_meta of about that size on the last
    chunk/object), first_token_bytes (the first token is that many 'x'))
@@ -166,6 +169,7 @@ class State:
             "tool_text": args.tool_text,
             "tokenize": not args.no_tokenize,
             "honor_stop": args.honor_stop,
+            "name_stop": True,
             "usage_prompt_tokens": None,
             "x_pool_meta_bytes": 0,
             "first_token_bytes": 0,
@@ -400,6 +404,9 @@ class Handler(BaseHTTPRequestHandler):
             hits = [(text.find(w), w) for w in stops if isinstance(w, str) and w and w in text]
             if hits:
                 at, self.stop_word = min(hits)
+                rec["stopped_on"] = self.stop_word
+                if not cfg["name_stop"]:
+                    self.stop_word = None
                 kept, used = [], 0
                 for t in toks:
                     if used + len(t) <= at:
