@@ -83,6 +83,9 @@ typedef struct oai_job {
     char *body;             /* the generation request JSON (owned); NULL for a count job */
     char *tok_body;         /* count: the /tokenize body (owned), or NULL */
     char *count_body;       /* count: the messages/count_tokens body (owned), or NULL */
+    char *tmpl_body;        /* count: the /apply-template body (owned), or NULL */
+    char *tmpl_tok;         /* count: the /tokenize body of the template's text (owned) */
+    bool count_chat;        /* count: the job has messages (its own remembered method) */
     json_t *stops;          /* the job's params.stop (owned), or NULL */
     long long count_estimate; /* count: method 3's answer */
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
@@ -96,6 +99,7 @@ typedef struct oai_job {
     CURL *easy;             /* the transfer in flight, or NULL */
     struct curl_slist *hdrs; /* request headers (owned), for every transfer */
     int count_m;            /* count: the method being tried (oai_count_method) */
+    bool tmpl_step;         /* count: method 2 is at its /tokenize step */
     int count_first;        /* count: the method tried first */
     bool done_queued;       /* on the loop's [DONE] list */
     bool completed;         /* libcurl said the transfer ended (result) */
@@ -111,7 +115,10 @@ struct oai_backend {
     char *url_completions;
     char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
     char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
-    atomic_int count_method; /* the count method that answered last (oai_count_method) */
+    char *url_template;     /* server root + /apply-template (llama-server) */
+    /* The count method that answered last (oai_count_method), for prompts
+     * [0] and chat jobs [1] apart: method 2 is for chats only. */
+    atomic_int count_method[2];
     /* When no count endpoint answered last (monotonic ms, 0: one did). A
      * count that comes first skips the endpoints for COUNT_NONE_MS after
      * that, rather than delay every first token by two failed requests. */
@@ -227,6 +234,8 @@ static void job_free(oai_job *j)
     free(j->body);
     free(j->tok_body);
     free(j->count_body);
+    free(j->tmpl_body);
+    free(j->tmpl_tok);
     json_decref(j->stops);
     free(j->correlation_id);
     free(j->pool_options);
@@ -307,6 +316,7 @@ static void mark_estimated(oai_job *j)
 }
 
 static void count_try(oai_backend *b, oai_job *j);
+static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result);
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result);
 
 /* The prompt's count is known (n; est: the estimate of method 3). A
@@ -337,18 +347,43 @@ static void count_answer(oai_backend *b, oai_job *j, long long n, bool est)
         xfer_end(b, j, false, CURLE_OK);
 }
 
+/* The URL a count method (its current step) posts to. */
+static const char *count_url(const oai_backend *b, const oai_job *j)
+{
+    if (j->count_m == OAI_COUNT_MESSAGES)
+        return b->url_count;
+    return j->count_m == OAI_COUNT_TEMPLATE && !j->tmpl_step ? b->url_template : b->url_tokenize;
+}
+
+/* Method 2's template came: count its text with /tokenize. Returns true
+ * when that step started (or ended the job already). */
+static bool template_step(oai_backend *b, oai_job *j)
+{
+    free(j->tmpl_tok);
+    j->tmpl_tok = oai_count_template_tokenize(j->st.raw.data, j->st.raw.len);
+    if (!j->tmpl_tok)
+        return false;
+    j->tmpl_step = true;
+    oai_stream_reset(&j->st, true);
+    if (xfer_start(b, j, b->url_tokenize, j->tmpl_tok) != 0)
+        count_step_done(b, j, false, CURLE_OK);
+    return true;
+}
+
 /* count_tokens: one method's transfer ended (done: it ran to its end,
  * result its code). A count never fails for want of an endpoint: the next
  * method, and the estimate last (openai_count.h). */
 static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     int m = j->count_m;
-    const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
+    const char *url = count_url(b, j);
     long long n = 0;
     bool est = false;
-    if (done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300 &&
-        oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
-        atomic_store(&b->count_method, m);
+    bool ok = done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300;
+    if (ok && m == OAI_COUNT_TEMPLATE && !j->tmpl_step && template_step(b, j))
+        return;
+    if (ok && oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
+        atomic_store(&b->count_method[j->count_chat], m);
         atomic_store(&b->count_none_ms, 0);
         count_answer(b, j, n, est);
         return;
@@ -359,13 +394,15 @@ static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode resu
                  "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id, url,
                  j->st.status, j->st.failed ? ": " : "", j->st.failed ? j->st.err_msg : "");
     j->count_m++;
+    j->tmpl_step = false;
     count_try(b, j);
 }
 
 /* Count the job's prompt, starting from the method that answered last. */
 static void count_begin(oai_backend *b, oai_job *j)
 {
-    j->count_first = j->count_m = atomic_load(&b->count_method);
+    j->count_first = j->count_m = atomic_load(&b->count_method[j->count_chat]);
+    j->tmpl_step = false;
     count_try(b, j);
 }
 
@@ -379,19 +416,22 @@ static void count_try(oai_backend *b, oai_job *j)
         j->count_m = OAI_COUNT_ESTIMATE; /* the endpoints failed a moment ago */
     for (; j->count_m < OAI_COUNT_ESTIMATE; j->count_m++) {
         int m = j->count_m;
-        const char *body = m == OAI_COUNT_MESSAGES ? j->count_body : j->tok_body;
+        const char *body = m == OAI_COUNT_MESSAGES ? j->count_body
+                           : m == OAI_COUNT_TEMPLATE ? j->tmpl_body
+                                                     : j->tok_body;
         if (!body)
             continue;
         oai_stream_reset(&j->st, true);
-        if (xfer_start(b, j, m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize, body) == 0)
+        if (xfer_start(b, j, count_url(b, j), body) == 0)
             return; /* count_step_done when it ends */
         count_step_done(b, j, false, CURLE_OK);
         return;
     }
-    /* Neither endpoint answered (none there, or the upstream is down):
-     * estimate, and say so. */
-    atomic_store(&b->count_method, j->count_first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
-                                                                         : OAI_COUNT_TOKENIZE);
+    /* No endpoint answered (none there, or the upstream is down):
+     * estimate, and say so. The next count starts where this one did
+     * (only a method that answered is remembered). */
+    if (j->count_first < OAI_COUNT_ESTIMATE)
+        atomic_store(&b->count_method[j->count_chat], j->count_first);
     if (!none)
         atomic_store(&b->count_none_ms, gp_now_mono_ms());
     count_answer(b, j, j->count_estimate, true);
@@ -672,28 +712,12 @@ static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", 
                                           "min_p", "seed", "presence_penalty",
                                           "frequency_penalty", "repeat_penalty"};
 
-/* The /tokenize body of a count (llama-server reads "content", vLLM
- * "prompt"): the text gp_count_text covers. Malloc'd JSON, or NULL with err
- * set. */
-static char *tokenize_body(oai_backend *b, const json_t *job, char *err, size_t errlen)
+/* A JSON body (new reference, consumed) as the malloc'd text a transfer
+ * posts; NULL for NULL or on ENOMEM. */
+static char *body_text(json_t *req)
 {
-    char *text = gp_count_text(job);
-    if (!text) {
-        snprintf(err, errlen, "count_tokens job without a prompt or messages");
-        return NULL;
-    }
-    json_t *t = json_string(text);
-    free(text);
-    if (!t) {
-        snprintf(err, errlen, "count_tokens text is not valid UTF-8");
-        return NULL;
-    }
-    json_t *req = json_pack("{s:s,s:O,s:o,s:b}", "model", b->o->upstream_model, "content", t,
-                            "prompt", t, "add_special", 1);
     char *out = req ? json_dumps(req, JSON_COMPACT) : NULL;
     json_decref(req);
-    if (!out)
-        snprintf(err, errlen, "out of memory");
     return out;
 }
 
@@ -843,8 +867,12 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     bool chat = false, count = kind && strcmp(kind, "count_tokens") == 0;
     json_t *req = NULL;
     char *tok_body = NULL;
-    if (count ? !(tok_body = tokenize_body(b, job, err, errlen))
-              : !(req = build_request(b, job, &chat, err, errlen)))
+    if (count && !(tok_body = body_text(oai_count_tokenize_body(job, b->o->upstream_model)))) {
+        snprintf(err, errlen, "count_tokens job without a prompt or messages (or its text is "
+                              "not valid UTF-8)");
+        return -1;
+    }
+    if (!count && !(req = build_request(b, job, &chat, err, errlen)))
         return -1;
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -870,12 +898,14 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     /* A job with stop strings may have to count after its reply (its end
      * drops the transfer before the usage comes). */
     bool may_count = count || j->precount || j->stops;
-    if (!count && may_count)
-        j->tok_body = tokenize_body(b, job, err, errlen); /* NULL: that method is skipped */
     if (may_count) {
-        json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
-        j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
-        json_decref(cb);
+        /* A body that cannot be made (NULL) skips its method. */
+        const char *um = b->o->upstream_model;
+        if (!count)
+            j->tok_body = body_text(oai_count_tokenize_body(job, um));
+        j->count_body = body_text(oai_count_messages_body(job, um));
+        j->tmpl_body = body_text(oai_count_template_body(job, um));
+        j->count_chat = json_is_array(json_object_get(job, "messages"));
         j->count_estimate = gp_count_estimate(job);
     }
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
@@ -958,6 +988,7 @@ static void oai_destroy(agent_backend *base)
     free(b->url_completions);
     free(b->url_tokenize);
     free(b->url_count);
+    free(b->url_template);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -1082,7 +1113,9 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->url_completions = endpoint(o->upstream, "completions");
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
     b->url_count = root_endpoint(o->upstream, "v1/messages/count_tokens");
-    atomic_init(&b->count_method, OAI_COUNT_MESSAGES);
+    b->url_template = root_endpoint(o->upstream, "apply-template");
+    atomic_init(&b->count_method[0], OAI_COUNT_MESSAGES);
+    atomic_init(&b->count_method[1], OAI_COUNT_MESSAGES);
     atomic_init(&b->count_none_ms, 0);
     b->public_id = strdup(o->alias && *o->alias ? o->alias : o->upstream_model);
     if (o->upstream_key && *o->upstream_key) {
@@ -1092,7 +1125,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
     if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
-        !b->public_id ||
+        !b->url_template || !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");

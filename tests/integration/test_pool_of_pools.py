@@ -242,10 +242,10 @@ class PoolOfPools(harness.TestCase):
         # ceil(UTF-8 bytes of the contents joined by newlines / 4) + 4 per message:
         text = "\n".join(m["content"] for m in msgs)
         self.assertEqual(b["input_tokens"], (len(text.encode()) + 3) // 4 + 4 * len(msgs))
-        # Both endpoints were tried once; the next count goes straight to them
+        # Every endpoint was tried once; the next count goes straight to them
         # again (the agent remembers only a method that answered).
         paths = [r["path"] for r in up.log_entries()]
-        self.assertEqual(paths, ["/v1/messages/count_tokens", "/tokenize"])
+        self.assertEqual(paths, ["/v1/messages/count_tokens", "/apply-template", "/tokenize"])
 
 
 class InnerFailover(harness.TestCase):

@@ -19,9 +19,12 @@ and `stop_reason: "stop_sequence"`.
   has no upstream usage: the agent counts the prompt (the upstream's
   /tokenize) before it ends. In OpenAI's dialect: finish_reason "stop";
 - openai agent, Anthropic stream (issue 26 item 4): message_start carries
-  the prompt's count (the agent asks /tokenize before generating); without
-  a count endpoint, the documented estimate (message_delta then has the
-  upstream's count); a request that is not streamed is not counted first;
+  the prompt's count (the agent asks the upstream before generating); it
+  is the upstream's own, chat template included, whether the upstream
+  plays llama-server (/apply-template, then /tokenize of its text) or vLLM
+  (/tokenize of the messages); without a count endpoint, the documented
+  estimate (message_delta then has the upstream's count); a request that
+  is not streamed is not counted first;
 - what the key is charged for the day equals the usage the replies reported;
 - a client that leaves mid-stream (OpenAI chat, Anthropic messages; gguf
   and openai agents) is charged what its request-log row says: the tokens
@@ -173,6 +176,30 @@ class Usage(harness.TestCase):
         self.assertEqual(start["input_tokens"], (len("Once upon a time") + 3) // 4 + 4)
         self.assertEqual(delta["usage"]["input_tokens"], 4)
         self.assertTrue(text)
+        self.check_charged()
+
+    def test_openai_backend_counts_with_the_chat_template(self):
+        # The scripted upstream's chat template keeps only the last message:
+        # its usage counts "Once upon a time" (4), where the contents of
+        # the whole conversation have 12 words.
+        base = {"model": "m1", "max_tokens": 10, "system": "You tell stories.",
+                "messages": [{"role": "user", "content": "one two three"},
+                             {"role": "assistant", "content": "four five"},
+                             {"role": "user", "content": "Once upon a time"}]}
+        for server, cfg, path in (
+                ("llama-server", {"apply_template": True, "tokenize_messages": False},
+                 "/apply-template"),
+                ("vLLM", {"apply_template": False, "tokenize_messages": True}, "/tokenize")):
+            st, _, _ = http_json("POST", self.up.url + "/_control/config", cfg)
+            self.assertEqual(st, 200)
+            self.up.reset()
+            start, delta, _ = self.streamed(base)
+            self.assertEqual(start["input_tokens"], 4, server)
+            self.assertEqual(delta["usage"]["input_tokens"], 4, server)
+            log = self.up.log_entries()
+            asked = [e for e in log if e["path"] == path]
+            self.assertTrue(asked, (server, [e["path"] for e in log]))
+            self.assertEqual(asked[0]["body"]["messages"][-1]["content"], "Once upon a time")
         self.check_charged()
 
     def cancel_midstream(self, path, body, n_events):

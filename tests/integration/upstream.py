@@ -2,8 +2,8 @@
 """A scripted OpenAI-compatible server for tests and benchmarks.
 
 Serves POST /v1/completions, POST /v1/chat/completions (stream or not),
-GET /v1/models and POST /tokenize (one token per word) like llama-server /
-vLLM would, with behaviour chosen by flags
+GET /v1/models, POST /tokenize (one token per word) and POST /apply-template
+like llama-server / vLLM would, with behaviour chosen by flags
 and changeable at run time through a control endpoint:
 
   --pace-ms MS        delay between tokens (default 0)
@@ -20,7 +20,15 @@ and changeable at run time through a control endpoint:
   --models a,b        ids listed by /v1/models (default "m1")
   --honor-stop        stop before the first of the request's stop strings (vLLM-like:
                       finish_reason "stop", "stop_reason": the string in the last choice)
-  --no-tokenize       POST /tokenize answers 404 (a server without a count endpoint)
+  --no-tokenize       POST /tokenize and /apply-template answer 404 (a server
+                      without a count endpoint)
+
+The "chat template" is the last message's content: a chat's usage counts
+its words. POST /apply-template (llama-server) answers {"prompt": that text};
+POST /tokenize counts the words of "content" (llama-server), or with the
+setting tokenize_messages, of a body's "messages" through the template
+(vLLM). Settings apply_template (default true) and tokenize_messages
+(default false) choose which server it plays.
   --tool-call NAME    when a chat request offers a function tool NAME (in
                       "tools") and no message has role "tool" yet, answer with tool calls instead of text:
                       --tool-calls N calls (default 1) to NAME, call k with
@@ -168,6 +176,8 @@ class State:
             "tool_calls": args.tool_calls,
             "tool_text": args.tool_text,
             "tokenize": not args.no_tokenize,
+            "apply_template": True,
+            "tokenize_messages": False,
             "honor_stop": args.honor_stop,
             "name_stop": True,
             "usage_prompt_tokens": None,
@@ -306,7 +316,10 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.send_json(404, {"error": "no route"})
             return
-        if self.path == "/tokenize" and not st.snapshot()["tokenize"]:
+        cfg = st.snapshot()
+        if self.path in ("/tokenize", "/apply-template") and \
+                (not cfg["tokenize"] or (self.path == "/apply-template" and
+                                         not cfg["apply_template"])):
             st.new_record({"path": self.path, "started": time.time(), "ended": time.time(),
                            "outcome": "error_status", "tokens_sent": 0, "disconnected": False,
                            "headers": {}})
@@ -322,8 +335,23 @@ class Handler(BaseHTTPRequestHandler):
                            "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
                            "disconnected": False, "headers": {}})
             text = body.get("content", body.get("prompt", ""))
+            if cfg["tokenize_messages"] and isinstance(body.get("messages"), list):
+                text = prompt_text_of(body, True)  # vLLM: the chat through its template
+                toks = list(range(len(text.split())))
+                self.send_json(200, {"count": len(toks), "max_model_len": 4096, "tokens": toks})
+                return
             toks = list(range(len(text.split()))) if isinstance(text, str) else []
             self.send_json(200, {"tokens": toks})
+            return
+        if self.path == "/apply-template":
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {}
+            st.new_record({"path": self.path, "body": body, "started": time.time(),
+                           "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
+                           "disconnected": False, "headers": {}})
+            self.send_json(200, {"prompt": prompt_text_of(body, True)})
             return
         if self.path in ("/v1/completions", "/completions"):
             self.generate(raw, chat=False)
