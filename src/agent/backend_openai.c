@@ -87,7 +87,7 @@ typedef struct oai_job {
     char *tmpl_tok;         /* count: the /tokenize body of the template's text (owned) */
     bool count_chat;        /* count: the job has messages (its own remembered method) */
     json_t *stops;          /* the job's params.stop (owned), or NULL */
-    long long count_estimate; /* count: method 3's answer */
+    long long count_estimate; /* count: method 4's answer (the estimate) */
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
@@ -121,7 +121,7 @@ struct oai_backend {
     atomic_int count_method[2];
     /* When no count endpoint answered last (monotonic ms, 0: one did). A
      * count that comes first skips the endpoints for COUNT_NONE_MS after
-     * that, rather than delay every first token by two failed requests. */
+     * that, rather than delay every first token by failed requests. */
     atomic_ullong count_none_ms;
     char *public_id;
     char *auth_header;
@@ -319,7 +319,7 @@ static void count_try(oai_backend *b, oai_job *j);
 static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result);
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result);
 
-/* The prompt's count is known (n; est: the estimate of method 3). A
+/* The prompt's count is known (n; est: the estimate of method 4). A
  * count_tokens job ends with it; so does a reply that a stop string ended
  * before the upstream's usage came. A job that counts first (precount)
  * reports it as a progress event, before any token (an Anthropic stream's

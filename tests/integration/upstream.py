@@ -325,8 +325,7 @@ class Handler(BaseHTTPRequestHandler):
                            "headers": {}})
             self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
             return
-        if self.path == "/tokenize":
-            # llama-server reads "content", vLLM "prompt": one token per word.
+        if self.path in ("/tokenize", "/apply-template"):
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -334,24 +333,17 @@ class Handler(BaseHTTPRequestHandler):
             st.new_record({"path": self.path, "body": body, "started": time.time(),
                            "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
                            "disconnected": False, "headers": {}})
-            text = body.get("content", body.get("prompt", ""))
-            if cfg["tokenize_messages"] and isinstance(body.get("messages"), list):
-                text = prompt_text_of(body, True)  # vLLM: the chat through its template
-                toks = list(range(len(text.split())))
-                self.send_json(200, {"count": len(toks), "max_model_len": 4096, "tokens": toks})
-                return
-            toks = list(range(len(text.split()))) if isinstance(text, str) else []
-            self.send_json(200, {"tokens": toks})
-            return
-        if self.path == "/apply-template":
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = {}
-            st.new_record({"path": self.path, "body": body, "started": time.time(),
-                           "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
-                           "disconnected": False, "headers": {}})
-            self.send_json(200, {"prompt": prompt_text_of(body, True)})
+            if self.path == "/apply-template":  # llama-server: the rendered chat
+                self.send_json(200, {"prompt": prompt_text_of(body, True)})
+            elif cfg["tokenize_messages"] and isinstance(body.get("messages"), list):
+                # vLLM: the chat through its template
+                n = len(prompt_text_of(body, True).split())
+                self.send_json(200, {"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+            else:
+                # llama-server reads "content", vLLM "prompt": one token per word.
+                text = body.get("content", body.get("prompt", ""))
+                toks = list(range(len(text.split()))) if isinstance(text, str) else []
+                self.send_json(200, {"tokens": toks})
             return
         if self.path in ("/v1/completions", "/completions"):
             self.generate(raw, chat=False)

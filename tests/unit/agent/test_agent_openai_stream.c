@@ -354,6 +354,19 @@ static void r_stop(void *c, const char *seq)
     snprintf(stop_seen, sizeof stop_seen, "%s", seq);
 }
 
+/* A job with stop strings whose 200 SSE headers came. */
+static void stop_job_init(oai_stream *j, rec *r, bool chat, const json_t *stops)
+{
+    job_init(j, r, chat);
+    j->stops = stops;
+    j->sink.stop_sequence = r_stop;
+    stop_seen[0] = '\0';
+    hdr(j, "HTTP/1.1 200 OK\r\n");
+    hdr(j, "Content-Type: text/event-stream\r\n");
+    hdr(j, "\r\n");
+    assert_int_equal(j->status, 200);
+}
+
 static void stop_strings_matched(void **st)
 {
     (void)st;
@@ -367,13 +380,7 @@ static void stop_strings_matched(void **st)
     for (size_t step = 1; step < 40; step += 3) {
         oai_stream j;
         rec r;
-        job_init(&j, &r, true);
-        j.stops = stops;
-        j.sink.stop_sequence = r_stop;
-        stop_seen[0] = '\0';
-        assert_int_equal(hdr(&j, "HTTP/1.1 200 OK\r\n"), strlen("HTTP/1.1 200 OK\r\n"));
-        hdr(&j, "Content-Type: text/event-stream\r\n");
-        hdr(&j, "\r\n");
+        stop_job_init(&j, &r, true, stops);
         size_t n = strlen(sse), done = 0;
         int rc = 0;
         while (done < n && rc == 0) {
@@ -393,13 +400,7 @@ static void stop_strings_matched(void **st)
     /* No match: what was held back goes out at the end. */
     oai_stream j;
     rec r;
-    job_init(&j, &r, false);
-    j.stops = stops;
-    j.sink.stop_sequence = r_stop;
-    stop_seen[0] = '\0';
-    hdr(&j, "HTTP/1.1 200 OK\r\n");
-    hdr(&j, "Content-Type: text/event-stream\r\n");
-    hdr(&j, "\r\n");
+    stop_job_init(&j, &r, false, stops);
     body(&j, "data: {\"choices\":[{\"text\":\"a nev\"}]}\n\n"
              "data: {\"choices\":[{\"text\":\"e\",\"finish_reason\":\"length\"}]}\n\n"
              "data: [DONE]\n\n", 7);
