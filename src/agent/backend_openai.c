@@ -412,7 +412,8 @@ static void count_begin(oai_backend *b, oai_job *j)
 static void count_try(oai_backend *b, oai_job *j)
 {
     uint64_t none = atomic_load(&b->count_none_ms);
-    if (j->body && none && gp_now_mono_ms() - none < COUNT_NONE_MS)
+    bool skip = j->body && none && gp_now_mono_ms() - none < COUNT_NONE_MS;
+    if (skip)
         j->count_m = OAI_COUNT_ESTIMATE; /* the endpoints failed a moment ago */
     for (; j->count_m < OAI_COUNT_ESTIMATE; j->count_m++) {
         int m = j->count_m;
@@ -432,7 +433,7 @@ static void count_try(oai_backend *b, oai_job *j)
      * (only a method that answered is remembered). */
     if (j->count_first < OAI_COUNT_ESTIMATE)
         atomic_store(&b->count_method[j->count_chat], j->count_first);
-    if (!none)
+    if (!skip)
         atomic_store(&b->count_none_ms, gp_now_mono_ms());
     count_answer(b, j, j->count_estimate, true);
 }

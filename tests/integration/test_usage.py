@@ -176,6 +176,11 @@ class Usage(harness.TestCase):
         self.assertEqual(start["input_tokens"], (len("Once upon a time") + 3) // 4 + 4)
         self.assertEqual(delta["usage"]["input_tokens"], 4)
         self.assertTrue(text)
+        # ... and the next stream does not wait on the failed endpoints again.
+        self.up.reset()
+        start, _, _ = self.streamed(base)
+        self.assertEqual(start["input_tokens"], (len("Once upon a time") + 3) // 4 + 4)
+        self.assertEqual([e["path"] for e in self.up.log_entries()], ["/v1/chat/completions"])
         self.check_charged()
 
     def test_openai_backend_counts_with_the_chat_template(self):
