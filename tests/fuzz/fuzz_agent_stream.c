@@ -103,6 +103,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int m = OAI_COUNT_MESSAGES; m < OAI_COUNT_ESTIMATE; m++)
             if (oai_count_parse((oai_count_method)m, p, n, &cnt, &est) == 0 && cnt < 0)
                 abort();
+        /* An /apply-template reply becomes the body of the next step. */
+        char *next = oai_count_template_tokenize(p, n);
+        if (next && !strstr(next, "\"content\""))
+            abort();
+        free(next);
         return 0;
     }
     const agent_job_sink sink = {.ctx = &r,
