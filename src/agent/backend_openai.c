@@ -18,6 +18,14 @@
  * stream_options.include_usage) so tokens are relayed as they arrive; the
  * server turns them back into one body for non-streaming clients.
  *
+ * Stop strings are the agent's: params.stop is not sent upstream (an
+ * upstream that stops on one rarely says which, and the Anthropic dialect
+ * must name it); openai_stream.c matches them and a match drops the
+ * transfer, as a cancel does. A job with prompt_tokens_first (an Anthropic
+ * stream: message_start shows the prompt's size) counts its prompt first
+ * with the count_tokens methods (openai_count.h) and reports it as a
+ * progress event before generating.
+ *
  * Structured output: a job's `response_format` goes upstream as it is.
  * Tools: a job's `tools`/`tool_choice` go upstream as they are (the model
  * facts say supports_tools: the upstream decides); the reply's tool_calls
@@ -63,6 +71,7 @@
 /* libcurl's receive buffer per transfer (its default is 16 KiB): a stream's
  * events are a few hundred bytes, and 1,024 streams hold 1,024 of these. */
 #define OAI_RECV_BUFFER 4096L
+#define COUNT_NONE_MS 60000 /* see count_none_ms */
 
 typedef struct oai_backend oai_backend;
 
@@ -71,10 +80,15 @@ typedef struct oai_job {
     struct oai_job *in_next;     /* b->inbox, then the loop's work lists */
     oai_backend *b;
     char id[128];
-    char *body;             /* request JSON (owned); count: the /tokenize body */
-    char *count_body;       /* count: the messages/count_tokens body (owned) */
+    char *body;             /* the generation request JSON (owned); NULL for a count job */
+    char *tok_body;         /* count: the /tokenize body (owned), or NULL */
+    char *count_body;       /* count: the messages/count_tokens body (owned), or NULL */
+    char *tmpl_body;        /* count: the /apply-template body (owned), or NULL */
+    char *tmpl_tok;         /* count: the /tokenize body of the template's text (owned) */
+    bool count_chat;        /* count: the job has messages (its own remembered method) */
     json_t *stops;          /* the job's params.stop (owned), or NULL */
-    long long count_estimate; /* count: method 3's answer */
+    long long count_estimate; /* count: method 4's answer (the estimate) */
+    bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     char pool_via[160];     /* X-Pool-Via header line, or "" */
@@ -85,6 +99,7 @@ typedef struct oai_job {
     CURL *easy;             /* the transfer in flight, or NULL */
     struct curl_slist *hdrs; /* request headers (owned), for every transfer */
     int count_m;            /* count: the method being tried (oai_count_method) */
+    bool tmpl_step;         /* count: method 2 is at its /tokenize step */
     int count_first;        /* count: the method tried first */
     bool done_queued;       /* on the loop's [DONE] list */
     bool completed;         /* libcurl said the transfer ended (result) */
@@ -100,7 +115,14 @@ struct oai_backend {
     char *url_completions;
     char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
     char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
-    atomic_int count_method; /* the count method that answered last (oai_count_method) */
+    char *url_template;     /* server root + /apply-template (llama-server) */
+    /* The count method that answered last (oai_count_method), for prompts
+     * [0] and chat jobs [1] apart: method 2 is for chats only. */
+    atomic_int count_method[2];
+    /* When no count endpoint answered last (monotonic ms, 0: one did). A
+     * count that comes first skips the endpoints for COUNT_NONE_MS after
+     * that, rather than delay every first token by failed requests. */
+    atomic_ullong count_none_ms;
     char *public_id;
     char *auth_header;
 
@@ -210,7 +232,10 @@ static void job_free(oai_job *j)
     curl_slist_free_all(j->hdrs);
     oai_stream_free(&j->st);
     free(j->body);
+    free(j->tok_body);
     free(j->count_body);
+    free(j->tmpl_body);
+    free(j->tmpl_tok);
     json_decref(j->stops);
     free(j->correlation_id);
     free(j->pool_options);
@@ -291,6 +316,59 @@ static void mark_estimated(oai_job *j)
 }
 
 static void count_try(oai_backend *b, oai_job *j);
+static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result);
+static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result);
+
+/* The prompt's count is known (n; est: the estimate of method 4). A
+ * count_tokens job ends with it; so does a reply that a stop string ended
+ * before the upstream's usage came. A job that counts first (precount)
+ * reports it as a progress event, before any token (an Anthropic stream's
+ * message_start shows it), then starts its generation. */
+static void count_answer(oai_backend *b, oai_job *j, long long n, bool est)
+{
+    if (!j->body) {
+        oai_stream_started(&j->st);
+        if (est)
+            mark_estimated(j);
+        j->st.sink.end(j->st.sink.ctx, "stop", n, 0);
+        job_release(b, j);
+        return;
+    }
+    if (j->st.stop_seq) {
+        oai_stream_finish_counted(&j->st, n);
+        job_release(b, j);
+        return;
+    }
+    if (n > 0 && j->st.sink.progress)
+        j->st.sink.progress(j->st.sink.ctx, 0, n);
+    j->st.prompt_tokens = n; /* the usage unless the upstream's comes */
+    oai_stream_reset(&j->st, false);
+    if (xfer_start(b, j, j->st.chat ? b->url_chat : b->url_completions, j->body) != 0)
+        xfer_end(b, j, false, CURLE_OK);
+}
+
+/* The URL a count method (its current step) posts to. */
+static const char *count_url(const oai_backend *b, const oai_job *j)
+{
+    if (j->count_m == OAI_COUNT_MESSAGES)
+        return b->url_count;
+    return j->count_m == OAI_COUNT_TEMPLATE && !j->tmpl_step ? b->url_template : b->url_tokenize;
+}
+
+/* Method 2's template came: count its text with /tokenize. Returns true
+ * when that step started (or ended the job already). */
+static bool template_step(oai_backend *b, oai_job *j)
+{
+    free(j->tmpl_tok);
+    j->tmpl_tok = oai_count_template_tokenize(j->st.raw.data, j->st.raw.len);
+    if (!j->tmpl_tok)
+        return false;
+    j->tmpl_step = true;
+    oai_stream_reset(&j->st, true);
+    if (xfer_start(b, j, b->url_tokenize, j->tmpl_tok) != 0)
+        count_step_done(b, j, false, CURLE_OK);
+    return true;
+}
 
 /* count_tokens: one method's transfer ended (done: it ran to its end,
  * result its code). A count never fails for want of an endpoint: the next
@@ -298,17 +376,16 @@ static void count_try(oai_backend *b, oai_job *j);
 static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     int m = j->count_m;
-    const char *url = m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize;
+    const char *url = count_url(b, j);
     long long n = 0;
     bool est = false;
-    if (done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300 &&
-        oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
-        atomic_store(&b->count_method, m);
-        oai_stream_started(&j->st);
-        if (est)
-            mark_estimated(j);
-        j->st.sink.end(j->st.sink.ctx, "stop", n, 0);
-        job_release(b, j);
+    bool ok = done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300;
+    if (ok && m == OAI_COUNT_TEMPLATE && !j->tmpl_step && template_step(b, j))
+        return;
+    if (ok && oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
+        atomic_store(&b->count_method[j->count_chat], m);
+        atomic_store(&b->count_none_ms, 0);
+        count_answer(b, j, n, est);
         return;
     }
     gp_log_write(GP_LOG_DEBUG, "count_method_failed", j->correlation_id,
@@ -317,32 +394,48 @@ static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode resu
                  "job %s: %s gave no count (HTTP %ld%s%s); trying the next method", j->id, url,
                  j->st.status, j->st.failed ? ": " : "", j->st.failed ? j->st.err_msg : "");
     j->count_m++;
+    j->tmpl_step = false;
+    count_try(b, j);
+}
+
+/* Count the job's prompt, starting from the method that answered last. */
+static void count_begin(oai_backend *b, oai_job *j)
+{
+    j->count_first = j->count_m = atomic_load(&b->count_method[j->count_chat]);
+    j->tmpl_step = false;
     count_try(b, j);
 }
 
 /* count_tokens: start the method j->count_m or the next one that has a
- * body; past the last, the estimate (marked as such). */
+ * body; past the last, the estimate (marked as such). A generation job
+ * skips the endpoints for COUNT_NONE_MS after they failed. */
 static void count_try(oai_backend *b, oai_job *j)
 {
+    uint64_t none = atomic_load(&b->count_none_ms);
+    bool skip = j->body && none && gp_now_mono_ms() - none < COUNT_NONE_MS;
+    if (skip)
+        j->count_m = OAI_COUNT_ESTIMATE; /* the endpoints failed a moment ago */
     for (; j->count_m < OAI_COUNT_ESTIMATE; j->count_m++) {
         int m = j->count_m;
-        const char *body = m == OAI_COUNT_MESSAGES ? j->count_body : j->body;
+        const char *body = m == OAI_COUNT_MESSAGES ? j->count_body
+                           : m == OAI_COUNT_TEMPLATE ? j->tmpl_body
+                                                     : j->tok_body;
         if (!body)
             continue;
-        oai_stream_reset(&j->st);
-        if (xfer_start(b, j, m == OAI_COUNT_MESSAGES ? b->url_count : b->url_tokenize, body) == 0)
+        oai_stream_reset(&j->st, true);
+        if (xfer_start(b, j, count_url(b, j), body) == 0)
             return; /* count_step_done when it ends */
         count_step_done(b, j, false, CURLE_OK);
         return;
     }
-    /* Neither endpoint answered (none there, or the upstream is down):
-     * estimate, and say so. */
-    atomic_store(&b->count_method, j->count_first == OAI_COUNT_MESSAGES ? OAI_COUNT_MESSAGES
-                                                                         : OAI_COUNT_TOKENIZE);
-    oai_stream_started(&j->st);
-    mark_estimated(j);
-    j->st.sink.end(j->st.sink.ctx, "stop", j->count_estimate, 0);
-    job_release(b, j);
+    /* No endpoint answered (none there, or the upstream is down):
+     * estimate, and say so. The next count starts where this one did
+     * (only a method that answered is remembered). */
+    if (j->count_first < OAI_COUNT_ESTIMATE)
+        atomic_store(&b->count_method[j->count_chat], j->count_first);
+    if (!skip)
+        atomic_store(&b->count_none_ms, gp_now_mono_ms());
+    count_answer(b, j, j->count_estimate, true);
 }
 
 /* The reply's terminal events after a transfer that libcurl ended with an
@@ -362,6 +455,13 @@ static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
     xfer_drop(b, j);
     if (j->st.count) {
         count_step_done(b, j, done, result);
+        return;
+    }
+    if (j->st.stop_seq && !j->st.failed && j->st.prompt_tokens < 0) {
+        /* The agent ended the stream on a stop string, so the upstream's
+         * usage never came: count the prompt as count_tokens does, then
+         * end (count_answer). */
+        count_begin(b, j);
         return;
     }
     if (!done || result == CURLE_OK)
@@ -391,8 +491,7 @@ static void job_begin(oai_backend *b, oai_job *j)
         return;
     }
     if (j->st.count) {
-        j->count_first = j->count_m = atomic_load(&b->count_method);
-        count_try(b, j);
+        count_begin(b, j);
         return;
     }
     if (xfer_start(b, j, j->st.chat ? b->url_chat : b->url_completions, j->body) != 0)
@@ -608,15 +707,25 @@ static void loop_wake(oai_backend *b)
 /* Request building (agent thread)                                          */
 /* ======================================================================== */
 
+/* Not "stop": the agent matches the job's stop strings itself
+ * (openai_stream.h), since an upstream that stops on one rarely says which. */
 static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", "top_k",
-                                          "min_p", "stop", "seed", "presence_penalty",
+                                          "min_p", "seed", "presence_penalty",
                                           "frequency_penalty", "repeat_penalty"};
 
-/* The upstream request body for a job, or NULL with err set. New reference. */
-static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *count, char *err,
-                             size_t errlen)
+/* A JSON body (new reference, consumed) as the malloc'd text a transfer
+ * posts; NULL for NULL or on ENOMEM. */
+static char *body_text(json_t *req)
 {
-    *count = false;
+    char *out = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    return out;
+}
+
+/* The upstream request body for a completion or chat job, or NULL with
+ * err set. New reference. */
+static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err, size_t errlen)
+{
     const char *kind = json_string_value(json_object_get(job, "kind"));
     const char *cont = json_string_value(json_object_get(job, "continuation"));
     json_t *req = json_pack("{s:s,s:b,s:{s:b}}", "model", b->o->upstream_model, "stream", 1,
@@ -672,24 +781,6 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *coun
         json_t *rf = json_object_get(job, "response_format");
         if (json_is_object(rf))
             json_object_set(req, "response_format", rf);
-    } else if (kind && strcmp(kind, "count_tokens") == 0) {
-        /* The /tokenize body (llama-server reads "content", vLLM "prompt");
-         * oai_job_start adds the other methods' (openai_count.h). */
-        char *text = gp_count_text(job);
-        json_decref(req);
-        if (!text) {
-            snprintf(err, errlen, "count_tokens job without a prompt or messages");
-            return NULL;
-        }
-        json_t *t = json_string(text);
-        free(text);
-        if (!t) {
-            snprintf(err, errlen, "count_tokens text is not valid UTF-8");
-            return NULL;
-        }
-        *count = true;
-        return json_pack("{s:s,s:O,s:o,s:b}", "model", b->o->upstream_model, "content", t,
-                         "prompt", t, "add_special", 1);
     } else {
         snprintf(err, errlen, "job kind '%s' is not supported by the openai backend",
                  kind ? kind : "(none)");
@@ -773,28 +864,49 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         snprintf(err, errlen, "job without a valid job_id");
         return -1;
     }
-    bool chat = false, count = false;
-    json_t *req = build_request(b, job, &chat, &count, err, errlen);
-    if (!req)
+    const char *kind = json_string_value(json_object_get(job, "kind"));
+    bool chat = false, count = kind && strcmp(kind, "count_tokens") == 0;
+    json_t *req = NULL;
+    char *tok_body = NULL;
+    if (count && !(tok_body = body_text(oai_count_tokenize_body(job, b->o->upstream_model)))) {
+        snprintf(err, errlen, "count_tokens job without a prompt or messages (or its text is "
+                              "not valid UTF-8)");
+        return -1;
+    }
+    if (!count && !(req = build_request(b, job, &chat, err, errlen)))
         return -1;
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
         json_decref(req);
+        free(tok_body);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
     snprintf(j->id, sizeof j->id, "%s", id);
     j->b = b;
+    j->tok_body = tok_body;
     json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
     if (json_is_array(stops) && json_array_size(stops) > 0)
         j->stops = json_deep_copy(stops);
-    oai_stream_init(&j->st, sink, j->id, chat, count, j->stops, MAX_SSE_LINE);
-    j->body = json_dumps(req, JSON_COMPACT);
-    json_decref(req);
-    if (count) {
-        json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
-        j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
-        json_decref(cb);
+    /* The client sees the prompt's size before the first token (an
+     * Anthropic stream): count it first (docs/agent.md "Counting tokens"). */
+    j->precount = !count && json_is_true(json_object_get(job, "prompt_tokens_first"));
+    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount, j->stops, MAX_SSE_LINE);
+    if (req) {
+        j->body = json_dumps(req, JSON_COMPACT);
+        json_decref(req);
+    }
+    /* A job with stop strings may have to count after its reply (its end
+     * drops the transfer before the usage comes). */
+    bool may_count = count || j->precount || j->stops;
+    if (may_count) {
+        /* A body that cannot be made (NULL) skips its method. */
+        const char *um = b->o->upstream_model;
+        if (!count)
+            j->tok_body = body_text(oai_count_tokenize_body(job, um));
+        j->count_body = body_text(oai_count_messages_body(job, um));
+        j->tmpl_body = body_text(oai_count_template_body(job, um));
+        j->count_chat = json_is_array(json_object_get(job, "messages"));
         j->count_estimate = gp_count_estimate(job);
     }
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
@@ -810,7 +922,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    if (!j->body) {
+    if (!count && !j->body) {
         job_free(j);
         snprintf(err, errlen, "out of memory");
         return -1;
@@ -877,6 +989,7 @@ static void oai_destroy(agent_backend *base)
     free(b->url_completions);
     free(b->url_tokenize);
     free(b->url_count);
+    free(b->url_template);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -1001,7 +1114,10 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->url_completions = endpoint(o->upstream, "completions");
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
     b->url_count = root_endpoint(o->upstream, "v1/messages/count_tokens");
-    atomic_init(&b->count_method, OAI_COUNT_MESSAGES);
+    b->url_template = root_endpoint(o->upstream, "apply-template");
+    atomic_init(&b->count_method[0], OAI_COUNT_MESSAGES);
+    atomic_init(&b->count_method[1], OAI_COUNT_MESSAGES);
+    atomic_init(&b->count_none_ms, 0);
     b->public_id = strdup(o->alias && *o->alias ? o->alias : o->upstream_model);
     if (o->upstream_key && *o->upstream_key) {
         size_t n = strlen(o->upstream_key) + 32;
@@ -1010,7 +1126,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
     if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
-        !b->public_id ||
+        !b->url_template || !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");

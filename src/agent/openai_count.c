@@ -62,6 +62,58 @@ json_t *oai_count_messages_body(const json_t *job, const char *model)
     return out;
 }
 
+json_t *oai_count_template_body(const json_t *job, const char *model)
+{
+    const json_t *msgs = json_object_get(job, "messages");
+    const json_t *tools = json_object_get(job, "tools");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return NULL;
+    json_t *out = json_pack("{s:s,s:O}", "model", model, "messages", msgs);
+    if (out && json_is_array(tools) && json_array_size(tools) > 0)
+        json_object_set(out, "tools", (json_t *)tools);
+    return out;
+}
+
+char *oai_count_template_tokenize(const char *body, size_t len)
+{
+    json_t *o = json_loadb(body ? body : "", len, 0, NULL);
+    const json_t *p = json_object_get(o, "prompt");
+    char *out = NULL;
+    if (json_is_string(p) && json_string_length(p) > 0) {
+        json_t *req = json_pack("{s:O,s:b,s:b}", "content", p, "add_special", 1,
+                                "parse_special", 1);
+        out = req ? json_dumps(req, JSON_COMPACT) : NULL;
+        json_decref(req);
+    }
+    json_decref(o);
+    return out;
+}
+
+json_t *oai_count_tokenize_body(const json_t *job, const char *model)
+{
+    char *text = gp_count_text(job);
+    json_t *t = text ? json_string(text) : NULL;
+    free(text);
+    if (!t)
+        return NULL;
+    json_t *out = json_pack("{s:s,s:o,s:b}", "model", model, "content", t, "add_special", 1);
+    if (!out)
+        return NULL;
+    json_t *chat = oai_count_template_body(job, model);
+    if (chat) {
+        /* vLLM takes a body with messages as a chat (and no "prompt"). */
+        json_object_set(out, "messages", json_object_get(chat, "messages"));
+        json_t *tools = json_object_get(chat, "tools");
+        if (tools)
+            json_object_set(out, "tools", tools);
+        json_object_set_new(out, "add_generation_prompt", json_true());
+        json_decref(chat);
+    } else {
+        json_object_set(out, "prompt", json_object_get(out, "content"));
+    }
+    return out;
+}
+
 int oai_count_parse(oai_count_method m, const char *body, size_t len, long long *n,
                     bool *estimated)
 {
@@ -76,14 +128,14 @@ int oai_count_parse(oai_count_method m, const char *body, size_t len, long long 
                                                       "estimated"));
             rc = 0;
         }
-    } else if (m == OAI_COUNT_TOKENIZE) {
+    } else if (m == OAI_COUNT_TOKENIZE || m == OAI_COUNT_TEMPLATE) {
         /* llama-server: {"tokens":[...]}; vLLM: {"count":n,"tokens":[...]} */
         const json_t *c = json_object_get(o, "count");
         const json_t *t = json_object_get(o, "tokens");
-        if (json_is_integer(c) && json_integer_value(c) >= 0) {
+        if (json_is_integer(c) && json_integer_value(c) > 0) {
             *n = json_integer_value(c);
             rc = 0;
-        } else if (json_is_array(t)) {
+        } else if (json_is_array(t) && json_array_size(t) > 0) {
             *n = (long long)json_array_size(t);
             rc = 0;
         }

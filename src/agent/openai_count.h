@@ -4,13 +4,20 @@
  * count_tokens jobs; docs/agent.md "Counting tokens").
  *
  * Methods, tried in this order (the backend remembers the first that
- * answered and starts there next time):
+ * answered, for chat jobs and for prompts apart, and starts there next
+ * time):
  *   1. POST ROOT/v1/messages/count_tokens: another gpupool-server (a pool
  *      of pools) or any Anthropic-compatible server; exact, with the inner
  *      model's own chat template.
- *   2. POST ROOT/tokenize: llama-server ({"tokens":[...]}) and vLLM
- *      ({"count": n, ...}); the messages' contents only (no template).
- *   3. An estimate, never a failure: ceil(UTF-8 bytes / 4) of every content
+ *   2. Chat jobs only: POST ROOT/apply-template with the messages and
+ *      tools (llama-server renders its chat template: {"prompt": text}),
+ *      then POST ROOT/tokenize of that text with add_special, as
+ *      llama-server tokenizes a chat prompt: exact.
+ *   3. POST ROOT/tokenize: vLLM ({"count": n, ...}) reads a chat job's
+ *      messages and tools and applies its template (exact); llama-server
+ *      ({"tokens":[...]}) the joined contents ("content": no template) and
+ *      a prompt exactly.
+ *   4. An estimate, never a failure: ceil(UTF-8 bytes / 4) of every content
  *      plus 4 tokens per message, marked as estimated.
  * Pure functions: no I/O here.
  */
@@ -24,8 +31,9 @@
 
 typedef enum {
     OAI_COUNT_MESSAGES = 0, /* ROOT/v1/messages/count_tokens */
-    OAI_COUNT_TOKENIZE = 1, /* ROOT/tokenize */
-    OAI_COUNT_ESTIMATE = 2,
+    OAI_COUNT_TEMPLATE = 1, /* ROOT/apply-template, then ROOT/tokenize */
+    OAI_COUNT_TOKENIZE = 2, /* ROOT/tokenize */
+    OAI_COUNT_ESTIMATE = 3,
 } oai_count_method;
 
 /* The Anthropic count_tokens body for a count job (its `messages`: system
@@ -34,11 +42,32 @@ typedef enum {
  * NULL when the job has neither or on ENOMEM. */
 json_t *oai_count_messages_body(const json_t *job, const char *model);
 
-/* The text /tokenize counts and the estimate of method 3: common/gp_count.h. */
+/* Method 2's /apply-template body for a chat job: {"model", "messages" (the
+ * job's, as the generation sends them), "tools" (when it has some)}. New
+ * reference; NULL for a job without messages or on ENOMEM. */
+json_t *oai_count_template_body(const json_t *job, const char *model);
 
-/* Parse a 2xx reply of method m: *n = the count; *estimated = the upstream
- * itself said it estimated (an inner gpupool's x_pool_meta.estimated).
- * Returns 0, or -1 when the body is not such a reply. */
+/* Method 2's second step: from a 2xx /apply-template reply ({"prompt":
+ * text}), the /tokenize body that counts text as llama-server tokenizes a
+ * chat prompt ({"content": text, "add_special": true, "parse_special":
+ * true}). Malloc'd JSON (caller frees); NULL when the reply is not one. */
+char *oai_count_template_tokenize(const char *body, size_t len);
+
+/* Method 3's /tokenize body: "content" (gp_count_text: the prompt, or the
+ * messages' contents joined) and "add_special" for llama-server; a prompt
+ * also as "prompt", a chat job's "messages", "tools" and
+ * "add_generation_prompt" for vLLM (which then applies the chat template).
+ * New reference; NULL when the job has neither prompt nor messages, or its
+ * text is not valid UTF-8. */
+json_t *oai_count_tokenize_body(const json_t *job, const char *model);
+
+/* The estimate of method 4: common/gp_count.h. */
+
+/* Parse a 2xx reply of method m (method 2: of its /tokenize step): *n =
+ * the count; *estimated = the upstream itself said it estimated (an inner
+ * gpupool's x_pool_meta.estimated). Returns 0, or -1 when the body is not
+ * such a reply (a /tokenize answer of no tokens at all is not: llama-server
+ * answers that to a body without "content"). */
 int oai_count_parse(oai_count_method m, const char *body, size_t len, long long *n,
                     bool *estimated);
 

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "agent/openai_stream.h"
+#include "common/gp_stop.h"
 #include "common/gp_util.h"
 
 #define MAX_ERRBODY (64u << 10)     /* error bodies: kept for the message only */
@@ -28,6 +29,7 @@ void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_
     s->prompt_tokens = s->completion_tokens = -1;
     agent_sse_init(&s->sse, max_line);
     gp_buf_init(&s->raw);
+    gp_buf_init(&s->pending);
     s->t_start_us = gp_now_mono_us();
     s->last_byte_ms = gp_now_mono_ms();
 }
@@ -36,17 +38,23 @@ void oai_stream_free(oai_stream *s)
 {
     agent_sse_free(&s->sse);
     gp_buf_free(&s->raw);
+    gp_buf_free(&s->pending);
     free(s->stop_seq);
     s->stop_seq = NULL;
 }
 
-void oai_stream_reset(oai_stream *s)
+void oai_stream_reset(oai_stream *s, bool count)
 {
+    size_t max_line = s->sse.max_line;
+    s->count = count;
     s->failed = false;
     s->err_code[0] = s->err_msg[0] = '\0';
     s->status = 0;
     s->mode = OAI_BODY_UNKNOWN;
     s->raw.len = 0;
+    s->done_seen = false;
+    agent_sse_free(&s->sse);
+    agent_sse_init(&s->sse, max_line);
 }
 
 void oai_stream_fail(oai_stream *s, const char *code, const char *fmt, ...)
@@ -69,15 +77,51 @@ void oai_stream_started(oai_stream *s)
     s->sink.started(s->sink.ctx);
 }
 
-static void emit_text(oai_stream *s, const char *text, size_t len)
+static void send_text(oai_stream *s, const char *text, size_t len)
 {
     if (len == 0)
         return;
     oai_stream_started(s); /* the contract: started before the first token */
+    s->sink.token(s->sink.ctx, text, len, -1);
+}
+
+/* Text held back for a possible stop string goes out (before a tool call,
+ * at the reply's end). */
+static void flush_pending(oai_stream *s)
+{
+    send_text(s, s->pending.data, s->pending.len);
+    gp_buf_consume(&s->pending, s->pending.len);
+}
+
+/* A piece of the reply's text. The job's stop strings are matched here,
+ * not upstream (issue 26 item 4: an upstream that stops on one rarely says
+ * which): text that may start one is held back; on a match the text before
+ * it goes out, the rest of the reply is ignored and the reply ends with
+ * that string (the transport then drops the transfer). */
+static void emit_text(oai_stream *s, const char *text, size_t len)
+{
+    if (len == 0 || s->stop_seq)
+        return;
     if (!s->t_first_us)
         s->t_first_us = gp_now_mono_us();
-    s->ntokens++;
-    s->sink.token(s->sink.ctx, text, len, -1);
+    s->ntokens++; /* an upstream chunk is about one token */
+    if (json_array_size(s->stops) == 0) {
+        send_text(s, text, len);
+        return;
+    }
+    gp_buf_append(&s->pending, text, len);
+    size_t safe = 0, at = 0;
+    int hit = gp_stop_scan(s->pending.data ? s->pending.data : "", s->pending.len, s->stops,
+                           &safe, &at);
+    send_text(s, s->pending.data, safe);
+    if (hit >= 0) {
+        s->stop_seq = strdup(json_string_value(json_array_get(s->stops, (size_t)hit)));
+        if (!s->stop_seq)
+            oai_stream_fail(s, "INTERNAL_ERROR", "out of memory");
+        gp_buf_consume(&s->pending, s->pending.len);
+        return;
+    }
+    gp_buf_consume(&s->pending, safe);
 }
 
 static void take_usage(oai_stream *s, json_t *usage)
@@ -92,32 +136,11 @@ static void take_usage(oai_stream *s, json_t *usage)
         s->completion_tokens = json_integer_value(ct);
 }
 
-/* Which stop string an upstream stopped on, when it says so: vLLM puts it
- * in the choice's "stop_reason", llama-server in "stopping_word". Taken
- * only when it is one of the job's own (an upstream cannot name others). */
-static void take_stop_word(oai_stream *s, const json_t *v)
-{
-    const char *w = json_string_value(v);
-    size_t i;
-    const json_t *stop;
-    if (!w || !*w || s->stop_seq)
-        return;
-    json_array_foreach(s->stops, i, stop)
-    {
-        if (json_is_string(stop) && strcmp(json_string_value(stop), w) == 0) {
-            s->stop_seq = strdup(w);
-            return;
-        }
-    }
-}
-
 static void take_finish(oai_stream *s, json_t *c0)
 {
     const char *fr = json_string_value(json_object_get(c0, "finish_reason"));
     if (fr && *fr)
         snprintf(s->finish, sizeof s->finish, "%s", fr);
-    take_stop_word(s, json_object_get(c0, "stop_reason"));
-    take_stop_word(s, json_object_get(c0, "stopping_word"));
 }
 
 /* The tool_calls array of a delta (streamed: pieces with an index; the
@@ -126,8 +149,8 @@ static void take_finish(oai_stream *s, json_t *c0)
  * job failed. */
 static int take_tool_calls(oai_stream *s, json_t *calls, bool streamed)
 {
-    if (!calls || json_is_null(calls))
-        return 0;
+    if (!calls || json_is_null(calls) || s->stop_seq)
+        return 0; /* after a stop string the reply is over */
     if (!json_is_array(calls)) {
         oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream tool_calls is not an array");
         return 2;
@@ -173,6 +196,7 @@ static int take_tool_calls(oai_stream *s, json_t *calls, bool streamed)
         if (!s->t_first_us)
             s->t_first_us = gp_now_mono_us();
         oai_stream_started(s);
+        flush_pending(s); /* text held back for a stop string comes first */
         if (s->sink.tool_call)
             s->sink.tool_call(s->sink.ctx, (int)index, first ? id : NULL, first ? name : NULL,
                           json_string_value(args) ? json_string_value(args) : "",
@@ -232,7 +256,6 @@ static int handle_object(oai_stream *s, json_t *obj, bool streamed)
         return 2;
     }
     take_usage(s, json_object_get(obj, "usage"));
-    take_stop_word(s, json_object_get(obj, "stopping_word"));
     /* An upstream that is itself a pool says how it ran the request (the
      * last stream chunk or the body); the end event passes it on. */
     json_t *meta = json_object_get(obj, "x_pool_meta");
@@ -258,6 +281,10 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     }
     int rc = handle_object(s, obj, true);
     json_decref(obj);
+    if (rc == 0 && s->stop_seq) {
+        s->done_seen = true; /* a stop string ended the reply: nothing more is read */
+        return 1;
+    }
     return rc;
 }
 
@@ -354,6 +381,7 @@ int oai_stream_header(oai_stream *s, const char *p, size_t n)
  * string, end. */
 static void finish_ok(oai_stream *s)
 {
+    flush_pending(s); /* no stop string came */
     uint64_t now = gp_now_mono_us();
     long long ct = s->completion_tokens >= 0 ? s->completion_tokens : s->ntokens;
     json_t *m = json_object();
@@ -368,7 +396,8 @@ static void finish_ok(oai_stream *s)
     json_decref(m);
     /* A reply that called tools ends with tool_calls whatever the
      * upstream said (some say "stop"), unless it ran out of tokens. */
-    const char *fr = strcmp(s->finish, "length") == 0 ? "length"
+    const char *fr = s->stop_seq                      ? "stop"
+                     : strcmp(s->finish, "length") == 0 ? "length"
                      : s->ntool_calls > 0 || strcmp(s->finish, "tool_calls") == 0
                          ? "tool_calls"
                          : "stop";
@@ -405,6 +434,14 @@ void oai_stream_finish(oai_stream *s, const char *xfer_code, const char *xfer_ms
         s->sink.error(s->sink.ctx, s->err_code, s->err_msg);
         return;
     }
+    oai_stream_started(s);
+    finish_ok(s);
+}
+
+void oai_stream_finish_counted(oai_stream *s, long long prompt_tokens)
+{
+    if (s->prompt_tokens < 0)
+        s->prompt_tokens = prompt_tokens;
     oai_stream_started(s);
     finish_ok(s);
 }

@@ -17,6 +17,11 @@
  * UPSTREAM_ERROR for an error status or an error object in the stream, a
  * stream that ends before [DONE], and for the transport's own failures.
  *
+ * Stop strings (the job's params.stop) are matched here, not by the
+ * upstream (issue 26 item 4): text that may start one is held back; on a
+ * match the text before it is sent, the reply counts as complete (body 1,
+ * as at [DONE]) and ends "stop" with a stop_sequence event.
+ *
  * count_tokens replies (count set): only status and raw are taken (the
  * transport parses them with openai_count.h) and no event is sent.
  *
@@ -60,9 +65,10 @@ typedef struct oai_stream {
     char err_code[32];
     char err_msg[300];
     char finish[32];        /* the upstream's finish_reason */
-    char *stop_seq;         /* the stop string the upstream said it stopped on (owned) */
+    char *stop_seq;         /* the stop string the reply ended on (owned), or NULL */
+    gp_buf pending;         /* text held back: it may start a stop string */
     long long prompt_tokens, completion_tokens; /* usage, -1 unknown */
-    long long ntokens;      /* token events sent */
+    long long ntokens;      /* text pieces the upstream sent (about one token each) */
     int ntool_calls;        /* tool call indices announced (id+name sent) */
     bool started_sent;
     uint64_t t_start_us, t_first_us; /* monotonic: init, first token */
@@ -74,9 +80,11 @@ typedef struct oai_stream {
 void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_id, bool chat,
                      bool count, const json_t *stops, size_t max_line);
 void oai_stream_free(oai_stream *s);
-/* Forget what was read (status, body, failure) before another attempt
- * (the count methods); the sink, job and timings stay. */
-void oai_stream_reset(oai_stream *s);
+/* Forget what was read (status, body, failure) before another request
+ * of the job (the count methods, then the generation after a count that
+ * came first): count says which kind it is. The sink, job and timings
+ * stay. */
+void oai_stream_reset(oai_stream *s, bool count);
 
 /* One header line as received, CRLF included (the status line first, the
  * blank line last). 0 to go on, -1 to stop the transfer (failed). The
@@ -98,5 +106,11 @@ void oai_stream_started(oai_stream *s);
  * when it ran to its end; ignored once [DONE] was read or the reply
  * failed already. Not for count replies. */
 void oai_stream_finish(oai_stream *s, const char *xfer_code, const char *xfer_msg);
+
+/* A reply that a stop string ended before the upstream's usage came
+ * (stop_seq set, prompt_tokens unknown), once the transport has counted
+ * the prompt: its terminal events (metrics, stop_sequence, end), with
+ * prompt_tokens as the usage's. */
+void oai_stream_finish_counted(oai_stream *s, long long prompt_tokens);
 
 #endif

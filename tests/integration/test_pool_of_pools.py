@@ -145,12 +145,14 @@ class PoolOfPools(harness.TestCase):
         self.assertEqual(st, 200, jobs)
         self.assertIn(cid, [j.get("correlation_id") for j in jobs["jobs"]])
 
-    def inner_job(self, cid):
-        """The inner pool's job of correlation id cid: its request-log row
-        (priority) and its job_submitted log line (session)."""
+    def inner_job(self, cid, kind=None):
+        """The inner pool's job of correlation id cid (and kind; by default
+        the one that is not a count): its request-log row (priority) and
+        its job_submitted log line (session)."""
         st, _, jobs = http_json("GET", self.inner.url + "/admin/jobs?limit=50", timeout=10)
         self.assertEqual(st, 200, jobs)
-        mine = [j for j in jobs["jobs"] if j.get("correlation_id") == cid]
+        mine = [j for j in jobs["jobs"] if j.get("correlation_id") == cid and
+                (j["kind"] == kind if kind else j["kind"] != "count_tokens")]
         self.assertEqual(len(mine), 1, jobs)
         sub = [e for e in self.inner.log_events("job_submitted")
                if e.get("job_id") == mine[0]["id"]]
@@ -188,6 +190,14 @@ class PoolOfPools(harness.TestCase):
         self.assertEqual(delta["x_pool_meta"]["upstream"]["agent_id"], gguf_id[0])
         job = self.inner_job("tiers-header")
         self.assertEqual((job["priority"], job.get("session")), ("batch", "conv-8"), job)
+        # Issue 26 item 4: message_start has the prompt's size, which the
+        # outer agent asked the inner pool for (count_tokens, with the
+        # inner model's template) before generating: exact.
+        count = self.inner_job("tiers-header", kind="count_tokens")
+        self.assertEqual(count["session"], "conv-8")
+        self.assertLess(count["created_at"], job["created_at"] + 1)
+        self.assertEqual(evs[0]["message"]["usage"]["input_tokens"], job["prompt_tokens"])
+        self.assertEqual(delta["usage"]["input_tokens"], job["prompt_tokens"])
 
         # A body key wins over the header's; the header fills the rest.
         st, _, b = self.post(self.outer, "/v1/completions",
@@ -232,10 +242,10 @@ class PoolOfPools(harness.TestCase):
         # ceil(UTF-8 bytes of the contents joined by newlines / 4) + 4 per message:
         text = "\n".join(m["content"] for m in msgs)
         self.assertEqual(b["input_tokens"], (len(text.encode()) + 3) // 4 + 4 * len(msgs))
-        # Both endpoints were tried once; the next count goes straight to them
+        # Every endpoint was tried once; the next count goes straight to them
         # again (the agent remembers only a method that answered).
         paths = [r["path"] for r in up.log_entries()]
-        self.assertEqual(paths, ["/v1/messages/count_tokens", "/tokenize"])
+        self.assertEqual(paths, ["/v1/messages/count_tokens", "/apply-template", "/tokenize"])
 
 
 class InnerFailover(harness.TestCase):

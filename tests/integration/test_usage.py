@@ -12,14 +12,26 @@ and `stop_reason: "stop_sequence"`.
   input_tokens as the same request without stop_sequences, in the body and
   in the stream (message_start already has it: the agent reports the
   prompt's size before the first token), and the text before the ".";
-- openai agent on an upstream that honours `stop` like vLLM (upstream.py
-  --honor-stop: it names the string in the choice's stop_reason);
+- openai agent (issue 26 item 4): the agent matches the stop strings itself
+  and does not send them upstream (an upstream that stops on one may not
+  say which: upstream.py --honor-stop with name_stop off answers as
+  llama-server does, finish_reason "stop" alone). A reply the agent cut
+  has no upstream usage: the agent counts the prompt (the upstream's
+  /tokenize) before it ends. In OpenAI's dialect: finish_reason "stop";
+- openai agent, Anthropic stream (issue 26 item 4): message_start carries
+  the prompt's count (the agent asks the upstream before generating); it
+  is the upstream's own, chat template included, whether the upstream
+  plays llama-server (/apply-template, then /tokenize of its text) or vLLM
+  (/tokenize of the messages); without a count endpoint, the documented
+  estimate (message_delta then has the upstream's count); a request that
+  is not streamed is not counted first;
 - what the key is charged for the day equals the usage the replies reported;
 - a client that leaves mid-stream (OpenAI chat, Anthropic messages; gguf
   and openai agents) is charged what its request-log row says: the tokens
   the server relayed and the prompt (its real size when the agent reported
-  it before the first token, as gguf does; else the documented estimate,
-  since the openai backend learns it only from the upstream's last chunk);
+  it before the first token, as gguf does and the openai backend does for
+  an Anthropic stream; else the documented estimate, since the openai
+  backend learns it only from the upstream's last chunk);
 - a request that failed over mid-stream reports the usage of the whole reply
   once (the prompt once, every relayed token) and is charged that.
 """
@@ -106,21 +118,93 @@ class Usage(harness.TestCase):
         self.assertEqual(text, b["content"][0]["text"])
         self.check_charged()
 
+    def chat_requests(self):
+        return [e for e in self.up.log_entries() if e["path"] == "/v1/chat/completions"]
+
     def test_openai_backend_stop_sequence_usage(self):
+        # An upstream that stops on a string without naming it (llama-server).
+        st, _, _ = http_json("POST", self.up.url + "/_control/config", {"name_stop": False})
+        self.assertEqual(st, 200)
         base = {"model": "m1", "max_tokens": 40, "messages": MSGS,
                 "stop_sequences": ["never there", "a2"]}
         b = self.message(base)
         self.assertEqual((b["stop_reason"], b["stop_sequence"]), ("stop_sequence", "a2"))
         self.assertEqual(b["content"][0]["text"], " Once0 upon1 ")
         self.assertEqual(b["usage"], {"input_tokens": 4, "output_tokens": 3})
-        self.assertEqual(self.up.log_entries()[-1]["body"]["stop"], ["never there", "a2"])
+        # Matched by the agent: the upstream is not asked to stop.
+        self.assertNotIn("stop", self.chat_requests()[-1]["body"])
         start, delta, text = self.streamed(base)
+        self.assertEqual(start["input_tokens"], 4)
         self.assertEqual(text, " Once0 upon1 ")
-        self.assertEqual(delta["delta"]["stop_sequence"], "a2")
+        self.assertEqual((delta["delta"]["stop_reason"], delta["delta"]["stop_sequence"]),
+                         ("stop_sequence", "a2"))
         self.assertEqual(delta["usage"], {"input_tokens": 4, "output_tokens": 3})
+        # OpenAI's dialect: the text before the string, finish_reason "stop".
+        st, _, c = http_json("POST", self.srv.url + "/v1/chat/completions",
+                             {"model": "m1", "max_tokens": 40, "messages": MSGS,
+                              "stop": ["a2"]}, headers=bearer(self.client), timeout=60)
+        self.assertEqual(st, 200, c)
+        self.assertEqual(c["choices"][0]["message"]["content"], " Once0 upon1 ")
+        self.assertEqual(c["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(c["usage"]["prompt_tokens"], 4)
+        self.charged[0] += c["usage"]["prompt_tokens"]
+        self.charged[1] += c["usage"]["completion_tokens"]
         # A stop string the request did not give is not believed.
         b = self.message(dict(base, stop_sequences=None))
         self.assertEqual(b["stop_reason"], "end_turn")
+        self.check_charged()
+
+    def test_openai_backend_message_start_has_the_prompt_count(self):
+        base = {"model": "m1", "max_tokens": 40, "messages": MSGS}
+        self.up.reset()
+        start, delta, text = self.streamed(base)
+        self.assertEqual(start["input_tokens"], 4)
+        self.assertEqual(delta["usage"]["input_tokens"], 4)
+        paths = [e["path"] for e in self.up.log_entries()]
+        self.assertLess(paths.index("/tokenize"), paths.index("/v1/chat/completions"), paths)
+        # Not streamed: the usage comes with the body; no count first.
+        self.up.reset()
+        b = self.message(base)
+        self.assertEqual(b["usage"]["input_tokens"], 4)
+        self.assertEqual([e["path"] for e in self.up.log_entries()], ["/v1/chat/completions"])
+        # An upstream without a count endpoint: the documented estimate
+        # ("Once upon a time": 16 bytes -> 4, + 4 for one message), then
+        # the upstream's own count at the end.
+        st, _, _ = http_json("POST", self.up.url + "/_control/config", {"tokenize": False})
+        self.assertEqual(st, 200)
+        start, delta, text = self.streamed(base)
+        self.assertEqual(start["input_tokens"], (len("Once upon a time") + 3) // 4 + 4)
+        self.assertEqual(delta["usage"]["input_tokens"], 4)
+        self.assertTrue(text)
+        # ... and the next stream does not wait on the failed endpoints again.
+        self.up.reset()
+        start, _, _ = self.streamed(base)
+        self.assertEqual(start["input_tokens"], (len("Once upon a time") + 3) // 4 + 4)
+        self.assertEqual([e["path"] for e in self.up.log_entries()], ["/v1/chat/completions"])
+        self.check_charged()
+
+    def test_openai_backend_counts_with_the_chat_template(self):
+        # The scripted upstream's chat template keeps only the last message:
+        # its usage counts "Once upon a time" (4), where the contents of
+        # the whole conversation have 12 words.
+        base = {"model": "m1", "max_tokens": 10, "system": "You tell stories.",
+                "messages": [{"role": "user", "content": "one two three"},
+                             {"role": "assistant", "content": "four five"},
+                             {"role": "user", "content": "Once upon a time"}]}
+        for server, cfg, path in (
+                ("llama-server", {"apply_template": True, "tokenize_messages": False},
+                 "/apply-template"),
+                ("vLLM", {"apply_template": False, "tokenize_messages": True}, "/tokenize")):
+            st, _, _ = http_json("POST", self.up.url + "/_control/config", cfg)
+            self.assertEqual(st, 200)
+            self.up.reset()
+            start, delta, _ = self.streamed(base)
+            self.assertEqual(start["input_tokens"], 4, server)
+            self.assertEqual(delta["usage"]["input_tokens"], 4, server)
+            log = self.up.log_entries()
+            asked = [e for e in log if e["path"] == path]
+            self.assertTrue(asked, (server, [e["path"] for e in log]))
+            self.assertEqual(asked[0]["body"]["messages"][-1]["content"], "Once upon a time")
         self.check_charged()
 
     def cancel_midstream(self, path, body, n_events):
@@ -155,19 +239,21 @@ class Usage(harness.TestCase):
 
     def test_client_gone_is_charged_what_was_logged(self):
         # A slow upstream, so that the client surely leaves first (400 tokens
-        # at 100 ms). The openai backend learns the prompt's size only from
-        # the upstream's last chunk: the server charges the documented
-        # estimate ("Once upon a time": 16 bytes -> 4, + 4 for one message).
+        # at 100 ms). For OpenAI's dialect the openai backend learns the
+        # prompt's size only from the upstream's last chunk: the server
+        # charges the documented estimate ("Once upon a time": 16 bytes -> 4,
+        # + 4 for one message). An Anthropic stream had it counted first.
         st, _, _ = http_json("POST", self.up.url + "/_control/config",
                              {"pace_ms": 100, "tokens": 400})
         self.assertEqual(st, 200)
         base = {"model": "m1", "max_tokens": 2000, "messages": MSGS}
-        for path, n in (("/v1/chat/completions", 3), ("/v1/messages", 2)):
+        estimate = (len("Once upon a time") + 3) // 4 + 4
+        for path, n, prompt in (("/v1/chat/completions", 3, estimate), ("/v1/messages", 2, 4)):
             r = self.cancel_midstream(path, base, n)
-            self.assertEqual(r["prompt_tokens"], (len("Once upon a time") + 3) // 4 + 4)
+            self.assertEqual(r["prompt_tokens"], prompt)
             ev = [e for e in self.srv.log_events("job_cancelled") if e.get("job_id") == r["id"]]
             self.assertEqual(len(ev), 1)
-            self.assertTrue(ev[0]["prompt_estimated"])
+            self.assertEqual(ev[0]["prompt_estimated"], prompt == estimate)
             self.assertEqual(ev[0]["completion_tokens"], r["completion_tokens"])
         self.check_charged()
 

@@ -2,8 +2,8 @@
 """A scripted OpenAI-compatible server for tests and benchmarks.
 
 Serves POST /v1/completions, POST /v1/chat/completions (stream or not),
-GET /v1/models and POST /tokenize (one token per word) like llama-server /
-vLLM would, with behaviour chosen by flags
+GET /v1/models, POST /tokenize (one token per word) and POST /apply-template
+like llama-server / vLLM would, with behaviour chosen by flags
 and changeable at run time through a control endpoint:
 
   --pace-ms MS        delay between tokens (default 0)
@@ -20,7 +20,15 @@ and changeable at run time through a control endpoint:
   --models a,b        ids listed by /v1/models (default "m1")
   --honor-stop        stop before the first of the request's stop strings (vLLM-like:
                       finish_reason "stop", "stop_reason": the string in the last choice)
-  --no-tokenize       POST /tokenize answers 404 (a server without a count endpoint)
+  --no-tokenize       POST /tokenize and /apply-template answer 404 (a server
+                      without a count endpoint)
+
+The "chat template" is the last message's content: a chat's usage counts
+its words. POST /apply-template (llama-server) answers {"prompt": that text};
+POST /tokenize counts the words of "content" (llama-server), or with the
+setting tokenize_messages, of a body's "messages" through the template
+(vLLM). Settings apply_template (default true) and tokenize_messages
+(default false) choose which server it plays.
   --tool-call NAME    when a chat request offers a function tool NAME (in
                       "tools") and no message has role "tool" yet, answer with tool calls instead of text:
                       --tool-calls N calls (default 1) to NAME, call k with
@@ -42,6 +50,9 @@ Control (JSON):
         tools, tool_choice, tool_calls_sent, headers, body, tokens_sent,
         started, ended, outcome, disconnected, disconnect_mono, disconnect_wall}]}
   (settings tool_call, tool_calls, tool_text are the --tool-* flags;
+   name_stop (default true): with honor_stop, say which string stopped the
+   reply; false answers as llama-server's OpenAI-compatible replies do,
+   finish_reason "stop" and nothing else;
    hostile ones, control only: usage_prompt_tokens (reported instead of the
    count), x_pool_meta_bytes (an x_pool_meta of about that size on the last
    chunk/object), first_token_bytes (the first token is that many 'x'))
@@ -165,7 +176,10 @@ class State:
             "tool_calls": args.tool_calls,
             "tool_text": args.tool_text,
             "tokenize": not args.no_tokenize,
+            "apply_template": True,
+            "tokenize_messages": False,
             "honor_stop": args.honor_stop,
+            "name_stop": True,
             "usage_prompt_tokens": None,
             "x_pool_meta_bytes": 0,
             "first_token_bytes": 0,
@@ -302,14 +316,16 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self.send_json(404, {"error": "no route"})
             return
-        if self.path == "/tokenize" and not st.snapshot()["tokenize"]:
+        cfg = st.snapshot()
+        if self.path in ("/tokenize", "/apply-template") and \
+                (not cfg["tokenize"] or (self.path == "/apply-template" and
+                                         not cfg["apply_template"])):
             st.new_record({"path": self.path, "started": time.time(), "ended": time.time(),
                            "outcome": "error_status", "tokens_sent": 0, "disconnected": False,
                            "headers": {}})
             self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
             return
-        if self.path == "/tokenize":
-            # llama-server reads "content", vLLM "prompt": one token per word.
+        if self.path in ("/tokenize", "/apply-template"):
             try:
                 body = json.loads(raw)
             except ValueError:
@@ -317,9 +333,17 @@ class Handler(BaseHTTPRequestHandler):
             st.new_record({"path": self.path, "body": body, "started": time.time(),
                            "ended": time.time(), "outcome": "complete", "tokens_sent": 0,
                            "disconnected": False, "headers": {}})
-            text = body.get("content", body.get("prompt", ""))
-            toks = list(range(len(text.split()))) if isinstance(text, str) else []
-            self.send_json(200, {"tokens": toks})
+            if self.path == "/apply-template":  # llama-server: the rendered chat
+                self.send_json(200, {"prompt": prompt_text_of(body, True)})
+            elif cfg["tokenize_messages"] and isinstance(body.get("messages"), list):
+                # vLLM: the chat through its template
+                n = len(prompt_text_of(body, True).split())
+                self.send_json(200, {"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+            else:
+                # llama-server reads "content", vLLM "prompt": one token per word.
+                text = body.get("content", body.get("prompt", ""))
+                toks = list(range(len(text.split()))) if isinstance(text, str) else []
+                self.send_json(200, {"tokens": toks})
             return
         if self.path in ("/v1/completions", "/completions"):
             self.generate(raw, chat=False)
@@ -400,6 +424,9 @@ class Handler(BaseHTTPRequestHandler):
             hits = [(text.find(w), w) for w in stops if isinstance(w, str) and w and w in text]
             if hits:
                 at, self.stop_word = min(hits)
+                rec["stopped_on"] = self.stop_word
+                if not cfg["name_stop"]:
+                    self.stop_word = None
                 kept, used = [], 0
                 for t in toks:
                     if used + len(t) <= at:

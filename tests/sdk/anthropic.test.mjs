@@ -67,14 +67,22 @@ test('stream with finalMessage() equals the non-streamed message', async () => {
   const whole = await client.messages.create(req);
   const stream = client.messages.stream(req);
   const types = [];
-  let deltas = '';
-  stream.on('streamEvent', (e) => types.push(e.type));
+  let deltas = '', startUsage = null;
+  stream.on('streamEvent', (e) => {
+    types.push(e.type);
+    // A copy: the SDK's final message is this object, updated by message_delta.
+    if (e.type === 'message_start') startUsage = { ...e.message.usage };
+  });
   stream.on('text', (t) => { deltas += t; });
   const fin = await stream.finalMessage();
   assert.equal(fin.content[0].text, whole.content[0].text);
   assert.equal(deltas, whole.content[0].text);
   assert.equal(fin.stop_reason, 'end_turn');
   assert.equal(fin.usage.output_tokens, 8);
+  // Issue 26 item 4: message_start has the prompt's size already (the
+  // openai-backend agent counts it with the upstream's /tokenize first).
+  assert.ok(whole.usage.input_tokens > 0);
+  assert.equal(startUsage.input_tokens, whole.usage.input_tokens);
   assert.equal(types[0], 'message_start');
   assert.equal(types[1], 'content_block_start');
   assert.equal(types.at(-3), 'content_block_stop');

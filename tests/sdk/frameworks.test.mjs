@@ -191,9 +191,17 @@ test('LangChain: invoke, stream and usage_metadata', async () => {
     assert.ok(typeof r.text === 'string' && r.text.length > 0, name);
     assert.ok(r.usage_metadata.input_tokens > 0, `${name}: ${JSON.stringify(r.usage_metadata)}`);
     assert.ok(r.usage_metadata.output_tokens > 0, `${name}: ${JSON.stringify(r.usage_metadata)}`);
-    let text = '';
-    for await (const chunk of await m.stream('alpha beta gamma')) text += chunk.text;
+    let text = '', all = null;
+    for await (const chunk of await m.stream('alpha beta gamma')) {
+      text += chunk.text;
+      all = all ? all.concat(chunk) : chunk;
+    }
     assert.equal(text, r.text, name);
+    // Issue 26 item 4: a stream's usage is the call's. ChatAnthropic takes
+    // input_tokens from message_start only, which an openai-backend agent
+    // now fills by counting the prompt before the first token.
+    assert.equal(all.usage_metadata.input_tokens, r.usage_metadata.input_tokens,
+      `${name}: ${JSON.stringify(all.usage_metadata)}`);
   }
 });
 

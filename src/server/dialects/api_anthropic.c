@@ -11,6 +11,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "common/gp_log.h"
+#include "common/gp_stop.h"
 #include "common/gp_util.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
@@ -527,6 +528,9 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             FAIL("stream: must be a boolean");
         out->stream = json_is_true(stream) && !count_only;
     }
+    /* message_start carries usage.input_tokens: the agent must know the
+     * prompt's size before the first token (issue 26 item 4). */
+    s->prompt_tokens_first = out->stream;
 
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
@@ -680,52 +684,8 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
 }
 
 /* ------------------------------------------------------------------ */
-/* Stop sequences, response bodies                                     */
+/* Stop reasons, response bodies                                       */
 /* ------------------------------------------------------------------ */
-
-int gps_anthropic_stop_scan(const char *t, size_t len, const json_t *stops, size_t *safe_len,
-                            size_t *match_at)
-{
-    int best = -1;
-    size_t best_at = len;
-    size_t i;
-    json_t *s;
-    json_array_foreach(stops, i, s)
-    {
-        const char *p = json_string_value(s);
-        size_t n = json_string_length(s);
-        if (!p || n == 0 || n > len)
-            continue;
-        const char *hit = memmem(t, len, p, n);
-        if (hit && (size_t)(hit - t) < best_at) {
-            best_at = (size_t)(hit - t);
-            best = (int)i;
-        }
-    }
-    if (best >= 0) {
-        *match_at = best_at;
-        *safe_len = best_at;
-        return best;
-    }
-    /* Hold back the longest tail that starts some stop sequence. */
-    size_t hold = 0;
-    json_array_foreach(stops, i, s)
-    {
-        const char *p = json_string_value(s);
-        size_t n = json_string_length(s);
-        if (!p || n < 2)
-            continue;
-        size_t k = n - 1 < len ? n - 1 : len;
-        for (; k > hold; k--)
-            if (memcmp(t + len - k, p, k) == 0) {
-                hold = k;
-                break;
-            }
-    }
-    *safe_len = len - hold;
-    *match_at = 0;
-    return -1;
-}
 
 const char *gps_anthropic_stop_reason(const char *finish_reason)
 {
@@ -1085,7 +1045,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
             gp_buf_consume(&st->pending, st->pending.len);
         } else {
             size_t safe = 0, at = 0;
-            int hit = gps_anthropic_stop_scan(st->pending.data ? st->pending.data : "",
+            int hit = gp_stop_scan(st->pending.data ? st->pending.data : "",
                                               st->pending.len, st->stops, &safe, &at);
             emit_text(st, st->pending.data, safe);
             if (hit >= 0) {

@@ -95,13 +95,7 @@ long long gps_anthropic_tokens_lower_bound(size_t bytes);
 int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool tools_supported,
                            char *msg, size_t msglen);
 
-/* Stop-sequence scan of not-yet-emitted text t[0..len). Returns the index
- * of the stop sequence that occurs first (*match_at = its offset; the text
- * before it may be emitted), or -1 when none occurs: then *safe_len bytes
- * may be emitted and the rest (a possible start of a stop sequence) must
- * be held back until more text arrives. */
-int gps_anthropic_stop_scan(const char *t, size_t len, const json_t *stops, size_t *safe_len,
-                            size_t *match_at);
+/* Stop strings are scanned with gp_stop_scan (common/gp_stop.h). */
 
 /* "end_turn" for "stop", "max_tokens" for "length". */
 const char *gps_anthropic_stop_reason(const char *finish_reason);

@@ -485,6 +485,8 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
         json_object_set_new(w, "pool_via", json_string(s->pool_via));
     if (job->tenant[0])
         json_object_set_new(w, "tenant", json_string(job->tenant));
+    if (s->prompt_tokens_first)
+        json_object_set_new(w, "prompt_tokens_first", json_true());
     wire_continuation(job, w);
     return w;
 }

@@ -105,6 +105,10 @@ typedef struct gps_job_spec {
     char *fallback_models[GPS_MAX_FALLBACK_MODELS];
     size_t n_fallback;
     const char *api;         /* static: "openai", "anthropic", "native" */
+    /* The client is shown the prompt's size before the first token (an
+     * Anthropic stream's message_start, issue 26 item 4): the job asks the
+     * agent to report it first (wire "prompt_tokens_first", docs/protocol.md). */
+    bool prompt_tokens_first;
     /* The pools the request passed through, this one last (gps_req's
      * pool_via): an agent whose upstream is a pool passes it on as
      * X-Pool-Via ("" = none, e.g. a task resubmitted after a restart). */

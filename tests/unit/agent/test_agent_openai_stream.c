@@ -343,6 +343,76 @@ static void json_reply_lenient(void **st)
     job_done(&j, &r);
 }
 
+/* Issue 26 item 4: the job's stop strings are matched by the agent, in any
+ * split of the stream: the text before the earliest one goes out, the
+ * string and the rest do not, the reply ends "stop" naming the string, and
+ * the stream counts as complete at the match (the transport drops it). */
+static char stop_seen[64];
+static void r_stop(void *c, const char *seq)
+{
+    (void)c;
+    snprintf(stop_seen, sizeof stop_seen, "%s", seq);
+}
+
+/* A job with stop strings whose 200 SSE headers came. */
+static void stop_job_init(oai_stream *j, rec *r, bool chat, const json_t *stops)
+{
+    job_init(j, r, chat);
+    j->stops = stops;
+    j->sink.stop_sequence = r_stop;
+    stop_seen[0] = '\0';
+    hdr(j, "HTTP/1.1 200 OK\r\n");
+    hdr(j, "Content-Type: text/event-stream\r\n");
+    hdr(j, "\r\n");
+    assert_int_equal(j->status, 200);
+}
+
+static void stop_strings_matched(void **st)
+{
+    (void)st;
+    const char *sse = "data: {\"choices\":[{\"delta\":{\"content\":\"one EN\"}}]}\n\n"
+                      "data: {\"choices\":[{\"delta\":{\"content\":\"D? E\"}}]}\n\n"
+                      "data: {\"choices\":[{\"delta\":{\"content\":\"ND\"}}]}\n\n"
+                      "data: {\"choices\":[{\"delta\":{\"content\":\"! two\"}}]}\n\n"
+                      "data: {\"choices\":[{\"delta\":{\"content\":\" more\"}}]}\n\n"
+                      "data: [DONE]\n\n";
+    json_t *stops = json_pack("[s,s]", "never", "END!");
+    for (size_t step = 1; step < 40; step += 3) {
+        oai_stream j;
+        rec r;
+        stop_job_init(&j, &r, true, stops);
+        size_t n = strlen(sse), done = 0;
+        int rc = 0;
+        while (done < n && rc == 0) {
+            size_t k = n - done < step ? n - done : step;
+            rc = oai_stream_body(&j, sse + done, k);
+            done += k;
+        }
+        assert_int_equal(rc, 1);          /* complete at the match, before [DONE] */
+        assert_true(done < n);
+        oai_stream_finish(&j, NULL, NULL);
+        assert_int_equal(r.nend, 1);
+        assert_string_equal(r.finish, "stop");
+        assert_string_equal(stop_seen, "END!");
+        assert_string_equal(r.text.data, "one END? ");
+        job_done(&j, &r);
+    }
+    /* No match: what was held back goes out at the end. */
+    oai_stream j;
+    rec r;
+    stop_job_init(&j, &r, false, stops);
+    body(&j, "data: {\"choices\":[{\"text\":\"a nev\"}]}\n\n"
+             "data: {\"choices\":[{\"text\":\"e\",\"finish_reason\":\"length\"}]}\n\n"
+             "data: [DONE]\n\n", 7);
+    assert_string_equal(r.text.data, "a ");
+    oai_stream_finish(&j, NULL, NULL);
+    assert_string_equal(r.text.data, "a neve");
+    assert_string_equal(r.finish, "length");
+    assert_string_equal(stop_seen, "");
+    job_done(&j, &r);
+    json_decref(stops);
+}
+
 static void request_building(void **st)
 {
     (void)st;
@@ -351,12 +421,12 @@ static void request_building(void **st)
     oai_backend b = {0};
     b.o = &o;
     char err[200];
-    bool chat = false, count = false;
+    bool chat = false;
     json_t *job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
                              "\"content\":\"hi\"}],\"params\":{\"max_tokens\":5,\"top_k\":0,"
                              "\"stop\":[\"x\"],\"seed\":null},\"continuation\":\"par\"}",
                              0, NULL);
-    json_t *req = build_request(&b, job, &chat, &count, err, sizeof err);
+    json_t *req = build_request(&b, job, &chat, err, sizeof err);
     assert_non_null(req);
     assert_true(chat);
     assert_string_equal(json_string_value(json_object_get(req, "model")), "upm");
@@ -364,6 +434,8 @@ static void request_building(void **st)
     assert_int_equal(json_integer_value(json_object_get(req, "max_tokens")), 5);
     assert_null(json_object_get(req, "top_k"));
     assert_null(json_object_get(req, "seed"));
+    /* Issue 26 item 4: the agent matches stop strings itself. */
+    assert_null(json_object_get(req, "stop"));
     json_t *msgs = json_object_get(req, "messages");
     assert_int_equal(json_array_size(msgs), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 1), "role")),
@@ -376,7 +448,7 @@ static void request_building(void **st)
                      "\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\",\"function\":"
                      "{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
                      0, NULL);
-    req = build_request(&b, job, &chat, &count, err, sizeof err);
+    req = build_request(&b, job, &chat, err, sizeof err);
     assert_non_null(req);
     assert_true(json_equal(json_object_get(req, "tools"), json_object_get(job, "tools")));
     assert_string_equal(json_string_value(json_object_get(req, "tool_choice")), "required");
@@ -384,27 +456,17 @@ static void request_building(void **st)
     json_decref(job);
 
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"completion\",\"prompt\":7}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[]}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
     json_decref(job);
-    job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\"}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
-    assert_non_null(strstr(err, "count_tokens"));
-    json_decref(job);
-    job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\",\"messages\":["
-                     "{\"role\":\"system\",\"content\":\"a\"},{\"role\":\"user\","
-                     "\"content\":\"b c\"}]}", 0, NULL);
-    req = build_request(&b, job, &chat, &count, err, sizeof err);
-    assert_non_null(req);
-    assert_true(count);
-    assert_string_equal(json_string_value(json_object_get(req, "content")), "a\nb c");
-    assert_string_equal(json_string_value(json_object_get(req, "prompt")), "a\nb c");
-    json_decref(req);
+    /* count_tokens jobs are not generation requests */
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\",\"prompt\":\"x\"}", 0, NULL);
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"embedding\",\"prompt\":\"x\"}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, &count, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, err, sizeof err));
     json_decref(job);
 }
 
@@ -440,6 +502,7 @@ int main(void)
         cmocka_unit_test(overlong_line_fails),
         cmocka_unit_test(wrong_content_type_and_error_status),
         cmocka_unit_test(json_reply_lenient),
+        cmocka_unit_test(stop_strings_matched),
         cmocka_unit_test(request_building),
         cmocka_unit_test(endpoints),
     };

@@ -115,6 +115,58 @@ static void test_parse(void **st)
     assert_int_equal(oai_count_parse(OAI_COUNT_MESSAGES, e, strlen(e), &n, &est), -1);
     assert_int_equal(oai_count_parse(OAI_COUNT_MESSAGES, "<html>", 6, &n, &est), -1);
     assert_int_equal(oai_count_parse(OAI_COUNT_TOKENIZE, NULL, 0, &n, &est), -1);
+    /* llama-server's answer to a /tokenize body without "content" */
+    assert_int_equal(oai_count_parse(OAI_COUNT_TOKENIZE, "{\"tokens\":[]}", 13, &n, &est), -1);
+    assert_int_equal(oai_count_parse(OAI_COUNT_TEMPLATE, c, strlen(c), &n, &est), 0);
+    assert_int_equal(n, 3);
+}
+
+/* Issue 26 item 4: the chat-template methods (llama-server's
+ * /apply-template then /tokenize; vLLM's /tokenize with messages). */
+static void test_template_and_tokenize_bodies(void **st)
+{
+    (void)st;
+    json_t *job = J("{\"kind\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                    "{\"role\":\"user\",\"content\":\"a b\"}],\"tools\":[{\"type\":"
+                    "\"function\",\"function\":{\"name\":\"f\"}}]}");
+    json_t *t = oai_count_template_body(job, "m");
+    assert_string_equal(json_string_value(json_object_get(t, "model")), "m");
+    assert_true(json_equal(json_object_get(t, "messages"), json_object_get(job, "messages")));
+    assert_true(json_equal(json_object_get(t, "tools"), json_object_get(job, "tools")));
+    json_decref(t);
+    json_t *k = oai_count_tokenize_body(job, "m");
+    assert_string_equal(json_string_value(json_object_get(k, "content")), "S\na b");
+    assert_true(json_equal(json_object_get(k, "messages"), json_object_get(job, "messages")));
+    assert_true(json_is_true(json_object_get(k, "add_generation_prompt")));
+    assert_null(json_object_get(k, "prompt")); /* vLLM: a chat, not a prompt */
+    json_decref(k);
+    json_decref(job);
+
+    job = J("{\"kind\":\"completion\",\"prompt\":\"Once upon\"}");
+    assert_null(oai_count_template_body(job, "m"));
+    k = oai_count_tokenize_body(job, "m");
+    assert_string_equal(json_string_value(json_object_get(k, "content")), "Once upon");
+    assert_string_equal(json_string_value(json_object_get(k, "prompt")), "Once upon");
+    assert_true(json_is_true(json_object_get(k, "add_special")));
+    assert_null(json_object_get(k, "messages"));
+    json_decref(k);
+    json_decref(job);
+    job = J("{\"kind\":\"count_tokens\"}");
+    assert_null(oai_count_tokenize_body(job, "m"));
+    json_decref(job);
+
+    const char *reply = "{\"prompt\":\"<|user|>a b<|end|>\"}";
+    char *body = oai_count_template_tokenize(reply, strlen(reply));
+    assert_non_null(body);
+    k = J(body);
+    free(body);
+    assert_string_equal(json_string_value(json_object_get(k, "content")), "<|user|>a b<|end|>");
+    assert_true(json_is_true(json_object_get(k, "add_special")));
+    assert_true(json_is_true(json_object_get(k, "parse_special")));
+    json_decref(k);
+    assert_null(oai_count_template_tokenize("{\"tokens\":[1]}", 14));
+    assert_null(oai_count_template_tokenize("<html>", 6));
+    assert_null(oai_count_template_tokenize(NULL, 0));
 }
 
 int main(void)
@@ -123,6 +175,7 @@ int main(void)
         cmocka_unit_test(test_messages_body),
         cmocka_unit_test(test_text_and_estimate),
         cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_template_and_tokenize_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include "common/gp_stop.h"
 #include "server/dialects/api_anthropic.h"
 
 static int parse(const char *text, bool count_only, gps_anthropic_req *out, char *msg,
@@ -285,20 +286,20 @@ static void test_stop_scan(void **state)
     (void)state;
     json_t *stops = json_pack("[s,s]", "END", "\n\nHuman:");
     size_t safe, at;
-    assert_int_equal(gps_anthropic_stop_scan("hello world", 11, stops, &safe, &at), -1);
+    assert_int_equal(gp_stop_scan("hello world", 11, stops, &safe, &at), -1);
     assert_int_equal(safe, 11);
     /* "EN" could start "END": held back */
-    assert_int_equal(gps_anthropic_stop_scan("the EN", 6, stops, &safe, &at), -1);
+    assert_int_equal(gp_stop_scan("the EN", 6, stops, &safe, &at), -1);
     assert_int_equal(safe, 4);
-    assert_int_equal(gps_anthropic_stop_scan("the END of", 10, stops, &safe, &at), 0);
+    assert_int_equal(gp_stop_scan("the END of", 10, stops, &safe, &at), 0);
     assert_int_equal(at, 4);
     assert_int_equal(safe, 4);
     /* the earliest match wins, whatever the order of the list */
-    assert_int_equal(gps_anthropic_stop_scan("a\n\nHuman: b END", 15, stops, &safe, &at), 1);
+    assert_int_equal(gp_stop_scan("a\n\nHuman: b END", 15, stops, &safe, &at), 1);
     assert_int_equal(at, 1);
-    assert_int_equal(gps_anthropic_stop_scan("x\n\nHu", 5, stops, &safe, &at), -1);
+    assert_int_equal(gp_stop_scan("x\n\nHu", 5, stops, &safe, &at), -1);
     assert_int_equal(safe, 1);
-    assert_int_equal(gps_anthropic_stop_scan("", 0, stops, &safe, &at), -1);
+    assert_int_equal(gp_stop_scan("", 0, stops, &safe, &at), -1);
     assert_int_equal(safe, 0);
     json_decref(stops);
 }
