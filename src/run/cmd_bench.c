@@ -12,7 +12,9 @@
  * (decoded untimed, once) and every test starts at position D: ppP @ dD is
  * a P-token prompt after D tokens of context, tgN @ dD a decode with D
  * tokens of context (what long conversations and agent prompts cost).
- * Each test runs once untimed and short (warm-up: page cache, thread wake-up), then
+ * Each test runs once untimed (warm-up: page cache, thread wake-up, lazily
+ * loaded GPU kernels; the prompt test at full size, the generation test
+ * short), then
  * -r times; the mean and standard deviation of tokens/s are printed.
  * Token ids are a fixed pseudo-random sequence (speed does not depend on
  * them). Figures are printed only; nothing is asserted.
@@ -190,8 +192,10 @@ static int bench_threads(const bench_opts *o, gpe_model *m, const gpe_model_info
     if (o->n_prompt > 0) {
         if (fill_depth(c, b, cp.n_batch, depth, 1, n_vocab) < 0)
             goto done;
-        /* warm-up: a short prompt touches every weight page just as well */
-        if (run_pp(c, b, depth, (int)(o->n_prompt < 16 ? o->n_prompt : 16), n_vocab) < 0)
+        /* warm-up of the same size: every kernel of this shape loaded
+         * (lazy module loading) and every library heuristic chosen, as
+         * llama-bench does; a short prompt took another path */
+        if (run_pp(c, b, depth, (int)o->n_prompt, n_vocab) < 0)
             goto done;
         for (int r = 0; r < o->reps; r++) {
             double t = run_pp(c, b, depth, (int)o->n_prompt, n_vocab);

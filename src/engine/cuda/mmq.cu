@@ -1,8 +1,9 @@
 /*
  * mmq (mmq.cuh): small-batch GEMM on dequantized shared-memory tiles.
  *
- * Block: MQ_WARPS warps, a tile of MQ_BM weight rows x MQ_BN tokens; warp
- * w owns rows 16w..16w+15 and all MQ_BN tokens (MQ_BN / 16 accumulator
+ * Block: MQ_WARPS warps, a tile of MQ_BM weight rows x BN tokens (32, or
+ * 64 for batches past 32, so that 64 sequences dequantize W once); warp w
+ * owns rows 16w..16w+15 and all BN tokens (BN / 16 accumulator
  * fragments). Per step of MQ_BK columns the block
  *   1. dequantizes W[row0 .. +MQ_BM][k0 .. +MQ_BK] into s_w (F16): a step
  *      is whole blocks of the 32-value types and half a block of the
@@ -21,7 +22,6 @@
 #include "engine/cuda/dequant.cuh"
 
 #define MQ_BM 64
-#define MQ_BN 32
 #define MQ_BK 128
 #define MQ_PAD 8            /* halves of padding per tile row (bank spread) */
 #define MQ_LD (MQ_BK + MQ_PAD)
@@ -53,12 +53,18 @@ bool gpe_cuda_mmq_takes(const gpe_cuda_weight *w, int n_tok)
            w->n_cols % 8 == 0 && w->n_rows <= (int64_t)INT32_MAX;
 }
 
+/* Tokens per block tile. */
+static int mmq_bn(int n_tok)
+{
+    return n_tok > 32 ? 64 : 32;
+}
+
 /* Column splits of the product: enough blocks to fill the GPU, each split
  * a whole number of steps. *steps_per: steps of MQ_BK columns per split. */
 static int mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int *steps_per)
 {
     const int64_t blocks = (int64_t)gpe_cuda_div_up((size_t)n_rows, MQ_BM) *
-                           (int64_t)gpe_cuda_div_up((size_t)n_tok, MQ_BN);
+                           (int64_t)gpe_cuda_div_up((size_t)n_tok, (size_t)mmq_bn(n_tok));
     const int steps = (int)gpe_cuda_div_up((size_t)n_cols, MQ_BK);
     int s = (int)((MQ_TARGET_BLOCKS + blocks - 1) / blocks);
     if (s > MQ_MAX_SPLITS)
@@ -110,7 +116,7 @@ static __device__ __forceinline__ void mmq_fill_w(__half (*s_w)[MQ_LD], const ui
     }
 }
 
-template <typename Q>
+template <typename Q, int MQ_BN>
 __global__ void __launch_bounds__(MQ_WARPS *GPE_WARP)
     mmq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int64_t n_cols,
                const __half *__restrict__ xh, int n_tok, int steps_per, float *__restrict__ y,
@@ -203,12 +209,20 @@ void gpe_cuda_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, fl
     int per;
     const int n_split = mmq_splits(w->n_rows, w->n_cols, n_tok, &per);
     float *part = n_split > 1 ? mm->mmq_part : NULL;
+    const int bn = mmq_bn(n_tok), nt = MQ_WARPS * GPE_WARP;
     const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MQ_BM),
-                    gpe_cuda_div_up((size_t)n_tok, MQ_BN), (unsigned)n_split);
-    const int nt = MQ_WARPS * GPE_WARP;
-#define MQ_LAUNCH(T)                                                                       \
-    mmq_kernel<T><<<grid, nt, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows, w->n_cols, \
-                                               mm->xh, n_tok, per, y, ldy, part)
+                    gpe_cuda_div_up((size_t)n_tok, (size_t)bn), (unsigned)n_split);
+#define MQ_LAUNCH(T)                                                                          \
+    do {                                                                                      \
+        if (bn == 64)                                                                         \
+            mmq_kernel<T, 64><<<grid, nt, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,  \
+                                                           w->n_cols, mm->xh, n_tok, per, y,  \
+                                                           ldy, part);                        \
+        else                                                                                  \
+            mmq_kernel<T, 32><<<grid, nt, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,  \
+                                                           w->n_cols, mm->xh, n_tok, per, y,  \
+                                                           ldy, part);                        \
+    } while (0)
     switch (w->type) {   /* the types of mmq_type only */
     case GPE_TYPE_F16: MQ_LAUNCH(tr_f16); break;
     case GPE_TYPE_Q4_0: MQ_LAUNCH(tr_q4_0); break;

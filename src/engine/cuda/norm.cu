@@ -1,9 +1,11 @@
 /*
- * norm: RMSNorm (norm.cuh). One block of 256 threads per row.
+ * norm: RMSNorm (norm.cuh). One block per row: 1024 threads for rows of
+ * 2048 values or more (a decode step normalises one row of n_embd, and 256
+ * threads walking 4096 values serially made it a tenth of the step), 256
+ * for shorter rows (per-head Q/K norms).
  */
 #include "engine/cuda/norm.cuh"
 
-#define NORM_THREADS 256
 
 static __device__ __forceinline__ double warp_sum_d(double v)
 {
@@ -13,6 +15,7 @@ static __device__ __forceinline__ double warp_sum_d(double v)
     return v;
 }
 
+template <int NORM_THREADS>
 __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_kernel(const float *x, const int *__restrict__ rows, const float *__restrict__ w,
                    float *out, int n, float eps)
@@ -48,6 +51,10 @@ __global__ void __launch_bounds__(NORM_THREADS)
 void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
                       int n, float eps, cudaStream_t stream)
 {
-    if (n_rows > 0)
-        rmsnorm_kernel<<<n_rows, NORM_THREADS, 0, stream>>>(x, rows, w, out, n, eps);
+    if (n_rows <= 0)
+        return;
+    if (n >= 2048)
+        rmsnorm_kernel<1024><<<n_rows, 1024, 0, stream>>>(x, rows, w, out, n, eps);
+    else
+        rmsnorm_kernel<256><<<n_rows, 256, 0, stream>>>(x, rows, w, out, n, eps);
 }
