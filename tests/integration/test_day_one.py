@@ -180,7 +180,9 @@ class DayOne(harness.TestCase):
         self.assertEqual((st, body["state"]), (200, "healthy"), body)
 
     def test_agents_by_name_or_prefix(self):
-        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        # A long heartbeat: the fake agents poll once, and the states read
+        # below must not turn suspect while a loaded machine runs the CLI.
+        self.srv = self.h.start_server(["--poll_interval_sec", "30"])
         a = FakeAgent(self.srv.url, name="box-1", agent_id="2c0f7e5e-0000-4000-8000-000000000001")
         b = FakeAgent(self.srv.url, name="box-2", agent_id="2c0f7e5e-0000-4000-8000-000000000002")
         c = FakeAgent(self.srv.url, name="box-2", agent_id="9a9a9a9a-0000-4000-8000-000000000003")
