@@ -122,40 +122,68 @@ struct qk_q8_0 {
     }
 };
 
-/* Q4_K (144 bytes, 16-byte aligned): unit u = 2p + h (p: 64-value group,
- * h: half) is qs[32p + 16h .. +15], one 128-bit load: low nibbles are
- * columns 64p + 16h .. +15 (sub-block 2p), high nibbles columns
- * 64p + 32 + 16h .. +15 (sub-block 2p + 1); x = (d*sc)*q - dmin*m, so
- * sum x*a = d1 * sum q*a - m1 * sum a per sub-block. */
+/* The 6-bit scale and min of sub-block j (0..7) from scales[12] held as
+ * three words (scale_min_k4's unpacking, on registers instead of bytes). */
+static __device__ __forceinline__ void scale_min_k4_w(int j, uint32_t s0, uint32_t s1,
+                                                      uint32_t s2, float &sc, float &m)
+{
+    /* byte k of scales[]: s0 holds 0..3, s1 4..7, s2 8..11 */
+    if (j < 4) {
+        sc = (float)(byte_of(s0, j) & 63);
+        m = (float)(byte_of(s1, j) & 63);
+    } else {
+        const uint32_t bj = byte_of(s2, j - 4);   /* scales[j + 4] */
+        sc = (float)((bj & 0xF) | ((byte_of(s0, j - 4) >> 6) << 4));
+        m = (float)((bj >> 4) | ((byte_of(s1, j - 4) >> 6) << 4));
+    }
+}
+
+/* Q4_K (144 bytes, 16-byte aligned): unit p (0..3) is the 64-value group
+ * qs[32p .. 32p+31], two 128-bit loads: the low nibbles of its first
+ * (second) 16 bytes are columns 64p .. +15 (64p + 16 .. +31), sub-block 2p;
+ * the high nibbles columns 64p + 32 .. +15 (64p + 48 .. +63), sub-block
+ * 2p + 1. x = (d*sc)*q - dmin*m, so sum x*a = d1 * sum q*a - m1 * sum a per
+ * sub-block. d/dmin are one 32-bit load and the 12 scale bytes three: a
+ * unit of 64 values costs 11 loads (a 32-value unit with byte loads of the
+ * scales cost 13: the load units, not DRAM, bounded the kernel). */
 struct qk_q4_k {
     static constexpr gpe_type TYPE = GPE_TYPE_Q4_K;
-    static constexpr int BLK = 256, BYTES = 144, UPB = 8;
+    static constexpr int BLK = 256, BYTES = 144, UPB = 4;
     template <int NC>
-    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const int8_t *xq,
+    static __device__ __forceinline__ void dot(const uint8_t *b, int p, const int8_t *xq,
                                                const float *xqd, int64_t ldq, float *acc)
     {
-        const int p = u / 2, h = u % 2;
-        const uint4 q = *reinterpret_cast<const uint4 *>(b + 16 + 32 * p + 16 * h);
-        const float d = f16_bits_to_f32(ld_u16(b)), dmin = f16_bits_to_f32(ld_u16(b + 2));
+        const uint4 q0 = *reinterpret_cast<const uint4 *>(b + 16 + 32 * p);
+        const uint4 q1 = *reinterpret_cast<const uint4 *>(b + 16 + 32 * p + 16);
+        const uint32_t dm = ld_u32_a4(b);
+        const float d = f16_bits_to_f32((uint16_t)(dm & 0xffffu));
+        const float dmin = f16_bits_to_f32((uint16_t)(dm >> 16));
+        const uint32_t s0 = ld_u32_a4(b + 4), s1 = ld_u32_a4(b + 8), s2 = ld_u32_a4(b + 12);
         float sc, m;
-        scale_min_k4(2 * p, b + 4, sc, m);
+        scale_min_k4_w(2 * p, s0, s1, s2, sc, m);
         const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, m);
-        scale_min_k4(2 * p + 1, b + 4, sc, m);
+        scale_min_k4_w(2 * p + 1, s0, s1, s2, sc, m);
         const float d2 = __fmul_rn(d, sc), m2 = __fmul_rn(dmin, m);
         const uint32_t m4 = 0x0F0F0F0Fu;
-        const int lo0 = (int)(q.x & m4), lo1 = (int)(q.y & m4), lo2 = (int)(q.z & m4),
-                  lo3 = (int)(q.w & m4);
-        const int hi0 = (int)((q.x >> 4) & m4), hi1 = (int)((q.y >> 4) & m4),
-                  hi2 = (int)((q.z >> 4) & m4), hi3 = (int)((q.w >> 4) & m4);
-        const int c_lo = 64 * p + 16 * h, c_hi = c_lo + 32;
+        const int l0 = (int)(q0.x & m4), l1 = (int)(q0.y & m4), l2 = (int)(q0.z & m4),
+                  l3 = (int)(q0.w & m4), l4 = (int)(q1.x & m4), l5 = (int)(q1.y & m4),
+                  l6 = (int)(q1.z & m4), l7 = (int)(q1.w & m4);
+        const int h0 = (int)((q0.x >> 4) & m4), h1 = (int)((q0.y >> 4) & m4),
+                  h2 = (int)((q0.z >> 4) & m4), h3 = (int)((q0.w >> 4) & m4),
+                  h4 = (int)((q1.x >> 4) & m4), h5 = (int)((q1.y >> 4) & m4),
+                  h6 = (int)((q1.z >> 4) & m4), h7 = (int)((q1.w >> 4) & m4);
 #pragma unroll
         for (int j = 0; j < NC; j++) {
-            const int8_t *a = xq + j * ldq;
-            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
-            const int4 al = ld_i4(a + c_lo), ah = ld_i4(a + c_hi);
-            const float vl = d1 * (float)dot4(lo0, lo1, lo2, lo3, al) - m1 * (float)sum4(al);
-            const float vh = d2 * (float)dot4(hi0, hi1, hi2, hi3, ah) - m2 * (float)sum4(ah);
-            acc[j] += ad[2 * p] * vl + ad[2 * p + 1] * vh;
+            const int8_t *a = xq + j * ldq + 64 * p;
+            const float2 ad =
+                *reinterpret_cast<const float2 *>(xqd + j * (ldq / GPE_CUDA_Q8_BLK) + 2 * p);
+            const int4 a0 = ld_i4(a), a1 = ld_i4(a + 16), a2 = ld_i4(a + 32),
+                       a3 = ld_i4(a + 48);
+            const int dl = dot4(l0, l1, l2, l3, a0) + dot4(l4, l5, l6, l7, a1);
+            const int dh = dot4(h0, h1, h2, h3, a2) + dot4(h4, h5, h6, h7, a3);
+            const float vl = d1 * (float)dl - m1 * (float)(sum4(a0) + sum4(a1));
+            const float vh = d2 * (float)dh - m2 * (float)(sum4(a2) + sum4(a3));
+            acc[j] += ad.x * vl + ad.y * vh;
         }
     }
 };
