@@ -188,11 +188,33 @@ struct qk_q4_k {
     }
 };
 
+/* Four words from 2-byte aligned p: four aligned 32-bit loads, a fifth
+ * when p is not 4-byte aligned, joined by funnel shifts (eight 16-bit
+ * loads otherwise). The fifth word ends 2 bytes past the 16: callers keep
+ * that inside the block. */
+static __device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&w)[4])
+{
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t *base = reinterpret_cast<const uint32_t *>(a & ~(uintptr_t)3);
+    const unsigned sh = (unsigned)(a & 2u) * 8u;   /* 0 or 16 */
+    uint32_t x[5];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        x[i] = base[i];
+    x[4] = sh ? base[4] : 0u;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        w[i] = __funnelshift_r(x[i], x[i + 1], sh);
+}
+
 /* Q6_K (210 bytes, 2-byte aligned): unit u = 2n + lh reads ql[64n + 16lh
  * ..+15], ql[64n + 32 + 16lh ..+15] and qh[32n + 16lh ..+15] (48 bytes) for
  * 64 values: group g (0..3) is columns 128n + 32g + 16lh .. +15, one scale
  * (index 8n + 2g + lh) and one activation block (4n + g) each; the 6-bit
- * values are rebuilt four bytes at a time and offset by -32 per byte. */
+ * values are rebuilt four bytes at a time and offset by -32 per byte. The
+ * bytes come through aligned words (ld16_a2; every extra word stays before
+ * the block's scale bytes end), the four scales from scales[8n .. 8n+7]
+ * likewise (ending at most at the block's last byte). */
 struct qk_q6_k {
     static constexpr gpe_type TYPE = GPE_TYPE_Q6_K;
     static constexpr int BLK = 256, BYTES = 210, UPB = 4;
@@ -202,33 +224,45 @@ struct qk_q6_k {
     {
         const int n = u / 2, lh = u % 2, l0 = 16 * lh;
         const float d = f16_bits_to_f32(ld_u16(b + 208));
-        const int8_t *scales = reinterpret_cast<const int8_t *>(b + 192);
+        uint32_t qa[4], qb[4], qh[4];
+        ld16_a2(b + 64 * n + l0, qa);
+        ld16_a2(b + 64 * n + 32 + l0, qb);
+        ld16_a2(b + 128 + 32 * n + l0, qh);
         int w[4][4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             /* unsigned: the shifts move bits across bytes, masked after */
-            const uint32_t qa = ld_u32_a2(b + 64 * n + l0 + 4 * k);
-            const uint32_t qb = ld_u32_a2(b + 64 * n + 32 + l0 + 4 * k);
-            const uint32_t qh = ld_u32_a2(b + 128 + 32 * n + l0 + 4 * k);
             const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
-            w[0][k] = (int)__vsubss4((qa & m4) | ((qh << 4) & m2), off);
-            w[1][k] = (int)__vsubss4((qb & m4) | ((qh << 2) & m2), off);
-            w[2][k] = (int)__vsubss4(((qa >> 4) & m4) | (qh & m2), off);
-            w[3][k] = (int)__vsubss4(((qb >> 4) & m4) | ((qh >> 2) & m2), off);
+            w[0][k] = (int)__vsubss4((qa[k] & m4) | ((qh[k] << 4) & m2), off);
+            w[1][k] = (int)__vsubss4((qb[k] & m4) | ((qh[k] << 2) & m2), off);
+            w[2][k] = (int)__vsubss4(((qa[k] >> 4) & m4) | (qh[k] & m2), off);
+            w[3][k] = (int)__vsubss4(((qb[k] >> 4) & m4) | ((qh[k] >> 2) & m2), off);
+        }
+        /* scales[8n + 2g + lh]: bytes lh and 2 + lh of the two words */
+        uint32_t sw[2];
+        {
+            const uintptr_t a = reinterpret_cast<uintptr_t>(b + 192 + 8 * n);
+            const uint32_t *base = reinterpret_cast<const uint32_t *>(a & ~(uintptr_t)3);
+            const unsigned sh = (unsigned)(a & 2u) * 8u;
+            const uint32_t x0 = base[0], x1 = base[1], x2 = sh ? base[2] : 0u;
+            sw[0] = __funnelshift_r(x0, x1, sh);
+            sw[1] = __funnelshift_r(x1, x2, sh);
         }
         int sc[4];
 #pragma unroll
         for (int g = 0; g < 4; g++)
-            sc[g] = scales[8 * n + 2 * g + lh];
+            sc[g] = (int)(int8_t)byte_of(sw[g / 2], 2 * (g % 2) + lh);
 #pragma unroll
         for (int j = 0; j < NC; j++) {
             const int8_t *a = xq + j * ldq;
-            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+            const float4 ad =
+                *reinterpret_cast<const float4 *>(xqd + j * (ldq / GPE_CUDA_Q8_BLK) + 4 * n);
+            const float adv[4] = { ad.x, ad.y, ad.z, ad.w };
             float s = 0.0f;
 #pragma unroll
             for (int g = 0; g < 4; g++) {
                 const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
-                s += ad[4 * n + g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
+                s += adv[g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
             }
             acc[j] += d * s;
         }
