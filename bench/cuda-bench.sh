@@ -101,7 +101,7 @@ done
 if [ -n "${LLAMA_BENCH:-}" ]; then
     for f in $files; do
         { "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
-              -p "$(echo $prompts | tr ' ' ,)" -n 128 &&
+              -p "$(echo ${prompts:-0} | tr ' ' ,)" -n 128 &&
           if [ -n "$depths" ]; then
               "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
                   -p 0 -n 128 -d "$(echo $depths | tr ' ' ,)"
@@ -148,16 +148,16 @@ for f in files:
     res, nbytes = {}, None
     for lab in labels:
         for r in lines(f"{out}/gp.{lab}.{f}.json"):
-            res.setdefault(r["test"], {})[lab] = r["tokens_per_s"]
+            res.setdefault(r["test"], {})[lab] = (r["tokens_per_s"], r.get("stddev", 0.0))
             nbytes = r.get("bytes", nbytes)
     for r in lines(f"{out}/lc.{f}.json"):
         t = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
         if r.get("n_depth"):
             t += f" @ d{r['n_depth']}"
-        res.setdefault(t, {})["llama.cpp"] = r["avg_ts"]
+        res.setdefault(t, {})["llama.cpp"] = (r["avg_ts"], r.get("stddev_ts", 0.0))
     for r in lines(f"{out}/lcb.{f}.json"):
         if "pl" in r and "speed_tg" in r:
-            res.setdefault(f"tg64 x{r['pl']}", {})["llama.cpp"] = r["speed_tg"]
+            res.setdefault(f"tg64 x{r['pl']}", {})["llama.cpp"] = (r["speed_tg"], 0.0)
     order = [f"pp{p}" for p in prompts] + ["tg128"] + [f"tg64 x{s}" for s in seqs] \
         + [f"tg128 @ d{d}" for d in depths]
     for t in order:
@@ -169,11 +169,16 @@ hdr = "| file | test | " + " | ".join(cols) + " | " + " | ".join(f"{l}/llama.cpp
     + " | " + " | ".join(f"{l} GB/s" for l in labels) + " |"
 print(hdr)
 print("|" + "---|" * (hdr.count("|") - 1))
+
+def cell(v):   # mean, and the spread (standard deviation) when there is one
+    mean, sd = v
+    return f"{mean:,.1f}" + (f" ±{100 * sd / mean:.1f}%" if sd and mean else "")
+
 for f, t, r, nbytes in rows:
-    cells = [f"{r[c]:,.1f}" if c in r else "-" for c in cols]
-    lc = r.get("llama.cpp")
-    ratios = [f"{r[l] / lc:.2f}x" if lc and l in r else "-" for l in labels]
-    bw = [f"{nbytes * r[l] / 1e9:,.0f}" if t == "tg128" and nbytes and l in r else "-"
+    cells = [cell(r[c]) if c in r else "-" for c in cols]
+    lc = r.get("llama.cpp", (None,))[0]
+    ratios = [f"{r[l][0] / lc:.2f}x" if lc and l in r else "-" for l in labels]
+    bw = [f"{nbytes * r[l][0] / 1e9:,.0f}" if t == "tg128" and nbytes and l in r else "-"
           for l in labels]
     print(f"| {f} | {t} | " + " | ".join(cells + ratios + bw) + " |")
 PY
