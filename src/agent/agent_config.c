@@ -189,11 +189,8 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
                               "--model FILE.gguf for gguf)");
         return -1;
     }
-    if (!out->upstream && !out->model) {
-        snprintf(err, errlen, "upstream or model: one backend is required (--upstream URL "
-                              "--upstream-model NAME, or --model FILE.gguf)");
-        return -1;
-    }
+    /* Neither --upstream nor --model: the agent offers itself to the
+     * server's deployments (backend_deploy.c). */
     if (out->upstream) {
         if (!is_http_url(out->upstream)) {
             snprintf(err, errlen, "upstream: '%s' must be an http:// or https:// URL",

@@ -194,6 +194,8 @@ static void report(fetch *f, bool final)
     human((double)f->have, got, sizeof got);
     human(f->total > 0 ? (double)f->total : 0, tot, sizeof tot);
     human(rate, rt, sizeof rt);
+    if (f->o->on_progress)
+        f->o->on_progress(f->o->progress_ud, f->have, f->total, rate);
     if (f->o->progress_bar) {
         if (!final && now - f->last_report_ms < 100)
             return;

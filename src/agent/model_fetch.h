@@ -37,6 +37,11 @@ typedef struct model_fetch_opts {
     int max_attempts;        /* connection attempts without progress before giving up */
     long long max_bytes;     /* largest file accepted (0: MODEL_FETCH_DEFAULT_MAX_BYTES) */
     bool progress_bar;       /* a terminal: draw a bar on stderr; else log lines */
+    /* (optional, may be NULL) every time bytes arrive: have of total (-1
+     * unknown) and this attempt's rate in bytes/s. Called on the fetching
+     * thread; must be quick (a deployed model's progress for the server). */
+    void (*on_progress)(void *ud, long long have, long long total, double rate);
+    void *progress_ud;
 } model_fetch_opts;
 
 /* True when spec names a remote model (http://, https://, hf:). */
