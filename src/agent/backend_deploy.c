@@ -19,7 +19,6 @@
  * worker can only take the inner backend away between calls (it then
  * destroys it outside mu: its jobs end with CANCELLED and fail over).
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -305,8 +304,9 @@ static void dp_poll_facts(agent_backend *base, json_t *body)
 {
     deploy_backend *b = (deploy_backend *)base;
     struct statvfs vfs;
-    long long disk = statvfs(b->models_dir, &vfs) == 0
-                         ? (long long)vfs.f_bavail * (long long)vfs.f_frsize : 0;
+    /* model_fetch creates the directory at the first download. */
+    bool ok = statvfs(b->models_dir, &vfs) == 0 || statvfs(b->o->state_dir, &vfs) == 0;
+    long long disk = ok ? (long long)vfs.f_bavail * (long long)vfs.f_frsize : 0;
     long long mem = mem_available();
     pthread_mutex_lock(&b->mu);
     if (b->inner && b->inner->ops->poll_facts)
@@ -427,10 +427,6 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
                 : snprintf(b->models_dir, sizeof b->models_dir, "%s/models", o->state_dir);
     if (n < 0 || n >= (int)sizeof b->models_dir) {
         snprintf(err, errlen, "model-cache: path too long");
-        goto fail;
-    }
-    if (mkdir(b->models_dir, 0750) < 0 && errno != EEXIST) {
-        snprintf(err, errlen, "model-cache %s: %s", b->models_dir, strerror(errno));
         goto fail;
     }
     if (pthread_create(&b->worker, NULL, worker_main, b) != 0) {
