@@ -410,7 +410,7 @@ int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t er
 /* ------------------------------------------------------------------ */
 
 /* An agent gone (dead, offline, or unknown to the registry) for longer
- * than the grace: its replicas move. The server's own start counts as a
+ * than the grace, counted from its transition: its replicas move. The server's own start counts as a
  * last sighting, so a restart never moves what agents still hold. */
 static bool agent_gone(const gps_deploy *d, const char *agent_id, uint64_t now_ms)
 {
@@ -419,8 +419,8 @@ static bool agent_gone(const gps_deploy *d, const char *agent_id, uint64_t now_m
     if (a) {
         if (a->state != REGISTRY_DEAD && a->state != REGISTRY_OFFLINE)
             return false;
-        if (a->last_seen_ms > seen)
-            seen = a->last_seen_ms;
+        if (a->state_since_ms > seen) /* dead (or offline) since */
+            seen = a->state_since_ms;
     }
     return now_ms >= seen + d->grace_ms;
 }
@@ -619,15 +619,16 @@ static int64_t num(const json_t *o, const char *k, int64_t max)
     return x < 0 ? 0 : x > max ? max : x;
 }
 
-/* One entry of the agent's deploy.models: a replica's progress. */
-static void apply_report(gps_deploy *d, const registry_agent *a, const json_t *m,
+/* One entry of the agent's deploy.models: a replica's progress. True when
+ * its state changed (a failure frees a place: reconcile now). */
+static bool apply_report(gps_deploy *d, const registry_agent *a, const json_t *m,
                          int64_t now_wall)
 {
     deployment *p = dep_find(d, json_string_value(json_object_get(m, "name")), NULL);
     replica *r = p ? replica_find(p, a->id) : NULL;
     int st = rstate_parse(json_string_value(json_object_get(m, "state")));
     if (!r || st < 0 || r->state == R_FAILED)
-        return;
+        return false;
     const char *reason = json_string_value(json_object_get(m, "reason"));
     r->bytes = num(m, "bytes", 1LL << 50);
     r->total = num(m, "total", 1LL << 50);
@@ -635,7 +636,7 @@ static void apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
     bool changed = r->state != (rstate)st ||
                    (reason && strncmp(reason, r->reason, sizeof r->reason - 1) != 0);
     if (!changed)
-        return;
+        return false;
     gp_log_info("deploy_replica_state", "deployment %s on agent %s: %s -> %s%s%s", p->name,
                 a->id, rstate_names[r->state], rstate_names[st], reason ? ": " : "",
                 reason ? reason : "");
@@ -650,6 +651,7 @@ static void apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
         p->bytes = r->total; /* now placement can check the fit */
         persist_dep(d, p);
     }
+    return true;
 }
 
 json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
@@ -661,6 +663,7 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
         return NULL;
     }
     agent_dep *ad = smap_get(&d->agents, a->id);
+    bool changed = !ad; /* a new agent may take what is short */
     if (!ad) {
         ad = calloc(1, sizeof *ad);
         if (!ad || !smap_put(&d->agents, a->id, ad)) {
@@ -675,8 +678,11 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
     ad->disk_free = num(dj, "disk_free", 1LL << 50);
     const json_t *models = json_object_get(dj, "models");
     for (size_t i = 0; i < json_array_size(models) && i < 64; i++)
-        apply_report(d, a, json_array_get(models, i), now_wall);
-    gps_deploy_reconcile(d, now_ms, now_wall);
+        changed |= apply_report(d, a, json_array_get(models, i), now_wall);
+    /* Otherwise the tick's reconcile (once a second) is enough: a poll
+     * stays O(deployments) however many agents there are. */
+    if (changed)
+        gps_deploy_reconcile(d, now_ms, now_wall);
     json_t *want = json_array();
     for (size_t k = 0; want && k < d->n; k++) {
         const deployment *p = d->v[k];
