@@ -343,9 +343,47 @@ static void h_health(gps_req *r, void *arg)
     gps_http_send_json(r->req, db_ok ? 200 : 503, body);
 }
 
+/* Deployments at scrape time, from the admin view (small: one entry per
+ * deployment and replica). Families are reset so that an undeployed
+ * model's series go away. */
+static void collect_deployments(server *s, gps_metrics *m)
+{
+    static const char *const states[] = {"assigned", "downloading", "loading", "ready",
+                                         "failed"};
+    gps_metrics_reset(m, "deployment_replicas_wanted");
+    gps_metrics_reset(m, "deployment_replicas");
+    gps_metrics_reset(m, "deployment_replicas_unplaced");
+    json_t *all = s->deploy ? gps_deploy_list(s->deploy, gp_now_mono_ms()) : NULL;
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(all, "deployments"), i, d)
+    {
+        const char *name = json_string_value(json_object_get(d, "name"));
+        char l[400];
+        gps_metrics_label(l, sizeof l, "deployment", name, (char *)NULL);
+        gps_metrics_set(m, "deployment_replicas_wanted", l,
+                        (double)json_integer_value(json_object_get(d, "replicas")));
+        gps_metrics_set(m, "deployment_replicas_unplaced", l,
+                        (double)json_integer_value(json_object_get(d, "unplaced")));
+        for (size_t k = 0; k < sizeof states / sizeof states[0]; k++) {
+            size_t n = 0, j;
+            json_t *r;
+            json_array_foreach(json_object_get(d, "placed"), j, r)
+            {
+                const char *st = json_string_value(json_object_get(r, "state"));
+                n += st && strcmp(st, states[k]) == 0;
+            }
+            gps_metrics_label(l, sizeof l, "deployment", name, "state", states[k], (char *)NULL);
+            gps_metrics_set(m, "deployment_replicas", l, (double)n);
+        }
+    }
+    json_decref(all);
+}
+
 static void collect(gps_metrics *m, void *arg)
 {
     server *s = arg;
+    collect_deployments(s, m);
     gps_jobs_collect(s->jobs, m);
     gps_agents_collect(s->agents, m);
     gps_store_stats st;

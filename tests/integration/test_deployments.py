@@ -103,6 +103,11 @@ class Deployments(harness.TestCase):
         self.assertEqual(b["usage"]["completion_tokens"], 4)
         return b
 
+    def metrics(self):
+        st, _, body = harness.http_request("GET", self.srv.url + "/metrics", timeout=10)
+        self.assertEqual(st, 200)
+        return body.decode()
+
     def ctl(self, *args):
         e = self.h.env()
         e["GPUPOOL_SERVER"] = self.srv.url
@@ -143,6 +148,9 @@ class Deployments(harness.TestCase):
         self.assertEqual(len(self.ms.requests), 1, self.ms.requests)
         out = self.ctl("models", "list")
         self.assertRegex(out, r"tiny\s+1/1\s+box-[ab]\s+ready")
+        metrics = self.metrics()
+        self.assertIn('gpupool_deployment_replicas{deployment="tiny",state="ready"} 1', metrics)
+        self.assertIn('gpupool_deployment_replicas_wanted{deployment="tiny"} 1', metrics)
 
         # Scale to 2: the other agent too. Then back to 1: one unloads.
         self.assertIn("scaled tiny: 2", self.ctl("models", "scale", "tiny", "--replicas", "2"))
@@ -183,6 +191,7 @@ class Deployments(harness.TestCase):
         self.assertNotIn("tiny", self.srv.models())
         st, body = self.api("GET", "/admin/deployments")
         self.assertEqual(body["deployments"], [], body)
+        self.assertNotIn('deployment="tiny"', self.metrics())
 
     def test_wrong_sha256_fails_with_reason_and_local_agents_are_listed(self):
         a = self.deploy_agent("box-a")
