@@ -825,7 +825,11 @@ static int deploy_show(ctl *c, const char *name)
         deployment_rows(t, out);
     rc = print_table(t);
     size_t i;
-    json_array_foreach(json_object_get(out, "refusals"), i, v)
+    const json_t *ref = json_object_get(out, "refusals");
+    if (json_is_array(ref) && json_array_size(ref) == 0)
+        printf("\nno agent offers itself to deployments (agents started without --model "
+               "and --upstream do)\n");
+    json_array_foreach(ref, i, v)
     {
         if (i == 0)
             printf("\nagents considered and refused:\n");

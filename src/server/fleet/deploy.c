@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/gp_log.h"
+#include "server/fleet/agent_check.h"
 #include "server/fleet/gps_strmap.h"
 #include "server/store/store.h"
 
@@ -641,10 +642,10 @@ static bool apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
                 a->id, rstate_names[r->state], rstate_names[st], reason ? ": " : "",
                 reason ? reason : "");
     r->state = (rstate)st;
+    /* It is shown to operators and logged: printable text only. */
+    if (reason && !gps_agent_text_ok(reason, strlen(reason), GPS_AGENT_MAX_MESSAGE))
+        reason = "(the agent's reason was not printable text)";
     snprintf(r->reason, sizeof r->reason, "%s", reason ? reason : "");
-    for (char *c = r->reason; *c; c++) /* it is shown and logged: no control bytes */
-        if ((unsigned char)*c < ' ' || *c == 0x7f)
-            *c = ' ';
     r->updated_at = now_wall;
     persist_replica(d, p, r);
     if (r->total > 0 && p->bytes <= 0) {
@@ -659,7 +660,18 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
 {
     const json_t *dj = json_object_get(body, "deploy");
     if (!json_is_object(dj)) {
-        free(smap_del(&d->agents, a->id)); /* restarted with --model: not ours now */
+        /* Restarted with --model or --upstream: it holds none of ours now;
+         * its replicas go elsewhere at once. */
+        free(smap_del(&d->agents, a->id));
+        for (size_t k = 0; k < d->n; k++) {
+            deployment *p = d->v[k];
+            for (size_t i = p->nr; i-- > 0;)
+                if (strcmp(p->r[i].agent_id, a->id) == 0) {
+                    gp_log_warn("deploy_replica_moved", "deployment %s: agent %s no longer "
+                                "takes deployments: its replica moves", p->name, a->id);
+                    replica_drop(d, p, i);
+                }
+        }
         return NULL;
     }
     agent_dep *ad = smap_get(&d->agents, a->id);

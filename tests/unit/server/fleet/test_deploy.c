@@ -319,6 +319,30 @@ static void test_scale_down_and_dead_agents(void **st)
     fx_free(&f);
 }
 
+/* An agent restarted with --model (no "deploy" in its poll) loses its
+ * replica at once, and gets no "deployments" member. */
+static void test_agent_restarted_with_model(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 60000);
+    const char *dj = "{\"capacity\":1,\"memory_free\":1073741824}";
+    json_decref(poll(&f, 1, NULL, dj, T0));
+    assert_int_equal(create(&f, "{\"name\":\"m\",\"source\":\"https://x/m.gguf\"}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_decref(poll(&f, 2, NULL, dj, T0));
+    assert_null(poll(&f, 1, NULL, NULL, T0 + 1));
+    gps_deploy_reconcile(f.d, T0 + 2, 0);
+    json_t *j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    char id2[37];
+    uuid(2, id2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(
+                            json_object_get(j, "placed"), 0), "agent_id")), id2);
+    json_decref(j);
+    fx_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_placement_explains_itself),
         cmocka_unit_test(test_failed_replica_moves_elsewhere),
         cmocka_unit_test(test_scale_down_and_dead_agents),
+        cmocka_unit_test(test_agent_restarted_with_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
