@@ -544,7 +544,8 @@ static void place(gps_deploy *d, deployment *p, size_t need, int64_t now_wall)
     if (!x.refusals)
         return;
     registry_foreach(d->reg, consider, &x);
-    qsort(x.c, x.nc, sizeof *x.c, cand_cmp);
+    if (x.nc > 1)
+        qsort(x.c, x.nc, sizeof *x.c, cand_cmp);
     size_t took = 0;
     for (size_t i = 0; i < x.nc && took < need; i++) {
         replica *r = replica_add(p, x.c[i].a->id, R_ASSIGNED, now_wall);
