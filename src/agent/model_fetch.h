@@ -48,7 +48,8 @@ typedef struct model_fetch_opts {
 bool model_fetch_is_remote(const char *spec);
 
 /* The download URL of spec: an http(s) URL as it is; hf:OWNER/REPO/PATH
- * [@REV] -> ENDPOINT/OWNER/REPO/resolve/REV/PATH (REV defaults to main).
+ * [@REV] (or hf:OWNER/REPO:PATH[@REV]) -> ENDPOINT/OWNER/REPO/resolve/REV/
+ * PATH (REV defaults to main).
  * Returns 0, or -1 with err (a malformed hf: spec, an overlong URL). */
 int model_fetch_url(const char *spec, const char *hf_endpoint, char *out, size_t outlen,
                     char *err, size_t errlen);

@@ -635,6 +635,11 @@ static bool apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
     r->bytes = num(m, "bytes", 1LL << 50);
     r->total = num(m, "total", 1LL << 50);
     r->rate = num(m, "rate", 1LL << 40);
+    if (r->total > 0 && p->bytes <= 0) {
+        p->bytes = r->total; /* the first download's Content-Length: now placement can
+                                check the fit for the replicas still to place */
+        persist_dep(d, p);
+    }
     bool changed = r->state != (rstate)st ||
                    (reason && strncmp(reason, r->reason, sizeof r->reason - 1) != 0);
     if (!changed)
@@ -649,10 +654,6 @@ static bool apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
     snprintf(r->reason, sizeof r->reason, "%s", reason ? reason : "");
     r->updated_at = now_wall;
     persist_replica(d, p, r);
-    if (r->total > 0 && p->bytes <= 0) {
-        p->bytes = r->total; /* now placement can check the fit */
-        persist_dep(d, p);
-    }
     return true;
 }
 
