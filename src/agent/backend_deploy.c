@@ -26,11 +26,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 
 #include "agent/agent_facts.h"
 #include "agent/backend.h"
 #include "agent/model_fetch.h"
 #include "common/gp_log.h"
+#include "common/gp_util.h"
 
 /* One deployment as the server gives it. */
 typedef struct dep_spec {
@@ -47,6 +49,8 @@ typedef struct deploy_backend {
     pthread_cond_t cv;
     pthread_t worker;
     bool worker_started, quit;
+    uint64_t retry_at_ms;      /* a transient download failure: try again then (0: none) */
+    unsigned retries;          /* transient failures in a row */
     /* desired (main thread writes, worker reads) */
     dep_spec want;
     bool want_any;
@@ -129,8 +133,8 @@ static bool have_gpu(void)
     return any;
 }
 
-/* Download (or find in the cache) b->cur; called without mu. 0 or -1
- * with err. */
+/* Download (or find in the cache) b->cur; called without mu. 0, or with
+ * err model_fetch's -1 (will not succeed as is) or MODEL_FETCH_TRANSIENT. */
 static int fetch_current(deploy_backend *b, const dep_spec *s, char *err, size_t errlen)
 {
     model_fetch_opts fo = {
@@ -149,7 +153,7 @@ static int fetch_current(deploy_backend *b, const dep_spec *s, char *err, size_t
     char path[sizeof b->path];
     int rc = model_fetch(&fo, fetch_should_stop, path, sizeof path, err, errlen);
     if (rc < 0)
-        return -1;
+        return rc;
     struct stat st;
     pthread_mutex_lock(&b->mu);
     snprintf(b->path, sizeof b->path, "%s", path);
@@ -205,7 +209,7 @@ static void unload_locked(deploy_backend *b)
 {
     agent_backend *old = b->inner;
     b->inner = NULL;
-    if (b->cur_any)
+    if (old)
         gp_log_info("deploy_unload", "deployment %s: unloading", b->cur.name);
     b->cur_any = false;
     b->state = NULL;
@@ -237,10 +241,25 @@ static void converge_locked(deploy_backend *b)
     pthread_mutex_lock(&b->mu);
     if (b->quit || b->want_gen != gen)
         return; /* changed meanwhile: the loop converges again */
+    if (rc == MODEL_FETCH_TRANSIENT && b->retries < 10) {
+        /* The network or the source's 5xx: this agent tries again (the
+         * .part resumes), still "downloading", the reason saying why. A
+         * failure a retry cannot fix is reported and the server moves the
+         * replica. */
+        unsigned delay_s = 5u << (b->retries < 5 ? b->retries : 5);
+        b->retries++;
+        b->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
+        snprintf(b->reason, sizeof b->reason, "retrying in %us (try %u of 10): %s", delay_s,
+                 b->retries, err);
+        gp_log_warn("deploy_fetch_retry", "deployment %s: %s", s.name, b->reason);
+        return;
+    }
     if (rc < 0) {
         set_failed(b, err);
         return;
     }
+    b->retries = 0;
+    b->reason[0] = '\0';
     b->state = "loading";
     pthread_mutex_unlock(&b->mu);
     agent_backend *in = load_current(b, &s, err, sizeof err);
@@ -261,11 +280,32 @@ static void *worker_main(void *arg)
     while (!b->quit) {
         bool differs = b->want_any != b->cur_any ||
                        (b->want_any && !spec_eq(&b->want, &b->cur));
+        uint64_t now = gp_now_mono_ms();
         if (differs) {
+            b->retry_at_ms = 0;
+            b->retries = 0;
             converge_locked(b);
             continue;
         }
-        pthread_cond_wait(&b->cv, &b->mu);
+        if (b->retry_at_ms && now >= b->retry_at_ms) {
+            b->retry_at_ms = 0;
+            converge_locked(b); /* the same spec again: a resume */
+            continue;
+        }
+        if (!b->retry_at_ms) {
+            pthread_cond_wait(&b->cv, &b->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ms = b->retry_at_ms - now;
+        ts.tv_sec += (time_t)(ms / 1000);
+        ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
     }
     unload_locked(b);
     pthread_mutex_unlock(&b->mu);

@@ -54,7 +54,7 @@ static const char usage_text[] =
     "  models pin NAME SHA256       refuse agents whose file for NAME has another sha256\n"
     "  models unpin NAME\n"
     "  models deploy SOURCE --name N [--replicas R] [--labels k=v,...] [--sha256 H]\n"
-    "                [--bytes SIZE]   SOURCE: https://.../F.gguf or hf:OWNER/REPO/F.gguf\n"
+    "                [--bytes SIZE]   SOURCE: https://.../F.gguf, hf:OWNER/REPO/F.gguf\n"
     "  models undeploy NAME\n"
     "  models scale NAME --replicas R\n"
     "  models list                  deployments (state and progress per replica), local models\n"

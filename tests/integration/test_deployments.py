@@ -51,8 +51,8 @@ class Deployments(harness.TestCase):
         self.source = self.ms.url + "/m/stories260K.gguf"
 
     # -------------------------------------------------------------- helpers
-    def deploy_agent(self, name, labels=None):
-        args = ["--threads", "1"] + (["--labels", labels] if labels else [])
+    def deploy_agent(self, name, labels=None, extra=()):
+        args = ["--threads", "1"] + (["--labels", labels] if labels else []) + list(extra)
         a = self.h.start_agent(self.srv, args=args, name=name)
         a.id = a.agent_id()
         wait_until(lambda: self.agent(a.id) is not None, timeout=30,
@@ -218,6 +218,23 @@ class Deployments(harness.TestCase):
         self.assertIn({"model": "loc", "agent_id": local_id, "agent": "box-local",
                        "agent_state": "healthy"}, body["local"])
         self.assertNotIn("bad", self.srv.models())
+
+    def test_source_down_is_retried_by_the_agent(self):
+        # The source answers 503: a failure a later try may fix. The agent
+        # keeps the replica ("downloading", the reason says it retries)
+        # instead of failing it, and succeeds once the source is back.
+        self.ms.mode = "busy"
+        a = self.deploy_agent("box-a", extra=["--model-download-attempts", "1"])
+        st, d = self.api("POST", "/admin/deployments", {"name": "tiny", "source": self.source})
+        self.assertEqual(st, 201, d)
+        d = self.wait_dep(lambda d: d["placed"] and "retrying in" in (d["placed"][0]["reason"]
+                                                                       or ""),
+                          "the agent retries")
+        self.assertEqual(d["placed"][0]["state"], "downloading", d)
+        self.assertEqual(d["placed"][0]["agent_id"], a.id)
+        self.ms.mode = "ok"
+        self.wait_dep(lambda d: self.ready_on(d) == [a.id], "ready after the retry")
+        self.complete()
 
 
 if __name__ == "__main__":
