@@ -1057,8 +1057,14 @@ json_t *gps_admin_snapshot(gps_admin *a)
         json_decref(status);
         return NULL;
     }
-    return json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr, "history",
-                     hist, "requests_total", req, "time", (json_int_t)now);
+    json_t *snap = json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr,
+                             "history", hist, "requests_total", req, "time", (json_int_t)now);
+    /* The dashboard's deployments table (fleet/deploy.h). */
+    json_t *deps = snap && a->deploy ? gps_deploy_list(a->deploy, gp_now_mono_ms()) : NULL;
+    if (deps)
+        json_object_set(snap, "deployments", json_object_get(deps, "deployments"));
+    json_decref(deps);
+    return snap;
 }
 
 /* ------------------------------------------------------------------ */

@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cdp  # noqa: E402
 import harness  # noqa: E402
 from harness import http_json, wait_until  # noqa: E402
 from test_model_download import ModelServer, MODEL  # noqa: E402
@@ -103,6 +104,25 @@ class Deployments(harness.TestCase):
         self.assertEqual(b["usage"]["completion_tokens"], 4)
         return b
 
+    def check_dashboard(self, holder):
+        # The dashboard's deployments table in headless Chromium (auth off:
+        # the page needs no key on loopback).
+        if not cdp.chromium_binary():
+            return  # scripts/install-deps.sh installs it: CI always checks
+        browser = cdp.Browser(self.h.tmp)
+        try:
+            page = browser.page()
+            page.navigate(self.srv.url + "/dashboard")
+            row = "document.querySelector('#deployments tr[data-deployment=\"tiny\"]')"
+            page.wait_js("(() => { const r = %s; return r && r.dataset.state === 'ready'; })()"
+                         % row, timeout=60, what="the ready replica on the dashboard")
+            self.assertEqual(page.js(row + ".dataset.agentId"), holder)
+            self.assertEqual(page.js(row + ".children[1].textContent"), "1 / 1")
+            self.assertTrue(page.js("document.getElementById('deployments-empty').hidden"))
+            page.close()
+        finally:
+            browser.close()
+
     def metrics(self):
         st, _, body = harness.http_request("GET", self.srv.url + "/metrics", timeout=10)
         self.assertEqual(st, 200)
@@ -151,6 +171,7 @@ class Deployments(harness.TestCase):
         metrics = self.metrics()
         self.assertIn('gpupool_deployment_replicas{deployment="tiny",state="ready"} 1', metrics)
         self.assertIn('gpupool_deployment_replicas_wanted{deployment="tiny"} 1', metrics)
+        self.check_dashboard(holder)
 
         # Scale to 2: the other agent too. Then back to 1: one unloads.
         self.assertIn("scaled tiny: 2", self.ctl("models", "scale", "tiny", "--replicas", "2"))
