@@ -862,6 +862,22 @@ static int put_labels(json_t *body, const char *v)
     return 0;
 }
 
+/* Without --bytes, ask an http(s) source for its size (HEAD) so that the
+ * server checks the fit before any agent downloads. hf: specs resolve on
+ * the agents (their --hf-endpoint): the first download tells the server. */
+static void put_source_size(ctl *c, json_t *body, const char *source, const char *given)
+{
+    if (given || (strncmp(source, "http://", 7) != 0 && strncmp(source, "https://", 8) != 0))
+        return;
+    char err[256];
+    long long n = ctl_http_content_length(source, c->conn.ca_file, err, sizeof err);
+    if (n > 0)
+        json_object_set_new(body, "bytes", json_integer(n));
+    else
+        fprintf(stderr, "gpupoolctl: the size of %s is unknown (%s); the first download "
+                        "will tell the server\n", source, err);
+}
+
 static int cmd_deploy(ctl *c, const char *sub, int argc, char **argv)
 {
     static const opt_spec spec[] = {{"--name", false}, {"--replicas", false},
@@ -896,6 +912,7 @@ static int cmd_deploy(ctl *c, const char *sub, int argc, char **argv)
         json_object_set_new(body, "source", json_string(p.pos[0]));
         if (p.val[3])
             json_object_set_new(body, "sha256", json_string(p.val[3]));
+        put_source_size(c, body, p.pos[0], p.val[4]);
     }
     rc = 1;
     if (id_path(path, sizeof path, "/admin/deployments/", p.pos[0], "") < 0)

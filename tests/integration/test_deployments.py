@@ -141,10 +141,13 @@ class Deployments(harness.TestCase):
         a = self.deploy_agent("box-a", "zone=a")
         b = self.deploy_agent("box-b", "zone=b")
 
-        # Fits nowhere: each agent considered says why.
-        st, d = self.api("POST", "/admin/deployments",
-                         {"name": "eu", "source": self.source, "labels": {"zone": "eu"}})
-        self.assertEqual(st, 201, d)
+        # Fits nowhere: each agent considered says why. gpupoolctl asked the
+        # source for its size (HEAD): known before any download.
+        out = self.ctl("models", "deploy", self.source, "--name", "eu", "--labels", "zone=eu")
+        self.assertIn("deployed eu: 1 replica(s) wanted, 0 placed (see gpupoolctl models show",
+                      out)
+        d = self.dep("eu")
+        self.assertEqual(d["bytes"], len(self.data), d)
         self.assertEqual(d["unplaced"], 1, d)
         why = {r["agent_id"]: r["reason"] for r in d["refusals"]}
         self.assertEqual(set(why), {a.id, b.id}, d)
