@@ -9,14 +9,15 @@
  * the server no longer lists it. Each poll reports the state (downloading
  * with bytes / total / rate, loading, ready, failed with the reason).
  *
- * First slice: one deployed model at a time (capacity 1). The model is
- * served by an inner gguf backend this one forwards jobs to; several
- * inner backends (one per model) is where this goes next.
+ * Several models at once, up to --deploy-capacity (default 1): each is
+ * its own gguf backend (engine contexts, slots, queue) that this one
+ * forwards a job to by the job's model; the agent's slots are theirs
+ * together. The worker loads one model at a time while the others serve.
  *
  * Threads: the agent's main thread calls the ops (backend.h); the worker
- * creates and destroys the inner backend. mu guards the desired and
- * current state and the inner pointer: a forwarded call holds mu, so the
- * worker can only take the inner backend away between calls (it then
+ * creates and destroys the inner backends. mu guards the desired set, the
+ * held entries and their inner pointers: a forwarded call holds mu, so the
+ * worker can only take an inner backend away between calls (it then
  * destroys it outside mu: its jobs end with CANCELLED and fail over).
  */
 #include <pthread.h>
@@ -41,30 +42,41 @@ typedef struct dep_spec {
     char sha256[65];           /* "" not checked */
 } dep_spec;
 
-typedef struct deploy_backend {
+#define DEPLOY_MAX_MODELS 16
+
+typedef struct deploy_backend deploy_backend;
+
+/* One model this agent holds or works on (a download, a load, a failure
+ * to report). The worker writes it under mu; the main thread reads the
+ * used ones under mu. */
+typedef struct held {
+    deploy_backend *b;
+    bool used;
+    dep_spec spec;
+    const char *state;         /* downloading, loading, ready, failed */
+    char reason[256];
+    long long bytes, total, rate;
+    uint64_t retry_at_ms;      /* a transient download failure: try again then (0: none) */
+    unsigned retries;          /* transient failures in a row */
+    agent_backend *inner;      /* the loaded model, or NULL */
+    agent_options inner_o;     /* its options (outlive it) */
+    char path[4096 + 256];     /* its file */
+} held;
+
+struct deploy_backend {
     agent_backend base;
     const agent_options *o;
     char models_dir[4096];
+    int capacity;              /* models held at most (--deploy-capacity) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t worker;
     bool worker_started, quit;
-    uint64_t retry_at_ms;      /* a transient download failure: try again then (0: none) */
-    unsigned retries;          /* transient failures in a row */
-    /* desired (main thread writes, worker reads) */
-    dep_spec want;
-    bool want_any;
-    uint64_t want_gen;
-    /* current (worker writes, main thread reads for the poll) */
-    dep_spec cur;
-    bool cur_any;
-    const char *state;         /* downloading, loading, ready, failed */
-    char reason[256];
-    long long bytes, total, rate;
-    agent_backend *inner;      /* the loaded model, or NULL */
-    agent_options inner_o;     /* its options (outlive it) */
-    char path[4096 + 256];     /* its file */
-} deploy_backend;
+    dep_spec want[DEPLOY_MAX_MODELS]; /* desired (main thread writes, worker reads) */
+    int nwant;
+    held h[DEPLOY_MAX_MODELS];
+    int fetching;              /* the entry whose file is downloading, -1 none */
+};
 
 /* model_fetch's stop callback has no context: one deploy backend per
  * process, so a file-level flag. Set when the download in progress is no
@@ -82,25 +94,41 @@ static bool spec_eq(const dep_spec *a, const dep_spec *b)
            strcmp(a->sha256, b->sha256) == 0;
 }
 
+static bool wanted(const deploy_backend *b, const dep_spec *s)
+{
+    for (int i = 0; i < b->nwant; i++)
+        if (spec_eq(&b->want[i], s))
+            return true;
+    return false;
+}
+
+static held *held_find(deploy_backend *b, const dep_spec *s)
+{
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && spec_eq(&b->h[i].spec, s))
+            return &b->h[i];
+    return NULL;
+}
+
 /* ------------------------------------------------------------------ */
 /* Worker                                                              */
 /* ------------------------------------------------------------------ */
 
 static void on_progress(void *ud, long long have, long long total, double rate)
 {
-    deploy_backend *b = ud;
-    pthread_mutex_lock(&b->mu);
-    b->bytes = have;
-    b->total = total > 0 ? total : 0;
-    b->rate = (long long)rate;
-    pthread_mutex_unlock(&b->mu);
+    held *h = ud;
+    pthread_mutex_lock(&h->b->mu);
+    h->bytes = have;
+    h->total = total > 0 ? total : 0;
+    h->rate = (long long)rate;
+    pthread_mutex_unlock(&h->b->mu);
 }
 
-static void set_failed(deploy_backend *b, const char *reason)
+static void set_failed(held *h, const char *reason)
 {
-    b->state = "failed";
-    snprintf(b->reason, sizeof b->reason, "%s", reason);
-    gp_log_error("deploy_failed", "deployment %s: %s", b->cur.name, reason);
+    h->state = "failed";
+    snprintf(h->reason, sizeof h->reason, "%s", reason);
+    gp_log_error("deploy_failed", "deployment %s: %s", h->spec.name, reason);
 }
 
 /* MemAvailable from /proc/meminfo in bytes, -1 when unknown. */
@@ -133,13 +161,14 @@ static bool have_gpu(void)
     return any;
 }
 
-/* Download (or find in the cache) b->cur; called without mu. 0, or with
- * err model_fetch's -1 (will not succeed as is) or MODEL_FETCH_TRANSIENT. */
-static int fetch_current(deploy_backend *b, const dep_spec *s, char *err, size_t errlen)
+/* Download (or find in the cache) h's file; called without mu (h->spec
+ * does not change meanwhile: only this thread writes it). 0, or with err
+ * model_fetch's -1 (will not succeed as is) or MODEL_FETCH_TRANSIENT. */
+static int fetch_file(deploy_backend *b, held *h, char *err, size_t errlen)
 {
     model_fetch_opts fo = {
-        .spec = s->source,
-        .sha256 = s->sha256[0] ? s->sha256 : NULL,
+        .spec = h->spec.source,
+        .sha256 = h->spec.sha256[0] ? h->spec.sha256 : NULL,
         .cache_dir = b->models_dir,
         .state_dir = b->o->state_dir,
         .hf_endpoint = b->o->hf_endpoint,
@@ -148,42 +177,40 @@ static int fetch_current(deploy_backend *b, const dep_spec *s, char *err, size_t
         .max_attempts = (int)b->o->model_download_attempts,
         .max_bytes = b->o->model_max_bytes,
         .on_progress = on_progress,
-        .progress_ud = b,
+        .progress_ud = h,
     };
-    char path[sizeof b->path];
+    char path[sizeof h->path];
     int rc = model_fetch(&fo, fetch_should_stop, path, sizeof path, err, errlen);
     if (rc < 0)
         return rc;
     struct stat st;
     pthread_mutex_lock(&b->mu);
-    snprintf(b->path, sizeof b->path, "%s", path);
+    snprintf(h->path, sizeof h->path, "%s", path);
     if (stat(path, &st) == 0)
-        b->bytes = b->total = (long long)st.st_size;
-    b->rate = 0;
+        h->bytes = h->total = (long long)st.st_size;
+    h->rate = 0;
     pthread_mutex_unlock(&b->mu);
     return 0;
 }
 
-/* Load b->path as the gguf backend named s->name; called without mu.
- * The inner backend, or NULL with err. */
-static agent_backend *load_current(deploy_backend *b, const dep_spec *s, char *err,
-                                   size_t errlen)
+/* Load h's file as a gguf backend named after the deployment; called
+ * without mu. The inner backend, or NULL with err. */
+static agent_backend *load_file(deploy_backend *b, held *h, char *err, size_t errlen)
 {
     /* On the CPU the weights live in memory: refuse what cannot fit
      * rather than let the kernel's OOM killer decide (a tenth over the
      * file for the KV cache and scratch). CUDA has its own preflight. */
-    long long avail = mem_available();
+    long long avail = mem_available(), need = h->total + h->total / 10;
     bool cpu = b->o->backend && strcmp(b->o->backend, "cpu") == 0;
-    if ((cpu || !have_gpu()) && avail >= 0 && b->total > 0 &&
-        avail < b->total + b->total / 10) {
+    if ((cpu || !have_gpu()) && avail >= 0 && h->total > 0 && avail < need) {
         snprintf(err, errlen, "does not fit: needs about %lld MiB of memory, %lld MiB available",
-                 (b->total + b->total / 10) >> 20, avail >> 20);
+                 need >> 20, avail >> 20);
         return NULL;
     }
-    b->inner_o = *b->o;
-    b->inner_o.model = b->path;
-    b->inner_o.alias = b->cur.name; /* s is the worker's copy of it */
-    agent_backend *in = agent_backend_gguf_create(&b->inner_o, err, errlen);
+    h->inner_o = *b->o;
+    h->inner_o.model = h->path;
+    h->inner_o.alias = h->spec.name;
+    agent_backend *in = agent_backend_gguf_create(&h->inner_o, err, errlen);
     if (!in)
         return NULL;
     json_t *m = in->ops->models(in);
@@ -203,74 +230,113 @@ static agent_backend *load_current(deploy_backend *b, const dep_spec *s, char *e
     return in;
 }
 
-/* Drop what is held (mu held on entry and exit; released around the
- * destroy, which waits for the model's jobs to end). */
-static void unload_locked(deploy_backend *b)
+/* Forget entry h (mu held on entry and exit; released around the
+ * destroy, which waits for the model's jobs to end: they end CANCELLED
+ * and fail over). */
+static void drop_locked(deploy_backend *b, held *h)
 {
-    agent_backend *old = b->inner;
-    b->inner = NULL;
-    if (old)
-        gp_log_info("deploy_unload", "deployment %s: unloading", b->cur.name);
-    b->cur_any = false;
-    b->state = NULL;
-    b->reason[0] = '\0';
-    b->bytes = b->total = b->rate = 0;
+    agent_backend *old = h->inner;
+    h->inner = NULL;
+    h->used = false; /* the main thread no longer looks at it */
     if (old) {
+        gp_log_info("deploy_unload", "deployment %s: unloading", h->spec.name);
         pthread_mutex_unlock(&b->mu);
         old->ops->destroy(old);
         pthread_mutex_lock(&b->mu);
     }
+    memset(h, 0, sizeof *h);
 }
 
-/* Make b->cur what b->want says (mu held on entry and exit). */
-static void converge_locked(deploy_backend *b)
+/* Download and load entry h (mu held on entry and exit). A download
+ * trouble a later try may fix (the network, the source's 5xx) is retried
+ * by this agent, the entry still "downloading" with the reason saying so;
+ * a failure a retry cannot fix is reported and the server moves the
+ * replica. */
+static void fetch_load_locked(deploy_backend *b, held *h)
 {
     char err[512] = "";
-    unload_locked(b);
-    if (!b->want_any)
-        return;
-    dep_spec s = b->want;
-    uint64_t gen = b->want_gen;
-    b->cur = s;
-    b->cur_any = true;
-    b->state = "downloading";
+    h->state = "downloading";
+    h->bytes = h->total = h->rate = 0;
+    b->fetching = (int)(h - b->h);
     atomic_store(&g_stop_fetch, false);
     pthread_mutex_unlock(&b->mu);
-    gp_log_info("deploy_fetch", "deployment %s: fetching %s", s.name, s.source);
-    int rc = fetch_current(b, &s, err, sizeof err);
+    gp_log_info("deploy_fetch", "deployment %s: fetching %s", h->spec.name, h->spec.source);
+    int rc = fetch_file(b, h, err, sizeof err);
     pthread_mutex_lock(&b->mu);
-    if (b->quit || b->want_gen != gen)
-        return; /* changed meanwhile: the loop converges again */
-    if (rc == MODEL_FETCH_TRANSIENT && b->retries < 10) {
-        /* The network or the source's 5xx: this agent tries again (the
-         * .part resumes), still "downloading", the reason saying why. A
-         * failure a retry cannot fix is reported and the server moves the
-         * replica. */
-        unsigned delay_s = 5u << (b->retries < 5 ? b->retries : 5);
-        b->retries++;
-        b->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
-        snprintf(b->reason, sizeof b->reason, "retrying in %us (try %u of 10): %s", delay_s,
-                 b->retries, err);
-        gp_log_warn("deploy_fetch_retry", "deployment %s: %s", s.name, b->reason);
+    b->fetching = -1;
+    if (b->quit || !wanted(b, &h->spec))
+        return; /* the next step drops it */
+    if (rc == MODEL_FETCH_TRANSIENT && h->retries < 10) {
+        unsigned delay_s = 5u << (h->retries < 5 ? h->retries : 5);
+        h->retries++;
+        h->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
+        snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %s", delay_s,
+                 h->retries, err);
+        gp_log_warn("deploy_fetch_retry", "deployment %s: %s", h->spec.name, h->reason);
         return;
     }
     if (rc < 0) {
-        set_failed(b, err);
+        set_failed(h, err);
         return;
     }
-    b->retries = 0;
-    b->reason[0] = '\0';
-    b->state = "loading";
+    h->retries = 0;
+    h->reason[0] = '\0';
+    h->state = "loading";
     pthread_mutex_unlock(&b->mu);
-    agent_backend *in = load_current(b, &s, err, sizeof err);
+    agent_backend *in = load_file(b, h, err, sizeof err);
     pthread_mutex_lock(&b->mu);
     if (!in) {
-        set_failed(b, err);
+        set_failed(h, err);
         return;
     }
-    b->inner = in;
-    b->state = "ready";
-    gp_log_info("deploy_ready", "deployment %s: serving %s", s.name, b->path);
+    h->inner = in; /* dropped by the next step if no longer wanted */
+    h->state = "ready";
+    gp_log_info("deploy_ready", "deployment %s: serving %s", h->spec.name, h->path);
+}
+
+/* One step towards the desired set (mu held): drop what is not wanted,
+ * retry what is due, start what is wanted and not held. False when there
+ * is nothing to do now. */
+static bool step_locked(deploy_backend *b)
+{
+    uint64_t now = gp_now_mono_ms();
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && !wanted(b, &b->h[i].spec)) {
+            drop_locked(b, &b->h[i]);
+            return true;
+        }
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && b->h[i].retry_at_ms && now >= b->h[i].retry_at_ms) {
+            b->h[i].retry_at_ms = 0;
+            fetch_load_locked(b, &b->h[i]); /* the same file again: a resume */
+            return true;
+        }
+    for (int w = 0; w < b->nwant; w++) {
+        if (held_find(b, &b->want[w]))
+            continue;
+        for (int i = 0; i < b->capacity && i < DEPLOY_MAX_MODELS; i++)
+            if (!b->h[i].used) {
+                held *h = &b->h[i];
+                memset(h, 0, sizeof *h);
+                h->b = b;
+                h->used = true;
+                h->spec = b->want[w];
+                fetch_load_locked(b, h);
+                return true;
+            }
+        break; /* over the capacity: the server places no more than it */
+    }
+    return false;
+}
+
+/* The earliest retry due (monotonic ms), 0 when none. */
+static uint64_t next_retry(const deploy_backend *b)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && b->h[i].retry_at_ms && (!t || b->h[i].retry_at_ms < t))
+            t = b->h[i].retry_at_ms;
+    return t;
 }
 
 static void *worker_main(void *arg)
@@ -278,27 +344,16 @@ static void *worker_main(void *arg)
     deploy_backend *b = arg;
     pthread_mutex_lock(&b->mu);
     while (!b->quit) {
-        bool differs = b->want_any != b->cur_any ||
-                       (b->want_any && !spec_eq(&b->want, &b->cur));
-        uint64_t now = gp_now_mono_ms();
-        if (differs) {
-            b->retry_at_ms = 0;
-            b->retries = 0;
-            converge_locked(b);
+        if (step_locked(b))
             continue;
-        }
-        if (b->retry_at_ms && now >= b->retry_at_ms) {
-            b->retry_at_ms = 0;
-            converge_locked(b); /* the same spec again: a resume */
-            continue;
-        }
-        if (!b->retry_at_ms) {
+        uint64_t due = next_retry(b), now = gp_now_mono_ms();
+        if (!due) {
             pthread_cond_wait(&b->cv, &b->mu);
             continue;
         }
+        uint64_t ms = due > now ? due - now : 0;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ms = b->retry_at_ms - now;
         ts.tv_sec += (time_t)(ms / 1000);
         ts.tv_nsec += (long)(ms % 1000) * 1000000L;
         if (ts.tv_nsec >= 1000000000L) {
@@ -307,7 +362,9 @@ static void *worker_main(void *arg)
         }
         pthread_cond_timedwait(&b->cv, &b->mu, &ts);
     }
-    unload_locked(b);
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used)
+            drop_locked(b, &b->h[i]);
     pthread_mutex_unlock(&b->mu);
     return NULL;
 }
@@ -334,10 +391,48 @@ static void dp_destroy(agent_backend *base)
 static json_t *dp_models(agent_backend *base)
 {
     deploy_backend *b = (deploy_backend *)base;
+    json_t *all = json_array();
     pthread_mutex_lock(&b->mu);
-    json_t *m = b->inner ? b->inner->ops->models(b->inner) : json_array();
+    for (int i = 0; all && i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && b->h[i].inner) {
+            json_t *m = b->h[i].inner->ops->models(b->h[i].inner);
+            json_array_extend(all, m);
+            json_decref(m);
+        }
     pthread_mutex_unlock(&b->mu);
-    return m;
+    return all;
+}
+
+/* Facts of every loaded model in one poll body (mu held): the first
+ * model's as they are; each other one adds its engines and queue depth.
+ * With two or more models the prefix-cache facts are left out: their slot
+ * numbers would collide, and the server's prefix routing is a preference,
+ * not a need. */
+static void merge_facts_locked(deploy_backend *b, json_t *body)
+{
+    int n = 0;
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++) {
+        agent_backend *in = b->h[i].used ? b->h[i].inner : NULL;
+        if (!in || !in->ops->poll_facts)
+            continue;
+        if (n++ == 0) {
+            in->ops->poll_facts(in, body);
+            continue;
+        }
+        json_t *f = json_object();
+        in->ops->poll_facts(in, f);
+        json_t *eng = json_object_get(body, "engines");
+        if (json_is_array(eng))
+            json_array_extend(eng, json_object_get(f, "engines"));
+        json_int_t q = json_integer_value(json_object_get(body, "queue_depth")) +
+                       json_integer_value(json_object_get(f, "queue_depth"));
+        json_object_set_new(body, "queue_depth", json_integer(q));
+        json_decref(f);
+    }
+    if (n > 1)
+        json_object_del(body, "prefix_cache");
+    if (n == 0)
+        json_object_set_new(body, "backend", json_string("cpu"));
 }
 
 static void dp_poll_facts(agent_backend *base, json_t *body)
@@ -348,36 +443,45 @@ static void dp_poll_facts(agent_backend *base, json_t *body)
     bool ok = statvfs(b->models_dir, &vfs) == 0 || statvfs(b->o->state_dir, &vfs) == 0;
     long long disk = ok ? (long long)vfs.f_bavail * (long long)vfs.f_frsize : 0;
     long long mem = mem_available();
-    pthread_mutex_lock(&b->mu);
-    if (b->inner && b->inner->ops->poll_facts)
-        b->inner->ops->poll_facts(b->inner, body);
-    else
-        json_object_set_new(body, "backend", json_string("cpu"));
     json_t *models = json_array();
-    if (b->cur_any && b->state)
+    pthread_mutex_lock(&b->mu);
+    merge_facts_locked(b, body);
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++) {
+        const held *h = &b->h[i];
+        if (!h->used || !h->state)
+            continue;
         json_array_append_new(models, json_pack("{s:s,s:s,s:I,s:I,s:I,s:s?}", "name",
-                                                b->cur.name, "state", b->state, "bytes",
-                                                (json_int_t)b->bytes, "total",
-                                                (json_int_t)b->total, "rate",
-                                                (json_int_t)b->rate, "reason",
-                                                b->reason[0] ? b->reason : NULL));
+                                                h->spec.name, "state", h->state, "bytes",
+                                                (json_int_t)h->bytes, "total",
+                                                (json_int_t)h->total, "rate",
+                                                (json_int_t)h->rate, "reason",
+                                                h->reason[0] ? h->reason : NULL));
+    }
     pthread_mutex_unlock(&b->mu);
     json_object_set_new(body, "deploy",
-                        json_pack("{s:i,s:I,s:I,s:o}", "capacity", 1, "memory_free",
+                        json_pack("{s:i,s:I,s:I,s:o}", "capacity", b->capacity, "memory_free",
                                   (json_int_t)(mem > 0 ? mem : 0), "disk_free",
                                   (json_int_t)disk, "models", models));
 }
 
+/* A job goes to the model it names (each deployment is its own gguf
+ * backend, with its own engine contexts and slots). */
 static int dp_job_start(agent_backend *base, json_t *job, const agent_job_sink *sink, char *err,
                         size_t errlen)
 {
     deploy_backend *b = (deploy_backend *)base;
+    const char *model = json_string_value(json_object_get(job, "model"));
     int rc = -1;
     pthread_mutex_lock(&b->mu);
-    if (b->inner)
-        rc = b->inner->ops->job_start(b->inner, job, sink, err, errlen);
+    agent_backend *in = NULL;
+    for (int i = 0; model && i < DEPLOY_MAX_MODELS && !in; i++)
+        if (b->h[i].used && b->h[i].inner && strcmp(b->h[i].spec.name, model) == 0)
+            in = b->h[i].inner;
+    if (in)
+        rc = in->ops->job_start(in, job, sink, err, errlen);
     else
-        snprintf(err, errlen, "no model loaded (it was unloaded)");
+        snprintf(err, errlen, "model %s is not loaded on this agent (it was unloaded)",
+                 model ? model : "?");
     pthread_mutex_unlock(&b->mu);
     return rc;
 }
@@ -386,22 +490,33 @@ static void dp_job_cancel(agent_backend *base, const char *job_id)
 {
     deploy_backend *b = (deploy_backend *)base;
     pthread_mutex_lock(&b->mu);
-    if (b->inner)
-        b->inner->ops->job_cancel(b->inner, job_id);
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
+        if (b->h[i].used && b->h[i].inner) /* a no-op where the job is unknown */
+            b->h[i].inner->ops->job_cancel(b->h[i].inner, job_id);
     pthread_mutex_unlock(&b->mu);
 }
 
+/* Slots of every loaded model together. The server counts an agent's free
+ * slots, not a model's: a job for a model whose slots are all busy waits
+ * in its backend's queue (queue_depth) while another model's slot is free. */
 static void dp_slots(agent_backend *base, int *total, int *usable)
 {
     deploy_backend *b = (deploy_backend *)base;
+    *total = *usable = 0;
     pthread_mutex_lock(&b->mu);
-    if (b->inner && b->inner->ops->slots) {
-        b->inner->ops->slots(b->inner, total, usable);
-    } else {
-        *total = 1; /* the protocol wants one; none usable without a model */
-        *usable = 0;
+    for (int i = 0; i < DEPLOY_MAX_MODELS; i++) {
+        agent_backend *in = b->h[i].used ? b->h[i].inner : NULL;
+        int t = 1, u = 1;
+        if (!in)
+            continue;
+        if (in->ops->slots)
+            in->ops->slots(in, &t, &u);
+        *total += t;
+        *usable += u;
     }
     pthread_mutex_unlock(&b->mu);
+    if (*total < 1)
+        *total = 1; /* the protocol wants one; none usable without a model */
 }
 
 static void copy_str(char *dst, size_t n, const json_t *v)
@@ -410,29 +525,32 @@ static void copy_str(char *dst, size_t n, const json_t *v)
     snprintf(dst, n, "%s", s && strlen(s) < n ? s : "");
 }
 
-/* The server's desired set (backend.h). One model at a time: the first
- * entry; the server places no more than the capacity we report. */
+/* The server's desired set (backend.h): at most the capacity we report
+ * (the server places no more; extra entries are ignored). */
 static void dp_deploy(agent_backend *base, const json_t *deployments)
 {
     deploy_backend *b = (deploy_backend *)base;
-    dep_spec s;
-    memset(&s, 0, sizeof s);
-    const json_t *d = json_array_get(deployments, 0);
-    bool any = json_is_object(d);
-    if (any) {
-        copy_str(s.name, sizeof s.name, json_object_get(d, "name"));
-        copy_str(s.source, sizeof s.source, json_object_get(d, "source"));
-        copy_str(s.sha256, sizeof s.sha256, json_object_get(d, "sha256"));
-        any = s.name[0] && s.source[0];
+    dep_spec want[DEPLOY_MAX_MODELS];
+    int n = 0;
+    memset(want, 0, sizeof want);
+    for (size_t i = 0; i < json_array_size(deployments) && n < b->capacity; i++) {
+        const json_t *d = json_array_get(deployments, i);
+        dep_spec *s = &want[n];
+        copy_str(s->name, sizeof s->name, json_object_get(d, "name"));
+        copy_str(s->source, sizeof s->source, json_object_get(d, "source"));
+        copy_str(s->sha256, sizeof s->sha256, json_object_get(d, "sha256"));
+        n += s->name[0] && s->source[0];
     }
     pthread_mutex_lock(&b->mu);
-    if (any != b->want_any || (any && !spec_eq(&s, &b->want))) {
-        b->want = s;
-        b->want_any = any;
-        b->want_gen++;
+    bool same = n == b->nwant;
+    for (int i = 0; same && i < n; i++)
+        same = spec_eq(&want[i], &b->want[i]);
+    if (!same) {
+        memcpy(b->want, want, sizeof want);
+        b->nwant = n;
         /* A download of what is no longer wanted stops (its .part stays
          * for a later resume). */
-        if (b->cur_any && (!any || !spec_eq(&s, &b->cur)))
+        if (b->fetching >= 0 && !wanted(b, &b->h[b->fetching].spec))
             atomic_store(&g_stop_fetch, true);
         pthread_cond_signal(&b->cv);
     }
@@ -460,6 +578,9 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
     }
     b->base.ops = &deploy_ops;
     b->o = o;
+    b->fetching = -1;
+    b->capacity = o->deploy_capacity >= 1 && o->deploy_capacity <= DEPLOY_MAX_MODELS
+                      ? (int)o->deploy_capacity : 1;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
     int n = o->model_cache && *o->model_cache
@@ -475,7 +596,7 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
     }
     b->worker_started = true;
     gp_log_info("deploy_mode", "no --model or --upstream: offering this agent to the server's "
-                "deployments (models in %s)", b->models_dir);
+                "deployments (up to %d model(s), files in %s)", b->capacity, b->models_dir);
     return &b->base;
 fail:
     dp_destroy(&b->base);

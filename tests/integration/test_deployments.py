@@ -96,9 +96,9 @@ class Deployments(harness.TestCase):
     def ready_on(d):
         return sorted(r["agent_id"] for r in d["placed"] if r["state"] == "ready")
 
-    def complete(self):
+    def complete(self, model="tiny"):
         st, _, b = http_json("POST", self.srv.url + "/v1/completions",
-                             {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 4},
+                             {"model": model, "prompt": "Once upon a time", "max_tokens": 4},
                              timeout=60)
         self.assertEqual(st, 200, b)
         self.assertEqual(b["usage"]["completion_tokens"], 4)
@@ -259,6 +259,29 @@ class Deployments(harness.TestCase):
         self.ms.mode = "ok"
         self.wait_dep(lambda d: self.ready_on(d) == [a.id], "ready after the retry")
         self.complete()
+
+    def test_one_agent_holds_several_models(self):
+        # --deploy-capacity 2: two deployments on one agent, each its own
+        # engine and slot; undeploying one leaves the other serving; a third
+        # is refused for the capacity.
+        a = self.deploy_agent("box-a", extra=["--deploy-capacity", "2"])
+        for name in ("tiny", "tiny2"):
+            st, d = self.api("POST", "/admin/deployments", {"name": name, "source": self.source})
+            self.assertEqual(st, 201, d)
+        for name in ("tiny", "tiny2"):
+            self.wait_dep(lambda d: self.ready_on(d) == [a.id], name + " ready", name=name)
+            self.srv.wait_model(name, timeout=30)
+            self.complete(name)
+        self.assertEqual(self.agent(a.id)["slots_total"], 2)
+        st, d = self.api("POST", "/admin/deployments", {"name": "tiny3", "source": self.source})
+        self.assertEqual(d["unplaced"], 1, d)
+        self.assertEqual(d["refusals"][0]["reason"], "holds 2 deployed model(s), its capacity")
+        self.assertEqual(self.api("DELETE", "/admin/deployments/tiny3")[0], 200)
+        self.assertEqual(self.api("DELETE", "/admin/deployments/tiny")[0], 200)
+        wait_until(lambda: not self.serves(a.id, "tiny"), timeout=30, what="tiny unloaded")
+        self.assertTrue(self.serves(a.id, "tiny2"))
+        self.complete("tiny2")
+        self.assertEqual(len(a.log_events("deploy_unload")), 1, a.log_text()[-3000:])
 
 
 if __name__ == "__main__":
