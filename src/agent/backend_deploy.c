@@ -270,7 +270,7 @@ static void fetch_load_locked(deploy_backend *b, held *h)
         unsigned delay_s = 5u << (h->retries < 5 ? h->retries : 5);
         h->retries++;
         h->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
-        snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %s", delay_s,
+        snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %.200s", delay_s,
                  h->retries, err);
         gp_log_warn("deploy_fetch_retry", "deployment %s: %s", h->spec.name, h->reason);
         return;

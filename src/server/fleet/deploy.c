@@ -411,8 +411,9 @@ int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t er
 /* ------------------------------------------------------------------ */
 
 /* An agent gone (dead, offline, or unknown to the registry) for longer
- * than the grace, counted from its transition: its replicas move. The server's own start counts as a
- * last sighting, so a restart never moves what agents still hold. */
+ * than the grace, counted from its transition: its replicas move. The
+ * server's own start counts as a sighting, so a restart never moves what
+ * agents still hold. */
 static bool agent_gone(const gps_deploy *d, const char *agent_id, uint64_t now_ms)
 {
     const registry_agent *a = registry_get(d->reg, agent_id);
