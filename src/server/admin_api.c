@@ -1060,7 +1060,7 @@ json_t *gps_admin_snapshot(gps_admin *a)
     json_t *snap = json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr,
                              "history", hist, "requests_total", req, "time", (json_int_t)now);
     /* The dashboard's deployments table (fleet/deploy.h). */
-    json_t *deps = snap && a->deploy ? gps_deploy_list(a->deploy, gp_now_mono_ms()) : NULL;
+    json_t *deps = snap && a->deploy ? gps_deploy_list(a->deploy) : NULL;
     if (deps)
         json_object_set(snap, "deployments", json_object_get(deps, "deployments"));
     json_decref(deps);
@@ -1205,13 +1205,13 @@ static void h_deploy_list(gps_req *r, void *arg)
     gps_admin *a = arg;
     if (!deploy_ready(r, a))
         return;
-    send_json_or_oom(r, 200, gps_deploy_list(a->deploy, gp_now_mono_ms()));
+    send_json_or_oom(r, 200, gps_deploy_list(a->deploy));
 }
 
 static void send_deployment(gps_req *r, gps_admin *a, const char *name, int status)
 {
     bool found = false;
-    json_t *j = gps_deploy_get(a->deploy, name, gp_now_mono_ms(), &found);
+    json_t *j = gps_deploy_get(a->deploy, name, &found);
     if (!found)
         gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
     else
@@ -1275,8 +1275,7 @@ static void h_deploy_scale(gps_req *r, void *arg)
         json_integer_value(v) > GPS_DEPLOY_REPLICAS_MAX) {
         gps_req_error(r, 400, "INVALID_REQUEST", "'replicas' must be an integer from 0 to 256",
                       "replicas");
-    } else if (gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v),
-                                gp_now_wall_ms()) != 0) {
+    } else if (gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v)) != 0) {
         gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
     } else {
         gp_log_write(GP_LOG_INFO, "admin_model_scaled", r->correlation_id,

@@ -353,7 +353,7 @@ static void collect_deployments(server *s, gps_metrics *m)
     gps_metrics_reset(m, "deployment_replicas_wanted");
     gps_metrics_reset(m, "deployment_replicas");
     gps_metrics_reset(m, "deployment_replicas_unplaced");
-    json_t *all = s->deploy ? gps_deploy_list(s->deploy, gp_now_mono_ms()) : NULL;
+    json_t *all = s->deploy ? gps_deploy_list(s->deploy) : NULL;
     size_t i;
     json_t *d;
     json_array_foreach(json_object_get(all, "deployments"), i, d)

@@ -196,14 +196,16 @@ void gps_deploy_free(gps_deploy *d)
 /* Validation                                                          */
 /* ------------------------------------------------------------------ */
 
-/* Printable ASCII/UTF-8 of 1..max bytes, none of the bytes in `bad`. */
+/* Printable UTF-8 of 1..max bytes (gps_agent_text_ok: no controls, no
+ * bidi overrides: it reaches operators' terminals), none of the bytes in
+ * `bad`. */
 static bool text_ok(const char *s, size_t max, const char *bad)
 {
     size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > max)
+    if (!s || !gps_agent_text_ok(s, n, max))
         return false;
     for (size_t i = 0; i < n; i++)
-        if ((unsigned char)s[i] < ' ' || (unsigned char)s[i] == 0x7f || strchr(bad, s[i]))
+        if (strchr(bad, s[i]))
             return false;
     return true;
 }
@@ -337,9 +339,8 @@ int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
     return 0;
 }
 
-int gps_deploy_scale(gps_deploy *d, const char *name, int replicas, int64_t now_wall)
+int gps_deploy_scale(gps_deploy *d, const char *name, int replicas)
 {
-    (void)now_wall;
     deployment *p = dep_find(d, name, NULL);
     if (!p)
         return 1;
@@ -775,9 +776,8 @@ static void add_local(void *ud, registry_agent *a)
                                                 "agent_state", registry_state_name(a->state)));
 }
 
-json_t *gps_deploy_list(const gps_deploy *d, uint64_t now_ms)
+json_t *gps_deploy_list(const gps_deploy *d)
 {
-    (void)now_ms;
     json_t *l = json_array();
     local_ctx x = {d, json_array()};
     for (size_t i = 0; l && i < d->n; i++)
@@ -792,9 +792,8 @@ json_t *gps_deploy_list(const gps_deploy *d, uint64_t now_ms)
     return json_pack("{s:o,s:o}", "deployments", l, "local", x.out);
 }
 
-json_t *gps_deploy_get(const gps_deploy *d, const char *name, uint64_t now_ms, bool *found)
+json_t *gps_deploy_get(const gps_deploy *d, const char *name, bool *found)
 {
-    (void)now_ms;
     const deployment *p = dep_find(d, name, NULL);
     *found = p != NULL;
     return p ? dep_json(d, p) : NULL;

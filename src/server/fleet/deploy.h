@@ -84,7 +84,7 @@ int gps_deploy_parse(const json_t *body, gps_deploy_spec *spec, char *msg, size_
  * is also the way to retry them). remove: 0, 1 no such deployment. */
 int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
                       const char *created_by);
-int gps_deploy_scale(gps_deploy *d, const char *name, int replicas, int64_t now_wall);
+int gps_deploy_scale(gps_deploy *d, const char *name, int replicas);
 int gps_deploy_remove(gps_deploy *d, const char *name);
 
 /* Start-up load (store rows). 0, or -1 (ENOMEM); a bad row is skipped. */
@@ -106,7 +106,7 @@ void gps_deploy_agent_forget(gps_deploy *d, const char *agent_id);
 /* API views (new references, NULL on ENOMEM). list: {deployments: [...],
  * local: [{model, agent_id, agent}]} ; get: one deployment or NULL when
  * there is none (*found false). */
-json_t *gps_deploy_list(const gps_deploy *d, uint64_t now_ms);
-json_t *gps_deploy_get(const gps_deploy *d, const char *name, uint64_t now_ms, bool *found);
+json_t *gps_deploy_list(const gps_deploy *d);
+json_t *gps_deploy_get(const gps_deploy *d, const char *name, bool *found);
 
 #endif

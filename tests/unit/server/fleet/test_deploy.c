@@ -87,7 +87,7 @@ static int create(fx *f, const char *body_text)
 static json_t *get(fx *f, const char *name)
 {
     bool found = false;
-    json_t *j = gps_deploy_get(f->d, name, T0, &found);
+    json_t *j = gps_deploy_get(f->d, name, &found);
     assert_true(found);
     return j;
 }
@@ -193,7 +193,7 @@ static void test_placement_explains_itself(void **st)
     assert_int_equal(placed(j), 1);
     assert_null(json_object_get(j, "refusals"));
     json_decref(j);
-    assert_int_equal(gps_deploy_scale(f.d, "other", 2, 0), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "other", 2), 0);
     gps_deploy_reconcile(f.d, T0 + 30, 0);
     j = get(&f, "other");
     assert_string_equal(refusal(j, 1), "holds 1 deployed model(s), its capacity");
@@ -248,7 +248,7 @@ static void test_failed_replica_moves_elsewhere(void **st)
     assert_int_equal(json_integer_value(json_object_get(j, "unplaced")), 1);
     json_decref(j);
     /* A scale forgets the failures: a retry. */
-    assert_int_equal(gps_deploy_scale(f.d, "m", 1, 0), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
     gps_deploy_reconcile(f.d, T0 + 5, 0);
     j = get(&f, "m");
     assert_int_equal(placed(j), 1);
@@ -281,7 +281,7 @@ static void test_scale_down_and_dead_agents(void **st)
             uuid(i, ready_id);
         json_decref(w);
     }
-    assert_int_equal(gps_deploy_scale(f.d, "m", 1, 0), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
     gps_deploy_reconcile(f.d, T0 + 2, 0);
     j = get(&f, "m");
     assert_int_equal(placed(j), 1);
