@@ -659,6 +659,35 @@ static bool apply_report(gps_deploy *d, const registry_agent *a, const json_t *m
     return true;
 }
 
+/* A replica the agent held (downloading, loading, ready) and no longer
+ * lists: it restarted and starts over from the poll reply. Shown as
+ * assigned again rather than as the state it lost. */
+static void forget_unreported(gps_deploy *d, const registry_agent *a, const json_t *models,
+                              int64_t now_wall)
+{
+    for (size_t k = 0; k < d->n; k++) {
+        deployment *p = d->v[k];
+        replica *r = replica_find(p, a->id);
+        if (!r || r->state == R_FAILED || r->state == R_ASSIGNED)
+            continue;
+        bool listed = false;
+        for (size_t i = 0; i < json_array_size(models) && i < 64 && !listed; i++) {
+            const char *n = json_string_value(json_object_get(json_array_get(models, i), "name"));
+            listed = n && strcmp(n, p->name) == 0;
+        }
+        if (listed)
+            continue;
+        gp_log_info("deploy_replica_state", "deployment %s on agent %s: %s -> assigned (the "
+                    "agent no longer reports it: restarted?)", p->name, a->id,
+                    rstate_names[r->state]);
+        r->state = R_ASSIGNED;
+        r->reason[0] = '\0';
+        r->bytes = r->total = r->rate = 0;
+        r->updated_at = now_wall;
+        persist_replica(d, p, r);
+    }
+}
+
 json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
                               uint64_t now_ms, int64_t now_wall)
 {
@@ -695,6 +724,7 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
     const json_t *models = json_object_get(dj, "models");
     for (size_t i = 0; i < json_array_size(models) && i < 64; i++)
         changed |= apply_report(d, a, json_array_get(models, i), now_wall);
+    forget_unreported(d, a, models, now_wall);
     /* Otherwise the tick's reconcile (once a second) is enough: a poll
      * stays O(deployments) however many agents there are. */
     if (changed)

@@ -236,6 +236,15 @@ static void test_failed_replica_moves_elsewhere(void **st)
     j = get(&f, "m");
     assert_int_equal(placed(j), 2); /* the failure is kept, and agent 2 took over */
     json_decref(j);
+    /* Agent 2 got ready, then restarted: it lists nothing; the replica is
+     * assigned again (not shown ready while the agent starts over). */
+    json_decref(poll(&f, 2, NULL, "{\"models\":[{\"name\":\"m\",\"state\":\"ready\"}]}",
+                     T0 + 2));
+    json_decref(poll(&f, 2, NULL, dj, T0 + 2));
+    j = get(&f, "m");
+    r = json_array_get(json_object_get(j, "placed"), 1);
+    assert_string_equal(json_string_value(json_object_get(r, "state")), "assigned");
+    json_decref(j);
     w = poll(&f, 2, NULL, dj, T0 + 3);
     assert_int_equal(json_array_size(w), 1);
     json_decref(w);
