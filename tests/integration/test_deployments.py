@@ -52,9 +52,9 @@ class Deployments(harness.TestCase):
         self.source = self.ms.url + "/m/stories260K.gguf"
 
     # -------------------------------------------------------------- helpers
-    def deploy_agent(self, name, labels=None, extra=()):
+    def deploy_agent(self, name, labels=None, extra=(), state_dir=None):
         args = ["--threads", "1"] + (["--labels", labels] if labels else []) + list(extra)
-        a = self.h.start_agent(self.srv, args=args, name=name)
+        a = self.h.start_agent(self.srv, args=args, name=name, state_dir=state_dir)
         a.id = a.agent_id()
         wait_until(lambda: self.agent(a.id) is not None, timeout=30,
                    what="agent %s registered" % name)
@@ -282,6 +282,24 @@ class Deployments(harness.TestCase):
         self.assertTrue(self.serves(a.id, "tiny2"))
         self.complete("tiny2")
         self.assertEqual(len(a.log_events("deploy_unload")), 1, a.log_text()[-3000:])
+
+    def test_restarted_agent_serves_again_from_its_cache(self):
+        a = self.deploy_agent("box-a")
+        st, d = self.api("POST", "/admin/deployments", {"name": "tiny", "source": self.source})
+        self.assertEqual(st, 201, d)
+        self.wait_dep(lambda d: self.ready_on(d) == [a.id], "ready")
+        self.assertEqual(len(self.ms.requests), 1)
+        a.kill9()
+        # The same box again (same state dir, so the same agent_id and
+        # models directory): whether or not the replica moved meanwhile (it
+        # has nowhere else to go), the agent loads it from its cache.
+        b = self.deploy_agent("box-a-again", state_dir=a.state_dir)
+        self.assertEqual(b.id, a.id)
+        self.wait_dep(lambda d: b.log_events("deploy_ready") and self.ready_on(d) == [a.id],
+                      "ready again after the restart")
+        self.assertEqual(len(self.ms.requests), 1, self.ms.requests)
+        self.assertTrue(b.log_events("model_cached"), b.log_text()[-3000:])
+        self.complete()
 
 
 if __name__ == "__main__":
