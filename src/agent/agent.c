@@ -780,6 +780,12 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
     if (a->next_work_ms > now && !a->work_req)
         a->next_work_ms = now; /* re-park at once now that the server knows us */
 
+    /* The server's deployments for us (only a deploy backend takes them;
+     * an older server sends none and nothing changes). */
+    const json_t *deps = json_object_get(body, "deployments");
+    if (json_is_array(deps) && a->be->ops->deploy)
+        a->be->ops->deploy(a->be, deps);
+
     json_t *cmds = json_object_get(body, "commands");
     size_t i;
     json_t *c;

@@ -70,6 +70,10 @@ const gp_opt agent_config_table[] = {
      1125899906842624LL, NULL,
      "gguf backend: largest model file a download accepts (larger: refused, the partial "
      "file removed)"},
+    {"deploy-capacity", GP_OPT_INT, O(deploy_capacity), "1", 1, 16, NULL,
+     "neither --model nor --upstream: how many of the server's deployed models this agent "
+     "holds at once (each its own engine context and slots; the server also checks memory "
+     "and VRAM)"},
     {"threads", GP_OPT_INT, O(threads), "0", 0, 1024, NULL,
      "gguf backend: CPU threads (0 = all cores)"},
     {"ctx", GP_OPT_INT, O(ctx_size), "0", 0, 1048576, NULL,
@@ -189,11 +193,8 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
                               "--model FILE.gguf for gguf)");
         return -1;
     }
-    if (!out->upstream && !out->model) {
-        snprintf(err, errlen, "upstream or model: one backend is required (--upstream URL "
-                              "--upstream-model NAME, or --model FILE.gguf)");
-        return -1;
-    }
+    /* Neither --upstream nor --model: the agent offers itself to the
+     * server's deployments (backend_deploy.c). */
     if (out->upstream) {
         if (!is_http_url(out->upstream)) {
             snprintf(err, errlen, "upstream: '%s' must be an http:// or https:// URL",

@@ -47,6 +47,7 @@ typedef struct agent_options {
     long long model_max_bytes;   /* largest model file a download accepts */
     long long threads;         /* CPU threads for the engine (0 = auto) */
     long long ctx_size;        /* context length per slot (0 = model's; auto on a GPU) */
+    long long deploy_capacity; /* neither --model nor --upstream: models held at most */
     char *backend;             /* auto|cuda|cpu: where the engine runs the model (NULL, in
                                   options filled by hand: cpu) */
     char *devices;             /* "all" or "0,2": CUDA devices the engine may use */

@@ -1,6 +1,7 @@
 /*
  * backend: how gpupool-agent runs a job. One small vtable, chosen once at
- * start-up (--upstream -> openai, --model FILE.gguf -> gguf).
+ * start-up (--upstream -> openai, --model FILE.gguf -> gguf, neither ->
+ * deploy: the server's deployments choose the model).
  *
  * Concurrency model
  * -----------------
@@ -131,6 +132,11 @@ typedef struct agent_backend_ops {
      * offers now (0..total: the gguf backend stops offering the slots of a
      * GPU that failed until it is re-initialised). Thread-safe. */
     void (*slots)(agent_backend *b, int *total, int *usable);
+    /* (optional, may be NULL: only the deploy backend takes deployments)
+     * The poll reply's "deployments" array (borrowed), the server's whole
+     * desired set for this agent: load what is listed, unload what is not
+     * (asynchronously; poll_facts reports progress as "deploy"). */
+    void (*deploy)(agent_backend *b, const json_t *deployments);
     /* The backend applies a job's `response_format` (json_object,
      * json_schema: docs/protocol.md). When false the agent fails such a
      * job (INVALID_REQUEST, a 400 for the client) rather than return text
@@ -148,5 +154,8 @@ struct agent_backend {
 agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen);
 /* Defined in backend_gguf.c (the embedded engine). */
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen);
+/* Defined in backend_deploy.c: neither --model nor --upstream; the server's
+ * deployments choose the model (gguf backends inside). */
+agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, size_t errlen);
 
 #endif

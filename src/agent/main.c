@@ -5,7 +5,8 @@
  *
  *   gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]
  *                 [--name NAME] [--labels k=v,...]
- *                 (--upstream URL --upstream-model NAME | --model FILE.gguf)
+ *                 [--upstream URL --upstream-model NAME | --model FILE.gguf]
+ *                 (neither: the server's deployments choose the model)
  *                 [--alias NAME] [--config FILE] [--print-config]
  *
  * Signals: SIGTERM/SIGINT drain (announce "draining", finish running jobs up
@@ -56,9 +57,11 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]\n"
                  "                     [--name NAME] [--labels k=v,...]\n"
-                 "                     (--upstream URL --upstream-model NAME | --model FILE.gguf\n"
-                 "                      [--backend auto|cuda|cpu] [--devices all|0,1,...]\n"
-                 "                      [--slots auto|N] [--ctx N] [--kv-f16 auto|on|off])\n"
+                 "                     [--upstream URL --upstream-model NAME | --model FILE.gguf]\n"
+                 "                     [--backend auto|cuda|cpu] [--devices all|0,1,...]\n"
+                 "                     [--slots auto|N] [--ctx N] [--kv-f16 auto|on|off]\n"
+                 "                     neither --upstream nor --model: the server's deployments\n"
+                 "                     choose the model (downloaded into --model-cache)\n"
                  "                     [--alias NAME]\n\noptions:\n");
     gp_config_usage(agent_config_table, agent_config_table_len, out);
 }
@@ -255,8 +258,10 @@ int main(int argc, char **argv)
     agent_backend *be = NULL;
     if (o.upstream) {
         be = agent_backend_openai_create(&o, err, sizeof err);
-    } else {
+    } else if (o.model) {
         be = agent_backend_gguf_create(&o, err, sizeof err);
+    } else {
+        be = agent_backend_deploy_create(&o, err, sizeof err);
     }
     if (!be) {
         /* One line (journald keeps stderr): "gpupool-agent: backend cuda:

@@ -60,8 +60,21 @@ int model_fetch_url(const char *spec, const char *hf_endpoint, char *out, size_t
         }
         return 0;
     }
-    /* hf:OWNER/REPO/PATH[@REV]: the revision is what follows the last '@'. */
-    const char *p = spec + 3;
+    /* hf:OWNER/REPO/PATH[@REV]: the revision is what follows the last '@'.
+     * hf:OWNER/REPO:PATH (the form issue 27 and other tools write) is the
+     * same: a repository name has no ':', so the first one after OWNER/
+     * and before any other '/' ends REPO. */
+    char norm[4096];
+    if (snprintf(norm, sizeof norm, "%s", spec + 3) >= (int)sizeof norm) {
+        snprintf(err, errlen, "model: URL longer than %zu bytes", sizeof norm - 1);
+        return -1;
+    }
+    char *slash = strchr(norm, '/');
+    char *colon = slash ? strchr(slash + 1, ':') : NULL;
+    char *slash2 = slash ? strchr(slash + 1, '/') : NULL;
+    if (colon && (!slash2 || colon < slash2))
+        *colon = '/';
+    const char *p = norm;
     const char *at = strrchr(p, '@');
     size_t plen = at ? (size_t)(at - p) : strlen(p);
     const char *rev = at ? at + 1 : "main";
@@ -194,6 +207,8 @@ static void report(fetch *f, bool final)
     human((double)f->have, got, sizeof got);
     human(f->total > 0 ? (double)f->total : 0, tot, sizeof tot);
     human(rate, rt, sizeof rt);
+    if (f->o->on_progress)
+        f->o->on_progress(f->o->progress_ud, f->have, f->total, rate);
     if (f->o->progress_bar) {
         if (!final && now - f->last_report_ms < 100)
             return;

@@ -37,13 +37,19 @@ typedef struct model_fetch_opts {
     int max_attempts;        /* connection attempts without progress before giving up */
     long long max_bytes;     /* largest file accepted (0: MODEL_FETCH_DEFAULT_MAX_BYTES) */
     bool progress_bar;       /* a terminal: draw a bar on stderr; else log lines */
+    /* (optional, may be NULL) every time bytes arrive: have of total (-1
+     * unknown) and this attempt's rate in bytes/s. Called on the fetching
+     * thread; must be quick (a deployed model's progress for the server). */
+    void (*on_progress)(void *ud, long long have, long long total, double rate);
+    void *progress_ud;
 } model_fetch_opts;
 
 /* True when spec names a remote model (http://, https://, hf:). */
 bool model_fetch_is_remote(const char *spec);
 
 /* The download URL of spec: an http(s) URL as it is; hf:OWNER/REPO/PATH
- * [@REV] -> ENDPOINT/OWNER/REPO/resolve/REV/PATH (REV defaults to main).
+ * [@REV] (or hf:OWNER/REPO:PATH[@REV]) -> ENDPOINT/OWNER/REPO/resolve/REV/
+ * PATH (REV defaults to main).
  * Returns 0, or -1 with err (a malformed hf: spec, an overlong URL). */
 int model_fetch_url(const char *spec, const char *hf_endpoint, char *out, size_t outlen,
                     char *err, size_t errlen);

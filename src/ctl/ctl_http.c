@@ -101,3 +101,37 @@ done:
     gp_buf_free(&b);
     return status;
 }
+
+long long ctl_http_content_length(const char *url, const char *ca_file, char *err,
+                                  size_t errlen)
+{
+    CURL *h = curl_easy_init();
+    long long size = -1;
+    if (!h) {
+        snprintf(err, errlen, "cannot initialise libcurl");
+        return -1;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 10L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 15L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    if (ca_file && *ca_file)
+        curl_easy_setopt(h, CURLOPT_CAINFO, ca_file);
+    CURLcode rc = curl_easy_perform(h);
+    long status = 0;
+    curl_off_t len = -1;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &len);
+    if (rc != CURLE_OK)
+        snprintf(err, errlen, "%s", curl_easy_strerror(rc));
+    else if (status != 200)
+        snprintf(err, errlen, "HTTP %ld", status);
+    else if (len < 0)
+        snprintf(err, errlen, "no Content-Length");
+    else
+        size = (long long)len;
+    curl_easy_cleanup(h);
+    return size;
+}

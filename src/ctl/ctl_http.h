@@ -24,4 +24,11 @@ typedef struct ctl_conn {
 int ctl_http_call(const ctl_conn *c, const char *method, const char *path, const json_t *body,
                   json_t **resp, char *err, size_t errlen);
 
+/* The size of the file at an http(s) URL (a HEAD request, redirects
+ * followed, 15 s at most; the model source of `models deploy`, so that
+ * the server checks the fit before the first download). The size, or -1
+ * when it cannot be had (err says why). */
+long long ctl_http_content_length(const char *url, const char *ca_file, char *err,
+                                  size_t errlen);
+
 #endif

@@ -53,6 +53,12 @@ static const char usage_text[] =
     "  models pins\n"
     "  models pin NAME SHA256       refuse agents whose file for NAME has another sha256\n"
     "  models unpin NAME\n"
+    "  models deploy SOURCE --name N [--replicas R] [--labels k=v,...] [--sha256 H]\n"
+    "                [--bytes SIZE]   SOURCE: https://.../F.gguf, hf:OWNER/REPO/F.gguf\n"
+    "  models undeploy NAME\n"
+    "  models scale NAME --replicas R\n"
+    "  models list                  deployments (state and progress per replica), local models\n"
+    "  models show NAME             one deployment; why agents were refused when it is short\n"
     "  jobs list [--status S] [--model M] [--agent A] [--key-id ID] [--limit N]\n"
     "  jobs show ID\n"
     "  status\n"
@@ -687,11 +693,262 @@ static int cmd_agents(ctl *c, int argc, char **argv)
 /* models                                                              */
 /* ------------------------------------------------------------------ */
 
+/* "12.3 MiB" */
+static char *fmt_bytes(int64_t b, char *out, size_t n)
+{
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int i = 0;
+    while (v >= 1024 && i < 4) {
+        v /= 1024;
+        i++;
+    }
+    snprintf(out, n, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+    return out;
+}
+
+/* A replica's progress cell: "45% of 4.1 GiB, 12.0 MiB/s, ETA 3m20s". */
+static char *fmt_progress(const json_t *r, char *out, size_t n)
+{
+    int64_t have = jint(r, "bytes"), total = jint(r, "total"), rate = jint(r, "rate");
+    const char *st = jstr(r, "state");
+    char a[32], b[32];
+    if (st && strcmp(st, "downloading") != 0) {
+        snprintf(out, n, "%s", total > 0 ? fmt_bytes(total, a, sizeof a) : "-");
+        return out;
+    }
+    if (total > 0)
+        snprintf(out, n, "%d%% of %s", (int)(have * 100 / total), fmt_bytes(total, a, sizeof a));
+    else
+        snprintf(out, n, "%s", fmt_bytes(have, a, sizeof a));
+    size_t l = strlen(out);
+    if (rate > 0 && l < n)
+        snprintf(out + l, n - l, ", %s/s", fmt_bytes(rate, b, sizeof b));
+    l = strlen(out);
+    const json_t *eta = json_object_get(r, "eta_sec");
+    if (json_is_integer(eta) && l < n)
+        snprintf(out + l, n - l, ", ETA %llds", (long long)json_integer_value(eta));
+    return out;
+}
+
+/* Rows for one deployment: one per replica (a deployment with none: one
+ * row that says how many are unplaced). */
+static void deployment_rows(ctl_table *t, const json_t *d)
+{
+    char want[48], prog[96];
+    snprintf(want, sizeof want, "%lld/%lld", (long long)jint(d, "ready"),
+             (long long)jint(d, "replicas"));
+    size_t i;
+    const json_t *r;
+    json_array_foreach(json_object_get(d, "placed"), i, r)
+    {
+        const char *agent = jstr(r, "agent") ? jstr(r, "agent") : jstr(r, "agent_id");
+        const char *row[] = {i == 0 ? jstr(d, "name") : "", i == 0 ? want : "", agent,
+                             jstr(r, "state"), fmt_progress(r, prog, sizeof prog),
+                             jstr(r, "reason") ? jstr(r, "reason") : ""};
+        ctl_table_add(t, row);
+    }
+    if (jint(d, "unplaced") > 0) {
+        char un[64];
+        snprintf(un, sizeof un, "%lld unplaced", (long long)jint(d, "unplaced"));
+        const char *row[] = {i == 0 ? jstr(d, "name") : "", i == 0 ? want : "", "-", un, "",
+                             json_object_get(d, "refusals") ? "fits no agent: models show NAME"
+                                                            : ""};
+        ctl_table_add(t, row);
+    }
+}
+
+static int deploy_list(ctl *c)
+{
+    json_t *out = NULL;
+    int rc = call(c, "GET", "/admin/deployments", NULL, &out);
+    if (rc)
+        return rc;
+    if (c->json) {
+        print_json(out);
+        json_decref(out);
+        return 0;
+    }
+    static const char *const h[] = {"NAME", "READY", "AGENT", "STATE", "PROGRESS", "REASON"};
+    ctl_table *t = ctl_table_new(6, h);
+    size_t i;
+    const json_t *d;
+    json_array_foreach(json_object_get(out, "deployments"), i, d)
+    {
+        if (t)
+            deployment_rows(t, d);
+    }
+    json_array_foreach(json_object_get(out, "local"), i, d)
+    {
+        const char *row[] = {jstr(d, "model"), "local", jstr(d, "agent") ? jstr(d, "agent")
+                             : jstr(d, "agent_id"), jstr(d, "agent_state"), "", ""};
+        if (t)
+            ctl_table_add(t, row);
+    }
+    rc = print_table(t);
+    json_decref(out);
+    return rc;
+}
+
+static int deploy_show(ctl *c, const char *name)
+{
+    char path[1024];
+    json_t *out = NULL;
+    if (id_path(path, sizeof path, "/admin/deployments/", name, "") < 0)
+        return 1;
+    int rc = call(c, "GET", path, NULL, &out);
+    if (rc)
+        return rc;
+    if (c->json) {
+        print_json(out);
+        json_decref(out);
+        return 0;
+    }
+    char sz[32], labels[512] = "";
+    const char *k;
+    const json_t *v;
+    json_object_foreach(json_object_get(out, "labels"), k, v)
+    {
+        size_t l = strlen(labels);
+        snprintf(labels + l, sizeof labels - l, "%s%s=%s", l ? "," : "", k,
+                 json_string_value(v));
+    }
+    printf("name:     %s\nsource:   %s\nsha256:   %s\nsize:     %s\nlabels:   %s\n"
+           "replicas: %lld wanted, %lld ready, %lld unplaced\n\n", jstr(out, "name"),
+           jstr(out, "source"), jstr(out, "sha256") ? jstr(out, "sha256") : "-",
+           jint(out, "bytes") > 0 ? fmt_bytes(jint(out, "bytes"), sz, sizeof sz) : "unknown",
+           labels[0] ? labels : "-", (long long)jint(out, "replicas"),
+           (long long)jint(out, "ready"), (long long)jint(out, "unplaced"));
+    static const char *const h[] = {"NAME", "READY", "AGENT", "STATE", "PROGRESS", "REASON"};
+    ctl_table *t = ctl_table_new(6, h);
+    if (t)
+        deployment_rows(t, out);
+    rc = print_table(t);
+    size_t i;
+    const json_t *ref = json_object_get(out, "refusals");
+    if (json_is_array(ref) && json_array_size(ref) == 0)
+        printf("\nno agent offers itself to deployments (agents started without --model "
+               "and --upstream do)\n");
+    json_array_foreach(ref, i, v)
+    {
+        if (i == 0)
+            printf("\nagents considered and refused:\n");
+        printf("  %s: %s\n", jstr(v, "agent") && *jstr(v, "agent") ? jstr(v, "agent")
+               : jstr(v, "agent_id"), jstr(v, "reason"));
+    }
+    json_decref(out);
+    return rc;
+}
+
+/* --labels k=v,k2=v2 -> {"k":"v","k2":"v2"}. 0, or -1 after a usage error. */
+static int put_labels(json_t *body, const char *v)
+{
+    if (!v)
+        return 0;
+    json_t *l = json_object();
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", v);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv || !eq[1]) {
+            json_decref(l);
+            return usage_error("--labels: '%s' is not k=v", kv);
+        }
+        *eq = '\0';
+        json_object_set_new(l, kv, json_string(eq + 1));
+    }
+    json_object_set_new(body, "labels", l);
+    return 0;
+}
+
+/* Without --bytes, ask an http(s) source for its size (HEAD) so that the
+ * server checks the fit before any agent downloads. hf: specs resolve on
+ * the agents (their --hf-endpoint): the first download tells the server. */
+static void put_source_size(ctl *c, json_t *body, const char *source, const char *given)
+{
+    if (given || (strncmp(source, "http://", 7) != 0 && strncmp(source, "https://", 8) != 0))
+        return;
+    char err[256];
+    long long n = ctl_http_content_length(source, c->conn.ca_file, err, sizeof err);
+    if (n > 0)
+        json_object_set_new(body, "bytes", json_integer(n));
+    else
+        fprintf(stderr, "gpupoolctl: the size of %s is unknown (%s); the first download "
+                        "will tell the server\n", source, err);
+}
+
+static int cmd_deploy(ctl *c, const char *sub, int argc, char **argv)
+{
+    static const opt_spec spec[] = {{"--name", false}, {"--replicas", false},
+                                    {"--labels", false}, {"--sha256", false},
+                                    {"--bytes", false}};
+    bool deploy = strcmp(sub, "deploy") == 0, scale = strcmp(sub, "scale") == 0;
+    parsed p;
+    if (parse_opts(argc, argv, spec, deploy ? 5 : scale ? 2 : 0, 1, &p) < 0)
+        return EXIT_USAGE;
+    if (strcmp(sub, "list") == 0)
+        return deploy_list(c);
+    if (p.npos != 1)
+        return usage_error("'models %s' needs one argument (see --help)", sub), EXIT_USAGE;
+    if (strcmp(sub, "show") == 0)
+        return deploy_show(c, p.pos[0]);
+    char path[1024];
+    json_t *out = NULL, *body = json_object();
+    int rc = EXIT_USAGE;
+    if (deploy && !p.val[0]) {
+        usage_error("%s", "'models deploy' needs --name (the model name clients use)");
+        goto done;
+    }
+    if (scale && !p.val[1]) {
+        usage_error("%s", "'models scale' needs --replicas");
+        goto done;
+    }
+    if (put_count(body, "replicas", "--replicas", p.val[1]) < 0 || put_labels(body, p.val[2]) < 0
+        || put_count(body, "bytes", "--bytes", p.val[4]) < 0)
+        goto done;
+    if (deploy) {
+        json_object_set_new(body, "name", json_string(p.val[0]));
+        json_object_set_new(body, "source", json_string(p.pos[0]));
+        if (p.val[3])
+            json_object_set_new(body, "sha256", json_string(p.val[3]));
+        put_source_size(c, body, p.pos[0], p.val[4]);
+    }
+    rc = 1;
+    if (id_path(path, sizeof path, "/admin/deployments/", p.pos[0], "") < 0)
+        goto done;
+    if (deploy)
+        rc = call(c, "POST", "/admin/deployments", body, &out);
+    else if (scale)
+        rc = call(c, "PATCH", path, body, &out);
+    else
+        rc = call(c, "DELETE", path, NULL, &out);
+    if (rc)
+        goto done;
+    if (c->json)
+        print_json(out);
+    else if (!deploy && !scale)
+        printf("undeployed %s (its agents unload it)\n", p.pos[0]);
+    else
+        printf("%s %s: %lld replica(s) wanted, %lld placed%s\n", deploy ? "deployed" : "scaled",
+               jstr(out, "name"), (long long)jint(out, "replicas"),
+               (long long)json_array_size(json_object_get(out, "placed")),
+               jint(out, "unplaced") > 0 ? " (see gpupoolctl models show: not all fit)" : "");
+done:
+    json_decref(body);
+    json_decref(out);
+    return rc;
+}
+
 static int cmd_models(ctl *c, int argc, char **argv)
 {
     if (argc < 1)
         return usage_error("%s", "'models' needs a subcommand"), EXIT_USAGE;
     const char *sub = argv[0];
+    static const char *const deploy_subs[] = {"deploy", "undeploy", "scale", "list", "show"};
+    for (size_t k = 0; k < sizeof deploy_subs / sizeof deploy_subs[0]; k++)
+        if (strcmp(sub, deploy_subs[k]) == 0)
+            return cmd_deploy(c, sub, argc - 1, argv + 1);
     parsed p;
     json_t *out = NULL, *body = NULL;
     int rc;

@@ -1,5 +1,6 @@
 /* admin_api: see admin_api.h. */
 #include "server/fleet/pins.h"
+#include "server/fleet/deploy.h"
 #include "server/admin_api.h"
 #include "server/http/textcheck.h"
 
@@ -26,6 +27,7 @@ struct gps_admin {
     gps_jobs *jobs;
     gps_store *store;
     gps_pins *pins;              /* NULL: no attestation */
+    gps_deploy *deploy;          /* NULL: no deployments */
     gps_admin_auth_on_fn auth_on; /* NULL: none (see gps_admin_set_auth_on_hook) */
     void *auth_on_arg;
     char version[32];
@@ -798,6 +800,8 @@ static void h_agent_delete(gps_req *r, void *arg)
     }
     if (a->pins)
         gps_pins_forget(a->pins, id);
+    if (a->deploy) /* its replicas move at once: the agent is gone for good */
+        gps_deploy_agent_forget(a->deploy, id);
     if (a->store && gps_store_agent_delete(a->store, id) < 0)
         gp_log_warn("admin_agent_delete_failed", "agent %s: the DB row was not deleted", id);
     gp_log_write(GP_LOG_INFO, "admin_agent_removed", r->correlation_id,
@@ -1053,8 +1057,14 @@ json_t *gps_admin_snapshot(gps_admin *a)
         json_decref(status);
         return NULL;
     }
-    return json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr, "history",
-                     hist, "requests_total", req, "time", (json_int_t)now);
+    json_t *snap = json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr,
+                             "history", hist, "requests_total", req, "time", (json_int_t)now);
+    /* The dashboard's deployments table (fleet/deploy.h). */
+    json_t *deps = snap && a->deploy ? gps_deploy_list(a->deploy) : NULL;
+    if (deps)
+        json_object_set(snap, "deployments", json_object_get(deps, "deployments"));
+    json_decref(deps);
+    return snap;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1178,6 +1188,126 @@ static void h_pins_delete(gps_req *r, void *arg)
     send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "name", name, "removed", 1));
 }
 
+/* ------------------------------------------------------------------ */
+/* Deployments (fleet/deploy.h)                                        */
+/* ------------------------------------------------------------------ */
+
+static bool deploy_ready(gps_req *r, gps_admin *a)
+{
+    if (a->deploy)
+        return true;
+    gps_req_error(r, 503, "UNAVAILABLE", "deployments are not available on this server", NULL);
+    return false;
+}
+
+static void h_deploy_list(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!deploy_ready(r, a))
+        return;
+    send_json_or_oom(r, 200, gps_deploy_list(a->deploy));
+}
+
+static void send_deployment(gps_req *r, gps_admin *a, const char *name, int status)
+{
+    bool found = false;
+    json_t *j = gps_deploy_get(a->deploy, name, &found);
+    if (!found)
+        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
+    else
+        send_json_or_oom(r, status, j);
+}
+
+static void h_deploy_get(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (deploy_ready(r, a))
+        send_deployment(r, a, r->params[0], 200);
+}
+
+static void h_deploy_create(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!deploy_ready(r, a))
+        return;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    gps_deploy_spec spec;
+    char msg[256];
+    const char *param = NULL;
+    int rc = 0;
+    if (gps_deploy_parse(body, &spec, msg, sizeof msg, &param) < 0) {
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        goto done;
+    }
+    rc = gps_deploy_create(a->deploy, &spec, gp_now_wall_ms(), r->key_id[0] ? r->key_id : NULL);
+    if (rc == -2) {
+        gps_req_error(r, 409, "DEPLOYMENT_EXISTS",
+                      "a deployment of that name exists: scale it, or undeploy it first", "name");
+    } else if (rc == -3) {
+        gps_req_error(r, 409, "TOO_MANY_DEPLOYMENTS", "the deployment table is full", NULL);
+    } else if (rc < 0) {
+        oom(r);
+    } else {
+        gp_log_write(GP_LOG_INFO, "admin_model_deployed", r->correlation_id,
+                     json_pack("{s:s,s:s,s:i,s:s}", "name", spec.name, "source", spec.source,
+                               "replicas", spec.replicas, "by", r->key_id),
+                     "admin deployed %s", spec.name);
+        /* Place now, so that the reply already says where (or why not). */
+        gps_deploy_reconcile(a->deploy, gp_now_mono_ms(), gp_now_wall_ms());
+        send_deployment(r, a, spec.name, 201);
+    }
+done:
+    json_decref(body);
+}
+
+static void h_deploy_scale(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!deploy_ready(r, a))
+        return;
+    json_t *body = gps_req_json(r);
+    if (!body)
+        return;
+    const json_t *v = json_object_get(body, "replicas");
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > GPS_DEPLOY_REPLICAS_MAX) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "'replicas' must be an integer from 0 to 256",
+                      "replicas");
+    } else if (gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v)) != 0) {
+        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
+    } else {
+        gp_log_write(GP_LOG_INFO, "admin_model_scaled", r->correlation_id,
+                     json_pack("{s:s,s:I,s:s}", "name", r->params[0], "replicas",
+                               json_integer_value(v), "by", r->key_id),
+                     "admin scaled %s", r->params[0]);
+        gps_deploy_reconcile(a->deploy, gp_now_mono_ms(), gp_now_wall_ms());
+        send_deployment(r, a, r->params[0], 200);
+    }
+    json_decref(body);
+}
+
+static void h_deploy_delete(gps_req *r, void *arg)
+{
+    gps_admin *a = arg;
+    if (!deploy_ready(r, a))
+        return;
+    if (gps_deploy_remove(a->deploy, r->params[0]) != 0) {
+        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
+        return;
+    }
+    gp_log_write(GP_LOG_INFO, "admin_model_undeployed", r->correlation_id,
+                 json_pack("{s:s,s:s}", "name", r->params[0], "by", r->key_id),
+                 "admin undeployed %s", r->params[0]);
+    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "name", r->params[0], "removed", 1));
+}
+
+void gps_admin_set_deploy(gps_admin *a, gps_deploy *deploy)
+{
+    a->deploy = deploy;
+}
+
 void gps_admin_set_pins(gps_admin *a, gps_pins *pins)
 {
     a->pins = pins;
@@ -1209,6 +1339,11 @@ int gps_admin_register(gps_http *h, gps_admin *a)
         {EVHTTP_REQ_GET, "/admin/models/pins", h_pins_list},
         {EVHTTP_REQ_POST, "/admin/models/pins", h_pins_set},
         {EVHTTP_REQ_DELETE, "/admin/models/pins", h_pins_delete},
+        {EVHTTP_REQ_GET, "/admin/deployments", h_deploy_list},
+        {EVHTTP_REQ_POST, "/admin/deployments", h_deploy_create},
+        {EVHTTP_REQ_GET, "/admin/deployments/{id}", h_deploy_get},
+        {EVHTTP_REQ_PATCH, "/admin/deployments/{id}", h_deploy_scale},
+        {EVHTTP_REQ_DELETE, "/admin/deployments/{id}", h_deploy_delete},
     };
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (gps_http_add_route(h, routes[i].methods, routes[i].pattern, GPS_DIALECT_NATIVE,

@@ -11,6 +11,11 @@
  *   GET    /admin/jobs?status&model&agent&key&limit&before   the request log, newest first
  *   GET    /admin/jobs/{id}              one job: live when in memory, else from the store
  *   GET    /admin/status                 agents per state, slots, queues, throughput
+ *   GET    /admin/deployments            deployed models, per replica state and progress
+ *   POST   /admin/deployments            deploy {name, source, replicas, labels, sha256}
+ *   GET    /admin/deployments/{name}     one deployment (refusals when short)
+ *   PATCH  /admin/deployments/{name}     scale {"replicas": N}
+ *   DELETE /admin/deployments/{name}     undeploy (its agents unload at their next poll)
  *
  * Every route wants an admin key (the http layer answers 401/403 first);
  * errors are native: {"error":{"code","message","correlation_id"}}. Times
@@ -127,6 +132,9 @@ void gps_admin_free(gps_admin *a);
  * borrowed, may be NULL (then those routes answer 503). */
 struct gps_pins;
 void gps_admin_set_pins(gps_admin *a, struct gps_pins *pins);
+/* Deployments (fleet/deploy.h) for /admin/deployments; NULL: 503. */
+struct gps_deploy;
+void gps_admin_set_deploy(gps_admin *a, struct gps_deploy *deploy);
 /* Called when POST /admin/keys turns auth on (the first key of a loopback
  * server that had none): it must leave the operator an admin key, writing
  * its path into path (pathlen bytes) and returning 0, or return -1 (then

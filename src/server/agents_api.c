@@ -12,6 +12,7 @@
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
 #include "server/fleet/pins.h"
+#include "server/fleet/deploy.h"
 #include "server/fleet/gps_strmap.h"
 #include "server/http/held.h"
 #include "server/http/sse.h" /* gps_json_escape_append */
@@ -50,6 +51,8 @@ struct gps_agents {
     gps_jobs *jobs;
     struct gps_auth *auth;
     gps_pins *pins;                     /* model attestation; NULL: none */
+    gps_deploy *deploy;                 /* deployments; NULL: none */
+    uint64_t deploy_next_ms;            /* next reconcile from the tick */
     smap ext;                           /* agent id -> agent_ext */
     struct event *tick;
     struct event *deferred;             /* runs failovers/kicks outside callbacks */
@@ -453,6 +456,12 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t now = gp_now_mono_ms();
     registry_tick(g->reg, now);
     sched_tick(g->sched, now);
+    /* Replicas of agents gone past the grace move even when no agent
+     * polls; once a second is plenty. */
+    if (g->deploy && now >= g->deploy_next_ms) {
+        g->deploy_next_ms = now + 1000;
+        gps_deploy_reconcile(g->deploy, now, gp_now_wall_ms());
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -595,6 +604,11 @@ static void h_poll(gps_req *r, void *arg)
         return;
     }
     liveness_apply(g, a, &lv);
+    /* What the agent must hold (deploy.h): only for agents that take
+     * deployments; older agents never see the member. */
+    json_t *deployments = g->deploy ? gps_deploy_agent_poll(g->deploy, a, body, gp_now_mono_ms(),
+                                                            gp_now_wall_ms())
+                                    : NULL;
     json_decref(body); /* lv pointed into it */
     sched_agent_update(g->sched, a);
     agent_ext *e = ext_get(g, a->id, true);
@@ -615,6 +629,9 @@ static void h_poll(gps_req *r, void *arg)
     /* Tell the agent, so that its own log says why a model gets no work. */
     if (reply && refused)
         json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
+    if (reply && deployments)
+        json_object_set(reply, "deployments", deployments);
+    json_decref(deployments);
     gps_http_send_json(r->req, 200, reply);
 }
 
@@ -1322,6 +1339,11 @@ gps_agents *gps_agents_new(struct event_base *base, const gps_agents_opts *opts,
     g->metrics = metrics;
     gp_random_hex(g->epoch, 8);
     return g;
+}
+
+void gps_agents_set_deploy(gps_agents *g, gps_deploy *deploy)
+{
+    g->deploy = deploy;
 }
 
 void gps_agents_set_pins(gps_agents *g, gps_pins *pins)

@@ -75,6 +75,10 @@ void gps_agents_release_all(gps_agents *g);
  * be NULL (no attestation). */
 struct gps_pins;
 void gps_agents_set_pins(gps_agents *g, struct gps_pins *pins);
+/* Deployments (fleet/deploy.h): polls report to it and their replies carry
+ * the agent's desired models; the tick reconciles. May be NULL (none). */
+struct gps_deploy;
+void gps_agents_set_deploy(gps_agents *g, struct gps_deploy *deploy);
 void gps_agents_free(gps_agents *g);
 
 /* Registry listener (pass with g as ud to registry_create). */

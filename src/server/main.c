@@ -38,6 +38,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/pins.h"
+#include "server/fleet/deploy.h"
 #include "server/admin_api.h"
 #include "server/dashboard/dashboard.h"
 #include "server/agents_api.h"
@@ -76,6 +77,7 @@ typedef struct server {
     gps_jobs *jobs;
     gps_agents *agents;
     gps_pins *pins;             /* model attestation (operator pins) */
+    gps_deploy *deploy;         /* models deployed from the server */
     gps_relay_ctx *relay;         /* the OpenAI and Anthropic handlers' context */
     gps_tasks *tasks;
     gps_admin *admin;
@@ -341,9 +343,47 @@ static void h_health(gps_req *r, void *arg)
     gps_http_send_json(r->req, db_ok ? 200 : 503, body);
 }
 
+/* Deployments at scrape time, from the admin view (small: one entry per
+ * deployment and replica). Families are reset so that an undeployed
+ * model's series go away. */
+static void collect_deployments(server *s, gps_metrics *m)
+{
+    static const char *const states[] = {"assigned", "downloading", "loading", "ready",
+                                         "failed"};
+    gps_metrics_reset(m, "deployment_replicas_wanted");
+    gps_metrics_reset(m, "deployment_replicas");
+    gps_metrics_reset(m, "deployment_replicas_unplaced");
+    json_t *all = s->deploy ? gps_deploy_list(s->deploy) : NULL;
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(all, "deployments"), i, d)
+    {
+        const char *name = json_string_value(json_object_get(d, "name"));
+        char l[400];
+        gps_metrics_label(l, sizeof l, "deployment", name, (char *)NULL);
+        gps_metrics_set(m, "deployment_replicas_wanted", l,
+                        (double)json_integer_value(json_object_get(d, "replicas")));
+        gps_metrics_set(m, "deployment_replicas_unplaced", l,
+                        (double)json_integer_value(json_object_get(d, "unplaced")));
+        for (size_t k = 0; k < sizeof states / sizeof states[0]; k++) {
+            size_t n = 0, j;
+            json_t *r;
+            json_array_foreach(json_object_get(d, "placed"), j, r)
+            {
+                const char *st = json_string_value(json_object_get(r, "state"));
+                n += st && strcmp(st, states[k]) == 0;
+            }
+            gps_metrics_label(l, sizeof l, "deployment", name, "state", states[k], (char *)NULL);
+            gps_metrics_set(m, "deployment_replicas", l, (double)n);
+        }
+    }
+    json_decref(all);
+}
+
 static void collect(gps_metrics *m, void *arg)
 {
     server *s = arg;
+    collect_deployments(s, m);
     gps_jobs_collect(s->jobs, m);
     gps_agents_collect(s->agents, m);
     gps_store_stats st;
@@ -818,6 +858,13 @@ int main(int argc, char **argv)
 
     if (gps_store_load_agents(s->store, restore_agent, s, err, sizeof err) < 0)
         gp_log_warn("db_load_agents_failed", "%s", err);
+    s->deploy = gps_deploy_new(s->reg, s->store, (uint64_t)s->cfg.deploy_grace_sec * 1000,
+                               gp_now_mono_ms());
+    if (!s->deploy)
+        goto oom;
+    if (gps_deploy_load(s->deploy, s->store, err, sizeof err) < 0)
+        gp_log_warn("db_load_deployments_failed", "%s; no model is deployed", err);
+    gps_agents_set_deploy(s->agents, s->deploy);
 
     gps_http_opts hopts = {
         .max_body_bytes = (size_t)s->cfg.max_body_bytes,
@@ -855,6 +902,7 @@ int main(int argc, char **argv)
     if (!s->admin)
         goto oom;
     gps_admin_set_pins(s->admin, s->pins);
+    gps_admin_set_deploy(s->admin, s->deploy);
     gps_admin_set_auth_on_hook(s->admin, admin_auth_on, s);
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
@@ -966,6 +1014,7 @@ done:
         registry_destroy(s->reg);
     if (s->agents)
         gps_agents_free(s->agents);
+    gps_deploy_free(s->deploy); /* after the agents and the admin API, which borrow it */
     gps_pins_free(s->pins); /* after the agents and the admin API, which borrow it */
     gps_limits_free(s->limits); /* after the jobs, which report to it */
     if (s->auth)

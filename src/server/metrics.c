@@ -338,6 +338,14 @@ int gps_metrics_define_server(gps_metrics *m)
         {"model_agents", GPS_METRIC_GAUGE,
          "Live agents serving each model name known since start (0: its requests get 503).",
          NULL, 0},
+        {"deployment_replicas_wanted", GPS_METRIC_GAUGE,
+         "Replicas an operator asked for, per deployed model.", NULL, 0},
+        {"deployment_replicas", GPS_METRIC_GAUGE,
+         "Replicas of a deployed model per state (assigned, downloading, loading, ready, "
+         "failed).", NULL, 0},
+        {"deployment_replicas_unplaced", GPS_METRIC_GAUGE,
+         "Replicas of a deployed model that fit no agent now (gpupoolctl models show says "
+         "why).", NULL, 0},
         {"agents_parked", GPS_METRIC_GAUGE,
          "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
         {"agents_liveness_parked", GPS_METRIC_GAUGE,

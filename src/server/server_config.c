@@ -63,6 +63,9 @@ const gp_opt gps_config_table[] = {
      "agent heartbeat interval"},
     {"agent_timeout_sec", GP_OPT_INT, O(agent_timeout_sec), "90", 1, 86400, NULL,
      "an agent silent this long is dead"},
+    {"deploy_grace_sec", GP_OPT_INT, O(deploy_grace_sec), "300", 0, 86400, NULL,
+     "a deployed model's replica moves to another agent when its agent has been dead or "
+     "offline this long (after agent_timeout_sec)"},
     {"max_agents", GP_OPT_INT, O(max_agents), "1024", 1, 1000000, NULL,
      "agents the server knows at most, dead ones included (a new agent beyond: 503)"},
     {"work_wait_sec", GP_OPT_INT, O(work_wait_sec), "25", 1, 600, NULL,

@@ -46,6 +46,7 @@ typedef struct gps_config {
     long long max_inflight_body_bytes; /* body bytes being received, all connections */
     long long max_unauth_body_bytes; /* body of a request without credentials */
     long long poll_interval_sec;/* agents heartbeat interval, told to agents */
+    long long deploy_grace_sec; /* deployments: dead this long -> replica moves */
     long long agent_timeout_sec;/* no heartbeat for this long -> dead */
     long long max_agents;       /* agents the registry holds at most (any state) */
     long long work_wait_sec;    /* long-poll hold time of /agents/work */

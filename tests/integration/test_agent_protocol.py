@@ -10,10 +10,12 @@ codes, reconnect after the server was away, SIGTERM drain.
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -561,10 +563,28 @@ class AgentCliTest(unittest.TestCase):
         return subprocess.run([harness.AGENT_BIN] + list(args), capture_output=True, text=True,
                               timeout=20, env=env)
 
-    def test_missing_backend(self):
-        r = self.run_agent("--state-dir", "/tmp/nonexistent-gp")
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("backend", r.stderr)
+    def test_no_backend_offers_itself_to_deployments(self):
+        # Issue 27: neither --model nor --upstream is no longer a usage
+        # error; the agent waits for the server's deployments
+        # (test_deployments.py covers the rest).
+        if not os.access(harness.AGENT_BIN, os.X_OK):
+            self.skipTest("agent not built")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+        sd = tempfile.mkdtemp(prefix="gp-nobackend-")
+        p = subprocess.Popen([harness.AGENT_BIN, "--server", "http://127.0.0.1:1",
+                              "--state-dir", sd], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            for line in p.stderr:
+                if '"deploy_mode"' in line:
+                    break
+            else:
+                self.fail("the agent exited (%s) without entering deploy mode" % p.wait())
+            self.assertIsNone(p.poll())
+        finally:
+            p.terminate()
+            p.wait(timeout=20)
+            shutil.rmtree(sd, ignore_errors=True)
 
     def test_bad_labels(self):
         r = self.run_agent("--upstream", "http://127.0.0.1:1", "--upstream-model", "m",

@@ -218,6 +218,39 @@ function renderModels(snap) {
   }
 }
 
+// Deployed models (docs/admin.md "Deployments"): one row per replica with
+// its state and download progress; a short deployment gets a row saying
+// how many replicas fit nowhere and, on hover, why each agent was refused.
+function progressText(r) {
+  const mib = (b) => fmt(b / (1 << 20), 1) + " MiB";
+  if (r.state !== "downloading") return r.total ? mib(r.total) : "";
+  let t = r.total ? fmt((100 * r.bytes) / r.total) + "% of " + mib(r.total) : mib(r.bytes || 0);
+  if (r.rate) t += ", " + mib(r.rate) + "/s";
+  if (r.eta_sec != null) t += ", ETA " + fmt(r.eta_sec) + " s";
+  return t;
+}
+
+function renderDeployments(deps) {
+  const tb = $("deployments").querySelector("tbody");
+  tb.replaceChildren();
+  $("deployments-empty").hidden = deps.length > 0;
+  for (const d of deps) {
+    const want = fmt(d.ready) + " / " + fmt(d.replicas);
+    const rows = (d.placed || []).map((r) => el("tr", { "data-deployment": d.name, "data-agent-id": r.agent_id, "data-state": r.state },
+      el("td", { text: d.name }), el("td", { text: want }), el("td", { text: r.agent || r.agent_id }),
+      el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
+      el("td", { text: progressText(r) }), el("td", { text: r.reason || "" })));
+    if (d.unplaced > 0) {
+      const why = (d.refusals || []).map((x) => (x.agent || x.agent_id) + ": " + x.reason).join("\n");
+      rows.push(el("tr", { "data-deployment": d.name, "data-state": "unplaced", title: why },
+        el("td", { text: d.name }), el("td", { text: want }), el("td", { text: "-" }),
+        el("td", {}, el("span", { class: "state state-unplaced", text: fmt(d.unplaced) + " unplaced" })),
+        el("td", { text: "" }), el("td", { text: why ? "fits no agent (hover for why)" : "no agent offers itself" })));
+    }
+    tb.append(...rows);
+  }
+}
+
 async function refreshJobs() {
   let data;
   try { data = await api("GET", "/admin/jobs?limit=20"); } catch (e) { return; }
@@ -282,6 +315,7 @@ function onSnapshot(snap) {
   renderStatus(snap);
   renderAgents(snap.agents);
   renderModels(snap);
+  renderDeployments(snap.deployments || []);
   if (snap.requests_total !== lastRequests) {
     lastRequests = snap.requests_total;
     refreshJobs();

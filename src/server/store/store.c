@@ -103,6 +103,12 @@ enum {
     K_RESP_ITEMS_GET,
     K_RESP_DELETE,
     K_RESP_PURGE,
+    K_DEPLOY_PUT,
+    K_DEPLOY_DELETE,
+    K_REPLICA_PUT,
+    K_REPLICA_DELETE,
+    K_LOAD_DEPLOYS,
+    K_LOAD_REPLICAS,
     K_COUNT
 };
 
@@ -239,6 +245,25 @@ static const struct {
     [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1"},
     [K_LOAD_PINS] = {"load_model_pins", F_SYNC | F_OPT,
         "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name"},
+    /* Deployments (migration 0007). Replicas go with their deployment
+     * (ON DELETE CASCADE). */
+    [K_DEPLOY_PUT] = {"deployment_put", F_OPT,
+        "INSERT INTO deployments (name, source, sha256, replicas, labels, bytes, created_at, "
+        "created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(name) DO UPDATE SET "
+        "source = excluded.source, sha256 = excluded.sha256, replicas = excluded.replicas, "
+        "labels = excluded.labels, bytes = excluded.bytes"},
+    [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT, "DELETE FROM deployments WHERE name = ?1"},
+    [K_REPLICA_PUT] = {"replica_put", F_OPT,
+        "INSERT OR REPLACE INTO deployment_replicas (deployment, agent_id, state, reason, "
+        "bytes, total, rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
+    [K_REPLICA_DELETE] = {"replica_delete", F_OPT,
+        "DELETE FROM deployment_replicas WHERE deployment = ?1 AND agent_id = ?2"},
+    [K_LOAD_DEPLOYS] = {"load_deployments", F_SYNC | F_OPT,
+        "SELECT name, source, sha256, replicas, labels, bytes, created_at, created_by "
+        "FROM deployments ORDER BY name"},
+    [K_LOAD_REPLICAS] = {"load_deployment_replicas", F_SYNC | F_OPT,
+        "SELECT deployment, agent_id, state, reason, bytes, total, rate, updated_at "
+        "FROM deployment_replicas ORDER BY deployment, agent_id"},
     /* Stored responses (migration 0006). The items come as one JSON array
      * of {id, message} and land in one statement. */
     [K_RESP_PUT] = {"response_put", F_OPT,
@@ -2039,6 +2064,8 @@ typedef struct load_ctx {
         gps_store_job_load_fn job;
         gps_store_usage_fn usage;
         gps_store_pin_fn pin;
+        gps_store_deploy_fn deploy;
+        gps_store_replica_fn replica;
     } cb;
     void *arg;
     char *err;
@@ -2265,4 +2292,90 @@ int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err,
 {
     load_ctx c = {.s = s, .cb.pin = cb, .arg = arg, .err = err, .errlen = errlen};
     return sync_exec(s, pin_row, &c, "reading model_pins", err, errlen, K_LOAD_PINS, "");
+}
+
+/* ---- deployments ---- */
+
+int gps_store_deploy_put(gps_store *s, const gps_store_deploy_row *d)
+{
+    if (!d || !d->name || !d->source)
+        return -1;
+    return write_op(s, K_DEPLOY_PUT, "tttitiit", d->name, d->source, d->sha256,
+                    (int64_t)d->replicas, d->labels_json ? d->labels_json : "{}",
+                    (int64_t)d->bytes, d->created_at, d->created_by);
+}
+
+int gps_store_deploy_delete(gps_store *s, const char *name)
+{
+    if (!name)
+        return -1;
+    return write_op(s, K_DEPLOY_DELETE, "t", name);
+}
+
+int gps_store_replica_put(gps_store *s, const gps_store_replica_row *r)
+{
+    if (!r || !r->deployment || !r->agent_id || !r->state)
+        return -1;
+    return write_op(s, K_REPLICA_PUT, "ttttiiii", r->deployment, r->agent_id, r->state,
+                    r->reason, (int64_t)r->bytes, (int64_t)r->total, (int64_t)r->rate,
+                    r->updated_at);
+}
+
+int gps_store_replica_delete(gps_store *s, const char *deployment, const char *agent_id)
+{
+    if (!deployment || !agent_id)
+        return -1;
+    return write_op(s, K_REPLICA_DELETE, "tt", deployment, agent_id);
+}
+
+static const char *col_text(sqlite3_stmt *st, int i)
+{
+    return (const char *)sqlite3_column_text(st, i);
+}
+
+static int deploy_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    gps_store_deploy_row d = {
+        .name = col_text(st, 0),
+        .source = col_text(st, 1),
+        .sha256 = col_text(st, 2),
+        .replicas = (int)sqlite3_column_int64(st, 3),
+        .labels_json = col_text(st, 4),
+        .bytes = sqlite3_column_int64(st, 5),
+        .created_at = sqlite3_column_int64(st, 6),
+        .created_by = col_text(st, 7),
+    };
+    if (!d.name || !d.source)
+        return 0;
+    return c->cb.deploy(c->arg, &d);
+}
+
+static int replica_row(void *arg, sqlite3_stmt *st)
+{
+    load_ctx *c = arg;
+    gps_store_replica_row r = {
+        .deployment = col_text(st, 0),
+        .agent_id = col_text(st, 1),
+        .state = col_text(st, 2),
+        .reason = col_text(st, 3),
+        .bytes = sqlite3_column_int64(st, 4),
+        .total = sqlite3_column_int64(st, 5),
+        .rate = sqlite3_column_int64(st, 6),
+        .updated_at = sqlite3_column_int64(st, 7),
+    };
+    if (!r.deployment || !r.agent_id || !r.state)
+        return 0;
+    return c->cb.replica(c->arg, &r);
+}
+
+int gps_store_load_deployments(gps_store *s, gps_store_deploy_fn dcb, gps_store_replica_fn rcb,
+                               void *arg, char *err, size_t errlen)
+{
+    load_ctx c = {.s = s, .cb.deploy = dcb, .arg = arg, .err = err, .errlen = errlen};
+    if (sync_exec(s, deploy_row, &c, "reading deployments", err, errlen, K_LOAD_DEPLOYS, "") < 0)
+        return -1;
+    c.cb.replica = rcb;
+    return sync_exec(s, replica_row, &c, "reading deployment_replicas", err, errlen,
+                     K_LOAD_REPLICAS, "");
 }

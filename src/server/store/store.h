@@ -426,4 +426,36 @@ typedef int (*gps_store_pin_fn)(void *arg, const char *name, const char *sha256,
                                 int64_t created_at, const char *created_by);
 int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err, size_t errlen);
 
+/* Deployments (migration 0007, docs/admin.md "Deployments"): the desired
+ * state the server places on agents (fleet/deploy.h decides; these are its
+ * write-through and start-up load). Strings are borrowed for the call. */
+typedef struct gps_store_deploy_row {
+    const char *name, *source;
+    const char *sha256;          /* NULL: not checked */
+    int replicas;
+    const char *labels_json;     /* a JSON object as text ("{}" when NULL on write) */
+    int64_t bytes;               /* file size, 0 unknown */
+    int64_t created_at;
+    const char *created_by;      /* may be NULL */
+} gps_store_deploy_row;
+typedef struct gps_store_replica_row {
+    const char *deployment, *agent_id;
+    const char *state;           /* assigned, downloading, loading, ready, failed */
+    const char *reason;          /* may be NULL */
+    int64_t bytes, total, rate;  /* download figures as of this write */
+    int64_t updated_at;
+} gps_store_replica_row;
+/* Queued writes, like the others; delete of a deployment drops its
+ * replicas. 0 or -1. */
+int gps_store_deploy_put(gps_store *s, const gps_store_deploy_row *d);
+int gps_store_deploy_delete(gps_store *s, const char *name);
+int gps_store_replica_put(gps_store *s, const gps_store_replica_row *r);
+int gps_store_replica_delete(gps_store *s, const char *deployment, const char *agent_id);
+/* Start-up: every deployment (dcb), then every replica (rcb). A callback
+ * returning non-zero stops the load. 0, or -1 with err (no tables: err). */
+typedef int (*gps_store_deploy_fn)(void *arg, const gps_store_deploy_row *d);
+typedef int (*gps_store_replica_fn)(void *arg, const gps_store_replica_row *r);
+int gps_store_load_deployments(gps_store *s, gps_store_deploy_fn dcb, gps_store_replica_fn rcb,
+                               void *arg, char *err, size_t errlen);
+
 #endif

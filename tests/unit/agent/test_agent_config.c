@@ -82,6 +82,21 @@ static void gpu_options(void **st)
     gp_config_free(&cfg);
 }
 
+/* Neither --model nor --upstream is no longer an error (issue 27): the
+ * agent offers itself to the server's deployments. */
+static void no_backend_means_deployments(void **st)
+{
+    (void)st;
+    agent_options o;
+    gp_config cfg;
+    char err[300] = "";
+    char **argv = ARGV("--slots", "2");
+    assert_int_equal(load(&o, &cfg, NULL, err, sizeof err, ARGC("--slots", "2"), argv), 0);
+    assert_null(o.model);
+    assert_null(o.upstream);
+    gp_config_free(&cfg);
+}
+
 static void rule_errors_name_the_key(void **st)
 {
     (void)st;
@@ -90,7 +105,6 @@ static void rule_errors_name_the_key(void **st)
         char **argv;
         const char *want;
     } cases[] = {
-        {ARGC("--slots", "2"), ARGV("--slots", "2"), "backend"},
         {ARGC("--upstream", "http://h:1"), ARGV("--upstream", "http://h:1"), "upstream-model"},
         {ARGC("--upstream", "h:1", "--upstream-model", "m"),
          ARGV("--upstream", "h:1", "--upstream-model", "m"), "upstream"},
@@ -145,6 +159,7 @@ int main(void)
         cmocka_unit_test(env_beats_flag),
         cmocka_unit_test(gpu_options),
         cmocka_unit_test(rule_errors_name_the_key),
+        cmocka_unit_test(no_backend_means_deployments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,6 +37,13 @@ static void test_hf_urls(void **st)
     assert_int_equal(model_fetch_url("hf:o/r/sub/dir/m.gguf@abc123", "http://127.0.0.1:9", u,
                                      sizeof u, e, sizeof e), 0);
     assert_string_equal(u, "http://127.0.0.1:9/o/r/resolve/abc123/sub/dir/m.gguf");
+    /* hf:OWNER/REPO:FILE (issue 27's form) is the same spec. */
+    assert_int_equal(model_fetch_url("hf:Qwen/R-GGUF:q.gguf", "http://x", u, sizeof u, e,
+                                     sizeof e), 0);
+    assert_string_equal(u, "http://x/Qwen/R-GGUF/resolve/main/q.gguf");
+    assert_int_equal(model_fetch_url("hf:o/r:sub/m.gguf@v1", "http://x", u, sizeof u, e,
+                                     sizeof e), 0);
+    assert_string_equal(u, "http://x/o/r/resolve/v1/sub/m.gguf");
     /* Plain URLs pass through. */
     assert_int_equal(model_fetch_url("https://h/a/b.gguf?x=1", "http://x", u, sizeof u, e,
                                      sizeof e), 0);
@@ -44,7 +51,8 @@ static void test_hf_urls(void **st)
     const char *bad[] = {"hf:", "hf:o", "hf:o/r", "hf:o/r/", "hf://r/m.gguf", "hf:o//m.gguf",
                          "hf:o/r/../m.gguf", "hf:o/r/./m.gguf", "hf:o/r/m.gguf@",
                          "hf:o/r/m gguf", "hf:o/r/m.gguf?x", "hf:o/r/m%2e.gguf",
-                         "hf:o/r/a\\b.gguf", "hf:o/r/m.gguf@a/b/../c"};
+                         "hf:o/r/a\\b.gguf", "hf:o/r/m.gguf@a/b/../c", "hf:o/r:",
+                         "hf:o:r/m.gguf"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e[0] = '\0';
         assert_int_equal(model_fetch_url(bad[i], "http://x", u, sizeof u, e, sizeof e), -1);

@@ -1,0 +1,365 @@
+/* deploy: models deployed from the server (deploy.h, issue 27). The
+ * request check; placement on agents that offer themselves, match the
+ * labels and have room, with a reason per refused agent; capacity; a
+ * failed replica is re-placed elsewhere, never where it failed; scaling
+ * down drops replicas that are not ready first; a dead agent's replica
+ * moves only after the grace, and the server's own start counts as a
+ * sighting. Agents are real registry entries from poll bodies. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/fleet/deploy.h"
+
+#define T0 1000000ULL
+#define GIB (1LL << 30)
+
+typedef struct fx {
+    registry *reg;
+    gps_deploy *d;
+} fx;
+
+static void fx_init(fx *f, uint64_t grace_ms)
+{
+    registry_config rc;
+    registry_config_default(&rc);
+    rc.grace_ms = 0;
+    f->reg = registry_create(&rc);
+    assert_non_null(f->reg);
+    f->d = gps_deploy_new(f->reg, NULL, grace_ms, T0);
+    assert_non_null(f->d);
+}
+
+static void fx_free(fx *f)
+{
+    gps_deploy_free(f->d);
+    registry_destroy(f->reg);
+}
+
+static void uuid(int i, char out[37])
+{
+    snprintf(out, 37, "00000000-0000-4000-8000-%012d", i);
+}
+
+/* Agent i polls: labels (JSON object text), and deploy_json (the "deploy"
+ * member, or NULL for an agent started with --model). Returns the reply's
+ * "deployments" (new reference) or NULL. */
+static json_t *poll(fx *f, int i, const char *labels, const char *deploy_json, uint64_t now)
+{
+    char id[37], body[2048];
+    uuid(i, id);
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"%s\",\"name\":\"box%d\",\"slots\":{\"total\":1,\"busy\":0},"
+             "\"models\":[],\"labels\":%s%s%s}",
+             id, i, labels ? labels : "{}", deploy_json ? ",\"deploy\":" : "",
+             deploy_json ? deploy_json : "");
+    json_t *b = json_loads(body, 0, NULL);
+    assert_non_null(b);
+    registry_facts rf;
+    char err[256];
+    assert_int_equal(registry_facts_parse(b, &rf, err, sizeof err), 0);
+    registry_agent *a = registry_heartbeat(f->reg, &rf, now, 0);
+    registry_facts_free(&rf);
+    assert_non_null(a);
+    json_t *want = gps_deploy_agent_poll(f->d, a, b, now, 0);
+    json_decref(b);
+    return want;
+}
+
+static int create(fx *f, const char *body_text)
+{
+    json_t *b = json_loads(body_text, 0, NULL);
+    gps_deploy_spec s;
+    char msg[256];
+    const char *param = NULL;
+    assert_int_equal(gps_deploy_parse(b, &s, msg, sizeof msg, &param), 0);
+    int rc = gps_deploy_create(f->d, &s, 0, NULL);
+    json_decref(b);
+    return rc;
+}
+
+static json_t *get(fx *f, const char *name)
+{
+    bool found = false;
+    json_t *j = gps_deploy_get(f->d, name, &found);
+    assert_true(found);
+    return j;
+}
+
+/* The refusal reason for agent i in deployment j, or NULL. */
+static const char *refusal(const json_t *j, int i)
+{
+    char id[37];
+    uuid(i, id);
+    size_t k;
+    json_t *r;
+    json_array_foreach(json_object_get(j, "refusals"), k, r)
+    {
+        if (strcmp(json_string_value(json_object_get(r, "agent_id")), id) == 0)
+            return json_string_value(json_object_get(r, "reason"));
+    }
+    return NULL;
+}
+
+static size_t placed(const json_t *j)
+{
+    return json_array_size(json_object_get(j, "placed"));
+}
+
+static void test_parse(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"source\":\"https://x/m.gguf\"}", "name"},
+        {"{\"name\":\"a/b\",\"source\":\"https://x/m.gguf\"}", "name"},
+        {"{\"name\":\"a\",\"source\":\"ftp://x/m.gguf\"}", "source"},
+        {"{\"name\":\"a\",\"source\":\"https://x/m.gguf\",\"replicas\":257}", "replicas"},
+        {"{\"name\":\"a\",\"source\":\"https://x/m.gguf\",\"replicas\":-1}", "replicas"},
+        {"{\"name\":\"a\",\"source\":\"hf:o/r/m.gguf\",\"sha256\":\"abc\"}", "sha256"},
+        {"{\"name\":\"a\",\"source\":\"hf:o/r/m.gguf\",\"labels\":{\"k\":1}}", "labels"},
+        {"{\"name\":\"a\",\"source\":\"hf:o/r/m.gguf\",\"labels\":[]}", "labels"},
+        {"{\"name\":\"a\",\"source\":\"hf:o/r/m.gguf\",\"bytes\":-5}", "bytes"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *b = json_loads(bad[i].body, 0, NULL);
+        gps_deploy_spec s;
+        char msg[256];
+        const char *param = NULL;
+        assert_int_equal(gps_deploy_parse(b, &s, msg, sizeof msg, &param), -1);
+        assert_string_equal(param, bad[i].param);
+        json_decref(b);
+    }
+    json_t *b = json_loads("{\"name\":\"q\",\"source\":\"hf:o/r/m.gguf\",\"sha256\":\""
+                           "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789\"}",
+                           0, NULL);
+    gps_deploy_spec s;
+    char msg[256];
+    const char *param = NULL;
+    assert_int_equal(gps_deploy_parse(b, &s, msg, sizeof msg, &param), 0);
+    assert_int_equal(s.replicas, 1);
+    assert_string_equal(s.sha256,
+                        "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789");
+    json_decref(b);
+}
+
+static void test_placement_explains_itself(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 1000);
+    char deploy_big[128], deploy_small[128];
+    snprintf(deploy_big, sizeof deploy_big, "{\"capacity\":1,\"memory_free\":%lld}", 8 * GIB);
+    snprintf(deploy_small, sizeof deploy_small, "{\"capacity\":1,\"memory_free\":%lld}",
+             GIB / 2);
+    json_decref(poll(&f, 1, "{\"zone\":\"a\"}", deploy_big, T0));
+    json_decref(poll(&f, 2, "{\"zone\":\"a\"}", deploy_small, T0));
+    json_decref(poll(&f, 3, "{\"zone\":\"a\"}", NULL, T0)); /* --model */
+    json_decref(poll(&f, 4, "{\"zone\":\"b\"}", deploy_big, T0));
+    assert_int_equal(create(&f, "{\"name\":\"big\",\"source\":\"https://x/m.gguf\","
+                                "\"replicas\":2,\"bytes\":2147483648,"
+                                "\"labels\":{\"zone\":\"a\"}}"), 0);
+    assert_int_equal(create(&f, "{\"name\":\"big\",\"source\":\"https://x/m.gguf\"}"), -2);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_t *j = get(&f, "big");
+    assert_int_equal(placed(j), 1); /* only agent 1 fits */
+    assert_int_equal(json_integer_value(json_object_get(j, "unplaced")), 1);
+    assert_non_null(strstr(refusal(j, 2), "does not fit: needs about 2252 MiB; 512 MiB"));
+    assert_non_null(strstr(refusal(j, 3), "not offered to deployments"));
+    assert_string_equal(refusal(j, 4), "labels do not match: wants zone=a, has b");
+    assert_null(refusal(j, 1));
+    json_decref(j);
+    /* Agent 1's poll reply now names the model; agent 4's names nothing. */
+    json_t *w = poll(&f, 1, "{\"zone\":\"a\"}", deploy_big, T0 + 10);
+    assert_int_equal(json_array_size(w), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(w, 0), "name")), "big");
+    json_decref(w);
+    w = poll(&f, 4, "{\"zone\":\"b\"}", deploy_big, T0 + 10);
+    assert_int_equal(json_array_size(w), 0);
+    json_decref(w);
+    /* A second deployment (2 GiB: not for agent 2): agent 1 is at its
+     * capacity, agent 4 takes it. */
+    assert_int_equal(create(&f, "{\"name\":\"other\",\"source\":\"https://x/o.gguf\","
+                                "\"bytes\":2147483648}"), 0);
+    gps_deploy_reconcile(f.d, T0 + 20, 0);
+    j = get(&f, "other");
+    assert_int_equal(placed(j), 1);
+    assert_null(json_object_get(j, "refusals"));
+    json_decref(j);
+    assert_int_equal(gps_deploy_scale(f.d, "other", 2), 0);
+    gps_deploy_reconcile(f.d, T0 + 30, 0);
+    j = get(&f, "other");
+    assert_string_equal(refusal(j, 1), "holds 1 deployed model(s), its capacity");
+    json_decref(j);
+    assert_int_equal(gps_deploy_remove(f.d, "other"), 0);
+    assert_int_equal(gps_deploy_remove(f.d, "other"), 1);
+    fx_free(&f);
+}
+
+static void test_failed_replica_moves_elsewhere(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 1000);
+    const char *dj = "{\"capacity\":1,\"memory_free\":1073741824}";
+    json_decref(poll(&f, 1, NULL, dj, T0));
+    assert_int_equal(create(&f, "{\"name\":\"m\",\"source\":\"https://x/m.gguf\"}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_decref(poll(&f, 2, NULL, dj, T0)); /* too late: agent 1 has it */
+    json_t *j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    json_decref(j);
+    /* Agent 1 reports progress, then a failure. */
+    json_decref(poll(&f, 1, NULL,
+                     "{\"capacity\":1,\"memory_free\":1073741824,\"models\":[{\"name\":\"m\","
+                     "\"state\":\"downloading\",\"bytes\":10,\"total\":100,\"rate\":5}]}",
+                     T0 + 1));
+    j = get(&f, "m");
+    json_t *r = json_array_get(json_object_get(j, "placed"), 0);
+    assert_string_equal(json_string_value(json_object_get(r, "state")), "downloading");
+    assert_int_equal(json_integer_value(json_object_get(r, "eta_sec")), 18);
+    assert_int_equal(json_integer_value(json_object_get(j, "bytes")), 100);
+    json_decref(j);
+    json_t *w = poll(&f, 1, NULL,
+                     "{\"capacity\":1,\"memory_free\":1073741824,\"models\":[{\"name\":\"m\","
+                     "\"state\":\"failed\",\"reason\":\"sha256 mismatch\"}]}",
+                     T0 + 2);
+    assert_int_equal(json_array_size(w), 0); /* agent 1 drops it */
+    json_decref(w);
+    j = get(&f, "m");
+    assert_int_equal(placed(j), 2); /* the failure is kept, and agent 2 took over */
+    json_decref(j);
+    /* Agent 2 got ready, then restarted: it lists nothing; the replica is
+     * assigned again (not shown ready while the agent starts over). */
+    json_decref(poll(&f, 2, NULL, "{\"models\":[{\"name\":\"m\",\"state\":\"ready\"}]}",
+                     T0 + 2));
+    json_decref(poll(&f, 2, NULL, dj, T0 + 2));
+    j = get(&f, "m");
+    r = json_array_get(json_object_get(j, "placed"), 1);
+    assert_string_equal(json_string_value(json_object_get(r, "state")), "assigned");
+    json_decref(j);
+    w = poll(&f, 2, NULL, dj, T0 + 3);
+    assert_int_equal(json_array_size(w), 1);
+    json_decref(w);
+    /* Agent 2 fails too: nowhere left; agent 1 says why. */
+    json_decref(poll(&f, 2, NULL,
+                     "{\"models\":[{\"name\":\"m\",\"state\":\"failed\",\"reason\":\"x\"}]}",
+                     T0 + 4));
+    j = get(&f, "m");
+    assert_string_equal(refusal(j, 1), "failed this deployment: sha256 mismatch");
+    assert_int_equal(json_integer_value(json_object_get(j, "unplaced")), 1);
+    json_decref(j);
+    /* A scale forgets the failures: a retry. */
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
+    gps_deploy_reconcile(f.d, T0 + 5, 0);
+    j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    json_decref(j);
+    fx_free(&f);
+}
+
+static void test_scale_down_and_dead_agents(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 5000);
+    const char *dj = "{\"capacity\":1,\"memory_free\":1073741824}";
+    json_decref(poll(&f, 1, NULL, dj, T0));
+    json_decref(poll(&f, 2, NULL, dj, T0));
+    json_decref(poll(&f, 3, NULL, dj, T0));
+    assert_int_equal(create(&f, "{\"name\":\"m\",\"source\":\"https://x/m.gguf\","
+                                "\"replicas\":2}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_t *j = get(&f, "m");
+    assert_int_equal(placed(j), 2);
+    json_decref(j);
+    /* Whichever two it chose: make one ready; scaling to 1 keeps that one. */
+    char ready_id[37] = "";
+    for (int i = 1; i <= 3; i++) {
+        json_t *w = poll(&f, i, NULL,
+                         "{\"capacity\":1,\"models\":[{\"name\":\"m\",\"state\":\"ready\"}]}",
+                         T0 + 1);
+        if (json_array_size(w) == 1 && !ready_id[0])
+            uuid(i, ready_id);
+        json_decref(w);
+    }
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
+    gps_deploy_reconcile(f.d, T0 + 2, 0);
+    j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    json_t *r = json_array_get(json_object_get(j, "placed"), 0);
+    assert_string_equal(json_string_value(json_object_get(r, "state")), "ready");
+    char holder[37];
+    snprintf(holder, sizeof holder, "%s", json_string_value(json_object_get(r, "agent_id")));
+    json_decref(j);
+    /* The holder goes silent; the others keep polling. Dead after the
+     * agent timeout (90 s), moved only after the grace (5 s) more. */
+    uint64_t t = T0 + 2;
+    for (; t < T0 + 200000; t += 1000) {
+        for (int i = 1; i <= 3; i++) {
+            char id[37];
+            uuid(i, id);
+            if (strcmp(id, holder) != 0)
+                json_decref(poll(&f, i, NULL, dj, t));
+        }
+        registry_tick(f.reg, t);
+        const registry_agent *a = registry_get(f.reg, holder);
+        if (a->state == REGISTRY_DEAD)
+            break;
+    }
+    gps_deploy_reconcile(f.d, t + 1000, 0);
+    j = get(&f, "m");
+    r = json_array_get(json_object_get(j, "placed"), 0);
+    assert_string_equal(json_string_value(json_object_get(r, "agent_id")), holder);
+    json_decref(j);
+    gps_deploy_reconcile(f.d, t + 6000, 0);
+    j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    r = json_array_get(json_object_get(j, "placed"), 0);
+    assert_string_not_equal(json_string_value(json_object_get(r, "agent_id")), holder);
+    json_decref(j);
+    fx_free(&f);
+}
+
+/* An agent restarted with --model (no "deploy" in its poll) loses its
+ * replica at once, and gets no "deployments" member. */
+static void test_agent_restarted_with_model(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 60000);
+    const char *dj = "{\"capacity\":1,\"memory_free\":1073741824}";
+    json_decref(poll(&f, 1, NULL, dj, T0));
+    assert_int_equal(create(&f, "{\"name\":\"m\",\"source\":\"https://x/m.gguf\"}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_decref(poll(&f, 2, NULL, dj, T0));
+    assert_null(poll(&f, 1, NULL, NULL, T0 + 1));
+    gps_deploy_reconcile(f.d, T0 + 2, 0);
+    json_t *j = get(&f, "m");
+    assert_int_equal(placed(j), 1);
+    char id2[37];
+    uuid(2, id2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(
+                            json_object_get(j, "placed"), 0), "agent_id")), id2);
+    json_decref(j);
+    fx_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse),
+        cmocka_unit_test(test_placement_explains_itself),
+        cmocka_unit_test(test_failed_replica_moves_elsewhere),
+        cmocka_unit_test(test_scale_down_and_dead_agents),
+        cmocka_unit_test(test_agent_restarted_with_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
