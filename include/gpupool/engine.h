@@ -317,8 +317,9 @@ int gpe_model_embedding_dim(const gpe_model *m);
 /* Embed one input: tokens[0..n) (1 <= n <= the context length) into out
  * (dim floats; dim must equal gpe_model_embedding_dim). Uses the context's
  * sequences as scratch: every sequence is cleared before and after, so call
- * it on a context that holds nothing the caller still needs. Backends
- * without embeddings (CUDA today) give GPE_ERR_UNSUPPORTED. */
+ * it on a context that holds nothing the caller still needs. A backend
+ * without embeddings gives GPE_ERR_UNSUPPORTED (the CPU and CUDA backends
+ * both have them). */
 gpe_status gpe_embed(gpe_ctx *ctx, const int32_t *tokens, int n, float *out, int dim, char *err,
                      size_t errlen);
 /* Embed n_inputs inputs (tokens[i], n_tokens[i]) into out (n_inputs rows of

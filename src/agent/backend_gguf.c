@@ -812,10 +812,6 @@ static gpe_ctx *embed_ctx(gguf_backend *b, int k, char *msg, size_t msglen)
 {
     if (b->emb_ctx[k])
         return b->emb_ctx[k];
-    if (b->kind != GPE_BACKEND_CPU) {
-        snprintf(msg, msglen, "embeddings run on the CPU backend only (this agent uses CUDA)");
-        return NULL;
-    }
     gpe_ctx_params cp = b->eng[0].cp;
     cp.n_seq = k == 0 ? EMBED_SEQS : 1;
     cp.n_ctx = k == 0 && b->n_ctx > EMBED_SHORT ? EMBED_SHORT : b->n_ctx;
@@ -1639,10 +1635,10 @@ static json_t *gguf_models(agent_backend *base)
         "architecture", b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
         "chat_format", b->info.chat_format, "supports_tools",
         (int)gpe_chat_supports_tools(b->model));
-    /* Embeddings run on the CPU backend only (job_embed). */
+    /* Embeddings (job_embed) on the CPU and CUDA backends alike: on a GPU
+     * their contexts go on the first engine's device(s). */
     if (m)
-        json_object_set_new(json_array_get(m, 0), "supports_embeddings",
-                            json_boolean(b->kind == GPE_BACKEND_CPU));
+        json_object_set_new(json_array_get(m, 0), "supports_embeddings", json_true());
     /* digest: agents with the same file continue each other's jobs from
      * token ids (docs/protocol.md). */
     if (m && b->digest[0])

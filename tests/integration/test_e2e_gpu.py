@@ -91,6 +91,17 @@ class GpuTest(harness.TestCase):
                                    "messages": [{"role": "user", "content": "Hi"}]}, timeout=120)
         self.assertEqual(st, 200, body)
         self.assertTrue(body["choices"][0]["message"]["content"])
+        # Embeddings on the GPU: unit-length vectors of n_embd, distinct inputs apart.
+        st, _, emb = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "tiny", "input": ["Once upon a time", "The dog ran"]},
+                               timeout=120)
+        self.assertEqual(st, 200, emb)
+        vecs = [d["embedding"] for d in emb["data"]]
+        self.assertEqual(len(vecs), 2)
+        for v in vecs:
+            self.assertEqual(len(v), 64)   # stories260K's n_embd
+            self.assertAlmostEqual(sum(x * x for x in v), 1.0, places=4)
+        self.assertLess(sum(x * y for x, y in zip(*vecs)), 0.9999)
         st, _, raw = http_request("GET", self.srv.url + "/metrics")
         text = raw.decode()
         self.assertIn('gpupool_gpu_vram_model_bytes{agent="%s"' % aid, text)

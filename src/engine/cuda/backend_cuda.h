@@ -110,6 +110,13 @@ gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int
                             const int *seq, const bool *want, int n, float *logits_host,
                             char *err, size_t errlen);
 
+/* The same pass as gpe_cuda_forward (checks, cache rows, device errors)
+ * but no logits: the output-normed hidden state of every token, n rows of
+ * n_embd floats at hidden_host (gpe_llama_hidden's contract, model.h:
+ * embeddings). */
+gpe_status gpe_cuda_hidden(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
+                           const int *seq, int n, float *hidden_host, char *err, size_t errlen);
+
 /* Zeroes sequence seq's K/V rows (positions restart at 0; the caller resets
  * its length). Out-of-range seq is ignored. */
 void gpe_cuda_seq_clear(gpe_cuda_model *cm, int seq);

@@ -980,10 +980,25 @@ static gpe_status run_output(gpe_cuda_model *cm, cuda_stage *S, int n_out, float
     return GPE_OK;
 }
 
+/* Embeddings on the last stage: every token's hidden state through the
+ * output norm (model.c's gpe_llama_hidden), copied to the host. */
+static gpe_status run_hidden(gpe_cuda_model *cm, cuda_stage *S, int n, float *hidden_host,
+                             char *err, size_t errlen)
+{
+    const gpe_hparams *hp = &cm->hp;
+    const int64_t E = hp->n_embd;
+    gpe_cuda_rmsnorm(S->x, NULL, cm->output_norm, S->xn, n, (int)E, hp->rms_eps, S->stream);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaMemcpyAsync(hidden_host, S->xn, (size_t)n * (size_t)E * sizeof(float),
+                               cudaMemcpyDeviceToHost, S->stream));
+    return GPE_OK;
+}
+
 /* The kernels of stage S for a batch of n tokens, after its inputs are on
  * the device: embedding (first stage), layers, output (last stage). */
 static gpe_status stage_kernels(gpe_cuda_model *cm, cuda_stage *S, int n, int n_out,
-                                float *logits_host, char *err, size_t errlen)
+                                float *logits_host, float *hidden_host, char *err,
+                                size_t errlen)
 {
     const int64_t E = cm->hp.n_embd;
     gpe_status st;
@@ -998,6 +1013,8 @@ static gpe_status stage_kernels(gpe_cuda_model *cm, cuda_stage *S, int n, int n_
     for (int l = S->l0; l < S->l1; l++)
         if ((st = run_layer(cm, S, l, n, err, errlen)))
             return st;
+    if (S->last && hidden_host)
+        return run_hidden(cm, S, n, hidden_host, err, errlen);
     if (S->last && (st = run_output(cm, S, n_out, logits_host, err, errlen)))
         return st;
     return GPE_OK;
@@ -1032,7 +1049,7 @@ static gpe_status stage_graph(gpe_cuda_model *cm, cuda_stage *S, int n, int n_ou
             S->no_graph = true;
             return GPE_OK;
         }
-        const gpe_status st = stage_kernels(cm, S, n, n_out, NULL, err, errlen);
+        const gpe_status st = stage_kernels(cm, S, n, n_out, NULL, NULL, err, errlen);
         cudaError_t e = cudaStreamEndCapture(S->stream, &g);
         if (st == GPE_OK && e == cudaSuccess && g)
             e = cudaGraphInstantiate(ge, g, 0);
@@ -1051,9 +1068,10 @@ static gpe_status stage_graph(gpe_cuda_model *cm, cuda_stage *S, int n, int n_ou
 }
 
 /* The stages in order; *dev receives the device being worked on (for the
- * error message). */
-static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_host, int *dev,
-                          char *err, size_t errlen)
+ * error message). hidden_host: the output-normed hidden states of all n
+ * tokens instead of logits (no graph: embeddings are not decode steps). */
+static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_host,
+                          float *hidden_host, int *dev, char *err, size_t errlen)
 {
     const int64_t E = cm->hp.n_embd;
     gpe_status st;
@@ -1073,36 +1091,38 @@ static gpe_status forward(gpe_cuda_model *cm, int n, int n_out, float *logits_ho
         }
         const int out_cap = cm->n_batch < OUT_CHUNK ? cm->n_batch : OUT_CHUNK;
         bool done = false;
-        if (graphs_enabled() && !S->no_graph && n <= GPE_CUDA_MMV_MAX && n_out <= out_cap &&
-            (st = stage_graph(cm, S, n, n_out, &done, err, errlen)))
+        if (!hidden_host && graphs_enabled() && !S->no_graph && n <= GPE_CUDA_MMV_MAX &&
+            n_out <= out_cap && (st = stage_graph(cm, S, n, n_out, &done, err, errlen)))
             return st;
         if (done && S->last && n_out > 0)
             CUDA_CHECK(cudaMemcpyAsync(logits_host, S->logits,
                                        (size_t)n_out * (size_t)cm->hp.n_vocab * sizeof(float),
                                        cudaMemcpyDeviceToHost, s));
-        if (!done && (st = stage_kernels(cm, S, n, n_out, logits_host, err, errlen)))
+        if (!done &&
+            (st = stage_kernels(cm, S, n, n_out, logits_host, hidden_host, err, errlen)))
             return st;
         CUDA_CHECK(cudaStreamSynchronize(s));
     }
     return GPE_OK;
 }
 
-gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
-                            const int *seq, const bool *want, int n, float *logits_host,
-                            char *err, size_t errlen)
+/* Checks a batch and stages its ints in cm->h_ints (logits rows: the
+ * entries with want[i]; want NULL: none); *n_out receives their count. */
+static gpe_status stage_batch(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
+                              const int *seq, const bool *want, int n, int *n_out, char *err,
+                              size_t errlen)
 {
     if (!cm)
         return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: no model");
     if (cm->broken)
         return fail(GPE_ERR_BACKEND, err, errlen, "%s (context unusable)", cm->broken_msg);
-    if (n <= 0)
-        return GPE_OK;
     if (n > cm->n_batch)
         return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: %d tokens exceed n_batch %d", n,
                     cm->n_batch);
     int *h_tok = cm->h_ints, *h_pos = h_tok + cm->n_batch, *h_seq = h_pos + cm->n_batch;
     int *h_rows = h_seq + cm->n_batch;
-    int n_out = 0, runs = 0;
+    int runs = 0;
+    *n_out = 0;
     for (int i = 0; i < n; i++) {
         if (i == 0 || seq[i] != seq[i - 1])
             runs++;
@@ -1116,22 +1136,52 @@ gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int
         h_tok[i] = tokens[i];
         h_pos[i] = pos[i];
         h_seq[i] = seq[i];
-        if (want[i])
-            h_rows[n_out++] = i;
+        if (want && want[i])
+            h_rows[(*n_out)++] = i;
     }
-    if (n_out > 0 && !logits_host)
-        return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: logits requested, no buffer");
     /* Runs of fewer than 4 tokens of one sequence on average: a batched
      * decode step (many sequences) rather than a prompt. */
     cm->decode_rows = 4 * runs > n;
+    return GPE_OK;
+}
+
+/* forward() and, on failure, the context marked unusable: any failure past
+ * validation is a device failure (the streams may hold half-done work and
+ * a sticky error poisons the context). */
+static gpe_status run_batch(gpe_cuda_model *cm, int n, int n_out, float *logits_host,
+                            float *hidden_host, char *err, size_t errlen)
+{
     int dev = cm->st[0].device;
-    gpe_status st = forward(cm, n, n_out, logits_host, &dev, err, errlen);
+    gpe_status st = forward(cm, n, n_out, logits_host, hidden_host, &dev, err, errlen);
     if (st != GPE_OK) {
-        /* Any failure past validation is a device failure: the streams may
-         * hold half-done work and a sticky error poisons the context. */
         on_device(st, dev, err, errlen);
         cm->broken = true;
         snprintf(cm->broken_msg, sizeof cm->broken_msg, "%s", err ? err : "CUDA error");
     }
     return st;
+}
+
+gpe_status gpe_cuda_forward(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
+                            const int *seq, const bool *want, int n, float *logits_host,
+                            char *err, size_t errlen)
+{
+    int n_out = 0;
+    gpe_status st = stage_batch(cm, tokens, pos, seq, want, n, &n_out, err, errlen);
+    if (st != GPE_OK || n <= 0)
+        return st;
+    if (n_out > 0 && !logits_host)
+        return fail(GPE_ERR_ARG, err, errlen, "CUDA forward: logits requested, no buffer");
+    return run_batch(cm, n, n_out, logits_host, NULL, err, errlen);
+}
+
+gpe_status gpe_cuda_hidden(gpe_cuda_model *cm, const int32_t *tokens, const int *pos,
+                           const int *seq, int n, float *hidden_host, char *err, size_t errlen)
+{
+    int n_out = 0;
+    gpe_status st = stage_batch(cm, tokens, pos, seq, NULL, n, &n_out, err, errlen);
+    if (st != GPE_OK || n <= 0)
+        return st;
+    if (!hidden_host)
+        return fail(GPE_ERR_ARG, err, errlen, "CUDA hidden: no buffer");
+    return run_batch(cm, n, 0, NULL, hidden_host, err, errlen);
 }

@@ -26,6 +26,13 @@ static gpe_status op_forward(gpe_bctx *c, const int32_t *tok, const int *pos, co
                             logits, err, errlen);
 }
 
+static gpe_status op_hidden(gpe_bctx *c, const int32_t *tok, const int *pos, const int *seq,
+                            int n, float *hidden, char *err, size_t errlen)
+{
+    return gpe_cuda_hidden(reinterpret_cast<gpe_cuda_model *>(c), tok, pos, seq, n, hidden,
+                           err, errlen);
+}
+
 static void op_seq_clear(gpe_bctx *c, int seq)
 {
     gpe_cuda_seq_clear(reinterpret_cast<gpe_cuda_model *>(c), seq);
@@ -53,6 +60,7 @@ static gpe_backend_ops make_ops()
     o.budget = gpe_cuda_plan_devices;
     o.ctx_create = op_ctx_create;
     o.forward = op_forward;
+    o.hidden = op_hidden;
     o.seq_clear = op_seq_clear;
     o.devices = op_devices;
     o.ctx_free = op_ctx_free;

@@ -601,6 +601,54 @@ static void test_dev_prefix(void **state)
     gpe_model_free(m);
 }
 
+/* Embeddings on CUDA (the backend's hidden op): two inputs, one of them
+ * longer than the context's batch (several passes), through gpe_embed_batch
+ * on the CPU and on CUDA (one device, split over device 0 twice): the same
+ * pooled vectors up to float rounding. */
+static void test_dev_embed(void **state)
+{
+    (void)state;
+    if (!need_device()) {
+        skip();
+        return;
+    }
+    char err[512];
+    const char *txt[2] = { "Once upon a time, there was a little girl named Lily.",
+                           "The dog ran to the park and played with a red ball all day long, "
+                           "then it went home and slept." };
+    gpe_model *cpu = load_on(GPE_BACKEND_CPU, 0, NULL);
+    const int dim = gpe_model_embedding_dim(cpu);
+    int32_t tok[2][128];
+    const int32_t *tp[2] = { tok[0], tok[1] };
+    int nt[2];
+    for (int i = 0; i < 2; i++) {
+        nt[i] = gpe_tokenize(cpu, txt[i], strlen(txt[i]), true, false, tok[i], 128);
+        assert_true(nt[i] > 0);
+    }
+    assert_true(nt[1] > 16);
+    float *want = malloc(2 * (size_t)dim * sizeof *want);
+    float *got = malloc(2 * (size_t)dim * sizeof *got);
+    gpe_ctx *c = ctx_on(cpu, false);
+    if (gpe_embed_batch(c, tp, nt, 2, want, dim, err, sizeof err) != GPE_OK)
+        fail_msg("CPU embed: %s", err);
+    gpe_ctx_free(c);
+    for (int n_dev = 0; n_dev <= 2; n_dev += 2) {
+        gpe_model *m = load_on(GPE_BACKEND_CUDA, n_dev, NULL);
+        c = ctx_on(m, false);
+        if (gpe_embed_batch(c, tp, nt, 2, got, dim, err, sizeof err) != GPE_OK)
+            fail_msg("CUDA embed: %s", err);
+        const double e = gpe_st_nmse(got, want, 2 * (size_t)dim);
+        print_message("embeddings on CUDA (%s): NMSE vs CPU %.3e\n",
+                      n_dev ? "split 0,0" : "one device", e);
+        assert_true(e <= 1e-6);
+        gpe_ctx_free(c);
+        gpe_model_free(m);
+    }
+    free(want);
+    free(got);
+    gpe_model_free(cpu);
+}
+
 #endif /* GPE_HAVE_CUDA */
 
 static void test_gpu_selftest(void **state)
@@ -639,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_dev_split_same_device),
         cmocka_unit_test(test_dev_kv_f16),
         cmocka_unit_test(test_dev_prefix),
+        cmocka_unit_test(test_dev_embed),
 #endif
         cmocka_unit_test(test_gpu_selftest),
     };
