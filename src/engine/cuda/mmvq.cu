@@ -269,6 +269,95 @@ struct qk_q6_k {
     }
 };
 
+/* The units of batches of 2..8 columns (the 64-value Q4_K unit and the
+ * funnel-shift Q6_K loads below ran 8 sequences of a 7B Q4_K_M file at
+ * 0.68x of these on an H200, while one column gained): */
+
+/* Q4_K (144 bytes, 16-byte aligned): unit u = 2p + h (p: 64-value group,
+ * h: half) is qs[32p + 16h .. +15], one 128-bit load: low nibbles are
+ * columns 64p + 16h .. +15 (sub-block 2p), high nibbles columns
+ * 64p + 32 + 16h .. +15 (sub-block 2p + 1); x = (d*sc)*q - dmin*m, so
+ * sum x*a = d1 * sum q*a - m1 * sum a per sub-block. */
+struct qk_q4_k_32 {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q4_K;
+    static constexpr int BLK = 256, BYTES = 144, UPB = 8;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const int p = u / 2, h = u % 2;
+        const uint4 q = *reinterpret_cast<const uint4 *>(b + 16 + 32 * p + 16 * h);
+        const float d = f16_bits_to_f32(ld_u16(b)), dmin = f16_bits_to_f32(ld_u16(b + 2));
+        float sc, m;
+        scale_min_k4(2 * p, b + 4, sc, m);
+        const float d1 = __fmul_rn(d, sc), m1 = __fmul_rn(dmin, m);
+        scale_min_k4(2 * p + 1, b + 4, sc, m);
+        const float d2 = __fmul_rn(d, sc), m2 = __fmul_rn(dmin, m);
+        const uint32_t m4 = 0x0F0F0F0Fu;
+        const int lo0 = (int)(q.x & m4), lo1 = (int)(q.y & m4), lo2 = (int)(q.z & m4),
+                  lo3 = (int)(q.w & m4);
+        const int hi0 = (int)((q.x >> 4) & m4), hi1 = (int)((q.y >> 4) & m4),
+                  hi2 = (int)((q.z >> 4) & m4), hi3 = (int)((q.w >> 4) & m4);
+        const int c_lo = 64 * p + 16 * h, c_hi = c_lo + 32;
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int8_t *a = xq + j * ldq;
+            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+            const int4 al = ld_i4(a + c_lo), ah = ld_i4(a + c_hi);
+            const float vl = d1 * (float)dot4(lo0, lo1, lo2, lo3, al) - m1 * (float)sum4(al);
+            const float vh = d2 * (float)dot4(hi0, hi1, hi2, hi3, ah) - m2 * (float)sum4(ah);
+            acc[j] += ad[2 * p] * vl + ad[2 * p + 1] * vh;
+        }
+    }
+};
+
+/* Q6_K (210 bytes, 2-byte aligned): unit u = 2n + lh reads ql[64n + 16lh
+ * ..+15], ql[64n + 32 + 16lh ..+15] and qh[32n + 16lh ..+15] (48 bytes) for
+ * 64 values: group g (0..3) is columns 128n + 32g + 16lh .. +15, one scale
+ * (index 8n + 2g + lh) and one activation block (4n + g) each; the 6-bit
+ * values are rebuilt four bytes at a time and offset by -32 per byte. */
+struct qk_q6_k_a2 {
+    static constexpr gpe_type TYPE = GPE_TYPE_Q6_K;
+    static constexpr int BLK = 256, BYTES = 210, UPB = 4;
+    template <int NC>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const int8_t *xq,
+                                               const float *xqd, int64_t ldq, float *acc)
+    {
+        const int n = u / 2, lh = u % 2, l0 = 16 * lh;
+        const float d = f16_bits_to_f32(ld_u16(b + 208));
+        const int8_t *scales = reinterpret_cast<const int8_t *>(b + 192);
+        int w[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            /* unsigned: the shifts move bits across bytes, masked after */
+            const uint32_t qa = ld_u32_a2(b + 64 * n + l0 + 4 * k);
+            const uint32_t qb = ld_u32_a2(b + 64 * n + 32 + l0 + 4 * k);
+            const uint32_t qh = ld_u32_a2(b + 128 + 32 * n + l0 + 4 * k);
+            const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
+            w[0][k] = (int)__vsubss4((qa & m4) | ((qh << 4) & m2), off);
+            w[1][k] = (int)__vsubss4((qb & m4) | ((qh << 2) & m2), off);
+            w[2][k] = (int)__vsubss4(((qa >> 4) & m4) | (qh & m2), off);
+            w[3][k] = (int)__vsubss4(((qb >> 4) & m4) | ((qh >> 2) & m2), off);
+        }
+        int sc[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+            sc[g] = scales[8 * n + 2 * g + lh];
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+            const int8_t *a = xq + j * ldq;
+            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+            float s = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
+                s += ad[4 * n + g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
+            }
+            acc[j] += d * s;
+        }
+    }
+};
+
 /* ------------------------------------------------------------- kernel */
 
 /* One warp per output row; lane i takes units i, i+32, ... (consecutive
@@ -344,8 +433,20 @@ void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, f
     switch (w->type) {
     case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy); break;
     case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy); break;
-    case GPE_TYPE_Q4_K: mmvq_cols<qk_q4_k>(mm, w, n_tok, y, ldy); break;
-    case GPE_TYPE_Q6_K: mmvq_cols<qk_q6_k>(mm, w, n_tok, y, ldy); break;
+    /* one column (a decode step of one sequence): the units that load
+     * least per value; more columns: the units that measured faster there */
+    case GPE_TYPE_Q4_K:
+        if (n_tok == 1)
+            mmvq_launch<qk_q4_k, 1>(mm, w, y, ldy);
+        else
+            mmvq_cols<qk_q4_k_32>(mm, w, n_tok, y, ldy);
+        break;
+    case GPE_TYPE_Q6_K:
+        if (n_tok == 1)
+            mmvq_launch<qk_q6_k, 1>(mm, w, y, ldy);
+        else
+            mmvq_cols<qk_q6_k_a2>(mm, w, n_tok, y, ldy);
+        break;
     default: break;   /* the caller checked gpe_cuda_mmvq_takes */
     }
 }
