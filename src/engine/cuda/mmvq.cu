@@ -207,6 +207,41 @@ static __device__ __forceinline__ void ld16_a2(const uint8_t *p, uint32_t (&w)[4
         w[i] = __funnelshift_r(x[i], x[i + 1], sh);
 }
 
+/* The rest of a Q6_K unit once its words are in registers (qa/qb: ql
+ * bytes 64n + l0 .. and 64n + 32 + l0 .., qh: qh bytes 32n + l0 ..; sc: the
+ * four groups' scales): the 6-bit values rebuilt four bytes at a time and
+ * offset by -32 per byte, then acc[j] += d * sum_g ad[4n + g] * sc[g] *
+ * (values of group g . activations). */
+template <int NC>
+static __device__ __forceinline__ void q6_acc(const uint32_t (&qa)[4], const uint32_t (&qb)[4],
+                                              const uint32_t (&qh)[4], const int (&sc)[4],
+                                              float d, int n, int l0, const int8_t *xq,
+                                              const float *xqd, int64_t ldq, float *acc)
+{
+    int w[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        /* unsigned: the shifts move bits across bytes, masked after */
+        const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
+        w[0][k] = (int)__vsubss4((qa[k] & m4) | ((qh[k] << 4) & m2), off);
+        w[1][k] = (int)__vsubss4((qb[k] & m4) | ((qh[k] << 2) & m2), off);
+        w[2][k] = (int)__vsubss4(((qa[k] >> 4) & m4) | (qh[k] & m2), off);
+        w[3][k] = (int)__vsubss4(((qb[k] >> 4) & m4) | ((qh[k] >> 2) & m2), off);
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const int8_t *a = xq + j * ldq;
+        const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
+        float s = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
+            s += ad[4 * n + g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
+        }
+        acc[j] += d * s;
+    }
+}
+
 /* Q6_K (210 bytes, 2-byte aligned): unit u = 2n + lh reads ql[64n + 16lh
  * ..+15], ql[64n + 32 + 16lh ..+15] and qh[32n + 16lh ..+15] (48 bytes) for
  * 64 values: group g (0..3) is columns 128n + 32g + 16lh .. +15, one scale
@@ -223,21 +258,10 @@ struct qk_q6_k {
                                                const float *xqd, int64_t ldq, float *acc)
     {
         const int n = u / 2, lh = u % 2, l0 = 16 * lh;
-        const float d = f16_bits_to_f32(ld_u16(b + 208));
         uint32_t qa[4], qb[4], qh[4];
         ld16_a2(b + 64 * n + l0, qa);
         ld16_a2(b + 64 * n + 32 + l0, qb);
         ld16_a2(b + 128 + 32 * n + l0, qh);
-        int w[4][4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            /* unsigned: the shifts move bits across bytes, masked after */
-            const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
-            w[0][k] = (int)__vsubss4((qa[k] & m4) | ((qh[k] << 4) & m2), off);
-            w[1][k] = (int)__vsubss4((qb[k] & m4) | ((qh[k] << 2) & m2), off);
-            w[2][k] = (int)__vsubss4(((qa[k] >> 4) & m4) | (qh[k] & m2), off);
-            w[3][k] = (int)__vsubss4(((qb[k] >> 4) & m4) | ((qh[k] >> 2) & m2), off);
-        }
         /* scales[8n + 2g + lh]: bytes lh and 2 + lh of the two words */
         uint32_t sw[2];
         {
@@ -252,20 +276,7 @@ struct qk_q6_k {
 #pragma unroll
         for (int g = 0; g < 4; g++)
             sc[g] = (int)(int8_t)byte_of(sw[g / 2], 2 * (g % 2) + lh);
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-            const int8_t *a = xq + j * ldq;
-            const float4 ad =
-                *reinterpret_cast<const float4 *>(xqd + j * (ldq / GPE_CUDA_Q8_BLK) + 4 * n);
-            const float adv[4] = { ad.x, ad.y, ad.z, ad.w };
-            float s = 0.0f;
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
-                s += adv[g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
-            }
-            acc[j] += d * s;
-        }
+        q6_acc<NC>(qa, qb, qh, sc, f16_bits_to_f32(ld_u16(b + 208)), n, l0, xq, xqd, ldq, acc);
     }
 };
 
@@ -311,11 +322,7 @@ struct qk_q4_k_32 {
     }
 };
 
-/* Q6_K (210 bytes, 2-byte aligned): unit u = 2n + lh reads ql[64n + 16lh
- * ..+15], ql[64n + 32 + 16lh ..+15] and qh[32n + 16lh ..+15] (48 bytes) for
- * 64 values: group g (0..3) is columns 128n + 32g + 16lh .. +15, one scale
- * (index 8n + 2g + lh) and one activation block (4n + g) each; the 6-bit
- * values are rebuilt four bytes at a time and offset by -32 per byte. */
+/* Q6_K, the units of qk_q6_k, the words read 16 bits at a time. */
 struct qk_q6_k_a2 {
     static constexpr gpe_type TYPE = GPE_TYPE_Q6_K;
     static constexpr int BLK = 256, BYTES = 210, UPB = 4;
@@ -324,37 +331,19 @@ struct qk_q6_k_a2 {
                                                const float *xqd, int64_t ldq, float *acc)
     {
         const int n = u / 2, lh = u % 2, l0 = 16 * lh;
-        const float d = f16_bits_to_f32(ld_u16(b + 208));
         const int8_t *scales = reinterpret_cast<const int8_t *>(b + 192);
-        int w[4][4];
+        uint32_t qa[4], qb[4], qh[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            /* unsigned: the shifts move bits across bytes, masked after */
-            const uint32_t qa = ld_u32_a2(b + 64 * n + l0 + 4 * k);
-            const uint32_t qb = ld_u32_a2(b + 64 * n + 32 + l0 + 4 * k);
-            const uint32_t qh = ld_u32_a2(b + 128 + 32 * n + l0 + 4 * k);
-            const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x30303030u, off = 0x20202020u;
-            w[0][k] = (int)__vsubss4((qa & m4) | ((qh << 4) & m2), off);
-            w[1][k] = (int)__vsubss4((qb & m4) | ((qh << 2) & m2), off);
-            w[2][k] = (int)__vsubss4(((qa >> 4) & m4) | (qh & m2), off);
-            w[3][k] = (int)__vsubss4(((qb >> 4) & m4) | ((qh >> 2) & m2), off);
+            qa[k] = ld_u32_a2(b + 64 * n + l0 + 4 * k);
+            qb[k] = ld_u32_a2(b + 64 * n + 32 + l0 + 4 * k);
+            qh[k] = ld_u32_a2(b + 128 + 32 * n + l0 + 4 * k);
         }
         int sc[4];
 #pragma unroll
         for (int g = 0; g < 4; g++)
             sc[g] = scales[8 * n + 2 * g + lh];
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-            const int8_t *a = xq + j * ldq;
-            const float *ad = xqd + j * (ldq / GPE_CUDA_Q8_BLK);
-            float s = 0.0f;
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const int4 av = ld_i4(a + 128 * n + 32 * g + l0);
-                s += ad[4 * n + g] * (float)(sc[g] * dot4(w[g][0], w[g][1], w[g][2], w[g][3], av));
-            }
-            acc[j] += d * s;
-        }
+        q6_acc<NC>(qa, qb, qh, sc, f16_bits_to_f32(ld_u16(b + 208)), n, l0, xq, xqd, ldq, acc);
     }
 };
 
