@@ -144,6 +144,7 @@ struct agent {
     bool fatal;             /* leave now with exit_code (enrollment refused, key revoked) */
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
+    atomic_bool wake_sent;  /* a curl_multi_wakeup is pending, not yet seen by the loop */
 };
 
 /* ======================================================================== */
@@ -215,13 +216,25 @@ static void job_cancel(agent *a, agent_job *j)
 /* Event sink (backend threads)                                             */
 /* ======================================================================== */
 
+/* Wake the loop after queueing events (issue 24). One wakeup until the
+ * loop has looked: curl_multi_wakeup is a write to a socket pair, and a
+ * zero-delay upstream hands the backend 64 tokens in one read, which cost
+ * 64 writes here, 64 polls and 64 reads on the loop thread (73 send calls
+ * per request under strace). The loop clears the flag before it scans the
+ * queues, so an event pushed after the scan always wakes it again. */
+static void loop_wake(agent *a)
+{
+    if (!atomic_exchange(&a->wake_sent, true))
+        curl_multi_wakeup(a->multi);
+}
+
 static void sink_push(agent_job *j, json_t *ev)
 {
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
     agent_evq_push(&j->q, ev);
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 static void sink_started(void *ctx)
@@ -379,7 +392,7 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 static void sink_error(void *ctx, const char *code, const char *message)
@@ -400,7 +413,7 @@ static void sink_error(void *ctx, const char *code, const char *message)
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 /* ======================================================================== */
@@ -1399,6 +1412,7 @@ int agent_run(agent *a)
     a->next_enroll_ms = gp_now_mono_ms();
     for (;;) {
         uint64_t now = gp_now_mono_ms();
+        atomic_store(&a->wake_sent, false); /* before the scan: see loop_wake */
 
         /* Enrollment refused or key revoked: nothing to wait for. */
         if (a->fatal) {
@@ -1565,6 +1579,7 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     a->be = backend;
     pthread_mutex_init(&a->mu, NULL);
     atomic_init(&a->stop_req, 0);
+    atomic_init(&a->wake_sent, false);
     a->poll_interval_ms = 15000;
     a->work_wait_ms = 25000;
     agent_backoff_init(&a->backoff, 500, 30000);

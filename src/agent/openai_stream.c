@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "agent/openai_stream.h"
+#include "agent/oai_chunk.h"
 #include "common/gp_util.h"
 
 #define MAX_ERRBODY (64u << 10)     /* error bodies: kept for the message only */
@@ -28,6 +29,7 @@ void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_
     s->prompt_tokens = s->completion_tokens = -1;
     agent_sse_init(&s->sse, max_line);
     gp_buf_init(&s->raw);
+    gp_buf_init(&s->text);
     s->t_start_us = gp_now_mono_us();
     s->last_byte_ms = gp_now_mono_ms();
 }
@@ -36,6 +38,7 @@ void oai_stream_free(oai_stream *s)
 {
     agent_sse_free(&s->sse);
     gp_buf_free(&s->raw);
+    gp_buf_free(&s->text);
     free(s->stop_seq);
     s->stop_seq = NULL;
 }
@@ -248,6 +251,15 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
         s->done_seen = true;
         return 1;
+    }
+    /* A plain token chunk (nearly all of them) without a JSON tree; what
+     * it would have done with one is emit its text (oai_chunk.h). */
+    const char *text;
+    size_t tlen;
+    if (oai_chunk_scan(data, len, s->chat, &s->text, &text, &tlen)) {
+        if (text)
+            emit_text(s, text, tlen);
+        return 0;
     }
     json_error_t je;
     json_t *obj = json_loadb(data, len, 0, &je);

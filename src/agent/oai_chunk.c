@@ -1,0 +1,259 @@
+/*
+ * oai_chunk: see oai_chunk.h. A strict, allocation-free reader for one
+ * shape of JSON; every doubt is a "no" that sends the chunk to jansson.
+ */
+#include "agent/oai_chunk.h"
+
+#include <string.h>
+
+typedef struct {
+    const char *p, *end;
+} cur;
+
+/* A string's bytes as read, and whether it had escapes to decode. */
+typedef struct {
+    const char *raw;
+    size_t n;
+    bool escaped;
+} str;
+
+static void ws(cur *c)
+{
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static bool eat(cur *c, char ch)
+{
+    ws(c);
+    if (c->p < c->end && *c->p == ch) {
+        c->p++;
+        return true;
+    }
+    return false;
+}
+
+static bool peek(cur *c, char ch)
+{
+    ws(c);
+    return c->p < c->end && *c->p == ch;
+}
+
+/* One UTF-8 sequence of 2-4 bytes at p (RFC 3629: no overlongs, no
+ * surrogates, nothing above U+10FFFF, as jansson checks). Its length, or 0. */
+static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char b = p[0];
+    size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
+    if (n == 0 || (size_t)(end - p) < n)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    if ((b == 0xE0 && p[1] < 0xA0) || (b == 0xED && p[1] > 0x9F) ||
+        (b == 0xF0 && p[1] < 0x90) || (b == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return n;
+}
+
+/* A string: the escapes jansson takes, except \u (left to jansson: it
+ * needs surrogate pairing and refuses \u0000). */
+static bool read_str(cur *c, str *out)
+{
+    if (!eat(c, '"'))
+        return false;
+    out->raw = c->p;
+    out->escaped = false;
+    while (c->p < c->end) {
+        unsigned char ch = (unsigned char)*c->p;
+        if (ch == '"') {
+            out->n = (size_t)(c->p - out->raw);
+            c->p++;
+            return true;
+        }
+        if (ch < 0x20)
+            return false;
+        if (ch == '\\') {
+            if (c->p + 1 >= c->end || !strchr("\"\\/bfnrt", c->p[1]) || c->p[1] == '\0')
+                return false;
+            out->escaped = true;
+            c->p += 2;
+        } else if (ch >= 0x80) {
+            size_t k = utf8_seq((const unsigned char *)c->p, (const unsigned char *)c->end);
+            if (k == 0)
+                return false;
+            c->p += k;
+        } else {
+            c->p++;
+        }
+    }
+    return false;
+}
+
+/* The string's text, decoded into scratch when it had escapes. */
+static bool str_text(const str *s, gp_buf *scratch, const char **text, size_t *len)
+{
+    if (!s->escaped) {
+        *text = s->raw;
+        *len = s->n;
+        return true;
+    }
+    scratch->len = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        char ch = s->raw[i];
+        if (ch == '\\') {
+            char e = s->raw[++i];
+            ch = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r'
+                 : e == 't' ? '\t' : e; /* '"', '\\', '/' stand for themselves */
+        }
+        if (gp_buf_append(scratch, &ch, 1) < 0)
+            return false;
+    }
+    *text = scratch->data ? scratch->data : "";
+    *len = scratch->len;
+    return true;
+}
+
+static bool read_null(cur *c)
+{
+    ws(c);
+    if (c->end - c->p >= 4 && memcmp(c->p, "null", 4) == 0) {
+        c->p += 4;
+        return true;
+    }
+    return false;
+}
+
+/* A string or null: *s->raw is NULL for null. */
+static bool read_str_or_null(cur *c, str *s)
+{
+    s->raw = NULL;
+    s->n = 0;
+    return peek(c, '"') ? read_str(c, s) : read_null(c);
+}
+
+/* An integer of 1-18 digits (no fraction or exponent, which jansson reads
+ * as a real, and never one that could overflow its json_int_t). */
+static bool read_int(cur *c)
+{
+    ws(c);
+    if (c->p < c->end && *c->p == '-')
+        c->p++;
+    const char *d = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+        c->p++;
+    size_t n = (size_t)(c->p - d);
+    if (n == 0 || n > 18 || (n > 1 && *d == '0'))
+        return false;
+    return c->p == c->end || !strchr(".eE", *c->p) || *c->p == '\0';
+}
+
+/* The key of the next member (no escapes: a key we know has none) and its
+ * colon. idx is its position in keys, or -1 for one not there. */
+static bool read_key(cur *c, const char *const *keys, int *idx)
+{
+    str k;
+    if (!read_str(c, &k) || k.escaped || !eat(c, ':'))
+        return false;
+    *idx = -1;
+    for (int i = 0; keys[i]; i++)
+        if (strlen(keys[i]) == k.n && memcmp(keys[i], k.raw, k.n) == 0)
+            *idx = i;
+    return true;
+}
+
+/* Members of an object after its '{', each key at most once; member()
+ * reads the value of key i. */
+typedef bool (*member_fn)(cur *c, int i, void *ud);
+
+static bool read_members(cur *c, const char *const *keys, member_fn member, void *ud)
+{
+    unsigned seen = 0;
+    if (eat(c, '}'))
+        return true;
+    do {
+        int i;
+        if (!read_key(c, keys, &i) || i < 0 || (seen & (1u << i)))
+            return false;
+        seen |= 1u << i;
+        if (!member(c, i, ud))
+            return false;
+    } while (eat(c, ','));
+    return eat(c, '}');
+}
+
+typedef struct {
+    bool chat;
+    str text;   /* completions: choices[0].text; chat: choices[0].delta.content */
+} scan;
+
+static const char *const delta_keys[] = {"role", "content", NULL};
+
+static bool delta_member(cur *c, int i, void *ud)
+{
+    scan *s = ud;
+    str ignored;
+    return i == 0 ? read_str_or_null(c, &ignored) : read_str_or_null(c, &s->text);
+}
+
+static const char *const choice_keys[] = {"index", "logprobs", "finish_reason", "text",
+                                          "delta", NULL};
+
+static bool choice_member(cur *c, int i, void *ud)
+{
+    scan *s = ud;
+    switch (i) {
+    case 0:
+        return read_int(c);
+    case 1:
+    case 2:
+        return read_null(c);
+    case 3:
+        return !s->chat && read_str_or_null(c, &s->text);
+    default:
+        return s->chat && eat(c, '{') && read_members(c, delta_keys, delta_member, s);
+    }
+}
+
+static const char *const top_keys[] = {"id", "object", "model", "system_fingerprint",
+                                       "created", "usage", "choices", NULL};
+
+static bool top_member(cur *c, int i, void *ud)
+{
+    str ignored;
+    switch (i) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+        return read_str_or_null(c, &ignored);
+    case 4:
+        return read_int(c);
+    case 5:
+        return read_null(c);
+    default: /* choices: none, or exactly one (the backend reads the first) */
+        if (!eat(c, '['))
+            return false;
+        if (eat(c, ']'))
+            return true;
+        return eat(c, '{') && read_members(c, choice_keys, choice_member, ud) && eat(c, ']');
+    }
+}
+
+bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, const char **text,
+                    size_t *len)
+{
+    cur c = {p, p + n};
+    scan s = {.chat = chat};
+    s.text.raw = NULL;
+    *text = NULL;
+    *len = 0;
+    if (!eat(&c, '{') || !read_members(&c, top_keys, top_member, &s))
+        return false;
+    ws(&c);
+    if (c.p != c.end)
+        return false; /* trailing bytes: jansson's error */
+    if (!s.text.raw)
+        return true;
+    return str_text(&s.text, scratch, text, len);
+}
