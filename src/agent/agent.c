@@ -451,7 +451,7 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
                       const char *correlation_id)
 {
     req *r = calloc(1, sizeof *r);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *text = body ? gp_json_dumps(body) : NULL;
     json_decref(body);
     if (!r || !text)
         goto fail;

@@ -789,11 +789,11 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     if (json_is_array(stops) && json_array_size(stops) > 0)
         j->stops = json_deep_copy(stops);
     oai_stream_init(&j->st, sink, j->id, chat, count, j->stops, MAX_SSE_LINE);
-    j->body = json_dumps(req, JSON_COMPACT);
+    j->body = gp_json_dumps(req);
     json_decref(req);
     if (count) {
         json_t *cb = oai_count_messages_body(job, b->o->upstream_model);
-        j->count_body = cb ? json_dumps(cb, JSON_COMPACT) : NULL;
+        j->count_body = cb ? gp_json_dumps(cb) : NULL;
         json_decref(cb);
         j->count_estimate = gp_count_estimate(job);
     }

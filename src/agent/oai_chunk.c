@@ -39,23 +39,6 @@ static bool peek(cur *c, char ch)
     return c->p < c->end && *c->p == ch;
 }
 
-/* One UTF-8 sequence of 2-4 bytes at p (RFC 3629: no overlongs, no
- * surrogates, nothing above U+10FFFF, as jansson checks). Its length, or 0. */
-static size_t utf8_seq(const unsigned char *p, const unsigned char *end)
-{
-    unsigned char b = p[0];
-    size_t n = b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-    if (n == 0 || (size_t)(end - p) < n)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-    if ((b == 0xE0 && p[1] < 0xA0) || (b == 0xED && p[1] > 0x9F) ||
-        (b == 0xF0 && p[1] < 0x90) || (b == 0xF4 && p[1] > 0x8F))
-        return 0;
-    return n;
-}
-
 /* A string: the escapes jansson takes, except \u (left to jansson: it
  * needs surrogate pairing and refuses \u0000). */
 static bool read_str(cur *c, str *out)
@@ -79,7 +62,7 @@ static bool read_str(cur *c, str *out)
             out->escaped = true;
             c->p += 2;
         } else if (ch >= 0x80) {
-            size_t k = utf8_seq((const unsigned char *)c->p, (const unsigned char *)c->end);
+            size_t k = gp_utf8_seq_len((const unsigned char *)c->p, (const unsigned char *)c->end);
             if (k == 0)
                 return false;
             c->p += k;

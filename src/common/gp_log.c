@@ -1,5 +1,6 @@
 /* gp_log: see gp_log.h. */
 #include "common/gp_log.h"
+#include "common/gp_util.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -87,7 +88,7 @@ void gp_log_vwrite(gp_log_level lvl, const char *event, const char *correlation_
         json_object_update_missing(o, fields);
     json_decref(fields);
 
-    char *line = json_dumps(o, JSON_COMPACT);
+    char *line = gp_json_dumps(o);
     json_decref(o);
     if (!line)
         return;
