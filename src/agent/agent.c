@@ -222,10 +222,39 @@ static void job_cancel(agent *a, agent_job *j)
  * 64 writes here, 64 polls and 64 reads on the loop thread (73 send calls
  * per request under strace). The loop clears the flag before it scans the
  * queues, so an event pushed after the scan always wakes it again. */
-static void loop_wake(agent *a)
+static void loop_wake_now(agent *a)
 {
     if (!atomic_exchange(&a->wake_sent, true))
         curl_multi_wakeup(a->multi);
+}
+
+/* agent_sink_hold/release (backend.h): per backend thread. */
+static _Thread_local int hold_depth;
+static _Thread_local agent *held_wake; /* the agent to wake at the release */
+
+static void loop_wake(agent *a)
+{
+    if (hold_depth == 0) {
+        loop_wake_now(a);
+        return;
+    }
+    if (held_wake && held_wake != a)
+        loop_wake_now(held_wake); /* two agents in one process (tests) */
+    held_wake = a;
+}
+
+void agent_sink_hold(void)
+{
+    hold_depth++;
+}
+
+void agent_sink_release(void)
+{
+    if (hold_depth == 0 || --hold_depth > 0 || !held_wake)
+        return;
+    agent *a = held_wake;
+    held_wake = NULL;
+    loop_wake_now(a);
 }
 
 static void sink_push(agent_job *j, json_t *ev)
@@ -247,7 +276,15 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
     json_t *t = json_stringn(text, len);
     if (!t) /* not UTF-8: never send invalid JSON strings; replace */
         t = json_string("\xef\xbf\xbd");
-    json_t *ev = json_pack("{s:s,s:o}", "type", "token", "text", t);
+    /* Built member by member: json_pack parses its format per call, and
+     * this runs per token (a third of the event's cost). */
+    json_t *ev = json_object();
+    int rc = ev ? json_object_set_new_nocheck(ev, "type", json_string_nocheck("token")) : -1;
+    rc |= json_object_set_new_nocheck(ev, "text", t); /* takes t, even when it fails */
+    if (rc < 0) {
+        json_decref(ev);
+        ev = NULL;
+    }
     if (ev && token_id >= 0)
         json_object_set_new(ev, "token_id", json_integer(token_id));
     sink_push(ctx, ev);

@@ -454,8 +454,10 @@ static void on_sock_event(evutil_socket_t fd, short what, void *arg)
     int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) |
                  ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
     int running = 0;
+    agent_sink_hold(); /* what this read delivers goes in one upload */
     curl_multi_socket_action(b->multi, fd, action, &running);
     loop_settle(b);
+    agent_sink_release();
 }
 
 static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
@@ -464,8 +466,10 @@ static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
     int running = 0;
     (void)fd;
     (void)what;
+    agent_sink_hold();
     curl_multi_socket_action(b->multi, CURL_SOCKET_TIMEOUT, 0, &running);
     loop_settle(b);
+    agent_sink_release();
 }
 
 /* CURLMOPT_SOCKETFUNCTION: watch s as libcurl asks (socketp: its event). */
@@ -524,6 +528,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
             stalled = j;
         }
     pthread_mutex_unlock(&b->mu);
+    agent_sink_hold();
     while (stalled) {
         oai_job *j = stalled;
         stalled = j->in_next;
@@ -531,6 +536,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
                         (long long)b->o->upstream_timeout_sec);
         xfer_end(b, j, false, CURLE_OK);
     }
+    agent_sink_release();
 }
 
 /* The pipe says other threads queued work: new jobs, cancels, a stop. */
@@ -556,6 +562,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     if (b->stopping)
         b->leaving = true;
     pthread_mutex_unlock(&b->mu);
+    agent_sink_hold();
     /* New jobs in arrival order; one cancelled before it began never starts. */
     while (in) {
         oai_job *j = in;
@@ -582,6 +589,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         job_stop(b, j);
     }
     loop_settle(b);
+    agent_sink_release();
     if (b->leaving && b->nrunning == 0)
         event_base_loopbreak(b->evb);
 }
