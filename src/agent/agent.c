@@ -50,6 +50,12 @@ typedef enum {
 
 typedef struct agent_job agent_job;
 
+/* Easy handles kept for reuse (issue 24): a relayed request costs two
+ * requests to the server (its upload and the long-poll parked again), and
+ * curl_easy_init with its 16 KiB buffer per request was 6 % of the agent's
+ * instructions and a malloc large enough to consolidate the heap. */
+#define EASY_IDLE_MAX 16
+
 /* One request to the server in flight on the multi handle. */
 typedef struct req {
     req_kind kind;
@@ -145,6 +151,8 @@ struct agent {
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
     atomic_bool wake_sent;  /* a curl_multi_wakeup is pending, not yet seen by the loop */
+    CURL *easy_idle[EASY_IDLE_MAX]; /* finished requests' handles, reset, for the next ones */
+    int n_easy_idle;
 };
 
 /* ======================================================================== */
@@ -494,7 +502,7 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
         goto fail;
     r->kind = kind;
     gp_buf_init(&r->resp);
-    r->easy = curl_easy_init();
+    r->easy = a->n_easy_idle ? a->easy_idle[--a->n_easy_idle] : curl_easy_init();
     if (!r->easy)
         goto fail;
     char url[2048];
@@ -543,6 +551,18 @@ fail:
     free(text);
     req_free(r);
     return NULL;
+}
+
+/* Free a finished request (removed from the multi handle), keeping its
+ * easy handle, reset, for the next request. */
+static void req_done_free(agent *a, req *r)
+{
+    if (r->easy && a->n_easy_idle < EASY_IDLE_MAX) {
+        curl_easy_reset(r->easy);
+        a->easy_idle[a->n_easy_idle++] = r->easy;
+        r->easy = NULL;
+    }
+    req_free(r);
 }
 
 /* Abort a request in flight (its completion handler will not run). */
@@ -1365,7 +1385,7 @@ static void handle_done(agent *a, CURLMsg *m)
         break;
     }
     json_decref(body);
-    req_free(r);
+    req_done_free(a, r);
 }
 
 /* A clean stop tells the server (POST /agents/deregister), so that it
@@ -1710,6 +1730,8 @@ void agent_destroy(agent *a)
         a->jobs = j->next;
         job_free(j);
     }
+    while (a->n_easy_idle > 0)
+        curl_easy_cleanup(a->easy_idle[--a->n_easy_idle]);
     if (a->multi)
         curl_multi_cleanup(a->multi);
     free(a->ready);
