@@ -23,6 +23,12 @@ static void ws(cur *c)
         c->p++;
 }
 
+/* Bytes a string's fast loop stops at: '"', '\\', control characters and
+ * the lead of a multi-byte UTF-8 sequence (1); the rest is plain (0). */
+static const unsigned char stop_byte[256] = {
+    [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
+};
+
 static bool eat(cur *c, char ch)
 {
     ws(c);
@@ -48,6 +54,10 @@ static bool read_str(cur *c, str *out)
     out->raw = c->p;
     out->escaped = false;
     while (c->p < c->end) {
+        while (c->p < c->end && !stop_byte[(unsigned char)*c->p])
+            c->p++;
+        if (c->p == c->end)
+            break;
         unsigned char ch = (unsigned char)*c->p;
         if (ch == '"') {
             out->n = (size_t)(c->p - out->raw);
@@ -140,7 +150,8 @@ static bool read_key(cur *c, const char *const *keys, int *idx)
         return false;
     *idx = -1;
     for (int i = 0; keys[i]; i++)
-        if (strlen(keys[i]) == k.n && memcmp(keys[i], k.raw, k.n) == 0)
+        if (k.n > 0 && keys[i][0] == k.raw[0] && strncmp(keys[i], k.raw, k.n) == 0 &&
+            keys[i][k.n] == '\0')
             *idx = i;
     return true;
 }
