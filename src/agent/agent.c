@@ -279,22 +279,17 @@ static void sink_started(void *ctx)
     sink_push(ctx, json_pack("{s:s}", "type", "started"));
 }
 
+/* A token event is queued as its compact JSON text (agent_evq_token_json,
+ * agent_util.h): an object per token and its size walk and dump were a
+ * third of the agent's instructions per relayed request (issue 24). */
 static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
 {
-    json_t *t = json_stringn(text, len);
-    if (!t) /* not UTF-8: never send invalid JSON strings; replace */
-        t = json_string("\xef\xbf\xbd");
-    /* Built member by member: json_pack parses its format per call, and
-     * this runs per token (a third of the event's cost). */
-    json_t *ev = json_object();
-    int rc = ev ? json_object_set_new_nocheck(ev, "type", json_string_nocheck("token")) : -1;
-    rc |= json_object_set_new_nocheck(ev, "text", t); /* takes t, even when it fails */
-    if (rc < 0) {
-        json_decref(ev);
-        ev = NULL;
-    }
-    if (ev && token_id >= 0)
-        json_object_set_new(ev, "token_id", json_integer(token_id));
+    gp_buf b;
+    gp_buf_init(&b);
+    json_t *ev = agent_evq_token_json(&b, text, len, token_id) == 0
+                     ? json_stringn_nocheck(b.data, b.len)
+                     : NULL;
+    gp_buf_free(&b);
     sink_push(ctx, ev);
 }
 
@@ -490,13 +485,71 @@ static void req_free(req *r)
     free(r);
 }
 
+/* An events upload's body: gp_json_dump_append, except that an element of
+ * an "events" array that is a string is an event already rendered
+ * (sink_token) and goes in as it is. */
+static int dump_upload(gp_buf *out, const json_t *v, bool events)
+{
+    if (events && json_is_string(v))
+        return gp_buf_append(out, json_string_value(v), json_string_length(v));
+    if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        if (gp_buf_append(out, "[", 1) < 0)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            if ((i && gp_buf_append(out, ",", 1) < 0) ||
+                dump_upload(out, json_array_get(v, i), events) < 0)
+                return -1;
+        return gp_buf_append(out, "]", 1);
+    }
+    if (!json_is_object(v))
+        return gp_json_dump_append(out, v);
+    const char *key;
+    json_t *val;
+    bool first = true;
+    if (gp_buf_append(out, "{", 1) < 0)
+        return -1;
+    json_object_foreach((json_t *)v, key, val) {
+        if ((!first && gp_buf_append(out, ",", 1) < 0) || gp_buf_append(out, "\"", 1) < 0 ||
+            gp_json_escape_append(out, key, strlen(key)) < 0 || gp_buf_append(out, "\":", 2) < 0 ||
+            dump_upload(out, val, strcmp(key, "events") == 0) < 0)
+            return -1;
+        first = false;
+    }
+    return gp_buf_append(out, "}", 1);
+}
+
+/* The compact size of a batch of events (rendered ones counted as they are). */
+static size_t events_size(const json_t *events)
+{
+    size_t n = json_array_size(events), bytes = 2 + (n ? n - 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(events, i);
+        bytes += json_is_string(e) ? json_string_length(e) : gp_json_compact_size(e);
+    }
+    return bytes;
+}
+
+static char *body_text(req_kind kind, const json_t *body)
+{
+    if (kind != REQ_EVENTS && kind != REQ_EVENTS_BATCH)
+        return gp_json_dumps(body);
+    gp_buf b;
+    gp_buf_init(&b);
+    if (dump_upload(&b, body, false) < 0 || gp_buf_append(&b, "", 0) < 0) {
+        gp_buf_free(&b);
+        return NULL;
+    }
+    return gp_buf_steal(&b);
+}
+
 /* Start POST base+path with body (reference stolen). Returns the request or
  * NULL (logged). */
 static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, long timeout_ms,
                       const char *correlation_id)
 {
     req *r = calloc(1, sizeof *r);
-    char *text = body ? gp_json_dumps(body) : NULL;
+    char *text = body ? body_text(kind, body) : NULL;
     json_decref(body);
     if (!r || !text)
         goto fail;
@@ -1204,7 +1257,7 @@ static void batch_start(agent *a, agent_job **ready, size_t n)
         pthread_mutex_unlock(&a->mu);
         if (!events)
             continue;
-        bytes += gp_json_compact_size(events);
+        bytes += events_size(events);
         json_t *e = json_pack("{s:s,s:I,s:o}", "job_id", j->id, "seq", (json_int_t)seq,
                               "events", events);
         if (!e || json_array_append_new(entries, e) < 0) {

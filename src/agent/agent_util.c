@@ -214,6 +214,19 @@ bool agent_evq_done(const agent_evq *q)
     return q->terminal && q->inflight == 0 && q->acked == agent_evq_len(q);
 }
 
+int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id)
+{
+    static const char head[] = "{\"type\":\"token\",\"text\":\"";
+    if (!gp_utf8_valid(text, len)) {
+        text = "\xef\xbf\xbd";
+        len = 3;
+    }
+    if (gp_buf_append(out, head, sizeof head - 1) < 0 || gp_json_escape_append(out, text, len) < 0)
+        return -1;
+    return token_id < 0 ? gp_buf_append(out, "\"}", 2)
+                        : gp_buf_appendf(out, "\",\"token_id\":%d}", (int)token_id);
+}
+
 /* ======================================================================== */
 /* Backoff                                                                  */
 /* ======================================================================== */

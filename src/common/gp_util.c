@@ -457,6 +457,22 @@ size_t gp_utf8_seq_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
+bool gp_utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s, *end = u + n;
+    while (u < end) {
+        if (*u < 0x80) {
+            u++;
+            continue;
+        }
+        size_t k = gp_utf8_seq_len(u, end);
+        if (k == 0)
+            return false;
+        u += k;
+    }
+    return true;
+}
+
 /* The inside of a JSON string as json_dumps writes it (no
  * JSON_ENSURE_ASCII): runs of plain bytes copied at once. check_utf8:
  * refuse invalid UTF-8 (-1), as json_dumps does. */

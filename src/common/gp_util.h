@@ -103,6 +103,8 @@ char *gp_json_dumps(const struct json_t *v);
 /* The length of the UTF-8 sequence of 2-4 bytes at p (RFC 3629, as jansson
  * checks it), or 0 when p[0..end) does not start with one. */
 size_t gp_utf8_seq_len(const unsigned char *p, const unsigned char *end);
+/* s[0..n) is UTF-8 as jansson accepts it (NUL bytes included). */
+bool gp_utf8_valid(const char *s, size_t n);
 
 /* Base64 (RFC 4648, with padding): embeddings travel as little-endian
  * float32 bytes in base64 (docs/protocol.md). encode: a malloc'd NUL-ended
