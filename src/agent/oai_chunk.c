@@ -127,17 +127,20 @@ static bool read_str_or_null(cur *c, str *s)
 
 /* An integer of 1-18 digits (no fraction or exponent, which jansson reads
  * as a real, and never one that could overflow its json_int_t). */
-static bool read_int(cur *c)
+static bool read_int(cur *c, long long *v)
 {
     ws(c);
-    if (c->p < c->end && *c->p == '-')
+    bool neg = c->p < c->end && *c->p == '-';
+    if (neg)
         c->p++;
     const char *d = c->p;
+    long long x = 0;
     while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
-        c->p++;
+        x = x * 10 + (*c->p++ - '0');
     size_t n = (size_t)(c->p - d);
     if (n == 0 || n > 18 || (n > 1 && *d == '0'))
         return false;
+    *v = neg ? -x : x;
     return c->p == c->end || !strchr(".eE", *c->p) || *c->p == '\0';
 }
 
@@ -179,6 +182,8 @@ static bool read_members(cur *c, const char *const *keys, member_fn member, void
 typedef struct {
     bool chat;
     str text;   /* completions: choices[0].text; chat: choices[0].delta.content */
+    str finish; /* choices[0].finish_reason */
+    oai_chunk *out;
 } scan;
 
 static const char *const delta_keys[] = {"role", "content", NULL};
@@ -196,12 +201,14 @@ static const char *const choice_keys[] = {"index", "logprobs", "finish_reason", 
 static bool choice_member(cur *c, int i, void *ud)
 {
     scan *s = ud;
+    long long ignored;
     switch (i) {
     case 0:
-        return read_int(c);
+        return read_int(c, &ignored);
     case 1:
-    case 2:
         return read_null(c);
+    case 2: /* a finish_reason with escapes is left to jansson */
+        return read_str_or_null(c, &s->finish) && !s->finish.escaped;
     case 3:
         return !s->chat && read_str_or_null(c, &s->text);
     default:
@@ -209,12 +216,30 @@ static bool choice_member(cur *c, int i, void *ud)
     }
 }
 
+static const char *const usage_keys[] = {"prompt_tokens", "completion_tokens", "total_tokens",
+                                         NULL};
+
+static bool usage_member(cur *c, int i, void *ud)
+{
+    oai_chunk *out = ud;
+    long long v;
+    if (!read_int(c, &v) || v < 0) /* a negative count is jansson's to pass on */
+        return false;
+    if (i == 0)
+        out->prompt_tokens = v;
+    else if (i == 1)
+        out->completion_tokens = v;
+    return true;
+}
+
 static const char *const top_keys[] = {"id", "object", "model", "system_fingerprint",
                                        "created", "usage", "choices", NULL};
 
 static bool top_member(cur *c, int i, void *ud)
 {
+    scan *s = ud;
     str ignored;
+    long long n;
     switch (i) {
     case 0:
     case 1:
@@ -222,9 +247,9 @@ static bool top_member(cur *c, int i, void *ud)
     case 3:
         return read_str_or_null(c, &ignored);
     case 4:
-        return read_int(c);
-    case 5:
-        return read_null(c);
+        return read_int(c, &n);
+    case 5: /* null, or the counts (what take_usage reads) */
+        return read_null(c) || (eat(c, '{') && read_members(c, usage_keys, usage_member, s->out));
     default: /* choices: none, or exactly one (the backend reads the first) */
         if (!eat(c, '['))
             return false;
@@ -234,20 +259,20 @@ static bool top_member(cur *c, int i, void *ud)
     }
 }
 
-bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, const char **text,
-                    size_t *len)
+bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, oai_chunk *out)
 {
     cur c = {p, p + n};
-    scan s = {.chat = chat};
-    s.text.raw = NULL;
-    *text = NULL;
-    *len = 0;
+    scan s = {.chat = chat, .out = out};
+    memset(out, 0, sizeof *out);
+    out->prompt_tokens = out->completion_tokens = -1;
     if (!eat(&c, '{') || !read_members(&c, top_keys, top_member, &s))
         return false;
     ws(&c);
     if (c.p != c.end)
         return false; /* trailing bytes: jansson's error */
+    out->finish = s.finish.raw;
+    out->finish_len = s.finish.n;
     if (!s.text.raw)
         return true;
-    return str_text(&s.text, scratch, text, len);
+    return str_text(&s.text, scratch, &out->text, &out->len);
 }

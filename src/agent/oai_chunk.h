@@ -10,14 +10,15 @@
  * carries:
  *
  *   {"id":S|null, "object":S|null, "created":I, "model":S|null,
- *    "system_fingerprint":S|null, "usage":null,
- *    "choices":[] | [{"index":I, "logprobs":null, "finish_reason":null,
+ *    "system_fingerprint":S|null,
+ *    "usage":null | {"prompt_tokens":I, "completion_tokens":I, "total_tokens":I},
+ *    "choices":[] | [{"index":I, "logprobs":null, "finish_reason":S|null,
  *                     completions: "text":S|null,
  *                     chat:        "delta":{"role":S|null, "content":S|null}}]}
  *
  * every key optional, in any order, at most once (S: a string, I: an
  * integer of at most 18 digits). Anything else (another key, a second
- * choice, a finish_reason, usage, tool calls, an error, a \u escape, a
+ * choice, other usage fields, tool calls, an error, a \u escape, a
  * fraction, invalid UTF-8, trailing bytes) is left to the caller's jansson
  * path, which then reads it exactly as before; so the scanner changes no
  * result, only what a token chunk costs. tests/unit/agent/test_oai_chunk.c
@@ -31,12 +32,20 @@
 
 #include "common/gp_util.h"
 
+/* What a chunk of the shape above says: all the backend reads from it. */
+typedef struct oai_chunk {
+    const char *text;       /* the choice's text or delta content; NULL: none or null */
+    size_t len;
+    const char *finish;     /* the choice's finish_reason; NULL: none or null */
+    size_t finish_len;
+    long long prompt_tokens, completion_tokens; /* usage's; -1 where absent */
+} oai_chunk;
+
 /* p[0..n) is one SSE event's data. Returns true for a chunk of the shape
- * above: *text and *len are its text (text NULL when it has none or null),
- * pointing into p, or into scratch (caller-owned, reused) when the string
- * had escapes; valid until the next call. Returns false for anything else
- * (nothing is emitted; the caller parses the chunk itself). */
-bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, const char **text,
-                    size_t *len);
+ * above, with *out filled: its strings point into p, or into scratch
+ * (caller-owned, reused) for a text that had escapes; valid until the next
+ * call. Returns false for anything else (nothing is emitted; the caller
+ * parses the chunk itself). */
+bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, oai_chunk *out);
 
 #endif

@@ -254,11 +254,16 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     }
     /* A plain token chunk (nearly all of them) without a JSON tree; what
      * it would have done with one is emit its text (oai_chunk.h). */
-    const char *text;
-    size_t tlen;
-    if (oai_chunk_scan(data, len, s->chat, &s->text, &text, &tlen)) {
-        if (text)
-            emit_text(s, text, tlen);
+    oai_chunk ch;
+    if (oai_chunk_scan(data, len, s->chat, &s->text, &ch)) {
+        if (ch.text) /* in handle_object's order: text, finish, usage */
+            emit_text(s, ch.text, ch.len);
+        if (ch.finish_len > 0)
+            snprintf(s->finish, sizeof s->finish, "%.*s", (int)ch.finish_len, ch.finish);
+        if (ch.prompt_tokens >= 0)
+            s->prompt_tokens = ch.prompt_tokens;
+        if (ch.completion_tokens >= 0)
+            s->completion_tokens = ch.completion_tokens;
         return 0;
     }
     json_error_t je;

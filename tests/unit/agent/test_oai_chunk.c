@@ -14,24 +14,33 @@
 
 #include "agent/oai_chunk.h"
 
-/* What handle_object takes from a chunk: 1 and its text (NULL: none), or
- * 0 when jansson refuses the chunk. */
-static int oracle(const char *p, size_t n, bool chat, const char **text, size_t *len,
-                  json_t **keep)
+/* What handle_object takes from a chunk (the oracle): 1 and what it
+ * reads, or 0 when jansson refuses the chunk. */
+static int oracle(const char *p, size_t n, bool chat, oai_chunk *o, json_t **keep)
 {
-    *text = NULL;
-    *len = 0;
-    json_t *o = json_loadb(p, n, 0, NULL);
-    *keep = o;
-    if (!o)
+    memset(o, 0, sizeof *o);
+    o->prompt_tokens = o->completion_tokens = -1;
+    json_t *obj = json_loadb(p, n, 0, NULL);
+    *keep = obj;
+    if (!obj)
         return 0;
-    json_t *c0 = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *c0 = json_array_get(json_object_get(obj, "choices"), 0);
     json_t *t = chat ? json_object_get(json_object_get(c0, "delta"), "content")
                      : json_object_get(c0, "text");
     if (json_is_string(t)) {
-        *text = json_string_value(t);
-        *len = json_string_length(t);
+        o->text = json_string_value(t);
+        o->len = json_string_length(t);
     }
+    json_t *fr = json_object_get(c0, "finish_reason");
+    if (json_is_string(fr) && json_string_length(fr) > 0) {
+        o->finish = json_string_value(fr);
+        o->finish_len = json_string_length(fr);
+    }
+    json_t *u = json_object_get(obj, "usage");
+    if (json_is_integer(json_object_get(u, "prompt_tokens")))
+        o->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
+    if (json_is_integer(json_object_get(u, "completion_tokens")))
+        o->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
     return 1;
 }
 
@@ -41,19 +50,25 @@ static bool check(const char *p, size_t n, bool chat)
 {
     gp_buf scratch;
     gp_buf_init(&scratch);
-    const char *ft, *ot;
-    size_t fl, ol;
+    oai_chunk f, o;
     json_t *keep;
-    bool took = oai_chunk_scan(p, n, chat, &scratch, &ft, &fl);
-    int ok = oracle(p, n, chat, &ot, &ol, &keep);
+    bool took = oai_chunk_scan(p, n, chat, &scratch, &f);
+    int ok = oracle(p, n, chat, &o, &keep);
     if (took) {
         if (!ok)
             fail_msg("scanner took what jansson refuses: %.*s", (int)n, p);
-        assert_int_equal(ft == NULL, ot == NULL);
-        if (ft) {
-            assert_int_equal(fl, ol);
-            assert_memory_equal(ft, ot, fl);
+        assert_int_equal(f.text == NULL, o.text == NULL);
+        if (f.text) {
+            assert_int_equal(f.len, o.len);
+            assert_memory_equal(f.text, o.text, f.len);
         }
+        assert_int_equal(f.finish_len > 0, o.finish != NULL);
+        if (o.finish) {
+            assert_int_equal(f.finish_len, o.finish_len);
+            assert_memory_equal(f.finish, o.finish, f.finish_len);
+        }
+        assert_int_equal(f.prompt_tokens, o.prompt_tokens);
+        assert_int_equal(f.completion_tokens, o.completion_tokens);
     }
     json_decref(keep);
     gp_buf_free(&scratch);
@@ -82,6 +97,11 @@ static const char *const taken_cmpl[] = {
     "{}",
     "{\"choices\":[{}]}",
     "{\"created\":-0,\"usage\":null,\"choices\":[{\"index\":123456789012345678,\"text\":\"x\"}]}",
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":\"length\"}]}",
+    CMPL "\"\",\"logprobs\":null,\"finish_reason\":\"\"}]}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}",
+    "{\"choices\":[],\"usage\":{\"completion_tokens\":0}}",
+    "{\"choices\":[],\"usage\":{}}",
     NULL,
 };
 
@@ -97,7 +117,11 @@ static const char *const taken_chat[] = {
 /* Each is either valid JSON the scanner leaves to jansson (a shape it does
  * not know) or invalid JSON; both go to jansson. */
 static const char *const refused_cmpl[] = {
-    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":\"length\"}]}",
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":\"len\\ngth\"}]}",
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":1}]}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":-1}}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"prompt_tokens_details\":{}}}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1.0}}",
     CMPL "\"\\u00e9\"" CMPL_END,
     CMPL "\"\\u0000\"" CMPL_END,
     CMPL "\"\\x\"" CMPL_END,
@@ -111,7 +135,6 @@ static const char *const refused_cmpl[] = {
     CMPL "\"x\"" CMPL_END "{}",
     "{\"choices\":[{\"text\":\"a\"},{\"text\":\"b\"}]}",
     "{\"choices\":[{\"text\":\"a\",\"text\":\"b\"}]}",
-    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}",
     "{\"error\":{\"message\":\"boom\"}}",
     "{\"choices\":[{\"text\":\"a\",\"stop_reason\":null}]}",
     "{\"choices\":[{\"text\":\"a\"}],\"x_pool_meta\":{}}",
