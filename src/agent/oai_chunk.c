@@ -134,13 +134,13 @@ static bool read_int(cur *c, long long *v)
     if (neg)
         c->p++;
     const char *d = c->p;
-    long long x = 0;
+    unsigned long long x = 0; /* wraps past 18 digits, which are refused */
     while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
-        x = x * 10 + (*c->p++ - '0');
+        x = x * 10 + (unsigned)(*c->p++ - '0');
     size_t n = (size_t)(c->p - d);
     if (n == 0 || n > 18 || (n > 1 && *d == '0'))
         return false;
-    *v = neg ? -x : x;
+    *v = neg ? -(long long)x : (long long)x;
     return c->p == c->end || !strchr(".eE", *c->p) || *c->p == '\0';
 }
 

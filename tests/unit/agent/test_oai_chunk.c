@@ -143,6 +143,7 @@ static const char *const refused_cmpl[] = {
     "{\"created\":1e3,\"choices\":[]}",
     "{\"created\":01,\"choices\":[]}",
     "{\"created\":1234567890123456789,\"choices\":[]}",
+    "{\"created\":123456789012345678901234567890,\"choices\":[]}",
     "{\"created\":-,\"choices\":[]}",
     "{\"id\":\"a\",}",
     "{\"id\" \"a\"}",
