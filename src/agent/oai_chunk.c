@@ -19,6 +19,8 @@ typedef struct {
 
 static void ws(cur *c)
 {
+    if (c->p < c->end && (unsigned char)*c->p > ' ')
+        return; /* compact JSON: nearly always */
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
         c->p++;
 }
@@ -144,18 +146,26 @@ static bool read_int(cur *c, long long *v)
     return c->p == c->end || !strchr(".eE", *c->p) || *c->p == '\0';
 }
 
+/* A known key and its length (a table of them ends with a NULL name). */
+typedef struct {
+    const char *name;
+    size_t len;
+} key_name;
+#define KEY(s) {s, sizeof s - 1}
+
 /* The key of the next member (no escapes: a key we know has none) and its
  * colon. idx is its position in keys, or -1 for one not there. */
-static bool read_key(cur *c, const char *const *keys, int *idx)
+static bool read_key(cur *c, const key_name *keys, int *idx)
 {
     str k;
     if (!read_str(c, &k) || k.escaped || !eat(c, ':'))
         return false;
     *idx = -1;
-    for (int i = 0; keys[i]; i++)
-        if (k.n > 0 && keys[i][0] == k.raw[0] && strncmp(keys[i], k.raw, k.n) == 0 &&
-            keys[i][k.n] == '\0')
+    for (int i = 0; keys[i].name; i++)
+        if (keys[i].len == k.n && memcmp(keys[i].name, k.raw, k.n) == 0) {
             *idx = i;
+            break;
+        }
     return true;
 }
 
@@ -163,7 +173,7 @@ static bool read_key(cur *c, const char *const *keys, int *idx)
  * reads the value of key i. */
 typedef bool (*member_fn)(cur *c, int i, void *ud);
 
-static bool read_members(cur *c, const char *const *keys, member_fn member, void *ud)
+static bool read_members(cur *c, const key_name *keys, member_fn member, void *ud)
 {
     unsigned seen = 0;
     if (eat(c, '}'))
@@ -186,7 +196,7 @@ typedef struct {
     oai_chunk *out;
 } scan;
 
-static const char *const delta_keys[] = {"role", "content", NULL};
+static const key_name delta_keys[] = {KEY("role"), KEY("content"), {NULL, 0}};
 
 static bool delta_member(cur *c, int i, void *ud)
 {
@@ -195,8 +205,8 @@ static bool delta_member(cur *c, int i, void *ud)
     return i == 0 ? read_str_or_null(c, &ignored) : read_str_or_null(c, &s->text);
 }
 
-static const char *const choice_keys[] = {"index", "logprobs", "finish_reason", "text",
-                                          "delta", NULL};
+static const key_name choice_keys[] = {KEY("index"), KEY("logprobs"), KEY("finish_reason"),
+                                       KEY("text"), KEY("delta"), {NULL, 0}};
 
 static bool choice_member(cur *c, int i, void *ud)
 {
@@ -216,8 +226,8 @@ static bool choice_member(cur *c, int i, void *ud)
     }
 }
 
-static const char *const usage_keys[] = {"prompt_tokens", "completion_tokens", "total_tokens",
-                                         NULL};
+static const key_name usage_keys[] = {KEY("prompt_tokens"), KEY("completion_tokens"),
+                                      KEY("total_tokens"), {NULL, 0}};
 
 static bool usage_member(cur *c, int i, void *ud)
 {
@@ -232,8 +242,9 @@ static bool usage_member(cur *c, int i, void *ud)
     return true;
 }
 
-static const char *const top_keys[] = {"id", "object", "model", "system_fingerprint",
-                                       "created", "usage", "choices", NULL};
+static const key_name top_keys[] = {KEY("id"), KEY("object"), KEY("model"),
+                                    KEY("system_fingerprint"), KEY("created"), KEY("usage"),
+                                    KEY("choices"), {NULL, 0}};
 
 static bool top_member(cur *c, int i, void *ud)
 {
