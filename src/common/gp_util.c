@@ -479,12 +479,20 @@ bool gp_utf8_valid(const char *s, size_t n)
 static int escape_append(gp_buf *out, const char *text, size_t n, bool check_utf8)
 {
     static const char hex[] = "0123456789ABCDEF"; /* as jansson writes them */
+    /* 1: escaped; 2: the lead of a UTF-8 sequence (checked when asked) */
+    static const unsigned char kind[256] = {
+        [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 2,
+    };
     const unsigned char *u = (const unsigned char *)text;
     size_t run = 0; /* bytes copied as they are, pending */
     for (size_t i = 0; i < n; i++) {
+        while (i < n && kind[u[i]] == 0)
+            i++;
+        if (i == n)
+            break;
         unsigned char c = u[i];
-        if (c >= 0x20 && c != '"' && c != '\\') {
-            if (c >= 0x80 && check_utf8) {
+        if (kind[c] == 2) {
+            if (check_utf8) {
                 size_t k = gp_utf8_seq_len(u + i, u + n);
                 if (k == 0)
                     return -1;

@@ -66,7 +66,7 @@ int gps_json_escape_append(gp_buf *out, const char *text, size_t n)
 int gps_sse_tpl_init(gps_sse_tpl *t, const char *event, const json_t *obj, const char *marker)
 {
     memset(t, 0, sizeof *t);
-    char *s = json_dumps(obj, JSON_COMPACT);
+    char *s = gp_json_dumps(obj);
     gp_buf q;
     gp_buf_init(&q);
     int rc = -1;
