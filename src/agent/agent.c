@@ -50,6 +50,12 @@ typedef enum {
 
 typedef struct agent_job agent_job;
 
+/* Easy handles kept for reuse (issue 24): a relayed request costs two
+ * requests to the server (its upload and the long-poll parked again), and
+ * curl_easy_init with its 16 KiB buffer per request was 6 % of the agent's
+ * instructions and a malloc large enough to consolidate the heap. */
+#define EASY_IDLE_MAX 16
+
 /* One request to the server in flight on the multi handle. */
 typedef struct req {
     req_kind kind;
@@ -144,6 +150,9 @@ struct agent {
     bool fatal;             /* leave now with exit_code (enrollment refused, key revoked) */
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
+    atomic_bool wake_sent;  /* a curl_multi_wakeup is pending, not yet seen by the loop */
+    CURL *easy_idle[EASY_IDLE_MAX]; /* finished requests' handles, reset, for the next ones */
+    int n_easy_idle;
 };
 
 /* ======================================================================== */
@@ -215,13 +224,54 @@ static void job_cancel(agent *a, agent_job *j)
 /* Event sink (backend threads)                                             */
 /* ======================================================================== */
 
+/* Wake the loop after queueing events (issue 24). One wakeup until the
+ * loop has looked: curl_multi_wakeup is a write to a socket pair, and a
+ * zero-delay upstream hands the backend 64 tokens in one read, which cost
+ * 64 writes here, 64 polls and 64 reads on the loop thread (73 send calls
+ * per request under strace). The loop clears the flag before it scans the
+ * queues, so an event pushed after the scan always wakes it again. */
+static void loop_wake_now(agent *a)
+{
+    if (!atomic_exchange(&a->wake_sent, true))
+        curl_multi_wakeup(a->multi);
+}
+
+/* agent_sink_hold/release (backend.h): per backend thread. */
+static _Thread_local int hold_depth;
+static _Thread_local agent *held_wake; /* the agent to wake at the release */
+
+static void loop_wake(agent *a)
+{
+    if (hold_depth == 0) {
+        loop_wake_now(a);
+        return;
+    }
+    if (held_wake && held_wake != a)
+        loop_wake_now(held_wake); /* two agents in one process (tests) */
+    held_wake = a;
+}
+
+void agent_sink_hold(void)
+{
+    hold_depth++;
+}
+
+void agent_sink_release(void)
+{
+    if (hold_depth == 0 || --hold_depth > 0 || !held_wake)
+        return;
+    agent *a = held_wake;
+    held_wake = NULL;
+    loop_wake_now(a);
+}
+
 static void sink_push(agent_job *j, json_t *ev)
 {
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
     agent_evq_push(&j->q, ev);
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 static void sink_started(void *ctx)
@@ -229,14 +279,17 @@ static void sink_started(void *ctx)
     sink_push(ctx, json_pack("{s:s}", "type", "started"));
 }
 
+/* A token event is queued as its compact JSON text (agent_evq_token_json,
+ * agent_util.h): an object per token and its size walk and dump were a
+ * third of the agent's instructions per relayed request (issue 24). */
 static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
 {
-    json_t *t = json_stringn(text, len);
-    if (!t) /* not UTF-8: never send invalid JSON strings; replace */
-        t = json_string("\xef\xbf\xbd");
-    json_t *ev = json_pack("{s:s,s:o}", "type", "token", "text", t);
-    if (ev && token_id >= 0)
-        json_object_set_new(ev, "token_id", json_integer(token_id));
+    gp_buf b;
+    gp_buf_init(&b);
+    json_t *ev = agent_evq_token_json(&b, text, len, token_id) == 0
+                     ? json_stringn_nocheck(b.data, b.len)
+                     : NULL;
+    gp_buf_free(&b);
     sink_push(ctx, ev);
 }
 
@@ -379,7 +432,7 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 static void sink_error(void *ctx, const char *code, const char *message)
@@ -400,7 +453,7 @@ static void sink_error(void *ctx, const char *code, const char *message)
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
     pthread_mutex_unlock(&a->mu);
-    curl_multi_wakeup(a->multi);
+    loop_wake(a);
 }
 
 /* ======================================================================== */
@@ -432,19 +485,77 @@ static void req_free(req *r)
     free(r);
 }
 
+/* An events upload's body: gp_json_dump_append, except that an element of
+ * an "events" array that is a string is an event already rendered
+ * (sink_token) and goes in as it is. */
+static int dump_upload(gp_buf *out, const json_t *v, bool events)
+{
+    if (events && json_is_string(v))
+        return gp_buf_append(out, json_string_value(v), json_string_length(v));
+    if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        if (gp_buf_append(out, "[", 1) < 0)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            if ((i && gp_buf_append(out, ",", 1) < 0) ||
+                dump_upload(out, json_array_get(v, i), events) < 0)
+                return -1;
+        return gp_buf_append(out, "]", 1);
+    }
+    if (!json_is_object(v))
+        return gp_json_dump_append(out, v);
+    const char *key;
+    json_t *val;
+    bool first = true;
+    if (gp_buf_append(out, "{", 1) < 0)
+        return -1;
+    json_object_foreach((json_t *)v, key, val) {
+        if ((!first && gp_buf_append(out, ",", 1) < 0) || gp_buf_append(out, "\"", 1) < 0 ||
+            gp_json_escape_append(out, key, strlen(key)) < 0 || gp_buf_append(out, "\":", 2) < 0 ||
+            dump_upload(out, val, strcmp(key, "events") == 0) < 0)
+            return -1;
+        first = false;
+    }
+    return gp_buf_append(out, "}", 1);
+}
+
+/* The compact size of a batch of events (rendered ones counted as they are). */
+static size_t events_size(const json_t *events)
+{
+    size_t n = json_array_size(events), bytes = 2 + (n ? n - 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(events, i);
+        bytes += json_is_string(e) ? json_string_length(e) : gp_json_compact_size(e);
+    }
+    return bytes;
+}
+
+static char *body_text(req_kind kind, const json_t *body)
+{
+    if (kind != REQ_EVENTS && kind != REQ_EVENTS_BATCH)
+        return gp_json_dumps(body);
+    gp_buf b;
+    gp_buf_init(&b);
+    if (dump_upload(&b, body, false) < 0 || gp_buf_append(&b, "", 0) < 0) {
+        gp_buf_free(&b);
+        return NULL;
+    }
+    return gp_buf_steal(&b);
+}
+
 /* Start POST base+path with body (reference stolen). Returns the request or
  * NULL (logged). */
 static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, long timeout_ms,
                       const char *correlation_id)
 {
     req *r = calloc(1, sizeof *r);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *text = body ? body_text(kind, body) : NULL;
     json_decref(body);
     if (!r || !text)
         goto fail;
     r->kind = kind;
     gp_buf_init(&r->resp);
-    r->easy = curl_easy_init();
+    r->easy = a->n_easy_idle ? a->easy_idle[--a->n_easy_idle] : curl_easy_init();
     if (!r->easy)
         goto fail;
     char url[2048];
@@ -493,6 +604,18 @@ fail:
     free(text);
     req_free(r);
     return NULL;
+}
+
+/* Free a finished request (removed from the multi handle), keeping its
+ * easy handle, reset, for the next request. */
+static void req_done_free(agent *a, req *r)
+{
+    if (r->easy && a->n_easy_idle < EASY_IDLE_MAX) {
+        curl_easy_reset(r->easy);
+        a->easy_idle[a->n_easy_idle++] = r->easy;
+        r->easy = NULL;
+    }
+    req_free(r);
 }
 
 /* Abort a request in flight (its completion handler will not run). */
@@ -1140,7 +1263,7 @@ static void batch_start(agent *a, agent_job **ready, size_t n)
         pthread_mutex_unlock(&a->mu);
         if (!events)
             continue;
-        bytes += gp_json_compact_size(events);
+        bytes += events_size(events);
         json_t *e = json_pack("{s:s,s:I,s:o}", "job_id", j->id, "seq", (json_int_t)seq,
                               "events", events);
         if (!e || json_array_append_new(entries, e) < 0) {
@@ -1321,7 +1444,7 @@ static void handle_done(agent *a, CURLMsg *m)
         break;
     }
     json_decref(body);
-    req_free(r);
+    req_done_free(a, r);
 }
 
 /* A clean stop tells the server (POST /agents/deregister), so that it
@@ -1405,6 +1528,7 @@ int agent_run(agent *a)
     a->next_enroll_ms = gp_now_mono_ms();
     for (;;) {
         uint64_t now = gp_now_mono_ms();
+        atomic_store(&a->wake_sent, false); /* before the scan: see loop_wake */
 
         /* Enrollment refused or key revoked: nothing to wait for. */
         if (a->fatal) {
@@ -1571,6 +1695,7 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     a->be = backend;
     pthread_mutex_init(&a->mu, NULL);
     atomic_init(&a->stop_req, 0);
+    atomic_init(&a->wake_sent, false);
     a->poll_interval_ms = 15000;
     a->work_wait_ms = 25000;
     agent_backoff_init(&a->backoff, 500, 30000);
@@ -1664,6 +1789,8 @@ void agent_destroy(agent *a)
         a->jobs = j->next;
         job_free(j);
     }
+    while (a->n_easy_idle > 0)
+        curl_easy_cleanup(a->easy_idle[--a->n_easy_idle]);
     if (a->multi)
         curl_multi_cleanup(a->multi);
     free(a->ready);

@@ -77,10 +77,13 @@ int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void 
         i = 1; /* the LF of a CRLF split across feeds */
     s->pending_cr = false;
     while (i < n) {
-        /* Find the next terminator. */
-        size_t j = i;
-        while (j < n && p[j] != '\n' && p[j] != '\r')
-            j++;
+        /* Find the next terminator (memchr: a token chunk's line is ~170
+         * bytes, scanned once per byte before). */
+        const char *nl = memchr(p + i, '\n', n - i);
+        size_t j = nl ? (size_t)(nl - p) : n;
+        const char *cr = memchr(p + i, '\r', j - i);
+        if (cr)
+            j = (size_t)(cr - p);
         if (j == n) {
             if (gp_buf_append(&s->line, p + i, n - i) < 0 || s->line.len > s->max_line)
                 return -1;
@@ -209,6 +212,19 @@ void agent_evq_replace_rest(agent_evq *q, json_t *ev)
 bool agent_evq_done(const agent_evq *q)
 {
     return q->terminal && q->inflight == 0 && q->acked == agent_evq_len(q);
+}
+
+int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id)
+{
+    static const char head[] = "{\"type\":\"token\",\"text\":\"";
+    if (!gp_utf8_valid(text, len)) {
+        text = "\xef\xbf\xbd";
+        len = 3;
+    }
+    if (gp_buf_append(out, head, sizeof head - 1) < 0 || gp_json_escape_append(out, text, len) < 0)
+        return -1;
+    return token_id < 0 ? gp_buf_append(out, "\"}", 2)
+                        : gp_buf_appendf(out, "\",\"token_id\":%d}", (int)token_id);
 }
 
 /* ======================================================================== */

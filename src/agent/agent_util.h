@@ -56,7 +56,10 @@ int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud);
  * requests stays bounded whatever the token rate.
  * ------------------------------------------------------------------------ */
 typedef struct agent_evq {
-    json_t *events;   /* array of every event pushed (owned) */
+    json_t *events;   /* array of every event pushed (owned). An element that is
+                         a JSON string is an event already rendered as compact
+                         JSON text (a token: agent.c renders it once, and an
+                         upload's body takes the text as it is) */
     size_t acked;     /* events the server acknowledged */
     size_t inflight;  /* events in the upload in flight; 0 = none in flight */
     bool terminal;    /* an end/error event was pushed: nothing may follow */
@@ -84,6 +87,12 @@ void agent_evq_rewind(agent_evq *q, size_t expected_seq);
 void agent_evq_replace_rest(agent_evq *q, json_t *ev);
 /* Every event, including a terminal one, acknowledged. */
 bool agent_evq_done(const agent_evq *q);
+/* Append a token event's compact JSON text to out, byte for byte what
+ * json_dumps writes for {"type":"token","text":text,"token_id":id} (no
+ * token_id when id < 0); text that is not UTF-8 becomes U+FFFD, as it
+ * would have been. Queued with json_stringn_nocheck, it is an event
+ * already rendered (above). 0 or -1 (ENOMEM). */
+int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id);
 size_t agent_evq_len(const agent_evq *q);
 
 /* ---------------------------------------------------------------------------

@@ -107,6 +107,17 @@ typedef struct agent_job_sink {
     void (*embedding)(void *ctx, int index, const float *v, int dim);
 } agent_job_sink;
 
+/* One wake for a whole turn (issue 24). Between agent_sink_hold() and
+ * agent_sink_release() on one backend thread, sink callbacks queue their
+ * events without waking the agent's uploader; the release wakes it once if
+ * any came. A backend whose loop turn can deliver a whole reply (the openai
+ * backend: a zero-delay upstream's headers, 64 tokens and end in one read)
+ * brackets its turns with them, so that the reply travels in one upload
+ * instead of a lone `started` first and the rest one round trip later.
+ * Pairs nest; optional for a backend (unbracketed calls wake at once). */
+void agent_sink_hold(void);
+void agent_sink_release(void);
+
 typedef struct agent_backend agent_backend;
 
 typedef struct agent_backend_ops {

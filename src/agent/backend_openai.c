@@ -108,6 +108,12 @@ typedef struct oai_job {
     oai_stream st;          /* the reply being read (sink, parser, usage) */
 } oai_job;
 
+/* Easy handles kept for reuse (issue 24): curl_easy_init and cleanup per
+ * job were ~5 % of the agent's instructions per zero-delay request. A
+ * handle keeps nothing of its transfer once reset; connections live in the
+ * multi handle's cache either way. */
+#define OAI_EASY_IDLE_MAX 64
+
 struct oai_backend {
     agent_backend base;     /* first: the agent sees only this */
     const agent_options *o;
@@ -144,6 +150,8 @@ struct oai_backend {
     oai_job *done_list;     /* streams that said [DONE] inside a libcurl callback */
     int nrunning;           /* jobs begun and not yet finished */
     bool leaving;           /* stopping taken: break out when nrunning is 0 */
+    CURL *easy_idle[OAI_EASY_IDLE_MAX]; /* ended transfers' handles, reset, for the next */
+    int n_easy_idle;
 };
 
 /* ======================================================================== */
@@ -267,7 +275,12 @@ static void xfer_drop(oai_backend *b, oai_job *j)
     if (!j->easy)
         return;
     curl_multi_remove_handle(b->multi, j->easy);
-    curl_easy_cleanup(j->easy);
+    if (b->n_easy_idle < OAI_EASY_IDLE_MAX) {
+        curl_easy_reset(j->easy);
+        b->easy_idle[b->n_easy_idle++] = j->easy;
+    } else {
+        curl_easy_cleanup(j->easy);
+    }
     j->easy = NULL;
 }
 
@@ -276,7 +289,7 @@ static void xfer_drop(oai_backend *b, oai_job *j)
 static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *body)
 {
     const agent_options *o = b->o;
-    CURL *easy = curl_easy_init();
+    CURL *easy = b->n_easy_idle ? b->easy_idle[--b->n_easy_idle] : curl_easy_init();
     if (!easy) {
         oai_stream_fail(&j->st, "INTERNAL_ERROR", "cannot create an HTTP handle");
         return -1;
@@ -553,8 +566,10 @@ static void on_sock_event(evutil_socket_t fd, short what, void *arg)
     int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) |
                  ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
     int running = 0;
+    agent_sink_hold(); /* what this read delivers goes in one upload */
     curl_multi_socket_action(b->multi, fd, action, &running);
     loop_settle(b);
+    agent_sink_release();
 }
 
 static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
@@ -563,8 +578,10 @@ static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
     int running = 0;
     (void)fd;
     (void)what;
+    agent_sink_hold();
     curl_multi_socket_action(b->multi, CURL_SOCKET_TIMEOUT, 0, &running);
     loop_settle(b);
+    agent_sink_release();
 }
 
 /* CURLMOPT_SOCKETFUNCTION: watch s as libcurl asks (socketp: its event). */
@@ -623,6 +640,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
             stalled = j;
         }
     pthread_mutex_unlock(&b->mu);
+    agent_sink_hold();
     while (stalled) {
         oai_job *j = stalled;
         stalled = j->in_next;
@@ -630,6 +648,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
                         (long long)b->o->upstream_timeout_sec);
         xfer_end(b, j, false, CURLE_OK);
     }
+    agent_sink_release();
 }
 
 /* The pipe says other threads queued work: new jobs, cancels, a stop. */
@@ -655,6 +674,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     if (b->stopping)
         b->leaving = true;
     pthread_mutex_unlock(&b->mu);
+    agent_sink_hold();
     /* New jobs in arrival order; one cancelled before it began never starts. */
     while (in) {
         oai_job *j = in;
@@ -681,6 +701,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         job_stop(b, j);
     }
     loop_settle(b);
+    agent_sink_release();
     if (b->leaving && b->nrunning == 0)
         event_base_loopbreak(b->evb);
 }
@@ -717,7 +738,7 @@ static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", 
  * posts; NULL for NULL or on ENOMEM. */
 static char *body_text(json_t *req)
 {
-    char *out = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    char *out = req ? gp_json_dumps(req) : NULL;
     json_decref(req);
     return out;
 }
@@ -893,7 +914,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     j->precount = !count && json_is_true(json_object_get(job, "prompt_tokens_first"));
     oai_stream_init(&j->st, sink, j->id, chat, count || j->precount, j->stops, MAX_SSE_LINE);
     if (req) {
-        j->body = json_dumps(req, JSON_COMPACT);
+        j->body = gp_json_dumps(req);
         json_decref(req);
     }
     /* A job with stop strings may have to count after its reply (its end
@@ -971,6 +992,8 @@ static void oai_destroy(agent_backend *base)
         loop_wake(b);
         pthread_join(b->th, NULL);
     }
+    while (b->n_easy_idle > 0)
+        curl_easy_cleanup(b->easy_idle[--b->n_easy_idle]);
     if (b->multi)
         curl_multi_cleanup(b->multi); /* closes the kept-alive connections */
     if (b->wake_ev)

@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "agent/openai_stream.h"
+#include "agent/oai_chunk.h"
 #include "common/gp_stop.h"
 #include "common/gp_util.h"
 
@@ -30,6 +31,7 @@ void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_
     agent_sse_init(&s->sse, max_line);
     gp_buf_init(&s->raw);
     gp_buf_init(&s->pending);
+    gp_buf_init(&s->text);
     s->t_start_us = gp_now_mono_us();
     s->last_byte_ms = gp_now_mono_ms();
 }
@@ -39,6 +41,7 @@ void oai_stream_free(oai_stream *s)
     agent_sse_free(&s->sse);
     gp_buf_free(&s->raw);
     gp_buf_free(&s->pending);
+    gp_buf_free(&s->text);
     free(s->stop_seq);
     s->stop_seq = NULL;
 }
@@ -271,6 +274,24 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     if (len == 6 && memcmp(data, "[DONE]", 6) == 0) {
         s->done_seen = true;
         return 1;
+    }
+    /* A plain token chunk (nearly all of them) without a JSON tree; what
+     * it would have done with one is emit its text (oai_chunk.h). */
+    oai_chunk ch;
+    if (oai_chunk_scan(data, len, s->chat, &s->text, &ch)) {
+        if (ch.text) /* in handle_object's order: text, finish, usage */
+            emit_text(s, ch.text, ch.len);
+        if (ch.finish_len > 0)
+            snprintf(s->finish, sizeof s->finish, "%.*s", (int)ch.finish_len, ch.finish);
+        if (ch.prompt_tokens >= 0)
+            s->prompt_tokens = ch.prompt_tokens;
+        if (ch.completion_tokens >= 0)
+            s->completion_tokens = ch.completion_tokens;
+        if (s->stop_seq) {
+            s->done_seen = true; /* a stop string ended the reply: nothing more is read */
+            return 1;
+        }
+        return 0;
     }
     json_error_t je;
     json_t *obj = json_loadb(data, len, 0, &je);

@@ -60,6 +60,7 @@ typedef struct oai_stream {
     long status;            /* HTTP status, 0 before the status line */
     agent_sse sse;
     gp_buf raw;             /* error body or non-streamed JSON body */
+    gp_buf text;            /* a chunk's text with its escapes decoded (oai_chunk.h) */
     bool done_seen;         /* data: [DONE] */
     bool failed;            /* err_code/err_msg set */
     char err_code[32];

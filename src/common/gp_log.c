@@ -1,5 +1,6 @@
 /* gp_log: see gp_log.h. */
 #include "common/gp_log.h"
+#include "common/gp_util.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -87,17 +88,22 @@ void gp_log_vwrite(gp_log_level lvl, const char *event, const char *correlation_
         json_object_update_missing(o, fields);
     json_decref(fields);
 
-    char *line = json_dumps(o, JSON_COMPACT);
+    /* One write per line: stderr is unbuffered, and fputs then fputc were
+     * two system calls per line (issue 24). */
+    gp_buf line;
+    gp_buf_init(&line);
+    int rc = gp_json_dump_append(&line, o);
     json_decref(o);
-    if (!line)
+    if (rc < 0 || gp_buf_append(&line, "\n", 1) < 0) {
+        gp_buf_free(&line);
         return;
+    }
     pthread_mutex_lock(&log_lock);
     FILE *out = log_out ? log_out : stderr;
-    fputs(line, out);
-    fputc('\n', out);
+    fwrite(line.data, 1, line.len, out);
     fflush(out);
     pthread_mutex_unlock(&log_lock);
-    free(line);
+    gp_buf_free(&line);
 }
 
 void gp_log_write(gp_log_level lvl, const char *event, const char *correlation_id,

@@ -435,6 +435,170 @@ size_t gp_json_compact_size(const json_t *v)
     return 0;
 }
 
+/* -------------------------------------------------- JSON, dumped fast */
+
+/* One UTF-8 sequence of 2-4 bytes at p (RFC 3629: no overlongs, no
+ * surrogates, nothing above U+10FFFF: what jansson accepts). */
+size_t gp_utf8_seq_len(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char b = p[0];
+    size_t n = b >= 0xC2 && b <= 0xDF   ? 2
+               : b >= 0xE0 && b <= 0xEF ? 3
+               : b >= 0xF0 && b <= 0xF4 ? 4
+                                        : 0;
+    if (n == 0 || (size_t)(end - p) < n)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    if ((b == 0xE0 && p[1] < 0xA0) || (b == 0xED && p[1] > 0x9F) ||
+        (b == 0xF0 && p[1] < 0x90) || (b == 0xF4 && p[1] > 0x8F))
+        return 0;
+    return n;
+}
+
+bool gp_utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s, *end = u + n;
+    while (u < end) {
+        if (*u < 0x80) {
+            u++;
+            continue;
+        }
+        size_t k = gp_utf8_seq_len(u, end);
+        if (k == 0)
+            return false;
+        u += k;
+    }
+    return true;
+}
+
+/* The inside of a JSON string as json_dumps writes it (no
+ * JSON_ENSURE_ASCII): runs of plain bytes copied at once. check_utf8:
+ * refuse invalid UTF-8 (-1), as json_dumps does. */
+static int escape_append(gp_buf *out, const char *text, size_t n, bool check_utf8)
+{
+    static const char hex[] = "0123456789ABCDEF"; /* as jansson writes them */
+    /* 1: escaped; 2: the lead of a UTF-8 sequence (checked when asked) */
+    static const unsigned char kind[256] = {
+        [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 2,
+    };
+    const unsigned char *u = (const unsigned char *)text;
+    size_t run = 0; /* bytes copied as they are, pending */
+    for (size_t i = 0; i < n; i++) {
+        while (i < n && kind[u[i]] == 0)
+            i++;
+        if (i == n)
+            break;
+        unsigned char c = u[i];
+        if (kind[c] == 2) {
+            if (check_utf8) {
+                size_t k = gp_utf8_seq_len(u + i, u + n);
+                if (k == 0)
+                    return -1;
+                i += k - 1;
+            }
+            continue;
+        }
+        if (i > run && gp_buf_append(out, text + run, i - run) < 0)
+            return -1;
+        run = i + 1;
+        char e[6] = {'\\', 0};
+        size_t el = 2;
+        switch (c) {
+        case '"': e[1] = '"'; break;
+        case '\\': e[1] = '\\'; break;
+        case '\b': e[1] = 'b'; break;
+        case '\f': e[1] = 'f'; break;
+        case '\n': e[1] = 'n'; break;
+        case '\r': e[1] = 'r'; break;
+        case '\t': e[1] = 't'; break;
+        default:
+            memcpy(e, "\\u00", 4);
+            e[4] = hex[c >> 4];
+            e[5] = hex[c & 15];
+            el = 6;
+        }
+        if (gp_buf_append(out, e, el) < 0)
+            return -1;
+    }
+    return n > run ? gp_buf_append(out, text + run, n - run) : 0;
+}
+
+int gp_json_escape_append(gp_buf *out, const char *text, size_t n)
+{
+    return escape_append(out, text, n, false);
+}
+
+static int dump_string(gp_buf *out, const char *s, size_t n)
+{
+    if (gp_buf_append(out, "\"", 1) < 0 || escape_append(out, s, n, true) < 0)
+        return -1;
+    return gp_buf_append(out, "\"", 1);
+}
+
+int gp_json_dump_append(gp_buf *out, const json_t *v)
+{
+    char num[64];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *key;
+        size_t klen;
+        json_t *val;
+        bool first = true;
+        if (gp_buf_append(out, "{", 1) < 0)
+            return -1;
+        json_object_keylen_foreach((json_t *)v, key, klen, val) {
+            if ((!first && gp_buf_append(out, ",", 1) < 0) || dump_string(out, key, klen) < 0 ||
+                gp_buf_append(out, ":", 1) < 0 || gp_json_dump_append(out, val) < 0)
+                return -1;
+            first = false;
+        }
+        return gp_buf_append(out, "}", 1);
+    }
+    case JSON_ARRAY: {
+        size_t n = json_array_size(v);
+        if (gp_buf_append(out, "[", 1) < 0)
+            return -1;
+        for (size_t i = 0; i < n; i++)
+            if ((i && gp_buf_append(out, ",", 1) < 0) ||
+                gp_json_dump_append(out, json_array_get(v, i)) < 0)
+                return -1;
+        return gp_buf_append(out, "]", 1);
+    }
+    case JSON_STRING:
+        return dump_string(out, json_string_value(v), json_string_length(v));
+    case JSON_INTEGER: {
+        int n = snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return gp_buf_append(out, num, (size_t)n);
+    }
+    case JSON_REAL: { /* jansson's own formatting (precision, exponent, ".0") */
+        size_t n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);
+        return n == 0 || n > sizeof num ? -1 : gp_buf_append(out, num, n);
+    }
+    case JSON_TRUE:
+        return gp_buf_append(out, "true", 4);
+    case JSON_FALSE:
+        return gp_buf_append(out, "false", 5);
+    case JSON_NULL:
+        return gp_buf_append(out, "null", 4);
+    }
+    return -1;
+}
+
+char *gp_json_dumps(const json_t *v)
+{
+    if (!json_is_object(v) && !json_is_array(v))
+        return NULL; /* json_dumps without JSON_ENCODE_ANY */
+    gp_buf b;
+    gp_buf_init(&b);
+    if (gp_json_dump_append(&b, v) < 0 || gp_buf_append(&b, "", 0) < 0) {
+        gp_buf_free(&b);
+        return NULL;
+    }
+    return gp_buf_steal(&b);
+}
+
 /* ------------------------------------------------------------- base64 */
 
 static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

@@ -880,7 +880,7 @@ static void h_events(gps_req *r, void *arg)
 /* Append one reply entry (i: its index; res_e stolen, NULL on ENOMEM). */
 static void batch_entry_append(gp_buf *out, size_t i, json_t *res_e)
 {
-    char *t = res_e ? json_dumps(res_e, JSON_COMPACT) : NULL;
+    char *t = res_e ? gp_json_dumps(res_e) : NULL;
     json_decref(res_e);
     if (i > 0)
         gp_buf_append(out, ",", 1);

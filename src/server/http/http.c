@@ -186,7 +186,7 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
 {
     struct evbuffer *buf = evbuffer_new();
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *text = body ? gp_json_dumps(body) : NULL;
     json_decref(body);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_remove_header(h, "Content-Type");

@@ -42,19 +42,14 @@ int gps_sse_format(gp_buf *out, const char *event, const char *id, const char *d
     return gp_buf_append(out, "\n", 1);
 }
 
-static int dump_cb(const char *buf, size_t size, void *data)
-{
-    return gp_buf_append(data, buf, size);
-}
-
 int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const json_t *j)
 {
     size_t at = out->len; /* a failure leaves out as it was */
     /* Compact JSON never contains a raw newline (strings escape it): one
      * data line, dumped straight into out (no copy of the text). */
-    if (!j || (event && field(out, "event: ", 7, event) < 0) ||
+    if (!(json_is_object(j) || json_is_array(j)) || (event && field(out, "event: ", 7, event) < 0) ||
         (id && field(out, "id: ", 4, id) < 0) || gp_buf_append(out, "data: ", 6) < 0 ||
-        json_dump_callback(j, dump_cb, out, JSON_COMPACT) < 0 || gp_buf_append(out, "\n\n", 2) < 0) {
+        gp_json_dump_append(out, j) < 0 || gp_buf_append(out, "\n\n", 2) < 0) {
         out->len = at;
         if (out->data)
             out->data[at] = '\0';
@@ -65,41 +60,13 @@ int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const js
 
 int gps_json_escape_append(gp_buf *out, const char *text, size_t n)
 {
-    static const char hex[] = "0123456789ABCDEF"; /* as jansson writes them */
-    size_t run = 0; /* bytes copied as they are, pending */
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)text[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        if (i > run && gp_buf_append(out, text + run, i - run) < 0)
-            return -1;
-        run = i + 1;
-        char e[6] = {'\\', 0};
-        size_t el = 2;
-        switch (c) {
-        case '"': e[1] = '"'; break;
-        case '\\': e[1] = '\\'; break;
-        case '\b': e[1] = 'b'; break;
-        case '\f': e[1] = 'f'; break;
-        case '\n': e[1] = 'n'; break;
-        case '\r': e[1] = 'r'; break;
-        case '\t': e[1] = 't'; break;
-        default:
-            memcpy(e, "\\u00", 4);
-            e[4] = hex[c >> 4];
-            e[5] = hex[c & 15];
-            el = 6;
-        }
-        if (gp_buf_append(out, e, el) < 0)
-            return -1;
-    }
-    return n > run ? gp_buf_append(out, text + run, n - run) : 0;
+    return gp_json_escape_append(out, text, n);
 }
 
 int gps_sse_tpl_init(gps_sse_tpl *t, const char *event, const json_t *obj, const char *marker)
 {
     memset(t, 0, sizeof *t);
-    char *s = json_dumps(obj, JSON_COMPACT);
+    char *s = gp_json_dumps(obj);
     gp_buf q;
     gp_buf_init(&q);
     int rc = -1;

@@ -1781,15 +1781,16 @@ static long long client_prompt(const gps_job *job, long long pt)
 }
 
 /* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
- * subscriber needs it copies during notify. */
-static void apply_one(gps_jobs *j, gps_job *job, json_t *ev)
+ * subscriber needs it copies during notify. bytes: its compact size when
+ * the reader has it (gps_event_in.bytes), else 0. */
+static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
 {
     gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
     uint64_t now = gp_now_mono_us();
     job->last_event_us = now;
     /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
      * "metrics" on a max_tokens=10 job must not be 140 MB. */
-    job->agent_bytes += (long long)gp_json_compact_size(ev);
+    job->agent_bytes += (long long)(bytes ? bytes : gp_json_compact_size(ev));
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
         return;
@@ -2035,7 +2036,7 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
         if (in && !in[i].ev)
             apply_token(j, job, &in[i]);
         else
-            apply_one(j, job, in ? in[i].ev : json_array_get(events, i));
+            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? in[i].bytes : 0);
         if (gps_job_terminal(job))
             break;
         if (strcmp(job->agent_id, agent_id) != 0)

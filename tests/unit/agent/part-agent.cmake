@@ -6,6 +6,9 @@ gp_add_unit_test(test_agent_util
 gp_add_unit_test(test_agent_openai_stream
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_openai_stream.c
   LIBS gpupool_agent_base)
+gp_add_unit_test(test_oai_chunk
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_oai_chunk.c
+  LIBS gpupool_agent_base)
 gp_add_unit_test(test_agent_config
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_config.c
   LIBS gpupool_agent_base)

@@ -206,6 +206,37 @@ static void evq_max_batch_and_rewind(void **st)
 
 /* A refused upload: its events (and the later ones) make way for one
  * error event, which ends the queue (issue 25). */
+/* A token event rendered once (issue 24) is what json_dumps wrote for the
+ * object it replaces, for every byte class, and with the token id. */
+static void evq_token_json_as_json_dumps(void **state)
+{
+    (void)state;
+    const char *texts[] = {" tok", "", "a\"b\\c/d\n\r\t\b\f\x01\x1f\x7f", "caf\xc3\xa9 \xf0\x9f\x98\x80",
+                           "bad \xc3(", "\xed\xa0\x80", NULL};
+    for (int i = 0; texts[i]; i++) {
+        for (int id = -1; id <= 42; id += 43) {
+            json_t *t = json_string(texts[i]);
+            json_t *o = json_pack("{s:s,s:o}", "type", "token", "text",
+                                  t ? t : json_string("\xef\xbf\xbd"));
+            if (id >= 0)
+                json_object_set_new(o, "token_id", json_integer(id));
+            char *want = json_dumps(o, JSON_COMPACT);
+            gp_buf b;
+            gp_buf_init(&b);
+            assert_int_equal(agent_evq_token_json(&b, texts[i], strlen(texts[i]), id), 0);
+            assert_string_equal(b.data, want);
+            gp_buf_free(&b);
+            free(want);
+            json_decref(o);
+        }
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    assert_int_equal(agent_evq_token_json(&b, "a\0b", 3, -1), 0); /* a NUL, as jansson writes it */
+    assert_string_equal(b.data, "{\"type\":\"token\",\"text\":\"a\\u0000b\"}");
+    gp_buf_free(&b);
+}
+
 static void evq_replace_rest(void **st)
 {
     (void)st;
@@ -442,6 +473,7 @@ int main(void)
         cmocka_unit_test(evq_max_batch_and_rewind),
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
+        cmocka_unit_test(evq_token_json_as_json_dumps),
         cmocka_unit_test(backoff_schedule),
         cmocka_unit_test(labels_ok),
         cmocka_unit_test(labels_bad),

@@ -147,10 +147,72 @@ static void test_json_compact_size(void **st)
     }
 }
 
+/* gp_json_dumps / gp_json_dump_append write what json_dumps writes (issue 24),
+ * byte for byte, and fail where it fails. */
+static void dump_same(const json_t *v)
+{
+    char *want = json_dumps(v, JSON_COMPACT);
+    char *got = gp_json_dumps(v);
+    if (!want)
+        assert_null(got);
+    else {
+        assert_non_null(got);
+        assert_string_equal(got, want);
+    }
+    free(want);
+    free(got);
+    gp_buf b;
+    gp_buf_init(&b);
+    want = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    int rc = gp_json_dump_append(&b, v);
+    if (want) {
+        assert_int_equal(rc, 0);
+        assert_int_equal(b.len, strlen(want));
+        assert_memory_equal(b.data, want, b.len);
+    } else {
+        assert_int_equal(rc, -1);
+    }
+    free(want);
+    gp_buf_free(&b);
+}
+
+static void test_json_dump(void **state)
+{
+    (void)state;
+    char all[256];
+    for (int i = 0; i < 128; i++)
+        all[i] = (char)(i + 1 < 128 ? i + 1 : ' ');
+    json_t *v = json_pack("{s:s,s:i,s:I,s:b,s:b,s:n,s:[],s:{},s:[i,s,{s:f}],s:s%,s:f,s:f,s:f,s:f}",
+                          "text", " tok \"q\" \\ / caf\xc3\xa9 \xf0\x9f\x98\x80", "i", -5,
+                          "big", (json_int_t)-9223372036854775807LL - 1, "t", 1, "f", 0, "n",
+                          "ea", "eo", "arr", 1, "x", "r", 2.5, "ctl", all, (size_t)127,
+                          "r1", 1.0, "r2", 1e300, "r3", -0.1, "r4", 123456789.123);
+    assert_non_null(v);
+    json_object_setn_new(v, "k\"e\ny\0z", 7, json_stringn("a\0b", 3));
+    dump_same(v);
+    dump_same(json_object_get(v, "arr"));
+    dump_same(json_object_get(v, "text")); /* a string: NULL from both without ENCODE_ANY */
+    json_t *bad = json_pack("{s:o}", "t", json_stringn_nocheck("a\xc3(", 3));
+    dump_same(bad); /* not UTF-8: both refuse */
+    json_t *bad2 = json_pack("[o]", json_stringn_nocheck("\xed\xa0\x80", 3));
+    dump_same(bad2);
+    json_decref(bad);
+    json_decref(bad2);
+    json_decref(v);
+    const char *seqs[] = {"\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xef\xbf\xbf", "\xf0\x90\x80\x80",
+                          "\xf4\x8f\xbf\xbf", "\xc0\x80", "\xe0\x9f\xbf", "\xf0\x8f\xbf\xbf",
+                          "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\x80", "\xe2\x82", NULL};
+    for (int i = 0; seqs[i]; i++) {
+        json_t *a = json_pack("[o]", json_stringn_nocheck(seqs[i], strlen(seqs[i])));
+        dump_same(a);
+        json_decref(a);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_json_compact_size),
+        cmocka_unit_test(test_json_compact_size), cmocka_unit_test(test_json_dump),
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),

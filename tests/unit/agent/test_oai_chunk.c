@@ -1,0 +1,240 @@
+/* Unit tests for oai_chunk.h (issue 24): the scanner takes the chunks it
+ * should, refuses the rest, and whatever it takes it reads as jansson
+ * would (the jansson path of openai_stream.c is the oracle: same text, and
+ * never a chunk that jansson refuses). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+
+#include "agent/oai_chunk.h"
+
+/* What handle_object takes from a chunk (the oracle): 1 and what it
+ * reads, or 0 when jansson refuses the chunk. */
+static int oracle(const char *p, size_t n, bool chat, oai_chunk *o, json_t **keep)
+{
+    memset(o, 0, sizeof *o);
+    o->prompt_tokens = o->completion_tokens = -1;
+    json_t *obj = json_loadb(p, n, 0, NULL);
+    *keep = obj;
+    if (!obj)
+        return 0;
+    json_t *c0 = json_array_get(json_object_get(obj, "choices"), 0);
+    json_t *t = chat ? json_object_get(json_object_get(c0, "delta"), "content")
+                     : json_object_get(c0, "text");
+    if (json_is_string(t)) {
+        o->text = json_string_value(t);
+        o->len = json_string_length(t);
+    }
+    json_t *fr = json_object_get(c0, "finish_reason");
+    if (json_is_string(fr) && json_string_length(fr) > 0) {
+        o->finish = json_string_value(fr);
+        o->finish_len = json_string_length(fr);
+    }
+    json_t *u = json_object_get(obj, "usage");
+    if (json_is_integer(json_object_get(u, "prompt_tokens")))
+        o->prompt_tokens = json_integer_value(json_object_get(u, "prompt_tokens"));
+    if (json_is_integer(json_object_get(u, "completion_tokens")))
+        o->completion_tokens = json_integer_value(json_object_get(u, "completion_tokens"));
+    return 1;
+}
+
+/* Scan p both ways; returns whether the scanner took it, after checking
+ * that it agrees with jansson when it did. */
+static bool check(const char *p, size_t n, bool chat)
+{
+    gp_buf scratch;
+    gp_buf_init(&scratch);
+    oai_chunk f, o;
+    json_t *keep;
+    bool took = oai_chunk_scan(p, n, chat, &scratch, &f);
+    int ok = oracle(p, n, chat, &o, &keep);
+    if (took) {
+        if (!ok)
+            fail_msg("scanner took what jansson refuses: %.*s", (int)n, p);
+        assert_int_equal(f.text == NULL, o.text == NULL);
+        if (f.text) {
+            assert_int_equal(f.len, o.len);
+            assert_memory_equal(f.text, o.text, f.len);
+        }
+        assert_int_equal(f.finish_len > 0, o.finish != NULL);
+        if (o.finish) {
+            assert_int_equal(f.finish_len, o.finish_len);
+            assert_memory_equal(f.finish, o.finish, f.finish_len);
+        }
+        assert_int_equal(f.prompt_tokens, o.prompt_tokens);
+        assert_int_equal(f.completion_tokens, o.completion_tokens);
+    }
+    json_decref(keep);
+    gp_buf_free(&scratch);
+    return took;
+}
+
+static bool check_s(const char *s, bool chat)
+{
+    return check(s, strlen(s), chat);
+}
+
+#define CMPL "{\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"created\":1764200000," \
+             "\"model\":\"m\",\"choices\":[{\"index\":0,\"text\":" 
+#define CMPL_END ",\"logprobs\":null,\"finish_reason\":null}]}"
+#define CHAT "{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\"," \
+             "\"system_fingerprint\":null,\"choices\":[{\"index\":0,\"delta\":"
+#define CHAT_END ",\"logprobs\":null,\"finish_reason\":null}]}"
+
+static const char *const taken_cmpl[] = {
+    CMPL "\" tok\"" CMPL_END,
+    CMPL "\"\"" CMPL_END,
+    CMPL "null" CMPL_END,
+    CMPL "\"a\\nb\\t\\\"c\\\\d\\/e\\b\\f\\r\"" CMPL_END,
+    CMPL "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"" CMPL_END,
+    " {\"choices\":[]} \r\n",
+    "{}",
+    "{\"choices\":[{}]}",
+    "{\"created\":-0,\"usage\":null,\"choices\":[{\"index\":123456789012345678,\"text\":\"x\"}]}",
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":\"length\"}]}",
+    CMPL "\"\",\"logprobs\":null,\"finish_reason\":\"\"}]}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}",
+    "{\"choices\":[],\"usage\":{\"completion_tokens\":0}}",
+    "{\"choices\":[],\"usage\":{}}",
+    NULL,
+};
+
+static const char *const taken_chat[] = {
+    CHAT "{\"role\":\"assistant\",\"content\":\"\"}" CHAT_END,
+    CHAT "{\"content\":\" tok\"}" CHAT_END,
+    CHAT "{\"content\":null}" CHAT_END,
+    CHAT "{}" CHAT_END,
+    CHAT "{\"content\":\"line\\n\"}" CHAT_END,
+    NULL,
+};
+
+/* Each is either valid JSON the scanner leaves to jansson (a shape it does
+ * not know) or invalid JSON; both go to jansson. */
+static const char *const refused_cmpl[] = {
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":\"len\\ngth\"}]}",
+    CMPL "\"x\",\"logprobs\":null,\"finish_reason\":1}]}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":-1}}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"prompt_tokens_details\":{}}}",
+    "{\"choices\":[],\"usage\":{\"prompt_tokens\":1.0}}",
+    CMPL "\"\\u00e9\"" CMPL_END,
+    CMPL "\"\\u0000\"" CMPL_END,
+    CMPL "\"\\x\"" CMPL_END,
+    CMPL "\"a\x01\"" CMPL_END,
+    CMPL "\"\xc3\"" CMPL_END,
+    CMPL "\"\xc0\xaf\"" CMPL_END,
+    CMPL "\"\xed\xa0\x80\"" CMPL_END,
+    CMPL "\"\xf4\x90\x80\x80\"" CMPL_END,
+    CMPL "1" CMPL_END,
+    CMPL "\"x\"" CMPL_END "x",
+    CMPL "\"x\"" CMPL_END "{}",
+    "{\"choices\":[{\"text\":\"a\"},{\"text\":\"b\"}]}",
+    "{\"choices\":[{\"text\":\"a\",\"text\":\"b\"}]}",
+    "{\"error\":{\"message\":\"boom\"}}",
+    "{\"choices\":[{\"text\":\"a\",\"stop_reason\":null}]}",
+    "{\"choices\":[{\"text\":\"a\"}],\"x_pool_meta\":{}}",
+    "{\"choices\":[{\"delta\":{\"content\":\"a\"}}]}",
+    "{\"created\":1.5,\"choices\":[]}",
+    "{\"created\":1e3,\"choices\":[]}",
+    "{\"created\":01,\"choices\":[]}",
+    "{\"created\":1234567890123456789,\"choices\":[]}",
+    "{\"created\":123456789012345678901234567890,\"choices\":[]}",
+    "{\"created\":-,\"choices\":[]}",
+    "{\"id\":\"a\",}",
+    "{\"id\" \"a\"}",
+    "{\"i\\u0064\":\"a\"}",
+    "{\"choices\":{}}",
+    "{\"choices\":[{\"text\":\"a\"}]",
+    "[]",
+    "",
+    "nul",
+    "{\"usage\":nul}",
+    NULL,
+};
+
+static const char *const refused_chat[] = {
+    CHAT "{\"content\":\"a\",\"tool_calls\":[]}" CHAT_END,
+    CHAT "{\"content\":\"a\",\"reasoning_content\":\"b\"}" CHAT_END,
+    CHAT "{\"content\":1}" CHAT_END,
+    CHAT "\"x\"" CHAT_END,
+    "{\"choices\":[{\"text\":\"a\"}]}",
+    NULL,
+};
+
+static void test_taken(void **state)
+{
+    (void)state;
+    for (int i = 0; taken_cmpl[i]; i++)
+        if (!check_s(taken_cmpl[i], false))
+            fail_msg("completion chunk %d not taken: %s", i, taken_cmpl[i]);
+    for (int i = 0; taken_chat[i]; i++)
+        if (!check_s(taken_chat[i], true))
+            fail_msg("chat chunk %d not taken: %s", i, taken_chat[i]);
+}
+
+static void test_refused(void **state)
+{
+    (void)state;
+    for (int i = 0; refused_cmpl[i]; i++)
+        if (check_s(refused_cmpl[i], false))
+            fail_msg("completion chunk %d taken: %s", i, refused_cmpl[i]);
+    for (int i = 0; refused_chat[i]; i++)
+        if (check_s(refused_chat[i], true))
+            fail_msg("chat chunk %d taken: %s", i, refused_chat[i]);
+}
+
+/* The chunks above with bytes changed, inserted and dropped at random:
+ * whatever the scanner takes, jansson takes and reads the same. */
+static void test_mutations_agree_with_jansson(void **state)
+{
+    (void)state;
+    static const char alphabet[] = "{}[]:,\"\\ -0123456789.eEnulltrfabn/\x01\x80\xc3\xa9\xed\xf4";
+    const char *const *sets[] = {taken_cmpl, taken_chat, refused_cmpl, refused_chat};
+    unsigned seed = 24;
+    char buf[512];
+    long taken = 0;
+    for (int round = 0; round < 4000; round++) {
+        const char *const *set = sets[round % 4];
+        int count = 0;
+        while (set[count])
+            count++;
+        const char *src = set[(unsigned)rand_r(&seed) % (unsigned)count];
+        size_t n = strlen(src);
+        memcpy(buf, src, n);
+        for (int k = 1 + rand_r(&seed) % 3; k > 0 && n > 0 && n < sizeof buf - 1; k--) {
+            size_t at = (unsigned)rand_r(&seed) % n;
+            char ch = alphabet[(unsigned)rand_r(&seed) % (sizeof alphabet - 1)];
+            switch (rand_r(&seed) % 3) {
+            case 0:
+                buf[at] = ch;
+                break;
+            case 1:
+                memmove(buf + at + 1, buf + at, n - at);
+                buf[at] = ch;
+                n++;
+                break;
+            default:
+                memmove(buf + at, buf + at + 1, n - at - 1);
+                n--;
+            }
+        }
+        bool chat = set == taken_chat || set == refused_chat;
+        taken += check(buf, n, chat);
+    }
+    assert_true(taken > 100); /* the mutations did reach the accepting path */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_taken),
+        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_mutations_agree_with_jansson),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
