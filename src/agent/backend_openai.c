@@ -58,6 +58,7 @@
 
 #include "agent/backend.h"
 #include "agent/openai_count.h"
+#include "agent/openai_embed.h"
 #include "agent/openai_stream.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
@@ -89,6 +90,8 @@ typedef struct oai_job {
     json_t *stops;          /* the job's params.stop (owned), or NULL */
     long long count_estimate; /* count: method 4's answer (the estimate) */
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
+    bool embed;             /* an embeddings job: body goes to url_embed (openai_embed.h) */
+    int n_inputs;           /* embed: the job's inputs */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     char pool_via[160];     /* X-Pool-Via header line, or "" */
@@ -116,6 +119,8 @@ struct oai_backend {
     char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
     char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
     char *url_template;     /* server root + /apply-template (llama-server) */
+    char *url_embed;        /* /v1/embeddings */
+    bool embeddings;        /* the start-up probe said the upstream embeds */
     /* The count method that answered last (oai_count_method), for prompts
      * [0] and chat jobs [1] apart: method 2 is for chats only. */
     atomic_int count_method[2];
@@ -186,7 +191,8 @@ static struct curl_slist *job_headers(oai_job *j)
 {
     struct curl_slist *h = NULL, *n;
     char hv[300];
-    const char *fixed[] = {"Content-Type: application/json", "Accept: text/event-stream",
+    const char *fixed[] = {"Content-Type: application/json",
+                           j->embed ? "Accept: application/json" : "Accept: text/event-stream",
                            "Expect:", j->b->auth_header};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         if (!fixed[i])
@@ -447,13 +453,38 @@ static void xfer_fail(oai_job *j, const char *code, const char *prefix, CURLcode
     oai_stream_finish(&j->st, code, msg);
 }
 
+/* An embeddings job's reply has come whole (done, result): a 2xx JSON
+ * reply becomes its vectors and end (true: the job is over). Anything else
+ * (false) takes the generation's error path in xfer_end: an error status
+ * with the upstream's message, a transport failure, a malformed reply. */
+static bool embed_end(oai_job *j, bool done, CURLcode result)
+{
+    oai_stream *s = &j->st;
+    if (!done || result != CURLE_OK || s->failed || s->status < 200 || s->status >= 300)
+        return false;
+    char err[200];
+    if (s->mode != OAI_BODY_JSON)
+        oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream embeddings reply is not JSON");
+    else if (oai_embed_deliver(s->raw.data, s->raw.len, j->n_inputs, &s->sink, err,
+                               sizeof err) != 0)
+        oai_stream_fail(s, "UPSTREAM_MALFORMED", "%s", err);
+    else
+        return true;
+    s->sink.error(s->sink.ctx, s->err_code, s->err_msg);
+    return true;
+}
+
 /* A transfer is over (done: it ran to its end with result; else it was
  * stopped, the job failed): drop it and report, or try the next count
  * method. */
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     xfer_drop(b, j);
-    if (j->st.count) {
+    if (j->embed && embed_end(j, done, result)) {
+        job_release(b, j);
+        return;
+    }
+    if (j->st.count && !j->embed) {
         count_step_done(b, j, done, result);
         return;
     }
@@ -490,11 +521,12 @@ static void job_begin(oai_backend *b, oai_job *j)
         job_release(b, j);
         return;
     }
-    if (j->st.count) {
+    if (j->st.count && !j->embed) {
         count_begin(b, j);
         return;
     }
-    if (xfer_start(b, j, j->st.chat ? b->url_chat : b->url_completions, j->body) != 0)
+    const char *url = j->embed ? b->url_embed : j->st.chat ? b->url_chat : b->url_completions;
+    if (xfer_start(b, j, url, j->body) != 0)
         xfer_end(b, j, false, CURLE_OK);
 }
 
@@ -809,10 +841,13 @@ static json_t *oai_models(agent_backend *base)
 {
     oai_backend *b = (oai_backend *)base;
     /* supports_tools: the upstream decides what its model does with them. */
-    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b}]", "id", b->public_id,
-                     "aliases", "quantization", "context_length", "bytes", "vram_bytes",
-                     "architecture", "loaded", 1, "backend", "openai", "upstream_model",
-                     b->o->upstream_model, "supports_tools", 1);
+    /* supports_embeddings: only when the start-up probe had vectors back,
+     * so that a chat-only upstream gets no embeddings job. */
+    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b,s:b}]", "id",
+                     b->public_id, "aliases", "quantization", "context_length", "bytes",
+                     "vram_bytes", "architecture", "loaded", 1, "backend", "openai",
+                     "upstream_model", b->o->upstream_model, "supports_tools", 1,
+                     "supports_embeddings", b->embeddings);
 }
 
 /* The pool options that matter to an upstream pool (docs/protocol.md): the
@@ -866,14 +901,22 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     const char *kind = json_string_value(json_object_get(job, "kind"));
     bool chat = false, count = kind && strcmp(kind, "count_tokens") == 0;
+    bool embed = kind && strcmp(kind, "embeddings") == 0;
+    int n_inputs = 0;
     json_t *req = NULL;
     char *tok_body = NULL;
+    if (embed && !b->embeddings) {
+        snprintf(err, errlen, "the upstream does not serve embeddings");
+        return -1;
+    }
+    if (embed && !(req = oai_embed_request(b->o->upstream_model, job, &n_inputs, err, errlen)))
+        return -1;
     if (count && !(tok_body = body_text(oai_count_tokenize_body(job, b->o->upstream_model)))) {
         snprintf(err, errlen, "count_tokens job without a prompt or messages (or its text is "
                               "not valid UTF-8)");
         return -1;
     }
-    if (!count && !(req = build_request(b, job, &chat, err, errlen)))
+    if (!count && !embed && !(req = build_request(b, job, &chat, err, errlen)))
         return -1;
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -890,15 +933,19 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         j->stops = json_deep_copy(stops);
     /* The client sees the prompt's size before the first token (an
      * Anthropic stream): count it first (docs/agent.md "Counting tokens"). */
-    j->precount = !count && json_is_true(json_object_get(job, "prompt_tokens_first"));
-    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount, j->stops, MAX_SSE_LINE);
+    j->precount = !count && !embed && json_is_true(json_object_get(job, "prompt_tokens_first"));
+    j->embed = embed;
+    j->n_inputs = n_inputs;
+    /* An embeddings reply is read as a count's is: status and body only. */
+    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount || embed, j->stops,
+                    MAX_SSE_LINE);
     if (req) {
         j->body = json_dumps(req, JSON_COMPACT);
         json_decref(req);
     }
     /* A job with stop strings may have to count after its reply (its end
      * drops the transfer before the usage comes). */
-    bool may_count = count || j->precount || j->stops;
+    bool may_count = !embed && (count || j->precount || j->stops);
     if (may_count) {
         /* A body that cannot be made (NULL) skips its method. */
         const char *um = b->o->upstream_model;
@@ -990,6 +1037,7 @@ static void oai_destroy(agent_backend *base)
     free(b->url_tokenize);
     free(b->url_count);
     free(b->url_template);
+    free(b->url_embed);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -1115,6 +1163,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
     b->url_count = root_endpoint(o->upstream, "v1/messages/count_tokens");
     b->url_template = root_endpoint(o->upstream, "apply-template");
+    b->url_embed = endpoint(o->upstream, "embeddings");
     atomic_init(&b->count_method[0], OAI_COUNT_MESSAGES);
     atomic_init(&b->count_method[1], OAI_COUNT_MESSAGES);
     atomic_init(&b->count_none_ms, 0);
@@ -1126,17 +1175,21 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
     if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
-        !b->url_template || !b->public_id ||
+        !b->url_template || !b->url_embed || !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    /* Once, before the first poll: the model facts say it from the start
+     * (an upstream down now is not asked again until the agent restarts). */
+    b->embeddings = oai_embed_probe(o, b->url_embed, b->auth_header);
     if (loop_init(b, err, errlen) != 0) {
         oai_destroy(&b->base);
         return NULL;
     }
-    gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s')",
-                b->public_id, o->upstream, o->upstream_model);
+    gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s', embeddings %s)",
+                b->public_id, o->upstream, o->upstream_model,
+                b->embeddings ? "passed through" : "not served there");
     return &b->base;
 }
