@@ -32,6 +32,10 @@
  * (streamed pieces or a whole message) become tool_call events, and a reply
  * that called tools ends with finish_reason "tool_calls".
  *
+ * Embeddings jobs (openai_embed.h) are one non-streamed POST /v1/embeddings
+ * each, read whole as a count's reply is; the model facts offer them only
+ * when the upstream answered a probe at start-up.
+ *
  * Failures become one error event with a stable code:
  *   UPSTREAM_ERROR      HTTP status >= 400, connection refused/reset/dropped,
  *                       stream ended before [DONE], error object in the stream
