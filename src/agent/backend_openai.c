@@ -54,6 +54,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -77,6 +78,10 @@
  * events are a few hundred bytes, and 1,024 streams hold 1,024 of these. */
 #define OAI_RECV_BUFFER 4096L
 #define COUNT_NONE_MS 60000 /* see count_none_ms */
+/* An upstream that gave the embeddings probe no answer (down, loading) is
+ * asked again after this, doubling up to PROBE_RETRY_MAX_S. */
+#define PROBE_RETRY_FIRST_S 10
+#define PROBE_RETRY_MAX_S 300
 
 typedef struct oai_backend oai_backend;
 
@@ -124,7 +129,11 @@ struct oai_backend {
     char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
     char *url_template;     /* server root + /apply-template (llama-server) */
     char *url_embed;        /* /v1/embeddings */
-    bool embeddings;        /* the start-up probe said the upstream embeds */
+    atomic_bool embeddings; /* a probe said the upstream embeds (then it stays so) */
+    atomic_bool probe_stop; /* destroy: the probe thread leaves */
+    pthread_cond_t probe_cv; /* with mu: wakes the probe thread's wait */
+    pthread_t probe_th;     /* re-probes an upstream that gave no answer yet */
+    bool probe_started;
     /* The count method that answered last (oai_count_method), for prompts
      * [0] and chat jobs [1] apart: method 2 is for chats only. */
     atomic_int count_method[2];
@@ -851,7 +860,7 @@ static json_t *oai_models(agent_backend *base)
                      b->public_id, "aliases", "quantization", "context_length", "bytes",
                      "vram_bytes", "architecture", "loaded", 1, "backend", "openai",
                      "upstream_model", b->o->upstream_model, "supports_tools", 1,
-                     "supports_embeddings", b->embeddings);
+                     "supports_embeddings", atomic_load(&b->embeddings));
 }
 
 /* The pool options that matter to an upstream pool (docs/protocol.md): the
@@ -909,7 +918,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     int n_inputs = 0;
     json_t *req = NULL;
     char *tok_body = NULL;
-    if (embed && !b->embeddings) {
+    if (embed && !atomic_load(&b->embeddings)) {
         snprintf(err, errlen, "the upstream does not serve embeddings");
         return -1;
     }
@@ -1011,6 +1020,13 @@ static void oai_destroy(agent_backend *base)
     oai_backend *b = (oai_backend *)base;
     if (!b)
         return;
+    if (b->probe_started) {
+        pthread_mutex_lock(&b->mu);
+        atomic_store(&b->probe_stop, true); /* also aborts a probe in flight */
+        pthread_cond_signal(&b->probe_cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->probe_th, NULL);
+    }
     if (b->th_started) {
         /* Cancel everything; the loop delivers each terminal event, then
          * leaves once no job runs. */
@@ -1036,6 +1052,7 @@ static void oai_destroy(agent_backend *base)
         if (b->wake_fd[i] >= 0)
             close(b->wake_fd[i]);
     pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->probe_cv);
     free(b->url_chat);
     free(b->url_completions);
     free(b->url_tokenize);
@@ -1106,6 +1123,37 @@ static int loop_init(oai_backend *b, char *err, size_t errlen)
     return 0;
 }
 
+/* The probe thread: asks an upstream that gave the start-up probe no
+ * answer again, less and less often, until one answer (yes or no) or
+ * destroy. A yes shows in the next poll's model facts. */
+static void *probe_main(void *arg)
+{
+    oai_backend *b = arg;
+    int delay_s = PROBE_RETRY_FIRST_S;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += delay_s;
+        pthread_mutex_lock(&b->mu);
+        while (!atomic_load(&b->probe_stop) &&
+               pthread_cond_timedwait(&b->probe_cv, &b->mu, &until) != ETIMEDOUT)
+            ;
+        pthread_mutex_unlock(&b->mu);
+        if (atomic_load(&b->probe_stop))
+            break;
+        oai_embed_probe_result r =
+            oai_embed_probe(b->o, b->url_embed, b->auth_header, &b->probe_stop);
+        if (r != OAI_EMBED_RETRY) {
+            atomic_store(&b->embeddings, r == OAI_EMBED_YES);
+            gp_log_info("backend_openai", "embeddings probe answered: %s",
+                        r == OAI_EMBED_YES ? "passed through" : "not served there");
+            break;
+        }
+        delay_s = delay_s * 2 > PROBE_RETRY_MAX_S ? PROBE_RETRY_MAX_S : delay_s * 2;
+    }
+    return NULL;
+}
+
 static const agent_backend_ops oai_ops = {
     .name = "openai",
     .destroy = oai_destroy,
@@ -1159,6 +1207,9 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->base.ops = &oai_ops;
     b->o = o;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->probe_cv, NULL);
+    atomic_init(&b->embeddings, false);
+    atomic_init(&b->probe_stop, false);
     b->inbox_tail = &b->inbox;
     b->wake_fd[0] = b->wake_fd[1] = -1;
     atomic_init(&b->wake_sent, false);
@@ -1185,15 +1236,24 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    /* Once, before the first poll: the model facts say it from the start
-     * (an upstream down now is not asked again until the agent restarts). */
-    b->embeddings = oai_embed_probe(o, b->url_embed, b->auth_header);
+    /* Before the first poll, so that the model facts say it from the start;
+     * an upstream that gave no answer (down, loading) is asked again. */
+    oai_embed_probe_result probe = oai_embed_probe(o, b->url_embed, b->auth_header, NULL);
+    atomic_store(&b->embeddings, probe == OAI_EMBED_YES);
     if (loop_init(b, err, errlen) != 0) {
         oai_destroy(&b->base);
         return NULL;
     }
+    if (probe == OAI_EMBED_RETRY) {
+        if (pthread_create(&b->probe_th, NULL, probe_main, b) == 0)
+            b->probe_started = true;
+        else
+            gp_log_warn("backend_openai", "cannot start the embeddings probe thread");
+    }
     gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s', embeddings %s)",
                 b->public_id, o->upstream, o->upstream_model,
-                b->embeddings ? "passed through" : "not served there");
+                probe == OAI_EMBED_YES  ? "passed through"
+                : probe == OAI_EMBED_NO ? "not served there"
+                                        : "unknown yet: the upstream gave no answer");
     return &b->base;
 }

@@ -121,9 +121,20 @@ static size_t probe_write(char *p, size_t sz, size_t nm, void *ud)
     return n;
 }
 
-bool oai_embed_probe(const agent_options *o, const char *url, const char *auth_header)
+/* CURLOPT_XFERINFOFUNCTION: non-zero aborts the probe (the backend stops). */
+static int probe_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
 {
-    bool ok = false;
+    (void)dt;
+    (void)dn;
+    (void)ut;
+    (void)un;
+    return ud && atomic_load((atomic_bool *)ud) ? 1 : 0;
+}
+
+oai_embed_probe_result oai_embed_probe(const agent_options *o, const char *url,
+                                       const char *auth_header, atomic_bool *stop)
+{
+    oai_embed_probe_result res = OAI_EMBED_RETRY;
     long status = 0;
     gp_buf buf;
     gp_buf_init(&buf);
@@ -152,15 +163,22 @@ bool oai_embed_probe(const agent_options *o, const char *url, const char *auth_h
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
     curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, PROBE_TOTAL_MS);
     curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent");
+    curl_easy_setopt(easy, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, probe_progress);
+    curl_easy_setopt(easy, CURLOPT_XFERINFODATA, stop);
     if (o->ca_file)
         curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
     if (curl_easy_perform(easy) != CURLE_OK)
         goto out;
     curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 500 && status != 501)
+        goto out; /* e.g. llama-server's 503 while it loads its model */
+    res = OAI_EMBED_NO;
     if (status == 200) {
         json_t *r = json_loadb(buf.data ? buf.data : "", buf.len, 0, NULL);
         json_t *d0 = json_array_get(json_object_get(r, "data"), 0);
-        ok = json_array_size(json_object_get(d0, "embedding")) > 0;
+        if (json_array_size(json_object_get(d0, "embedding")) > 0)
+            res = OAI_EMBED_YES;
         json_decref(r);
     }
 out:
@@ -170,5 +188,5 @@ out:
     free(body);
     json_decref(req);
     gp_buf_free(&buf);
-    return ok;
+    return res;
 }

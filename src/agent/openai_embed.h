@@ -9,6 +9,7 @@
 #ifndef AGENT_OPENAI_EMBED_H
 #define AGENT_OPENAI_EMBED_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -31,9 +32,16 @@ json_t *oai_embed_request(const char *upstream_model, json_t *job, int *n_inputs
 int oai_embed_deliver(const char *body, size_t len, int n_inputs, const agent_job_sink *sink,
                       char *err, size_t errlen);
 
+typedef enum {
+    OAI_EMBED_YES,   /* 200 with a data array of a vector */
+    OAI_EMBED_NO,    /* an answer that says no: 4xx (404: no such route), 501, no vector */
+    OAI_EMBED_RETRY, /* no answer yet: unreachable, timed out, 5xx (a server still loading) */
+} oai_embed_probe_result;
+
 /* Blocking: a small POST url {model, input ["gpupool probe"]} (auth_header
- * may be NULL), bounded by the options' connect timeout and 10 s in all.
- * True when the upstream answered 200 with a data array of a vector. */
-bool oai_embed_probe(const agent_options *o, const char *url, const char *auth_header);
+ * may be NULL), bounded by the options' connect timeout and 10 s in all;
+ * it gives up at once when *stop becomes true (NULL: never). */
+oai_embed_probe_result oai_embed_probe(const agent_options *o, const char *url,
+                                       const char *auth_header, atomic_bool *stop);
 
 #endif

@@ -281,5 +281,29 @@ class ChatOnlyUpstreamTest(harness.TestCase):
         self.assertEqual(len(out["data"][0]["embedding"]), 4)
 
 
+class LateUpstreamTest(harness.TestCase):
+    """An upstream still loading at the agent's start (503 to the probe):
+    not advertised then; the agent asks again (after 10 s) and once the
+    upstream answers, the model's embeddings are served."""
+
+    def test_probe_again(self):
+        up = self.h.start_upstream(["--embeddings-dim", "4", "--embeddings-mode", "http503"])
+        srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(srv, upstream=up, model="late", slots=1)
+        srv.wait_model("late")
+
+        def post():
+            return http_json("POST", srv.url + "/v1/embeddings",
+                             {"model": "late", "input": "x"}, timeout=60)
+        st, _, out = post()
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "model")
+        up.control(embeddings_mode="normal")
+        harness.wait_until(lambda: post()[0] == 200, timeout=60,
+                           what="embeddings served after the second probe")
+        st, _, out = post()
+        self.assertEqual(len(out["data"][0]["embedding"]), 4)
+
+
 if __name__ == "__main__":
     harness.main()

@@ -25,7 +25,8 @@ and changeable at run time through a control endpoint:
   --embeddings-dim N  serve POST /v1/embeddings with vectors of N floats
                       (embedding_vector(); usage: one token per word or id);
                       0 (the default, a chat-only server) answers 404.
-                      Setting embeddings_mode "http500" answers an error.
+  --embeddings-mode M normal | http500 (an error) | http503 (a server still
+                      loading: its probes too); setting embeddings_mode.
                       The agent's start-up probe (input ["gpupool probe"]) is
                       not recorded in the log (tests count the log).
 
@@ -197,7 +198,7 @@ class State:
             "x_pool_meta_bytes": 0,
             "first_token_bytes": 0,
             "embeddings_dim": args.embeddings_dim,
-            "embeddings_mode": "normal",
+            "embeddings_mode": args.embeddings_mode,
         }
         self.log = []
         self.next_id = 0
@@ -387,6 +388,8 @@ class Handler(BaseHTTPRequestHandler):
         elif cfg["embeddings_mode"] == "http500":
             status, out = 500, {"error": {"message": "embedding model crashed",
                                           "type": "server_error"}}
+        elif cfg["embeddings_mode"] == "http503":
+            status, out = 503, {"error": {"message": "Loading model", "type": "unavailable_error"}}
         else:
             dim = cfg["embeddings_dim"]
             ntok = sum(len(x.split()) if isinstance(x, str) else len(x) for x in inputs)
@@ -673,6 +676,8 @@ def main(argv=None):
                     help="answer POST /tokenize with 404 (a server without a count endpoint)")
     ap.add_argument("--embeddings-dim", type=int, default=0,
                     help="serve POST /v1/embeddings with vectors of this length (0: 404)")
+    ap.add_argument("--embeddings-mode", choices=("normal", "http500", "http503"),
+                    default="normal")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
     ap.add_argument("--tls-key", help="private key of --tls-cert")
