@@ -33,8 +33,9 @@
  * that called tools ends with finish_reason "tool_calls".
  *
  * Embeddings jobs (openai_embed.h) are one non-streamed POST /v1/embeddings
- * each, read whole as a count's reply is; the model facts offer them only
- * when the upstream answered a probe at start-up.
+ * each, read whole as a count's reply is (16 MiB at most); the model facts
+ * offer them only once the upstream answered a probe (at start-up, then
+ * again on the probe thread while it gives no answer).
  *
  * Failures become one error event with a stable code:
  *   UPSTREAM_ERROR      HTTP status >= 400, connection refused/reset/dropped,
@@ -854,7 +855,7 @@ static json_t *oai_models(agent_backend *base)
 {
     oai_backend *b = (oai_backend *)base;
     /* supports_tools: the upstream decides what its model does with them. */
-    /* supports_embeddings: only when the start-up probe had vectors back,
+    /* supports_embeddings: only once a probe had vectors back,
      * so that a chat-only upstream gets no embeddings job. */
     return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b,s:b}]", "id",
                      b->public_id, "aliases", "quantization", "context_length", "bytes",
