@@ -32,6 +32,11 @@
  * (streamed pieces or a whole message) become tool_call events, and a reply
  * that called tools ends with finish_reason "tool_calls".
  *
+ * Embeddings jobs (openai_embed.h) are one non-streamed POST /v1/embeddings
+ * each, read whole as a count's reply is (16 MiB at most); the model facts
+ * offer them only once the upstream answered a probe (at start-up, then
+ * again on the probe thread while it gives no answer).
+ *
  * Failures become one error event with a stable code:
  *   UPSTREAM_ERROR      HTTP status >= 400, connection refused/reset/dropped,
  *                       stream ended before [DONE], error object in the stream
@@ -50,6 +55,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -58,6 +64,7 @@
 
 #include "agent/backend.h"
 #include "agent/openai_count.h"
+#include "agent/openai_embed.h"
 #include "agent/openai_stream.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
@@ -72,6 +79,10 @@
  * events are a few hundred bytes, and 1,024 streams hold 1,024 of these. */
 #define OAI_RECV_BUFFER 4096L
 #define COUNT_NONE_MS 60000 /* see count_none_ms */
+/* An upstream that gave the embeddings probe no answer (down, loading) is
+ * asked again after this, doubling up to PROBE_RETRY_MAX_S. */
+#define PROBE_RETRY_FIRST_S 10
+#define PROBE_RETRY_MAX_S 300
 
 typedef struct oai_backend oai_backend;
 
@@ -89,6 +100,8 @@ typedef struct oai_job {
     json_t *stops;          /* the job's params.stop (owned), or NULL */
     long long count_estimate; /* count: method 4's answer (the estimate) */
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
+    bool embed;             /* an embeddings job: body goes to url_embed (openai_embed.h) */
+    int n_inputs;           /* embed: the job's inputs */
     char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
     char pool_via[160];     /* X-Pool-Via header line, or "" */
@@ -122,6 +135,12 @@ struct oai_backend {
     char *url_tokenize;     /* server root + /tokenize (llama-server, vLLM) */
     char *url_count;        /* server root + /v1/messages/count_tokens (gpupool, Anthropic) */
     char *url_template;     /* server root + /apply-template (llama-server) */
+    char *url_embed;        /* /v1/embeddings */
+    atomic_bool embeddings; /* a probe said the upstream embeds (then it stays so) */
+    atomic_bool probe_stop; /* destroy: the probe thread leaves */
+    pthread_cond_t probe_cv; /* with mu: wakes the probe thread's wait */
+    pthread_t probe_th;     /* re-probes an upstream that gave no answer yet */
+    bool probe_started;
     /* The count method that answered last (oai_count_method), for prompts
      * [0] and chat jobs [1] apart: method 2 is for chats only. */
     atomic_int count_method[2];
@@ -194,7 +213,8 @@ static struct curl_slist *job_headers(oai_job *j)
 {
     struct curl_slist *h = NULL, *n;
     char hv[300];
-    const char *fixed[] = {"Content-Type: application/json", "Accept: text/event-stream",
+    const char *fixed[] = {"Content-Type: application/json",
+                           j->embed ? "Accept: application/json" : "Accept: text/event-stream",
                            "Expect:", j->b->auth_header};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
         if (!fixed[i])
@@ -460,13 +480,38 @@ static void xfer_fail(oai_job *j, const char *code, const char *prefix, CURLcode
     oai_stream_finish(&j->st, code, msg);
 }
 
+/* An embeddings job's reply has come whole (done, result): a 2xx JSON
+ * reply becomes its vectors and end (true: the job is over). Anything else
+ * (false) takes the generation's error path in xfer_end: an error status
+ * with the upstream's message, a transport failure, a malformed reply. */
+static bool embed_end(oai_job *j, bool done, CURLcode result)
+{
+    oai_stream *s = &j->st;
+    if (!done || result != CURLE_OK || s->failed || s->status < 200 || s->status >= 300)
+        return false;
+    char err[200];
+    if (s->mode != OAI_BODY_JSON)
+        oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream embeddings reply is not JSON");
+    else if (oai_embed_deliver(s->raw.data, s->raw.len, j->n_inputs, &s->sink, err,
+                               sizeof err) != 0)
+        oai_stream_fail(s, "UPSTREAM_MALFORMED", "%s", err);
+    else
+        return true;
+    s->sink.error(s->sink.ctx, s->err_code, s->err_msg);
+    return true;
+}
+
 /* A transfer is over (done: it ran to its end with result; else it was
  * stopped, the job failed): drop it and report, or try the next count
  * method. */
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     xfer_drop(b, j);
-    if (j->st.count) {
+    if (j->embed && embed_end(j, done, result)) {
+        job_release(b, j);
+        return;
+    }
+    if (j->st.count && !j->embed) {
         count_step_done(b, j, done, result);
         return;
     }
@@ -503,11 +548,12 @@ static void job_begin(oai_backend *b, oai_job *j)
         job_release(b, j);
         return;
     }
-    if (j->st.count) {
+    if (j->st.count && !j->embed) {
         count_begin(b, j);
         return;
     }
-    if (xfer_start(b, j, j->st.chat ? b->url_chat : b->url_completions, j->body) != 0)
+    const char *url = j->embed ? b->url_embed : j->st.chat ? b->url_chat : b->url_completions;
+    if (xfer_start(b, j, url, j->body) != 0)
         xfer_end(b, j, false, CURLE_OK);
 }
 
@@ -830,10 +876,13 @@ static json_t *oai_models(agent_backend *base)
 {
     oai_backend *b = (oai_backend *)base;
     /* supports_tools: the upstream decides what its model does with them. */
-    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b}]", "id", b->public_id,
-                     "aliases", "quantization", "context_length", "bytes", "vram_bytes",
-                     "architecture", "loaded", 1, "backend", "openai", "upstream_model",
-                     b->o->upstream_model, "supports_tools", 1);
+    /* supports_embeddings: only once a probe had vectors back,
+     * so that a chat-only upstream gets no embeddings job. */
+    return json_pack("[{s:s,s:[],s:n,s:n,s:n,s:n,s:n,s:b,s:s,s:s,s:b,s:b}]", "id",
+                     b->public_id, "aliases", "quantization", "context_length", "bytes",
+                     "vram_bytes", "architecture", "loaded", 1, "backend", "openai",
+                     "upstream_model", b->o->upstream_model, "supports_tools", 1,
+                     "supports_embeddings", atomic_load(&b->embeddings));
 }
 
 /* The pool options that matter to an upstream pool (docs/protocol.md): the
@@ -887,14 +936,22 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     const char *kind = json_string_value(json_object_get(job, "kind"));
     bool chat = false, count = kind && strcmp(kind, "count_tokens") == 0;
+    bool embed = kind && strcmp(kind, "embeddings") == 0;
+    int n_inputs = 0;
     json_t *req = NULL;
     char *tok_body = NULL;
+    if (embed && !atomic_load(&b->embeddings)) {
+        snprintf(err, errlen, "the upstream does not serve embeddings");
+        return -1;
+    }
+    if (embed && !(req = oai_embed_request(b->o->upstream_model, job, &n_inputs, err, errlen)))
+        return -1;
     if (count && !(tok_body = body_text(oai_count_tokenize_body(job, b->o->upstream_model)))) {
         snprintf(err, errlen, "count_tokens job without a prompt or messages (or its text is "
                               "not valid UTF-8)");
         return -1;
     }
-    if (!count && !(req = build_request(b, job, &chat, err, errlen)))
+    if (!count && !embed && !(req = build_request(b, job, &chat, err, errlen)))
         return -1;
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -911,15 +968,19 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         j->stops = json_deep_copy(stops);
     /* The client sees the prompt's size before the first token (an
      * Anthropic stream): count it first (docs/agent.md "Counting tokens"). */
-    j->precount = !count && json_is_true(json_object_get(job, "prompt_tokens_first"));
-    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount, j->stops, MAX_SSE_LINE);
+    j->precount = !count && !embed && json_is_true(json_object_get(job, "prompt_tokens_first"));
+    j->embed = embed;
+    j->n_inputs = n_inputs;
+    /* An embeddings reply is read as a count's is: status and body only. */
+    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount || embed, j->stops,
+                    MAX_SSE_LINE);
     if (req) {
         j->body = gp_json_dumps(req);
         json_decref(req);
     }
     /* A job with stop strings may have to count after its reply (its end
      * drops the transfer before the usage comes). */
-    bool may_count = count || j->precount || j->stops;
+    bool may_count = !embed && (count || j->precount || j->stops);
     if (may_count) {
         /* A body that cannot be made (NULL) skips its method. */
         const char *um = b->o->upstream_model;
@@ -981,6 +1042,13 @@ static void oai_destroy(agent_backend *base)
     oai_backend *b = (oai_backend *)base;
     if (!b)
         return;
+    if (b->probe_started) {
+        pthread_mutex_lock(&b->mu);
+        atomic_store(&b->probe_stop, true); /* also aborts a probe in flight */
+        pthread_cond_signal(&b->probe_cv);
+        pthread_mutex_unlock(&b->mu);
+        pthread_join(b->probe_th, NULL);
+    }
     if (b->th_started) {
         /* Cancel everything; the loop delivers each terminal event, then
          * leaves once no job runs. */
@@ -1008,11 +1076,13 @@ static void oai_destroy(agent_backend *base)
         if (b->wake_fd[i] >= 0)
             close(b->wake_fd[i]);
     pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->probe_cv);
     free(b->url_chat);
     free(b->url_completions);
     free(b->url_tokenize);
     free(b->url_count);
     free(b->url_template);
+    free(b->url_embed);
     free(b->public_id);
     free(b->auth_header);
     free(b);
@@ -1077,6 +1147,37 @@ static int loop_init(oai_backend *b, char *err, size_t errlen)
     return 0;
 }
 
+/* The probe thread: asks an upstream that gave the start-up probe no
+ * answer again, less and less often, until one answer (yes or no) or
+ * destroy. A yes shows in the next poll's model facts. */
+static void *probe_main(void *arg)
+{
+    oai_backend *b = arg;
+    int delay_s = PROBE_RETRY_FIRST_S;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += delay_s;
+        pthread_mutex_lock(&b->mu);
+        while (!atomic_load(&b->probe_stop) &&
+               pthread_cond_timedwait(&b->probe_cv, &b->mu, &until) != ETIMEDOUT)
+            ;
+        pthread_mutex_unlock(&b->mu);
+        if (atomic_load(&b->probe_stop))
+            break;
+        oai_embed_probe_result r =
+            oai_embed_probe(b->o, b->url_embed, b->auth_header, &b->probe_stop);
+        if (r != OAI_EMBED_RETRY) {
+            atomic_store(&b->embeddings, r == OAI_EMBED_YES);
+            gp_log_info("backend_openai", "embeddings probe answered: %s",
+                        r == OAI_EMBED_YES ? "passed through" : "not served there");
+            break;
+        }
+        delay_s = delay_s * 2 > PROBE_RETRY_MAX_S ? PROBE_RETRY_MAX_S : delay_s * 2;
+    }
+    return NULL;
+}
+
 static const agent_backend_ops oai_ops = {
     .name = "openai",
     .destroy = oai_destroy,
@@ -1130,6 +1231,9 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->base.ops = &oai_ops;
     b->o = o;
     pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->probe_cv, NULL);
+    atomic_init(&b->embeddings, false);
+    atomic_init(&b->probe_stop, false);
     b->inbox_tail = &b->inbox;
     b->wake_fd[0] = b->wake_fd[1] = -1;
     atomic_init(&b->wake_sent, false);
@@ -1138,6 +1242,7 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
     b->url_count = root_endpoint(o->upstream, "v1/messages/count_tokens");
     b->url_template = root_endpoint(o->upstream, "apply-template");
+    b->url_embed = endpoint(o->upstream, "embeddings");
     atomic_init(&b->count_method[0], OAI_COUNT_MESSAGES);
     atomic_init(&b->count_method[1], OAI_COUNT_MESSAGES);
     atomic_init(&b->count_none_ms, 0);
@@ -1149,17 +1254,30 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
             snprintf(b->auth_header, n, "Authorization: Bearer %s", o->upstream_key);
     }
     if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
-        !b->url_template || !b->public_id ||
+        !b->url_template || !b->url_embed || !b->public_id ||
         (o->upstream_key && *o->upstream_key && !b->auth_header)) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    /* Before the first poll, so that the model facts say it from the start;
+     * an upstream that gave no answer (down, loading) is asked again. */
+    oai_embed_probe_result probe = oai_embed_probe(o, b->url_embed, b->auth_header, NULL);
+    atomic_store(&b->embeddings, probe == OAI_EMBED_YES);
     if (loop_init(b, err, errlen) != 0) {
         oai_destroy(&b->base);
         return NULL;
     }
-    gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s')",
-                b->public_id, o->upstream, o->upstream_model);
+    if (probe == OAI_EMBED_RETRY) {
+        if (pthread_create(&b->probe_th, NULL, probe_main, b) == 0)
+            b->probe_started = true;
+        else
+            gp_log_warn("backend_openai", "cannot start the embeddings probe thread");
+    }
+    gp_log_info("backend_openai", "relaying model '%s' to %s (upstream model '%s', embeddings %s)",
+                b->public_id, o->upstream, o->upstream_model,
+                probe == OAI_EMBED_YES  ? "passed through"
+                : probe == OAI_EMBED_NO ? "not served there"
+                                        : "unknown yet: the upstream gave no answer");
     return &b->base;
 }

@@ -6,6 +6,9 @@ different inputs different vectors; base64 decodes to the float vector;
 usage counts the prompt tokens; errors are OpenAI's shape naming the
 parameter (input, encoding_format, dimensions), including an input longer
 than the model's context. Skipped when the agent has no gguf backend.
+PassThroughTest / ChatOnlyUpstreamTest: an openai-backend agent passes
+the job to its upstream's /v1/embeddings (upstream.py --embeddings-dim),
+and only when that upstream answered its start-up probe.
 """
 
 import base64
@@ -18,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from harness import http_json, http_request  # noqa: E402
 from test_e2e_gguf import MODEL, gguf_built  # noqa: E402
+from upstream import embedding_vector  # noqa: E402
 
 
 def norm(v):
@@ -192,6 +196,113 @@ class MixedFleetTest(harness.TestCase):
         self.assertEqual(st, 400, out)
         self.assertEqual(out["error"]["param"], "model")
         self.assertIn("supports_embeddings", out["error"]["message"])
+
+
+class PassThroughTest(harness.TestCase):
+    """An openai-backend agent whose upstream serves /v1/embeddings: the
+    request goes there (upstream model, input as given, float), the
+    upstream's vectors come back by index, usage passes through, base64 is
+    the server's encoding of them, an upstream error is the job's error."""
+
+    DIM = 8
+
+    def setUp(self):
+        super().setUp()
+        self.up = self.h.start_upstream(["--embeddings-dim", str(self.DIM)])
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=self.up, model="up-emb",
+                                        alias="emb", slots=2)
+        self.srv.wait_model("emb")
+
+    def embed(self, body, want=200):
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings", body, timeout=60)
+        self.assertEqual(st, want, out)
+        return out
+
+    def assertVec(self, got, want):
+        self.assertEqual(len(got), len(want))
+        for x, y in zip(got, want):
+            self.assertAlmostEqual(x, y, places=5)
+
+    def test_vectors_and_usage(self):
+        texts = ["The cat sat", "Once upon a time", "A big red apple"]
+        out = self.embed({"model": "emb", "input": texts})
+        self.assertEqual(out["model"], "emb")
+        self.assertEqual([d["index"] for d in out["data"]], [0, 1, 2])
+        for d, t in zip(out["data"], texts):
+            self.assertVec(d["embedding"], embedding_vector(t, self.DIM))
+        self.assertEqual(out["usage"]["prompt_tokens"], 3 + 4 + 4)
+        sent = [r for r in self.up.log_entries() if r["path"] == "/v1/embeddings"]
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(sent[0]["body"], {"model": "up-emb", "input": texts,
+                                           "encoding_format": "float"})
+        one = self.embed({"model": "emb", "input": [5, 6, 7]})
+        self.assertVec(one["data"][0]["embedding"], embedding_vector([5, 6, 7], self.DIM))
+        self.assertEqual(one["usage"]["prompt_tokens"], 3)
+
+    def test_base64(self):
+        out = self.embed({"model": "emb", "input": "She was happy",
+                          "encoding_format": "base64"})
+        raw = base64.b64decode(out["data"][0]["embedding"])
+        self.assertVec(struct.unpack("<%df" % (len(raw) // 4), raw),
+                       embedding_vector("She was happy", self.DIM))
+
+    def test_upstream_error(self):
+        self.up.control(embeddings_mode="http500")
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "emb", "input": "x"}, timeout=60)
+        self.assertGreaterEqual(st, 500, out)
+        self.assertIn("embedding model crashed", out["error"]["message"])
+
+
+class ChatOnlyUpstreamTest(harness.TestCase):
+    """Two openai-backend agents in one pool: the one whose upstream has
+    no /v1/embeddings fails its probe, its facts do not say
+    supports_embeddings, and a request for its model is a 400 naming model
+    that never reaches that upstream; the other one's model is served."""
+
+    def test_only_probed_upstreams_advertised(self):
+        chat = self.h.start_upstream([])
+        emb = self.h.start_upstream(["--embeddings-dim", "4"])
+        srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(srv, upstream=chat, model="chat-only", slots=1)
+        self.h.start_agent(srv, upstream=emb, model="emb-too", slots=1)
+        srv.wait_model("chat-only")
+        srv.wait_model("emb-too")
+        st, _, out = http_json("POST", srv.url + "/v1/embeddings",
+                               {"model": "chat-only", "input": "x"}, timeout=60)
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "model")
+        self.assertIn("supports_embeddings", out["error"]["message"])
+        self.assertEqual([r for r in chat.log_entries() if "embeddings" in r["path"]], [])
+        st, _, out = http_json("POST", srv.url + "/v1/embeddings",
+                               {"model": "emb-too", "input": "x"}, timeout=60)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(len(out["data"][0]["embedding"]), 4)
+
+
+class LateUpstreamTest(harness.TestCase):
+    """An upstream still loading at the agent's start (503 to the probe):
+    not advertised then; the agent asks again (after 10 s) and once the
+    upstream answers, the model's embeddings are served."""
+
+    def test_probe_again(self):
+        up = self.h.start_upstream(["--embeddings-dim", "4", "--embeddings-mode", "http503"])
+        srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(srv, upstream=up, model="late", slots=1)
+        srv.wait_model("late")
+
+        def post():
+            return http_json("POST", srv.url + "/v1/embeddings",
+                             {"model": "late", "input": "x"}, timeout=60)
+        st, _, out = post()
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["param"], "model")
+        up.control(embeddings_mode="normal")
+        harness.wait_until(lambda: post()[0] == 200, timeout=60,
+                           what="embeddings served after the second probe")
+        st, _, out = post()
+        self.assertEqual(len(out["data"][0]["embedding"]), 4)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,13 @@ and changeable at run time through a control endpoint:
                       finish_reason "stop", "stop_reason": the string in the last choice)
   --no-tokenize       POST /tokenize and /apply-template answer 404 (a server
                       without a count endpoint)
+  --embeddings-dim N  serve POST /v1/embeddings with vectors of N floats
+                      (embedding_vector(); usage: one token per word or id);
+                      0 (the default, a chat-only server) answers 404.
+  --embeddings-mode M normal | http500 (an error) | http503 (a server still
+                      loading: its probes too); setting embeddings_mode.
+                      The agent's start-up probe (input ["gpupool probe"]) is
+                      not recorded in the log (tests count the log).
 
 The "chat template" is the last message's content: a chat's usage counts
 its words. POST /apply-template (llama-server) answers {"prompt": that text};
@@ -77,6 +84,13 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+def embedding_vector(item, dim):
+    """The deterministic vector of one input (a string or a list of ids)."""
+    text = item if isinstance(item, str) else " ".join(str(t) for t in item)
+    seed = sum((i + 1) * ord(c) for i, c in enumerate(text)) + len(text)
+    return [((seed * (k + 1) * 7919) % 2001) / 1000.0 - 1.0 for k in range(dim)]
+
 
 MODES = ("normal", "stall", "die", "malformed", "wrong_ctype", "http500", "http400")
 
@@ -183,6 +197,8 @@ class State:
             "usage_prompt_tokens": None,
             "x_pool_meta_bytes": 0,
             "first_token_bytes": 0,
+            "embeddings_dim": args.embeddings_dim,
+            "embeddings_mode": args.embeddings_mode,
         }
         self.log = []
         self.next_id = 0
@@ -345,6 +361,9 @@ class Handler(BaseHTTPRequestHandler):
                 toks = list(range(len(text.split()))) if isinstance(text, str) else []
                 self.send_json(200, {"tokens": toks})
             return
+        if self.path in ("/v1/embeddings", "/embeddings"):
+            self.embeddings(raw, cfg)
+            return
         if self.path in ("/v1/completions", "/completions"):
             self.generate(raw, chat=False)
             return
@@ -355,6 +374,38 @@ class Handler(BaseHTTPRequestHandler):
                        "outcome": "error_status", "tokens_sent": 0, "disconnected": False,
                        "headers": {}})
         self.send_json(404, {"error": {"message": "no route", "type": "invalid_request_error"}})
+
+    def embeddings(self, raw, cfg):
+        st = self.server.state
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {}
+        inputs = body.get("input")
+        if not cfg["embeddings_dim"] or not isinstance(inputs, list):
+            status, out = 404, {"error": {"message": "no route",
+                                          "type": "invalid_request_error"}}
+        elif cfg["embeddings_mode"] == "http500":
+            status, out = 500, {"error": {"message": "embedding model crashed",
+                                          "type": "server_error"}}
+        elif cfg["embeddings_mode"] == "http503":
+            status, out = 503, {"error": {"message": "Loading model", "type": "unavailable_error"}}
+        else:
+            dim = cfg["embeddings_dim"]
+            ntok = sum(len(x.split()) if isinstance(x, str) else len(x) for x in inputs)
+            # listed in reverse: the agent must place them by index
+            data = [{"object": "embedding", "index": i,
+                     "embedding": embedding_vector(x, dim)} for i, x in enumerate(inputs)]
+            status, out = 200, {"object": "list", "model": body.get("model"),
+                                "data": data[::-1],
+                                "usage": {"prompt_tokens": ntok, "total_tokens": ntok}}
+        if inputs != ["gpupool probe"]:
+            st.new_record({"path": self.path, "body": body, "model": body.get("model"),
+                           "started": time.time(), "ended": time.time(),
+                           "outcome": "complete" if status == 200 else "error_status",
+                           "tokens_sent": 0, "disconnected": False,
+                           "headers": dict(self.headers)})
+        self.send_json(status, out)
 
     def generate(self, raw, chat):
         st = self.server.state
@@ -623,6 +674,10 @@ def main(argv=None):
                          "does (finish_reason stop, the string in the choice's stop_reason)")
     ap.add_argument("--no-tokenize", action="store_true",
                     help="answer POST /tokenize with 404 (a server without a count endpoint)")
+    ap.add_argument("--embeddings-dim", type=int, default=0,
+                    help="serve POST /v1/embeddings with vectors of this length (0: 404)")
+    ap.add_argument("--embeddings-mode", choices=("normal", "http500", "http503"),
+                    default="normal")
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate")
     ap.add_argument("--tls-key", help="private key of --tls-cert")

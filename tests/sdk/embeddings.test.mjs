@@ -65,3 +65,29 @@ test('OpenAI SDK: a bad parameter is a 400 naming it', async () => {
   await assert.rejects(openai.embeddings.create({ model: 'stories', input: 'x', dimensions: 32 }),
     (e) => e.status === 400 && /dimensions/.test(e.message));
 });
+
+// An openai-backend agent passing embeddings through to its upstream
+// (upstream.py --embeddings-dim 16): the SDK's default base64 decodes to
+// the upstream's own vectors (embedding_vector() there), usage passes on.
+const upstreamVector = (text, dim) => {
+  let seed = text.length;
+  for (let i = 0; i < text.length; i++) seed += (i + 1) * text.charCodeAt(i);
+  return Array.from({ length: dim }, (_, k) => ((seed * (k + 1) * 7919) % 2001) / 1000 - 1);
+};
+
+test('OpenAI SDK: embeddings passed through an openai-backend agent', async () => {
+  const relay = await new Pool().start({ model: 'relayed', upstreamArgs: ['--embeddings-dim', '16'] });
+  try {
+    const client = new OpenAI({ baseURL: `${relay.baseURL}/v1`, apiKey: 'unused-auth-is-off', maxRetries: 0, timeout: 60000 });
+    const input = ['The cat sat', 'Once upon a time'];
+    const r = await client.embeddings.create({ model: 'relayed', input });
+    assert.deepEqual(r.data.map((d) => d.index), [0, 1]);
+    r.data.forEach((d, i) => assert.ok(close(d.embedding, upstreamVector(input[i], 16))));
+    assert.equal(r.usage.prompt_tokens, 7);
+    const sent = (await relay.upstreamLog()).filter((e) => e.path === '/v1/embeddings');
+    assert.equal(sent.length, 1);
+    assert.deepEqual(sent[0].body, { model: 'scripted-upstream', input, encoding_format: 'float' });
+  } finally {
+    await relay.stop();
+  }
+});

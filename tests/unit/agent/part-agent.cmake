@@ -21,3 +21,6 @@ gp_add_unit_test(test_model_fetch
 gp_add_unit_test(test_openai_count
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_count.c
   LIBS gpupool_agent_base)
+gp_add_unit_test(test_openai_embed
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_embed.c
+  LIBS gpupool_agent_base)
