@@ -2,12 +2,15 @@
  * libFuzzer target: the agent's reading of the server's /agents/work reply
  * as the openai backend sees it: every job object of {"jobs":[...]} goes
  * through build_request (src/agent/backend_openai.c, included for its
- * statics), which turns the server's job into the upstream request. The
+ * statics), which turns the server's job into the upstream request, and
+ * through the bodies made from it for counting (openai_count.h) and for
+ * embeddings (openai_embed.h). The
  * reply's other readers (agent.c poll_done/work_done/job_begin) only take
  * typed values through jansson getters; this target covers the one that
  * copies and reshapes the job's content.
  * Checked: a job is either refused with a message or gives a JSON object
- * that serialises (what the backend then sends upstream).
+ * that serialises (what the backend then sends upstream); the count bodies
+ * are NULL or objects that serialise.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +18,25 @@
 #include "agent/backend_openai.c"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* req (owned) must be a JSON object that serialises. */
+static void check_object(json_t *req)
+{
+    if (!json_is_object(req))
+        abort();
+    char *s = gp_json_dumps(req);
+    if (!s)
+        abort();
+    free(s);
+    json_decref(req);
+}
+
+/* A body that may be absent (NULL), else as check_object. */
+static void check_optional(json_t *req)
+{
+    if (req)
+        check_object(req);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -33,20 +55,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_array_foreach(jobs, i, jj)
     {
         char err[256] = "";
-        bool chat = false, count = false;
-        json_t *req = build_request(&b, jj, &chat, &count, err, sizeof err);
+        bool chat = false;
+        int n_inputs = 0;
+        check_optional(oai_count_tokenize_body(jj, o.upstream_model));
+        check_optional(oai_count_messages_body(jj, o.upstream_model));
+        check_optional(oai_count_template_body(jj, o.upstream_model));
+        json_t *emb = oai_embed_request(o.upstream_model, jj, &n_inputs, err, sizeof err);
+        if (emb)
+            check_object(emb);
+        else if (!err[0])
+            abort();
+        err[0] = '\0';
+        json_t *req = build_request(&b, jj, &chat, err, sizeof err);
         if (!req) {
             if (!err[0])
                 abort();
             continue;
         }
-        if (!json_is_object(req))
-            abort();
-        char *s = json_dumps(req, JSON_COMPACT);
-        if (!s)
-            abort();
-        free(s);
-        json_decref(req);
+        check_object(req);
     }
     json_decref(reply);
     return 0;
