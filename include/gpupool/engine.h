@@ -162,8 +162,8 @@ const char *gpe_chat_detect(const char *template_text);
 /* Tools (OpenAI function calling) in chat templates. See
  * docs/chat-templates.md "Tools". The engine renders tools and tool messages
  * into the prompt in the format of the model's tool-capable template
- * (chatml/Qwen Hermes-style, llama-3.1, mistral v0.3); it does not parse
- * tool calls out of the output. JSON texts given here (parameters,
+ * (chatml/Qwen Hermes-style, llama-3.1, mistral v0.3); gpe_toolparse_* reads
+ * the calls back out of the output. JSON texts given here (parameters,
  * arguments) may be in any spacing: they are re-spaced the way the
  * templates' tojson (Python json.dumps) writes them; invalid JSON is
  * written as given. */
@@ -211,6 +211,39 @@ char *gpe_chat_apply_format_tools(const char *family, const char *bos, const cha
                                   bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
                                   const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra,
                                   size_t n, bool add_assistant, char *err, size_t errlen);
+
+/* Tool calls in the generated text, read in the format of the family that
+ * rendered the tools (chatml <tool_call> blocks, llama-3's whole-message
+ * JSON object, mistral's [TOOL_CALLS] array). Feed the generated text as it
+ * comes: the parser holds back text that could start a call and what is
+ * inside one, and gives back the rest as content. A call that does not
+ * parse (bad JSON, no name) comes back as text. One parser per generation.
+ *
+ *   gpe_toolparse *tp = gpe_toolparse_new(info.chat_format);  // NULL: no format
+ *   each piece: gpe_toolparse_feed(tp, piece, n, &emit, &elen); send emit;
+ *               new calls: gpe_toolparse_n_calls / gpe_toolparse_call
+ *   at the end: gpe_toolparse_finish(tp, &emit, &elen); send emit; calls */
+typedef struct gpe_toolparse gpe_toolparse;
+/* NULL when the family has no tools format (or out of memory). */
+gpe_toolparse *gpe_toolparse_new(const char *family);
+void gpe_toolparse_free(gpe_toolparse *p);
+/* *emit (borrowed until the next call) receives the content text safe to
+ * send now. GPE_ERR_NOMEM when memory ran out (text or a call may be lost). */
+gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *text, size_t len,
+                              const char **emit, size_t *emit_len);
+/* End of generation: a call without its closer is parsed as it stands;
+ * whatever else was held is content. */
+void gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len);
+/* Calls found so far, in order; name and arguments (compact JSON text)
+ * borrowed from the parser. */
+size_t gpe_toolparse_n_calls(const gpe_toolparse *p);
+bool gpe_toolparse_call(const gpe_toolparse *p, size_t i, const char **name,
+                        const char **arguments);
+/* Text that starts a call in this family's format, for a forced call
+ * (tool_choice "required" or a named function): appended to the prompt,
+ * the model then writes the call's JSON. "" for llama-3 (the JSON is the
+ * message), NULL without a tools format. */
+const char *gpe_toolparse_forced_prefix(const char *family);
 
 /* ---------------------------------------------------------------- context */
 

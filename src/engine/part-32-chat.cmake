@@ -6,3 +6,7 @@ list(APPEND GPE_PARTS gpe_chat)
 # test_chat links chat.c alone).
 add_library(gpe_chat_model OBJECT ${CMAKE_CURRENT_LIST_DIR}/chat_model.c)
 list(APPEND GPE_PARTS gpe_chat_model)
+# Tool calls read back out of generated text (engine.h gpe_toolparse_*).
+add_library(gpe_toolcall OBJECT ${CMAKE_CURRENT_LIST_DIR}/toolcall.c)
+target_link_libraries(gpe_toolcall PUBLIC PkgConfig::JANSSON)
+list(APPEND GPE_PARTS gpe_toolcall)
