@@ -71,6 +71,7 @@
 
 #include "agent/agent_facts.h"
 #include "agent/gguf_plan.h"
+#include "agent/gguf_tools.h"
 #include "common/gp_prefix.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -109,7 +110,9 @@ typedef struct gjob {
     long n_gen;
     gpe_sampler *smp;
     gpe_stop *stop;
-    gpe_grammar *gram;         /* response_format json_object/json_schema, else NULL */
+    gpe_grammar *gram;         /* response_format json_object/json_schema, or a forced
+                                  tool call's (tools.gram moved here), else NULL */
+    gguf_tools tools;          /* tool calls read out of the text; tool_choice */
     double t_start, t_first;
     int prog_fed;              /* n_fed at the last progress report */
     double t_prog;             /* time of the last progress report (or admission) */
@@ -230,6 +233,7 @@ static void job_free(gjob *j)
     gpe_sampler_free(j->smp);
     gpe_stop_free(j->stop);
     gpe_grammar_free(j->gram);
+    gguf_tools_free(&j->tools);
     gp_prefix_chain_free(&j->chain);
     free(j);
 }
@@ -410,6 +414,38 @@ static double num_or(json_t *o, const char *k, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+/* Tools of a chat job (gguf_tools.h): the parser for the model's calls
+ * and, for a forced call, its opener appended to the prompt and its
+ * grammar (which then takes the place of a response_format). Not forced
+ * on a continuation: the text so far decides what comes next. */
+static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t errlen)
+{
+    const char *cont = json_string_value(json_object_get(job, "continuation"));
+    bool continuation = (cont && *cont) || json_object_get(job, "continuation_ids");
+    if (gguf_tools_init(&j->tools, b->info.chat_format, gpe_chat_supports_tools(b->model),
+                        b->gvocab, job, continuation, err, errlen) < 0)
+        return -1;
+    if (continuation && cont && j->tools.tp) {
+        /* the client has this text already: the parser only learns from it */
+        const char *emit;
+        size_t elen;
+        (void)gpe_toolparse_feed(j->tools.tp, cont, strlen(cont), &emit, &elen);
+    }
+    if (!j->tools.gram)
+        return 0;
+    size_t a = strlen(j->text), c = strlen(j->tools.prefix);
+    char *t = realloc(j->text, a + c + 1);
+    if (!t) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(t + a, j->tools.prefix, c + 1);
+    j->text = t;
+    j->gram = j->tools.gram;
+    j->tools.gram = NULL;
+    return 0;
+}
+
 /* response_format (docs/protocol.md, OpenAI's chat form): json_object or
  * json_schema become a grammar that constrains every sampled token. The
  * text a continuation carries was written under the same schema: the
@@ -419,8 +455,8 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
 {
     json_t *rf = json_object_get(job, "response_format");
     const char *type = json_string_value(json_object_get(rf, "type"));
-    if (!type || strcmp(type, "text") == 0)
-        return 0;
+    if (!type || strcmp(type, "text") == 0 || j->gram)
+        return 0;   /* (j->gram: a forced tool call, whose grammar comes first) */
     char *schema = NULL;
     if (strcmp(type, "json_schema") == 0) {
         json_t *sc = json_object_get(json_object_get(rf, "json_schema"), "schema");
@@ -515,7 +551,7 @@ static gjob *job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     snprintf(j->job_id, sizeof j->job_id, "%s", id);
     if (strcmp(kind, "chat") == 0) {
         j->text = render_chat(b, job, json_object_get(job, "messages"), err, errlen);
-        if (!j->text)
+        if (!j->text || setup_tools(b, job, j, err, errlen) < 0)
             goto fail;
     } else if (strcmp(kind, "completion") == 0 || strcmp(kind, "count_tokens") == 0) {
         json_t *msgs = json_object_get(job, "messages");
@@ -634,14 +670,60 @@ static void send_text(gjob *j, const char *emit, size_t n)
     j->n_unsent = 0;
 }
 
+/* The calls the parser found since the last time, as tool_call events
+ * (ids derived from the job id: the same on every attempt). */
+static void send_calls(gjob *j)
+{
+    const char *name, *args;
+    while (gpe_toolparse_call(j->tools.tp, j->tools.n_sent, &name, &args)) {
+        if (j->sink.tool_call) {
+            char seed[160], h[65], id[40];
+            snprintf(seed, sizeof seed, "%s/%zu", j->job_id, j->tools.n_sent);
+            gp_sha256_hex(seed, strlen(seed), h);
+            snprintf(id, sizeof id, "call_%.24s", h);
+            j->sink.tool_call(j->sink.ctx, (int)j->tools.n_sent, id, name, args, strlen(args));
+        }
+        j->tools.n_sent++;
+        /* the ids behind a call are not text a continuation could resume */
+        j->n_unsent = 0;
+    }
+}
+
+/* Generated text on its way out: through the tool-call parser when the
+ * job has tools (content goes on as token events, calls as tool_call). */
+static void out_text(gjob *j, const char *s, size_t n)
+{
+    if (!j->tools.tp) {
+        if (n > 0)
+            send_text(j, s, n);
+        return;
+    }
+    const char *emit;
+    size_t elen;
+    if (gpe_toolparse_feed(j->tools.tp, s, n, &emit, &elen) != GPE_OK)
+        gp_log_warn("tool_parse_oom", "job %s: out of memory reading tool calls", j->job_id);
+    if (elen > 0)
+        send_text(j, emit, elen);
+    send_calls(j);
+}
+
 static void job_end(gjob *j, const char *reason)
 {
     if (j->stop) {
         const char *emit;
         size_t n;
         gpe_stop_flush(j->stop, &emit, &n);
+        out_text(j, emit, n);
+    }
+    if (j->tools.tp) {
+        const char *emit;
+        size_t n;
+        gpe_toolparse_finish(j->tools.tp, &emit, &n);
         if (n > 0)
             send_text(j, emit, n);
+        send_calls(j);
+        if (j->tools.n_sent > 0 && strcmp(reason, "stop") == 0)
+            reason = "tool_calls";
     }
     if (j->sink.metrics && !j->count_only) {
         double t = now_s();
@@ -1116,8 +1198,7 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     const char *emit;
     size_t elen;
     bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
-    if (elen > 0)
-        send_text(j, emit, elen);
+    out_text(j, emit, elen);
     if (stopped) {
         int w = gpe_stop_which(j->stop);
         if (w >= 0 && (size_t)w < j->n_stops && j->sink.stop_sequence)
