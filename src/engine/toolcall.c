@@ -61,6 +61,7 @@ struct gpe_toolparse {
     tbuf held;      /* TP_TEXT: a possible opener start; TP_CALL: the body so far */
     tbuf out;       /* text to emit (returned borrowed) */
     tbuf ws;        /* whitespace after a call, emitted only if text follows */
+    bool after_call;/* nothing but whitespace since the last call */
     size_t open_len;/* bytes of the opener in held (TP_CALL) */
     tcall *calls;
     size_t n_calls;
@@ -129,22 +130,36 @@ const char *gpe_toolparse_forced_prefix(const char *family)
     return f ? f->forced : NULL;
 }
 
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/* An object with a non-empty string name. */
+static bool is_call(const json_t *o)
+{
+    const char *name = json_string_value(json_object_get(o, "name"));
+    return json_is_object(o) && name && *name;
+}
+
 /* Text goes out; whitespace right after a call waits to see whether more
  * text follows (a newline between or after calls is not content). */
 static void emit_text(gpe_toolparse *p, const char *s, size_t n)
 {
     if (n == 0)
         return;
-    if (p->n_calls > 0) {
+    if (p->after_call) {
         size_t k = 0;
-        while (k < n && strchr(" \t\r\n", s[k]))
+        while (k < n && is_ws(s[k]))
             k++;
-        if (k == n) {
-            p->oom |= !tb_add(&p->ws, s, n);
+        p->oom |= !tb_add(&p->ws, s, k);
+        if (k == n)
             return;
-        }
         p->oom |= !tb_add(&p->out, p->ws.p, p->ws.len);
         p->ws.len = 0;
+        p->after_call = false;
+        s += k;
+        n -= k;
     }
     p->oom |= !tb_add(&p->out, s, n);
 }
@@ -153,9 +168,9 @@ static void emit_text(gpe_toolparse *p, const char *s, size_t n)
  * a string taken as the arguments' JSON text as some models write it). */
 static bool add_call(gpe_toolparse *p, const json_t *o)
 {
-    const char *name = json_string_value(json_object_get(o, "name"));
-    if (!json_is_object(o) || !name || !*name)
+    if (!is_call(o))
         return false;
+    const char *name = json_string_value(json_object_get(o, "name"));
     const json_t *a = json_object_get(o, p->f->args_key);
     if (!a)
         a = json_object_get(o, strcmp(p->f->args_key, "arguments") == 0 ? "parameters"
@@ -192,7 +207,7 @@ static bool take_body(gpe_toolparse *p, const char *body, size_t n)
         json_t *e;
         ok = true;
         json_array_foreach(v, i, e)
-            ok = ok && json_is_object(e) && json_is_string(json_object_get(e, "name"));
+            ok = ok && is_call(e);
         json_array_foreach(v, i, e)
             if (ok)
                 add_call(p, e);
@@ -201,6 +216,13 @@ static bool take_body(gpe_toolparse *p, const char *body, size_t n)
     }
     json_decref(v);
     return ok;
+}
+
+/* A call was taken: whitespace held before it was between calls. */
+static void called(gpe_toolparse *p)
+{
+    p->ws.len = 0;
+    p->after_call = true;
 }
 
 /* Longest suffix of s that is a proper prefix of the opener. */
@@ -217,7 +239,8 @@ static size_t opener_tail(const char *op, const char *s, size_t n)
 static void scan_text(gpe_toolparse *p)
 {
     const char *op = p->f->opener;
-    char *at = strstr(p->held.p ? p->held.p : "", op);
+    /* memmem, not strstr: generated text may hold a NUL byte */
+    char *at = p->held.len ? memmem(p->held.p, p->held.len, op, strlen(op)) : NULL;
     if (at) {
         size_t pre = (size_t)(at - p->held.p);
         emit_text(p, p->held.p, pre);
@@ -237,13 +260,15 @@ static void scan_text(gpe_toolparse *p)
 static void scan_call(gpe_toolparse *p)
 {
     const char *cl = p->f->closer;
-    char *end = strstr(p->held.p + p->open_len, cl);
+    char *end = memmem(p->held.p + p->open_len, p->held.len - p->open_len, cl, strlen(cl));
     if (!end)
         return;
     size_t body_len = (size_t)(end - p->held.p) - p->open_len;
     size_t whole = (size_t)(end - p->held.p) + strlen(cl);
     if (!take_body(p, p->held.p + p->open_len, body_len))
         emit_text(p, p->held.p, whole);
+    else
+        called(p);
     memmove(p->held.p, p->held.p + whole, p->held.len - whole + 1);
     p->held.len -= whole;
     p->st = TP_TEXT;
@@ -255,7 +280,7 @@ static void scan_start(gpe_toolparse *p)
 {
     const char *s = p->held.p;
     size_t n = p->held.len, k = 0;
-    while (k < n && strchr(" \t\r\n", s[k]))
+    while (k < n && is_ws(s[k]))
         k++;
     if (k == n)
         return;

@@ -111,6 +111,8 @@ static void test_chatml_text(void **state)
     const char *n[] = {"f"}, *a[] = {"{}"};
     check("chatml", "<tool_call>{\"name\":\"f\"}</tool_call>\nDone.", "\nDone.", 1, n, a);
     check("chatml", "<tool_call>{\"name\":\"f\"}</tool_call>\n \n", "", 1, n, a);
+    /* found by fuzz_toolparse: only the whitespace right after a call waits */
+    check("chatml", "<tool_call>{\"name\":\"f\"}</tool_call>[\n", "[\n", 1, n, a);
     check("chatml", "héllo wörld ✓", "héllo wörld ✓", 0, NULL, NULL);
 }
 
@@ -142,6 +144,9 @@ static void test_mistral(void **state)
     check("mistral", "[TOOL_CALLS] [{\"arguments\": {}}]", "[TOOL_CALLS] [{\"arguments\": {}}]", 0,
           NULL, NULL);
     check("mistral", "[TOOL_CALLS] []", "[TOOL_CALLS] []", 0, NULL, NULL);
+    /* found by fuzz_toolparse: an empty name is not a call (text kept) */
+    check("mistral", "[TOOL_CALLS] [{\"name\": \"\"}]", "[TOOL_CALLS] [{\"name\": \"\"}]", 0,
+          NULL, NULL);
 }
 
 static void test_families(void **state)
