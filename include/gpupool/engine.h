@@ -244,6 +244,10 @@ bool gpe_toolparse_call(const gpe_toolparse *p, size_t i, const char **name,
  * the model then writes the call's JSON. "" for llama-3 (the JSON is the
  * message), NULL without a tools format. */
 const char *gpe_toolparse_forced_prefix(const char *family);
+/* Text that starts a call in the model's own output ("<tool_call>",
+ * "[TOOL_CALLS]"; "" for llama-3, whose call is the whole message), NULL
+ * without a tools format. */
+const char *gpe_toolparse_opener(const char *family);
 
 /* ---------------------------------------------------------------- context */
 

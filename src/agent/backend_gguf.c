@@ -64,6 +64,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,7 @@ typedef struct gjob {
     gpe_grammar *gram;         /* response_format json_object/json_schema, or a forced
                                   tool call's (tools.gram moved here), else NULL */
     gguf_tools tools;          /* tool calls read out of the text; tool_choice */
+    float *lazy_buf;           /* [n_vocab] logits of a schema-or-call step, else NULL */
     double t_start, t_first;
     int prog_fed;              /* n_fed at the last progress report */
     double t_prog;             /* time of the last progress report (or admission) */
@@ -175,6 +177,9 @@ typedef struct gguf_engine {
 struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
     gpe_model *model;          /* engines[0]'s: tokenizer, chat template, facts */
+    int32_t *op_ids;           /* tokens that write pieces of the call opener (gguf_tools) */
+    int *op_lens;
+    int n_op;
     gpe_grammar_vocab *gvocab; /* model's token bytes for response_format (owned; built
                                   with the engines, read-only after) */
     gguf_engine *eng;          /* [n_eng] */
@@ -234,6 +239,7 @@ static void job_free(gjob *j)
     gpe_stop_free(j->stop);
     gpe_grammar_free(j->gram);
     gguf_tools_free(&j->tools);
+    free(j->lazy_buf);
     gp_prefix_chain_free(&j->chain);
     free(j);
 }
@@ -430,6 +436,13 @@ static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t 
         const char *emit;
         size_t elen;
         (void)gpe_toolparse_feed(j->tools.tp, cont, strlen(cont), &emit, &elen);
+    }
+    if (j->tools.lazy) {
+        j->lazy_buf = malloc((size_t)gpe_model_n_vocab(b->model) * sizeof *j->lazy_buf);
+        if (!j->lazy_buf) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
     }
     if (!j->tools.gram)
         return 0;
@@ -1158,6 +1171,17 @@ static void job_progress(gjob *j)
     j->sink.progress(j->sink.ctx, j->n_fed, j->n_toks);
 }
 
+/* A token that renders as nothing (a control token) but is the call opener
+ * of the model's family (mistral's [TOOL_CALLS]): its text, for the tool
+ * parser. 0 for any other. */
+static int opener_piece(gguf_backend *b, int32_t tok, char *piece, size_t cap)
+{
+    const char *op = gpe_toolparse_opener(b->info.chat_format);
+    int n = gpe_token_to_piece(b->model, tok, piece, cap, true);
+    return op && *op && n > 0 && (size_t)n == strlen(op) && memcmp(piece, op, (size_t)n) == 0
+               ? n : 0;
+}
+
 /* Sample from logits, stream the piece; returns a finish reason when the job
  * is done, else NULL. */
 static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
@@ -1166,17 +1190,31 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     if (b->test_gate)
         test_gate_wait(b, j);
     int n_vocab = gpe_model_n_vocab(b->model);
+    const float *raw = logits, *masked = NULL;
     if (j->gram) {
         /* tokens left: the budget, or the context if it ends first */
         long left = j->max_tokens - j->n_gen;
         long lc = (long)b->n_ctx - gpe_seq_len(e->ctx, j->slot - e->slot0);
         left = lc < left ? lc : left;
-        logits = gpe_grammar_mask(j->gram, logits, n_vocab, left > 1 ? (int)left : 1);
+        logits = masked = gpe_grammar_mask(j->gram, logits, n_vocab, left > 1 ? (int)left : 1);
+    }
+    /* schema + tools: the schema's tokens or the call opener's (gguf_tools.h) */
+    bool lazy = j->lazy_buf && (j->tools.lazy || j->tools.opener_at >= 0);
+    if (lazy) {
+        gguf_tools_lazy_mask(&j->tools, raw, masked, b->op_ids, b->op_lens, b->n_op, b->model,
+                             j->lazy_buf, n_vocab);
+        logits = j->lazy_buf;
     }
     int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
     gpe_sampler_accept(j->smp, tok);
-    if (j->gram)
+    gpe_grammar *install;
+    if (lazy && gguf_tools_lazy_accept(&j->tools, b->model, tok,
+                                       masked && masked[tok] != -INFINITY, &install)) {
+        gpe_grammar_free(j->gram);   /* the opener is not the schema's */
+        j->gram = install;           /* NULL until the opener is whole, then the call's */
+    } else if (j->gram) {
         (void)gpe_grammar_accept(j->gram, tok);   /* masked: always allowed */
+    }
     if (j->t_first == 0) {
         j->t_first = now_s();
         /* The prompt's size is known once it is prefilled: the server has it
@@ -1195,6 +1233,8 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
         j->n_unsent = 0;   /* out of memory: the server then lacks ids (text failover) */
     char piece[256];
     int n = gpe_token_to_piece(b->model, tok, piece, sizeof piece, false);
+    if (n == 0 && j->tools.tp)
+        n = opener_piece(b, tok, piece, sizeof piece);
     const char *emit;
     size_t elen;
     bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
@@ -1687,6 +1727,8 @@ static void gguf_destroy(agent_backend *base)
     free(b->alias);
     free(b->test_gate);
     gpe_grammar_vocab_free(b->gvocab);
+    free(b->op_ids);
+    free(b->op_lens);
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);
@@ -2001,9 +2043,19 @@ static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_pl
     b->n_ctx = gpe_ctx_n_ctx(b->eng[0].ctx);
     /* Once per model, not per request: milliseconds on a 150k vocabulary. */
     gpe_status gs = gpe_grammar_vocab_init(b->model, &b->gvocab);
-    if (gs != GPE_OK)
+    if (gs != GPE_OK) {
         snprintf(err, errlen, "out of memory (grammar vocabulary)");
-    return gs;
+        return gs;
+    }
+    gpe_model_info mi;   /* (b->info is filled once the model is placed) */
+    gpe_model_get_info(b->model, &mi);
+    if (gpe_chat_supports_tools(b->model) &&
+        gguf_tools_opener_tokens(b->model, mi.chat_format, &b->op_ids, &b->op_lens,
+                                 &b->n_op) < 0) {
+        snprintf(err, errlen, "out of memory (tool-call opener tokens)");
+        return GPE_ERR_NOMEM;
+    }
+    return GPE_OK;
 }
 
 /* Undo engines_start (before any thread runs). */
@@ -2011,6 +2063,10 @@ static void engines_drop(gguf_backend *b)
 {
     gpe_grammar_vocab_free(b->gvocab);
     b->gvocab = NULL;
+    free(b->op_ids);
+    free(b->op_lens);
+    b->op_ids = NULL;
+    b->op_lens = NULL;
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);

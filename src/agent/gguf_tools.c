@@ -1,7 +1,9 @@
 /* gguf_tools: tool calls and tool_choice on the gguf backend (gguf_tools.h). */
 #include "agent/gguf_tools.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The arguments a forced call is held to: the one tool's parameters when
@@ -70,6 +72,26 @@ done:
     return call;
 }
 
+/* The grammar of a call (gguf_tools_call_schema) over the model's vocabulary. */
+static int call_grammar(const char *family, json_t *tools, const char *only,
+                        const gpe_grammar_vocab *gv, gpe_grammar **out, char *err, size_t errlen)
+{
+    json_t *schema = gguf_tools_call_schema(family, tools, only, err, errlen);
+    if (!schema)
+        return -1;
+    char *text = json_dumps(schema, JSON_COMPACT);
+    json_decref(schema);
+    char why[256] = "";
+    gpe_status st = text ? gpe_grammar_init_vocab(gv, text, out, why, sizeof why)
+                         : GPE_ERR_NOMEM;
+    free(text);
+    if (st != GPE_OK) {
+        snprintf(err, errlen, "tool_choice: %s", st == GPE_ERR_NOMEM ? "out of memory" : why);
+        return -1;
+    }
+    return 0;
+}
+
 /* "required" -> any tool; {"type":"function","function":{"name"}} -> that
  * one; "auto", absent or anything else -> not forced. */
 static bool forced_choice(json_t *job, const char **only)
@@ -100,21 +122,23 @@ int gguf_tools_init(gguf_tools *t, const char *family, bool writes_tools,
     if (!t->tp)
         return 0;   /* a family without a calls format: tools stay prompt text */
     const char *only;
-    if (continuation || !forced_choice(job, &only))
+    t->opener_at = -1;
+    if (continuation)
         return 0;
-    json_t *schema = gguf_tools_call_schema(family, tools, only, err, errlen);
-    if (!schema)
-        goto fail;
-    char *text = json_dumps(schema, JSON_COMPACT);
-    json_decref(schema);
-    char why[256] = "";
-    gpe_status st = text ? gpe_grammar_init_vocab(gv, text, &t->gram, why, sizeof why)
-                         : GPE_ERR_NOMEM;
-    free(text);
-    if (st != GPE_OK) {
-        snprintf(err, errlen, "tool_choice: %s", st == GPE_ERR_NOMEM ? "out of memory" : why);
-        goto fail;
+    if (!forced_choice(job, &only)) {
+        /* auto: with a schema too, a call stays possible (lazy first step) */
+        const char *rf = json_string_value(
+            json_object_get(json_object_get(job, "response_format"), "type"));
+        t->opener = gpe_toolparse_opener(family);
+        if (!rf || strcmp(rf, "text") == 0 || !t->opener || !*t->opener)
+            return 0;
+        if (call_grammar(family, tools, NULL, gv, &t->call_gram, err, errlen) < 0)
+            goto fail;
+        t->lazy = true;
+        return 0;
     }
+    if (call_grammar(family, tools, only, gv, &t->gram, err, errlen) < 0)
+        goto fail;
     t->prefix = gpe_toolparse_forced_prefix(family);
     const char *emit;
     size_t elen;
@@ -132,5 +156,83 @@ void gguf_tools_free(gguf_tools *t)
 {
     gpe_toolparse_free(t->tp);
     gpe_grammar_free(t->gram);
+    gpe_grammar_free(t->call_gram);
     memset(t, 0, sizeof *t);
+}
+
+int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **ids,
+                             int **lens, int *n)
+{
+    *ids = NULL;
+    *lens = NULL;
+    *n = 0;
+    const char *op = gpe_toolparse_opener(family);
+    size_t ol = op ? strlen(op) : 0;
+    if (ol == 0)
+        return 0;
+    int nv = gpe_model_n_vocab(m), cap = 0;
+    char piece[256];
+    for (int32_t t = 0; t < nv; t++) {
+        /* special: a control token (mistral's [TOOL_CALLS]) renders as "" else */
+        int k = gpe_token_to_piece(m, t, piece, sizeof piece, true);
+        /* any piece of the opener: the model may write it in several tokens */
+        if (k <= 0 || (size_t)k > ol || !memmem(op, ol, piece, (size_t)k))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int32_t *ni = realloc(*ids, (size_t)cap * sizeof *ni);
+            if (ni)
+                *ids = ni;
+            int *nl = realloc(*lens, (size_t)cap * sizeof *nl);
+            if (nl)
+                *lens = nl;
+            if (!ni || !nl)
+                return -1;
+        }
+        (*ids)[*n] = t;
+        (*lens)[*n] = k;
+        (*n)++;
+    }
+    return 0;
+}
+
+void gguf_tools_lazy_mask(const gguf_tools *t, const float *raw, const float *masked,
+                          const int32_t *ids, const int *lens, int n_ids, const gpe_model *m,
+                          float *out, int n_vocab)
+{
+    (void)m;
+    size_t at = t->opener_at > 0 ? (size_t)t->opener_at : 0;
+    size_t ol = strlen(t->opener);
+    for (int i = 0; i < n_vocab; i++)
+        out[i] = masked ? masked[i] : -INFINITY;
+    /* tokens that write the next bytes of the opener, never past its end */
+    for (int i = 0; i < n_ids; i++) {
+        size_t k = (size_t)lens[i];
+        if (ids[i] >= n_vocab || at + k > ol)
+            continue;
+        char piece[256];
+        int n = gpe_token_to_piece(m, ids[i], piece, sizeof piece, true);
+        if (n == (int)k && memcmp(piece, t->opener + at, k) == 0)
+            out[ids[i]] = raw[ids[i]];
+    }
+}
+
+int gguf_tools_lazy_accept(gguf_tools *t, const gpe_model *m, int32_t tok, bool schema_ok,
+                           gpe_grammar **install)
+{
+    *install = NULL;
+    if (t->lazy && schema_ok) {
+        t->lazy = false;   /* the schema's answer: no call this turn */
+        return 0;
+    }
+    t->lazy = false;
+    char piece[256];
+    int n = gpe_token_to_piece(m, tok, piece, sizeof piece, true);
+    t->opener_at = (t->opener_at > 0 ? t->opener_at : 0) + (n > 0 ? n : 0);
+    if ((size_t)t->opener_at >= strlen(t->opener)) {
+        *install = t->call_gram;   /* the opener is written: the call follows */
+        t->call_gram = NULL;
+        t->opener_at = -1;
+    }
+    return 1;
 }

@@ -18,6 +18,14 @@
  * error naming the keyword (never silently unenforced).
  * With several candidate tools the arguments are only held to an object
  * (the grammar has no same-type anyOf yet).
+ *
+ * Tools and a response_format schema together ("auto"): the model may call
+ * a tool or answer in the schema (as OpenAI's models do). The first token
+ * may be the schema's or the start of the family's call opener; a model
+ * that takes the opener is held to the rest of it and then to a call
+ * ({"name": one of the tools, "arguments": ...}); otherwise the schema
+ * holds from there. Not for llama-3, whose call is itself a JSON object
+ * (the schema holds there, no call).
  */
 #ifndef AGENT_GGUF_TOOLS_H
 #define AGENT_GGUF_TOOLS_H
@@ -33,7 +41,32 @@ typedef struct gguf_tools {
     gpe_grammar *gram;   /* a forced call's grammar (the job takes it), else NULL */
     const char *prefix;  /* prompt text that opens a forced call (static), else NULL */
     size_t n_sent;       /* calls already handed to the sink */
+    /* schema + tools: the call grammar that takes over once the model has
+     * written the opener; opener_at: bytes of it written (-1: not on it) */
+    gpe_grammar *call_gram;
+    const char *opener;
+    int opener_at;
+    bool lazy;           /* first token still to come: schema or opener */
 } gguf_tools;
+
+/* The ids of tokens whose text (control tokens' too) is a non-empty piece
+ * of the family's call opener, and their lengths: computed once per model
+ * for the lazy first step. *n = 0 for a family without an opener. */
+int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **ids,
+                             int **lens, int *n);
+
+/* Lazy step (t->lazy or t->opener_at >= 0): masked is the schema grammar's
+ * mask (NULL on the opener path), raw the model's logits; out (n_vocab)
+ * receives the logits to sample from. */
+void gguf_tools_lazy_mask(const gguf_tools *t, const float *raw, const float *masked,
+                          const int32_t *ids, const int *lens, int n_ids, const gpe_model *m,
+                          float *out, int n_vocab);
+/* After sampling tok on a lazy step. Returns 1 when tok took the opener
+ * path (the schema grammar must not see it; the job's grammar becomes NULL
+ * until *install is set: then it is t->call_gram, moved to the caller), 0
+ * when it is the schema's (lazy mode over). */
+int gguf_tools_lazy_accept(gguf_tools *t, const gpe_model *m, int32_t tok, bool schema_ok,
+                           gpe_grammar **install);
 
 /* Set t up for a chat job. family: the model's chat format; writes_tools:
  * its template has a tools format (gpe_chat_supports_tools); forcing is

@@ -124,6 +124,12 @@ void gpe_toolparse_free(gpe_toolparse *p)
     free(p);
 }
 
+const char *gpe_toolparse_opener(const char *family)
+{
+    const tool_format *f = format_of(family);
+    return f ? f->opener : NULL;
+}
+
 const char *gpe_toolparse_forced_prefix(const char *family)
 {
     const tool_format *f = format_of(family);

@@ -108,6 +108,37 @@ class GgufToolsTest(harness.TestCase):
         self.assertIn(finish, ("stop", "length"))
         self.assertTrue(content)
 
+    def test_schema_and_tools_auto_calls_or_answers(self):
+        """tool_choice auto with a response_format schema (what the OpenAI Agents
+        SDK sends): each reply is either the schema's JSON or a tool call, and
+        over these seeds both happen (before, the schema held from the first
+        token and the model could never call)."""
+        rf = {"type": "json_schema",
+              "json_schema": {"name": "w", "strict": True, "schema": WEATHER}}
+        kinds = set()
+        for seed in range(1, 9):
+            body = {"model": "tiny", "max_tokens": 60, "temperature": 1, "seed": seed,
+                    "tools": TOOLS, "tool_choice": "auto", "response_format": rf,
+                    "messages": [{"role": "user", "content": "Hi"}]}
+            st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions", body,
+                                 timeout=120)
+            self.assertEqual(st, 200, b)
+            ch = b["choices"][0]
+            calls = ch["message"].get("tool_calls") or []
+            if calls:
+                kinds.add("call")
+                self.assertEqual(ch["finish_reason"], "tool_calls", b)
+                self.assertEqual(len(calls), 1, b)
+                self.assertIn(calls[0]["function"]["name"], ("weather", "ls"))
+                self.assertIsInstance(json.loads(calls[0]["function"]["arguments"]), dict)
+                self.assertFalse(ch["message"].get("content"), b)
+            else:
+                kinds.add("answer")
+                self.assertEqual(ch["finish_reason"], "stop", b)
+                self.assertTrue(valid(json.loads(ch["message"]["content"]), WEATHER, WEATHER),
+                                b)
+        self.assertEqual(kinds, {"call", "answer"})
+
     def test_anthropic_tool_choice_tool(self):
         body = {"model": "tiny", "max_tokens": 60, "temperature": 1,
                 "tools": [{"name": "weather", "input_schema": WEATHER}],
