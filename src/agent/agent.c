@@ -1262,7 +1262,8 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         /* 404 JOB_NOT_FOUND / 409 NOT_ASSIGNED / 400: this job is not ours to
          * continue; stop it and send nothing more. */
         gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id), "server refused events for job %s: HTTP %ld %s",
+                     json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                     "server %s refused events for job %s: HTTP %ld %s", a->servers[j->srv],
                      j->id, status, error_text(body));
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
@@ -1279,13 +1280,15 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         j->failing_since_ms = now;
     uint32_t d = agent_backoff_next(&j->ub, rnd32());
     j->next_upload_ms = now + d;
-    gp_log_debug("upload_retry", "job %s: events upload failed (%s, HTTP %ld); retry in %u ms",
-                 j->id, rc != CURLE_OK ? curl_easy_strerror(rc) : "ok", status, d);
+    gp_log_write(GP_LOG_DEBUG, "upload_retry", j->correlation_id,
+                 json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                 "job %s: events upload to %s failed (%s, HTTP %ld); retry in %u ms", j->id,
+                 a->servers[j->srv], rc != CURLE_OK ? curl_easy_strerror(rc) : "ok", status, d);
     if (now - j->failing_since_ms > UPLOAD_GIVE_UP_MS) {
         gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id),
-                     "job %s: events could not be delivered for %d s; giving up", j->id,
-                     UPLOAD_GIVE_UP_MS / 1000);
+                     json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                     "job %s: events could not be delivered to %s for %d s; giving up", j->id,
+                     a->servers[j->srv], UPLOAD_GIVE_UP_MS / 1000);
         j->cancelled = true;
         job_cancel(a, j);
     }
