@@ -719,6 +719,10 @@ static void server_switch(agent *a, const char *what, const char *detail, bool q
     req_abort(a, a->work_req);
     req_abort(a, a->work_stale);
     a->enroll_req = a->poll_req = a->work_req = a->work_stale = NULL;
+    /* A batched upload to the old server stays its jobs' (batch_done still
+     * takes its answer) but must not hold back the new server's batches
+     * until it times out. */
+    a->batch_req = NULL;
     a->events_batch = false;   /* until the new server's poll reply announces it */
     a->no_liveness = false;
     a->server_drain = false;   /* an operator's drain on the old server stays there */
@@ -1360,7 +1364,8 @@ fail:
 
 static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
 {
-    a->batch_req = NULL;
+    if (a->batch_req == r) /* not one left behind by server_switch */
+        a->batch_req = NULL;
     json_t *list = json_object_get(body, "jobs");
     if (rc == CURLE_OK && status == 404 && !json_is_array(list)) {
         /* No such route after all (a server swapped for an older one):
@@ -1838,11 +1843,15 @@ void agent_destroy(agent *a)
         req_abort(a, a->work_req);
         req_abort(a, a->work_stale);
         req_abort(a, a->dereg_req);
-        /* A batched upload is shared by its jobs: abort it once. */
-        req_abort(a, a->batch_req);
-        for (agent_job *j = a->jobs; j; j = j->next)
-            if (j->upload != a->batch_req)
-                req_abort(a, j->upload);
+        /* A batched upload is shared by its jobs (there may be two: one
+         * left with an old server by server_switch): abort each once. */
+        for (agent_job *j = a->jobs; j; j = j->next) {
+            req *u = j->upload;
+            for (agent_job *k = j; u && k; k = k->next)
+                if (k->upload == u)
+                    k->upload = NULL;
+            req_abort(a, u);
+        }
         a->batch_req = NULL;
     }
     while (a->jobs) {

@@ -9,13 +9,19 @@ gpupool-agent started with --server URL1,URL2 and a scripted upstream.
 - a job in flight when its server dies keeps uploading to that server only
   (never to the server the agent moved to), and is dropped when the
   restarted server refuses it, as with a single server today;
+- a server that answers 503 (Retry-After) or hangs (SIGSTOP: the poll times
+  out) is left the same way, with a job of its own running (its batched
+  upload left behind with it);
 - a bad list is refused at start-up (exit 2, the item named).
 
 Each move is awaited on the agent's log event, never on a sleep.
 """
 
+import http.server
 import os
+import signal
 import sys
+import threading
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +40,23 @@ def servers(*srvs):
     """What harness.Agent takes as its server: an object with .url, here
     the comma list."""
     return types.SimpleNamespace(url=",".join(s.url for s in srvs))
+
+
+class Busy(http.server.BaseHTTPRequestHandler):
+    """A server that is there but will not work: 503 with Retry-After."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"error":{"code":"OVERLOADED","message":"busy"}}'
+        self.send_response(503)
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
 
 
 class AgentServersTest(harness.TestCase):
@@ -127,6 +150,48 @@ class AgentServersTest(harness.TestCase):
         self.assertTrue(mine)
         self.assertEqual({e.get("server") for e in mine}, {s1b.url}, mine)
         self.assertEqual(len(self.switches(a)), 1)
+        self.assertTrue(a.alive())
+
+    def test_503_moves_on(self):
+        busy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+        threading.Thread(target=busy.serve_forever, daemon=True).start()
+        self.addCleanup(busy.server_close)
+        self.addCleanup(busy.shutdown)
+        fake = types.SimpleNamespace(url="http://127.0.0.1:%d" % busy.server_address[1])
+        up = self.h.start_upstream(["--tokens", "3"])
+        s2 = self.h.start_server(FAST)
+        a = self.h.start_agent(servers(fake, s2), upstream=up, model="m1")
+        sw = self.wait_switch(a, fake.url, s2.url, 1)
+        self.assertIn("HTTP 503", sw["reason"])
+        s2.wait_model("m1", timeout=60)
+        self.complete(s2, "past the busy one", a.agent_id())
+
+    def test_hung_server_times_out(self):
+        up = self.h.start_upstream(["--tokens", "400", "--pace-ms", "20"])
+        s1 = self.h.start_server(FAST)
+        s2 = self.h.start_server(FAST)
+        a = self.h.start_agent(servers(s1, s2), upstream=up, model="m1", slots=2,
+                               args=["--request-timeout-sec", "2"])
+        aid = a.agent_id()
+        s1.wait_model("m1")
+        stream = harness.SSEStream("POST", s1.url + "/v1/chat/completions",
+                                   {"model": "m1", "stream": True,
+                                    "messages": [{"role": "user", "content": "long"}]},
+                                   timeout=60)
+        try:
+            self.assertEqual(stream.status, 200)
+            self.assertIsNotNone(stream.next_event(timeout=30))
+            s1.signal(signal.SIGSTOP)
+            try:
+                sw = self.wait_switch(a, s1.url, s2.url, 1)
+                self.assertIn("Timeout", sw["reason"])
+                up.control(pace_ms=0)
+                s2.wait_model("m1", timeout=60)
+                self.complete(s2, "past the hung one", aid)
+            finally:
+                s1.signal(signal.SIGCONT)
+        finally:
+            stream.close()
         self.assertTrue(a.alive())
 
     def test_bad_lists_refused_at_start(self):
