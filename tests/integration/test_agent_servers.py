@@ -9,8 +9,8 @@ gpupool-agent started with --server URL1,URL2 and a scripted upstream.
 - a job in flight when its server dies keeps uploading to that server only
   (never to the server the agent moved to), and is dropped when the
   restarted server refuses it, as with a single server today;
-- a server that answers 503 (Retry-After) or hangs (SIGSTOP: the poll times
-  out) is left the same way, with a job of its own running (its batched
+- a server that answers 503 (Retry-After), fails TLS or hangs (SIGSTOP: the
+  poll times out) is left the same way, with a job of its own running (its batched
   upload left behind with it);
 - a bad list is refused at start-up (exit 2, the item named).
 
@@ -20,6 +20,7 @@ Each move is awaited on the agent's log event, never on a sleep.
 import http.server
 import os
 import signal
+import socket
 import sys
 import threading
 import types
@@ -165,6 +166,34 @@ class AgentServersTest(harness.TestCase):
         self.assertIn("HTTP 503", sw["reason"])
         s2.wait_model("m1", timeout=60)
         self.complete(s2, "past the busy one", a.agent_id())
+
+    def test_tls_failure_moves_on(self):
+        # https:// to a port that answers in plain HTTP at once: the
+        # handshake fails (a wrong port or certificate is the same failure
+        # to the agent).
+        plain = socket.socket()
+        plain.bind(("127.0.0.1", 0))
+        plain.listen(16)
+        self.addCleanup(plain.close)
+
+        def answer():
+            while True:
+                try:
+                    c, _ = plain.accept()
+                except OSError:
+                    return
+                c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                c.close()
+        threading.Thread(target=answer, daemon=True).start()
+        s2 = self.h.start_server(FAST)
+        up = self.h.start_upstream(["--tokens", "3"])
+        bad = types.SimpleNamespace(url="https://127.0.0.1:%d" % plain.getsockname()[1])
+        a = self.h.start_agent(servers(bad, s2), upstream=up, model="m1")
+        sw = self.wait_switch(a, bad.url, s2.url, 1)
+        self.assertIn("SSL", sw["reason"])
+        self.assertTrue(a.log_events("tls_error"))
+        s2.wait_model("m1", timeout=60)
+        self.complete(s2, "past the TLS failure", a.agent_id())
 
     def test_hung_server_times_out(self):
         up = self.h.start_upstream(["--tokens", "400", "--pace-ms", "20"])
