@@ -20,6 +20,10 @@ PKGS=(
   # Headless Chromium drives the dashboard's browser test
   # (tests/integration/test_dashboard.py, over the DevTools protocol).
   chromium
+  # HAProxy runs conf/haproxy.cfg in front of two servers
+  # (tests/integration/test_haproxy.py). Installed, its unit starts with
+  # Debian's default config, which listens on no port.
+  haproxy
 )
 
 missing=()

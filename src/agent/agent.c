@@ -63,6 +63,7 @@ typedef struct req {
     struct curl_slist *hdrs;
     gp_buf resp;
     bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
+    int srv;             /* index into agent.servers of the server it went to */
     agent_job *job;      /* REQ_EVENTS: the job (borrowed; it waits for us) */
     agent_job **batch;   /* REQ_EVENTS_BATCH: its jobs, in the body's order (owned array) */
     size_t n_batch;
@@ -89,6 +90,8 @@ struct agent_job {
     uint64_t failing_since_ms; /* 0 = last upload fine */
     agent_backoff ub;
     uint64_t deadline_ms;   /* monotonic; 0 = none */
+    int srv;                /* the server that assigned it (index into agent.servers): its
+                               events go there only, whichever server the agent polls now */
     agent_job *next;
 };
 
@@ -97,7 +100,11 @@ struct agent {
     agent_backend *be;
     CURLM *multi;
     char id[37];
-    char *base;             /* server URL without trailing '/' */
+    char **servers;         /* --server's URLs, without trailing '/' (owned) */
+    int n_servers;
+    int cur;                /* the server polled now: sticky while it answers */
+    int turn_fails;         /* servers failed in a row since the last success */
+    const char *base;       /* servers[cur] */
     char *auth_header;      /* "Authorization: Bearer ..." or NULL */
     bool key_from_file;     /* the key came from DIR/agent.key */
     bool token_ignored;     /* --token given but agent.key exists */
@@ -543,10 +550,10 @@ static char *body_text(req_kind kind, const json_t *body)
     return gp_buf_steal(&b);
 }
 
-/* Start POST base+path with body (reference stolen). Returns the request or
- * NULL (logged). */
-static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, long timeout_ms,
-                      const char *correlation_id)
+/* Start POST servers[srv]+path with body (reference stolen). Returns the
+ * request or NULL (logged). */
+static req *req_start_at(agent *a, int srv, req_kind kind, const char *path, json_t *body,
+                         long timeout_ms, const char *correlation_id)
 {
     req *r = calloc(1, sizeof *r);
     char *text = body ? body_text(kind, body) : NULL;
@@ -554,12 +561,13 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
     if (!r || !text)
         goto fail;
     r->kind = kind;
+    r->srv = srv;
     gp_buf_init(&r->resp);
     r->easy = a->n_easy_idle ? a->easy_idle[--a->n_easy_idle] : curl_easy_init();
     if (!r->easy)
         goto fail;
     char url[2048];
-    if ((size_t)snprintf(url, sizeof url, "%s%s", a->base, path) >= sizeof url)
+    if ((size_t)snprintf(url, sizeof url, "%s%s", a->servers[srv], path) >= sizeof url)
         goto fail;
     r->hdrs = curl_slist_append(r->hdrs, "Content-Type: application/json");
     r->hdrs = curl_slist_append(r->hdrs, "Expect:"); /* no 100-continue round trip */
@@ -606,6 +614,13 @@ fail:
     return NULL;
 }
 
+/* A request to the server polled now. */
+static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, long timeout_ms,
+                      const char *correlation_id)
+{
+    return req_start_at(a, a->cur, kind, path, body, timeout_ms, correlation_id);
+}
+
 /* Free a finished request (removed from the multi handle), keeping its
  * easy handle, reset, for the next request. */
 static void req_done_free(agent *a, req *r)
@@ -642,7 +657,8 @@ static void add_liveness(agent *a, json_t *body, bool with_jobs)
         return;
     json_t *ids = json_array();
     for (agent_job *j = a->jobs; j && ids; j = j->next)
-        json_array_append_new(ids, json_string(j->id));
+        if (j->srv == a->cur) /* another server's jobs mean nothing here */
+            json_array_append_new(ids, json_string(j->id));
     if (ids)
         json_object_set_new(body, "running_jobs", ids);
     if (a->delivery_seen[0])
@@ -683,15 +699,52 @@ static void poll_start(agent *a)
         a->next_poll_ms = gp_now_mono_ms() + 1000;
 }
 
-/* Back off after a failed request; returns the delay (ms). */
+/* Leave the server polled now for the next one of the list (docs/agent.md
+ * "Several servers"). Its poll, long-poll and enrollment in flight are
+ * aborted (the server failed them, or will); the uploads of the jobs it
+ * assigned stay with it, as after a restart of the only server. What the
+ * server told us about itself is forgotten until the next one says it.
+ * quiet: a move within an outage of the whole list (logged at debug). */
+static void server_switch(agent *a, const char *what, const char *detail, bool quiet)
+{
+    int from = a->cur;
+    a->cur = (a->cur + 1) % a->n_servers;
+    a->base = a->servers[a->cur];
+    gp_log_write(quiet ? GP_LOG_DEBUG : GP_LOG_WARN, "server_switch", NULL,
+                 json_pack("{s:s,s:s,s:s,s:s}", "from", a->servers[from], "to", a->base,
+                           "request", what, "reason", detail),
+                 "%s failed on %s (%s); moving to %s", what, a->servers[from], detail, a->base);
+    req_abort(a, a->enroll_req);
+    req_abort(a, a->poll_req);
+    req_abort(a, a->work_req);
+    req_abort(a, a->work_stale);
+    a->enroll_req = a->poll_req = a->work_req = a->work_stale = NULL;
+    /* A batched upload to the old server stays its jobs' (batch_done still
+     * takes its answer) but must not hold back the new server's batches
+     * until it times out. */
+    a->batch_req = NULL;
+    a->events_batch = false;   /* until the new server's poll reply announces it */
+    a->no_liveness = false;
+    a->server_drain = false;   /* an operator's drain on the old server stays there */
+    a->prefix_reported = false;
+    a->delivery_seen[0] = '\0'; /* the old server's delivery numbers */
+}
+
+/* Back off after a failed request; returns the delay (ms). With several
+ * servers a failure moves to the next one at once while some server of
+ * the list is untried in this turn; a whole turn failing backs off as one
+ * server does, so that a dead fleet is not hammered. */
 static uint32_t server_unreachable(agent *a, const char *what, const char *detail)
 {
-    uint32_t d = agent_backoff_next(&a->backoff, rnd32());
-    if (!a->server_down_logged)
+    bool full_turn = ++a->turn_fails % a->n_servers == 0;
+    uint32_t d = full_turn ? agent_backoff_next(&a->backoff, rnd32()) : 0;
+    if (a->n_servers > 1)
+        server_switch(a, what, detail, a->turn_fails > a->n_servers);
+    if (!a->server_down_logged && full_turn)
         gp_log_warn("server_unreachable", "%s failed (%s); retrying with backoff", what, detail);
     else
         gp_log_debug("server_unreachable", "%s failed (%s); next try in %u ms", what, detail, d);
-    a->server_down_logged = true;
+    a->server_down_logged = full_turn || a->server_down_logged;
     a->registered = false;
     uint64_t now = gp_now_mono_ms();
     if (!a->poll_req && a->next_poll_ms < now + d)
@@ -832,6 +885,7 @@ static void enroll_done(agent *a, CURLcode rc, long status, json_t *body)
     }
     a->enrolling = false;
     a->server_down_logged = false;
+    a->turn_fails = 0;
     agent_backoff_reset(&a->backoff);
     a->next_poll_ms = now;
 }
@@ -875,9 +929,11 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
         return;
     }
     if (a->server_down_logged || !a->registered)
-        gp_log_info("registered", "poll accepted by %s (agent_id %s)", a->base, a->id);
+        gp_log_write(GP_LOG_INFO, "registered", NULL, json_pack("{s:s}", "server", a->base),
+                     "poll accepted by %s (agent_id %s)", a->base, a->id);
     a->server_down_logged = false;
     a->registered = true;
+    a->turn_fails = 0;
     agent_backoff_reset(&a->backoff);
     json_int_t pi = json_integer_value(json_object_get(body, "poll_interval_sec"));
     if (pi >= 1 && pi <= 3600)
@@ -971,6 +1027,7 @@ static void job_begin(agent *a, json_t *jj)
         return;
     snprintf(j->id, sizeof j->id, "%s", jid);
     j->a = a;
+    j->srv = a->cur;
     agent_evq_init(&j->q);
     agent_backoff_init(&j->ub, 200, 5000);
     const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
@@ -1138,8 +1195,8 @@ static void upload_start(agent *a, agent_job *j)
         add_liveness(a, body, false);
     char path[64 + MAX_JOB_ID];
     snprintf(path, sizeof path, "/agents/jobs/%s/events", j->id);
-    j->upload = req_start(a, REQ_EVENTS, path, body, (long)a->o->request_timeout_sec * 1000,
-                          j->correlation_id);
+    j->upload = req_start_at(a, j->srv, REQ_EVENTS, path, body,
+                             (long)a->o->request_timeout_sec * 1000, j->correlation_id);
     if (!j->upload) {
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
@@ -1209,7 +1266,8 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         /* 404 JOB_NOT_FOUND / 409 NOT_ASSIGNED / 400: this job is not ours to
          * continue; stop it and send nothing more. */
         gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id), "server refused events for job %s: HTTP %ld %s",
+                     json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                     "server %s refused events for job %s: HTTP %ld %s", a->servers[j->srv],
                      j->id, status, error_text(body));
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
@@ -1226,13 +1284,15 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         j->failing_since_ms = now;
     uint32_t d = agent_backoff_next(&j->ub, rnd32());
     j->next_upload_ms = now + d;
-    gp_log_debug("upload_retry", "job %s: events upload failed (%s, HTTP %ld); retry in %u ms",
-                 j->id, rc != CURLE_OK ? curl_easy_strerror(rc) : "ok", status, d);
+    gp_log_write(GP_LOG_DEBUG, "upload_retry", j->correlation_id,
+                 json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                 "job %s: events upload to %s failed (%s, HTTP %ld); retry in %u ms", j->id,
+                 a->servers[j->srv], rc != CURLE_OK ? curl_easy_strerror(rc) : "ok", status, d);
     if (now - j->failing_since_ms > UPLOAD_GIVE_UP_MS) {
         gp_log_write(GP_LOG_WARN, "job_dropped", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id),
-                     "job %s: events could not be delivered for %d s; giving up", j->id,
-                     UPLOAD_GIVE_UP_MS / 1000);
+                     json_pack("{s:s,s:s}", "job_id", j->id, "server", a->servers[j->srv]),
+                     "job %s: events could not be delivered to %s for %d s; giving up", j->id,
+                     a->servers[j->srv], UPLOAD_GIVE_UP_MS / 1000);
         j->cancelled = true;
         job_cancel(a, j);
     }
@@ -1304,7 +1364,8 @@ fail:
 
 static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
 {
-    a->batch_req = NULL;
+    if (a->batch_req == r) /* not one left behind by server_switch */
+        a->batch_req = NULL;
     json_t *list = json_object_get(body, "jobs");
     if (rc == CURLE_OK && status == 404 && !json_is_array(list)) {
         /* No such route after all (a server swapped for an older one):
@@ -1388,7 +1449,7 @@ static void handle_done(agent *a, CURLMsg *m)
         /* A TLS failure is a configuration problem (wrong CA, wrong host
          * name, plain HTTP port): say so plainly once per outage. */
         if (!a->server_down_logged)
-            gp_log_error("tls_error", "TLS with %s failed: %s: %s%s", a->base,
+            gp_log_error("tls_error", "TLS with %s failed: %s: %s%s", a->servers[r->srv],
                          curl_easy_strerror(rc), r->errbuf[0] ? r->errbuf : "no detail",
                          rc == CURLE_PEER_FAILED_VERIFICATION
                              ? " (check --ca-file and the host name in --server)"
@@ -1515,8 +1576,11 @@ int agent_run(agent *a)
     a->next_work_ms = UINT64_MAX;
     int total, usable;
     slot_counts(a, &total, &usable);
-    gp_log_info("agent_start", "agent %s (%s) serving through backend %s, %d slot(s), server %s",
-                a->id, a->name, a->be->ops->name, total, a->base);
+    gp_log_write(GP_LOG_INFO, "agent_start", NULL,
+                 json_pack("{s:s,s:i}", "server", a->base, "servers", a->n_servers),
+                 "agent %s (%s) serving through backend %s, %d slot(s), server %s%s", a->id,
+                 a->name, a->be->ops->name, total, a->base,
+                 a->n_servers > 1 ? " (the first of its list; it moves on failure)" : "");
     if (a->o->insecure)
         gp_log_warn("tls_insecure",
                     "INSECURE: the server's TLS certificate is NOT verified (--insecure); anyone "
@@ -1576,8 +1640,8 @@ int agent_run(agent *a)
             if (ready) {
                 if (now < j->next_upload_ms)
                     wake = min_u64(wake, j->next_upload_ms);
-                else if (!a->events_batch)
-                    upload_start(a, j);
+                else if (!a->events_batch || j->srv != a->cur)
+                    upload_start(a, j); /* a batch goes to the server polled now */
                 else if (n_ready < a->ready_cap || grow_ready(a))
                     a->ready[n_ready++] = j;
             }
@@ -1706,10 +1770,12 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     a->labels = agent_labels_parse(o->labels, err, errlen);
     if (!a->labels)
         goto fail;
-    size_t bl = strlen(o->server);
-    while (bl > 0 && o->server[bl - 1] == '/')
-        bl--;
-    a->base = strndup(o->server, bl);
+    a->n_servers = agent_servers_parse(o->server, &a->servers, err, errlen);
+    if (a->n_servers < 0) {
+        a->n_servers = 0;
+        goto fail;
+    }
+    a->base = a->servers[0];
     if (o->name && *o->name) {
         a->name = strdup(o->name);
     } else {
@@ -1731,12 +1797,12 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     int hk = set_key(a, kr == 1 ? key : o->token);
     a->static_facts = agent_facts_static();
     a->multi = curl_multi_init();
-    if (!a->base || !a->name || !a->multi || !a->static_facts || hk < 0) {
+    if (!a->name || !a->multi || !a->static_facts || hk < 0) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     /* Several requests (long-poll, heartbeat, uploads) share a few reused
-     * connections to the one server. */
+     * connections to the server(s). */
     int total, usable;
     slot_counts(a, &total, &usable);
     curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(total + 4));
@@ -1777,11 +1843,15 @@ void agent_destroy(agent *a)
         req_abort(a, a->work_req);
         req_abort(a, a->work_stale);
         req_abort(a, a->dereg_req);
-        /* A batched upload is shared by its jobs: abort it once. */
-        req_abort(a, a->batch_req);
-        for (agent_job *j = a->jobs; j; j = j->next)
-            if (j->upload != a->batch_req)
-                req_abort(a, j->upload);
+        /* A batched upload is shared by its jobs (there may be two: one
+         * left with an old server by server_switch): abort each once. */
+        for (agent_job *j = a->jobs; j; j = j->next) {
+            req *u = j->upload;
+            for (agent_job *k = j; u && k; k = k->next)
+                if (k->upload == u)
+                    k->upload = NULL;
+            req_abort(a, u);
+        }
         a->batch_req = NULL;
     }
     while (a->jobs) {
@@ -1796,7 +1866,7 @@ void agent_destroy(agent *a)
     free(a->ready);
     json_decref(a->labels);
     json_decref(a->static_facts);
-    free(a->base);
+    agent_servers_free(a->servers, a->n_servers);
     free(a->name);
     free(a->auth_header);
     pthread_mutex_destroy(&a->mu);

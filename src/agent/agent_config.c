@@ -14,7 +14,8 @@
  * case, '-' -> '_'), config file keys NAME (either '-' or '_'). */
 const gp_opt agent_config_table[] = {
     {"server", GP_OPT_STR, O(server), "http://127.0.0.1:8080", 0, 0, NULL,
-     "base URL of gpupool-server"},
+     "base URL of gpupool-server, or a comma list URL1,URL2,... of servers of one fleet: "
+     "the agent stays with the one that answers and moves to the next when it fails"},
     {"token", GP_OPT_STR, O(token), NULL, 0, 0, NULL,
      "enrollment token (traded once for the agent's own key, kept in state-dir/agent.key) "
      "or an agent key; omit while the server runs with auth off"},
@@ -109,6 +110,86 @@ static bool is_http_url(const char *s)
            s[strncmp(s, "https://", 8) == 0 ? 8 : 7] != '\0';
 }
 
+void agent_servers_free(char **list, int n)
+{
+    if (!list)
+        return;
+    for (int i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+/* One item of a --server list, [p, p+len): trimmed, checked and copied into
+ * list[n] unless it repeats one before it. 0 or -1 with err. */
+static int server_item_add(char **list, int n, const char *p, size_t len, char *err,
+                           size_t errlen)
+{
+    while (len > 0 && (*p == ' ' || *p == '\t'))
+        p++, len--;
+    while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+        len--;
+    while (len > 0 && p[len - 1] == '/') /* "http://h:1/" and "http://h:1" are one server */
+        len--;
+    if (len == 0) {
+        snprintf(err, errlen, "server: item %d of the list is empty (use URL1,URL2,... with "
+                 "no empty items)", n + 1);
+        return -1;
+    }
+    char *item = strndup(p, len);
+    if (!item) {
+        snprintf(err, errlen, "server: out of memory");
+        return -1;
+    }
+    if (!is_http_url(item)) {
+        snprintf(err, errlen, "server: '%s' must be an http:// or https:// URL", item);
+        free(item);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i], item) == 0) {
+            /* A repeat would make the agent try one server twice per turn
+             * and is most likely a typo for another server. */
+            snprintf(err, errlen, "server: '%s' is listed twice", item);
+            free(item);
+            return -1;
+        }
+    list[n] = item;
+    return 0;
+}
+
+int agent_servers_parse(const char *spec, char ***out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!spec || !*spec) {
+        snprintf(err, errlen, "server: must be an http:// or https:// URL (or a comma list)");
+        return -1;
+    }
+    char **list = calloc(AGENT_MAX_SERVERS, sizeof *list);
+    int n = 0;
+    if (!list) {
+        snprintf(err, errlen, "server: out of memory");
+        return -1;
+    }
+    for (const char *p = spec;;) {
+        size_t len = strcspn(p, ",");
+        if (n == AGENT_MAX_SERVERS) {
+            snprintf(err, errlen, "server: at most %d servers", AGENT_MAX_SERVERS);
+            goto fail;
+        }
+        if (server_item_add(list, n, p, len, err, errlen) < 0)
+            goto fail;
+        n++;
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+    *out = list;
+    return n;
+fail:
+    agent_servers_free(list, n);
+    return -1;
+}
+
 /* --slots: "auto" (0) or 1..1024. */
 static int agent_slots_parse(agent_options *out, char *err, size_t errlen)
 {
@@ -183,11 +264,11 @@ int agent_config_load(agent_options *out, gp_config *cfg, int argc, char **argv,
                  cfg->positional[0]);
         return -1;
     }
-    if (!is_http_url(out->server)) {
-        snprintf(err, errlen, "server: '%s' must be an http:// or https:// URL",
-                 out->server ? out->server : "");
+    char **servers = NULL;
+    int ns = agent_servers_parse(out->server, &servers, err, errlen);
+    if (ns < 0)
         return -1;
-    }
+    agent_servers_free(servers, ns); /* agent_create parses it again for itself */
     if (out->upstream && out->model) {
         snprintf(err, errlen, "upstream and model: choose one backend (--upstream for openai, "
                               "--model FILE.gguf for gguf)");

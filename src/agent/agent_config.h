@@ -3,8 +3,8 @@
  *
  * Precedence (gp_config.h): default < config file < flag < GPUPOOL_* env.
  * agent_config_load parses and validates the cross-field rules a table row
- * cannot express (exactly one backend chosen, labels well formed, server URL
- * is http(s)://). Strings in agent_options are owned by the gp_config passed
+ * cannot express (exactly one backend chosen, labels well formed, server URLs
+ * are http(s)://). Strings in agent_options are owned by the gp_config passed
  * in: call gp_config_free(cfg) when done.
  */
 #ifndef AGENT_CONFIG_H
@@ -17,7 +17,8 @@
 
 typedef struct agent_options {
     /* --- connection to the server --- */
-    char *server;              /* base URL, "http://127.0.0.1:8080" */
+    char *server;              /* base URL, "http://127.0.0.1:8080", or a comma list of
+                                  them (agent_servers_parse) */
     char *token;               /* enrollment token or agent key; NULL with auth off */
     char *state_dir;           /* holds agent_id (0600); created 0700 */
     long long slots;           /* concurrent jobs (>= 1); 0 = auto (from --slots auto) */
@@ -64,6 +65,16 @@ typedef struct agent_options {
 /* --devices: "all" (or NULL) -> 0; else the listed device numbers into
  * out[] and their count (>= 1); -1 with err when malformed. */
 int agent_devices_parse(const char *spec, int out[AGENT_MAX_DEVICES], char *err, size_t errlen);
+
+/* --server holds one URL or a list: at most this many. */
+#define AGENT_MAX_SERVERS 16
+
+/* --server: "URL" or "URL1,URL2,...": distinct http:// or https:// URLs,
+ * spaces around the commas ignored, trailing '/' dropped. Returns the count
+ * (1..AGENT_MAX_SERVERS) with *out a new array of new strings (free with
+ * agent_servers_free), or -1 with err naming the bad item (*out NULL). */
+int agent_servers_parse(const char *spec, char ***out, char *err, size_t errlen);
+void agent_servers_free(char **list, int n);
 
 extern const gp_opt agent_config_table[];
 extern const size_t agent_config_table_len;

@@ -3,7 +3,7 @@
  * runs them on a backend (openai: an existing OpenAI-compatible server;
  * gguf: the embedded engine). See docs/agent.md.
  *
- *   gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]
+ *   gpupool-agent --server URL[,URL2,...] [--token KEY] --state-dir DIR [--slots N]
  *                 [--name NAME] [--labels k=v,...]
  *                 [--upstream URL --upstream-model NAME | --model FILE.gguf]
  *                 (neither: the server's deployments choose the model)
@@ -55,7 +55,7 @@ static void *signal_main(void *arg)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: gpupool-agent --server URL [--token KEY] --state-dir DIR [--slots N]\n"
+    fprintf(out, "usage: gpupool-agent --server URL[,URL2,...] [--token KEY] --state-dir DIR\n"
                  "                     [--name NAME] [--labels k=v,...]\n"
                  "                     [--upstream URL --upstream-model NAME | --model FILE.gguf]\n"
                  "                     [--backend auto|cuda|cpu] [--devices all|0,1,...]\n"
@@ -101,10 +101,13 @@ static int check_credentials(const agent_options *o, char *err, size_t errlen)
     if (agent_state_load_key(o->state_dir, &key, lerr, sizeof lerr) < 0)
         return 0; /* agent_create reports it */
     const char *cred = key ? key : (o->token && *o->token) ? o->token : NULL;
-    size_t bl = strlen(o->server);
-    while (bl > 0 && o->server[bl - 1] == '/')
-        bl--;
-    snprintf(url, sizeof url, "%.*s/agents/check", (int)bl, o->server);
+    /* The first server of a list: the one the agent will try first. */
+    char **servers = NULL;
+    int ns = agent_servers_parse(o->server, &servers, lerr, sizeof lerr);
+    if (ns < 0)
+        goto done_key; /* agent_config_load checked it already */
+    snprintf(url, sizeof url, "%s/agents/check", servers[0]);
+    agent_servers_free(servers, ns);
     CURL *c = curl_easy_init();
     struct curl_slist *h = NULL;
     check_body b = {.len = 0};
@@ -153,6 +156,7 @@ done:
     curl_slist_free_all(h);
     if (c)
         curl_easy_cleanup(c);
+done_key:
     if (key) {
         explicit_bzero(key, strlen(key));
         free(key);

@@ -152,6 +152,82 @@ static void rule_errors_name_the_key(void **st)
     }
 }
 
+/* --server URL1,URL2: trimmed, in order; one URL is a list of one. */
+static void server_lists(void **st)
+{
+    (void)st;
+    char **l = NULL;
+    char err[300] = "";
+    int n = agent_servers_parse("http://a:1/", &l, err, sizeof err);
+    assert_int_equal(n, 1);
+    assert_string_equal(l[0], "http://a:1");
+    agent_servers_free(l, n);
+    n = agent_servers_parse("http://a:1, https://b:2/ ,http://c", &l, err, sizeof err);
+    assert_int_equal(n, 3);
+    assert_string_equal(l[0], "http://a:1");
+    assert_string_equal(l[1], "https://b:2");
+    assert_string_equal(l[2], "http://c");
+    agent_servers_free(l, n);
+}
+
+/* A bad list is refused at start-up with the item that is wrong. */
+static void server_list_errors(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *spec;
+        const char *needle;
+    } cases[] = {
+        {"", "must be an http"},
+        {",http://a", "item 1 of the list is empty"},
+        {"http://a,", "item 2 of the list is empty"},
+        {"http://a,,http://b", "item 2 of the list is empty"},
+        {"http://a, ,http://b", "item 2 of the list is empty"},
+        {"http://a,ftp://b", "'ftp://b' must be an http:// or https:// URL"},
+        {"http://a,b:80", "'b:80' must be an http"},
+        {"http://", "must be an http"},
+        {"http://a,http://b,http://a/", "'http://a' is listed twice"},
+        {"http://1,http://2,http://3,http://4,http://5,http://6,http://7,http://8,http://9,"
+         "http://10,http://11,http://12,http://13,http://14,http://15,http://16,http://17",
+         "at most 16 servers"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char **l = (char **)&l; /* must come back NULL */
+        char err[300] = "";
+        assert_int_equal(agent_servers_parse(cases[i].spec, &l, err, sizeof err), -1);
+        assert_null(l);
+        if (!strstr(err, cases[i].needle))
+            fail_msg("'%s': error '%s' lacks '%s'", cases[i].spec, err, cases[i].needle);
+    }
+}
+
+/* The flag, GPUPOOL_SERVER and the config file all go through the same check. */
+static void server_list_from_env_and_start_up(void **st)
+{
+    (void)st;
+    agent_options o;
+    gp_config cfg;
+    char err[300] = "";
+    char *env[] = {"GPUPOOL_CONFIG=", "GPUPOOL_SERVER=http://a:1,http://b:2", NULL};
+    int rc = load(&o, &cfg, env, err, sizeof err, ARGC("--model", "x.gguf"),
+                  ARGV("--model", "x.gguf"));
+    assert_int_equal(rc, 0);
+    assert_string_equal(o.server, "http://a:1,http://b:2");
+    gp_config_free(&cfg);
+    rc = load(&o, &cfg, NULL, err, sizeof err, ARGC("--server", "http://a,,http://b", "--model",
+                                                    "x.gguf"),
+              ARGV("--server", "http://a,,http://b", "--model", "x.gguf"));
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, "server: item 2 of the list is empty"));
+    gp_config_free(&cfg);
+    rc = load(&o, &cfg, NULL, err, sizeof err,
+              ARGC("--server", "http://a:1,http://a:1", "--model", "x.gguf"),
+              ARGV("--server", "http://a:1,http://a:1", "--model", "x.gguf"));
+    assert_int_equal(rc, -1);
+    assert_non_null(strstr(err, "listed twice"));
+    gp_config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +236,9 @@ int main(void)
         cmocka_unit_test(gpu_options),
         cmocka_unit_test(rule_errors_name_the_key),
         cmocka_unit_test(no_backend_means_deployments),
+        cmocka_unit_test(server_lists),
+        cmocka_unit_test(server_list_errors),
+        cmocka_unit_test(server_list_from_env_and_start_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
