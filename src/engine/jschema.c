@@ -167,7 +167,7 @@ static bool is_known(const char *k)
                                      "items", "minItems", "maxItems", "minLength",
                                      "maxLength", "minimum", "maximum", "exclusiveMinimum",
                                      "exclusiveMaximum", "enum", "const", "anyOf", "oneOf",
-                                     "allOf", "$ref", NULL};
+                                     "allOf", "$ref", "pattern", "format", NULL};
     for (int i = 0; kw[i]; i++)
         if (!strcmp(k, kw[i]))
             return true;
@@ -255,11 +255,31 @@ static int string_node(cctx *c, const json_t *s, const char *path)
         return -1;
     if (mx >= 0 && mn > mx)
         return fail(c, "'minLength' > 'maxLength' at %s", path);
+    const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    if ((pat && !json_is_string(pat)) || (fmt && !json_is_string(fmt)))
+        return fail(c, "'%s' at %s must be a string", pat && !json_is_string(pat) ? "pattern"
+                                                                              : "format", path);
+    if (pat && fmt)
+        return fail(c, "'pattern' together with 'format' at %s is not supported", path);
+    const char *re_text = pat ? json_string_value(pat) : NULL;
+    if (fmt && !(re_text = gpe_jre_format_pattern(json_string_value(fmt))))
+        return fail(c, "'format' '%s' at %s is not supported (supported: date, time, "
+                    "date-time, uuid, email, ipv4)", json_string_value(fmt), path);
+    gpe_jre *re = NULL;
+    if (re_text) {
+        char why[200];
+        re = gpe_jre_compile(re_text, why, sizeof why);
+        if (!re)
+            return fail(c, "%s at %s", why, path);
+    }
     int id = new_node(c, GPE_JS_STRING);
-    if (id < 0)
+    if (id < 0) {
+        gpe_jre_free(re);
         return -1;
+    }
     c->p->nodes[id].min_chars = mn;
     c->p->nodes[id].max_chars = mx;
+    c->p->nodes[id].re = re;
     return id;
 }
 
@@ -399,8 +419,12 @@ static int type_node(cctx *c, const json_t *s, const char *t, const char *path)
         return array_node(c, s, path);
     if (!strcmp(t, "string"))
         return string_node(c, s, path);
-    if (!strcmp(t, "integer") || !strcmp(t, "number"))
+    if (!strcmp(t, "integer") || !strcmp(t, "number")) {
+        /* a number format (int32, double, ...) would be a bound not enforced */
+        if (json_object_get(s, "format"))
+            return fail(c, "'format' on a %s at %s is not supported", t, path);
         return number_node(c, s, !strcmp(t, "integer"), path);
+    }
     if (!strcmp(t, "boolean"))
         return lit_words(c, json_false(), json_true(), NULL);
     if (!strcmp(t, "null"))
@@ -541,7 +565,7 @@ static int compile_body(cctx *c, const json_t *s, const char *path)
     static const char *const by_type[][5] = {
         {"object", "properties", "required", "additionalProperties", NULL},
         {"array", "items", "minItems", "maxItems", NULL},
-        {"string", "minLength", "maxLength", NULL, NULL},
+        {"string", "minLength", "maxLength", "pattern", "format"},
         {"number", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     };
     const char *found = NULL, *found_kw = NULL;
@@ -677,8 +701,14 @@ static int64_t node_min_len(const gpe_jschema *p, const gpe_js_node *n)
             return GPE_JS_INF;
         return 2 + n->min_items * (il + 1) - 1;
     }
-    case GPE_JS_STRING:
-        return n->min_chars > GPE_JS_INF ? GPE_JS_INF : 2 + n->min_chars;
+    case GPE_JS_STRING: {
+        int64_t chars = n->min_chars;
+        if (n->re && n->re->start_dist > chars)
+            chars = n->re->start_dist;
+        if (n->max_chars >= 0 && chars > n->max_chars)
+            return GPE_JS_INF;   /* the pattern needs more than maxLength */
+        return chars > GPE_JS_INF ? GPE_JS_INF : 2 + chars;
+    }
     case GPE_JS_NUMBER: {
         int64_t m = GPE_JS_INF;
         for (int d = 0; d <= 9; d++) {
@@ -862,6 +892,7 @@ void gpe_jschema_free(gpe_jschema *p)
         free(n->lits);
         free(n->lit_len);
         free(n->alts);
+        gpe_jre_free(n->re);
     }
     free(p->nodes);
     free(p);

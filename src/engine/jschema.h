@@ -17,6 +17,8 @@
 
 #include <gpupool/engine.h>
 #include <jansson.h>
+
+#include "jregex.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +60,8 @@ typedef struct gpe_js_node {
     int64_t min_items, max_items;   /* max_items < 0: unbounded */
     /* string: lengths in code points */
     int64_t min_chars, max_chars;   /* max_chars < 0: unbounded */
+    gpe_jre *re;                    /* pattern or format (owned), else NULL: such a
+                                       string is written without escapes */
     /* number: the value lies in [lo, hi], or (lo_x, hi_x) ]lo or hi[ for an
      * exclusive bound on a number node (an integer value of the bound:
      * lo itself only with a nonzero fraction) */

@@ -117,6 +117,7 @@ static int value_byte(const gpe_jschema *p, gpe_jg_frame *f, unsigned char c)
     case GPE_JS_STRING:
         f->mode = F_STR;
         f->st = S_BODY;
+        f->mask = nd->re ? GPE_JRE_START : 0;   /* the pattern's state */
         return R_OK;
     case GPE_JS_NUMBER:
         f->mode = F_NUM;
@@ -251,9 +252,18 @@ static int str_byte(const gpe_jschema *p, gpe_jg_frame *f, unsigned char c)
         return R_OK;
     }
     if (c == '"')
-        return f->n >= nd->min_chars ? R_POP : R_FAIL;
+        return f->n >= nd->min_chars && (!nd->re || gpe_jre_accepts(nd->re, f->mask)) ? R_POP
+                                                                                   : R_FAIL;
     if (c < 0x20 || (nd->max_chars >= 0 && f->n >= nd->max_chars))
         return R_FAIL;
+    if (nd->re) {
+        /* a pattern string is written without escapes: each character
+         * steps the automaton by its first byte (jregex.h) */
+        uint64_t next = c == '\\' ? 0 : gpe_jre_step(nd->re, f->mask, c);
+        if (!next)
+            return R_FAIL;
+        f->mask = next;
+    }
     uint8_t lo = 0x80, hi = 0xBF, pend;
     if (c < 0x80)
         pend = 0;
@@ -434,6 +444,13 @@ int64_t gpe_jg_frame_remaining(const gpe_jg_frame *f, const gpe_jschema *p)
     }
     case F_STR: {
         int64_t more = nd->min_chars > f->n ? nd->min_chars - f->n : 0;
+        if (nd->re) {
+            int32_t r = gpe_jre_remaining(nd->re, f->mask);
+            /* dead, or the pattern needs more characters than maxLength leaves */
+            if (r == GPE_JRE_DEAD || (nd->max_chars >= 0 && f->n + r > nd->max_chars))
+                return GPE_JS_INF;
+            more = r > more ? r : more;
+        }
         return f->pend + (f->st == S_ESC) + more + 1;
     }
     case F_NUM:
@@ -467,8 +484,8 @@ bool gpe_jg_in_string(const gpe_jg_state *s, const gpe_jschema *p, int64_t *char
     if (s->depth == 0)
         return false;
     const gpe_jg_frame *f = &s->f[s->depth - 1];
-    if (f->mode != F_STR || f->pend || f->st != S_BODY)
-        return false;
+    if (f->mode != F_STR || f->pend || f->st != S_BODY || p->nodes[f->node].re)
+        return false;   /* (a pattern needs each byte: no fast path) */
     *chars = f->n;
     *min_chars = p->nodes[f->node].min_chars;
     *max_chars = p->nodes[f->node].max_chars;

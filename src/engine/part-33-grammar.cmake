@@ -3,6 +3,7 @@
 # (jsongram.c) and the vocabulary mask (grammar.c). jschema links alone into
 # the server (gpe_jschema) to refuse a schema before any token.
 add_library(gpe_jschema OBJECT ${CMAKE_CURRENT_LIST_DIR}/jschema.c
+                               ${CMAKE_CURRENT_LIST_DIR}/jregex.c
                                ${CMAKE_CURRENT_LIST_DIR}/jsongram.c)
 target_link_libraries(gpe_jschema PUBLIC PkgConfig::JANSSON)
 add_library(gpe_grammar OBJECT ${CMAKE_CURRENT_LIST_DIR}/grammar.c)

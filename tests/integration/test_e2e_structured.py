@@ -145,7 +145,7 @@ class StructuredE2ETest(harness.TestCase):
         self.assertTrue(valid(json.loads(text), PERSON, PERSON), text)
 
     def test_unsupported_keyword_is_400_naming_it(self):
-        bad = {"type": "object", "properties": {"mail": {"type": "string", "format": "email"}}}
+        bad = {"type": "object", "properties": {"host": {"type": "string", "format": "hostname"}}}
         st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions",
                              {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
                               "response_format": {"type": "json_schema",
@@ -158,10 +158,25 @@ class StructuredE2ETest(harness.TestCase):
                              {"model": "tiny", "input": "x",
                               "text": {"format": {"type": "json_schema", "name": "m",
                                                   "schema": {"type": "string",
-                                                             "pattern": "^a"}}}},
+                                                             "pattern": "(a)\\1"}}}},
                              timeout=30)
         self.assertEqual(st, 400, b)
-        self.assertIn("'pattern'", b["error"]["message"])
+        self.assertIn("backreferences", b["error"]["message"])
+
+    def test_pattern_and_format(self):
+        """pattern and format are enforced (they were refused before)."""
+        schema = {"type": "object",
+                  "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+                                 "day": {"type": "string", "format": "date"}},
+                  "required": ["code", "day"], "additionalProperties": False}
+        rf = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+        for seed in (1, 2, 3):
+            for stream in (False, True):
+                text, finish = self.chat(rf, stream, seed, max_tokens=60)
+                self.assertEqual(finish, "stop", text)
+                v = json.loads(text)
+                self.assertRegex(v["code"], r"^[A-Z]{2}-[0-9]{3}$")
+                self.assertRegex(v["day"], r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")
 
 
 class StructuredOpenaiBackendTest(harness.TestCase):

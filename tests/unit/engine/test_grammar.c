@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 #include <math.h>
+#include <regex.h>
 
 #include <gpupool/engine.h>
 
@@ -54,6 +55,15 @@ static const char *const corpus[] = {
     "{\"inner\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":100},"
     "\"maxItems\":3},\"s\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}},"
     "\"required\":[\"inner\",\"s\"]}},\"required\":[\"outer\"]}",
+
+    /* patterns (anchored, unanchored with a bound) and formats */
+    "{\"type\":\"object\",\"properties\":{\"code\":{\"type\":\"string\","
+    "\"pattern\":\"^[A-Z]{2}-[0-9]{3}$\"},\"day\":{\"type\":\"string\",\"format\":\"date\"},"
+    "\"id\":{\"type\":\"string\",\"format\":\"uuid\"},\"tag\":{\"type\":\"string\","
+    "\"pattern\":\"ab+c\",\"maxLength\":8},\"at\":{\"type\":\"string\","
+    "\"format\":\"date-time\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\"}},"
+    "\"required\":[\"code\",\"day\",\"id\",\"tag\",\"at\",\"ip\"],"
+    "\"additionalProperties\":false}",
 };
 
 /* ---------------------------------------------------------- validator */
@@ -78,6 +88,34 @@ static bool type_is(const json_t *v, const char *t)
     if (!strcmp(t, "boolean")) return json_is_boolean(v);
     if (!strcmp(t, "null")) return json_is_null(v);
     return false;
+}
+
+/* POSIX extended regular expressions, independent of the engine's
+ * automaton: the corpus patterns are written in their common subset. */
+static bool ere_match(const char *re, const json_t *v)
+{
+    regex_t rx;
+    assert_int_equal(regcomp(&rx, re, REG_EXTENDED | REG_NOSUB), 0);
+    bool ok = regexec(&rx, json_string_value(v), 0, NULL, 0) == 0;
+    regfree(&rx);
+    return ok;
+}
+
+/* The formats' syntax as the RFCs write it (looser than the engine's:
+ * what matters is that what it writes passes). */
+static const char *format_ere(const char *f)
+{
+    if (!strcmp(f, "date"))
+        return "^[0-9]{4}-[0-9]{2}-[0-9]{2}$";
+    if (!strcmp(f, "date-time"))
+        return "^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]+)?"
+               "([Zz]|[+-][0-9]{2}:[0-9]{2})$";
+    if (!strcmp(f, "uuid"))
+        return "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$";
+    if (!strcmp(f, "ipv4"))
+        return "^[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}$";
+    fail_msg("no ERE for format %s", f);
+    return NULL;
 }
 
 static bool valid(const json_t *v, const json_t *s)
@@ -129,6 +167,10 @@ static bool valid(const json_t *v, const json_t *s)
         int64_t n = utf8_chars(json_string_value(v));
         if ((x = json_object_get(s, "minLength")) && n < json_integer_value(x)) return false;
         if ((x = json_object_get(s, "maxLength")) && n > json_integer_value(x)) return false;
+        if ((x = json_object_get(s, "pattern")) && !ere_match(json_string_value(x), v))
+            return false;
+        if ((x = json_object_get(s, "format")) && !ere_match(format_ere(json_string_value(x)), v))
+            return false;
     }
     if (json_is_array(v)) {
         int64_t n = (int64_t)json_array_size(v);
@@ -185,8 +227,17 @@ static void test_refused_keywords(void **state)
 {
     (void)state;
     static const char *const cases[][2] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a\"}", "'pattern'"},
-        {"{\"type\":\"string\",\"format\":\"date\"}", "'format'"},
+        {"{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreferences"},
+        {"{\"type\":\"string\",\"pattern\":\"(?=a)b\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"\\\\bx\"}", "word boundaries"},
+        {"{\"type\":\"string\",\"pattern\":\"a{3,2}\"}", "quantifier"},
+        {"{\"type\":\"string\",\"pattern\":\"[a-z]{40}[0-9]{40}\"}", "too complex"},
+        {"{\"type\":\"string\",\"pattern\":\"^\\\"$\"}", "matches no JSON string"},
+        {"{\"type\":\"string\",\"pattern\":\"a^b\"}", "'^'"},
+        {"{\"type\":\"string\",\"pattern\":\"\xc3\xa9\"}", "non-ASCII"},
+        {"{\"type\":\"string\",\"format\":\"hostname\"}", "'format' 'hostname'"},
+        {"{\"type\":\"string\",\"format\":\"date\",\"pattern\":\"x\"}", "together"},
+        {"{\"type\":\"integer\",\"format\":\"int32\"}", "'format' on a integer"},
         {"{\"type\":\"number\",\"multipleOf\":2}", "'multipleOf'"},
         {"{\"type\":\"array\",\"prefixItems\":[]}", "'prefixItems'"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems'"},
@@ -262,6 +313,25 @@ static void test_matcher_corpus(void **state)
         {5, "{\"outer\":{\"inner\":[100,250],\"s\":\"ab\"}}", true},
         {5, "{\"outer\":{\"inner\":[99],\"s\":\"ab\"}}", false},
         {5, "{\"outer\":{\"inner\":[],\"s\":\"a\"}}", false},
+#define P6(code, day, id, tag, at, ip)                                                    \
+    "{\"code\":\"" code "\",\"day\":\"" day "\",\"id\":\"" id "\",\"tag\":\"" tag       \
+    "\",\"at\":\"" at "\",\"ip\":\"" ip "\"}"
+#define UUID "0f8fad5b-d9cb-469f-a165-70867728950e"
+        {6, P6("AB-123", "2026-11-27", UUID, "xabbbcx", "2026-11-27T05:12:00Z", "10.0.0.1"), true},
+        {6, P6("AB-123", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00.5+01:00", "255.255.255.0"),
+         true},
+        {6, P6("Ab-123", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-1234", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-13-27", UUID, "abc", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", "0f8fad5b", "abc", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "ac", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "xxxxxabc", "2026-11-27T05:12:00Z", "1.2.3.4"), true},
+        {6, P6("AB-123", "2026-11-27", UUID, "xxxxxxabc", "2026-11-27T05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "abc", "2026-11-27 05:12:00Z", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00", "1.2.3.4"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00Z", "256.1.1.1"), false},
+        {6, P6("AB-123", "2026-11-27", UUID, "a\\u0062c", "2026-11-27T05:12:00Z", "1.2.3.4"),
+         false},   /* a pattern string is written without escapes */
     };
     gpe_jschema *ps[sizeof corpus / sizeof corpus[0]];
     for (size_t i = 0; i < sizeof corpus / sizeof corpus[0]; i++)
