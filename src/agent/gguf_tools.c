@@ -2,6 +2,7 @@
 #include "agent/gguf_tools.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,55 @@ static json_t *args_schema(const char *name, json_t *params, bool strict, bool o
     return json_pack("{s:s}", "type", "object");
 }
 
+/* One call: {"name": name, key: arguments}, nothing else. */
+static json_t *call_object(const char *key, json_t *name_schema, json_t *args)
+{
+    return json_pack("{s:s, s:{s:o, s:o}, s:[s,s], s:b}", "type", "object", "properties",
+                     "name", name_schema, key, args, "required", "name", key,
+                     "additionalProperties", 0);
+}
+
+static bool schema_ok(json_t *schema)
+{
+    char *text = json_dumps(schema, JSON_COMPACT);
+    char why[256];
+    bool ok = text && gpe_schema_check(text, why, sizeof why) == GPE_OK;
+    free(text);
+    return ok;
+}
+
+/* Several candidates: a union of one call object per tool, told apart by
+ * the name (the grammar's discriminated unions), so that each tool's
+ * arguments follow its own parameters; NULL when that union is not one the
+ * grammar takes (then only the name is held to the tools'). */
+static json_t *union_of_calls(json_t *tools, const char *key, char *err, size_t errlen,
+                              bool *failed)
+{
+    json_t *alts = json_array();
+    size_t i;
+    json_t *tool;
+    *failed = false;
+    json_array_foreach(tools, i, tool) {
+        json_t *fn = json_object_get(tool, "function");
+        const char *nm = json_string_value(json_object_get(fn, "name"));
+        if (!nm)
+            continue;
+        json_t *args = args_schema(nm, json_object_get(fn, "parameters"),
+                                   json_is_true(json_object_get(fn, "strict")), true, err, errlen);
+        if (!args) {
+            *failed = true;   /* a strict tool that cannot be enforced */
+            json_decref(alts);
+            return NULL;
+        }
+        json_array_append_new(alts, call_object(key, json_pack("{s:s}", "const", nm), args));
+    }
+    json_t *u = json_pack("{s:o}", "anyOf", alts);
+    if (u && json_array_size(alts) <= 16 && schema_ok(u))
+        return u;
+    json_decref(u);
+    return NULL;
+}
+
 json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *only, char *err,
                                size_t errlen)
 {
@@ -49,20 +99,25 @@ json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *on
         json_array_append_new(names, json_string(nm));
     }
     size_t n = json_array_size(names);
+    const char *key = strcmp(family, "llama-3") == 0 ? "parameters" : "arguments";
     if (n == 0) {
         snprintf(err, errlen, only ? "tool_choice names function '%s', which is not in tools"
                                    : "tool_choice needs tools%s", only ? only : "");
         goto done;
     }
-    json_t *args = args_schema(first, params, strict, n == 1, err, errlen);
-    if (!args)
-        goto done;
-    const char *key = strcmp(family, "llama-3") == 0 ? "parameters" : "arguments";
-    json_t *name_schema = n == 1 ? json_pack("{s:s}", "const", first)
-                                 : json_pack("{s:O}", "enum", names);
-    call = json_pack("{s:s, s:{s:o, s:o}, s:[s,s], s:b}", "type", "object", "properties",
-                     "name", name_schema, key, args, "required", "name", key,
-                     "additionalProperties", 0);
+    if (n > 1) {
+        bool failed;
+        call = union_of_calls(tools, key, err, errlen, &failed);
+        if (failed)
+            goto done;
+    }
+    if (!call) {
+        json_t *args = args_schema(first, params, strict, n == 1, err, errlen);
+        if (!args)
+            goto done;
+        call = call_object(key, n == 1 ? json_pack("{s:s}", "const", first)
+                                       : json_pack("{s:O}", "enum", names), args);
+    }
     if (call && strcmp(family, "mistral") == 0)
         call = json_pack("{s:s, s:o, s:i}", "type", "array", "items", call, "minItems", 1);
     if (!call)

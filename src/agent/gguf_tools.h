@@ -12,12 +12,12 @@
  *   {"type":"function","function":{"name":N}}
  *               the same with the name fixed and the arguments held to
  *               N's `parameters` schema.
- * A forced call's arguments follow the tool's `parameters` when there is
- * one candidate tool and the schema compiles; otherwise any JSON object.
- * A tool marked `"strict": true` whose parameters cannot be enforced is an
- * error naming the keyword (never silently unenforced).
- * With several candidate tools the arguments are only held to an object
- * (the grammar has no same-type anyOf yet).
+ * A forced call's arguments follow the tool's `parameters` when the schema
+ * compiles (with several candidates, as a union of one call object per
+ * tool told apart by the name: the grammar's discriminated unions); a tool
+ * whose parameters cannot be enforced gets any JSON object, unless it is
+ * marked `"strict": true`: then the request is refused naming the keyword
+ * (never silently unenforced).
  *
  * Tools and a response_format schema together ("auto"): the model may call
  * a tool or answer in the schema (as OpenAI's models do). The first token

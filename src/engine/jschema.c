@@ -33,6 +33,7 @@ typedef struct cctx {
     char *err;
     size_t errlen;
     int depth;
+    int *tag_alt;              /* tag_values' map, handed to tag_union */
 } cctx;
 
 static int fail(cctx *c, const char *fmt, ...)
@@ -780,6 +781,143 @@ static void node_first(const gpe_jschema *p, gpe_js_node *n)
     }
 }
 
+/* Is object node o a tagged alternative with the same tag key as ref? */
+static bool tag_shape(const gpe_jschema *p, const gpe_js_node *o, const gpe_js_node *ref)
+{
+    if (o->kind != GPE_JS_OBJECT || o->extra >= 0 || o->n_props < 1 || !o->props[0].required ||
+        o->tag_alt)
+        return false;
+    if (o->props[0].key_len != ref->props[0].key_len ||
+        memcmp(o->props[0].key, ref->props[0].key, (size_t)o->props[0].key_len) != 0)
+        return false;
+    return gpe_jschema_node(p, o->props[0].node)->kind == GPE_JS_LITERALS;
+}
+
+/* The merged tag: every alternative's values, sorted, with the object
+ * each picks. -1 (and nothing made) when two alternatives share a value. */
+static int tag_values(cctx *c, const int *objs, int n_objs, int *tag_out)
+{
+    gpe_jschema *p = c->p;
+    int total = 0;
+    for (int i = 0; i < n_objs; i++)
+        total += gpe_jschema_node(p, p->nodes[objs[i]].props[0].node)->n_lits;
+    int id = new_node(c, GPE_JS_LITERALS);
+    if (id < 0)
+        return -1;
+    gpe_js_node *l = &p->nodes[id];
+    l->lits = calloc((size_t)total, sizeof *l->lits);
+    l->lit_len = calloc((size_t)total, sizeof *l->lit_len);
+    int *alt = calloc((size_t)total, sizeof *alt);
+    if (!l->lits || !l->lit_len || !alt) {
+        free(alt);
+        return fail(c, "out of memory");
+    }
+    /* insertion into sorted order: a few dozen values at most (MAX_LITS each) */
+    for (int i = 0; i < n_objs; i++) {
+        const gpe_js_node *v = gpe_jschema_node(p, p->nodes[objs[i]].props[0].node);
+        for (int k = 0; k < v->n_lits; k++) {
+            int at = 0;
+            while (at < l->n_lits && strcmp(l->lits[at], v->lits[k]) < 0)
+                at++;
+            if (at < l->n_lits && strcmp(l->lits[at], v->lits[k]) == 0) {
+                free(alt);
+                return 0;   /* shared: not a discriminated union (the node stays unused) */
+            }
+            char *dup = strdup(v->lits[k]);
+            if (!dup) {
+                free(alt);
+                return fail(c, "out of memory");
+            }
+            memmove(l->lits + at + 1, l->lits + at, (size_t)(l->n_lits - at) * sizeof *l->lits);
+            memmove(alt + at + 1, alt + at, (size_t)(l->n_lits - at) * sizeof *alt);
+            l->lits[at] = dup;
+            alt[at] = objs[i];
+            l->n_lits++;
+        }
+    }
+    for (int k = 0; k < l->n_lits; k++)
+        l->lit_len[k] = (int)strlen(l->lits[k]);
+    l->min_len = GPE_JS_INF;
+    for (int k = 0; k < l->n_lits; k++)
+        l->min_len = l->lit_len[k] < l->min_len ? l->lit_len[k] : l->min_len;
+    node_first(p, l);
+    *tag_out = id;
+    c->tag_alt = alt;
+    return 1;
+}
+
+/* anyOf/oneOf of objects told apart by their first property: a required
+ * const or enum whose values no two alternatives share (a discriminated
+ * union, as pydantic writes one, and the gguf agent's call of one of
+ * several tools). Those alternatives become one object node with that
+ * property alone, taking every value; once the value is written the
+ * matcher continues as the alternative it picked (jsongram.c retag).
+ * 0 (also when the union is not of that kind: finish then refuses it),
+ * -1 on error. */
+static int tag_union(cctx *c, int u)
+{
+    gpe_jschema *p = c->p;
+    int objs[16], n_objs = 0, rest[16], n_rest = 0;
+    const gpe_js_node *ref = NULL;
+    for (int a = 0; a < p->nodes[u].n_alts; a++) {
+        int t = p->nodes[u].alts[a];
+        while (p->nodes[t].kind == GPE_JS_REF)
+            t = p->nodes[t].target;
+        if (p->nodes[t].kind != GPE_JS_OBJECT) {
+            rest[n_rest++] = p->nodes[u].alts[a];
+            continue;
+        }
+        if (!ref)
+            ref = &p->nodes[t];
+        if (!tag_shape(p, &p->nodes[t], ref))
+            return 0;
+        objs[n_objs++] = t;
+    }
+    if (n_objs < 2)
+        return 0;
+    int64_t tail0 = GPE_JS_INF, tail1 = GPE_JS_INF, min_len = GPE_JS_INF;
+    for (int i = 0; i < n_objs; i++) {
+        const gpe_js_node *o = &p->nodes[objs[i]];
+        tail0 = o->tail[0] < tail0 ? o->tail[0] : tail0;
+        tail1 = o->tail[1] < tail1 ? o->tail[1] : tail1;
+        min_len = o->min_len < min_len ? o->min_len : min_len;
+    }
+    gpe_js_prop first = p->nodes[objs[0]].props[0];
+    int tag = -1;
+    int r = tag_values(c, objs, n_objs, &tag);
+    if (r <= 0)
+        return r;
+    int *alt = c->tag_alt;
+    c->tag_alt = NULL;
+    int id = new_node(c, GPE_JS_OBJECT);
+    gpe_js_prop *pr = calloc(1, sizeof *pr);
+    int64_t *tail = calloc(2, sizeof *tail);
+    char *key = strdup(first.key);
+    if (id < 0 || !pr || !tail || !key) {
+        free(alt);
+        free(pr);
+        free(tail);
+        free(key);
+        return id < 0 ? -1 : fail(c, "out of memory");
+    }
+    gpe_js_node *o = &p->nodes[id];
+    *pr = (gpe_js_prop){.key = key, .key_len = first.key_len, .node = tag, .required = true};
+    o->props = pr;
+    o->n_props = 1;
+    o->extra = -1;
+    tail[0] = tail0;
+    tail[1] = tail1;
+    o->tail = tail;
+    o->tag_alt = alt;
+    o->min_len = min_len;
+    node_first(p, o);
+    rest[n_rest++] = id;
+    gpe_js_node *un = &p->nodes[u];
+    un->n_alts = n_rest;
+    memcpy(un->alts, rest, (size_t)n_rest * sizeof *rest);
+    return 0;
+}
+
 /* Fixpoints of min_len and first over the (possibly cyclic) node graph,
  * then the checks that need them. */
 static int finish(cctx *c)
@@ -827,8 +965,15 @@ static int finish(cctx *c)
                                  : n->tail[k + 1];
             }
         }
+    }
+    /* (every object's tail is known now: tag_union reads its alternatives') */
+    for (int i = 0, n_nodes = p->n_nodes; i < n_nodes; i++) {
+        gpe_js_node *n = &p->nodes[i];
         if (n->kind != GPE_JS_UNION)
             continue;
+        if (tag_union(c, i) < 0)
+            return -1;
+        n = &p->nodes[i];   /* (tag_union may move the nodes) */
         for (int a = 0; a < n->n_alts; a++)
             for (int b = a + 1; b < n->n_alts; b++)
                 for (int k = 0; k < 32; k++)
@@ -892,6 +1037,7 @@ void gpe_jschema_free(gpe_jschema *p)
         free(n->lits);
         free(n->lit_len);
         free(n->alts);
+        free(n->tag_alt);
         gpe_jre_free(n->re);
     }
     free(p->nodes);

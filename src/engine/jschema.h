@@ -55,6 +55,9 @@ typedef struct gpe_js_node {
     int extra;
     int64_t *tail;              /* [n_props + 1]: bytes of ",key:value" for the required
                                    properties from index i on, at their minimum */
+    int *tag_alt;               /* a discriminated union (jschema.c tag_union): one
+                                   property whose value picks the object node
+                                   tag_alt[i] for literal i of that property; else NULL */
     /* array */
     int items;
     int64_t min_items, max_items;   /* max_items < 0: unbounded */

@@ -345,6 +345,19 @@ static int lit_byte(const gpe_jschema *p, gpe_jg_frame *f, unsigned char c)
     return R_OK;
 }
 
+/* A literal ends (literal k of its node, the frame on top): when it was
+ * the tag of a discriminated union (jschema.c tag_union), the object below
+ * goes on as the alternative the tag picked, after its first property. */
+static void retag(gpe_jg_state *s, const gpe_jschema *p, int k)
+{
+    if (s->depth < 2)
+        return;
+    gpe_jg_frame *o = &s->f[s->depth - 2];
+    const gpe_js_node *nd = &p->nodes[o->node];
+    if (o->mode == F_OBJ && nd->tag_alt && o->n == 1)
+        o->node = nd->tag_alt[k];
+}
+
 bool gpe_jg_feed(gpe_jg_state *s, const gpe_jschema *p, unsigned char c)
 {
     for (;;) {
@@ -369,6 +382,8 @@ bool gpe_jg_feed(gpe_jg_state *s, const gpe_jschema *p, unsigned char c)
         case R_RETRY:
             continue;
         case R_POP_RETRY:
+            if (f->mode == F_LIT)
+                retag(s, p, f->k);
             s->depth--;
             continue;
         default:

@@ -95,12 +95,20 @@ class GgufToolsTest(harness.TestCase):
                 self.assertFalse(content and "tool_call" in content, content)
 
     def test_required_calls_one_of_the_tools(self):
-        for seed in (4, 5):
+        """Each tool's arguments follow its own parameters (a union of calls
+        told apart by the name)."""
+        names = set()
+        for seed in range(1, 9):
             content, calls, finish = self.chat("required", False, seed)
             self.assertEqual(finish, "tool_calls", (content, calls))
             self.assertEqual(len(calls), 1)
             self.assertIn(calls[0][0], ("weather", "ls"))
-            self.assertIsInstance(json.loads(calls[0][1]), dict)
+            args = json.loads(calls[0][1])
+            self.assertIsInstance(args, dict)
+            if calls[0][0] == "weather":
+                self.assertTrue(valid(args, WEATHER, WEATHER), args)
+            names.add(calls[0][0])
+        self.assertEqual(names, {"weather", "ls"})
 
     def test_auto_leaves_text_as_text(self):
         content, calls, finish = self.chat("auto", False)
@@ -156,14 +164,14 @@ class GgufToolsTest(harness.TestCase):
         tools = [{"type": "function",
                   "function": {"name": "f", "strict": True,
                                "parameters": {"type": "object",
-                                              "properties": {"s": {"type": "string",
-                                                                   "pattern": "^a+$"}}}}}]
+                                              "properties": {"n": {"type": "integer",
+                                                                   "multipleOf": 3}}}}}]
         body = {"model": "tiny", "max_tokens": 50, "tools": tools,
                 "tool_choice": {"type": "function", "function": {"name": "f"}},
                 "messages": [{"role": "user", "content": "hi"}]}
         st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions", body, timeout=120)
         self.assertEqual(st, 400, b)
-        self.assertIn("pattern", json.dumps(b))
+        self.assertIn("multipleOf", json.dumps(b))
 
 
 if __name__ == "__main__":

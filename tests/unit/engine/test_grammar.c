@@ -64,6 +64,16 @@ static const char *const corpus[] = {
     "\"format\":\"date-time\"},\"ip\":{\"type\":\"string\",\"format\":\"ipv4\"}},"
     "\"required\":[\"code\",\"day\",\"id\",\"tag\",\"at\",\"ip\"],"
     "\"additionalProperties\":false}",
+
+    /* a discriminated union (pydantic's shape): objects told apart by a tag */
+    "{\"type\":\"object\",\"properties\":{\"pet\":{\"anyOf\":[{\"$ref\":\"#/$defs/cat\"},"
+    "{\"$ref\":\"#/$defs/dog\"},{\"type\":\"null\"}]}},\"required\":[\"pet\"],"
+    "\"$defs\":{\"cat\":{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"cat\"},"
+    "\"lives\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9}},\"required\":[\"kind\","
+    "\"lives\"],\"additionalProperties\":false},\"dog\":{\"type\":\"object\",\"properties\":"
+    "{\"kind\":{\"enum\":[\"dog\",\"puppy\"]},\"bark\":{\"type\":\"string\",\"maxLength\":5},"
+    "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":20}},\"required\":[\"kind\","
+    "\"bark\"],\"additionalProperties\":false}}}",
 };
 
 /* ---------------------------------------------------------- validator */
@@ -248,6 +258,13 @@ static void test_refused_keywords(void **state)
         {"{\"allOf\":[{},{}]}", "'allOf'"},
         {"{\"$ref\":\"http://x/s.json\"}", "'$ref'"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":2}]}", "'anyOf'"},
+        /* objects, but not told apart by a first-property tag */
+        {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},"
+         "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+         "\"integer\"}},\"required\":[\"a\"]}]}", "'anyOf'"},
+        {"{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"t\":{\"const\":1}},"
+         "\"required\":[\"t\"]},{\"type\":\"object\",\"properties\":{\"t\":{\"enum\":[2,1]}},"
+         "\"required\":[\"t\"]}]}", "'anyOf'"},
         {"{\"type\":[\"integer\",\"number\"]}", "'type'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{}},\"required\":[\"b\"]}", "'b'"},
         {"{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}},\"required\":[\"a\"]}",
@@ -332,6 +349,15 @@ static void test_matcher_corpus(void **state)
         {6, P6("AB-123", "2026-11-27", UUID, "abc", "2026-11-27T05:12:00Z", "256.1.1.1"), false},
         {6, P6("AB-123", "2026-11-27", UUID, "a\\u0062c", "2026-11-27T05:12:00Z", "1.2.3.4"),
          false},   /* a pattern string is written without escapes */
+        {7, "{\"pet\":{\"kind\":\"cat\",\"lives\":3}}", true},
+        {7, "{\"pet\":{\"kind\":\"puppy\",\"bark\":\"wo\",\"age\":2}}", true},
+        {7, "{\"pet\":{\"kind\":\"dog\",\"bark\":\"wo\"}}", true},
+        {7, "{\"pet\":null}", true},
+        {7, "{\"pet\":{\"kind\":\"cat\",\"bark\":\"wo\"}}", false},
+        {7, "{\"pet\":{\"kind\":\"dog\",\"lives\":3}}", false},
+        {7, "{\"pet\":{\"kind\":\"cat\"}}", false},
+        {7, "{\"pet\":{\"kind\":\"cow\",\"lives\":3}}", false},
+        {7, "{\"pet\":{\"lives\":3}}", false},
     };
     gpe_jschema *ps[sizeof corpus / sizeof corpus[0]];
     for (size_t i = 0; i < sizeof corpus / sizeof corpus[0]; i++)
