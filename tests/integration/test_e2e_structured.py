@@ -163,6 +163,29 @@ class StructuredE2ETest(harness.TestCase):
         self.assertEqual(st, 400, b)
         self.assertIn("backreferences", b["error"]["message"])
 
+    def test_anthropic_output_format(self):
+        """Anthropic's structured outputs: output_config.format (GA) and
+        output_format (beta) hold the text block to the schema; an unsupported
+        keyword is a 400 in Anthropic's dialect (before: ignored with a
+        warning, unconstrained text)."""
+        for field in ("output_config", "output_format"):
+            fmt = {"type": "json_schema", "schema": PERSON}
+            body = {"model": "tiny", "max_tokens": 400, "temperature": 1,
+                    "messages": [{"role": "user", "content": "A person"}]}
+            body[field] = {"format": fmt} if field == "output_config" else fmt
+            st, _, b = http_json("POST", self.srv.url + "/v1/messages", body, timeout=120)
+            self.assertEqual(st, 200, b)
+            self.assertEqual(b["stop_reason"], "end_turn", b)
+            self.assertTrue(valid(json.loads(b["content"][0]["text"]), PERSON, PERSON), b)
+        body = {"model": "tiny", "max_tokens": 50,
+                "messages": [{"role": "user", "content": "x"}],
+                "output_config": {"format": {"type": "json_schema",
+                                             "schema": {"type": "integer", "multipleOf": 2}}}}
+        st, _, b = http_json("POST", self.srv.url + "/v1/messages", body, timeout=30)
+        self.assertEqual(st, 400, b)
+        self.assertEqual(b["type"], "error")
+        self.assertIn("multipleOf", b["error"]["message"])
+
     def test_pattern_and_format(self):
         """pattern and format are enforced (they were refused before)."""
         schema = {"type": "object",

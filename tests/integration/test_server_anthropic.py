@@ -138,7 +138,7 @@ class ServerAnthropic(harness.TestCase):
         self.assertEqual(delta["usage"]["output_tokens"], 4)
         warnings = " | ".join(start["x_pool_meta"]["warnings"])
         for part in ("tools were ignored", "thinking (adaptive)", "'context_management'",
-                     "'output_config'", "max_tokens 32000 was clamped"):
+                     "output_config.effort", "max_tokens 32000 was clamped"):
             self.assertIn(part, warnings)
 
     def test_tools_structured_when_supported(self):

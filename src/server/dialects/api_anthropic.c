@@ -12,6 +12,7 @@
 
 #include "common/gp_log.h"
 #include "common/gp_stop.h"
+#include "server/dialects/rformat.h"
 #include "common/gp_util.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
@@ -163,7 +164,58 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
 static const char *const known_fields[] = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
     "top_k", "metadata", "stream", "tools", "tool_choice", "thinking", "x_pool_options",
-    "service_tier", NULL};
+    "service_tier", "output_config", "output_format", NULL};
+
+/* Structured outputs: `output_config.format` (Anthropic's GA form) or
+ * `output_format` (its beta form), both {"type": "json_schema", "schema"}.
+ * Brought to the job's OpenAI chat form and checked by the same schema
+ * compiler as every dialect (rformat.h): an unsupported keyword is a 400
+ * naming it, before any token. The JSON comes back as the text block. */
+static int output_format(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
+{
+    const json_t *oc = json_object_get(body, "output_config");
+    const json_t *beta = json_object_get(body, "output_format");
+    const char *where = "output_format";
+    const json_t *f = beta;
+    if (!gps_absent(oc)) {
+        if (!json_is_object(oc)) {
+            snprintf(msg, msglen, "output_config: must be an object");
+            return -1;
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)oc, k, v)
+            if (strcmp(k, "format") != 0)
+                warn(out, "output_config.%.64s is not supported by this pool; ignored", k);
+        if (!gps_absent(json_object_get(oc, "format"))) {
+            if (!gps_absent(beta)) {
+                snprintf(msg, msglen, "output_config.format and output_format: give one");
+                return -1;
+            }
+            f = json_object_get(oc, "format");
+            where = "output_config.format";
+        }
+    }
+    if (gps_absent(f))
+        return 0;
+    const char *type = json_string_value(json_object_get(f, "type"));
+    if (!json_is_object(f) || !type || strcmp(type, "json_schema") != 0 ||
+        !json_is_object(json_object_get(f, "schema"))) {
+        snprintf(msg, msglen, "%s: must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                 where);
+        return -1;
+    }
+    json_t *rf = json_pack("{s:s, s:{s:s, s:O, s:b}}", "type", "json_schema", "json_schema",
+                           "name", "output", "schema", json_object_get(f, "schema"), "strict", 1);
+    char why[400];
+    int r = rf ? gps_rformat_chat(rf, &out->spec.response_format, why, sizeof why) : -1;
+    json_decref(rf);
+    if (r < 0) {
+        snprintf(msg, msglen, "%s: %s", where, rf ? why : "out of memory");
+        return -1;
+    }
+    return 0;
+}
 
 static void render_tools(gps_anthropic_req *r, const json_t *tools)
 {
@@ -582,6 +634,9 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             warn(out, "thinking (%s) is not supported by this pool; answered without it",
                  tt ? tt : "?");
     }
+
+    if (output_format(body, out, msg, msglen) < 0)
+        goto fail;
 
     const char *param = NULL;
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
