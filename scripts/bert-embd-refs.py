@@ -52,12 +52,14 @@ def main():
         elif cur is not None and not line.strip():
             cur = None
     assert len(ids) == len(INPUTS) == len(vecs), (len(ids), len(vecs))
-    cmd[2] = model.rsplit("/", 1)[-1]
+    name = model.rsplit("/", 1)[-1]
     ref = {
-        "file": model.rsplit("/", 1)[-1],
+        "file": name,
         "llama_cpp_commit": commit,
-        "command": " ".join(c if " " not in c and c else json.dumps(c) for c in cmd[:-1])
-        + " -p INPUTS-JOINED-BY-SEPARATOR --embd-output-format json|raw --verbose-prompt",
+        "command": "llama-embedding -m %s -t 1 -fa off --embd-separator '%s' "
+                   "-p '<the inputs joined by the separator>' --embd-output-format json "
+                   "(vectors); the same with --verbose-prompt --embd-output-format raw "
+                   "(token ids)" % (name, SEP),
         "inputs": [{"text": t, "ids": i, "embedding": v}
                    for t, i, v in zip(INPUTS, ids, vecs)],
     }

@@ -5,7 +5,8 @@
  *   - the WordPiece tokenizer gives llama.cpp's ids ([CLS] ... [SEP]);
  *   - the pooled, normalised vectors (bert: mean, nomic-bert: CLS, as the
  *     files declare) match llama.cpp's: cosine >= 0.9999 and every value
- *     within 2e-3 (they are unit vectors of 64 values of about 0.12);
+ *     within 5e-4 (unit vectors of 64 values of about 0.12; measured: at
+ *     most 1e-4, from activations rounding to F16 differently);
  *   - many inputs in one gpe_embed_batch equal the inputs one by one, also
  *     when they fill a pass unevenly (a 2-sequence context, 5 inputs);
  *   - attention is bidirectional: the CLS vector (position 0) changes when a
@@ -137,7 +138,7 @@ static void check_file(const char *base, int pooling)
         double cs = cosine(all + i * DIM, want, DIM);
         printf("%s input %d: cosine %.7f, max abs diff %.2e\n", base, i, cs, worst);
         assert_true(cs >= 0.9999);
-        assert_true(worst <= 2e-3);
+        assert_true(worst <= 5e-4);
     }
     gpe_ctx_free(c8);
     gpe_ctx_free(c2);
