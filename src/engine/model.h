@@ -5,6 +5,10 @@
  * file's mapping, and the CPU forward pass over a batch of tokens of one or
  * more sequences.
  *
+ * BERT-style encoders (bert, nomic-bert: embeddings only) share the loader,
+ * the weights' layout and the matmuls; their forward pass is encoder.c's
+ * (hp.encoder; post-norm blocks, bidirectional attention, no KV cache).
+ *
  * Architecture (llama.cpp's conventions for GGUF files), with the parts that
  * only some families have in [brackets]:
  *
