@@ -11,7 +11,9 @@
  *     when they fill a pass unevenly (a 2-sequence context, 5 inputs);
  *   - attention is bidirectional: the CLS vector (position 0) changes when a
  *     later token changes (under a causal mask it could not);
- *   - the model is embeddings-only: gpe_decode refuses it.
+ *   - the model is embeddings-only: gpe_decode refuses it;
+ *   - a file declaring causal attention, or without the LayerNorm eps or the
+ *     token type count, is refused at load naming what is wrong.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <math.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <jansson.h>
@@ -198,6 +201,52 @@ static void test_decode_refused(void **state)
     gpe_model_free(m);
 }
 
+/* The bert file with its bytes patched at the first occurrence of `find`
+ * (same length), loaded: the load must fail with an error containing
+ * `want`. */
+static void load_patched(const char *find, const char *repl, size_t voff, uint8_t val,
+                         const char *want)
+{
+    char path[512], out[128], err[256] = "";
+    snprintf(path, sizeof path, "%s/arch/tiny-random-bert-f16.gguf", GP_MODEL_DATA);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static uint8_t buf[8 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    uint8_t *k = memmem(buf, n, find, strlen(find));
+    assert_non_null(k);
+    if (repl)
+        memcpy(k, repl, strlen(repl));
+    else
+        k[strlen(find) + voff] = val;   /* the value after the key and its type */
+    snprintf(out, sizeof out, "/tmp/gpe_test_encoder_%d.gguf", (int)getpid());
+    f = fopen(out, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+    gpe_model *m = NULL;
+    gpe_model_params mp = gpe_model_default_params();
+    gpe_status st = gpe_model_load(out, &mp, &m, err, sizeof err);
+    unlink(out);
+    assert_int_not_equal(st, GPE_OK);
+    if (!strstr(err, want))
+        fail_msg("error '%s' does not say '%s'", err, want);
+}
+
+/* What an encoder file must have: non-causal attention, a LayerNorm eps,
+ * a token type count (llama.cpp refuses the last two as well). */
+static void test_refused(void **state)
+{
+    (void)state;
+    /* bool value: 4-byte type (7), then the byte */
+    load_patched("bert.attention.causal", NULL, 4, 1, "causal encoders are not supported");
+    load_patched("bert.attention.layer_norm_epsilon", "bert.attention.layer_norm_epsilox", 0, 0,
+                 "layer_norm_epsilon");
+    load_patched("tokenizer.ggml.token_type_count", "tokenizer.ggml.token_type_counx", 0, 0,
+                 "token_type_count");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -205,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_nomic_bert),
         cmocka_unit_test(test_bidirectional),
         cmocka_unit_test(test_decode_refused),
+        cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
