@@ -209,13 +209,17 @@ static void act_fn(void *arg, int ith, int nth)
     act_job *j = arg;
     int64_t lo, hi;
     gpe_pool_split(j->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) {
-        const float g = j->a[i];
-        if (j->b)
+    if (j->b) {
+        for (int64_t i = lo; i < hi; i++) {
+            const float g = j->a[i];
             j->a[i] = (g / (1.0f + expf(-g))) * j->b[i];
-        else
-            j->a[i] = gpe_model_gelu(j->bias ? g + j->bias[i % j->n_ff] : g);
+        }
+        return;
     }
+    if (j->bias)
+        for (int64_t i = lo; i < hi; i++)
+            j->a[i] += j->bias[i % j->n_ff];
+    gpe_model_gelu_row(j->a + lo, hi - lo);
 }
 
 /* f->xn = FFN(f->x) for n tokens. */

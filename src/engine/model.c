@@ -1228,9 +1228,19 @@ static float gelu_f16(float x)
     return gelu_table[gpe_fp32_to_fp16(x)];
 }
 
-float gpe_model_gelu(float x)
+void gpe_model_gelu_row(float *x, int64_t n)
 {
-    return gelu_f16(x);
+    /* the F16 rounding of a chunk at once (vectorised where the CPU has
+     * it; the same round-to-nearest-even as gpe_fp32_to_fp16), then the
+     * table */
+    uint16_t h[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        const int64_t m = n - i0 < 256 ? n - i0 : 256;
+        float *v = x + i0;
+        gpe_quantize_row(GPE_TYPE_F16, v, h, m);
+        for (int64_t i = 0; i < m; i++)
+            v[i] = v[i] <= -10.0f ? 0.0f : v[i] >= 10.0f ? v[i] : gelu_table[h[i]];
+    }
 }
 
 static void swiglu_fn(void *arg, int ith, int nth)

@@ -242,10 +242,11 @@ void gpe_encoder_hidden(const gpe_llama *m, gpe_fwd *f, gpe_pool *pool, const in
 
 /* Shared with encoder.c (model.c's kernels): out_i = x W_i^T for n <= 3
  * weights of the same width, the worker count for `work` multiply-adds,
- * and GELU-tanh evaluated through F16 as llama.cpp's CPU backend does. */
+ * and x[i] = GELU-tanh(x[i]) for n values evaluated through F16 as
+ * llama.cpp's CPU backend does. */
 void gpe_model_matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, int n,
                       const gpe_weight *const *ws, float *const *outs);
 int gpe_model_nth(gpe_pool *pool, double work);
-float gpe_model_gelu(float x);
+void gpe_model_gelu_row(float *x, int64_t n);
 
 #endif
