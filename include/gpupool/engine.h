@@ -349,6 +349,9 @@ typedef enum gpe_pooling {
 
 /* The pooling gpe_embed uses for this model, or -1 when unsupported. */
 int gpe_model_pooling(const gpe_model *m);
+/* True for an encoder-only model (bert, nomic-bert): it computes
+ * embeddings only; gpe_decode refuses it (GPE_ERR_UNSUPPORTED). */
+bool gpe_model_embeddings_only(const gpe_model *m);
 /* Length of one embedding (n_embd); 0 for a vocab-only model. */
 int gpe_model_embedding_dim(const gpe_model *m);
 /* Embed one input: tokens[0..n) (1 <= n <= the context length) into out

@@ -1762,6 +1762,10 @@ static json_t *gguf_models(agent_backend *base)
      * their contexts go on the first engine's device(s). */
     if (m)
         json_object_set_new(json_array_get(m, 0), "supports_embeddings", json_true());
+    /* An encoder (bert, nomic-bert) computes embeddings only: the server
+     * answers generation requests for it with a 400 (docs/protocol.md). */
+    if (m && gpe_model_embeddings_only(b->model))
+        json_object_set_new(json_array_get(m, 0), "embeddings_only", json_true());
     /* digest: agents with the same file continue each other's jobs from
      * token ids (docs/protocol.md). */
     if (m && b->digest[0])

@@ -258,6 +258,13 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
             goto fail;
         }
         m->has_weights = true;
+        /* Encoders run on the CPU backend whatever was asked: the GPU
+         * backends have no bidirectional attention or LayerNorm, and these
+         * models are small (tens to hundreds of MB). */
+        if (m->llama.hp.encoder && m->ops->gpu) {
+            m->ops = gpe_backend_cpu();
+            memset(&m->place, 0, sizeof m->place);
+        }
         /* the CPU matmuls read row-interleaved copies where a type has
          * them; without the memory they read the rows (same results) */
         if (!m->ops->gpu)
@@ -515,6 +522,15 @@ static gpe_status ctx_sizes(const gpe_model *m, const gpe_ctx_params *params, gp
         seterr(err, errlen, "n_threads %d out of range [0, 512]", p.n_threads);
         return GPE_ERR_ARG;
     }
+    /* Encoders: positions beyond the trained length have no embedding row
+     * (bert) or were never trained; and one sequence must fit one forward
+     * pass (bidirectional attention sees it whole), so n_batch >= n_ctx. */
+    if (m->llama.hp.encoder) {
+        if (p.n_ctx > m->llama.hp.n_ctx_train)
+            p.n_ctx = m->llama.hp.n_ctx_train;
+        if (p.n_batch < p.n_ctx)
+            p.n_batch = p.n_ctx;
+    }
     sz->n_ctx = p.n_ctx;
     sz->n_seq = p.n_seq;
     sz->n_batch = p.n_batch;
@@ -751,6 +767,11 @@ gpe_status gpe_decode(gpe_ctx *ctx, const gpe_batch *b, char *err, size_t errlen
         return GPE_ERR_ARG;
     }
     ctx->last_n = 0;
+    if (gpe_model_embeddings_only(ctx->m)) {
+        seterr(err, errlen, "'%s' is an encoder (embeddings only): it does not generate text",
+               ctx->m->info.arch);
+        return GPE_ERR_UNSUPPORTED;
+    }
     if (ctx->broken) {
         seterr(err, errlen, "context unusable after a device fault (%s): free it and create "
                "a new one", ctx->broken);
@@ -831,6 +852,11 @@ int gpe_model_pooling(const gpe_model *m)
     if (!gpe_gguf_get_i64(m->g, key, &v) || v == 0)
         return GPE_POOLING_LAST;
     return v >= GPE_POOLING_MEAN && v <= GPE_POOLING_LAST ? (int)v : -1;
+}
+
+bool gpe_model_embeddings_only(const gpe_model *m)
+{
+    return m && m->has_weights && m->llama.hp.encoder;
 }
 
 int gpe_model_embedding_dim(const gpe_model *m)
@@ -966,7 +992,11 @@ gpe_status gpe_embed_batch(gpe_ctx *ctx, const int32_t *const *tokens, const int
         int g1 = g0 + ctx->n_seq < n_inputs ? g0 + ctx->n_seq : n_inputs;
         for (int s = 0; s < ctx->n_seq; s++)
             gpe_seq_clear(ctx, s);
-        for (int i = g0; i < g1 && st == GPE_OK; i++)
+        for (int i = g0; i < g1 && st == GPE_OK; i++) {
+            /* an encoder's input must be whole in one chunk (it attends
+             * both ways); n_batch >= n_ctx >= its length (ctx_sizes) */
+            if (ctx->m->llama.hp.encoder && r.n + n_tokens[i] > r.cap)
+                st = embed_flush(&r, err, errlen);
             for (int j = 0; j < n_tokens[i] && st == GPE_OK; j++) {
                 r.tok[r.n] = tokens[i][j];
                 r.pos[r.n] = j;
@@ -975,6 +1005,7 @@ gpe_status gpe_embed_batch(gpe_ctx *ctx, const int32_t *const *tokens, const int
                 if (++r.n == r.cap)
                     st = embed_flush(&r, err, errlen);
             }
+        }
         if (st == GPE_OK)
             st = embed_flush(&r, err, errlen);
         for (int i = g0; i < g1 && st == GPE_OK; i++)

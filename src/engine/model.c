@@ -42,6 +42,8 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 
 /* ============================================================== loading */
 
+static void gelu_init(void);   /* the GELU table (forward pass section) */
+
 /* Architectures this engine runs. Mistral, Llama 3 and Mixtral files are
  * written as "llama" by llama.cpp's converter. */
 static const struct {
@@ -50,9 +52,11 @@ static const struct {
 } k_archs[] = {
     {"llama", GPE_ARCH_LLAMA},   {"qwen2", GPE_ARCH_QWEN2},   {"qwen3", GPE_ARCH_QWEN3},
     {"phi3", GPE_ARCH_PHI3},     {"gemma2", GPE_ARCH_GEMMA2}, {"gemma3", GPE_ARCH_GEMMA3},
+    {"bert", GPE_ARCH_BERT},     {"nomic-bert", GPE_ARCH_NOMIC_BERT},
 };
 #define SUPPORTED_ARCHS \
-    "llama (incl. Mistral, Llama 3, Mixtral MoE), qwen2, qwen3, phi3, gemma2, gemma3"
+    "llama (incl. Mistral, Llama 3, Mixtral MoE), qwen2, qwen3, phi3, gemma2, gemma3; " \
+    "encoders (embeddings only): bert, nomic-bert"
 
 static bool arch_lookup(const char *a, gpe_arch_kind *kind)
 {
@@ -136,6 +140,37 @@ static gpe_status get_count(const gpe_gguf *g, const char *arch, const char *suf
     return GPE_OK;
 }
 
+/* BERT-style encoders: LayerNorm eps (required, as llama.cpp), non-causal
+ * attention (a file declaring causal attention is some other model), and
+ * the token type count that sizes token_types. */
+static gpe_status read_encoder_hparams(gpe_hparams *hp, const gpe_gguf *g, const char *arch,
+                                       char *err, size_t errlen)
+{
+    char key[128];
+    bool causal = false;
+    hp->encoder = true;
+    hp->rope_neox = true;
+    if (!get_f32(g, arch, "attention.layer_norm_epsilon", &hp->norm_eps) ||
+        !(hp->norm_eps > 0.0f) || !isfinite(hp->norm_eps)) {
+        seterr(err, errlen, "metadata '%s.attention.layer_norm_epsilon' must be a positive "
+               "number", arch);
+        return GPE_ERR_FORMAT;
+    }
+    snprintf(key, sizeof key, "%s.attention.causal", arch);
+    if (gpe_gguf_get_bool(g, key, &causal) && causal) {
+        seterr(err, errlen, "metadata '%s' = true: causal encoders are not supported", key);
+        return GPE_ERR_UNSUPPORTED;
+    }
+    int64_t v = 0;
+    if (!gpe_gguf_get_i64(g, "tokenizer.ggml.token_type_count", &v) || v < 1 || v > 1024) {
+        seterr(err, errlen, "metadata 'tokenizer.ggml.token_type_count' must be in [1, 1024] "
+               "for %s", arch);
+        return GPE_ERR_FORMAT;
+    }
+    hp->n_token_types = (int)v;
+    return GPE_OK;
+}
+
 /* What differs per family (defaults are llama.cpp's). */
 static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const char *arch,
                                     char *err, size_t errlen)
@@ -167,6 +202,9 @@ static gpe_status read_arch_hparams(gpe_hparams *hp, const gpe_gguf *g, const ch
          * disables Phi-3's window too (its converter's value is unreliable),
          * and the references follow llama.cpp. */
         break;
+    case GPE_ARCH_BERT:
+    case GPE_ARCH_NOMIC_BERT:
+        return read_encoder_hparams(hp, g, arch, err, errlen);
     case GPE_ARCH_GEMMA2:
     case GPE_ARCH_GEMMA3:
         hp->embd_scale = sqrtf((float)hp->n_embd);
@@ -529,9 +567,104 @@ static gpe_status bind_layer(loader *ld, const gpe_llama *m, int l, gpe_layer *L
     return GPE_OK;
 }
 
+/* An encoder block (bert, nomic-bert): attention projections (bert: three,
+ * with biases; nomic-bert: one fused qkv), output projection [+ bias], the
+ * two post-norms with biases, and the FFN: bert up/down with biases and
+ * GELU, nomic-bert gate/up/down (SwiGLU). Biases llama.cpp treats as
+ * optional are optional here too. */
+static gpe_status bind_encoder_layer(loader *ld, const gpe_llama *m, int l, gpe_layer *L)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    char n[GPE_GGUF_MAX_NAME];
+    gpe_status st;
+#define NM(nm) (snprintf(n, sizeof n, "blk.%d.%s", l, nm), n)
+    if (gpe_gguf_find_tensor(ld->g, NM("attn_qkv.weight")) >= 0) {
+        gpe_weight *parts[3] = { &L->wq, &L->wk, &L->wv };
+        const int64_t rows[3] = { qd, kvd, kvd };
+        if ((st = bind_fused(ld, n, E, 3, parts, rows)))
+            return st;
+    } else if ((st = bind_weight(ld, &L->wq, NM("attn_q.weight"), E, qd)) ||
+               (st = bind_weight(ld, &L->wk, NM("attn_k.weight"), E, kvd)) ||
+               (st = bind_weight(ld, &L->wv, NM("attn_v.weight"), E, kvd)) ||
+               (st = bind_vec_opt(ld, &L->bq, NM("attn_q.bias"), qd)) ||
+               (st = bind_vec_opt(ld, &L->bk, NM("attn_k.bias"), kvd)) ||
+               (st = bind_vec_opt(ld, &L->bv, NM("attn_v.bias"), kvd))) {
+        return st;
+    }
+    if ((st = bind_weight(ld, &L->wo, NM("attn_output.weight"), qd, E)) ||
+        (st = bind_vec_opt(ld, &L->bo, NM("attn_output.bias"), E)) ||
+        (st = bind_vec(ld, &L->attn_out_norm, NM("attn_output_norm.weight"), E)) ||
+        (st = bind_vec(ld, &L->attn_out_norm_b, NM("attn_output_norm.bias"), E)) ||
+        (st = bind_weight(ld, &L->w_up, NM("ffn_up.weight"), E, F)) ||
+        (st = bind_vec_opt(ld, &L->b_up, NM("ffn_up.bias"), F)) ||
+        (st = bind_weight(ld, &L->w_down, NM("ffn_down.weight"), F, E)) ||
+        (st = bind_vec_opt(ld, &L->b_down, NM("ffn_down.bias"), E)) ||
+        (st = bind_vec(ld, &L->out_norm, NM("layer_output_norm.weight"), E)) ||
+        (st = bind_vec(ld, &L->out_norm_b, NM("layer_output_norm.bias"), E)))
+        return st;
+    if (hp->kind == GPE_ARCH_NOMIC_BERT &&
+        (st = bind_weight(ld, &L->w_gate, NM("ffn_gate.weight"), E, F)))
+        return st;
+#undef NM
+    L->rope_base = hp->rope_base;
+    L->rope_freq_scale = hp->rope_freq_scale;
+    return GPE_OK;
+}
+
+/* Encoder tensors outside the blocks: token types (optional, as in
+ * llama.cpp), bert's absolute positions, the embedding LayerNorm. No
+ * output norm or head: an encoder only gives hidden states. */
+static gpe_status bind_encoder(loader *ld, gpe_llama *m)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd;
+    gpe_status st;
+    if (gpe_gguf_find_tensor(ld->g, "token_types.weight") >= 0 &&
+        (st = bind_weight(ld, &m->type_embd, "token_types.weight", E, hp->n_token_types)))
+        return st;
+    if (hp->kind == GPE_ARCH_BERT &&
+        (st = bind_weight(ld, &m->pos_embd, "position_embd.weight", E, hp->n_ctx_train)))
+        return st;
+    if ((st = bind_vec(ld, &m->tok_norm, "token_embd_norm.weight", E)) ||
+        (st = bind_vec(ld, &m->tok_norm_b, "token_embd_norm.bias", E)))
+        return st;
+    for (int l = 0; l < hp->n_layer; l++)
+        if ((st = bind_encoder_layer(ld, m, l, &m->layers[l])))
+            return st;
+    return GPE_OK;
+}
+
+/* A decoder's output norm, output matrix (or tied), RoPE factors, blocks. */
+static gpe_status bind_decoder(loader *ld, gpe_llama *m)
+{
+    const gpe_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, V = hp->n_vocab;
+    gpe_status st;
+    if ((st = bind_vec(ld, &m->output_norm, "output_norm.weight", E)))
+        return st;
+    if (gpe_gguf_find_tensor(ld->g, "output.weight") >= 0) {
+        if ((st = bind_weight(ld, &m->output, "output.weight", E, V)))
+            return st;
+    } else {
+        m->output = m->tok_embd;
+        m->tied_output = true;
+    }
+    if ((st = bind_vec_opt(ld, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2)))
+        return st;
+    for (int l = 0; l < hp->n_layer; l++) {
+        gpe_weight *exps = m->experts ? m->experts + (size_t)l * 3 * (size_t)hp->n_expert : NULL;
+        if ((st = bind_layer(ld, m, l, &m->layers[l], exps)))
+            return st;
+    }
+    return GPE_OK;
+}
+
 gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t errlen)
 {
     gpe_status st;
+    gelu_init();
     memset(m, 0, sizeof *m);
     gpe_hparams *hp = &m->hp;
     if ((st = read_hparams(hp, g, err, errlen)))
@@ -561,25 +694,9 @@ gpe_status gpe_llama_load(gpe_llama *m, const gpe_gguf *g, char *err, size_t err
         goto fail;
     }
 
-    const int64_t E = hp->n_embd, V = hp->n_vocab;
-    if ((st = bind_weight(&ld, &m->tok_embd, "token_embd.weight", E, V)) ||
-        (st = bind_vec(&ld, &m->output_norm, "output_norm.weight", E)))
+    if ((st = bind_weight(&ld, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab)) ||
+        (st = hp->encoder ? bind_encoder(&ld, m) : bind_decoder(&ld, m)))
         goto fail;
-    if (gpe_gguf_find_tensor(g, "output.weight") >= 0) {
-        if ((st = bind_weight(&ld, &m->output, "output.weight", E, V)))
-            goto fail;
-    } else {
-        m->output = m->tok_embd;
-        m->tied_output = true;
-    }
-    if ((st = bind_vec_opt(&ld, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2)))
-        goto fail;
-
-    for (int l = 0; l < hp->n_layer; l++) {
-        gpe_weight *exps = m->experts ? m->experts + (size_t)l * 3 * (size_t)hp->n_expert : NULL;
-        if ((st = bind_layer(&ld, m, l, &m->layers[l], exps)))
-            goto fail;
-    }
 
     for (int64_t i = 0; i < n_t; i++)
         if (!ld.used[i]) {
@@ -624,7 +741,7 @@ static int pack_list(gpe_llama *m, gpe_weight **ws, int cap)
             if (lw[i]->data && n < cap)
                 ws[n++] = lw[i];
     }
-    if (n < cap)
+    if (n < cap && m->output.data)
         ws[n++] = &m->output;
     return n;
 }
@@ -947,6 +1064,17 @@ static void matmul_multi(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, 
     gpe_pool_run_n(pool, nth_for(pool, work), mm_fn, &j);
 }
 
+void gpe_model_matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, int n,
+                      const gpe_weight *const *ws, float *const *outs)
+{
+    matmul_multi(f, pool, x, n_tok, n, ws, outs);
+}
+
+int gpe_model_nth(gpe_pool *pool, double work)
+{
+    return nth_for(pool, work);
+}
+
 static void matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, const gpe_weight *w,
                    float *out)
 {
@@ -1065,17 +1193,54 @@ typedef struct swiglu_job {
 /* GELU, tanh approximation, evaluated as llama.cpp's CPU backend does:
  * through F16 (input rounded to F16, result rounded to F16), with the
  * tails taken exactly. */
+static float gelu_of_f16(uint16_t h)
+{
+    const float xr = gpe_fp16_to_fp32(h);
+    const float y = 0.5f * xr *
+                    (1.0f + tanhf(0.79788456080286535587989211986876f * xr *
+                                  (1.0f + 0.044715f * xr * xr)));
+    return gpe_fp16_to_fp32(gpe_fp32_to_fp16(y));
+}
+
+/* The input is rounded to F16 first, so GELU has only 65536 possible
+ * results: a table of them (256 KB, filled once) gives the same values as
+ * evaluating tanhf, which was more than half of an encoder's time. */
+static float gelu_table[65536];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_table_fill(void)
+{
+    for (uint32_t h = 0; h < 65536; h++)
+        gelu_table[h] = gelu_of_f16((uint16_t)h);
+}
+
+static void gelu_init(void)
+{
+    pthread_once(&gelu_once, gelu_table_fill);
+}
+
 static float gelu_f16(float x)
 {
     if (x <= -10.0f)
         return 0.0f;
     if (x >= 10.0f)
         return x;
-    const float xr = gpe_fp16_to_fp32(gpe_fp32_to_fp16(x));
-    const float y = 0.5f * xr *
-                    (1.0f + tanhf(0.79788456080286535587989211986876f * xr *
-                                  (1.0f + 0.044715f * xr * xr)));
-    return gpe_fp16_to_fp32(gpe_fp32_to_fp16(y));
+    return gelu_table[gpe_fp32_to_fp16(x)];
+}
+
+void gpe_model_gelu_row(float *x, int64_t n)
+{
+    /* the F16 rounding of a chunk at once (vectorised where the CPU has
+     * it; the same round-to-nearest-even as gpe_fp32_to_fp16), then the
+     * table */
+    uint16_t h[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        const int64_t m = n - i0 < 256 ? n - i0 : 256;
+        float *v = x + i0;
+        gpe_quantize_row(GPE_TYPE_F16, v, h, m);
+        for (int64_t i = 0; i < m; i++)
+            v[i] = v[i] <= -10.0f ? 0.0f : v[i] >= 10.0f ? v[i] : gelu_table[h[i]];
+    }
 }
 
 static void swiglu_fn(void *arg, int ith, int nth)
@@ -1298,6 +1463,10 @@ void gpe_llama_hidden(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
 {
     const gpe_hparams *hp = &m->hp;
     const int E = hp->n_embd;
+    if (hp->encoder) {
+        gpe_encoder_hidden(m, f, pool, tokens, pos, seq, n, hidden);
+        return;
+    }
     run_layers(m, f, kv, pool, tokens, pos, seq, n);
     for (int t = 0; t < n; t++)
         rmsnorm(hidden + (size_t)t * E, f->x + (size_t)t * E, m->output_norm, E, hp->rms_eps);

@@ -5,6 +5,10 @@
  * file's mapping, and the CPU forward pass over a batch of tokens of one or
  * more sequences.
  *
+ * BERT-style encoders (bert, nomic-bert: embeddings only) share the loader,
+ * the weights' layout and the matmuls; their forward pass is encoder.c's
+ * (hp.encoder; post-norm blocks, bidirectional attention, no KV cache).
+ *
  * Architecture (llama.cpp's conventions for GGUF files), with the parts that
  * only some families have in [brackets]:
  *
@@ -67,6 +71,8 @@ typedef enum gpe_arch_kind {
     GPE_ARCH_PHI3,
     GPE_ARCH_GEMMA2,
     GPE_ARCH_GEMMA3,
+    GPE_ARCH_BERT,        /* encoder: absolute positions, GELU FFN with biases */
+    GPE_ARCH_NOMIC_BERT,  /* encoder: RoPE (NEOX), fused qkv, SwiGLU FFN */
 } gpe_arch_kind;
 
 /* Hyper-parameters (Config). */
@@ -96,6 +102,10 @@ typedef struct gpe_hparams {
     bool gelu;            /* FFN activation GELU-tanh (gemma) instead of SiLU */
     int n_expert;         /* expert_count; 0 = dense FFN */
     int n_expert_used;    /* expert_used_count */
+    bool encoder;         /* BERT-style: bidirectional attention, post-LayerNorm
+                           * blocks, no output head (embeddings only) */
+    float norm_eps;       /* encoder LayerNorm eps (attention.layer_norm_epsilon) */
+    int n_token_types;    /* encoder: rows of token_types (tokenizer.ggml.token_type_count) */
 } gpe_hparams;
 
 /* A 2-D weight: n_rows rows of n_cols elements of one type, row-major. */
@@ -130,6 +140,11 @@ typedef struct gpe_layer {
     bool swa;                 /* sliding-window layer */
     float rope_base;          /* this layer's RoPE base and position scale */
     float rope_freq_scale;
+    /* encoder (post-norm) blocks: LayerNorm weight + bias after the
+     * attention residual and after the FFN residual, and FFN biases */
+    const float *attn_out_norm, *attn_out_norm_b;
+    const float *out_norm, *out_norm_b;
+    const float *b_up, *b_down;
 } gpe_layer;
 
 /* Weights (read-only after load; shared by every context). */
@@ -140,6 +155,9 @@ typedef struct gpe_llama {
     gpe_weight output;        /* [n_vocab][n_embd]; == tok_embd when tied */
     bool tied_output;
     const float *rope_freqs;  /* [n_rot/2] or NULL */
+    gpe_weight type_embd;     /* encoder: [n_token_types][n_embd]; row 0 added (data NULL: none) */
+    gpe_weight pos_embd;      /* bert: [n_ctx_train][n_embd] absolute positions (data NULL: none) */
+    const float *tok_norm, *tok_norm_b; /* encoder: LayerNorm of the embedding sum */
     gpe_layer *layers;        /* [n_layer] */
     gpe_weight *experts;      /* MoE: the views of every layer (one allocation) */
     uint64_t n_params;
@@ -213,5 +231,22 @@ int gpe_llama_forward(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool
 void gpe_llama_hidden(const gpe_llama *m, gpe_fwd *f, gpe_kv *kv, gpe_pool *pool,
                       const int32_t *tokens, const int *pos, const int *seq, int n,
                       float *hidden);
+
+/* Encoder models (hp.encoder; encoder.c): the final hidden state of the n
+ * tokens, each attending to every token of its own sequence (whole
+ * sequences only: a sequence's tokens are consecutive in the batch and all
+ * of them are in this call; no KV cache). Same layout as gpe_llama_hidden,
+ * which calls it for encoders. Cannot fail. */
+void gpe_encoder_hidden(const gpe_llama *m, gpe_fwd *f, gpe_pool *pool, const int32_t *tokens,
+                        const int *pos, const int *seq, int n, float *hidden);
+
+/* Shared with encoder.c (model.c's kernels): out_i = x W_i^T for n <= 3
+ * weights of the same width, the worker count for `work` multiply-adds,
+ * and x[i] = GELU-tanh(x[i]) for n values evaluated through F16 as
+ * llama.cpp's CPU backend does. */
+void gpe_model_matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, int n,
+                      const gpe_weight *const *ws, float *const *outs);
+int gpe_model_nth(gpe_pool *pool, double work);
+void gpe_model_gelu_row(float *x, int64_t n);
 
 #endif

@@ -3,6 +3,7 @@
 add_library(gpe_model OBJECT
   ${CMAKE_CURRENT_LIST_DIR}/kv.c
   ${CMAKE_CURRENT_LIST_DIR}/model.c
+  ${CMAKE_CURRENT_LIST_DIR}/encoder.c
   ${CMAKE_CURRENT_LIST_DIR}/engine.c
   ${CMAKE_CURRENT_LIST_DIR}/backend_cpu.c
   ${CMAKE_CURRENT_LIST_DIR}/backend_load.c)

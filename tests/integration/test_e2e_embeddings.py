@@ -305,5 +305,61 @@ class LateUpstreamTest(harness.TestCase):
         self.assertEqual(len(out["data"][0]["embedding"]), 4)
 
 
+class EncoderTest(harness.TestCase):
+    """A gguf agent serving a BERT encoder (the generated
+    tests/data/arch/tiny-random-bert-f16.gguf): /v1/embeddings answers with
+    unit vectors of 64 that match llama.cpp's (the .embd.json reference);
+    /v1/models lists it; every text-generation dialect (chat, completions,
+    Responses, Anthropic Messages) refuses it with a 400 naming `model` in
+    its own error shape, before any job is queued."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        path = os.path.join(harness.BUILD_DIR, "tests", "data", "arch",
+                            "tiny-random-bert-f16.gguf")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.agent = self.h.start_agent(self.srv, upstream=None, slots=1, alias="minibert",
+                                        args=["--model", path, "--threads", "1"])
+        self.srv.wait_model("minibert")
+
+    def test_embeddings_match_llama_cpp(self):
+        import json
+        with open(os.path.join(harness.SOURCE_DIR, "tests", "data", "arch",
+                               "tiny-random-bert-f16.embd.json")) as f:
+            ref = json.load(f)
+        texts = [x["text"] for x in ref["inputs"]]
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "minibert", "input": texts}, timeout=120)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["prompt_tokens"], sum(len(x["ids"]) for x in ref["inputs"]))
+        for d, want in zip(out["data"], ref["inputs"]):
+            v, w = d["embedding"], want["embedding"]
+            self.assertEqual(len(v), 64)
+            cos = sum(a * b for a, b in zip(v, w)) / (norm(v) * norm(w))
+            self.assertGreaterEqual(cos, 0.9999)
+
+    def test_generation_refused(self):
+        cases = [
+            ("/v1/chat/completions", {"model": "minibert",
+                                      "messages": [{"role": "user", "content": "hi"}]}),
+            ("/v1/completions", {"model": "minibert", "prompt": "hi"}),
+            ("/v1/responses", {"model": "minibert", "input": "hi"}),
+        ]
+        for path, body in cases:
+            st, _, out = http_json("POST", self.srv.url + path, body, timeout=60)
+            self.assertEqual(st, 400, (path, out))
+            self.assertEqual(out["error"]["type"], "invalid_request_error", path)
+            self.assertEqual(out["error"]["param"], "model", path)
+            self.assertIn("embeddings model", out["error"]["message"], path)
+        st, _, out = http_json("POST", self.srv.url + "/v1/messages",
+                               {"model": "minibert", "max_tokens": 8,
+                                "messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["type"], "error")
+        self.assertEqual(out["error"]["type"], "invalid_request_error")
+
+
 if __name__ == "__main__":
     harness.main()

@@ -76,13 +76,15 @@ export class Pool {
 
   // Server + one agent on the bundled model (gguf backend, the embedded
   // engine) instead of the scripted upstream; `model` is its alias.
-  async startBundled({ model = 'stories', slots = 2 } = {}) {
+  // file: a model file under the build tree (BUILD/...) instead of the
+  // bundled stories260K (e.g. the generated tests/data/arch encoders).
+  async startBundled({ model = 'stories', slots = 2, file = null } = {}) {
     const portFile = join(this.dir, 'server.port');
     this.spawn('server', bin('gpupool-server'), ['--listen', '127.0.0.1:0', '--port-file', portFile, '--db', join(this.dir, 'pool.db')]);
     this.port = await this.readPort(portFile);
     this.baseURL = `http://127.0.0.1:${this.port}`;
     this.agent = this.spawn('agent', bin('gpupool-agent'), ['--server', this.baseURL, '--state-dir', join(this.dir, 'agent'),
-      '--model', join(SRC, 'models/stories260K.gguf'), '--alias', model, '--slots', String(slots), '--threads', '1']);
+      '--model', file ? join(BUILD, file) : join(SRC, 'models/stories260K.gguf'), '--alias', model, '--slots', String(slots), '--threads', '1']);
     this.model = model;
     await waitFor('the gguf agent to register its model', async () => {
       const r = await fetch(`${this.baseURL}/v1/models`);

@@ -102,7 +102,7 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
     gps_job_spec_clear(spec);
     if (!job) {
         gps_send_error_retry(r->req, rl->ops->dialect, e.status, e.code, e.message,
-                             e.status == 404 ? "model" : NULL, r->correlation_id,
+                             e.status == 404 || e.status == 400 ? "model" : NULL, r->correlation_id,
                              e.retry_after_sec);
         gps_relay_count(rl, e.code);
         rl->req = NULL;

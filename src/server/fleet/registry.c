@@ -240,6 +240,7 @@ static int parse_model(const json_t *m, size_t idx, registry_model_info *out, ch
     /* Lenient like the dialects were: anything but true is false. */
     out->supports_tools = json_is_true(json_object_get(m, "supports_tools"));
     out->supports_embeddings = json_is_true(json_object_get(m, "supports_embeddings"));
+    out->embeddings_only = json_is_true(json_object_get(m, "embeddings_only"));
     return parse_digest(m, idx, out, err, errlen);
 }
 

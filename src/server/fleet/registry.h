@@ -77,6 +77,8 @@ typedef struct registry_model_info {
     bool loaded;
     bool supports_tools;    /* the agent takes OpenAI tools for it (fact, default false) */
     bool supports_embeddings; /* the agent computes embeddings for it (fact, default false) */
+    bool embeddings_only;   /* an encoder (bert...): embeddings, no text generation (fact,
+                               default false) */
     char *digest;           /* sha256 of the model file (64 lowercase hex), or NULL: agents
                                with equal digests continue each other's jobs from token ids */
 } registry_model_info;

@@ -1000,10 +1000,54 @@ static gps_job *submit_held(gps_jobs *j, gps_job *job)
     return job;
 }
 
+/* Of the live agents serving a model: how many, and how many report it
+ * embeddings_only (an encoder). */
+typedef struct gen_probe {
+    const char *model;
+    int serving, encoders;
+} gen_probe;
+
+static void gen_probe_cb(void *ud, registry_agent *a)
+{
+    gen_probe *p = ud;
+    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT)
+        return;
+    for (size_t i = 0; i < a->n_models; i++)
+        if (registry_model_info_named(&a->models[i], p->model)) {
+            p->serving++;
+            p->encoders += a->models[i].embeddings_only;
+            return;
+        }
+}
+
+/* A text-generation job (chat, completion, count_tokens aside) for a model
+ * that only encoder agents serve can never run: a 400 naming the model,
+ * rather than a job an agent would refuse. */
+static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_err *err)
+{
+    if (spec->kind != GPS_JOB_CHAT && spec->kind != GPS_JOB_COMPLETION)
+        return false;
+    gen_probe p = { .model = spec->model };
+    if (spec->model)
+        registry_foreach(j->reg, gen_probe_cb, &p);
+    if (p.serving == 0 || p.encoders < p.serving)
+        return false;
+    err->status = 400;
+    err->code = "INVALID_REQUEST";
+    snprintf(err->message, sizeof err->message,
+             "model '%.100s' is an embeddings model (encoder only): it does not generate "
+             "text; use it with /v1/embeddings", spec->model);
+    return true;
+}
+
 gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
                          const char *key_id, gps_submit_err *err)
 {
     memset(err, 0, sizeof *err);
+    if (refuse_generation(j, spec, err)) {
+        gps_job_spec_clear(spec);
+        return NULL;
+    }
     long long reserve = 0;
     if (j->limits && !spec->resume_id && key_id && *key_id) {
         int retry = 0;

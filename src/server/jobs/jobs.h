@@ -259,8 +259,9 @@ const char *gps_job_ids_digest(const gps_job *job);
 
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
-    int status;                   /* 404, 429, 503, 500 */
-    const char *code;             /* MODEL_NOT_FOUND, QUEUE_FULL, RATE_LIMITED, TOKEN_LIMIT,
+    int status;                   /* 400, 404, 429, 503, 500 */
+    const char *code;             /* INVALID_REQUEST (generation asked of an encoder),
+                                     MODEL_NOT_FOUND, QUEUE_FULL, RATE_LIMITED, TOKEN_LIMIT,
                                      NO_AGENT, INTERNAL */
     char message[256];
     int retry_after_sec;          /* 0 = none */
