@@ -285,6 +285,15 @@ static char *pg_migration_sql(const char *sql)
     char *out = malloc(strlen(sql) + 1), *o = out;
     bool quoted = false;
     for (const char *p = sql; out && *p;) {
+        if (!quoted && p[0] == '-' && p[1] == '-') {
+            /* a comment, to the end of its line: its words and quotes
+             * ("the agent's") are prose */
+            size_t n = strcspn(p, "\n");
+            memcpy(o, p, n);
+            o += n;
+            p += n;
+            continue;
+        }
         if (*p == '\'')
             quoted = !quoted;
         if (!quoted && word_at(p, sql, "INTEGER")) {
