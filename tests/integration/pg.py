@@ -121,6 +121,16 @@ class Postgres:
             argv += ["-c", 'CREATE DATABASE "%s"' % n]
         self._as(argv, check=True)
 
+    def createschemas(self, db, names):
+        """Empty schemas in db, in one psql run: a fresh namespace costs
+        milliseconds where a database costs most of a second."""
+        self.psql(db, "; ".join('CREATE SCHEMA "%s"' % n for n in names))
+
+    def schema_uri(self, db, schema=""):
+        """A URI whose connections use schema (search_path): the store's
+        tables land there. With schema "", the prefix to append one to."""
+        return self.uri(db) + "?options=-c%20search_path%3D" + schema
+
     def psql(self, db, sql):
         """Run sql in db (checks only); returns stdout (unaligned, tuples only)."""
         r = self._as([os.path.join(self.bin, "psql"), "-h", "127.0.0.1", "-p", str(self.port),

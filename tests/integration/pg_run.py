@@ -1,7 +1,9 @@
 """pg_run.py [--dbs N] -- COMMAND...: run COMMAND next to a real PostgreSQL
-(pg.py) with empty databases t1..tN and GPUPOOL_TEST_PG_BASE set to the
-URI they share but for the name (postgresql://gpupool@127.0.0.1:PORT/);
-tests/unit/server/db_fixture.h takes one per test. Exits with COMMAND's
+(pg.py) with a database `gpupool` holding empty schemas t1..tN, and
+GPUPOOL_TEST_PG_BASE set to the URI they share but for the schema's name
+(postgresql://gpupool@127.0.0.1:PORT/gpupool?options=-c%20search_path%3D);
+tests/unit/server/db_fixture.h appends one per test. (Schemas, not
+databases: a CREATE DATABASE takes most of a second.) Exits with COMMAND's
 status, or 77 (CTest's SKIP_RETURN_CODE) with the reason when PostgreSQL
 cannot be started here. PostgreSQL is stopped by its PID in every case.
 """
@@ -31,8 +33,9 @@ def main():
     db = None
     try:
         db = pg.Postgres(tmp)
-        db.createdbs(["t%d" % i for i in range(1, dbs + 1)])
-        env = dict(os.environ, GPUPOOL_TEST_PG_BASE=db.base_uri())
+        db.createdb("gpupool")
+        db.createschemas("gpupool", ["t%d" % i for i in range(1, dbs + 1)])
+        env = dict(os.environ, GPUPOOL_TEST_PG_BASE=db.schema_uri("gpupool"))
         return subprocess.run(args, env=env).returncode
     finally:
         if db:

@@ -1568,7 +1568,8 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
 
     if (mig_load(&ms, opts ? opts->migrations_dir : NULL, err, errlen) != 0)
         goto fail;
-    s->w.h = s->eng->conn_open(s->target, s->busy_timeout_ms, K_COUNT, err, errlen);
+    s->w.h = s->eng->conn_open(s->target, s->path, s->busy_timeout_ms, K_COUNT, err,
+                                 errlen);
     if (!s->w.h)
         goto fail;
     if (migrate(&s->w, s->path, &ms, err, errlen) != 0)
@@ -1996,7 +1997,8 @@ int gps_store_purge_responses(gps_store *s, int64_t now_ms)
 static conn *sync_conn(gps_store *s, char *err, size_t errlen)
 {
     if (!s->r.h)
-        s->r.h = s->eng->conn_open(s->target, s->busy_timeout_ms, K_COUNT, err, errlen);
+        s->r.h = s->eng->conn_open(s->target, s->path, s->busy_timeout_ms, K_COUNT, err,
+                                 errlen);
     return s->r.h ? &s->r : NULL;
 }
 

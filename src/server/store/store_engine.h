@@ -42,8 +42,10 @@ typedef struct gps_store__engine {
     const char *name;    /* "sqlite", "postgresql": logs and errors */
     /* A connection to target (a path, or a URI), ready for statements
      * 0..nstmt-1 (new; conn_close frees it). busy_ms: how long to wait for
-     * a lock another process holds. NULL with err. */
-    void *(*conn_open)(const char *target, int busy_ms, int nstmt, char *err, size_t errlen);
+     * a lock another process holds. NULL with err, which names the DB by
+     * label (target without a password), never by target. */
+    void *(*conn_open)(const char *target, const char *label, int busy_ms, int nstmt, char *err,
+                       size_t errlen);
     void (*conn_close)(void *c);
     /* Prepare statement k once. sql is the portable text (SQLite's
      * dialect, parameters ?1..?N); sql_pg, when not NULL, PostgreSQL's own

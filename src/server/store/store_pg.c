@@ -91,7 +91,8 @@ static void pg_close(void *arg)
     free(c);
 }
 
-static void *pg_open(const char *uri, int busy_ms, int nstmt, char *err, size_t errlen)
+static void *pg_open(const char *uri, const char *label, int busy_ms, int nstmt, char *err,
+                     size_t errlen)
 {
     pconn *c = calloc(1, sizeof(*c));
     char set[96];
@@ -103,7 +104,7 @@ static void *pg_open(const char *uri, int busy_ms, int nstmt, char *err, size_t 
     c->pg = PQconnectdb(uri);
     if (!c->pg || PQstatus(c->pg) != CONNECTION_OK) {
         set_err(c, "cannot connect to PostgreSQL", c->pg ? PQerrorMessage(c->pg) : "no memory");
-        snprintf(err, errlen, "%s", c->err);
+        snprintf(err, errlen, "%s: %s", label, c->err);
         goto fail;
     }
     PQsetNoticeProcessor(c->pg, quiet, NULL);
@@ -111,7 +112,7 @@ static void *pg_open(const char *uri, int busy_ms, int nstmt, char *err, size_t 
      * another server holds before failing. */
     snprintf(set, sizeof(set), "SET lock_timeout = %d", busy_ms);
     if (command(c, set) != 0) {
-        snprintf(err, errlen, "PostgreSQL: %s", c->err);
+        snprintf(err, errlen, "%s: %s", label, c->err);
         goto fail;
     }
     return c;

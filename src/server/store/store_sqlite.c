@@ -75,8 +75,10 @@ static void sq_close(void *arg)
     free(c);
 }
 
-static void *sq_open(const char *path, int busy_ms, int nstmt, char *err, size_t errlen)
+static void *sq_open(const char *path, const char *label, int busy_ms, int nstmt, char *err,
+                     size_t errlen)
 {
+    (void)label; /* a path holds no secret */
     sconn *c = calloc(1, sizeof(*c));
     if (!c || !(c->st = calloc((size_t)nstmt, sizeof(*c->st)))) {
         snprintf(err, errlen, "out of memory");

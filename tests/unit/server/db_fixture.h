@@ -4,10 +4,10 @@
  * is created by whoever opens it), removed with everything in it after the
  * test. Header-only (static functions) so each test binary stays one file.
  *
- * PostgreSQL: when GPUPOOL_TEST_PG_BASE is set (a URI ending in '/', as
- * tests/integration/pg_run.py sets it around a PostgreSQL it started,
- * with empty databases t1, t2, ... created), db is the next of those
- * databases instead of a file and pg is true: a test that reads the file
+ * PostgreSQL: when GPUPOOL_TEST_PG_BASE is set (a URI that a schema name
+ * completes, as tests/integration/pg_run.py sets it around a PostgreSQL it
+ * started, with empty schemas t1, t2, ... created), db is the URI of the
+ * next of those schemas instead of a file and pg is true: a test that reads the file
  * itself skips there (fixture_needs_file).
  */
 #ifndef GPS_TEST_DB_FIXTURE_H
@@ -22,7 +22,7 @@ typedef struct tctx {
     int pg;                  /* db is a PostgreSQL URI */
 } tctx;
 
-/* The next fresh PostgreSQL database of pg_run.py's (1, 2, ...). */
+/* The next fresh PostgreSQL schema of pg_run.py's (1, 2, ...). */
 static int fixture_pg_next;
 
 static int setup(void **state)
