@@ -4,11 +4,13 @@
  * them, as with SQLite) and on the owner thread's own connection.
  *
  * Statements: the table's portable SQL (or its PostgreSQL text) with ?N
- * turned into $N, run with PQexecParams: integers are sent typed int8 and
- * text typed text, so that PostgreSQL never guesses int4 for a
- * millisecond time; a NULL is left untyped for PostgreSQL to infer. Never
- * SQL built from data: every value is a parameter. prepare() checks once
- * (an unnamed PQprepare) that the DB's schema can run a statement.
+ * turned into $N, prepared on the server per parameter signature and run
+ * with parameters: integers are sent typed int8 and text typed text, so
+ * that PostgreSQL never guesses int4 for a millisecond time; a NULL is
+ * left untyped for PostgreSQL to infer. Never SQL built from data: every
+ * value is a parameter. prepare() checks once (an unnamed PQprepare) that
+ * the DB's schema can run a statement. Each run is one pipeline (libpq
+ * >= 14): one round trip.
  *
  * A failed statement aborts a PostgreSQL transaction, where SQLite goes on
  * with the next one; the store's group commit relies on the latter (one
@@ -19,6 +21,7 @@
  * next statement: the op that saw the failure fails, the next ones work.
  */
 #include <ctype.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +34,21 @@
 enum { OID_BOOL = 16, OID_INT8 = 20, OID_INT2 = 21, OID_INT4 = 23, OID_TEXT = 25,
        OID_OID = 26, OID_FLOAT4 = 700, OID_FLOAT8 = 701, OID_NUMERIC = 1700 };
 
+/* Server-side prepared statements, per statement and per parameter
+ * signature (which parameters are integers, text, NULL: a NULL is sent
+ * untyped, so each mix is its own plan). A statement whose signatures
+ * outnumber the slots runs unprepared (PQsendQueryParams). */
+#define SIG_SLOTS 4
+typedef struct psig {
+    uint64_t sig;        /* 2 bits per parameter */
+    unsigned name;       /* prepared as "gps<name>"; 0 = slot free */
+} psig;
+
 typedef struct pconn {
     PGconn *pg;
     char **sql;          /* nstmt statements in PostgreSQL's text, NULL until prepared */
+    psig (*sigs)[SIG_SLOTS];   /* nstmt x SIG_SLOTS */
+    unsigned next_name;  /* names are never reused (a failed pipeline may leave one) */
     int nstmt;
     char err[512];
 } pconn;
@@ -64,6 +79,9 @@ static bool alive(pconn *c)
         set_err(c, "PostgreSQL connection lost", PQerrorMessage(c->pg));
         return false;
     }
+    /* A new session: the server forgot every prepared statement. */
+    memset(c->sigs, 0, (size_t)c->nstmt * sizeof(*c->sigs));
+    PQsetNoticeProcessor(c->pg, quiet, NULL);
     return true;
 }
 
@@ -87,6 +105,7 @@ static void pg_close(void *arg)
     for (int k = 0; c->sql && k < c->nstmt; k++)
         free(c->sql[k]);
     free(c->sql);
+    free(c->sigs);
     PQfinish(c->pg);
     free(c);
 }
@@ -96,7 +115,8 @@ static void *pg_open(const char *uri, const char *label, int busy_ms, int nstmt,
 {
     pconn *c = calloc(1, sizeof(*c));
     char set[96];
-    if (!c || !(c->sql = calloc((size_t)nstmt, sizeof(*c->sql)))) {
+    if (!c || !(c->sql = calloc((size_t)nstmt, sizeof(*c->sql))) ||
+        !(c->sigs = calloc((size_t)nstmt, sizeof(*c->sigs)))) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
@@ -210,6 +230,110 @@ static int rows_each(PGresult *res, gps_store__row_fn each, void *arg, int *stop
 
 #define PG_MAXV 32
 
+/* The prepared-statement slot of k for sig: *fresh when it must be
+ * prepared first; NULL when every slot holds another signature. */
+static psig *sig_slot(pconn *c, int k, uint64_t sig, bool *fresh)
+{
+    psig *free_slot = NULL;
+    *fresh = false;
+    for (int i = 0; i < SIG_SLOTS; i++) {
+        psig *p = &c->sigs[k][i];
+        if (p->name && p->sig == sig)
+            return p;
+        if (!p->name && !free_slot)
+            free_slot = p;
+    }
+    if (free_slot) {
+        free_slot->sig = sig;
+        free_slot->name = ++c->next_name;
+        *fresh = true;
+    }
+    return free_slot;
+}
+
+/* Read the results of a pipeline of n commands and its sync. The last
+ * command's result is returned (caller clears it), the others checked:
+ * NULL with c->err when one failed. */
+static PGresult *pipeline_results(pconn *c, int n)
+{
+    PGresult *last = NULL;
+    bool failed = false;
+    for (int i = 0; i < n; i++) {
+        PGresult *res = PQgetResult(c->pg);
+        ExecStatusType st = PQresultStatus(res);
+        bool ok = res && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK);
+        if (!ok && !failed && st != PGRES_PIPELINE_ABORTED) {
+            set_err(c, "", res ? PQresultErrorMessage(res) : PQerrorMessage(c->pg));
+            failed = true;
+        }
+        if (i == n - 1 && ok && !failed)
+            last = res;
+        else
+            PQclear(res);
+        while ((res = PQgetResult(c->pg)) && PQresultStatus(res) != PGRES_PIPELINE_SYNC)
+            PQclear(res);   /* the end of this command's results */
+        if (res) {          /* a sync already: the connection broke off the pipeline */
+            PQclear(res);
+            PQclear(last);
+            set_err(c, "", PQerrorMessage(c->pg));
+            return NULL;
+        }
+    }
+    PGresult *sync = PQgetResult(c->pg);
+    if (PQresultStatus(sync) != PGRES_PIPELINE_SYNC && !failed) {
+        set_err(c, "", PQerrorMessage(c->pg));
+        failed = true;
+    }
+    PQclear(sync);
+    if (failed) {
+        PQclear(last);
+        return NULL;
+    }
+    return last;
+}
+
+/* One round trip per statement: the SAVEPOINT (inside a transaction), the
+ * Parse of a new signature and the statement itself go out as one
+ * pipeline. */
+static PGresult *run_pipeline(pconn *c, int k, int nv, const Oid *types,
+                              const char *const *values, bool sp)
+{
+    uint64_t sig = 0;
+    for (int i = 0; i < nv; i++)
+        sig |= (uint64_t)(types[i] == OID_INT8 ? 1 : types[i] == OID_TEXT ? 2 : 0) << (2 * i);
+    bool fresh;
+    psig *slot = sig_slot(c, k, sig, &fresh);
+    char name[24];
+    snprintf(name, sizeof(name), "gps%u", slot ? slot->name : 0);
+    int n = 0;
+    bool sent = PQenterPipelineMode(c->pg) == 1;
+    if (sent && sp) {
+        sent = PQsendQueryParams(c->pg, "SAVEPOINT gps_op", 0, NULL, NULL, NULL, NULL, 0) == 1;
+        n++;
+    }
+    if (sent && fresh) {
+        sent = PQsendPrepare(c->pg, name, c->sql[k], nv, types) == 1;
+        n++;
+    }
+    if (sent) {
+        sent = (slot ? PQsendQueryPrepared(c->pg, name, nv, values, NULL, NULL, 0)
+                     : PQsendQueryParams(c->pg, c->sql[k], nv, types, values, NULL, NULL, 0)) ==
+               1;
+        n++;
+    }
+    if (sent)
+        sent = PQpipelineSync(c->pg) == 1;
+    PGresult *res = NULL;
+    if (sent)
+        res = pipeline_results(c, n);
+    else
+        set_err(c, "", PQerrorMessage(c->pg));
+    PQexitPipelineMode(c->pg);
+    if (!res && fresh)
+        slot->name = 0;   /* prepare again next time, under a new name */
+    return res;
+}
+
 static int pg_exec(void *arg, int k, const gps_store__val *v, int nv, gps_store__row_fn each,
                    void *earg, int *stopped, int64_t *changes)
 {
@@ -232,23 +356,19 @@ static int pg_exec(void *arg, int k, const gps_store__val *v, int nv, gps_store_
         }
     }
     bool sp = in_tx(c);
-    if (sp && command(c, "SAVEPOINT gps_op") != 0)
-        return -1;
-    PGresult *res = PQexecParams(c->pg, c->sql[k], nv, types, values, NULL, NULL, 0);
-    ExecStatusType st = PQresultStatus(res);
+    PGresult *res = run_pipeline(c, k, nv, types, values, sp);
     int rc = -1;
-    if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+    if (res) {
         const char *ct = PQcmdTuples(res);
         *changes = ct && *ct ? strtoll(ct, NULL, 10) : 0;
-        rc = each && st == PGRES_TUPLES_OK ? rows_each(res, each, earg, stopped) : 0;
+        rc = each && PQresultStatus(res) == PGRES_TUPLES_OK ? rows_each(res, each, earg, stopped)
+                                                            : 0;
         if (rc)
             set_err(c, "", "out of memory");
-    } else {
-        set_err(c, "", PQresultErrorMessage(res));
     }
     PQclear(res);
     /* The savepoint is left in place on success (released with the
-     * transaction): one round trip fewer per op. */
+     * transaction): no round trip for it. */
     if (sp && PQtransactionStatus(c->pg) == PQTRANS_INERROR)
         command(c, "ROLLBACK TO SAVEPOINT gps_op");
     return rc;
