@@ -7,6 +7,7 @@ port and a unix socket there, trust authentication, stopped by its PID.
     db = pg.Postgres(tmpdir)          # initdb + start; waits until it accepts
     db.createdb("gpupool")
     uri = db.uri("gpupool")           # postgresql://gpupool@127.0.0.1:PORT/gpupool
+    db.restart()                      # stop, then start on the same port and data
     db.stop()                         # fast shutdown, waits for the PID to exit
 
 PostgreSQL refuses to run as root: as root, initdb and postgres run as the
@@ -83,6 +84,10 @@ class Postgres:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         self._as([os.path.join(self.bin, "initdb"), "-D", self.data, "-A", "trust", "-U", self.USER,
                   "-E", "UTF8", "--no-sync"], check=True)
+        self.start(timeout)
+
+    def start(self, timeout=60.0):
+        """Start (again) on the same data directory and port."""
         # pg_ctl -w waits until the server accepts connections (its own
         # readiness check, no sleep here) and returns; the PID is then the
         # first line of postmaster.pid.
@@ -92,6 +97,10 @@ class Postgres:
                   % (self.port, self.dir), "start"], check=True)
         with open(os.path.join(self.data, "postmaster.pid")) as f:
             self.pid = int(f.readline().strip())
+
+    def restart(self):
+        self.stop()
+        self.start()
 
     def _as(self, argv, check=False):
         kw = {}

@@ -105,6 +105,34 @@ class PostgresStoreTest(harness.TestCase):
         harness.wait_until(lambda: complete(srv2, other)[0] == 401, timeout=30,
                            what="the revoked key refused after SIGHUP")
 
+    def test_a_postgresql_restart_is_survived(self):
+        ck = self.create_key("client")
+        ak = self.create_key("agent")
+        srv = self.pool(ak)
+        srv.key = ck
+        srv.wait_model("m1")
+        st, _, body = complete(srv, ck)
+        self.assertEqual(st, 200, body)
+        self.pg.restart()  # every connection of the server's is cut
+
+        # Requests go on (the store is off their path) and, without a server
+        # restart, their rows reach the database again: the store's
+        # connections were re-established.
+        def done_rows():
+            return int(self.pg.psql("gpupool", "SELECT count(*) FROM jobs WHERE status = 'done'"))
+
+        def stored_again():
+            st, _, _ = complete(srv, ck)
+            return st == 200 and done_rows() >= 3
+        harness.wait_until(stored_again, timeout=60, what="jobs stored after PostgreSQL restarted")
+        # The owner thread's connection too: a key created now loads on SIGHUP.
+        other = self.create_key("client")
+        srv.signal(signal.SIGHUP)
+        harness.wait_until(lambda: complete(srv, other)[0] == 200, timeout=30,
+                           what="a key created after the restart, loaded on SIGHUP")
+        harness.wait_until(lambda: http_json("GET", srv.url + "/health")[2].get("db") == "ok",
+                           timeout=30, what="/health db ok")
+
     def test_db_from_the_environment_and_the_config_file(self):
         env = self.h.env()
         env["GPUPOOL_DB"] = self.uri

@@ -21,6 +21,7 @@
  * next statement: the op that saw the failure fails, the next ones work.
  */
 #include <ctype.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,9 +70,20 @@ static void quiet(void *arg, const char *message)
 }
 
 /* A broken connection (server restart, network) is re-established before
- * use; false when that fails too. */
+ * use; false when that fails too. An idle connection that PostgreSQL
+ * closed (a restart terminates every session) is only found by reading
+ * it: PQconsumeInput reads what is pending without sending anything, so
+ * no statement is ever sent twice. */
 static bool alive(pconn *c)
 {
+    /* Nothing is in flight here, so what is readable is PostgreSQL's word
+     * that it ended the session (an error, then end of file): read it
+     * until libpq sees the end, a few reads at most. */
+    for (int i = 0; i < 4 && PQstatus(c->pg) == CONNECTION_OK; i++) {
+        struct pollfd p = {.fd = PQsocket(c->pg), .events = POLLIN};
+        if (p.fd < 0 || poll(&p, 1, 0) != 1 || !PQconsumeInput(c->pg))
+            break;
+    }
     if (PQstatus(c->pg) == CONNECTION_OK)
         return true;
     PQreset(c->pg);
