@@ -51,6 +51,7 @@ typedef struct pconn {
     psig (*sigs)[SIG_SLOTS];   /* nstmt x SIG_SLOTS */
     unsigned next_name;  /* names are never reused (a failed pipeline may leave one) */
     int nstmt;
+    int busy_ms;         /* lock_timeout, set again on every new session */
     char err[512];
 } pconn;
 
@@ -68,6 +69,8 @@ static void quiet(void *arg, const char *message)
     (void)arg;
     (void)message;
 }
+
+static int session_setup(pconn *c);
 
 /* A broken connection (server restart, network) is re-established before
  * use; false when that fails too. An idle connection that PostgreSQL
@@ -93,8 +96,20 @@ static bool alive(pconn *c)
     }
     /* A new session: the server forgot every prepared statement. */
     memset(c->sigs, 0, (size_t)c->nstmt * sizeof(*c->sigs));
+    return session_setup(c) == 0;
+}
+
+static int command(pconn *c, const char *sql);
+
+/* What each new session needs: notices kept off stderr, and
+ * busy_timeout's counterpart (how long a statement waits for a lock
+ * another server holds before failing). */
+static int session_setup(pconn *c)
+{
+    char set[64];
     PQsetNoticeProcessor(c->pg, quiet, NULL);
-    return true;
+    snprintf(set, sizeof(set), "SET lock_timeout = %d", c->busy_ms);
+    return command(c, set);
 }
 
 /* Run a parameterless command; 0 or -1 (c->err). */
@@ -126,24 +141,25 @@ static void *pg_open(const char *uri, const char *label, int busy_ms, int nstmt,
                      size_t errlen)
 {
     pconn *c = calloc(1, sizeof(*c));
-    char set[96];
     if (!c || !(c->sql = calloc((size_t)nstmt, sizeof(*c->sql))) ||
         !(c->sigs = calloc((size_t)nstmt, sizeof(*c->sigs)))) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
     c->nstmt = nstmt;
-    c->pg = PQconnectdb(uri);
+    c->busy_ms = busy_ms;
+    /* A 10 s connect timeout unless the URI sets one (its parameters come
+     * after, and win): without one, a reconnect to an unreachable host
+     * holds the DB thread for minutes. */
+    const char *const keys[] = {"connect_timeout", "dbname", NULL};
+    const char *const vals[] = {"10", uri, NULL};
+    c->pg = PQconnectdbParams(keys, vals, 1);
     if (!c->pg || PQstatus(c->pg) != CONNECTION_OK) {
         set_err(c, "cannot connect to PostgreSQL", c->pg ? PQerrorMessage(c->pg) : "no memory");
         snprintf(err, errlen, "%s: %s", label, c->err);
         goto fail;
     }
-    PQsetNoticeProcessor(c->pg, quiet, NULL);
-    /* busy_timeout's counterpart: how long a statement waits for a lock
-     * another server holds before failing. */
-    snprintf(set, sizeof(set), "SET lock_timeout = %d", busy_ms);
-    if (command(c, set) != 0) {
+    if (session_setup(c) != 0) {
         snprintf(err, errlen, "%s: %s", label, c->err);
         goto fail;
     }
