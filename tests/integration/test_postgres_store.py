@@ -26,6 +26,13 @@ from harness import bearer, http_json  # noqa: E402
 FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
 
 
+def state(h):
+    # A database URI has no directory: the admin key the server generates
+    # goes to state_dir (default: the working directory), so give it the
+    # test's temporary directory.
+    return ["--state_dir", h.tmp]
+
+
 def complete(srv, key, max_tokens=3):
     return http_json("POST", srv.url + "/v1/completions",
                      {"model": "m1", "prompt": "hello there", "max_tokens": max_tokens},
@@ -55,7 +62,7 @@ class PostgresStoreTest(harness.TestCase):
         return r.stdout.strip().splitlines()[-1]
 
     def pool(self, agent_key, port=0, args=()):
-        srv = self.h.start_server(FAST + list(args), db=self.uri, port=port)
+        srv = self.h.start_server(FAST + state(self.h) + list(args), db=self.uri, port=port)
         if not hasattr(self, "up"):
             self.up = self.h.start_upstream(["--tokens", "6"])
             self.h.start_agent(srv, upstream=self.up, model="m1", slots=2, token=agent_key)
@@ -145,7 +152,8 @@ class PostgresStoreTest(harness.TestCase):
         # No --db: the config file's.
         port_file = self.h.path("conf.port")
         srv = harness.Proc("confserver", [harness.SERVER_BIN, "--config", conf, "--listen",
-                                          "127.0.0.1:0", "--port-file", port_file] + FAST,
+                                          "127.0.0.1:0", "--port-file", port_file] + FAST
+                           + state(self.h),
                            self.h.path("confserver.log"), env=self.h.env())
         self.h.procs.append(srv)
         port = harness.read_port_file(port_file, srv.p)
@@ -172,7 +180,8 @@ class PostgresStoreTest(harness.TestCase):
         self.assertIn("postgresql://gpupool@127.0.0.1:%d/gpupool" % closed, r.stderr)
         self.assertNotIn("s3cretpw", r.stderr + r.stdout)
         log = self.h.path("bad.log")
-        p = harness.Proc("badserver", [harness.SERVER_BIN, "--listen", "127.0.0.1:0", "--db", uri],
+        p = harness.Proc("badserver", [harness.SERVER_BIN, "--listen", "127.0.0.1:0", "--db", uri]
+                         + state(self.h),
                          log, env=self.h.env())
         self.h.procs.append(p)
         self.assertNotEqual(p.wait(60), 0)
