@@ -242,8 +242,13 @@ static int ensure_admin_key_at(server *s, const char *why, char *path, size_t pa
     if (s->cfg.state_dir && *s->cfg.state_dir) {
         snprintf(dir, sizeof dir, "%s", s->cfg.state_dir);
     } else if (!gps_store_db_is_file(s->cfg.db)) {
-        /* A database URI has no directory: the working directory. */
-        snprintf(dir, sizeof dir, ".");
+        /* A database URI has no directory: systemd's state directory (the
+         * first of STATE_DIRECTORY's), else the working directory. */
+        const char *sd = getenv("STATE_DIRECTORY");
+        if (sd && *sd)
+            snprintf(dir, sizeof dir, "%.*s", (int)strcspn(sd, ":"), sd);
+        else
+            snprintf(dir, sizeof dir, ".");
     } else {
         /* The db's directory. */
         snprintf(dir, sizeof dir, "%s", s->cfg.db);
