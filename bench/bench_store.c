@@ -5,7 +5,11 @@
  * committed, the enqueue cost per op, the number of transactions and the
  * average ops per transaction, for a few group-commit settings.
  *
- *   bench_store [N] [DIR]     (default 100000 ops, DIR /tmp)
+ *   bench_store [N] [DIR|URI]   (default 100000 ops, DIR /tmp)
+ *
+ * A postgresql:// URI instead of DIR measures the PostgreSQL store on that
+ * (existing, preferably empty) database; the rows it writes are left there
+ * (docs/persistence.md "PostgreSQL" has figures).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,8 +22,14 @@
 
 static int run(const char *dir, int n, int interval_ms, int batch_max)
 {
+    static int runs;   /* ids differ per run: a PostgreSQL database is not removed */
     char db[512], err[512];
-    snprintf(db, sizeof(db), "%s/bench_store_%d.db", dir, (int)getpid());
+    bool file = gps_store_db_is_file(dir);
+    runs++;
+    if (file)
+        snprintf(db, sizeof(db), "%s/bench_store_%d.db", dir, (int)getpid());
+    else
+        snprintf(db, sizeof(db), "%s", dir);
     gps_store_opts o = {.commit_interval_ms = interval_ms, .batch_max = batch_max,
                         .queue_max = (size_t)n * 2 + 16};
     gps_store *s = gps_store_open(db, NULL, &o, err, sizeof(err));
@@ -32,7 +42,7 @@ static int run(const char *dir, int n, int interval_ms, int batch_max)
     uint64_t enq_us = 0;
     for (int i = 0; i < n / 2; i++) {
         char id[40];
-        snprintf(id, sizeof(id), "job_%08d", i);
+        snprintf(id, sizeof(id), "job_%d_%d_%08d", (int)getpid(), runs, i);
         uint64_t a = gp_now_mono_us();
         gps_store_job_row r = {.id = id, .api = "openai", .kind = "chat", .model = "tiny",
                                .key_id = "key_0123456789abcdef01234567", .status = "queued",
@@ -59,11 +69,13 @@ static int run(const char *dir, int n, int interval_ms, int batch_max)
     gps_store_close(s);
     json_decref(req);
     char p[600];
-    unlink(db);
-    snprintf(p, sizeof(p), "%s-wal", db);
-    unlink(p);
-    snprintf(p, sizeof(p), "%s-shm", db);
-    unlink(p);
+    if (file) {
+        unlink(db);
+        snprintf(p, sizeof(p), "%s-wal", db);
+        unlink(p);
+        snprintf(p, sizeof(p), "%s-shm", db);
+        unlink(p);
+    }
     printf("interval=%2dms batch_max=%5d: %llu ops committed in %.3f s = %.0f ops/s; "
            "enqueue %.2f us/op (burst took %.3f s); %llu transactions, %.1f ops/txn; "
            "max commit %llu us; drops %llu, failed %llu\n",

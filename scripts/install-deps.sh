@@ -7,6 +7,12 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config git
   libevent-dev libsqlite3-dev sqlite3 libjansson-dev libssl-dev openssl
+  # The PostgreSQL store (src/server/store/store_pg.c links libpq) and the
+  # real PostgreSQL its tests start in a temporary directory
+  # (tests/integration/pg.py: initdb and postgres from
+  # /usr/lib/postgresql/*/bin; Debian's package also enables a cluster on
+  # :5432 that the tests do not use: `systemctl disable --now postgresql`).
+  libpq-dev postgresql
   libcurl4-openssl-dev curl
   libcmocka-dev
   python3 systemd file

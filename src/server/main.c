@@ -69,6 +69,7 @@ typedef struct server {
     gps_config cfg;
     struct event_base *base;
     gps_store *store;
+    char db_label[512];          /* cfg.db for logs: a URI without its password */
     gps_auth *auth;
     gps_limits *limits;         /* per-key rate, tokens and concurrency */
     gps_metrics *metrics;
@@ -98,10 +99,11 @@ typedef struct server {
 /* ------------------------------------------------------------------ */
 
 static const char keys_usage[] =
-    "usage: gpupool-server keys create --role client|agent|admin|enrollment --db PATH\n"
+    "usage: gpupool-server keys create --role client|agent|admin|enrollment --db PATH|URI\n"
     "           [--name NAME] [--expires-in-sec N] [--rpm N] [--tokens-per-day N]\n"
     "           [--max-concurrent N] [--max-uses N]\n"
-    "       gpupool-server keys revoke ID --db PATH\n"
+    "       gpupool-server keys revoke ID --db PATH|URI\n"
+    "(PATH: a SQLite file; URI: postgresql://USER[:PASS]@HOST[:PORT]/DB; default $GPUPOOL_DB)\n"
     "(on a running server prefer gpupoolctl; a running server sees CLI changes after SIGHUP)\n";
 
 /* A non-negative integer option value; -1 when it is not one. */
@@ -239,6 +241,14 @@ static int ensure_admin_key_at(server *s, const char *why, char *path, size_t pa
     int rc = -1;
     if (s->cfg.state_dir && *s->cfg.state_dir) {
         snprintf(dir, sizeof dir, "%s", s->cfg.state_dir);
+    } else if (!gps_store_db_is_file(s->cfg.db)) {
+        /* A database URI has no directory: systemd's state directory (the
+         * first of STATE_DIRECTORY's), else the working directory. */
+        const char *sd = getenv("STATE_DIRECTORY");
+        if (sd && *sd)
+            snprintf(dir, sizeof dir, "%.*s", (int)strcspn(sd, ":"), sd);
+        else
+            snprintf(dir, sizeof dir, ".");
     } else {
         /* The db's directory. */
         snprintf(dir, sizeof dir, "%s", s->cfg.db);
@@ -263,7 +273,7 @@ static int ensure_admin_key_at(server *s, const char *why, char *path, size_t pa
                      json_pack("{s:s}", "path", path),
                      "cannot write the admin key to %s: %s; create one with "
                      "`gpupool-server keys create --role admin --db %s`",
-                     path, strerror(e), s->cfg.db);
+                     path, strerror(e), s->db_label);
     } else {
         gp_log_write(GP_LOG_WARN, "admin_key_generated", NULL,
                      json_pack("{s:s,s:s}", "path", path, "key_id", id),
@@ -755,10 +765,11 @@ int main(int argc, char **argv)
         goto done;
     }
 
+    gps_store_db_label(s->cfg.db, s->db_label, sizeof s->db_label);
     gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir};
     s->store = gps_store_open(s->cfg.db, s->base, &sopts, err, sizeof err);
     if (!s->store) {
-        gp_log_error("db_open_failed", "%s: %s", s->cfg.db, err);
+        gp_log_error("db_open_failed", "%s: %s", s->db_label, err);
         goto done;
     }
     s->auth = gps_auth_new(s->store);
@@ -970,7 +981,7 @@ int main(int argc, char **argv)
     if (host)
         gp_log_write(GP_LOG_INFO, "listening", NULL,
                      json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", host, "port", bound, "db",
-                               s->cfg.db, "auth", gps_auth_enabled(s->auth), "scheduler",
+                               s->db_label, "auth", gps_auth_enabled(s->auth), "scheduler",
                                s->cfg.scheduler),
                      "gpupool-server %s listening on %s:%d", SERVER_VERSION, host, bound);
     if (tls_host)

@@ -26,7 +26,8 @@ const gp_opt gps_config_table[] = {
     {"tls-port-file", GP_OPT_STR, O(tls_port_file), NULL, 0, 0, NULL,
      "write the bound HTTPS port number to this file once listening"},
     {"db", GP_OPT_STR, O(db), "./gpupool.db", 0, 0, NULL,
-     "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd)"},
+     "SQLite database file ($STATE_DIRECTORY/gpupool.db under systemd), or a PostgreSQL "
+     "database: postgresql://USER[:PASS]@HOST[:PORT]/DB"},
     {"auth", GP_OPT_STR, O(auth), "auto", 0, 0, "auto|on",
      "auto: keys required unless every listener is loopback and no key exists; on: always "
      "(e.g. behind a local reverse proxy)"},
@@ -197,7 +198,7 @@ int gps_config_load(gps_config *out, gp_config *cfg, int argc, char **argv, char
         return -1;
     }
     if (!out->db || !*out->db) {
-        snprintf(err, errlen, "invalid value '' for 'db' (expected a file path)");
+        snprintf(err, errlen, "invalid value '' for 'db' (expected a file path or a postgresql:// URI)");
         return -1;
     }
     /* Under systemd (StateDirectory=gpupool) the default DB lives in the

@@ -1,5 +1,9 @@
 /*
- * store.c: SQLite persistence behind a DB thread (contract in store.h).
+ * store.c: persistence behind a DB thread (contract in store.h), the
+ * engine-neutral part: the statement table, ops and their bind spec, the
+ * queue, the DB thread with its group commit, read results handed back to
+ * the loop, migrations and start-up loads. A database engine is a table of
+ * operations (store_engine.h): store_sqlite.c, store_pg.c.
  *
  * One way to run SQL. Every statement is a row of the table `stmts`
  * (name, flags, SQL). Its values are built by one bind spec (b_spec: "ttjz"
@@ -8,17 +12,21 @@
  * (writes and reads queued by the loop: group commit) or on the owner
  * thread's own connection (migrations, start-up loads, CLI writes:
  * sync_exec). Only transaction control and migration scripts go through
- * sqlite3_exec.
+ * the engine's script(). A statement's SQL is portable (SQLite's dialect,
+ * which PostgreSQL shares for most of what the store runs); where the two
+ * differ (INSERT OR REPLACE, json_each, MIN as a scalar, ...) the row
+ * carries PostgreSQL's own text beside it.
  *
  * Layout, low level to high level:
  *   - the statement table; values, ops and the bind spec;
- *   - connections and stmt_exec;
+ *   - connections (an engine's, behind conn_*) and stmt_exec;
  *   - the queue and the DB thread (group commit);
  *   - read results handed back to the loop through an event;
- *   - opening: pragmas, migrations, statements;
+ *   - opening: the engine for the path or URI, migrations, statements;
  *   - the public async writers and readers, then the synchronous loads.
  */
 #include "server/store/store.h"
+#include "server/store/store_engine.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,8 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include <sqlite3.h>
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -137,7 +143,8 @@ enum { F_OPT = 1, F_SYNC = 2, F_CELLS = 4 };
 static const struct {
     const char *name;
     int flags;
-    const char *sql;
+    const char *sql;   /* portable: SQLite runs it, PostgreSQL too unless pg is set */
+    const char *pg;    /* PostgreSQL's text where the dialects differ, or NULL */
 } stmts[K_COUNT] = {
     [K_AGENT_UPSERT] = {"agent_upsert", 0,
         "INSERT INTO agents (id, name, version, platform, state, labels, facts, key_id, "
@@ -152,7 +159,12 @@ static const struct {
     [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1"},
     [K_MODEL_INSERT] = {"agent_model_insert", 0,
         "INSERT OR REPLACE INTO agent_models (agent_id, model, aliases, quantization, "
-        "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+        "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO agent_models (agent_id, model, aliases, quantization, context_length, "
+        "vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (agent_id, model) "
+        "DO UPDATE SET aliases = excluded.aliases, quantization = excluded.quantization, "
+        "context_length = excluded.context_length, vram_bytes = excluded.vram_bytes, "
+        "loaded = excluded.loaded"},
     [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1"},
     [K_JOB_INSERT] = {"job_insert", 0,
         "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
@@ -184,7 +196,11 @@ static const struct {
     [K_PING] = {"ping", 0, "SELECT count(*) FROM schema_migrations"},
     [K_EVENTS_ADD] = {"job_events_add", F_OPT,
         "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
-        "VALUES (?1, ?2, ?3, ?4, ?5)"},
+        "VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (job_id, first_seq) DO UPDATE SET "
+        "last_seq = excluded.last_seq, events = excluded.events, "
+        "created_at = excluded.created_at"},
     [K_EVENTS_GET] = {"job_events_get", F_OPT,
         "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
     [K_KEY_LIMITS] = {"key_limits", F_OPT,
@@ -200,7 +216,16 @@ static const struct {
         "prompt_tokens = MIN(prompt_tokens + excluded.prompt_tokens, 2305843009213693951), "
         "completion_tokens = MIN(completion_tokens + excluded.completion_tokens, "
         "2305843009213693951), "
-        "rate_limited = MIN(rate_limited + excluded.rate_limited, 2305843009213693951)"},
+        "rate_limited = MIN(rate_limited + excluded.rate_limited, 2305843009213693951)",
+        /* The same atomic add (one statement: two servers adding to one
+         * key's day both count), LEAST for SQLite's scalar MIN. */
+        "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
+        "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key_id, day) DO UPDATE "
+        "SET requests = LEAST(key_usage.requests + excluded.requests, 2305843009213693951), "
+        "prompt_tokens = LEAST(key_usage.prompt_tokens + excluded.prompt_tokens, "
+        "2305843009213693951), completion_tokens = LEAST(key_usage.completion_tokens + "
+        "excluded.completion_tokens, 2305843009213693951), rate_limited = "
+        "LEAST(key_usage.rate_limited + excluded.rate_limited, 2305843009213693951)"},
     /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
      * index) without the request and the checkpoint text: a list of up to
      * 1000 rows should not copy every prompt. NULL filters match all. */
@@ -212,6 +237,18 @@ static const struct {
         "WHERE (?1 IS NULL OR j.status = ?1) AND (?2 IS NULL OR j.model = ?2) "
         "AND (?3 IS NULL OR j.agent_id = ?3) AND (?4 IS NULL OR j.key_id = ?4) "
         "AND (?5 IS NULL OR j.created_at < ?5) "
+        "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6",
+        /* PostgreSQL cannot infer the type of a parameter only tested
+         * for NULL: say it. */
+        "SELECT j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, "
+        "j.attempts, j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, "
+        "j.total_ms, j.finish_reason, j.error_code, j.correlation_id, j.seed, "
+        "j.created_at, j.finished_at, NULL, NULL, NULL FROM jobs j "
+        "WHERE (?1::text IS NULL OR j.status = ?1::text) "
+        "AND (?2::text IS NULL OR j.model = ?2::text) "
+        "AND (?3::text IS NULL OR j.agent_id = ?3::text) "
+        "AND (?4::text IS NULL OR j.key_id = ?4::text) "
+        "AND (?5::bigint IS NULL OR j.created_at < ?5::bigint) "
         "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6"},
     [K_SCHEMA_VERSION] = {"schema_version", F_SYNC,
         "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"},
@@ -255,7 +292,12 @@ static const struct {
     [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT, "DELETE FROM deployments WHERE name = ?1"},
     [K_REPLICA_PUT] = {"replica_put", F_OPT,
         "INSERT OR REPLACE INTO deployment_replicas (deployment, agent_id, state, reason, "
-        "bytes, total, rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
+        "bytes, total, rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO deployment_replicas (deployment, agent_id, state, reason, bytes, total, "
+        "rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (deployment, "
+        "agent_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, "
+        "bytes = excluded.bytes, total = excluded.total, rate = excluded.rate, "
+        "updated_at = excluded.updated_at"},
     [K_REPLICA_DELETE] = {"replica_delete", F_OPT,
         "DELETE FROM deployment_replicas WHERE deployment = ?1 AND agent_id = ?2"},
     [K_LOAD_DEPLOYS] = {"load_deployments", F_SYNC | F_OPT,
@@ -268,22 +310,39 @@ static const struct {
      * of {id, message} and land in one statement. */
     [K_RESP_PUT] = {"response_put", F_OPT,
         "INSERT OR REPLACE INTO responses (id, key_id, created_at, expires_at, object, "
-        "context) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"},
+        "context) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        /* Ids are random and never stored twice; an update keeps the
+         * items (SQLite's REPLACE would drop them with the old row). */
+        "INSERT INTO responses (id, key_id, created_at, expires_at, object, context) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO UPDATE SET "
+        "key_id = excluded.key_id, created_at = excluded.created_at, "
+        "expires_at = excluded.expires_at, object = excluded.object, "
+        "context = excluded.context"},
     [K_RESP_ITEMS_PUT] = {"response_items_put", F_OPT,
         "INSERT OR REPLACE INTO response_items (item_id, response_id, key_id, message) "
         "SELECT json_extract(value, '$.id'), ?1, ?2, json_extract(value, '$.message') "
-        "FROM json_each(?3)"},
+        "FROM json_each(?3)",
+        /* json, not jsonb: the message's text is kept as written. */
+        "INSERT INTO response_items (item_id, response_id, key_id, message) "
+        "SELECT e->>'id', ?1, ?2, e->>'message' FROM json_array_elements(?3::json) AS e "
+        "ON CONFLICT (item_id) DO UPDATE SET response_id = excluded.response_id, "
+        "key_id = excluded.key_id, message = excluded.message"},
     /* A key keeps its newest ?2 responses. */
     [K_RESP_TRIM] = {"response_trim", F_OPT,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
-        "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?2)"},
+        "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?2)",
+        "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
+        "ORDER BY created_at DESC, id DESC OFFSET ?2)"},
     [K_RESP_GET] = {"response_get", F_OPT | F_CELLS,
         "SELECT object, context FROM responses WHERE id = ?1 AND key_id = ?2 "
         "AND expires_at > ?3"},
     [K_RESP_ITEMS_GET] = {"response_items_get", F_OPT | F_CELLS,
         "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
         "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
-        "AND i.item_id IN (SELECT value FROM json_each(?2))"},
+        "AND i.item_id IN (SELECT value FROM json_each(?2))",
+        "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
+        "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
+        "AND i.item_id IN (SELECT json_array_elements_text(?2::json))"},
     [K_RESP_DELETE] = {"response_delete", F_OPT | F_CELLS,
         "DELETE FROM responses WHERE id = ?1 AND key_id = ?2"},
     [K_RESP_PURGE] = {"response_purge", F_OPT,
@@ -295,20 +354,11 @@ static const struct {
 /* Values and ops                                                           */
 /* ------------------------------------------------------------------------ */
 
-enum { V_NULL = 0, V_INT, V_TEXT };
-
-typedef struct val {
-    int t;
-    int64_t i;
-    const char *s;   /* V_TEXT: len bytes + NUL, inside the owning allocation */
-    size_t len;
-} val;
-
-/* A row copied out of a statement: n values, strings packed after them. */
-typedef struct row {
-    int n;
-    val v[];
-} row;
+/* The engine-neutral values and rows of store_engine.h, short names here. */
+enum { V_NULL = GPS_STORE__NULL, V_INT = GPS_STORE__INT, V_TEXT = GPS_STORE__TEXT };
+typedef gps_store__val val;
+typedef gps_store__row row;
+typedef gps_store__row_fn row_fn;
 
 typedef struct op {
     struct op *next;
@@ -484,39 +534,27 @@ done:
     return o;
 }
 
-/* Copy the current row of st (new, caller frees). NULL on ENOMEM. */
-static row *row_copy(sqlite3_stmt *st)
+/* Copy a row an engine lent (new, caller frees). NULL on ENOMEM. */
+static row *row_dup(const row *src)
 {
-    int n = sqlite3_column_count(st);
+    int n = src->n;
     size_t total = sizeof(row) + (size_t)n * sizeof(val);
-    for (int i = 0; i < n; i++) {
-        int t = sqlite3_column_type(st, i);
-        if (t == SQLITE_TEXT || t == SQLITE_BLOB)
-            total += (size_t)sqlite3_column_bytes(st, i) + 1;
-    }
+    for (int i = 0; i < n; i++)
+        if (src->v[i].t == V_TEXT)
+            total += src->v[i].len + 1;
     row *r = calloc(1, total);
     if (!r)
         return NULL;
     r->n = n;
     char *p = (char *)&r->v[n];
     for (int i = 0; i < n; i++) {
-        int t = sqlite3_column_type(st, i);
-        if (t == SQLITE_NULL) {
-            r->v[i].t = V_NULL;
-        } else if (t == SQLITE_INTEGER || t == SQLITE_FLOAT) {
-            r->v[i].t = V_INT;
-            r->v[i].i = sqlite3_column_int64(st, i);
-        } else {
-            const void *data = t == SQLITE_TEXT ? (const void *)sqlite3_column_text(st, i)
-                                                : sqlite3_column_blob(st, i);
-            size_t len = (size_t)sqlite3_column_bytes(st, i);
-            if (len && data)
-                memcpy(p, data, len);
-            p[len] = '\0';
-            r->v[i].t = V_TEXT;
+        r->v[i] = src->v[i];
+        if (src->v[i].t == V_TEXT) {
+            if (src->v[i].len)
+                memcpy(p, src->v[i].s, src->v[i].len);
+            p[src->v[i].len] = '\0';
             r->v[i].s = p;
-            r->v[i].len = len;
-            p += len + 1;
+            p += src->v[i].len + 1;
         }
     }
     return r;
@@ -543,16 +581,20 @@ static int64_t ri_count(const row *r, int i, int64_t dflt, int64_t max)
 /* The store                                                                */
 /* ------------------------------------------------------------------------ */
 
-/* A connection and the statements of the table prepared on it (lazily,
- * once: tried[k] says whether k was prepared or failed to). */
+/* A connection of an engine and the statements of the table prepared on
+ * it (lazily, once: tried[k] says whether k was tried, ok[k] whether it
+ * was prepared). */
 typedef struct conn {
-    sqlite3 *db;
-    sqlite3_stmt *st[K_COUNT];
+    const gps_store__engine *eng;
+    void *h;                     /* the engine's connection; NULL = not open */
     bool tried[K_COUNT];
+    bool ok[K_COUNT];
 } conn;
 
 struct gps_store {
-    char *path;
+    const gps_store__engine *eng;
+    char *target;                /* what the engine opens: a path or a URI */
+    char *path;                  /* for messages: the path, or the URI without its password */
     conn w;                      /* write connection: DB thread only (after open); its
                                     statements are all prepared at open */
     conn r;                      /* synchronous connection: owner thread, lazily opened
@@ -591,6 +633,7 @@ struct gps_store {
     char last_error[320];
     int64_t last_drop_log_ms;
     gps_store_stats stats;
+    int64_t sync_changes;        /* rows the last sync_exec changed (owner thread) */
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -605,74 +648,48 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Statement k of the table on c (prepared on first use), or NULL when
- * this DB's schema cannot prepare it (sqlite3_errmsg(c->db) says why, on
- * the first try). */
-static sqlite3_stmt *conn_stmt(conn *c, int k)
+/* Is statement k of the table prepared on c (on first use)? false when
+ * this DB's schema cannot run it (errmsg(c) says why, on the first try). */
+static bool conn_stmt(conn *c, int k)
 {
     if (!c->tried[k]) {
         c->tried[k] = true;
-        if (sqlite3_prepare_v3(c->db, stmts[k].sql, -1, SQLITE_PREPARE_PERSISTENT, &c->st[k],
-                               NULL) != SQLITE_OK) {
-            sqlite3_finalize(c->st[k]);
-            c->st[k] = NULL;
-        }
+        c->ok[k] = c->eng->prepare(c->h, k, stmts[k].sql, stmts[k].pg) == 0;
     }
-    return c->st[k];
+    return c->ok[k];
 }
 
 static void conn_close(conn *c)
 {
-    for (int k = 0; k < K_COUNT; k++)
-        sqlite3_finalize(c->st[k]);
-    sqlite3_close(c->db);
+    if (c->h)
+        c->eng->conn_close(c->h);
+    const gps_store__engine *eng = c->eng;
     memset(c, 0, sizeof(*c));
+    c->eng = eng;
 }
 
-/* Called with each result row; returns 0 to go on, non-zero to stop. */
-typedef int (*row_fn)(void *arg, sqlite3_stmt *st);
+static const char *conn_err(conn *c) { return c->h ? c->eng->errmsg(c->h) : "no connection"; }
 
 /* The one way a statement runs, on the DB thread and the owner thread
- * alike: bind v[0..nv) to ?1..?nv, step to the end handing each row to
- * each (NULL: rows are ignored), reset. Returns SQLITE_DONE (every row,
- * or *stopped = each's non-zero value) or SQLite's error code (then
- * sqlite3_errmsg of st's connection says why). */
-static int stmt_exec(sqlite3_stmt *st, const val *v, int nv, row_fn each, void *arg,
-                     int *stopped)
+ * alike: prepare k if needed, bind v[0..nv) to ?1..?nv, each row to each
+ * (NULL: rows are ignored). 0 (every row, or *stopped = each's non-zero
+ * value) or -1 (conn_err says why). *changes (may be NULL): rows changed. */
+static int stmt_exec(conn *c, int k, const val *v, int nv, row_fn each, void *arg, int *stopped,
+                     int64_t *changes)
 {
+    int64_t ch = 0;
     *stopped = 0;
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    /* A bind spec that does not match its statement is a bug: refuse it
-     * loudly rather than run with parameters left NULL. */
-    if (nv != sqlite3_bind_parameter_count(st))
-        return SQLITE_RANGE;
-    int rc = SQLITE_OK;
-    for (int i = 0; i < nv && rc == SQLITE_OK; i++) {
-        if (v[i].t == V_INT)
-            rc = sqlite3_bind_int64(st, i + 1, v[i].i);
-        else if (v[i].t == V_TEXT)
-            rc = sqlite3_bind_text(st, i + 1, v[i].s, (int)v[i].len, SQLITE_STATIC);
-        else
-            rc = sqlite3_bind_null(st, i + 1);
-    }
-    while (rc == SQLITE_OK || rc == SQLITE_ROW) {
-        rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW && each && (*stopped = each(arg, st)) != 0)
-            rc = SQLITE_DONE;
-    }
-    sqlite3_reset(st);
+    if (!conn_stmt(c, k))
+        return -1;
+    int rc = c->eng->exec(c->h, k, v, nv, each, arg, stopped, &ch);
+    if (changes)
+        *changes = ch;
     return rc;
 }
 
-static int exec_simple(sqlite3 *db, const char *sql, char *err, size_t errlen)
+static int exec_simple(conn *c, const char *sql, char *err, size_t errlen)
 {
-    char *msg = NULL;
-    int rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
-    if (rc != SQLITE_OK)
-        seterr(err, errlen, "%s", msg ? msg : sqlite3_errstr(rc));
-    sqlite3_free(msg);
-    return rc;
+    return c->eng->script(c->h, sql, err, errlen);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -684,21 +701,21 @@ static void enqueue_locked(gps_store *s, op *first, op *last, size_t count);
 static json_t *events_collect(conn *c, const char *job_id);
 
 /* Row handlers of the DB thread's reads: the op collects its rows. */
-static int keep_first_row(void *arg, sqlite3_stmt *st)
+static int keep_first_row(void *arg, const row *r)
 {
     op *o = arg;
-    o->result = row_copy(st);
+    o->result = row_dup(r);
     return o->result ? 1 : -1;
 }
 
-static int append_row(void *arg, sqlite3_stmt *st)
+static int append_row(void *arg, const row *src)
 {
     op *o = arg;
     row **grown = realloc(o->rows, (o->nrows + 1) * sizeof *grown);
     if (!grown)
         return -1;
     o->rows = grown;
-    row *r = row_copy(st);
+    row *r = row_dup(src);
     if (!r)
         return -1;
     o->rows[o->nrows++] = r;
@@ -710,9 +727,9 @@ static int append_row(void *arg, sqlite3_stmt *st)
  * write). */
 static bool run_op(gps_store *s, op *o, bool *failed)
 {
-    sqlite3_stmt *st = conn_stmt(&s->w, o->kind);
+    conn *c = &s->w;
     *failed = false;
-    if (!st) {
+    if (!conn_stmt(c, o->kind)) {
         /* An optional statement this DB's schema does not support. */
         *failed = true;
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
@@ -722,51 +739,44 @@ static bool run_op(gps_store *s, op *o, bool *failed)
         return false;
     }
     int stopped;
+    int64_t changes = 0;
     switch (o->kind) {
     case K_JOB_GET: {
-        int rc = stmt_exec(st, o->v, o->nv, keep_first_row, o, &stopped);
-        o->status = rc != SQLITE_DONE || stopped < 0 ? -1 : o->result ? 0 : 1;
+        int rc = stmt_exec(c, o->kind, o->v, o->nv, keep_first_row, o, &stopped, NULL);
+        o->status = rc != 0 || stopped < 0 ? -1 : o->result ? 0 : 1;
         if (o->status == 0)
-            o->events = events_collect(&s->w, o->v[0].s);
+            o->events = events_collect(c, o->v[0].s);
         return false;
     }
     case K_JOB_LIST:
-        o->status = stmt_exec(st, o->v, o->nv, append_row, o, &stopped) == SQLITE_DONE &&
-                            stopped == 0
-                        ? 0
-                        : -1;
-        if (o->status)
-            rows_free(o);
-        return false;
     case K_RESP_GET:
     case K_RESP_ITEMS_GET:
     case K_RESP_DELETE:
-        o->status = stmt_exec(st, o->v, o->nv, append_row, o, &stopped) == SQLITE_DONE &&
-                            stopped == 0
-                        ? 0
-                        : -1;
-        o->changes = o->kind == K_RESP_DELETE ? sqlite3_changes(s->w.db) : 0;
+        o->status =
+            stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
+                    stopped == 0
+                ? 0
+                : -1;
+        o->changes = o->kind == K_RESP_DELETE ? changes : 0;
         if (o->status)
             rows_free(o);
         return false;
     case K_PING:
-        o->status = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped) == SQLITE_DONE ? 0 : -1;
+        o->status = stmt_exec(c, o->kind, o->v, o->nv, NULL, NULL, &stopped, NULL) == 0 ? 0 : -1;
         if (o->status)
-            snprintf(o->msg, sizeof(o->msg), "%s", sqlite3_errmsg(s->w.db));
+            snprintf(o->msg, sizeof(o->msg), "%s", conn_err(c));
         return false;
     default:
         break;
     }
-    int rc = stmt_exec(st, o->v, o->nv, NULL, NULL, &stopped);
-    if (rc != SQLITE_DONE) {
+    if (stmt_exec(c, o->kind, o->v, o->nv, NULL, NULL, &stopped, &changes) != 0) {
         *failed = true;
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
-                     json_pack("{s:s, s:i}", "op", stmts[o->kind].name, "sqlite_code", rc),
-                     "store write %s failed: %s", stmts[o->kind].name, sqlite3_errmsg(s->w.db));
+                     json_pack("{s:s, s:s}", "op", stmts[o->kind].name, "engine", s->eng->name),
+                     "store write %s failed: %s", stmts[o->kind].name, conn_err(c));
         return false;
     }
-    if ((o->kind == K_PURGE || o->kind == K_RESP_PURGE) &&
-        sqlite3_changes(s->w.db) >= PURGE_CHUNK) {
+    if ((o->kind == K_PURGE || o->kind == K_RESP_PURGE) && changes >= PURGE_CHUNK) {
         /* More to delete: go again after whatever queued meanwhile, so a
          * big purge never holds one long transaction. */
         opb b;
@@ -812,11 +822,12 @@ static void *db_main(void *arg)
             break;
         pthread_mutex_unlock(&s->mu);
 
-        /* One group transaction: BEGIN IMMEDIATE takes the write lock now
-         * (waiting up to busy_timeout if a CLI holds it) so that statement
-         * errors later are about the statement, not the lock. */
+        /* One group transaction. On SQLite, BEGIN IMMEDIATE takes the
+         * write lock now (waiting up to busy_timeout if a CLI holds it) so
+         * that statement errors later are about the statement, not the
+         * lock. */
         err[0] = '\0';
-        bool in_tx = exec_simple(s->w.db, "BEGIN IMMEDIATE", err, sizeof(err)) == SQLITE_OK;
+        bool in_tx = exec_simple(&s->w, s->eng->begin_sql, err, sizeof(err)) == 0;
         if (!in_tx)
             gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
                          "store: BEGIN failed (%s); writing without a transaction", err);
@@ -888,12 +899,12 @@ static void *db_main(void *arg)
         err[0] = '\0';
         if (in_tx) {
             uint64_t t0 = gp_now_mono_us();
-            if (exec_simple(s->w.db, "COMMIT", err, sizeof(err)) != SQLITE_OK) {
+            if (exec_simple(&s->w, "COMMIT", err, sizeof(err)) != 0) {
                 commit_ok = false;
                 gp_log_write(GP_LOG_ERROR, "store_commit_failed", NULL,
                              json_pack("{s:I}", "ops", (json_int_t)n),
                              "store: COMMIT of %llu ops failed: %s", (unsigned long long)n, err);
-                exec_simple(s->w.db, "ROLLBACK", NULL, 0);
+                exec_simple(&s->w, "ROLLBACK", NULL, 0);
             }
             commit_us = gp_now_mono_us() - t0;
         }
@@ -1113,11 +1124,10 @@ static void job_info_from_row(const row *r, gps_store_job_info *ji, json_t **req
 
 /* Appends one stored batch to the log; a batch that does not parse ends
  * the log there (replay must never skip a seq). */
-static int append_batch(void *arg, sqlite3_stmt *st)
+static int append_batch(void *arg, const row *r)
 {
     json_t **all = arg;
-    const char *txt = (const char *)sqlite3_column_text(st, 0);
-    json_t *batch = txt ? json_loadb(txt, (size_t)sqlite3_column_bytes(st, 0), 0, NULL) : NULL;
+    json_t *batch = rs(r, 0) ? json_loadb(rs(r, 0), r->v[0].len, 0, NULL) : NULL;
     if (!*all && json_is_array(batch))
         *all = json_array();
     int stop = !json_is_array(batch) || !*all || json_array_extend(*all, batch) < 0;
@@ -1130,14 +1140,13 @@ static int append_batch(void *arg, sqlite3_stmt *st)
  * when there is none (or no job_events table). */
 static json_t *events_collect(conn *c, const char *job_id)
 {
-    sqlite3_stmt *st = job_id ? conn_stmt(c, K_EVENTS_GET) : NULL;
-    if (!st)
+    if (!job_id || !conn_stmt(c, K_EVENTS_GET))
         return NULL;
     json_t *all = NULL;
     opb b;
     b_spec(&b, K_EVENTS_GET, "t", job_id);
     int stopped;
-    stmt_exec(st, b.v, b.nv, append_batch, &all, &stopped);
+    stmt_exec(c, K_EVENTS_GET, b.v, b.nv, append_batch, &all, &stopped, NULL);
     b_release(&b);
     return all;
 }
@@ -1236,7 +1245,7 @@ static void on_commit(evutil_socket_t fd, short what, void *arg)
 
 bool gps_store_has_job_events(gps_store *s)
 {
-    return s && s->w.st[K_EVENTS_ADD] != NULL;
+    return s && s->w.ok[K_EVENTS_ADD];
 }
 
 void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
@@ -1250,62 +1259,6 @@ void gps_store_set_commit_cb(gps_store *s, gps_store_commit_fn fn, void *arg)
 /* ------------------------------------------------------------------------ */
 /* Opening and migrations                                                   */
 /* ------------------------------------------------------------------------ */
-
-/* Pragmas shared by both connections. */
-static int conn_setup(sqlite3 *db, int busy_ms, const char *path, char *err, size_t errlen)
-{
-    char msg[256] = "";
-    sqlite3_busy_timeout(db, busy_ms);
-    sqlite3_extended_result_codes(db, 1);
-    /* The first statement reads the header: a file that is not SQLite
-     * fails here with SQLITE_NOTADB. */
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st, NULL);
-    if (rc == SQLITE_OK)
-        rc = sqlite3_step(st);
-    if (rc != SQLITE_ROW) {
-        int prim = rc & 0xff;
-        if (prim == SQLITE_NOTADB || prim == SQLITE_CORRUPT)
-            seterr(err, errlen, "%s: not a SQLite database or corrupted (%s)", path,
-                   sqlite3_errmsg(db));
-        else
-            seterr(err, errlen, "%s: cannot open database: %s", path, sqlite3_errmsg(db));
-        sqlite3_finalize(st);
-        return -1;
-    }
-    const char *mode = (const char *)sqlite3_column_text(st, 0);
-    bool wal = mode && strcmp(mode, "wal") == 0;
-    sqlite3_finalize(st);
-    if (!wal) {
-        seterr(err, errlen, "%s: cannot switch the database to WAL mode", path);
-        return -1;
-    }
-    if (exec_simple(db, "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=ON;", msg,
-                    sizeof(msg)) != SQLITE_OK) {
-        seterr(err, errlen, "%s: %s", path, msg);
-        return -1;
-    }
-    return 0;
-}
-
-static sqlite3 *conn_open(const char *path, int busy_ms, char *err, size_t errlen)
-{
-    sqlite3 *db = NULL;
-    int rc = sqlite3_open_v2(path, &db,
-                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                             NULL);
-    if (rc != SQLITE_OK) {
-        seterr(err, errlen, "%s: cannot open database: %s", path,
-               db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-        sqlite3_close(db);
-        return NULL;
-    }
-    if (conn_setup(db, busy_ms, path, err, errlen) != 0) {
-        sqlite3_close(db);
-        return NULL;
-    }
-    return db;
-}
 
 typedef struct mig_set {
     struct migration *m;
@@ -1435,39 +1388,53 @@ fail:
     return -1;
 }
 
-static int read_int(void *arg, sqlite3_stmt *st)
+static int read_int(void *arg, const row *r)
 {
-    *(int *)arg = sqlite3_column_int(st, 0);
+    *(int *)arg = (int)ri(r, 0, -1);
     return 0;
 }
 
 /* Current schema version inside the open transaction (0 = fresh), -1 on error. */
 static int schema_current(conn *c, char *err, size_t errlen)
 {
-    sqlite3_stmt *st = conn_stmt(c, K_SCHEMA_VERSION);
     int v = -1, stopped;
-    if (!st || stmt_exec(st, NULL, 0, read_int, &v, &stopped) != SQLITE_DONE || v < 0) {
-        seterr(err, errlen, "reading schema_migrations: %s", sqlite3_errmsg(c->db));
+    if (stmt_exec(c, K_SCHEMA_VERSION, NULL, 0, read_int, &v, &stopped, NULL) != 0 || v < 0) {
+        seterr(err, errlen, "reading schema_migrations: %s", conn_err(c));
         return -1;
     }
     return v;
 }
 
+/* A migration's script in c's engine's dialect, run. 0 or -1 with msg. */
+static int migration_run(conn *c, const char *sql, char *msg, size_t msglen)
+{
+    char *mine = c->eng->migration_sql(sql);
+    if (!mine) {
+        seterr(msg, msglen, "out of memory");
+        return -1;
+    }
+    int rc = exec_simple(c, mine, msg, msglen);
+    free(mine);
+    return rc;
+}
+
+/* Apply the newer migrations of ms, one transaction each. The engine's
+ * migrate_begin_sql serialises servers that open one DB at the same time
+ * (SQLite: the write lock; PostgreSQL: a lock on schema_migrations). */
 static int migrate(conn *c, const char *path, const mig_set *ms, char *err, size_t errlen)
 {
-    sqlite3 *db = c->db;
     char msg[512] = "";
-    if (exec_simple(db,
-                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-                    "applied_at INTEGER NOT NULL)",
-                    msg, sizeof(msg)) != SQLITE_OK) {
+    if (migration_run(c,
+                      "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                      "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                      "applied_at INTEGER NOT NULL)",
+                      msg, sizeof(msg)) != 0) {
         seterr(err, errlen, "%s: creating schema_migrations: %s", path, msg);
         return -1;
     }
     int known = ms->n ? ms->m[ms->n - 1].version : 0;
     for (;;) {
-        if (exec_simple(db, "BEGIN IMMEDIATE", msg, sizeof(msg)) != SQLITE_OK) {
+        if (exec_simple(c, c->eng->migrate_begin_sql, msg, sizeof(msg)) != 0) {
             seterr(err, errlen, "%s: %s", path, msg);
             return -1;
         }
@@ -1488,27 +1455,26 @@ static int migrate(conn *c, const char *path, const mig_set *ms, char *err, size
             if (ms->m[i].version > cur)
                 next = &ms->m[i];
         if (!next) {
-            exec_simple(db, "COMMIT", NULL, 0);
+            exec_simple(c, "COMMIT", NULL, 0);
             return 0;
         }
-        if (exec_simple(db, next->sql, msg, sizeof(msg)) != SQLITE_OK) {
+        if (migration_run(c, next->sql, msg, sizeof(msg)) != 0) {
             seterr(err, errlen, "%s: migration %04d_%s failed: %s", path, next->version,
                    next->name, msg);
             goto rollback;
         }
-        sqlite3_stmt *st = conn_stmt(c, K_MIGRATION_RECORD);
         opb b;
         b_spec(&b, K_MIGRATION_RECORD, "iti", (int64_t)next->version, next->name,
                (int64_t)gp_now_wall_ms());
         int stopped;
-        int rc = st ? stmt_exec(st, b.v, b.nv, NULL, NULL, &stopped) : SQLITE_ERROR;
+        int rc = stmt_exec(c, K_MIGRATION_RECORD, b.v, b.nv, NULL, NULL, &stopped, NULL);
         b_release(&b);
-        if (rc != SQLITE_DONE) {
+        if (rc != 0) {
             seterr(err, errlen, "%s: recording migration %04d: %s", path, next->version,
-                   sqlite3_errmsg(db));
+                   conn_err(c));
             goto rollback;
         }
-        if (exec_simple(db, "COMMIT", msg, sizeof(msg)) != SQLITE_OK) {
+        if (exec_simple(c, "COMMIT", msg, sizeof(msg)) != 0) {
             seterr(err, errlen, "%s: committing migration %04d: %s", path, next->version, msg);
             goto rollback;
         }
@@ -1517,9 +1483,62 @@ static int migrate(conn *c, const char *path, const mig_set *ms, char *err, size
                      "applied migration %04d_%s", next->version, next->name);
     }
 rollback:
-    exec_simple(db, "ROLLBACK", NULL, 0);
+    exec_simple(c, "ROLLBACK", NULL, 0);
     return -1;
 }
+
+static bool is_pg_uri(const char *db)
+{
+    return strncmp(db, "postgresql://", 13) == 0 || strncmp(db, "postgres://", 11) == 0;
+}
+
+/* db for messages and logs (new string, caller frees; NULL on ENOMEM): a
+ * URI loses the password of its user:password@ part. */
+static char *db_label(const char *db)
+{
+    const char *scheme = strstr(db, "://");
+    const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+    const char *colon = at ? memchr(scheme + 3, ':', (size_t)(at - (scheme + 3))) : NULL;
+    if (!colon)
+        return strdup(db);
+    size_t head = (size_t)(colon - db);
+    char *out = malloc(head + strlen(at) + 1);
+    if (out) {
+        memcpy(out, db, head);
+        strcpy(out + head, at);
+    }
+    return out;
+}
+
+/* The engine for db: PostgreSQL for a postgresql:// (or postgres://) URI,
+ * SQLite for anything else (a path). *label gets db_label(db). NULL with
+ * err when this binary has no such engine. */
+static const gps_store__engine *engine_for(const char *db, char **label, char *err,
+                                           size_t errlen)
+{
+    const gps_store__engine *eng = is_pg_uri(db) ? gps_store__pg() : &gps_store__sqlite;
+    *label = db_label(db);
+    if (!*label) {
+        seterr(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (!eng)
+        seterr(err, errlen,
+               "%s: this gpupool-server was built without libpq, so it cannot use a "
+               "PostgreSQL database (install libpq-dev, rebuild; or give a file path for "
+               "SQLite)",
+               *label);
+    return eng;
+}
+
+void gps_store_db_label(const char *db, char *out, size_t outlen)
+{
+    char *l = db ? db_label(db) : NULL;
+    seterr(out, outlen, "%s", l ? l : "");
+    free(l);
+}
+
+bool gps_store_db_is_file(const char *db) { return db && !is_pg_uri(db); }
 
 gps_store *gps_store_open(const char *path, struct event_base *base, const gps_store_opts *opts,
                           char *err, size_t errlen)
@@ -1533,10 +1552,13 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
         return NULL;
     }
     s = calloc(1, sizeof(*s));
-    if (!s || !(s->path = strdup(path))) {
+    if (!s || !(s->target = strdup(path))) {
         seterr(err, errlen, "out of memory");
         goto fail;
     }
+    if (!(s->eng = engine_for(path, &s->path, err, errlen)))
+        goto fail;
+    s->w.eng = s->r.eng = s->eng;
     s->commit_interval_ms = opts && opts->commit_interval_ms > 0 ? opts->commit_interval_ms : 5;
     s->batch_max = opts && opts->batch_max > 0 ? opts->batch_max : 64;
     s->queue_max = opts && opts->queue_max > 0 ? opts->queue_max : 100000;
@@ -1546,31 +1568,26 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
 
     if (mig_load(&ms, opts ? opts->migrations_dir : NULL, err, errlen) != 0)
         goto fail;
-    s->w.db = conn_open(path, s->busy_timeout_ms, err, errlen);
-    if (!s->w.db)
+    s->w.h = s->eng->conn_open(s->target, s->path, s->busy_timeout_ms, K_COUNT, err,
+                                 errlen);
+    if (!s->w.h)
         goto fail;
-    if (migrate(&s->w, path, &ms, err, errlen) != 0)
+    if (migrate(&s->w, s->path, &ms, err, errlen) != 0)
         goto fail;
     /* Every statement of the DB thread, now: a schema the binary cannot
      * use is refused here, and the thread never prepares (so that
-     * gps_store_has_job_events may read w.st from the loop). */
+     * gps_store_has_job_events may read w.ok from the loop). */
     for (int k = 0; k < K_COUNT; k++) {
         if (stmts[k].flags & F_SYNC)
             continue;
         if (!conn_stmt(&s->w, k) && !(stmts[k].flags & F_OPT)) {
             seterr(err, errlen, "%s: preparing %s: %s (schema out of step with the binary?)",
-                   path, stmts[k].name, sqlite3_errmsg(s->w.db));
+                   s->path, stmts[k].name, conn_err(&s->w));
             goto fail;
         }
     }
-    for (int k = 0; k < K_COUNT; k++) {
-        /* the migration statements are not needed any more */
-        if (stmts[k].flags & F_SYNC) {
-            sqlite3_finalize(s->w.st[k]);
-            s->w.st[k] = NULL;
-        }
+    for (int k = 0; k < K_COUNT; k++)
         s->w.tried[k] = true;
-    }
 
     if (base) {
         s->ev_done = event_new(base, -1, 0, on_done, s);
@@ -1613,6 +1630,7 @@ fail:
             pthread_cond_destroy(&s->cv_done);
         }
         free(s->path);
+        free(s->target);
         free(s);
     }
     return NULL;
@@ -1643,6 +1661,7 @@ void gps_store_close(gps_store *s)
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_done);
     free(s->path);
+    free(s->target);
     free(s);
 }
 
@@ -1977,9 +1996,10 @@ int gps_store_purge_responses(gps_store *s, int64_t now_ms)
 
 static conn *sync_conn(gps_store *s, char *err, size_t errlen)
 {
-    if (!s->r.db)
-        s->r.db = conn_open(s->path, s->busy_timeout_ms, err, errlen);
-    return s->r.db ? &s->r : NULL;
+    if (!s->r.h)
+        s->r.h = s->eng->conn_open(s->target, s->path, s->busy_timeout_ms, K_COUNT, err,
+                                 errlen);
+    return s->r.h ? &s->r : NULL;
 }
 
 /* Run statement kind with its values by bind spec on the owner thread's
@@ -1998,11 +2018,10 @@ static int sync_exec(gps_store *s, row_fn each, void *arg, const char *what, cha
     b_vspec(&b, kind, spec, ap);
     va_end(ap);
     int ret = -1, stopped = 0;
-    sqlite3_stmt *st = conn_stmt(c, kind);
     if (b.oom)
         seterr(err, errlen, "%s: %s: out of memory", s->path, what);
-    else if (!st || stmt_exec(st, b.v, b.nv, each, arg, &stopped) != SQLITE_DONE)
-        seterr(err, errlen, "%s: %s: %s", s->path, what, sqlite3_errmsg(c->db));
+    else if (stmt_exec(c, kind, b.v, b.nv, each, arg, &stopped, &s->sync_changes) != 0)
+        seterr(err, errlen, "%s: %s: %s", s->path, what, conn_err(c));
     else
         ret = stopped;
     b_release(&b);
@@ -2034,7 +2053,7 @@ static void models_tmp_free(models_tmp *t)
 }
 
 /* One agent_models row into t; 1 (stop) on ENOMEM. */
-static int model_row(void *arg, sqlite3_stmt *st)
+static int model_row(void *arg, const row *src)
 {
     models_tmp *t = arg;
     size_t k = t->n;
@@ -2047,7 +2066,7 @@ static int model_row(void *arg, sqlite3_stmt *st)
     const char ***al = realloc(t->aliases, (k + 1) * sizeof(*al));
     if (al)
         t->aliases = al;
-    row *r = m && rows && al ? row_copy(st) : NULL;
+    row *r = m && rows && al ? row_dup(src) : NULL;
     if (!r)
         return 1;
     t->rows[k] = r;
@@ -2097,10 +2116,11 @@ typedef struct load_ctx {
     int64_t day;             /* usage */
 } load_ctx;
 
-static int agent_row(void *arg, sqlite3_stmt *st)
+static int agent_row(void *arg, const row *src)
 {
     load_ctx *c = arg;
-    row *r = row_copy(st);
+    /* A copy: the models are read (another statement) before the callback. */
+    row *r = row_dup(src);
     if (!r) {
         seterr(c->err, c->errlen, "out of memory");
         return -1;
@@ -2155,14 +2175,9 @@ int gps_store_load_agents(gps_store *s, gps_store_agent_fn cb, void *arg, char *
 
 /* ---- keys ---- */
 
-static int key_row(void *arg, sqlite3_stmt *st)
+static int key_row(void *arg, const row *r)
 {
     load_ctx *c = arg;
-    row *r = row_copy(st);
-    if (!r) {
-        seterr(c->err, c->errlen, "out of memory");
-        return -1;
-    }
     gps_store_key_row k = {
         .id = rs(r, 0),
         .hash = rs(r, 1),
@@ -2179,9 +2194,7 @@ static int key_row(void *arg, sqlite3_stmt *st)
         .max_uses = c->extras ? ri(r, 12, 0) : 0,
         .uses = c->extras ? ri(r, 13, 0) : 0,
     };
-    int ret = k.id && k.hash && k.role ? c->cb.key(c->arg, &k) : 0;
-    free(r);
-    return ret;
+    return k.id && k.hash && k.role ? c->cb.key(c->arg, &k) : 0;
 }
 
 int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err, size_t errlen)
@@ -2192,7 +2205,7 @@ int gps_store_load_keys(gps_store *s, gps_store_key_fn cb, void *arg, char *err,
         return -1;
     /* A DB migrated by a custom set without 0003 has no limit columns:
      * then every key loads as unlimited. */
-    c.extras = conn_stmt(sc, K_LOAD_KEYS) != NULL;
+    c.extras = conn_stmt(sc, K_LOAD_KEYS);
     return sync_exec(s, key_row, &c, "reading api_keys", err, errlen,
                      c.extras ? K_LOAD_KEYS : K_LOAD_KEYS_BASE, "");
 }
@@ -2208,9 +2221,10 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
     /* Key and limits in one transaction: a key never exists without the
      * limits it was created with. */
     conn *c = extras ? sync_conn(s, err, errlen) : NULL;
-    if (extras && (!c || exec_simple(c->db, "BEGIN IMMEDIATE", NULL, 0) != SQLITE_OK)) {
+    char msg[256] = "";
+    if (extras && (!c || exec_simple(c, s->eng->begin_sql, msg, sizeof(msg)) != 0)) {
         if (c)
-            seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
+            seterr(err, errlen, "%s: inserting key: %s", s->path, msg);
         return -1;
     }
     int ret = sync_exec(s, NULL, NULL, "inserting key", err, errlen, K_KEY_INSERT, KEY_ROW_SPEC,
@@ -2219,9 +2233,9 @@ int gps_store_key_insert_sync(gps_store *s, const gps_store_key_row *row_in, cha
         ret = sync_exec(s, NULL, NULL, "setting key limits", err, errlen, K_KEY_LIMITS,
                         KEY_LIMITS_SPEC, row_in->id, row_in->rpm, row_in->tokens_per_day,
                         row_in->max_concurrent, row_in->max_uses);
-    if (extras && exec_simple(c->db, ret == 0 ? "COMMIT" : "ROLLBACK", NULL, 0) != SQLITE_OK &&
+    if (extras && exec_simple(c, ret == 0 ? "COMMIT" : "ROLLBACK", msg, sizeof(msg)) != 0 &&
         ret == 0) {
-        seterr(err, errlen, "%s: inserting key: %s", s->path, sqlite3_errmsg(c->db));
+        seterr(err, errlen, "%s: inserting key: %s", s->path, msg);
         ret = -1;
     }
     return ret;
@@ -2233,15 +2247,16 @@ int gps_store_key_revoke_sync(gps_store *s, const char *key_id, int64_t revoked_
     if (sync_exec(s, NULL, NULL, "revoking key", err, errlen, K_KEY_REVOKE, "ti", key_id,
                   revoked_at) != 0)
         return -1;
-    return sqlite3_changes(s->r.db) > 0 ? 0 : 1;
+    return s->sync_changes > 0 ? 0 : 1;
 }
 
 /* ---- unfinished jobs, usage ---- */
 
-static int job_row(void *arg, sqlite3_stmt *st)
+static int job_row(void *arg, const row *src)
 {
     load_ctx *c = arg;
-    row *r = row_copy(st);
+    /* A copy: the event log is read (another statement) before the callback. */
+    row *r = row_dup(src);
     if (!r) {
         seterr(c->err, c->errlen, "out of memory");
         return -1;
@@ -2265,15 +2280,13 @@ int gps_store_load_unfinished_jobs(gps_store *s, gps_store_job_load_fn cb, void 
     return sync_exec(s, job_row, &c, "reading jobs", err, errlen, K_LOAD_JOBS, "");
 }
 
-static int usage_row(void *arg, sqlite3_stmt *st)
+static int usage_row(void *arg, const row *r)
 {
     load_ctx *c = arg;
-    const char *id = (const char *)sqlite3_column_text(st, 0);
+    const char *id = rs(r, 0);
     if (!id)
         return 0;
-    return c->cb.usage(c->arg, id, c->day, sqlite3_column_int64(st, 1),
-                                        sqlite3_column_int64(st, 2), sqlite3_column_int64(st, 3),
-                                        sqlite3_column_int64(st, 4));
+    return c->cb.usage(c->arg, id, c->day, ri(r, 1, 0), ri(r, 2, 0), ri(r, 3, 0), ri(r, 4, 0));
 }
 
 int gps_store_load_usage(gps_store *s, int64_t day, gps_store_usage_fn cb, void *arg, char *err,
@@ -2300,15 +2313,13 @@ int gps_store_pin_delete(gps_store *s, const char *name)
     return write_op(s, K_PIN_DELETE, "t", name);
 }
 
-static int pin_row(void *arg, sqlite3_stmt *st)
+static int pin_row(void *arg, const row *r)
 {
     load_ctx *c = arg;
-    const char *name = (const char *)sqlite3_column_text(st, 0);
-    const char *sha = (const char *)sqlite3_column_text(st, 1);
+    const char *name = rs(r, 0), *sha = rs(r, 1);
     if (!name || !sha)
         return 0;
-    return c->cb.pin(c->arg, name, sha, sqlite3_column_int64(st, 2),
-                     (const char *)sqlite3_column_text(st, 3));
+    return c->cb.pin(c->arg, name, sha, ri(r, 2, 0), rs(r, 3));
 }
 
 int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err, size_t errlen)
@@ -2351,41 +2362,36 @@ int gps_store_replica_delete(gps_store *s, const char *deployment, const char *a
     return write_op(s, K_REPLICA_DELETE, "tt", deployment, agent_id);
 }
 
-static const char *col_text(sqlite3_stmt *st, int i)
-{
-    return (const char *)sqlite3_column_text(st, i);
-}
-
-static int deploy_row(void *arg, sqlite3_stmt *st)
+static int deploy_row(void *arg, const row *r)
 {
     load_ctx *c = arg;
     gps_store_deploy_row d = {
-        .name = col_text(st, 0),
-        .source = col_text(st, 1),
-        .sha256 = col_text(st, 2),
-        .replicas = (int)sqlite3_column_int64(st, 3),
-        .labels_json = col_text(st, 4),
-        .bytes = sqlite3_column_int64(st, 5),
-        .created_at = sqlite3_column_int64(st, 6),
-        .created_by = col_text(st, 7),
+        .name = rs(r, 0),
+        .source = rs(r, 1),
+        .sha256 = rs(r, 2),
+        .replicas = (int)ri(r, 3, 0),
+        .labels_json = rs(r, 4),
+        .bytes = ri(r, 5, 0),
+        .created_at = ri(r, 6, 0),
+        .created_by = rs(r, 7),
     };
     if (!d.name || !d.source)
         return 0;
     return c->cb.deploy(c->arg, &d);
 }
 
-static int replica_row(void *arg, sqlite3_stmt *st)
+static int replica_row(void *arg, const row *src)
 {
     load_ctx *c = arg;
     gps_store_replica_row r = {
-        .deployment = col_text(st, 0),
-        .agent_id = col_text(st, 1),
-        .state = col_text(st, 2),
-        .reason = col_text(st, 3),
-        .bytes = sqlite3_column_int64(st, 4),
-        .total = sqlite3_column_int64(st, 5),
-        .rate = sqlite3_column_int64(st, 6),
-        .updated_at = sqlite3_column_int64(st, 7),
+        .deployment = rs(src, 0),
+        .agent_id = rs(src, 1),
+        .state = rs(src, 2),
+        .reason = rs(src, 3),
+        .bytes = ri(src, 4, 0),
+        .total = ri(src, 5, 0),
+        .rate = ri(src, 6, 0),
+        .updated_at = ri(src, 7, 0),
     };
     if (!r.deployment || !r.agent_id || !r.state)
         return 0;

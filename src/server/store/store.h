@@ -1,5 +1,8 @@
 /*
- * store: the server's durable copy of its state, in one SQLite file.
+ * store: the server's durable copy of its state, in one SQLite file or in a
+ * PostgreSQL database (a postgresql://USER[:PASS]@HOST[:PORT]/DB URI given
+ * where a path would be; docs/persistence.md "PostgreSQL"). Everything
+ * below holds for both engines; where they differ it says so.
  *
  * The event loop must never wait on SQLite (no fsync, no lock wait, no long
  * transaction on the loop thread), so the store owns one DB thread with the
@@ -115,13 +118,23 @@ typedef struct gps_store_opts {
 } gps_store_opts;
 
 /* Open or create the DB at path: WAL, synchronous=NORMAL, busy_timeout,
- * foreign_keys=ON; apply pending migrations; start the DB thread.
+ * foreign_keys=ON; apply pending migrations; start the DB thread. A path
+ * that starts with postgresql:// or postgres:// is a libpq URI instead:
+ * connect (the database must exist), apply pending migrations, start the
+ * DB thread; refused with a message when the binary was built without
+ * libpq.
  * base: where async read callbacks run (may be NULL: async reads are then
  * refused, writes still work — the CLI case). opts may be NULL.
  * Returns the store, or NULL with a message in err ("not a SQLite database",
  * "schema version 7 is newer than this binary (3)", ...). */
 gps_store *gps_store_open(const char *path, struct event_base *base, const gps_store_opts *opts,
                           char *err, size_t errlen);
+/* db for messages and logs: a URI without its password (out gets at most
+ * outlen - 1 bytes). */
+void gps_store_db_label(const char *db, char *out, size_t outlen);
+/* Is db a file path (SQLite), as opposed to a database URI? */
+bool gps_store_db_is_file(const char *db);
+
 /* Commit everything queued, stop the DB thread, deliver pending read
  * callbacks (on the calling thread), close. NULL is a no-op. Call it on the
  * loop thread with the loop no longer running, or from a CLI. */

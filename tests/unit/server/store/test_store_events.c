@@ -164,6 +164,7 @@ static void test_batches_read_back_in_order(void **state)
 static void test_corrupt_batch_ends_the_log(void **state)
 {
     tctx *t = *state;
+    fixture_needs_file(t); /* corrupts a row through sqlite3 */
     struct event_base *base = event_base_new();
     gps_store *s = open_ok(t->db, base, NULL);
     add_job(s, "job_c");

@@ -1,0 +1,600 @@
+/*
+ * store: what every engine must do the same, through store.h only (no raw
+ * access to the database), so that one binary checks SQLite (a scratch
+ * file, the plain ctest entry) and PostgreSQL (the .pg entry: pg_run.py
+ * starts a real server and db_fixture.h hands each test a fresh database).
+ *
+ * Keys and limits, daily usage added atomically by two stores on one DB
+ * (two servers), agents and models, jobs with checkpoints and event logs
+ * across a restart, a failed write that must not lose its batch, stored
+ * responses, pins and deployments, the ping.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "server/store/store.h"
+
+#include "db_fixture.h"
+
+#define DAY 20000
+#define SAT 2305843009213693951LL   /* the usage counters' ceiling (INT64_MAX/4) */
+
+static gps_store *open_ok(const char *db, struct event_base *base)
+{
+    char err[512] = "";
+    gps_store_opts o = {.commit_interval_ms = 2};
+    gps_store *s = gps_store_open(db, base, &o, err, sizeof(err));
+    if (!s)
+        fail_msg("open %s: %s", db, err);
+    return s;
+}
+
+static void loop_until(struct event_base *base, const int *flag)
+{
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 3000 && !*flag; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+    assert_true(*flag);
+}
+
+/* ---- keys ---- */
+
+typedef struct keys_seen {
+    int n;
+    gps_store_key_row k[8];
+    char id[8][40], agent[8][40];
+} keys_seen;
+
+static int on_key(void *arg, const gps_store_key_row *k)
+{
+    keys_seen *ks = arg;
+    if (ks->n >= 8)
+        return 1;
+    ks->k[ks->n] = *k;
+    snprintf(ks->id[ks->n], sizeof ks->id[0], "%s", k->id);
+    snprintf(ks->agent[ks->n], sizeof ks->agent[0], "%s", k->agent_id ? k->agent_id : "");
+    ks->n++;
+    return 0;
+}
+
+static void test_keys_survive_a_restart(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL);
+    char err[256] = "";
+    char hash1[65], hash2[65];
+    memset(hash1, 'a', 64);
+    memset(hash2, 'b', 64);
+    hash1[64] = hash2[64] = '\0';
+    gps_store_key_row k1 = {.id = "key_1", .hash = hash1, .role = "client", .name = "one",
+                            .created_at = 1000, .rpm = 60, .tokens_per_day = 5000000000LL,
+                            .max_concurrent = 3};
+    assert_int_equal(gps_store_key_insert_sync(s, &k1, err, sizeof err), 0);
+    gps_store_key_row k2 = {.id = "key_2", .hash = hash2, .role = "agent", .created_at = 2000,
+                            .expires_at = 1800000000000LL};
+    assert_int_equal(gps_store_key_insert(s, k2), 0);
+    assert_int_equal(gps_store_key_used(s, "key_2", 2500), 0);
+    assert_int_equal(gps_store_key_bind_agent(s, "key_2", "agent-x"), 0);
+    assert_int_equal(gps_store_key_bind_agent(s, "key_2", "agent-y"), 0); /* bound once */
+    assert_int_equal(gps_store_key_uses(s, "key_1", 2), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_1", 3000, err, sizeof err), 0);
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_1", 3001, err, sizeof err), 1);
+    assert_int_equal(gps_store_key_revoke_sync(s, "key_none", 3001, err, sizeof err), 1);
+    gps_store_close(s);
+
+    s = open_ok(t->db, NULL);   /* a restart: migrations find nothing to do */
+    keys_seen ks = {0};
+    assert_int_equal(gps_store_load_keys(s, on_key, &ks, err, sizeof err), 0);
+    assert_int_equal(ks.n, 2);
+    assert_string_equal(ks.id[0], "key_1");
+    assert_int_equal(ks.k[0].revoked_at, 3000);
+    assert_int_equal(ks.k[0].rpm, 60);
+    assert_int_equal(ks.k[0].tokens_per_day, 5000000000LL);   /* past 32 bits */
+    assert_int_equal(ks.k[0].max_concurrent, 3);
+    assert_int_equal(ks.k[0].uses, 2);
+    assert_string_equal(ks.id[1], "key_2");
+    assert_string_equal(ks.agent[1], "agent-x");
+    assert_int_equal(ks.k[1].last_used_at, 2500);
+    assert_int_equal(ks.k[1].expires_at, 1800000000000LL);
+    assert_int_equal(ks.k[1].revoked_at, 0);
+    gps_store_close(s);
+}
+
+/* ---- usage ---- */
+
+typedef struct usage_seen {
+    int n;
+    int64_t req, prompt, completion, limited;
+} usage_seen;
+
+static int on_usage(void *arg, const char *key_id, int64_t day, int64_t requests,
+                    int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
+{
+    usage_seen *u = arg;
+    assert_int_equal(day, DAY);
+    if (strcmp(key_id, "key_u") == 0) {
+        u->n++;
+        u->req = requests;
+        u->prompt = prompt_tokens;
+        u->completion = completion_tokens;
+        u->limited = rate_limited;
+    }
+    return 0;
+}
+
+/* Two stores on one DB stand for two servers: every add counts, none is
+ * lost to a read-modify-write race, because the add is one statement. */
+static void test_usage_adds_up_across_stores(void **state)
+{
+    tctx *t = *state;
+    gps_store *a = open_ok(t->db, NULL);
+    gps_store *b = open_ok(t->db, NULL);
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(gps_store_usage_add(a, "key_u", DAY, 1, 10, 100, 0), 0);
+        assert_int_equal(gps_store_usage_add(b, "key_u", DAY, 1, 20, 200, i % 2), 0);
+    }
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    char err[256] = "";
+    usage_seen u = {0};
+    assert_int_equal(gps_store_load_usage(a, DAY, on_usage, &u, err, sizeof err), 0);
+    assert_int_equal(u.n, 1);
+    assert_int_equal(u.req, 400);
+    assert_int_equal(u.prompt, 200 * 30);
+    assert_int_equal(u.completion, 200 * 300);
+    assert_int_equal(u.limited, 100);
+    /* Saturates at the ceiling instead of overflowing. */
+    assert_int_equal(gps_store_usage_add(a, "key_u", DAY, 0, SAT, 0, 0), 0);
+    assert_int_equal(gps_store_usage_add(a, "key_u", DAY, 0, SAT, 0, 0), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    u = (usage_seen){0};
+    assert_int_equal(gps_store_load_usage(b, DAY, on_usage, &u, err, sizeof err), 0);
+    assert_int_equal(u.prompt, SAT);
+    gps_store_close(a);
+    gps_store_close(b);
+}
+
+/* ---- a failed write in a batch ---- */
+
+static void test_failed_write_keeps_its_batch(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL);
+    char h[65];
+    memset(h, 'c', 64);
+    h[64] = '\0';
+    gps_store_key_row k = {.id = "key_a", .hash = h, .role = "client", .created_at = 1};
+    assert_int_equal(gps_store_key_insert(s, k), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    /* One group: a duplicate hash (UNIQUE) between two good writes. */
+    gps_store_key_row dup = {.id = "key_dup", .hash = h, .role = "client", .created_at = 2};
+    char h2[65];
+    memset(h2, 'd', 64);
+    h2[64] = '\0';
+    gps_store_key_row k2 = {.id = "key_b", .hash = h2, .role = "client", .created_at = 3};
+    assert_int_equal(gps_store_key_used(s, "key_a", 50), 0);
+    assert_int_equal(gps_store_key_insert(s, dup), 0);
+    assert_int_equal(gps_store_key_insert(s, k2), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_failed, 1);
+    assert_int_equal(st.commit_failures, 0);
+    char msg[128];
+    assert_true(gps_store_healthy(s, msg, sizeof msg));
+    keys_seen ks = {0};
+    char err[256] = "";
+    assert_int_equal(gps_store_load_keys(s, on_key, &ks, err, sizeof err), 0);
+    assert_int_equal(ks.n, 2);
+    assert_string_equal(ks.id[0], "key_a");
+    assert_int_equal(ks.k[0].last_used_at, 50);
+    assert_string_equal(ks.id[1], "key_b");
+    gps_store_close(s);
+}
+
+/* ---- agents ---- */
+
+typedef struct agents_seen {
+    int n;
+    char id[40], state[20], label[20], alias[20];
+    size_t n_models;
+    int64_t first_seen, last_seen, ctx;
+} agents_seen;
+
+static int on_agent(void *arg, const gps_store_agent_info *a)
+{
+    agents_seen *g = arg;
+    g->n++;
+    snprintf(g->id, sizeof g->id, "%s", a->id);
+    snprintf(g->state, sizeof g->state, "%s", a->state);
+    snprintf(g->label, sizeof g->label, "%s",
+             json_string_value(json_object_get(a->labels, "region")) ?: "");
+    g->n_models = a->n_models;
+    g->first_seen = a->first_seen;
+    g->last_seen = a->last_seen;
+    if (a->n_models) {
+        g->ctx = a->models[0].context_length;
+        snprintf(g->alias, sizeof g->alias, "%s",
+                 a->models[0].n_aliases ? a->models[0].aliases[0] : "");
+    }
+    return 0;
+}
+
+static void test_agents_and_models(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL);
+    json_t *labels = json_pack("{s:s}", "region", "eu");
+    gps_store_agent_row ar = {.id = "agent-1", .name = "box", .state = "healthy",
+                              .labels = labels, .last_seen = 1000};
+    assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+    ar.last_seen = 1700000000000LL;
+    assert_int_equal(gps_store_agent_upsert(s, ar), 0);   /* update keeps first_seen */
+    const char *al[] = {"tiny-alias"};
+    gps_store_model_row m[] = {{.model = "tiny", .aliases = al, .n_aliases = 1,
+                                .context_length = 4096, .loaded = true},
+                               {.model = "other"}};
+    assert_int_equal(gps_store_agent_models(s, "agent-1", m, 2), 0);
+    assert_int_equal(gps_store_agent_models(s, "agent-1", m, 2), 0);   /* same rows again */
+    assert_int_equal(gps_store_agent_models(s, "agent-1", m, 1), 0);
+    assert_int_equal(gps_store_agent_state(s, "agent-1", "suspect", 0), 0);   /* 0: keep */
+    assert_int_equal(gps_store_flush(s), 0);
+    agents_seen g = {0};
+    char err[256] = "";
+    assert_int_equal(gps_store_load_agents(s, on_agent, &g, err, sizeof err), 0);
+    assert_int_equal(g.n, 1);
+    assert_string_equal(g.state, "suspect");
+    assert_string_equal(g.label, "eu");
+    assert_int_equal(g.first_seen, 1000);
+    assert_int_equal(g.last_seen, 1700000000000LL);
+    assert_int_equal(g.n_models, 1);
+    assert_int_equal(g.ctx, 4096);
+    assert_string_equal(g.alias, "tiny-alias");
+    assert_int_equal(gps_store_agent_delete(s, "agent-1"), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    g = (agents_seen){0};
+    assert_int_equal(gps_store_load_agents(s, on_agent, &g, err, sizeof err), 0);
+    assert_int_equal(g.n, 0);
+    json_decref(labels);
+    gps_store_close(s);
+}
+
+/* ---- jobs across a restart ---- */
+
+typedef struct job_seen {
+    int calls, status;
+    char status_s[20], checkpoint[64], prompt[32];
+    long long seq, completion_tokens;
+    size_t n_events;
+    int64_t created_at;
+    bool has_seed;
+} job_seen;
+
+static void see_job(job_seen *g, const gps_store_job_info *j)
+{
+    snprintf(g->status_s, sizeof g->status_s, "%s", j->status);
+    snprintf(g->checkpoint, sizeof g->checkpoint, "%.*s", (int)j->checkpoint_len,
+             j->checkpoint_text ? j->checkpoint_text : "");
+    snprintf(g->prompt, sizeof g->prompt, "%s",
+             json_string_value(json_object_get(j->request, "prompt")) ?: "");
+    g->seq = j->checkpoint_seq;
+    g->completion_tokens = j->completion_tokens;
+    g->n_events = json_array_size(j->events);
+    g->created_at = j->created_at;
+    g->has_seed = j->has_seed;
+}
+
+static void on_job(void *arg, int status, const gps_store_job_info *j)
+{
+    job_seen *g = arg;
+    g->calls++;
+    g->status = status;
+    if (j)
+        see_job(g, j);
+}
+
+static int on_unfinished(void *arg, const gps_store_job_info *j)
+{
+    job_seen *g = arg;
+    g->calls++;
+    see_job(g, j);
+    return 0;
+}
+
+static json_t *events(int first, int last)
+{
+    json_t *a = json_array();
+    for (int i = first; i <= last; i++)
+        json_array_append_new(a, json_pack("{s:i, s:s, s:{s:i}}", "seq", i, "type", "token",
+                                           "data", "i", i));
+    return a;
+}
+
+static void test_jobs_survive_a_restart(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base);
+    json_t *req = json_pack("{s:s}", "prompt", "Once upon");
+    gps_store_job_row r = {.id = "job_1", .api = "native", .model = "tiny", .status = "queued",
+                           .created_at = 1700000000123LL, .request = req};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_1");
+    u.status = "running";
+    u.completion_tokens = 7;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    assert_int_equal(gps_store_checkpoint(s, "job_1", "Once upon a", 11, 3), 0);
+    assert_int_equal(gps_store_checkpoint(s, "job_1", "Once upon a time", 16, 4), 0);
+    json_t *e1 = events(1, 2), *e2 = events(3, 4);
+    assert_int_equal(gps_store_job_events(s, "job_1", e1), 0);
+    assert_int_equal(gps_store_job_events(s, "job_1", e2), 0);
+    assert_int_equal(gps_store_job_events(s, "job_1", e2), 0);   /* rewritten: replaced */
+    assert_true(gps_store_has_job_events(s));
+    job_seen g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_1", on_job, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.status, 0);
+    assert_string_equal(g.status_s, "running");
+    assert_string_equal(g.checkpoint, "Once upon a time");
+    assert_string_equal(g.prompt, "Once upon");
+    assert_int_equal(g.seq, 4);
+    assert_int_equal(g.completion_tokens, 7);
+    assert_int_equal(g.n_events, 4);
+    assert_int_equal(g.created_at, 1700000000123LL);
+    assert_false(g.has_seed);
+    job_seen none = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_x", on_job, &none), 0);
+    loop_until(base, &none.calls);
+    assert_int_equal(none.status, 1);
+    gps_store_close(s);
+
+    s = open_ok(t->db, base);
+    char err[256] = "";
+    job_seen l = {0};
+    assert_int_equal(gps_store_load_unfinished_jobs(s, on_unfinished, &l, err, sizeof err), 0);
+    assert_int_equal(l.calls, 1);
+    assert_string_equal(l.checkpoint, "Once upon a time");
+    assert_int_equal(l.n_events, 4);
+    u = GPS_STORE_JOB_UPDATE_INIT("job_1");
+    u.status = "done";
+    u.finished_at = 1700000000999LL;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    assert_int_equal(gps_store_purge_jobs(s, 1700000001000LL), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    job_seen gone = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_1", on_job, &gone), 0);
+    loop_until(base, &gone.calls);
+    assert_int_equal(gone.status, 1);
+    gps_store_close(s);
+    json_decref(req);
+    json_decref(e1);
+    json_decref(e2);
+    event_base_free(base);
+}
+
+/* ---- stored responses ---- */
+
+typedef struct cells_seen {
+    int calls, status;
+    size_t nrows;
+    int64_t changes;
+    char first[64];
+} cells_seen;
+
+static void on_cells(void *arg, int status, const gps_store_cells *res)
+{
+    cells_seen *c = arg;
+    c->calls++;
+    c->status = status;
+    if (res) {
+        c->nrows = res->nrows;
+        c->changes = res->changes;
+        if (res->nrows && res->cell[0])
+            snprintf(c->first, sizeof c->first, "%s", res->cell[0]);
+    }
+}
+
+static void put_response(gps_store *s, const char *id, int64_t at, int64_t keep)
+{
+    json_t *obj = json_pack("{s:s}", "id", id);
+    json_t *ctx = json_pack("[{s:s, s:s}]", "role", "user", "content", "hi");
+    char item[64];
+    snprintf(item, sizeof item, "msg_%s", id);
+    json_t *items = json_pack("[{s:s, s:{s:s, s:s}}]", "id", item, "message", "role",
+                              "assistant", "content", "hello");
+    gps_store_response_row r = {.id = id, .key_id = "key_r", .created_at = at,
+                                .expires_at = 1900000000000LL, .object = obj, .context = ctx,
+                                .items = items, .keep_per_key = keep};
+    assert_int_equal(gps_store_response_put(s, &r), 0);
+    json_decref(obj);
+    json_decref(ctx);
+    json_decref(items);
+}
+
+static void test_responses(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base);
+    put_response(s, "resp_1", 1000, 0);
+    put_response(s, "resp_2", 2000, 0);
+    put_response(s, "resp_3", 3000, 2);   /* keeps resp_3 and resp_2 */
+    cells_seen c = {0};
+    assert_int_equal(gps_store_response_get_async(s, "resp_3", "key_r", 5000, on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.nrows, 1);
+    json_t *obj = json_loads(c.first, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(obj, "id")), "resp_3");
+    json_decref(obj);
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_get_async(s, "resp_1", "key_r", 5000, on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.nrows, 0);   /* trimmed */
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_get_async(s, "resp_3", "key_other", 5000, on_cells, &c),
+                     0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.nrows, 0);   /* another key's */
+    json_t *ids = json_pack("[s, s, s]", "msg_resp_2", "msg_resp_3", "msg_nope");
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_items_async(s, "key_r", ids, 5000, on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.nrows, 2);
+    json_decref(ids);
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_delete_async(s, "resp_2", "key_r", on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.changes, 1);
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_delete_async(s, "resp_2", "key_r", on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.changes, 0);
+    assert_int_equal(gps_store_purge_responses(s, 1900000000001LL), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    c = (cells_seen){0};
+    assert_int_equal(gps_store_response_get_async(s, "resp_3", "key_r", 5000, on_cells, &c), 0);
+    loop_until(base, &c.calls);
+    assert_int_equal(c.nrows, 0);   /* purged */
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_failed, 0);
+    gps_store_close(s);
+    event_base_free(base);
+}
+
+/* ---- pins, deployments, ping ---- */
+
+typedef struct deploy_seen {
+    int pins, deploys, replicas;
+    char pin_sha[70], replica_state[20];
+    int64_t replica_bytes;
+} deploy_seen;
+
+static int on_pin(void *arg, const char *name, const char *sha256, int64_t created_at,
+                  const char *created_by)
+{
+    deploy_seen *d = arg;
+    (void)name;
+    (void)created_at;
+    (void)created_by;
+    d->pins++;
+    snprintf(d->pin_sha, sizeof d->pin_sha, "%s", sha256);
+    return 0;
+}
+
+static int on_deploy(void *arg, const gps_store_deploy_row *r)
+{
+    deploy_seen *d = arg;
+    assert_string_equal(r->labels_json, "{\"gpu\":\"a100\"}");
+    d->deploys++;
+    return 0;
+}
+
+static int on_replica(void *arg, const gps_store_replica_row *r)
+{
+    deploy_seen *d = arg;
+    d->replicas++;
+    snprintf(d->replica_state, sizeof d->replica_state, "%s", r->state);
+    d->replica_bytes = r->bytes;
+    return 0;
+}
+
+static void on_ping(void *arg, bool ok, const char *msg)
+{
+    (void)msg;
+    *(int *)arg = ok ? 1 : -1;
+}
+
+static void test_pins_deployments_ping(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base);
+    char sha1[65], sha2[65];
+    memset(sha1, '1', 64);
+    memset(sha2, '2', 64);
+    sha1[64] = sha2[64] = '\0';
+    assert_int_equal(gps_store_pin_set(s, "tiny", sha1, 1, "admin"), 0);
+    assert_int_equal(gps_store_pin_set(s, "tiny", sha2, 2, NULL), 0);
+    assert_int_equal(gps_store_pin_set(s, "gone", sha1, 1, NULL), 0);
+    assert_int_equal(gps_store_pin_delete(s, "gone"), 0);
+    gps_store_deploy_row d = {.name = "dep", .source = "hf:o/r/f.gguf", .replicas = 2,
+                              .labels_json = "{\"gpu\":\"a100\"}", .created_at = 5};
+    assert_int_equal(gps_store_deploy_put(s, &d), 0);
+    d.replicas = 3;
+    assert_int_equal(gps_store_deploy_put(s, &d), 0);
+    gps_store_replica_row r = {.deployment = "dep", .agent_id = "a1", .state = "downloading",
+                               .bytes = 10, .total = 6000000000LL, .updated_at = 6};
+    assert_int_equal(gps_store_replica_put(s, &r), 0);
+    r.state = "ready";
+    r.bytes = 6000000000LL;
+    assert_int_equal(gps_store_replica_put(s, &r), 0);
+    int pinged = 0;
+    assert_int_equal(gps_store_ping_async(s, on_ping, &pinged), 0);
+    loop_until(base, &pinged);
+    assert_int_equal(pinged, 1);
+    assert_int_equal(gps_store_flush(s), 0);
+    deploy_seen seen = {0};
+    char err[256] = "";
+    assert_int_equal(gps_store_load_pins(s, on_pin, &seen, err, sizeof err), 0);
+    assert_int_equal(seen.pins, 1);
+    assert_string_equal(seen.pin_sha, sha2);
+    assert_int_equal(gps_store_load_deployments(s, on_deploy, on_replica, &seen, err, sizeof err),
+                     0);
+    assert_int_equal(seen.deploys, 1);
+    assert_int_equal(seen.replicas, 1);
+    assert_string_equal(seen.replica_state, "ready");
+    assert_int_equal(seen.replica_bytes, 6000000000LL);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_failed, 0);
+    gps_store_close(s);
+    event_base_free(base);
+}
+
+/* The password of a URI never reaches a message. */
+static void test_db_label(void **state)
+{
+    (void)state;
+    char out[128];
+    gps_store_db_label("postgresql://gp:s3cret@db.example:5432/pool", out, sizeof out);
+    assert_string_equal(out, "postgresql://gp@db.example:5432/pool");
+    gps_store_db_label("postgresql://gp@h/pool", out, sizeof out);
+    assert_string_equal(out, "postgresql://gp@h/pool");
+    gps_store_db_label("/var/lib/gpupool/gpupool.db", out, sizeof out);
+    assert_string_equal(out, "/var/lib/gpupool/gpupool.db");
+    assert_true(gps_store_db_is_file("./gpupool.db"));
+    assert_false(gps_store_db_is_file("postgres://u@h/d"));
+}
+
+int main(void)
+{
+    evthread_use_pthreads();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_keys_survive_a_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_usage_adds_up_across_stores, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_write_keeps_its_batch, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agents_and_models, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs_survive_a_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_responses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pins_deployments_ping, setup, teardown),
+        cmocka_unit_test(test_db_label),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
