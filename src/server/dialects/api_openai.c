@@ -505,7 +505,7 @@ typedef struct oa_stream {
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static void on_writable(void *arg);
-static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
 
 static long long behind(void *arg)
@@ -678,9 +678,10 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-static void render_text(void *arg, gps_job *job, const char *text, size_t n)
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     send_text(arg, job, text, n);
+    return false;
 }
 
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)

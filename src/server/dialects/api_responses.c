@@ -40,7 +40,7 @@ typedef struct gps_responses {
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static void on_writable(void *arg);
-static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
 
 static long long behind(void *arg)
@@ -152,12 +152,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-static void render_text(void *arg, gps_job *job, const char *text, size_t n)
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     rs_stream *st = arg;
     ensure_started(st, job);
     gps_resp_text(&st->out, &st->rl.out, text, n);
     gps_relay_send_output(&st->rl);
+    return false;
 }
 
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)

@@ -291,8 +291,10 @@ bool gps_relay_catch_up(gps_relay *rl)
                 return false; /* ops->writable resumes */
             size_t n = gps_sse_utf8_slice(job->text.data + rl->sent, limit - rl->sent,
                                           CATCHUP_SLICE);
-            rl->ops->render_text(owner, job, job->text.data + rl->sent, n);
-            rl->sent += n;
+            const char *at = job->text.data + rl->sent;
+            rl->sent += n; /* before rendering: the owner may be freed */
+            if (rl->ops->render_text(owner, job, at, n))
+                return true;
             continue;
         }
         if (!rl->dn)
@@ -310,6 +312,15 @@ bool gps_relay_catch_up(gps_relay *rl)
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOKEN) {
+        /* The token is the tail of job->text (jobs appends, then notifies):
+         * a cursor past the text before it means the text was dropped by a
+         * transparent requeue (jobs.c fail_over, nothing sent yet). */
+        size_t tl = json_string_length(json_object_get(ev, "text"));
+        if (rl->sent + tl > job->text.len) {
+            rl->sent = 0;
+            for (size_t i = 0; i < rl->dn; i++)
+                rl->dv[i].at = 0;
+        }
         gps_relay_catch_up(rl);
         return;
     }

@@ -51,9 +51,11 @@ typedef struct gps_relay_ops {
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
     /* A dialect that streams through the relay's catch-up queue
      * (gps_relay_stream_event) renders with these two: n bytes of the
-     * job's text as one delta, and any other event (true: the reply is
-     * complete and the owner freed). NULL for the others. */
-    void (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
+     * job's text (text points into it, at the relay's cursor) as one
+     * delta, and any other event; true: the reply is complete and the
+     * owner freed (a stop sequence matched in the text, the end, an
+     * error). NULL for the others. */
+    bool (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
     bool (*render_event)(void *owner, gps_job *job, gps_event_type type, json_t *ev);
 } gps_relay_ops;
 
@@ -130,7 +132,12 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
 /* A streaming dialect's on_event (ops->render_text / render_event): text
  * goes out as fast as the client reads it, straight from the job's text,
  * and the events after it (tool calls, end, error) wait in order behind it
- * while the client is behind. Non-streaming replies do not use it. */
+ * while the client is behind. A non-streaming reply may use it too (it is
+ * never blocked: the text is rendered as it comes, e.g. into a stop-string
+ * scan). A transparent requeue that dropped the job's text (nothing was
+ * sent yet) moves the cursor back to 0: render_text then gets text at the
+ * start of job->text again, and a dialect that holds back text (stop
+ * strings) starts over. */
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev);
 /* ops->writable of such a dialect: write what is behind. Returns true when
  * the owner was freed (the reply completed). */
