@@ -789,7 +789,7 @@ static const gps_relay_ops OPS = {
 
 static void emit_event(an_stream *st, const char *name, json_t *j)
 {
-    gps_sse_format_json(&st->rl.out, name, NULL, j);
+    gps_sse_format_json(&st->rl.s.out, name, NULL, j);
     json_decref(j);
 }
 
@@ -859,7 +859,7 @@ static void ensure_started(an_stream *st)
 
 static void ensure_started_as(an_stream *st, bool with_text)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
     json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
@@ -906,7 +906,7 @@ static void emit_text(an_stream *st, const char *t, size_t n)
         json_decref(d);
     }
     if (st->delta_tpl.pre && st->delta_tpl_index == st->open_block)
-        gps_sse_tpl_emit(&st->rl.out, &st->delta_tpl, t, n);
+        gps_sse_tpl_emit(&st->rl.s.out, &st->delta_tpl, t, n);
     else
         emit_event(st, "content_block_delta",
                    json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
@@ -1028,7 +1028,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
         st->emitted = 0; /* a requeue dropped the text (relay.h): start over */
     if (st->count_only)
         return false;
-    if (st->stream && !st->rl.started) {
+    if (st->stream && !st->rl.s.started) {
         ensure_started(st);
         ttft(st, job, gp_now_mono_us());
     }
@@ -1068,7 +1068,7 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         if (i < 0)
             return false;
         size_t plen = held_back(st, st->rl.sent);
-        if (st->stream && !st->rl.started) {
+        if (st->stream && !st->rl.s.started) {
             ensure_started_as(st, plen > 0);
             ttft(st, job, gp_now_mono_us());
         }

@@ -536,13 +536,13 @@ static const gps_relay_ops OPS = {
 
 static void emit_json(oa_stream *st, json_t *j)
 {
-    gps_sse_format_json(&st->rl.out, NULL, NULL, j);
+    gps_sse_format_json(&st->rl.s.out, NULL, NULL, j);
     json_decref(j);
 }
 
 static void ensure_started(oa_stream *st)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
     if (st->chat)
@@ -565,7 +565,7 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
 static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
     oa_ctx *c = st->ctx;
-    bool first = !st->rl.started;
+    bool first = !st->rl.s.started;
     ensure_started(st);
     if (!st->tpl_tried) {
         /* Every text chunk of this stream is the same but for its text. */
@@ -577,7 +577,7 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
         json_decref(c);
     }
     if (st->text_tpl.pre) {
-        gps_sse_tpl_emit(&st->rl.out, &st->text_tpl, text, n);
+        gps_sse_tpl_emit(&st->rl.s.out, &st->text_tpl, text, n);
     } else {
         json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false,
                                          NULL, st->include_usage);
@@ -618,7 +618,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
         }
         json_object_set_new(tc, "function", fn);
-        bool first = !st->rl.started;
+        bool first = !st->rl.s.started;
         ensure_started(st);
         json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
                                          NULL, st->include_usage);
@@ -649,7 +649,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));
-            gps_sse_format(&st->rl.out, NULL, NULL, "[DONE]");
+            gps_sse_format(&st->rl.s.out, NULL, NULL, "[DONE]");
         } else {
             json_t *meta = stream_meta(st, job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,

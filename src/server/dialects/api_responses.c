@@ -103,10 +103,10 @@ static void save(rs_stream *st, gps_job *job, const char *fr)
 
 static void ensure_started(rs_stream *st, gps_job *job)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    gps_resp_open(&st->out, &st->rl.out);
+    gps_resp_open(&st->out, &st->rl.s.out);
     gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
                      (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
@@ -120,7 +120,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         if (i < 0 || !st->stream)
             return false;
         ensure_started(st, job);
-        gps_resp_call(&st->out, &st->rl.out, &st->calls, i, started,
+        gps_resp_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                       json_string_value(json_object_get(ev, "arguments")));
         gps_relay_send_output(&st->rl);
         return false;
@@ -129,7 +129,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
         if (st->stream) {
             ensure_started(st, job);
-            gps_resp_close(&st->out, &st->rl.out, &st->calls, fr, job->prompt_tokens,
+            gps_resp_close(&st->out, &st->rl.s.out, &st->calls, fr, job->prompt_tokens,
                            job->completion_tokens, meta_of(st, job));
             save(st, job, fr);
             gps_relay_end_stream(&st->rl);
@@ -156,7 +156,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     rs_stream *st = arg;
     ensure_started(st, job);
-    gps_resp_text(&st->out, &st->rl.out, text, n);
+    gps_resp_text(&st->out, &st->rl.s.out, text, n);
     gps_relay_send_output(&st->rl);
     return false;
 }

@@ -38,6 +38,7 @@
 #include "server/http/http.h"
 #include "server/jobs/jobs.h"
 #include "server/http/sse.h"
+#include "server/stream/stream.h"
 
 struct gps_metrics;
 
@@ -75,17 +76,14 @@ typedef struct gps_relay {
     void *owner;
     gps_jobs *jobs;
     struct gps_metrics *metrics;
-    struct evhttp_request *req;   /* NULL once the client is gone or answered */
-    gps_held held;
+    /* The held reply (stream.h): hold, peer-close watch, output buffer,
+     * backpressure, slow-client drop. s.req: NULL once the client is gone
+     * or answered. */
+    gps_stream s;
     gps_job *job;
-    gps_sse_pace *pace;
-    gp_buf out;                   /* rendered, not yet written */
-    struct event *flush;          /* writes out once per loop turn (gps_relay_send_output) */
-    bool started;                 /* SSE headers sent */
-    bool too_slow;
-    /* The catch-up queue (gps_relay_stream_event): job->text[0..sent) went
-     * out; the events that came while the client was behind wait here
-     * with the text offset they followed. */
+    /* The cursor over the job's text (gps_relay_stream_event):
+     * job->text[0..sent) was rendered; the events that came while the
+     * client was behind wait here with the text offset they followed. */
     size_t sent;
     struct gps_relay_deferred {
         gps_event_type type;
@@ -93,7 +91,6 @@ typedef struct gps_relay {
         size_t at;
     } *dv;
     size_t dn, dcap;
-    char corr[65];
     uint64_t start_us;
 } gps_relay;
 
