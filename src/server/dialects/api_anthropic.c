@@ -1011,12 +1011,6 @@ static size_t held_back(const an_stream *st, size_t upto)
     return upto > st->emitted ? upto - st->emitted : 0;
 }
 
-static void ttft(an_stream *st, gps_job *job, uint64_t at_us)
-{
-    gps_metrics_ttft(st->ctx->metrics, "anthropic", job->spec.model,
-                     (double)(at_us - st->rl.start_us) / 1e6);
-}
-
 /* ops->render_text: n more bytes of the job's text (text points into it,
  * at the relay's cursor), through the stop-sequence holdback. Returns true
  * when a stop sequence matched and st was freed. */
@@ -1028,10 +1022,8 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
         st->emitted = 0; /* a requeue dropped the text (relay.h): start over */
     if (st->count_only)
         return false;
-    if (st->stream && !st->rl.s.started) {
+    if (st->stream)
         ensure_started(st);
-        ttft(st, job, gp_now_mono_us());
-    }
     const char *pend = job->text.data + st->emitted;
     size_t plen = held_back(st, upto);
     if (!st->stops) {
@@ -1068,10 +1060,8 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         if (i < 0)
             return false;
         size_t plen = held_back(st, st->rl.sent);
-        if (st->stream && !st->rl.s.started) {
+        if (st->stream)
             ensure_started_as(st, plen > 0);
-            ttft(st, job, gp_now_mono_us());
-        }
         /* Text held back for a stop sequence goes out before the call. */
         emit_text(st, job->text.data + st->emitted, plen);
         if (st->stream) {
@@ -1084,8 +1074,6 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
     if (type == GPS_EV_END) {
         /* no stop sequence came */
         emit_text(st, job->text.data + st->emitted, held_back(st, st->rl.sent));
-        if (!st->stream && job->first_token_us)
-            ttft(st, job, job->first_token_us);
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";

@@ -564,8 +564,6 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
 /* Send n bytes of the job's text as one delta chunk. */
 static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
-    oa_ctx *c = st->ctx;
-    bool first = !st->rl.s.started;
     ensure_started(st);
     if (!st->tpl_tried) {
         /* Every text chunk of this stream is the same but for its text. */
@@ -590,16 +588,12 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
         emit_json(st, chunk);
     }
     gps_relay_send_output(&st->rl);
-    if (first)
-        gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                         (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
 /* One event, rendered now. Returns true when st was freed (the reply is
  * complete). */
 static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
-    oa_ctx *c = st->ctx;
     if (type == GPS_EV_TOKEN && !st->stream)
         return false;
     if (type == GPS_EV_TOOL_CALL && st->chat) {
@@ -618,7 +612,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
         }
         json_object_set_new(tc, "function", fn);
-        bool first = !st->rl.s.started;
         ensure_started(st);
         json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
                                          NULL, st->include_usage);
@@ -627,9 +620,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                             "tool_calls", json_pack("[o]", tc));
         emit_json(st, chunk);
         gps_relay_send_output(&st->rl);
-        if (first)
-            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         return false;
     }
     if (type == GPS_EV_END) {
@@ -662,9 +652,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                 if (!job->text.len) /* OpenAI: content null when only tools were called */
                     json_object_set_new(m, "content", json_null());
             }
-            if (job->first_token_us)
-                gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                                 (double)(job->first_token_us - st->rl.start_us) / 1e6);
             gps_relay_end_body(&st->rl, body, true);
             return true;
         }

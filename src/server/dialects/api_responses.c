@@ -107,8 +107,6 @@ static void ensure_started(rs_stream *st, gps_job *job)
         return;
     gps_relay_start(&st->rl);
     gps_resp_open(&st->out, &st->rl.s.out);
-    gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
-                     (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
 /* One event, rendered now. Returns true when st was freed. */
@@ -138,9 +136,6 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         json_t *body = gps_resp_object(&st->out, &st->calls, job->text.data, job->text.len, fr,
                                        job->prompt_tokens, job->completion_tokens,
                                        meta_of(st, job));
-        if (job->first_token_us)
-            gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
-                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
         save(st, job, fr);
         gps_relay_end_body(&st->rl, body, true);
         return true;

@@ -157,8 +157,18 @@ void gps_relay_send_soon(gps_relay *rl)
     gps_stream_send_soon(&rl->s);
 }
 
+static void ttft(gps_relay *rl, uint64_t at_us)
+{
+    if (rl->ttft_done || !rl->job)
+        return;
+    rl->ttft_done = true;
+    gps_metrics_ttft(rl->metrics, rl->ops->api, rl->job->spec.model,
+                     (double)(at_us - rl->start_us) / 1e6);
+}
+
 void gps_relay_send_output(gps_relay *rl)
 {
+    ttft(rl, gp_now_mono_us());
     /* Marked now: the client will have it before anything else happens
      * to the job (a failover must not start it over). */
     gps_job_mark_output_sent(rl->job);
@@ -205,6 +215,8 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
 {
     if (pool_headers && rl->job)
         gps_pool_headers(rl->s.req, rl->job);
+    if (rl->job && rl->job->first_token_us)
+        ttft(rl, rl->job->first_token_us);
     gps_stream_release(&rl->s);
     gps_http_send_json(rl->s.req, 200, body);
     gps_relay_count(rl, "ok");

@@ -21,7 +21,11 @@
  *   - errors: before the first byte an HTTP error, after it one stream
  *     error event (ops->error_event names its SSE event, NULL: data only);
  *   - metrics: requests_total / request_duration_seconds{api, outcome}
- *     through the closed outcome table (metrics.h).
+ *     through the closed outcome table (metrics.h), and
+ *     time_to_first_token_seconds{api, model}: streaming, when the first
+ *     bytes from the agent go out (gps_relay_send_output); a whole body,
+ *     from the job's first token (gps_relay_end_body). Dialects never
+ *     observe metrics themselves.
  * The dialect renders: open, token, tool call, end, whole body (its own
  * file); it parses the body into a job spec before the relay exists.
  */
@@ -92,6 +96,7 @@ typedef struct gps_relay {
     } *dv;
     size_t dn, dcap;
     uint64_t start_us;
+    bool ttft_done;               /* time_to_first_token observed */
 } gps_relay;
 
 /* A request answered before any relay exists: counted (an error already
