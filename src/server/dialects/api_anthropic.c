@@ -753,14 +753,8 @@ typedef struct an_stream {
 } an_stream;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
-static void on_writable(void *arg);
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
-
-static long long behind(void *arg)
-{
-    return gps_relay_behind(&((an_stream *)arg)->rl);
-}
 
 static void stream_free(void *arg)
 {
@@ -778,8 +772,6 @@ static const gps_relay_ops OPS = {
     .dialect = GPS_DIALECT_ANTHROPIC,
     .error_event = "error",
     .on_event = on_job_event,
-    .writable = on_writable,
-    .behind = behind,
     .free = stream_free,
     .render_text = render_text,
     .render_event = render_event,
@@ -1105,11 +1097,6 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         return true;
     }
     return false;
-}
-
-static void on_writable(void *arg)
-{
-    gps_relay_catch_up(&((an_stream *)arg)->rl);
 }
 
 /* Streaming or not, the text goes through the relay's cursor: the

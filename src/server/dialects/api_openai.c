@@ -504,14 +504,8 @@ typedef struct oa_stream {
 #define TEXT_MARKER "@@gpupool-text@@"
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
-static void on_writable(void *arg);
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
-
-static long long behind(void *arg)
-{
-    return gps_relay_behind(&((oa_stream *)arg)->rl);
-}
 
 static void stream_free(void *arg)
 {
@@ -527,8 +521,6 @@ static const gps_relay_ops OPS = {
     .dialect = GPS_DIALECT_OPENAI,
     .error_event = NULL,
     .on_event = on_job_event,
-    .writable = on_writable,
-    .behind = behind,
     .free = stream_free,
     .render_text = render_text,
     .render_event = render_event,
@@ -674,11 +666,6 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
 {
     return handle_event(arg, job, type, ev);
-}
-
-static void on_writable(void *arg)
-{
-    gps_relay_catch_up(&((oa_stream *)arg)->rl);
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)

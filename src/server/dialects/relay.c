@@ -51,16 +51,20 @@ void gps_relay_refuse(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *
 
 static void gone(void *arg);
 
+/* The defaults are the cursor's (gps_relay_stream_event). */
 static void stream_writable(void *arg)
 {
     gps_relay *rl = arg;
-    rl->ops->writable(rl->owner);
+    if (rl->ops->writable)
+        rl->ops->writable(rl->owner);
+    else
+        gps_relay_catch_up(rl);
 }
 
 static long long stream_behind(void *arg)
 {
     gps_relay *rl = arg;
-    return rl->ops->behind(rl->owner);
+    return rl->ops->behind ? rl->ops->behind(rl->owner) : gps_relay_behind(rl);
 }
 
 static const gps_stream_ops STREAM_OPS = {

@@ -51,8 +51,10 @@ typedef struct gps_relay_ops {
     gps_dialect dialect;          /* error shape */
     const char *error_event;      /* SSE event of a stream error; NULL: data line only */
     gps_job_event_fn on_event;    /* the job's events while the client is there (arg: owner) */
-    void (*writable)(void *owner); /* the client drained: catch up */
-    long long (*behind)(void *owner); /* how far behind (logged when dropped) */
+    /* The client drained: catch up; NULL: gps_relay_catch_up. */
+    void (*writable)(void *owner);
+    /* Bytes behind (logged when dropped); NULL: gps_relay_behind. */
+    long long (*behind)(void *owner);
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
     /* A dialect that streams through the relay's catch-up queue
      * (gps_relay_stream_event) renders with these two: n bytes of the
