@@ -13,6 +13,7 @@
 #include "common/gp_log.h"
 #include "common/gp_stop.h"
 #include "common/gp_util.h"
+#include "server/dialects/anthropic_sse.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
 #include "server/dialects/reqcheck.h"
@@ -694,12 +695,6 @@ const char *gps_anthropic_stop_reason(const char *finish_reason)
     return finish_reason && strcmp(finish_reason, "length") == 0 ? "max_tokens" : "end_turn";
 }
 
-static json_t *usage_json(long long in, long long out)
-{
-    return json_pack("{s:I,s:I}", "input_tokens", (json_int_t)(in > 0 ? in : 0), "output_tokens",
-                     (json_int_t)(out > 0 ? out : 0));
-}
-
 json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
                               const char *stop_reason, const char *stop_sequence,
                               long long input_tokens, long long output_tokens, json_t *meta)
@@ -716,7 +711,7 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
     json_object_set_new(o, "stop_reason", stop_reason ? json_string(stop_reason) : json_null());
     json_object_set_new(o, "stop_sequence",
                         stop_sequence ? json_string(stop_sequence) : json_null());
-    json_object_set_new(o, "usage", usage_json(input_tokens, output_tokens));
+    json_object_set_new(o, "usage", gps_anthropic_usage(input_tokens, output_tokens));
     if (meta)
         json_object_set_new(o, "x_pool_meta", meta);
     return o;
@@ -733,8 +728,7 @@ typedef struct an_stream {
     gps_relay rl;                  /* the client side (relay.h) */
     gps_relay_ctx *ctx;
     bool stream, count_only;
-    char id[48];
-    char model[GPS_MAX_MODEL_NAME + 1];
+    gps_an_out out;                /* the stream's bytes (anthropic_sse.h): id, model, blocks */
     json_t *stops;                 /* owned, may be NULL */
     json_t *warnings;              /* owned */
     /* The job's text is the only copy of the reply's text: the relay's
@@ -744,12 +738,6 @@ typedef struct an_stream {
      * while it may begin a stop sequence. */
     size_t emitted;
     gps_tool_calls calls;          /* tool calls relayed so far */
-    int open_block;                /* streaming: index of the open content block, -1 none */
-    bool open_is_text;             /* ... and whether it is the text block */
-    int open_call;                 /* ... the tool call it shows (tool_use block) */
-    int next_block;                /* index the next content block gets */
-    gps_sse_tpl delta_tpl;         /* a text delta with the text left open (sse.h) */
-    int delta_tpl_index;           /* the block index it was made for; -1: none yet */
 } an_stream;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
@@ -763,7 +751,7 @@ static void stream_free(void *arg)
     json_decref(st->stops);
     json_decref(st->warnings);
     gps_tool_calls_free(&st->calls);
-    gps_sse_tpl_free(&st->delta_tpl);
+    gps_an_out_clear(&st->out);
     free(st);
 }
 
@@ -776,14 +764,6 @@ static const gps_relay_ops OPS = {
     .render_text = render_text,
     .render_event = render_event,
 };
-
-#define DELTA_MARKER "@@gpupool-text@@"
-
-static void emit_event(an_stream *st, const char *name, json_t *j)
-{
-    gps_sse_format_json(&st->rl.s.out, name, NULL, j);
-    json_decref(j);
-}
 
 static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
 {
@@ -810,27 +790,6 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
     return meta;
 }
 
-/* Streaming content blocks: at most one open at a time, each closed by
- * exactly one content_block_stop before the next starts. */
-static void close_block(an_stream *st)
-{
-    if (st->open_block < 0)
-        return;
-    emit_event(st, "content_block_stop",
-               json_pack("{s:s,s:i}", "type", "content_block_stop", "index", st->open_block));
-    st->open_block = -1;
-}
-
-static void open_text_block(an_stream *st)
-{
-    close_block(st);
-    st->open_block = st->next_block++;
-    st->open_is_text = true;
-    emit_event(st, "content_block_start",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index",
-                         st->open_block, "content_block", "type", "text", "text", ""));
-}
-
 /* "toolu_" + the call id without its "call_" prefix: one id per call,
  * stable across the reply. */
 void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
@@ -854,17 +813,7 @@ static void ensure_started_as(an_stream *st, bool with_text)
     if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
-                            "message", "role", "assistant", "content", "model", st->model,
-                            "stop_reason", "stop_sequence", "usage",
-                            usage_json(st->rl.job->prompt_tokens, 0));
-    if (msg && json_array_size(st->warnings))
-        json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
-    emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
-                                              msg));
-    if (with_text)
-        open_text_block(st);
-    emit_event(st, "ping", json_pack("{s:s}", "type", "ping"));
+    gps_an_open(&st->out, &st->rl.s.out, st->rl.job->prompt_tokens, st->warnings, with_text);
 }
 
 /* Emit the next n bytes of the job's text held back (t, at
@@ -877,32 +826,7 @@ static void emit_text(an_stream *st, const char *t, size_t n)
     st->emitted += n;
     if (!st->stream)
         return;
-    /* Not UTF-8 on its own cannot happen for whole agent tokens (jansson
-     * checked the upload); a piece cut inside a character would be sent
-     * as an empty delta, as before. */
-    if (!gps_text_utf8(t, n))
-        n = 0;
-    if (st->open_block < 0 || !st->open_is_text)
-        open_text_block(st); /* text after a tool call: a new text block */
-    if (st->delta_tpl_index != st->open_block) {
-        /* Every delta of a text block is the same but for its text: render
-         * it once (an escape and two copies per token, as OpenAI's). */
-        gps_sse_tpl_free(&st->delta_tpl);
-        json_t *d = json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
-                              st->open_block, "delta", "type", "text_delta", "text",
-                              DELTA_MARKER);
-        if (d && gps_sse_tpl_init(&st->delta_tpl, "content_block_delta", d, DELTA_MARKER) == 0)
-            st->delta_tpl_index = st->open_block;
-        else
-            st->delta_tpl.pre = NULL;
-        json_decref(d);
-    }
-    if (st->delta_tpl.pre && st->delta_tpl_index == st->open_block)
-        gps_sse_tpl_emit(&st->rl.s.out, &st->delta_tpl, t, n);
-    else
-        emit_event(st, "content_block_delta",
-                   json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
-                             st->open_block, "delta", "type", "text_delta", "text", t, n));
+    gps_an_text(&st->out, &st->rl.s.out, t, n);
     gps_relay_send_output(&st->rl);
 }
 
@@ -936,32 +860,6 @@ static void add_tool_use_blocks(an_stream *st, json_t *body)
     }
 }
 
-/* A piece of a tool call (streaming): a new call closes the open block and
- * starts a tool_use block; argument text becomes input_json_delta. */
-static void stream_tool_call(an_stream *st, int i, bool started, const char *args)
-{
-    if (started) {
-        close_block(st);
-        char id[160];
-        gps_anthropic_tool_use_id(st->calls.v[i].id, id, sizeof id);
-        st->open_block = st->next_block++;
-        st->open_is_text = false;
-        st->open_call = i;
-        emit_event(st, "content_block_start",
-                   json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start",
-                             "index", st->open_block, "content_block", "type", "tool_use", "id",
-                             id, "name", st->calls.v[i].name, "input"));
-    }
-    /* Pieces of a call whose block was closed already cannot be shown
-     * any more (upstreams send calls one after another). */
-    if (!args || !*args || st->open_block < 0 || st->open_is_text || st->open_call != i)
-        return;
-    emit_event(st, "content_block_delta",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
-                         st->open_block, "delta", "type", "input_json_delta", "partial_json",
-                         args));
-}
-
 /* The reply is complete: send its end and free st. */
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
@@ -975,18 +873,11 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         gps_relay_end_body(&st->rl, body, false);
     } else if (st->stream) {
         ensure_started(st);
-        close_block(st);
-        json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
-                               "stop_reason", stop_reason, "stop_sequence",
-                               stop_seq ? json_string(stop_seq) : json_null(), "usage",
-                               usage_json(in, out));
-        if (md)
-            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
-        emit_event(st, "message_delta", md);
-        emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
+                     pool_meta(st, job, true));
         gps_relay_end_stream(&st->rl);
     } else {
-        json_t *body = gps_anthropic_message(st->id, st->model, "", stop_reason, stop_seq, in,
+        json_t *body = gps_anthropic_message(st->out.id, st->out.model, "", stop_reason, stop_seq, in,
                                              out, pool_meta(st, job, true));
         json_t *block = json_array_get(json_object_get(body, "content"), 0);
         if (block && st->emitted)
@@ -1057,8 +948,8 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         /* Text held back for a stop sequence goes out before the call. */
         emit_text(st, job->text.data + st->emitted, plen);
         if (st->stream) {
-            stream_tool_call(st, i, started,
-                             json_string_value(json_object_get(ev, "arguments")));
+            gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                        json_string_value(json_object_get(ev, "arguments")));
             gps_relay_send_output(&st->rl);
         }
         return false;
@@ -1089,7 +980,7 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         const char *message = json_string_value(json_object_get(ev, "message"));
         char full[512];
         if (code && strcmp(code, "CONTEXT_OVERFLOW") == 0) {
-            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
+            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->out.model,
                      message ? message : "the job failed");
             message = full;
         }
@@ -1173,13 +1064,12 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     st->ctx = c;
     st->stream = areq.stream;
     st->count_only = count_only;
-    gps_id_new("msg_", st->id, sizeof st->id);
-    snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
+    char id[48];
+    gps_id_new("msg_", id, sizeof id);
+    gps_an_out_init(&st->out, id, areq.spec.model);
     st->stops = areq.stop_sequences;
     st->warnings = areq.warnings;
     areq.stop_sequences = areq.warnings = NULL;
-    st->open_block = -1;
-    st->delta_tpl_index = -1;
 
     gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
     gps_anthropic_req_clear(&areq);
@@ -1188,7 +1078,7 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
         return;
     }
     /* The model that serves (a fallback may have taken the request). */
-    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    snprintf(st->out.model, sizeof st->out.model, "%s", job->spec.model);
     if (job->requested_model) {
         char w[600];
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
