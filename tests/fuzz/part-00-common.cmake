@@ -7,7 +7,7 @@
 # targets listed in GP_FUZZ_TARGETS (fuzz_all) and runs them.
 set(GP_FUZZ_FLAGS -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
     -fno-omit-frame-pointer)
-foreach(_lib gpupool_common gps_core gps_http gps_dialects gps_jobs gps_agents_api gps_auth
+foreach(_lib gpupool_common gps_core gps_http gps_stream gps_dialects gps_jobs gps_agents_api gps_auth
              gps_store gps_sched gps_registry gps_agent_check gpupool_agent_base ${GPE_PARTS})
   target_compile_options(${_lib} PRIVATE ${GP_FUZZ_FLAGS})
   get_target_property(_type ${_lib} TYPE)

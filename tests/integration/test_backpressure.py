@@ -326,6 +326,12 @@ class Backpressure(harness.TestCase):
         self.too_slow("/v1/responses", responses_body(0, 100000),
                       label='api="responses",outcome="client_too_slow"')
 
+    def test_too_slow_anthropic_client_is_dropped(self):
+        self.too_slow("/v1/messages",
+                      {"model": "m1", "stream": True, "max_tokens": 100000,
+                       "messages": [{"role": "user", "content": "stream 0"}]},
+                      label='api="anthropic",outcome="client_too_slow"')
+
     def too_slow(self, path, req, label='outcome="client_too_slow"'):
         srv, a = self.server("slow", slow_sec=2)
         c = RawStream(srv.url, path, req)
@@ -344,7 +350,12 @@ class Backpressure(harness.TestCase):
             if i >= 64:
                 time.sleep(0.05)  # pacing the producer only; not a synchronisation
         self.assertTrue(cancelled, "the job of a too slow client was never cancelled")
-        self.assertTrue(srv.log_events("client_too_slow"))
+        logged = srv.log_events("client_too_slow")
+        self.assertTrue(logged)
+        # "behind" is one unit for every dialect: bytes of text not yet
+        # written (Anthropic once counted its waiting events). The client
+        # never read, so at least one token's text was behind.
+        self.assertGreaterEqual(logged[0].get("behind", 0), BIG_TOKEN, logged[0])
         st, _, text = harness.http_request("GET", srv.url + "/metrics")
         self.assertIn(label.encode(), text)
         c.close()

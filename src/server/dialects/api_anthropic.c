@@ -14,6 +14,7 @@
 #include "common/gp_stop.h"
 #include "server/dialects/rformat.h"
 #include "common/gp_util.h"
+#include "server/dialects/anthropic_sse.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/relay.h"
 #include "server/dialects/reqcheck.h"
@@ -749,12 +750,6 @@ const char *gps_anthropic_stop_reason(const char *finish_reason)
     return finish_reason && strcmp(finish_reason, "length") == 0 ? "max_tokens" : "end_turn";
 }
 
-static json_t *usage_json(long long in, long long out)
-{
-    return json_pack("{s:I,s:I}", "input_tokens", (json_int_t)(in > 0 ? in : 0), "output_tokens",
-                     (json_int_t)(out > 0 ? out : 0));
-}
-
 json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
                               const char *stop_reason, const char *stop_sequence,
                               long long input_tokens, long long output_tokens, json_t *meta)
@@ -771,7 +766,7 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
     json_object_set_new(o, "stop_reason", stop_reason ? json_string(stop_reason) : json_null());
     json_object_set_new(o, "stop_sequence",
                         stop_sequence ? json_string(stop_sequence) : json_null());
-    json_object_set_new(o, "usage", usage_json(input_tokens, output_tokens));
+    json_object_set_new(o, "usage", gps_anthropic_usage(input_tokens, output_tokens));
     if (meta)
         json_object_set_new(o, "x_pool_meta", meta);
     return o;
@@ -788,43 +783,21 @@ typedef struct an_stream {
     gps_relay rl;                  /* the client side (relay.h) */
     gps_relay_ctx *ctx;
     bool stream, count_only;
-    char id[48];
-    char model[GPS_MAX_MODEL_NAME + 1];
+    gps_an_out out;                /* the stream's bytes (anthropic_sse.h): id, model, blocks */
     json_t *stops;                 /* owned, may be NULL */
     json_t *warnings;              /* owned */
-    gp_buf pending;                /* relayed text not yet emitted (stop holdback) */
+    /* The job's text is the only copy of the reply's text: the relay's
+     * cursor (relay.h) says how much of it was rendered, and of that
+     * job->text[0..emitted) went to the client (streaming) or is the
+     * body's text (not streaming); the rest up to the cursor is held back
+     * while it may begin a stop sequence. */
+    size_t emitted;
     gps_tool_calls calls;          /* tool calls relayed so far */
-    int open_block;                /* streaming: index of the open content block, -1 none */
-    bool open_is_text;             /* ... and whether it is the text block */
-    int open_call;                 /* ... the tool call it shows (tool_use block) */
-    int next_block;                /* index the next content block gets */
-    gp_buf text;                   /* emitted text (non-streaming body) */
-    gps_sse_tpl delta_tpl;         /* a text delta with the text left open (sse.h) */
-    int delta_tpl_index;           /* the block index it was made for; -1: none yet */
-    /* Streaming backpressure (sse.h): while the client is behind, the
-     * job's events wait here and are rendered in order once its output
-     * drains, so the stop-sequence holdback and the content-block state
-     * follow them as if they had come live. A run of token events is one
-     * entry naming a range of the job's text (which holds every relayed
-     * token in order): what waits costs a few words, not a copy of the
-     * stream. Other events (tool calls, end, error) are references.
-     * dv[dh..dn) waits. */
-    struct an_deferred {
-        gps_event_type type;
-        json_t *ev;                /* NULL for a token run */
-        size_t off, len;           /* token run: bytes of job->text */
-    } *dv;
-    size_t dh, dn, dcap;
 } an_stream;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
-static void on_writable(void *arg);
-
-static long long behind(void *arg)
-{
-    an_stream *st = arg;
-    return (long long)(st->dn - st->dh); /* events waiting */
-}
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
 
 static void stream_free(void *arg)
 {
@@ -832,13 +805,8 @@ static void stream_free(void *arg)
     gps_relay_clear(&st->rl);
     json_decref(st->stops);
     json_decref(st->warnings);
-    gp_buf_free(&st->pending);
     gps_tool_calls_free(&st->calls);
-    gp_buf_free(&st->text);
-    for (size_t i = st->dh; i < st->dn; i++)
-        json_decref(st->dv[i].ev);
-    free(st->dv);
-    gps_sse_tpl_free(&st->delta_tpl);
+    gps_an_out_clear(&st->out);
     free(st);
 }
 
@@ -847,18 +815,10 @@ static const gps_relay_ops OPS = {
     .dialect = GPS_DIALECT_ANTHROPIC,
     .error_event = "error",
     .on_event = on_job_event,
-    .writable = on_writable,
-    .behind = behind,
     .free = stream_free,
+    .render_text = render_text,
+    .render_event = render_event,
 };
-
-#define DELTA_MARKER "@@gpupool-text@@"
-
-static void emit_event(an_stream *st, const char *name, json_t *j)
-{
-    gps_sse_format_json(&st->rl.out, name, NULL, j);
-    json_decref(j);
-}
 
 static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
 {
@@ -885,27 +845,6 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
     return meta;
 }
 
-/* Streaming content blocks: at most one open at a time, each closed by
- * exactly one content_block_stop before the next starts. */
-static void close_block(an_stream *st)
-{
-    if (st->open_block < 0)
-        return;
-    emit_event(st, "content_block_stop",
-               json_pack("{s:s,s:i}", "type", "content_block_stop", "index", st->open_block));
-    st->open_block = -1;
-}
-
-static void open_text_block(an_stream *st)
-{
-    close_block(st);
-    st->open_block = st->next_block++;
-    st->open_is_text = true;
-    emit_event(st, "content_block_start",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index",
-                         st->open_block, "content_block", "type", "text", "text", ""));
-}
-
 /* "toolu_" + the call id without its "call_" prefix: one id per call,
  * stable across the reply. */
 void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
@@ -926,57 +865,23 @@ static void ensure_started(an_stream *st)
 
 static void ensure_started_as(an_stream *st, bool with_text)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", st->id, "type",
-                            "message", "role", "assistant", "content", "model", st->model,
-                            "stop_reason", "stop_sequence", "usage",
-                            usage_json(st->rl.job->prompt_tokens, 0));
-    if (msg && json_array_size(st->warnings))
-        json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", st->warnings));
-    emit_event(st, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
-                                              msg));
-    if (with_text)
-        open_text_block(st);
-    emit_event(st, "ping", json_pack("{s:s}", "type", "ping"));
+    gps_an_open(&st->out, &st->rl.s.out, st->rl.job->prompt_tokens, st->warnings, with_text);
 }
 
-/* Emit n bytes of text to the client (a delta, or the body buffer). */
+/* Emit the next n bytes of the job's text held back (t, at
+ * job->text[emitted]) to the client (a delta; not streaming: the body's
+ * text grows). */
 static void emit_text(an_stream *st, const char *t, size_t n)
 {
     if (n == 0)
         return;
-    if (!st->stream) {
-        gp_buf_append(&st->text, t, n);
+    st->emitted += n;
+    if (!st->stream)
         return;
-    }
-    /* Not UTF-8 on its own cannot happen for whole agent tokens (jansson
-     * checked the upload); a piece cut inside a character would be sent
-     * as an empty delta, as before. */
-    if (!gps_text_utf8(t, n))
-        n = 0;
-    if (st->open_block < 0 || !st->open_is_text)
-        open_text_block(st); /* text after a tool call: a new text block */
-    if (st->delta_tpl_index != st->open_block) {
-        /* Every delta of a text block is the same but for its text: render
-         * it once (an escape and two copies per token, as OpenAI's). */
-        gps_sse_tpl_free(&st->delta_tpl);
-        json_t *d = json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
-                              st->open_block, "delta", "type", "text_delta", "text",
-                              DELTA_MARKER);
-        if (d && gps_sse_tpl_init(&st->delta_tpl, "content_block_delta", d, DELTA_MARKER) == 0)
-            st->delta_tpl_index = st->open_block;
-        else
-            st->delta_tpl.pre = NULL;
-        json_decref(d);
-    }
-    if (st->delta_tpl.pre && st->delta_tpl_index == st->open_block)
-        gps_sse_tpl_emit(&st->rl.out, &st->delta_tpl, t, n);
-    else
-        emit_event(st, "content_block_delta",
-                   json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
-                             st->open_block, "delta", "type", "text_delta", "text", t, n));
+    gps_an_text(&st->out, &st->rl.s.out, t, n);
     gps_relay_send_output(&st->rl);
 }
 
@@ -986,7 +891,7 @@ static void emit_text(an_stream *st, const char *t, size_t n)
 static void add_tool_use_blocks(an_stream *st, json_t *body)
 {
     json_t *content = json_object_get(body, "content");
-    if (!st->text.len)
+    if (!st->emitted)
         json_array_clear(content);
     for (size_t i = 0; i < st->calls.n; i++) {
         const gps_tool_call *c = &st->calls.v[i];
@@ -1010,32 +915,6 @@ static void add_tool_use_blocks(an_stream *st, json_t *body)
     }
 }
 
-/* A piece of a tool call (streaming): a new call closes the open block and
- * starts a tool_use block; argument text becomes input_json_delta. */
-static void stream_tool_call(an_stream *st, int i, bool started, const char *args)
-{
-    if (started) {
-        close_block(st);
-        char id[160];
-        gps_anthropic_tool_use_id(st->calls.v[i].id, id, sizeof id);
-        st->open_block = st->next_block++;
-        st->open_is_text = false;
-        st->open_call = i;
-        emit_event(st, "content_block_start",
-                   json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start",
-                             "index", st->open_block, "content_block", "type", "tool_use", "id",
-                             id, "name", st->calls.v[i].name, "input"));
-    }
-    /* Pieces of a call whose block was closed already cannot be shown
-     * any more (upstreams send calls one after another). */
-    if (!args || !*args || st->open_block < 0 || st->open_is_text || st->open_call != i)
-        return;
-    emit_event(st, "content_block_delta",
-               json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
-                         st->open_block, "delta", "type", "input_json_delta", "partial_json",
-                         args));
-}
-
 /* The reply is complete: send its end and free st. */
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
@@ -1049,103 +928,90 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         gps_relay_end_body(&st->rl, body, false);
     } else if (st->stream) {
         ensure_started(st);
-        close_block(st);
-        json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
-                               "stop_reason", stop_reason, "stop_sequence",
-                               stop_seq ? json_string(stop_seq) : json_null(), "usage",
-                               usage_json(in, out));
-        if (md)
-            json_object_set_new(md, "x_pool_meta", pool_meta(st, job, true));
-        emit_event(st, "message_delta", md);
-        emit_event(st, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+        gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
+                     pool_meta(st, job, true));
         gps_relay_end_stream(&st->rl);
     } else {
-        json_t *body = gps_anthropic_message(st->id, st->model, st->text.data ? st->text.data : "",
-                                             stop_reason, stop_seq, in, out,
-                                             pool_meta(st, job, true));
+        json_t *body = gps_anthropic_message(st->out.id, st->out.model, "", stop_reason, stop_seq, in,
+                                             out, pool_meta(st, job, true));
+        json_t *block = json_array_get(json_object_get(body, "content"), 0);
+        if (block && st->emitted)
+            json_object_set_new(block, "text", json_stringn(job->text.data, st->emitted));
         if (st->calls.n > 0)
             add_tool_use_blocks(st, body);
         gps_relay_end_body(&st->rl, body, true);
     }
 }
 
-/* One event, rendered now. Returns true when st was freed. */
-static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_t *ev)
+/* The text rendered so far and not emitted: job->text[emitted..upto). */
+static size_t held_back(const an_stream *st, size_t upto)
 {
-    gps_relay_ctx *c = st->ctx;
-    if (type == GPS_EV_TOKEN && !st->count_only) {
-        const char *text = json_string_value(json_object_get(ev, "text"));
-        if (st->stream && !st->rl.started) {
-            ensure_started(st);
-            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
-        }
-        /* Issue 10 item 1: a requeue before output reached the client
-         * drops the job's text (jobs.c fail_over) and the next attempt
-         * starts over. What this reply gathered of the lost attempt (the
-         * non-streaming body, the stop holdback) must go too, or the
-         * body is the partial text followed by the whole. The job's text
-         * already holds this token: what we hold must be a prefix of the
-         * rest. */
-        size_t tl = text ? strlen(text) : 0;
-        size_t held = (st->stream ? 0 : st->text.len) + st->pending.len;
-        if (held + tl > job->text.len) {
-            gp_buf_consume(&st->pending, st->pending.len);
-            if (!st->stream)
-                gp_buf_consume(&st->text, st->text.len);
-        }
-        gp_buf_append(&st->pending, text ? text : "", tl);
-        if (!st->stops) {
-            emit_text(st, st->pending.data, st->pending.len);
-            gp_buf_consume(&st->pending, st->pending.len);
-        } else {
-            size_t safe = 0, at = 0;
-            int hit = gp_stop_scan(st->pending.data ? st->pending.data : "",
-                                              st->pending.len, st->stops, &safe, &at);
-            emit_text(st, st->pending.data, safe);
-            if (hit >= 0) {
-                /* Matched here: finish the reply, then the job (which tells
-                 * the agent to stop). st is freed by complete. */
-                char seq[GPS_MAX_STOP_LEN + 1];
-                snprintf(seq, sizeof seq, "%s",
-                         json_string_value(json_array_get(st->stops, (size_t)hit)));
-                gps_jobs *jobs = c->jobs;
-                complete(st, job, "stop_sequence", seq);
-                gps_jobs_finish_early(jobs, job, "stop");
-                return true;
-            }
-            gp_buf_consume(&st->pending, safe);
-        }
-        if (st->stream)
-            gps_relay_send_soon(&st->rl);
+    return upto > st->emitted ? upto - st->emitted : 0;
+}
+
+/* ops->render_text: n more bytes of the job's text (text points into it,
+ * at the relay's cursor), through the stop-sequence holdback. Returns true
+ * when a stop sequence matched and st was freed. */
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
+{
+    an_stream *st = arg;
+    size_t upto = (size_t)(text - job->text.data) + n;
+    if (upto - n < st->emitted)
+        st->emitted = 0; /* a requeue dropped the text (relay.h): start over */
+    if (st->count_only)
         return false;
+    if (st->stream)
+        ensure_started(st);
+    const char *pend = job->text.data + st->emitted;
+    size_t plen = held_back(st, upto);
+    if (!st->stops) {
+        emit_text(st, pend, plen);
+    } else {
+        size_t safe = 0, at = 0;
+        int hit = gp_stop_scan(pend, plen, st->stops, &safe, &at);
+        emit_text(st, pend, safe);
+        if (hit >= 0) {
+            /* Matched here: finish the reply, then the job (which tells
+             * the agent to stop). st is freed by complete. */
+            char seq[GPS_MAX_STOP_LEN + 1];
+            snprintf(seq, sizeof seq, "%s",
+                     json_string_value(json_array_get(st->stops, (size_t)hit)));
+            gps_jobs *jobs = st->ctx->jobs;
+            complete(st, job, "stop_sequence", seq);
+            gps_jobs_finish_early(jobs, job, "stop");
+            return true;
+        }
     }
+    if (st->stream)
+        gps_relay_send_soon(&st->rl);
+    return false;
+}
+
+/* ops->render_event: a tool call, the end or an error, in order after the
+ * text before it. Returns true when st was freed. */
+static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
+{
+    an_stream *st = arg;
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0)
             return false;
-        if (st->stream && !st->rl.started) {
-            ensure_started_as(st, st->pending.len > 0);
-            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
-        }
+        size_t plen = held_back(st, st->rl.sent);
+        if (st->stream)
+            ensure_started_as(st, plen > 0);
         /* Text held back for a stop sequence goes out before the call. */
-        emit_text(st, st->pending.data, st->pending.len);
-        gp_buf_consume(&st->pending, st->pending.len);
+        emit_text(st, job->text.data + st->emitted, plen);
         if (st->stream) {
-            stream_tool_call(st, i, started,
-                             json_string_value(json_object_get(ev, "arguments")));
+            gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                        json_string_value(json_object_get(ev, "arguments")));
             gps_relay_send_output(&st->rl);
         }
         return false;
     }
     if (type == GPS_EV_END) {
-        emit_text(st, st->pending.data, st->pending.len); /* no stop sequence came */
-        gp_buf_consume(&st->pending, st->pending.len);
-        if (!st->stream && job->first_token_us)
-            gps_metrics_ttft(c->metrics, "anthropic", job->spec.model,
-                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
+        /* no stop sequence came */
+        emit_text(st, job->text.data + st->emitted, held_back(st, st->rl.sent));
         const char *sr = gps_anthropic_stop_reason(job->finish_reason);
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
@@ -1169,7 +1035,7 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
         const char *message = json_string_value(json_object_get(ev, "message"));
         char full[512];
         if (code && strcmp(code, "CONTEXT_OVERFLOW") == 0) {
-            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->model,
+            snprintf(full, sizeof full, "prompt is too long for model '%s': %s", st->out.model,
                      message ? message : "the job failed");
             message = full;
         }
@@ -1179,110 +1045,17 @@ static bool handle_event(an_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-/* Token text rendered per step while catching up (bytes). */
-#define CATCH_UP_SLICE 16384
-
-static int defer_push(an_stream *st, struct an_deferred d);
-
-/* Render the events that waited while the client keeps up. Returns true
- * when st was freed. */
-static bool catch_up(an_stream *st)
-{
-    while (st->rl.req && st->dh < st->dn) {
-        if (gps_relay_blocked(&st->rl))
-            return false; /* on_writable resumes */
-        struct an_deferred *d = &st->dv[st->dh];
-        if (d->type == GPS_EV_TOKEN && !d->ev) {
-            if (!st->rl.job || d->off + d->len > st->rl.job->text.len) {
-                st->dh++; /* the text is gone (cannot happen once output was sent) */
-                continue;
-            }
-            /* A slice of at most CATCH_UP_SLICE bytes, cut at a character
-             * boundary (the job's text is valid UTF-8), so one delta never
-             * outgrows the client's buffer by much. */
-            const char *t = st->rl.job->text.data + d->off;
-            size_t n = gps_sse_utf8_slice(t, d->len, CATCH_UP_SLICE);
-            json_t *ev = json_pack("{s:s,s:s%}", "type", "token", "text", t, n);
-            d->off += n;
-            d->len -= n;
-            if (d->len == 0)
-                st->dh++;
-            if (!ev)
-                continue; /* ENOMEM: that slice is lost; the stream goes on */
-            bool freed = handle_event(st, st->rl.job, GPS_EV_TOKEN, ev);
-            json_decref(ev);
-            if (freed)
-                return true;
-            continue;
-        }
-        struct an_deferred one = *d;
-        st->dh++;
-        bool freed = handle_event(st, st->rl.job, one.type, one.ev);
-        json_decref(one.ev);
-        if (freed)
-            return true;
-    }
-    if (st->dh == st->dn)
-        st->dh = st->dn = 0;
-    return false;
-}
-
-static void on_writable(void *arg)
-{
-    catch_up(arg);
-}
-
+/* Streaming or not, the text goes through the relay's cursor: the
+ * stop-sequence holdback reads the job's text in place. */
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     an_stream *st = arg;
-    if (!st->stream || st->count_only ||
-        (st->dh == st->dn && !gps_relay_blocked(&st->rl))) {
-        handle_event(st, job, type, ev);
+    if (st->count_only) {
+        if (type == GPS_EV_END || type == GPS_EV_ERROR)
+            render_event(st, job, type, ev);
         return;
     }
-    if (type != GPS_EV_TOKEN && type != GPS_EV_TOOL_CALL && type != GPS_EV_END &&
-        type != GPS_EV_ERROR)
-        return; /* not rendered anyway */
-    if (type == GPS_EV_TOKEN) {
-        /* The token's text is the tail of job->text (jobs appends before
-         * it notifies): extend the waiting run, or start one. */
-        const char *text = json_string_value(json_object_get(ev, "text"));
-        size_t n = text ? strlen(text) : 0;
-        if (n > job->text.len)
-            return;
-        size_t off = job->text.len - n;
-        struct an_deferred *last = st->dn > st->dh ? &st->dv[st->dn - 1] : NULL;
-        if (last && last->type == GPS_EV_TOKEN && !last->ev && last->off + last->len == off) {
-            last->len += n;
-            return;
-        }
-        if (n > 0)
-            (void)defer_push(st, (struct an_deferred){GPS_EV_TOKEN, NULL, off, n});
-        /* (on ENOMEM the text is lost; the stream still ends on timeout) */
-        return;
-    }
-    if (defer_push(st, (struct an_deferred){type, json_incref(ev), 0, 0}) < 0)
-        json_decref(ev); /* ENOMEM: the event is lost; the stream still ends on timeout */
-}
-
-static int defer_push(an_stream *st, struct an_deferred d)
-{
-    if (st->dh > 0 && st->dn == st->dcap) {
-        /* Reuse the consumed front before growing. */
-        memmove(st->dv, st->dv + st->dh, (st->dn - st->dh) * sizeof *st->dv);
-        st->dn -= st->dh;
-        st->dh = 0;
-    }
-    if (st->dn == st->dcap) {
-        size_t cap = st->dcap ? st->dcap * 2 : 64;
-        struct an_deferred *nv = realloc(st->dv, cap * sizeof *nv);
-        if (!nv)
-            return -1;
-        st->dv = nv;
-        st->dcap = cap;
-    }
-    st->dv[st->dn++] = d;
-    return 0;
+    gps_relay_stream_event(&st->rl, job, type, ev);
 }
 
 /* What the live agents serving model report: the smallest context length
@@ -1346,15 +1119,12 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     st->ctx = c;
     st->stream = areq.stream;
     st->count_only = count_only;
-    gps_id_new("msg_", st->id, sizeof st->id);
-    snprintf(st->model, sizeof st->model, "%s", areq.spec.model);
+    char id[48];
+    gps_id_new("msg_", id, sizeof id);
+    gps_an_out_init(&st->out, id, areq.spec.model);
     st->stops = areq.stop_sequences;
     st->warnings = areq.warnings;
     areq.stop_sequences = areq.warnings = NULL;
-    gp_buf_init(&st->pending);
-    gp_buf_init(&st->text);
-    st->open_block = -1;
-    st->delta_tpl_index = -1;
 
     gps_job *job = gps_relay_submit(&st->rl, &areq.spec, r, c->request_timeout_sec + 30);
     gps_anthropic_req_clear(&areq);
@@ -1363,7 +1133,7 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
         return;
     }
     /* The model that serves (a fallback may have taken the request). */
-    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    snprintf(st->out.model, sizeof st->out.model, "%s", job->spec.model);
     if (job->requested_model) {
         char w[600];
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",

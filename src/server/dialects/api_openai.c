@@ -504,14 +504,8 @@ typedef struct oa_stream {
 #define TEXT_MARKER "@@gpupool-text@@"
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
-static void on_writable(void *arg);
-static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
-
-static long long behind(void *arg)
-{
-    return gps_relay_behind(&((oa_stream *)arg)->rl);
-}
 
 static void stream_free(void *arg)
 {
@@ -527,8 +521,6 @@ static const gps_relay_ops OPS = {
     .dialect = GPS_DIALECT_OPENAI,
     .error_event = NULL,
     .on_event = on_job_event,
-    .writable = on_writable,
-    .behind = behind,
     .free = stream_free,
     .render_text = render_text,
     .render_event = render_event,
@@ -536,13 +528,13 @@ static const gps_relay_ops OPS = {
 
 static void emit_json(oa_stream *st, json_t *j)
 {
-    gps_sse_format_json(&st->rl.out, NULL, NULL, j);
+    gps_sse_format_json(&st->rl.s.out, NULL, NULL, j);
     json_decref(j);
 }
 
 static void ensure_started(oa_stream *st)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
     if (st->chat)
@@ -564,8 +556,6 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
 /* Send n bytes of the job's text as one delta chunk. */
 static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
 {
-    oa_ctx *c = st->ctx;
-    bool first = !st->rl.started;
     ensure_started(st);
     if (!st->tpl_tried) {
         /* Every text chunk of this stream is the same but for its text. */
@@ -577,7 +567,7 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
         json_decref(c);
     }
     if (st->text_tpl.pre) {
-        gps_sse_tpl_emit(&st->rl.out, &st->text_tpl, text, n);
+        gps_sse_tpl_emit(&st->rl.s.out, &st->text_tpl, text, n);
     } else {
         json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false,
                                          NULL, st->include_usage);
@@ -590,16 +580,12 @@ static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
         emit_json(st, chunk);
     }
     gps_relay_send_output(&st->rl);
-    if (first)
-        gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                         (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
 }
 
 /* One event, rendered now. Returns true when st was freed (the reply is
  * complete). */
 static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
-    oa_ctx *c = st->ctx;
     if (type == GPS_EV_TOKEN && !st->stream)
         return false;
     if (type == GPS_EV_TOOL_CALL && st->chat) {
@@ -618,7 +604,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
         }
         json_object_set_new(tc, "function", fn);
-        bool first = !st->rl.started;
         ensure_started(st);
         json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
                                          NULL, st->include_usage);
@@ -627,9 +612,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                             "tool_calls", json_pack("[o]", tc));
         emit_json(st, chunk);
         gps_relay_send_output(&st->rl);
-        if (first)
-            gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                             (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
         return false;
     }
     if (type == GPS_EV_END) {
@@ -649,7 +631,7 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
             if (st->include_usage)
                 emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
                                                      pt, ct));
-            gps_sse_format(&st->rl.out, NULL, NULL, "[DONE]");
+            gps_sse_format(&st->rl.s.out, NULL, NULL, "[DONE]");
         } else {
             json_t *meta = stream_meta(st, job);
             json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
@@ -662,9 +644,6 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
                 if (!job->text.len) /* OpenAI: content null when only tools were called */
                     json_object_set_new(m, "content", json_null());
             }
-            if (job->first_token_us)
-                gps_metrics_ttft(c->metrics, "openai", job->spec.model,
-                                 (double)(job->first_token_us - st->rl.start_us) / 1e6);
             gps_relay_end_body(&st->rl, body, true);
             return true;
         }
@@ -678,19 +657,15 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-static void render_text(void *arg, gps_job *job, const char *text, size_t n)
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     send_text(arg, job, text, n);
+    return false;
 }
 
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
 {
     return handle_event(arg, job, type, ev);
-}
-
-static void on_writable(void *arg)
-{
-    gps_relay_catch_up(&((oa_stream *)arg)->rl);
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)

@@ -39,14 +39,8 @@ typedef struct gps_responses {
 } rs_api;
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
-static void on_writable(void *arg);
-static void render_text(void *arg, gps_job *job, const char *text, size_t n);
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev);
-
-static long long behind(void *arg)
-{
-    return gps_relay_behind(&((rs_stream *)arg)->rl);
-}
 
 static void stream_free(void *arg)
 {
@@ -65,8 +59,6 @@ static const gps_relay_ops OPS = {
     .dialect = GPS_DIALECT_OPENAI,
     .error_event = "error",
     .on_event = on_job_event,
-    .writable = on_writable,
-    .behind = behind,
     .free = stream_free,
     .render_text = render_text,
     .render_event = render_event,
@@ -103,12 +95,10 @@ static void save(rs_stream *st, gps_job *job, const char *fr)
 
 static void ensure_started(rs_stream *st, gps_job *job)
 {
-    if (st->rl.started)
+    if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    gps_resp_open(&st->out, &st->rl.out);
-    gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
-                     (double)(gp_now_mono_us() - st->rl.start_us) / 1e6);
+    gps_resp_open(&st->out, &st->rl.s.out);
 }
 
 /* One event, rendered now. Returns true when st was freed. */
@@ -120,7 +110,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         if (i < 0 || !st->stream)
             return false;
         ensure_started(st, job);
-        gps_resp_call(&st->out, &st->rl.out, &st->calls, i, started,
+        gps_resp_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                       json_string_value(json_object_get(ev, "arguments")));
         gps_relay_send_output(&st->rl);
         return false;
@@ -129,7 +119,7 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
         if (st->stream) {
             ensure_started(st, job);
-            gps_resp_close(&st->out, &st->rl.out, &st->calls, fr, job->prompt_tokens,
+            gps_resp_close(&st->out, &st->rl.s.out, &st->calls, fr, job->prompt_tokens,
                            job->completion_tokens, meta_of(st, job));
             save(st, job, fr);
             gps_relay_end_stream(&st->rl);
@@ -138,9 +128,6 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         json_t *body = gps_resp_object(&st->out, &st->calls, job->text.data, job->text.len, fr,
                                        job->prompt_tokens, job->completion_tokens,
                                        meta_of(st, job));
-        if (job->first_token_us)
-            gps_metrics_ttft(st->ctx->metrics, OPS.api, job->spec.model,
-                             (double)(job->first_token_us - st->rl.start_us) / 1e6);
         save(st, job, fr);
         gps_relay_end_body(&st->rl, body, true);
         return true;
@@ -152,22 +139,18 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
     return false;
 }
 
-static void render_text(void *arg, gps_job *job, const char *text, size_t n)
+static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     rs_stream *st = arg;
     ensure_started(st, job);
-    gps_resp_text(&st->out, &st->rl.out, text, n);
+    gps_resp_text(&st->out, &st->rl.s.out, text, n);
     gps_relay_send_output(&st->rl);
+    return false;
 }
 
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
 {
     return handle_event(arg, job, type, ev);
-}
-
-static void on_writable(void *arg)
-{
-    gps_relay_catch_up(&((rs_stream *)arg)->rl);
 }
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)

@@ -19,6 +19,7 @@
 #include "server/auth/auth.h"
 #include "server/http/errors.h"
 #include "server/http/held.h"
+#include "server/stream/stream.h"
 #include "server/http/http.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
@@ -149,20 +150,18 @@ typedef struct task task;
 typedef struct task_sub {
     gps_tasks *owner;
     task *t;                      /* NULL once detached */
-    struct evhttp_request *req;
-    gps_held held;                /* hold, peer-close watch (held.h) */
-    uint64_t last_write_us;
-    /* Backpressure (sse.h): events[0..ev_sent) were written; the rest wait
-     * in the task's event log while the client is behind. A long event
-     * (the end event carries the whole text) goes out in slices: part
-     * bytes of its text were written so far. */
-    gps_sse_pace *pace;
+    /* The held reply (stream.h): hold, peer-close watch, backpressure,
+     * slow-client drop, keep-alives. s.req: NULL once the client left. */
+    gps_stream s;
+    /* The cursor over the task's event log: events[0..ev_sent) were
+     * written; the rest wait in the log while the client is behind. A
+     * long event (the end event carries the whole text) goes out in
+     * slices: part bytes of its text were written so far. */
     size_t ev_sent;
     size_t part;
     /* Last-Event-ID: events with seq <= after are the client's already,
      * also those recorded after it connected (issue 10 item 5). */
     long long after;
-    bool too_slow;
     struct task_sub *next;
 } task_sub;
 
@@ -294,10 +293,6 @@ static void sse_frame(gp_buf *out, const json_t *ev)
                         json_object_get(ev, "data"));
 }
 
-static void sub_detach_conn(task_sub *s)
-{
-    gps_held_release(&s->held);
-}
 
 static void sub_remove(task *t, task_sub *s)
 {
@@ -405,8 +400,7 @@ static void inflight_unlink(gps_tasks *g, task *t)
 
 static void sub_free(task_sub *s)
 {
-    sub_detach_conn(s);
-    gps_sse_pace_free(s->pace);
+    gps_stream_clear(&s->s);
     free(s);
 }
 
@@ -472,14 +466,13 @@ static bool is_long_event(const json_t *ev)
  * freed. */
 static bool sub_catch_up(task *t, task_sub *s)
 {
-    gp_buf out;
-    gp_buf_init(&out);
     size_t lim = released(t);
     bool oom = false;
-    while (s->req && s->ev_sent < lim && !oom) {
-        if (gps_sse_pace_blocked(s->pace))
+    gp_buf *out = &s->s.out;
+    while (s->s.req && s->ev_sent < lim && !oom) {
+        if (gps_stream_blocked(&s->s))
             break; /* sub_writable resumes */
-        while (s->ev_sent < lim && out.len < CATCHUP_SLICE) {
+        while (s->ev_sent < lim && out->len < CATCHUP_SLICE) {
             if ((long long)s->ev_sent < s->after) {
                 s->ev_sent++; /* the client has it (Last-Event-ID) */
                 continue;
@@ -491,24 +484,21 @@ static bool sub_catch_up(task *t, task_sub *s)
             }
             bool more = false;
             if (s->part > 0 || is_long_event(ev))
-                more = !frame_long_event(&out, s, ev);
+                more = !frame_long_event(out, s, ev);
             else
-                sse_frame(&out, ev);
+                sse_frame(out, ev);
             json_decref(ev);
             if (more)
                 break; /* more slices: send this one first */
             s->ev_sent++;
         }
-        gps_sse_pace_send(s->pace, s->req, &out);
-        s->last_write_us = gp_now_mono_us();
+        gps_stream_send(&s->s);
     }
-    gp_buf_free(&out);
-    if (s->req && t->terminal && s->ev_sent >= gps_tlog_count(t->log) &&
+    if (s->s.req && t->terminal && s->ev_sent >= gps_tlog_count(t->log) &&
         lim >= gps_tlog_count(t->log)) {
         sub_remove(t, s);
-        struct evhttp_request *req = s->req;
+        gps_stream_end(&s->s);
         sub_free(s);
-        gps_sse_end(req);
         return true;
     }
     return false;
@@ -710,10 +700,8 @@ static void task_free(gps_tasks *g, task *t)
     task_sub *s = t->subs;
     while (s) {
         task_sub *n = s->next;
-        struct evhttp_request *req = s->req;
+        gps_stream_end(&s->s);
         sub_free(s);
-        if (req)
-            gps_sse_end(req);
         s = n;
     }
     if (t->job)
@@ -1040,16 +1028,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
                 emit_queued(t);
         }
         for (task_sub *s = t->subs; s; s = s->next)
-            if (now - s->last_write_us > KEEPALIVE_US && !gps_sse_pace_blocked(s->pace)) {
-                gp_buf b;
-                gp_buf_init(&b);
-                gps_sse_format_comment(&b, "keep-alive");
-                /* Through the pace: a plain chunk would clear the
-                 * connection's drain callback. */
-                gps_sse_pace_send(s->pace, s->req, &b);
-                gp_buf_free(&b);
-                s->last_write_us = now;
-            }
+            gps_stream_keepalive(&s->s, now, KEEPALIVE_US);
     }
 }
 
@@ -1411,13 +1390,15 @@ static void h_delete(gps_req *r, void *arg)
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 
+/* The client went away or was dropped as too slow (stream.h). The task
+ * keeps running: a task outlives its watchers (a dropped client resumes
+ * with Last-Event-ID). */
 static void sub_gone(void *arg)
 {
     task_sub *s = arg;
-    s->req = NULL; /* dropped by held.c */
     if (s->t)
         sub_remove(s->t, s);
-    sub_free(s); /* the task keeps running: a task outlives its watchers */
+    sub_free(s);
 }
 
 static void sub_writable(void *arg)
@@ -1427,20 +1408,18 @@ static void sub_writable(void *arg)
         sub_catch_up(s->t, s);
 }
 
-/* Behind for slow_client_timeout_sec: drop the connection (sub_gone runs
- * and frees s). The task keeps running: the client resumes with
- * Last-Event-ID. */
-static void sub_too_slow(void *arg)
+/* Bytes of text in the released events not yet written. */
+static long long sub_behind(void *arg)
 {
     task_sub *s = arg;
-    if (!s->held.evcon)
-        return;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", NULL,
-                 json_pack("{s:s,s:I}", "job_id", s->t ? s->t->id : "", "next_event",
-                           (json_int_t)s->ev_sent + 1),
-                 "client did not read its task events in time; dropping it");
-    gps_held_drop(&s->held);
+    return s->t ? (long long)gps_tlog_text_bytes(s->t->log, s->ev_sent, released(s->t)) : 0;
 }
+
+static const gps_stream_ops SUB_OPS = {
+    .writable = sub_writable,
+    .behind = sub_behind,
+    .gone = sub_gone,
+};
 
 static void h_events(gps_req *r, void *arg)
 {
@@ -1477,16 +1456,16 @@ static void h_events(gps_req *r, void *arg)
     }
     /* Tells tests and operators where a replay came from. */
     evhttp_add_header(evhttp_request_get_output_headers(r->req), "X-Gpupool-Replay", "memory");
-    gps_sse_start(r->req);
     task_sub *s = calloc(1, sizeof *s);
     if (!s) {
-        gps_sse_end(r->req);
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
     s->owner = g;
     s->t = t;
-    s->req = r->req;
-    s->last_write_us = gp_now_mono_us();
+    gps_stream_init(&s->s, &SUB_OPS, s, r->req, r->correlation_id);
+    snprintf(s->s.job_id, sizeof s->s.job_id, "%s", t->id);
+    gps_stream_start(&s->s);
     size_t n = released(t);
     /* Those after last. An id beyond the end names events not recorded
      * yet: they are skipped when they come (sub_catch_up), the client
@@ -1495,10 +1474,9 @@ static void h_events(gps_req *r, void *arg)
      * the end means only "not yet" (docs/api.md). */
     s->ev_sent = last < (long long)n ? (size_t)last : n;
     s->after = last;
-    s->pace = gps_sse_pace_new(r->req, sub_writable, sub_too_slow, s);
     s->next = t->subs;
     t->subs = s;
-    gps_held_start(&s->held, r->req, true, g->request_timeout_sec + 30, sub_gone, s);
+    gps_stream_hold(&s->s, g->request_timeout_sec + 30);
     /* The replay goes out paced, then the live events (task_emit). */
     sub_catch_up(t, s);
 }

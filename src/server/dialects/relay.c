@@ -49,6 +49,30 @@ void gps_relay_refuse(const gps_relay_ops *ops, struct gps_metrics *m, gps_req *
     count(ops, m, code, r->start_us);
 }
 
+static void gone(void *arg);
+
+/* The defaults are the cursor's (gps_relay_stream_event). */
+static void stream_writable(void *arg)
+{
+    gps_relay *rl = arg;
+    if (rl->ops->writable)
+        rl->ops->writable(rl->owner);
+    else
+        gps_relay_catch_up(rl);
+}
+
+static long long stream_behind(void *arg)
+{
+    gps_relay *rl = arg;
+    return rl->ops->behind ? rl->ops->behind(rl->owner) : gps_relay_behind(rl);
+}
+
+static const gps_stream_ops STREAM_OPS = {
+    .writable = stream_writable,
+    .behind = stream_behind,
+    .gone = gone,
+};
+
 void gps_relay_init(gps_relay *rl, const gps_relay_ops *ops, void *owner, gps_jobs *jobs,
                     struct gps_metrics *m, gps_req *r)
 {
@@ -57,10 +81,8 @@ void gps_relay_init(gps_relay *rl, const gps_relay_ops *ops, void *owner, gps_jo
     rl->owner = owner;
     rl->jobs = jobs;
     rl->metrics = m;
-    rl->req = r->req;
-    snprintf(rl->corr, sizeof rl->corr, "%s", r->correlation_id);
+    gps_stream_init(&rl->s, &STREAM_OPS, rl, r->req, r->correlation_id);
     rl->start_us = r->start_us;
-    gp_buf_init(&rl->out);
 }
 
 void gps_relay_count(gps_relay *rl, const char *outcome)
@@ -68,16 +90,15 @@ void gps_relay_count(gps_relay *rl, const char *outcome)
     count(rl->ops, rl->metrics, outcome, rl->start_us);
 }
 
-/* The client closed its connection (held.c dropped the request): cancel
- * the job; the agent learns it on its next upload. */
+/* The client went away or was dropped as too slow (stream.h): cancel the
+ * job; the agent learns it on its next upload. */
 static void gone(void *arg)
 {
     gps_relay *rl = arg;
-    rl->req = NULL;
-    gp_log_write(GP_LOG_INFO, "client_disconnected", rl->corr,
+    gp_log_write(GP_LOG_INFO, "client_disconnected", rl->s.corr,
                  json_pack("{s:s}", "job_id", rl->job ? rl->job->id : ""),
                  "client went away; cancelling its job");
-    gps_relay_count(rl, rl->too_slow ? "client_too_slow" : "cancelled");
+    gps_relay_count(rl, rl->s.too_slow ? "client_too_slow" : "cancelled");
     if (rl->job) {
         gps_job_unsubscribe(rl->job, NULL, rl);
         gps_jobs_cancel(rl->jobs, rl->job, "client_disconnected");
@@ -90,7 +111,7 @@ static void gone(void *arg)
 static void on_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     gps_relay *rl = arg;
-    if (rl->req)
+    if (rl->s.req)
         rl->ops->on_event(job, type, ev, rl->owner);
 }
 
@@ -105,96 +126,53 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
                              e.status == 404 || e.status == 400 ? "model" : NULL, r->correlation_id,
                              e.retry_after_sec);
         gps_relay_count(rl, e.code);
-        rl->req = NULL;
+        rl->s.req = NULL;
         return NULL;
     }
     rl->job = job;
+    snprintf(rl->s.job_id, sizeof rl->s.job_id, "%s", job->id);
     gps_job_subscribe(job, on_event, rl);
     /* The connection may sit silent while the job is queued or the model
      * thinks: give it the whole request budget, not idle_timeout. */
-    gps_held_start(&rl->held, r->req, true, timeout_sec, gone, rl);
+    gps_stream_hold(&rl->s, timeout_sec);
     return job;
-}
-
-static void writable(void *arg)
-{
-    gps_relay *rl = arg;
-    rl->ops->writable(rl->owner);
-}
-
-/* Behind for slow_client_timeout_sec: drop the client like a disconnect
- * (gone cancels the job), counted as client_too_slow. */
-static void too_slow(void *arg)
-{
-    gps_relay *rl = arg;
-    if (!rl->held.evcon)
-        return;
-    rl->too_slow = true;
-    gp_log_write(GP_LOG_WARN, "client_too_slow", rl->corr,
-                 json_pack("{s:s,s:I}", "job_id", rl->job ? rl->job->id : "", "behind",
-                           (json_int_t)rl->ops->behind(rl->owner)),
-                 "client did not read its stream in time; dropping it");
-    gps_held_drop(&rl->held); /* runs gone: the owner is freed */
 }
 
 void gps_relay_start(gps_relay *rl)
 {
-    if (rl->started)
+    if (rl->s.started)
         return;
-    rl->started = true;
-    gps_pool_headers(rl->req, rl->job);
-    gps_sse_start(rl->req);
-    rl->pace = gps_sse_pace_new(rl->req, writable, too_slow, rl);
+    gps_pool_headers(rl->s.req, rl->job);
+    gps_stream_start(&rl->s);
 }
 
 bool gps_relay_blocked(gps_relay *rl)
 {
-    return gps_sse_pace_blocked(rl->pace);
+    return gps_stream_blocked(&rl->s);
 }
 
 void gps_relay_send(gps_relay *rl)
 {
-    gps_sse_pace_send(rl->pace, rl->req, &rl->out);
-}
-
-/* Output rendered during one loop turn goes out as one chunk at its end:
- * an upload that carries many tokens of a stream (or several uploads read
- * in one turn) costs one write, not one per token (a chunk's evbuffer and
- * its bufferevent write were a sixth of the server's instructions per
- * token). More than this much waiting is written at once, so what is not
- * yet counted by the pace's high-water mark stays small. */
-#define FLUSH_NOW (16 * 1024)
-
-static void flush_cb(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    gps_relay *rl = arg;
-    if (rl->req && rl->out.len > 0)
-        gps_relay_send(rl);
-}
-
-static bool flush_later(gps_relay *rl)
-{
-    if (!rl->flush) {
-        struct evhttp_connection *c = rl->req ? evhttp_request_get_connection(rl->req) : NULL;
-        struct event_base *base = c ? evhttp_connection_get_base(c) : NULL;
-        rl->flush = base ? event_new(base, -1, 0, flush_cb, rl) : NULL;
-        if (!rl->flush)
-            return false;
-    }
-    event_active(rl->flush, EV_TIMEOUT, 1); /* (already active: nothing more) */
-    return true;
+    gps_stream_send(&rl->s);
 }
 
 void gps_relay_send_soon(gps_relay *rl)
 {
-    if (rl->out.len >= FLUSH_NOW || !flush_later(rl))
-        gps_relay_send(rl);
+    gps_stream_send_soon(&rl->s);
+}
+
+static void ttft(gps_relay *rl, uint64_t at_us)
+{
+    if (rl->ttft_done || !rl->job)
+        return;
+    rl->ttft_done = true;
+    gps_metrics_ttft(rl->metrics, rl->ops->api, rl->job->spec.model,
+                     (double)(at_us - rl->start_us) / 1e6);
 }
 
 void gps_relay_send_output(gps_relay *rl)
 {
+    ttft(rl, gp_now_mono_us());
     /* Marked now: the client will have it before anything else happens
      * to the job (a failover must not start it over). */
     gps_job_mark_output_sent(rl->job);
@@ -214,42 +192,39 @@ void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
         message = json_string_value(json_object_get(ev, "message"));
     if (!message)
         message = "the job failed";
-    if (rl->started) {
+    if (rl->s.started) {
         json_t *body =
-            gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->corr, ra);
-        gps_sse_format_json(&rl->out, rl->ops->error_event, NULL, body);
+            gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->s.corr, ra);
+        gps_sse_format_json(&rl->s.out, rl->ops->error_event, NULL, body);
         json_decref(body);
-        gps_relay_send(rl);
-        gps_held_release(&rl->held);
-        gps_sse_end(rl->req);
+        gps_stream_end(&rl->s);
     } else {
-        gps_held_release(&rl->held);
-        gps_send_error_retry(rl->req, rl->ops->dialect, status, code, message, NULL, rl->corr,
-                             ra);
+        gps_stream_release(&rl->s);
+        gps_send_error_retry(rl->s.req, rl->ops->dialect, status, code, message, NULL,
+                             rl->s.corr, ra);
     }
     gps_relay_count(rl, code);
-    rl->req = NULL;
+    rl->s.req = NULL;
     gps_relay_finish(rl);
 }
 
 void gps_relay_end_stream(gps_relay *rl)
 {
-    gps_relay_send(rl);
-    gps_held_release(&rl->held);
-    gps_sse_end(rl->req);
+    gps_stream_end(&rl->s);
     gps_relay_count(rl, "ok");
-    rl->req = NULL;
     gps_relay_finish(rl);
 }
 
 void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
 {
     if (pool_headers && rl->job)
-        gps_pool_headers(rl->req, rl->job);
-    gps_held_release(&rl->held);
-    gps_http_send_json(rl->req, 200, body);
+        gps_pool_headers(rl->s.req, rl->job);
+    if (rl->job && rl->job->first_token_us)
+        ttft(rl, rl->job->first_token_us);
+    gps_stream_release(&rl->s);
+    gps_http_send_json(rl->s.req, 200, body);
     gps_relay_count(rl, "ok");
-    rl->req = NULL;
+    rl->s.req = NULL;
     gps_relay_finish(rl);
 }
 
@@ -267,13 +242,7 @@ void gps_relay_clear(gps_relay *rl)
     free(rl->dv);
     rl->dv = NULL;
     rl->dn = rl->dcap = 0;
-    gps_held_release(&rl->held);
-    gp_buf_free(&rl->out);
-    gps_sse_pace_free(rl->pace);
-    rl->pace = NULL;
-    if (rl->flush)
-        event_free(rl->flush); /* (also takes it off the active queue) */
-    rl->flush = NULL;
+    gps_stream_clear(&rl->s);
 }
 
 /* Text of a catch-up delta: large enough to drain quickly, small enough
@@ -284,15 +253,17 @@ bool gps_relay_catch_up(gps_relay *rl)
 {
     gps_job *job = rl->job;
     void *owner = rl->owner;
-    while (rl->req) {
+    while (rl->s.req) {
         size_t limit = rl->dn ? rl->dv[0].at : job->text.len;
         if (rl->sent < limit) {
             if (gps_relay_blocked(rl))
                 return false; /* ops->writable resumes */
             size_t n = gps_sse_utf8_slice(job->text.data + rl->sent, limit - rl->sent,
                                           CATCHUP_SLICE);
-            rl->ops->render_text(owner, job, job->text.data + rl->sent, n);
-            rl->sent += n;
+            const char *at = job->text.data + rl->sent;
+            rl->sent += n; /* before rendering: the owner may be freed */
+            if (rl->ops->render_text(owner, job, at, n))
+                return true;
             continue;
         }
         if (!rl->dn)
@@ -310,6 +281,15 @@ bool gps_relay_catch_up(gps_relay *rl)
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOKEN) {
+        /* The token is the tail of job->text (jobs appends, then notifies):
+         * a cursor past the text before it means the text was dropped by a
+         * transparent requeue (jobs.c fail_over, nothing sent yet). */
+        size_t tl = json_string_length(json_object_get(ev, "text"));
+        if (rl->sent + tl > job->text.len) {
+            rl->sent = 0;
+            for (size_t i = 0; i < rl->dn; i++)
+                rl->dv[i].at = 0;
+        }
         gps_relay_catch_up(rl);
         return;
     }

@@ -21,7 +21,11 @@
  *   - errors: before the first byte an HTTP error, after it one stream
  *     error event (ops->error_event names its SSE event, NULL: data only);
  *   - metrics: requests_total / request_duration_seconds{api, outcome}
- *     through the closed outcome table (metrics.h).
+ *     through the closed outcome table (metrics.h), and
+ *     time_to_first_token_seconds{api, model}: streaming, when the first
+ *     bytes from the agent go out (gps_relay_send_output); a whole body,
+ *     from the job's first token (gps_relay_end_body). Dialects never
+ *     observe metrics themselves.
  * The dialect renders: open, token, tool call, end, whole body (its own
  * file); it parses the body into a job spec before the relay exists.
  */
@@ -38,6 +42,7 @@
 #include "server/http/http.h"
 #include "server/jobs/jobs.h"
 #include "server/http/sse.h"
+#include "server/stream/stream.h"
 
 struct gps_metrics;
 
@@ -46,14 +51,18 @@ typedef struct gps_relay_ops {
     gps_dialect dialect;          /* error shape */
     const char *error_event;      /* SSE event of a stream error; NULL: data line only */
     gps_job_event_fn on_event;    /* the job's events while the client is there (arg: owner) */
-    void (*writable)(void *owner); /* the client drained: catch up */
-    long long (*behind)(void *owner); /* how far behind (logged when dropped) */
+    /* The client drained: catch up; NULL: gps_relay_catch_up. */
+    void (*writable)(void *owner);
+    /* Bytes behind (logged when dropped); NULL: gps_relay_behind. */
+    long long (*behind)(void *owner);
     void (*free)(void *owner);    /* free the dialect's stream (the relay is inside) */
     /* A dialect that streams through the relay's catch-up queue
      * (gps_relay_stream_event) renders with these two: n bytes of the
-     * job's text as one delta, and any other event (true: the reply is
-     * complete and the owner freed). NULL for the others. */
-    void (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
+     * job's text (text points into it, at the relay's cursor) as one
+     * delta, and any other event; true: the reply is complete and the
+     * owner freed (a stop sequence matched in the text, the end, an
+     * error). NULL for the others. */
+    bool (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
     bool (*render_event)(void *owner, gps_job *job, gps_event_type type, json_t *ev);
 } gps_relay_ops;
 
@@ -73,17 +82,14 @@ typedef struct gps_relay {
     void *owner;
     gps_jobs *jobs;
     struct gps_metrics *metrics;
-    struct evhttp_request *req;   /* NULL once the client is gone or answered */
-    gps_held held;
+    /* The held reply (stream.h): hold, peer-close watch, output buffer,
+     * backpressure, slow-client drop. s.req: NULL once the client is gone
+     * or answered. */
+    gps_stream s;
     gps_job *job;
-    gps_sse_pace *pace;
-    gp_buf out;                   /* rendered, not yet written */
-    struct event *flush;          /* writes out once per loop turn (gps_relay_send_output) */
-    bool started;                 /* SSE headers sent */
-    bool too_slow;
-    /* The catch-up queue (gps_relay_stream_event): job->text[0..sent) went
-     * out; the events that came while the client was behind wait here
-     * with the text offset they followed. */
+    /* The cursor over the job's text (gps_relay_stream_event):
+     * job->text[0..sent) was rendered; the events that came while the
+     * client was behind wait here with the text offset they followed. */
     size_t sent;
     struct gps_relay_deferred {
         gps_event_type type;
@@ -91,8 +97,8 @@ typedef struct gps_relay {
         size_t at;
     } *dv;
     size_t dn, dcap;
-    char corr[65];
     uint64_t start_us;
+    bool ttft_done;               /* time_to_first_token observed */
 } gps_relay;
 
 /* A request answered before any relay exists: counted (an error already
@@ -130,7 +136,12 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
 /* A streaming dialect's on_event (ops->render_text / render_event): text
  * goes out as fast as the client reads it, straight from the job's text,
  * and the events after it (tool calls, end, error) wait in order behind it
- * while the client is behind. Non-streaming replies do not use it. */
+ * while the client is behind. A non-streaming reply may use it too (it is
+ * never blocked: the text is rendered as it comes, e.g. into a stop-string
+ * scan). A transparent requeue that dropped the job's text (nothing was
+ * sent yet) moves the cursor back to 0: render_text then gets text at the
+ * start of job->text again, and a dialect that holds back text (stop
+ * strings) starts over. */
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev);
 /* ops->writable of such a dialect: write what is behind. Returns true when
  * the owner was freed (the reply completed). */

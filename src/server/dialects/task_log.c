@@ -73,6 +73,29 @@ size_t gps_tlog_bytes(const gps_tlog *l)
     return b;
 }
 
+size_t gps_tlog_text_bytes(const gps_tlog *l, size_t from, size_t to)
+{
+    size_t b = 0;
+    if (!l)
+        return 0;
+    if (to > l->count)
+        to = l->count;
+    for (size_t i = 0; i < l->n && from < to; i++) {
+        const entry *e = &l->e[i];
+        size_t lo = e->first, hi = e->first + e->n;
+        if (hi <= from)
+            continue;
+        if (lo >= to)
+            break;
+        size_t a = from > lo ? from - lo : 0, z = (to < hi ? to : hi) - lo;
+        if (e->ev)
+            b += json_string_length(json_object_get(json_object_get(e->ev, "data"), "text"));
+        else
+            b += e->ends[z - 1] - (a ? e->ends[a - 1] : 0);
+    }
+    return b;
+}
+
 /* Grow *p (of *cap elements of size sz) to hold need; 0 or -1. */
 static int grow(void **p, size_t *cap, size_t need, size_t sz)
 {

@@ -32,6 +32,11 @@ size_t gps_tlog_count(const gps_tlog *l);
 /* Heap bytes the log holds, roughly (jansson events estimated). */
 size_t gps_tlog_bytes(const gps_tlog *l);
 
+/* Bytes of text (token texts, and a "text" member of other events' data)
+ * in events [from, to): how far a stream that wrote events [0, from) is
+ * behind, in the unit of every stream (stream.h). */
+size_t gps_tlog_text_bytes(const gps_tlog *l, size_t from, size_t to);
+
 /* Record event count+1. data and hidden (an object whose members are set
  * on the event beside seq/type/data; may be NULL) are stolen. Returns 0,
  * or -1 on ENOMEM (nothing recorded). */

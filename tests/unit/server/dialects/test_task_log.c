@@ -119,12 +119,29 @@ static void test_a_run_costs_bytes_not_objects(void **state)
     gps_tlog_free(l);
 }
 
+/* How far a stream is behind, in bytes of text (stream.h): token texts
+ * across runs and partial runs, and an end event's text. */
+static void test_text_bytes_behind(void **state)
+{
+    (void)state;
+    gps_tlog *l = sample();
+    assert_int_equal(gps_tlog_text_bytes(l, 0, 9), 14);
+    assert_int_equal(gps_tlog_text_bytes(l, 3, 8), 11); /* "llo", "", " w\xc3\xa9", "\"q\"\n" */
+    assert_int_equal(gps_tlog_text_bytes(l, 3, 4), 3);
+    assert_int_equal(gps_tlog_text_bytes(l, 7, 100), 5);
+    assert_int_equal(gps_tlog_text_bytes(l, 9, 9), 0);
+    assert_int_equal(gps_tlog_text_bytes(l, 5, 2), 0);
+    assert_int_equal(gps_tlog_text_bytes(NULL, 0, 9), 0);
+    gps_tlog_free(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_come_back_as_recorded),
         cmocka_unit_test(test_stored_log_reads_back_the_same),
         cmocka_unit_test(test_a_run_costs_bytes_not_objects),
+        cmocka_unit_test(test_text_bytes_behind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
