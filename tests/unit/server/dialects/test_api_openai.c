@@ -172,7 +172,7 @@ static void test_bad_fields(void **st)
     bad("{\"model\":\"m\"," M ",\"top_k\":-1}", true, "top_k");
     bad("{\"model\":\"m\"," M ",\"tools\":[{\"type\":\"function\"}]}", true, "tools");
     bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
-        "{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}", true,
+        "{\"name\":\"x\",\"schema\":{\"type\":\"integer\",\"multipleOf\":2}}}}", true,
         "response_format");
     bad("{\"model\":\"m\"," M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
         "{\"schema\":{}}}}", true, "response_format");
@@ -226,7 +226,7 @@ static void test_response_format(void **st)
     json_t *j = json_loads("{\"model\":\"m\"," M ",\"response_format\":{\"type\":"
                            "\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
                            "\"object\",\"properties\":{\"d\":{\"type\":\"string\",\"format\":"
-                           "\"date-time\"}}}}}}", 0, NULL);
+                           "\"hostname\"}}}}}}", 0, NULL);
     char msg[256] = "";
     const char *param = NULL;
     assert_int_equal(gps_openai_parse(j, true, &r, msg, sizeof msg, &param), -1);
