@@ -192,6 +192,13 @@ static bool token_ev(rd *r, gps_event_in *e)
         if (!key(r, k))
             return false;
         if (!strcmp(k, "type") && !has_type) {
+            ws(r);
+            /* As every agent writes it: no unescaping, no copy. */
+            if (r->end - r->p >= 7 && memcmp(r->p, "\"token\"", 7) == 0) {
+                r->p += 7;
+                has_type = true;
+                continue;
+            }
             size_t at = u->text.len;
             if (!str(r, &u->text) || u->text.len - at != 5 ||
                 memcmp(u->text.data + at, "token", 5) != 0)
