@@ -1324,8 +1324,21 @@ static void batch_start(agent *a, agent_job **ready, size_t n)
         if (!events)
             continue;
         bytes += events_size(events);
-        json_t *e = json_pack("{s:s,s:I,s:o}", "job_id", j->id, "seq", (json_int_t)seq,
-                              "events", events);
+        /* What json_pack("{s:s,s:I,s:o}") built, at a quarter of its cost
+         * (an entry per job with events, every upload). events is taken in
+         * every case, as the pack took it. */
+        json_t *e = json_object();
+        if (e && (json_object_set_new_nocheck(e, "job_id", json_string(j->id)) < 0 ||
+                  json_object_set_new_nocheck(e, "seq", json_integer((json_int_t)seq)) < 0)) {
+            json_decref(e);
+            e = NULL;
+        }
+        if (!e)
+            json_decref(events);
+        else if (json_object_set_new_nocheck(e, "events", events) < 0) {
+            json_decref(e);
+            e = NULL;
+        }
         if (!e || json_array_append_new(entries, e) < 0) {
             pthread_mutex_lock(&a->mu);
             agent_evq_nack(&j->q);
@@ -1360,6 +1373,57 @@ static void batch_start(agent *a, agent_job **ready, size_t n)
 fail:
     json_decref(entries);
     free(jobs);
+}
+
+/* The usual 200 reply to a batch, as the server renders it:
+ * {"jobs":[{"job_id":"<id>","status":200,"cancel":false|true},...]}, one
+ * entry per job in the body's order. Read by comparing bytes, without a
+ * jansson tree (the reply lists every job of the batch, up to every stream
+ * the agent holds, on every upload: a tree and a json_pack per entry were
+ * about a fifth of the agent at 100 paced streams). false: any other reply
+ * (an error entry, another shape, an id that needs escaping); nothing was
+ * done and batch_done reads it with jansson. */
+static bool batch_done_fast(agent *a, req *r)
+{
+    static const char pre[] = "{\"job_id\":\"", mid[] = "\",\"status\":200,\"cancel\":";
+    const char *p = r->resp.data, *end = p + r->resp.len;
+    if (!p || r->n_batch == 0 || r->resp.len < 10 || memcmp(p, "{\"jobs\":[", 9) != 0)
+        return false;
+    p += 9;
+    /* Pass 1: check every entry; pass 2 acts, so a mismatch changes nothing. */
+    for (int pass = 0; pass < 2; pass++) {
+        const char *q = p;
+        if (pass == 1)
+            a->batch_req = NULL; /* as batch_done does first */
+        for (size_t i = 0; i < r->n_batch; i++) {
+            agent_job *j = r->batch[i];
+            size_t idn = strlen(j->id);
+            if (i > 0 && (q >= end || *q++ != ','))
+                return false;
+            if ((size_t)(end - q) < sizeof pre - 1 + idn + sizeof mid - 1 + 6 ||
+                memcmp(q, pre, sizeof pre - 1) != 0 || memcmp(q + sizeof pre - 1, j->id, idn) != 0)
+                return false;
+            for (size_t k = 0; k < idn; k++)
+                if ((unsigned char)j->id[k] < 0x20 || j->id[k] == '"' || j->id[k] == '\\')
+                    return false; /* would have been escaped */
+            q += sizeof pre - 1 + idn;
+            if (memcmp(q, mid, sizeof mid - 1) != 0)
+                return false;
+            q += sizeof mid - 1;
+            bool cancel = (size_t)(end - q) >= 5 && memcmp(q, "true}", 5) == 0;
+            if (!cancel && ((size_t)(end - q) < 6 || memcmp(q, "false}", 6) != 0))
+                return false;
+            q += cancel ? 5 : 6;
+            if (pass == 1) {
+                json_t *one = cancel ? json_pack("{s:b}", "cancel", 1) : NULL;
+                upload_done(a, j, CURLE_OK, 200, one);
+                json_decref(one);
+            }
+        }
+        if (pass == 0 && (end - q != 2 || memcmp(q, "]}", 2) != 0))
+            return false;
+    }
+    return true;
 }
 
 static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
@@ -1456,9 +1520,11 @@ static void handle_done(agent *a, CURLMsg *m)
                              : "");
     }
     json_t *body = NULL;
-    if (rc == CURLE_OK && r->resp.len > 0)
+    bool fast = r->kind == REQ_EVENTS_BATCH && rc == CURLE_OK && status == 200 &&
+                batch_done_fast(a, r);
+    if (rc == CURLE_OK && r->resp.len > 0 && !fast)
         body = json_loadb(r->resp.data, r->resp.len, 0, NULL);
-    if (rc == CURLE_OK && status == 200 && !json_is_object(body) &&
+    if (rc == CURLE_OK && status == 200 && !fast && !json_is_object(body) &&
         (r->kind != REQ_WORK || r->resp.len > 0)) {
         /* A 200 must carry a JSON object; anything else is a broken server
          * or proxy: treat like a server error. */
@@ -1491,7 +1557,8 @@ static void handle_done(agent *a, CURLMsg *m)
         upload_done(a, r->job, rc, status, body);
         break;
     case REQ_EVENTS_BATCH:
-        batch_done(a, r, rc, status, body);
+        if (!fast)
+            batch_done(a, r, rc, status, body);
         break;
     case REQ_DEREGISTER:
         a->dereg_req = NULL;

@@ -568,9 +568,17 @@ int gp_json_dump_append(gp_buf *out, const json_t *v)
     }
     case JSON_STRING:
         return dump_string(out, json_string_value(v), json_string_length(v));
-    case JSON_INTEGER: {
-        int n = snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        return gp_buf_append(out, num, (size_t)n);
+    case JSON_INTEGER: { /* "%lld" without printf (a tenth of its instructions) */
+        json_int_t x = json_integer_value(v);
+        unsigned long long u = x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x;
+        char *e = num + sizeof num, *p = e;
+        do {
+            *--p = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (x < 0)
+            *--p = '-';
+        return gp_buf_append(out, p, (size_t)(e - p));
     }
     case JSON_REAL: { /* jansson's own formatting (precision, exponent, ".0") */
         size_t n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);

@@ -681,7 +681,14 @@ static void h_deregister(gps_req *r, void *arg)
 static void h_work(gps_req *r, void *arg)
 {
     gps_agents *g = arg;
-    json_t *body = gps_req_json(r);
+    /* The usual body without jansson's parser (upload_read.h); any other
+     * is parsed, and its errors worded, as before. */
+    struct evbuffer *in = evhttp_request_get_input_buffer(r->req);
+    size_t n = in ? evbuffer_get_length(in) : 0;
+    const char *raw = n ? (const char *)evbuffer_pullup(in, -1) : NULL;
+    json_t *body = raw ? gps_work_read(raw, n) : NULL;
+    if (!body)
+        body = gps_req_json(r);
     if (!body)
         return;
     const char *id = body_agent_id(r, body);

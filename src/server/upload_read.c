@@ -192,6 +192,13 @@ static bool token_ev(rd *r, gps_event_in *e)
         if (!key(r, k))
             return false;
         if (!strcmp(k, "type") && !has_type) {
+            ws(r);
+            /* As every agent writes it: no unescaping, no copy. */
+            if (r->end - r->p >= 7 && memcmp(r->p, "\"token\"", 7) == 0) {
+                r->p += 7;
+                has_type = true;
+                continue;
+            }
             size_t at = u->text.len;
             if (!str(r, &u->text) || u->text.len - at != 5 ||
                 memcmp(u->text.data + at, "token", 5) != 0)
@@ -387,4 +394,78 @@ void gps_upload_free(gps_upload *u)
     free(u->jobs);
     gp_buf_free(&u->text);
     memset(u, 0, sizeof *u);
+}
+
+/* A plain string of the work body: printable ASCII without '"' or '\\'
+ * (ids, tokens, names), which jansson reads as the same bytes. */
+static json_t *plain_str(rd *r)
+{
+    if (!lit(r, '"'))
+        return NULL;
+    const char *s = r->p;
+    while (r->p < r->end && *r->p >= 0x20 && *r->p < 0x7f && *r->p != '"' && *r->p != '\\')
+        r->p++;
+    if (r->p >= r->end || *r->p != '"')
+        return NULL;
+    r->p++;
+    return json_stringn_nocheck(s, (size_t)(r->p - 1 - s));
+}
+
+/* One value of the work body: a plain string, an integer as num() reads
+ * it, or an array of plain strings. NULL: anything else. */
+static json_t *work_value(rd *r)
+{
+    ws(r);
+    if (r->p >= r->end)
+        return NULL;
+    if (*r->p == '"')
+        return plain_str(r);
+    if (*r->p >= '0' && *r->p <= '9') {
+        long long v;
+        return num(r, &v) ? json_integer(v) : NULL;
+    }
+    if (!lit(r, '['))
+        return NULL;
+    json_t *a = json_array();
+    if (!a || lit(r, ']'))
+        return a;
+    do {
+        json_t *s = plain_str(r);
+        if (!s || json_array_append_new(a, s) < 0) {
+            json_decref(a);
+            return NULL;
+        }
+    } while (lit(r, ','));
+    if (!lit(r, ']')) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
+json_t *gps_work_read(const char *body, size_t n)
+{
+    rd r = {body, body + n, NULL};
+    json_t *o = body ? json_object() : NULL;
+    if (!o || !lit(&r, '{'))
+        goto no;
+    if (lit(&r, '}'))
+        goto end;
+    do {
+        char k[16];
+        if (!key(&r, k) || json_object_get(o, k)) /* a duplicate: jansson refuses it */
+            goto no;
+        json_t *v = work_value(&r);
+        if (!v || json_object_set_new_nocheck(o, k, v) < 0)
+            goto no;
+    } while (lit(&r, ','));
+    if (!lit(&r, '}'))
+        goto no;
+end:
+    ws(&r);
+    if (r.p == r.end)
+        return o;
+no:
+    json_decref(o);
+    return NULL;
 }

@@ -50,4 +50,15 @@ typedef struct gps_upload {
 bool gps_upload_read(const char *body, size_t n, size_t max_jobs, gps_upload *u);
 void gps_upload_free(gps_upload *u);
 
+/* The long-poll's body (POST /agents/work: agent_id, free_slots and the
+ * liveness fields; docs/protocol.md) without jansson's parser, whose cost
+ * grew with running_jobs (every job the agent holds, on every poll): a flat
+ * object whose values are printable-ASCII strings without escapes,
+ * non-negative integers or arrays of such strings. Returns what
+ * json_loadb(body, JSON_REJECT_DUPLICATES) returns for such a body (a new
+ * object), or NULL for any other (a nested object such as prefix_cache, an
+ * escape, a real, a duplicate key, trailing bytes...): the caller then
+ * parses it with jansson. fuzz_upload checks it against jansson. */
+json_t *gps_work_read(const char *body, size_t n);
+
 #endif

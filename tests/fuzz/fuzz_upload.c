@@ -48,8 +48,22 @@ static void same_event(const gps_event_in *e, const json_t *jev, size_t i)
         abort();
 }
 
+/* gps_work_read: what jansson reads, or declined. */
+static void work_same(const uint8_t *data, size_t size)
+{
+    json_t *w = gps_work_read((const char *)data, size);
+    if (!w)
+        return;
+    json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, NULL);
+    if (!json_is_object(body) || !json_equal(w, body))
+        abort();
+    json_decref(body);
+    json_decref(w);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    work_same(data, size);
     gps_upload u;
     if (!gps_upload_read((const char *)data, size, 1024, &u))
         return 0;

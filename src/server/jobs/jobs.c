@@ -45,6 +45,7 @@ typedef struct cancel_rec {
 struct gps_jobs {
     struct event_base *base;
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
+    json_t *tok_id; /* its token_id while it has one (a second reference) */
     gps_jobs_opts opts;
     unsigned char tenant_secret[32]; /* keys the tenant tags (random per process) */
     registry *reg;
@@ -1986,46 +1987,74 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
     }
 }
 
+/* The token event handed to subscribers, set to e's text and id in place:
+ * subscribers read a token event's text and id only and keep no reference
+ * (they copy), so one object with one string (and one integer) serves every
+ * token, its values overwritten; made anew should any of them ever be kept.
+ * NULL when out of memory. */
+static json_t *token_event(gps_jobs *j, const gps_event_in *e)
+{
+    json_t *ev = j->tok_ev;
+    json_t *text = ev ? json_object_get(ev, "text") : NULL;
+    if (ev && (ev->refcount > 1 || !text || text->refcount > 1 ||
+               (j->tok_id && j->tok_id->refcount > 2))) {
+        json_decref(j->tok_id);
+        j->tok_id = NULL;
+        json_decref(ev);
+        ev = j->tok_ev = NULL;
+    }
+    if (!ev) {
+        ev = j->tok_ev = json_pack("{s:s,s:s}", "type", "token", "text", "");
+        if (!ev)
+            return NULL;
+        text = json_object_get(ev, "text");
+    }
+    if (json_string_setn_nocheck(text, e->text, e->len) < 0)
+        return NULL;
+    /* Native tasks keep a token's id for a token-exact resume. */
+    if (e->token_id >= 0 && j->tok_id) {
+        json_integer_set(j->tok_id, e->token_id);
+    } else if (e->token_id >= 0) {
+        json_t *id = json_integer(e->token_id);
+        if (!id || json_object_set_nocheck(ev, "token_id", id) < 0) {
+            json_decref(id);
+            return NULL;
+        }
+        j->tok_id = id; /* ev's reference and this one */
+    } else if (j->tok_id) {
+        json_object_del(ev, "token_id");
+        json_decref(j->tok_id);
+        j->tok_id = NULL;
+    }
+    return ev;
+}
+
 /* A token read without a tree (gps_event_in): what apply_one does for a
- * token event, from its fields. */
-static void apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
+ * token event, from its fields. Returns whether it was generated (counted
+ * by the caller, once per upload). */
+static bool apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
 {
     uint64_t now = gp_now_mono_us();
     job->last_event_us = now;
     job->agent_bytes += (long long)e->bytes;
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
-        return;
+        return false;
     }
     job->state = GPS_JOB_RUNNING;
     if ((long long)(job->text.len + e->len) > event_budget(j, job) ||
         job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
         output_too_large(j, job, "output");
-        return;
+        return false;
     }
     gp_buf_append(&job->text, e->text, e->len);
     job->completion_tokens += ids_record_one(job, e->token_id);
     if (!job->first_token_us)
         job->first_token_us = now;
-    count(j, "tokens_generated_total", NULL, 1);
-    /* Subscribers read a token event's text and id only and keep no reference
-     * (they copy): one object serves every token; made anew should one
-     * ever be kept. */
-    if (j->tok_ev && j->tok_ev->refcount > 1) {
-        json_decref(j->tok_ev);
-        j->tok_ev = NULL;
-    }
-    if (!j->tok_ev)
-        j->tok_ev = json_pack("{s:s}", "type", "token");
-    if (j->tok_ev) {
-        json_object_set_new_nocheck(j->tok_ev, "text", json_stringn_nocheck(e->text, e->len));
-        /* Native tasks keep a token's id for a token-exact resume. */
-        if (e->token_id >= 0)
-            json_object_set_new_nocheck(j->tok_ev, "token_id", json_integer(e->token_id));
-        else
-            json_object_del(j->tok_ev, "token_id");
-    }
-    notify(j, job, GPS_EV_TOKEN, j->tok_ev);
+    json_t *ev = token_event(j, e);
+    if (ev)
+        notify(j, job, GPS_EV_TOKEN, ev);
+    return true;
 }
 
 static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
@@ -2075,17 +2104,22 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     /* Any accepted upload is agent activity, even a retry of events
      * already applied: the stall timer measures the agent's silence. */
     job->last_event_us = gp_now_mono_us();
+    long long generated = 0; /* tokens read without a tree: counted once below */
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
         if (in && !in[i].ev)
-            apply_token(j, job, &in[i]);
+            generated += apply_token(j, job, &in[i]);
         else
             apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? in[i].bytes : 0);
         if (gps_job_terminal(job))
             break;
-        if (strcmp(job->agent_id, agent_id) != 0)
+        if (strcmp(job->agent_id, agent_id) != 0) {
+            count(j, "tokens_generated_total", NULL, (double)generated);
             return 0; /* failed over away from this agent by its own error */
+        }
     }
+    if (generated)
+        count(j, "tokens_generated_total", NULL, (double)generated);
     if (job->state == GPS_JOB_CANCELLED || job->state == GPS_JOB_FAILED) {
         /* Failed by the agent's own error event: nothing to cancel. */
         *cancel = job->state == GPS_JOB_CANCELLED || cancel_take(j, agent_id, job_id);
@@ -2224,6 +2258,7 @@ void gps_jobs_free(gps_jobs *j)
         free(c);
         c = n;
     }
+    json_decref(j->tok_id);
     json_decref(j->tok_ev);
     free(j);
 }

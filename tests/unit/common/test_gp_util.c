@@ -199,6 +199,14 @@ static void test_json_dump(void **state)
     json_decref(bad);
     json_decref(bad2);
     json_decref(v);
+    /* integers, written without printf: every digit count and both signs */
+    json_int_t ints[] = {0, 1, -1, 9, 10, -10, 99, 100, 1234567890123LL, 9223372036854775807LL,
+                         -9223372036854775807LL - 1, -9223372036854775807LL};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        json_t *a = json_pack("[I,{s:I}]", ints[i], "k", ints[i]);
+        dump_same(a);
+        json_decref(a);
+    }
     const char *seqs[] = {"\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xef\xbf\xbf", "\xf0\x90\x80\x80",
                           "\xf4\x8f\xbf\xbf", "\xc0\x80", "\xe0\x9f\xbf", "\xf0\x8f\xbf\xbf",
                           "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\x80", "\xe2\x82", NULL};

@@ -95,11 +95,43 @@ static void test_declined(void **st)
     }
 }
 
+/* The long-poll body: what jansson reads for the agent's usual body;
+ * declined (NULL) for any other shape. */
+static void test_work_body(void **st)
+{
+    (void)st;
+    static const char *good[] = {
+        "{\"agent_id\":\"" AID "\",\"free_slots\":3,\"instance\":\"abc-123_x\","
+        "\"running_jobs\":[\"job_1\",\"job_2\"],\"delivery_seen\":\"e1.7\"}",
+        " { \"agent_id\" : \"" AID "\" , \"free_slots\" : 0 , \"running_jobs\" : [ ] } \n",
+        "{}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        json_t *w = gps_work_read(good[i], strlen(good[i]));
+        json_t *j = json_loads(good[i], JSON_REJECT_DUPLICATES, NULL);
+        assert_non_null(w);
+        assert_non_null(j);
+        assert_true(json_equal(w, j));
+        json_decref(w);
+        json_decref(j);
+    }
+    static const char *bad[] = {
+        "", "[]", "{\"a\":1} x", "{\"a\":1", "{\"a\":1,\"a\":1}", "{\"a\":-1}", "{\"a\":1.5}",
+        "{\"a\":01}", "{\"a\":\"x\\\"y\"}", "{\"a\":\"caf\xc3\xa9\"}", "{\"a\":[1]}",
+        "{\"prefix_cache\":{\"enabled\":true}}", "{\"a\":true}", "{\"a\":null}", "{\"A\":1}",
+        "{\"a\":[\"x\",]}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (gps_work_read(bad[i], strlen(bad[i])))
+            fail_msg("accepted #%zu: %s", i, bad[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_and_other_events),
         cmocka_unit_test(test_declined),
+        cmocka_unit_test(test_work_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

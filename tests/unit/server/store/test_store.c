@@ -784,6 +784,46 @@ static void test_purge_chunks(void **state)
     sqlite3_close(db);
 }
 
+/* A key keeps its newest keep_per_key responses, newest by created_at then
+ * id; other keys' are untouched. The trim's plan sorts nothing (migration
+ * 0008): with the index of 0006 alone it sorted each run of equal
+ * created_at in a temporary b-tree, one reset per stored row. */
+static void test_response_trim(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    json_t *obj = json_pack("{s:s}", "object", "response");
+    json_t *ctx = json_array();
+    for (int i = 0; i < 12; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "resp_%02d", i);
+        /* created_at in pairs: ties are settled by id */
+        gps_store_response_row r = {.id = id, .key_id = i == 5 ? "other" : "key_a",
+                                    .created_at = 1000 + i / 2, .expires_at = INT64_MAX / 2,
+                                    .object = obj, .context = ctx, .keep_per_key = 4};
+        assert_int_equal(gps_store_response_put(s, &r), 0);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_close(s);
+    sqlite3 *db = raw_open(t->db);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM responses WHERE key_id = 'key_a'"), 4);
+    assert_text(db, "SELECT group_concat(id, ',') FROM (SELECT id FROM responses "
+                    "WHERE key_id = 'key_a' ORDER BY id)", "resp_08,resp_09,resp_10,resp_11");
+    assert_text(db, "SELECT id FROM responses WHERE key_id = 'other'", "resp_05");
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "EXPLAIN QUERY PLAN DELETE FROM responses WHERE id IN "
+                                            "(SELECT id FROM responses WHERE key_id = ?1 ORDER BY "
+                                            "created_at DESC, id DESC LIMIT -1 OFFSET ?2)",
+                                        -1, &st, NULL),
+                     SQLITE_OK);
+    while (sqlite3_step(st) == SQLITE_ROW)
+        assert_null(strstr((const char *)sqlite3_column_text(st, 3), "TEMP B-TREE"));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    json_decref(obj);
+    json_decref(ctx);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -801,6 +841,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_restart_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loads_return_the_callbacks_stop, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_response_trim, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
