@@ -146,17 +146,21 @@ static const struct {
     const char *sql;   /* portable: SQLite runs it, PostgreSQL too unless pg is set */
     const char *pg;    /* PostgreSQL's text where the dialects differ, or NULL */
 } stmts[K_COUNT] = {
+
     [K_AGENT_UPSERT] = {"agent_upsert", 0,
         "INSERT INTO agents (id, name, version, platform, state, labels, facts, key_id, "
         "first_seen, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) "
         "ON CONFLICT(id) DO UPDATE SET name = excluded.name, version = excluded.version, "
         "platform = excluded.platform, state = excluded.state, labels = excluded.labels, "
         "facts = excluded.facts, key_id = COALESCE(excluded.key_id, agents.key_id), "
-        "last_seen = excluded.last_seen"},
+        "last_seen = excluded.last_seen", NULL},
+
     [K_AGENT_STATE] = {"agent_state", 0,
         "UPDATE agents SET state = ?2, "
-        "last_seen = CASE WHEN ?3 > 0 THEN ?3 ELSE last_seen END WHERE id = ?1"},
-    [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1"},
+        "last_seen = CASE WHEN ?3 > 0 THEN ?3 ELSE last_seen END WHERE id = ?1", NULL},
+
+    [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1", NULL},
+
     [K_MODEL_INSERT] = {"agent_model_insert", 0,
         "INSERT OR REPLACE INTO agent_models (agent_id, model, aliases, quantization, "
         "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -165,10 +169,13 @@ static const struct {
         "DO UPDATE SET aliases = excluded.aliases, quantization = excluded.quantization, "
         "context_length = excluded.context_length, vram_bytes = excluded.vram_bytes, "
         "loaded = excluded.loaded"},
-    [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1"},
+
+    [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1", NULL},
+
     [K_JOB_INSERT] = {"job_insert", 0,
         "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
-        "seed, created_at, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"},
+        "seed, created_at, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)", NULL},
+
     [K_JOB_UPDATE] = {"job_update", 0,
         "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
         "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
@@ -176,24 +183,33 @@ static const struct {
         "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
         "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
         "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
-        "WHERE id = ?1"},
+        "WHERE id = ?1", NULL},
+
     [K_CHECKPOINT] = {"checkpoint", 0,
         "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
         "VALUES (?1, ?2, ?3, ?4) ON CONFLICT(job_id) DO UPDATE SET text = excluded.text, "
-        "last_seq = excluded.last_seq, updated_at = excluded.updated_at"},
+        "last_seq = excluded.last_seq, updated_at = excluded.updated_at", NULL},
+
     [K_PURGE] = {"purge_jobs", 0,
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at IS NOT NULL "
-        "AND finished_at < ?1 LIMIT 1000)"},
+        "AND finished_at < ?1 LIMIT 1000)", NULL},
+
     [K_KEY_INSERT] = {"key_insert", 0,
         "INSERT INTO api_keys (id, hash, role, name, agent_id, created_at, expires_at, "
-        "revoked_at, last_used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"},
+        "revoked_at, last_used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)", NULL},
+
     [K_KEY_REVOKE] = {"key_revoke", 0,
-        "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL"},
-    [K_KEY_USED] = {"key_used", 0, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1"},
+        "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL", NULL},
+
+    [K_KEY_USED] = {"key_used", 0, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1", NULL},
+
     [K_KEY_BIND] = {"key_bind", 0,
-        "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL"},
-    [K_JOB_GET] = {"job_get", 0, "SELECT " JOB_COLUMNS "WHERE j.id = ?1"},
-    [K_PING] = {"ping", 0, "SELECT count(*) FROM schema_migrations"},
+        "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL", NULL},
+
+    [K_JOB_GET] = {"job_get", 0, "SELECT " JOB_COLUMNS "WHERE j.id = ?1", NULL},
+
+    [K_PING] = {"ping", 0, "SELECT count(*) FROM schema_migrations", NULL},
+
     [K_EVENTS_ADD] = {"job_events_add", F_OPT,
         "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
         "VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -201,12 +217,16 @@ static const struct {
         "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (job_id, first_seq) DO UPDATE SET "
         "last_seq = excluded.last_seq, events = excluded.events, "
         "created_at = excluded.created_at"},
+
     [K_EVENTS_GET] = {"job_events_get", F_OPT,
-        "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq"},
+        "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq", NULL},
+
     [K_KEY_LIMITS] = {"key_limits", F_OPT,
         "UPDATE api_keys SET rpm = ?2, tokens_per_day = ?3, max_concurrent = ?4, "
-        "max_uses = ?5 WHERE id = ?1"},
-    [K_KEY_USES] = {"key_uses", F_OPT, "UPDATE api_keys SET uses = ?2 WHERE id = ?1"},
+        "max_uses = ?5 WHERE id = ?1", NULL},
+
+    [K_KEY_USES] = {"key_uses", F_OPT, "UPDATE api_keys SET uses = ?2 WHERE id = ?1", NULL},
+
     [K_USAGE_ADD] = {"key_usage_add", F_OPT,
         "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
         "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
@@ -229,6 +249,7 @@ static const struct {
     /* Same column layout as JOB_COLUMNS (job_info_from_row reads by
      * index) without the request and the checkpoint text: a list of up to
      * 1000 rows should not copy every prompt. NULL filters match all. */
+
     [K_JOB_LIST] = {"job_list", 0,
         "SELECT j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, "
         "j.attempts, j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, "
@@ -250,46 +271,60 @@ static const struct {
         "AND (?4::text IS NULL OR j.key_id = ?4::text) "
         "AND (?5::bigint IS NULL OR j.created_at < ?5::bigint) "
         "ORDER BY j.created_at DESC, j.id DESC LIMIT ?6"},
+
     [K_SCHEMA_VERSION] = {"schema_version", F_SYNC,
-        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations"},
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations", NULL},
+
     [K_MIGRATION_RECORD] = {"migration_record", F_SYNC,
-        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)"},
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)", NULL},
+
     [K_LOAD_AGENTS] = {"load_agents", F_SYNC,
         "SELECT id, name, version, platform, state, key_id, labels, facts, first_seen, "
-        "last_seen FROM agents ORDER BY id"},
+        "last_seen FROM agents ORDER BY id", NULL},
+
     [K_LOAD_MODELS] = {"load_agent_models", F_SYNC,
         "SELECT model, aliases, quantization, context_length, vram_bytes, loaded "
-        "FROM agent_models WHERE agent_id = ?1 ORDER BY model"},
+        "FROM agent_models WHERE agent_id = ?1 ORDER BY model", NULL},
     /* With migration 0003's limit columns; K_LOAD_KEYS_BASE without them
      * (every key then loads as unlimited). */
+
     [K_LOAD_KEYS] = {"load_keys", F_SYNC | F_OPT,
         "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
         "last_used_at, rpm, tokens_per_day, max_concurrent, max_uses, uses "
-        "FROM api_keys ORDER BY created_at, id"},
+        "FROM api_keys ORDER BY created_at, id", NULL},
+
     [K_LOAD_KEYS_BASE] = {"load_keys_base", F_SYNC,
         "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
-        "last_used_at FROM api_keys ORDER BY created_at, id"},
+        "last_used_at FROM api_keys ORDER BY created_at, id", NULL},
+
     [K_LOAD_JOBS] = {"load_unfinished_jobs", F_SYNC,
-        "SELECT " JOB_COLUMNS "WHERE j.finished_at IS NULL ORDER BY j.created_at, j.id"},
+        "SELECT " JOB_COLUMNS "WHERE j.finished_at IS NULL ORDER BY j.created_at, j.id", NULL},
+
     [K_LOAD_USAGE] = {"load_usage", F_SYNC,
         "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
-        "FROM key_usage WHERE day = ?1"},
+        "FROM key_usage WHERE day = ?1", NULL},
     /* Model pins (migration 0005). */
+
     [K_PIN_SET] = {"model_pin_set", F_OPT,
         "INSERT INTO model_pins (name, sha256, created_at, created_by) VALUES (?1, ?2, ?3, ?4) "
         "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, "
-        "created_at = excluded.created_at, created_by = excluded.created_by"},
-    [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1"},
+        "created_at = excluded.created_at, created_by = excluded.created_by", NULL},
+
+    [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1", NULL},
+
     [K_LOAD_PINS] = {"load_model_pins", F_SYNC | F_OPT,
-        "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name"},
+        "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name", NULL},
     /* Deployments (migration 0007). Replicas go with their deployment
      * (ON DELETE CASCADE). */
+
     [K_DEPLOY_PUT] = {"deployment_put", F_OPT,
         "INSERT INTO deployments (name, source, sha256, replicas, labels, bytes, created_at, "
         "created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(name) DO UPDATE SET "
         "source = excluded.source, sha256 = excluded.sha256, replicas = excluded.replicas, "
-        "labels = excluded.labels, bytes = excluded.bytes"},
-    [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT, "DELETE FROM deployments WHERE name = ?1"},
+        "labels = excluded.labels, bytes = excluded.bytes", NULL},
+
+    [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT, "DELETE FROM deployments WHERE name = ?1", NULL},
+
     [K_REPLICA_PUT] = {"replica_put", F_OPT,
         "INSERT OR REPLACE INTO deployment_replicas (deployment, agent_id, state, reason, "
         "bytes, total, rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -298,16 +333,20 @@ static const struct {
         "agent_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, "
         "bytes = excluded.bytes, total = excluded.total, rate = excluded.rate, "
         "updated_at = excluded.updated_at"},
+
     [K_REPLICA_DELETE] = {"replica_delete", F_OPT,
-        "DELETE FROM deployment_replicas WHERE deployment = ?1 AND agent_id = ?2"},
+        "DELETE FROM deployment_replicas WHERE deployment = ?1 AND agent_id = ?2", NULL},
+
     [K_LOAD_DEPLOYS] = {"load_deployments", F_SYNC | F_OPT,
         "SELECT name, source, sha256, replicas, labels, bytes, created_at, created_by "
-        "FROM deployments ORDER BY name"},
+        "FROM deployments ORDER BY name", NULL},
+
     [K_LOAD_REPLICAS] = {"load_deployment_replicas", F_SYNC | F_OPT,
         "SELECT deployment, agent_id, state, reason, bytes, total, rate, updated_at "
-        "FROM deployment_replicas ORDER BY deployment, agent_id"},
+        "FROM deployment_replicas ORDER BY deployment, agent_id", NULL},
     /* Stored responses (migration 0006). The items come as one JSON array
      * of {id, message} and land in one statement. */
+
     [K_RESP_PUT] = {"response_put", F_OPT,
         "INSERT OR REPLACE INTO responses (id, key_id, created_at, expires_at, object, "
         "context) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -318,6 +357,7 @@ static const struct {
         "key_id = excluded.key_id, created_at = excluded.created_at, "
         "expires_at = excluded.expires_at, object = excluded.object, "
         "context = excluded.context"},
+
     [K_RESP_ITEMS_PUT] = {"response_items_put", F_OPT,
         "INSERT OR REPLACE INTO response_items (item_id, response_id, key_id, message) "
         "SELECT json_extract(value, '$.id'), ?1, ?2, json_extract(value, '$.message') "
@@ -328,14 +368,17 @@ static const struct {
         "ON CONFLICT (item_id) DO UPDATE SET response_id = excluded.response_id, "
         "key_id = excluded.key_id, message = excluded.message"},
     /* A key keeps its newest ?2 responses. */
+
     [K_RESP_TRIM] = {"response_trim", F_OPT,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
         "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?2)",
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
         "ORDER BY created_at DESC, id DESC OFFSET ?2)"},
+
     [K_RESP_GET] = {"response_get", F_OPT | F_CELLS,
         "SELECT object, context FROM responses WHERE id = ?1 AND key_id = ?2 "
-        "AND expires_at > ?3"},
+        "AND expires_at > ?3", NULL},
+
     [K_RESP_ITEMS_GET] = {"response_items_get", F_OPT | F_CELLS,
         "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
         "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
@@ -343,11 +386,13 @@ static const struct {
         "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
         "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
         "AND i.item_id IN (SELECT json_array_elements_text(?2::json))"},
+
     [K_RESP_DELETE] = {"response_delete", F_OPT | F_CELLS,
-        "DELETE FROM responses WHERE id = ?1 AND key_id = ?2"},
+        "DELETE FROM responses WHERE id = ?1 AND key_id = ?2", NULL},
+
     [K_RESP_PURGE] = {"response_purge", F_OPT,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at < ?1 "
-        "LIMIT 1000)"},
+        "LIMIT 1000)", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
