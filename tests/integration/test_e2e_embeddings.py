@@ -361,5 +361,45 @@ class EncoderTest(harness.TestCase):
         self.assertEqual(out["error"]["type"], "invalid_request_error")
 
 
+
+class MixedEncoderDecoderTest(harness.TestCase):
+    """One name served by an encoder agent (BERT) and a decoder agent
+    (stories260K): text jobs go only to the decoder, never to the encoder
+    (which would refuse them: before, round robin sent every other chat
+    there and the client got an error), and embeddings still work."""
+
+    def setUp(self):
+        super().setUp()
+        if not gguf_built():
+            self.skipTest("gpupool-agent built without the gguf backend")
+        bert = os.path.join(harness.BUILD_DIR, "tests", "data", "arch",
+                            "tiny-random-bert-f16.gguf")
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.enc = self.h.start_agent(self.srv, upstream=None, slots=2, alias="mix",
+                                      args=["--model", bert, "--threads", "1"])
+        self.dec = self.h.start_agent(self.srv, upstream=None, slots=2, alias="mix",
+                                      args=["--model", MODEL, "--threads", "1"])
+        ids = [self.enc.agent_id(), self.dec.agent_id()]
+        harness.wait_until(lambda: all(harness.agent_info(self.srv.url, i).get("state") ==
+                                       "healthy" for i in ids),
+                           timeout=60, what="both agents healthy")
+
+    def test_text_jobs_skip_the_encoder(self):
+        for i in range(8):
+            st, _, out = http_json("POST", self.srv.url + "/v1/chat/completions",
+                                   {"model": "mix", "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": "hi %d" % i}]},
+                                   timeout=120)
+            self.assertEqual(st, 200, out)
+            self.assertEqual(out["x_pool_meta"]["agent_id"], self.dec.agent_id())
+            st, _, out = http_json("POST", self.srv.url + "/v1/completions",
+                                   {"model": "mix", "max_tokens": 4, "prompt": "Once"},
+                                   timeout=120)
+            self.assertEqual(st, 200, out)
+        st, _, out = http_json("POST", self.srv.url + "/v1/embeddings",
+                               {"model": "mix", "input": "hello"}, timeout=120)
+        self.assertEqual(st, 200, out)
+
+
 if __name__ == "__main__":
     harness.main()

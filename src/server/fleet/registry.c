@@ -897,6 +897,12 @@ bool registry_agent_takes_embeddings(const registry_agent *a, const char *name)
     return m && m->supports_embeddings;
 }
 
+bool registry_agent_generates(const registry_agent *a, const char *name)
+{
+    const registry_model_info *m = model_named(a, name, false);
+    return m && !m->embeddings_only;
+}
+
 const char *registry_agent_label(const registry_agent *a, const char *key)
 {
     for (size_t i = 0; i < a->n_labels; i++)

@@ -277,6 +277,9 @@ bool registry_agent_takes_tools(const registry_agent *a, const char *name);
 /* Does a compute embeddings for model name (id or alias): its facts say
  * supports_embeddings for it (embeddings jobs go only to such agents). */
 bool registry_agent_takes_embeddings(const registry_agent *a, const char *name);
+/* Does a generate text for model name: it serves it through a model that
+ * is not embeddings_only (an encoder serves embeddings jobs only). */
+bool registry_agent_generates(const registry_agent *a, const char *name);
 
 /* Digest of the model a serves as name (id or alias), or NULL when a does
  * not serve it or reported no digest (openai backend, old agents). */

@@ -539,6 +539,8 @@ static bool agent_fits(const sched *s, const registry_agent *a, const sched_job 
         return false;
     if (j->needs_embeddings && !registry_agent_takes_embeddings(a, j->model))
         return false;
+    if (j->needs_generation && !registry_agent_generates(a, j->model))
+        return false;
     if (job_strict(s, j) && strcmp(j->prefer_agent, a->id) != 0)
         return false;
     return labels_match(a, j);
@@ -806,6 +808,7 @@ sched_result sched_submit(sched *s, sched_job *j, uint64_t now_ms, registry_agen
         if (!pa || !registry_agent_serves(pa, j->model) ||
             (j->needs_tools && !registry_agent_takes_tools(pa, j->model)) ||
             (j->needs_embeddings && !registry_agent_takes_embeddings(pa, j->model)) ||
+            (j->needs_generation && !registry_agent_generates(pa, j->model)) ||
             (pa->state != REGISTRY_HEALTHY && pa->state != REGISTRY_SUSPECT &&
              pa->state != REGISTRY_REGISTERING))
             return SCHED_NO_AGENT;

@@ -108,6 +108,8 @@ typedef struct sched_job {
     bool needs_embeddings;          /* an embeddings job: only agents whose facts say
                                        supports_embeddings for model (checked per
                                        candidate; no ring of its own) */
+    bool needs_generation;          /* chat or completion: never an agent that serves
+                                       the model as an encoder (embeddings_only) */
     bool front;                     /* queue at the head of its priority (failover) */
     const gp_prefix_chain *prefix;  /* the job's prompt chain (gp_prefix_chain_of_job
                                        over its wire JSON), borrowed; NULL = none */

@@ -1133,6 +1133,9 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     job->sj.n_labels = job->spec.n_labels;
     job->sj.needs_tools = job->spec.tools != NULL;
     job->sj.needs_embeddings = job->spec.kind == GPS_JOB_EMBED;
+    /* a name served by encoders and decoders alike: text jobs skip the encoders */
+    job->sj.needs_generation =
+        job->spec.kind == GPS_JOB_CHAT || job->spec.kind == GPS_JOB_COMPLETION;
     set_prefix_chain(j, job);
 
     registry_agent *a = NULL;
