@@ -46,6 +46,23 @@ SERVER_BIN = os.environ.get("GPUPOOL_SERVER_BIN") or os.path.join(BUILD_DIR, "sr
 AGENT_BIN = os.environ.get("GPUPOOL_AGENT_BIN") or os.path.join(BUILD_DIR, "src", "agent", "gpupool-agent")
 UPSTREAM_PY = os.path.join(HERE, "upstream.py")
 
+# The PostgreSQL variant (CTest's integration.*.pg): GPUPOOL_TEST_PG_FIXTURE
+# names the directory pg_fixture.py started one PostgreSQL in; every SQLite
+# path a test hands the server becomes a schema of its own there
+# (Harness.store_uri). Read once, here: Harness.env() drops GPUPOOL_*.
+PG_FIXTURE = os.environ.get("GPUPOOL_TEST_PG_FIXTURE")
+_PG_SCHEMAS = {}
+
+
+def _pg_fixture_file(name):
+    with open(os.path.join(PG_FIXTURE, name)) as f:
+        return f.read().strip()
+
+
+if PG_FIXTURE and os.path.exists(os.path.join(PG_FIXTURE, "skip")):
+    print("SKIP: " + _pg_fixture_file("skip"))
+    sys.exit(77)
+
 # Startup bound for any process (seconds). Generous: sanitizer builds are slow
 # and the CI machine is shared.
 START_TIMEOUT = float(os.environ.get("GPUPOOL_TEST_START_TIMEOUT", "20"))
@@ -473,8 +490,13 @@ class Server(Proc):
             os.unlink(self.port_file)
         except FileNotFoundError:
             pass
+        uri = h.store_uri(db)
+        if uri != db and not any(a.startswith("--state_dir") for a in self.extra):
+            # a URI has no directory: admin.key goes where the tests look
+            # for it, next to the path they gave
+            self.extra += ["--state_dir", os.path.dirname(os.path.abspath(db))]
         argv = [SERVER_BIN, "--listen", "127.0.0.1:%d" % port, "--port-file", self.port_file,
-                "--db", db] + self.extra
+                "--db", uri] + self.extra
         super().__init__(name, argv, os.path.join(h.tmp, name + ".log"), env=h.env())
         self.port = read_port_file(self.port_file, self.p)
         self.url = "http://127.0.0.1:%d" % self.port
@@ -580,6 +602,47 @@ class Harness:
         self._n += 1
         return "%s%d" % (base, self._n)
 
+    def query(self, db, sql):
+        """Rows of sql run on the store the server at db used (SQLite file,
+        or its schema in the PostgreSQL variant), as tuples; integer columns
+        come back as int either way."""
+        uri = self.store_uri(db)
+        if uri == db:
+            import sqlite3
+            con = sqlite3.connect(db)
+            try:
+                return con.execute(sql).fetchall()
+            finally:
+                con.close()
+        psql = os.path.join(_pg_fixture_file("bin"), "psql")
+        r = subprocess.run([psql, "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", uri, "-c", sql],
+                           check=True, capture_output=True, text=True, timeout=60)
+
+        def value(x):
+            if x == "":
+                return None
+            try:
+                return int(x)
+            except ValueError:
+                return x
+        return [tuple(value(x) for x in line.split("\t")) for line in r.stdout.splitlines()]
+
+    def store_uri(self, db):
+        """What the server's --db gets for db: the path itself, or in the
+        PostgreSQL variant a schema of its own for each path (the same path
+        again, as a restart passes it, gives the same schema)."""
+        if not PG_FIXTURE or "://" in db:
+            return db
+        if db not in _PG_SCHEMAS:
+            name = "it_%d_%d" % (os.getpid(), len(_PG_SCHEMAS) + 1)
+            uri = _pg_fixture_file("uri")
+            psql = os.path.join(_pg_fixture_file("bin"), "psql")
+            subprocess.run([psql, "-At", "-q", "-v", "ON_ERROR_STOP=1", "-d", uri,
+                            "-c", 'CREATE SCHEMA "%s"' % name],
+                           check=True, capture_output=True, timeout=60)
+            _PG_SCHEMAS[db] = uri + "?options=-c%20search_path%3D" + name
+        return _PG_SCHEMAS[db]
+
     def path(self, name):
         return os.path.join(self.tmp, name)
 
@@ -598,7 +661,8 @@ class Harness:
     def create_key(self, db, role, name="test"):
         """`gpupool-server keys create`: a new key of role client|agent|admin
         in db (created when missing). Returns the raw key."""
-        r = subprocess.run([SERVER_BIN, "keys", "create", "--role", role, "--db", db, "--name", name],
+        r = subprocess.run([SERVER_BIN, "keys", "create", "--role", role, "--db", self.store_uri(db),
+                            "--name", name],
                            capture_output=True, text=True, timeout=30, env=self.env())
         assert r.returncode == 0, "keys create failed: %s" % r.stderr
         return r.stdout.strip().splitlines()[-1]

@@ -10,7 +10,6 @@ generates when auth is on.
 """
 
 import os
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -25,7 +24,7 @@ FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
 
 
 def create_key(h, db, role, *opts):
-    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", db,
+    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", h.store_uri(db),
                         "--name", "limits-test"] + list(opts),
                        capture_output=True, text=True, timeout=30, env=h.env())
     assert r.returncode == 0, "keys create failed: %s" % r.stderr
@@ -119,13 +118,9 @@ class LimitsTest(harness.TestCase):
         self.assertEqual(body["error"]["code"], "token_limit")
 
         srv2.stop()  # SIGTERM flushes the store
-        con = sqlite3.connect(db)
-        try:
-            rows = con.execute("SELECT k.name, u.requests, u.prompt_tokens + u.completion_tokens,"
-                               " u.rate_limited FROM key_usage u JOIN api_keys k"
-                               " ON k.id = u.key_id WHERE k.role = 'client'").fetchall()
-        finally:
-            con.close()
+        rows = self.h.query(db, "SELECT k.name, u.requests, u.prompt_tokens + u.completion_tokens,"
+                                " u.rate_limited FROM key_usage u JOIN api_keys k"
+                                " ON k.id = u.key_id WHERE k.role = 'client'")
         self.assertEqual(len(rows), 1, rows)
         self.assertEqual(rows[0][1], 1)
         self.assertEqual(rows[0][2], used)
@@ -266,31 +261,23 @@ class LimitsTest(harness.TestCase):
         self.assertEqual(st, 200, gen)
         # Only the generation is charged to the key's daily tokens.
         srv.stop()
-        con = sqlite3.connect(db)
-        try:
-            spent = con.execute("SELECT sum(u.prompt_tokens + u.completion_tokens) FROM key_usage u"
-                                " JOIN api_keys k ON k.id = u.key_id WHERE k.role = 'client'"
-                                ).fetchone()[0]
-        finally:
-            con.close()
+        spent = self.h.query(db, "SELECT sum(u.prompt_tokens + u.completion_tokens) FROM key_usage u"
+                                 " JOIN api_keys k ON k.id = u.key_id WHERE k.role = 'client'")[0][0]
         self.assertEqual(spent, gen["usage"]["prompt_tokens"] + gen["usage"]["completion_tokens"])
 
     def test_keys_cli(self):
         db = self.h.path("cli.db")
 
         def run(*args):
-            return subprocess.run([harness.SERVER_BIN, "keys"] + list(args), capture_output=True,
+            args = [self.h.store_uri(a) if a == db else a for a in args]
+            return subprocess.run([harness.SERVER_BIN, "keys"] + args, capture_output=True,
                                   text=True, timeout=30, env=self.h.env())
         r = run("create", "--role", "enrollment", "--max-uses", "2", "--expires-in-sec", "600",
                 "--db", db)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertTrue(r.stdout.strip().startswith("gpk_"))
-        con = sqlite3.connect(db)
-        try:
-            kid, role, max_uses, exp = con.execute(
-                "SELECT id, role, max_uses, expires_at FROM api_keys").fetchone()
-        finally:
-            con.close()
+        kid, role, max_uses, exp = self.h.query(
+            db, "SELECT id, role, max_uses, expires_at FROM api_keys")[0]
         self.assertEqual((role, max_uses), ("enrollment", 2))
         self.assertGreater(exp, 0)
         r = run("revoke", kid, "--db", db)
@@ -307,11 +294,7 @@ class LimitsTest(harness.TestCase):
         r = run("create", "--role", "root", "--db", db)
         self.assertEqual(r.returncode, 2)
         self.assertIn("role", r.stderr)
-        con = sqlite3.connect(db)
-        try:
-            self.assertEqual(con.execute("SELECT count(*) FROM api_keys").fetchone()[0], 1)
-        finally:
-            con.close()
+        self.assertEqual(self.h.query(db, "SELECT count(*) FROM api_keys")[0][0], 1)
 
     def test_generated_admin_key(self):
         db = self.h.path("adm.db")
