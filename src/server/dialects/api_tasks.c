@@ -398,8 +398,9 @@ static void inflight_unlink(gps_tasks *g, task *t)
     t->fnext = NULL;
 }
 
-static void sub_free(task_sub *s)
+static void sub_free(void *arg)
 {
+    task_sub *s = arg;
     gps_stream_clear(&s->s);
     free(s);
 }
@@ -498,7 +499,7 @@ static bool sub_catch_up(task *t, task_sub *s)
         lim >= gps_tlog_count(t->log)) {
         sub_remove(t, s);
         gps_stream_end(&s->s);
-        sub_free(s);
+        gps_stream_free_later(&s->s, sub_free); /* (a drain may have called us) */
         return true;
     }
     return false;
@@ -1398,7 +1399,7 @@ static void sub_gone(void *arg)
     task_sub *s = arg;
     if (s->t)
         sub_remove(s->t, s);
-    sub_free(s);
+    gps_stream_free_later(&s->s, sub_free);
 }
 
 static void sub_writable(void *arg)

@@ -2317,3 +2317,58 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
     gps_metrics_set(m, "jobs_running", NULL, (double)running);
     gps_metrics_set(m, "jobs_in_memory", NULL, (double)held);
 }
+
+const char *gps_job_id(const gps_job *job)
+{
+    return job->id;
+}
+
+const char *gps_job_model(const gps_job *job)
+{
+    return job->spec.model;
+}
+
+const char *gps_job_requested_model(const gps_job *job)
+{
+    return job->requested_model;
+}
+
+const char *gps_job_text(const gps_job *job)
+{
+    return job->text.data ? job->text.data : "";
+}
+
+size_t gps_job_text_len(const gps_job *job)
+{
+    return job->text.len;
+}
+
+const char *gps_job_finish_reason(const gps_job *job)
+{
+    return job->finish_reason;
+}
+
+const char *gps_job_stop_sequence(const gps_job *job)
+{
+    return job->stop_sequence;
+}
+
+long long gps_job_prompt_tokens(const gps_job *job)
+{
+    return job->prompt_tokens;
+}
+
+long long gps_job_completion_tokens(const gps_job *job)
+{
+    return job->completion_tokens;
+}
+
+bool gps_job_count_estimated(const gps_job *job)
+{
+    return job->count_estimated;
+}
+
+uint64_t gps_job_first_token_us(const gps_job *job)
+{
+    return job->first_token_us;
+}

@@ -257,6 +257,28 @@ struct gps_job {
  * from that file), else NULL. Borrowed: valid until the job changes. */
 const char *gps_job_ids_digest(const gps_job *job);
 
+/* Read access for the client dialects and the relay, which never read
+ * struct gps_job's fields (the struct is on its way to being private to
+ * jobs.c). Strings are borrowed: valid until the job changes. */
+const char *gps_job_id(const gps_job *job);
+/* The model that serves (spec.model: a fallback's when one took it). */
+const char *gps_job_model(const gps_job *job);
+/* The model asked for when a fallback serves, else NULL. */
+const char *gps_job_requested_model(const gps_job *job);
+/* The text relayed so far: NUL-terminated ("" when none), and its bytes. */
+const char *gps_job_text(const gps_job *job);
+size_t gps_job_text_len(const gps_job *job);
+/* From the end event: finish_reason ("" before), the stop string the
+ * agent stopped on (NULL: none), the token counts, whether the prompt
+ * count was estimated (count_tokens). */
+const char *gps_job_finish_reason(const gps_job *job);
+const char *gps_job_stop_sequence(const gps_job *job);
+long long gps_job_prompt_tokens(const gps_job *job);
+long long gps_job_completion_tokens(const gps_job *job);
+bool gps_job_count_estimated(const gps_job *job);
+/* Monotonic time of the first token, 0 before it. */
+uint64_t gps_job_first_token_us(const gps_job *job);
+
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
     int status;                   /* 400, 404, 429, 503, 500 */

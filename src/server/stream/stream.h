@@ -18,7 +18,12 @@
  *     the source not yet written, ops->behind) and dropped (ops->gone runs
  *     with s->too_slow set);
  *   - keep-alives (gps_stream_keepalive, from the owner's timer);
- *   - the end: gps_stream_end writes the rest and ends the chunked reply.
+ *   - the end: gps_stream_end writes the rest and ends the chunked reply;
+ *   - the free, deferred (redis's freeClientAsync): gps_stream_free_later
+ *     is the one finalise path; the owner is freed once the callback chain
+ *     that finished it has returned (the loop's next event), so nothing up
+ *     the stack (a job's event loop, held.c's close callback, the pace's
+ *     drain) ever touches freed memory. Until then the stream is inert.
  * The owner renders (its dialect's bytes) and decides when it is done.
  *
  * The gps_stream lives inside its owner (its address is the callbacks'
@@ -61,6 +66,11 @@ typedef struct gps_stream {
     bool too_slow;                /* dropped as too slow (before ops->gone) */
     char corr[65];                /* correlation id of the logs */
     char job_id[48];              /* named in the logs; set by the owner */
+    /* The deferred free (gps_stream_free_later). */
+    struct event_base *base;      /* the connection's loop, from init */
+    bool closing;                 /* finished: waits for free_fn, inert */
+    void (*free_fn)(void *owner);
+    struct gps_stream *reap_prev, *reap_next; /* the streams waiting for it */
 } gps_stream;
 
 /* Zero s and bind it to req (not held yet). corr may be NULL. */
@@ -89,5 +99,14 @@ void gps_stream_end(gps_stream *s);
 void gps_stream_release(gps_stream *s);
 /* Free what the stream holds (the owner's free). */
 void gps_stream_clear(gps_stream *s);
+/* The owner is done (the reply ended or the client is gone): stop holding,
+ * and run free_fn(owner) once the current callback chain has returned (the
+ * owner calls gps_stream_clear there). Until then no callback of the
+ * stream reaches the owner. Without a loop (no connection at init, or
+ * ENOMEM) free_fn runs now. Idempotent. */
+void gps_stream_free_later(gps_stream *s, void (*free_fn)(void *owner));
+/* Shutdown: run every free still waiting, now (after the HTTP server is
+ * freed, while what the owners borrow is still there). */
+void gps_stream_reap_all(void);
 
 #endif
