@@ -951,7 +951,8 @@ static size_t held_back(const an_stream *st, size_t upto)
 
 /* ops->render_text: n more bytes of the job's text (text points into it,
  * at the relay's cursor), through the stop-sequence holdback. Returns true
- * when a stop sequence matched and st was freed. */
+ * when a stop sequence matched and the reply is complete (st is freed
+ * later: relay.h). */
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     an_stream *st = arg;
@@ -972,7 +973,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
         emit_text(st, pend, safe);
         if (hit >= 0) {
             /* Matched here: finish the reply, then the job (which tells
-             * the agent to stop). st is freed by complete. */
+             * the agent to stop). complete finishes st. */
             char seq[GPS_MAX_STOP_LEN + 1];
             snprintf(seq, sizeof seq, "%s",
                      json_string_value(json_array_get(st->stops, (size_t)hit)));
@@ -988,7 +989,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 }
 
 /* ops->render_event: a tool call, the end or an error, in order after the
- * text before it. Returns true when st was freed. */
+ * text before it. Returns true when the reply is complete. */
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
 {
     an_stream *st = arg;

@@ -101,7 +101,7 @@ static void ensure_started(rs_stream *st, gps_job *job)
     gps_resp_open(&st->out, &st->rl.s.out);
 }
 
-/* One event, rendered now. Returns true when st was freed. */
+/* One event, rendered now. Returns true when the reply is complete. */
 static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOOL_CALL) {

@@ -382,7 +382,7 @@ static void on_commit(void *arg, uint64_t done_seq, bool failed)
         task_sub *s = t->subs;
         while (s) {
             task_sub *sn = s->next;
-            sub_catch_up(t, s); /* may free s */
+            sub_catch_up(t, s); /* may finish s (unlinked; freed later) */
             s = sn;
         }
     }
@@ -524,7 +524,7 @@ static void task_publish(task *t)
     task_sub *s = t->subs; /* without a store: sent now; else at the commit */
     while (s) {
         task_sub *next = s->next;
-        sub_catch_up(t, s); /* may free s */
+        sub_catch_up(t, s); /* may finish s (unlinked; freed later) */
         s = next;
     }
 }

@@ -261,7 +261,7 @@ bool gps_relay_catch_up(gps_relay *rl)
                 return false; /* ops->writable resumes */
             const char *at = gps_job_text(job) + rl->sent;
             size_t n = gps_sse_utf8_slice(at, limit - rl->sent, CATCHUP_SLICE);
-            rl->sent += n; /* before rendering: the owner may be freed */
+            rl->sent += n; /* before rendering: it may finish the reply */
             if (rl->ops->render_text(owner, job, at, n))
                 return true;
             continue;
