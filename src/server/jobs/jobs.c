@@ -2372,3 +2372,48 @@ uint64_t gps_job_first_token_us(const gps_job *job)
 {
     return job->first_token_us;
 }
+
+const char *gps_job_agent_id(const gps_job *job)
+{
+    return job->agent_id;
+}
+
+int gps_job_attempts(const gps_job *job)
+{
+    return job->attempts;
+}
+
+long long gps_job_queue_ms(const gps_job *job)
+{
+    return job->queue_ms;
+}
+
+uint64_t gps_job_assigned_us(const gps_job *job)
+{
+    return job->assigned_us;
+}
+
+uint64_t gps_job_finished_us(const gps_job *job)
+{
+    return job->finished_us;
+}
+
+const char *gps_job_model_digest(const gps_job *job)
+{
+    return job->model_digest;
+}
+
+long gps_job_prefix_units(const gps_job *job)
+{
+    return job->prefix_units;
+}
+
+json_t *gps_job_upstream_meta(const gps_job *job)
+{
+    return job->upstream_meta;
+}
+
+const char *gps_job_continuation_mode(const gps_job *job)
+{
+    return job->continuation_mode;
+}

@@ -278,6 +278,20 @@ long long gps_job_completion_tokens(const gps_job *job);
 bool gps_job_count_estimated(const gps_job *job);
 /* Monotonic time of the first token, 0 before it. */
 uint64_t gps_job_first_token_us(const gps_job *job);
+/* What x_pool_meta and the x-pool-* headers tell (poolmeta.h): the agent
+ * ("" none), agents tried, time queued, the current assignment's and the
+ * end's monotonic times (0: not yet), the model file's digest ("" unknown),
+ * prompt units the slot held, an upstream pool's meta (borrowed, NULL),
+ * how the attempt continues earlier output ("tokens" | "text" | NULL). */
+const char *gps_job_agent_id(const gps_job *job);
+int gps_job_attempts(const gps_job *job);
+long long gps_job_queue_ms(const gps_job *job);
+uint64_t gps_job_assigned_us(const gps_job *job);
+uint64_t gps_job_finished_us(const gps_job *job);
+const char *gps_job_model_digest(const gps_job *job);
+long gps_job_prefix_units(const gps_job *job);
+json_t *gps_job_upstream_meta(const gps_job *job);
+const char *gps_job_continuation_mode(const gps_job *job);
 
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
