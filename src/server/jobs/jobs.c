@@ -2417,3 +2417,28 @@ const char *gps_job_continuation_mode(const gps_job *job)
 {
     return job->continuation_mode;
 }
+
+gps_job_state gps_job_state_of(const gps_job *job)
+{
+    return job->state;
+}
+
+gps_job_priority gps_job_priority_of(const gps_job *job)
+{
+    return job->spec.priority;
+}
+
+long long gps_job_seed(const gps_job *job)
+{
+    return job->spec.seed;
+}
+
+uint64_t gps_job_created_us(const gps_job *job)
+{
+    return job->created_us;
+}
+
+const char *gps_job_error_code(const gps_job *job)
+{
+    return job->error_code;
+}

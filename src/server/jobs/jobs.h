@@ -292,6 +292,14 @@ const char *gps_job_model_digest(const gps_job *job);
 long gps_job_prefix_units(const gps_job *job);
 json_t *gps_job_upstream_meta(const gps_job *job);
 const char *gps_job_continuation_mode(const gps_job *job);
+/* What a task's status tells (api_tasks): the state, the request's
+ * priority and seed (`_of`: the types hold the plain names), the monotonic time it was created, the error code of
+ * a failed or cancelled job ("" otherwise). */
+gps_job_state gps_job_state_of(const gps_job *job);
+gps_job_priority gps_job_priority_of(const gps_job *job);
+long long gps_job_seed(const gps_job *job);
+uint64_t gps_job_created_us(const gps_job *job);
+const char *gps_job_error_code(const gps_job *job);
 
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
