@@ -5,7 +5,8 @@
  *
  * A stream owns, for its owner:
  *   - hold and peer-close watch (held.h): a client that goes away, or that
- *     is dropped as too slow, ends in ops->gone (the owner frees itself);
+ *     is dropped as too slow, ends in ops->gone (the owner finishes:
+ *     gps_stream_free_later);
  *   - the output buffer: the owner renders into s->out, and the stream
  *     writes it at once (gps_stream_send) or once at the end of this loop
  *     turn (gps_stream_send_soon: every token of an upload is one write);
@@ -48,8 +49,9 @@ typedef struct gps_stream_ops {
     /* Bytes of the source not yet written (logged when dropped); NULL: 0. */
     long long (*behind)(void *owner);
     /* The client went away, or was dropped as too slow (s->too_slow): the
-     * request is gone (s->req NULL); the owner cleans up and frees itself
-     * (gps_stream_clear). */
+     * request is gone (s->req NULL); the owner cleans up and finishes
+     * (gps_stream_free_later; never a free here, inside held.c's close
+     * callback). */
     void (*gone)(void *owner);
 } gps_stream_ops;
 
@@ -92,7 +94,7 @@ void gps_stream_send_soon(gps_stream *s);
  * client is not behind. */
 void gps_stream_keepalive(gps_stream *s, uint64_t now_us, uint64_t idle_us);
 /* Write the rest, stop holding and end the chunked reply; s->req becomes
- * NULL. The owner frees itself after (gps_stream_clear). */
+ * NULL. The owner finishes after (gps_stream_free_later). */
 void gps_stream_end(gps_stream *s);
 /* Stop holding before a reply that is not this stream's (an HTTP error or
  * a whole body): the caller answers s->req itself. */
