@@ -60,6 +60,7 @@
 #include "server/fleet/sched.h"
 #include "server/server_config.h"
 #include "server/store/store.h"
+#include "server/stream/stream.h"
 #include "server/http/tls.h"
 
 #define SERVER_VERSION "0.1.0"
@@ -1011,6 +1012,9 @@ done:
         gps_http_free(s->http);
     if (s->metrics_http)
         gps_http_free(s->metrics_http);
+    /* Streams whose clients the http server's end closed wait for a loop
+     * turn that will not come (stream.h's deferred free). */
+    gps_stream_reap_all();
     gps_tls_free(s->tls); /* after the listeners (open SSLs hold their own reference) */
     gps_responses_free(s->responses);
     gps_resp_state_free(s->resp_state);

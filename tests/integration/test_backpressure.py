@@ -356,6 +356,9 @@ class Backpressure(harness.TestCase):
         # written (Anthropic once counted its waiting events). The client
         # never read, so at least one token's text was behind.
         self.assertGreaterEqual(logged[0].get("behind", 0), BIG_TOKEN, logged[0])
+        # One log, naming the job, whatever the dialect (Responses included).
+        self.assertEqual(len(logged), 1, logged)
+        self.assertEqual(logged[0].get("job_id"), job["job_id"], logged[0])
         st, _, text = harness.http_request("GET", srv.url + "/metrics")
         self.assertIn(label.encode(), text)
         c.close()

@@ -101,13 +101,19 @@ static void stream_unlink(gps_dashboard *d, stream *s)
         event_del(d->timer);
 }
 
+static void stream_free(void *arg)
+{
+    stream *s = arg;
+    gps_stream_clear(&s->s);
+    free(s);
+}
+
 /* The client went away or was dropped as too slow (stream.h). */
 static void stream_gone(void *arg)
 {
     stream *s = arg;
     stream_unlink(s->d, s);
-    gps_stream_clear(&s->s);
-    free(s);
+    gps_stream_free_later(&s->s, stream_free);
 }
 
 static const gps_stream_ops STREAM_OPS = {.gone = stream_gone};

@@ -868,7 +868,7 @@ static void ensure_started_as(an_stream *st, bool with_text)
     if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    gps_an_open(&st->out, &st->rl.s.out, st->rl.job->prompt_tokens, st->warnings, with_text);
+    gps_an_open(&st->out, &st->rl.s.out, gps_job_prompt_tokens(st->rl.job), st->warnings, with_text);
 }
 
 /* Emit the next n bytes of the job's text held back (t, at
@@ -918,12 +918,12 @@ static void add_tool_use_blocks(an_stream *st, json_t *body)
 /* The reply is complete: send its end and free st. */
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
-    long long in = job->prompt_tokens, out = job->completion_tokens;
+    long long in = gps_job_prompt_tokens(job), out = gps_job_completion_tokens(job);
     if (st->count_only) {
         /* count_tokens stays a plain request: no x-pool-* headers. An
          * estimate (an upstream without a count endpoint) says so. */
         json_t *body = json_pack("{s:I}", "input_tokens", (json_int_t)in);
-        if (body && job->count_estimated)
+        if (body && gps_job_count_estimated(job))
             json_object_set_new(body, "x_pool_meta", json_pack("{s:b}", "estimated", 1));
         gps_relay_end_body(&st->rl, body, false);
     } else if (st->stream) {
@@ -936,7 +936,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
                                              out, pool_meta(st, job, true));
         json_t *block = json_array_get(json_object_get(body, "content"), 0);
         if (block && st->emitted)
-            json_object_set_new(block, "text", json_stringn(job->text.data, st->emitted));
+            json_object_set_new(block, "text", json_stringn(gps_job_text(job), st->emitted));
         if (st->calls.n > 0)
             add_tool_use_blocks(st, body);
         gps_relay_end_body(&st->rl, body, true);
@@ -951,18 +951,19 @@ static size_t held_back(const an_stream *st, size_t upto)
 
 /* ops->render_text: n more bytes of the job's text (text points into it,
  * at the relay's cursor), through the stop-sequence holdback. Returns true
- * when a stop sequence matched and st was freed. */
+ * when a stop sequence matched and the reply is complete (st is freed
+ * later: relay.h). */
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     an_stream *st = arg;
-    size_t upto = (size_t)(text - job->text.data) + n;
+    size_t upto = (size_t)(text - gps_job_text(job)) + n;
     if (upto - n < st->emitted)
         st->emitted = 0; /* a requeue dropped the text (relay.h): start over */
     if (st->count_only)
         return false;
     if (st->stream)
         ensure_started(st);
-    const char *pend = job->text.data + st->emitted;
+    const char *pend = gps_job_text(job) + st->emitted;
     size_t plen = held_back(st, upto);
     if (!st->stops) {
         emit_text(st, pend, plen);
@@ -972,7 +973,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
         emit_text(st, pend, safe);
         if (hit >= 0) {
             /* Matched here: finish the reply, then the job (which tells
-             * the agent to stop). st is freed by complete. */
+             * the agent to stop). complete finishes st. */
             char seq[GPS_MAX_STOP_LEN + 1];
             snprintf(seq, sizeof seq, "%s",
                      json_string_value(json_array_get(st->stops, (size_t)hit)));
@@ -988,7 +989,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 }
 
 /* ops->render_event: a tool call, the end or an error, in order after the
- * text before it. Returns true when st was freed. */
+ * text before it. Returns true when the reply is complete. */
 static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *ev)
 {
     an_stream *st = arg;
@@ -1001,7 +1002,7 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         if (st->stream)
             ensure_started_as(st, plen > 0);
         /* Text held back for a stop sequence goes out before the call. */
-        emit_text(st, job->text.data + st->emitted, plen);
+        emit_text(st, gps_job_text(job) + st->emitted, plen);
         if (st->stream) {
             gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                         json_string_value(json_object_get(ev, "arguments")));
@@ -1011,19 +1012,20 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
     }
     if (type == GPS_EV_END) {
         /* no stop sequence came */
-        emit_text(st, job->text.data + st->emitted, held_back(st, st->rl.sent));
-        const char *sr = gps_anthropic_stop_reason(job->finish_reason);
+        emit_text(st, gps_job_text(job) + st->emitted, held_back(st, st->rl.sent));
+        const char *sr = gps_anthropic_stop_reason(gps_job_finish_reason(job));
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";
         /* The agent (or its upstream) stopped on one of our stop strings
          * itself, before sending it: say which, with the agent's usage. */
         const char *seq = NULL;
-        if (strcmp(sr, "end_turn") == 0 && job->stop_sequence && st->stops) {
+        const char *agent_seq = gps_job_stop_sequence(job);
+        if (strcmp(sr, "end_turn") == 0 && agent_seq && st->stops) {
             size_t i;
             json_t *s;
             json_array_foreach(st->stops, i, s)
             {
-                if (strcmp(json_string_value(s), job->stop_sequence) == 0)
+                if (strcmp(json_string_value(s), agent_seq) == 0)
                     seq = json_string_value(s);
             }
         }
@@ -1133,11 +1135,11 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
         return;
     }
     /* The model that serves (a fallback may have taken the request). */
-    snprintf(st->out.model, sizeof st->out.model, "%s", job->spec.model);
-    if (job->requested_model) {
+    snprintf(st->out.model, sizeof st->out.model, "%s", gps_job_model(job));
+    if (gps_job_requested_model(job)) {
         char w[600];
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
-                 job->requested_model, job->spec.model);
+                 gps_job_requested_model(job), gps_job_model(job));
         json_array_append_new(st->warnings, json_string(w));
     }
 }

@@ -54,7 +54,7 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         return;
     char msg[512];
     const char *param = NULL;
-    json_t *body = gps_embed_response(&st->req, st->model, st->vecs, job->prompt_tokens, msg,
+    json_t *body = gps_embed_response(&st->req, st->model, st->vecs, gps_job_prompt_tokens(job), msg,
                                       sizeof msg, &param);
     if (!body) {
         /* A refused dimensions is the client's; anything else the agent's. */
@@ -154,7 +154,7 @@ static void h_embeddings(gps_req *r, void *arg)
         stream_free(st);
         return;
     }
-    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    snprintf(st->model, sizeof st->model, "%s", gps_job_model(job));
 }
 
 static const gps_route ROUTES[] = {

@@ -1,6 +1,6 @@
 /* api_openai: see api_openai.h. */
 #include "server/dialects/api_openai.h"
-#include "server/dialects/rformat.h"
+
 
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +17,9 @@
 #include "server/http/errors.h"
 #include "server/http/held.h"
 #include "server/http/http.h"
+#include "server/dialects/openai_render.h"
 #include "server/dialects/relay.h"
+#include "server/dialects/rformat.h"
 #include "server/dialects/reqcheck.h"
 #include "server/metrics.h"
 #include "server/http/sse.h"
@@ -101,24 +103,6 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
     snprintf(msg, msglen, "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                           "{\"type\":\"function\",\"function\":{\"name\":string}}");
     return -1;
-}
-
-/* ------------------------------------------------------------------ */
-/* Tool call accumulation                                              */
-/* ------------------------------------------------------------------ */
-
-
-json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
-{
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < acc->n; i++) {
-        const gps_tool_call *c = &acc->v[i];
-        json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
-        json_array_append_new(a, json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type",
-                                           "function", "function", "name", c->name,
-                                           "arguments", args ? args : json_string("")));
-    }
-    return a;
 }
 
 /* Chat content: a string, or an array of {type:"text", text} parts that
@@ -401,83 +385,6 @@ fail:
 }
 
 /* ------------------------------------------------------------------ */
-/* Response construction                                               */
-/* ------------------------------------------------------------------ */
-
-static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
-                           const char *model)
-{
-    const char *object = chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
-                              : "text_completion";
-    return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", object, "created",
-                     (json_int_t)created, "model", model, "system_fingerprint", "gpupool");
-}
-
-json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
-                         const char *text, bool with_role, const char *finish_reason,
-                         bool usage_null)
-{
-    json_t *o = base_object(chat, true, id, created, model);
-    json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
-    if (chat) {
-        json_t *delta = json_object();
-        if (with_role)
-            json_object_set_new(delta, "role", json_string("assistant"));
-        if (text || with_role)
-            json_object_set_new(delta, "content", json_string(text ? text : ""));
-        json_object_set_new(choice, "delta", delta);
-    } else {
-        json_object_set_new(choice, "text", json_string(text ? text : ""));
-    }
-    json_object_set_new(choice, "logprobs", json_null());
-    json_object_set_new(choice, "finish_reason",
-                        finish_reason ? json_string(finish_reason) : json_null());
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    if (usage_null)
-        json_object_set_new(o, "usage", json_null());
-    return o;
-}
-
-static json_t *usage_object(long long p, long long c)
-{
-    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
-                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
-}
-
-json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
-                               long long prompt_tokens, long long completion_tokens)
-{
-    json_t *o = base_object(chat, true, id, created, model);
-    json_object_set_new(o, "choices", json_array());
-    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
-    return o;
-}
-
-json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
-                            const char *text, const char *finish_reason,
-                            long long prompt_tokens, long long completion_tokens, json_t *meta)
-{
-    json_t *o = base_object(chat, false, id, created, model);
-    json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
-    if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
-                                      text ? text : "", "refusal"));
-    else
-        json_object_set_new(choice, "text", json_string(text ? text : ""));
-    json_object_set_new(choice, "logprobs", json_null());
-    json_object_set_new(choice, "finish_reason",
-                        json_string(finish_reason && *finish_reason ? finish_reason : "stop"));
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
-    if (meta)
-        json_object_set_new(o, "x_pool_meta", meta);
-    return o;
-}
-
-/* ------------------------------------------------------------------ */
 /* Handlers                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -489,19 +396,11 @@ typedef gps_relay_ctx oa_ctx;
 typedef struct oa_stream {
     gps_relay rl;                   /* the client side (relay.h) */
     oa_ctx *ctx;
-    bool chat, stream, include_usage;
-    char id[48];
-    long long created;
-    char model[GPS_MAX_MODEL_NAME + 1];
+    bool chat, stream;
     bool tools_ignored;             /* the request's tools were dropped (warning) */
     gps_tool_calls calls;           /* tool calls relayed so far */
-    gps_sse_tpl text_tpl;           /* a text chunk with the text left open (sse.h) */
-    bool tpl_tried;
+    gps_oa_out out;                 /* the reply's bytes (openai_render.h) */
 } oa_stream;
-
-/* The open field of the text chunk template (never in a real chunk: if a
- * model name holds it, the template is refused and chunks are built). */
-#define TEXT_MARKER "@@gpupool-text@@"
 
 static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n);
@@ -512,7 +411,7 @@ static void stream_free(void *arg)
     oa_stream *st = arg;
     gps_relay_clear(&st->rl);
     gps_tool_calls_free(&st->calls);
-    gps_sse_tpl_free(&st->text_tpl);
+    gps_oa_out_clear(&st->out);
     free(st);
 }
 
@@ -526,20 +425,12 @@ static const gps_relay_ops OPS = {
     .render_event = render_event,
 };
 
-static void emit_json(oa_stream *st, json_t *j)
-{
-    gps_sse_format_json(&st->rl.s.out, NULL, NULL, j);
-    json_decref(j);
-}
-
 static void ensure_started(oa_stream *st)
 {
     if (st->rl.s.started)
         return;
     gps_relay_start(&st->rl);
-    if (st->chat)
-        emit_json(st, gps_openai_chunk(true, st->id, st->created, st->model, "", true, NULL,
-                                       st->include_usage));
+    gps_oa_open(&st->out, &st->rl.s.out);
 }
 
 /* pool_meta plus this request's own warnings (new reference). */
@@ -553,37 +444,23 @@ static json_t *stream_meta(oa_stream *st, gps_job *job)
     return meta;
 }
 
-/* Send n bytes of the job's text as one delta chunk. */
-static void send_text(oa_stream *st, gps_job *job, const char *text, size_t n)
+/* The end: the stream's last chunks, or the whole body. */
+static void end(oa_stream *st, gps_job *job)
 {
+    const char *fr = gps_oa_finish_reason(gps_job_finish_reason(job), st->calls.n);
+    long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
+    if (!st->stream) {
+        json_t *body = gps_oa_body(&st->out, &st->calls, gps_job_text(job),
+                                   gps_job_text_len(job), fr, pt, ct, stream_meta(st, job));
+        gps_relay_end_body(&st->rl, body, true);
+        return;
+    }
     ensure_started(st);
-    if (!st->tpl_tried) {
-        /* Every text chunk of this stream is the same but for its text. */
-        st->tpl_tried = true;
-        json_t *c = gps_openai_chunk(st->chat, st->id, st->created, st->model, TEXT_MARKER,
-                                     false, NULL, st->include_usage);
-        if (!c || gps_sse_tpl_init(&st->text_tpl, NULL, c, TEXT_MARKER) < 0)
-            st->text_tpl.pre = NULL; /* (a model named like the marker) the slow path */
-        json_decref(c);
-    }
-    if (st->text_tpl.pre) {
-        gps_sse_tpl_emit(&st->rl.s.out, &st->text_tpl, text, n);
-    } else {
-        json_t *chunk = gps_openai_chunk(st->chat, st->id, st->created, st->model, "", false,
-                                         NULL, st->include_usage);
-        json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
-        json_t *tx = json_stringn(text, n);
-        if (st->chat)
-            json_object_set_new(json_object_get(choice, "delta"), "content", tx);
-        else
-            json_object_set_new(choice, "text", tx);
-        emit_json(st, chunk);
-    }
-    gps_relay_send_output(&st->rl);
+    gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, stream_meta(st, job));
+    gps_relay_end_stream(&st->rl);
 }
 
-/* One event, rendered now. Returns true when st was freed (the reply is
- * complete). */
+/* One event, rendered now. Returns true when the reply is complete. */
 static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOKEN && !st->stream)
@@ -593,61 +470,14 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0 || !st->stream)
             return false;
-        /* OpenAI streaming shape: the first piece of a call carries id,
-         * type and name; every piece its index and an arguments delta. */
-        const char *args = json_string_value(json_object_get(ev, "arguments"));
-        json_t *fn = json_pack("{s:s}", "arguments", args ? args : "");
-        json_t *tc = json_pack("{s:i}", "index", i);
-        if (started) {
-            json_object_set_new(tc, "id", json_string(st->calls.v[i].id));
-            json_object_set_new(tc, "type", json_string("function"));
-            json_object_set_new(fn, "name", json_string(st->calls.v[i].name));
-        }
-        json_object_set_new(tc, "function", fn);
         ensure_started(st);
-        json_t *chunk = gps_openai_chunk(true, st->id, st->created, st->model, NULL, false,
-                                         NULL, st->include_usage);
-        json_object_set_new(json_object_get(json_array_get(json_object_get(chunk, "choices"), 0),
-                                            "delta"),
-                            "tool_calls", json_pack("[o]", tc));
-        emit_json(st, chunk);
+        gps_oa_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                    json_string_value(json_object_get(ev, "arguments")));
         gps_relay_send_output(&st->rl);
         return false;
     }
     if (type == GPS_EV_END) {
-        const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
-        if (st->calls.n > 0 && strcmp(fr, "length") != 0)
-            fr = "tool_calls";
-        long long pt = job->prompt_tokens, ct = job->completion_tokens;
-        if (st->stream) {
-            ensure_started(st);
-            /* The headers left with the first token: the last chunk tells
-             * which agent finished and how many were tried (failover). */
-            json_t *last = gps_openai_chunk(st->chat, st->id, st->created, st->model,
-                                            st->chat ? NULL : "", false, fr, st->include_usage);
-            if (last)
-                json_object_set_new(last, "x_pool_meta", stream_meta(st, job));
-            emit_json(st, last);
-            if (st->include_usage)
-                emit_json(st, gps_openai_usage_chunk(st->chat, st->id, st->created, st->model,
-                                                     pt, ct));
-            gps_sse_format(&st->rl.s.out, NULL, NULL, "[DONE]");
-        } else {
-            json_t *meta = stream_meta(st, job);
-            json_t *body = gps_openai_response(st->chat, st->id, st->created, st->model,
-                                               job->text.data ? job->text.data : "", fr, pt, ct,
-                                               meta);
-            if (st->chat && st->calls.n > 0) {
-                json_t *m = json_object_get(json_array_get(json_object_get(body, "choices"), 0),
-                                            "message");
-                json_object_set_new(m, "tool_calls", gps_tool_calls_openai(&st->calls));
-                if (!job->text.len) /* OpenAI: content null when only tools were called */
-                    json_object_set_new(m, "content", json_null());
-            }
-            gps_relay_end_body(&st->rl, body, true);
-            return true;
-        }
-        gps_relay_end_stream(&st->rl);
+        end(st, job);
         return true;
     }
     if (type == GPS_EV_ERROR) {
@@ -659,7 +489,11 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
 
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
-    send_text(arg, job, text, n);
+    (void)job;
+    oa_stream *st = arg;
+    ensure_started(st);
+    gps_oa_text(&st->out, &st->rl.s.out, text, n);
+    gps_relay_send_output(&st->rl);
     return false;
 }
 
@@ -703,8 +537,8 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     st->ctx = c;
     st->chat = chat;
     st->stream = oreq.stream;
-    st->include_usage = oreq.include_usage;
-    gps_id_new(chat ? "chatcmpl-" : "cmpl-", st->id, sizeof st->id);
+    char id[48];
+    gps_id_new(chat ? "chatcmpl-" : "cmpl-", id, sizeof id);
     if (oreq.spec.tools && !gps_model_takes_tools(gps_jobs_registry(c->jobs), oreq.spec.model)) {
         /* No agent could take them: answer without tools rather than fail. */
         json_decref(oreq.spec.tools);
@@ -712,15 +546,15 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
         oreq.spec.tools = oreq.spec.tool_choice = NULL;
         st->tools_ignored = true;
     }
-    st->created = gp_now_wall_ms() / 1000;
-    snprintf(st->model, sizeof st->model, "%s", oreq.spec.model);
+    gps_oa_out_init(&st->out, chat, oreq.include_usage, id, gp_now_wall_ms() / 1000,
+                    oreq.spec.model);
     gps_job *job = gps_relay_submit(&st->rl, &oreq.spec, r, c->request_timeout_sec + 30);
     if (!job) {
         stream_free(st);
         return;
     }
     /* The model that serves (a fallback may have taken the request). */
-    snprintf(st->model, sizeof st->model, "%s", job->spec.model);
+    gps_oa_out_set_model(&st->out, gps_job_model(job));
 }
 
 static void h_completions(gps_req *r, void *arg)

@@ -12,8 +12,8 @@
  * `usage`; then `data: [DONE]`. An error before the first byte is a plain
  * HTTP error in OpenAI's shape; later, a `data: {"error":{...}}` chunk.
  *
- * The parse and build functions are pure (unit-tested); the handlers are
- * registered by gps_openai_register.
+ * The parse function is pure (unit-tested), so are the reply's bytes
+ * (openai_render.h); the handlers are registered by gps_openai_register.
  */
 #ifndef GPS_API_OPENAI_H
 #define GPS_API_OPENAI_H
@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "server/jobs/jobs.h"
+#include "server/dialects/openai_render.h"
 #include "server/dialects/poolmeta.h"
 #include "server/dialects/reqcheck.h"
 #include "server/dialects/toolcalls.h"
@@ -47,24 +48,6 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
  * be NULL. Returns 0, or -1 with msg and *param. */
 int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
                            size_t msglen, const char **param);
-
-/* message.tool_calls: [{id, type:"function", function:{name, arguments}}]. */
-json_t *gps_tool_calls_openai(const gps_tool_calls *acc);
-
-/* One streaming chunk (new reference). text may be NULL (an empty delta /
- * text); with_role adds "role":"assistant" to the chat delta;
- * finish_reason NULL = null; usage_null adds "usage": null (OpenAI does so
- * on every chunk when include_usage is set). */
-json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
-                         const char *text, bool with_role, const char *finish_reason,
-                         bool usage_null);
-/* The final usage chunk: choices [] and usage. */
-json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
-                               long long prompt_tokens, long long completion_tokens);
-/* The non-streaming body. meta (stolen, may be NULL) becomes x_pool_meta. */
-json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
-                            const char *text, const char *finish_reason,
-                            long long prompt_tokens, long long completion_tokens, json_t *meta);
 
 struct gps_http;
 struct gps_metrics;

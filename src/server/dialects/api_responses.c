@@ -84,8 +84,8 @@ static void save(rs_stream *st, gps_job *job, const char *fr)
     if (!st->state)
         return;
     json_t *items = NULL;
-    json_t *obj = gps_resp_final(&st->out, &st->calls, fr, job->prompt_tokens,
-                                 job->completion_tokens);
+    json_t *obj = gps_resp_final(&st->out, &st->calls, fr, gps_job_prompt_tokens(job),
+                                 gps_job_completion_tokens(job));
     json_t *ctx = gps_resp_context(&st->out, &st->calls, st->messages, st->n_instr, &items);
     gps_resp_state_save(st->state, st->key_id, st->out.id, obj, ctx, items);
     json_decref(obj);
@@ -101,7 +101,7 @@ static void ensure_started(rs_stream *st, gps_job *job)
     gps_resp_open(&st->out, &st->rl.s.out);
 }
 
-/* One event, rendered now. Returns true when st was freed. */
+/* One event, rendered now. Returns true when the reply is complete. */
 static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOOL_CALL) {
@@ -116,18 +116,17 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         return false;
     }
     if (type == GPS_EV_END) {
-        const char *fr = job->finish_reason[0] ? job->finish_reason : "stop";
+        const char *fr = gps_job_finish_reason(job)[0] ? gps_job_finish_reason(job) : "stop";
+        long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
         if (st->stream) {
             ensure_started(st, job);
-            gps_resp_close(&st->out, &st->rl.s.out, &st->calls, fr, job->prompt_tokens,
-                           job->completion_tokens, meta_of(st, job));
+            gps_resp_close(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, meta_of(st, job));
             save(st, job, fr);
             gps_relay_end_stream(&st->rl);
             return true;
         }
-        json_t *body = gps_resp_object(&st->out, &st->calls, job->text.data, job->text.len, fr,
-                                       job->prompt_tokens, job->completion_tokens,
-                                       meta_of(st, job));
+        json_t *body = gps_resp_object(&st->out, &st->calls, gps_job_text(job),
+                                       gps_job_text_len(job), fr, pt, ct, meta_of(st, job));
         save(st, job, fr);
         gps_relay_end_body(&st->rl, body, true);
         return true;
@@ -201,7 +200,7 @@ static void start(rs_api *api, gps_req *r, gps_resp_req *rq)
         return;
     }
     /* The model that serves (a fallback may have taken the request). */
-    snprintf(st->out.model, sizeof st->out.model, "%s", job->spec.model);
+    snprintf(st->out.model, sizeof st->out.model, "%s", gps_job_model(job));
 }
 
 /* A request that refers to stored state, waiting for the store. The

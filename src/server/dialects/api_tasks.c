@@ -276,10 +276,11 @@ static void slots_cb(void *ud, registry_agent *a)
  * that serve the model, each taking the recent service time. */
 static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
 {
-    svc_rec *r = svc_get(g, job->spec.model, false);
+    const char *model = gps_job_model(job);
+    svc_rec *r = svc_get(g, model, false);
     if (!r || r->ewma_ms <= 0)
-        return (long long)sched_estimated_wait_ms(gps_jobs_sched(g->jobs), job->spec.model);
-    slot_count c = {job->spec.model, 0};
+        return (long long)sched_estimated_wait_ms(gps_jobs_sched(g->jobs), model);
+    slot_count c = {model, 0};
     registry_foreach(gps_jobs_registry(g->jobs), slots_cb, &c);
     long long slots = c.slots > 0 ? c.slots : 1;
     return (long long)((double)((long long)pos / slots + 1) * r->ewma_ms);
@@ -382,7 +383,7 @@ static void on_commit(void *arg, uint64_t done_seq, bool failed)
         task_sub *s = t->subs;
         while (s) {
             task_sub *sn = s->next;
-            sub_catch_up(t, s); /* may free s */
+            sub_catch_up(t, s); /* may finish s (unlinked; freed later) */
             s = sn;
         }
     }
@@ -398,8 +399,9 @@ static void inflight_unlink(gps_tasks *g, task *t)
     t->fnext = NULL;
 }
 
-static void sub_free(task_sub *s)
+static void sub_free(void *arg)
 {
+    task_sub *s = arg;
     gps_stream_clear(&s->s);
     free(s);
 }
@@ -498,7 +500,7 @@ static bool sub_catch_up(task *t, task_sub *s)
         lim >= gps_tlog_count(t->log)) {
         sub_remove(t, s);
         gps_stream_end(&s->s);
-        sub_free(s);
+        gps_stream_free_later(&s->s, sub_free); /* (a drain may have called us) */
         return true;
     }
     return false;
@@ -523,7 +525,7 @@ static void task_publish(task *t)
     task_sub *s = t->subs; /* without a store: sent now; else at the commit */
     while (s) {
         task_sub *next = s->next;
-        sub_catch_up(t, s); /* may free s */
+        sub_catch_up(t, s); /* may finish s (unlinked; freed later) */
         s = next;
     }
 }
@@ -807,7 +809,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
                             "SERVER_RESTART", "attempt", t->resume_attempts + 1,
                             "completion_tokens", (json_int_t)t->resume_tokens),
                   false);
-    if (job->state == GPS_JOB_QUEUED)
+    if (gps_job_state_of(job) == GPS_JOB_QUEUED)
         emit_queued(t);
     else
         t->last_pos = -1;
@@ -1022,7 +1024,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             task_resubmit(g, t, now);
             continue;
         }
-        if (t->job->state == GPS_JOB_QUEUED) {
+        if (gps_job_state_of(t->job) == GPS_JOB_QUEUED) {
             long long pos = (long long)gps_jobs_queue_position(g->jobs, t->job);
             if (pos != t->last_pos)
                 emit_queued(t);
@@ -1092,7 +1094,7 @@ static void h_create(gps_req *r, void *arg)
     t->log = events;
     t->last_pos = -1;
     t->created_us = r->start_us;
-    snprintf(t->id, sizeof t->id, "%s", job->id);
+    snprintf(t->id, sizeof t->id, "%s", gps_job_id(job));
     snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
     snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
     task_link(g, t);
@@ -1105,7 +1107,7 @@ static void h_create(gps_req *r, void *arg)
     gps_req_add_header(r, "Location", loc);
     gps_http_send_json(r->req, 202,
                        json_pack("{s:s,s:s,s:I,s:s,s:I}", "job_id", t->id, "status",
-                                 gps_job_state_name(job->state), "queue_position",
+                                 gps_job_state_name(gps_job_state_of(job)), "queue_position",
                                  (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
                                  url, "seed", (json_int_t)seed));
     /* Not requests_total: a task counts there once, with its outcome, when
@@ -1178,40 +1180,43 @@ static json_t *status_hot(task *t)
     gps_job *job = t->job;
     if (!job)
         return status_restored(t);
+    gps_job_state state = gps_job_state_of(job);
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:I,s:i,s:s,s:I}", "job_id", t->id, "status",
-                          gps_job_state_name(job->state), "model", job->spec.model, "priority",
-                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "seed",
-                          (json_int_t)job->spec.seed, "attempts", job->attempts, "agent_id",
-                          job->agent_id, "events", (json_int_t)released(t));
-    if (job->state == GPS_JOB_QUEUED)
+                          gps_job_state_name(state), "model", gps_job_model(job), "priority",
+                          gps_job_priority_of(job) == GPS_PRIO_BATCH ? "batch" : "interactive",
+                          "seed", (json_int_t)gps_job_seed(job), "attempts",
+                          gps_job_attempts(job), "agent_id", gps_job_agent_id(job), "events",
+                          (json_int_t)released(t));
+    if (state == GPS_JOB_QUEUED)
         json_object_set_new(o, "queue_position",
                             json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
-    uint64_t end = job->finished_us ? job->finished_us : gp_now_mono_us();
-    json_t *tm = json_pack("{s:I,s:I}", "queue_ms", (json_int_t)job->queue_ms, "total_ms",
-                           (json_int_t)((end - job->created_us) / 1000));
-    if (job->first_token_us)
-        json_object_set_new(tm, "ttft_ms",
-                            json_integer((json_int_t)((job->first_token_us - job->created_us) /
-                                                      1000)));
+    uint64_t created = gps_job_created_us(job), first = gps_job_first_token_us(job);
+    uint64_t end = gps_job_finished_us(job) ? gps_job_finished_us(job) : gp_now_mono_us();
+    json_t *tm = json_pack("{s:I,s:I}", "queue_ms", (json_int_t)gps_job_queue_ms(job),
+                           "total_ms", (json_int_t)((end - created) / 1000));
+    if (first)
+        json_object_set_new(tm, "ttft_ms", json_integer((json_int_t)((first - created) / 1000)));
     json_object_set_new(o, "timings", tm);
     json_object_set_new(o, "usage",
-                        json_pack("{s:I,s:I}", "prompt_tokens", (json_int_t)job->prompt_tokens,
-                                  "completion_tokens", (json_int_t)job->completion_tokens));
-    if (job->state == GPS_JOB_DONE)
+                        json_pack("{s:I,s:I}", "prompt_tokens",
+                                  (json_int_t)gps_job_prompt_tokens(job), "completion_tokens",
+                                  (json_int_t)gps_job_completion_tokens(job)));
+    const char *fr = gps_job_finish_reason(job);
+    if (state == GPS_JOB_DONE)
         json_object_set_new(o, "result",
-                            json_pack("{s:s%,s:s}", "text", job->text.data ? job->text.data : "",
-                                      job->text.len, "finish_reason",
-                                      job->finish_reason[0] ? job->finish_reason : "stop"));
+                            json_pack("{s:s%,s:s}", "text", gps_job_text(job),
+                                      gps_job_text_len(job), "finish_reason",
+                                      fr[0] ? fr : "stop"));
     json_object_set_new(o, "x_pool_meta", gps_pool_meta(job));
-    if (job->state == GPS_JOB_FAILED || job->state == GPS_JOB_CANCELLED) {
+    if (state == GPS_JOB_FAILED || state == GPS_JOB_CANCELLED) {
         size_t n = gps_tlog_count(t->log);
         json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
         json_t *d = json_object_get(last, "data");
         json_object_set_new(o, "error",
-                            json_pack("{s:s,s:s}", "code", job->error_code, "message",
+                            json_pack("{s:s,s:s}", "code", gps_job_error_code(job), "message",
                                       json_string_value(json_object_get(d, "message"))
                                           ? json_string_value(json_object_get(d, "message"))
-                                          : job->error_code));
+                                          : gps_job_error_code(job)));
         json_decref(last);
     }
     return o;
@@ -1398,7 +1403,7 @@ static void sub_gone(void *arg)
     task_sub *s = arg;
     if (s->t)
         sub_remove(s->t, s);
-    sub_free(s);
+    gps_stream_free_later(&s->s, sub_free);
 }
 
 static void sub_writable(void *arg)

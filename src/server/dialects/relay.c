@@ -96,7 +96,7 @@ static void gone(void *arg)
 {
     gps_relay *rl = arg;
     gp_log_write(GP_LOG_INFO, "client_disconnected", rl->s.corr,
-                 json_pack("{s:s}", "job_id", rl->job ? rl->job->id : ""),
+                 json_pack("{s:s}", "job_id", rl->job ? gps_job_id(rl->job) : ""),
                  "client went away; cancelling its job");
     gps_relay_count(rl, rl->s.too_slow ? "client_too_slow" : "cancelled");
     if (rl->job) {
@@ -104,7 +104,7 @@ static void gone(void *arg)
         gps_jobs_cancel(rl->jobs, rl->job, "client_disconnected");
         rl->job = NULL;
     }
-    rl->ops->free(rl->owner);
+    gps_stream_free_later(&rl->s, rl->ops->free);
 }
 
 /* Events reach the dialect only while its client is there. */
@@ -130,7 +130,7 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
         return NULL;
     }
     rl->job = job;
-    snprintf(rl->s.job_id, sizeof rl->s.job_id, "%s", job->id);
+    snprintf(rl->s.job_id, sizeof rl->s.job_id, "%s", gps_job_id(job));
     gps_job_subscribe(job, on_event, rl);
     /* The connection may sit silent while the job is queued or the model
      * thinks: give it the whole request budget, not idle_timeout. */
@@ -166,7 +166,7 @@ static void ttft(gps_relay *rl, uint64_t at_us)
     if (rl->ttft_done || !rl->job)
         return;
     rl->ttft_done = true;
-    gps_metrics_ttft(rl->metrics, rl->ops->api, rl->job->spec.model,
+    gps_metrics_ttft(rl->metrics, rl->ops->api, gps_job_model(rl->job),
                      (double)(at_us - rl->start_us) / 1e6);
 }
 
@@ -219,8 +219,8 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
 {
     if (pool_headers && rl->job)
         gps_pool_headers(rl->s.req, rl->job);
-    if (rl->job && rl->job->first_token_us)
-        ttft(rl, rl->job->first_token_us);
+    if (rl->job && gps_job_first_token_us(rl->job))
+        ttft(rl, gps_job_first_token_us(rl->job));
     gps_stream_release(&rl->s);
     gps_http_send_json(rl->s.req, 200, body);
     gps_relay_count(rl, "ok");
@@ -232,7 +232,8 @@ void gps_relay_finish(gps_relay *rl)
 {
     if (rl->job)
         gps_job_unsubscribe(rl->job, NULL, rl);
-    rl->ops->free(rl->owner);
+    rl->job = NULL;
+    gps_stream_free_later(&rl->s, rl->ops->free);
 }
 
 void gps_relay_clear(gps_relay *rl)
@@ -254,14 +255,13 @@ bool gps_relay_catch_up(gps_relay *rl)
     gps_job *job = rl->job;
     void *owner = rl->owner;
     while (rl->s.req) {
-        size_t limit = rl->dn ? rl->dv[0].at : job->text.len;
+        size_t limit = rl->dn ? rl->dv[0].at : gps_job_text_len(job);
         if (rl->sent < limit) {
             if (gps_relay_blocked(rl))
                 return false; /* ops->writable resumes */
-            size_t n = gps_sse_utf8_slice(job->text.data + rl->sent, limit - rl->sent,
-                                          CATCHUP_SLICE);
-            const char *at = job->text.data + rl->sent;
-            rl->sent += n; /* before rendering: the owner may be freed */
+            const char *at = gps_job_text(job) + rl->sent;
+            size_t n = gps_sse_utf8_slice(at, limit - rl->sent, CATCHUP_SLICE);
+            rl->sent += n; /* before rendering: it may finish the reply */
             if (rl->ops->render_text(owner, job, at, n))
                 return true;
             continue;
@@ -285,7 +285,7 @@ void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, js
          * a cursor past the text before it means the text was dropped by a
          * transparent requeue (jobs.c fail_over, nothing sent yet). */
         size_t tl = json_string_length(json_object_get(ev, "text"));
-        if (rl->sent + tl > job->text.len) {
+        if (rl->sent + tl > gps_job_text_len(job)) {
             rl->sent = 0;
             for (size_t i = 0; i < rl->dn; i++)
                 rl->dv[i].at = 0;
@@ -295,7 +295,7 @@ void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, js
     }
     if (type != GPS_EV_END && type != GPS_EV_ERROR && type != GPS_EV_TOOL_CALL)
         return;
-    if (rl->dn == 0 && rl->sent >= job->text.len) {
+    if (rl->dn == 0 && rl->sent >= gps_job_text_len(job)) {
         rl->ops->render_event(rl->owner, job, type, ev);
         return;
     }
@@ -308,10 +308,11 @@ void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, js
         rl->dv = nv;
         rl->dcap = cap;
     }
-    rl->dv[rl->dn++] = (struct gps_relay_deferred){type, json_incref(ev), job->text.len};
+    rl->dv[rl->dn++] = (struct gps_relay_deferred){type, json_incref(ev),
+                                                    gps_job_text_len(job)};
 }
 
 long long gps_relay_behind(const gps_relay *rl)
 {
-    return rl->job ? (long long)(rl->job->text.len - rl->sent) : 0;
+    return rl->job ? (long long)(gps_job_text_len(rl->job) - rl->sent) : 0;
 }

@@ -59,9 +59,9 @@ typedef struct gps_relay_ops {
     /* A dialect that streams through the relay's catch-up queue
      * (gps_relay_stream_event) renders with these two: n bytes of the
      * job's text (text points into it, at the relay's cursor) as one
-     * delta, and any other event; true: the reply is complete and the
-     * owner freed (a stop sequence matched in the text, the end, an
-     * error). NULL for the others. */
+     * delta, and any other event; true: the reply is complete (a stop
+     * sequence matched in the text, the end, an error; the owner is freed
+     * later, gps_relay_finish). NULL for the others. */
     bool (*render_text)(void *owner, gps_job *job, const char *text, size_t n);
     bool (*render_event)(void *owner, gps_job *job, gps_event_type type, json_t *ev);
 } gps_relay_ops;
@@ -126,10 +126,10 @@ void gps_relay_send(gps_relay *rl);
 void gps_relay_send_output(gps_relay *rl);
 void gps_relay_send_soon(gps_relay *rl);
 /* The job failed (ev: its error event; message NULL: ev's). Sends the
- * error (HTTP or stream event), counts it, frees the owner. */
+ * error (HTTP or stream event), counts it, finishes (gps_relay_finish). */
 void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);
 /* Done: the stream's last bytes are in out / the whole body (stolen).
- * Counts "ok", frees the owner. */
+ * Counts "ok", finishes (gps_relay_finish). */
 void gps_relay_end_stream(gps_relay *rl);
 /* pool_headers: the x-pool-* headers too (not for a plain request). */
 void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
@@ -144,12 +144,15 @@ void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
  * strings) starts over. */
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev);
 /* ops->writable of such a dialect: write what is behind. Returns true when
- * the owner was freed (the reply completed). */
+ * the reply completed. */
 bool gps_relay_catch_up(gps_relay *rl);
 /* ops->behind of such a dialect: bytes of text not yet written. */
 long long gps_relay_behind(const gps_relay *rl);
 
-/* Unsubscribe and free the owner (ops->free); also for a refused submit. */
+/* The one finalise path (every end, error, and a client gone): unsubscribe
+ * and free the owner (ops->free) once the callback chain that got here has
+ * returned (stream.h, gps_stream_free_later). A refused submit's caller
+ * frees its stream itself (nothing is held yet). */
 void gps_relay_finish(gps_relay *rl);
 /* For ops->free: what the relay itself holds. */
 void gps_relay_clear(gps_relay *rl);

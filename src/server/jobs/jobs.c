@@ -2317,3 +2317,128 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
     gps_metrics_set(m, "jobs_running", NULL, (double)running);
     gps_metrics_set(m, "jobs_in_memory", NULL, (double)held);
 }
+
+const char *gps_job_id(const gps_job *job)
+{
+    return job->id;
+}
+
+const char *gps_job_model(const gps_job *job)
+{
+    return job->spec.model;
+}
+
+const char *gps_job_requested_model(const gps_job *job)
+{
+    return job->requested_model;
+}
+
+const char *gps_job_text(const gps_job *job)
+{
+    return job->text.data ? job->text.data : "";
+}
+
+size_t gps_job_text_len(const gps_job *job)
+{
+    return job->text.len;
+}
+
+const char *gps_job_finish_reason(const gps_job *job)
+{
+    return job->finish_reason;
+}
+
+const char *gps_job_stop_sequence(const gps_job *job)
+{
+    return job->stop_sequence;
+}
+
+long long gps_job_prompt_tokens(const gps_job *job)
+{
+    return job->prompt_tokens;
+}
+
+long long gps_job_completion_tokens(const gps_job *job)
+{
+    return job->completion_tokens;
+}
+
+bool gps_job_count_estimated(const gps_job *job)
+{
+    return job->count_estimated;
+}
+
+uint64_t gps_job_first_token_us(const gps_job *job)
+{
+    return job->first_token_us;
+}
+
+const char *gps_job_agent_id(const gps_job *job)
+{
+    return job->agent_id;
+}
+
+int gps_job_attempts(const gps_job *job)
+{
+    return job->attempts;
+}
+
+long long gps_job_queue_ms(const gps_job *job)
+{
+    return job->queue_ms;
+}
+
+uint64_t gps_job_assigned_us(const gps_job *job)
+{
+    return job->assigned_us;
+}
+
+uint64_t gps_job_finished_us(const gps_job *job)
+{
+    return job->finished_us;
+}
+
+const char *gps_job_model_digest(const gps_job *job)
+{
+    return job->model_digest;
+}
+
+long gps_job_prefix_units(const gps_job *job)
+{
+    return job->prefix_units;
+}
+
+json_t *gps_job_upstream_meta(const gps_job *job)
+{
+    return job->upstream_meta;
+}
+
+const char *gps_job_continuation_mode(const gps_job *job)
+{
+    return job->continuation_mode;
+}
+
+gps_job_state gps_job_state_of(const gps_job *job)
+{
+    return job->state;
+}
+
+gps_job_priority gps_job_priority_of(const gps_job *job)
+{
+    return job->spec.priority;
+}
+
+long long gps_job_seed(const gps_job *job)
+{
+    return job->spec.seed;
+}
+
+uint64_t gps_job_created_us(const gps_job *job)
+{
+    return job->created_us;
+}
+
+const char *gps_job_error_code(const gps_job *job)
+{
+    return job->error_code;
+}

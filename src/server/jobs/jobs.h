@@ -257,6 +257,50 @@ struct gps_job {
  * from that file), else NULL. Borrowed: valid until the job changes. */
 const char *gps_job_ids_digest(const gps_job *job);
 
+/* Read access for the client dialects and the relay, which never read
+ * struct gps_job's fields (the struct is on its way to being private to
+ * jobs.c). Strings are borrowed: valid until the job changes. */
+const char *gps_job_id(const gps_job *job);
+/* The model that serves (spec.model: a fallback's when one took it). */
+const char *gps_job_model(const gps_job *job);
+/* The model asked for when a fallback serves, else NULL. */
+const char *gps_job_requested_model(const gps_job *job);
+/* The text relayed so far: NUL-terminated ("" when none), and its bytes. */
+const char *gps_job_text(const gps_job *job);
+size_t gps_job_text_len(const gps_job *job);
+/* From the end event: finish_reason ("" before), the stop string the
+ * agent stopped on (NULL: none), the token counts, whether the prompt
+ * count was estimated (count_tokens). */
+const char *gps_job_finish_reason(const gps_job *job);
+const char *gps_job_stop_sequence(const gps_job *job);
+long long gps_job_prompt_tokens(const gps_job *job);
+long long gps_job_completion_tokens(const gps_job *job);
+bool gps_job_count_estimated(const gps_job *job);
+/* Monotonic time of the first token, 0 before it. */
+uint64_t gps_job_first_token_us(const gps_job *job);
+/* What x_pool_meta and the x-pool-* headers tell (poolmeta.h): the agent
+ * ("" none), agents tried, time queued, the current assignment's and the
+ * end's monotonic times (0: not yet), the model file's digest ("" unknown),
+ * prompt units the slot held, an upstream pool's meta (borrowed, NULL),
+ * how the attempt continues earlier output ("tokens" | "text" | NULL). */
+const char *gps_job_agent_id(const gps_job *job);
+int gps_job_attempts(const gps_job *job);
+long long gps_job_queue_ms(const gps_job *job);
+uint64_t gps_job_assigned_us(const gps_job *job);
+uint64_t gps_job_finished_us(const gps_job *job);
+const char *gps_job_model_digest(const gps_job *job);
+long gps_job_prefix_units(const gps_job *job);
+json_t *gps_job_upstream_meta(const gps_job *job);
+const char *gps_job_continuation_mode(const gps_job *job);
+/* What a task's status tells (api_tasks): the state, the request's
+ * priority and seed (`_of`: the types hold the plain names), the monotonic time it was created, the error code of
+ * a failed or cancelled job ("" otherwise). */
+gps_job_state gps_job_state_of(const gps_job *job);
+gps_job_priority gps_job_priority_of(const gps_job *job);
+long long gps_job_seed(const gps_job *job);
+uint64_t gps_job_created_us(const gps_job *job);
+const char *gps_job_error_code(const gps_job *job);
+
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
     int status;                   /* 400, 404, 429, 503, 500 */

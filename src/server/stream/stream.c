@@ -19,6 +19,8 @@ void gps_stream_init(gps_stream *s, const gps_stream_ops *ops, void *owner,
     snprintf(s->corr, sizeof s->corr, "%s", corr ? corr : "");
     gp_buf_init(&s->out);
     s->last_write_us = gp_now_mono_us();
+    struct evhttp_connection *c = req ? evhttp_request_get_connection(req) : NULL;
+    s->base = c ? evhttp_connection_get_base(c) : NULL;
 }
 
 /* The connection closed while held (held.c dropped the request). */
@@ -26,7 +28,8 @@ static void gone(void *arg)
 {
     gps_stream *s = arg;
     s->req = NULL;
-    s->ops->gone(s->owner);
+    if (!s->closing)
+        s->ops->gone(s->owner);
 }
 
 bool gps_stream_hold(gps_stream *s, int timeout_sec)
@@ -37,7 +40,7 @@ bool gps_stream_hold(gps_stream *s, int timeout_sec)
 static void writable(void *arg)
 {
     gps_stream *s = arg;
-    if (s->ops->writable)
+    if (!s->closing && s->ops->writable)
         s->ops->writable(s->owner);
 }
 
@@ -46,7 +49,7 @@ static void writable(void *arg)
 static void too_slow(void *arg)
 {
     gps_stream *s = arg;
-    if (!s->held.evcon)
+    if (!s->held.evcon || s->closing)
         return;
     s->too_slow = true;
     long long behind = s->ops->behind ? s->ops->behind(s->owner) : 0;
@@ -87,24 +90,36 @@ void gps_stream_send(gps_stream *s)
  * yet counted by the pace's high-water mark stays small. */
 #define FLUSH_NOW (16 * 1024)
 
+static void reap(gps_stream *s);
+
+/* The end of the turn's write, or (closing) the deferred free. */
 static void flush_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    gps_stream_send(arg);
+    gps_stream *s = arg;
+    if (s->closing)
+        reap(s); /* frees s: last use */
+    else
+        gps_stream_send(s);
 }
 
-static bool flush_later(gps_stream *s)
+/* Run flush_cb from the loop's active queue, after the callback that asks
+ * has returned. */
+static bool run_later(gps_stream *s)
 {
     if (!s->flush) {
-        struct evhttp_connection *c = s->req ? evhttp_request_get_connection(s->req) : NULL;
-        struct event_base *base = c ? evhttp_connection_get_base(c) : NULL;
-        s->flush = base ? event_new(base, -1, 0, flush_cb, s) : NULL;
+        s->flush = s->base ? event_new(s->base, -1, 0, flush_cb, s) : NULL;
         if (!s->flush)
             return false;
     }
     event_active(s->flush, EV_TIMEOUT, 1); /* (already active: nothing more) */
     return true;
+}
+
+static bool flush_later(gps_stream *s)
+{
+    return s->req && run_later(s);
 }
 
 void gps_stream_send_soon(gps_stream *s)
@@ -136,6 +151,45 @@ void gps_stream_end(gps_stream *s)
 void gps_stream_release(gps_stream *s)
 {
     gps_held_release(&s->held);
+}
+
+/* The streams whose free waits for the loop (all on the loop thread). */
+static gps_stream *reap_list;
+
+static void reap(gps_stream *s)
+{
+    if (s->reap_prev)
+        s->reap_prev->reap_next = s->reap_next;
+    else if (reap_list == s)
+        reap_list = s->reap_next;
+    if (s->reap_next)
+        s->reap_next->reap_prev = s->reap_prev;
+    s->reap_prev = s->reap_next = NULL;
+    s->free_fn(s->owner); /* gps_stream_clear frees s->flush, s with the owner */
+}
+
+void gps_stream_free_later(gps_stream *s, void (*free_fn)(void *owner))
+{
+    if (s->closing)
+        return;
+    s->closing = true;
+    s->free_fn = free_fn;
+    gps_held_release(&s->held);
+    s->req = NULL;
+    if (!run_later(s)) {
+        free_fn(s->owner);
+        return;
+    }
+    s->reap_next = reap_list;
+    if (reap_list)
+        reap_list->reap_prev = s;
+    reap_list = s;
+}
+
+void gps_stream_reap_all(void)
+{
+    while (reap_list)
+        reap(reap_list);
 }
 
 void gps_stream_clear(gps_stream *s)

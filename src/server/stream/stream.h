@@ -5,7 +5,8 @@
  *
  * A stream owns, for its owner:
  *   - hold and peer-close watch (held.h): a client that goes away, or that
- *     is dropped as too slow, ends in ops->gone (the owner frees itself);
+ *     is dropped as too slow, ends in ops->gone (the owner finishes:
+ *     gps_stream_free_later);
  *   - the output buffer: the owner renders into s->out, and the stream
  *     writes it at once (gps_stream_send) or once at the end of this loop
  *     turn (gps_stream_send_soon: every token of an upload is one write);
@@ -18,7 +19,12 @@
  *     the source not yet written, ops->behind) and dropped (ops->gone runs
  *     with s->too_slow set);
  *   - keep-alives (gps_stream_keepalive, from the owner's timer);
- *   - the end: gps_stream_end writes the rest and ends the chunked reply.
+ *   - the end: gps_stream_end writes the rest and ends the chunked reply;
+ *   - the free, deferred (redis's freeClientAsync): gps_stream_free_later
+ *     is the one finalise path; the owner is freed once the callback chain
+ *     that finished it has returned (the loop's next event), so nothing up
+ *     the stack (a job's event loop, held.c's close callback, the pace's
+ *     drain) ever touches freed memory. Until then the stream is inert.
  * The owner renders (its dialect's bytes) and decides when it is done.
  *
  * The gps_stream lives inside its owner (its address is the callbacks'
@@ -43,8 +49,9 @@ typedef struct gps_stream_ops {
     /* Bytes of the source not yet written (logged when dropped); NULL: 0. */
     long long (*behind)(void *owner);
     /* The client went away, or was dropped as too slow (s->too_slow): the
-     * request is gone (s->req NULL); the owner cleans up and frees itself
-     * (gps_stream_clear). */
+     * request is gone (s->req NULL); the owner cleans up and finishes
+     * (gps_stream_free_later; never a free here, inside held.c's close
+     * callback). */
     void (*gone)(void *owner);
 } gps_stream_ops;
 
@@ -61,6 +68,11 @@ typedef struct gps_stream {
     bool too_slow;                /* dropped as too slow (before ops->gone) */
     char corr[65];                /* correlation id of the logs */
     char job_id[48];              /* named in the logs; set by the owner */
+    /* The deferred free (gps_stream_free_later). */
+    struct event_base *base;      /* the connection's loop, from init */
+    bool closing;                 /* finished: waits for free_fn, inert */
+    void (*free_fn)(void *owner);
+    struct gps_stream *reap_prev, *reap_next; /* the streams waiting for it */
 } gps_stream;
 
 /* Zero s and bind it to req (not held yet). corr may be NULL. */
@@ -82,12 +94,21 @@ void gps_stream_send_soon(gps_stream *s);
  * client is not behind. */
 void gps_stream_keepalive(gps_stream *s, uint64_t now_us, uint64_t idle_us);
 /* Write the rest, stop holding and end the chunked reply; s->req becomes
- * NULL. The owner frees itself after (gps_stream_clear). */
+ * NULL. The owner finishes after (gps_stream_free_later). */
 void gps_stream_end(gps_stream *s);
 /* Stop holding before a reply that is not this stream's (an HTTP error or
  * a whole body): the caller answers s->req itself. */
 void gps_stream_release(gps_stream *s);
 /* Free what the stream holds (the owner's free). */
 void gps_stream_clear(gps_stream *s);
+/* The owner is done (the reply ended or the client is gone): stop holding,
+ * and run free_fn(owner) once the current callback chain has returned (the
+ * owner calls gps_stream_clear there). Until then no callback of the
+ * stream reaches the owner. Without a loop (no connection at init, or
+ * ENOMEM) free_fn runs now. Idempotent. */
+void gps_stream_free_later(gps_stream *s, void (*free_fn)(void *owner));
+/* Shutdown: run every free still waiting, now (after the HTTP server is
+ * freed, while what the owners borrow is still there). */
+void gps_stream_reap_all(void);
 
 #endif

@@ -1,0 +1,220 @@
+/* openai_render: see openai_render.h. */
+#include "server/dialects/openai_render.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* The open field of the text chunk template (never in a real chunk: if a
+ * model name holds it, the template is refused and chunks are built). */
+#define TEXT_MARKER "@@gpupool-text@@"
+
+static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
+                           const char *model)
+{
+    const char *object = chat ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                              : "text_completion";
+    return json_pack("{s:s,s:s,s:I,s:s,s:s}", "id", id, "object", object, "created",
+                     (json_int_t)created, "model", model, "system_fingerprint", "gpupool");
+}
+
+json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
+                         const char *text, bool with_role, const char *finish_reason,
+                         bool usage_null)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat) {
+        json_t *delta = json_object();
+        if (with_role)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (text || with_role)
+            json_object_set_new(delta, "content", json_string(text ? text : ""));
+        json_object_set_new(choice, "delta", delta);
+    } else {
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    }
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        finish_reason ? json_string(finish_reason) : json_null());
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    if (usage_null)
+        json_object_set_new(o, "usage", json_null());
+    return o;
+}
+
+static json_t *usage_object(long long p, long long c)
+{
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
+}
+
+json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, const char *model,
+                               long long prompt_tokens, long long completion_tokens)
+{
+    json_t *o = base_object(chat, true, id, created, model);
+    json_object_set_new(o, "choices", json_array());
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    return o;
+}
+
+json_t *gps_openai_response(bool chat, const char *id, long long created, const char *model,
+                            const char *text, const char *finish_reason,
+                            long long prompt_tokens, long long completion_tokens, json_t *meta)
+{
+    json_t *o = base_object(chat, false, id, created, model);
+    json_t *choice = json_object();
+    json_object_set_new(choice, "index", json_integer(0));
+    if (chat)
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
+                                      text ? text : "", "refusal"));
+    else
+        json_object_set_new(choice, "text", json_string(text ? text : ""));
+    json_object_set_new(choice, "logprobs", json_null());
+    json_object_set_new(choice, "finish_reason",
+                        json_string(finish_reason && *finish_reason ? finish_reason : "stop"));
+    json_object_set_new(o, "choices", json_pack("[o]", choice));
+    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    if (meta)
+        json_object_set_new(o, "x_pool_meta", meta);
+    return o;
+}
+
+json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < acc->n; i++) {
+        const gps_tool_call *c = &acc->v[i];
+        json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
+        json_array_append_new(a, json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type",
+                                           "function", "function", "name", c->name,
+                                           "arguments", args ? args : json_string("")));
+    }
+    return a;
+}
+
+void gps_oa_out_init(gps_oa_out *o, bool chat, bool include_usage, const char *id,
+                     long long created, const char *model)
+{
+    memset(o, 0, sizeof *o);
+    o->chat = chat;
+    o->include_usage = include_usage;
+    snprintf(o->id, sizeof o->id, "%s", id ? id : "");
+    o->created = created;
+    gps_oa_out_set_model(o, model);
+}
+
+void gps_oa_out_set_model(gps_oa_out *o, const char *model)
+{
+    snprintf(o->model, sizeof o->model, "%s", model ? model : "");
+}
+
+void gps_oa_out_clear(gps_oa_out *o)
+{
+    gps_sse_tpl_free(&o->text_tpl);
+    o->tpl_tried = false;
+}
+
+static void emit(gp_buf *sse, json_t *j)
+{
+    gps_sse_format_json(sse, NULL, NULL, j);
+    json_decref(j);
+}
+
+/* A chunk with nothing in its choice but what the caller adds. */
+static json_t *chunk(const gps_oa_out *o, const char *text, bool with_role, const char *fr)
+{
+    return gps_openai_chunk(o->chat, o->id, o->created, o->model, text, with_role, fr,
+                            o->include_usage);
+}
+
+void gps_oa_open(gps_oa_out *o, gp_buf *sse)
+{
+    if (o->chat)
+        emit(sse, chunk(o, "", true, NULL));
+}
+
+void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
+{
+    if (!o->tpl_tried) {
+        /* Every text chunk of this stream is the same but for its text. */
+        o->tpl_tried = true;
+        json_t *c = chunk(o, TEXT_MARKER, false, NULL);
+        if (!c || gps_sse_tpl_init(&o->text_tpl, NULL, c, TEXT_MARKER) < 0)
+            o->text_tpl.pre = NULL; /* (a model named like the marker) the slow path */
+        json_decref(c);
+    }
+    if (o->text_tpl.pre) {
+        gps_sse_tpl_emit(sse, &o->text_tpl, t, n);
+        return;
+    }
+    json_t *c = chunk(o, "", false, NULL);
+    json_t *choice = json_array_get(json_object_get(c, "choices"), 0);
+    json_t *tx = json_stringn(t, n);
+    if (o->chat)
+        json_object_set_new(json_object_get(choice, "delta"), "content", tx);
+    else
+        json_object_set_new(choice, "text", tx);
+    emit(sse, c);
+}
+
+void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
+                 const char *args)
+{
+    json_t *fn = json_pack("{s:s}", "arguments", args ? args : "");
+    json_t *tc = json_pack("{s:i}", "index", i);
+    if (started) {
+        json_object_set_new(tc, "id", json_string(calls->v[i].id));
+        json_object_set_new(tc, "type", json_string("function"));
+        json_object_set_new(fn, "name", json_string(calls->v[i].name));
+    }
+    json_object_set_new(tc, "function", fn);
+    json_t *c = gps_openai_chunk(true, o->id, o->created, o->model, NULL, false, NULL,
+                                 o->include_usage);
+    json_object_set_new(json_object_get(json_array_get(json_object_get(c, "choices"), 0),
+                                        "delta"),
+                        "tool_calls", json_pack("[o]", tc));
+    emit(sse, c);
+}
+
+void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
+                  long long completion_tokens, json_t *meta)
+{
+    /* The headers left with the first token: the last chunk tells which
+     * agent finished and how many were tried (failover). */
+    json_t *last = chunk(o, o->chat ? NULL : "", false, finish_reason);
+    if (last)
+        json_object_set_new(last, "x_pool_meta", meta);
+    else
+        json_decref(meta);
+    emit(sse, last);
+    if (o->include_usage)
+        emit(sse, gps_openai_usage_chunk(o->chat, o->id, o->created, o->model, prompt_tokens,
+                                         completion_tokens));
+    gps_sse_format(sse, NULL, NULL, "[DONE]");
+}
+
+json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char *text,
+                    size_t text_len, const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens, json_t *meta)
+{
+    json_t *body = gps_openai_response(o->chat, o->id, o->created, o->model, text ? text : "",
+                                       finish_reason, prompt_tokens, completion_tokens, meta);
+    if (o->chat && calls && calls->n > 0) {
+        json_t *m = json_object_get(json_array_get(json_object_get(body, "choices"), 0),
+                                    "message");
+        json_object_set_new(m, "tool_calls", gps_tool_calls_openai(calls));
+        if (!text_len) /* OpenAI: content null when only tools were called */
+            json_object_set_new(m, "content", json_null());
+    }
+    return body;
+}
+
+const char *gps_oa_finish_reason(const char *job_reason, size_t n_calls)
+{
+    const char *fr = job_reason && job_reason[0] ? job_reason : "stop";
+    if (n_calls > 0 && strcmp(fr, "length") != 0)
+        fr = "tool_calls";
+    return fr;
+}
