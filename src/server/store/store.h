@@ -86,6 +86,15 @@
  *          created_at INTEGER NOT NULL, PRIMARY KEY (job_id, first_seq))
  *     -- statements on it are optional: a DB without the table (custom
  *     -- migrations_dir) opens, and those ops fail and are logged
+ *
+ *   (0003 key limits and key_usage, 0005 model_pins, 0006 responses,
+ *    0007 deployments: see docs/persistence.md "Tables")
+ *
+ *   servers(id TEXT PK, name TEXT NOT NULL, url TEXT,        (migration 0009)
+ *          pid INTEGER, version TEXT, started_at, heartbeat_at,
+ *          lease_until INTEGER NOT NULL, stopped_at INTEGER)
+ *     -- one row per server process sharing the DB; lease_until renewed by
+ *     -- each heartbeat (gps_store_server_beat_async)
  * ------------------------------------------------------------------------
  *
  * Threading: gps_store_open/close, the load and *_sync functions run on
