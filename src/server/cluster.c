@@ -163,6 +163,15 @@ gps_cluster *gps_cluster_start(struct event_base *base, gps_store *store, gps_au
     c->servers = json_array();
     if (!c->name || !c->version || (opts->url && *opts->url && !c->url) || !c->servers)
         goto fail;
+    if (!gps_store_has_servers(store)) {
+        /* A schema from a custom migrations_dir: no row, no lease. */
+        gp_log_warn("servers_table_missing",
+                    "this database has no servers table: this server is not announced and "
+                    "its lease is not enforced");
+        c->lease_ms = 0;
+        c->stopped = true;
+        return c;
+    }
     if (beat(c) != 0)
         goto fail;
     if (!(c->beat_timer = timer_every(base, c->heartbeat_ms, beat_tick, c)))

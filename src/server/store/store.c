@@ -2079,6 +2079,8 @@ int gps_store_server_beat_async(gps_store *s, const gps_store_server_row *r,
     return enqueue(s, o, false);
 }
 
+bool gps_store_has_servers(gps_store *s) { return s && s->w.ok[K_SERVER_BEAT]; }
+
 int gps_store_server_stop(gps_store *s, const char *id, int64_t at)
 {
     return id ? write_op(s, K_SERVER_STOP, "ti", id, at) : -1;

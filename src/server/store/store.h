@@ -489,6 +489,9 @@ typedef struct gps_store_server_row {
     int64_t started_at, heartbeat_at, lease_until;   /* wall ms */
     int64_t stopped_at;                              /* 0 = running */
 } gps_store_server_row;
+/* Does this DB's schema hold the servers table (a custom migrations_dir
+ * may lack it: then do not announce)? */
+bool gps_store_has_servers(gps_store *s);
 /* status 0: the write ran and its transaction committed; -1: it did not
  * (database unreachable, no servers table). Runs on the loop thread. */
 typedef void (*gps_store_status_fn)(void *arg, int status);
