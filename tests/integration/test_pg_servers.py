@@ -123,6 +123,7 @@ class PgServersTest(harness.TestCase):
         a.wait_model("m1")
         self.assert_completes(a, "through a")
 
+        t_kill = time.monotonic()
         a.kill9()
         for g, to in ((g1, b), (g2, c)):
             harness.wait_until(lambda: any(e.get("to") == to.url
@@ -138,6 +139,8 @@ class PgServersTest(harness.TestCase):
                 lambda: self.server_states(srv).get(a.pid) == "lease_expired",
                 timeout=30, what="%s listing the killed server as lease_expired" % srv.name)
             self.assertEqual(self.server_states(srv)[b.pid], "alive")
+        sys.stderr.write("\nkill -9: agents served by b and c and a listed lease_expired "
+                         "within %.1f s\n" % (time.monotonic() - t_kill))
         # A clean stop is told apart from a death.
         c.stop()
         harness.wait_until(lambda: self.server_states(b).get(c.pid) == "stopped",
@@ -160,8 +163,8 @@ class PgServersTest(harness.TestCase):
             first = stream.next_event(timeout=30)
             self.assertIsNotNone(first)
             events = [first]
-            self.pg.stop()
             t_down = time.monotonic()
+            self.pg.stop()
 
             shapes = [
                 (a, "/v1/completions", {"model": "m1", "prompt": "x", "max_tokens": 3}, {}),
@@ -191,7 +194,7 @@ class PgServersTest(harness.TestCase):
                     self.assertEqual(e["code"], "server_busy")
                 else:
                     self.assertEqual(e["code"], "SERVER_BUSY")
-            sys.stderr.write("\n503 on all three %.1f s after PostgreSQL stopped\n"
+            sys.stderr.write("\n503 on all three %.1f s after PostgreSQL was told to stop\n"
                              % (time.monotonic() - t_down))
             # Admin and health stay up: the operator can see why.
             st = self.status(a)["servers"]
