@@ -23,7 +23,9 @@ where PostgreSQL's binaries are absent or the server has no libpq.
 """
 
 import os
+import socket
 import sys
+import threading
 import time
 import types
 import unittest
@@ -47,6 +49,78 @@ def expected(prompt, n):
 def servers(*srvs):
     """harness.Agent's server: an object with .url, here the comma list."""
     return types.SimpleNamespace(url=",".join(s.url for s in srvs))
+
+
+class Link:
+    """A TCP relay between one server and PostgreSQL that the test can cut
+    (listener closed, every relayed connection shut down: the server's
+    connection breaks and reconnecting is refused) and heal (listening
+    again on the same port): a partition of that one server."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.port = harness.free_port()
+        self.lock = threading.Lock()
+        self.socks = []
+        self.lsock = None
+        self.heal()
+
+    def heal(self):
+        ls = socket.socket()
+        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ls.bind(("127.0.0.1", self.port))
+        ls.listen(16)
+        self.lsock = ls
+        threading.Thread(target=self._accept, args=(ls,), daemon=True).start()
+
+    def _accept(self, ls):
+        while True:
+            try:
+                c, _ = ls.accept()
+            except OSError:
+                return
+            try:
+                u = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            except OSError:
+                c.close()
+                continue
+            with self.lock:
+                self.socks += [c, u]
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                d = src.recv(65536)
+                if not d:
+                    break
+                dst.sendall(d)
+        except OSError:
+            pass
+        for x in (src, dst):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        # shutdown first: a close alone leaves the socket listening while
+        # the accept thread is blocked in it.
+        try:
+            self.lsock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.lsock.close()
+        with self.lock:
+            socks, self.socks = self.socks, []
+        for x in socks:
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
 
 
 class PgServersTest(harness.TestCase):
@@ -227,6 +301,41 @@ class PgServersTest(harness.TestCase):
             self.assertTrue(self.status(srv)["servers"]["lease_ok"])
             self.assertTrue(srv.alive())
             self.assertTrue(srv.log_events("server_lease_renewed"), srv.name)
+
+    def test_partitioned_server_stops_admitting(self):
+        up = self.h.start_upstream(["--tokens", "3"])
+        link = Link(self.pg.port)
+        self.addCleanup(link.cut)
+        cut_uri = "postgresql://%s@127.0.0.1:%d/gpupool" % (pg.Postgres.USER, link.port)
+        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=cut_uri,
+                                key=self.client)
+        b, c = self.start_servers(2)
+        for srv in (a, b):
+            self.start_agent(srv, up)
+        for srv in (a, b):
+            srv.wait_model("m1")
+        self.assert_completes(a, "before the cut")
+        link.cut()
+        t_cut = time.monotonic()
+        harness.wait_until(lambda: self.complete(a, "cut off")[0] == 503, timeout=30,
+                           interval=0.2, what="the partitioned server refusing new work")
+        st, hdr, err = self.complete(a, "cut off")
+        self.assertEqual(st, 503, err)
+        self.assertIn("database", err["error"]["message"])
+        self.assertGreaterEqual(int(hdr["retry-after"]), 1)
+        sys.stderr.write("\npartitioned server refusing %.1f s after the cut\n"
+                         % (time.monotonic() - t_cut))
+        # The others go on, and see its lease run out.
+        self.assert_completes(b, "the others go on")
+        for srv in (b, c):
+            harness.wait_until(
+                lambda: self.server_states(srv).get(a.pid) == "lease_expired",
+                timeout=30, what="%s listing the partitioned server" % srv.name)
+        link.heal()
+        harness.wait_until(lambda: self.complete(a, "healed")[0] == 200, timeout=60,
+                           interval=0.2, what="the partitioned server admitting again")
+        harness.wait_until(lambda: self.server_states(b).get(a.pid) == "alive", timeout=30,
+                           what="b listing the healed server alive")
 
     def test_keys_and_budgets_shared(self):
         up = self.h.start_upstream(["--tokens", "3"])
