@@ -15,7 +15,12 @@ scripted upstream.
 - a key created on A authenticates on B, and its revocation on A is
   refused on B, within the refresh interval (shared_refresh_sec);
 - a daily token budget spent through A holds on B: B reads the usage A
-  added and refuses the key with 429.
+  added and refuses the key with 429;
+- one server partitioned from PostgreSQL (its connection goes through a
+  relay the test cuts): it answers new work 503 once its lease expired,
+  the others go on and list it lease_expired; healed, it admits again;
+- with SQLite (no PostgreSQL needed): the one server's row, listed alive,
+  marked stopped by SIGTERM.
 
 Every wait polls a condition with a generous deadline; every process
 (PostgreSQL included) is stopped by its PID. Skipped, with the reason,
@@ -380,6 +385,32 @@ class PgServersTest(harness.TestCase):
         self.assertIn(st, (200, 204))
         harness.wait_until(lambda: self.complete(b, "revoked", key=k["key"])[0] == 401,
                            timeout=30, interval=0.1, what="a key revoked on a refused on b")
+
+
+class SqliteOneServerTest(harness.TestCase):
+    """With SQLite there is one server: its row, listed alive, marked
+    stopped by a clean shutdown; nothing to refuse (no PostgreSQL needed)."""
+
+    def test_one_row(self):
+        import sqlite3
+        s = self.h.start_server(["--heartbeat_sec", "1"])
+        harness.wait_until(lambda: len((http_json("GET", s.url + "/admin/status")[2]
+                                        .get("servers") or {}).get("servers", [])) == 1,
+                           timeout=30, what="the server listing itself")
+        st = http_json("GET", s.url + "/admin/status")[2]["servers"]
+        me = st["servers"][0]
+        self.assertTrue(st["lease_ok"])
+        self.assertEqual((me["self"], me["state"], me["pid"], me["id"]),
+                         (True, "alive", s.pid, st["self"]))
+        self.assertEqual(s.stop(grace=30), 0)
+        con = sqlite3.connect(s.db)
+        try:
+            rows = con.execute("SELECT id, pid, stopped_at FROM servers").fetchall()
+        finally:
+            con.close()
+        self.assertEqual(len(rows), 1, rows)
+        self.assertEqual(rows[0][:2], (st["self"], s.pid))
+        self.assertIsNotNone(rows[0][2], "a clean stop marks the row stopped")
 
 
 if __name__ == "__main__":
