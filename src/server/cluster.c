@@ -27,7 +27,8 @@ struct gps_cluster {
     bool beat_in_flight, list_in_flight;
     uint64_t beat_sent_mono;     /* when the renewal in flight was queued */
     uint64_t lease_until_mono;   /* admit new work until then (lease_ms > 0) */
-    bool lease_lost;             /* logged once per loss */
+    bool lease_lost;             /* a renewal failed (logged once per loss) */
+    bool refusing;               /* the lease expired: refusing (logged once) */
     bool stopped;
     unsigned beats;
     json_t *servers;             /* last list read: array of row objects */
@@ -78,9 +79,10 @@ static void beat_done(void *arg, int status)
     c->lease_until_mono = c->beat_sent_mono + (uint64_t)c->lease_ms;
     if (c->lease_lost)
         gp_log_write(GP_LOG_INFO, "server_lease_renewed", NULL,
-                     json_pack("{s:s}", "server_id", c->id),
-                     "the database answers again: lease renewed, admitting new work");
-    c->lease_lost = false;
+                     json_pack("{s:s,s:b}", "server_id", c->id, "was_refusing", c->refusing),
+                     "the database answers again: lease renewed%s",
+                     c->refusing ? ", admitting new work again" : "");
+    c->lease_lost = c->refusing = false;
     if (!c->list_in_flight && gps_store_servers_async(c->store, list_done, c) == 0)
         c->list_in_flight = true;
 }
@@ -229,6 +231,12 @@ int gps_cluster_admit(gps_cluster *c, char *msg, size_t msglen)
     uint64_t now = gp_now_mono_ms();
     if (!c || lease_ok(c, now))
         return 0;
+    if (!c->refusing)
+        gp_log_write(GP_LOG_ERROR, "server_lease_expired", NULL,
+                     json_pack("{s:s,s:i}", "server_id", c->id, "lease_ms", c->lease_ms),
+                     "no lease renewal for %d ms: refusing new work until the database "
+                     "answers again", c->lease_ms);
+    c->refusing = true;
     snprintf(msg, msglen,
              "this server cannot reach its database (lease expired %llu ms ago): it admits no "
              "new work until the database answers again; retry, here or on another server",

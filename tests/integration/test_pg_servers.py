@@ -305,7 +305,9 @@ class PgServersTest(harness.TestCase):
             self.assert_completes(srv, "after the outage")
             self.assertTrue(self.status(srv)["servers"]["lease_ok"])
             self.assertTrue(srv.alive())
-            self.assertTrue(srv.log_events("server_lease_renewed"), srv.name)
+            self.assertTrue(srv.log_events("server_lease_expired"), srv.name)
+            renewed = srv.log_events("server_lease_renewed")
+            self.assertTrue(renewed and renewed[-1].get("was_refusing"), (srv.name, renewed))
 
     def test_partitioned_server_stops_admitting(self):
         up = self.h.start_upstream(["--tokens", "3"])
