@@ -818,7 +818,8 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     if (!conn_stmt(c, o->kind)) {
         /* An optional statement this DB's schema does not support. */
         *failed = true;
-        o->status = -1;
+        if (o->kind == K_SERVER_BEAT)
+            o->status = -1;   /* no lease without the table */
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
                      json_pack("{s:s}", "op", stmts[o->kind].name),
                      "store op %s is not supported by this database's schema",
