@@ -342,8 +342,12 @@ static bool home_hook(void *arg)
 static void h_health(gps_req *r, void *arg)
 {
     server *s = arg;
-    char msg[256] = "";
+    char msg[300] = "";
     bool db_ok = gps_store_healthy(s->store, msg, sizeof msg);
+    /* A server that lost its lease on the database refuses new work: a
+     * balancer's health check should send clients elsewhere. */
+    bool lease_ok = db_ok && gps_cluster_admit(s->cluster, msg, sizeof msg) == 0;
+    db_ok = db_ok && lease_ok;
     json_t *body = json_pack(
         "{s:s,s:s,s:s,s:I,s:I,s:b,s:b}", "status", db_ok ? "ok" : "degraded", "db",
         db_ok ? "ok" : "error", "version", SERVER_VERSION, "agents",

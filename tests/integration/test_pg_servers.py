@@ -332,6 +332,11 @@ class PgServersTest(harness.TestCase):
         self.assertGreaterEqual(int(hdr["retry-after"]), 1)
         sys.stderr.write("\npartitioned server refusing %.1f s after the cut\n"
                          % (time.monotonic() - t_cut))
+        # Its health check fails (a balancer sends clients elsewhere).
+        st, _, health = http_json("GET", a.url + "/health", timeout=10)
+        self.assertEqual((st, health["status"]), (503, "degraded"), health)
+        self.assertIn("database", health["db_error"])
+        self.assertEqual(http_json("GET", b.url + "/health", timeout=10)[0], 200)
         # The others go on, and see its lease run out.
         self.assert_completes(b, "the others go on")
         for srv in (b, c):
@@ -341,6 +346,7 @@ class PgServersTest(harness.TestCase):
         link.heal()
         harness.wait_until(lambda: self.complete(a, "healed")[0] == 200, timeout=60,
                            interval=0.2, what="the partitioned server admitting again")
+        self.assertEqual(http_json("GET", a.url + "/health", timeout=10)[0], 200)
         harness.wait_until(lambda: self.server_states(b).get(a.pid) == "alive", timeout=30,
                            what="b listing the healed server alive")
 
