@@ -30,6 +30,8 @@ struct gps_admin {
     gps_deploy *deploy;          /* NULL: no deployments */
     gps_admin_auth_on_fn auth_on; /* NULL: none (see gps_admin_set_auth_on_hook) */
     void *auth_on_arg;
+    gps_admin_servers_fn servers; /* NULL: no "servers" in the status */
+    void *servers_arg;
     char version[32];
     uint64_t started_ms;         /* monotonic, for uptime */
     gps_admin_rate rate;
@@ -1029,7 +1031,17 @@ static json_t *status_json(gps_admin *a)
         (json_int_t)gps_jobs_active(a->jobs), "throughput", "requests_per_min", rpm,
         "tokens_per_sec", tps, "auth", gps_auth_enabled(a->auth), "keys",
         (json_int_t)gps_auth_key_count(a->auth));
+    /* The servers sharing the database (server/cluster.h). */
+    json_t *servers = body && a->servers ? a->servers(a->servers_arg) : NULL;
+    if (servers)
+        json_object_set_new(body, "servers", servers);
     return body;
+}
+
+void gps_admin_set_servers_hook(gps_admin *a, gps_admin_servers_fn fn, void *arg)
+{
+    a->servers = fn;
+    a->servers_arg = arg;
 }
 
 static void h_status(gps_req *r, void *arg)

@@ -125,6 +125,11 @@ json_t *gps_admin_snapshot(gps_admin *a);
  * NULL on ENOMEM. */
 gps_admin *gps_admin_new(struct event_base *base, gps_auth *auth, gps_limits *limits,
                          registry *reg, gps_jobs *jobs, gps_store *store, const char *version);
+/* GET /admin/status (and the dashboard's status) gets "servers": what fn
+ * returns (a new reference, or NULL to leave it out): the servers that
+ * share the database (server/cluster.h gps_cluster_json). */
+typedef json_t *(*gps_admin_servers_fn)(void *arg);
+void gps_admin_set_servers_hook(gps_admin *a, gps_admin_servers_fn fn, void *arg);
 /* Free after the HTTP server (a store read still pending finds its request
  * gone and frees itself). NULL is a no-op. */
 void gps_admin_free(gps_admin *a);

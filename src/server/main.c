@@ -40,6 +40,7 @@
 #include "server/fleet/pins.h"
 #include "server/fleet/deploy.h"
 #include "server/admin_api.h"
+#include "server/cluster.h"
 #include "server/dashboard/dashboard.h"
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
@@ -89,6 +90,7 @@ typedef struct server {
     gps_resp_state *resp_state; /* stored Responses */
     gps_responses *responses;   /* the Responses routes' context */
     gps_tls *tls;               /* NULL without listen_tls */
+    gps_cluster *cluster;       /* this server in the servers table, its lease */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
     uint64_t shutdown_deadline_ms;
@@ -341,8 +343,12 @@ static bool home_hook(void *arg)
 static void h_health(gps_req *r, void *arg)
 {
     server *s = arg;
-    char msg[256] = "";
+    char msg[300] = "";
     bool db_ok = gps_store_healthy(s->store, msg, sizeof msg);
+    /* A server that lost its lease on the database refuses new work: a
+     * balancer's health check should send clients elsewhere. */
+    bool lease_ok = db_ok && gps_cluster_admit(s->cluster, msg, sizeof msg) == 0;
+    db_ok = db_ok && lease_ok;
     json_t *body = json_pack(
         "{s:s,s:s,s:s,s:I,s:I,s:b,s:b}", "status", db_ok ? "ok" : "degraded", "db",
         db_ok ? "ok" : "error", "version", SERVER_VERSION, "agents",
@@ -544,6 +550,53 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
             gp_log_info("tls_reloaded", "certificate %s, valid until %s",
                         gps_tls_subject(s->tls), gps_tls_not_after(s->tls));
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* Several servers on one database                                     */
+/* ------------------------------------------------------------------ */
+
+static int cluster_admit(void *arg, char *msg, size_t msglen)
+{
+    server *s = arg;
+    return gps_cluster_admit(s->cluster, msg, msglen);
+}
+
+static json_t *cluster_servers(void *arg)
+{
+    server *s = arg;
+    return gps_cluster_json(s->cluster, gp_now_wall_ms());
+}
+
+/* Announce this server (servers table) and start its heartbeat. On
+ * PostgreSQL, where other servers may share the database, the lease is
+ * enforced and keys and usage are re-read; a SQLite file has one server:
+ * its row only. */
+static int cluster_start(server *s, const char *host, int port)
+{
+    char name[300];
+    if (s->cfg.server_name && *s->cfg.server_name)
+        snprintf(name, sizeof name, "%s", s->cfg.server_name);
+    else
+        snprintf(name, sizeof name, "%s:%d", host ? host : "", port);
+    bool shared = !gps_store_db_is_file(s->cfg.db);
+    gps_cluster_opts copts = {
+        .name = name,
+        .url = s->cfg.advertise_url,
+        .version = SERVER_VERSION,
+        .heartbeat_ms = (int)s->cfg.heartbeat_sec * 1000,
+        .lease_ms = shared ? (int)s->cfg.lease_sec * 1000 : 0,
+        .refresh_ms = shared ? (int)s->cfg.shared_refresh_sec * 1000 : 0,
+    };
+    if (copts.lease_ms && copts.lease_ms <= copts.heartbeat_ms)
+        gp_log_warn("lease_too_short", "lease_sec (%lld) should exceed heartbeat_sec (%lld)",
+                    s->cfg.lease_sec, s->cfg.heartbeat_sec);
+    s->cluster = gps_cluster_start(s->base, s->store, s->auth, s->limits, &copts);
+    if (!s->cluster)
+        return -1;
+    gps_http_set_admit(s->http, cluster_admit, s);
+    gps_admin_set_servers_hook(s->admin, cluster_servers, s);
+    return 0;
 }
 
 static void purge_cb(evutil_socket_t fd, short what, void *arg)
@@ -978,6 +1031,8 @@ int main(int argc, char **argv)
         (s->cfg.heap_trim_bytes > 0 && event_add(s->trim_timer, &trim_every) < 0))
         goto oom;
     purge_cb(-1, 0, s);
+    if (cluster_start(s, host ? host : tls_host, host ? bound : tls_bound) < 0)
+        goto oom;
 
     if (host)
         gp_log_write(GP_LOG_INFO, "listening", NULL,
@@ -998,6 +1053,7 @@ int main(int argc, char **argv)
 
     event_base_dispatch(s->base);
 
+    gps_cluster_stop(s->cluster);
     gp_log_info("shutdown_flush", "flushing the database");
     if (gps_store_flush(s->store) < 0)
         gp_log_error("db_flush_failed", "the last commit failed");
@@ -1031,11 +1087,14 @@ done:
         gps_agents_free(s->agents);
     gps_deploy_free(s->deploy); /* after the agents and the admin API, which borrow it */
     gps_pins_free(s->pins); /* after the agents and the admin API, which borrow it */
+    /* Before the limits, the auth and the cluster: reads still pending
+     * (their re-reads, a heartbeat) are delivered to them here. */
+    if (s->store)
+        gps_store_close(s->store);
+    gps_cluster_free(s->cluster);
     gps_limits_free(s->limits); /* after the jobs, which report to it */
     if (s->auth)
         gps_auth_free(s->auth);
-    if (s->store)
-        gps_store_close(s->store);
     gps_metrics_free(s->metrics);
     struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->shutdown_timer,
                            s->purge_timer, s->trim_timer};

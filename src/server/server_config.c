@@ -116,6 +116,19 @@ const gp_opt gps_config_table[] = {
      "SIGTERM: how long running streams may finish"},
     {"retention_days", GP_OPT_INT, O(retention_days), "30", 0, 36500, NULL,
      "purge finished jobs older than this (0 = keep)"},
+    {"server_name", GP_OPT_STR, O(server_name), "", 0, 0, NULL,
+     "this server's name in the servers table and /admin/status (default: host:port of "
+     "the listener)"},
+    {"advertise_url", GP_OPT_STR, O(advertise_url), "", 0, 0, NULL,
+     "how agents and peers reach this server (listed in the servers table; informational)"},
+    {"heartbeat_sec", GP_OPT_INT, O(heartbeat_sec), "2", 1, 3600, NULL,
+     "renew this server's row in the servers table (its lease) this often"},
+    {"lease_sec", GP_OPT_INT, O(lease_sec), "10", 0, 86400, NULL,
+     "on PostgreSQL: a server that could not renew its lease for this long answers new "
+     "requests 503 until it can again (0 = never refuse); must exceed heartbeat_sec"},
+    {"shared_refresh_sec", GP_OPT_INT, O(shared_refresh_sec), "5", 1, 3600, NULL,
+     "on PostgreSQL: re-read keys and today's usage this often, so that what other "
+     "servers changed takes effect here"},
     {"log_prompts", GP_OPT_BOOL, O(log_prompts), "false", 0, 0, NULL,
      "store prompts and outputs in the job log (native tasks keep theirs regardless: "
      "that makes them durable)"},

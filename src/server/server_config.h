@@ -70,6 +70,11 @@ typedef struct gps_config {
     long long shutdown_grace_sec; /* SIGTERM: how long streams may finish */
     long long retention_days;   /* finished jobs older than this are purged */
     bool log_prompts;           /* store prompts in the job log */
+    char *server_name;          /* servers table: this server's name ("" = host:port) */
+    char *advertise_url;        /* servers table: how to reach it ("" = none) */
+    long long heartbeat_sec;    /* lease renewal period */
+    long long lease_sec;        /* PostgreSQL: no renewal this long -> 503 (0 = never) */
+    long long shared_refresh_sec; /* PostgreSQL: keys and usage re-read this often */
 } gps_config;
 
 extern const gp_opt gps_config_table[];

@@ -30,6 +30,10 @@ struct gps_auth {
     gps_auth_stats stats;
     gps_auth_revoke_fn on_revoke;
     void *on_revoke_arg;
+    /* gps_auth_refresh: a read in flight, and the count of local limit
+     * changes (a read queued before one must not undo it). */
+    bool refreshing;
+    uint64_t limits_gen, refresh_gen;
 };
 
 static const char *const role_names[GPS_KEY_ROLE_COUNT] = {
@@ -279,6 +283,71 @@ int gps_auth_load(gps_auth *a, char *err, size_t errlen)
     return 0;
 }
 
+/* One stored key merged into the cache (gps_auth_refresh). Only what
+ * another server may have changed moves: a revocation (never undone), the
+ * expiry, the limits (unless changed here since the read was queued), an
+ * enrollment token's uses (the larger count), an agent binding. */
+static void merge_one(gps_auth *a, const gps_store_key_row *r, bool take_limits, int64_t now)
+{
+    gps_auth_key *k = (gps_auth_key *)gps_auth_key_find(a, r->id);
+    int role = gps_key_role_parse(r->role);
+    if (!k) {
+        if (role < 0 || !r->hash || strlen(r->hash) != 64)
+            return;
+        k = key_new(r->id, r->hash, (gps_key_role)role, r->name, r->agent_id, r->created_at,
+                    r->expires_at, r->revoked_at, r->last_used_at);
+        if (!k)
+            return;
+        k->limits = (gps_key_limits){r->rpm, r->tokens_per_day, r->max_concurrent};
+        k->max_uses = r->max_uses;
+        k->uses = r->uses;
+        table_add(a->buckets, k);
+        unsigned ib = id_bucket_of(k->id);
+        k->id_next = a->by_id[ib];
+        a->by_id[ib] = k;
+        a->n++;
+        return;
+    }
+    bool was_usable = key_usable(k, now);
+    if (r->revoked_at && !k->revoked_at)
+        k->revoked_at = r->revoked_at;
+    k->expires_at = r->expires_at;
+    if (take_limits) {
+        k->limits = (gps_key_limits){r->rpm, r->tokens_per_day, r->max_concurrent};
+        k->max_uses = r->max_uses;
+    }
+    if (r->uses > k->uses)
+        k->uses = r->uses;
+    if (!k->agent_id && r->agent_id)
+        k->agent_id = strdup(r->agent_id);   /* NULL on ENOMEM: stays unbound here */
+    if (was_usable && !key_usable(k, now) && a->on_revoke)
+        a->on_revoke(a->on_revoke_arg, k->id);
+}
+
+static void refreshed(void *arg, int status, const gps_store_key_row *rows, size_t n)
+{
+    gps_auth *a = arg;
+    a->refreshing = false;
+    if (status != 0)
+        return;   /* the DB is away: the cache stays as it is */
+    bool take_limits = a->refresh_gen == a->limits_gen;
+    int64_t now = gp_now_wall_ms();
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].id)
+            merge_one(a, &rows[i], take_limits, now);
+}
+
+int gps_auth_refresh(gps_auth *a)
+{
+    if (!a->store || a->refreshing)
+        return 0;
+    a->refresh_gen = a->limits_gen;
+    if (gps_store_keys_async(a->store, refreshed, a) != 0)
+        return -1;
+    a->refreshing = true;
+    return 0;
+}
+
 void gps_auth_set_revoke_listener(gps_auth *a, gps_auth_revoke_fn fn, void *arg)
 {
     a->on_revoke = fn;
@@ -506,6 +575,7 @@ int gps_auth_key_set_limits(gps_auth *a, const char *key_id, const gps_key_limit
     if (!limits_valid(limits))
         return -1;
     k->limits = *limits;
+    a->limits_gen++;
     if (a->store)
         gps_store_key_limits(a->store, k->id, limits->rpm, limits->tokens_per_day,
                              limits->max_concurrent, k->max_uses);

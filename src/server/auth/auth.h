@@ -128,6 +128,17 @@ void gps_auth_free(gps_auth *a);
  * gps_auth_key pointers become invalid. 0 or -1 with err (cache kept). */
 int gps_auth_load(gps_auth *a, char *err, size_t errlen);
 
+/* Several servers on one database (docs/scaling.md section 3): re-read
+ * every key through the store's queue (no wait on the loop) and merge
+ * what other servers changed into the cache: new keys, revocations
+ * (never undone here; the revoke listener hears of them), expiry, limits,
+ * enrollment uses, agent bindings. Keys are never dropped and cached
+ * pointers stay valid. At most one read in flight; a failed one (database
+ * away) leaves the cache as it was. 0, or -1 when it could not be queued.
+ * Its callback runs on the loop thread; free the auth only after the
+ * store is closed. */
+int gps_auth_refresh(gps_auth *a);
+
 /* The core says whether all its listeners are on loopback. */
 void gps_auth_set_loopback_only(gps_auth *a, bool loopback_only);
 /* True when checks are enforced (see the rule at the top). */

@@ -45,6 +45,9 @@ typedef struct lim_entry {
     double bucket;               /* rpm token bucket: requests available now */
     int64_t bucket_ms;           /* wall ms of the last refill; 0 = never used (full) */
     gps_key_usage u;
+    /* Counts this server added to day since_day since the last re-read
+     * was queued (gps_limits_refresh): the read cannot hold them. */
+    int64_t since_day, since[4];
     struct lim_entry *next;
 } lim_entry;
 
@@ -52,6 +55,7 @@ struct gps_limits {
     gps_auth *auth;              /* borrowed */
     gps_store *store;            /* borrowed, may be NULL */
     lim_entry *buckets[NBUCKETS];
+    bool refreshing;             /* a usage re-read in flight */
 };
 
 const char *gps_limit_result_name(gps_limit_result r)
@@ -166,6 +170,13 @@ int gps_limits_load(gps_limits *l, int64_t now_wall_ms, char *err, size_t errlen
 static void persist(gps_limits *l, lim_entry *e, int64_t requests, int64_t prompt,
                     int64_t completion, int64_t refused)
 {
+    if (e->since_day != e->u.day) {
+        e->since_day = e->u.day;
+        memset(e->since, 0, sizeof e->since);
+    }
+    int64_t add[4] = {requests, prompt, completion, refused};
+    for (int i = 0; i < 4; i++)
+        e->since[i] = sat_add(e->since[i], add[i]);
     if (l->store)
         gps_store_usage_add(l->store, e->key_id, e->u.day, requests, prompt, completion,
                             refused);
@@ -292,6 +303,52 @@ void gps_limits_account(gps_limits *l, const char *key_id, int64_t prompt_tokens
     e->u.prompt_tokens = sat_add(e->u.prompt_tokens, prompt_tokens);
     e->u.completion_tokens = sat_add(e->u.completion_tokens, completion_tokens);
     persist(l, e, 0, prompt_tokens, completion_tokens, 0);
+}
+
+/* Today's usage of every key as the database holds it, all servers
+ * together: each count becomes the stored one plus what this server added
+ * after the read was queued (ops run in queue order, so the read saw every
+ * earlier add that reached the database). */
+static void refreshed(void *arg, int status, int64_t day, const gps_store_usage_row *rows,
+                      size_t n)
+{
+    gps_limits *l = arg;
+    l->refreshing = false;
+    for (size_t i = 0; status == 0 && i < n; i++) {
+        lim_entry *e = rows[i].key_id ? entry_get(l, rows[i].key_id) : NULL;
+        if (!e)
+            continue;
+        if (e->u.day != day) {
+            if (e->u.day > day)
+                continue;   /* a new UTC day began meanwhile */
+            roll_day(e, day * DAY_MS);
+        }
+        bool mine = e->since_day == day;
+        int64_t db[4] = {rows[i].requests, rows[i].prompt_tokens, rows[i].completion_tokens,
+                         rows[i].rate_limited};
+        int64_t *dst[4] = {&e->u.requests, &e->u.prompt_tokens, &e->u.completion_tokens,
+                           &e->u.rate_limited};
+        static const char *const what[4] = {"requests", "prompt_tokens", "completion_tokens",
+                                            "rate_limited"};
+        for (int k = 0; k < 4; k++)
+            *dst[k] = sat_add(clamp_count(db[k], e->key_id, what[k]), mine ? e->since[k] : 0);
+    }
+}
+
+int gps_limits_refresh(gps_limits *l, int64_t now_wall_ms)
+{
+    if (!l->store || l->refreshing)
+        return 0;
+    int64_t day = day_of(now_wall_ms);
+    for (size_t i = 0; i < NBUCKETS; i++)
+        for (lim_entry *e = l->buckets[i]; e; e = e->next) {
+            e->since_day = day;
+            memset(e->since, 0, sizeof e->since);
+        }
+    if (gps_store_usage_async(l->store, day, refreshed, l) != 0)
+        return -1;
+    l->refreshing = true;
+    return 0;
 }
 
 void gps_limits_get_usage(gps_limits *l, const char *key_id, int64_t now_wall_ms,

@@ -97,6 +97,15 @@ void gps_limits_waiting_add(gps_limits *l, const char *key_id, int delta);
 void gps_limits_account(gps_limits *l, const char *key_id, int64_t prompt_tokens,
                         int64_t completion_tokens, int64_t now_wall_ms);
 
+/* Several servers on one database (docs/scaling.md section 3): re-read
+ * today's usage of every key through the store's queue and take the
+ * stored counts, which every server adds to atomically, plus what this
+ * server added since the read was queued. A budget then holds across
+ * servers up to what the others admitted since the last re-read. At most
+ * one read in flight; a failed one changes nothing. 0, or -1 when it could
+ * not be queued. Free the limits only after the store is closed. */
+int gps_limits_refresh(gps_limits *l, int64_t now_wall_ms);
+
 /* Usage of key_id today (zeros for an unknown or unused key). */
 void gps_limits_get_usage(gps_limits *l, const char *key_id, int64_t now_wall_ms,
                           gps_key_usage *out);

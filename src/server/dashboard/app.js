@@ -218,6 +218,20 @@ function renderModels(snap) {
   }
 }
 
+// The servers sharing the database (docs/scaling.md section 3): each with
+// its lease state (alive, lease_expired, stopped); this one is marked.
+function renderServers(info) {
+  const tb = $("servers").querySelector("tbody");
+  tb.replaceChildren();
+  for (const v of (info && info.servers) || []) {
+    const ago = v.heartbeat_at ? fmt((Date.now() - v.heartbeat_at) / 1000, 1) + " s ago" : "";
+    tb.append(el("tr", { "data-server-id": v.id, "data-state": v.state },
+      el("td", { text: v.name + (v.self ? " (this one)" : "") }), el("td", { text: v.state }),
+      el("td", { text: v.version || "" }), el("td", { text: String(v.pid) }),
+      el("td", { text: ago }), el("td", { text: v.url || "" })));
+  }
+}
+
 // Deployed models (docs/admin.md "Deployments"): one row per replica with
 // its state and download progress; a short deployment gets a row saying
 // how many replicas fit nowhere and, on hover, why each agent was refused.
@@ -316,6 +330,7 @@ function onSnapshot(snap) {
   renderAgents(snap.agents);
   renderModels(snap);
   renderDeployments(snap.deployments || []);
+  renderServers(snap.status.servers);
   if (snap.requests_total !== lastRequests) {
     lastRequests = snap.requests_total;
     refreshJobs();

@@ -67,6 +67,8 @@ struct gps_http {
     size_t inflight_unauth;     /* the part of it from requests without credentials */
     bool (*home)(void *);       /* home mode now? (see gps_http_set_home_check) */
     void *home_arg;
+    gps_admit_fn admit;         /* may new work come in? (gps_http_set_admit) */
+    void *admit_arg;
     char pool_id[17];           /* this pool in X-Pool-Via */
     gps_conn **conn_by_fd;      /* gates by socket, for dispatch */
     size_t nconn_by_fd;
@@ -1920,6 +1922,15 @@ static void dispatch(struct evhttp_request *req, void *arg)
             return;
         }
     }
+    if (h->admit && route->role == GPS_ROLE_CLIENT && r.method == EVHTTP_REQ_POST) {
+        char msg[300];
+        int sec = h->admit(h->admit_arg, msg, sizeof msg);
+        if (sec > 0) {
+            gps_send_error_retry(req, route->dialect, 503, "SERVER_BUSY", msg, NULL,
+                                 r.correlation_id, sec);
+            return;
+        }
+    }
     if (h->shutting_down && (route->role == GPS_ROLE_CLIENT || route->role == GPS_ROLE_ADMIN)) {
         gps_req_add_header(&r, "Retry-After", "1");
         gps_req_add_header(&r, "Connection", "close");
@@ -2022,6 +2033,12 @@ void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg)
 {
     h->auth = fn;
     h->auth_arg = arg;
+}
+
+void gps_http_set_admit(gps_http *h, gps_admit_fn fn, void *arg)
+{
+    h->admit = fn;
+    h->admit_arg = arg;
 }
 
 void gps_http_set_home_check(gps_http *h, bool (*fn)(void *arg), void *arg)

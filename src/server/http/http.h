@@ -123,6 +123,14 @@ int gps_http_add_route(gps_http *h, unsigned methods, const char *pattern, gps_d
  * the table's (NULL) arg. 0 or -1. */
 int gps_http_add_routes(gps_http *h, const gps_route *table, size_t n, void *arg);
 void gps_http_set_auth(gps_http *h, gps_auth_fn fn, void *arg);
+/* Admission of new work (a POST on a client route: a completion, a
+ * message, a task...): fn returns 0 to admit, or the seconds to wait,
+ * with the reason in msg; the request is then answered 503 SERVER_BUSY in
+ * its dialect with Retry-After (the server's lease on its database
+ * expired: server/cluster.h). Other routes (agents, admin, reads) always
+ * pass. NULL fn: everything is admitted. */
+typedef int (*gps_admit_fn)(void *arg, char *msg, size_t msglen);
+void gps_http_set_admit(gps_http *h, gps_admit_fn fn, void *arg);
 /* Home mode (auth off: loopback listeners and no key) asked per request:
  * while fn(arg) is true, a browser page from elsewhere must not be able to
  * use the API (cross-site requests, DNS rebinding). Such requests are

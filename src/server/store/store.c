@@ -115,6 +115,14 @@ enum {
     K_REPLICA_DELETE,
     K_LOAD_DEPLOYS,
     K_LOAD_REPLICAS,
+    /* servers sharing the DB (migration 0009) and the periodic re-reads
+     * that keep keys and usage in step across them */
+    K_SERVER_BEAT,
+    K_SERVER_STOP,
+    K_SERVER_PURGE,
+    K_SERVER_LIST,
+    K_KEYS_GET,
+    K_USAGE_GET,
     K_COUNT
 };
 
@@ -393,6 +401,35 @@ static const struct {
     [K_RESP_PURGE] = {"response_purge", F_OPT,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at < ?1 "
         "LIMIT 1000)", NULL},
+
+    /* Servers (migration 0009). The announce and every heartbeat are one
+     * upsert: a row lost meanwhile (a purge by another server after a long
+     * partition) comes back whole. */
+    [K_SERVER_BEAT] = {"server_beat", F_OPT,
+        "INSERT INTO servers (id, name, url, pid, version, started_at, heartbeat_at, "
+        "lease_until, stopped_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL) "
+        "ON CONFLICT(id) DO UPDATE SET name = excluded.name, url = excluded.url, "
+        "heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, "
+        "stopped_at = NULL", NULL},
+
+    [K_SERVER_STOP] = {"server_stop", F_OPT,
+        "UPDATE servers SET stopped_at = ?2, lease_until = ?2 WHERE id = ?1", NULL},
+
+    [K_SERVER_PURGE] = {"server_purge", F_OPT,
+        "DELETE FROM servers WHERE lease_until < ?1", NULL},
+
+    [K_SERVER_LIST] = {"server_list", F_OPT,
+        "SELECT id, name, url, pid, version, started_at, heartbeat_at, lease_until, stopped_at "
+        "FROM servers ORDER BY started_at, id", NULL},
+
+    [K_KEYS_GET] = {"keys_get", F_OPT,
+        "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
+        "last_used_at, rpm, tokens_per_day, max_concurrent, max_uses, uses "
+        "FROM api_keys ORDER BY created_at, id", NULL},
+
+    [K_USAGE_GET] = {"usage_get", F_OPT,
+        "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
+        "FROM key_usage WHERE day = ?1", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -418,6 +455,10 @@ typedef struct op {
     json_t *events;            /* job_get: the stored event log (owned), or NULL */
     gps_store_jobs_fn jobs_cb; /* job_list */
     gps_store_cells_fn cells_cb; /* F_CELLS statements */
+    gps_store_status_fn status_cb;   /* server_beat */
+    gps_store_servers_fn servers_cb; /* server_list */
+    gps_store_keys_fn keys_cb;       /* keys_get */
+    gps_store_usage_rows_fn usage_cb;/* usage_get */
     int64_t changes;           /* F_CELLS: rows the statement changed */
     row **rows;                /* job_list: nrows rows (owned) */
     size_t nrows;
@@ -777,6 +818,8 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     if (!conn_stmt(c, o->kind)) {
         /* An optional statement this DB's schema does not support. */
         *failed = true;
+        if (o->kind == K_SERVER_BEAT)
+            o->status = -1;   /* no lease without the table */
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
                      json_pack("{s:s}", "op", stmts[o->kind].name),
                      "store op %s is not supported by this database's schema",
@@ -794,6 +837,9 @@ static bool run_op(gps_store *s, op *o, bool *failed)
         return false;
     }
     case K_JOB_LIST:
+    case K_SERVER_LIST:
+    case K_KEYS_GET:
+    case K_USAGE_GET:
     case K_RESP_GET:
     case K_RESP_ITEMS_GET:
     case K_RESP_DELETE:
@@ -816,6 +862,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     }
     if (stmt_exec(c, o->kind, o->v, o->nv, NULL, NULL, &stopped, &changes) != 0) {
         *failed = true;
+        o->status = -1;   /* a heartbeat's caller learns it (server_beat) */
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
                      json_pack("{s:s, s:s}", "op", stmts[o->kind].name, "engine", s->eng->name),
                      "store write %s failed: %s", stmts[o->kind].name, conn_err(c));
@@ -851,7 +898,8 @@ static void timespec_in_us(struct timespec *ts, uint64_t us_from_now)
 static bool op_is_read(const op *o)
 {
     return o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST ||
-           (stmts[o->kind].flags & F_CELLS);
+           o->kind == K_SERVER_BEAT || o->kind == K_SERVER_LIST || o->kind == K_KEYS_GET ||
+           o->kind == K_USAGE_GET || (stmts[o->kind].flags & F_CELLS);
 }
 
 static void *db_main(void *arg)
@@ -954,6 +1002,10 @@ static void *db_main(void *arg)
             commit_us = gp_now_mono_us() - t0;
         }
 
+        /* A heartbeat holds only once its transaction is committed. */
+        for (op *o = done_head; o && in_tx && !commit_ok; o = o->next)
+            if (o->kind == K_SERVER_BEAT)
+                o->status = -1;
         pthread_mutex_lock(&s->mu);
         if (commit_ok) {
             s->stats.ops_committed += writes_ok;
@@ -1218,6 +1270,51 @@ static void deliver_cells(op *o)
     free(cell);
 }
 
+/* The reads of the servers' shared state (servers, keys, usage): rows
+ * turned into the caller's structs, borrowed for the callback. */
+static void deliver_shared(op *o)
+{
+    if (o->kind == K_SERVER_BEAT) {
+        o->status_cb(o->arg, o->status);
+        return;
+    }
+    size_t n = o->status == 0 ? o->nrows : 0;
+    size_t sz = o->kind == K_SERVER_LIST ? sizeof(gps_store_server_row)
+                : o->kind == K_KEYS_GET  ? sizeof(gps_store_key_row)
+                                         : sizeof(gps_store_usage_row);
+    void *v = n ? calloc(n, sz) : NULL;
+    int status = n && !v ? -1 : o->status;
+    for (size_t i = 0; v && i < n; i++) {
+        const row *r = o->rows[i];
+        if (o->kind == K_SERVER_LIST)
+            ((gps_store_server_row *)v)[i] = (gps_store_server_row){
+                .id = rs(r, 0), .name = rs(r, 1), .url = rs(r, 2), .pid = ri(r, 3, 0),
+                .version = rs(r, 4), .started_at = ri(r, 5, 0), .heartbeat_at = ri(r, 6, 0),
+                .lease_until = ri(r, 7, 0), .stopped_at = ri(r, 8, 0)};
+        else if (o->kind == K_KEYS_GET)
+            ((gps_store_key_row *)v)[i] = (gps_store_key_row){
+                .id = rs(r, 0), .hash = rs(r, 1), .role = rs(r, 2),
+                .name = rs(r, 3) ? rs(r, 3) : "", .agent_id = rs(r, 4),
+                .created_at = ri(r, 5, 0), .expires_at = ri(r, 6, 0),
+                .revoked_at = ri(r, 7, 0), .last_used_at = ri(r, 8, 0), .rpm = ri(r, 9, 0),
+                .tokens_per_day = ri(r, 10, 0), .max_concurrent = ri(r, 11, 0),
+                .max_uses = ri(r, 12, 0), .uses = ri(r, 13, 0)};
+        else
+            ((gps_store_usage_row *)v)[i] = (gps_store_usage_row){
+                .key_id = rs(r, 0), .requests = ri(r, 1, 0), .prompt_tokens = ri(r, 2, 0),
+                .completion_tokens = ri(r, 3, 0), .rate_limited = ri(r, 4, 0)};
+    }
+    if (status != 0)
+        n = 0;
+    if (o->kind == K_SERVER_LIST)
+        o->servers_cb(o->arg, status, v, n);
+    else if (o->kind == K_KEYS_GET)
+        o->keys_cb(o->arg, status, v, n);
+    else
+        o->usage_cb(o->arg, status, o->v[0].i, v, n);
+    free(v);
+}
+
 static void deliver(op *o)
 {
     if (o->kind == K_JOB_GET) {
@@ -1235,6 +1332,9 @@ static void deliver(op *o)
         o->ping_cb(o->arg, o->status == 0, o->status == 0 ? "ok" : o->msg);
     } else if (stmts[o->kind].flags & F_CELLS) {
         deliver_cells(o);
+    } else if (o->kind == K_SERVER_BEAT || o->kind == K_SERVER_LIST || o->kind == K_KEYS_GET ||
+               o->kind == K_USAGE_GET) {
+        deliver_shared(o);
     } else if (o->kind == K_JOB_LIST) {
         gps_store_job_info *jobs = o->nrows ? calloc(o->nrows, sizeof *jobs) : NULL;
         if (o->nrows && !jobs) {
@@ -1962,6 +2062,73 @@ int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
     o->ping_cb = cb;
     o->arg = arg;
     return enqueue(s, o, false);
+}
+
+/* ---- servers sharing the DB, and the re-reads that keep them in step ---- */
+
+int gps_store_server_beat_async(gps_store *s, const gps_store_server_row *r,
+                                gps_store_status_fn cb, void *arg)
+{
+    if (!s->ev_done || !r || !r->id || !r->name || !r->version || !cb)
+        return -1;
+    op *o = read_op(K_SERVER_BEAT, "tttitiii", r->id, r->name, r->url, r->pid, r->version,
+                    r->started_at, r->heartbeat_at, r->lease_until);
+    if (!o)
+        return -1;
+    o->status_cb = cb;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+bool gps_store_has_servers(gps_store *s) { return s && s->w.ok[K_SERVER_BEAT]; }
+
+int gps_store_server_stop(gps_store *s, const char *id, int64_t at)
+{
+    return id ? write_op(s, K_SERVER_STOP, "ti", id, at) : -1;
+}
+
+int gps_store_server_purge(gps_store *s, int64_t before)
+{
+    return write_op(s, K_SERVER_PURGE, "i", before);
+}
+
+/* A read of kind with one callback of the shared-state family. */
+static int shared_read(gps_store *s, op *o, void *arg)
+{
+    if (!o)
+        return -1;
+    o->arg = arg;
+    return enqueue(s, o, false);
+}
+
+int gps_store_servers_async(gps_store *s, gps_store_servers_fn cb, void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    op *o = read_op(K_SERVER_LIST, "");
+    if (o)
+        o->servers_cb = cb;
+    return shared_read(s, o, arg);
+}
+
+int gps_store_keys_async(gps_store *s, gps_store_keys_fn cb, void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    op *o = read_op(K_KEYS_GET, "");
+    if (o)
+        o->keys_cb = cb;
+    return shared_read(s, o, arg);
+}
+
+int gps_store_usage_async(gps_store *s, int64_t day, gps_store_usage_rows_fn cb, void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    op *o = read_op(K_USAGE_GET, "i", day);
+    if (o)
+        o->usage_cb = cb;
+    return shared_read(s, o, arg);
 }
 
 /* Filters of GET /admin/jobs: NULL binds NULL, "any". */

@@ -86,6 +86,15 @@
  *          created_at INTEGER NOT NULL, PRIMARY KEY (job_id, first_seq))
  *     -- statements on it are optional: a DB without the table (custom
  *     -- migrations_dir) opens, and those ops fail and are logged
+ *
+ *   (0003 key limits and key_usage, 0005 model_pins, 0006 responses,
+ *    0007 deployments: see docs/persistence.md "Tables")
+ *
+ *   servers(id TEXT PK, name TEXT NOT NULL, url TEXT,        (migration 0009)
+ *          pid INTEGER, version TEXT, started_at, heartbeat_at,
+ *          lease_until INTEGER NOT NULL, stopped_at INTEGER)
+ *     -- one row per server process sharing the DB; lease_until renewed by
+ *     -- each heartbeat (gps_store_server_beat_async)
  * ------------------------------------------------------------------------
  *
  * Threading: gps_store_open/close, the load and *_sync functions run on
@@ -470,5 +479,50 @@ typedef int (*gps_store_deploy_fn)(void *arg, const gps_store_deploy_row *d);
 typedef int (*gps_store_replica_fn)(void *arg, const gps_store_replica_row *r);
 int gps_store_load_deployments(gps_store *s, gps_store_deploy_fn dcb, gps_store_replica_fn rcb,
                                void *arg, char *err, size_t errlen);
+
+/* Servers that share this database (migration 0009, docs/scaling.md
+ * section 3): each announces itself, renews a lease with a heartbeat and
+ * marks itself stopped on a clean shutdown. Strings borrowed. */
+typedef struct gps_store_server_row {
+    const char *id, *name, *url, *version;   /* url may be NULL */
+    int64_t pid;
+    int64_t started_at, heartbeat_at, lease_until;   /* wall ms */
+    int64_t stopped_at;                              /* 0 = running */
+} gps_store_server_row;
+/* Does this DB's schema hold the servers table (a custom migrations_dir
+ * may lack it: then do not announce)? */
+bool gps_store_has_servers(gps_store *s);
+/* status 0: the write ran and its transaction committed; -1: it did not
+ * (database unreachable, no servers table). Runs on the loop thread. */
+typedef void (*gps_store_status_fn)(void *arg, int status);
+/* Announce or renew (one upsert of id's row; stopped_at is cleared): a
+ * read-like op, committed at once, cb says whether it held. Returns 0, or
+ * -1 (no event_base, ENOMEM, DB thread gone): cb is then never called. */
+int gps_store_server_beat_async(gps_store *s, const gps_store_server_row *r,
+                                gps_store_status_fn cb, void *arg);
+/* Queued writes: mark id stopped at `at` (clean shutdown: its lease ends
+ * then too); delete the rows whose lease ended before `before`. */
+int gps_store_server_stop(gps_store *s, const char *id, int64_t at);
+int gps_store_server_purge(gps_store *s, int64_t before);
+/* Every server row, oldest start first. Borrowed for the callback; status
+ * -1 with n 0 on failure. */
+typedef void (*gps_store_servers_fn)(void *arg, int status, const gps_store_server_row *rows,
+                                     size_t n);
+int gps_store_servers_async(gps_store *s, gps_store_servers_fn cb, void *arg);
+
+/* The re-reads that keep several servers in step (loop thread callbacks,
+ * after every write queued before them; rows borrowed for the call): every
+ * key with its limits (migration 0003 columns required), and every key's
+ * usage of one day. 0, or -1 when cb will never be called. */
+typedef void (*gps_store_keys_fn)(void *arg, int status, const gps_store_key_row *rows,
+                                  size_t n);
+int gps_store_keys_async(gps_store *s, gps_store_keys_fn cb, void *arg);
+typedef struct gps_store_usage_row {
+    const char *key_id;
+    int64_t requests, prompt_tokens, completion_tokens, rate_limited;
+} gps_store_usage_row;
+typedef void (*gps_store_usage_rows_fn)(void *arg, int status, int64_t day,
+                                        const gps_store_usage_row *rows, size_t n);
+int gps_store_usage_async(gps_store *s, int64_t day, gps_store_usage_rows_fn cb, void *arg);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * Unit tests for src/server/auth/auth.c: key format, hashing at rest, checks
  * (ok, missing, invalid, wrong role, revoked, expired), the auth-enabled
- * rule, agent binding, and persistence through a real SQLite store.
+ * rule, agent binding, persistence through a real SQLite store, and the
+ * re-reads that keep several servers' caches in step.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <event2/event.h>
 #include <event2/thread.h>
 
 #include "common/gp_util.h"
@@ -529,6 +531,91 @@ static void test_spec_keys_persist(void **state)
     gps_store_close(s);
 }
 
+/* ---- re-reads across servers (gps_auth_refresh) ---- */
+
+static void on_ping(void *arg, bool ok, const char *msg)
+{
+    (void)msg;
+    *(int *)arg = ok ? 1 : -1;
+}
+
+/* Queue a refresh of a, then a ping behind it: ops run and are delivered
+ * in order, so the refresh has been merged when the ping answers. */
+static void refresh_now(struct event_base *base, gps_store *s, gps_auth *a, bool queue_refresh)
+{
+    int done = 0;
+    if (queue_refresh)
+        assert_int_equal(gps_auth_refresh(a), 0);
+    assert_int_equal(gps_store_ping_async(s, on_ping, &done), 0);
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 3000 && !done; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+    assert_int_equal(done, 1);
+}
+
+static void test_refresh_merges_other_servers(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    char err[512] = "";
+    /* Server a, with the loop; server b on the same database. */
+    gps_store *sa = gps_store_open(t->db, base, NULL, err, sizeof err);
+    assert_non_null(sa);
+    gps_auth *a = auth_loaded(sa);
+    gps_store *sb = open_store(t->db);
+    gps_auth *b = auth_loaded(sb);
+    gps_auth_set_loopback_only(a, false);   /* checks enforced */
+    revoked_log log = {0};
+    gps_auth_set_revoke_listener(a, on_revoked, &log);
+
+    /* A key made on b (and one by the CLI) is unknown to a until a re-reads. */
+    char k1[GPS_AUTH_KEY_LEN + 1], id1[GPS_AUTH_ID_LEN + 1];
+    char k2[GPS_AUTH_KEY_LEN + 1], id2[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create(b, GPS_KEY_CLIENT, "on b", 0, k1, id1), 0);
+    create_db_key(t->db, GPS_KEY_CLIENT, "cli", 0, k2, id2);
+    assert_int_equal(gps_store_flush(sb), 0);
+    assert_int_equal(gps_auth_check(a, k1, GPS_KEY_CLIENT, NULL), GPS_AUTH_INVALID);
+    refresh_now(base, sa, a, true);
+    assert_int_equal(gps_auth_check(a, k1, GPS_KEY_CLIENT, NULL), GPS_AUTH_OK);
+    assert_int_equal(gps_auth_check(a, k2, GPS_KEY_CLIENT, NULL), GPS_AUTH_OK);
+    const gps_auth_key *cached = gps_auth_key_find(a, id1);
+
+    /* Revoked and re-limited on b: a follows, keeps its pointers, and its
+     * revoke listener hears of it. */
+    assert_int_equal(gps_auth_key_revoke(b, id1), 0);
+    assert_int_equal(gps_auth_load(b, err, sizeof err), 0);   /* b learns the CLI's key */
+    gps_key_limits lim = {.rpm = 3, .tokens_per_day = 100};
+    assert_int_equal(gps_auth_key_set_limits(b, id2, &lim), 0);
+    assert_int_equal(gps_store_flush(sb), 0);
+    refresh_now(base, sa, a, true);
+    assert_ptr_equal(gps_auth_key_find(a, id1), cached);
+    assert_int_equal(gps_auth_check(a, k1, GPS_KEY_CLIENT, NULL), GPS_AUTH_REVOKED);
+    assert_int_equal(log.n, 1);
+    assert_string_equal(log.ids[0], id1);
+    assert_int_equal(gps_auth_key_find(a, id2)->limits.tokens_per_day, 100);
+
+    /* A re-read queued before a local change must not undo it: limits set
+     * and a revocation made on a after the read was queued stand. */
+    assert_int_equal(gps_auth_refresh(a), 0);
+    lim.tokens_per_day = 7;
+    assert_int_equal(gps_auth_key_set_limits(a, id2, &lim), 0);
+    assert_int_equal(gps_auth_key_revoke(a, id2), 0);
+    refresh_now(base, sa, a, false);
+    assert_int_equal(gps_auth_key_find(a, id2)->limits.tokens_per_day, 7);
+    assert_int_equal(gps_auth_check(a, k2, GPS_KEY_CLIENT, NULL), GPS_AUTH_REVOKED);
+    refresh_now(base, sa, a, true);   /* the next one reads what a wrote */
+    assert_int_equal(gps_auth_key_find(a, id2)->limits.tokens_per_day, 7);
+    assert_int_equal(gps_auth_key_count(a), 2);
+
+    gps_auth_free(b);
+    gps_store_close(sb);
+    gps_store_close(sa);   /* before its auth: pending reads are delivered to it */
+    gps_auth_free(a);
+    event_base_free(base);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -544,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_enroll),
         cmocka_unit_test_setup_teardown(test_revoke_listener, setup, teardown),
         cmocka_unit_test_setup_teardown(test_spec_keys_persist, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refresh_merges_other_servers, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * Unit tests for src/server/auth/limits.c: the rpm token bucket, the daily token
  * budget and its UTC rollover, max_concurrent counting, limits changed on
  * a live key, and today's usage surviving a restart through a real SQLite
- * store (key_usage, migration 0003). Times are explicit wall-clock values,
+ * store (key_usage, migration 0003), and one budget shared by two servers
+ * on one database (gps_limits_refresh). Times are explicit wall-clock values,
  * so nothing here depends on how fast the machine is.
  */
 #include <setjmp.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
 #include <event2/thread.h>
 #include <sqlite3.h>
 
@@ -323,6 +325,63 @@ static void test_bad_usage_rows_are_clamped(void **state)
     gps_store_close(s);
 }
 
+/* ---- one budget across servers (gps_limits_refresh) ---- */
+
+static void on_ping(void *arg, bool ok, const char *msg)
+{
+    (void)msg;
+    *(int *)arg = ok ? 1 : -1;
+}
+
+static void test_refresh_shares_the_budget(void **state)
+{
+    tctx *t = *state;
+    char err[512] = "";
+    char id[GPS_AUTH_ID_LEN + 1];
+    struct event_base *base = event_base_new();
+    gps_store *sa = gps_store_open(t->db, base, NULL, err, sizeof err);
+    gps_store *sb = gps_store_open(t->db, NULL, NULL, err, sizeof err);
+    assert_non_null(sa);
+    assert_non_null(sb);
+    gps_auth *a = auth_with_key(sa, (gps_key_limits){.tokens_per_day = 50}, id);
+    gps_auth *b = gps_auth_new(sb);
+    gps_limits *la = gps_limits_new(a, sa);
+    gps_limits *lb = gps_limits_new(b, sb);
+    int retry;
+    /* Server b spends 40 tokens of the key; a spends 10 and sees only those. */
+    assert_int_equal(gps_limits_admit(lb, id, T0, 0, &retry), GPS_LIMIT_OK);
+    gps_limits_account(lb, id, 30, 10, T0);
+    assert_int_equal(gps_store_flush(sb), 0);
+    assert_int_equal(gps_limits_admit(la, id, T0, 0, &retry), GPS_LIMIT_OK);
+    gps_limits_account(la, id, 5, 5, T0);
+    assert_int_equal(gps_limits_admit(la, id, T0, 0, &retry), GPS_LIMIT_OK);
+    /* a re-reads; what it adds after queueing the read is kept on top. */
+    assert_int_equal(gps_limits_refresh(la, T0), 0);
+    gps_limits_account(la, id, 1, 1, T0);
+    int done = 0;
+    assert_int_equal(gps_store_ping_async(sa, on_ping, &done), 0);
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 3000 && !done; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+    assert_int_equal(done, 1);
+    gps_key_usage u;
+    gps_limits_get_usage(la, id, T0, &u);
+    assert_int_equal(u.requests, 3);
+    assert_int_equal(u.prompt_tokens, 30 + 5 + 1);
+    assert_int_equal(u.completion_tokens, 10 + 5 + 1);
+    /* 52 of 50 spent across the two servers: refused on a. */
+    assert_int_equal(gps_limits_admit(la, id, T0, 0, &retry), GPS_LIMIT_TOKENS);
+    gps_store_close(sa);   /* before the limits: pending reads are delivered */
+    gps_store_close(sb);
+    gps_limits_free(la);
+    gps_limits_free(lb);
+    gps_auth_free(a);
+    gps_auth_free(b);
+    event_base_free(base);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -335,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_tokens_per_day_reserved_at_admission),
         cmocka_unit_test_setup_teardown(test_usage_survives_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_usage_rows_are_clamped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refresh_shares_the_budget, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@
  * Keys and limits, daily usage added atomically by two stores on one DB
  * (two servers), agents and models, jobs with checkpoints and event logs
  * across a restart, a failed write that must not lose its batch, stored
- * responses, pins and deployments, the ping.
+ * responses, pins and deployments, the ping, the servers table and the
+ * re-reads of keys and usage that several servers rely on.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -568,6 +569,119 @@ static void test_pins_deployments_ping(void **state)
     event_base_free(base);
 }
 
+/* ---- servers sharing the DB, and the re-reads (migration 0009) ---- */
+
+typedef struct shared_seen {
+    int beat, listed, keyed, used;
+    int nservers, nkeys;
+    char name[4][32];
+    int64_t lease[4], stopped[4];
+    int64_t revoked, tokens_per_day, usage_prompt, usage_day;
+} shared_seen;
+
+static void on_beat(void *arg, int status) { ((shared_seen *)arg)->beat = status == 0 ? 1 : -1; }
+
+static void on_servers(void *arg, int status, const gps_store_server_row *rows, size_t n)
+{
+    shared_seen *ss = arg;
+    ss->listed = status == 0 ? 1 : -1;
+    ss->nservers = (int)n;
+    for (size_t i = 0; i < n && i < 4; i++) {
+        snprintf(ss->name[i], sizeof ss->name[i], "%s", rows[i].name);
+        ss->lease[i] = rows[i].lease_until;
+        ss->stopped[i] = rows[i].stopped_at;
+    }
+}
+
+static void on_keys(void *arg, int status, const gps_store_key_row *rows, size_t n)
+{
+    shared_seen *ss = arg;
+    ss->keyed = status == 0 ? 1 : -1;
+    ss->nkeys = (int)n;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(rows[i].id, "key_shared") == 0) {
+            ss->revoked = rows[i].revoked_at;
+            ss->tokens_per_day = rows[i].tokens_per_day;
+        }
+}
+
+static void on_usage_rows(void *arg, int status, int64_t day, const gps_store_usage_row *rows,
+                          size_t n)
+{
+    shared_seen *ss = arg;
+    ss->used = status == 0 ? 1 : -1;
+    ss->usage_day = day;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(rows[i].key_id, "key_shared") == 0)
+            ss->usage_prompt = rows[i].prompt_tokens;
+}
+
+static void test_servers_and_rereads(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    gps_store *b = open_ok(t->db, base);
+    shared_seen ss = {0};
+    gps_store_server_row r = {.id = "srv_a", .name = "a", .url = "http://a", .version = "1",
+                              .pid = 10, .started_at = 100, .heartbeat_at = 100,
+                              .lease_until = 3100};
+    assert_int_equal(gps_store_server_beat_async(a, &r, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    assert_int_equal(ss.beat, 1);
+    r = (gps_store_server_row){.id = "srv_b", .name = "b", .version = "1", .pid = 11,
+                               .started_at = 200, .heartbeat_at = 200, .lease_until = 3200};
+    ss.beat = 0;
+    assert_int_equal(gps_store_server_beat_async(b, &r, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    /* a renews (the upsert moves the lease, keeps started_at), b stops. */
+    r = (gps_store_server_row){.id = "srv_a", .name = "a", .url = "http://a", .version = "1",
+                               .pid = 10, .started_at = 999, .heartbeat_at = 900,
+                               .lease_until = 3900};
+    ss.beat = 0;
+    assert_int_equal(gps_store_server_beat_async(a, &r, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    assert_int_equal(gps_store_server_stop(b, "srv_b", 1000), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    assert_int_equal(gps_store_servers_async(a, on_servers, &ss), 0);
+    loop_until(base, &ss.listed);
+    assert_int_equal(ss.listed, 1);
+    assert_int_equal(ss.nservers, 2);
+    assert_string_equal(ss.name[0], "a");
+    assert_int_equal(ss.lease[0], 3900);
+    assert_int_equal(ss.stopped[0], 0);
+    assert_string_equal(ss.name[1], "b");
+    assert_int_equal(ss.stopped[1], 1000);
+    assert_int_equal(ss.lease[1], 1000);
+    /* Purge: rows whose lease ended before the bound go. */
+    assert_int_equal(gps_store_server_purge(a, 2000), 0);
+    ss.listed = 0;
+    assert_int_equal(gps_store_servers_async(a, on_servers, &ss), 0);
+    loop_until(base, &ss.listed);
+    assert_int_equal(ss.nservers, 1);
+
+    /* A key and usage written through b are read back through a. */
+    gps_store_key_row k = {.id = "key_shared", .hash = "ab", .role = "client", .name = "n",
+                           .created_at = 1, .tokens_per_day = 500};
+    assert_int_equal(gps_store_key_insert(b, k), 0);
+    assert_int_equal(gps_store_key_limits(b, "key_shared", 0, 700, 0, 0), 0);
+    assert_int_equal(gps_store_key_revoke(b, "key_shared", 77), 0);
+    assert_int_equal(gps_store_usage_add(b, "key_shared", DAY, 1, 40, 2, 0), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    assert_int_equal(gps_store_keys_async(a, on_keys, &ss), 0);
+    assert_int_equal(gps_store_usage_async(a, DAY, on_usage_rows, &ss), 0);
+    loop_until(base, &ss.used);
+    loop_until(base, &ss.keyed);
+    assert_int_equal(ss.nkeys, 1);
+    assert_int_equal(ss.revoked, 77);
+    assert_int_equal(ss.tokens_per_day, 700);
+    assert_int_equal(ss.usage_day, DAY);
+    assert_int_equal(ss.usage_prompt, 40);
+    gps_store_close(a);
+    gps_store_close(b);
+    event_base_free(base);
+}
+
 /* The password of a URI never reaches a message. */
 static void test_db_label(void **state)
 {
@@ -594,6 +708,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_jobs_survive_a_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_responses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pins_deployments_ping, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_servers_and_rereads, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
