@@ -425,14 +425,14 @@ static const struct {
         "AND COALESCE(lease_until, created_at + 60000) < ?3 "
         "AND model IN (SELECT value FROM json_each(?4)) LIMIT ?5) "
         "AND finished_at IS NULL AND COALESCE(lease_until, created_at + 60000) < ?3 "
-        "RETURNING id, lease_attempt",
+        "RETURNING id, CAST(lease_attempt AS TEXT)",
         "UPDATE jobs SET owner_server = ?1, lease_until = ?2, "
         "lease_attempt = lease_attempt + 1 WHERE id IN (SELECT id FROM jobs "
         "WHERE finished_at IS NULL AND api = 'native' "
         "AND COALESCE(lease_until, created_at + 60000) < ?3::bigint "
         "AND model IN (SELECT json_array_elements_text(?4::json)) LIMIT ?5) "
         "AND finished_at IS NULL AND COALESCE(lease_until, created_at + 60000) < ?3::bigint "
-        "RETURNING id, lease_attempt"},
+        "RETURNING id, CAST(lease_attempt AS TEXT)"},
     /* K_EVENTS_ADD for the holder of attempt ?6 only: for an older attempt
      * the events are NULL, which NOT NULL refuses (the write fails, is
      * logged and is not released to clients). */
@@ -451,7 +451,7 @@ static const struct {
      * with the row's finished_at (no row: the task is gone). */
 
     [K_TASK_FOLLOW] = {"task_follow", F_OPT | F_CELLS,
-        "SELECT j.finished_at, e.events FROM jobs j LEFT JOIN job_events e "
+        "SELECT CAST(j.finished_at AS TEXT), e.events FROM jobs j LEFT JOIN job_events e "
         "ON e.job_id = j.id AND e.last_seq > ?2 WHERE j.id = ?1 ORDER BY e.first_seq", NULL},
 };
 
