@@ -216,6 +216,7 @@ struct task {
     /* Shared: the lease attempt this server holds the task under (the
      * fencing token of its event writes); 0: not fenced (one server). */
     int64_t lease_attempt;
+    bool lease_checking;          /* a lease read in flight (after a failed write) */
     /* Shared: the 202 of its creation, sent once its first events (and so
      * its row, queued before them) are committed, so that any server can
      * read the task whose id a client got. */
@@ -244,6 +245,7 @@ typedef struct follow {
 typedef struct pend {
     gps_tasks *g;
     int64_t attempt;
+    char id[40];                  /* lease checks: the task's */
     struct pend *next;
 } pend;
 
@@ -410,6 +412,7 @@ static void task_flush(task *t)
 }
 
 static bool sub_catch_up(task *t, task_sub *s);
+static void lease_check(task *t);
 
 /* Shared: answer the creation held until the row was committed. */
 static void create_answer(task *t)
@@ -446,6 +449,8 @@ static void on_commit(void *arg, uint64_t done_seq, bool failed)
              * first_seq: replaces the row if it did land). */
             t->inflight_n = t->durable;
             t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US;
+            if (t->lease_attempt > 0)
+                lease_check(t); /* refused as an older attempt? */
             continue;
         }
         t->durable = t->inflight_n;
@@ -1145,10 +1150,13 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
         return;
     }
     bool terminal = false;
+    long long before = f->next;
     for (size_t r = 0; r < res->nrows && !terminal; r++)
         terminal = follow_frame_batch(f, res->cell[r * res->ncols + 1]);
     gps_stream_send(&f->s);
     bool finished = res->cell[0] != NULL;
+    if (f->next > before)
+        f->finished_polls = 0; /* the log still grows */
     if (terminal || (finished && ++f->finished_polls > FOLLOW_FINISHED_POLLS))
         follow_end(f);
 }
@@ -1240,6 +1248,61 @@ static gps_tasks *pend_take(pend *p)
     return g;
 }
 
+/* The task's lease went to another server (this one stalled or was cut
+ * off past it, and its event writes are refused): stop running it here
+ * without touching its row, and end its streams without a terminal event
+ * (clients reconnect with Last-Event-ID, to any server, and follow the log
+ * its new holder writes). */
+static void task_lost(gps_tasks *g, task *t, int64_t now_attempt)
+{
+    gp_log_write(GP_LOG_WARN, "task_lease_lost", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt",
+                           (json_int_t)t->lease_attempt, "lease_attempt",
+                           (json_int_t)now_attempt),
+                 "native task taken over by another server: stopped here");
+    gps_job *job = t->job;
+    if (job) {
+        gps_job_unsubscribe(job, on_job_event, t);
+        t->job = NULL;
+        job->row_lost = true;
+        gps_jobs_cancel(g->jobs, job, "lease_lost");
+    }
+    task_free(g, t);
+}
+
+static void lease_checked(void *arg, int status, const gps_store_cells *res)
+{
+    pend *p = arg;
+    char id[40];
+    snprintf(id, sizeof id, "%s", p->id);
+    gps_tasks *g = pend_take(p);
+    task *t = g ? task_find(g, id) : NULL;
+    if (!t)
+        return;
+    t->lease_checking = false;
+    if (status != 0 || !res)
+        return; /* the database is away: the write is tried again */
+    const char *at = res->nrows ? res->cell[0] : NULL;
+    int64_t now_attempt = at ? strtoll(at, NULL, 10) : 0;
+    if (now_attempt != t->lease_attempt)
+        task_lost(g, t, now_attempt);
+}
+
+/* After a fenced write failed: is the lease still this server's? */
+static void lease_check(task *t)
+{
+    gps_tasks *g = t->owner;
+    if (t->lease_checking)
+        return;
+    pend *p = pend_new(g, t->lease_attempt);
+    if (!p)
+        return;
+    snprintf(p->id, sizeof p->id, "%s", t->id);
+    t->lease_checking = gps_store_task_lease_async(g->store, t->id, lease_checked, p) == 0;
+    if (!t->lease_checking)
+        pend_take(p);
+}
+
 /* A task this server claimed, read whole: resume it as a restart does. */
 static void claimed_job(void *arg, int status, const gps_store_job_info *j)
 {
@@ -1277,11 +1340,13 @@ static void claim_done(void *arg, int status, const gps_store_cells *res)
         if (!id)
             continue;
         task *t = task_find(g, id);
-        if (t) {
-            /* Ours, its lease lapsed (a stalled loop): the new attempt. */
-            t->lease_attempt = attempt;
-            continue;
-        }
+        if (t && !t->terminal)
+            /* Ours once, its lease lapsed (a stalled loop, the database
+             * away) and maybe another server wrote the log meanwhile: the
+             * stored log is the truth, not this copy. */
+            task_lost(g, t, attempt);
+        else if (t)
+            continue; /* ended here; its row update is on its way */
         pend *p = pend_new(g, attempt);
         if (p && gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
             pend_take(p);

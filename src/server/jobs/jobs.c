@@ -543,7 +543,7 @@ static void persist_insert(gps_jobs *j, gps_job *job)
 
 static void persist(gps_jobs *j, gps_job *job)
 {
-    if (!j->store)
+    if (!j->store || job->row_lost)
         return;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
     u.status = gps_job_state_name(job->state);

@@ -121,6 +121,7 @@ enum {
     K_TASK_CLAIM,
     K_EVENTS_ADD_FENCED,
     K_TASK_FOLLOW,
+    K_TASK_LEASE_GET,
     K_COUNT
 };
 
@@ -453,6 +454,11 @@ static const struct {
     [K_TASK_FOLLOW] = {"task_follow", F_OPT | F_CELLS,
         "SELECT CAST(j.finished_at AS TEXT), e.events FROM jobs j LEFT JOIN job_events e "
         "ON e.job_id = j.id AND e.last_seq > ?2 WHERE j.id = ?1 ORDER BY e.first_seq", NULL},
+    /* The attempt a task's lease is at (its holder checks it after a
+     * fenced write failed). */
+
+    [K_TASK_LEASE_GET] = {"task_lease_get", F_OPT | F_CELLS,
+        "SELECT CAST(lease_attempt AS TEXT) FROM jobs WHERE id = ?1", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -859,6 +865,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_RESP_DELETE:
     case K_TASK_CLAIM:
     case K_TASK_FOLLOW:
+    case K_TASK_LEASE_GET:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
@@ -1941,7 +1948,7 @@ int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *
 bool gps_store_has_task_leases(gps_store *s)
 {
     return s && s->w.ok[K_TASK_OWN] && s->w.ok[K_TASK_RENEW] && s->w.ok[K_TASK_CLAIM] &&
-           s->w.ok[K_EVENTS_ADD_FENCED] && s->w.ok[K_TASK_FOLLOW];
+           s->w.ok[K_EVENTS_ADD_FENCED] && s->w.ok[K_TASK_FOLLOW] && s->w.ok[K_TASK_LEASE_GET];
 }
 
 int gps_store_task_own(gps_store *s, const char *job_id, const char *server_id,
@@ -2136,6 +2143,14 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
     return cells_op(s, read_op(K_TASK_CLAIM, "tiiji", server_id, lease_until, now_ms, models,
                                (int64_t)limit),
                     cb, arg);
+}
+
+int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                               void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_LEASE_GET, "t", job_id), cb, arg);
 }
 
 int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,

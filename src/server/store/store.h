@@ -368,6 +368,9 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
  * (logged, counted, reported to the commit listener as failed). */
 int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *events,
                                 int64_t attempt, uint64_t *op_seq);
+/* One row: the task's lease_attempt (no row: no such job). */
+int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                               void *arg);
 /* A follower's read: rows of (finished_at or NULL, events batch or NULL)
  * for the job_events batches holding seqs after after_seq, in order; no
  * row when the job does not exist. */
