@@ -162,13 +162,11 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(stream[-1][2]["text"], text)
         return text
 
-    def test_kill9_owner_another_server_resumes(self):
-        a1 = self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
-        # B's agent: B is the survivor that serves the model; C serves none
-        # and must not claim.
-        self.agent("agentB", [self.b, self.c, self.a], "b.gguf")
-
-        # The uninterrupted run, on A.
+    def baseline(self):
+        """The uninterrupted run, on A; the gate is then set to hold A's
+        agent after n token events (right after a token whose text is a
+        piece of a UTF-8 character, which a text continuation cannot give
+        back). Returns (text, ids, n)."""
         base_tid = self.create(self.a)
         base, _ = self.whole(self.a, base_tid)
         self.assertEqual(base[-1][1], "end", base[-1])
@@ -180,6 +178,14 @@ class SharedTasksTest(harness.TestCase):
         self.assertGreater(len(toks), n + 5)
         per_event = self.stored_token_ids(base_tid)
         write_atomic(self.gate, str(sum(len(ids) for ids in per_event[:n])))
+        return base_text, base_ids, n
+
+    def test_kill9_owner_another_server_resumes(self):
+        a1 = self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        # B's agent: B is the survivor that serves the model; C serves none
+        # and must not claim.
+        self.agent("agentB", [self.b, self.c, self.a], "b.gguf")
+        base_text, base_ids, n = self.baseline()
 
         tid = self.create(self.a)
         s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
@@ -210,6 +216,59 @@ class SharedTasksTest(harness.TestCase):
         # C answers the finished task from the store too.
         again, _ = self.whole(self.c, tid, last=0)
         self.assertEqual(again, stream)
+
+    def test_stale_owner_is_fenced(self):
+        """A keeps running a task whose lease another server took (A
+        stalled past it): A's event writes for its older attempt are
+        refused, A stops the task and ends its client's stream with no
+        terminal event. When the lease expires again, one server claims it
+        and the log goes on: token-exact, every id once."""
+        self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        self.agent("agentB", [self.b, self.c, self.a], "b.gguf")
+        base_text, base_ids, n = self.baseline()
+        tid = self.create(self.a)
+        s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
+        seen = self.read_until_tokens(s, n, [])
+        # A's agent waits at the gate. Its lease is taken, as if A had
+        # stalled past it: attempt 2, held by another server for an hour.
+        self.pg.psql("gpupool", "UPDATE jobs SET lease_attempt = lease_attempt + 1, "
+                                "owner_server = 'srv_other', lease_until = "
+                                "(extract(epoch FROM now()) * 1000)::bigint + 3600000 "
+                                "WHERE id = '%s'" % tid)
+        write_atomic(self.gate, OPEN)  # A's agent goes on: A's writes are refused
+        guard = threading.Timer(120, lambda: s.conn.sock and
+                                s.conn.sock.shutdown(socket.SHUT_RDWR))
+        guard.start()
+        try:
+            while True:
+                e = s.next_event(timeout=60)
+                if e is None:
+                    break
+                seen.append((int(e["id"]), e["event"], json.loads(e["data"])))
+        finally:
+            guard.cancel()
+        s.close()
+        # A's stream ended with no terminal event: nothing A made after it
+        # lost the lease reached a client (or the log).
+        self.assertNotIn(seen[-1][1], ("end", "error"), seen)
+        lost = self.a.log_events("task_lease_lost")
+        self.assertEqual([e.get("job_id") for e in lost], [tid])
+        stored = self.pg.psql("gpupool", "SELECT max(last_seq) FROM job_events WHERE job_id = '%s'"
+                              % tid)
+        self.assertEqual(int(stored.strip()), seen[-1][0])
+        # The server that took it dies at once: its lease expires, one
+        # server with an agent (A or B) claims it (attempt 3).
+        self.pg.psql("gpupool", "UPDATE jobs SET lease_until = 0 WHERE id = '%s'" % tid)
+        rest, _ = self.whole(self.c, tid, last=seen[-1][0])
+        stream = seen + rest
+        self.assertEqual(self.check_once(stream, ["SERVER_RESTART"]), base_text)
+        self.assertEqual(self.stored_ids(tid), base_ids)
+        claims = [e for srv in (self.a, self.b, self.c) for e in srv.log_events("task_claimed")
+                  if e.get("job_id") == tid]
+        self.assertEqual(len(claims), 1, claims)
+        row = self.pg.psql("gpupool", "SELECT lease_attempt, status FROM jobs WHERE id = '%s'"
+                           % tid)
+        self.assertEqual(row.strip(), "3|done")
 
     def test_follow_live_from_another_server(self):
         self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)

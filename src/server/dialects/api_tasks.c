@@ -757,8 +757,9 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         return;
     }
     if (t->terminal && g->store)
-        gps_store_checkpoint(g->store, t->id, job->text.data ? job->text.data : "", job->text.len,
-                             (long long)gps_tlog_count(t->log));
+        gps_store_checkpoint_fenced(g->store, t->id, job->text.data ? job->text.data : "",
+                                    job->text.len, (long long)gps_tlog_count(t->log),
+                                    t->lease_attempt);
 }
 
 static void task_free(gps_tasks *g, task *t)
@@ -815,6 +816,7 @@ static void restore_fail(gps_tasks *g, task *t, const char *code, const char *me
     task_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
     if (g->store) {
         gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+        u.lease_attempt = t->lease_attempt;
         u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
         u.error_code = code;
         u.finished_at = gp_now_wall_ms();
@@ -871,6 +873,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
         return;
     }
     t->job = job;
+    job->lease_attempt = t->lease_attempt; /* its row: for this attempt only */
     gps_job_subscribe(job, on_job_event, t);
     gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
@@ -924,7 +927,7 @@ static int resume_ids_add(task *t, const json_t *ids)
     return 0;
 }
 
-static int task_restore(gps_tasks *g, const gps_store_job_info *j)
+static int task_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attempt)
 {
     if (!g || !j || !j->id || !j->api || strcmp(j->api, "native") != 0 ||
         !json_is_object(j->request) || !json_object_get(j->request, "model") ||
@@ -942,6 +945,7 @@ static int task_restore(gps_tasks *g, const gps_store_job_info *j)
     snprintf(t->key_id, sizeof t->key_id, "%s", j->key_id ? j->key_id : "");
     snprintf(t->corr, sizeof t->corr, "%s", j->correlation_id ? j->correlation_id : "");
     t->resume_attempts = j->attempts;
+    t->lease_attempt = lease_attempt;
     /* The stored log, up to its first gap: seq must stay 1..n. */
     const char *last_type = NULL;
     /* Token-exact resume (issue 25 finding 8): while every token event
@@ -995,6 +999,7 @@ static int task_restore(gps_tasks *g, const gps_store_job_info *j)
         json_t *d = json_object_get(lastev, "data");
         if (g->store) {
             gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+            u.lease_attempt = t->lease_attempt;
             bool done = strcmp(last_type, "end") == 0;
             u.status = done ? "done" : "failed";
             u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
@@ -1002,8 +1007,9 @@ static int task_restore(gps_tasks *g, const gps_store_job_info *j)
             u.finished_at = gp_now_wall_ms();
             gps_store_job_update_async(g->store, u);
             if (done)
-                gps_store_checkpoint(g->store, t->id, text.data ? text.data : "", text.len,
-                                     (long long)gps_tlog_count(events));
+                gps_store_checkpoint_fenced(g->store, t->id, text.data ? text.data : "",
+                                            text.len, (long long)gps_tlog_count(events),
+                                            t->lease_attempt);
         }
         json_decref(lastev);
     }
@@ -1046,7 +1052,7 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
      * takes over those whose lease expired, each once. */
     if (g && g->shared && j && j->api && strcmp(j->api, "native") == 0)
         return 0;
-    return task_restore(g, j);
+    return task_restore(g, j, 0);
 }
 
 void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
@@ -1311,8 +1317,9 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
     gps_tasks *g = pend_take(p);
     if (!g || status != 0 || !j)
         return; /* not ours to run after all: its lease expires again */
-    if (task_restore(g, j) < 0) {
+    if (task_restore(g, j, attempt) < 0) {
         gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(j->id);
+        u.lease_attempt = attempt;
         u.status = "failed";
         u.error_code = "SERVER_RESTART";
         u.finished_at = gp_now_wall_ms();
@@ -1320,7 +1327,6 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
         return;
     }
     task *t = task_find(g, j->id);
-    t->lease_attempt = attempt;
     gp_log_write(GP_LOG_INFO, "task_claimed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt", (json_int_t)attempt,
                            "events", (json_int_t)gps_tlog_count(t->log)),
@@ -1527,6 +1533,7 @@ static void h_create(gps_req *r, void *arg)
         /* After the row's insert (same queue): its first events are
          * fenced by this attempt. */
         t->lease_attempt = 1;
+        job->lease_attempt = 1;
         gps_store_task_own(g->store, t->id, g->server_id,
                            gp_now_wall_ms() + (int64_t)(g->lease_us / 1000), 1);
     }

@@ -122,6 +122,8 @@ enum {
     K_EVENTS_ADD_FENCED,
     K_TASK_FOLLOW,
     K_TASK_LEASE_GET,
+    K_JOB_UPDATE_FENCED,
+    K_CHECKPOINT_FENCED,
     K_COUNT
 };
 
@@ -459,6 +461,28 @@ static const struct {
 
     [K_TASK_LEASE_GET] = {"task_lease_get", F_OPT | F_CELLS,
         "SELECT CAST(lease_attempt AS TEXT) FROM jobs WHERE id = ?1", NULL},
+    /* K_JOB_UPDATE and K_CHECKPOINT by the holder of lease attempt ?13 /
+     * ?5 only: a server that lost its task's lease changes nothing. */
+
+    [K_JOB_UPDATE_FENCED] = {"job_update_fenced", F_OPT,
+        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
+        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
+        "completion_tokens = COALESCE(?6, completion_tokens), "
+        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
+        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
+        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
+        "WHERE id = ?1 AND lease_attempt = ?13", NULL},
+
+    [K_CHECKPOINT_FENCED] = {"checkpoint_fenced", F_OPT,
+        "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
+        "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1 "
+        "AND lease_attempt = ?5) ON CONFLICT(job_id) DO UPDATE SET text = excluded.text, "
+        "last_seq = excluded.last_seq, updated_at = excluded.updated_at",
+        "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
+        "SELECT ?1::text, ?2::text, ?3::bigint, ?4::bigint WHERE EXISTS (SELECT 1 FROM jobs "
+        "WHERE id = ?1::text AND lease_attempt = ?5::bigint) ON CONFLICT (job_id) DO UPDATE "
+        "SET text = excluded.text, last_seq = excluded.last_seq, "
+        "updated_at = excluded.updated_at"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1896,6 +1920,13 @@ int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
 {
     if (!u.id)
         return -1;
+    if (u.lease_attempt > 0)
+        return write_op(s, K_JOB_UPDATE_FENCED, "tttnnnnnnttni", u.id, u.status, u.agent_id,
+                        (int64_t)u.attempts, (int64_t)u.prompt_tokens,
+                        (int64_t)u.completion_tokens, (int64_t)u.queue_ms, (int64_t)u.ttft_ms,
+                        (int64_t)u.total_ms, u.finish_reason, u.error_code,
+                        (int64_t)(u.finished_at > 0 ? u.finished_at : -1),
+                        (int64_t)u.lease_attempt);
     return write_op(s, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
                     (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
                     (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
@@ -1910,6 +1941,17 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
         return -1;
     return write_op(s, K_CHECKPOINT, "tTii", job_id, text ? text : "", len, (int64_t)last_seq,
                     (int64_t)gp_now_wall_ms());
+}
+
+int gps_store_checkpoint_fenced(gps_store *s, const char *job_id, const char *text, size_t len,
+                                long long last_seq, int64_t attempt)
+{
+    if (!job_id || (len && !text))
+        return -1;
+    if (attempt <= 0)
+        return gps_store_checkpoint(s, job_id, text, len, last_seq);
+    return write_op(s, K_CHECKPOINT_FENCED, "tTiii", job_id, text ? text : "", len,
+                    (int64_t)last_seq, (int64_t)gp_now_wall_ms(), attempt);
 }
 
 int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
@@ -1948,7 +1990,8 @@ int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *
 bool gps_store_has_task_leases(gps_store *s)
 {
     return s && s->w.ok[K_TASK_OWN] && s->w.ok[K_TASK_RENEW] && s->w.ok[K_TASK_CLAIM] &&
-           s->w.ok[K_EVENTS_ADD_FENCED] && s->w.ok[K_TASK_FOLLOW] && s->w.ok[K_TASK_LEASE_GET];
+           s->w.ok[K_EVENTS_ADD_FENCED] && s->w.ok[K_TASK_FOLLOW] && s->w.ok[K_TASK_LEASE_GET] &&
+           s->w.ok[K_JOB_UPDATE_FENCED] && s->w.ok[K_CHECKPOINT_FENCED];
 }
 
 int gps_store_task_own(gps_store *s, const char *job_id, const char *server_id,

@@ -233,6 +233,8 @@ typedef struct gps_store_job_update {
     const char *finish_reason;
     const char *error_code;
     int64_t finished_at;         /* wall ms; <= 0 unchanged */
+    int64_t lease_attempt;       /* > 0: only while the row's lease_attempt is this
+                                    (migration 0010: a shared native task's holder) */
 } gps_store_job_update;
 #define GPS_STORE_JOB_UPDATE_INIT(job_id)                                                    \
     ((gps_store_job_update){.id = (job_id), .attempts = -1, .prompt_tokens = -1,              \
@@ -368,6 +370,9 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
  * (logged, counted, reported to the commit listener as failed). */
 int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *events,
                                 int64_t attempt, uint64_t *op_seq);
+/* gps_store_checkpoint by the holder of attempt only (attempt <= 0: any). */
+int gps_store_checkpoint_fenced(gps_store *s, const char *job_id, const char *text, size_t len,
+                                long long last_seq, int64_t attempt);
 /* One row: the task's lease_attempt (no row: no such job). */
 int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
                                void *arg);

@@ -659,6 +659,24 @@ static void test_task_leases(void **state)
     assert_int_equal(gps_store_flush(b), 0);
     assert_int_equal(failed_ops(b), 0);
 
+    /* The row and checkpoint writes of attempt 1 change nothing. */
+    gps_store_job_update stale = GPS_STORE_JOB_UPDATE_INIT("job_l");
+    stale.status = "cancelled";
+    stale.finished_at = now;
+    stale.lease_attempt = 1;
+    assert_int_equal(gps_store_job_update_async(a, stale), 0);
+    assert_int_equal(gps_store_checkpoint_fenced(a, "job_l", "stale", 5, 9, 1), 0);
+    assert_int_equal(gps_store_checkpoint_fenced(b, "job_l", "fresh", 5, 3, 2), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    job_seen js = {0};
+    assert_int_equal(gps_store_job_get_async(a, "job_l", on_job, &js), 0);
+    loop_until(base, &js.calls);
+    assert_int_equal(js.status, 0);
+    assert_string_equal(js.status_s, "running");
+    assert_string_equal(js.checkpoint, "fresh");
+    assert_int_equal(js.seq, 3);
+
     /* A follower: the batches after seq 2 (one), none after 3. */
     claim_seen f1 = {0}, f2 = {0}, f3 = {0};
     assert_int_equal(gps_store_task_follow_async(a, "job_l", 2, on_claim, &f1), 0);
