@@ -214,7 +214,8 @@ struct task {
     char corr[65];
     uint64_t resume_deadline_us;
     /* Shared: the lease attempt this server holds the task under (the
-     * fencing token of its event writes); 0: not fenced (one server). */
+     * fencing token of its event, row and checkpoint writes); 0: not
+     * fenced (one server). */
     int64_t lease_attempt;
     bool lease_checking;          /* a lease read in flight (after a failed write) */
     /* Shared: the 202 of its creation, sent once its first events (and so
