@@ -4,12 +4,16 @@ what following a task from another server adds, and how long a task waits
 after its server is killed. Printed, never asserted.
 
   python3 bench/tasks_shared_bench.py BUILD_DIR [--reps 5] [--lease 2]
+                                      [--parts create,follow,takeover]
 
 Starts, on 127.0.0.1, a PostgreSQL (tests/integration/pg.py, Debian's
 binaries), three gpupool-servers A, B, C on it (--task_lease_sec LEASE), a
 scripted upstream (a token every 20 ms) and two openai-backend agents, one
 with --server A,B,C and one with --server B,C,A.
 
+create: 200 POST /v2/tasks to A one after the other (max_tokens 1): the
+  latency of the 202, which on a shared database waits for the commit of
+  the task's row and first event.
 follow: a task created on A is read at once from A (memory) and from B
   (which follows the store); for each token event, its arrival at B's client
   minus its arrival at A's client.
@@ -43,6 +47,7 @@ def main():
     ap.add_argument("build_dir")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--lease", type=int, default=2)
+    ap.add_argument("--parts", default="create,follow,takeover")
     args = ap.parse_args()
     os.environ["GPUPOOL_BUILD_DIR"] = os.path.abspath(args.build_dir)
     import harness  # noqa: E402 (reads GPUPOOL_BUILD_DIR)
@@ -80,9 +85,18 @@ def main():
             assert code == 202, r
             return r["job_id"]
 
+        parts = args.parts.split(",")
+        if "create" in parts:
+            ms = []
+            for _ in range(200):
+                t0 = time.monotonic()
+                create(srv["A"], 1)
+                ms.append((time.monotonic() - t0) * 1000)
+            print("create: POST /v2/tasks to 202: p50 %.2f ms, p95 %.2f ms, max %.2f ms"
+                  % (pct(ms, 50), pct(ms, 95), max(ms)))
         # follow
         lat = []
-        for _ in range(args.reps):
+        for _ in range(args.reps if "follow" in parts else 0):
             tid = create(srv["A"], 40)
             arrivals = {}
 
@@ -106,12 +120,13 @@ def main():
             for i, t_a in arrivals["A"].items():
                 if i in arrivals["B"]:
                     lat.append((arrivals["B"][i] - t_a) * 1000)
-        print("follow from another server: %d token events, B minus A: p50 %.1f ms, "
-              "p95 %.1f ms, max %.1f ms" % (len(lat), pct(lat, 50), pct(lat, 95), max(lat)))
+        if lat:
+            print("follow from another server: %d token events, B minus A: p50 %.1f ms, "
+                  "p95 %.1f ms, max %.1f ms" % (len(lat), pct(lat, 50), pct(lat, 95), max(lat)))
 
         # takeover
         to_failover, to_token = [], []
-        for rep in range(args.reps):
+        for rep in range(args.reps if "takeover" in parts else 0):
             tid = create(srv["A"], 300)
             s = harness.SSEStream("GET", srv["A"].url + "/v2/tasks/%s/events" % tid, timeout=60)
             seen = []
@@ -142,11 +157,12 @@ def main():
             to_token.append(t_tok - t0)
             srv["A"] = h.start_server(fast + st, db=uri, name="serverA%d" % rep, port=port)
             agent_a = agent("ABC", "agentA%d" % rep)
-        print("kill -9 of the owner (lease %d s) to the failover event at a client on a third "
-              "server: p50 %.2f s, max %.2f s; to the first token after it: p50 %.2f s, "
-              "max %.2f s (%d reps)" % (args.lease, statistics.median(to_failover),
-                                        max(to_failover), statistics.median(to_token),
-                                        max(to_token), args.reps))
+        if to_failover:
+            print("kill -9 of the owner (lease %d s) to the failover event at a client on a "
+                  "third server: p50 %.2f s, max %.2f s; to the first token after it: p50 "
+                  "%.2f s, max %.2f s (%d reps)"
+                  % (args.lease, statistics.median(to_failover), max(to_failover),
+                     statistics.median(to_token), max(to_token), args.reps))
     finally:
         if db:
             db.stop()  # before the harness removes its directory
