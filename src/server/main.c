@@ -961,6 +961,20 @@ int main(int argc, char **argv)
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
     gps_tasks_set_hot_max_events(s->tasks, (size_t)s->cfg.task_hot_max_events);
     gps_tasks_set_auth(s->tasks, s->auth);
+    if (!gps_store_db_is_file(s->cfg.db)) {
+        /* A database several servers may share: this process's native
+         * tasks are leased under a random id (docs/scaling.md "Native
+         * tasks across servers"). */
+        unsigned char rnd[8];
+        char sid[24];
+        gp_random_bytes(rnd, sizeof rnd);
+        int n = snprintf(sid, sizeof sid, "srv_");
+        for (size_t i = 0; i < sizeof rnd; i++)
+            n += snprintf(sid + n, sizeof sid - (size_t)n, "%02x", rnd[i]);
+        if (gps_tasks_set_shared(s->tasks, sid, (int)s->cfg.task_lease_sec) == 0)
+            gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
+                        s->cfg.task_lease_sec);
+    }
     gps_sse_pace_configure((size_t)s->cfg.client_buffer_bytes, (int)s->cfg.slow_client_timeout_sec);
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
                              SERVER_VERSION);

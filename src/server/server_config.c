@@ -98,6 +98,9 @@ const gp_opt gps_config_table[] = {
     {"task_hot_max_events", GP_OPT_INT, O(task_hot_max_events), "20000", 1, 100000000, NULL,
      "events finished native tasks keep in memory, all together (about 1 KiB each); past it "
      "the oldest finished tasks replay from the DB before task_hot_sec"},
+    {"task_lease_sec", GP_OPT_INT, O(task_lease_sec), "10", 1, 3600, NULL,
+     "on a PostgreSQL store shared by several servers: a native task whose server stopped "
+     "renewing its lease this long is taken over by another server"},
     {"heap_trim_bytes", GP_OPT_INT, O(heap_trim_bytes), "4194304", 0, 1073741824, NULL,
      "every 10 s, free heap above this goes back to the kernel (malloc_trim; 0 = never)"},
     {"client_buffer_bytes", GP_OPT_INT, O(client_buffer_bytes), "1048576", 4096, 1073741824,

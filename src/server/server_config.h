@@ -61,6 +61,7 @@ typedef struct gps_config {
     long long max_job_event_bytes; /* event bytes one agent attempt may send per job */
     long long task_hot_sec;     /* finished /v2 tasks stay in memory this long */
     long long task_hot_max_events; /* ... unless their events together exceed this */
+    long long task_lease_sec;   /* shared store: a native task's lease (takeover after it) */
     long long heap_trim_bytes;  /* malloc_trim when this much heap is free (0 = never) */
     long long client_buffer_bytes;     /* SSE backpressure high-water mark per connection */
     long long slow_client_timeout_sec; /* above it this long: the client is dropped */

@@ -34,6 +34,18 @@
 /* A job_events write that failed (queue full, a failed COMMIT) is tried
  * again from the tick, at most this often. */
 #define FLUSH_RETRY_US (250ull * 1000ull)
+/* Several servers (gps_tasks_set_shared): a follower of a task run by
+ * another server reads the store's new events this often; expired leases
+ * are claimed this often, at most CLAIM_MAX tasks at a time; a lease is
+ * renewed three times per its length. */
+#define FOLLOW_MS 100
+#define CLAIM_MS 500
+#define CLAIM_MAX 16
+#define DEFAULT_LEASE_SEC 10
+/* A follower that finds the row finished without a terminal event in the
+ * log gives up after this many reads (the client's reconnect is answered
+ * from the row, cold_done). */
+#define FOLLOW_FINISHED_POLLS 20
 
 /* ------------------------------------------------------------------ */
 /* Parsing                                                             */
@@ -201,8 +213,42 @@ struct task {
     char resume_digest[65];       /* the model file they belong to */
     char corr[65];
     uint64_t resume_deadline_us;
+    /* Shared: the lease attempt this server holds the task under (the
+     * fencing token of its event, row and checkpoint writes); 0: not
+     * fenced (one server). */
+    int64_t lease_attempt;
+    bool lease_checking;          /* a lease read in flight (after a failed write) */
+    /* Shared: the 202 of its creation, sent once its first events (and so
+     * its row, queued before them) are committed, so that any server can
+     * read the task whose id a client got. */
+    gps_held create_held;
+    json_t *create_reply;
     struct task *hnext, *next, *prev;
 };
+
+/* An events stream, served by this server, of a task that another server
+ * runs (shared store): the new events are read from the store every
+ * FOLLOW_MS until the terminal one. */
+typedef struct follow {
+    gps_tasks *g;                 /* NULL once the tasks table is gone */
+    gps_stream s;
+    char id[40];
+    long long next;               /* the next seq to send */
+    long long after;              /* Last-Event-ID */
+    bool polling;                 /* a store read in flight (it owns f then) */
+    bool gone;                    /* the client left while polling: free at the read */
+    int finished_polls;
+    struct follow *fnext;
+} follow;
+
+/* A store read started by the claim loop: orphaned (g NULL) when the
+ * tasks table goes first. */
+typedef struct pend {
+    gps_tasks *g;
+    int64_t attempt;
+    char id[40];                  /* lease checks: the task's */
+    struct pend *next;
+} pend;
 
 /* Per-model service time (assignment to end), for the wait estimate. */
 typedef struct svc_rec {
@@ -226,6 +272,15 @@ struct gps_tasks {
     gps_auth *auth;               /* borrowed; NULL: no key is admin here */
     task *inflight;               /* tasks with a job_events write in flight */
     bool gated;                   /* events wait for their commit (store with job_events) */
+    /* Several servers on one database (gps_tasks_set_shared). */
+    bool shared;
+    char server_id[40];
+    uint64_t lease_us;
+    uint64_t renew_due_us, claim_due_us;
+    bool claiming;                /* a claim read in flight */
+    pend *pends;                  /* store reads of the claim loop in flight */
+    follow *follows;
+    struct event *follow_ev;      /* FOLLOW_MS while follows is not empty */
 };
 
 static unsigned bucket_of(const char *id)
@@ -323,7 +378,13 @@ static uint64_t task_write(task *t, size_t from)
         if (json_array_append_new(batch, gps_tlog_get(t->log, i)) < 0)
             break; /* ENOMEM: no row with a gap */
     uint64_t seq = 0;
-    if (!batch || i < n || gps_store_job_events_seq(t->owner->store, t->id, batch, &seq) < 0) {
+    int rc = -1;
+    if (batch && i >= n)
+        rc = t->lease_attempt > 0
+                 ? gps_store_job_events_fenced(t->owner->store, t->id, batch, t->lease_attempt,
+                                               &seq)
+                 : gps_store_job_events_seq(t->owner->store, t->id, batch, &seq);
+    if (rc < 0) {
         seq = 0;
         gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored yet", t->id,
                     from + 1, n);
@@ -353,6 +414,20 @@ static void task_flush(task *t)
 }
 
 static bool sub_catch_up(task *t, task_sub *s);
+static void lease_check(task *t);
+
+/* Shared: answer the creation held until the row was committed. */
+static void create_answer(task *t)
+{
+    if (!t->create_reply)
+        return;
+    gps_held_release(&t->create_held);
+    if (t->create_held.req)
+        gps_http_send_json(t->create_held.req, 202, t->create_reply);
+    else
+        json_decref(t->create_reply);
+    t->create_reply = NULL;
+}
 
 /* The store committed (or failed) its job_events writes up to done_seq:
  * release what became durable to the streams, write what waited. */
@@ -376,9 +451,12 @@ static void on_commit(void *arg, uint64_t done_seq, bool failed)
              * first_seq: replaces the row if it did land). */
             t->inflight_n = t->durable;
             t->retry_us = gp_now_mono_us() + FLUSH_RETRY_US;
+            if (t->lease_attempt > 0)
+                lease_check(t); /* refused as an older attempt? */
             continue;
         }
         t->durable = t->inflight_n;
+        create_answer(t);
         task_flush(t);
         task_sub *s = t->subs;
         while (s) {
@@ -682,8 +760,9 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         return;
     }
     if (t->terminal && g->store)
-        gps_store_checkpoint(g->store, t->id, job->text.data ? job->text.data : "", job->text.len,
-                             (long long)gps_tlog_count(t->log));
+        gps_store_checkpoint_fenced(g->store, t->id, job->text.data ? job->text.data : "",
+                                    job->text.len, (long long)gps_tlog_count(t->log),
+                                    t->lease_attempt);
 }
 
 static void task_free(gps_tasks *g, task *t)
@@ -710,6 +789,7 @@ static void task_free(gps_tasks *g, task *t)
         gps_job_unsubscribe(t->job, on_job_event, t);
     if (t->inflight_seq)
         inflight_unlink(g, t);
+    create_answer(t);
     gps_tlog_free(t->log);
     json_decref(t->resume_body);
     free(t->resume_text);
@@ -739,6 +819,7 @@ static void restore_fail(gps_tasks *g, task *t, const char *code, const char *me
     task_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
     if (g->store) {
         gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+        u.lease_attempt = t->lease_attempt;
         u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
         u.error_code = code;
         u.finished_at = gp_now_wall_ms();
@@ -795,6 +876,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
         return;
     }
     t->job = job;
+    job->lease_attempt = t->lease_attempt; /* its row: for this attempt only */
     gps_job_subscribe(job, on_job_event, t);
     gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
@@ -848,7 +930,7 @@ static int resume_ids_add(task *t, const json_t *ids)
     return 0;
 }
 
-int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
+static int task_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attempt)
 {
     if (!g || !j || !j->id || !j->api || strcmp(j->api, "native") != 0 ||
         !json_is_object(j->request) || !json_object_get(j->request, "model") ||
@@ -866,6 +948,7 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
     snprintf(t->key_id, sizeof t->key_id, "%s", j->key_id ? j->key_id : "");
     snprintf(t->corr, sizeof t->corr, "%s", j->correlation_id ? j->correlation_id : "");
     t->resume_attempts = j->attempts;
+    t->lease_attempt = lease_attempt;
     /* The stored log, up to its first gap: seq must stay 1..n. */
     const char *last_type = NULL;
     /* Token-exact resume (issue 25 finding 8): while every token event
@@ -919,6 +1002,7 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
         json_t *d = json_object_get(lastev, "data");
         if (g->store) {
             gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+            u.lease_attempt = t->lease_attempt;
             bool done = strcmp(last_type, "end") == 0;
             u.status = done ? "done" : "failed";
             u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
@@ -926,8 +1010,9 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
             u.finished_at = gp_now_wall_ms();
             gps_store_job_update_async(g->store, u);
             if (done)
-                gps_store_checkpoint(g->store, t->id, text.data ? text.data : "", text.len,
-                                     (long long)gps_tlog_count(events));
+                gps_store_checkpoint_fenced(g->store, t->id, text.data ? text.data : "",
+                                            text.len, (long long)gps_tlog_count(events),
+                                            t->lease_attempt);
         }
         json_decref(lastev);
     }
@@ -964,6 +1049,15 @@ oom:
     return -1;
 }
 
+int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
+{
+    /* Shared: another server may run it (its lease says): the claim loop
+     * takes over those whose lease expired, each once. */
+    if (g && g->shared && j && j->api && strcmp(j->api, "native") == 0)
+        return 0;
+    return task_restore(g, j, 0);
+}
+
 void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
 {
     if (g)
@@ -985,11 +1079,350 @@ void gps_tasks_memory(const gps_tasks *g, size_t *tasks, size_t *events)
     }
 }
 
+/* ------------------------------------------------------------------ */
+/* Several servers on one database (docs/scaling.md "Native tasks     */
+/* across servers")                                                    */
+/* ------------------------------------------------------------------ */
+
+static void follow_free(follow *f)
+{
+    gps_stream_clear(&f->s);
+    free(f);
+}
+
+static void follow_unlink(gps_tasks *g, follow *f)
+{
+    for (follow **pp = &g->follows; *pp; pp = &(*pp)->fnext)
+        if (*pp == f) {
+            *pp = f->fnext;
+            break;
+        }
+    f->fnext = NULL;
+}
+
+/* The terminal event went out (or the task is gone): end the reply. */
+static void follow_end(follow *f)
+{
+    if (f->g)
+        follow_unlink(f->g, f);
+    gps_stream_end(&f->s);
+    follow_free(f);
+}
+
+static bool is_terminal_type(const char *type)
+{
+    return type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
+}
+
+/* Frame the events of one stored batch (a JSON array as text) that come
+ * next; true when the terminal one was among them. A gap (a batch not
+ * committed yet) stops: the next read brings it. */
+static bool follow_frame_batch(follow *f, const char *text)
+{
+    json_t *arr = text ? json_loads(text, 0, NULL) : NULL;
+    bool terminal = false;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(arr, i, ev)
+    {
+        long long seq = (long long)json_integer_value(json_object_get(ev, "seq"));
+        if (seq < f->next)
+            continue;
+        if (seq != f->next)
+            break;
+        if (seq > f->after)
+            sse_frame(&f->s.out, ev);
+        f->next++;
+        if (is_terminal_type(json_string_value(json_object_get(ev, "type")))) {
+            terminal = true;
+            break;
+        }
+    }
+    json_decref(arr);
+    return terminal;
+}
+
+static void follow_done(void *arg, int status, const gps_store_cells *res)
+{
+    follow *f = arg;
+    f->polling = false;
+    if (f->gone || !f->g) {
+        if (f->g)
+            follow_unlink(f->g, f);
+        follow_free(f);
+        return;
+    }
+    if (status < 0 || !res)
+        return; /* the next read tries again */
+    if (res->nrows == 0) {
+        follow_end(f); /* the task is gone (purged) */
+        return;
+    }
+    bool terminal = false;
+    long long before = f->next;
+    for (size_t r = 0; r < res->nrows && !terminal; r++)
+        terminal = follow_frame_batch(f, res->cell[r * res->ncols + 1]);
+    gps_stream_send(&f->s);
+    bool finished = res->cell[0] != NULL;
+    if (f->next > before)
+        f->finished_polls = 0; /* the log still grows */
+    if (terminal || (finished && ++f->finished_polls > FOLLOW_FINISHED_POLLS))
+        follow_end(f);
+}
+
+static void follow_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_tasks *g = arg;
+    for (follow *f = g->follows; f; f = f->fnext) {
+        if (f->polling)
+            continue;
+        f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done, f) ==
+                     0;
+    }
+    if (!g->follows)
+        event_del(g->follow_ev);
+}
+
+static void follow_gone(void *arg)
+{
+    follow *f = arg;
+    if (f->polling) {
+        /* The read in flight frees it. */
+        f->gone = true;
+        return;
+    }
+    if (f->g)
+        follow_unlink(f->g, f);
+    follow_free(f);
+}
+
+static const gps_stream_ops FOLLOW_OPS = {
+    .gone = follow_gone,
+};
+
+/* Follow a task that another server runs: out holds the stored events
+ * framed so far (seqs up to next - 1). Takes req over; false (req
+ * untouched) when this server does not follow (one server, ENOMEM). */
+static bool follow_start(gps_tasks *g, struct evhttp_request *req, const char *id,
+                         const char *corr, long long next, long long after, gp_buf *out)
+{
+    if (!g->follow_ev)
+        return false;
+    follow *f = calloc(1, sizeof *f);
+    if (!f)
+        return false;
+    f->g = g;
+    f->next = next;
+    f->after = after;
+    snprintf(f->id, sizeof f->id, "%s", id);
+    gps_stream_init(&f->s, &FOLLOW_OPS, f, req, corr);
+    snprintf(f->s.job_id, sizeof f->s.job_id, "%s", id);
+    gps_stream_start(&f->s);
+    gp_buf_append(&f->s.out, out->data ? out->data : "", out->len);
+    f->fnext = g->follows;
+    g->follows = f;
+    gps_stream_hold(&f->s, g->request_timeout_sec + 30);
+    gps_stream_send(&f->s);
+    struct timeval tv = {0, FOLLOW_MS * 1000};
+    if (!event_pending(g->follow_ev, EV_TIMEOUT, NULL))
+        event_add(g->follow_ev, &tv);
+    return true;
+}
+
+static pend *pend_new(gps_tasks *g, int64_t attempt)
+{
+    pend *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->g = g;
+    p->attempt = attempt;
+    p->next = g->pends;
+    g->pends = p;
+    return p;
+}
+
+/* Unlinks p; returns its gps_tasks (NULL: orphaned) and frees p. */
+static gps_tasks *pend_take(pend *p)
+{
+    gps_tasks *g = p->g;
+    if (g)
+        for (pend **pp = &g->pends; *pp; pp = &(*pp)->next)
+            if (*pp == p) {
+                *pp = p->next;
+                break;
+            }
+    free(p);
+    return g;
+}
+
+/* The task's lease went to another server (this one stalled or was cut
+ * off past it, and its event writes are refused): stop running it here
+ * without touching its row, and end its streams without a terminal event
+ * (clients reconnect with Last-Event-ID, to any server, and follow the log
+ * its new holder writes). */
+static void task_lost(gps_tasks *g, task *t, int64_t now_attempt)
+{
+    gp_log_write(GP_LOG_WARN, "task_lease_lost", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt",
+                           (json_int_t)t->lease_attempt, "lease_attempt",
+                           (json_int_t)now_attempt),
+                 "native task taken over by another server: stopped here");
+    gps_job *job = t->job;
+    if (job) {
+        gps_job_unsubscribe(job, on_job_event, t);
+        t->job = NULL;
+        job->row_lost = true;
+        gps_jobs_cancel(g->jobs, job, "lease_lost");
+    }
+    task_free(g, t);
+}
+
+static void lease_checked(void *arg, int status, const gps_store_cells *res)
+{
+    pend *p = arg;
+    char id[40];
+    snprintf(id, sizeof id, "%s", p->id);
+    gps_tasks *g = pend_take(p);
+    task *t = g ? task_find(g, id) : NULL;
+    if (!t)
+        return;
+    t->lease_checking = false;
+    if (status != 0 || !res)
+        return; /* the database is away: the write is tried again */
+    const char *at = res->nrows ? res->cell[0] : NULL;
+    int64_t now_attempt = at ? strtoll(at, NULL, 10) : 0;
+    if (now_attempt != t->lease_attempt)
+        task_lost(g, t, now_attempt);
+}
+
+/* After a fenced write failed: is the lease still this server's? */
+static void lease_check(task *t)
+{
+    gps_tasks *g = t->owner;
+    if (t->lease_checking)
+        return;
+    pend *p = pend_new(g, t->lease_attempt);
+    if (!p)
+        return;
+    snprintf(p->id, sizeof p->id, "%s", t->id);
+    t->lease_checking = gps_store_task_lease_async(g->store, t->id, lease_checked, p) == 0;
+    if (!t->lease_checking)
+        pend_take(p);
+}
+
+/* A task this server claimed, read whole: resume it as a restart does. */
+static void claimed_job(void *arg, int status, const gps_store_job_info *j)
+{
+    pend *p = arg;
+    int64_t attempt = p->attempt;
+    gps_tasks *g = pend_take(p);
+    if (!g || status != 0 || !j)
+        return; /* not ours to run after all: its lease expires again */
+    if (task_restore(g, j, attempt) < 0) {
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(j->id);
+        u.lease_attempt = attempt;
+        u.status = "failed";
+        u.error_code = "SERVER_RESTART";
+        u.finished_at = gp_now_wall_ms();
+        gps_store_job_update_async(g->store, u);
+        return;
+    }
+    task *t = task_find(g, j->id);
+    gp_log_write(GP_LOG_INFO, "task_claimed", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt", (json_int_t)attempt,
+                           "events", (json_int_t)gps_tlog_count(t->log)),
+                 "native task taken over from a server whose lease expired");
+}
+
+static void claim_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_tasks *g = pend_take(arg);
+    if (!g)
+        return;
+    g->claiming = false;
+    for (size_t r = 0; status == 0 && res && r < res->nrows; r++) {
+        const char *id = res->cell[r * res->ncols];
+        const char *at = res->cell[r * res->ncols + 1];
+        int64_t attempt = at ? strtoll(at, NULL, 10) : 0;
+        if (!id)
+            continue;
+        task *t = task_find(g, id);
+        if (t && !t->terminal)
+            /* Ours once, its lease lapsed (a stalled loop, the database
+             * away) and maybe another server wrote the log meanwhile: the
+             * stored log is the truth, not this copy. */
+            task_lost(g, t, attempt);
+        else if (t)
+            continue; /* ended here; its row update is on its way */
+        pend *p = pend_new(g, attempt);
+        if (p && gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
+            pend_take(p);
+    }
+}
+
+static void models_cb(void *ud, registry_agent *a)
+{
+    json_t *names = ud;
+    if (a->state != REGISTRY_HEALTHY)
+        return;
+    for (size_t i = 0; i < a->n_models; i++) {
+        json_array_append_new(names, json_string(a->models[i].id));
+        for (size_t k = 0; k < a->models[i].n_aliases; k++)
+            json_array_append_new(names, json_string(a->models[i].aliases[k]));
+    }
+}
+
+/* Renew this server's leases; claim expired ones of the models its agents
+ * serve (a server without such an agent leaves them to one that has). */
+static void shared_tick(gps_tasks *g, uint64_t now)
+{
+    int64_t wall = gp_now_wall_ms();
+    int64_t lease_ms = (int64_t)(g->lease_us / 1000);
+    if (now >= g->renew_due_us) {
+        gps_store_task_renew(g->store, g->server_id, wall + lease_ms);
+        g->renew_due_us = now + g->lease_us / 3;
+    }
+    if (g->claiming || now < g->claim_due_us)
+        return;
+    g->claim_due_us = now + CLAIM_MS * 1000ull;
+    json_t *models = json_array();
+    if (models)
+        registry_foreach(gps_jobs_registry(g->jobs), models_cb, models);
+    pend *p = json_array_size(models) ? pend_new(g, 0) : NULL;
+    if (p) {
+        g->claiming = gps_store_task_claim_async(g->store, g->server_id, wall + lease_ms, wall,
+                                                 models, CLAIM_MAX, claim_done, p) == 0;
+        if (!g->claiming)
+            pend_take(p);
+    }
+    json_decref(models);
+}
+
+int gps_tasks_set_shared(gps_tasks *g, const char *server_id, int lease_sec)
+{
+    if (!g || !g->base || !g->gated || !server_id || !*server_id ||
+        !gps_store_has_task_leases(g->store))
+        return -1;
+    g->follow_ev = event_new(g->base, -1, EV_PERSIST, follow_tick, g);
+    if (!g->follow_ev)
+        return -1;
+    g->shared = true;
+    snprintf(g->server_id, sizeof g->server_id, "%s", server_id);
+    g->lease_us = (uint64_t)(lease_sec > 0 ? lease_sec : DEFAULT_LEASE_SEC) * 1000000ull;
+    return 0;
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_tasks *g = arg;
     uint64_t now = gp_now_mono_us();
     task *next;
+    if (g->shared)
+        shared_tick(g, now);
+    for (follow *f = g->follows; f; f = f->fnext)
+        gps_stream_keepalive(&f->s, now, KEEPALIVE_US);
     /* Events held by the finished tasks seen so far, newest first (the
      * list is newest first): past hot_max_events the older ones go cold
      * early. A non-token event is a few jansson objects (~1 KiB; a token
@@ -1099,17 +1532,30 @@ static void h_create(gps_req *r, void *arg)
     snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
     task_link(g, t);
     gps_job_subscribe(job, on_job_event, t);
+    if (g->shared) {
+        /* After the row's insert (same queue): its first events are
+         * fenced by this attempt. */
+        t->lease_attempt = 1;
+        job->lease_attempt = 1;
+        gps_store_task_own(g->store, t->id, g->server_id,
+                           gp_now_wall_ms() + (int64_t)(g->lease_us / 1000), 1);
+    }
     emit_queued(t);
     char url[96];
     snprintf(url, sizeof url, "/v2/tasks/%s/events", t->id);
     char loc[96];
     snprintf(loc, sizeof loc, "/v2/tasks/%s", t->id);
     gps_req_add_header(r, "Location", loc);
-    gps_http_send_json(r->req, 202,
-                       json_pack("{s:s,s:s,s:I,s:s,s:I}", "job_id", t->id, "status",
-                                 gps_job_state_name(gps_job_state_of(job)), "queue_position",
-                                 (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
-                                 url, "seed", (json_int_t)seed));
+    json_t *reply = json_pack("{s:s,s:s,s:I,s:s,s:I}", "job_id", t->id, "status",
+                              gps_job_state_name(gps_job_state_of(job)), "queue_position",
+                              (json_int_t)(t->last_pos > 0 ? t->last_pos : 0), "events_url",
+                              url, "seed", (json_int_t)seed);
+    if (g->shared && reply && t->durable == 0) {
+        t->create_reply = reply;
+        gps_held_start(&t->create_held, r->req, false, 0, NULL, NULL);
+    } else {
+        gps_http_send_json(r->req, 202, reply);
+    }
     /* Not requests_total: a task counts there once, with its outcome, when
      * it ends (count_outcome). */
     if (g->metrics)
@@ -1294,7 +1740,6 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
     }
     evhttp_add_header(evhttp_request_get_output_headers(c->held.req), "X-Gpupool-Replay",
                       "store");
-    gps_sse_start(c->held.req);
     gp_buf out;
     gp_buf_init(&out);
     /* The stored event log (job_events): exactly the events after last_id. */
@@ -1314,6 +1759,15 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
         if (terminal)
             break;
     }
+    /* Unfinished and not here: another server runs it (shared store).
+     * Follow its log as it grows. */
+    if (!terminal && j->finished_at <= 0 &&
+        follow_start(c->g, c->held.req, j->id, c->corr, next, c->last_id, &out)) {
+        gp_buf_free(&out);
+        free(c);
+        return;
+    }
+    gps_sse_start(c->held.req);
     /* No log (a task finished before migration 0002, or its last batch
      * was lost): the terminal event, made from the row and checkpoint. */
     long long seq = j->events ? next : (j->checkpoint_seq > 0 ? j->checkpoint_seq : 1);
@@ -1522,6 +1976,20 @@ void gps_tasks_free(gps_tasks *g)
         return;
     if (g->tick)
         event_free(g->tick);
+    while (g->follows) {
+        follow *f = g->follows;
+        g->follows = f->fnext;
+        f->g = NULL;
+        gps_stream_end(&f->s);
+        if (f->polling)
+            f->gone = true; /* the read, delivered at the store's close, frees it */
+        else
+            follow_free(f);
+    }
+    if (g->follow_ev)
+        event_free(g->follow_ev);
+    for (pend *p = g->pends; p; p = p->next)
+        p->g = NULL;
     if (g->gated)
         gps_store_set_commit_cb(g->store, NULL, NULL);
     while (g->head) {

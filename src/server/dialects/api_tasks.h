@@ -82,6 +82,19 @@ struct gps_auth;
  * it such tasks are visible to no key at all once auth is on. */
 void gps_tasks_set_auth(gps_tasks *t, struct gps_auth *auth);
 
+/* Several servers on one database (a PostgreSQL store whose schema has the
+ * lease columns, migration 0010; docs/scaling.md "Native tasks across
+ * servers"). This server, under server_id (unique per process), holds the
+ * tasks it runs with a lease of lease_sec seconds that it renews; a task
+ * whose lease expired (its server died) is claimed by one server that
+ * serves its model, which resumes it from the stored log as a restart
+ * does; its event writes are fenced by the claim's attempt. A task that is
+ * not in memory is followed from the store (polled every FOLLOW_MS) until
+ * its terminal event. At start-up, gps_tasks_restore then leaves native
+ * tasks to the claim. Returns 0, or -1 when the store cannot (SQLite keeps
+ * the one-server behaviour). */
+int gps_tasks_set_shared(gps_tasks *t, const char *server_id, int lease_sec);
+
 struct gps_store_job_info;
 /* Start-up recovery: take over an unfinished native task read from the
  * store (request, seed and event log). It is resubmitted from the tick
@@ -89,7 +102,8 @@ struct gps_store_job_info;
  * that had produced tokens continues from that text (a `failover` event
  * with reason SERVER_RESTART comes first). It fails with its submit error
  * when no agent takes it within request_timeout_sec. Returns 0 when taken,
- * -1 when j is not a restorable native task (the caller fails it). */
+ * -1 when j is not a restorable native task (the caller fails it). Shared
+ * (gps_tasks_set_shared): 0 for every native task, left to the claim. */
 int gps_tasks_restore(gps_tasks *t, const struct gps_store_job_info *j);
 
 #endif

@@ -543,9 +543,10 @@ static void persist_insert(gps_jobs *j, gps_job *job)
 
 static void persist(gps_jobs *j, gps_job *job)
 {
-    if (!j->store)
+    if (!j->store || job->row_lost)
         return;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
+    u.lease_attempt = job->lease_attempt;
     u.status = gps_job_state_name(job->state);
     u.agent_id = job->agent_id[0] ? job->agent_id : NULL;
     u.attempts = job->attempts;

@@ -237,6 +237,10 @@ struct gps_job {
     bool cancel_pending;          /* agent must be told to stop */
     size_t tool_bytes;            /* tool call argument bytes relayed (bounded) */
     bool ended_on_agent;          /* registry_job_end called for this assignment */
+    bool row_lost;                /* its row is another server's now (a native task
+                                     whose lease was taken over): never written */
+    int64_t lease_attempt;        /* > 0: its row is written for this lease attempt
+                                     only (a shared native task, api_tasks.c) */
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */

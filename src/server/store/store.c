@@ -123,6 +123,15 @@ enum {
     K_SERVER_LIST,
     K_KEYS_GET,
     K_USAGE_GET,
+    /* native tasks shared by several servers (migration 0010) */
+    K_TASK_OWN,
+    K_TASK_RENEW,
+    K_TASK_CLAIM,
+    K_EVENTS_ADD_FENCED,
+    K_TASK_FOLLOW,
+    K_TASK_LEASE_GET,
+    K_JOB_UPDATE_FENCED,
+    K_CHECKPOINT_FENCED,
     K_COUNT
 };
 
@@ -430,6 +439,87 @@ static const struct {
     [K_USAGE_GET] = {"usage_get", F_OPT,
         "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
         "FROM key_usage WHERE day = ?1", NULL},
+    /* Native tasks across servers (migration 0010, docs/scaling.md "Native
+     * tasks across servers"). A new task's lease. */
+
+    [K_TASK_OWN] = {"task_own", F_OPT,
+        "UPDATE jobs SET owner_server = ?2, lease_until = ?3, lease_attempt = ?4 "
+        "WHERE id = ?1", NULL},
+    /* Every unfinished task this server holds, in one statement. */
+
+    [K_TASK_RENEW] = {"task_renew", F_OPT,
+        "UPDATE jobs SET lease_until = ?2 WHERE owner_server = ?1 AND finished_at IS NULL",
+        NULL},
+    /* Take over unfinished native tasks whose lease expired (a row written
+     * before 0010 has none: a minute after its creation), of the models
+     * in ?4 (a JSON array: what this server's agents serve), at most ?5.
+     * The outer WHERE repeats the expiry: on PostgreSQL a second server's
+     * UPDATE waits for the first one's row lock and then re-checks it on
+     * the new row, so each expired lease is taken once. Returns the rows
+     * taken with their new attempt (the fencing token). */
+
+    [K_TASK_CLAIM] = {"task_claim", F_OPT | F_CELLS,
+        "UPDATE jobs SET owner_server = ?1, lease_until = ?2, "
+        "lease_attempt = lease_attempt + 1 WHERE id IN (SELECT id FROM jobs "
+        "WHERE finished_at IS NULL AND api = 'native' "
+        "AND COALESCE(lease_until, created_at + 60000) < ?3 "
+        "AND model IN (SELECT value FROM json_each(?4)) LIMIT ?5) "
+        "AND finished_at IS NULL AND COALESCE(lease_until, created_at + 60000) < ?3 "
+        "RETURNING id, CAST(lease_attempt AS TEXT)",
+        "UPDATE jobs SET owner_server = ?1, lease_until = ?2, "
+        "lease_attempt = lease_attempt + 1 WHERE id IN (SELECT id FROM jobs "
+        "WHERE finished_at IS NULL AND api = 'native' "
+        "AND COALESCE(lease_until, created_at + 60000) < ?3::bigint "
+        "AND model IN (SELECT json_array_elements_text(?4::json)) LIMIT ?5) "
+        "AND finished_at IS NULL AND COALESCE(lease_until, created_at + 60000) < ?3::bigint "
+        "RETURNING id, CAST(lease_attempt AS TEXT)"},
+    /* K_EVENTS_ADD for the holder of attempt ?6 only: for an older attempt
+     * the events are NULL, which NOT NULL refuses (the write fails, is
+     * logged and is not released to clients). */
+
+    [K_EVENTS_ADD_FENCED] = {"job_events_add_fenced", F_OPT,
+        "INSERT OR REPLACE INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE id = ?1 "
+        "AND lease_attempt = ?6) THEN ?4 END, ?5)",
+        "INSERT INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE id = ?1::text "
+        "AND lease_attempt = ?6::bigint) THEN ?4::text END, ?5) "
+        "ON CONFLICT (job_id, first_seq) DO UPDATE SET "
+        "last_seq = excluded.last_seq, events = excluded.events, "
+        "created_at = excluded.created_at"},
+    /* A follower on another server: the batches holding seqs after ?2,
+     * with the row's finished_at (no row: the task is gone). */
+
+    [K_TASK_FOLLOW] = {"task_follow", F_OPT | F_CELLS,
+        "SELECT CAST(j.finished_at AS TEXT), e.events FROM jobs j LEFT JOIN job_events e "
+        "ON e.job_id = j.id AND e.last_seq > ?2 WHERE j.id = ?1 ORDER BY e.first_seq", NULL},
+    /* The attempt a task's lease is at (its holder checks it after a
+     * fenced write failed). */
+
+    [K_TASK_LEASE_GET] = {"task_lease_get", F_OPT | F_CELLS,
+        "SELECT CAST(lease_attempt AS TEXT) FROM jobs WHERE id = ?1", NULL},
+    /* K_JOB_UPDATE and K_CHECKPOINT by the holder of lease attempt ?13 /
+     * ?5 only: a server that lost its task's lease changes nothing. */
+
+    [K_JOB_UPDATE_FENCED] = {"job_update_fenced", F_OPT,
+        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
+        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
+        "completion_tokens = COALESCE(?6, completion_tokens), "
+        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
+        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
+        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
+        "WHERE id = ?1 AND lease_attempt = ?13", NULL},
+
+    [K_CHECKPOINT_FENCED] = {"checkpoint_fenced", F_OPT,
+        "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
+        "SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM jobs WHERE id = ?1 "
+        "AND lease_attempt = ?5) ON CONFLICT(job_id) DO UPDATE SET text = excluded.text, "
+        "last_seq = excluded.last_seq, updated_at = excluded.updated_at",
+        "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
+        "SELECT ?1::text, ?2::text, ?3::bigint, ?4::bigint WHERE EXISTS (SELECT 1 FROM jobs "
+        "WHERE id = ?1::text AND lease_attempt = ?5::bigint) ON CONFLICT (job_id) DO UPDATE "
+        "SET text = excluded.text, last_seq = excluded.last_seq, "
+        "updated_at = excluded.updated_at"},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -843,6 +933,9 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_RESP_GET:
     case K_RESP_ITEMS_GET:
     case K_RESP_DELETE:
+    case K_TASK_CLAIM:
+    case K_TASK_FOLLOW:
+    case K_TASK_LEASE_GET:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
@@ -961,7 +1054,7 @@ static void *db_main(void *arg)
             bool ok = run_op(s, o, &failed);
             writes_ok += ok;
             writes_failed += failed;
-            if (o->kind == K_EVENTS_ADD) {
+            if (o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED) {
                 has_events = true;
                 events_failed |= !ok;
             }
@@ -1076,7 +1169,7 @@ static void enqueue_locked(gps_store *s, op *first, op *last, size_t count)
      * and a context switch each on the loop's core (issue 24). */
     bool urgent = !s->tx_waiting || s->stats.queue_depth >= (uint64_t)s->batch_max;
     for (op *o = first; o && !urgent; o = o->next)
-        urgent = op_is_read(o) || o->kind == K_EVENTS_ADD;
+        urgent = op_is_read(o) || o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED;
     if (urgent)
         pthread_cond_signal(&s->cv_work);
 }
@@ -1927,6 +2020,13 @@ int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
 {
     if (!u.id)
         return -1;
+    if (u.lease_attempt > 0)
+        return write_op(s, K_JOB_UPDATE_FENCED, "tttnnnnnnttni", u.id, u.status, u.agent_id,
+                        (int64_t)u.attempts, (int64_t)u.prompt_tokens,
+                        (int64_t)u.completion_tokens, (int64_t)u.queue_ms, (int64_t)u.ttft_ms,
+                        (int64_t)u.total_ms, u.finish_reason, u.error_code,
+                        (int64_t)(u.finished_at > 0 ? u.finished_at : -1),
+                        (int64_t)u.lease_attempt);
     return write_op(s, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
                     (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
                     (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
@@ -1941,6 +2041,17 @@ int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, siz
         return -1;
     return write_op(s, K_CHECKPOINT, "tTii", job_id, text ? text : "", len, (int64_t)last_seq,
                     (int64_t)gp_now_wall_ms());
+}
+
+int gps_store_checkpoint_fenced(gps_store *s, const char *job_id, const char *text, size_t len,
+                                long long last_seq, int64_t attempt)
+{
+    if (!job_id || (len && !text))
+        return -1;
+    if (attempt <= 0)
+        return gps_store_checkpoint(s, job_id, text, len, last_seq);
+    return write_op(s, K_CHECKPOINT_FENCED, "tTiii", job_id, text ? text : "", len,
+                    (int64_t)last_seq, (int64_t)gp_now_wall_ms(), attempt);
 }
 
 int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
@@ -1960,6 +2071,42 @@ int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *eve
            (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
            events, (int64_t)gp_now_wall_ms());
     return enqueue_b(s, &b, op_seq);
+}
+
+int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *events,
+                                int64_t attempt, uint64_t *op_seq)
+{
+    size_t n = json_array_size(events);
+    if (!job_id || n == 0)
+        return -1;
+    opb b;
+    b_spec(&b, K_EVENTS_ADD_FENCED, "tiijii", job_id,
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, 0), "seq")),
+           (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
+           events, (int64_t)gp_now_wall_ms(), attempt);
+    return enqueue_b(s, &b, op_seq);
+}
+
+bool gps_store_has_task_leases(gps_store *s)
+{
+    return s && s->w.ok[K_TASK_OWN] && s->w.ok[K_TASK_RENEW] && s->w.ok[K_TASK_CLAIM] &&
+           s->w.ok[K_EVENTS_ADD_FENCED] && s->w.ok[K_TASK_FOLLOW] && s->w.ok[K_TASK_LEASE_GET] &&
+           s->w.ok[K_JOB_UPDATE_FENCED] && s->w.ok[K_CHECKPOINT_FENCED];
+}
+
+int gps_store_task_own(gps_store *s, const char *job_id, const char *server_id,
+                       int64_t lease_until, int64_t attempt)
+{
+    if (!job_id || !server_id)
+        return -1;
+    return write_op(s, K_TASK_OWN, "ttii", job_id, server_id, lease_until, attempt);
+}
+
+int gps_store_task_renew(gps_store *s, const char *server_id, int64_t lease_until)
+{
+    if (!server_id)
+        return -1;
+    return write_op(s, K_TASK_RENEW, "ti", server_id, lease_until);
 }
 
 int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms)
@@ -2195,6 +2342,33 @@ int gps_store_response_delete_async(gps_store *s, const char *id, const char *ke
     if (!s->ev_done || !id || !key_id || !cb)
         return -1;
     return cells_op(s, read_op(K_RESP_DELETE, "tt", id, key_id), cb, arg);
+}
+
+int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t lease_until,
+                               int64_t now_ms, const json_t *models, int limit,
+                               gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CLAIM, "tiiji", server_id, lease_until, now_ms, models,
+                               (int64_t)limit),
+                    cb, arg);
+}
+
+int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                               void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_LEASE_GET, "t", job_id), cb, arg);
+}
+
+int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
+                                gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_FOLLOW, "ti", job_id, (int64_t)after_seq), cb, arg);
 }
 
 int gps_store_purge_responses(gps_store *s, int64_t now_ms)

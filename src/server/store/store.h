@@ -95,6 +95,9 @@
  *          lease_until INTEGER NOT NULL, stopped_at INTEGER)
  *     -- one row per server process sharing the DB; lease_until renewed by
  *     -- each heartbeat (gps_store_server_beat_async)
+ *   jobs columns (migration 0010): owner_server TEXT, lease_until INTEGER,
+ *          lease_attempt INTEGER NOT NULL DEFAULT 0 -- the lease of a native
+ *          task run by one of several servers (NULL/0 on SQLite)
  * ------------------------------------------------------------------------
  *
  * Threading: gps_store_open/close, the load and *_sync functions run on
@@ -238,6 +241,8 @@ typedef struct gps_store_job_update {
     const char *finish_reason;
     const char *error_code;
     int64_t finished_at;         /* wall ms; <= 0 unchanged */
+    int64_t lease_attempt;       /* > 0: only while the row's lease_attempt is this
+                                    (migration 0010: a shared native task's holder) */
 } gps_store_job_update;
 #define GPS_STORE_JOB_UPDATE_INIT(job_id)                                                    \
     ((gps_store_job_update){.id = (job_id), .attempts = -1, .prompt_tokens = -1,              \
@@ -346,6 +351,44 @@ typedef struct gps_store_cells {
     int64_t changes;
 } gps_store_cells;
 typedef void (*gps_store_cells_fn)(void *arg, int status, const gps_store_cells *res);
+
+/* ---- native tasks shared by several servers (migration 0010) ----
+ * docs/scaling.md "Native tasks across servers". The server running a
+ * native task holds it: jobs.owner_server, lease_until (wall ms) and
+ * lease_attempt (the fencing token). */
+
+/* Does this DB's schema hold the lease columns (all statements below)? */
+bool gps_store_has_task_leases(gps_store *s);
+/* A new task's lease (queued write, after the job's insert). */
+int gps_store_task_own(gps_store *s, const char *job_id, const char *server_id,
+                       int64_t lease_until, int64_t attempt);
+/* Extend the lease of every unfinished task server_id holds (queued write;
+ * a task claimed by another server meanwhile is no longer its). */
+int gps_store_task_renew(gps_store *s, const char *server_id, int64_t lease_until);
+/* Take over at most limit unfinished native tasks whose lease expired
+ * before now_ms (rows without a lease: a minute after their creation) and
+ * whose model is one of models (a JSON array of names): owner server_id,
+ * lease_until, attempt + 1, in one UPDATE, so that each expired lease is
+ * taken by one server. cb (loop thread) gets rows of (id, new attempt). */
+int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t lease_until,
+                               int64_t now_ms, const json_t *models, int limit,
+                               gps_store_cells_fn cb, void *arg);
+/* gps_store_job_events_seq for the holder of attempt only: when the row's
+ * lease_attempt is another (a server took the task over), the write fails
+ * (logged, counted, reported to the commit listener as failed). */
+int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *events,
+                                int64_t attempt, uint64_t *op_seq);
+/* gps_store_checkpoint by the holder of attempt only (attempt <= 0: any). */
+int gps_store_checkpoint_fenced(gps_store *s, const char *job_id, const char *text, size_t len,
+                                long long last_seq, int64_t attempt);
+/* One row: the task's lease_attempt (no row: no such job). */
+int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                               void *arg);
+/* A follower's read: rows of (finished_at or NULL, events batch or NULL)
+ * for the job_events batches holding seqs after after_seq, in order; no
+ * row when the job does not exist. */
+int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
+                                gps_store_cells_fn cb, void *arg);
 
 /* Stored Responses (migration 0006; see migrations/0006_responses.sql).
  * key_id is "" for requests made with auth off. */

@@ -95,7 +95,9 @@ static void test_migrations_once(void **state)
     gps_store_close(s);
 
     sqlite3 *db = raw_open(t->db);
-    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"),
+    /* MAX, not count: branches number their migrations ahead of one
+     * another (0010 may land before 0009). */
+    assert_int_equal(raw_int(db, "SELECT max(version) FROM schema_migrations"),
                      gps_store_schema_version());
     assert_text(db, "SELECT name FROM schema_migrations WHERE version = 1", "init");
     assert_true(raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1") >
@@ -114,14 +116,14 @@ static void test_migrations_once(void **state)
                                  "name='jobs_created' AND tbl_name='jobs'"),
                      1);
     long long applied = raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1");
+    long long n_applied = raw_int(db, "SELECT count(*) FROM schema_migrations");
     sqlite3_close(db);
 
     /* Re-open: nothing applied again, the record is untouched. */
     s = open_ok(t->db, NULL, NULL);
     gps_store_close(s);
     db = raw_open(t->db);
-    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"),
-                     gps_store_schema_version());
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"), n_applied);
     assert_int_equal(raw_int(db, "SELECT applied_at FROM schema_migrations WHERE version = 1"),
                      applied);
     sqlite3_close(db);

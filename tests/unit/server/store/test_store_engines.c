@@ -683,6 +683,150 @@ static void test_servers_and_rereads(void **state)
 }
 
 /* The password of a URI never reaches a message. */
+/* ---- native tasks across servers (migration 0010) ---- */
+
+typedef struct claim_seen {
+    int calls, status;
+    size_t nrows;
+    char id[64], attempt[24], finished[24];
+} claim_seen;
+
+static void on_claim(void *arg, int status, const gps_store_cells *res)
+{
+    claim_seen *c = arg;
+    c->calls++;
+    c->status = status;
+    if (res) {
+        c->nrows = res->nrows;
+        if (res->nrows && res->ncols >= 2) {
+            snprintf(c->id, sizeof c->id, "%s", res->cell[0] ? res->cell[0] : "");
+            snprintf(c->attempt, sizeof c->attempt, "%s", res->cell[1] ? res->cell[1] : "");
+            snprintf(c->finished, sizeof c->finished, "%s", res->cell[0] ? res->cell[0] : "");
+        }
+    }
+}
+
+static uint64_t failed_ops(gps_store *s)
+{
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    return st.ops_failed;
+}
+
+/* Two stores on one DB stand for two servers: an expired lease is claimed
+ * by one of them (attempt 2), the older attempt's event writes are
+ * refused, and a follower reads the batches after a seq. */
+static void test_task_leases(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    gps_store *b = open_ok(t->db, base);
+    assert_true(gps_store_has_task_leases(a));
+    json_t *req = json_pack("{s:s}", "prompt", "Once upon");
+    gps_store_job_row r = {.id = "job_l", .api = "native", .model = "tiny", .status = "running",
+                           .created_at = 1700000000000LL, .request = req};
+    int64_t now = 1800000000000LL;
+    assert_int_equal(gps_store_job_insert(a, r), 0);
+    assert_int_equal(gps_store_task_own(a, "job_l", "srvA", now + 60000, 1), 0);
+    json_t *e1 = events(1, 2), *e2 = events(3, 3);
+    assert_int_equal(gps_store_job_events_fenced(a, "job_l", e1, 1, NULL), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(failed_ops(a), 0);
+
+    json_t *tiny = json_pack("[s]", "tiny"), *other = json_pack("[s]", "other");
+    /* A live lease is nobody else's. */
+    claim_seen c1 = {0};
+    assert_int_equal(gps_store_task_claim_async(b, "srvB", now + 2000, now, tiny, 16, on_claim,
+                                                &c1), 0);
+    loop_until(base, &c1.calls);
+    assert_int_equal(c1.status, 0);
+    assert_int_equal(c1.nrows, 0);
+
+    /* Expired (A stopped renewing): B and C race, one takes it; a server
+     * that serves another model never does. */
+    assert_int_equal(gps_store_task_renew(a, "srvA", now - 1), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    claim_seen co = {0}, cb = {0}, cc = {0};
+    assert_int_equal(gps_store_task_claim_async(a, "srvO", now + 2000, now, other, 16, on_claim,
+                                                &co), 0);
+    loop_until(base, &co.calls);
+    assert_int_equal(co.nrows, 0);
+    assert_int_equal(gps_store_task_claim_async(b, "srvB", now + 2000, now, tiny, 16, on_claim,
+                                                &cb), 0);
+    assert_int_equal(gps_store_task_claim_async(a, "srvC", now + 2000, now, tiny, 16, on_claim,
+                                                &cc), 0);
+    loop_until(base, &cb.calls);
+    loop_until(base, &cc.calls);
+    assert_int_equal(cb.status, 0);
+    assert_int_equal(cc.status, 0);
+    assert_int_equal(cb.nrows + cc.nrows, 1);
+    claim_seen *won = cb.nrows ? &cb : &cc;
+    assert_string_equal(won->id, "job_l");
+    assert_string_equal(won->attempt, "2");
+
+    /* Fencing: attempt 1's write is refused, attempt 2's lands. */
+    assert_int_equal(gps_store_job_events_fenced(a, "job_l", e2, 1, NULL), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(failed_ops(a), 1);
+    assert_int_equal(gps_store_job_events_fenced(b, "job_l", e2, 2, NULL), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    assert_int_equal(failed_ops(b), 0);
+
+    /* The row and checkpoint writes of attempt 1 change nothing. */
+    gps_store_job_update stale = GPS_STORE_JOB_UPDATE_INIT("job_l");
+    stale.status = "cancelled";
+    stale.finished_at = now;
+    stale.lease_attempt = 1;
+    assert_int_equal(gps_store_job_update_async(a, stale), 0);
+    assert_int_equal(gps_store_checkpoint_fenced(a, "job_l", "stale", 5, 9, 1), 0);
+    assert_int_equal(gps_store_checkpoint_fenced(b, "job_l", "fresh", 5, 3, 2), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    job_seen js = {0};
+    assert_int_equal(gps_store_job_get_async(a, "job_l", on_job, &js), 0);
+    loop_until(base, &js.calls);
+    assert_int_equal(js.status, 0);
+    assert_string_equal(js.status_s, "running");
+    assert_string_equal(js.checkpoint, "fresh");
+    assert_int_equal(js.seq, 3);
+
+    /* A follower: the batches after seq 2 (one), none after 3. */
+    claim_seen f1 = {0}, f2 = {0}, f3 = {0};
+    assert_int_equal(gps_store_task_follow_async(a, "job_l", 2, on_claim, &f1), 0);
+    assert_int_equal(gps_store_task_follow_async(a, "job_l", 0, on_claim, &f2), 0);
+    assert_int_equal(gps_store_task_follow_async(a, "job_none", 0, on_claim, &f3), 0);
+    loop_until(base, &f1.calls);
+    loop_until(base, &f2.calls);
+    loop_until(base, &f3.calls);
+    assert_int_equal(f1.nrows, 1);
+    assert_true(strstr(f1.attempt, "\"seq\":3") != NULL || strstr(f1.attempt, "\"seq\": 3"));
+    assert_int_equal(f2.nrows, 2);
+    assert_int_equal(f3.nrows, 0);
+
+    /* A finished task is never claimed, expired or not. */
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_l");
+    u.status = "done";
+    u.finished_at = now;
+    assert_int_equal(gps_store_job_update_async(b, u), 0);
+    assert_int_equal(gps_store_task_renew(b, "srvB", now - 1), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    claim_seen c3 = {0};
+    assert_int_equal(gps_store_task_claim_async(a, "srvC", now + 2000, now, tiny, 16, on_claim,
+                                                &c3), 0);
+    loop_until(base, &c3.calls);
+    assert_int_equal(c3.nrows, 0);
+
+    json_decref(tiny);
+    json_decref(other);
+    json_decref(e1);
+    json_decref(e2);
+    json_decref(req);
+    gps_store_close(a);
+    gps_store_close(b);
+    event_base_free(base);
+}
+
 static void test_db_label(void **state)
 {
     (void)state;
@@ -709,6 +853,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_responses, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pins_deployments_ping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_servers_and_rereads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_leases, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
