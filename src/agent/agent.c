@@ -104,6 +104,7 @@ struct agent {
     int n_servers;
     int cur;                /* the server polled now: sticky while it answers */
     int turn_fails;         /* servers failed in a row since the last success */
+    uint64_t auth_refused_since; /* first 401 since the last accepted poll (0: none) */
     const char *base;       /* servers[cur] */
     char *auth_header;      /* "Authorization: Bearer ..." or NULL */
     bool key_from_file;     /* the key came from DIR/agent.key */
@@ -767,14 +768,35 @@ static const char *error_code(json_t *body)
     return c ? c : "";
 }
 
+/* How long 401s from every server of a list may last before the key counts
+ * as revoked: several refresh intervals of servers sharing a database. */
+#define AGENT_AUTH_GRACE_MS 30000
+
 /* The server refused our key (401): revoked, expired or unknown. Retrying
- * cannot help, so leave with a clear line rather than spin. Exit 2, like a
+ * cannot help (with several servers: once the grace above is over), so
+ * leave with a clear line rather than spin. Exit 2, like a
  * configuration error: the unit's RestartPreventExitStatus=2 keeps systemd
  * from restarting us into the same refusal every few seconds. */
 static void auth_lost(agent *a, const char *what, long status, json_t *body)
 {
     if (a->fatal)
         return;
+    if (a->n_servers > 1) {
+        /* Servers sharing a database learn of a key made on another one
+         * within their refresh interval (shared_refresh_sec, docs/
+         * scaling.md): a server we just moved to may not know our key yet.
+         * Go on along the list for a while; a key every server still
+         * refuses after that is revoked. */
+        uint64_t now = gp_now_mono_ms();
+        if (!a->auth_refused_since)
+            a->auth_refused_since = now;
+        if (now - a->auth_refused_since < AGENT_AUTH_GRACE_MS) {
+            char d[200];
+            snprintf(d, sizeof d, "HTTP %ld %s", status, error_code(body));
+            server_unreachable(a, what, d);
+            return;
+        }
+    }
     if (!a->key_from_file && !(a->o->token && *a->o->token)) {
         /* Started without a key against a server with auth off; a key
          * made since then turned auth on. */
@@ -934,6 +956,7 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
     a->server_down_logged = false;
     a->registered = true;
     a->turn_fails = 0;
+    a->auth_refused_since = 0;
     agent_backoff_reset(&a->backoff);
     json_int_t pi = json_integer_value(json_object_get(body, "poll_interval_sec"));
     if (pi >= 1 && pi <= 3600)

@@ -394,6 +394,28 @@ class PgServersTest(harness.TestCase):
         harness.wait_until(lambda: self.complete(b, "revoked", key=k["key"])[0] == 401,
                            timeout=30, interval=0.1, what="a key revoked on a refused on b")
 
+    def test_agent_waits_for_a_lagging_server_to_learn_its_key(self):
+        """An agent key made on a, after b read the keys: when a dies, b
+        refuses the agent (401) until its next re-read. The agent goes on
+        along its list for a grace period rather than exit as revoked (it
+        exited at the first 401). b re-reads every 20 s, so the agent
+        most likely meets the 401 first."""
+        up = self.h.start_upstream(["--tokens", "3"])
+        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
+                                key=self.client)
+        b = self.h.start_server(FAST + CLUSTER + ["--shared_refresh_sec", "20", "--state_dir",
+                                                  self.h.tmp], db=self.uri, key=self.client)
+        st, _, k = http_json("POST", a.url + "/admin/keys", {"role": "agent", "name": "late"},
+                             headers=bearer(self.admin), timeout=10)
+        self.assertIn(st, (200, 201), k)
+        g = self.h.start_agent(servers(a, b), upstream=up, model="m1", slots=2, token=k["key"])
+        a.wait_model("m1")
+        a.kill9()
+        b.wait_model("m1", timeout=60, key=self.client)
+        self.assert_completes(b, "after the late key")
+        self.assertTrue(g.alive())
+        self.assertFalse(g.log_events("auth_revoked"))
+
 
 class SqliteOneServerTest(harness.TestCase):
     """With SQLite there is one server: its row, listed alive, marked
