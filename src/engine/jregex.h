@@ -46,6 +46,13 @@ typedef struct gpe_jre {
 
 /* Compile pattern (NUL-terminated). NULL with a message in err. */
 gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen);
+/* The same subset with ECMA-262's meaning over every character, for
+ * checking a finished string (jvalidate.h) rather than writing one: classes
+ * and literals may hold any character (control characters, '"', '\\'); `.`
+ * is any character but \n and \r; `\s` is ASCII white space (a non-ASCII
+ * space counts as `\S`, and U+2028/2029 as `.`: one byte does not tell them
+ * apart). */
+gpe_jre *gpe_jre_compile_full(const char *pattern, char *err, size_t errlen);
 void gpe_jre_free(gpe_jre *r);
 /* The pattern a `format` is enforced as, or NULL for a format not supported
  * (date, time, date-time, uuid, email, ipv4, ipv6 is not). */
