@@ -178,7 +178,7 @@ struct gguf_backend {
     agent_backend base;        /* first member (backend.h) */
     gpe_model *model;          /* engines[0]'s: tokenizer, chat template, facts */
     int32_t *op_ids;           /* tokens that write pieces of the call opener (gguf_tools) */
-    int *op_lens;
+    uint64_t *op_at;           /* their offsets in the opener (gguf_tools_opener_tokens) */
     int n_op;
     gpe_grammar_vocab *gvocab; /* model's token bytes for response_format (owned; built
                                   with the engines, read-only after) */
@@ -1201,8 +1201,8 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     /* schema + tools: the schema's tokens or the call opener's (gguf_tools.h) */
     bool lazy = j->lazy_buf && (j->tools.lazy || j->tools.opener_at >= 0);
     if (lazy) {
-        gguf_tools_lazy_mask(&j->tools, raw, masked, b->op_ids, b->op_lens, b->n_op, b->model,
-                             j->lazy_buf, n_vocab);
+        gguf_tools_lazy_mask(&j->tools, raw, masked, b->op_ids, b->op_at, b->n_op, j->lazy_buf,
+                             n_vocab);
         logits = j->lazy_buf;
     }
     int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
@@ -1728,7 +1728,7 @@ static void gguf_destroy(agent_backend *base)
     free(b->test_gate);
     gpe_grammar_vocab_free(b->gvocab);
     free(b->op_ids);
-    free(b->op_lens);
+    free(b->op_at);
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);
@@ -2054,7 +2054,7 @@ static gpe_status engines_start(gguf_backend *b, const agent_options *o, gguf_pl
     gpe_model_info mi;   /* (b->info is filled once the model is placed) */
     gpe_model_get_info(b->model, &mi);
     if (gpe_chat_supports_tools(b->model) &&
-        gguf_tools_opener_tokens(b->model, mi.chat_format, &b->op_ids, &b->op_lens,
+        gguf_tools_opener_tokens(b->model, mi.chat_format, &b->op_ids, &b->op_at,
                                  &b->n_op) < 0) {
         snprintf(err, errlen, "out of memory (tool-call opener tokens)");
         return GPE_ERR_NOMEM;
@@ -2068,9 +2068,9 @@ static void engines_drop(gguf_backend *b)
     gpe_grammar_vocab_free(b->gvocab);
     b->gvocab = NULL;
     free(b->op_ids);
-    free(b->op_lens);
+    free(b->op_at);
     b->op_ids = NULL;
-    b->op_lens = NULL;
+    b->op_at = NULL;
     for (int e = 0; e < b->n_eng; e++) {
         gpe_ctx_free(b->eng[e].ctx);
         gpe_model_free(b->eng[e].model);

@@ -216,10 +216,10 @@ void gguf_tools_free(gguf_tools *t)
 }
 
 int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **ids,
-                             int **lens, int *n)
+                             uint64_t **at, int *n)
 {
     *ids = NULL;
-    *lens = NULL;
+    *at = NULL;
     *n = 0;
     const char *op = gpe_toolparse_opener(family);
     size_t ol = op ? strlen(op) : 0;
@@ -230,46 +230,47 @@ int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **i
     for (int32_t t = 0; t < nv; t++) {
         /* special: a control token (mistral's [TOOL_CALLS]) renders as "" else */
         int k = gpe_token_to_piece(m, t, piece, sizeof piece, true);
-        /* any piece of the opener: the model may write it in several tokens */
-        if (k <= 0 || (size_t)k > ol || !memmem(op, ol, piece, (size_t)k))
+        if (k <= 0 || (size_t)k > ol)
+            continue;
+        /* any piece of the opener: the model may write it in several
+         * tokens; every offset it fits at (openers are a few bytes, under
+         * 64: the mask's width) */
+        uint64_t where = 0;
+        for (size_t a = 0; a + (size_t)k <= ol && a < 64; a++)
+            if (memcmp(op + a, piece, (size_t)k) == 0)
+                where |= 1ULL << a;
+        if (!where)
             continue;
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
             int32_t *ni = realloc(*ids, (size_t)cap * sizeof *ni);
             if (ni)
                 *ids = ni;
-            int *nl = realloc(*lens, (size_t)cap * sizeof *nl);
-            if (nl)
-                *lens = nl;
-            if (!ni || !nl)
+            uint64_t *na = realloc(*at, (size_t)cap * sizeof *na);
+            if (na)
+                *at = na;
+            if (!ni || !na)
                 return -1;
         }
         (*ids)[*n] = t;
-        (*lens)[*n] = k;
+        (*at)[*n] = where;
         (*n)++;
     }
     return 0;
 }
 
 void gguf_tools_lazy_mask(const gguf_tools *t, const float *raw, const float *masked,
-                          const int32_t *ids, const int *lens, int n_ids, const gpe_model *m,
-                          float *out, int n_vocab)
+                          const int32_t *ids, const uint64_t *at, int n_ids, float *out,
+                          int n_vocab)
 {
-    (void)m;
-    size_t at = t->opener_at > 0 ? (size_t)t->opener_at : 0;
-    size_t ol = strlen(t->opener);
+    size_t pos = t->opener_at > 0 ? (size_t)t->opener_at : 0;
     for (int i = 0; i < n_vocab; i++)
         out[i] = masked ? masked[i] : -INFINITY;
-    /* tokens that write the next bytes of the opener, never past its end */
-    for (int i = 0; i < n_ids; i++) {
-        size_t k = (size_t)lens[i];
-        if (ids[i] >= n_vocab || at + k > ol)
-            continue;
-        char piece[256];
-        int n = gpe_token_to_piece(m, ids[i], piece, sizeof piece, true);
-        if (n == (int)k && memcmp(piece, t->opener + at, k) == 0)
+    /* tokens that write the next bytes of the opener (never past its end:
+     * the offsets were taken where the whole piece fits) */
+    for (int i = 0; pos < 64 && i < n_ids; i++)
+        if (ids[i] < n_vocab && (at[i] >> pos & 1))
             out[ids[i]] = raw[ids[i]];
-    }
 }
 
 int gguf_tools_lazy_accept(gguf_tools *t, const gpe_model *m, int32_t tok, bool schema_ok,

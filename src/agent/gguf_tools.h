@@ -50,17 +50,18 @@ typedef struct gguf_tools {
 } gguf_tools;
 
 /* The ids of tokens whose text (control tokens' too) is a non-empty piece
- * of the family's call opener, and their lengths: computed once per model
- * for the lazy first step. *n = 0 for a family without an opener. */
+ * of the family's call opener, and for each a mask of the opener offsets
+ * the piece fits at (bit a: opener[a..] starts with it): computed once per
+ * model for the lazy first step. *n = 0 for a family without an opener. */
 int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **ids,
-                             int **lens, int *n);
+                             uint64_t **at, int *n);
 
 /* Lazy step (t->lazy or t->opener_at >= 0): masked is the schema grammar's
  * mask (NULL on the opener path), raw the model's logits; out (n_vocab)
  * receives the logits to sample from. */
 void gguf_tools_lazy_mask(const gguf_tools *t, const float *raw, const float *masked,
-                          const int32_t *ids, const int *lens, int n_ids, const gpe_model *m,
-                          float *out, int n_vocab);
+                          const int32_t *ids, const uint64_t *at, int n_ids, float *out,
+                          int n_vocab);
 /* After sampling tok on a lazy step. Returns 1 when tok took the opener
  * path (the schema grammar must not see it; the job's grammar becomes NULL
  * until *install is set: then it is t->call_gram, moved to the caller), 0

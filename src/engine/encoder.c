@@ -210,10 +210,7 @@ static void act_fn(void *arg, int ith, int nth)
     int64_t lo, hi;
     gpe_pool_split(j->n, ith, nth, &lo, &hi);
     if (j->b) {
-        for (int64_t i = lo; i < hi; i++) {
-            const float g = j->a[i];
-            j->a[i] = (g / (1.0f + expf(-g))) * j->b[i];
-        }
+        gpe_model_silu_mul_row(j->a + lo, j->b + lo, hi - lo);
         return;
     }
     if (j->bias)

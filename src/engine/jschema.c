@@ -900,6 +900,25 @@ static int tag_union(cctx *c, int u)
         free(key);
         return id < 0 ? -1 : fail(c, "out of memory");
     }
+    /* The remaining-bytes count must stay exact through the tag: the
+     * shortest completion pairs each value with its own alternative's tail,
+     * not the shortest value with the shortest tail of another. */
+    gpe_js_node *l = &p->nodes[tag];
+    l->lit_extra = calloc((size_t)l->n_lits, sizeof *l->lit_extra);
+    if (!l->lit_extra) {
+        free(alt);
+        free(pr);
+        free(tail);
+        free(key);
+        return fail(c, "out of memory");
+    }
+    l->min_len = GPE_JS_INF;
+    for (int k = 0; k < l->n_lits; k++) {
+        int64_t t = p->nodes[alt[k]].tail[1];
+        l->lit_extra[k] = tail1 >= GPE_JS_INF ? 0 : t >= GPE_JS_INF ? GPE_JS_INF : t - tail1;
+        int64_t m = l->lit_extra[k] >= GPE_JS_INF ? GPE_JS_INF : l->lit_len[k] + l->lit_extra[k];
+        l->min_len = m < l->min_len ? m : l->min_len;
+    }
     gpe_js_node *o = &p->nodes[id];
     *pr = (gpe_js_prop){.key = key, .key_len = first.key_len, .node = tag, .required = true};
     o->props = pr;
@@ -1036,6 +1055,7 @@ void gpe_jschema_free(gpe_jschema *p)
             free(n->lits[k]);
         free(n->lits);
         free(n->lit_len);
+        free(n->lit_extra);
         free(n->alts);
         free(n->tag_alt);
         gpe_jre_free(n->re);

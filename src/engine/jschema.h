@@ -74,6 +74,10 @@ typedef struct gpe_js_node {
     /* literals, sorted bytewise */
     char **lits;
     int *lit_len;
+    int64_t *lit_extra;         /* the tag of a discriminated union: bytes literal i's
+                                   object needs after it beyond the merged object's
+                                   tail (its alternative's tail less the least one);
+                                   else NULL */
     int n_lits;
     /* union */
     int *alts;

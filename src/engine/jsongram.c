@@ -477,10 +477,12 @@ int64_t gpe_jg_frame_remaining(const gpe_jg_frame *f, const gpe_jschema *p)
     default: {
         /* the shortest candidate still alive (sorted order puts a prefix
          * first, not the shortest: "blue" < "red") */
-        int m = nd->lit_len[f->k];
-        for (int i = f->k + 1; i < f->h; i++)
-            m = nd->lit_len[i] < m ? nd->lit_len[i] : m;
-        return m - f->n;
+        int64_t m = GPE_JS_INF;
+        for (int i = f->k; i < f->h; i++) {
+            int64_t x = nd->lit_extra ? addc(nd->lit_len[i], nd->lit_extra[i]) : nd->lit_len[i];
+            m = x < m ? x : m;
+        }
+        return m >= GPE_JS_INF ? GPE_JS_INF : m - f->n;
     }
     }
 }

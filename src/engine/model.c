@@ -1219,15 +1219,6 @@ static void gelu_init(void)
     pthread_once(&gelu_once, gelu_table_fill);
 }
 
-static float gelu_f16(float x)
-{
-    if (x <= -10.0f)
-        return 0.0f;
-    if (x >= 10.0f)
-        return x;
-    return gelu_table[gpe_fp32_to_fp16(x)];
-}
-
 void gpe_model_gelu_row(float *x, int64_t n)
 {
     /* the F16 rounding of a chunk at once (vectorised where the CPU has
@@ -1243,20 +1234,26 @@ void gpe_model_gelu_row(float *x, int64_t n)
     }
 }
 
+void gpe_model_silu_mul_row(float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float g = gate[i];
+        gate[i] = (g / (1.0f + expf(-g))) * up[i];
+    }
+}
+
 static void swiglu_fn(void *arg, int ith, int nth)
 {
     swiglu_job *j = arg;
     int64_t lo, hi;
     gpe_pool_split(j->n, ith, nth, &lo, &hi);
     if (j->gelu) {
+        gpe_model_gelu_row(j->gate + lo, hi - lo);
         for (int64_t i = lo; i < hi; i++)
-            j->gate[i] = gelu_f16(j->gate[i]) * j->up[i];
+            j->gate[i] *= j->up[i];
         return;
     }
-    for (int64_t i = lo; i < hi; i++) {
-        const float g = j->gate[i];
-        j->gate[i] = (g / (1.0f + expf(-g))) * j->up[i];
-    }
+    gpe_model_silu_mul_row(j->gate + lo, j->up + lo, hi - lo);
 }
 
 /* out[n_tok][n_embd] = w_down(act(w_gate x) * w_up x), the dense FFN; uses

@@ -248,5 +248,8 @@ void gpe_model_matmul(gpe_fwd *f, gpe_pool *pool, const float *x, int n_tok, int
                       const gpe_weight *const *ws, float *const *outs);
 int gpe_model_nth(gpe_pool *pool, double work);
 void gpe_model_gelu_row(float *x, int64_t n);
+/* gate[i] = SiLU(gate[i]) * up[i]: SwiGLU's activation, decoder and encoder
+ * alike */
+void gpe_model_silu_mul_row(float *gate, const float *up, int64_t n);
 
 #endif

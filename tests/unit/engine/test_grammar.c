@@ -424,6 +424,38 @@ static void test_matcher_corpus(void **state)
     gpe_jschema_free(p);
 }
 
+/* The remaining count of a discriminated union pairs each tag value with
+ * its own alternative: on the way through the shortest instance of each
+ * alternative it falls by exactly one per byte. (fuzz_jschema found the
+ * old count pairing the shortest value, "a", with the shortest tail, the
+ * other alternative's: 7 bytes left after {" where 12 were needed.) */
+static void test_tag_union_remaining(void **state)
+{
+    (void)state;
+    gpe_jschema *p = compile(
+        "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"a\"},"
+        "\"x\":{\"type\":\"integer\"}},\"required\":[\"k\",\"x\"],"
+        "\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"k\":"
+        "{\"enum\":[\"b*,*c\"]},\"s\":{\"type\":\"string\",\"maxLength\":3}},"
+        "\"required\":[\"k\"]}]}");
+    const char *shortest[] = {"{\"k\":\"b*,*c\"}", "{\"k\":\"a\",\"x\":0}"};
+    for (size_t w = 0; w < 2; w++) {
+        gpe_jg_state s;
+        gpe_jg_init(&s, p);
+        int64_t len = (int64_t)strlen(shortest[w]);
+        /* the first is the union's shortest; the second is longer than it
+         * until its tag is read */
+        for (int64_t i = 0; i < len; i++) {
+            int64_t rem = gpe_jg_remaining(&s, p);
+            assert_int_equal(rem, w == 0 || i >= 7 ? len - i : 13 - i);
+            assert_true(gpe_jg_feed(&s, p, (unsigned char)shortest[w][i]));
+        }
+        assert_int_equal(gpe_jg_remaining(&s, p), 0);
+        assert_int_equal(s.depth, 0);
+    }
+    gpe_jschema_free(p);
+}
+
 /* Random walks over the matcher: at each step one byte, drawn among those
  * the matcher takes that keep the value completable within the budget;
  * every finished walk must parse and validate. Reaches what the tiny model
@@ -622,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_refused_keywords),
         cmocka_unit_test(test_matcher_corpus),
         cmocka_unit_test(test_matcher_random_walks),
+        cmocka_unit_test(test_tag_union_remaining),
         cmocka_unit_test(test_stories_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
