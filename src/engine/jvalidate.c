@@ -76,7 +76,10 @@ static const char *const bounds[] = {"minimum", "maximum", "exclusiveMinimum",
                                      "exclusiveMaximum", NULL};
 static const char *const subs[] = {"items", "additionalProperties", NULL};
 static const char *const lists[] = {"anyOf", "oneOf", "allOf", NULL};
-static const char *const maps[] = {"properties", "$defs", "definitions", NULL};
+static const char *const maps[] = {"properties", NULL};
+/* Definitions are walked only as far as a $ref reaches, as jschema
+ * compiles them: one that nothing uses may hold anything. */
+static const char *const defs[] = {"$defs", "definitions", NULL};
 static const char *const types[] = {"object", "array", "string", "number", "integer",
                                     "boolean", "null", NULL};
 
@@ -145,6 +148,11 @@ static int walk_keyword(wctx *c, const json_t *s, const char *k, const json_t *v
     char sub[512];
     if (in_list(k, annotations))
         return 0;
+    if (in_list(k, defs)) {
+        if (!json_is_object(val))
+            return wfail(c, "'%s' at %s must be an object", k, path);
+        return 0;
+    }
     if (!strcmp(k, "type")) {
         const json_t *t;
         size_t i;

@@ -130,6 +130,8 @@ static const vcase cases[] = {
     {"{'properties':{'a':true,'b':false}}", "{'b':1}", GPE_JV_INVALID, "at /b: no value"},
     {"{'title':'t','description':'d','default':1,'examples':[2],'$schema':'x'}", "{}",
      GPE_JV_VALID, NULL},
+    /* a definition nothing uses is not looked at (jschema does not either) */
+    {"{'$defs':{'unused':{'if':{}}},'type':'integer'}", "1", GPE_JV_VALID, NULL},
     /* text that is not one JSON value */
     {"{}", "{'a':1} x", GPE_JV_INVALID, "not JSON"},
     {"{}", "", GPE_JV_INVALID, "not JSON"},
@@ -172,7 +174,7 @@ static void test_refused(void **state)
         {"{'type':'strung'}", "'type'"},
         {"{'minLength':-1}", "'minLength'"},
         {"{'anyOf':[]}", "'anyOf'"},
-        {"{'$defs':{'a':{'if':{}}}}", "'if' at #/$defs/a"},
+        {"{'$defs':{'a':{'if':{}}},'$ref':'#/$defs/a'}", "'if' at #/$defs/a"},
         {"[]", "must be an object or a boolean"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
