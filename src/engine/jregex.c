@@ -510,6 +510,10 @@ static gpe_jre *compile_generic(const char *pattern, bool full, char *err, size_
     r->nullable = g.nullable;
     r->first = g.first;
     r->last = g.last;
+    for (int p = 0; p < r->n; p++)
+        for (unsigned ch = 0; ch < 256; ch++)
+            if (r->cls[p][ch >> 3] & (1u << (ch & 7)))
+                r->by_byte[ch] |= (uint64_t)1 << p;
     distances(r);
     if (r->start_dist == GPE_JRE_DEAD) {
         fail(c, "pattern '%s' matches no %s", pattern,
