@@ -7,8 +7,11 @@
  * a token whose first byte fails is out at once (most of the vocabulary in
  * structural positions). Inside a string, a token of plain text (whole
  * UTF-8 characters, no quote, backslash or control byte) needs only its
- * character count (most of the vocabulary there). Only the rest is fed byte
- * by byte on a copy of the state. Every accepted token must also leave the
+ * character count (most of the vocabulary there). Inside a pattern string
+ * such a token's characters step the pattern's automaton directly, from the
+ * state after its first byte (one step per first byte, shared by the tokens
+ * that start with it). Only the rest is fed byte by byte on a copy of the
+ * state. Every accepted token must also leave the
  * value completable in the tokens that remain (gpe_jg_remaining <= left -
  * 1, one byte per token being always possible: byte-fallback or byte-level
  * vocabularies), which is how a string without maxLength still closes
