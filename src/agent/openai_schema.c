@@ -113,6 +113,8 @@ int oai_schema_new(json_t *job, oai_schema **out, char *err, size_t errlen)
     *out = NULL;
     json_t *rf = json_object_get(job, "response_format");
     json_t *tools = json_object_get(job, "tools");
+    if (!json_is_object(rf) && json_array_size(tools) == 0)
+        return 0;   /* most jobs: no allocation */
     oai_schema *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
