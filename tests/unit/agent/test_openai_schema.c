@@ -185,7 +185,8 @@ static void test_verdict_only_when_run_its_course(void **state)
     json_t *stops = json_pack("[s]", "4");
     r = run_reply(cut, "stop", stops);
     json_decref(stops);
-    assert_int_equal(r.errors, 0);
+    if (r.errors)
+        fail_msg("%s: %s", r.code, r.msg);
     assert_int_equal(r.ends, 1);
     const char *good[] = {"{\"n\"", ":4}", NULL};
     r = run_reply(good, "stop", NULL);
