@@ -26,7 +26,10 @@
  * with the count_tokens methods (openai_count.h) and reports it as a
  * progress event before generating.
  *
- * Structured output: a job's `response_format` goes upstream as it is.
+ * Structured output: a job's `response_format` goes upstream as it is, and
+ * what comes back is checked against it, as are the arguments of calls of
+ * tools with "strict": true (openai_schema.h): a reply that does not
+ * satisfy the schema fails with UPSTREAM_INVALID_OUTPUT.
  * Tools: a job's `tools`/`tool_choice` go upstream as they are (the model
  * facts say supports_tools: the upstream decides); the reply's tool_calls
  * (streamed pieces or a whole message) become tool_call events, and a reply
@@ -65,6 +68,7 @@
 #include "agent/backend.h"
 #include "agent/openai_count.h"
 #include "agent/openai_embed.h"
+#include "agent/openai_schema.h"
 #include "agent/openai_stream.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
@@ -98,6 +102,7 @@ typedef struct oai_job {
     char *tmpl_tok;         /* count: the /tokenize body of the template's text (owned) */
     bool count_chat;        /* count: the job has messages (its own remembered method) */
     json_t *stops;          /* the job's params.stop (owned), or NULL */
+    oai_schema *check;      /* what the reply is held to (owned), or NULL */
     long long count_estimate; /* count: method 4's answer (the estimate) */
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
     bool embed;             /* an embeddings job: body goes to url_embed (openai_embed.h) */
@@ -265,6 +270,7 @@ static void job_free(oai_job *j)
     free(j->tmpl_body);
     free(j->tmpl_tok);
     json_decref(j->stops);
+    oai_schema_free(j->check);
     free(j->correlation_id);
     free(j->pool_options);
     free(j);
@@ -953,13 +959,22 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     if (!count && !embed && !(req = build_request(b, job, &chat, err, errlen)))
         return -1;
+    /* A schema the reply cannot be checked against is refused before any
+     * upstream work, as the gguf backend refuses one it cannot enforce. */
+    oai_schema *check = NULL;
+    if (chat && oai_schema_new(job, &check, err, errlen) < 0) {
+        json_decref(req);
+        return -1;
+    }
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
         json_decref(req);
         free(tok_body);
+        oai_schema_free(check);
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    j->check = check;
     snprintf(j->id, sizeof j->id, "%s", id);
     j->b = b;
     j->tok_body = tok_body;
@@ -974,6 +989,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     /* An embeddings reply is read as a count's is: status and body only. */
     oai_stream_init(&j->st, sink, j->id, chat, count || j->precount || embed, j->stops,
                     MAX_SSE_LINE);
+    j->st.check = j->check;
     if (req) {
         j->body = gp_json_dumps(req);
         json_decref(req);
@@ -1185,7 +1201,7 @@ static const agent_backend_ops oai_ops = {
     .poll_facts = NULL,
     .job_start = oai_job_start,
     .job_cancel = oai_job_cancel,
-    .structured_output = true, /* passed to the upstream, which enforces it */
+    .structured_output = true, /* passed to the upstream, which enforces it; checked */
 };
 
 /* "http://h:p" -> "http://h:p/v1/<ep>"; "http://h:p/v1" -> ".../v1/<ep>". */

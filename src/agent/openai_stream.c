@@ -85,6 +85,7 @@ static void send_text(oai_stream *s, const char *text, size_t len)
     if (len == 0)
         return;
     oai_stream_started(s); /* the contract: started before the first token */
+    oai_schema_text(s->check, text, len);
     s->sink.token(s->sink.ctx, text, len, -1);
 }
 
@@ -200,6 +201,9 @@ static int take_tool_calls(oai_stream *s, json_t *calls, bool streamed)
             s->t_first_us = gp_now_mono_us();
         oai_stream_started(s);
         flush_pending(s); /* text held back for a stop string comes first */
+        oai_schema_tool(s->check, (int)index, first ? name : NULL,
+                        json_string_value(args) ? json_string_value(args) : "",
+                        json_string_value(args) ? json_string_length(args) : 0);
         if (s->sink.tool_call)
             s->sink.tool_call(s->sink.ctx, (int)index, first ? id : NULL, first ? name : NULL,
                           json_string_value(args) ? json_string_value(args) : "",
@@ -422,6 +426,15 @@ static void finish_ok(oai_stream *s)
                      : s->ntool_calls > 0 || strcmp(s->finish, "tool_calls") == 0
                          ? "tool_calls"
                          : "stop";
+    /* Structured output the upstream was asked for, checked once the reply
+     * ran its course (cut by max_tokens or a stop string: the finish says
+     * so). The text went out already; the job fails rather than end. */
+    char why[600];
+    if (s->check && !s->stop_seq && strcmp(fr, "length") != 0 &&
+        oai_schema_verdict(s->check, why, sizeof why) != 0) {
+        s->sink.error(s->sink.ctx, "UPSTREAM_INVALID_OUTPUT", why);
+        return;
+    }
     if (s->stop_seq && strcmp(fr, "stop") == 0 && s->sink.stop_sequence)
         s->sink.stop_sequence(s->sink.ctx, s->stop_seq);
     s->sink.end(s->sink.ctx, fr, s->prompt_tokens, ct);

@@ -22,6 +22,11 @@
  * match the text before it is sent, the reply counts as complete (body 1,
  * as at [DONE]) and ends "stop" with a stop_sequence event.
  *
+ * Structured output (check set): the text and tool calls relayed are handed
+ * to openai_schema.h, and a reply that ran its course ("stop" or
+ * "tool_calls", no stop string) but fails its verdict ends with an error
+ * UPSTREAM_INVALID_OUTPUT instead of end (the text already relayed stays).
+ *
  * count_tokens replies (count set): only status and raw are taken (the
  * transport parses them with openai_count.h) and no event is sent.
  *
@@ -38,6 +43,7 @@
 
 #include "agent/agent_util.h"
 #include "agent/backend.h"
+#include "agent/openai_schema.h"
 #include "common/gp_util.h"
 
 typedef enum {
@@ -55,6 +61,8 @@ typedef struct oai_stream {
     const json_t *stops;    /* borrowed: the job's params.stop, or NULL */
     bool chat;              /* chat reply (delta/message) or completion (text) */
     bool count;             /* count_tokens reply: status and raw only */
+    oai_schema *check;      /* borrowed, set after init: what the reply is held to
+                               (openai_schema.h), or NULL */
     /* ---------------------------------------------------------------- */
     oai_body_mode mode;
     long status;            /* HTTP status, 0 before the status line */

@@ -7,8 +7,11 @@
  * a token whose first byte fails is out at once (most of the vocabulary in
  * structural positions). Inside a string, a token of plain text (whole
  * UTF-8 characters, no quote, backslash or control byte) needs only its
- * character count (most of the vocabulary there). Only the rest is fed byte
- * by byte on a copy of the state. Every accepted token must also leave the
+ * character count (most of the vocabulary there). Inside a pattern string
+ * such a token's characters step the pattern's automaton directly, from the
+ * state after its first byte (one step per first byte, shared by the tokens
+ * that start with it). Only the rest is fed byte by byte on a copy of the
+ * state. Every accepted token must also leave the
  * value completable in the tokens that remain (gpe_jg_remaining <= left -
  * 1, one byte per token being always possible: byte-fallback or byte-level
  * vocabularies), which is how a string without maxLength still closes
@@ -242,6 +245,73 @@ static bool token_ok(gpe_grammar *g, int t, int64_t limit)
     return gpe_jg_remaining(&g->trial, g->prog) <= limit;
 }
 
+/* token_ok for a plain-text token t inside a pattern string (nd, chars so
+ * far), from s1, the automaton's state after t's first byte: its other
+ * characters step the automaton by their first bytes, its length must fit
+ * maxLength, and the string must still be completable within limit (below:
+ * the bytes the frames under the string need). The same verdict as feeding
+ * t's bytes to a copy of the state, without the copy and the matcher's
+ * dispatch on every byte. */
+static bool plain_pattern_ok(const gpe_grammar *g, int t, const gpe_js_node *nd, int64_t chars,
+                             uint64_t s1, int64_t below, int64_t limit)
+{
+    const gpe_jre *re = nd->re;
+    const uint8_t *b = g->v->bytes + g->v->off[t];
+    int n = (int)(g->v->off[t + 1] - g->v->off[t]);
+    int64_t after = chars + g->v->plain[t];
+    if (nd->max_chars >= 0 && after > nd->max_chars)
+        return false;
+    uint64_t st = s1;
+    for (int i = 1; i < n && st; i++)
+        if ((b[i] & 0xC0) != 0x80)   /* a continuation byte steps nothing */
+            st = gpe_jre_step(re, st, b[i]);
+    if (!st)
+        return false;
+    int32_t r = gpe_jre_remaining(re, st);
+    if (r == GPE_JRE_DEAD || (nd->max_chars >= 0 && after + r > nd->max_chars))
+        return false;
+    int64_t more = nd->min_chars > after ? nd->min_chars - after : 0;
+    more = r > more ? r : more;
+    return more < GPE_JS_INF && below + more + 1 <= limit;   /* + 1: the closing quote */
+}
+
+/* Inside a pattern string: the tokens grouped by first byte, each group's
+ * first character stepped once (256 steps). A group whose first byte the
+ * automaton refuses is out whole (but '"', which closes the string);
+ * plain-text tokens in the others take plain_pattern_ok, the rest (a
+ * closing quote and what follows it, escapes) token_ok. */
+static int mask_pattern(gpe_grammar *g, const float *logits, int n, int64_t limit,
+                        const gpe_js_node *nd, int64_t chars, uint64_t st)
+{
+    const gpe_grammar_vocab *v = g->v;
+    int64_t below = 0;   /* summed here, capped as gpe_jg_remaining caps it */
+    for (int i = 0; i + 1 < g->st.depth && below < GPE_JS_INF; i++)
+        below += gpe_jg_frame_remaining(&g->st.f[i], g->prog);
+    below = below < GPE_JS_INF ? below : GPE_JS_INF;
+    bool full = nd->max_chars >= 0 && chars >= nd->max_chars;
+    int allowed = 0;
+    for (int c = 0; c < 256; c++) {
+        if (v->first_at[c] == v->first_at[c + 1])
+            continue;
+        uint64_t s1 = full || c < 0x20 || c == '"' || c == '\\' ? 0
+                                                                 : gpe_jre_step(nd->re, st, c);
+        if (!s1 && c != '"')
+            continue;   /* no token starting with c can go on in this string */
+        for (int i = v->first_at[c]; i < v->first_at[c + 1]; i++) {
+            int t = v->by_first[i];
+            if (t >= n)
+                continue;
+            bool ok = v->plain[t] ? s1 && plain_pattern_ok(g, t, nd, chars, s1, below, limit)
+                                  : token_ok(g, t, limit);
+            if (ok) {
+                g->masked[t] = logits[t];
+                allowed++;
+            }
+        }
+    }
+    return allowed;   /* no end of generation inside a string */
+}
+
 /* One masking pass over the tokens whose first byte the state takes (the
  * masked buffer is all -inf on entry); returns how many it allowed. */
 static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
@@ -252,6 +322,10 @@ static int mask_pass(gpe_grammar *g, const float *logits, int n, int64_t limit)
     if (in_str)
         below = rem - gpe_jg_frame_remaining(&g->st.f[g->st.depth - 1], g->prog);
     int allowed = 0;
+    const gpe_js_node *pnode;
+    uint64_t pstate;
+    if (!in_str && gpe_jg_in_pattern(&g->st, g->prog, &pnode, &chars, &pstate))
+        return mask_pattern(g, logits, n, limit, pnode, chars, pstate);
     if (in_str) {
         /* Inside a string most of the vocabulary is plain text: a token of
          * p characters fits when lb <= p <= ub (maxLength; minLength within

@@ -26,6 +26,7 @@ typedef struct re_ctx {
     char *err;
     size_t errlen;
     bool failed;
+    bool full;          /* gpe_jre_compile_full: every character, ECMA-262's classes */
 } re_ctx;
 
 static int fail(re_ctx *c, const char *fmt, ...)
@@ -66,20 +67,30 @@ static bool raw_ok(unsigned ch)
     return (ch >= 0x20 && ch <= 0x7F && ch != '"' && ch != '\\') || (ch >= 0xC2 && ch <= 0xF4);
 }
 
-static void cls_any(uint8_t *cls)
+/* The bytes a character may start with: those a raw JSON string holds, or
+ * in full mode any (ASCII or a UTF-8 lead byte). */
+static bool char_ok(const re_ctx *c, unsigned ch)
+{
+    return c->full ? ch < 0x80 || (ch >= 0xC2 && ch <= 0xF4) : raw_ok(ch);
+}
+
+/* Any character; `.` (dot) in full mode leaves out the line terminators
+ * ECMA-262 names that one byte tells apart (\n, \r; U+2028/2029 share their
+ * lead byte with other characters and are taken). */
+static void cls_any(const re_ctx *c, uint8_t *cls, bool dot)
 {
     for (unsigned ch = 0; ch < 256; ch++)
-        if (raw_ok(ch))
+        if (char_ok(c, ch) && !(c->full && dot && (ch == '\n' || ch == '\r')))
             set_bit(cls, ch);
 }
 
-/* A negated set: every raw character but the ASCII ones in set. */
-static void cls_negate(uint8_t *cls)
+/* A negated set: every character but the ASCII ones in set. */
+static void cls_negate(const re_ctx *c, uint8_t *cls)
 {
     for (unsigned ch = 0; ch < 256; ch++) {
         bool in = cls[ch >> 3] & (1u << (ch & 7));
         cls[ch >> 3] &= (uint8_t)~(1u << (ch & 7));
-        if (raw_ok(ch) && (ch >= 0x80 || !in))
+        if (char_ok(c, ch) && (ch >= 0x80 || !in))
             set_bit(cls, ch);
     }
 }
@@ -91,7 +102,7 @@ static void cls_range(uint8_t *cls, unsigned lo, unsigned hi)
 }
 
 /* \d \w \s and their negations into cls; false for another letter. */
-static bool cls_shorthand(uint8_t *cls, char e)
+static bool cls_shorthand(const re_ctx *c, uint8_t *cls, char e)
 {
     uint8_t t[32] = {0};
     switch (e | 0x20) {
@@ -106,12 +117,15 @@ static bool cls_shorthand(uint8_t *cls, char e)
         break;
     case 's':
         set_bit(t, ' ');   /* the only space a raw JSON string holds in ASCII */
+        if (c->full)       /* ECMA-262's ASCII white space (non-ASCII: not matched) */
+            for (const char *w = "\t\n\v\f\r"; *w; w++)
+                set_bit(t, (unsigned char)*w);
         break;
     default:
         return false;
     }
     if (e >= 'A' && e <= 'Z')
-        cls_negate(t);
+        cls_negate(c, t);
     for (int i = 0; i < 32; i++)
         cls[i] |= t[i];
     return true;
@@ -126,7 +140,7 @@ static int escape(re_ctx *c, uint8_t *cls, int *lit)
         return fail(c, "pattern ends with a lone '\\'");
     c->at++;
     *lit = -1;
-    if (cls_shorthand(cls, e))
+    if (cls_shorthand(c, cls, e))
         return 0;
     if (strchr("tnrfv", e) && e) {
         *lit = e == 't' ? '\t' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 'f' ? '\f' : '\v';
@@ -187,9 +201,9 @@ static int class_atom(re_ctx *c)
         return fail(c, "pattern: unterminated character class");
     c->at++;
     if (neg)
-        cls_negate(cls);
+        cls_negate(c, cls);
     for (unsigned ch = 0; ch < 256; ch++)
-        if (!raw_ok(ch))
+        if (!char_ok(c, ch))
             cls[ch >> 3] &= (uint8_t)~(1u << (ch & 7));
     return id;
 }
@@ -231,7 +245,7 @@ static int atom(re_ctx *c)
     uint8_t *cls = c->nodes[id].cls;
     c->at++;
     if (ch == '.') {
-        cls_any(cls);
+        cls_any(c, cls, true);
         return id;
     }
     int lit = (unsigned char)ch;
@@ -239,7 +253,7 @@ static int atom(re_ctx *c)
         return -1;
     if (lit >= 0x80)
         return fail(c, "pattern: non-ASCII characters are not supported");
-    if (lit >= 0 && raw_ok((unsigned)lit))
+    if (lit >= 0 && char_ok(c, (unsigned)lit))
         set_bit(cls, (unsigned)lit);
     return id;
 }
@@ -448,7 +462,7 @@ int32_t gpe_jre_remaining(const gpe_jre *r, uint64_t st)
     return m;
 }
 
-gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
+static gpe_jre *compile_generic(const char *pattern, bool full, char *err, size_t errlen)
 {
     re_ctx *c = calloc(1, sizeof *c);
     gpe_jre *r = calloc(1, sizeof *r);
@@ -459,6 +473,7 @@ gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
     }
     c->err = err;
     c->errlen = errlen;
+    c->full = full;
     size_t len = strlen(pattern);
     bool head = len > 0 && pattern[0] == '^';
     /* a final '$' not itself escaped (an even number of '\' before it) */
@@ -479,13 +494,13 @@ gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
     if (t >= 0 && !head) {
         int any = node(c, R_CLS, -1, -1);
         if (any >= 0)
-            cls_any(c->nodes[any].cls);
+            cls_any(c, c->nodes[any].cls, false);
         t = cat(c, node(c, R_STAR, any, -1), t);
     }
     if (t >= 0 && !tail) {
         int any = node(c, R_CLS, -1, -1);
         if (any >= 0)
-            cls_any(c->nodes[any].cls);
+            cls_any(c, c->nodes[any].cls, false);
         t = cat(c, t, node(c, R_STAR, any, -1));
     }
     free(body);
@@ -495,9 +510,14 @@ gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
     r->nullable = g.nullable;
     r->first = g.first;
     r->last = g.last;
+    for (int p = 0; p < r->n; p++)
+        for (unsigned ch = 0; ch < 256; ch++)
+            if (r->cls[p][ch >> 3] & (1u << (ch & 7)))
+                r->by_byte[ch] |= (uint64_t)1 << p;
     distances(r);
     if (r->start_dist == GPE_JRE_DEAD) {
-        fail(c, "pattern '%s' matches no JSON string written without escapes", pattern);
+        fail(c, "pattern '%s' matches no %s", pattern,
+             full ? "string" : "JSON string written without escapes");
         goto fail;
     }
     free(c);
@@ -506,6 +526,16 @@ fail:
     free(c);
     free(r);
     return NULL;
+}
+
+gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
+{
+    return compile_generic(pattern, false, err, errlen);
+}
+
+gpe_jre *gpe_jre_compile_full(const char *pattern, char *err, size_t errlen)
+{
+    return compile_generic(pattern, true, err, errlen);
 }
 
 void gpe_jre_free(gpe_jre *r)

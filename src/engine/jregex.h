@@ -38,6 +38,7 @@ typedef struct gpe_jre {
     uint64_t first, last;            /* positions that can start / end a match */
     uint64_t follow[GPE_JRE_MAX];    /* positions that can come after p */
     uint8_t cls[GPE_JRE_MAX][32];    /* bytes position p matches (bitset) */
+    uint64_t by_byte[256];           /* the same, transposed: positions byte c matches */
     int32_t dist[GPE_JRE_MAX];       /* fewest more characters to a match after p */
     int32_t start_dist;              /* from the start (0 when nullable) */
 } gpe_jre;
@@ -46,6 +47,13 @@ typedef struct gpe_jre {
 
 /* Compile pattern (NUL-terminated). NULL with a message in err. */
 gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen);
+/* The same subset with ECMA-262's meaning over every character, for
+ * checking a finished string (jvalidate.h) rather than writing one: classes
+ * and literals may hold any character (control characters, '"', '\\'); `.`
+ * is any character but \n and \r; `\s` is ASCII white space (a non-ASCII
+ * space counts as `\S`, and U+2028/2029 as `.`: one byte does not tell them
+ * apart). */
+gpe_jre *gpe_jre_compile_full(const char *pattern, char *err, size_t errlen);
 void gpe_jre_free(gpe_jre *r);
 /* The pattern a `format` is enforced as, or NULL for a format not supported
  * (date, time, date-time, uuid, email, ipv4, ipv6 is not). */
@@ -58,13 +66,7 @@ static inline uint64_t gpe_jre_step(const gpe_jre *r, uint64_t st, unsigned char
     uint64_t cand = st & GPE_JRE_START ? r->first : 0;
     for (uint64_t s = st & ~GPE_JRE_START; s; s &= s - 1)
         cand |= r->follow[__builtin_ctzll(s)];
-    uint64_t next = 0;
-    for (; cand; cand &= cand - 1) {
-        int p = __builtin_ctzll(cand);
-        if (r->cls[p][c >> 3] & (1u << (c & 7)))
-            next |= (uint64_t)1 << p;
-    }
-    return next;
+    return cand & r->by_byte[c];
 }
 
 static inline bool gpe_jre_accepts(const gpe_jre *r, uint64_t st)

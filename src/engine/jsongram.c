@@ -495,6 +495,20 @@ int64_t gpe_jg_remaining(const gpe_jg_state *s, const gpe_jschema *p)
     return t;
 }
 
+bool gpe_jg_in_pattern(const gpe_jg_state *s, const gpe_jschema *p, const gpe_js_node **node,
+                       int64_t *chars, uint64_t *re_state)
+{
+    if (s->depth == 0)
+        return false;
+    const gpe_jg_frame *f = &s->f[s->depth - 1];
+    if (f->mode != F_STR || f->pend || f->st != S_BODY || !p->nodes[f->node].re)
+        return false;
+    *node = &p->nodes[f->node];
+    *chars = f->n;
+    *re_state = f->mask;
+    return true;
+}
+
 bool gpe_jg_in_string(const gpe_jg_state *s, const gpe_jschema *p, int64_t *chars,
                       int64_t *min_chars, int64_t *max_chars)
 {

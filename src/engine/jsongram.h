@@ -55,6 +55,11 @@ int64_t gpe_jg_frame_remaining(const gpe_jg_frame *f, const gpe_jschema *p);
  * tokens of plain text): chars so far and the node's bounds. */
 bool gpe_jg_in_string(const gpe_jg_state *s, const gpe_jschema *p, int64_t *chars,
                       int64_t *min_chars, int64_t *max_chars);
+/* Top frame is inside a pattern string, between characters (the mask's
+ * fast path for tokens of plain text there): its node, chars so far and
+ * the pattern automaton's state (jregex.h). */
+bool gpe_jg_in_pattern(const gpe_jg_state *s, const gpe_jschema *p, const gpe_js_node **node,
+                       int64_t *chars, uint64_t *re_state);
 /* Convenience for tests: feed len bytes; true when all were accepted. */
 bool gpe_jg_feed_all(gpe_jg_state *s, const gpe_jschema *p, const char *b, size_t len);
 

@@ -239,5 +239,137 @@ class StructuredOpenaiBackendTest(harness.TestCase):
             self.assertEqual(log["requests"][-1]["response_format"], rf)
 
 
+class StructuredOpenaiBackendCheckedTest(harness.TestCase):
+    """Issue 26: the openai backend checks what its upstream returned
+    against the schema (src/engine/jvalidate.c). An upstream that ignores
+    response_format, or calls a strict tool with arguments outside its
+    parameters, fails the request: 502 naming the first violation's place
+    (non-streamed), an error event after the relayed text (streamed). The
+    old agent relayed such output as a success."""
+
+    SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
+              "properties": {"name": {"type": "string", "maxLength": 20},
+                             "n": {"type": "integer", "minimum": 3}}}
+
+    def setUp(self):
+        super().setUp()
+        self.up = self.h.start_upstream(["--tokens", "6", "--tool-call", "list_dir"])
+        self.srv = self.h.start_server(["--poll_interval_sec", "1"])
+        self.h.start_agent(self.srv, upstream=self.up, model="m1")
+        self.srv.wait_model("m1")
+
+    def chat(self, body, stream):
+        """Non-streamed: (status, body). Streamed: (status, data payloads)."""
+        body = dict(body, model="m1", stream=stream)
+        if not stream:
+            st, _, b = http_json("POST", self.srv.url + "/v1/chat/completions", body,
+                                 timeout=60)
+            return st, b
+        st, _, raw = http_request("POST", self.srv.url + "/v1/chat/completions", body,
+                                  timeout=60)
+        return st, [json.loads(e["data"]) for e in parse_sse(raw) if e["data"] != "[DONE]"]
+
+    def rf_body(self):
+        return {"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "r", "strict": True, "schema": self.SCHEMA}},
+                "messages": [{"role": "user", "content": "alpha beta"}]}
+
+    def test_valid_output_passes(self):
+        for stream in (False, True):
+            st, b = self.chat(self.rf_body(), stream)
+            self.assertEqual(st, 200, b)
+            if stream:
+                self.assertFalse([d for d in b if "error" in d], b)
+                text = "".join((c.get("delta") or {}).get("content") or ""
+                               for d in b for c in d.get("choices") or [])
+            else:
+                text = b["choices"][0]["message"]["content"]
+            self.assertEqual(sorted(json.loads(text)), ["n", "name"])
+
+    def test_invalid_output_fails_naming_the_place(self):
+        # valid JSON, properties in another order, but n below its minimum
+        self.up.control(structured_text='{"n": 2, "name": "x"}')
+        st, b = self.chat(self.rf_body(), False)
+        self.assertEqual(st, 502, b)
+        msg = b["error"]["message"]
+        self.assertIn("response_format", msg)
+        self.assertIn("at /n: 2 is less than minimum 3", msg)
+        self.assertEqual(b["error"]["code"].lower(), "upstream_invalid_output", b)
+        # streamed: the text went out as it came, then an error event
+        st, events = self.chat(self.rf_body(), True)
+        self.assertEqual(st, 200)
+        text = "".join((c.get("delta") or {}).get("content") or ""
+                       for d in events for c in d.get("choices") or [])
+        self.assertEqual(text, '{"n": 2, "name": "x"}')
+        errs = [d["error"] for d in events if "error" in d]
+        self.assertEqual(len(errs), 1, events)
+        self.assertIn("at /n: 2 is less than minimum 3", errs[0]["message"])
+        self.assertFalse([c for d in events for c in d.get("choices") or []
+                          if c.get("finish_reason")], events)
+
+    def test_text_that_is_not_json_fails(self):
+        self.up.control(structured_text="Sure! Here it is: {\"name\": \"x\"}")
+        for path, body in (("/v1/chat/completions", dict(self.rf_body(), model="m1")),
+                           ("/v1/responses", {"model": "m1", "input": "alpha beta",
+                                              "text": {"format": {
+                                                  "type": "json_schema", "name": "r",
+                                                  "schema": self.SCHEMA}}})):
+            st, _, b = http_json("POST", self.srv.url + path, body, timeout=60)
+            self.assertEqual(st, 502, (path, b))
+            self.assertIn("not JSON", b["error"]["message"], path)
+        # json_object: any object, but an object
+        self.up.control(structured_text="[1, 2]")
+        st, b = self.chat({"response_format": {"type": "json_object"},
+                           "messages": [{"role": "user", "content": "alpha"}]}, False)
+        self.assertEqual(st, 502, b)
+        self.assertIn("an array, not of type 'object'", b["error"]["message"])
+
+    def test_anthropic_output_format(self):
+        self.up.control(structured_text='{"name": "x", "n": 3, "extra": true}')
+        body = {"model": "m1", "max_tokens": 50,
+                "messages": [{"role": "user", "content": "alpha beta"}],
+                "output_format": {"type": "json_schema", "schema": self.SCHEMA}}
+        st, _, b = http_json("POST", self.srv.url + "/v1/messages", body,
+                             headers={"anthropic-version": "2023-06-01"}, timeout=60)
+        self.assertEqual(st, 502, b)
+        self.assertEqual(b["type"], "error", b)
+        self.assertIn("property 'extra' is not allowed", b["error"]["message"])
+
+    def test_strict_tool_arguments(self):
+        tool = {"type": "function", "function": {
+            "name": "list_dir", "strict": True,
+            "parameters": {"type": "object", "additionalProperties": False,
+                           "required": ["path", "depth", "note"],
+                           "properties": {"path": {"type": "string", "pattern": "^/"},
+                                          "depth": {"type": "integer", "maximum": 5},
+                                          "note": {"type": "string"}}}}}
+        body = {"tools": [tool], "messages": [{"role": "user", "content": "list"}]}
+        for stream in (False, True):   # the scripted arguments fit
+            st, b = self.chat(body, stream)
+            self.assertEqual(st, 200, b)
+            if not stream:
+                self.assertEqual(b["choices"][0]["finish_reason"], "tool_calls")
+        self.up.control(tool_arguments_text='{"path": "tmp", "depth": 1, "note": ""}')
+        st, b = self.chat(body, False)
+        self.assertEqual(st, 502, b)
+        self.assertIn("tool call 0 (list_dir)", b["error"]["message"])
+        self.assertIn("at /path: string does not match pattern '^/'", b["error"]["message"])
+        # the same call of a tool that is not strict is relayed as it is
+        loose = json.loads(json.dumps(tool))
+        del loose["function"]["strict"]
+        st, b = self.chat(dict(body, tools=[loose]), False)
+        self.assertEqual(st, 200, b)
+
+    def test_unsupported_strict_tool_keyword_is_400(self):
+        tool = {"type": "function", "function": {
+            "name": "list_dir", "strict": True,
+            "parameters": {"type": "object", "properties": {
+                "depth": {"type": "integer", "multipleOf": 2}}}}}
+        st, b = self.chat({"tools": [tool], "messages": [{"role": "user", "content": "x"}]},
+                          False)
+        self.assertEqual(st, 400, b)
+        self.assertIn("'multipleOf'", b["error"]["message"])
+
+
 if __name__ == "__main__":
     harness.main()

@@ -48,7 +48,10 @@ setting tokenize_messages, of a body's "messages" through the template
   --tls-cert C --tls-key K  serve HTTPS
 
 A chat request with response_format json_object / json_schema gets a JSON
-value for the schema (schema_example) in 5-character pieces, finish "stop".
+value for the schema (schema_example) in 5-character pieces, finish "stop";
+with the setting structured_text (control only), that text instead (an
+upstream that does not honour the schema). The setting tool_arguments_text
+replaces the arguments of every scripted tool call likewise.
 
 Control (JSON):
   POST /_control/config {"pace_ms":..,"mode":..,...}  change settings (returns all)
@@ -199,6 +202,8 @@ class State:
             "first_token_bytes": 0,
             "embeddings_dim": args.embeddings_dim,
             "embeddings_mode": args.embeddings_mode,
+            "structured_text": None,
+            "tool_arguments_text": None,
         }
         self.log = []
         self.next_id = 0
@@ -468,6 +473,8 @@ class Handler(BaseHTTPRequestHandler):
             # value for the schema, streamed in pieces of 5 characters.
             text = json.dumps(schema_example(body["response_format"], toks),
                               separators=(",", ":"))
+            if cfg["structured_text"] is not None:
+                text = cfg["structured_text"]
             toks = [text[i:i + 5] for i in range(0, len(text), 5)]
             finish = "stop"
         self.stop_word = None
@@ -510,7 +517,9 @@ class Handler(BaseHTTPRequestHandler):
             toks = toks[:int(cfg["tool_text"])]
             calls = [{"id": "call_up%d_%d" % (rec["id"], k), "type": "function",
                       "function": {"name": cfg["tool_call"],
-                                   "arguments": json.dumps(tool_arguments(k))}}
+                                   "arguments": json.dumps(tool_arguments(k))
+                                   if cfg["tool_arguments_text"] is None
+                                   else cfg["tool_arguments_text"]}}
                      for k in range(int(cfg["tool_calls"]))]
             finish = "tool_calls"
         rec["tool_calls_sent"] = calls

@@ -1,0 +1,46 @@
+/*
+ * openai_schema: what an openai-backend job's reply is held to (issue 26
+ * item 1). The upstream gets the job's response_format and strict tools as
+ * they are, and most enforce them; this checks that it did, with the
+ * engine's validator (src/engine/jvalidate.h, the schema's own meaning):
+ *   - response_format json_schema: the reply's text (after the job's
+ *     continuation, when it continues a failed-over reply) is one JSON value
+ *     of the schema; json_object: a JSON object;
+ *   - a tool with "strict": true: each call of it has arguments that are
+ *     JSON of its parameters.
+ * Not checked: the text of a reply that called tools (the model chose to
+ * call rather than answer), a reply cut by max_tokens (finish "length") or
+ * by one of the job's stop strings (its finish says it was cut).
+ *
+ * The reply's parser (openai_stream.c) hands over the text and the tool
+ * call pieces it relays and asks for the verdict before its end event; a
+ * reply that fails it ends with an error UPSTREAM_INVALID_OUTPUT instead
+ * (docs/api.md "Structured outputs").
+ */
+#ifndef AGENT_OPENAI_SCHEMA_H
+#define AGENT_OPENAI_SCHEMA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+typedef struct oai_schema oai_schema;
+
+/* The checks a job (borrowed) asks for, in *out (NULL: nothing to check).
+ * 0, or -1 with err set: a strict tool or a response_format whose schema
+ * the validator cannot check (a keyword it does not support, named), or
+ * out of memory; the job is then refused as INVALID_REQUEST. */
+int oai_schema_new(json_t *job, oai_schema **out, char *err, size_t errlen);
+void oai_schema_free(oai_schema *c);
+
+/* Reply text as it is relayed. */
+void oai_schema_text(oai_schema *c, const char *text, size_t len);
+/* A piece of tool call index (name on its first piece, else NULL). */
+void oai_schema_tool(oai_schema *c, int index, const char *name, const char *args,
+                     size_t len);
+/* At the reply's end (with finish_reason "stop" or "tool_calls", no stop
+ * string): 0 when it holds, else -1 with what is wrong in msg. */
+int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen);
+
+#endif
