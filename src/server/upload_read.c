@@ -37,10 +37,12 @@ static bool str(rd *r, gp_buf *out)
         return false;
     size_t from = out->len;
     const char *run = r->p;
+    unsigned char hi = 0; /* any byte >= 0x80: only then is UTF-8 checked */
     for (;;) {
         if (r->p >= r->end)
             return false;
         unsigned char c = (unsigned char)*r->p;
+        hi |= c;
         if (c == '"' || c == '\\') {
             if (r->p > run && gp_buf_append(out, run, (size_t)(r->p - run)) < 0)
                 return false;
@@ -71,7 +73,7 @@ static bool str(rd *r, gp_buf *out)
         r->p++;
     }
     r->p++; /* the closing quote */
-    return gps_text_utf8(out->data + from, out->len - from);
+    return hi < 0x80 || gps_text_utf8(out->data + from, out->len - from);
 }
 
 /* A key (at most 15 bytes of [a-z_], as every key of ours) into k. */
@@ -178,6 +180,45 @@ static size_t digits(long long v)
     return n;
 }
 
+/* The compact size of {"type":"token","text":"..."[,"token_id":N]}. */
+static size_t token_bytes(const gps_event_in *e, bool has_id)
+{
+    return 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
+           (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
+}
+
+/* A token event exactly as every agent writes it (agent_evq_token_json):
+ * {"type":"token","text":"..."} or with ,"token_id":N last; without a
+ * key lookup per member. Reads what token_ev reads for such bytes. false:
+ * not that shape (the caller rewinds and tries token_ev). */
+static bool token_ev_compact(rd *r, gps_event_in *e)
+{
+    static const char head[] = "{\"type\":\"token\",\"text\":";
+    static const char id[] = ",\"token_id\":";
+    gps_upload *u = r->u;
+    ws(r);
+    if ((size_t)(r->end - r->p) < sizeof head - 1 || memcmp(r->p, head, sizeof head - 1) != 0)
+        return false;
+    r->p += sizeof head - 1;
+    size_t from = u->text.len;
+    if (!str(r, &u->text))
+        return false;
+    e->text = u->text.data + from;
+    e->len = u->text.len - from;
+    bool has_id = false;
+    if ((size_t)(r->end - r->p) >= sizeof id - 1 && memcmp(r->p, id, sizeof id - 1) == 0) {
+        r->p += sizeof id - 1;
+        if (!num(r, &e->token_id) || e->token_id > GPS_AGENT_MAX_TOKEN_ID)
+            return false;
+        has_id = true;
+    }
+    if (r->p >= r->end || *r->p != '}')
+        return false;
+    r->p++;
+    e->bytes = token_bytes(e, has_id);
+    return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
+}
+
 /* A token event {"type":"token","text":..[,"token_id":N]}, keys in any
  * order. false with r->p anywhere: the caller rewinds. */
 static bool token_ev(rd *r, gps_event_in *e)
@@ -222,9 +263,7 @@ static bool token_ev(rd *r, gps_event_in *e)
     } while (lit(r, ','));
     if (!lit(r, '}') || !has_type || !has_text)
         return false;
-    /* {"type":"token","text":"..."[,"token_id":N]} as compact JSON */
-    e->bytes = 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
-               (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
+    e->bytes = token_bytes(e, has_id);
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
 
@@ -259,7 +298,15 @@ static bool events(rd *r, gps_upload_job *jb)
             return false;
         const char *at = r->p;
         size_t tlen = u->text.len;
-        if (!token_ev(r, e)) {
+        bool tok = token_ev_compact(r, e);
+        if (!tok) {
+            r->p = at;
+            u->text.len = tlen;
+            memset(e, 0, sizeof *e);
+            e->token_id = -1;
+            tok = token_ev(r, e);
+        }
+        if (!tok) {
             r->p = at;
             u->text.len = tlen;
             memset(e, 0, sizeof *e);
