@@ -1,6 +1,7 @@
 /* upload_read: see upload_read.h. */
 #include "server/upload_read.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,19 +268,147 @@ static bool token_ev(rd *r, gps_event_in *e)
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
 
-/* Any other event: cut out, parsed and checked alone. */
+/* A JSON number as jansson reads it: an integer of at most 18 digits
+ * (strtoll's range, with room), or a real strtod reads (as jansson does)
+ * to a finite value. NULL: another number (the caller declines). */
+static json_t *flat_num(rd *r)
+{
+    const char *s = r->p, *p = s;
+    if (p < r->end && *p == '-')
+        p++;
+    const char *d = p;
+    while (p < r->end && *p >= '0' && *p <= '9')
+        p++;
+    size_t nd = (size_t)(p - d);
+    if (nd == 0 || (nd > 1 && *d == '0'))
+        return NULL;
+    bool real = false;
+    if (p < r->end && *p == '.') {
+        const char *f = ++p;
+        while (p < r->end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == f)
+            return NULL;
+        real = true;
+    }
+    if (p < r->end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < r->end && (*p == '+' || *p == '-'))
+            p++;
+        const char *x = p;
+        while (p < r->end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == x)
+            return NULL;
+        real = true;
+    }
+    r->p = p;
+    if (!real) {
+        if (nd > 18)
+            return NULL;
+        long long v = 0;
+        for (const char *c = d; c < p; c++)
+            v = v * 10 + (*c - '0');
+        return json_integer(*s == '-' ? -v : v);
+    }
+    char b[64];
+    if ((size_t)(p - s) >= sizeof b)
+        return NULL;
+    memcpy(b, s, (size_t)(p - s));
+    b[p - s] = '\0';
+    double v = strtod(b, NULL);
+    return isinf(v) ? NULL : json_real(v);
+}
+
+static json_t *flat_obj(rd *r, int depth);
+
+/* One value of an event: a string as str() reads it, a number as
+ * flat_num, true, false, null, or an object as flat_obj. NULL: anything
+ * else (an array, a \u escape, ...: the caller hands it to jansson). */
+static json_t *flat_value(rd *r, int depth)
+{
+    ws(r);
+    if (r->p >= r->end)
+        return NULL;
+    char c = *r->p;
+    if (c == '"') {
+        gp_buf *t = &r->u->text; /* a scratch end of it, given back at once */
+        size_t at = t->len;
+        json_t *v = str(r, t) ? json_stringn_nocheck(t->data + at, t->len - at) : NULL;
+        t->len = at;
+        return v;
+    }
+    if (c == '{')
+        return flat_obj(r, depth + 1);
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return flat_num(r);
+    static const char *const lits[] = {"true", "false", "null"};
+    for (size_t k = 0; k < 3; k++) {
+        size_t n = strlen(lits[k]);
+        if ((size_t)(r->end - r->p) >= n && memcmp(r->p, lits[k], n) == 0) {
+            r->p += n;
+            return k == 0 ? json_true() : k == 1 ? json_false() : json_null();
+        }
+    }
+    return NULL;
+}
+
+/* An object of such values whose keys are 1..63 bytes of printable ASCII
+ * without escapes, as agents write every event; a duplicate key declines
+ * (jansson, with JSON_REJECT_DUPLICATES, refuses it). */
+static json_t *flat_obj(rd *r, int depth)
+{
+    if (depth > 8 || !lit(r, '{'))
+        return NULL;
+    json_t *o = json_object();
+    if (!o || lit(r, '}'))
+        return o;
+    do {
+        ws(r);
+        char k[64];
+        const char *s = r->p + 1, *q = s;
+        if (r->p >= r->end || *r->p != '"')
+            goto no;
+        while (q < r->end && q - s < 63 && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
+            q++;
+        if (q >= r->end || *q != '"' || q == s)
+            goto no;
+        memcpy(k, s, (size_t)(q - s));
+        k[q - s] = '\0';
+        r->p = q + 1;
+        if (!lit(r, ':') || json_object_get(o, k))
+            goto no;
+        json_t *v = flat_value(r, depth);
+        if (!v || json_object_set_new_nocheck(o, k, v) < 0)
+            goto no;
+    } while (lit(r, ','));
+    if (lit(r, '}'))
+        return o;
+no:
+    json_decref(o);
+    return NULL;
+}
+
+/* Any other event: cut out, read and checked alone. A flat event (every
+ * agent's started, metrics, progress, end) is built without jansson's
+ * parser (most of an event's cost); any other shape is parsed by it. */
 static bool other_ev(rd *r, gps_event_in *e, size_t i)
 {
     ws(r);
     const char *s = r->p;
     if (!skip(r, 0))
         return false;
-    e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
+    rd sub = {s, r->p, r->u};
+    e->ev = flat_obj(&sub, 0);
+    if (e->ev && sub.p != r->p) { /* (skip ends the value where flat_obj does) */
+        json_decref(e->ev);
+        e->ev = NULL;
+    }
+    if (!e->ev)
+        e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
     char field[96], msg[256];
-    if (!e->ev || gps_agent_event_check(e->ev, i, field, sizeof field, msg, sizeof msg) < 0)
-        return false;
-    e->bytes = gp_json_compact_size(e->ev);
-    return true;
+    return e->ev && gps_agent_event_check_sized(e->ev, i, &e->bytes, field, sizeof field, msg,
+                                                sizeof msg) == 0;
 }
 
 static bool events(rd *r, gps_upload_job *jb)
