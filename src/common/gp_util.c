@@ -433,8 +433,31 @@ size_t gp_json_compact_size(const json_t *v)
             n++;
         return n;
     }
-    case JSON_REAL:
-        return json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
+    case JSON_REAL: {
+        /* What jansson's dump writes: "%.17g", ".0" added when it has
+         * neither '.' nor 'e', the exponent's '+' and leading zeros cut
+         * (test_gp_util checks it against json_dumpb). */
+        char b[48];
+        int n = snprintf(b, sizeof b, "%.17g", json_real_value(v));
+        if (n <= 0 || (size_t)n >= sizeof b)
+            return json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
+        const char *e = strchr(b, 'e');
+        if (!e)
+            return (size_t)n + (strchr(b, '.') ? 0 : 2);
+        size_t len = (size_t)n;
+        const char *x = e + 1;
+        if (*x == '+') {
+            len--;
+            x++;
+        } else if (*x == '-') {
+            x++;
+        }
+        while (*x == '0') {
+            len--;
+            x++;
+        }
+        return len;
+    }
     case JSON_TRUE:
         return 4;
     case JSON_FALSE:
