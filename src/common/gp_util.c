@@ -399,6 +399,32 @@ size_t gp_json_escaped_len(const char *s, size_t n)
     return len;
 }
 
+/* A real as jansson's dump writes it: "%.17g", ".0" added when it has
+ * neither '.' nor 'e', the exponent's '+' and leading zeros cut
+ * (test_gp_util checks it against json_dumpb). Its length, 0 when it does
+ * not fit b (the caller asks jansson). */
+static size_t real_fmt(char b[48], double d)
+{
+    int n = snprintf(b, 48, "%.17g", d);
+    if (n <= 0 || n >= 46)
+        return 0;
+    char *e = strchr(b, 'e');
+    if (!e) {
+        if (!strchr(b, '.')) {
+            memcpy(b + n, ".0", 3);
+            n += 2;
+        }
+        return (size_t)n;
+    }
+    char *x = e + 1, *from;
+    if (*x == '-')
+        x++;
+    for (from = x; *from == '+' || *from == '0'; from++)
+        ;
+    memmove(x, from, strlen(from) + 1);
+    return strlen(b);
+}
+
 size_t gp_json_compact_size(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -434,29 +460,9 @@ size_t gp_json_compact_size(const json_t *v)
         return n;
     }
     case JSON_REAL: {
-        /* What jansson's dump writes: "%.17g", ".0" added when it has
-         * neither '.' nor 'e', the exponent's '+' and leading zeros cut
-         * (test_gp_util checks it against json_dumpb). */
         char b[48];
-        int n = snprintf(b, sizeof b, "%.17g", json_real_value(v));
-        if (n <= 0 || (size_t)n >= sizeof b)
-            return json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
-        const char *e = strchr(b, 'e');
-        if (!e)
-            return (size_t)n + (strchr(b, '.') ? 0 : 2);
-        size_t len = (size_t)n;
-        const char *x = e + 1;
-        if (*x == '+') {
-            len--;
-            x++;
-        } else if (*x == '-') {
-            x++;
-        }
-        while (*x == '0') {
-            len--;
-            x++;
-        }
-        return len;
+        size_t n = real_fmt(b, json_real_value(v));
+        return n ? n : json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
     }
     case JSON_TRUE:
         return 4;
@@ -614,7 +620,11 @@ int gp_json_dump_append(gp_buf *out, const json_t *v)
         return gp_buf_append(out, p, (size_t)(e - p));
     }
     case JSON_REAL: { /* jansson's own formatting (precision, exponent, ".0") */
-        size_t n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);
+        char b[48];
+        size_t n = real_fmt(b, json_real_value(v));
+        if (n)
+            return gp_buf_append(out, b, n);
+        n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);
         return n == 0 || n > sizeof num ? -1 : gp_buf_append(out, num, n);
     }
     case JSON_TRUE:
