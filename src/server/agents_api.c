@@ -960,6 +960,7 @@ static bool batch_fast(gps_agents *g, gps_req *r)
     gp_buf out;
     gp_buf_init(&out);
     gp_buf_append(&out, "{\"jobs\":[", 9);
+    bool applied = false;
     for (size_t i = 0; i < u.n_jobs; i++) {
         const gps_upload_job *jb = &u.jobs[i];
         apply_result res;
@@ -968,9 +969,12 @@ static bool batch_fast(gps_agents *g, gps_req *r)
         int rc = gps_jobs_apply_upload(g->jobs, jb->job_id, u.agent_id, jb->seq,
                                        u.evs + jb->first, jb->n, &res.cancel, &res.expected_seq,
                                        res.msg, sizeof res.msg);
+        applied |= rc == 0;
         apply_result_set(rc, &res);
         batch_result_append(&out, i, jb->job_id, jb->job_id_len, &res);
     }
+    if (applied) /* agent activity, once per upload (gps_jobs_apply_upload) */
+        registry_touch(g->reg, registry_get(g->reg, u.agent_id), gp_now_mono_ms());
     count_upload(g, "batch", u.n_jobs);
     gps_upload_free(&u);
     if (gp_buf_append(&out, "]}", 2) < 0)

@@ -29,6 +29,15 @@ static bool lit(rd *r, char c)
     return true;
 }
 
+/* The bytes that end a plain run of a string: '"', '\\' and controls. */
+static const bool str_stop[256] = {
+    [0x00] = 1, [0x01] = 1, [0x02] = 1, [0x03] = 1, [0x04] = 1, [0x05] = 1, [0x06] = 1,
+    [0x07] = 1, [0x08] = 1, [0x09] = 1, [0x0a] = 1, [0x0b] = 1, [0x0c] = 1, [0x0d] = 1,
+    [0x0e] = 1, [0x0f] = 1, [0x10] = 1, [0x11] = 1, [0x12] = 1, [0x13] = 1, [0x14] = 1,
+    [0x15] = 1, [0x16] = 1, [0x17] = 1, [0x18] = 1, [0x19] = 1, [0x1a] = 1, [0x1b] = 1,
+    [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1, ['"'] = 1, ['\\'] = 1,
+};
+
 /* A string, unescaped, appended to out. No \u escapes (jansson's rules for
  * them, surrogates and \u0000, are left to jansson), no raw control bytes,
  * valid UTF-8. */
@@ -40,10 +49,12 @@ static bool str(rd *r, gp_buf *out)
     const char *run = r->p;
     unsigned char hi = 0; /* any byte >= 0x80: only then is UTF-8 checked */
     for (;;) {
+        /* The plain bytes of a run, one test each. */
+        while (r->p < r->end && !str_stop[(unsigned char)*r->p])
+            hi |= (unsigned char)*r->p++;
         if (r->p >= r->end)
             return false;
         unsigned char c = (unsigned char)*r->p;
-        hi |= c;
         if (c == '"' || c == '\\') {
             if (r->p > run && gp_buf_append(out, run, (size_t)(r->p - run)) < 0)
                 return false;
@@ -69,9 +80,7 @@ static bool str(rd *r, gp_buf *out)
             run = r->p;
             continue;
         }
-        if (c < 0x20)
-            return false;
-        r->p++;
+        return false; /* a raw control byte */
     }
     r->p++; /* the closing quote */
     return hi < 0x80 || gps_text_utf8(out->data + from, out->len - from);
