@@ -4,6 +4,7 @@ and server RSS per client that does not read. Printed, never asserted.
 
   python3 bench/relay_cpu.py [--build DIR] [--streams 400] [--tokens 64]
                              [--stalled 4] [--stalled-mib 2]
+                             [--clients 16] [--pace-ms 0] [--slots 64]
 
 One gpupool-server and one openai-backend agent (64 slots) on the scripted
 upstream (tests/integration/upstream.py, zero delay). For each dialect
@@ -14,6 +15,11 @@ the token events relayed. Then --stalled clients start streams of
 --stalled-mib MiB each and never read: the server's RSS growth per such
 client shows what backpressure leaves in memory (the job's text, where what
 is behind waits, plus client_buffer_bytes).
+
+--pace-ms N paces the upstream (a token every N ms, as relaybench's paced
+streams): with --clients streams open at once, each agent upload then
+carries a token or two of many jobs instead of many tokens of a few, which
+is what the server sees at 1,000 paced streams.
 
 Everything runs on 127.0.0.1; the upstream and this script share the
 machine, so compare figures of one run.
@@ -75,6 +81,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--stalled", type=int, default=4)
     ap.add_argument("--stalled-mib", type=int, default=2)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--pace-ms", type=float, default=0)
+    ap.add_argument("--slots", type=int, default=64)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     harness.SERVER_BIN = os.path.join(build, "src", "server", "gpupool-server")
@@ -84,13 +93,14 @@ def main():
             sys.exit("not built: " + b)
     h = harness.Harness(prefix="gpupool-relaycpu-")
     try:
-        up = h.start_upstream(["--tokens", str(args.tokens)])
-        srv = h.start_server(["--log_level", "warn", "--max_queue", "1000",
+        up = h.start_upstream(["--tokens", str(args.tokens), "--pace-ms", str(args.pace_ms)])
+        srv = h.start_server(["--log_level", "warn",
+                              "--max_queue", str(max(1000, 2 * args.clients)),
                               "--client_buffer_bytes", str(256 * 1024)])
-        h.start_agent(srv, upstream=up, model="m1", slots=64, args=["--log-level", "warn"])
+        h.start_agent(srv, upstream=up, model="m1", slots=args.slots, args=["--log-level", "warn"])
         srv.wait_model("m1")
-        print("relay_cpu: %d streams of %d tokens per dialect, 16 client threads"
-              % (args.streams, args.tokens))
+        print("relay_cpu: %d streams of %d tokens per dialect, %d client threads, pace %g ms"
+              % (args.streams, args.tokens, args.clients, args.pace_ms))
         print("%-12s %9s %12s %14s %10s" % ("dialect", "requests", "token events",
                                             "server CPU s", "us/event"))
         for name, path, body in DIALECTS:
@@ -109,7 +119,8 @@ def main():
                         with lock:
                             errs.append(repr(e))
             c0 = cpu_s(srv.pid)
-            ts = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(16)]
+            ts = [threading.Thread(target=worker, args=(k,), daemon=True)
+                  for k in range(args.clients)]
             for t in ts:
                 t.start()
             for t in ts:

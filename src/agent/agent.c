@@ -81,6 +81,9 @@ struct agent_job {
     json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
+    size_t first_output;    /* events in q up to its first token or tool call (0: none
+                               yet): until the server has them its uploads never wait
+                               (events-batch-ms), so the wait adds nothing to TTFT */
     /* --- loop thread only --- */
     bool cancelled;         /* server said stop: drop events, upload nothing */
     bool cancel_sent;       /* backend->job_cancel already called */
@@ -282,6 +285,17 @@ static void sink_push(agent_job *j, json_t *ev)
     loop_wake(a);
 }
 
+/* A token or tool call: the job's first one is marked (first_output). */
+static void sink_push_output(agent_job *j, json_t *ev)
+{
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    if (agent_evq_push(&j->q, ev) == 0 && j->first_output == 0)
+        j->first_output = agent_evq_len(&j->q);
+    pthread_mutex_unlock(&a->mu);
+    loop_wake(a);
+}
+
 static void sink_started(void *ctx)
 {
     sink_push(ctx, json_pack("{s:s}", "type", "started"));
@@ -298,7 +312,7 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
                      ? json_stringn_nocheck(b.data, b.len)
                      : NULL;
     gp_buf_free(&b);
-    sink_push(ctx, ev);
+    sink_push_output(ctx, ev);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -320,7 +334,7 @@ static void sink_token_ids(void *ctx, const char *text, size_t len, const int32_
         if (arr)
             json_object_set_new(ev, "token_ids", arr);
     }
-    sink_push(ctx, ev);
+    sink_push_output(ctx, ev);
 }
 
 static void sink_metrics(void *ctx, json_t *m)
@@ -343,7 +357,7 @@ static void sink_tool_call(void *ctx, int index, const char *id, const char *nam
         json_object_set_new(ev, "id", json_string(id));
     if (ev && name)
         json_object_set_new(ev, "name", json_string(name));
-    sink_push(ctx, ev);
+    sink_push_output(ctx, ev);
 }
 
 static void sink_progress(void *ctx, long long done, long long total)
@@ -1715,6 +1729,7 @@ int agent_run(agent *a)
          * takes it and none is in flight). */
         uint64_t wake = now + 1000;
         size_t n_ready = 0;
+        bool urgent = false;
         for (agent_job *j = a->jobs; j; j = j->next) {
             pthread_mutex_lock(&a->mu);
             bool overdue = !j->backend_done && j->deadline_ms && now >= j->deadline_ms &&
@@ -1722,6 +1737,10 @@ int agent_run(agent *a)
             if (overdue)
                 j->stop_deadline = true;
             bool ready = !j->cancelled && !j->upload && agent_evq_ready(&j->q);
+            /* Its first output (TTFT) or its end (the slot's next job)
+             * waits for no batch. */
+            if (ready && (j->q.terminal || j->q.acked < j->first_output))
+                urgent = true;
             pthread_mutex_unlock(&a->mu);
             if (overdue) {
                 gp_log_warn("job_deadline", "job %s ran past its deadline; stopping it", j->id);
@@ -1742,11 +1761,15 @@ int agent_run(agent *a)
             /* With two or more jobs running, wait up to events-batch-ms
              * after the first pending event so that the others' tokens
              * share the request; a lone job's go at once (its latency is
-             * what a single stream sees). */
+             * what a single stream sees), and so does a batch with a job's
+             * first output or end in it. Without the wait the server's
+             * answer is so quick at paced streams that an upload carried a
+             * token or two: its per-request cost, not the tokens, was what
+             * the server spent (issue 24). */
             if (!a->batch_since_ms)
                 a->batch_since_ms = now;
             uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
-            if (running_jobs(a) < 2 || now >= due) {
+            if (running_jobs(a) < 2 || now >= due || urgent) {
                 batch_start(a, a->ready, n_ready);
                 a->batch_since_ms = 0;
             } else {

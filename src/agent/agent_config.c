@@ -92,10 +92,11 @@ const gp_opt agent_config_table[] = {
      "CPU"},
     {"events-batch", GP_OPT_BOOL, O(events_batch), "true", 0, 0, NULL,
      "upload the events of all running jobs in one request when the server takes it"},
-    {"events-batch-ms", GP_OPT_INT, O(events_batch_ms), "0", 0, 1000, NULL,
+    {"events-batch-ms", GP_OPT_INT, O(events_batch_ms), "2", 0, 1000, NULL,
      "with two or more jobs running, how long the first pending event waits for others "
-     "to share its upload (0: none; what accumulates during the upload in flight goes in "
-     "the next one anyway)"},
+     "to share its upload; a job's first token or tool call and its end never wait "
+     "(0: no wait; what accumulates during the upload in flight goes in the next one "
+     "anyway)"},
     {"prefix-cache", GP_OPT_BOOL, O(prefix_cache), "true", 0, 0, NULL,
      "gguf backend: keep each slot's K/V after a job and reuse the longest common token "
      "prefix of the next prompt (--no-prefix-cache: recompute every prompt)"},

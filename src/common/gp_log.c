@@ -26,6 +26,11 @@ void gp_log_set_level(gp_log_level min_level)
     log_min = min_level;
 }
 
+bool gp_log_enabled(gp_log_level lvl)
+{
+    return lvl >= log_min;
+}
+
 int gp_log_level_parse(const char *s)
 {
     for (int i = 0; i < 4; i++)

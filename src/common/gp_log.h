@@ -12,6 +12,7 @@
 #define GP_LOG_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <jansson.h>
 
 typedef enum { GP_LOG_DEBUG = 0, GP_LOG_INFO, GP_LOG_WARN, GP_LOG_ERROR } gp_log_level;
@@ -22,6 +23,9 @@ void gp_log_init(const char *component, gp_log_level min_level);
 /* Parse "debug|info|warn|error"; -1 when unknown. */
 int gp_log_level_parse(const char *s);
 void gp_log_set_level(gp_log_level min_level);
+/* Whether a line of level lvl is written: callers that build fields for a
+ * line (a json_pack per job) skip that work when it is not. */
+bool gp_log_enabled(gp_log_level lvl);
 /* Redirect output (default stderr); path NULL = stderr. Used by SIGHUP to
  * reopen a log file. Returns 0 or -1 with errno. */
 int gp_log_open(const char *path);

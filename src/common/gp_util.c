@@ -399,6 +399,32 @@ size_t gp_json_escaped_len(const char *s, size_t n)
     return len;
 }
 
+/* A real as jansson's dump writes it: "%.17g", ".0" added when it has
+ * neither '.' nor 'e', the exponent's '+' and leading zeros cut
+ * (test_gp_util checks it against json_dumpb). Its length, 0 when it does
+ * not fit b (the caller asks jansson). */
+static size_t real_fmt(char b[48], double d)
+{
+    int n = snprintf(b, 48, "%.17g", d);
+    if (n <= 0 || n >= 46)
+        return 0;
+    char *e = strchr(b, 'e');
+    if (!e) {
+        if (!strchr(b, '.')) {
+            memcpy(b + n, ".0", 3);
+            n += 2;
+        }
+        return (size_t)n;
+    }
+    char *x = e + 1, *from;
+    if (*x == '-')
+        x++;
+    for (from = x; *from == '+' || *from == '0'; from++)
+        ;
+    memmove(x, from, strlen(from) + 1);
+    return strlen(b);
+}
+
 size_t gp_json_compact_size(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -420,11 +446,24 @@ size_t gp_json_compact_size(const json_t *v)
     case JSON_STRING:
         return 2 + gp_json_escaped_len(json_string_value(v), json_string_length(v));
     case JSON_INTEGER: {
-        char b[32];
-        return (size_t)snprintf(b, sizeof b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        /* The digits of "%" JSON_INTEGER_FORMAT, counted (a snprintf per
+         * number was most of an agent event's size walk). */
+        json_int_t x = json_integer_value(v);
+        size_t n = 1;
+        unsigned long long u = (unsigned long long)x;
+        if (x < 0) {
+            n++;
+            u = 0ull - u;
+        }
+        for (; u >= 10; u /= 10)
+            n++;
+        return n;
     }
-    case JSON_REAL:
-        return json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
+    case JSON_REAL: {
+        char b[48];
+        size_t n = real_fmt(b, json_real_value(v));
+        return n ? n : json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
+    }
     case JSON_TRUE:
         return 4;
     case JSON_FALSE:
@@ -581,7 +620,11 @@ int gp_json_dump_append(gp_buf *out, const json_t *v)
         return gp_buf_append(out, p, (size_t)(e - p));
     }
     case JSON_REAL: { /* jansson's own formatting (precision, exponent, ".0") */
-        size_t n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);
+        char b[48];
+        size_t n = real_fmt(b, json_real_value(v));
+        if (n)
+            return gp_buf_append(out, b, n);
+        n = json_dumpb(v, num, sizeof num, JSON_ENCODE_ANY);
         return n == 0 || n > sizeof num ? -1 : gp_buf_append(out, num, n);
     }
     case JSON_TRUE:

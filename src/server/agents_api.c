@@ -226,6 +226,16 @@ static uint64_t delivery_number(const gps_agents *g, const char *tok)
     return end && *end == '\0' && n <= g->deliveries ? (uint64_t)n : 0;
 }
 
+/* An agent process's "instance": 8 to 64 characters [A-Za-z0-9_-]. */
+static bool instance_ok(const char *s, size_t n)
+{
+    bool ok = s && n >= 8 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
+             (s[i] >= 'A' && s[i] <= 'Z') || s[i] == '-' || s[i] == '_';
+    return ok;
+}
+
 /* The liveness fields of a poll/work/events body (all optional). On a bad
  * one, a 400 naming it has been sent and false is returned. */
 static bool liveness_parse(gps_agents *g, gps_req *r, const json_t *body, liveness *out)
@@ -234,12 +244,7 @@ static bool liveness_parse(gps_agents *g, gps_req *r, const json_t *body, livene
     const json_t *in = json_object_get(body, "instance");
     if (in && !json_is_null(in)) {
         const char *s = json_string_value(in);
-        size_t n = s ? json_string_length(in) : 0;
-        bool ok = n >= 8 && n <= 64;
-        for (size_t i = 0; ok && i < n; i++)
-            ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') ||
-                 (s[i] >= 'A' && s[i] <= 'Z') || s[i] == '-' || s[i] == '_';
-        if (!ok) {
+        if (!instance_ok(s, s ? json_string_length(in) : 0)) {
             gps_req_error(r, 400, "INVALID_REQUEST",
                           "'instance' must be 8 to 64 characters [A-Za-z0-9_-]", "instance");
             return false;
@@ -813,16 +818,19 @@ static void apply_job_events(gps_agents *g, const char *job_id, const char *agen
     apply_result_set(rc, out);
 }
 
-/* gpupool_agent_uploads_total{route} and the job entries they carried. */
-static void count_upload(gps_agents *g, const char *route, size_t entries)
+/* gpupool_agent_uploads_total{route} and the job entries they carried.
+ * label: route="job" or route="batch", as gps_metrics_label writes it
+ * (written out: a label built per upload was a tenth of a batch's own
+ * cost). */
+#define ROUTE_JOB "route=\"job\""
+#define ROUTE_BATCH "route=\"batch\""
+static void count_upload(gps_agents *g, const char *label, size_t entries)
 {
     gps_metrics *m = gps_jobs_metrics(g->jobs);
     if (!m)
         return;
-    char l[48];
-    gps_metrics_label(l, sizeof l, "route", route, (char *)NULL);
-    gps_metrics_add(m, "agent_uploads_total", l, 1);
-    gps_metrics_add(m, "agent_upload_entries_total", l, (double)entries);
+    gps_metrics_add(m, "agent_uploads_total", label, 1);
+    gps_metrics_add(m, "agent_upload_entries_total", label, (double)entries);
 }
 
 /* A new instance is noticed on any request (its first may be an upload of
@@ -863,7 +871,7 @@ static void h_events(gps_req *r, void *arg)
     apply_job_events(g, r->params[0], id, json_object_get(body, "seq"),
                      json_object_get(body, "events"), &res);
     json_decref(body);
-    count_upload(g, "job", 1);
+    count_upload(g, ROUTE_JOB, 1);
     if (res.status == 200)
         gps_http_send_json(r->req, 200, json_pack("{s:b}", "cancel", res.cancel));
     else if (res.expected_seq >= 0)
@@ -945,21 +953,25 @@ static bool batch_fast(gps_agents *g, gps_req *r)
     gps_upload u;
     if (!body || !gps_upload_read(body, n, MAX_BATCH_JOBS, &u))
         return false;
-    json_t *lv = NULL; /* the liveness field, as events_liveness reads it */
-    if (u.instance)
-        lv = json_pack("{s:s%}", "instance", u.instance, u.instance_len);
-    if (!key_allows(g, r, u.agent_id) ||
-        (u.instance && (!lv || !events_liveness(g, r, lv, u.agent_id)))) {
-        if (u.instance && !lv)
-            gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
-        json_decref(lv);
+    if (u.instance && !instance_ok(u.instance, u.instance_len)) {
+        gps_upload_free(&u); /* the jansson path words the error */
+        return false;
+    }
+    if (!key_allows(g, r, u.agent_id)) {
         gps_upload_free(&u);
         return true;
     }
-    json_decref(lv);
+    /* What events_liveness does with an upload whose only liveness field
+     * is "instance", without an object to carry it. */
+    registry_agent *ra = u.instance ? registry_get(g->reg, u.agent_id) : NULL;
+    if (ra) {
+        liveness lv = {.instance = u.instance};
+        liveness_apply(g, ra, &lv);
+    }
     gp_buf out;
     gp_buf_init(&out);
     gp_buf_append(&out, "{\"jobs\":[", 9);
+    bool applied = false;
     for (size_t i = 0; i < u.n_jobs; i++) {
         const gps_upload_job *jb = &u.jobs[i];
         apply_result res;
@@ -968,10 +980,13 @@ static bool batch_fast(gps_agents *g, gps_req *r)
         int rc = gps_jobs_apply_upload(g->jobs, jb->job_id, u.agent_id, jb->seq,
                                        u.evs + jb->first, jb->n, &res.cancel, &res.expected_seq,
                                        res.msg, sizeof res.msg);
+        applied |= rc == 0;
         apply_result_set(rc, &res);
         batch_result_append(&out, i, jb->job_id, jb->job_id_len, &res);
     }
-    count_upload(g, "batch", u.n_jobs);
+    if (applied) /* agent activity, once per upload (gps_jobs_apply_upload) */
+        registry_touch(g->reg, registry_get(g->reg, u.agent_id), gp_now_mono_ms());
+    count_upload(g, ROUTE_BATCH, u.n_jobs);
     gps_upload_free(&u);
     if (gp_buf_append(&out, "]}", 2) < 0)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
@@ -1057,7 +1072,7 @@ static void h_events_batch(gps_req *r, void *arg)
         json_decref(one);
         batch_entry_append(&out, i, res_e);
     }
-    count_upload(g, "batch", json_array_size(jobs));
+    count_upload(g, ROUTE_BATCH, json_array_size(jobs));
     json_decref(body);
     if (gp_buf_append(&out, "]}", 2) < 0)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);

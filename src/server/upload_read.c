@@ -1,6 +1,7 @@
 /* upload_read: see upload_read.h. */
 #include "server/upload_read.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,15 @@ static bool lit(rd *r, char c)
     return true;
 }
 
+/* The bytes that end a plain run of a string: '"', '\\' and controls. */
+static const bool str_stop[256] = {
+    [0x00] = 1, [0x01] = 1, [0x02] = 1, [0x03] = 1, [0x04] = 1, [0x05] = 1, [0x06] = 1,
+    [0x07] = 1, [0x08] = 1, [0x09] = 1, [0x0a] = 1, [0x0b] = 1, [0x0c] = 1, [0x0d] = 1,
+    [0x0e] = 1, [0x0f] = 1, [0x10] = 1, [0x11] = 1, [0x12] = 1, [0x13] = 1, [0x14] = 1,
+    [0x15] = 1, [0x16] = 1, [0x17] = 1, [0x18] = 1, [0x19] = 1, [0x1a] = 1, [0x1b] = 1,
+    [0x1c] = 1, [0x1d] = 1, [0x1e] = 1, [0x1f] = 1, ['"'] = 1, ['\\'] = 1,
+};
+
 /* A string, unescaped, appended to out. No \u escapes (jansson's rules for
  * them, surrogates and \u0000, are left to jansson), no raw control bytes,
  * valid UTF-8. */
@@ -37,7 +47,11 @@ static bool str(rd *r, gp_buf *out)
         return false;
     size_t from = out->len;
     const char *run = r->p;
+    unsigned char hi = 0; /* any byte >= 0x80: only then is UTF-8 checked */
     for (;;) {
+        /* The plain bytes of a run, one test each. */
+        while (r->p < r->end && !str_stop[(unsigned char)*r->p])
+            hi |= (unsigned char)*r->p++;
         if (r->p >= r->end)
             return false;
         unsigned char c = (unsigned char)*r->p;
@@ -66,12 +80,10 @@ static bool str(rd *r, gp_buf *out)
             run = r->p;
             continue;
         }
-        if (c < 0x20)
-            return false;
-        r->p++;
+        return false; /* a raw control byte */
     }
     r->p++; /* the closing quote */
-    return gps_text_utf8(out->data + from, out->len - from);
+    return hi < 0x80 || gps_text_utf8(out->data + from, out->len - from);
 }
 
 /* A key (at most 15 bytes of [a-z_], as every key of ours) into k. */
@@ -178,6 +190,45 @@ static size_t digits(long long v)
     return n;
 }
 
+/* The compact size of {"type":"token","text":"..."[,"token_id":N]}. */
+static size_t token_bytes(const gps_event_in *e, bool has_id)
+{
+    return 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
+           (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
+}
+
+/* A token event exactly as every agent writes it (agent_evq_token_json):
+ * {"type":"token","text":"..."} or with ,"token_id":N last; without a
+ * key lookup per member. Reads what token_ev reads for such bytes. false:
+ * not that shape (the caller rewinds and tries token_ev). */
+static bool token_ev_compact(rd *r, gps_event_in *e)
+{
+    static const char head[] = "{\"type\":\"token\",\"text\":";
+    static const char id[] = ",\"token_id\":";
+    gps_upload *u = r->u;
+    ws(r);
+    if ((size_t)(r->end - r->p) < sizeof head - 1 || memcmp(r->p, head, sizeof head - 1) != 0)
+        return false;
+    r->p += sizeof head - 1;
+    size_t from = u->text.len;
+    if (!str(r, &u->text))
+        return false;
+    e->text = u->text.data + from;
+    e->len = u->text.len - from;
+    bool has_id = false;
+    if ((size_t)(r->end - r->p) >= sizeof id - 1 && memcmp(r->p, id, sizeof id - 1) == 0) {
+        r->p += sizeof id - 1;
+        if (!num(r, &e->token_id) || e->token_id > GPS_AGENT_MAX_TOKEN_ID)
+            return false;
+        has_id = true;
+    }
+    if (r->p >= r->end || *r->p != '}')
+        return false;
+    r->p++;
+    e->bytes = token_bytes(e, has_id);
+    return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
+}
+
 /* A token event {"type":"token","text":..[,"token_id":N]}, keys in any
  * order. false with r->p anywhere: the caller rewinds. */
 static bool token_ev(rd *r, gps_event_in *e)
@@ -222,25 +273,151 @@ static bool token_ev(rd *r, gps_event_in *e)
     } while (lit(r, ','));
     if (!lit(r, '}') || !has_type || !has_text)
         return false;
-    /* {"type":"token","text":"..."[,"token_id":N]} as compact JSON */
-    e->bytes = 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
-               (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
+    e->bytes = token_bytes(e, has_id);
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
 
-/* Any other event: cut out, parsed and checked alone. */
+/* A JSON number as jansson reads it: an integer of at most 18 digits
+ * (strtoll's range, with room), or a real strtod reads (as jansson does)
+ * to a finite value. NULL: another number (the caller declines). */
+static json_t *flat_num(rd *r)
+{
+    const char *s = r->p, *p = s;
+    if (p < r->end && *p == '-')
+        p++;
+    const char *d = p;
+    while (p < r->end && *p >= '0' && *p <= '9')
+        p++;
+    size_t nd = (size_t)(p - d);
+    if (nd == 0 || (nd > 1 && *d == '0'))
+        return NULL;
+    bool real = false;
+    if (p < r->end && *p == '.') {
+        const char *f = ++p;
+        while (p < r->end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == f)
+            return NULL;
+        real = true;
+    }
+    if (p < r->end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < r->end && (*p == '+' || *p == '-'))
+            p++;
+        const char *x = p;
+        while (p < r->end && *p >= '0' && *p <= '9')
+            p++;
+        if (p == x)
+            return NULL;
+        real = true;
+    }
+    r->p = p;
+    if (!real) {
+        if (nd > 18)
+            return NULL;
+        long long v = 0;
+        for (const char *c = d; c < p; c++)
+            v = v * 10 + (*c - '0');
+        return json_integer(*s == '-' ? -v : v);
+    }
+    char b[64];
+    if ((size_t)(p - s) >= sizeof b)
+        return NULL;
+    memcpy(b, s, (size_t)(p - s));
+    b[p - s] = '\0';
+    double v = strtod(b, NULL);
+    return isinf(v) ? NULL : json_real(v);
+}
+
+static json_t *flat_obj(rd *r, int depth);
+
+/* One value of an event: a string as str() reads it, a number as
+ * flat_num, true, false, null, or an object as flat_obj. NULL: anything
+ * else (an array, a \u escape, ...: the caller hands it to jansson). */
+static json_t *flat_value(rd *r, int depth)
+{
+    ws(r);
+    if (r->p >= r->end)
+        return NULL;
+    char c = *r->p;
+    if (c == '"') {
+        gp_buf *t = &r->u->text; /* a scratch end of it, given back at once */
+        size_t at = t->len;
+        json_t *v = str(r, t) ? json_stringn_nocheck(t->data + at, t->len - at) : NULL;
+        t->len = at;
+        return v;
+    }
+    if (c == '{')
+        return flat_obj(r, depth + 1);
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return flat_num(r);
+    static const char *const lits[] = {"true", "false", "null"};
+    for (size_t k = 0; k < 3; k++) {
+        size_t n = strlen(lits[k]);
+        if ((size_t)(r->end - r->p) >= n && memcmp(r->p, lits[k], n) == 0) {
+            r->p += n;
+            return k == 0 ? json_true() : k == 1 ? json_false() : json_null();
+        }
+    }
+    return NULL;
+}
+
+/* An object of such values whose keys are 1..63 bytes of printable ASCII
+ * without escapes, as agents write every event; a duplicate key declines
+ * (jansson, with JSON_REJECT_DUPLICATES, refuses it). */
+static json_t *flat_obj(rd *r, int depth)
+{
+    if (depth > 8 || !lit(r, '{'))
+        return NULL;
+    json_t *o = json_object();
+    if (!o || lit(r, '}'))
+        return o;
+    do {
+        ws(r);
+        char k[64];
+        const char *s = r->p + 1, *q = s;
+        if (r->p >= r->end || *r->p != '"')
+            goto no;
+        while (q < r->end && q - s < 63 && *q >= 0x20 && *q < 0x7f && *q != '"' && *q != '\\')
+            q++;
+        if (q >= r->end || *q != '"' || q == s)
+            goto no;
+        memcpy(k, s, (size_t)(q - s));
+        k[q - s] = '\0';
+        r->p = q + 1;
+        if (!lit(r, ':') || json_object_get(o, k))
+            goto no;
+        json_t *v = flat_value(r, depth);
+        if (!v || json_object_set_new_nocheck(o, k, v) < 0)
+            goto no;
+    } while (lit(r, ','));
+    if (lit(r, '}'))
+        return o;
+no:
+    json_decref(o);
+    return NULL;
+}
+
+/* Any other event: cut out, read and checked alone. A flat event (every
+ * agent's started, metrics, progress, end) is built without jansson's
+ * parser (most of an event's cost); any other shape is parsed by it. */
 static bool other_ev(rd *r, gps_event_in *e, size_t i)
 {
     ws(r);
     const char *s = r->p;
     if (!skip(r, 0))
         return false;
-    e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
+    rd sub = {s, r->p, r->u};
+    e->ev = flat_obj(&sub, 0);
+    if (e->ev && sub.p != r->p) { /* (skip ends the value where flat_obj does) */
+        json_decref(e->ev);
+        e->ev = NULL;
+    }
+    if (!e->ev)
+        e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
     char field[96], msg[256];
-    if (!e->ev || gps_agent_event_check(e->ev, i, field, sizeof field, msg, sizeof msg) < 0)
-        return false;
-    e->bytes = gp_json_compact_size(e->ev);
-    return true;
+    return e->ev && gps_agent_event_check_sized(e->ev, i, &e->bytes, field, sizeof field, msg,
+                                                sizeof msg) == 0;
 }
 
 static bool events(rd *r, gps_upload_job *jb)
@@ -259,7 +436,15 @@ static bool events(rd *r, gps_upload_job *jb)
             return false;
         const char *at = r->p;
         size_t tlen = u->text.len;
-        if (!token_ev(r, e)) {
+        bool tok = token_ev_compact(r, e);
+        if (!tok) {
+            r->p = at;
+            u->text.len = tlen;
+            memset(e, 0, sizeof *e);
+            e->token_id = -1;
+            tok = token_ev(r, e);
+        }
+        if (!tok) {
             r->p = at;
             u->text.len = tlen;
             memset(e, 0, sizeof *e);

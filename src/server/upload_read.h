@@ -8,8 +8,12 @@
  *
  * A token event {"type":"token","text":"..."[,"token_id":N]} is read into
  * the upload's text buffer (unescaped); any other event is cut out of the
- * body and parsed alone with jansson. The reader takes only bodies that
- * every rule of agent_check.h accepts and that jansson reads the same way
+ * body and read alone into its object: a flat one (strings without \u
+ * escapes, numbers, true/false/null, nested objects of the same: every
+ * event an agent writes, unless a string needs a \u escape or a token has
+ * token_ids) without jansson's parser, any other by jansson. The reader
+ * takes only bodies that every rule of agent_check.h accepts and that
+ * jansson reads the same way
  * (tests/fuzz/fuzz_upload.c checks it differentially): for anything else
  * (another key, a \u escape, a duplicate key, a value out of bounds, bad
  * UTF-8, ...) it says no and the caller parses the body with jansson as

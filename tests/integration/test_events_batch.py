@@ -12,6 +12,8 @@ uploads"), against the real server:
   once; a cancelled job's entry says cancel true;
 - a bad request as a whole (agent_id, jobs) is a 400; an agent key bound to
   another agent is refused;
+- a batch's "instance" is checked (400) and a new one ends the previous
+  process's jobs, as on any agent request;
 - the real gpupool-agent uses it (gpupool_agent_uploads_total{route="batch"})
   with four concurrent streams whose texts are whole, and with
   --events-batch=false uploads per job as before.
@@ -147,6 +149,34 @@ class EventsBatch(harness.TestCase):
             self.assertEqual((st, param(b["error"])), (400, want), b)
         st, _, b = http_json("POST", srv.url + "/agents/events", "{not json", timeout=30)
         self.assertEqual(st, 400, b)
+
+    def test_instance_in_a_batch(self):
+        """A batch's "instance" is the process's liveness, as on any request:
+        a bad one is a 400 naming it, the same one applies the entries, a
+        new one ends the previous process's jobs first (its entry is then
+        not this agent's: 409 NOT_ASSIGNED)."""
+        srv = self.h.start_server(FAST)
+        a = FakeAgent(srv.url, slots=2)
+        self.assertEqual(a.poll()[0], 200)
+        tid = self.task(srv)
+        st, jobs = a.work(2, timeout=10)
+        self.assertEqual((st, [j["job_id"] for j in jobs]), (200, [tid]))
+        tok = [{"job_id": tid, "seq": 0, "events": [{"type": "token", "text": "x"}]}]
+        for bad in ("short", "has space in it"):
+            st, _, b = self.batch(srv, a, tok, instance=bad)
+            self.assertEqual((st, param(b["error"])), (400, "instance"), b)
+        st, _, b = self.batch(srv, a, tok, instance="process-one")
+        self.assertEqual((st, b["jobs"][0]["status"]), (200, 200), b)
+        st, _, b = self.batch(srv, a, [{"job_id": tid, "seq": 1,
+                                        "events": [{"type": "token", "text": "y"}]}],
+                              instance="process-one")
+        self.assertEqual((st, b["jobs"][0]["status"]), (200, 200), b)
+        # A new process: the old one's job is no longer this agent's.
+        st, _, b = self.batch(srv, a, [{"job_id": tid, "seq": 2,
+                                        "events": [{"type": "token", "text": "z"}]}],
+                              instance="process-two")
+        self.assertEqual((st, b["jobs"][0]["status"], b["jobs"][0]["error"]["code"]),
+                         (200, 409, "NOT_ASSIGNED"), b)
 
     def test_agent_key_bound_to_another_agent(self):
         db = self.h.path("keys.db")

@@ -143,10 +143,19 @@ static int efail(char *field, size_t fieldlen, char *msg, size_t msglen, size_t 
 int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldlen, char *msg,
                           size_t msglen)
 {
+    size_t bytes;
+    return gps_agent_event_check_sized(ev, i, &bytes, field, fieldlen, msg, msglen);
+}
+
+int gps_agent_event_check_sized(const json_t *ev, size_t i, size_t *bytes_out, char *field,
+                                size_t fieldlen, char *msg, size_t msglen)
+{
+    *bytes_out = 0;
     if (!json_is_object(ev))
         EFAIL("", "must be an object");
     /* Size first: every later rule reads a bounded object. */
     size_t bytes = gp_json_compact_size(ev);
+    *bytes_out = bytes;
     if (bytes == 0 || bytes > GPS_AGENT_MAX_EVENT_BYTES)
         EFAIL("", "an event is at most %d bytes of JSON", GPS_AGENT_MAX_EVENT_BYTES);
     const json_t *type = json_object_get(ev, "type");

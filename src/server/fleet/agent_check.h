@@ -47,6 +47,11 @@ int gps_agent_events_check(const json_t *body, char *field, size_t fieldlen, cha
 /* Check one event, events[i] of an upload (the part of the above). */
 int gps_agent_event_check(const json_t *ev, size_t i, char *field, size_t fieldlen, char *msg,
                           size_t msglen);
+/* The same, with the event's compact JSON size (gp_json_compact_size, which
+ * the check measures first) in *bytes (0 when ev is not an object): for a
+ * caller that keeps it, without walking the event twice. */
+int gps_agent_event_check_sized(const json_t *ev, size_t i, size_t *bytes, char *field,
+                                size_t fieldlen, char *msg, size_t msglen);
 
 /* True when s (len bytes, UTF-8 as jansson guarantees) is 1..max bytes of
  * printable text: no NUL, no C0/C1 control character or DEL, no bidi

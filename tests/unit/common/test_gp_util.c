@@ -128,7 +128,9 @@ static void test_json_compact_size(void **st)
     (void)st;
     const char *docs[] = {
         "{}", "[]", "\"\"", "0", "-42", "9223372036854775807", "true", "false", "null",
-        "1.5", "-0.001", "1e300",
+        "1.5", "-0.001", "1e300", "-9223372036854775807", "-1", "10", "-10",
+        "0.1", "1e-7", "-2.5e-300", "123456789012345678.0", "1e17", "3.0", "-0.0", "1e22",
+        "{\"ttft_ms\":1.25,\"tokens_per_sec\":310.00000000000006,\"total_ms\":5e-4}",
         "{\"type\":\"token\",\"text\":\" Once\",\"token_id\":403}",
         "{\"a\":[1,2,{\"b\":\"q\\\"uote \\\\ back\"}],\"c\":null}",
         "{\"ctl\":\"\\u0001\\u001f\\b\\f\\n\\r\\t\\u007f\"}",
@@ -196,6 +198,16 @@ static void test_json_dump(void **state)
     dump_same(bad); /* not UTF-8: both refuse */
     json_t *bad2 = json_pack("[o]", json_stringn_nocheck("\xed\xa0\x80", 3));
     dump_same(bad2);
+    /* Reals as jansson formats them (gp_util's own "%.17g" path). */
+    const double reals[] = {0.0, -0.0, 0.1, 1e-7, 1e17, 1e16, 5e-324, 1.7976931348623157e308,
+                            -2.5e-300, 123456789012345678.0, 3.0, 310.00000000000006};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
+        json_t *r = json_real(reals[i]);
+        dump_same(r);
+        size_t want = json_dumpb(r, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+        assert_int_equal(gp_json_compact_size(r), want);
+        json_decref(r);
+    }
     json_decref(bad);
     json_decref(bad2);
     json_decref(v);
