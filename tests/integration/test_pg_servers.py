@@ -42,8 +42,9 @@ from harness import bearer, http_json  # noqa: E402
 import test_postgres_store  # noqa: E402
 import upstream as upstream_mod  # noqa: E402
 
-# Heartbeat every second, lease 3 s, keys and usage re-read every second.
-CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "3", "--shared_refresh_sec", "1"]
+# Heartbeat every second, lease 5 s (room for a loaded CI machine), keys and
+# usage re-read every second.
+CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "5", "--shared_refresh_sec", "1"]
 FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec", "5"]
 
 

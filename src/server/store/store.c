@@ -1059,7 +1059,9 @@ static void *db_main(void *arg)
                 events_failed |= !ok;
             }
             n++;
-            last_seq = o->seq;
+            bool ahead = o->seq == 0;   /* queued ahead (enqueue_front): commit now */
+            if (!ahead)
+                last_seq = o->seq;
             if (op_is_read(o)) {
                 has_read = true;
                 o->next = NULL;
@@ -1075,7 +1077,7 @@ static void *db_main(void *arg)
             /* Past the deadline, what is queued still joins this commit
              * (the writes that waited for it without a wake, see
              * enqueue_locked); batch_max bounds the group. */
-            if (n >= (uint64_t)s->batch_max)
+            if (n >= (uint64_t)s->batch_max || ahead)
                 break;
         }
         pthread_mutex_unlock(&s->mu);
@@ -1231,6 +1233,31 @@ static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_ou
 static int enqueue(gps_store *s, op *first, bool droppable)
 {
     return enqueue_seq(s, first, droppable, NULL);
+}
+
+/* Queue one op ahead of everything waiting: the server's heartbeat, whose
+ * lease must not run out behind a backlog of request-log writes (servers
+ * sharing the DB would take its tasks over, and it would stop admitting,
+ * with the database reachable all along). It takes no seq: flushes wait
+ * for the ops queued before them, which this one does not reorder. */
+static int enqueue_front(gps_store *s, op *o)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->thread_alive) {
+        pthread_mutex_unlock(&s->mu);
+        free_chain(o);
+        return -1;
+    }
+    o->seq = 0;
+    o->next = s->qhead;
+    s->qhead = o;
+    if (!s->qtail)
+        s->qtail = o;
+    s->stats.queue_depth++;
+    s->stats.ops_enqueued++;
+    pthread_cond_signal(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 static void count_drop(gps_store *s)
@@ -2106,7 +2133,10 @@ int gps_store_task_renew(gps_store *s, const char *server_id, int64_t lease_unti
 {
     if (!server_id)
         return -1;
-    return write_op(s, K_TASK_RENEW, "ti", server_id, lease_until);
+    /* ahead of the queue, as the server's heartbeat (enqueue_front): a
+     * backlog of request-log writes must not let the lease run out */
+    op *o = read_op(K_TASK_RENEW, "ti", server_id, lease_until);
+    return o ? enqueue_front(s, o) : -1;
 }
 
 int gps_store_purge_jobs(gps_store *s, int64_t before_wall_ms)
@@ -2224,7 +2254,7 @@ int gps_store_server_beat_async(gps_store *s, const gps_store_server_row *r,
         return -1;
     o->status_cb = cb;
     o->arg = arg;
-    return enqueue(s, o, false);
+    return enqueue_front(s, o);
 }
 
 bool gps_store_has_servers(gps_store *s) { return s && s->w.ok[K_SERVER_BEAT]; }
