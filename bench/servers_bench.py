@@ -93,6 +93,7 @@ class Client:
         self.host, port = hp.split(":")
         self.port = int(port)
         self.c = None
+        self.last_error = b""
 
     def post(self, path, body, stream=False, timeout=30):
         """(status, tokens): tokens = streamed content chunks, or the
@@ -106,6 +107,7 @@ class Client:
             if not stream or r.status != 200:
                 raw = r.read()
                 if r.status != 200:
+                    self.last_error = raw[:300]
                     return r.status, 0
                 d = json.loads(raw)
                 return 200, (d.get("usage") or {}).get("completion_tokens", 0)
@@ -135,10 +137,45 @@ class Client:
         self.c = None
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid):
+    """CPU seconds (user + system) pid has used so far; 0 once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def children(ppid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == ppid:
+                        out.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def cpu_snapshot(groups):
+    """{group: CPU seconds} for {group: [pid, ...]}, plus this process."""
+    snap = {g: sum(proc_cpu(p) for p in pids) for g, pids in groups.items()}
+    t = os.times()
+    snap["client"] = t.user + t.system
+    return snap
+
+
 def load(url, kind, seconds, conc, max_tokens):
     """conc threads for `seconds`: (requests ok per s, tokens per s, errors)."""
     stop = time.monotonic() + seconds
-    ok, toks, errs = [0] * conc, [0] * conc, [0] * conc
+    ok, toks, errs = [0] * conc, [0] * conc, [[] for _ in range(conc)]
+    bodies = []
 
     def run(i):
         c = Client(url)
@@ -156,7 +193,9 @@ def load(url, kind, seconds, conc, max_tokens):
                 ok[i] += 1
                 toks[i] += t
             else:
-                errs[i] += 1
+                errs[i].append(st)
+                if c.last_error and not bodies:
+                    bodies.append(c.last_error)
         c.close()
     t0 = time.monotonic()
     ts = [threading.Thread(target=run, args=(i,)) for i in range(conc)]
@@ -165,7 +204,9 @@ def load(url, kind, seconds, conc, max_tokens):
     for t in ts:
         t.join()
     dt = time.monotonic() - t0
-    return sum(ok) / dt, sum(toks) / dt, sum(errs)
+    if bodies:
+        print("  first error body: %r" % bodies[0])
+    return sum(ok) / dt, sum(toks) / dt, [st for e in errs for st in e]
 
 
 class Prober:
@@ -297,17 +338,32 @@ def main():
             load(targets[0][1], "req", 1.0, args.concurrency, args.max_tokens)  # warm up
             rows = []
             for label, url in targets:
+                groups = {"servers": [srv[n].pid for n in "ABC"],
+                          "agents": [agents[n].pid for n in "ABC"],
+                          "upstreams": [ups[n].pid for n in "ABC"],
+                          "haproxy": [hp.pid for hp in haproxies],
+                          "postgres": [db.pid] + children(db.pid)}
+                c0, w0 = cpu_snapshot(groups), time.monotonic()
                 rps, _, e1 = load(url, "req", args.seconds, args.concurrency, args.max_tokens)
                 _, tps, e2 = load(url, "stream", args.seconds, args.concurrency, args.max_tokens)
-                rows.append((label, rps, tps, e1 + e2))
-                print("  %-28s %8.0f req/s %10.0f tokens/s  (%d errors)" % rows[-1], flush=True)
+                c1, wall = cpu_snapshot(groups), time.monotonic() - w0
+                use = {g: (c1[g] - c0[g]) / wall for g in c1}
+                errs = e1 + e2
+                if errs:
+                    print("  errors (status: count, 0 = connection error): %s"
+                          % {st: errs.count(st) for st in set(errs)})
+                rows.append((label, rps, tps, len(errs), sum(use.values())))
+                print("  %-28s %8.0f req/s %10.0f tokens/s  (%d errors)  CPU cores busy: %s, "
+                      "total %.2f" % (label, rps, tps, len(errs),
+                                      ", ".join("%s %.2f" % (g, use[g]) for g in sorted(use)),
+                                      rows[-1][-1]), flush=True)
             print("\nthroughput, %d client threads, %.1f s per cell (req/s: completions of 1 "
                   "token; tokens/s: streamed chats of %d tokens):"
                   % (args.concurrency, args.seconds, args.max_tokens))
-            print("| target | req/s | relayed tokens/s | errors |")
-            print("| --- | --- | --- | --- |")
+            print("| target | req/s | relayed tokens/s | errors | CPU cores busy (all processes of the bench) |")
+            print("| --- | --- | --- | --- | --- |")
             for r in rows:
-                print("| %s | %.0f | %.0f | %d |" % r)
+                print("| %s | %.0f | %.0f | %d | %.2f |" % r)
             print("load average after: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
 
         hp3 = start_haproxy("ABC") if ("kill" in parts or "pgrestart" in parts) else None
