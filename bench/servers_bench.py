@@ -23,6 +23,9 @@ A,B,C), --concurrency client threads (keep-alive connections) for
   req/s:    POST /v1/completions, max_tokens 1, not streamed;
   tokens/s: POST /v1/chat/completions streamed, max_tokens --max-tokens;
             tokens = the SSE chunks with content that reached the client.
+Per cell it also prints the CPU cores each group of processes used (from
+/proc: servers, agents, upstreams, haproxy, postgres, this client), the
+error statuses and the first error body.
 
 Recovery (HAProxy over A,B,C, a client thread sending completions one after
 the other through it during each case, --reps times):
