@@ -12,6 +12,7 @@
 #   P/share/doc/gpupool/    docs/*.md, README.md, LICENSE
 #   P/share/gpupool/migrations/NNNN_name.sql             (reference copy: the binary embeds them)
 #   P/share/gpupool/prometheus/gpupool-alerts.yml, P/share/gpupool/grafana/gpupool.json
+#   P/share/gpupool/haproxy/haproxy.cfg                  (docs/operations.md "Several servers")
 # ETC is /etc when P is /usr (as in the .deb) and P/etc otherwise, the same
 # rule as GNUInstallDirs' CMAKE_INSTALL_FULL_SYSCONFDIR. It is decided at
 # install time, not configure time, so that `cmake --install --prefix` and
@@ -39,6 +40,8 @@ install(FILES ${CMAKE_SOURCE_DIR}/README.md ${CMAKE_SOURCE_DIR}/LICENSE
 # alerts"): read by those tools, not by gpupool, so under share/ rather than /etc.
 install(FILES ${_gp_conf}/prometheus/gpupool-alerts.yml DESTINATION share/gpupool/prometheus)
 install(FILES ${_gp_conf}/grafana/gpupool.json DESTINATION share/gpupool/grafana)
+# HAProxy in front of several servers: a template for /etc/haproxy/haproxy.cfg.
+install(FILES ${_gp_conf}/haproxy.cfg DESTINATION share/gpupool/haproxy)
 
 install(FILES ${_gp_conf}/gpupool.sysusers DESTINATION ${GPUPOOL_SYSUSERSDIR}
         RENAME gpupool.conf)
