@@ -3,5 +3,5 @@
 # links it (with gpe_jschema, for the patterns) to check what an upstream
 # returned for a response_format or a strict tool.
 add_library(gpe_jvalidate OBJECT ${CMAKE_CURRENT_LIST_DIR}/jvalidate.c)
-target_link_libraries(gpe_jvalidate PUBLIC PkgConfig::JANSSON)
+target_link_libraries(gpe_jvalidate PUBLIC PkgConfig::JANSSON m)   # floor()
 list(APPEND GPE_PARTS gpe_jvalidate)
