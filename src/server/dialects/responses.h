@@ -88,6 +88,11 @@ typedef struct gps_resp_out {
     } items[GPS_RESP_MAX_ITEMS];
     int n_items;
     gp_buf text;                 /* every message's text, in order */
+    /* The text delta's frame up to its text, for one item (made once per
+     * message, not per token). */
+    char delta_pre[192];
+    size_t delta_pre_len;
+    int delta_pre_item;          /* its item's index + 1; 0: none yet */
 } gps_resp_out;
 
 /* echo borrowed (kept referenced by the caller until gps_resp_out_clear). */
