@@ -476,7 +476,8 @@ typedef struct gps_event_in {
  * same returns, except that the agent's registry entry is not touched
  * (registry_touch): the caller does it once per upload, after the entries
  * of which one at least returned 0. Subscribers get a token event holding
- * type, text and token_id (when the agent sent one) only. */
+ * type, text and token_id (when the agent sent one) only; NULL when every
+ * live subscriber is a cursor one (gps_job_subscribe_cursor). */
 int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
                           const gps_event_in *evs, size_t n, bool *cancel,
                           long long *expected_seq, char *msg, size_t msglen);
