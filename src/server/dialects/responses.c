@@ -746,9 +746,9 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
                    (int)(it - o->items), "delta", args));
 }
 
-void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                    const char *finish_reason, long long prompt_tokens,
-                    long long completion_tokens, json_t *meta)
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta)
 {
     close_message(o, sse);
     for (int i = 0; i < o->n_items; i++) {
@@ -766,10 +766,25 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
     }
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *status = incomplete ? "incomplete" : "completed";
+    /* The final response is this event's without x_pool_meta (meta is
+     * added last): a shallow copy, not a second build. */
+    json_t *r = response_json(o, calls, status, true, prompt_tokens, completion_tokens, NULL);
+    json_t *fin = r ? json_copy(r) : NULL;
+    if (r && meta)
+        json_object_set_new(r, "x_pool_meta", meta);
+    else
+        json_decref(meta);
     emit(o, sse, incomplete ? "response.incomplete" : "response.completed",
-         json_pack("{s:o}", "response",
-                   response_json(o, calls, status, true, prompt_tokens, completion_tokens,
-                                 meta)));
+         r ? json_pack("{s:o}", "response", r) : NULL);
+    return fin;
+}
+
+void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens, json_t *meta)
+{
+    json_decref(gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
+                                     completion_tokens, meta));
 }
 
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,

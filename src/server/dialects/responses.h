@@ -114,6 +114,12 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
                     const char *finish_reason, long long prompt_tokens,
                     long long completion_tokens, json_t *meta);
 
+/* gps_resp_close, returning what gps_resp_final would (new reference, or
+ * NULL out of memory), made from the same build. */
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta);
+
 /* Non-streaming: the whole text and calls as one response object (new
  * reference); meta stolen. Also what response.completed carries. */
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,

@@ -533,6 +533,39 @@ static void test_delta_is_what_jansson_writes(void **st)
     gps_tool_calls_free(&calls);
 }
 
+/* The final response that gps_resp_close_final hands back (for the store)
+ * is gps_resp_final's, byte for byte, while the stream's last event still
+ * carries x_pool_meta. */
+static void test_close_final_is_final(void **st)
+{
+    (void)st;
+    json_t *echo = J("{\"store\":true,\"tools\":[],\"tool_choice\":\"auto\"}");
+    const char *frs[] = {"stop", "length"};
+    for (int k = 0; k < 2; k++) {
+        gps_resp_out o;
+        gps_resp_out_init(&o, "m", echo);
+        gp_buf sse;
+        gp_buf_init(&sse);
+        gps_resp_open(&o, &sse);
+        gps_resp_text(&o, &sse, "Hel", 3);
+        gps_resp_text(&o, &sse, "lo", 2);
+        json_t *fin = gps_resp_close_final(&o, &sse, &(gps_tool_calls){0}, frs[k], 5, 7,
+                                           json_pack("{s:s}", "agent_id", "a"));
+        json_t *want = gps_resp_final(&o, &(gps_tool_calls){0}, frs[k], 5, 7);
+        char *a = json_dumps(fin, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
+        assert_string_equal(a, b);
+        assert_null(json_object_get(fin, "x_pool_meta"));
+        assert_non_null(strstr(sse.data, "\"x_pool_meta\":{\"agent_id\":\"a\"}"));
+        free(a);
+        free(b);
+        json_decref(fin);
+        json_decref(want);
+        gp_buf_free(&sse);
+        gps_resp_out_clear(&o);
+    }
+    json_decref(echo);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -545,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_stored_context_and_items),
         cmocka_unit_test(test_stream_text_then_call),
         cmocka_unit_test(test_delta_is_what_jansson_writes),
+        cmocka_unit_test(test_close_final_is_final),
         cmocka_unit_test(test_incomplete_and_whole_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
