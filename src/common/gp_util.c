@@ -312,10 +312,8 @@ void gp_buf_free(gp_buf *b)
     gp_buf_init(b);
 }
 
-static int buf_reserve(gp_buf *b, size_t extra)
+static int buf_grow(gp_buf *b, size_t extra)
 {
-    if (b->len + extra + 1 <= b->cap)
-        return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra + 1) {
         if (cap > SIZE_MAX / 2) {
@@ -330,6 +328,13 @@ static int buf_reserve(gp_buf *b, size_t extra)
     b->data = d;
     b->cap = cap;
     return 0;
+}
+
+/* The room is there nearly always: checked here, grown out of line (a
+ * relayed token's frame is several appends). */
+static inline int buf_reserve(gp_buf *b, size_t extra)
+{
+    return b->len + extra + 1 <= b->cap ? 0 : buf_grow(b, extra);
 }
 
 int gp_buf_append(gp_buf *b, const void *data, size_t n)

@@ -79,13 +79,17 @@ static json_t *meta_of(rs_stream *st, gps_job *job)
 }
 
 /* store: keep the finished response for later references. */
-static void save(rs_stream *st, gps_job *job, const char *fr)
+/* fin: the final response when the caller has it (stolen), else NULL. */
+static void save(rs_stream *st, gps_job *job, const char *fr, json_t *fin)
 {
-    if (!st->state)
+    if (!st->state) {
+        json_decref(fin);
         return;
+    }
     json_t *items = NULL;
-    json_t *obj = gps_resp_final(&st->out, &st->calls, fr, gps_job_prompt_tokens(job),
-                                 gps_job_completion_tokens(job));
+    json_t *obj = fin ? fin
+                      : gps_resp_final(&st->out, &st->calls, fr, gps_job_prompt_tokens(job),
+                                       gps_job_completion_tokens(job));
     json_t *ctx = gps_resp_context(&st->out, &st->calls, st->messages, st->n_instr, &items);
     gps_resp_state_save(st->state, st->key_id, st->out.id, obj, ctx, items);
     json_decref(obj);
@@ -120,14 +124,15 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
         if (st->stream) {
             ensure_started(st, job);
-            gps_resp_close(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, meta_of(st, job));
-            save(st, job, fr);
+            json_t *fin = gps_resp_close_final(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct,
+                                               meta_of(st, job));
+            save(st, job, fr, fin);
             gps_relay_end_stream(&st->rl);
             return true;
         }
         json_t *body = gps_resp_object(&st->out, &st->calls, gps_job_text(job),
                                        gps_job_text_len(job), fr, pt, ct, meta_of(st, job));
-        save(st, job, fr);
+        save(st, job, fr, NULL);
         gps_relay_end_body(&st->rl, body, true);
         return true;
     }

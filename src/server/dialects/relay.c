@@ -131,7 +131,8 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
     }
     rl->job = job;
     snprintf(rl->s.job_id, sizeof rl->s.job_id, "%s", gps_job_id(job));
-    gps_job_subscribe(job, on_event, rl);
+    rl->text_resets = gps_job_text_resets(job);
+    gps_job_subscribe_cursor(job, on_event, rl);
     /* The connection may sit silent while the job is queued or the model
      * thinks: give it the whole request budget, not idle_timeout. */
     gps_stream_hold(&rl->s, timeout_sec);
@@ -172,7 +173,8 @@ static void ttft(gps_relay *rl, uint64_t at_us)
 
 void gps_relay_send_output(gps_relay *rl)
 {
-    ttft(rl, gp_now_mono_us());
+    if (!rl->ttft_done) /* (no clock read per token) */
+        ttft(rl, gp_now_mono_us());
     /* Marked now: the client will have it before anything else happens
      * to the job (a failover must not start it over). */
     gps_job_mark_output_sent(rl->job);
@@ -281,11 +283,13 @@ bool gps_relay_catch_up(gps_relay *rl)
 void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, json_t *ev)
 {
     if (type == GPS_EV_TOKEN) {
-        /* The token is the tail of job->text (jobs appends, then notifies):
-         * a cursor past the text before it means the text was dropped by a
-         * transparent requeue (jobs.c fail_over, nothing sent yet). */
-        size_t tl = json_string_length(json_object_get(ev, "text"));
-        if (rl->sent + tl > gps_job_text_len(job)) {
+        /* The token is the tail of job->text (jobs appends, then notifies;
+         * ev may be NULL: a cursor subscriber reads the text). A text
+         * dropped by a transparent requeue (jobs.c fail_over, nothing sent
+         * yet) starts the cursor over. */
+        unsigned resets = gps_job_text_resets(job);
+        if (resets != rl->text_resets) {
+            rl->text_resets = resets;
             rl->sent = 0;
             for (size_t i = 0; i < rl->dn; i++)
                 rl->dv[i].at = 0;

@@ -91,6 +91,7 @@ typedef struct gps_relay {
      * job->text[0..sent) was rendered; the events that came while the
      * client was behind wait here with the text offset they followed. */
     size_t sent;
+    unsigned text_resets; /* gps_job_text_resets when sent was last valid */
     struct gps_relay_deferred {
         gps_event_type type;
         json_t *ev;

@@ -588,10 +588,12 @@ static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
 
 void gps_resp_open(gps_resp_out *o, gp_buf *sse)
 {
-    emit(o, sse, "response.created",
-         json_pack("{s:o}", "response", response_json(o, NULL, "in_progress", false, 0, 0, NULL)));
-    emit(o, sse, "response.in_progress",
-         json_pack("{s:o}", "response", response_json(o, NULL, "in_progress", false, 0, 0, NULL)));
+    /* Both events carry the same response: built once. */
+    json_t *r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
+    if (!r)
+        return;
+    emit(o, sse, "response.created", json_pack("{s:O}", "response", r));
+    emit(o, sse, "response.in_progress", json_pack("{s:o}", "response", r));
 }
 
 static struct gps_resp_item *open_message(gps_resp_out *o)
@@ -650,14 +652,42 @@ static void delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
     static const char mid[] = ",\"content_index\":0,\"delta\":\"";
     static const char post[] =
         "\",\"logprobs\":[],\"type\":\"response.output_text.delta\",\"sequence_number\":";
-    if (gp_buf_append(sse, pre, sizeof pre - 1) < 0 ||
-        gp_buf_append(sse, item_id, strlen(item_id)) < 0 ||
-        gp_buf_append(sse, "\",\"output_index\":", 17) < 0 || append_uint(sse, (unsigned)idx) < 0 ||
-        gp_buf_append(sse, mid, sizeof mid - 1) < 0 || gps_json_escape_append(sse, t, n) < 0 ||
-        gp_buf_append(sse, post, sizeof post - 1) < 0 || append_uint(sse, (unsigned long long)o->seq) < 0)
+    if (o->delta_pre_item != idx + 1) {
+        /* Everything before the text is the item's: made once. */
+        gp_buf p;
+        gp_buf_init(&p);
+        int rc = gp_buf_append(&p, pre, sizeof pre - 1) < 0 ||
+                 gp_buf_append(&p, item_id, strlen(item_id)) < 0 ||
+                 gp_buf_append(&p, "\",\"output_index\":", 17) < 0 ||
+                 append_uint(&p, (unsigned)idx) < 0 || gp_buf_append(&p, mid, sizeof mid - 1) < 0;
+        if (!rc && p.len <= sizeof o->delta_pre) {
+            memcpy(o->delta_pre, p.data, p.len);
+            o->delta_pre_len = p.len;
+            o->delta_pre_item = idx + 1;
+        }
+        gp_buf_free(&p);
+        if (o->delta_pre_item != idx + 1)
+            return;
+    }
+    /* The rest, after the text: post, the sequence number, the end. */
+    char tail[sizeof post - 1 + 24 + 3];
+    memcpy(tail, post, sizeof post - 1);
+    size_t tl = sizeof post - 1;
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long v = (unsigned long long)o->seq;
+    do {
+        d[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    memcpy(tail + tl, d + i, sizeof d - i);
+    tl += sizeof d - i;
+    memcpy(tail + tl, "}\n\n", 3);
+    tl += 3;
+    if (gp_buf_append(sse, o->delta_pre, o->delta_pre_len) < 0 ||
+        gps_json_escape_append(sse, t, n) < 0 || gp_buf_append(sse, tail, tl) < 0)
         return;
     o->seq++;
-    gp_buf_append(sse, "}\n\n", 3);
 }
 
 void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
@@ -716,9 +746,9 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
                    (int)(it - o->items), "delta", args));
 }
 
-void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                    const char *finish_reason, long long prompt_tokens,
-                    long long completion_tokens, json_t *meta)
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta)
 {
     close_message(o, sse);
     for (int i = 0; i < o->n_items; i++) {
@@ -736,10 +766,25 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
     }
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *status = incomplete ? "incomplete" : "completed";
+    /* The final response is this event's without x_pool_meta (meta is
+     * added last): a shallow copy, not a second build. */
+    json_t *r = response_json(o, calls, status, true, prompt_tokens, completion_tokens, NULL);
+    json_t *fin = r ? json_copy(r) : NULL;
+    if (r && meta)
+        json_object_set_new(r, "x_pool_meta", meta);
+    else
+        json_decref(meta);
     emit(o, sse, incomplete ? "response.incomplete" : "response.completed",
-         json_pack("{s:o}", "response",
-                   response_json(o, calls, status, true, prompt_tokens, completion_tokens,
-                                 meta)));
+         r ? json_pack("{s:o}", "response", r) : NULL);
+    return fin;
+}
+
+void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens, json_t *meta)
+{
+    json_decref(gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
+                                     completion_tokens, meta));
 }
 
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
@@ -750,6 +795,7 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
     gp_buf_free(&o->text);
     gp_buf_init(&o->text);
     o->n_items = 0;
+    o->delta_pre_item = 0; /* (its items are new) */
     if (text_len > 0) {
         struct gps_resp_item *it = &o->items[o->n_items++];
         memset(it, 0, sizeof *it);

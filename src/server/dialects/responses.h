@@ -88,6 +88,11 @@ typedef struct gps_resp_out {
     } items[GPS_RESP_MAX_ITEMS];
     int n_items;
     gp_buf text;                 /* every message's text, in order */
+    /* The text delta's frame up to its text, for one item (made once per
+     * message, not per token). */
+    char delta_pre[192];
+    size_t delta_pre_len;
+    int delta_pre_item;          /* its item's index + 1; 0: none yet */
 } gps_resp_out;
 
 /* echo borrowed (kept referenced by the caller until gps_resp_out_clear). */
@@ -108,6 +113,12 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
 void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
                     const char *finish_reason, long long prompt_tokens,
                     long long completion_tokens, json_t *meta);
+
+/* gps_resp_close, returning what gps_resp_final would (new reference, or
+ * NULL out of memory), made from the same build. */
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta);
 
 /* Non-streaming: the whole text and calls as one response object (new
  * reference); meta stolen. Also what response.completed carries. */

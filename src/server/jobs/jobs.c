@@ -30,6 +30,7 @@ typedef struct gps_job_sub {
     gps_job_event_fn fn;
     void *arg;
     bool dead;
+    bool cursor; /* reads token text from the job's text: token events come without a tree */
     struct gps_job_sub *next;
 } gps_job_sub;
 
@@ -306,16 +307,36 @@ static void count(gps_jobs *j, const char *name, const char *labels, double v)
 /* Subscribers                                                         */
 /* ------------------------------------------------------------------ */
 
-int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+static int subscribe(gps_job *job, gps_job_event_fn fn, void *arg, bool cursor)
 {
     gps_job_sub *s = calloc(1, sizeof *s);
     if (!s)
         return -1;
     s->fn = fn;
     s->arg = arg;
+    s->cursor = cursor;
     s->next = job->subs;
     job->subs = s;
     return 0;
+}
+
+int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    return subscribe(job, fn, arg, false);
+}
+
+int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg)
+{
+    return subscribe(job, fn, arg, true);
+}
+
+/* Whether a live subscriber reads a token event's tree (not the job's text). */
+static bool wants_token_tree(const gps_job *job)
+{
+    for (const gps_job_sub *s = job->subs; s; s = s->next)
+        if (!s->dead && !s->cursor)
+            return true;
+    return false;
 }
 
 void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg)
@@ -1594,6 +1615,7 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         job->text.len = 0;
         if (job->text.data)
             job->text.data[0] = '\0';
+        job->text_resets++;
         job->completion_tokens = 0;
         job->continued_tokens = 0;
         job->first_token_us = 0;
@@ -2062,6 +2084,12 @@ static bool apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e)
     job->completion_tokens += ids_record_one(job, e->token_id);
     if (!job->first_token_us)
         job->first_token_us = now;
+    /* Cursor subscribers (the relay) read the text just appended: the
+     * event's tree, and its string's allocation, only for the others. */
+    if (!wants_token_tree(job)) {
+        notify(j, job, GPS_EV_TOKEN, NULL);
+        return true;
+    }
     json_t *ev = token_event(j, e);
     if (ev)
         notify(j, job, GPS_EV_TOKEN, ev);
@@ -2350,6 +2378,11 @@ const char *gps_job_text(const gps_job *job)
 size_t gps_job_text_len(const gps_job *job)
 {
     return job->text.len;
+}
+
+unsigned gps_job_text_resets(const gps_job *job)
+{
+    return job->text_resets;
 }
 
 const char *gps_job_finish_reason(const gps_job *job)

@@ -185,6 +185,7 @@ struct gps_job {
                                      when no agent advertises prefixes) */
     long prefix_units;            /* units of the prompt the chosen slot held (0: none) */
     gp_buf text;                  /* text relayed to subscribers so far */
+    unsigned text_resets;         /* times text was dropped (gps_job_text_resets) */
     long long completion_tokens;  /* tokens relayed, all attempts together */
     long long continued_tokens;   /* tokens before the current attempt (continuation) */
     const char *requested_model;  /* the model asked for when a fallback serves
@@ -272,6 +273,9 @@ const char *gps_job_requested_model(const gps_job *job);
 /* The text relayed so far: NUL-terminated ("" when none), and its bytes. */
 const char *gps_job_text(const gps_job *job);
 size_t gps_job_text_len(const gps_job *job);
+/* How many times the job's text was dropped (a transparent requeue before
+ * any output was sent): a cursor into the text made before is stale. */
+unsigned gps_job_text_resets(const gps_job *job);
 /* From the end event: finish_reason ("" before), the stop string the
  * agent stopped on (NULL: none), the token counts, whether the prompt
  * count was estimated (count_tokens). */
@@ -420,6 +424,10 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
 /* Add / remove a subscriber. Removing only marks it; safe inside callbacks. */
 int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg);
 void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg);
+/* A subscriber that reads token text from the job's text (gps_job_text,
+ * gps_job_text_resets): its token events may come with ev NULL (no tree is
+ * built per token when every live subscriber is such a one). */
+int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg);
 /* The client got bytes that came from the agent: after this a lost agent
  * can no longer be hidden by a transparent requeue. */
 void gps_job_mark_output_sent(gps_job *job);
@@ -468,7 +476,8 @@ typedef struct gps_event_in {
  * same returns, except that the agent's registry entry is not touched
  * (registry_touch): the caller does it once per upload, after the entries
  * of which one at least returned 0. Subscribers get a token event holding
- * type, text and token_id (when the agent sent one) only. */
+ * type, text and token_id (when the agent sent one) only; NULL when every
+ * live subscriber is a cursor one (gps_job_subscribe_cursor). */
 int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
                           const gps_event_in *evs, size_t n, bool *cancel,
                           long long *expected_seq, char *msg, size_t msglen);

@@ -98,6 +98,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     gps_stream *s = arg;
+    s->flush_queued = false;
     if (s->closing)
         reap(s); /* frees s: last use */
     else
@@ -113,7 +114,12 @@ static bool run_later(gps_stream *s)
         if (!s->flush)
             return false;
     }
-    event_active(s->flush, EV_TIMEOUT, 1); /* (already active: nothing more) */
+    /* Once per turn, not per token: libevent's own "already active" check
+     * takes its lock first. */
+    if (!s->flush_queued) {
+        s->flush_queued = true;
+        event_active(s->flush, EV_TIMEOUT, 1);
+    }
     return true;
 }
 

@@ -63,6 +63,7 @@ typedef struct gps_stream {
     gps_sse_pace *pace;           /* from gps_stream_start */
     gp_buf out;                   /* rendered, not yet written */
     struct event *flush;          /* gps_stream_send_soon's end-of-turn write */
+    bool flush_queued;            /* flush is active: asking again costs nothing */
     uint64_t last_write_us;       /* for keep-alives */
     bool started;                 /* SSE headers sent */
     bool too_slow;                /* dropped as too slow (before ops->gone) */

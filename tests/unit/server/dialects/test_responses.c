@@ -474,8 +474,28 @@ static void test_stored_context_and_items(void **st)
     gps_tool_calls_free(&calls);
 }
 
+/* The bytes json_dumps writes for item it's text delta t at seq. */
+static void assert_delta(const gp_buf *sse, const gps_resp_out *o, int it, const char *t,
+                         long long seq)
+{
+    json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:[],s:s,s:I}", "item_id", o->items[it].item_id,
+                          "output_index", it, "content_index", 0, "delta", t, "logprobs",
+                          "type", "response.output_text.delta", "sequence_number",
+                          (json_int_t)seq);
+    char *d = json_dumps(j, JSON_COMPACT);
+    gp_buf want;
+    gp_buf_init(&want);
+    gp_buf_appendf(&want, "event: response.output_text.delta\ndata: %s\n\n", d);
+    assert_int_equal(sse->len, want.len);
+    assert_memory_equal(sse->data, want.data, want.len);
+    gp_buf_free(&want);
+    free(d);
+    json_decref(j);
+}
+
 /* A text delta is rendered as text, not dumped by jansson: it must be the
- * bytes json_dumps writes for the same object, whatever the text holds. */
+ * bytes json_dumps writes for the same object, whatever the text holds,
+ * for every message item (its frame up to the text is made once per item). */
 static void test_delta_is_what_jansson_writes(void **st)
 {
     (void)st;
@@ -489,22 +509,61 @@ static void test_delta_is_what_jansson_writes(void **st)
         sse.len = 0;
         long long seq = o.seq;
         gps_resp_text(&o, &sse, texts[i], strlen(texts[i]));
-        json_t *j = json_pack("{s:s,s:i,s:i,s:s,s:[],s:s,s:I}", "item_id", o.items[0].item_id,
-                              "output_index", 0, "content_index", 0, "delta", texts[i],
-                              "logprobs", "type", "response.output_text.delta",
-                              "sequence_number", (json_int_t)seq);
-        char *d = json_dumps(j, JSON_COMPACT);
-        gp_buf want;
-        gp_buf_init(&want);
-        gp_buf_appendf(&want, "event: response.output_text.delta\ndata: %s\n\n", d);
-        assert_int_equal(sse.len, want.len);
-        assert_memory_equal(sse.data, want.data, want.len);
-        gp_buf_free(&want);
-        free(d);
-        json_decref(j);
+        assert_delta(&sse, &o, 0, texts[i], seq);
+    }
+    /* A call closes the message; text after it is a new item (index 2). */
+    gps_tool_calls calls = {0};
+    json_t *ev = J("{\"type\":\"tool_call\",\"index\":0,\"id\":\"call_9\",\"name\":\"f\","
+                   "\"arguments\":\"{}\"}");
+    bool started = false;
+    assert_int_equal(gps_tool_calls_add(&calls, ev, &started), 0);
+    gps_resp_call(&o, &sse, &calls, 0, started, "{}");
+    json_decref(ev);
+    o.seq = 1234567; /* (a sequence number of several digits) */
+    gps_resp_text(&o, &sse, "y", 1); /* opens the second message item */
+    assert_int_equal(o.n_items, 3);
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        sse.len = 0;
+        long long seq = o.seq;
+        gps_resp_text(&o, &sse, texts[i], strlen(texts[i]));
+        assert_delta(&sse, &o, 2, texts[i], seq);
     }
     gp_buf_free(&sse);
     gps_resp_out_clear(&o);
+    gps_tool_calls_free(&calls);
+}
+
+/* The final response that gps_resp_close_final hands back (for the store)
+ * is gps_resp_final's, byte for byte, while the stream's last event still
+ * carries x_pool_meta. */
+static void test_close_final_is_final(void **st)
+{
+    (void)st;
+    json_t *echo = J("{\"store\":true,\"tools\":[],\"tool_choice\":\"auto\"}");
+    const char *frs[] = {"stop", "length"};
+    for (int k = 0; k < 2; k++) {
+        gps_resp_out o;
+        gps_resp_out_init(&o, "m", echo);
+        gp_buf sse;
+        gp_buf_init(&sse);
+        gps_resp_open(&o, &sse);
+        gps_resp_text(&o, &sse, "Hel", 3);
+        gps_resp_text(&o, &sse, "lo", 2);
+        json_t *fin = gps_resp_close_final(&o, &sse, &(gps_tool_calls){0}, frs[k], 5, 7,
+                                           json_pack("{s:s}", "agent_id", "a"));
+        json_t *want = gps_resp_final(&o, &(gps_tool_calls){0}, frs[k], 5, 7);
+        char *a = json_dumps(fin, JSON_COMPACT), *b = json_dumps(want, JSON_COMPACT);
+        assert_string_equal(a, b);
+        assert_null(json_object_get(fin, "x_pool_meta"));
+        assert_non_null(strstr(sse.data, "\"x_pool_meta\":{\"agent_id\":\"a\"}"));
+        free(a);
+        free(b);
+        json_decref(fin);
+        json_decref(want);
+        gp_buf_free(&sse);
+        gps_resp_out_clear(&o);
+    }
+    json_decref(echo);
 }
 
 int main(void)
@@ -519,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_stored_context_and_items),
         cmocka_unit_test(test_stream_text_then_call),
         cmocka_unit_test(test_delta_is_what_jansson_writes),
+        cmocka_unit_test(test_close_final_is_final),
         cmocka_unit_test(test_incomplete_and_whole_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -230,7 +230,10 @@ static void test_missing_ids_and_requeue(void **st)
     assert_non_null(job);
     json_decref(take(&f, a));
     assert_int_equal(apply(&f, job, a, 0, TOKENS), 0);
+    assert_int_equal(gps_job_text_resets(job), 0);
     gps_jobs_agent_lost(f.jobs, a->id, "test");
+    assert_int_equal(gps_job_text_resets(job), 1); /* a relay's cursor starts over */
+    assert_int_equal(gps_job_text_len(job), 0);
     w = take(&f, b);
     assert_null(json_object_get(w, "continuation_ids"));
     assert_string_equal(json_string_value(json_object_get(w, "continuation")), "");
@@ -264,6 +267,66 @@ static void test_prefers_free_same_digest_agent(void **st)
     fx_free(&f);
 }
 
+/* What a subscriber saw of a token: its tree (NULL or not) and the text. */
+typedef struct {
+    int tokens, trees;
+    char last[16];
+} seen;
+
+static void on_token(gps_job *job, gps_event_type t, json_t *ev, void *arg)
+{
+    seen *s = arg;
+    if (t != GPS_EV_TOKEN)
+        return;
+    s->tokens++;
+    if (ev) {
+        s->trees++;
+        snprintf(s->last, sizeof s->last, "%s", json_string_value(json_object_get(ev, "text")));
+    }
+    /* the token is the tail of the job's text, tree or not */
+    assert_true(gps_job_text_len(job) > 0);
+}
+
+/* An upload read without trees (gps_jobs_apply_upload) hands cursor
+ * subscribers (the relay) no token tree while only they listen; a plain
+ * subscriber still gets its text and id. */
+static void test_cursor_subscribers_get_no_token_tree(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f);
+    registry_agent *a = add_agent(&f, 1, D1);
+    gps_job_spec sp = fleet_spec("m1", 20);
+    gps_job *job = fleet_submit(&f, &sp);
+    seen cur = {0}, plain = {0};
+    assert_int_equal(gps_job_subscribe_cursor(job, on_token, &cur), 0);
+    json_decref(take(&f, a));
+    gps_event_in in[2] = {{.text = "ab", .len = 2, .token_id = -1, .bytes = 28},
+                          {.text = "c", .len = 1, .token_id = 9, .bytes = 40}};
+    bool cancel;
+    long long exp;
+    char msg[128];
+    assert_int_equal(gps_jobs_apply_upload(f.jobs, job->id, a->id, 0, in, 2, &cancel, &exp, msg,
+                                           sizeof msg),
+                     0);
+    assert_int_equal(cur.tokens, 2);
+    assert_int_equal(cur.trees, 0);
+    assert_int_equal(gps_job_text_len(job), 3);
+    assert_memory_equal(gps_job_text(job), "abc", 3);
+    assert_int_equal(gps_job_subscribe(job, on_token, &plain), 0);
+    in[0].text = "d";
+    in[0].len = 1;
+    assert_int_equal(gps_jobs_apply_upload(f.jobs, job->id, a->id, 2, in, 1, &cancel, &exp, msg,
+                                           sizeof msg),
+                     0);
+    assert_int_equal(plain.trees, 1);
+    assert_string_equal(plain.last, "d");
+    assert_int_equal(cur.tokens, 3); /* (given the tree now: it ignores it) */
+    gps_job_unsubscribe(job, NULL, &plain);
+    gps_job_unsubscribe(job, NULL, &cur);
+    fx_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -272,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_other_digest_gets_text),
         cmocka_unit_test(test_missing_ids_and_requeue),
         cmocka_unit_test(test_prefers_free_same_digest_agent),
+        cmocka_unit_test(test_cursor_subscribers_get_no_token_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
