@@ -16,6 +16,7 @@ failed at once and C's row is never failed.
 
 import os
 import sys
+import time
 import types
 import unittest
 
@@ -88,6 +89,7 @@ class JobsOwnerPgTest(harness.TestCase):
 
         # C dies with its stream in flight; B restarts on the same database.
         c.kill9()
+        t_kill = time.monotonic()
         b.stop()
         b2 = self.start_server()
         harness.wait_until(lambda: b2.log_events("server_announced"), timeout=30,
@@ -97,6 +99,8 @@ class JobsOwnerPgTest(harness.TestCase):
         # The sweep (A's or B2's) fails C's job once C is two leases gone.
         harness.wait_until(lambda: self.rows()[1][:2] == ("failed", "SERVER_RESTART"),
                            timeout=60, interval=0.3, what="C's job failed by the sweep")
+        sys.stderr.write("\nC's row failed by the sweep %.1f s after its kill -9 (lease 3 s)\n"
+                         % (time.monotonic() - t_kill))
         self.assertTrue(any(s.log_events("jobs_orphaned") for s in (a, b2)))
         # A's stream is still in flight: its row is not failed.
         self.assertEqual(self.rows()[0][2], "f", self.rows())
