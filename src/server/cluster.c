@@ -13,6 +13,11 @@
  * renewals): a restart leaves one row behind, the list must not grow. */
 #define PURGE_AFTER_MS (24LL * 3600 * 1000)
 #define PURGE_EVERY 100
+/* Orphaned jobs are looked for every ORPHANS_EVERY renewals; a server is
+ * gone ORPHAN_LEASES leases after its last renewal (a stalled one gets
+ * that long to come back before its clients' rows are failed). */
+#define ORPHANS_EVERY 5
+#define ORPHAN_LEASES 2
 
 struct gps_cluster {
     struct event_base *base;
@@ -24,7 +29,8 @@ struct gps_cluster {
     int64_t pid, started_at;
     int heartbeat_ms, lease_ms, refresh_ms;
     struct event *beat_timer, *refresh_timer;
-    bool beat_in_flight, list_in_flight;
+    bool beat_in_flight, list_in_flight, orphans_in_flight;
+    bool fail_orphans;
     uint64_t beat_sent_mono;     /* when the renewal in flight was queued */
     uint64_t lease_until_mono;   /* admit new work until then (lease_ms > 0) */
     bool lease_lost;             /* a renewal failed (logged once per loss) */
@@ -87,6 +93,17 @@ static void beat_done(void *arg, int status)
         c->list_in_flight = true;
 }
 
+static void orphans_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_cluster *c = arg;
+    c->orphans_in_flight = false;
+    if (status == 0 && res && res->changes > 0)
+        gp_log_write(GP_LOG_INFO, "jobs_orphaned", NULL,
+                     json_pack("{s:s,s:I}", "server_id", c->id, "jobs", (json_int_t)res->changes),
+                     "%lld unfinished requests of servers that are gone marked failed "
+                     "(SERVER_RESTART)", (long long)res->changes);
+}
+
 /* Queue one renewal (none while one is in flight: a database that does
  * not answer must not pile them up). */
 static int beat(gps_cluster *c)
@@ -107,6 +124,10 @@ static int beat(gps_cluster *c)
     c->beat_in_flight = true;
     if (++c->beats % PURGE_EVERY == 1)
         gps_store_server_purge(c->store, now - PURGE_AFTER_MS);
+    if (c->fail_orphans && !c->orphans_in_flight && c->beats % ORPHANS_EVERY == 0 &&
+        gps_store_jobs_fail_orphans_async(c->store, now, now - ORPHAN_LEASES * lease,
+                                          orphans_done, c) == 0)
+        c->orphans_in_flight = true;
     return 0;
 }
 
@@ -159,6 +180,7 @@ gps_cluster *gps_cluster_start(struct event_base *base, gps_store *store, gps_au
     c->heartbeat_ms = opts->heartbeat_ms >= 100 ? opts->heartbeat_ms : 100;
     c->lease_ms = opts->lease_ms > 0 ? opts->lease_ms : 0;
     c->refresh_ms = opts->refresh_ms > 0 ? opts->refresh_ms : 0;
+    c->fail_orphans = opts->fail_orphans && gps_store_has_job_owners(store);
     /* The database answered at open (migrations ran): the lease starts
      * now, before the announce commits. */
     c->lease_until_mono = gp_now_mono_ms() + (uint64_t)c->lease_ms;

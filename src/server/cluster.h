@@ -16,7 +16,13 @@
  *              (gps_limits_refresh) are re-read, so that what other
  *              servers changed takes effect here;
  *   stop       a clean shutdown marks the row stopped (queued write, in
- *              the final flush).
+ *              the final flush);
+ *   orphans    with fail_orphans, every ORPHANS_EVERY renewals the
+ *              unfinished OpenAI/Anthropic jobs of servers whose lease
+ *              ended more than two leases ago are marked failed
+ *              (SERVER_RESTART): their clients were on a server that is
+ *              gone. A starting server no longer fails every unfinished
+ *              job of a shared database (others may be running them).
  *
  * With SQLite there is one server: the row is kept (the status lists it),
  * lease_ms and refresh_ms are 0 (main decides) and nothing is refused.
@@ -45,6 +51,7 @@ typedef struct gps_cluster_opts {
     int heartbeat_ms;      /* >= 100 */
     int lease_ms;          /* 0: never refuse new work */
     int refresh_ms;        /* 0: keys and usage are not re-read */
+    bool fail_orphans;     /* fail the jobs of servers that are gone (shared DB) */
 } gps_cluster_opts;
 
 /* Announce this server and start the timers. store, auth and limits are

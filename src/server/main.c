@@ -587,6 +587,7 @@ static int cluster_start(server *s, const char *host, int port)
         .heartbeat_ms = (int)s->cfg.heartbeat_sec * 1000,
         .lease_ms = shared ? (int)s->cfg.lease_sec * 1000 : 0,
         .refresh_ms = shared ? (int)s->cfg.shared_refresh_sec * 1000 : 0,
+        .fail_orphans = shared,
     };
     if (copts.lease_ms && copts.lease_ms <= copts.heartbeat_ms)
         gp_log_warn("lease_too_short", "lease_sec (%lld) should exceed heartbeat_sec (%lld)",
@@ -594,6 +595,8 @@ static int cluster_start(server *s, const char *host, int port)
     s->cluster = gps_cluster_start(s->base, s->store, s->auth, s->limits, &copts);
     if (!s->cluster)
         return -1;
+    if (shared && gps_store_has_job_owners(s->store))
+        gps_jobs_set_owner_server(s->jobs, gps_cluster_id(s->cluster));
     gps_http_set_admit(s->http, cluster_admit, s);
     gps_admin_set_servers_hook(s->admin, cluster_servers, s);
     return 0;
@@ -651,11 +654,16 @@ static int restore_agent(void *arg, const gps_store_agent_info *a)
 /* Requests whose clients were connected to the previous process cannot be
  * resumed: mark them failed. Native tasks are (their whole request, seed
  * and event log are stored): api_tasks resubmits queued ones and continues
- * running ones from their text so far, under the same id. */
+ * running ones from their text so far, under the same id. On a database
+ * several servers share, an unfinished request may be another live
+ * server's: the cluster's orphan sweep fails those whose server is gone
+ * (this process's previous run included) instead. */
 static int fail_unfinished(void *arg, const gps_store_job_info *job)
 {
     server *s = arg;
     if (gps_tasks_restore(s->tasks, job) == 0)
+        return 0;
+    if (!gps_store_db_is_file(s->cfg.db) && gps_store_has_job_owners(s->store))
         return 0;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
     u.status = "failed";

@@ -53,6 +53,7 @@ struct gps_jobs {
     registry *reg;
     sched *sched;
     struct gps_store *store;
+    char owner_server[40]; /* this server's id on a shared DB, "" otherwise */
     gps_metrics *metrics;
     gps_jobs_deliver_fn deliver;
     void *deliver_arg;
@@ -556,7 +557,7 @@ static void persist_insert(gps_jobs *j, gps_job *job)
         .created_at = job->created_wall_ms,
         .request = req,
     };
-    if (gps_store_job_insert(j->store, row) < 0)
+    if (gps_store_job_insert_owned(j->store, row, j->owner_server) < 0)
         count(j, "db_errors_total", NULL, 1);
     else
         count(j, "db_writes_total", NULL, 1);
@@ -2304,6 +2305,11 @@ void gps_jobs_free(gps_jobs *j)
 }
 
 void gps_jobs_set_limits(gps_jobs *j, gps_limits *l) { j->limits = l; }
+
+void gps_jobs_set_owner_server(gps_jobs *j, const char *server_id)
+{
+    snprintf(j->owner_server, sizeof j->owner_server, "%s", server_id ? server_id : "");
+}
 
 void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg)
 {

@@ -411,6 +411,11 @@ void gps_jobs_set_deliver(gps_jobs *j, gps_jobs_deliver_fn fn, void *arg);
  * queue timeout) until one of its jobs ends, and accounts finished jobs'
  * tokens to their key. Resumed jobs (restart) are not admitted again. */
 void gps_jobs_set_limits(gps_jobs *j, struct gps_limits *l);
+/* On a database several servers share: the jobs this process creates are
+ * stored with this server's id (jobs.owner_server), so that another
+ * server fails them only once this one is gone (docs/scaling.md "Requests
+ * of a server that is gone"). NULL or "": none (SQLite). */
+void gps_jobs_set_owner_server(gps_jobs *j, const char *server_id);
 registry *gps_jobs_registry(gps_jobs *j);
 sched *gps_jobs_sched(gps_jobs *j);
 struct gps_metrics *gps_jobs_metrics(gps_jobs *j);

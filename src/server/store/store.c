@@ -132,6 +132,9 @@ enum {
     K_TASK_LEASE_GET,
     K_JOB_UPDATE_FENCED,
     K_CHECKPOINT_FENCED,
+    /* requests' owners on a shared DB (jobs.owner_server, migration 0010) */
+    K_JOB_INSERT_OWNED,
+    K_JOBS_FAIL_ORPHANS,
     K_COUNT
 };
 
@@ -473,6 +476,25 @@ static const struct {
         "AND model IN (SELECT json_array_elements_text(?4::json)) LIMIT ?5) "
         "AND finished_at IS NULL AND COALESCE(lease_until, created_at + 60000) < ?3::bigint "
         "RETURNING id, CAST(lease_attempt AS TEXT)"},
+    /* A request-log row with the server that holds its client (a shared
+     * DB): K_JOB_INSERT plus owner_server ?12. */
+
+    [K_JOB_INSERT_OWNED] = {"job_insert_owned", F_OPT,
+        "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
+        "seed, created_at, request, owner_server) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)", NULL},
+    /* Unfinished OpenAI/Anthropic requests whose server is gone: its row in
+     * servers has had no renewal since ?2 (now minus two leases) or was
+     * purged. Rows without an owner (written before owners were recorded)
+     * count as gone once created before ?2. Native tasks are left to the
+     * claim (K_TASK_CLAIM). */
+
+    [K_JOBS_FAIL_ORPHANS] = {"jobs_fail_orphans", F_OPT | F_CELLS,
+        "UPDATE jobs SET status = 'failed', error_code = 'SERVER_RESTART', finished_at = ?1 "
+        "WHERE finished_at IS NULL AND api <> 'native' AND ((owner_server IS NULL AND "
+        "created_at < ?2) OR (owner_server IS NOT NULL AND owner_server NOT IN "
+        "(SELECT id FROM servers WHERE lease_until >= ?2)))",
+        NULL},
     /* K_EVENTS_ADD for the holder of attempt ?6 only: for an older attempt
      * the events are NULL, which NOT NULL refuses (the write fails, is
      * logged and is not released to clients). */
@@ -936,12 +958,13 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_TASK_CLAIM:
     case K_TASK_FOLLOW:
     case K_TASK_LEASE_GET:
+    case K_JOBS_FAIL_ORPHANS:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
                 ? 0
                 : -1;
-        o->changes = o->kind == K_RESP_DELETE ? changes : 0;
+        o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ? changes : 0;
         if (o->status)
             rows_free(o);
         return false;
@@ -2043,6 +2066,26 @@ int gps_store_job_insert(gps_store *s, gps_store_job_row r)
                     r.request);
 }
 
+int gps_store_job_insert_owned(gps_store *s, gps_store_job_row r, const char *owner_server)
+{
+    if (!owner_server || !*owner_server || !s || !s->w.ok[K_JOB_INSERT_OWNED])
+        return gps_store_job_insert(s, r);
+    if (!r.id || !r.api || !r.model || !r.status)
+        return -1;
+    if (r.has_seed)
+        return write_op(s, K_JOB_INSERT_OWNED, "ttttttitiijt", r.id, r.api, r.kind, r.model,
+                        r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                        (int64_t)r.seed, (int64_t)r.created_at, r.request, owner_server);
+    return write_op(s, K_JOB_INSERT_OWNED, "ttttttit-ijt", r.id, r.api, r.kind, r.model,
+                    r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                    (int64_t)r.created_at, r.request, owner_server);
+}
+
+bool gps_store_has_job_owners(gps_store *s)
+{
+    return s && s->w.ok[K_JOB_INSERT_OWNED] && s->w.ok[K_JOBS_FAIL_ORPHANS];
+}
+
 int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
 {
     if (!u.id)
@@ -2383,6 +2426,14 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
     return cells_op(s, read_op(K_TASK_CLAIM, "tiiji", server_id, lease_until, now_ms, models,
                                (int64_t)limit),
                     cb, arg);
+}
+
+int gps_store_jobs_fail_orphans_async(gps_store *s, int64_t now_ms, int64_t dead_before,
+                                      gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    return cells_op(s, read_op(K_JOBS_FAIL_ORPHANS, "ii", now_ms, dead_before), cb, arg);
 }
 
 int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,

@@ -373,6 +373,23 @@ int gps_store_task_renew(gps_store *s, const char *server_id, int64_t lease_unti
 int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t lease_until,
                                int64_t now_ms, const json_t *models, int limit,
                                gps_store_cells_fn cb, void *arg);
+/* ---- requests' owners on a shared DB (jobs.owner_server) ----
+ * docs/scaling.md "Requests of a server that is gone". Every job a server
+ * on a shared DB creates names it (its gps_cluster_id) so that a server
+ * starting fails only what is no longer anyone's. */
+
+/* Do the statements below exist (the 0010 columns and 0009's servers)? */
+bool gps_store_has_job_owners(gps_store *s);
+/* gps_store_job_insert with owner_server (NULL/"" or no such column: the
+ * plain insert). */
+int gps_store_job_insert_owned(gps_store *s, gps_store_job_row row, const char *owner_server);
+/* Mark failed (SERVER_RESTART, finished_at now_ms) every unfinished
+ * non-native job whose owner has not renewed its servers row since
+ * dead_before or has no row (no owner: created before dead_before). cb
+ * gets the number of rows in res->changes. */
+int gps_store_jobs_fail_orphans_async(gps_store *s, int64_t now_ms, int64_t dead_before,
+                                      gps_store_cells_fn cb, void *arg);
+
 /* gps_store_job_events_seq for the holder of attempt only: when the row's
  * lease_attempt is another (a server took the task over), the write fails
  * (logged, counted, reported to the commit listener as failed). */

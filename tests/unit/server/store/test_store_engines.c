@@ -688,6 +688,7 @@ static void test_servers_and_rereads(void **state)
 typedef struct claim_seen {
     int calls, status;
     size_t nrows;
+    int64_t changes;
     char id[64], attempt[24], finished[24];
 } claim_seen;
 
@@ -698,6 +699,7 @@ static void on_claim(void *arg, int status, const gps_store_cells *res)
     c->status = status;
     if (res) {
         c->nrows = res->nrows;
+        c->changes = res->changes;
         if (res->nrows && res->ncols >= 2) {
             snprintf(c->id, sizeof c->id, "%s", res->cell[0] ? res->cell[0] : "");
             snprintf(c->attempt, sizeof c->attempt, "%s", res->cell[1] ? res->cell[1] : "");
@@ -827,6 +829,68 @@ static void test_task_leases(void **state)
     event_base_free(base);
 }
 
+/* Requests' owners (docs/scaling.md 3d): the sweep fails the unfinished
+ * non-native jobs of servers gone for two leases (or purged), and rows
+ * without an owner created before the bound; nothing else. */
+static void test_job_owners(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    assert_true(gps_store_has_job_owners(a));
+    int64_t now = 1800000000000LL, bound = now - 20000;
+    shared_seen ss = {0};
+    gps_store_server_row live = {.id = "srv_live", .name = "l", .version = "1", .pid = 1,
+                                 .started_at = 1, .heartbeat_at = now, .lease_until = now + 10000};
+    assert_int_equal(gps_store_server_beat_async(a, &live, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    gps_store_server_row dead = live;
+    dead.id = "srv_dead";
+    dead.lease_until = bound - 1;
+    ss.beat = 0;
+    assert_int_equal(gps_store_server_beat_async(a, &dead, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    const struct {
+        const char *id, *api, *owner;
+        int64_t created;
+        const char *after;
+    } rows[] = {
+        {"job_live", "openai", "srv_live", now - 60000, "running"},
+        {"job_dead", "openai", "srv_dead", now - 60000, "failed"},
+        {"job_gone", "anthropic", "srv_gone", now - 1000, "failed"},
+        {"job_old", "openai", NULL, bound - 1, "failed"},
+        {"job_new", "openai", NULL, bound + 1, "running"},
+        {"job_task", "native", "srv_dead", now - 60000, "running"},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        gps_store_job_row r = {.id = rows[i].id, .api = rows[i].api, .model = "m",
+                               .status = "running", .created_at = rows[i].created};
+        assert_int_equal(gps_store_job_insert_owned(a, r, rows[i].owner), 0);
+    }
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(failed_ops(a), 0);
+    claim_seen sw = {0};
+    assert_int_equal(gps_store_jobs_fail_orphans_async(a, now, bound, on_claim, &sw), 0);
+    loop_until(base, &sw.calls);
+    assert_int_equal(sw.status, 0);
+    assert_int_equal(sw.changes, 3);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        job_seen js = {0};
+        assert_int_equal(gps_store_job_get_async(a, rows[i].id, on_job, &js), 0);
+        loop_until(base, &js.calls);
+        assert_int_equal(js.status, 0);
+        assert_string_equal(js.status_s, rows[i].after);
+    }
+    /* A second sweep finds nothing more. */
+    claim_seen sw2 = {0};
+    assert_int_equal(gps_store_jobs_fail_orphans_async(a, now, bound, on_claim, &sw2), 0);
+    loop_until(base, &sw2.calls);
+    assert_int_equal(sw2.status, 0);
+    assert_int_equal(sw2.changes, 0);
+    gps_store_close(a);
+    event_base_free(base);
+}
+
 static void test_db_label(void **state)
 {
     (void)state;
@@ -854,6 +918,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pins_deployments_ping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_servers_and_rereads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_leases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_job_owners, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
