@@ -819,22 +819,24 @@ static void h_agent_delete(gps_req *r, void *arg)
 
 static json_t *job_live_json(const gps_job *j)
 {
+    const char *api = gps_job_api(j), *model = gps_job_model(j);
+    const char *key_id = gps_job_key_id(j), *agent_id = gps_job_agent_id(j);
+    const char *finish = gps_job_finish_reason(j), *error_code = gps_job_error_code(j);
     json_t *o = json_pack(
-        "{s:s,s:s,s:s,s:s,s:o,s:o,s:s,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:o,s:s,s:s,s:b}", "id", j->id,
-        "api", j->spec.api ? j->spec.api : "", "kind", gps_job_kind_name(j->spec.kind), "model",
-        j->spec.model ? j->spec.model : "", "key_id",
-        j->key_id[0] ? json_string(j->key_id) : json_null(), "agent_id",
-        j->agent_id[0] ? json_string(j->agent_id) : json_null(), "status",
-        gps_job_state_name(j->state), "priority",
-        j->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive", "attempts", j->attempts,
-        "prompt_tokens", (json_int_t)j->prompt_tokens, "completion_tokens",
-        (json_int_t)j->completion_tokens, "queue_ms", (json_int_t)j->queue_ms, "created_at",
-        (json_int_t)j->created_wall_ms, "finish_reason",
-        j->finish_reason[0] ? json_string(j->finish_reason) : json_null(), "error_code",
-        j->error_code[0] ? json_string(j->error_code) : json_null(), "correlation_id",
-        j->correlation_id, "source", "memory", "live", 1);
+        "{s:s,s:s,s:s,s:s,s:o,s:o,s:s,s:s,s:i,s:I,s:I,s:I,s:I,s:o,s:o,s:s,s:s,s:b}", "id",
+        gps_job_id(j), "api", api ? api : "", "kind", gps_job_kind_name(gps_job_kind_of(j)),
+        "model", model ? model : "", "key_id", key_id[0] ? json_string(key_id) : json_null(),
+        "agent_id", agent_id[0] ? json_string(agent_id) : json_null(), "status",
+        gps_job_state_name(gps_job_state_of(j)), "priority",
+        gps_job_priority_of(j) == GPS_PRIO_BATCH ? "batch" : "interactive", "attempts",
+        gps_job_attempts(j), "prompt_tokens", (json_int_t)gps_job_prompt_tokens(j),
+        "completion_tokens", (json_int_t)gps_job_completion_tokens(j), "queue_ms",
+        (json_int_t)gps_job_queue_ms(j), "created_at", (json_int_t)gps_job_created_wall_ms(j),
+        "finish_reason", finish[0] ? json_string(finish) : json_null(), "error_code",
+        error_code[0] ? json_string(error_code) : json_null(), "correlation_id",
+        gps_job_correlation_id(j), "source", "memory", "live", 1);
     /* The affinity key the scheduler used (x_pool_options.session, else user). */
-    const char *session = j->spec.session ? j->spec.session : j->spec.user;
+    const char *session = gps_job_session(j) ? gps_job_session(j) : gps_job_user(j);
     if (o && session)
         json_object_set_new(o, "session", json_string(session));
     return o;

@@ -692,8 +692,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         /* The file the job's token ids belong to, for a restart (hidden). */
         const char *dg = gps_job_ids_digest(job);
         task_emit_hidden(t, "started",
-                         json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
-                                   job->attempts),
+                         json_pack("{s:s,s:i}", "agent_id", gps_job_agent_id(job),
+                                   "attempt", gps_job_attempts(job)),
                          dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
         t->last_pos = -1;
         break;
@@ -707,8 +707,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
             const char *dg = gps_job_ids_digest(job);
             if (!seen)
                 task_emit_hidden(t, "started",
-                                 json_pack("{s:s,s:i}", "agent_id", job->agent_id, "attempt",
-                                           job->attempts),
+                                 json_pack("{s:s,s:i}", "agent_id", gps_job_agent_id(job),
+                                           "attempt", gps_job_attempts(job)),
                                  dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
             t->last_pos = -1;
         }
@@ -732,18 +732,19 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         break;
     }
     case GPS_EV_END: {
-        if (job->assigned_us) {
-            svc_rec *r = svc_get(g, job->spec.model, true);
-            double ms = (double)(gp_now_mono_us() - job->assigned_us) / 1000.0;
+        uint64_t assigned_us = gps_job_assigned_us(job);
+        if (assigned_us) {
+            svc_rec *r = svc_get(g, gps_job_model(job), true);
+            double ms = (double)(gp_now_mono_us() - assigned_us) / 1000.0;
             if (r)
                 r->ewma_ms = r->ewma_ms > 0 ? 0.8 * r->ewma_ms + 0.2 * ms : ms;
         }
+        const char *fr = gps_job_finish_reason(job);
         task_emit(t, "end",
-                  json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
-                            job->finish_reason[0] ? job->finish_reason : "stop", "usage",
-                            "prompt_tokens", (json_int_t)job->prompt_tokens,
-                            "completion_tokens", (json_int_t)job->completion_tokens, "text",
-                            job->text.data ? job->text.data : "", job->text.len),
+                  json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason", fr[0] ? fr : "stop",
+                            "usage", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
+                            "completion_tokens", (json_int_t)gps_job_completion_tokens(job),
+                            "text", gps_job_text(job), gps_job_text_len(job)),
                   true);
         break;
     }
@@ -760,8 +761,8 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         return;
     }
     if (t->terminal && g->store)
-        gps_store_checkpoint_fenced(g->store, t->id, job->text.data ? job->text.data : "",
-                                    job->text.len, (long long)gps_tlog_count(t->log),
+        gps_store_checkpoint_fenced(g->store, t->id, gps_job_text(job),
+                                    gps_job_text_len(job), (long long)gps_tlog_count(t->log),
                                     t->lease_attempt);
 }
 
@@ -876,7 +877,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
         return;
     }
     t->job = job;
-    job->lease_attempt = t->lease_attempt; /* its row: for this attempt only */
+    gps_job_set_lease_attempt(job, t->lease_attempt); /* its row: for this attempt only */
     gps_job_subscribe(job, on_job_event, t);
     gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
@@ -1273,7 +1274,7 @@ static void task_lost(gps_tasks *g, task *t, int64_t now_attempt)
     if (job) {
         gps_job_unsubscribe(job, on_job_event, t);
         t->job = NULL;
-        job->row_lost = true;
+        gps_job_mark_row_lost(job);
         gps_jobs_cancel(g->jobs, job, "lease_lost");
     }
     task_free(g, t);
@@ -1536,7 +1537,7 @@ static void h_create(gps_req *r, void *arg)
         /* After the row's insert (same queue): its first events are
          * fenced by this attempt. */
         t->lease_attempt = 1;
-        job->lease_attempt = 1;
+        gps_job_set_lease_attempt(job, 1);
         gps_store_task_own(g->store, t->id, g->server_id,
                            gp_now_wall_ms() + (int64_t)(g->lease_us / 1000), 1);
     }

@@ -1,5 +1,6 @@
 /* jobs: see jobs.h. */
 #include "server/jobs/jobs.h"
+#include "server/jobs/jobs_internal.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -385,6 +386,16 @@ static void notify(gps_jobs *j, gps_job *job, gps_event_type type, json_t *ev)
 void gps_job_mark_output_sent(gps_job *job)
 {
     job->client_saw_output = true;
+}
+
+void gps_job_set_lease_attempt(gps_job *job, int64_t attempt)
+{
+    job->lease_attempt = attempt;
+}
+
+void gps_job_mark_row_lost(gps_job *job)
+{
+    job->row_lost = true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -2489,4 +2500,39 @@ uint64_t gps_job_created_us(const gps_job *job)
 const char *gps_job_error_code(const gps_job *job)
 {
     return job->error_code;
+}
+
+const char *gps_job_api(const gps_job *job)
+{
+    return job->spec.api;
+}
+
+gps_job_kind gps_job_kind_of(const gps_job *job)
+{
+    return job->spec.kind;
+}
+
+const char *gps_job_key_id(const gps_job *job)
+{
+    return job->key_id;
+}
+
+const char *gps_job_correlation_id(const gps_job *job)
+{
+    return job->correlation_id;
+}
+
+int64_t gps_job_created_wall_ms(const gps_job *job)
+{
+    return job->created_wall_ms;
+}
+
+const char *gps_job_session(const gps_job *job)
+{
+    return job->spec.session;
+}
+
+const char *gps_job_user(const gps_job *job)
+{
+    return job->spec.user;
 }

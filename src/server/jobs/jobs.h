@@ -164,107 +164,18 @@ typedef struct gps_jobs gps_jobs;
  * before its first byte), plus "retry_after" when it makes sense. */
 typedef void (*gps_job_event_fn)(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 
-struct gps_job {
-    char id[40];                  /* "job_" + 24 hex */
-    char correlation_id[65];
-    char key_id[65];
-    /* The prompt-prefix tenant (docs/protocol.md "Prompt-prefix cache"):
-     * hex HMAC of the key id under this process's secret, so an agent sees
-     * an opaque tag; "" = the one shared tenant (no key, or
-     * prefix_cache_scope pool). Sent with the job as "tenant". */
-    char tenant[33];
-    gps_job_spec spec;
-    gps_job_state state;
-    int attempts;                 /* agents tried so far */
-    char agent_id[64];            /* current/last agent ("" when none) */
-    char model_digest[65];        /* sha256 of that agent's model file ("" when unknown) */
-    bool count_estimated;         /* count_tokens: the agent estimated (no count endpoint) */
-    char *stop_sequence;          /* end: the stop string the agent stopped on (owned), or NULL */
-    json_t *upstream_meta;        /* end: an upstream pool's x_pool_meta (owned), or NULL */
-    gp_prefix_chain prefix_chain; /* its prompt chain for prefix routing (owned; empty
-                                     when no agent advertises prefixes) */
-    long prefix_units;            /* units of the prompt the chosen slot held (0: none) */
-    gp_buf text;                  /* text relayed to subscribers so far */
-    unsigned text_resets;         /* times text was dropped (gps_job_text_resets) */
-    long long completion_tokens;  /* tokens relayed, all attempts together */
-    long long continued_tokens;   /* tokens before the current attempt (continuation) */
-    const char *requested_model;  /* the model asked for when a fallback serves
-                                     (points into spec.fallback_models), else NULL;
-                                     spec.model is then the model that serves */
-    bool client_saw_output;       /* a subscriber sent bytes that depend on the agent */
-    uint64_t created_us;          /* monotonic */
-    int64_t created_wall_ms;
-    uint64_t assigned_us;         /* last assignment */
-    uint64_t first_token_us;      /* 0 until the first token */
-    uint64_t last_event_us;
-    long long queue_ms;           /* total time spent queued */
-    long long agent_seq;          /* events accepted from the current agent */
-    long long agent_bytes;        /* bytes of those events (bounded, see above) */
-    int metrics_relayed;          /* metrics events relayed this attempt */
-    double tokens_per_sec;        /* last reported by the agent (metrics event) */
-    long long prompt_tokens;      /* from end.usage */
-    long long progress_done;      /* latest `progress` event of this attempt (prefill): */
-    long long progress_total;     /*   prompt tokens done / in all; 0 = none yet */
-    char finish_reason[16];       /* from end: stop | length | tool_calls */
-    char error_code[48];          /* failed / cancelled */
-    /* How the current attempt continues earlier output (continue-mode
-     * failover): "tokens" (from the generated token ids, byte-exact: the
-     * agents serve the same model file by digest), "text" (the text so far
-     * appended to the prompt), NULL when it does not continue anything.
-     * Static string. x_pool_meta.continuation. */
-    const char *continuation_mode;
-
-    /* ---- private to jobs.c ---- */
-    gps_jobs *owner;
-    /* Token-exact continuation: the ids behind the relayed text, in order
-     * (all attempts; bounded by max_tokens), valid while ids_ok: every
-     * token event carried its ids and every attempt ran on a model file
-     * with digest ids_digest. */
-    int32_t *gen_ids;
-    size_t n_gen_ids, cap_gen_ids;
-    bool ids_ok;
-    char ids_digest[65];
-    long long sampler_seed;       /* seed every attempt samples with (wire sampler.seed) */
-    sched_job sj;                 /* scheduler view; embedded (container_of) */
-    /* The models this job may run on, in the client's order: the requested
-     * one, then fallback_models (pointers to the spec's strings, which
-     * submit and failover swap between spec.model and fallback_models). */
-    char *chain[1 + GPS_MAX_FALLBACK_MODELS];
-    size_t n_chain;
-    struct event *retry_ev;       /* failover backoff timer (lazy) */
-    bool in_backoff;              /* QUEUED, waiting on retry_ev (not in the scheduler) */
-    char exclude_agent[64];       /* agent lost on the previous attempt */
-    struct gps_job_sub *subs;
-    bool cancel_pending;          /* agent must be told to stop */
-    size_t tool_bytes;            /* tool call argument bytes relayed (bounded) */
-    bool ended_on_agent;          /* registry_job_end called for this assignment */
-    bool row_lost;                /* its row is another server's now (a native task
-                                     whose lease was taken over): never written */
-    int64_t lease_attempt;        /* > 0: its row is written for this lease attempt
-                                     only (a shared native task, api_tasks.c) */
-    bool held;                    /* QUEUED but waiting for its key's max_concurrent
-                                     (not in the scheduler) */
-    bool counted;                 /* counted as running in the key's limits */
-    long long reserved_tokens;    /* held against the key's tokens_per_day until it ends */
-    bool sched_observed;          /* scheduling latency recorded (first assignment) */
-    uint64_t queued_since_us;
-    uint64_t finished_us;
-    uint64_t delivery;            /* the work reply that carried this attempt to its agent
-                                     (agents_api's sequence); 0 = not delivered yet */
-    struct gps_job *hnext;        /* id hash chain */
-    struct gps_job *prev, *next;  /* the live list, or (done) the finished list */
-    bool done;                    /* on the finished list (terminal) */
-    bool trimmed;                 /* finished, text and request dropped (jobs.c trim_done) */
-};
+/* struct gps_job is defined in jobs_internal.h, private to jobs.c (and to
+ * unit tests that build jobs by hand): everyone else reads a job through
+ * the accessors below. */
 
 /* The digest of the model file the job's generated token ids belong to
  * while they are token-exact (every token so far came with its ids, all
  * from that file), else NULL. Borrowed: valid until the job changes. */
 const char *gps_job_ids_digest(const gps_job *job);
 
-/* Read access for the client dialects and the relay, which never read
- * struct gps_job's fields (the struct is on its way to being private to
- * jobs.c). Strings are borrowed: valid until the job changes. */
+/* Read access for the client dialects, the relay and the admin API, which
+ * never read struct gps_job's fields (private to jobs.c: jobs_internal.h).
+ * Strings are borrowed: valid until the job changes. */
 const char *gps_job_id(const gps_job *job);
 /* The model that serves (spec.model: a fallback's when one took it). */
 const char *gps_job_model(const gps_job *job);
@@ -308,6 +219,17 @@ gps_job_priority gps_job_priority_of(const gps_job *job);
 long long gps_job_seed(const gps_job *job);
 uint64_t gps_job_created_us(const gps_job *job);
 const char *gps_job_error_code(const gps_job *job);
+/* What the admin API's job listing tells: the dialect that submitted it
+ * (spec.api, static, may be NULL), its kind, the key's id and the
+ * correlation id ("" none), the wall-clock creation time, and the
+ * request's session and user (NULL when not given). */
+const char *gps_job_api(const gps_job *job);
+gps_job_kind gps_job_kind_of(const gps_job *job);
+const char *gps_job_key_id(const gps_job *job);
+const char *gps_job_correlation_id(const gps_job *job);
+int64_t gps_job_created_wall_ms(const gps_job *job);
+const char *gps_job_session(const gps_job *job);
+const char *gps_job_user(const gps_job *job);
 
 /* Submit errors: the status and code a dialect should answer with. */
 typedef struct gps_submit_err {
@@ -436,6 +358,11 @@ int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg);
 /* The client got bytes that came from the agent: after this a lost agent
  * can no longer be hidden by a transparent requeue. */
 void gps_job_mark_output_sent(gps_job *job);
+/* A shared native task's row (api_tasks): written for this lease attempt
+ * only (> 0); and its row is another server's now (the lease was taken
+ * over): never written again. */
+void gps_job_set_lease_attempt(gps_job *job, int64_t attempt);
+void gps_job_mark_row_lost(gps_job *job);
 /* Cancel (idempotent). The agent learns it from its next event upload or
  * poll. Subscribers get no further events. */
 void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason);

@@ -18,6 +18,8 @@
 #include <jansson.h>
 
 #include "server/jobs/jobs.h"
+/* The jobs tests inspect and build jobs by hand: struct gps_job's fields. */
+#include "server/jobs/jobs_internal.h"
 #include "server/fleet/registry.h"
 #include "server/fleet/sched.h"
 

@@ -14,6 +14,8 @@
 #include "server/dialects/api_anthropic.h"
 #include "server/dialects/api_openai.h"
 #include "server/dialects/api_tasks.h"
+/* Builds a job by hand (struct gps_job's fields) to test the task JSON. */
+#include "server/jobs/jobs_internal.h"
 
 /* Parse xo text into s; returns rc, param in *param. */
 static int parse(const char *text, gps_job_spec *s, const char **param)
