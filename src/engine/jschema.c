@@ -433,23 +433,21 @@ static int type_node(cctx *c, const json_t *s, const char *t, const char *path)
     return fail(c, "unknown type '%s' at %s", t, path);
 }
 
-/* JSON pointer "#/a/b" inside the root document. */
-static const json_t *resolve_ref(cctx *c, const char *ref)
+const json_t *gpe_jschema_pointer(const json_t *root, const char *ref)
 {
     if (ref[0] != '#')
         return NULL;
-    const json_t *cur = c->root;
+    const json_t *cur = root;
     const char *p = ref + 1;
     while (*p == '/') {
         p++;
         char tok[256];
         size_t n = 0;
-        while (*p && *p != '/' && n + 1 < sizeof tok) {
-            if (p[0] == '~' && p[1] == '0') {
-                tok[n++] = '~';
-                p += 2;
-            } else if (p[0] == '~' && p[1] == '1') {
-                tok[n++] = '/';
+        while (*p && *p != '/') {
+            if (n + 1 >= sizeof tok)
+                return NULL;   /* (a longer name is no name we could match) */
+            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) {
+                tok[n++] = p[1] == '0' ? '~' : '/';
                 p += 2;
             } else {
                 tok[n++] = *p++;
@@ -461,7 +459,7 @@ static const json_t *resolve_ref(cctx *c, const char *ref)
         } else if (json_is_array(cur)) {
             char *end;
             long idx = strtol(tok, &end, 10);
-            cur = *end || idx < 0 ? NULL : json_array_get(cur, (size_t)idx);
+            cur = *end || idx < 0 || !n ? NULL : json_array_get(cur, (size_t)idx);
         } else {
             cur = NULL;
         }
@@ -489,7 +487,8 @@ static int compile_body(cctx *c, const json_t *s, const char *path)
     if (ref) {
         if (n_kw > 1)
             return fail(c, "'$ref' with other keywords beside it at %s is not supported", path);
-        const json_t *t = json_is_string(ref) ? resolve_ref(c, json_string_value(ref)) : NULL;
+        const json_t *t =
+            json_is_string(ref) ? gpe_jschema_pointer(c->root, json_string_value(ref)) : NULL;
         if (!t)
             return fail(c, "'$ref' at %s: only local references (\"#/$defs/name\") that "
                         "resolve are supported", path);

@@ -96,6 +96,10 @@ typedef struct gpe_jschema {
     int root;
 } gpe_jschema;
 
+/* The value JSON Pointer ref ("#/a/b", ~0 and ~1 escapes) names inside root,
+ * or NULL: how $ref is read, here and by the validator (jvalidate.h). */
+const json_t *gpe_jschema_pointer(const json_t *root, const char *ref);
+
 /* Compile schema (borrowed). schema NULL: any JSON object (response_format
  * json_object). Returns NULL with a message in err naming the keyword that
  * is not supported (or what is wrong). Caller frees with gpe_jschema_free. */

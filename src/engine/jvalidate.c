@@ -10,6 +10,7 @@
 #include "jvalidate.h"
 
 #include "jregex.h"
+#include "jschema.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -82,43 +83,6 @@ static const char *const maps[] = {"properties", NULL};
 static const char *const defs[] = {"$defs", "definitions", NULL};
 static const char *const types[] = {"object", "array", "string", "number", "integer",
                                     "boolean", "null", NULL};
-
-/* JSON Pointer "#/a/b" inside the root document, or NULL. */
-static const json_t *resolve_ref(const json_t *root, const char *ref)
-{
-    if (ref[0] != '#')
-        return NULL;
-    const json_t *cur = root;
-    const char *p = ref + 1;
-    while (*p == '/') {
-        p++;
-        char tok[256];
-        size_t n = 0;
-        while (*p && *p != '/') {
-            if (n + 1 >= sizeof tok)
-                return NULL;
-            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) {
-                tok[n++] = p[1] == '0' ? '~' : '/';
-                p += 2;
-            } else {
-                tok[n++] = *p++;
-            }
-        }
-        tok[n] = '\0';
-        if (json_is_object(cur)) {
-            cur = json_object_get(cur, tok);
-        } else if (json_is_array(cur)) {
-            char *end;
-            long idx = strtol(tok, &end, 10);
-            cur = *end || idx < 0 || !n ? NULL : json_array_get(cur, (size_t)idx);
-        } else {
-            cur = NULL;
-        }
-        if (!cur)
-            return NULL;
-    }
-    return *p ? NULL : cur;
-}
 
 static int add_re(wctx *c, const json_t *owner, bool format, const char *text, const char *path)
 {
@@ -211,8 +175,8 @@ static int walk_keyword(wctx *c, const json_t *s, const char *k, const json_t *v
         return add_re(c, s, fmt, text, path);
     }
     if (!strcmp(k, "$ref")) {
-        const json_t *t = json_is_string(val) ? resolve_ref(c->v->root, json_string_value(val))
-                                               : NULL;
+        const json_t *t =
+            json_is_string(val) ? gpe_jschema_pointer(c->v->root, json_string_value(val)) : NULL;
         if (!t)
             return wfail(c, "'$ref' at %s: only local references (\"#/$defs/name\") that "
                          "resolve are supported", path);
@@ -632,7 +596,9 @@ static int check(cctx *c, const json_t *s, const json_t *v, int depth)
         return cfail(c, "no value is allowed here (schema false)");
     int r;
     const json_t *ref = json_object_get(s, "$ref");
-    if (ref && (r = check(c, resolve_ref(c->v->root, json_string_value(ref)), v, depth + 1)))
+    const json_t *target =
+        json_is_string(ref) ? gpe_jschema_pointer(c->v->root, json_string_value(ref)) : NULL;
+    if (ref && (r = check(c, target, v, depth + 1)))
         return r;
     const json_t *all = json_object_get(s, "allOf"), *a;
     size_t i;
