@@ -428,7 +428,7 @@ static void test_matcher_corpus(void **state)
  * its own alternative: on the way through the shortest instance of each
  * alternative it falls by exactly one per byte. (fuzz_jschema found the
  * old count pairing the shortest value, "a", with the shortest tail, the
- * other alternative's: 7 bytes left after {" where 12 were needed.) */
+ * other alternative's: 7 bytes left after {" where 11 were needed.) */
 static void test_tag_union_remaining(void **state)
 {
     (void)state;
