@@ -246,17 +246,24 @@ class PgServersTest(harness.TestCase):
             t_down = time.monotonic()
             self.pg.stop()
 
+            # The task first: sent while c's lease still runs, its creation
+            # waits for a commit that cannot come, and is answered 503
+            # after a lease rather than held until the database returns.
             shapes = [
+                (c, "/v2/tasks", {"model": "m1", "prompt": "x", "max_tokens": 3}, {}),
                 (a, "/v1/completions", {"model": "m1", "prompt": "x", "max_tokens": 3}, {}),
                 (b, "/v1/messages", {"model": "m1", "max_tokens": 3,
                                      "messages": [{"role": "user", "content": "x"}]},
                  {"anthropic-version": "2023-06-01"}),
-                (c, "/v2/tasks", {"model": "m1", "prompt": "x", "max_tokens": 3}, {}),
             ]
             for srv, path, body, extra in shapes:
                 def busy():
-                    st, _, _ = http_json("POST", srv.url + path, body,
-                                         dict(bearer(self.client), **extra), timeout=30)
+                    st, _, err = http_json("POST", srv.url + path, body,
+                                           dict(bearer(self.client), **extra), timeout=30)
+                    if st == 503 and "did not confirm" in (err or {}).get("error", {}).get(
+                            "message", ""):
+                        sys.stderr.write("\n%s: creation held, then 503 after a lease\n"
+                                         % srv.name)
                     return st == 503
                 harness.wait_until(busy, timeout=30, interval=0.2,
                                    what="503 from %s with the database down" % srv.name)

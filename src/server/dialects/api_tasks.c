@@ -429,6 +429,32 @@ static void create_answer(task *t)
     t->create_reply = NULL;
 }
 
+/* Shared: the row's commit did not come within a lease (the database is
+ * away): answer the held creation 503 instead of holding it until the
+ * database returns, and cancel the job -- the client never learned its
+ * id. The task stays until its terminal event is written, so a row that
+ * did land ends cancelled rather than being claimed and run elsewhere. */
+static void create_refuse(gps_tasks *g, task *t)
+{
+    int sec = (int)(g->lease_us / 1000000u);
+    char msg[200];
+    snprintf(msg, sizeof msg,
+             "the database did not confirm this task within %d s: it was not accepted; retry, "
+             "here or on another server",
+             sec);
+    gps_held_release(&t->create_held);
+    if (t->create_held.req)
+        gps_send_error_retry(t->create_held.req, GPS_DIALECT_NATIVE, 503, "SERVER_BUSY", msg,
+                             NULL, t->corr, 1);
+    json_decref(t->create_reply);
+    t->create_reply = NULL;
+    gp_log_write(GP_LOG_WARN, "task_create_unconfirmed", t->corr,
+                 json_pack("{s:s,s:i}", "job_id", t->id, "waited_sec", sec),
+                 "native task not confirmed by the database in time: refused with 503");
+    if (t->job)
+        gps_jobs_cancel(g->jobs, t->job, "create_unconfirmed");
+}
+
 /* The store committed (or failed) its job_events writes up to done_seq:
  * release what became durable to the streams, write what waited. */
 static void on_commit(void *arg, uint64_t done_seq, bool failed)
@@ -1438,6 +1464,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
         next = t->next;
         if (now >= t->retry_us)
             task_flush(t); /* after a failed write; else a no-op */
+        if (t->create_reply && now - t->created_us > g->lease_us)
+            create_refuse(g, t);
         size_t nev = gps_tlog_count(t->log);
         if (t->terminal) {
             /* Not before its log is in the store (its cold replay comes
