@@ -247,7 +247,8 @@ static void render_tools(gps_anthropic_req *r, const json_t *tools)
     r->tools_text = gp_buf_steal(&b);
 }
 
-/* Anthropic tools -> OpenAI function tools (input_schema -> parameters).
+/* Anthropic tools -> OpenAI function tools (input_schema -> parameters,
+ * strict as given: structured outputs' strict tool use).
  * Built-in tools (a type other than custom) have no schema: they become
  * functions taking any object, described by their type. */
 json_t *gps_anthropic_tools_to_openai(const json_t *tools)
@@ -272,6 +273,9 @@ json_t *gps_anthropic_tools_to_openai(const json_t *tools)
         json_object_set_new(fn, "parameters", json_is_object(schema)
                                                   ? json_deep_copy(schema)
                                                   : json_pack("{s:s}", "type", "object"));
+        const json_t *strict = json_object_get(t, "strict");
+        if (json_is_boolean(strict))
+            json_object_set(fn, "strict", (json_t *)strict);
         json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     }
     return out;
@@ -611,6 +615,9 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             const json_t *schema = json_object_get(e, "input_schema");
             if (!gps_absent(schema) && !json_is_object(schema))
                 FAIL("tools.%zu.input_schema: must be an object", i);
+            const json_t *strict = json_object_get(e, "strict");
+            if (!gps_absent(strict) && !json_is_boolean(strict))
+                FAIL("tools.%zu.strict: must be a boolean", i);
         }
         if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
             /* The text form only sizes the prompt bound: agents render the

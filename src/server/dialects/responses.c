@@ -172,7 +172,12 @@ fail:
 }
 
 /* Responses function tools ({type, name, description, parameters, strict})
- * into chat tools ({type, function: {name, description, parameters}}). */
+ * into chat tools ({type, function: {name, description, parameters,
+ * strict}}). `strict` is carried only when the request sets it: OpenAI's
+ * default is true, but taking that default would make every tool without
+ * it strict, and a gguf agent refuses a strict tool whose parameters its
+ * grammar cannot enforce, so requests that work today would fail (the
+ * OpenAI Agents SDK and Codex send it explicitly). docs/api.md "Tools". */
 static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *s,
                        json_t *warnings, char *msg, size_t msglen, const char **param)
 {
@@ -188,6 +193,7 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         json_t *name = json_object_get(t, "name");
         json_t *params = json_object_get(t, "parameters");
         json_t *desc = json_object_get(t, "description");
+        json_t *strict = json_object_get(t, "strict");
         if (!type)
             GPS_FAIL("tools", "tools[%zu].type must be a string", i);
         if (strcmp(type, "function") != 0) {
@@ -206,11 +212,15 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
                      "tools[%zu] must be {\"type\":\"function\",\"name\":string,"
                      "\"parameters\":object}",
                      i);
+        if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+            GPS_FAIL("tools", "tools[%zu].strict must be a boolean", i);
         json_t *fn = json_pack("{s:O}", "name", name);
         if (json_is_string(desc))
             json_object_set(fn, "description", desc);
         if (json_is_object(params))
             json_object_set(fn, "parameters", params);
+        if (json_is_boolean(strict))
+            json_object_set(fn, "strict", strict);
         json_array_append_new(chat, json_pack("{s:s,s:o}", "type", "function", "function", fn));
     }
     if (gps_absent(choice))

@@ -179,6 +179,21 @@ static void test_tools(void **state)
     assert_string_equal(json_string_value(json_object_get(params, "type")), "object");
     gps_anthropic_req_clear(&r);
 
+    /* strict (structured outputs' strict tool use) is carried as given */
+    ok("{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+       "\"content\":\"x\"}],\"tools\":[{\"name\":\"a\",\"strict\":true,"
+       "\"input_schema\":{\"type\":\"object\"}},{\"name\":\"b\"}]}",
+       &r);
+    assert_int_equal(gps_anthropic_assemble(&r, 0, true, msg, sizeof msg), 0);
+    assert_true(json_is_true(json_object_get(
+        json_object_get(json_array_get(r.spec.tools, 0), "function"), "strict")));
+    assert_null(json_object_get(json_object_get(json_array_get(r.spec.tools, 1), "function"),
+                                "strict"));
+    gps_anthropic_req_clear(&r);
+    bad("{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\","
+        "\"content\":\"x\"}],\"tools\":[{\"name\":\"a\",\"strict\":1}]}",
+        "tools.0.strict: must be a boolean");
+
     /* tool_choice mapping, tool_use ids */
     json_t *tc = json_loads("{\"type\":\"tool\",\"name\":\"Bash\"}", 0, NULL);
     json_t *m = gps_anthropic_tool_choice_to_openai(tc);

@@ -149,6 +149,38 @@ static void test_items_with_function_calls(void **st)
     gps_resp_req_clear(&r);
 }
 
+/* strict is carried as the request gives it, and only then (OpenAI's
+ * default true is not assumed: docs/api.md "Tools"). */
+static void test_tool_strict_is_carried_when_given(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"tools\":["
+                           "{\"type\":\"function\",\"name\":\"a\",\"strict\":true,"
+                           "\"parameters\":{\"type\":\"object\"}},"
+                           "{\"type\":\"function\",\"name\":\"b\",\"strict\":false},"
+                           "{\"type\":\"function\",\"name\":\"c\"}]}",
+                           &r, msg, &param),
+                     0);
+    json_t *fa = json_object_get(json_array_get(r.spec.tools, 0), "function");
+    json_t *fb = json_object_get(json_array_get(r.spec.tools, 1), "function");
+    json_t *fc = json_object_get(json_array_get(r.spec.tools, 2), "function");
+    assert_true(json_is_true(json_object_get(fa, "strict")));
+    assert_true(json_is_false(json_object_get(fb, "strict")));
+    assert_null(json_object_get(fc, "strict"));
+    gps_resp_req_clear(&r);
+
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"tools\":["
+                           "{\"type\":\"function\",\"name\":\"a\",\"strict\":\"yes\"}]}",
+                           &r, msg, &param),
+                     -1);
+    assert_non_null(strstr(msg, "tools[0].strict must be a boolean"));
+    assert_string_equal(param, "tools");
+    gps_resp_req_clear(&r);
+}
+
 static void test_hosted_tools_are_dropped_with_a_warning(void **st)
 {
     (void)st;
@@ -571,6 +603,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_input_string_and_instructions),
         cmocka_unit_test(test_items_with_function_calls),
+        cmocka_unit_test(test_tool_strict_is_carried_when_given),
         cmocka_unit_test(test_text_format_json_schema),
         cmocka_unit_test(test_hosted_tools_are_dropped_with_a_warning),
         cmocka_unit_test(test_refusals_name_the_field),
