@@ -10,7 +10,10 @@ per request (A's), no hand-off row left. B killed -9 mid-stream: A's client
 gets AGENT_LOST (it had output). The client leaving A: B's agent stops (the
 upstream sees its client go). A stale claimer (its attempt taken in the
 database mid-stream): its writes are refused, it cancels on its agent, A's
-client gets AGENT_LOST. On the code before, A answered 404 MODEL_NOT_FOUND.
+client gets AGENT_LOST. No claim before A's queue timeout (B's one slot
+busy): the client gets QUEUE_TIMEOUT, the offer is cancelled. Two claimers
+(B and C) and 20 offers at once: each job runs once. On the code before, A
+answered 404 MODEL_NOT_FOUND.
 """
 
 import json
@@ -209,6 +212,36 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(lambda: self.sql("SELECT state FROM handoffs") == [["cancelled"]],
                            timeout=30, what="the offer cancelled")
         self.assertEqual(b.log_events("job_handoff_running"), [])
+
+    def test_two_claimers_run_each_job_once(self):
+        # Two servers with agents, B and C, claim 20 jobs offered by A at
+        # once: each runs once (SKIP LOCKED: disjoint claims), every reply
+        # is whole.
+        key_c = self.h.create_key(self.uri, "agent", "agentC")
+        up = self.h.start_upstream(["--tokens", "40", "--pace-ms", "20"])
+        a, b, c = self.start_server(), self.start_server(), self.start_server()
+        for srv, key in ((b, self.agent_key), (c, key_c)):
+            self.h.start_agent(types.SimpleNamespace(url=srv.url), upstream=up, model="m1",
+                               slots=4, token=key)
+            srv.wait_model("m1")
+        harness.wait_until(
+            lambda: any("m1" in (e.get("models") or []) for e in a.log_events("handoff_peers")),
+            timeout=60, interval=0.1, what="A learns that m1 is served")
+        prompts = ["job%d word" % i for i in range(20)]
+        gets = [harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
+                                  {"model": "m1", "max_tokens": 6,
+                                   "messages": [{"role": "user", "content": p}]},
+                                  headers=bearer(self.client), timeout=150)
+                for p in prompts]
+        for p, get in zip(prompts, gets):
+            st, _, r = get(timeout=180)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["message"]["content"], expected(p, 6))
+        gens = [r for r in up.log_entries() if r["path"].endswith("/chat/completions")]
+        self.assertEqual(sorted(r["messages"][-1]["content"] for r in gens), sorted(prompts))
+        nb, nc = (len(srv.log_events("job_handoff_running")) for srv in (b, c))
+        sys.stderr.write("\n20 offers: %d run on B, %d on C\n" % (nb, nc))
+        self.assertEqual(nb + nc, 20)
 
 
 if __name__ == "__main__":
