@@ -7,7 +7,8 @@ polling B only. A request to A (no agent there) is offered in the database,
 claimed by B, run on B's agent and relayed back to A's client: OpenAI and
 Anthropic, streaming and not, the whole and exact text, one request-log row
 per request (A's), no hand-off row left. B killed -9 mid-stream: A's client
-gets AGENT_LOST (it had output). The client leaving A: B's agent stops (the
+gets AGENT_LOST (it had output); B killed -9 before any output: the job is
+offered again and C (started after the kill) runs it whole (attempt 2). The client leaving A: B's agent stops (the
 upstream sees its client go). A stale claimer (its attempt taken in the
 database mid-stream): its writes are refused, it cancels on its agent, A's
 client gets AGENT_LOST. No claim before A's queue timeout (B's one slot
@@ -162,6 +163,34 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(lambda: self.sql("SELECT status, error_code FROM jobs")
                            == [["failed", "AGENT_LOST"]], timeout=30, what="A's row failed")
         self.assertTrue(a.log_events("handoff_server_lost"))
+
+    def test_claimer_killed_before_output_reoffered(self):
+        # B's upstream holds the first token; B is killed -9 with the job
+        # claimed. Once B's lease has ended the sweep gives the row back,
+        # A offers the job again (its client saw nothing) and C, started
+        # with an agent of its own after the kill, claims it (attempt 2):
+        # the client gets the whole reply.
+        key_c = self.h.create_key(self.uri, "agent", "agentC")
+        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"])
+        get = harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
+                                {"model": "m1", "max_tokens": 10,
+                                 "messages": [{"role": "user", "content": "tau upsilon"}]},
+                                headers=bearer(self.client), timeout=170)
+        harness.wait_until(lambda: b.log_events("job_handoff_running"), timeout=60,
+                           interval=0.1, what="B claimed the job")
+        harness.wait_until(lambda: up.log_entries(), timeout=60, interval=0.1,
+                           what="B's agent asked its upstream")
+        b.kill9()
+        up2 = self.h.start_upstream(["--tokens", "40"])
+        c = self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=c.url), upstream=up2, model="m1",
+                           slots=2, token=key_c)
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("tau upsilon", 10))
+        self.assertEqual(len(c.log_events("job_handoff_running")), 1)
+        self.assertTrue(any(e.get("mode") == "handoff" for e in a.log_events("job_failover")))
+        self.assertEqual(self.sql("SELECT status, attempts FROM jobs"), [["done", "2"]])
 
     def test_client_leaving_cancels_on_the_claimer(self):
         up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"])

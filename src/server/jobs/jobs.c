@@ -1706,8 +1706,11 @@ static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
 {
     if (j->metrics)
         gps_metrics_attempt_lost(j->metrics, why);
+    /* Offered again only when the claimer's row went back to waiting
+     * (the follower saw it: "server_lost"); a stall here leaves the row
+     * claimed by a server that may still write: the job ends. */
     if (job->client_saw_output || job->tool_bytes > 0 ||
-        job->spec.failover == GPS_FAILOVER_ERROR) {
+        job->spec.failover == GPS_FAILOVER_ERROR || strcmp(why, "server_lost") != 0) {
         char m[200];
         snprintf(m, sizeof m, "the server running this job was lost (%s)%s", why,
                  job->client_saw_output ? " after output was sent" : "");

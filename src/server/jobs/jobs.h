@@ -405,10 +405,12 @@ bool gps_job_remote(const gps_job *job);
  * pseudo-agent (attempt + 1, event seq from 0). -1 when the job is not a
  * queued remote one. */
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id);
-/* The claimer of a remote job is gone: as after an agent loss, the job is
+/* The claimer of a remote job is gone (why "server_lost": its row is
+ * waiting again, or another server's): as after an agent loss, the job is
  * offered again when its client saw nothing (QUEUED remote; attempts
- * bounded by max_attempts), else it ends with AGENT_LOST. No-op unless the
- * job is a remote one ASSIGNED or RUNNING. */
+ * bounded by max_attempts), else it ends with AGENT_LOST. Any other why
+ * (a stall seen here) ends it with AGENT_LOST. No-op unless the job is a
+ * remote one ASSIGNED or RUNNING. */
 void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why);
 
 /* ---- agent side (agents_api) ---- */
