@@ -478,8 +478,6 @@ static void free_cb(void *ud, registry_agent *a)
         acc->slots += n;
     }
     for (size_t i = 0; i < a->n_models; i++) {
-        if (a->models[i].embeddings_only)
-            continue; /* (the offers are text jobs but for embeddings: kept simple) */
         json_object_set_new(acc->names, a->models[i].id, json_true());
         for (size_t k = 0; k < a->models[i].n_aliases; k++)
             json_object_set_new(acc->names, a->models[i].aliases[k], json_true());
