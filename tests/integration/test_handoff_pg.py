@@ -6,7 +6,7 @@ directory), two real servers on it, a real agent on the scripted upstream
 polling B only. A request to A (no agent there) is offered in the database,
 claimed by B, run on B's agent and relayed back to A's client: OpenAI and
 Anthropic, streaming and not, the whole and exact text, one request-log row
-per request (A's), no hand-off row left. B killed -9 mid-stream: A's client
+per request (A's), no hand-off row left; embeddings (an alias) too. B killed -9 mid-stream: A's client
 gets AGENT_LOST (it had output); B killed -9 before any output: the job is
 offered again and C (started after the kill) runs it whole (attempt 2). The client leaving A: B's agent stops (the
 upstream sees its client go). A stale claimer (its attempt taken in the
@@ -149,6 +149,25 @@ class HandoffPgTest(harness.TestCase):
         self.assertEqual({tuple(r) for r in rows}, {("done", a_id)})
         gens = [r for r in up.log_entries() if r["path"].endswith("/chat/completions")]
         self.assertEqual([r["outcome"] for r in gens], ["complete"] * 4)
+
+    def test_embeddings_through_the_other_server(self):
+        up = self.h.start_upstream(["--embeddings-dim", "8"])
+        a, b = self.start_server(), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up, model="up-emb",
+                           alias="emb", slots=2, token=self.agent_key)
+        b.wait_model("emb")
+        harness.wait_until(
+            lambda: any("emb" in (e.get("models") or []) for e in a.log_events("handoff_peers")),
+            timeout=60, interval=0.1, what="A learns that B serves emb")
+        texts = ["The cat sat", "Once upon a time"]
+        st, _, out = http_json("POST", a.url + "/v1/embeddings", {"model": "emb", "input": texts},
+                               headers=bearer(self.client), timeout=120)
+        self.assertEqual(st, 200, out)
+        for d, t in zip(out["data"], texts):
+            want = upstream_mod.embedding_vector(t, 8)
+            self.assertEqual(len(d["embedding"]), len(want))
+            for x, y in zip(d["embedding"], want):
+                self.assertAlmostEqual(x, y, places=5)
 
     def test_claimer_killed_mid_stream(self):
         up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"])
