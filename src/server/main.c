@@ -41,6 +41,7 @@
 #include "server/fleet/deploy.h"
 #include "server/admin_api.h"
 #include "server/cluster.h"
+#include "server/handoff.h"
 #include "server/dashboard/dashboard.h"
 #include "server/agents_api.h"
 #include "server/dialects/api_anthropic.h"
@@ -91,6 +92,7 @@ typedef struct server {
     gps_responses *responses;   /* the Responses routes' context */
     gps_tls *tls;               /* NULL without listen_tls */
     gps_cluster *cluster;       /* this server in the servers table, its lease */
+    gps_handoff *handoff;       /* jobs handed to other servers (shared DB only) */
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
     uint64_t shutdown_deadline_ms;
@@ -597,6 +599,16 @@ static int cluster_start(server *s, const char *host, int port)
         return -1;
     if (shared && gps_store_has_job_owners(s->store))
         gps_jobs_set_owner_server(s->jobs, gps_cluster_id(s->cluster));
+    if (shared && gps_store_has_handoffs(s->store)) {
+        /* docs/scaling.md 3e: a job no agent here serves goes to a server
+         * whose agents do. */
+        gps_handoff_opts ho = {.server_id = gps_cluster_id(s->cluster),
+                               .models_ms = copts.heartbeat_ms,
+                               .queue_timeout_sec = (int)s->cfg.queue_timeout_sec,
+                               .request_timeout_sec = (int)s->cfg.request_timeout_sec};
+        if (!(s->handoff = gps_handoff_start(s->base, s->store, s->jobs, &ho)))
+            return -1;
+    }
     gps_http_set_admit(s->http, cluster_admit, s);
     gps_admin_set_servers_hook(s->admin, cluster_servers, s);
     return 0;
@@ -1098,6 +1110,7 @@ done:
     gps_resp_state_free(s->resp_state);
     gps_relay_ctx_free(s->relay);
     gps_tasks_free(s->tasks); /* before the jobs: tasks hold job subscriptions */
+    gps_handoff_stop(s->handoff); /* before the jobs too: its proxies are subscribed */
     gps_admin_free(s->admin);
     if (s->jobs)
         gps_jobs_free(s->jobs);
@@ -1114,6 +1127,7 @@ done:
     if (s->store)
         gps_store_close(s->store);
     gps_cluster_free(s->cluster);
+    gps_handoff_free(s->handoff);
     gps_limits_free(s->limits); /* after the jobs, which report to it */
     if (s->auth)
         gps_auth_free(s->auth);

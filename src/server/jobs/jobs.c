@@ -59,6 +59,7 @@ struct gps_jobs {
     gps_jobs_deliver_fn deliver;
     void *deliver_arg;
     gps_limits *limits;         /* borrowed, may be NULL */
+    gps_jobs_handoff handoff;   /* hand-off hooks (all NULL: none) */
     gps_job *buckets[NBUCKETS];
     /* Two lists, so that what walks the jobs an agent or a queue has (per
      * poll, per long-poll, per sweep) never walks the finished ones kept
@@ -540,7 +541,7 @@ static void persist_insert(gps_jobs *j, gps_job *job)
      * reads it after this. */
     json_t *req = job->spec.stored_request;
     job->spec.stored_request = NULL;
-    if (!j->store) {
+    if (!j->store || job->spec.handoff_proxy) {
         json_decref(req);
         return;
     }
@@ -577,7 +578,7 @@ static void persist_insert(gps_jobs *j, gps_job *job)
 
 static void persist(gps_jobs *j, gps_job *job)
 {
-    if (!j->store || job->row_lost)
+    if (!j->store || job->row_lost || job->spec.handoff_proxy)
         return;
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
     u.lease_attempt = job->lease_attempt;
@@ -648,7 +649,7 @@ static void release_held(gps_jobs *j, const char *key_id)
 
 static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
 {
-    if (job->state == GPS_JOB_QUEUED && !job->held)
+    if (job->state == GPS_JOB_QUEUED && !job->held && !job->remote)
         sched_remove(j->sched, &job->sj);
     if (job->in_backoff) {
         event_del(job->retry_ev);
@@ -660,6 +661,8 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
     if (j->n_live)
         j->n_live--;
     persist(j, job);
+    if (job->remote && j->handoff.ended)
+        j->handoff.ended(j->handoff.arg, job);
     if (j->limits) {
         /* A count_tokens job reports the counted prompt as its usage: that
          * is an answer, not tokens the key spent. */
@@ -1079,6 +1082,17 @@ static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_
     return true;
 }
 
+/* May a job no agent here can take go to another server? Native tasks
+ * have their own claim across servers (api_tasks.c), a proxy runs where it
+ * was claimed, and a resumed job's row exists already. */
+static bool offerable(gps_jobs *j, const gps_job *job)
+{
+    if (!j->handoff.can_offer || !j->handoff.offer || job->spec.handoff_proxy ||
+        job->spec.resume_id || (job->spec.api && strcmp(job->spec.api, "native") == 0))
+        return false;
+    return j->handoff.can_offer(j->handoff.arg, job);
+}
+
 gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
                          const char *key_id, gps_submit_err *err)
 {
@@ -1222,6 +1236,10 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         return NULL;
     }
     case SCHED_NO_AGENT:
+        if (offerable(j, job)) {
+            job->remote = true; /* handed to another server: see below */
+            break;
+        }
         if (registry_model_known(j->reg, job->spec.model)) {
             err->status = 503;
             err->code = "NO_AGENT";
@@ -1257,6 +1275,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     else
         persist_insert(j, job);
     log_submitted(job, false);
+    if (job->remote) /* after its row's insert: the offer's row refers to it */
+        j->handoff.offer(j->handoff.arg, job);
     if (r == SCHED_ASSIGNED && a) {
         deliver_to(j, job, a, 1);
     } else {
@@ -1548,10 +1568,16 @@ static void retry_after(gps_jobs *j, gps_job *job, long long delay_ms)
  * Every retry excludes the lost agent, goes to the front of its queue and
  * counts against max_attempts; from the second on it waits a backoff; it
  * moves to a fallback model when no live agent serves the job's model. */
+static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why);
+
 static void fail_over(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
         return;
+    if (job->remote) {
+        remote_fail_over(j, job, why);
+        return;
+    }
     end_on_agent(j, job, false);
     cancel_add(j, job->agent_id, job->id);
     if (j->metrics)
@@ -1635,6 +1661,92 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         ids_reset(job);
     }
     retry_after(j, job, p.delay_ms);
+}
+
+/* ---- hand-off to another server (docs/scaling.md 3e) ---- */
+
+void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h)
+{
+    if (h)
+        j->handoff = *h;
+    else
+        memset(&j->handoff, 0, sizeof j->handoff);
+}
+
+bool gps_job_remote(const gps_job *job) { return job->remote; }
+
+int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
+{
+    if (!job->remote || job->state != GPS_JOB_QUEUED || !server_id)
+        return -1;
+    uint64_t now = gp_now_mono_us();
+    if (job->queued_since_us && now > job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    job->state = GPS_JOB_ASSIGNED;
+    job->attempts++;
+    snprintf(job->agent_id, sizeof job->agent_id, "%s", server_id);
+    job->model_digest[0] = '\0';
+    job->assigned_us = job->last_event_us = now;
+    job->ended_on_agent = true; /* no agent of this server's registry to end */
+    job->progress_done = job->progress_total = 0;
+    job->agent_seq = 0;
+    job->agent_bytes = 0;
+    job->metrics_relayed = 0;
+    gp_log_write(GP_LOG_INFO, "job_handoff_claimed", job->correlation_id,
+                 json_pack("{s:s,s:s,s:i}", "job_id", job->id, "server_id", server_id,
+                           "attempt", job->attempts),
+                 "job claimed by server %s", server_id);
+    persist(j, job);
+    return 0;
+}
+
+/* The claimer of a remote job is gone (or stalled): offered again while
+ * its client saw nothing, else the job ends as after a lost agent. */
+static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
+{
+    if (j->metrics)
+        gps_metrics_attempt_lost(j->metrics, why);
+    /* Offered again only when the claimer's row went back to waiting
+     * (the follower saw it: "server_lost"); a stall here leaves the row
+     * claimed by a server that may still write: the job ends. */
+    if (job->client_saw_output || job->tool_bytes > 0 ||
+        job->spec.failover == GPS_FAILOVER_ERROR || strcmp(why, "server_lost") != 0) {
+        char m[200];
+        snprintf(m, sizeof m, "the server running this job was lost (%s)%s", why,
+                 job->client_saw_output ? " after output was sent" : "");
+        count(j, "failovers_total", "mode=\"error\"", 1);
+        fail_job(j, job, 502, "AGENT_LOST", m, 0);
+        return;
+    }
+    if (job->attempts >= j->opts.max_attempts) {
+        count(j, "failovers_total", "mode=\"exhausted\"", 1);
+        fail_job(j, job, 503, "AGENT_LOST", "the job's servers were lost; attempts exhausted", 1);
+        return;
+    }
+    gp_log_write(GP_LOG_WARN, "job_failover", job->correlation_id,
+                 json_pack("{s:s,s:s,s:s,s:i,s:s}", "job_id", job->id, "agent_id", job->agent_id,
+                           "reason", why, "attempt", job->attempts, "mode", "handoff"),
+                 "the server running this job was lost before output reached the client; "
+                 "offered again");
+    count(j, "failovers_total", "mode=\"requeue\"", 1);
+    job->agent_id[0] = '\0';
+    job->text.len = 0;
+    if (job->text.data)
+        job->text.data[0] = '\0';
+    job->text_resets++;
+    job->completion_tokens = 0;
+    job->first_token_us = 0;
+    job->agent_seq = 0;
+    ids_reset(job);
+    job->state = GPS_JOB_QUEUED;
+    job->queued_since_us = gp_now_mono_us();
+    persist(j, job);
+}
+
+void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why)
+{
+    if (job->remote)
+        fail_over(j, job, why);
 }
 
 /* Error codes an agent reports for a failure of its own, not of the

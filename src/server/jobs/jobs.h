@@ -134,6 +134,11 @@ typedef struct gps_job_spec {
      * task passes its whole validated body here so that the row is written
      * once, with what a restart resubmits. */
     json_t *stored_request;
+    /* A hand-off's proxy (docs/scaling.md 3e, on the server that claimed
+     * it): the job runs under resume_id (the offering server's id) and
+     * writes no request-log row (the offering server keeps it and accounts
+     * the client's key). */
+    bool handoff_proxy;
 } gps_job_spec;
 
 void gps_job_spec_clear(gps_job_spec *s);
@@ -375,6 +380,38 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
 size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);
 gps_job *gps_jobs_find(gps_jobs *j, const char *id);
 bool gps_job_terminal(const gps_job *job);
+
+/* ---- hand-off to another server (docs/scaling.md 3e; handoff.h) ----
+ * On a shared database a job that no agent of this server can take
+ * (sched_submit: no agent for the model) is offered to the other servers
+ * when can_offer says one of them serves the model: it stays here with its
+ * subscribers, QUEUED and "remote" (not in the scheduler), offer is told
+ * (after its row's insert is queued), and the hand-off module drives it:
+ * gps_jobs_remote_assign when a server claims it, then the claimer's
+ * relayed events through gps_jobs_apply_events with the claimer's server
+ * id as the agent id; gps_jobs_remote_lost when the claimer is gone. ended
+ * is told once when a remote job becomes terminal (any reason). */
+typedef struct gps_jobs_handoff {
+    bool (*can_offer)(void *arg, const gps_job *job);
+    void (*offer)(void *arg, gps_job *job);
+    void (*ended)(void *arg, gps_job *job);
+    void *arg;
+} gps_jobs_handoff;
+/* h is copied; NULL removes the hooks. */
+void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h);
+/* Was the job offered to another server (remote)? */
+bool gps_job_remote(const gps_job *job);
+/* A remote QUEUED job was claimed by server_id: ASSIGNED to it as its
+ * pseudo-agent (attempt + 1, event seq from 0). -1 when the job is not a
+ * queued remote one. */
+int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id);
+/* The claimer of a remote job is gone (why "server_lost": its row is
+ * waiting again, or another server's): as after an agent loss, the job is
+ * offered again when its client saw nothing (QUEUED remote; attempts
+ * bounded by max_attempts), else it ends with AGENT_LOST. Any other why
+ * (a stall seen here) ends it with AGENT_LOST. No-op unless the job is a
+ * remote one ASSIGNED or RUNNING. */
+void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why);
 
 /* ---- agent side (agents_api) ---- */
 

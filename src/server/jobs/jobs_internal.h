@@ -89,6 +89,8 @@ struct gps_job {
                                      whose lease was taken over): never written */
     int64_t lease_attempt;        /* > 0: its row is written for this lease attempt
                                      only (a shared native task, api_tasks.c) */
+    bool remote;                  /* offered to another server (gps_jobs_handoff): never
+                                     in this server's scheduler */
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */

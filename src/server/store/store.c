@@ -135,6 +135,18 @@ enum {
     /* requests' owners on a shared DB (jobs.owner_server, migration 0010) */
     K_JOB_INSERT_OWNED,
     K_JOBS_FAIL_ORPHANS,
+    /* the hand-off of a job to another server (migration 0011) */
+    K_SERVER_MODELS,
+    K_HANDOFF_PEERS,
+    K_HANDOFF_OFFER,
+    K_HANDOFF_CLAIM,
+    K_HANDOFF_EVENTS,
+    K_HANDOFF_FOLLOW,
+    K_HANDOFF_MINE,
+    K_HANDOFF_CANCEL,
+    K_HANDOFF_DELETE,
+    K_HANDOFF_SWEEP,
+    K_HANDOFF_SWEEP_FROM,
     K_COUNT
 };
 
@@ -542,6 +554,77 @@ static const struct {
         "WHERE id = ?1::text AND lease_attempt = ?5::bigint) ON CONFLICT (job_id) DO UPDATE "
         "SET text = excluded.text, last_seq = excluded.last_seq, "
         "updated_at = excluded.updated_at"},
+
+    /* The hand-off of a job to another server (migration 0011,
+     * docs/scaling.md "3e"). What this server's healthy agents serve. */
+    [K_SERVER_MODELS] = {"server_models", F_OPT,
+        "UPDATE servers SET models = ?2 WHERE id = ?1", NULL},
+    /* What the other live servers serve: where a hand-off may go. */
+
+    [K_HANDOFF_PEERS] = {"handoff_peers", F_OPT | F_CELLS,
+        "SELECT models FROM servers WHERE id <> ?1 AND lease_until >= ?2 "
+        "AND models IS NOT NULL", NULL},
+
+    [K_HANDOFF_OFFER] = {"handoff_offer", F_OPT,
+        "INSERT INTO handoffs (job_id, model, spec, from_server, state, attempt, created_at, "
+        "deadline) VALUES (?1, ?2, ?3, ?4, 'waiting', 0, ?5, ?6)", NULL},
+    /* Take at most ?4 waiting offers of the models in ?3 (a JSON array)
+     * before their deadline, oldest first: claimed by ?1, attempt + 1 (the
+     * fencing token). On PostgreSQL SKIP LOCKED: two servers claiming at
+     * once take disjoint rows and never wait on each other. */
+
+    [K_HANDOFF_CLAIM] = {"handoff_claim", F_OPT | F_CELLS,
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
+        "AND deadline > ?2 AND model IN (SELECT value FROM json_each(?3)) "
+        "ORDER BY created_at LIMIT ?4) AND state = 'waiting' "
+        "RETURNING job_id, spec, CAST(attempt AS TEXT)",
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
+        "AND deadline > ?2::bigint AND model IN (SELECT json_array_elements_text(?3::json)) "
+        "ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
+        "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
+    /* A relayed batch, stored only while the row is claimed by ?7 at
+     * attempt ?6: else the events are NULL, which NOT NULL refuses (as
+     * K_EVENTS_ADD_FENCED). */
+
+    [K_HANDOFF_EVENTS] = {"handoff_events", F_OPT | F_CELLS,
+        "INSERT INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1, ?2, ?3, CASE WHEN EXISTS (SELECT 1 FROM handoffs WHERE job_id = ?1 "
+        "AND attempt = ?6 AND claimed_by = ?7 AND state = 'claimed') THEN ?4 END, ?5)",
+        "INSERT INTO job_events (job_id, first_seq, last_seq, events, created_at) "
+        "VALUES (?1::text, ?2, ?3, CASE WHEN EXISTS (SELECT 1 FROM handoffs "
+        "WHERE job_id = ?1::text AND attempt = ?6::bigint AND claimed_by = ?7::text "
+        "AND state = 'claimed') THEN ?4::text END, ?5)"},
+    /* The offering server's follower: the row's state, claimer and
+     * attempt, and the relayed batches holding seqs from ?2 on. */
+
+    [K_HANDOFF_FOLLOW] = {"handoff_follow", F_OPT | F_CELLS,
+        "SELECT h.state, h.claimed_by, CAST(h.attempt AS TEXT), CAST(e.first_seq AS TEXT), "
+        "e.events FROM handoffs h LEFT JOIN job_events e ON e.job_id = h.job_id "
+        "AND e.last_seq >= ?2 WHERE h.job_id = ?1 ORDER BY e.first_seq", NULL},
+    /* The claimer: which of its rows are still its own (the others were
+     * cancelled, or taken back after its lease lapsed). */
+
+    [K_HANDOFF_MINE] = {"handoff_mine", F_OPT | F_CELLS,
+        "SELECT job_id, CAST(attempt AS TEXT) FROM handoffs "
+        "WHERE claimed_by = ?1 AND state = 'claimed'", NULL},
+
+    [K_HANDOFF_CANCEL] = {"handoff_cancel", F_OPT,
+        "UPDATE handoffs SET state = 'cancelled' WHERE job_id = ?1", NULL},
+
+    [K_HANDOFF_DELETE] = {"handoff_delete", F_OPT,
+        "DELETE FROM handoffs WHERE job_id = ?1", NULL},
+    /* Rows claimed by a server whose lease ended go back to waiting. */
+
+    [K_HANDOFF_SWEEP] = {"handoff_sweep", F_OPT | F_CELLS,
+        "UPDATE handoffs SET state = 'waiting', claimed_by = NULL WHERE state = 'claimed' "
+        "AND claimed_by NOT IN (SELECT id FROM servers WHERE lease_until >= ?1)", NULL},
+    /* Offers of a server that is gone: their client went with it. */
+
+    [K_HANDOFF_SWEEP_FROM] = {"handoff_sweep_from", F_OPT,
+        "UPDATE handoffs SET state = 'cancelled' WHERE state <> 'cancelled' "
+        "AND from_server NOT IN (SELECT id FROM servers WHERE lease_until >= ?1)", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -959,12 +1042,21 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_TASK_FOLLOW:
     case K_TASK_LEASE_GET:
     case K_JOBS_FAIL_ORPHANS:
+    case K_HANDOFF_PEERS:
+    case K_HANDOFF_CLAIM:
+    case K_HANDOFF_EVENTS:
+    case K_HANDOFF_FOLLOW:
+    case K_HANDOFF_MINE:
+    case K_HANDOFF_SWEEP:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
                 ? 0
                 : -1;
-        o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ? changes : 0;
+        o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ||
+                             o->kind == K_HANDOFF_SWEEP
+                         ? changes
+                         : 0;
         if (o->status)
             rows_free(o);
         return false;
@@ -2450,6 +2542,95 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
     if (!s->ev_done || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_FOLLOW, "ti", job_id, (int64_t)after_seq), cb, arg);
+}
+
+/* ---- the hand-off of a job to another server (migration 0011) ---- */
+
+bool gps_store_has_handoffs(gps_store *s)
+{
+    return s && s->w.ok[K_HANDOFF_OFFER] && s->w.ok[K_HANDOFF_CLAIM] &&
+           s->w.ok[K_HANDOFF_EVENTS] && s->w.ok[K_SERVER_MODELS];
+}
+
+int gps_store_server_models(gps_store *s, const char *server_id, const json_t *models)
+{
+    if (!server_id || !json_is_array(models))
+        return -1;
+    return write_op(s, K_SERVER_MODELS, "tj", server_id, models);
+}
+
+int gps_store_handoff_peers_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                  gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !server_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_PEERS, "ti", server_id, now_ms), cb, arg);
+}
+
+int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,
+                            const json_t *spec, const char *from_server, int64_t created_at,
+                            int64_t deadline)
+{
+    if (!job_id || !model || !spec || !from_server)
+        return -1;
+    return write_op(s, K_HANDOFF_OFFER, "ttjtii", job_id, model, spec, from_server, created_at,
+                    deadline);
+}
+
+int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                  const json_t *models, int limit, gps_store_cells_fn cb,
+                                  void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_CLAIM, "tiji", server_id, now_ms, models,
+                               (int64_t)limit),
+                    cb, arg);
+}
+
+int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,
+                                   int64_t attempt, long long first_seq, long long last_seq,
+                                   const json_t *events, gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !job_id || !server_id || !json_is_array(events) || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_EVENTS, "tiijiit", job_id, (int64_t)first_seq,
+                               (int64_t)last_seq, events, (int64_t)gp_now_wall_ms(), attempt,
+                               server_id),
+                    cb, arg);
+}
+
+int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long from_seq,
+                                   gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_FOLLOW, "ti", job_id, (int64_t)from_seq), cb, arg);
+}
+
+int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg)
+{
+    if (!s->ev_done || !server_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_MINE, "t", server_id), cb, arg);
+}
+
+int gps_store_handoff_end(gps_store *s, const char *job_id, bool done)
+{
+    if (!job_id)
+        return -1;
+    return write_op(s, done ? K_HANDOFF_DELETE : K_HANDOFF_CANCEL, "t", job_id);
+}
+
+int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_fn cb,
+                                  void *arg)
+{
+    if (!s->ev_done || !cb)
+        return -1;
+    if (write_op(s, K_HANDOFF_SWEEP_FROM, "i", now_ms) != 0)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_SWEEP, "i", now_ms), cb, arg);
 }
 
 int gps_store_purge_responses(gps_store *s, int64_t now_ms)

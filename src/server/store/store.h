@@ -98,6 +98,10 @@
  *   jobs columns (migration 0010): owner_server TEXT, lease_until INTEGER,
  *          lease_attempt INTEGER NOT NULL DEFAULT 0 -- the lease of a native
  *          task run by one of several servers (NULL/0 on SQLite)
+ *   handoffs(job_id TEXT PK -> jobs(id), model, spec (wire JSON), from_server,
+ *          state (waiting|claimed|cancelled), claimed_by, attempt (fencing),
+ *          created_at, deadline)                             (migration 0011)
+ *   servers.models TEXT (0011): JSON array of what its healthy agents serve
  * ------------------------------------------------------------------------
  *
  * Threading: gps_store_open/close, the load and *_sync functions run on
@@ -406,6 +410,52 @@ int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells
  * row when the job does not exist. */
 int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
                                 gps_store_cells_fn cb, void *arg);
+
+/* ---- the hand-off of a job to another server (migration 0011) ----
+ * docs/scaling.md "3e. Hand-off of a job to another server". Only on a
+ * shared (PostgreSQL) database; SQLite stores never offer. Relayed
+ * batches go into job_events with seqs attempt * GPS_HANDOFF_SEQ_BASE +
+ * index (index from 0 for each claim). */
+#define GPS_HANDOFF_SEQ_BASE 1000000000LL
+
+/* Does this DB's schema hold the handoffs table and servers.models? */
+bool gps_store_has_handoffs(gps_store *s);
+/* Queued write: what server_id's healthy agents serve (JSON array). */
+int gps_store_server_models(gps_store *s, const char *server_id, const json_t *models);
+/* Rows of (models) of the other servers whose lease is live at now_ms. */
+int gps_store_handoff_peers_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                  gps_store_cells_fn cb, void *arg);
+/* Queued write (after the job's insert): an offer, state waiting. spec is
+ * the job's wire object (serialised). */
+int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,
+                            const json_t *spec, const char *from_server, int64_t created_at,
+                            int64_t deadline);
+/* Claim at most limit waiting offers of models (JSON array of names) whose
+ * deadline is after now_ms: rows of (job_id, spec, attempt). */
+int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                  const json_t *models, int limit, gps_store_cells_fn cb,
+                                  void *arg);
+/* A relayed batch (fenced): stored only while the row is claimed by
+ * server_id at attempt; cb gets status -1 when refused (or failed). */
+int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,
+                                   int64_t attempt, long long first_seq, long long last_seq,
+                                   const json_t *events, gps_store_cells_fn cb, void *arg);
+/* The follower's read: rows of (state, claimed_by, attempt, first_seq,
+ * events) for the batches whose last seq is >= from_seq, in order (one row
+ * with NULL batch cells when none); no row when the offer is gone. */
+int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long from_seq,
+                                   gps_store_cells_fn cb, void *arg);
+/* Rows of (job_id, attempt) server_id still holds claimed. */
+int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg);
+/* Queued write at the offering job's end: done, the row goes; otherwise it
+ * is marked cancelled (its claimer stops the job). */
+int gps_store_handoff_end(gps_store *s, const char *job_id, bool done);
+/* The sweep: claimed rows of servers whose lease ended before now_ms go
+ * back to waiting (cb: res->changes), offers of such servers are marked
+ * cancelled. */
+int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_fn cb,
+                                  void *arg);
 
 /* Stored Responses (migration 0006; see migrations/0006_responses.sql).
  * key_id is "" for requests made with auth off. */

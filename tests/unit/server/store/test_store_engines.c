@@ -891,6 +891,174 @@ static void test_job_owners(void **state)
     event_base_free(base);
 }
 
+/* The rows of a read, kept (every cell, row-major) for the assertions. */
+typedef struct rows_seen {
+    int calls, status;
+    size_t nrows, ncols;
+    int64_t changes;
+    char cell[8][6][160];
+} rows_seen;
+
+static void on_rows(void *arg, int status, const gps_store_cells *res)
+{
+    rows_seen *r = arg;
+    r->calls++;
+    r->status = status;
+    if (!res)
+        return;
+    r->nrows = res->nrows;
+    r->ncols = res->ncols;
+    r->changes = res->changes;
+    for (size_t i = 0; i < res->nrows && i < 8; i++)
+        for (size_t c = 0; c < res->ncols && c < 6; c++) {
+            const char *v = res->cell[i * res->ncols + c];
+            snprintf(r->cell[i][c], sizeof r->cell[i][c], "%s", v ? v : "(null)");
+        }
+}
+
+static void beat_as(gps_store *s, struct event_base *base, const char *id, int64_t lease_until)
+{
+    shared_seen ss = {0};
+    gps_store_server_row r = {.id = id, .name = id, .version = "1", .pid = 1, .started_at = 1,
+                              .heartbeat_at = lease_until - 10000, .lease_until = lease_until};
+    assert_int_equal(gps_store_server_beat_async(s, &r, on_beat, &ss), 0);
+    loop_until(base, &ss.beat);
+    assert_int_equal(ss.beat, 1);
+}
+
+/* The hand-off (docs/scaling.md 3e), two stores standing for servers: the
+ * peers' models, an offer claimed by one of two racing claimers (attempt
+ * 1), the loser's relay write refused and the winner's followed; the sweep
+ * gives a dead claimer's row back (a stale write is then refused, the next
+ * claim is attempt 2); a cancelled or expired offer is never claimed. */
+static void test_handoffs(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    gps_store *b = open_ok(t->db, base);
+    assert_true(gps_store_has_handoffs(a));
+    int64_t now = 1800000000000LL;
+    beat_as(a, base, "srvA", now + 10000);
+    beat_as(b, base, "srvB", now + 10000);
+    beat_as(b, base, "srvC", now + 10000);
+    json_t *tiny = json_pack("[s]", "tiny");
+    assert_int_equal(gps_store_server_models(b, "srvB", tiny), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    rows_seen peers = {0};
+    assert_int_equal(gps_store_handoff_peers_async(a, "srvA", now, on_rows, &peers), 0);
+    loop_until(base, &peers.calls);
+    assert_int_equal(peers.nrows, 1);
+    assert_string_equal(peers.cell[0][0], "[\"tiny\"]");
+
+    gps_store_job_row r = {.id = "job_h", .api = "openai", .model = "tiny", .status = "queued",
+                           .created_at = now};
+    assert_int_equal(gps_store_job_insert_owned(a, r, "srvA"), 0);
+    json_t *spec = json_pack("{s:s,s:s}", "job_id", "job_h", "model", "tiny");
+    assert_int_equal(gps_store_handoff_offer(a, "job_h", "tiny", spec, "srvA", now, now + 5000),
+                     0);
+    r.id = "job_late";
+    assert_int_equal(gps_store_job_insert_owned(a, r, "srvA"), 0);
+    assert_int_equal(gps_store_handoff_offer(a, "job_late", "tiny", spec, "srvA", now, now - 1),
+                     0);
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(failed_ops(a), 0);
+
+    rows_seen cb = {0}, cc = {0};
+    assert_int_equal(gps_store_handoff_claim_async(b, "srvB", now, tiny, 4, on_rows, &cb), 0);
+    assert_int_equal(gps_store_handoff_claim_async(a, "srvC", now, tiny, 4, on_rows, &cc), 0);
+    loop_until(base, &cb.calls);
+    loop_until(base, &cc.calls);
+    assert_int_equal(cb.status, 0);
+    assert_int_equal(cc.status, 0);
+    assert_int_equal(cb.nrows + cc.nrows, 1); /* job_late: past its deadline */
+    rows_seen *won = cb.nrows ? &cb : &cc;
+    const char *winner = cb.nrows ? "srvB" : "srvC", *loser = cb.nrows ? "srvC" : "srvB";
+    assert_string_equal(won->cell[0][0], "job_h");
+    assert_true(strstr(won->cell[0][1], "\"model\":\"tiny\"") != NULL);
+    assert_string_equal(won->cell[0][2], "1");
+
+    /* Fenced relay: the winner's batch lands, the loser's is refused. */
+    json_t *ev = json_pack("[{s:s,s:s}]", "type", "token", "text", "Hi");
+    long long base1 = GPS_HANDOFF_SEQ_BASE;
+    rows_seen w1 = {0}, w2 = {0};
+    assert_int_equal(gps_store_handoff_events_async(a, "job_h", loser, 1, base1 + 5, base1 + 5,
+                                                    ev, on_rows, &w2), 0);
+    assert_int_equal(gps_store_handoff_events_async(b, "job_h", winner, 1, base1, base1, ev,
+                                                    on_rows, &w1), 0);
+    loop_until(base, &w1.calls);
+    loop_until(base, &w2.calls);
+    assert_int_equal(w1.status, 0);
+    assert_int_equal(w2.status, -1);
+    rows_seen mine = {0};
+    assert_int_equal(gps_store_handoff_mine_async(b, winner, on_rows, &mine), 0);
+    loop_until(base, &mine.calls);
+    assert_int_equal(mine.nrows, 1);
+    assert_string_equal(mine.cell[0][1], "1");
+
+    rows_seen f1 = {0}, f2 = {0}, f3 = {0};
+    assert_int_equal(gps_store_handoff_follow_async(a, "job_h", base1, on_rows, &f1), 0);
+    assert_int_equal(gps_store_handoff_follow_async(a, "job_h", base1 + 1, on_rows, &f2), 0);
+    assert_int_equal(gps_store_handoff_follow_async(a, "job_none", 0, on_rows, &f3), 0);
+    loop_until(base, &f1.calls);
+    loop_until(base, &f2.calls);
+    loop_until(base, &f3.calls);
+    assert_int_equal(f1.nrows, 1);
+    assert_string_equal(f1.cell[0][0], "claimed");
+    assert_string_equal(f1.cell[0][1], winner);
+    assert_string_equal(f1.cell[0][2], "1");
+    assert_int_equal(atoll(f1.cell[0][3]), base1);
+    assert_true(strstr(f1.cell[0][4], "\"Hi\"") != NULL);
+    assert_int_equal(f2.nrows, 1);
+    assert_string_equal(f2.cell[0][3], "(null)");
+    assert_int_equal(f3.nrows, 0);
+
+    /* The winner's lease ends: the sweep gives its row back, its late
+     * write is refused, the next claim is attempt 2. */
+    beat_as(b, base, winner, now - 1);
+    rows_seen sw = {0};
+    assert_int_equal(gps_store_handoff_sweep_async(a, now, on_rows, &sw), 0);
+    loop_until(base, &sw.calls);
+    assert_int_equal(sw.status, 0);
+    assert_int_equal(sw.changes, 1);
+    rows_seen w3 = {0}, c2 = {0};
+    assert_int_equal(gps_store_handoff_events_async(b, "job_h", winner, 1, base1 + 1, base1 + 1,
+                                                    ev, on_rows, &w3), 0);
+    loop_until(base, &w3.calls);
+    assert_int_equal(w3.status, -1);
+    assert_int_equal(gps_store_handoff_claim_async(a, loser, now, tiny, 4, on_rows, &c2), 0);
+    loop_until(base, &c2.calls);
+    assert_int_equal(c2.nrows, 1);
+    assert_string_equal(c2.cell[0][2], "2");
+
+    /* Cancelled by its server: not claimable, and not its claimer's. */
+    assert_int_equal(gps_store_handoff_end(a, "job_h", false), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    rows_seen mine2 = {0}, c3 = {0};
+    assert_int_equal(gps_store_handoff_mine_async(a, loser, on_rows, &mine2), 0);
+    loop_until(base, &mine2.calls);
+    assert_int_equal(mine2.nrows, 0);
+    beat_as(b, base, winner, now + 10000);
+    assert_int_equal(gps_store_handoff_claim_async(b, winner, now, tiny, 4, on_rows, &c3), 0);
+    loop_until(base, &c3.calls);
+    assert_int_equal(c3.nrows, 0);
+    /* Done: the row goes. */
+    assert_int_equal(gps_store_handoff_end(a, "job_h", true), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    rows_seen f4 = {0};
+    assert_int_equal(gps_store_handoff_follow_async(a, "job_h", 0, on_rows, &f4), 0);
+    loop_until(base, &f4.calls);
+    assert_int_equal(f4.nrows, 0);
+    assert_int_equal(failed_ops(a), 0);
+
+    json_decref(ev);
+    json_decref(spec);
+    json_decref(tiny);
+    gps_store_close(a);
+    gps_store_close(b);
+    event_base_free(base);
+}
+
 static void test_db_label(void **state)
 {
     (void)state;
@@ -919,6 +1087,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_servers_and_rereads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_leases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_owners, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoffs, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

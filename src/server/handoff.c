@@ -1,0 +1,737 @@
+/* handoff: see handoff.h. */
+#include "server/handoff.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/fleet/registry.h"
+#include "server/fleet/sched.h"
+
+#define BATCH_MS 20       /* a relay batch waits at most this long ... */
+#define BATCH_MAX 32      /* ... or for this many events */
+#define CLAIM_MAX 16      /* offers taken by one claim */
+
+/* An offered job this server follows (the client's server). */
+typedef struct follow {
+    struct follow *next;
+    struct gps_handoff *h;
+    char job_id[40];
+    char server[40];      /* the claimer followed ("" none) */
+    int64_t attempt;      /* the attempt followed (0: none) */
+    int64_t known;        /* the row's attempt as last read */
+    long long seen;       /* events of that attempt applied */
+    bool reading;         /* a read in flight */
+    bool gone;            /* the job ended: freed once no read is in flight */
+} follow;
+
+/* A claimed job run here (the claimer's side). */
+typedef struct proxy {
+    struct proxy *next;
+    struct gps_handoff *h;
+    char job_id[40];
+    int64_t attempt;
+    gps_job *job;         /* the local job while subscribed, else NULL */
+    json_t *pending;      /* events not yet written */
+    long long next_idx;   /* index of pending's first event in this attempt */
+    uint64_t born_us;     /* monotonic: when the claim gave it */
+    struct event *timer;  /* the batch timer */
+    bool writing;         /* a batch write in flight */
+    bool ended;           /* the terminal event is in pending (or written) */
+    bool done;            /* nothing more to write: freed once idle */
+} proxy;
+
+struct gps_handoff {
+    struct event_base *base;
+    gps_store *store;
+    gps_jobs *jobs;
+    char id[40];
+    int period_ms, models_ms, queue_timeout_sec, request_timeout_sec;
+    struct event *tick, *models_tick;
+    json_t *peer_models;  /* object: name -> true, what the other live servers serve */
+    follow *follows;
+    proxy *proxies;
+    bool claiming, mine_reading, peers_reading, sweeping, stopped;
+    uint64_t mine_sent_us;
+};
+
+/* ------------------------------------------------------------------ */
+/* The wire object back to a spec (the claimer's side)                 */
+/* ------------------------------------------------------------------ */
+
+static char *dup_str(const json_t *v) { return json_is_string(v) ? strdup(json_string_value(v)) : NULL; }
+
+static json_t *copy_of(const json_t *v) { return v && !json_is_null(v) ? json_deep_copy(v) : NULL; }
+
+int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, size_t errlen)
+{
+    memset(spec, 0, sizeof *spec);
+    const char *kind = json_string_value(json_object_get(w, "kind"));
+    const char *model = json_string_value(json_object_get(w, "model"));
+    json_t *params = json_object_get(w, "params");
+    if (!kind || !model || !json_is_object(params)) {
+        snprintf(err, errlen, "the offer's spec lacks kind, model or params");
+        return -1;
+    }
+    spec->kind = strcmp(kind, "chat") == 0           ? GPS_JOB_CHAT
+                 : strcmp(kind, "count_tokens") == 0 ? GPS_JOB_COUNT_TOKENS
+                 : strcmp(kind, "embeddings") == 0   ? GPS_JOB_EMBED
+                                                     : GPS_JOB_COMPLETION;
+    spec->api = "openai";
+    spec->model = strdup(model);
+    spec->prompt = dup_str(json_object_get(w, "prompt"));
+    spec->messages = copy_of(json_object_get(w, "messages"));
+    spec->input = copy_of(json_object_get(w, "input"));
+    spec->tools = copy_of(json_object_get(w, "tools"));
+    spec->tool_choice = copy_of(json_object_get(w, "tool_choice"));
+    spec->response_format = copy_of(json_object_get(w, "response_format"));
+    spec->max_tokens = json_integer_value(json_object_get(params, "max_tokens"));
+    spec->temperature = json_number_value(json_object_get(params, "temperature"));
+    spec->top_p = json_number_value(json_object_get(params, "top_p"));
+    spec->top_k = json_integer_value(json_object_get(params, "top_k"));
+    json_t *stop = json_object_get(params, "stop");
+    spec->stop = json_is_array(stop) && json_array_size(stop) ? json_deep_copy(stop) : NULL;
+    json_t *seed = json_object_get(params, "seed");
+    if (json_is_integer(seed)) {
+        spec->has_seed = true;
+        spec->seed = json_integer_value(seed);
+    }
+    spec->user = dup_str(json_object_get(w, "user"));
+    spec->session = dup_str(json_object_get(w, "session"));
+    const char *prio = json_string_value(json_object_get(w, "priority"));
+    spec->priority = prio && strcmp(prio, "batch") == 0 ? GPS_PRIO_BATCH : GPS_PRIO_INTERACTIVE;
+    const char *via = json_string_value(json_object_get(w, "pool_via"));
+    if (via)
+        snprintf(spec->pool_via, sizeof spec->pool_via, "%s", via);
+    /* The offering server's tenant tag narrows this one's (no key here):
+     * two tenants there stay two tenants in this server's prefix caches. */
+    spec->tenant_sub = dup_str(json_object_get(w, "tenant"));
+    spec->prompt_tokens_first = json_is_true(json_object_get(w, "prompt_tokens_first"));
+    spec->failover = GPS_FAILOVER_CONTINUE;
+    if (!spec->model || spec->max_tokens < 1) {
+        snprintf(err, errlen, "the offer's spec has no model or max_tokens");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The offering side: offer, follow, end                               */
+/* ------------------------------------------------------------------ */
+
+static follow *follow_find(gps_handoff *h, const char *job_id)
+{
+    for (follow *f = h->follows; f; f = f->next)
+        if (!f->gone && strcmp(f->job_id, job_id) == 0)
+            return f;
+    return NULL;
+}
+
+static bool can_offer(void *arg, const gps_job *job)
+{
+    gps_handoff *h = arg;
+    return !h->stopped && json_object_get(h->peer_models, gps_job_model(job)) != NULL;
+}
+
+static void offer(void *arg, gps_job *job)
+{
+    gps_handoff *h = arg;
+    int64_t now = gp_now_wall_ms();
+    json_t *w = gps_job_wire(job, gp_now_mono_us(), h->request_timeout_sec);
+    follow *f = calloc(1, sizeof *f);
+    if (!w || !f ||
+        gps_store_handoff_offer(h->store, gps_job_id(job), gps_job_model(job), w, h->id, now,
+                                now + (int64_t)h->queue_timeout_sec * 1000) != 0) {
+        /* Not offered: the job waits out its queue timeout. */
+        gp_log_error("handoff_offer_failed", "job %s could not be offered", gps_job_id(job));
+        json_decref(w);
+        free(f);
+        return;
+    }
+    json_decref(w);
+    snprintf(f->job_id, sizeof f->job_id, "%s", gps_job_id(job));
+    f->h = h;
+    f->next = h->follows;
+    h->follows = f;
+    gp_log_write(GP_LOG_INFO, "job_handoff_offered", gps_job_correlation_id(job),
+                 json_pack("{s:s,s:s}", "job_id", gps_job_id(job), "model", gps_job_model(job)),
+                 "no agent here serves the model: offered to the other servers");
+}
+
+static void ended(void *arg, gps_job *job)
+{
+    gps_handoff *h = arg;
+    follow *f = follow_find(h, gps_job_id(job));
+    if (!f)
+        return;
+    f->gone = true;
+    /* Done: the row goes. Otherwise (cancelled, failed, timed out) it is
+     * marked cancelled: a waiting offer is never claimed, a claimer stops. */
+    gps_store_handoff_end(h->store, f->job_id, gps_job_state_of(job) == GPS_JOB_DONE);
+}
+
+/* Apply the batches of the attempt followed (rows in first_seq order). */
+static void follow_apply(gps_handoff *h, follow *f, const gps_store_cells *res)
+{
+    for (size_t i = 0; i < res->nrows; i++) {
+        const char *fs = res->cell[i * res->ncols + 3], *evs = res->cell[i * res->ncols + 4];
+        if (!fs || !evs)
+            continue;
+        long long first = atoll(fs);
+        if (first / GPS_HANDOFF_SEQ_BASE != f->attempt)
+            continue; /* another attempt's: never applied */
+        long long idx = first % GPS_HANDOFF_SEQ_BASE;
+        json_t *events = json_loads(evs, 0, NULL);
+        bool cancel = false;
+        long long expected = -1;
+        char msg[160];
+        int rc = json_is_array(events)
+                     ? gps_jobs_apply_events(h->jobs, f->job_id, f->server, idx, events, &cancel,
+                                             &expected, msg, sizeof msg)
+                     : 400;
+        size_t n = json_array_size(events);
+        json_decref(events);
+        if (rc == 0 && idx + (long long)n > f->seen)
+            f->seen = idx + (long long)n;
+        if (rc == 409 && expected >= 0) {
+            f->seen = expected;
+            break;
+        }
+        if (rc != 0) {
+            gp_log_write(GP_LOG_WARN, "handoff_batch_refused", NULL,
+                         json_pack("{s:s,s:i,s:s}", "job_id", f->job_id, "status", rc,
+                                   "message", msg),
+                         "a relayed batch was not applied");
+            break;
+        }
+        gps_job *job = gps_jobs_find(h->jobs, f->job_id);
+        if (!job || gps_job_terminal(job))
+            break;
+    }
+}
+
+/* The follower's read: the row's state decides, then the batches. */
+static void follow_done(void *arg, int status, const gps_store_cells *res)
+{
+    follow *f = arg;
+    gps_handoff *h = f->h;
+    f->reading = false;
+    if (h->stopped || f->gone || status != 0 || !res || res->ncols < 5 || res->nrows == 0)
+        return;
+    gps_job *job = gps_jobs_find(h->jobs, f->job_id);
+    if (!job || gps_job_terminal(job)) {
+        f->gone = true;
+        return;
+    }
+    const char *state = res->cell[0], *by = res->cell[1];
+    int64_t attempt = res->cell[2] ? atoll(res->cell[2]) : 0;
+    f->known = attempt;
+    bool claimed = state && strcmp(state, "claimed") == 0 && by;
+    /* The claimer followed is gone: its row went back to waiting (the
+     * sweep), or another server holds a newer attempt already. */
+    if (f->attempt > 0 && (!claimed || attempt != f->attempt)) {
+        gp_log_write(GP_LOG_WARN, "handoff_server_lost", NULL,
+                     json_pack("{s:s,s:s,s:I}", "job_id", f->job_id, "server_id", f->server,
+                               "attempt", (json_int_t)f->attempt),
+                     "the server running a handed-off job is gone");
+        f->attempt = 0;
+        f->seen = 0;
+        f->server[0] = '\0';
+        gps_jobs_remote_lost(h->jobs, job, "server_lost");
+        if (gps_job_terminal(job))
+            return;
+    }
+    if (state && strcmp(state, "cancelled") == 0) {
+        gps_jobs_cancel(h->jobs, job, "handoff_cancelled");
+        return;
+    }
+    if (!claimed)
+        return;
+    if (f->attempt == 0) {
+        if (gps_jobs_remote_assign(h->jobs, job, by) != 0)
+            return;
+        f->attempt = attempt;
+        f->seen = 0;
+        snprintf(f->server, sizeof f->server, "%s", by);
+    }
+    follow_apply(h, f, res);
+}
+
+static void follow_all(gps_handoff *h)
+{
+    for (follow *f = h->follows; f; f = f->next) {
+        if (f->gone || f->reading)
+            continue;
+        long long from = f->attempt > 0 ? f->attempt * GPS_HANDOFF_SEQ_BASE + f->seen
+                                        : (f->known + 1) * GPS_HANDOFF_SEQ_BASE;
+        if (gps_store_handoff_follow_async(h->store, f->job_id, from, follow_done, f) == 0)
+            f->reading = true;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* The claimer's side: claim, relay back, ownership                    */
+/* ------------------------------------------------------------------ */
+
+static void proxy_flush(proxy *p);
+
+static void proxy_drop_sub(proxy *p);
+
+static void batch_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    proxy_flush(arg);
+}
+
+static void relay_cb(gps_job *job, gps_event_type type, json_t *ev, void *arg)
+{
+    proxy *p = arg;
+    if (p->done || p->ended || type == GPS_EV_FAILOVER || !ev)
+        return; /* a failover here is this server's affair: the text goes on */
+    json_t *c = json_deep_copy(ev);
+    if (!c || json_array_append_new(p->pending, c) != 0)
+        return;
+    if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING)
+        gps_job_mark_output_sent(job); /* the client may have it: no transparent restart */
+    if (type == GPS_EV_END || type == GPS_EV_ERROR || gps_job_terminal(job))
+        p->ended = true;
+    if (p->ended || json_array_size(p->pending) >= BATCH_MAX) {
+        proxy_flush(p);
+    } else if (!evtimer_pending(p->timer, NULL)) {
+        struct timeval tv = {0, BATCH_MS * 1000};
+        evtimer_add(p->timer, &tv);
+    }
+}
+
+/* Stop the proxy's job here (its row is no longer this server's). */
+static void proxy_lost(proxy *p, const char *why)
+{
+    gps_handoff *h = p->h;
+    if (!p->done)
+        gp_log_write(GP_LOG_WARN, "handoff_lost", NULL,
+                     json_pack("{s:s,s:I,s:s}", "job_id", p->job_id, "attempt",
+                               (json_int_t)p->attempt, "reason", why),
+                     "a handed-off job is no longer this server's: cancelled here");
+    p->done = true;
+    json_array_clear(p->pending);
+    gps_job *job = p->job;
+    proxy_drop_sub(p);
+    if (job && !gps_job_terminal(job))
+        gps_jobs_cancel(h->jobs, job, "handoff_lost");
+}
+
+static void flush_done(void *arg, int status, const gps_store_cells *res)
+{
+    (void)res;
+    proxy *p = arg;
+    p->writing = false;
+    if (p->h->stopped || p->done)
+        return;
+    if (status != 0) {
+        proxy_lost(p, "relay_refused");
+        return;
+    }
+    if (json_array_size(p->pending))
+        proxy_flush(p);
+    else if (p->ended) {
+        p->done = true;
+        proxy_drop_sub(p);
+    }
+}
+
+static void proxy_flush(proxy *p)
+{
+    size_t n = json_array_size(p->pending);
+    if (p->writing || p->done || n == 0)
+        return;
+    long long first = p->attempt * GPS_HANDOFF_SEQ_BASE + p->next_idx;
+    if (gps_store_handoff_events_async(p->h->store, p->job_id, p->h->id, p->attempt, first,
+                                       first + (long long)n - 1, p->pending, flush_done,
+                                       p) != 0) {
+        struct timeval tv = {0, BATCH_MS * 1000}; /* ENOMEM: again soon */
+        evtimer_add(p->timer, &tv);
+        return;
+    }
+    p->writing = true;
+    p->next_idx += (long long)n;
+    json_array_clear(p->pending);
+    evtimer_del(p->timer);
+}
+
+static void proxy_drop_sub(proxy *p)
+{
+    if (p->job)
+        gps_job_unsubscribe(p->job, relay_cb, p);
+    p->job = NULL;
+}
+
+static proxy *proxy_new(gps_handoff *h, const char *job_id, int64_t attempt)
+{
+    proxy *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    p->pending = json_array();
+    p->timer = evtimer_new(h->base, batch_tick, p);
+    if (!p->pending || !p->timer) {
+        json_decref(p->pending);
+        if (p->timer)
+            event_free(p->timer);
+        free(p);
+        return NULL;
+    }
+    p->h = h;
+    snprintf(p->job_id, sizeof p->job_id, "%s", job_id);
+    p->attempt = attempt;
+    p->born_us = gp_now_mono_us();
+    p->next = h->proxies;
+    h->proxies = p;
+    return p;
+}
+
+static void proxy_free(proxy *p)
+{
+    proxy_drop_sub(p);
+    event_free(p->timer);
+    json_decref(p->pending);
+    free(p);
+}
+
+/* Run one claimed offer here; a spec this server cannot run goes back as
+ * the job's error (the offering server fails it). */
+static void run_claimed(gps_handoff *h, const char *job_id, const char *spec_txt,
+                        int64_t attempt)
+{
+    proxy *p = proxy_new(h, job_id, attempt);
+    if (!p)
+        return; /* the row stays claimed: the offering server's stall timer ends it */
+    json_t *w = spec_txt ? json_loads(spec_txt, 0, NULL) : NULL;
+    gps_job_spec spec;
+    gps_submit_err err = {0};
+    char why[160] = "";
+    gps_job *job = NULL;
+    if (gps_jobs_find(h->jobs, job_id)) {
+        snprintf(why, sizeof why, "the job is already known here");
+        memset(&spec, 0, sizeof spec);
+    } else if (gps_handoff_spec_from_wire(w, &spec, why, sizeof why) == 0) {
+        spec.resume_id = strdup(job_id);
+        spec.handoff_proxy = true;
+        if (spec.resume_id)
+            job = gps_jobs_submit(h->jobs, &spec,
+                                  json_string_value(json_object_get(w, "correlation_id")), NULL,
+                                  &err);
+        if (!job)
+            snprintf(why, sizeof why, "%.150s", err.code ? err.message : "out of memory");
+    }
+    gps_job_spec_clear(&spec);
+    json_decref(w);
+    if (job && gps_job_subscribe(job, relay_cb, p) == 0) {
+        p->job = job;
+        gp_log_write(GP_LOG_INFO, "job_handoff_running", gps_job_correlation_id(job),
+                     json_pack("{s:s,s:I}", "job_id", job_id, "attempt", (json_int_t)attempt),
+                     "running a job handed over by another server");
+        return;
+    }
+    if (job)
+        gps_jobs_cancel(h->jobs, job, "handoff_failed");
+    json_array_append_new(p->pending,
+                          json_pack("{s:s,s:s,s:s}", "type", "error", "code",
+                                    err.code ? err.code : "HANDOFF_FAILED", "message", why));
+    p->ended = true;
+    proxy_flush(p);
+}
+
+static void claim_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_handoff *h = arg;
+    h->claiming = false;
+    if (h->stopped || status != 0 || !res || res->ncols < 3)
+        return;
+    for (size_t i = 0; i < res->nrows; i++) {
+        const char *id = res->cell[i * res->ncols], *spec = res->cell[i * res->ncols + 1];
+        const char *att = res->cell[i * res->ncols + 2];
+        if (id && att)
+            run_claimed(h, id, spec, atoll(att));
+    }
+}
+
+/* What this server's agents could take now: the names their free ready
+ * slots serve (object name -> true) and how many slots. */
+typedef struct free_acc {
+    sched *s;
+    json_t *names;
+    int slots;
+    bool all;             /* every healthy agent's names, free or not */
+} free_acc;
+
+static void free_cb(void *ud, registry_agent *a)
+{
+    free_acc *acc = ud;
+    if (a->state != REGISTRY_HEALTHY)
+        return;
+    if (!acc->all) {
+        int n = sched_agent_is_ready(acc->s, a) ? sched_agent_free_slots(acc->s, a) : 0;
+        if (n <= 0)
+            return;
+        acc->slots += n;
+    }
+    for (size_t i = 0; i < a->n_models; i++) {
+        json_object_set_new(acc->names, a->models[i].id, json_true());
+        for (size_t k = 0; k < a->models[i].n_aliases; k++)
+            json_object_set_new(acc->names, a->models[i].aliases[k], json_true());
+    }
+}
+
+static json_t *names_array(json_t *names)
+{
+    json_t *arr = json_array();
+    const char *k;
+    json_t *v;
+    json_object_foreach(names, k, v) json_array_append_new(arr, json_string(k));
+    return arr;
+}
+
+static void claim(gps_handoff *h)
+{
+    if (h->claiming)
+        return;
+    free_acc acc = {.s = gps_jobs_sched(h->jobs), .names = json_object()};
+    if (!acc.names)
+        return;
+    registry_foreach(gps_jobs_registry(h->jobs), free_cb, &acc);
+    json_t *models = acc.slots > 0 ? names_array(acc.names) : NULL;
+    json_decref(acc.names);
+    if (!models)
+        return;
+    if (json_array_size(models) &&
+        gps_store_handoff_claim_async(h->store, h->id, gp_now_wall_ms(), models,
+                                      acc.slots < CLAIM_MAX ? acc.slots : CLAIM_MAX, claim_done,
+                                      h) == 0)
+        h->claiming = true;
+    json_decref(models);
+}
+
+/* Which claimed rows are still this server's: a proxy whose row was
+ * cancelled, or taken back (this server's lease lapsed), stops. Only the
+ * proxies claimed before the read was queued are judged. */
+static void mine_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_handoff *h = arg;
+    h->mine_reading = false;
+    if (h->stopped || status != 0 || !res)
+        return;
+    for (proxy *p = h->proxies; p; p = p->next) {
+        if (p->done || p->born_us >= h->mine_sent_us)
+            continue;
+        bool mine = false;
+        for (size_t i = 0; i < res->nrows && !mine; i++) {
+            const char *id = res->cell[i * res->ncols], *att = res->cell[i * res->ncols + 1];
+            mine = id && att && strcmp(id, p->job_id) == 0 && atoll(att) == p->attempt;
+        }
+        if (!mine)
+            proxy_lost(p, "not_claimed");
+    }
+}
+
+static void check_mine(gps_handoff *h)
+{
+    bool any = false;
+    for (proxy *p = h->proxies; p && !any; p = p->next)
+        any = !p->done;
+    if (!any || h->mine_reading)
+        return;
+    h->mine_sent_us = gp_now_mono_us();
+    if (gps_store_handoff_mine_async(h->store, h->id, mine_done, h) == 0)
+        h->mine_reading = true;
+}
+
+/* Free what has ended and has no store op in flight. */
+static void reap(gps_handoff *h)
+{
+    for (follow **pf = &h->follows; *pf;) {
+        follow *f = *pf;
+        if (f->gone && !f->reading) {
+            *pf = f->next;
+            free(f);
+        } else {
+            pf = &f->next;
+        }
+    }
+    for (proxy **pp = &h->proxies; *pp;) {
+        proxy *p = *pp;
+        if (p->done && !p->writing) {
+            *pp = p->next;
+            proxy_free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+static void tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_handoff *h = arg;
+    reap(h);
+    claim(h);
+    follow_all(h);
+    check_mine(h);
+}
+
+/* ------------------------------------------------------------------ */
+/* Models, peers and the sweep                                         */
+/* ------------------------------------------------------------------ */
+
+static void peers_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_handoff *h = arg;
+    h->peers_reading = false;
+    if (h->stopped || status != 0 || !res)
+        return;
+    json_t *names = json_object();
+    for (size_t i = 0; names && i < res->nrows; i++) {
+        json_t *arr = res->cell[i * res->ncols] ? json_loads(res->cell[i * res->ncols], 0, NULL)
+                                                : NULL;
+        size_t k;
+        json_t *v;
+        json_array_foreach(arr, k, v)
+        {
+            if (json_is_string(v))
+                json_object_set_new(names, json_string_value(v), json_true());
+        }
+        json_decref(arr);
+    }
+    if (!names)
+        return;
+    if (!json_equal(names, h->peer_models)) {
+        json_t *arr = names_array(names);
+        gp_log_write(GP_LOG_INFO, "handoff_peers", NULL,
+                     json_pack("{s:s,s:o}", "server_id", h->id, "models",
+                               arr ? arr : json_array()),
+                     "the other live servers serve %zu models", json_object_size(names));
+    }
+    json_decref(h->peer_models);
+    h->peer_models = names;
+}
+
+static void sweep_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_handoff *h = arg;
+    h->sweeping = false;
+    if (status == 0 && res && res->changes > 0)
+        gp_log_write(GP_LOG_INFO, "handoffs_orphaned", NULL,
+                     json_pack("{s:s,s:I}", "server_id", h->id, "handoffs",
+                               (json_int_t)res->changes),
+                     "%lld handed-off jobs of servers that are gone offered again",
+                     (long long)res->changes);
+}
+
+static void models_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    gps_handoff *h = arg;
+    free_acc acc = {.s = gps_jobs_sched(h->jobs), .names = json_object(), .all = true};
+    if (acc.names) {
+        registry_foreach(gps_jobs_registry(h->jobs), free_cb, &acc);
+        json_t *mine = names_array(acc.names);
+        if (mine)
+            gps_store_server_models(h->store, h->id, mine);
+        json_decref(mine);
+        json_decref(acc.names);
+    }
+    int64_t now = gp_now_wall_ms();
+    if (!h->peers_reading &&
+        gps_store_handoff_peers_async(h->store, h->id, now, peers_done, h) == 0)
+        h->peers_reading = true;
+    if (!h->sweeping && gps_store_handoff_sweep_async(h->store, now, sweep_done, h) == 0)
+        h->sweeping = true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Life                                                                */
+/* ------------------------------------------------------------------ */
+
+static struct event *every(struct event_base *base, int ms, event_callback_fn fn, void *arg)
+{
+    struct event *ev = event_new(base, -1, EV_PERSIST, fn, arg);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (ev && event_add(ev, &tv) != 0) {
+        event_free(ev);
+        ev = NULL;
+    }
+    return ev;
+}
+
+gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jobs *jobs,
+                               const gps_handoff_opts *o)
+{
+    gps_handoff *h = calloc(1, sizeof *h);
+    if (!h)
+        return NULL;
+    h->base = base;
+    h->store = store;
+    h->jobs = jobs;
+    snprintf(h->id, sizeof h->id, "%s", o->server_id ? o->server_id : "");
+    h->period_ms = o->period_ms > 0 ? o->period_ms : 100;
+    h->models_ms = o->models_ms > 0 ? o->models_ms : 2000;
+    h->queue_timeout_sec = o->queue_timeout_sec > 0 ? o->queue_timeout_sec : 60;
+    h->request_timeout_sec = o->request_timeout_sec > 0 ? o->request_timeout_sec : 600;
+    h->peer_models = json_object();
+    h->tick = every(base, h->period_ms, tick, h);
+    h->models_tick = every(base, h->models_ms, models_tick, h);
+    if (!h->peer_models || !h->tick || !h->models_tick) {
+        gps_handoff_stop(h);
+        gps_handoff_free(h);
+        return NULL;
+    }
+    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .ended = ended, .arg = h};
+    gps_jobs_set_handoff(jobs, &hooks);
+    models_tick(-1, 0, h); /* announce the models, read the peers now */
+    gp_log_write(GP_LOG_INFO, "handoff_started", NULL,
+                 json_pack("{s:s,s:i}", "server_id", h->id, "period_ms", h->period_ms),
+                 "jobs no agent here serves are offered to the other servers");
+    return h;
+}
+
+void gps_handoff_stop(gps_handoff *h)
+{
+    if (!h || h->stopped)
+        return;
+    h->stopped = true;
+    if (h->tick)
+        event_del(h->tick);
+    if (h->models_tick)
+        event_del(h->models_tick);
+    gps_jobs_set_handoff(h->jobs, NULL);
+    for (proxy *p = h->proxies; p; p = p->next) {
+        evtimer_del(p->timer);
+        proxy_drop_sub(p);
+    }
+}
+
+void gps_handoff_free(gps_handoff *h)
+{
+    if (!h)
+        return;
+    while (h->follows) {
+        follow *f = h->follows;
+        h->follows = f->next;
+        free(f);
+    }
+    while (h->proxies) {
+        proxy *p = h->proxies;
+        h->proxies = p->next;
+        p->job = NULL; /* the jobs are gone by now */
+        proxy_free(p);
+    }
+    if (h->tick)
+        event_free(h->tick);
+    if (h->models_tick)
+        event_free(h->models_tick);
+    json_decref(h->peer_models);
+    free(h);
+}

@@ -1,0 +1,62 @@
+/*
+ * handoff: a job handed to another server through the shared database
+ * (docs/scaling.md "3e. Hand-off of a job to another server", migration
+ * 0011). Only on a shared (PostgreSQL) store; a SQLite server never starts
+ * it.
+ *
+ *   models   every models_ms this server writes what its healthy agents
+ *            serve (servers.models) and reads what the other live servers
+ *            serve; the sweep gives the rows claimed by servers whose lease
+ *            ended back (waiting) and cancels the offers of such servers;
+ *   offer    (the client's server, A) a job no agent here can take whose
+ *            model another live server serves is offered (gps_jobs_handoff
+ *            hooks): a handoffs row holding the job's wire object; the job
+ *            stays here with its subscribers and is followed every
+ *            period_ms: the row's state and the relayed batches, applied
+ *            through gps_jobs_apply_events with the claimer's id as the
+ *            agent id, from the attempt followed only;
+ *   claim    (a server with agents, B) every period_ms while its ready
+ *            agents have free slots, one claim of waiting offers of their
+ *            models (SKIP LOCKED): each becomes a local proxy job (same id,
+ *            no request-log row, no key accounting) whose events are
+ *            written back in fenced batches (every 20 ms or 32 events, the
+ *            end at once); a refused batch, or a row no longer claimed by
+ *            this server at this attempt (read every period_ms while
+ *            proxies run), cancels the proxy on its agent.
+ *
+ * Threading: the loop thread; the store's callbacks come back on it.
+ */
+#ifndef GPS_HANDOFF_H
+#define GPS_HANDOFF_H
+
+#include <event2/event.h>
+
+#include "server/jobs/jobs.h"
+#include "server/store/store.h"
+
+typedef struct gps_handoff gps_handoff;
+
+typedef struct gps_handoff_opts {
+    const char *server_id;     /* this server's id in the servers table (copied) */
+    int period_ms;             /* claim, follow and ownership checks (<= 0: 100) */
+    int models_ms;             /* models written, peers read, sweep (<= 0: 2000) */
+    int queue_timeout_sec;     /* an offer's deadline (the client's queue timeout) */
+    int request_timeout_sec;   /* the wire's deadline_ms */
+} gps_handoff_opts;
+
+/* Start: install the hooks on jobs and the timers. store and jobs are
+ * borrowed; jobs must outlive gps_handoff_stop, the store's close must
+ * come before gps_handoff_free (its callbacks run until then). NULL on
+ * ENOMEM. */
+gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jobs *jobs,
+                               const gps_handoff_opts *o);
+/* Stop the timers, remove the hooks, drop the proxies' subscriptions:
+ * before the jobs are freed. NULL is a no-op. */
+void gps_handoff_stop(gps_handoff *h);
+void gps_handoff_free(gps_handoff *h);
+
+/* Wire object (as gps_job_wire writes it) to a job spec (filled; clear it
+ * with gps_job_spec_clear on every path). 0, or -1 with a reason in err. */
+int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,296 @@
+"""The hand-off of a job to another server through PostgreSQL
+(docs/scaling.md "3e. Hand-off of a job to another server").
+
+Real PostgreSQL (pg.py, Debian's binaries, in the test's temporary
+directory), two real servers on it, a real agent on the scripted upstream
+polling B only. A request to A (no agent there) is offered in the database,
+claimed by B, run on B's agent and relayed back to A's client: OpenAI and
+Anthropic, streaming and not, the whole and exact text, one request-log row
+per request (A's), no hand-off row left; embeddings (an alias) too. B killed -9 mid-stream: A's client
+gets AGENT_LOST (it had output); B killed -9 before any output: the job is
+offered again and C (started after the kill) runs it whole (attempt 2). The client leaving A: B's agent stops (the
+upstream sees its client go). A stale claimer (its attempt taken in the
+database mid-stream): its writes are refused, it cancels on its agent, A's
+client gets AGENT_LOST. No claim before A's queue timeout (B's one slot
+busy): the client gets QUEUE_TIMEOUT, the offer is cancelled. Two claimers
+(B and C) and 20 offers at once: each job runs once. On the code before, A
+answered 404 MODEL_NOT_FOUND.
+"""
+
+import json
+import os
+import sys
+import types
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+import pg  # noqa: E402
+from harness import bearer, http_json  # noqa: E402
+import test_postgres_store  # noqa: E402
+import upstream as upstream_mod  # noqa: E402
+
+CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "3", "--shared_refresh_sec", "1"]
+FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec", "5"]
+ANTHROPIC = {"anthropic-version": "2023-06-01"}
+
+
+def expected(prompt, n):
+    return "".join(upstream_mod.expected_tokens(prompt, n))
+
+
+class HandoffPgTest(harness.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.libpq = test_postgres_store.server_has_libpq()
+
+    def setUp(self):
+        ok, why = pg.available()
+        if not ok:
+            self.skipTest(why)
+        if not self.libpq:
+            self.skipTest("gpupool-server was built without libpq")
+        super().setUp()
+        self.pg = pg.Postgres(self.h.tmp)
+        self.addCleanup(self.pg.stop)
+        self.pg.createdb("gpupool")
+        self.uri = self.pg.uri("gpupool")
+        self.client = self.h.create_key(self.uri, "client", "app")
+        self.agent_key = self.h.create_key(self.uri, "agent", "agentB")
+
+    def start_server(self, extra=()):
+        return self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp] + list(extra),
+                                   db=self.uri, key=self.client)
+
+    def two_servers(self, upstream_args, slots=2, extra_a=()):
+        """A (no agent) and B (the agent); A knows that B serves m1."""
+        up = self.h.start_upstream(upstream_args)
+        a, b = self.start_server(extra_a), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up, model="m1",
+                           slots=slots, token=self.agent_key)
+        b.wait_model("m1")
+        harness.wait_until(
+            lambda: any("m1" in (e.get("models") or []) for e in a.log_events("handoff_peers")),
+            timeout=60, interval=0.1, what="A learns that B serves m1")
+        return up, a, b
+
+    def sql(self, q):
+        return [line.split("|") for line in self.pg.psql("gpupool", q).splitlines() if line]
+
+    def stream(self, srv, prompt, n, path="/v1/chat/completions", headers=None):
+        body = {"model": "m1", "stream": True, "max_tokens": n,
+                "messages": [{"role": "user", "content": prompt}]}
+        hdr = dict(bearer(self.client))
+        hdr.update(headers or {})
+        s = harness.SSEStream("POST", srv.url + path, body, headers=hdr, timeout=180)
+        self.addCleanup(s.close)
+        self.assertEqual(s.status, 200)
+        return s
+
+    @staticmethod
+    def openai_text(events):
+        return "".join((ch.get("delta") or {}).get("content") or ""
+                       for d in harness.sse_data_json(events) for ch in d.get("choices") or [])
+
+    def read_until_done(self, s, events):
+        while True:
+            ev = s.next_event(timeout=90)
+            if ev is None:
+                return events
+            events.append(ev)
+            if ev.get("data") == "[DONE]":
+                return events
+
+    def test_reply_through_the_other_server(self):
+        up, a, b = self.two_servers(["--tokens", "40", "--pace-ms", "5"])
+        # OpenAI, not streaming.
+        st, _, r = http_json("POST", a.url + "/v1/chat/completions",
+                             {"model": "m1", "max_tokens": 12,
+                              "messages": [{"role": "user", "content": "alpha beta"}]},
+                             headers=bearer(self.client), timeout=120)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("alpha beta", 12))
+        self.assertEqual(r["usage"]["completion_tokens"], 12)
+        # OpenAI, streaming.
+        evs = self.read_until_done(self.stream(a, "gamma delta", 30), [])
+        self.assertEqual(evs[-1]["data"], "[DONE]")
+        self.assertEqual(self.openai_text(evs), expected("gamma delta", 30))
+        # Anthropic, not streaming.
+        hdr = dict(bearer(self.client))
+        hdr.update(ANTHROPIC)
+        st, _, r = http_json("POST", a.url + "/v1/messages",
+                             {"model": "m1", "max_tokens": 9,
+                              "messages": [{"role": "user", "content": "eps zeta"}]},
+                             headers=hdr, timeout=120)
+        self.assertEqual(st, 200, r)
+        self.assertEqual("".join(c.get("text", "") for c in r["content"]),
+                         expected("eps zeta", 9))
+        self.assertEqual(r["usage"]["output_tokens"], 9)
+        # Anthropic, streaming.
+        s = self.stream(a, "eta theta", 25, path="/v1/messages", headers=ANTHROPIC)
+        evs = s.events()
+        names = [e.get("event") for e in evs]
+        self.assertNotIn("error", names)
+        self.assertEqual(names[-1], "message_stop")
+        datas = [json.loads(e["data"]) for e in evs]
+        self.assertEqual("".join(d["delta"]["text"] for d in datas
+                                 if d.get("type") == "content_block_delta"),
+                         expected("eta theta", 25))
+        # Each ran on B's agent once, was A's in the request log, and left
+        # no hand-off row.
+        self.assertEqual(len(b.log_events("job_handoff_running")), 4)
+        self.assertEqual(len(a.log_events("job_handoff_offered")), 4)
+        harness.wait_until(lambda: self.sql("SELECT count(*) FROM handoffs") == [["0"]],
+                           timeout=30, what="the hand-off rows deleted")
+        rows = self.sql("SELECT status, owner_server FROM jobs ORDER BY created_at")
+        self.assertEqual(len(rows), 4, rows)
+        a_id = a.log_events("server_announced")[0]["server_id"]
+        self.assertEqual({tuple(r) for r in rows}, {("done", a_id)})
+        gens = [r for r in up.log_entries() if r["path"].endswith("/chat/completions")]
+        self.assertEqual([r["outcome"] for r in gens], ["complete"] * 4)
+
+    def test_embeddings_through_the_other_server(self):
+        up = self.h.start_upstream(["--embeddings-dim", "8"])
+        a, b = self.start_server(), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up, model="up-emb",
+                           alias="emb", slots=2, token=self.agent_key)
+        b.wait_model("emb")
+        harness.wait_until(
+            lambda: any("emb" in (e.get("models") or []) for e in a.log_events("handoff_peers")),
+            timeout=60, interval=0.1, what="A learns that B serves emb")
+        texts = ["The cat sat", "Once upon a time"]
+        st, _, out = http_json("POST", a.url + "/v1/embeddings", {"model": "emb", "input": texts},
+                               headers=bearer(self.client), timeout=120)
+        self.assertEqual(st, 200, out)
+        for d, t in zip(out["data"], texts):
+            want = upstream_mod.embedding_vector(t, 8)
+            self.assertEqual(len(d["embedding"]), len(want))
+            for x, y in zip(d["embedding"], want):
+                self.assertAlmostEqual(x, y, places=5)
+
+    def test_claimer_killed_mid_stream(self):
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"])
+        s = self.stream(a, "kappa lambda", 400)
+        events = [s.next_event(timeout=60) for _ in range(3)]
+        self.assertTrue(all(events))
+        b.kill9()
+        self.read_until_done(s, events)
+        body = json.dumps([e.get("data") for e in events])
+        self.assertIn("agent_lost", body.lower())
+        self.assertNotEqual(events[-1].get("data"), "[DONE]")
+        harness.wait_until(lambda: self.sql("SELECT status, error_code FROM jobs")
+                           == [["failed", "AGENT_LOST"]], timeout=30, what="A's row failed")
+        self.assertTrue(a.log_events("handoff_server_lost"))
+
+    def test_claimer_killed_before_output_reoffered(self):
+        # B's upstream holds the first token; B is killed -9 with the job
+        # claimed. Once B's lease has ended the sweep gives the row back,
+        # A offers the job again (its client saw nothing) and C, started
+        # with an agent of its own after the kill, claims it (attempt 2):
+        # the client gets the whole reply.
+        key_c = self.h.create_key(self.uri, "agent", "agentC")
+        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"])
+        get = harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
+                                {"model": "m1", "max_tokens": 10,
+                                 "messages": [{"role": "user", "content": "tau upsilon"}]},
+                                headers=bearer(self.client), timeout=170)
+        harness.wait_until(lambda: b.log_events("job_handoff_running"), timeout=60,
+                           interval=0.1, what="B claimed the job")
+        harness.wait_until(lambda: up.log_entries(), timeout=60, interval=0.1,
+                           what="B's agent asked its upstream")
+        b.kill9()
+        up2 = self.h.start_upstream(["--tokens", "40"])
+        c = self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=c.url), upstream=up2, model="m1",
+                           slots=2, token=key_c)
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("tau upsilon", 10))
+        self.assertEqual(len(c.log_events("job_handoff_running")), 1)
+        self.assertTrue(any(e.get("mode") == "handoff" for e in a.log_events("job_failover")))
+        self.assertEqual(self.sql("SELECT status, attempts FROM jobs"), [["done", "2"]])
+
+    def test_client_leaving_cancels_on_the_claimer(self):
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"])
+        s = self.stream(a, "mu nu", 400)
+        for _ in range(3):
+            self.assertIsNotNone(s.next_event(timeout=60))
+        s.close()
+        harness.wait_until(
+            lambda: [r["outcome"] for r in up.log_entries()] == ["client_gone"],
+            timeout=60, interval=0.1, what="B's agent stopped the upstream request")
+        # B stopped it: its ownership check or its next (refused) batch.
+        self.assertTrue(b.log_events("handoff_lost"))
+        harness.wait_until(lambda: self.sql("SELECT state FROM handoffs") == [["cancelled"]],
+                           timeout=30, what="the hand-off row cancelled")
+
+    def test_stale_claimer_is_refused(self):
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"])
+        s = self.stream(a, "xi omicron", 400)
+        events = [s.next_event(timeout=60) for _ in range(3)]
+        self.assertTrue(all(events))
+        # Another server took the row (as after B's lease lapsed): B's next
+        # batch is refused, B cancels on its agent; A follows the new
+        # attempt, and its client, which had output, gets AGENT_LOST.
+        self.pg.psql("gpupool", "UPDATE handoffs SET attempt = attempt + 1, "
+                     "claimed_by = 'srv_other'")
+        self.read_until_done(s, events)
+        self.assertIn("agent_lost", json.dumps([e.get("data") for e in events]).lower())
+        harness.wait_until(
+            lambda: [r["outcome"] for r in up.log_entries()] == ["client_gone"],
+            timeout=60, interval=0.1, what="B's agent stopped the upstream request")
+        self.assertTrue(b.log_events("handoff_lost"))
+
+    def test_no_claim_before_the_deadline(self):
+        # B's one slot is busy with a long stream of its own: A's offer is
+        # not claimed before A's queue timeout; A's client gets the queue
+        # timeout's error as without a hand-off, and the offer is cancelled
+        # (never claimed later).
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "50"], slots=1,
+                                    extra_a=["--queue_timeout_sec", "2"])
+        s = self.stream(b, "pi rho", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        st, _, r = http_json("POST", a.url + "/v1/chat/completions",
+                             {"model": "m1", "max_tokens": 5,
+                              "messages": [{"role": "user", "content": "sigma"}]},
+                             headers=bearer(self.client), timeout=120)
+        self.assertEqual(st, 503, r)
+        self.assertIn("queue_timeout", json.dumps(r).lower())
+        harness.wait_until(lambda: self.sql("SELECT state FROM handoffs") == [["cancelled"]],
+                           timeout=30, what="the offer cancelled")
+        self.assertEqual(b.log_events("job_handoff_running"), [])
+
+    def test_two_claimers_run_each_job_once(self):
+        # Two servers with agents, B and C, claim 20 jobs offered by A at
+        # once: each runs once (SKIP LOCKED: disjoint claims), every reply
+        # is whole.
+        key_c = self.h.create_key(self.uri, "agent", "agentC")
+        up = self.h.start_upstream(["--tokens", "40", "--pace-ms", "20"])
+        a, b, c = self.start_server(), self.start_server(), self.start_server()
+        for srv, key in ((b, self.agent_key), (c, key_c)):
+            self.h.start_agent(types.SimpleNamespace(url=srv.url), upstream=up, model="m1",
+                               slots=4, token=key)
+            srv.wait_model("m1")
+        harness.wait_until(
+            lambda: any("m1" in (e.get("models") or []) for e in a.log_events("handoff_peers")),
+            timeout=60, interval=0.1, what="A learns that m1 is served")
+        prompts = ["job%d word" % i for i in range(20)]
+        gets = [harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
+                                  {"model": "m1", "max_tokens": 6,
+                                   "messages": [{"role": "user", "content": p}]},
+                                  headers=bearer(self.client), timeout=150)
+                for p in prompts]
+        for p, get in zip(prompts, gets):
+            st, _, r = get(timeout=180)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["message"]["content"], expected(p, 6))
+        gens = [r for r in up.log_entries() if r["path"].endswith("/chat/completions")]
+        self.assertEqual(sorted(r["messages"][-1]["content"] for r in gens), sorted(prompts))
+        nb, nc = (len(srv.log_events("job_handoff_running")) for srv in (b, c))
+        sys.stderr.write("\n20 offers: %d run on B, %d on C\n" % (nb, nc))
+        self.assertEqual(nb + nc, 20)
+
+
+if __name__ == "__main__":
+    harness.main()

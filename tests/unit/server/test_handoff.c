@@ -1,0 +1,206 @@
+/* The hand-off of a job to another server (docs/scaling.md 3e), the parts
+ * without a database: the wire object an offer carries becomes, on the
+ * claimer, a spec whose job sends its agent the same wire (handoff.h);
+ * and a remote job's life in jobs.c (gps_jobs_handoff hooks): offered when
+ * no agent here serves the model, assigned to the claimer as its
+ * pseudo-agent, fed its relayed events, offered again after the claimer's
+ * loss while its client saw nothing, ended with AGENT_LOST after output or
+ * on a stall, and the end told once. Real registry, scheduler and jobs
+ * (fixture_fleet.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixture_fleet.h"
+#include "server/handoff.h"
+#include "server/jobs/jobs.h"
+
+static void test_wire_round_trip(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    fleet_agent(&f, 1, "m1", NULL, 2, 1000);
+    gps_job_spec s = fleet_spec("m1", 33);
+    s.kind = GPS_JOB_CHAT;
+    free(s.prompt);
+    s.prompt = NULL;
+    s.messages = json_pack("[{s:s,s:s}]", "role", "user", "content", "hi there");
+    s.stop = json_pack("[s]", "END");
+    s.has_seed = true;
+    s.seed = 7;
+    s.temperature = 0.5;
+    s.top_p = 0.9;
+    s.top_k = 40;
+    s.user = strdup("u1");
+    s.session = strdup("sess");
+    s.priority = GPS_PRIO_BATCH;
+    s.prompt_tokens_first = true;
+    s.tenant_sub = strdup("t1");
+    gps_job *job = fleet_submit(&f, &s);
+    json_t *w1 = gps_job_wire(job, gp_now_mono_us(), 60);
+
+    gps_job_spec s2;
+    char err[160];
+    assert_int_equal(gps_handoff_spec_from_wire(w1, &s2, err, sizeof err), 0);
+    s2.resume_id = strdup("job_000000000000000000000042");
+    s2.handoff_proxy = true;
+    gps_job *proxy = fleet_submit(&f, &s2);
+    assert_string_equal(gps_job_id(proxy), "job_000000000000000000000042");
+    json_t *w2 = gps_job_wire(proxy, gp_now_mono_us(), 60);
+    const char *same[] = {"kind", "model", "params", "messages", "user", "session", "priority",
+                          "prompt_tokens_first", "prompt", "continuation"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        if (!json_equal(json_object_get(w1, same[i]), json_object_get(w2, same[i])))
+            fail_msg("wire field %s differs", same[i]);
+    /* The tenant tag narrows the claimer's own: set, and not the same. */
+    const char *t1 = json_string_value(json_object_get(w1, "tenant"));
+    const char *t2 = json_string_value(json_object_get(w2, "tenant"));
+    assert_non_null(t1);
+    assert_non_null(t2);
+    assert_string_not_equal(t1, t2);
+    /* A proxy is never offered again and is not remote. */
+    assert_false(gps_job_remote(proxy));
+
+    json_t *bad = json_pack("{s:s}", "kind", "chat");
+    assert_int_equal(gps_handoff_spec_from_wire(bad, &s2, err, sizeof err), -1);
+    gps_job_spec_clear(&s2);
+    json_decref(bad);
+    json_decref(w1);
+    json_decref(w2);
+    fleet_free(&f);
+}
+
+typedef struct hooks_seen {
+    int offered, ended;
+    gps_job *last_ended;
+    bool peer;
+} hooks_seen;
+
+static bool h_can(void *arg, const gps_job *job)
+{
+    (void)job;
+    return ((hooks_seen *)arg)->peer;
+}
+static void h_offer(void *arg, gps_job *job)
+{
+    (void)job;
+    ((hooks_seen *)arg)->offered++;
+}
+static void h_ended(void *arg, gps_job *job)
+{
+    hooks_seen *h = arg;
+    h->ended++;
+    h->last_ended = job;
+}
+
+static int apply(fleet *f, gps_job *job, const char *server, long long seq, const char *events)
+{
+    json_t *ev = json_loads(events, 0, NULL);
+    assert_non_null(ev);
+    bool cancel = false;
+    long long expected = -1;
+    char msg[128];
+    int rc = gps_jobs_apply_events(f->jobs, gps_job_id(job), server, seq, ev, &cancel, &expected,
+                                   msg, sizeof msg);
+    json_decref(ev);
+    return rc;
+}
+
+static void test_remote_job_life(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    hooks_seen hs = {.peer = false};
+    gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .ended = h_ended, .arg = &hs};
+    gps_jobs_set_handoff(f.jobs, &hk);
+
+    /* No peer serves it: refused as before (404). */
+    gps_job_spec s = fleet_spec("far", 10);
+    gps_submit_err err;
+    assert_null(gps_jobs_submit(f.jobs, &s, "c", "", &err));
+    assert_int_equal(err.status, 404);
+    assert_int_equal(hs.offered, 0);
+
+    hs.peer = true;
+    s = fleet_spec("far", 10);
+    gps_job *job = fleet_submit(&f, &s);
+    assert_true(gps_job_remote(job));
+    assert_int_equal(hs.offered, 1);
+    assert_int_equal(gps_job_state_of(job), GPS_JOB_QUEUED);
+    /* Not this server's pseudo-agent yet: its events are refused. */
+    assert_int_equal(apply(&f, job, "srv_b", 0, "[{\"type\":\"token\",\"text\":\"x\"}]"), 409);
+
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, job, "srv_b"), 0);
+    assert_int_equal(gps_job_state_of(job), GPS_JOB_ASSIGNED);
+    assert_string_equal(gps_job_agent_id(job), "srv_b");
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, job, "srv_b"), -1);
+    assert_int_equal(apply(&f, job, "srv_b", 0,
+                           "[{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"Hi\"}]"),
+                     0);
+    assert_string_equal(gps_job_text(job), "Hi");
+    /* A batch again (re-read): applied once. */
+    assert_int_equal(apply(&f, job, "srv_b", 0,
+                           "[{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"Hi\"}]"),
+                     0);
+    assert_string_equal(gps_job_text(job), "Hi");
+    assert_int_equal(apply(&f, job, "srv_x", 2, "[{\"type\":\"token\",\"text\":\"!\"}]"), 409);
+
+    /* The claimer is gone and the client saw nothing: offered again. */
+    gps_jobs_remote_lost(f.jobs, job, "server_lost");
+    assert_int_equal(gps_job_state_of(job), GPS_JOB_QUEUED);
+    assert_string_equal(gps_job_text(job), "");
+    assert_int_equal(hs.ended, 0);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, job, "srv_c"), 0);
+    assert_int_equal(gps_job_attempts(job), 2);
+    assert_int_equal(apply(&f, job, "srv_c", 0, "[{\"type\":\"token\",\"text\":\"Yo\"}]"), 0);
+    gps_job_mark_output_sent(job);
+    /* After output: AGENT_LOST, the end told once. */
+    gps_jobs_remote_lost(f.jobs, job, "server_lost");
+    assert_int_equal(gps_job_state_of(job), GPS_JOB_FAILED);
+    assert_string_equal(gps_job_error_code(job), "AGENT_LOST");
+    assert_int_equal(hs.ended, 1);
+    assert_ptr_equal(hs.last_ended, job);
+
+    /* A stall seen here ends it even without output; a done one tells
+     * its end too. */
+    s = fleet_spec("far", 10);
+    gps_job *j2 = fleet_submit(&f, &s);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j2, "srv_b"), 0);
+    gps_jobs_remote_lost(f.jobs, j2, "stalled");
+    assert_int_equal(gps_job_state_of(j2), GPS_JOB_FAILED);
+    assert_int_equal(hs.ended, 2);
+    s = fleet_spec("far", 10);
+    gps_job *j3 = fleet_submit(&f, &s);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j3, "srv_b"), 0);
+    assert_int_equal(apply(&f, j3, "srv_b", 0,
+                           "[{\"type\":\"token\",\"text\":\"ok\"},{\"type\":\"end\","
+                           "\"finish_reason\":\"stop\",\"usage\":{\"prompt_tokens\":3,"
+                           "\"completion_tokens\":1}}]"),
+                     0);
+    assert_int_equal(gps_job_state_of(j3), GPS_JOB_DONE);
+    assert_int_equal(hs.ended, 3);
+    /* Cancelled while waiting for a claim. */
+    s = fleet_spec("far", 10);
+    gps_job *j4 = fleet_submit(&f, &s);
+    gps_jobs_cancel(f.jobs, j4, "client_gone");
+    assert_int_equal(hs.ended, 4);
+    assert_ptr_equal(hs.last_ended, j4);
+    fleet_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wire_round_trip),
+        cmocka_unit_test(test_remote_job_life),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
