@@ -18,6 +18,7 @@ list of servers (--server A,B,C).
 - test_follow_live_from_another_server: a task created on A, followed from B
   while A's agent is held at the gate after k tokens (B streams what A
   committed while A still runs it), then to its end: B's stream is A's.
+  The task is leased under the id A announces in the servers table.
 
 Waiting is on events (the gate, the n-th event, /v1/models, the stream's
 end), never on sleeps. Processes are stopped by their PID (harness.py,
@@ -117,6 +118,19 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(st, 200)
         return stream_of(data), headers
 
+    def servers_of(self, srv):
+        st, _, r = http_json("GET", srv.url + "/admin/status")
+        self.assertEqual(st, 200, r)
+        return r["servers"]
+
+    def server_id(self, srv):
+        """The id srv announces (servers table, /admin/status)."""
+        return self.servers_of(srv)["self"]
+
+    def owner_of(self, tid):
+        return self.pg.psql("gpupool", "SELECT owner_server FROM jobs WHERE id = '%s'"
+                            % tid).strip()
+
     def stored_token_ids(self, tid):
         """Each token event's ids (None: an event without ids), from
         job_events in PostgreSQL."""
@@ -213,6 +227,7 @@ class SharedTasksTest(harness.TestCase):
         owner = self.pg.psql("gpupool", "SELECT lease_attempt, finished_at IS NOT NULL "
                                         "FROM jobs WHERE id = '%s'" % tid)
         self.assertEqual(owner.strip(), "2|t")
+        self.assertEqual(self.owner_of(tid), self.server_id(self.b))
         # C answers the finished task from the store too.
         again, _ = self.whole(self.c, tid, last=0)
         self.assertEqual(again, stream)
@@ -287,6 +302,12 @@ class SharedTasksTest(harness.TestCase):
         st, _, status_b = http_json("GET", self.b.url + "/v2/tasks/" + tid)
         self.assertEqual(st, 200, status_b)
         self.assertIn(status_b["status"], ("assigned", "running"), status_b)
+        # The task is leased under the id A announces in the servers table,
+        # the one every server lists (one server id per process).
+        owner = self.owner_of(tid)
+        self.assertEqual(owner, self.server_id(self.a))
+        listed = {r["id"]: r["state"] for r in self.servers_of(self.b)["servers"]}
+        self.assertEqual(listed.get(owner), "alive", listed)
         write_atomic(self.gate, OPEN)
         while True:
             e = s.next_event(timeout=60)
@@ -297,7 +318,6 @@ class SharedTasksTest(harness.TestCase):
         self.check_once(seen, [])
         from_a, _ = self.whole(self.a, tid)
         self.assertEqual(seen, from_a)
-
 
 if __name__ == "__main__":
     harness.main()
