@@ -19,6 +19,8 @@ list of servers (--server A,B,C).
   while A's agent is held at the gate after k tokens (B streams what A
   committed while A still runs it), then to its end: B's stream is A's.
   The task is leased under the id A announces in the servers table.
+- test_delete_from_another_server: DELETE on B of a task A runs: A cancels
+  it (asked through the database), B answers with A's status.
 
 Waiting is on events (the gate, the n-th event, /v1/models, the stream's
 end), never on sleeps. Processes are stopped by their PID (harness.py,
@@ -318,6 +320,50 @@ class SharedTasksTest(harness.TestCase):
         self.check_once(seen, [])
         from_a, _ = self.whole(self.a, tid)
         self.assertEqual(seen, from_a)
+
+    def test_delete_from_another_server(self):
+        """DELETE /v2/tasks/{id} on B of a task A runs (its agent held
+        mid-task): B asks the cancel through the database and answers once
+        A cancelled the job, with the status A would have answered; A's
+        client gets the terminal event of a cancel, the stored log and the
+        row end there."""
+        self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        write_atomic(self.gate, "3")
+        tid = self.create(self.a)
+        s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
+        seen = self.read_until_tokens(s, 1, [])
+        st, _, reply = http_json("DELETE", self.b.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertEqual(st, 200, reply)
+        self.assertEqual(reply["status"], "cancelled", reply)
+        self.assertNotIn("cancel_requested", reply)
+        # The rest of A's stream: the terminal event a DELETE on A gives.
+        while True:
+            e = s.next_event(timeout=60)
+            if e is None:
+                break
+            seen.append((int(e["id"]), e["event"], json.loads(e["data"])))
+        s.close()
+        write_atomic(self.gate, OPEN)
+        self.assertEqual([e[0] for e in seen], list(range(1, len(seen) + 1)), seen)
+        self.assertEqual(seen[-1][1], "error", seen[-1])
+        code = seen[-1][2]["code"]
+        self.assertEqual(reply["error"]["code"], code, reply)
+        st, _, on_a = http_json("GET", self.a.url + "/v2/tasks/" + tid)
+        self.assertEqual(st, 200, on_a)
+        self.assertEqual((on_a["status"], on_a["error"]["code"]), ("cancelled", code), on_a)
+        self.assertEqual([e.get("job_id") for e in self.a.log_events("task_cancelled_remote")],
+                         [tid])
+        self.assertEqual([e.get("job_id") for e in self.b.log_events("task_cancel_asked")], [tid])
+        row = self.pg.psql("gpupool", "SELECT status, error_code, cancel_requested IS NOT NULL "
+                                      "FROM jobs WHERE id = '%s'" % tid)
+        self.assertEqual(row.strip(), "cancelled|%s|t" % code)
+        # C, a third server, replays the same log from the store.
+        again, _ = self.whole(self.c, tid, last=0)
+        self.assertEqual(again, seen)
+        # A second DELETE, on C, of the finished task: its status, at once.
+        st, _, reply2 = http_json("DELETE", self.c.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertEqual((st, reply2["status"]), (200, "cancelled"), reply2)
+
 
 if __name__ == "__main__":
     harness.main()

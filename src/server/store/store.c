@@ -135,6 +135,9 @@ enum {
     /* requests' owners on a shared DB (jobs.owner_server, migration 0010) */
     K_JOB_INSERT_OWNED,
     K_JOBS_FAIL_ORPHANS,
+    /* a task's cancel asked of its owner through the row (migration 0012) */
+    K_TASK_CANCEL_REQ,
+    K_TASK_CANCELS,
     K_COUNT
 };
 
@@ -542,6 +545,18 @@ static const struct {
         "WHERE id = ?1::text AND lease_attempt = ?5::bigint) ON CONFLICT (job_id) DO UPDATE "
         "SET text = excluded.text, last_seq = excluded.last_seq, "
         "updated_at = excluded.updated_at"},
+    /* A DELETE answered by a server that does not run the task: ask its
+     * owner (migration 0012). res->changes 0: no such unfinished native
+     * task (finished meanwhile, or never was). */
+
+    [K_TASK_CANCEL_REQ] = {"task_cancel_request", F_OPT | F_CELLS,
+        "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1 AND api = 'native' "
+        "AND finished_at IS NULL", NULL},
+    /* The cancels asked of the unfinished tasks ?1 holds. */
+
+    [K_TASK_CANCELS] = {"task_cancels", F_OPT | F_CELLS,
+        "SELECT id FROM jobs WHERE owner_server = ?1 AND finished_at IS NULL "
+        "AND cancel_requested IS NOT NULL", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -959,12 +974,17 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_TASK_FOLLOW:
     case K_TASK_LEASE_GET:
     case K_JOBS_FAIL_ORPHANS:
+    case K_TASK_CANCEL_REQ:
+    case K_TASK_CANCELS:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
                 ? 0
                 : -1;
-        o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ? changes : 0;
+        o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ||
+                             o->kind == K_TASK_CANCEL_REQ
+                         ? changes
+                         : 0;
         if (o->status)
             rows_free(o);
         return false;
@@ -1120,9 +1140,10 @@ static void *db_main(void *arg)
             commit_us = gp_now_mono_us() - t0;
         }
 
-        /* A heartbeat holds only once its transaction is committed. */
+        /* A heartbeat (a cancel request) holds only once its transaction
+         * is committed. */
         for (op *o = done_head; o && in_tx && !commit_ok; o = o->next)
-            if (o->kind == K_SERVER_BEAT)
+            if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
                 o->status = -1;
         pthread_mutex_lock(&s->mu);
         if (commit_ok) {
@@ -2450,6 +2471,27 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
     if (!s->ev_done || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_FOLLOW, "ti", job_id, (int64_t)after_seq), cb, arg);
+}
+
+bool gps_store_has_task_cancel(gps_store *s)
+{
+    return gps_store_has_task_leases(s) && s->w.ok[K_TASK_CANCEL_REQ] && s->w.ok[K_TASK_CANCELS];
+}
+
+int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
+                                        gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCEL_REQ, "ti", job_id, now_ms), cb, arg);
+}
+
+int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg)
+{
+    if (!s->ev_done || !server_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCELS, "t", server_id), cb, arg);
 }
 
 int gps_store_purge_responses(gps_store *s, int64_t now_ms)

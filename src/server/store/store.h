@@ -406,6 +406,16 @@ int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells
  * row when the job does not exist. */
 int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
                                 gps_store_cells_fn cb, void *arg);
+/* A DELETE of a task another server runs (migration 0012): mark the row
+ * (jobs.cancel_requested = now_ms) if it is an unfinished native task;
+ * res->changes says whether it was; status -1 also when its transaction
+ * did not commit. The owner finds the marks with gps_store_task_cancels_async:
+ * rows of (id), its unfinished tasks with a cancel asked. */
+bool gps_store_has_task_cancel(gps_store *s);
+int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
+                                        gps_store_cells_fn cb, void *arg);
+int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg);
 
 /* Stored Responses (migration 0006; see migrations/0006_responses.sql).
  * key_id is "" for requests made with auth off. */
