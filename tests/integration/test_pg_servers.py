@@ -38,8 +38,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import pg  # noqa: E402
+import pg_fixture  # noqa: E402
 from harness import bearer, http_json  # noqa: E402
-import test_postgres_store  # noqa: E402
 import upstream as upstream_mod  # noqa: E402
 
 # Heartbeat every second, lease 5 s (room for a loaded CI machine), keys and
@@ -129,23 +129,10 @@ class Link:
             x.close()
 
 
-class PgServersTest(harness.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = test_postgres_store.server_has_libpq()
+class PgServersTest(pg_fixture.PgServersCase):
 
     def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq")
         super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)  # before the harness removes its directory
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
         self.admin = self.h.create_key(self.uri, "admin", "ops")
         self.client = self.h.create_key(self.uri, "client", "app")
         # Agent keys made before the servers start (each binds to one agent):
@@ -153,24 +140,18 @@ class PgServersTest(harness.TestCase):
         # next re-read of the keys.
         self.agent_keys = [self.h.create_key(self.uri, "agent", "agent%d" % i) for i in range(3)]
 
-    def start_servers(self, n=3):
-        return [self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
-                                    key=self.client) for _ in range(n)]
+    def start_servers(self, n=3, db=None):
+        return super().start_servers(n, FAST + CLUSTER, key=self.client, db=db)
 
     def start_agent(self, srv, up):
         return self.h.start_agent(srv, upstream=up, model="m1", slots=2,
                                   token=self.agent_keys.pop())
 
     def status(self, srv):
-        st, _, body = http_json("GET", srv.url + "/admin/status", headers=bearer(self.admin),
-                                timeout=10)
-        self.assertEqual(st, 200, body)
-        return body
+        return {"servers": self.servers_status(srv, self.admin)}
 
     def server_states(self, srv):
-        """{pid: state} of the servers srv lists (its last read)."""
-        return {s["pid"]: s["state"] for s in (self.status(srv).get("servers") or {})
-                .get("servers", [])}
+        return super().server_states(srv, self.admin)
 
     def complete(self, srv, prompt, key=None, n=3):
         return http_json("POST", srv.url + "/v1/completions",
@@ -322,8 +303,7 @@ class PgServersTest(harness.TestCase):
         link = Link(self.pg.port)
         self.addCleanup(link.cut)
         cut_uri = "postgresql://%s@127.0.0.1:%d/gpupool" % (pg.Postgres.USER, link.port)
-        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=cut_uri,
-                                key=self.client)
+        a, = self.start_servers(1, db=cut_uri)
         b, c = self.start_servers(2)
         for srv in (a, b):
             self.start_agent(srv, up)
@@ -409,10 +389,9 @@ class PgServersTest(harness.TestCase):
         exited at the first 401). b re-reads every 20 s, so the agent
         most likely meets the 401 first."""
         up = self.h.start_upstream(["--tokens", "3"])
-        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
-                                key=self.client)
-        b = self.h.start_server(FAST + CLUSTER + ["--shared_refresh_sec", "20", "--state_dir",
-                                                  self.h.tmp], db=self.uri, key=self.client)
+        a, = self.start_servers(1)
+        b, = super().start_servers(1, FAST + CLUSTER + ["--shared_refresh_sec", "20"],
+                                   key=self.client)
         st, _, k = http_json("POST", a.url + "/admin/keys", {"role": "agent", "name": "late"},
                              headers=bearer(self.admin), timeout=10)
         self.assertIn(st, (200, 201), k)

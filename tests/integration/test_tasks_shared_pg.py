@@ -36,10 +36,9 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-import pg  # noqa: E402
+import pg_fixture  # noqa: E402
 from harness import http_json  # noqa: E402
 from test_e2e_token_failover import gguf_built, write_atomic  # noqa: E402
-from test_postgres_store import server_has_libpq, state  # noqa: E402
 
 MODEL = os.path.join(os.environ.get("GP_MODEL_DATA") or
                      os.path.join(harness.BUILD_DIR, "tests", "data"), "tiny-random-q8_0.gguf")
@@ -69,33 +68,18 @@ class ListAgent(harness.Agent):
         harness.Proc.__init__(self, name, argv, os.path.join(h.tmp, name + ".log"), env=env)
 
 
-class SharedTasksTest(harness.TestCase):
+class SharedTasksTest(pg_fixture.PgServersCase):
     NEEDS = (harness.SERVER_BIN, harness.AGENT_BIN)
 
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = server_has_libpq()
-
     def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq")
         if not os.path.exists(MODEL):
             self.skipTest("no %s (tests/synth not built)" % MODEL)
         if not gguf_built():
             self.skipTest("gpupool-agent built without the gguf backend")
         super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)  # before the harness removes its directory
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
         self.gate = self.h.path("gate")
         write_atomic(self.gate, OPEN)
-        # One after the other: the first migrates, the others find it done.
-        self.a, self.b, self.c = [self.h.start_server(FAST + state(self.h), db=self.uri,
-                                                      name="server" + n) for n in "ABC"]
+        self.a, self.b, self.c = self.start_servers(3, FAST, names=["server" + n for n in "ABC"])
         for s in (self.a, self.b, self.c):
             self.assertTrue(s.log_events("tasks_shared"), "%s did not share its tasks" % s.name)
         shutil.copyfile(MODEL, self.h.path("a.gguf"))
@@ -120,24 +104,14 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(st, 200)
         return stream_of(data), headers
 
-    def servers_of(self, srv):
-        st, _, r = http_json("GET", srv.url + "/admin/status")
-        self.assertEqual(st, 200, r)
-        return r["servers"]
-
-    def server_id(self, srv):
-        """The id srv announces (servers table, /admin/status)."""
-        return self.servers_of(srv)["self"]
-
     def owner_of(self, tid):
-        return self.pg.psql("gpupool", "SELECT owner_server FROM jobs WHERE id = '%s'"
-                            % tid).strip()
+        return self.psql("SELECT owner_server FROM jobs WHERE id = '%s'" % tid).strip()
 
     def stored_token_ids(self, tid):
         """Each token event's ids (None: an event without ids), from
         job_events in PostgreSQL."""
-        out = self.pg.psql("gpupool", "SELECT events FROM job_events WHERE job_id = '%s' "
-                                      "ORDER BY first_seq" % tid)
+        out = self.psql("SELECT events FROM job_events WHERE job_id = '%s' ORDER BY first_seq"
+                        % tid)
         evs = {}
         for line in out.splitlines():
             if line.strip():
@@ -226,8 +200,8 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(st, 200, status)
         self.assertEqual(status["status"], "done", status)
         self.assertEqual(status["x_pool_meta"].get("continuation"), "tokens", status)
-        owner = self.pg.psql("gpupool", "SELECT lease_attempt, finished_at IS NOT NULL "
-                                        "FROM jobs WHERE id = '%s'" % tid)
+        owner = self.psql("SELECT lease_attempt, finished_at IS NOT NULL FROM jobs "
+                          "WHERE id = '%s'" % tid)
         self.assertEqual(owner.strip(), "2|t")
         self.assertEqual(self.owner_of(tid), self.server_id(self.b))
         # C answers the finished task from the store too.
@@ -248,10 +222,10 @@ class SharedTasksTest(harness.TestCase):
         seen = self.read_until_tokens(s, n, [])
         # A's agent waits at the gate. Its lease is taken, as if A had
         # stalled past it: attempt 2, held by another server for an hour.
-        self.pg.psql("gpupool", "UPDATE jobs SET lease_attempt = lease_attempt + 1, "
-                                "owner_server = 'srv_other', lease_until = "
-                                "(extract(epoch FROM now()) * 1000)::bigint + 3600000 "
-                                "WHERE id = '%s'" % tid)
+        self.psql("UPDATE jobs SET lease_attempt = lease_attempt + 1, "
+                  "owner_server = 'srv_other', lease_until = "
+                  "(extract(epoch FROM now()) * 1000)::bigint + 3600000 "
+                  "WHERE id = '%s'" % tid)
         write_atomic(self.gate, OPEN)  # A's agent goes on: A's writes are refused
         guard = threading.Timer(120, lambda: s.conn.sock and
                                 s.conn.sock.shutdown(socket.SHUT_RDWR))
@@ -270,12 +244,11 @@ class SharedTasksTest(harness.TestCase):
         self.assertNotIn(seen[-1][1], ("end", "error"), seen)
         lost = self.a.log_events("task_lease_lost")
         self.assertEqual([e.get("job_id") for e in lost], [tid])
-        stored = self.pg.psql("gpupool", "SELECT max(last_seq) FROM job_events WHERE job_id = '%s'"
-                              % tid)
+        stored = self.psql("SELECT max(last_seq) FROM job_events WHERE job_id = '%s'" % tid)
         self.assertEqual(int(stored.strip()), seen[-1][0])
         # The server that took it dies at once: its lease expires, one
         # server with an agent (A or B) claims it (attempt 3).
-        self.pg.psql("gpupool", "UPDATE jobs SET lease_until = 0 WHERE id = '%s'" % tid)
+        self.psql("UPDATE jobs SET lease_until = 0 WHERE id = '%s'" % tid)
         rest, _ = self.whole(self.c, tid, last=seen[-1][0])
         stream = seen + rest
         self.assertEqual(self.check_once(stream, ["SERVER_RESTART"]), base_text)
@@ -283,8 +256,7 @@ class SharedTasksTest(harness.TestCase):
         claims = [e for srv in (self.a, self.b, self.c) for e in srv.log_events("task_claimed")
                   if e.get("job_id") == tid]
         self.assertEqual(len(claims), 1, claims)
-        row = self.pg.psql("gpupool", "SELECT lease_attempt, status FROM jobs WHERE id = '%s'"
-                           % tid)
+        row = self.psql("SELECT lease_attempt, status FROM jobs WHERE id = '%s'" % tid)
         self.assertEqual(row.strip(), "3|done")
 
     def test_follow_live_from_another_server(self):
@@ -308,7 +280,7 @@ class SharedTasksTest(harness.TestCase):
         # the one every server lists (one server id per process).
         owner = self.owner_of(tid)
         self.assertEqual(owner, self.server_id(self.a))
-        listed = {r["id"]: r["state"] for r in self.servers_of(self.b)["servers"]}
+        listed = {r["id"]: r["state"] for r in self.servers_status(self.b)["servers"]}
         self.assertEqual(listed.get(owner), "alive", listed)
         write_atomic(self.gate, OPEN)
         while True:
@@ -354,8 +326,8 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual([e.get("job_id") for e in self.a.log_events("task_cancelled_remote")],
                          [tid])
         self.assertEqual([e.get("job_id") for e in self.b.log_events("task_cancel_asked")], [tid])
-        row = self.pg.psql("gpupool", "SELECT status, error_code, cancel_requested IS NOT NULL "
-                                      "FROM jobs WHERE id = '%s'" % tid)
+        row = self.psql("SELECT status, error_code, cancel_requested IS NOT NULL FROM jobs "
+                        "WHERE id = '%s'" % tid)
         self.assertEqual(row.strip(), "cancelled|%s|t" % code)
         # C, a third server, replays the same log from the store.
         again, _ = self.whole(self.c, tid, last=0)
