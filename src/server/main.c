@@ -556,10 +556,14 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 /* Several servers on one database                                     */
 /* ------------------------------------------------------------------ */
 
+/* New work is refused (503) while the lease is out (the database away for
+ * lease_sec), and before that while the store's queue is backed up: what
+ * is admitted then would only make it longer. */
 static int cluster_admit(void *arg, char *msg, size_t msglen)
 {
     server *s = arg;
-    return gps_cluster_admit(s->cluster, msg, msglen);
+    int sec = gps_cluster_admit(s->cluster, msg, msglen);
+    return sec ? sec : gps_store_backlog(s->store, msg, msglen);
 }
 
 static json_t *cluster_servers(void *arg)
@@ -847,7 +851,8 @@ int main(int argc, char **argv)
     }
 
     gps_store_db_label(s->cfg.db, s->db_label, sizeof s->db_label);
-    gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir};
+    gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir,
+                            .queue_max = (size_t)s->cfg.db_queue_max};
     s->store = gps_store_open(s->cfg.db, s->base, &sopts, err, sizeof err);
     if (!s->store) {
         gp_log_error("db_open_failed", "%s: %s", s->db_label, err);

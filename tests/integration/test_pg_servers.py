@@ -69,7 +69,17 @@ class Link:
         self.lock = threading.Lock()
         self.socks = []
         self.lsock = None
+        self.flowing = threading.Event()
+        self.flowing.set()
         self.heal()
+
+    def pause(self):
+        """Hold what either side sends, connections open: the server's
+        statements wait for answers, as on a database that hangs."""
+        self.flowing.clear()
+
+    def resume(self):
+        self.flowing.set()
 
     def heal(self):
         ls = socket.socket()
@@ -95,13 +105,13 @@ class Link:
             for a, b in ((c, u), (u, c)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src, dst):
+    def _pump(self, src, dst):
         try:
             while True:
                 d = src.recv(65536)
                 if not d:
                     break
+                self.flowing.wait()
                 dst.sendall(d)
         except OSError:
             pass
@@ -337,6 +347,50 @@ class PgServersTest(pg_fixture.PgServersCase):
         self.assertEqual(http_json("GET", a.url + "/health", timeout=10)[0], 200)
         harness.wait_until(lambda: self.server_states(b).get(a.pid) == "alive", timeout=30,
                            what="b listing the healed server alive")
+
+    def test_store_backlog_refuses_new_work(self):
+        """The database hangs (the link holds every byte, connections open:
+        nothing fails, and the lease, 600 s here, does not run out): the
+        writes of admitted requests queue up; from three quarters of
+        db_queue_max the server answers new work 503 with Retry-After
+        (logged store_backlog) instead of queueing more; the database
+        back, the queue drains and it admits again by itself
+        (store_backlog_cleared)."""
+        up = self.h.start_upstream(["--tokens", "3"])
+        link = Link(self.pg.port)
+        self.addCleanup(link.cut)
+        uri = "postgresql://%s@127.0.0.1:%d/gpupool" % (pg.Postgres.USER, link.port)
+        a, = super().start_servers(1, FAST + ["--heartbeat_sec", "1", "--lease_sec", "600",
+                                              "--db_queue_max", "40"], key=self.client, db=uri)
+        self.start_agent(a, up)
+        a.wait_model("m1")
+        self.assert_completes(a, "before the hang")
+        link.pause()
+        self.addCleanup(link.resume)
+        sent = []
+
+        def refused():
+            sent.append(self.complete(a, "held %d" % len(sent)))
+            return sent[-1][0] != 200
+        harness.wait_until(refused, timeout=120, interval=0,
+                           what="a refusal once the store's queue backed up")
+        st, hdr, err = sent[-1]
+        self.assertEqual(st, 503, err)
+        self.assertIn("not keeping up", err["error"]["message"])
+        self.assertGreaterEqual(int(hdr["retry-after"]), 1)
+        self.assertGreater(len(sent), 1, "refused before any write queued")
+        # Refused, the queue stays where it is: more requests, all 503.
+        for i in range(5):
+            self.assertEqual(self.complete(a, "still held %d" % i)[0], 503)
+        self.assertLessEqual(a.metric("gpupool_db_queue_depth"), 40)
+        self.assertEqual(len(a.log_events("store_backlog")), 1)
+        sys.stderr.write("\n%d requests admitted before the backlog refused new work\n"
+                         % (len(sent) - 1))
+        link.resume()
+        harness.wait_until(lambda: self.complete(a, "back")[0] == 200, timeout=60,
+                           interval=0.2, what="admitting again once the database answers")
+        self.assertTrue(a.log_events("store_backlog_cleared"))
+        self.assert_completes(a, "after the hang")
 
     def test_keys_and_budgets_shared(self):
         up = self.h.start_upstream(["--tokens", "3"])

@@ -845,6 +845,7 @@ struct gps_store {
     bool last_commit_ok;
     char last_error[320];
     int64_t last_drop_log_ms;
+    bool backlog;                /* loop thread: refusing new work (gps_store_backlog) */
     gps_store_stats stats;
     int64_t sync_changes;        /* rows the last sync_exec changed (owner thread) */
 };
@@ -1292,6 +1293,18 @@ static int enqueue_front(gps_store *s, op *o)
         free_chain(o);
         return -1;
     }
+    /* A renewal of the same leases still waiting (the database slow or
+     * away) takes the new expiry instead of another place in the queue:
+     * they would pile up, one per renewal period, as long as it is away.
+     * The ops queued ahead are the first ones (seq 0), a few at most. */
+    for (op *q = s->qhead; o->kind == K_TASK_RENEW && q && q->seq == 0; q = q->next)
+        if (q->kind == K_TASK_RENEW && q->nv == o->nv && q->v[0].s && o->v[0].s &&
+            strcmp(q->v[0].s, o->v[0].s) == 0) {
+            q->v[1].i = o->v[1].i;
+            pthread_mutex_unlock(&s->mu);
+            free_chain(o);
+            return 0;
+        }
     o->seq = 0;
     o->next = s->qhead;
     s->qhead = o;
@@ -1993,6 +2006,36 @@ void gps_store_get_stats(gps_store *s, gps_store_stats *out)
     pthread_mutex_lock(&s->mu);
     *out = s->stats;
     pthread_mutex_unlock(&s->mu);
+}
+
+int gps_store_backlog(gps_store *s, char *msg, size_t msglen)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t depth = s->stats.queue_depth, drops = s->stats.drops;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t high = s->queue_max - s->queue_max / 4, low = s->queue_max / 2;
+    if (!s->backlog && depth >= high) {
+        s->backlog = true;
+        gp_log_write(GP_LOG_ERROR, "store_backlog", NULL,
+                     json_pack("{s:I,s:I,s:I}", "queue_depth", (json_int_t)depth, "queue_max",
+                               (json_int_t)s->queue_max, "drops_total", (json_int_t)drops),
+                     "store: %llu ops queued (the database is slow or away): refusing new "
+                     "work until fewer than %llu are", (unsigned long long)depth,
+                     (unsigned long long)low);
+    } else if (s->backlog && depth < low) {
+        s->backlog = false;
+        gp_log_write(GP_LOG_INFO, "store_backlog_cleared", NULL,
+                     json_pack("{s:I}", "queue_depth", (json_int_t)depth),
+                     "store: the queue is down to %llu ops: admitting new work again",
+                     (unsigned long long)depth);
+    }
+    if (!s->backlog)
+        return 0;
+    snprintf(msg, msglen,
+             "this server's database is not keeping up (%llu writes queued): it admits no new "
+             "work until they are written; retry, here or on another server",
+             (unsigned long long)depth);
+    return 1;
 }
 
 bool gps_store_healthy(gps_store *s, char *msg, size_t msglen)
