@@ -21,6 +21,8 @@ list of servers (--server A,B,C).
   The task is leased under the id A announces in the servers table.
 - test_delete_from_another_server: DELETE on B of a task A runs: A cancels
   it (asked through the database), B answers with A's status.
+- test_delete_when_the_owner_is_gone: A killed -9 with a task; DELETE on C;
+  B claims the lease, finds the cancel asked and cancels the task.
 
 Waiting is on events (the gate, the n-th event, /v1/models, the stream's
 end), never on sleeps. Processes are stopped by their PID (harness.py,
@@ -335,6 +337,42 @@ class SharedTasksTest(pg_fixture.PgServersCase):
         # A second DELETE, on C, of the finished task: its status, at once.
         st, _, reply2 = http_json("DELETE", self.c.url + "/v2/tasks/" + tid, timeout=60)
         self.assertEqual((st, reply2["status"]), (200, "cancelled"), reply2)
+
+    def test_delete_when_the_owner_is_gone(self):
+        """A runs a task and dies (kill -9, with its agent); a DELETE on C
+        marks it; B, the server that claims the expired lease, finds the
+        mark and cancels the task instead of running it to its end. The
+        reply is 200 cancelled, or 202 with cancel_requested when the claim
+        came after task_lease_sec + 5 s (a loaded machine): the row ends
+        cancelled either way."""
+        a1 = self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        self.agent("agentB", [self.b, self.c, self.a], "b.gguf")
+        write_atomic(self.gate, "3")
+        tid = self.create(self.a)
+        s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
+        seen = self.read_until_tokens(s, 1, [])
+        self.a.kill9()
+        a1.kill9()
+        s.close()
+        st, _, reply = http_json("DELETE", self.c.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertIn(st, (200, 202), reply)
+        if st == 200:
+            self.assertEqual(reply["status"], "cancelled", reply)
+        else:
+            self.assertTrue(reply.get("cancel_requested"), reply)
+        harness.wait_until(lambda: self.psql("SELECT status FROM jobs WHERE id = '%s'"
+                                             % tid).strip() == "cancelled",
+                           timeout=60, what="the row cancelled by the claimant")
+        self.assertEqual([e.get("job_id") for e in self.b.log_events("task_cancelled_remote")],
+                         [tid])
+        self.assertEqual(self.c.log_events("task_claimed"), [])
+        # The client, reconnected to C, gets the end of the log: a cancel.
+        rest, _ = self.whole(self.c, tid, last=seen[-1][0])
+        stream = seen + rest
+        self.assertEqual([e[0] for e in stream], list(range(1, len(stream) + 1)), stream)
+        self.assertEqual(stream[-1][1], "error", stream[-1])
+        st, _, reply2 = http_json("GET", self.c.url + "/v2/tasks/" + tid)
+        self.assertEqual(reply2["error"]["code"], stream[-1][2]["code"], reply2)
 
 
 if __name__ == "__main__":

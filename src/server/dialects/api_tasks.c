@@ -247,7 +247,8 @@ typedef struct follow {
 typedef struct pend {
     gps_tasks *g;
     int64_t attempt;
-    char id[40];                  /* lease checks: the task's */
+    char id[40];                  /* lease checks, claims: the task's */
+    bool cancel;                  /* a claim: a cancel was asked through the row */
     struct pend *next;
 } pend;
 
@@ -1520,6 +1521,15 @@ static void task_cancel(gps_tasks *g, task *t)
         restore_fail(g, t, "CANCELLED", "the task was cancelled");
 }
 
+/* A cancel asked through the row (a DELETE another server answered). */
+static void task_cancel_asked(gps_tasks *g, task *t)
+{
+    gp_log_write(GP_LOG_INFO, "task_cancelled_remote", t->corr,
+                 json_pack("{s:s}", "job_id", t->id),
+                 "native task cancelled by a DELETE answered by another server");
+    task_cancel(g, t);
+}
+
 /* The cancels other servers asked for tasks this server holds. */
 static void cancels_read(void *arg, int status, const gps_store_cells *res)
 {
@@ -1532,10 +1542,7 @@ static void cancels_read(void *arg, int status, const gps_store_cells *res)
         task *t = id ? task_find(g, id) : NULL;
         if (!t || t->terminal)
             continue; /* being claimed (read next time), or ending */
-        gp_log_write(GP_LOG_INFO, "task_cancelled_remote", t->corr,
-                     json_pack("{s:s}", "job_id", t->id),
-                     "native task cancelled by a DELETE answered by another server");
-        task_cancel(g, t);
+        task_cancel_asked(g, t);
     }
 }
 
@@ -1562,6 +1569,7 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
 {
     pend *p = arg;
     int64_t attempt = p->attempt;
+    bool cancel = p->cancel;
     gps_tasks *g = pend_take(p);
     if (!g || status != 0 || !j)
         return; /* not ours to run after all: its lease expires again */
@@ -1579,6 +1587,22 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt", (json_int_t)attempt,
                            "events", (json_int_t)gps_tlog_count(t->log)),
                  "native task taken over from a server whose lease expired");
+    if (cancel)
+        task_cancel_asked(g, t); /* before it runs again */
+}
+
+/* A claimed task's cancel mark read (its owner died with a DELETE asked):
+ * then the task itself. */
+static void claim_cancel_read(void *arg, int status, const gps_store_cells *res)
+{
+    pend *p = arg;
+    if (!p->g) {
+        pend_take(p);
+        return;
+    }
+    p->cancel = status == 0 && res && res->nrows > 0 && res->cell[0];
+    if (gps_store_job_get_async(p->g->store, p->id, claimed_job, p) < 0)
+        pend_take(p);
 }
 
 static void claim_done(void *arg, int status, const gps_store_cells *res)
@@ -1602,7 +1626,11 @@ static void claim_done(void *arg, int status, const gps_store_cells *res)
         else if (t)
             continue; /* ended here; its row update is on its way */
         pend *p = pend_new(g, attempt);
-        if (p && gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
+        if (!p)
+            continue;
+        snprintf(p->id, sizeof p->id, "%s", id);
+        if (g->row_cancels ? gps_store_task_cancel_get_async(g->store, id, claim_cancel_read, p) < 0
+                           : gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
             pend_take(p);
     }
 }

@@ -138,6 +138,7 @@ enum {
     /* a task's cancel asked of its owner through the row (migration 0012) */
     K_TASK_CANCEL_REQ,
     K_TASK_CANCELS,
+    K_TASK_CANCEL_GET,
     K_COUNT
 };
 
@@ -557,6 +558,10 @@ static const struct {
     [K_TASK_CANCELS] = {"task_cancels", F_OPT | F_CELLS,
         "SELECT id FROM jobs WHERE owner_server = ?1 AND finished_at IS NULL "
         "AND cancel_requested IS NOT NULL", NULL},
+    /* One task's mark (a claimant reads it before resuming the task). */
+
+    [K_TASK_CANCEL_GET] = {"task_cancel_get", F_OPT | F_CELLS,
+        "SELECT CAST(cancel_requested AS TEXT) FROM jobs WHERE id = ?1", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -977,6 +982,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_JOBS_FAIL_ORPHANS:
     case K_TASK_CANCEL_REQ:
     case K_TASK_CANCELS:
+    case K_TASK_CANCEL_GET:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
@@ -2518,7 +2524,8 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
 
 bool gps_store_has_task_cancel(gps_store *s)
 {
-    return gps_store_has_task_leases(s) && s->w.ok[K_TASK_CANCEL_REQ] && s->w.ok[K_TASK_CANCELS];
+    return gps_store_has_task_leases(s) && s->w.ok[K_TASK_CANCEL_REQ] &&
+           s->w.ok[K_TASK_CANCELS] && s->w.ok[K_TASK_CANCEL_GET];
 }
 
 int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
@@ -2535,6 +2542,14 @@ int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_
     if (!s->ev_done || !server_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_CANCELS, "t", server_id), cb, arg);
+}
+
+int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                    void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCEL_GET, "t", job_id), cb, arg);
 }
 
 int gps_store_purge_responses(gps_store *s, int64_t now_ms)

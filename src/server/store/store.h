@@ -427,6 +427,9 @@ int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_
                                         gps_store_cells_fn cb, void *arg);
 int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
                                  void *arg);
+/* One row (none: no such job): the task's mark, NULL when none. */
+int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                    void *arg);
 
 /* Stored Responses (migration 0006; see migrations/0006_responses.sql).
  * key_id is "" for requests made with auth off. */

@@ -946,6 +946,19 @@ static void test_task_cancels(void **state)
     assert_int_equal(cb.nrows, 1);
     assert_string_equal(cb.first, "job_other");
     assert_int_equal(cn.nrows, 0);
+    /* One task's mark (a claimant's read): set, unset, no such task. */
+    cells_seen g1 = {0}, g2 = {0}, g3 = {0};
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_run", on_cells, &g1), 0);
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_quiet", on_cells, &g2), 0);
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_none", on_cells, &g3), 0);
+    loop_until(base, &g1.calls);
+    loop_until(base, &g2.calls);
+    loop_until(base, &g3.calls);
+    assert_int_equal(g1.nrows, 1);
+    assert_string_equal(g1.first, "1800000000000");
+    assert_int_equal(g2.nrows, 1);
+    assert_string_equal(g2.first, "");
+    assert_int_equal(g3.nrows, 0);
     /* Cancelled by its owner: no longer listed. */
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_run");
     u.status = "cancelled";
