@@ -343,7 +343,7 @@ class SharedTasksTest(pg_fixture.PgServersCase):
         marks it; B, the server that claims the expired lease, finds the
         mark and cancels the task instead of running it to its end. The
         reply is 200 cancelled, or 202 with cancel_requested when the claim
-        came after task_lease_sec + 5 s (a loaded machine): the row ends
+        came after task_lease_sec + 10 s (a loaded machine): the row ends
         cancelled either way."""
         a1 = self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
         self.agent("agentB", [self.b, self.c, self.a], "b.gguf")

@@ -1322,7 +1322,7 @@ static void cwait_asked(void *arg, int status, const gps_store_cells *res)
                  "native task run by another server: cancel asked through the database");
     /* Its owner reads the asks every CLAIM_MS; an owner that is gone
      * leaves it to the server that claims its lease. */
-    w->deadline_us = gp_now_mono_us() + w->g->lease_us + 5000000ull;
+    w->deadline_us = gp_now_mono_us() + w->g->lease_us + 10000000ull;
     struct timeval tv = {0, FOLLOW_MS * 1000};
     if (!event_pending(w->g->follow_ev, EV_TIMEOUT, NULL))
         event_add(w->g->follow_ev, &tv);
@@ -1362,7 +1362,7 @@ static bool cwait_start(gps_tasks *g, struct evhttp_request *req, const char *id
     }
     w->polling = true;
     /* The connection's timeout covers the longest wait (cwait_asked). */
-    gps_held_start(&w->held, req, false, (int)(g->lease_us / 1000000u) + 15, NULL, NULL);
+    gps_held_start(&w->held, req, false, (int)(g->lease_us / 1000000u) + 20, NULL, NULL);
     w->next = g->cwaits;
     g->cwaits = w;
     return true;
