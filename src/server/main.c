@@ -558,10 +558,14 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 /* Several servers on one database                                     */
 /* ------------------------------------------------------------------ */
 
+/* New work is refused (503) while the lease is out (the database away for
+ * lease_sec), and before that while the store's queue is backed up: what
+ * is admitted then would only make it longer. */
 static int cluster_admit(void *arg, char *msg, size_t msglen)
 {
     server *s = arg;
-    return gps_cluster_admit(s->cluster, msg, msglen);
+    int sec = gps_cluster_admit(s->cluster, msg, msglen);
+    return sec ? sec : gps_store_backlog(s->store, msg, msglen);
 }
 
 static json_t *cluster_servers(void *arg)
@@ -683,6 +687,25 @@ static int fail_unfinished(void *arg, const gps_store_job_info *job)
     u.finished_at = gp_now_wall_ms();
     gps_store_job_update_async(s->store, u);
     return 0;
+}
+
+/* After the cluster (its id is this process's id in the servers table) and
+ * before the loop runs: on a database several servers may share, native
+ * tasks are leased under the cluster's id, so that the servers list, the
+ * tasks' owner_server and the sweep of dead servers speak of one id
+ * (docs/scaling.md "Native tasks across servers"); then the unfinished
+ * jobs of the previous run are restored or failed. */
+static void tasks_start(server *s)
+{
+    char err[512];
+    if (!gps_store_db_is_file(s->cfg.db)) {
+        const char *sid = gps_cluster_id(s->cluster);
+        if (gps_tasks_set_shared(s->tasks, sid, (int)s->cfg.task_lease_sec) == 0)
+            gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
+                        s->cfg.task_lease_sec);
+    }
+    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
+        gp_log_warn("db_load_jobs_failed", "%s", err);
 }
 
 /* ------------------------------------------------------------------ */
@@ -840,7 +863,8 @@ int main(int argc, char **argv)
     }
 
     gps_store_db_label(s->cfg.db, s->db_label, sizeof s->db_label);
-    gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir};
+    gps_store_opts sopts = {.migrations_dir = s->cfg.migrations_dir,
+                            .queue_max = (size_t)s->cfg.db_queue_max};
     s->store = gps_store_open(s->cfg.db, s->base, &sopts, err, sizeof err);
     if (!s->store) {
         gp_log_error("db_open_failed", "%s: %s", s->db_label, err);
@@ -981,20 +1005,6 @@ int main(int argc, char **argv)
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
     gps_tasks_set_hot_max_events(s->tasks, (size_t)s->cfg.task_hot_max_events);
     gps_tasks_set_auth(s->tasks, s->auth);
-    if (!gps_store_db_is_file(s->cfg.db)) {
-        /* A database several servers may share: this process's native
-         * tasks are leased under a random id (docs/scaling.md "Native
-         * tasks across servers"). */
-        unsigned char rnd[8];
-        char sid[24];
-        gp_random_bytes(rnd, sizeof rnd);
-        int n = snprintf(sid, sizeof sid, "srv_");
-        for (size_t i = 0; i < sizeof rnd; i++)
-            n += snprintf(sid + n, sizeof sid - (size_t)n, "%02x", rnd[i]);
-        if (gps_tasks_set_shared(s->tasks, sid, (int)s->cfg.task_lease_sec) == 0)
-            gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
-                        s->cfg.task_lease_sec);
-    }
     gps_sse_pace_configure((size_t)s->cfg.client_buffer_bytes, (int)s->cfg.slow_client_timeout_sec);
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
                              SERVER_VERSION);
@@ -1006,9 +1016,6 @@ int main(int argc, char **argv)
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
         goto oom;
-    /* After the tasks table exists: it takes the native tasks over. */
-    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
-        gp_log_warn("db_load_jobs_failed", "%s", err);
     bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
@@ -1067,6 +1074,7 @@ int main(int argc, char **argv)
     purge_cb(-1, 0, s);
     if (cluster_start(s, host ? host : tls_host, host ? bound : tls_bound) < 0)
         goto oom;
+    tasks_start(s);
 
     if (host)
         gp_log_write(GP_LOG_INFO, "listening", NULL,

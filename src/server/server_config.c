@@ -132,6 +132,9 @@ const gp_opt gps_config_table[] = {
     {"shared_refresh_sec", GP_OPT_INT, O(shared_refresh_sec), "5", 1, 3600, NULL,
      "on PostgreSQL: re-read keys and today's usage this often, so that what other "
      "servers changed takes effect here"},
+    {"db_queue_max", GP_OPT_INT, O(db_queue_max), "100000", 16, 100000000, NULL,
+     "database writes queued (the database slow or away) before new ones are dropped; from "
+     "three quarters of it new requests are answered 503 until it is back under half"},
     {"log_prompts", GP_OPT_BOOL, O(log_prompts), "false", 0, 0, NULL,
      "store prompts and outputs in the job log (native tasks keep theirs regardless: "
      "that makes them durable)"},

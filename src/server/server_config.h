@@ -76,6 +76,7 @@ typedef struct gps_config {
     long long heartbeat_sec;    /* lease renewal period */
     long long lease_sec;        /* PostgreSQL: no renewal this long -> 503 (0 = never) */
     long long shared_refresh_sec; /* PostgreSQL: keys and usage re-read this often */
+    long long db_queue_max;     /* store ops queued before writes drop (3/4: 503) */
 } gps_config;
 
 extern const gp_opt gps_config_table[];

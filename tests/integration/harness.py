@@ -520,15 +520,19 @@ class Server(Proc):
         """Wait until GET /v1/models lists model (an agent serving it registered)."""
         wait_until(lambda: model in self.models(key), timeout=timeout, what="model %s listed" % model)
 
+    def metric(self, name):
+        """The value of an unlabelled metric in GET /metrics (0 if absent)."""
+        _, _, raw = http_request("GET", self.url + "/metrics", timeout=5)
+        for line in raw.decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0
+
     def parked(self):
         """gpupool_agents_parked: agents with a long-poll waiting for work
         now. Round robin skips an agent between two polls, so a test that
         expects a spread sends each request when all are parked."""
-        _, _, raw = http_request("GET", self.url + "/metrics", timeout=5)
-        for line in raw.decode().splitlines():
-            if line.startswith("gpupool_agents_parked "):
-                return float(line.split()[-1])
-        return 0
+        return self.metric("gpupool_agents_parked")
 
     def wait_parked(self, n, timeout=30):
         wait_until(lambda: self.parked() >= n, timeout=timeout, what="%d agents parked" % n)

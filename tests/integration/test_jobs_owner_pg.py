@@ -22,9 +22,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-import pg  # noqa: E402
+import pg_fixture  # noqa: E402
 from harness import bearer  # noqa: E402
-import test_postgres_store  # noqa: E402
 import upstream as upstream_mod  # noqa: E402
 
 CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "3", "--shared_refresh_sec", "1"]
@@ -32,35 +31,20 @@ FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec
 TOKENS = 600  # at 50 ms: 30 s of stream, longer than the sweep needs (about 12 s)
 
 
-class JobsOwnerPgTest(harness.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = test_postgres_store.server_has_libpq()
+class JobsOwnerPgTest(pg_fixture.PgServersCase):
 
     def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq")
         super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
         self.client = self.h.create_key(self.uri, "client", "app")
         self.agent_keys = [self.h.create_key(self.uri, "agent", "agent%d" % i) for i in range(2)]
 
     def start_server(self):
-        return self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
-                                   key=self.client)
+        return self.start_servers(1, FAST + CLUSTER, key=self.client)[0]
 
     def rows(self):
         """[(status, error_code, finished), ...] of the chat jobs, oldest first."""
-        out = self.pg.psql("gpupool", "SELECT status, COALESCE(error_code, ''), "
-                           "finished_at IS NOT NULL FROM jobs WHERE api = 'openai' "
-                           "ORDER BY created_at, id")
+        out = self.psql("SELECT status, COALESCE(error_code, ''), finished_at IS NOT NULL "
+                        "FROM jobs WHERE api = 'openai' ORDER BY created_at, id")
         return [tuple(line.split("|")) for line in out.splitlines() if line]
 
     def stream(self, srv, prompt):

@@ -38,8 +38,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import pg  # noqa: E402
+import pg_fixture  # noqa: E402
 from harness import bearer, http_json  # noqa: E402
-import test_postgres_store  # noqa: E402
 import upstream as upstream_mod  # noqa: E402
 
 # Heartbeat every second, lease 5 s (room for a loaded CI machine), keys and
@@ -69,7 +69,17 @@ class Link:
         self.lock = threading.Lock()
         self.socks = []
         self.lsock = None
+        self.flowing = threading.Event()
+        self.flowing.set()
         self.heal()
+
+    def pause(self):
+        """Hold what either side sends, connections open: the server's
+        statements wait for answers, as on a database that hangs."""
+        self.flowing.clear()
+
+    def resume(self):
+        self.flowing.set()
 
     def heal(self):
         ls = socket.socket()
@@ -95,13 +105,13 @@ class Link:
             for a, b in ((c, u), (u, c)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pump(src, dst):
+    def _pump(self, src, dst):
         try:
             while True:
                 d = src.recv(65536)
                 if not d:
                     break
+                self.flowing.wait()
                 dst.sendall(d)
         except OSError:
             pass
@@ -129,23 +139,10 @@ class Link:
             x.close()
 
 
-class PgServersTest(harness.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = test_postgres_store.server_has_libpq()
+class PgServersTest(pg_fixture.PgServersCase):
 
     def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq")
         super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)  # before the harness removes its directory
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
         self.admin = self.h.create_key(self.uri, "admin", "ops")
         self.client = self.h.create_key(self.uri, "client", "app")
         # Agent keys made before the servers start (each binds to one agent):
@@ -153,24 +150,18 @@ class PgServersTest(harness.TestCase):
         # next re-read of the keys.
         self.agent_keys = [self.h.create_key(self.uri, "agent", "agent%d" % i) for i in range(3)]
 
-    def start_servers(self, n=3):
-        return [self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
-                                    key=self.client) for _ in range(n)]
+    def start_servers(self, n=3, db=None):
+        return super().start_servers(n, FAST + CLUSTER, key=self.client, db=db)
 
     def start_agent(self, srv, up):
         return self.h.start_agent(srv, upstream=up, model="m1", slots=2,
                                   token=self.agent_keys.pop())
 
     def status(self, srv):
-        st, _, body = http_json("GET", srv.url + "/admin/status", headers=bearer(self.admin),
-                                timeout=10)
-        self.assertEqual(st, 200, body)
-        return body
+        return {"servers": self.servers_status(srv, self.admin)}
 
     def server_states(self, srv):
-        """{pid: state} of the servers srv lists (its last read)."""
-        return {s["pid"]: s["state"] for s in (self.status(srv).get("servers") or {})
-                .get("servers", [])}
+        return super().server_states(srv, self.admin)
 
     def complete(self, srv, prompt, key=None, n=3):
         return http_json("POST", srv.url + "/v1/completions",
@@ -322,8 +313,7 @@ class PgServersTest(harness.TestCase):
         link = Link(self.pg.port)
         self.addCleanup(link.cut)
         cut_uri = "postgresql://%s@127.0.0.1:%d/gpupool" % (pg.Postgres.USER, link.port)
-        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=cut_uri,
-                                key=self.client)
+        a, = self.start_servers(1, db=cut_uri)
         b, c = self.start_servers(2)
         for srv in (a, b):
             self.start_agent(srv, up)
@@ -357,6 +347,50 @@ class PgServersTest(harness.TestCase):
         self.assertEqual(http_json("GET", a.url + "/health", timeout=10)[0], 200)
         harness.wait_until(lambda: self.server_states(b).get(a.pid) == "alive", timeout=30,
                            what="b listing the healed server alive")
+
+    def test_store_backlog_refuses_new_work(self):
+        """The database hangs (the link holds every byte, connections open:
+        nothing fails, and the lease, 600 s here, does not run out): the
+        writes of admitted requests queue up; from three quarters of
+        db_queue_max the server answers new work 503 with Retry-After
+        (logged store_backlog) instead of queueing more; the database
+        back, the queue drains and it admits again by itself
+        (store_backlog_cleared)."""
+        up = self.h.start_upstream(["--tokens", "3"])
+        link = Link(self.pg.port)
+        self.addCleanup(link.cut)
+        uri = "postgresql://%s@127.0.0.1:%d/gpupool" % (pg.Postgres.USER, link.port)
+        a, = super().start_servers(1, FAST + ["--heartbeat_sec", "1", "--lease_sec", "600",
+                                              "--db_queue_max", "40"], key=self.client, db=uri)
+        self.start_agent(a, up)
+        a.wait_model("m1")
+        self.assert_completes(a, "before the hang")
+        link.pause()
+        self.addCleanup(link.resume)
+        sent = []
+
+        def refused():
+            sent.append(self.complete(a, "held %d" % len(sent)))
+            return sent[-1][0] != 200
+        harness.wait_until(refused, timeout=120, interval=0,
+                           what="a refusal once the store's queue backed up")
+        st, hdr, err = sent[-1]
+        self.assertEqual(st, 503, err)
+        self.assertIn("not keeping up", err["error"]["message"])
+        self.assertGreaterEqual(int(hdr["retry-after"]), 1)
+        self.assertGreater(len(sent), 1, "refused before any write queued")
+        # Refused, the queue stays where it is: more requests, all 503.
+        for i in range(5):
+            self.assertEqual(self.complete(a, "still held %d" % i)[0], 503)
+        self.assertLessEqual(a.metric("gpupool_db_queue_depth"), 40)
+        self.assertEqual(len(a.log_events("store_backlog")), 1)
+        sys.stderr.write("\n%d requests admitted before the backlog refused new work\n"
+                         % (len(sent) - 1))
+        link.resume()
+        harness.wait_until(lambda: self.complete(a, "back")[0] == 200, timeout=60,
+                           interval=0.2, what="admitting again once the database answers")
+        self.assertTrue(a.log_events("store_backlog_cleared"))
+        self.assert_completes(a, "after the hang")
 
     def test_keys_and_budgets_shared(self):
         up = self.h.start_upstream(["--tokens", "3"])
@@ -409,10 +443,9 @@ class PgServersTest(harness.TestCase):
         exited at the first 401). b re-reads every 20 s, so the agent
         most likely meets the 401 first."""
         up = self.h.start_upstream(["--tokens", "3"])
-        a = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=self.uri,
-                                key=self.client)
-        b = self.h.start_server(FAST + CLUSTER + ["--shared_refresh_sec", "20", "--state_dir",
-                                                  self.h.tmp], db=self.uri, key=self.client)
+        a, = self.start_servers(1)
+        b, = super().start_servers(1, FAST + CLUSTER + ["--shared_refresh_sec", "20"],
+                                   key=self.client)
         st, _, k = http_json("POST", a.url + "/admin/keys", {"role": "agent", "name": "late"},
                              headers=bearer(self.admin), timeout=10)
         self.assertIn(st, (200, 201), k)

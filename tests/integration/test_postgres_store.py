@@ -22,32 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import pg  # noqa: E402
 from harness import bearer, http_json  # noqa: E402
+from pg_fixture import server_has_libpq, state  # noqa: E402,F401 (also used by other tests)
 
 FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
-
-
-def state(h):
-    # A database URI has no directory: the admin key the server generates
-    # goes to state_dir (default: the working directory), so give it the
-    # test's temporary directory.
-    return ["--state_dir", h.tmp]
 
 
 def complete(srv, key, max_tokens=3):
     return http_json("POST", srv.url + "/v1/completions",
                      {"model": "m1", "prompt": "hello there", "max_tokens": max_tokens},
                      headers=bearer(key), timeout=60)
-
-
-def server_has_libpq():
-    """False when gpupool-server was built without libpq (it then refuses
-    every postgresql:// database, by design)."""
-    if not os.access(harness.SERVER_BIN, os.X_OK):
-        return True  # harness.TestCase skips with "not built"
-    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", "client", "--db",
-                        "postgresql://probe@127.0.0.1:1/probe"], capture_output=True, text=True,
-                       timeout=60)
-    return "built without libpq" not in r.stderr
 
 
 class PostgresStoreTest(harness.TestCase):

@@ -18,6 +18,11 @@ list of servers (--server A,B,C).
 - test_follow_live_from_another_server: a task created on A, followed from B
   while A's agent is held at the gate after k tokens (B streams what A
   committed while A still runs it), then to its end: B's stream is A's.
+  The task is leased under the id A announces in the servers table.
+- test_delete_from_another_server: DELETE on B of a task A runs: A cancels
+  it (asked through the database), B answers with A's status.
+- test_delete_when_the_owner_is_gone: A killed -9 with a task; DELETE on C;
+  B claims the lease, finds the cancel asked and cancels the task.
 
 Waiting is on events (the gate, the n-th event, /v1/models, the stream's
 end), never on sleeps. Processes are stopped by their PID (harness.py,
@@ -33,10 +38,9 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-import pg  # noqa: E402
+import pg_fixture  # noqa: E402
 from harness import http_json  # noqa: E402
 from test_e2e_token_failover import gguf_built, write_atomic  # noqa: E402
-from test_postgres_store import server_has_libpq, state  # noqa: E402
 
 MODEL = os.path.join(os.environ.get("GP_MODEL_DATA") or
                      os.path.join(harness.BUILD_DIR, "tests", "data"), "tiny-random-q8_0.gguf")
@@ -66,33 +70,18 @@ class ListAgent(harness.Agent):
         harness.Proc.__init__(self, name, argv, os.path.join(h.tmp, name + ".log"), env=env)
 
 
-class SharedTasksTest(harness.TestCase):
+class SharedTasksTest(pg_fixture.PgServersCase):
     NEEDS = (harness.SERVER_BIN, harness.AGENT_BIN)
 
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = server_has_libpq()
-
     def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq")
         if not os.path.exists(MODEL):
             self.skipTest("no %s (tests/synth not built)" % MODEL)
         if not gguf_built():
             self.skipTest("gpupool-agent built without the gguf backend")
         super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)  # before the harness removes its directory
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
         self.gate = self.h.path("gate")
         write_atomic(self.gate, OPEN)
-        # One after the other: the first migrates, the others find it done.
-        self.a, self.b, self.c = [self.h.start_server(FAST + state(self.h), db=self.uri,
-                                                      name="server" + n) for n in "ABC"]
+        self.a, self.b, self.c = self.start_servers(3, FAST, names=["server" + n for n in "ABC"])
         for s in (self.a, self.b, self.c):
             self.assertTrue(s.log_events("tasks_shared"), "%s did not share its tasks" % s.name)
         shutil.copyfile(MODEL, self.h.path("a.gguf"))
@@ -117,11 +106,14 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(st, 200)
         return stream_of(data), headers
 
+    def owner_of(self, tid):
+        return self.psql("SELECT owner_server FROM jobs WHERE id = '%s'" % tid).strip()
+
     def stored_token_ids(self, tid):
         """Each token event's ids (None: an event without ids), from
         job_events in PostgreSQL."""
-        out = self.pg.psql("gpupool", "SELECT events FROM job_events WHERE job_id = '%s' "
-                                      "ORDER BY first_seq" % tid)
+        out = self.psql("SELECT events FROM job_events WHERE job_id = '%s' ORDER BY first_seq"
+                        % tid)
         evs = {}
         for line in out.splitlines():
             if line.strip():
@@ -210,9 +202,10 @@ class SharedTasksTest(harness.TestCase):
         self.assertEqual(st, 200, status)
         self.assertEqual(status["status"], "done", status)
         self.assertEqual(status["x_pool_meta"].get("continuation"), "tokens", status)
-        owner = self.pg.psql("gpupool", "SELECT lease_attempt, finished_at IS NOT NULL "
-                                        "FROM jobs WHERE id = '%s'" % tid)
+        owner = self.psql("SELECT lease_attempt, finished_at IS NOT NULL FROM jobs "
+                          "WHERE id = '%s'" % tid)
         self.assertEqual(owner.strip(), "2|t")
+        self.assertEqual(self.owner_of(tid), self.server_id(self.b))
         # C answers the finished task from the store too.
         again, _ = self.whole(self.c, tid, last=0)
         self.assertEqual(again, stream)
@@ -231,10 +224,10 @@ class SharedTasksTest(harness.TestCase):
         seen = self.read_until_tokens(s, n, [])
         # A's agent waits at the gate. Its lease is taken, as if A had
         # stalled past it: attempt 2, held by another server for an hour.
-        self.pg.psql("gpupool", "UPDATE jobs SET lease_attempt = lease_attempt + 1, "
-                                "owner_server = 'srv_other', lease_until = "
-                                "(extract(epoch FROM now()) * 1000)::bigint + 3600000 "
-                                "WHERE id = '%s'" % tid)
+        self.psql("UPDATE jobs SET lease_attempt = lease_attempt + 1, "
+                  "owner_server = 'srv_other', lease_until = "
+                  "(extract(epoch FROM now()) * 1000)::bigint + 3600000 "
+                  "WHERE id = '%s'" % tid)
         write_atomic(self.gate, OPEN)  # A's agent goes on: A's writes are refused
         guard = threading.Timer(120, lambda: s.conn.sock and
                                 s.conn.sock.shutdown(socket.SHUT_RDWR))
@@ -253,12 +246,11 @@ class SharedTasksTest(harness.TestCase):
         self.assertNotIn(seen[-1][1], ("end", "error"), seen)
         lost = self.a.log_events("task_lease_lost")
         self.assertEqual([e.get("job_id") for e in lost], [tid])
-        stored = self.pg.psql("gpupool", "SELECT max(last_seq) FROM job_events WHERE job_id = '%s'"
-                              % tid)
+        stored = self.psql("SELECT max(last_seq) FROM job_events WHERE job_id = '%s'" % tid)
         self.assertEqual(int(stored.strip()), seen[-1][0])
         # The server that took it dies at once: its lease expires, one
         # server with an agent (A or B) claims it (attempt 3).
-        self.pg.psql("gpupool", "UPDATE jobs SET lease_until = 0 WHERE id = '%s'" % tid)
+        self.psql("UPDATE jobs SET lease_until = 0 WHERE id = '%s'" % tid)
         rest, _ = self.whole(self.c, tid, last=seen[-1][0])
         stream = seen + rest
         self.assertEqual(self.check_once(stream, ["SERVER_RESTART"]), base_text)
@@ -266,8 +258,7 @@ class SharedTasksTest(harness.TestCase):
         claims = [e for srv in (self.a, self.b, self.c) for e in srv.log_events("task_claimed")
                   if e.get("job_id") == tid]
         self.assertEqual(len(claims), 1, claims)
-        row = self.pg.psql("gpupool", "SELECT lease_attempt, status FROM jobs WHERE id = '%s'"
-                           % tid)
+        row = self.psql("SELECT lease_attempt, status FROM jobs WHERE id = '%s'" % tid)
         self.assertEqual(row.strip(), "3|done")
 
     def test_follow_live_from_another_server(self):
@@ -287,6 +278,12 @@ class SharedTasksTest(harness.TestCase):
         st, _, status_b = http_json("GET", self.b.url + "/v2/tasks/" + tid)
         self.assertEqual(st, 200, status_b)
         self.assertIn(status_b["status"], ("assigned", "running"), status_b)
+        # The task is leased under the id A announces in the servers table,
+        # the one every server lists (one server id per process).
+        owner = self.owner_of(tid)
+        self.assertEqual(owner, self.server_id(self.a))
+        listed = {r["id"]: r["state"] for r in self.servers_status(self.b)["servers"]}
+        self.assertEqual(listed.get(owner), "alive", listed)
         write_atomic(self.gate, OPEN)
         while True:
             e = s.next_event(timeout=60)
@@ -297,6 +294,85 @@ class SharedTasksTest(harness.TestCase):
         self.check_once(seen, [])
         from_a, _ = self.whole(self.a, tid)
         self.assertEqual(seen, from_a)
+
+    def test_delete_from_another_server(self):
+        """DELETE /v2/tasks/{id} on B of a task A runs (its agent held
+        mid-task): B asks the cancel through the database and answers once
+        A cancelled the job, with the status A would have answered; A's
+        client gets the terminal event of a cancel, the stored log and the
+        row end there."""
+        self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        write_atomic(self.gate, "3")
+        tid = self.create(self.a)
+        s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
+        seen = self.read_until_tokens(s, 1, [])
+        st, _, reply = http_json("DELETE", self.b.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertEqual(st, 200, reply)
+        self.assertEqual(reply["status"], "cancelled", reply)
+        self.assertNotIn("cancel_requested", reply)
+        # The rest of A's stream: the terminal event a DELETE on A gives.
+        while True:
+            e = s.next_event(timeout=60)
+            if e is None:
+                break
+            seen.append((int(e["id"]), e["event"], json.loads(e["data"])))
+        s.close()
+        write_atomic(self.gate, OPEN)
+        self.assertEqual([e[0] for e in seen], list(range(1, len(seen) + 1)), seen)
+        self.assertEqual(seen[-1][1], "error", seen[-1])
+        code = seen[-1][2]["code"]
+        self.assertEqual(reply["error"]["code"], code, reply)
+        st, _, on_a = http_json("GET", self.a.url + "/v2/tasks/" + tid)
+        self.assertEqual(st, 200, on_a)
+        self.assertEqual((on_a["status"], on_a["error"]["code"]), ("cancelled", code), on_a)
+        self.assertEqual([e.get("job_id") for e in self.a.log_events("task_cancelled_remote")],
+                         [tid])
+        self.assertEqual([e.get("job_id") for e in self.b.log_events("task_cancel_asked")], [tid])
+        row = self.psql("SELECT status, error_code, cancel_requested IS NOT NULL FROM jobs "
+                        "WHERE id = '%s'" % tid)
+        self.assertEqual(row.strip(), "cancelled|%s|t" % code)
+        # C, a third server, replays the same log from the store.
+        again, _ = self.whole(self.c, tid, last=0)
+        self.assertEqual(again, seen)
+        # A second DELETE, on C, of the finished task: its status, at once.
+        st, _, reply2 = http_json("DELETE", self.c.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertEqual((st, reply2["status"]), (200, "cancelled"), reply2)
+
+    def test_delete_when_the_owner_is_gone(self):
+        """A runs a task and dies (kill -9, with its agent); a DELETE on C
+        marks it; B, the server that claims the expired lease, finds the
+        mark and cancels the task instead of running it to its end. The
+        reply is 200 cancelled, or 202 with cancel_requested when the claim
+        came after task_lease_sec + 10 s (a loaded machine): the row ends
+        cancelled either way."""
+        a1 = self.agent("agentA", [self.a, self.b, self.c], "a.gguf", gated=True)
+        self.agent("agentB", [self.b, self.c, self.a], "b.gguf")
+        write_atomic(self.gate, "3")
+        tid = self.create(self.a)
+        s = harness.SSEStream("GET", self.a.url + "/v2/tasks/%s/events" % tid, timeout=60)
+        seen = self.read_until_tokens(s, 1, [])
+        self.a.kill9()
+        a1.kill9()
+        s.close()
+        st, _, reply = http_json("DELETE", self.c.url + "/v2/tasks/" + tid, timeout=60)
+        self.assertIn(st, (200, 202), reply)
+        if st == 200:
+            self.assertEqual(reply["status"], "cancelled", reply)
+        else:
+            self.assertTrue(reply.get("cancel_requested"), reply)
+        harness.wait_until(lambda: self.psql("SELECT status FROM jobs WHERE id = '%s'"
+                                             % tid).strip() == "cancelled",
+                           timeout=60, what="the row cancelled by the claimant")
+        self.assertEqual([e.get("job_id") for e in self.b.log_events("task_cancelled_remote")],
+                         [tid])
+        self.assertEqual(self.c.log_events("task_claimed"), [])
+        # The client, reconnected to C, gets the end of the log: a cancel.
+        rest, _ = self.whole(self.c, tid, last=seen[-1][0])
+        stream = seen + rest
+        self.assertEqual([e[0] for e in stream], list(range(1, len(stream) + 1)), stream)
+        self.assertEqual(stream[-1][1], "error", stream[-1])
+        st, _, reply2 = http_json("GET", self.c.url + "/v2/tasks/" + tid)
+        self.assertEqual(reply2["error"]["code"], stream[-1][2]["code"], reply2)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 #include "server/dialects/api_tasks.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -246,9 +247,25 @@ typedef struct follow {
 typedef struct pend {
     gps_tasks *g;
     int64_t attempt;
-    char id[40];                  /* lease checks: the task's */
+    char id[40];                  /* lease checks, claims: the task's */
+    bool cancel;                  /* a claim: a cancel was asked through the row */
     struct pend *next;
 } pend;
+
+/* A DELETE of a task that another server runs (shared store, migration
+ * 0012): the cancel is asked through the row; the reply waits until the
+ * row is finished (its owner cancelled it, or it ended first), read every
+ * FOLLOW_MS, at most until deadline_us (then 202: asked, not yet done). */
+typedef struct cwait {
+    gps_tasks *g;                 /* NULL once the tasks table is gone */
+    gps_held held;                /* held.req: NULL once the client left */
+    char id[40];
+    char corr[65];
+    uint64_t deadline_us;         /* 0: the request is not committed yet */
+    int reply_status;             /* 200, or 202 once the deadline passed */
+    bool polling;                 /* a store op in flight (it owns w then) */
+    struct cwait *next;
+} cwait;
 
 /* Per-model service time (assignment to end), for the wait estimate. */
 typedef struct svc_rec {
@@ -280,7 +297,13 @@ struct gps_tasks {
     bool claiming;                /* a claim read in flight */
     pend *pends;                  /* store reads of the claim loop in flight */
     follow *follows;
-    struct event *follow_ev;      /* FOLLOW_MS while follows is not empty */
+    struct event *follow_ev;      /* FOLLOW_MS while follows or cwaits is not empty */
+    /* Cancels through the row (migration 0012): asked by DELETEs answered
+     * here for tasks other servers run, read for the tasks held here. */
+    bool row_cancels;
+    bool cancels_reading;         /* a read of the cancels asked in flight */
+    uint64_t cancels_due_us;
+    cwait *cwaits;
 };
 
 static unsigned bucket_of(const char *id)
@@ -1197,6 +1220,154 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
         follow_end(f);
 }
 
+static json_t *status_cold(const gps_store_job_info *j);
+
+static void cwait_unlink(cwait *w)
+{
+    if (w->g)
+        for (cwait **pp = &w->g->cwaits; *pp; pp = &(*pp)->next)
+            if (*pp == w) {
+                *pp = w->next;
+                break;
+            }
+    w->g = NULL;
+}
+
+/* Answer (when the client is still there) and free. */
+static void cwait_end(cwait *w, int status, json_t *body)
+{
+    cwait_unlink(w);
+    gps_held_release(&w->held);
+    if (w->held.req && body)
+        gps_http_send_json(w->held.req, status, body);
+    else
+        json_decref(body);
+    free(w);
+}
+
+static void cwait_error(cwait *w, int status, const char *code, const char *msg, int retry)
+{
+    cwait_unlink(w);
+    gps_held_release(&w->held);
+    if (w->held.req)
+        gps_send_error_retry(w->held.req, GPS_DIALECT_NATIVE, status, code, msg, NULL, w->corr,
+                             retry);
+    free(w);
+}
+
+/* The row, read whole once it is finished (or the deadline passed): the
+ * status a DELETE on its owner would have answered. */
+static void cwait_got(void *arg, int status, const gps_store_job_info *j)
+{
+    cwait *w = arg;
+    w->polling = false;
+    if (status != 0 || !j) {
+        if (status > 0)
+            cwait_error(w, 404, "JOB_NOT_FOUND", "no such task", 0);
+        else
+            cwait_error(w, 500, "INTERNAL", "the task store could not be read", 0);
+        return;
+    }
+    json_t *o = status_cold(j);
+    if (o && w->reply_status == 202)
+        json_object_set_new(o, "cancel_requested", json_true());
+    cwait_end(w, w->reply_status, o);
+}
+
+static void cwait_finish(cwait *w, int reply_status)
+{
+    w->reply_status = reply_status;
+    w->polling = gps_store_job_get_async(w->g->store, w->id, cwait_got, w) == 0;
+    if (!w->polling)
+        cwait_error(w, 500, "INTERNAL", "the task store could not be read", 0);
+}
+
+static void cwait_polled(void *arg, int status, const gps_store_cells *res)
+{
+    cwait *w = arg;
+    w->polling = false;
+    if (!w->g || !w->held.req) {
+        cwait_end(w, 0, NULL);
+        return;
+    }
+    if (status < 0 || !res)
+        return; /* the next tick reads again */
+    if (res->nrows == 0)
+        cwait_error(w, 404, "JOB_NOT_FOUND", "no such task", 0);
+    else if (res->cell[0])
+        cwait_finish(w, 200);
+}
+
+/* The cancel was asked (committed), or not (the task had finished). */
+static void cwait_asked(void *arg, int status, const gps_store_cells *res)
+{
+    cwait *w = arg;
+    w->polling = false;
+    if (!w->g || !w->held.req) {
+        cwait_end(w, 0, NULL);
+        return;
+    }
+    if (status != 0 || !res) {
+        cwait_error(w, 503, "SERVER_BUSY",
+                    "the cancel could not be written to the database; retry, here or on another "
+                    "server",
+                    1);
+        return;
+    }
+    if (res->changes == 0) {
+        cwait_finish(w, 200); /* finished meanwhile: its final status */
+        return;
+    }
+    gp_log_write(GP_LOG_INFO, "task_cancel_asked", w->corr, json_pack("{s:s}", "job_id", w->id),
+                 "native task run by another server: cancel asked through the database");
+    /* Its owner reads the asks every CLAIM_MS; an owner that is gone
+     * leaves it to the server that claims its lease. */
+    w->deadline_us = gp_now_mono_us() + w->g->lease_us + 10000000ull;
+    struct timeval tv = {0, FOLLOW_MS * 1000};
+    if (!event_pending(w->g->follow_ev, EV_TIMEOUT, NULL))
+        event_add(w->g->follow_ev, &tv);
+}
+
+static void cwaits_poll(gps_tasks *g, uint64_t now)
+{
+    cwait *next;
+    for (cwait *w = g->cwaits; w; w = next) {
+        next = w->next;
+        if (w->polling || !w->deadline_us)
+            continue;
+        if (!w->held.req)
+            cwait_end(w, 0, NULL);
+        else if (now >= w->deadline_us)
+            cwait_finish(w, 202);
+        else
+            w->polling = gps_store_task_follow_async(g->store, w->id, LLONG_MAX, cwait_polled,
+                                                     w) == 0;
+    }
+}
+
+/* A DELETE of an unfinished task another server runs: ask it through the
+ * row. Takes req over; false (req untouched) on ENOMEM or a full queue. */
+static bool cwait_start(gps_tasks *g, struct evhttp_request *req, const char *id,
+                        const char *corr)
+{
+    cwait *w = calloc(1, sizeof *w);
+    if (!w)
+        return false;
+    w->g = g;
+    snprintf(w->id, sizeof w->id, "%s", id);
+    snprintf(w->corr, sizeof w->corr, "%s", corr);
+    if (gps_store_task_cancel_request_async(g->store, id, gp_now_wall_ms(), cwait_asked, w) < 0) {
+        free(w);
+        return false;
+    }
+    w->polling = true;
+    /* The connection's timeout covers the longest wait (cwait_asked). */
+    gps_held_start(&w->held, req, false, (int)(g->lease_us / 1000000u) + 20, NULL, NULL);
+    w->next = g->cwaits;
+    g->cwaits = w;
+    return true;
+}
+
 static void follow_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1208,7 +1379,8 @@ static void follow_tick(evutil_socket_t fd, short what, void *arg)
         f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done, f) ==
                      0;
     }
-    if (!g->follows)
+    cwaits_poll(g, gp_now_mono_us());
+    if (!g->follows && !g->cwaits)
         event_del(g->follow_ev);
 }
 
@@ -1339,11 +1511,65 @@ static void lease_check(task *t)
         pend_take(p);
 }
 
+/* Cancel a task held here: a DELETE here, or one answered by another
+ * server and asked through the row. */
+static void task_cancel(gps_tasks *g, task *t)
+{
+    if (t->job)
+        gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
+    else if (!t->terminal)
+        restore_fail(g, t, "CANCELLED", "the task was cancelled");
+}
+
+/* A cancel asked through the row (a DELETE another server answered). */
+static void task_cancel_asked(gps_tasks *g, task *t)
+{
+    gp_log_write(GP_LOG_INFO, "task_cancelled_remote", t->corr,
+                 json_pack("{s:s}", "job_id", t->id),
+                 "native task cancelled by a DELETE answered by another server");
+    task_cancel(g, t);
+}
+
+/* The cancels other servers asked for tasks this server holds. */
+static void cancels_read(void *arg, int status, const gps_store_cells *res)
+{
+    gps_tasks *g = pend_take(arg);
+    if (!g)
+        return;
+    g->cancels_reading = false;
+    for (size_t r = 0; status == 0 && res && r < res->nrows; r++) {
+        const char *id = res->cell[r * res->ncols];
+        task *t = id ? task_find(g, id) : NULL;
+        if (!t || t->terminal)
+            continue; /* being claimed (read next time), or ending */
+        task_cancel_asked(g, t);
+    }
+}
+
+/* Read the cancels asked of this server's tasks, while it runs any. */
+static void cancels_tick(gps_tasks *g, uint64_t now)
+{
+    if (!g->row_cancels || g->cancels_reading || now < g->cancels_due_us)
+        return;
+    g->cancels_due_us = now + CLAIM_MS * 1000ull;
+    bool running = false;
+    for (task *t = g->head; t && !running; t = t->next)
+        running = !t->terminal;
+    pend *p = running ? pend_new(g, 0) : NULL;
+    if (!p)
+        return;
+    g->cancels_reading = gps_store_task_cancels_async(g->store, g->server_id, cancels_read, p) ==
+                         0;
+    if (!g->cancels_reading)
+        pend_take(p);
+}
+
 /* A task this server claimed, read whole: resume it as a restart does. */
 static void claimed_job(void *arg, int status, const gps_store_job_info *j)
 {
     pend *p = arg;
     int64_t attempt = p->attempt;
+    bool cancel = p->cancel;
     gps_tasks *g = pend_take(p);
     if (!g || status != 0 || !j)
         return; /* not ours to run after all: its lease expires again */
@@ -1361,6 +1587,22 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "attempt", (json_int_t)attempt,
                            "events", (json_int_t)gps_tlog_count(t->log)),
                  "native task taken over from a server whose lease expired");
+    if (cancel)
+        task_cancel_asked(g, t); /* before it runs again */
+}
+
+/* A claimed task's cancel mark read (its owner died with a DELETE asked):
+ * then the task itself. */
+static void claim_cancel_read(void *arg, int status, const gps_store_cells *res)
+{
+    pend *p = arg;
+    if (!p->g) {
+        pend_take(p);
+        return;
+    }
+    p->cancel = status == 0 && res && res->nrows > 0 && res->cell[0];
+    if (gps_store_job_get_async(p->g->store, p->id, claimed_job, p) < 0)
+        pend_take(p);
 }
 
 static void claim_done(void *arg, int status, const gps_store_cells *res)
@@ -1384,7 +1626,11 @@ static void claim_done(void *arg, int status, const gps_store_cells *res)
         else if (t)
             continue; /* ended here; its row update is on its way */
         pend *p = pend_new(g, attempt);
-        if (p && gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
+        if (!p)
+            continue;
+        snprintf(p->id, sizeof p->id, "%s", id);
+        if (g->row_cancels ? gps_store_task_cancel_get_async(g->store, id, claim_cancel_read, p) < 0
+                           : gps_store_job_get_async(g->store, id, claimed_job, p) < 0)
             pend_take(p);
     }
 }
@@ -1411,6 +1657,7 @@ static void shared_tick(gps_tasks *g, uint64_t now)
         gps_store_task_renew(g->store, g->server_id, wall + lease_ms);
         g->renew_due_us = now + g->lease_us / 3;
     }
+    cancels_tick(g, now);
     if (g->claiming || now < g->claim_due_us)
         return;
     g->claim_due_us = now + CLAIM_MS * 1000ull;
@@ -1436,6 +1683,7 @@ int gps_tasks_set_shared(gps_tasks *g, const char *server_id, int lease_sec)
     if (!g->follow_ev)
         return -1;
     g->shared = true;
+    g->row_cancels = gps_store_has_task_cancel(g->store);
     snprintf(g->server_id, sizeof g->server_id, "%s", server_id);
     g->lease_us = (uint64_t)(lease_sec > 0 ? lease_sec : DEFAULT_LEASE_SEC) * 1000000ull;
     return 0;
@@ -1760,6 +2008,12 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
         free(c);
         return;
     }
+    if (c->kind == COLD_DELETE && j->finished_at <= 0 && c->g->row_cancels &&
+        cwait_start(c->g, c->held.req, j->id, c->corr)) {
+        /* Unfinished and not here: another server runs it. */
+        free(c);
+        return;
+    }
     if (c->kind != COLD_EVENTS) {
         /* A task out of memory is finished (or was failed at a restart):
          * DELETE has nothing left to cancel. */
@@ -1871,10 +2125,7 @@ static void h_delete(gps_req *r, void *arg)
         cold_lookup(g, r, COLD_DELETE, 0);
         return;
     }
-    if (t->job)
-        gps_jobs_cancel(g->jobs, t->job, "api_delete"); /* no-op when already terminal */
-    else if (!t->terminal)
-        restore_fail(g, t, "CANCELLED", "the task was cancelled");
+    task_cancel(g, t);
     gps_http_send_json(r->req, 200, status_hot(t));
 }
 
@@ -2014,6 +2265,13 @@ void gps_tasks_free(gps_tasks *g)
             f->gone = true; /* the read, delivered at the store's close, frees it */
         else
             follow_free(f);
+    }
+    while (g->cwaits) {
+        cwait *w = g->cwaits;
+        g->cwaits = w->next;
+        w->g = NULL;
+        if (!w->polling)
+            cwait_end(w, 0, NULL); /* the http server's end closes its client */
     }
     if (g->follow_ev)
         event_free(g->follow_ev);

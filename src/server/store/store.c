@@ -147,6 +147,10 @@ enum {
     K_HANDOFF_DELETE,
     K_HANDOFF_SWEEP,
     K_HANDOFF_SWEEP_FROM,
+    /* a task's cancel asked of its owner through the row (migration 0012) */
+    K_TASK_CANCEL_REQ,
+    K_TASK_CANCELS,
+    K_TASK_CANCEL_GET,
     K_COUNT
 };
 
@@ -625,6 +629,22 @@ static const struct {
     [K_HANDOFF_SWEEP_FROM] = {"handoff_sweep_from", F_OPT,
         "UPDATE handoffs SET state = 'cancelled' WHERE state <> 'cancelled' "
         "AND from_server NOT IN (SELECT id FROM servers WHERE lease_until >= ?1)", NULL},
+    /* A DELETE answered by a server that does not run the task: ask its
+     * owner (migration 0012). res->changes 0: no such unfinished native
+     * task (finished meanwhile, or never was). */
+
+    [K_TASK_CANCEL_REQ] = {"task_cancel_request", F_OPT | F_CELLS,
+        "UPDATE jobs SET cancel_requested = ?2 WHERE id = ?1 AND api = 'native' "
+        "AND finished_at IS NULL", NULL},
+    /* The cancels asked of the unfinished tasks ?1 holds. */
+
+    [K_TASK_CANCELS] = {"task_cancels", F_OPT | F_CELLS,
+        "SELECT id FROM jobs WHERE owner_server = ?1 AND finished_at IS NULL "
+        "AND cancel_requested IS NOT NULL", NULL},
+    /* One task's mark (a claimant reads it before resuming the task). */
+
+    [K_TASK_CANCEL_GET] = {"task_cancel_get", F_OPT | F_CELLS,
+        "SELECT CAST(cancel_requested AS TEXT) FROM jobs WHERE id = ?1", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -913,6 +933,7 @@ struct gps_store {
     bool last_commit_ok;
     char last_error[320];
     int64_t last_drop_log_ms;
+    bool backlog;                /* loop thread: refusing new work (gps_store_backlog) */
     gps_store_stats stats;
     int64_t sync_changes;        /* rows the last sync_exec changed (owner thread) */
 };
@@ -1048,13 +1069,17 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_HANDOFF_FOLLOW:
     case K_HANDOFF_MINE:
     case K_HANDOFF_SWEEP:
+    case K_TASK_CANCEL_REQ:
+    case K_TASK_CANCELS:
+    case K_TASK_CANCEL_GET:
         o->status =
             stmt_exec(c, o->kind, o->v, o->nv, append_row, o, &stopped, &changes) == 0 &&
                     stopped == 0
                 ? 0
                 : -1;
         o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ||
-                             o->kind == K_HANDOFF_SWEEP
+                             o->kind == K_HANDOFF_SWEEP ||
+                             o->kind == K_TASK_CANCEL_REQ
                          ? changes
                          : 0;
         if (o->status)
@@ -1212,9 +1237,10 @@ static void *db_main(void *arg)
             commit_us = gp_now_mono_us() - t0;
         }
 
-        /* A heartbeat holds only once its transaction is committed. */
+        /* A heartbeat (a cancel request) holds only once its transaction
+         * is committed. */
         for (op *o = done_head; o && in_tx && !commit_ok; o = o->next)
-            if (o->kind == K_SERVER_BEAT)
+            if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
                 o->status = -1;
         pthread_mutex_lock(&s->mu);
         if (commit_ok) {
@@ -1363,6 +1389,18 @@ static int enqueue_front(gps_store *s, op *o)
         free_chain(o);
         return -1;
     }
+    /* A renewal of the same leases still waiting (the database slow or
+     * away) takes the new expiry instead of another place in the queue:
+     * they would pile up, one per renewal period, as long as it is away.
+     * The ops queued ahead are the first ones (seq 0), a few at most. */
+    for (op *q = s->qhead; o->kind == K_TASK_RENEW && q && q->seq == 0; q = q->next)
+        if (q->kind == K_TASK_RENEW && q->nv == o->nv && q->v[0].s && o->v[0].s &&
+            strcmp(q->v[0].s, o->v[0].s) == 0) {
+            q->v[1].i = o->v[1].i;
+            pthread_mutex_unlock(&s->mu);
+            free_chain(o);
+            return 0;
+        }
     o->seq = 0;
     o->next = s->qhead;
     s->qhead = o;
@@ -2066,6 +2104,36 @@ void gps_store_get_stats(gps_store *s, gps_store_stats *out)
     pthread_mutex_unlock(&s->mu);
 }
 
+int gps_store_backlog(gps_store *s, char *msg, size_t msglen)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t depth = s->stats.queue_depth, drops = s->stats.drops;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t high = s->queue_max - s->queue_max / 4, low = s->queue_max / 2;
+    if (!s->backlog && depth >= high) {
+        s->backlog = true;
+        gp_log_write(GP_LOG_ERROR, "store_backlog", NULL,
+                     json_pack("{s:I,s:I,s:I}", "queue_depth", (json_int_t)depth, "queue_max",
+                               (json_int_t)s->queue_max, "drops_total", (json_int_t)drops),
+                     "store: %llu ops queued (the database is slow or away): refusing new "
+                     "work until fewer than %llu are", (unsigned long long)depth,
+                     (unsigned long long)low);
+    } else if (s->backlog && depth < low) {
+        s->backlog = false;
+        gp_log_write(GP_LOG_INFO, "store_backlog_cleared", NULL,
+                     json_pack("{s:I}", "queue_depth", (json_int_t)depth),
+                     "store: the queue is down to %llu ops: admitting new work again",
+                     (unsigned long long)depth);
+    }
+    if (!s->backlog)
+        return 0;
+    snprintf(msg, msglen,
+             "this server's database is not keeping up (%llu writes queued): it admits no new "
+             "work until they are written; retry, here or on another server",
+             (unsigned long long)depth);
+    return 1;
+}
+
 bool gps_store_healthy(gps_store *s, char *msg, size_t msglen)
 {
     pthread_mutex_lock(&s->mu);
@@ -2631,6 +2699,36 @@ int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_
     if (write_op(s, K_HANDOFF_SWEEP_FROM, "i", now_ms) != 0)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_SWEEP, "i", now_ms), cb, arg);
+}
+
+bool gps_store_has_task_cancel(gps_store *s)
+{
+    return gps_store_has_task_leases(s) && s->w.ok[K_TASK_CANCEL_REQ] &&
+           s->w.ok[K_TASK_CANCELS] && s->w.ok[K_TASK_CANCEL_GET];
+}
+
+int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
+                                        gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCEL_REQ, "ti", job_id, now_ms), cb, arg);
+}
+
+int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg)
+{
+    if (!s->ev_done || !server_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCELS, "t", server_id), cb, arg);
+}
+
+int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                    void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_TASK_CANCEL_GET, "t", job_id), cb, arg);
 }
 
 int gps_store_purge_responses(gps_store *s, int64_t now_ms)

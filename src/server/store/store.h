@@ -26,7 +26,11 @@
  *
  * Overload: past `queue_max` queued ops (100000) writes are dropped, counted
  * (stats.drops) and logged (event "store_queue_full", rate-limited) instead
- * of growing memory without bound. Reads and flushes are never dropped.
+ * of growing memory without bound. Before that, from three quarters of it,
+ * gps_store_backlog tells the server to refuse new work (503) until the
+ * queue is back under half. Reads and flushes are never dropped; a renewal
+ * of the native tasks' leases waiting in the queue is updated in place
+ * rather than queued again.
  * A write that fails in SQLite (constraint, I/O) is logged and counted
  * (stats.ops_failed); the rest of its batch still commits.
  *
@@ -179,6 +183,13 @@ void gps_store_get_stats(gps_store *s, gps_store_stats *out);
  * is running and its last COMMIT (if any) succeeded. When false and msg is
  * non-NULL, a reason is written there. */
 bool gps_store_healthy(gps_store *s, char *msg, size_t msglen);
+
+/* Backpressure (the database slow or away, ops piling up): 0 while new work
+ * may be admitted, else the seconds a client should wait (>= 1) with the
+ * reason in msg. On from 3/4 of queue_max queued ops, off again under 1/2
+ * (the transitions logged: store_backlog, store_backlog_cleared), so that
+ * what admitted work writes still fits in the queue. Loop thread only. */
+int gps_store_backlog(gps_store *s, char *msg, size_t msglen);
 
 /* ---- async writes (never block; 0 = queued, -1 = dropped/ENOMEM) ---- */
 
@@ -410,6 +421,19 @@ int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells
  * row when the job does not exist. */
 int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
                                 gps_store_cells_fn cb, void *arg);
+/* A DELETE of a task another server runs (migration 0012): mark the row
+ * (jobs.cancel_requested = now_ms) if it is an unfinished native task;
+ * res->changes says whether it was; status -1 also when its transaction
+ * did not commit. The owner finds the marks with gps_store_task_cancels_async:
+ * rows of (id), its unfinished tasks with a cancel asked. */
+bool gps_store_has_task_cancel(gps_store *s);
+int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
+                                        gps_store_cells_fn cb, void *arg);
+int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
+                                 void *arg);
+/* One row (none: no such job): the task's mark, NULL when none. */
+int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                    void *arg);
 
 /* ---- the hand-off of a job to another server (migration 0011) ----
  * docs/scaling.md "3e. Hand-off of a job to another server". Only on a

@@ -541,6 +541,47 @@ static void test_overload_drops(void **state)
     gps_store_close(s);
 }
 
+/* Backpressure before the drops: from 3/4 of queue_max the store says to
+ * refuse new work, until the queue is under half again; a renewal of the
+ * same leases waiting in the queue is updated, not queued again. */
+static void test_backlog_and_coalesced_renewals(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.queue_max = 16, .busy_timeout_ms = 20000};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    sqlite3 *db = raw_open(t->db);
+    raw_exec(db, "BEGIN IMMEDIATE"); /* the DB thread waits in BEGIN */
+    char msg[256] = "";
+    assert_int_equal(gps_store_backlog(s, msg, sizeof msg), 0);
+    /* Ten renewals of one server's leases and one of another's: two ops. */
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(gps_store_task_renew(s, "srvA", 1000 + i), 0);
+    assert_int_equal(gps_store_task_renew(s, "srvB", 5000), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.queue_depth, 2);
+    for (int i = 0; i < 9; i++) {
+        char id[32];
+        snprintf(id, sizeof(id), "job_%d", i);
+        gps_store_job_row r = {.id = id, .api = "openai", .model = "m", .status = "queued"};
+        assert_int_equal(gps_store_job_insert(s, r), 0);
+    }
+    /* 11 queued: under 12 (3/4 of 16). */
+    assert_int_equal(gps_store_backlog(s, msg, sizeof msg), 0);
+    gps_store_job_row r = {.id = "job_9", .api = "openai", .model = "m", .status = "queued"};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    assert_true(gps_store_backlog(s, msg, sizeof msg) >= 1);
+    assert_non_null(strstr(msg, "not keeping up"));
+    raw_exec(db, "COMMIT");
+    assert_int_equal(gps_store_flush(s), 0);
+    assert_int_equal(gps_store_backlog(s, msg, sizeof msg), 0);
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.drops, 0);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 10);
+    sqlite3_close(db);
+    gps_store_close(s);
+}
+
 /* ---- restart: loads ---- */
 
 typedef struct agents_seen {
@@ -840,6 +881,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_restart_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_purge_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loads_return_the_callbacks_stop, setup, teardown),

@@ -1059,6 +1059,90 @@ static void test_handoffs(void **state)
     event_base_free(base);
 }
 
+/* A cancel asked through the row (migration 0012): it marks only an
+ * unfinished native task, and the owner's read lists its own unfinished
+ * tasks with a mark. */
+static void test_task_cancels(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    assert_true(gps_store_has_task_cancel(a));
+    int64_t now = 1800000000000LL;
+    const struct {
+        const char *id, *api, *owner;
+        bool finished;
+        int64_t changes;
+    } rows[] = {
+        {"job_run", "native", "srvA", false, 1},  {"job_other", "native", "srvB", false, 1},
+        {"job_quiet", "native", "srvA", false, -1}, {"job_fin", "native", "srvA", true, 0},
+        {"job_chat", "openai", "srvA", false, 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        gps_store_job_row r = {.id = rows[i].id, .api = rows[i].api, .model = "m",
+                               .status = "running", .created_at = now - 1000};
+        assert_int_equal(gps_store_job_insert(a, r), 0);
+        assert_int_equal(gps_store_task_own(a, rows[i].id, rows[i].owner, now + 10000, 1), 0);
+        if (rows[i].finished) {
+            gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(rows[i].id);
+            u.status = "done";
+            u.finished_at = now;
+            assert_int_equal(gps_store_job_update_async(a, u), 0);
+        }
+    }
+    assert_int_equal(gps_store_flush(a), 0);
+    assert_int_equal(failed_ops(a), 0);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        if (rows[i].changes < 0)
+            continue;
+        cells_seen c = {0};
+        assert_int_equal(gps_store_task_cancel_request_async(a, rows[i].id, now, on_cells, &c),
+                         0);
+        loop_until(base, &c.calls);
+        assert_int_equal(c.status, 0);
+        assert_int_equal(c.changes, rows[i].changes);
+    }
+    cells_seen ca = {0}, cb = {0}, cn = {0};
+    assert_int_equal(gps_store_task_cancels_async(a, "srvA", on_cells, &ca), 0);
+    assert_int_equal(gps_store_task_cancels_async(a, "srvB", on_cells, &cb), 0);
+    assert_int_equal(gps_store_task_cancels_async(a, "srvN", on_cells, &cn), 0);
+    loop_until(base, &ca.calls);
+    loop_until(base, &cb.calls);
+    loop_until(base, &cn.calls);
+    assert_int_equal(ca.nrows, 1);
+    assert_string_equal(ca.first, "job_run");
+    assert_int_equal(cb.nrows, 1);
+    assert_string_equal(cb.first, "job_other");
+    assert_int_equal(cn.nrows, 0);
+    /* One task's mark (a claimant's read): set, unset, no such task. */
+    cells_seen g1 = {0}, g2 = {0}, g3 = {0};
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_run", on_cells, &g1), 0);
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_quiet", on_cells, &g2), 0);
+    assert_int_equal(gps_store_task_cancel_get_async(a, "job_none", on_cells, &g3), 0);
+    loop_until(base, &g1.calls);
+    loop_until(base, &g2.calls);
+    loop_until(base, &g3.calls);
+    assert_int_equal(g1.nrows, 1);
+    assert_string_equal(g1.first, "1800000000000");
+    assert_int_equal(g2.nrows, 1);
+    assert_string_equal(g2.first, "");
+    assert_int_equal(g3.nrows, 0);
+    /* Cancelled by its owner: no longer listed. */
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_run");
+    u.status = "cancelled";
+    u.finished_at = now;
+    u.lease_attempt = 1;
+    assert_int_equal(gps_store_job_update_async(a, u), 0);
+    assert_int_equal(gps_store_flush(a), 0);
+    cells_seen c2 = {0};
+    assert_int_equal(gps_store_task_cancels_async(a, "srvA", on_cells, &c2), 0);
+    loop_until(base, &c2.calls);
+    assert_int_equal(c2.status, 0);
+    assert_int_equal(c2.nrows, 0);
+    gps_store_close(a);
+    event_base_free(base);
+}
+
 static void test_db_label(void **state)
 {
     (void)state;
@@ -1088,6 +1172,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_task_leases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_owners, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handoffs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_task_cancels, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
