@@ -4,7 +4,6 @@
  */
 #include "agent/oai_chunk.h"
 
-#include <stdint.h>
 #include <string.h>
 
 typedef struct {
@@ -18,7 +17,7 @@ typedef struct {
     bool escaped;
 } str;
 
-static inline void ws(cur *c)
+static void ws(cur *c)
 {
     if (c->p < c->end && (unsigned char)*c->p > ' ')
         return; /* compact JSON: nearly always */
@@ -32,19 +31,7 @@ static const unsigned char stop_byte[256] = {
     [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
 };
 
-/* Whether none of the 8 bytes in v is a stop byte (a "no" may be wrong,
- * a "yes" never is: the byte loop then decides). A string's plain run is
- * read 8 bytes a step: byte by byte, strings were the most of a chunk's
- * ~3,000 instructions (issue 24). */
-static inline bool plain8(uint64_t v)
-{
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-    uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
-    uint64_t stop = ((q - ones) & ~q) | ((b - ones) & ~b) | ((v - ones * 0x20) & ~v) | v;
-    return (stop & highs) == 0;
-}
-
-static inline bool eat(cur *c, char ch)
+static bool eat(cur *c, char ch)
 {
     ws(c);
     if (c->p < c->end && *c->p == ch) {
@@ -54,7 +41,7 @@ static inline bool eat(cur *c, char ch)
     return false;
 }
 
-static inline bool peek(cur *c, char ch)
+static bool peek(cur *c, char ch)
 {
     ws(c);
     return c->p < c->end && *c->p == ch;
@@ -69,9 +56,6 @@ static bool read_str(cur *c, str *out)
     out->raw = c->p;
     out->escaped = false;
     while (c->p < c->end) {
-        uint64_t v;
-        while (c->end - c->p >= 8 && (memcpy(&v, c->p, 8), plain8(v)))
-            c->p += 8;
         while (c->p < c->end && !stop_byte[(unsigned char)*c->p])
             c->p++;
         if (c->p == c->end)
