@@ -153,20 +153,28 @@ typedef struct {
 } key_name;
 #define KEY(s) {s, sizeof s - 1}
 
-/* The key of the next member (no escapes: a key we know has none) and its
- * colon. idx is its position in keys, or -1 for one not there. */
+/* The key of the next member and its colon: idx is its position in keys.
+ * A key not there (or written with an escape: a key we know has none)
+ * is false, the whole chunk then jansson's. Compared in place rather than
+ * read as a string first: a chunk has ten keys, and reading each was a
+ * third of the scan (issue 24). */
 static bool read_key(cur *c, const key_name *keys, int *idx)
 {
-    str k;
-    if (!read_str(c, &k) || k.escaped || !eat(c, ':'))
+    ws(c);
+    if (c->p >= c->end || *c->p != '"')
         return false;
-    *idx = -1;
-    for (int i = 0; keys[i].name; i++)
-        if (keys[i].len == k.n && memcmp(keys[i].name, k.raw, k.n) == 0) {
+    const char *k = c->p + 1;
+    size_t room = (size_t)(c->end - k);
+    for (int i = 0; keys[i].name; i++) {
+        size_t n = keys[i].len;
+        if (n < room && k[0] == keys[i].name[0] && k[n] == '"' &&
+            memcmp(k, keys[i].name, n) == 0) {
+            c->p = k + n + 1;
             *idx = i;
-            break;
+            return eat(c, ':');
         }
-    return true;
+    }
+    return false;
 }
 
 /* Members of an object after its '{', each key at most once; member()
