@@ -200,7 +200,10 @@ static void test_json_dump(void **state)
     dump_same(bad2);
     /* Reals as jansson formats them (gp_util's own "%.17g" path). */
     const double reals[] = {0.0, -0.0, 0.1, 1e-7, 1e17, 1e16, 5e-324, 1.7976931348623157e308,
-                            -2.5e-300, 123456789012345678.0, 3.0, 310.00000000000006};
+                            -2.5e-300, 123456789012345678.0, 3.0, 310.00000000000006,
+                            1.0, -1.0, 0.7, 12345.0, -7.0, 1e15, 9007199254740991.0,
+                            -9007199254740991.0, 9007199254740992.0, 9007199254740994.0,
+                            4503599627370495.5, 0.5, -0.5, 1e-300};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         json_t *r = json_real(reals[i]);
         dump_same(r);
