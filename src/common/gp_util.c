@@ -520,6 +520,20 @@ size_t gp_utf8_seq_len(const unsigned char *p, const unsigned char *end)
     return n;
 }
 
+size_t gp_copy_cut(char *dst, size_t cap, const char *src, size_t n)
+{
+    size_t k = src ? strnlen(src, n < cap - 1 ? n : cap - 1) : 0;
+    if (k)
+        memcpy(dst, src, k);
+    dst[k] = '\0';
+    return k;
+}
+
+size_t gp_copy_str(char *dst, size_t cap, const char *src)
+{
+    return gp_copy_cut(dst, cap, src, cap - 1);
+}
+
 bool gp_utf8_valid(const char *s, size_t n)
 {
     const unsigned char *u = (const unsigned char *)s, *end = u + n;

@@ -232,6 +232,30 @@ static void test_json_dump(void **state)
     }
 }
 
+/* gp_copy_cut / gp_copy_str write what snprintf's "%.*s" / "%s" write. */
+static void test_copy_cut_is_snprintf(void **state)
+{
+    (void)state;
+    const char *srcs[] = {"", "a", "hello", "hel\0lo", "0123456789abcdef"};
+    size_t lens[] = {0, 1, 3, 5, 6, 16, 100};
+    for (size_t s = 0; s < sizeof srcs / sizeof srcs[0]; s++)
+        for (size_t cap = 1; cap <= 18; cap++)
+            for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+                char got[32], want[32];
+                memset(got, 'x', sizeof got);
+                memset(want, 'x', sizeof want);
+                size_t n = gp_copy_cut(got, cap, srcs[s], lens[l]);
+                snprintf(want, cap, "%.*s", (int)lens[l], srcs[s]);
+                assert_memory_equal(got, want, sizeof got);
+                assert_int_equal(n, strlen(want));
+                memset(got, 'x', sizeof got);
+                memset(want, 'x', sizeof want);
+                gp_copy_str(got, cap, srcs[s]);
+                snprintf(want, cap, "%s", srcs[s]);
+                assert_memory_equal(got, want, sizeof got);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
+        cmocka_unit_test(test_copy_cut_is_snprintf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
