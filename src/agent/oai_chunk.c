@@ -17,7 +17,7 @@ typedef struct {
     bool escaped;
 } str;
 
-static void ws(cur *c)
+static inline void ws(cur *c)
 {
     if (c->p < c->end && (unsigned char)*c->p > ' ')
         return; /* compact JSON: nearly always */
@@ -31,7 +31,7 @@ static const unsigned char stop_byte[256] = {
     [0x00 ... 0x1F] = 1, ['"'] = 1, ['\\'] = 1, [0x80 ... 0xFF] = 1,
 };
 
-static bool eat(cur *c, char ch)
+static inline bool eat(cur *c, char ch)
 {
     ws(c);
     if (c->p < c->end && *c->p == ch) {
@@ -41,7 +41,7 @@ static bool eat(cur *c, char ch)
     return false;
 }
 
-static bool peek(cur *c, char ch)
+static inline bool peek(cur *c, char ch)
 {
     ws(c);
     return c->p < c->end && *c->p == ch;
