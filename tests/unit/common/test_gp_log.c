@@ -99,6 +99,13 @@ static void test_log_line(void **state)
     same("e", NULL, NULL, "bad \xc3( utf8");          /* the marker */
     same("e", "bad\xff", json_pack("{s:i}", "n", 0), "m"); /* id not UTF-8: left out */
     same("e", "c", json_array(), "fields not an object");
+    /* keys and texts that need escapes, and ones longer than the one-append
+     * fast paths */
+    same("e", "c\"q", json_pack("{s:s,s:i}", "we\"ird\tkey", "v",
+                                "a-key-longer-than-seventy-bytes-a-key-longer-than-seventy-bytes-xyz",
+                                1),
+         "a message longer than one hundred and sixty bytes: a message longer than one hundred "
+         "and sixty bytes: a message longer than one hundred and sixty bytes \"and quoted\"");
 }
 
 /* A message without arguments is written as it is (no printf). */
