@@ -1,11 +1,12 @@
 /* openai_render: see openai_render.h. */
 #include "server/dialects/openai_render.h"
 
-#include <stdio.h>
 #include <string.h>
 
-/* The open field of the text chunk template (never in a real chunk: if a
- * model name holds it, the template is refused and chunks are built). */
+/* The open field of the text chunk template on the jansson path (an id
+ * or model that is not UTF-8; the hand path needs no marker): never in a
+ * real chunk, and if a model name holds it the template is refused and
+ * chunks are built. */
 #define TEXT_MARKER "@@gpupool-text@@"
 
 static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
@@ -94,14 +95,6 @@ json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
     return a;
 }
 
-/* dst = src cut to cap - 1 bytes (what snprintf "%s" kept). */
-static void copy_cut(char *dst, size_t cap, const char *src)
-{
-    size_t n = src ? strnlen(src, cap - 1) : 0;
-    memcpy(dst, src ? src : "", n);
-    dst[n] = '\0';
-}
-
 /* Whether the frames can be written by hand: json_string refuses a string
  * that is not UTF-8, and then the jansson path below emits nothing, which
  * the hand path must not undo. */
@@ -116,14 +109,14 @@ void gps_oa_out_init(gps_oa_out *o, bool chat, bool include_usage, const char *i
     memset(o, 0, sizeof *o);
     o->chat = chat;
     o->include_usage = include_usage;
-    copy_cut(o->id, sizeof o->id, id);
+    gp_copy_str(o->id, sizeof o->id, id);
     o->created = created;
     gps_oa_out_set_model(o, model);
 }
 
 void gps_oa_out_set_model(gps_oa_out *o, const char *model)
 {
-    copy_cut(o->model, sizeof o->model, model);
+    gp_copy_str(o->model, sizeof o->model, model);
     check_plain(o);
 }
 
