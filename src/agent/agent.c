@@ -81,6 +81,9 @@ struct agent_job {
     json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
+    gp_buf tok;             /* a token event's text as it is rendered (the backend's
+                               thread; reused: a buffer per token was a malloc and a
+                               free per token) */
     size_t first_output;    /* events in q up to its first token or tool call (0: none
                                yet): until the server has them its uploads never wait
                                (events-batch-ms), so the wait adds nothing to TTFT */
@@ -306,13 +309,12 @@ static void sink_started(void *ctx)
  * third of the agent's instructions per relayed request (issue 24). */
 static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
 {
-    gp_buf b;
-    gp_buf_init(&b);
-    json_t *ev = agent_evq_token_json(&b, text, len, token_id) == 0
-                     ? json_stringn_nocheck(b.data, b.len)
+    agent_job *j = ctx;
+    j->tok.len = 0;
+    json_t *ev = agent_evq_token_json(&j->tok, text, len, token_id) == 0
+                     ? json_stringn_nocheck(j->tok.data, j->tok.len)
                      : NULL;
-    gp_buf_free(&b);
-    sink_push_output(ctx, ev);
+    sink_push_output(j, ev);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -1042,6 +1044,7 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
 static void job_free(agent_job *j)
 {
     agent_evq_free(&j->q);
+    gp_buf_free(&j->tok);
     free(j->stop_seq);
     json_decref(j->upstream_meta);
     free(j->correlation_id);
@@ -1066,6 +1069,7 @@ static void job_begin(agent *a, json_t *jj)
     j->a = a;
     j->srv = a->cur;
     agent_evq_init(&j->q);
+    gp_buf_init(&j->tok);
     agent_backoff_init(&j->ub, 200, 5000);
     const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
     j->correlation_id = cid ? strdup(cid) : NULL;

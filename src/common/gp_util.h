@@ -105,6 +105,13 @@ char *gp_json_dumps(const struct json_t *v);
 size_t gp_utf8_seq_len(const unsigned char *p, const unsigned char *end);
 /* s[0..n) is UTF-8 as jansson accepts it (NUL bytes included). */
 bool gp_utf8_valid(const char *s, size_t n);
+/* What snprintf(dst, cap, "%.*s", (int)n, src) writes, without printf
+ * (a few hundred instructions a call, a dozen calls a request: issue 24):
+ * src up to n bytes or its first NUL, cut to cap - 1 bytes, then a NUL
+ * (cap > 0; src NULL copies nothing). Returns the bytes written. */
+size_t gp_copy_cut(char *dst, size_t cap, const char *src, size_t n);
+/* The same for a whole string: snprintf(dst, cap, "%s", src). */
+size_t gp_copy_str(char *dst, size_t cap, const char *src);
 
 /* Base64 (RFC 4648, with padding): embeddings travel as little-endian
  * float32 bytes in base64 (docs/protocol.md). encode: a malloc'd NUL-ended

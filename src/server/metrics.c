@@ -260,10 +260,20 @@ char *gps_metrics_label(char *out, size_t outlen, ...)
         const char *v = va_arg(ap, const char *);
         if (!v)
             v = "";
-        int w = snprintf(out + o, outlen - o, "%s%s=\"", o ? "," : "", k);
-        if (w < 0 || (size_t)w >= outlen - o)
+        /* "%s%s=\"" written by hand (a label per metric update, several
+         * updates a request); snprintf only for the cut that ends them. */
+        size_t klen = strlen(k), w = (o ? 1 : 0) + klen + 2;
+        if (w >= outlen - o) {
+            snprintf(out + o, outlen - o, "%s%s=\"", o ? "," : "", k);
             break;
-        o += (size_t)w;
+        }
+        if (o)
+            out[o++] = ',';
+        memcpy(out + o, k, klen);
+        o += klen;
+        out[o++] = '=';
+        out[o++] = '"';
+        out[o] = '\0';
         for (; *v && o + 3 < outlen; v++) {
             if (*v == '\\' || *v == '"') {
                 out[o++] = '\\';

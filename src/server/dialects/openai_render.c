@@ -1,11 +1,12 @@
 /* openai_render: see openai_render.h. */
 #include "server/dialects/openai_render.h"
 
-#include <stdio.h>
 #include <string.h>
 
-/* The open field of the text chunk template (never in a real chunk: if a
- * model name holds it, the template is refused and chunks are built). */
+/* The open field of the text chunk template on the jansson path (an id
+ * or model that is not UTF-8; the hand path needs no marker): never in a
+ * real chunk, and if a model name holds it the template is refused and
+ * chunks are built. */
 #define TEXT_MARKER "@@gpupool-text@@"
 
 static json_t *base_object(bool chat, bool chunk, const char *id, long long created,
@@ -94,26 +95,118 @@ json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
     return a;
 }
 
+/* Whether the frames can be written by hand: json_string refuses a string
+ * that is not UTF-8, and then the jansson path below emits nothing, which
+ * the hand path must not undo. */
+static void check_plain(gps_oa_out *o)
+{
+    o->plain = gp_utf8_valid(o->id, strlen(o->id)) && gp_utf8_valid(o->model, strlen(o->model));
+}
+
 void gps_oa_out_init(gps_oa_out *o, bool chat, bool include_usage, const char *id,
                      long long created, const char *model)
 {
     memset(o, 0, sizeof *o);
     o->chat = chat;
     o->include_usage = include_usage;
-    snprintf(o->id, sizeof o->id, "%s", id ? id : "");
+    gp_copy_str(o->id, sizeof o->id, id);
     o->created = created;
     gps_oa_out_set_model(o, model);
 }
 
 void gps_oa_out_set_model(gps_oa_out *o, const char *model)
 {
-    snprintf(o->model, sizeof o->model, "%s", model ? model : "");
+    gp_copy_str(o->model, sizeof o->model, model);
+    check_plain(o);
 }
 
 void gps_oa_out_clear(gps_oa_out *o)
 {
     gps_sse_tpl_free(&o->text_tpl);
     o->tpl_tried = false;
+}
+
+/* The hand path: the bytes json_dumps wrote for the objects above, with
+ * their keys in the same order, without building them (jansson's pack,
+ * dump and free were ~14,000 instructions a chunk, and the text template
+ * as many again: issue 24). Each returns 0 or -1 (ENOMEM). */
+
+static int put(gp_buf *b, const char *lit)
+{
+    return gp_buf_append(b, lit, strlen(lit));
+}
+
+static int put_str(gp_buf *b, const char *s)
+{
+    if (gp_buf_append(b, "\"", 1) < 0 || gp_json_escape_append(b, s, strlen(s)) < 0)
+        return -1;
+    return gp_buf_append(b, "\"", 1);
+}
+
+static int put_int(gp_buf *b, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/* "data: " and a chunk's members before "choices" (base_object's). */
+static int put_head(const gps_oa_out *o, gp_buf *b)
+{
+    const char *object = o->chat ? "chat.completion.chunk" : "text_completion";
+    if (put(b, "data: {\"id\":") < 0 || put_str(b, o->id) < 0 ||
+        put(b, ",\"object\":\"") < 0 || put(b, object) < 0 || put(b, "\",\"created\":") < 0 ||
+        put_int(b, o->created) < 0 || put(b, ",\"model\":") < 0 || put_str(b, o->model) < 0)
+        return -1;
+    return put(b, ",\"system_fingerprint\":\"gpupool\",\"choices\":");
+}
+
+/* The members after the choice's text: logprobs, finish_reason (NULL:
+ * null) and, with include_usage, the chunk's "usage": null. */
+static int put_choice_tail(const gps_oa_out *o, gp_buf *b, const char *fr)
+{
+    if (put(b, ",\"logprobs\":null,\"finish_reason\":") < 0 ||
+        (fr ? put_str(b, fr) : put(b, "null")) < 0 || put(b, "}]") < 0)
+        return -1;
+    return o->include_usage ? put(b, ",\"usage\":null") : 0;
+}
+
+/* The text template's two halves (sse.h's gps_sse_tpl). */
+static int plain_tpl(const gps_oa_out *o, gps_sse_tpl *t)
+{
+    gp_buf pre, post;
+    gp_buf_init(&pre);
+    gp_buf_init(&post);
+    if (put_head(o, &pre) < 0 ||
+        put(&pre, o->chat ? "[{\"index\":0,\"delta\":{\"content\":\"" : "[{\"index\":0,\"text\":\"") < 0 ||
+        put(&post, o->chat ? "\"}" : "\"") < 0 || put_choice_tail(o, &post, NULL) < 0 ||
+        put(&post, "}\n\n") < 0) {
+        gp_buf_free(&pre);
+        gp_buf_free(&post);
+        return -1;
+    }
+    t->npre = pre.len;
+    t->pre = gp_buf_steal(&pre);
+    t->npost = post.len;
+    t->post = gp_buf_steal(&post);
+    return 0;
+}
+
+/* A frame written at the end of sse, or nothing (as gps_sse_format_json
+ * leaves out what it could not dump). */
+static void plain_done(gp_buf *sse, size_t at, int rc)
+{
+    if (rc == 0 && gp_buf_append(sse, "}\n\n", 3) == 0)
+        return;
+    sse->len = at;
+    if (sse->data)
+        sse->data[at] = '\0';
 }
 
 static void emit(gp_buf *sse, json_t *j)
@@ -131,8 +224,18 @@ static json_t *chunk(const gps_oa_out *o, const char *text, bool with_role, cons
 
 void gps_oa_open(gps_oa_out *o, gp_buf *sse)
 {
-    if (o->chat)
+    if (!o->chat)
+        return;
+    if (!o->plain) {
         emit(sse, chunk(o, "", true, NULL));
+        return;
+    }
+    size_t at = sse->len;
+    int rc = put_head(o, sse) < 0 ||
+                     put(sse, "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}") < 0
+                 ? -1
+                 : put_choice_tail(o, sse, NULL);
+    plain_done(sse, at, rc);
 }
 
 void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
@@ -140,11 +243,17 @@ void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
     if (!o->tpl_tried) {
         /* Every text chunk of this stream is the same but for its text. */
         o->tpl_tried = true;
+        if (o->plain) {
+            if (plain_tpl(o, &o->text_tpl) < 0)
+                o->text_tpl.pre = NULL;
+            goto tried;
+        }
         json_t *c = chunk(o, TEXT_MARKER, false, NULL);
         if (!c || gps_sse_tpl_init(&o->text_tpl, NULL, c, TEXT_MARKER) < 0)
             o->text_tpl.pre = NULL; /* (a model named like the marker) the slow path */
         json_decref(c);
     }
+tried:
     if (o->text_tpl.pre) {
         gps_sse_tpl_emit(sse, &o->text_tpl, t, n);
         return;
@@ -178,11 +287,41 @@ void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
     emit(sse, c);
 }
 
+/* gps_oa_close's frames by hand (o->plain, finish_reason UTF-8). */
+static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt, long long ct,
+                        json_t *meta)
+{
+    size_t at = sse->len;
+    int rc = put_head(o, sse) < 0 ||
+                     put(sse, o->chat ? "[{\"index\":0,\"delta\":{}" : "[{\"index\":0,\"text\":\"\"") < 0 ||
+                     put_choice_tail(o, sse, fr) < 0 ||
+                     (meta && (put(sse, ",\"x_pool_meta\":") < 0 || gp_json_dump_append(sse, meta) < 0))
+                 ? -1
+                 : 0;
+    json_decref(meta);
+    plain_done(sse, at, rc);
+    if (o->include_usage) {
+        at = sse->len;
+        rc = put_head(o, sse) < 0 || put(sse, "[],\"usage\":{\"prompt_tokens\":") < 0 ||
+                     put_int(sse, pt) < 0 || put(sse, ",\"completion_tokens\":") < 0 ||
+                     put_int(sse, ct) < 0 || put(sse, ",\"total_tokens\":") < 0 ||
+                     put_int(sse, pt + ct) < 0 || put(sse, "}") < 0
+                 ? -1
+                 : 0;
+        plain_done(sse, at, rc);
+    }
+    gps_sse_format(sse, NULL, NULL, "[DONE]");
+}
+
 void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
                   long long completion_tokens, json_t *meta)
 {
     /* The headers left with the first token: the last chunk tells which
      * agent finished and how many were tried (failover). */
+    if (o->plain && (!finish_reason || gp_utf8_valid(finish_reason, strlen(finish_reason)))) {
+        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta);
+        return;
+    }
     json_t *last = chunk(o, o->chat ? NULL : "", false, finish_reason);
     if (last)
         json_object_set_new(last, "x_pool_meta", meta);

@@ -35,6 +35,7 @@ typedef struct gps_oa_out {
     char model[GPS_MAX_MODEL_NAME + 1];
     gps_sse_tpl text_tpl;          /* a text chunk with the text left open (sse.h) */
     bool tpl_tried;                /* text_tpl made (or refused: .pre NULL) */
+    bool plain;                    /* id and model UTF-8: frames written by hand */
 } gps_oa_out;
 
 void gps_oa_out_init(gps_oa_out *o, bool chat, bool include_usage, const char *id,

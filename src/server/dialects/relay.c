@@ -118,7 +118,7 @@ static void on_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int timeout_sec)
 {
     gps_submit_err e;
-    snprintf(spec->pool_via, sizeof spec->pool_via, "%s", r->pool_via);
+    gp_copy_str(spec->pool_via, sizeof spec->pool_via, r->pool_via);
     gps_job *job = gps_jobs_submit(rl->jobs, spec, r->correlation_id, r->key_id, &e);
     gps_job_spec_clear(spec);
     if (!job) {
@@ -130,7 +130,7 @@ gps_job *gps_relay_submit(gps_relay *rl, gps_job_spec *spec, gps_req *r, int tim
         return NULL;
     }
     rl->job = job;
-    snprintf(rl->s.job_id, sizeof rl->s.job_id, "%s", gps_job_id(job));
+    gp_copy_str(rl->s.job_id, sizeof rl->s.job_id, gps_job_id(job));
     rl->text_resets = gps_job_text_resets(job);
     gps_job_subscribe_cursor(job, on_event, rl);
     /* The connection may sit silent while the job is queued or the model

@@ -89,34 +89,41 @@ static const struct {
     {"total_ms", 0, 1e10, false},
 };
 
-static int check_metrics(const json_t *ev, const char *at, char *field, size_t fieldlen,
-                         char *msg, size_t msglen)
+/* A metrics event (events[i]). Field names are formatted only for a
+ * failure: a valid event (one a request) formats nothing. */
+static int check_metrics(const json_t *ev, size_t i, char *field, size_t fieldlen, char *msg,
+                         size_t msglen)
 {
     char f[96];
-    if (json_object_size(ev) > GPS_AGENT_MAX_METRICS_FIELDS)
-        return fail(field, fieldlen, msg, msglen, at, "a metrics event has at most %d fields",
+    if (json_object_size(ev) > GPS_AGENT_MAX_METRICS_FIELDS) {
+        snprintf(f, sizeof f, "events[%zu]", i);
+        return fail(field, fieldlen, msg, msglen, f, "a metrics event has at most %d fields",
                     GPS_AGENT_MAX_METRICS_FIELDS);
+    }
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)ev, k, v) {
         if (strcmp(k, "type") == 0)
             continue;
-        snprintf(f, sizeof f, "%s.%.32s", at, k);
         bool known = false;
-        for (size_t i = 0; i < sizeof metric_bounds / sizeof metric_bounds[0]; i++) {
-            if (strcmp(k, metric_bounds[i].name) != 0)
+        for (size_t b = 0; b < sizeof metric_bounds / sizeof metric_bounds[0]; b++) {
+            if (strcmp(k, metric_bounds[b].name) != 0)
                 continue;
             known = true;
-            if ((metric_bounds[i].integer && !json_is_integer(v)) ||
-                !num_in(v, metric_bounds[i].lo, metric_bounds[i].hi))
+            if ((metric_bounds[b].integer && !json_is_integer(v)) ||
+                !num_in(v, metric_bounds[b].lo, metric_bounds[b].hi)) {
+                snprintf(f, sizeof f, "events[%zu].%.32s", i, k);
                 return fail(field, fieldlen, msg, msglen, f, "must be %s from %g to %g",
-                            metric_bounds[i].integer ? "an integer" : "a number",
-                            metric_bounds[i].lo, metric_bounds[i].hi);
+                            metric_bounds[b].integer ? "an integer" : "a number",
+                            metric_bounds[b].lo, metric_bounds[b].hi);
+            }
         }
-        if (!known && !num_in(v, -GPS_AGENT_MAX_NUMBER, GPS_AGENT_MAX_NUMBER))
+        if (!known && !num_in(v, -GPS_AGENT_MAX_NUMBER, GPS_AGENT_MAX_NUMBER)) {
+            snprintf(f, sizeof f, "events[%zu].%.32s", i, k);
             return fail(field, fieldlen, msg, msglen, f,
                         "metrics values must be numbers of at most %g in absolute value",
                         GPS_AGENT_MAX_NUMBER);
+        }
     }
     return 0;
 }
@@ -208,9 +215,7 @@ int gps_agent_event_check_sized(const json_t *ev, size_t i, size_t *bytes_out, c
             if (int_in(ev, keys[k], 0, GPS_AGENT_MAX_TOKENS) < 0)
                 EFAIL(sfx[k], "must be an integer from 0 to %lld", GPS_AGENT_MAX_TOKENS);
     } else if (strcmp(t, "metrics") == 0) {
-        char at[32];
-        snprintf(at, sizeof at, "events[%zu]", i);
-        return check_metrics(ev, at, field, fieldlen, msg, msglen);
+        return check_metrics(ev, i, field, fieldlen, msg, msglen);
     } else if (strcmp(t, "end") == 0) {
         const json_t *fr = json_object_get(ev, "finish_reason");
         if (fr && !json_is_null(fr) && !gps_agent_name_ok(fr, 32))

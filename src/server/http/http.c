@@ -512,13 +512,13 @@ static int head_site_field(gps_head *out, const char *name, size_t nl, const cha
             HEAD_FAIL(400, "more than one Host header");
         out->has_host = true;
         if (vlen < sizeof out->host)
-            snprintf(out->host, sizeof out->host, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->host, sizeof out->host, v, vlen);
     } else if (IS("Origin")) {
         if (out->has_origin)
             HEAD_FAIL(400, "more than one Origin header");
         out->has_origin = true;
         if (vlen < sizeof out->origin)
-            snprintf(out->origin, sizeof out->origin, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->origin, sizeof out->origin, v, vlen);
     } else if (IS("X-Pool-Via")) {
         if (out->has_via)
             HEAD_FAIL(400, "more than one X-Pool-Via header");
@@ -526,11 +526,11 @@ static int head_site_field(gps_head *out, const char *name, size_t nl, const cha
         if (vlen >= sizeof out->via)
             HEAD_FAIL(400, "X-Pool-Via longer than %zu bytes: a loop of pools?",
                       sizeof out->via - 1);
-        snprintf(out->via, sizeof out->via, "%.*s", (int)vlen, v);
+        gp_copy_cut(out->via, sizeof out->via, v, vlen);
     } else if (IS("Content-Type")) {
         /* A second one makes the type unknown ("" never matches). */
         if (!out->has_ctype && vlen < sizeof out->ctype)
-            snprintf(out->ctype, sizeof out->ctype, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->ctype, sizeof out->ctype, v, vlen);
         else
             out->ctype[0] = '\0';
         out->has_ctype = true;
@@ -560,7 +560,7 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
     for (size_t i = 0; i < ml; i++)
         if (!is_tchar((unsigned char)p[i]))
             HEAD_FAIL(400, "malformed request method");
-    snprintf(out->method_name, sizeof out->method_name, "%.*s", (int)ml, p);
+    gp_copy_cut(out->method_name, sizeof out->method_name, p, ml);
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
         if (strlen(methods[i].name) == ml && memcmp(methods[i].name, p, ml) == 0)
             out->method = methods[i].m;
@@ -632,17 +632,17 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
             if (out->has_auth)
                 HEAD_FAIL(400, "more than one Authorization header");
             out->has_auth = true;
-            snprintf(out->auth, sizeof out->auth, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->auth, sizeof out->auth, v, vlen);
         } else if (IS("x-api-key")) {
             if (out->has_api_key)
                 HEAD_FAIL(400, "more than one x-api-key header");
             out->has_api_key = true;
-            snprintf(out->api_key, sizeof out->api_key, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->api_key, sizeof out->api_key, v, vlen);
         } else if (IS("X-Forwarded-For")) {
-            snprintf(out->xff, sizeof out->xff, "%.*s", (int)vlen, v);
+            gp_copy_cut(out->xff, sizeof out->xff, v, vlen);
         } else if (IS("X-Correlation-Id")) {
             if (vlen < sizeof out->corr)
-                snprintf(out->corr, sizeof out->corr, "%.*s", (int)vlen, v);
+                gp_copy_cut(out->corr, sizeof out->corr, v, vlen);
         } else {
             int st = head_site_field(out, p, nl, v, vlen, msg, msglen);
             if (st)
@@ -940,7 +940,7 @@ static bool proxy_trusted(const gps_http *h, const char *p, const char *e)
 static void client_addr(const gps_http *h, const char *peer, const char *xff, char *out,
                         size_t outlen)
 {
-    snprintf(out, outlen, "%s", peer && *peer ? peer : "?");
+    gp_copy_str(out, outlen, peer && *peer ? peer : "?");
     if (!peer || !xff || !*xff || !proxy_trusted(h, peer, peer + strlen(peer)))
         return;
     const char *end = xff + strlen(xff);
@@ -954,7 +954,7 @@ static void client_addr(const gps_http *h, const char *peer, const char *xff, ch
         while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
             e--;
         if (e > s) {
-            snprintf(out, outlen, "%.*s", (int)(e - s), s);
+            gp_copy_cut(out, outlen, s, (size_t)(e - s));
             if (!proxy_trusted(h, s, e))
                 return;
         }
@@ -1099,8 +1099,7 @@ static bool decide(gps_conn *c, const gps_head *hd)
     gps_http *h = c->h;
     const char *q = strchr(hd->target, '?');
     char path[sizeof hd->target];
-    snprintf(path, sizeof path, "%.*s", (int)(q ? (size_t)(q - hd->target) : strlen(hd->target)),
-             hd->target);
+    gp_copy_cut(path, sizeof path, hd->target, q ? (size_t)(q - hd->target) : strlen(hd->target));
     gps_dialect pd = gps_dialect_for_path(path);
     bool body = hd->chunked || hd->content_length > 0;
     const gps_route *route = NULL;
@@ -1212,7 +1211,7 @@ static void gate_head(gps_conn *c, size_t head_len)
         finish_refused_head(c, hd, body);
         goto done;
     }
-    snprintf(c->corr, sizeof c->corr, "%s", hd->corr);
+    gp_copy_str(c->corr, sizeof c->corr, hd->corr);
     release(c, hd->canon, hd->canon_len);
     if (hd->chunked) {
         c->st = G_CHUNK_SIZE;

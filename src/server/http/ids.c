@@ -46,5 +46,6 @@ void gps_id_new(const char *prefix, char *out, size_t outlen)
 {
     char hex[25];
     gps_id_hex(hex, 12);
-    snprintf(out, outlen, "%s%s", prefix, hex);
+    size_t n = gp_copy_str(out, outlen, prefix);
+    gp_copy_str(out + n, outlen - n, hex);
 }

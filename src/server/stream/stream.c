@@ -16,7 +16,7 @@ void gps_stream_init(gps_stream *s, const gps_stream_ops *ops, void *owner,
     s->ops = ops;
     s->owner = owner;
     s->req = req;
-    snprintf(s->corr, sizeof s->corr, "%s", corr ? corr : "");
+    gp_copy_str(s->corr, sizeof s->corr, corr ? corr : "");
     gp_buf_init(&s->out);
     s->last_write_us = gp_now_mono_us();
     struct evhttp_connection *c = req ? evhttp_request_get_connection(req) : NULL;

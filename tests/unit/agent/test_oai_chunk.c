@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -229,12 +230,39 @@ static void test_mutations_agree_with_jansson(void **state)
     assert_true(taken > 100); /* the mutations did reach the accepting path */
 }
 
+/* Every byte value at every position of a text longer than the scanner's
+ * 8-byte step (and at the ends of those steps): what it takes agrees with
+ * jansson, and plain text is always taken. */
+static void test_every_byte_at_every_position(void **state)
+{
+    (void)state;
+    const char *pre = "{\"id\":\"c\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,"
+                      "\"text\":\"";
+    const char *post = "\",\"logprobs\":null,\"finish_reason\":null}]}";
+    char buf[256];
+    for (int len = 1; len <= 19; len += 9)
+        for (int at = 0; at < len; at++)
+            for (int byte = 1; byte < 256; byte++) {
+                size_t n = (size_t)snprintf(buf, sizeof buf, "%s", pre);
+                size_t t0 = n;
+                memset(buf + n, 'a', (size_t)len);
+                buf[t0 + (size_t)at] = (char)byte;
+                n += (size_t)len;
+                n += (size_t)snprintf(buf + n, sizeof buf - n, "%s", post);
+                bool took = check(buf, n, false);
+                bool plain = byte >= 0x20 && byte < 0x80 && byte != '"' && byte != '\\';
+                if (plain)
+                    assert_true(took);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taken),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_mutations_agree_with_jansson),
+        cmocka_unit_test(test_every_byte_at_every_position),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

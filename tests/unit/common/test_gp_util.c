@@ -200,7 +200,10 @@ static void test_json_dump(void **state)
     dump_same(bad2);
     /* Reals as jansson formats them (gp_util's own "%.17g" path). */
     const double reals[] = {0.0, -0.0, 0.1, 1e-7, 1e17, 1e16, 5e-324, 1.7976931348623157e308,
-                            -2.5e-300, 123456789012345678.0, 3.0, 310.00000000000006};
+                            -2.5e-300, 123456789012345678.0, 3.0, 310.00000000000006,
+                            1.0, -1.0, 0.7, 12345.0, -7.0, 1e15, 9007199254740991.0,
+                            -9007199254740991.0, 9007199254740992.0, 9007199254740994.0,
+                            4503599627370495.5, 0.5, -0.5, 1e-300};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++) {
         json_t *r = json_real(reals[i]);
         dump_same(r);
@@ -229,6 +232,85 @@ static void test_json_dump(void **state)
     }
 }
 
+/* Reals over the range gp_util formats itself ("%.17g" exactly, in
+ * integers): random bit patterns and decimal-looking values, each dumped
+ * and sized as jansson does. */
+static void test_reals_agree_with_jansson(void **state)
+{
+    (void)state;
+    unsigned seed = 17;
+    for (int i = 0; i < 200000; i++) {
+        double d;
+        int kind = i % 4;
+        if (kind == 0) {
+            uint64_t bits = ((uint64_t)rand_r(&seed) << 33) ^ ((uint64_t)rand_r(&seed) << 11) ^
+                            (uint64_t)rand_r(&seed);
+            /* exponents from 2^-16 to 2^54 */
+            bits = (bits & 0x800fffffffffffffULL) |
+                   ((uint64_t)(1023 - 16 + rand_r(&seed) % 71) << 52);
+            memcpy(&d, &bits, sizeof d);
+        } else if (kind == 1) {
+            d = (double)rand_r(&seed) / (double)(1 + rand_r(&seed) % 100000);
+        } else if (kind == 2) {
+            d = (double)(rand_r(&seed) % 100000) / 1000.0; /* ms, like ttft_ms */
+        } else {
+            d = (double)((long long)rand_r(&seed) * 1000 + rand_r(&seed) % 1000) / 1e3 +
+                (double)(rand_r(&seed) % 7) * 1e-9;
+        }
+        if (rand_r(&seed) % 2)
+            d = -d;
+        json_t *r = json_real(d);
+        char *want = json_dumps(r, JSON_COMPACT | JSON_ENCODE_ANY);
+        gp_buf b;
+        gp_buf_init(&b);
+        assert_int_equal(gp_json_dump_append(&b, r), 0);
+        gp_buf_append(&b, "", 0);
+        if (strcmp(b.data, want) != 0)
+            fail_msg("%.17g: got %s want %s", d, b.data, want);
+        assert_int_equal(gp_json_compact_size(r), strlen(want));
+        gp_buf_free(&b);
+        free(want);
+        json_decref(r);
+    }
+    /* edges of the range, ties and carries */
+    const double edges[] = {1e-4, 0.00010000000000000002, 9.9999999999999991e-5, 0.1, 0.5, 0.25,
+                            0.9999999999999999, 1.0000000000000002, 9.9999999999999982,
+                            99.999999999999986, 1e15 + 0.5, 4503599627370495.5,
+                            9007199254740991.0 - 0.5, 0.3, 2.675, 1.005, 123.456};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+        json_t *r = json_real(edges[i]);
+        dump_same(r);
+        json_decref(r);
+        r = json_real(-edges[i]);
+        dump_same(r);
+        json_decref(r);
+    }
+}
+
+/* gp_copy_cut / gp_copy_str write what snprintf's "%.*s" / "%s" write. */
+static void test_copy_cut_is_snprintf(void **state)
+{
+    (void)state;
+    const char *srcs[] = {"", "a", "hello", "hel\0lo", "0123456789abcdef"};
+    size_t lens[] = {0, 1, 3, 5, 6, 16, 100};
+    for (size_t s = 0; s < sizeof srcs / sizeof srcs[0]; s++)
+        for (size_t cap = 1; cap <= 18; cap++)
+            for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+                char got[32], want[32];
+                memset(got, 'x', sizeof got);
+                memset(want, 'x', sizeof want);
+                size_t n = gp_copy_cut(got, cap, srcs[s], lens[l]);
+                snprintf(want, cap, "%.*s", (int)lens[l], srcs[s]);
+                assert_memory_equal(got, want, sizeof got);
+                assert_int_equal(n, strlen(want));
+                memset(got, 'x', sizeof got);
+                memset(want, 'x', sizeof want);
+                gp_copy_str(got, cap, srcs[s]);
+                snprintf(want, cap, "%s", srcs[s]);
+                assert_memory_equal(got, want, sizeof got);
+            }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -236,6 +318,8 @@ int main(void)
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
+        cmocka_unit_test(test_copy_cut_is_snprintf),
+        cmocka_unit_test(test_reals_agree_with_jansson),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -72,25 +72,102 @@ static void test_completion_stream_with_usage(void **state)
     gp_buf_free(&sse);
     gps_oa_out_clear(&o);
 
-    /* A model named like the template's marker takes the built path: the
-     * same bytes either way. */
+    /* The text chunk written by hand equals the one jansson builds. */
     gp_buf a, b;
     gp_buf_init(&a);
     gp_buf_init(&b);
-    gps_oa_out_init(&o, true, true, "chatcmpl-2", 7, "plain");
+    gps_oa_out_init(&o, true, true, "chatcmpl-2", 7, "@@gpupool-text@@");
     gps_oa_text(&o, &a, "caf\xc3\xa9 \\ \x01", 9);
     assert_non_null(o.text_tpl.pre);
     gps_oa_out_clear(&o);
-    gps_oa_out_init(&o, true, true, "chatcmpl-2", 7, "@@gpupool-text@@");
-    gps_oa_text(&o, &b, "caf\xc3\xa9 \\ \x01", 9);
-    assert_null(o.text_tpl.pre);
-    gps_oa_out_clear(&o);
-    /* (the model names differ: compare from the choices on) */
-    const char *ta = strstr(a.data, "\"choices\""), *tb = strstr(b.data, "\"choices\"");
-    assert_string_equal(ta, tb);
-    assert_non_null(strstr(ta, "\"content\":\"caf\xc3\xa9 \\\\ \\u0001\""));
+    json_t *c = gps_openai_chunk(true, "chatcmpl-2", 7, "@@gpupool-text@@", "caf\xc3\xa9 \\ \x01",
+                                 false, NULL, true);
+    gps_sse_format_json(&b, NULL, NULL, c);
+    json_decref(c);
+    assert_string_equal(a.data, b.data);
+    assert_non_null(strstr(a.data, "\"content\":\"caf\xc3\xa9 \\\\ \\u0001\""));
     gp_buf_free(&a);
     gp_buf_free(&b);
+}
+
+/* A whole stream as the jansson objects above would dump it, frame by
+ * frame (the hand path must write the same bytes). */
+static void want_stream(gp_buf *w, bool chat, bool usage, const char *id, long long created,
+                        const char *model, const char *text, const char *fr, long long pt,
+                        long long ct, const json_t *meta)
+{
+    if (chat) {
+        json_t *c = gps_openai_chunk(true, id, created, model, "", true, NULL, usage);
+        gps_sse_format_json(w, NULL, NULL, c);
+        json_decref(c);
+    }
+    json_t *c = gps_openai_chunk(chat, id, created, model, text, false, NULL, usage);
+    gps_sse_format_json(w, NULL, NULL, c);
+    json_decref(c);
+    c = gps_openai_chunk(chat, id, created, model, chat ? NULL : "", false, fr, usage);
+    if (meta)
+        json_object_set(c, "x_pool_meta", (json_t *)meta);
+    gps_sse_format_json(w, NULL, NULL, c);
+    json_decref(c);
+    if (usage) {
+        c = gps_openai_usage_chunk(chat, id, created, model, pt, ct);
+        gps_sse_format_json(w, NULL, NULL, c);
+        json_decref(c);
+    }
+    gps_sse_format(w, NULL, NULL, "[DONE]");
+}
+
+static void test_hand_frames_equal_built(void **state)
+{
+    (void)state;
+    const char *ids[] = {"cmpl-1", "chatcmpl-\"q\"\\/", ""};
+    const char *models[] = {"m", "caf\xc3\xa9/\t\x1f", "@@gpupool-text@@", ""};
+    const char *texts[] = {"", "a", "\x7f\xe2\x82\xac\n\r\b\f\"</script>"};
+    const char *frs[] = {NULL, "stop", "we\"ird\n"};
+    long long created[] = {0, -5, 1700000000123LL};
+    json_t *meta = json_pack("{s:s,s:i,s:[s]}", "agent_id", "a\"1", "attempts", 2, "w", "x");
+    for (int chat = 0; chat < 2; chat++)
+        for (int usage = 0; usage < 2; usage++)
+            for (size_t i = 0; i < 3; i++)
+                for (size_t m = 0; m < 4; m++)
+                    for (size_t t = 0; t < 3; t++) {
+                        size_t f = (i + m + t) % 3;
+                        long long cr = created[(m + t) % 3];
+                        bool with_meta = (i + t) % 2 == 0;
+                        gp_buf got, want;
+                        gp_buf_init(&got);
+                        gp_buf_init(&want);
+                        gps_oa_out o;
+                        gps_oa_out_init(&o, chat, usage, ids[i], cr, models[m]);
+                        gps_oa_open(&o, &got);
+                        gps_oa_text(&o, &got, texts[t], strlen(texts[t]));
+                        gps_oa_close(&o, &got, frs[f], 3 + (long long)t, 9,
+                                     with_meta ? json_deep_copy(meta) : NULL);
+                        gps_oa_out_clear(&o);
+                        want_stream(&want, chat, usage, ids[i], cr, models[m], texts[t],
+                                    frs[f], 3 + (long long)t, 9, with_meta ? meta : NULL);
+                        assert_string_equal(got.data, want.data);
+                        gp_buf_free(&got);
+                        gp_buf_free(&want);
+                    }
+    json_decref(meta);
+}
+
+/* An id or model that is not UTF-8 (json_string refuses it): the built
+ * path, which writes no chunk, but [DONE]. */
+static void test_not_utf8_writes_no_chunk(void **state)
+{
+    (void)state;
+    gps_oa_out o;
+    gps_oa_out_init(&o, true, false, "chatcmpl-1", 1, "bad\xff");
+    gp_buf sse;
+    gp_buf_init(&sse);
+    gps_oa_open(&o, &sse);
+    gps_oa_text(&o, &sse, "x", 1);
+    gps_oa_close(&o, &sse, "stop", 1, 1, NULL);
+    assert_string_equal(sse.data, "data: [DONE]\n\n");
+    gp_buf_free(&sse);
+    gps_oa_out_clear(&o);
 }
 
 static void test_tool_call_pieces(void **state)
@@ -151,6 +228,8 @@ int main(void)
         cmocka_unit_test(test_chat_stream_bytes),
         cmocka_unit_test(test_completion_stream_with_usage),
         cmocka_unit_test(test_tool_call_pieces),
+        cmocka_unit_test(test_hand_frames_equal_built),
+        cmocka_unit_test(test_not_utf8_writes_no_chunk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
