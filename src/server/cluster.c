@@ -8,6 +8,7 @@
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
+#include "server/timer.h"
 
 /* Rows of servers whose lease ended this long ago go (every PURGE_EVERY
  * renewals): a restart leaves one row behind, the list must not grow. */
@@ -149,17 +150,6 @@ static void refresh_tick(evutil_socket_t fd, short what, void *arg)
         gps_limits_refresh(c->limits, gp_now_wall_ms());
 }
 
-static struct event *timer_every(struct event_base *base, int ms, event_callback_fn fn, void *arg)
-{
-    struct event *ev = event_new(base, -1, EV_PERSIST, fn, arg);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    if (ev && event_add(ev, &tv) != 0) {
-        event_free(ev);
-        ev = NULL;
-    }
-    return ev;
-}
-
 gps_cluster *gps_cluster_start(struct event_base *base, gps_store *store, gps_auth *auth,
                                gps_limits *limits, const gps_cluster_opts *opts)
 {
@@ -198,9 +188,9 @@ gps_cluster *gps_cluster_start(struct event_base *base, gps_store *store, gps_au
     }
     if (beat(c) != 0)
         goto fail;
-    if (!(c->beat_timer = timer_every(base, c->heartbeat_ms, beat_tick, c)))
+    if (!(c->beat_timer = gps_timer_every(base, c->heartbeat_ms, beat_tick, c)))
         goto fail;
-    if (c->refresh_ms && !(c->refresh_timer = timer_every(base, c->refresh_ms, refresh_tick, c)))
+    if (c->refresh_ms && !(c->refresh_timer = gps_timer_every(base, c->refresh_ms, refresh_tick, c)))
         goto fail;
     gp_log_write(GP_LOG_INFO, "server_announced", NULL,
                  json_pack("{s:s,s:s,s:i,s:i}", "server_id", c->id, "name", c->name,

@@ -9,6 +9,7 @@
 #include "common/gp_util.h"
 #include "server/fleet/registry.h"
 #include "server/fleet/sched.h"
+#include "server/timer.h"
 
 #define BATCH_MS 20       /* a relay batch waits at most this long ... */
 #define BATCH_MAX 32      /* ... or for this many events */
@@ -655,17 +656,6 @@ static void models_tick(evutil_socket_t fd, short what, void *arg)
 /* Life                                                                */
 /* ------------------------------------------------------------------ */
 
-static struct event *every(struct event_base *base, int ms, event_callback_fn fn, void *arg)
-{
-    struct event *ev = event_new(base, -1, EV_PERSIST, fn, arg);
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    if (ev && event_add(ev, &tv) != 0) {
-        event_free(ev);
-        ev = NULL;
-    }
-    return ev;
-}
-
 gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jobs *jobs,
                                const gps_handoff_opts *o)
 {
@@ -681,8 +671,8 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
     h->queue_timeout_sec = o->queue_timeout_sec > 0 ? o->queue_timeout_sec : 60;
     h->request_timeout_sec = o->request_timeout_sec > 0 ? o->request_timeout_sec : 600;
     h->peer_models = json_object();
-    h->tick = every(base, h->period_ms, tick, h);
-    h->models_tick = every(base, h->models_ms, models_tick, h);
+    h->tick = gps_timer_every(base, h->period_ms, tick, h);
+    h->models_tick = gps_timer_every(base, h->models_ms, models_tick, h);
     if (!h->peer_models || !h->tick || !h->models_tick) {
         gps_handoff_stop(h);
         gps_handoff_free(h);

@@ -1570,6 +1570,22 @@ static void retry_after(gps_jobs *j, gps_job *job, long long delay_ms)
  * moves to a fallback model when no live agent serves the job's model. */
 static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why);
 
+/* A requeue: the attempt's output was never seen by the client, so it is
+ * dropped and the next agent starts the reply afresh. */
+static void discard_output(gps_job *job)
+{
+    job->agent_id[0] = '\0';
+    job->text.len = 0;
+    if (job->text.data)
+        job->text.data[0] = '\0';
+    job->text_resets++;
+    job->completion_tokens = 0;
+    job->continued_tokens = 0;
+    job->first_token_us = 0;
+    job->agent_seq = 0;
+    ids_reset(job);
+}
+
 static void fail_over(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
@@ -1649,16 +1665,7 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
         if (gps_job_terminal(job))
             return;
     } else {
-        job->agent_id[0] = '\0';
-        job->text.len = 0;
-        if (job->text.data)
-            job->text.data[0] = '\0';
-        job->text_resets++;
-        job->completion_tokens = 0;
-        job->continued_tokens = 0;
-        job->first_token_us = 0;
-        job->agent_seq = 0;
-        ids_reset(job);
+        discard_output(job);
     }
     retry_after(j, job, p.delay_ms);
 }
@@ -1729,15 +1736,7 @@ static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
                  "the server running this job was lost before output reached the client; "
                  "offered again");
     count(j, "failovers_total", "mode=\"requeue\"", 1);
-    job->agent_id[0] = '\0';
-    job->text.len = 0;
-    if (job->text.data)
-        job->text.data[0] = '\0';
-    job->text_resets++;
-    job->completion_tokens = 0;
-    job->first_token_us = 0;
-    job->agent_seq = 0;
-    ids_reset(job);
+    discard_output(job);
     job->state = GPS_JOB_QUEUED;
     job->queued_since_us = gp_now_mono_us();
     persist(j, job);
