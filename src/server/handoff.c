@@ -618,6 +618,12 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
     h->peer_models = names;
 }
 
+static const json_t *peer_models(void *arg)
+{
+    gps_handoff *h = arg;
+    return h->peer_models;
+}
+
 static void sweep_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
@@ -678,7 +684,8 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
         gps_handoff_free(h);
         return NULL;
     }
-    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .ended = ended, .arg = h};
+    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .ended = ended,
+                              .peer_models = peer_models, .arg = h};
     gps_jobs_set_handoff(jobs, &hooks);
     models_tick(-1, 0, h); /* announce the models, read the peers now */
     gp_log_write(GP_LOG_INFO, "handoff_started", NULL,

@@ -104,6 +104,13 @@ class HandoffPgTest(harness.TestCase):
 
     def test_reply_through_the_other_server(self):
         up, a, b = self.two_servers(["--tokens", "40", "--pace-ms", "5"])
+        # A lists the model its peer serves: behind a balancer every
+        # server's /v1/models is the same.
+        st, _, ms = http_json("GET", a.url + "/v1/models", None,
+                              headers=bearer(self.client), timeout=30)
+        self.assertEqual(st, 200, ms)
+        self.assertEqual([m["id"] for m in ms["data"]], ["m1"], ms)
+        self.assertEqual((ms["first_id"], ms["last_id"]), ("m1", "m1"))
         # OpenAI, not streaming.
         st, _, r = http_json("POST", a.url + "/v1/chat/completions",
                              {"model": "m1", "max_tokens": 12,

@@ -575,25 +575,73 @@ static void iso8601(char *out, size_t n, int64_t wall_ms)
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* One entry of the models list, in both dialects' fields (OpenAI's
+ * object/created/owned_by, Anthropic's type/display_name/created_at). */
+static json_t *model_entry(const char *id, int64_t created_wall_ms)
+{
+    char ts[32];
+    iso8601(ts, sizeof ts, created_wall_ms);
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)(created_wall_ms / 1000), "owned_by", "gpupool", "type",
+                     "model", "display_name", id, "created_at", ts);
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    const char *x = json_string_value(json_object_get(*(json_t *const *)a, "id"));
+    const char *y = json_string_value(json_object_get(*(json_t *const *)b, "id"));
+    return strcmp(x ? x : "", y ? y : "");
+}
+
+/* Sort an array of model entries by id, in place. */
+static void sort_by_id(json_t *data)
+{
+    size_t n = json_array_size(data);
+    json_t **v = malloc(n * sizeof *v);
+    if (!v)
+        return; /* unsorted, still whole */
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(data, i));
+    qsort(v, n, sizeof *v, cmp_id);
+    json_array_clear(data);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(data, v[i]);
+    free(v);
+}
+
+/* The models this server's agents serve and those only another server's
+ * agents serve (reached by a hand-off, docs/scaling.md 3e), sorted by id:
+ * behind a balancer every server lists the same models. */
 static void h_models(gps_req *r, void *arg)
 {
     oa_ctx *c = arg;
     size_t n = 0;
     registry_model_entry *list = registry_models_list(gps_jobs_registry(c->jobs), &n);
     json_t *data = json_array();
+    json_t *seen = json_object();
     for (size_t i = 0; i < n; i++) {
-        char ts[32];
-        iso8601(ts, sizeof ts, list[i].created_wall_ms);
-        json_array_append_new(
-            data, json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:s}", "id", list[i].id, "object",
-                            "model", "created", (json_int_t)(list[i].created_wall_ms / 1000),
-                            "owned_by", "gpupool", "type", "model", "display_name", list[i].id,
-                            "created_at", ts));
+        json_array_append_new(data, model_entry(list[i].id, list[i].created_wall_ms));
+        json_object_set_new(seen, list[i].id, json_true());
     }
-    json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
-    json_object_set_new(body, "first_id", n ? json_string(list[0].id) : json_null());
-    json_object_set_new(body, "last_id", n ? json_string(list[n - 1].id) : json_null());
+    const json_t *peers = gps_jobs_peer_models(c->jobs);
+    const char *name;
+    json_t *v;
+    int64_t now = gp_now_wall_ms();
+    json_object_foreach((json_t *)peers, name, v)
+    {
+        if (!json_object_get(seen, name))
+            json_array_append_new(data, model_entry(name, now));
+    }
+    json_decref(seen);
     free(list);
+    size_t total = json_array_size(data);
+    if (total > n) /* peers' names joined the registry's sorted list */
+        sort_by_id(data);
+    json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
+    json_object_set(body, "first_id",
+                    total ? json_object_get(json_array_get(data, 0), "id") : json_null());
+    json_object_set(body, "last_id",
+                    total ? json_object_get(json_array_get(data, total - 1), "id") : json_null());
     gps_http_send_json(r->req, 200, body);
 }
 

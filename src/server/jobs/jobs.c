@@ -1680,6 +1680,11 @@ void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h)
         memset(&j->handoff, 0, sizeof j->handoff);
 }
 
+const json_t *gps_jobs_peer_models(gps_jobs *j)
+{
+    return j->handoff.peer_models ? j->handoff.peer_models(j->handoff.arg) : NULL;
+}
+
 bool gps_job_remote(const gps_job *job) { return job->remote; }
 
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)

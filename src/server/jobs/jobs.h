@@ -395,10 +395,16 @@ typedef struct gps_jobs_handoff {
     bool (*can_offer)(void *arg, const gps_job *job);
     void (*offer)(void *arg, gps_job *job);
     void (*ended)(void *arg, gps_job *job);
+    /* The models the other live servers serve, as the keys of an object
+     * (borrowed, valid until the next loop turn; NULL: none known). */
+    const json_t *(*peer_models)(void *arg);
     void *arg;
 } gps_jobs_handoff;
 /* h is copied; NULL removes the hooks. */
 void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h);
+/* The models only a hand-off can reach (hooks' peer_models), for
+ * /v1/models: borrowed, NULL when there is no hand-off or none is known. */
+const json_t *gps_jobs_peer_models(gps_jobs *j);
 /* Was the job offered to another server (remote)? */
 bool gps_job_remote(const gps_job *job);
 /* A remote QUEUED job was claimed by server_id: ASSIGNED to it as its
