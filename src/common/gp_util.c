@@ -706,6 +706,24 @@ static int dump_string(gp_buf *out, const char *s, size_t n)
     return gp_buf_append(out, "\"", 1);
 }
 
+int gp_json_array_sort(json_t *arr, int (*cmp)(const void *, const void *))
+{
+    size_t n = json_array_size(arr);
+    if (n < 2)
+        return 0;
+    json_t **v = malloc(n * sizeof *v);
+    if (!v)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(arr, i));
+    qsort(v, n, sizeof *v, cmp);
+    json_array_clear(arr);
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, v[i]);
+    free(v);
+    return 0;
+}
+
 int gp_json_dump_append(gp_buf *out, const json_t *v)
 {
     char num[64];

@@ -96,6 +96,10 @@ int gp_json_escape_append(gp_buf *out, const char *text, size_t n);
  * 0, or -1 (ENOMEM, or a string that is not UTF-8, which json_dumps refuses
  * too; out then holds a partial dump). */
 int gp_json_dump_append(gp_buf *out, const struct json_t *v);
+/* Sort the elements of a JSON array in place with cmp, which compares two
+ * `json_t *const *` as qsort does. 0, or -1 (ENOMEM: the array is left as
+ * it was). */
+int gp_json_array_sort(struct json_t *arr, int (*cmp)(const void *, const void *));
 /* json_dumps(v, JSON_COMPACT), the same way: a new string (caller frees),
  * NULL where json_dumps gives NULL (v not an object or array, ENOMEM,
  * invalid UTF-8). */

@@ -415,23 +415,7 @@ static int obj_cmp(const void *x, const void *y)
 }
 
 /* Sort an array of objects in place with obj_cmp. 0 or -1 (ENOMEM). */
-static int sort_objects(json_t *arr)
-{
-    size_t n = json_array_size(arr);
-    if (n < 2)
-        return 0;
-    json_t **v = malloc(n * sizeof *v);
-    if (!v)
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        v[i] = json_incref(json_array_get(arr, i));
-    qsort(v, n, sizeof *v, obj_cmp);
-    json_array_clear(arr);
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(arr, v[i]);
-    free(v);
-    return 0;
-}
+static int sort_objects(json_t *arr) { return gp_json_array_sort(arr, obj_cmp); }
 
 /* ------------------------------------------------------------------ */
 /* Keys                                                                */

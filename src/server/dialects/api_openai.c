@@ -593,22 +593,6 @@ static int cmp_id(const void *a, const void *b)
     return strcmp(x ? x : "", y ? y : "");
 }
 
-/* Sort an array of model entries by id, in place. */
-static void sort_by_id(json_t *data)
-{
-    size_t n = json_array_size(data);
-    json_t **v = malloc(n * sizeof *v);
-    if (!v)
-        return; /* unsorted, still whole */
-    for (size_t i = 0; i < n; i++)
-        v[i] = json_incref(json_array_get(data, i));
-    qsort(v, n, sizeof *v, cmp_id);
-    json_array_clear(data);
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(data, v[i]);
-    free(v);
-}
-
 /* The models this server's agents serve and those only another server's
  * agents serve (reached by a hand-off, docs/scaling.md 3e), sorted by id:
  * behind a balancer every server lists the same models. */
@@ -636,7 +620,7 @@ static void h_models(gps_req *r, void *arg)
     free(list);
     size_t total = json_array_size(data);
     if (total > n) /* peers' names joined the registry's sorted list */
-        sort_by_id(data);
+        gp_json_array_sort(data, cmp_id); /* ENOMEM: unsorted, still whole */
     json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
     json_object_set(body, "first_id",
                     total ? json_object_get(json_array_get(data, 0), "id") : json_null());

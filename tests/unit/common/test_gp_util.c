@@ -311,6 +311,31 @@ static void test_copy_cut_is_snprintf(void **state)
             }
 }
 
+static int cmp_int(const void *a, const void *b)
+{
+    json_int_t x = json_integer_value(*(json_t *const *)a);
+    json_int_t y = json_integer_value(*(json_t *const *)b);
+    return x < y ? -1 : x > y;
+}
+
+static void test_json_array_sort(void **st)
+{
+    (void)st;
+    json_t *a = json_loads("[5,1,4,1,3]", 0, NULL);
+    json_t *keep = json_incref(json_array_get(a, 0)); /* the same element moves */
+    assert_int_equal(gp_json_array_sort(a, cmp_int), 0);
+    json_t *want = json_loads("[1,1,3,4,5]", 0, NULL);
+    assert_true(json_equal(a, want));
+    assert_ptr_equal(json_array_get(a, 4), keep);
+    json_decref(keep);
+    json_decref(want);
+    json_decref(a);
+    json_t *e = json_array();
+    assert_int_equal(gp_json_array_sort(e, cmp_int), 0);
+    assert_int_equal(json_array_size(e), 0);
+    json_decref(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
         cmocka_unit_test(test_copy_cut_is_snprintf),
         cmocka_unit_test(test_reals_agree_with_jansson),
+        cmocka_unit_test(test_json_array_sort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
