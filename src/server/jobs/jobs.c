@@ -1570,6 +1570,17 @@ static void retry_after(gps_jobs *j, gps_job *job, long long delay_ms)
  * moves to a fallback model when no live agent serves the job's model. */
 static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why);
 
+/* The agent (or, for a handed-off job, the server) running the job was
+ * lost and the job is not tried again: 502 AGENT_LOST. */
+static void fail_lost(gps_jobs *j, gps_job *job, const char *runner, const char *why)
+{
+    char m[200];
+    snprintf(m, sizeof m, "the %s running this job was lost (%s)%s", runner, why,
+             job->client_saw_output ? " after output was sent" : "");
+    count(j, "failovers_total", "mode=\"error\"", 1);
+    fail_job(j, job, 502, "AGENT_LOST", m, 0);
+}
+
 /* A requeue: the attempt's output was never seen by the client, so it is
  * dropped and the next agent starts the reply afresh. */
 static void discard_output(gps_job *job)
@@ -1614,11 +1625,7 @@ static void fail_over(gps_jobs *j, gps_job *job, const char *why)
     gp_random_bytes(&f.rnd, sizeof f.rnd);
     gps_fo_plan p = gps_failover_decide(&f);
     if (p.action == GPS_FO_FAIL_LOST) {
-        char m[200];
-        snprintf(m, sizeof m, "the agent running this job was lost (%s)%s", why,
-                 job->client_saw_output ? " after output was sent" : "");
-        count(j, "failovers_total", "mode=\"error\"", 1);
-        fail_job(j, job, 502, "AGENT_LOST", m, 0);
+        fail_lost(j, job, "agent", why);
         return;
     }
     if (p.action == GPS_FO_FAIL_EXHAUSTED) {
@@ -1723,11 +1730,7 @@ static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
      * claimed by a server that may still write: the job ends. */
     if (job->client_saw_output || job->tool_bytes > 0 ||
         job->spec.failover == GPS_FAILOVER_ERROR || strcmp(why, "server_lost") != 0) {
-        char m[200];
-        snprintf(m, sizeof m, "the server running this job was lost (%s)%s", why,
-                 job->client_saw_output ? " after output was sent" : "");
-        count(j, "failovers_total", "mode=\"error\"", 1);
-        fail_job(j, job, 502, "AGENT_LOST", m, 0);
+        fail_lost(j, job, "server", why);
         return;
     }
     if (job->attempts >= j->opts.max_attempts) {
