@@ -45,6 +45,10 @@ class DashboardTest(harness.TestCase):
                        for i, k in enumerate(akeys)]
         self.srv.wait_model("m1", key=self.client)
         self.ids = [a.agent_id() for a in self.agents]
+        # wait_model needs one agent; the snapshots must list both: each
+        # has polled once it is parked (the first one's model alone let
+        # a loaded CI machine snapshot before the second registered).
+        self.srv.wait_parked(2)
         self.browser = None
 
     def tearDown(self):
