@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 import pg  # noqa: E402
 from harness import bearer, http_json  # noqa: E402
-from pg_fixture import server_has_libpq, state  # noqa: E402,F401 (also used by other tests)
+from pg_fixture import PgServersCase, server_has_libpq, state  # noqa: E402,F401 (also used by other tests)
 
 FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
 
@@ -33,23 +33,9 @@ def complete(srv, key, max_tokens=3):
                      headers=bearer(key), timeout=60)
 
 
-class PostgresStoreTest(harness.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.libpq = server_has_libpq()
-
-    def setUp(self):
-        ok, why = pg.available()
-        if not ok:
-            self.skipTest(why)
-        if not self.libpq:
-            self.skipTest("gpupool-server was built without libpq (GPUPOOL_POSTGRES=OFF or no libpq-dev)")
-        super().setUp()
-        self.pg = pg.Postgres(self.h.tmp)
-        self.addCleanup(self.pg.stop)  # runs before the harness removes its directory
-        self.pg.createdb("gpupool")
-        self.uri = self.pg.uri("gpupool")
+class PostgresStoreTest(PgServersCase):
+    """PgServersCase gives each test its PostgreSQL (self.pg, self.uri), or
+    skips it with the reason."""
 
     def keys(self, *args, env=None):
         r = subprocess.run([harness.SERVER_BIN, "keys"] + list(args), capture_output=True,
@@ -84,9 +70,9 @@ class PostgresStoreTest(harness.TestCase):
         # The request log is in PostgreSQL (read after SIGTERM flushed it).
         port = srv.port
         srv.stop()
-        rows = self.pg.psql("gpupool", "SELECT status, model FROM jobs ORDER BY created_at")
+        rows = self.psql("SELECT status, model FROM jobs ORDER BY created_at")
         self.assertIn("done|m1", rows)
-        usage = self.pg.psql("gpupool", "SELECT u.requests, u.prompt_tokens + u.completion_tokens, "
+        usage = self.psql("SELECT u.requests, u.prompt_tokens + u.completion_tokens, "
                                         "u.rate_limited FROM key_usage u JOIN api_keys k "
                                         "ON k.id = u.key_id WHERE k.role = 'client'")
         self.assertEqual(usage.strip(), "1|%d|1" % used)
@@ -105,7 +91,7 @@ class PostgresStoreTest(harness.TestCase):
         srv2.signal(signal.SIGHUP)
         harness.wait_until(lambda: complete(srv2, other)[0] == 200, timeout=30,
                            what="the new key accepted after SIGHUP")
-        key_id = self.pg.psql("gpupool", "SELECT id FROM api_keys WHERE role = 'client' "
+        key_id = self.psql("SELECT id FROM api_keys WHERE role = 'client' "
                                          "AND tokens_per_day = 0").strip()
         self.keys("revoke", key_id, "--db", self.uri)
         srv2.signal(signal.SIGHUP)
@@ -126,7 +112,7 @@ class PostgresStoreTest(harness.TestCase):
         # restart, their rows reach the database again: the store's
         # connections were re-established.
         def done_rows():
-            return int(self.pg.psql("gpupool", "SELECT count(*) FROM jobs WHERE status = 'done'"))
+            return int(self.psql("SELECT count(*) FROM jobs WHERE status = 'done'"))
 
         def stored_again():
             st, _, _ = complete(srv, ck)
@@ -167,7 +153,7 @@ class PostgresStoreTest(harness.TestCase):
         self.h.start_agent(s, upstream=up, model="m1", token=ak)
         harness.wait_until(lambda: complete(s, ck)[0] == 200, timeout=60,
                            what="a request through the config file's database")
-        names = self.pg.psql("gpupool", "SELECT name FROM api_keys ORDER BY name")
+        names = self.psql("SELECT name FROM api_keys ORDER BY name")
         self.assertIn("from-env", names)
 
     def test_unreachable_database_is_refused_without_the_password(self):
