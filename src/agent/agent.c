@@ -81,9 +81,6 @@ struct agent_job {
     json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
-    gp_buf tok;             /* a token event's text as it is rendered (the backend's
-                               thread; reused: a buffer per token was a malloc and a
-                               free per token) */
     size_t first_output;    /* events in q up to its first token or tool call (0: none
                                yet): until the server has them its uploads never wait
                                (events-batch-ms), so the wait adds nothing to TTFT */
@@ -304,17 +301,20 @@ static void sink_started(void *ctx)
     sink_push(ctx, json_pack("{s:s}", "type", "started"));
 }
 
-/* A token event is queued as its compact JSON text (agent_evq_token_json,
- * agent_util.h): an object per token and its size walk and dump were a
- * third of the agent's instructions per relayed request (issue 24). */
+/* A token event is queued as its compact JSON text, rendered straight
+ * into the job's queue (agent_evq_push_token): an object per token and its
+ * size walk and dump were a third of the agent's instructions per relayed
+ * request, a jansson string per token and its free an eighth of the rest
+ * (issue 24). */
 static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
 {
     agent_job *j = ctx;
-    j->tok.len = 0;
-    json_t *ev = agent_evq_token_json(&j->tok, text, len, token_id) == 0
-                     ? json_stringn_nocheck(j->tok.data, j->tok.len)
-                     : NULL;
-    sink_push_output(j, ev);
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    if (agent_evq_push_token(&j->q, text, len, token_id) == 0 && j->first_output == 0)
+        j->first_output = agent_evq_len(&j->q);
+    pthread_mutex_unlock(&a->mu);
+    loop_wake(a);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -509,20 +509,23 @@ static void req_free(req *r)
     free(r);
 }
 
-/* An events upload's body: gp_json_dump_append, except that an element of
- * an "events" array that is a string is an event already rendered
- * (sink_token) and goes in as it is. */
+/* An events upload's body: gp_json_dump_append, except that the value of
+ * an "events" key that is a string is the events' texts joined by commas
+ * (agent_evq_take) and goes in as it is, between the array's brackets. */
 static int dump_upload(gp_buf *out, const json_t *v, bool events)
 {
     if (events && json_is_string(v))
-        return gp_buf_append(out, json_string_value(v), json_string_length(v));
+        return gp_buf_append(out, "[", 1) < 0 ||
+                       gp_buf_append(out, json_string_value(v), json_string_length(v)) < 0
+                   ? -1
+                   : gp_buf_append(out, "]", 1);
     if (json_is_array(v)) {
         size_t n = json_array_size(v);
         if (gp_buf_append(out, "[", 1) < 0)
             return -1;
         for (size_t i = 0; i < n; i++)
             if ((i && gp_buf_append(out, ",", 1) < 0) ||
-                dump_upload(out, json_array_get(v, i), events) < 0)
+                dump_upload(out, json_array_get(v, i), false) < 0)
                 return -1;
         return gp_buf_append(out, "]", 1);
     }
@@ -543,15 +546,10 @@ static int dump_upload(gp_buf *out, const json_t *v, bool events)
     return gp_buf_append(out, "}", 1);
 }
 
-/* The compact size of a batch of events (rendered ones counted as they are). */
+/* The compact size of a batch of events as agent_evq_take gave it. */
 static size_t events_size(const json_t *events)
 {
-    size_t n = json_array_size(events), bytes = 2 + (n ? n - 1 : 0);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *e = json_array_get(events, i);
-        bytes += json_is_string(e) ? json_string_length(e) : gp_json_compact_size(e);
-    }
-    return bytes;
+    return json_string_length(events) + 2;
 }
 
 static char *body_text(req_kind kind, const json_t *body)
@@ -1044,7 +1042,6 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
 static void job_free(agent_job *j)
 {
     agent_evq_free(&j->q);
-    gp_buf_free(&j->tok);
     free(j->stop_seq);
     json_decref(j->upstream_meta);
     free(j->correlation_id);
@@ -1069,7 +1066,6 @@ static void job_begin(agent *a, json_t *jj)
     j->a = a;
     j->srv = a->cur;
     agent_evq_init(&j->q);
-    gp_buf_init(&j->tok);
     agent_backoff_init(&j->ub, 200, 5000);
     const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
     j->correlation_id = cid ? strdup(cid) : NULL;

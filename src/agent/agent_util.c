@@ -131,32 +131,70 @@ int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud)
 void agent_evq_init(agent_evq *q)
 {
     memset(q, 0, sizeof *q);
-    q->events = json_array();
+    gp_buf_init(&q->text);
 }
 
 void agent_evq_free(agent_evq *q)
 {
-    json_decref(q->events);
-    q->events = NULL;
+    gp_buf_free(&q->text);
+    free(q->ends);
+    q->ends = NULL;
+    q->n = q->cap = 0;
+}
+
+/* The event just appended to q->text (from `at` on) ends with a comma and
+ * is counted; on failure the text is cut back to `at`. */
+static int evq_close(agent_evq *q, size_t at, int rc)
+{
+    if (rc == 0 && q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 16;
+        size_t *e = realloc(q->ends, cap * sizeof *e);
+        if (!e)
+            rc = -1;
+        else {
+            q->ends = e;
+            q->cap = cap;
+        }
+    }
+    if (rc == 0)
+        rc = gp_buf_append(&q->text, ",", 1);
+    if (rc < 0) {
+        q->text.len = at;
+        return -1;
+    }
+    q->ends[q->n++] = q->text.len;
+    return 0;
 }
 
 int agent_evq_push(agent_evq *q, json_t *ev)
 {
     if (!ev)
         return -1;
-    if (q->terminal || !q->events) {
+    if (q->terminal) {
         json_decref(ev);
         return -1;
     }
     const char *t = json_string_value(json_object_get(ev, "type"));
-    if (t && (strcmp(t, "end") == 0 || strcmp(t, "error") == 0))
+    bool terminal = t && (strcmp(t, "end") == 0 || strcmp(t, "error") == 0);
+    size_t at = q->text.len;
+    int rc = evq_close(q, at, gp_json_dump_append(&q->text, ev));
+    json_decref(ev);
+    if (rc == 0 && terminal)
         q->terminal = true;
-    return json_array_append_new(q->events, ev) == 0 ? 0 : -1;
+    return rc;
+}
+
+int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id)
+{
+    if (q->terminal)
+        return -1;
+    size_t at = q->text.len;
+    return evq_close(q, at, agent_evq_token_json(&q->text, text, len, token_id));
 }
 
 size_t agent_evq_len(const agent_evq *q)
 {
-    return q->events ? json_array_size(q->events) : 0;
+    return q->n;
 }
 
 bool agent_evq_ready(const agent_evq *q)
@@ -171,11 +209,11 @@ json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq)
     size_t n = agent_evq_len(q) - q->acked;
     if (max && n > max)
         n = max;
-    json_t *out = json_array();
+    size_t from = q->acked ? q->ends[q->acked - 1] : 0;
+    size_t to = q->ends[q->acked + n - 1] - 1; /* without the last comma */
+    json_t *out = json_stringn_nocheck(q->text.data + from, to - from);
     if (!out)
         return NULL;
-    for (size_t i = 0; i < n; i++)
-        json_array_append(out, json_array_get(q->events, q->acked + i));
     q->inflight = n;
     *seq = q->acked;
     return out;
@@ -201,9 +239,8 @@ void agent_evq_rewind(agent_evq *q, size_t expected_seq)
 
 void agent_evq_replace_rest(agent_evq *q, json_t *ev)
 {
-    size_t n = agent_evq_len(q);
-    while (n > q->acked)
-        json_array_remove(q->events, --n);
+    q->n = q->acked;
+    q->text.len = q->n ? q->ends[q->n - 1] : 0;
     q->inflight = 0;
     q->terminal = false;
     agent_evq_push(q, ev);
