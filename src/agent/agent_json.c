@@ -6,6 +6,7 @@
 #include "agent/agent_json.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <locale.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -132,12 +133,17 @@ static json_t *read_number(rd *r)
         return NULL; /* "01": jansson's error */
     r->p = q;
     if (!real) {
-        if (nd > 18)
-            return NULL; /* may not fit: jansson's to range-check */
-        long long v = 0;
+        /* 19 digits fit in 64 unsigned bits; what strtoll takes is kept
+         * (a server's sampler seed has 19), the rest is jansson's error. */
+        if (nd > 19)
+            return NULL;
+        unsigned long long v = 0;
         for (const char *c = d; c < q; c++)
-            v = v * 10 + (*c - '0');
-        return json_integer(*s == '-' ? -v : v);
+            v = v * 10 + (unsigned)(*c - '0');
+        if (*s == '-')
+            return v <= (unsigned long long)LLONG_MAX + 1 ? json_integer((json_int_t)(0 - v))
+                                                         : NULL;
+        return v <= (unsigned long long)LLONG_MAX ? json_integer((json_int_t)v) : NULL;
     }
     size_t len = (size_t)(q - s);
     char buf[MAX_NUMBER + 1];

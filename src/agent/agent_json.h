@@ -8,9 +8,9 @@
  * instructions per relayed request there.
  *
  * agent_json_loadb reads the common case itself: objects, arrays,
- * strings with the short escapes, integers of at most 18 digits, reals,
+ * strings with the short escapes, integers that fit json_int_t, reals,
  * true, false, null, nested at most 64 deep. Anything else (a \u escape,
- * invalid UTF-8, a control byte in a string, a longer integer, a number
+ * invalid UTF-8, a control byte in a string, an integer past 64 bits, a number
  * jansson would refuse, a scalar at the top, a byte after the value) goes
  * to json_loadb, which then reads it exactly as before; so the result is
  * always json_loadb's, only cheaper. tests/unit/agent/test_agent_json.c

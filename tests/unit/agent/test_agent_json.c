@@ -57,7 +57,8 @@ static const char *const texts[] = {
     "\"params\":{\"max_tokens\":64,\"temperature\":0.69999999999999996,\"top_p\":1.0,"
     "\"top_k\":0,\"stop\":[\"\\n\\n\",\"END\"],\"seed\":null},\"continuation\":\"\","
     "\"attempt\":1,\"correlation_id\":\"c-1\",\"deadline_ms\":29999,\"prompt\":\"hi\","
-    "\"messages\":null,\"sampler\":{\"seed\":1234567890123456}}],\"poll_after_ms\":0}",
+    "\"messages\":null,\"pool_via\":\"159071e10a2480cd\",\"sampler\":{\"seed\":2540975514737763238}}],"
+    "\"delivery\":\"b73be407480defa4.1\"}",
     "{\"jobs\":[{\"job_id\":\"a\",\"status\":200,\"cancel\":false},"
     "{\"job_id\":\"b\",\"status\":200,\"cancel\":true}]}",
     /* escapes, UTF-8, a \u escape (jansson's), surrogate pairs */
@@ -70,7 +71,9 @@ static const char *const texts[] = {
     /* numbers: integer edges, reals, exponents, jansson's refusals */
     "[999999999999999999,-999999999999999999,1000000000000000000,"
     "9223372036854775807,-9223372036854775808]",
-    "[9223372036854775808]", "[1.5e300,-2.5E-300,1e400,1e-400,3.141592653589793,1E+2,1e-2]",
+    "[9223372036854775808]", "[-9223372036854775809]", "[18446744073709551615]",
+    "[99999999999999999999]", "[-0000]", "[1000000000000000000000]",
+    "[1.5e300,-2.5E-300,1e400,1e-400,3.141592653589793,1E+2,1e-2]",
     "[01]", "[-]", "[1.]", "[.5]", "[1e]", "[1e+]", "[+1]", "[1.5.5]", "[--1]", "[0x10]",
     /* duplicates: the later value where the first stood */
     "{\"a\":1,\"b\":2,\"a\":3}",
