@@ -27,11 +27,29 @@ void agent_sse_free(agent_sse *s)
     gp_buf_free(&s->data);
 }
 
+/* The event's one data line, read where it lay, copied into s->data: the
+ * bytes it points into go away when the feed returns, or another data
+ * line follows. */
+static int sse_keep(agent_sse *s)
+{
+    if (!s->direct)
+        return 0;
+    s->data.len = 0;
+    int rc = gp_buf_append(&s->data, s->direct, s->direct_len);
+    s->direct = NULL;
+    return rc;
+}
+
 static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
 {
     if (!s->have_data)
         return 0;
     s->have_data = false;
+    if (s->direct) {
+        const char *d = s->direct;
+        s->direct = NULL;
+        return cb(ud, d, s->direct_len);
+    }
     const char *d = s->data.data ? s->data.data : "";
     size_t n = s->data.len;
     int rc = cb(ud, d, n);
@@ -41,8 +59,10 @@ static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
     return rc;
 }
 
-/* One complete line (without its terminator). */
-static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void *ud)
+/* One complete line (without its terminator). in_feed: l points into the
+ * bytes of the current feed, which stay put until it returns. */
+static int sse_line(agent_sse *s, const char *l, size_t n, bool in_feed, agent_sse_cb cb,
+                    void *ud)
 {
     if (n == 0)
         return sse_dispatch(s, cb, ud);
@@ -58,6 +78,16 @@ static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void
         v++;
         vl--;
     }
+    if (!s->have_data && in_feed) {
+        /* The usual event, one data line whose blank line follows in the
+         * same read: passed on where it lies, not copied (issue 24). */
+        s->direct = v;
+        s->direct_len = vl;
+        s->have_data = true;
+        return 0;
+    }
+    if (sse_keep(s) < 0)
+        return -1;
     if (s->have_data && gp_buf_append(&s->data, "\n", 1) < 0)
         return -1;
     if (gp_buf_append(&s->data, v, vl) < 0)
@@ -68,7 +98,7 @@ static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void
     return 0;
 }
 
-int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
+static int sse_feed_lines(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
 {
     size_t i = 0;
     if (n == 0)
@@ -93,12 +123,12 @@ int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void 
         if (s->line.len > 0) {
             if (gp_buf_append(&s->line, p + i, j - i) < 0 || s->line.len > s->max_line)
                 return -1;
-            rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+            rc = sse_line(s, s->line.data, s->line.len, false, cb, ud);
             s->line.len = 0;
         } else {
             if (j - i > s->max_line)
                 return -1;
-            rc = sse_line(s, p + i, j - i, cb, ud);
+            rc = sse_line(s, p + i, j - i, true, cb, ud);
         }
         if (rc != 0)
             return rc;
@@ -113,10 +143,20 @@ int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void 
     return 0;
 }
 
+int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
+{
+    int rc = sse_feed_lines(s, p, n, cb, ud);
+    /* A data line still waiting for its blank line is copied before p
+     * goes away. */
+    if (sse_keep(s) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
 int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud)
 {
     if (s->line.len > 0) {
-        int rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+        int rc = sse_line(s, s->line.data, s->line.len, false, cb, ud);
         s->line.len = 0;
         if (rc != 0)
             return rc;

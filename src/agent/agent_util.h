@@ -34,6 +34,9 @@ typedef struct agent_sse {
     gp_buf line;      /* current partial line */
     gp_buf data;      /* data of the event being assembled */
     bool have_data;   /* a data: line was seen since the last dispatch */
+    const char *direct; /* or: the event's one data line so far, still in the bytes
+                           being fed (not copied; agent_util.c sse_line) */
+    size_t direct_len;
     bool pending_cr;  /* last byte was CR: a following LF belongs to it */
     size_t max_line;
 } agent_sse;
