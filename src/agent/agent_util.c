@@ -224,6 +224,38 @@ int agent_evq_push(agent_evq *q, json_t *ev)
     return rc;
 }
 
+int agent_evq_push_typed(agent_evq *q, const json_t *fields, const char *type)
+{
+    bool obj = json_is_object(fields);
+    if (!obj || json_object_get(fields, "type")) {
+        /* No fields, or a "type" among them: the copy's own way (set
+         * replaces it where it stands). */
+        json_t *ev = obj ? json_deep_copy(fields) : json_object();
+        if (ev && json_object_set_new(ev, "type", json_string(type)) < 0) {
+            json_decref(ev);
+            ev = NULL;
+        }
+        return agent_evq_push(q, ev);
+    }
+    if (q->terminal)
+        return -1;
+    size_t at = q->text.len;
+    int rc = gp_json_dump_append(&q->text, fields);
+    if (rc == 0) {
+        q->text.len--; /* the object's '}': "type" goes last, as set appends it */
+        rc = (json_object_size(fields) > 0 && gp_buf_append(&q->text, ",", 1) < 0) ||
+                     gp_buf_append(&q->text, "\"type\":\"", 8) < 0 ||
+                     gp_json_escape_append(&q->text, type, strlen(type)) < 0 ||
+                     gp_buf_append(&q->text, "\"}", 2) < 0
+                 ? -1
+                 : 0;
+    }
+    rc = evq_close(q, at, rc);
+    if (rc == 0 && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0))
+        q->terminal = true;
+    return rc;
+}
+
 int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id)
 {
     if (q->terminal)

@@ -76,6 +76,11 @@ void agent_evq_free(agent_evq *q);
  * after a terminal one are dropped (returns -1); so is a NULL ev. end/error
  * make the queue terminal. */
 int agent_evq_push(agent_evq *q, json_t *ev);
+/* Append the event json_deep_copy(fields) with "type": type set on it
+ * would be (fields borrowed; NULL or not an object: no fields), rendered
+ * from fields as they are: the metrics event, once a request (issue 24).
+ * Same return values as agent_evq_push. */
+int agent_evq_push_typed(agent_evq *q, const json_t *fields, const char *type);
 /* Append a token event, rendered by agent_evq_token_json. 0 or -1 (after a
  * terminal event; ENOMEM). */
 int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id);

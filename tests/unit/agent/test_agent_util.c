@@ -342,6 +342,44 @@ static void evq_text_as_json_dumps(void **st)
     agent_evq_free(&q);
 }
 
+/* An event rendered from its fields (the metrics event) is what json_dumps
+ * wrote for json_deep_copy(fields) with "type" set on it: no fields,
+ * fields that need escapes, reals, nesting, a "type" among them. */
+static void evq_typed_as_json_dumps(void **st)
+{
+    (void)st;
+    json_t *cases[] = {
+        json_object(),
+        json_pack("{s:f,s:f,s:I}", "ttft_ms", 12.5, "tokens_per_s", 1234.0 / 7, "total_ms",
+                  (json_int_t)99),
+        json_pack("{s:s,s:{s:[i,n,b]}}", "k\"\\\n\x01", "caf\xc3\xa9", "nested", "a", 1, 1),
+        json_pack("{s:i,s:s,s:i}", "a", 1, "type", "other", "b", 2),
+        json_pack("{s:i}", "count_estimated", 1),
+        NULL, /* no fields */
+        json_pack("[i]", 1), /* not an object: no fields */
+    };
+    const char *types[] = {"metrics", "metrics", "me\"trics", "metrics", "end", "metrics",
+                           "metrics"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *ev = json_is_object(cases[i]) ? json_deep_copy(cases[i]) : json_object();
+        json_object_set_new(ev, "type", json_string(types[i]));
+        char *want = json_dumps(ev, JSON_COMPACT);
+        agent_evq q;
+        agent_evq_init(&q);
+        assert_int_equal(agent_evq_push_typed(&q, cases[i], types[i]), 0);
+        assert_int_equal(q.terminal, strcmp(types[i], "end") == 0);
+        size_t seq;
+        json_t *b = agent_evq_take(&q, 0, &seq);
+        assert_non_null(b);
+        assert_string_equal(json_string_value(b), want);
+        json_decref(b);
+        agent_evq_free(&q);
+        free(want);
+        json_decref(ev);
+        json_decref(cases[i]);
+    }
+}
+
 static void evq_replace_rest(void **st)
 {
     (void)st;
@@ -578,6 +616,7 @@ int main(void)
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
         cmocka_unit_test(evq_text_as_json_dumps),
+        cmocka_unit_test(evq_typed_as_json_dumps),
         cmocka_unit_test(evq_token_json_as_json_dumps),
         cmocka_unit_test(backoff_schedule),
         cmocka_unit_test(labels_ok),
