@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "agent/agent_facts.h"
+#include "agent/agent_json.h"
 #include "agent/agent_util.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -81,9 +82,6 @@ struct agent_job {
     json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
-    gp_buf tok;             /* a token event's text as it is rendered (the backend's
-                               thread; reused: a buffer per token was a malloc and a
-                               free per token) */
     size_t first_output;    /* events in q up to its first token or tool call (0: none
                                yet): until the server has them its uploads never wait
                                (events-batch-ms), so the wait adds nothing to TTFT */
@@ -304,17 +302,20 @@ static void sink_started(void *ctx)
     sink_push(ctx, json_pack("{s:s}", "type", "started"));
 }
 
-/* A token event is queued as its compact JSON text (agent_evq_token_json,
- * agent_util.h): an object per token and its size walk and dump were a
- * third of the agent's instructions per relayed request (issue 24). */
+/* A token event is queued as its compact JSON text, rendered straight
+ * into the job's queue (agent_evq_push_token): an object per token and its
+ * size walk and dump were a third of the agent's instructions per relayed
+ * request, a jansson string per token and its free an eighth of the rest
+ * (issue 24). */
 static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id)
 {
     agent_job *j = ctx;
-    j->tok.len = 0;
-    json_t *ev = agent_evq_token_json(&j->tok, text, len, token_id) == 0
-                     ? json_stringn_nocheck(j->tok.data, j->tok.len)
-                     : NULL;
-    sink_push_output(j, ev);
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    if (agent_evq_push_token(&j->q, text, len, token_id) == 0 && j->first_output == 0)
+        j->first_output = agent_evq_len(&j->q);
+    pthread_mutex_unlock(&a->mu);
+    loop_wake(a);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -339,13 +340,16 @@ static void sink_token_ids(void *ctx, const char *text, size_t len, const int32_
     sink_push_output(ctx, ev);
 }
 
+/* m (borrowed) with "type":"metrics" set, rendered from m itself
+ * (agent_evq_push_typed): a deep copy per request was a quarter of it. */
 static void sink_metrics(void *ctx, json_t *m)
 {
-    json_t *ev = json_is_object(m) ? json_deep_copy(m) : json_object();
-    if (!ev)
-        return;
-    json_object_set_new(ev, "type", json_string("metrics"));
-    sink_push(ctx, ev);
+    agent_job *j = ctx;
+    agent *a = j->a;
+    pthread_mutex_lock(&a->mu);
+    agent_evq_push_typed(&j->q, m, "metrics");
+    pthread_mutex_unlock(&a->mu);
+    loop_wake(a);
 }
 
 static void sink_tool_call(void *ctx, int index, const char *id, const char *name,
@@ -509,20 +513,23 @@ static void req_free(req *r)
     free(r);
 }
 
-/* An events upload's body: gp_json_dump_append, except that an element of
- * an "events" array that is a string is an event already rendered
- * (sink_token) and goes in as it is. */
+/* An events upload's body: gp_json_dump_append, except that the value of
+ * an "events" key that is a string is the events' texts joined by commas
+ * (agent_evq_take) and goes in as it is, between the array's brackets. */
 static int dump_upload(gp_buf *out, const json_t *v, bool events)
 {
     if (events && json_is_string(v))
-        return gp_buf_append(out, json_string_value(v), json_string_length(v));
+        return gp_buf_append(out, "[", 1) < 0 ||
+                       gp_buf_append(out, json_string_value(v), json_string_length(v)) < 0
+                   ? -1
+                   : gp_buf_append(out, "]", 1);
     if (json_is_array(v)) {
         size_t n = json_array_size(v);
         if (gp_buf_append(out, "[", 1) < 0)
             return -1;
         for (size_t i = 0; i < n; i++)
             if ((i && gp_buf_append(out, ",", 1) < 0) ||
-                dump_upload(out, json_array_get(v, i), events) < 0)
+                dump_upload(out, json_array_get(v, i), false) < 0)
                 return -1;
         return gp_buf_append(out, "]", 1);
     }
@@ -543,15 +550,10 @@ static int dump_upload(gp_buf *out, const json_t *v, bool events)
     return gp_buf_append(out, "}", 1);
 }
 
-/* The compact size of a batch of events (rendered ones counted as they are). */
+/* The compact size of a batch of events as agent_evq_take gave it. */
 static size_t events_size(const json_t *events)
 {
-    size_t n = json_array_size(events), bytes = 2 + (n ? n - 1 : 0);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *e = json_array_get(events, i);
-        bytes += json_is_string(e) ? json_string_length(e) : gp_json_compact_size(e);
-    }
-    return bytes;
+    return json_string_length(events) + 2;
 }
 
 static char *body_text(req_kind kind, const json_t *body)
@@ -673,9 +675,11 @@ static void add_liveness(agent *a, json_t *body, bool with_jobs)
     if (!with_jobs)
         return;
     json_t *ids = json_array();
+    /* An id passed job_id_ok (ASCII): no UTF-8 check needed, one a running
+     * job in every long-poll (issue 24). */
     for (agent_job *j = a->jobs; j && ids; j = j->next)
         if (j->srv == a->cur) /* another server's jobs mean nothing here */
-            json_array_append_new(ids, json_string(j->id));
+            json_array_append_new(ids, json_string_nocheck(j->id));
     if (ids)
         json_object_set_new(body, "running_jobs", ids);
     if (a->delivery_seen[0])
@@ -1044,7 +1048,6 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
 static void job_free(agent_job *j)
 {
     agent_evq_free(&j->q);
-    gp_buf_free(&j->tok);
     free(j->stop_seq);
     json_decref(j->upstream_meta);
     free(j->correlation_id);
@@ -1069,7 +1072,6 @@ static void job_begin(agent *a, json_t *jj)
     j->a = a;
     j->srv = a->cur;
     agent_evq_init(&j->q);
-    gp_buf_init(&j->tok);
     agent_backoff_init(&j->ub, 200, 5000);
     const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
     j->correlation_id = cid ? strdup(cid) : NULL;
@@ -1564,7 +1566,7 @@ static void handle_done(agent *a, CURLMsg *m)
     bool fast = r->kind == REQ_EVENTS_BATCH && rc == CURLE_OK && status == 200 &&
                 batch_done_fast(a, r);
     if (rc == CURLE_OK && r->resp.len > 0 && !fast)
-        body = json_loadb(r->resp.data, r->resp.len, 0, NULL);
+        body = agent_json_loadb(r->resp.data, r->resp.len);
     if (rc == CURLE_OK && status == 200 && !fast && !json_is_object(body) &&
         (r->kind != REQ_WORK || r->resp.len > 0)) {
         /* A 200 must carry a JSON object; anything else is a broken server

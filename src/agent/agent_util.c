@@ -27,11 +27,29 @@ void agent_sse_free(agent_sse *s)
     gp_buf_free(&s->data);
 }
 
+/* The event's one data line, read where it lay, copied into s->data: the
+ * bytes it points into go away when the feed returns, or another data
+ * line follows. */
+static int sse_keep(agent_sse *s)
+{
+    if (!s->direct)
+        return 0;
+    s->data.len = 0;
+    int rc = gp_buf_append(&s->data, s->direct, s->direct_len);
+    s->direct = NULL;
+    return rc;
+}
+
 static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
 {
     if (!s->have_data)
         return 0;
     s->have_data = false;
+    if (s->direct) {
+        const char *d = s->direct;
+        s->direct = NULL;
+        return cb(ud, d, s->direct_len);
+    }
     const char *d = s->data.data ? s->data.data : "";
     size_t n = s->data.len;
     int rc = cb(ud, d, n);
@@ -41,8 +59,10 @@ static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
     return rc;
 }
 
-/* One complete line (without its terminator). */
-static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void *ud)
+/* One complete line (without its terminator). in_feed: l points into the
+ * bytes of the current feed, which stay put until it returns. */
+static int sse_line(agent_sse *s, const char *l, size_t n, bool in_feed, agent_sse_cb cb,
+                    void *ud)
 {
     if (n == 0)
         return sse_dispatch(s, cb, ud);
@@ -58,6 +78,16 @@ static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void
         v++;
         vl--;
     }
+    if (!s->have_data && in_feed) {
+        /* The usual event, one data line whose blank line follows in the
+         * same read: passed on where it lies, not copied (issue 24). */
+        s->direct = v;
+        s->direct_len = vl;
+        s->have_data = true;
+        return 0;
+    }
+    if (sse_keep(s) < 0)
+        return -1;
     if (s->have_data && gp_buf_append(&s->data, "\n", 1) < 0)
         return -1;
     if (gp_buf_append(&s->data, v, vl) < 0)
@@ -68,7 +98,7 @@ static int sse_line(agent_sse *s, const char *l, size_t n, agent_sse_cb cb, void
     return 0;
 }
 
-int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
+static int sse_feed_lines(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
 {
     size_t i = 0;
     if (n == 0)
@@ -93,12 +123,12 @@ int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void 
         if (s->line.len > 0) {
             if (gp_buf_append(&s->line, p + i, j - i) < 0 || s->line.len > s->max_line)
                 return -1;
-            rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+            rc = sse_line(s, s->line.data, s->line.len, false, cb, ud);
             s->line.len = 0;
         } else {
             if (j - i > s->max_line)
                 return -1;
-            rc = sse_line(s, p + i, j - i, cb, ud);
+            rc = sse_line(s, p + i, j - i, true, cb, ud);
         }
         if (rc != 0)
             return rc;
@@ -113,10 +143,20 @@ int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void 
     return 0;
 }
 
+int agent_sse_feed(agent_sse *s, const char *p, size_t n, agent_sse_cb cb, void *ud)
+{
+    int rc = sse_feed_lines(s, p, n, cb, ud);
+    /* A data line still waiting for its blank line is copied before p
+     * goes away. */
+    if (sse_keep(s) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
 int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud)
 {
     if (s->line.len > 0) {
-        int rc = sse_line(s, s->line.data, s->line.len, cb, ud);
+        int rc = sse_line(s, s->line.data, s->line.len, false, cb, ud);
         s->line.len = 0;
         if (rc != 0)
             return rc;
@@ -131,32 +171,102 @@ int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud)
 void agent_evq_init(agent_evq *q)
 {
     memset(q, 0, sizeof *q);
-    q->events = json_array();
+    gp_buf_init(&q->text);
 }
 
 void agent_evq_free(agent_evq *q)
 {
-    json_decref(q->events);
-    q->events = NULL;
+    gp_buf_free(&q->text);
+    free(q->ends);
+    q->ends = NULL;
+    q->n = q->cap = 0;
+}
+
+/* The event just appended to q->text (from `at` on) ends with a comma and
+ * is counted; on failure the text is cut back to `at`. */
+static int evq_close(agent_evq *q, size_t at, int rc)
+{
+    if (rc == 0 && q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 16;
+        size_t *e = realloc(q->ends, cap * sizeof *e);
+        if (!e)
+            rc = -1;
+        else {
+            q->ends = e;
+            q->cap = cap;
+        }
+    }
+    if (rc == 0)
+        rc = gp_buf_append(&q->text, ",", 1);
+    if (rc < 0) {
+        q->text.len = at;
+        return -1;
+    }
+    q->ends[q->n++] = q->text.len;
+    return 0;
 }
 
 int agent_evq_push(agent_evq *q, json_t *ev)
 {
     if (!ev)
         return -1;
-    if (q->terminal || !q->events) {
+    if (q->terminal) {
         json_decref(ev);
         return -1;
     }
     const char *t = json_string_value(json_object_get(ev, "type"));
-    if (t && (strcmp(t, "end") == 0 || strcmp(t, "error") == 0))
+    bool terminal = t && (strcmp(t, "end") == 0 || strcmp(t, "error") == 0);
+    size_t at = q->text.len;
+    int rc = evq_close(q, at, gp_json_dump_append(&q->text, ev));
+    json_decref(ev);
+    if (rc == 0 && terminal)
         q->terminal = true;
-    return json_array_append_new(q->events, ev) == 0 ? 0 : -1;
+    return rc;
+}
+
+int agent_evq_push_typed(agent_evq *q, const json_t *fields, const char *type)
+{
+    bool obj = json_is_object(fields);
+    if (!obj || json_object_get(fields, "type")) {
+        /* No fields, or a "type" among them: the copy's own way (set
+         * replaces it where it stands). */
+        json_t *ev = obj ? json_deep_copy(fields) : json_object();
+        if (ev && json_object_set_new(ev, "type", json_string(type)) < 0) {
+            json_decref(ev);
+            ev = NULL;
+        }
+        return agent_evq_push(q, ev);
+    }
+    if (q->terminal)
+        return -1;
+    size_t at = q->text.len;
+    int rc = gp_json_dump_append(&q->text, fields);
+    if (rc == 0) {
+        q->text.len--; /* the object's '}': "type" goes last, as set appends it */
+        rc = (json_object_size(fields) > 0 && gp_buf_append(&q->text, ",", 1) < 0) ||
+                     gp_buf_append(&q->text, "\"type\":\"", 8) < 0 ||
+                     gp_json_escape_append(&q->text, type, strlen(type)) < 0 ||
+                     gp_buf_append(&q->text, "\"}", 2) < 0
+                 ? -1
+                 : 0;
+    }
+    rc = evq_close(q, at, rc);
+    if (rc == 0 && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0))
+        q->terminal = true;
+    return rc;
+}
+
+int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id)
+{
+    if (q->terminal)
+        return -1;
+    size_t at = q->text.len;
+    return evq_close(q, at, agent_evq_token_json(&q->text, text, len, token_id));
 }
 
 size_t agent_evq_len(const agent_evq *q)
 {
-    return q->events ? json_array_size(q->events) : 0;
+    return q->n;
 }
 
 bool agent_evq_ready(const agent_evq *q)
@@ -171,11 +281,11 @@ json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq)
     size_t n = agent_evq_len(q) - q->acked;
     if (max && n > max)
         n = max;
-    json_t *out = json_array();
+    size_t from = q->acked ? q->ends[q->acked - 1] : 0;
+    size_t to = q->ends[q->acked + n - 1] - 1; /* without the last comma */
+    json_t *out = json_stringn_nocheck(q->text.data + from, to - from);
     if (!out)
         return NULL;
-    for (size_t i = 0; i < n; i++)
-        json_array_append(out, json_array_get(q->events, q->acked + i));
     q->inflight = n;
     *seq = q->acked;
     return out;
@@ -201,9 +311,8 @@ void agent_evq_rewind(agent_evq *q, size_t expected_seq)
 
 void agent_evq_replace_rest(agent_evq *q, json_t *ev)
 {
-    size_t n = agent_evq_len(q);
-    while (n > q->acked)
-        json_array_remove(q->events, --n);
+    q->n = q->acked;
+    q->text.len = q->n ? q->ends[q->n - 1] : 0;
     q->inflight = 0;
     q->terminal = false;
     agent_evq_push(q, ev);

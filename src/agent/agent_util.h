@@ -34,6 +34,9 @@ typedef struct agent_sse {
     gp_buf line;      /* current partial line */
     gp_buf data;      /* data of the event being assembled */
     bool have_data;   /* a data: line was seen since the last dispatch */
+    const char *direct; /* or: the event's one data line so far, still in the bytes
+                           being fed (not copied; agent_util.c sse_line) */
+    size_t direct_len;
     bool pending_cr;  /* last byte was CR: a following LF belongs to it */
     size_t max_line;
 } agent_sse;
@@ -56,10 +59,10 @@ int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud);
  * requests stays bounded whatever the token rate.
  * ------------------------------------------------------------------------ */
 typedef struct agent_evq {
-    json_t *events;   /* array of every event pushed (owned). An element that is
-                         a JSON string is an event already rendered as compact
-                         JSON text (a token: agent.c renders it once, and an
-                         upload's body takes the text as it is) */
+    gp_buf text;      /* every event pushed, as its compact JSON text (what
+                         json_dumps wrote) followed by a ',' (owned) */
+    size_t *ends;     /* ends[i]: the end of event i's text and comma in text */
+    size_t n, cap;    /* events pushed; room in ends */
     size_t acked;     /* events the server acknowledged */
     size_t inflight;  /* events in the upload in flight; 0 = none in flight */
     bool terminal;    /* an end/error event was pushed: nothing may follow */
@@ -67,13 +70,27 @@ typedef struct agent_evq {
 
 void agent_evq_init(agent_evq *q);
 void agent_evq_free(agent_evq *q);
-/* Append ev (reference stolen). Events after a terminal one are dropped
- * (returns -1); so is a NULL ev. end/error make the queue terminal. */
+/* Append ev (reference stolen), rendered now as its compact JSON text: the
+ * queue keeps text, not objects (issue 24: a jansson string per token and
+ * its free were an eighth of the agent's instructions per request). Events
+ * after a terminal one are dropped (returns -1); so is a NULL ev. end/error
+ * make the queue terminal. */
 int agent_evq_push(agent_evq *q, json_t *ev);
+/* Append the event json_deep_copy(fields) with "type": type set on it
+ * would be (fields borrowed; NULL or not an object: no fields), rendered
+ * from fields as they are: the metrics event, once a request (issue 24).
+ * Same return values as agent_evq_push. */
+int agent_evq_push_typed(agent_evq *q, const json_t *fields, const char *type);
+/* Append a token event, rendered by agent_evq_token_json. 0 or -1 (after a
+ * terminal event; ENOMEM). */
+int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id);
 /* True when nothing is in flight and something is not yet acknowledged. */
 bool agent_evq_ready(const agent_evq *q);
-/* Begin an upload: returns a new array with events [acked, acked+max)
- * (max 0 = all) and sets *seq = acked; NULL when !agent_evq_ready. */
+/* Begin an upload of events [acked, acked+max) (max 0 = all); sets
+ * *seq = acked. Returns a new JSON string whose value is their texts
+ * joined by commas: the inside of the upload's "events" array, which the
+ * upload's body writes as it is (agent.c dump_upload). NULL when
+ * !agent_evq_ready (or ENOMEM). */
 json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq);
 /* The upload in flight succeeded / failed (will be retried from acked). */
 void agent_evq_ack(agent_evq *q);
@@ -90,8 +107,7 @@ bool agent_evq_done(const agent_evq *q);
 /* Append a token event's compact JSON text to out, byte for byte what
  * json_dumps writes for {"type":"token","text":text,"token_id":id} (no
  * token_id when id < 0); text that is not UTF-8 becomes U+FFFD, as it
- * would have been. Queued with json_stringn_nocheck, it is an event
- * already rendered (above). 0 or -1 (ENOMEM). */
+ * would have been. 0 or -1 (ENOMEM). */
 int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id);
 size_t agent_evq_len(const agent_evq *q);
 

@@ -131,6 +131,7 @@ typedef struct oai_job {
  * handle keeps nothing of its transfer once reset; connections live in the
  * multi handle's cache either way. */
 #define OAI_EASY_IDLE_MAX 64
+#define OAI_URLS 8              /* the url_* below */
 
 struct oai_backend {
     agent_backend base;     /* first: the agent sees only this */
@@ -176,6 +177,11 @@ struct oai_backend {
     bool leaving;           /* stopping taken: break out when nrunning is 0 */
     CURL *easy_idle[OAI_EASY_IDLE_MAX]; /* ended transfers' handles, reset, for the next */
     int n_easy_idle;
+    struct {
+        const char *url;    /* one of the url_* above (borrowed) */
+        CURLU *u;           /* it parsed (owned) */
+    } parsed[OAI_URLS];     /* the upstream URLs parsed once (url_parsed) */
+    int n_parsed;
 };
 
 /* ======================================================================== */
@@ -310,6 +316,29 @@ static void xfer_drop(oai_backend *b, oai_job *j)
     j->easy = NULL;
 }
 
+/* url (one of b->url_*) parsed once, or NULL (then CURLOPT_URL parses it).
+ * libcurl parses a CURLOPT_URL string again for every transfer and writes
+ * it back out (curl_url_set and curl_url_get, ~9,000 instructions a
+ * transfer, issue 24); given a CURLU it starts from a copy. Parsed with
+ * the flags libcurl gives a CURLOPT_URL, so the transfer is the same. */
+static CURLU *url_parsed(oai_backend *b, const char *url)
+{
+    for (int i = 0; i < b->n_parsed; i++)
+        if (b->parsed[i].url == url)
+            return b->parsed[i].u;
+    if (b->n_parsed == OAI_URLS)
+        return NULL;
+    CURLU *u = curl_url();
+    if (!u || curl_url_set(u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) !=
+                  CURLUE_OK) {
+        curl_url_cleanup(u);
+        return NULL;
+    }
+    b->parsed[b->n_parsed].url = url;
+    b->parsed[b->n_parsed++].u = u;
+    return u;
+}
+
 /* Start one POST of body to url, read through on_header/on_write into j.
  * Returns 0, or -1 with the job failed (nothing started). */
 static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *body)
@@ -321,7 +350,11 @@ static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *b
         return -1;
     }
     j->st.last_byte_ms = gp_now_mono_ms();
-    curl_easy_setopt(easy, CURLOPT_URL, url);
+    CURLU *u = url_parsed(b, url);
+    if (u)
+        curl_easy_setopt(easy, CURLOPT_CURLU, u);
+    else
+        curl_easy_setopt(easy, CURLOPT_URL, url);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, j->hdrs);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
@@ -1080,6 +1113,8 @@ static void oai_destroy(agent_backend *base)
         curl_easy_cleanup(b->easy_idle[--b->n_easy_idle]);
     if (b->multi)
         curl_multi_cleanup(b->multi); /* closes the kept-alive connections */
+    while (b->n_parsed > 0) /* after every handle that may point at them */
+        curl_url_cleanup(b->parsed[--b->n_parsed].u);
     if (b->wake_ev)
         event_free(b->wake_ev);
     if (b->curl_timer)

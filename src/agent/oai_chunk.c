@@ -278,17 +278,101 @@ static bool top_member(cur *c, int i, void *ud)
     }
 }
 
-bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, oai_chunk *out)
+/* The whole scan; s holds where the text and finish_reason were. */
+static bool scan_chunk(const char *p, size_t n, scan *s)
 {
     cur c = {p, p + n};
-    scan s = {.chat = chat, .out = out};
-    memset(out, 0, sizeof *out);
-    out->prompt_tokens = out->completion_tokens = -1;
-    if (!eat(&c, '{') || !read_members(&c, top_keys, top_member, &s))
+    memset(s->out, 0, sizeof *s->out);
+    s->out->prompt_tokens = s->out->completion_tokens = -1;
+    if (!eat(&c, '{') || !read_members(&c, top_keys, top_member, s))
         return false;
     ws(&c);
-    if (c.p != c.end)
-        return false; /* trailing bytes: jansson's error */
+    return c.p == c.end; /* trailing bytes: jansson's error */
+}
+
+bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, oai_chunk *out)
+{
+    scan s = {.chat = chat, .out = out};
+    if (!scan_chunk(p, n, &s))
+        return false;
+    out->finish = s.finish.raw;
+    out->finish_len = s.finish.n;
+    if (!s.text.raw)
+        return true;
+    return str_text(&s.text, scratch, &out->text, &out->len);
+}
+
+/* ======================================================================== */
+/* The memo: a chunk that differs from the last one only in its text        */
+/* ======================================================================== */
+
+void oai_chunk_memo_init(oai_chunk_memo *m)
+{
+    memset(m, 0, sizeof *m);
+    gp_buf_init(&m->bytes);
+}
+
+void oai_chunk_memo_free(oai_chunk_memo *m)
+{
+    gp_buf_free(&m->bytes);
+    m->valid = false;
+}
+
+/* The fast path: p[0..n) is the memo's chunk with another string between
+ * its text's quotes. The bytes before the text and after it are the same,
+ * so they read the same; the new string is read in full (it must end at
+ * the same closing quote, so the rest is where it was). */
+static bool memo_hit(const oai_chunk_memo *m, const char *p, size_t n, bool chat, str *text)
+{
+    size_t tail = m->bytes.len - m->text_end; /* from the closing quote on */
+    if (!m->valid || m->chat != chat || n < m->text_at + tail ||
+        memcmp(p, m->bytes.data, m->text_at) != 0 ||
+        memcmp(p + n - tail, m->bytes.data + m->text_end, tail) != 0)
+        return false;
+    cur c = {p + m->text_at - 1, p + n};
+    return read_str(&c, text) && c.p == p + n - tail + 1;
+}
+
+/* Remember a chunk read in full whose text was a string. */
+static void memo_keep(oai_chunk_memo *m, const char *p, size_t n, bool chat, const scan *s)
+{
+    m->valid = false;
+    if (!s->text.raw)
+        return;
+    m->bytes.len = 0;
+    if (gp_buf_append(&m->bytes, p, n) < 0)
+        return;
+    m->chat = chat;
+    m->text_at = (size_t)(s->text.raw - p);
+    m->text_end = m->text_at + s->text.n;
+    m->usage_prompt = s->out->prompt_tokens;
+    m->usage_completion = s->out->completion_tokens;
+    m->has_finish = s->finish.raw != NULL;
+    m->finish_len = s->finish.n;
+    /* Where finish_reason is, counted from whichever end does not move. */
+    m->finish_before = s->finish.raw && s->finish.raw < s->text.raw;
+    m->finish_off = !s->finish.raw ? 0
+                    : m->finish_before ? (size_t)(s->finish.raw - p)
+                                       : (size_t)(p + n - s->finish.raw);
+    m->valid = true;
+}
+
+bool oai_chunk_read(oai_chunk_memo *m, const char *p, size_t n, bool chat, gp_buf *scratch,
+                    oai_chunk *out)
+{
+    scan s = {.chat = chat, .out = out};
+    if (memo_hit(m, p, n, chat, &s.text)) {
+        out->prompt_tokens = m->usage_prompt;
+        out->completion_tokens = m->usage_completion;
+        out->finish_len = m->finish_len;
+        out->finish = !m->has_finish ? NULL
+                      : m->finish_before ? p + m->finish_off
+                                         : p + n - m->finish_off;
+        return str_text(&s.text, scratch, &out->text, &out->len);
+    }
+    if (!scan_chunk(p, n, &s))
+        return false;
+    memo_keep(m, p, n, chat, &s);
     out->finish = s.finish.raw;
     out->finish_len = s.finish.n;
     if (!s.text.raw)

@@ -48,4 +48,27 @@ typedef struct oai_chunk {
  * parses the chunk itself). */
 bool oai_chunk_scan(const char *p, size_t n, bool chat, gp_buf *scratch, oai_chunk *out);
 
+/* The last chunk oai_chunk_read scanned in full, kept so that the next one
+ * that differs from it only in its text is not scanned again (issue 24: an
+ * upstream's token chunks repeat id, object, created and model; the scan
+ * was ~2,300 instructions a chunk, a memcmp of the rest is ~100). A chunk
+ * read this way reads exactly as oai_chunk_scan would read it: the bytes
+ * around the text are the same, and the text is read in full. */
+typedef struct oai_chunk_memo {
+    gp_buf bytes;                /* that chunk (owned) */
+    size_t text_at, text_end;    /* its text string's content is bytes[text_at, text_end) */
+    bool chat, valid, has_finish;
+    long long usage_prompt, usage_completion;
+    size_t finish_len, finish_off; /* finish_reason: finish_off bytes from the start when */
+    bool finish_before;            /* before the text, else from the end */
+} oai_chunk_memo;
+
+void oai_chunk_memo_init(oai_chunk_memo *m);
+void oai_chunk_memo_free(oai_chunk_memo *m);
+
+/* oai_chunk_scan through the memo m (caller-owned, one per stream): same
+ * result for the same bytes, whatever m held before. */
+bool oai_chunk_read(oai_chunk_memo *m, const char *p, size_t n, bool chat, gp_buf *scratch,
+                    oai_chunk *out);
+
 #endif

@@ -32,6 +32,7 @@ void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_
     gp_buf_init(&s->raw);
     gp_buf_init(&s->pending);
     gp_buf_init(&s->text);
+    oai_chunk_memo_init(&s->memo);
     s->t_start_us = gp_now_mono_us();
     s->last_byte_ms = gp_now_mono_ms();
 }
@@ -42,6 +43,7 @@ void oai_stream_free(oai_stream *s)
     gp_buf_free(&s->raw);
     gp_buf_free(&s->pending);
     gp_buf_free(&s->text);
+    oai_chunk_memo_free(&s->memo);
     free(s->stop_seq);
     s->stop_seq = NULL;
 }
@@ -282,7 +284,7 @@ static int on_sse_data(void *ud, const char *data, size_t len)
     /* A plain token chunk (nearly all of them) without a JSON tree; what
      * it would have done with one is emit its text (oai_chunk.h). */
     oai_chunk ch;
-    if (oai_chunk_scan(data, len, s->chat, &s->text, &ch)) {
+    if (oai_chunk_read(&s->memo, data, len, s->chat, &s->text, &ch)) {
         if (ch.text) /* in handle_object's order: text, finish, usage */
             emit_text(s, ch.text, ch.len);
         if (ch.finish_len > 0)

@@ -43,6 +43,7 @@
 
 #include "agent/agent_util.h"
 #include "agent/backend.h"
+#include "agent/oai_chunk.h"
 #include "agent/openai_schema.h"
 #include "common/gp_util.h"
 
@@ -69,6 +70,7 @@ typedef struct oai_stream {
     agent_sse sse;
     gp_buf raw;             /* error body or non-streamed JSON body */
     gp_buf text;            /* a chunk's text with its escapes decoded (oai_chunk.h) */
+    oai_chunk_memo memo;    /* the last chunk scanned in full (oai_chunk.h) */
     bool done_seen;         /* data: [DONE] */
     bool failed;            /* err_code/err_msg set */
     char err_code[32];

@@ -42,9 +42,17 @@ static void feed_all_splits(const char *s, const char *const *want, int nwant)
             agent_sse p;
             sse_rec r = {.stop_at = -1};
             agent_sse_init(&p, 1024);
-            assert_int_equal(agent_sse_feed(&p, s, a, rec_cb, &r), 0);
-            assert_int_equal(agent_sse_feed(&p, s + a, b - a, rec_cb, &r), 0);
-            assert_int_equal(agent_sse_feed(&p, s + b, n - b, rec_cb, &r), 0);
+            /* Each piece from a buffer scribbled over after its feed: an
+             * event is never read from bytes a feed was given before. */
+            size_t cut[4] = {0, a, b, n};
+            for (int k = 0; k < 3; k++) {
+                char piece[256];
+                size_t len = cut[k + 1] - cut[k];
+                assert_true(len <= sizeof piece);
+                memcpy(piece, s + cut[k], len);
+                assert_int_equal(agent_sse_feed(&p, piece, len, rec_cb, &r), 0);
+                memset(piece, '#', sizeof piece);
+            }
             assert_int_equal(agent_sse_finish(&p, rec_cb, &r), 0);
             assert_int_equal(r.n, nwant);
             for (int i = 0; i < nwant; i++)
@@ -135,6 +143,25 @@ static json_t *ev(const char *type)
     return json_pack("{s:s}", "type", type);
 }
 
+/* How many events a taken batch holds: it is the inside of a JSON array
+ * (agent_evq_take), which must read back as one. */
+static size_t nev(json_t *b)
+{
+    assert_true(json_is_string(b));
+    size_t len = json_string_length(b);
+    char *text = malloc(len + 3);
+    assert_non_null(text);
+    text[0] = '[';
+    memcpy(text + 1, json_string_value(b), len);
+    memcpy(text + 1 + len, "]", 2);
+    json_t *arr = json_loads(text, 0, NULL);
+    assert_true(json_is_array(arr));
+    size_t n = json_array_size(arr);
+    json_decref(arr);
+    free(text);
+    return n;
+}
+
 static void evq_batches_everything_accumulated(void **st)
 {
     (void)st;
@@ -148,7 +175,7 @@ static void evq_batches_everything_accumulated(void **st)
     json_t *b = agent_evq_take(&q, 0, &seq);
     assert_non_null(b);
     assert_int_equal(seq, 0);
-    assert_int_equal(json_array_size(b), 2);
+    assert_int_equal(nev(b), 2);
     json_decref(b);
     /* While in flight, more arrives; nothing else may be taken. */
     agent_evq_push(&q, ev("token"));
@@ -158,14 +185,14 @@ static void evq_batches_everything_accumulated(void **st)
     agent_evq_ack(&q);
     b = agent_evq_take(&q, 0, &seq);
     assert_int_equal(seq, 2);
-    assert_int_equal(json_array_size(b), 2);
+    assert_int_equal(nev(b), 2);
     json_decref(b);
     /* Failure: the same batch again, plus what came meanwhile. */
     agent_evq_push(&q, ev("end"));
     agent_evq_nack(&q);
     b = agent_evq_take(&q, 0, &seq);
     assert_int_equal(seq, 2);
-    assert_int_equal(json_array_size(b), 3);
+    assert_int_equal(nev(b), 3);
     json_decref(b);
     assert_false(agent_evq_done(&q));
     agent_evq_ack(&q);
@@ -183,7 +210,7 @@ static void evq_max_batch_and_rewind(void **st)
     for (int i = 0; i < 10; i++)
         agent_evq_push(&q, ev("token"));
     json_t *b = agent_evq_take(&q, 4, &seq);
-    assert_int_equal(json_array_size(b), 4);
+    assert_int_equal(nev(b), 4);
     assert_int_equal(seq, 0);
     json_decref(b);
     agent_evq_ack(&q);
@@ -195,7 +222,7 @@ static void evq_max_batch_and_rewind(void **st)
     agent_evq_rewind(&q, 2);
     b = agent_evq_take(&q, 0, &seq);
     assert_int_equal(seq, 2);
-    assert_int_equal(json_array_size(b), 8);
+    assert_int_equal(nev(b), 8);
     json_decref(b);
     /* Rewind beyond what exists is clamped. */
     agent_evq_rewind(&q, 1000);
@@ -237,6 +264,122 @@ static void evq_token_json_as_json_dumps(void **state)
     gp_buf_free(&b);
 }
 
+/* Issue 24 (fourth round): the queue keeps events as text. A batch taken
+ * from it, between brackets, is byte for byte what json_dumps wrote for
+ * the array of the same events as objects, for events whose strings need
+ * escapes, with reals, and for tokens pushed as text; so is a batch taken
+ * after a failed upload, a rewind and a partial take. */
+static void evq_text_as_json_dumps(void **st)
+{
+    (void)st;
+    const char *texts[] = {" tok", "a\"b\\c/d\n\x01\x7f", "caf\xc3\xa9 \xf0\x9f\x98\x80",
+                           "bad \xc3(", "", NULL};
+    json_t *want = json_array();
+    agent_evq q;
+    agent_evq_init(&q);
+    json_t *e = json_pack("{s:s}", "type", "started");
+    json_array_append(want, e);
+    agent_evq_push(&q, e);
+    for (int i = 0; texts[i]; i++) {
+        int32_t id = i % 2 ? 7 * i : -1;
+        json_t *t = json_string(texts[i]);
+        e = json_pack("{s:s,s:o}", "type", "token", "text", t ? t : json_string("\xef\xbf\xbd"));
+        if (id >= 0)
+            json_object_set_new(e, "token_id", json_integer(id));
+        json_array_append_new(want, e);
+        assert_int_equal(agent_evq_push_token(&q, texts[i], strlen(texts[i]), id), 0);
+        e = json_pack("{s:s,s:i,s:s,s:s,s:s}", "type", "tool_call", "index", i, "id", "call\"1",
+                      "name", "f\u00e9", "arguments", "{\"x\":\"\\n\"}");
+        json_array_append(want, e);
+        agent_evq_push(&q, e);
+    }
+    e = json_pack("{s:s,s:f,s:f,s:I}", "type", "metrics", "ttft_ms", 12.5, "tokens_per_s",
+                  1234.0 / 7, "total_ms", (json_int_t)99);
+    json_array_append(want, e);
+    agent_evq_push(&q, e);
+    e = json_pack("{s:s,s:s,s:{s:i}}", "type", "end", "finish_reason", "stop", "usage",
+                  "completion_tokens", 5);
+    json_array_append(want, e);
+    agent_evq_push(&q, e);
+    char *dumped = json_dumps(want, JSON_COMPACT);
+    size_t seq;
+    for (int round = 0; round < 3; round++) {
+        json_t *b = agent_evq_take(&q, 0, &seq);
+        assert_int_equal(seq, 0);
+        gp_buf got;
+        gp_buf_init(&got);
+        gp_buf_append(&got, "[", 1);
+        gp_buf_append(&got, json_string_value(b), json_string_length(b));
+        gp_buf_append(&got, "]", 2);
+        assert_string_equal(got.data, dumped);
+        gp_buf_free(&got);
+        json_decref(b);
+        if (round == 0)
+            agent_evq_nack(&q);
+        else {
+            b = agent_evq_take(&q, 0, &seq); /* in flight: nothing */
+            assert_null(b);
+            agent_evq_ack(&q);
+            agent_evq_rewind(&q, 0);
+        }
+    }
+    /* A partial take: the first three events, as json_dumps wrote them. */
+    json_t *b = agent_evq_take(&q, 3, &seq);
+    json_t *first = json_array();
+    for (size_t i = 0; i < 3; i++)
+        json_array_append(first, json_array_get(want, i));
+    char *d3 = json_dumps(first, JSON_COMPACT);
+    assert_int_equal(json_string_length(b) + 2, strlen(d3));
+    assert_memory_equal(json_string_value(b), d3 + 1, json_string_length(b));
+    free(d3);
+    json_decref(first);
+    json_decref(b);
+    /* Nothing after the end. */
+    assert_int_equal(agent_evq_push_token(&q, "x", 1, -1), -1);
+    assert_int_equal(agent_evq_push(&q, ev("token")), -1);
+    free(dumped);
+    json_decref(want);
+    agent_evq_free(&q);
+}
+
+/* An event rendered from its fields (the metrics event) is what json_dumps
+ * wrote for json_deep_copy(fields) with "type" set on it: no fields,
+ * fields that need escapes, reals, nesting, a "type" among them. */
+static void evq_typed_as_json_dumps(void **st)
+{
+    (void)st;
+    json_t *cases[] = {
+        json_object(),
+        json_pack("{s:f,s:f,s:I}", "ttft_ms", 12.5, "tokens_per_s", 1234.0 / 7, "total_ms",
+                  (json_int_t)99),
+        json_pack("{s:s,s:{s:[i,n,b]}}", "k\"\\\n\x01", "caf\xc3\xa9", "nested", "a", 1, 1),
+        json_pack("{s:i,s:s,s:i}", "a", 1, "type", "other", "b", 2),
+        json_pack("{s:i}", "count_estimated", 1),
+        NULL, /* no fields */
+        json_pack("[i]", 1), /* not an object: no fields */
+    };
+    const char *types[] = {"metrics", "metrics", "me\"trics", "metrics", "end", "metrics",
+                           "metrics"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        json_t *ev = json_is_object(cases[i]) ? json_deep_copy(cases[i]) : json_object();
+        json_object_set_new(ev, "type", json_string(types[i]));
+        char *want = json_dumps(ev, JSON_COMPACT);
+        agent_evq q;
+        agent_evq_init(&q);
+        assert_int_equal(agent_evq_push_typed(&q, cases[i], types[i]), 0);
+        assert_int_equal(q.terminal, strcmp(types[i], "end") == 0);
+        size_t seq;
+        json_t *b = agent_evq_take(&q, 0, &seq);
+        assert_non_null(b);
+        assert_string_equal(json_string_value(b), want);
+        json_decref(b);
+        agent_evq_free(&q);
+        free(want);
+        json_decref(ev);
+        json_decref(cases[i]);
+    }
+}
+
 static void evq_replace_rest(void **st)
 {
     (void)st;
@@ -257,9 +400,8 @@ static void evq_replace_rest(void **st)
     assert_true(q.terminal);
     b = agent_evq_take(&q, 0, &seq);
     assert_int_equal(seq, 3);
-    assert_int_equal(json_array_size(b), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(b, 0), "type")),
-                        "error");
+    assert_int_equal(nev(b), 1);
+    assert_string_equal(json_string_value(b), "{\"type\":\"error\"}");
     json_decref(b);
     agent_evq_ack(&q);
     assert_true(agent_evq_done(&q));
@@ -473,6 +615,8 @@ int main(void)
         cmocka_unit_test(evq_max_batch_and_rewind),
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
+        cmocka_unit_test(evq_text_as_json_dumps),
+        cmocka_unit_test(evq_typed_as_json_dumps),
         cmocka_unit_test(evq_token_json_as_json_dumps),
         cmocka_unit_test(backoff_schedule),
         cmocka_unit_test(labels_ok),

@@ -76,6 +76,33 @@ static bool check(const char *p, size_t n, bool chat)
     return took;
 }
 
+/* The memo (oai_chunk_read) reads p exactly as the plain scan does,
+ * whatever chunk it held before. */
+static bool same_read(oai_chunk_memo *m, const char *p, size_t n, bool chat)
+{
+    gp_buf s1, s2;
+    gp_buf_init(&s1);
+    gp_buf_init(&s2);
+    oai_chunk a, b;
+    bool ta = oai_chunk_scan(p, n, chat, &s1, &a);
+    bool tb = oai_chunk_read(m, p, n, chat, &s2, &b);
+    assert_int_equal(ta, tb);
+    if (ta) {
+        assert_int_equal(a.text == NULL, b.text == NULL);
+        if (a.text) {
+            assert_int_equal(a.len, b.len);
+            assert_memory_equal(a.text, b.text, a.len);
+        }
+        assert_ptr_equal(a.finish, b.finish); /* both point into p */
+        assert_int_equal(a.finish_len, b.finish_len);
+        assert_int_equal(a.prompt_tokens, b.prompt_tokens);
+        assert_int_equal(a.completion_tokens, b.completion_tokens);
+    }
+    gp_buf_free(&s1);
+    gp_buf_free(&s2);
+    return ta;
+}
+
 static bool check_s(const char *s, bool chat)
 {
     return check(s, strlen(s), chat);
@@ -199,6 +226,8 @@ static void test_mutations_agree_with_jansson(void **state)
     unsigned seed = 24;
     char buf[512];
     long taken = 0;
+    oai_chunk_memo m; /* and through a memo of the chunks before (oai_chunk_read) */
+    oai_chunk_memo_init(&m);
     for (int round = 0; round < 4000; round++) {
         const char *const *set = sets[round % 4];
         int count = 0;
@@ -226,7 +255,9 @@ static void test_mutations_agree_with_jansson(void **state)
         }
         bool chat = set == taken_chat || set == refused_chat;
         taken += check(buf, n, chat);
+        same_read(&m, buf, n, chat);
     }
+    oai_chunk_memo_free(&m);
     assert_true(taken > 100); /* the mutations did reach the accepting path */
 }
 
@@ -256,6 +287,52 @@ static void test_every_byte_at_every_position(void **state)
             }
 }
 
+/* Issue 24 (fourth round): a stream of chunks that differ only in their
+ * text, with now and then another shape or a broken text in between; the
+ * memo reads each as the plain scan does, and takes the fast path for the
+ * repeats. Texts need escapes, hold quotes that would end the string
+ * early, multi-byte and invalid UTF-8, and are empty. */
+static void test_memo_reads_as_scan(void **state)
+{
+    (void)state;
+    static const char *const texts[] = {
+        "\" tok\"", "\"\"", "\"a\\\"b\"", "\"\\n\\t\\u0041\"", "\"caf\xc3\xa9\"",
+        "\"\xc3\"", "\"x\",\"y\"", "\"\x01\"", "null", "\"\\\"", "\"tok\\/\"",
+    };
+    static const char *const around[][2] = {
+        {CMPL, CMPL_END},
+        {CMPL, ",\"logprobs\":null,\"finish_reason\":\"length\"}]}"},
+        {"{\"choices\":[{\"finish_reason\":\"stop\",\"text\":",
+         "}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5}}"},
+        {"{\"usage\":null,\"choices\":[{\"text\":", ",\"finish_reason\":\"\"}]}"},
+        {CMPL, CMPL_END " "},
+        {CHAT "{\"content\":", "}" CHAT_END},
+        {CHAT "{\"role\":\"assistant\",\"content\":", "}" CHAT_END},
+    };
+    const size_t nt = sizeof texts / sizeof *texts, na = sizeof around / sizeof *around;
+    oai_chunk_memo m;
+    oai_chunk_memo_init(&m);
+    unsigned seed = 2404;
+    char buf[512];
+    for (int round = 0; round < 20000; round++) {
+        size_t ai = round % 5 ? (size_t)(round / 400) % na : (unsigned)rand_r(&seed) % na;
+        const char *t = texts[(unsigned)rand_r(&seed) % nt];
+        int n = snprintf(buf, sizeof buf, "%s%s%s", around[ai][0], t, around[ai][1]);
+        bool chat = ai >= 5;
+        if (round % 7 == 0)
+            chat = !chat; /* a memo of the other kind is not used */
+        same_read(&m, buf, (size_t)n, chat);
+    }
+    /* The fast path is taken for a repeat: the same chunk with the memo's
+     * bytes changed at the text is still read right. */
+    int n = snprintf(buf, sizeof buf, "%s\" tok\"%s", CMPL, CMPL_END);
+    assert_true(same_read(&m, buf, (size_t)n, false));
+    n = snprintf(buf, sizeof buf, "%s\" other\"%s", CMPL, CMPL_END);
+    assert_true(same_read(&m, buf, (size_t)n, false));
+    assert_true(m.valid);
+    oai_chunk_memo_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -263,6 +340,7 @@ int main(void)
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_mutations_agree_with_jansson),
         cmocka_unit_test(test_every_byte_at_every_position),
+        cmocka_unit_test(test_memo_reads_as_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
