@@ -25,7 +25,11 @@ typedef struct follow {
     int64_t known;        /* the row's attempt as last read */
     long long seen;       /* events of that attempt applied */
     bool reading;         /* a read in flight */
-    bool gone;            /* the job ended: freed once no read is in flight */
+    bool withdraw;        /* the job is queued here too and an agent here chose it:
+                             the offer is to be withdrawn (again after an error) */
+    bool withdrawing;     /* that delete in flight */
+    bool gone;            /* the job ended, or its offer was withdrawn: freed once
+                             no store op is in flight */
 } follow;
 
 /* A claimed job run here (the claimer's side). */
@@ -136,7 +140,7 @@ static bool can_offer(void *arg, const gps_job *job)
     return !h->stopped && json_object_get(h->peer_models, gps_job_model(job)) != NULL;
 }
 
-static void offer(void *arg, gps_job *job)
+static bool offer(void *arg, gps_job *job)
 {
     gps_handoff *h = arg;
     int64_t now = gp_now_wall_ms();
@@ -149,16 +153,67 @@ static void offer(void *arg, gps_job *job)
         gp_log_error("handoff_offer_failed", "job %s could not be offered", gps_job_id(job));
         json_decref(w);
         free(f);
-        return;
+        return false;
     }
     json_decref(w);
     snprintf(f->job_id, sizeof f->job_id, "%s", gps_job_id(job));
     f->h = h;
     f->next = h->follows;
     h->follows = f;
+    bool queued = !gps_job_remote(job);
     gp_log_write(GP_LOG_INFO, "job_handoff_offered", gps_job_correlation_id(job),
-                 json_pack("{s:s,s:s}", "job_id", gps_job_id(job), "model", gps_job_model(job)),
-                 "no agent here serves the model: offered to the other servers");
+                 json_pack("{s:s,s:s,s:b}", "job_id", gps_job_id(job), "model",
+                           gps_job_model(job), "queued_here", queued),
+                 queued ? "the agents here are busy: queued here and offered to the other "
+                          "servers, the first to take it runs it"
+                        : "no agent here serves the model: offered to the other servers");
+    return true;
+}
+
+/* The answer to a withdraw: the job goes to the agent here, or to the
+ * peer that claimed it first (the follower assigns it). */
+static void withdraw_done(void *arg, int status, const gps_store_cells *res)
+{
+    follow *f = arg;
+    gps_handoff *h = f->h;
+    f->withdrawing = false;
+    if (h->stopped || f->gone)
+        return;
+    gps_job *job = gps_jobs_find(h->jobs, f->job_id);
+    if (!job || gps_job_terminal(job)) {
+        f->gone = true;
+        return;
+    }
+    if (status != 0 || !res)
+        return; /* unknown: asked again at the next tick (f->withdraw stays) */
+    f->withdraw = false;
+    bool withdrawn = res->changes > 0;
+    if (withdrawn)
+        f->gone = true; /* nothing left to follow */
+    gp_log_write(GP_LOG_INFO, withdrawn ? "job_handoff_withdrawn" : "job_handoff_withdraw_late",
+                 gps_job_correlation_id(job), json_pack("{s:s}", "job_id", f->job_id),
+                 withdrawn ? "offer withdrawn: an agent here runs the job"
+                           : "a peer claimed the offer first: it runs the job");
+    gps_jobs_offer_withdrawn(h->jobs, job, withdrawn);
+}
+
+static void withdraw_send(follow *f)
+{
+    if (f->withdrawing || f->gone)
+        return;
+    if (gps_store_handoff_withdraw_async(f->h->store, f->job_id, withdraw_done, f) == 0)
+        f->withdrawing = true;
+}
+
+static bool withdraw(void *arg, gps_job *job)
+{
+    gps_handoff *h = arg;
+    follow *f = h->stopped ? NULL : follow_find(h, gps_job_id(job));
+    if (!f)
+        return false;
+    f->withdraw = true;
+    withdraw_send(f); /* on failure: again at the next tick */
+    return true;
 }
 
 static void ended(void *arg, gps_job *job)
@@ -263,6 +318,8 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
 static void follow_all(gps_handoff *h)
 {
     for (follow *f = h->follows; f; f = f->next) {
+        if (f->withdraw)
+            withdraw_send(f);
         if (f->gone || f->reading)
             continue;
         long long from = f->attempt > 0 ? f->attempt * GPS_HANDOFF_SEQ_BASE + f->seen
@@ -553,7 +610,7 @@ static void reap(gps_handoff *h)
 {
     for (follow **pf = &h->follows; *pf;) {
         follow *f = *pf;
-        if (f->gone && !f->reading) {
+        if (f->gone && !f->reading && !f->withdrawing) {
             *pf = f->next;
             free(f);
         } else {
@@ -684,8 +741,8 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
         gps_handoff_free(h);
         return NULL;
     }
-    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .ended = ended,
-                              .peer_models = peer_models, .arg = h};
+    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .withdraw = withdraw,
+                              .ended = ended, .peer_models = peer_models, .arg = h};
     gps_jobs_set_handoff(jobs, &hooks);
     models_tick(-1, 0, h); /* announce the models, read the peers now */
     gp_log_write(GP_LOG_INFO, "handoff_started", NULL,

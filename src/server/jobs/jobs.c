@@ -661,7 +661,7 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
     if (j->n_live)
         j->n_live--;
     persist(j, job);
-    if (job->remote && j->handoff.ended)
+    if ((job->remote || job->offered) && j->handoff.ended)
         j->handoff.ended(j->handoff.arg, job);
     if (j->limits) {
         /* A count_tokens job reports the counted prompt as its usage: that
@@ -957,6 +957,32 @@ static void note_prefix_route(gps_jobs *j, gps_job *job)
           1);
 }
 
+/* The scheduler gave an offered job (jobs.h, hand-off) a slot of agent a:
+ * the offer is withdrawn first, since a peer may have claimed it already.
+ * The slot goes back (registry and, with give_back, the scheduler: the
+ * agent stays ready with it) and the job waits out of the scheduler for
+ * the answer (gps_jobs_offer_withdrawn), at the front of its queue when it
+ * comes back. false: no offer to withdraw, the caller dispatches now. */
+static bool withdraw_first(gps_jobs *j, gps_job *job, registry_agent *a, bool give_back)
+{
+    if (!job->offered)
+        return false;
+    if (!j->handoff.withdraw || !j->handoff.withdraw(j->handoff.arg, job)) {
+        job->offered = false;
+        return false;
+    }
+    job->withdrawing = true;
+    job->sj.agent = NULL;
+    job->sj.front = true;
+    registry_job_undo(j->reg, a);
+    if (give_back)
+        sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + 1);
+    gp_log_write(GP_LOG_DEBUG, "job_handoff_withdrawing", job->correlation_id,
+                 json_pack("{s:s,s:s}", "job_id", job->id, "agent_id", a->id),
+                 "an agent here can take an offered job: withdrawing the offer first");
+    return true;
+}
+
 static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
@@ -985,7 +1011,8 @@ static void place(gps_jobs *j, gps_job *job, int depth)
         return;
     }
     if (r == SCHED_ASSIGNED && a) {
-        deliver_to(j, job, a, depth + 1);
+        if (!withdraw_first(j, job, a, true))
+            deliver_to(j, job, a, depth + 1);
         return;
     }
     int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
@@ -1082,9 +1109,10 @@ static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_
     return true;
 }
 
-/* May a job no agent here can take go to another server? Native tasks
- * have their own claim across servers (api_tasks.c), a proxy runs where it
- * was claimed, and a resumed job's row exists already. */
+/* May a job no agent here can take (or that waits in this server's queue)
+ * go to another server? Native tasks have their own claim across servers
+ * (api_tasks.c), a proxy runs where it was claimed, and a resumed job's
+ * row exists already. */
 static bool offerable(gps_jobs *j, const gps_job *job)
 {
     if (!j->handoff.can_offer || !j->handoff.offer || job->spec.handoff_proxy ||
@@ -1277,6 +1305,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     log_submitted(job, false);
     if (job->remote) /* after its row's insert: the offer's row refers to it */
         j->handoff.offer(j->handoff.arg, job);
+    else if (r == SCHED_QUEUED && j->handoff.withdraw && offerable(j, job))
+        job->offered = j->handoff.offer(j->handoff.arg, job); /* and stays queued here */
     if (r == SCHED_ASSIGNED && a) {
         deliver_to(j, job, a, 1);
     } else {
@@ -1696,6 +1726,13 @@ bool gps_job_remote(const gps_job *job) { return job->remote; }
 
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
 {
+    if (job->offered && job->state == GPS_JOB_QUEUED && server_id) {
+        /* A peer claimed it first: it leaves this server's queue (or, while
+         * its withdraw is under way, the answer will be "claimed"). */
+        sched_remove(j->sched, &job->sj);
+        job->offered = false;
+        job->remote = true;
+    }
     if (!job->remote || job->state != GPS_JOB_QUEUED || !server_id)
         return -1;
     uint64_t now = gp_now_mono_us();
@@ -1754,6 +1791,21 @@ void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->remote)
         fail_over(j, job, why);
+}
+
+void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn)
+{
+    if (!job->withdrawing)
+        return;
+    job->withdrawing = false;
+    if (job->remote || job->state != GPS_JOB_QUEUED)
+        return; /* the follower saw the claim first, or the job ended */
+    job->offered = false;
+    if (!withdrawn) {
+        job->remote = true; /* a peer's claim came first: the follower assigns it */
+        return;
+    }
+    place(j, job, 0);
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
@@ -1904,11 +1956,16 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
     sched_job *picked[64];
     size_t left = (size_t)free_slots;
     uint64_t now = gp_now_mono_us();
+    int withdrawing = 0; /* offered jobs picked: their slots stay the agent's */
     while (left > 0) {
         size_t max = left < 64 ? left : 64;
         size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
         for (size_t i = 0; i < n; i++) {
             gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
+            if (withdraw_first(j, job, a, false)) {
+                withdrawing++;
+                continue;
+            }
             mark_assigned(j, job, a);
             json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
         }
@@ -1916,6 +1973,13 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
             break;
         left -= n;
     }
+    /* The slots of the jobs being withdrawn go back to the agent (ready
+     * with them while its long-poll is parked): a job withdrawn goes to it
+     * at once; one that a peer claimed leaves the slot to the next job.
+     * They count against this reply's slots, so that one free slot never
+     * withdraws every offer queued for the model. */
+    if (withdrawing > 0)
+        sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + withdrawing);
     return out;
 }
 

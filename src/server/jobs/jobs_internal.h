@@ -91,6 +91,12 @@ struct gps_job {
                                      only (a shared native task, api_tasks.c) */
     bool remote;                  /* offered to another server (gps_jobs_handoff): never
                                      in this server's scheduler */
+    bool offered;                 /* QUEUED in this server's scheduler and offered to the
+                                     other servers too (a waiting handoffs row): the first
+                                     of a local dispatch (after the offer's withdraw) and
+                                     a peer's claim wins */
+    bool withdrawing;             /* offered, and a local agent chose it: out of the
+                                     scheduler until the withdraw answers */
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */

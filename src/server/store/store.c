@@ -145,6 +145,7 @@ enum {
     K_HANDOFF_MINE,
     K_HANDOFF_CANCEL,
     K_HANDOFF_DELETE,
+    K_HANDOFF_WITHDRAW,
     K_HANDOFF_SWEEP,
     K_HANDOFF_SWEEP_FROM,
     /* a task's cancel asked of its owner through the row (migration 0012) */
@@ -581,12 +582,12 @@ static const struct {
         "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
         "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
         "AND deadline > ?2 AND model IN (SELECT value FROM json_each(?3)) "
-        "ORDER BY created_at LIMIT ?4) AND state = 'waiting' "
+        "AND from_server <> ?1 ORDER BY created_at LIMIT ?4) AND state = 'waiting' "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)",
         "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
         "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
         "AND deadline > ?2::bigint AND model IN (SELECT json_array_elements_text(?3::json)) "
-        "ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
+        "AND from_server <> ?1 ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
     /* A relayed batch, stored only while the row is claimed by ?7 at
      * attempt ?6: else the events are NULL, which NOT NULL refuses (as
@@ -619,6 +620,12 @@ static const struct {
 
     [K_HANDOFF_DELETE] = {"handoff_delete", F_OPT,
         "DELETE FROM handoffs WHERE job_id = ?1", NULL},
+    /* The offering server takes back an offer of a job its own agent can
+     * run now: res->changes 1 withdrawn, 0 claimed by a peer first (the
+     * claim's row lock is held to its commit, so the two never both win). */
+
+    [K_HANDOFF_WITHDRAW] = {"handoff_withdraw", F_OPT | F_CELLS,
+        "DELETE FROM handoffs WHERE job_id = ?1 AND state = 'waiting'", NULL},
     /* Rows claimed by a server whose lease ended go back to waiting. */
 
     [K_HANDOFF_SWEEP] = {"handoff_sweep", F_OPT | F_CELLS,
@@ -2690,6 +2697,14 @@ int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_
     if (!s->ev_done || !server_id || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_MINE, "t", server_id), cb, arg);
+}
+
+int gps_store_handoff_withdraw_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                     void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_WITHDRAW, "t", job_id), cb, arg);
 }
 
 int gps_store_handoff_end(gps_store *s, const char *job_id, bool done)

@@ -455,7 +455,8 @@ int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,
                             const json_t *spec, const char *from_server, int64_t created_at,
                             int64_t deadline);
 /* Claim at most limit waiting offers of models (JSON array of names) whose
- * deadline is after now_ms: rows of (job_id, spec, attempt). */
+ * deadline is after now_ms, offered by another server than server_id:
+ * rows of (job_id, spec, attempt). */
 int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   const json_t *models, int limit, gps_store_cells_fn cb,
                                   void *arg);
@@ -472,6 +473,11 @@ int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long f
 /* Rows of (job_id, attempt) server_id still holds claimed. */
 int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
                                  void *arg);
+/* The offering server withdraws an offer (its own agent can run the job
+ * now): the row goes only while it is waiting; cb's res->changes is 1 when
+ * withdrawn, 0 when a peer claimed it first (or it is gone). */
+int gps_store_handoff_withdraw_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                     void *arg);
 /* Queued write at the offering job's end: done, the row goes; otherwise it
  * is marked cancelled (its claimer stops the job). */
 int gps_store_handoff_end(gps_store *s, const char *job_id, bool done);

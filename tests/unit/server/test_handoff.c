@@ -78,8 +78,8 @@ static void test_wire_round_trip(void **state)
 }
 
 typedef struct hooks_seen {
-    int offered, ended;
-    gps_job *last_ended;
+    int offered, ended, withdraws;
+    gps_job *last_ended, *last_withdraw;
     bool peer;
 } hooks_seen;
 
@@ -88,10 +88,18 @@ static bool h_can(void *arg, const gps_job *job)
     (void)job;
     return ((hooks_seen *)arg)->peer;
 }
-static void h_offer(void *arg, gps_job *job)
+static bool h_offer(void *arg, gps_job *job)
 {
     (void)job;
     ((hooks_seen *)arg)->offered++;
+    return true;
+}
+static bool h_withdraw(void *arg, gps_job *job)
+{
+    hooks_seen *h = arg;
+    h->withdraws++;
+    h->last_withdraw = job;
+    return true;
 }
 static void h_ended(void *arg, gps_job *job)
 {
@@ -120,6 +128,7 @@ static void test_remote_job_life(void **state)
     fleet_init(&f, NULL, NULL);
     hooks_seen hs = {.peer = false};
     gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .ended = h_ended, .arg = &hs};
+    /* (no withdraw hook: a job queued here is never offered) */
     gps_jobs_set_handoff(f.jobs, &hk);
 
     /* No peer serves it: refused as before (404). */
@@ -196,11 +205,115 @@ static void test_remote_job_life(void **state)
     fleet_free(&f);
 }
 
+/* Issue 28 (3e, a job queued here offered too): m1's one agent here is
+ * busy, so a second job waits in this server's queue and is offered while
+ * queued. When the agent frees up, the job is not sent to it before the
+ * offer's withdraw answers: withdrawn, the agent gets it (its slot was kept
+ * ready); claimed first by a peer, it runs there, never here. A job never
+ * offered (no peer) dispatches at once, as before. */
+static void test_queued_offer_first_wins(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    hooks_seen hs = {.peer = false};
+    gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .withdraw = h_withdraw,
+                           .ended = h_ended, .arg = &hs};
+    gps_jobs_set_handoff(f.jobs, &hk);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+
+    gps_job_spec s = fleet_spec("m1", 10);
+    gps_job *busy = fleet_submit(&f, &s);
+    json_t *w = fleet_take(&f, a); /* the agent's one slot: busy */
+    json_decref(w);
+    assert_int_equal(hs.offered, 0); /* no peer serves it: never offered */
+    hs.peer = true;
+
+    /* Withdrawn: the agent that chose it gets it once the answer comes. */
+    s = fleet_spec("m1", 10);
+    gps_job *j1 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 1);
+    assert_false(gps_job_remote(j1));
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_QUEUED);
+    assert_int_equal(fleet_apply(&f, busy, a, 0,
+                                 "[{\"type\":\"end\",\"finish_reason\":\"stop\",\"usage\":"
+                                 "{\"prompt_tokens\":1,\"completion_tokens\":0}}]"),
+                     0);
+    json_t *got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0); /* not before the withdraw answers */
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 1);
+    assert_ptr_equal(hs.last_withdraw, j1);
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_QUEUED);
+    assert_int_equal(sched_agent_free_slots(f.s, a), 1); /* the slot kept for it */
+    int before = f.delivered;
+    gps_jobs_offer_withdrawn(f.jobs, j1, true);
+    assert_int_equal(f.delivered, before + 1);
+    assert_ptr_equal(f.delivered_to, a);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(f.delivery, 0),
+                                                          "job_id")),
+                        gps_job_id(j1));
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_ASSIGNED);
+    gps_jobs_offer_withdrawn(f.jobs, j1, true); /* a second answer: no-op */
+    assert_int_equal(f.delivered, before + 1);
+
+    /* Claimed first (the withdraw comes too late): it is the peer's, the
+     * agent here never gets it. */
+    s = fleet_spec("m1", 10);
+    gps_job *j2 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 2);
+    assert_int_equal(fleet_apply(&f, j1, a, 0,
+                                 "[{\"type\":\"end\",\"finish_reason\":\"stop\",\"usage\":"
+                                 "{\"prompt_tokens\":1,\"completion_tokens\":0}}]"),
+                     0);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 2);
+    gps_jobs_offer_withdrawn(f.jobs, j2, false);
+    assert_true(gps_job_remote(j2));
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j2, "srv_b"), 0);
+    assert_string_equal(gps_job_agent_id(j2), "srv_b");
+    assert_int_equal(f.delivered, before + 1);
+
+    /* Claimed while still queued here (no local agent chose it yet): it
+     * leaves this server's queue; the agent's next poll finds nothing.
+     * (The slot j2's withdraw kept: the agent's poll is answered first.) */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j3 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 3);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j3, "srv_c"), 0);
+    assert_true(gps_job_remote(j3));
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 2);
+
+    /* Cancelled while its withdraw is under way: its end is told (the row
+     * is cancelled), a late answer changes nothing. */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j4 = fleet_submit(&f, &s);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 3);
+    int ended = hs.ended;
+    gps_jobs_cancel(f.jobs, j4, "client_gone");
+    assert_int_equal(hs.ended, ended + 1);
+    gps_jobs_offer_withdrawn(f.jobs, j4, true);
+    assert_int_equal(gps_job_state_of(j4), GPS_JOB_CANCELLED);
+    assert_int_equal(f.delivered, before + 1);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wire_round_trip),
         cmocka_unit_test(test_remote_job_life),
+        cmocka_unit_test(test_queued_offer_first_wins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
