@@ -1724,6 +1724,39 @@ const json_t *gps_jobs_peer_models(gps_jobs *j)
 
 bool gps_job_remote(const gps_job *job) { return job->remote; }
 
+json_t *gps_job_constraints(const gps_job *job)
+{
+    static const char *const modes[] = {"continue", "restart", "error"};
+    const gps_job_spec *s = &job->spec;
+    json_t *c = json_object(), *labels = json_object(), *fb = json_array();
+    if (!c || !labels || !fb)
+        goto err;
+    for (size_t i = 0; i < s->n_labels; i++)
+        json_object_set_new(labels, s->labels[i].key, json_string(s->labels[i].value));
+    for (size_t i = 0; i < job->n_chain; i++)
+        if (job->chain[i] != s->model)
+            json_array_append_new(fb, json_string(job->chain[i]));
+    if (json_object_size(labels))
+        json_object_set(c, "labels", labels);
+    if (json_array_size(fb))
+        json_object_set(c, "fallback_models", fb);
+    if (s->prefer_agent)
+        json_object_set_new(c, "prefer_agent", json_string(s->prefer_agent));
+    if ((size_t)s->failover < sizeof modes / sizeof modes[0])
+        json_object_set_new(c, "failover", json_string(modes[s->failover]));
+    json_object_set_new(c, "needs_tools", json_boolean(job->sj.needs_tools));
+    json_object_set_new(c, "needs_embeddings", json_boolean(job->sj.needs_embeddings));
+    json_object_set_new(c, "needs_generation", json_boolean(job->sj.needs_generation));
+    json_decref(labels);
+    json_decref(fb);
+    return c;
+err:
+    json_decref(c);
+    json_decref(labels);
+    json_decref(fb);
+    return NULL;
+}
+
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
 {
     if (job->offered && job->state == GPS_JOB_QUEUED && server_id) {

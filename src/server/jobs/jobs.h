@@ -423,6 +423,12 @@ void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h);
 /* The models only a hand-off can reach (hooks' peer_models), for
  * /v1/models: borrowed, NULL when there is no hand-off or none is known. */
 const json_t *gps_jobs_peer_models(gps_jobs *j);
+/* What constrains where job may run, for an offer to another server (new
+ * reference; NULL on ENOMEM): {labels: {key: value}, prefer_agent,
+ * fallback_models: [names after the serving model, in the client's
+ * order], failover: continue | restart | error, needs_tools,
+ * needs_embeddings, needs_generation}; absent members are unset. */
+json_t *gps_job_constraints(const gps_job *job);
 /* Was the job offered to another server (remote)? */
 bool gps_job_remote(const gps_job *job);
 /* A remote QUEUED job, or an offered one still queued here, was claimed

@@ -140,6 +140,8 @@ enum {
     K_HANDOFF_PEERS,
     K_HANDOFF_OFFER,
     K_HANDOFF_CLAIM,
+    K_HANDOFF_PEEK,
+    K_HANDOFF_CLAIM_IDS,
     K_HANDOFF_EVENTS,
     K_HANDOFF_FOLLOW,
     K_HANDOFF_MINE,
@@ -588,6 +590,33 @@ static const struct {
         "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
         "AND deadline > ?2::bigint AND model IN (SELECT json_array_elements_text(?3::json)) "
         "AND from_server <> ?1 ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
+        "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
+    /* What a claimer looks at before it claims: at most ?4 waiting offers
+     * of the models in ?3 (a JSON array) before their deadline, of other
+     * servers than ?1, oldest first, with what constrains where they run
+     * (the spec's "constraints" member) but not the spec. No lock: the
+     * claim below decides. */
+
+    [K_HANDOFF_PEEK] = {"handoff_peek", F_OPT | F_CELLS,
+        "SELECT job_id, model, json_extract(spec, '$.constraints') FROM handoffs "
+        "WHERE state = 'waiting' AND deadline > ?2 AND from_server <> ?1 "
+        "AND model IN (SELECT value FROM json_each(?3)) ORDER BY created_at LIMIT ?4",
+        "SELECT job_id, model, (spec::json -> 'constraints')::text FROM handoffs "
+        "WHERE state = 'waiting' AND deadline > ?2::bigint AND from_server <> ?1::text "
+        "AND model IN (SELECT json_array_elements_text(?3::json)) ORDER BY created_at "
+        "LIMIT ?4"},
+    /* Claim the offers ?3 (a JSON array of job ids) still waiting before
+     * their deadline, as K_HANDOFF_CLAIM (SKIP LOCKED on PostgreSQL: an
+     * offer a racing claimer or its withdraw holds is left out). */
+
+    [K_HANDOFF_CLAIM_IDS] = {"handoff_claim_ids", F_OPT | F_CELLS,
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT value FROM json_each(?3)) AND state = 'waiting' "
+        "AND deadline > ?2 RETURNING job_id, spec, CAST(attempt AS TEXT)",
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT job_id FROM handoffs WHERE job_id IN "
+        "(SELECT json_array_elements_text(?3::json)) AND state = 'waiting' "
+        "AND deadline > ?2::bigint FOR UPDATE SKIP LOCKED) "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
     /* A relayed batch, stored only while the row is claimed by ?7 at
      * attempt ?6: else the events are NULL, which NOT NULL refuses (as
@@ -2632,6 +2661,8 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
 bool gps_store_has_handoffs(gps_store *s)
 {
     return s && s->w.ok[K_HANDOFF_OFFER] && s->w.ok[K_HANDOFF_CLAIM] &&
+           s->w.ok[K_HANDOFF_PEEK] && s->w.ok[K_HANDOFF_CLAIM_IDS] &&
+           s->w.ok[K_HANDOFF_WITHDRAW] &&
            s->w.ok[K_HANDOFF_EVENTS] && s->w.ok[K_SERVER_MODELS];
 }
 
@@ -2669,6 +2700,26 @@ int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t n
     return cells_op(s, read_op(K_HANDOFF_CLAIM, "tiji", server_id, now_ms, models,
                                (int64_t)limit),
                     cb, arg);
+}
+
+int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                 const json_t *models, int limit, gps_store_cells_fn cb,
+                                 void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_PEEK, "tiji", server_id, now_ms, models,
+                               (int64_t)limit),
+                    cb, arg);
+}
+
+int gps_store_handoff_claim_ids_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                      const json_t *job_ids, gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(job_ids) || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_CLAIM_IDS, "tij", server_id, now_ms, job_ids), cb,
+                    arg);
 }
 
 int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,

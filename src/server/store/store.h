@@ -460,6 +460,18 @@ int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,
 int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   const json_t *models, int limit, gps_store_cells_fn cb,
                                   void *arg);
+/* Before a claim: rows of (job_id, model, constraints) of at most limit
+ * waiting offers of models by other servers than server_id, oldest first,
+ * deadline after now_ms (constraints: the text of the spec's
+ * "constraints" member, gps_job_constraints; NULL when absent). Locks
+ * nothing. */
+int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                 const json_t *models, int limit, gps_store_cells_fn cb,
+                                 void *arg);
+/* Claim those of job_ids (JSON array) still waiting with a deadline after
+ * now_ms (SKIP LOCKED): rows of (job_id, spec, attempt), as the claim. */
+int gps_store_handoff_claim_ids_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                      const json_t *job_ids, gps_store_cells_fn cb, void *arg);
 /* A relayed batch (fenced): stored only while the row is claimed by
  * server_id at attempt; cb gets status -1 when refused (or failed). */
 int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,

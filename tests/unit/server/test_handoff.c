@@ -21,6 +21,22 @@
 #include "server/handoff.h"
 #include "server/jobs/jobs.h"
 
+/* fleet_agent's agent i serving m1 with 2 slots, labelled gpu=<gpu>. */
+static void labelled_agent(fleet *f, int i, const char *gpu)
+{
+    char id[64];
+    snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
+    json_t *j = json_pack("{s:s,s:s,s:[{s:s}],s:{s:i},s:{s:s}}", "agent_id", id, "name", "a",
+                          "models", "id", "m1", "slots", "total", 2, "labels", "gpu", gpu);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    json_decref(j);
+    assert_non_null(registry_heartbeat(f->reg, &facts, 1000, 0));
+    registry_facts_free(&facts);
+}
+
 static void test_wire_round_trip(void **state)
 {
     (void)state;
@@ -43,12 +59,29 @@ static void test_wire_round_trip(void **state)
     s.priority = GPS_PRIO_BATCH;
     s.prompt_tokens_first = true;
     s.tenant_sub = strdup("t1");
+    /* What constrains scheduling travels with the offer (issue 28, 3e). */
+    s.labels = calloc(1, sizeof *s.labels);
+    s.labels[0] = (registry_label){strdup("gpu"), strdup("a100")};
+    s.n_labels = 1;
+    s.fallback_models[0] = strdup("m2");
+    s.n_fallback = 1;
+    s.prefer_agent = strdup("00000000-0000-4000-8000-000000000001");
+    s.failover = GPS_FAILOVER_RESTART;
+    labelled_agent(&f, 1, "a100");
     gps_job *job = fleet_submit(&f, &s);
     json_t *w1 = gps_job_wire(job, gp_now_mono_us(), 60);
+    json_object_set_new(w1, "constraints", gps_job_constraints(job));
 
     gps_job_spec s2;
     char err[160];
     assert_int_equal(gps_handoff_spec_from_wire(w1, &s2, err, sizeof err), 0);
+    assert_int_equal(s2.n_labels, 1);
+    assert_string_equal(s2.labels[0].key, "gpu");
+    assert_string_equal(s2.labels[0].value, "a100");
+    assert_int_equal(s2.n_fallback, 1);
+    assert_string_equal(s2.fallback_models[0], "m2");
+    assert_string_equal(s2.prefer_agent, "00000000-0000-4000-8000-000000000001");
+    assert_int_equal(s2.failover, GPS_FAILOVER_RESTART);
     s2.resume_id = strdup("job_000000000000000000000042");
     s2.handoff_proxy = true;
     gps_job *proxy = fleet_submit(&f, &s2);
