@@ -972,6 +972,7 @@ static bool withdraw_first(gps_jobs *j, gps_job *job, registry_agent *a, bool gi
         return false;
     }
     job->withdrawing = true;
+    snprintf(job->withdraw_agent, sizeof job->withdraw_agent, "%s", a->id);
     job->sj.agent = NULL;
     job->sj.front = true;
     registry_job_undo(j->reg, a);
@@ -1826,19 +1827,37 @@ void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why)
         fail_over(j, job, why);
 }
 
+/* The slot an agent kept for a job that went elsewhere meanwhile (a peer
+ * claimed it, or it ended) takes the next job queued for that agent, while
+ * its long-poll is parked: otherwise the agent would wait there for its
+ * poll's timeout with work queued for it. */
+static void refill(gps_jobs *j, const char *agent_id)
+{
+    registry_agent *a = registry_get(j->reg, agent_id);
+    sched_job *picked[1];
+    if (!a || sched_agent_free_slots(j->sched, a) <= 0 ||
+        sched_dispatch(j->sched, a, picked, 1, gp_now_mono_ms()) != 1)
+        return;
+    gps_job *job = (gps_job *)((char *)picked[0] - offsetof(gps_job, sj));
+    if (!withdraw_first(j, job, a, true))
+        deliver_to(j, job, a, 1);
+}
+
 void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn)
 {
     if (!job->withdrawing)
         return;
     job->withdrawing = false;
-    if (job->remote || job->state != GPS_JOB_QUEUED)
-        return; /* the follower saw the claim first, or the job ended */
-    job->offered = false;
-    if (!withdrawn) {
+    if (!job->remote && job->state == GPS_JOB_QUEUED) {
+        job->offered = false;
+        if (withdrawn) {
+            place(j, job, 0);
+            return;
+        }
         job->remote = true; /* a peer's claim came first: the follower assigns it */
-        return;
     }
-    place(j, job, 0);
+    /* (else the follower saw the claim first, or the job ended) */
+    refill(j, job->withdraw_agent);
 }
 
 /* Error codes an agent reports for a failure of its own, not of the

@@ -97,6 +97,7 @@ struct gps_job {
                                      a peer's claim wins */
     bool withdrawing;             /* offered, and a local agent chose it: out of the
                                      scheduler until the withdraw answers */
+    char withdraw_agent[64];      /* that agent (its slot is kept ready for the job) */
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */

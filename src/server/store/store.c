@@ -1109,6 +1109,9 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_JOBS_FAIL_ORPHANS:
     case K_HANDOFF_PEERS:
     case K_HANDOFF_CLAIM:
+    case K_HANDOFF_PEEK:
+    case K_HANDOFF_CLAIM_IDS:
+    case K_HANDOFF_WITHDRAW:
     case K_HANDOFF_EVENTS:
     case K_HANDOFF_FOLLOW:
     case K_HANDOFF_MINE:
@@ -1122,7 +1125,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
                 ? 0
                 : -1;
         o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ||
-                             o->kind == K_HANDOFF_SWEEP ||
+                             o->kind == K_HANDOFF_SWEEP || o->kind == K_HANDOFF_WITHDRAW ||
                              o->kind == K_TASK_CANCEL_REQ
                          ? changes
                          : 0;

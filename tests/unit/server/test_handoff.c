@@ -243,7 +243,8 @@ static void test_remote_job_life(void **state)
  * queued. When the agent frees up, the job is not sent to it before the
  * offer's withdraw answers: withdrawn, the agent gets it (its slot was kept
  * ready); claimed first by a peer, it runs there, never here. A job never
- * offered (no peer) dispatches at once, as before. */
+ * offered (no peer) dispatches at once, as before; the slot kept for a job
+ * a peer took meanwhile goes to the next queued job. */
 static void test_queued_offer_first_wins(void **state)
 {
     (void)state;
@@ -338,6 +339,25 @@ static void test_queued_offer_first_wins(void **state)
     gps_jobs_offer_withdrawn(f.jobs, j4, true);
     assert_int_equal(gps_job_state_of(j4), GPS_JOB_CANCELLED);
     assert_int_equal(f.delivered, before + 1);
+
+    /* A withdraw too late: the slot kept for it takes the next job queued
+     * for the agent at once (here one never offered), rather than the
+     * agent's parked poll waiting for its timeout. */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j5 = fleet_submit(&f, &s);
+    hs.peer = false;
+    s = fleet_spec("m1", 10);
+    gps_job *j6 = fleet_submit(&f, &s);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_ptr_equal(hs.last_withdraw, j5);
+    gps_jobs_offer_withdrawn(f.jobs, j5, false);
+    assert_true(gps_job_remote(j5));
+    assert_int_equal(f.delivered, before + 2);
+    assert_int_equal(gps_job_state_of(j6), GPS_JOB_ASSIGNED);
+    assert_string_equal(gps_job_agent_id(j6), a->id);
     fleet_free(&f);
 }
 
