@@ -15,6 +15,12 @@ client gets AGENT_LOST. No claim before A's queue timeout (B's one slot
 busy): the client gets QUEUE_TIMEOUT, the offer is cancelled. Two claimers
 (B and C) and 20 offers at once: each job runs once. On the code before, A
 answered 404 MODEL_NOT_FOUND.
+
+A job waiting in A's own queue (issue 28; A and B each with an agent): it
+is offered too and runs on B while A's agent is busy; 40 jobs racing A's
+agent (which withdraws an offer before it runs it) and B's claims each run
+once; a job asking for a label only A's agent has is never claimed by B.
+On the code before, such a job waited in A's queue.
 """
 
 import json
