@@ -419,6 +419,34 @@ class HandoffPgTest(harness.TestCase):
         self.assertEqual(len(b.log_events("job_handoff_running")), 1)
         self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
 
+    def test_queued_job_back_home_after_claimer_lost(self):
+        # A job queued at A (its agent busy) is claimed by B, whose upstream
+        # holds the first token; B is killed -9. Once B's lease has ended
+        # the job is offered again and, A's agent serving m1, queued at A
+        # too: A's agent, free by then, withdraws the offer and runs it
+        # (attempt 2); the client gets the whole reply. Offered only, it
+        # would wait for a claim no live server makes.
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "50"])
+        up_b = self.h.start_upstream(["--tokens", "40", "--first-delay-ms", "600000"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"])
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        get = harness.in_thread(self.chat, a, "come home", 6)
+        harness.wait_until(lambda: b.log_events("job_handoff_running"), timeout=60,
+                           interval=0.1, what="B claimed the job")
+        harness.wait_until(lambda: up_b.log_entries(), timeout=60, interval=0.1,
+                           what="B's agent asked its upstream")
+        b.kill9()
+        s.close()  # A's agent frees up
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("come home", 6))
+        self.assertIn("come home", self.prompts_seen(up_a))
+        self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
+        self.assertTrue(any(e.get("mode") == "handoff" for e in a.log_events("job_failover")))
+        rows = self.sql("SELECT status, attempts FROM jobs ORDER BY created_at")
+        self.assertEqual(rows[-1], ["done", "2"])
+
 
 if __name__ == "__main__":
     harness.main()

@@ -1790,6 +1790,27 @@ int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
     return 0;
 }
 
+/* A job offered again after its claimer's loss goes back into this
+ * server's queue too when an agent here can take or queue it (it waited
+ * here when first offered, or an agent for its model came since): the
+ * first of a claim and a local agent takes it, as at submit. Else it stays
+ * remote, offered only. */
+static void requeue_offered(gps_jobs *j, gps_job *job)
+{
+    if (!j->handoff.withdraw)
+        return;
+    registry_agent *a = NULL;
+    job->sj.agent = NULL;
+    job->sj.front = true;
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if (r != SCHED_ASSIGNED && r != SCHED_QUEUED)
+        return;
+    job->remote = false;
+    job->offered = true;
+    if (r == SCHED_ASSIGNED && a && !withdraw_first(j, job, a, true))
+        deliver_to(j, job, a, 1);
+}
+
 /* The claimer of a remote job is gone (or stalled): offered again while
  * its client saw nothing, else the job ends as after a lost agent. */
 static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
@@ -1819,6 +1840,7 @@ static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
     job->state = GPS_JOB_QUEUED;
     job->queued_since_us = gp_now_mono_us();
     persist(j, job);
+    requeue_offered(j, job);
 }
 
 void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why)

@@ -358,6 +358,22 @@ static void test_queued_offer_first_wins(void **state)
     assert_int_equal(f.delivered, before + 2);
     assert_int_equal(gps_job_state_of(j6), GPS_JOB_ASSIGNED);
     assert_string_equal(gps_job_agent_id(j6), a->id);
+
+    /* j2's claimer is lost before any output: offered again and, an agent
+     * here serving m1, queued here too; the agent's next poll withdraws
+     * the offer before it gets the job. */
+    int nw = hs.withdraws;
+    gps_jobs_remote_lost(f.jobs, j2, "server_lost");
+    assert_false(gps_job_remote(j2));
+    assert_int_equal(gps_job_state_of(j2), GPS_JOB_QUEUED);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, nw + 1);
+    assert_ptr_equal(hs.last_withdraw, j2);
+    gps_jobs_offer_withdrawn(f.jobs, j2, true);
+    assert_int_equal(gps_job_state_of(j2), GPS_JOB_ASSIGNED);
+    assert_string_equal(gps_job_agent_id(j2), a->id);
     fleet_free(&f);
 }
 
