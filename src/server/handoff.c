@@ -199,7 +199,8 @@ static bool offer(void *arg, gps_job *job)
     if (!w || !c || !f ||
         gps_store_handoff_offer(h->store, gps_job_id(job), gps_job_model(job), w, h->id, now,
                                 now + (int64_t)h->queue_timeout_sec * 1000) != 0) {
-        /* Not offered: the job waits out its queue timeout. */
+        /* Not offered: a remote job waits out its queue timeout, a queued
+         * one stays in this server's queue only. */
         gp_log_error("handoff_offer_failed", "job %s could not be offered", gps_job_id(job));
         json_decref(w);
         free(f);
@@ -874,7 +875,7 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
     models_tick(-1, 0, h); /* announce the models, read the peers now */
     gp_log_write(GP_LOG_INFO, "handoff_started", NULL,
                  json_pack("{s:s,s:i}", "server_id", h->id, "period_ms", h->period_ms),
-                 "jobs no agent here serves are offered to the other servers");
+                 "jobs no free agent here can take are offered to the other servers");
     return h;
 }
 
