@@ -102,7 +102,8 @@
  *   jobs columns (migration 0010): owner_server TEXT, lease_until INTEGER,
  *          lease_attempt INTEGER NOT NULL DEFAULT 0 -- the lease of a native
  *          task run by one of several servers (NULL/0 on SQLite)
- *   handoffs(job_id TEXT PK -> jobs(id), model, spec (wire JSON), from_server,
+ *   handoffs(job_id TEXT PK -> jobs(id), model, spec (wire JSON + its
+ *          "constraints", gps_job_constraints), from_server,
  *          state (waiting|claimed|cancelled), claimed_by, attempt (fencing),
  *          created_at, deadline)                             (migration 0011)
  *   servers.models TEXT (0011): JSON array of what its healthy agents serve
