@@ -14,6 +14,8 @@
 #define BATCH_MS 20       /* a relay batch waits at most this long ... */
 #define BATCH_MAX 32      /* ... or for this many events */
 #define CLAIM_MAX 16      /* offers taken by one claim */
+#define PEEK_MAX 64       /* offers looked at before a claim */
+#define LABELS_MAX 16     /* x_pool_options.labels: at most 16 (reqcheck.c) */
 
 /* An offered job this server follows (the client's server). */
 typedef struct follow {
@@ -25,7 +27,11 @@ typedef struct follow {
     int64_t known;        /* the row's attempt as last read */
     long long seen;       /* events of that attempt applied */
     bool reading;         /* a read in flight */
-    bool gone;            /* the job ended: freed once no read is in flight */
+    bool withdraw;        /* the job is queued here too and an agent here chose it:
+                             the offer is to be withdrawn (again after an error) */
+    bool withdrawing;     /* that delete in flight */
+    bool gone;            /* the job ended, or its offer was withdrawn: freed once
+                             no store op is in flight */
 } follow;
 
 /* A claimed job run here (the claimer's side). */
@@ -65,6 +71,45 @@ struct gps_handoff {
 static char *dup_str(const json_t *v) { return json_is_string(v) ? strdup(json_string_value(v)) : NULL; }
 
 static json_t *copy_of(const json_t *v) { return v && !json_is_null(v) ? json_deep_copy(v) : NULL; }
+
+/* The offer's constraints (gps_job_constraints) into spec: the claimer's
+ * scheduler honours them as the offering server's would have. */
+static int constraints_to_spec(const json_t *c, gps_job_spec *spec)
+{
+    json_t *labels = json_object_get(c, "labels"), *fb = json_object_get(c, "fallback_models");
+    size_t n = json_is_object(labels) ? json_object_size(labels) : 0;
+    if (n) {
+        spec->labels = calloc(n, sizeof *spec->labels);
+        if (!spec->labels)
+            return -1;
+        const char *k;
+        json_t *v;
+        json_object_foreach(labels, k, v)
+        {
+            if (!json_is_string(v))
+                continue;
+            registry_label *l = &spec->labels[spec->n_labels++];
+            l->key = strdup(k);
+            l->value = strdup(json_string_value(v));
+            if (!l->key || !l->value)
+                return -1;
+        }
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(fb, i, v)
+    {
+        if (json_is_string(v) && spec->n_fallback < GPS_MAX_FALLBACK_MODELS &&
+            !(spec->fallback_models[spec->n_fallback++] = strdup(json_string_value(v))))
+            return -1;
+    }
+    spec->prefer_agent = dup_str(json_object_get(c, "prefer_agent"));
+    const char *mode = json_string_value(json_object_get(c, "failover"));
+    spec->failover = !mode || strcmp(mode, "continue") == 0 ? GPS_FAILOVER_CONTINUE
+                     : strcmp(mode, "restart") == 0         ? GPS_FAILOVER_RESTART
+                                                            : GPS_FAILOVER_ERROR;
+    return 0;
+}
 
 int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, size_t errlen)
 {
@@ -111,6 +156,10 @@ int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, s
     spec->tenant_sub = dup_str(json_object_get(w, "tenant"));
     spec->prompt_tokens_first = json_is_true(json_object_get(w, "prompt_tokens_first"));
     spec->failover = GPS_FAILOVER_CONTINUE;
+    if (constraints_to_spec(json_object_get(w, "constraints"), spec) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     if (!spec->model || spec->max_tokens < 1) {
         snprintf(err, errlen, "the offer's spec has no model or max_tokens");
         return -1;
@@ -136,29 +185,86 @@ static bool can_offer(void *arg, const gps_job *job)
     return !h->stopped && json_object_get(h->peer_models, gps_job_model(job)) != NULL;
 }
 
-static void offer(void *arg, gps_job *job)
+static bool offer(void *arg, gps_job *job)
 {
     gps_handoff *h = arg;
     int64_t now = gp_now_wall_ms();
     json_t *w = gps_job_wire(job, gp_now_mono_us(), h->request_timeout_sec);
+    json_t *c = gps_job_constraints(job);
     follow *f = calloc(1, sizeof *f);
-    if (!w || !f ||
+    if (w && c)
+        json_object_set_new(w, "constraints", c);
+    else
+        json_decref(c);
+    if (!w || !c || !f ||
         gps_store_handoff_offer(h->store, gps_job_id(job), gps_job_model(job), w, h->id, now,
                                 now + (int64_t)h->queue_timeout_sec * 1000) != 0) {
-        /* Not offered: the job waits out its queue timeout. */
+        /* Not offered: a remote job waits out its queue timeout, a queued
+         * one stays in this server's queue only. */
         gp_log_error("handoff_offer_failed", "job %s could not be offered", gps_job_id(job));
         json_decref(w);
         free(f);
-        return;
+        return false;
     }
     json_decref(w);
     snprintf(f->job_id, sizeof f->job_id, "%s", gps_job_id(job));
     f->h = h;
     f->next = h->follows;
     h->follows = f;
+    bool queued = !gps_job_remote(job);
     gp_log_write(GP_LOG_INFO, "job_handoff_offered", gps_job_correlation_id(job),
-                 json_pack("{s:s,s:s}", "job_id", gps_job_id(job), "model", gps_job_model(job)),
-                 "no agent here serves the model: offered to the other servers");
+                 json_pack("{s:s,s:s,s:b}", "job_id", gps_job_id(job), "model",
+                           gps_job_model(job), "queued_here", queued),
+                 queued ? "the agents here are busy: queued here and offered to the other "
+                          "servers, the first to take it runs it"
+                        : "no agent here serves the model: offered to the other servers");
+    return true;
+}
+
+/* The answer to a withdraw: the job goes to the agent here, or to the
+ * peer that claimed it first (the follower assigns it). */
+static void withdraw_done(void *arg, int status, const gps_store_cells *res)
+{
+    follow *f = arg;
+    gps_handoff *h = f->h;
+    f->withdrawing = false;
+    if (h->stopped || f->gone)
+        return;
+    gps_job *job = gps_jobs_find(h->jobs, f->job_id);
+    if (!job || gps_job_terminal(job)) {
+        f->gone = true;
+        return;
+    }
+    if (status != 0 || !res)
+        return; /* unknown: asked again at the next tick (f->withdraw stays) */
+    f->withdraw = false;
+    bool withdrawn = res->changes > 0;
+    if (withdrawn)
+        f->gone = true; /* nothing left to follow */
+    gp_log_write(GP_LOG_INFO, withdrawn ? "job_handoff_withdrawn" : "job_handoff_withdraw_late",
+                 gps_job_correlation_id(job), json_pack("{s:s}", "job_id", f->job_id),
+                 withdrawn ? "offer withdrawn: an agent here runs the job"
+                           : "a peer claimed the offer first: it runs the job");
+    gps_jobs_offer_withdrawn(h->jobs, job, withdrawn);
+}
+
+static void withdraw_send(follow *f)
+{
+    if (f->withdrawing || f->gone)
+        return;
+    if (gps_store_handoff_withdraw_async(f->h->store, f->job_id, withdraw_done, f) == 0)
+        f->withdrawing = true;
+}
+
+static bool withdraw(void *arg, gps_job *job)
+{
+    gps_handoff *h = arg;
+    follow *f = h->stopped ? NULL : follow_find(h, gps_job_id(job));
+    if (!f)
+        return false;
+    f->withdraw = true;
+    withdraw_send(f); /* on failure: again at the next tick */
+    return true;
 }
 
 static void ended(void *arg, gps_job *job)
@@ -263,6 +369,8 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
 static void follow_all(gps_handoff *h)
 {
     for (follow *f = h->follows; f; f = f->next) {
+        if (f->withdraw)
+            withdraw_send(f);
         if (f->gone || f->reading)
             continue;
         long long from = f->attempt > 0 ? f->attempt * GPS_HANDOFF_SEQ_BASE + f->seen
@@ -494,6 +602,84 @@ static json_t *names_array(json_t *names)
     return arr;
 }
 
+/* Which of the offers looked at (rows of job_id, model, constraints) a
+ * free ready agent here can take, its constraints met (labels, tools,
+ * embeddings, generation; one that prefers an agent only where that agent
+ * is and is free: it never runs on another server's agent in its stead),
+ * at most one per free slot and CLAIM_MAX in all. */
+typedef struct fit_acc {
+    sched *s;
+    const sched_job *job;
+    json_t *taken;        /* agent id -> slots given to offers so far */
+    registry_agent *found;
+} fit_acc;
+
+static void fit_cb(void *ud, registry_agent *a)
+{
+    fit_acc *acc = ud;
+    if (acc->found || !sched_agent_is_ready(acc->s, a))
+        return;
+    json_int_t used = json_integer_value(json_object_get(acc->taken, a->id));
+    if (sched_agent_free_slots(acc->s, a) - used > 0 && sched_agent_fits(acc->s, a, acc->job))
+        acc->found = a;
+}
+
+static json_t *fitting(gps_handoff *h, const gps_store_cells *res)
+{
+    fit_acc acc = {.s = gps_jobs_sched(h->jobs), .taken = json_object()};
+    json_t *ids = json_array();
+    for (size_t i = 0; acc.taken && ids && i < res->nrows && json_array_size(ids) < CLAIM_MAX;
+         i++) {
+        const char *id = res->cell[i * res->ncols], *model = res->cell[i * res->ncols + 1];
+        const char *ctext = res->cell[i * res->ncols + 2];
+        json_t *c = ctext ? json_loads(ctext, 0, NULL) : NULL;
+        registry_label labels[LABELS_MAX];
+        sched_job sj = {.model = model, .labels = labels, .prefer_strict = 1};
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(c, "labels"), k, v)
+        {
+            if (json_is_string(v) && sj.n_labels < LABELS_MAX)
+                labels[sj.n_labels++] = (registry_label){(char *)k, (char *)json_string_value(v)};
+        }
+        sj.prefer_agent = json_string_value(json_object_get(c, "prefer_agent"));
+        sj.needs_tools = json_is_true(json_object_get(c, "needs_tools"));
+        sj.needs_embeddings = json_is_true(json_object_get(c, "needs_embeddings"));
+        sj.needs_generation = json_is_true(json_object_get(c, "needs_generation"));
+        acc.job = &sj;
+        acc.found = NULL;
+        if (id && model)
+            registry_foreach(gps_jobs_registry(h->jobs), fit_cb, &acc);
+        if (acc.found) {
+            json_int_t used = json_integer_value(json_object_get(acc.taken, acc.found->id));
+            json_object_set_new(acc.taken, acc.found->id, json_integer(used + 1));
+            json_array_append_new(ids, json_string(id));
+        }
+        json_decref(c);
+    }
+    json_decref(acc.taken);
+    return ids;
+}
+
+static void peek_done(void *arg, int status, const gps_store_cells *res)
+{
+    gps_handoff *h = arg;
+    h->claiming = false;
+    if (h->stopped || status != 0 || !res || res->ncols < 3 || res->nrows == 0)
+        return;
+    json_t *ids = fitting(h, res);
+    if (json_array_size(ids) &&
+        gps_store_handoff_claim_ids_async(h->store, h->id, gp_now_wall_ms(), ids, claim_done,
+                                          h) == 0)
+        h->claiming = true;
+    json_decref(ids);
+}
+
+/* Look at the waiting offers of the models this server's free slots
+ * serve, then claim those its agents can take (peek_done): two round
+ * trips, so that an offer whose constraints no free agent here meets is
+ * never claimed (and left for a server, the offering one included, that
+ * can run it). */
 static void claim(gps_handoff *h)
 {
     if (h->claiming)
@@ -507,9 +693,8 @@ static void claim(gps_handoff *h)
     if (!models)
         return;
     if (json_array_size(models) &&
-        gps_store_handoff_claim_async(h->store, h->id, gp_now_wall_ms(), models,
-                                      acc.slots < CLAIM_MAX ? acc.slots : CLAIM_MAX, claim_done,
-                                      h) == 0)
+        gps_store_handoff_peek_async(h->store, h->id, gp_now_wall_ms(), models, PEEK_MAX,
+                                     peek_done, h) == 0)
         h->claiming = true;
     json_decref(models);
 }
@@ -553,7 +738,7 @@ static void reap(gps_handoff *h)
 {
     for (follow **pf = &h->follows; *pf;) {
         follow *f = *pf;
-        if (f->gone && !f->reading) {
+        if (f->gone && !f->reading && !f->withdrawing) {
             *pf = f->next;
             free(f);
         } else {
@@ -684,13 +869,13 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
         gps_handoff_free(h);
         return NULL;
     }
-    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .ended = ended,
-                              .peer_models = peer_models, .arg = h};
+    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .withdraw = withdraw,
+                              .ended = ended, .peer_models = peer_models, .arg = h};
     gps_jobs_set_handoff(jobs, &hooks);
     models_tick(-1, 0, h); /* announce the models, read the peers now */
     gp_log_write(GP_LOG_INFO, "handoff_started", NULL,
                  json_pack("{s:s,s:i}", "server_id", h->id, "period_ms", h->period_ms),
-                 "jobs no agent here serves are offered to the other servers");
+                 "jobs no free agent here can take are offered to the other servers");
     return h;
 }
 

@@ -8,17 +8,25 @@
  *            serve (servers.models) and reads what the other live servers
  *            serve; the sweep gives the rows claimed by servers whose lease
  *            ended back (waiting) and cancels the offers of such servers;
- *   offer    (the client's server, A) a job no agent here can take whose
- *            model another live server serves is offered (gps_jobs_handoff
- *            hooks): a handoffs row holding the job's wire object; the job
+ *   offer    (the client's server, A) a job no agent here can take, or
+ *            that waits in the queue here, whose model another live server
+ *            serves is offered (gps_jobs_handoff hooks): a handoffs row
+ *            holding the job's wire object and constraints; the job
  *            stays here with its subscribers and is followed every
  *            period_ms: the row's state and the relayed batches, applied
  *            through gps_jobs_apply_events with the claimer's id as the
  *            agent id, from the attempt followed only;
+ *   withdraw (A) a job queued here (its model's agents here busy) is
+ *            offered too and stays in the scheduler; before an agent here
+ *            gets it the offer is withdrawn (a delete of the row while
+ *            waiting): withdrawn, the agent gets it; already claimed, the
+ *            claimer runs it (gps_jobs_offer_withdrawn);
  *   claim    (a server with agents, B) every period_ms while its ready
- *            agents have free slots, one claim of waiting offers of their
- *            models (SKIP LOCKED): each becomes a local proxy job (same id,
- *            no request-log row, no key accounting) whose events are
+ *            agents have free slots, a look at the waiting offers of their
+ *            models (other servers', with their constraints), then a claim
+ *            of those a free agent here can take (SKIP LOCKED): each
+ *            becomes a local proxy job (same id, no request-log row, no
+ *            key accounting, the offer's constraints) whose events are
  *            written back in fenced batches (every 20 ms or 32 events, the
  *            end at once); a refused batch, or a row no longer claimed by
  *            this server at this attempt (read every period_ms while

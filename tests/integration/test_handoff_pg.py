@@ -15,6 +15,12 @@ client gets AGENT_LOST. No claim before A's queue timeout (B's one slot
 busy): the client gets QUEUE_TIMEOUT, the offer is cancelled. Two claimers
 (B and C) and 20 offers at once: each job runs once. On the code before, A
 answered 404 MODEL_NOT_FOUND.
+
+A job waiting in A's own queue (issue 28; A and B each with an agent): it
+is offered too and runs on B while A's agent is busy; 40 jobs racing A's
+agent (which withdraws an offer before it runs it) and B's claims each run
+once; a job asking for a label only A's agent has is never claimed by B.
+On the code before, such a job waited in A's queue.
 """
 
 import json
@@ -297,6 +303,149 @@ class HandoffPgTest(harness.TestCase):
         nb, nc = (len(srv.log_events("job_handoff_running")) for srv in (b, c))
         sys.stderr.write("\n20 offers: %d run on B, %d on C\n" % (nb, nc))
         self.assertEqual(nb + nc, 20)
+
+    # ---- a job waiting in the offering server's own queue (issue 28, 3e) ----
+
+    def agents_on_both(self, up_a, up_b, extra_a=(), labels_a=None):
+        """A and B, each with an agent of one slot serving m1 (A's on up_a,
+        labelled labels_a; B's on up_b), each knowing the other serves it."""
+        key_a = self.h.create_key(self.uri, "agent", "agentA")
+        a, b = self.start_server(extra_a), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=a.url), upstream=up_a, model="m1",
+                           slots=1, token=key_a,
+                           args=["--labels", labels_a] if labels_a else [])
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up_b, model="m1",
+                           slots=1, token=self.agent_key)
+        for srv in (a, b):
+            harness.wait_until(lambda: srv.parked() >= 1, timeout=60, interval=0.1,
+                               what="the agent parked on its server")
+            harness.wait_until(
+                lambda: any("m1" in (e.get("models") or [])
+                            for e in srv.log_events("handoff_peers")),
+                timeout=60, interval=0.1, what="each server learns that the other serves m1")
+        return a, b
+
+    def chat(self, srv, prompt, n, **extra):
+        body = {"model": "m1", "max_tokens": n,
+                "messages": [{"role": "user", "content": prompt}]}
+        body.update(extra)
+        return http_json("POST", srv.url + "/v1/chat/completions", body,
+                         headers=bearer(self.client), timeout=170)
+
+    @staticmethod
+    def prompts_seen(up):
+        return [r["messages"][-1]["content"] for r in up.log_entries()
+                if r["path"].endswith("/chat/completions")]
+
+    def test_queued_job_runs_on_the_peer(self):
+        # A's only agent is busy with a long stream; B's is free. A second
+        # request sent to A waits in A's queue, is offered meanwhile, and B
+        # runs it: the client gets the whole reply from B's upstream long
+        # before A's agent is free. On the code before, a job was offered
+        # only when no agent of A served the model: it waited in A's queue
+        # until its queue timeout (503 QUEUE_TIMEOUT).
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        up_b = self.h.start_upstream(["--tokens", "40"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "15"])
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        st, _, r = self.chat(a, "second one", 8)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("second one", 8))
+        self.assertEqual(self.prompts_seen(up_b), ["second one"])
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        self.assertEqual([e.get("queued_here") for e in a.log_events("job_handoff_offered")],
+                         [True])
+        self.assertEqual(a.log_events("job_handoff_withdrawn"), [])
+        s.close()
+
+    def test_queued_jobs_race_run_each_once(self):
+        # Both servers' one agent serve m1; 40 requests sent to A at once
+        # wait in A's queue, offered. B claims one whenever its agent is
+        # free while A's agent frees up every ~100 ms and withdraws the
+        # next offer first: whichever comes first runs the job, the other
+        # never. Each prompt reaches an upstream exactly once, every reply
+        # is whole, no hand-off row is left.
+        up_a = self.h.start_upstream(["--tokens", "8", "--pace-ms", "10"])
+        up_b = self.h.start_upstream(["--tokens", "8", "--pace-ms", "10"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"])
+        prompts = ["race%d word" % i for i in range(40)]
+        gets = [harness.in_thread(self.chat, a, p, 6) for p in prompts]
+        for p, get in zip(prompts, gets):
+            st, _, r = get(timeout=180)
+            self.assertEqual(st, 200, r)
+            self.assertEqual(r["choices"][0]["message"]["content"], expected(p, 6))
+        on_a, on_b = self.prompts_seen(up_a), self.prompts_seen(up_b)
+        self.assertEqual(sorted(on_a + on_b), sorted(prompts))
+        withdrawn = len(a.log_events("job_handoff_withdrawn"))
+        late = len(a.log_events("job_handoff_withdraw_late"))
+        sys.stderr.write("\n40 jobs sent to A: %d run on A (%d offers withdrawn first), %d "
+                         "on B (%d withdraws came too late)\n"
+                         % (len(on_a), withdrawn, len(on_b), late))
+        self.assertGreaterEqual(len(on_b), 1)
+        self.assertEqual(len(b.log_events("job_handoff_running")), len(on_b))
+        harness.wait_until(lambda: self.sql("SELECT count(*) FROM handoffs") == [["0"]],
+                           timeout=30, what="no hand-off row left")
+        self.assertEqual(self.sql("SELECT status, count(*) FROM jobs GROUP BY status"),
+                         [["done", "40"]])
+
+    def test_queued_offer_keeps_its_labels(self):
+        # A's agent is labelled gpu=a100 and busy; B's has no label. A job
+        # that asks for gpu=a100 is offered but B never claims it (its
+        # agent does not meet the constraint): it runs on A's agent once
+        # that is free. A job without the label, sent after it, is claimed
+        # by B meanwhile. On the code before (the offer carried the wire
+        # object only), B claimed the first and ran it on its own agent.
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "50"])
+        up_b = self.h.start_upstream(["--tokens", "40"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"],
+                                   labels_a="gpu=a100")
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        labelled = harness.in_thread(self.chat, a, "needs a100", 5,
+                                     x_pool_options={"labels": {"gpu": "a100"}})
+        harness.wait_until(lambda: len(a.log_events("job_handoff_offered")) == 1,
+                           timeout=60, interval=0.1, what="the labelled job offered")
+        st, _, r = self.chat(a, "any gpu", 5)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
+        self.assertEqual(self.sql("SELECT state FROM handoffs"), [["waiting"]])
+        s.close()  # A's agent frees up: the labelled job runs there
+        st, _, r = labelled(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("needs a100", 5))
+        self.assertIn("needs a100", self.prompts_seen(up_a))
+        self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
+
+    def test_queued_job_back_home_after_claimer_lost(self):
+        # A job queued at A (its agent busy) is claimed by B, whose upstream
+        # holds the first token; B is killed -9. Once B's lease has ended
+        # the job is offered again and, A's agent serving m1, queued at A
+        # too: A's agent, free by then, withdraws the offer and runs it
+        # (attempt 2); the client gets the whole reply. Offered only, it
+        # would wait for a claim no live server makes.
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "50"])
+        up_b = self.h.start_upstream(["--tokens", "40", "--first-delay-ms", "600000"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"])
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        get = harness.in_thread(self.chat, a, "come home", 6)
+        harness.wait_until(lambda: b.log_events("job_handoff_running"), timeout=60,
+                           interval=0.1, what="B claimed the job")
+        harness.wait_until(lambda: up_b.log_entries(), timeout=60, interval=0.1,
+                           what="B's agent asked its upstream")
+        b.kill9()
+        s.close()  # A's agent frees up
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("come home", 6))
+        self.assertIn("come home", self.prompts_seen(up_a))
+        self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
+        self.assertTrue(any(e.get("mode") == "handoff" for e in a.log_events("job_failover")))
+        rows = self.sql("SELECT status, attempts FROM jobs ORDER BY created_at")
+        self.assertEqual(rows[-1], ["done", "2"])
 
 
 if __name__ == "__main__":

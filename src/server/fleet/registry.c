@@ -933,6 +933,13 @@ void registry_job_end(registry *reg, registry_agent *a, bool ok, double tokens_p
                                 : tokens_per_sec;
 }
 
+void registry_job_undo(registry *reg, registry_agent *a)
+{
+    (void)reg;
+    if (a && a->active > 0)
+        a->active--;
+}
+
 void registry_foreach(const registry *reg, void (*fn)(void *ud, registry_agent *a), void *ud)
 {
     size_t i;

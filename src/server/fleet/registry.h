@@ -295,6 +295,9 @@ const char *registry_agent_label(const registry_agent *a, const char *key);
  * failure (reliability). */
 void registry_job_begin(registry *reg, registry_agent *a);
 void registry_job_end(registry *reg, registry_agent *a, bool ok, double tokens_per_sec);
+/* A job begun on a never reached it (the dispatch was called off: a
+ * hand-off's offer is withdrawn first): active back, no outcome counted. */
+void registry_job_undo(registry *reg, registry_agent *a);
 
 /* Call fn for every agent (any state), in no particular order. fn must not
  * add or remove agents. */

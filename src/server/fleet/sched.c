@@ -546,6 +546,12 @@ static bool agent_fits(const sched *s, const registry_agent *a, const sched_job 
     return labels_match(a, j);
 }
 
+bool sched_agent_fits(const sched *s, const registry_agent *a, const sched_job *job)
+{
+    return a->state == REGISTRY_HEALTHY && registry_agent_serves(a, job->model) &&
+           agent_fits(s, a, job);
+}
+
 /* Ready and usable right now. An agent that left HEALTHY without the core
  * calling sched_agent_update is dropped from the rings here (lazily). */
 static bool sa_usable(sched *s, sagent *sa)

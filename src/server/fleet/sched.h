@@ -189,6 +189,10 @@ size_t sched_dispatch(sched *s, registry_agent *a, sched_job **out, size_t max, 
 int sched_agent_free_slots(const sched *s, const registry_agent *a);
 /* True when a is currently in the ready sets. */
 bool sched_agent_is_ready(const sched *s, const registry_agent *a);
+/* Could a take job (HEALTHY, serves job->model, meets its constraints:
+ * labels, a strict prefer_agent, exclude_agent, tools, embeddings,
+ * generation)? Readiness and free slots are not looked at. */
+bool sched_agent_fits(const sched *s, const registry_agent *a, const sched_job *job);
 
 /* ----------------------------------------------------------- inspection */
 

@@ -661,7 +661,7 @@ static void finish(gps_jobs *j, gps_job *job, gps_job_state st)
     if (j->n_live)
         j->n_live--;
     persist(j, job);
-    if (job->remote && j->handoff.ended)
+    if ((job->remote || job->offered) && j->handoff.ended)
         j->handoff.ended(j->handoff.arg, job);
     if (j->limits) {
         /* A count_tokens job reports the counted prompt as its usage: that
@@ -957,6 +957,33 @@ static void note_prefix_route(gps_jobs *j, gps_job *job)
           1);
 }
 
+/* The scheduler gave an offered job (jobs.h, hand-off) a slot of agent a:
+ * the offer is withdrawn first, since a peer may have claimed it already.
+ * The slot goes back (registry and, with give_back, the scheduler: the
+ * agent stays ready with it) and the job waits out of the scheduler for
+ * the answer (gps_jobs_offer_withdrawn), at the front of its queue when it
+ * comes back. false: no offer to withdraw, the caller dispatches now. */
+static bool withdraw_first(gps_jobs *j, gps_job *job, registry_agent *a, bool give_back)
+{
+    if (!job->offered)
+        return false;
+    if (!j->handoff.withdraw || !j->handoff.withdraw(j->handoff.arg, job)) {
+        job->offered = false;
+        return false;
+    }
+    job->withdrawing = true;
+    snprintf(job->withdraw_agent, sizeof job->withdraw_agent, "%s", a->id);
+    job->sj.agent = NULL;
+    job->sj.front = true;
+    registry_job_undo(j->reg, a);
+    if (give_back)
+        sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + 1);
+    gp_log_write(GP_LOG_DEBUG, "job_handoff_withdrawing", job->correlation_id,
+                 json_pack("{s:s,s:s}", "job_id", job->id, "agent_id", a->id),
+                 "an agent here can take an offered job: withdrawing the offer first");
+    return true;
+}
+
 static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
@@ -985,7 +1012,8 @@ static void place(gps_jobs *j, gps_job *job, int depth)
         return;
     }
     if (r == SCHED_ASSIGNED && a) {
-        deliver_to(j, job, a, depth + 1);
+        if (!withdraw_first(j, job, a, true))
+            deliver_to(j, job, a, depth + 1);
         return;
     }
     int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
@@ -1082,9 +1110,10 @@ static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_
     return true;
 }
 
-/* May a job no agent here can take go to another server? Native tasks
- * have their own claim across servers (api_tasks.c), a proxy runs where it
- * was claimed, and a resumed job's row exists already. */
+/* May a job no agent here can take (or that waits in this server's queue)
+ * go to another server? Native tasks have their own claim across servers
+ * (api_tasks.c), a proxy runs where it was claimed, and a resumed job's
+ * row exists already. */
 static bool offerable(gps_jobs *j, const gps_job *job)
 {
     if (!j->handoff.can_offer || !j->handoff.offer || job->spec.handoff_proxy ||
@@ -1277,6 +1306,8 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     log_submitted(job, false);
     if (job->remote) /* after its row's insert: the offer's row refers to it */
         j->handoff.offer(j->handoff.arg, job);
+    else if (r == SCHED_QUEUED && j->handoff.withdraw && offerable(j, job))
+        job->offered = j->handoff.offer(j->handoff.arg, job); /* and stays queued here */
     if (r == SCHED_ASSIGNED && a) {
         deliver_to(j, job, a, 1);
     } else {
@@ -1694,8 +1725,48 @@ const json_t *gps_jobs_peer_models(gps_jobs *j)
 
 bool gps_job_remote(const gps_job *job) { return job->remote; }
 
+json_t *gps_job_constraints(const gps_job *job)
+{
+    static const char *const modes[] = {"continue", "restart", "error"};
+    const gps_job_spec *s = &job->spec;
+    json_t *c = json_object(), *labels = json_object(), *fb = json_array();
+    if (!c || !labels || !fb)
+        goto err;
+    for (size_t i = 0; i < s->n_labels; i++)
+        json_object_set_new(labels, s->labels[i].key, json_string(s->labels[i].value));
+    for (size_t i = 0; i < job->n_chain; i++)
+        if (job->chain[i] != s->model)
+            json_array_append_new(fb, json_string(job->chain[i]));
+    if (json_object_size(labels))
+        json_object_set(c, "labels", labels);
+    if (json_array_size(fb))
+        json_object_set(c, "fallback_models", fb);
+    if (s->prefer_agent)
+        json_object_set_new(c, "prefer_agent", json_string(s->prefer_agent));
+    if ((size_t)s->failover < sizeof modes / sizeof modes[0])
+        json_object_set_new(c, "failover", json_string(modes[s->failover]));
+    json_object_set_new(c, "needs_tools", json_boolean(job->sj.needs_tools));
+    json_object_set_new(c, "needs_embeddings", json_boolean(job->sj.needs_embeddings));
+    json_object_set_new(c, "needs_generation", json_boolean(job->sj.needs_generation));
+    json_decref(labels);
+    json_decref(fb);
+    return c;
+err:
+    json_decref(c);
+    json_decref(labels);
+    json_decref(fb);
+    return NULL;
+}
+
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
 {
+    if (job->offered && job->state == GPS_JOB_QUEUED && server_id) {
+        /* A peer claimed it first: it leaves this server's queue (or, while
+         * its withdraw is under way, the answer will be "claimed"). */
+        sched_remove(j->sched, &job->sj);
+        job->offered = false;
+        job->remote = true;
+    }
     if (!job->remote || job->state != GPS_JOB_QUEUED || !server_id)
         return -1;
     uint64_t now = gp_now_mono_us();
@@ -1717,6 +1788,27 @@ int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id)
                  "job claimed by server %s", server_id);
     persist(j, job);
     return 0;
+}
+
+/* A job offered again after its claimer's loss goes back into this
+ * server's queue too when an agent here can take or queue it (it waited
+ * here when first offered, or an agent for its model came since): the
+ * first of a claim and a local agent takes it, as at submit. Else it stays
+ * remote, offered only. */
+static void requeue_offered(gps_jobs *j, gps_job *job)
+{
+    if (!j->handoff.withdraw)
+        return;
+    registry_agent *a = NULL;
+    job->sj.agent = NULL;
+    job->sj.front = true;
+    sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
+    if (r != SCHED_ASSIGNED && r != SCHED_QUEUED)
+        return;
+    job->remote = false;
+    job->offered = true;
+    if (r == SCHED_ASSIGNED && a && !withdraw_first(j, job, a, true))
+        deliver_to(j, job, a, 1);
 }
 
 /* The claimer of a remote job is gone (or stalled): offered again while
@@ -1748,12 +1840,46 @@ static void remote_fail_over(gps_jobs *j, gps_job *job, const char *why)
     job->state = GPS_JOB_QUEUED;
     job->queued_since_us = gp_now_mono_us();
     persist(j, job);
+    requeue_offered(j, job);
 }
 
 void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why)
 {
     if (job->remote)
         fail_over(j, job, why);
+}
+
+/* The slot an agent kept for a job that went elsewhere meanwhile (a peer
+ * claimed it, or it ended) takes the next job queued for that agent, while
+ * its long-poll is parked: otherwise the agent would wait there for its
+ * poll's timeout with work queued for it. */
+static void refill(gps_jobs *j, const char *agent_id)
+{
+    registry_agent *a = registry_get(j->reg, agent_id);
+    sched_job *picked[1];
+    if (!a || sched_agent_free_slots(j->sched, a) <= 0 ||
+        sched_dispatch(j->sched, a, picked, 1, gp_now_mono_ms()) != 1)
+        return;
+    gps_job *job = (gps_job *)((char *)picked[0] - offsetof(gps_job, sj));
+    if (!withdraw_first(j, job, a, true))
+        deliver_to(j, job, a, 1);
+}
+
+void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn)
+{
+    if (!job->withdrawing)
+        return;
+    job->withdrawing = false;
+    if (!job->remote && job->state == GPS_JOB_QUEUED) {
+        job->offered = false;
+        if (withdrawn) {
+            place(j, job, 0);
+            return;
+        }
+        job->remote = true; /* a peer's claim came first: the follower assigns it */
+    }
+    /* (else the follower saw the claim first, or the job ended) */
+    refill(j, job->withdraw_agent);
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
@@ -1904,11 +2030,16 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
     sched_job *picked[64];
     size_t left = (size_t)free_slots;
     uint64_t now = gp_now_mono_us();
+    int withdrawing = 0; /* offered jobs picked: their slots stay the agent's */
     while (left > 0) {
         size_t max = left < 64 ? left : 64;
         size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
         for (size_t i = 0; i < n; i++) {
             gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
+            if (withdraw_first(j, job, a, false)) {
+                withdrawing++;
+                continue;
+            }
             mark_assigned(j, job, a);
             json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
         }
@@ -1916,6 +2047,13 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
             break;
         left -= n;
     }
+    /* The slots of the jobs being withdrawn go back to the agent (ready
+     * with them while its long-poll is parked): a job withdrawn goes to it
+     * at once; one that a peer claimed leaves the slot to the next job.
+     * They count against this reply's slots, so that one free slot never
+     * withdraws every offer queued for the model. */
+    if (withdrawing > 0)
+        sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + withdrawing);
     return out;
 }
 

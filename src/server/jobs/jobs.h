@@ -390,10 +390,28 @@ bool gps_job_terminal(const gps_job *job);
  * gps_jobs_remote_assign when a server claims it, then the claimer's
  * relayed events through gps_jobs_apply_events with the claimer's server
  * id as the agent id; gps_jobs_remote_lost when the claimer is gone. ended
- * is told once when a remote job becomes terminal (any reason). */
+ * is told once when an offered or remote job becomes terminal (any
+ * reason).
+ *
+ * A job that waits in this server's queue (its model's agents here are all
+ * busy) is offered too when can_offer says so and withdraw is set: it
+ * stays in the scheduler ("offered"). Whichever comes first takes it: a
+ * peer's claim (the follower's gps_jobs_remote_assign takes it out of the
+ * scheduler) or a local agent. Before a local agent gets it, the offer is
+ * withdrawn: the scheduler's slot is given back (the agent stays ready),
+ * the job waits out of the scheduler, and withdraw starts the database's
+ * conditional delete; its answer, gps_jobs_offer_withdrawn, places the job
+ * again (withdrawn: at the front of its queue, so the agent that chose it
+ * normally gets it) or leaves it to the peer that claimed it (remote). A
+ * job that was never offered dispatches as before, at once. */
 typedef struct gps_jobs_handoff {
     bool (*can_offer)(void *arg, const gps_job *job);
-    void (*offer)(void *arg, gps_job *job);
+    /* true: offered (its row's insert is queued and the job followed). */
+    bool (*offer)(void *arg, gps_job *job);
+    /* Start the withdraw of job's offer: true when under way (the answer
+     * comes through gps_jobs_offer_withdrawn, later, never inside this
+     * call), false when there is no offer to withdraw (dispatch now). */
+    bool (*withdraw)(void *arg, gps_job *job);
     void (*ended)(void *arg, gps_job *job);
     /* The models the other live servers serve, as the keys of an object
      * (borrowed, valid until the next loop turn; NULL: none known). */
@@ -405,11 +423,18 @@ void gps_jobs_set_handoff(gps_jobs *j, const gps_jobs_handoff *h);
 /* The models only a hand-off can reach (hooks' peer_models), for
  * /v1/models: borrowed, NULL when there is no hand-off or none is known. */
 const json_t *gps_jobs_peer_models(gps_jobs *j);
+/* What constrains where job may run, for an offer to another server (new
+ * reference; NULL on ENOMEM): {labels: {key: value}, prefer_agent,
+ * fallback_models: [names after the serving model, in the client's
+ * order], failover: continue | restart | error, needs_tools,
+ * needs_embeddings, needs_generation}; absent members are unset. */
+json_t *gps_job_constraints(const gps_job *job);
 /* Was the job offered to another server (remote)? */
 bool gps_job_remote(const gps_job *job);
-/* A remote QUEUED job was claimed by server_id: ASSIGNED to it as its
- * pseudo-agent (attempt + 1, event seq from 0). -1 when the job is not a
- * queued remote one. */
+/* A remote QUEUED job, or an offered one still queued here, was claimed
+ * by server_id: ASSIGNED to it as its pseudo-agent (attempt + 1, event seq
+ * from 0; an offered job leaves this server's scheduler and becomes
+ * remote). -1 when the job is neither. */
 int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id);
 /* The claimer of a remote job is gone (why "server_lost": its row is
  * waiting again, or another server's): as after an agent loss, the job is
@@ -418,6 +443,11 @@ int gps_jobs_remote_assign(gps_jobs *j, gps_job *job, const char *server_id);
  * (a stall seen here) ends it with AGENT_LOST. No-op unless the job is a
  * remote one ASSIGNED or RUNNING. */
 void gps_jobs_remote_lost(gps_jobs *j, gps_job *job, const char *why);
+/* The answer to the hooks' withdraw: withdrawn (the offer's row was still
+ * waiting and is gone), the job is placed here again; not withdrawn (a
+ * peer claimed it first), the job becomes remote and the follower drives
+ * it. No-op unless the job is QUEUED and withdrawing. */
+void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn);
 
 /* ---- agent side (agents_api) ---- */
 

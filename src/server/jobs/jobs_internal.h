@@ -91,6 +91,13 @@ struct gps_job {
                                      only (a shared native task, api_tasks.c) */
     bool remote;                  /* offered to another server (gps_jobs_handoff): never
                                      in this server's scheduler */
+    bool offered;                 /* QUEUED in this server's scheduler and offered to the
+                                     other servers too (a waiting handoffs row): the first
+                                     of a local dispatch (after the offer's withdraw) and
+                                     a peer's claim wins */
+    bool withdrawing;             /* offered, and a local agent chose it: out of the
+                                     scheduler until the withdraw answers */
+    char withdraw_agent[64];      /* that agent (its slot is kept ready for the job) */
     bool held;                    /* QUEUED but waiting for its key's max_concurrent
                                      (not in the scheduler) */
     bool counted;                 /* counted as running in the key's limits */

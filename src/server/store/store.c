@@ -140,11 +140,14 @@ enum {
     K_HANDOFF_PEERS,
     K_HANDOFF_OFFER,
     K_HANDOFF_CLAIM,
+    K_HANDOFF_PEEK,
+    K_HANDOFF_CLAIM_IDS,
     K_HANDOFF_EVENTS,
     K_HANDOFF_FOLLOW,
     K_HANDOFF_MINE,
     K_HANDOFF_CANCEL,
     K_HANDOFF_DELETE,
+    K_HANDOFF_WITHDRAW,
     K_HANDOFF_SWEEP,
     K_HANDOFF_SWEEP_FROM,
     /* a task's cancel asked of its owner through the row (migration 0012) */
@@ -581,12 +584,39 @@ static const struct {
         "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
         "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
         "AND deadline > ?2 AND model IN (SELECT value FROM json_each(?3)) "
-        "ORDER BY created_at LIMIT ?4) AND state = 'waiting' "
+        "AND from_server <> ?1 ORDER BY created_at LIMIT ?4) AND state = 'waiting' "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)",
         "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
         "WHERE job_id IN (SELECT job_id FROM handoffs WHERE state = 'waiting' "
         "AND deadline > ?2::bigint AND model IN (SELECT json_array_elements_text(?3::json)) "
-        "ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
+        "AND from_server <> ?1 ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
+        "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
+    /* What a claimer looks at before it claims: at most ?4 waiting offers
+     * of the models in ?3 (a JSON array) before their deadline, of other
+     * servers than ?1, oldest first, with what constrains where they run
+     * (the spec's "constraints" member) but not the spec. No lock: the
+     * claim below decides. */
+
+    [K_HANDOFF_PEEK] = {"handoff_peek", F_OPT | F_CELLS,
+        "SELECT job_id, model, json_extract(spec, '$.constraints') FROM handoffs "
+        "WHERE state = 'waiting' AND deadline > ?2 AND from_server <> ?1 "
+        "AND model IN (SELECT value FROM json_each(?3)) ORDER BY created_at LIMIT ?4",
+        "SELECT job_id, model, (spec::json -> 'constraints')::text FROM handoffs "
+        "WHERE state = 'waiting' AND deadline > ?2::bigint AND from_server <> ?1::text "
+        "AND model IN (SELECT json_array_elements_text(?3::json)) ORDER BY created_at "
+        "LIMIT ?4"},
+    /* Claim the offers ?3 (a JSON array of job ids) still waiting before
+     * their deadline, as K_HANDOFF_CLAIM (SKIP LOCKED on PostgreSQL: an
+     * offer a racing claimer or its withdraw holds is left out). */
+
+    [K_HANDOFF_CLAIM_IDS] = {"handoff_claim_ids", F_OPT | F_CELLS,
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT value FROM json_each(?3)) AND state = 'waiting' "
+        "AND deadline > ?2 RETURNING job_id, spec, CAST(attempt AS TEXT)",
+        "UPDATE handoffs SET state = 'claimed', claimed_by = ?1, attempt = attempt + 1 "
+        "WHERE job_id IN (SELECT job_id FROM handoffs WHERE job_id IN "
+        "(SELECT json_array_elements_text(?3::json)) AND state = 'waiting' "
+        "AND deadline > ?2::bigint FOR UPDATE SKIP LOCKED) "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
     /* A relayed batch, stored only while the row is claimed by ?7 at
      * attempt ?6: else the events are NULL, which NOT NULL refuses (as
@@ -619,6 +649,12 @@ static const struct {
 
     [K_HANDOFF_DELETE] = {"handoff_delete", F_OPT,
         "DELETE FROM handoffs WHERE job_id = ?1", NULL},
+    /* The offering server takes back an offer of a job its own agent can
+     * run now: res->changes 1 withdrawn, 0 claimed by a peer first (the
+     * claim's row lock is held to its commit, so the two never both win). */
+
+    [K_HANDOFF_WITHDRAW] = {"handoff_withdraw", F_OPT | F_CELLS,
+        "DELETE FROM handoffs WHERE job_id = ?1 AND state = 'waiting'", NULL},
     /* Rows claimed by a server whose lease ended go back to waiting. */
 
     [K_HANDOFF_SWEEP] = {"handoff_sweep", F_OPT | F_CELLS,
@@ -1073,6 +1109,9 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_JOBS_FAIL_ORPHANS:
     case K_HANDOFF_PEERS:
     case K_HANDOFF_CLAIM:
+    case K_HANDOFF_PEEK:
+    case K_HANDOFF_CLAIM_IDS:
+    case K_HANDOFF_WITHDRAW:
     case K_HANDOFF_EVENTS:
     case K_HANDOFF_FOLLOW:
     case K_HANDOFF_MINE:
@@ -1086,7 +1125,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
                 ? 0
                 : -1;
         o->changes = o->kind == K_RESP_DELETE || o->kind == K_JOBS_FAIL_ORPHANS ||
-                             o->kind == K_HANDOFF_SWEEP ||
+                             o->kind == K_HANDOFF_SWEEP || o->kind == K_HANDOFF_WITHDRAW ||
                              o->kind == K_TASK_CANCEL_REQ
                          ? changes
                          : 0;
@@ -2625,6 +2664,8 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
 bool gps_store_has_handoffs(gps_store *s)
 {
     return s && s->w.ok[K_HANDOFF_OFFER] && s->w.ok[K_HANDOFF_CLAIM] &&
+           s->w.ok[K_HANDOFF_PEEK] && s->w.ok[K_HANDOFF_CLAIM_IDS] &&
+           s->w.ok[K_HANDOFF_WITHDRAW] &&
            s->w.ok[K_HANDOFF_EVENTS] && s->w.ok[K_SERVER_MODELS];
 }
 
@@ -2664,6 +2705,26 @@ int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t n
                     cb, arg);
 }
 
+int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                 const json_t *models, int limit, gps_store_cells_fn cb,
+                                 void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_PEEK, "tiji", server_id, now_ms, models,
+                               (int64_t)limit),
+                    cb, arg);
+}
+
+int gps_store_handoff_claim_ids_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                      const json_t *job_ids, gps_store_cells_fn cb, void *arg)
+{
+    if (!s->ev_done || !server_id || !json_is_array(job_ids) || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_CLAIM_IDS, "tij", server_id, now_ms, job_ids), cb,
+                    arg);
+}
+
 int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,
                                    int64_t attempt, long long first_seq, long long last_seq,
                                    const json_t *events, gps_store_cells_fn cb, void *arg)
@@ -2690,6 +2751,14 @@ int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_
     if (!s->ev_done || !server_id || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_MINE, "t", server_id), cb, arg);
+}
+
+int gps_store_handoff_withdraw_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                     void *arg)
+{
+    if (!s->ev_done || !job_id || !cb)
+        return -1;
+    return cells_op(s, read_op(K_HANDOFF_WITHDRAW, "t", job_id), cb, arg);
 }
 
 int gps_store_handoff_end(gps_store *s, const char *job_id, bool done)

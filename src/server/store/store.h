@@ -102,7 +102,8 @@
  *   jobs columns (migration 0010): owner_server TEXT, lease_until INTEGER,
  *          lease_attempt INTEGER NOT NULL DEFAULT 0 -- the lease of a native
  *          task run by one of several servers (NULL/0 on SQLite)
- *   handoffs(job_id TEXT PK -> jobs(id), model, spec (wire JSON), from_server,
+ *   handoffs(job_id TEXT PK -> jobs(id), model, spec (wire JSON + its
+ *          "constraints", gps_job_constraints), from_server,
  *          state (waiting|claimed|cancelled), claimed_by, attempt (fencing),
  *          created_at, deadline)                             (migration 0011)
  *   servers.models TEXT (0011): JSON array of what its healthy agents serve
@@ -455,10 +456,23 @@ int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,
                             const json_t *spec, const char *from_server, int64_t created_at,
                             int64_t deadline);
 /* Claim at most limit waiting offers of models (JSON array of names) whose
- * deadline is after now_ms: rows of (job_id, spec, attempt). */
+ * deadline is after now_ms, offered by another server than server_id:
+ * rows of (job_id, spec, attempt). */
 int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   const json_t *models, int limit, gps_store_cells_fn cb,
                                   void *arg);
+/* Before a claim: rows of (job_id, model, constraints) of at most limit
+ * waiting offers of models by other servers than server_id, oldest first,
+ * deadline after now_ms (constraints: the text of the spec's
+ * "constraints" member, gps_job_constraints; NULL when absent). Locks
+ * nothing. */
+int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                 const json_t *models, int limit, gps_store_cells_fn cb,
+                                 void *arg);
+/* Claim those of job_ids (JSON array) still waiting with a deadline after
+ * now_ms (SKIP LOCKED): rows of (job_id, spec, attempt), as the claim. */
+int gps_store_handoff_claim_ids_async(gps_store *s, const char *server_id, int64_t now_ms,
+                                      const json_t *job_ids, gps_store_cells_fn cb, void *arg);
 /* A relayed batch (fenced): stored only while the row is claimed by
  * server_id at attempt; cb gets status -1 when refused (or failed). */
 int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char *server_id,
@@ -472,6 +486,11 @@ int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long f
 /* Rows of (job_id, attempt) server_id still holds claimed. */
 int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
                                  void *arg);
+/* The offering server withdraws an offer (its own agent can run the job
+ * now): the row goes only while it is waiting; cb's res->changes is 1 when
+ * withdrawn, 0 when a peer claimed it first (or it is gone). */
+int gps_store_handoff_withdraw_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
+                                     void *arg);
 /* Queued write at the offering job's end: done, the row goes; otherwise it
  * is marked cancelled (its claimer stops the job). */
 int gps_store_handoff_end(gps_store *s, const char *job_id, bool done);

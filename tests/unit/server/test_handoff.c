@@ -21,6 +21,22 @@
 #include "server/handoff.h"
 #include "server/jobs/jobs.h"
 
+/* fleet_agent's agent i serving m1 with 2 slots, labelled gpu=<gpu>. */
+static void labelled_agent(fleet *f, int i, const char *gpu)
+{
+    char id[64];
+    snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
+    json_t *j = json_pack("{s:s,s:s,s:[{s:s}],s:{s:i},s:{s:s}}", "agent_id", id, "name", "a",
+                          "models", "id", "m1", "slots", "total", 2, "labels", "gpu", gpu);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    json_decref(j);
+    assert_non_null(registry_heartbeat(f->reg, &facts, 1000, 0));
+    registry_facts_free(&facts);
+}
+
 static void test_wire_round_trip(void **state)
 {
     (void)state;
@@ -43,12 +59,29 @@ static void test_wire_round_trip(void **state)
     s.priority = GPS_PRIO_BATCH;
     s.prompt_tokens_first = true;
     s.tenant_sub = strdup("t1");
+    /* What constrains scheduling travels with the offer (issue 28, 3e). */
+    s.labels = calloc(1, sizeof *s.labels);
+    s.labels[0] = (registry_label){strdup("gpu"), strdup("a100")};
+    s.n_labels = 1;
+    s.fallback_models[0] = strdup("m2");
+    s.n_fallback = 1;
+    s.prefer_agent = strdup("00000000-0000-4000-8000-000000000001");
+    s.failover = GPS_FAILOVER_RESTART;
+    labelled_agent(&f, 1, "a100");
     gps_job *job = fleet_submit(&f, &s);
     json_t *w1 = gps_job_wire(job, gp_now_mono_us(), 60);
+    json_object_set_new(w1, "constraints", gps_job_constraints(job));
 
     gps_job_spec s2;
     char err[160];
     assert_int_equal(gps_handoff_spec_from_wire(w1, &s2, err, sizeof err), 0);
+    assert_int_equal(s2.n_labels, 1);
+    assert_string_equal(s2.labels[0].key, "gpu");
+    assert_string_equal(s2.labels[0].value, "a100");
+    assert_int_equal(s2.n_fallback, 1);
+    assert_string_equal(s2.fallback_models[0], "m2");
+    assert_string_equal(s2.prefer_agent, "00000000-0000-4000-8000-000000000001");
+    assert_int_equal(s2.failover, GPS_FAILOVER_RESTART);
     s2.resume_id = strdup("job_000000000000000000000042");
     s2.handoff_proxy = true;
     gps_job *proxy = fleet_submit(&f, &s2);
@@ -78,8 +111,8 @@ static void test_wire_round_trip(void **state)
 }
 
 typedef struct hooks_seen {
-    int offered, ended;
-    gps_job *last_ended;
+    int offered, ended, withdraws;
+    gps_job *last_ended, *last_withdraw;
     bool peer;
 } hooks_seen;
 
@@ -88,10 +121,18 @@ static bool h_can(void *arg, const gps_job *job)
     (void)job;
     return ((hooks_seen *)arg)->peer;
 }
-static void h_offer(void *arg, gps_job *job)
+static bool h_offer(void *arg, gps_job *job)
 {
     (void)job;
     ((hooks_seen *)arg)->offered++;
+    return true;
+}
+static bool h_withdraw(void *arg, gps_job *job)
+{
+    hooks_seen *h = arg;
+    h->withdraws++;
+    h->last_withdraw = job;
+    return true;
 }
 static void h_ended(void *arg, gps_job *job)
 {
@@ -120,6 +161,7 @@ static void test_remote_job_life(void **state)
     fleet_init(&f, NULL, NULL);
     hooks_seen hs = {.peer = false};
     gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .ended = h_ended, .arg = &hs};
+    /* (no withdraw hook: a job queued here is never offered) */
     gps_jobs_set_handoff(f.jobs, &hk);
 
     /* No peer serves it: refused as before (404). */
@@ -196,11 +238,151 @@ static void test_remote_job_life(void **state)
     fleet_free(&f);
 }
 
+/* Issue 28 (3e, a job queued here offered too): m1's one agent here is
+ * busy, so a second job waits in this server's queue and is offered while
+ * queued. When the agent frees up, the job is not sent to it before the
+ * offer's withdraw answers: withdrawn, the agent gets it (its slot was kept
+ * ready); claimed first by a peer, it runs there, never here. A job never
+ * offered (no peer) dispatches at once, as before; the slot kept for a job
+ * a peer took meanwhile goes to the next queued job. */
+static void test_queued_offer_first_wins(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    hooks_seen hs = {.peer = false};
+    gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .withdraw = h_withdraw,
+                           .ended = h_ended, .arg = &hs};
+    gps_jobs_set_handoff(f.jobs, &hk);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+
+    gps_job_spec s = fleet_spec("m1", 10);
+    gps_job *busy = fleet_submit(&f, &s);
+    json_t *w = fleet_take(&f, a); /* the agent's one slot: busy */
+    json_decref(w);
+    assert_int_equal(hs.offered, 0); /* no peer serves it: never offered */
+    hs.peer = true;
+
+    /* Withdrawn: the agent that chose it gets it once the answer comes. */
+    s = fleet_spec("m1", 10);
+    gps_job *j1 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 1);
+    assert_false(gps_job_remote(j1));
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_QUEUED);
+    assert_int_equal(fleet_apply(&f, busy, a, 0,
+                                 "[{\"type\":\"end\",\"finish_reason\":\"stop\",\"usage\":"
+                                 "{\"prompt_tokens\":1,\"completion_tokens\":0}}]"),
+                     0);
+    json_t *got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0); /* not before the withdraw answers */
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 1);
+    assert_ptr_equal(hs.last_withdraw, j1);
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_QUEUED);
+    assert_int_equal(sched_agent_free_slots(f.s, a), 1); /* the slot kept for it */
+    int before = f.delivered;
+    gps_jobs_offer_withdrawn(f.jobs, j1, true);
+    assert_int_equal(f.delivered, before + 1);
+    assert_ptr_equal(f.delivered_to, a);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(f.delivery, 0),
+                                                          "job_id")),
+                        gps_job_id(j1));
+    assert_int_equal(gps_job_state_of(j1), GPS_JOB_ASSIGNED);
+    gps_jobs_offer_withdrawn(f.jobs, j1, true); /* a second answer: no-op */
+    assert_int_equal(f.delivered, before + 1);
+
+    /* Claimed first (the withdraw comes too late): it is the peer's, the
+     * agent here never gets it. */
+    s = fleet_spec("m1", 10);
+    gps_job *j2 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 2);
+    assert_int_equal(fleet_apply(&f, j1, a, 0,
+                                 "[{\"type\":\"end\",\"finish_reason\":\"stop\",\"usage\":"
+                                 "{\"prompt_tokens\":1,\"completion_tokens\":0}}]"),
+                     0);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 2);
+    gps_jobs_offer_withdrawn(f.jobs, j2, false);
+    assert_true(gps_job_remote(j2));
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j2, "srv_b"), 0);
+    assert_string_equal(gps_job_agent_id(j2), "srv_b");
+    assert_int_equal(f.delivered, before + 1);
+
+    /* Claimed while still queued here (no local agent chose it yet): it
+     * leaves this server's queue; the agent's next poll finds nothing.
+     * (The slot j2's withdraw kept: the agent's poll is answered first.) */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j3 = fleet_submit(&f, &s);
+    assert_int_equal(hs.offered, 3);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, j3, "srv_c"), 0);
+    assert_true(gps_job_remote(j3));
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 2);
+
+    /* Cancelled while its withdraw is under way: its end is told (the row
+     * is cancelled), a late answer changes nothing. */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j4 = fleet_submit(&f, &s);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, 3);
+    int ended = hs.ended;
+    gps_jobs_cancel(f.jobs, j4, "client_gone");
+    assert_int_equal(hs.ended, ended + 1);
+    gps_jobs_offer_withdrawn(f.jobs, j4, true);
+    assert_int_equal(gps_job_state_of(j4), GPS_JOB_CANCELLED);
+    assert_int_equal(f.delivered, before + 1);
+
+    /* A withdraw too late: the slot kept for it takes the next job queued
+     * for the agent at once (here one never offered), rather than the
+     * agent's parked poll waiting for its timeout. */
+    sched_agent_unready(f.s, a);
+    s = fleet_spec("m1", 10);
+    gps_job *j5 = fleet_submit(&f, &s);
+    hs.peer = false;
+    s = fleet_spec("m1", 10);
+    gps_job *j6 = fleet_submit(&f, &s);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_ptr_equal(hs.last_withdraw, j5);
+    gps_jobs_offer_withdrawn(f.jobs, j5, false);
+    assert_true(gps_job_remote(j5));
+    assert_int_equal(f.delivered, before + 2);
+    assert_int_equal(gps_job_state_of(j6), GPS_JOB_ASSIGNED);
+    assert_string_equal(gps_job_agent_id(j6), a->id);
+
+    /* j2's claimer is lost before any output: offered again and, an agent
+     * here serving m1, queued here too; the agent's next poll withdraws
+     * the offer before it gets the job. */
+    int nw = hs.withdraws;
+    gps_jobs_remote_lost(f.jobs, j2, "server_lost");
+    assert_false(gps_job_remote(j2));
+    assert_int_equal(gps_job_state_of(j2), GPS_JOB_QUEUED);
+    got = gps_jobs_take_for_agent(f.jobs, a, 1);
+    assert_int_equal(json_array_size(got), 0);
+    json_decref(got);
+    assert_int_equal(hs.withdraws, nw + 1);
+    assert_ptr_equal(hs.last_withdraw, j2);
+    gps_jobs_offer_withdrawn(f.jobs, j2, true);
+    assert_int_equal(gps_job_state_of(j2), GPS_JOB_ASSIGNED);
+    assert_string_equal(gps_job_agent_id(j2), a->id);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wire_round_trip),
         cmocka_unit_test(test_remote_job_life),
+        cmocka_unit_test(test_queued_offer_first_wins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -926,6 +926,92 @@ static void beat_as(gps_store *s, struct event_base *base, const char *id, int64
     assert_int_equal(ss.beat, 1);
 }
 
+/* A job queued on its own server and offered too (issue 28, docs/
+ * scaling.md 3e): a claimer looks at the offers first (its own server's
+ * are never shown, the constraints come without the spec), then claims by
+ * id; the offering server's withdraw takes a waiting offer back (1 row)
+ * and finds a claimed one taken (0 rows); a withdrawn offer is never
+ * claimed. */
+static void test_handoff_withdraw(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *a = open_ok(t->db, base);
+    gps_store *b = open_ok(t->db, base);
+    int64_t now = 1800000000000LL;
+    beat_as(a, base, "srvA", now + 10000);
+    beat_as(b, base, "srvB", now + 10000);
+    const char *ids[] = {"job_w1", "job_w2", "job_w3"};
+    json_t *spec = json_pack("{s:s,s:{s:{s:s}}}", "model", "tiny", "constraints", "labels",
+                             "gpu", "a100");
+    json_t *plain = json_pack("{s:s}", "model", "tiny");
+    for (int i = 0; i < 3; i++) {
+        gps_store_job_row r = {.id = ids[i], .api = "openai", .model = "tiny",
+                               .status = "queued", .created_at = now + i};
+        assert_int_equal(gps_store_job_insert_owned(a, r, "srvA"), 0);
+        assert_int_equal(gps_store_handoff_offer(a, ids[i], "tiny", i == 0 ? spec : plain,
+                                                 "srvA", now + i, now + 5000),
+                         0);
+    }
+    assert_int_equal(gps_store_flush(a), 0);
+    json_t *tiny = json_pack("[s]", "tiny");
+    rows_seen own = {0}, pk = {0};
+    assert_int_equal(gps_store_handoff_peek_async(a, "srvA", now, tiny, 8, on_rows, &own), 0);
+    assert_int_equal(gps_store_handoff_peek_async(b, "srvB", now, tiny, 8, on_rows, &pk), 0);
+    loop_until(base, &own.calls);
+    loop_until(base, &pk.calls);
+    assert_int_equal(own.status, 0);
+    assert_int_equal(own.nrows, 0);
+    assert_int_equal(pk.nrows, 3);
+    assert_string_equal(pk.cell[0][0], "job_w1");
+    assert_string_equal(pk.cell[0][1], "tiny");
+    json_t *c = json_loads(pk.cell[0][2], 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(c, "labels"), "gpu")),
+                        "a100");
+    json_decref(c);
+    assert_string_equal(pk.cell[1][0], "job_w2");
+    assert_string_equal(pk.cell[1][2], "(null)");
+
+    json_t *want = json_pack("[s]", "job_w2");
+    rows_seen cl = {0};
+    assert_int_equal(gps_store_handoff_claim_ids_async(b, "srvB", now, want, on_rows, &cl), 0);
+    loop_until(base, &cl.calls);
+    assert_int_equal(cl.nrows, 1);
+    assert_string_equal(cl.cell[0][0], "job_w2");
+    assert_string_equal(cl.cell[0][2], "1");
+
+    rows_seen w2 = {0}, w1 = {0}, w1b = {0};
+    assert_int_equal(gps_store_handoff_withdraw_async(a, "job_w2", on_rows, &w2), 0);
+    assert_int_equal(gps_store_handoff_withdraw_async(a, "job_w1", on_rows, &w1), 0);
+    assert_int_equal(gps_store_handoff_withdraw_async(a, "job_w1", on_rows, &w1b), 0);
+    loop_until(base, &w2.calls);
+    loop_until(base, &w1.calls);
+    loop_until(base, &w1b.calls);
+    assert_int_equal(w2.status, 0);
+    assert_int_equal(w2.changes, 0); /* claimed first */
+    assert_int_equal(w1.changes, 1); /* withdrawn */
+    assert_int_equal(w1b.changes, 0);
+    json_decref(want);
+    want = json_pack("[s,s]", "job_w1", "job_w3");
+    rows_seen cl2 = {0}, cl3 = {0};
+    assert_int_equal(gps_store_handoff_claim_ids_async(b, "srvB", now, want, on_rows, &cl2), 0);
+    loop_until(base, &cl2.calls);
+    assert_int_equal(cl2.nrows, 1);
+    assert_string_equal(cl2.cell[0][0], "job_w3");
+    /* The claim without a look first skips its own server's offers too. */
+    assert_int_equal(gps_store_handoff_claim_async(a, "srvA", now, tiny, 4, on_rows, &cl3), 0);
+    loop_until(base, &cl3.calls);
+    assert_int_equal(cl3.nrows, 0);
+    assert_int_equal(failed_ops(a), 0);
+    json_decref(want);
+    json_decref(tiny);
+    json_decref(spec);
+    json_decref(plain);
+    gps_store_close(a);
+    gps_store_close(b);
+    event_base_free(base);
+}
+
 /* The hand-off (docs/scaling.md 3e), two stores standing for servers: the
  * peers' models, an offer claimed by one of two racing claimers (attempt
  * 1), the loser's relay write refused and the winner's followed; the sweep
@@ -1172,6 +1258,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_task_leases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_job_owners, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handoffs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_withdraw, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_cancels, setup, teardown),
         cmocka_unit_test(test_db_label),
     };
