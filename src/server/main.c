@@ -607,6 +607,7 @@ static int cluster_start(server *s, const char *host, int port)
         /* docs/scaling.md 3e: a job no agent here serves goes to a server
          * whose agents do. */
         gps_handoff_opts ho = {.server_id = gps_cluster_id(s->cluster),
+                               .period_ms = (int)s->cfg.handoff_poll_ms,
                                .models_ms = copts.heartbeat_ms,
                                .queue_timeout_sec = (int)s->cfg.queue_timeout_sec,
                                .request_timeout_sec = (int)s->cfg.request_timeout_sec};

@@ -63,10 +63,10 @@ class HandoffPgTest(harness.TestCase):
         return self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp] + list(extra),
                                    db=self.uri, key=self.client)
 
-    def two_servers(self, upstream_args, slots=2, extra_a=()):
+    def two_servers(self, upstream_args, slots=2, extra_a=(), extra_b=()):
         """A (no agent) and B (the agent); A knows that B serves m1."""
         up = self.h.start_upstream(upstream_args)
-        a, b = self.start_server(extra_a), self.start_server()
+        a, b = self.start_server(extra_a), self.start_server(extra_b)
         self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up, model="m1",
                            slots=slots, token=self.agent_key)
         b.wait_model("m1")
@@ -267,6 +267,46 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(lambda: self.sql("SELECT state FROM handoffs") == [["cancelled"]],
                            timeout=30, what="the offer cancelled")
         self.assertEqual(b.log_events("job_handoff_running"), [])
+
+    def test_issue28_woken_by_notifications(self):
+        # Issue 28: the claim, the follow and the claimer's stop are woken
+        # by LISTEN/NOTIFY. With the slow poll at an hour on both servers
+        # only notifications can move a hand-off along (on the code before,
+        # which polled every 100 ms, handoff_poll_ms did not exist and the
+        # servers refused to start). After PostgreSQL restarts, the
+        # listeners connect again and hand-offs go on.
+        slow = ["--handoff_poll_ms", "3600000", "--queue_timeout_sec", "10"]
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "20"],
+                                    extra_a=slow, extra_b=slow)
+        evs = self.read_until_done(self.stream(a, "iota kappa", 12), [])
+        self.assertEqual(evs[-1]["data"], "[DONE]")
+        self.assertEqual(self.openai_text(evs), expected("iota kappa", 12))
+        # The client leaving A reaches B's agent.
+        s = self.stream(a, "mu nu", 400)
+        for _ in range(3):
+            self.assertIsNotNone(s.next_event(timeout=60))
+        s.close()
+        harness.wait_until(
+            lambda: [r["outcome"] for r in up.log_entries()][-1:] == ["client_gone"],
+            timeout=60, interval=0.1, what="B's agent stopped the upstream request")
+        # PostgreSQL restarts: every session ends, the listeners' too.
+        self.pg.restart()
+        for srv in (a, b):
+            harness.wait_until(lambda: srv.log_events("store_listen_back"), timeout=60,
+                               interval=0.1, what="the listener back after the restart")
+
+        def handed_off():
+            # The first statement on a connection that PostgreSQL cut
+            # fails (store_pg.c): an offer or a claim may be lost that way,
+            # and the request then times out in the queue (10 s).
+            st, _, r = http_json("POST", a.url + "/v1/chat/completions",
+                                 {"model": "m1", "max_tokens": 6,
+                                  "messages": [{"role": "user", "content": "rho sigma"}]},
+                                 headers=bearer(self.client), timeout=60)
+            return st == 200 and r["choices"][0]["message"]["content"] == \
+                expected("rho sigma", 6)
+        harness.wait_until(handed_off, timeout=120, interval=0.5,
+                           what="a hand-off after PostgreSQL restarted")
 
     def test_two_claimers_run_each_job_once(self):
         # Two servers with agents, B and C, claim 20 jobs offered by A at
