@@ -48,6 +48,7 @@ typedef struct proxy {
     struct event *timer;  /* the batch timer */
     bool writing;         /* a batch write in flight */
     bool ended;           /* the terminal event is in pending (or written) */
+    bool output;          /* an output event was relayed (the first goes at once) */
     bool done;            /* nothing more to write: freed once idle */
 } proxy;
 
@@ -331,11 +332,17 @@ static void relay_cb(gps_job *job, gps_event_type type, json_t *ev, void *arg)
     json_t *c = json_deep_copy(ev);
     if (!c || json_array_append_new(p->pending, c) != 0)
         return;
-    if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING)
+    bool first = false;
+    if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING) {
         gps_job_mark_output_sent(job); /* the client may have it: no transparent restart */
+        first = !p->output;
+        p->output = true;
+    }
     if (type == GPS_EV_END || type == GPS_EV_ERROR || gps_job_terminal(job))
         p->ended = true;
-    if (p->ended || json_array_size(p->pending) >= BATCH_MAX) {
+    /* The first output goes at once: waiting for a batch would add up to
+     * BATCH_MS to the client's time to first token. */
+    if (p->ended || first || json_array_size(p->pending) >= BATCH_MAX) {
         proxy_flush(p);
     } else if (!evtimer_pending(p->timer, NULL)) {
         struct timeval tv = {0, BATCH_MS * 1000};
