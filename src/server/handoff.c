@@ -566,11 +566,11 @@ static void claim(gps_handoff *h)
     json_decref(models);
 }
 
+static void check_mine(gps_handoff *h);
+
 /* Which claimed rows are still this server's: a proxy whose row was
  * cancelled, or taken back (this server's lease lapsed), stops. Only the
  * proxies claimed before the read was queued are judged. */
-static void check_mine(gps_handoff *h);
-
 static void mine_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
@@ -645,7 +645,9 @@ static void tick(evutil_socket_t fd, short what, void *arg)
 
 /* A notification (gps_store_listen): do now what the poll would do at its
  * next tick, for what it names only. channel NULL: the listener (re)starts
- * and may have missed some: everything, as a tick. */
+ * and may have missed some: everything, as a tick. Every server hears
+ * every job's notifications (one channel): those of jobs it neither
+ * follows nor runs cost a look at its lists, O(follows + proxies). */
 static void woken(void *arg, const char *channel, const char *payload)
 {
     gps_handoff *h = arg;
@@ -659,9 +661,12 @@ static void woken(void *arg, const char *channel, const char *payload)
         follow *f = follow_find(h, payload);
         if (f)
             follow_one(h, f);
-        for (proxy *p = h->proxies; p; p = p->next)
-            if (!p->done && strcmp(p->job_id, payload) == 0)
+        for (proxy *p = h->proxies; p; p = p->next) {
+            if (!p->done && strcmp(p->job_id, payload) == 0) {
                 check_mine(h);
+                break;
+            }
+        }
     }
 }
 
