@@ -16,8 +16,8 @@
 #define CLAIM_MAX 16      /* offers taken by one claim */
 
 /* LISTEN/NOTIFY channels (gps_store_listen): a new offer (payload: its
- * model), and something new about one job (payload: its id): a relayed
- * batch, its claim, its end. */
+ * model; "" after a sweep gave claimed rows back), and something new about
+ * one job (payload: its id): a relayed batch, its claim, its end. */
 #define CH_OFFER "gps_handoff_offer"
 #define CH_JOB "gps_handoff_job"
 
@@ -657,6 +657,8 @@ static void woken(void *arg, const char *channel, const char *payload)
         tick(-1, 0, h);
     } else if (strcmp(channel, CH_OFFER) == 0) {
         claim(h);
+        if (!payload || !*payload)
+            follow_all(h); /* a sweep gave rows back: their claimer is gone */
     } else if (strcmp(channel, CH_JOB) == 0 && payload) {
         follow *f = follow_find(h, payload);
         if (f)

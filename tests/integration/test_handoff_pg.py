@@ -33,6 +33,9 @@ import upstream as upstream_mod  # noqa: E402
 CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "3", "--shared_refresh_sec", "1"]
 FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec", "5"]
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
+# Issue 28: hand-offs are woken by LISTEN/NOTIFY; with this, only
+# notifications move them along (the fallback poll runs once an hour).
+SLOW_POLL = ["--handoff_poll_ms", "3600000"]
 
 
 def expected(prompt, n):
@@ -195,9 +198,12 @@ class HandoffPgTest(harness.TestCase):
         # claimed. Once B's lease has ended the sweep gives the row back,
         # A offers the job again (its client saw nothing) and C, started
         # with an agent of its own after the kill, claims it (attempt 2):
-        # the client gets the whole reply.
+        # the client gets the whole reply. A and C poll once an hour (issue
+        # 28): the sweep's notification tells A that B is gone and C that
+        # the row waits again.
         key_c = self.h.create_key(self.uri, "agent", "agentC")
-        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"])
+        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"],
+                                    extra_a=SLOW_POLL)
         get = harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
                                 {"model": "m1", "max_tokens": 10,
                                  "messages": [{"role": "user", "content": "tau upsilon"}]},
@@ -208,7 +214,7 @@ class HandoffPgTest(harness.TestCase):
                            what="B's agent asked its upstream")
         b.kill9()
         up2 = self.h.start_upstream(["--tokens", "40"])
-        c = self.start_server()
+        c = self.start_server(SLOW_POLL)
         self.h.start_agent(types.SimpleNamespace(url=c.url), upstream=up2, model="m1",
                            slots=2, token=key_c)
         st, _, r = get(timeout=180)
@@ -275,7 +281,7 @@ class HandoffPgTest(harness.TestCase):
         # which polled every 100 ms, handoff_poll_ms did not exist and the
         # servers refused to start). After PostgreSQL restarts, the
         # listeners connect again and hand-offs go on.
-        slow = ["--handoff_poll_ms", "3600000", "--queue_timeout_sec", "10"]
+        slow = SLOW_POLL + ["--queue_timeout_sec", "10"]
         up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "20"],
                                     extra_a=slow, extra_b=slow)
         evs = self.read_until_done(self.stream(a, "iota kappa", 12), [])
