@@ -701,6 +701,7 @@ static void tasks_start(server *s)
     char err[512];
     if (!gps_store_db_is_file(s->cfg.db)) {
         const char *sid = gps_cluster_id(s->cluster);
+        gps_tasks_set_follow_ms(s->tasks, (int)s->cfg.task_follow_poll_ms);
         if (gps_tasks_set_shared(s->tasks, sid, (int)s->cfg.task_lease_sec) == 0)
             gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
                         s->cfg.task_lease_sec);

@@ -314,6 +314,7 @@ struct gps_tasks {
     uint64_t cancels_due_us;
     cwait *cwaits;
     gps_store_listener *listener; /* wake-ups (NULL: polls only) */
+    int follow_ms;                /* follow_ev's period: FOLLOW_MS unless set */
 };
 
 static unsigned bucket_of(const char *id)
@@ -1204,6 +1205,15 @@ static bool follow_frame_batch(follow *f, const char *text)
     return terminal;
 }
 
+/* Run follow_tick every follow_ms while there is something to read. */
+static void follow_ev_start(gps_tasks *g)
+{
+    int ms = g->follow_ms > 0 ? g->follow_ms : FOLLOW_MS;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (!event_pending(g->follow_ev, EV_TIMEOUT, NULL))
+        event_add(g->follow_ev, &tv);
+}
+
 static void follow_done(void *arg, int status, const gps_store_cells *res)
 {
     follow *f = arg;
@@ -1336,9 +1346,7 @@ static void cwait_asked(void *arg, int status, const gps_store_cells *res)
     /* Its owner reads the asks every CLAIM_MS; an owner that is gone
      * leaves it to the server that claims its lease. */
     w->deadline_us = gp_now_mono_us() + w->g->lease_us + 10000000ull;
-    struct timeval tv = {0, FOLLOW_MS * 1000};
-    if (!event_pending(w->g->follow_ev, EV_TIMEOUT, NULL))
-        event_add(w->g->follow_ev, &tv);
+    follow_ev_start(w->g);
 }
 
 static void cwaits_poll(gps_tasks *g, uint64_t now)
@@ -1437,9 +1445,10 @@ static bool follow_start(gps_tasks *g, struct evhttp_request *req, const char *i
     g->follows = f;
     gps_stream_hold(&f->s, g->request_timeout_sec + 30);
     gps_stream_send(&f->s);
-    struct timeval tv = {0, FOLLOW_MS * 1000};
-    if (!event_pending(g->follow_ev, EV_TIMEOUT, NULL))
-        event_add(g->follow_ev, &tv);
+    /* One read now: a notification of what committed after out was read
+     * came before this follow existed. */
+    f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done, f) == 0;
+    follow_ev_start(g);
     return true;
 }
 
@@ -1712,6 +1721,12 @@ static void tasks_woken(void *arg, const char *channel, const char *payload)
             strcmp(w->id, payload) == 0)
             w->polling = gps_store_task_follow_async(g->store, w->id, LLONG_MAX, cwait_polled,
                                                      w) == 0;
+}
+
+void gps_tasks_set_follow_ms(gps_tasks *g, int ms)
+{
+    if (g && ms > 0)
+        g->follow_ms = ms;
 }
 
 int gps_tasks_set_shared(gps_tasks *g, const char *server_id, int lease_sec)
