@@ -10,7 +10,10 @@ every 20 ms) and one openai-backend agent polling B only. Then, one request
 at a time, alternating: a streaming chat completion sent to B directly, and
 the same sent to A (no agent: offered in the database, claimed by B, relayed
 back). TTFT is the client's time from sending the request to the first
-content token; the whole time to [DONE] is printed too.
+content token; the whole time to [DONE] is printed too, and the gaps
+between one content token and the next as the client receives them (the
+upstream sends one every 20 ms: a relay that delivers in batches shows
+gaps near 0 and near its period).
 """
 
 import argparse
@@ -30,13 +33,15 @@ def pct(xs, p):
 
 
 def one(harness, url, key, tokens, i):
-    """(ttft_ms, total_ms) of one streaming request."""
+    """(ttft_ms, total_ms, [gap_ms between content tokens]) of one
+    streaming request."""
     body = {"model": "m1", "stream": True, "max_tokens": tokens,
             "messages": [{"role": "user", "content": "bench %d" % i}]}
     t0 = time.monotonic()
     s = harness.SSEStream("POST", url + "/v1/chat/completions", body,
                           headers=harness.bearer(key), timeout=60)
     ttft = None
+    seen = []
     try:
         while True:
             ev = s.next_event(timeout=60)
@@ -45,12 +50,14 @@ def one(harness, url, key, tokens, i):
             if ev.get("data") == "[DONE]":
                 break
             d = json.loads(ev["data"])
-            if ttft is None and any((ch.get("delta") or {}).get("content")
-                                    for ch in d.get("choices") or []):
-                ttft = (time.monotonic() - t0) * 1000
+            if any((ch.get("delta") or {}).get("content") for ch in d.get("choices") or []):
+                seen.append(time.monotonic())
+                if ttft is None:
+                    ttft = (seen[0] - t0) * 1000
     finally:
         s.close()
-    return ttft, (time.monotonic() - t0) * 1000
+    gaps = [(b - a) * 1000 for a, b in zip(seen, seen[1:])]
+    return ttft, (time.monotonic() - t0) * 1000, gaps
 
 
 def main():
@@ -95,17 +102,21 @@ def main():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        res = {"direct to B": ([], []), "through A": ([], [])}
+        res = {"direct to B": ([], [], []), "through A": ([], [], [])}
         for i in range(args.reps):
             for name, url in (("direct to B", b.url), ("through A", a.url)):
-                t, tot = one(harness, url, key, args.tokens, i)
+                t, tot, gaps = one(harness, url, key, args.tokens, i)
                 res[name][0].append(t)
                 res[name][1].append(tot)
+                res[name][2].extend(gaps)
         print("%d requests each, %d tokens at 20 ms, one at a time" % (args.reps, args.tokens))
-        print("%-12s %9s %9s %9s %12s" % ("", "TTFT p50", "TTFT p95", "TTFT max", "total p50"))
-        for name, (ttft, total) in res.items():
-            print("%-12s %7.1f ms %7.1f ms %7.1f ms %10.1f ms" %
-                  (name, pct(ttft, 50), pct(ttft, 95), max(ttft), pct(total, 50)))
+        print("%-12s %9s %9s %9s %12s %10s %10s %10s" %
+              ("", "TTFT p50", "TTFT p95", "TTFT max", "total p50", "gap p5", "gap p50",
+               "gap p95"))
+        for name, (ttft, total, gaps) in res.items():
+            print("%-12s %7.1f ms %7.1f ms %7.1f ms %10.1f ms %7.1f ms %7.1f ms %7.1f ms" %
+                  (name, pct(ttft, 50), pct(ttft, 95), max(ttft), pct(total, 50),
+                   pct(gaps, 5), pct(gaps, 50), pct(gaps, 95)))
     finally:
         h.cleanup()
         if db:

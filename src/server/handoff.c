@@ -17,6 +17,12 @@
 #define PEEK_MAX 64       /* offers looked at before a claim */
 #define LABELS_MAX 16     /* x_pool_options.labels: at most 16 (reqcheck.c) */
 
+/* LISTEN/NOTIFY channels (gps_store_listen): a new offer (payload: its
+ * model; "" after a sweep gave claimed rows back), and something new about
+ * one job (payload: its id): a relayed batch, its claim, its end. */
+#define CH_OFFER "gps_handoff_offer"
+#define CH_JOB "gps_handoff_job"
+
 /* An offered job this server follows (the client's server). */
 typedef struct follow {
     struct follow *next;
@@ -30,6 +36,7 @@ typedef struct follow {
     bool withdraw;        /* the job is queued here too and an agent here chose it:
                              the offer is to be withdrawn (again after an error) */
     bool withdrawing;     /* that delete in flight */
+    bool again;           /* woken while reading: read again after it */
     bool gone;            /* the job ended, or its offer was withdrawn: freed once
                              no store op is in flight */
 } follow;
@@ -47,6 +54,7 @@ typedef struct proxy {
     struct event *timer;  /* the batch timer */
     bool writing;         /* a batch write in flight */
     bool ended;           /* the terminal event is in pending (or written) */
+    bool output;          /* an output event was relayed (the first goes at once) */
     bool done;            /* nothing more to write: freed once idle */
 } proxy;
 
@@ -57,10 +65,12 @@ struct gps_handoff {
     char id[40];
     int period_ms, models_ms, queue_timeout_sec, request_timeout_sec;
     struct event *tick, *models_tick;
+    gps_store_listener *listener; /* NULL: polls only */
     json_t *peer_models;  /* object: name -> true, what the other live servers serve */
     follow *follows;
     proxy *proxies;
     bool claiming, mine_reading, peers_reading, sweeping, stopped;
+    bool claim_again, mine_again; /* woken while that read was in flight */
     uint64_t mine_sent_us;
 };
 
@@ -207,6 +217,7 @@ static bool offer(void *arg, gps_job *job)
         return false;
     }
     json_decref(w);
+    gps_store_notify(h->store, CH_OFFER, gps_job_model(job)); /* after the offer commits */
     snprintf(f->job_id, sizeof f->job_id, "%s", gps_job_id(job));
     f->h = h;
     f->next = h->follows;
@@ -276,7 +287,10 @@ static void ended(void *arg, gps_job *job)
     f->gone = true;
     /* Done: the row goes. Otherwise (cancelled, failed, timed out) it is
      * marked cancelled: a waiting offer is never claimed, a claimer stops. */
-    gps_store_handoff_end(h->store, f->job_id, gps_job_state_of(job) == GPS_JOB_DONE);
+    bool done = gps_job_state_of(job) == GPS_JOB_DONE;
+    gps_store_handoff_end(h->store, f->job_id, done);
+    if (!done)
+        gps_store_notify(h->store, CH_JOB, f->job_id); /* the claimer stops now */
 }
 
 /* Apply the batches of the attempt followed (rows in first_seq order). */
@@ -320,11 +334,9 @@ static void follow_apply(gps_handoff *h, follow *f, const gps_store_cells *res)
 }
 
 /* The follower's read: the row's state decides, then the batches. */
-static void follow_done(void *arg, int status, const gps_store_cells *res)
+static void follow_result(follow *f, int status, const gps_store_cells *res)
 {
-    follow *f = arg;
     gps_handoff *h = f->h;
-    f->reading = false;
     if (h->stopped || f->gone || status != 0 || !res || res->ncols < 5 || res->nrows == 0)
         return;
     gps_job *job = gps_jobs_find(h->jobs, f->job_id);
@@ -366,17 +378,41 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
     follow_apply(h, f, res);
 }
 
+static void follow_done(void *arg, int status, const gps_store_cells *res);
+
+/* Read f's row and new batches now, or right after the read in flight
+ * (a notification may announce what that read started too early to see). */
+static void follow_one(gps_handoff *h, follow *f)
+{
+    if (f->gone)
+        return;
+    if (f->reading) {
+        f->again = true;
+        return;
+    }
+    f->again = false;
+    long long from = f->attempt > 0 ? f->attempt * GPS_HANDOFF_SEQ_BASE + f->seen
+                                    : (f->known + 1) * GPS_HANDOFF_SEQ_BASE;
+    if (gps_store_handoff_follow_async(h->store, f->job_id, from, follow_done, f) == 0)
+        f->reading = true;
+}
+
+static void follow_done(void *arg, int status, const gps_store_cells *res)
+{
+    follow *f = arg;
+    f->reading = false;
+    follow_result(f, status, res);
+    if (f->again && !f->h->stopped)
+        follow_one(f->h, f);
+}
+
 static void follow_all(gps_handoff *h)
 {
     for (follow *f = h->follows; f; f = f->next) {
         if (f->withdraw)
             withdraw_send(f);
-        if (f->gone || f->reading)
-            continue;
-        long long from = f->attempt > 0 ? f->attempt * GPS_HANDOFF_SEQ_BASE + f->seen
-                                        : (f->known + 1) * GPS_HANDOFF_SEQ_BASE;
-        if (gps_store_handoff_follow_async(h->store, f->job_id, from, follow_done, f) == 0)
-            f->reading = true;
+        if (!f->reading)
+            follow_one(h, f);
     }
 }
 
@@ -385,6 +421,8 @@ static void follow_all(gps_handoff *h)
 /* ------------------------------------------------------------------ */
 
 static void proxy_flush(proxy *p);
+
+static void claim(gps_handoff *h);
 
 static void proxy_drop_sub(proxy *p);
 
@@ -403,11 +441,17 @@ static void relay_cb(gps_job *job, gps_event_type type, json_t *ev, void *arg)
     json_t *c = json_deep_copy(ev);
     if (!c || json_array_append_new(p->pending, c) != 0)
         return;
-    if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING)
+    bool first = false;
+    if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING) {
         gps_job_mark_output_sent(job); /* the client may have it: no transparent restart */
+        first = !p->output;
+        p->output = true;
+    }
     if (type == GPS_EV_END || type == GPS_EV_ERROR || gps_job_terminal(job))
         p->ended = true;
-    if (p->ended || json_array_size(p->pending) >= BATCH_MAX) {
+    /* The first output goes at once: waiting for a batch would add up to
+     * BATCH_MS to the client's time to first token. */
+    if (p->ended || first || json_array_size(p->pending) >= BATCH_MAX) {
         proxy_flush(p);
     } else if (!evtimer_pending(p->timer, NULL)) {
         struct timeval tv = {0, BATCH_MS * 1000};
@@ -448,6 +492,7 @@ static void flush_done(void *arg, int status, const gps_store_cells *res)
     else if (p->ended) {
         p->done = true;
         proxy_drop_sub(p);
+        claim(p->h); /* its slot is free: an offer may be waiting */
     }
 }
 
@@ -465,6 +510,7 @@ static void proxy_flush(proxy *p)
         return;
     }
     p->writing = true;
+    gps_store_notify(p->h->store, CH_JOB, p->job_id); /* after the batch commits */
     p->next_idx += (long long)n;
     json_array_clear(p->pending);
     evtimer_del(p->timer);
@@ -556,14 +602,18 @@ static void claim_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
     h->claiming = false;
-    if (h->stopped || status != 0 || !res || res->ncols < 3)
+    if (h->stopped)
         return;
-    for (size_t i = 0; i < res->nrows; i++) {
+    for (size_t i = 0; status == 0 && res && res->ncols >= 3 && i < res->nrows; i++) {
         const char *id = res->cell[i * res->ncols], *spec = res->cell[i * res->ncols + 1];
         const char *att = res->cell[i * res->ncols + 2];
-        if (id && att)
-            run_claimed(h, id, spec, atoll(att));
+        if (!id || !att)
+            continue;
+        run_claimed(h, id, spec, atoll(att));
+        gps_store_notify(h->store, CH_JOB, id); /* the offering server sees the claim */
     }
+    if (h->claim_again)
+        claim(h);
 }
 
 /* What this server's agents could take now: the names their free ready
@@ -665,14 +715,16 @@ static void peek_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
     h->claiming = false;
-    if (h->stopped || status != 0 || !res || res->ncols < 3 || res->nrows == 0)
+    if (h->stopped)
         return;
-    json_t *ids = fitting(h, res);
+    json_t *ids = status == 0 && res && res->ncols >= 3 && res->nrows ? fitting(h, res) : NULL;
     if (json_array_size(ids) &&
         gps_store_handoff_claim_ids_async(h->store, h->id, gp_now_wall_ms(), ids, claim_done,
                                           h) == 0)
         h->claiming = true;
     json_decref(ids);
+    if (!h->claiming && h->claim_again)
+        claim(h); /* woken during the look: it may have missed that offer */
 }
 
 /* Look at the waiting offers of the models this server's free slots
@@ -682,8 +734,11 @@ static void peek_done(void *arg, int status, const gps_store_cells *res)
  * can run it). */
 static void claim(gps_handoff *h)
 {
-    if (h->claiming)
+    if (h->claiming) {
+        h->claim_again = true; /* the claim in flight may not see a new offer */
         return;
+    }
+    h->claim_again = false;
     free_acc acc = {.s = gps_jobs_sched(h->jobs), .names = json_object()};
     if (!acc.names)
         return;
@@ -699,6 +754,8 @@ static void claim(gps_handoff *h)
     json_decref(models);
 }
 
+static void check_mine(gps_handoff *h);
+
 /* Which claimed rows are still this server's: a proxy whose row was
  * cancelled, or taken back (this server's lease lapsed), stops. Only the
  * proxies claimed before the read was queued are judged. */
@@ -706,9 +763,9 @@ static void mine_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
     h->mine_reading = false;
-    if (h->stopped || status != 0 || !res)
+    if (h->stopped)
         return;
-    for (proxy *p = h->proxies; p; p = p->next) {
+    for (proxy *p = h->proxies; status == 0 && res && p; p = p->next) {
         if (p->done || p->born_us >= h->mine_sent_us)
             continue;
         bool mine = false;
@@ -719,6 +776,8 @@ static void mine_done(void *arg, int status, const gps_store_cells *res)
         if (!mine)
             proxy_lost(p, "not_claimed");
     }
+    if (h->mine_again)
+        check_mine(h);
 }
 
 static void check_mine(gps_handoff *h)
@@ -726,8 +785,13 @@ static void check_mine(gps_handoff *h)
     bool any = false;
     for (proxy *p = h->proxies; p && !any; p = p->next)
         any = !p->done;
-    if (!any || h->mine_reading)
+    if (!any)
         return;
+    if (h->mine_reading) {
+        h->mine_again = true;
+        return;
+    }
+    h->mine_again = false;
     h->mine_sent_us = gp_now_mono_us();
     if (gps_store_handoff_mine_async(h->store, h->id, mine_done, h) == 0)
         h->mine_reading = true;
@@ -765,6 +829,35 @@ static void tick(evutil_socket_t fd, short what, void *arg)
     claim(h);
     follow_all(h);
     check_mine(h);
+}
+
+/* A notification (gps_store_listen): do now what the poll would do at its
+ * next tick, for what it names only. channel NULL: the listener (re)starts
+ * and may have missed some: everything, as a tick. Every server hears
+ * every job's notifications (one channel): those of jobs it neither
+ * follows nor runs cost a look at its lists, O(follows + proxies). */
+static void woken(void *arg, const char *channel, const char *payload)
+{
+    gps_handoff *h = arg;
+    if (h->stopped)
+        return;
+    if (!channel) {
+        tick(-1, 0, h);
+    } else if (strcmp(channel, CH_OFFER) == 0) {
+        claim(h);
+        if (!payload || !*payload)
+            follow_all(h); /* a sweep gave rows back: their claimer is gone */
+    } else if (strcmp(channel, CH_JOB) == 0 && payload) {
+        follow *f = follow_find(h, payload);
+        if (f)
+            follow_one(h, f);
+        for (proxy *p = h->proxies; p; p = p->next) {
+            if (!p->done && strcmp(p->job_id, payload) == 0) {
+                check_mine(h);
+                break;
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -813,6 +906,8 @@ static void sweep_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
     h->sweeping = false;
+    if (status == 0 && res && res->changes > 0 && !h->stopped)
+        gps_store_notify(h->store, CH_OFFER, ""); /* waiting again: claim them */
     if (status == 0 && res && res->changes > 0)
         gp_log_write(GP_LOG_INFO, "handoffs_orphaned", NULL,
                      json_pack("{s:s,s:I}", "server_id", h->id, "handoffs",
@@ -857,11 +952,15 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
     h->store = store;
     h->jobs = jobs;
     snprintf(h->id, sizeof h->id, "%s", o->server_id ? o->server_id : "");
-    h->period_ms = o->period_ms > 0 ? o->period_ms : 100;
     h->models_ms = o->models_ms > 0 ? o->models_ms : 2000;
     h->queue_timeout_sec = o->queue_timeout_sec > 0 ? o->queue_timeout_sec : 60;
     h->request_timeout_sec = o->request_timeout_sec > 0 ? o->request_timeout_sec : 600;
     h->peer_models = json_object();
+    /* Woken by the database: the tick only catches what a notification
+     * missed. Without a listener (ENOMEM) it is the only way: fast. */
+    static const char *const channels[] = {CH_OFFER, CH_JOB, NULL};
+    h->listener = gps_store_listen(store, base, channels, woken, h);
+    h->period_ms = o->period_ms > 0 ? o->period_ms : h->listener ? 1000 : 100;
     h->tick = gps_timer_every(base, h->period_ms, tick, h);
     h->models_tick = gps_timer_every(base, h->models_ms, models_tick, h);
     if (!h->peer_models || !h->tick || !h->models_tick) {
@@ -874,7 +973,8 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
     gps_jobs_set_handoff(jobs, &hooks);
     models_tick(-1, 0, h); /* announce the models, read the peers now */
     gp_log_write(GP_LOG_INFO, "handoff_started", NULL,
-                 json_pack("{s:s,s:i}", "server_id", h->id, "period_ms", h->period_ms),
+                 json_pack("{s:s,s:i,s:b}", "server_id", h->id, "period_ms", h->period_ms,
+                           "listening", h->listener != NULL),
                  "jobs no free agent here can take are offered to the other servers");
     return h;
 }
@@ -884,6 +984,8 @@ void gps_handoff_stop(gps_handoff *h)
     if (!h || h->stopped)
         return;
     h->stopped = true;
+    gps_store_listener_free(h->listener);
+    h->listener = NULL;
     if (h->tick)
         event_del(h->tick);
     if (h->models_tick)

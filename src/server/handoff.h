@@ -12,25 +12,33 @@
  *            that waits in the queue here, whose model another live server
  *            serves is offered (gps_jobs_handoff hooks): a handoffs row
  *            holding the job's wire object and constraints; the job
- *            stays here with its subscribers and is followed every
- *            period_ms: the row's state and the relayed batches, applied
- *            through gps_jobs_apply_events with the claimer's id as the
- *            agent id, from the attempt followed only;
+ *            stays here with its subscribers and is followed (woken, or
+ *            every period_ms): the row's state and the relayed batches,
+ *            applied through gps_jobs_apply_events with the claimer's id
+ *            as the agent id, from the attempt followed only;
  *   withdraw (A) a job queued here (its model's agents here busy) is
  *            offered too and stays in the scheduler; before an agent here
  *            gets it the offer is withdrawn (a delete of the row while
  *            waiting): withdrawn, the agent gets it; already claimed, the
  *            claimer runs it (gps_jobs_offer_withdrawn);
- *   claim    (a server with agents, B) every period_ms while its ready
- *            agents have free slots, a look at the waiting offers of their
- *            models (other servers', with their constraints), then a claim
- *            of those a free agent here can take (SKIP LOCKED): each
- *            becomes a local proxy job (same id, no request-log row, no
- *            key accounting, the offer's constraints) whose events are
+ *   claim    (a server with agents, B) when woken, or every period_ms,
+ *            while its ready agents have free slots, a look at the waiting
+ *            offers of their models (other servers', with their
+ *            constraints), then a claim of those a free agent here can
+ *            take (SKIP LOCKED): each becomes a local proxy job (same id,
+ *            no request-log row, no key accounting, the offer's
+ *            constraints) whose events are
  *            written back in fenced batches (every 20 ms or 32 events, the
  *            end at once); a refused batch, or a row no longer claimed by
- *            this server at this attempt (read every period_ms while
- *            proxies run), cancels the proxy on its agent.
+ *            this server at this attempt (read when woken and every
+ *            period_ms while proxies run), cancels the proxy on its agent;
+ *   wake-up  each of those steps is woken by the database (LISTEN/NOTIFY,
+ *            gps_store_listen): a new offer notifies gps_handoff_offer
+ *            (claimers claim), a relayed batch, a claim or a cancel
+ *            notifies gps_handoff_job with the job's id (its follower
+ *            reads, its claimer checks its rows), each after its write
+ *            commits. The period_ms poll stays, slow, for a notification
+ *            lost (the listener reconnecting after a database restart).
  *
  * Threading: the loop thread; the store's callbacks come back on it.
  */
@@ -46,7 +54,8 @@ typedef struct gps_handoff gps_handoff;
 
 typedef struct gps_handoff_opts {
     const char *server_id;     /* this server's id in the servers table (copied) */
-    int period_ms;             /* claim, follow and ownership checks (<= 0: 100) */
+    int period_ms;             /* the slow poll: claim, follow and ownership checks
+                                  (<= 0: 1000 while listening, else 100) */
     int models_ms;             /* models written, peers read, sweep (<= 0: 2000) */
     int queue_timeout_sec;     /* an offer's deadline (the client's queue timeout) */
     int request_timeout_sec;   /* the wire's deadline_ms */

@@ -607,6 +607,7 @@ static int cluster_start(server *s, const char *host, int port)
         /* docs/scaling.md 3e: a job no agent here serves goes to a server
          * whose agents do. */
         gps_handoff_opts ho = {.server_id = gps_cluster_id(s->cluster),
+                               .period_ms = (int)s->cfg.handoff_poll_ms,
                                .models_ms = copts.heartbeat_ms,
                                .queue_timeout_sec = (int)s->cfg.queue_timeout_sec,
                                .request_timeout_sec = (int)s->cfg.request_timeout_sec};
@@ -700,6 +701,7 @@ static void tasks_start(server *s)
     char err[512];
     if (!gps_store_db_is_file(s->cfg.db)) {
         const char *sid = gps_cluster_id(s->cluster);
+        gps_tasks_set_follow_ms(s->tasks, (int)s->cfg.task_follow_poll_ms);
         if (gps_tasks_set_shared(s->tasks, sid, (int)s->cfg.task_lease_sec) == 0)
             gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
                         s->cfg.task_lease_sec);

@@ -129,6 +129,12 @@ const gp_opt gps_config_table[] = {
     {"lease_sec", GP_OPT_INT, O(lease_sec), "10", 0, 86400, NULL,
      "on PostgreSQL: a server that could not renew its lease for this long answers new "
      "requests 503 until it can again (0 = never refuse); must exceed heartbeat_sec"},
+    {"task_follow_poll_ms", GP_OPT_INT, O(task_follow_poll_ms), "100", 10, 3600000, NULL,
+     "on PostgreSQL: a native task followed from another server (and a DELETE waiting for "
+     "its owner) is woken by LISTEN/NOTIFY; this poll catches a notification lost"},
+    {"handoff_poll_ms", GP_OPT_INT, O(handoff_poll_ms), "1000", 10, 3600000, NULL,
+     "on PostgreSQL: hand-offs to other servers are woken by LISTEN/NOTIFY; this poll "
+     "only catches a notification lost (the listener reconnecting)"},
     {"shared_refresh_sec", GP_OPT_INT, O(shared_refresh_sec), "5", 1, 3600, NULL,
      "on PostgreSQL: re-read keys and today's usage this often, so that what other "
      "servers changed takes effect here"},

@@ -75,6 +75,8 @@ typedef struct gps_config {
     char *advertise_url;        /* servers table: how to reach it ("" = none) */
     long long heartbeat_sec;    /* lease renewal period */
     long long lease_sec;        /* PostgreSQL: no renewal this long -> 503 (0 = never) */
+    long long task_follow_poll_ms; /* PostgreSQL: native task follow's slow poll */
+    long long handoff_poll_ms;  /* PostgreSQL: hand-offs' slow poll (LISTEN/NOTIFY wakes) */
     long long shared_refresh_sec; /* PostgreSQL: keys and usage re-read this often */
     long long db_queue_max;     /* store ops queued before writes drop (3/4: 503) */
 } gps_config;

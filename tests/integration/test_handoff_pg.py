@@ -39,6 +39,9 @@ import upstream as upstream_mod  # noqa: E402
 CLUSTER = ["--heartbeat_sec", "1", "--lease_sec", "3", "--shared_refresh_sec", "1"]
 FAST = ["--poll_interval_sec", "1", "--agent_timeout_sec", "3", "--work_wait_sec", "5"]
 ANTHROPIC = {"anthropic-version": "2023-06-01"}
+# Issue 28: hand-offs are woken by LISTEN/NOTIFY; with this, only
+# notifications move them along (the fallback poll runs once an hour).
+SLOW_POLL = ["--handoff_poll_ms", "3600000"]
 
 
 def expected(prompt, n):
@@ -69,10 +72,10 @@ class HandoffPgTest(harness.TestCase):
         return self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp] + list(extra),
                                    db=self.uri, key=self.client)
 
-    def two_servers(self, upstream_args, slots=2, extra_a=()):
+    def two_servers(self, upstream_args, slots=2, extra_a=(), extra_b=()):
         """A (no agent) and B (the agent); A knows that B serves m1."""
         up = self.h.start_upstream(upstream_args)
-        a, b = self.start_server(extra_a), self.start_server()
+        a, b = self.start_server(extra_a), self.start_server(extra_b)
         self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up, model="m1",
                            slots=slots, token=self.agent_key)
         b.wait_model("m1")
@@ -201,9 +204,12 @@ class HandoffPgTest(harness.TestCase):
         # claimed. Once B's lease has ended the sweep gives the row back,
         # A offers the job again (its client saw nothing) and C, started
         # with an agent of its own after the kill, claims it (attempt 2):
-        # the client gets the whole reply.
+        # the client gets the whole reply. A and C poll once an hour (issue
+        # 28): the sweep's notification tells A that B is gone and C that
+        # the row waits again.
         key_c = self.h.create_key(self.uri, "agent", "agentC")
-        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"])
+        up, a, b = self.two_servers(["--tokens", "40", "--first-delay-ms", "600000"],
+                                    extra_a=SLOW_POLL)
         get = harness.in_thread(http_json, "POST", a.url + "/v1/chat/completions",
                                 {"model": "m1", "max_tokens": 10,
                                  "messages": [{"role": "user", "content": "tau upsilon"}]},
@@ -214,7 +220,7 @@ class HandoffPgTest(harness.TestCase):
                            what="B's agent asked its upstream")
         b.kill9()
         up2 = self.h.start_upstream(["--tokens", "40"])
-        c = self.start_server()
+        c = self.start_server(SLOW_POLL)
         self.h.start_agent(types.SimpleNamespace(url=c.url), upstream=up2, model="m1",
                            slots=2, token=key_c)
         st, _, r = get(timeout=180)
@@ -273,6 +279,46 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(lambda: self.sql("SELECT state FROM handoffs") == [["cancelled"]],
                            timeout=30, what="the offer cancelled")
         self.assertEqual(b.log_events("job_handoff_running"), [])
+
+    def test_issue28_woken_by_notifications(self):
+        # Issue 28: the claim, the follow and the claimer's stop are woken
+        # by LISTEN/NOTIFY. With the slow poll at an hour on both servers
+        # only notifications can move a hand-off along (on the code before,
+        # which polled every 100 ms, handoff_poll_ms did not exist and the
+        # servers refused to start). After PostgreSQL restarts, the
+        # listeners connect again and hand-offs go on.
+        slow = SLOW_POLL + ["--queue_timeout_sec", "10"]
+        up, a, b = self.two_servers(["--tokens", "400", "--pace-ms", "20"],
+                                    extra_a=slow, extra_b=slow)
+        evs = self.read_until_done(self.stream(a, "iota kappa", 12), [])
+        self.assertEqual(evs[-1]["data"], "[DONE]")
+        self.assertEqual(self.openai_text(evs), expected("iota kappa", 12))
+        # The client leaving A reaches B's agent.
+        s = self.stream(a, "mu nu", 400)
+        for _ in range(3):
+            self.assertIsNotNone(s.next_event(timeout=60))
+        s.close()
+        harness.wait_until(
+            lambda: [r["outcome"] for r in up.log_entries()][-1:] == ["client_gone"],
+            timeout=60, interval=0.1, what="B's agent stopped the upstream request")
+        # PostgreSQL restarts: every session ends, the listeners' too.
+        self.pg.restart()
+        for srv in (a, b):
+            harness.wait_until(lambda: srv.log_events("store_listen_back"), timeout=60,
+                               interval=0.1, what="the listener back after the restart")
+
+        def handed_off():
+            # The first statement on a connection that PostgreSQL cut
+            # fails (store_pg.c): an offer or a claim may be lost that way,
+            # and the request then times out in the queue (10 s).
+            st, _, r = http_json("POST", a.url + "/v1/chat/completions",
+                                 {"model": "m1", "max_tokens": 6,
+                                  "messages": [{"role": "user", "content": "rho sigma"}]},
+                                 headers=bearer(self.client), timeout=60)
+            return st == 200 and r["choices"][0]["message"]["content"] == \
+                expected("rho sigma", 6)
+        harness.wait_until(handed_off, timeout=120, interval=0.5,
+                           what="a hand-off after PostgreSQL restarted")
 
     def test_two_claimers_run_each_job_once(self):
         # Two servers with agents, B and C, claim 20 jobs offered by A at

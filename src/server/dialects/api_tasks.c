@@ -47,6 +47,15 @@
  * log gives up after this many reads (the client's reconnect is answered
  * from the row, cold_done). */
 #define FOLLOW_FINISHED_POLLS 20
+/* Wake-ups across servers (LISTEN/NOTIFY, gps_store_listen; issue 28): an
+ * owner notifies CH_TASK_JOB (payload: the task's id) after each events
+ * batch, so that its followers and cancel waiters elsewhere read at once;
+ * a server that asked a cancel through the row notifies CH_TASK_CANCEL, so
+ * that the owners read their cancels at once. The polls above stay, for a
+ * notification lost; what a notification announces is never read before
+ * its write commits (gps_store_notify). */
+#define CH_TASK_JOB "gps_task_job"
+#define CH_TASK_CANCEL "gps_task_cancel"
 
 /* ------------------------------------------------------------------ */
 /* Parsing                                                             */
@@ -304,6 +313,8 @@ struct gps_tasks {
     bool cancels_reading;         /* a read of the cancels asked in flight */
     uint64_t cancels_due_us;
     cwait *cwaits;
+    gps_store_listener *listener; /* wake-ups (NULL: polls only) */
+    int follow_ms;                /* follow_ev's period: FOLLOW_MS unless set */
 };
 
 static unsigned bucket_of(const char *id)
@@ -407,6 +418,8 @@ static uint64_t task_write(task *t, size_t from)
                  ? gps_store_job_events_fenced(t->owner->store, t->id, batch, t->lease_attempt,
                                                &seq)
                  : gps_store_job_events_seq(t->owner->store, t->id, batch, &seq);
+    if (rc == 0 && t->owner->shared)
+        gps_store_notify(t->owner->store, CH_TASK_JOB, t->id); /* followers read it at once */
     if (rc < 0) {
         seq = 0;
         gp_log_warn("task_checkpoint_failed", "job %s: events %zu..%zu not stored yet", t->id,
@@ -1192,6 +1205,15 @@ static bool follow_frame_batch(follow *f, const char *text)
     return terminal;
 }
 
+/* Run follow_tick every follow_ms while there is something to read. */
+static void follow_ev_start(gps_tasks *g)
+{
+    int ms = g->follow_ms > 0 ? g->follow_ms : FOLLOW_MS;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (!event_pending(g->follow_ev, EV_TIMEOUT, NULL))
+        event_add(g->follow_ev, &tv);
+}
+
 static void follow_done(void *arg, int status, const gps_store_cells *res)
 {
     follow *f = arg;
@@ -1320,12 +1342,11 @@ static void cwait_asked(void *arg, int status, const gps_store_cells *res)
     }
     gp_log_write(GP_LOG_INFO, "task_cancel_asked", w->corr, json_pack("{s:s}", "job_id", w->id),
                  "native task run by another server: cancel asked through the database");
+    gps_store_notify(w->g->store, CH_TASK_CANCEL, ""); /* its owner reads it at once */
     /* Its owner reads the asks every CLAIM_MS; an owner that is gone
      * leaves it to the server that claims its lease. */
     w->deadline_us = gp_now_mono_us() + w->g->lease_us + 10000000ull;
-    struct timeval tv = {0, FOLLOW_MS * 1000};
-    if (!event_pending(w->g->follow_ev, EV_TIMEOUT, NULL))
-        event_add(w->g->follow_ev, &tv);
+    follow_ev_start(w->g);
 }
 
 static void cwaits_poll(gps_tasks *g, uint64_t now)
@@ -1424,9 +1445,10 @@ static bool follow_start(gps_tasks *g, struct evhttp_request *req, const char *i
     g->follows = f;
     gps_stream_hold(&f->s, g->request_timeout_sec + 30);
     gps_stream_send(&f->s);
-    struct timeval tv = {0, FOLLOW_MS * 1000};
-    if (!event_pending(g->follow_ev, EV_TIMEOUT, NULL))
-        event_add(g->follow_ev, &tv);
+    /* One read now: a notification of what committed after out was read
+     * came before this follow existed. */
+    f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done, f) == 0;
+    follow_ev_start(g);
     return true;
 }
 
@@ -1674,6 +1696,39 @@ static void shared_tick(gps_tasks *g, uint64_t now)
     json_decref(models);
 }
 
+/* A notification (gps_store_listen): read now what it names, unless a
+ * read of it is in flight already (the poll brings what that one missed).
+ * channel NULL (the listener (re)started): the polls go on as ever. */
+static void tasks_woken(void *arg, const char *channel, const char *payload)
+{
+    gps_tasks *g = arg;
+    if (!channel || !payload)
+        return;
+    if (strcmp(channel, CH_TASK_CANCEL) == 0) {
+        g->cancels_due_us = 0;
+        cancels_tick(g, gp_now_mono_us());
+        return;
+    }
+    if (strcmp(channel, CH_TASK_JOB) != 0)
+        return;
+    for (follow *f = g->follows; f; f = f->fnext)
+        if (!f->polling && !f->gone && strcmp(f->id, payload) == 0)
+            f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done,
+                                                     f) == 0;
+    uint64_t now = gp_now_mono_us();
+    for (cwait *w = g->cwaits; w; w = w->next)
+        if (!w->polling && w->deadline_us && w->held.req && now < w->deadline_us &&
+            strcmp(w->id, payload) == 0)
+            w->polling = gps_store_task_follow_async(g->store, w->id, LLONG_MAX, cwait_polled,
+                                                     w) == 0;
+}
+
+void gps_tasks_set_follow_ms(gps_tasks *g, int ms)
+{
+    if (g && ms > 0)
+        g->follow_ms = ms;
+}
+
 int gps_tasks_set_shared(gps_tasks *g, const char *server_id, int lease_sec)
 {
     if (!g || !g->base || !g->gated || !server_id || !*server_id ||
@@ -1686,6 +1741,8 @@ int gps_tasks_set_shared(gps_tasks *g, const char *server_id, int lease_sec)
     g->row_cancels = gps_store_has_task_cancel(g->store);
     snprintf(g->server_id, sizeof g->server_id, "%s", server_id);
     g->lease_us = (uint64_t)(lease_sec > 0 ? lease_sec : DEFAULT_LEASE_SEC) * 1000000ull;
+    static const char *const channels[] = {CH_TASK_JOB, CH_TASK_CANCEL, NULL};
+    g->listener = gps_store_listen(g->store, g->base, channels, tasks_woken, g);
     return 0;
 }
 
@@ -2254,6 +2311,7 @@ void gps_tasks_free(gps_tasks *g)
 {
     if (!g)
         return;
+    gps_store_listener_free(g->listener);
     if (g->tick)
         event_free(g->tick);
     while (g->follows) {

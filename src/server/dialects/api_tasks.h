@@ -94,6 +94,10 @@ void gps_tasks_set_auth(gps_tasks *t, struct gps_auth *auth);
  * tasks to the claim. Returns 0, or -1 when the store cannot (SQLite keeps
  * the one-server behaviour). */
 int gps_tasks_set_shared(gps_tasks *t, const char *server_id, int lease_sec);
+/* How often (ms, > 0) a follower or a cancel waiter reads the store when no
+ * notification came (LISTEN/NOTIFY wakes them at once; this poll catches a
+ * notification lost). Default FOLLOW_MS (100). */
+void gps_tasks_set_follow_ms(gps_tasks *t, int ms);
 
 struct gps_store_job_info;
 /* Start-up recovery: take over an unfinished native task read from the

@@ -123,6 +123,8 @@ enum {
     K_SERVER_LIST,
     K_KEYS_GET,
     K_USAGE_GET,
+    /* a wake-up of the other servers (PostgreSQL: pg_notify) */
+    K_NOTIFY,
     /* native tasks shared by several servers (migration 0010) */
     K_TASK_OWN,
     K_TASK_RENEW,
@@ -461,6 +463,12 @@ static const struct {
     [K_USAGE_GET] = {"usage_get", F_OPT,
         "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
         "FROM key_usage WHERE day = ?1", NULL},
+    /* Wake the listeners of channel ?1 with payload ?2 (gps_store_notify).
+     * PostgreSQL delivers it when its transaction commits: queued after a
+     * write, never before that write is committed. SQLite never runs it
+     * (one server: nobody to wake); its text only has to prepare. */
+
+    [K_NOTIFY] = {"notify", F_OPT, "SELECT ?1, ?2", "SELECT pg_notify(?1, ?2)"},
     /* Native tasks across servers (migration 0010, docs/scaling.md "Native
      * tasks across servers"). A new task's lease. */
 
@@ -2660,6 +2668,22 @@ int gps_store_task_follow_async(gps_store *s, const char *job_id, long long afte
 }
 
 /* ---- the hand-off of a job to another server (migration 0011) ---- */
+
+int gps_store_notify(gps_store *s, const char *channel, const char *payload)
+{
+    if (!s || s->eng == &gps_store__sqlite)
+        return 0;
+    return write_op(s, K_NOTIFY, "tt", channel, payload ? payload : "");
+}
+
+gps_store_listener *gps_store_listen(gps_store *s, struct event_base *base,
+                                     const char *const *channels, gps_store_notify_fn fn,
+                                     void *arg)
+{
+    if (!s || s->eng == &gps_store__sqlite)
+        return NULL;
+    return gps_store__listener_new(s->target, s->path, base, channels, fn, arg);
+}
 
 bool gps_store_has_handoffs(gps_store *s)
 {

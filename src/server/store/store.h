@@ -436,6 +436,38 @@ int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_
 int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
                                     void *arg);
 
+/* ---- wake-ups across servers sharing a PostgreSQL database ----
+ * LISTEN/NOTIFY: a server that wrote what another one waits for (an
+ * offer, a relayed batch) notifies a channel; the others LISTEN on a
+ * connection of their own, watched by their loop, instead of polling.
+ * A notification can be lost (the listener was reconnecting): listeners
+ * keep a slow poll. SQLite: nothing (one server, nobody to wake). */
+
+/* Queued write: notify channel with payload (both copied; payload under
+ * 8000 bytes). It commits with the writes queued before it or after them,
+ * never before: a listener woken by it reads them. 0 (nothing queued) on
+ * SQLite; -1 when dropped (queue full, ENOMEM). */
+int gps_store_notify(gps_store *s, const char *channel, const char *payload);
+
+typedef struct gps_store_listener gps_store_listener;
+/* On the loop thread: one notification (channel and payload borrowed for
+ * the call); or channel NULL each time the listener (re)starts listening,
+ * after the first connect and after each reconnect: what was notified
+ * while it was away is lost, so look at the database now. It must not
+ * free the listener. */
+typedef void (*gps_store_notify_fn)(void *arg, const char *channel, const char *payload);
+/* LISTEN to channels (NULL-terminated; names of [a-z0-9_], copied) on a
+ * connection of its own to s's database, its socket watched by base (the
+ * loop never waits on it: the connect is started here and finished by the
+ * loop). A connection lost (the database restarted) is made again, after
+ * 0.1 s doubling up to 5 s. NULL on SQLite, without libpq, on a bad
+ * channel name or ENOMEM: the caller only polls. */
+gps_store_listener *gps_store_listen(gps_store *s, struct event_base *base,
+                                     const char *const *channels, gps_store_notify_fn fn,
+                                     void *arg);
+/* Close the connection, stop its events. NULL is a no-op. */
+void gps_store_listener_free(gps_store_listener *l);
+
 /* ---- the hand-off of a job to another server (migration 0011) ----
  * docs/scaling.md "3e. Hand-off of a job to another server". Only on a
  * shared (PostgreSQL) database; SQLite stores never offer. Relayed

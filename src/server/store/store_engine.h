@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/store/store.h"
+
 /* A bound parameter or a result cell. */
 enum { GPS_STORE__NULL = 0, GPS_STORE__INT, GPS_STORE__TEXT };
 typedef struct gps_store__val {
@@ -78,5 +80,12 @@ typedef struct gps_store__engine {
 extern const gps_store__engine gps_store__sqlite;
 /* The libpq engine, or NULL when this binary was built without libpq. */
 const gps_store__engine *gps_store__pg(void);
+/* store.h's listener on a connection of its own to target (a
+ * postgresql:// URI; label names it in logs): store_listen_pg.c, or NULL
+ * without libpq (store_pg_none.c). Arguments as gps_store_listen. */
+gps_store_listener *gps_store__listener_new(const char *target, const char *label,
+                                            struct event_base *base,
+                                            const char *const *channels,
+                                            gps_store_notify_fn fn, void *arg);
 
 #endif
