@@ -2,6 +2,7 @@
 #include "server/jobs/jobs.h"
 #include "server/jobs/jobs_internal.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -527,6 +528,148 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     return w;
 }
 
+/*
+ * The same wire, written as text (issue 24, fourth round): building it as
+ * a jansson tree (a json_pack per part, the messages and tools deep-copied)
+ * and dumping it was about 50,000 instructions a job. The fields come in
+ * gps_job_wire's order and as gp_json_dump_append writes them; the parts
+ * that are JSON already (stop, messages, input, tools, response_format)
+ * are dumped as they are. A string jansson would refuse (not UTF-8), a
+ * missing model or a temperature that is not finite takes the jansson
+ * path instead, where json_pack's and json_string's refusals decide what
+ * is left (test_job_wire compares the two).
+ */
+#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
+
+static int put_int(gp_buf *b, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        d[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        d[--i] = '-';
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/* A string as json_pack's "s" or json_string made it (up to its NUL). */
+static int put_str(gp_buf *b, const char *s)
+{
+    return LIT(b, "\"") < 0 || gp_json_escape_append(b, s, strlen(s)) < 0 ? -1 : LIT(b, "\"");
+}
+
+/* A real as json_real dumped it (jansson's own formatting). */
+static int put_real(gp_buf *b, double d)
+{
+    json_t *r = json_real(d);
+    int rc = r ? gp_json_dump_append(b, r) : -1;
+    json_decref(r);
+    return rc;
+}
+
+static bool utf8_ok(const char *s)
+{
+    return !s || gp_utf8_valid(s, strlen(s));
+}
+
+/* Every string of the wire is one jansson takes, and the numbers are. */
+static bool wire_plain(const gps_job *job)
+{
+    const gps_job_spec *s = &job->spec;
+    bool cont = job->continued_tokens > 0;
+    return s->model && isfinite(s->temperature) && isfinite(s->top_p) && utf8_ok(job->id) &&
+           utf8_ok(s->model) && (!cont || utf8_ok(job->text.data)) &&
+           utf8_ok(job->correlation_id) &&
+           utf8_ok(s->prompt) && utf8_ok(s->user) && utf8_ok(s->session) &&
+           utf8_ok(s->pool_via) && utf8_ok(job->tenant) && utf8_ok(job->ids_digest);
+}
+
+/* ,"key":JSON (v borrowed). */
+static int put_json(gp_buf *b, const char *key_lit, size_t klen, const json_t *v)
+{
+    return gp_buf_append(b, key_lit, klen) < 0 ? -1 : gp_json_dump_append(b, v);
+}
+#define PUT_JSON(b, k, v) put_json((b), (k), sizeof(k) - 1, (v))
+
+static int wire_text(gp_buf *b, const gps_job *job, uint64_t now_us, int request_timeout_sec)
+{
+    const gps_job_spec *s = &job->spec;
+    bool tokens = job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0;
+    long long done = tokens ? (long long)job->n_gen_ids : job->continued_tokens;
+    long long max_tokens = s->max_tokens - done;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    uint64_t budget_us = (uint64_t)request_timeout_sec * 1000000ull;
+    uint64_t used = now_us > job->created_us ? now_us - job->created_us : 0;
+    long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
+    const char *cont = job->continued_tokens > 0 && job->text.data ? job->text.data : "";
+    if (LIT(b, "{\"job_id\":") < 0 || put_str(b, job->id) < 0 || LIT(b, ",\"kind\":") < 0 ||
+        put_str(b, gps_job_kind_name(s->kind)) < 0 || LIT(b, ",\"model\":") < 0 ||
+        put_str(b, s->model) < 0 || LIT(b, ",\"params\":{\"max_tokens\":") < 0 ||
+        put_int(b, max_tokens) < 0 || LIT(b, ",\"temperature\":") < 0 ||
+        put_real(b, s->temperature) < 0 || LIT(b, ",\"top_p\":") < 0 ||
+        put_real(b, s->top_p) < 0 || LIT(b, ",\"top_k\":") < 0 || put_int(b, s->top_k) < 0 ||
+        LIT(b, ",\"stop\":") < 0 || (s->stop ? gp_json_dump_append(b, s->stop) : LIT(b, "[]")) < 0 ||
+        LIT(b, ",\"seed\":") < 0 || (s->has_seed ? put_int(b, s->seed) : LIT(b, "null")) < 0 ||
+        LIT(b, "},\"continuation\":") < 0 || put_str(b, cont) < 0 ||
+        LIT(b, ",\"attempt\":") < 0 || put_int(b, job->attempts) < 0 ||
+        LIT(b, ",\"correlation_id\":") < 0 || put_str(b, job->correlation_id) < 0 ||
+        LIT(b, ",\"deadline_ms\":") < 0 || put_int(b, deadline_ms) < 0 ||
+        LIT(b, ",\"prompt\":") < 0 || (s->prompt ? put_str(b, s->prompt) : LIT(b, "null")) < 0 ||
+        LIT(b, ",\"messages\":") < 0 ||
+        (s->messages ? gp_json_dump_append(b, s->messages) : LIT(b, "null")) < 0)
+        return -1;
+    if ((s->input && PUT_JSON(b, ",\"input\":", s->input) < 0) ||
+        (s->tools && PUT_JSON(b, ",\"tools\":", s->tools) < 0) ||
+        (s->tools && s->tool_choice && PUT_JSON(b, ",\"tool_choice\":", s->tool_choice) < 0) ||
+        (s->response_format && PUT_JSON(b, ",\"response_format\":", s->response_format) < 0) ||
+        (s->user && (LIT(b, ",\"user\":") < 0 || put_str(b, s->user) < 0)))
+        return -1;
+    const char *session = s->session ? s->session : s->user;
+    if ((session && (LIT(b, ",\"session\":") < 0 || put_str(b, session) < 0)) ||
+        (s->priority == GPS_PRIO_BATCH && LIT(b, ",\"priority\":\"batch\"") < 0) ||
+        (s->pool_via[0] && (LIT(b, ",\"pool_via\":") < 0 || put_str(b, s->pool_via) < 0)) ||
+        (job->tenant[0] && (LIT(b, ",\"tenant\":") < 0 || put_str(b, job->tenant) < 0)) ||
+        (s->prompt_tokens_first && LIT(b, ",\"prompt_tokens_first\":true") < 0))
+        return -1;
+    if (tokens) {
+        if (LIT(b, ",\"continuation_ids\":[") < 0)
+            return -1;
+        for (size_t i = 0; i < job->n_gen_ids; i++)
+            if ((i && LIT(b, ",") < 0) || put_int(b, job->gen_ids[i]) < 0)
+                return -1;
+        if (LIT(b, "],\"continuation_digest\":") < 0 || put_str(b, job->ids_digest) < 0)
+            return -1;
+    }
+    if (LIT(b, ",\"sampler\":{\"seed\":") < 0 || put_int(b, job->sampler_seed) < 0 ||
+        (tokens && (LIT(b, ",\"n_sampled\":") < 0 || put_int(b, (long long)job->n_gen_ids) < 0)))
+        return -1;
+    return LIT(b, "}}");
+}
+
+int gps_job_wire_append(gp_buf *out, const gps_job *job, uint64_t now_us,
+                        int request_timeout_sec)
+{
+    size_t at = out->len;
+    int rc;
+    if (wire_plain(job)) {
+        rc = wire_text(out, job, now_us, request_timeout_sec);
+    } else {
+        json_t *w = gps_job_wire(job, now_us, request_timeout_sec);
+        rc = w ? gp_json_dump_append(out, w) : 1;
+        json_decref(w);
+    }
+    if (rc != 0) {
+        out->len = at;
+        if (out->data)
+            out->data[at] = '\0';
+    }
+    return rc < 0 ? -1 : rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Lifecycle                                                           */
 /* ------------------------------------------------------------------ */
@@ -961,10 +1104,16 @@ static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
     mark_assigned(j, job, a);
-    json_t *arr = json_array();
-    json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
-    int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
-    json_decref(arr);
+    gp_buf arr;
+    gp_buf_init(&arr);
+    if (LIT(&arr, "[") < 0 ||
+        gps_job_wire_append(&arr, job, gp_now_mono_us(), j->opts.request_timeout_sec) < 0 ||
+        LIT(&arr, "]") < 0)
+        arr.len = 0; /* (ENOMEM: handed over as nothing, as an empty array was) */
+    long long rc = j->deliver ? j->deliver(a, &arr, j->deliver_arg) : -1;
+    gp_buf_free(&arr);
+    if (rc >= 0 && job->state == GPS_JOB_ASSIGNED)
+        job->delivery = (uint64_t)rc;
     if (rc < 0) {
         job->attempts--;
         end_on_agent(j, job, true);
@@ -1828,18 +1977,6 @@ size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
     return n;
 }
 
-void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery)
-{
-    size_t i;
-    const json_t *w;
-    json_array_foreach(jobs_json, i, w) {
-        const char *id = json_string_value(json_object_get(w, "job_id"));
-        gps_job *job = id ? gps_jobs_find(j, id) : NULL;
-        if (job && job->state == GPS_JOB_ASSIGNED)
-            job->delivery = delivery;
-    }
-}
-
 static bool listed(const json_t *running, const char *id)
 {
     size_t i;
@@ -1892,13 +2029,17 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
     return ended;
 }
 
-json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
+size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
+                               gp_buf *out)
 {
-    json_t *out = json_array();
-    if (!out || free_slots <= 0)
-        return out;
-    if (sched_agent_ready(j->sched, a, free_slots) < 0)
-        return out;
+    /* (On ENOMEM the jobs written so far go out; the others stall on the
+     * agent's books and fail over, as a short jansson array did.) */
+    size_t taken = 0;
+    LIT(out, "[");
+    if (free_slots <= 0 || sched_agent_ready(j->sched, a, free_slots) < 0) {
+        LIT(out, "]");
+        return 0;
+    }
     /* As many as the agent has free slots, in one reply: a burst reaches an
      * agent in one round trip instead of one per 64 jobs. */
     sched_job *picked[64];
@@ -1910,13 +2051,20 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
         for (size_t i = 0; i < n; i++) {
             gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
             mark_assigned(j, job, a);
-            json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+            job->delivery = delivery;
+            size_t at = out->len;
+            if ((taken && LIT(out, ",") < 0) ||
+                gps_job_wire_append(out, job, now, j->opts.request_timeout_sec) != 0)
+                out->len = at; /* (as json_array_append_new dropped a NULL wire) */
+            else
+                taken++;
         }
         if (n < max)
             break;
         left -= n;
     }
-    return out;
+    LIT(out, "]");
+    return taken;
 }
 
 /* ------------------------------------------------------------------ */

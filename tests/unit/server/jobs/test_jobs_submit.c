@@ -336,12 +336,18 @@ static void test_one_reply_takes_every_free_slot(void **state)
         gps_job_spec s = fleet_spec("m1", 8);
         assert_int_equal(fleet_submit(&f, &s)->state, GPS_JOB_QUEUED);
     }
-    json_t *got = gps_jobs_take_for_agent(f.jobs, a, 140);
-    assert_int_equal(json_array_size(got), 140);
-    json_decref(got);
-    got = gps_jobs_take_for_agent(f.jobs, a, 1024);
-    assert_int_equal(json_array_size(got), 10);
-    json_decref(got);
+    gp_buf got;
+    gp_buf_init(&got);
+    assert_int_equal(gps_jobs_take_for_agent(f.jobs, a, 140, 1, &got), 140);
+    json_t *arr = json_loadb(got.data, got.len, 0, NULL);
+    assert_int_equal(json_array_size(arr), 140);
+    json_decref(arr);
+    got.len = 0;
+    assert_int_equal(gps_jobs_take_for_agent(f.jobs, a, 1024, 2, &got), 10);
+    arr = json_loadb(got.data, got.len, 0, NULL);
+    assert_int_equal(json_array_size(arr), 10);
+    json_decref(arr);
+    gp_buf_free(&got);
     assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 150);
     fleet_free(&f);
 }
