@@ -50,6 +50,8 @@ struct gps_jobs {
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     json_t *tok_id; /* its token_id while it has one (a second reference) */
     json_t *tok_text; /* its "text" (borrowed from tok_ev) */
+    /* The fields of the per-job log lines, refilled in place (log_fields). */
+    json_t *log_submitted, *log_assigned, *log_done;
     gps_jobs_opts opts;
     unsigned char tenant_secret[32]; /* keys the tenant tags (random per process) */
     registry *reg;
@@ -993,6 +995,48 @@ static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char 
 }
 
 /* Mark job as given to agent a (the scheduler already counted the slot). */
+/*
+ * The fields of the three log lines every job writes (job_submitted,
+ * job_assigned, job_done): one object per line kind, kept by the table and
+ * refilled in place, its keys made by the first line in the order below,
+ * rather than a json_pack per line (~7,000 instructions each, three a
+ * request at the default level; issue 24). The line is the one the
+ * json_pack object wrote; a value jansson refuses (not UTF-8) drops the
+ * fields, as a failed json_pack did. log_fields returns the object to
+ * refill (borrowed), lf_str/lf_int/lf_bool set one field and say whether
+ * it took, log_fields_ref hands gp_log_write its reference.
+ */
+static json_t *log_fields(json_t **slot)
+{
+    if (!*slot)
+        *slot = json_object();
+    return *slot;
+}
+
+static bool lf_str(json_t *o, const char *k, const char *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!v)
+        return false;
+    return x ? json_string_set(x, v) == 0 : json_object_set_new(o, k, json_string(v)) == 0;
+}
+
+static bool lf_int(json_t *o, const char *k, long long v)
+{
+    json_t *x = json_object_get(o, k);
+    return x ? json_integer_set(x, v) == 0 : json_object_set_new(o, k, json_integer(v)) == 0;
+}
+
+static bool lf_bool(json_t *o, const char *k, bool v)
+{
+    return json_object_set_new(o, k, json_boolean(v)) == 0; /* (in place when there) */
+}
+
+static json_t *log_fields_ref(json_t *o, bool ok)
+{
+    return o && ok ? json_incref(o) : NULL;
+}
+
 static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 {
     uint64_t now = gp_now_mono_us();
@@ -1023,11 +1067,13 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->agent_bytes = 0;
     job->metrics_relayed = 0;
     continuation_plan(job, a);
-    if (gp_log_enabled(GP_LOG_INFO)) /* the fields: a json_pack per job */
-        gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
-                     json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
-                               "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
+    if (gp_log_enabled(GP_LOG_INFO)) {
+        json_t *f = log_fields(&j->log_assigned);
+        bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", a->id) &&
+                  lf_int(f, "attempt", job->attempts) && lf_int(f, "queue_ms", job->queue_ms);
+        gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id, log_fields_ref(f, ok),
                      "job assigned");
+    }
     persist(j, job);
 }
 
@@ -1155,21 +1201,25 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
     place(j, job, depth);
 }
 
-static void log_submitted(const gps_job *job, bool held)
+static void log_submitted(gps_jobs *j, const gps_job *job, bool held)
 {
     if (!gp_log_enabled(GP_LOG_INFO))
-        return; /* the fields are a json_pack per job */
-    json_t *f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model",
-                          job->spec.model, "kind", gps_job_kind_name(job->spec.kind), "api",
-                          job->spec.api ? job->spec.api : "", "priority",
-                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
-                          "held", held);
+        return;
+    json_t *f = log_fields(&j->log_submitted);
+    bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "model", job->spec.model) &&
+              lf_str(f, "kind", gps_job_kind_name(job->spec.kind)) &&
+              lf_str(f, "api", job->spec.api ? job->spec.api : "") &&
+              lf_str(f, "priority",
+                     job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive") &&
+              lf_bool(f, "held", held);
     /* The affinity key (x_pool_options.session, else user): which
      * conversation a job belongs to, for an operator reading the log. */
     const char *session = job->spec.session ? job->spec.session : job->spec.user;
-    if (f && session)
-        json_object_set_new(f, "session", json_string(session));
-    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, f,
+    if (ok && session && !lf_str(f, "session", session))
+        json_object_del(f, "session"); /* (json_string refused it: the key left out) */
+    else if (ok && !session)
+        json_object_del(f, "session");
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, log_fields_ref(f, ok),
                  held ? "job submitted; waiting for a slot of its key (max_concurrent)"
                       : "job submitted");
 }
@@ -1187,7 +1237,7 @@ static gps_job *submit_held(gps_jobs *j, gps_job *job)
         persist(j, job);
     else
         persist_insert(j, job);
-    log_submitted(job, true);
+    log_submitted(j, job, true);
     return job;
 }
 
@@ -1423,7 +1473,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         persist(j, job); /* the row of the previous process: now queued again */
     else
         persist_insert(j, job);
-    log_submitted(job, false);
+    log_submitted(j, job, false);
     if (job->remote) /* after its row's insert: the offer's row refers to it */
         j->handoff.offer(j->handoff.arg, job);
     if (r == SCHED_ASSIGNED && a) {
@@ -2246,14 +2296,15 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             job->completion_tokens = job->continued_tokens + json_integer_value(ct);
         end_on_agent(j, job, true);
         finish(j, job, GPS_JOB_DONE);
-        if (gp_log_enabled(GP_LOG_INFO))
-            gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
-                         json_pack("{s:s,s:s,s:I,s:I,s:s}", "job_id", job->id, "agent_id",
-                                   job->agent_id, "prompt_tokens",
-                                   (json_int_t)job->prompt_tokens, "completion_tokens",
-                                   (json_int_t)job->completion_tokens, "finish_reason",
-                                   job->finish_reason),
+        if (gp_log_enabled(GP_LOG_INFO)) {
+            json_t *f = log_fields(&j->log_done);
+            bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", job->agent_id) &&
+                      lf_int(f, "prompt_tokens", job->prompt_tokens) &&
+                      lf_int(f, "completion_tokens", job->completion_tokens) &&
+                      lf_str(f, "finish_reason", job->finish_reason);
+            gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id, log_fields_ref(f, ok),
                          "job finished");
+        }
         notify(j, job, t, ev);
         break;
     }
@@ -2579,6 +2630,9 @@ void gps_jobs_free(gps_jobs *j)
     }
     json_decref(j->tok_id);
     json_decref(j->tok_ev);
+    json_decref(j->log_submitted);
+    json_decref(j->log_assigned);
+    json_decref(j->log_done);
     free(j);
 }
 
