@@ -951,7 +951,7 @@ static void continuation_plan(gps_job *job, registry_agent *a)
     bool fresh = job->text.len == 0 && job->n_gen_ids == 0 && job->continued_tokens == 0;
     if (fresh) {
         job->ids_ok = d != NULL;
-        snprintf(job->ids_digest, sizeof job->ids_digest, "%s", d ? d : "");
+        gp_copy_str(job->ids_digest, sizeof job->ids_digest, d ? d : "");
     } else if (!d || strcmp(d, job->ids_digest) != 0) {
         job->ids_ok = false;  /* another tokenizer's text follows: for good */
     }
@@ -1044,11 +1044,11 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
         job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
     job->state = GPS_JOB_ASSIGNED;
     job->attempts++;
-    snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    gp_copy_str(job->agent_id, sizeof job->agent_id, a->id);
     /* The file that serves it (x_pool_meta.model_sha256: what an operator
      * pinned, or what a client may want to check). */
     const char *dg = registry_agent_model_digest(a, job->spec.model);
-    snprintf(job->model_digest, sizeof job->model_digest, "%s", dg ? dg : "");
+    gp_copy_str(job->model_digest, sizeof job->model_digest, dg ? dg : "");
     job->assigned_us = now;
     /* Scheduling latency: submit to the first assignment (a requeue after
      * a failover is counted by failovers_total instead; a delivery that
@@ -1344,9 +1344,9 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
     else
         gps_id_new("job_", job->id, sizeof job->id);
-    snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
-             correlation_id ? correlation_id : "");
-    snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    gp_copy_str(job->correlation_id, sizeof job->correlation_id,
+                correlation_id ? correlation_id : "");
+    gp_copy_str(job->key_id, sizeof job->key_id, key_id ? key_id : "");
     tenant_of(j, job->key_id, spec->tenant_sub, job->tenant);
     job->reserved_tokens = reserve;
     job->spec = *spec;
@@ -2274,10 +2274,10 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
     }
     case GPS_EV_END: {
         const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
-        snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
-                 fr && strcmp(fr, "length") == 0       ? "length"
-                 : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
-                                                       : "stop");
+        gp_copy_str(job->finish_reason, sizeof job->finish_reason,
+                    fr && strcmp(fr, "length") == 0       ? "length"
+                    : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
+                                                          : "stop");
         /* The stop string the agent stopped on (agent_check bounded it):
          * the Anthropic dialect reports it as stop_sequence. */
         const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
