@@ -618,11 +618,13 @@ static void test_open_close_are_what_jansson_writes(void **st)
         const char *t;
         size_t n;
     } texts[] = {
-        {"tok", 3},
-        {"a\"b\\c\n\r\t\x01\x1f/\x7f", 13},
-        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14},
-        {"a\0b", 3},
-        {"bad \xff\xfe utf-8", 14},
+#define T(s) {s, sizeof(s) - 1}
+        T("tok"),
+        T("a\"b\\c\n\r\t\x01\x1f/\x7f"),
+        T("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+        T("a\0b"),
+        T("bad \xff\xfe utf-8"),
+#undef T
     };
     const char *frs[] = {"stop", "length"};
     json_t *echo = J("{\"instructions\":\"\\u00e9\\\"q\\n\",\"store\":true,\"tools\":[],"
