@@ -110,14 +110,26 @@ static void await_repark(gps_agents *g, agent_ext *e);
  * "<epoch>.<n>" the agent echoes as `delivery_seen` once it has read it; the
  * jobs remember n (gps_jobs_agent_report). The epoch keeps a restarted
  * server from reading an older process's numbers. */
+/* The work reply: {"jobs":[...],"delivery":"EPOCH.N"}, written around the
+ * jobs' wire text (gps_jobs_take_for_agent: the bytes the jansson reply
+ * dumped). delivery is n, which the jobs already carry. */
 static void reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
-                       json_t *jobs /* stolen */)
+                       const gp_buf *jobs, uint64_t n)
 {
-    uint64_t n = ++g->deliveries;
-    gps_jobs_mark_delivered(g->jobs, jobs, n);
     char tok[48];
     snprintf(tok, sizeof tok, "%s.%llu", g->epoch, (unsigned long long)n);
-    gps_http_send_json(req, 200, json_pack("{s:o,s:s}", "jobs", jobs, "delivery", tok));
+    gp_buf body;
+    gp_buf_init(&body);
+    if (gp_buf_append(&body, "{\"jobs\":", 8) < 0 ||
+        gp_buf_append(&body, jobs->data, jobs->len) < 0 ||
+        gp_buf_append(&body, ",\"delivery\":\"", 13) < 0 ||
+        gp_json_escape_append(&body, tok, strlen(tok)) < 0 ||
+        gp_buf_append(&body, "\"}", 2) < 0)
+        gps_http_send_error(req, GPS_DIALECT_NATIVE, 500, "INTERNAL", "out of memory", NULL,
+                            NULL, NULL);
+    else
+        gps_http_send_json_text(req, 200, body.data, body.len);
+    gp_buf_free(&body);
     await_repark(g, e);
 }
 
@@ -322,7 +334,7 @@ static void park_gone(void *arg)
     gps_agents_poll_closed(g, e->id);
 }
 
-static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
+static long long deliver_cb(registry_agent *a, const gp_buf *jobs, void *arg)
 {
     gps_agents *g = arg;
     agent_ext *e = ext_get(g, a->id, false);
@@ -332,8 +344,9 @@ static int deliver_cb(registry_agent *a, json_t *jobs_json, void *arg)
     }
     struct evhttp_request *req = e->parked;
     unpark(e);
-    reply_jobs(g, e, req, json_incref(jobs_json));
-    return 0;
+    uint64_t n = ++g->deliveries;
+    reply_jobs(g, e, req, jobs, n);
+    return (long long)n;
 }
 
 /* If agent a is parked and can take work now, hand it queued jobs. */
@@ -344,14 +357,16 @@ static void dispatch_parked(gps_agents *g, agent_ext *e)
     registry_agent *a = registry_get(g->reg, e->id);
     if (!a || a->state != REGISTRY_HEALTHY)
         return;
-    json_t *jobs = gps_jobs_take_for_agent(g->jobs, a, e->free_slots);
-    if (jobs && json_array_size(jobs) > 0) {
+    gp_buf jobs;
+    gp_buf_init(&jobs);
+    uint64_t n = g->deliveries + 1;
+    if (gps_jobs_take_for_agent(g->jobs, a, e->free_slots, n, &jobs) > 0) {
         struct evhttp_request *req = e->parked;
         unpark(e);
-        reply_jobs(g, e, req, jobs);
-        return;
+        g->deliveries = n;
+        reply_jobs(g, e, req, &jobs, n);
     }
-    json_decref(jobs);
+    gp_buf_free(&jobs);
 }
 
 /* ------------------------------------------------------------------ */
@@ -748,13 +763,17 @@ static void h_work(gps_req *r, void *arg)
         reply_204(old);
     }
     /* free_slots 0: a busy agent's liveness channel; parked, never given jobs. */
-    json_t *jobs = free_slots > 0 ? gps_jobs_take_for_agent(g->jobs, a, free_slots) : NULL;
-    if (jobs && json_array_size(jobs) > 0) {
+    gp_buf jobs;
+    gp_buf_init(&jobs);
+    uint64_t dn = g->deliveries + 1;
+    if (free_slots > 0 && gps_jobs_take_for_agent(g->jobs, a, free_slots, dn, &jobs) > 0) {
         sched_agent_unready(g->sched, a);
-        reply_jobs(g, e, r->req, jobs);
+        g->deliveries = dn;
+        reply_jobs(g, e, r->req, &jobs, dn);
+        gp_buf_free(&jobs);
         return;
     }
-    json_decref(jobs);
+    gp_buf_free(&jobs);
     /* Park. The agent stays ready in the scheduler (take_for_agent made it
      * so) until this request is answered or its connection closes. The key
      * is kept so that revoking it ends the poll at once. */

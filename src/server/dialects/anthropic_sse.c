@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "server/dialects/api_anthropic.h"
+#include "common/gp_util.h"
 #include "server/http/textcheck.h"
 
 /* The open field of the text delta template (the delta holds no other
@@ -37,12 +38,66 @@ static void emit(gp_buf *sse, const char *name, json_t *j)
     json_decref(j);
 }
 
+/*
+ * The per-reply events written as text (issue 24, fourth round): built as
+ * jansson objects and dumped they were ~40,000 instructions a reply.
+ * Each writes the bytes emit() wrote for the same json_pack object (its
+ * keys in the pack's order; test_anthropic_sse compares them with
+ * jansson's). An event either is written whole or not at all (cut back to
+ * where it began), as a failed gps_sse_format_json left it.
+ */
+#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
+
+static int put_int(gp_buf *b, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        d[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        d[--i] = '-';
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/* "s" as json_pack takes it: NULL or not UTF-8 fails the whole object. */
+static int put_str(gp_buf *b, const char *s)
+{
+    if (!s || !gp_utf8_valid(s, strlen(s)))
+        return -1;
+    return LIT(b, "\"") < 0 || gp_json_escape_append(b, s, strlen(s)) < 0 ? -1 : LIT(b, "\"");
+}
+
+/* {"input_tokens":I,"output_tokens":O}, as gps_anthropic_usage. */
+static int put_usage(gp_buf *b, long long in, long long out)
+{
+    return LIT(b, "{\"input_tokens\":") < 0 || put_int(b, in > 0 ? in : 0) < 0 ||
+                   LIT(b, ",\"output_tokens\":") < 0 || put_int(b, out > 0 ? out : 0) < 0
+               ? -1
+               : LIT(b, "}");
+}
+
+/* ok: the event from at on is whole; its end written here, or cut back. */
+static void ev_end(gp_buf *sse, size_t at, bool ok)
+{
+    if (!ok || LIT(sse, "}\n\n") < 0) {
+        sse->len = at;
+        if (sse->data)
+            sse->data[at] = '\0';
+    }
+}
+
 static void close_block(gps_an_out *o, gp_buf *sse)
 {
     if (o->open_block < 0)
         return;
-    emit(sse, "content_block_stop",
-         json_pack("{s:s,s:i}", "type", "content_block_stop", "index", o->open_block));
+    size_t at = sse->len;
+    ev_end(sse, at,
+           LIT(sse, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":") ==
+                   0 &&
+               put_int(sse, o->open_block) == 0);
     o->open_block = -1;
 }
 
@@ -51,24 +106,33 @@ static void open_text_block(gps_an_out *o, gp_buf *sse)
     close_block(o, sse);
     o->open_block = o->next_block++;
     o->open_is_text = true;
-    emit(sse, "content_block_start",
-         json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index",
-                   o->open_block, "content_block", "type", "text", "text", ""));
+    size_t at = sse->len;
+    ev_end(sse, at,
+           LIT(sse, "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+                    "\"index\":") == 0 &&
+               put_int(sse, o->open_block) == 0 &&
+               LIT(sse, ",\"content_block\":{\"type\":\"text\",\"text\":\"\"}") == 0);
 }
 
 void gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_t *warnings,
                  bool with_text)
 {
-    json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:o}", "id", o->id, "type",
-                            "message", "role", "assistant", "content", "model", o->model,
-                            "stop_reason", "stop_sequence", "usage",
-                            gps_anthropic_usage(input_tokens, 0));
-    if (msg && json_array_size(warnings))
-        json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", warnings));
-    emit(sse, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message", msg));
+    size_t at = sse->len;
+    bool ok = LIT(sse, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"
+                       "{\"id\":") == 0 &&
+              put_str(sse, o->id) == 0 &&
+              LIT(sse, ",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":") ==
+                  0 &&
+              put_str(sse, o->model) == 0 &&
+              LIT(sse, ",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":") == 0 &&
+              put_usage(sse, input_tokens, 0) == 0;
+    if (ok && json_array_size(warnings))
+        ok = LIT(sse, ",\"x_pool_meta\":{\"warnings\":") == 0 &&
+             gp_json_dump_append(sse, warnings) == 0 && LIT(sse, "}") == 0;
+    ev_end(sse, at, ok && LIT(sse, "}") == 0);
     if (with_text)
         open_text_block(o, sse);
-    emit(sse, "ping", json_pack("{s:s}", "type", "ping"));
+    LIT(sse, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
 }
 
 void gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n)
@@ -129,14 +193,16 @@ void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const cha
                   long long input_tokens, long long output_tokens, json_t *meta)
 {
     close_block(o, sse);
-    json_t *md = json_pack("{s:s,s:{s:s,s:o},s:o}", "type", "message_delta", "delta",
-                           "stop_reason", stop_reason, "stop_sequence",
-                           stop_seq ? json_string(stop_seq) : json_null(), "usage",
-                           gps_anthropic_usage(input_tokens, output_tokens));
-    if (md && meta)
-        json_object_set_new(md, "x_pool_meta", meta);
-    else
-        json_decref(meta);
-    emit(sse, "message_delta", md);
-    emit(sse, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+    size_t at = sse->len;
+    bool ok = LIT(sse, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
+                       "{\"stop_reason\":") == 0 &&
+              put_str(sse, stop_reason) == 0 && LIT(sse, ",\"stop_sequence\":") == 0 &&
+              (stop_seq ? put_str(sse, stop_seq) : LIT(sse, "null")) == 0 &&
+              LIT(sse, "},\"usage\":") == 0 &&
+              put_usage(sse, input_tokens, output_tokens) == 0 &&
+              (!meta || (LIT(sse, ",\"x_pool_meta\":") == 0 &&
+                         gp_json_dump_append(sse, meta) == 0));
+    ev_end(sse, at, ok);
+    json_decref(meta);
+    LIT(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
 }

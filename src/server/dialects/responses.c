@@ -596,14 +596,161 @@ static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
     json_decref(ev);
 }
 
+/* Append a string literal. */
+#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
+
+/* Append the decimal digits of v (>= 0). */
+static int append_uint(gp_buf *b, unsigned long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    do {
+        d[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/*
+ * Events written as text (issue 24, fourth round): the ones that carry a
+ * message's whole text or the response object, once per reply each. Built
+ * as jansson objects and dumped, they were about 300,000 instructions a
+ * Responses request: the text escaped three times over, the response
+ * dumped twice. Each writes the bytes emit() wrote for the same object:
+ * its fields in json_pack's order, then "type" and "sequence_number"
+ * (test_responses compares them with jansson's over texts that need
+ * escapes and over text that is not UTF-8). A frame is opened by
+ * ev_begin and closed by ev_end, which takes the sequence number whether
+ * or not the event could be written, as emit() did.
+ */
+static void ev_begin(gp_buf *sse, const char *type)
+{
+    LIT(sse, "event: ");
+    gp_buf_append(sse, type, strlen(type));
+    LIT(sse, "\ndata: {");
+}
+
+/* ok: the caller's part was written; else the event is cut back to at. */
+static void ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bool ok)
+{
+    unsigned long long seq = (unsigned long long)o->seq++;
+    if (!ok || LIT(sse, ",\"type\":\"") < 0 ||
+        gp_buf_append(sse, type, strlen(type)) < 0 ||
+        LIT(sse, "\",\"sequence_number\":") < 0 || append_uint(sse, seq) < 0 ||
+        LIT(sse, "}\n\n") < 0) {
+        sse->len = at;
+        if (sse->data)
+            sse->data[at] = '\0';
+    }
+}
+
+/* "item_id":"ID","output_index":N,"content_index":0, (item ids are ours:
+ * "msg_" and hex, nothing to escape) */
+static int item_head(gp_buf *b, const char *item_id, int idx)
+{
+    return LIT(b, "\"item_id\":\"") < 0 ||
+                   gp_buf_append(b, item_id, strlen(item_id)) < 0 ||
+                   LIT(b, "\",\"output_index\":") < 0 ||
+                   append_uint(b, (unsigned)idx) < 0 ||
+                   LIT(b, ",\"content_index\":0,") < 0
+               ? -1
+               : 0;
+}
+
+/* {"type":"output_text","text":"TEXT","annotations":[]}: esc is the text
+ * already escaped. */
+static int part_text(gp_buf *b, const gp_buf *esc)
+{
+    return LIT(b, "{\"type\":\"output_text\",\"text\":\"") < 0 ||
+                   gp_buf_append(b, esc->data ? esc->data : "", esc->len) < 0 ||
+                   LIT(b, "\",\"annotations\":[]}") < 0
+               ? -1
+               : 0;
+}
+
+/* "output_index":N,"item":{"type":"message","id":"ID","status":S,
+ * "role":"assistant","content":[ -- the content and "]}" are the caller's. */
+static int message_head(gp_buf *b, const char *item_id, int idx, const char *status)
+{
+    return LIT(b, "\"output_index\":") < 0 || append_uint(b, (unsigned)idx) < 0 ||
+                   LIT(b, ",\"item\":{\"type\":\"message\",\"id\":\"") < 0 ||
+                   gp_buf_append(b, item_id, strlen(item_id)) < 0 ||
+                   LIT(b, "\",\"status\":\"") < 0 ||
+                   gp_buf_append(b, status, strlen(status)) < 0 ||
+                   LIT(b, "\",\"role\":\"assistant\",\"content\":[") < 0
+               ? -1
+               : 0;
+}
+
+/* A new message item: output_item.added, then content_part.added. */
+static void message_added(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx)
+{
+    static const gp_buf empty = {0};
+    size_t at = sse->len;
+    ev_begin(sse, "response.output_item.added");
+    bool ok = message_head(sse, item_id, idx, "in_progress") == 0 &&
+              LIT(sse, "]}") == 0;
+    ev_end(o, sse, at, "response.output_item.added", ok);
+    at = sse->len;
+    ev_begin(sse, "response.content_part.added");
+    ok = item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
+         part_text(sse, &empty) == 0;
+    ev_end(o, sse, at, "response.content_part.added", ok);
+}
+
+/* A message's end: output_text.done, content_part.done, output_item.done,
+ * each with the whole text (escaped once here). Text that is not UTF-8
+ * is written as "", which is what json_stringn's refusal made of it. */
+static void message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
+                         const char *t, size_t n)
+{
+    gp_buf esc;
+    gp_buf_init(&esc);
+    bool ok = !gp_utf8_valid(t, n) || gp_json_escape_append(&esc, t, n) == 0;
+    size_t at = sse->len;
+    ev_begin(sse, "response.output_text.done");
+    bool w = ok && item_head(sse, item_id, idx) == 0 &&
+             LIT(sse, "\"text\":\"") == 0 &&
+             gp_buf_append(sse, esc.data ? esc.data : "", esc.len) == 0 &&
+             LIT(sse, "\"") == 0;
+    ev_end(o, sse, at, "response.output_text.done", w);
+    at = sse->len;
+    ev_begin(sse, "response.content_part.done");
+    w = ok && item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
+        part_text(sse, &esc) == 0;
+    ev_end(o, sse, at, "response.content_part.done", w);
+    at = sse->len;
+    ev_begin(sse, "response.output_item.done");
+    w = ok && message_head(sse, item_id, idx, "completed") == 0 && part_text(sse, &esc) == 0 &&
+        LIT(sse, "]}") == 0;
+    ev_end(o, sse, at, "response.output_item.done", w);
+    gp_buf_free(&esc);
+}
+
+/* {"response":R,"type":TYPE,"sequence_number":N}, R dumped already (r). */
+static void response_event(gps_resp_out *o, gp_buf *sse, const char *type, const gp_buf *r)
+{
+    size_t at = sse->len;
+    ev_begin(sse, type);
+    bool ok = r->len > 0 && LIT(sse, "\"response\":") == 0 &&
+              gp_buf_append(sse, r->data, r->len) == 0;
+    ev_end(o, sse, at, type, ok);
+}
+
 void gps_resp_open(gps_resp_out *o, gp_buf *sse)
 {
-    /* Both events carry the same response: built once. */
+    /* Both events carry the same response: built and dumped once. */
     json_t *r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
     if (!r)
         return;
-    emit(o, sse, "response.created", json_pack("{s:O}", "response", r));
-    emit(o, sse, "response.in_progress", json_pack("{s:o}", "response", r));
+    gp_buf d;
+    gp_buf_init(&d);
+    if (gp_json_dump_append(&d, r) < 0)
+        d.len = 0;
+    response_event(o, sse, "response.created", &d);
+    response_event(o, sse, "response.in_progress", &d);
+    gp_buf_free(&d);
+    json_decref(r);
 }
 
 static struct gps_resp_item *open_message(gps_resp_out *o)
@@ -623,29 +770,8 @@ static void close_message(gps_resp_out *o, gp_buf *sse)
     int idx = (int)(it - o->items);
     it->text_to = o->text.len;
     const char *t = o->text.data ? o->text.data + it->text_from : "";
-    size_t n = it->text_to - it->text_from;
-    json_t *s = json_stringn(t, n);
-    emit(o, sse, "response.output_text.done",
-         json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
-                   "content_index", 0, "text", s ? s : json_string("")));
-    emit(o, sse, "response.content_part.done",
-         json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
-                   "content_index", 0, "part", text_part(t, n)));
+    message_done(o, sse, it->item_id, idx, t, it->text_to - it->text_from);
     it->done = true;
-    emit(o, sse, "response.output_item.done",
-         json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(o, it, NULL, true)));
-}
-
-/* Append the decimal digits of v (>= 0). */
-static int append_uint(gp_buf *b, unsigned long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    do {
-        d[--i] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return gp_buf_append(b, d + i, sizeof d - i);
 }
 
 /*
@@ -712,12 +838,7 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
         memset(it, 0, sizeof *it);
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
-        int idx = (int)(it - o->items);
-        emit(o, sse, "response.output_item.added",
-             json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(o, it, NULL, false)));
-        emit(o, sse, "response.content_part.added",
-             json_pack("{s:s,s:i,s:i,s:o}", "item_id", it->item_id, "output_index", idx,
-                       "content_index", 0, "part", text_part("", 0)));
+        message_added(o, sse, it->item_id, (int)(it - o->items));
     }
     gp_buf_append(&o->text, t, n);
     it->text_to = o->text.len;
@@ -784,8 +905,15 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
         json_object_set_new(r, "x_pool_meta", meta);
     else
         json_decref(meta);
-    emit(o, sse, incomplete ? "response.incomplete" : "response.completed",
-         r ? json_pack("{s:o}", "response", r) : NULL);
+    if (r) {
+        gp_buf d;
+        gp_buf_init(&d);
+        if (gp_json_dump_append(&d, r) < 0)
+            d.len = 0;
+        response_event(o, sse, incomplete ? "response.incomplete" : "response.completed", &d);
+        gp_buf_free(&d);
+        json_decref(r);
+    }
     return fin;
 }
 

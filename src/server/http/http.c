@@ -1841,7 +1841,7 @@ static void dispatch(struct evhttp_request *req, void *arg)
     const char *corr = evhttp_find_header(evhttp_request_get_input_headers(req),
                                           "X-Correlation-Id");
     if (corr && corr_ok(corr))
-        snprintf(r.correlation_id, sizeof r.correlation_id, "%s", corr);
+        gp_copy_str(r.correlation_id, sizeof r.correlation_id, corr);
     else
         gps_id_hex(r.correlation_id, 16);
     struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
@@ -1891,7 +1891,7 @@ static void dispatch(struct evhttp_request *req, void *arg)
         return;
     }
     if (c && c->authed) {
-        snprintf(r.key_id, sizeof r.key_id, "%s", c->key_id);
+        gp_copy_str(r.key_id, sizeof r.key_id, c->key_id);
     } else if (route->role != GPS_ROLE_NONE && h->auth) {
         struct evkeyvalq *ih = evhttp_request_get_input_headers(req);
         const char *cred = evhttp_find_header(ih, "Authorization");

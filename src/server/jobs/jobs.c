@@ -2,6 +2,7 @@
 #include "server/jobs/jobs.h"
 #include "server/jobs/jobs_internal.h"
 
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,8 @@ struct gps_jobs {
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     json_t *tok_id; /* its token_id while it has one (a second reference) */
     json_t *tok_text; /* its "text" (borrowed from tok_ev) */
+    /* The fields of the per-job log lines, refilled in place (log_fields). */
+    json_t *log_submitted, *log_assigned, *log_done;
     gps_jobs_opts opts;
     unsigned char tenant_secret[32]; /* keys the tenant tags (random per process) */
     registry *reg;
@@ -527,6 +530,148 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     return w;
 }
 
+/*
+ * The same wire, written as text (issue 24, fourth round): building it as
+ * a jansson tree (a json_pack per part, the messages and tools deep-copied)
+ * and dumping it was about 50,000 instructions a job. The fields come in
+ * gps_job_wire's order and as gp_json_dump_append writes them; the parts
+ * that are JSON already (stop, messages, input, tools, response_format)
+ * are dumped as they are. A string jansson would refuse (not UTF-8), a
+ * missing model or a temperature that is not finite takes the jansson
+ * path instead, where json_pack's and json_string's refusals decide what
+ * is left (test_job_wire compares the two).
+ */
+#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
+
+static int put_int(gp_buf *b, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        d[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        d[--i] = '-';
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
+/* A string as json_pack's "s" or json_string made it (up to its NUL). */
+static int put_str(gp_buf *b, const char *s)
+{
+    return LIT(b, "\"") < 0 || gp_json_escape_append(b, s, strlen(s)) < 0 ? -1 : LIT(b, "\"");
+}
+
+/* A real as json_real dumped it (jansson's own formatting). */
+static int put_real(gp_buf *b, double d)
+{
+    json_t *r = json_real(d);
+    int rc = r ? gp_json_dump_append(b, r) : -1;
+    json_decref(r);
+    return rc;
+}
+
+static bool utf8_ok(const char *s)
+{
+    return !s || gp_utf8_valid(s, strlen(s));
+}
+
+/* Every string of the wire is one jansson takes, and the numbers are. */
+static bool wire_plain(const gps_job *job)
+{
+    const gps_job_spec *s = &job->spec;
+    bool cont = job->continued_tokens > 0;
+    return s->model && isfinite(s->temperature) && isfinite(s->top_p) && utf8_ok(job->id) &&
+           utf8_ok(s->model) && (!cont || utf8_ok(job->text.data)) &&
+           utf8_ok(job->correlation_id) &&
+           utf8_ok(s->prompt) && utf8_ok(s->user) && utf8_ok(s->session) &&
+           utf8_ok(s->pool_via) && utf8_ok(job->tenant) && utf8_ok(job->ids_digest);
+}
+
+/* ,"key":JSON (v borrowed). */
+static int put_json(gp_buf *b, const char *key_lit, size_t klen, const json_t *v)
+{
+    return gp_buf_append(b, key_lit, klen) < 0 ? -1 : gp_json_dump_append(b, v);
+}
+#define PUT_JSON(b, k, v) put_json((b), (k), sizeof(k) - 1, (v))
+
+static int wire_text(gp_buf *b, const gps_job *job, uint64_t now_us, int request_timeout_sec)
+{
+    const gps_job_spec *s = &job->spec;
+    bool tokens = job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0;
+    long long done = tokens ? (long long)job->n_gen_ids : job->continued_tokens;
+    long long max_tokens = s->max_tokens - done;
+    if (max_tokens < 1)
+        max_tokens = 1;
+    uint64_t budget_us = (uint64_t)request_timeout_sec * 1000000ull;
+    uint64_t used = now_us > job->created_us ? now_us - job->created_us : 0;
+    long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
+    const char *cont = job->continued_tokens > 0 && job->text.data ? job->text.data : "";
+    if (LIT(b, "{\"job_id\":") < 0 || put_str(b, job->id) < 0 || LIT(b, ",\"kind\":") < 0 ||
+        put_str(b, gps_job_kind_name(s->kind)) < 0 || LIT(b, ",\"model\":") < 0 ||
+        put_str(b, s->model) < 0 || LIT(b, ",\"params\":{\"max_tokens\":") < 0 ||
+        put_int(b, max_tokens) < 0 || LIT(b, ",\"temperature\":") < 0 ||
+        put_real(b, s->temperature) < 0 || LIT(b, ",\"top_p\":") < 0 ||
+        put_real(b, s->top_p) < 0 || LIT(b, ",\"top_k\":") < 0 || put_int(b, s->top_k) < 0 ||
+        LIT(b, ",\"stop\":") < 0 || (s->stop ? gp_json_dump_append(b, s->stop) : LIT(b, "[]")) < 0 ||
+        LIT(b, ",\"seed\":") < 0 || (s->has_seed ? put_int(b, s->seed) : LIT(b, "null")) < 0 ||
+        LIT(b, "},\"continuation\":") < 0 || put_str(b, cont) < 0 ||
+        LIT(b, ",\"attempt\":") < 0 || put_int(b, job->attempts) < 0 ||
+        LIT(b, ",\"correlation_id\":") < 0 || put_str(b, job->correlation_id) < 0 ||
+        LIT(b, ",\"deadline_ms\":") < 0 || put_int(b, deadline_ms) < 0 ||
+        LIT(b, ",\"prompt\":") < 0 || (s->prompt ? put_str(b, s->prompt) : LIT(b, "null")) < 0 ||
+        LIT(b, ",\"messages\":") < 0 ||
+        (s->messages ? gp_json_dump_append(b, s->messages) : LIT(b, "null")) < 0)
+        return -1;
+    if ((s->input && PUT_JSON(b, ",\"input\":", s->input) < 0) ||
+        (s->tools && PUT_JSON(b, ",\"tools\":", s->tools) < 0) ||
+        (s->tools && s->tool_choice && PUT_JSON(b, ",\"tool_choice\":", s->tool_choice) < 0) ||
+        (s->response_format && PUT_JSON(b, ",\"response_format\":", s->response_format) < 0) ||
+        (s->user && (LIT(b, ",\"user\":") < 0 || put_str(b, s->user) < 0)))
+        return -1;
+    const char *session = s->session ? s->session : s->user;
+    if ((session && (LIT(b, ",\"session\":") < 0 || put_str(b, session) < 0)) ||
+        (s->priority == GPS_PRIO_BATCH && LIT(b, ",\"priority\":\"batch\"") < 0) ||
+        (s->pool_via[0] && (LIT(b, ",\"pool_via\":") < 0 || put_str(b, s->pool_via) < 0)) ||
+        (job->tenant[0] && (LIT(b, ",\"tenant\":") < 0 || put_str(b, job->tenant) < 0)) ||
+        (s->prompt_tokens_first && LIT(b, ",\"prompt_tokens_first\":true") < 0))
+        return -1;
+    if (tokens) {
+        if (LIT(b, ",\"continuation_ids\":[") < 0)
+            return -1;
+        for (size_t i = 0; i < job->n_gen_ids; i++)
+            if ((i && LIT(b, ",") < 0) || put_int(b, job->gen_ids[i]) < 0)
+                return -1;
+        if (LIT(b, "],\"continuation_digest\":") < 0 || put_str(b, job->ids_digest) < 0)
+            return -1;
+    }
+    if (LIT(b, ",\"sampler\":{\"seed\":") < 0 || put_int(b, job->sampler_seed) < 0 ||
+        (tokens && (LIT(b, ",\"n_sampled\":") < 0 || put_int(b, (long long)job->n_gen_ids) < 0)))
+        return -1;
+    return LIT(b, "}}");
+}
+
+int gps_job_wire_append(gp_buf *out, const gps_job *job, uint64_t now_us,
+                        int request_timeout_sec)
+{
+    size_t at = out->len;
+    int rc;
+    if (wire_plain(job)) {
+        rc = wire_text(out, job, now_us, request_timeout_sec);
+    } else {
+        json_t *w = gps_job_wire(job, now_us, request_timeout_sec);
+        rc = w ? gp_json_dump_append(out, w) : 1;
+        json_decref(w);
+    }
+    if (rc != 0) {
+        out->len = at;
+        if (out->data)
+            out->data[at] = '\0';
+    }
+    return rc < 0 ? -1 : rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Lifecycle                                                           */
 /* ------------------------------------------------------------------ */
@@ -806,7 +951,7 @@ static void continuation_plan(gps_job *job, registry_agent *a)
     bool fresh = job->text.len == 0 && job->n_gen_ids == 0 && job->continued_tokens == 0;
     if (fresh) {
         job->ids_ok = d != NULL;
-        snprintf(job->ids_digest, sizeof job->ids_digest, "%s", d ? d : "");
+        gp_copy_str(job->ids_digest, sizeof job->ids_digest, d ? d : "");
     } else if (!d || strcmp(d, job->ids_digest) != 0) {
         job->ids_ok = false;  /* another tokenizer's text follows: for good */
     }
@@ -850,6 +995,48 @@ static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char 
 }
 
 /* Mark job as given to agent a (the scheduler already counted the slot). */
+/*
+ * The fields of the three log lines every job writes (job_submitted,
+ * job_assigned, job_done): one object per line kind, kept by the table and
+ * refilled in place, its keys made by the first line in the order below,
+ * rather than a json_pack per line (~7,000 instructions each, three a
+ * request at the default level; issue 24). The line is the one the
+ * json_pack object wrote; a value jansson refuses (not UTF-8) drops the
+ * fields, as a failed json_pack did. log_fields returns the object to
+ * refill (borrowed), lf_str/lf_int/lf_bool set one field and say whether
+ * it took, log_fields_ref hands gp_log_write its reference.
+ */
+static json_t *log_fields(json_t **slot)
+{
+    if (!*slot)
+        *slot = json_object();
+    return *slot;
+}
+
+static bool lf_str(json_t *o, const char *k, const char *v)
+{
+    json_t *x = json_object_get(o, k);
+    if (!v)
+        return false;
+    return x ? json_string_set(x, v) == 0 : json_object_set_new(o, k, json_string(v)) == 0;
+}
+
+static bool lf_int(json_t *o, const char *k, long long v)
+{
+    json_t *x = json_object_get(o, k);
+    return x ? json_integer_set(x, v) == 0 : json_object_set_new(o, k, json_integer(v)) == 0;
+}
+
+static bool lf_bool(json_t *o, const char *k, bool v)
+{
+    return json_object_set_new(o, k, json_boolean(v)) == 0; /* (in place when there) */
+}
+
+static json_t *log_fields_ref(json_t *o, bool ok)
+{
+    return o && ok ? json_incref(o) : NULL;
+}
+
 static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
 {
     uint64_t now = gp_now_mono_us();
@@ -857,11 +1044,11 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
         job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
     job->state = GPS_JOB_ASSIGNED;
     job->attempts++;
-    snprintf(job->agent_id, sizeof job->agent_id, "%s", a->id);
+    gp_copy_str(job->agent_id, sizeof job->agent_id, a->id);
     /* The file that serves it (x_pool_meta.model_sha256: what an operator
      * pinned, or what a client may want to check). */
     const char *dg = registry_agent_model_digest(a, job->spec.model);
-    snprintf(job->model_digest, sizeof job->model_digest, "%s", dg ? dg : "");
+    gp_copy_str(job->model_digest, sizeof job->model_digest, dg ? dg : "");
     job->assigned_us = now;
     /* Scheduling latency: submit to the first assignment (a requeue after
      * a failover is counted by failovers_total instead; a delivery that
@@ -880,11 +1067,13 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->agent_bytes = 0;
     job->metrics_relayed = 0;
     continuation_plan(job, a);
-    if (gp_log_enabled(GP_LOG_INFO)) /* the fields: a json_pack per job */
-        gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id,
-                     json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
-                               "attempt", job->attempts, "queue_ms", (json_int_t)job->queue_ms),
+    if (gp_log_enabled(GP_LOG_INFO)) {
+        json_t *f = log_fields(&j->log_assigned);
+        bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", a->id) &&
+                  lf_int(f, "attempt", job->attempts) && lf_int(f, "queue_ms", job->queue_ms);
+        gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id, log_fields_ref(f, ok),
                      "job assigned");
+    }
     persist(j, job);
 }
 
@@ -988,10 +1177,16 @@ static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
     mark_assigned(j, job, a);
-    json_t *arr = json_array();
-    json_array_append_new(arr, gps_job_wire(job, gp_now_mono_us(), j->opts.request_timeout_sec));
-    int rc = j->deliver ? j->deliver(a, arr, j->deliver_arg) : -1;
-    json_decref(arr);
+    gp_buf arr;
+    gp_buf_init(&arr);
+    if (LIT(&arr, "[") < 0 ||
+        gps_job_wire_append(&arr, job, gp_now_mono_us(), j->opts.request_timeout_sec) < 0 ||
+        LIT(&arr, "]") < 0)
+        arr.len = 0; /* (ENOMEM: handed over as nothing, as an empty array was) */
+    long long rc = j->deliver ? j->deliver(a, &arr, j->deliver_arg) : -1;
+    gp_buf_free(&arr);
+    if (rc >= 0 && job->state == GPS_JOB_ASSIGNED)
+        job->delivery = (uint64_t)rc;
     if (rc < 0) {
         job->attempts--;
         end_on_agent(j, job, true);
@@ -1034,21 +1229,25 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
     place(j, job, depth);
 }
 
-static void log_submitted(const gps_job *job, bool held)
+static void log_submitted(gps_jobs *j, const gps_job *job, bool held)
 {
     if (!gp_log_enabled(GP_LOG_INFO))
-        return; /* the fields are a json_pack per job */
-    json_t *f = json_pack("{s:s,s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model",
-                          job->spec.model, "kind", gps_job_kind_name(job->spec.kind), "api",
-                          job->spec.api ? job->spec.api : "", "priority",
-                          job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive",
-                          "held", held);
+        return;
+    json_t *f = log_fields(&j->log_submitted);
+    bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "model", job->spec.model) &&
+              lf_str(f, "kind", gps_job_kind_name(job->spec.kind)) &&
+              lf_str(f, "api", job->spec.api ? job->spec.api : "") &&
+              lf_str(f, "priority",
+                     job->spec.priority == GPS_PRIO_BATCH ? "batch" : "interactive") &&
+              lf_bool(f, "held", held);
     /* The affinity key (x_pool_options.session, else user): which
      * conversation a job belongs to, for an operator reading the log. */
     const char *session = job->spec.session ? job->spec.session : job->spec.user;
-    if (f && session)
-        json_object_set_new(f, "session", json_string(session));
-    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, f,
+    if (ok && session && !lf_str(f, "session", session))
+        json_object_del(f, "session"); /* (json_string refused it: the key left out) */
+    else if (ok && !session)
+        json_object_del(f, "session");
+    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, log_fields_ref(f, ok),
                  held ? "job submitted; waiting for a slot of its key (max_concurrent)"
                       : "job submitted");
 }
@@ -1066,7 +1265,7 @@ static gps_job *submit_held(gps_jobs *j, gps_job *job)
         persist(j, job);
     else
         persist_insert(j, job);
-    log_submitted(job, true);
+    log_submitted(j, job, true);
     return job;
 }
 
@@ -1174,9 +1373,9 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         snprintf(job->id, sizeof job->id, "%s", spec->resume_id);
     else
         gps_id_new("job_", job->id, sizeof job->id);
-    snprintf(job->correlation_id, sizeof job->correlation_id, "%s",
-             correlation_id ? correlation_id : "");
-    snprintf(job->key_id, sizeof job->key_id, "%s", key_id ? key_id : "");
+    gp_copy_str(job->correlation_id, sizeof job->correlation_id,
+                correlation_id ? correlation_id : "");
+    gp_copy_str(job->key_id, sizeof job->key_id, key_id ? key_id : "");
     tenant_of(j, job->key_id, spec->tenant_sub, job->tenant);
     job->reserved_tokens = reserve;
     job->spec = *spec;
@@ -1303,7 +1502,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         persist(j, job); /* the row of the previous process: now queued again */
     else
         persist_insert(j, job);
-    log_submitted(job, false);
+    log_submitted(j, job, false);
     if (job->remote) /* after its row's insert: the offer's row refers to it */
         j->handoff.offer(j->handoff.arg, job);
     else if (r == SCHED_QUEUED && j->handoff.withdraw && offerable(j, job))
@@ -1954,18 +2153,6 @@ size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
     return n;
 }
 
-void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery)
-{
-    size_t i;
-    const json_t *w;
-    json_array_foreach(jobs_json, i, w) {
-        const char *id = json_string_value(json_object_get(w, "job_id"));
-        gps_job *job = id ? gps_jobs_find(j, id) : NULL;
-        if (job && job->state == GPS_JOB_ASSIGNED)
-            job->delivery = delivery;
-    }
-}
-
 static bool listed(const json_t *running, const char *id)
 {
     size_t i;
@@ -2018,13 +2205,17 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
     return ended;
 }
 
-json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
+size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
+                               gp_buf *out)
 {
-    json_t *out = json_array();
-    if (!out || free_slots <= 0)
-        return out;
-    if (sched_agent_ready(j->sched, a, free_slots) < 0)
-        return out;
+    /* (On ENOMEM the jobs written so far go out; the others stall on the
+     * agent's books and fail over, as a short jansson array did.) */
+    size_t taken = 0;
+    LIT(out, "[");
+    if (free_slots <= 0 || sched_agent_ready(j->sched, a, free_slots) < 0) {
+        LIT(out, "]");
+        return 0;
+    }
     /* As many as the agent has free slots, in one reply: a burst reaches an
      * agent in one round trip instead of one per 64 jobs. */
     sched_job *picked[64];
@@ -2041,7 +2232,13 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
                 continue;
             }
             mark_assigned(j, job, a);
-            json_array_append_new(out, gps_job_wire(job, now, j->opts.request_timeout_sec));
+            job->delivery = delivery;
+            size_t at = out->len;
+            if ((taken && LIT(out, ",") < 0) ||
+                gps_job_wire_append(out, job, now, j->opts.request_timeout_sec) != 0)
+                out->len = at; /* (as json_array_append_new dropped a NULL wire) */
+            else
+                taken++;
         }
         if (n < max)
             break;
@@ -2054,7 +2251,8 @@ json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots)
      * withdraws every offer queued for the model. */
     if (withdrawing > 0)
         sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + withdrawing);
-    return out;
+    LIT(out, "]");
+    return taken;
 }
 
 /* ------------------------------------------------------------------ */
@@ -2214,10 +2412,10 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
     }
     case GPS_EV_END: {
         const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
-        snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
-                 fr && strcmp(fr, "length") == 0       ? "length"
-                 : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
-                                                       : "stop");
+        gp_copy_str(job->finish_reason, sizeof job->finish_reason,
+                    fr && strcmp(fr, "length") == 0       ? "length"
+                    : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
+                                                          : "stop");
         /* The stop string the agent stopped on (agent_check bounded it):
          * the Anthropic dialect reports it as stop_sequence. */
         const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
@@ -2236,14 +2434,15 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             job->completion_tokens = job->continued_tokens + json_integer_value(ct);
         end_on_agent(j, job, true);
         finish(j, job, GPS_JOB_DONE);
-        if (gp_log_enabled(GP_LOG_INFO))
-            gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
-                         json_pack("{s:s,s:s,s:I,s:I,s:s}", "job_id", job->id, "agent_id",
-                                   job->agent_id, "prompt_tokens",
-                                   (json_int_t)job->prompt_tokens, "completion_tokens",
-                                   (json_int_t)job->completion_tokens, "finish_reason",
-                                   job->finish_reason),
+        if (gp_log_enabled(GP_LOG_INFO)) {
+            json_t *f = log_fields(&j->log_done);
+            bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", job->agent_id) &&
+                      lf_int(f, "prompt_tokens", job->prompt_tokens) &&
+                      lf_int(f, "completion_tokens", job->completion_tokens) &&
+                      lf_str(f, "finish_reason", job->finish_reason);
+            gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id, log_fields_ref(f, ok),
                          "job finished");
+        }
         notify(j, job, t, ev);
         break;
     }
@@ -2569,6 +2768,9 @@ void gps_jobs_free(gps_jobs *j)
     }
     json_decref(j->tok_id);
     json_decref(j->tok_ev);
+    json_decref(j->log_submitted);
+    json_decref(j->log_assigned);
+    json_decref(j->log_done);
     free(j);
 }
 

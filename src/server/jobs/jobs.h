@@ -247,11 +247,13 @@ typedef struct gps_submit_err {
 } gps_submit_err;
 
 /* Deliver callback (agents_api): jobs were assigned to agent a by the
- * scheduler while its long-poll was parked; jobs_json is the array of wire
- * objects (borrowed). The callback answers the parked request and calls
- * sched_agent_unready. Return 0 when handed over, -1 when the agent has no
- * parked long-poll any more (the jobs are then requeued). */
-typedef int (*gps_jobs_deliver_fn)(registry_agent *a, json_t *jobs_json, void *arg);
+ * scheduler while its long-poll was parked; jobs is the JSON array of their
+ * wire objects as text (gps_job_wire_append; borrowed). The callback
+ * answers the parked request and calls sched_agent_unready. Returns the
+ * reply's delivery number (> 0, see gps_jobs_agent_report; 0: unnumbered)
+ * when handed over, -1 when the agent has no parked long-poll any more
+ * (the jobs are then requeued). */
+typedef long long (*gps_jobs_deliver_fn)(registry_agent *a, const gp_buf *jobs, void *arg);
 
 typedef struct gps_jobs_opts {
     int max_queue;
@@ -452,10 +454,14 @@ void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn);
 /* ---- agent side (agents_api) ---- */
 
 /* Agent a asks for work with free_slots: it becomes ready in the
- * scheduler and takes what is queued for it. Returns the array of job wire
- * objects (new reference; empty = park the long-poll, the agent stays
- * ready until sched_agent_unready). NULL on ENOMEM. */
-json_t *gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots);
+ * scheduler and takes what is queued for it. Appends the JSON array of the
+ * jobs' wire objects to out ("[]": none; park the long-poll, the agent
+ * stays ready until sched_agent_unready) and returns how many. delivery:
+ * the number of the reply that carries them (> 0, increasing per server
+ * process; 0: unnumbered), recorded on each job so that
+ * gps_jobs_agent_report can tell what the agent has seen. */
+size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
+                               gp_buf *out);
 /* Apply an event batch. Returns 0 (*cancel set), 404 unknown job, 409 when
  * not assigned to agent_id (*expected_seq = -1) or a seq gap
  * (*expected_seq = what the server has), 400 for a malformed event (msg). */
@@ -491,10 +497,6 @@ int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id,
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
 /* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
 size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
-/* The wire objects in jobs_json went out to their agent in the work reply
- * numbered delivery (> 0, increasing per server process): recorded on each
- * job so that gps_jobs_agent_report can tell what the agent has seen. */
-void gps_jobs_mark_delivered(gps_jobs *j, const json_t *jobs_json, uint64_t delivery);
 /* An agent's own account of its jobs (poll or work `running_jobs`, docs/
  * protocol.md). running: array of job id strings (borrowed; NULL = the agent
  * did not say: nothing happens). seen: the last work reply the agent had
@@ -516,5 +518,10 @@ size_t gps_jobs_active(gps_jobs *j);
 void gps_jobs_collect(gps_jobs *j, struct gps_metrics *m);
 /* Wire form of a job for /agents/work (new reference). */
 json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec);
+/* The same object appended to out as text: the bytes gp_json_dump_append
+ * writes for gps_job_wire's, without the tree. 0; 1 when gps_job_wire
+ * gives NULL (nothing appended); -1 ENOMEM (out as it was). */
+int gps_job_wire_append(gp_buf *out, const gps_job *job, uint64_t now_us,
+                        int request_timeout_sec);
 
 #endif

@@ -12,13 +12,23 @@
 
 #include "common/gp_util.h"
 
-static int deliver(registry_agent *a, json_t *jobs_json, void *arg)
+/* The wire text must be JSON: read back, as the agent reads it. */
+static json_t *wire_read(const gp_buf *jobs)
+{
+    json_error_t e;
+    json_t *arr = json_loadb(jobs->data ? jobs->data : "", jobs->len, 0, &e);
+    if (!json_is_array(arr))
+        fail_msg("wire text is not a JSON array (%s): %.*s", e.text, (int)jobs->len, jobs->data);
+    return arr;
+}
+
+static long long deliver(registry_agent *a, const gp_buf *jobs, void *arg)
 {
     fleet *f = arg;
     f->delivered++;
     f->delivered_to = a;
     json_decref(f->delivery);
-    f->delivery = json_incref(jobs_json);
+    f->delivery = wire_read(jobs);
     sched_agent_unready(f->s, a);
     return 0;
 }
@@ -119,7 +129,16 @@ gps_job *fleet_submit(fleet *f, gps_job_spec *spec)
 
 json_t *fleet_take(fleet *f, registry_agent *a)
 {
-    json_t *arr = gps_jobs_take_for_agent(f->jobs, a, 1);
+    return fleet_take_numbered(f, a, 0);
+}
+
+json_t *fleet_take_numbered(fleet *f, registry_agent *a, uint64_t delivery)
+{
+    gp_buf text;
+    gp_buf_init(&text);
+    assert_int_equal(gps_jobs_take_for_agent(f->jobs, a, 1, delivery, &text), 1);
+    json_t *arr = wire_read(&text);
+    gp_buf_free(&text);
     assert_int_equal(json_array_size(arr), 1);
     json_t *w = json_incref(json_array_get(arr, 0));
     json_decref(arr);

@@ -65,6 +65,8 @@ gps_job *fleet_submit(fleet *f, gps_job_spec *spec);
 /* Agent a asks for one job and gets exactly one: its wire object (new
  * reference). The agent is unready afterwards (its poll is answered). */
 json_t *fleet_take(fleet *f, registry_agent *a);
+/* The same, the reply numbered delivery (gps_jobs_take_for_agent). */
+json_t *fleet_take_numbered(fleet *f, registry_agent *a, uint64_t delivery);
 /* Agent a uploads events (a JSON array text) for job from seq: the
  * return of gps_jobs_apply_events. */
 int fleet_apply(fleet *f, gps_job *job, registry_agent *a, long long seq, const char *events);

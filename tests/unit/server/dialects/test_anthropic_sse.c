@@ -100,11 +100,101 @@ static void test_call_first_and_cut_text(void **state)
     gps_an_out_clear(&o);
 }
 
+/* Append what emit() wrote for ev (stolen): `event: NAME`, its dump. */
+static void want(gp_buf *w, const char *name, json_t *ev)
+{
+    if (!ev)
+        return; /* json_pack refused: nothing was written */
+    char *d = json_dumps(ev, JSON_COMPACT);
+    assert_non_null(d);
+    gp_buf_appendf(w, "event: %s\ndata: %s\n\n", name, d);
+    free(d);
+    json_decref(ev);
+}
+
+static void assert_same(const gp_buf *got, const gp_buf *w)
+{
+    if (got->len != w->len || memcmp(got->data, w->data, w->len) != 0)
+        fprintf(stderr, "got:\n%.*s\nwant:\n%.*s\n", (int)got->len, got->data, (int)w->len,
+                w->data);
+    assert_int_equal(got->len, w->len);
+    assert_memory_equal(got->data, w->data, w->len);
+}
+
+/* Issue 24, fourth round: message_start, the text block's start and stop,
+ * ping, message_delta and message_stop are written as text. They must be
+ * the bytes jansson's objects dumped (the objects below are the ones
+ * anthropic_sse.c packed before), over ids, models, stop sequences and
+ * warnings that need escapes, with and without x_pool_meta, and nothing
+ * where json_pack refused a string (not UTF-8, a NULL stop_reason). */
+static void test_frames_are_what_jansson_writes(void **state)
+{
+    (void)state;
+    static const char *models[] = {"m1", "m\xc3\xa9\"\\/\n\x01", "bad \xff"};
+    static const char *seqs[] = {NULL, "\n\nHuman:", "caf\xc3\xa9\t\"", "\xe2\x82"};
+    static const char *reasons[] = {"end_turn", "stop_sequence", NULL};
+    json_t *warn = json_pack("[s,s]", "w \"1\"", "caf\xc3\xa9");
+    for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) {
+        for (int k = 0; k < 4; k++) {
+            gps_an_out o;
+            gps_an_out_init(&o, "msg_\"x\"", models[m]);
+            gp_buf sse, w;
+            gp_buf_init(&sse);
+            gp_buf_init(&w);
+            const json_t *ws = k & 1 ? warn : NULL;
+            long long in = k == 3 ? -5 : 12345678901LL;
+            gps_an_open(&o, &sse, in, ws, k != 2);
+            json_t *msg = json_pack("{s:s,s:s,s:s,s:[],s:s,s:n,s:n,s:{s:I,s:I}}", "id", o.id,
+                                    "type", "message", "role", "assistant", "content", "model",
+                                    models[m], "stop_reason", "stop_sequence", "usage",
+                                    "input_tokens", (json_int_t)(in > 0 ? in : 0),
+                                    "output_tokens", (json_int_t)0);
+            if (msg && ws)
+                json_object_set_new(msg, "x_pool_meta", json_pack("{s:O}", "warnings", ws));
+            want(&w, "message_start",
+                 msg ? json_pack("{s:s,s:o}", "type", "message_start", "message", msg) : NULL);
+            if (k != 2)
+                want(&w, "content_block_start",
+                     json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
+                               "content_block", "type", "text", "text", ""));
+            want(&w, "ping", json_pack("{s:s}", "type", "ping"));
+            assert_same(&sse, &w);
+            for (size_t q = 0; q < sizeof seqs / sizeof seqs[0]; q++) {
+                const char *sr = reasons[q % 3];
+                sse.len = w.len = 0;
+                json_t *meta = k & 2 ? json_pack("{s:s,s:f}", "agent_id", "a\"1", "t", 0.25)
+                                     : NULL;
+                json_t *meta_ref = json_incref(meta);
+                gps_an_close(&o, &sse, sr, seqs[q], in, 64 + (long long)q, meta);
+                if (k != 2 && q == 0)
+                    want(&w, "content_block_stop",
+                         json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+                json_t *md = json_pack("{s:s,s:{s:s,s:o},s:{s:I,s:I}}", "type", "message_delta",
+                                       "delta", "stop_reason", sr, "stop_sequence",
+                                       seqs[q] ? json_string(seqs[q]) : json_null(), "usage",
+                                       "input_tokens", (json_int_t)(in > 0 ? in : 0),
+                                       "output_tokens", (json_int_t)(64 + q));
+                if (md && meta_ref)
+                    json_object_set(md, "x_pool_meta", meta_ref);
+                json_decref(meta_ref);
+                want(&w, "message_delta", md);
+                want(&w, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+                assert_same(&sse, &w);
+            }
+            gp_buf_free(&sse);
+            gp_buf_free(&w);
+            gps_an_out_clear(&o);
+        }
+    }
+    json_decref(warn);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_text_then_tool_call_then_end),
         cmocka_unit_test(test_call_first_and_cut_text),
+        cmocka_unit_test(test_frames_are_what_jansson_writes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -565,6 +565,150 @@ static void test_delta_is_what_jansson_writes(void **st)
     gps_tool_calls_free(&calls);
 }
 
+/* Append `event: TYPE` and the compact dump of ev (stolen) with "type" and
+ * "sequence_number" added last, as responses.c's emit() wrote every event
+ * before the fourth round of issue 24. */
+static void want_event(gp_buf *w, const char *type, json_t *ev, long long seq)
+{
+    assert_non_null(ev);
+    json_object_set_new(ev, "type", json_string(type));
+    json_object_set_new(ev, "sequence_number", json_integer(seq));
+    char *d = json_dumps(ev, JSON_COMPACT);
+    assert_non_null(d);
+    gp_buf_appendf(w, "event: %s\ndata: %s\n\n", type, d);
+    free(d);
+    json_decref(ev);
+}
+
+/* The "response" of the event of this type in sse (a new reference). */
+static json_t *response_in(const gp_buf *sse, const char *type)
+{
+    char head[96];
+    snprintf(head, sizeof head, "event: %s\ndata: ", type);
+    const char *at = strstr(sse->data, head);
+    assert_non_null(at);
+    at += strlen(head);
+    json_error_t e;
+    json_t *ev = json_loadb(at, (size_t)(strchr(at, '\n') - at), JSON_ALLOW_NUL, &e);
+    assert_non_null(ev);
+    json_t *r = json_incref(json_object_get(ev, "response"));
+    json_decref(ev);
+    assert_non_null(r);
+    return r;
+}
+
+static void assert_buf_equal(const gp_buf *got, const gp_buf *want)
+{
+    if (got->len != want->len || memcmp(got->data, want->data, want->len) != 0)
+        fprintf(stderr, "got:\n%.*s\nwant:\n%.*s\n", (int)got->len, got->data, (int)want->len,
+                want->data);
+    assert_int_equal(got->len, want->len);
+    assert_memory_equal(got->data, want->data, want->len);
+}
+
+/* Issue 24, fourth round: the open and close events and a message's
+ * added/done events are written as text. They must be the bytes that
+ * jansson's objects dumped, whatever the text holds (quotes, backslashes,
+ * control characters, non-ASCII, a NUL, bytes that are not UTF-8, which
+ * jansson's json_stringn refused: written as ""), for either ending. */
+static void test_open_close_are_what_jansson_writes(void **st)
+{
+    (void)st;
+    static const struct {
+        const char *t;
+        size_t n;
+    } texts[] = {
+#define T(s) {s, sizeof(s) - 1}
+        T("tok"),
+        T("a\"b\\c\n\r\t\x01\x1f/\x7f"),
+        T("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+        T("a\0b"),
+        T("bad \xff\xfe utf-8"),
+#undef T
+    };
+    const char *frs[] = {"stop", "length"};
+    json_t *echo = J("{\"instructions\":\"\\u00e9\\\"q\\n\",\"store\":true,\"tools\":[],"
+                     "\"tool_choice\":\"auto\",\"metadata\":{\"k\":\"\\u0001\"}}");
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        for (int k = 0; k < 2; k++) {
+            gps_resp_out o;
+            gps_resp_out_init(&o, "m\xc3\xa9\"", echo);
+            gp_buf sse, want;
+            gp_buf_init(&sse);
+            gp_buf_init(&want);
+            /* Open: the same response in both events. */
+            gps_resp_open(&o, &sse);
+            json_t *r = response_in(&sse, "response.created");
+            want_event(&want, "response.created", json_pack("{s:O}", "response", r), 0);
+            want_event(&want, "response.in_progress", json_pack("{s:O}", "response", r), 1);
+            json_decref(r);
+            assert_buf_equal(&sse, &want);
+            /* The message item opened by its first text. */
+            sse.len = want.len = 0;
+            gps_resp_text(&o, &sse, "x", 1);
+            const char *id = o.items[0].item_id;
+            want_event(&want, "response.output_item.added",
+                       json_pack("{s:i,s:{s:s,s:s,s:s,s:s,s:[]}}", "output_index", 0, "item",
+                                 "type", "message", "id", id, "status", "in_progress", "role",
+                                 "assistant", "content"),
+                       2);
+            want_event(&want, "response.content_part.added",
+                       json_pack("{s:s,s:i,s:i,s:{s:s,s:s,s:[]}}", "item_id", id,
+                                 "output_index", 0, "content_index", 0, "part", "type",
+                                 "output_text", "text", "", "annotations"),
+                       3);
+            assert_true(sse.len > want.len); /* then the delta, tested above */
+            sse.len = want.len;
+            assert_buf_equal(&sse, &want);
+            gps_resp_text(&o, &sse, texts[i].t, texts[i].n);
+            /* Close: the whole text three times, then the final response. */
+            sse.len = want.len = 0;
+            gp_buf all;
+            gp_buf_init(&all);
+            gp_buf_append(&all, "x", 1);
+            gp_buf_append(&all, texts[i].t, texts[i].n);
+            json_t *text = json_stringn(all.data, all.len);
+            if (!text)
+                text = json_string("");
+            long long seq = o.seq;
+            json_t *fin = gps_resp_close_final(&o, &sse, &(gps_tool_calls){0}, frs[k], 5, 7,
+                                               json_pack("{s:s}", "agent_id", "a"));
+            want_event(&want, "response.output_text.done",
+                       json_pack("{s:s,s:i,s:i,s:O}", "item_id", id, "output_index", 0,
+                                 "content_index", 0, "text", text),
+                       seq);
+            want_event(&want, "response.content_part.done",
+                       json_pack("{s:s,s:i,s:i,s:{s:s,s:O,s:[]}}", "item_id", id,
+                                 "output_index", 0, "content_index", 0, "part", "type",
+                                 "output_text", "text", text, "annotations"),
+                       seq + 1);
+            want_event(&want, "response.output_item.done",
+                       json_pack("{s:i,s:{s:s,s:s,s:s,s:s,s:[{s:s,s:O,s:[]}]}}", "output_index",
+                                 0, "item", "type", "message", "id", id, "status", "completed",
+                                 "role", "assistant", "content", "type", "output_text", "text",
+                                 text, "annotations"),
+                       seq + 2);
+            const char *end = k ? "response.incomplete" : "response.completed";
+            r = response_in(&sse, end);
+            /* (the final response's output holds the same text) */
+            json_t *out = json_object_get(json_array_get(json_object_get(r, "output"), 0),
+                                          "content");
+            assert_true(json_equal(json_object_get(json_array_get(out, 0), "text"), text));
+            want_event(&want, end, json_pack("{s:O}", "response", r), seq + 3);
+            json_decref(r);
+            assert_buf_equal(&sse, &want);
+            assert_int_equal(o.seq, seq + 4);
+            json_decref(text);
+            json_decref(fin);
+            gp_buf_free(&all);
+            gp_buf_free(&sse);
+            gp_buf_free(&want);
+            gps_resp_out_clear(&o);
+        }
+    }
+    json_decref(echo);
+}
+
 /* The final response that gps_resp_close_final hands back (for the store)
  * is gps_resp_final's, byte for byte, while the stream's last event still
  * carries x_pool_meta. */
@@ -612,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_stream_text_then_call),
         cmocka_unit_test(test_delta_is_what_jansson_writes),
         cmocka_unit_test(test_close_final_is_final),
+        cmocka_unit_test(test_open_close_are_what_jansson_writes),
         cmocka_unit_test(test_incomplete_and_whole_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -18,6 +18,9 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include <unistd.h>
+
+#include "common/gp_log.h"
 #include "fixture_fleet.h"
 #include "server/jobs/jobs.h"
 #include "server/store/store.h"
@@ -336,12 +339,18 @@ static void test_one_reply_takes_every_free_slot(void **state)
         gps_job_spec s = fleet_spec("m1", 8);
         assert_int_equal(fleet_submit(&f, &s)->state, GPS_JOB_QUEUED);
     }
-    json_t *got = gps_jobs_take_for_agent(f.jobs, a, 140);
-    assert_int_equal(json_array_size(got), 140);
-    json_decref(got);
-    got = gps_jobs_take_for_agent(f.jobs, a, 1024);
-    assert_int_equal(json_array_size(got), 10);
-    json_decref(got);
+    gp_buf got;
+    gp_buf_init(&got);
+    assert_int_equal(gps_jobs_take_for_agent(f.jobs, a, 140, 1, &got), 140);
+    json_t *arr = json_loadb(got.data, got.len, 0, NULL);
+    assert_int_equal(json_array_size(arr), 140);
+    json_decref(arr);
+    got.len = 0;
+    assert_int_equal(gps_jobs_take_for_agent(f.jobs, a, 1024, 2, &got), 10);
+    arr = json_loadb(got.data, got.len, 0, NULL);
+    assert_int_equal(json_array_size(arr), 10);
+    json_decref(arr);
+    gp_buf_free(&got);
     assert_int_equal(gps_jobs_agent_assigned(f.jobs, a->id), 150);
     fleet_free(&f);
 }
@@ -401,6 +410,103 @@ static void test_finished_jobs_drop_text_and_request(void **state)
     fleet_free(&f);
 }
 
+/* The fields part of the next log line of event ev in the file at *p:
+ * what follows "correlation_id":"corr", up to the line's closing brace. */
+static char *next_fields(FILE *fp, const char *ev)
+{
+    static char line[4096];
+    char want[64];
+    snprintf(want, sizeof want, "\"event\":\"%s\"", ev);
+    while (fgets(line, sizeof line, fp))
+        if (strstr(line, want)) {
+            char *at = strstr(line, "\"correlation_id\":\"corr\",");
+            assert_non_null(at);
+            at += strlen("\"correlation_id\":\"corr\",");
+            char *end = strrchr(at, '}');
+            assert_non_null(end);
+            *end = '\0';
+            return at;
+        }
+    fail_msg("no %s line", ev);
+    return NULL;
+}
+
+/* What json_pack's object wrote as those fields (o stolen). */
+static void assert_fields(FILE *fp, const char *ev, json_t *o)
+{
+    assert_non_null(o);
+    char *d = json_dumps(o, JSON_COMPACT);
+    d[strlen(d) - 1] = '\0';
+    assert_string_equal(next_fields(fp, ev), d + 1);
+    free(d);
+    json_decref(o);
+}
+
+/* Issue 24, fourth round: the fields of job_submitted, job_assigned and
+ * job_done are refilled in one object per line kind instead of a
+ * json_pack per line. The lines must be the ones the json_pack objects
+ * wrote, job after job: a session, then none (its key gone again), a
+ * user standing in for it, a batch job, values that need escapes. */
+static void test_log_lines_as_json_pack_wrote(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/test_jobs_submit_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    bool info = gp_log_enabled(GP_LOG_INFO);
+    gp_log_set_level(GP_LOG_INFO);
+    assert_int_equal(gp_log_open(path), 0);
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 8, 1000);
+    struct {
+        const char *session, *user;
+        bool batch;
+    } c[] = {{"s\"1\\\xc3\xa9", NULL, false}, {NULL, NULL, true}, {NULL, "u\n2", false},
+             {"s4", "u4", false}, {NULL, NULL, false}};
+    gps_job *jobs[5];
+    for (int i = 0; i < 5; i++) {
+        gps_job_spec s = fleet_spec("m1", 8);
+        s.session = c[i].session ? strdup(c[i].session) : NULL;
+        s.user = c[i].user ? strdup(c[i].user) : NULL;
+        s.priority = c[i].batch ? GPS_PRIO_BATCH : GPS_PRIO_INTERACTIVE;
+        jobs[i] = fleet_submit(&f, &s);
+        json_decref(fleet_take(&f, a));
+        char evs[256];
+        snprintf(evs, sizeof evs,
+                 "[{\"type\":\"end\",\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%d,"
+                 "\"completion_tokens\":%d}}]",
+                 i & 1 ? "length" : "stop", 3 + i, 1000000 * i);
+        assert_int_equal(fleet_apply(&f, jobs[i], a, 0, evs), 0);
+    }
+    gp_log_open(NULL);
+    FILE *fp = fopen(path, "r");
+    assert_non_null(fp);
+    for (int i = 0; i < 5; i++) {
+        gps_job *job = jobs[i];
+        json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model", "m1",
+                              "kind", "completion", "api", "openai", "priority",
+                              c[i].batch ? "batch" : "interactive", "held", 0);
+        const char *session = c[i].session ? c[i].session : c[i].user;
+        if (session)
+            json_object_set_new(o, "session", json_string(session));
+        assert_fields(fp, "job_submitted", o);
+        assert_fields(fp, "job_assigned",
+                      json_pack("{s:s,s:s,s:i,s:I}", "job_id", job->id, "agent_id", a->id,
+                                "attempt", 1, "queue_ms", (json_int_t)job->queue_ms));
+        assert_fields(fp, "job_done",
+                      json_pack("{s:s,s:s,s:I,s:I,s:s}", "job_id", job->id, "agent_id", a->id,
+                                "prompt_tokens", (json_int_t)(3 + i), "completion_tokens",
+                                (json_int_t)(1000000 * i), "finish_reason",
+                                i & 1 ? "length" : "stop"));
+    }
+    fclose(fp);
+    unlink(path);
+    gp_log_set_level(info ? GP_LOG_INFO : GP_LOG_WARN);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     evthread_use_pthreads();
@@ -408,6 +514,7 @@ int main(void)
         cmocka_unit_test(test_agent_lost_ends_every_job),
         cmocka_unit_test(test_one_reply_takes_every_free_slot),
         cmocka_unit_test(test_finished_jobs_drop_text_and_request),
+        cmocka_unit_test(test_log_lines_as_json_pack_wrote),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
         cmocka_unit_test(test_queued_in_order_until_an_agent_asks),
         cmocka_unit_test(test_refused),

@@ -79,12 +79,8 @@ static gps_job *submit(fixture *f)
 /* Agent ag asks for one job and gets job, delivered as number n. */
 static void deliver(fixture *f, registry_agent *ag, gps_job *job, uint64_t n)
 {
-    json_t *w = gps_jobs_take_for_agent(f->fl.jobs, ag, 1);
-    assert_int_equal(json_array_size(w), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(w, 0), "job_id")),
-                        job->id);
-    sched_agent_unready(f->fl.s, ag);
-    gps_jobs_mark_delivered(f->fl.jobs, w, n);
+    json_t *w = fleet_take_numbered(&f->fl, ag, n);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
     json_decref(w);
     assert_int_equal(job->state, GPS_JOB_ASSIGNED);
     assert_string_equal(job->agent_id, ag->id);
