@@ -350,6 +350,19 @@ int gp_buf_append(gp_buf *b, const void *data, size_t n)
     return 0;
 }
 
+int gp_buf_append_int(gp_buf *b, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    return gp_buf_append(b, d + i, sizeof d - i);
+}
+
 int gp_buf_appendf(gp_buf *b, const char *fmt, ...)
 {
     va_list ap;
@@ -697,6 +710,13 @@ static int escape_append(gp_buf *out, const char *text, size_t n, bool check_utf
 int gp_json_escape_append(gp_buf *out, const char *text, size_t n)
 {
     return escape_append(out, text, n, false);
+}
+
+int gp_json_str_append(gp_buf *out, const char *s)
+{
+    if (gp_buf_append(out, "\"", 1) < 0 || gp_json_escape_append(out, s, strlen(s)) < 0)
+        return -1;
+    return gp_buf_append(out, "\"", 1);
 }
 
 static int dump_string(gp_buf *out, const char *s, size_t n)

@@ -48,33 +48,19 @@ static void emit(gp_buf *sse, const char *name, json_t *j)
  */
 #define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
 
-static int put_int(gp_buf *b, long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do {
-        d[--i] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        d[--i] = '-';
-    return gp_buf_append(b, d + i, sizeof d - i);
-}
-
 /* "s" as json_pack takes it: NULL or not UTF-8 fails the whole object. */
 static int put_str(gp_buf *b, const char *s)
 {
     if (!s || !gp_utf8_valid(s, strlen(s)))
         return -1;
-    return LIT(b, "\"") < 0 || gp_json_escape_append(b, s, strlen(s)) < 0 ? -1 : LIT(b, "\"");
+    return gp_json_str_append(b, s);
 }
 
 /* {"input_tokens":I,"output_tokens":O}, as gps_anthropic_usage. */
 static int put_usage(gp_buf *b, long long in, long long out)
 {
-    return LIT(b, "{\"input_tokens\":") < 0 || put_int(b, in > 0 ? in : 0) < 0 ||
-                   LIT(b, ",\"output_tokens\":") < 0 || put_int(b, out > 0 ? out : 0) < 0
+    return LIT(b, "{\"input_tokens\":") < 0 || gp_buf_append_int(b, in > 0 ? in : 0) < 0 ||
+                   LIT(b, ",\"output_tokens\":") < 0 || gp_buf_append_int(b, out > 0 ? out : 0) < 0
                ? -1
                : LIT(b, "}");
 }
@@ -97,7 +83,7 @@ static void close_block(gps_an_out *o, gp_buf *sse)
     ev_end(sse, at,
            LIT(sse, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":") ==
                    0 &&
-               put_int(sse, o->open_block) == 0);
+               gp_buf_append_int(sse, o->open_block) == 0);
     o->open_block = -1;
 }
 
@@ -110,7 +96,7 @@ static void open_text_block(gps_an_out *o, gp_buf *sse)
     ev_end(sse, at,
            LIT(sse, "event: content_block_start\ndata: {\"type\":\"content_block_start\","
                     "\"index\":") == 0 &&
-               put_int(sse, o->open_block) == 0 &&
+               gp_buf_append_int(sse, o->open_block) == 0 &&
                LIT(sse, ",\"content_block\":{\"type\":\"text\",\"text\":\"\"}") == 0);
 }
 

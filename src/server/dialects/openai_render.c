@@ -136,33 +136,13 @@ static int put(gp_buf *b, const char *lit)
     return gp_buf_append(b, lit, strlen(lit));
 }
 
-static int put_str(gp_buf *b, const char *s)
-{
-    if (gp_buf_append(b, "\"", 1) < 0 || gp_json_escape_append(b, s, strlen(s)) < 0)
-        return -1;
-    return gp_buf_append(b, "\"", 1);
-}
-
-static int put_int(gp_buf *b, long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do
-        d[--i] = (char)('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0)
-        d[--i] = '-';
-    return gp_buf_append(b, d + i, sizeof d - i);
-}
-
 /* "data: " and a chunk's members before "choices" (base_object's). */
 static int put_head(const gps_oa_out *o, gp_buf *b)
 {
     const char *object = o->chat ? "chat.completion.chunk" : "text_completion";
-    if (put(b, "data: {\"id\":") < 0 || put_str(b, o->id) < 0 ||
+    if (put(b, "data: {\"id\":") < 0 || gp_json_str_append(b, o->id) < 0 ||
         put(b, ",\"object\":\"") < 0 || put(b, object) < 0 || put(b, "\",\"created\":") < 0 ||
-        put_int(b, o->created) < 0 || put(b, ",\"model\":") < 0 || put_str(b, o->model) < 0)
+        gp_buf_append_int(b, o->created) < 0 || put(b, ",\"model\":") < 0 || gp_json_str_append(b, o->model) < 0)
         return -1;
     return put(b, ",\"system_fingerprint\":\"gpupool\",\"choices\":");
 }
@@ -172,7 +152,7 @@ static int put_head(const gps_oa_out *o, gp_buf *b)
 static int put_choice_tail(const gps_oa_out *o, gp_buf *b, const char *fr)
 {
     if (put(b, ",\"logprobs\":null,\"finish_reason\":") < 0 ||
-        (fr ? put_str(b, fr) : put(b, "null")) < 0 || put(b, "}]") < 0)
+        (fr ? gp_json_str_append(b, fr) : put(b, "null")) < 0 || put(b, "}]") < 0)
         return -1;
     return o->include_usage ? put(b, ",\"usage\":null") : 0;
 }
@@ -303,9 +283,9 @@ static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt
     if (o->include_usage) {
         at = sse->len;
         rc = put_head(o, sse) < 0 || put(sse, "[],\"usage\":{\"prompt_tokens\":") < 0 ||
-                     put_int(sse, pt) < 0 || put(sse, ",\"completion_tokens\":") < 0 ||
-                     put_int(sse, ct) < 0 || put(sse, ",\"total_tokens\":") < 0 ||
-                     put_int(sse, pt + ct) < 0 || put(sse, "}") < 0
+                     gp_buf_append_int(sse, pt) < 0 || put(sse, ",\"completion_tokens\":") < 0 ||
+                     gp_buf_append_int(sse, ct) < 0 || put(sse, ",\"total_tokens\":") < 0 ||
+                     gp_buf_append_int(sse, pt + ct) < 0 || put(sse, "}") < 0
                  ? -1
                  : 0;
         plain_done(sse, at, rc);

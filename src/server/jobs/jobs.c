@@ -543,26 +543,6 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
  */
 #define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
 
-static int put_int(gp_buf *b, long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do {
-        d[--i] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        d[--i] = '-';
-    return gp_buf_append(b, d + i, sizeof d - i);
-}
-
-/* A string as json_pack's "s" or json_string made it (up to its NUL). */
-static int put_str(gp_buf *b, const char *s)
-{
-    return LIT(b, "\"") < 0 || gp_json_escape_append(b, s, strlen(s)) < 0 ? -1 : LIT(b, "\"");
-}
-
 /* A real as json_real dumped it (jansson's own formatting). */
 static int put_real(gp_buf *b, double d)
 {
@@ -608,19 +588,19 @@ static int wire_text(gp_buf *b, const gps_job *job, uint64_t now_us, int request
     uint64_t used = now_us > job->created_us ? now_us - job->created_us : 0;
     long long deadline_ms = used < budget_us ? (long long)((budget_us - used) / 1000) : 0;
     const char *cont = job->continued_tokens > 0 && job->text.data ? job->text.data : "";
-    if (LIT(b, "{\"job_id\":") < 0 || put_str(b, job->id) < 0 || LIT(b, ",\"kind\":") < 0 ||
-        put_str(b, gps_job_kind_name(s->kind)) < 0 || LIT(b, ",\"model\":") < 0 ||
-        put_str(b, s->model) < 0 || LIT(b, ",\"params\":{\"max_tokens\":") < 0 ||
-        put_int(b, max_tokens) < 0 || LIT(b, ",\"temperature\":") < 0 ||
+    if (LIT(b, "{\"job_id\":") < 0 || gp_json_str_append(b, job->id) < 0 || LIT(b, ",\"kind\":") < 0 ||
+        gp_json_str_append(b, gps_job_kind_name(s->kind)) < 0 || LIT(b, ",\"model\":") < 0 ||
+        gp_json_str_append(b, s->model) < 0 || LIT(b, ",\"params\":{\"max_tokens\":") < 0 ||
+        gp_buf_append_int(b, max_tokens) < 0 || LIT(b, ",\"temperature\":") < 0 ||
         put_real(b, s->temperature) < 0 || LIT(b, ",\"top_p\":") < 0 ||
-        put_real(b, s->top_p) < 0 || LIT(b, ",\"top_k\":") < 0 || put_int(b, s->top_k) < 0 ||
+        put_real(b, s->top_p) < 0 || LIT(b, ",\"top_k\":") < 0 || gp_buf_append_int(b, s->top_k) < 0 ||
         LIT(b, ",\"stop\":") < 0 || (s->stop ? gp_json_dump_append(b, s->stop) : LIT(b, "[]")) < 0 ||
-        LIT(b, ",\"seed\":") < 0 || (s->has_seed ? put_int(b, s->seed) : LIT(b, "null")) < 0 ||
-        LIT(b, "},\"continuation\":") < 0 || put_str(b, cont) < 0 ||
-        LIT(b, ",\"attempt\":") < 0 || put_int(b, job->attempts) < 0 ||
-        LIT(b, ",\"correlation_id\":") < 0 || put_str(b, job->correlation_id) < 0 ||
-        LIT(b, ",\"deadline_ms\":") < 0 || put_int(b, deadline_ms) < 0 ||
-        LIT(b, ",\"prompt\":") < 0 || (s->prompt ? put_str(b, s->prompt) : LIT(b, "null")) < 0 ||
+        LIT(b, ",\"seed\":") < 0 || (s->has_seed ? gp_buf_append_int(b, s->seed) : LIT(b, "null")) < 0 ||
+        LIT(b, "},\"continuation\":") < 0 || gp_json_str_append(b, cont) < 0 ||
+        LIT(b, ",\"attempt\":") < 0 || gp_buf_append_int(b, job->attempts) < 0 ||
+        LIT(b, ",\"correlation_id\":") < 0 || gp_json_str_append(b, job->correlation_id) < 0 ||
+        LIT(b, ",\"deadline_ms\":") < 0 || gp_buf_append_int(b, deadline_ms) < 0 ||
+        LIT(b, ",\"prompt\":") < 0 || (s->prompt ? gp_json_str_append(b, s->prompt) : LIT(b, "null")) < 0 ||
         LIT(b, ",\"messages\":") < 0 ||
         (s->messages ? gp_json_dump_append(b, s->messages) : LIT(b, "null")) < 0)
         return -1;
@@ -628,26 +608,26 @@ static int wire_text(gp_buf *b, const gps_job *job, uint64_t now_us, int request
         (s->tools && PUT_JSON(b, ",\"tools\":", s->tools) < 0) ||
         (s->tools && s->tool_choice && PUT_JSON(b, ",\"tool_choice\":", s->tool_choice) < 0) ||
         (s->response_format && PUT_JSON(b, ",\"response_format\":", s->response_format) < 0) ||
-        (s->user && (LIT(b, ",\"user\":") < 0 || put_str(b, s->user) < 0)))
+        (s->user && (LIT(b, ",\"user\":") < 0 || gp_json_str_append(b, s->user) < 0)))
         return -1;
     const char *session = s->session ? s->session : s->user;
-    if ((session && (LIT(b, ",\"session\":") < 0 || put_str(b, session) < 0)) ||
+    if ((session && (LIT(b, ",\"session\":") < 0 || gp_json_str_append(b, session) < 0)) ||
         (s->priority == GPS_PRIO_BATCH && LIT(b, ",\"priority\":\"batch\"") < 0) ||
-        (s->pool_via[0] && (LIT(b, ",\"pool_via\":") < 0 || put_str(b, s->pool_via) < 0)) ||
-        (job->tenant[0] && (LIT(b, ",\"tenant\":") < 0 || put_str(b, job->tenant) < 0)) ||
+        (s->pool_via[0] && (LIT(b, ",\"pool_via\":") < 0 || gp_json_str_append(b, s->pool_via) < 0)) ||
+        (job->tenant[0] && (LIT(b, ",\"tenant\":") < 0 || gp_json_str_append(b, job->tenant) < 0)) ||
         (s->prompt_tokens_first && LIT(b, ",\"prompt_tokens_first\":true") < 0))
         return -1;
     if (tokens) {
         if (LIT(b, ",\"continuation_ids\":[") < 0)
             return -1;
         for (size_t i = 0; i < job->n_gen_ids; i++)
-            if ((i && LIT(b, ",") < 0) || put_int(b, job->gen_ids[i]) < 0)
+            if ((i && LIT(b, ",") < 0) || gp_buf_append_int(b, job->gen_ids[i]) < 0)
                 return -1;
-        if (LIT(b, "],\"continuation_digest\":") < 0 || put_str(b, job->ids_digest) < 0)
+        if (LIT(b, "],\"continuation_digest\":") < 0 || gp_json_str_append(b, job->ids_digest) < 0)
             return -1;
     }
-    if (LIT(b, ",\"sampler\":{\"seed\":") < 0 || put_int(b, job->sampler_seed) < 0 ||
-        (tokens && (LIT(b, ",\"n_sampled\":") < 0 || put_int(b, (long long)job->n_gen_ids) < 0)))
+    if (LIT(b, ",\"sampler\":{\"seed\":") < 0 || gp_buf_append_int(b, job->sampler_seed) < 0 ||
+        (tokens && (LIT(b, ",\"n_sampled\":") < 0 || gp_buf_append_int(b, (long long)job->n_gen_ids) < 0)))
         return -1;
     return LIT(b, "}}");
 }

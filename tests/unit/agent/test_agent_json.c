@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "agent/agent_json.h"
+#include "mutate.h"
 
 /* Both readers over p[0..n): they agree, and so does the reader alone
  * when it reads the text. Returns whether the reader alone read it. */
@@ -127,23 +128,7 @@ static void test_mutations_agree(void **state)
         const char *src = texts[(unsigned)rand_r(&seed) % (unsigned)count];
         size_t n = strlen(src);
         memcpy(buf, src, n);
-        for (int k = 1 + rand_r(&seed) % 3; k > 0 && n > 0 && n < sizeof buf - 1; k--) {
-            size_t at = (unsigned)rand_r(&seed) % n;
-            char ch = alphabet[(unsigned)rand_r(&seed) % (sizeof alphabet - 1)];
-            switch (rand_r(&seed) % 3) {
-            case 0:
-                buf[at] = ch;
-                break;
-            case 1:
-                memmove(buf + at + 1, buf + at, n - at);
-                buf[at] = ch;
-                n++;
-                break;
-            default:
-                memmove(buf + at, buf + at + 1, n - at - 1);
-                n--;
-            }
-        }
+        mutate(buf, &n, sizeof buf, &seed, alphabet, sizeof alphabet - 1);
         parsed += agree(buf, n);
     }
     assert_true(parsed > 1000); /* the mutations did reach the reader */

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "agent/oai_chunk.h"
+#include "mutate.h"
 
 /* What handle_object takes from a chunk (the oracle): 1 and what it
  * reads, or 0 when jansson refuses the chunk. */
@@ -236,23 +237,7 @@ static void test_mutations_agree_with_jansson(void **state)
         const char *src = set[(unsigned)rand_r(&seed) % (unsigned)count];
         size_t n = strlen(src);
         memcpy(buf, src, n);
-        for (int k = 1 + rand_r(&seed) % 3; k > 0 && n > 0 && n < sizeof buf - 1; k--) {
-            size_t at = (unsigned)rand_r(&seed) % n;
-            char ch = alphabet[(unsigned)rand_r(&seed) % (sizeof alphabet - 1)];
-            switch (rand_r(&seed) % 3) {
-            case 0:
-                buf[at] = ch;
-                break;
-            case 1:
-                memmove(buf + at + 1, buf + at, n - at);
-                buf[at] = ch;
-                n++;
-                break;
-            default:
-                memmove(buf + at, buf + at + 1, n - at - 1);
-                n--;
-            }
-        }
+        mutate(buf, &n, sizeof buf, &seed, alphabet, sizeof alphabet - 1);
         bool chat = set == taken_chat || set == refused_chat;
         taken += check(buf, n, chat);
         same_read(&m, buf, n, chat);

@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,6 +319,37 @@ static int cmp_int(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* gp_buf_append_int writes what "%lld" writes (the ends of the range
+ * included); gp_json_str_append what json_dumps writes for json_string. */
+static void test_int_and_str_append(void **st)
+{
+    (void)st;
+    const long long v[] = {0, 1, -1, 9, 10, -10, 99, 100, 1234567890123LL, -987654321LL,
+                           LLONG_MAX, LLONG_MIN, LLONG_MIN + 1};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        gp_buf b;
+        gp_buf_init(&b);
+        assert_int_equal(gp_buf_append(&b, "x", 1), 0); /* appends after what is there */
+        assert_int_equal(gp_buf_append_int(&b, v[i]), 0);
+        char want[32];
+        snprintf(want, sizeof want, "x%lld", v[i]);
+        assert_string_equal(b.data, want);
+        gp_buf_free(&b);
+    }
+    const char *s[] = {"", "plain", "q\"uote\\", "nl\n tab\t \x01 \x1f \x7f", "\xc3\xa9\xe2\x82\xac"};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        gp_buf b;
+        gp_buf_init(&b);
+        assert_int_equal(gp_json_str_append(&b, s[i]), 0);
+        json_t *j = json_string(s[i]);
+        char *want = json_dumps(j, JSON_ENCODE_ANY | JSON_COMPACT);
+        assert_string_equal(b.data, want);
+        free(want);
+        json_decref(j);
+        gp_buf_free(&b);
+    }
+}
+
 static void test_json_array_sort(void **st)
 {
     (void)st;
@@ -346,6 +378,7 @@ int main(void)
         cmocka_unit_test(test_copy_cut_is_snprintf),
         cmocka_unit_test(test_reals_agree_with_jansson),
         cmocka_unit_test(test_json_array_sort),
+        cmocka_unit_test(test_int_and_str_append),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
