@@ -47,17 +47,7 @@ static gps_job *job_new(void)
 
 static void job_free(gps_job *job)
 {
-    gps_job_spec *s = &job->spec;
-    free(s->model);
-    free(s->prompt);
-    free(s->user);
-    free(s->session);
-    json_decref(s->messages);
-    json_decref(s->input);
-    json_decref(s->tools);
-    json_decref(s->tool_choice);
-    json_decref(s->response_format);
-    json_decref(s->stop);
+    gps_job_spec_clear(&job->spec);
     free(job->gen_ids);
     gp_buf_free(&job->text);
     free(job);
