@@ -1095,6 +1095,8 @@ int main(int argc, char **argv)
         gp_log_warn("auth_disabled",
                     "no API key exists and the server listens on loopback only: auth is off");
 
+    /* The start-up loads are done: keep no idle connection for them. */
+    gps_store_sync_close(s->store);
     event_base_dispatch(s->base);
 
     gps_cluster_stop(s->cluster);

@@ -320,6 +320,25 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(handed_off, timeout=120, interval=0.5,
                            what="a hand-off after PostgreSQL restarted")
 
+    def test_issue28_one_listen_connection(self):
+        # Issue 28: a server holds two PostgreSQL connections, the DB
+        # thread's and one listener for both the hand-off's and the native
+        # tasks' channels (the code before had a listener each: three).
+        # The server's sessions are told apart by their application_name.
+        app = "gp_issue28_conns"
+        uri = self.uri + ("&" if "?" in self.uri else "?") + "application_name=" + app
+        self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=uri,
+                            key=self.client)
+
+        def sessions():
+            return [r[0] for r in self.sql("SELECT query FROM pg_stat_activity "
+                                           "WHERE application_name = '%s'" % app)]
+        channels = ("gps_handoff_offer", "gps_handoff_job", "gps_task_job", "gps_task_cancel")
+        harness.wait_until(
+            lambda: all(any("LISTEN %s;" % c in q for q in sessions()) for c in channels),
+            timeout=60, interval=0.1, what="the server listens to its four channels")
+        self.assertEqual(len(sessions()), 2, sessions())
+
     def test_two_claimers_run_each_job_once(self):
         # Two servers with agents, B and C, claim 20 jobs offered by A at
         # once: each runs once (SKIP LOCKED: disjoint claims), every reply

@@ -952,6 +952,9 @@ struct gps_store {
                                     statements are all prepared at open */
     conn r;                      /* synchronous connection: owner thread, lazily opened
                                     (start-up loads, CLI writes) */
+    gps_store__listen_hub *listen_hub; /* every gps_store_listen's one connection
+                                          (NULL: none yet); outlives the store
+                                          while listeners are left */
     int busy_timeout_ms;
     int commit_interval_ms;
     int batch_max;
@@ -2123,6 +2126,7 @@ void gps_store_close(gps_store *s)
     /* Reads finished after the loop stopped: deliver them here so their
      * args are not leaked. */
     deliver_all(s);
+    gps_store__listen_detach(s->listen_hub);
     if (s->ev_done)
         event_free(s->ev_done);
     if (s->ev_commit)
@@ -2682,7 +2686,8 @@ gps_store_listener *gps_store_listen(gps_store *s, struct event_base *base,
 {
     if (!s || s->eng == &gps_store__sqlite)
         return NULL;
-    return gps_store__listener_new(s->target, s->path, base, channels, fn, arg);
+    return gps_store__listener_new(&s->listen_hub, s->target, s->path, base, channels, fn,
+                                   arg);
 }
 
 bool gps_store_has_handoffs(gps_store *s)
@@ -2847,6 +2852,12 @@ static conn *sync_conn(gps_store *s, char *err, size_t errlen)
         s->r.h = s->eng->conn_open(s->target, s->path, s->busy_timeout_ms, K_COUNT, err,
                                  errlen);
     return s->r.h ? &s->r : NULL;
+}
+
+void gps_store_sync_close(gps_store *s)
+{
+    if (s)
+        conn_close(&s->r);
 }
 
 /* Run statement kind with its values by bind spec on the owner thread's

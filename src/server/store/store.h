@@ -160,6 +160,11 @@ bool gps_store_db_is_file(const char *db);
  * callbacks (on the calling thread), close. NULL is a no-op. Call it on the
  * loop thread with the loop no longer running, or from a CLI. */
 void gps_store_close(gps_store *s);
+/* Close the owner thread's synchronous connection (start-up loads, CLI
+ * writes) once they are done: a server on PostgreSQL then holds the DB
+ * thread's and the listener's connections only (issue 28). A later
+ * synchronous call opens it again. NULL is a no-op. */
+void gps_store_sync_close(gps_store *s);
 /* Block until every op enqueued before this call is committed (SIGTERM
  * path). Returns 0, or -1 when the last commit failed. */
 int gps_store_flush(gps_store *s);
@@ -454,14 +459,19 @@ typedef struct gps_store_listener gps_store_listener;
  * the call); or channel NULL each time the listener (re)starts listening,
  * after the first connect and after each reconnect: what was notified
  * while it was away is lost, so look at the database now. It must not
- * free the listener. */
+ * free or add a listener. */
 typedef void (*gps_store_notify_fn)(void *arg, const char *channel, const char *payload);
-/* LISTEN to channels (NULL-terminated; names of [a-z0-9_], copied) on a
- * connection of its own to s's database, its socket watched by base (the
- * loop never waits on it: the connect is started here and finished by the
- * loop). A connection lost (the database restarted) is made again, after
- * 0.1 s doubling up to 5 s. NULL on SQLite, without libpq, on a bad
- * channel name or ENOMEM: the caller only polls. */
+/* LISTEN to channels (NULL-terminated; names of [a-z0-9_], copied) on the
+ * store's one listening connection to its database, shared by every
+ * listener of s (issue 28: one connection, not one per caller) and made
+ * with the first one, its socket watched by the first one's base (the loop
+ * never waits on it: the connect is started here and finished by the
+ * loop). A listener added once the LISTENs went out makes the connection
+ * again (every listener hears channel NULL). A connection lost (the
+ * database restarted) is made again, after 0.1 s doubling up to 5 s. Each
+ * listener hears its own channels only. NULL on SQLite, without libpq, on
+ * a bad channel name or ENOMEM: the caller only polls. A listener may be
+ * freed after gps_store_close (the connection closes with the last). */
 gps_store_listener *gps_store_listen(gps_store *s, struct event_base *base,
                                      const char *const *channels, gps_store_notify_fn fn,
                                      void *arg);

@@ -80,12 +80,19 @@ typedef struct gps_store__engine {
 extern const gps_store__engine gps_store__sqlite;
 /* The libpq engine, or NULL when this binary was built without libpq. */
 const gps_store__engine *gps_store__pg(void);
-/* store.h's listener on a connection of its own to target (a
- * postgresql:// URI; label names it in logs): store_listen_pg.c, or NULL
- * without libpq (store_pg_none.c). Arguments as gps_store_listen. */
-gps_store_listener *gps_store__listener_new(const char *target, const char *label,
-                                            struct event_base *base,
+/* store.h's listeners: one connection per store (the hub) to target (a
+ * postgresql:// URI; label names it in logs) for all of them, made on the
+ * first listener and closed with the last one. *slot is the store's
+ * pointer to its hub (NULL before the first listener, cleared when the hub
+ * goes); gps_store__listen_detach(hub) at the store's close, after which
+ * the hub lives on, on its own, until its last listener is freed.
+ * store_listen_pg.c, or NULL without libpq (store_pg_none.c). Other
+ * arguments as gps_store_listen. */
+typedef struct gps_store__listen_hub gps_store__listen_hub;
+gps_store_listener *gps_store__listener_new(gps_store__listen_hub **slot, const char *target,
+                                            const char *label, struct event_base *base,
                                             const char *const *channels,
                                             gps_store_notify_fn fn, void *arg);
+void gps_store__listen_detach(gps_store__listen_hub *hub);
 
 #endif

@@ -1,7 +1,9 @@
 /*
- * store_listen_pg.c: the store's listener (store.h, gps_store_listen) on
- * libpq. A PostgreSQL connection of its own, never used for statements,
- * that LISTENs to a few channels. It runs on the loop thread without ever
+ * store_listen_pg.c: the store's listeners (store.h, gps_store_listen) on
+ * libpq. One PostgreSQL connection per store (the hub), never used for
+ * statements, that LISTENs to the channels of every listener of the store
+ * and hands each notification to those that listen to its channel (issue
+ * 28: the hand-off and the native tasks once held a connection each). It runs on the loop thread without ever
  * blocking it: libpq in non-blocking use (PQconnectStartParams and
  * PQconnectPoll driven by socket events, then one LISTEN query, then
  * PQconsumeInput and PQnotifies whenever the socket is readable).
@@ -32,13 +34,24 @@
 #define RETRY_MAX_MS 5000
 #define CONNECT_TIMEOUT_SEC 10 /* PQconnectPoll has none of its own */
 
+/* One listener: its channels and its callback, in its hub's list. */
 struct gps_store_listener {
+    gps_store__listen_hub *hub;
+    char **channels;       /* NULL-terminated copies */
+    gps_store_notify_fn fn;
+    void *arg;
+    gps_store_listener *next;
+};
+
+struct gps_store__listen_hub {
+    gps_store__listen_hub **slot; /* the store's pointer to this hub, cleared
+                                     when the hub goes (NULL once the store
+                                     closed: the hub lives on while listeners
+                                     are left) */
+    gps_store_listener *subs;     /* never empty while the hub lives */
     struct event_base *base;
     char *target;          /* the URI: it may hold a password, never logged */
     char *label;           /* the URI without its password, for logs */
-    char *listen_sql;      /* "LISTEN a; LISTEN b; " */
-    gps_store_notify_fn fn;
-    void *arg;
     PGconn *pg;            /* NULL between connections */
     struct event *io;      /* pg's socket, assigned again for each wait (the fd
                               may change while connecting): never freed from
@@ -50,7 +63,10 @@ struct gps_store_listener {
     bool down;             /* lost and not listening again yet (logged once) */
 };
 
+typedef gps_store__listen_hub hub;
+
 static void on_io(evutil_socket_t fd, short what, void *arg);
+static char *listen_sql(const hub *l);
 
 /* ------------------------------------------------------------------ */
 /* Connection life                                                     */
@@ -58,7 +74,7 @@ static void on_io(evutil_socket_t fd, short what, void *arg);
 
 /* Close the connection and try again after the backoff. why: libpq's
  * message (may end in a newline). */
-static void drop(gps_store_listener *l, const char *why)
+static void drop(hub *l, const char *why)
 {
     if (!l->down) {
         char msg[256];
@@ -82,7 +98,7 @@ static void drop(gps_store_listener *l, const char *why)
 
 /* Watch pg's socket for what (EV_READ or EV_WRITE, EV_PERSIST once
  * listening), within timeout_sec when > 0. 0, or -1 (then dropped). */
-static int watch(gps_store_listener *l, short what, int timeout_sec)
+static int watch(hub *l, short what, int timeout_sec)
 {
     event_del(l->io);
     int fd = PQsocket(l->pg);
@@ -95,7 +111,7 @@ static int watch(gps_store_listener *l, short what, int timeout_sec)
     return 0;
 }
 
-static void connect_start(gps_store_listener *l)
+static void connect_start(hub *l)
 {
     const char *const keys[] = {"dbname", NULL};
     const char *const vals[] = {l->target, NULL};
@@ -116,12 +132,20 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     connect_start(arg);
 }
 
-/* Connected: send the LISTENs (blocking mode for that one send: a fresh
- * socket takes a few bytes at once), then read without blocking. */
-static void connected(gps_store_listener *l)
+/* Connected: send the LISTENs of every listener (blocking mode for that
+ * one send: a fresh socket takes a few bytes at once), then read without
+ * blocking. */
+static void connected(hub *l)
 {
     l->connecting = false;
-    if (!PQsendQuery(l->pg, l->listen_sql) || PQsetnonblocking(l->pg, 1) != 0) {
+    char *sql = listen_sql(l);
+    if (!sql) {
+        drop(l, "out of memory");
+        return;
+    }
+    int sent = PQsendQuery(l->pg, sql);
+    free(sql);
+    if (!sent || PQsetnonblocking(l->pg, 1) != 0) {
         drop(l, PQerrorMessage(l->pg));
         return;
     }
@@ -133,7 +157,7 @@ static void connected(gps_store_listener *l)
 /* ------------------------------------------------------------------ */
 
 /* The LISTEN query's results, until it is complete. 0, or -1 (dropped). */
-static int read_results(gps_store_listener *l)
+static int read_results(hub *l)
 {
     while (!l->listening && !PQisBusy(l->pg)) {
         PGresult *res = PQgetResult(l->pg);
@@ -147,7 +171,8 @@ static int read_results(gps_store_listener *l)
                              json_pack("{s:s}", "db", l->label),
                              "the database's notifications are heard again");
             l->down = false;
-            l->fn(l->arg, NULL, NULL);
+            for (gps_store_listener *sub = l->subs; sub; sub = sub->next)
+                sub->fn(sub->arg, NULL, NULL);
             return 0;
         }
         bool ok = PQresultStatus(res) == PGRES_COMMAND_OK;
@@ -162,7 +187,18 @@ static int read_results(gps_store_listener *l)
     return 0;
 }
 
-static void on_read(gps_store_listener *l)
+/* One notification to each listener of its channel. */
+static void dispatch(hub *l, const char *channel, const char *payload)
+{
+    for (gps_store_listener *sub = l->subs; sub; sub = sub->next)
+        for (char **c = sub->channels; *c; c++)
+            if (strcmp(*c, channel) == 0) {
+                sub->fn(sub->arg, channel, payload);
+                break;
+            }
+}
+
+static void on_read(hub *l)
 {
     if (!PQconsumeInput(l->pg)) {
         drop(l, PQerrorMessage(l->pg));
@@ -172,7 +208,7 @@ static void on_read(gps_store_listener *l)
         return;
     PGnotify *n;
     while ((n = PQnotifies(l->pg))) {
-        l->fn(l->arg, n->relname, n->extra);
+        dispatch(l, n->relname, n->extra);
         PQfreemem(n);
     }
     if (PQstatus(l->pg) == CONNECTION_BAD)
@@ -182,7 +218,7 @@ static void on_read(gps_store_listener *l)
 static void on_io(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
-    gps_store_listener *l = arg;
+    hub *l = arg;
     if (!l->connecting) {
         on_read(l);
         return;
@@ -211,58 +247,59 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
 /* Life                                                                */
 /* ------------------------------------------------------------------ */
 
-/* "LISTEN a; LISTEN b; " (new string), NULL on ENOMEM or a name that is
- * not [a-z0-9_]+: names go into SQL unquoted. */
-static char *listen_sql(const char *const *channels)
+/* "LISTEN a; LISTEN b; " for every listener's channels (new string; a
+ * channel twice is harmless), NULL on ENOMEM. */
+static char *listen_sql(const hub *l)
 {
     size_t len = 1;
-    for (size_t i = 0; channels && channels[i]; i++) {
-        const char *c = channels[i];
-        if (!*c || strspn(c, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(c))
-            return NULL;
-        len += strlen(c) + 9;
-    }
-    char *sql = len > 1 ? malloc(len) : NULL;
+    for (const gps_store_listener *sub = l->subs; sub; sub = sub->next)
+        for (char **c = sub->channels; *c; c++)
+            len += strlen(*c) + 9;
+    char *sql = malloc(len);
     if (!sql)
         return NULL;
     sql[0] = '\0';
-    for (size_t i = 0; channels[i]; i++) {
-        strcat(sql, "LISTEN ");
-        strcat(sql, channels[i]);
-        strcat(sql, "; ");
-    }
+    for (const gps_store_listener *sub = l->subs; sub; sub = sub->next)
+        for (char **c = sub->channels; *c; c++) {
+            strcat(sql, "LISTEN ");
+            strcat(sql, *c);
+            strcat(sql, "; ");
+        }
     return sql;
 }
 
-gps_store_listener *gps_store__listener_new(const char *target, const char *label,
-                                            struct event_base *base,
-                                            const char *const *channels,
-                                            gps_store_notify_fn fn, void *arg)
+static void channels_free(char **channels)
 {
-    gps_store_listener *l = calloc(1, sizeof *l);
-    if (!l)
-        return NULL;
-    l->base = base;
-    l->fn = fn;
-    l->arg = arg;
-    l->retry_ms = RETRY_MIN_MS;
-    l->target = strdup(target);
-    l->label = strdup(label ? label : "");
-    l->listen_sql = listen_sql(channels);
-    l->retry = evtimer_new(base, retry_cb, l);
-    l->io = event_new(base, -1, 0, on_io, l);
-    if (!l->target || !l->label || !l->listen_sql || !l->retry || !l->io) {
-        gps_store_listener_free(l);
-        return NULL;
-    }
-    connect_start(l);
-    return l;
+    for (size_t i = 0; channels && channels[i]; i++)
+        free(channels[i]);
+    free(channels);
 }
 
-void gps_store_listener_free(gps_store_listener *l)
+/* Copies of channels (NULL-terminated), NULL on ENOMEM, on none or on a
+ * name that is not [a-z0-9_]+: names go into SQL unquoted. */
+static char **channels_dup(const char *const *channels)
+{
+    size_t n = 0;
+    while (channels && channels[n]) {
+        const char *c = channels[n++];
+        if (!*c || strspn(c, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(c))
+            return NULL;
+    }
+    char **out = n ? calloc(n + 1, sizeof *out) : NULL;
+    for (size_t i = 0; out && i < n; i++)
+        if (!(out[i] = strdup(channels[i]))) {
+            channels_free(out);
+            return NULL;
+        }
+    return out;
+}
+
+static void hub_free(hub *l)
 {
     if (!l)
         return;
+    if (l->slot)
+        *l->slot = NULL;
     if (l->io)
         event_free(l->io);
     if (l->retry)
@@ -271,6 +308,86 @@ void gps_store_listener_free(gps_store_listener *l)
         PQfinish(l->pg);
     free(l->target);
     free(l->label);
-    free(l->listen_sql);
     free(l);
+}
+
+/* The store's hub, created (and its connect started) on the first call. */
+static hub *hub_get(hub **slot, const char *target, const char *label,
+                    struct event_base *base)
+{
+    if (*slot)
+        return *slot;
+    hub *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->base = base;
+    l->retry_ms = RETRY_MIN_MS;
+    l->target = strdup(target);
+    l->label = strdup(label ? label : "");
+    l->retry = evtimer_new(base, retry_cb, l);
+    l->io = event_new(base, -1, 0, on_io, l);
+    if (!l->target || !l->label || !l->retry || !l->io) {
+        hub_free(l);
+        return NULL;
+    }
+    l->slot = slot;
+    *slot = l;
+    return l;
+}
+
+gps_store_listener *gps_store__listener_new(gps_store__listen_hub **slot, const char *target,
+                                            const char *label, struct event_base *base,
+                                            const char *const *channels,
+                                            gps_store_notify_fn fn, void *arg)
+{
+    gps_store_listener *sub = calloc(1, sizeof *sub);
+    hub *l = NULL;
+    if (!sub || !(sub->channels = channels_dup(channels)))
+        goto err;
+    if (!(l = hub_get(slot, target, label, base)))
+        goto err;
+    sub->hub = l;
+    sub->fn = fn;
+    sub->arg = arg;
+    sub->next = l->subs;
+    l->subs = sub;
+    if (!l->subs->next) {
+        connect_start(l); /* the first listener */
+    } else if (l->pg && !l->connecting) {
+        /* The LISTENs were sent without this one's channels: connect
+         * again (each listener then hears channel NULL and looks). A
+         * connect under way, or a retry waiting, sends them all. */
+        event_del(l->io);
+        PQfinish(l->pg);
+        l->pg = NULL;
+        l->listening = false;
+        connect_start(l);
+    }
+    return sub;
+err:
+    if (sub)
+        channels_free(sub->channels);
+    free(sub);
+    return NULL;
+}
+
+void gps_store__listen_detach(gps_store__listen_hub *l)
+{
+    if (l)
+        l->slot = NULL;
+}
+
+void gps_store_listener_free(gps_store_listener *sub)
+{
+    if (!sub)
+        return;
+    hub *l = sub->hub;
+    gps_store_listener **pp = &l->subs;
+    while (*pp != sub)
+        pp = &(*pp)->next;
+    *pp = sub->next;
+    channels_free(sub->channels);
+    free(sub);
+    if (!l->subs)
+        hub_free(l); /* the last one: close the connection */
 }

@@ -9,11 +9,12 @@
 
 const gps_store__engine *gps_store__pg(void) { return NULL; }
 
-gps_store_listener *gps_store__listener_new(const char *target, const char *label,
-                                            struct event_base *base,
+gps_store_listener *gps_store__listener_new(gps_store__listen_hub **slot, const char *target,
+                                            const char *label, struct event_base *base,
                                             const char *const *channels,
                                             gps_store_notify_fn fn, void *arg)
 {
+    (void)slot;
     (void)target;
     (void)label;
     (void)base;
@@ -22,5 +23,7 @@ gps_store_listener *gps_store__listener_new(const char *target, const char *labe
     (void)arg;
     return NULL;
 }
+
+void gps_store__listen_detach(gps_store__listen_hub *hub) { (void)hub; }
 
 void gps_store_listener_free(gps_store_listener *l) { (void)l; }
