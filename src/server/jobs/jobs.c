@@ -1175,8 +1175,13 @@ static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
     }
 }
 
+static bool offerable(gps_jobs *j, const gps_job *job);
+
 /* Submit to the scheduler (first time, after a failover, or when a job
- * held for its key's max_concurrent is let in). */
+ * held for its key's max_concurrent is let in). Issue 28: queued here, it
+ * is offered to the other servers too, as at submit (withdrawn before an
+ * agent here gets it); no agent here at all (the last one was lost), it
+ * is handed to them only, where a live peer lists its model. */
 static void place(gps_jobs *j, gps_job *job, int depth)
 {
     registry_agent *a = NULL;
@@ -1184,6 +1189,14 @@ static void place(gps_jobs *j, gps_job *job, int depth)
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
     if (r == SCHED_QUEUED) {
         job->state = GPS_JOB_QUEUED;
+        if (!job->offered && j->handoff.withdraw && offerable(j, job))
+            job->offered = j->handoff.offer(j->handoff.arg, job);
+        return;
+    }
+    if (r == SCHED_NO_AGENT && !job->offered && offerable(j, job)) {
+        job->state = GPS_JOB_QUEUED;
+        job->remote = true; /* as at submit: the follower assigns it */
+        j->handoff.offer(j->handoff.arg, job);
         return;
     }
     if (r == SCHED_ASSIGNED && a) {

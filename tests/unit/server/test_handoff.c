@@ -391,12 +391,57 @@ static void test_queued_offer_first_wins(void **state)
     fleet_free(&f);
 }
 
+/* Issue 28: a job requeued here after its agent's loss is offered too,
+ * as at submit: queued here (another agent here busy), offered and kept
+ * in the queue; no agent left here, handed to the peers only. (The code
+ * before offered at submit and after a claimer's loss only: the first
+ * stayed queued here, the second failed NO_AGENT.) */
+static void test_issue28_requeued_job_offered(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    hooks_seen hs = {.peer = false};
+    gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .withdraw = h_withdraw,
+                           .ended = h_ended, .arg = &hs};
+    gps_jobs_set_handoff(f.jobs, &hk);
+    registry_agent *a1 = fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+    registry_agent *a2 = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
+    gps_job_spec s = fleet_spec("m1", 10);
+    gps_job *x = fleet_submit(&f, &s);
+    json_decref(fleet_take(&f, a1));
+    s = fleet_spec("m1", 10);
+    gps_job *y = fleet_submit(&f, &s);
+    json_decref(fleet_take(&f, a2));
+    assert_int_equal(gps_job_state_of(x), GPS_JOB_ASSIGNED);
+    assert_int_equal(gps_job_state_of(y), GPS_JOB_ASSIGNED);
+    assert_int_equal(hs.offered, 0); /* no peer then */
+    hs.peer = true;
+
+    char id1[64], id2[64];
+    snprintf(id1, sizeof id1, "%s", a1->id);
+    snprintf(id2, sizeof id2, "%s", a2->id);
+    gps_jobs_agent_lost(f.jobs, id1, "test");
+    assert_int_equal(gps_job_state_of(x), GPS_JOB_QUEUED);
+    assert_false(gps_job_remote(x));
+    assert_int_equal(hs.offered, 1);
+
+    gps_jobs_agent_lost(f.jobs, id2, "test");
+    assert_int_equal(gps_job_state_of(y), GPS_JOB_QUEUED);
+    assert_int_equal(hs.offered, 2);
+    assert_int_equal(gps_jobs_remote_assign(f.jobs, y, "srv_b"), 0);
+    assert_true(gps_job_remote(y));
+    assert_string_equal(gps_job_agent_id(y), "srv_b");
+    fleet_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wire_round_trip),
         cmocka_unit_test(test_remote_job_life),
         cmocka_unit_test(test_queued_offer_first_wins),
+        cmocka_unit_test(test_issue28_requeued_job_offered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
