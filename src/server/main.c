@@ -545,6 +545,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
         /* Keys added to the DB offline may have turned auth on. */
         ensure_admin_key(s);
     }
+    gps_store_sync_close(s->store); /* the reload's connection: not kept idle */
     if (s->tls) {
         if (gps_tls_reload(s->tls, err, sizeof err) < 0)
             gp_log_error("tls_reload_failed", "%s (keeping the previous certificate)", err);

@@ -25,6 +25,7 @@ On the code before, such a job waited in A's queue.
 
 import json
 import os
+import signal
 import sys
 import types
 import unittest
@@ -327,8 +328,8 @@ class HandoffPgTest(harness.TestCase):
         # The server's sessions are told apart by their application_name.
         app = "gp_issue28_conns"
         uri = self.uri + ("&" if "?" in self.uri else "?") + "application_name=" + app
-        self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=uri,
-                            key=self.client)
+        srv = self.h.start_server(FAST + CLUSTER + ["--state_dir", self.h.tmp], db=uri,
+                                  key=self.client)
 
         def sessions():
             return [r[0] for r in self.sql("SELECT query FROM pg_stat_activity "
@@ -337,6 +338,11 @@ class HandoffPgTest(harness.TestCase):
         harness.wait_until(
             lambda: all(any("LISTEN %s;" % c in q for q in sessions()) for c in channels),
             timeout=60, interval=0.1, what="the server listens to its four channels")
+        self.assertEqual(len(sessions()), 2, sessions())
+        # A SIGHUP's key reload does not keep its connection either.
+        srv.signal(signal.SIGHUP)
+        harness.wait_until(lambda: srv.log_events("keys_reloaded"), timeout=30, interval=0.1,
+                           what="the keys reloaded")
         self.assertEqual(len(sessions()), 2, sessions())
 
     def test_two_claimers_run_each_job_once(self):
