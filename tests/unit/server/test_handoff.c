@@ -18,6 +18,8 @@
 #include <cmocka.h>
 
 #include "fixture_fleet.h"
+#include "server/auth/auth.h"
+#include "server/auth/limits.h"
 #include "server/handoff.h"
 #include "server/jobs/jobs.h"
 
@@ -435,6 +437,52 @@ static void test_issue28_requeued_job_offered(void **state)
     fleet_free(&f);
 }
 
+/* Issue 28: a job let in after its key's max_concurrent hold, and queued
+ * here (the agent's slot still busy), is offered too (the code before
+ * did not: it waited here only). */
+static void test_issue28_let_in_job_offered(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    gps_auth *auth = gps_auth_new(NULL);
+    assert_non_null(auth);
+    gps_key_spec ks = {.role = GPS_KEY_CLIENT, .name = "k"};
+    ks.limits.max_concurrent = 1;
+    char key[GPS_AUTH_KEY_LEN + 1], kid[GPS_AUTH_ID_LEN + 1];
+    assert_int_equal(gps_auth_key_create_spec(auth, &ks, key, kid), 0);
+    gps_limits *lim = gps_limits_new(auth, NULL);
+    assert_non_null(lim);
+    gps_jobs_set_limits(f.jobs, lim);
+    hooks_seen hs = {.peer = false};
+    gps_jobs_handoff hk = {.can_offer = h_can, .offer = h_offer, .withdraw = h_withdraw,
+                           .ended = h_ended, .arg = &hs};
+    gps_jobs_set_handoff(f.jobs, &hk);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+
+    gps_submit_err err;
+    gps_job_spec s = fleet_spec("m1", 10);
+    gps_job *x = gps_jobs_submit(f.jobs, &s, "corr", kid, &err);
+    assert_non_null(x);
+    json_decref(fleet_take(&f, a));
+    assert_int_equal(gps_job_state_of(x), GPS_JOB_ASSIGNED);
+    s = fleet_spec("m1", 10);
+    gps_job *held = gps_jobs_submit(f.jobs, &s, "corr", kid, &err);
+    assert_non_null(held);
+    assert_int_equal(hs.offered, 0); /* held for the key: not offered */
+    hs.peer = true;
+
+    /* x cancelled: its slot stays taken until the agent says it stopped,
+     * the held job is let in and queued here, and offered. */
+    gps_jobs_cancel(f.jobs, x, "client_gone");
+    assert_int_equal(gps_job_state_of(held), GPS_JOB_QUEUED);
+    assert_false(gps_job_remote(held));
+    assert_int_equal(hs.offered, 1);
+    fleet_free(&f);
+    gps_limits_free(lim);
+    gps_auth_free(auth);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_remote_job_life),
         cmocka_unit_test(test_queued_offer_first_wins),
         cmocka_unit_test(test_issue28_requeued_job_offered),
+        cmocka_unit_test(test_issue28_let_in_job_offered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
