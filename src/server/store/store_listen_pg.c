@@ -3,10 +3,11 @@
  * libpq. One PostgreSQL connection per store (the hub), never used for
  * statements, that LISTENs to the channels of every listener of the store
  * and hands each notification to those that listen to its channel (issue
- * 28: the hand-off and the native tasks once held a connection each). It runs on the loop thread without ever
- * blocking it: libpq in non-blocking use (PQconnectStartParams and
- * PQconnectPoll driven by socket events, then one LISTEN query, then
- * PQconsumeInput and PQnotifies whenever the socket is readable).
+ * 28: the hand-off and the native tasks once held a connection each). It
+ * runs on the loop thread without ever blocking it: libpq in non-blocking
+ * use (PQconnectStartParams and PQconnectPoll driven by socket events, then
+ * one LISTEN query, then PQconsumeInput and PQnotifies whenever the socket
+ * is readable).
  *
  * Why not the DB thread's connection: a notification arrives only while
  * the session reads, and the DB thread blocks on its queue, not on the
@@ -16,7 +17,7 @@
  * A connection that breaks (PostgreSQL restarted: it ends every session;
  * a network error) is closed and made again after a backoff (0.1 s,
  * doubling up to 5 s, back to 0.1 s once listening). Each time it listens
- * again the callback hears channel NULL: what was notified meanwhile is
+ * again every listener hears channel NULL: what was notified meanwhile is
  * lost. A connection silently cut (a host gone, no FIN) is not noticed
  * here; the callers' slow polls cover it.
  */
