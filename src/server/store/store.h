@@ -22,7 +22,8 @@
  *
  * Start-up reads (gps_store_load_*) and the CLI's synchronous writes
  * (gps_store_key_insert_sync) use a second connection on the calling
- * thread. They block: call them before the loop runs, or from a CLI.
+ * thread. They block: call them before the loop runs, or from a CLI; the
+ * server closes that connection once they are done (gps_store_sync_close).
  *
  * Overload: past `queue_max` queued ops (100000) writes are dropped, counted
  * (stats.drops) and logged (event "store_queue_full", rate-limited) instead
