@@ -129,9 +129,10 @@ int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_r
 }
 
 void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
-                         const json_t *object, const json_t *context, const json_t *items)
+                         const char *object, size_t n, const json_t *context,
+                         const json_t *items)
 {
-    if (!s->store || !object || !context)
+    if (!s->store || !object || !n || !context)
         return;
     int64_t now = gp_now_wall_ms();
     gps_store_response_row row = {
@@ -139,7 +140,8 @@ void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
         .key_id = key_id,
         .created_at = now,
         .expires_at = now + s->ttl_ms,
-        .object = object,
+        .object_text = object,
+        .object_len = n,
         .context = context,
         .items = items,
         .keep_per_key = s->keep_per_key,

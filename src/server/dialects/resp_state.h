@@ -41,10 +41,12 @@ typedef void (*gps_resp_state_fn)(void *arg, int status, json_t *prev_context, j
 int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_req *rq,
                          gps_resp_state_fn done, void *arg);
 
-/* Keep a finished response: object (borrowed), the conversation and items
- * from gps_resp_context (borrowed). No-op without a store. */
+/* Keep a finished response: its object as JSON text (n bytes, borrowed:
+ * gps_resp_render's), the conversation and items from gps_resp_context
+ * (borrowed). No-op without a store. */
 void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
-                         const json_t *object, const json_t *context, const json_t *items);
+                         const char *object, size_t n, const json_t *context,
+                         const json_t *items);
 
 /* Hourly: drop expired responses. */
 void gps_resp_state_purge(gps_resp_state *s);

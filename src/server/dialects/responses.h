@@ -120,8 +120,33 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
                              const char *finish_reason, long long prompt_tokens,
                              long long completion_tokens, json_t *meta);
 
+/* gps_resp_close, writing the response.completed event as text (the same
+ * bytes; meta borrowed, may be NULL) and appending to fin (may be NULL)
+ * the final response without x_pool_meta: gps_resp_final's object as
+ * gp_json_dump_append writes it, what the store keeps. */
+void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                         const char *finish_reason, long long prompt_tokens,
+                         long long completion_tokens, const json_t *meta, gp_buf *fin);
+
+/* Non-streaming: make the output items the whole text (one message) and
+ * the calls, as gps_resp_object does before it builds the object. */
+void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                    size_t text_len);
+/* Append gps_resp_final's object as text (gp_json_dump_append's bytes,
+ * without building it; jansson's tree only where a string is one jansson
+ * refuses). 0, or -1 (no object: jansson gave none, or ENOMEM). */
+int gps_resp_render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens);
+/* Turn the object that out holds from offset from (ending in '}') into
+ * the same object with x_pool_meta (meta borrowed) last, as
+ * json_object_set_new(r, "x_pool_meta", meta) and a dump would. meta NULL:
+ * nothing. 0, or -1 with out as it was. */
+int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta);
+
 /* Non-streaming: the whole text and calls as one response object (new
- * reference); meta stolen. Also what response.completed carries. */
+ * reference); meta stolen. Also what response.completed carries. The
+ * jansson reference that the text above is tested against. */
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
                         size_t text_len, const char *finish_reason, long long prompt_tokens,
                         long long completion_tokens, json_t *meta);

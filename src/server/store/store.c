@@ -2585,10 +2585,13 @@ int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_s
 
 int gps_store_response_put(gps_store *s, const gps_store_response_row *r)
 {
-    if (!r || !r->id || !r->key_id || !r->object || !r->context)
+    if (!r || !r->id || !r->key_id || (!r->object && !r->object_text) || !r->context)
         return -1;
-    if (write_op(s, K_RESP_PUT, "ttiijj", r->id, r->key_id, r->created_at, r->expires_at,
-                 r->object, r->context) != 0)
+    /* The object as text where the caller wrote it (Responses: issue 24). */
+    if ((r->object ? write_op(s, K_RESP_PUT, "ttiijj", r->id, r->key_id, r->created_at,
+                              r->expires_at, r->object, r->context)
+                   : write_op(s, K_RESP_PUT, "ttiiTj", r->id, r->key_id, r->created_at,
+                              r->expires_at, r->object_text, r->object_len, r->context)) != 0)
         return -1;
     /* Same FIFO: the items and the trim follow the row they belong to. */
     if (json_array_size(r->items) &&

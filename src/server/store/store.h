@@ -537,7 +537,9 @@ int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_
 typedef struct gps_store_response_row {
     const char *id, *key_id;
     int64_t created_at, expires_at;   /* wall ms */
-    const json_t *object;             /* the response object */
+    const json_t *object;             /* the response object, or NULL: */
+    const char *object_text;          /* the same as JSON text (object_len bytes) */
+    size_t object_len;
     const json_t *context;            /* chat messages through this response */
     const json_t *items;              /* [{id, message}] of its output items, or NULL */
     int64_t keep_per_key;             /* > 0: then drop the key's older ones past this */
