@@ -79,16 +79,19 @@ static json_t *meta_of(rs_stream *st, gps_job *job)
 }
 
 /* store: keep the finished response for later references; obj: its
- * final object as text (n bytes, gps_resp_render's; n 0: none). */
-static void save(rs_stream *st, const char *obj, size_t n)
+ * final object as text (gps_resp_render's; empty: none). */
+static void save(rs_stream *st, const gp_buf *obj)
 {
     if (!st->state)
         return;
-    json_t *items = NULL;
-    json_t *ctx = gps_resp_context(&st->out, &st->calls, st->messages, st->n_instr, &items);
-    gps_resp_state_save(st->state, st->key_id, st->out.id, obj, n, ctx, items);
-    json_decref(ctx);
-    json_decref(items);
+    gp_buf ctx, items;
+    gp_buf_init(&ctx);
+    gp_buf_init(&items);
+    if (gps_resp_context_text(&st->out, &st->calls, st->messages, st->n_instr, &ctx, &items) ==
+        0)
+        gps_resp_state_save(st->state, st->key_id, st->out.id, obj, &ctx, &items);
+    gp_buf_free(&ctx);
+    gp_buf_free(&items);
 }
 
 static void ensure_started(rs_stream *st, gps_job *job)
@@ -125,13 +128,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
             ensure_started(st, job);
             gps_resp_close_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, meta,
                                 st->state ? &fin : NULL);
-            save(st, fin.data, fin.len);
+            save(st, &fin);
             gps_relay_end_stream(&st->rl);
         } else {
             gps_resp_whole(&st->out, &st->calls, gps_job_text(job), gps_job_text_len(job));
             if (gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) < 0)
                 fin.len = 0;
-            save(st, fin.data, fin.len);
+            save(st, &fin);
             if (fin.len && gps_resp_render_meta(&fin, 0, meta) < 0)
                 fin.len = 0;
             gps_relay_end_body_text(&st->rl, fin.len ? fin.data : "{}", fin.len ? fin.len : 2,

@@ -1297,3 +1297,135 @@ json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                          completion_tokens, NULL);
 }
+
+/*
+ * gps_resp_context's two values as text (issue 24, fifth round): the
+ * conversation and the items, dumped as gp_json_dump_append wrote the
+ * trees, each text escaped once per value instead of built, dumped and
+ * freed. Key order is the tree's: "role", "content" (null, or the texts
+ * joined), then "tool_calls" in the reply; "id", "message" per item.
+ * Where jansson refuses a string (a text, id or name that is not UTF-8)
+ * gps_resp_context gives no conversation at all: -1 here, and the caller
+ * falls back to it, so the store keeps what it kept.
+ */
+static int call_text(gp_buf *b, const gps_tool_call *c)
+{
+    return LIT(b, "{\"id\":") < 0 || str_strict(b, c->id) < 0 ||
+                   LIT(b, ",\"type\":\"function\",\"function\":{\"name\":") < 0 ||
+                   str_strict(b, c->name) < 0 || LIT(b, ",\"arguments\":") < 0 ||
+                   str_or_empty(b, c->args.data, c->args.len) < 0 || LIT(b, "}}") < 0
+               ? -1
+               : 0;
+}
+
+static bool call_ok(const gps_tool_calls *calls, const struct gps_resp_item *it)
+{
+    return calls && it->call >= 0 && (size_t)it->call < calls->n;
+}
+
+/* The reply message: {"role":"assistant","content":C[,"tool_calls":[...]]}. */
+static int reply_text(gp_buf *b, const gps_resp_out *o, const gps_tool_calls *calls)
+{
+    size_t n_text = 0;
+    bool any_call = false;
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call)
+            n_text += it->text_to - it->text_from;
+        else if (call_ok(calls, it))
+            any_call = true;
+    }
+    if (LIT(b, "{\"role\":\"assistant\",\"content\":") < 0)
+        return -1;
+    if (n_text == 0 && LIT(b, "null") < 0)
+        return -1;
+    if (n_text && LIT(b, "\"") < 0)
+        return -1;
+    for (int i = 0; n_text && i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call && gp_json_escape_append(b, o->text.data + it->text_from,
+                                                  it->text_to - it->text_from) < 0)
+            return -1;
+    }
+    if (n_text && LIT(b, "\"") < 0)
+        return -1;
+    if (any_call) {
+        if (LIT(b, ",\"tool_calls\":[") < 0)
+            return -1;
+        bool first = true;
+        for (int i = 0; i < o->n_items; i++) {
+            const struct gps_resp_item *it = &o->items[i];
+            if (!it->is_call || !call_ok(calls, it))
+                continue;
+            if ((!first && LIT(b, ",") < 0) || call_text(b, &calls->v[it->call]) < 0)
+                return -1;
+            first = false;
+        }
+        if (LIT(b, "]") < 0)
+            return -1;
+    }
+    return LIT(b, "}");
+}
+
+static int context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                        const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items)
+{
+    /* Every text must be UTF-8 (json_pack's "s%" refuses the item else). */
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call && !gp_utf8_valid(o->text.data ? o->text.data + it->text_from : "",
+                                           it->text_to - it->text_from))
+            return -1;
+    }
+    if (LIT(ctx, "[") < 0)
+        return -1;
+    for (size_t i = n_instr; i < json_array_size(messages); i++)
+        if (gp_json_dump_append(ctx, json_array_get(messages, i)) < 0 || LIT(ctx, ",") < 0)
+            return -1;
+    if (reply_text(ctx, o, calls) < 0 || LIT(ctx, "]") < 0 || LIT(items, "[") < 0)
+        return -1;
+    bool first = true;
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (it->is_call && !call_ok(calls, it))
+            continue;
+        if ((!first && LIT(items, ",") < 0) || LIT(items, "{\"id\":\"") < 0 ||
+            gp_buf_append(items, it->item_id, strlen(it->item_id)) < 0 ||
+            LIT(items, "\",\"message\":{\"role\":\"assistant\",\"content\":") < 0)
+            return -1;
+        first = false;
+        if (it->is_call) {
+            if (LIT(items, "null,\"tool_calls\":[") < 0 ||
+                call_text(items, &calls->v[it->call]) < 0 || LIT(items, "]}}") < 0)
+                return -1;
+        } else if (LIT(items, "\"") < 0 ||
+                   gp_json_escape_append(items, o->text.data ? o->text.data + it->text_from : "",
+                                         it->text_to - it->text_from) < 0 ||
+                   LIT(items, "\"}}") < 0) {
+            return -1;
+        }
+    }
+    return LIT(items, "]");
+}
+
+int gps_resp_context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                          const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items)
+{
+    size_t c0 = ctx->len, i0 = items->len;
+    if (context_text(o, calls, messages, n_instr, ctx, items) == 0)
+        return 0;
+    ctx->len = c0;
+    items->len = i0;
+    json_t *its = NULL;
+    json_t *c = gps_resp_context(o, calls, messages, n_instr, &its);
+    int rc = c && gp_json_dump_append(ctx, c) == 0 && gp_json_dump_append(items, its) == 0
+                 ? 0
+                 : -1;
+    json_decref(c);
+    json_decref(its);
+    if (rc < 0) {
+        ctx->len = c0;
+        items->len = i0;
+    }
+    return rc;
+}

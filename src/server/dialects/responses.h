@@ -156,6 +156,13 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
  * reference) and, in *items, [{id, message}] per output item (new). */
 json_t *gps_resp_context(const gps_resp_out *o, const gps_tool_calls *calls,
                          const json_t *messages, size_t n_instr, json_t **items);
+/* The same two values as JSON text, appended to ctx and items: the bytes
+ * gp_json_dump_append writes for gps_resp_context's trees (the trees
+ * themselves only where jansson refuses a string). 0, or -1: no
+ * conversation (gps_resp_context gave none, or ENOMEM); ctx and items as
+ * they were. */
+int gps_resp_context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                          const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items);
 /* The final response object without x_pool_meta (new reference). */
 json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
                        const char *finish_reason, long long prompt_tokens,

@@ -791,6 +791,39 @@ static void check_render(gps_resp_out *o, const gps_tool_calls *calls, const cha
     gp_buf_free(&got);
 }
 
+/* gps_resp_context_text: the bytes json_dumps writes for gps_resp_context's
+ * conversation and items, or -1 where it gives none. */
+static void check_context(const gps_resp_out *o, const gps_tool_calls *calls)
+{
+    json_t *msgs = J("[{\"role\":\"system\",\"content\":\"i\"},"
+                     "{\"role\":\"user\",\"content\":\"q\\\"\\n\\u00e9\\u0001\"},"
+                     "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"\"}]");
+    for (size_t n_instr = 0; n_instr < 2; n_instr++) {
+        json_t *its = NULL;
+        json_t *c = gps_resp_context(o, calls, msgs, n_instr, &its);
+        gp_buf a, b;
+        gp_buf_init(&a);
+        gp_buf_init(&b);
+        int rc = gps_resp_context_text(o, calls, msgs, n_instr, &a, &b);
+        if (!c) {
+            assert_int_equal(rc, -1);
+            assert_int_equal(a.len + b.len, 0);
+        } else {
+            assert_int_equal(rc, 0);
+            char *d = json_dumps(c, JSON_COMPACT), *e = json_dumps(its, JSON_COMPACT);
+            assert_buf_equal(&a, &(gp_buf){.data = d, .len = strlen(d)});
+            assert_buf_equal(&b, &(gp_buf){.data = e, .len = strlen(e)});
+            free(d);
+            free(e);
+        }
+        json_decref(c);
+        json_decref(its);
+        gp_buf_free(&a);
+        gp_buf_free(&b);
+    }
+    json_decref(msgs);
+}
+
 static void test_response_text_is_what_jansson_writes(void **st)
 {
     (void)st;
@@ -846,6 +879,7 @@ static void test_response_text_is_what_jansson_writes(void **st)
                     gps_resp_whole(&o, &calls, texts[i].t, texts[i].n);
                     check_render(&o, &calls, "stop", 5, 7, meta);
                     check_render(&o, &calls, "length", -1, 3, meta);
+                    check_context(&o, &calls);
                     gps_resp_out_clear(&o);
                     gps_tool_calls_free(&calls);
                 }
@@ -903,6 +937,7 @@ static void test_close_text_is_close_final(void **st)
             assert_buf_equal(&fin, &w);
             free(d);
             json_decref(f);
+            check_context(&o, &calls);
             gp_buf_free(&got);
             gp_buf_free(&want);
             gp_buf_free(&fin);
