@@ -515,6 +515,29 @@ void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
 void gps_resp_out_clear(gps_resp_out *o)
 {
     gp_buf_free(&o->text);
+    free(o->items);
+    o->items = NULL;
+    o->n_items = o->cap_items = 0;
+}
+
+/* A new item, zeroed, at the end; NULL past GPS_RESP_MAX_ITEMS (a reply
+ * this fragmented is not a real one) or out of memory. Pointers to items
+ * do not survive it. */
+static struct gps_resp_item *new_item(gps_resp_out *o)
+{
+    if (o->n_items >= GPS_RESP_MAX_ITEMS)
+        return NULL;
+    if (o->n_items == o->cap_items) {
+        int cap = o->cap_items ? 2 * o->cap_items : 2;
+        struct gps_resp_item *v = realloc(o->items, (size_t)cap * sizeof *v);
+        if (!v)
+            return NULL;
+        o->items = v;
+        o->cap_items = cap;
+    }
+    struct gps_resp_item *it = &o->items[o->n_items++];
+    memset(it, 0, sizeof *it);
+    return it;
 }
 
 static json_t *usage_json(long long in, long long outn)
@@ -1056,10 +1079,9 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
         return;
     struct gps_resp_item *it = open_message(o);
     if (!it) {
-        if (o->n_items >= GPS_RESP_MAX_ITEMS)
-            return; /* bounded: a reply this fragmented is not a real one */
-        it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+        it = new_item(o);
+        if (!it)
+            return;
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
         message_added(o, sse, it->item_id, (int)(it - o->items));
@@ -1083,10 +1105,9 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
     close_message(o, sse);
     struct gps_resp_item *it = call_item(o, i);
     if (started && !it) {
-        if (o->n_items >= GPS_RESP_MAX_ITEMS)
+        it = new_item(o);
+        if (!it)
             return;
-        it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
         it->is_call = true;
         it->call = i;
         gps_id_new("fc_", it->item_id, sizeof it->item_id);
@@ -1207,18 +1228,15 @@ void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *te
     gp_buf_init(&o->text);
     o->n_items = 0;
     o->delta_pre_item = 0; /* (its items are new) */
-    if (text_len > 0) {
-        struct gps_resp_item *it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+    struct gps_resp_item *it;
+    if (text_len > 0 && (it = new_item(o))) {
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         gp_buf_append(&o->text, text, text_len);
         it->text_from = 0;
         it->text_to = o->text.len;
         it->done = true;
     }
-    for (size_t i = 0; calls && i < calls->n && o->n_items < GPS_RESP_MAX_ITEMS; i++) {
-        struct gps_resp_item *it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+    for (size_t i = 0; calls && i < calls->n && (it = new_item(o)); i++) {
         it->is_call = true;
         it->call = (int)i;
         it->done = true;

@@ -78,15 +78,17 @@ typedef struct gps_resp_out {
     char model[GPS_MAX_MODEL_NAME + 1];
     json_t *echo;                /* borrowed from the request (its own reference) */
     long long seq;               /* next sequence_number */
-    /* Output items in order: a message (its text) or a function call. */
+    /* Output items in order: a message (its text) or a function call.
+     * Grown as they come (at most GPS_RESP_MAX_ITEMS): a reply has one or
+     * two, and a fixed array of 128 was 10 KiB to zero twice a request. */
     struct gps_resp_item {
         bool is_call;
         int call;                /* is_call: index into the job's tool calls */
         char item_id[48];        /* msg_... / fc_... */
         size_t text_from, text_to; /* message: its bytes of the response's text */
         bool done;
-    } items[GPS_RESP_MAX_ITEMS];
-    int n_items;
+    } *items;                    /* owned */
+    int n_items, cap_items;
     gp_buf text;                 /* every message's text, in order */
     /* The text delta's frame up to its text, for one item (made once per
      * message, not per token). */

@@ -923,6 +923,9 @@ static void test_close_text_is_close_final(void **st)
             gps_resp_out o2 = o;
             gp_buf_init(&o2.text);
             gp_buf_append(&o2.text, o.text.data, o.text.len);
+            o2.items = malloc((size_t)o.cap_items * sizeof *o.items);
+            assert_non_null(o2.items);
+            memcpy(o2.items, o.items, (size_t)o.n_items * sizeof *o.items);
             gp_buf got, want, fin;
             gp_buf_init(&got);
             gp_buf_init(&want);
