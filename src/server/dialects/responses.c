@@ -502,6 +502,8 @@ fail:
 /* Response                                                            */
 /* ------------------------------------------------------------------ */
 
+static void echo_prepare(gps_resp_out *o);
+
 void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
 {
     memset(o, 0, sizeof *o);
@@ -510,11 +512,13 @@ void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
     snprintf(o->model, sizeof o->model, "%s", model);
     o->echo = echo;
     gp_buf_init(&o->text);
+    echo_prepare(o);
 }
 
 void gps_resp_out_clear(gps_resp_out *o)
 {
     gp_buf_free(&o->text);
+    gp_buf_free(&o->echo_text);
     free(o->items);
     o->items = NULL;
     o->n_items = o->cap_items = 0;
@@ -741,12 +745,31 @@ static int fixed_default(gp_buf *b, const gps_resp_out *o, const gps_tool_calls 
     }
 }
 
-static bool is_fixed(const char *key)
+/* The echo's part of every render, written once a request (a streamed
+ * reply writes the object twice): the echo is not changed after init. */
+static void echo_prepare(gps_resp_out *o)
 {
-    for (size_t k = 0; k < N_FIXED; k++)
-        if (strcmp(key, FIXED_KEYS[k]) == 0)
-            return true;
-    return false;
+    gp_buf_init(&o->echo_text);
+    o->echo_fixed = 0;
+    o->echo_ok = true;
+    const char *key;
+    json_t *v;
+    json_object_foreach(o->echo, key, v)
+    {
+        bool fixed = false;
+        for (size_t k = 0; k < N_FIXED && !fixed; k++)
+            if (strcmp(key, FIXED_KEYS[k]) == 0) {
+                o->echo_fixed |= 1u << k;
+                fixed = true;
+            }
+        if (fixed)
+            continue;
+        if (LIT(&o->echo_text, ",") < 0 || gp_json_str_append(&o->echo_text, key) < 0 ||
+            LIT(&o->echo_text, ":") < 0 || gp_json_dump_append(&o->echo_text, v) < 0) {
+            o->echo_ok = false;
+            return;
+        }
+    }
 }
 
 /* response_json(o, calls, status, with_usage, in, outn, NULL) as text.
@@ -755,26 +778,19 @@ static int render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *call
                   const char *status, bool with_usage, long long in, long long outn)
 {
     size_t at = out->len;
-    if (LIT(out, "{") < 0)
+    if (!o->echo_ok || LIT(out, "{") < 0)
         goto fail;
     for (size_t k = 0; k < N_FIXED; k++) {
-        const json_t *v = o->echo ? json_object_get(o->echo, FIXED_KEYS[k]) : NULL;
+        const json_t *v =
+            o->echo_fixed & (1u << k) ? json_object_get(o->echo, FIXED_KEYS[k]) : NULL;
         if ((k && LIT(out, ",") < 0) || LIT(out, "\"") < 0 ||
             gp_buf_append(out, FIXED_KEYS[k], strlen(FIXED_KEYS[k])) < 0 || LIT(out, "\":") < 0)
             goto fail;
         if (v ? gp_json_dump_append(out, v) < 0 : fixed_default(out, o, calls, k, status) < 0)
             goto fail;
     }
-    const char *key;
-    json_t *v;
-    json_object_foreach(o->echo, key, v)
-    {
-        if (is_fixed(key))
-            continue;
-        if (LIT(out, ",") < 0 || gp_json_str_append(out, key) < 0 || LIT(out, ":") < 0 ||
-            gp_json_dump_append(out, v) < 0)
-            goto fail;
-    }
+    if (gp_buf_append(out, o->echo_text.data, o->echo_text.len) < 0)
+        goto fail;
     if (LIT(out, ",\"usage\":") < 0 || usage_text(out, with_usage, in, outn) < 0 ||
         LIT(out, "}") < 0)
         goto fail;

@@ -77,6 +77,13 @@ typedef struct gps_resp_out {
     long long created;           /* unix seconds */
     char model[GPS_MAX_MODEL_NAME + 1];
     json_t *echo;                /* borrowed from the request (its own reference) */
+    /* The echo as the response object's text writes it, made once: its
+     * keys that json_pack's do not hold (",\"k\":v..."), and which of
+     * those it replaces (bit k: FIXED_KEYS[k] in responses.c); echo_ok
+     * false: not writable (the object is then jansson's). */
+    gp_buf echo_text;
+    unsigned echo_fixed;
+    bool echo_ok;
     long long seq;               /* next sequence_number */
     /* Output items in order: a message (its text) or a function call.
      * Grown as they come (at most GPS_RESP_MAX_ITEMS): a reply has one or

@@ -923,6 +923,8 @@ static void test_close_text_is_close_final(void **st)
             gps_resp_out o2 = o;
             gp_buf_init(&o2.text);
             gp_buf_append(&o2.text, o.text.data, o.text.len);
+            gp_buf_init(&o2.echo_text);
+            gp_buf_append(&o2.echo_text, o.echo_text.data, o.echo_text.len);
             o2.items = malloc((size_t)o.cap_items * sizeof *o.items);
             assert_non_null(o2.items);
             memcpy(o2.items, o.items, (size_t)o.n_items * sizeof *o.items);
