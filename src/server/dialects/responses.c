@@ -662,17 +662,16 @@ static int item_text(gp_buf *b, const gps_resp_out *o, const struct gps_resp_ite
     const char *status = it->done ? "completed" : "in_progress";
     if (it->is_call) {
         const gps_tool_call *c = &calls->v[it->call];
-        return LIT(b, "{\"type\":\"function_call\",\"id\":\"") < 0 ||
-                       gp_buf_append(b, it->item_id, strlen(it->item_id)) < 0 ||
-                       LIT(b, "\",\"call_id\":") < 0 || str_strict(b, c->id) < 0 ||
-                       LIT(b, ",\"name\":") < 0 || str_strict(b, c->name) < 0 ||
-                       LIT(b, ",\"arguments\":") < 0 ||
-                       str_or_empty(b, it->done ? c->args.data : "", it->done ? c->args.len : 0) <
-                           0 ||
-                       LIT(b, ",\"status\":\"") < 0 || gp_buf_append(b, status, strlen(status)) < 0 ||
-                       LIT(b, "\"}") < 0
-                   ? -1
-                   : 0;
+        if (LIT(b, "{\"type\":\"function_call\",\"id\":\"") < 0 ||
+            gp_buf_append(b, it->item_id, strlen(it->item_id)) < 0 ||
+            LIT(b, "\",\"call_id\":") < 0 || str_strict(b, c->id) < 0 ||
+            LIT(b, ",\"name\":") < 0 || str_strict(b, c->name) < 0 ||
+            LIT(b, ",\"arguments\":") < 0)
+            return -1;
+        if (str_or_empty(b, it->done ? c->args.data : "", it->done ? c->args.len : 0) < 0 ||
+            LIT(b, ",\"status\":\"") < 0 || gp_buf_append(b, status, strlen(status)) < 0)
+            return -1;
+        return LIT(b, "\"}");
     }
     if (LIT(b, "{\"type\":\"message\",\"id\":\"") < 0 ||
         gp_buf_append(b, it->item_id, strlen(it->item_id)) < 0 || LIT(b, "\",\"status\":\"") < 0 ||
