@@ -78,23 +78,20 @@ static json_t *meta_of(rs_stream *st, gps_job *job)
     return meta;
 }
 
-/* store: keep the finished response for later references. */
-/* fin: the final response when the caller has it (stolen), else NULL. */
-static void save(rs_stream *st, gps_job *job, const char *fr, json_t *fin)
+/* store: keep the finished response for later references; obj: its
+ * final object as text (gps_resp_render's; empty: none). */
+static void save(rs_stream *st, const gp_buf *obj)
 {
-    if (!st->state) {
-        json_decref(fin);
+    if (!st->state)
         return;
-    }
-    json_t *items = NULL;
-    json_t *obj = fin ? fin
-                      : gps_resp_final(&st->out, &st->calls, fr, gps_job_prompt_tokens(job),
-                                       gps_job_completion_tokens(job));
-    json_t *ctx = gps_resp_context(&st->out, &st->calls, st->messages, st->n_instr, &items);
-    gps_resp_state_save(st->state, st->key_id, st->out.id, obj, ctx, items);
-    json_decref(obj);
-    json_decref(ctx);
-    json_decref(items);
+    gp_buf ctx, items;
+    gp_buf_init(&ctx);
+    gp_buf_init(&items);
+    if (gps_resp_context_text(&st->out, &st->calls, st->messages, st->n_instr, &ctx, &items) ==
+        0)
+        gps_resp_state_save(st->state, st->key_id, st->out.id, obj, &ctx, &items);
+    gp_buf_free(&ctx);
+    gp_buf_free(&items);
 }
 
 static void ensure_started(rs_stream *st, gps_job *job)
@@ -122,18 +119,29 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
     if (type == GPS_EV_END) {
         const char *fr = gps_job_finish_reason(job)[0] ? gps_job_finish_reason(job) : "stop";
         long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
+        /* The response is written as text once (issue 24): the store keeps
+         * it, the client gets it with x_pool_meta added last. */
+        json_t *meta = meta_of(st, job);
+        gp_buf fin;
+        gp_buf_init(&fin);
         if (st->stream) {
             ensure_started(st, job);
-            json_t *fin = gps_resp_close_final(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct,
-                                               meta_of(st, job));
-            save(st, job, fr, fin);
+            gps_resp_close_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, meta,
+                                st->state ? &fin : NULL);
+            save(st, &fin);
             gps_relay_end_stream(&st->rl);
-            return true;
+        } else {
+            gps_resp_whole(&st->out, &st->calls, gps_job_text(job), gps_job_text_len(job));
+            if (gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) < 0)
+                fin.len = 0;
+            save(st, &fin);
+            if (fin.len && gps_resp_render_meta(&fin, 0, meta) < 0)
+                fin.len = 0;
+            gps_relay_end_body_text(&st->rl, fin.len ? fin.data : "{}", fin.len ? fin.len : 2,
+                                    true);
         }
-        json_t *body = gps_resp_object(&st->out, &st->calls, gps_job_text(job),
-                                       gps_job_text_len(job), fr, pt, ct, meta_of(st, job));
-        save(st, job, fr, NULL);
-        gps_relay_end_body(&st->rl, body, true);
+        gp_buf_free(&fin);
+        json_decref(meta);
         return true;
     }
     if (type == GPS_EV_ERROR) {

@@ -217,17 +217,31 @@ void gps_relay_end_stream(gps_relay *rl)
     gps_relay_finish(rl);
 }
 
-void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
+/* One worker for both bodies: json (stolen) when set, else text. */
+static void end_body(gps_relay *rl, json_t *json, const char *text, size_t n, bool pool_headers)
 {
     if (pool_headers && rl->job)
         gps_pool_headers(rl->s.req, rl->job);
     if (rl->job && gps_job_first_token_us(rl->job))
         ttft(rl, gps_job_first_token_us(rl->job));
     gps_stream_release(&rl->s);
-    gps_http_send_json(rl->s.req, 200, body);
+    if (text)
+        gps_http_send_json_text(rl->s.req, 200, text, n);
+    else
+        gps_http_send_json(rl->s.req, 200, json);
     gps_relay_count(rl, "ok");
     rl->s.req = NULL;
     gps_relay_finish(rl);
+}
+
+void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers)
+{
+    end_body(rl, body, NULL, 0, pool_headers);
+}
+
+void gps_relay_end_body_text(gps_relay *rl, const char *body, size_t n, bool pool_headers)
+{
+    end_body(rl, NULL, body, n, pool_headers);
 }
 
 void gps_relay_finish(gps_relay *rl)

@@ -134,6 +134,8 @@ void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);
 void gps_relay_end_stream(gps_relay *rl);
 /* pool_headers: the x-pool-* headers too (not for a plain request). */
 void gps_relay_end_body(gps_relay *rl, json_t *body, bool pool_headers);
+/* The same with the body as JSON text (n bytes, still the caller's). */
+void gps_relay_end_body_text(gps_relay *rl, const char *body, size_t n, bool pool_headers);
 /* A streaming dialect's on_event (ops->render_text / render_event): text
  * goes out as fast as the client reads it, straight from the job's text,
  * and the events after it (tool calls, end, error) wait in order behind it

@@ -129,9 +129,9 @@ int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_r
 }
 
 void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
-                         const json_t *object, const json_t *context, const json_t *items)
+                         const gp_buf *object, const gp_buf *context, const gp_buf *items)
 {
-    if (!s->store || !object || !context)
+    if (!s->store || !object->len || !context->len)
         return;
     int64_t now = gp_now_wall_ms();
     gps_store_response_row row = {
@@ -139,9 +139,12 @@ void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
         .key_id = key_id,
         .created_at = now,
         .expires_at = now + s->ttl_ms,
-        .object = object,
-        .context = context,
-        .items = items,
+        .object_text = object->data,
+        .object_len = object->len,
+        .context_text = context->data,
+        .context_len = context->len,
+        .items_text = items->data,
+        .items_len = items->len,
         .keep_per_key = s->keep_per_key,
     };
     if (gps_store_response_put(s->store, &row) < 0)

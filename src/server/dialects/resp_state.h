@@ -41,10 +41,11 @@ typedef void (*gps_resp_state_fn)(void *arg, int status, json_t *prev_context, j
 int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_req *rq,
                          gps_resp_state_fn done, void *arg);
 
-/* Keep a finished response: object (borrowed), the conversation and items
- * from gps_resp_context (borrowed). No-op without a store. */
+/* Keep a finished response: its object, the conversation and items as
+ * JSON text (gp_buf, borrowed: gps_resp_render's, gps_resp_context_text's).
+ * No-op without a store or an object. */
 void gps_resp_state_save(gps_resp_state *s, const char *key_id, const char *id,
-                         const json_t *object, const json_t *context, const json_t *items);
+                         const gp_buf *object, const gp_buf *context, const gp_buf *items);
 
 /* Hourly: drop expired responses. */
 void gps_resp_state_purge(gps_resp_state *s);

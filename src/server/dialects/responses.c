@@ -502,6 +502,8 @@ fail:
 /* Response                                                            */
 /* ------------------------------------------------------------------ */
 
+static void echo_prepare(gps_resp_out *o);
+
 void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
 {
     memset(o, 0, sizeof *o);
@@ -510,11 +512,36 @@ void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo)
     snprintf(o->model, sizeof o->model, "%s", model);
     o->echo = echo;
     gp_buf_init(&o->text);
+    echo_prepare(o);
 }
 
 void gps_resp_out_clear(gps_resp_out *o)
 {
     gp_buf_free(&o->text);
+    gp_buf_free(&o->echo_text);
+    free(o->items);
+    o->items = NULL;
+    o->n_items = o->cap_items = 0;
+}
+
+/* A new item, zeroed, at the end; NULL past GPS_RESP_MAX_ITEMS (a reply
+ * this fragmented is not a real one) or out of memory. Pointers to items
+ * do not survive it. */
+static struct gps_resp_item *new_item(gps_resp_out *o)
+{
+    if (o->n_items >= GPS_RESP_MAX_ITEMS)
+        return NULL;
+    if (o->n_items == o->cap_items) {
+        int cap = o->cap_items ? 2 * o->cap_items : 2;
+        struct gps_resp_item *v = realloc(o->items, (size_t)cap * sizeof *v);
+        if (!v)
+            return NULL;
+        o->items = v;
+        o->cap_items = cap;
+    }
+    struct gps_resp_item *it = &o->items[o->n_items++];
+    memset(it, 0, sizeof *it);
+    return it;
 }
 
 static json_t *usage_json(long long in, long long outn)
@@ -585,6 +612,241 @@ static json_t *response_json(const gps_resp_out *o, const gps_tool_calls *calls,
     return r;
 }
 
+/* Append a string literal. */
+#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
+
+/*
+ * The response object as text (issue 24, fifth round): what
+ * gp_json_dump_append writes for response_json's tree, byte for byte,
+ * without building it. The tree, its dump and the store's copy of it were
+ * about 190,000 instructions a Responses request; this escapes the text
+ * once and dumps only the request's echo values. response_json stays as
+ * the reference (and the fallback): test_responses compares the two over
+ * texts, call names, arguments, echo values and models that need escapes.
+ *
+ * Key order is jansson's: json_pack's keys, then the echo's in its order
+ * (json_object_update replaces a key that is already there in place), then
+ * usage and x_pool_meta. The echo is gps_resp_parse's: it never holds
+ * usage or x_pool_meta.
+ */
+static const char *const FIXED_KEYS[] = {
+    "id",     "object", "created_at", "status",   "error", "incomplete_details",
+    "model",  "output", "truncation", "text",     "previous_response_id",
+};
+#define N_FIXED (sizeof FIXED_KEYS / sizeof FIXED_KEYS[0])
+
+/* "TEXT" as json_stringn made it: text that is not UTF-8 was refused,
+ * and the callers put "" in its place. */
+static int str_or_empty(gp_buf *b, const char *t, size_t n)
+{
+    if (!t || !gp_utf8_valid(t, n))
+        n = 0;
+    return LIT(b, "\"") < 0 || gp_json_escape_append(b, t ? t : "", n) < 0 || LIT(b, "\"") < 0
+               ? -1
+               : 0;
+}
+
+/* A string json_pack's "s" takes whole, or -1 where it refuses it (the
+ * item or the response is then left out: the caller falls back). */
+static int str_strict(gp_buf *b, const char *s)
+{
+    if (!s || !gp_utf8_valid(s, strlen(s)))
+        return -1;
+    return gp_json_str_append(b, s);
+}
+
+/* item_json's object as text; -1 where item_json gives NULL. */
+static int item_text(gp_buf *b, const gps_resp_out *o, const struct gps_resp_item *it,
+                     const gps_tool_calls *calls)
+{
+    const char *status = it->done ? "completed" : "in_progress";
+    if (it->is_call) {
+        const gps_tool_call *c = &calls->v[it->call];
+        if (LIT(b, "{\"type\":\"function_call\",\"id\":\"") < 0 ||
+            gp_buf_append(b, it->item_id, strlen(it->item_id)) < 0 ||
+            LIT(b, "\",\"call_id\":") < 0 || str_strict(b, c->id) < 0 ||
+            LIT(b, ",\"name\":") < 0 || str_strict(b, c->name) < 0 ||
+            LIT(b, ",\"arguments\":") < 0)
+            return -1;
+        if (str_or_empty(b, it->done ? c->args.data : "", it->done ? c->args.len : 0) < 0 ||
+            LIT(b, ",\"status\":\"") < 0 || gp_buf_append(b, status, strlen(status)) < 0)
+            return -1;
+        return LIT(b, "\"}");
+    }
+    if (LIT(b, "{\"type\":\"message\",\"id\":\"") < 0 ||
+        gp_buf_append(b, it->item_id, strlen(it->item_id)) < 0 || LIT(b, "\",\"status\":\"") < 0 ||
+        gp_buf_append(b, status, strlen(status)) < 0 ||
+        LIT(b, "\",\"role\":\"assistant\",\"content\":[") < 0)
+        return -1;
+    if (it->done && (LIT(b, "{\"type\":\"output_text\",\"text\":") < 0 ||
+                     str_or_empty(b, o->text.data ? o->text.data + it->text_from : "",
+                                  it->text_to - it->text_from) < 0 ||
+                     LIT(b, ",\"annotations\":[]}") < 0))
+        return -1;
+    return LIT(b, "]}");
+}
+
+static int usage_text(gp_buf *b, bool with_usage, long long in, long long outn)
+{
+    if (!with_usage)
+        return LIT(b, "null");
+    if (in < 0)
+        in = 0;
+    if (outn < 0)
+        outn = 0;
+    return LIT(b, "{\"input_tokens\":") < 0 || gp_buf_append_int(b, in) < 0 ||
+                   LIT(b, ",\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":") <
+                       0 ||
+                   gp_buf_append_int(b, outn) < 0 ||
+                   LIT(b, ",\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":") <
+                       0 ||
+                   gp_buf_append_int(b, in + outn) < 0 || LIT(b, "}") < 0
+               ? -1
+               : 0;
+}
+
+/* Key k's default value in response_json's json_pack. */
+static int fixed_default(gp_buf *b, const gps_resp_out *o, const gps_tool_calls *calls, size_t k,
+                         const char *status)
+{
+    switch (k) {
+    case 0:
+        return LIT(b, "\"") < 0 || gp_buf_append(b, o->id, strlen(o->id)) < 0 || LIT(b, "\"") < 0
+                   ? -1
+                   : 0;
+    case 1:
+        return LIT(b, "\"response\"");
+    case 2:
+        return gp_buf_append_int(b, o->created);
+    case 3:
+        return LIT(b, "\"") < 0 || gp_buf_append(b, status, strlen(status)) < 0 ||
+                       LIT(b, "\"") < 0
+                   ? -1
+                   : 0;
+    case 5:
+        return strcmp(status, "incomplete") == 0 ? LIT(b, "{\"reason\":\"max_output_tokens\"}")
+                                                 : LIT(b, "null");
+    case 6:
+        return str_strict(b, o->model);
+    case 7:
+        if (LIT(b, "[") < 0)
+            return -1;
+        for (int i = 0; i < o->n_items; i++)
+            if ((i && LIT(b, ",") < 0) || item_text(b, o, &o->items[i], calls) < 0)
+                return -1;
+        return LIT(b, "]");
+    case 8:
+        return LIT(b, "\"disabled\"");
+    case 9:
+        return LIT(b, "{\"format\":{\"type\":\"text\"}}");
+    default: /* error, previous_response_id */
+        return LIT(b, "null");
+    }
+}
+
+/* The echo's part of every render, written once a request (a streamed
+ * reply writes the object twice): the echo is not changed after init. */
+static void echo_prepare(gps_resp_out *o)
+{
+    gp_buf_init(&o->echo_text);
+    o->echo_fixed = 0;
+    o->echo_ok = true;
+    const char *key;
+    json_t *v;
+    json_object_foreach(o->echo, key, v)
+    {
+        bool fixed = false;
+        for (size_t k = 0; k < N_FIXED && !fixed; k++)
+            if (strcmp(key, FIXED_KEYS[k]) == 0) {
+                o->echo_fixed |= 1u << k;
+                fixed = true;
+            }
+        if (fixed)
+            continue;
+        if (LIT(&o->echo_text, ",") < 0 || gp_json_str_append(&o->echo_text, key) < 0 ||
+            LIT(&o->echo_text, ":") < 0 || gp_json_dump_append(&o->echo_text, v) < 0) {
+            o->echo_ok = false;
+            return;
+        }
+    }
+}
+
+/* response_json(o, calls, status, with_usage, in, outn, NULL) as text.
+ * 0, or -1 with out as it was (a string jansson refuses, ENOMEM). */
+static int render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *calls,
+                  const char *status, bool with_usage, long long in, long long outn)
+{
+    size_t at = out->len;
+    if (!o->echo_ok || LIT(out, "{") < 0)
+        goto fail;
+    for (size_t k = 0; k < N_FIXED; k++) {
+        const json_t *v =
+            o->echo_fixed & (1u << k) ? json_object_get(o->echo, FIXED_KEYS[k]) : NULL;
+        if ((k && LIT(out, ",") < 0) || LIT(out, "\"") < 0 ||
+            gp_buf_append(out, FIXED_KEYS[k], strlen(FIXED_KEYS[k])) < 0 || LIT(out, "\":") < 0)
+            goto fail;
+        if (v ? gp_json_dump_append(out, v) < 0 : fixed_default(out, o, calls, k, status) < 0)
+            goto fail;
+    }
+    if (gp_buf_append(out, o->echo_text.data, o->echo_text.len) < 0)
+        goto fail;
+    if (LIT(out, ",\"usage\":") < 0 || usage_text(out, with_usage, in, outn) < 0 ||
+        LIT(out, "}") < 0)
+        goto fail;
+    return 0;
+fail:
+    out->len = at;
+    if (out->data)
+        out->data[at] = '\0';
+    return -1;
+}
+
+/* render(), or where it refuses, response_json's tree dumped (the same
+ * bytes: it leaves out what jansson left out). 0, or -1: no object. */
+static int render_any(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *calls,
+                      const char *status, bool with_usage, long long in, long long outn)
+{
+    if (render(out, o, calls, status, with_usage, in, outn) == 0)
+        return 0;
+    json_t *r = response_json(o, calls, status, with_usage, in, outn, NULL);
+    size_t at = out->len;
+    int rc = r ? gp_json_dump_append(out, r) : -1;
+    json_decref(r);
+    if (rc < 0) {
+        out->len = at;
+        if (out->data)
+            out->data[at] = '\0';
+    }
+    return rc;
+}
+
+int gps_resp_render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens)
+{
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    return render_any(out, o, calls, incomplete ? "incomplete" : "completed", true,
+                      prompt_tokens, completion_tokens);
+}
+
+int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
+{
+    if (!meta)
+        return 0;
+    if (out->len <= from || out->data[out->len - 1] != '}')
+        return -1;
+    size_t at = out->len;
+    out->len--;
+    if (LIT(out, ",\"x_pool_meta\":") < 0 || gp_json_dump_append(out, meta) < 0 ||
+        LIT(out, "}") < 0) {
+        out->len = at;
+        out->data[at - 1] = '}';
+        out->data[at] = '\0';
+        return -1;
+    }
+    return 0;
+}
+
 /* One event: `type` and `sequence_number` added to ev (stolen). */
 static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
 {
@@ -595,9 +857,6 @@ static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
     gps_sse_format_json(sse, type, NULL, ev);
     json_decref(ev);
 }
-
-/* Append a string literal. */
-#define LIT(b, s) gp_buf_append((b), (s), sizeof(s) - 1)
 
 /* Append the decimal digits of v (>= 0). */
 static int append_uint(gp_buf *b, unsigned long long v)
@@ -739,14 +998,17 @@ static void response_event(gps_resp_out *o, gp_buf *sse, const char *type, const
 
 void gps_resp_open(gps_resp_out *o, gp_buf *sse)
 {
-    /* Both events carry the same response: built and dumped once. */
-    json_t *r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
-    if (!r)
-        return;
+    /* Both events carry the same response: written once. */
     gp_buf d;
     gp_buf_init(&d);
-    if (gp_json_dump_append(&d, r) < 0)
-        d.len = 0;
+    json_t *r = NULL;
+    if (render(&d, o, NULL, "in_progress", false, 0, 0) < 0) {
+        r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
+        if (!r)
+            return;
+        if (gp_json_dump_append(&d, r) < 0)
+            d.len = 0;
+    }
     response_event(o, sse, "response.created", &d);
     response_event(o, sse, "response.in_progress", &d);
     gp_buf_free(&d);
@@ -832,10 +1094,9 @@ void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
         return;
     struct gps_resp_item *it = open_message(o);
     if (!it) {
-        if (o->n_items >= GPS_RESP_MAX_ITEMS)
-            return; /* bounded: a reply this fragmented is not a real one */
-        it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+        it = new_item(o);
+        if (!it)
+            return;
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
         message_added(o, sse, it->item_id, (int)(it - o->items));
@@ -859,10 +1120,9 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
     close_message(o, sse);
     struct gps_resp_item *it = call_item(o, i);
     if (started && !it) {
-        if (o->n_items >= GPS_RESP_MAX_ITEMS)
+        it = new_item(o);
+        if (!it)
             return;
-        it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
         it->is_call = true;
         it->call = i;
         gps_id_new("fc_", it->item_id, sizeof it->item_id);
@@ -877,9 +1137,8 @@ void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, in
                    (int)(it - o->items), "delta", args));
 }
 
-json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                             const char *finish_reason, long long prompt_tokens,
-                             long long completion_tokens, json_t *meta)
+/* Close every open item: a message's done events, each call's. */
+static void close_items(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls)
 {
     close_message(o, sse);
     for (int i = 0; i < o->n_items; i++) {
@@ -895,6 +1154,13 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
         emit(o, sse, "response.output_item.done",
              json_pack("{s:i,s:o}", "output_index", i, "item", item_json(o, it, calls, true)));
     }
+}
+
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta)
+{
+    close_items(o, sse, calls);
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *status = incomplete ? "incomplete" : "completed";
     /* The final response is this event's without x_pool_meta (meta is
@@ -921,39 +1187,76 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
                     const char *finish_reason, long long prompt_tokens,
                     long long completion_tokens, json_t *meta)
 {
-    json_decref(gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
-                                     completion_tokens, meta));
+    gps_resp_close_text(o, sse, calls, finish_reason, prompt_tokens, completion_tokens, meta,
+                        NULL);
+    json_decref(meta);
+}
+
+void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                         const char *finish_reason, long long prompt_tokens,
+                         long long completion_tokens, const json_t *meta, gp_buf *fin)
+{
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    const char *type = incomplete ? "response.incomplete" : "response.completed";
+    gp_buf own;
+    gp_buf_init(&own);
+    gp_buf *r = fin ? fin : &own;
+    size_t from = r->len;
+    close_items(o, sse, calls);
+    if (render(r, o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
+               completion_tokens) < 0) {
+        /* A string jansson refuses: the tree, as gps_resp_close_final. */
+        json_t *f = gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
+                                         completion_tokens, json_incref((json_t *)meta));
+        if (f && fin && gp_json_dump_append(fin, f) < 0)
+            fin->len = from;
+        json_decref(f);
+        goto done;
+    }
+    /* The event's response is the stored one with x_pool_meta last. */
+    size_t at = sse->len;
+    ev_begin(sse, type);
+    size_t obj = sse->len + sizeof "\"response\":" - 1;
+    bool ok = LIT(sse, "\"response\":") == 0 &&
+              gp_buf_append(sse, r->data + from, r->len - from) == 0 &&
+              gps_resp_render_meta(sse, obj, meta) == 0;
+    ev_end(o, sse, at, type, ok);
+done:
+    gp_buf_free(&own);
 }
 
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
                         size_t text_len, const char *finish_reason, long long prompt_tokens,
                         long long completion_tokens, json_t *meta)
 {
+    gps_resp_whole(o, calls, text, text_len);
+    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
+    return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
+                         completion_tokens, meta);
+}
+
+void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                    size_t text_len)
+{
     /* The whole reply at once: its text as one message, then its calls. */
     gp_buf_free(&o->text);
     gp_buf_init(&o->text);
     o->n_items = 0;
     o->delta_pre_item = 0; /* (its items are new) */
-    if (text_len > 0) {
-        struct gps_resp_item *it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+    struct gps_resp_item *it;
+    if (text_len > 0 && (it = new_item(o))) {
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         gp_buf_append(&o->text, text, text_len);
         it->text_from = 0;
         it->text_to = o->text.len;
         it->done = true;
     }
-    for (size_t i = 0; calls && i < calls->n && o->n_items < GPS_RESP_MAX_ITEMS; i++) {
-        struct gps_resp_item *it = &o->items[o->n_items++];
-        memset(it, 0, sizeof *it);
+    for (size_t i = 0; calls && i < calls->n && (it = new_item(o)); i++) {
         it->is_call = true;
         it->call = (int)i;
         it->done = true;
         gps_id_new("fc_", it->item_id, sizeof it->item_id);
     }
-    bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
-    return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
-                         completion_tokens, meta);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1026,4 +1329,136 @@ json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                          completion_tokens, NULL);
+}
+
+/*
+ * gps_resp_context's two values as text (issue 24, fifth round): the
+ * conversation and the items, dumped as gp_json_dump_append wrote the
+ * trees, each text escaped once per value instead of built, dumped and
+ * freed. Key order is the tree's: "role", "content" (null, or the texts
+ * joined), then "tool_calls" in the reply; "id", "message" per item.
+ * Where jansson refuses a string (a text, id or name that is not UTF-8)
+ * gps_resp_context gives no conversation at all: -1 here, and the caller
+ * falls back to it, so the store keeps what it kept.
+ */
+static int call_text(gp_buf *b, const gps_tool_call *c)
+{
+    return LIT(b, "{\"id\":") < 0 || str_strict(b, c->id) < 0 ||
+                   LIT(b, ",\"type\":\"function\",\"function\":{\"name\":") < 0 ||
+                   str_strict(b, c->name) < 0 || LIT(b, ",\"arguments\":") < 0 ||
+                   str_or_empty(b, c->args.data, c->args.len) < 0 || LIT(b, "}}") < 0
+               ? -1
+               : 0;
+}
+
+static bool call_ok(const gps_tool_calls *calls, const struct gps_resp_item *it)
+{
+    return calls && it->call >= 0 && (size_t)it->call < calls->n;
+}
+
+/* The reply message: {"role":"assistant","content":C[,"tool_calls":[...]]}. */
+static int reply_text(gp_buf *b, const gps_resp_out *o, const gps_tool_calls *calls)
+{
+    size_t n_text = 0;
+    bool any_call = false;
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call)
+            n_text += it->text_to - it->text_from;
+        else if (call_ok(calls, it))
+            any_call = true;
+    }
+    if (LIT(b, "{\"role\":\"assistant\",\"content\":") < 0)
+        return -1;
+    if (n_text == 0 && LIT(b, "null") < 0)
+        return -1;
+    if (n_text && LIT(b, "\"") < 0)
+        return -1;
+    for (int i = 0; n_text && i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call && gp_json_escape_append(b, o->text.data + it->text_from,
+                                                  it->text_to - it->text_from) < 0)
+            return -1;
+    }
+    if (n_text && LIT(b, "\"") < 0)
+        return -1;
+    if (any_call) {
+        if (LIT(b, ",\"tool_calls\":[") < 0)
+            return -1;
+        bool first = true;
+        for (int i = 0; i < o->n_items; i++) {
+            const struct gps_resp_item *it = &o->items[i];
+            if (!it->is_call || !call_ok(calls, it))
+                continue;
+            if ((!first && LIT(b, ",") < 0) || call_text(b, &calls->v[it->call]) < 0)
+                return -1;
+            first = false;
+        }
+        if (LIT(b, "]") < 0)
+            return -1;
+    }
+    return LIT(b, "}");
+}
+
+static int context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                        const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items)
+{
+    /* Every text must be UTF-8 (json_pack's "s%" refuses the item else). */
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (!it->is_call && !gp_utf8_valid(o->text.data ? o->text.data + it->text_from : "",
+                                           it->text_to - it->text_from))
+            return -1;
+    }
+    if (LIT(ctx, "[") < 0)
+        return -1;
+    for (size_t i = n_instr; i < json_array_size(messages); i++)
+        if (gp_json_dump_append(ctx, json_array_get(messages, i)) < 0 || LIT(ctx, ",") < 0)
+            return -1;
+    if (reply_text(ctx, o, calls) < 0 || LIT(ctx, "]") < 0 || LIT(items, "[") < 0)
+        return -1;
+    bool first = true;
+    for (int i = 0; i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        if (it->is_call && !call_ok(calls, it))
+            continue;
+        if ((!first && LIT(items, ",") < 0) || LIT(items, "{\"id\":\"") < 0 ||
+            gp_buf_append(items, it->item_id, strlen(it->item_id)) < 0 ||
+            LIT(items, "\",\"message\":{\"role\":\"assistant\",\"content\":") < 0)
+            return -1;
+        first = false;
+        if (it->is_call) {
+            if (LIT(items, "null,\"tool_calls\":[") < 0 ||
+                call_text(items, &calls->v[it->call]) < 0 || LIT(items, "]}}") < 0)
+                return -1;
+        } else if (LIT(items, "\"") < 0 ||
+                   gp_json_escape_append(items, o->text.data ? o->text.data + it->text_from : "",
+                                         it->text_to - it->text_from) < 0 ||
+                   LIT(items, "\"}}") < 0) {
+            return -1;
+        }
+    }
+    return LIT(items, "]");
+}
+
+int gps_resp_context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                          const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items)
+{
+    size_t c0 = ctx->len, i0 = items->len;
+    if (context_text(o, calls, messages, n_instr, ctx, items) == 0)
+        return 0;
+    ctx->len = c0;
+    items->len = i0;
+    json_t *its = NULL;
+    json_t *c = gps_resp_context(o, calls, messages, n_instr, &its);
+    int rc = c && gp_json_dump_append(ctx, c) == 0 && gp_json_dump_append(items, its) == 0
+                 ? 0
+                 : -1;
+    json_decref(c);
+    json_decref(its);
+    if (rc < 0) {
+        ctx->len = c0;
+        items->len = i0;
+    }
+    return rc;
 }

@@ -77,16 +77,25 @@ typedef struct gps_resp_out {
     long long created;           /* unix seconds */
     char model[GPS_MAX_MODEL_NAME + 1];
     json_t *echo;                /* borrowed from the request (its own reference) */
+    /* The echo as the response object's text writes it, made once: its
+     * keys that json_pack's do not hold (",\"k\":v..."), and which of
+     * those it replaces (bit k: FIXED_KEYS[k] in responses.c); echo_ok
+     * false: not writable (the object is then jansson's). */
+    gp_buf echo_text;
+    unsigned echo_fixed;
+    bool echo_ok;
     long long seq;               /* next sequence_number */
-    /* Output items in order: a message (its text) or a function call. */
+    /* Output items in order: a message (its text) or a function call.
+     * Grown as they come (at most GPS_RESP_MAX_ITEMS): a reply has one or
+     * two, and a fixed array of 128 was 10 KiB to zero twice a request. */
     struct gps_resp_item {
         bool is_call;
         int call;                /* is_call: index into the job's tool calls */
         char item_id[48];        /* msg_... / fc_... */
         size_t text_from, text_to; /* message: its bytes of the response's text */
         bool done;
-    } items[GPS_RESP_MAX_ITEMS];
-    int n_items;
+    } *items;                    /* owned */
+    int n_items, cap_items;
     gp_buf text;                 /* every message's text, in order */
     /* The text delta's frame up to its text, for one item (made once per
      * message, not per token). */
@@ -120,8 +129,33 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
                              const char *finish_reason, long long prompt_tokens,
                              long long completion_tokens, json_t *meta);
 
+/* gps_resp_close, writing the response.completed event as text (the same
+ * bytes; meta borrowed, may be NULL) and appending to fin (may be NULL)
+ * the final response without x_pool_meta: gps_resp_final's object as
+ * gp_json_dump_append writes it, what the store keeps. */
+void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                         const char *finish_reason, long long prompt_tokens,
+                         long long completion_tokens, const json_t *meta, gp_buf *fin);
+
+/* Non-streaming: make the output items the whole text (one message) and
+ * the calls, as gps_resp_object does before it builds the object. */
+void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                    size_t text_len);
+/* Append gps_resp_final's object as text (gp_json_dump_append's bytes,
+ * without building it; jansson's tree only where a string is one jansson
+ * refuses). 0, or -1 (no object: jansson gave none, or ENOMEM). */
+int gps_resp_render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *calls,
+                    const char *finish_reason, long long prompt_tokens,
+                    long long completion_tokens);
+/* Turn the object that out holds from offset from (ending in '}') into
+ * the same object with x_pool_meta (meta borrowed) last, as
+ * json_object_set_new(r, "x_pool_meta", meta) and a dump would. meta NULL:
+ * nothing. 0, or -1 with out as it was. */
+int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta);
+
 /* Non-streaming: the whole text and calls as one response object (new
- * reference); meta stolen. Also what response.completed carries. */
+ * reference); meta stolen. Also what response.completed carries. The
+ * jansson reference that the text above is tested against. */
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
                         size_t text_len, const char *finish_reason, long long prompt_tokens,
                         long long completion_tokens, json_t *meta);
@@ -131,6 +165,13 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
  * reference) and, in *items, [{id, message}] per output item (new). */
 json_t *gps_resp_context(const gps_resp_out *o, const gps_tool_calls *calls,
                          const json_t *messages, size_t n_instr, json_t **items);
+/* The same two values as JSON text, appended to ctx and items: the bytes
+ * gp_json_dump_append writes for gps_resp_context's trees (the trees
+ * themselves only where jansson refuses a string). 0, or -1: no
+ * conversation (gps_resp_context gave none, or ENOMEM); ctx and items as
+ * they were. */
+int gps_resp_context_text(const gps_resp_out *o, const gps_tool_calls *calls,
+                          const json_t *messages, size_t n_instr, gp_buf *ctx, gp_buf *items);
 /* The final response object without x_pool_meta (new reference). */
 json_t *gps_resp_final(const gps_resp_out *o, const gps_tool_calls *calls,
                        const char *finish_reason, long long prompt_tokens,

@@ -2589,14 +2589,39 @@ int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_s
 
 int gps_store_response_put(gps_store *s, const gps_store_response_row *r)
 {
-    if (!r || !r->id || !r->key_id || !r->object || !r->context)
+    if (!r || !r->id || !r->key_id || (!r->object && !r->object_text) ||
+        (!r->context && !r->context_text))
         return -1;
-    if (write_op(s, K_RESP_PUT, "ttiijj", r->id, r->key_id, r->created_at, r->expires_at,
-                 r->object, r->context) != 0)
-        return -1;
-    /* Same FIFO: the items and the trim follow the row they belong to. */
-    if (json_array_size(r->items) &&
-        write_op(s, K_RESP_ITEMS_PUT, "ttj", r->id, r->key_id, r->items) != 0)
+    /* Values given as trees are dumped here; Responses writes its own text
+     * (issue 24: the trees were most of a stored reply's cost). */
+    gp_buf d[3];
+    const json_t *tree[3] = {r->object, r->context, r->items};
+    const char *txt[3] = {r->object_text, r->context_text, r->items_text};
+    size_t len[3] = {r->object_len, r->context_len, r->items_len};
+    int rc = -1;
+    for (int i = 0; i < 3; i++)
+        gp_buf_init(&d[i]);
+    for (int i = 0; i < 3; i++) {
+        if (!tree[i])
+            continue;
+        if (gp_json_dump_append(&d[i], tree[i]) < 0)
+            goto done;
+        txt[i] = d[i].data;
+        len[i] = d[i].len;
+    }
+    if (write_op(s, K_RESP_PUT, "ttiiTT", r->id, r->key_id, r->created_at, r->expires_at,
+                 txt[0], len[0], txt[1], len[1]) != 0)
+        goto done;
+    /* Same FIFO: the items and the trim follow the row they belong to. An
+     * empty array ("[]") has none. */
+    if ((r->items ? json_array_size(r->items) > 0 : r->items_text && len[2] > 2) &&
+        write_op(s, K_RESP_ITEMS_PUT, "ttT", r->id, r->key_id, txt[2], len[2]) != 0)
+        goto done;
+    rc = 0;
+done:
+    for (int i = 0; i < 3; i++)
+        gp_buf_free(&d[i]);
+    if (rc < 0)
         return -1;
     if (r->keep_per_key > 0)
         return write_op(s, K_RESP_TRIM, "ti", r->key_id, r->keep_per_key);

@@ -548,9 +548,12 @@ int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_
 typedef struct gps_store_response_row {
     const char *id, *key_id;
     int64_t created_at, expires_at;   /* wall ms */
+    /* Each value as a tree, or (tree NULL) as JSON text of _len bytes. */
     const json_t *object;             /* the response object */
     const json_t *context;            /* chat messages through this response */
     const json_t *items;              /* [{id, message}] of its output items, or NULL */
+    const char *object_text, *context_text, *items_text;
+    size_t object_len, context_len, items_len;
     int64_t keep_per_key;             /* > 0: then drop the key's older ones past this */
 } gps_store_response_row;
 int gps_store_response_put(gps_store *s, const gps_store_response_row *r);

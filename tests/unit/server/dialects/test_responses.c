@@ -742,6 +742,219 @@ static void test_close_final_is_final(void **st)
     json_decref(echo);
 }
 
+/* Issue 24, fifth round: the response object is written as text
+ * (gps_resp_render, gps_resp_render_meta, gps_resp_close_text). It must be
+ * the bytes json_dumps writes for jansson's tree (gps_resp_final, with
+ * x_pool_meta set last), over echoes made by gps_resp_parse (instructions,
+ * user, metadata, tools, a tool_choice object, a text format and
+ * previous_response_id that replace the defaults in place), texts, call
+ * names and arguments that need escapes or are not UTF-8 (jansson writes
+ * "" for such text and leaves out an item whose name it refuses), models
+ * that need escapes or that jansson refuses (no object at all). */
+static void add_call(gps_tool_calls *c, const char *id, const char *name, const char *args)
+{
+    c->v = realloc(c->v, (c->n + 1) * sizeof *c->v);
+    assert_non_null(c->v);
+    gps_tool_call *t = &c->v[c->n++];
+    t->id = strdup(id);
+    t->name = strdup(name);
+    gp_buf_init(&t->args);
+    gp_buf_append(&t->args, args, strlen(args));
+}
+
+static void check_render(gps_resp_out *o, const gps_tool_calls *calls, const char *fr,
+                         long long in, long long outn, const json_t *meta)
+{
+    json_t *want = gps_resp_final(o, calls, fr, in, outn);
+    gp_buf got;
+    gp_buf_init(&got);
+    int rc = gps_resp_render(&got, o, calls, fr, in, outn);
+    if (!want) {
+        assert_int_equal(rc, -1);
+        assert_int_equal(got.len, 0);
+        gp_buf_free(&got);
+        return;
+    }
+    assert_int_equal(rc, 0);
+    char *d = json_dumps(want, JSON_COMPACT);
+    gp_buf w = {.data = d, .len = strlen(d)};
+    assert_buf_equal(&got, &w);
+    free(d);
+    /* With x_pool_meta: json_object_set_new(r, "x_pool_meta", meta). */
+    json_object_set(want, "x_pool_meta", (json_t *)meta);
+    d = json_dumps(want, JSON_COMPACT);
+    w = (gp_buf){.data = d, .len = strlen(d)};
+    assert_int_equal(gps_resp_render_meta(&got, 0, meta), 0);
+    assert_buf_equal(&got, &w);
+    free(d);
+    json_decref(want);
+    gp_buf_free(&got);
+}
+
+/* gps_resp_context_text: the bytes json_dumps writes for gps_resp_context's
+ * conversation and items, or -1 where it gives none. */
+static void check_context(const gps_resp_out *o, const gps_tool_calls *calls)
+{
+    json_t *msgs = J("[{\"role\":\"system\",\"content\":\"i\"},"
+                     "{\"role\":\"user\",\"content\":\"q\\\"\\n\\u00e9\\u0001\"},"
+                     "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"\"}]");
+    for (size_t n_instr = 0; n_instr < 2; n_instr++) {
+        json_t *its = NULL;
+        json_t *c = gps_resp_context(o, calls, msgs, n_instr, &its);
+        gp_buf a, b;
+        gp_buf_init(&a);
+        gp_buf_init(&b);
+        int rc = gps_resp_context_text(o, calls, msgs, n_instr, &a, &b);
+        if (!c) {
+            assert_int_equal(rc, -1);
+            assert_int_equal(a.len + b.len, 0);
+        } else {
+            assert_int_equal(rc, 0);
+            char *d = json_dumps(c, JSON_COMPACT), *e = json_dumps(its, JSON_COMPACT);
+            assert_buf_equal(&a, &(gp_buf){.data = d, .len = strlen(d)});
+            assert_buf_equal(&b, &(gp_buf){.data = e, .len = strlen(e)});
+            free(d);
+            free(e);
+        }
+        json_decref(c);
+        json_decref(its);
+        gp_buf_free(&a);
+        gp_buf_free(&b);
+    }
+    json_decref(msgs);
+}
+
+static void test_response_text_is_what_jansson_writes(void **st)
+{
+    (void)st;
+    static const char *bodies[] = {
+        "{\"model\":\"m\",\"input\":\"hi\"}",
+        "{\"model\":\"m\",\"input\":\"hi\",\"instructions\":\"\\u00e9\\\"q\\n\\u0001\\\\\","
+        "\"user\":\"u\\\"\\u20ac\",\"metadata\":{\"k\\n\":\"\\u0001\",\"\\u00e9\":\"v\"},"
+        "\"temperature\":0.3,\"top_p\":0.9,\"max_output_tokens\":77,\"store\":false,"
+        "\"previous_response_id\":\"resp_\\\"x\","
+        "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\\\"\\n\","
+        "\"parameters\":{\"type\":\"object\"}}],"
+        "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
+        "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"s\",\"schema\":"
+        "{\"type\":\"object\",\"properties\":{\"a\\\"\":{\"type\":\"string\"}}}}}}",
+    };
+    static const struct {
+        const char *t;
+        size_t n;
+    } texts[] = {
+#define T(s) {s, sizeof(s) - 1}
+        T(""),
+        T("plain"),
+        T("a\"b\\c\n\r\t\x01\x1f/\x7f"),
+        T("caf\xc3\xa9 \xf0\x9f\x98\x80"),
+        T("a\0b"),
+        T("bad \xff utf-8"),
+#undef T
+    };
+    const char *models[] = {"m", "m\xc3\xa9\"\\\n", "bad\xff"};
+    json_t *meta = J("{\"agent_id\":\"a\\\"\",\"queue_ms\":3,\"warnings\":[\"w\\n\"]}");
+    for (size_t b = 0; b < sizeof bodies / sizeof bodies[0] + 1; b++) {
+        gps_resp_req r;
+        char msg[512];
+        const char *param;
+        json_t *echo = NULL;
+        if (b < sizeof bodies / sizeof bodies[0]) {
+            assert_int_equal(parse(bodies[b], &r, msg, &param), 0);
+            echo = json_incref(r.echo);
+            gps_resp_req_clear(&r);
+        }
+        for (size_t m = 0; m < 3; m++)
+            for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+                for (int c = 0; c < 4; c++) {
+                    gps_tool_calls calls = {0};
+                    if (c >= 1)
+                        add_call(&calls, "call_1", "f\"\\", "{\"a\":\"\\n\"}");
+                    if (c >= 2)
+                        add_call(&calls, "call_2", "g", "bad \xff");
+                    if (c >= 3)
+                        add_call(&calls, "call_3", "n\xff", "{}");
+                    gps_resp_out o;
+                    gps_resp_out_init(&o, models[m], echo);
+                    gps_resp_whole(&o, &calls, texts[i].t, texts[i].n);
+                    check_render(&o, &calls, "stop", 5, 7, meta);
+                    check_render(&o, &calls, "length", -1, 3, meta);
+                    check_context(&o, &calls);
+                    gps_resp_out_clear(&o);
+                    gps_tool_calls_free(&calls);
+                }
+        json_decref(echo);
+    }
+    json_decref(meta);
+}
+
+/* The streamed close: gps_resp_close_text writes the bytes that
+ * gps_resp_close_final (jansson) wrote, on the same state, and hands the
+ * store gps_resp_final's object as text. */
+static void test_close_text_is_close_final(void **st)
+{
+    (void)st;
+    gps_resp_req r;
+    char msg[512];
+    const char *param;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"hi\",\"user\":\"\\u0001\","
+                           "\"metadata\":{\"k\":\"\\\"\"}}",
+                           &r, msg, &param),
+                     0);
+    json_t *meta = J("{\"agent_id\":\"a\",\"warnings\":[\"\\u00e9\"]}");
+    const char *frs[] = {"stop", "length"};
+    for (int k = 0; k < 2; k++)
+        for (int c = 0; c < 3; c++) {
+            gps_tool_calls calls = {0};
+            gps_resp_out o;
+            gps_resp_out_init(&o, "m\"", r.echo);
+            gp_buf sse;
+            gp_buf_init(&sse);
+            gps_resp_open(&o, &sse);
+            gps_resp_text(&o, &sse, "He\"l\n", 5);
+            if (c >= 1) {
+                add_call(&calls, "call_1", "f\\", "{\"a\":");
+                gps_resp_call(&o, &sse, &calls, 0, true, "{\"a\":");
+                gp_buf_append(&calls.v[0].args, "1}", 2);
+            }
+            if (c >= 2)
+                gps_resp_text(&o, &sse, "after \xff", 7);
+            /* The same state twice (item ids included). */
+            gps_resp_out o2 = o;
+            gp_buf_init(&o2.text);
+            gp_buf_append(&o2.text, o.text.data, o.text.len);
+            gp_buf_init(&o2.echo_text);
+            gp_buf_append(&o2.echo_text, o.echo_text.data, o.echo_text.len);
+            o2.items = malloc((size_t)o.cap_items * sizeof *o.items);
+            assert_non_null(o2.items);
+            memcpy(o2.items, o.items, (size_t)o.n_items * sizeof *o.items);
+            gp_buf got, want, fin;
+            gp_buf_init(&got);
+            gp_buf_init(&want);
+            gp_buf_init(&fin);
+            gps_resp_close_text(&o, &got, &calls, frs[k], 5, 7, meta, &fin);
+            json_t *f = gps_resp_close_final(&o2, &want, &calls, frs[k], 5, 7,
+                                             json_incref(meta));
+            assert_buf_equal(&got, &want);
+            assert_int_equal(o.seq, o2.seq);
+            char *d = json_dumps(f, JSON_COMPACT);
+            gp_buf w = {.data = d, .len = strlen(d)};
+            assert_buf_equal(&fin, &w);
+            free(d);
+            json_decref(f);
+            check_context(&o, &calls);
+            gp_buf_free(&got);
+            gp_buf_free(&want);
+            gp_buf_free(&fin);
+            gp_buf_free(&sse);
+            gps_resp_out_clear(&o);
+            gps_resp_out_clear(&o2);
+            gps_tool_calls_free(&calls);
+        }
+    json_decref(meta);
+    gps_resp_req_clear(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +971,8 @@ int main(void)
         cmocka_unit_test(test_close_final_is_final),
         cmocka_unit_test(test_open_close_are_what_jansson_writes),
         cmocka_unit_test(test_incomplete_and_whole_body),
+        cmocka_unit_test(test_response_text_is_what_jansson_writes),
+        cmocka_unit_test(test_close_text_is_close_final),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
