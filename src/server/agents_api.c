@@ -15,6 +15,7 @@
 #include "server/fleet/deploy.h"
 #include "server/fleet/gps_strmap.h"
 #include "server/http/held.h"
+#include "server/http/http.h"
 #include "server/http/sse.h" /* gps_json_escape_append */
 #include "server/metrics.h"
 #include "server/upload_read.h"
@@ -135,6 +136,7 @@ static void reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
 
 static void reply_204(struct evhttp_request *req)
 {
+    gps_http_add_date(req);
     evhttp_send_reply(req, 204, "No Content", NULL);
 }
 

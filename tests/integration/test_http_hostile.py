@@ -250,6 +250,40 @@ class HostileHttp(harness.TestCase):
                     self.assertEqual(st, 200)
                     self.assertEqual(json.loads(body)["status"], "ok")
 
+    def test_every_reply_has_one_date_of_now(self):
+        """One Date header on every kind of reply (issue 24: the server adds
+        it from a per-second cache where evhttp formatted one per reply):
+        RFC 1123 form in GMT, of a second between the request's sending and
+        the reply's reading (a stale cache would fall before it), on a JSON
+        reply, an error, a 204-less HEAD, HTTP/1.0 and an SSE stream's head."""
+        import calendar
+        import re
+        form = re.compile(r"^(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|"
+                          r"Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT$")
+        srv = self.h.start_server()
+        reqs = (b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                b"GET /nope HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n",
+                b"GET /admin/events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        for req in reqs:
+            with self.subTest(req=req.split(b"\r\n")[0]), connect(srv) as s:
+                t0 = int(time.time())
+                s.sendall(req)
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    chunk = s.recv(65536)
+                    self.assertTrue(chunk, "closed before the head: %r" % buf)
+                    buf += chunk
+                t1 = int(time.time())
+                lines = buf.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+                dates = [ln.partition(":")[2].strip() for ln in lines[1:]
+                         if ln.partition(":")[0].strip().lower() == "date"]
+                self.assertEqual(len(dates), 1, lines)
+                self.assertRegex(dates[0], form)
+                when = calendar.timegm(time.strptime(dates[0], "%a, %d %b %Y %H:%M:%S GMT"))
+                self.assertTrue(t0 <= when <= t1, (t0, dates[0], t1))
+
     def test_pipelined_requests_all_answered_in_order(self):
         """Requests sent back to back on one connection pass the gate one by
         one: each is answered, in order, bodies and HEAD included."""

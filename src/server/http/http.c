@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -22,6 +23,7 @@
 #include <event2/bufferevent_ssl.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
+#include <event2/util.h>
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -171,6 +173,25 @@ static const char *extra_reason(int status)
     return NULL;
 }
 
+void gps_http_add_date(struct evhttp_request *req)
+{
+    /* Per thread: replies are sent on the loop's thread, but nothing here
+     * needs it to stay that way. */
+    static _Thread_local time_t at = (time_t)-1;
+    static _Thread_local char date[64];
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (evhttp_find_header(h, "Date"))
+        return;
+    time_t now = time(NULL);
+    if (now != at) {
+        struct tm tm;
+        if (!gmtime_r(&now, &tm) || evutil_date_rfc1123(date, sizeof date, &tm) <= 0)
+            return; /* evhttp adds its own */
+        at = now;
+    }
+    evhttp_add_header(h, "Date", date);
+}
+
 void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
                          struct evbuffer *body)
 {
@@ -181,6 +202,7 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
     snprintf(cl, sizeof cl, "%zu", body ? evbuffer_get_length(body) : (size_t)0);
     evhttp_remove_header(h, "Content-Length");
     evhttp_add_header(h, "Content-Length", cl);
+    gps_http_add_date(req);
     bool head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
     evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
 }

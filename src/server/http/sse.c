@@ -10,6 +10,8 @@
 #include <event2/event.h>
 #include <event2/keyvalq_struct.h>
 
+#include "server/http/http.h" /* gps_http_add_date */
+
 /* "name: value\n" (no printf: this runs for every event of every stream). */
 static int field(gp_buf *out, const char *name, size_t nlen, const char *value)
 {
@@ -126,6 +128,7 @@ void gps_sse_start(struct evhttp_request *req)
     evhttp_add_header(h, "Cache-Control", "no-cache");
     /* Tell reverse proxies (nginx) not to buffer the stream. */
     evhttp_add_header(h, "X-Accel-Buffering", "no");
+    gps_http_add_date(req);
     evhttp_send_reply_start(req, 200, "OK");
 }
 
