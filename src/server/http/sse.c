@@ -274,14 +274,20 @@ static void free_sent(const void *data, size_t len, void *arg)
     free(arg);
 }
 
+/* Below this, a turn's output is copied: a copy of a token or two costs
+ * less than the new block and the reference chain (a paced stream's turn). */
+#define HAND_OVER_MIN 2048
+
 /* Hand a turn's rendered output to eb as it is, without copying it: eb
  * refers to buf's bytes and frees them once libevent is done with them,
- * and buf gets a new block of the same capacity. Copying the output into
- * the evbuffer and growing the stream's buffer again from 256 bytes after
- * each write cost about 500 instructions a relayed token (relay_cpu,
- * issue 24). Returns -1, leaving buf as it was, when out of memory. */
+ * and buf gets a new block of the same capacity. Copying a burst's output
+ * into the evbuffer cost about 200 instructions a relayed token
+ * (relay_cpu, issue 24). Returns -1, leaving buf as it was, when the
+ * output is small or memory is short: the caller copies it. */
 static int hand_over(struct evbuffer *eb, gp_buf *buf)
 {
+    if (buf->len < HAND_OVER_MIN)
+        return -1;
     char *fresh = malloc(buf->cap);
     if (!fresh)
         return -1;
