@@ -314,7 +314,7 @@ void gp_buf_free(gp_buf *b)
     gp_buf_init(b);
 }
 
-static int buf_grow(gp_buf *b, size_t extra)
+int gp_buf_grow_(gp_buf *b, size_t extra)
 {
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra + 1) {
@@ -336,18 +336,7 @@ static int buf_grow(gp_buf *b, size_t extra)
  * relayed token's frame is several appends). */
 static inline int buf_reserve(gp_buf *b, size_t extra)
 {
-    return b->len + extra + 1 <= b->cap ? 0 : buf_grow(b, extra);
-}
-
-int gp_buf_append(gp_buf *b, const void *data, size_t n)
-{
-    if (buf_reserve(b, n) < 0)
-        return -1;
-    if (n)
-        memcpy(b->data + b->len, data, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return 0;
+    return b->len + extra + 1 <= b->cap ? 0 : gp_buf_grow_(b, extra);
 }
 
 int gp_buf_append_int(gp_buf *b, long long v)

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <string.h>
 #include <sys/types.h>
 
 /* Monotonic clock (CLOCK_MONOTONIC), for durations and deadlines. */
@@ -70,7 +71,21 @@ typedef struct gp_buf {
 } gp_buf;
 void gp_buf_init(gp_buf *b);
 void gp_buf_free(gp_buf *b);
-int gp_buf_append(gp_buf *b, const void *data, size_t n);   /* 0 or -1 (ENOMEM) */
+/* Append n bytes. 0 or -1 (ENOMEM). Inline: renderers call it several
+ * times a relayed token (a frame's head, its text's runs, its tail), and
+ * the call, the room check and a 1-byte memcpy cost more than the copy
+ * (issue 24). gp_buf_grow_ is its out-of-line slow path, not for callers. */
+int gp_buf_grow_(gp_buf *b, size_t extra);
+static inline int gp_buf_append(gp_buf *b, const void *data, size_t n)
+{
+    if (b->len + n + 1 > b->cap && gp_buf_grow_(b, n) < 0)
+        return -1;
+    if (n)
+        memcpy(b->data + b->len, data, n);
+    b->len += n;
+    b->data[b->len] = '\0';
+    return 0;
+}
 int gp_buf_appendf(gp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
 /* Append v in decimal, the bytes "%lld" writes, without printf's cost

@@ -40,12 +40,18 @@ static const bool str_stop[256] = {
 
 /* A string, unescaped, appended to out. No \u escapes (jansson's rules for
  * them, surrogates and \u0000, are left to jansson), no raw control bytes,
- * valid UTF-8. */
-static bool str(rd *r, gp_buf *out)
+ * valid UTF-8. *dumped (when asked): the bytes of the text inside a string
+ * as json_dumps writes it, gp_json_escaped_len of what was appended. Every
+ * escape read but "\/" is the one jansson writes, and every other byte is
+ * written as it came, so that is the string's bytes here less one per "\/"
+ * (a token's size without a second pass over its text, issue 24). */
+static bool str_sized(rd *r, gp_buf *out, size_t *dumped)
 {
     if (!lit(r, '"'))
         return false;
     size_t from = out->len;
+    const char *open = r->p;
+    size_t slashes = 0; /* "\/" read: 2 bytes here, '/' in a dump */
     const char *run = r->p;
     unsigned char hi = 0; /* any byte >= 0x80: only then is UTF-8 checked */
     for (;;) {
@@ -66,7 +72,7 @@ static bool str(rd *r, gp_buf *out)
             switch (r->p[1]) {
             case '"': e = '"'; break;
             case '\\': e = '\\'; break;
-            case '/': e = '/'; break;
+            case '/': e = '/'; slashes++; break;
             case 'b': e = '\b'; break;
             case 'f': e = '\f'; break;
             case 'n': e = '\n'; break;
@@ -82,8 +88,15 @@ static bool str(rd *r, gp_buf *out)
         }
         return false; /* a raw control byte */
     }
+    if (dumped)
+        *dumped = (size_t)(r->p - open) - slashes;
     r->p++; /* the closing quote */
     return hi < 0x80 || gps_text_utf8(out->data + from, out->len - from);
+}
+
+static bool str(rd *r, gp_buf *out)
+{
+    return str_sized(r, out, NULL);
 }
 
 /* A key (at most 15 bytes of [a-z_], as every key of ours) into k. */
@@ -190,10 +203,11 @@ static size_t digits(long long v)
     return n;
 }
 
-/* The compact size of {"type":"token","text":"..."[,"token_id":N]}. */
-static size_t token_bytes(const gps_event_in *e, bool has_id)
+/* The compact size of {"type":"token","text":"..."[,"token_id":N]};
+ * dumped: the text's bytes in the dump (str_sized). */
+static size_t token_bytes(const gps_event_in *e, size_t dumped, bool has_id)
 {
-    return 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + gp_json_escaped_len(e->text, e->len)) +
+    return 2 + (4 + 3 + 7) + 1 + (4 + 3 + 2 + dumped) +
            (has_id ? 1 + 8 + 3 + digits(e->token_id) : 0);
 }
 
@@ -210,8 +224,8 @@ static bool token_ev_compact(rd *r, gps_event_in *e)
     if ((size_t)(r->end - r->p) < sizeof head - 1 || memcmp(r->p, head, sizeof head - 1) != 0)
         return false;
     r->p += sizeof head - 1;
-    size_t from = u->text.len;
-    if (!str(r, &u->text))
+    size_t from = u->text.len, dumped = 0;
+    if (!str_sized(r, &u->text, &dumped))
         return false;
     e->text = u->text.data + from;
     e->len = u->text.len - from;
@@ -225,7 +239,7 @@ static bool token_ev_compact(rd *r, gps_event_in *e)
     if (r->p >= r->end || *r->p != '}')
         return false;
     r->p++;
-    e->bytes = token_bytes(e, has_id);
+    e->bytes = token_bytes(e, dumped, has_id);
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
 
@@ -235,7 +249,7 @@ static bool token_ev(rd *r, gps_event_in *e)
 {
     gps_upload *u = r->u;
     bool has_type = false, has_text = false, has_id = false;
-    size_t text_from = u->text.len;
+    size_t text_from = u->text.len, dumped = 0;
     if (!lit(r, '{'))
         return false;
     do {
@@ -258,7 +272,7 @@ static bool token_ev(rd *r, gps_event_in *e)
             has_type = true;
         } else if (!strcmp(k, "text") && !has_text) {
             text_from = u->text.len;
-            if (!str(r, &u->text))
+            if (!str_sized(r, &u->text, &dumped))
                 return false;
             e->text = u->text.data + text_from;
             e->len = u->text.len - text_from;
@@ -273,7 +287,7 @@ static bool token_ev(rd *r, gps_event_in *e)
     } while (lit(r, ','));
     if (!lit(r, '}') || !has_type || !has_text)
         return false;
-    e->bytes = token_bytes(e, has_id);
+    e->bytes = token_bytes(e, dumped, has_id);
     return e->bytes <= GPS_AGENT_MAX_EVENT_BYTES;
 }
 

@@ -4,6 +4,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -126,10 +128,53 @@ static void test_work_body(void **st)
             fail_msg("accepted #%zu: %s", i, bad[i]);
 }
 
+/* A read token's size is json_dumps' compact size of the event, taken from
+ * the string's bytes as they came (less one per "\/") instead of a second
+ * pass over its text (issue 24): compared with jansson's own dump over
+ * every escape the reader takes, in both shapes it reads. */
+static void test_token_size_as_jansson_dumps(void **st)
+{
+    (void)st;
+    static const char *const texts[] = {
+        "plain", "", "a\\\"b", "\\\\", "\\/", "a\\/b\\/c", "\\b\\f\\n\\r\\t",
+        "\\\"\\\\\\/\\b\\f\\n\\r\\t", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "x\\/\xc3\xa9\\n",
+        "</script>", "\x7f",
+    };
+    static const char *const shapes[] = {
+        "{\"type\":\"token\",\"text\":\"%s\"}",
+        "{\"type\":\"token\",\"text\":\"%s\",\"token_id\":7}",
+        "{\"text\":\"%s\",\"type\":\"token\"}",
+        "{\"token_id\":123456,\"text\":\"%s\",\"type\":\"token\"}",
+    };
+    for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            char ev[256], body[512];
+            snprintf(ev, sizeof ev, shapes[k], texts[t]);
+            snprintf(body, sizeof body,
+                     "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,"
+                     "\"events\":[%s]}]}", ev);
+            gps_upload u;
+            assert_true(rd(body, &u));
+            assert_null(u.evs[0].ev); /* read by upload_read, not jansson */
+            json_t *jev = json_loads(ev, 0, NULL);
+            assert_non_null(jev);
+            char *dump = json_dumps(jev, JSON_COMPACT);
+            assert_non_null(dump);
+            if (u.evs[0].bytes != strlen(dump))
+                fail_msg("%s: %zu, jansson's dump %s is %zu", ev, (size_t)u.evs[0].bytes, dump,
+                         strlen(dump));
+            free(dump);
+            json_decref(jev);
+            gps_upload_free(&u);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_and_other_events),
+        cmocka_unit_test(test_token_size_as_jansson_dumps),
         cmocka_unit_test(test_declined),
         cmocka_unit_test(test_work_body),
     };
