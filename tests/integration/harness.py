@@ -54,6 +54,30 @@ PG_FIXTURE = os.environ.get("GPUPOOL_TEST_PG_FIXTURE")
 _PG_SCHEMAS = {}
 
 
+def _sql_inline(sql, params):
+    """sql with each ? replaced by its value from params as a literal (psql
+    -c takes no parameters): integers as they are, None as NULL, text
+    quoted the standard way, which both engines read. The ? placeholders
+    must not sit inside quoted text."""
+    parts = sql.split("?")
+    if len(parts) != len(params) + 1:
+        raise ValueError("%d placeholders, %d params" % (len(parts) - 1, len(params)))
+    out = [parts[0]]
+    for v, rest in zip(params, parts[1:]):
+        if v is None:
+            out.append("NULL")
+        elif isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TypeError("no literal for %r" % (v,))
+        elif isinstance(v, int):
+            out.append(str(v))
+        else:
+            if "\0" in v:
+                raise ValueError("NUL in a text value")
+            out.append("'" + v.replace("'", "''") + "'")
+        out.append(rest)
+    return "".join(out)
+
+
 def _pg_fixture_file(name):
     with open(os.path.join(PG_FIXTURE, name)) as f:
         return f.read().strip()
@@ -606,21 +630,23 @@ class Harness:
         self._n += 1
         return "%s%d" % (base, self._n)
 
-    def query(self, db, sql):
+    def is_pg(self, db):
+        """Whether the server at db stores in PostgreSQL (the variant)."""
+        return self.store_uri(db) != db
+
+    def query(self, db, sql, params=()):
         """Rows of sql run on the store the server at db used (SQLite file,
         or its schema in the PostgreSQL variant), as tuples; integer columns
-        come back as int either way."""
+        come back as int either way. params: values for the ? in sql."""
         uri = self.store_uri(db)
         if uri == db:
             import sqlite3
-            con = sqlite3.connect(db)
+            con = sqlite3.connect(db, timeout=10)
             try:
-                return con.execute(sql).fetchall()
+                return con.execute(sql, params).fetchall()
             finally:
                 con.close()
-        psql = os.path.join(_pg_fixture_file("bin"), "psql")
-        r = subprocess.run([psql, "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", uri, "-c", sql],
-                           check=True, capture_output=True, text=True, timeout=60)
+        r = self._psql(uri, _sql_inline(sql, params))
 
         def value(x):
             if x == "":
@@ -630,6 +656,31 @@ class Harness:
             except ValueError:
                 return x
         return [tuple(value(x) for x in line.split("\t")) for line in r.stdout.splitlines()]
+
+    def execute(self, db, sql, params=()):
+        """Run sql (one statement, or with no params several separated by
+        ;) on the store of db, as query reads it, and commit: for a test
+        that puts into the store what a server could not have written."""
+        uri = self.store_uri(db)
+        if uri == db:
+            import sqlite3
+            con = sqlite3.connect(db, timeout=10)
+            try:
+                if params:
+                    con.execute(sql, params)
+                else:
+                    con.executescript(sql)
+                con.commit()
+            finally:
+                con.close()
+            return
+        self._psql(uri, _sql_inline(sql, params))
+
+    def _psql(self, uri, sql):
+        psql = os.path.join(_pg_fixture_file("bin"), "psql")
+        return subprocess.run([psql, "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", uri,
+                               "-c", sql],
+                              check=True, capture_output=True, text=True, timeout=60)
 
     def store_uri(self, db):
         """What the server's --db gets for db: the path itself, or in the

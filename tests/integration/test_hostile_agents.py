@@ -19,7 +19,6 @@ a real SQLite file.
 
 import json
 import os
-import sqlite3
 import sys
 import time
 import unittest
@@ -48,17 +47,13 @@ def param(body):
     return (body.get("error", {}).get("details") or {}).get("param")
 
 
-def key_id_of(db, name):
-    c = sqlite3.connect(db)
-    try:
-        return c.execute("SELECT id FROM api_keys WHERE name = ?", (name,)).fetchone()[0]
-    finally:
-        c.close()
+def key_id_of(h, db, name):
+    return h.query(db, "SELECT id FROM api_keys WHERE name = ?", (name,))[0][0]
 
 
 def create_key(h, db, role, name, *opts):
     import subprocess
-    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", db,
+    r = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", h.store_uri(db),
                         "--name", name] + list(opts),
                        capture_output=True, text=True, timeout=30, env=h.env())
     assert r.returncode == 0, "keys create failed: %s" % r.stderr
@@ -118,13 +113,13 @@ class HostileAgents(harness.TestCase):
         srv = self.h.start_server(FAST, db=db)  # migrates the DB (key_usage exists)
         srv.stop()
         day = int(time.time() * 1000) // 86400000
-        c = sqlite3.connect(db)
         for name in ("limited", "free"):
-            c.execute("INSERT OR REPLACE INTO key_usage (key_id, day, requests, prompt_tokens, "
-                      "completion_tokens, rate_limited) VALUES (?, ?, 1, ?, ?, -7)",
-                      (key_id_of(db, name), day, INT64_MAX, INT64_MAX))
-        c.commit()
-        c.close()
+            kid = key_id_of(self.h, db, name)
+            # What INSERT OR REPLACE did, in SQL both engines take.
+            self.h.execute(db, "DELETE FROM key_usage WHERE key_id = ? AND day = ?", (kid, day))
+            self.h.execute(db, "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, "
+                           "completion_tokens, rate_limited) VALUES (?, ?, 1, ?, ?, -7)",
+                           (kid, day, INT64_MAX, INT64_MAX))
         ak = create_key(self.h, db, "agent", "fake-agent")
         srv = self.h.start_server(FAST, db=db)
         a = FakeAgent(srv.url, key=ak).start()

@@ -13,7 +13,6 @@ on 127.0.0.1:0 with a real SQLite file and fake agents (server_fakes.py).
 
 import os
 import re
-import sqlite3
 import subprocess
 import sys
 import uuid
@@ -180,10 +179,7 @@ class HostileClients(harness.TestCase):
         admin = self.h.create_key(db, "admin", "ops")
         self.h.create_key(db, "client", "placeholder")
         evil = "x\x1b]0;pwned\x07\x1b[2J\u009b31m"
-        con = sqlite3.connect(db)
-        con.execute("UPDATE api_keys SET name = ? WHERE name = 'placeholder'", (evil,))
-        con.commit()
-        con.close()
+        self.h.execute(db, "UPDATE api_keys SET name = ? WHERE name = 'placeholder'", (evil,))
         srv = self.h.start_server([], db=db, key=admin)
         env = dict(self.h.env(), GPUPOOL_SERVER=srv.url, GPUPOOL_ADMIN_KEY=admin)
         outs = []

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -216,7 +215,8 @@ class ServerAgents(harness.TestCase):
         self.assertEqual(body["error"]["code"], "NOT_ASSIGNED")
 
     def keys_create(self, db, role):
-        p = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role, "--db", db,
+        p = subprocess.run([harness.SERVER_BIN, "keys", "create", "--role", role,
+                            "--db", self.h.store_uri(db),
                             "--name", "test-" + role],
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -248,17 +248,14 @@ class ServerAgents(harness.TestCase):
         # stop (SIGTERM -> exit 0), check the DB, restart on it
         self.srv.signal(signal.SIGTERM)
         self.assertEqual(self.srv.wait(15), 0)
-        con = sqlite3.connect(db)
-        try:
-            ids = [r[0] for r in con.execute("SELECT id FROM agents")]
-            models = [r[0] for r in con.execute("SELECT model FROM agent_models")]
-            # The two made here, and the admin key the server generated at
-            # start (auth on, no admin key).
-            nkeys = con.execute("SELECT COUNT(*) FROM api_keys WHERE role != 'admin'").fetchone()[0]
-            nadmin = con.execute("SELECT COUNT(*) FROM api_keys WHERE role = 'admin'").fetchone()[0]
-            hashes = [r[0] for r in con.execute("SELECT hash FROM api_keys")]
-        finally:
-            con.close()
+        q = self.h.query
+        ids = [r[0] for r in q(db, "SELECT id FROM agents")]
+        models = [r[0] for r in q(db, "SELECT model FROM agent_models")]
+        # The two made here, and the admin key the server generated at
+        # start (auth on, no admin key).
+        nkeys = q(db, "SELECT COUNT(*) FROM api_keys WHERE role != 'admin'")[0][0]
+        nadmin = q(db, "SELECT COUNT(*) FROM api_keys WHERE role = 'admin'")[0][0]
+        hashes = [r[0] for r in q(db, "SELECT hash FROM api_keys")]
         self.assertEqual(ids, [a.agent_id])
         self.assertEqual(models, ["m1"])
         self.assertEqual(nkeys, 2)
