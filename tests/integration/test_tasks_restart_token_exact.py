@@ -24,7 +24,6 @@ GPUPOOL_TEST_TOKEN_GATE after n tokens), never on sleeps.
 import json
 import os
 import shutil
-import sqlite3
 import socket
 import sys
 import threading
@@ -45,14 +44,10 @@ BODY = {"model": "tiny", "prompt": "Once upon a time, in a land far away", "max_
 SAMPLED = dict(BODY, temperature=0.9, top_p=0.9, top_k=40, seed=4242)
 
 
-def stored_token_ids(db, tid):
+def stored_token_ids(h, db, tid):
     """The ids of each of tid's token events, in order (None: an event
-    without ids), from job_events."""
-    ro = sqlite3.connect("file:%s?mode=ro" % db, uri=True, timeout=5)
-    try:
-        rows = ro.execute("SELECT events FROM job_events WHERE job_id = ?", (tid,)).fetchall()
-    finally:
-        ro.close()
+    without ids), from job_events (either engine: Harness.query)."""
+    rows = h.query(db, "SELECT events FROM job_events WHERE job_id = ?", (tid,))
     evs = {}
     for (row,) in rows:
         for e in json.loads(row):
@@ -60,9 +55,9 @@ def stored_token_ids(db, tid):
     return [evs[seq].get("ids") for seq in sorted(evs) if evs[seq]["type"] == "token"]
 
 
-def stored_ids(db, tid):
+def stored_ids(h, db, tid):
     out = []
-    for ids in stored_token_ids(db, tid):
+    for ids in stored_token_ids(h, db, tid):
         out += ids or [None]
     return out
 
@@ -116,7 +111,7 @@ class TaskRestartTokenExact(harness.TestCase):
         base = self.whole(srv, base_tid)
         self.assertEqual(base[-1][1], "end", base[-1])
         base_text = base[-1][2]["text"]
-        base_ids = stored_ids(self.db, base_tid)
+        base_ids = stored_ids(self.h, self.db, base_tid)
         # Kill after a token whose text is a piece of a UTF-8 character
         # (U+FFFD: a byte token of the random vocabulary): a continuation
         # from the text cannot give that byte back. None: after token 9.
@@ -126,7 +121,7 @@ class TaskRestartTokenExact(harness.TestCase):
         toks = [e[2]["text"] for e in base if e[1] == "token"]
         n = next((k + 1 for k in range(2, len(toks) - 6) if "\ufffd" in toks[k]), 9)
         self.assertGreater(len(toks), n + 5)
-        per_event = stored_token_ids(self.db, base_tid)
+        per_event = stored_token_ids(self.h, self.db, base_tid)
         if None in per_event[:n]:
             # A server that stores no ids: one token per event holds for
             # the greedy run only.
@@ -168,7 +163,7 @@ class TaskRestartTokenExact(harness.TestCase):
         stream = seen + stream_of(data)
         st, _, status = http_json("GET", srv2.url + "/v2/tasks/" + tid)
         self.assertEqual(st, 200, status)
-        return base_text, base_ids, stream, stored_ids(self.db, tid), status
+        return base_text, base_ids, stream, stored_ids(self.h, self.db, tid), status
 
     def check_once(self, stream):
         self.assertEqual([e[0] for e in stream], list(range(1, len(stream) + 1)))
