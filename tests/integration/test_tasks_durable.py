@@ -4,8 +4,8 @@ in job_events and start-up recovery (docs/persistence.md).
 A real server process and fake agents (server_fakes.py) driven step by
 step, so every event is made by the test and a crash lands at a known
 point. Durability is observed, not waited for: the test reads the server's
-SQLite file (read-only, WAL) until the checkpoint batch it needs is
-committed, then SIGKILLs the server.
+store (Harness.query: the SQLite file, or its PostgreSQL schema) until the
+checkpoint batch it needs is committed, then SIGKILLs the server.
 
 Covers:
   - resume after disconnect once the finished task left memory
@@ -21,7 +21,6 @@ Covers:
 
 import json
 import os
-import sqlite3
 import sys
 import threading
 import time
@@ -83,12 +82,8 @@ class TasksDurable(harness.TestCase):
         deadline = time.time() + timeout
         got = None
         while time.time() < deadline:
-            db = sqlite3.connect("file:%s?mode=ro" % dbpath, uri=True, timeout=5)
-            try:
-                got = db.execute("SELECT max(last_seq) FROM job_events WHERE job_id = ?",
-                                 (tid,)).fetchone()[0]
-            finally:
-                db.close()
+            got = self.h.query(dbpath, "SELECT max(last_seq) FROM job_events WHERE job_id = ?",
+                               (tid,))[0][0]
             if got is not None and got >= seq:
                 return
             time.sleep(0.1)
@@ -98,21 +93,14 @@ class TasksDurable(harness.TestCase):
         """Until the request log row of jid is committed."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            db = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
-            try:
-                if db.execute("SELECT 1 FROM jobs WHERE id = ?", (jid,)).fetchone():
-                    return
-            finally:
-                db.close()
+            if self.h.query(self.db, "SELECT 1 FROM jobs WHERE id = ?", (jid,)):
+                return
             time.sleep(0.05)
         self.fail("job %s never reached the store" % jid)
 
     def stored_request(self, tid):
-        db = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
-        try:
-            row = db.execute("SELECT request FROM jobs WHERE id = ?", (tid,)).fetchone()
-        finally:
-            db.close()
+        rows = self.h.query(self.db, "SELECT request FROM jobs WHERE id = ?", (tid,))
+        row = rows[0] if rows else None
         return json.loads(row[0]) if row and row[0] else None
 
     # -- tests -------------------------------------------------------------
@@ -151,22 +139,32 @@ class TasksDurable(harness.TestCase):
         self.assertEqual(self.status(srv, tid)["status"], "done")
 
     def test_native_request_is_written_once(self):
-        # Triggers added to the server's own file count every write of
+        # Triggers added to the server's own store count every write of
         # jobs.request: the row's insert (with a request) and any UPDATE
         # that sets it. A native task's input used to go in twice (the
         # insert with prompt/messages, then an UPDATE with the whole body).
+        # The same two triggers in each engine's dialect (PostgreSQL's run
+        # a function; both fire per row, the UPDATE one when request is
+        # among the columns SET).
         srv = self.h.start_server([], db=self.db)
-        db = sqlite3.connect(self.db, timeout=10)
-        try:
-            db.executescript(
+        if self.h.is_pg(self.db):
+            triggers = (
+                "CREATE TABLE t_request_writes (job_id TEXT NOT NULL);"
+                "CREATE FUNCTION t_request_write() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$BEGIN INSERT INTO t_request_writes VALUES (NEW.id); RETURN NULL; END$$;"
+                "CREATE TRIGGER t_request_insert AFTER INSERT ON jobs FOR EACH ROW "
+                "WHEN (NEW.request IS NOT NULL) EXECUTE PROCEDURE t_request_write();"
+                "CREATE TRIGGER t_request_update AFTER UPDATE OF request ON jobs "
+                "FOR EACH ROW EXECUTE PROCEDURE t_request_write();")
+        else:
+            triggers = (
                 "CREATE TABLE t_request_writes (job_id TEXT NOT NULL);"
                 "CREATE TRIGGER t_request_insert AFTER INSERT ON jobs "
                 "WHEN NEW.request IS NOT NULL "
                 "BEGIN INSERT INTO t_request_writes VALUES (NEW.id); END;"
                 "CREATE TRIGGER t_request_update AFTER UPDATE OF request ON jobs "
                 "BEGIN INSERT INTO t_request_writes VALUES (NEW.id); END;")
-        finally:
-            db.close()
+        self.h.execute(self.db, triggers)
         a = self.agent(srv)
         tid = self.create(srv, seed=99, temperature=0.25)["job_id"]
         st, jobs = a.work(1, timeout=10)
@@ -177,13 +175,10 @@ class TasksDurable(harness.TestCase):
         # queued before it: the request writes are all in by then.
         deadline = time.time() + 15
         while True:
-            ro = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
-            try:
-                fin, n = ro.execute(
-                    "SELECT finished_at, (SELECT count(*) FROM t_request_writes "
-                    "WHERE job_id = ?1) FROM jobs WHERE id = ?1", (tid,)).fetchone() or (None, 0)
-            finally:
-                ro.close()
+            rows = self.h.query(
+                self.db, "SELECT finished_at, (SELECT count(*) FROM t_request_writes "
+                "WHERE job_id = ?) FROM jobs WHERE id = ?", (tid, tid))
+            fin, n = rows[0] if rows else (None, 0)
             if fin is not None or time.time() > deadline:
                 break
             time.sleep(0.05)
@@ -327,16 +322,15 @@ class TasksDurable(harness.TestCase):
         srv.kill9()
         box["s"].conn.close()
         srv2 = self.h.start_server([], db=self.db, name="server2")
-        db = sqlite3.connect("file:%s?mode=ro" % self.db, uri=True, timeout=5)
         deadline = time.time() + 10
         row = None
         while time.time() < deadline:
-            row = db.execute("SELECT status, error_code FROM jobs WHERE id = ?",
-                             (jid,)).fetchone()
+            rows = self.h.query(self.db, "SELECT status, error_code FROM jobs WHERE id = ?",
+                                (jid,))
+            row = rows[0] if rows else None
             if row and row[0] == "failed":
                 break
             time.sleep(0.1)
-        db.close()
         self.assertIsNotNone(row, "job %s not in the request log" % jid)
         self.assertEqual(tuple(row), ("failed", "SERVER_RESTART"))
         srv2.stop()
