@@ -58,7 +58,9 @@ def _sql_inline(sql, params):
     """sql with each ? replaced by its value from params as a literal (psql
     -c takes no parameters): integers as they are, None as NULL, text
     quoted the standard way, which both engines read. The ? placeholders
-    must not sit inside quoted text."""
+    must not sit inside quoted text (with no params sql goes as it is)."""
+    if not params:
+        return sql
     parts = sql.split("?")
     if len(parts) != len(params) + 1:
         raise ValueError("%d placeholders, %d params" % (len(parts) - 1, len(params)))
