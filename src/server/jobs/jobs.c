@@ -656,6 +656,16 @@ int gps_job_wire_append(gp_buf *out, const gps_job *job, uint64_t now_us,
 /* Lifecycle                                                           */
 /* ------------------------------------------------------------------ */
 
+/* May the store fold this job's row writes into each other
+ * (gps_store_job_update.coalesce)? Not a native task's (its events and
+ * checkpoints are ordered with the row: a restart reads them together) nor
+ * a job handed off between servers (its handoffs row refers to it). */
+static bool row_coalesces(const gps_job *job)
+{
+    return !(job->spec.api && strcmp(job->spec.api, "native") == 0) && !job->remote &&
+           !job->offered && !job->spec.resume_id;
+}
+
 /* The request log. Prompts are stored only with log_prompts. */
 static void persist_insert(gps_jobs *j, gps_job *job)
 {
@@ -693,6 +703,7 @@ static void persist_insert(gps_jobs *j, gps_job *job)
         .seed = job->spec.seed,
         .created_at = job->created_wall_ms,
         .request = req,
+        .coalesce = row_coalesces(job),
     };
     if (gps_store_job_insert_owned(j->store, row, j->owner_server) < 0)
         count(j, "db_errors_total", NULL, 1);
@@ -711,6 +722,7 @@ static void persist(gps_jobs *j, gps_job *job)
     u.agent_id = job->agent_id[0] ? job->agent_id : NULL;
     u.attempts = job->attempts;
     u.queue_ms = job->queue_ms;
+    u.coalesce = row_coalesces(job);
     if (gps_job_terminal(job)) {
         u.prompt_tokens = job->prompt_tokens;
         u.completion_tokens = job->completion_tokens;

@@ -156,6 +156,7 @@ enum {
     K_TASK_CANCEL_REQ,
     K_TASK_CANCELS,
     K_TASK_CANCEL_GET,
+    K_JOB_INSERT_ROW,
     K_COUNT
 };
 
@@ -689,6 +690,17 @@ static const struct {
 
     [K_TASK_CANCEL_GET] = {"task_cancel_get", F_OPT | F_CELLS,
         "SELECT CAST(cancel_requested AS TEXT) FROM jobs WHERE id = ?1", NULL},
+    /* A request-log row written whole: K_JOB_INSERT_OWNED with the
+     * K_JOB_UPDATE values that reached the queue while its insert still
+     * waited there (fold_pack; issue 24: one statement a request instead
+     * of three). */
+
+    [K_JOB_INSERT_ROW] = {"job_insert_row", F_OPT,
+        "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
+        "seed, created_at, request, owner_server, agent_id, attempts, prompt_tokens, "
+        "completion_tokens, queue_ms, ttft_ms, total_ms, finish_reason, error_code, "
+        "finished_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
+        "?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)", NULL},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -721,6 +733,13 @@ typedef struct op {
     int64_t changes;           /* F_CELLS: rows the statement changed */
     row **rows;                /* job_list: nrows rows (owned) */
     size_t nrows;
+    /* A job-row write open to folding (gps_store_job_update.coalesce):
+     * while it waits in the queue it is in the store's pending table, and
+     * what later writes of the row fold into it is the op run instead. */
+    struct op *fold;           /* run instead of this op (owned), or NULL */
+    struct op *pnext;          /* pending table chain */
+    bool pending;              /* in the pending table */
+    uint32_t folds;            /* writes folded into it (counted as ops) */
     char msg[160];             /* ping: failure text */
     int nv;
     val v[];
@@ -735,7 +754,7 @@ static void rows_free(op *o)
     o->nrows = 0;
 }
 
-#define MAXV 16
+#define MAXV 24
 
 /* Builder: values borrowed from the caller (or owned temporaries from
  * json_dumps), packed into one op by b_pack. */
@@ -990,6 +1009,8 @@ struct gps_store {
     int64_t last_drop_log_ms;
     bool backlog;                /* loop thread: refusing new work (gps_store_backlog) */
     gps_store_stats stats;
+    op **pend;                   /* PEND_BUCKETS chains: queued job-row writes open to
+                                    folding, by job id (NULL: no folding) */
     int64_t sync_changes;        /* rows the last sync_exec changed (owner thread) */
 };
 
@@ -1054,6 +1075,111 @@ static int exec_simple(conn *c, const char *sql, char *err, size_t errlen)
 /* ------------------------------------------------------------------------ */
 
 static void enqueue_locked(gps_store *s, op *first, op *last, size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Folding job-row writes                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A request-log row was three statements (insert at submit, update at
+ * assignment, update at the end: ~20,000 instructions each on SQLite, a
+ * fifth of the server's cost per request; issue 24). Writes run at the
+ * group commit that follows them, so the updates of a row whose earlier
+ * write still waits in the queue fold into that write: the row is written
+ * once, whole, by the statement that was queued first, and ends as if
+ * every write had run, at the commit it would have had. Only writes the
+ * caller marks coalesce fold (no other op of the store concerns that row:
+ * no native task events, checkpoints or handoffs to stay ordered with).
+ * Guarded by mu: the DB thread takes an op out of the table as it takes
+ * it off the queue. */
+#define PEND_BUCKETS 1024
+
+static size_t pend_slot(const char *id)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *p = (const unsigned char *)id; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h & (PEND_BUCKETS - 1);
+}
+
+static op *pend_find(gps_store *s, const char *id)
+{
+    for (op *o = s->pend[pend_slot(id)]; o; o = o->pnext)
+        if (strcmp(o->v[0].s, id) == 0)
+            return o;
+    return NULL;
+}
+
+static void pend_add(gps_store *s, op *o)
+{
+    op **b = &s->pend[pend_slot(o->v[0].s)];
+    o->pnext = *b;
+    *b = o;
+    o->pending = true;
+}
+
+static void pend_del(gps_store *s, op *o)
+{
+    for (op **pp = &s->pend[pend_slot(o->v[0].s)]; *pp; pp = &(*pp)->pnext)
+        if (*pp == o) {
+            *pp = o->pnext;
+            break;
+        }
+    o->pnext = NULL;
+    o->pending = false;
+}
+
+/* Column of K_JOB_INSERT_ROW that K_JOB_UPDATE's value j (1..11) sets. */
+static int row_col_of_update(int j) { return j == 1 ? 5 : 10 + j; }
+
+/* The op that does what base (a job insert, K_JOB_INSERT_ROW or
+ * K_JOB_UPDATE) and then update u (K_JOB_UPDATE of the same row) do: an
+ * insert becomes K_JOB_INSERT_ROW with the update's columns, an update one
+ * update (K_JOB_UPDATE sets what is not NULL: the later value wins). New,
+ * NULL on ENOMEM. */
+static op *fold_pack(const op *base, const op *u)
+{
+    bool ins = base->kind != K_JOB_UPDATE;
+    opb b;
+    memset(&b, 0, sizeof(b));
+    b.kind = ins ? K_JOB_INSERT_ROW : K_JOB_UPDATE;
+    b.nv = ins ? 22 : 12;
+    for (int i = 0; i < base->nv && i < b.nv; i++)
+        b.v[i] = base->v[i]; /* borrowed: b_pack copies */
+    if (ins && b.v[13].t == V_NULL) {
+        b.v[13].t = V_INT;   /* attempts: NOT NULL DEFAULT 0 */
+        b.v[13].i = 0;
+    }
+    for (int j = 1; j < u->nv && j < 12; j++)
+        if (u->v[j].t != V_NULL)
+            b.v[ins ? row_col_of_update(j) : j] = u->v[j];
+    return b_pack(&b);
+}
+
+/* Under mu, for a job-row write o about to be queued (coalesce as the
+ * caller said): true when o folded into the row's pending write (o is then
+ * the caller's to free); else o is to be queued, and *reg says whether it
+ * enters the pending table once queued. */
+static bool fold_locked(gps_store *s, op *o, bool coalesce, bool *reg)
+{
+    *reg = false;
+    if (!s->pend)
+        return false;
+    op *p = pend_find(s, o->v[0].s);
+    if (p && coalesce && o->kind == K_JOB_UPDATE) {
+        op *m = fold_pack(p->fold ? p->fold : p, o);
+        if (m) {
+            free(p->fold);
+            p->fold = m;
+            p->folds++;
+            s->stats.ops_enqueued++;
+            return true;
+        }
+    }
+    if (p)
+        pend_del(s, p); /* o is queued after it: nothing later folds across o */
+    *reg = coalesce && (o->kind == K_JOB_UPDATE || s->w.ok[K_JOB_INSERT_ROW]);
+    return false;
+}
 
 static json_t *events_collect(conn *c, const char *job_id);
 
@@ -1246,12 +1372,14 @@ static void *db_main(void *arg)
             if (!s->qhead)
                 s->qtail = NULL;
             s->stats.queue_depth--;
+            if (o->pending)
+                pend_del(s, o); /* nothing folds into it once taken */
             pthread_mutex_unlock(&s->mu);
 
             bool failed;
-            bool ok = run_op(s, o, &failed);
-            writes_ok += ok;
-            writes_failed += failed;
+            bool ok = run_op(s, o->fold ? o->fold : o, &failed);
+            writes_ok += ok ? 1 + o->folds : 0;
+            writes_failed += failed ? 1 + o->folds : 0;
             if (o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED) {
                 has_events = true;
                 events_failed |= !ok;
@@ -1269,6 +1397,7 @@ static void *db_main(void *arg)
                     done_head = o;
                 done_tail = o;
             } else {
+                free(o->fold);
                 free(o);
             }
             pthread_mutex_lock(&s->mu);
@@ -1381,6 +1510,7 @@ static void free_chain(op *o)
         op *next = o->next;
         rows_free(o);
         free(o->result);
+        free(o->fold);
         free(o);
         o = next;
     }
@@ -1390,7 +1520,7 @@ static void free_chain(op *o)
  * beyond queue_max. Takes ownership of the chain in every case. *seq_out
  * (may be NULL) gets the last op's seq: read under the lock, since the DB
  * thread may free the op as soon as it is queued. */
-static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_out)
+static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out, int row)
 {
     if (!first)
         return -1;
@@ -1422,11 +1552,24 @@ static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_ou
         free_chain(first);
         return -1;
     }
+    bool reg = false;
+    if (row && fold_locked(s, first, row > 1, &reg)) {
+        pthread_mutex_unlock(&s->mu);
+        free_chain(first);
+        return 0;
+    }
     enqueue_locked(s, first, last, count);
+    if (reg)
+        pend_add(s, first);
     if (seq_out)
         *seq_out = s->seq_enqueued;
     pthread_mutex_unlock(&s->mu);
     return 0;
+}
+
+static int enqueue_seq(gps_store *s, op *first, bool droppable, uint64_t *seq_out)
+{
+    return enqueue_ex(s, first, droppable, seq_out, 0);
 }
 
 static int enqueue(gps_store *s, op *first, bool droppable)
@@ -1498,6 +1641,23 @@ static int write_op(gps_store *s, int kind, const char *spec, ...)
     b_vspec(&b, kind, spec, ap);
     va_end(ap);
     return enqueue_b(s, &b, NULL);
+}
+
+/* Queue a write of a job row (write_op): coalesce as
+ * gps_store_job_update.coalesce (fold_locked). */
+static int row_op(gps_store *s, bool coalesce, int kind, const char *spec, ...)
+{
+    opb b;
+    va_list ap;
+    va_start(ap, spec);
+    b_vspec(&b, kind, spec, ap);
+    va_end(ap);
+    op *o = b_pack(&b);
+    if (!o) {
+        count_drop(s);
+        return -1;
+    }
+    return enqueue_ex(s, o, true, NULL, coalesce ? 2 : 1);
 }
 
 /* A read op of statement kind, its values by bind spec (new, caller owns;
@@ -2078,6 +2238,7 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_mutex_init(&s->mu, NULL);
+    s->pend = calloc(PEND_BUCKETS, sizeof(*s->pend)); /* NULL: writes never fold */
     pthread_cond_init(&s->cv_work, &ca);
     pthread_cond_init(&s->cv_done, NULL);
     pthread_condattr_destroy(&ca);
@@ -2134,6 +2295,7 @@ void gps_store_close(gps_store *s)
     conn_close(&s->w);
     conn_close(&s->r);
     free_chain(s->qhead);
+    free(s->pend);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_done);
@@ -2277,12 +2439,12 @@ int gps_store_job_insert(gps_store *s, gps_store_job_row r)
     if (!r.id || !r.api || !r.model || !r.status)
         return -1;
     if (r.has_seed)
-        return write_op(s, K_JOB_INSERT, "ttttttitiij", r.id, r.api, r.kind, r.model, r.key_id,
-                        r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.seed,
-                        (int64_t)r.created_at, r.request);
-    return write_op(s, K_JOB_INSERT, "ttttttit-ij", r.id, r.api, r.kind, r.model, r.key_id,
-                    r.status, (int64_t)r.priority, r.correlation_id, (int64_t)r.created_at,
-                    r.request);
+        return row_op(s, r.coalesce, K_JOB_INSERT, "ttttttitiij", r.id, r.api, r.kind, r.model,
+                      r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                      (int64_t)r.seed, (int64_t)r.created_at, r.request);
+    return row_op(s, r.coalesce, K_JOB_INSERT, "ttttttit-ij", r.id, r.api, r.kind, r.model,
+                  r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                  (int64_t)r.created_at, r.request);
 }
 
 int gps_store_job_insert_owned(gps_store *s, gps_store_job_row r, const char *owner_server)
@@ -2292,12 +2454,12 @@ int gps_store_job_insert_owned(gps_store *s, gps_store_job_row r, const char *ow
     if (!r.id || !r.api || !r.model || !r.status)
         return -1;
     if (r.has_seed)
-        return write_op(s, K_JOB_INSERT_OWNED, "ttttttitiijt", r.id, r.api, r.kind, r.model,
-                        r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
-                        (int64_t)r.seed, (int64_t)r.created_at, r.request, owner_server);
-    return write_op(s, K_JOB_INSERT_OWNED, "ttttttit-ijt", r.id, r.api, r.kind, r.model,
-                    r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
-                    (int64_t)r.created_at, r.request, owner_server);
+        return row_op(s, r.coalesce, K_JOB_INSERT_OWNED, "ttttttitiijt", r.id, r.api, r.kind,
+                      r.model, r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                      (int64_t)r.seed, (int64_t)r.created_at, r.request, owner_server);
+    return row_op(s, r.coalesce, K_JOB_INSERT_OWNED, "ttttttit-ijt", r.id, r.api, r.kind,
+                  r.model, r.key_id, r.status, (int64_t)r.priority, r.correlation_id,
+                  (int64_t)r.created_at, r.request, owner_server);
 }
 
 bool gps_store_has_job_owners(gps_store *s)
@@ -2310,17 +2472,17 @@ int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
     if (!u.id)
         return -1;
     if (u.lease_attempt > 0)
-        return write_op(s, K_JOB_UPDATE_FENCED, "tttnnnnnnttni", u.id, u.status, u.agent_id,
-                        (int64_t)u.attempts, (int64_t)u.prompt_tokens,
-                        (int64_t)u.completion_tokens, (int64_t)u.queue_ms, (int64_t)u.ttft_ms,
-                        (int64_t)u.total_ms, u.finish_reason, u.error_code,
-                        (int64_t)(u.finished_at > 0 ? u.finished_at : -1),
-                        (int64_t)u.lease_attempt);
-    return write_op(s, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
-                    (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
-                    (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
-                    u.finish_reason, u.error_code,
-                    (int64_t)(u.finished_at > 0 ? u.finished_at : -1));
+        return row_op(s, false, K_JOB_UPDATE_FENCED, "tttnnnnnnttni", u.id, u.status,
+                      u.agent_id, (int64_t)u.attempts, (int64_t)u.prompt_tokens,
+                      (int64_t)u.completion_tokens, (int64_t)u.queue_ms, (int64_t)u.ttft_ms,
+                      (int64_t)u.total_ms, u.finish_reason, u.error_code,
+                      (int64_t)(u.finished_at > 0 ? u.finished_at : -1),
+                      (int64_t)u.lease_attempt);
+    return row_op(s, u.coalesce, K_JOB_UPDATE, "tttnnnnnnttn", u.id, u.status, u.agent_id,
+                  (int64_t)u.attempts, (int64_t)u.prompt_tokens, (int64_t)u.completion_tokens,
+                  (int64_t)u.queue_ms, (int64_t)u.ttft_ms, (int64_t)u.total_ms,
+                  u.finish_reason, u.error_code,
+                  (int64_t)(u.finished_at > 0 ? u.finished_at : -1));
 }
 
 int gps_store_checkpoint(gps_store *s, const char *job_id, const char *text, size_t len,

@@ -247,6 +247,7 @@ typedef struct gps_store_job_row {
     const json_t *request;       /* input to keep (prompt/messages/params) or NULL.
                                     Pass it only when log_prompts is on or the job
                                     is a native task (must survive a restart). */
+    bool coalesce;               /* as gps_store_job_update.coalesce */
 } gps_store_job_row;
 int gps_store_job_insert(gps_store *s, gps_store_job_row row);
 
@@ -265,6 +266,14 @@ typedef struct gps_store_job_update {
     int64_t finished_at;         /* wall ms; <= 0 unchanged */
     int64_t lease_attempt;       /* > 0: only while the row's lease_attempt is this
                                     (migration 0010: a shared native task's holder) */
+    /* No other write of the store concerns this row (no native task events
+     * or checkpoints, no handoff): the write may fold into the row's
+     * earlier write while that one still waits in the queue. The row is then
+     * written once, by one statement, at the commit the first write would
+     * have had, and ends as if both had run (issue 24: a relayed request
+     * was three statements). A write without it never folds, and no later
+     * write folds across it. Fenced updates never fold. */
+    bool coalesce;
 } gps_store_job_update;
 #define GPS_STORE_JOB_UPDATE_INIT(job_id)                                                    \
     ((gps_store_job_update){.id = (job_id), .attempts = -1, .prompt_tokens = -1,              \

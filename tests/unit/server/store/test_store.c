@@ -449,6 +449,81 @@ static void test_group_commit(void **state)
     sqlite3_close(db);
 }
 
+/* A request-log row's writes fold into its first write still waiting in
+ * the queue (issue 24): one statement instead of three, the row ending as
+ * if all had run. The queue is held still by a raw connection holding the
+ * write lock, so the DB thread's BEGIN waits while the writes queue. Native
+ * rows (no coalesce) are written op by op, and a write without coalesce
+ * is never folded across. */
+static void job_update(gps_store *s, const char *id, const char *status, const char *agent,
+                       bool last, bool coalesce)
+{
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id);
+    u.status = status;
+    u.agent_id = agent;
+    u.attempts = 1;
+    u.queue_ms = 3;
+    if (last) {
+        u.prompt_tokens = 5;
+        u.completion_tokens = 7;
+        u.ttft_ms = 4;
+        u.total_ms = 9;
+        u.finish_reason = "stop";
+        u.finished_at = 1234;
+    }
+    u.coalesce = coalesce;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+}
+
+static void test_row_writes_fold(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.commit_interval_ms = 60000, .batch_max = 64, .busy_timeout_ms = 20000};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    sqlite3 *db = raw_open(t->db);
+    raw_exec(db, "BEGIN IMMEDIATE");
+    gps_store_job_row r = {.id = "jA", .api = "openai", .kind = "chat", .model = "tiny",
+                           .key_id = "key_x", .status = "queued", .priority = 1,
+                           .correlation_id = "corr-1", .has_seed = true, .seed = 42,
+                           .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    job_update(s, "jA", "assigned", "agent-1", false, true);
+    job_update(s, "jA", "done", NULL, true, true);
+    r.id = "jB";
+    r.api = "native";
+    r.coalesce = false;
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    job_update(s, "jB", "done", "agent-2", true, false);
+    r.id = "jC";
+    r.api = "openai";
+    r.coalesce = true;
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    job_update(s, "jC", "running", "agent-3", false, false); /* never folded across */
+    job_update(s, "jC", "failed", NULL, true, true);
+    raw_exec(db, "COMMIT");
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_committed, 8);
+    assert_int_equal(st.ops_failed, 0);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.last_batch_ops, 1 + 2 + 3); /* statements run */
+    gps_store_close(s);
+
+    assert_text(db, "SELECT api || kind || model || key_id || status || priority || "
+                    "correlation_id || seed || created_at || agent_id || attempts || "
+                    "prompt_tokens || completion_tokens || queue_ms || ttft_ms || total_ms || "
+                    "finish_reason || finished_at FROM jobs WHERE id = 'jA'",
+                "openaichattinykey_xdone1corr-1421000agent-1157349stop1234");
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs WHERE id = 'jA' AND request IS NULL "
+                                 "AND error_code IS NULL AND owner_server IS NULL"), 1);
+    assert_text(db, "SELECT status || agent_id || total_ms FROM jobs WHERE id = 'jB'",
+                "doneagent-29");
+    assert_text(db, "SELECT status || agent_id || total_ms FROM jobs WHERE id = 'jC'",
+                "failedagent-39");
+    sqlite3_close(db);
+}
+
 typedef struct writer_arg {
     gps_store *s;
     int who;
@@ -879,6 +954,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ping_and_no_base, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_delivers_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_row_writes_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
