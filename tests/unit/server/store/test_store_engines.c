@@ -387,6 +387,62 @@ static void test_jobs_survive_a_restart(void **state)
     event_base_free(base);
 }
 
+/* Request-log rows whose writes fold (coalesce, issue 24): a burst of
+ * rows, each inserted with an owner then updated twice, queued faster than
+ * the DB thread runs them, so most updates fold into their still-queued
+ * insert (K_JOB_INSERT_ROW) or update. Every row ends as if each write had
+ * run, on both engines. */
+static void test_folded_rows(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    gps_store *s = open_ok(t->db, base);
+    enum { N = 200 };
+    char id[N][16];
+    for (int i = 0; i < N; i++) {
+        snprintf(id[i], sizeof id[i], "fold_%d", i);
+        gps_store_job_row r = {.id = id[i], .api = "openai", .model = "tiny", .status = "queued",
+                               .created_at = 1700000000000LL + i, .coalesce = true};
+        assert_int_equal(gps_store_job_insert_owned(s, r, "srv_x"), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id[i]);
+        u.status = "assigned";
+        u.agent_id = "agent-1";
+        u.attempts = 1;
+        u.coalesce = true;
+        assert_int_equal(gps_store_job_update_async(s, u), 0);
+        u = GPS_STORE_JOB_UPDATE_INIT(id[i]);
+        u.status = i % 2 ? "done" : "failed";
+        u.completion_tokens = i;
+        u.finished_at = 1700000009000LL;
+        u.coalesce = true;
+        assert_int_equal(gps_store_job_update_async(s, u), 0);
+    }
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_failed, 0);
+    assert_true(st.ops_committed >= 3 * N);
+    for (int i = 0; i < N; i += 37) {
+        job_seen g = {0};
+        assert_int_equal(gps_store_job_get_async(s, id[i], on_job, &g), 0);
+        loop_until(base, &g.calls);
+        assert_int_equal(g.status, 0);
+        assert_string_equal(g.status_s, i % 2 ? "done" : "failed");
+        assert_int_equal(g.completion_tokens, i);
+        assert_int_equal(g.created_at, 1700000000000LL + i);
+    }
+    gps_store_close(s);
+    s = open_ok(t->db, base);
+    char err[256] = "";
+    job_seen l = {0};
+    assert_int_equal(gps_store_load_unfinished_jobs(s, on_unfinished, &l, err, sizeof err), 0);
+    assert_int_equal(l.calls, 0);
+    gps_store_close(s);
+    event_base_free(base);
+}
+
 /* ---- stored responses ---- */
 
 typedef struct cells_seen {
@@ -1248,6 +1304,7 @@ int main(void)
     evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_keys_survive_a_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_folded_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_adds_up_across_stores, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_write_keeps_its_batch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_agents_and_models, setup, teardown),
