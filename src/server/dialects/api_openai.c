@@ -433,14 +433,15 @@ static void ensure_started(oa_stream *st)
     gps_oa_open(&st->out, &st->rl.s.out);
 }
 
+#define TOOLS_IGNORED                                                                      \
+    "tools were ignored: no live agent serving this model reports supports_tools"
+
 /* pool_meta plus this request's own warnings (new reference). */
 static json_t *stream_meta(oa_stream *st, gps_job *job)
 {
     json_t *meta = gps_pool_meta(job);
     if (meta && st->tools_ignored)
-        json_array_append_new(json_object_get(meta, "warnings"),
-                              json_string("tools were ignored: no live agent serving this model "
-                                          "reports supports_tools"));
+        json_array_append_new(json_object_get(meta, "warnings"), json_string(TOOLS_IGNORED));
     return meta;
 }
 
@@ -456,7 +457,17 @@ static void end(oa_stream *st, gps_job *job)
         return;
     }
     ensure_started(st);
-    gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, stream_meta(st, job));
+    /* x_pool_meta rendered as text: no tree to build and dump (issue 24). */
+    static const char *const ignored[] = {TOOLS_IGNORED};
+    gp_buf meta;
+    gp_buf_init(&meta);
+    int mrc = gps_pool_meta_append(&meta, job, ignored, st->tools_ignored ? 1 : 0);
+    if (mrc < 0) /* ENOMEM: the tree's way (which may fail the same) */
+        gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, stream_meta(st, job));
+    else
+        gps_oa_close_text(&st->out, &st->rl.s.out, fr, pt, ct,
+                          mrc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+    gp_buf_free(&meta);
     gps_relay_end_stream(&st->rl);
 }
 

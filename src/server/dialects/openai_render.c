@@ -267,18 +267,19 @@ void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
     emit(sse, c);
 }
 
-/* gps_oa_close's frames by hand (o->plain, finish_reason UTF-8). */
+/* gps_oa_close's frames by hand (o->plain, finish_reason UTF-8); meta: the
+ * x_pool_meta object's text (NULL: none). */
 static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt, long long ct,
-                        json_t *meta)
+                        const char *meta, size_t meta_len)
 {
     size_t at = sse->len;
     int rc = put_head(o, sse) < 0 ||
                      put(sse, o->chat ? "[{\"index\":0,\"delta\":{}" : "[{\"index\":0,\"text\":\"\"") < 0 ||
                      put_choice_tail(o, sse, fr) < 0 ||
-                     (meta && (put(sse, ",\"x_pool_meta\":") < 0 || gp_json_dump_append(sse, meta) < 0))
+                     (meta && (put(sse, ",\"x_pool_meta\":") < 0 ||
+                               gp_buf_append(sse, meta, meta_len) < 0))
                  ? -1
                  : 0;
-    json_decref(meta);
     plain_done(sse, at, rc);
     if (o->include_usage) {
         at = sse->len;
@@ -293,13 +294,24 @@ static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt
     gps_sse_format(sse, NULL, NULL, "[DONE]");
 }
 
+static bool close_plain(const gps_oa_out *o, const char *finish_reason)
+{
+    return o->plain && (!finish_reason || gp_utf8_valid(finish_reason, strlen(finish_reason)));
+}
+
 void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
                   long long completion_tokens, json_t *meta)
 {
     /* The headers left with the first token: the last chunk tells which
      * agent finished and how many were tried (failover). */
-    if (o->plain && (!finish_reason || gp_utf8_valid(finish_reason, strlen(finish_reason)))) {
-        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta);
+    if (close_plain(o, finish_reason)) {
+        gp_buf m;
+        gp_buf_init(&m);
+        bool have = meta && gp_json_dump_append(&m, meta) == 0;
+        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens,
+                    have ? (m.data ? m.data : "") : NULL, m.len);
+        gp_buf_free(&m);
+        json_decref(meta);
         return;
     }
     json_t *last = chunk(o, o->chat ? NULL : "", false, finish_reason);
@@ -312,6 +324,19 @@ void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long lo
         emit(sse, gps_openai_usage_chunk(o->chat, o->id, o->created, o->model, prompt_tokens,
                                          completion_tokens));
     gps_sse_format(sse, NULL, NULL, "[DONE]");
+}
+
+void gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
+                       long long prompt_tokens, long long completion_tokens, const char *meta,
+                       size_t meta_len)
+{
+    if (close_plain(o, finish_reason)) {
+        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta, meta_len);
+        return;
+    }
+    /* id or model not UTF-8 (the frames go through jansson): the tree. */
+    gps_oa_close(o, sse, finish_reason, prompt_tokens, completion_tokens,
+                 meta ? json_loadb(meta, meta_len, 0, NULL) : NULL);
 }
 
 json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char *text,

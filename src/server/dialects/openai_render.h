@@ -58,6 +58,12 @@ void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
  * may be NULL), the usage chunk when include_usage, then [DONE]. */
 void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
                   long long completion_tokens, json_t *meta);
+/* The same with x_pool_meta as its compact JSON text (meta_len bytes,
+ * gps_pool_meta_append's; meta NULL: none): copied into the frame as it
+ * is, without a tree (issue 24). */
+void gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
+                       long long prompt_tokens, long long completion_tokens, const char *meta,
+                       size_t meta_len);
 /* The whole (non-streaming) body, new reference: text (NUL-terminated,
  * NULL: ""; text_len its bytes) and, for chat, the tool calls (content
  * null when only tools were called, text_len 0); meta stolen, may be

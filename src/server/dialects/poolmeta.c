@@ -2,6 +2,7 @@
 #include "server/dialects/poolmeta.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -51,4 +52,83 @@ json_t *gps_pool_meta(gps_job *job)
     if (gps_job_continuation_mode(job)) /* "tokens" | "text" after a failover */
         json_object_set_new(meta, "continuation", json_string(gps_job_continuation_mode(job)));
     return meta;
+}
+
+/* A string member ",\"name\":\"value\"" (name a literal). */
+static int str_member(gp_buf *out, const char *name, const char *value)
+{
+    return gp_buf_append(out, ",\"", 2) < 0 || gp_buf_append(out, name, strlen(name)) < 0 ||
+                   gp_buf_append(out, "\":", 2) < 0 || gp_json_str_append(out, value) < 0
+               ? -1
+               : 0;
+}
+
+static int int_member(gp_buf *out, const char *name, long long value)
+{
+    return gp_buf_append(out, ",\"", 2) < 0 || gp_buf_append(out, name, strlen(name)) < 0 ||
+                   gp_buf_append(out, "\":", 2) < 0 || gp_buf_append_int(out, value) < 0
+               ? -1
+               : 0;
+}
+
+static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
+
+/* The warnings list: what gps_pool_meta puts there (a fallback's), then
+ * extra. A string json_string refuses (not UTF-8) is left out, as there. */
+static int warnings_append(gp_buf *out, gps_job *job, const char *const *extra, size_t n_extra)
+{
+    bool first = true;
+    if (gp_buf_append(out, ",\"warnings\":[", 13) < 0)
+        return -1;
+    const char *requested = gps_job_requested_model(job);
+    if (requested) {
+        char w[600];
+        snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
+                 requested, gps_job_model(job));
+        if (utf8(w)) {
+            if (gp_json_str_append(out, w) < 0)
+                return -1;
+            first = false;
+        }
+    }
+    for (size_t i = 0; i < n_extra; i++) {
+        if (!utf8(extra[i]))
+            continue;
+        if ((!first && gp_buf_append(out, ",", 1) < 0) || gp_json_str_append(out, extra[i]) < 0)
+            return -1;
+        first = false;
+    }
+    return gp_buf_append(out, "]", 1);
+}
+
+int gps_pool_meta_append(gp_buf *out, gps_job *job, const char *const *extra, size_t n_extra)
+{
+    const char *agent = gps_job_agent_id(job), *model = gps_job_model(job);
+    if (!utf8(agent) || !utf8(model))
+        return 1;
+    size_t at = out->len;
+    uint64_t fin = gps_job_finished_us(job), asg = gps_job_assigned_us(job);
+    uint64_t now = fin ? fin : gp_now_mono_us();
+    const char *digest = gps_job_model_digest(job);
+    const char *cont = gps_job_continuation_mode(job);
+    const json_t *up = gps_job_upstream_meta(job);
+    bool ok = gp_buf_append(out, "{\"agent_id\":", 12) == 0 &&
+              gp_json_str_append(out, agent) == 0 && str_member(out, "model", model) == 0 &&
+              int_member(out, "queue_ms", gps_job_queue_ms(job)) == 0 &&
+              int_member(out, "inference_ms", asg ? (long long)((now - asg) / 1000) : 0) == 0 &&
+              int_member(out, "attempts", gps_job_attempts(job)) == 0 &&
+              warnings_append(out, job, extra, n_extra) == 0 &&
+              (!digest[0] || !utf8(digest) || str_member(out, "model_sha256", digest) == 0) &&
+              (gps_job_prefix_units(job) <= 0 ||
+               int_member(out, "prefix_units", gps_job_prefix_units(job)) == 0) &&
+              (!up || (gp_buf_append(out, ",\"upstream\":", 12) == 0 &&
+                       gp_json_dump_append(out, up) == 0)) &&
+              (!cont || !utf8(cont) || str_member(out, "continuation", cont) == 0) &&
+              gp_buf_append(out, "}", 1) == 0;
+    if (ok)
+        return 0;
+    out->len = at;
+    if (out->data)
+        out->data[at] = '\0';
+    return -1;
 }
