@@ -175,8 +175,9 @@ void gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
                    o->open_block, "delta", "type", "input_json_delta", "partial_json", args));
 }
 
-void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
-                  long long input_tokens, long long output_tokens, json_t *meta)
+void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                       long long input_tokens, long long output_tokens, const char *meta,
+                       size_t meta_len)
 {
     close_block(o, sse);
     size_t at = sse->len;
@@ -187,8 +188,19 @@ void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const cha
               LIT(sse, "},\"usage\":") == 0 &&
               put_usage(sse, input_tokens, output_tokens) == 0 &&
               (!meta || (LIT(sse, ",\"x_pool_meta\":") == 0 &&
-                         gp_json_dump_append(sse, meta) == 0));
+                         gp_buf_append(sse, meta, meta_len) == 0));
     ev_end(sse, at, ok);
-    json_decref(meta);
     LIT(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+}
+
+void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                  long long input_tokens, long long output_tokens, json_t *meta)
+{
+    gp_buf m;
+    gp_buf_init(&m);
+    bool have = meta && gp_json_dump_append(&m, meta) == 0;
+    gps_an_close_text(o, sse, stop_reason, stop_seq, input_tokens, output_tokens,
+                      have ? (m.data ? m.data : "") : NULL, m.len);
+    gp_buf_free(&m);
+    json_decref(meta);
 }

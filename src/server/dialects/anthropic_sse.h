@@ -55,5 +55,10 @@ void gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
  * stolen, may be NULL), message_stop. */
 void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
                   long long input_tokens, long long output_tokens, json_t *meta);
+/* The same with x_pool_meta as its compact JSON text (meta_len bytes,
+ * gps_pool_meta_append's; NULL: none), copied as it is (issue 24). */
+void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                       long long input_tokens, long long output_tokens, const char *meta,
+                       size_t meta_len);
 
 #endif

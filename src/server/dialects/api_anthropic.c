@@ -923,6 +923,33 @@ static void add_tool_use_blocks(an_stream *st, json_t *body)
 }
 
 /* The reply is complete: send its end and free st. */
+/* The stream's end with x_pool_meta rendered as text (pool_meta's object
+ * without its tree; issue 24). */
+static void close_stream(an_stream *st, gps_job *job, const char *stop_reason,
+                         const char *stop_seq, long long in, long long out)
+{
+    enum { MAXW = 16 }; /* a request's warnings: a few at most */
+    const char *extra[MAXW];
+    size_t n = 0, i;
+    json_t *w;
+    json_array_foreach(st->warnings, i, w)
+    {
+        if (n < MAXW && json_string_value(w))
+            extra[n++] = json_string_value(w);
+    }
+    gp_buf meta;
+    gp_buf_init(&meta);
+    int rc = json_array_size(st->warnings) <= MAXW ? gps_pool_meta_append(&meta, job, extra, n)
+                                                   : -1;
+    if (rc < 0) /* ENOMEM, or more warnings than listed here: the tree */
+        gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
+                     pool_meta(st, job, true));
+    else
+        gps_an_close_text(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
+                          rc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+    gp_buf_free(&meta);
+}
+
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
 {
     long long in = gps_job_prompt_tokens(job), out = gps_job_completion_tokens(job);
@@ -935,8 +962,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         gps_relay_end_body(&st->rl, body, false);
     } else if (st->stream) {
         ensure_started(st);
-        gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
-                     pool_meta(st, job, true));
+        close_stream(st, job, stop_reason, stop_seq, in, out);
         gps_relay_end_stream(&st->rl);
     } else {
         json_t *body = gps_anthropic_message(st->out.id, st->out.model, "", stop_reason, stop_seq, in,

@@ -73,26 +73,41 @@ static int int_member(gp_buf *out, const char *name, long long value)
 
 static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
 
+/* Is extra[i] already in the list: the fallback's warning fb (NULL: none)
+ * or an earlier extra that was written? */
+static bool listed(const char *const *extra, size_t i, const char *fb)
+{
+    if (fb && strcmp(fb, extra[i]) == 0)
+        return true;
+    for (size_t k = 0; k < i; k++)
+        if (utf8(extra[k]) && strcmp(extra[k], extra[i]) == 0)
+            return true;
+    return false;
+}
+
 /* The warnings list: what gps_pool_meta puts there (a fallback's), then
- * extra. A string json_string refuses (not UTF-8) is left out, as there. */
+ * extra, once each. A string json_string refuses (not UTF-8) is left out,
+ * as there. */
 static int warnings_append(gp_buf *out, gps_job *job, const char *const *extra, size_t n_extra)
 {
     bool first = true;
+    char w[600];
+    const char *fb = NULL;
     if (gp_buf_append(out, ",\"warnings\":[", 13) < 0)
         return -1;
     const char *requested = gps_job_requested_model(job);
     if (requested) {
-        char w[600];
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
                  requested, gps_job_model(job));
         if (utf8(w)) {
             if (gp_json_str_append(out, w) < 0)
                 return -1;
             first = false;
+            fb = w;
         }
     }
     for (size_t i = 0; i < n_extra; i++) {
-        if (!utf8(extra[i]))
+        if (!utf8(extra[i]) || listed(extra, i, fb))
             continue;
         if ((!first && gp_buf_append(out, ",", 1) < 0) || gp_json_str_append(out, extra[i]) < 0)
             return -1;

@@ -19,7 +19,8 @@ struct evhttp_request;
 json_t *gps_pool_meta(gps_job *job);
 /* The same object as compact JSON text appended to out: the bytes
  * gp_json_dump_append writes for gps_pool_meta(job) with extra[0..n_extra)
- * (NUL-terminated strings) appended to its warnings, without the tree
+ * (NUL-terminated strings) appended to its warnings, each unless already
+ * there (as a dialect adds its request's warnings), without the tree
  * (issue 24: built only to be dumped, ~8,000 instructions a request).
  * For a finished job (inference_ms is read at the end; while it runs, now
  * moves between two calls). 0 written; 1 nothing written (gps_pool_meta

@@ -29,8 +29,16 @@ static char *tree_text(gps_job *job, const char *const *extra, size_t n)
     json_t *meta = gps_pool_meta(job);
     if (!meta)
         return NULL;
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(json_object_get(meta, "warnings"), json_string(extra[i]));
+    json_t *list = json_object_get(meta, "warnings");
+    for (size_t i = 0; i < n; i++) { /* once each, as api_anthropic's pool_meta */
+        json_t *w = json_string(extra[i]), *x;
+        size_t k;
+        bool seen = false;
+        json_array_foreach(list, k, x) seen |= w && json_equal(x, w);
+        if (!seen)
+            json_array_append(list, w);
+        json_decref(w);
+    }
     gp_buf b;
     gp_buf_init(&b);
     assert_int_equal(gp_json_dump_append(&b, meta), 0);
@@ -76,8 +84,8 @@ static void test_text_matches_tree(void **state)
     assert_string_equal(gps_job_model_digest(job), DIGEST);
     assert_same(job, NULL, 0);
     const char *extra[] = {"tools were ignored: \"quoted\"\n\ttabbed", "caf\xc3\xa9 \\ ok",
-                           "bad \xff utf-8 left out"};
-    assert_same(job, extra, 3);
+                           "bad \xff utf-8 left out", "caf\xc3\xa9 \\ ok"};
+    assert_same(job, extra, 4);
 
     /* Every optional member, as after a fallback and a failover through an
      * upstream pool. */
@@ -90,6 +98,13 @@ static void test_text_matches_tree(void **state)
     job->attempts = 3;
     assert_same(job, NULL, 0);
     assert_same(job, extra, 2);
+    /* A request's warning equal to the fallback's is listed once. */
+    const char *dup[] = {"model 'big-\"model\"' had no capacity; served by fallback model 'm1'"};
+    assert_same(job, dup, 1);
+    char *one = tree_text(job, NULL, 0), *two = tree_text(job, dup, 1);
+    assert_string_equal(one, two);
+    free(one);
+    free(two);
     job->model_digest[0] = '\0';
     job->prefix_units = 0;
     assert_same(job, extra, 1);
