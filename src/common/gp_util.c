@@ -869,3 +869,165 @@ unsigned char *gp_base64_decode(const char *text, size_t len, size_t *n)
     *n = k;
     return out;
 }
+
+/* ---- gp_json_load_fast ---- */
+
+typedef struct fastrd {
+    const char *p, *end;
+    gp_buf str; /* a string's decoded bytes */
+} fastrd;
+
+static void fast_ws(fastrd *r)
+{
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\n' || *r->p == '\r' || *r->p == '\t'))
+        r->p++;
+}
+
+/* A string at r->p (its opening quote) decoded into r->str. false: a \u
+ * escape, a control character, an unknown escape, no end, not UTF-8. */
+static bool fast_str(fastrd *r)
+{
+    r->str.len = 0;
+    const char *p = r->p + 1;
+    for (;;) {
+        const char *run = p;
+        while (p < r->end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+            p++;
+        if (p > run && gp_buf_append(&r->str, run, (size_t)(p - run)) < 0)
+            return false;
+        if (p >= r->end || (unsigned char)*p < 0x20)
+            return false;
+        if (*p == '"')
+            break;
+        if (p + 1 >= r->end)
+            return false;
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *k = memchr(from, p[1], sizeof from - 1);
+        if (!k || gp_buf_append(&r->str, &to[k - from], 1) < 0)
+            return false;
+        p += 2;
+    }
+    r->p = p + 1;
+    return gp_utf8_valid(r->str.data ? r->str.data : "", r->str.len);
+}
+
+/* An integer as jansson reads it (no leading zero, fits int64); a real
+ * (fraction, exponent) declines. */
+static json_t *fast_int(fastrd *r)
+{
+    const char *p = r->p;
+    bool neg = p < r->end && *p == '-';
+    p += neg;
+    const char *d = p;
+    while (p < r->end && *p >= '0' && *p <= '9')
+        p++;
+    size_t nd = (size_t)(p - d);
+    if (nd == 0 || nd > 18 || (nd > 1 && *d == '0') ||
+        (p < r->end && (*p == '.' || *p == 'e' || *p == 'E')))
+        return NULL;
+    long long v = 0;
+    for (const char *c = d; c < p; c++)
+        v = v * 10 + (*c - '0');
+    r->p = p;
+    return json_integer(neg ? -v : v);
+}
+
+static json_t *fast_value(fastrd *r, int depth);
+
+static json_t *fast_container(fastrd *r, int depth)
+{
+    bool obj = *r->p == '{';
+    json_t *c = obj ? json_object() : json_array();
+    r->p++;
+    fast_ws(r);
+    if (!c || r->p >= r->end)
+        goto no;
+    if (*r->p == (obj ? '}' : ']')) {
+        r->p++;
+        return c;
+    }
+    for (;;) {
+        fast_ws(r);
+        if (obj) {
+            if (r->p >= r->end || *r->p != '"' || !fast_str(r) ||
+                gp_buf_append(&r->str, "", 0) < 0 || json_object_get(c, r->str.data))
+                goto no;
+            /* the key is reused by the value's decoding: keep a copy */
+            char kb[128], *key = r->str.len < sizeof kb ? kb : strdup(r->str.data);
+            if (key == kb)
+                memcpy(kb, r->str.data, r->str.len + 1);
+            if (!key || strlen(key) != r->str.len) { /* (a NUL comes only by \u) */
+                if (key != kb)
+                    free(key);
+                goto no;
+            }
+            fast_ws(r);
+            json_t *v = r->p < r->end && *r->p == ':' ? (r->p++, fast_value(r, depth)) : NULL;
+            int rc = v ? json_object_set_new_nocheck(c, key, v) : -1;
+            if (key != kb)
+                free(key);
+            if (rc < 0)
+                goto no;
+        } else {
+            json_t *v = fast_value(r, depth);
+            if (!v || json_array_append_new(c, v) < 0)
+                goto no;
+        }
+        fast_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            continue;
+        }
+        if (r->p < r->end && *r->p == (obj ? '}' : ']')) {
+            r->p++;
+            return c;
+        }
+        goto no;
+    }
+no:
+    json_decref(c);
+    return NULL;
+}
+
+static json_t *fast_value(fastrd *r, int depth)
+{
+    fast_ws(r);
+    if (r->p >= r->end)
+        return NULL;
+    char c = *r->p;
+    if (c == '{' || c == '[')
+        return depth < 32 ? fast_container(r, depth + 1) : NULL;
+    if (c == '"')
+        return fast_str(r) ? json_stringn_nocheck(r->str.data ? r->str.data : "", r->str.len)
+                           : NULL;
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return fast_int(r);
+    static const char *const lits[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        size_t n = strlen(lits[k]);
+        if ((size_t)(r->end - r->p) >= n && memcmp(r->p, lits[k], n) == 0) {
+            r->p += n;
+            /* "trueX" is one bad token to jansson */
+            if (r->p < r->end && ((*r->p >= 'a' && *r->p <= 'z') || (*r->p >= 'A' && *r->p <= 'Z') ||
+                                  (*r->p >= '0' && *r->p <= '9') || *r->p == '_'))
+                return NULL;
+            return k == 0 ? json_true() : k == 1 ? json_false() : json_null();
+        }
+    }
+    return NULL;
+}
+
+json_t *gp_json_load_fast(const char *s, size_t n)
+{
+    fastrd r = {s, s + n, {0}};
+    gp_buf_init(&r.str);
+    fast_ws(&r);
+    json_t *v = r.p < r.end && (*r.p == '{' || *r.p == '[') ? fast_value(&r, 0) : NULL;
+    fast_ws(&r);
+    if (v && r.p != r.end) { /* more after the value */
+        json_decref(v);
+        v = NULL;
+    }
+    gp_buf_free(&r.str);
+    return v;
+}
