@@ -64,6 +64,9 @@ static const gps_relay_ops OPS = {
     .render_event = render_event,
 };
 
+#define TOOLS_IGNORED                                                                      \
+    "tools were ignored: no live agent serving this model reports supports_tools"
+
 static json_t *meta_of(rs_stream *st, gps_job *job)
 {
     json_t *meta = gps_pool_meta(job);
@@ -72,10 +75,35 @@ static json_t *meta_of(rs_stream *st, gps_job *job)
     json_array_foreach(st->warnings, i, w)
         json_array_append(json_object_get(meta, "warnings"), w);
     if (meta && st->tools_ignored)
-        json_array_append_new(json_object_get(meta, "warnings"),
-                              json_string("tools were ignored: no live agent serving this model "
-                                          "reports supports_tools"));
+        json_array_append_new(json_object_get(meta, "warnings"), json_string(TOOLS_IGNORED));
     return meta;
+}
+
+/* meta_of's object as text in buf (gps_pool_meta_append: no tree; issue
+ * 24): the text, or NULL for none (as meta_of's NULL). The request's
+ * warnings are distinct (each names its tool), so listing each once is
+ * what meta_of's append does. */
+static const char *meta_text(rs_stream *st, gps_job *job, gp_buf *buf)
+{
+    enum { MAXW = 16 };
+    const char *extra[MAXW + 1];
+    size_t n = 0, i;
+    json_t *w;
+    json_array_foreach(st->warnings, i, w)
+    {
+        if (n < MAXW && json_string_value(w))
+            extra[n++] = json_string_value(w);
+    }
+    if (st->tools_ignored)
+        extra[n++] = TOOLS_IGNORED;
+    int rc = json_array_size(st->warnings) <= MAXW ? gps_pool_meta_append(buf, job, extra, n) : -1;
+    if (rc < 0) { /* ENOMEM, or more warnings than listed here: the tree's dump */
+        json_t *meta = meta_of(st, job);
+        buf->len = 0;
+        rc = meta && gp_json_dump_append(buf, meta) == 0 ? 0 : 1;
+        json_decref(meta);
+    }
+    return rc == 0 ? (buf->data ? buf->data : "") : NULL;
 }
 
 /* store: keep the finished response for later references; obj: its
@@ -121,13 +149,14 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
         /* The response is written as text once (issue 24): the store keeps
          * it, the client gets it with x_pool_meta added last. */
-        json_t *meta = meta_of(st, job);
-        gp_buf fin;
+        gp_buf meta, fin;
+        gp_buf_init(&meta);
         gp_buf_init(&fin);
+        const char *mt = meta_text(st, job, &meta);
         if (st->stream) {
             ensure_started(st, job);
-            gps_resp_close_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, meta,
-                                st->state ? &fin : NULL);
+            gps_resp_close_meta_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, mt,
+                                     meta.len, st->state ? &fin : NULL);
             save(st, &fin);
             gps_relay_end_stream(&st->rl);
         } else {
@@ -135,13 +164,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
             if (gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) < 0)
                 fin.len = 0;
             save(st, &fin);
-            if (fin.len && gps_resp_render_meta(&fin, 0, meta) < 0)
+            if (fin.len && gps_resp_render_meta_text(&fin, 0, mt, meta.len) < 0)
                 fin.len = 0;
             gps_relay_end_body_text(&st->rl, fin.len ? fin.data : "{}", fin.len ? fin.len : 2,
                                     true);
         }
         gp_buf_free(&fin);
-        json_decref(meta);
+        gp_buf_free(&meta);
         return true;
     }
     if (type == GPS_EV_ERROR) {

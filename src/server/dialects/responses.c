@@ -829,7 +829,7 @@ int gps_resp_render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *ca
                       prompt_tokens, completion_tokens);
 }
 
-int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
+int gps_resp_render_meta_text(gp_buf *out, size_t from, const char *meta, size_t meta_len)
 {
     if (!meta)
         return 0;
@@ -837,7 +837,7 @@ int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
         return -1;
     size_t at = out->len;
     out->len--;
-    if (LIT(out, ",\"x_pool_meta\":") < 0 || gp_json_dump_append(out, meta) < 0 ||
+    if (LIT(out, ",\"x_pool_meta\":") < 0 || gp_buf_append(out, meta, meta_len) < 0 ||
         LIT(out, "}") < 0) {
         out->len = at;
         out->data[at - 1] = '}';
@@ -845,6 +845,19 @@ int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
         return -1;
     }
     return 0;
+}
+
+int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
+{
+    if (!meta)
+        return 0;
+    gp_buf m;
+    gp_buf_init(&m);
+    int rc = gp_json_dump_append(&m, meta) == 0
+                 ? gps_resp_render_meta_text(out, from, m.data ? m.data : "", m.len)
+                 : -1;
+    gp_buf_free(&m);
+    return rc;
 }
 
 /* One event: `type` and `sequence_number` added to ev (stolen). */
@@ -1192,9 +1205,10 @@ void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
     json_decref(meta);
 }
 
-void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                         const char *finish_reason, long long prompt_tokens,
-                         long long completion_tokens, const json_t *meta, gp_buf *fin)
+void gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                              const char *finish_reason, long long prompt_tokens,
+                              long long completion_tokens, const char *meta, size_t meta_len,
+                              gp_buf *fin)
 {
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *type = incomplete ? "response.incomplete" : "response.completed";
@@ -1207,7 +1221,8 @@ void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *cal
                completion_tokens) < 0) {
         /* A string jansson refuses: the tree, as gps_resp_close_final. */
         json_t *f = gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
-                                         completion_tokens, json_incref((json_t *)meta));
+                                         completion_tokens,
+                                         meta ? json_loadb(meta, meta_len, 0, NULL) : NULL);
         if (f && fin && gp_json_dump_append(fin, f) < 0)
             fin->len = from;
         json_decref(f);
@@ -1219,10 +1234,22 @@ void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *cal
     size_t obj = sse->len + sizeof "\"response\":" - 1;
     bool ok = LIT(sse, "\"response\":") == 0 &&
               gp_buf_append(sse, r->data + from, r->len - from) == 0 &&
-              gps_resp_render_meta(sse, obj, meta) == 0;
+              gps_resp_render_meta_text(sse, obj, meta, meta_len) == 0;
     ev_end(o, sse, at, type, ok);
 done:
     gp_buf_free(&own);
+}
+
+void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                         const char *finish_reason, long long prompt_tokens,
+                         long long completion_tokens, const json_t *meta, gp_buf *fin)
+{
+    gp_buf m;
+    gp_buf_init(&m);
+    bool have = meta && gp_json_dump_append(&m, meta) == 0;
+    gps_resp_close_meta_text(o, sse, calls, finish_reason, prompt_tokens, completion_tokens,
+                             have ? (m.data ? m.data : "") : NULL, m.len, fin);
+    gp_buf_free(&m);
 }
 
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,

@@ -136,6 +136,12 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
 void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
                          const char *finish_reason, long long prompt_tokens,
                          long long completion_tokens, const json_t *meta, gp_buf *fin);
+/* The same with x_pool_meta as its compact JSON text (meta_len bytes,
+ * gps_pool_meta_append's; meta NULL: none), copied as it is (issue 24). */
+void gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                              const char *finish_reason, long long prompt_tokens,
+                              long long completion_tokens, const char *meta, size_t meta_len,
+                              gp_buf *fin);
 
 /* Non-streaming: make the output items the whole text (one message) and
  * the calls, as gps_resp_object does before it builds the object. */
@@ -152,6 +158,8 @@ int gps_resp_render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *ca
  * json_object_set_new(r, "x_pool_meta", meta) and a dump would. meta NULL:
  * nothing. 0, or -1 with out as it was. */
 int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta);
+/* The same with x_pool_meta as text (meta_len bytes; NULL: nothing). */
+int gps_resp_render_meta_text(gp_buf *out, size_t from, const char *meta, size_t meta_len);
 
 /* Non-streaming: the whole text and calls as one response object (new
  * reference); meta stolen. Also what response.completed carries. The
