@@ -21,7 +21,7 @@
 #include <jansson.h>
 
 #include "agent/agent_facts.h"
-#include "agent/agent_json.h"
+#include "common/gp_json.h"
 #include "agent/agent_util.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -1566,7 +1566,7 @@ static void handle_done(agent *a, CURLMsg *m)
     bool fast = r->kind == REQ_EVENTS_BATCH && rc == CURLE_OK && status == 200 &&
                 batch_done_fast(a, r);
     if (rc == CURLE_OK && r->resp.len > 0 && !fast)
-        body = agent_json_loadb(r->resp.data, r->resp.len);
+        body = gp_json_loadb(r->resp.data, r->resp.len);
     if (rc == CURLE_OK && status == 200 && !fast && !json_is_object(body) &&
         (r->kind != REQ_WORK || r->resp.len > 0)) {
         /* A 200 must carry a JSON object; anything else is a broken server

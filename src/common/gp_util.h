@@ -118,15 +118,6 @@ int gp_json_str_append(gp_buf *out, const char *s);
  * 0, or -1 (ENOMEM, or a string that is not UTF-8, which json_dumps refuses
  * too; out then holds a partial dump). */
 int gp_json_dump_append(gp_buf *out, const struct json_t *v);
-/* json_loadb(s, n, JSON_REJECT_DUPLICATES) for the JSON a client or agent
- * usually sends, at a fraction of its cost (issue 24: ~15,000 instructions
- * for a 70-byte request body, ~5,000 this way): an object or array of objects, arrays,
- * strings (escapes other than \\u), integers, true, false and null. The
- * same tree as json_loadb's, or NULL when the text has anything else (a
- * real, a \\u escape, text that is not UTF-8, a duplicate key, deep
- * nesting, an error): the caller then asks json_loadb, which decides and
- * says why. New reference. */
-struct json_t *gp_json_load_fast(const char *s, size_t n);
 /* Sort the elements of a JSON array in place with cmp, which compares two
  * `json_t *const *` as qsort does. 0, or -1 (ENOMEM: the array is left as
  * it was). */

@@ -26,6 +26,7 @@
 #include <event2/util.h>
 
 #include "common/gp_log.h"
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/http/errors.h"
 #include "server/http/tls.h"
@@ -279,7 +280,7 @@ json_t *gps_req_json(gps_req *r)
     json_error_t je;
     /* The usual body without jansson's parser (a third of its cost); the
      * rest, and every error message, from json_loadb. */
-    json_t *j = gp_json_load_fast(body, len);
+    json_t *j = gp_json_read(body, len);
     if (!j)
         j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     free(body);

@@ -24,6 +24,3 @@ gp_add_unit_test(test_openai_count
 gp_add_unit_test(test_openai_embed
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_embed.c
   LIBS gpupool_agent_base)
-gp_add_unit_test(test_agent_json
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_json.c
-  LIBS gpupool_agent_base)

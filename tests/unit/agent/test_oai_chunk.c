@@ -14,7 +14,7 @@
 #include <jansson.h>
 
 #include "agent/oai_chunk.h"
-#include "mutate.h"
+#include "../common/mutate.h"
 
 /* What handle_object takes from a chunk (the oracle): 1 and what it
  * reads, or 0 when jansson refuses the chunk. */

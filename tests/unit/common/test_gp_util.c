@@ -368,89 +368,6 @@ static void test_json_array_sort(void **st)
     json_decref(e);
 }
 
-/* gp_json_load_fast (issue 24): never accepts what json_loadb refuses, and
- * what it accepts is json_loadb's tree (types and key order included: the
- * dumps are compared). Fixed cases, then every one-byte mutation (a byte
- * replaced by one of a set of JSON-significant bytes, or deleted) of
- * typical request bodies. */
-static void check_fast(const char *s, size_t n, int *accepted)
-{
-    json_t *f = gp_json_load_fast(s, n);
-    json_t *j = json_loadb(s, n, JSON_REJECT_DUPLICATES, NULL);
-    if (f) {
-        if (!j)
-            fail_msg("fast accepted what json_loadb refuses: %.*s", (int)n, s);
-        char *a = json_dumps(f, JSON_COMPACT | JSON_ENCODE_ANY);
-        char *b = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (!json_equal(f, j) || strcmp(a, b) != 0)
-            fail_msg("trees differ for %.*s: %s vs %s", (int)n, s, a, b);
-        free(a);
-        free(b);
-        (*accepted)++;
-    }
-    json_decref(f);
-    json_decref(j);
-}
-
-static void test_json_load_fast(void **state)
-{
-    (void)state;
-    static const char *const yes[] = {
-        "{\"model\":\"m1\",\"prompt\":\"Hello\",\"max_tokens\":64,\"stream\":true}",
-        " { \"a\" : [ 1 , -2 , 0 , -0 , true , false , null , { } , [ ] ] , \"\" : \"\" } \n",
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"line\\none \\\"q\\\" \\\\ \\/ \\t\\b\\f\\r\"}]}",
-        "[\"caf\xc3\xa9\",\"\xe2\x82\xac\",123456789012345678,-123456789012345678]",
-        "{\"k\x7f\":\"del \x7f ok\"}",
-    };
-    static const char *const no[] = {
-        "{\"t\":0.7}", "{\"t\":1e3}", "{\"u\":\"\\u0041\"}", "{\"a\":1,\"a\":2}", "{\"a\":01}",
-        "{\"a\":1234567890123456789}", "{\"a\":\"\xff\"}", "{\"a\":\"tab\there\"}", "\"x\"", "1",
-        "{\"a\":1}x", "{\"a\":truex}", "{\"a\":-}", "{\"a\":\"\\x\"}", "{\"a\" 1}", "{,}", "[1,]",
-        "{\"a\":1,}", "", "   ", "{\"a\":\"unterminated}",
-    };
-    int acc = 0;
-    for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
-        int before = acc;
-        check_fast(yes[i], strlen(yes[i]), &acc);
-        if (acc == before)
-            fail_msg("fast declined %s", yes[i]);
-    }
-    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
-        json_t *f = gp_json_load_fast(no[i], strlen(no[i]));
-        if (f)
-            fail_msg("fast accepted %s", no[i]);
-    }
-    char deep[200];
-    memset(deep, '[', 100);
-    memset(deep + 100, ']', 100);
-    assert_null(gp_json_load_fast(deep, 200)); /* declined: json_loadb decides */
-    /* One-byte mutations of typical bodies. */
-    static const char sig[] = "{}[]\",:\\ 0-1.etfn\x01\xc3";
-    int muts = 0;
-    acc = 0;
-    for (size_t i = 0; i < 3; i++) {
-        const char *b = yes[i];
-        size_t n = strlen(b);
-        char *m = malloc(n + 1);
-        for (size_t at = 0; at < n; at++) {
-            for (size_t k = 0; k <= sizeof sig - 1; k++) {
-                memcpy(m, b, n);
-                size_t mn = n;
-                if (k == sizeof sig - 1) { /* delete the byte */
-                    memmove(m + at, m + at + 1, n - at - 1);
-                    mn = n - 1;
-                } else {
-                    m[at] = sig[k];
-                }
-                check_fast(m, mn, &acc);
-                muts++;
-            }
-        }
-        free(m);
-    }
-    assert_true(acc > 0 && acc < muts);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -462,7 +379,6 @@ int main(void)
         cmocka_unit_test(test_reals_agree_with_jansson),
         cmocka_unit_test(test_json_array_sort),
         cmocka_unit_test(test_int_and_str_append),
-        cmocka_unit_test(test_json_load_fast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,10 @@
 /*
- * libFuzzer target: the agent's own reader of the server's replies
- * (src/agent/agent_json.c) against jansson's, on the same bytes.
- * Checked: agent_json_loadb gives exactly json_loadb's answer (both NULL,
+ * libFuzzer target: gp_json (src/common/gp_json.c), the reader of the
+ * agent's replies and the server's request bodies, against jansson's, on
+ * the same bytes.
+ * Checked: gp_json_loadb gives exactly json_loadb's answer (both NULL,
  * or trees whose ordered compact dumps are the same bytes), and the reader
- * alone (agent_json_read) never gives a tree json_loadb would not.
+ * alone (gp_json_read) never gives a tree json_loadb would not.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -12,7 +13,7 @@
 
 #include <jansson.h>
 
-#include "agent/agent_json.h"
+#include "common/gp_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -36,9 +37,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *p = (const char *)data;
     json_t *want = json_loadb(p, size, 0, NULL);
-    json_t *got = agent_json_loadb(p, size);
+    json_t *got = gp_json_loadb(p, size);
     check_same(want, got);
-    json_t *fast = agent_json_read(p, size);
+    json_t *fast = gp_json_read(p, size);
     if (fast)
         check_same(want, fast);
     json_decref(fast);

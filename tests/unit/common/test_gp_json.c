@@ -1,5 +1,5 @@
-/* Unit tests for agent_json.h (issue 24, fourth round): whatever text it
- * is given, agent_json_loadb returns what json_loadb(p, n, 0, NULL)
+/* Unit tests for gp_json.h (issue 24, fourth round): whatever text it
+ * is given, gp_json_loadb returns what json_loadb(p, n, 0, NULL)
  * returns: both NULL, or trees whose dumps agree byte for byte (types,
  * values, key order, a duplicate key's place). */
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "agent/agent_json.h"
+#include "common/gp_json.h"
 #include "mutate.h"
 
 /* Both readers over p[0..n): they agree, and so does the reader alone
@@ -22,10 +22,10 @@
 static bool agree(const char *p, size_t n)
 {
     json_t *want = json_loadb(p, n, 0, NULL);
-    json_t *own = agent_json_read(p, n);
+    json_t *own = gp_json_read(p, n);
     if (own && !want)
         fail_msg("read what jansson refuses: %.*s", (int)n, p);
-    json_t *got = own ? own : agent_json_loadb(p, n);
+    json_t *got = own ? own : gp_json_loadb(p, n);
     if (!want) {
         if (got)
             fail_msg("read what jansson refuses: %.*s", (int)n, p);
@@ -101,6 +101,21 @@ static void test_texts_agree(void **state)
     agree("{\"a\":\"x\0y\"}", 11);
 }
 
+/* A duplicate key is left to json_loadb, so that a caller's
+ * JSON_REJECT_DUPLICATES (the server's request bodies) still refuses it. */
+static void test_duplicate_declined(void **state)
+{
+    (void)state;
+    const char *t = "{\"model\":\"a\",\"n\":{\"x\":1,\"x\":2},\"model\":\"b\"}";
+    assert_null(gp_json_read(t, strlen(t)));
+    assert_false(agree_s(t)); /* the last one wins, as jansson's */
+    assert_null(json_loadb(t, strlen(t), JSON_REJECT_DUPLICATES, NULL));
+    const char *u = "{\"a\":1,\"b\":{\"a\":2}}"; /* the same key at two levels */
+    json_t *j = gp_json_read(u, strlen(u));
+    assert_non_null(j);
+    json_decref(j);
+}
+
 /* Deep nesting, past this reader's depth and past jansson's. */
 static void test_deep(void **state)
 {
@@ -157,6 +172,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_texts_agree),
         cmocka_unit_test(test_deep),
+        cmocka_unit_test(test_duplicate_declined),
         cmocka_unit_test(test_mutations_agree),
         cmocka_unit_test(test_every_byte_in_strings),
     };

@@ -1,9 +1,9 @@
 /*
- * agent_json: see agent_json.h. A strict recursive reader that builds the
+ * gp_json: see gp_json.h. A strict recursive reader that builds the
  * tree with jansson's own constructors; every doubt is a NULL that sends
  * the whole text to json_loadb.
  */
-#include "agent/agent_json.h"
+#include "common/gp_json.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -192,8 +192,13 @@ static json_t *read_object(rd *r)
             r->p++;
             v = read_value(r);
         }
-        /* Same as jansson's decoder: a later duplicate replaces the value
-         * where the first one stood. */
+        /* A duplicate key declines: json_loadb then decides, by the
+         * caller's flags (the last one wins by default; the server's
+         * request bodies are read with JSON_REJECT_DUPLICATES, an error). */
+        if (v && json_object_getn(o, key, kn)) {
+            json_decref(v);
+            v = NULL;
+        }
         int rc = v ? json_object_setn_new_nocheck(o, key, kn, v) : -1;
         if (key != small)
             free(key);
@@ -293,7 +298,7 @@ static bool c_decimal_point(void)
     return lc && lc->decimal_point && strcmp(lc->decimal_point, ".") == 0;
 }
 
-json_t *agent_json_read(const char *p, size_t n)
+json_t *gp_json_read(const char *p, size_t n)
 {
     rd r = {.p = p, .end = p + n};
     gp_buf_init(&r.scratch);
@@ -310,8 +315,8 @@ json_t *agent_json_read(const char *p, size_t n)
     return v;
 }
 
-json_t *agent_json_loadb(const char *p, size_t n)
+json_t *gp_json_loadb(const char *p, size_t n)
 {
-    json_t *v = agent_json_read(p, n);
+    json_t *v = gp_json_read(p, n);
     return v ? v : json_loadb(p, n, 0, NULL);
 }
