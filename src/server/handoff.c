@@ -1085,6 +1085,10 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
         json_decref(free_arr);
         return;
     }
+    if (slots != h->peer_free_slots)
+        gp_log_write(GP_LOG_DEBUG, "handoff_peers_free", NULL,
+                     json_pack("{s:s,s:I}", "server_id", h->id, "slots", (json_int_t)slots),
+                     "the other live servers' free agents have %lld slots", slots);
     json_decref(h->peer_free);
     h->peer_free = free_arr;
     h->peer_free_slots = slots;

@@ -490,6 +490,82 @@ class HandoffPgTest(harness.TestCase):
         self.assertEqual(len(b.log_events("job_handoff_running")), 1)
         self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
 
+    def test_issue28_queued_not_offered_while_peers_busy(self):
+        # Both servers' one agent is busy. A job queued at A is not written
+        # to handoffs (no peer could claim it: migration 0013's free slots
+        # say so) and A logs it held. When B's agent frees up (its client
+        # leaves), B publishes its free slot and notifies; A offers the
+        # still-queued job and B runs it, exactly once, while A's agent is
+        # still busy. On the code before, the job was offered at once (a
+        # handoffs row per queued job, busy peer or not): no
+        # job_handoff_held, a row in the table.
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        up_b = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120",
+                                                        "--log_level", "debug"])
+
+        def peer_slots():
+            evs = a.log_events("handoff_peers_free")
+            return evs[-1].get("slots") if evs else None
+        harness.wait_until(lambda: peer_slots() == 1, timeout=60, interval=0.1,
+                           what="A reads B's free slot")
+        s_a = self.stream(a, "long on a", 400)
+        self.assertIsNotNone(s_a.next_event(timeout=60))
+        s_b = self.stream(b, "long on b", 400)
+        self.assertIsNotNone(s_b.next_event(timeout=60))
+        # B's busy agent reaches A (its free slots written, notified, read).
+        harness.wait_until(lambda: peer_slots() == 0, timeout=60, interval=0.1,
+                           what="A reads that B has no free slot")
+        get = harness.in_thread(self.chat, a, "wait for b", 6)
+        harness.wait_until(lambda: a.log_events("job_handoff_held"), timeout=60,
+                           interval=0.1, what="the queued job held at A")
+        self.assertEqual(a.log_events("job_handoff_offered"), [])
+        self.assertEqual(self.sql("SELECT count(*) FROM handoffs"), [["0"]])
+        s_b.close()  # B's agent frees up: the job goes there
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("wait for b", 6))
+        on_a, on_b = self.prompts_seen(up_a), self.prompts_seen(up_b)
+        self.assertEqual(on_a.count("wait for b") + on_b.count("wait for b"), 1)
+        self.assertIn("wait for b", on_b)
+        self.assertEqual([e.get("queued_here") for e in a.log_events("job_handoff_offered")],
+                         [True])
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        self.assertEqual(a.log_events("job_handoff_withdrawn"), [])
+        s_a.close()
+
+    def test_issue28_fallback_only_peer_runs_the_job(self):
+        # A's agent serves m1 and is busy; B's serves only m2. A job for m1
+        # with fallback_models [m2] waits in A's queue, is offered (B has a
+        # free agent for its fallback), and B claims it and runs it under
+        # m2. On the code before, A never offered it (no peer served m1)
+        # and B never claimed such an offer (it matched the model only):
+        # it waited in A's queue until its queue timeout (503).
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        up_b = self.h.start_upstream(["--tokens", "40"])
+        key_a = self.h.create_key(self.uri, "agent", "agentA")
+        a, b = self.start_server(["--queue_timeout_sec", "15"]), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=a.url), upstream=up_a, model="m1",
+                           slots=1, token=key_a)
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up_b, model="m2",
+                           slots=1, token=self.agent_key)
+        for srv, model in ((a, "m2"), (b, "m1")):
+            harness.wait_until(lambda: srv.parked() >= 1, timeout=60, interval=0.1,
+                               what="the agent parked on its server")
+            harness.wait_until(
+                lambda: any(model in (e.get("models") or [])
+                            for e in srv.log_events("handoff_peers")),
+                timeout=60, interval=0.1, what="each server learns what the other serves")
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        st, _, r = self.chat(a, "falls back", 7, x_pool_options={"fallback_models": ["m2"]})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("falls back", 7))
+        self.assertEqual(self.prompts_seen(up_b), ["falls back"])
+        self.assertNotIn("falls back", self.prompts_seen(up_a))
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        s.close()
+
     def test_queued_job_back_home_after_claimer_lost(self):
         # A job queued at A (its agent busy) is claimed by B, whose upstream
         # holds the first token; B is killed -9. Once B's lease has ended
