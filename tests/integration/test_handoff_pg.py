@@ -462,11 +462,13 @@ class HandoffPgTest(harness.TestCase):
 
     def test_queued_offer_keeps_its_labels(self):
         # A's agent is labelled gpu=a100 and busy; B's has no label. A job
-        # that asks for gpu=a100 is offered but B never claims it (its
-        # agent does not meet the constraint): it runs on A's agent once
-        # that is free. A job without the label, sent after it, is claimed
-        # by B meanwhile. On the code before (the offer carried the wire
-        # object only), B claimed the first and ran it on its own agent.
+        # that asks for gpu=a100 is never run by B (its agent does not meet
+        # the constraint): since migration 0013 it is not even offered (B's
+        # free agents, as B writes them, lack the label; before, it was
+        # offered and B left it unclaimed). It runs on A's agent once that
+        # is free. A job without the label, sent after it, is offered and
+        # claimed by B meanwhile. On the code before the constraints (the
+        # offer carried the wire object only), B ran the first.
         up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "50"])
         up_b = self.h.start_upstream(["--tokens", "40"])
         a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"],
@@ -475,12 +477,12 @@ class HandoffPgTest(harness.TestCase):
         self.assertIsNotNone(s.next_event(timeout=60))
         labelled = harness.in_thread(self.chat, a, "needs a100", 5,
                                      x_pool_options={"labels": {"gpu": "a100"}})
-        harness.wait_until(lambda: len(a.log_events("job_handoff_offered")) == 1,
-                           timeout=60, interval=0.1, what="the labelled job offered")
+        harness.wait_until(lambda: len(a.log_events("job_handoff_held")) == 1,
+                           timeout=60, interval=0.1, what="the labelled job held, not offered")
         st, _, r = self.chat(a, "any gpu", 5)
         self.assertEqual(st, 200, r)
         self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
-        self.assertEqual(self.sql("SELECT state FROM handoffs"), [["waiting"]])
+        self.assertEqual(len(a.log_events("job_handoff_offered")), 1)
         s.close()  # A's agent frees up: the labelled job runs there
         st, _, r = labelled(timeout=180)
         self.assertEqual(st, 200, r)
@@ -488,7 +490,8 @@ class HandoffPgTest(harness.TestCase):
         self.assertIn("needs a100", self.prompts_seen(up_a))
         self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
         self.assertEqual(len(b.log_events("job_handoff_running")), 1)
-        self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
+        self.assertEqual(len(a.log_events("job_handoff_offered")), 1)
+        self.assertEqual(a.log_events("job_handoff_withdrawn"), [])
 
     def test_issue28_queued_not_offered_while_peers_busy(self):
         # Both servers' one agent is busy. A job queued at A is not written
