@@ -100,14 +100,15 @@ def chat(harness, url, key, tokens, prompt):
 
 def busy(harness, h, db, uri, key, args, fast, st):
     """The --busy run: both servers' agents busy, both queues long."""
+    # Agent keys before the servers: a server reads its keys at start.
+    akeys = [h.create_key(uri, "agent", "agent" + name) for name in "AB"]
     ups, srvs = [], []
     for name in ("A", "B"):
         ups.append(h.start_upstream(["--tokens", "400", "--pace-ms", "20"]))
         srvs.append(h.start_server(fast + st + ["--log_level", "warn",
                                                 "--queue_timeout_sec", "300"],
                                    db=uri, key=key, name="server" + name))
-    for name, srv, up in zip("AB", srvs, ups):
-        akey = h.create_key(uri, "agent", "agent" + name)
+    for name, srv, up, akey in zip("AB", srvs, ups, akeys):
         h.start_agent(types.SimpleNamespace(url=srv.url), upstream=up, model="m1", slots=1,
                       token=akey, name="agent" + name)
         srv.wait_model("m1")

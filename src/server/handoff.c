@@ -505,6 +505,8 @@ static void proxy_flush(proxy *p);
 
 static void claim(gps_handoff *h);
 
+static void publish_free(gps_handoff *h, bool force);
+
 static void proxy_drop_sub(proxy *p);
 
 static void batch_tick(evutil_socket_t fd, short what, void *arg)
@@ -574,6 +576,7 @@ static void flush_done(void *arg, int status, const gps_store_cells *res)
         p->done = true;
         proxy_drop_sub(p);
         claim(p->h); /* its slot is free: an offer may be waiting */
+        publish_free(p->h, false); /* or one may wait in a peer's queue, not offered */
     }
 }
 
