@@ -4,6 +4,7 @@
 
   python3 bench/handoff_bench.py BUILD_DIR [--reps 40] [--tokens 8]
   python3 bench/handoff_bench.py BUILD_DIR --busy [--jobs 40] [--tokens 8]
+  python3 bench/handoff_bench.py BUILD_DIR --queued [--reps 40] [--tokens 8]
 
 Starts, on 127.0.0.1, a PostgreSQL (tests/integration/pg.py, Debian's
 binaries), two gpupool-servers A and B on it, a scripted upstream (a token
@@ -25,6 +26,11 @@ claims; printed per job, with the whole run's time and the jobs that ran
 on the other server. The table's writes and their round trips are the
 cost: before migration 0013 every queued job was offered (one insert, then
 a withdraw or a claim), busy peer or not.
+
+--queued: a job waits in A's queue while A's and B's one agent are busy;
+B's client leaves: the time from then to the job's first token (on B). The
+price of offering only where a peer has a free agent: the offer now waits
+for B to say so (its free slots, notified).
 """
 
 import argparse
@@ -141,6 +147,69 @@ def busy(harness, h, db, uri, key, args, fast, st):
                                                rows.get("claim", 0) / n, elsewhere / n))
 
 
+def first_token_at(harness, url, key, tokens, prompt, out):
+    """Stream one request; out["t"]: monotonic time of its first content token."""
+    body = {"model": "m1", "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": prompt}]}
+    s = harness.SSEStream("POST", url + "/v1/chat/completions", body,
+                          headers=harness.bearer(key), timeout=120)
+    try:
+        while True:
+            ev = s.next_event(timeout=120)
+            if ev is None or ev.get("data") == "[DONE]":
+                return
+            d = json.loads(ev["data"])
+            if "t" not in out and any((ch.get("delta") or {}).get("content")
+                                      for ch in d.get("choices") or []):
+                out["t"] = time.monotonic()
+    finally:
+        s.close()
+
+
+def queued(harness, h, uri, key, args, fast, st):
+    """The --queued run: a job waits in A's queue while both agents are
+    busy; B's client leaves (its agent frees up); the time from then to the
+    job's first token (it runs on B, A's agent still busy)."""
+    akeys = [h.create_key(uri, "agent", "agent" + name) for name in "AB"]
+    up = h.start_upstream(["--tokens", "400", "--pace-ms", "20"])
+    srvs = [h.start_server(fast + st + ["--log_level", "warn", "--queue_timeout_sec", "60"],
+                           db=uri, key=key, name="server" + name) for name in "AB"]
+    for srv, akey, name in zip(srvs, akeys, "AB"):
+        h.start_agent(types.SimpleNamespace(url=srv.url), upstream=up, model="m1", slots=1,
+                      token=akey, name="agent" + name)
+        srv.wait_model("m1")
+    time.sleep(3)
+    a, b = srvs
+    lat = []
+    for i in range(args.reps):
+        holds = []
+        for srv, name in ((a, "A"), (b, "B")):
+            s = harness.SSEStream("POST", srv.url + "/v1/chat/completions",
+                                  {"model": "m1", "stream": True, "max_tokens": 400,
+                                   "messages": [{"role": "user", "content": "hold %s %d"
+                                                 % (name, i)}]},
+                                  headers=harness.bearer(key), timeout=120)
+            if s.next_event(timeout=60) is None:
+                raise RuntimeError("hold stream ended")
+            holds.append(s)
+        time.sleep(1.5)  # each server reads that the other is busy
+        out = {}
+        get = harness.in_thread(first_token_at, harness, a.url, key, args.tokens,
+                                "queued %d" % i, out)
+        time.sleep(1.0)  # the job waits in A's queue
+        t0 = time.monotonic()
+        holds[1].close()  # B's agent frees up
+        get(timeout=120)
+        holds[0].close()
+        if "t" not in out:
+            raise RuntimeError("no token")
+        lat.append((out["t"] - t0) * 1000)
+        time.sleep(1.0)  # both agents free again
+    print("%d jobs queued at A while both agents were busy; from B's agent freeing up to "
+          "the job's first token:" % args.reps)
+    print("p50 %.1f ms  p95 %.1f ms  max %.1f ms" % (pct(lat, 50), pct(lat, 95), max(lat)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build_dir")
@@ -149,6 +218,8 @@ def main():
     ap.add_argument("--busy", action="store_true",
                     help="count the handoffs writes of a busy cluster instead")
     ap.add_argument("--jobs", type=int, default=40, help="--busy: requests to each server")
+    ap.add_argument("--queued", action="store_true",
+                    help="time a queued job takes to reach a peer that frees up instead")
     args = ap.parse_args()
     os.environ["GPUPOOL_BUILD_DIR"] = os.path.abspath(args.build_dir)
     import harness  # noqa: E402 (reads GPUPOOL_BUILD_DIR)
@@ -171,6 +242,9 @@ def main():
         st = ["--state_dir", h.tmp]
         if args.busy:
             busy(harness, h, db, uri, key, args, fast, st)
+            return
+        if args.queued:
+            queued(harness, h, uri, key, args, fast, st)
             return
         up = h.start_upstream(["--tokens", "400", "--pace-ms", "20"])
         a = h.start_server(fast + st + ["--log_level", "warn"], db=uri, key=key, name="serverA")
