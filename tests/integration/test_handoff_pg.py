@@ -21,6 +21,11 @@ is offered too and runs on B while A's agent is busy; 40 jobs racing A's
 agent (which withdraws an offer before it runs it) and B's claims each run
 once; a job asking for a label only A's agent has is never claimed by B.
 On the code before, such a job waited in A's queue.
+
+Offers only where a peer has a free agent (migration 0013, servers.free):
+with B's one agent busy, a job queued at A writes no handoffs row; once
+B's agent frees up it is offered and runs on B, once. A peer that serves
+only a job's fallback model claims it and runs it under the fallback.
 """
 
 import json
