@@ -22,6 +22,10 @@
  * one job (payload: its id): a relayed batch, its claim, its end. */
 #define CH_OFFER "gps_handoff_offer"
 #define CH_JOB "gps_handoff_job"
+/* A server's free slots changed (payload: its id; migration 0013): the
+ * others read them now and offer what waits in their queues. */
+#define CH_FREE "gps_handoff_free"
+#define PEER_OLD_SLOTS 1000000 /* a peer that never wrote servers.free: as before */
 
 /* An offered job this server follows (the client's server). */
 typedef struct follow {
@@ -67,10 +71,16 @@ struct gps_handoff {
     struct event *tick, *models_tick;
     gps_store_listener *listener; /* NULL: polls only */
     json_t *peer_models;  /* object: name -> true, what the other live servers serve */
+    json_t *peer_free;    /* array of {m, l, n} (or {m, any, n}): what their free
+                             ready agents could take now (migration 0013) */
+    long long peer_free_slots; /* the sum of peer_free's n */
+    json_t *free_sent;    /* what this server last wrote as its own (NULL: never) */
+    bool gate;            /* servers.free exists: queued jobs are offered only where
+                             a peer has a free agent that fits */
     follow *follows;
     proxy *proxies;
     bool claiming, mine_reading, peers_reading, sweeping, stopped;
-    bool claim_again, mine_again; /* woken while that read was in flight */
+    bool claim_again, mine_again, peers_again; /* woken while that read was in flight */
     uint64_t mine_sent_us;
 };
 
@@ -189,10 +199,81 @@ static follow *follow_find(gps_handoff *h, const char *job_id)
     return NULL;
 }
 
+/* Does a live peer serve the job's model or one of its fallbacks? */
 static bool can_offer(void *arg, const gps_job *job)
 {
     gps_handoff *h = arg;
-    return !h->stopped && json_object_get(h->peer_models, gps_job_model(job)) != NULL;
+    const char *names[1 + GPS_MAX_FALLBACK_MODELS];
+    size_t n = h->stopped ? 0 : gps_job_models(job, names, 1 + GPS_MAX_FALLBACK_MODELS);
+    for (size_t i = 0; i < n; i++)
+        if (json_object_get(h->peer_models, names[i]))
+            return true;
+    return false;
+}
+
+/* Offers of this server not claimed yet: each may take one of the peers'
+ * free slots. */
+static long long waiting_offers(const gps_handoff *h)
+{
+    long long n = 0;
+    for (const follow *f = h->follows; f; f = f->next)
+        n += !f->gone && f->attempt == 0;
+    return n;
+}
+
+/* Does one of the peers' free entries fit: a name of the job's, and its
+ * labels (an old peer's entry: labels unknown, taken as met)? */
+static bool entry_fits(const json_t *e, const char *const *names, size_t n, const json_t *labels)
+{
+    if (json_integer_value(json_object_get(e, "n")) <= 0)
+        return false;
+    const json_t *m = json_object_get(e, "m"), *v;
+    bool named = false;
+    size_t i;
+    json_array_foreach(m, i, v)
+    {
+        for (size_t k = 0; k < n && !named; k++)
+            named = json_is_string(v) && strcmp(json_string_value(v), names[k]) == 0;
+    }
+    if (!named || json_is_true(json_object_get(e, "any")))
+        return named;
+    const json_t *have = json_object_get(e, "l");
+    const char *key;
+    json_object_foreach((json_t *)labels, key, v)
+    {
+        const char *got = json_string_value(json_object_get(have, key));
+        if (!got || !json_is_string(v) || strcmp(got, json_string_value(v)) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* A job waiting in this server's queue is offered only while some live
+ * peer has a free agent that fits it (model or fallback, labels), and not
+ * beyond the peers' free slots: in a busy cluster no row is written that
+ * no peer could claim, and no withdraw is paid before a local dispatch.
+ * gps_jobs_offer_queued offers the rest when a peer frees up. Without
+ * migration 0013 as before: whenever a peer serves the model. */
+static bool can_offer_queued(void *arg, const gps_job *job)
+{
+    gps_handoff *h = arg;
+    if (h->stopped || !h->gate)
+        return can_offer(arg, job);
+    if (h->peer_free_slots <= waiting_offers(h))
+        return false;
+    const char *names[1 + GPS_MAX_FALLBACK_MODELS];
+    size_t n = gps_job_models(job, names, 1 + GPS_MAX_FALLBACK_MODELS);
+    json_t *c = gps_job_constraints(job);
+    const json_t *labels = json_object_get(c, "labels"), *e;
+    bool fits = false;
+    size_t i;
+    json_array_foreach(h->peer_free, i, e)
+    {
+        if ((fits = entry_fits(e, names, n, labels)))
+            break;
+    }
+    json_decref(c);
+    return fits;
 }
 
 static bool offer(void *arg, gps_job *job)
@@ -424,6 +505,8 @@ static void proxy_flush(proxy *p);
 
 static void claim(gps_handoff *h);
 
+static void publish_free(gps_handoff *h, bool force);
+
 static void proxy_drop_sub(proxy *p);
 
 static void batch_tick(evutil_socket_t fd, short what, void *arg)
@@ -493,6 +576,7 @@ static void flush_done(void *arg, int status, const gps_store_cells *res)
         p->done = true;
         proxy_drop_sub(p);
         claim(p->h); /* its slot is free: an offer may be waiting */
+        publish_free(p->h, false); /* or one may wait in a peer's queue, not offered */
     }
 }
 
@@ -652,6 +736,84 @@ static json_t *names_array(json_t *names)
     return arr;
 }
 
+typedef struct entries_acc {
+    sched *s;
+    json_t *by_key;       /* {m, l} as sorted JSON text -> {m, l, n} */
+} entries_acc;
+
+static void entries_cb(void *ud, registry_agent *a)
+{
+    entries_acc *acc = ud;
+    int n = a->state == REGISTRY_HEALTHY && sched_agent_is_ready(acc->s, a)
+                ? sched_agent_free_slots(acc->s, a)
+                : 0;
+    if (n <= 0)
+        return;
+    json_t *m = json_array(), *l = json_object();
+    for (size_t i = 0; m && i < a->n_models; i++) {
+        json_array_append_new(m, json_string(a->models[i].id));
+        for (size_t k = 0; k < a->models[i].n_aliases; k++)
+            json_array_append_new(m, json_string(a->models[i].aliases[k]));
+    }
+    for (size_t i = 0; l && i < a->n_labels; i++)
+        json_object_set_new(l, a->labels[i].key, json_string(a->labels[i].value));
+    json_t *e = m && l ? json_pack("{s:o,s:o}", "m", m, "l", l) : NULL;
+    if (!e) {
+        json_decref(m);
+        json_decref(l);
+        return;
+    }
+    char *key = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+    json_t *have = key ? json_object_get(acc->by_key, key) : NULL;
+    if (have) {
+        json_object_set_new(have, "n",
+                            json_integer(json_integer_value(json_object_get(have, "n")) + n));
+    } else if (key) {
+        json_object_set_new(e, "n", json_integer(n));
+        json_object_set(acc->by_key, key, e);
+    }
+    free(key);
+    json_decref(e);
+}
+
+/* What this server's free ready agents could take now (migration 0013):
+ * one {m, l, n} per distinct names and labels, n their free slots. New
+ * reference; NULL on ENOMEM. */
+static json_t *free_entries(gps_handoff *h)
+{
+    entries_acc acc = {.s = gps_jobs_sched(h->jobs), .by_key = json_object()};
+    json_t *arr = json_array();
+    if (acc.by_key && arr) {
+        registry_foreach(gps_jobs_registry(h->jobs), entries_cb, &acc);
+        const char *k;
+        json_t *v;
+        json_object_foreach(acc.by_key, k, v) json_array_append(arr, v);
+    }
+    json_decref(acc.by_key);
+    return arr;
+}
+
+/* Write this server's free entries when they changed (always with force:
+ * the models' period), and tell the others at once: a peer waiting with
+ * queued jobs offers them now rather than at its next read. */
+static void publish_free(gps_handoff *h, bool force)
+{
+    if (!h->gate)
+        return;
+    json_t *now = free_entries(h);
+    if (!now)
+        return;
+    bool changed = !h->free_sent || !json_equal(now, h->free_sent);
+    if ((changed || force) && gps_store_server_free(h->store, h->id, now) == 0) {
+        if (changed)
+            gps_store_notify(h->store, CH_FREE, h->id); /* after the write commits */
+        json_decref(h->free_sent);
+        h->free_sent = now;
+        return;
+    }
+    json_decref(now);
+}
+
 /* Which of the offers looked at (rows of job_id, model, constraints) a
  * free ready agent here can take, its constraints met (labels, tools,
  * embeddings, generation; one that prefers an agent only where that agent
@@ -700,6 +862,17 @@ static json_t *fitting(gps_handoff *h, const gps_store_cells *res)
         acc.found = NULL;
         if (id && model)
             registry_foreach(gps_jobs_registry(h->jobs), fit_cb, &acc);
+        /* A server that serves only a fallback runs the job under it (the
+         * local submit falls back as for a request of its own). */
+        size_t fi;
+        json_t *fv;
+        json_array_foreach(json_object_get(c, "fallback_models"), fi, fv)
+        {
+            if (acc.found || !id || !json_is_string(fv))
+                break;
+            sj.model = json_string_value(fv);
+            registry_foreach(gps_jobs_registry(h->jobs), fit_cb, &acc);
+        }
         if (acc.found) {
             json_int_t used = json_integer_value(json_object_get(acc.taken, acc.found->id));
             json_object_set_new(acc.taken, acc.found->id, json_integer(used + 1));
@@ -827,9 +1000,12 @@ static void tick(evutil_socket_t fd, short what, void *arg)
     gps_handoff *h = arg;
     reap(h);
     claim(h);
+    publish_free(h, false);
     follow_all(h);
     check_mine(h);
 }
+
+static void read_peers(gps_handoff *h);
 
 /* A notification (gps_store_listen): do now what the poll would do at its
  * next tick, for what it names only. channel NULL: the listener (re)starts
@@ -847,6 +1023,9 @@ static void woken(void *arg, const char *channel, const char *payload)
         claim(h);
         if (!payload || !*payload)
             follow_all(h); /* a sweep gave rows back: their claimer is gone */
+    } else if (strcmp(channel, CH_FREE) == 0) {
+        if (!payload || strcmp(payload, h->id) != 0)
+            read_peers(h); /* then what waits here is offered where it fits */
     } else if (strcmp(channel, CH_JOB) == 0 && payload) {
         follow *f = follow_find(h, payload);
         if (f)
@@ -868,10 +1047,13 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
 {
     gps_handoff *h = arg;
     h->peers_reading = false;
+    if (!h->stopped && h->peers_again)
+        read_peers(h); /* its answer comes after this one: that one decides */
     if (h->stopped || status != 0 || !res)
         return;
-    json_t *names = json_object();
-    for (size_t i = 0; names && i < res->nrows; i++) {
+    json_t *names = json_object(), *free_arr = json_array();
+    long long slots = 0;
+    for (size_t i = 0; names && free_arr && i < res->nrows; i++) {
         json_t *arr = res->cell[i * res->ncols] ? json_loads(res->cell[i * res->ncols], 0, NULL)
                                                 : NULL;
         size_t k;
@@ -881,10 +1063,38 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
             if (json_is_string(v))
                 json_object_set_new(names, json_string_value(v), json_true());
         }
+        const char *ftext = res->ncols >= 2 ? res->cell[i * res->ncols + 1] : NULL;
+        json_t *fr = ftext ? json_loads(ftext, 0, NULL) : NULL;
+        if (json_is_array(fr)) {
+            json_array_foreach(fr, k, v)
+            {
+                json_int_t n = json_integer_value(json_object_get(v, "n"));
+                if (n > 0 && json_is_array(json_object_get(v, "m"))) {
+                    json_array_append(free_arr, v);
+                    slots += n;
+                }
+            }
+        } else if (json_is_array(arr)) {
+            /* A server of an older version: its free slots unknown, as before. */
+            json_array_append_new(free_arr, json_pack("{s:O,s:b,s:i}", "m", arr, "any", 1,
+                                                      "n", PEER_OLD_SLOTS));
+            slots += PEER_OLD_SLOTS;
+        }
+        json_decref(fr);
         json_decref(arr);
     }
-    if (!names)
+    if (!names || !free_arr) {
+        json_decref(names);
+        json_decref(free_arr);
         return;
+    }
+    if (slots != h->peer_free_slots)
+        gp_log_write(GP_LOG_DEBUG, "handoff_peers_free", NULL,
+                     json_pack("{s:s,s:I}", "server_id", h->id, "slots", (json_int_t)slots),
+                     "the other live servers' free agents have %lld slots", slots);
+    json_decref(h->peer_free);
+    h->peer_free = free_arr;
+    h->peer_free_slots = slots;
     if (!json_equal(names, h->peer_models)) {
         json_t *arr = names_array(names);
         gp_log_write(GP_LOG_INFO, "handoff_peers", NULL,
@@ -894,6 +1104,25 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
     }
     json_decref(h->peer_models);
     h->peer_models = names;
+    /* A peer has room: what waits here and was not offered is, now. */
+    if (h->gate && h->peer_free_slots > waiting_offers(h)) {
+        size_t n = gps_jobs_offer_queued(h->jobs);
+        if (n)
+            gp_log_write(GP_LOG_INFO, "handoff_queued_offered", NULL,
+                         json_pack("{s:s,s:I}", "server_id", h->id, "jobs", (json_int_t)n),
+                         "another server has free agents: %zu jobs waiting here offered", n);
+    }
+}
+
+static void read_peers(gps_handoff *h)
+{
+    if (h->peers_reading) {
+        h->peers_again = true; /* that read may predate the change announced */
+        return;
+    }
+    h->peers_again = false;
+    if (gps_store_handoff_peers_async(h->store, h->id, gp_now_wall_ms(), peers_done, h) == 0)
+        h->peers_reading = true;
 }
 
 static const json_t *peer_models(void *arg)
@@ -930,6 +1159,7 @@ static void models_tick(evutil_socket_t fd, short what, void *arg)
         json_decref(mine);
         json_decref(acc.names);
     }
+    publish_free(h, true);
     int64_t now = gp_now_wall_ms();
     if (!h->peers_reading &&
         gps_store_handoff_peers_async(h->store, h->id, now, peers_done, h) == 0)
@@ -956,19 +1186,22 @@ gps_handoff *gps_handoff_start(struct event_base *base, gps_store *store, gps_jo
     h->queue_timeout_sec = o->queue_timeout_sec > 0 ? o->queue_timeout_sec : 60;
     h->request_timeout_sec = o->request_timeout_sec > 0 ? o->request_timeout_sec : 600;
     h->peer_models = json_object();
+    h->peer_free = json_array();
+    h->gate = gps_store_has_server_free(store);
     /* Woken by the database: the tick only catches what a notification
      * missed. Without a listener (ENOMEM) it is the only way: fast. */
-    static const char *const channels[] = {CH_OFFER, CH_JOB, NULL};
+    static const char *const channels[] = {CH_OFFER, CH_JOB, CH_FREE, NULL};
     h->listener = gps_store_listen(store, base, channels, woken, h);
     h->period_ms = o->period_ms > 0 ? o->period_ms : h->listener ? 1000 : 100;
     h->tick = gps_timer_every(base, h->period_ms, tick, h);
     h->models_tick = gps_timer_every(base, h->models_ms, models_tick, h);
-    if (!h->peer_models || !h->tick || !h->models_tick) {
+    if (!h->peer_models || !h->peer_free || !h->tick || !h->models_tick) {
         gps_handoff_stop(h);
         gps_handoff_free(h);
         return NULL;
     }
-    gps_jobs_handoff hooks = {.can_offer = can_offer, .offer = offer, .withdraw = withdraw,
+    gps_jobs_handoff hooks = {.can_offer = can_offer, .can_offer_queued = can_offer_queued,
+                              .offer = offer, .withdraw = withdraw,
                               .ended = ended, .peer_models = peer_models, .arg = h};
     gps_jobs_set_handoff(jobs, &hooks);
     models_tick(-1, 0, h); /* announce the models, read the peers now */
@@ -1017,5 +1250,7 @@ void gps_handoff_free(gps_handoff *h)
     if (h->models_tick)
         event_free(h->models_tick);
     json_decref(h->peer_models);
+    json_decref(h->peer_free);
+    json_decref(h->free_sent);
     free(h);
 }

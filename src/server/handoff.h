@@ -16,15 +16,24 @@
  *            every period_ms): the row's state and the relayed batches,
  *            applied through gps_jobs_apply_events with the claimer's id
  *            as the agent id, from the attempt followed only;
+ *   free     every models_ms, at each tick and when a proxy ends, this
+ *            server writes what its free ready agents could take now
+ *            (servers.free, migration 0013: names, labels, free slots)
+ *            when it changed, and notifies gps_handoff_free; the others
+ *            read the peers again at once, and offer the jobs still
+ *            waiting in their queues that now fit (gps_jobs_offer_queued);
  *   withdraw (A) a job queued here (its model's agents here busy) is
- *            offered too and stays in the scheduler; before an agent here
- *            gets it the offer is withdrawn (a delete of the row while
- *            waiting): withdrawn, the agent gets it; already claimed, the
- *            claimer runs it (gps_jobs_offer_withdrawn);
+ *            offered too, but only while a live peer's free agent fits it
+ *            (its model or a fallback, its labels) and the offers not yet
+ *            claimed are fewer than the peers' free slots (else it is
+ *            offered once one frees up), and stays in the scheduler;
+ *            before an agent here gets it the offer is withdrawn (a delete
+ *            of the row while waiting): withdrawn, the agent gets it;
+ *            already claimed, the claimer runs it (gps_jobs_offer_withdrawn);
  *   claim    (a server with agents, B) when woken, or every period_ms,
  *            while its ready agents have free slots, a look at the waiting
- *            offers of their models (other servers', with their
- *            constraints), then a claim of those a free agent here can
+ *            offers of their models or naming one in their fallbacks (other
+ *            servers', with their constraints), then a claim of those a free agent here can
  *            take (SKIP LOCKED): each becomes a local proxy job (same id,
  *            no request-log row, no key accounting, the offer's
  *            constraints) whose events are

@@ -21,6 +21,11 @@ is offered too and runs on B while A's agent is busy; 40 jobs racing A's
 agent (which withdraws an offer before it runs it) and B's claims each run
 once; a job asking for a label only A's agent has is never claimed by B.
 On the code before, such a job waited in A's queue.
+
+Offers only where a peer has a free agent (migration 0013, servers.free):
+with B's one agent busy, a job queued at A writes no handoffs row; once
+B's agent frees up it is offered and runs on B, once. A peer that serves
+only a job's fallback model claims it and runs it under the fallback.
 """
 
 import json
@@ -462,11 +467,13 @@ class HandoffPgTest(harness.TestCase):
 
     def test_queued_offer_keeps_its_labels(self):
         # A's agent is labelled gpu=a100 and busy; B's has no label. A job
-        # that asks for gpu=a100 is offered but B never claims it (its
-        # agent does not meet the constraint): it runs on A's agent once
-        # that is free. A job without the label, sent after it, is claimed
-        # by B meanwhile. On the code before (the offer carried the wire
-        # object only), B claimed the first and ran it on its own agent.
+        # that asks for gpu=a100 is never run by B (its agent does not meet
+        # the constraint): since migration 0013 it is not even offered (B's
+        # free agents, as B writes them, lack the label; before, it was
+        # offered and B left it unclaimed). It runs on A's agent once that
+        # is free. A job without the label, sent after it, is offered and
+        # claimed by B meanwhile. On the code before the constraints (the
+        # offer carried the wire object only), B ran the first.
         up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "50"])
         up_b = self.h.start_upstream(["--tokens", "40"])
         a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120"],
@@ -475,12 +482,12 @@ class HandoffPgTest(harness.TestCase):
         self.assertIsNotNone(s.next_event(timeout=60))
         labelled = harness.in_thread(self.chat, a, "needs a100", 5,
                                      x_pool_options={"labels": {"gpu": "a100"}})
-        harness.wait_until(lambda: len(a.log_events("job_handoff_offered")) == 1,
-                           timeout=60, interval=0.1, what="the labelled job offered")
+        harness.wait_until(lambda: len(a.log_events("job_handoff_held")) == 1,
+                           timeout=60, interval=0.1, what="the labelled job held, not offered")
         st, _, r = self.chat(a, "any gpu", 5)
         self.assertEqual(st, 200, r)
         self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
-        self.assertEqual(self.sql("SELECT state FROM handoffs"), [["waiting"]])
+        self.assertEqual(len(a.log_events("job_handoff_offered")), 1)
         s.close()  # A's agent frees up: the labelled job runs there
         st, _, r = labelled(timeout=180)
         self.assertEqual(st, 200, r)
@@ -488,7 +495,84 @@ class HandoffPgTest(harness.TestCase):
         self.assertIn("needs a100", self.prompts_seen(up_a))
         self.assertEqual(self.prompts_seen(up_b), ["any gpu"])
         self.assertEqual(len(b.log_events("job_handoff_running")), 1)
-        self.assertEqual(len(a.log_events("job_handoff_withdrawn")), 1)
+        self.assertEqual(len(a.log_events("job_handoff_offered")), 1)
+        self.assertEqual(a.log_events("job_handoff_withdrawn"), [])
+
+    def test_issue28_queued_not_offered_while_peers_busy(self):
+        # Both servers' one agent is busy. A job queued at A is not written
+        # to handoffs (no peer could claim it: migration 0013's free slots
+        # say so) and A logs it held. When B's agent frees up (its client
+        # leaves), B publishes its free slot and notifies; A offers the
+        # still-queued job and B runs it, exactly once, while A's agent is
+        # still busy. On the code before, the job was offered at once (a
+        # handoffs row per queued job, busy peer or not): no
+        # job_handoff_held, a row in the table.
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        up_b = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        a, b = self.agents_on_both(up_a, up_b, extra_a=["--queue_timeout_sec", "120",
+                                                        "--log_level", "debug"])
+
+        def peer_slots():
+            evs = a.log_events("handoff_peers_free")
+            return evs[-1].get("slots") if evs else None
+        harness.wait_until(lambda: peer_slots() == 1, timeout=60, interval=0.1,
+                           what="A reads B's free slot")
+        s_a = self.stream(a, "long on a", 400)
+        self.assertIsNotNone(s_a.next_event(timeout=60))
+        s_b = self.stream(b, "long on b", 400)
+        self.assertIsNotNone(s_b.next_event(timeout=60))
+        # B's busy agent reaches A (its free slots written, notified, read).
+        harness.wait_until(lambda: peer_slots() == 0, timeout=60, interval=0.1,
+                           what="A reads that B has no free slot")
+        get = harness.in_thread(self.chat, a, "wait for b", 6)
+        harness.wait_until(lambda: a.log_events("job_handoff_held"), timeout=60,
+                           interval=0.1, what="the queued job held at A")
+        self.assertEqual(a.log_events("job_handoff_offered"), [])
+        self.assertEqual(self.sql("SELECT count(*) FROM handoffs"), [["0"]])
+        s_b.close()  # B's agent frees up: the job goes there
+        st, _, r = get(timeout=180)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("wait for b", 6))
+        on_a, on_b = self.prompts_seen(up_a), self.prompts_seen(up_b)
+        self.assertEqual(on_a.count("wait for b") + on_b.count("wait for b"), 1)
+        self.assertIn("wait for b", on_b)
+        self.assertEqual([e.get("queued_here") for e in a.log_events("job_handoff_offered")],
+                         [True])
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        self.assertEqual(a.log_events("job_handoff_withdrawn"), [])
+        s_a.close()
+
+    def test_issue28_fallback_only_peer_runs_the_job(self):
+        # A's agent serves m1 and is busy; B's serves only m2. A job for m1
+        # with fallback_models [m2] waits in A's queue, is offered (B has a
+        # free agent for its fallback), and B claims it and runs it under
+        # m2. On the code before, A never offered it (no peer served m1)
+        # and B never claimed such an offer (it matched the model only):
+        # it waited in A's queue until its queue timeout (503).
+        up_a = self.h.start_upstream(["--tokens", "400", "--pace-ms", "100"])
+        up_b = self.h.start_upstream(["--tokens", "40"])
+        key_a = self.h.create_key(self.uri, "agent", "agentA")
+        a, b = self.start_server(["--queue_timeout_sec", "15"]), self.start_server()
+        self.h.start_agent(types.SimpleNamespace(url=a.url), upstream=up_a, model="m1",
+                           slots=1, token=key_a)
+        self.h.start_agent(types.SimpleNamespace(url=b.url), upstream=up_b, model="m2",
+                           slots=1, token=self.agent_key)
+        for srv, model in ((a, "m2"), (b, "m1")):
+            harness.wait_until(lambda: srv.parked() >= 1, timeout=60, interval=0.1,
+                               what="the agent parked on its server")
+            harness.wait_until(
+                lambda: any(model in (e.get("models") or [])
+                            for e in srv.log_events("handoff_peers")),
+                timeout=60, interval=0.1, what="each server learns what the other serves")
+        s = self.stream(a, "long one", 400)
+        self.assertIsNotNone(s.next_event(timeout=60))
+        st, _, r = self.chat(a, "falls back", 7, x_pool_options={"fallback_models": ["m2"]})
+        self.assertEqual(st, 200, r)
+        self.assertEqual(r["choices"][0]["message"]["content"], expected("falls back", 7))
+        self.assertEqual(self.prompts_seen(up_b), ["falls back"])
+        self.assertNotIn("falls back", self.prompts_seen(up_a))
+        self.assertEqual(len(b.log_events("job_handoff_running")), 1)
+        s.close()
 
     def test_queued_job_back_home_after_claimer_lost(self):
         # A job queued at A (its agent busy) is claimed by B, whose upstream

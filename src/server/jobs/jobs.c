@@ -1187,7 +1187,7 @@ static void deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
     }
 }
 
-static bool offerable(gps_jobs *j, const gps_job *job);
+static bool offerable(gps_jobs *j, const gps_job *job, bool queued);
 
 /* Submit to the scheduler (first time, after a failover, or when a job
  * held for its key's max_concurrent is let in). Issue 28: queued here, it
@@ -1201,11 +1201,11 @@ static void place(gps_jobs *j, gps_job *job, int depth)
     sched_result r = sched_submit(j->sched, &job->sj, gp_now_mono_ms(), &a);
     if (r == SCHED_QUEUED) {
         job->state = GPS_JOB_QUEUED;
-        if (!job->offered && j->handoff.withdraw && offerable(j, job))
+        if (!job->offered && j->handoff.withdraw && offerable(j, job, true))
             job->offered = j->handoff.offer(j->handoff.arg, job);
         return;
     }
-    if (r == SCHED_NO_AGENT && !job->offered && offerable(j, job)) {
+    if (r == SCHED_NO_AGENT && !job->offered && offerable(j, job, false)) {
         job->state = GPS_JOB_QUEUED;
         job->remote = true; /* as at submit: the follower assigns it */
         j->handoff.offer(j->handoff.arg, job);
@@ -1314,16 +1314,53 @@ static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_
     return true;
 }
 
-/* May a job no agent here can take (or that waits in this server's queue)
- * go to another server? Native tasks have their own claim across servers
- * (api_tasks.c), a proxy runs where it was claimed, and a resumed job's
- * row exists already. */
-static bool offerable(gps_jobs *j, const gps_job *job)
+/* May a job no agent here can take (or, queued, that waits in this
+ * server's queue) go to another server? Native tasks have their own claim
+ * across servers (api_tasks.c), a proxy runs where it was claimed, and a
+ * resumed job's row exists already. */
+static bool may_go_elsewhere(gps_jobs *j, const gps_job *job)
 {
-    if (!j->handoff.can_offer || !j->handoff.offer || job->spec.handoff_proxy ||
-        job->spec.resume_id || (job->spec.api && strcmp(job->spec.api, "native") == 0))
+    return j->handoff.can_offer && j->handoff.offer && !job->spec.handoff_proxy &&
+           !job->spec.resume_id && !(job->spec.api && strcmp(job->spec.api, "native") == 0);
+}
+
+static bool offerable(gps_jobs *j, const gps_job *job, bool queued)
+{
+    if (!may_go_elsewhere(j, job))
         return false;
+    if (queued && j->handoff.can_offer_queued)
+        return j->handoff.can_offer_queued(j->handoff.arg, job);
     return j->handoff.can_offer(j->handoff.arg, job);
+}
+
+size_t gps_jobs_offer_queued(gps_jobs *j)
+{
+    if (!j->handoff.withdraw || !j->handoff.offer)
+        return 0;
+    gps_job *tail = j->head;
+    while (tail && tail->next)
+        tail = tail->next;
+    size_t n = 0;
+    /* The list is newest first: from its tail, the oldest is offered first. */
+    for (gps_job *x = tail; x; x = x->prev) {
+        if (x->state != GPS_JOB_QUEUED || x->held || x->remote || x->offered ||
+            x->withdrawing || !offerable(j, x, true))
+            continue;
+        x->offered = j->handoff.offer(j->handoff.arg, x);
+        n += x->offered;
+    }
+    return n;
+}
+
+size_t gps_job_models(const gps_job *job, const char **names, size_t max)
+{
+    size_t n = 0;
+    if (max > 0)
+        names[n++] = job->spec.model;
+    for (size_t i = 0; i < job->n_chain && n < max; i++)
+        if (job->chain[i] != job->spec.model)
+            names[n++] = job->chain[i];
+    return n;
 }
 
 gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
@@ -1469,7 +1506,7 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
         return NULL;
     }
     case SCHED_NO_AGENT:
-        if (offerable(j, job)) {
+        if (offerable(j, job, false)) {
             job->remote = true; /* handed to another server: see below */
             break;
         }
@@ -1510,8 +1547,14 @@ gps_job *gps_jobs_submit(gps_jobs *j, gps_job_spec *spec, const char *correlatio
     log_submitted(j, job, false);
     if (job->remote) /* after its row's insert: the offer's row refers to it */
         j->handoff.offer(j->handoff.arg, job);
-    else if (r == SCHED_QUEUED && j->handoff.withdraw && offerable(j, job))
+    else if (r == SCHED_QUEUED && j->handoff.withdraw && offerable(j, job, true))
         job->offered = j->handoff.offer(j->handoff.arg, job); /* and stays queued here */
+    else if (r == SCHED_QUEUED && j->handoff.withdraw && j->handoff.can_offer_queued &&
+             may_go_elsewhere(j, job))
+        gp_log_write(GP_LOG_INFO, "job_handoff_held", job->correlation_id,
+                     json_pack("{s:s,s:s}", "job_id", job->id, "model", job->spec.model),
+                     "queued here; no other server has a free agent for it: offered once "
+                     "one has");
     if (r == SCHED_ASSIGNED && a) {
         deliver_to(j, job, a, 1);
     } else {

@@ -408,6 +408,11 @@ bool gps_job_terminal(const gps_job *job);
  * job that was never offered dispatches as before, at once. */
 typedef struct gps_jobs_handoff {
     bool (*can_offer)(void *arg, const gps_job *job);
+    /* For a job that waits in this server's queue (optional; NULL: as
+     * can_offer): true only while a peer could take it now (a free agent
+     * there fits it). One not offered at submit is offered later through
+     * gps_jobs_offer_queued. */
+    bool (*can_offer_queued)(void *arg, const gps_job *job);
     /* true: offered (its row's insert is queued and the job followed). */
     bool (*offer)(void *arg, gps_job *job);
     /* Start the withdraw of job's offer: true when under way (the answer
@@ -431,6 +436,14 @@ const json_t *gps_jobs_peer_models(gps_jobs *j);
  * order], failover: continue | restart | error, needs_tools,
  * needs_embeddings, needs_generation}; absent members are unset. */
 json_t *gps_job_constraints(const gps_job *job);
+/* The jobs waiting in this server's queue that were not offered: each
+ * that the hooks' can_offer_queued accepts now is offered, oldest first
+ * (a peer's agent came free). Returns how many were. O(jobs). */
+size_t gps_jobs_offer_queued(gps_jobs *j);
+/* The names job may run under, the serving model first and then the
+ * client's other names (fallback_models) in its order: at most max into
+ * names (borrowed, valid while the job lives); returns how many. */
+size_t gps_job_models(const gps_job *job, const char **names, size_t max);
 /* Was the job offered to another server (remote)? */
 bool gps_job_remote(const gps_job *job);
 /* A remote QUEUED job, or an offered one still queued here, was claimed

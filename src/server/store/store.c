@@ -157,6 +157,9 @@ enum {
     K_TASK_CANCELS,
     K_TASK_CANCEL_GET,
     K_JOB_INSERT_ROW,
+    /* what each server's agents could take now (migration 0013) */
+    K_SERVER_FREE,
+    K_HANDOFF_PEERS_FREE,
     K_COUNT
 };
 
@@ -581,6 +584,16 @@ static const struct {
         "SELECT models FROM servers WHERE id <> ?1 AND lease_until >= ?2 "
         "AND models IS NOT NULL", NULL},
 
+    /* Migration 0013: what this server's free ready agents could take
+     * now, and the same of the other live servers beside their models
+     * (K_HANDOFF_PEERS with the free column). */
+    [K_SERVER_FREE] = {"server_free", F_OPT,
+        "UPDATE servers SET free = ?2 WHERE id = ?1", NULL},
+
+    [K_HANDOFF_PEERS_FREE] = {"handoff_peers_free", F_OPT | F_CELLS,
+        "SELECT models, free FROM servers WHERE id <> ?1 AND lease_until >= ?2 "
+        "AND models IS NOT NULL", NULL},
+
     [K_HANDOFF_OFFER] = {"handoff_offer", F_OPT,
         "INSERT INTO handoffs (job_id, model, spec, from_server, state, attempt, created_at, "
         "deadline) VALUES (?1, ?2, ?3, ?4, 'waiting', 0, ?5, ?6)", NULL},
@@ -601,7 +614,9 @@ static const struct {
         "AND from_server <> ?1 ORDER BY created_at LIMIT ?4 FOR UPDATE SKIP LOCKED) "
         "RETURNING job_id, spec, CAST(attempt AS TEXT)"},
     /* What a claimer looks at before it claims: at most ?4 waiting offers
-     * of the models in ?3 (a JSON array) before their deadline, of other
+     * of the models in ?3 (a JSON array; an offer whose fallback_models
+     * name one of them too: a server that serves only a fallback runs the
+     * job under it) before their deadline, of other
      * servers than ?1, oldest first, with what constrains where they run
      * (the spec's "constraints" member) but not the spec. No lock: the
      * claim below decides. */
@@ -609,11 +624,15 @@ static const struct {
     [K_HANDOFF_PEEK] = {"handoff_peek", F_OPT | F_CELLS,
         "SELECT job_id, model, json_extract(spec, '$.constraints') FROM handoffs "
         "WHERE state = 'waiting' AND deadline > ?2 AND from_server <> ?1 "
-        "AND model IN (SELECT value FROM json_each(?3)) ORDER BY created_at LIMIT ?4",
+        "AND (model IN (SELECT value FROM json_each(?3)) OR EXISTS (SELECT 1 FROM "
+        "json_each(spec, '$.constraints.fallback_models') fb WHERE fb.value IN "
+        "(SELECT value FROM json_each(?3)))) ORDER BY created_at LIMIT ?4",
         "SELECT job_id, model, (spec::json -> 'constraints')::text FROM handoffs "
         "WHERE state = 'waiting' AND deadline > ?2::bigint AND from_server <> ?1::text "
-        "AND model IN (SELECT json_array_elements_text(?3::json)) ORDER BY created_at "
-        "LIMIT ?4"},
+        "AND (model IN (SELECT json_array_elements_text(?3::json)) OR EXISTS (SELECT 1 "
+        "FROM json_array_elements_text(COALESCE(spec::json -> 'constraints' -> "
+        "'fallback_models', '[]'::json)) fb WHERE fb IN "
+        "(SELECT json_array_elements_text(?3::json)))) ORDER BY created_at LIMIT ?4"},
     /* Claim the offers ?3 (a JSON array of job ids) still waiting before
      * their deadline, as K_HANDOFF_CLAIM (SKIP LOCKED on PostgreSQL: an
      * offer a racing claimer or its withdraw holds is left out). */
@@ -1245,6 +1264,7 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_TASK_LEASE_GET:
     case K_JOBS_FAIL_ORPHANS:
     case K_HANDOFF_PEERS:
+    case K_HANDOFF_PEERS_FREE:
     case K_HANDOFF_CLAIM:
     case K_HANDOFF_PEEK:
     case K_HANDOFF_CLAIM_IDS:
@@ -2892,12 +2912,25 @@ int gps_store_server_models(gps_store *s, const char *server_id, const json_t *m
     return write_op(s, K_SERVER_MODELS, "tj", server_id, models);
 }
 
+bool gps_store_has_server_free(gps_store *s)
+{
+    return s && s->w.ok[K_SERVER_FREE] && s->w.ok[K_HANDOFF_PEERS_FREE];
+}
+
+int gps_store_server_free(gps_store *s, const char *server_id, const json_t *free_slots)
+{
+    if (!server_id || !json_is_array(free_slots) || !gps_store_has_server_free(s))
+        return -1;
+    return write_op(s, K_SERVER_FREE, "tj", server_id, free_slots);
+}
+
 int gps_store_handoff_peers_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   gps_store_cells_fn cb, void *arg)
 {
     if (!s->ev_done || !server_id || !cb)
         return -1;
-    return cells_op(s, read_op(K_HANDOFF_PEERS, "ti", server_id, now_ms), cb, arg);
+    int k = gps_store_has_server_free(s) ? K_HANDOFF_PEERS_FREE : K_HANDOFF_PEERS;
+    return cells_op(s, read_op(k, "ti", server_id, now_ms), cb, arg);
 }
 
 int gps_store_handoff_offer(gps_store *s, const char *job_id, const char *model,

@@ -499,7 +499,15 @@ void gps_store_listener_free(gps_store_listener *l);
 bool gps_store_has_handoffs(gps_store *s);
 /* Queued write: what server_id's healthy agents serve (JSON array). */
 int gps_store_server_models(gps_store *s, const char *server_id, const json_t *models);
-/* Rows of (models) of the other servers whose lease is live at now_ms. */
+/* Does this DB's schema hold servers.free (migration 0013)? */
+bool gps_store_has_server_free(gps_store *s);
+/* Queued write: what server_id's free ready agents could take now (JSON
+ * array of {"m": [names], "l": {labels}, "n": free slots}). -1 without
+ * migration 0013. */
+int gps_store_server_free(gps_store *s, const char *server_id, const json_t *free_slots);
+/* Rows of (models[, free]) of the other servers whose lease is live at
+ * now_ms: free (a second column, NULL for a server that never wrote it)
+ * when gps_store_has_server_free. */
 int gps_store_handoff_peers_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   gps_store_cells_fn cb, void *arg);
 /* Queued write (after the job's insert): an offer, state waiting. spec is

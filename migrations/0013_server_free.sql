@@ -1,0 +1,11 @@
+-- gpupool schema, version 13: what each server's agents could take now
+-- (issue 28, docs/scaling.md "3e. Hand-off of a job to another server").
+-- Written by the hand-off module with servers.models and whenever it
+-- changes: a JSON array of {"m": [names: model ids and aliases], "l":
+-- {label: value}, "n": free slots}, one entry per distinct (names, labels)
+-- of healthy ready agents with free slots ([] when none). A server offers a
+-- job waiting in its own queue only while a live peer lists an entry that
+-- fits it (its model or a fallback, its labels), and at most as many as
+-- those peers have free slots: a busy cluster writes no offer that no peer
+-- could claim. NULL: a server of an older version (offers as before).
+ALTER TABLE servers ADD COLUMN free TEXT;
