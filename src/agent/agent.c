@@ -1756,14 +1756,25 @@ static void bq_remove(agent *a, agent_job *j)
     a->n_bq--;
 }
 
-static void bq_add(agent *a, agent_job *j)
+/* Queue j for the next batch: at the end, or, urgent (its first output or
+ * its end), at the front, so that a batch cut at BATCH_MAX_JOBS carries
+ * it; where it is already when neither moves it. */
+static void bq_add(agent *a, agent_job *j, bool urgent)
 {
-    if (j->in_bq)
+    if (j->in_bq && (!urgent || a->bq_head == j))
         return;
-    j->bq_next = NULL;
-    j->bq_prev = a->bq_tail;
-    *(a->bq_tail ? &a->bq_tail->bq_next : &a->bq_head) = j;
-    a->bq_tail = j;
+    bq_remove(a, j);
+    if (urgent) {
+        j->bq_prev = NULL;
+        j->bq_next = a->bq_head;
+        *(a->bq_head ? &a->bq_head->bq_prev : &a->bq_tail) = j;
+        a->bq_head = j;
+    } else {
+        j->bq_next = NULL;
+        j->bq_prev = a->bq_tail;
+        *(a->bq_tail ? &a->bq_tail->bq_next : &a->bq_head) = j;
+        a->bq_tail = j;
+    }
     j->in_bq = true;
     a->n_bq++;
 }
@@ -1812,7 +1823,7 @@ static void job_place(agent *a, agent_job *j, uint64_t now, bool *urgent)
     }
     agent_timers_del(&a->retries, &j->retry_timer);
     if (a->events_batch && j->srv == a->cur) {
-        bq_add(a, j);
+        bq_add(a, j, j->seen_urgent);
         return;
     }
     bq_remove(a, j);

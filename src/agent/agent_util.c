@@ -454,8 +454,12 @@ int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t toke
     }
     if (gp_buf_append(out, head, sizeof head - 1) < 0 || gp_json_escape_append(out, text, len) < 0)
         return -1;
-    return token_id < 0 ? gp_buf_append(out, "\"}", 2)
-                        : gp_buf_appendf(out, "\",\"token_id\":%d}", (int)token_id);
+    if (token_id < 0)
+        return gp_buf_append(out, "\"}", 2);
+    return gp_buf_append(out, "\",\"token_id\":", 13) < 0 ||
+                   gp_buf_append_int(out, token_id) < 0
+               ? -1
+               : gp_buf_append(out, "}", 1); /* no printf per token (gguf) */
 }
 
 /* ======================================================================== */
