@@ -2230,6 +2230,8 @@ void agent_destroy(agent *a)
         }
         a->batch_req = NULL;
     }
+    agent_timers_free(&a->deadlines); /* before the jobs: it touches their nodes */
+    agent_timers_free(&a->retries);
     while (a->jobs) {
         agent_job *j = a->jobs;
         a->jobs = j->next;
@@ -2240,8 +2242,6 @@ void agent_destroy(agent *a)
     if (a->multi)
         curl_multi_cleanup(a->multi);
     free(a->review);
-    agent_timers_free(&a->deadlines);
-    agent_timers_free(&a->retries);
     json_decref(a->labels);
     json_decref(a->static_facts);
     agent_servers_free(a->servers, a->n_servers);
