@@ -1331,6 +1331,8 @@ static void upload_start(agent *a, agent_job *j, uint64_t now)
         gp_buf_free(&b);
         if (rc < 0)
             job_retry_at(a, j, now + 1000);
+        else
+            job_seen(a, j, 0); /* not ready after all: never so while the loop sees right */
         return;
     }
     char path[64 + MAX_JOB_ID];
