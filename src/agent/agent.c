@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,7 @@ typedef struct req {
     req_kind kind;
     CURL *easy;
     struct curl_slist *hdrs;
+    char *body;          /* what is posted (owned; libcurl reads it in place) */
     gp_buf resp;
     bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
     int srv;             /* index into agent.servers of the server it went to */
@@ -82,10 +84,21 @@ struct agent_job {
     json_t *upstream_meta;  /* an upstream pool's x_pool_meta (owned), or NULL */
     bool stop_shutdown;     /* we stopped it: agent shutting down */
     bool stop_deadline;     /* we stopped it: its deadline passed */
-    size_t first_output;    /* events in q up to its first token or tool call (0: none
-                               yet): until the server has them its uploads never wait
-                               (events-batch-ms), so the wait adds nothing to TTFT */
+    bool dirty;             /* on a->dirty: the loop has yet to look at what changed */
+    agent_job *dirty_next;
     /* --- loop thread only --- */
+    /* What the loop last saw (jobs_review; issue 24: it looks at the jobs that
+     * changed, never at every job): */
+    unsigned snap_flags;    /* agent_evq_flags, backend_done, agent_evq_done when */
+    bool snap_done;         /* taken off a->dirty */
+    bool snap_evq_done;
+    bool seen_ready;        /* events to upload, none in flight, not cancelled */
+    bool seen_urgent;       /* ... among them its first output or its end (a->n_urgent) */
+    bool seen_done;         /* the backend finished it (no longer in a->n_running) */
+    bool in_bq;             /* on a->bq: waits for the next batched upload */
+    agent_job *bq_prev, *bq_next;
+    agent_timer dl_timer;   /* in a->deadlines while deadline_ms is to come */
+    agent_timer retry_timer; /* in a->retries while ready but before next_upload_ms */
     bool cancelled;         /* server said stop: drop events, upload nothing */
     bool cancel_sent;       /* backend->job_cancel already called */
     bool upload_refused;    /* its events were refused once: an error event replaced them */
@@ -96,7 +109,7 @@ struct agent_job {
     uint64_t deadline_ms;   /* monotonic; 0 = none */
     int srv;                /* the server that assigned it (index into agent.servers): its
                                events go there only, whichever server the agent polls now */
-    agent_job *next;
+    agent_job *next, *prev; /* a->jobs */
 };
 
 struct agent {
@@ -119,6 +132,23 @@ struct agent {
 
     pthread_mutex_t mu;     /* job queues and flags shared with backend threads */
     agent_job *jobs;
+    size_t n_jobs;
+    int n_running;          /* jobs the backend still runs, as the loop saw them */
+    /* --- under mu --- */
+    agent_job *dirty;       /* jobs with something new for the loop (job_link_locked) */
+    int lazy_srv;           /* the loop will look anyway soon (a batch in flight or due)
+                               at the jobs of this server: a non-urgent change to one
+                               of them is linked without a wake (-1: none) */
+    /* --- loop thread --- */
+    agent_job **review;     /* scratch: the jobs taken off dirty (room for n_jobs) */
+    size_t review_cap;
+    agent_job *bq_head, *bq_tail; /* ready jobs waiting for the next batched upload */
+    size_t n_bq;
+    int bq_cur;             /* cur and events_batch when they were queued: a change */
+    bool bq_batch;          /* sends them another way (bq_requeue) */
+    int n_urgent;           /* ready jobs with their first output or end to send */
+    agent_timers deadlines; /* jobs' dl_timer */
+    agent_timers retries;   /* jobs' retry_timer */
 
     req *enroll_req;
     uint64_t next_enroll_ms;
@@ -140,9 +170,7 @@ struct agent {
     bool registered;        /* last poll succeeded */
     bool events_batch;      /* the server takes POST /agents/events (poll features) */
     req *batch_req;         /* the batched upload in flight, or NULL */
-    agent_job **ready;      /* scratch: jobs with events to send (loop thread) */
     uint64_t batch_since_ms; /* first pending event not yet in a batch (0: none) */
-    size_t ready_cap;
     bool server_down_logged;
     agent_backoff backoff;  /* server reachability (poll and work) */
 
@@ -212,15 +240,10 @@ static void slot_counts(agent *a, int *total, int *usable)
     *total = *usable = a->o->slots > 0 ? (int)a->o->slots : 1;
 }
 
+/* Jobs the backend still runs (a counter: jobs_review). */
 static int busy_slots(agent *a)
 {
-    int n = 0;
-    pthread_mutex_lock(&a->mu);
-    for (agent_job *j = a->jobs; j; j = j->next)
-        if (!j->backend_done)
-            n++;
-    pthread_mutex_unlock(&a->mu);
-    return n;
+    return a->n_running;
 }
 
 /* Ask the backend to stop a job (once). */
@@ -277,24 +300,55 @@ void agent_sink_release(void)
     loop_wake_now(a);
 }
 
-static void sink_push(agent_job *j, json_t *ev)
+/* Put j on the loop's list of jobs to look at (a->mu held; either thread). */
+static void job_link_locked(agent *a, agent_job *j)
 {
-    agent *a = j->a;
-    pthread_mutex_lock(&a->mu);
-    agent_evq_push(&j->q, ev);
-    pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    if (j->dirty)
+        return;
+    j->dirty = true;
+    j->dirty_next = a->dirty;
+    a->dirty = j;
 }
 
-/* A token or tool call: the job's first one is marked (first_output). */
-static void sink_push_output(agent_job *j, json_t *ev)
+/* j's queue changed from `before` (agent_evq_flags) with a->mu held; or it
+ * ended (terminal). The loop looks only at jobs linked on a->dirty, so a
+ * change it must act on links j; a push that adds no flag (an upload of
+ * j's is in flight, or j already waits for one) tells it nothing new
+ * (issue 24: every paced token woke the loop into a walk of every job).
+ * True when the loop must be woken: not for a change it is bound to see
+ * anyway before acting (a->lazy_srv). */
+static bool job_note_locked(agent *a, agent_job *j, unsigned before, bool terminal)
+{
+    unsigned gained = agent_evq_flags(&j->q) & ~before;
+    if (!gained && !terminal)
+        return false;
+    job_link_locked(a, j);
+    return terminal || (gained & AGENT_EVQ_URGENT) || a->lazy_srv != j->srv;
+}
+
+/* Queue ev (reference stolen); output: a token or a tool call (the job's
+ * first one is marked: agent_evq_mark_output). */
+static void sink_push_ev(agent_job *j, json_t *ev, bool output)
 {
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
-    if (agent_evq_push(&j->q, ev) == 0 && j->first_output == 0)
-        j->first_output = agent_evq_len(&j->q);
+    unsigned before = agent_evq_flags(&j->q);
+    if (agent_evq_push(&j->q, ev) == 0 && output)
+        agent_evq_mark_output(&j->q);
+    bool wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    if (wake)
+        loop_wake(a);
+}
+
+static void sink_push(agent_job *j, json_t *ev)
+{
+    sink_push_ev(j, ev, false);
+}
+
+static void sink_push_output(agent_job *j, json_t *ev)
+{
+    sink_push_ev(j, ev, true);
 }
 
 static void sink_started(void *ctx)
@@ -312,10 +366,13 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
     agent_job *j = ctx;
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
-    if (agent_evq_push_token(&j->q, text, len, token_id) == 0 && j->first_output == 0)
-        j->first_output = agent_evq_len(&j->q);
+    unsigned before = agent_evq_flags(&j->q);
+    if (agent_evq_push_token(&j->q, text, len, token_id) == 0)
+        agent_evq_mark_output(&j->q);
+    bool wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    if (wake)
+        loop_wake(a);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -347,9 +404,12 @@ static void sink_metrics(void *ctx, json_t *m)
     agent_job *j = ctx;
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
+    unsigned before = agent_evq_flags(&j->q);
     agent_evq_push_typed(&j->q, m, "metrics");
+    bool wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    if (wake)
+        loop_wake(a);
 }
 
 static void sink_tool_call(void *ctx, int index, const char *id, const char *name,
@@ -459,6 +519,7 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     }
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
+    job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);
     loop_wake(a);
 }
@@ -480,6 +541,7 @@ static void sink_error(void *ctx, const char *code, const char *message)
                            "message", message ? message : "");
     agent_evq_push(&j->q, ev);
     j->backend_done = true;
+    job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);
     loop_wake(a);
 }
@@ -506,6 +568,7 @@ static void req_free(req *r)
     if (!r)
         return;
     free(r->batch);
+    free(r->body);
     if (r->easy)
         curl_easy_cleanup(r->easy);
     curl_slist_free_all(r->hdrs);
@@ -513,72 +576,17 @@ static void req_free(req *r)
     free(r);
 }
 
-/* An events upload's body: gp_json_dump_append, except that the value of
- * an "events" key that is a string is the events' texts joined by commas
- * (agent_evq_take) and goes in as it is, between the array's brackets. */
-static int dump_upload(gp_buf *out, const json_t *v, bool events)
-{
-    if (events && json_is_string(v))
-        return gp_buf_append(out, "[", 1) < 0 ||
-                       gp_buf_append(out, json_string_value(v), json_string_length(v)) < 0
-                   ? -1
-                   : gp_buf_append(out, "]", 1);
-    if (json_is_array(v)) {
-        size_t n = json_array_size(v);
-        if (gp_buf_append(out, "[", 1) < 0)
-            return -1;
-        for (size_t i = 0; i < n; i++)
-            if ((i && gp_buf_append(out, ",", 1) < 0) ||
-                dump_upload(out, json_array_get(v, i), false) < 0)
-                return -1;
-        return gp_buf_append(out, "]", 1);
-    }
-    if (!json_is_object(v))
-        return gp_json_dump_append(out, v);
-    const char *key;
-    json_t *val;
-    bool first = true;
-    if (gp_buf_append(out, "{", 1) < 0)
-        return -1;
-    json_object_foreach((json_t *)v, key, val) {
-        if ((!first && gp_buf_append(out, ",", 1) < 0) || gp_buf_append(out, "\"", 1) < 0 ||
-            gp_json_escape_append(out, key, strlen(key)) < 0 || gp_buf_append(out, "\":", 2) < 0 ||
-            dump_upload(out, val, strcmp(key, "events") == 0) < 0)
-            return -1;
-        first = false;
-    }
-    return gp_buf_append(out, "}", 1);
-}
-
-/* The compact size of a batch of events as agent_evq_take gave it. */
-static size_t events_size(const json_t *events)
-{
-    return json_string_length(events) + 2;
-}
-
-static char *body_text(req_kind kind, const json_t *body)
-{
-    if (kind != REQ_EVENTS && kind != REQ_EVENTS_BATCH)
-        return gp_json_dumps(body);
-    gp_buf b;
-    gp_buf_init(&b);
-    if (dump_upload(&b, body, false) < 0 || gp_buf_append(&b, "", 0) < 0) {
-        gp_buf_free(&b);
-        return NULL;
-    }
-    return gp_buf_steal(&b);
-}
-
-/* Start POST servers[srv]+path with body (reference stolen). Returns the
- * request or NULL (logged). */
-static req *req_start_at(agent *a, int srv, req_kind kind, const char *path, json_t *body,
-                         long timeout_ms, const char *correlation_id)
+/* Start POST servers[srv]+path with the body text (len bytes; taken: the
+ * request owns it from here on, also on failure, and libcurl reads it in
+ * place rather than copy it). Returns the request or NULL (logged). */
+static req *req_start_text(agent *a, int srv, req_kind kind, const char *path, char *text,
+                           size_t len, long timeout_ms, const char *correlation_id)
 {
     req *r = calloc(1, sizeof *r);
-    char *text = body ? body_text(kind, body) : NULL;
-    json_decref(body);
     if (!r || !text)
         goto fail;
+    r->body = text;
+    text = NULL;
     r->kind = kind;
     r->srv = srv;
     gp_buf_init(&r->resp);
@@ -600,7 +608,8 @@ static req *req_start_at(agent *a, int srv, req_kind kind, const char *path, jso
     }
     curl_easy_setopt(r->easy, CURLOPT_URL, url);
     curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->hdrs);
-    curl_easy_setopt(r->easy, CURLOPT_COPYPOSTFIELDS, text);
+    curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
     curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, req_write_cb);
     curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
@@ -624,13 +633,22 @@ static req *req_start_at(agent *a, int srv, req_kind kind, const char *path, jso
     }
     if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
         goto fail;
-    free(text);
     return r;
 fail:
     gp_log_error("request_failed", "cannot start a request to %s", path);
     free(text);
     req_free(r);
     return NULL;
+}
+
+/* Start POST servers[srv]+path with body (reference stolen). */
+static req *req_start_at(agent *a, int srv, req_kind kind, const char *path, json_t *body,
+                         long timeout_ms, const char *correlation_id)
+{
+    char *text = body ? gp_json_dumps(body) : NULL;
+    json_decref(body);
+    return req_start_text(a, srv, kind, path, text, text ? strlen(text) : 0, timeout_ms,
+                          correlation_id);
 }
 
 /* A request to the server polled now. */
@@ -1024,6 +1042,9 @@ static void poll_done(agent *a, CURLcode rc, long status, json_t *body)
                 gp_log_info("job_cancel", "server cancelled job %s (poll command)", j->id);
                 j->cancelled = true;
                 job_cancel(a, j);
+                pthread_mutex_lock(&a->mu);
+                job_link_locked(a, j); /* nothing more to upload; maybe done */
+                pthread_mutex_unlock(&a->mu);
             }
         } else if (strcmp(type, "drain") == 0) {
             /* An operator's drain lasts as long as the server repeats it in
@@ -1065,6 +1086,20 @@ static void job_begin(agent *a, json_t *jj)
         gp_log_warn("job_duplicate", "job %s was assigned twice; keeping the running one", jid);
         return;
     }
+    /* Room for one more job in the loop's structures first, so that
+     * nothing about a running job can fail for want of memory later. */
+    size_t want = a->n_jobs + 1;
+    if (want > a->review_cap) {
+        size_t cap = a->review_cap ? a->review_cap * 2 : 64;
+        agent_job **rv = realloc(a->review, cap * sizeof *rv);
+        if (!rv)
+            return;
+        a->review = rv;
+        a->review_cap = cap;
+    }
+    if (agent_timers_reserve(&a->deadlines, want) < 0 ||
+        agent_timers_reserve(&a->retries, want) < 0)
+        return;
     agent_job *j = calloc(1, sizeof *j);
     if (!j)
         return;
@@ -1076,10 +1111,16 @@ static void job_begin(agent *a, json_t *jj)
     const char *cid = json_string_value(json_object_get(jj, "correlation_id"));
     j->correlation_id = cid ? strdup(cid) : NULL;
     json_int_t dl = json_integer_value(json_object_get(jj, "deadline_ms"));
-    if (dl > 0)
+    if (dl > 0) {
         j->deadline_ms = gp_now_mono_ms() + (uint64_t)dl;
+        agent_timers_set(&a->deadlines, &j->dl_timer, j->deadline_ms);
+    }
     j->next = a->jobs;
+    if (a->jobs)
+        a->jobs->prev = j;
     a->jobs = j;
+    a->n_jobs++;
+    a->n_running++;
 
     gp_log_write(GP_LOG_INFO, "job_start", j->correlation_id, json_pack("{s:s}", "job_id", j->id),
                  "starting job %s", j->id);
@@ -1224,30 +1265,90 @@ static void work_done(agent *a, CURLcode rc, long status, json_t *body)
 /* /agents/jobs/{id}/events                                                 */
 /* ======================================================================== */
 
-static void upload_start(agent *a, agent_job *j)
+/* The head of an events upload's body, as json_pack and add_liveness
+ * would have rendered it: ids passed job_id_ok, agent ids and instances
+ * are hex and dashes, so nothing needs escaping. */
+static int body_head(gp_buf *b, agent *a)
 {
-    size_t seq = 0;
+    return gp_buf_append(b, "{\"agent_id\":\"", 13) < 0 ||
+                   gp_buf_append(b, a->id, strlen(a->id)) < 0
+               ? -1
+               : gp_buf_append(b, "\"", 1);
+}
+
+static int body_tail(gp_buf *b, agent *a)
+{
+    return gp_buf_append(b, ",\"instance\":\"", 13) < 0 ||
+                   gp_buf_append(b, a->instance, strlen(a->instance)) < 0 ||
+                   gp_buf_append(b, "\"}", 2) < 0
+               ? -1
+               : 0;
+}
+
+/* Append `"seq":N,"events":[...]` for j's pending events and begin their
+ * upload (a->mu held): the events go from the queue into the body in one
+ * copy. 1, 0 (nothing to send) or -1 (ENOMEM; b as it was). */
+static int body_events_locked(gp_buf *b, agent_job *j)
+{
+    size_t mark = b->len, seq = 0;
+    if (!agent_evq_ready(&j->q))
+        return 0;
+    int rc = gp_buf_append(b, "\"seq\":", 6) < 0 ||
+                     gp_buf_append_int(b, (long long)j->q.acked) < 0 ||
+                     gp_buf_append(b, ",\"events\":[", 11) < 0
+                 ? -1
+                 : agent_evq_take_append(&j->q, MAX_BATCH_EVENTS, &seq, b);
+    if (rc > 0 && gp_buf_append(b, "]", 1) < 0) {
+        agent_evq_nack(&j->q);
+        rc = -1;
+    }
+    if (rc <= 0)
+        b->len = mark;
+    return rc;
+}
+
+/* j's events upload could not start: again at `at`. */
+static void job_retry_at(agent *a, agent_job *j, uint64_t at);
+static void job_seen(agent *a, agent_job *j, unsigned flags);
+
+/* One upload of j's pending events to the server that assigned it. */
+static void upload_start(agent *a, agent_job *j, uint64_t now)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    int rc = body_head(&b, a) < 0 || gp_buf_append(&b, ",", 1) < 0 ? -1 : 0;
     pthread_mutex_lock(&a->mu);
-    json_t *events = agent_evq_take(&j->q, MAX_BATCH_EVENTS, &seq);
+    if (rc == 0)
+        rc = body_events_locked(&b, j);
     pthread_mutex_unlock(&a->mu);
-    if (!events)
+    if (rc > 0 && body_tail(&b, a) < 0) {
+        pthread_mutex_lock(&a->mu);
+        agent_evq_nack(&j->q);
+        pthread_mutex_unlock(&a->mu);
+        rc = -1;
+    }
+    if (rc <= 0) {
+        gp_buf_free(&b);
+        if (rc < 0)
+            job_retry_at(a, j, now + 1000);
+        else
+            job_seen(a, j, 0); /* not ready after all: never so while the loop sees right */
         return;
-    json_t *body = json_pack("{s:s,s:I,s:o}", "agent_id", a->id, "seq", (json_int_t)seq,
-                             "events", events);
-    if (body)
-        add_liveness(a, body, false);
+    }
     char path[64 + MAX_JOB_ID];
     snprintf(path, sizeof path, "/agents/jobs/%s/events", j->id);
-    j->upload = req_start_at(a, j->srv, REQ_EVENTS, path, body,
-                             (long)a->o->request_timeout_sec * 1000, j->correlation_id);
+    size_t len = b.len;
+    j->upload = req_start_text(a, j->srv, REQ_EVENTS, path, gp_buf_steal(&b), len,
+                               (long)a->o->request_timeout_sec * 1000, j->correlation_id);
     if (!j->upload) {
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
         pthread_mutex_unlock(&a->mu);
-        j->next_upload_ms = gp_now_mono_ms() + 1000;
+        job_retry_at(a, j, gp_now_mono_ms() + 1000);
         return;
     }
     j->upload->job = j;
+    job_seen(a, j, 0); /* in flight: nothing to send until it is answered */
 }
 
 static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t *body)
@@ -1257,6 +1358,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
     if (rc == CURLE_OK && status == 200) {
         pthread_mutex_lock(&a->mu);
         agent_evq_ack(&j->q);
+        job_link_locked(a, j); /* j->upload went: the loop looks again */
         pthread_mutex_unlock(&a->mu);
         j->failing_since_ms = 0;
         agent_backoff_reset(&j->ub);
@@ -1271,6 +1373,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
     if (rc == CURLE_OK && status == 401) {
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
+        job_link_locked(a, j); /* j->upload went: the loop looks again */
         pthread_mutex_unlock(&a->mu);
         auth_lost(a, "an events upload", status, body);
         return;
@@ -1282,6 +1385,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
                     (long long)exp);
         pthread_mutex_lock(&a->mu);
         agent_evq_rewind(&j->q, exp > 0 ? (size_t)exp : 0);
+        job_link_locked(a, j); /* j->upload went: the loop looks again */
         pthread_mutex_unlock(&a->mu);
         return;
     }
@@ -1300,6 +1404,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
         pthread_mutex_lock(&a->mu);
         agent_evq_replace_rest(&j->q, json_pack("{s:s,s:s,s:s}", "type", "error", "code",
                                                 "AGENT_UPLOAD_REFUSED", "message", msg));
+        job_link_locked(a, j); /* j->upload went: the loop looks again */
         pthread_mutex_unlock(&a->mu);
         job_cancel(a, j);
         return;
@@ -1314,6 +1419,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
                      j->id, status, error_text(body));
         pthread_mutex_lock(&a->mu);
         agent_evq_nack(&j->q);
+        job_link_locked(a, j); /* j->upload went: the loop looks again */
         pthread_mutex_unlock(&a->mu);
         j->cancelled = true;
         job_cancel(a, j);
@@ -1322,6 +1428,7 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
     /* Transport error, 5xx, 408, 429: retry the same batch later. */
     pthread_mutex_lock(&a->mu);
     agent_evq_nack(&j->q);
+    job_link_locked(a, j); /* j->upload went: the loop looks again */
     pthread_mutex_unlock(&a->mu);
     if (!j->failing_since_ms)
         j->failing_since_ms = now;
@@ -1350,72 +1457,76 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
 #define BATCH_MAX_JOBS 256
 #define BATCH_MAX_BYTES (1u << 20)   /* then the rest waits for the next one */
 
-static void batch_start(agent *a, agent_job **ready, size_t n)
+static void bq_remove(agent *a, agent_job *j);
+
+/* One POST /agents/events with the pending events of the jobs on a->bq,
+ * in their order, up to BATCH_MAX_JOBS and BATCH_MAX_BYTES (the rest stay
+ * for the next one). The body is written straight from the queues under
+ * one lock: {"agent_id":..,"jobs":[{"job_id":..,"seq":..,"events":[..]},..],
+ * "instance":..}, byte for byte what the jansson tree of it dumped. */
+static void batch_start(agent *a, uint64_t now)
 {
-    json_t *entries = json_array();
-    req *r = NULL;
-    agent_job **jobs = calloc(n ? n : 1, sizeof *jobs);
-    size_t k = 0, bytes = 0;
-    if (!entries || !jobs)
-        goto fail;
-    for (size_t i = 0; i < n && k < BATCH_MAX_JOBS && bytes < BATCH_MAX_BYTES; i++) {
-        agent_job *j = ready[i];
-        size_t seq = 0;
-        pthread_mutex_lock(&a->mu);
-        json_t *events = agent_evq_take(&j->q, MAX_BATCH_EVENTS, &seq);
-        pthread_mutex_unlock(&a->mu);
-        if (!events)
-            continue;
-        bytes += events_size(events);
-        /* What json_pack("{s:s,s:I,s:o}") built, at a quarter of its cost
-         * (an entry per job with events, every upload). events is taken in
-         * every case, as the pack took it. */
-        json_t *e = json_object();
-        if (e && (json_object_set_new_nocheck(e, "job_id", json_string(j->id)) < 0 ||
-                  json_object_set_new_nocheck(e, "seq", json_integer((json_int_t)seq)) < 0)) {
-            json_decref(e);
-            e = NULL;
+    gp_buf b;
+    gp_buf_init(&b);
+    agent_job **jobs = calloc(a->n_bq ? a->n_bq : 1, sizeof *jobs);
+    size_t k = 0;
+    int rc = !jobs || body_head(&b, a) < 0 || gp_buf_append(&b, ",\"jobs\":[", 9) < 0 ? -1 : 0;
+    pthread_mutex_lock(&a->mu);
+    for (agent_job *j = a->bq_head, *next; rc == 0 && j && k < BATCH_MAX_JOBS &&
+                                          b.len < BATCH_MAX_BYTES; j = next) {
+        size_t mark = b.len;
+        next = j->bq_next;
+        if ((k && gp_buf_append(&b, ",", 1) < 0) || gp_buf_append(&b, "{\"job_id\":\"", 11) < 0 ||
+            gp_buf_append(&b, j->id, strlen(j->id)) < 0 || gp_buf_append(&b, "\",", 2) < 0) {
+            b.len = mark;
+            break;
         }
-        if (!e)
-            json_decref(events);
-        else if (json_object_set_new_nocheck(e, "events", events) < 0) {
-            json_decref(e);
-            e = NULL;
-        }
-        if (!e || json_array_append_new(entries, e) < 0) {
-            pthread_mutex_lock(&a->mu);
+        int er = body_events_locked(&b, j);
+        if (er > 0 && gp_buf_append(&b, "}", 1) < 0) {
             agent_evq_nack(&j->q);
-            pthread_mutex_unlock(&a->mu);
+            er = -1;
+        }
+        if (er <= 0) {
+            b.len = mark;
+            if (er < 0)
+                break;
+            job_seen(a, j, 0); /* not ready after all: never so while the loop sees right */
             continue;
         }
         jobs[k++] = j;
     }
-    if (k == 0)
-        goto fail;
-    json_t *body = json_pack("{s:s,s:o}", "agent_id", a->id, "jobs", entries);
-    entries = NULL;
-    if (body)
-        add_liveness(a, body, false);
-    r = req_start(a, REQ_EVENTS_BATCH, "/agents/events", body,
-                  (long)a->o->request_timeout_sec * 1000, NULL);
-    if (!r) {
-        for (size_t i = 0; i < k; i++) {
-            pthread_mutex_lock(&a->mu);
+    bool tail_ok = k > 0 && gp_buf_append(&b, "]", 1) == 0 && body_tail(&b, a) == 0;
+    if (k > 0 && !tail_ok)
+        for (size_t i = 0; i < k; i++)
             agent_evq_nack(&jobs[i]->q);
+    pthread_mutex_unlock(&a->mu);
+    req *r = NULL;
+    if (tail_ok) {
+        size_t len = b.len;
+        r = req_start_text(a, a->cur, REQ_EVENTS_BATCH, "/agents/events", gp_buf_steal(&b), len,
+                           (long)a->o->request_timeout_sec * 1000, NULL);
+        if (!r) {
+            pthread_mutex_lock(&a->mu);
+            for (size_t i = 0; i < k; i++)
+                agent_evq_nack(&jobs[i]->q);
             pthread_mutex_unlock(&a->mu);
-            jobs[i]->next_upload_ms = gp_now_mono_ms() + 1000;
         }
-        goto fail;
+    }
+    gp_buf_free(&b);
+    if (!r) {
+        /* Nothing went: each job tries again in a second (as one upload would). */
+        for (size_t i = 0; i < k; i++)
+            job_retry_at(a, jobs[i], now + 1000);
+        free(jobs);
+        return;
     }
     r->batch = jobs;
     r->n_batch = k;
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; i < k; i++) {
         jobs[i]->upload = r;
+        job_seen(a, jobs[i], 0); /* in flight: off a->bq */
+    }
     a->batch_req = r;
-    return;
-fail:
-    json_decref(entries);
-    free(jobs);
 }
 
 /* The usual 200 reply to a batch, as the server renders it:
@@ -1485,6 +1596,7 @@ static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
             j->upload = NULL;
             pthread_mutex_lock(&a->mu);
             agent_evq_nack(&j->q);
+            job_link_locked(a, j);
             pthread_mutex_unlock(&a->mu);
         }
         return;
@@ -1516,23 +1628,6 @@ static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
         upload_done(a, j, CURLE_OK, est, one);
         json_decref(one);
     }
-}
-
-/* Jobs the backend still runs. */
-static int running_jobs(agent *a)
-{
-    return busy_slots(a);
-}
-
-static bool grow_ready(agent *a)
-{
-    size_t cap = a->ready_cap ? a->ready_cap * 2 : 64;
-    agent_job **n = realloc(a->ready, cap * sizeof *n);
-    if (!n)
-        return false;
-    a->ready = n;
-    a->ready_cap = cap;
-    return true;
 }
 
 /* ======================================================================== */
@@ -1641,25 +1736,198 @@ static bool deregister_step(agent *a)
     return a->dereg_req != NULL;
 }
 
-/* Free jobs that are finished on both sides (safe point: not inside any
- * callback of theirs, no upload in flight). */
-static void reap_jobs(agent *a)
+/* ------------------------------------------------------------------------
+ * What the loop knows of its jobs (issue 24). Backend threads link a job
+ * on a->dirty when its queue gains something the loop acts on
+ * (job_note_locked); the loop's own changes (an upload answered, a cancel)
+ * link it too. Once a turn the loop takes the list, with each job's state,
+ * under one lock (jobs_review) and updates what it keeps: the ready jobs
+ * waiting for a batch (a->bq), those waiting to retry (a->retries), the
+ * urgent and running counts, and frees finished jobs. Nothing walks every
+ * job on a wake-up any more.
+ * ---------------------------------------------------------------------- */
+
+static void bq_remove(agent *a, agent_job *j)
 {
-    agent_job **pp = &a->jobs;
-    while (*pp) {
-        agent_job *j = *pp;
-        pthread_mutex_lock(&a->mu);
-        bool done = j->backend_done && !j->upload && (j->cancelled || agent_evq_done(&j->q));
-        pthread_mutex_unlock(&a->mu);
-        if (!done) {
-            pp = &j->next;
+    if (!j->in_bq)
+        return;
+    *(j->bq_prev ? &j->bq_prev->bq_next : &a->bq_head) = j->bq_next;
+    *(j->bq_next ? &j->bq_next->bq_prev : &a->bq_tail) = j->bq_prev;
+    j->bq_prev = j->bq_next = NULL;
+    j->in_bq = false;
+    a->n_bq--;
+}
+
+/* Queue j for the next batch: at the end, or, urgent (its first output or
+ * its end), at the front, so that a batch cut at BATCH_MAX_JOBS carries
+ * it; where it is already when neither moves it. */
+static void bq_add(agent *a, agent_job *j, bool urgent)
+{
+    if (j->in_bq && (!urgent || a->bq_head == j))
+        return;
+    bq_remove(a, j);
+    if (urgent) {
+        j->bq_prev = NULL;
+        j->bq_next = a->bq_head;
+        *(a->bq_head ? &a->bq_head->bq_prev : &a->bq_tail) = j;
+        a->bq_head = j;
+    } else {
+        j->bq_next = NULL;
+        j->bq_prev = a->bq_tail;
+        *(a->bq_tail ? &a->bq_tail->bq_next : &a->bq_head) = j;
+        a->bq_tail = j;
+    }
+    j->in_bq = true;
+    a->n_bq++;
+}
+
+/* What the loop sees of j now: flags are agent_evq_flags of its queue,
+ * read under a->mu (0 when an upload was just taken from it). */
+static void job_seen(agent *a, agent_job *j, unsigned flags)
+{
+    bool ready = !j->cancelled && !j->upload && (flags & AGENT_EVQ_READY);
+    bool urgent = ready && (flags & AGENT_EVQ_URGENT);
+    if (urgent != j->seen_urgent)
+        a->n_urgent += urgent ? 1 : -1;
+    j->seen_urgent = urgent;
+    j->seen_ready = ready;
+    if (!ready) {
+        bq_remove(a, j);
+        agent_timers_del(&a->retries, &j->retry_timer);
+    }
+}
+
+static void job_retry_at(agent *a, agent_job *j, uint64_t at)
+{
+    pthread_mutex_lock(&a->mu);
+    unsigned flags = agent_evq_flags(&j->q);
+    pthread_mutex_unlock(&a->mu);
+    j->next_upload_ms = at;
+    job_seen(a, j, flags);
+    if (j->seen_ready) {
+        bq_remove(a, j);
+        agent_timers_set(&a->retries, &j->retry_timer, at); /* room: job_begin */
+    }
+}
+
+/* A ready job's upload: into the next batch (to the server polled now,
+ * when it takes them), on its own at once, or later (next_upload_ms).
+ * *urgent is set when an urgent job went on its own, as the walk over
+ * every job counted it (a batch due now goes at once with it). */
+static void job_place(agent *a, agent_job *j, uint64_t now, bool *urgent)
+{
+    if (!j->seen_ready)
+        return;
+    if (now < j->next_upload_ms) {
+        bq_remove(a, j);
+        agent_timers_set(&a->retries, &j->retry_timer, j->next_upload_ms);
+        return;
+    }
+    agent_timers_del(&a->retries, &j->retry_timer);
+    if (a->events_batch && j->srv == a->cur) {
+        bq_add(a, j, j->seen_urgent);
+        return;
+    }
+    bq_remove(a, j);
+    *urgent = *urgent || j->seen_urgent;
+    upload_start(a, j, now);
+}
+
+/* Free a job finished on both sides (safe point: not inside any callback
+ * of its, no upload in flight, off a->dirty: the backend is done with it). */
+static void job_reap(agent *a, agent_job *j)
+{
+    job_seen(a, j, 0);
+    agent_timers_del(&a->deadlines, &j->dl_timer);
+    *(j->prev ? &j->prev->next : &a->jobs) = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    a->n_jobs--;
+    gp_log_write(GP_LOG_DEBUG, "job_done", j->correlation_id,
+                 json_pack("{s:s}", "job_id", j->id), "job %s finished", j->id);
+    job_free(j);
+}
+
+/* Take a->dirty with what each of its jobs holds now (one lock a turn),
+ * then act on it. */
+static void jobs_review(agent *a, uint64_t now, bool *urgent)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&a->mu);
+    for (agent_job *j = a->dirty; j; j = j->dirty_next) {
+        j->dirty = false;
+        j->snap_flags = agent_evq_flags(&j->q);
+        j->snap_done = j->backend_done;
+        j->snap_evq_done = agent_evq_done(&j->q);
+        a->review[k++] = j; /* room: job_begin */
+    }
+    a->dirty = NULL;
+    pthread_mutex_unlock(&a->mu);
+    for (size_t i = 0; i < k; i++) {
+        agent_job *j = a->review[i];
+        if (j->snap_done && !j->seen_done) {
+            j->seen_done = true;
+            a->n_running--;
+        }
+        if (j->snap_done && !j->upload && (j->cancelled || j->snap_evq_done)) {
+            job_reap(a, j);
             continue;
         }
-        gp_log_write(GP_LOG_DEBUG, "job_done", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id), "job %s finished", j->id);
-        *pp = j->next;
-        job_free(j);
+        job_seen(a, j, j->snap_flags);
+        job_place(a, j, now, urgent);
     }
+}
+
+/* The server polled now or its taking batches changed: the jobs queued
+ * for a batch go where they belong now. */
+static void bq_requeue(agent *a, uint64_t now, bool *urgent)
+{
+    agent_job *j = a->bq_head;
+    a->bq_head = a->bq_tail = NULL;
+    a->n_bq = 0;
+    a->bq_cur = a->cur;
+    a->bq_batch = a->events_batch;
+    while (j) {
+        agent_job *next = j->bq_next;
+        j->in_bq = false;
+        j->bq_prev = j->bq_next = NULL;
+        job_place(a, j, now, urgent);
+        j = next;
+    }
+}
+
+/* Jobs past their deadline are stopped; *wake: the next deadline. */
+static void deadlines_due(agent *a, uint64_t now, uint64_t *wake)
+{
+    agent_timer *t;
+    while ((t = agent_timers_first(&a->deadlines)) && t->at <= now) {
+        agent_job *j = (agent_job *)((char *)t - offsetof(agent_job, dl_timer));
+        agent_timers_del(&a->deadlines, t);
+        pthread_mutex_lock(&a->mu);
+        bool overdue = !j->backend_done && !j->stop_deadline;
+        if (overdue)
+            j->stop_deadline = true;
+        pthread_mutex_unlock(&a->mu);
+        if (overdue) {
+            gp_log_warn("job_deadline", "job %s ran past its deadline; stopping it", j->id);
+            job_cancel(a, j);
+        }
+    }
+    if (t)
+        *wake = t->at < *wake ? t->at : *wake;
+}
+
+/* Jobs whose upload waited for next_upload_ms go now; *wake: the next. */
+static void retries_due(agent *a, uint64_t now, uint64_t *wake, bool *urgent)
+{
+    agent_timer *t;
+    while ((t = agent_timers_first(&a->retries)) && t->at <= now) {
+        agent_job *j = (agent_job *)((char *)t - offsetof(agent_job, retry_timer));
+        agent_timers_del(&a->retries, t);
+        job_place(a, j, now, urgent);
+    }
+    if (t)
+        *wake = t->at < *wake ? t->at : *wake;
 }
 
 static void stop_all_jobs(agent *a)
@@ -1731,39 +1999,17 @@ int agent_run(agent *a)
             stop_all_jobs(a);
         }
 
-        /* Per-job upkeep: deadlines and uploads (batched when the server
-         * takes it and none is in flight). */
+        /* Per-job upkeep: what changed (jobs_review), deadlines and
+         * retries due, and uploads (batched when the server takes it and
+         * none is in flight). */
         uint64_t wake = now + 1000;
-        size_t n_ready = 0;
         bool urgent = false;
-        for (agent_job *j = a->jobs; j; j = j->next) {
-            pthread_mutex_lock(&a->mu);
-            bool overdue = !j->backend_done && j->deadline_ms && now >= j->deadline_ms &&
-                           !j->stop_deadline;
-            if (overdue)
-                j->stop_deadline = true;
-            bool ready = !j->cancelled && !j->upload && agent_evq_ready(&j->q);
-            /* Its first output (TTFT) or its end (the slot's next job)
-             * waits for no batch. */
-            if (ready && (j->q.terminal || j->q.acked < j->first_output))
-                urgent = true;
-            pthread_mutex_unlock(&a->mu);
-            if (overdue) {
-                gp_log_warn("job_deadline", "job %s ran past its deadline; stopping it", j->id);
-                job_cancel(a, j);
-            }
-            if (ready) {
-                if (now < j->next_upload_ms)
-                    wake = min_u64(wake, j->next_upload_ms);
-                else if (!a->events_batch || j->srv != a->cur)
-                    upload_start(a, j); /* a batch goes to the server polled now */
-                else if (n_ready < a->ready_cap || grow_ready(a))
-                    a->ready[n_ready++] = j;
-            }
-            if (j->deadline_ms && !j->stop_deadline)
-                wake = min_u64(wake, j->deadline_ms);
-        }
-        if (n_ready && !a->batch_req) {
+        jobs_review(a, now, &urgent);
+        if (a->bq_cur != a->cur || a->bq_batch != a->events_batch)
+            bq_requeue(a, now, &urgent);
+        deadlines_due(a, now, &wake);
+        retries_due(a, now, &wake, &urgent);
+        if (a->n_bq && !a->batch_req) {
             /* With two or more jobs running, wait up to events-batch-ms
              * after the first pending event so that the others' tokens
              * share the request; a lone job's go at once (its latency is
@@ -1775,14 +2021,13 @@ int agent_run(agent *a)
             if (!a->batch_since_ms)
                 a->batch_since_ms = now;
             uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
-            if (running_jobs(a) < 2 || now >= due || urgent) {
-                batch_start(a, a->ready, n_ready);
+            if (a->n_running < 2 || now >= due || urgent || a->n_urgent > 0) {
+                batch_start(a, now);
                 a->batch_since_ms = 0;
             } else {
                 wake = min_u64(wake, due);
             }
         }
-        reap_jobs(a);
 
         /* Leave when drained (or out of time after stopping the jobs). */
         if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
@@ -1854,6 +2099,17 @@ int agent_run(agent *a)
 
         now = gp_now_mono_ms();
         int timeout = wake > now ? (int)min_u64(wake - now, 1000) : 0;
+        /* A batch in flight, or one due at `wake`: the loop will look at
+         * the jobs of the server it goes to before it sends anything more
+         * there, so their non-urgent changes need not wake it (lazy_srv).
+         * A job linked since jobs_review, without a wake, is looked at
+         * now. */
+        bool lazy = a->events_batch && (a->batch_req || a->n_bq);
+        pthread_mutex_lock(&a->mu);
+        a->lazy_srv = lazy ? a->cur : -1;
+        if (a->dirty)
+            timeout = 0;
+        pthread_mutex_unlock(&a->mu);
         curl_multi_poll(a->multi, NULL, 0, timeout, NULL);
     }
     gp_log_info("agent_exit", "agent stopped (exit code %d)", a->exit_code);
@@ -1879,6 +2135,9 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     pthread_mutex_init(&a->mu, NULL);
     atomic_init(&a->stop_req, 0);
     atomic_init(&a->wake_sent, false);
+    a->lazy_srv = -1;
+    agent_timers_init(&a->deadlines);
+    agent_timers_init(&a->retries);
     a->poll_interval_ms = 15000;
     a->work_wait_ms = 25000;
     agent_backoff_init(&a->backoff, 500, 30000);
@@ -1973,6 +2232,8 @@ void agent_destroy(agent *a)
         }
         a->batch_req = NULL;
     }
+    agent_timers_free(&a->deadlines); /* before the jobs: it touches their nodes */
+    agent_timers_free(&a->retries);
     while (a->jobs) {
         agent_job *j = a->jobs;
         a->jobs = j->next;
@@ -1982,7 +2243,7 @@ void agent_destroy(agent *a)
         curl_easy_cleanup(a->easy_idle[--a->n_easy_idle]);
     if (a->multi)
         curl_multi_cleanup(a->multi);
-    free(a->ready);
+    free(a->review);
     json_decref(a->labels);
     json_decref(a->static_facts);
     agent_servers_free(a->servers, a->n_servers);

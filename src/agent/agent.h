@@ -6,7 +6,11 @@
  * uploads proceed concurrently over reused connections, all driven from the
  * thread that calls agent_run. Backend threads hand events over through
  * the job sinks (agent_job_sink in backend.h): they lock the agent's mutex,
- * append to the job's event queue and wake the loop (curl_multi_wakeup).
+ * append to the job's event queue and, when that gives the loop something
+ * new to do (the first event to send, the first output, the end), link the
+ * job on the loop's list of changed jobs and wake it (curl_multi_wakeup).
+ * The loop takes that list once a turn and never walks every job on a
+ * wake-up; deadlines and upload retries wait in timer heaps.
  *
  *   agent *a = agent_create(&opts, backend, err, sizeof err);
  *   // another thread (signals): agent_stop(a, false) to drain, true to quit

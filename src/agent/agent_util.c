@@ -274,6 +274,36 @@ bool agent_evq_ready(const agent_evq *q)
     return q->inflight == 0 && q->acked < agent_evq_len(q);
 }
 
+void agent_evq_mark_output(agent_evq *q)
+{
+    if (q->first_output == 0)
+        q->first_output = q->n;
+}
+
+unsigned agent_evq_flags(const agent_evq *q)
+{
+    if (!agent_evq_ready(q))
+        return 0;
+    return q->terminal || q->acked < q->first_output ? AGENT_EVQ_READY | AGENT_EVQ_URGENT
+                                                     : AGENT_EVQ_READY;
+}
+
+int agent_evq_take_append(agent_evq *q, size_t max, size_t *seq, gp_buf *out)
+{
+    if (!agent_evq_ready(q))
+        return 0;
+    size_t n = agent_evq_len(q) - q->acked;
+    if (max && n > max)
+        n = max;
+    size_t from = q->acked ? q->ends[q->acked - 1] : 0;
+    size_t to = q->ends[q->acked + n - 1] - 1; /* without the last comma */
+    if (gp_buf_append(out, q->text.data + from, to - from) < 0)
+        return -1;
+    q->inflight = n;
+    *seq = q->acked;
+    return 1;
+}
+
 json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq)
 {
     if (!agent_evq_ready(q))
@@ -323,6 +353,98 @@ bool agent_evq_done(const agent_evq *q)
     return q->terminal && q->inflight == 0 && q->acked == agent_evq_len(q);
 }
 
+/* ======================================================================== */
+/* Timers                                                                   */
+/* ======================================================================== */
+
+void agent_timers_init(agent_timers *h)
+{
+    memset(h, 0, sizeof *h);
+}
+
+void agent_timers_free(agent_timers *h)
+{
+    for (size_t i = 0; i < h->n; i++)
+        h->v[i]->pos = 0;
+    free(h->v);
+    memset(h, 0, sizeof *h);
+}
+
+int agent_timers_reserve(agent_timers *h, size_t n)
+{
+    if (n <= h->cap)
+        return 0;
+    size_t cap = h->cap ? h->cap : 16;
+    while (cap < n)
+        cap *= 2;
+    agent_timer **v = realloc(h->v, cap * sizeof *v);
+    if (!v)
+        return -1;
+    h->v = v;
+    h->cap = cap;
+    return 0;
+}
+
+static void timers_put(agent_timers *h, size_t i, agent_timer *t)
+{
+    h->v[i] = t;
+    t->pos = i + 1;
+}
+
+/* Move the node at i up or down to where its `at` belongs. */
+static void timers_fix(agent_timers *h, size_t i)
+{
+    agent_timer *t = h->v[i];
+    while (i > 0 && h->v[(i - 1) / 2]->at > t->at) {
+        timers_put(h, i, h->v[(i - 1) / 2]);
+        i = (i - 1) / 2;
+    }
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n)
+            break;
+        if (c + 1 < h->n && h->v[c + 1]->at < h->v[c]->at)
+            c++;
+        if (h->v[c]->at >= t->at)
+            break;
+        timers_put(h, i, h->v[c]);
+        i = c;
+    }
+    timers_put(h, i, t);
+}
+
+int agent_timers_set(agent_timers *h, agent_timer *t, uint64_t at)
+{
+    t->at = at;
+    if (t->pos) {
+        timers_fix(h, t->pos - 1);
+        return 0;
+    }
+    if (h->n == h->cap && agent_timers_reserve(h, h->n + 1) < 0)
+        return -1;
+    timers_put(h, h->n++, t);
+    timers_fix(h, h->n - 1);
+    return 0;
+}
+
+void agent_timers_del(agent_timers *h, agent_timer *t)
+{
+    if (!t->pos)
+        return;
+    size_t i = t->pos - 1;
+    t->pos = 0;
+    agent_timer *last = h->v[--h->n];
+    if (last == t)
+        return;
+    timers_put(h, i, last);
+    timers_fix(h, i);
+}
+
+agent_timer *agent_timers_first(const agent_timers *h)
+{
+    return h->n ? h->v[0] : NULL;
+}
+
 int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id)
 {
     static const char head[] = "{\"type\":\"token\",\"text\":\"";
@@ -332,8 +454,12 @@ int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t toke
     }
     if (gp_buf_append(out, head, sizeof head - 1) < 0 || gp_json_escape_append(out, text, len) < 0)
         return -1;
-    return token_id < 0 ? gp_buf_append(out, "\"}", 2)
-                        : gp_buf_appendf(out, "\",\"token_id\":%d}", (int)token_id);
+    if (token_id < 0)
+        return gp_buf_append(out, "\"}", 2);
+    return gp_buf_append(out, "\",\"token_id\":", 13) < 0 ||
+                   gp_buf_append_int(out, token_id) < 0
+               ? -1
+               : gp_buf_append(out, "}", 1); /* no printf per token (gguf) */
 }
 
 /* ======================================================================== */

@@ -65,6 +65,9 @@ typedef struct agent_evq {
     size_t n, cap;    /* events pushed; room in ends */
     size_t acked;     /* events the server acknowledged */
     size_t inflight;  /* events in the upload in flight; 0 = none in flight */
+    size_t first_output; /* events up to the job's first token or tool call (0: none
+                            yet; agent_evq_mark_output): until the server has them
+                            the queue is urgent (AGENT_EVQ_URGENT) */
     bool terminal;    /* an end/error event was pushed: nothing may follow */
 } agent_evq;
 
@@ -110,6 +113,55 @@ bool agent_evq_done(const agent_evq *q);
  * would have been. 0 or -1 (ENOMEM). */
 int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id);
 size_t agent_evq_len(const agent_evq *q);
+/* The event just pushed is the job's first output (a token or a tool
+ * call) unless one came before. */
+void agent_evq_mark_output(agent_evq *q);
+/* Append the events of agent_evq_take(q, max, seq) to out, joined by
+ * commas, and begin their upload as it does: the upload body is written
+ * once, straight from the queue (issue 24: a JSON string per job per
+ * upload, and two more copies of it, went away). 1 when events were
+ * appended, 0 when !agent_evq_ready, -1 on ENOMEM (out as it was, nothing
+ * begun). */
+int agent_evq_take_append(agent_evq *q, size_t max, size_t *seq, gp_buf *out);
+
+/* What the agent's loop acts on (agent_evq_flags): READY, something to
+ * upload (agent_evq_ready); URGENT, READY and either the terminal event or
+ * the first output is among it (it waits for no batch: TTFT, and the
+ * slot's next job). A producer that sees a flag appear after its push
+ * tells the loop; while the flags stay as they were the loop already knows
+ * (issue 24: the loop looks at the jobs that changed, not at every job). */
+#define AGENT_EVQ_READY 1u
+#define AGENT_EVQ_URGENT 2u
+unsigned agent_evq_flags(const agent_evq *q);
+
+/* ---------------------------------------------------------------------------
+ * Timers: a binary min-heap of agent_timer nodes embedded in the caller's
+ * objects (deadlines, retry times), so that the loop finds the next one
+ * due without walking every object. Not thread-safe (the loop's own).
+ * agent_timers_reserve first, then agent_timers_set cannot fail for up to
+ * that many nodes.
+ * ------------------------------------------------------------------------ */
+typedef struct agent_timer {
+    uint64_t at;  /* when it is due (the caller's clock) */
+    size_t pos;   /* index in its heap + 1; 0: in no heap */
+} agent_timer;
+
+typedef struct agent_timers {
+    agent_timer **v;
+    size_t n, cap;
+} agent_timers;
+
+void agent_timers_init(agent_timers *h);
+void agent_timers_free(agent_timers *h);
+/* Room for n nodes in all. 0 or -1 (ENOMEM). */
+int agent_timers_reserve(agent_timers *h, size_t n);
+/* Add t due at `at`, or move it there when it is in h already. 0, or -1
+ * (ENOMEM: not added; never after a large enough reserve). */
+int agent_timers_set(agent_timers *h, agent_timer *t, uint64_t at);
+/* Take t out of h (no-op when it is in no heap). */
+void agent_timers_del(agent_timers *h, agent_timer *t);
+/* The earliest node, or NULL when h is empty. */
+agent_timer *agent_timers_first(const agent_timers *h);
 
 /* ---------------------------------------------------------------------------
  * Capped exponential backoff with jitter (docs/protocol.md "Backoff"):

@@ -42,6 +42,7 @@ class FakeServer:
         self.cancel_jobs = set()   # reply cancel:true to these
         self.unknown_jobs = set()  # reply 404 to these
         self.gap_once = set()      # job ids: claim to have lost the last batch once
+        self.fail_uploads = {}     # job_id -> uploads still to answer 503
         self.poll_commands = []    # sent with the next poll reply
         self.poll_status = 200     # e.g. 503 to simulate trouble
         self.poll_interval = poll_interval
@@ -138,6 +139,12 @@ class FakeServer:
             with self.lock:
                 if jid in self.unknown_jobs:
                     h.reply(404, {"error": {"code": "JOB_NOT_FOUND", "message": "no such job"}})
+                    return
+                if self.fail_uploads.get(jid, 0) > 0:
+                    self.fail_uploads[jid] -= 1
+                    self.uploads.setdefault(jid, []).append((body["seq"], None))
+                    self.lock.notify_all()
+                    h.reply(503, {"error": {"code": "UNAVAILABLE", "message": "scripted"}})
                     return
                 seq = body["seq"]
                 evs = body["events"]
@@ -353,6 +360,41 @@ class AgentProtocolTest(harness.TestCase):
         self.assertEqual(text, "".join(upstream_mod.expected_tokens("p q", 12)))
         self.assertNotIn("job_gap", self.fake.gap_once)  # the gap was exercised
         self.assertEqual([e["type"] for e in evs].count("started"), 1)
+
+    def test_failed_uploads_are_retried_until_delivered(self):
+        # 503s: the same events again after a backoff (the agent's retry
+        # timers), every event applied once, in order.
+        up = self.h.start_upstream(["--tokens", "6", "--pace-ms", "20"])
+        self.fake.fail_uploads["job_r"] = 3
+        evs = self.run_job(up, job("job_r"))
+        self.assertEqual(evs[-1]["type"], "end", evs)
+        self.assertEqual("".join(e["text"] for e in evs if e["type"] == "token"),
+                         "".join(upstream_mod.expected_tokens("alpha beta", 6)))
+        failed = [u for u in self.fake.uploads["job_r"] if u[1] is None]
+        self.assertEqual(len(failed), 3)
+
+    def test_deadline_stops_job(self):
+        # A job past its deadline_ms is stopped by the agent (its deadline
+        # timer), reported as TIMEOUT, and its upstream stream closed.
+        up = self.h.start_upstream(["--tokens", "500", "--pace-ms", "50"])
+        evs = self.run_job(up, job("job_dl", deadline_ms=400))
+        self.assertEqual(evs[-1]["type"], "error", evs)
+        self.assertEqual(evs[-1]["code"], "TIMEOUT")
+        self._assert_upstream_closed(up, "upstream closed at the deadline")
+
+    def test_deadlines_of_many_jobs_in_any_order(self):
+        # Deadlines given out of order fire each for its own job; a job
+        # with a far deadline runs to its end meanwhile.
+        up = self.h.start_upstream(["--tokens", "200", "--pace-ms", "50"])
+        self.start_agent(up, slots=5)
+        for i, dl in enumerate([1500, 300, 900, 600]):
+            self.fake.give(job("job_m%d" % i, deadline_ms=dl))
+        self.fake.give(job("job_far", max_tokens=5))
+        for i in range(4):
+            evs = self.fake.wait_terminal("job_m%d" % i, timeout=30)
+            self.assertEqual((evs[-1]["type"], evs[-1].get("code")), ("error", "TIMEOUT"))
+        evs = self.fake.wait_terminal("job_far", timeout=30)
+        self.assertEqual(evs[-1]["type"], "end", evs)
 
     def _assert_upstream_closed(self, up, what):
         def gone():

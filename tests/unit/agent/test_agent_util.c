@@ -201,6 +201,146 @@ static void evq_batches_everything_accumulated(void **st)
     agent_evq_free(&q);
 }
 
+/* agent_evq_flags through a job's life: the flags a push adds are what
+ * tells the agent's loop that a job needs it (agent.c job_note_locked); a
+ * push that adds none (an upload in flight, or one already waiting) must
+ * not, and the first output and the end must add URGENT. */
+static void evq_flags_say_what_changed(void **st)
+{
+    (void)st;
+    agent_evq q;
+    size_t seq = 99;
+    gp_buf b;
+    gp_buf_init(&b);
+    agent_evq_init(&q);
+    assert_int_equal(agent_evq_flags(&q), 0);
+    assert_int_equal(agent_evq_take_append(&q, 0, &seq, &b), 0);
+    agent_evq_push(&q, ev("started"));
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY); /* waits for a batch */
+    assert_int_equal(agent_evq_push_token(&q, "a", 1, -1), 0);
+    agent_evq_mark_output(&q);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY | AGENT_EVQ_URGENT); /* TTFT */
+    assert_int_equal(agent_evq_take_append(&q, 0, &seq, &b), 1);
+    assert_int_equal(seq, 0);
+    assert_int_equal(agent_evq_flags(&q), 0); /* in flight */
+    assert_int_equal(agent_evq_push_token(&q, "b", 1, -1), 0);
+    agent_evq_mark_output(&q);               /* not the first: no change */
+    assert_int_equal(q.first_output, 2);
+    assert_int_equal(agent_evq_flags(&q), 0); /* the ack will show it */
+    agent_evq_nack(&q);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY | AGENT_EVQ_URGENT); /* not there yet */
+    b.len = 0;
+    assert_int_equal(agent_evq_take_append(&q, 1, &seq, &b), 1); /* max 1 */
+    assert_string_equal(b.data, "{\"type\":\"started\"}");
+    agent_evq_ack(&q);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY | AGENT_EVQ_URGENT);
+    b.len = 0;
+    assert_int_equal(agent_evq_take_append(&q, 0, &seq, &b), 1);
+    assert_int_equal(seq, 1);
+    agent_evq_ack(&q);
+    assert_int_equal(agent_evq_flags(&q), 0);
+    assert_int_equal(agent_evq_push_token(&q, "c", 1, -1), 0);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY); /* a later token: batched */
+    agent_evq_push(&q, ev("end"));
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY | AGENT_EVQ_URGENT); /* the end */
+    assert_int_equal(agent_evq_take_append(&q, 0, &seq, &b), 1);
+    agent_evq_ack(&q);
+    assert_int_equal(agent_evq_flags(&q), 0);
+    assert_true(agent_evq_done(&q));
+    agent_evq_free(&q);
+    gp_buf_free(&b);
+}
+
+/* agent_evq_take_append writes what agent_evq_take returns, after what
+ * the buffer held, and begins the same upload. */
+static void evq_take_append_as_take(void **st)
+{
+    (void)st;
+    agent_evq a, c;
+    agent_evq_init(&a);
+    agent_evq_init(&c);
+    for (int i = 0; i < 7; i++) {
+        char t[8];
+        snprintf(t, sizeof t, "t\"%d", i);
+        agent_evq_push_token(&a, t, strlen(t), i);
+        agent_evq_push_token(&c, t, strlen(t), i);
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    for (size_t max = 3; max; max = agent_evq_ready(&a) ? max : 0) {
+        size_t s1 = 0, s2 = 0;
+        json_t *want = agent_evq_take(&a, 3, &s1);
+        gp_buf_append(&b, "x", 1);
+        assert_int_equal(agent_evq_take_append(&c, 3, &s2, &b), 1);
+        assert_int_equal(s1, s2);
+        assert_int_equal(b.len, 1 + json_string_length(want));
+        assert_memory_equal(b.data + 1, json_string_value(want), json_string_length(want));
+        assert_int_equal(c.inflight, a.inflight);
+        json_decref(want);
+        agent_evq_ack(&a);
+        agent_evq_ack(&c);
+        b.len = 0;
+    }
+    assert_int_equal(c.acked, 7);
+    agent_evq_free(&a);
+    agent_evq_free(&c);
+    gp_buf_free(&b);
+}
+
+/* ----------------------------------------------------------- timers --- */
+
+static uint32_t lcg(uint32_t *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return *s >> 8;
+}
+
+/* Nodes come out in `at` order whatever was added, moved and deleted. */
+static void timers_heap_order(void **st)
+{
+    (void)st;
+    enum { N = 300 };
+    agent_timer t[N];
+    agent_timers h;
+    agent_timers_init(&h);
+    memset(t, 0, sizeof t);
+    assert_null(agent_timers_first(&h));
+    agent_timers_del(&h, &t[0]); /* in no heap: nothing happens */
+    assert_int_equal(agent_timers_reserve(&h, N), 0);
+    uint32_t seed = 7;
+    for (int i = 0; i < N; i++)
+        assert_int_equal(agent_timers_set(&h, &t[i], lcg(&seed) % 1000), 0);
+    assert_int_equal(h.n, N);
+    for (int i = 0; i < N; i += 3) /* move some, later or earlier */
+        agent_timers_set(&h, &t[i], lcg(&seed) % 1000);
+    for (int i = 1; i < N; i += 4) /* delete others */
+        agent_timers_del(&h, &t[i]);
+    agent_timers_del(&h, &t[1]); /* twice: no-op */
+    size_t left = h.n, got = 0;
+    uint64_t last = 0;
+    agent_timer *f;
+    while ((f = agent_timers_first(&h))) {
+        assert_true(f->at >= last);
+        assert_int_not_equal(f->pos, 0);
+        assert_true(f < t + N && f >= t && (f - t) % 4 != 1); /* never a deleted one */
+        last = f->at;
+        agent_timers_del(&h, f);
+        assert_int_equal(f->pos, 0);
+        got++;
+    }
+    assert_int_equal(got, left);
+    assert_int_equal(left, N - N / 4);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(t[i].pos, 0);
+    /* Equal keys, and a free with nodes still in: they end in no heap. */
+    agent_timers_set(&h, &t[0], 5);
+    agent_timers_set(&h, &t[1], 5);
+    agent_timers_set(&h, &t[2], 4);
+    assert_ptr_equal(agent_timers_first(&h), &t[2]);
+    agent_timers_free(&h);
+    assert_int_equal(t[0].pos + t[1].pos + t[2].pos, 0);
+}
+
 static void evq_max_batch_and_rewind(void **st)
 {
     (void)st;
@@ -613,6 +753,9 @@ int main(void)
         cmocka_unit_test(sse_callback_stop_propagates),
         cmocka_unit_test(evq_batches_everything_accumulated),
         cmocka_unit_test(evq_max_batch_and_rewind),
+        cmocka_unit_test(evq_flags_say_what_changed),
+        cmocka_unit_test(evq_take_append_as_take),
+        cmocka_unit_test(timers_heap_order),
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
         cmocka_unit_test(evq_text_as_json_dumps),
