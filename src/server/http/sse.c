@@ -291,15 +291,15 @@ static int hand_over(struct evbuffer *eb, gp_buf *buf)
 {
     if (buf->len < HAND_OVER_MIN)
         return -1;
-    char *fresh = malloc(buf->cap);
-    if (!fresh)
+    /* buf keeps its capacity: the next turn's output is likely as large. */
+    size_t len = buf->len;
+    char *sent = gp_buf_take(buf);
+    if (!sent)
         return -1;
-    if (evbuffer_add_reference(eb, buf->data, buf->len, free_sent, buf->data) < 0) {
-        free(fresh);
-        return -1;
+    if (evbuffer_add_reference(eb, sent, len, free_sent, sent) < 0) {
+        evbuffer_add(eb, sent, len); /* memory is short: copy, as the caller would */
+        free(sent);
     }
-    fresh[0] = '\0';
-    buf->data = fresh; /* buf->cap stays: the next turn's output is likely as large */
     return 0;
 }
 

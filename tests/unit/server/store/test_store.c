@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 #include <sqlite3.h>
 
 #include "common/gp_util.h"
@@ -869,7 +868,6 @@ static void test_response_trim(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),

@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "server/store/store.h"
 
@@ -1245,7 +1244,6 @@ static void test_db_label(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_keys_survive_a_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_usage_adds_up_across_stores, setup, teardown),
