@@ -380,6 +380,20 @@ void gp_buf_consume(gp_buf *b, size_t n)
     b->data[b->len] = '\0';
 }
 
+char *gp_buf_take(gp_buf *b)
+{
+    if (!b->data || !b->cap)
+        return NULL;
+    char *fresh = malloc(b->cap);
+    if (!fresh)
+        return NULL;
+    char *d = b->data;
+    fresh[0] = '\0';
+    b->data = fresh;
+    b->len = 0;
+    return d;
+}
+
 char *gp_buf_steal(gp_buf *b)
 {
     char *d = b->data;

@@ -93,6 +93,12 @@ void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
 int gp_buf_append_int(gp_buf *b, long long v);
 /* Take ownership of the storage (new, caller frees); b is left empty. */
 char *gp_buf_steal(gp_buf *b);
+/* Take the bytes (returned, NUL-terminated, caller frees) and leave b
+ * empty with a new block of the same capacity: for a buffer refilled every
+ * turn whose output is handed on by reference (sse.c), where a regrow from
+ * nothing would cost a realloc chain. NULL, b left as it was, when b has no
+ * storage or memory is short. */
+char *gp_buf_take(gp_buf *b);
 
 /* Bytes of s[0..n) inside a JSON string as json_dumps writes it: '"',
  * '\\' and \b \f \n \r \t take 2, other control characters 6 (\u00XX),

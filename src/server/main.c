@@ -29,7 +29,6 @@
 
 #include <event2/event.h>
 #include <event2/http.h>
-#include <event2/thread.h>
 #include <event2/buffer.h>
 #include <event2/keyvalq_struct.h>
 #include <sqlite3.h>
@@ -860,7 +859,9 @@ int main(int argc, char **argv)
     }
 
     raise_fd_limit();
-    if (evthread_use_pthreads() < 0 || !(s->base = event_base_new())) {
+    /* No evthread_use_pthreads: only this thread touches libevent objects
+     * (docs/architecture.md "Threads"), so libevent runs without locks. */
+    if (!(s->base = event_base_new())) {
         gp_log_error("startup_failed", "cannot create the event loop");
         goto done;
     }

@@ -94,7 +94,11 @@ void gps_sse_pace_free(gps_sse_pace *p);
 /* True when the writer must hold back (output above the mark); starts the
  * slow-client clock. A NULL pace never blocks. */
 bool gps_sse_pace_blocked(gps_sse_pace *p);
-/* gps_sse_send with the drain callback (p may be NULL: plain send). */
+/* gps_sse_send with the drain callback (p may be NULL: plain send). On a
+ * plain socket with nothing queued and the pace unblocked, the chunk is
+ * written to the socket at once (one sendmsg, no write event armed, as
+ * nginx and redis write); what the socket does not take is queued on the
+ * connection as evhttp would queue it. */
 void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf);
 /* Close the connection of a too slow client now: its close callback runs
  * (inside this call), as when the client goes away. */

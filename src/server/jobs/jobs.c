@@ -2664,13 +2664,16 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     long long generated = 0; /* tokens read without a tree: counted once below */
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
-        if (in && !in[i].ev)
+        bool token = in && !in[i].ev;
+        if (token)
             generated += apply_token(j, job, &in[i], job->last_event_us);
         else
             apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? in[i].bytes : 0);
         if (gps_job_terminal(job))
             break;
-        if (strcmp(job->agent_id, agent_id) != 0) {
+        /* Only an event of another kind (the agent's error) fails the job
+         * over; a token never moves it, so no compare per token. */
+        if (!token && strcmp(job->agent_id, agent_id) != 0) {
             count(j, "tokens_generated_total", NULL, (double)generated);
             return 0; /* failed over away from this agent by its own error */
         }

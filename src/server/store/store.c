@@ -35,7 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -999,8 +1001,13 @@ struct gps_store {
     size_t queue_max;
 
     struct event_base *base;
-    struct event *ev_done;       /* activated by the DB thread: read results ready */
-    struct event *ev_commit;     /* activated by the DB thread: job_events committed */
+    /* The DB thread never touches the event_base (only the loop thread
+     * touches libevent objects; the server runs libevent without its
+     * thread locks): it wakes the loop by writing to wake_fd, an eventfd
+     * that ev_wake, an event owned by the loop, reads. What there is to do
+     * is in the fields below guarded by mu (dhead, pend_commit). */
+    int wake_fd;                 /* -1: no base (CLI use) */
+    struct event *ev_wake;
 
     pthread_t thread;
     bool thread_started;
@@ -1011,6 +1018,8 @@ struct gps_store {
     /* everything below is guarded by mu */
     op *qhead, *qtail;
     op *dhead, *dtail;           /* finished reads awaiting delivery on the loop */
+    bool wake_sent;              /* wake_fd written, not yet read by the loop */
+    bool pend_commit;            /* job_events committed since the loop last looked */
     bool stop;
     bool thread_alive;
     bool tx_waiting;             /* DB thread waits in an open transaction for its commit
@@ -1339,6 +1348,15 @@ static bool op_is_read(const op *o)
            o->kind == K_USAGE_GET || (stmts[o->kind].flags & F_CELLS);
 }
 
+/* DB thread: wake the loop (on_wake). An eventfd write cannot block
+ * (the counter would have to reach 2^64 - 1) nor fail but for a bug. */
+static void wake_loop(gps_store *s)
+{
+    uint64_t one = 1;
+    while (write(s->wake_fd, &one, sizeof(one)) < 0 && errno == EINTR)
+        ;
+}
+
 static void *db_main(void *arg)
 {
     gps_store *s = arg;
@@ -1472,7 +1490,7 @@ static void *db_main(void *arg)
         if (has_events) {
             s->events_done_seq = last_seq;
             s->events_failed |= events_failed || !commit_ok;
-            notify_commit = s->ev_commit != NULL;
+            notify_commit = s->wake_fd >= 0;
         }
         if (done_head) {
             if (s->dtail)
@@ -1480,16 +1498,20 @@ static void *db_main(void *arg)
             else
                 s->dhead = done_head;
             s->dtail = done_tail;
-            notify = s->ev_done != NULL;
+            notify = s->wake_fd >= 0;
         }
+        if (notify_commit)
+            s->pend_commit = true;
+        /* One write per batch at most, and none while the loop has a wake
+         * it has not read yet: it looks at dhead and pend_commit after
+         * reading, under mu, so it sees this batch too. */
+        bool wake = (notify || notify_commit) && !s->wake_sent;
+        if (wake)
+            s->wake_sent = true;
         pthread_cond_broadcast(&s->cv_done);
         pthread_mutex_unlock(&s->mu);
-        /* event_active is thread-safe once the base is notifiable
-         * (evthread_use_pthreads before event_base_new). */
-        if (notify)
-            event_active(s->ev_done, EV_READ, 0);
-        if (notify_commit)
-            event_active(s->ev_commit, EV_READ, 0);
+        if (wake)
+            wake_loop(s);
         pthread_mutex_lock(&s->mu);
     }
     s->thread_alive = false;
@@ -1879,23 +1901,31 @@ static void deliver_all(gps_store *s)
     }
 }
 
-static void on_done(evutil_socket_t fd, short what, void *arg)
-{
-    deliver_all(arg);
-}
-
-/* job_events committed (or failed): tell the listener, on the loop. */
-static void on_commit(evutil_socket_t fd, short what, void *arg)
+/* The loop's side of wake_fd: read results ready and/or job_events
+ * committed (or failed). Runs on the loop thread. */
+static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
     gps_store *s = arg;
+    uint64_t n;
+    (void)what;
+    /* Read before looking at the queue: a wake sent after this read
+     * (wake_sent cleared below) makes the fd readable again. */
+    if (read(fd, &n, sizeof(n)) < 0 && errno != EAGAIN && errno != EINTR)
+        gp_log_write(GP_LOG_ERROR, "store_wake_read_failed", NULL, NULL,
+                     "store: reading the DB thread's wake-up: %s", strerror(errno));
     pthread_mutex_lock(&s->mu);
+    s->wake_sent = false;
+    bool commit = s->pend_commit;
+    s->pend_commit = false;
     gps_store_commit_fn fn = s->commit_fn;
     void *farg = s->commit_arg;
     uint64_t done = s->events_done_seq;
     bool failed = s->events_failed;
-    s->events_failed = false;
+    if (commit)
+        s->events_failed = false;
     pthread_mutex_unlock(&s->mu);
-    if (fn)
+    deliver_all(s);
+    if (commit && fn)
         fn(farg, done, failed);
 }
 
@@ -2208,6 +2238,8 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
         return NULL;
     }
     s = calloc(1, sizeof(*s));
+    if (s)
+        s->wake_fd = -1;
     if (!s || !(s->target = strdup(path))) {
         seterr(err, errlen, "out of memory");
         goto fail;
@@ -2246,9 +2278,13 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
         s->w.tried[k] = true;
 
     if (base) {
-        s->ev_done = event_new(base, -1, 0, on_done, s);
-        s->ev_commit = event_new(base, -1, 0, on_commit, s);
-        if (!s->ev_done || !s->ev_commit) {
+        s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (s->wake_fd < 0) {
+            seterr(err, errlen, "eventfd: %s", strerror(errno));
+            goto fail;
+        }
+        s->ev_wake = event_new(base, s->wake_fd, EV_READ | EV_PERSIST, on_wake, s);
+        if (!s->ev_wake || event_add(s->ev_wake, NULL) != 0) {
             seterr(err, errlen, "event_new failed");
             goto fail;
         }
@@ -2276,10 +2312,10 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
 fail:
     mig_set_free(&ms);
     if (s) {
-        if (s->ev_done)
-            event_free(s->ev_done);
-        if (s->ev_commit)
-            event_free(s->ev_commit);
+        if (s->ev_wake)
+            event_free(s->ev_wake);
+        if (s->wake_fd >= 0)
+            close(s->wake_fd);
         conn_close(&s->w);
         if (mu_ok) {
             pthread_mutex_destroy(&s->mu);
@@ -2308,10 +2344,10 @@ void gps_store_close(gps_store *s)
      * args are not leaked. */
     deliver_all(s);
     gps_store__listen_detach(s->listen_hub);
-    if (s->ev_done)
-        event_free(s->ev_done);
-    if (s->ev_commit)
-        event_free(s->ev_commit);
+    if (s->ev_wake)
+        event_free(s->ev_wake);
+    if (s->wake_fd >= 0)
+        close(s->wake_fd);
     conn_close(&s->w);
     conn_close(&s->r);
     free_chain(s->qhead);
@@ -2663,7 +2699,7 @@ int gps_store_key_bind_agent(gps_store *s, const char *key_id, const char *agent
 
 int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, void *arg)
 {
-    if (!s->ev_done || !id || !cb)
+    if (!s->ev_wake || !id || !cb)
         return -1;
     op *o = read_op(K_JOB_GET, "t", id);
     if (!o)
@@ -2675,7 +2711,7 @@ int gps_store_job_get_async(gps_store *s, const char *id, gps_store_job_fn cb, v
 
 int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     op *o = read_op(K_PING, "");
     if (!o)
@@ -2690,7 +2726,7 @@ int gps_store_ping_async(gps_store *s, gps_store_ping_fn cb, void *arg)
 int gps_store_server_beat_async(gps_store *s, const gps_store_server_row *r,
                                 gps_store_status_fn cb, void *arg)
 {
-    if (!s->ev_done || !r || !r->id || !r->name || !r->version || !cb)
+    if (!s->ev_wake || !r || !r->id || !r->name || !r->version || !cb)
         return -1;
     op *o = read_op(K_SERVER_BEAT, "tttitiii", r->id, r->name, r->url, r->pid, r->version,
                     r->started_at, r->heartbeat_at, r->lease_until);
@@ -2724,7 +2760,7 @@ static int shared_read(gps_store *s, op *o, void *arg)
 
 int gps_store_servers_async(gps_store *s, gps_store_servers_fn cb, void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     op *o = read_op(K_SERVER_LIST, "");
     if (o)
@@ -2734,7 +2770,7 @@ int gps_store_servers_async(gps_store *s, gps_store_servers_fn cb, void *arg)
 
 int gps_store_keys_async(gps_store *s, gps_store_keys_fn cb, void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     op *o = read_op(K_KEYS_GET, "");
     if (o)
@@ -2744,7 +2780,7 @@ int gps_store_keys_async(gps_store *s, gps_store_keys_fn cb, void *arg)
 
 int gps_store_usage_async(gps_store *s, int64_t day, gps_store_usage_rows_fn cb, void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     op *o = read_op(K_USAGE_GET, "i", day);
     if (o)
@@ -2756,7 +2792,7 @@ int gps_store_usage_async(gps_store *s, int64_t day, gps_store_usage_rows_fn cb,
 int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_store_jobs_fn cb,
                               void *arg)
 {
-    if (!s->ev_done || !f || !cb || f->limit < 1)
+    if (!s->ev_wake || !f || !cb || f->limit < 1)
         return -1;
     op *o = read_op(K_JOB_LIST, "ttttzi", f->status, f->model, f->agent_id, f->key_id,
                     (int64_t)f->before, (int64_t)f->limit);
@@ -2822,7 +2858,7 @@ static int cells_op(gps_store *s, op *o, gps_store_cells_fn cb, void *arg)
 int gps_store_response_get_async(gps_store *s, const char *id, const char *key_id,
                                  int64_t now_ms, gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !id || !key_id || !cb)
+    if (!s->ev_wake || !id || !key_id || !cb)
         return -1;
     return cells_op(s, read_op(K_RESP_GET, "tti", id, key_id, now_ms), cb, arg);
 }
@@ -2830,7 +2866,7 @@ int gps_store_response_get_async(gps_store *s, const char *id, const char *key_i
 int gps_store_response_items_async(gps_store *s, const char *key_id, const json_t *ids,
                                    int64_t now_ms, gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !key_id || !json_is_array(ids) || !cb)
+    if (!s->ev_wake || !key_id || !json_is_array(ids) || !cb)
         return -1;
     return cells_op(s, read_op(K_RESP_ITEMS_GET, "tji", key_id, ids, now_ms), cb, arg);
 }
@@ -2838,7 +2874,7 @@ int gps_store_response_items_async(gps_store *s, const char *key_id, const json_
 int gps_store_response_delete_async(gps_store *s, const char *id, const char *key_id,
                                     gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !id || !key_id || !cb)
+    if (!s->ev_wake || !id || !key_id || !cb)
         return -1;
     return cells_op(s, read_op(K_RESP_DELETE, "tt", id, key_id), cb, arg);
 }
@@ -2847,7 +2883,7 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
                                int64_t now_ms, const json_t *models, int limit,
                                gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+    if (!s->ev_wake || !server_id || !json_is_array(models) || limit < 1 || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_CLAIM, "tiiji", server_id, lease_until, now_ms, models,
                                (int64_t)limit),
@@ -2857,7 +2893,7 @@ int gps_store_task_claim_async(gps_store *s, const char *server_id, int64_t leas
 int gps_store_jobs_fail_orphans_async(gps_store *s, int64_t now_ms, int64_t dead_before,
                                       gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     return cells_op(s, read_op(K_JOBS_FAIL_ORPHANS, "ii", now_ms, dead_before), cb, arg);
 }
@@ -2865,7 +2901,7 @@ int gps_store_jobs_fail_orphans_async(gps_store *s, int64_t now_ms, int64_t dead
 int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
                                void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_LEASE_GET, "t", job_id), cb, arg);
 }
@@ -2873,7 +2909,7 @@ int gps_store_task_lease_async(gps_store *s, const char *job_id, gps_store_cells
 int gps_store_task_follow_async(gps_store *s, const char *job_id, long long after_seq,
                                 gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_FOLLOW, "ti", job_id, (int64_t)after_seq), cb, arg);
 }
@@ -2927,7 +2963,7 @@ int gps_store_server_free(gps_store *s, const char *server_id, const json_t *fre
 int gps_store_handoff_peers_async(gps_store *s, const char *server_id, int64_t now_ms,
                                   gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !server_id || !cb)
+    if (!s->ev_wake || !server_id || !cb)
         return -1;
     int k = gps_store_has_server_free(s) ? K_HANDOFF_PEERS_FREE : K_HANDOFF_PEERS;
     return cells_op(s, read_op(k, "ti", server_id, now_ms), cb, arg);
@@ -2947,7 +2983,7 @@ int gps_store_handoff_claim_async(gps_store *s, const char *server_id, int64_t n
                                   const json_t *models, int limit, gps_store_cells_fn cb,
                                   void *arg)
 {
-    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+    if (!s->ev_wake || !server_id || !json_is_array(models) || limit < 1 || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_CLAIM, "tiji", server_id, now_ms, models,
                                (int64_t)limit),
@@ -2958,7 +2994,7 @@ int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t no
                                  const json_t *models, int limit, gps_store_cells_fn cb,
                                  void *arg)
 {
-    if (!s->ev_done || !server_id || !json_is_array(models) || limit < 1 || !cb)
+    if (!s->ev_wake || !server_id || !json_is_array(models) || limit < 1 || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_PEEK, "tiji", server_id, now_ms, models,
                                (int64_t)limit),
@@ -2968,7 +3004,7 @@ int gps_store_handoff_peek_async(gps_store *s, const char *server_id, int64_t no
 int gps_store_handoff_claim_ids_async(gps_store *s, const char *server_id, int64_t now_ms,
                                       const json_t *job_ids, gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !server_id || !json_is_array(job_ids) || !cb)
+    if (!s->ev_wake || !server_id || !json_is_array(job_ids) || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_CLAIM_IDS, "tij", server_id, now_ms, job_ids), cb,
                     arg);
@@ -2978,7 +3014,7 @@ int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char 
                                    int64_t attempt, long long first_seq, long long last_seq,
                                    const json_t *events, gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !job_id || !server_id || !json_is_array(events) || !cb)
+    if (!s->ev_wake || !job_id || !server_id || !json_is_array(events) || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_EVENTS, "tiijiit", job_id, (int64_t)first_seq,
                                (int64_t)last_seq, events, (int64_t)gp_now_wall_ms(), attempt,
@@ -2989,7 +3025,7 @@ int gps_store_handoff_events_async(gps_store *s, const char *job_id, const char 
 int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long from_seq,
                                    gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_FOLLOW, "ti", job_id, (int64_t)from_seq), cb, arg);
 }
@@ -2997,7 +3033,7 @@ int gps_store_handoff_follow_async(gps_store *s, const char *job_id, long long f
 int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
                                  void *arg)
 {
-    if (!s->ev_done || !server_id || !cb)
+    if (!s->ev_wake || !server_id || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_MINE, "t", server_id), cb, arg);
 }
@@ -3005,7 +3041,7 @@ int gps_store_handoff_mine_async(gps_store *s, const char *server_id, gps_store_
 int gps_store_handoff_withdraw_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
                                      void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_HANDOFF_WITHDRAW, "t", job_id), cb, arg);
 }
@@ -3020,7 +3056,7 @@ int gps_store_handoff_end(gps_store *s, const char *job_id, bool done)
 int gps_store_handoff_sweep_async(gps_store *s, int64_t now_ms, gps_store_cells_fn cb,
                                   void *arg)
 {
-    if (!s->ev_done || !cb)
+    if (!s->ev_wake || !cb)
         return -1;
     if (write_op(s, K_HANDOFF_SWEEP_FROM, "i", now_ms) != 0)
         return -1;
@@ -3036,7 +3072,7 @@ bool gps_store_has_task_cancel(gps_store *s)
 int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_t now_ms,
                                         gps_store_cells_fn cb, void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_CANCEL_REQ, "ti", job_id, now_ms), cb, arg);
 }
@@ -3044,7 +3080,7 @@ int gps_store_task_cancel_request_async(gps_store *s, const char *job_id, int64_
 int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_cells_fn cb,
                                  void *arg)
 {
-    if (!s->ev_done || !server_id || !cb)
+    if (!s->ev_wake || !server_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_CANCELS, "t", server_id), cb, arg);
 }
@@ -3052,7 +3088,7 @@ int gps_store_task_cancels_async(gps_store *s, const char *server_id, gps_store_
 int gps_store_task_cancel_get_async(gps_store *s, const char *job_id, gps_store_cells_fn cb,
                                     void *arg)
 {
-    if (!s->ev_done || !job_id || !cb)
+    if (!s->ev_wake || !job_id || !cb)
         return -1;
     return cells_op(s, read_op(K_TASK_CANCEL_GET, "t", job_id), cb, arg);
 }

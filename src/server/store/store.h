@@ -16,9 +16,16 @@
  *
  * Reads the loop needs later (gps_store_job_get_async, ping) go through the
  * same queue, so they see every write enqueued before them, and their
- * callback runs ON THE LOOP THREAD (the DB thread activates an event on the
- * event_base; the process must call evthread_use_pthreads() before creating
- * that base).
+ * callback runs ON THE LOOP THREAD: the DB thread appends the finished op
+ * to a mutex-protected completion list and writes to an eventfd; an event
+ * of the loop reads it and drains the list. The same wake-up carries the
+ * job_events commit notification (gps_store_set_commit_cb).
+ *
+ * Threads: only the loop thread touches libevent objects (events,
+ * evbuffers, bufferevents, the base). The DB thread talks to the loop only
+ * through mu and the eventfd, so the server runs libevent without its
+ * thread locks (no evthread_use_pthreads; docs/architecture.md "Threads").
+ * Keep it so: a new thread must hand its results over the same way.
  *
  * Start-up reads (gps_store_load_*) and the CLI's synchronous writes
  * (gps_store_key_insert_sync) use a second connection on the calling

@@ -114,8 +114,8 @@ static bool run_later(gps_stream *s)
         if (!s->flush)
             return false;
     }
-    /* Once per turn, not per token: libevent's own "already active" check
-     * takes its lock first. */
+    /* Once per turn, not per token: a flag test is cheaper than
+     * event_active's own "already active" check. */
     if (!s->flush_queued) {
         s->flush_queued = true;
         event_active(s->flush, EV_TIMEOUT, 1);

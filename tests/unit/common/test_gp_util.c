@@ -88,6 +88,36 @@ static void test_buf(void **state)
     gp_buf_free(&b);
 }
 
+/* gp_buf_take: the bytes leave, the capacity stays, the next append needs
+ * no regrow; an empty buffer gives NULL and stays as it was. */
+static void test_buf_take(void **state)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    assert_null(gp_buf_take(&b));
+    assert_null(b.data);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(gp_buf_appendf(&b, "%d,", i), 0);
+    size_t len = b.len, cap = b.cap;
+    char *old = b.data;
+    char *s = gp_buf_take(&b);
+    assert_ptr_equal(s, old);
+    assert_int_equal(strlen(s), len);
+    assert_memory_equal(s, "0,1,2,", 6);
+    assert_non_null(b.data);
+    assert_ptr_not_equal(b.data, s);
+    assert_int_equal(b.len, 0);
+    assert_int_equal(b.cap, cap);
+    assert_string_equal(b.data, "");
+    free(s);
+    char fill[64];
+    memset(fill, 'x', sizeof fill);
+    assert_int_equal(gp_buf_append(&b, fill, sizeof fill), 0);
+    assert_int_equal(b.cap, cap);
+    assert_int_equal(b.len, sizeof fill);
+    gp_buf_free(&b);
+}
+
 static void test_files(void **state)
 {
     char dir[] = "/tmp/gp_util_XXXXXX";
@@ -374,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_json_compact_size), cmocka_unit_test(test_json_dump),
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
+        cmocka_unit_test(test_buf_take),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
         cmocka_unit_test(test_copy_cut_is_snprintf),
         cmocka_unit_test(test_reals_agree_with_jansson),

@@ -44,8 +44,7 @@ gps_jobs_opts fleet_opts(void);
 void fleet_init(fleet *f, const gps_jobs_opts *o, const registry_config *rc);
 /* The same on the caller's base (borrowed: fleet_free leaves it), for a
  * test that makes something the registry reports to (agents_api) first,
- * or that needs a store (borrowed, may be NULL; the base must then be
- * made after evthread_use_pthreads). */
+ * or that needs a store (borrowed, may be NULL). */
 void fleet_init_on(fleet *f, struct event_base *base, const gps_jobs_opts *o,
                    const registry_config *rc, struct gps_store *store);
 void fleet_free(fleet *f);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "common/gp_util.h"
 #include "server/auth/auth.h"
@@ -618,7 +617,6 @@ static void test_refresh_merges_other_servers(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_format_and_roles),
         cmocka_unit_test(test_enabled_rule),

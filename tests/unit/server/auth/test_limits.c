@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 #include <sqlite3.h>
 
 #include "server/auth/auth.h"
@@ -384,7 +383,6 @@ static void test_refresh_shares_the_budget(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rpm_bucket),
         cmocka_unit_test(test_no_key_and_unlimited),

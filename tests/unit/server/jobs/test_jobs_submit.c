@@ -16,7 +16,6 @@
 
 #include <cmocka.h>
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include <unistd.h>
 
@@ -509,7 +508,6 @@ static void test_log_lines_as_json_pack_wrote(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_lost_ends_every_job),
         cmocka_unit_test(test_one_reply_takes_every_free_slot),

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 #include <sqlite3.h>
 
 #include "common/gp_util.h"
@@ -942,9 +941,54 @@ static void test_response_trim(void **state)
     json_decref(ctx);
 }
 
+/* The DB thread wakes a loop that sleeps with nothing else to do: the base
+ * is made without libevent's thread support (the server's, docs/
+ * architecture.md "Threads"), so only the store's own wake-up (an eventfd
+ * the loop reads) can end the wait. The watchdog is a bound on a hang, far
+ * beyond any commit, not a measure of speed. */
+typedef struct woken {
+    struct event_base *base;
+    int pings, watchdog;
+} woken;
+
+static void woken_ping(void *arg, bool ok, const char *msg)
+{
+    woken *w = arg;
+    (void)msg;
+    assert_true(ok);
+    w->pings++;
+    event_base_loopbreak(w->base);
+}
+
+static void woken_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+    woken *w = arg;
+    w->watchdog = 1;
+    event_base_loopbreak(w->base);
+}
+
+static void test_db_thread_wakes_the_loop(void **state)
+{
+    tctx *t = *state;
+    woken w = {.base = event_base_new()};
+    assert_non_null(w.base);
+    gps_store *s = open_ok(t->db, w.base, NULL);
+    struct event *dog = evtimer_new(w.base, woken_watchdog, &w);
+    struct timeval tv = {30, 0};
+    assert_int_equal(evtimer_add(dog, &tv), 0);
+    for (int i = 1; i <= 3; i++) { /* each a wake-up after the previous was read */
+        assert_int_equal(gps_store_ping_async(s, woken_ping, &w), 0);
+        event_base_dispatch(w.base); /* until the ping's callback */
+        assert_int_equal(w.watchdog, 0);
+        assert_int_equal(w.pings, i);
+    }
+    event_free(dog);
+    gps_store_close(s);
+    event_base_free(w.base);
+}
+
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
@@ -952,6 +996,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_migrations_dir, setup, teardown),
         cmocka_unit_test_setup_teardown(test_async_writes_and_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ping_and_no_base, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_db_thread_wakes_the_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_delivers_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_row_writes_fold, setup, teardown),

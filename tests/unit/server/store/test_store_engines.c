@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "server/store/store.h"
 
@@ -1301,7 +1300,6 @@ static void test_db_label(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_keys_survive_a_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_folded_rows, setup, teardown),

@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "common/gp_util.h"
 #include "server/store/store.h"
@@ -333,7 +332,6 @@ static void test_without_the_table(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_batches_read_back_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_batch_ends_the_log, setup, teardown),

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "common/gp_util.h"
 #include "server/store/store.h"
@@ -124,7 +123,6 @@ static void test_filters_order_cursor(void **state)
 
 int main(void)
 {
-    evthread_use_pthreads();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_filters_order_cursor, setup, teardown),
     };
