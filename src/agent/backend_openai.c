@@ -164,7 +164,7 @@ struct oai_backend {
     char *public_id;
     char *auth_header;
     /* The header lines every request carries (Content-Type, Accept,
-     * Expect, User-Agent, Authorization), built once: for generation and
+     * Expect, Authorization), built once: for generation and
      * count requests [0], embeddings [1] (Accept differs). A job's own
      * lines link to one of them (job_headers). */
     struct curl_slist *fixed_hdrs[2];
@@ -232,15 +232,13 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
 }
 
 /* The fixed header lines of the backend's requests ([0] SSE, [1] JSON
- * replies), built once. The User-Agent is one of them rather than
- * CURLOPT_USERAGENT: libcurl formats that option into a header of its own
- * for every transfer (issue 24). NULL on ENOMEM. */
+ * replies), built once. NULL on ENOMEM. */
 static struct curl_slist *fixed_headers(const oai_backend *b, bool embed)
 {
     struct curl_slist *h = NULL, *n;
     const char *lines[] = {"Content-Type: application/json",
                            embed ? "Accept: application/json" : "Accept: text/event-stream",
-                           "Expect:", "User-Agent: gpupool-agent/" AGENT_VERSION, b->auth_header};
+                           "Expect:", b->auth_header};
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
         if (!lines[i])
             continue;
@@ -369,6 +367,7 @@ static CURL *easy_new(oai_backend *b)
     curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
     curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
     curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
     curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, OAI_RECV_BUFFER);
