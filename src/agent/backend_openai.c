@@ -90,11 +90,20 @@
 
 typedef struct oai_backend oai_backend;
 
+#define HDR_JOB_ID "X-Gpupool-Job-Id: "
+#define HDR_CORR "X-Correlation-Id: "
+
 typedef struct oai_job {
     struct oai_job *prev, *next; /* b->jobs (under b->mu) */
     struct oai_job *in_next;     /* b->inbox, then the loop's work lists */
     oai_backend *b;
-    char id[128];
+    /* The job's own header lines (job_lines), which hold its id and
+     * correlation id: each kept once, as the line sent (issue 24). */
+    char h_job_id[sizeof HDR_JOB_ID + 127]; /* HDR_JOB_ID and the id (< 128 bytes) */
+    const char *id;         /* the job id: the tail of h_job_id */
+    char *h_corr;           /* HDR_CORR and the correlation id (owned), or NULL */
+    const char *correlation_id; /* the tail of h_corr, or NULL */
+    char *pool_via;         /* X-Pool-Via header line (owned), or NULL */
     char *body;             /* the generation request JSON (owned); NULL for a count job */
     char *tok_body;         /* count: the /tokenize body (owned), or NULL */
     char *count_body;       /* count: the messages/count_tokens body (owned), or NULL */
@@ -107,9 +116,7 @@ typedef struct oai_job {
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
     bool embed;             /* an embeddings job: body goes to url_embed (openai_embed.h) */
     int n_inputs;           /* embed: the job's inputs */
-    char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
-    char pool_via[160];     /* X-Pool-Via header line, or "" */
     bool cancel;            /* under b->mu: job_cancel asked */
     bool cancel_taken;      /* under b->mu: the loop has it in hand */
 
@@ -121,8 +128,6 @@ typedef struct oai_job {
      * libcurl only reads the list. */
     struct curl_slist *hdrs;
     struct curl_slist hnode[4];
-    char h_job_id[160];     /* X-Gpupool-Job-Id line */
-    char h_corr[240];       /* X-Correlation-Id line, or "" */
     int count_m;            /* count: the method being tried (oai_count_method) */
     bool tmpl_step;         /* count: method 2 is at its /tokenize step */
     int count_first;        /* count: the method tried first */
@@ -251,6 +256,31 @@ static struct curl_slist *fixed_headers(const oai_backend *b, bool embed)
     return h;
 }
 
+/* The job's id, correlation id (cid, may be NULL) and the pools it came
+ * through (via, may be NULL) as its header lines; j->id and
+ * j->correlation_id point into them. The caller checked id (< 128 bytes)
+ * and cid (no CR or LF); via is taken when it is ids and separators only,
+ * bounded by the server. 0, or -1 on ENOMEM. */
+static int job_lines(oai_job *j, const char *id, const char *cid, const char *via)
+{
+    snprintf(j->h_job_id, sizeof j->h_job_id, HDR_JOB_ID "%s", id);
+    j->id = j->h_job_id + sizeof HDR_JOB_ID - 1;
+    if (cid) {
+        size_t n = sizeof HDR_CORR + strlen(cid);
+        if (!(j->h_corr = malloc(n)))
+            return -1;
+        snprintf(j->h_corr, n, HDR_CORR "%s", cid);
+        j->correlation_id = j->h_corr + sizeof HDR_CORR - 1;
+    }
+    if (via && strlen(via) < 128 && strspn(via, "0123456789abcdefABCDEF, ") == strlen(via)) {
+        size_t n = sizeof "X-Pool-Via: " + strlen(via);
+        if (!(j->pool_via = malloc(n)))
+            return -1;
+        snprintf(j->pool_via, n, "X-Pool-Via: %s", via);
+    }
+    return 0;
+}
+
 /* The job's request headers: its own lines (job id, correlation id, the
  * pools it came through, its pool options) in j->hnode, then the fixed
  * list. Nothing is allocated; the list lives as long as the job. */
@@ -258,13 +288,10 @@ static void job_headers(oai_job *j)
 {
     const char *own[4];
     int n = 0;
-    snprintf(j->h_job_id, sizeof j->h_job_id, "X-Gpupool-Job-Id: %s", j->id);
     own[n++] = j->h_job_id;
-    if (j->correlation_id) {
-        snprintf(j->h_corr, sizeof j->h_corr, "X-Correlation-Id: %s", j->correlation_id);
+    if (j->h_corr)
         own[n++] = j->h_corr;
-    }
-    if (j->pool_via[0])
+    if (j->pool_via)
         own[n++] = j->pool_via;
     if (j->pool_options)
         own[n++] = j->pool_options;
@@ -293,7 +320,8 @@ static void job_free(oai_job *j)
     free(j->tmpl_tok);
     json_decref(j->stops);
     oai_schema_free(j->check);
-    free(j->correlation_id);
+    free(j->h_corr);
+    free(j->pool_via);
     free(j->pool_options);
     free(j);
 }
@@ -1050,7 +1078,18 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         return -1;
     }
     j->check = check;
-    snprintf(j->id, sizeof j->id, "%s", id);
+    const char *cid = json_string_value(json_object_get(job, "correlation_id"));
+    if (cid && (strlen(cid) >= 200 || strpbrk(cid, "\r\n")))
+        cid = NULL;
+    /* The pools the job came through: an upstream pool refuses a loop
+     * (docs/protocol.md). */
+    if (job_lines(j, id, cid, json_string_value(json_object_get(job, "pool_via"))) < 0) {
+        job_free(j); /* and check, which it holds */
+        json_decref(req);
+        free(tok_body);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     j->b = b;
     j->tok_body = tok_body;
     json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
@@ -1082,14 +1121,6 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         j->count_chat = json_is_array(json_object_get(job, "messages"));
         j->count_estimate = gp_count_estimate(job);
     }
-    const char *cid = json_string_value(json_object_get(job, "correlation_id"));
-    if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
-        j->correlation_id = strdup(cid);
-    /* The pools the job came through: an upstream pool refuses a loop
-     * (docs/protocol.md). Ids and separators only, bounded by the server. */
-    const char *via = json_string_value(json_object_get(job, "pool_via"));
-    if (via && strlen(via) < 128 && strspn(via, "0123456789abcdefABCDEF, ") == strlen(via))
-        snprintf(j->pool_via, sizeof j->pool_via, "X-Pool-Via: %s", via);
     if (pool_options_header(job, &j->pool_options) < 0) {
         job_free(j);
         snprintf(err, errlen, "out of memory");

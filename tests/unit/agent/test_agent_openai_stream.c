@@ -555,11 +555,14 @@ static void job_header_lines(void **st)
     assert_non_null(b.fixed_hdrs[0]);
     oai_job *a = calloc(1, sizeof *a), *c = calloc(1, sizeof *c);
     a->b = c->b = &b;
-    snprintf(a->id, sizeof a->id, "job-a");
-    a->correlation_id = strdup("corr-a");
-    snprintf(a->pool_via, sizeof a->pool_via, "X-Pool-Via: ab12");
+    assert_int_equal(job_lines(a, "job-a", "corr-a", "ab12"), 0);
+    assert_string_equal(a->id, "job-a");
+    assert_string_equal(a->correlation_id, "corr-a");
     a->pool_options = strdup("X-Pool-Options: {\"session\":\"s\"}");
-    snprintf(c->id, sizeof c->id, "job-c");
+    /* A pool_via that is not ids and separators is not sent. */
+    assert_int_equal(job_lines(c, "job-c", NULL, "ab\r\nX: 1"), 0);
+    assert_null(c->correlation_id);
+    assert_null(c->pool_via);
     c->embed = true;
     job_headers(a);
     job_headers(c);
@@ -578,10 +581,8 @@ static void job_header_lines(void **st)
                                  "Accept: application/json|Expect:|Authorization: Bearer k|");
     gp_buf_free(&la);
     gp_buf_free(&lc);
-    free(a->correlation_id);
-    free(a->pool_options);
-    free(a);
-    free(c);
+    job_free(a);
+    job_free(c);
     curl_slist_free_all(b.fixed_hdrs[0]);
     curl_slist_free_all(b.fixed_hdrs[1]);
 }
