@@ -90,11 +90,20 @@
 
 typedef struct oai_backend oai_backend;
 
+#define HDR_JOB_ID "X-Gpupool-Job-Id: "
+#define HDR_CORR "X-Correlation-Id: "
+
 typedef struct oai_job {
     struct oai_job *prev, *next; /* b->jobs (under b->mu) */
     struct oai_job *in_next;     /* b->inbox, then the loop's work lists */
     oai_backend *b;
-    char id[128];
+    /* The job's own header lines (job_lines), which hold its id and
+     * correlation id: each kept once, as the line sent (issue 24). */
+    char h_job_id[sizeof HDR_JOB_ID + 127]; /* HDR_JOB_ID and the id (< 128 bytes) */
+    const char *id;         /* the job id: the tail of h_job_id */
+    char *h_corr;           /* HDR_CORR and the correlation id (owned), or NULL */
+    const char *correlation_id; /* the tail of h_corr, or NULL */
+    char *pool_via;         /* X-Pool-Via header line (owned), or NULL */
     char *body;             /* the generation request JSON (owned); NULL for a count job */
     char *tok_body;         /* count: the /tokenize body (owned), or NULL */
     char *count_body;       /* count: the messages/count_tokens body (owned), or NULL */
@@ -107,15 +116,18 @@ typedef struct oai_job {
     bool precount;          /* count the prompt, report it, then generate (prompt_tokens_first) */
     bool embed;             /* an embeddings job: body goes to url_embed (openai_embed.h) */
     int n_inputs;           /* embed: the job's inputs */
-    char *correlation_id;   /* owned, may be NULL */
     char *pool_options;     /* X-Pool-Options header line (owned), or NULL */
-    char pool_via[160];     /* X-Pool-Via header line, or "" */
     bool cancel;            /* under b->mu: job_cancel asked */
     bool cancel_taken;      /* under b->mu: the loop has it in hand */
 
     /* --- loop thread only --- */
     CURL *easy;             /* the transfer in flight, or NULL */
-    struct curl_slist *hdrs; /* request headers (owned), for every transfer */
+    /* Request headers, for every transfer of the job: the job's own lines
+     * (hnode, whose data is in the strings below) ahead of the backend's
+     * fixed list, which they link to (issue 24: no list built per job).
+     * libcurl only reads the list. */
+    struct curl_slist *hdrs;
+    struct curl_slist hnode[4];
     int count_m;            /* count: the method being tried (oai_count_method) */
     bool tmpl_step;         /* count: method 2 is at its /tokenize step */
     int count_first;        /* count: the method tried first */
@@ -156,6 +168,11 @@ struct oai_backend {
     atomic_ullong count_none_ms;
     char *public_id;
     char *auth_header;
+    /* The header lines every request carries (Content-Type, Accept,
+     * Expect, Authorization), built once: for generation and
+     * count requests [0], embeddings [1] (Accept differs). A job's own
+     * lines link to one of them (job_headers). */
+    struct curl_slist *fixed_hdrs[2];
 
     /* --- shared with the agent's thread, under mu --- */
     pthread_mutex_t mu;
@@ -219,45 +236,72 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
     return oai_stream_header(&j->st, p, n) == 0 ? n : 0;
 }
 
-/* Headers every upstream request carries. NULL on ENOMEM. */
-static struct curl_slist *job_headers(oai_job *j)
+/* The fixed header lines of the backend's requests ([0] SSE, [1] JSON
+ * replies), built once. NULL on ENOMEM. */
+static struct curl_slist *fixed_headers(const oai_backend *b, bool embed)
 {
     struct curl_slist *h = NULL, *n;
-    char hv[300];
-    const char *fixed[] = {"Content-Type: application/json",
-                           j->embed ? "Accept: application/json" : "Accept: text/event-stream",
-                           "Expect:", j->b->auth_header};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
-        if (!fixed[i])
+    const char *lines[] = {"Content-Type: application/json",
+                           embed ? "Accept: application/json" : "Accept: text/event-stream",
+                           "Expect:", b->auth_header};
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        if (!lines[i])
             continue;
-        if (!(n = curl_slist_append(h, fixed[i])))
-            goto oom;
-        h = n;
-    }
-    snprintf(hv, sizeof hv, "X-Gpupool-Job-Id: %s", j->id);
-    if (!(n = curl_slist_append(h, hv)))
-        goto oom;
-    h = n;
-    if (j->correlation_id) {
-        snprintf(hv, sizeof hv, "X-Correlation-Id: %s", j->correlation_id);
-        if (!(n = curl_slist_append(h, hv)))
-            goto oom;
-        h = n;
-    }
-    if (j->pool_via[0]) {
-        if (!(n = curl_slist_append(h, j->pool_via)))
-            goto oom;
-        h = n;
-    }
-    if (j->pool_options) {
-        if (!(n = curl_slist_append(h, j->pool_options)))
-            goto oom;
+        if (!(n = curl_slist_append(h, lines[i]))) {
+            curl_slist_free_all(h);
+            return NULL;
+        }
         h = n;
     }
     return h;
-oom:
-    curl_slist_free_all(h);
-    return NULL;
+}
+
+/* The job's id, correlation id (cid, may be NULL) and the pools it came
+ * through (via, may be NULL) as its header lines; j->id and
+ * j->correlation_id point into them. The caller checked id (< 128 bytes)
+ * and cid (no CR or LF); via is taken when it is ids and separators only,
+ * bounded by the server. 0, or -1 on ENOMEM. */
+static int job_lines(oai_job *j, const char *id, const char *cid, const char *via)
+{
+    snprintf(j->h_job_id, sizeof j->h_job_id, HDR_JOB_ID "%s", id);
+    j->id = j->h_job_id + sizeof HDR_JOB_ID - 1;
+    if (cid) {
+        size_t n = sizeof HDR_CORR + strlen(cid);
+        if (!(j->h_corr = malloc(n)))
+            return -1;
+        snprintf(j->h_corr, n, HDR_CORR "%s", cid);
+        j->correlation_id = j->h_corr + sizeof HDR_CORR - 1;
+    }
+    if (via && strlen(via) < 128 && strspn(via, "0123456789abcdefABCDEF, ") == strlen(via)) {
+        size_t n = sizeof "X-Pool-Via: " + strlen(via);
+        if (!(j->pool_via = malloc(n)))
+            return -1;
+        snprintf(j->pool_via, n, "X-Pool-Via: %s", via);
+    }
+    return 0;
+}
+
+/* The job's request headers: its own lines (job id, correlation id, the
+ * pools it came through, its pool options) in j->hnode, then the fixed
+ * list. Nothing is allocated; the list lives as long as the job. */
+static void job_headers(oai_job *j)
+{
+    const char *own[4];
+    int n = 0;
+    own[n++] = j->h_job_id;
+    if (j->h_corr)
+        own[n++] = j->h_corr;
+    if (j->pool_via)
+        own[n++] = j->pool_via;
+    if (j->pool_options)
+        own[n++] = j->pool_options;
+    struct curl_slist *next = j->b->fixed_hdrs[j->embed];
+    for (int i = n - 1; i >= 0; i--) {
+        j->hnode[i].data = (char *)own[i];
+        j->hnode[i].next = next;
+        next = &j->hnode[i];
+    }
+    j->hdrs = next;
 }
 
 /* ======================================================================== */
@@ -268,7 +312,6 @@ static void job_free(oai_job *j)
 {
     if (j->easy)
         curl_easy_cleanup(j->easy);
-    curl_slist_free_all(j->hdrs);
     oai_stream_free(&j->st);
     free(j->body);
     free(j->tok_body);
@@ -277,7 +320,8 @@ static void job_free(oai_job *j)
     free(j->tmpl_tok);
     json_decref(j->stops);
     oai_schema_free(j->check);
-    free(j->correlation_id);
+    free(j->h_corr);
+    free(j->pool_via);
     free(j->pool_options);
     free(j);
 }
@@ -308,7 +352,8 @@ static void xfer_drop(oai_backend *b, oai_job *j)
         return;
     curl_multi_remove_handle(b->multi, j->easy);
     if (b->n_easy_idle < OAI_EASY_IDLE_MAX) {
-        curl_easy_reset(j->easy);
+        /* Kept as it is: the options every transfer shares stay set, and
+         * xfer_start sets every one that differs between transfers. */
         b->easy_idle[b->n_easy_idle++] = j->easy;
     } else {
         curl_easy_cleanup(j->easy);
@@ -339,36 +384,53 @@ static CURLU *url_parsed(oai_backend *b, const char *url)
     return u;
 }
 
-/* Start one POST of body to url, read through on_header/on_write into j.
- * Returns 0, or -1 with the job failed (nothing started). */
-static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *body)
+/* A new handle with the options every transfer of the backend shares
+ * (xfer_start sets the rest), or NULL. */
+static CURL *easy_new(oai_backend *b)
 {
     const agent_options *o = b->o;
-    CURL *easy = b->n_easy_idle ? b->easy_idle[--b->n_easy_idle] : curl_easy_init();
+    CURL *easy = curl_easy_init();
+    if (!easy)
+        return NULL;
+    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
+    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
+    curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, OAI_RECV_BUFFER);
+    if (o->ca_file)
+        curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
+    return easy;
+}
+
+/* Start one POST of body to url, read through on_header/on_write into j.
+ * Returns 0, or -1 with the job failed (nothing started).
+ *
+ * A handle an ended transfer left (xfer_drop) is used again as it is, not
+ * reset (issue 24: curl_easy_reset and setting every option again were
+ * ~4,000 instructions a transfer): the options below are every one that
+ * differs between transfers, and each is set here for every transfer, so
+ * nothing of the previous job (its URL, headers, body, the job its
+ * callbacks write to) can carry over. What libcurl keeps of a transfer
+ * itself (status, headers read, progress) it starts afresh for each. */
+static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *body)
+{
+    CURL *easy = b->n_easy_idle ? b->easy_idle[--b->n_easy_idle] : easy_new(b);
     if (!easy) {
         oai_stream_fail(&j->st, "INTERNAL_ERROR", "cannot create an HTTP handle");
         return -1;
     }
     j->st.last_byte_ms = gp_now_mono_ms();
     CURLU *u = url_parsed(b, url);
-    if (u)
-        curl_easy_setopt(easy, CURLOPT_CURLU, u);
-    else
-        curl_easy_setopt(easy, CURLOPT_URL, url);
+    /* A CURLU set takes precedence over CURLOPT_URL: one or the other. */
+    curl_easy_setopt(easy, CURLOPT_CURLU, u);
+    curl_easy_setopt(easy, CURLOPT_URL, u ? NULL : url);
     curl_easy_setopt(easy, CURLOPT_HTTPHEADER, j->hdrs);
     curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_write);
     curl_easy_setopt(easy, CURLOPT_WRITEDATA, j);
-    curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(easy, CURLOPT_HEADERDATA, j);
     curl_easy_setopt(easy, CURLOPT_PRIVATE, j);
-    curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long)o->upstream_connect_timeout_sec * 1000);
-    curl_easy_setopt(easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
-    curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(easy, CURLOPT_BUFFERSIZE, OAI_RECV_BUFFER);
-    if (o->ca_file)
-        curl_easy_setopt(easy, CURLOPT_CAINFO, o->ca_file);
     if (curl_multi_add_handle(b->multi, easy) != CURLM_OK) {
         oai_stream_fail(&j->st, "INTERNAL_ERROR", "cannot start the upstream request");
         curl_easy_cleanup(easy);
@@ -581,12 +643,7 @@ static void job_begin(oai_backend *b, oai_job *j)
     }
     j->st.t_start_us = gp_now_mono_us();
     j->st.last_byte_ms = gp_now_mono_ms();
-    j->hdrs = job_headers(j);
-    if (!j->hdrs) {
-        j->st.sink.error(j->st.sink.ctx, "INTERNAL_ERROR", "out of memory");
-        job_release(b, j);
-        return;
-    }
+    job_headers(j);
     if (j->st.count && !j->embed) {
         count_begin(b, j);
         return;
@@ -866,13 +923,26 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err,
             goto fail;
         }
         *chat = true;
-        json_t *copy = json_deep_copy(msgs); /* forwarded as they are */
+        /* Forwarded as they are: the job's own array, shared, not copied
+         * (issue 24: the deep copy was ~5,000 instructions a job); req is
+         * dumped and dropped before the job is. */
+        json_t *fwd = msgs;
         if (cont && *cont) {
             /* Failover: the assistant's partial answer; servers that support
-             * assistant prefill (llama-server, vLLM) continue from it. */
-            json_array_append_new(copy, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
+             * assistant prefill (llama-server, vLLM) continue from it. A new
+             * array of the same messages, so that the job's stays as it is. */
+            fwd = json_array();
+            size_t i;
+            json_t *m;
+            json_array_foreach(msgs, i, m)
+            {
+                json_array_append(fwd, m);
+            }
+            json_array_append_new(fwd, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
+            json_object_set_new(req, "messages", fwd);
+        } else {
+            json_object_set(req, "messages", fwd);
         }
-        json_object_set_new(req, "messages", copy);
         /* Tools go upstream as they are (already OpenAI function tools);
          * the upstream decides whether its model can call them. */
         json_t *tools = json_object_get(job, "tools");
@@ -1008,7 +1078,18 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         return -1;
     }
     j->check = check;
-    snprintf(j->id, sizeof j->id, "%s", id);
+    const char *cid = json_string_value(json_object_get(job, "correlation_id"));
+    if (cid && (strlen(cid) >= 200 || strpbrk(cid, "\r\n")))
+        cid = NULL;
+    /* The pools the job came through: an upstream pool refuses a loop
+     * (docs/protocol.md). */
+    if (job_lines(j, id, cid, json_string_value(json_object_get(job, "pool_via"))) < 0) {
+        job_free(j); /* and check, which it holds */
+        json_decref(req);
+        free(tok_body);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     j->b = b;
     j->tok_body = tok_body;
     json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
@@ -1040,14 +1121,6 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         j->count_chat = json_is_array(json_object_get(job, "messages"));
         j->count_estimate = gp_count_estimate(job);
     }
-    const char *cid = json_string_value(json_object_get(job, "correlation_id"));
-    if (cid && strlen(cid) < 200 && !strpbrk(cid, "\r\n"))
-        j->correlation_id = strdup(cid);
-    /* The pools the job came through: an upstream pool refuses a loop
-     * (docs/protocol.md). Ids and separators only, bounded by the server. */
-    const char *via = json_string_value(json_object_get(job, "pool_via"));
-    if (via && strlen(via) < 128 && strspn(via, "0123456789abcdefABCDEF, ") == strlen(via))
-        snprintf(j->pool_via, sizeof j->pool_via, "X-Pool-Via: %s", via);
     if (pool_options_header(job, &j->pool_options) < 0) {
         job_free(j);
         snprintf(err, errlen, "out of memory");
@@ -1136,6 +1209,8 @@ static void oai_destroy(agent_backend *base)
     free(b->url_embed);
     free(b->public_id);
     free(b->auth_header);
+    curl_slist_free_all(b->fixed_hdrs[0]);
+    curl_slist_free_all(b->fixed_hdrs[1]);
     free(b);
 }
 
@@ -1306,7 +1381,9 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     }
     if (!b->url_chat || !b->url_completions || !b->url_tokenize || !b->url_count ||
         !b->url_template || !b->url_embed || !b->public_id ||
-        (o->upstream_key && *o->upstream_key && !b->auth_header)) {
+        (o->upstream_key && *o->upstream_key && !b->auth_header) ||
+        !(b->fixed_hdrs[0] = fixed_headers(b, false)) ||
+        !(b->fixed_hdrs[1] = fixed_headers(b, true))) {
         oai_destroy(&b->base);
         snprintf(err, errlen, "out of memory");
         return NULL;

@@ -331,6 +331,35 @@ static void fail_status(oai_stream *s)
     json_decref(b);
 }
 
+/* The usual events read where they lie (issue 24): while the SSE reader
+ * holds nothing (no partial line, no event being assembled), each whole
+ * "data: <line>\n\n" at the front of p, its line without a CR, is
+ * exactly one event with that line as its data, as agent_sse_feed would
+ * read it; it goes to on_sse_data without the reader's two line scans.
+ * Stops at anything else (another field, a comment, CRLF, a data line
+ * without its blank line yet, an overlong line), which agent_sse_feed
+ * then reads from *used on, from the same clean state. Returns 0, or what
+ * on_sse_data returned (1 at [DONE], 2 on failure). */
+static int sse_whole_events(oai_stream *s, const char *p, size_t n, size_t *used)
+{
+    const agent_sse *r = &s->sse;
+    size_t i = 0;
+    int rc = 0;
+    if (r->line.len > 0 || r->have_data || r->pending_cr)
+        return 0;
+    while (rc == 0 && n - i > 8 && memcmp(p + i, "data: ", 6) == 0) {
+        const char *d = p + i + 6;
+        const char *nl = memchr(d, '\n', n - i - 6);
+        if (!nl || (size_t)(nl - p) - i > r->max_line || nl + 1 == p + n || nl[1] != '\n' ||
+            memchr(d, '\r', (size_t)(nl - d)))
+            break;
+        i = (size_t)(nl - p) + 2;
+        rc = on_sse_data(s, d, (size_t)(nl - d));
+    }
+    *used = i;
+    return rc;
+}
+
 int oai_stream_body(oai_stream *s, const char *p, size_t n)
 {
     s->last_byte_ms = gp_now_mono_ms();
@@ -353,7 +382,10 @@ int oai_stream_body(oai_stream *s, const char *p, size_t n)
         gp_buf_append(&s->raw, p, n);
         return 0;
     case OAI_BODY_SSE: {
-        int rc = agent_sse_feed(&s->sse, p, n, on_sse_data, s);
+        size_t used = 0;
+        int rc = sse_whole_events(s, p, n, &used);
+        if (rc == 0)
+            rc = agent_sse_feed(&s->sse, p + used, n - used, on_sse_data, s);
         if (rc == 0 || rc == 1)
             return rc; /* 1: [DONE] */
         if (rc < 0)

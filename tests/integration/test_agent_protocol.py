@@ -334,6 +334,52 @@ class AgentProtocolTest(harness.TestCase):
         self.assertEqual(rec["body"]["temperature"], 0.5)
         self.assertEqual(rec["headers"].get("x-correlation-id"), "corr-job_c1")
 
+    def test_reused_handle_carries_nothing_of_the_previous_job(self):
+        """The openai backend runs one job after another on the same libcurl
+        handle, not reset between them (issue 24): each request has its own
+        URL, headers and body, whatever the job before it had, a cancelled
+        one included, and the backend's own headers (key, user agent)."""
+        up = self.h.start_upstream(["--tokens", "3"])
+        self.start_agent(up, ["--upstream-key", "k-up"])
+        long_msgs = [{"role": "user", "content": "x " * 3000}]
+        a = job("job_ra", kind="chat", messages=long_msgs, session="s-a", pool_via="ab12",
+                priority="batch")
+        self.fake.give(a)
+        self.assertEqual(self.fake.wait_terminal("job_ra")[-1]["type"], "end")
+        b = job("job_rb", prompt="short one", correlation_id=None)
+        self.fake.give(b)
+        self.assertEqual(self.fake.wait_terminal("job_rb")[-1]["type"], "end")
+        # A job dropped mid-stream, then one more on its handle.
+        up.control(pace_ms=50, tokens=200)
+        self.fake.cancel_jobs.add("job_rc")
+        self.fake.give(job("job_rc", kind="chat", messages=[{"role": "user", "content": "c"}]))
+        self._assert_upstream_closed(up, "upstream sees the cancel")
+        up.control(pace_ms=0, tokens=3)
+        self.fake.give(job("job_rd", kind="chat", messages=[{"role": "user", "content": "d"}],
+                           correlation_id=None))
+        self.assertEqual(self.fake.wait_terminal("job_rd")[-1]["type"], "end")
+        recs = {r["headers"].get("x-gpupool-job-id"): r for r in up.log_entries()}
+        ra, rb, rd = recs["job_ra"], recs["job_rb"], recs["job_rd"]
+        self.assertEqual(ra["path"], "/v1/chat/completions")
+        self.assertEqual(ra["headers"].get("x-correlation-id"), "corr-job_ra")
+        self.assertEqual(ra["headers"].get("x-pool-via"), "ab12")
+        self.assertEqual(json.loads(ra["headers"]["x-pool-options"]),
+                         {"session": "s-a", "priority": "batch"})
+        self.assertEqual(ra["messages"], long_msgs)
+        self.assertEqual(rb["path"], "/v1/completions")
+        self.assertEqual(rb["prompt"], "short one")
+        self.assertNotIn("messages", rb["body"])
+        self.assertEqual(rd["path"], "/v1/chat/completions")
+        self.assertEqual(rd["messages"], [{"role": "user", "content": "d"}])
+        for r in (rb, rd):
+            for h in ("x-correlation-id", "x-pool-via", "x-pool-options"):
+                self.assertNotIn(h, r["headers"], (r["headers"], h))
+        for r in (ra, rb, rd):
+            self.assertEqual(r["headers"].get("authorization"), "Bearer k-up")
+            self.assertTrue(r["headers"].get("user-agent", "").startswith("gpupool-agent/"))
+            self.assertEqual(r["headers"].get("accept"), "text/event-stream")
+            self.assertEqual(r["headers"].get("content-type"), "application/json")
+
     def test_chat_forwards_messages_and_max_tokens(self):
         up = self.h.start_upstream(["--tokens", "10"])
         msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]

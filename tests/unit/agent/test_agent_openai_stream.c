@@ -440,6 +440,18 @@ static void request_building(void **st)
     assert_int_equal(json_array_size(msgs), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(msgs, 1), "role")),
                         "assistant");
+    /* The messages are forwarded without a copy (issue 24): the job's own
+     * array stays as it was, the continuation only in the request's. */
+    assert_int_equal(json_array_size(json_object_get(job, "messages")), 1);
+    assert_ptr_equal(json_array_get(msgs, 0), json_array_get(json_object_get(job, "messages"), 0));
+    json_decref(req);
+    json_decref(job);
+    job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
+                     "\"content\":\"hi\"}]}",
+                     0, NULL);
+    req = build_request(&b, job, &chat, err, sizeof err);
+    assert_non_null(req);
+    assert_true(json_equal(json_object_get(req, "messages"), json_object_get(job, "messages")));
     json_decref(req);
     json_decref(job);
 
@@ -490,6 +502,91 @@ static void endpoints(void **st)
     free(e);
 }
 
+/* Every shape of SSE the upstream may send, read the same whatever the
+ * reads: whole events at the front of a read are taken where they lie
+ * (sse_whole_events, issue 24), the rest by the SSE reader, and a read may
+ * end anywhere, so every piece size, the whole body in one read included. */
+static const char *mixed_sse =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n"
+    "data:{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"}}]}\n\n"
+    ": keep-alive\n\n"
+    "event: message\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"d\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\n"
+    "data: \"delta\":{\"content\":\"e\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"f\"}}]}\r\n\r\n"
+    "data:  {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"g\"}}]}\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"h\"}}]}\r\r"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"i\"}}]}\n\n"
+    "data: [DONE]\n\n"
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"after\"}}]}\n\n";
+
+static void sse_every_shape_any_split(void **st)
+{
+    (void)st;
+    size_t len = strlen(mixed_sse);
+    for (size_t step = 1; step <= len; step++) {
+        oai_stream j;
+        rec r;
+        job_init(&j, &r, true);
+        hdr(&j, "HTTP/1.1 200 OK\r\n");
+        hdr(&j, "Content-Type: text/event-stream\r\n");
+        assert_int_equal(body(&j, mixed_sse, step), len);
+        assert_true(j.done_seen);
+        assert_false(j.failed);
+        assert_string_equal(r.text.data, "abcdefghi"); /* nothing after [DONE] */
+        assert_int_equal(r.ntokens, 9);
+        job_done(&j, &r);
+    }
+}
+
+/* A job's request headers: its own lines ahead of the backend's fixed
+ * ones, and nothing of another job's (issue 24: the lines are the job's,
+ * not a list built for each). */
+static void job_header_lines(void **st)
+{
+    (void)st;
+    agent_options o = {0};
+    oai_backend b = {0};
+    b.o = &o;
+    b.auth_header = "Authorization: Bearer k";
+    b.fixed_hdrs[0] = fixed_headers(&b, false);
+    b.fixed_hdrs[1] = fixed_headers(&b, true);
+    assert_non_null(b.fixed_hdrs[0]);
+    oai_job *a = calloc(1, sizeof *a), *c = calloc(1, sizeof *c);
+    a->b = c->b = &b;
+    assert_int_equal(job_lines(a, "job-a", "corr-a", "ab12"), 0);
+    assert_string_equal(a->id, "job-a");
+    assert_string_equal(a->correlation_id, "corr-a");
+    a->pool_options = strdup("X-Pool-Options: {\"session\":\"s\"}");
+    /* A pool_via that is not ids and separators is not sent. */
+    assert_int_equal(job_lines(c, "job-c", NULL, "ab\r\nX: 1"), 0);
+    assert_null(c->correlation_id);
+    assert_null(c->pool_via);
+    c->embed = true;
+    job_headers(a);
+    job_headers(c);
+    gp_buf la, lc;
+    gp_buf_init(&la);
+    gp_buf_init(&lc);
+    for (struct curl_slist *h = a->hdrs; h; h = h->next)
+        gp_buf_appendf(&la, "%s|", h->data);
+    for (struct curl_slist *h = c->hdrs; h; h = h->next)
+        gp_buf_appendf(&lc, "%s|", h->data);
+    assert_string_equal(la.data,
+                        "X-Gpupool-Job-Id: job-a|X-Correlation-Id: corr-a|X-Pool-Via: ab12|"
+                        "X-Pool-Options: {\"session\":\"s\"}|Content-Type: application/json|"
+                        "Accept: text/event-stream|Expect:|Authorization: Bearer k|");
+    assert_string_equal(lc.data, "X-Gpupool-Job-Id: job-c|Content-Type: application/json|"
+                                 "Accept: application/json|Expect:|Authorization: Bearer k|");
+    gp_buf_free(&la);
+    gp_buf_free(&lc);
+    job_free(a);
+    job_free(c);
+    curl_slist_free_all(b.fixed_hdrs[0]);
+    curl_slist_free_all(b.fixed_hdrs[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -505,6 +602,8 @@ int main(void)
         cmocka_unit_test(stop_strings_matched),
         cmocka_unit_test(request_building),
         cmocka_unit_test(endpoints),
+        cmocka_unit_test(sse_every_shape_any_split),
+        cmocka_unit_test(job_header_lines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
