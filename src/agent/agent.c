@@ -201,6 +201,7 @@ struct agent {
     struct curl_slist **hdrs_old; /* lists set_key replaced (a handle may point at one) */
     size_t n_hdrs_old;
     CURLU **uh;             /* per server: /agents/work, /agents/events parsed once */
+    bool proxy_env;         /* a proxy variable was set at start (proxy_env_set) */
 };
 
 /* ======================================================================== */
@@ -598,6 +599,12 @@ static CURL *easy_take(agent *a)
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (!a->proxy_env) {
+        /* What libcurl concludes from an environment without proxy
+         * variables, said once: it read five of them per request. */
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
+        curl_easy_setopt(e, CURLOPT_NOPROXY, "");
+    }
     /* https:// servers are verified (chain and host name) unless the
      * operator explicitly opted out (agent_config refuses --insecure
      * without its confirmation flag). */
@@ -611,6 +618,18 @@ static CURL *easy_take(agent *a)
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
     }
     return e;
+}
+
+/* Whether the environment names a proxy for libcurl (the variables it
+ * reads for http:// and https:// URLs, and no_proxy). */
+static bool proxy_env_set(void)
+{
+    static const char *const vars[] = {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                                       "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return true;
+    return false;
 }
 
 /* servers[srv]+path parsed once, for the paths every relayed request
@@ -1272,8 +1291,11 @@ static int live_ids_text(agent *a)
     for (agent_job *j = a->jobs; j; j = j->next) {
         if (j->srv != a->cur) /* another server's jobs mean nothing here */
             continue;
+        /* An id passed job_id_ok: nothing in it to escape. */
         if ((!first && gp_buf_append(&a->live_ids, ",", 1) < 0) ||
-            gp_json_str_append(&a->live_ids, j->id) < 0)
+            gp_buf_append(&a->live_ids, "\"", 1) < 0 ||
+            gp_buf_append(&a->live_ids, j->id, strlen(j->id)) < 0 ||
+            gp_buf_append(&a->live_ids, "\"", 1) < 0)
             return -1; /* stays dirty: rebuilt next time */
         first = false;
     }
@@ -2294,6 +2316,7 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     }
     a->base = a->servers[0];
     a->uh = calloc((size_t)a->n_servers * 2, sizeof *a->uh); /* NULL: URLs as text */
+    a->proxy_env = proxy_env_set();
     if (o->name && *o->name) {
         a->name = strdup(o->name);
     } else {
