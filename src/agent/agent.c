@@ -62,7 +62,7 @@ typedef struct agent_job agent_job;
 typedef struct req {
     req_kind kind;
     CURL *easy;
-    struct curl_slist *hdrs;
+    struct curl_slist *hdrs; /* its own headers (a correlation id), or NULL: a->hdrs */
     char *body;          /* what is posted (owned; libcurl reads it in place) */
     gp_buf resp;
     bool too_big;        /* reply exceeded MAX_RESPONSE_BYTES */
@@ -110,6 +110,7 @@ struct agent_job {
     int srv;                /* the server that assigned it (index into agent.servers): its
                                events go there only, whichever server the agent polls now */
     agent_job *next, *prev; /* a->jobs */
+    agent_idnode hnode;     /* in a->jtab under id */
 };
 
 struct agent {
@@ -132,6 +133,7 @@ struct agent {
 
     pthread_mutex_t mu;     /* job queues and flags shared with backend threads */
     agent_job *jobs;
+    agent_idtab jtab;       /* a->jobs by id (job_find) */
     size_t n_jobs;
     int n_running;          /* jobs the backend still runs, as the loop saw them */
     /* --- under mu --- */
@@ -161,6 +163,8 @@ struct agent {
     int work_free;          /* free_slots the work_req in flight announced */
     bool prefix_reported;   /* long-polls carry the backend's prefix_cache facts */
     bool no_liveness;       /* the server refused free_slots 0 (older server) */
+    gp_buf live_ids;        /* running_jobs of the long-poll as JSON text (no brackets) */
+    bool live_dirty;        /* a job came or went, or cur moved: live_ids is stale */
     char instance[33];      /* random per process: the server tells restarts apart */
     char delivery_seen[65]; /* `delivery` of the last work reply processed */
     uint64_t next_poll_ms;
@@ -191,8 +195,13 @@ struct agent {
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
     atomic_bool wake_sent;  /* a curl_multi_wakeup is pending, not yet seen by the loop */
-    CURL *easy_idle[EASY_IDLE_MAX]; /* finished requests' handles, reset, for the next ones */
+    CURL *easy_idle[EASY_IDLE_MAX]; /* finished requests' handles, for the next ones */
     int n_easy_idle;
+    struct curl_slist *hdrs; /* every request's headers (set_key) */
+    struct curl_slist **hdrs_old; /* lists set_key replaced (a handle may point at one) */
+    size_t n_hdrs_old;
+    CURLU **uh;             /* per server: /agents/work, /agents/events parsed once */
+    bool proxy_env;         /* a proxy variable was set at start (proxy_env_set) */
 };
 
 /* ======================================================================== */
@@ -220,12 +229,12 @@ static bool job_id_ok(const char *s)
     return true;
 }
 
+/* A job by id: a hash, not a walk of every job per assigned job or
+ * cancel (issue 24). */
 static agent_job *job_find(agent *a, const char *id)
 {
-    for (agent_job *j = a->jobs; j; j = j->next)
-        if (strcmp(j->id, id) == 0)
-            return j;
-    return NULL;
+    agent_idnode *nd = agent_idtab_find(&a->jtab, id);
+    return nd ? (agent_job *)((char *)nd - offsetof(agent_job, hnode)) : NULL;
 }
 
 /* The backend's slots (backend.h): all of them, and those it offers now. */
@@ -576,6 +585,71 @@ static void req_free(req *r)
     free(r);
 }
 
+/* An easy handle with what every request sets alike: a finished request's
+ * (kept as it was: issue 24, curl_easy_reset and setting everything again
+ * cost ~3,000 instructions a request) or a new one. */
+static CURL *easy_take(agent *a)
+{
+    if (a->n_easy_idle)
+        return a->easy_idle[--a->n_easy_idle];
+    CURL *e = curl_easy_init();
+    if (!e)
+        return NULL;
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, req_write_cb);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (!a->proxy_env) {
+        /* What libcurl concludes from an environment without proxy
+         * variables, said once: it read five of them per request. */
+        curl_easy_setopt(e, CURLOPT_PROXY, "");
+        curl_easy_setopt(e, CURLOPT_NOPROXY, "");
+    }
+    /* https:// servers are verified (chain and host name) unless the
+     * operator explicitly opted out (agent_config refuses --insecure
+     * without its confirmation flag). */
+    if (a->o->ca_file)
+        curl_easy_setopt(e, CURLOPT_CAINFO, a->o->ca_file);
+    if (a->o->insecure) {
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
+    } else {
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+    }
+    return e;
+}
+
+/* Whether the environment names a proxy for libcurl (the variables it
+ * reads for http:// and https:// URLs, and no_proxy). */
+static bool proxy_env_set(void)
+{
+    static const char *const vars[] = {"http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY",
+                                       "all_proxy",  "ALL_PROXY",  "no_proxy",    "NO_PROXY"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return true;
+    return false;
+}
+
+/* servers[srv]+path parsed once, for the paths every relayed request
+ * posts to (issue 24: libcurl parsed each request's URL again, ~5,000
+ * instructions); NULL for others, or when it cannot be made (then the
+ * request gives libcurl the URL text as before). */
+static CURLU *server_url(agent *a, int srv, req_kind kind, const char *url)
+{
+    if ((kind != REQ_WORK && kind != REQ_EVENTS_BATCH) || !a->uh)
+        return NULL;
+    CURLU **u = &a->uh[srv * 2 + (kind == REQ_WORK ? 0 : 1)];
+    if (!*u && (*u = curl_url()) &&
+        curl_url_set(*u, CURLUPART_URL, url, CURLU_GUESS_SCHEME | CURLU_NON_SUPPORT_SCHEME) !=
+            CURLUE_OK) {
+        curl_url_cleanup(*u);
+        *u = NULL;
+    }
+    return *u;
+}
+
 /* Start POST servers[srv]+path with the body text (len bytes; taken: the
  * request owns it from here on, also on failure, and libcurl reads it in
  * place rather than copy it). Returns the request or NULL (logged). */
@@ -590,47 +664,43 @@ static req *req_start_text(agent *a, int srv, req_kind kind, const char *path, c
     r->kind = kind;
     r->srv = srv;
     gp_buf_init(&r->resp);
-    r->easy = a->n_easy_idle ? a->easy_idle[--a->n_easy_idle] : curl_easy_init();
-    if (!r->easy)
+    r->easy = easy_take(a);
+    if (!r->easy || !a->hdrs)
         goto fail;
     char url[2048];
     if ((size_t)snprintf(url, sizeof url, "%s%s", a->servers[srv], path) >= sizeof url)
         goto fail;
-    r->hdrs = curl_slist_append(r->hdrs, "Content-Type: application/json");
-    r->hdrs = curl_slist_append(r->hdrs, "Expect:"); /* no 100-continue round trip */
-    if (a->auth_header)
-        r->hdrs = curl_slist_append(r->hdrs, a->auth_header);
     if (correlation_id && *correlation_id && strlen(correlation_id) < 200 &&
         !strpbrk(correlation_id, "\r\n")) {
+        /* Its own list: the shared one and X-Correlation-Id. */
+        for (struct curl_slist *h = a->hdrs; h; h = h->next)
+            if (!(r->hdrs = curl_slist_append(r->hdrs, h->data)))
+                goto fail;
         char h[256];
         snprintf(h, sizeof h, "X-Correlation-Id: %s", correlation_id);
-        r->hdrs = curl_slist_append(r->hdrs, h);
+        struct curl_slist *l = curl_slist_append(r->hdrs, h);
+        if (!l)
+            goto fail;
+        r->hdrs = l;
     }
-    curl_easy_setopt(r->easy, CURLOPT_URL, url);
-    curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->hdrs);
+    CURLU *uh = server_url(a, srv, kind, url);
+    curl_easy_setopt(r->easy, CURLOPT_CURLU, uh);
+    if (!uh)
+        curl_easy_setopt(r->easy, CURLOPT_URL, url);
+    curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->hdrs ? r->hdrs : a->hdrs);
     curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
     curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body);
-    curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, req_write_cb);
     curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
     curl_easy_setopt(r->easy, CURLOPT_PRIVATE, r);
-    curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
-    curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-    curl_easy_setopt(r->easy, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(r->easy, CURLOPT_USERAGENT, "gpupool-agent/" AGENT_VERSION);
     curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, r->errbuf);
-    /* https:// servers are verified (chain and host name) unless the
-     * operator explicitly opted out (agent_config refuses --insecure
-     * without its confirmation flag). */
-    if (a->o->ca_file)
-        curl_easy_setopt(r->easy, CURLOPT_CAINFO, a->o->ca_file);
-    if (a->o->insecure) {
-        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYPEER, 0L);
-        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYHOST, 0L);
-    } else {
-        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYPEER, 1L);
-        curl_easy_setopt(r->easy, CURLOPT_SSL_VERIFYHOST, 2L);
-    }
+    /* Named on the rare requests only (poll, enrollment, deregistration):
+     * the server reads no User-Agent, and libcurl formats each byte of it
+     * into every long-poll and upload. */
+    curl_easy_setopt(r->easy, CURLOPT_USERAGENT,
+                     kind == REQ_WORK || kind == REQ_EVENTS || kind == REQ_EVENTS_BATCH
+                         ? NULL
+                         : "gpupool-agent/" AGENT_VERSION);
     if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
         goto fail;
     return r;
@@ -659,11 +729,12 @@ static req *req_start(agent *a, req_kind kind, const char *path, json_t *body, l
 }
 
 /* Free a finished request (removed from the multi handle), keeping its
- * easy handle, reset, for the next request. */
+ * easy handle for the next request (req_start_text sets again every option
+ * that differs between requests). */
 static void req_done_free(agent *a, req *r)
 {
     if (r->easy && a->n_easy_idle < EASY_IDLE_MAX) {
-        curl_easy_reset(r->easy);
+        curl_easy_setopt(r->easy, CURLOPT_ERRORBUFFER, NULL); /* r->errbuf goes */
         a->easy_idle[a->n_easy_idle++] = r->easy;
         r->easy = NULL;
     }
@@ -766,6 +837,7 @@ static void server_switch(agent *a, const char *what, const char *detail, bool q
     a->no_liveness = false;
     a->server_drain = false;   /* an operator's drain on the old server stays there */
     a->prefix_reported = false;
+    a->live_dirty = true;       /* its running_jobs are another list */
     a->delivery_seen[0] = '\0'; /* the old server's delivery numbers */
 }
 
@@ -864,18 +936,39 @@ static void auth_lost(agent *a, const char *what, long status, json_t *body)
 /* /agents/enroll                                                           */
 /* ======================================================================== */
 
-/* Use key as our Bearer credential from now on (NULL/"" = none). 0 or -1. */
+/* Use key as our Bearer credential from now on (NULL/"" = none), and
+ * build the header list every request shares with it (issue 24: a list
+ * per request, and libcurl formats every header byte of each request):
+ * the JSON type the server requires of bodies; no "Expect: 100-continue"
+ * round trip; no "Accept: *" line the server ignores. 0 or -1. */
 static int set_key(agent *a, const char *key)
 {
     free(a->auth_header);
     a->auth_header = NULL;
-    if (!key || !*key)
-        return 0;
-    size_t n = strlen(key) + 32;
-    a->auth_header = malloc(n);
-    if (!a->auth_header)
+    if (key && *key) {
+        size_t n = strlen(key) + 32;
+        a->auth_header = malloc(n);
+        if (!a->auth_header)
+            return -1;
+        snprintf(a->auth_header, n, "Authorization: Bearer %s", key);
+    }
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    struct curl_slist *h2 = h ? curl_slist_append(h, "Expect:") : NULL;
+    struct curl_slist *h3 = h2 ? curl_slist_append(h2, "Accept:") : NULL;
+    struct curl_slist *h4 = h3 && a->auth_header ? curl_slist_append(h3, a->auth_header) : h3;
+    struct curl_slist **old =
+        h4 && a->hdrs ? realloc(a->hdrs_old, (a->n_hdrs_old + 1) * sizeof *old) : NULL;
+    if (!h4 || (a->hdrs && !old)) {
+        curl_slist_free_all(h);
         return -1;
-    snprintf(a->auth_header, n, "Authorization: Bearer %s", key);
+    }
+    if (a->hdrs) {
+        /* An idle handle may still point at it: kept until agent_destroy
+         * (a key changes once, at enrollment). */
+        a->hdrs_old = old;
+        a->hdrs_old[a->n_hdrs_old++] = a->hdrs;
+    }
+    a->hdrs = h;
     return 0;
 }
 
@@ -1098,7 +1191,7 @@ static void job_begin(agent *a, json_t *jj)
         a->review_cap = cap;
     }
     if (agent_timers_reserve(&a->deadlines, want) < 0 ||
-        agent_timers_reserve(&a->retries, want) < 0)
+        agent_timers_reserve(&a->retries, want) < 0 || agent_idtab_reserve(&a->jtab, want) < 0)
         return;
     agent_job *j = calloc(1, sizeof *j);
     if (!j)
@@ -1119,11 +1212,14 @@ static void job_begin(agent *a, json_t *jj)
     if (a->jobs)
         a->jobs->prev = j;
     a->jobs = j;
+    agent_idtab_add(&a->jtab, &j->hnode, j->id); /* room: reserved above */
+    a->live_dirty = true;
     a->n_jobs++;
     a->n_running++;
 
-    gp_log_write(GP_LOG_INFO, "job_start", j->correlation_id, json_pack("{s:s}", "job_id", j->id),
-                 "starting job %s", j->id);
+    if (gp_log_enabled(GP_LOG_INFO)) /* a json_pack per job otherwise thrown away */
+        gp_log_write(GP_LOG_INFO, "job_start", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id), "starting job %s", j->id);
     agent_job_sink sink = {
         .ctx = j,
         .started = sink_started,
@@ -1182,18 +1278,77 @@ static json_t *prefix_facts(agent *a)
     return pc;
 }
 
+/* running_jobs of the server polled now as JSON text (without brackets),
+ * rebuilt only when a job came or went or the server changed: a jansson
+ * array of every job, dumped on every long-poll, was ~8,000 instructions a
+ * relayed request at 64 streams (issue 24). 0 or -1 (ENOMEM). */
+static int live_ids_text(agent *a)
+{
+    if (!a->live_dirty)
+        return 0;
+    a->live_ids.len = 0;
+    bool first = true;
+    for (agent_job *j = a->jobs; j; j = j->next) {
+        if (j->srv != a->cur) /* another server's jobs mean nothing here */
+            continue;
+        /* An id passed job_id_ok: nothing in it to escape. */
+        if ((!first && gp_buf_append(&a->live_ids, ",", 1) < 0) ||
+            gp_buf_append(&a->live_ids, "\"", 1) < 0 ||
+            gp_buf_append(&a->live_ids, j->id, strlen(j->id)) < 0 ||
+            gp_buf_append(&a->live_ids, "\"", 1) < 0)
+            return -1; /* stays dirty: rebuilt next time */
+        first = false;
+    }
+    a->live_dirty = false;
+    return 0;
+}
+
+/* The long-poll's body as json_pack and add_liveness made it, written as
+ * text: {"agent_id":..,"free_slots":N,"instance":..,"running_jobs":[..],
+ * "delivery_seen":..,"prefix_cache":{..}}. Owned text, or NULL. */
+static char *work_body(agent *a, int free_slots, size_t *len)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    json_t *pc = prefix_facts(a);
+    int rc = live_ids_text(a) < 0 || gp_buf_append(&b, "{\"agent_id\":", 12) < 0 ||
+                     gp_json_str_append(&b, a->id) < 0 ||
+                     gp_buf_append(&b, ",\"free_slots\":", 14) < 0 ||
+                     gp_buf_append_int(&b, free_slots) < 0 ||
+                     gp_buf_append(&b, ",\"instance\":", 12) < 0 ||
+                     gp_json_str_append(&b, a->instance) < 0 ||
+                     gp_buf_append(&b, ",\"running_jobs\":[", 17) < 0 ||
+                     gp_buf_append(&b, a->live_ids.data ? a->live_ids.data : "",
+                                   a->live_ids.len) < 0 ||
+                     gp_buf_append(&b, "]", 1) < 0
+                 ? -1
+                 : 0;
+    if (rc == 0 && a->delivery_seen[0])
+        rc = gp_buf_append(&b, ",\"delivery_seen\":", 17) < 0 ||
+                     gp_json_str_append(&b, a->delivery_seen) < 0
+                 ? -1
+                 : 0;
+    if (rc == 0 && pc) {
+        a->prefix_reported = json_is_true(json_object_get(pc, "enabled"));
+        rc = gp_buf_append(&b, ",\"prefix_cache\":", 16) < 0 || gp_json_dump_append(&b, pc) < 0
+                 ? -1
+                 : 0;
+    }
+    json_decref(pc);
+    if (rc < 0 || gp_buf_append(&b, "}", 1) < 0) {
+        gp_buf_free(&b);
+        return NULL;
+    }
+    *len = b.len;
+    return gp_buf_steal(&b);
+}
+
 static void work_start(agent *a, int free_slots)
 {
-    json_t *body = json_pack("{s:s,s:i}", "agent_id", a->id, "free_slots", free_slots);
-    if (body)
-        add_liveness(a, body, true);
-    json_t *pc = body ? prefix_facts(a) : NULL;
-    if (pc) {
-        a->prefix_reported = json_is_true(json_object_get(pc, "enabled"));
-        json_object_set_new(body, "prefix_cache", pc);
-    }
+    size_t len = 0;
+    char *body = work_body(a, free_slots, &len);
     long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
-    a->work_req = req_start(a, REQ_WORK, "/agents/work", body, timeout, NULL);
+    a->work_req = req_start_text(a, a->cur, REQ_WORK, "/agents/work", body, len, timeout, NULL);
     a->work_free = free_slots;
     if (!a->work_req)
         a->next_work_ms = gp_now_mono_ms() + 1000;
@@ -1842,9 +1997,12 @@ static void job_reap(agent *a, agent_job *j)
     *(j->prev ? &j->prev->next : &a->jobs) = j->next;
     if (j->next)
         j->next->prev = j->prev;
+    agent_idtab_del(&a->jtab, &j->hnode);
+    a->live_dirty = true;
     a->n_jobs--;
-    gp_log_write(GP_LOG_DEBUG, "job_done", j->correlation_id,
-                 json_pack("{s:s}", "job_id", j->id), "job %s finished", j->id);
+    if (gp_log_enabled(GP_LOG_DEBUG))
+        gp_log_write(GP_LOG_DEBUG, "job_done", j->correlation_id,
+                     json_pack("{s:s}", "job_id", j->id), "job %s finished", j->id);
     job_free(j);
 }
 
@@ -2138,6 +2296,9 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     a->lazy_srv = -1;
     agent_timers_init(&a->deadlines);
     agent_timers_init(&a->retries);
+    agent_idtab_init(&a->jtab);
+    gp_buf_init(&a->live_ids);
+    a->live_dirty = true;
     a->poll_interval_ms = 15000;
     a->work_wait_ms = 25000;
     agent_backoff_init(&a->backoff, 500, 30000);
@@ -2154,6 +2315,8 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
         goto fail;
     }
     a->base = a->servers[0];
+    a->uh = calloc((size_t)a->n_servers * 2, sizeof *a->uh); /* NULL: URLs as text */
+    a->proxy_env = proxy_env_set();
     if (o->name && *o->name) {
         a->name = strdup(o->name);
     } else {
@@ -2244,8 +2407,17 @@ void agent_destroy(agent *a)
     if (a->multi)
         curl_multi_cleanup(a->multi);
     free(a->review);
+    agent_idtab_free(&a->jtab);
+    gp_buf_free(&a->live_ids);
     json_decref(a->labels);
     json_decref(a->static_facts);
+    for (int i = 0; a->uh && i < a->n_servers * 2; i++)
+        curl_url_cleanup(a->uh[i]);
+    free(a->uh);
+    curl_slist_free_all(a->hdrs);
+    for (size_t i = 0; i < a->n_hdrs_old; i++)
+        curl_slist_free_all(a->hdrs_old[i]);
+    free(a->hdrs_old);
     agent_servers_free(a->servers, a->n_servers);
     free(a->name);
     free(a->auth_header);

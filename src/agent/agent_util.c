@@ -464,6 +464,90 @@ int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t toke
 
 /* ======================================================================== */
 /* Backoff                                                                  */
+
+/* --------------------------------------------------------------- idtab --- */
+
+void agent_idtab_init(agent_idtab *t)
+{
+    memset(t, 0, sizeof *t);
+}
+
+void agent_idtab_free(agent_idtab *t)
+{
+    free(t->b);
+    agent_idtab_init(t);
+}
+
+static uint32_t idtab_hash(const char *key)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)key; *p; p++)
+        h = (h ^ *p) * 16777619u;
+    return h;
+}
+
+/* Buckets for up to n nodes at a load of at most one per bucket. */
+int agent_idtab_reserve(agent_idtab *t, size_t n)
+{
+    if (n <= t->cap)
+        return 0;
+    size_t cap = t->cap ? t->cap : 64;
+    while (cap < n)
+        cap *= 2;
+    agent_idnode **b = calloc(cap, sizeof *b);
+    if (!b)
+        return -1;
+    for (size_t i = 0; i < t->cap; i++) {
+        for (agent_idnode *nd = t->b[i], *next; nd; nd = next) {
+            next = nd->next;
+            nd->next = b[nd->hash & (cap - 1)];
+            b[nd->hash & (cap - 1)] = nd;
+        }
+    }
+    free(t->b);
+    t->b = b;
+    t->cap = cap;
+    return 0;
+}
+
+int agent_idtab_add(agent_idtab *t, agent_idnode *nd, const char *key)
+{
+    if (agent_idtab_reserve(t, t->n + 1) < 0)
+        return -1;
+    nd->key = key;
+    nd->hash = idtab_hash(key);
+    nd->next = t->b[nd->hash & (t->cap - 1)];
+    t->b[nd->hash & (t->cap - 1)] = nd;
+    t->n++;
+    return 0;
+}
+
+agent_idnode *agent_idtab_find(const agent_idtab *t, const char *key)
+{
+    if (!t->cap)
+        return NULL;
+    uint32_t h = idtab_hash(key);
+    for (agent_idnode *nd = t->b[h & (t->cap - 1)]; nd; nd = nd->next)
+        if (nd->hash == h && strcmp(nd->key, key) == 0)
+            return nd;
+    return NULL;
+}
+
+void agent_idtab_del(agent_idtab *t, agent_idnode *nd)
+{
+    if (!t->cap || !nd->key)
+        return;
+    for (agent_idnode **pp = &t->b[nd->hash & (t->cap - 1)]; *pp; pp = &(*pp)->next) {
+        if (*pp == nd) {
+            *pp = nd->next;
+            nd->next = NULL;
+            nd->key = NULL;
+            t->n--;
+            return;
+        }
+    }
+}
+
 /* ======================================================================== */
 
 void agent_backoff_init(agent_backoff *b, uint32_t base_ms, uint32_t cap_ms)

@@ -164,6 +164,36 @@ void agent_timers_del(agent_timers *h, agent_timer *t);
 agent_timer *agent_timers_first(const agent_timers *h);
 
 /* ---------------------------------------------------------------------------
+ * Id table: a chained hash of nodes embedded in the caller's objects, keyed
+ * by a NUL-terminated id the object holds (the agent's jobs by job id), so
+ * that finding one is not a walk of every object (issue 24). Not
+ * thread-safe. agent_idtab_reserve first, then agent_idtab_add cannot fail
+ * for up to that many nodes.
+ * ------------------------------------------------------------------------ */
+typedef struct agent_idnode {
+    struct agent_idnode *next;
+    const char *key;   /* borrowed: lives as long as the node is in a table */
+    uint32_t hash;
+} agent_idnode;
+
+typedef struct agent_idtab {
+    agent_idnode **b;  /* cap buckets (a power of two) */
+    size_t n, cap;
+} agent_idtab;
+
+void agent_idtab_init(agent_idtab *t);
+void agent_idtab_free(agent_idtab *t);   /* the table only, not the nodes */
+/* Room for n nodes in all. 0 or -1 (ENOMEM). */
+int agent_idtab_reserve(agent_idtab *t, size_t n);
+/* Add nd under key (which nd's object holds). 0, or -1 (ENOMEM: not added;
+ * never after a large enough reserve). */
+int agent_idtab_add(agent_idtab *t, agent_idnode *nd, const char *key);
+/* The node added under key (the latest one if several), or NULL. */
+agent_idnode *agent_idtab_find(const agent_idtab *t, const char *key);
+/* Take nd out of t (no-op when it is not in t). */
+void agent_idtab_del(agent_idtab *t, agent_idnode *nd);
+
+/* ---------------------------------------------------------------------------
  * Capped exponential backoff with jitter (docs/protocol.md "Backoff"):
  * nominal delay base, 2*base, 4*base ... capped at cap; the delay returned is
  * drawn uniformly from [nominal/2, nominal] ("equal jitter") so that agents

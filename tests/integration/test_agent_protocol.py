@@ -49,6 +49,7 @@ class FakeServer:
         self.work_wait = work_wait
         self.refuse_free_slots_0 = False  # answer as a server before the liveness protocol
         self.closed = False
+        self.heads = []            # (path, {lower-case header name: value}) of every request
         fake = self
 
         class H(BaseHTTPRequestHandler):
@@ -69,6 +70,8 @@ class FakeServer:
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
+                with fake.lock:
+                    fake.heads.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 fake.handle(self, body)
 
         class Srv(ThreadingHTTPServer):
@@ -333,6 +336,44 @@ class AgentProtocolTest(harness.TestCase):
         self.assertEqual(rec["prompt"], "red green blue")
         self.assertEqual(rec["body"]["temperature"], 0.5)
         self.assertEqual(rec["headers"].get("x-correlation-id"), "corr-job_c1")
+
+    def test_request_headers_to_the_server(self):
+        """What the agent's requests to the server carry (issue 24: a shared
+        header list, handles kept configured between requests, long-poll URLs
+        parsed once): the JSON type on each, and X-Correlation-Id on a job's
+        own upload only; no User-Agent or Accept line on the long-polls and
+        uploads of every relayed request, a User-Agent on the heartbeat."""
+        up = self.h.start_upstream(["--tokens", "3"])
+        self.start_agent(up)
+        self.fake.give(job("job_h1"))
+        self.assertEqual(self.fake.wait_terminal("job_h1")[-1]["type"], "end")
+        self.fake.give(job("job_h2", correlation_id=None))
+        self.assertEqual(self.fake.wait_terminal("job_h2")[-1]["type"], "end")
+        n = len(self.fake.works)
+        self.fake.wait(lambda: len(self.fake.works) > n, what="long-poll after the jobs")
+        with self.fake.lock:
+            heads = list(self.fake.heads)
+        kinds = {}
+        for path, hd in heads:
+            kinds.setdefault(path, []).append(hd)
+        self.assertIn("/agents/poll", kinds)
+        self.assertGreaterEqual(len(kinds["/agents/work"]), 3)
+        for path, hd in heads:
+            self.assertEqual(hd.get("content-type"), "application/json", (path, hd))
+            self.assertNotIn("expect", hd, (path, hd))
+            self.assertIn("host", hd, (path, hd))
+            if path == "/agents/poll":
+                self.assertTrue(hd.get("user-agent", "").startswith("gpupool-agent/"), hd)
+            else:
+                self.assertNotIn("user-agent", hd, (path, hd))
+                self.assertNotIn("accept", hd, (path, hd))
+        for jid, corr in (("job_h1", "corr-job_h1"), ("job_h2", None)):
+            ups = kinds["/agents/jobs/%s/events" % jid]
+            self.assertTrue(ups)
+            for hd in ups:
+                self.assertEqual(hd.get("x-correlation-id"), corr, hd)
+        for hd in kinds["/agents/work"] + kinds["/agents/poll"]:
+            self.assertNotIn("x-correlation-id", hd)
 
     def test_reused_handle_carries_nothing_of_the_previous_job(self):
         """The openai backend runs one job after another on the same libcurl

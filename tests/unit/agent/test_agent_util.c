@@ -740,6 +740,48 @@ static void agent_key_validity(void **st)
     assert_true(agent_key_valid(big));
 }
 
+/* ------------------------------------------------------------ idtab --- */
+
+typedef struct idobj {
+    char id[16];
+    agent_idnode node;
+} idobj;
+
+static void idtab_find_add_del(void **st)
+{
+    (void)st;
+    enum { N = 1000 };
+    static idobj o[N];
+    agent_idtab t;
+    agent_idtab_init(&t);
+    assert_null(agent_idtab_find(&t, "x")); /* empty, no buckets yet */
+    assert_int_equal(agent_idtab_reserve(&t, 8), 0);
+    for (int i = 0; i < N; i++) { /* grows past the reserve, rehashing */
+        snprintf(o[i].id, sizeof o[i].id, "job-%d", i);
+        assert_int_equal(agent_idtab_add(&t, &o[i].node, o[i].id), 0);
+    }
+    assert_int_equal(t.n, N);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(agent_idtab_find(&t, o[i].id), &o[i].node);
+    assert_null(agent_idtab_find(&t, "job-1000"));
+    assert_null(agent_idtab_find(&t, ""));
+    for (int i = 0; i < N; i += 2)
+        agent_idtab_del(&t, &o[i].node);
+    agent_idtab_del(&t, &o[0].node); /* not in it any more: nothing happens */
+    assert_int_equal(t.n, N / 2);
+    for (int i = 0; i < N; i++)
+        assert_ptr_equal(agent_idtab_find(&t, o[i].id), i % 2 ? &o[i].node : NULL);
+    /* A key added twice: the latest is found, the earlier after its removal. */
+    idobj dup;
+    snprintf(dup.id, sizeof dup.id, "job-1");
+    assert_int_equal(agent_idtab_add(&t, &dup.node, dup.id), 0);
+    assert_ptr_equal(agent_idtab_find(&t, "job-1"), &dup.node);
+    agent_idtab_del(&t, &dup.node);
+    assert_ptr_equal(agent_idtab_find(&t, "job-1"), &o[1].node);
+    agent_idtab_free(&t);
+    assert_null(agent_idtab_find(&t, "job-1"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -756,6 +798,7 @@ int main(void)
         cmocka_unit_test(evq_flags_say_what_changed),
         cmocka_unit_test(evq_take_append_as_take),
         cmocka_unit_test(timers_heap_order),
+        cmocka_unit_test(idtab_find_add_del),
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
         cmocka_unit_test(evq_text_as_json_dumps),
