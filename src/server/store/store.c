@@ -760,6 +760,8 @@ typedef struct op {
     struct op *fold;           /* run instead of this op (owned), or NULL */
     struct op *pnext;          /* pending table chain */
     bool pending;              /* in the pending table */
+    bool may_wait;             /* queued open to folding: the DB thread may hold it
+                                  to its commit deadline (db_hold) */
     uint32_t folds;            /* writes folded into it (counted as ops) */
     char msg[160];             /* ping: failure text */
     int nv;
@@ -1025,6 +1027,7 @@ struct gps_store {
     bool tx_waiting;             /* DB thread waits in an open transaction for its commit
                                     deadline: a plain write need not wake it (enqueue_locked) */
     int flush_waiters;
+    size_t q_nowait;             /* queued ops that are not may_wait (db_hold) */
     uint64_t seq_enqueued;
     uint64_t seq_done;           /* every op with seq <= this is executed and committed */
     /* Durability notification (gps_store_set_commit_cb). */
@@ -1357,6 +1360,22 @@ static void wake_loop(gps_store *s)
         ;
 }
 
+/* Under mu, in a group transaction whose queue is not empty: true when
+ * the DB thread may leave what is queued until the commit deadline. A
+ * request-log row was inserted at once when its write was the first of a
+ * group, and its assignment and end updates, queued a millisecond later,
+ * could no longer fold into it: at low load every row cost three
+ * statements (issue 24). Every write of a group commits at its deadline
+ * whenever it runs, so running the foldable ones there delays nothing;
+ * anything else queued (a read, native task events or writes, an op
+ * queued ahead), a flush, a read or events already in the group (commit
+ * now) or a full batch runs the queue at once, in order. */
+static bool db_hold(const gps_store *s, bool commit_soon)
+{
+    return !commit_soon && !s->flush_waiters && !s->stop && s->q_nowait == 0 &&
+           s->stats.queue_depth < (uint64_t)s->batch_max;
+}
+
 static void *db_main(void *arg)
 {
     gps_store *s = arg;
@@ -1387,17 +1406,21 @@ static void *db_main(void *arg)
 
         pthread_mutex_lock(&s->mu);
         for (;;) {
-            if (!s->qhead) {
+            if (!s->qhead || db_hold(s, has_read || has_events)) {
                 /* Commit now when someone waits for it (flush, a read,
                  * native task events: their clients get them only once
                  * committed) or we are stopping; else keep the transaction
                  * open for more writes until the deadline. Ops queued
-                 * while a COMMIT runs still share the next one. */
-                if (s->flush_waiters || s->stop || has_read || has_events)
-                    break;
+                 * while a COMMIT runs still share the next one. Foldable
+                 * writes may wait here too (db_hold): at the deadline they
+                 * run and commit. */
                 uint64_t now = gp_now_mono_us();
-                if (now >= deadline)
+                bool commit_now = s->flush_waiters || s->stop || has_read || has_events ||
+                                  now >= deadline;
+                if (commit_now && !s->qhead)
                     break;
+                if (commit_now)
+                    goto take;
                 struct timespec ts;
                 timespec_in_us(&ts, deadline - now);
                 s->tx_waiting = true;
@@ -1405,11 +1428,14 @@ static void *db_main(void *arg)
                 s->tx_waiting = false;
                 continue;
             }
+        take:;
             op *o = s->qhead;
             s->qhead = o->next;
             if (!s->qhead)
                 s->qtail = NULL;
             s->stats.queue_depth--;
+            if (!o->may_wait)
+                s->q_nowait--;
             if (o->pending)
                 pend_del(s, o); /* nothing folds into it once taken */
             pthread_mutex_unlock(&s->mu);
@@ -1523,8 +1549,10 @@ static void *db_main(void *arg)
 /* Append a chain of count ops. Caller holds mu. */
 static void enqueue_locked(gps_store *s, op *first, op *last, size_t count)
 {
-    for (op *o = first; o; o = o->next)
+    for (op *o = first; o; o = o->next) {
         o->seq = ++s->seq_enqueued;
+        s->q_nowait += !o->may_wait;
+    }
     last->next = NULL;
     if (s->qtail)
         s->qtail->next = first;
@@ -1600,6 +1628,7 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         free_chain(first);
         return 0;
     }
+    first->may_wait = reg; /* a row op is one op */
     enqueue_locked(s, first, last, count);
     if (reg)
         pend_add(s, first);
@@ -1645,6 +1674,8 @@ static int enqueue_front(gps_store *s, op *o)
             return 0;
         }
     o->seq = 0;
+    o->may_wait = false;
+    s->q_nowait++;
     o->next = s->qhead;
     s->qhead = o;
     if (!s->qtail)

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -523,6 +524,62 @@ static void test_row_writes_fold(void **state)
     sqlite3_close(db);
 }
 
+/* Until the DB thread holds its group transaction open (the raw
+ * connection's BEGIN IMMEDIATE finds the write lock taken). */
+static void wait_group_open(sqlite3 *db)
+{
+    sqlite3_busy_timeout(db, 0);
+    for (;;) {
+        int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+        if (rc == SQLITE_BUSY)
+            break;
+        assert_int_equal(rc, SQLITE_OK);
+        raw_exec(db, "ROLLBACK");
+        sched_yield();
+    }
+    sqlite3_busy_timeout(db, 5000);
+}
+
+/* A request-log row's first write, alone in the queue, waits in the open
+ * group for the commit deadline instead of running at once, so that its
+ * updates fold into it (issue 24: at low load the insert ran at once and
+ * only the updates folded). A read queued behind it does not wait for the
+ * deadline (a minute here; loop_until gives up after 20 s): it runs the
+ * queue, in order, and sees the row as every write left it. */
+static void test_first_write_waits_reads_do_not(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store_opts o = {.commit_interval_ms = 60000, .batch_max = 64};
+    gps_store *s = open_ok(t->db, base, &o);
+    sqlite3 *db = raw_open(t->db);
+    gps_store_job_row r = {.id = "jH", .api = "openai", .kind = "chat", .model = "tiny",
+                           .status = "queued", .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_group_open(db);
+    job_update(s, "jH", "assigned", "agent-1", false, true);
+    job_update(s, "jH", "done", NULL, true, true);
+    got_job g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "jH", on_job, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.calls, 1);
+    assert_int_equal(g.status, 0);
+    assert_string_equal(g.status_s, "done");
+    assert_string_equal(g.agent, "agent-1");
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_committed, 3);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.last_batch_ops, 2); /* the folded row and the read */
+    gps_store_close(s);
+    assert_text(db, "SELECT status || agent_id || total_ms FROM jobs WHERE id = 'jH'",
+                "doneagent-19");
+    sqlite3_close(db);
+    event_base_free(base);
+}
+
 typedef struct writer_arg {
     gps_store *s;
     int who;
@@ -999,6 +1056,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_db_thread_wakes_the_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_close_delivers_reads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_first_write_waits_reads_do_not, setup, teardown),
         cmocka_unit_test_setup_teardown(test_row_writes_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
