@@ -1466,8 +1466,9 @@ static void bq_remove(agent *a, agent_job *j);
  * for the next one); urgent_only: of its urgent jobs only, as a->urgent_req
  * (batch_urgent_due), else as a->batch_req. A job is in one upload at a
  * time whichever request carries it, so its events keep their order and
- * the server's seq check is the same as with one batch. The body is written straight from the queues under
- * one lock: {"agent_id":..,"jobs":[{"job_id":..,"seq":..,"events":[..]},..],
+ * the server's seq check is the same as with one batch. The body is
+ * written straight from the queues under one lock:
+ * {"agent_id":..,"jobs":[{"job_id":..,"seq":..,"events":[..]},..],
  * "instance":..}, byte for byte what the jansson tree of it dumped. */
 static void batch_start(agent *a, uint64_t now, bool urgent_only)
 {
