@@ -174,6 +174,8 @@ struct agent {
     bool registered;        /* last poll succeeded */
     bool events_batch;      /* the server takes POST /agents/events (poll features) */
     req *batch_req;         /* the batched upload in flight, or NULL */
+    req *urgent_req;        /* a batch of urgent jobs only (first output, end), sent while
+                               batch_req is in flight, or NULL (batch_urgent_due) */
     uint64_t batch_since_ms; /* first pending event not yet in a batch (0: none) */
     bool server_down_logged;
     agent_backoff backoff;  /* server reachability (poll and work) */
@@ -832,7 +834,7 @@ static void server_switch(agent *a, const char *what, const char *detail, bool q
     /* A batched upload to the old server stays its jobs' (batch_done still
      * takes its answer) but must not hold back the new server's batches
      * until it times out. */
-    a->batch_req = NULL;
+    a->batch_req = a->urgent_req = NULL;
     a->events_batch = false;   /* until the new server's poll reply announces it */
     a->no_liveness = false;
     a->server_drain = false;   /* an operator's drain on the old server stays there */
@@ -1609,17 +1611,21 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
  * token waits no longer than with one upload per job, and under load
  * everything that accumulated during a round trip travels together. Each
  * entry's outcome goes through upload_done as its own upload's would. */
-#define BATCH_MAX_JOBS 256
+#define BATCH_MAX_JOBS 1024            /* what the server takes in one (MAX_BATCH_JOBS) */
 #define BATCH_MAX_BYTES (1u << 20)   /* then the rest waits for the next one */
 
 static void bq_remove(agent *a, agent_job *j);
 
 /* One POST /agents/events with the pending events of the jobs on a->bq,
  * in their order, up to BATCH_MAX_JOBS and BATCH_MAX_BYTES (the rest stay
- * for the next one). The body is written straight from the queues under
- * one lock: {"agent_id":..,"jobs":[{"job_id":..,"seq":..,"events":[..]},..],
+ * for the next one); urgent_only: of its urgent jobs only, as a->urgent_req
+ * (batch_urgent_due), else as a->batch_req. A job is in one upload at a
+ * time whichever request carries it, so its events keep their order and
+ * the server's seq check is the same as with one batch. The body is
+ * written straight from the queues under one lock:
+ * {"agent_id":..,"jobs":[{"job_id":..,"seq":..,"events":[..]},..],
  * "instance":..}, byte for byte what the jansson tree of it dumped. */
-static void batch_start(agent *a, uint64_t now)
+static void batch_start(agent *a, uint64_t now, bool urgent_only)
 {
     gp_buf b;
     gp_buf_init(&b);
@@ -1631,6 +1637,8 @@ static void batch_start(agent *a, uint64_t now)
                                           b.len < BATCH_MAX_BYTES; j = next) {
         size_t mark = b.len;
         next = j->bq_next;
+        if (urgent_only && !j->seen_urgent)
+            continue;
         if ((k && gp_buf_append(&b, ",", 1) < 0) || gp_buf_append(&b, "{\"job_id\":\"", 11) < 0 ||
             gp_buf_append(&b, j->id, strlen(j->id)) < 0 || gp_buf_append(&b, "\",", 2) < 0) {
             b.len = mark;
@@ -1681,7 +1689,26 @@ static void batch_start(agent *a, uint64_t now)
         jobs[i]->upload = r;
         job_seen(a, jobs[i], 0); /* in flight: off a->bq */
     }
-    a->batch_req = r;
+    *(urgent_only ? &a->urgent_req : &a->batch_req) = r;
+}
+
+/* r was answered: it no longer holds back the next batch of its kind (one
+ * left behind by server_switch is neither). */
+static void batch_forget(agent *a, const req *r)
+{
+    if (a->batch_req == r)
+        a->batch_req = NULL;
+    if (a->urgent_req == r)
+        a->urgent_req = NULL;
+}
+
+/* An urgent batch goes now: a batch is in flight (without this, any other
+ * job's first output or end would wait for its round trip: under load tens
+ * of ms for every new stream's first token, issue 24), no urgent batch is,
+ * and some queued job is urgent (bq_add puts those first). */
+static bool batch_urgent_due(const agent *a)
+{
+    return a->batch_req && !a->urgent_req && a->bq_head && a->bq_head->seen_urgent;
 }
 
 /* The usual 200 reply to a batch, as the server renders it:
@@ -1703,7 +1730,7 @@ static bool batch_done_fast(agent *a, req *r)
     for (int pass = 0; pass < 2; pass++) {
         const char *q = p;
         if (pass == 1)
-            a->batch_req = NULL; /* as batch_done does first */
+            batch_forget(a, r); /* as batch_done does first */
         for (size_t i = 0; i < r->n_batch; i++) {
             agent_job *j = r->batch[i];
             size_t idn = strlen(j->id);
@@ -1737,8 +1764,7 @@ static bool batch_done_fast(agent *a, req *r)
 
 static void batch_done(agent *a, req *r, CURLcode rc, long status, json_t *body)
 {
-    if (a->batch_req == r) /* not one left behind by server_switch */
-        a->batch_req = NULL;
+    batch_forget(a, r);
     json_t *list = json_object_get(body, "jobs");
     if (rc == CURLE_OK && status == 404 && !json_is_array(list)) {
         /* No such route after all (a server swapped for an older one):
@@ -2180,11 +2206,13 @@ int agent_run(agent *a)
                 a->batch_since_ms = now;
             uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
             if (a->n_running < 2 || now >= due || urgent || a->n_urgent > 0) {
-                batch_start(a, now);
+                batch_start(a, now, false);
                 a->batch_since_ms = 0;
             } else {
                 wake = min_u64(wake, due);
             }
+        } else if (batch_urgent_due(a)) {
+            batch_start(a, now, true);
         }
 
         /* Leave when drained (or out of time after stopping the jobs). */
@@ -2393,7 +2421,7 @@ void agent_destroy(agent *a)
                     k->upload = NULL;
             req_abort(a, u);
         }
-        a->batch_req = NULL;
+        a->batch_req = a->urgent_req = NULL;
     }
     agent_timers_free(&a->deadlines); /* before the jobs: it touches their nodes */
     agent_timers_free(&a->retries);

@@ -48,6 +48,10 @@ class FakeServer:
         self.poll_interval = poll_interval
         self.work_wait = work_wait
         self.refuse_free_slots_0 = False  # answer as a server before the liveness protocol
+        self.events_batch = False  # announce and take POST /agents/events
+        self.hold_batches = False  # leave batched uploads unanswered while set
+        self.batches = []          # job ids of every batched upload, in arrival order
+        self.batches_held = 0      # batched uploads waiting for hold_batches to clear
         self.closed = False
         self.heads = []            # (path, {lower-case header name: value}) of every request
         fake = self
@@ -109,7 +113,23 @@ class FakeServer:
                 return
             h.reply(200, {"agent_id": body.get("agent_id"), "state": "healthy",
                           "poll_interval_sec": self.poll_interval,
-                          "work_wait_sec": self.work_wait, "commands": cmds})
+                          "work_wait_sec": self.work_wait, "commands": cmds,
+                          "features": ["events_batch"] if self.events_batch else []})
+            return
+        if path == "/agents/events" and self.events_batch:
+            with self.lock:
+                self.batches.append([e["job_id"] for e in body["jobs"]])
+                self.batches_held += 1
+                self.lock.notify_all()
+                while self.hold_batches and not self.closed:
+                    self.lock.wait(0.05)
+                self.batches_held -= 1
+                out = []
+                for e in body["jobs"]:
+                    st, obj = self.apply_upload(e["job_id"], e)
+                    out.append(dict(obj, job_id=e["job_id"], status=st))
+                self.lock.notify_all()
+            h.reply(200, {"jobs": out})
             return
         if path == "/agents/work":
             deadline = time.monotonic() + self.work_wait
@@ -140,39 +160,38 @@ class FakeServer:
         if path.startswith("/agents/jobs/") and path.endswith("/events"):
             jid = path[len("/agents/jobs/"):-len("/events")]
             with self.lock:
-                if jid in self.unknown_jobs:
-                    h.reply(404, {"error": {"code": "JOB_NOT_FOUND", "message": "no such job"}})
-                    return
-                if self.fail_uploads.get(jid, 0) > 0:
-                    self.fail_uploads[jid] -= 1
-                    self.uploads.setdefault(jid, []).append((body["seq"], None))
-                    self.lock.notify_all()
-                    h.reply(503, {"error": {"code": "UNAVAILABLE", "message": "scripted"}})
-                    return
-                seq = body["seq"]
-                evs = body["events"]
-                self.upload_instances.add(body.get("instance"))
-                have = self.events.setdefault(jid, [])
-                self.uploads.setdefault(jid, []).append((seq, len(evs)))
-                if seq > len(have):
-                    h.reply(409, {"error": {"code": "SEQ_GAP", "message": "gap",
-                                            "details": {"expected_seq": len(have)}}})
-                    return
-                have.extend(evs[len(have) - seq:])
-                if jid in self.gap_once and len(have) > 1 and not any(
-                        e["type"] in ("end", "error") for e in have):
-                    # Pretend the batch just applied was lost: the agent must resend it.
-                    self.gap_once.discard(jid)
-                    del have[seq:]
-                    h.reply(409, {"error": {"code": "SEQ_GAP", "message": "gap",
-                                            "details": {"expected_seq": seq}}})
-                    self.lock.notify_all()
-                    return
-                cancel = jid in self.cancel_jobs
+                if "instance" in body:
+                    self.upload_instances.add(body.get("instance"))
+                st, obj = self.apply_upload(jid, body)
                 self.lock.notify_all()
-            h.reply(200, {"cancel": cancel})
+            h.reply(st, obj)
             return
         h.reply(404, {"error": {"code": "NOT_FOUND", "message": path}})
+
+    def apply_upload(self, jid, body):
+        """One job's events upload (self.lock held): (status, reply object)."""
+        if jid in self.unknown_jobs:
+            return 404, {"error": {"code": "JOB_NOT_FOUND", "message": "no such job"}}
+        if self.fail_uploads.get(jid, 0) > 0:
+            self.fail_uploads[jid] -= 1
+            self.uploads.setdefault(jid, []).append((body["seq"], None))
+            return 503, {"error": {"code": "UNAVAILABLE", "message": "scripted"}}
+        seq = body["seq"]
+        evs = body["events"]
+        have = self.events.setdefault(jid, [])
+        self.uploads.setdefault(jid, []).append((seq, len(evs)))
+        if seq > len(have):
+            return 409, {"error": {"code": "SEQ_GAP", "message": "gap",
+                                   "details": {"expected_seq": len(have)}}}
+        have.extend(evs[len(have) - seq:])
+        if jid in self.gap_once and len(have) > 1 and not any(
+                e["type"] in ("end", "error") for e in have):
+            # Pretend the batch just applied was lost: the agent must resend it.
+            self.gap_once.discard(jid)
+            del have[seq:]
+            return 409, {"error": {"code": "SEQ_GAP", "message": "gap",
+                                   "details": {"expected_seq": seq}}}
+        return 200, {"cancel": jid in self.cancel_jobs}
 
     # -- test helpers ----------------------------------------------------
     def give(self, job):
@@ -633,6 +652,32 @@ class AgentProtocolTest(harness.TestCase):
         self.fake.wait_terminal("job_s2", timeout=60)
         recs = up.log_entries()
         self.assertEqual([r["outcome"] for r in recs], ["complete", "complete"])
+
+    def test_first_output_not_held_behind_a_batch_in_flight(self):
+        # A batched upload the server has not answered yet holds only its
+        # own jobs: another job's first output goes in a second request at
+        # once (issue 24: under load it waited for the round trip), and
+        # every job's events still arrive whole and in order.
+        self.fake.events_batch = True
+        up = self.h.start_upstream(["--tokens", "5"])
+        self.start_agent(up, slots=2, extra=["--request-timeout-sec", "120"])
+        self.fake.wait(lambda: self.fake.polls, what="a poll")
+        self.fake.hold_batches = True
+        self.fake.give(job("job_h1"))
+        self.fake.wait(lambda: self.fake.batches_held == 1, timeout=60,
+                       what="job_h1's batch held by the server")
+        self.fake.give(job("job_h2"))
+        self.fake.wait(lambda: any("job_h2" in b for b in self.fake.batches), timeout=60,
+                       what="job_h2's first output while job_h1's batch is in flight")
+        with self.fake.lock:
+            self.assertGreaterEqual(self.fake.batches_held, 1)
+            self.assertNotIn("job_h1", [j for b in self.fake.batches[1:] for j in b])
+            self.fake.hold_batches = False
+            self.fake.lock.notify_all()
+        for jid in ("job_h1", "job_h2"):
+            evs = self.fake.wait_terminal(jid, timeout=60)
+            self.assertEqual(evs[-1]["type"], "end")
+            self.assertEqual(sum(1 for e in evs if e["type"] == "end"), 1)
 
     def test_reconnects_when_server_comes_back(self):
         up = self.h.start_upstream()
