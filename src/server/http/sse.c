@@ -1,7 +1,6 @@
 /* sse: see sse.h. */
 #include "server/http/sse.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,9 +347,7 @@ static int write_now(gps_sse_pace *p, const gp_buf *buf)
     ssize_t n = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n == (ssize_t)total)
         return 1;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        n = 0;
-    if (n < 0)
+    if (n < 0) /* full, or an error: libevent writes the rest or reports it */
         n = 0;
     /* The rest, in order, where the write event picks it up. */
     struct evbuffer *out = bufferevent_get_output(bev);
