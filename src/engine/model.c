@@ -1221,6 +1221,11 @@ static void gelu_init(void)
 
 void gpe_model_gelu_row(float *x, int64_t n)
 {
+    /* Filled here, not only when a file is loaded: the CUDA self-test and
+     * any caller that builds a model in memory reach this without
+     * gpe_llama_load (an empty table made GELU 0: gemma's CPU reference
+     * was wrong). After the first call this is one load and a branch. */
+    gelu_init();
     /* the F16 rounding of a chunk at once (vectorised where the CPU has
      * it; the same round-to-nearest-even as gpe_fp32_to_fp16), then the
      * table */
