@@ -197,8 +197,13 @@ static gpe_status gemm(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const fl
  * for the rounded activations). */
 static bool use_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
 {
-    return n_tok <= GPE_CUDA_MMV_MAX && mm->xq && gpe_cuda_mmvq_takes(w->type) &&
+    return n_tok >= 1 && n_tok <= GPE_CUDA_MMV_MAX && mm->xq && gpe_cuda_mmvq_takes(w->type) &&
            (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems;
+}
+
+bool gpe_cuda_matmul_rounds(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
+{
+    return gpe_cuda_weight_ok(w->type, w->n_cols) && use_mmvq(mm, w, n_tok);
 }
 
 /* The small-batch GEMM (mmq.cuh) takes this product: its sizes and type,

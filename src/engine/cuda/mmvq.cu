@@ -27,26 +27,14 @@ bool gpe_cuda_mmvq_takes(gpe_type t)
 /* ------------------------------------------------ activation rounding */
 
 /* One warp per block of 32 values (n % 32 == 0, so a warp is wholly in or
- * out of range and the full-mask shuffles are safe). The division is the
- * IEEE one (__fdiv_rn) and roundf rounds half away from zero, as the host
- * reference q8_round (selftest.c) does, so both give the same bytes. */
+ * out of range and the full-mask shuffles are safe). */
 static __global__ void q8_kernel(const float *__restrict__ x, int64_t n,
                                  int8_t *__restrict__ xq, float *__restrict__ xqd)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    const float v = x[i];
-    float a = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
-    const float d = __fdiv_rn(a, 127.0f);
-    int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
-    q = q > 127 ? 127 : (q < -127 ? -127 : q);
-    xq[i] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0)
-        xqd[i / GPE_CUDA_Q8_BLK] = d;
+    gpe_cuda_q8_put(x[i], i, xq, xqd);
 }
 
 /* ------------------------------------------------------ weight readers */

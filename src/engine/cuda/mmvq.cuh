@@ -29,6 +29,30 @@
 
 #define GPE_CUDA_Q8_BLK 32   /* activation values per int8 block */
 
+/* The rounding of one activation value v, element i of the rounded rows:
+ * xq[i] = round(v / d), and xqd[i / 32] = d from the lane holding the
+ * block's first value, d = max|x| / 127 over the block. The 32 lanes of a
+ * full warp must call it together, lane k with element 32m + k of the same
+ * block m (full-mask shuffles). The division is the IEEE one (__fdiv_rn)
+ * and roundf rounds half away from zero, as the host reference q8_round
+ * (selftest.c) does, so both give the same bytes. q8_kernel (mmvq.cu) and
+ * the fused RMSNorm / SwiGLU kernels (norm.cu, elementwise.cu) share it, so
+ * a fused kernel rounds exactly as the separate kernel would. */
+static __device__ __forceinline__ void gpe_cuda_q8_put(float v, int64_t i, int8_t *xq,
+                                                       float *xqd)
+{
+    float a = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+    const float d = __fdiv_rn(a, 127.0f);
+    int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    xq[i] = (int8_t)q;
+    if ((i & (GPE_CUDA_Q8_BLK - 1)) == 0)
+        xqd[i / GPE_CUDA_Q8_BLK] = d;
+}
+
 /* true when the dp4a kernels take weights of type t (and the legacy kernel
  * was not asked for with GPUPOOL_CUDA_MMV=legacy, read once per process). */
 bool gpe_cuda_mmvq_takes(gpe_type t);
