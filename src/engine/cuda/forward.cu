@@ -852,6 +852,10 @@ static gpe_status run_ffn(gpe_cuda_model *cm, cuda_stage *S, const cuda_layer *L
     else
         gpe_cuda_swiglu(S->gate, S->up, (int64_t)n * F, s);
     CUDA_CHECK_LAUNCH();
+    /* the residual add folds into the mat-vec where nothing comes between */
+    if (!L->post_ffn_norm)
+        return gpe_cuda_matmul_add(mm, &L->w_down, S->gate, n, S->x, S->xn, fuse, NULL, err,
+                                   errlen);
     if ((st = gpe_cuda_matmul(mm, &L->w_down, S->gate, n, S->xn, E, false, err, errlen)))
         return st;
     if (L->post_ffn_norm)
@@ -948,14 +952,22 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
     gpe_cuda_attention(&aa, s);
     CUDA_CHECK_LAUNCH();
 
-    if ((st = gpe_cuda_matmul(mm, &L->wo, S->att, n, S->xn, E, false, err, errlen)))
-        return st;
-    if (L->bo)
-        gpe_cuda_add_bias(S->xn, L->bo, n, (int)E, s);
-    if (L->post_attn_norm)
-        gpe_cuda_rmsnorm(S->xn, NULL, L->post_attn_norm, S->xn, n, (int)E, hp->rms_eps, s);
-    gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
-    CUDA_CHECK_LAUNCH();
+    /* the residual add folds into the mat-vec where nothing comes between */
+    if (!L->bo && !L->post_attn_norm) {
+        if ((st = gpe_cuda_matmul_add(mm, &L->wo, S->att, n, S->x, S->xn, fuse, NULL, err,
+                                      errlen)))
+            return st;
+    } else {
+        if ((st = gpe_cuda_matmul(mm, &L->wo, S->att, n, S->xn, E, false, err, errlen)))
+            return st;
+        if (L->bo)
+            gpe_cuda_add_bias(S->xn, L->bo, n, (int)E, s);
+        if (L->post_attn_norm)
+            gpe_cuda_rmsnorm(S->xn, NULL, L->post_attn_norm, S->xn, n, (int)E, hp->rms_eps,
+                             s);
+        gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
+        CUDA_CHECK_LAUNCH();
+    }
     return run_ffn(cm, S, L, n, fuse, err, errlen);
 }
 

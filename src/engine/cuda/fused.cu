@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cuda/elementwise.cuh"
 #include "engine/cuda/mmvq.cuh"
 #include "engine/cuda/norm.cuh"
 
@@ -50,7 +51,30 @@ gpe_status gpe_cuda_norm_matmul_n(const gpe_cuda_mm *mm, const float *x, const i
     gpe_cuda_rmsnorm_q8(x, rows, nw, xn, mm->xq, mm->xqd, n_tok, n, eps, mm->stream);
     CUDA_CHECK_LAUNCH();
     for (int i = 0; i < n_w; i++)
-        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i]);
+        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i], false);
+    CUDA_CHECK_LAUNCH();
+    return GPE_OK;
+}
+
+gpe_status gpe_cuda_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
+                               int n_tok, float *res, float *tmp, bool fuse, bool *fused,
+                               char *err, size_t errlen)
+{
+    const bool f = fuse && gpe_cuda_matmul_rounds(mm, w, n_tok);
+    if (fused)
+        *fused = f;
+    if (n_tok <= 0)
+        return GPE_OK;
+    if (!f) {
+        gpe_status st = gpe_cuda_matmul(mm, w, x, n_tok, tmp, w->n_rows, false, err, errlen);
+        if (st)
+            return st;
+        gpe_cuda_add(res, tmp, (int64_t)n_tok * w->n_rows, mm->stream);
+        CUDA_CHECK_LAUNCH();
+        return GPE_OK;
+    }
+    gpe_cuda_mmvq_quantize(mm, x, n_tok, w->n_cols);
+    gpe_cuda_mmvq(mm, w, n_tok, res, w->n_rows, true);
     CUDA_CHECK_LAUNCH();
     return GPE_OK;
 }

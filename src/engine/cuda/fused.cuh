@@ -4,11 +4,14 @@
  * sequence as its fallback:
  *
  *   - RMSNorm and the int8 rounding of the mat-vec input in one kernel
- *     (gpe_cuda_rmsnorm_q8) instead of rmsnorm then q8_kernel.
+ *     (gpe_cuda_rmsnorm_q8) instead of rmsnorm then q8_kernel;
+ *   - the residual add folded into the mat-vec (y += W x written into the
+ *     residual) instead of a mat-vec into scratch then gpe_cuda_add.
  *
  * Numerics: none change. The fused kernels compute each value with the
  * same operations in the same order (same thread counts for the RMSNorm
- * sums, the same rounding function gpe_cuda_q8_put), so the results are bit-identical to the separate kernels'
+ * sums, the same rounding function gpe_cuda_q8_put, x + s as the add
+ * kernel's), so the results are bit-identical to the separate kernels'
  * (the self-test checks it). fuse false (GPUPOOL_CUDA_FUSE=0, see
  * gpe_cuda_fuse_default) always takes the separate sequence.
  *
@@ -33,5 +36,13 @@ gpe_status gpe_cuda_norm_matmul_n(const gpe_cuda_mm *mm, const float *x, const i
                                   const gpe_cuda_weight *const *w, int n_w, int n_tok,
                                   float *const *y, const int64_t *ldy, bool fuse, bool *fused,
                                   char *err, size_t errlen);
+
+/* res[t][r] += (x w^T)[t][r] for t < n_tok, r < w->n_rows (res: rows of
+ * w->n_rows values, the residual). Fused when w takes the dp4a path: the
+ * mat-vec adds into res; otherwise the product goes to tmp (n_tok x
+ * n_rows) and gpe_cuda_add adds it. */
+gpe_status gpe_cuda_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
+                               int n_tok, float *res, float *tmp, bool fuse, bool *fused,
+                               char *err, size_t errlen);
 
 #endif

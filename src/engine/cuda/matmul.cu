@@ -234,7 +234,7 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
         return gemm(mm, w, x, n_tok, y, ldy, err, errlen);
     if (use_mmvq(mm, w, n_tok)) {
         gpe_cuda_mmvq_quantize(mm, x, n_tok, w->n_cols);
-        gpe_cuda_mmvq(mm, w, n_tok, y, ldy);
+        gpe_cuda_mmvq(mm, w, n_tok, y, ldy, false);
         CUDA_CHECK_LAUNCH();
         return GPE_OK;
     }
@@ -262,7 +262,7 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
         if (!rounded)
             gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
         rounded = true;
-        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i]);
+        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i], false);
         CUDA_CHECK_LAUNCH();
     }
     return GPE_OK;

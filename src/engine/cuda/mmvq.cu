@@ -344,7 +344,7 @@ template <typename Q, int NC>
 __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int n_units,
                 const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
-                float *__restrict__ y, int64_t ldy)
+                float *__restrict__ y, int64_t ldy, bool add)
 {
     const int lane = threadIdx.x;
     const int64_t row = (int64_t)blockIdx.x * MMVQ_WARPS + threadIdx.y;
@@ -365,35 +365,38 @@ __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
 #pragma unroll
     for (int j = 0; j < NC; j++) {
         const float s = warp_sum(acc[j]);
-        if (lane == 0)
-            y[j * ldy + row] = s;
+        if (lane == 0) {
+            float *o = y + j * ldy + row;
+            *o = add ? *o + s : s;
+        }
     }
 }
 
 template <typename Q, int NC>
-static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, float *y, int64_t ldy)
+static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, float *y, int64_t ldy,
+                        bool add)
 {
     const int n_units = (int)(w->n_cols / Q::BLK * Q::UPB);
     const dim3 block(GPE_WARP, MMVQ_WARPS);
     const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MMVQ_WARPS));
     mmvq_kernel<Q, NC><<<grid, block, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,
                                                       n_units, mm->xq, mm->xqd, w->n_cols, y,
-                                                      ldy);
+                                                      ldy, add);
 }
 
 template <typename Q>
 static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                      int64_t ldy)
+                      int64_t ldy, bool add)
 {
     switch (n_tok) {
-    case 1: mmvq_launch<Q, 1>(mm, w, y, ldy); break;
-    case 2: mmvq_launch<Q, 2>(mm, w, y, ldy); break;
-    case 3: mmvq_launch<Q, 3>(mm, w, y, ldy); break;
-    case 4: mmvq_launch<Q, 4>(mm, w, y, ldy); break;
-    case 5: mmvq_launch<Q, 5>(mm, w, y, ldy); break;
-    case 6: mmvq_launch<Q, 6>(mm, w, y, ldy); break;
-    case 7: mmvq_launch<Q, 7>(mm, w, y, ldy); break;
-    default: mmvq_launch<Q, 8>(mm, w, y, ldy); break;
+    case 1: mmvq_launch<Q, 1>(mm, w, y, ldy, add); break;
+    case 2: mmvq_launch<Q, 2>(mm, w, y, ldy, add); break;
+    case 3: mmvq_launch<Q, 3>(mm, w, y, ldy, add); break;
+    case 4: mmvq_launch<Q, 4>(mm, w, y, ldy, add); break;
+    case 5: mmvq_launch<Q, 5>(mm, w, y, ldy, add); break;
+    case 6: mmvq_launch<Q, 6>(mm, w, y, ldy, add); break;
+    case 7: mmvq_launch<Q, 7>(mm, w, y, ldy, add); break;
+    default: mmvq_launch<Q, 8>(mm, w, y, ldy, add); break;
     }
 }
 static_assert(GPE_CUDA_MMV_MAX == 8, "mmvq_cols instantiates 1..8 columns");
@@ -405,24 +408,24 @@ void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, in
 }
 
 void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                   int64_t ldy)
+                   int64_t ldy, bool add)
 {
     switch (w->type) {
-    case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy); break;
-    case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy); break;
+    case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy, add); break;
+    case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy, add); break;
     /* one column (a decode step of one sequence): the units that load
      * least per value; more columns: the units that measured faster there */
     case GPE_TYPE_Q4_K:
         if (n_tok == 1)
-            mmvq_launch<qk_q4_k, 1>(mm, w, y, ldy);
+            mmvq_launch<qk_q4_k, 1>(mm, w, y, ldy, add);
         else
-            mmvq_cols<qk_q4_k_32>(mm, w, n_tok, y, ldy);
+            mmvq_cols<qk_q4_k_32>(mm, w, n_tok, y, ldy, add);
         break;
     case GPE_TYPE_Q6_K:
         if (n_tok == 1)
-            mmvq_launch<qk_q6_k, 1>(mm, w, y, ldy);
+            mmvq_launch<qk_q6_k, 1>(mm, w, y, ldy, add);
         else
-            mmvq_cols<qk_q6_k_a2>(mm, w, n_tok, y, ldy);
+            mmvq_cols<qk_q6_k_a2>(mm, w, n_tok, y, ldy, add);
         break;
     default: break;   /* the caller checked gpe_cuda_mmvq_takes */
     }

@@ -63,9 +63,11 @@ bool gpe_cuda_mmvq_takes(gpe_type t);
 void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, int64_t n_cols);
 
 /* y = x W^T as gpe_cuda_matmul, from the activations gpe_cuda_mmvq_quantize
- * left in mm->xq (n_cols = w->n_cols). The caller checked
+ * left in mm->xq (n_cols = w->n_cols); add: y += x W^T instead (the
+ * residual add folded into the mat-vec: each output is y + s, the value
+ * and rounding of a separate gpe_cuda_add of s). The caller checked
  * gpe_cuda_mmvq_takes(w->type) and 1 <= n_tok <= GPE_CUDA_MMV_MAX. */
 void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                   int64_t ldy);
+                   int64_t ldy, bool add);
 
 #endif
