@@ -847,15 +847,16 @@ static gpe_status run_ffn(gpe_cuda_model *cm, cuda_stage *S, const cuda_layer *L
                                          S->xn, w, 2, n, y, ld, fuse, NULL, err, errlen)))
             return st;
     }
+    /* SwiGLU, the rounding and the residual add fold into the down mat-vec
+     * where nothing comes between */
+    if (!hp->gelu && !L->post_ffn_norm)
+        return gpe_cuda_swiglu_matmul_add(mm, &L->w_down, S->gate, S->up, n, S->x, S->xn, fuse,
+                                          NULL, err, errlen);
     if (hp->gelu)
         gpe_cuda_geglu(S->gate, S->up, (int64_t)n * F, s);
     else
         gpe_cuda_swiglu(S->gate, S->up, (int64_t)n * F, s);
     CUDA_CHECK_LAUNCH();
-    /* the residual add folds into the mat-vec where nothing comes between */
-    if (!L->post_ffn_norm)
-        return gpe_cuda_matmul_add(mm, &L->w_down, S->gate, n, S->x, S->xn, fuse, NULL, err,
-                                   errlen);
     if ((st = gpe_cuda_matmul(mm, &L->w_down, S->gate, n, S->xn, E, false, err, errlen)))
         return st;
     if (L->post_ffn_norm)

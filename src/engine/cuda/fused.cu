@@ -78,3 +78,26 @@ gpe_status gpe_cuda_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, 
     CUDA_CHECK_LAUNCH();
     return GPE_OK;
 }
+
+gpe_status gpe_cuda_swiglu_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w,
+                                      float *gate, const float *up, int n_tok, float *res,
+                                      float *tmp, bool fuse, bool *fused, char *err,
+                                      size_t errlen)
+{
+    const bool f = fuse && gpe_cuda_matmul_rounds(mm, w, n_tok) &&
+                   w->n_cols % GPE_CUDA_Q8_BLK == 0;
+    if (fused)
+        *fused = f;
+    if (n_tok <= 0)
+        return GPE_OK;
+    if (!f) {
+        gpe_cuda_swiglu(gate, up, (int64_t)n_tok * w->n_cols, mm->stream);
+        CUDA_CHECK_LAUNCH();
+        return gpe_cuda_matmul_add(mm, w, gate, n_tok, res, tmp, fuse, NULL, err, errlen);
+    }
+    gpe_cuda_swiglu_q8(gate, up, (int64_t)n_tok * w->n_cols, mm->xq, mm->xqd, mm->stream);
+    CUDA_CHECK_LAUNCH();
+    gpe_cuda_mmvq(mm, w, n_tok, res, w->n_rows, true);
+    CUDA_CHECK_LAUNCH();
+    return GPE_OK;
+}

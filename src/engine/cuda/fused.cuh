@@ -6,7 +6,9 @@
  *   - RMSNorm and the int8 rounding of the mat-vec input in one kernel
  *     (gpe_cuda_rmsnorm_q8) instead of rmsnorm then q8_kernel;
  *   - the residual add folded into the mat-vec (y += W x written into the
- *     residual) instead of a mat-vec into scratch then gpe_cuda_add.
+ *     residual) instead of a mat-vec into scratch then gpe_cuda_add;
+ *   - SwiGLU and the rounding of the down projection's input in one kernel
+ *     (gpe_cuda_swiglu_q8) instead of swiglu then q8_kernel.
  *
  * Numerics: none change. The fused kernels compute each value with the
  * same operations in the same order (same thread counts for the RMSNorm
@@ -44,5 +46,14 @@ gpe_status gpe_cuda_norm_matmul_n(const gpe_cuda_mm *mm, const float *x, const i
 gpe_status gpe_cuda_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                                int n_tok, float *res, float *tmp, bool fuse, bool *fused,
                                char *err, size_t errlen);
+
+/* res += swiglu(gate, up) w^T (gate, up: n_tok rows of w->n_cols values).
+ * Fused when w takes the dp4a path: one kernel computes SwiGLU and rounds
+ * it for the mat-vec (gate is left unchanged), and the mat-vec adds into
+ * res; otherwise gpe_cuda_swiglu into gate and gpe_cuda_matmul_add. */
+gpe_status gpe_cuda_swiglu_matmul_add(const gpe_cuda_mm *mm, const gpe_cuda_weight *w,
+                                      float *gate, const float *up, int n_tok, float *res,
+                                      float *tmp, bool fuse, bool *fused, char *err,
+                                      size_t errlen);
 
 #endif
