@@ -857,10 +857,12 @@ static gpe_status run_ffn(gpe_cuda_model *cm, cuda_stage *S, const cuda_layer *L
     else
         gpe_cuda_swiglu(S->gate, S->up, (int64_t)n * F, s);
     CUDA_CHECK_LAUNCH();
+    if (!L->post_ffn_norm)   /* GELU without a post-norm: the add still folds */
+        return gpe_cuda_matmul_add(mm, &L->w_down, S->gate, n, S->x, S->xn, fuse, NULL, err,
+                                   errlen);
     if ((st = gpe_cuda_matmul(mm, &L->w_down, S->gate, n, S->xn, E, false, err, errlen)))
         return st;
-    if (L->post_ffn_norm)
-        gpe_cuda_rmsnorm(S->xn, NULL, L->post_ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
+    gpe_cuda_rmsnorm(S->xn, NULL, L->post_ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
     gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
     CUDA_CHECK_LAUNCH();
     return GPE_OK;
