@@ -50,8 +50,15 @@ gpe_status gpe_cuda_norm_matmul_n(const gpe_cuda_mm *mm, const float *x, const i
     }
     gpe_cuda_rmsnorm_q8(x, rows, nw, xn, mm->xq, mm->xqd, n_tok, n, eps, mm->stream);
     CUDA_CHECK_LAUNCH();
-    for (int i = 0; i < n_w; i++)
-        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i], false);
+    /* consecutive weights of one type share a launch (Q/K of a Q4_K_M
+     * file, V often being Q6_K; gate/up) */
+    for (int i = 0; i < n_w;) {
+        int j = i + 1;
+        while (j < n_w && j - i < GPE_CUDA_MMVQ_GROUP && w[j]->type == w[i]->type)
+            j++;
+        gpe_cuda_mmvq_n(mm, w + i, j - i, n_tok, y + i, ldy + i, false);
+        i = j;
+    }
     CUDA_CHECK_LAUNCH();
     return GPE_OK;
 }

@@ -8,7 +8,9 @@
  *   - the residual add folded into the mat-vec (y += W x written into the
  *     residual) instead of a mat-vec into scratch then gpe_cuda_add;
  *   - SwiGLU and the rounding of the down projection's input in one kernel
- *     (gpe_cuda_swiglu_q8) instead of swiglu then q8_kernel.
+ *     (gpe_cuda_swiglu_q8) instead of swiglu then q8_kernel;
+ *   - the mat-vecs after a norm (Q/K/V, gate/up) of one weight type in one
+ *     launch (gpe_cuda_mmvq_n) instead of one launch each.
  *
  * Numerics: none change. The fused kernels compute each value with the
  * same operations in the same order (same thread counts for the RMSNorm
@@ -31,7 +33,8 @@ bool gpe_cuda_fuse_default(void);
 /* xn[t] = rmsnorm(x[src]) * nw (n values; src = rows ? rows[t] : t, as
  * gpe_cuda_rmsnorm) for t < n_tok, then y[i] = xn w[i]^T for the n_w
  * weights (gpe_cuda_matmul_n; every w[i]->n_cols == n). Fused when every
- * weight takes the dp4a path: one kernel writes xn and its rounding.
+ * weight takes the dp4a path: one kernel writes xn and its rounding, and
+ * consecutive weights of one type share a mat-vec launch.
  * *fused (may be NULL) tells which sequence ran. */
 gpe_status gpe_cuda_norm_matmul_n(const gpe_cuda_mm *mm, const float *x, const int *rows,
                                   const float *nw, int n, float eps, float *xn,

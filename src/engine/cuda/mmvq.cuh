@@ -70,4 +70,14 @@ void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, in
 void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
                    int64_t ldy, bool add);
 
+#define GPE_CUDA_MMVQ_GROUP 3   /* most weights of one gpe_cuda_mmvq_n launch */
+
+/* gpe_cuda_mmvq of n_w (1..GPE_CUDA_MMVQ_GROUP) weights of one type and
+ * one n_cols on the same rounded activations, y[k] = x w[k]^T with leading
+ * dimension ldy[k], in one launch (Q/K/V, gate/up): the grid covers the
+ * weights' rows in order, each row computed as gpe_cuda_mmvq computes it
+ * (the same bits). */
+void gpe_cuda_mmvq_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                     int n_tok, float *const *y, const int64_t *ldy, bool add);
+
 #endif
