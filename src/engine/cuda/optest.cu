@@ -192,14 +192,24 @@ gpe_status gpe_cuda_test_fused(int op, gpe_type t, const void *w, int64_t n_rows
     mm.xq_elems = (size_t)n_tok * (size_t)n_cols;
     CUDA_CHECK(a.alloc(&mm.xq, mm.xq_elems));
     CUDA_CHECK(a.alloc(&mm.xqd, (mm.xq_elems / 32 + 1) * sizeof(float)));
-    const gpe_cuda_weight *const ws[1] = {&cw};
-    float *const ys[1] = {d_y};
-    const int64_t ld[1] = {n_rows};
     switch (op) {
-    case GPE_CUDA_TEST_FUSE_NORM:
-        st = gpe_cuda_norm_matmul_n(&mm, d_x, NULL, d_aux, (int)n_cols, 1e-5f, d_xn, ws, 1,
+    case GPE_CUDA_TEST_FUSE_NORM: {
+        /* three weights of a third of the rows each, outputs side by side */
+        const int64_t r3 = n_rows / 3;
+        gpe_cuda_weight cw3[3] = {cw, cw, cw};
+        for (int k = 0; k < 3; k++) {
+            cw3[k].data = cw.data + (size_t)k * (size_t)r3 * cw.row_bytes;
+            cw3[k].n_rows = r3;
+        }
+        const gpe_cuda_weight *const ws[3] = {&cw3[0], &cw3[1], &cw3[2]};
+        float *const ys[3] = {d_y, d_y + r3, d_y + 2 * r3};
+        const int64_t ld[3] = {n_rows, n_rows, n_rows};
+        if (n_rows % 3 != 0)
+            return gpe_cuda_seterr(err, errlen, "fused norm test: rows not a multiple of 3");
+        st = gpe_cuda_norm_matmul_n(&mm, d_x, NULL, d_aux, (int)n_cols, 1e-5f, d_xn, ws, 3,
                                     n_tok, ys, ld, fuse, fused, err, errlen);
         break;
+    }
     case GPE_CUDA_TEST_FUSE_ADD:
         st = gpe_cuda_matmul_add(&mm, &cw, d_x, n_tok, d_y, d_tmp, fuse, fused, err, errlen);
         break;

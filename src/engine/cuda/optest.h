@@ -40,7 +40,10 @@ bool gpe_cuda_test_matvec_q8(gpe_type t);
  * t and n_tok activation rows, through the fused kernels (fuse) or the
  * separate sequence (!fuse); *fused tells whether the fused kernels ran.
  * y [n_tok][n_rows]:
- *   GPE_CUDA_TEST_FUSE_NORM:   y = (rmsnorm(x) * aux) W^T, aux [n_cols];
+ *   GPE_CUDA_TEST_FUSE_NORM:   y = (rmsnorm(x) * aux) W^T, aux [n_cols], W
+ *                              three weights of n_rows / 3 rows each in one
+ *                              group (their outputs side by side in y, as
+ *                              Q/K/V's); n_rows % 3 == 0;
  *   GPE_CUDA_TEST_FUSE_ADD:    y = res + x W^T, res [n_tok][n_rows];
  *   GPE_CUDA_TEST_FUSE_SWIGLU: y = res + swiglu(x, aux) W^T, aux (up)
  *                              [n_tok][n_cols]. */

@@ -723,15 +723,19 @@ static void fused_act(int op, const float *x, const float *aux, int n_tok, int c
 }
 
 /* One fused step (op) on weights of type t: for two shapes (the row
- * widths not multiples of the RMSNorm block, 256 or 1024 threads, nor of
- * the mat-vec's 4 rows per block) and 1, 3 and 8 activation rows, the
- * fused kernels against the separate ones (must be bit-identical, and
- * the fused ones must have run where the dp4a path takes t) and against a
- * double reference of the unrounded activations (TH_Q8_ACT: catches a
- * fused kernel that agrees with a broken separate one). */
+ * widths not multiples of the RMSNorm block, 256 or 1024 threads; 37 rows
+ * a weight, not a multiple of the mat-vec's 4 rows per block, so a group
+ * launch has a partial block in each weight) and 1, 3 and 8 activation
+ * rows, the fused kernels against the separate ones (must be
+ * bit-identical, and the fused ones must have run where the dp4a path
+ * takes t) and against a double reference of the unrounded activations
+ * (TH_Q8_ACT: catches a fused kernel that agrees with a broken separate
+ * one). */
 static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
 {
-    enum { ROWS = 37, MAXC = 2304, MAXT = 8 };
+    enum { MAXC = 2304, MAXT = 8 };
+    /* the norm step: Q/K/V-like, three weights of 37 rows in one group */
+    const int rows = op == GPE_CUDA_TEST_FUSE_NORM ? 3 * 37 : 37;
     static const char *const op_name[] = { "norm", "add", "swiglu" };
     const bool k = t == GPE_TYPE_Q4_K || t == GPE_TYPE_Q5_K || t == GPE_TYPE_Q6_K;
     const int shapes[2] = { k ? 768 : 160, k ? 2304 : 2080 };
@@ -740,11 +744,11 @@ static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
     gpe_weight w;
     gpe_st_model holder;
     memset(&holder, 0, sizeof holder);
-    const size_t xn = (size_t)MAXT * MAXC, yn = (size_t)MAXT * ROWS;
+    const size_t xn = (size_t)MAXT * MAXC, yn = (size_t)MAXT * (size_t)rows;
     float *x = malloc(sizeof(float) * xn), *aux = malloc(sizeof(float) * xn);
     float *act = malloc(sizeof(float) * xn), *res = malloc(sizeof(float) * yn);
     float *y0 = malloc(sizeof(float) * yn), *y1 = malloc(sizeof(float) * yn);
-    float *ref = malloc(sizeof(float) * yn), *deq = malloc(sizeof(float) * ROWS * MAXC);
+    float *ref = malloc(sizeof(float) * yn), *deq = malloc(sizeof(float) * rows * (size_t)MAXC);
     double worst_exact = 0.0, worst_ref = 0.0;
     gpe_status st = GPE_OK;
     if (!x || !aux || !act || !res || !y0 || !y1 || !ref || !deq) {
@@ -754,12 +758,12 @@ static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
     for (int si = 0; si < 2 && st == GPE_OK; si++) {
         const int cols = shapes[si];
         gpe_st_model_free(&holder);
-        if (!st_weight(&holder, &w, t, ROWS, cols, r)) {
+        if (!st_weight(&holder, &w, t, rows, cols, r)) {
             st = GPE_ERR_NOMEM;
             snprintf(msg, sizeof msg, "out of memory");
             break;
         }
-        for (int i = 0; i < ROWS; i++)
+        for (int i = 0; i < rows; i++)
             gpe_dequantize_row(t, (const uint8_t *)w.data + (size_t)i * w.row_bytes,
                                deq + (size_t)i * cols, cols);
         for (int ti = 0; ti < 3 && st == GPE_OK; ti++) {
@@ -768,17 +772,17 @@ static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
                 x[i] = (op == GPE_CUDA_TEST_FUSE_NORM ? 3.0f : 1.0f) * rng_f(r);
                 aux[i] = op == GPE_CUDA_TEST_FUSE_NORM ? 1.0f + 0.5f * rng_f(r) : rng_f(r);
             }
-            for (size_t i = 0; i < (size_t)n * ROWS; i++)
+            for (size_t i = 0; i < (size_t)n * rows; i++)
                 res[i] = op == GPE_CUDA_TEST_FUSE_NORM ? 0.0f : rng_f(r);
             fused_act(op, x, aux, n, cols, act);
-            matmul_ref(deq, act, n, ROWS, cols, ref);
-            for (size_t i = 0; i < (size_t)n * ROWS; i++)
+            matmul_ref(deq, act, n, rows, cols, ref);
+            for (size_t i = 0; i < (size_t)n * rows; i++)
                 ref[i] += res[i];
             bool f0 = false, f1 = false;
-            st = gpe_cuda_test_fused(op, t, w.data, ROWS, cols, x, aux, res, n, false, y0, &f0,
+            st = gpe_cuda_test_fused(op, t, w.data, rows, cols, x, aux, res, n, false, y0, &f0,
                                      msg, sizeof msg);
             if (st == GPE_OK)
-                st = gpe_cuda_test_fused(op, t, w.data, ROWS, cols, x, aux, res, n, true, y1,
+                st = gpe_cuda_test_fused(op, t, w.data, rows, cols, x, aux, res, n, true, y1,
                                          &f1, msg, sizeof msg);
             if (st == GPE_OK && (f0 || f1 != gpe_cuda_test_matvec_q8(t))) {
                 st = GPE_ERR_BACKEND;
@@ -787,8 +791,8 @@ static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
             }
             if (st != GPE_OK)
                 break;
-            const double e = gpe_st_nmse(y1, y0, (size_t)n * ROWS);
-            const double d = gpe_st_nmse(y1, ref, (size_t)n * ROWS);
+            const double e = gpe_st_nmse(y1, y0, (size_t)n * rows);
+            const double d = gpe_st_nmse(y1, ref, (size_t)n * rows);
             worst_exact = e > worst_exact ? e : worst_exact;
             worst_ref = d > worst_ref ? d : worst_ref;
         }
