@@ -175,7 +175,11 @@ gpe_status gpe_cuda_test_fused(int op, gpe_type t, const void *w, int64_t n_rows
     const size_t xb = (size_t)n_tok * (size_t)n_cols * sizeof(float);
     const size_t yb = (size_t)n_tok * (size_t)n_rows * sizeof(float);
     const size_t auxb = op == GPE_CUDA_TEST_FUSE_NORM ? (size_t)n_cols * sizeof(float) : xb;
-    if ((st = begin(a, true, err, errlen)) ||
+    /* no cuBLAS: at most 8 rows never take the GEMM (and a handle per call
+     * would cost more than the check) */
+    if (n_tok < 1 || n_tok > GPE_CUDA_MMV_MAX)
+        return gpe_cuda_seterr(err, errlen, "fused test: 1..%d rows", GPE_CUDA_MMV_MAX);
+    if ((st = begin(a, false, err, errlen)) ||
         (st = weight(a, t, w, n_rows, n_cols, &cw, err, errlen)) ||
         (st = upload(a, &d_x, x, xb, err, errlen)))
         return st;
