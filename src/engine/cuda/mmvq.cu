@@ -337,9 +337,9 @@ struct qk_q6_k_a2 {
 
 /* ------------------------------------------------------------- kernel */
 
-/* One output row for warp lane `lane`: lane i takes units i, i+32, ...
- * (consecutive lanes read consecutive weight bytes) of row wr, then the
- * warp's sum goes to o[j * ldy] for activation row j (o + that when
+/* One output row, by the calling warp: lane i takes units i, i+32, ...
+ * (consecutive lanes read consecutive weight bytes) of weight row wr, and
+ * the sum for activation row j goes to o[j * ldy] (is added to it when
  * add). The whole warp must call it (warp_sum's full-mask shuffles). */
 template <typename Q, int NC>
 static __device__ __forceinline__ void mmvq_row(const uint8_t *wr, int n_units,
