@@ -61,6 +61,7 @@ if(_gpe_cuda_want)
     ${_gpe_cuda_dir}/rope.cu
     ${_gpe_cuda_dir}/matmul.cu
     ${_gpe_cuda_dir}/mmvq.cu
+    ${_gpe_cuda_dir}/fused.cu
     ${_gpe_cuda_dir}/mmq.cu
     ${_gpe_cuda_dir}/attention.cu
     ${_gpe_cuda_dir}/elementwise.cu

@@ -7,6 +7,7 @@
 #include "engine/cuda/elementwise.cuh"
 
 #include "engine/cuda/dequant.cuh"
+#include "engine/cuda/mmvq.cuh"
 
 #define EW_THREADS 256
 
@@ -50,13 +51,37 @@ gpe_status gpe_cuda_embed(const gpe_cuda_weight *w, const int32_t *tokens, int n
     return GPE_OK;
 }
 
+/* silu(g) * u, shared by the two SwiGLU kernels so the fused one computes
+ * the same bits. */
+static __device__ __forceinline__ float swiglu_val(float g, float u)
+{
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 __global__ void swiglu_kernel(float *__restrict__ gate, const float *__restrict__ up, int64_t n)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float g = gate[i];
-        gate[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
-    }
+    if (i < n)
+        gate[i] = swiglu_val(gate[i], up[i]);
+}
+
+/* n % 32 == 0 and EW_THREADS % 32 == 0: each warp is one whole block of 32
+ * values, all in range or all out (gpe_cuda_q8_put's shuffles). */
+__global__ void swiglu_q8_kernel(const float *__restrict__ gate, const float *__restrict__ up,
+                                 int64_t n, int8_t *__restrict__ xq, float *__restrict__ xqd)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    gpe_cuda_q8_put(swiglu_val(gate[i], up[i]), i, xq, xqd);
+}
+
+void gpe_cuda_swiglu_q8(const float *gate, const float *up, int64_t n, int8_t *xq, float *xqd,
+                        cudaStream_t stream)
+{
+    if (n > 0)
+        swiglu_q8_kernel<<<gpe_cuda_div_up((size_t)n, EW_THREADS), EW_THREADS, 0, stream>>>(
+            gate, up, n, xq, xqd);
 }
 
 void gpe_cuda_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream)

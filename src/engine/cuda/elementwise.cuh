@@ -19,6 +19,13 @@ gpe_status gpe_cuda_embed(const gpe_cuda_weight *w, const int32_t *tokens, int n
 /* gate[i] = silu(gate[i]) * up[i] = gate / (1 + exp(-gate)) * up. */
 void gpe_cuda_swiglu(float *gate, const float *up, int64_t n, cudaStream_t stream);
 
+/* The values gpe_cuda_swiglu would leave in gate, rounded to int8 blocks of
+ * 32 for the dp4a mat-vec instead of stored: xq[i], xqd[i / 32] (the bytes
+ * gpe_cuda_mmvq_quantize of them writes). gate is left as it is. n % 32 ==
+ * 0. */
+void gpe_cuda_swiglu_q8(const float *gate, const float *up, int64_t n, int8_t *xq, float *xqd,
+                        cudaStream_t stream);
+
 /* x[i] += y[i]. */
 void gpe_cuda_add(float *x, const float *y, int64_t n, cudaStream_t stream);
 

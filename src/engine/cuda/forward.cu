@@ -36,6 +36,7 @@
 #include "engine/cuda/mmq.cuh"
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/elementwise.cuh"
+#include "engine/cuda/fused.cuh"
 #include "engine/cuda/matmul.cuh"
 #include "engine/cuda/norm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -828,28 +829,67 @@ void gpe_cuda_seq_clear(gpe_cuda_model *cm, int seq)
 
 /* ============================================================== forward */
 
+/* The feed-forward half of a layer on stage S (model.c): x += down(act(
+ * gate(norm x), up(norm x))). */
+static gpe_status run_ffn(gpe_cuda_model *cm, cuda_stage *S, const cuda_layer *L, int n,
+                          bool fuse, char *err, size_t errlen)
+{
+    const gpe_hparams *hp = &cm->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    cudaStream_t s = S->stream;
+    const gpe_cuda_mm *mm = &S->mm;
+    gpe_status st;
+    {
+        const gpe_cuda_weight *const w[2] = {&L->w_gate, &L->w_up};
+        float *const y[2] = {S->gate, S->up};
+        const int64_t ld[2] = {F, F};
+        if ((st = gpe_cuda_norm_matmul_n(mm, S->x, NULL, L->ffn_norm, (int)E, hp->rms_eps,
+                                         S->xn, w, 2, n, y, ld, fuse, NULL, err, errlen)))
+            return st;
+    }
+    /* SwiGLU, the rounding and the residual add fold into the down mat-vec
+     * where nothing comes between */
+    if (!hp->gelu && !L->post_ffn_norm)
+        return gpe_cuda_swiglu_matmul_add(mm, &L->w_down, S->gate, S->up, n, S->x, S->xn, fuse,
+                                          NULL, err, errlen);
+    if (hp->gelu)
+        gpe_cuda_geglu(S->gate, S->up, (int64_t)n * F, s);
+    else
+        gpe_cuda_swiglu(S->gate, S->up, (int64_t)n * F, s);
+    CUDA_CHECK_LAUNCH();
+    if (!L->post_ffn_norm)   /* GELU without a post-norm: the add still folds */
+        return gpe_cuda_matmul_add(mm, &L->w_down, S->gate, n, S->x, S->xn, fuse, NULL, err,
+                                   errlen);
+    if ((st = gpe_cuda_matmul(mm, &L->w_down, S->gate, n, S->xn, E, false, err, errlen)))
+        return st;
+    gpe_cuda_rmsnorm(S->xn, NULL, L->post_ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
+    gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
+    CUDA_CHECK_LAUNCH();
+    return GPE_OK;
+}
+
 /* One layer on stage S: the steps of model.c. */
 static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, char *err,
                             size_t errlen)
 {
     const gpe_hparams *hp = &cm->hp;
     const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim;
-    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim, F = hp->n_ff;
+    const int64_t kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     const size_t layer_kv = (size_t)cm->n_seq * (size_t)cm->n_ctx * (size_t)kvd *
                             (cm->kv_f16 ? 2u : 4u);
     cudaStream_t s = S->stream;
     const gpe_cuda_mm *mm = &S->mm;
     const int *d_pos = S->d_ints + cm->n_batch, *d_seq = S->d_ints + 2 * cm->n_batch;
     const cuda_layer *L = &cm->layers[l];
+    const bool fuse = gpe_cuda_fuse_default();
     gpe_status st;
 
-    gpe_cuda_rmsnorm(S->x, NULL, L->attn_norm, S->xn, n, (int)E, hp->rms_eps, s);
-    CUDA_CHECK_LAUNCH();
     {
         const gpe_cuda_weight *const w[3] = {&L->wq, &L->wk, &L->wv};
         float *const y[3] = {S->q, S->k, S->v};
         const int64_t ld[3] = {qd, kvd, kvd};
-        if ((st = gpe_cuda_matmul_n(mm, w, 3, S->xn, n, y, ld, err, errlen)))
+        if ((st = gpe_cuda_norm_matmul_n(mm, S->x, NULL, L->attn_norm, (int)E, hp->rms_eps,
+                                         S->xn, w, 3, n, y, ld, fuse, NULL, err, errlen)))
             return st;
     }
     /* biases, then per-head Q/K norms, before RoPE (as model.c) */
@@ -915,36 +955,23 @@ static gpe_status run_layer(gpe_cuda_model *cm, cuda_stage *S, int l, int n, cha
     gpe_cuda_attention(&aa, s);
     CUDA_CHECK_LAUNCH();
 
-    if ((st = gpe_cuda_matmul(mm, &L->wo, S->att, n, S->xn, E, false, err, errlen)))
-        return st;
-    if (L->bo)
-        gpe_cuda_add_bias(S->xn, L->bo, n, (int)E, s);
-    if (L->post_attn_norm)
-        gpe_cuda_rmsnorm(S->xn, NULL, L->post_attn_norm, S->xn, n, (int)E, hp->rms_eps, s);
-    gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
-    CUDA_CHECK_LAUNCH();
-
-    gpe_cuda_rmsnorm(S->x, NULL, L->ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
-    CUDA_CHECK_LAUNCH();
-    {
-        const gpe_cuda_weight *const w[2] = {&L->w_gate, &L->w_up};
-        float *const y[2] = {S->gate, S->up};
-        const int64_t ld[2] = {F, F};
-        if ((st = gpe_cuda_matmul_n(mm, w, 2, S->xn, n, y, ld, err, errlen)))
+    /* the residual add folds into the mat-vec where nothing comes between */
+    if (!L->bo && !L->post_attn_norm) {
+        if ((st = gpe_cuda_matmul_add(mm, &L->wo, S->att, n, S->x, S->xn, fuse, NULL, err,
+                                      errlen)))
             return st;
+    } else {
+        if ((st = gpe_cuda_matmul(mm, &L->wo, S->att, n, S->xn, E, false, err, errlen)))
+            return st;
+        if (L->bo)
+            gpe_cuda_add_bias(S->xn, L->bo, n, (int)E, s);
+        if (L->post_attn_norm)
+            gpe_cuda_rmsnorm(S->xn, NULL, L->post_attn_norm, S->xn, n, (int)E, hp->rms_eps,
+                             s);
+        gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
+        CUDA_CHECK_LAUNCH();
     }
-    if (hp->gelu)
-        gpe_cuda_geglu(S->gate, S->up, (int64_t)n * F, s);
-    else
-        gpe_cuda_swiglu(S->gate, S->up, (int64_t)n * F, s);
-    CUDA_CHECK_LAUNCH();
-    if ((st = gpe_cuda_matmul(mm, &L->w_down, S->gate, n, S->xn, E, false, err, errlen)))
-        return st;
-    if (L->post_ffn_norm)
-        gpe_cuda_rmsnorm(S->xn, NULL, L->post_ffn_norm, S->xn, n, (int)E, hp->rms_eps, s);
-    gpe_cuda_add(S->x, S->xn, (int64_t)n * E, s);
-    CUDA_CHECK_LAUNCH();
-    return GPE_OK;
+    return run_ffn(cm, S, L, n, fuse, err, errlen);
 }
 
 /* Output on the last stage: final norm of the wanted rows (gathered
@@ -962,11 +989,12 @@ static gpe_status run_output(gpe_cuda_model *cm, cuda_stage *S, int n_out, float
     const int out_cap = cm->n_batch < OUT_CHUNK ? cm->n_batch : OUT_CHUNK;
     for (int r0 = 0; r0 < n_out; r0 += out_cap) {
         const int nr = n_out - r0 < out_cap ? n_out - r0 : out_cap;
-        gpe_cuda_rmsnorm(S->x, d_rows + r0, cm->output_norm, S->xn, nr, (int)E, hp->rms_eps,
-                         s);
-        CUDA_CHECK_LAUNCH();
-        if ((st = gpe_cuda_matmul(&S->mm, &cm->output, S->xn, nr, S->logits, V, false, err,
-                                  errlen)))
+        const gpe_cuda_weight *const w[1] = {&cm->output};
+        float *const y[1] = {S->logits};
+        const int64_t ld[1] = {V};
+        if ((st = gpe_cuda_norm_matmul_n(&S->mm, S->x, d_rows + r0, cm->output_norm, (int)E,
+                                         hp->rms_eps, S->xn, w, 1, nr, y, ld,
+                                         gpe_cuda_fuse_default(), NULL, err, errlen)))
             return st;
         if (hp->final_softcap > 0.0f) {
             gpe_cuda_softcap(S->logits, hp->final_softcap, (int64_t)nr * V, s);

@@ -197,8 +197,13 @@ static gpe_status gemm(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const fl
  * for the rounded activations). */
 static bool use_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
 {
-    return n_tok <= GPE_CUDA_MMV_MAX && mm->xq && gpe_cuda_mmvq_takes(w->type) &&
+    return n_tok >= 1 && n_tok <= GPE_CUDA_MMV_MAX && mm->xq && gpe_cuda_mmvq_takes(w->type) &&
            (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems;
+}
+
+bool gpe_cuda_matmul_rounds(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
+{
+    return gpe_cuda_weight_ok(w->type, w->n_cols) && use_mmvq(mm, w, n_tok);
 }
 
 /* The small-batch GEMM (mmq.cuh) takes this product: its sizes and type,
@@ -229,7 +234,7 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
         return gemm(mm, w, x, n_tok, y, ldy, err, errlen);
     if (use_mmvq(mm, w, n_tok)) {
         gpe_cuda_mmvq_quantize(mm, x, n_tok, w->n_cols);
-        gpe_cuda_mmvq(mm, w, n_tok, y, ldy);
+        gpe_cuda_mmvq(mm, w, n_tok, y, ldy, false);
         CUDA_CHECK_LAUNCH();
         return GPE_OK;
     }
@@ -257,7 +262,7 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
         if (!rounded)
             gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
         rounded = true;
-        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i]);
+        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i], false);
         CUDA_CHECK_LAUNCH();
     }
     return GPE_OK;

@@ -74,6 +74,11 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
                              const float *x, int n_tok, float *const *y, const int64_t *ldy,
                              char *err, size_t errlen);
 
+/* true when gpe_cuda_matmul of n_tok rows would take the dp4a mat-vec
+ * (mmvq.cuh): a type it knows, n_tok <= GPE_CUDA_MMV_MAX and room in
+ * mm->xq for the rounded rows. */
+bool gpe_cuda_matmul_rounds(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok);
+
 /* Dequantizes rows [0, n_rows) of w into out (F32, row-major). */
 gpe_status gpe_cuda_dequant_f32(const gpe_cuda_weight *w, float *out, cudaStream_t stream,
                                 char *err, size_t errlen);

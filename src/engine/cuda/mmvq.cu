@@ -27,26 +27,14 @@ bool gpe_cuda_mmvq_takes(gpe_type t)
 /* ------------------------------------------------ activation rounding */
 
 /* One warp per block of 32 values (n % 32 == 0, so a warp is wholly in or
- * out of range and the full-mask shuffles are safe). The division is the
- * IEEE one (__fdiv_rn) and roundf rounds half away from zero, as the host
- * reference q8_round (selftest.c) does, so both give the same bytes. */
+ * out of range and the full-mask shuffles are safe). */
 static __global__ void q8_kernel(const float *__restrict__ x, int64_t n,
                                  int8_t *__restrict__ xq, float *__restrict__ xqd)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    const float v = x[i];
-    float a = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
-    const float d = __fdiv_rn(a, 127.0f);
-    int q = d == 0.0f ? 0 : (int)roundf(__fdiv_rn(v, d));
-    q = q > 127 ? 127 : (q < -127 ? -127 : q);
-    xq[i] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0)
-        xqd[i / GPE_CUDA_Q8_BLK] = d;
+    gpe_cuda_q8_put(x[i], i, xq, xqd);
 }
 
 /* ------------------------------------------------------ weight readers */
@@ -349,20 +337,16 @@ struct qk_q6_k_a2 {
 
 /* ------------------------------------------------------------- kernel */
 
-/* One warp per output row; lane i takes units i, i+32, ... (consecutive
- * lanes read consecutive weight bytes). A warp whose row is out of range
- * leaves as a whole, so warp_sum's full-mask shuffles are safe. */
+/* One output row, by the calling warp: lane i takes units i, i+32, ...
+ * (consecutive lanes read consecutive weight bytes) of weight row wr, and
+ * the sum for activation row j goes to o[j * ldy] (is added to it when
+ * add). The whole warp must call it (warp_sum's full-mask shuffles). */
 template <typename Q, int NC>
-__global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
-    mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int n_units,
-                const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
-                float *__restrict__ y, int64_t ldy)
+static __device__ __forceinline__ void mmvq_row(const uint8_t *wr, int n_units,
+                                                const int8_t *xq, const float *xqd,
+                                                int64_t ldq, float *o, int64_t ldy, bool add)
 {
     const int lane = threadIdx.x;
-    const int64_t row = (int64_t)blockIdx.x * MMVQ_WARPS + threadIdx.y;
-    if (row >= n_rows)
-        return;
-    const uint8_t *wr = W + (size_t)row * row_bytes;
     float acc[NC];
 #pragma unroll
     for (int j = 0; j < NC; j++)
@@ -378,34 +362,88 @@ __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     for (int j = 0; j < NC; j++) {
         const float s = warp_sum(acc[j]);
         if (lane == 0)
-            y[j * ldy + row] = s;
+            o[j * ldy] = add ? o[j * ldy] + s : s;
     }
 }
 
+/* One warp per output row. A warp whose row is out of range leaves as a
+ * whole. */
 template <typename Q, int NC>
-static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, float *y, int64_t ldy)
+__global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
+    mmvq_kernel(const uint8_t *__restrict__ W, size_t row_bytes, int64_t n_rows, int n_units,
+                const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
+                float *__restrict__ y, int64_t ldy, bool add)
+{
+    const int64_t row = (int64_t)blockIdx.x * MMVQ_WARPS + threadIdx.y;
+    if (row >= n_rows)
+        return;
+    mmvq_row<Q, NC>(W + (size_t)row * row_bytes, n_units, xq, xqd, ldq, y + row, ldy, add);
+}
+
+/* Up to GPE_CUDA_MMVQ_GROUP weights of one type and row length on the same
+ * activations, one launch: weight k has the blocks [blk_end[k-1],
+ * blk_end[k]) (each starts a block, so a block's warps are one weight's);
+ * the unused entries repeat the last blk_end. */
+struct mmvq_group {
+    const uint8_t *W[GPE_CUDA_MMVQ_GROUP];
+    float *y[GPE_CUDA_MMVQ_GROUP];
+    int64_t ldy[GPE_CUDA_MMVQ_GROUP];
+    int64_t n_rows[GPE_CUDA_MMVQ_GROUP];
+    unsigned blk_end[GPE_CUDA_MMVQ_GROUP];
+    int n;
+};
+static_assert(GPE_CUDA_MMVQ_GROUP == 3, "mmvq_group_kernel selects among 3 weights");
+
+/* mmvq_kernel over a group: the block finds its weight by comparisons
+ * (selects, no dynamic indexing of the parameter arrays). */
+template <typename Q, int NC>
+__global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
+    mmvq_group_kernel(const mmvq_group g, size_t row_bytes, int n_units,
+                      const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
+                      bool add)
+{
+    const unsigned b = blockIdx.x;
+    const int k = b < g.blk_end[0] ? 0 : (b < g.blk_end[1] ? 1 : 2);
+    const unsigned b0 = k == 0 ? 0u : (k == 1 ? g.blk_end[0] : g.blk_end[1]);
+    const int64_t n_rows = k == 0 ? g.n_rows[0] : (k == 1 ? g.n_rows[1] : g.n_rows[2]);
+    const int64_t row = (int64_t)(b - b0) * MMVQ_WARPS + threadIdx.y;
+    if (row >= n_rows)
+        return;
+    const uint8_t *W = k == 0 ? g.W[0] : (k == 1 ? g.W[1] : g.W[2]);
+    float *y = k == 0 ? g.y[0] : (k == 1 ? g.y[1] : g.y[2]);
+    const int64_t ldy = k == 0 ? g.ldy[0] : (k == 1 ? g.ldy[1] : g.ldy[2]);
+    mmvq_row<Q, NC>(W + (size_t)row * row_bytes, n_units, xq, xqd, ldq, y + row, ldy, add);
+}
+
+/* w: the group's first weight (type, n_cols and row_bytes of all). */
+template <typename Q, int NC>
+static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const mmvq_group &g,
+                        bool add)
 {
     const int n_units = (int)(w->n_cols / Q::BLK * Q::UPB);
     const dim3 block(GPE_WARP, MMVQ_WARPS);
-    const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MMVQ_WARPS));
-    mmvq_kernel<Q, NC><<<grid, block, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,
-                                                      n_units, mm->xq, mm->xqd, w->n_cols, y,
-                                                      ldy);
+    if (g.n == 1)
+        mmvq_kernel<Q, NC><<<gpe_cuda_div_up((size_t)g.n_rows[0], MMVQ_WARPS), block, 0,
+                             mm->stream>>>(g.W[0], w->row_bytes, g.n_rows[0], n_units, mm->xq,
+                                           mm->xqd, w->n_cols, g.y[0], g.ldy[0], add);
+    else
+        mmvq_group_kernel<Q, NC><<<g.blk_end[g.n - 1], block, 0, mm->stream>>>(
+            g, w->row_bytes, n_units, mm->xq, mm->xqd, w->n_cols, add);
 }
 
 template <typename Q>
-static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                      int64_t ldy)
+static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const mmvq_group &g,
+                      int n_tok, bool add)
 {
     switch (n_tok) {
-    case 1: mmvq_launch<Q, 1>(mm, w, y, ldy); break;
-    case 2: mmvq_launch<Q, 2>(mm, w, y, ldy); break;
-    case 3: mmvq_launch<Q, 3>(mm, w, y, ldy); break;
-    case 4: mmvq_launch<Q, 4>(mm, w, y, ldy); break;
-    case 5: mmvq_launch<Q, 5>(mm, w, y, ldy); break;
-    case 6: mmvq_launch<Q, 6>(mm, w, y, ldy); break;
-    case 7: mmvq_launch<Q, 7>(mm, w, y, ldy); break;
-    default: mmvq_launch<Q, 8>(mm, w, y, ldy); break;
+    case 1: mmvq_launch<Q, 1>(mm, w, g, add); break;
+    case 2: mmvq_launch<Q, 2>(mm, w, g, add); break;
+    case 3: mmvq_launch<Q, 3>(mm, w, g, add); break;
+    case 4: mmvq_launch<Q, 4>(mm, w, g, add); break;
+    case 5: mmvq_launch<Q, 5>(mm, w, g, add); break;
+    case 6: mmvq_launch<Q, 6>(mm, w, g, add); break;
+    case 7: mmvq_launch<Q, 7>(mm, w, g, add); break;
+    default: mmvq_launch<Q, 8>(mm, w, g, add); break;
     }
 }
 static_assert(GPE_CUDA_MMV_MAX == 8, "mmvq_cols instantiates 1..8 columns");
@@ -416,26 +454,49 @@ void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, in
     q8_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(x, n, mm->xq, mm->xqd);
 }
 
-void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                   int64_t ldy)
+void gpe_cuda_mmvq_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                     int n_tok, float *const *y, const int64_t *ldy, bool add)
 {
-    switch (w->type) {
-    case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w, n_tok, y, ldy); break;
-    case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w, n_tok, y, ldy); break;
+    if (n_w < 1 || n_w > GPE_CUDA_MMVQ_GROUP)
+        return;   /* the callers keep to 1..GPE_CUDA_MMVQ_GROUP */
+    mmvq_group g;
+    memset(&g, 0, sizeof g);
+    g.n = n_w;
+    unsigned blocks = 0;
+    for (int k = 0; k < GPE_CUDA_MMVQ_GROUP; k++) {
+        if (k < n_w) {
+            g.W[k] = w[k]->data;
+            g.y[k] = y[k];
+            g.ldy[k] = ldy[k];
+            g.n_rows[k] = w[k]->n_rows;
+            blocks += gpe_cuda_div_up((size_t)w[k]->n_rows, MMVQ_WARPS);
+        }
+        g.blk_end[k] = blocks;
+    }
+    const gpe_cuda_weight *w0 = w[0];
+    switch (w0->type) {
+    case GPE_TYPE_Q4_0: mmvq_cols<qk_q4_0>(mm, w0, g, n_tok, add); break;
+    case GPE_TYPE_Q8_0: mmvq_cols<qk_q8_0>(mm, w0, g, n_tok, add); break;
     /* one column (a decode step of one sequence): the units that load
      * least per value; more columns: the units that measured faster there */
     case GPE_TYPE_Q4_K:
         if (n_tok == 1)
-            mmvq_launch<qk_q4_k, 1>(mm, w, y, ldy);
+            mmvq_launch<qk_q4_k, 1>(mm, w0, g, add);
         else
-            mmvq_cols<qk_q4_k_32>(mm, w, n_tok, y, ldy);
+            mmvq_cols<qk_q4_k_32>(mm, w0, g, n_tok, add);
         break;
     case GPE_TYPE_Q6_K:
         if (n_tok == 1)
-            mmvq_launch<qk_q6_k, 1>(mm, w, y, ldy);
+            mmvq_launch<qk_q6_k, 1>(mm, w0, g, add);
         else
-            mmvq_cols<qk_q6_k_a2>(mm, w, n_tok, y, ldy);
+            mmvq_cols<qk_q6_k_a2>(mm, w0, g, n_tok, add);
         break;
     default: break;   /* the caller checked gpe_cuda_mmvq_takes */
     }
+}
+
+void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
+                   int64_t ldy, bool add)
+{
+    gpe_cuda_mmvq_n(mm, &w, 1, n_tok, &y, &ldy, add);
 }

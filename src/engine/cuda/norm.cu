@@ -6,6 +6,8 @@
  */
 #include "engine/cuda/norm.cuh"
 
+#include "engine/cuda/mmvq.cuh"
+
 
 static __device__ __forceinline__ double warp_sum_d(double v)
 {
@@ -15,10 +17,16 @@ static __device__ __forceinline__ double warp_sum_d(double v)
     return v;
 }
 
-template <int NORM_THREADS>
+/* Q8: also round the output rows to int8 blocks (xq/xqd, row t at t * n;
+ * n % 32 == 0, so each warp's 32 consecutive values of one pass are one
+ * whole block, all in range or all out). The sum and the scale are the
+ * same code with the same thread count either way, so out and the rounded
+ * bytes equal those of the separate kernels. */
+template <int NORM_THREADS, bool Q8>
 __global__ void __launch_bounds__(NORM_THREADS)
     rmsnorm_kernel(const float *x, const int *__restrict__ rows, const float *__restrict__ w,
-                   float *out, int n, float eps)
+                   float *out, int n, float eps, int8_t *__restrict__ xq,
+                   float *__restrict__ xqd)
 {
     __shared__ double partial[NORM_THREADS / GPE_WARP];
     __shared__ float s_scale;
@@ -44,8 +52,12 @@ __global__ void __launch_bounds__(NORM_THREADS)
     __syncthreads();
     const float scale = s_scale;
     float *o = out + (size_t)t * (size_t)n;
-    for (int i = threadIdx.x; i < n; i += NORM_THREADS)
-        o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    for (int i = threadIdx.x; i < n; i += NORM_THREADS) {
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        o[i] = v;
+        if (Q8)
+            gpe_cuda_q8_put(v, (int64_t)t * n + i, xq, xqd);
+    }
 }
 
 void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
@@ -54,7 +66,23 @@ void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *ou
     if (n_rows <= 0)
         return;
     if (n >= 2048)
-        rmsnorm_kernel<1024><<<n_rows, 1024, 0, stream>>>(x, rows, w, out, n, eps);
+        rmsnorm_kernel<1024, false><<<n_rows, 1024, 0, stream>>>(x, rows, w, out, n, eps, NULL,
+                                                                 NULL);
     else
-        rmsnorm_kernel<256><<<n_rows, 256, 0, stream>>>(x, rows, w, out, n, eps);
+        rmsnorm_kernel<256, false><<<n_rows, 256, 0, stream>>>(x, rows, w, out, n, eps, NULL,
+                                                               NULL);
+}
+
+void gpe_cuda_rmsnorm_q8(const float *x, const int *rows, const float *w, float *out,
+                         int8_t *xq, float *xqd, int n_rows, int n, float eps,
+                         cudaStream_t stream)
+{
+    if (n_rows <= 0)
+        return;
+    if (n >= 2048)
+        rmsnorm_kernel<1024, true><<<n_rows, 1024, 0, stream>>>(x, rows, w, out, n, eps, xq,
+                                                                xqd);
+    else
+        rmsnorm_kernel<256, true><<<n_rows, 256, 0, stream>>>(x, rows, w, out, n, eps, xq,
+                                                              xqd);
 }

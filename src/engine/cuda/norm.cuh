@@ -16,4 +16,12 @@
 void gpe_cuda_rmsnorm(const float *x, const int *rows, const float *w, float *out, int n_rows,
                       int n, float eps, cudaStream_t stream);
 
+/* gpe_cuda_rmsnorm (out not x) that also rounds out's rows to int8 blocks
+ * of 32 for the dp4a mat-vec (mmvq.cuh): xq[t * n + i] and xqd[(t * n + i)
+ * / 32], the bytes gpe_cuda_mmvq_quantize(out) would write, in the same
+ * kernel (one launch and one read of out fewer). n % 32 == 0. */
+void gpe_cuda_rmsnorm_q8(const float *x, const int *rows, const float *w, float *out,
+                         int8_t *xq, float *xqd, int n_rows, int n, float eps,
+                         cudaStream_t stream);
+
 #endif

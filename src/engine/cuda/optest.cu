@@ -10,6 +10,7 @@
 #include "engine/cuda/attention.cuh"
 #include "engine/cuda/backend_cuda.h"
 #include "engine/cuda/common.cuh"
+#include "engine/cuda/fused.cuh"
 #include "engine/cuda/matmul.cuh"
 #include "engine/cuda/mmq.cuh"
 #include "engine/cuda/mmvq.cuh"
@@ -157,6 +158,73 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
 bool gpe_cuda_test_matvec_q8(gpe_type t)
 {
     return gpe_cuda_mmvq_takes(t);
+}
+
+gpe_status gpe_cuda_test_fused(int op, gpe_type t, const void *w, int64_t n_rows,
+                               int64_t n_cols, const float *x, const float *aux,
+                               const float *res, int n_tok, bool fuse, float *y, bool *fused,
+                               char *err, size_t errlen)
+{
+    arena a;
+    gpe_status st;
+    gpe_cuda_weight cw;
+    float *d_x = NULL, *d_aux = NULL, *d_y = NULL, *d_tmp = NULL, *d_xn = NULL;
+    gpe_cuda_mm mm;
+    memset(&mm, 0, sizeof mm);
+    *fused = false;
+    const size_t xb = (size_t)n_tok * (size_t)n_cols * sizeof(float);
+    const size_t yb = (size_t)n_tok * (size_t)n_rows * sizeof(float);
+    const size_t auxb = op == GPE_CUDA_TEST_FUSE_NORM ? (size_t)n_cols * sizeof(float) : xb;
+    /* no cuBLAS: at most 8 rows never take the GEMM (and a handle per call
+     * would cost more than the check) */
+    if (n_tok < 1 || n_tok > GPE_CUDA_MMV_MAX)
+        return gpe_cuda_seterr(err, errlen, "fused test: 1..%d rows", GPE_CUDA_MMV_MAX);
+    if ((st = begin(a, false, err, errlen)) ||
+        (st = weight(a, t, w, n_rows, n_cols, &cw, err, errlen)) ||
+        (st = upload(a, &d_x, x, xb, err, errlen)))
+        return st;
+    if (op != GPE_CUDA_TEST_FUSE_ADD && (st = upload(a, &d_aux, aux, auxb, err, errlen)))
+        return st;
+    if (op == GPE_CUDA_TEST_FUSE_NORM)
+        CUDA_CHECK(a.alloc(&d_y, yb));
+    else if ((st = upload(a, &d_y, res, yb, err, errlen)))
+        return st;
+    CUDA_CHECK(a.alloc(&d_tmp, yb));
+    CUDA_CHECK(a.alloc(&d_xn, xb));
+    mm.blas = a.blas;
+    mm.stream = a.stream;
+    mm.xq_elems = (size_t)n_tok * (size_t)n_cols;
+    CUDA_CHECK(a.alloc(&mm.xq, mm.xq_elems));
+    CUDA_CHECK(a.alloc(&mm.xqd, (mm.xq_elems / 32 + 1) * sizeof(float)));
+    switch (op) {
+    case GPE_CUDA_TEST_FUSE_NORM: {
+        /* three weights of a third of the rows each, outputs side by side */
+        const int64_t r3 = n_rows / 3;
+        gpe_cuda_weight cw3[3] = {cw, cw, cw};
+        for (int k = 0; k < 3; k++) {
+            cw3[k].data = cw.data + (size_t)k * (size_t)r3 * cw.row_bytes;
+            cw3[k].n_rows = r3;
+        }
+        const gpe_cuda_weight *const ws[3] = {&cw3[0], &cw3[1], &cw3[2]};
+        float *const ys[3] = {d_y, d_y + r3, d_y + 2 * r3};
+        const int64_t ld[3] = {n_rows, n_rows, n_rows};
+        if (n_rows % 3 != 0)
+            return gpe_cuda_seterr(err, errlen, "fused norm test: rows not a multiple of 3");
+        st = gpe_cuda_norm_matmul_n(&mm, d_x, NULL, d_aux, (int)n_cols, 1e-5f, d_xn, ws, 3,
+                                    n_tok, ys, ld, fuse, fused, err, errlen);
+        break;
+    }
+    case GPE_CUDA_TEST_FUSE_ADD:
+        st = gpe_cuda_matmul_add(&mm, &cw, d_x, n_tok, d_y, d_tmp, fuse, fused, err, errlen);
+        break;
+    default:
+        st = gpe_cuda_swiglu_matmul_add(&mm, &cw, d_x, d_aux, n_tok, d_y, d_tmp, fuse, fused,
+                                        err, errlen);
+        break;
+    }
+    if (st)
+        return st;
+    return finish(a, y, d_y, yb, err, errlen);
 }
 
 gpe_status gpe_cuda_test_rmsnorm(const float *x, const float *w, int n_rows, int n, float eps,

@@ -36,6 +36,23 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
  * dp4a kernels, unless GPUPOOL_CUDA_MMV=legacy. */
 bool gpe_cuda_test_matvec_q8(gpe_type t);
 
+/* The fused decode steps (fused.cuh) on weights w [n_rows][n_cols] of type
+ * t and n_tok activation rows, through the fused kernels (fuse) or the
+ * separate sequence (!fuse); *fused tells whether the fused kernels ran.
+ * y [n_tok][n_rows]:
+ *   GPE_CUDA_TEST_FUSE_NORM:   y = (rmsnorm(x) * aux) W^T, aux [n_cols], W
+ *                              three weights of n_rows / 3 rows each in one
+ *                              group (their outputs side by side in y, as
+ *                              Q/K/V's); n_rows % 3 == 0;
+ *   GPE_CUDA_TEST_FUSE_ADD:    y = res + x W^T, res [n_tok][n_rows];
+ *   GPE_CUDA_TEST_FUSE_SWIGLU: y = res + swiglu(x, aux) W^T, aux (up)
+ *                              [n_tok][n_cols]. */
+enum { GPE_CUDA_TEST_FUSE_NORM, GPE_CUDA_TEST_FUSE_ADD, GPE_CUDA_TEST_FUSE_SWIGLU };
+gpe_status gpe_cuda_test_fused(int op, gpe_type t, const void *w, int64_t n_rows,
+                               int64_t n_cols, const float *x, const float *aux,
+                               const float *res, int n_tok, bool fuse, float *y, bool *fused,
+                               char *err, size_t errlen);
+
 /* out[t] = rmsnorm(x[t]) * w, t < n_rows. */
 gpe_status gpe_cuda_test_rmsnorm(const float *x, const float *w, int n_rows, int n, float eps,
                                  float *out, char *err, size_t errlen);

@@ -696,6 +696,133 @@ done:
     free(deq);
 }
 
+/* The activations of a fused step on the host, in double, before the
+ * rounding: rmsnorm(x) * nw, x itself, or swiglu(x, up). */
+static void fused_act(int op, const float *x, const float *aux, int n_tok, int cols, float *act)
+{
+    for (int t = 0; t < n_tok; t++) {
+        const float *xr = x + (size_t)t * cols;
+        double sc = 1.0;
+        if (op == GPE_CUDA_TEST_FUSE_NORM) {
+            double ss = 0.0;
+            for (int c = 0; c < cols; c++)
+                ss += (double)xr[c] * xr[c];
+            sc = 1.0 / sqrt(ss / cols + 1e-5);
+        }
+        for (int c = 0; c < cols; c++) {
+            const double v = xr[c];
+            const size_t i = (size_t)t * cols + c;
+            if (op == GPE_CUDA_TEST_FUSE_NORM)
+                act[i] = (float)(v * sc * aux[c]);
+            else if (op == GPE_CUDA_TEST_FUSE_ADD)
+                act[i] = (float)v;
+            else
+                act[i] = (float)(v / (1.0 + exp(-v)) * aux[i]);
+        }
+    }
+}
+
+/* One fused step (op) on weights of type t: for two shapes (the row
+ * widths not multiples of the RMSNorm block, 256 or 1024 threads; 37 rows
+ * a weight, not a multiple of the mat-vec's 4 rows per block, so a group
+ * launch has a partial block in each weight) and 1, 3 and 8 activation
+ * rows, the fused kernels against the separate ones (must be
+ * bit-identical, and the fused ones must have run where the dp4a path
+ * takes t) and against a double reference of the unrounded activations
+ * (TH_Q8_ACT: catches a fused kernel that agrees with a broken separate
+ * one). */
+static void check_fused_op(report *rep, rng *r, int op, gpe_type t)
+{
+    enum { MAXC = 2304, MAXT = 8 };
+    /* the norm step: Q/K/V-like, three weights of 37 rows in one group */
+    const int rows = op == GPE_CUDA_TEST_FUSE_NORM ? 3 * 37 : 37;
+    static const char *const op_name[] = { "norm", "add", "swiglu" };
+    const bool k = t == GPE_TYPE_Q4_K || t == GPE_TYPE_Q5_K || t == GPE_TYPE_Q6_K;
+    const int shapes[2] = { k ? 768 : 160, k ? 2304 : 2080 };
+    static const int toks[3] = { 1, 3, 8 };
+    char msg[256] = "", name[96];
+    gpe_weight w;
+    gpe_st_model holder;
+    memset(&holder, 0, sizeof holder);
+    const size_t xn = (size_t)MAXT * MAXC, yn = (size_t)MAXT * (size_t)rows;
+    float *x = malloc(sizeof(float) * xn), *aux = malloc(sizeof(float) * xn);
+    float *act = malloc(sizeof(float) * xn), *res = malloc(sizeof(float) * yn);
+    float *y0 = malloc(sizeof(float) * yn), *y1 = malloc(sizeof(float) * yn);
+    float *ref = malloc(sizeof(float) * yn), *deq = malloc(sizeof(float) * rows * (size_t)MAXC);
+    double worst_exact = 0.0, worst_ref = 0.0;
+    gpe_status st = GPE_OK;
+    if (!x || !aux || !act || !res || !y0 || !y1 || !ref || !deq) {
+        st = GPE_ERR_NOMEM;
+        snprintf(msg, sizeof msg, "out of memory");
+    }
+    for (int si = 0; si < 2 && st == GPE_OK; si++) {
+        const int cols = shapes[si];
+        gpe_st_model_free(&holder);
+        if (!st_weight(&holder, &w, t, rows, cols, r)) {
+            st = GPE_ERR_NOMEM;
+            snprintf(msg, sizeof msg, "out of memory");
+            break;
+        }
+        for (int i = 0; i < rows; i++)
+            gpe_dequantize_row(t, (const uint8_t *)w.data + (size_t)i * w.row_bytes,
+                               deq + (size_t)i * cols, cols);
+        for (int ti = 0; ti < 3 && st == GPE_OK; ti++) {
+            const int n = toks[ti];
+            for (size_t i = 0; i < (size_t)n * cols; i++) {
+                x[i] = (op == GPE_CUDA_TEST_FUSE_NORM ? 3.0f : 1.0f) * rng_f(r);
+                aux[i] = op == GPE_CUDA_TEST_FUSE_NORM ? 1.0f + 0.5f * rng_f(r) : rng_f(r);
+            }
+            for (size_t i = 0; i < (size_t)n * rows; i++)
+                res[i] = op == GPE_CUDA_TEST_FUSE_NORM ? 0.0f : rng_f(r);
+            fused_act(op, x, aux, n, cols, act);
+            matmul_ref(deq, act, n, rows, cols, ref);
+            for (size_t i = 0; i < (size_t)n * rows; i++)
+                ref[i] += res[i];
+            bool f0 = false, f1 = false;
+            st = gpe_cuda_test_fused(op, t, w.data, rows, cols, x, aux, res, n, false, y0, &f0,
+                                     msg, sizeof msg);
+            if (st == GPE_OK)
+                st = gpe_cuda_test_fused(op, t, w.data, rows, cols, x, aux, res, n, true, y1,
+                                         &f1, msg, sizeof msg);
+            if (st == GPE_OK && (f0 || f1 != gpe_cuda_test_matvec_q8(t))) {
+                st = GPE_ERR_BACKEND;
+                snprintf(msg, sizeof msg, "%d columns x%d: fused kernels %s", cols, n,
+                         f1 ? "ran where they should not" : "did not run");
+            }
+            if (st != GPE_OK)
+                break;
+            const double e = gpe_st_nmse(y1, y0, (size_t)n * rows);
+            const double d = gpe_st_nmse(y1, ref, (size_t)n * rows);
+            worst_exact = e > worst_exact ? e : worst_exact;
+            worst_ref = d > worst_ref ? d : worst_ref;
+        }
+    }
+    snprintf(name, sizeof name, "fused %s %s vs unfused", op_name[op], gpe_type_name(t));
+    rep_check(rep, name, st, msg, worst_exact, TH_EXACT);
+    if (st == GPE_OK) {
+        snprintf(name, sizeof name, "fused %s %s vs f32 x", op_name[op], gpe_type_name(t));
+        rep_check(rep, name, st, msg, worst_ref, TH_Q8_ACT);
+    }
+    gpe_st_model_free(&holder);
+    free(x);
+    free(aux);
+    free(act);
+    free(res);
+    free(y0);
+    free(y1);
+    free(ref);
+    free(deq);
+}
+
+static void check_fused(report *rep, rng *r)
+{
+    static const gpe_type types[] = { GPE_TYPE_Q4_0, GPE_TYPE_Q8_0, GPE_TYPE_Q4_K,
+                                      GPE_TYPE_Q6_K, GPE_TYPE_Q5_K };
+    for (int op = GPE_CUDA_TEST_FUSE_NORM; op <= GPE_CUDA_TEST_FUSE_SWIGLU; op++)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            check_fused_op(rep, r, op, types[ti]);
+}
+
 static void check_rmsnorm(report *rep, rng *r)
 {
     enum { ROWS = 5, N = 1000 };
@@ -1016,6 +1143,7 @@ gpe_status gpe_cuda_selftest_run(char *err, size_t errlen)
     check_attention(&rep, &r);
     check_matmul_ops(&rep, &r);
     check_mmq_tails(&rep, &r);
+    check_fused(&rep, &r);
     check_models(&rep);
     if (err && errlen)
         snprintf(err, errlen, "%d checks, %d failed on %d device(s): %s", rep.n_pass + rep.n_fail,
