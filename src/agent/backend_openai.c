@@ -7,7 +7,11 @@
  * curl_multi_socket_action, so an agent with --slots 1024 holds 1,024
  * upstream streams on one thread, about 15 KiB each (mostly libcurl's
  * easy handle, its 4 KiB receive buffer and connection; docs/scaling.md).
- * Connections to the upstream are kept alive and reused between jobs.
+ * Connections to the upstream are kept alive and reused between jobs (a
+ * stream that said [DONE] still reads its body's end: xfer_done_early).
+ * New work goes ahead of relaying: new jobs, and transfers whose reply has
+ * not begun, at a higher libevent priority than the streams (OAI_PRI_*),
+ * and a new transfer starts in the turn that takes its job.
  * Other threads never touch curl: job_start and job_cancel queue their
  * work under the backend's mutex and wake the loop
  * through a pipe; the loop starts transfers, and a cancel drops the
@@ -98,6 +102,9 @@
 /* Relaying callbacks run between two looks for new work (libevent's
  * max_dispatch_callbacks): a new job waits for at most this many. */
 #define OAI_RELAY_BURST 32
+/* How long a transfer whose stream said [DONE] waits for the body's end
+ * (see xfer_done_early) before its connection is closed instead. */
+#define OAI_LINGER_MS 1000
 
 typedef struct oai_backend oai_backend;
 
@@ -137,6 +144,11 @@ typedef struct oai_job {
      * the streams already relaying (OAI_PRI_NEW) until its first bytes. */
     bool unanswered;
     bool demote_queued;     /* on the loop's demote list */
+    /* The job ended at [DONE] (its terminal events are sent; nothing
+     * reaches the sink again) and its transfer only reads the body's end,
+     * so that the connection is kept for the next job. */
+    bool lingering;
+    uint64_t linger_since_ms;
     struct oai_job *demote_next;
     /* Request headers, for every transfer of the job: the job's own lines
      * (hnode, whose data is in the strings below) ahead of the backend's
@@ -245,6 +257,8 @@ static size_t on_write(char *p, size_t sz, size_t nm, void *ud)
 {
     oai_job *j = ud;
     size_t n = sz * nm;
+    if (j->lingering)
+        return n; /* the body's end after [DONE] */
     if (j->unanswered) {
         j->unanswered = false;
         if (!j->demote_queued) {
@@ -263,6 +277,8 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud)
 {
     oai_job *j = ud;
     size_t n = sz * nm;
+    if (j->lingering)
+        return n;
     return oai_stream_header(&j->st, p, n) == 0 ? n : 0;
 }
 
@@ -639,6 +655,10 @@ static bool embed_end(oai_job *j, bool done, CURLcode result)
 static void xfer_end(oai_backend *b, oai_job *j, bool done, CURLcode result)
 {
     xfer_drop(b, j);
+    if (j->lingering) { /* its terminal events went at [DONE] */
+        job_release(b, j);
+        return;
+    }
     if (j->embed && embed_end(j, done, result)) {
         job_release(b, j);
         return;
@@ -688,8 +708,27 @@ static void job_begin(oai_backend *b, oai_job *j)
 static void job_stop(oai_backend *b, oai_job *j)
 {
     xfer_drop(b, j);
-    j->st.sink.error(j->st.sink.ctx, "CANCELLED", "the job was cancelled");
+    if (!j->lingering) /* else it has ended already */
+        j->st.sink.error(j->st.sink.ctx, "CANCELLED", "the job was cancelled");
     job_release(b, j);
+}
+
+/* A stream said [DONE] before its body ended (an upstream that writes
+ * the chunked body's last chunk apart from the [DONE] event, as most
+ * do). Dropping the transfer would close the connection: the next job
+ * would open another (issue 24). A plain generation ends now and lingers
+ * until the body's end (then its connection returns to libcurl's cache)
+ * or OAI_LINGER_MS. A stop string's end still drops it: the upstream is
+ * still generating and must see the client go. */
+static void xfer_done_early(oai_backend *b, oai_job *j)
+{
+    if (j->embed || j->st.count || j->st.stop_seq || j->st.failed) {
+        xfer_end(b, j, true, CURLE_OK);
+        return;
+    }
+    oai_stream_finish(&j->st, NULL, NULL);
+    j->lingering = true;
+    j->linger_since_ms = gp_now_mono_ms();
 }
 
 /* The reply of j's transfer began: its socket joins the streams relaying.
@@ -750,7 +789,7 @@ static void loop_settle(oai_backend *b)
         bool was_queued = j->done_queued;
         j->done_queued = false;
         if (was_queued && !j->completed)
-            xfer_end(b, j, true, CURLE_OK);
+            xfer_done_early(b, j);
     }
     while (completed) {
         oai_job *j = completed;
@@ -863,7 +902,9 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     oai_job *stalled = NULL;
     pthread_mutex_lock(&b->mu); /* the list; its transfers are the loop's */
     for (oai_job *j = b->jobs; j; j = j->next)
-        if (j->easy && !j->done_queued && now - j->st.last_byte_ms > stall_ms) {
+        if (j->easy && !j->done_queued &&
+            (j->lingering ? now - j->linger_since_ms > OAI_LINGER_MS
+                          : now - j->st.last_byte_ms > stall_ms)) {
             j->in_next = stalled;
             stalled = j;
         }
@@ -872,8 +913,9 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     while (stalled) {
         oai_job *j = stalled;
         stalled = j->in_next;
-        oai_stream_fail(&j->st, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
-                        (long long)b->o->upstream_timeout_sec);
+        if (!j->lingering) /* else it has ended: its connection is closed */
+            oai_stream_fail(&j->st, "UPSTREAM_TIMEOUT", "no data from the upstream for %lld s",
+                            (long long)b->o->upstream_timeout_sec);
         xfer_end(b, j, false, CURLE_OK);
     }
     agent_sink_release();
