@@ -440,6 +440,45 @@ class AgentProtocolTest(harness.TestCase):
             self.assertEqual(r["headers"].get("accept"), "text/event-stream")
             self.assertEqual(r["headers"].get("content-type"), "application/json")
 
+    def test_new_jobs_start_while_a_stream_relays_and_reuse_its_connection(self):
+        """While one stream relays, new jobs are started and answered, each
+        whole, one after the other on one kept-alive upstream connection
+        (issue 24: a transfer's socket is watched ahead of the relaying
+        streams until its reply begins, then moved back among them)."""
+        up = self.h.start_upstream(["--tokens", "400", "--pace-ms", "25"])
+        # The body's last chunk comes 30 ms after [DONE], as an upstream's
+        # separate write: the connection is kept only if the agent reads
+        # it rather than hang up at [DONE].
+        up.control(done_gap_ms=30)
+        self.start_agent(up, slots=4)
+        self.fake.give(job("job_pa", prompt="long one"))
+        self.fake.wait(lambda: any(e["type"] == "token" for e in self.fake.events.get("job_pa", [])),
+                       what="job_pa relaying")
+        for jid in ("job_pb", "job_pc", "job_pd"):
+            self.fake.give(job(jid, prompt="short " + jid, max_tokens=3))
+            evs = self.fake.wait_terminal(jid)
+            self.assertEqual(evs[-1]["type"], "end", evs)
+            text = "".join(e["text"] for e in evs if e["type"] == "token")
+            self.assertEqual(text, "".join(upstream_mod.expected_tokens("short " + jid, 3)))
+            self.fake.wait(lambda: any(r["headers"].get("x-gpupool-job-id") == jid and
+                                       r["outcome"] != "running" for r in up.log_entries()),
+                           what="the upstream done with " + jid)
+        recs = {r["headers"].get("x-gpupool-job-id"): r for r in up.log_entries()}
+        self.assertEqual(recs["job_pa"]["outcome"], "running")  # 400 x 25 ms: 10 s
+        ports = {recs[j]["peer_port"] for j in ("job_pb", "job_pc", "job_pd")}
+        self.assertEqual(len(ports), 1, ports)
+        self.assertNotIn(recs["job_pa"]["peer_port"], ports)
+        # The long stream, its socket moved back among the relaying ones
+        # long ago, still relays in order up to its cancel.
+        self.fake.cancel_jobs.add("job_pa")
+        harness.wait_until(lambda: any(r["headers"].get("x-gpupool-job-id") == "job_pa" and
+                                       r["outcome"] == "client_gone" for r in up.log_entries()),
+                           timeout=10, what="upstream sees the cancel of job_pa")
+        evs = self.fake.job_events("job_pa")
+        text = "".join(e["text"] for e in evs if e["type"] == "token")
+        self.assertTrue(text and "".join(upstream_mod.expected_tokens("long one", 400)).startswith(text),
+                        text)
+
     def test_chat_forwards_messages_and_max_tokens(self):
         up = self.h.start_upstream(["--tokens", "10"])
         msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "one two"}]

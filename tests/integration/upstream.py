@@ -65,7 +65,8 @@ Control (JSON):
    finish_reason "stop" and nothing else;
    hostile ones, control only: usage_prompt_tokens (reported instead of the
    count), x_pool_meta_bytes (an x_pool_meta of about that size on the last
-   chunk/object), first_token_bytes (the first token is that many 'x'))
+   chunk/object), first_token_bytes (the first token is that many 'x'),
+   done_gap_ms (the body's last chunk that long after [DONE], a write apart))
      outcome: "complete" | "stall" | "die" | "malformed" | "error_status" |
               "client_gone" | "running".  *_mono is time.monotonic() (the same
               CLOCK_MONOTONIC as the test process), *_wall is time.time().
@@ -204,6 +205,7 @@ class State:
             "embeddings_mode": args.embeddings_mode,
             "structured_text": None,
             "tool_arguments_text": None,
+            "done_gap_ms": 0,
         }
         self.log = []
         self.next_id = 0
@@ -424,6 +426,7 @@ class Handler(BaseHTTPRequestHandler):
             "tokens_sent": 0, "disconnected": False, "disconnect_mono": None,
             "disconnect_wall": None,
             "headers": {k.lower(): v for k, v in self.headers.items()},
+            "peer_port": self.client_address[1],  # the same for requests on one connection
         })
         try:
             body = json.loads(raw)
@@ -664,6 +667,8 @@ class Handler(BaseHTTPRequestHandler):
                           "total_tokens": prompt_tokens + len(toks)}
             self.chunk("data: %s\n\n" % json.dumps(u))
         self.chunk("data: [DONE]\n\n")
+        if cfg.get("done_gap_ms"):  # the body's end apart from [DONE], as read
+            time.sleep(cfg["done_gap_ms"] / 1000.0)
         self.chunk(b"")  # last chunk
         rec["outcome"] = "complete"
         rec["ended"] = time.time()
