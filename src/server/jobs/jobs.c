@@ -12,7 +12,6 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
-#include "server/fleet/gps_strmap.h"
 #include "server/auth/limits.h"
 #include "server/store/store.h"
 #include "server/metrics.h"
@@ -50,6 +49,7 @@ struct gps_jobs {
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     json_t *tok_id; /* its token_id while it has one (a second reference) */
     json_t *tok_text; /* its "text" (borrowed from tok_ev) */
+    uint64_t report_stamp; /* the last agent report (gps_jobs_agent_report) */
     /* The fields of the per-job log lines, refilled in place (log_fields). */
     json_t *log_submitted, *log_assigned, *log_done;
     gps_jobs_opts opts;
@@ -2201,18 +2201,6 @@ size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
     return n;
 }
 
-static bool listed(const json_t *running, const char *id)
-{
-    size_t i;
-    const json_t *v;
-    json_array_foreach(running, i, v) {
-        const char *s = json_string_value(v);
-        if (s && strcmp(s, id) == 0)
-            return true;
-    }
-    return false;
-}
-
 size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
                              uint64_t seen)
 {
@@ -2220,16 +2208,18 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         return 0;
     uint64_t now = gp_now_mono_us();
     size_t ended = 0;
-    /* The list as a set (up to 1,024 ids, agent_check): a lookup per job
-     * instead of a scan of the list per job. Out of memory: the scan. */
-    smap set = {0};
-    bool use_set = true;
+    /* Every listed job that exists is stamped with this report's number (a
+     * lookup in the job table per id, nothing allocated: a set of up to
+     * 1,024 ids built per poll cost a malloc per id); a job of the agent's
+     * without the stamp was not listed. */
+    uint64_t stamp = ++j->report_stamp;
     size_t i;
     const json_t *v;
     json_array_foreach(running, i, v) {
         const char *s = json_string_value(v);
-        if (s && use_set && !smap_put(&set, s, (void *)v))
-            use_set = false;
+        gps_job *job = s ? gps_jobs_find(j, s) : NULL;
+        if (job)
+            job->report_mark = stamp;
     }
     /* As in gps_jobs_agent_lost: fail_over may move job to the finished
      * list, so the next live job is taken first. */
@@ -2238,7 +2228,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         next = job->next;
         if (!on_agent(job, agent_id))
             continue;
-        if (use_set ? smap_find(&set, job->id) != NULL : listed(running, job->id)) {
+        if (job->report_mark == stamp) {
             job->last_event_us = now;
             continue;
         }
@@ -2249,7 +2239,6 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
             ended++;
         }
     }
-    smap_free(&set, NULL);
     return ended;
 }
 
