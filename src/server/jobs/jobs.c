@@ -10,6 +10,7 @@
 
 #include "common/gp_count.h"
 #include "common/gp_log.h"
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
 #include "server/auth/limits.h"
@@ -336,8 +337,9 @@ int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg)
     return subscribe(job, fn, arg, true);
 }
 
-/* Whether a live subscriber reads a token event's tree (not the job's text). */
-static bool wants_token_tree(const gps_job *job)
+/* Whether a live subscriber reads an event's tree (not the job's text and
+ * fields): a token's, or that of an event read without one (notify_in). */
+static bool wants_tree(const gps_job *job)
 {
     for (const gps_job_sub *s = job->subs; s; s = s->next)
         if (!s->dead && !s->cursor)
@@ -2359,17 +2361,38 @@ static long long client_prompt(const gps_job *job, long long pt)
     return pt > job->continued_tokens ? pt - job->continued_tokens : pt;
 }
 
-/* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
- * subscriber needs it copies during notify. bytes: its compact size when
- * the reader has it (gps_event_in.bytes), else 0. */
-static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
+/* notify for an event that came as a tree (ev) or as the fields of a
+ * plain one (in): a plain event's tree is parsed from its text only for a
+ * subscriber that reads trees (native tasks, a handoff proxy); the relay
+ * reads the job's fields. */
+static void notify_in(gps_jobs *j, gps_job *job, gps_event_type t, json_t *ev,
+                      const gps_event_in *in)
 {
-    gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
+    if (ev || !in || !in->plain || !wants_tree(job)) {
+        notify(j, job, t, ev);
+        return;
+    }
+    json_t *tree = gp_json_loadb(in->raw, in->raw_len); /* (NULL on ENOMEM) */
+    notify(j, job, t, tree);
+    json_decref(tree);
+}
+
+/* Apply one checked event (agent_check.h): ev, or without a tree the
+ * fields of a plain event (in->plain; upload_read.c read and checked it
+ * as the checker reads its tree). Nothing of ev is kept: what a
+ * subscriber needs it copies during notify. in (or NULL): the reader's
+ * record, whose bytes is the event's compact size. */
+static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
+{
+    bool plain = in && in->plain;
+    gps_event_type t = plain ? in->type
+                             : gps_event_type_parse(
+                                   json_string_value(json_object_get(ev, "type")));
     uint64_t now = gp_now_mono_us();
     job->last_event_us = now;
     /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
      * "metrics" on a max_tokens=10 job must not be 140 MB. */
-    job->agent_bytes += (long long)(bytes ? bytes : gp_json_compact_size(ev));
+    job->agent_bytes += (long long)(in && in->bytes ? in->bytes : gp_json_compact_size(ev));
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
         return;
@@ -2381,7 +2404,7 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
     switch (t) {
     case GPS_EV_STARTED:
         job->state = GPS_JOB_RUNNING;
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     case GPS_EV_TOKEN: {
         job->state = GPS_JOB_RUNNING;
@@ -2427,15 +2450,18 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
         break;
     case GPS_EV_METRICS: {
         json_t *tps = json_object_get(ev, "tokens_per_sec");
-        if (json_is_number(tps))
-            job->tokens_per_sec = json_number_value(tps);
+        if (plain ? in->has_tps : json_is_number(tps))
+            job->tokens_per_sec = plain ? in->tokens_per_sec : json_number_value(tps);
         json_t *pt = json_object_get(ev, "prompt_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
-            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        long long ptv = plain                                                 ? in->prompt_tokens
+                        : json_is_integer(pt) && json_integer_value(pt) >= 0 ? json_integer_value(pt)
+                                                                              : -1;
+        if (ptv >= 0)
+            job->prompt_tokens = client_prompt(job, ptv);
         /* An openai agent whose upstream has no count endpoint estimated
          * (docs/agent.md "Counting tokens"): the reply says so. */
         json_t *ce = json_object_get(ev, "count_estimated");
-        if (json_is_number(ce) && json_number_value(ce) != 0)
+        if (plain ? in->count_estimated : json_is_number(ce) && json_number_value(ce) != 0)
             job->count_estimated = true;
         /* Subscribers (native tasks) record what they are given: relay a
          * bounded number per attempt; later ones only update the counts. */
@@ -2444,18 +2470,20 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             break;
         }
         job->metrics_relayed++;
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     }
     case GPS_EV_END: {
-        const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
+        const char *fr = plain ? in->finish_reason
+                               : json_string_value(json_object_get(ev, "finish_reason"));
         gp_copy_str(job->finish_reason, sizeof job->finish_reason,
                     fr && strcmp(fr, "length") == 0       ? "length"
                     : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
                                                           : "stop");
         /* The stop string the agent stopped on (agent_check bounded it):
          * the Anthropic dialect reports it as stop_sequence. */
-        const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
+        const char *ss = plain ? in->stop_sequence
+                               : json_string_value(json_object_get(ev, "stop_sequence"));
         free(job->stop_sequence);
         job->stop_sequence = ss ? strdup(ss) : NULL;
         json_t *um = json_object_get(ev, "upstream_meta");
@@ -2464,11 +2492,17 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
-            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        long long ptv = plain                                                 ? in->prompt_tokens
+                        : json_is_integer(pt) && json_integer_value(pt) >= 0 ? json_integer_value(pt)
+                                                                              : -1;
+        long long ctv = plain                                                 ? in->completion_tokens
+                        : json_is_integer(ct) && json_integer_value(ct) >= 0 ? json_integer_value(ct)
+                                                                              : -1;
+        if (ptv >= 0)
+            job->prompt_tokens = client_prompt(job, ptv);
         /* usage counts this attempt; earlier attempts' tokens come first. */
-        if (json_is_integer(ct) && json_integer_value(ct) >= 0)
-            job->completion_tokens = job->continued_tokens + json_integer_value(ct);
+        if (ctv >= 0)
+            job->completion_tokens = job->continued_tokens + ctv;
         end_on_agent(j, job, true);
         finish(j, job, GPS_JOB_DONE);
         if (gp_log_enabled(GP_LOG_INFO)) {
@@ -2480,7 +2514,7 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id, log_fields_ref(f, ok),
                          "job finished");
         }
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     }
     case GPS_EV_ERROR: {
@@ -2592,7 +2626,7 @@ static bool apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e, uint64
         job->first_token_us = now;
     /* Cursor subscribers (the relay) read the text just appended: the
      * event's tree, and its string's allocation, only for the others. */
-    if (!wants_token_tree(job)) {
+    if (!wants_tree(job)) {
         notify(j, job, GPS_EV_TOKEN, NULL);
         return true;
     }
@@ -2653,11 +2687,11 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     long long generated = 0; /* tokens read without a tree: counted once below */
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
-        bool token = in && !in[i].ev;
+        bool token = in && !in[i].ev && !in[i].plain;
         if (token)
             generated += apply_token(j, job, &in[i], job->last_event_us);
         else
-            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? in[i].bytes : 0);
+            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? &in[i] : NULL);
         if (gps_job_terminal(job))
             break;
         /* Only an event of another kind (the agent's error) fails the job
