@@ -548,6 +548,24 @@ static bool plain_metrics(gps_event_in *e, const pmem *m, size_t n)
     return true;
 }
 
+/* A progress event's members: prompt_tokens_done, prompt_tokens_total,
+ * token counts. */
+static bool plain_progress(gps_event_in *e, const pmem *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const pmem *x = &m[i];
+        if (is(x, "type"))
+            continue;
+        long long *to = is(x, "prompt_tokens_done")    ? &e->progress_done
+                        : is(x, "prompt_tokens_total") ? &e->progress_total
+                                                       : NULL;
+        if (!to || x->kind != 'i' || x->i < 0 || x->i > GPS_AGENT_MAX_TOKENS)
+            return false;
+        *to = x->i;
+    }
+    return true;
+}
+
 /* An end event's members: finish_reason (1..32 bytes), usage,
  * stop_sequence (1..GPS_AGENT_MAX_STOP_SEQUENCE bytes); their strings
  * kept NUL-terminated in the upload's text. */
@@ -576,8 +594,8 @@ static bool plain_end(gps_upload *u, gps_event_in *e, const pmem *m, size_t n)
 
 /* The other events every agent sends with every request, read into the
  * fields the server keeps without a tree (e->plain): {"type":"started"};
- * a metrics event of numbers; an end event of finish_reason, usage and
- * stop_sequence. Keys of [A-Za-z0-9_], strings of printable ASCII
+ * a progress event of its two counts; a metrics event of numbers; an end
+ * event of finish_reason, usage and stop_sequence. Keys of [A-Za-z0-9_], strings of printable ASCII
  * without escapes, numbers as plain_num reads them. Taken only where
  * gps_agent_event_check_sized takes the same bytes, with the size it
  * counts; anything else (upstream_meta, an escape, a null, a bound passed,
@@ -632,7 +650,12 @@ static bool plain_ev(rd *r, gps_event_in *e)
     e->raw = raw;
     e->raw_len = (size_t)(r->p - raw);
     e->bytes = bytes;
-    e->prompt_tokens = e->completion_tokens = -1;
+    e->prompt_tokens = e->completion_tokens = e->progress_done = e->progress_total = -1;
+    if (str_is(type, "progress")) {
+        e->type = GPS_EV_UNKNOWN;
+        e->progress = true;
+        return plain_progress(e, m, n);
+    }
     if (str_is(type, "started")) {
         e->type = GPS_EV_STARTED;
         return n == 1;

@@ -50,12 +50,18 @@ static void same_plain(const gps_event_in *e, const json_t *jev)
     if (!raw || !json_equal(raw, (json_t *)jev))
         abort();
     json_decref(raw);
-    const char *t = e->type == GPS_EV_STARTED   ? "started"
+    const char *t = e->progress                 ? "progress"
+                    : e->type == GPS_EV_STARTED ? "started"
                     : e->type == GPS_EV_METRICS ? "metrics"
                     : e->type == GPS_EV_END     ? "end"
                                                 : "";
     same_str(json_object_get(jev, "type"), t, strlen(t));
-    if (e->type == GPS_EV_STARTED) {
+    if (e->progress) {
+        if (e->type != GPS_EV_UNKNOWN ||
+            e->progress_done != count_of(jev, "prompt_tokens_done") ||
+            e->progress_total != count_of(jev, "prompt_tokens_total"))
+            abort();
+    } else if (e->type == GPS_EV_STARTED) {
         if (json_object_size(jev) != 1)
             abort();
     } else if (e->type == GPS_EV_METRICS) {

@@ -2331,14 +2331,17 @@ static bool is_progress(const json_t *ev)
 /* Prefill progress: proof of life, not output. Only the latest counts are
  * kept (never the event buffer: a long prefill must not grow memory) and
  * nothing is relayed. */
-static void apply_progress(gps_job *job, const json_t *ev)
+static void apply_progress(gps_job *job, const json_t *ev, const gps_event_in *in)
 {
     const json_t *d = json_object_get(ev, "prompt_tokens_done");
     const json_t *t = json_object_get(ev, "prompt_tokens_total");
-    if (json_is_integer(d))
-        job->progress_done = json_integer_value(d);
-    if (json_is_integer(t)) {
-        job->progress_total = json_integer_value(t);
+    bool plain = in && in->plain; /* (the check bounded both counts: >= 0) */
+    long long dv = plain ? in->progress_done : json_is_integer(d) ? json_integer_value(d) : -1;
+    long long tv = plain ? in->progress_total : json_is_integer(t) ? json_integer_value(t) : -1;
+    if (dv >= 0)
+        job->progress_done = dv;
+    if (tv >= 0) {
+        job->progress_total = tv;
         /* An attempt that continues nothing counts the client's prompt:
          * the usage if this agent is lost before its end (item 7). */
         if (job->continued_tokens == 0 && job->progress_total > 0)
@@ -2397,8 +2400,8 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
         output_too_large(j, job, "event data");
         return;
     }
-    if (is_progress(ev)) {
-        apply_progress(job, ev);
+    if (plain ? in->progress : is_progress(ev)) {
+        apply_progress(job, ev, in);
         return;
     }
     switch (t) {

@@ -501,10 +501,12 @@ typedef struct gps_event_in {
      * (borrowed, the upload's body) is its JSON, parsed only for a
      * subscriber that reads trees. */
     bool plain;
-    gps_event_type type; /* plain: GPS_EV_STARTED, GPS_EV_METRICS or GPS_EV_END */
+    bool progress;       /* plain: a progress event (type GPS_EV_UNKNOWN) */
+    gps_event_type type; /* plain: GPS_EV_STARTED, GPS_EV_METRICS, GPS_EV_END or that */
     const char *raw;
     size_t raw_len;
     long long prompt_tokens, completion_tokens; /* metrics, end.usage: -1 when absent */
+    long long progress_done, progress_total;    /* progress: -1 when absent */
     double tokens_per_sec;                      /* metrics: when has_tps */
     bool has_tps, count_estimated;              /* metrics */
     const char *finish_reason, *stop_sequence;  /* end: NUL-terminated (upload text) or NULL */

@@ -204,6 +204,7 @@ static void test_plain_events(void **st)
         "{\"type\":\"end\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":5,"
         "\"completion_tokens\":-0},\"stop_sequence\":\"</END>\"}",
         "{\"type\":\"end\",\"usage\":{}}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":0,\"prompt_tokens_total\":4}",
     };
     for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
         gps_upload u;
@@ -240,6 +241,12 @@ static void test_plain_events(void **st)
     assert_true(u.evs[0].count_estimated);
     json_decref(jev);
     gps_upload_free(&u);
+    jev = one_event(good[6], &u, &read);
+    assert_true(u.evs[0].progress);
+    assert_int_equal(u.evs[0].progress_done, 0);
+    assert_int_equal(u.evs[0].progress_total, 4);
+    json_decref(jev);
+    gps_upload_free(&u);
 
     /* Valid, but not the plain shape: read as a tree, as before. */
     static const char *const tree[] = {
@@ -248,7 +255,7 @@ static void test_plain_events(void **st)
         "{\"type\":\"end\",\"stop_sequence\":\"a\\nb\"}",
         "{\"type\":\"end\",\"finish_reason\":null}",
         "{\"type\":\"end\",\"usage\":{\"prompt_tokens\":1,\"cached\":2}}",
-        "{\"type\":\"progress\",\"prompt_tokens_done\":1}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":null}",
         "{\"type\":\"error\",\"code\":\"X\",\"message\":\"m\"}",
     };
     for (size_t i = 0; i < sizeof tree / sizeof *tree; i++) {
@@ -274,6 +281,8 @@ static void test_plain_events(void **st)
         "{\"type\":\"end\",\"usage\":5}",
         "{\"type\":\"end\",\"stop_sequence\":\"\"}",
         "{\"type\":\"started\",\"type\":\"started\"}",
+        "{\"type\":\"progress\",\"prompt_tokens_total\":-1}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":1.5}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         json_t *j = one_event(bad[i], &u, &read);
