@@ -557,6 +557,18 @@ static size_t real_fmt(char b[48], double d)
     return strlen(b);
 }
 
+size_t gp_json_real_size(double d)
+{
+    char b[48];
+    size_t n = real_fmt(b, d);
+    if (n)
+        return n;
+    json_t *r = json_real(d); /* (the rare real real_fmt leaves to jansson) */
+    n = r ? json_dumpb(r, NULL, 0, JSON_ENCODE_ANY) : 0;
+    json_decref(r);
+    return n;
+}
+
 size_t gp_json_compact_size(const json_t *v)
 {
     switch (json_typeof(v)) {
@@ -591,11 +603,8 @@ size_t gp_json_compact_size(const json_t *v)
             n++;
         return n;
     }
-    case JSON_REAL: {
-        char b[48];
-        size_t n = real_fmt(b, json_real_value(v));
-        return n ? n : json_dumpb(v, NULL, 0, JSON_ENCODE_ANY);
-    }
+    case JSON_REAL:
+        return gp_json_real_size(json_real_value(v));
     case JSON_TRUE:
         return 4;
     case JSON_FALSE:

@@ -109,6 +109,9 @@ size_t gp_json_escaped_len(const char *s, size_t n);
  * server counts an agent's events by, once per event. */
 struct json_t;
 size_t gp_json_compact_size(const struct json_t *v);
+/* The bytes of a real of value d in such a dump (a reader that never
+ * builds the real counts it so). */
+size_t gp_json_real_size(double d);
 /* Append text as the inside of a JSON string, as json_dumps writes it: '"'
  * and '\\' escaped, control characters as \n, \t, ... or \u00XX, other bytes
  * (UTF-8) as they are. 0 or -1 (ENOMEM). */

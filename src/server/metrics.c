@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/fleet/gps_strmap.h"
+
 #define PREFIX "gpupool_"
 
 typedef struct series {
@@ -28,19 +30,16 @@ typedef struct family {
     size_t nbuckets;
     series *head, *tail;
     struct family *next;
-    struct family *hnext;  /* the same index bucket */
-    uint32_t hash;
 } family;
 
-/* Families by name hash: a counter is bumped per agent upload and per
- * request, and walking the family list with a strcmp each (~70 families)
- * cost ~1,500 instructions a bump, the largest strcmp caller of a relayed
- * token (issue 24). Families are never removed, so the index only grows. */
-#define INDEX_SIZE 256
-
+/* Families by name (the server's string map): a counter is bumped per
+ * agent upload and per request, and walking the family list with a strcmp
+ * each (~70 families) cost ~1,500 instructions a bump, the largest strcmp
+ * caller of a relayed token (issue 24). The list keeps the order of
+ * definition for the exposition; families are never removed. */
 struct gps_metrics {
     family *head, *tail;
-    family *index[INDEX_SIZE];
+    smap index; /* name -> family (borrowed: the list owns them) */
     gps_metrics_collect_fn collect;
     void *collect_arg;
 };
@@ -77,35 +76,19 @@ void gps_metrics_free(gps_metrics *m)
         free(f);
         f = n;
     }
+    smap_free(&m->index, NULL);
     free(m);
-}
-
-static uint32_t name_hash(const char *s)
-{
-    uint32_t h = 2166136261u; /* FNV-1a */
-    while (*s)
-        h = (h ^ (unsigned char)*s++) * 16777619u;
-    return h;
-}
-
-static family *find_family_h(gps_metrics *m, const char *name, uint32_t h)
-{
-    for (family *f = m->index[h % INDEX_SIZE]; f; f = f->hnext)
-        if (f->hash == h && strcmp(f->name, name) == 0)
-            return f;
-    return NULL;
 }
 
 static family *find_family(gps_metrics *m, const char *name)
 {
-    return find_family_h(m, name, name_hash(name));
+    return smap_get(&m->index, name);
 }
 
 int gps_metrics_define(gps_metrics *m, const char *name, gps_metric_type type,
                        const char *help, const double *buckets, size_t nbuckets)
 {
-    uint32_t h = name_hash(name);
-    if (find_family_h(m, name, h))
+    if (find_family(m, name))
         return 0;
     family *f = calloc(1, sizeof *f);
     if (!f)
@@ -119,7 +102,8 @@ int gps_metrics_define(gps_metrics *m, const char *name, gps_metric_type type,
             memcpy(f->buckets, buckets, nbuckets * sizeof(double));
         f->nbuckets = nbuckets;
     }
-    if (!f->name || !f->help || (type == GPS_METRIC_HISTOGRAM && nbuckets && !f->buckets)) {
+    if (!f->name || !f->help || (type == GPS_METRIC_HISTOGRAM && nbuckets && !f->buckets) ||
+        !smap_put(&m->index, name, f)) {
         free(f->name);
         free(f->help);
         free(f->buckets);
@@ -131,9 +115,6 @@ int gps_metrics_define(gps_metrics *m, const char *name, gps_metric_type type,
     else
         m->head = f;
     m->tail = f;
-    f->hash = h;
-    f->hnext = m->index[h % INDEX_SIZE];
-    m->index[h % INDEX_SIZE] = f;
     return 0;
 }
 

@@ -292,9 +292,10 @@ static bool token_ev(rd *r, gps_event_in *e)
 }
 
 /* A JSON number as jansson reads it: an integer of at most 18 digits
- * (strtoll's range, with room), or a real strtod reads (as jansson does)
- * to a finite value. NULL: another number (the caller declines). */
-static json_t *flat_num(rd *r)
+ * (strtoll's range, with room) into *iv, or a real strtod reads (as
+ * jansson does) to a finite value into *dv; *is_int says which. false:
+ * another number (the caller declines). */
+static bool plain_num(rd *r, bool *is_int, long long *iv, double *dv)
 {
     const char *s = r->p, *p = s;
     if (p < r->end && *p == '-')
@@ -304,14 +305,14 @@ static json_t *flat_num(rd *r)
         p++;
     size_t nd = (size_t)(p - d);
     if (nd == 0 || (nd > 1 && *d == '0'))
-        return NULL;
+        return false;
     bool real = false;
     if (p < r->end && *p == '.') {
         const char *f = ++p;
         while (p < r->end && *p >= '0' && *p <= '9')
             p++;
         if (p == f)
-            return NULL;
+            return false;
         real = true;
     }
     if (p < r->end && (*p == 'e' || *p == 'E')) {
@@ -322,25 +323,38 @@ static json_t *flat_num(rd *r)
         while (p < r->end && *p >= '0' && *p <= '9')
             p++;
         if (p == x)
-            return NULL;
+            return false;
         real = true;
     }
     r->p = p;
+    *is_int = !real;
     if (!real) {
         if (nd > 18)
-            return NULL;
+            return false;
         long long v = 0;
         for (const char *c = d; c < p; c++)
             v = v * 10 + (*c - '0');
-        return json_integer(*s == '-' ? -v : v);
+        *iv = *s == '-' ? -v : v;
+        return true;
     }
     char b[64];
     if ((size_t)(p - s) >= sizeof b)
-        return NULL;
+        return false;
     memcpy(b, s, (size_t)(p - s));
     b[p - s] = '\0';
-    double v = strtod(b, NULL);
-    return isinf(v) ? NULL : json_real(v);
+    *dv = strtod(b, NULL);
+    return !isinf(*dv);
+}
+
+/* plain_num's number as jansson's tree. */
+static json_t *flat_num(rd *r)
+{
+    bool is_int;
+    long long iv;
+    double dv;
+    if (!plain_num(r, &is_int, &iv, &dv))
+        return NULL;
+    return is_int ? json_integer(iv) : json_real(dv);
 }
 
 static json_t *flat_obj(rd *r, int depth);
@@ -412,6 +426,251 @@ no:
     return NULL;
 }
 
+/* A string of printable ASCII without '"' or '\\' (ids, names, finish
+ * reasons), which jansson reads as the same bytes and dumps as they are:
+ * *s, *n in the body. */
+static bool ascii_str(rd *r, const char **s, size_t *n)
+{
+    if (!lit(r, '"'))
+        return false;
+    const char *b = r->p;
+    while (r->p < r->end && *r->p >= 0x20 && *r->p < 0x7f && *r->p != '"' && *r->p != '\\')
+        r->p++;
+    if (r->p >= r->end || *r->p != '"')
+        return false;
+    *s = b;
+    *n = (size_t)(r->p - b);
+    r->p++;
+    return true;
+}
+
+/* A member of a plain event (plain_ev). */
+typedef struct pmem {
+    const char *k; /* in the body, klen bytes of [A-Za-z0-9_] */
+    size_t klen;
+    char kind;     /* 's' string, 'i' integer, 'r' real, 'u' usage counts */
+    const char *s; /* 's': in the body, slen bytes */
+    size_t slen;
+    long long i;   /* 'i' */
+    double d;      /* 'i', 'r': the value as json_number_value reads it */
+    long long pt, ct; /* 'u': its prompt_tokens, completion_tokens, -1 when absent */
+    size_t size;   /* the value's bytes as compact JSON */
+} pmem;
+
+static bool is(const pmem *m, const char *name)
+{
+    size_t n = strlen(name);
+    return m->klen == n && memcmp(m->k, name, n) == 0;
+}
+
+static bool str_is(const pmem *m, const char *v)
+{
+    size_t n = strlen(v);
+    return m->kind == 's' && m->slen == n && memcmp(m->s, v, n) == 0;
+}
+
+/* A key of 1..63 bytes of [A-Za-z0-9_] and its ':'. */
+static bool plain_key(rd *r, pmem *m)
+{
+    ws(r);
+    if (r->p >= r->end || *r->p != '"')
+        return false;
+    const char *s = r->p + 1, *q = s;
+    while (q < r->end && q - s < 64 &&
+           ((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+            *q == '_'))
+        q++;
+    if (q >= r->end || *q != '"' || q == s || q - s >= 64)
+        return false;
+    m->k = s;
+    m->klen = (size_t)(q - s);
+    r->p = q + 1;
+    return lit(r, ':');
+}
+
+/* An end event's usage: {"prompt_tokens":N,"completion_tokens":N}, either
+ * or none, counts within the check's bounds. */
+static bool plain_usage(rd *r, pmem *m)
+{
+    m->kind = 'u';
+    m->pt = m->ct = -1;
+    m->size = 2;
+    if (!lit(r, '{'))
+        return false;
+    if (lit(r, '}'))
+        return true;
+    size_t n = 0;
+    do {
+        pmem x;
+        bool is_int;
+        long long v;
+        double d;
+        if (!plain_key(r, &x))
+            return false;
+        ws(r);
+        if (!plain_num(r, &is_int, &v, &d) || !is_int || v < 0 || v > GPS_AGENT_MAX_TOKENS)
+            return false;
+        long long *slot = is(&x, "prompt_tokens")       ? &m->pt
+                          : is(&x, "completion_tokens") ? &m->ct
+                                                        : NULL;
+        if (!slot || *slot >= 0)
+            return false; /* another key (the check's to judge), or a duplicate */
+        *slot = v;
+        m->size += (n++ ? 1 : 0) + x.klen + 3 + digits(v);
+    } while (lit(r, ','));
+    return lit(r, '}');
+}
+
+/* A metrics event's members: numbers within the check's bounds. */
+static bool plain_metrics(gps_event_in *e, const pmem *m, size_t n)
+{
+    if (n > GPS_AGENT_MAX_METRICS_FIELDS)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        const pmem *x = &m[i];
+        if (is(x, "type"))
+            continue;
+        char k[64];
+        memcpy(k, x->k, x->klen);
+        k[x->klen] = '\0';
+        if ((x->kind != 'i' && x->kind != 'r') ||
+            gps_agent_metric_check(k, x->kind == 'i', x->d, NULL) < 0)
+            return false;
+        if (strcmp(k, "tokens_per_sec") == 0) {
+            e->has_tps = true;
+            e->tokens_per_sec = x->d;
+        } else if (strcmp(k, "prompt_tokens") == 0) {
+            e->prompt_tokens = x->i; /* (an integer >= 0: its bounds) */
+        } else if (strcmp(k, "count_estimated") == 0) {
+            e->count_estimated = x->d != 0;
+        }
+    }
+    return true;
+}
+
+/* A progress event's members: prompt_tokens_done, prompt_tokens_total,
+ * token counts. */
+static bool plain_progress(gps_event_in *e, const pmem *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const pmem *x = &m[i];
+        if (is(x, "type"))
+            continue;
+        long long *to = is(x, "prompt_tokens_done")    ? &e->progress_done
+                        : is(x, "prompt_tokens_total") ? &e->progress_total
+                                                       : NULL;
+        if (!to || x->kind != 'i' || x->i < 0 || x->i > GPS_AGENT_MAX_TOKENS)
+            return false;
+        *to = x->i;
+    }
+    return true;
+}
+
+/* An end event's members: finish_reason (1..32 bytes), usage,
+ * stop_sequence (1..GPS_AGENT_MAX_STOP_SEQUENCE bytes); their strings
+ * kept NUL-terminated in the upload's text. */
+static bool plain_end(gps_upload *u, gps_event_in *e, const pmem *m, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const pmem *x = &m[i];
+        if (is(x, "type"))
+            continue;
+        if (is(x, "usage") && x->kind == 'u') {
+            e->prompt_tokens = x->pt;
+            e->completion_tokens = x->ct;
+            continue;
+        }
+        bool fr = is(x, "finish_reason");
+        if ((!fr && !is(x, "stop_sequence")) || x->kind != 's' || x->slen == 0 ||
+            x->slen > (fr ? 32 : GPS_AGENT_MAX_STOP_SEQUENCE))
+            return false; /* upstream_meta (kept as a tree), null, another key... */
+        size_t at = u->text.len;
+        if (gp_buf_append(&u->text, x->s, x->slen) < 0 || gp_buf_append(&u->text, "", 1) < 0)
+            return false;
+        *(fr ? &e->finish_reason : &e->stop_sequence) = u->text.data + at;
+    }
+    return true;
+}
+
+/* The other events every agent sends with every request, read into the
+ * fields the server keeps without a tree (e->plain): {"type":"started"};
+ * a progress event of its two counts; a metrics event of numbers; an end
+ * event of finish_reason, usage and stop_sequence. Keys of [A-Za-z0-9_], strings of printable ASCII
+ * without escapes, numbers as plain_num reads them. Taken only where
+ * gps_agent_event_check_sized takes the same bytes, with the size it
+ * counts; anything else (upstream_meta, an escape, a null, a bound passed,
+ * another type or key, a duplicate key) declines, and other_ev reads,
+ * checks and refuses it as before. */
+static bool plain_ev(rd *r, gps_event_in *e)
+{
+    pmem m[GPS_AGENT_MAX_METRICS_FIELDS + 1];
+    size_t n = 0, bytes = 2;
+    const pmem *type = NULL;
+    ws(r);
+    const char *raw = r->p;
+    if (!lit(r, '{') || lit(r, '}'))
+        return false;
+    do {
+        if (n == sizeof m / sizeof m[0])
+            return false;
+        pmem *x = &m[n];
+        memset(x, 0, sizeof *x);
+        if (!plain_key(r, x))
+            return false;
+        for (size_t i = 0; i < n; i++)
+            if (m[i].klen == x->klen && memcmp(m[i].k, x->k, x->klen) == 0)
+                return false; /* a duplicate: jansson refuses it */
+        ws(r);
+        if (r->p < r->end && *r->p == '"') {
+            if (!ascii_str(r, &x->s, &x->slen))
+                return false;
+            x->kind = 's';
+            x->size = x->slen + 2;
+        } else if (r->p < r->end && *r->p == '{') {
+            if (!is(x, "usage") || !plain_usage(r, x))
+                return false;
+        } else {
+            bool is_int;
+            if (!plain_num(r, &is_int, &x->i, &x->d))
+                return false;
+            x->kind = is_int ? 'i' : 'r';
+            if (is_int)
+                x->d = (double)x->i;
+            x->size = is_int ? (x->i < 0 ? 1 + digits(-x->i) : digits(x->i))
+                             : gp_json_real_size(x->d);
+        }
+        bytes += (n ? 1 : 0) + x->klen + 3 + x->size;
+        if (is(x, "type"))
+            type = x;
+        n++;
+    } while (lit(r, ','));
+    if (!lit(r, '}') || !type || bytes > GPS_AGENT_MAX_EVENT_BYTES)
+        return false;
+    e->plain = true;
+    e->raw = raw;
+    e->raw_len = (size_t)(r->p - raw);
+    e->bytes = bytes;
+    e->prompt_tokens = e->completion_tokens = e->progress_done = e->progress_total = -1;
+    if (str_is(type, "progress")) {
+        e->type = GPS_EV_UNKNOWN;
+        e->progress = true;
+        return plain_progress(e, m, n);
+    }
+    if (str_is(type, "started")) {
+        e->type = GPS_EV_STARTED;
+        return n == 1;
+    }
+    if (str_is(type, "metrics")) {
+        e->type = GPS_EV_METRICS;
+        return plain_metrics(e, m, n);
+    }
+    if (str_is(type, "end")) {
+        e->type = GPS_EV_END;
+        return plain_end(r->u, e, m, n);
+    }
+    return false;
+}
+
 /* Any other event: cut out, read and checked alone. A flat event (every
  * agent's started, metrics, progress, end) is built without jansson's
  * parser (most of an event's cost); any other shape is parsed by it. */
@@ -450,15 +709,22 @@ static bool events(rd *r, gps_upload_job *jb)
             return false;
         const char *at = r->p;
         size_t tlen = u->text.len;
-        bool tok = token_ev_compact(r, e);
-        if (!tok) {
+        bool read = token_ev_compact(r, e);
+        if (!read) {
             r->p = at;
             u->text.len = tlen;
             memset(e, 0, sizeof *e);
             e->token_id = -1;
-            tok = token_ev(r, e);
+            read = token_ev(r, e);
         }
-        if (!tok) {
+        if (!read) {
+            r->p = at;
+            u->text.len = tlen;
+            memset(e, 0, sizeof *e);
+            e->token_id = -1;
+            read = plain_ev(r, e);
+        }
+        if (!read) {
             r->p = at;
             u->text.len = tlen;
             memset(e, 0, sizeof *e);
@@ -599,15 +865,9 @@ void gps_upload_free(gps_upload *u)
  * (ids, tokens, names), which jansson reads as the same bytes. */
 static json_t *plain_str(rd *r)
 {
-    if (!lit(r, '"'))
-        return NULL;
-    const char *s = r->p;
-    while (r->p < r->end && *r->p >= 0x20 && *r->p < 0x7f && *r->p != '"' && *r->p != '\\')
-        r->p++;
-    if (r->p >= r->end || *r->p != '"')
-        return NULL;
-    r->p++;
-    return json_stringn_nocheck(s, (size_t)(r->p - 1 - s));
+    const char *s;
+    size_t n;
+    return ascii_str(r, &s, &n) ? json_stringn_nocheck(s, n) : NULL;
 }
 
 /* One value of the work body: a plain string, an integer as num() reads

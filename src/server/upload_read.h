@@ -7,7 +7,11 @@
  *    [,"instance":".."]}
  *
  * A token event {"type":"token","text":"..."[,"token_id":N]} is read into
- * the upload's text buffer (unescaped); any other event is cut out of the
+ * the upload's text buffer (unescaped). A started, progress, metrics or end
+ * event of the shape agents write (plain keys, printable-ASCII strings
+ * without escapes, numbers, end's usage counts; no upstream_meta) is read
+ * into its fields (gps_event_in.plain) without any tree, checked as
+ * agent_check.h checks it. Any other event is cut out of the
  * body and read alone into its object: a flat one (strings without \u
  * escapes, numbers, true/false/null, nested objects of the same: every
  * event an agent writes, unless a string needs a \u escape or a token has
@@ -43,7 +47,9 @@ typedef struct gps_upload {
     size_t instance_len;
     gps_upload_job *jobs;
     size_t n_jobs, cap_jobs;
-    gps_event_in *evs;   /* a token's text points into text; ev is owned here */
+    gps_event_in *evs;   /* a token's text and a plain event's strings point into
+                            text, a plain event's raw into the body (borrowed:
+                            apply them while it lives); ev is owned here */
     size_t n_evs, cap_evs;
     gp_buf text;         /* token texts and job ids (sized once: never moves) */
 } gps_upload;

@@ -4,8 +4,10 @@
  * (with JSON_REJECT_DUPLICATES, as gps_req_json parses) must read to the
  * same values and agent_check.h must accept, entry by entry, as the
  * jansson path of h_events_batch would: the agent id, each job id, seq,
- * every event (a token's text, token_id and compact size; any other event
- * equal), and the instance. A body the reader declines is always safe (it
+ * every event (a token's text, token_id and compact size; a plain started,
+ * metrics or end event's fields, as jobs.c reads them from the tree, and
+ * its raw text, which must parse to the same tree; any other event equal),
+ * and the instance. A body the reader declines is always safe (it
  * goes to jansson), so only acceptances are judged.
  */
 #include <stddef.h>
@@ -15,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
 #include "server/upload_read.h"
@@ -27,6 +30,61 @@ static void same_str(const json_t *v, const char *s, size_t n)
         abort();
 }
 
+/* An integer member >= 0 as jobs.c reads it, else -1. */
+static long long count_of(const json_t *o, const char *k)
+{
+    const json_t *v = json_object_get(o, k);
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : -1;
+}
+
+static void same_opt_str(const json_t *v, const char *s)
+{
+    if (s ? !json_is_string(v) || strcmp(json_string_value(v), s) != 0 : json_is_string(v))
+        abort();
+}
+
+/* A plain event: what apply_one reads from its tree, and its raw text. */
+static void same_plain(const gps_event_in *e, const json_t *jev)
+{
+    json_t *raw = gp_json_loadb(e->raw, e->raw_len);
+    if (!raw || !json_equal(raw, (json_t *)jev))
+        abort();
+    json_decref(raw);
+    const char *t = e->progress                 ? "progress"
+                    : e->type == GPS_EV_STARTED ? "started"
+                    : e->type == GPS_EV_METRICS ? "metrics"
+                    : e->type == GPS_EV_END     ? "end"
+                                                : "";
+    same_str(json_object_get(jev, "type"), t, strlen(t));
+    if (e->progress) {
+        if (e->type != GPS_EV_UNKNOWN ||
+            e->progress_done != count_of(jev, "prompt_tokens_done") ||
+            e->progress_total != count_of(jev, "prompt_tokens_total"))
+            abort();
+    } else if (e->type == GPS_EV_STARTED) {
+        if (json_object_size(jev) != 1)
+            abort();
+    } else if (e->type == GPS_EV_METRICS) {
+        const json_t *tps = json_object_get(jev, "tokens_per_sec");
+        const json_t *ce = json_object_get(jev, "count_estimated");
+        if (e->has_tps != json_is_number(tps) ||
+            (e->has_tps && e->tokens_per_sec != json_number_value(tps)) ||
+            e->prompt_tokens != count_of(jev, "prompt_tokens") ||
+            e->count_estimated != (json_is_number(ce) && json_number_value(ce) != 0))
+            abort();
+    } else if (e->type == GPS_EV_END) {
+        const json_t *u = json_object_get(jev, "usage");
+        same_opt_str(json_object_get(jev, "finish_reason"), e->finish_reason);
+        same_opt_str(json_object_get(jev, "stop_sequence"), e->stop_sequence);
+        if (json_object_get(jev, "upstream_meta") ||
+            e->prompt_tokens != count_of(u, "prompt_tokens") ||
+            e->completion_tokens != count_of(u, "completion_tokens"))
+            abort();
+    } else {
+        abort();
+    }
+}
+
 static void same_event(const gps_event_in *e, const json_t *jev, size_t i)
 {
     char field[96], msg[256];
@@ -35,8 +93,12 @@ static void same_event(const gps_event_in *e, const json_t *jev, size_t i)
     if (e->bytes != gp_json_compact_size(jev))
         abort();
     if (e->ev) {
-        if (!json_equal(e->ev, (json_t *)jev))
+        if (e->plain || !json_equal(e->ev, (json_t *)jev))
             abort();
+        return;
+    }
+    if (e->plain) {
+        same_plain(e, jev);
         return;
     }
     same_str(json_object_get(jev, "type"), "token", 5);

@@ -106,6 +106,52 @@ class HostileAgents(harness.TestCase):
             self.assertEqual((st, body["error"]["code"], param(body)),
                              (400, "INVALID_EVENT", field), body)
 
+    def test_batched_plain_events_refused_as_before(self):
+        """The batched upload reads started, progress, metrics and end events
+        of the agents' shape without a tree (issue 24); one of that shape
+        outside the check's bounds still gets the check's refusal, naming the
+        field, and a valid one is applied as before."""
+        srv = self.h.start_server(FAST)
+        a = FakeAgent(srv.url)
+        self.assertEqual(a.poll()[0], 200)
+        get = in_thread(self.complete, srv)
+        st, jobs = a.work(1, timeout=10)
+        self.assertEqual(st, 200)
+        jid = jobs[0]["job_id"]
+
+        def batch(evs):
+            st, _, body = http_json("POST", srv.url + "/agents/events", {
+                "agent_id": a.agent_id, "jobs": [{"job_id": jid, "seq": 0, "events": evs}]},
+                timeout=10)
+            self.assertEqual(st, 200, body)
+            return body["jobs"][0]
+
+        for ev, field in (
+                ({"type": "metrics", "prompt_tokens": 1.5}, "prompt_tokens"),
+                ({"type": "metrics", "tokens_per_sec": -1}, "tokens_per_sec"),
+                ({"type": "metrics", "other": 1e16}, "other"),
+                ({"type": "end", "finish_reason": ""}, "finish_reason"),
+                ({"type": "end", "usage": {"completion_tokens": 1000000001}},
+                 "usage.completion_tokens"),
+                ({"type": "end", "stop_sequence": ""}, "stop_sequence"),
+                ({"type": "progress", "prompt_tokens_total": -1}, "prompt_tokens_total")):
+            r = batch([{"type": "started"}, ev])
+            self.assertEqual((r["status"], r["error"]["code"], param(r)),
+                             (400, "INVALID_EVENT", "events[1]." + field), r)
+        r = batch([{"type": "started"},
+                   {"type": "progress", "prompt_tokens_done": 2, "prompt_tokens_total": 5},
+                   {"type": "token", "text": "Hi"},
+                   {"type": "metrics", "prompt_tokens": 5, "tokens_per_sec": 12.5},
+                   {"type": "end", "finish_reason": "length",
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1}}])
+        self.assertEqual(r["status"], 200, r)
+        st, _, body = get()
+        self.assertEqual(st, 200, body)
+        self.assertEqual(body["choices"][0]["text"], "Hi")
+        self.assertEqual(body["choices"][0]["finish_reason"], "length")
+        self.assertEqual(body["usage"], {"prompt_tokens": 5, "completion_tokens": 1,
+                                         "total_tokens": 6})
+
     def test_usage_row_with_int64_max_in_db(self):
         db = self.h.path("usage.db")
         lim = create_key(self.h, db, "client", "limited", "--tokens-per-day", "50")

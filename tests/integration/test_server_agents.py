@@ -165,6 +165,31 @@ class ServerAgents(harness.TestCase):
         self.assertEqual(body["state"], "healthy")
         self.assertIn("m1", self.srv.models())
 
+    def test_agent_replies_carry_no_client_headers(self):
+        """The agents' own routes answer without X-Correlation-Id and
+        X-Content-Type-Options (issue 24: the agent reads neither, and each
+        header is part of every long-poll's and upload's cost); a client's
+        reply, and an error on an agent route, still carry the id."""
+        self.srv = self.h.start_server()
+        a = FakeAgent(self.srv.url)
+        a.poll()
+        st, hdr, body = self.post("/agents/poll", a.poll_body())
+        self.assertEqual(st, 200, body)
+        self.assertNotIn("x-correlation-id", hdr)
+        self.assertNotIn("x-content-type-options", hdr)
+        self.assertEqual(hdr.get("content-type"), "application/json")
+        st, hdr, body = self.post("/agents/events", {"agent_id": a.agent_id, "jobs": [
+            {"job_id": "job_nope", "seq": 0, "events": [{"type": "started"}]}]})
+        self.assertEqual(st, 200, body)
+        self.assertNotIn("x-correlation-id", hdr)
+        st, hdr, body = self.post("/agents/work", {"agent_id": "not-a-uuid", "free_slots": 1})
+        self.assertEqual(st, 400, body)
+        self.assertTrue(body["error"]["correlation_id"])
+        st, hdr, _ = harness.http_request("GET", self.srv.url + "/health", timeout=5)
+        self.assertEqual(st, 200)
+        self.assertTrue(hdr.get("x-correlation-id"))
+        self.assertEqual(hdr.get("x-content-type-options"), "nosniff")
+
     def test_protocol_errors(self):
         self.srv = self.h.start_server()
         a = FakeAgent(self.srv.url)

@@ -105,27 +105,38 @@ static int check_metrics(const json_t *ev, size_t i, char *field, size_t fieldle
     json_object_foreach((json_t *)ev, k, v) {
         if (strcmp(k, "type") == 0)
             continue;
-        bool known = false;
-        for (size_t b = 0; b < sizeof metric_bounds / sizeof metric_bounds[0]; b++) {
-            if (strcmp(k, metric_bounds[b].name) != 0)
-                continue;
-            known = true;
-            if ((metric_bounds[b].integer && !json_is_integer(v)) ||
-                !num_in(v, metric_bounds[b].lo, metric_bounds[b].hi)) {
-                snprintf(f, sizeof f, "events[%zu].%.32s", i, k);
+        bool known = false; /* (a non-number is NAN: out of every bound) */
+        if (gps_agent_metric_check(k, json_is_integer(v),
+                                   json_is_number(v) ? json_number_value(v) : NAN, &known) == 0)
+            continue;
+        snprintf(f, sizeof f, "events[%zu].%.32s", i, k);
+        for (size_t b = 0; known && b < sizeof metric_bounds / sizeof metric_bounds[0]; b++)
+            if (strcmp(k, metric_bounds[b].name) == 0)
                 return fail(field, fieldlen, msg, msglen, f, "must be %s from %g to %g",
                             metric_bounds[b].integer ? "an integer" : "a number",
                             metric_bounds[b].lo, metric_bounds[b].hi);
-            }
-        }
-        if (!known && !num_in(v, -GPS_AGENT_MAX_NUMBER, GPS_AGENT_MAX_NUMBER)) {
-            snprintf(f, sizeof f, "events[%zu].%.32s", i, k);
-            return fail(field, fieldlen, msg, msglen, f,
-                        "metrics values must be numbers of at most %g in absolute value",
-                        GPS_AGENT_MAX_NUMBER);
-        }
+        return fail(field, fieldlen, msg, msglen, f,
+                    "metrics values must be numbers of at most %g in absolute value",
+                    GPS_AGENT_MAX_NUMBER);
     }
     return 0;
+}
+
+int gps_agent_metric_check(const char *name, bool integer, double v, bool *known)
+{
+    bool dummy;
+    known = known ? known : &dummy;
+    *known = false;
+    for (size_t b = 0; b < sizeof metric_bounds / sizeof metric_bounds[0]; b++) {
+        if (strcmp(name, metric_bounds[b].name) != 0)
+            continue;
+        *known = true;
+        return (metric_bounds[b].integer && !integer) || !isfinite(v) ||
+                       v < metric_bounds[b].lo || v > metric_bounds[b].hi
+                   ? -1
+                   : 0;
+    }
+    return isfinite(v) && v >= -GPS_AGENT_MAX_NUMBER && v <= GPS_AGENT_MAX_NUMBER ? 0 : -1;
 }
 
 /* A failure of field events[i]<suffix>. The field's name is formatted only

@@ -61,6 +61,11 @@ bool gps_agent_text_ok(const char *s, size_t len, size_t max);
 /* A JSON string that passes gps_agent_text_ok. */
 bool gps_agent_name_ok(const json_t *v, size_t max);
 
+/* Whether member name of a metrics event may hold v (integer: the JSON
+ * number is an integer): the bounds gps_agent_event_check applies to it.
+ * -1 bad, 0 ok; *known (optional): name has bounds of its own. */
+int gps_agent_metric_check(const char *name, bool integer, double v, bool *known);
+
 /* Check the poll body's "gpus" (absent, null, or an array of at most 64
  * flat objects: printable strings of at most GPS_AGENT_MAX_NAME bytes,
  * booleans, and numbers: vram_total/vram_used/vram_model/vram_free 0..2^50,

@@ -1838,6 +1838,14 @@ static void send_refusal(gps_req *r, const gps_conn *c)
     gps_http_send_json(r->req, c->refuse, body);
 }
 
+/* A path of the agents' protocol (docs/protocol.md) but enroll and check,
+ * which take no agent key: what the agent's own requests use. */
+static bool agent_path(const char *path)
+{
+    return strncmp(path, "/agents/", 8) == 0 && strcmp(path, "/agents/enroll") != 0 &&
+           strcmp(path, "/agents/check") != 0;
+}
+
 static void dispatch(struct evhttp_request *req, void *arg)
 {
     gps_http *h = arg;
@@ -1872,8 +1880,15 @@ static void dispatch(struct evhttp_request *req, void *arg)
     else
         gps_id_hex(r.correlation_id, 16);
     struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
-    evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
-    evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");
+    /* The agents' routes (their long-polls and uploads: a few per relayed
+     * request) carry neither header: the agent reads no header of the
+     * server's replies, its errors carry the id in the body, and nosniff
+     * is for browsers. A header costs ~2,000 instructions (evhttp's list
+     * and its printf of the reply head). */
+    if (!agent_path(r.path)) {
+        evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
+        evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");
+    }
     if ((c && c->refuse ? c->dialect : gps_dialect_for_path(r.path)) == GPS_DIALECT_ANTHROPIC) {
         /* The Anthropic SDKs surface `request-id` in errors and logs. */
         char rid[72];

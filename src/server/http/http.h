@@ -9,7 +9,9 @@
  * callback, because the request is freed by evhttp when the peer goes away.
  *
  * Every response carries X-Correlation-Id (taken from the request when it is
- * a sane token, otherwise generated) and X-Content-Type-Options: nosniff.
+ * a sane token, otherwise generated) and X-Content-Type-Options: nosniff,
+ * except those on the agents' own routes (/agents/... but enroll and check),
+ * whose reader is the agent, not a client or a browser.
  *
  * Error shapes:
  *   native    {"error":{"code":"STABLE_CODE","message":"...","correlation_id":"..."}}

@@ -10,9 +10,9 @@
 
 #include "common/gp_count.h"
 #include "common/gp_log.h"
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/fleet/agent_check.h"
-#include "server/fleet/gps_strmap.h"
 #include "server/auth/limits.h"
 #include "server/store/store.h"
 #include "server/metrics.h"
@@ -50,6 +50,7 @@ struct gps_jobs {
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     json_t *tok_id; /* its token_id while it has one (a second reference) */
     json_t *tok_text; /* its "text" (borrowed from tok_ev) */
+    uint64_t report_stamp; /* the last agent report (gps_jobs_agent_report) */
     /* The fields of the per-job log lines, refilled in place (log_fields). */
     json_t *log_submitted, *log_assigned, *log_done;
     gps_jobs_opts opts;
@@ -336,8 +337,9 @@ int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg)
     return subscribe(job, fn, arg, true);
 }
 
-/* Whether a live subscriber reads a token event's tree (not the job's text). */
-static bool wants_token_tree(const gps_job *job)
+/* Whether a live subscriber reads an event's tree (not the job's text and
+ * fields): a token's, or that of an event read without one (notify_in). */
+static bool wants_tree(const gps_job *job)
 {
     for (const gps_job_sub *s = job->subs; s; s = s->next)
         if (!s->dead && !s->cursor)
@@ -2201,18 +2203,6 @@ size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id)
     return n;
 }
 
-static bool listed(const json_t *running, const char *id)
-{
-    size_t i;
-    const json_t *v;
-    json_array_foreach(running, i, v) {
-        const char *s = json_string_value(v);
-        if (s && strcmp(s, id) == 0)
-            return true;
-    }
-    return false;
-}
-
 size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
                              uint64_t seen)
 {
@@ -2220,16 +2210,18 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         return 0;
     uint64_t now = gp_now_mono_us();
     size_t ended = 0;
-    /* The list as a set (up to 1,024 ids, agent_check): a lookup per job
-     * instead of a scan of the list per job. Out of memory: the scan. */
-    smap set = {0};
-    bool use_set = true;
+    /* Every listed job that exists is stamped with this report's number (a
+     * lookup in the job table per id, nothing allocated: a set of up to
+     * 1,024 ids built per poll cost a malloc per id); a job of the agent's
+     * without the stamp was not listed. */
+    uint64_t stamp = ++j->report_stamp;
     size_t i;
     const json_t *v;
     json_array_foreach(running, i, v) {
         const char *s = json_string_value(v);
-        if (s && use_set && !smap_put(&set, s, (void *)v))
-            use_set = false;
+        gps_job *job = s ? gps_jobs_find(j, s) : NULL;
+        if (job)
+            job->report_mark = stamp;
     }
     /* As in gps_jobs_agent_lost: fail_over may move job to the finished
      * list, so the next live job is taken first. */
@@ -2238,7 +2230,7 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
         next = job->next;
         if (!on_agent(job, agent_id))
             continue;
-        if (use_set ? smap_find(&set, job->id) != NULL : listed(running, job->id)) {
+        if (job->report_mark == stamp) {
             job->last_event_us = now;
             continue;
         }
@@ -2249,7 +2241,6 @@ size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *ru
             ended++;
         }
     }
-    smap_free(&set, NULL);
     return ended;
 }
 
@@ -2340,14 +2331,17 @@ static bool is_progress(const json_t *ev)
 /* Prefill progress: proof of life, not output. Only the latest counts are
  * kept (never the event buffer: a long prefill must not grow memory) and
  * nothing is relayed. */
-static void apply_progress(gps_job *job, const json_t *ev)
+static void apply_progress(gps_job *job, const json_t *ev, const gps_event_in *in)
 {
     const json_t *d = json_object_get(ev, "prompt_tokens_done");
     const json_t *t = json_object_get(ev, "prompt_tokens_total");
-    if (json_is_integer(d))
-        job->progress_done = json_integer_value(d);
-    if (json_is_integer(t)) {
-        job->progress_total = json_integer_value(t);
+    bool plain = in && in->plain; /* (the check bounded both counts: >= 0) */
+    long long dv = plain ? in->progress_done : json_is_integer(d) ? json_integer_value(d) : -1;
+    long long tv = plain ? in->progress_total : json_is_integer(t) ? json_integer_value(t) : -1;
+    if (dv >= 0)
+        job->progress_done = dv;
+    if (tv >= 0) {
+        job->progress_total = tv;
         /* An attempt that continues nothing counts the client's prompt:
          * the usage if this agent is lost before its end (item 7). */
         if (job->continued_tokens == 0 && job->progress_total > 0)
@@ -2370,29 +2364,50 @@ static long long client_prompt(const gps_job *job, long long pt)
     return pt > job->continued_tokens ? pt - job->continued_tokens : pt;
 }
 
-/* Apply one checked event (agent_check.h). Nothing of ev is kept: what a
- * subscriber needs it copies during notify. bytes: its compact size when
- * the reader has it (gps_event_in.bytes), else 0. */
-static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
+/* notify for an event that came as a tree (ev) or as the fields of a
+ * plain one (in): a plain event's tree is parsed from its text only for a
+ * subscriber that reads trees (native tasks, a handoff proxy); the relay
+ * reads the job's fields. */
+static void notify_in(gps_jobs *j, gps_job *job, gps_event_type t, json_t *ev,
+                      const gps_event_in *in)
 {
-    gps_event_type t = gps_event_type_parse(json_string_value(json_object_get(ev, "type")));
+    if (ev || !in || !in->plain || !wants_tree(job)) {
+        notify(j, job, t, ev);
+        return;
+    }
+    json_t *tree = gp_json_loadb(in->raw, in->raw_len); /* (NULL on ENOMEM) */
+    notify(j, job, t, tree);
+    json_decref(tree);
+}
+
+/* Apply one checked event (agent_check.h): ev, or without a tree the
+ * fields of a plain event (in->plain; upload_read.c read and checked it
+ * as the checker reads its tree). Nothing of ev is kept: what a
+ * subscriber needs it copies during notify. in (or NULL): the reader's
+ * record, whose bytes is the event's compact size. */
+static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
+{
+    bool plain = in && in->plain;
+    gps_event_type t = plain ? in->type
+                             : gps_event_type_parse(
+                                   json_string_value(json_object_get(ev, "type")));
     uint64_t now = gp_now_mono_us();
     job->last_event_us = now;
     /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
      * "metrics" on a max_tokens=10 job must not be 140 MB. */
-    job->agent_bytes += (long long)(bytes ? bytes : gp_json_compact_size(ev));
+    job->agent_bytes += (long long)(in && in->bytes ? in->bytes : gp_json_compact_size(ev));
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
         return;
     }
-    if (is_progress(ev)) {
-        apply_progress(job, ev);
+    if (plain ? in->progress : is_progress(ev)) {
+        apply_progress(job, ev, in);
         return;
     }
     switch (t) {
     case GPS_EV_STARTED:
         job->state = GPS_JOB_RUNNING;
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     case GPS_EV_TOKEN: {
         job->state = GPS_JOB_RUNNING;
@@ -2438,15 +2453,18 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
         break;
     case GPS_EV_METRICS: {
         json_t *tps = json_object_get(ev, "tokens_per_sec");
-        if (json_is_number(tps))
-            job->tokens_per_sec = json_number_value(tps);
+        if (plain ? in->has_tps : json_is_number(tps))
+            job->tokens_per_sec = plain ? in->tokens_per_sec : json_number_value(tps);
         json_t *pt = json_object_get(ev, "prompt_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
-            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        long long ptv = plain                                                 ? in->prompt_tokens
+                        : json_is_integer(pt) && json_integer_value(pt) >= 0 ? json_integer_value(pt)
+                                                                              : -1;
+        if (ptv >= 0)
+            job->prompt_tokens = client_prompt(job, ptv);
         /* An openai agent whose upstream has no count endpoint estimated
          * (docs/agent.md "Counting tokens"): the reply says so. */
         json_t *ce = json_object_get(ev, "count_estimated");
-        if (json_is_number(ce) && json_number_value(ce) != 0)
+        if (plain ? in->count_estimated : json_is_number(ce) && json_number_value(ce) != 0)
             job->count_estimated = true;
         /* Subscribers (native tasks) record what they are given: relay a
          * bounded number per attempt; later ones only update the counts. */
@@ -2455,18 +2473,20 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             break;
         }
         job->metrics_relayed++;
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     }
     case GPS_EV_END: {
-        const char *fr = json_string_value(json_object_get(ev, "finish_reason"));
+        const char *fr = plain ? in->finish_reason
+                               : json_string_value(json_object_get(ev, "finish_reason"));
         gp_copy_str(job->finish_reason, sizeof job->finish_reason,
                     fr && strcmp(fr, "length") == 0       ? "length"
                     : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
                                                           : "stop");
         /* The stop string the agent stopped on (agent_check bounded it):
          * the Anthropic dialect reports it as stop_sequence. */
-        const char *ss = json_string_value(json_object_get(ev, "stop_sequence"));
+        const char *ss = plain ? in->stop_sequence
+                               : json_string_value(json_object_get(ev, "stop_sequence"));
         free(job->stop_sequence);
         job->stop_sequence = ss ? strdup(ss) : NULL;
         json_t *um = json_object_get(ev, "upstream_meta");
@@ -2475,11 +2495,17 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
         json_t *u = json_object_get(ev, "usage");
         json_t *pt = json_object_get(u, "prompt_tokens");
         json_t *ct = json_object_get(u, "completion_tokens");
-        if (json_is_integer(pt) && json_integer_value(pt) >= 0)
-            job->prompt_tokens = client_prompt(job, json_integer_value(pt));
+        long long ptv = plain                                                 ? in->prompt_tokens
+                        : json_is_integer(pt) && json_integer_value(pt) >= 0 ? json_integer_value(pt)
+                                                                              : -1;
+        long long ctv = plain                                                 ? in->completion_tokens
+                        : json_is_integer(ct) && json_integer_value(ct) >= 0 ? json_integer_value(ct)
+                                                                              : -1;
+        if (ptv >= 0)
+            job->prompt_tokens = client_prompt(job, ptv);
         /* usage counts this attempt; earlier attempts' tokens come first. */
-        if (json_is_integer(ct) && json_integer_value(ct) >= 0)
-            job->completion_tokens = job->continued_tokens + json_integer_value(ct);
+        if (ctv >= 0)
+            job->completion_tokens = job->continued_tokens + ctv;
         end_on_agent(j, job, true);
         finish(j, job, GPS_JOB_DONE);
         if (gp_log_enabled(GP_LOG_INFO)) {
@@ -2491,7 +2517,7 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, size_t bytes)
             gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id, log_fields_ref(f, ok),
                          "job finished");
         }
-        notify(j, job, t, ev);
+        notify_in(j, job, t, ev, in);
         break;
     }
     case GPS_EV_ERROR: {
@@ -2603,7 +2629,7 @@ static bool apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e, uint64
         job->first_token_us = now;
     /* Cursor subscribers (the relay) read the text just appended: the
      * event's tree, and its string's allocation, only for the others. */
-    if (!wants_token_tree(job)) {
+    if (!wants_tree(job)) {
         notify(j, job, GPS_EV_TOKEN, NULL);
         return true;
     }
@@ -2664,11 +2690,11 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     long long generated = 0; /* tokens read without a tree: counted once below */
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
-        bool token = in && !in[i].ev;
+        bool token = in && !in[i].ev && !in[i].plain;
         if (token)
             generated += apply_token(j, job, &in[i], job->last_event_us);
         else
-            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? in[i].bytes : 0);
+            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? &in[i] : NULL);
         if (gps_job_terminal(job))
             break;
         /* Only an event of another kind (the agent's error) fails the job

@@ -488,13 +488,28 @@ int gps_jobs_apply_checked_events(gps_jobs *j, const char *job_id, const char *a
                                   long long seq, json_t *events, bool *cancel,
                                   long long *expected_seq, char *msg, size_t msglen);
 /* One event of an upload read without a jansson tree per token
- * (upload_read.h): a token's fields, or any other event as an object. */
+ * (upload_read.h): a token's fields; a started, metrics or end event of
+ * the plain shape every agent sends, as its fields (plain); or any other
+ * event as an object. */
 typedef struct gps_event_in {
-    json_t *ev;          /* a non-token event (borrowed), or NULL: a token */
+    json_t *ev;          /* a non-token event (borrowed), or NULL: a token or plain */
     const char *text;    /* token: its text, len bytes, no NUL inside (borrowed) */
     size_t len;
     long long token_id;  /* token: -1 when absent */
     size_t bytes;        /* the event's size as compact JSON (the event budget) */
+    /* plain: checked as gps_agent_event_check_sized checks its tree; raw
+     * (borrowed, the upload's body) is its JSON, parsed only for a
+     * subscriber that reads trees. */
+    bool plain;
+    bool progress;       /* plain: a progress event (type GPS_EV_UNKNOWN) */
+    gps_event_type type; /* plain: GPS_EV_STARTED, GPS_EV_METRICS, GPS_EV_END or that */
+    const char *raw;
+    size_t raw_len;
+    long long prompt_tokens, completion_tokens; /* metrics, end.usage: -1 when absent */
+    long long progress_done, progress_total;    /* progress: -1 when absent */
+    double tokens_per_sec;                      /* metrics: when has_tps */
+    bool has_tps, count_estimated;              /* metrics */
+    const char *finish_reason, *stop_sequence;  /* end: NUL-terminated (upload text) or NULL */
 } gps_event_in;
 /* gps_jobs_apply_checked_events for such events (checked the same way);
  * same returns, except that the agent's registry entry is not touched

@@ -107,6 +107,7 @@ struct gps_job {
     uint64_t finished_us;
     uint64_t delivery;            /* the work reply that carried this attempt to its agent
                                      (agents_api's sequence); 0 = not delivered yet */
+    uint64_t report_mark;         /* the agent report that last listed it (jobs.c) */
     struct gps_job *hnext;        /* id hash chain */
     struct gps_job *prev, *next;  /* the live list, or (done) the finished list */
     bool done;                    /* on the finished list (terminal) */

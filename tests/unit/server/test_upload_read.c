@@ -46,8 +46,17 @@ static void test_tokens_and_other_events(void **st)
     assert_int_equal(u.evs[1].token_id, 42);
     /* {"type":"token","text":" b","token_id":42} */
     assert_int_equal(u.evs[1].bytes, strlen("{\"type\":\"token\",\"text\":\" b\",\"token_id\":42}"));
-    assert_non_null(u.evs[2].ev);
-    assert_non_null(u.evs[3].ev);
+    /* started and end of the agent's shape: plain, without a tree */
+    assert_null(u.evs[2].ev);
+    assert_true(u.evs[2].plain);
+    assert_int_equal(u.evs[2].type, GPS_EV_STARTED);
+    assert_int_equal(u.evs[2].bytes, strlen("{\"type\":\"started\"}"));
+    assert_null(u.evs[3].ev);
+    assert_true(u.evs[3].plain);
+    assert_int_equal(u.evs[3].type, GPS_EV_END);
+    assert_string_equal(u.evs[3].finish_reason, "stop");
+    assert_null(u.evs[3].stop_sequence);
+    assert_int_equal(u.evs[3].prompt_tokens, -1);
     gps_upload_free(&u);
 
     assert_true(rd("{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,\"events\":"
@@ -170,11 +179,132 @@ static void test_token_size_as_jansson_dumps(void **st)
     }
 }
 
+static json_t *one_event(const char *ev, gps_upload *u, bool *read)
+{
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"" AID "\",\"jobs\":[{\"job_id\":\"j\",\"seq\":0,"
+             "\"events\":[%s]}]}", ev);
+    *read = rd(body, u);
+    return json_loads(ev, JSON_REJECT_DUPLICATES, NULL);
+}
+
+/* The started, metrics and end events agents send are read into fields
+ * (plain), with jansson's compact size and the fields jobs.c reads from a
+ * tree; their raw text is the event's. */
+static void test_plain_events(void **st)
+{
+    (void)st;
+    static const char *const good[] = {
+        "{\"type\":\"started\"}",
+        " { \"type\" : \"started\" } ",
+        "{\"ttft_ms\":1.25,\"tokens_per_sec\":31.0e1,\"count_estimated\":1,"
+        "\"prompt_tokens\":7,\"type\":\"metrics\"}",
+        "{\"type\":\"metrics\",\"tokens_per_sec\":12,\"other_thing\":-3.5}",
+        "{\"type\":\"end\",\"finish_reason\":\"length\",\"usage\":{\"prompt_tokens\":5,"
+        "\"completion_tokens\":-0},\"stop_sequence\":\"</END>\"}",
+        "{\"type\":\"end\",\"usage\":{}}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":0,\"prompt_tokens_total\":4}",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        gps_upload u;
+        bool read;
+        json_t *jev = one_event(good[i], &u, &read);
+        assert_non_null(jev);
+        if (!read || !u.evs[0].plain || u.evs[0].ev)
+            fail_msg("not read plain: %s", good[i]);
+        const gps_event_in *e = &u.evs[0];
+        assert_int_equal(e->bytes, gp_json_compact_size(jev));
+        json_t *raw = json_loadb(e->raw, e->raw_len, 0, NULL);
+        assert_true(json_equal(raw, jev));
+        json_decref(raw);
+        json_t *usage = json_object_get(jev, "usage");
+        json_t *pt = json_object_get(e->type == GPS_EV_END ? usage : jev, "prompt_tokens");
+        assert_int_equal(e->prompt_tokens, pt ? json_integer_value(pt) : -1);
+        if (e->type == GPS_EV_METRICS) {
+            json_t *tps = json_object_get(jev, "tokens_per_sec");
+            assert_true(e->has_tps);
+            assert_true(e->tokens_per_sec == json_number_value(tps));
+        }
+        json_decref(jev);
+        gps_upload_free(&u);
+    }
+    gps_upload u;
+    bool read;
+    json_t *jev = one_event(good[4], &u, &read);
+    assert_string_equal(u.evs[0].finish_reason, "length");
+    assert_string_equal(u.evs[0].stop_sequence, "</END>");
+    assert_int_equal(u.evs[0].completion_tokens, 0);
+    json_decref(jev);
+    gps_upload_free(&u);
+    jev = one_event(good[2], &u, &read);
+    assert_true(u.evs[0].count_estimated);
+    json_decref(jev);
+    gps_upload_free(&u);
+    jev = one_event(good[6], &u, &read);
+    assert_true(u.evs[0].progress);
+    assert_int_equal(u.evs[0].progress_done, 0);
+    assert_int_equal(u.evs[0].progress_total, 4);
+    json_decref(jev);
+    gps_upload_free(&u);
+
+    /* Valid, but not the plain shape: read as a tree, as before. */
+    static const char *const tree[] = {
+        "{\"type\":\"started\",\"model\":\"m\"}",
+        "{\"type\":\"end\",\"finish_reason\":\"stop\",\"upstream_meta\":{\"id\":\"x\"}}",
+        "{\"type\":\"end\",\"stop_sequence\":\"a\\nb\"}",
+        "{\"type\":\"end\",\"finish_reason\":null}",
+        "{\"type\":\"end\",\"usage\":{\"prompt_tokens\":1,\"cached\":2}}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":null}",
+        "{\"type\":\"error\",\"code\":\"X\",\"message\":\"m\"}",
+    };
+    for (size_t i = 0; i < sizeof tree / sizeof *tree; i++) {
+        json_t *j = one_event(tree[i], &u, &read);
+        if (!read || u.evs[0].plain || !u.evs[0].ev)
+            fail_msg("not read as a tree: %s", tree[i]);
+        assert_true(json_equal(u.evs[0].ev, j));
+        json_decref(j);
+        gps_upload_free(&u);
+    }
+
+    /* Refused by the check: never taken plain, so the upload is declined
+     * and the jansson path refuses it with the check's words. */
+    static const char *const bad[] = {
+        "{\"type\":\"metrics\",\"prompt_tokens\":1.5}",
+        "{\"type\":\"metrics\",\"tokens_per_sec\":-1}",
+        "{\"type\":\"metrics\",\"x\":1e16}",
+        "{\"type\":\"metrics\",\"x\":\"str\"}",
+        "{\"type\":\"end\",\"finish_reason\":\"\"}",
+        "{\"type\":\"end\",\"finish_reason\":\"a-reason-that-is-longer-than-32-bytes\"}",
+        "{\"type\":\"end\",\"usage\":{\"prompt_tokens\":-1}}",
+        "{\"type\":\"end\",\"usage\":{\"completion_tokens\":1000000001}}",
+        "{\"type\":\"end\",\"usage\":5}",
+        "{\"type\":\"end\",\"stop_sequence\":\"\"}",
+        "{\"type\":\"started\",\"type\":\"started\"}",
+        "{\"type\":\"progress\",\"prompt_tokens_total\":-1}",
+        "{\"type\":\"progress\",\"prompt_tokens_done\":1.5}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *j = one_event(bad[i], &u, &read);
+        json_decref(j);
+        if (read)
+            fail_msg("accepted: %s", bad[i]);
+    }
+    /* A metrics event of 33 members (the check allows 32). */
+    char big[1024] = "{\"type\":\"metrics\"";
+    for (int k = 0; k < 32; k++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), ",\"m%d\":%d", k, k);
+    strcat(big, "}");
+    json_decref(one_event(big, &u, &read));
+    assert_false(read);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens_and_other_events),
         cmocka_unit_test(test_token_size_as_jansson_dumps),
+        cmocka_unit_test(test_plain_events),
         cmocka_unit_test(test_declined),
         cmocka_unit_test(test_work_body),
     };
