@@ -3,6 +3,7 @@
  */
 #include "engine/cuda/mmvq.cuh"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,6 +410,145 @@ static void mmvq_cols(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok
     }
 }
 static_assert(GPE_CUDA_MMV_MAX == 8, "mmvq_cols instantiates 1..8 columns");
+
+/* ------------------------------------------------------ grouped launch */
+
+/* Up to three weights of one type in one grid: weight i owns blocks
+ * [blk0[i], blk0[i + 1]) (blk0 past n: UINT_MAX), so a block never spans
+ * two weights and a partial last block of one leaves whole warps idle. */
+struct mmvq_group_args {
+    const uint8_t *W[GPE_CUDA_MMVQ_GROUP_MAX];
+    size_t row_bytes[GPE_CUDA_MMVQ_GROUP_MAX];
+    int64_t n_rows[GPE_CUDA_MMVQ_GROUP_MAX];
+    float *y[GPE_CUDA_MMVQ_GROUP_MAX];
+    int64_t ldy[GPE_CUDA_MMVQ_GROUP_MAX];
+    unsigned blk0[GPE_CUDA_MMVQ_GROUP_MAX];
+};
+
+/* mmvq_kernel on the group's rows. The weight is picked by selects, not by
+ * indexing the parameter arrays with a variable (which would copy them to
+ * local memory); the loop and the reduction are mmvq_kernel's, so every
+ * row gets the same bits as from its own launch. */
+template <typename Q, int NC>
+__global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
+    mmvq_group_kernel(const mmvq_group_args g, int n_units, const int8_t *__restrict__ xq,
+                      const float *__restrict__ xqd, int64_t ldq)
+{
+    const int lane = threadIdx.x;
+    const unsigned b = blockIdx.x;
+    const bool w1 = b >= g.blk0[1], w2 = b >= g.blk0[2];   /* blk0 ascending */
+    const uint8_t *W = w2 ? g.W[2] : w1 ? g.W[1] : g.W[0];
+    const size_t row_bytes = w2 ? g.row_bytes[2] : w1 ? g.row_bytes[1] : g.row_bytes[0];
+    const int64_t n_rows = w2 ? g.n_rows[2] : w1 ? g.n_rows[1] : g.n_rows[0];
+    float *y = w2 ? g.y[2] : w1 ? g.y[1] : g.y[0];
+    const int64_t ldy = w2 ? g.ldy[2] : w1 ? g.ldy[1] : g.ldy[0];
+    const unsigned first = w2 ? g.blk0[2] : w1 ? g.blk0[1] : 0u;
+    const int64_t row = (int64_t)(b - first) * MMVQ_WARPS + threadIdx.y;
+    if (row >= n_rows)
+        return;
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float acc[NC];
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+        acc[j] = 0.0f;
+#pragma unroll 2
+    for (int ui = lane; ui < n_units; ui += GPE_WARP) {
+        const int blk = ui / Q::UPB;
+        const int64_t col0 = (int64_t)blk * Q::BLK;
+        Q::template dot<NC>(wr + (size_t)blk * Q::BYTES, ui % Q::UPB, xq + col0,
+                            xqd + col0 / GPE_CUDA_Q8_BLK, ldq, acc);
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0)
+            y[j * ldy + row] = s;
+    }
+}
+
+template <typename Q, int NC>
+static void mmvq_group_launch(const gpe_cuda_mm *mm, const mmvq_group_args &g, unsigned n_blk,
+                             int64_t n_cols)
+{
+    const int n_units = (int)(n_cols / Q::BLK * Q::UPB);
+    const dim3 block(GPE_WARP, MMVQ_WARPS);
+    mmvq_group_kernel<Q, NC><<<n_blk, block, 0, mm->stream>>>(g, n_units, mm->xq, mm->xqd,
+                                                             n_cols);
+}
+
+template <typename Q>
+static void mmvq_group_cols(const gpe_cuda_mm *mm, const mmvq_group_args &g, unsigned n_blk,
+                            int64_t n_cols, int n_tok)
+{
+    switch (n_tok) {
+    case 1: mmvq_group_launch<Q, 1>(mm, g, n_blk, n_cols); break;
+    case 2: mmvq_group_launch<Q, 2>(mm, g, n_blk, n_cols); break;
+    case 3: mmvq_group_launch<Q, 3>(mm, g, n_blk, n_cols); break;
+    case 4: mmvq_group_launch<Q, 4>(mm, g, n_blk, n_cols); break;
+    case 5: mmvq_group_launch<Q, 5>(mm, g, n_blk, n_cols); break;
+    case 6: mmvq_group_launch<Q, 6>(mm, g, n_blk, n_cols); break;
+    case 7: mmvq_group_launch<Q, 7>(mm, g, n_blk, n_cols); break;
+    default: mmvq_group_launch<Q, 8>(mm, g, n_blk, n_cols); break;
+    }
+}
+
+static bool mmvq_group_on(void)
+{
+    static const bool on = [] {
+        const char *e = getenv("GPUPOOL_CUDA_MMV_GROUP");
+        return !(e && strcmp(e, "0") == 0);
+    }();
+    return on;
+}
+
+bool gpe_cuda_mmvq_group(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
+                         int n_tok, float *const *y, const int64_t *ldy)
+{
+    if (!mmvq_group_on() || n_w < 2 || n_w > GPE_CUDA_MMVQ_GROUP_MAX || n_tok < 1 ||
+        n_tok > GPE_CUDA_MMV_MAX)
+        return false;
+    mmvq_group_args g;
+    memset(&g, 0, sizeof g);
+    size_t n_blk = 0;
+    for (int i = 0; i < GPE_CUDA_MMVQ_GROUP_MAX; i++) {
+        if (i >= n_w) {
+            g.blk0[i] = UINT_MAX;
+            continue;
+        }
+        if (w[i]->type != w[0]->type || w[i]->n_cols != w[0]->n_cols)
+            return false;
+        g.W[i] = w[i]->data;
+        g.row_bytes[i] = w[i]->row_bytes;
+        g.n_rows[i] = w[i]->n_rows;
+        g.y[i] = y[i];
+        g.ldy[i] = ldy[i];
+        g.blk0[i] = (unsigned)n_blk;
+        n_blk += gpe_cuda_div_up((size_t)w[i]->n_rows, MMVQ_WARPS);
+    }
+    if (n_blk == 0 || n_blk > 0x7fffffffu)   /* grid.x limit */
+        return false;
+    const unsigned nb = (unsigned)n_blk;
+    const int64_t C = w[0]->n_cols;
+    /* the unit choice of gpe_cuda_mmvq, per type and column count */
+    switch (w[0]->type) {
+    case GPE_TYPE_Q4_0: mmvq_group_cols<qk_q4_0>(mm, g, nb, C, n_tok); break;
+    case GPE_TYPE_Q8_0: mmvq_group_cols<qk_q8_0>(mm, g, nb, C, n_tok); break;
+    case GPE_TYPE_Q4_K:
+        if (n_tok == 1)
+            mmvq_group_launch<qk_q4_k, 1>(mm, g, nb, C);
+        else
+            mmvq_group_cols<qk_q4_k_32>(mm, g, nb, C, n_tok);
+        break;
+    case GPE_TYPE_Q6_K:
+        if (n_tok == 1)
+            mmvq_group_launch<qk_q6_k, 1>(mm, g, nb, C);
+        else
+            mmvq_group_cols<qk_q6_k_a2>(mm, g, nb, C, n_tok);
+        break;
+    default: return false;
+    }
+    return true;
+}
 
 void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, int64_t n_cols)
 {
