@@ -429,7 +429,7 @@ struct mmvq_group_args {
  * indexing the parameter arrays with a variable (which would copy them to
  * local memory); the loop and the reduction are mmvq_kernel's, so every
  * row gets the same bits as from its own launch. */
-template <typename Q, int NC, bool PDL>
+template <typename Q, int NC>
 __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     mmvq_group_kernel(const mmvq_group_args g, int n_units, const int8_t *__restrict__ xq,
                       const float *__restrict__ xqd, int64_t ldq)
@@ -447,18 +447,6 @@ __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     if (row >= n_rows)
         return;
     const uint8_t *wr = W + (size_t)row * row_bytes;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (PDL) {   /* a template argument: the prefetch loop costs 14 registers */
-        /* Launched before the kernel that rounds x has finished
-         * (GPUPOOL_CUDA_PDL=1): the weights are never written, so the
-         * warp's row is fetched into L2 meanwhile; x and y only after the
-         * wait, which returns once that kernel is complete and its writes
-         * are visible. */
-        for (size_t o = (size_t)lane * 128; o < row_bytes; o += GPE_WARP * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + o));
-        cudaGridDependencySynchronize();
-    }
-#endif
     float acc[NC];
 #pragma unroll
     for (int j = 0; j < NC; j++)
@@ -478,62 +466,14 @@ __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     }
 }
 
-/* GPUPOOL_CUDA_PDL=1 (read once per process; default off), on a device of
- * compute capability 9.0 or more (the first one asked: a pool's devices are
- * of one kind): the grouped mat-vec is launched with programmatic stream
- * serialization (Hopper's programmatic dependent launch), so its blocks
- * start as the rounding kernel's blocks finish and prefetch their weight
- * rows before cudaGridDependencySynchronize. Stream capture keeps the
- * attribute as a programmatic edge of the graph. An experiment: the kernel
- * before (q8_kernel) does not trigger early, so only its tail overlaps. */
-static bool mmvq_pdl_on(void)
-{
-    static const bool on = [] {
-        const char *e = getenv("GPUPOOL_CUDA_PDL");
-        int dev = 0, major = 0;
-        return e && strcmp(e, "1") == 0 && cudaGetDevice(&dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                   cudaSuccess &&
-               major >= 9;
-    }();
-    return on;
-}
-
-/* mmvq_group_kernel<Q, 1> with programmatic stream serialization. */
-template <typename Q>
-static void mmvq_group_launch_pdl(const gpe_cuda_mm *mm, const mmvq_group_args &g,
-                                  unsigned n_blk, int n_units, int64_t n_cols)
-{
-    const dim3 block(GPE_WARP, MMVQ_WARPS);
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(n_blk);
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = mm->stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    /* an error is left for the caller's cudaGetLastError */
-    (void)cudaLaunchKernelEx(&cfg, mmvq_group_kernel<Q, 1, true>, g, n_units,
-                             (const int8_t *)mm->xq, (const float *)mm->xqd, n_cols);
-}
-
 template <typename Q, int NC>
 static void mmvq_group_launch(const gpe_cuda_mm *mm, const mmvq_group_args &g, unsigned n_blk,
-                              int64_t n_cols)
+                             int64_t n_cols)
 {
     const int n_units = (int)(n_cols / Q::BLK * Q::UPB);
     const dim3 block(GPE_WARP, MMVQ_WARPS);
-    if constexpr (NC == 1) {   /* a decode step of one sequence: the launch-bound case */
-        if (mmvq_pdl_on()) {
-            mmvq_group_launch_pdl<Q>(mm, g, n_blk, n_units, n_cols);
-            return;
-        }
-    }
-    mmvq_group_kernel<Q, NC, false><<<n_blk, block, 0, mm->stream>>>(g, n_units, mm->xq,
-                                                                    mm->xqd, n_cols);
+    mmvq_group_kernel<Q, NC><<<n_blk, block, 0, mm->stream>>>(g, n_units, mm->xq, mm->xqd,
+                                                             n_cols);
 }
 
 template <typename Q>

@@ -54,11 +54,7 @@ void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, f
  * separate launches; only the launch count (Q/K/V: 3 -> 1, gate/up:
  * 2 -> 1) changes. Returns false, launching nothing, when the group path is
  * off (GPUPOOL_CUDA_MMV_GROUP=0, read once per process) or the weights do
- * not qualify; the caller then launches them one by one.
- * GPUPOOL_CUDA_PDL=1 (read once; default off; one column on compute
- * capability 9.0+): launched as a programmatic dependent launch whose
- * blocks prefetch their weight rows into L2 before waiting for the kernel
- * that rounded x (an experiment, mmvq.cu). */
+ * not qualify; the caller then launches them one by one. */
 bool gpe_cuda_mmvq_group(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
                          int n_tok, float *const *y, const int64_t *ldy);
 
