@@ -245,36 +245,7 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
                              char *err, size_t errlen)
 {
     bool rounded = false;   /* mm->xq holds x */
-    /* The dp4a weights of w[0]'s type in one launch (gpe_cuda_mmvq_group);
-     * the others (a Q6_K attn_v among Q4_K Q/K in some layers of a Q4_K_M
-     * file) one by one below. */
-    bool grouped[GPE_CUDA_MMVQ_GROUP_MAX] = {false, false, false};
-    if (n_tok > 0 && n_w <= GPE_CUDA_MMVQ_GROUP_MAX) {
-        const gpe_cuda_weight *gw[GPE_CUDA_MMVQ_GROUP_MAX];
-        float *gy[GPE_CUDA_MMVQ_GROUP_MAX];
-        int64_t gld[GPE_CUDA_MMVQ_GROUP_MAX];
-        int gi[GPE_CUDA_MMVQ_GROUP_MAX], ng = 0;
-        for (int i = 0; i < n_w; i++)
-            if (w[i]->type == w[0]->type && w[i]->n_cols == w[0]->n_cols &&
-                gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) && use_mmvq(mm, w[i], n_tok)) {
-                gw[ng] = w[i];
-                gy[ng] = y[i];
-                gld[ng] = ldy[i];
-                gi[ng++] = i;
-            }
-        if (ng >= 2) {
-            gpe_cuda_mmvq_quantize(mm, x, n_tok, w[0]->n_cols);
-            rounded = true;
-            if (gpe_cuda_mmvq_group(mm, gw, ng, n_tok, gy, gld)) {
-                CUDA_CHECK_LAUNCH();
-                for (int k = 0; k < ng; k++)
-                    grouped[gi[k]] = true;
-            }
-        }
-    }
     for (int i = 0; i < n_w; i++) {
-        if (i < GPE_CUDA_MMVQ_GROUP_MAX && grouped[i])
-            continue;
         if (n_tok <= 0 || !gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) ||
             !use_mmvq(mm, w[i], n_tok) || (i > 0 && w[i]->n_cols != w[0]->n_cols)) {
             gpe_status st = gpe_cuda_matmul(mm, w[i], x, n_tok, y[i], ldy[i], false, err, errlen);

@@ -69,9 +69,7 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
 
 /* gpe_cuda_matmul of n_w weights (all with the same n_cols) on the same x:
  * y[i] = x w[i]^T with leading dimension ldy[i]. The dp4a path rounds x
- * once for all of them (Q/K/V, gate/up) and runs those of w[0]'s type in
- * one launch (gpe_cuda_mmvq_group, mmvq.cuh; GPUPOOL_CUDA_MMV_GROUP=0: one
- * launch each). */
+ * once for all of them (Q/K/V, gate/up). */
 gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
                              const float *x, int n_tok, float *const *y, const int64_t *ldy,
                              char *err, size_t errlen);

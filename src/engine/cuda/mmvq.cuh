@@ -44,18 +44,4 @@ void gpe_cuda_mmvq_quantize(const gpe_cuda_mm *mm, const float *x, int n_tok, in
 void gpe_cuda_mmvq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
                    int64_t ldy);
 
-#define GPE_CUDA_MMVQ_GROUP_MAX 3   /* weights of one grouped launch */
-
-/* gpe_cuda_mmvq of n_w weights (2 <= n_w <= GPE_CUDA_MMVQ_GROUP_MAX, all of
- * one type and one n_cols, checked as for gpe_cuda_mmvq) on the activations
- * in mm->xq, in one launch over their concatenated rows: y[i] = x w[i]^T.
- * Each thread block lies within one weight's rows and runs the per-row
- * arithmetic of gpe_cuda_mmvq, so the results are bit-identical to
- * separate launches; only the launch count (Q/K/V: 3 -> 1, gate/up:
- * 2 -> 1) changes. Returns false, launching nothing, when the group path is
- * off (GPUPOOL_CUDA_MMV_GROUP=0, read once per process) or the weights do
- * not qualify; the caller then launches them one by one. */
-bool gpe_cuda_mmvq_group(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
-                         int n_tok, float *const *y, const int64_t *ldy);
-
 #endif

@@ -154,62 +154,6 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
     return finish(a, y, d_y, yb, err, errlen);
 }
 
-gpe_status gpe_cuda_test_matmul_group(const gpe_type *t, const void *const *w,
-                                      const int64_t *n_rows, int n_w, int64_t n_cols,
-                                      const float *x, int n_tok, bool grouped, float *const *y,
-                                      char *err, size_t errlen)
-{
-    arena a;
-    gpe_status st;
-    gpe_cuda_weight cw[3];
-    const gpe_cuda_weight *pw[3];
-    float *d_x = NULL, *d_y = NULL, *py[3];
-    int64_t ldy[3];
-    gpe_cuda_mm mm;
-    memset(&mm, 0, sizeof mm);
-    if (n_w < 1 || n_w > 3 || n_tok < 1 || n_tok > GPE_CUDA_MMV_MAX)
-        return gpe_cuda_seterr(err, errlen, "matmul group: bad sizes");
-    size_t y_elems = 0;
-    for (int i = 0; i < n_w; i++)
-        y_elems += (size_t)n_tok * (size_t)n_rows[i];
-    const size_t xb = (size_t)n_tok * (size_t)n_cols * sizeof(float);
-    if ((st = begin(a, true, err, errlen)) || (st = upload(a, &d_x, x, xb, err, errlen)))
-        return st;
-    for (int i = 0; i < n_w; i++) {
-        if ((st = weight(a, t[i], w[i], n_rows[i], n_cols, &cw[i], err, errlen)))
-            return st;
-        pw[i] = &cw[i];
-    }
-    CUDA_CHECK(a.alloc(&d_y, y_elems * sizeof(float)));
-    CUDA_CHECK(cudaMemset(d_y, 0xff, y_elems * sizeof(float)));
-    mm.blas = a.blas;
-    mm.stream = a.stream;
-    mm.xq_elems = (size_t)n_tok * (size_t)n_cols;
-    CUDA_CHECK(a.alloc(&mm.xq, mm.xq_elems));
-    CUDA_CHECK(a.alloc(&mm.xqd, (mm.xq_elems / 32 + 1) * sizeof(float)));
-    size_t off = 0;
-    for (int i = 0; i < n_w; i++) {
-        py[i] = d_y + off;
-        ldy[i] = n_rows[i];
-        off += (size_t)n_tok * (size_t)n_rows[i];
-    }
-    if (grouped) {
-        if ((st = gpe_cuda_matmul_n(&mm, pw, n_w, d_x, n_tok, py, ldy, err, errlen)))
-            return st;
-    } else {
-        for (int i = 0; i < n_w; i++)
-            if ((st = gpe_cuda_matmul(&mm, pw[i], d_x, n_tok, py[i], ldy[i], false, err,
-                                      errlen)))
-                return st;
-    }
-    CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaStreamSynchronize(a.stream));
-    for (int i = 0; i < n_w; i++)
-        CUDA_CHECK(cudaMemcpy(y[i], py[i], (size_t)n_tok * (size_t)n_rows[i] * sizeof(float),
-                              cudaMemcpyDeviceToHost));
-    return GPE_OK;
-}
-
 bool gpe_cuda_test_matvec_q8(gpe_type t)
 {
     return gpe_cuda_mmvq_takes(t);

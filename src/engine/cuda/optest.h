@@ -31,16 +31,6 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
                                 const float *x, int n_tok, bool force_gemm, float *y,
                                 char *err, size_t errlen);
 
-/* The mat-vecs of n_w (<= 3) weights on one x[n_tok][n_cols] (n_tok <= 8):
- * weight i of type t[i], n_rows[i] rows, into y[i][n_tok][n_rows[i]]. grouped:
- * through gpe_cuda_matmul_n (the weights of w[0]'s type in one launch,
- * unless GPUPOOL_CUDA_MMV_GROUP=0), else one gpe_cuda_matmul each. The
- * outputs start as NaN bytes, so a row no kernel wrote shows. */
-gpe_status gpe_cuda_test_matmul_group(const gpe_type *t, const void *const *w,
-                                      const int64_t *n_rows, int n_w, int64_t n_cols,
-                                      const float *x, int n_tok, bool grouped, float *const *y,
-                                      char *err, size_t errlen);
-
 /* true when the mat-vec path (n_tok <= 8, not forced to GEMM) of weights
  * of type t rounds the activations to int8 blocks of 32 (mmvq.cuh): the
  * dp4a kernels, unless GPUPOOL_CUDA_MMV=legacy. */

@@ -696,80 +696,6 @@ done:
     free(deq);
 }
 
-/* The grouped mat-vec (Q/K/V, gate/up in one launch) against one launch
- * per weight: bit-identical. Rows 64/16/18 (4096/1024/1024 scaled down;
- * 18 is not a multiple of the 4 rows of a thread block, so a block is
- * partial in the middle of the grid), each dp4a type, 1, 3 and 8 tokens;
- * then Q4_K/Q4_K/Q6_K (a Q4_K_M layer: two grouped, one alone) and a pair
- * (gate/up). */
-static void check_matmul_group(report *rep, rng *r)
-{
-    enum { COLS = 512, T = 8, NR = 64 + 16 + 18 };
-    static const struct { gpe_type t[3]; int64_t rows[3]; int n; } cases[] = {
-        { { GPE_TYPE_Q4_K, GPE_TYPE_Q4_K, GPE_TYPE_Q4_K }, { 64, 16, 18 }, 3 },
-        { { GPE_TYPE_Q6_K, GPE_TYPE_Q6_K, GPE_TYPE_Q6_K }, { 64, 16, 18 }, 3 },
-        { { GPE_TYPE_Q4_0, GPE_TYPE_Q4_0, GPE_TYPE_Q4_0 }, { 64, 16, 18 }, 3 },
-        { { GPE_TYPE_Q8_0, GPE_TYPE_Q8_0, GPE_TYPE_Q8_0 }, { 64, 16, 18 }, 3 },
-        { { GPE_TYPE_Q4_K, GPE_TYPE_Q4_K, GPE_TYPE_Q6_K }, { 64, 16, 18 }, 3 },
-        { { GPE_TYPE_Q4_K, GPE_TYPE_Q4_K, GPE_TYPE_Q4_K }, { 18, 37, 0 }, 2 },
-    };
-    static const int toks[] = { 1, 3, 8 };
-    char msg[256], name[96];
-    gpe_st_model holder;
-    memset(&holder, 0, sizeof holder);
-    float *x = malloc(sizeof(float) * T * COLS);
-    float *yg = malloc(sizeof(float) * T * NR), *ys = malloc(sizeof(float) * T * NR);
-    if (!x || !yg || !ys) {
-        rep_check(rep, "matvec group", GPE_ERR_NOMEM, "out of memory", 0, 0);
-        goto done;
-    }
-    for (int i = 0; i < T * COLS; i++)
-        x[i] = rng_f(r);
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const int n = cases[c].n;
-        gpe_weight w[3];
-        const void *wd[3];
-        float *pg[3], *ps[3];
-        bool ok = true;
-        gpe_st_model_free(&holder);
-        for (int i = 0; i < n && ok; i++) {
-            ok = st_weight(&holder, &w[i], cases[c].t[i], cases[c].rows[i], COLS, r);
-            wd[i] = w[i].data;
-        }
-        snprintf(name, sizeof name, "matvec group %s/%s%s%s %lld/%lld%s",
-                 gpe_type_name(cases[c].t[0]), gpe_type_name(cases[c].t[1]), n > 2 ? "/" : "",
-                 n > 2 ? gpe_type_name(cases[c].t[2]) : "", (long long)cases[c].rows[0],
-                 (long long)cases[c].rows[1], n > 2 ? "/18" : "");
-        if (!ok) {
-            rep_check(rep, name, GPE_ERR_NOMEM, "out of memory", 0, 0);
-            continue;
-        }
-        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
-            const int nt = toks[k];
-            size_t off = 0, tot = 0;
-            for (int i = 0; i < n; i++) {
-                pg[i] = yg + off;
-                ps[i] = ys + off;
-                off += (size_t)nt * (size_t)cases[c].rows[i];
-            }
-            tot = off;
-            gpe_status st = gpe_cuda_test_matmul_group(cases[c].t, wd, cases[c].rows, n, COLS, x,
-                                                       nt, true, pg, msg, sizeof msg);
-            if (st == GPE_OK)
-                st = gpe_cuda_test_matmul_group(cases[c].t, wd, cases[c].rows, n, COLS, x, nt,
-                                                false, ps, msg, sizeof msg);
-            char nm[128];
-            snprintf(nm, sizeof nm, "%s x%d vs separate", name, nt);
-            rep_check(rep, nm, st, msg, st ? 0 : gpe_st_nmse(yg, ys, tot), TH_EXACT);
-        }
-    }
-done:
-    gpe_st_model_free(&holder);
-    free(x);
-    free(yg);
-    free(ys);
-}
-
 static void check_rmsnorm(report *rep, rng *r)
 {
     enum { ROWS = 5, N = 1000 };
@@ -1104,7 +1030,6 @@ gpe_status gpe_cuda_selftest_run(char *err, size_t errlen)
     check_attention(&rep, &r);
     check_matmul_ops(&rep, &r);
     check_mmq_tails(&rep, &r);
-    check_matmul_group(&rep, &r);
     check_models(&rep);
     if (err && errlen)
         snprintf(err, errlen, "%d checks, %d failed on %d device(s): %s", rep.n_pass + rep.n_fail,
