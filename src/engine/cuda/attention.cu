@@ -560,6 +560,7 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
     const int lane = threadIdx.x % GPE_WARP, warp = threadIdx.x / GPE_WARP;
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     const int hd = a.head_dim, group = a.n_head / a.n_head_kv, kvd = a.n_head_kv * hd;
+    const int seq = a.seq[t];   /* loaded with pos, not after the exit below */
     int klo, khi;
     at_range(a, t, &klo, &khi);
     /* FAST: the token's keys all in this split (so it is the only one) */
@@ -568,7 +569,7 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
     khi = min(khi, z * chunk + chunk - 1);
     if (FAST && klo > khi)   /* block-uniform: no key here, nothing to write */
         return;
-    const size_t base = (size_t)a.seq[t] * a.n_ctx * kvd + (size_t)kvh * hd;
+    const size_t base = (size_t)seq * a.n_ctx * kvd + (size_t)kvh * hd;
     const T *kc = static_cast<const T *>(a.k_cache) + base;
     const T *vc = static_cast<const T *>(a.v_cache) + base;
     float *part_acc = a.part;
