@@ -545,10 +545,11 @@ __global__ void __launch_bounds__(AT_P_WARPS *GPE_WARP) at_prefill_kernel(gpe_cu
  * none of the token's keys returns at once (its part is never read: the
  * combine takes the token's splits only), the split that holds all of them
  * writes out itself (the combine skips the token), and the K and V loads
- * are issued several at a time (at_scores_u, at_pv_u). A short context
- * (fewer than 10 keys) cost 8.5 us per layer on an H200 without it: every
- * split loaded q and merged and stored an empty part, and the one busy warp
- * waited on ~40 dependent loads. */
+ * are issued several at a time (at_scores_u, at_pv_u). ncu put a short
+ * context (fewer than 10 keys) at 8.5 us per layer on an H200 without it;
+ * the code shows why (not yet measured apart): every split loaded q,
+ * merged and stored an empty part, and the one busy warp waited on ~40
+ * dependent loads. */
 template <typename T, int RW, int NC, bool FAST>
 __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cuda_attn_args a,
                                                                         int chunk, int n_split)
