@@ -218,31 +218,14 @@ static __device__ __forceinline__ void at_range(const gpe_cuda_attn_args &a, int
     *hi = p;
 }
 
-/* Scores of the tile's keys kb .. kb+31 (lane j: key kb + j, its K row read
- * by kf(d) as float4) for the warp's rows (q rows at qs, stride qstride
- * floats), and the softmax update: p[r] is this lane's key's weight, acc
- * is rescaled to the new maximum. Rows whose range misses the tile keep
- * p = 0. */
-template <int RW, int NC, typename KF>
-static __device__ __forceinline__ void at_scores(at_state<RW, NC> &st, float (&p)[RW],
-                                                 const float *qs, int qstride,
-                                                 const int (&lo)[RW], const int (&hi)[RW],
-                                                 int kb, int hd, float scale, float softcap,
-                                                 KF kf)
+/* The softmax update of at_scores (below) for the raw scores s of lane
+ * key i. */
+template <int RW, int NC>
+static __device__ __forceinline__ void at_softmax(at_state<RW, NC> &st, float (&p)[RW],
+                                                  const float (&s)[RW], const int (&lo)[RW],
+                                                  const int (&hi)[RW], int i, float scale,
+                                                  float softcap)
 {
-    const int i = kb + threadIdx.x % GPE_WARP;
-    float s[RW];
-#pragma unroll
-    for (int r = 0; r < RW; r++)
-        s[r] = 0.0f;
-    for (int d = 0; d < hd; d += 4) {
-        const float4 k = kf(d);
-#pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const float4 q = *reinterpret_cast<const float4 *>(qs + r * qstride + d);
-            s[r] += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
-        }
-    }
     const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
 #pragma unroll
     for (int r = 0; r < RW; r++) {
@@ -267,6 +250,74 @@ static __device__ __forceinline__ void at_scores(at_state<RW, NC> &st, float (&p
             st.acc[r][c].w *= corr;
         }
     }
+}
+
+/* Scores of the tile's keys kb .. kb+31 (lane j: key kb + j, its K row read
+ * by kf(d) as float4) for the warp's rows (q rows at qs, stride qstride
+ * floats), and the softmax update: p[r] is this lane's key's weight, acc
+ * is rescaled to the new maximum. Rows whose range misses the tile keep
+ * p = 0. */
+template <int RW, int NC, typename KF>
+static __device__ __forceinline__ void at_scores(at_state<RW, NC> &st, float (&p)[RW],
+                                                 const float *qs, int qstride,
+                                                 const int (&lo)[RW], const int (&hi)[RW],
+                                                 int kb, int hd, float scale, float softcap,
+                                                 KF kf)
+{
+    float s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+        s[r] = 0.0f;
+    for (int d = 0; d < hd; d += 4) {
+        const float4 k = kf(d);
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const float4 q = *reinterpret_cast<const float4 *>(qs + r * qstride + d);
+            s[r] += q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w;
+        }
+    }
+    at_softmax(st, p, s, lo, hi, kb + threadIdx.x % GPE_WARP, scale, softcap);
+}
+
+/* at_scores with the K loads KU at a time ahead of their products (QS: the
+ * largest head size, a multiple of 4 * KU): the loop above waits for each
+ * load before it issues the next, so one tile of a 128-dim head cost 32
+ * memory round trips; this costs QS / (4 KU). Same products in the same
+ * order. */
+template <int RW, int NC, int QS, typename KF>
+static __device__ __forceinline__ void at_scores_u(at_state<RW, NC> &st, float (&p)[RW],
+                                                   const float *qs, int qstride,
+                                                   const int (&lo)[RW], const int (&hi)[RW],
+                                                   int kb, int hd, float scale, float softcap,
+                                                   KF kf)
+{
+    constexpr int KU = RW >= 4 ? 8 : 16;   /* fewer with many rows: registers */
+    static_assert(QS % (4 * KU) == 0, "whole rounds of KU loads");
+    float s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+        s[r] = 0.0f;
+#pragma unroll
+    for (int d0 = 0; d0 < QS; d0 += 4 * KU) {
+        if (d0 >= hd)   /* warp-uniform */
+            break;
+        float4 k[KU];
+#pragma unroll
+        for (int u = 0; u < KU; u++)
+            k[u] = d0 + 4 * u < hd ? kf(d0 + 4 * u) : f4_zero();
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            if (d0 + 4 * u >= hd)   /* q past hd is not loaded */
+                break;
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                const float4 q =
+                    *reinterpret_cast<const float4 *>(qs + r * qstride + d0 + 4 * u);
+                s[r] += q.x * k[u].x + q.y * k[u].y + q.z * k[u].z + q.w * k[u].w;
+            }
+        }
+    }
+    at_softmax(st, p, s, lo, hi, kb + threadIdx.x % GPE_WARP, scale, softcap);
 }
 
 /* acc += sum over the tile's keys kb .. min(kb+31, whi) of p_j V_j (V row
@@ -294,6 +345,49 @@ static __device__ __forceinline__ void at_pv(at_state<RW, NC> &st, const float (
                 st.acc[r][c].y += pj[r] * v.y;
                 st.acc[r][c].z += pj[r] * v.z;
                 st.acc[r][c].w += pj[r] * v.w;
+            }
+        }
+    }
+}
+
+/* at_pv with the V loads of VU keys issued ahead of their products (at_pv
+ * waits for each key's row before it loads the next: a 10-key context
+ * cost 10 round trips); same products in the same order. */
+template <int RW, int NC, typename VF>
+static __device__ __forceinline__ void at_pv_u(at_state<RW, NC> &st, const float (&p)[RW],
+                                               int kb, int whi, int hd, VF vf)
+{
+    constexpr int VU = RW >= 4 || NC > 1 ? 4 : 8;   /* registers */
+    const int lane = threadIdx.x % GPE_WARP;
+    const int jn = whi - kb + 1 < AT_KEYS ? whi - kb + 1 : AT_KEYS;
+    for (int j0 = 0; j0 < jn; j0 += VU) {   /* jn is warp-uniform */
+        float4 v[VU][NC];
+#pragma unroll
+        for (int u = 0; u < VU; u++)
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const int d = 128 * c + 4 * lane;
+                v[u][c] = j0 + u < jn && d < hd ? vf(j0 + u, d) : f4_zero();
+            }
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            if (j0 + u >= jn)
+                break;
+            float pj[RW];
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+                pj[r] = __shfl_sync(AT_FULL, p[r], j0 + u);
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                if (128 * c + 4 * lane >= hd)
+                    continue;
+#pragma unroll
+                for (int r = 0; r < RW; r++) {
+                    st.acc[r][c].x += pj[r] * v[u][c].x;
+                    st.acc[r][c].y += pj[r] * v[u][c].y;
+                    st.acc[r][c].z += pj[r] * v[u][c].z;
+                    st.acc[r][c].w += pj[r] * v[u][c].w;
+                }
             }
         }
     }
@@ -446,8 +540,17 @@ __global__ void __launch_bounds__(AT_P_WARPS *GPE_WARP) at_prefill_kernel(gpe_cu
  * memory (a key's row is contiguous: the lane's loads over d walk it, and
  * the cache lines are shared through L1), V rows by the whole warp.
  * n_split 1: rows written to out; else (m, l, unnormalised acc) to the
- * scratch for at_combine_kernel. */
-template <typename T, int RW, int NC>
+ * scratch for at_combine_kernel.
+ * FAST (the default; GPUPOOL_CUDA_ATTN=split-all: off): a split that holds
+ * none of the token's keys returns at once (its part is never read: the
+ * combine takes the token's splits only), the split that holds all of them
+ * writes out itself (the combine skips the token), and the K and V loads
+ * are issued several at a time (at_scores_u, at_pv_u). ncu put a short
+ * context (fewer than 10 keys) at 8.5 us per layer on an H200 without it;
+ * the code shows why (not yet measured apart): every split loaded q,
+ * merged and stored an empty part, and the one busy warp waited on ~40
+ * dependent loads. */
+template <typename T, int RW, int NC, bool FAST>
 __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cuda_attn_args a,
                                                                         int chunk, int n_split)
 {
@@ -458,11 +561,16 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
     const int lane = threadIdx.x % GPE_WARP, warp = threadIdx.x / GPE_WARP;
     const int t = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     const int hd = a.head_dim, group = a.n_head / a.n_head_kv, kvd = a.n_head_kv * hd;
+    const int seq = a.seq[t];   /* loaded with pos, not after the exit below */
     int klo, khi;
     at_range(a, t, &klo, &khi);
+    /* FAST: the token's keys all in this split (so it is the only one) */
+    const bool whole = FAST && (n_split == 1 || klo / chunk == khi / chunk);
     klo = max(klo, z * chunk);
     khi = min(khi, z * chunk + chunk - 1);
-    const size_t base = (size_t)a.seq[t] * a.n_ctx * kvd + (size_t)kvh * hd;
+    if (FAST && klo > khi)   /* block-uniform: no key here, nothing to write */
+        return;
+    const size_t base = (size_t)seq * a.n_ctx * kvd + (size_t)kvh * hd;
     const T *kc = static_cast<const T *>(a.k_cache) + base;
     const T *vc = static_cast<const T *>(a.v_cache) + base;
     float *part_acc = a.part;
@@ -492,12 +600,17 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
         for (int kb = klo + AT_KEYS * warp; kb <= khi; kb += AT_KEYS * AT_D_WARPS) {
             const int i = kb + lane;
             const T *krow = kc + (size_t)i * kvd;
-            at_scores<RW, NC>(st, p, &s_q[0][0], QS, lo, hi, kb, hd,
-                              a.scale, a.softcap,
-                              [&](int d) { return i <= khi ? ld4(krow + d) : f4_zero(); });
-            at_pv<RW, NC>(st, p, kb, khi, hd, [&](int j, int d) {
-                return ld4(vc + (size_t)(kb + j) * kvd + d);
-            });
+            const auto kf = [&](int d) { return i <= khi ? ld4(krow + d) : f4_zero(); };
+            const auto vf = [&](int j, int d) { return ld4(vc + (size_t)(kb + j) * kvd + d); };
+            if (FAST) {
+                at_scores_u<RW, NC, QS>(st, p, &s_q[0][0], QS, lo, hi, kb, hd, a.scale,
+                                        a.softcap, kf);
+                at_pv_u<RW, NC>(st, p, kb, khi, hd, vf);
+            } else {
+                at_scores<RW, NC>(st, p, &s_q[0][0], QS, lo, hi, kb, hd, a.scale, a.softcap,
+                                  kf);
+                at_pv<RW, NC>(st, p, kb, khi, hd, vf);
+            }
         }
 #pragma unroll
         for (int r = 0; r < RW; r++) {
@@ -526,7 +639,7 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
                     o += s_acc[w][r][d] * f;
                 }
             const size_t row = (size_t)t * a.n_head + h;
-            if (n_split == 1) {
+            if (n_split == 1 || whole) {
                 a.out[row * hd + d] = o / L;
             } else {
                 const size_t prow = (size_t)z * a.n_tok * a.n_head + row;
@@ -539,19 +652,31 @@ __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cud
     }
 }
 
-/* out[t][h] from the n_split partial results of (t, h). */
-__global__ void at_combine_kernel(gpe_cuda_attn_args a, int n_split)
+/* out[t][h] from the n_split partial results of (t, h). FAST: from the
+ * splits that hold the token's keys only (the others wrote nothing), and
+ * nothing when one split held them all (it wrote out). */
+template <bool FAST>
+__global__ void at_combine_kernel(gpe_cuda_attn_args a, int chunk, int n_split)
 {
     const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
     const size_t row = (size_t)t * a.n_head + h, stride = (size_t)a.n_tok * a.n_head;
     const float2 *ml = reinterpret_cast<const float2 *>(
         a.part + (size_t)GPE_CUDA_ATTN_PART_CAP * a.n_head * hd);
+    int z0 = 0, z1 = n_split - 1;
+    if (FAST) {
+        int lo, hi;
+        at_range(a, t, &lo, &hi);
+        z0 = lo / chunk;
+        z1 = hi / chunk;
+        if (z0 == z1)   /* block-uniform */
+            return;
+    }
     float M = -INFINITY;
-    for (int z = 0; z < n_split; z++)
+    for (int z = z0; z <= z1; z++)
         M = fmaxf(M, ml[z * stride + row].x);
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float L = 0.0f, o = 0.0f;
-        for (int z = 0; z < n_split; z++) {
+        for (int z = z0; z <= z1; z++) {
             const float2 v = ml[z * stride + row];
             if (v.x == -INFINITY)
                 continue;
@@ -570,28 +695,51 @@ size_t gpe_cuda_attn_part_floats(int n_head, int head_dim)
     return (size_t)GPE_CUDA_ATTN_PART_CAP * (size_t)n_head * ((size_t)head_dim + 2);
 }
 
-static bool at_legacy_only(void)
+/* GPUPOOL_CUDA_ATTN, read once per process: "legacy" (every shape on
+ * at_legacy_kernel), "split-all" (the decode kernel without FAST), else
+ * the default. */
+static const char *at_mode(void)
 {
-    static const bool legacy = [] {
+    static const char *mode = [] {
         const char *e = getenv("GPUPOOL_CUDA_ATTN");
-        return e && strcmp(e, "legacy") == 0;
+        return e && strcmp(e, "legacy") == 0      ? "legacy"
+               : e && strcmp(e, "split-all") == 0 ? "split-all"
+                                                  : "";
     }();
-    return legacy;
+    return mode;
 }
 
-template <typename T, int NC>
+static bool at_legacy_only(void)
+{
+    return strcmp(at_mode(), "legacy") == 0;
+}
+
+template <typename T, int NC, bool FAST>
 static void at_decode_rw(const gpe_cuda_attn_args *a, dim3 grid, int chunk, int n_split,
                          cudaStream_t stream)
 {
     const int group = a->n_head / a->n_head_kv, nt = AT_D_WARPS * GPE_WARP;
     if (group >= 8)
-        at_decode_kernel<T, 8, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+        at_decode_kernel<T, 8, NC, FAST><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
     else if (group >= 4)
-        at_decode_kernel<T, 4, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+        at_decode_kernel<T, 4, NC, FAST><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
     else if (group >= 2)
-        at_decode_kernel<T, 2, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+        at_decode_kernel<T, 2, NC, FAST><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
     else
-        at_decode_kernel<T, 1, NC><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+        at_decode_kernel<T, 1, NC, FAST><<<grid, nt, 0, stream>>>(*a, chunk, n_split);
+}
+
+template <typename T, bool FAST>
+static void at_decode_fast(const gpe_cuda_attn_args *a, dim3 grid, int chunk, int n_split,
+                           cudaStream_t stream)
+{
+    if (a->head_dim <= 128)
+        at_decode_rw<T, 1, FAST>(a, grid, chunk, n_split, stream);
+    else
+        at_decode_rw<T, 2, FAST>(a, grid, chunk, n_split, stream);
+    if (n_split > 1)
+        at_combine_kernel<FAST><<<dim3((unsigned)a->n_tok, (unsigned)a->n_head), 128, 0,
+                                  stream>>>(*a, chunk, n_split);
 }
 
 template <typename T>
@@ -613,13 +761,10 @@ static void at_decode(const gpe_cuda_attn_args *a, cudaStream_t stream)
         }
     }
     const dim3 grid((unsigned)a->n_tok, (unsigned)a->n_head_kv, (unsigned)n_split);
-    if (a->head_dim <= 128)
-        at_decode_rw<T, 1>(a, grid, chunk, n_split, stream);
+    if (strcmp(at_mode(), "split-all") == 0)
+        at_decode_fast<T, false>(a, grid, chunk, n_split, stream);
     else
-        at_decode_rw<T, 2>(a, grid, chunk, n_split, stream);
-    if (n_split > 1)
-        at_combine_kernel<<<dim3((unsigned)a->n_tok, (unsigned)a->n_head), 128, 0, stream>>>(
-            *a, n_split);
+        at_decode_fast<T, true>(a, grid, chunk, n_split, stream);
 }
 
 template <typename T>

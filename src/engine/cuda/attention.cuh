@@ -48,7 +48,10 @@ size_t gpe_cuda_attn_part_floats(int n_head, int head_dim);
  * shapes (n_tok, heads, head_dim, n_ctx) and, past 8 tokens, decode_rows,
  * never on the positions, so a decode step stays valid in a CUDA graph.
  * GPUPOOL_CUDA_ATTN=legacy (read once per process) selects the first
- * kernel (one block per token and head) for every shape. */
+ * kernel (one block per token and head) for every shape;
+ * GPUPOOL_CUDA_ATTN=split-all the decode path before its short-context
+ * work (every key split runs its setup and the combine reads them all;
+ * loads one at a time), for comparison. */
 void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);
 
 #endif

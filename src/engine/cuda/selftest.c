@@ -1006,6 +1006,20 @@ static void check_attention(report *rep, rng *r)
     check_attention_case(rep, r, &dec_long, dl_pos, dl_seq);
     check_attention_case(rep, r, &dec_g16, g16_pos, g16_seq);
     check_attention_case(rep, r, &dec_g1, g1_pos, g1_seq);
+    /* short contexts in a long cache (16 splits of 256 keys): positions 0,
+     * 1 and 5 (one split, written by the decode kernel itself; the empty
+     * splits exit), 300 (two splits merged); with a 10-key window, keys
+     * 691..700 (split 2 alone) and 511..520 (splits 1 and 2) */
+    static const attn_case dec_short = { "decode short in ctx 4096", 4, 2, 4096, 8, 8, 128,
+                                         0.0f, 0, false };
+    static const int ds_pos[4] = { 0, 1, 5, 300 };
+    static const int ds_seq[4] = { 0, 1, 1, 0 };
+    static const attn_case dec_short_w = { "decode short window in ctx 4096", 3, 1, 4096, 8, 2,
+                                           64, 0.0f, 10, false };
+    static const int dsw_pos[3] = { 5, 700, 520 };
+    static const int dsw_seq[3] = { 0, 0, 0 };
+    check_attention_case(rep, r, &dec_short, ds_pos, ds_seq);
+    check_attention_case(rep, r, &dec_short_w, dsw_pos, dsw_seq);
 
     /* a batched decode step: 20 sequences, one token each */
     enum { DT = 20 };
