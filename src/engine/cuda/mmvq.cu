@@ -396,7 +396,7 @@ static_assert(GPE_CUDA_MMVQ_GROUP == 3, "mmvq_group_kernel selects among 3 weigh
 
 /* mmvq_kernel over a group: the block finds its weight by comparisons
  * (selects, no dynamic indexing of the parameter arrays). */
-template <typename Q, int NC>
+template <typename Q, int NC, bool PDL = false>
 __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     mmvq_group_kernel(const mmvq_group g, size_t row_bytes, int n_units,
                       const int8_t *__restrict__ xq, const float *__restrict__ xqd, int64_t ldq,
@@ -412,7 +412,63 @@ __global__ void __launch_bounds__(MMVQ_WARPS * GPE_WARP)
     const uint8_t *W = k == 0 ? g.W[0] : (k == 1 ? g.W[1] : g.W[2]);
     float *y = k == 0 ? g.y[0] : (k == 1 ? g.y[1] : g.y[2]);
     const int64_t ldy = k == 0 ? g.ldy[0] : (k == 1 ? g.ldy[1] : g.ldy[2]);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (PDL) {
+        /* Launched before the kernel that rounded x has finished
+         * (GPUPOOL_CUDA_PDL=1): the weights are never written, so the
+         * warp's row is fetched into L2 meanwhile; x and y only after the
+         * wait, which returns once that kernel is complete and its writes
+         * are visible. A template argument: the loop costs registers. */
+        const uint8_t *wr = W + (size_t)row * row_bytes;
+        for (size_t o = (size_t)threadIdx.x * 128; o < row_bytes; o += GPE_WARP * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + o));
+        cudaGridDependencySynchronize();
+    }
+#endif
     mmvq_row<Q, NC>(W + (size_t)row * row_bytes, n_units, xq, xqd, ldq, y + row, ldy, add);
+}
+
+/* GPUPOOL_CUDA_PDL=1 (read once per process; default off), on a device of
+ * compute capability 9.0 or more (the first one asked: a pool's devices are
+ * of one kind): a group of one-column mat-vecs (Q/K/V, gate/up of a decode
+ * step of one sequence) is launched with programmatic stream serialization
+ * (Hopper's programmatic dependent launch), so its blocks start as the
+ * blocks of the kernel before (the rounding, fused or not) finish and
+ * prefetch their weight rows before cudaGridDependencySynchronize. Stream
+ * capture keeps the attribute as a programmatic edge of the graph. An
+ * experiment: the kernel before does not trigger early, so only its tail
+ * overlaps. */
+static bool mmvq_pdl_on(void)
+{
+    static const bool on = [] {
+        const char *e = getenv("GPUPOOL_CUDA_PDL");
+        int dev = 0, major = 0;
+        return e && strcmp(e, "1") == 0 && cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
+                   cudaSuccess &&
+               major >= 9;
+    }();
+    return on;
+}
+
+/* mmvq_group_kernel<Q, 1, true> with programmatic stream serialization;
+ * an error is left for the caller's cudaGetLastError. */
+template <typename Q>
+static void mmvq_group_launch_pdl(const gpe_cuda_mm *mm, const gpe_cuda_weight *w,
+                                  const mmvq_group &g, int n_units, bool add)
+{
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(g.blk_end[g.n - 1]);
+    cfg.blockDim = dim3(GPE_WARP, MMVQ_WARPS);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = mm->stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, mmvq_group_kernel<Q, 1, true>, g, w->row_bytes, n_units,
+                             (const int8_t *)mm->xq, (const float *)mm->xqd, w->n_cols, add);
 }
 
 /* w: the group's first weight (type, n_cols and row_bytes of all). */
@@ -426,6 +482,8 @@ static void mmvq_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const m
         mmvq_kernel<Q, NC><<<gpe_cuda_div_up((size_t)g.n_rows[0], MMVQ_WARPS), block, 0,
                              mm->stream>>>(g.W[0], w->row_bytes, g.n_rows[0], n_units, mm->xq,
                                            mm->xqd, w->n_cols, g.y[0], g.ldy[0], add);
+    else if (NC == 1 && mmvq_pdl_on())
+        mmvq_group_launch_pdl<Q>(mm, w, g, n_units, add);
     else
         mmvq_group_kernel<Q, NC><<<g.blk_end[g.n - 1], block, 0, mm->stream>>>(
             g, w->row_bytes, n_units, mm->xq, mm->xqd, w->n_cols, add);
