@@ -12,6 +12,7 @@
 #include "engine/cuda/common.cuh"
 #include "engine/cuda/matmul.cuh"
 #include "engine/cuda/mmq.cuh"
+#include "engine/cuda/mmq_i8.cuh"
 #include "engine/cuda/mmvq.cuh"
 #include "engine/cuda/norm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -157,6 +158,11 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
 bool gpe_cuda_test_matvec_q8(gpe_type t)
 {
     return gpe_cuda_mmvq_takes(t);
+}
+
+bool gpe_cuda_test_mmq_i8(gpe_type t)
+{
+    return gpe_cuda_mmq_i8_takes(t);
 }
 
 gpe_status gpe_cuda_test_rmsnorm(const float *x, const float *w, int n_rows, int n, float eps,
