@@ -221,16 +221,6 @@ static bool use_mmq_i8(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_to
            gpe_cuda_mmq_i8_part_floats(w->n_rows, w->n_cols, n_tok) <= mm->mmq_part_elems;
 }
 
-/* The product from the int8 activations in mm->xq (either int8 path). */
-static void int8_product(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
-                         int64_t ldy)
-{
-    if (n_tok <= GPE_CUDA_MMV_MAX)
-        gpe_cuda_mmvq(mm, w, n_tok, y, ldy);
-    else
-        gpe_cuda_mmq_i8(mm, w, n_tok, y, ldy);
-}
-
 gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen)
@@ -273,9 +263,20 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
 {
     bool rounded = false;   /* mm->xq holds x */
     for (int i = 0; i < n_w; i++) {
-        const bool int8 = use_mmvq(mm, w[i], n_tok) || use_mmq_i8(mm, w[i], n_tok);
-        if (n_tok <= 0 || !gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) || !int8 ||
-            (i > 0 && w[i]->n_cols != w[0]->n_cols)) {
+        /* 9..64 tokens on the int8 small-batch GEMM: x rounded once too
+         * (n_tok is the same for every weight, so the rounded x is never
+         * shared with the mat-vec branch below) */
+        if (n_tok > 0 && gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) &&
+            use_mmq_i8(mm, w[i], n_tok) && (i == 0 || w[i]->n_cols == w[0]->n_cols)) {
+            if (!rounded)
+                gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
+            rounded = true;
+            gpe_cuda_mmq_i8(mm, w[i], n_tok, y[i], ldy[i]);
+            CUDA_CHECK_LAUNCH();
+            continue;
+        }
+        if (n_tok <= 0 || !gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) ||
+            !use_mmvq(mm, w[i], n_tok) || (i > 0 && w[i]->n_cols != w[0]->n_cols)) {
             gpe_status st = gpe_cuda_matmul(mm, w[i], x, n_tok, y[i], ldy[i], false, err, errlen);
             if (st)
                 return st;
@@ -285,7 +286,7 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
         if (!rounded)
             gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
         rounded = true;
-        int8_product(mm, w[i], n_tok, y[i], ldy[i]);
+        gpe_cuda_mmvq(mm, w[i], n_tok, y[i], ldy[i]);
         CUDA_CHECK_LAUNCH();
     }
     return GPE_OK;

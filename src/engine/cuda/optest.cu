@@ -155,14 +155,14 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
     return finish(a, y, d_y, yb, err, errlen);
 }
 
-bool gpe_cuda_test_matvec_q8(gpe_type t)
-{
-    return gpe_cuda_mmvq_takes(t);
-}
-
 bool gpe_cuda_test_mmq_i8(gpe_type t)
 {
     return gpe_cuda_mmq_i8_takes(t);
+}
+
+bool gpe_cuda_test_matvec_q8(gpe_type t)
+{
+    return gpe_cuda_mmvq_takes(t);
 }
 
 gpe_status gpe_cuda_test_rmsnorm(const float *x, const float *w, int n_rows, int n, float eps,
