@@ -63,6 +63,7 @@ if(_gpe_cuda_want)
     ${_gpe_cuda_dir}/mmvq.cu
     ${_gpe_cuda_dir}/fused.cu
     ${_gpe_cuda_dir}/mmq.cu
+    ${_gpe_cuda_dir}/mmq_i8.cu
     ${_gpe_cuda_dir}/attention.cu
     ${_gpe_cuda_dir}/elementwise.cu
     ${_gpe_cuda_dir}/forward.cu

@@ -252,9 +252,12 @@ static void plan_scratch(const gpe_llama *m, int n_batch, scratch_plan *p)
     TAKE(logits, out_rows * V * 4);
     TAKE(xh, wbuf ? B * maxc * 2 : 0);
     TAKE(wbuf, wbuf);
-    /* int8 activations of the dp4a mat-vec (mmvq.cuh): up to
-     * GPE_CUDA_MMV_MAX rows of the widest input, one F32 scale per 32 */
-    const uint64_t xq_rows = B < GPE_CUDA_MMV_MAX ? B : GPE_CUDA_MMV_MAX;
+    /* int8 activations of the dp4a mat-vec (mmvq.cuh) and of the int8
+     * small-batch GEMM (mmq_i8.cuh): up to max(GPE_CUDA_MMV_MAX, mmq batch)
+     * rows of the widest input, one F32 scale per 32 */
+    const uint64_t xq_cap =
+        mq_max > GPE_CUDA_MMV_MAX ? (uint64_t)mq_max : (uint64_t)GPE_CUDA_MMV_MAX;
+    const uint64_t xq_rows = B < xq_cap ? B : xq_cap;
     TAKE(xq, xq_rows * maxc);
     TAKE(xqd, xq_rows * (maxc / 32 + 1) * 4);
     TAKE(mmqp, mmqp * 4);

@@ -8,6 +8,7 @@
 #include "engine/cuda/dequant.cuh"
 #include "engine/cuda/elementwise.cuh"
 #include "engine/cuda/mmq.cuh"
+#include "engine/cuda/mmq_i8.cuh"
 #include "engine/cuda/mmvq.cuh"
 
 #define MMV_WARPS 4   /* output rows (warps) per thread block */
@@ -215,6 +216,16 @@ static bool use_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
            gpe_cuda_mmq_part_floats(w->n_rows, w->n_cols, n_tok) <= mm->mmq_part_elems;
 }
 
+/* The int8 small-batch GEMM (mmq_i8.cuh) takes this product: the batch
+ * sizes of the F16 one, a type it knows, room for the rounded activations
+ * and the split sums. */
+static bool use_mmq_i8(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok)
+{
+    return gpe_cuda_mmq_takes(w, n_tok) && gpe_cuda_mmq_i8_takes(w->type) && mm->xq &&
+           (size_t)n_tok * (size_t)w->n_cols <= mm->xq_elems &&
+           gpe_cuda_mmq_i8_part_floats(w->n_rows, w->n_cols, n_tok) <= mm->mmq_part_elems;
+}
+
 gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, const float *x,
                            int n_tok, float *y, int64_t ldy, bool force_gemm, char *err,
                            size_t errlen)
@@ -224,6 +235,12 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
     if (!gpe_cuda_weight_ok(w->type, w->n_cols))
         return gpe_cuda_seterr(err, errlen, "matmul: type %s with %lld columns unsupported",
                                gpe_type_name(w->type), (long long)w->n_cols);
+    if (!force_gemm && use_mmq_i8(mm, w, n_tok)) {
+        gpe_cuda_mmvq_quantize(mm, x, n_tok, w->n_cols);
+        gpe_cuda_mmq_i8(mm, w, n_tok, y, ldy);
+        CUDA_CHECK_LAUNCH();
+        return GPE_OK;
+    }
     if (!force_gemm && use_mmq(mm, w, n_tok)) {
         gpe_cuda_f32_to_f16(x, mm->xh, (int64_t)n_tok * w->n_cols, mm->stream);
         gpe_cuda_mmq(mm, w, n_tok, y, ldy);
@@ -251,6 +268,18 @@ gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const
 {
     bool rounded = false;   /* mm->xq holds x */
     for (int i = 0; i < n_w; i++) {
+        /* 9..64 tokens on the int8 small-batch GEMM: x rounded once too
+         * (n_tok is the same for every weight, so the rounded x is never
+         * shared with the mat-vec branch below) */
+        if (n_tok > 0 && gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) &&
+            use_mmq_i8(mm, w[i], n_tok) && (i == 0 || w[i]->n_cols == w[0]->n_cols)) {
+            if (!rounded)
+                gpe_cuda_mmvq_quantize(mm, x, n_tok, w[i]->n_cols);
+            rounded = true;
+            gpe_cuda_mmq_i8(mm, w[i], n_tok, y[i], ldy[i]);
+            CUDA_CHECK_LAUNCH();
+            continue;
+        }
         if (n_tok <= 0 || !gpe_cuda_weight_ok(w[i]->type, w[i]->n_cols) ||
             !use_mmvq(mm, w[i], n_tok) || (i > 0 && w[i]->n_cols != w[0]->n_cols)) {
             gpe_status st = gpe_cuda_matmul(mm, w[i], x, n_tok, y[i], ldy[i], false, err, errlen);

@@ -10,7 +10,10 @@
  * converts them to Q8_0/Q8_K/F16 first).
  *
  * Batches of 9..64 tokens on F16 and quantized weights: mmq.cuh (tiles
- * dequantized in shared memory, tensor cores), same numerics as the GEMM.
+ * dequantized in shared memory, tensor cores), same numerics as the GEMM;
+ * on Q4_0/Q8_0/Q4_K/Q6_K weights mmq_i8.cuh instead (int8 tensor cores on
+ * the mat-vec's int8 activations, its numerics) unless
+ * GPUPOOL_CUDA_MMQ_I8=0.
  *
  * Prefill (more tokens): cuBLAS GEMM. F32 weights are used in place (SGEMM
  * precision: cuBLAS default math, no TF32); BF16 weights are dequantized to
@@ -68,8 +71,9 @@ gpe_status gpe_cuda_matmul(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, cons
                            size_t errlen);
 
 /* gpe_cuda_matmul of n_w weights (all with the same n_cols) on the same x:
- * y[i] = x w[i]^T with leading dimension ldy[i]. The dp4a path rounds x
- * once for all of them (Q/K/V, gate/up). */
+ * y[i] = x w[i]^T with leading dimension ldy[i]. The int8 paths (dp4a
+ * mat-vec, int8 small-batch GEMM) round x once for all of them (Q/K/V,
+ * gate/up). */
 gpe_status gpe_cuda_matmul_n(const gpe_cuda_mm *mm, const gpe_cuda_weight *const *w, int n_w,
                              const float *x, int n_tok, float *const *y, const int64_t *ldy,
                              char *err, size_t errlen);

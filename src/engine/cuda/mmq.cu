@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "engine/cuda/dequant.cuh"
+#include "engine/cuda/mmq_i8.cuh"
 
 #define MQ_BM 64
 #define MQ_BK 128
@@ -81,7 +82,10 @@ size_t gpe_cuda_mmq_part_floats(int64_t n_rows, int64_t n_cols, int n_tok)
 {
     int per;
     const int s = mmq_splits(n_rows, n_cols, n_tok, &per);
-    return s > 1 ? (size_t)s * (size_t)n_tok * (size_t)n_rows : 0;
+    const size_t f16 = s > 1 ? (size_t)s * (size_t)n_tok * (size_t)n_rows : 0;
+    /* the int8 path (mmq_i8.cuh) shares the scratch */
+    const size_t i8 = gpe_cuda_mmq_i8_part_floats(n_rows, n_cols, n_tok);
+    return f16 > i8 ? f16 : i8;
 }
 
 /* Step 1: chunk g of a row is value chunk g % CPB of block g / CPB; a step

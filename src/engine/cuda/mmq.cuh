@@ -33,8 +33,9 @@ int gpe_cuda_mmq_max(void);
 bool gpe_cuda_mmq_takes(const gpe_cuda_weight *w, int n_tok);
 
 /* Floats of split scratch the product of w with n_tok tokens needs (0:
- * none). The caller sizes mm->mmq_part with the largest over its weights
- * and batch sizes; the launch uses the same rule. */
+ * none), on this path or the int8 one (mmq_i8.cuh). The caller sizes
+ * mm->mmq_part with the largest over its weights and batch sizes; the
+ * launches use the same rules. */
 size_t gpe_cuda_mmq_part_floats(int64_t n_rows, int64_t n_cols, int n_tok);
 
 /* y = x w^T on mm->stream; mm->xh must hold x converted to F16 (n_tok x

@@ -13,6 +13,7 @@
 #include "engine/cuda/fused.cuh"
 #include "engine/cuda/matmul.cuh"
 #include "engine/cuda/mmq.cuh"
+#include "engine/cuda/mmq_i8.cuh"
 #include "engine/cuda/mmvq.cuh"
 #include "engine/cuda/norm.cuh"
 #include "engine/cuda/rope.cuh"
@@ -153,6 +154,11 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
     if ((st = gpe_cuda_matmul(&mm, &cw, d_x, n_tok, d_y, n_rows, force_gemm, err, errlen)))
         return st;
     return finish(a, y, d_y, yb, err, errlen);
+}
+
+bool gpe_cuda_test_mmq_i8(gpe_type t)
+{
+    return gpe_cuda_mmq_i8_takes(t);
 }
 
 bool gpe_cuda_test_matvec_q8(gpe_type t)

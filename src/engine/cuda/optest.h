@@ -31,6 +31,12 @@ gpe_status gpe_cuda_test_matmul(gpe_type t, const void *w, int64_t n_rows, int64
                                 const float *x, int n_tok, bool force_gemm, float *y,
                                 char *err, size_t errlen);
 
+/* true when the small-batch GEMM path (9..64 tokens, not forced to GEMM)
+ * of weights of type t is the int8 one (mmq_i8.cuh), which rounds the
+ * activations as the dp4a mat-vec does: a type it takes, a device of
+ * compute capability >= 8.0, not GPUPOOL_CUDA_MMQ_I8=0. */
+bool gpe_cuda_test_mmq_i8(gpe_type t);
+
 /* true when the mat-vec path (n_tok <= 8, not forced to GEMM) of weights
  * of type t rounds the activations to int8 blocks of 32 (mmvq.cuh): the
  * dp4a kernels, unless GPUPOOL_CUDA_MMV=legacy. */

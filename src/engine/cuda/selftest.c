@@ -578,7 +578,7 @@ static void matmul_ref(const float *deq, const float *x, int n_tok, int rows, in
 
 static void check_matmul_ops(report *rep, rng *r)
 {
-    enum { ROWS = 37, COLS = 512, MAXT = 40 };
+    enum { ROWS = 37, COLS = 512, MAXT = 64 };
     char msg[256], name[64];
     gpe_weight w;
     gpe_st_model holder;
@@ -613,31 +613,35 @@ static void check_matmul_ops(report *rep, rng *r)
                   TH_EXACT);
 
         matmul_ref(deq, x, MAXT, ROWS, COLS, ref);
-        const bool q8 = gpe_cuda_test_matvec_q8(t);
-        if (q8)
-            matmul_ref(deq, x8, GPE_CUDA_MMV_MAX_ST, ROWS, COLS, ref8);
+        const bool q8 = gpe_cuda_test_matvec_q8(t), i8 = gpe_cuda_test_mmq_i8(t);
+        if (q8 || i8)
+            matmul_ref(deq, x8, MAXT, ROWS, COLS, ref8);
         /* mat-vec up to 8 tokens; the cuBLAS GEMM (forced) at 8 and 13;
-         * 13 and 40 unforced: the small-batch GEMM (mmq.cuh) on F16 and
-         * quantized types (one and two token tiles, split sums), the
-         * cuBLAS GEMM on F32/BF16 */
+         * 9..64 unforced: the small-batch GEMM on F16 and quantized types
+         * (mmq.cuh, or mmq_i8.cuh on the types it takes: one and two token
+         * tiles, partial and whole, split sums), the cuBLAS GEMM on
+         * F32/BF16 */
         static const struct { int n; bool gemm; } cases[] = {
-            { 1, false }, { 3, false }, { 8, false }, { 8, true }, { 13, true }, { 13, false },
-            { 40, false } };
+            { 1, false },  { 3, false },  { 8, false },  { 8, true },  { 13, true },
+            { 9, false },  { 13, false }, { 32, false }, { 40, false }, { 64, false } };
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             const bool gemm = cases[c].gemm, mv = !gemm && cases[c].n <= GPE_CUDA_MMV_MAX_ST;
             const bool f32 = t == GPE_TYPE_F32 || t == GPE_TYPE_BF16;
+            const bool mq = !gemm && !mv && !f32;
+            /* the int8 paths: reference on the rounded x, F32 threshold */
+            const bool rounded = (q8 && mv) || (i8 && mq);
             snprintf(name, sizeof name, "%s %s x%d",
-                     mv ? "matvec" : (gemm || f32) ? "gemm" : "mmq", gpe_type_name(t),
+                     mv ? "matvec" : !mq ? "gemm" : i8 ? "mmq_i8" : "mmq", gpe_type_name(t),
                      cases[c].n);
             st = gpe_cuda_test_matmul(t, w.data, ROWS, COLS, x, cases[c].n, gemm, y, msg,
                                       sizeof msg);
-            const double th = (!mv && !f32) ? TH_GEMM_F16 : TH_F32;
-            const float *want = (q8 && mv) ? ref8 : ref;
+            const double th = rounded ? TH_F32 : (!mv && !f32) ? TH_GEMM_F16 : TH_F32;
+            const float *want = rounded ? ref8 : ref;
             rep_check(rep, name, st, msg,
                       st ? 0 : gpe_st_nmse(y, want, (size_t)cases[c].n * ROWS), th);
-            if (q8 && mv && st == GPE_OK) {
-                snprintf(name, sizeof name, "matvec %s x%d vs f32 x", gpe_type_name(t),
-                         cases[c].n);
+            if (rounded && st == GPE_OK) {
+                snprintf(name, sizeof name, "%s %s x%d vs f32 x", mv ? "matvec" : "mmq_i8",
+                         gpe_type_name(t), cases[c].n);
                 rep_check(rep, name, st, msg, gpe_st_nmse(y, ref, (size_t)cases[c].n * ROWS),
                           TH_Q8_ACT);
             }
@@ -654,39 +658,65 @@ done:
     free(ref8);
 }
 
-/* The small-batch GEMM's tails: 70 rows (a second, partial tile of 64)
- * and 160 columns (a partial step of 128) on the 32-value types. */
+/* The small-batch GEMMs' tails: 70 rows (a second, partial tile of 64),
+ * 160 columns on the 32-value types (a partial step: of 128 columns in
+ * mmq.cu, of 256 in mmq_i8.cu), 768 on the K-quants (three steps of 256:
+ * split sums in mmq_i8.cu), and 9, 40 and 64 tokens (partial and whole
+ * token tiles of 32 and 64). The int8 path is held to the mat-vec's
+ * thresholds: F32 against the rounded x, TH_Q8_ACT against x. */
 static void check_mmq_tails(report *rep, rng *r)
 {
-    enum { ROWS = 70, COLS = 160, T = 40 };
-    static const gpe_type types[] = { GPE_TYPE_F16, GPE_TYPE_Q8_0, GPE_TYPE_Q4_0 };
+    enum { ROWS = 70, MAXC = 768, MAXT = 64 };
+    static const struct { gpe_type t; int cols; } types[] = {
+        { GPE_TYPE_F16, 160 },  { GPE_TYPE_Q8_0, 160 }, { GPE_TYPE_Q4_0, 160 },
+        { GPE_TYPE_Q4_K, 768 }, { GPE_TYPE_Q6_K, 768 } };
+    static const int toks[] = { 9, 40, 64 };
     char msg[256], name[64];
     gpe_weight w;
     gpe_st_model holder;
     memset(&holder, 0, sizeof holder);
-    float *x = malloc(sizeof(float) * T * COLS), *y = malloc(sizeof(float) * T * ROWS);
-    float *ref = malloc(sizeof(float) * T * ROWS), *deq = malloc(sizeof(float) * ROWS * COLS);
-    if (!x || !y || !ref || !deq) {
+    float *x = malloc(sizeof(float) * MAXT * MAXC), *y = malloc(sizeof(float) * MAXT * ROWS);
+    float *ref = malloc(sizeof(float) * MAXT * ROWS), *deq = malloc(sizeof(float) * ROWS * MAXC);
+    float *x8 = malloc(sizeof(float) * MAXT * MAXC);
+    float *ref8 = malloc(sizeof(float) * MAXT * ROWS);
+    if (!x || !y || !ref || !deq || !x8 || !ref8) {
         rep_check(rep, "mmq tails", GPE_ERR_NOMEM, "out of memory", 0, 0);
         goto done;
     }
-    for (int i = 0; i < T * COLS; i++)
+    for (int i = 0; i < MAXT * MAXC; i++)
         x[i] = rng_f(r);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const gpe_type t = types[ti].t;
+        const int cols = types[ti].cols;
+        const bool i8 = gpe_cuda_test_mmq_i8(t);
         gpe_st_model_free(&holder);
-        snprintf(name, sizeof name, "mmq %s %dx%d x%d", gpe_type_name(types[ti]), ROWS, COLS, T);
-        if (!st_weight(&holder, &w, types[ti], ROWS, COLS, r)) {
-            rep_check(rep, name, GPE_ERR_NOMEM, "out of memory", 0, 0);
+        if (!st_weight(&holder, &w, t, ROWS, cols, r)) {
+            rep_check(rep, "mmq tails", GPE_ERR_NOMEM, "out of memory", 0, 0);
             continue;
         }
         for (int i = 0; i < ROWS; i++)
-            gpe_dequantize_row(types[ti], (const uint8_t *)w.data + (size_t)i * w.row_bytes,
-                               deq + (size_t)i * COLS, COLS);
-        matmul_ref(deq, x, T, ROWS, COLS, ref);
-        gpe_status st = gpe_cuda_test_matmul(types[ti], w.data, ROWS, COLS, x, T, false, y, msg,
-                                             sizeof msg);
-        rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(y, ref, (size_t)T * ROWS),
-                  TH_GEMM_F16);
+            gpe_dequantize_row(t, (const uint8_t *)w.data + (size_t)i * w.row_bytes,
+                               deq + (size_t)i * cols, cols);
+        /* x as MAXT rows of cols values */
+        matmul_ref(deq, x, MAXT, ROWS, cols, ref);
+        q8_round(x, x8, (size_t)MAXT * cols);
+        matmul_ref(deq, x8, MAXT, ROWS, cols, ref8);
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            const int T = toks[k];
+            const char *path = i8 ? "mmq_i8" : "mmq";
+            snprintf(name, sizeof name, "%s %s %dx%d x%d", path, gpe_type_name(t), ROWS, cols,
+                     T);
+            gpe_status st =
+                gpe_cuda_test_matmul(t, w.data, ROWS, cols, x, T, false, y, msg, sizeof msg);
+            const size_t n = (size_t)T * ROWS;
+            rep_check(rep, name, st, msg, st ? 0 : gpe_st_nmse(y, i8 ? ref8 : ref, n),
+                      i8 ? TH_F32 : TH_GEMM_F16);
+            if (i8 && st == GPE_OK) {
+                snprintf(name, sizeof name, "%s %s %dx%d x%d vs f32 x", path, gpe_type_name(t),
+                         ROWS, cols, T);
+                rep_check(rep, name, st, msg, gpe_st_nmse(y, ref, n), TH_Q8_ACT);
+            }
+        }
     }
 done:
     gpe_st_model_free(&holder);
@@ -694,6 +724,8 @@ done:
     free(y);
     free(ref);
     free(deq);
+    free(x8);
+    free(ref8);
 }
 
 /* The activations of a fused step on the host, in double, before the
