@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(AT_P_WARPS *GPE_WARP) at_prefill_kernel(gpe_cu
  * the cache lines are shared through L1), V rows by the whole warp.
  * n_split 1: rows written to out; else (m, l, unnormalised acc) to the
  * scratch for at_combine_kernel.
- * FAST (the default; GPUPOOL_CUDA_ATTN=split-all: off): a split that holds
+ * FAST (GPUPOOL_CUDA_ATTN=short; off by default): a split that holds
  * none of the token's keys returns at once (its part is never read: the
  * combine takes the token's splits only), the split that holds all of them
  * writes out itself (the combine skips the token), and the K and V loads
@@ -549,7 +549,11 @@ __global__ void __launch_bounds__(AT_P_WARPS *GPE_WARP) at_prefill_kernel(gpe_cu
  * context (fewer than 10 keys) at 8.5 us per layer on an H200 without it;
  * the code shows why (not yet measured apart): every split loaded q,
  * merged and stored an empty part, and the one busy warp waited on ~40
- * dependent loads. */
+ * dependent loads. Measured on an H200 (7B Q4_K_M, same run): tg128 356.0
+ * with FAST against 347.5 without, but tg128 after 8,192 tokens of
+ * context 192.1 against 216.4 (its unrolled loads take 88-179 registers
+ * against 40-136: fewer blocks resident over a long context), so the
+ * default stays without FAST until a variant wins at both. */
 template <typename T, int RW, int NC, bool FAST>
 __global__ void __launch_bounds__(AT_D_WARPS *GPE_WARP) at_decode_kernel(gpe_cuda_attn_args a,
                                                                         int chunk, int n_split)
@@ -696,15 +700,15 @@ size_t gpe_cuda_attn_part_floats(int n_head, int head_dim)
 }
 
 /* GPUPOOL_CUDA_ATTN, read once per process: "legacy" (every shape on
- * at_legacy_kernel), "split-all" (the decode kernel without FAST), else
- * the default. */
+ * at_legacy_kernel), "short" (the decode kernel with FAST), else the
+ * default (the decode kernel without FAST). */
 static const char *at_mode(void)
 {
     static const char *mode = [] {
         const char *e = getenv("GPUPOOL_CUDA_ATTN");
-        return e && strcmp(e, "legacy") == 0      ? "legacy"
-               : e && strcmp(e, "split-all") == 0 ? "split-all"
-                                                  : "";
+        return e && strcmp(e, "legacy") == 0  ? "legacy"
+               : e && strcmp(e, "short") == 0 ? "short"
+                                              : "";
     }();
     return mode;
 }
@@ -761,10 +765,10 @@ static void at_decode(const gpe_cuda_attn_args *a, cudaStream_t stream)
         }
     }
     const dim3 grid((unsigned)a->n_tok, (unsigned)a->n_head_kv, (unsigned)n_split);
-    if (strcmp(at_mode(), "split-all") == 0)
-        at_decode_fast<T, false>(a, grid, chunk, n_split, stream);
-    else
+    if (strcmp(at_mode(), "short") == 0)
         at_decode_fast<T, true>(a, grid, chunk, n_split, stream);
+    else
+        at_decode_fast<T, false>(a, grid, chunk, n_split, stream);
 }
 
 template <typename T>

@@ -49,9 +49,10 @@ size_t gpe_cuda_attn_part_floats(int n_head, int head_dim);
  * never on the positions, so a decode step stays valid in a CUDA graph.
  * GPUPOOL_CUDA_ATTN=legacy (read once per process) selects the first
  * kernel (one block per token and head) for every shape;
- * GPUPOOL_CUDA_ATTN=split-all the decode path before its short-context
- * work (every key split runs its setup and the combine reads them all;
- * loads one at a time), for comparison. */
+ * GPUPOOL_CUDA_ATTN=short the decode path with its short-context work
+ * (empty key splits leave at once, a lone split writes the output, loads
+ * several at a time): faster below ~256 positions, slower at 8k (more
+ * registers), so not the default. */
 void gpe_cuda_attention(const gpe_cuda_attn_args *a, cudaStream_t stream);
 
 #endif
