@@ -144,6 +144,10 @@ typedef struct oai_job {
      * the streams already relaying (OAI_PRI_NEW) until its first bytes. */
     bool unanswered;
     bool demote_queued;     /* on the loop's demote list */
+    /* The socket libcurl last asked us to watch for this transfer
+     * (on_curl_socket), or CURL_SOCKET_BAD: libcurl's ACTIVESOCKET names
+     * a transfer's connection only once it has ended. */
+    curl_socket_t sock;
     /* The job ended at [DONE] (its terminal events are sent; nothing
      * reaches the sink again) and its transfer only reads the body's end,
      * so that the connection is kept for the next job. */
@@ -484,6 +488,7 @@ static int xfer_start(oai_backend *b, oai_job *j, const char *url, const char *b
     }
     j->easy = easy;
     j->unanswered = true;
+    j->sock = CURL_SOCKET_BAD;
     return 0;
 }
 
@@ -737,9 +742,8 @@ static void xfer_done_early(oai_backend *b, oai_job *j)
  * readable shows again on the next look). */
 static void sock_demote(oai_backend *b, oai_job *j)
 {
-    curl_socket_t s = CURL_SOCKET_BAD;
-    if (!j->easy || curl_easy_getinfo(j->easy, CURLINFO_ACTIVESOCKET, &s) != CURLE_OK ||
-        s == CURL_SOCKET_BAD || s < 0 || s >= b->n_sock_ev)
+    const curl_socket_t s = j->sock;
+    if (!j->easy || s == CURL_SOCKET_BAD || s < 0 || s >= b->n_sock_ev)
         return;
     struct event *ev = b->sock_ev[s];
     if (!ev || event_get_priority(ev) == OAI_PRI_RELAY)
@@ -858,8 +862,10 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         return -1;
     char *priv = NULL;
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
-    const oai_job *j = (const oai_job *)priv;
+    oai_job *j = (oai_job *)priv;
     int pri = j && j->unanswered ? OAI_PRI_NEW : OAI_PRI_RELAY;
+    if (j)
+        j->sock = s; /* for sock_demote */
     short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
                          ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
     if (ev) {

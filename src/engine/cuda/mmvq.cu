@@ -443,10 +443,15 @@ static bool mmvq_pdl_on(void)
     static const bool on = [] {
         const char *e = getenv("GPUPOOL_CUDA_PDL");
         int dev = 0, major = 0;
-        return e && strcmp(e, "1") == 0 && cudaGetDevice(&dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                   cudaSuccess &&
-               major >= 9;
+        if (!e || strcmp(e, "1") != 0)
+            return false;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
+                cudaSuccess) {
+            (void)cudaGetLastError(); /* not the next launch's error */
+            return false;
+        }
+        return major >= 9;
     }();
     return on;
 }
