@@ -54,19 +54,18 @@ bool gpe_cuda_mmq_takes(const gpe_cuda_weight *w, int n_tok)
            w->n_cols % 8 == 0 && w->n_rows <= (int64_t)INT32_MAX;
 }
 
-/* Tokens per block tile. */
-static int mmq_bn(int n_tok)
+int gpe_cuda_mmq_tile_tokens(int n_tok)
 {
     return n_tok > 32 ? 64 : 32;
 }
 
-/* Column splits of the product: enough blocks to fill the GPU, each split
- * a whole number of steps. *steps_per: steps of MQ_BK columns per split. */
-static int mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int *steps_per)
+int gpe_cuda_mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int bm, int bk,
+                        int *steps_per)
 {
-    const int64_t blocks = (int64_t)gpe_cuda_div_up((size_t)n_rows, MQ_BM) *
-                           (int64_t)gpe_cuda_div_up((size_t)n_tok, (size_t)mmq_bn(n_tok));
-    const int steps = (int)gpe_cuda_div_up((size_t)n_cols, MQ_BK);
+    const int64_t blocks = (int64_t)gpe_cuda_div_up((size_t)n_rows, (size_t)bm) *
+                           (int64_t)gpe_cuda_div_up((size_t)n_tok,
+                                                    (size_t)gpe_cuda_mmq_tile_tokens(n_tok));
+    const int steps = (int)gpe_cuda_div_up((size_t)n_cols, (size_t)bk);
     int s = (int)((MQ_TARGET_BLOCKS + blocks - 1) / blocks);
     if (s > MQ_MAX_SPLITS)
         s = MQ_MAX_SPLITS;
@@ -81,7 +80,7 @@ static int mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int *steps_per)
 size_t gpe_cuda_mmq_part_floats(int64_t n_rows, int64_t n_cols, int n_tok)
 {
     int per;
-    const int s = mmq_splits(n_rows, n_cols, n_tok, &per);
+    const int s = gpe_cuda_mmq_splits(n_rows, n_cols, n_tok, MQ_BM, MQ_BK, &per);
     const size_t f16 = s > 1 ? (size_t)s * (size_t)n_tok * (size_t)n_rows : 0;
     /* the int8 path (mmq_i8.cuh) shares the scratch */
     const size_t i8 = gpe_cuda_mmq_i8_part_floats(n_rows, n_cols, n_tok);
@@ -211,9 +210,9 @@ void gpe_cuda_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, fl
                   int64_t ldy)
 {
     int per;
-    const int n_split = mmq_splits(w->n_rows, w->n_cols, n_tok, &per);
+    const int n_split = gpe_cuda_mmq_splits(w->n_rows, w->n_cols, n_tok, MQ_BM, MQ_BK, &per);
     float *part = n_split > 1 ? mm->mmq_part : NULL;
-    const int bn = mmq_bn(n_tok), nt = MQ_WARPS * GPE_WARP;
+    const int bn = gpe_cuda_mmq_tile_tokens(n_tok), nt = MQ_WARPS * GPE_WARP;
     const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MQ_BM),
                     gpe_cuda_div_up((size_t)n_tok, (size_t)bn), (unsigned)n_split);
 #define MQ_LAUNCH(T)                                                                          \

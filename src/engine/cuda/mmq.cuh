@@ -32,6 +32,14 @@ int gpe_cuda_mmq_max(void);
 /* true when the path takes this weight for n_tok tokens (type, shape). */
 bool gpe_cuda_mmq_takes(const gpe_cuda_weight *w, int n_tok);
 
+/* The rule both small-batch paths (this one and mmq_i8.cuh) share: tokens
+ * per block tile (32, or 64 past 32 tokens), and column splits of a product
+ * with tiles of bm rows and steps of bk columns: enough blocks to fill the
+ * GPU, at most 8 splits, each a whole number of steps (*steps_per). */
+int gpe_cuda_mmq_tile_tokens(int n_tok);
+int gpe_cuda_mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int bm, int bk,
+                        int *steps_per);
+
 /* Floats of split scratch the product of w with n_tok tokens needs (0:
  * none), on this path or the int8 one (mmq_i8.cuh). The caller sizes
  * mm->mmq_part with the largest over its weights and batch sizes; the

@@ -42,8 +42,6 @@
 #define MI_LD (MI_BK + 16)   /* bytes per tile row (bank spread) */
 #define MI_WARPS (MI_BM / 16)
 #define MI_NB (MI_BK / 32)   /* activation blocks per step */
-#define MI_TARGET_BLOCKS 512   /* as mmq.cu */
-#define MI_MAX_SPLITS 8
 
 /* ------------------------------------------------------ weight tiles */
 
@@ -401,32 +399,10 @@ bool gpe_cuda_mmq_i8_takes(gpe_type t)
                   t == GPE_TYPE_Q6_K);
 }
 
-static int mmqi8_bn(int n_tok)
-{
-    return n_tok > 32 ? 64 : 32;
-}
-
-/* Column splits, mmq.cu's rule on steps of MI_BK columns. */
-static int mmqi8_splits(int64_t n_rows, int64_t n_cols, int n_tok, int *steps_per)
-{
-    const int64_t blocks = (int64_t)gpe_cuda_div_up((size_t)n_rows, MI_BM) *
-                           (int64_t)gpe_cuda_div_up((size_t)n_tok, (size_t)mmqi8_bn(n_tok));
-    const int steps = (int)gpe_cuda_div_up((size_t)n_cols, MI_BK);
-    int s = (int)((MI_TARGET_BLOCKS + blocks - 1) / blocks);
-    if (s > MI_MAX_SPLITS)
-        s = MI_MAX_SPLITS;
-    if (s > steps)
-        s = steps;
-    if (s < 1)
-        s = 1;
-    *steps_per = (steps + s - 1) / s;
-    return (steps + *steps_per - 1) / *steps_per;
-}
-
 size_t gpe_cuda_mmq_i8_part_floats(int64_t n_rows, int64_t n_cols, int n_tok)
 {
     int per;
-    const int s = mmqi8_splits(n_rows, n_cols, n_tok, &per);
+    const int s = gpe_cuda_mmq_splits(n_rows, n_cols, n_tok, MI_BM, MI_BK, &per);
     return s > 1 ? (size_t)s * (size_t)n_tok * (size_t)n_rows : 0;
 }
 
@@ -435,7 +411,7 @@ static void mmqi8_launch(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_
                          int64_t ldy, int per, float *part, dim3 grid)
 {
     const int nt = MI_WARPS * GPE_WARP;
-    if (mmqi8_bn(n_tok) == 64)
+    if (gpe_cuda_mmq_tile_tokens(n_tok) == 64)
         mmqi8_kernel<Q, 64><<<grid, nt, 0, mm->stream>>>(w->data, w->row_bytes, w->n_rows,
                                                         w->n_cols, mm->xq, mm->xqd, n_tok, per,
                                                         y, ldy, part);
@@ -449,10 +425,10 @@ void gpe_cuda_mmq_i8(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok,
                      int64_t ldy)
 {
     int per;
-    const int n_split = mmqi8_splits(w->n_rows, w->n_cols, n_tok, &per);
+    const int n_split = gpe_cuda_mmq_splits(w->n_rows, w->n_cols, n_tok, MI_BM, MI_BK, &per);
     float *part = n_split > 1 ? mm->mmq_part : NULL;
     const dim3 grid(gpe_cuda_div_up((size_t)w->n_rows, MI_BM),
-                    gpe_cuda_div_up((size_t)n_tok, (size_t)mmqi8_bn(n_tok)), (unsigned)n_split);
+                    gpe_cuda_div_up((size_t)n_tok, (size_t)gpe_cuda_mmq_tile_tokens(n_tok)), (unsigned)n_split);
     switch (w->type) {   /* the types of gpe_cuda_mmq_i8_takes only */
     case GPE_TYPE_Q4_0: mmqi8_launch<mi_q4_0>(mm, w, n_tok, y, ldy, per, part, grid); break;
     case GPE_TYPE_Q8_0: mmqi8_launch<mi_q8_0>(mm, w, n_tok, y, ldy, per, part, grid); break;
