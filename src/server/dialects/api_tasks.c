@@ -246,6 +246,7 @@ typedef struct follow {
     long long next;               /* the next seq to send */
     long long after;              /* Last-Event-ID */
     bool polling;                 /* a store read in flight (it owns f then) */
+    bool rewake;                  /* woken while polling: read again when it returns */
     bool gone;                    /* the client left while polling: free at the read */
     int finished_polls;
     struct follow *fnext;
@@ -1238,8 +1239,15 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
     bool finished = res->cell[0] != NULL;
     if (f->next > before)
         f->finished_polls = 0; /* the log still grows */
-    if (terminal || (finished && ++f->finished_polls > FOLLOW_FINISHED_POLLS))
+    if (terminal || (finished && ++f->finished_polls > FOLLOW_FINISHED_POLLS)) {
         follow_end(f);
+        return;
+    }
+    if (f->rewake) {
+        f->rewake = false;
+        f->polling = gps_store_task_follow_async(f->g->store, f->id, f->next - 1, follow_done,
+                                                 f) == 0;
+    }
 }
 
 static json_t *status_cold(const gps_store_job_info *j);
@@ -1711,10 +1719,19 @@ static void tasks_woken(void *arg, const char *channel, const char *payload)
     }
     if (strcmp(channel, CH_TASK_JOB) != 0)
         return;
-    for (follow *f = g->follows; f; f = f->fnext)
-        if (!f->polling && !f->gone && strcmp(f->id, payload) == 0)
-            f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done,
-                                                     f) == 0;
+    for (follow *f = g->follows; f; f = f->fnext) {
+        if (f->gone || strcmp(f->id, payload) != 0)
+            continue;
+        if (f->polling) {
+            /* the read in flight may have begun before this write
+             * committed: dropping the wake-up left the follower to its
+             * poll (a hang where polls are off) */
+            f->rewake = true;
+            continue;
+        }
+        f->polling = gps_store_task_follow_async(g->store, f->id, f->next - 1, follow_done,
+                                                 f) == 0;
+    }
     uint64_t now = gp_now_mono_us();
     for (cwait *w = g->cwaits; w; w = w->next)
         if (!w->polling && w->deadline_us && w->held.req && now < w->deadline_us &&
