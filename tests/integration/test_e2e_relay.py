@@ -143,7 +143,8 @@ class RelayTest(harness.TestCase):
 
     def test_429_when_queue_full(self):
         srv = self.pool(up_args=("--tokens", "2", "--first-delay-ms", "60000"),
-                        server_args=["--max_queue", "1", "--queue_timeout_sec", "60"])
+                        server_args=["--max_queue", "1", "--queue_timeout_sec", "60",
+                                     "--log_level", "debug"])  # job_submitted is a debug line
         results = []
 
         def bg(i):

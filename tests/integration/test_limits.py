@@ -41,7 +41,9 @@ class LimitsTest(harness.TestCase):
 
     def pool(self, db, agent_key, up_args=("--tokens", "6"), slots=4, port=0):
         self.up = self.h.start_upstream(list(up_args))
-        srv = self.h.start_server(FAST, db=db, port=port)
+        # debug: test_max_concurrent_waits_in_queue reads job_submitted and
+        # job_assigned, which are debug lines
+        srv = self.h.start_server(FAST + ["--log_level", "debug"], db=db, port=port)
         self.h.start_agent(srv, upstream=self.up, model="m1", slots=slots, token=agent_key)
         return srv
 

@@ -41,7 +41,9 @@ class PoolOfPools(harness.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.inner = self.h.start_server(["--poll_interval_sec", "1"], name="inner")
+        # (job_submitted, read by inner_job, is a debug line)
+        self.inner = self.h.start_server(["--poll_interval_sec", "1", "--log_level", "debug"],
+                                         name="inner")
         self.gguf = self.h.start_agent(self.inner, slots=2, alias="tiny",
                            args=["--model", MODEL, "--threads", "1"], name="gguf")
         self.inner.wait_model("tiny")

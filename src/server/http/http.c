@@ -731,6 +731,7 @@ struct gps_conn {
     size_t reserved;                   /* our share of h->inflight */
     size_t reserved_unauth;            /* ... and of h->inflight_unauth */
     unsigned char peer[16];            /* the peer's address (IPv4 mapped), for per-peer bounds */
+    bool peer_v4;                      /* the socket is AF_INET (peer + 12 is its address) */
     bool has_peer;
     /* What dispatch must know. */
     int refuse;                        /* HTTP status, 0 = accepted */
@@ -989,18 +990,17 @@ static void client_addr(const gps_http *h, const char *peer, const char *xff, ch
     }
 }
 
-/* The numeric address of fd's peer ("" when unknown). */
-static void peer_of_fd(evutil_socket_t fd, char *out, size_t outlen)
+/* The numeric address of the connection's peer ("" when unknown): from
+ * the address conn_attach read once, not a getpeername per request. */
+static void peer_text(const gps_conn *c, char *out, size_t outlen)
 {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
     out[0] = '\0';
-    if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &sl) < 0)
+    if (!c->has_peer)
         return;
-    if (ss.ss_family == AF_INET)
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)outlen);
-    else if (ss.ss_family == AF_INET6)
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)outlen);
+    if (c->peer_v4)
+        inet_ntop(AF_INET, c->peer + 12, out, (socklen_t)outlen);
+    else
+        inet_ntop(AF_INET6, c->peer, out, (socklen_t)outlen);
 }
 
 static const char *blank_to_null(const char *s, bool present)
@@ -1155,7 +1155,7 @@ static bool decide(gps_conn *c, const gps_head *hd)
         if (!cred && route->dialect == GPS_DIALECT_ANTHROPIC)
             cred = blank_to_null(hd->api_key, hd->has_api_key);
         char peer[INET6_ADDRSTRLEN], client[256];
-        peer_of_fd(bufferevent_getfd(c->bev), peer, sizeof peer);
+        peer_text(c, peer, sizeof peer);
         client_addr(h, peer, hd->xff, client, sizeof client);
         int st = h->auth(h->auth_arg, cred, route->role, c->key_id, client);
         if (st != 0) {
@@ -1616,6 +1616,7 @@ static bool conn_attach(gps_conn *c, struct evhttp_connection *evcon)
             memcpy(c->peer, mapped, 12);
             memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
             c->has_peer = true;
+            c->peer_v4 = true;
         }
     }
     if (conn_table_put(c->h, c->fd, c) < 0) {

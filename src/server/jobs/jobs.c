@@ -990,11 +990,13 @@ static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char 
 
 /* Mark job as given to agent a (the scheduler already counted the slot). */
 /*
- * The fields of the three log lines every job writes (job_submitted,
- * job_assigned, job_done): one object per line kind, kept by the table and
+ * The fields of the three log lines every job writes (job_submitted and
+ * job_assigned at debug, job_done at info: one line a request at the
+ * default level, as an access log; three were 9 % of the server's CPU at
+ * 64 zero-delay clients, and journald drops a service's lines past 10,000
+ * in 30 s): one object per line kind, kept by the table and
  * refilled in place, its keys made by the first line in the order below,
- * rather than a json_pack per line (~7,000 instructions each, three a
- * request at the default level; issue 24). The line is the one the
+ * rather than a json_pack per line (~7,000 instructions each; issue 24). The line is the one the
  * json_pack object wrote; a value jansson refuses (not UTF-8) drops the
  * fields, as a failed json_pack did. log_fields returns the object to
  * refill (borrowed), lf_str/lf_int/lf_bool set one field and say whether
@@ -1061,11 +1063,11 @@ static void mark_assigned(gps_jobs *j, gps_job *job, registry_agent *a)
     job->agent_bytes = 0;
     job->metrics_relayed = 0;
     continuation_plan(job, a);
-    if (gp_log_enabled(GP_LOG_INFO)) {
+    if (gp_log_enabled(GP_LOG_DEBUG)) {
         json_t *f = log_fields(&j->log_assigned);
         bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", a->id) &&
                   lf_int(f, "attempt", job->attempts) && lf_int(f, "queue_ms", job->queue_ms);
-        gp_log_write(GP_LOG_INFO, "job_assigned", job->correlation_id, log_fields_ref(f, ok),
+        gp_log_write(GP_LOG_DEBUG, "job_assigned", job->correlation_id, log_fields_ref(f, ok),
                      "job assigned");
     }
     persist(j, job);
@@ -1238,7 +1240,7 @@ static void requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
 
 static void log_submitted(gps_jobs *j, const gps_job *job, bool held)
 {
-    if (!gp_log_enabled(GP_LOG_INFO))
+    if (!gp_log_enabled(GP_LOG_DEBUG))
         return;
     json_t *f = log_fields(&j->log_submitted);
     bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "model", job->spec.model) &&
@@ -1254,7 +1256,7 @@ static void log_submitted(gps_jobs *j, const gps_job *job, bool held)
         json_object_del(f, "session"); /* (json_string refused it: the key left out) */
     else if (ok && !session)
         json_object_del(f, "session");
-    gp_log_write(GP_LOG_INFO, "job_submitted", job->correlation_id, log_fields_ref(f, ok),
+    gp_log_write(GP_LOG_DEBUG, "job_submitted", job->correlation_id, log_fields_ref(f, ok),
                  held ? "job submitted; waiting for a slot of its key (max_concurrent)"
                       : "job submitted");
 }
@@ -1626,8 +1628,10 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
              finish_reason ? finish_reason : "stop");
     finish(j, job, GPS_JOB_DONE);
     gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
-                 json_pack("{s:s,s:s,s:I,s:s,s:b}", "job_id", job->id, "agent_id",
-                           job->agent_id, "completion_tokens",
+                 json_pack("{s:s,s:s,s:s,s:I,s:I,s:s,s:b}", "job_id", job->id, "model",
+                           job->spec.model, "agent_id", job->agent_id, "ms",
+                           (json_int_t)((job->finished_us - job->created_us) / 1000),
+                           "completion_tokens",
                            (json_int_t)job->completion_tokens, "finish_reason",
                            job->finish_reason, "early", 1),
                  "job finished by the server (stop sequence)");
@@ -2510,7 +2514,9 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
         finish(j, job, GPS_JOB_DONE);
         if (gp_log_enabled(GP_LOG_INFO)) {
             json_t *f = log_fields(&j->log_done);
-            bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "agent_id", job->agent_id) &&
+            bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "model", job->spec.model) &&
+                      lf_str(f, "agent_id", job->agent_id) &&
+                      lf_int(f, "ms", (long long)((job->finished_us - job->created_us) / 1000)) &&
                       lf_int(f, "prompt_tokens", job->prompt_tokens) &&
                       lf_int(f, "completion_tokens", job->completion_tokens) &&
                       lf_str(f, "finish_reason", job->finish_reason);
