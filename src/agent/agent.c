@@ -165,6 +165,8 @@ struct agent {
     bool no_liveness;       /* the server refused free_slots 0 (older server) */
     gp_buf live_ids;        /* running_jobs of the long-poll as JSON text (no brackets) */
     bool live_dirty;        /* a job came or went, or cur moved: live_ids is stale */
+    uint64_t live_sent_ms;  /* when a long-poll last carried running_jobs (0: never,
+                               or cur moved): see AGENT_LIVE_LIST_MS */
     char instance[33];      /* random per process: the server tells restarts apart */
     char delivery_seen[65]; /* `delivery` of the last work reply processed */
     uint64_t next_poll_ms;
@@ -840,6 +842,7 @@ static void server_switch(agent *a, const char *what, const char *detail, bool q
     a->server_drain = false;   /* an operator's drain on the old server stays there */
     a->prefix_reported = false;
     a->live_dirty = true;       /* its running_jobs are another list */
+    a->live_sent_ms = 0;        /* ... which the new server's first long-poll carries */
     a->delivery_seen[0] = '\0'; /* the old server's delivery numbers */
 }
 
@@ -1280,6 +1283,20 @@ static json_t *prefix_facts(agent *a)
     return pc;
 }
 
+/*
+ * How often a long-poll lists the jobs the agent holds (running_jobs, with
+ * delivery_seen), once it holds more than a few. The list tells the server
+ * nothing it lacks unless a job vanished without its end (the server learns
+ * every end from the uploads), and its stall timers run for a minute; but a
+ * busy agent re-parks after every reply, and at 1,000 paced streams each of
+ * hundreds of long-polls a second carried 1,000 ids (~40 KB) that the server
+ * parsed and judged against every job: 13 % of its CPU. So: every long-poll
+ * while the list is short, else one a second at most (docs/protocol.md
+ * "Liveness"). /agents/poll always lists them.
+ */
+#define AGENT_LIVE_LIST_MS 1000
+#define AGENT_LIVE_LIST_SMALL 16
+
 /* running_jobs of the server polled now as JSON text (without brackets),
  * rebuilt only when a job came or went or the server changed: a jansson
  * array of every job, dumped on every long-poll, was ~8,000 instructions a
@@ -1307,25 +1324,34 @@ static int live_ids_text(agent *a)
 
 /* The long-poll's body as json_pack and add_liveness made it, written as
  * text: {"agent_id":..,"free_slots":N,"instance":..,"running_jobs":[..],
- * "delivery_seen":..,"prefix_cache":{..}}. Owned text, or NULL. */
+ * "delivery_seen":..,"prefix_cache":{..}}; running_jobs and delivery_seen
+ * only when the list is due (AGENT_LIVE_LIST_MS). Owned text, or NULL. */
 static char *work_body(agent *a, int free_slots, size_t *len)
 {
     gp_buf b;
     gp_buf_init(&b);
     json_t *pc = prefix_facts(a);
-    int rc = live_ids_text(a) < 0 || gp_buf_append(&b, "{\"agent_id\":", 12) < 0 ||
+    uint64_t now = gp_now_mono_ms();
+    bool list = a->n_jobs <= AGENT_LIVE_LIST_SMALL || a->live_sent_ms == 0 ||
+                now - a->live_sent_ms >= AGENT_LIVE_LIST_MS;
+    int rc = (list && live_ids_text(a) < 0) || gp_buf_append(&b, "{\"agent_id\":", 12) < 0 ||
                      gp_json_str_append(&b, a->id) < 0 ||
                      gp_buf_append(&b, ",\"free_slots\":", 14) < 0 ||
                      gp_buf_append_int(&b, free_slots) < 0 ||
                      gp_buf_append(&b, ",\"instance\":", 12) < 0 ||
-                     gp_json_str_append(&b, a->instance) < 0 ||
-                     gp_buf_append(&b, ",\"running_jobs\":[", 17) < 0 ||
+                     gp_json_str_append(&b, a->instance) < 0
+                 ? -1
+                 : 0;
+    if (rc == 0 && list) {
+        rc = gp_buf_append(&b, ",\"running_jobs\":[", 17) < 0 ||
                      gp_buf_append(&b, a->live_ids.data ? a->live_ids.data : "",
                                    a->live_ids.len) < 0 ||
                      gp_buf_append(&b, "]", 1) < 0
                  ? -1
                  : 0;
-    if (rc == 0 && a->delivery_seen[0])
+        a->live_sent_ms = now ? now : 1;
+    }
+    if (rc == 0 && list && a->delivery_seen[0])
         rc = gp_buf_append(&b, ",\"delivery_seen\":", 17) < 0 ||
                      gp_json_str_append(&b, a->delivery_seen) < 0
                  ? -1

@@ -34,6 +34,7 @@ class FakeServer:
         self.polls = []            # poll bodies, in order
         self.work_calls = 0
         self.works = []            # work request bodies, in order
+        self.work_times = []       # time.monotonic() at each work request's arrival
         self.deliveries = 0        # work replies with jobs so far
         self.upload_instances = set()  # `instance` of every events upload
         self.jobs_to_give = []     # job objects waiting for a /agents/work
@@ -136,6 +137,7 @@ class FakeServer:
             with self.lock:
                 self.work_calls += 1
                 self.works.append(body)
+                self.work_times.append(time.monotonic())
                 self.lock.notify_all()
                 refuse = self.refuse_free_slots_0 and body.get("free_slots") == 0
             if refuse:
@@ -314,6 +316,45 @@ class AgentProtocolTest(harness.TestCase):
                                         and w["running_jobs"] == []], what="work again")[0]
         self.assertEqual(again["delivery_seen"], "fake.1")
         self.assertEqual(self.fake.upload_instances, {inst})
+
+    def test_long_job_lists_at_most_once_a_second(self):
+        # An agent holding more than 16 jobs lists them (running_jobs, with
+        # delivery_seen) on a long-poll at most once a second: a busy agent
+        # re-parks after every reply, and a list on each was most of the
+        # server's cost of a long-poll at 1,000 streams. /agents/poll still
+        # lists every job, and a long-poll once the second has passed does.
+        up = self.h.start_upstream(["--tokens", "3", "--pace-ms", "5000"])
+        self.start_agent(up, slots=40)
+        self.fake.wait(lambda: self.fake.works, what="first long-poll")
+        ids = ["job_m%02d" % i for i in range(30)]
+        for i, jid in enumerate(ids):
+            n = len(self.fake.works)
+            self.fake.give(job(jid))
+            # each delivery answers the parked long-poll; the agent parks again
+            self.fake.wait(lambda: len(self.fake.works) > n and not self.fake.jobs_to_give,
+                           what="long-poll after job %d" % i)
+        with self.fake.lock:
+            works = list(zip(self.fake.work_times, self.fake.works))
+        # The long-polls made while the agent held more than 16 jobs: after
+        # the 17th delivery (the first long-poll is the one before any).
+        busy = works[18:]
+        self.assertGreaterEqual(len(busy), 10)
+        listed = [t for t, w in busy if "running_jobs" in w]
+        span = busy[-1][0] - busy[0][0]
+        # At most one a second (arrival times jitter: 0.9 s), plus the first.
+        self.assertLessEqual(len(listed), int(span / 0.9) + 2, (len(listed), span))
+        for _, w in busy:
+            self.assertEqual("running_jobs" in w, "delivery_seen" in w, w)
+        # /agents/poll lists every job; so does a long-poll a second on.
+        p = self.fake.wait(lambda: [p for p in self.fake.polls
+                                    if len(p.get("running_jobs") or []) == 30],
+                           timeout=30, what="a poll listing the 30 jobs")[0]
+        self.assertEqual(sorted(p["running_jobs"]), ids)
+        n = len(self.fake.works)
+        w = self.fake.wait(lambda: [w for w in self.fake.works[n:] if "running_jobs" in w],
+                           timeout=30, what="a long-poll listing the jobs")[0]
+        self.assertEqual(sorted(w["running_jobs"]), ids)
+        self.assertEqual(w["delivery_seen"], "fake.30")
 
     def test_older_server_without_liveness(self):
         # A server that refuses free_slots 0: the agent stops asking (one
