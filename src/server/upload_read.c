@@ -693,6 +693,21 @@ static bool other_ev(rd *r, gps_event_in *e, size_t i)
                                                 sizeof msg) == 0;
 }
 
+/* The readers of one event, cheapest first. Each reads the event whole
+ * or fails; the next starts again where the event begins, with the event
+ * and the text as they were (ev_restart). other_ev, the last, takes
+ * anything the event checker accepts. */
+typedef bool (*ev_reader)(rd *r, gps_event_in *e);
+static const ev_reader EV_READERS[] = {token_ev_compact, token_ev, plain_ev};
+
+static void ev_restart(rd *r, gps_event_in *e, const char *at, size_t text_len)
+{
+    r->p = at;
+    r->u->text.len = text_len;
+    memset(e, 0, sizeof *e);
+    e->token_id = -1;
+}
+
 static bool events(rd *r, gps_upload_job *jb)
 {
     gps_upload *u = r->u;
@@ -704,31 +719,19 @@ static bool events(rd *r, gps_upload_job *jb)
     do {
         if (u->n_evs - jb->first >= GPS_AGENT_MAX_EVENTS)
             return false;
-        gps_event_in *e = ev_push(u);
+        gps_event_in *e = ev_push(u); /* (fresh: as ev_restart leaves it) */
         if (!e)
             return false;
         const char *at = r->p;
         size_t tlen = u->text.len;
-        bool read = token_ev_compact(r, e);
-        if (!read) {
-            r->p = at;
-            u->text.len = tlen;
-            memset(e, 0, sizeof *e);
-            e->token_id = -1;
-            read = token_ev(r, e);
+        bool read = false;
+        for (size_t k = 0; !read && k < sizeof EV_READERS / sizeof *EV_READERS; k++) {
+            if (k)
+                ev_restart(r, e, at, tlen);
+            read = EV_READERS[k](r, e);
         }
         if (!read) {
-            r->p = at;
-            u->text.len = tlen;
-            memset(e, 0, sizeof *e);
-            e->token_id = -1;
-            read = plain_ev(r, e);
-        }
-        if (!read) {
-            r->p = at;
-            u->text.len = tlen;
-            memset(e, 0, sizeof *e);
-            e->token_id = -1;
+            ev_restart(r, e, at, tlen);
             if (!other_ev(r, e, u->n_evs - 1 - jb->first))
                 return false;
         }
