@@ -28,8 +28,12 @@
 #   KV=f16            gpupool's KV cache type, f16 (llama.cpp's default) or f32
 #   FA=1              llama.cpp's flash attention (1 on, 0 off)
 #   BACKEND=cpu       gpupool on the CPU instead (to try the script out)
+#   BUDGET_S=N        stop measuring after N seconds (each run gets what is
+#                     left, the rest are skipped) and print the table of what
+#                     finished; SIGTERM/SIGINT (an outer timeout) do the same
 # Output: one markdown table; tg128 also as effective bandwidth (weight
-# bytes x tokens/s: what a decode step has to read). Raw JSON in $MODELS/out.
+# bytes x tokens/s: what a decode step has to read), printed from whatever
+# finished. Raw JSON in $MODELS/out.
 set -uo pipefail
 
 bdir=$(cd "${1:-build}" && pwd) || exit 2
@@ -51,6 +55,18 @@ backend=${BACKEND:-cuda}
 out=$models/out
 mkdir -p "$out"
 rm -f "$out"/*.json
+budget=${BUDGET_S:-0}
+
+# Run one measurement within what is left of BUDGET_S (none: as it is).
+step() {
+    [ "$budget" -gt 0 ] || { "$@"; return; }
+    local left=$((deadline - SECONDS))
+    if [ "$left" -le 2 ]; then
+        echo "cuda-bench: out of time (BUDGET_S=$budget), skipping: ${*##*/}" >&2
+        return 1
+    fi
+    timeout -k 5 "$left" "$@"
+}
 
 gen_pids=()
 for f in $files; do
@@ -70,54 +86,69 @@ for p in "${gen_pids[@]}"; do
     wait "$p" || { echo "cuda-bench: generating a file failed" >&2; exit 1; }
 done
 
-for v in $variants; do
-    label=${v%%=*}; rest=${v#*=}; plugin=${rest%%,*}; settings=
-    [ "$rest" != "$plugin" ] && settings=${rest#*,}
-    for f in $files; do
-        m=$models/$f.gguf
-        (
-            [ "$plugin" != - ] && export GPUPOOL_CUDA_PLUGIN=$plugin
-            IFS=, read -ra kv <<<"$settings"
-            for e in "${kv[@]}"; do
-                case $e in *=*) export "${e?}" ;; ?*) export GPUPOOL_CUDA_MMV="$e" ;; esac
-            done
-            for p in $prompts; do
-                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p "$p" -n 0 $kvopt --json
-            done
-            "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 $kvopt --json
-            for s in $seqs; do
-                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" \
-                    $kvopt --json
-            done
-            for d in $depths; do
-                "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 -d "$d" \
-                    $kvopt --json
-            done
-        ) >"$out/gp.$label.$f.json" 2>"$out/gp.$label.$f.err" ||
-            echo "cuda-bench: $label on $f failed (see $out/gp.$label.$f.err)" >&2
-    done
-done
+deadline=$((SECONDS + budget)) # (from here: the files are made)
 
-if [ -n "${LLAMA_BENCH:-}" ]; then
-    for f in $files; do
-        { "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
-              -p "$(echo ${prompts:-0} | tr ' ' ,)" -n 128 &&
-          if [ -n "$depths" ]; then
-              "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
-                  -p 0 -n 128 -d "$(echo $depths | tr ' ' ,)"
-          fi; } >"$out/lc.$f.json" 2>"$out/lc.$f.err" ||
-            echo "cuda-bench: llama-bench on $f failed" >&2
+measure() {
+    for v in $variants; do
+        label=${v%%=*}; rest=${v#*=}; plugin=${rest%%,*}; settings=
+        [ "$rest" != "$plugin" ] && settings=${rest#*,}
+        for f in $files; do
+            m=$models/$f.gguf
+            (
+                [ "$plugin" != - ] && export GPUPOOL_CUDA_PLUGIN=$plugin
+                IFS=, read -ra kv <<<"$settings"
+                for e in "${kv[@]}"; do
+                    case $e in *=*) export "${e?}" ;; ?*) export GPUPOOL_CUDA_MMV="$e" ;; esac
+                done
+                for p in $prompts; do
+                    step "$run" bench --backend "$backend" -m "$m" -r "$reps" -p "$p" -n 0 $kvopt --json
+                done
+                step "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 $kvopt --json
+                for s in $seqs; do
+                    step "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 64 --seqs "$s" \
+                        $kvopt --json
+                done
+                for d in $depths; do
+                    step "$run" bench --backend "$backend" -m "$m" -r "$reps" -p 0 -n 128 -d "$d" \
+                        $kvopt --json
+                done
+            ) >"$out/gp.$label.$f.json" 2>"$out/gp.$label.$f.err" ||
+                echo "cuda-bench: $label on $f failed (see $out/gp.$label.$f.err)" >&2
+        done
     done
-fi
-if [ -n "${LLAMA_BATCHED_BENCH:-}" ] && [ -n "$seqs" ]; then
-    for f in $files; do
-        "$LLAMA_BATCHED_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$([ "$fa" = 1 ] && echo on || echo off)" \
-            -c 8192 -npp 32 -ntg 64 \
-            -npl "$(echo $seqs | tr ' ' ',')" --output-format jsonl \
-            >"$out/lcb.$f.json" 2>"$out/lcb.$f.err" ||
-            echo "cuda-bench: llama-batched-bench on $f failed" >&2
-    done
-fi
+
+    if [ -n "${LLAMA_BENCH:-}" ]; then
+        for f in $files; do
+            { step "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
+                  -p "$(echo ${prompts:-0} | tr ' ' ,)" -n 128 &&
+              if [ -n "$depths" ]; then
+                  step "$LLAMA_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$fa" -r "$reps" -o jsonl \
+                      -p 0 -n 128 -d "$(echo $depths | tr ' ' ,)"
+              fi; } >"$out/lc.$f.json" 2>"$out/lc.$f.err" ||
+                echo "cuda-bench: llama-bench on $f failed" >&2
+        done
+    fi
+    if [ -n "${LLAMA_BATCHED_BENCH:-}" ] && [ -n "$seqs" ]; then
+        for f in $files; do
+            step "$LLAMA_BATCHED_BENCH" -m "$models/$f.gguf" -ngl 99 -fa "$([ "$fa" = 1 ] && echo on || echo off)" \
+                -c 8192 -npp 32 -ntg 64 \
+                -npl "$(echo $seqs | tr ' ' ',')" --output-format jsonl \
+                >"$out/lcb.$f.json" 2>"$out/lcb.$f.err" ||
+                echo "cuda-bench: llama-batched-bench on $f failed" >&2
+        done
+    fi
+}
+
+# Measured in the background so that a SIGTERM (an outer timeout) is taken
+# at once: the runs in flight are stopped and the table printed from what
+# finished (bash runs a trap only once its foreground command has ended).
+set -m
+measure &
+mpid=$!
+set +m
+trap 'echo "cuda-bench: stopped; the table has what finished" >&2; kill -TERM -- -"$mpid" 2>/dev/null' TERM INT
+wait "$mpid"
+wait "$mpid" 2>/dev/null # (after a signal: until the runs have stopped)
 
 python3 - "$out" "$files" "$variants" "$seqs" "$prompts" "$depths" <<'PY'
 import json, os, sys
