@@ -206,6 +206,14 @@ static __global__ void mmq_reduce_kernel(const float *__restrict__ part, int n_s
     y[t * ldy + r] = s;
 }
 
+void gpe_cuda_mmq_reduce(const gpe_cuda_mm *mm, const float *part, int n_split, int n_tok,
+                         int64_t n_rows, float *y, int64_t ldy)
+{
+    const int64_t n = (int64_t)n_tok * n_rows;
+    mmq_reduce_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(
+        part, n_split, n_tok, n_rows, y, ldy);
+}
+
 void gpe_cuda_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, float *y,
                   int64_t ldy)
 {
@@ -236,9 +244,6 @@ void gpe_cuda_mmq(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok, fl
     default: return;
     }
 #undef MQ_LAUNCH
-    if (part) {
-        const int64_t n = (int64_t)n_tok * w->n_rows;
-        mmq_reduce_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(
-            part, n_split, n_tok, w->n_rows, y, ldy);
-    }
+    if (part)
+        gpe_cuda_mmq_reduce(mm, part, n_split, n_tok, w->n_rows, y, ldy);
 }

@@ -40,6 +40,11 @@ int gpe_cuda_mmq_tile_tokens(int n_tok);
 int gpe_cuda_mmq_splits(int64_t n_rows, int64_t n_cols, int n_tok, int bm, int bk,
                         int *steps_per);
 
+/* The splits' sum, both paths': y[t][r] = sum over the n_split parts of
+ * part[s][t][r] (n_tok x n_rows each), in split order, on mm->stream. */
+void gpe_cuda_mmq_reduce(const gpe_cuda_mm *mm, const float *part, int n_split, int n_tok,
+                         int64_t n_rows, float *y, int64_t ldy);
+
 /* Floats of split scratch the product of w with n_tok tokens needs (0:
  * none), on this path or the int8 one (mmq_i8.cuh). The caller sizes
  * mm->mmq_part with the largest over its weights and batch sizes; the

@@ -360,21 +360,6 @@ __global__ void __launch_bounds__(MI_WARPS *GPE_WARP)
         }
 }
 
-/* y[t][r] = sum over the splits of part[s][t][r], in split order. */
-static __global__ void mmqi8_reduce_kernel(const float *__restrict__ part, int n_split,
-                                           int n_tok, int64_t n_rows, float *__restrict__ y,
-                                           int64_t ldy)
-{
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n_tok * n_rows)
-        return;
-    const int64_t t = i / n_rows, r = i % n_rows;
-    float s = 0.0f;
-    for (int k = 0; k < n_split; k++)
-        s += part[(size_t)k * n_tok * n_rows + i];
-    y[t * ldy + r] = s;
-}
-
 /* ------------------------------------------------------------- host */
 
 bool gpe_cuda_mmq_i8_takes(gpe_type t)
@@ -436,9 +421,6 @@ void gpe_cuda_mmq_i8(const gpe_cuda_mm *mm, const gpe_cuda_weight *w, int n_tok,
     case GPE_TYPE_Q6_K: mmqi8_launch<mi_q6_k>(mm, w, n_tok, y, ldy, per, part, grid); break;
     default: return;
     }
-    if (part) {
-        const int64_t n = (int64_t)n_tok * w->n_rows;
-        mmqi8_reduce_kernel<<<gpe_cuda_div_up((size_t)n, 256), 256, 0, mm->stream>>>(
-            part, n_split, n_tok, w->n_rows, y, ldy);
-    }
+    if (part) /* (mmq.cu's sum: the same order, bit for bit) */
+        gpe_cuda_mmq_reduce(mm, part, n_split, n_tok, w->n_rows, y, ldy);
 }
