@@ -65,7 +65,9 @@ step() {
         echo "cuda-bench: out of time (BUDGET_S=$budget), skipping: ${*##*/}" >&2
         return 1
     fi
-    timeout -k 5 "$left" "$@"
+    # --foreground: in the measuring job's process group, so that a signal
+    # stops it too (timeout alone makes a group of its own)
+    timeout --foreground -k 5 "$left" "$@"
 }
 
 gen_pids=()
@@ -142,13 +144,16 @@ measure() {
 # Measured in the background so that a SIGTERM (an outer timeout) is taken
 # at once: the runs in flight are stopped and the table printed from what
 # finished (bash runs a trap only once its foreground command has ended).
+stopped=0
+trap 'stopped=1; [ -n "${mpid:-}" ] && kill -TERM -- -"$mpid" 2>/dev/null' TERM INT
 set -m
 measure &
 mpid=$!
 set +m
-trap 'echo "cuda-bench: stopped; the table has what finished" >&2; kill -TERM -- -"$mpid" 2>/dev/null' TERM INT
+[ "$stopped" = 1 ] && kill -TERM -- -"$mpid" 2>/dev/null # (a signal before mpid was set)
 wait "$mpid"
 wait "$mpid" 2>/dev/null # (after a signal: until the runs have stopped)
+[ "$stopped" = 1 ] && echo "cuda-bench: stopped; the table has what finished" >&2
 
 python3 - "$out" "$files" "$variants" "$seqs" "$prompts" "$depths" <<'PY'
 import json, os, sys
@@ -213,3 +218,5 @@ for f, t, r, nbytes in rows:
           for l in labels]
     print(f"| {f} | {t} | " + " | ".join(cells + ratios + bw) + " |")
 PY
+[ "$stopped" = 1 ] && exit 143
+exit 0

@@ -1292,7 +1292,9 @@ static json_t *prefix_facts(agent *a)
  * hundreds of long-polls a second carried 1,000 ids (~40 KB) that the server
  * parsed and judged against every job: 13 % of its CPU. So: every long-poll
  * while the list is short, else one a second at most (docs/protocol.md
- * "Liveness"). /agents/poll always lists them.
+ * "Liveness"). /agents/poll always lists them. "Short" counts the jobs of
+ * every server (n_jobs): an agent busy elsewhere throttles a short list to
+ * the current server too, which only delays a lost job's end there.
  */
 #define AGENT_LIVE_LIST_MS 1000
 #define AGENT_LIVE_LIST_SMALL 16

@@ -323,7 +323,8 @@ class AgentProtocolTest(harness.TestCase):
         # re-parks after every reply, and a list on each was most of the
         # server's cost of a long-poll at 1,000 streams. /agents/poll still
         # lists every job, and a long-poll once the second has passed does.
-        up = self.h.start_upstream(["--tokens", "3", "--pace-ms", "5000"])
+        # (jobs of ~100 s: they outlive the test on a slow machine)
+        up = self.h.start_upstream(["--tokens", "20", "--pace-ms", "5000"])
         self.start_agent(up, slots=40)
         self.fake.wait(lambda: self.fake.works, what="first long-poll")
         ids = ["job_m%02d" % i for i in range(30)]

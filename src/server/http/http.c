@@ -991,7 +991,7 @@ static void client_addr(const gps_http *h, const char *peer, const char *xff, ch
 }
 
 /* The numeric address of the connection's peer ("" when unknown): from
- * the address conn_attach read once, not a getpeername per request. */
+ * the address conn_attach took (peer_from_evhttp), not a getpeername. */
 static void peer_text(const gps_conn *c, char *out, size_t outlen)
 {
     out[0] = '\0';
@@ -1599,26 +1599,59 @@ static gps_conn *conn_new(gps_http *h, struct bufferevent *bev)
     return c;
 }
 
+/* The peer's address as evhttp wrote it at accept (numeric, from
+ * getnameinfo; an IPv6 zone after '%' is dropped, as inet_ntop drops it):
+ * a keep-alive connection gets a new gate per request, and a getpeername
+ * each was one system call a request. false: evhttp has none. */
+static bool peer_from_evhttp(gps_conn *c, struct evhttp_connection *evcon)
+{
+    char *addr = NULL, buf[INET6_ADDRSTRLEN];
+    ev_uint16_t port = 0;
+    evhttp_connection_get_peer(evcon, &addr, &port);
+    if (!addr)
+        return false;
+    size_t n = strcspn(addr, "%");
+    if (n >= sizeof buf)
+        return false;
+    memcpy(buf, addr, n);
+    buf[n] = '\0';
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, buf, c->peer + 12) == 1) {
+        memcpy(c->peer, mapped, 12);
+        c->peer_v4 = true;
+    } else if (inet_pton(AF_INET6, buf, c->peer) != 1) {
+        return false;
+    }
+    c->has_peer = true;
+    return true;
+}
+
+static void peer_from_fd(gps_conn *c)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (c->fd < 0 || getpeername(c->fd, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET6) {
+        memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+        c->has_peer = true;
+    } else if (ss.ss_family == AF_INET) {
+        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        memcpy(c->peer, mapped, 12);
+        memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        c->has_peer = true;
+        c->peer_v4 = true;
+    }
+}
+
 /* evhttp has set the connection up: from here on evhttp calls conn_closed
  * when it goes away. false: the connection is gone (c freed). */
 static bool conn_attach(gps_conn *c, struct evhttp_connection *evcon)
 {
     c->evcon = evcon;
     c->fd = (int)bufferevent_getfd(c->bev);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET6) {
-            memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
-            c->has_peer = true;
-        } else if (ss.ss_family == AF_INET) {
-            static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-            memcpy(c->peer, mapped, 12);
-            memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
-            c->has_peer = true;
-            c->peer_v4 = true;
-        }
-    }
+    if (!peer_from_evhttp(c, evcon))
+        peer_from_fd(c);
     if (conn_table_put(c->h, c->fd, c) < 0) {
         c->fd = -1;
         conn_free(c); /* the caller closes the connection */
