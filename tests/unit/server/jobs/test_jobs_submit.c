@@ -441,6 +441,35 @@ static void assert_fields(FILE *fp, const char *ev, json_t *o)
     json_decref(o);
 }
 
+/* The log goes to a new temporary file at level lvl (path: its name,
+ * "/tmp/...XXXXXX"); log_capture_end closes it, opens it for reading and
+ * puts the level back. */
+typedef struct log_capture {
+    char path[64];
+    bool info; /* the level was info before */
+} log_capture;
+
+static void log_capture_start(log_capture *lc, const char *name, gp_log_level lvl)
+{
+    snprintf(lc->path, sizeof lc->path, "/tmp/test_jobs_submit_%s_XXXXXX", name);
+    int fd = mkstemp(lc->path);
+    assert_true(fd >= 0);
+    close(fd);
+    lc->info = gp_log_enabled(GP_LOG_INFO);
+    gp_log_set_level(lvl);
+    assert_int_equal(gp_log_open(lc->path), 0);
+}
+
+static FILE *log_capture_end(log_capture *lc)
+{
+    gp_log_open(NULL);
+    gp_log_set_level(lc->info ? GP_LOG_INFO : GP_LOG_WARN);
+    FILE *fp = fopen(lc->path, "r");
+    assert_non_null(fp);
+    unlink(lc->path); /* (open: read to the end all the same) */
+    return fp;
+}
+
 /* Issue 24, fourth round: the fields of job_submitted, job_assigned (both
  * at debug) and job_done are refilled in one object per line kind instead of a
  * json_pack per line. The lines must be the ones the json_pack objects
@@ -449,13 +478,8 @@ static void assert_fields(FILE *fp, const char *ev, json_t *o)
 static void test_log_lines_as_json_pack_wrote(void **state)
 {
     (void)state;
-    char path[] = "/tmp/test_jobs_submit_log_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    bool info = gp_log_enabled(GP_LOG_INFO);
-    gp_log_set_level(GP_LOG_DEBUG);
-    assert_int_equal(gp_log_open(path), 0);
+    log_capture lc;
+    log_capture_start(&lc, "log", GP_LOG_DEBUG);
     fleet f;
     fleet_init(&f, NULL, NULL);
     registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 8, 1000);
@@ -479,9 +503,7 @@ static void test_log_lines_as_json_pack_wrote(void **state)
                  i & 1 ? "length" : "stop", 3 + i, 1000000 * i);
         assert_int_equal(fleet_apply(&f, jobs[i], a, 0, evs), 0);
     }
-    gp_log_open(NULL);
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
+    FILE *fp = log_capture_end(&lc);
     for (int i = 0; i < 5; i++) {
         gps_job *job = jobs[i];
         json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:b}", "job_id", job->id, "model", "m1",
@@ -503,8 +525,6 @@ static void test_log_lines_as_json_pack_wrote(void **state)
                                 i & 1 ? "length" : "stop"));
     }
     fclose(fp);
-    unlink(path);
-    gp_log_set_level(info ? GP_LOG_INFO : GP_LOG_WARN);
     fleet_free(&f);
 }
 
@@ -514,13 +534,8 @@ static void test_log_lines_as_json_pack_wrote(void **state)
 static void test_one_info_line_a_request(void **state)
 {
     (void)state;
-    char path[] = "/tmp/test_jobs_submit_info_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    close(fd);
-    bool info = gp_log_enabled(GP_LOG_INFO);
-    gp_log_set_level(GP_LOG_INFO);
-    assert_int_equal(gp_log_open(path), 0);
+    log_capture lc;
+    log_capture_start(&lc, "info", GP_LOG_INFO);
     fleet f;
     fleet_init(&f, NULL, NULL);
     registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 8, 1000);
@@ -530,9 +545,7 @@ static void test_one_info_line_a_request(void **state)
     assert_int_equal(fleet_apply(&f, job, a, 0,
                                  "[{\"type\":\"end\",\"finish_reason\":\"stop\"}]"),
                      0);
-    gp_log_open(NULL);
-    FILE *fp = fopen(path, "r");
-    assert_non_null(fp);
+    FILE *fp = log_capture_end(&lc);
     char line[4096];
     int done = 0;
     while (fgets(line, sizeof line, fp)) {
@@ -542,8 +555,6 @@ static void test_one_info_line_a_request(void **state)
     }
     assert_int_equal(done, 1);
     fclose(fp);
-    unlink(path);
-    gp_log_set_level(info ? GP_LOG_INFO : GP_LOG_WARN);
     fleet_free(&f);
 }
 
