@@ -1648,8 +1648,17 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
     if (job->state != GPS_JOB_QUEUED)
         return 0;
     size_t ahead = 0;
+    /* The table lists the newest job first: a job after this one in the
+     * list came before it. That decides between two submitted in the
+     * same microsecond (no longer rare since a submit writes no log line
+     * at info). */
+    bool past = false;
     for (const gps_job *x = j->head; x; x = x->next) {
-        if (x == job || x->state != GPS_JOB_QUEUED || strcmp(x->spec.model, job->spec.model))
+        if (x == job) {
+            past = true;
+            continue;
+        }
+        if (x->state != GPS_JOB_QUEUED || strcmp(x->spec.model, job->spec.model))
             continue;
         if (x->spec.priority != job->spec.priority) {
             ahead += x->spec.priority < job->spec.priority; /* interactive goes first */
@@ -1657,9 +1666,12 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job)
         }
         if (x->sj.front != job->sj.front)
             ahead += x->sj.front;                           /* failover retries first */
-        else if (x->queued_since_us < job->queued_since_us ||
-                 (x->queued_since_us == job->queued_since_us && x->created_us < job->created_us))
-            ahead++;
+        else if (x->queued_since_us != job->queued_since_us)
+            ahead += x->queued_since_us < job->queued_since_us;
+        else if (x->created_us != job->created_us)
+            ahead += x->created_us < job->created_us;
+        else
+            ahead += past;
     }
     return ahead;
 }

@@ -126,6 +126,14 @@ static void test_queued_in_order_until_an_agent_asks(void **state)
     assert_string_equal(j1->agent_id, "");
     assert_int_equal(gps_jobs_queue_position(f.jobs, j1), 0);
     assert_int_equal(gps_jobs_queue_position(f.jobs, j2), 1);
+    /* Two submits in the same microsecond keep their order. */
+    uint64_t created = j2->created_us, queued = j2->queued_since_us;
+    j2->created_us = j1->created_us;
+    j2->queued_since_us = j1->queued_since_us;
+    assert_int_equal(gps_jobs_queue_position(f.jobs, j1), 0);
+    assert_int_equal(gps_jobs_queue_position(f.jobs, j2), 1);
+    j2->created_us = created;
+    j2->queued_since_us = queued;
     assert_int_equal(gps_jobs_active(f.jobs), 2);
     assert_int_equal(f.delivered, 0);
     json_t *w = fleet_take(&f, a);
