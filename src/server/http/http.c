@@ -1599,6 +1599,15 @@ static gps_conn *conn_new(gps_http *h, struct bufferevent *bev)
     return c;
 }
 
+/* c->peer + 12 holds an IPv4 address: the rest is the IPv4-mapped prefix
+ * (::ffff:0:0/96), so that per-peer bounds compare one 16-byte form. */
+static void peer_mark_v4(gps_conn *c)
+{
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memcpy(c->peer, mapped, sizeof mapped);
+    c->peer_v4 = true;
+}
+
 /* The peer's address as evhttp wrote it at accept (numeric, from
  * getnameinfo; an IPv6 zone after '%' is dropped, as inet_ntop drops it):
  * a keep-alive connection gets a new gate per request, and a getpeername
@@ -1615,10 +1624,8 @@ static bool peer_from_evhttp(gps_conn *c, struct evhttp_connection *evcon)
         return false;
     memcpy(buf, addr, n);
     buf[n] = '\0';
-    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     if (inet_pton(AF_INET, buf, c->peer + 12) == 1) {
-        memcpy(c->peer, mapped, 12);
-        c->peer_v4 = true;
+        peer_mark_v4(c);
     } else if (inet_pton(AF_INET6, buf, c->peer) != 1) {
         return false;
     }
@@ -1636,11 +1643,9 @@ static void peer_from_fd(gps_conn *c)
         memcpy(c->peer, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
         c->has_peer = true;
     } else if (ss.ss_family == AF_INET) {
-        static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-        memcpy(c->peer, mapped, 12);
         memcpy(c->peer + 12, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        peer_mark_v4(c);
         c->has_peer = true;
-        c->peer_v4 = true;
     }
 }
 
