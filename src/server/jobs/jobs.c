@@ -714,6 +714,12 @@ static void persist_insert(gps_jobs *j, gps_job *job)
     json_decref(req);
 }
 
+/* Submit to end (a finished job's), as the request log and job_done say it. */
+static long long total_ms(const gps_job *job)
+{
+    return (long long)((job->finished_us - job->created_us) / 1000);
+}
+
 static void persist(gps_jobs *j, gps_job *job)
 {
     if (!j->store || job->row_lost || job->spec.handoff_proxy)
@@ -730,7 +736,7 @@ static void persist(gps_jobs *j, gps_job *job)
         u.completion_tokens = job->completion_tokens;
         if (job->first_token_us)
             u.ttft_ms = (long long)((job->first_token_us - job->created_us) / 1000);
-        u.total_ms = (long long)((job->finished_us - job->created_us) / 1000);
+        u.total_ms = total_ms(job);
         u.finish_reason = job->finish_reason[0] ? job->finish_reason : NULL;
         u.error_code = job->error_code[0] ? job->error_code : NULL;
         u.finished_at = gp_now_wall_ms();
@@ -994,11 +1000,11 @@ static bool digest_agent(gps_jobs *j, const gps_job *job, bool need_ready, char 
  * job_assigned at debug, job_done at info: one line a request at the
  * default level, as an access log; three were 9 % of the server's CPU at
  * 64 zero-delay clients, and journald drops a service's lines past 10,000
- * in 30 s): one object per line kind, kept by the table and
- * refilled in place, its keys made by the first line in the order below,
- * rather than a json_pack per line (~7,000 instructions each; issue 24). The line is the one the
- * json_pack object wrote; a value jansson refuses (not UTF-8) drops the
- * fields, as a failed json_pack did. log_fields returns the object to
+ * in 30 s): one object per line kind, kept by the table and refilled in
+ * place, its keys made by the first line in the order below, rather than
+ * a json_pack per line (~7,000 instructions each; issue 24). The line is
+ * the one the json_pack object wrote; a value jansson refuses (not UTF-8)
+ * drops the fields, as a failed json_pack did. log_fields returns the object to
  * refill (borrowed), lf_str/lf_int/lf_bool set one field and say whether
  * it took, log_fields_ref hands gp_log_write its reference.
  */
@@ -1630,7 +1636,7 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
     gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:I,s:I,s:s,s:b}", "job_id", job->id, "model",
                            job->spec.model, "agent_id", job->agent_id, "ms",
-                           (json_int_t)((job->finished_us - job->created_us) / 1000),
+                           (json_int_t)total_ms(job),
                            "completion_tokens",
                            (json_int_t)job->completion_tokens, "finish_reason",
                            job->finish_reason, "early", 1),
@@ -2528,7 +2534,7 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
             json_t *f = log_fields(&j->log_done);
             bool ok = f && lf_str(f, "job_id", job->id) && lf_str(f, "model", job->spec.model) &&
                       lf_str(f, "agent_id", job->agent_id) &&
-                      lf_int(f, "ms", (long long)((job->finished_us - job->created_us) / 1000)) &&
+                      lf_int(f, "ms", total_ms(job)) &&
                       lf_int(f, "prompt_tokens", job->prompt_tokens) &&
                       lf_int(f, "completion_tokens", job->completion_tokens) &&
                       lf_str(f, "finish_reason", job->finish_reason);
