@@ -177,6 +177,13 @@ static bool skip(rd *r, int depth)
     return r->p > s;
 }
 
+/* An event as no reader has touched it. */
+static void ev_clear(gps_event_in *e)
+{
+    memset(e, 0, sizeof *e);
+    e->token_id = -1;
+}
+
 static gps_event_in *ev_push(gps_upload *u)
 {
     if (u->n_evs == u->cap_evs) {
@@ -188,8 +195,7 @@ static gps_event_in *ev_push(gps_upload *u)
         u->cap_evs = nc;
     }
     gps_event_in *e = &u->evs[u->n_evs++];
-    memset(e, 0, sizeof *e);
-    e->token_id = -1;
+    ev_clear(e);
     return e;
 }
 
@@ -704,8 +710,7 @@ static void ev_restart(rd *r, gps_event_in *e, const char *at, size_t text_len)
 {
     r->p = at;
     r->u->text.len = text_len;
-    memset(e, 0, sizeof *e);
-    e->token_id = -1;
+    ev_clear(e);
 }
 
 static bool events(rd *r, gps_upload_job *jb)
@@ -719,7 +724,7 @@ static bool events(rd *r, gps_upload_job *jb)
     do {
         if (u->n_evs - jb->first >= GPS_AGENT_MAX_EVENTS)
             return false;
-        gps_event_in *e = ev_push(u); /* (fresh: as ev_restart leaves it) */
+        gps_event_in *e = ev_push(u); /* (cleared, as ev_restart leaves it) */
         if (!e)
             return false;
         const char *at = r->p;
