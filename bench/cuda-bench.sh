@@ -56,6 +56,9 @@ out=$models/out
 mkdir -p "$out"
 rm -f "$out"/*.json
 budget=${BUDGET_S:-0}
+case $budget in
+    ""|*[!0-9]*) echo "cuda-bench: BUDGET_S must be a whole number of seconds, not '$budget'" >&2; exit 2 ;;
+esac
 
 # Run one measurement within what is left of BUDGET_S (none: as it is).
 step() {
