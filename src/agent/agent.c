@@ -3,8 +3,9 @@
  * docs/protocol.md for the wire contract.
  *
  * Everything below runs on the loop thread except the sink_* callbacks,
- * which backend threads call; they touch only the job's event queue and
- * flags under a->mu and wake the loop.
+ * which a backend calls from the loop (bind_loop) or from threads of its
+ * own; they touch only the job's event queue and flags under a->mu and
+ * wake the loop.
  */
 #include "agent/agent.h"
 
@@ -15,10 +16,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <event2/event.h>
 #include <jansson.h>
 
 #include "agent/agent_facts.h"
@@ -51,6 +54,9 @@ typedef enum {
 } req_kind;
 
 typedef struct agent_job agent_job;
+
+/* What a sink's event asks of the loop (job_note_locked). */
+typedef enum { WAKE_NONE, WAKE_SOON, WAKE_URGENT } wake_kind;
 
 /* Easy handles kept for reuse (issue 24): a relayed request costs two
  * requests to the server (its upload and the long-poll parked again), and
@@ -141,6 +147,11 @@ struct agent {
     int lazy_srv;           /* the loop will look anyway soon (a batch in flight or due)
                                at the jobs of this server: a non-urgent change to one
                                of them is linked without a wake (-1: none) */
+    int lazy_urgent_srv;    /* both uploads to this server are in flight (the batch and
+                               the urgent one): a job's first output there cannot go
+                               before one returns, and that reply makes the loop look:
+                               no wake for it (-1: none). An end still wakes (its
+                               slot is free for new work) */
     /* --- loop thread --- */
     agent_job **review;     /* scratch: the jobs taken off dirty (room for n_jobs) */
     size_t review_cap;
@@ -198,7 +209,21 @@ struct agent {
     bool fatal;             /* leave now with exit_code (enrollment refused, key revoked) */
 
     atomic_int stop_req;    /* 0 none, 1 drain, 2 hard (set by agent_stop) */
-    atomic_bool wake_sent;  /* a curl_multi_wakeup is pending, not yet seen by the loop */
+    atomic_bool wake_sent;  /* a wake is pending, not yet seen by the loop (loop_wake_now) */
+
+    /* The loop (issue 24: one thread). libevent objects are touched only
+     * on the loop's thread; other threads (backend threads, the signal
+     * thread) wake it through wake_fd, an eventfd. */
+    struct event_base *evb;
+    struct event *turn_ev;  /* runs loop_turn: activated, or at its wake time */
+    struct event *wake_ev;  /* wake_fd readable: another thread woke the loop */
+    struct event *curl_tev; /* libcurl's timer for the server requests */
+    int wake_fd;
+    pthread_t loop_th;      /* the thread in agent_run (valid while looping) */
+    atomic_bool looping;
+    bool kick;              /* a server request was added: drive libcurl now */
+    bool in_turn;           /* loop_turn runs (a wake inside it activates turn_ev) */
+    bool ended;             /* loop_turn said leave */
     CURL *easy_idle[EASY_IDLE_MAX]; /* finished requests' handles, for the next ones */
     int n_easy_idle;
     struct curl_slist *hdrs; /* every request's headers (set_key) */
@@ -272,31 +297,65 @@ static void job_cancel(agent *a, agent_job *j)
 /* Event sink (backend threads)                                             */
 /* ======================================================================== */
 
-/* Wake the loop after queueing events (issue 24). One wakeup until the
- * loop has looked: curl_multi_wakeup is a write to a socket pair, and a
- * zero-delay upstream hands the backend 64 tokens in one read, which cost
- * 64 writes here, 64 polls and 64 reads on the loop thread (73 send calls
- * per request under strace). The loop clears the flag before it scans the
- * queues, so an event pushed after the scan always wakes it again. */
-static void loop_wake_now(agent *a)
+static void loop_turn(agent *a);
+
+/* Another thread: make the loop run a turn. */
+static void loop_wake_fd(agent *a)
 {
-    if (!atomic_exchange(&a->wake_sent, true))
-        curl_multi_wakeup(a->multi);
+    uint64_t one = 1;
+    while (write(a->wake_fd, &one, sizeof one) < 0 && errno == EINTR)
+        ;
+}
+
+/* Wake the loop after queueing events (issue 24). One wakeup until the
+ * loop has looked: a zero-delay upstream hands the backend 64 tokens in one
+ * read, which cost 64 writes, 64 polls and 64 reads on the loop thread (73
+ * send calls per request under strace) when each woke it. The loop clears
+ * the flag before it scans the queues, so an event pushed after the scan
+ * always wakes it again. On the loop's own thread (a backend bound to the
+ * loop: bind_loop) there is no system call. `between` (the release that
+ * ends a backend's callback, which brackets its sink calls, for events
+ * that are not urgent) runs the turn there and then. Otherwise the turn's
+ * event is made active: at AGENT_PRI_NEW it sends the loop back to
+ * epoll_wait after the callback running now, ahead of the relaying
+ * callbacks still queued, and that pass also takes the server's replies
+ * (a long-poll's new jobs, an upload's answer that lets the next first
+ * outputs go). At 1,000 paced streams each such pass re-reports every
+ * stream still readable (level-triggered): worth it for a first output or
+ * an end (time to first token p50 ~10 -> ~2.7 ms, inline for all of them
+ * on one shared core), not for every token (docs/scaling.md, ninth
+ * round). */
+static void loop_wake_now(agent *a, bool between)
+{
+    if (atomic_exchange(&a->wake_sent, true))
+        return;
+    if (!atomic_load(&a->looping) || !pthread_equal(pthread_self(), a->loop_th))
+        loop_wake_fd(a);
+    else if (between && !a->in_turn)
+        loop_turn(a);
+    else
+        event_active(a->turn_ev, EV_TIMEOUT, 0);
 }
 
 /* agent_sink_hold/release (backend.h): per backend thread. */
 static _Thread_local int hold_depth;
 static _Thread_local agent *held_wake; /* the agent to wake at the release */
+static _Thread_local bool held_urgent;  /* and a wake among them was WAKE_URGENT */
 
-static void loop_wake(agent *a)
+static void loop_wake(agent *a, wake_kind kind)
 {
+    if (kind == WAKE_NONE)
+        return;
     if (hold_depth == 0) {
-        loop_wake_now(a);
+        loop_wake_now(a, false);
         return;
     }
-    if (held_wake && held_wake != a)
-        loop_wake_now(held_wake); /* two agents in one process (tests) */
+    if (held_wake && held_wake != a) {
+        loop_wake_now(held_wake, false); /* two agents in one process (tests) */
+        held_urgent = false;
+    }
     held_wake = a;
+    held_urgent |= kind == WAKE_URGENT;
 }
 
 void agent_sink_hold(void)
@@ -306,11 +365,14 @@ void agent_sink_hold(void)
 
 void agent_sink_release(void)
 {
-    if (hold_depth == 0 || --hold_depth > 0 || !held_wake)
+    if (hold_depth == 0 || --hold_depth > 0)
         return;
     agent *a = held_wake;
+    bool urgent = held_urgent;
     held_wake = NULL;
-    loop_wake_now(a);
+    held_urgent = false;
+    if (a)
+        loop_wake_now(a, !urgent);
 }
 
 /* Put j on the loop's list of jobs to look at (a->mu held; either thread). */
@@ -328,15 +390,18 @@ static void job_link_locked(agent *a, agent_job *j)
  * change it must act on links j; a push that adds no flag (an upload of
  * j's is in flight, or j already waits for one) tells it nothing new
  * (issue 24: every paced token woke the loop into a walk of every job).
- * True when the loop must be woken: not for a change it is bound to see
- * anyway before acting (a->lazy_srv). */
-static bool job_note_locked(agent *a, agent_job *j, unsigned before, bool terminal)
+ * WAKE_NONE for a change the loop is bound to see anyway before acting
+ * (a->lazy_srv, a->lazy_urgent_srv); WAKE_URGENT for an end, or a first
+ * output that can go now; else WAKE_SOON. */
+static wake_kind job_note_locked(agent *a, agent_job *j, unsigned before, bool terminal)
 {
     unsigned gained = agent_evq_flags(&j->q) & ~before;
     if (!gained && !terminal)
-        return false;
+        return WAKE_NONE;
     job_link_locked(a, j);
-    return terminal || (gained & AGENT_EVQ_URGENT) || a->lazy_srv != j->srv;
+    if (terminal || ((gained & AGENT_EVQ_URGENT) && a->lazy_urgent_srv != j->srv))
+        return WAKE_URGENT;
+    return a->lazy_srv != j->srv ? WAKE_SOON : WAKE_NONE;
 }
 
 /* Queue ev (reference stolen); output: a token or a tool call (the job's
@@ -348,10 +413,9 @@ static void sink_push_ev(agent_job *j, json_t *ev, bool output)
     unsigned before = agent_evq_flags(&j->q);
     if (agent_evq_push(&j->q, ev) == 0 && output)
         agent_evq_mark_output(&j->q);
-    bool wake = job_note_locked(a, j, before, false);
+    wake_kind wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    if (wake)
-        loop_wake(a);
+    loop_wake(a, wake);
 }
 
 static void sink_push(agent_job *j, json_t *ev)
@@ -382,10 +446,9 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
     unsigned before = agent_evq_flags(&j->q);
     if (agent_evq_push_token(&j->q, text, len, token_id) == 0)
         agent_evq_mark_output(&j->q);
-    bool wake = job_note_locked(a, j, before, false);
+    wake_kind wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    if (wake)
-        loop_wake(a);
+    loop_wake(a, wake);
 }
 
 /* A token event with the ids of every token sampled since the previous
@@ -419,10 +482,9 @@ static void sink_metrics(void *ctx, json_t *m)
     pthread_mutex_lock(&a->mu);
     unsigned before = agent_evq_flags(&j->q);
     agent_evq_push_typed(&j->q, m, "metrics");
-    bool wake = job_note_locked(a, j, before, false);
+    wake_kind wake = job_note_locked(a, j, before, false);
     pthread_mutex_unlock(&a->mu);
-    if (wake)
-        loop_wake(a);
+    loop_wake(a, wake);
 }
 
 static void sink_tool_call(void *ctx, int index, const char *id, const char *name,
@@ -534,7 +596,7 @@ static void sink_end(void *ctx, const char *finish_reason, long long pt, long lo
     j->backend_done = true;
     job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    loop_wake(a, WAKE_URGENT);
 }
 
 static void sink_error(void *ctx, const char *code, const char *message)
@@ -556,7 +618,7 @@ static void sink_error(void *ctx, const char *code, const char *message)
     j->backend_done = true;
     job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);
-    loop_wake(a);
+    loop_wake(a, WAKE_URGENT);
 }
 
 /* ======================================================================== */
@@ -705,6 +767,7 @@ static req *req_start_text(agent *a, int srv, req_kind kind, const char *path, c
                      kind == REQ_WORK || kind == REQ_EVENTS || kind == REQ_EVENTS_BATCH
                          ? NULL
                          : "gpupool-agent/" AGENT_VERSION);
+    a->kick = true; /* loop_turn drives it before the loop sleeps */
     if (curl_multi_add_handle(a->multi, r->easy) != CURLM_OK)
         goto fail;
     return r;
@@ -2160,10 +2223,8 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
     return a < b ? a : b;
 }
 
-int agent_run(agent *a)
+static void agent_announce(agent *a)
 {
-    a->next_poll_ms = gp_now_mono_ms();
-    a->next_work_ms = UINT64_MAX;
     int total, usable;
     slot_counts(a, &total, &usable);
     gp_log_write(GP_LOG_INFO, "agent_start", NULL,
@@ -2179,153 +2240,291 @@ int agent_run(agent *a)
     if (a->token_ignored)
         gp_log_info("token_ignored", "using the agent key in %s/" AGENT_KEY_FILE
                     "; --token is ignored", a->o->state_dir);
-    a->next_enroll_ms = gp_now_mono_ms();
-    for (;;) {
-        uint64_t now = gp_now_mono_ms();
-        atomic_store(&a->wake_sent, false); /* before the scan: see loop_wake */
+}
 
-        /* Enrollment refused or key revoked: nothing to wait for. */
-        if (a->fatal) {
-            stop_all_jobs(a);
-            break;
-        }
+/* One look at everything (the loop's turn): stop requests, jobs that
+ * changed, deadlines, uploads, the poll and the long-poll. True when the
+ * agent is to leave; else *wake_at is when the next turn is due at the
+ * latest (monotonic ms). */
+static bool loop_body(agent *a, uint64_t *wake_at)
+{
+    uint64_t now = gp_now_mono_ms();
+    atomic_store(&a->wake_sent, false); /* before the scan: see loop_wake_now */
 
-        /* Stop requests from the signal thread. */
-        int sr = atomic_load(&a->stop_req);
-        if (sr >= 1 && !a->stopping) {
-            gp_log_info("draining", "stop requested: draining (up to %lld s for running jobs)",
-                        a->o->drain_timeout_sec);
-            a->stopping = true;
-            a->draining = true;
-            a->drain_announced = false;
-            a->drain_deadline_ms = now + (uint64_t)a->o->drain_timeout_sec * 1000;
-            if (!a->poll_req)
-                a->next_poll_ms = now;
-        }
-        if (a->stopping && !a->jobs_stopped && (sr >= 2 || now >= a->drain_deadline_ms)) {
-            if (a->jobs)
-                gp_log_warn("drain_timeout", "stopping the jobs still running");
-            a->jobs_stopped = true;
-            a->exit_code = sr >= 2 ? 1 : 0;
-            a->final_deadline_ms = now + SHUTDOWN_FLUSH_MS;
-            stop_all_jobs(a);
-        }
-
-        /* Per-job upkeep: what changed (jobs_review), deadlines and
-         * retries due, and uploads (batched when the server takes it and
-         * none is in flight). */
-        uint64_t wake = now + 1000;
-        bool urgent = false;
-        jobs_review(a, now, &urgent);
-        if (a->bq_cur != a->cur || a->bq_batch != a->events_batch)
-            bq_requeue(a, now, &urgent);
-        deadlines_due(a, now, &wake);
-        retries_due(a, now, &wake, &urgent);
-        if (a->n_bq && !a->batch_req) {
-            /* With two or more jobs running, wait up to events-batch-ms
-             * after the first pending event so that the others' tokens
-             * share the request; a lone job's go at once (its latency is
-             * what a single stream sees), and so does a batch with a job's
-             * first output or end in it. Without the wait the server's
-             * answer is so quick at paced streams that an upload carried a
-             * token or two: its per-request cost, not the tokens, was what
-             * the server spent (issue 24). */
-            if (!a->batch_since_ms)
-                a->batch_since_ms = now;
-            uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
-            if (a->n_running < 2 || now >= due || urgent || a->n_urgent > 0) {
-                batch_start(a, now, false);
-                a->batch_since_ms = 0;
-            } else {
-                wake = min_u64(wake, due);
-            }
-        } else if (batch_urgent_due(a)) {
-            batch_start(a, now, true);
-        }
-
-        /* Leave when drained (or out of time after stopping the jobs). */
-        if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
-            !deregister_step(a))
-            break;
-        if (a->jobs_stopped && now >= a->final_deadline_ms) {
-            gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
-            break;
-        }
-
-        /* Enroll first (once), then heartbeat. */
-        if (a->enrolling) {
-            if (!a->enroll_req && now >= a->next_enroll_ms)
-                enroll_start(a);
-            if (!a->enroll_req)
-                wake = min_u64(wake, a->next_enroll_ms);
-        } else {
-            if (!a->poll_req && now >= a->next_poll_ms && !a->leaving)
-                poll_start(a);
-            if (!a->poll_req && !a->leaving)
-                wake = min_u64(wake, a->next_poll_ms);
-        }
-
-        /* Keep a long-poll parked at all times: with free slots it asks
-         * for work; busy or draining (free_slots 0) it is the liveness
-         * channel whose close tells the server this process is gone. */
-        int total, usable;
-        slot_counts(a, &total, &usable);
-        int free_slots = usable - busy_slots(a);
-        if (free_slots < 0 || a->draining || a->server_drain)
-            free_slots = 0;
-        if (a->no_liveness && a->draining && a->drain_announced && a->work_req) {
-            req_abort(a, a->work_req); /* the server knows we are draining */
-            a->work_req = NULL;
-        }
-        if (a->work_req && free_slots > a->work_free && !a->work_stale &&
-            (a->work_free == 0 || a->prefix_reported)) {
-            /* A slot freed under a liveness long-poll: park a new one that
-             * asks for work; the server answers the old one 204. Not
-             * aborted: its close would look like our death. With a prefix
-             * cache, any freed slot re-parks: the new long-poll says what
-             * the slot now holds (its reply's jobs, if the server sent the
-             * old one any, are still taken: work_stale_done). */
-            a->work_stale = a->work_req;
-            a->work_req = NULL;
-            a->next_work_ms = now;
-        }
-        bool want = free_slots > 0 || !a->no_liveness;
-        if (!a->work_req && a->registered && want && !a->leaving) {
-            if (now >= a->next_work_ms)
-                work_start(a, free_slots);
-            else
-                wake = min_u64(wake, a->next_work_ms);
-        }
-
-        int running = 0;
-        curl_multi_perform(a->multi, &running);
-        CURLMsg *m;
-        int left;
-        bool any = false;
-        while ((m = curl_multi_info_read(a->multi, &left))) {
-            if (m->msg == CURLMSG_DONE) {
-                handle_done(a, m);
-                any = true;
-            }
-        }
-        if (any)
-            continue; /* act on what just finished before sleeping */
-
-        now = gp_now_mono_ms();
-        int timeout = wake > now ? (int)min_u64(wake - now, 1000) : 0;
-        /* A batch in flight, or one due at `wake`: the loop will look at
-         * the jobs of the server it goes to before it sends anything more
-         * there, so their non-urgent changes need not wake it (lazy_srv).
-         * A job linked since jobs_review, without a wake, is looked at
-         * now. */
-        bool lazy = a->events_batch && (a->batch_req || a->n_bq);
-        pthread_mutex_lock(&a->mu);
-        a->lazy_srv = lazy ? a->cur : -1;
-        if (a->dirty)
-            timeout = 0;
-        pthread_mutex_unlock(&a->mu);
-        curl_multi_poll(a->multi, NULL, 0, timeout, NULL);
+    /* Enrollment refused or key revoked: nothing to wait for. */
+    if (a->fatal) {
+        stop_all_jobs(a);
+        return true;
     }
+
+    /* Stop requests from the signal thread. */
+    int sr = atomic_load(&a->stop_req);
+    if (sr >= 1 && !a->stopping) {
+        gp_log_info("draining", "stop requested: draining (up to %lld s for running jobs)",
+                    a->o->drain_timeout_sec);
+        a->stopping = true;
+        a->draining = true;
+        a->drain_announced = false;
+        a->drain_deadline_ms = now + (uint64_t)a->o->drain_timeout_sec * 1000;
+        if (!a->poll_req)
+            a->next_poll_ms = now;
+    }
+    if (a->stopping && !a->jobs_stopped && (sr >= 2 || now >= a->drain_deadline_ms)) {
+        if (a->jobs)
+            gp_log_warn("drain_timeout", "stopping the jobs still running");
+        a->jobs_stopped = true;
+        a->exit_code = sr >= 2 ? 1 : 0;
+        a->final_deadline_ms = now + SHUTDOWN_FLUSH_MS;
+        stop_all_jobs(a);
+    }
+
+    /* Per-job upkeep: what changed (jobs_review), deadlines and
+     * retries due, and uploads (batched when the server takes it and
+     * none is in flight). */
+    uint64_t wake = now + 1000;
+    bool urgent = false;
+    jobs_review(a, now, &urgent);
+    if (a->bq_cur != a->cur || a->bq_batch != a->events_batch)
+        bq_requeue(a, now, &urgent);
+    deadlines_due(a, now, &wake);
+    retries_due(a, now, &wake, &urgent);
+    if (a->n_bq && !a->batch_req) {
+        /* With two or more jobs running, wait up to events-batch-ms
+         * after the first pending event so that the others' tokens
+         * share the request; a lone job's go at once (its latency is
+         * what a single stream sees), and so does a batch with a job's
+         * first output or end in it. Without the wait the server's
+         * answer is so quick at paced streams that an upload carried a
+         * token or two: its per-request cost, not the tokens, was what
+         * the server spent (issue 24). */
+        if (!a->batch_since_ms)
+            a->batch_since_ms = now;
+        uint64_t due = a->batch_since_ms + (uint64_t)a->o->events_batch_ms;
+        if (a->n_running < 2 || now >= due || urgent || a->n_urgent > 0) {
+            batch_start(a, now, false);
+            a->batch_since_ms = 0;
+        } else {
+            wake = min_u64(wake, due);
+        }
+    } else if (batch_urgent_due(a)) {
+        batch_start(a, now, true);
+    }
+
+    /* Leave when drained (or out of time after stopping the jobs). */
+    if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
+        !deregister_step(a))
+        return true;
+    if (a->jobs_stopped && now >= a->final_deadline_ms) {
+        gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
+        return true;
+    }
+
+    /* Enroll first (once), then heartbeat. */
+    if (a->enrolling) {
+        if (!a->enroll_req && now >= a->next_enroll_ms)
+            enroll_start(a);
+        if (!a->enroll_req)
+            wake = min_u64(wake, a->next_enroll_ms);
+    } else {
+        if (!a->poll_req && now >= a->next_poll_ms && !a->leaving)
+            poll_start(a);
+        if (!a->poll_req && !a->leaving)
+            wake = min_u64(wake, a->next_poll_ms);
+    }
+
+    /* Keep a long-poll parked at all times: with free slots it asks
+     * for work; busy or draining (free_slots 0) it is the liveness
+     * channel whose close tells the server this process is gone. */
+    int total, usable;
+    slot_counts(a, &total, &usable);
+    int free_slots = usable - busy_slots(a);
+    if (free_slots < 0 || a->draining || a->server_drain)
+        free_slots = 0;
+    if (a->no_liveness && a->draining && a->drain_announced && a->work_req) {
+        req_abort(a, a->work_req); /* the server knows we are draining */
+        a->work_req = NULL;
+    }
+    if (a->work_req && free_slots > a->work_free && !a->work_stale &&
+        (a->work_free == 0 || a->prefix_reported)) {
+        /* A slot freed under a liveness long-poll: park a new one that
+         * asks for work; the server answers the old one 204. Not
+         * aborted: its close would look like our death. With a prefix
+         * cache, any freed slot re-parks: the new long-poll says what
+         * the slot now holds (its reply's jobs, if the server sent the
+         * old one any, are still taken: work_stale_done). */
+        a->work_stale = a->work_req;
+        a->work_req = NULL;
+        a->next_work_ms = now;
+    }
+    bool want = free_slots > 0 || !a->no_liveness;
+    if (!a->work_req && a->registered && want && !a->leaving) {
+        if (now >= a->next_work_ms)
+            work_start(a, free_slots);
+        else
+            wake = min_u64(wake, a->next_work_ms);
+    }
+    *wake_at = wake;
+    return false;
+}
+
+/* Drive libcurl for the server requests and act on those that finished
+ * (outside libcurl's callbacks). True when one did. */
+static bool reqs_settle(agent *a, curl_socket_t fd, int action)
+{
+    int running = 0;
+    if (fd != CURL_SOCKET_TIMEOUT || a->kick) {
+        a->kick = false;
+        curl_multi_socket_action(a->multi, fd, action, &running);
+    }
+    CURLMsg *m;
+    int left;
+    bool any = false;
+    while ((m = curl_multi_info_read(a->multi, &left))) {
+        if (m->msg == CURLMSG_DONE) {
+            handle_done(a, m);
+            any = true;
+        }
+    }
+    return any;
+}
+
+/* The loop's turn: loop_body until nothing it started finished at once,
+ * then sleep until its wake time or an event. A request it added is
+ * driven at once (not at libcurl's timer, a pass of the loop later, behind
+ * a pass of relaying). */
+static void loop_turn(agent *a)
+{
+    if (a->ended || a->in_turn)
+        return;
+    a->in_turn = true;
+    uint64_t wake;
+    for (;;) {
+        if (loop_body(a, &wake)) {
+            a->ended = true;
+            a->in_turn = false;
+            event_base_loopbreak(a->evb);
+            return;
+        }
+        if (!a->kick || !reqs_settle(a, CURL_SOCKET_TIMEOUT, 0))
+            break; /* else act on what just finished before sleeping */
+    }
+    a->in_turn = false;
+    /* A batch in flight, or one due at `wake`: the loop will look at the
+     * jobs of the server it goes to before it sends anything more there,
+     * so their non-urgent changes need not wake it (lazy_srv). A job
+     * linked since jobs_review, without a wake, is looked at in the next
+     * pass. */
+    bool lazy = a->events_batch && (a->batch_req || a->n_bq);
+    pthread_mutex_lock(&a->mu);
+    a->lazy_srv = lazy ? a->cur : -1;
+    a->lazy_urgent_srv = a->events_batch && a->batch_req && a->batch_req->srv == a->cur &&
+                                 a->urgent_req && a->urgent_req->srv == a->cur
+                             ? a->cur
+                             : -1;
+    bool again = a->dirty != NULL;
+    pthread_mutex_unlock(&a->mu);
+    if (again) {
+        event_active(a->turn_ev, EV_TIMEOUT, 0);
+        return;
+    }
+    uint64_t now = gp_now_mono_ms();
+    uint64_t ms = wake > now ? min_u64(wake - now, 1000) : 0;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_add(a->turn_ev, &tv);
+}
+
+static void on_turn(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    loop_turn(arg);
+}
+
+/* Another thread wrote the eventfd. */
+static void on_wake_fd(evutil_socket_t fd, short what, void *arg)
+{
+    agent *a = arg;
+    uint64_t n;
+    (void)what;
+    while (read(fd, &n, sizeof n) < 0 && errno == EINTR)
+        ;
+    loop_turn(a);
+}
+
+/* A server connection's socket is ready (CURLMOPT_SOCKETFUNCTION). */
+static void on_req_sock(evutil_socket_t fd, short what, void *arg)
+{
+    agent *a = arg;
+    int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) |
+                 ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
+    if (reqs_settle(a, fd, action))
+        loop_turn(a);
+}
+
+static void on_req_timer(evutil_socket_t fd, short what, void *arg)
+{
+    agent *a = arg;
+    (void)fd;
+    (void)what;
+    a->kick = true;
+    if (reqs_settle(a, CURL_SOCKET_TIMEOUT, 0))
+        loop_turn(a);
+}
+
+/* CURLMOPT_SOCKETFUNCTION for the server requests: watch s as libcurl asks
+ * (socketp: its event), with new work (AGENT_PRI_NEW). */
+static int on_req_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+    agent *a = userp;
+    struct event *ev = socketp;
+    (void)easy;
+    if (what == CURL_POLL_REMOVE) {
+        if (ev)
+            event_free(ev);
+        return 0;
+    }
+    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
+                         ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
+    if (ev) {
+        event_del(ev);
+        event_assign(ev, a->evb, s, kind, on_req_sock, a);
+    } else {
+        ev = event_new(a->evb, s, kind, on_req_sock, a);
+        if (!ev)
+            return -1;
+        curl_multi_assign(a->multi, s, ev);
+    }
+    event_priority_set(ev, AGENT_PRI_NEW);
+    event_add(ev, NULL);
+    return 0;
+}
+
+/* CURLMOPT_TIMERFUNCTION for the server requests. */
+static int on_req_timeout(CURLM *multi, long timeout_ms, void *userp)
+{
+    agent *a = userp;
+    (void)multi;
+    if (timeout_ms < 0) {
+        evtimer_del(a->curl_tev);
+        return 0;
+    }
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    evtimer_add(a->curl_tev, &tv);
+    return 0;
+}
+
+int agent_run(agent *a)
+{
+    a->next_poll_ms = gp_now_mono_ms();
+    a->next_work_ms = UINT64_MAX;
+    a->next_enroll_ms = gp_now_mono_ms();
+    agent_announce(a);
+    a->loop_th = pthread_self();
+    atomic_store(&a->looping, true);
+    a->ended = false;
+    event_active(a->turn_ev, EV_TIMEOUT, 0);
+    event_base_dispatch(a->evb);
+    atomic_store(&a->looping, false);
     gp_log_info("agent_exit", "agent stopped (exit code %d)", a->exit_code);
     return a->exit_code;
 }
@@ -2333,6 +2532,46 @@ int agent_run(agent *a)
 /* ======================================================================== */
 /* Lifecycle                                                                */
 /* ======================================================================== */
+
+/* The loop: its base (AGENT_PRI_*, backend.h), its events, libcurl's
+ * callbacks for the server requests, and the backend bound to it when it
+ * runs on it. 0, or -1 with err set (agent_destroy frees what was made). */
+static int loop_init(agent *a, char *err, size_t errlen)
+{
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->wake_fd < 0) {
+        snprintf(err, errlen, "eventfd: %s", strerror(errno));
+        return -1;
+    }
+    struct event_config *cfg = event_config_new();
+    if (cfg && event_config_set_max_dispatch_interval(cfg, NULL, AGENT_RELAY_BURST,
+                                                      AGENT_PRI_RELAY) == 0)
+        a->evb = event_base_new_with_config(cfg);
+    event_config_free(cfg);
+    if (a->evb && event_base_priority_init(a->evb, 2) != 0) {
+        event_base_free(a->evb);
+        a->evb = NULL;
+    }
+    if (a->evb) {
+        a->turn_ev = evtimer_new(a->evb, on_turn, a);
+        a->wake_ev = event_new(a->evb, a->wake_fd, EV_READ | EV_PERSIST, on_wake_fd, a);
+        a->curl_tev = evtimer_new(a->evb, on_req_timer, a);
+    }
+    if (!a->evb || !a->turn_ev || !a->wake_ev || !a->curl_tev ||
+        event_priority_set(a->turn_ev, AGENT_PRI_NEW) != 0 ||
+        event_priority_set(a->wake_ev, AGENT_PRI_NEW) != 0 ||
+        event_priority_set(a->curl_tev, AGENT_PRI_NEW) != 0 || event_add(a->wake_ev, NULL) != 0) {
+        snprintf(err, errlen, "cannot set up the agent's event loop");
+        return -1;
+    }
+    curl_multi_setopt(a->multi, CURLMOPT_SOCKETFUNCTION, on_req_socket);
+    curl_multi_setopt(a->multi, CURLMOPT_SOCKETDATA, a);
+    curl_multi_setopt(a->multi, CURLMOPT_TIMERFUNCTION, on_req_timeout);
+    curl_multi_setopt(a->multi, CURLMOPT_TIMERDATA, a);
+    if (a->be && a->be->ops->bind_loop && a->be->ops->bind_loop(a->be, a->evb, err, errlen) != 0)
+        return -1;
+    return 0;
+}
 
 agent *agent_create(const agent_options *o, agent_backend *backend, char *err, size_t errlen)
 {
@@ -2346,10 +2585,13 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     }
     a->o = o;
     a->be = backend;
+    a->wake_fd = -1;
+    atomic_init(&a->looping, false);
     pthread_mutex_init(&a->mu, NULL);
     atomic_init(&a->stop_req, 0);
     atomic_init(&a->wake_sent, false);
     a->lazy_srv = -1;
+    a->lazy_urgent_srv = -1;
     agent_timers_init(&a->deadlines);
     agent_timers_init(&a->retries);
     agent_idtab_init(&a->jtab);
@@ -2403,6 +2645,8 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     int total, usable;
     slot_counts(a, &total, &usable);
     curl_multi_setopt(a->multi, CURLMOPT_MAXCONNECTS, (long)(total + 4));
+    if (loop_init(a, err, errlen) != 0)
+        goto fail;
     free(key);
     return a;
 fail:
@@ -2417,8 +2661,8 @@ void agent_stop(agent *a, bool hard)
     int cur = atomic_load(&a->stop_req);
     while (cur < want && !atomic_compare_exchange_weak(&a->stop_req, &cur, want)) {
     }
-    if (a->multi)
-        curl_multi_wakeup(a->multi);
+    if (a->wake_fd >= 0)
+        loop_wake_fd(a);
 }
 
 const char *agent_id(const agent *a)
@@ -2461,7 +2705,18 @@ void agent_destroy(agent *a)
     while (a->n_easy_idle > 0)
         curl_easy_cleanup(a->easy_idle[--a->n_easy_idle]);
     if (a->multi)
-        curl_multi_cleanup(a->multi);
+        curl_multi_cleanup(a->multi); /* its socket events freed (on_req_socket) */
+    /* The loop last: the backend's events and the requests' were on it. */
+    if (a->turn_ev)
+        event_free(a->turn_ev);
+    if (a->wake_ev)
+        event_free(a->wake_ev);
+    if (a->curl_tev)
+        event_free(a->curl_tev);
+    if (a->evb)
+        event_base_free(a->evb);
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
     free(a->review);
     agent_idtab_free(&a->jtab);
     gp_buf_free(&a->live_ids);

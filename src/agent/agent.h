@@ -1,14 +1,18 @@
 /*
  * agent: the agent's protocol loop (docs/protocol.md), one thread.
  *
- * One libcurl multi handle carries every request to the server, so a parked
- * /agents/work long-poll, the /agents/poll heartbeat and the per-job event
- * uploads proceed concurrently over reused connections, all driven from the
- * thread that calls agent_run. Backend threads hand events over through
- * the job sinks (agent_job_sink in backend.h): they lock the agent's mutex,
- * append to the job's event queue and, when that gives the loop something
- * new to do (the first event to send, the first output, the end), link the
- * job on the loop's list of changed jobs and wake it (curl_multi_wakeup).
+ * The thread that calls agent_run runs a libevent loop. One libcurl multi
+ * handle, driven from it (curl_multi_socket_action), carries every request
+ * to the server, so a parked /agents/work long-poll, the /agents/poll
+ * heartbeat and the per-job event uploads proceed concurrently over reused
+ * connections. A backend that binds to the loop (bind_loop, backend.h: the
+ * openai backend) runs its jobs there too; others run threads of their own.
+ * Either hands events over through the job sinks (agent_job_sink in
+ * backend.h): they lock the agent's mutex, append to the job's event queue
+ * and, when that gives the loop something new to do (the first event to
+ * send, the first output, the end), link the job on the loop's list of
+ * changed jobs and wake it (an eventfd from another thread; from the loop's
+ * own, its turn event made active).
  * The loop takes that list once a turn and never walks every job on a
  * wake-up; deadlines and upload retries wait in timer heaps.
  *

@@ -6,12 +6,15 @@
  * Concurrency model
  * -----------------
  * The agent's main thread owns the backend object: it calls create,
- * models, poll_facts, job_start, job_cancel and destroy, never concurrently.
- * Each backend runs its jobs on its own thread(s) (the openai backend: one
- * loop thread driving every job's libcurl transfer; the gguf backend: its
- * decode thread). Those threads report a job's progress through the
- * agent_job_sink given to job_start. Sink callbacks:
- *   - may be called from any backend thread, for different jobs at once;
+ * bind_loop, models, poll_facts, job_start, job_cancel and destroy, never
+ * concurrently. That thread runs the agent's libevent loop. A backend runs
+ * its jobs either on that loop (bind_loop: the openai backend drives every
+ * job's libcurl transfer there, so a relayed token never crosses a thread)
+ * or on thread(s) of its own (the gguf backend: its decode thread). Either
+ * reports a job's progress through the agent_job_sink given to job_start.
+ * Sink callbacks:
+ *   - may be called from the loop or any backend thread, for different
+ *     jobs at once;
  *   - are thread-safe and never block for long: they copy their arguments
  *     into the job's event queue and wake the agent's uploader;
  *   - for one job, are called in order from one thread at a time.
@@ -28,7 +31,8 @@
  * an unknown or finished job_id is a no-op. job_start() != 0 means the job
  * was not started and no callback will come: the agent reports err as an
  * error event itself. destroy() cancels what still runs and joins the
- * backend's threads before returning (all terminal callbacks done).
+ * backend's threads (a backend bound to the loop ends its jobs there and
+ * then) before returning (all terminal callbacks done).
  *
  * Job JSON (borrowed; json_incref it to keep it): exactly the object of
  * /agents/work's "jobs" array, see docs/protocol.md: job_id, kind
@@ -55,6 +59,8 @@
 #include <stdint.h>
 
 #include <jansson.h>
+
+struct event_base;
 
 #include "agent/agent_config.h"
 
@@ -107,8 +113,20 @@ typedef struct agent_job_sink {
     void (*embedding)(void *ctx, int index, const float *v, int dim);
 } agent_job_sink;
 
+/* The agent's event loop, shared with a backend that binds to it
+ * (agent_backend_ops.bind_loop). Two priorities: AGENT_PRI_NEW (new work:
+ * the agent's requests to the server, a backend's wake-ups and the
+ * transfers whose reply has not begun) runs ahead of AGENT_PRI_RELAY (the
+ * streams already relaying), and at most AGENT_RELAY_BURST relaying
+ * callbacks run between two looks at new work (libevent's
+ * max_dispatch_callbacks): at 1,000 paced streams a turn carries ~2,000
+ * token reads, and a new job must not wait behind all of them. */
+#define AGENT_PRI_NEW 0
+#define AGENT_PRI_RELAY 1
+#define AGENT_RELAY_BURST 32
+
 /* One wake for a whole turn (issue 24). Between agent_sink_hold() and
- * agent_sink_release() on one backend thread, sink callbacks queue their
+ * agent_sink_release() on one thread, sink callbacks queue their
  * events without waking the agent's uploader; the release wakes it once if
  * any came. A backend whose loop turn can deliver a whole reply (the openai
  * backend: a zero-delay upstream's headers, 64 tokens and end in one read)
@@ -124,6 +142,15 @@ typedef struct agent_backend_ops {
     const char *name; /* "openai", "gguf" */
     /* Stop every job (terminal callbacks delivered), join threads, free. */
     void (*destroy)(agent_backend *b);
+    /* (optional, may be NULL: the backend runs threads of its own) Run the
+     * backend's jobs on the agent's loop (see AGENT_PRI_*): called once,
+     * before the first job_start, on the thread that will run the loop.
+     * From then on the backend's callbacks run on that thread while
+     * agent_run dispatches; destroy, called after agent_run returned,
+     * ends what still runs without the loop (its terminal callbacks
+     * delivered on the caller's thread) and frees its events before the
+     * agent frees the loop. 0, or -1 with err set. */
+    int (*bind_loop)(agent_backend *b, struct event_base *evb, char *err, size_t errlen);
     /* Model facts for /agents/poll: a JSON array (new reference) of
      * {id, aliases[], quantization, context_length, bytes, vram_bytes,
      *  architecture, loaded}. Unknown facts may be null. */

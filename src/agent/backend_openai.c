@@ -2,21 +2,26 @@
  * backend_openai: relay jobs to an existing OpenAI-compatible server
  * (llama.cpp's llama-server, vLLM, Ollama, another gpupool-server).
  *
- * One loop thread for every job, as nginx's upstream module runs: a
- * libevent event_base and one libcurl multi handle driven through
- * curl_multi_socket_action, so an agent with --slots 1024 holds 1,024
- * upstream streams on one thread, about 15 KiB each (mostly libcurl's
- * easy handle, its 4 KiB receive buffer and connection; docs/scaling.md).
+ * Every job on the agent's own loop, as nginx's upstream module runs
+ * (bind_loop, backend.h): one libcurl multi handle driven through
+ * curl_multi_socket_action on the agent's event_base, so an agent with
+ * --slots 1024 holds 1,024 upstream streams on the one thread that also
+ * talks to the server, about 15 KiB each (mostly libcurl's easy handle,
+ * its 4 KiB receive buffer and connection; docs/scaling.md). A job, its
+ * tokens and its upload never cross a thread (issue 24: the two hand-offs
+ * between a loop thread here and the agent's were ~73 us a request at one
+ * client).
  * Connections to the upstream are kept alive and reused between jobs (a
  * stream that said [DONE] still reads its body's end: xfer_done_early).
  * New work goes ahead of relaying: new jobs, and transfers whose reply has
- * not begun, at a higher libevent priority than the streams (OAI_PRI_*),
+ * not begun, at a higher libevent priority than the streams (AGENT_PRI_*),
  * and a new transfer starts in the turn that takes its job.
- * Other threads never touch curl: job_start and job_cancel queue their
- * work under the backend's mutex and wake the loop
- * through a pipe; the loop starts transfers, and a cancel drops the
- * transfer at once (the upstream sees its client go away and stops
- * generating). Handles are removed only outside libcurl's callbacks (a
+ * job_start and job_cancel (the agent, between two of the loop's
+ * callbacks) queue their work and activate the backend's wake event; its
+ * callback starts transfers, and a cancel drops the transfer at once (the
+ * upstream sees its client go away and stops generating). The embeddings
+ * probe thread never touches curl's multi handle or the loop. Handles are
+ * removed only outside libcurl's callbacks (a
  * stream that said [DONE] is finished after curl_multi_socket_action
  * returns). The request is always streamed (stream: true,
  * stream_options.include_usage) so tokens are relayed as they arrive; the
@@ -91,17 +96,15 @@
  * asked again after this, doubling up to PROBE_RETRY_MAX_S. */
 #define PROBE_RETRY_FIRST_S 10
 #define PROBE_RETRY_MAX_S 300
-/* The loop's event priorities (issue 24). New work goes first: the wake
- * pipe (new jobs, cancels), libcurl's timer, and the sockets of transfers
- * whose reply has not begun; then the streams already relaying. At 1,000
- * paced streams a turn of the loop carried ~2,000 token reads, and a new
- * job waited behind one turn to be taken and two more for its request and
- * its first reply (~150 ms of a ~220 ms time to first token). */
-#define OAI_PRI_NEW 0
-#define OAI_PRI_RELAY 1
-/* Relaying callbacks run between two looks for new work (libevent's
- * max_dispatch_callbacks): a new job waits for at most this many. */
-#define OAI_RELAY_BURST 32
+/* The loop's event priorities (issue 24, backend.h's AGENT_PRI_*). New
+ * work goes first: the wake event (new jobs, cancels), libcurl's timer,
+ * and the sockets of transfers whose reply has not begun; then the streams
+ * already relaying. At 1,000 paced streams a turn of the loop carried
+ * ~2,000 token reads, and a new job waited behind one turn to be taken and
+ * two more for its request and its first reply (~150 ms of a ~220 ms time
+ * to first token). */
+#define OAI_PRI_NEW AGENT_PRI_NEW
+#define OAI_PRI_RELAY AGENT_PRI_RELAY
 /* How long a transfer whose stream said [DONE] waits for the body's end
  * (see xfer_done_early) before its connection is closed instead. */
 #define OAI_LINGER_MS 1000
@@ -206,19 +209,14 @@ struct oai_backend {
      * lines link to one of them (job_headers). */
     struct curl_slist *fixed_hdrs[2];
 
-    /* --- shared with the agent's thread, under mu --- */
+    /* --- under mu (with the probe thread's wait) --- */
     pthread_mutex_t mu;
     oai_job *jobs;          /* every job not yet finished (doubly linked) */
     oai_job *inbox, **inbox_tail; /* started, not yet taken by the loop */
     bool cancel_pending;    /* some job in jobs has cancel set, not yet taken */
-    bool stopping;          /* destroy: cancel everything, then leave the loop */
-    int wake_fd[2];         /* a byte on [1] wakes the loop */
-    atomic_bool wake_sent;  /* a byte is in the pipe, not yet drained */
-    pthread_t th;
-    bool th_started;
 
-    /* --- loop thread only --- */
-    struct event_base *evb;
+    /* --- the loop's thread only --- */
+    struct event_base *evb; /* the agent's (bind_loop; not owned), or NULL */
     struct event *wake_ev, *curl_timer, *sweep_timer;
     CURLM *multi;
     oai_job *done_list;     /* streams that said [DONE] inside a libcurl callback */
@@ -229,7 +227,6 @@ struct oai_backend {
     struct event **sock_ev;
     int n_sock_ev;
     int nrunning;           /* jobs begun and not yet finished */
-    bool leaving;           /* stopping taken: break out when nrunning is 0 */
     CURL *easy_idle[OAI_EASY_IDLE_MAX]; /* ended transfers' handles, reset, for the next */
     int n_easy_idle;
     struct {
@@ -927,15 +924,12 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     agent_sink_release();
 }
 
-/* The pipe says other threads queued work: new jobs, cancels, a stop. */
+/* job_start or job_cancel queued work: new jobs, cancels. */
 static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
     oai_backend *b = arg;
-    char buf[64];
+    (void)fd;
     (void)what;
-    while (read(fd, buf, sizeof buf) > 0)
-        ;
-    atomic_store(&b->wake_sent, false); /* before reading the state: no wake lost */
     oai_job *in = NULL, *cancelled = NULL;
     pthread_mutex_lock(&b->mu);
     in = b->inbox;
@@ -947,8 +941,6 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
             if (j->cancel && !j->cancel_taken)
                 j->cancel_taken = true;
     }
-    if (b->stopping)
-        b->leaving = true;
     pthread_mutex_unlock(&b->mu);
     agent_sink_hold();
     bool began = in != NULL;
@@ -986,30 +978,18 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     }
     loop_settle(b);
     agent_sink_release();
-    if (b->leaving && b->nrunning == 0)
-        event_base_loopbreak(b->evb);
 }
 
-static void *loop_main(void *arg)
-{
-    oai_backend *b = arg;
-    event_base_dispatch(b->evb);
-    return NULL;
-}
-
-/* Another thread: make the loop look at the shared state. */
+/* The agent (on the loop's thread, between two of its callbacks) queued
+ * work: on_wake takes it once the callback running now returns. Activating
+ * an active event again does nothing. */
 static void loop_wake(oai_backend *b)
 {
-    if (!atomic_exchange(&b->wake_sent, true)) {
-        ssize_t w;
-        do
-            w = write(b->wake_fd[1], "x", 1);
-        while (w < 0 && errno == EINTR);
-    }
+    event_active(b->wake_ev, EV_TIMEOUT, 0);
 }
 
 /* ======================================================================== */
-/* Request building (agent thread)                                          */
+/* Request building (the agent, on the loop's thread)                       */
 /* ======================================================================== */
 
 /* Not "stop": the agent matches the job's stop strings itself
@@ -1181,6 +1161,10 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
 {
     oai_backend *b = (oai_backend *)base;
     const char *id = json_string_value(json_object_get(job, "job_id"));
+    if (!b->wake_ev) {
+        snprintf(err, errlen, "openai backend: not bound to a loop");
+        return -1;
+    }
     if (!id || strlen(id) >= 128) {
         snprintf(err, errlen, "job without a valid job_id");
         return -1;
@@ -1313,16 +1297,19 @@ static void oai_destroy(agent_backend *base)
         pthread_mutex_unlock(&b->mu);
         pthread_join(b->probe_th, NULL);
     }
-    if (b->th_started) {
-        /* Cancel everything; the loop delivers each terminal event, then
-         * leaves once no job runs. */
-        pthread_mutex_lock(&b->mu);
-        for (oai_job *j = b->jobs; j; j = j->next)
-            j->cancel = true;
-        b->cancel_pending = b->stopping = true;
-        pthread_mutex_unlock(&b->mu);
-        loop_wake(b);
-        pthread_join(b->th, NULL);
+    if (b->evb) {
+        /* The loop no longer runs (agent_run returned): end every job here,
+         * each with its terminal event (a lingering one has had it), as a
+         * cancel would. Jobs not yet taken from the inbox count as begun. */
+        agent_sink_hold();
+        for (oai_job *j = b->inbox; j; j = j->in_next)
+            b->nrunning++;
+        b->inbox = NULL;
+        b->inbox_tail = &b->inbox;
+        b->demote_list = b->done_list = NULL; /* empty between callbacks */
+        while (b->jobs)
+            job_stop(b, b->jobs);
+        agent_sink_release();
     }
     while (b->n_easy_idle > 0)
         curl_easy_cleanup(b->easy_idle[--b->n_easy_idle]);
@@ -1336,12 +1323,10 @@ static void oai_destroy(agent_backend *base)
         event_free(b->curl_timer);
     if (b->sweep_timer)
         event_free(b->sweep_timer);
-    if (b->evb)
-        event_base_free(b->evb);
+    for (int i = 0; i < b->n_sock_ev; i++) /* any libcurl did not remove */
+        if (b->sock_ev[i])
+            event_free(b->sock_ev[i]);
     free(b->sock_ev); /* after curl_multi_cleanup, whose sockets it lists */
-    for (int i = 0; i < 2; i++)
-        if (b->wake_fd[i] >= 0)
-            close(b->wake_fd[i]);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->probe_cv);
     free(b->url_chat);
@@ -1375,56 +1360,28 @@ static void fd_limit_for_slots(long slots)
                     (unsigned long long)rl.rlim_cur, slots);
 }
 
-/* The loop's event base, wake pipe, timers and multi handle, then its
- * thread. 0, or -1 with err set (oai_destroy frees what was made). */
-static int loop_init(oai_backend *b, char *err, size_t errlen)
+/* bind_loop (backend.h): the backend's events on the agent's loop. */
+static int oai_bind_loop(agent_backend *base, struct event_base *evb, char *err, size_t errlen)
 {
-    if (pipe(b->wake_fd) != 0) {
-        snprintf(err, errlen, "openai backend: pipe: %s", strerror(errno));
-        return -1;
-    }
-    for (int i = 0; i < 2; i++) {
-        fcntl(b->wake_fd[i], F_SETFL, fcntl(b->wake_fd[i], F_GETFL) | O_NONBLOCK);
-        fcntl(b->wake_fd[i], F_SETFD, FD_CLOEXEC);
-    }
-    /* Two priorities (OAI_PRI_*); at most OAI_RELAY_BURST relaying
-     * callbacks before the loop looks for new work again. */
-    struct event_config *cfg = event_config_new();
-    if (cfg && event_config_set_max_dispatch_interval(cfg, NULL, OAI_RELAY_BURST,
-                                                      OAI_PRI_RELAY) == 0)
-        b->evb = event_base_new_with_config(cfg);
-    event_config_free(cfg);
-    if (b->evb && event_base_priority_init(b->evb, 2) != 0) {
-        event_base_free(b->evb);
-        b->evb = NULL;
-    }
-    b->multi = curl_multi_init();
+    oai_backend *b = (oai_backend *)base;
     if (b->evb) {
-        b->wake_ev = event_new(b->evb, b->wake_fd[0], EV_READ | EV_PERSIST, on_wake, b);
-        b->curl_timer = evtimer_new(b->evb, on_curl_timer, b);
-        b->sweep_timer = event_new(b->evb, -1, EV_PERSIST, on_sweep, b);
-    }
-    if (!b->evb || !b->multi || !b->wake_ev || !b->curl_timer || !b->sweep_timer ||
-        event_priority_set(b->wake_ev, OAI_PRI_NEW) != 0 ||
-        event_priority_set(b->curl_timer, OAI_PRI_NEW) != 0 ||
-        event_add(b->wake_ev, NULL) != 0) {
-        snprintf(err, errlen, "openai backend: cannot set up its event loop");
+        snprintf(err, errlen, "openai backend: already bound to a loop");
         return -1;
+    }
+    b->evb = evb;
+    b->wake_ev = event_new(evb, -1, 0, on_wake, b);
+    b->curl_timer = evtimer_new(evb, on_curl_timer, b);
+    b->sweep_timer = event_new(evb, -1, EV_PERSIST, on_sweep, b);
+    if (!b->wake_ev || !b->curl_timer || !b->sweep_timer ||
+        event_priority_set(b->wake_ev, OAI_PRI_NEW) != 0 ||
+        event_priority_set(b->curl_timer, OAI_PRI_NEW) != 0) {
+        snprintf(err, errlen, "openai backend: cannot set up its events");
+        return -1; /* oai_destroy frees what was made */
     }
     curl_multi_setopt(b->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
     curl_multi_setopt(b->multi, CURLMOPT_SOCKETDATA, b);
     curl_multi_setopt(b->multi, CURLMOPT_TIMERFUNCTION, on_curl_timeout);
     curl_multi_setopt(b->multi, CURLMOPT_TIMERDATA, b);
-    /* Idle connections kept for reuse: one per slot is what a full agent
-     * can use again at once. */
-    long slots = b->o->slots > 0 ? (long)b->o->slots : 1;
-    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, slots + 4);
-    fd_limit_for_slots(slots);
-    if (pthread_create(&b->th, NULL, loop_main, b) != 0) {
-        snprintf(err, errlen, "openai backend: cannot start its loop thread");
-        return -1;
-    }
-    b->th_started = true;
     return 0;
 }
 
@@ -1466,6 +1423,7 @@ static const agent_backend_ops oai_ops = {
     .poll_facts = NULL,
     .job_start = oai_job_start,
     .job_cancel = oai_job_cancel,
+    .bind_loop = oai_bind_loop,
     .structured_output = true, /* passed to the upstream, which enforces it; checked */
 };
 
@@ -1516,8 +1474,6 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
     atomic_init(&b->embeddings, false);
     atomic_init(&b->probe_stop, false);
     b->inbox_tail = &b->inbox;
-    b->wake_fd[0] = b->wake_fd[1] = -1;
-    atomic_init(&b->wake_sent, false);
     b->url_chat = endpoint(o->upstream, "chat/completions");
     b->url_completions = endpoint(o->upstream, "completions");
     b->url_tokenize = root_endpoint(o->upstream, "tokenize");
@@ -1547,10 +1503,17 @@ agent_backend *agent_backend_openai_create(const agent_options *o, char *err, si
      * an upstream that gave no answer (down, loading) is asked again. */
     oai_embed_probe_result probe = oai_embed_probe(o, b->url_embed, b->auth_header, NULL);
     atomic_store(&b->embeddings, probe == OAI_EMBED_YES);
-    if (loop_init(b, err, errlen) != 0) {
+    /* Idle connections kept for reuse: one per slot is what a full agent
+     * can use again at once. */
+    long slots = o->slots > 0 ? (long)o->slots : 1;
+    b->multi = curl_multi_init();
+    if (!b->multi) {
         oai_destroy(&b->base);
+        snprintf(err, errlen, "openai backend: cannot create a libcurl multi handle");
         return NULL;
     }
+    curl_multi_setopt(b->multi, CURLMOPT_MAXCONNECTS, slots + 4);
+    fd_limit_for_slots(slots);
     if (probe == OAI_EMBED_RETRY) {
         if (pthread_create(&b->probe_th, NULL, probe_main, b) == 0)
             b->probe_started = true;

@@ -1,7 +1,8 @@
 """Many concurrent streams through one openai-backend agent (issue 24 item 3).
 
-The agent relays every upstream stream from one loop thread (libcurl's multi
-interface), not a thread per job. 200 streaming requests (completions and
+The agent relays every upstream stream on its own loop thread (libcurl's
+multi interface on the agent's libevent loop), not a thread per job nor a
+thread of the backend's. 200 streaming requests (completions and
 chat) go through one agent with --slots 256 to the scripted upstream, which
 holds each one before its first token (first_delay_ms, a gate that a control
 call opens). Once the upstream holds all 200 at once, the agent's thread
@@ -27,9 +28,12 @@ import upstream as upstream_mod  # noqa: E402
 FAST = ["--poll_interval_sec", "1", "--work_wait_sec", "5"]
 STREAMS = 200
 TOKENS = 5
-# main + the backend's loop thread, with room for libcurl's or libc's
-# helpers; a thread per job would be over 200.
-MAX_THREADS = 8
+# The agent's loop, which relays every stream (the openai backend runs on
+# it: bind_loop), and the signal thread. A thread per job would be over
+# 200; the backend's own loop thread of before made 3. Every URL here is
+# numeric (no resolver thread) and the upstream answers the embeddings
+# probe (no probe thread).
+MAX_THREADS = 2
 
 
 def threads_of(pid):
