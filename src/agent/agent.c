@@ -25,6 +25,7 @@
 #include <jansson.h>
 
 #include "agent/agent_facts.h"
+#include "agent/curl_loop.h"
 #include "common/gp_json.h"
 #include "agent/agent_util.h"
 #include "common/gp_log.h"
@@ -2483,20 +2484,8 @@ static int on_req_socket(CURL *easy, curl_socket_t s, int what, void *userp, voi
             event_free(ev);
         return 0;
     }
-    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
-                         ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
-    if (ev) {
-        event_del(ev);
-        event_assign(ev, a->evb, s, kind, on_req_sock, a);
-    } else {
-        ev = event_new(a->evb, s, kind, on_req_sock, a);
-        if (!ev)
-            return -1;
-        curl_multi_assign(a->multi, s, ev);
-    }
-    event_priority_set(ev, AGENT_PRI_NEW);
-    event_add(ev, NULL);
-    return 0;
+    return curl_loop_watch(a->evb, a->multi, s, what, ev, AGENT_PRI_NEW, on_req_sock, a) ? 0
+                                                                                         : -1;
 }
 
 /* CURLMOPT_TIMERFUNCTION for the server requests. */
@@ -2504,13 +2493,7 @@ static int on_req_timeout(CURLM *multi, long timeout_ms, void *userp)
 {
     agent *a = userp;
     (void)multi;
-    if (timeout_ms < 0) {
-        evtimer_del(a->curl_tev);
-        return 0;
-    }
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    evtimer_add(a->curl_tev, &tv);
-    return 0;
+    return curl_loop_timer(a->curl_tev, timeout_ms);
 }
 
 int agent_run(agent *a)

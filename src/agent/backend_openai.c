@@ -75,6 +75,7 @@
 #include <jansson.h>
 
 #include "agent/backend.h"
+#include "agent/curl_loop.h"
 #include "agent/openai_count.h"
 #include "agent/openai_embed.h"
 #include "agent/openai_schema.h"
@@ -863,20 +864,10 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     int pri = j && j->unanswered ? OAI_PRI_NEW : OAI_PRI_RELAY;
     if (j)
         j->sock = s; /* for sock_demote */
-    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
-                         ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
-    if (ev) {
-        event_del(ev);
-        event_assign(ev, b->evb, s, kind, on_sock_event, b);
-    } else {
-        ev = event_new(b->evb, s, kind, on_sock_event, b);
-        if (!ev)
-            return -1;
-        curl_multi_assign(b->multi, s, ev);
-    }
+    ev = curl_loop_watch(b->evb, b->multi, s, what, ev, pri, on_sock_event, b);
+    if (!ev)
+        return -1;
     b->sock_ev[s] = ev;
-    event_priority_set(ev, pri);
-    event_add(ev, NULL);
     return 0;
 }
 
@@ -885,13 +876,7 @@ static int on_curl_timeout(CURLM *multi, long timeout_ms, void *userp)
 {
     oai_backend *b = userp;
     (void)multi;
-    if (timeout_ms < 0) {
-        evtimer_del(b->curl_timer);
-        return 0;
-    }
-    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-    evtimer_add(b->curl_timer, &tv);
-    return 0;
+    return curl_loop_timer(b->curl_timer, timeout_ms);
 }
 
 /* Every 200 ms while jobs run: a transfer with no byte from the upstream
