@@ -5,7 +5,8 @@
  * Everything below runs on the loop thread except the sink_* callbacks,
  * which a backend calls from the loop (bind_loop) or from threads of its
  * own; they touch only the job's event queue and flags under a->mu and
- * wake the loop.
+ * wake the loop (on the loop's thread the release of a sink bracket may
+ * run the loop's turn itself: backend.h).
  */
 #include "agent/agent.h"
 
@@ -295,7 +296,7 @@ static void job_cancel(agent *a, agent_job *j)
 }
 
 /* ======================================================================== */
-/* Event sink (backend threads)                                             */
+/* Event sink (the loop's thread or a backend's)                            */
 /* ======================================================================== */
 
 static void loop_turn(agent *a);
@@ -323,8 +324,9 @@ static void loop_wake_fd(agent *a)
  * (a long-poll's new jobs, an upload's answer that lets the next first
  * outputs go). At 1,000 paced streams each such pass re-reports every
  * stream still readable (level-triggered): worth it for a first output or
- * an end (time to first token p50 ~10 -> ~2.7 ms, inline for all of them
- * on one shared core), not for every token (docs/scaling.md, ninth
+ * an end, not for every token (time to first token p50 2.6-2.8 ms, against
+ * 14-19 ms with every wake inline and 11.5-12 ms with only first outputs
+ * active, on one core shared with the server: docs/scaling.md, ninth
  * round). */
 static void loop_wake_now(agent *a, bool between)
 {
@@ -338,7 +340,7 @@ static void loop_wake_now(agent *a, bool between)
         event_active(a->turn_ev, EV_TIMEOUT, 0);
 }
 
-/* agent_sink_hold/release (backend.h): per backend thread. */
+/* agent_sink_hold/release (backend.h): per thread (the loop's or a backend's). */
 static _Thread_local int hold_depth;
 static _Thread_local agent *held_wake; /* the agent to wake at the release */
 static _Thread_local bool held_urgent;  /* and a wake among them was WAKE_URGENT */

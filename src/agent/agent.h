@@ -11,8 +11,10 @@
  * backend.h): they lock the agent's mutex, append to the job's event queue
  * and, when that gives the loop something new to do (the first event to
  * send, the first output, the end), link the job on the loop's list of
- * changed jobs and wake it (an eventfd from another thread; from the loop's
- * own, its turn event made active).
+ * changed jobs and wake it: from another thread through an eventfd; on
+ * the loop's own thread, at the release that ends a backend's callback,
+ * by running the loop's turn there and then (plain tokens) or by making
+ * its turn event active (a first output or an end: see loop_wake_now).
  * The loop takes that list once a turn and never walks every job on a
  * wake-up; deadlines and upload retries wait in timer heaps.
  *

@@ -132,7 +132,12 @@ typedef struct agent_job_sink {
  * backend: a zero-delay upstream's headers, 64 tokens and end in one read)
  * brackets its turns with them, so that the reply travels in one upload
  * instead of a lone `started` first and the rest one round trip later.
- * Pairs nest; optional for a backend (unbracketed calls wake at once). */
+ * Pairs nest; optional for a backend (unbracketed calls wake at once).
+ * On the loop's thread (a backend bound to it) the outermost release may
+ * run the agent's turn there and then, which may call this backend's ops
+ * (job_start, job_cancel, slots, poll_facts, models) before it returns:
+ * call it last in a callback, with no lock of the backend's held and its
+ * state consistent. */
 void agent_sink_hold(void);
 void agent_sink_release(void);
 

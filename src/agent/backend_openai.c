@@ -210,7 +210,9 @@ struct oai_backend {
      * lines link to one of them (job_headers). */
     struct curl_slist *fixed_hdrs[2];
 
-    /* --- under mu (with the probe thread's wait) --- */
+    /* --- the loop's thread; mu is kept for them (uncontended now: the
+     * agent calls job_start and job_cancel on the loop's thread) and for
+     * the probe thread's wait --- */
     pthread_mutex_t mu;
     oai_job *jobs;          /* every job not yet finished (doubly linked) */
     oai_job *inbox, **inbox_tail; /* started, not yet taken by the loop */
@@ -1332,7 +1334,7 @@ static void oai_destroy(agent_backend *base)
 static void fd_limit_for_slots(long slots)
 {
     struct rlimit rl;
-    rlim_t want = (rlim_t)slots + 64; /* the agent's own connections, the pipe, logs */
+    rlim_t want = (rlim_t)slots + 64; /* the agent's own connections, its eventfd, logs */
     if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= want)
         return;
     rlim_t before = rl.rlim_cur;
