@@ -2249,6 +2249,10 @@ static void agent_announce(agent *a)
  * changed, deadlines, uploads, the poll and the long-poll. True when the
  * agent is to leave; else *wake_at is when the next turn is due at the
  * latest (monotonic ms). */
+static void stop_requests(agent *a, uint64_t now);
+static void uploads_due(agent *a, uint64_t now, uint64_t *wake);
+static void server_requests_due(agent *a, uint64_t now, uint64_t *wake);
+
 static bool loop_body(agent *a, uint64_t *wake_at)
 {
     uint64_t now = gp_now_mono_ms();
@@ -2259,8 +2263,27 @@ static bool loop_body(agent *a, uint64_t *wake_at)
         stop_all_jobs(a);
         return true;
     }
+    stop_requests(a, now);
+    uint64_t wake = now + 1000;
+    uploads_due(a, now, &wake);
 
-    /* Stop requests from the signal thread. */
+    /* Leave when drained (or out of time after stopping the jobs). */
+    if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
+        !deregister_step(a))
+        return true;
+    if (a->jobs_stopped && now >= a->final_deadline_ms) {
+        gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
+        return true;
+    }
+    server_requests_due(a, now, &wake);
+    *wake_at = wake;
+    return false;
+}
+
+/* Stop requests from the signal thread: drain, then stop the jobs at the
+ * drain deadline (or at once on a second request). */
+static void stop_requests(agent *a, uint64_t now)
+{
     int sr = atomic_load(&a->stop_req);
     if (sr >= 1 && !a->stopping) {
         gp_log_info("draining", "stop requested: draining (up to %lld s for running jobs)",
@@ -2280,17 +2303,19 @@ static bool loop_body(agent *a, uint64_t *wake_at)
         a->final_deadline_ms = now + SHUTDOWN_FLUSH_MS;
         stop_all_jobs(a);
     }
+}
 
-    /* Per-job upkeep: what changed (jobs_review), deadlines and
-     * retries due, and uploads (batched when the server takes it and
-     * none is in flight). */
-    uint64_t wake = now + 1000;
+/* Per-job upkeep: what changed (jobs_review), deadlines and retries due,
+ * and uploads (batched when the server takes it and none is in flight).
+ * *wake: lowered to when this is next due. */
+static void uploads_due(agent *a, uint64_t now, uint64_t *wake)
+{
     bool urgent = false;
     jobs_review(a, now, &urgent);
     if (a->bq_cur != a->cur || a->bq_batch != a->events_batch)
         bq_requeue(a, now, &urgent);
-    deadlines_due(a, now, &wake);
-    retries_due(a, now, &wake, &urgent);
+    deadlines_due(a, now, wake);
+    retries_due(a, now, wake, &urgent);
     if (a->n_bq && !a->batch_req) {
         /* With two or more jobs running, wait up to events-batch-ms
          * after the first pending event so that the others' tokens
@@ -2307,32 +2332,28 @@ static bool loop_body(agent *a, uint64_t *wake_at)
             batch_start(a, now, false);
             a->batch_since_ms = 0;
         } else {
-            wake = min_u64(wake, due);
+            *wake = min_u64(*wake, due);
         }
     } else if (batch_urgent_due(a)) {
         batch_start(a, now, true);
     }
+}
 
-    /* Leave when drained (or out of time after stopping the jobs). */
-    if (a->stopping && !a->jobs && (a->drain_announced || !a->registered) &&
-        !deregister_step(a))
-        return true;
-    if (a->jobs_stopped && now >= a->final_deadline_ms) {
-        gp_log_warn("shutdown_incomplete", "leaving with undelivered job events");
-        return true;
-    }
-
+/* Enrollment or the heartbeat poll, and the long-poll, when due. *wake:
+ * lowered to when one is next due. */
+static void server_requests_due(agent *a, uint64_t now, uint64_t *wake)
+{
     /* Enroll first (once), then heartbeat. */
     if (a->enrolling) {
         if (!a->enroll_req && now >= a->next_enroll_ms)
             enroll_start(a);
         if (!a->enroll_req)
-            wake = min_u64(wake, a->next_enroll_ms);
+            *wake = min_u64(*wake, a->next_enroll_ms);
     } else {
         if (!a->poll_req && now >= a->next_poll_ms && !a->leaving)
             poll_start(a);
         if (!a->poll_req && !a->leaving)
-            wake = min_u64(wake, a->next_poll_ms);
+            *wake = min_u64(*wake, a->next_poll_ms);
     }
 
     /* Keep a long-poll parked at all times: with free slots it asks
@@ -2364,21 +2385,18 @@ static bool loop_body(agent *a, uint64_t *wake_at)
         if (now >= a->next_work_ms)
             work_start(a, free_slots);
         else
-            wake = min_u64(wake, a->next_work_ms);
+            *wake = min_u64(*wake, a->next_work_ms);
     }
-    *wake_at = wake;
-    return false;
 }
 
-/* Drive libcurl for the server requests and act on those that finished
- * (outside libcurl's callbacks). True when one did. */
+/* Drive libcurl for the server requests (socket fd ready for action, or
+ * CURL_SOCKET_TIMEOUT: timeouts due and requests just added) and act on
+ * those that finished (outside libcurl's callbacks). True when one did. */
 static bool reqs_settle(agent *a, curl_socket_t fd, int action)
 {
     int running = 0;
-    if (fd != CURL_SOCKET_TIMEOUT || a->kick) {
-        a->kick = false;
-        curl_multi_socket_action(a->multi, fd, action, &running);
-    }
+    a->kick = false; /* a socket action also runs the timeouts due */
+    curl_multi_socket_action(a->multi, fd, action, &running);
     CURLMsg *m;
     int left;
     bool any = false;
@@ -2469,7 +2487,6 @@ static void on_req_timer(evutil_socket_t fd, short what, void *arg)
     agent *a = arg;
     (void)fd;
     (void)what;
-    a->kick = true;
     if (reqs_settle(a, CURL_SOCKET_TIMEOUT, 0))
         loop_turn(a);
 }

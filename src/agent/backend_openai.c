@@ -97,15 +97,13 @@
  * asked again after this, doubling up to PROBE_RETRY_MAX_S. */
 #define PROBE_RETRY_FIRST_S 10
 #define PROBE_RETRY_MAX_S 300
-/* The loop's event priorities (issue 24, backend.h's AGENT_PRI_*). New
+/* The loop's event priorities are backend.h's AGENT_PRI_* (issue 24). New
  * work goes first: the wake event (new jobs, cancels), libcurl's timer,
  * and the sockets of transfers whose reply has not begun; then the streams
  * already relaying. At 1,000 paced streams a turn of the loop carried
  * ~2,000 token reads, and a new job waited behind one turn to be taken and
  * two more for its request and its first reply (~150 ms of a ~220 ms time
  * to first token). */
-#define OAI_PRI_NEW AGENT_PRI_NEW
-#define OAI_PRI_RELAY AGENT_PRI_RELAY
 /* How long a transfer whose stream said [DONE] waits for the body's end
  * (see xfer_done_early) before its connection is closed instead. */
 #define OAI_LINGER_MS 1000
@@ -145,7 +143,7 @@ typedef struct oai_job {
     /* --- loop thread only --- */
     CURL *easy;             /* the transfer in flight, or NULL */
     /* The transfer's reply has not begun: its socket's events go ahead of
-     * the streams already relaying (OAI_PRI_NEW) until its first bytes. */
+     * the streams already relaying (AGENT_PRI_NEW) until its first bytes. */
     bool unanswered;
     bool demote_queued;     /* on the loop's demote list */
     /* The socket libcurl last asked us to watch for this transfer
@@ -746,11 +744,11 @@ static void sock_demote(oai_backend *b, oai_job *j)
     if (!j->easy || s == CURL_SOCKET_BAD || s < 0 || s >= b->n_sock_ev)
         return;
     struct event *ev = b->sock_ev[s];
-    if (!ev || event_get_priority(ev) == OAI_PRI_RELAY)
+    if (!ev || event_get_priority(ev) == AGENT_PRI_RELAY)
         return;
-    if (event_priority_set(ev, OAI_PRI_RELAY) != 0) {
+    if (event_priority_set(ev, AGENT_PRI_RELAY) != 0) {
         event_del(ev);
-        event_priority_set(ev, OAI_PRI_RELAY);
+        event_priority_set(ev, AGENT_PRI_RELAY);
         event_add(ev, NULL);
     }
 }
@@ -863,7 +861,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     char *priv = NULL;
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
     oai_job *j = (oai_job *)priv;
-    int pri = j && j->unanswered ? OAI_PRI_NEW : OAI_PRI_RELAY;
+    int pri = j && j->unanswered ? AGENT_PRI_NEW : AGENT_PRI_RELAY;
     if (j)
         j->sock = s; /* for sock_demote */
     ev = curl_loop_watch(b->evb, b->multi, s, what, ev, pri, on_sock_event, b);
@@ -1360,8 +1358,8 @@ static int oai_bind_loop(agent_backend *base, struct event_base *evb, char *err,
     b->curl_timer = evtimer_new(evb, on_curl_timer, b);
     b->sweep_timer = event_new(evb, -1, EV_PERSIST, on_sweep, b);
     if (!b->wake_ev || !b->curl_timer || !b->sweep_timer ||
-        event_priority_set(b->wake_ev, OAI_PRI_NEW) != 0 ||
-        event_priority_set(b->curl_timer, OAI_PRI_NEW) != 0) {
+        event_priority_set(b->wake_ev, AGENT_PRI_NEW) != 0 ||
+        event_priority_set(b->curl_timer, AGENT_PRI_NEW) != 0) {
         snprintf(err, errlen, "openai backend: cannot set up its events");
         return -1; /* oai_destroy frees what was made */
     }
