@@ -2279,7 +2279,7 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
         goto fail;
     s->w.eng = s->r.eng = s->eng;
     s->commit_interval_ms = opts && opts->commit_interval_ms > 0 ? opts->commit_interval_ms : 5;
-    s->batch_max = opts && opts->batch_max > 0 ? opts->batch_max : 64;
+    s->batch_max = opts && opts->batch_max > 0 ? opts->batch_max : 512;
     s->queue_max = opts && opts->queue_max > 0 ? opts->queue_max : 100000;
     s->busy_timeout_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 5000;
     s->base = base;

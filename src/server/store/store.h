@@ -9,7 +9,7 @@
  * write connection. The loop hands writes over through a bounded in-memory
  * queue (an enqueue is a malloc + a mutex held for a few instructions); the
  * DB thread executes them as they arrive inside a transaction and commits
- * that transaction every `commit_interval_ms` (5 ms) or `batch_max` ops (64),
+ * that transaction every `commit_interval_ms` (5 ms) or `batch_max` ops (512),
  * whichever comes first, or at once when someone waits in gps_store_flush.
  * That is group commit: under load many writes share one commit, idle
  * writes are committed within a few milliseconds.
@@ -141,7 +141,7 @@ int gps_store_schema_version(void);
 typedef struct gps_store_opts {
     const char *migrations_dir;  /* NULL = embedded migrations */
     int commit_interval_ms;      /* <= 0: 5 */
-    int batch_max;               /* <= 0: 64 ops per transaction */
+    int batch_max;               /* <= 0: 512 ops per transaction */
     size_t queue_max;            /* 0: 100000 queued ops before dropping writes */
     int busy_timeout_ms;         /* <= 0: 5000 */
 } gps_store_opts;
