@@ -696,7 +696,7 @@ static void job_begin(oai_backend *b, oai_job *j)
         evtimer_add(b->sweep_timer, &tv);
     }
     j->st.t_start_us = gp_now_mono_us();
-    j->st.last_byte_ms = gp_now_mono_ms();
+    j->st.last_byte_ms = j->st.t_start_us / 1000;
     job_headers(j);
     if (j->st.count && !j->embed) {
         count_begin(b, j);
@@ -892,7 +892,7 @@ static void on_sweep(evutil_socket_t fd, short what, void *arg)
     for (oai_job *j = b->jobs; j; j = j->next)
         if (j->easy && !j->done_queued &&
             (j->lingering ? now - j->linger_since_ms > OAI_LINGER_MS
-                          : now - j->st.last_byte_ms > stall_ms)) {
+                          : oai_stream_idle_ms(&j->st, now) > stall_ms)) {
             j->in_next = stalled;
             stalled = j;
         }

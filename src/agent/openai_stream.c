@@ -360,9 +360,18 @@ static int sse_whole_events(oai_stream *s, const char *p, size_t n, size_t *used
     return rc;
 }
 
+uint64_t oai_stream_idle_ms(oai_stream *s, uint64_t now_ms)
+{
+    if (s->got_bytes || now_ms < s->last_byte_ms) {
+        s->got_bytes = false;
+        s->last_byte_ms = now_ms;
+    }
+    return now_ms - s->last_byte_ms;
+}
+
 int oai_stream_body(oai_stream *s, const char *p, size_t n)
 {
-    s->last_byte_ms = gp_now_mono_ms();
+    s->got_bytes = true;
     if (s->done_seen)
         return 1; /* after [DONE]: the rest of the body is not read */
     switch (s->mode) {
@@ -399,7 +408,7 @@ int oai_stream_body(oai_stream *s, const char *p, size_t n)
 
 int oai_stream_header(oai_stream *s, const char *p, size_t n)
 {
-    s->last_byte_ms = gp_now_mono_ms();
+    s->got_bytes = true;
     if (n >= 5 && strncmp(p, "HTTP/", 5) == 0) {
         /* status line: parse the code */
         const char *sp = memchr(p, ' ', n);

@@ -83,7 +83,12 @@ typedef struct oai_stream {
     int ntool_calls;        /* tool call indices announced (id+name sent) */
     bool started_sent;
     uint64_t t_start_us, t_first_us; /* monotonic: init, first token */
-    uint64_t last_byte_ms;  /* monotonic: the last header or body byte */
+    /* Stall detection without a clock read per chunk (issue 24: a
+     * clock_gettime on every body chunk was ~4 % of the agent's CPU at 64
+     * zero-delay streams): bytes only set the flag, and the caller's
+     * periodic sweep turns it into a time (oai_stream_idle_ms). */
+    bool got_bytes;         /* a header or body byte since the sweep last looked */
+    uint64_t last_byte_ms;  /* monotonic: when a sweep last saw bytes (or init) */
 } oai_stream;
 
 /* sink is copied; job_id and stops are borrowed and outlive the stream.
@@ -91,6 +96,11 @@ typedef struct oai_stream {
 void oai_stream_init(oai_stream *s, const agent_job_sink *sink, const char *job_id, bool chat,
                      bool count, const json_t *stops, size_t max_line);
 void oai_stream_free(oai_stream *s);
+/* For a periodic sweep at now_ms (monotonic): how long the stream has
+ * read nothing, 0 when it read something since the previous call. Precise
+ * to the sweep's period: a stall is seen between one and two periods
+ * after the fact. */
+uint64_t oai_stream_idle_ms(oai_stream *s, uint64_t now_ms);
 /* Forget what was read (status, body, failure) before another request
  * of the job (the count methods, then the generation after a count that
  * came first): count says which kind it is. The sink, job and timings

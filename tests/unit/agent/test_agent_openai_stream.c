@@ -292,6 +292,30 @@ static void overlong_line_fails(void **st)
     job_done(&j, &r);
 }
 
+/* The stall clock: bytes only mark the stream, a sweep reads the time. */
+static void idle_time_from_sweeps(void **st)
+{
+    (void)st;
+    oai_stream j;
+    rec r;
+    job_init(&j, &r, true);
+    uint64_t t0 = j.last_byte_ms;
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 100), 100);
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 300), 300);
+    hdr(&j, "HTTP/1.1 200 OK\r\n");               /* a header line is a byte */
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 500), 0);
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 700), 200);
+    hdr(&j, "Content-Type: text/event-stream\r\n");
+    hdr(&j, "\r\n");
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 900), 0);
+    assert_int_equal(body(&j, ": ping\n\n", 3), 8);  /* so is a comment */
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 2000), 0);
+    assert_int_equal(oai_stream_idle_ms(&j, t0 + 2000 + 60000), 60000);
+    /* A clock that went back (never, monotonic; but no wrap to 2^64). */
+    assert_int_equal(oai_stream_idle_ms(&j, t0), 0);
+    job_done(&j, &r);
+}
+
 static void wrong_content_type_and_error_status(void **st)
 {
     (void)st;
@@ -598,6 +622,7 @@ int main(void)
         cmocka_unit_test(error_object_in_stream),
         cmocka_unit_test(overlong_line_fails),
         cmocka_unit_test(wrong_content_type_and_error_status),
+        cmocka_unit_test(idle_time_from_sweeps),
         cmocka_unit_test(json_reply_lenient),
         cmocka_unit_test(stop_strings_matched),
         cmocka_unit_test(request_building),
