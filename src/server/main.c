@@ -410,6 +410,7 @@ static void collect(gps_metrics *m, void *arg)
     gps_metrics_set(m, "db_ops_failed_total", NULL, (double)st.ops_failed);
     gps_metrics_set(m, "db_drops_total", NULL, (double)st.drops);
     gps_metrics_set(m, "db_commits_total", NULL, (double)st.batches);
+    gps_metrics_set(m, "db_statements_total", NULL, (double)st.statements);
     gps_metrics_set(m, "db_queue_depth", NULL, (double)st.queue_depth);
     gps_metrics_set(m, "http_body_bytes_inflight", NULL,
                     (double)gps_http_inflight_bytes(s->http));
@@ -903,6 +904,9 @@ int main(int argc, char **argv)
                        "DB writes dropped because the queue was full.", NULL, 0);
     gps_metrics_define(s->metrics, "db_commits_total", GPS_METRIC_COUNTER,
                        "DB transactions committed (group commits).", NULL, 0);
+    gps_metrics_define(s->metrics, "db_statements_total", GPS_METRIC_COUNTER,
+                       "DB statements committed (writes folded into one row write count once).",
+                       NULL, 0);
     gps_metrics_define(s->metrics, "db_queue_depth", GPS_METRIC_GAUGE,
                        "DB operations waiting for the DB thread.", NULL, 0);
     gps_metrics_define(s->metrics, "http_body_bytes_inflight", GPS_METRIC_GAUGE,

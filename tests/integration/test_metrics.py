@@ -76,6 +76,7 @@ FAMILIES = {
     "db_ops_failed_total": "counter",
     "db_drops_total": "counter",
     "db_commits_total": "counter",
+    "db_statements_total": "counter",
     "db_queue_depth": "gauge",
 }
 

@@ -1498,6 +1498,7 @@ static void *db_main(void *arg)
             s->stats.ops_committed += writes_ok;
             s->stats.ops_failed += writes_failed;
             s->stats.batches++;
+            s->stats.statements += n;
             s->stats.last_batch_ops = n;
             s->stats.last_commit_us = commit_us;
             if (commit_us > s->stats.max_commit_us)

@@ -184,6 +184,8 @@ typedef struct gps_store_stats {
     uint64_t ops_failed;         /* writes that SQLite rejected */
     uint64_t drops;              /* writes dropped: queue full */
     uint64_t batches;            /* transactions committed */
+    uint64_t statements;         /* ops run in committed transactions: a write
+                                    folded into another runs none (issue 24) */
     uint64_t commit_failures;    /* COMMITs that failed */
     uint64_t queue_depth;        /* ops waiting now */
     uint64_t last_batch_ops;     /* ops in the last committed transaction */

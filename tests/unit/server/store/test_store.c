@@ -508,6 +508,7 @@ static void test_row_writes_fold(void **state)
     assert_int_equal(st.ops_failed, 0);
     assert_int_equal(st.batches, 1);
     assert_int_equal(st.last_batch_ops, 1 + 2 + 3); /* statements run */
+    assert_int_equal(st.statements, 1 + 2 + 3);
     gps_store_close(s);
 
     assert_text(db, "SELECT api || kind || model || key_id || status || priority || "
