@@ -763,6 +763,11 @@ typedef struct op {
     bool may_wait;             /* queued open to folding: the DB thread may hold it
                                   to its commit deadline (db_hold) */
     uint32_t folds;            /* writes folded into it (counted as ops) */
+    /* Taken off the queue while its row was open: held back for the row's
+     * later writes to fold into it (held_add_locked). */
+    bool held;
+    uint64_t hold_until_us;    /* monotonic: runs then at the latest */
+    struct op *hnext;          /* held list chain */
     char msg[160];             /* ping: failure text */
     int nv;
     val v[];
@@ -1001,6 +1006,7 @@ struct gps_store {
     int commit_interval_ms;
     int batch_max;
     size_t queue_max;
+    uint64_t row_hold_us;        /* 0: rows are not held (held_add_locked) */
 
     struct event_base *base;
     /* The DB thread never touches the event_base (only the loop thread
@@ -1030,6 +1036,12 @@ struct gps_store {
     size_t q_nowait;             /* queued ops that are not may_wait (db_hold) */
     uint64_t seq_enqueued;
     uint64_t seq_done;           /* every op with seq <= this is executed and committed */
+    uint64_t seq_taken;          /* the highest seq taken off the queue */
+    op *hhead, *htail;           /* held row writes, in the order taken (held_add_locked) */
+    bool held_ready;             /* a held row ended: its write is due */
+    bool held_drain;             /* a write of a held row did not fold: run every held
+                                    write before the next op */
+    bool db_idle;                /* DB thread waits with no group open (db_idle_wait) */
     /* Durability notification (gps_store_set_commit_cb). */
     gps_store_commit_fn commit_fn;
     void *commit_arg;
@@ -1186,6 +1198,8 @@ static op *fold_pack(const op *base, const op *u)
     return b_pack(&b);
 }
 
+static bool row_ended(const op *o);
+
 /* Under mu, for a job-row write o about to be queued (coalesce as the
  * caller said): true when o folded into the row's pending write (o is then
  * the caller's to free); else o is to be queued, and *reg says whether it
@@ -1203,11 +1217,22 @@ static bool fold_locked(gps_store *s, op *o, bool coalesce, bool *reg)
             p->fold = m;
             p->folds++;
             s->stats.ops_enqueued++;
+            if (p->held && row_ended(p)) {
+                /* The row ended: its held write is due. A group waiting
+                 * for its deadline runs it there; an idle DB thread is
+                 * woken (low load: a wake a request costs nothing). */
+                s->held_ready = true;
+                if (s->db_idle)
+                    pthread_cond_signal(&s->cv_work);
+            }
             return true;
         }
     }
-    if (p)
+    if (p) {
         pend_del(s, p); /* o is queued after it: nothing later folds across o */
+        if (p->held)
+            s->held_drain = true; /* and p runs before o (group_fill) */
+    }
     *reg = coalesce && (o->kind == K_JOB_UPDATE || s->w.ok[K_JOB_INSERT_ROW]);
     return false;
 }
@@ -1376,6 +1401,291 @@ static bool db_hold(const gps_store *s, bool commit_soon)
            s->stats.queue_depth < (uint64_t)s->batch_max;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Held rows                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Has the row's end (finished_at) reached this write, itself or folded? */
+static bool row_ended(const op *o)
+{
+    const op *w = o->fold ? o->fold : o;
+    return (w->kind == K_JOB_INSERT_ROW && w->v[21].t != V_NULL) ||
+           (w->kind == K_JOB_UPDATE && w->v[11].t != V_NULL);
+}
+
+/* Under mu, o just taken off the queue: hold it back instead of running
+ * it? A request-log row write open to folding whose row has not ended
+ * waits up to row_hold_ms on the held list, still in the pending table, so
+ * that the row's later writes fold into it (folding within one group
+ * missed every request longer than the group: 1.87 statements a request
+ * at 64 zero-delay streams, issue 24). */
+static bool held_add_locked(gps_store *s, op *o, uint64_t now)
+{
+    if (s->row_hold_us == 0 || !o->pending || row_ended(o))
+        return false;
+    o->held = true;
+    o->hold_until_us = now + s->row_hold_us;
+    o->hnext = NULL;
+    if (s->htail)
+        s->htail->hnext = o;
+    else
+        s->hhead = o;
+    s->htail = o;
+    s->stats.rows_held++;
+    return true;
+}
+
+/* Under mu: is a held write due to run (its row ended, its hold is over,
+ * or a flush or the stop wants everything written)? */
+static bool held_due_locked(const gps_store *s, uint64_t now)
+{
+    return s->hhead && (s->held_ready || s->held_drain || s->flush_waiters || s->stop ||
+                        now >= s->hhead->hold_until_us);
+}
+
+/* Under mu: take off the held list (and out of the pending table: nothing
+ * folds into them any more) the writes due now, or all of them; returns
+ * them chained by next, in the order they were held. */
+static op *held_take_locked(gps_store *s, uint64_t now, bool all)
+{
+    all = all || s->held_drain || s->flush_waiters || s->stop;
+    op *run = NULL, **tail = &run;
+    op *keep = NULL, *keep_tail = NULL;
+    for (op *o = s->hhead, *next; o; o = next) {
+        next = o->hnext;
+        o->hnext = NULL;
+        if (all || row_ended(o) || now >= o->hold_until_us) {
+            o->held = false;
+            if (o->pending)
+                pend_del(s, o);
+            o->next = NULL;
+            *tail = o;
+            tail = &o->next;
+        } else {
+            if (keep_tail)
+                keep_tail->hnext = o;
+            else
+                keep = o;
+            keep_tail = o;
+        }
+    }
+    s->hhead = keep;
+    s->htail = keep_tail;
+    s->held_ready = false;
+    s->held_drain = false;
+    return run;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The DB thread                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* What one group transaction did (db_main). */
+typedef struct group {
+    uint64_t writes_ok, writes_failed, n, last_seq;
+    bool has_read, has_events, events_failed;
+    op *done_head, *done_tail; /* finished reads, for the loop */
+} group;
+
+/* Run o in the group (mu not held); a read is kept for the loop, anything
+ * else freed. */
+static void group_run(gps_store *s, group *g, op *o)
+{
+    bool failed;
+    bool ok = run_op(s, o->fold ? o->fold : o, &failed);
+    g->writes_ok += ok ? 1 + o->folds : 0;
+    g->writes_failed += failed ? 1 + o->folds : 0;
+    if (o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED) {
+        g->has_events = true;
+        g->events_failed |= !ok;
+    }
+    g->n++;
+    if (op_is_read(o)) {
+        g->has_read = true;
+        o->next = NULL;
+        if (g->done_tail)
+            g->done_tail->next = o;
+        else
+            g->done_head = o;
+        g->done_tail = o;
+    } else {
+        free(o->fold);
+        free(o);
+    }
+}
+
+/* Called with mu held, returns with it held: run a chain of held writes. */
+static void group_run_held(gps_store *s, group *g, op *chain)
+{
+    if (!chain)
+        return;
+    pthread_mutex_unlock(&s->mu);
+    while (chain) {
+        op *o = chain;
+        chain = o->next;
+        group_run(s, g, o);
+    }
+    pthread_mutex_lock(&s->mu);
+}
+
+/* Fill one group transaction (mu held on entry and exit): run what is
+ * queued, in order, until the queue is empty and the commit is due, or
+ * batch_max ops ran, or an op queued ahead ran. */
+static void group_fill(gps_store *s, group *g)
+{
+    uint64_t deadline = gp_now_mono_us() + (uint64_t)s->commit_interval_ms * 1000;
+    for (;;) {
+        if (!s->qhead || db_hold(s, g->has_read || g->has_events)) {
+            /* Commit now when someone waits for it (flush, a read,
+             * native task events: their clients get them only once
+             * committed) or we are stopping; else keep the transaction
+             * open for more writes until the deadline. Ops queued while a
+             * COMMIT runs still share the next one. Foldable writes may
+             * wait here too (db_hold): at the deadline they run and
+             * commit, and so do the held writes then due. */
+            uint64_t now = gp_now_mono_us();
+            bool commit_now = s->flush_waiters || s->stop || g->has_read || g->has_events ||
+                              now >= deadline;
+            if (commit_now && !s->qhead) {
+                group_run_held(s, g, held_take_locked(s, now, false));
+                if (!s->qhead)
+                    break;
+                continue; /* queued while the held ran: they join this commit */
+            }
+            if (commit_now)
+                goto take;
+            struct timespec ts;
+            timespec_in_us(&ts, deadline - now);
+            s->tx_waiting = true;
+            pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
+            s->tx_waiting = false;
+            continue;
+        }
+    take:;
+        op *o = s->qhead;
+        /* What is not a foldable row write (a read, a table-wide write, a
+         * native task's) runs after every held write: ops run in enqueue
+         * order but for the held rows, which nothing else concerns. */
+        if (s->hhead && (!o->may_wait || s->held_drain)) {
+            group_run_held(s, g, held_take_locked(s, gp_now_mono_us(), true));
+            continue;
+        }
+        s->qhead = o->next;
+        if (!s->qhead)
+            s->qtail = NULL;
+        s->stats.queue_depth--;
+        if (!o->may_wait)
+            s->q_nowait--;
+        if (o->seq > s->seq_taken)
+            s->seq_taken = o->seq;
+        if (held_add_locked(s, o, gp_now_mono_us()))
+            continue;
+        if (o->pending)
+            pend_del(s, o); /* nothing folds into it once taken */
+        pthread_mutex_unlock(&s->mu);
+        bool ahead = o->seq == 0; /* queued ahead (enqueue_front): commit now */
+        if (!ahead)
+            g->last_seq = o->seq;
+        group_run(s, g, o);
+        pthread_mutex_lock(&s->mu);
+        /* Past the deadline, what is queued still joins this commit (the
+         * writes that waited for it without a wake, see enqueue_locked);
+         * batch_max bounds the group. */
+        if (g->n >= (uint64_t)s->batch_max || ahead)
+            break;
+    }
+}
+
+/* After a group's COMMIT (mu held): every op taken so far is committed
+ * but for the held writes, the oldest of which bounds what a flush may
+ * count as done. */
+static uint64_t seq_committed_locked(const gps_store *s)
+{
+    if (s->hhead && s->hhead->seq && s->hhead->seq - 1 < s->seq_taken)
+        return s->hhead->seq - 1;
+    return s->seq_taken;
+}
+
+/* Under mu, nothing queued: wait for work (ops, a held write coming due,
+ * a flush or the stop). */
+static void db_idle_wait(gps_store *s)
+{
+    while (!s->qhead && !s->stop) {
+        uint64_t now = gp_now_mono_us();
+        if (held_due_locked(s, now))
+            return;
+        s->db_idle = true;
+        if (s->hhead) {
+            struct timespec ts;
+            timespec_in_us(&ts, s->hhead->hold_until_us - now);
+            pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
+        } else {
+            pthread_cond_wait(&s->cv_work, &s->mu);
+        }
+        s->db_idle = false;
+    }
+}
+
+/* After a group's COMMIT (or its failure), mu not held; returns with mu
+ * held: count it, publish what is done, hand finished reads to the loop. */
+static void db_committed(gps_store *s, group *g, bool in_tx, bool commit_ok, uint64_t commit_us,
+                         const char *err)
+{
+    /* A heartbeat (a cancel request) holds only once its transaction
+     * is committed. */
+    for (op *o = g->done_head; o && in_tx && !commit_ok; o = o->next)
+        if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
+            o->status = -1;
+    pthread_mutex_lock(&s->mu);
+    if (commit_ok) {
+        s->stats.ops_committed += g->writes_ok;
+        s->stats.ops_failed += g->writes_failed;
+        s->stats.batches++;
+        s->stats.statements += g->n;
+        s->stats.last_batch_ops = g->n;
+        s->stats.last_commit_us = commit_us;
+        if (commit_us > s->stats.max_commit_us)
+            s->stats.max_commit_us = commit_us;
+        s->stats.last_commit_wall_ms = gp_now_wall_ms();
+        s->last_commit_ok = true;
+    } else {
+        s->stats.ops_failed += g->writes_ok + g->writes_failed;
+        s->stats.commit_failures++;
+        s->last_commit_ok = false;
+        snprintf(s->last_error, sizeof(s->last_error), "last commit failed: %s", err);
+    }
+    uint64_t done = seq_committed_locked(s);
+    if (done > s->seq_done)
+        s->seq_done = done;
+    bool notify = false, notify_commit = false;
+    if (g->has_events) {
+        s->events_done_seq = g->last_seq;
+        s->events_failed |= g->events_failed || !commit_ok;
+        notify_commit = s->wake_fd >= 0;
+    }
+    if (g->done_head) {
+        if (s->dtail)
+            s->dtail->next = g->done_head;
+        else
+            s->dhead = g->done_head;
+        s->dtail = g->done_tail;
+        notify = s->wake_fd >= 0;
+    }
+    if (notify_commit)
+        s->pend_commit = true;
+    /* One write per batch at most, and none while the loop has a wake
+     * it has not read yet: it looks at dhead and pend_commit after
+     * reading, under mu, so it sees this batch too. */
+    bool wake = (notify || notify_commit) && !s->wake_sent;
+    if (wake)
+        s->wake_sent = true;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    if (wake)
+        wake_loop(s);
+    pthread_mutex_lock(&s->mu);
+}
+
 static void *db_main(void *arg)
 {
     gps_store *s = arg;
@@ -1383,9 +1693,8 @@ static void *db_main(void *arg)
 
     pthread_mutex_lock(&s->mu);
     for (;;) {
-        while (!s->qhead && !s->stop)
-            pthread_cond_wait(&s->cv_work, &s->mu);
-        if (!s->qhead && s->stop)
+        db_idle_wait(s);
+        if (!s->qhead && !s->hhead && s->stop)
             break;
         pthread_mutex_unlock(&s->mu);
 
@@ -1398,79 +1707,10 @@ static void *db_main(void *arg)
         if (!in_tx)
             gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
                          "store: BEGIN failed (%s); writing without a transaction", err);
-        uint64_t t_start = gp_now_mono_us();
-        uint64_t deadline = t_start + (uint64_t)s->commit_interval_ms * 1000;
-        uint64_t writes_ok = 0, writes_failed = 0, n = 0, last_seq = 0;
-        bool has_read = false, has_events = false, events_failed = false;
-        op *done_head = NULL, *done_tail = NULL;
-
+        group g;
+        memset(&g, 0, sizeof(g));
         pthread_mutex_lock(&s->mu);
-        for (;;) {
-            if (!s->qhead || db_hold(s, has_read || has_events)) {
-                /* Commit now when someone waits for it (flush, a read,
-                 * native task events: their clients get them only once
-                 * committed) or we are stopping; else keep the transaction
-                 * open for more writes until the deadline. Ops queued
-                 * while a COMMIT runs still share the next one. Foldable
-                 * writes may wait here too (db_hold): at the deadline they
-                 * run and commit. */
-                uint64_t now = gp_now_mono_us();
-                bool commit_now = s->flush_waiters || s->stop || has_read || has_events ||
-                                  now >= deadline;
-                if (commit_now && !s->qhead)
-                    break;
-                if (commit_now)
-                    goto take;
-                struct timespec ts;
-                timespec_in_us(&ts, deadline - now);
-                s->tx_waiting = true;
-                pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
-                s->tx_waiting = false;
-                continue;
-            }
-        take:;
-            op *o = s->qhead;
-            s->qhead = o->next;
-            if (!s->qhead)
-                s->qtail = NULL;
-            s->stats.queue_depth--;
-            if (!o->may_wait)
-                s->q_nowait--;
-            if (o->pending)
-                pend_del(s, o); /* nothing folds into it once taken */
-            pthread_mutex_unlock(&s->mu);
-
-            bool failed;
-            bool ok = run_op(s, o->fold ? o->fold : o, &failed);
-            writes_ok += ok ? 1 + o->folds : 0;
-            writes_failed += failed ? 1 + o->folds : 0;
-            if (o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED) {
-                has_events = true;
-                events_failed |= !ok;
-            }
-            n++;
-            bool ahead = o->seq == 0;   /* queued ahead (enqueue_front): commit now */
-            if (!ahead)
-                last_seq = o->seq;
-            if (op_is_read(o)) {
-                has_read = true;
-                o->next = NULL;
-                if (done_tail)
-                    done_tail->next = o;
-                else
-                    done_head = o;
-                done_tail = o;
-            } else {
-                free(o->fold);
-                free(o);
-            }
-            pthread_mutex_lock(&s->mu);
-            /* Past the deadline, what is queued still joins this commit
-             * (the writes that waited for it without a wake, see
-             * enqueue_locked); batch_max bounds the group. */
-            if (n >= (uint64_t)s->batch_max || ahead)
-                break;
-        }
+        group_fill(s, &g);
         pthread_mutex_unlock(&s->mu);
 
         bool commit_ok = true;
@@ -1481,65 +1721,13 @@ static void *db_main(void *arg)
             if (exec_simple(&s->w, "COMMIT", err, sizeof(err)) != 0) {
                 commit_ok = false;
                 gp_log_write(GP_LOG_ERROR, "store_commit_failed", NULL,
-                             json_pack("{s:I}", "ops", (json_int_t)n),
-                             "store: COMMIT of %llu ops failed: %s", (unsigned long long)n, err);
+                             json_pack("{s:I}", "ops", (json_int_t)g.n),
+                             "store: COMMIT of %llu ops failed: %s", (unsigned long long)g.n, err);
                 exec_simple(&s->w, "ROLLBACK", NULL, 0);
             }
             commit_us = gp_now_mono_us() - t0;
         }
-
-        /* A heartbeat (a cancel request) holds only once its transaction
-         * is committed. */
-        for (op *o = done_head; o && in_tx && !commit_ok; o = o->next)
-            if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
-                o->status = -1;
-        pthread_mutex_lock(&s->mu);
-        if (commit_ok) {
-            s->stats.ops_committed += writes_ok;
-            s->stats.ops_failed += writes_failed;
-            s->stats.batches++;
-            s->stats.statements += n;
-            s->stats.last_batch_ops = n;
-            s->stats.last_commit_us = commit_us;
-            if (commit_us > s->stats.max_commit_us)
-                s->stats.max_commit_us = commit_us;
-            s->stats.last_commit_wall_ms = gp_now_wall_ms();
-            s->last_commit_ok = true;
-        } else {
-            s->stats.ops_failed += writes_ok + writes_failed;
-            s->stats.commit_failures++;
-            s->last_commit_ok = false;
-            snprintf(s->last_error, sizeof(s->last_error), "last commit failed: %s", err);
-        }
-        if (last_seq > s->seq_done)
-            s->seq_done = last_seq;
-        bool notify = false, notify_commit = false;
-        if (has_events) {
-            s->events_done_seq = last_seq;
-            s->events_failed |= events_failed || !commit_ok;
-            notify_commit = s->wake_fd >= 0;
-        }
-        if (done_head) {
-            if (s->dtail)
-                s->dtail->next = done_head;
-            else
-                s->dhead = done_head;
-            s->dtail = done_tail;
-            notify = s->wake_fd >= 0;
-        }
-        if (notify_commit)
-            s->pend_commit = true;
-        /* One write per batch at most, and none while the loop has a wake
-         * it has not read yet: it looks at dhead and pend_commit after
-         * reading, under mu, so it sees this batch too. */
-        bool wake = (notify || notify_commit) && !s->wake_sent;
-        if (wake)
-            s->wake_sent = true;
-        pthread_cond_broadcast(&s->cv_done);
-        pthread_mutex_unlock(&s->mu);
-        if (wake)
-            wake_loop(s);
-        pthread_mutex_lock(&s->mu);
+        db_committed(s, &g, in_tx, commit_ok, commit_us, err);
     }
     s->thread_alive = false;
     pthread_cond_broadcast(&s->cv_done);
@@ -2281,6 +2469,8 @@ gps_store *gps_store_open(const char *path, struct event_base *base, const gps_s
     s->w.eng = s->r.eng = s->eng;
     s->commit_interval_ms = opts && opts->commit_interval_ms > 0 ? opts->commit_interval_ms : 5;
     s->batch_max = opts && opts->batch_max > 0 ? opts->batch_max : 512;
+    int hold_ms = opts && opts->row_hold_ms ? opts->row_hold_ms : GPS_STORE_ROW_HOLD_MS;
+    s->row_hold_us = hold_ms > 0 ? (uint64_t)hold_ms * 1000 : 0;
     s->queue_max = opts && opts->queue_max > 0 ? opts->queue_max : 100000;
     s->busy_timeout_ms = opts && opts->busy_timeout_ms > 0 ? opts->busy_timeout_ms : 5000;
     s->base = base;
@@ -2383,6 +2573,9 @@ void gps_store_close(gps_store *s)
     conn_close(&s->w);
     conn_close(&s->r);
     free_chain(s->qhead);
+    for (op *o = s->hhead; o; o = o->hnext)
+        o->next = o->hnext;
+    free_chain(s->hhead); /* none after a stop: the DB thread ran them */
     free(s->pend);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);

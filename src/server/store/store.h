@@ -12,7 +12,10 @@
  * that transaction every `commit_interval_ms` (5 ms) or `batch_max` ops (512),
  * whichever comes first, or at once when someone waits in gps_store_flush.
  * That is group commit: under load many writes share one commit, idle
- * writes are committed within a few milliseconds.
+ * writes are committed within a few milliseconds. One exception: a
+ * request-log row's write open to folding (gps_store_job_update.coalesce)
+ * whose row has not ended yet is held back up to GPS_STORE_ROW_HOLD_MS, so
+ * that a short request's row is one statement (below).
  *
  * Reads the loop needs later (gps_store_job_get_async, ping) go through the
  * same queue, so they see every write enqueued before them, and their
@@ -138,10 +141,18 @@ typedef struct gps_store gps_store;
 /* Schema version this binary's embedded migrations reach. */
 int gps_store_schema_version(void);
 
+/* How long a request-log row's open write may wait for the row's end
+ * (gps_store_job_update.coalesce): a request shorter than this is one
+ * statement, not two or three (issue 24); a crash loses the rows of the
+ * requests then younger than this (they were in flight: their clients saw
+ * the connection close), as it loses the last commit interval's writes. */
+#define GPS_STORE_ROW_HOLD_MS 250
+
 typedef struct gps_store_opts {
     const char *migrations_dir;  /* NULL = embedded migrations */
     int commit_interval_ms;      /* <= 0: 5 */
     int batch_max;               /* <= 0: 512 ops per transaction */
+    int row_hold_ms;             /* 0: GPS_STORE_ROW_HOLD_MS; < 0: rows not held */
     size_t queue_max;            /* 0: 100000 queued ops before dropping writes */
     int busy_timeout_ms;         /* <= 0: 5000 */
 } gps_store_opts;
@@ -186,6 +197,8 @@ typedef struct gps_store_stats {
     uint64_t batches;            /* transactions committed */
     uint64_t statements;         /* ops run in committed transactions: a write
                                     folded into another runs none (issue 24) */
+    uint64_t rows_held;          /* row writes held back for their row's end
+                                    (GPS_STORE_ROW_HOLD_MS) */
     uint64_t commit_failures;    /* COMMITs that failed */
     uint64_t queue_depth;        /* ops waiting now */
     uint64_t last_batch_ops;     /* ops in the last committed transaction */
@@ -281,7 +294,11 @@ typedef struct gps_store_job_update {
      * written once, by one statement, at the commit the first write would
      * have had, and ends as if both had run (issue 24: a relayed request
      * was three statements). A write without it never folds, and no later
-     * write folds across it. Fenced updates never fold. */
+     * write folds across it. Fenced updates never fold. Such a write the DB
+     * thread takes while its row is still open (no finished_at) waits up to
+     * GPS_STORE_ROW_HOLD_MS for the row's end to fold into it; anything
+     * else queued behind it (a read, a flush, another kind of write) runs
+     * it first, so every read still sees every write queued before it. */
     bool coalesce;
 } gps_store_job_update;
 #define GPS_STORE_JOB_UPDATE_INIT(job_id)                                                    \

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -581,6 +582,91 @@ static void test_first_write_waits_reads_do_not(void **state)
     event_base_free(base);
 }
 
+/* Until the store's counter at offset off reaches want (20 s at most). */
+static void wait_stat_(gps_store *s, size_t off, uint64_t want)
+{
+    uint64_t give_up = gp_now_mono_us() + 20 * 1000 * 1000;
+    for (;;) {
+        gps_store_stats st;
+        gps_store_get_stats(s, &st);
+        uint64_t v;
+        memcpy(&v, (const char *)&st + off, sizeof v);
+        if (v >= want)
+            return;
+        assert_true(gp_now_mono_us() < give_up);
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+}
+#define wait_stat(s, field, want) wait_stat_((s), offsetof(gps_store_stats, field), (want))
+
+/* A request-log row's write that the DB thread takes while the row is
+ * still open is held back for the row's end (row_hold_ms; a minute here,
+ * against groups of a millisecond): its group commits without it, the
+ * row's later writes fold into it, and it runs once the end folds in (the
+ * DB thread idle: woken), before a read or a write of the row that cannot
+ * fold, at a flush, and at close. Without the hold each row below would
+ * be two statements or more. */
+static void test_open_rows_held(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store_opts o = {.commit_interval_ms = 1, .batch_max = 64, .row_hold_ms = 60000};
+    gps_store *s = open_ok(t->db, base, &o);
+    sqlite3 *db = raw_open(t->db);
+    gps_store_job_row r = {.id = "jR", .api = "openai", .kind = "chat", .model = "tiny",
+                           .status = "queued", .created_at = 1000, .coalesce = true};
+
+    /* Held, then ended: one statement, committed without a flush. */
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 1);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs WHERE id = 'jR'"), 0);
+    job_update(s, "jR", "assigned", "agent-1", false, true);
+    job_update(s, "jR", "done", NULL, true, true);
+    wait_stat(s, statements, 1);
+    assert_text(db, "SELECT status || agent_id || total_ms FROM jobs WHERE id = 'jR'",
+                "doneagent-19");
+
+    /* A read runs the held write first and sees the row. */
+    r.id = "jS";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 2);
+    job_update(s, "jS", "assigned", "agent-2", false, true);
+    got_job g = {0};
+    assert_int_equal(gps_store_job_get_async(s, "jS", on_job, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.status, 0);
+    assert_string_equal(g.status_s, "assigned");
+    assert_string_equal(g.agent, "agent-2");
+
+    /* A write of the row that may not fold runs after the held one. */
+    r.id = "jT";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 3);
+    job_update(s, "jT", "running", "agent-3", false, false);
+    wait_stat(s, statements, 5); /* jR; jS and the read; then jT's insert, its update */
+    assert_text(db, "SELECT status || agent_id FROM jobs WHERE id = 'jT'", "runningagent-3");
+
+    /* A flush writes what is held; so does the close. */
+    r.id = "jU";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 4);
+    assert_int_equal(gps_store_flush(s), 0);
+    assert_text(db, "SELECT status FROM jobs WHERE id = 'jU'", "queued");
+    r.id = "jV";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 5);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.statements, 6);
+    assert_int_equal(st.ops_committed, 3 + 2 + 2 + 1);
+    gps_store_close(s);
+    assert_text(db, "SELECT status FROM jobs WHERE id = 'jV'", "queued");
+    sqlite3_close(db);
+    event_base_free(base);
+}
+
 typedef struct writer_arg {
     gps_store *s;
     int who;
@@ -1059,6 +1145,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_group_commit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_first_write_waits_reads_do_not, setup, teardown),
         cmocka_unit_test_setup_teardown(test_row_writes_fold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_open_rows_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
