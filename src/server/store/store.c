@@ -1659,7 +1659,10 @@ static void db_committed(gps_store *s, group *g, bool in_tx, bool commit_ok, uin
         s->seq_done = done;
     bool notify = false, notify_commit = false;
     if (g->has_events) {
-        s->events_done_seq = g->last_seq;
+        /* Not past a held write of lower seq (store.h: every op up to it
+         * executed). The events op drained the older ones, so its own
+         * seq stays covered. */
+        s->events_done_seq = g->last_seq < done ? g->last_seq : done;
         s->events_failed |= g->events_failed || !commit_ok;
         notify_commit = s->wake_fd >= 0;
     }
