@@ -172,8 +172,15 @@ enum {
  * F_SYNC: run on the owner thread's connection only (migrations, loads):
  *   not prepared on the DB thread's connection at open.
  * F_CELLS: an async read (or a write whose caller wants the changed row
- *   count) answered through gps_store_cells_fn. */
-enum { F_OPT = 1, F_SYNC = 2, F_CELLS = 4 };
+ *   count) answered through gps_store_cells_fn.
+ * F_BESIDE: touches neither jobs nor what hangs off them (job_events,
+ *   checkpoints, hand-offs, leases, notifications about them): it runs
+ *   beside the row writes held for their row's end (held_add_locked)
+ *   instead of running them first. With API keys a request queues a usage
+ *   write at admission: were it to run the held writes, keyed deployments
+ *   would lose the hold; and the heartbeat, queued ahead, would wait
+ *   behind them. */
+enum { F_OPT = 1, F_SYNC = 2, F_CELLS = 4, F_BESIDE = 8 };
 
 #define JOB_COLUMNS                                                                          \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
@@ -194,7 +201,7 @@ static const struct {
     const char *pg;    /* PostgreSQL's text where the dialects differ, or NULL */
 } stmts[K_COUNT] = {
 
-    [K_AGENT_UPSERT] = {"agent_upsert", 0,
+    [K_AGENT_UPSERT] = {"agent_upsert", F_BESIDE,
         "INSERT INTO agents (id, name, version, platform, state, labels, facts, key_id, "
         "first_seen, last_seen) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) "
         "ON CONFLICT(id) DO UPDATE SET name = excluded.name, version = excluded.version, "
@@ -202,13 +209,13 @@ static const struct {
         "facts = excluded.facts, key_id = COALESCE(excluded.key_id, agents.key_id), "
         "last_seen = excluded.last_seen", NULL},
 
-    [K_AGENT_STATE] = {"agent_state", 0,
+    [K_AGENT_STATE] = {"agent_state", F_BESIDE,
         "UPDATE agents SET state = ?2, "
         "last_seen = CASE WHEN ?3 > 0 THEN ?3 ELSE last_seen END WHERE id = ?1", NULL},
 
-    [K_MODELS_CLEAR] = {"agent_models_clear", 0, "DELETE FROM agent_models WHERE agent_id = ?1", NULL},
+    [K_MODELS_CLEAR] = {"agent_models_clear", F_BESIDE, "DELETE FROM agent_models WHERE agent_id = ?1", NULL},
 
-    [K_MODEL_INSERT] = {"agent_model_insert", 0,
+    [K_MODEL_INSERT] = {"agent_model_insert", F_BESIDE,
         "INSERT OR REPLACE INTO agent_models (agent_id, model, aliases, quantization, "
         "context_length, vram_bytes, loaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         "INSERT INTO agent_models (agent_id, model, aliases, quantization, context_length, "
@@ -217,7 +224,7 @@ static const struct {
         "context_length = excluded.context_length, vram_bytes = excluded.vram_bytes, "
         "loaded = excluded.loaded"},
 
-    [K_AGENT_DELETE] = {"agent_delete", 0, "DELETE FROM agents WHERE id = ?1", NULL},
+    [K_AGENT_DELETE] = {"agent_delete", F_BESIDE, "DELETE FROM agents WHERE id = ?1", NULL},
 
     [K_JOB_INSERT] = {"job_insert", 0,
         "INSERT INTO jobs (id, api, kind, model, key_id, status, priority, correlation_id, "
@@ -241,16 +248,16 @@ static const struct {
         "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at IS NOT NULL "
         "AND finished_at < ?1 LIMIT 1000)", NULL},
 
-    [K_KEY_INSERT] = {"key_insert", 0,
+    [K_KEY_INSERT] = {"key_insert", F_BESIDE,
         "INSERT INTO api_keys (id, hash, role, name, agent_id, created_at, expires_at, "
         "revoked_at, last_used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)", NULL},
 
-    [K_KEY_REVOKE] = {"key_revoke", 0,
+    [K_KEY_REVOKE] = {"key_revoke", F_BESIDE,
         "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL", NULL},
 
-    [K_KEY_USED] = {"key_used", 0, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1", NULL},
+    [K_KEY_USED] = {"key_used", F_BESIDE, "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1", NULL},
 
-    [K_KEY_BIND] = {"key_bind", 0,
+    [K_KEY_BIND] = {"key_bind", F_BESIDE,
         "UPDATE api_keys SET agent_id = ?2 WHERE id = ?1 AND agent_id IS NULL", NULL},
 
     [K_JOB_GET] = {"job_get", 0, "SELECT " JOB_COLUMNS "WHERE j.id = ?1", NULL},
@@ -268,13 +275,13 @@ static const struct {
     [K_EVENTS_GET] = {"job_events_get", F_OPT,
         "SELECT events FROM job_events WHERE job_id = ?1 ORDER BY first_seq", NULL},
 
-    [K_KEY_LIMITS] = {"key_limits", F_OPT,
+    [K_KEY_LIMITS] = {"key_limits", F_OPT | F_BESIDE,
         "UPDATE api_keys SET rpm = ?2, tokens_per_day = ?3, max_concurrent = ?4, "
         "max_uses = ?5 WHERE id = ?1", NULL},
 
-    [K_KEY_USES] = {"key_uses", F_OPT, "UPDATE api_keys SET uses = ?2 WHERE id = ?1", NULL},
+    [K_KEY_USES] = {"key_uses", F_OPT | F_BESIDE, "UPDATE api_keys SET uses = ?2 WHERE id = ?1", NULL},
 
-    [K_USAGE_ADD] = {"key_usage_add", F_OPT,
+    [K_USAGE_ADD] = {"key_usage_add", F_OPT | F_BESIDE,
         "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, completion_tokens, "
         "rate_limited) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(key_id, day) DO UPDATE "
         /* Saturating (limits.c's ceiling, INT64_MAX/4): SQLite turns an
@@ -352,27 +359,27 @@ static const struct {
         "FROM key_usage WHERE day = ?1", NULL},
     /* Model pins (migration 0005). */
 
-    [K_PIN_SET] = {"model_pin_set", F_OPT,
+    [K_PIN_SET] = {"model_pin_set", F_OPT | F_BESIDE,
         "INSERT INTO model_pins (name, sha256, created_at, created_by) VALUES (?1, ?2, ?3, ?4) "
         "ON CONFLICT(name) DO UPDATE SET sha256 = excluded.sha256, "
         "created_at = excluded.created_at, created_by = excluded.created_by", NULL},
 
-    [K_PIN_DELETE] = {"model_pin_delete", F_OPT, "DELETE FROM model_pins WHERE name = ?1", NULL},
+    [K_PIN_DELETE] = {"model_pin_delete", F_OPT | F_BESIDE, "DELETE FROM model_pins WHERE name = ?1", NULL},
 
     [K_LOAD_PINS] = {"load_model_pins", F_SYNC | F_OPT,
         "SELECT name, sha256, created_at, created_by FROM model_pins ORDER BY name", NULL},
     /* Deployments (migration 0007). Replicas go with their deployment
      * (ON DELETE CASCADE). */
 
-    [K_DEPLOY_PUT] = {"deployment_put", F_OPT,
+    [K_DEPLOY_PUT] = {"deployment_put", F_OPT | F_BESIDE,
         "INSERT INTO deployments (name, source, sha256, replicas, labels, bytes, created_at, "
         "created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT(name) DO UPDATE SET "
         "source = excluded.source, sha256 = excluded.sha256, replicas = excluded.replicas, "
         "labels = excluded.labels, bytes = excluded.bytes", NULL},
 
-    [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT, "DELETE FROM deployments WHERE name = ?1", NULL},
+    [K_DEPLOY_DELETE] = {"deployment_delete", F_OPT | F_BESIDE, "DELETE FROM deployments WHERE name = ?1", NULL},
 
-    [K_REPLICA_PUT] = {"replica_put", F_OPT,
+    [K_REPLICA_PUT] = {"replica_put", F_OPT | F_BESIDE,
         "INSERT OR REPLACE INTO deployment_replicas (deployment, agent_id, state, reason, "
         "bytes, total, rate, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         "INSERT INTO deployment_replicas (deployment, agent_id, state, reason, bytes, total, "
@@ -381,7 +388,7 @@ static const struct {
         "bytes = excluded.bytes, total = excluded.total, rate = excluded.rate, "
         "updated_at = excluded.updated_at"},
 
-    [K_REPLICA_DELETE] = {"replica_delete", F_OPT,
+    [K_REPLICA_DELETE] = {"replica_delete", F_OPT | F_BESIDE,
         "DELETE FROM deployment_replicas WHERE deployment = ?1 AND agent_id = ?2", NULL},
 
     [K_LOAD_DEPLOYS] = {"load_deployments", F_SYNC | F_OPT,
@@ -394,7 +401,7 @@ static const struct {
     /* Stored responses (migration 0006). The items come as one JSON array
      * of {id, message} and land in one statement. */
 
-    [K_RESP_PUT] = {"response_put", F_OPT,
+    [K_RESP_PUT] = {"response_put", F_OPT | F_BESIDE,
         "INSERT OR REPLACE INTO responses (id, key_id, created_at, expires_at, object, "
         "context) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         /* Ids are random and never stored twice; an update keeps the
@@ -405,7 +412,7 @@ static const struct {
         "expires_at = excluded.expires_at, object = excluded.object, "
         "context = excluded.context"},
 
-    [K_RESP_ITEMS_PUT] = {"response_items_put", F_OPT,
+    [K_RESP_ITEMS_PUT] = {"response_items_put", F_OPT | F_BESIDE,
         "INSERT OR REPLACE INTO response_items (item_id, response_id, key_id, message) "
         "SELECT json_extract(value, '$.id'), ?1, ?2, json_extract(value, '$.message') "
         "FROM json_each(?3)",
@@ -416,17 +423,17 @@ static const struct {
         "key_id = excluded.key_id, message = excluded.message"},
     /* A key keeps its newest ?2 responses. */
 
-    [K_RESP_TRIM] = {"response_trim", F_OPT,
+    [K_RESP_TRIM] = {"response_trim", F_OPT | F_BESIDE,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
         "ORDER BY created_at DESC, id DESC LIMIT -1 OFFSET ?2)",
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE key_id = ?1 "
         "ORDER BY created_at DESC, id DESC OFFSET ?2)"},
 
-    [K_RESP_GET] = {"response_get", F_OPT | F_CELLS,
+    [K_RESP_GET] = {"response_get", F_OPT | F_CELLS | F_BESIDE,
         "SELECT object, context FROM responses WHERE id = ?1 AND key_id = ?2 "
         "AND expires_at > ?3", NULL},
 
-    [K_RESP_ITEMS_GET] = {"response_items_get", F_OPT | F_CELLS,
+    [K_RESP_ITEMS_GET] = {"response_items_get", F_OPT | F_CELLS | F_BESIDE,
         "SELECT i.item_id, i.message FROM response_items i JOIN responses r "
         "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
         "AND i.item_id IN (SELECT value FROM json_each(?2))",
@@ -434,39 +441,39 @@ static const struct {
         "ON r.id = i.response_id WHERE i.key_id = ?1 AND r.expires_at > ?3 "
         "AND i.item_id IN (SELECT json_array_elements_text(?2::json))"},
 
-    [K_RESP_DELETE] = {"response_delete", F_OPT | F_CELLS,
+    [K_RESP_DELETE] = {"response_delete", F_OPT | F_CELLS | F_BESIDE,
         "DELETE FROM responses WHERE id = ?1 AND key_id = ?2", NULL},
 
-    [K_RESP_PURGE] = {"response_purge", F_OPT,
+    [K_RESP_PURGE] = {"response_purge", F_OPT | F_BESIDE,
         "DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at < ?1 "
         "LIMIT 1000)", NULL},
 
     /* Servers (migration 0009). The announce and every heartbeat are one
      * upsert: a row lost meanwhile (a purge by another server after a long
      * partition) comes back whole. */
-    [K_SERVER_BEAT] = {"server_beat", F_OPT,
+    [K_SERVER_BEAT] = {"server_beat", F_OPT | F_BESIDE,
         "INSERT INTO servers (id, name, url, pid, version, started_at, heartbeat_at, "
         "lease_until, stopped_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, NULL) "
         "ON CONFLICT(id) DO UPDATE SET name = excluded.name, url = excluded.url, "
         "heartbeat_at = excluded.heartbeat_at, lease_until = excluded.lease_until, "
         "stopped_at = NULL", NULL},
 
-    [K_SERVER_STOP] = {"server_stop", F_OPT,
+    [K_SERVER_STOP] = {"server_stop", F_OPT | F_BESIDE,
         "UPDATE servers SET stopped_at = ?2, lease_until = ?2 WHERE id = ?1", NULL},
 
-    [K_SERVER_PURGE] = {"server_purge", F_OPT,
+    [K_SERVER_PURGE] = {"server_purge", F_OPT | F_BESIDE,
         "DELETE FROM servers WHERE lease_until < ?1", NULL},
 
-    [K_SERVER_LIST] = {"server_list", F_OPT,
+    [K_SERVER_LIST] = {"server_list", F_OPT | F_BESIDE,
         "SELECT id, name, url, pid, version, started_at, heartbeat_at, lease_until, stopped_at "
         "FROM servers ORDER BY started_at, id", NULL},
 
-    [K_KEYS_GET] = {"keys_get", F_OPT,
+    [K_KEYS_GET] = {"keys_get", F_OPT | F_BESIDE,
         "SELECT id, hash, role, name, agent_id, created_at, expires_at, revoked_at, "
         "last_used_at, rpm, tokens_per_day, max_concurrent, max_uses, uses "
         "FROM api_keys ORDER BY created_at, id", NULL},
 
-    [K_USAGE_GET] = {"usage_get", F_OPT,
+    [K_USAGE_GET] = {"usage_get", F_OPT | F_BESIDE,
         "SELECT key_id, requests, prompt_tokens, completion_tokens, rate_limited "
         "FROM key_usage WHERE day = ?1", NULL},
     /* Wake the listeners of channel ?1 with payload ?2 (gps_store_notify).
@@ -578,21 +585,21 @@ static const struct {
 
     /* The hand-off of a job to another server (migration 0011,
      * docs/scaling.md "3e"). What this server's healthy agents serve. */
-    [K_SERVER_MODELS] = {"server_models", F_OPT,
+    [K_SERVER_MODELS] = {"server_models", F_OPT | F_BESIDE,
         "UPDATE servers SET models = ?2 WHERE id = ?1", NULL},
     /* What the other live servers serve: where a hand-off may go. */
 
-    [K_HANDOFF_PEERS] = {"handoff_peers", F_OPT | F_CELLS,
+    [K_HANDOFF_PEERS] = {"handoff_peers", F_OPT | F_CELLS | F_BESIDE,
         "SELECT models FROM servers WHERE id <> ?1 AND lease_until >= ?2 "
         "AND models IS NOT NULL", NULL},
 
     /* Migration 0013: what this server's free ready agents could take
      * now, and the same of the other live servers beside their models
      * (K_HANDOFF_PEERS with the free column). */
-    [K_SERVER_FREE] = {"server_free", F_OPT,
+    [K_SERVER_FREE] = {"server_free", F_OPT | F_BESIDE,
         "UPDATE servers SET free = ?2 WHERE id = ?1", NULL},
 
-    [K_HANDOFF_PEERS_FREE] = {"handoff_peers_free", F_OPT | F_CELLS,
+    [K_HANDOFF_PEERS_FREE] = {"handoff_peers_free", F_OPT | F_CELLS | F_BESIDE,
         "SELECT models, free FROM servers WHERE id <> ?1 AND lease_until >= ?2 "
         "AND models IS NOT NULL", NULL},
 
@@ -1030,8 +1037,8 @@ struct gps_store {
     bool pend_commit;            /* job_events committed since the loop last looked */
     bool stop;
     bool thread_alive;
-    bool tx_waiting;             /* DB thread waits in an open transaction for its commit
-                                    deadline: a plain write need not wake it (enqueue_locked) */
+    bool tx_waiting;             /* DB thread waits in a group for its commit deadline:
+                                    a plain write need not wake it (enqueue_locked) */
     int flush_waiters;
     size_t q_nowait;             /* queued ops that are not may_wait (db_hold) */
     uint64_t seq_enqueued;
@@ -1398,7 +1405,7 @@ static void wake_loop(gps_store *s)
 static bool db_hold(const gps_store *s, bool commit_soon)
 {
     return !commit_soon && !s->flush_waiters && !s->stop && s->q_nowait == 0 &&
-           s->stats.queue_depth < (uint64_t)s->batch_max;
+           s->stats.queue_depth - s->stats.rows_waiting < (uint64_t)s->batch_max;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1432,7 +1439,16 @@ static bool held_add_locked(gps_store *s, op *o, uint64_t now)
         s->hhead = o;
     s->htail = o;
     s->stats.rows_held++;
+    s->stats.rows_waiting++; /* still in queue_depth: the backlog counts it */
     return true;
+}
+
+/* Under mu: may o run while row writes are held? Not when it concerns
+ * jobs (F_BESIDE), nor when a write of a held row could not fold
+ * (held_drain): the held writes run first, so that o sees them. */
+static bool held_runs_first(const gps_store *s, const op *o)
+{
+    return s->hhead && (s->held_drain || (!o->may_wait && !(stmts[o->kind].flags & F_BESIDE)));
 }
 
 /* Under mu: is a held write due to run (its row ended, its hold is over,
@@ -1444,23 +1460,32 @@ static bool held_due_locked(const gps_store *s, uint64_t now)
 }
 
 /* Under mu: take off the held list (and out of the pending table: nothing
- * folds into them any more) the writes due now, or all of them; returns
- * them chained by next, in the order they were held. */
-static op *held_take_locked(gps_store *s, uint64_t now, bool all)
+ * folds into them any more) the writes due now, or all of them, at most
+ * max (what is left of the group's batch_max); returns them chained by
+ * next, in the order they were held. What the cap leaves stays due. */
+static op *held_take_locked(gps_store *s, uint64_t now, bool all, uint64_t max)
 {
     all = all || s->held_drain || s->flush_waiters || s->stop;
     op *run = NULL, **tail = &run;
     op *keep = NULL, *keep_tail = NULL;
+    uint64_t taken = 0;
+    bool capped = false;
     for (op *o = s->hhead, *next; o; o = next) {
         next = o->hnext;
         o->hnext = NULL;
-        if (all || row_ended(o) || now >= o->hold_until_us) {
+        bool due = all || row_ended(o) || now >= o->hold_until_us;
+        if (due && taken >= max)
+            capped = true;
+        if (due && !capped) {
             o->held = false;
             if (o->pending)
                 pend_del(s, o);
             o->next = NULL;
             *tail = o;
             tail = &o->next;
+            taken++;
+            s->stats.rows_waiting--;
+            s->stats.queue_depth--;
         } else {
             if (keep_tail)
                 keep_tail->hnext = o;
@@ -1471,8 +1496,10 @@ static op *held_take_locked(gps_store *s, uint64_t now, bool all)
     }
     s->hhead = keep;
     s->htail = keep_tail;
-    s->held_ready = false;
-    s->held_drain = false;
+    if (!capped) {
+        s->held_ready = false;
+        s->held_drain = false;
+    }
     return run;
 }
 
@@ -1484,8 +1511,31 @@ static op *held_take_locked(gps_store *s, uint64_t now, bool all)
 typedef struct group {
     uint64_t writes_ok, writes_failed, n, last_seq;
     bool has_read, has_events, events_failed;
+    bool begun;                /* BEGIN ran (group_begin) */
+    bool in_tx;                /* and opened a transaction */
     op *done_head, *done_tail; /* finished reads, for the loop */
 } group;
+
+/* Called with mu held, returns with it held: open the group's
+ * transaction, once, before its first op runs. Not earlier: a group whose
+ * ops are all held runs nothing, and an empty transaction still took
+ * SQLite's write lock (two round trips on PostgreSQL). On SQLite, BEGIN
+ * IMMEDIATE takes the write lock now (waiting up to busy_timeout if a CLI
+ * holds it) so that statement errors later are about the statement, not
+ * the lock; nothing is taken off the queue meanwhile. */
+static void group_begin(gps_store *s, group *g)
+{
+    if (g->begun)
+        return;
+    g->begun = true;
+    pthread_mutex_unlock(&s->mu);
+    char err[256] = "";
+    g->in_tx = exec_simple(&s->w, s->eng->begin_sql, err, sizeof(err)) == 0;
+    if (!g->in_tx)
+        gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
+                     "store: BEGIN failed (%s); writing without a transaction", err);
+    pthread_mutex_lock(&s->mu);
+}
 
 /* Run o in the group (mu not held); a read is kept for the loop, anything
  * else freed. */
@@ -1514,11 +1564,17 @@ static void group_run(gps_store *s, group *g, op *o)
     }
 }
 
-/* Called with mu held, returns with it held: run a chain of held writes. */
-static void group_run_held(gps_store *s, group *g, op *chain)
+/* Called with mu held, returns with it held: run the held writes due now
+ * (all: every one), as many as the group has room for. */
+static void group_run_held(gps_store *s, group *g, bool all)
 {
+    if (!s->hhead)
+        return;
+    uint64_t room = g->n < (uint64_t)s->batch_max ? (uint64_t)s->batch_max - g->n : 1;
+    op *chain = held_take_locked(s, gp_now_mono_us(), all, room);
     if (!chain)
         return;
+    group_begin(s, g);
     pthread_mutex_unlock(&s->mu);
     while (chain) {
         op *o = chain;
@@ -1526,6 +1582,12 @@ static void group_run_held(gps_store *s, group *g, op *chain)
         group_run(s, g, o);
     }
     pthread_mutex_lock(&s->mu);
+}
+
+/* Would o, taken off the queue now, be held (held_add_locked)? */
+static bool would_hold(const gps_store *s, const op *o)
+{
+    return s->row_hold_us && o->pending && !row_ended(o);
 }
 
 /* Fill one group transaction (mu held on entry and exit): run what is
@@ -1542,13 +1604,16 @@ static void group_fill(gps_store *s, group *g)
              * open for more writes until the deadline. Ops queued while a
              * COMMIT runs still share the next one. Foldable writes may
              * wait here too (db_hold): at the deadline they run and
-             * commit, and so do the held writes then due. */
+             * commit, and so do the held writes then due. A group that
+             * starts with nothing but held writes due (a row ended while
+             * the DB thread was idle) commits them at once: they have
+             * waited already. */
             uint64_t now = gp_now_mono_us();
             bool commit_now = s->flush_waiters || s->stop || g->has_read || g->has_events ||
-                              now >= deadline;
+                              now >= deadline || (g->n == 0 && held_due_locked(s, now));
             if (commit_now && !s->qhead) {
-                group_run_held(s, g, held_take_locked(s, now, false));
-                if (!s->qhead)
+                group_run_held(s, g, false);
+                if (!s->qhead || g->n >= (uint64_t)s->batch_max)
                     break;
                 continue; /* queued while the held ran: they join this commit */
             }
@@ -1556,6 +1621,7 @@ static void group_fill(gps_store *s, group *g)
                 goto take;
             struct timespec ts;
             timespec_in_us(&ts, deadline - now);
+            s->stats.deadline_waits += s->qhead != NULL;
             s->tx_waiting = true;
             pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
             s->tx_waiting = false;
@@ -1563,23 +1629,29 @@ static void group_fill(gps_store *s, group *g)
         }
     take:;
         op *o = s->qhead;
-        /* What is not a foldable row write (a read, a table-wide write, a
-         * native task's) runs after every held write: ops run in enqueue
-         * order but for the held rows, which nothing else concerns. */
-        if (s->hhead && (!o->may_wait || s->held_drain)) {
-            group_run_held(s, g, held_take_locked(s, gp_now_mono_us(), true));
+        /* What concerns jobs (a read, a table-wide write, a native
+         * task's) runs after every held write: ops run in enqueue order
+         * but for the held rows, which the rest does not concern. */
+        if (held_runs_first(s, o)) {
+            group_run_held(s, g, true);
+            if (g->n >= (uint64_t)s->batch_max)
+                break;
+            continue;
+        }
+        if (!g->begun && !would_hold(s, o)) {
+            group_begin(s, g); /* mu released: look at the queue again */
             continue;
         }
         s->qhead = o->next;
         if (!s->qhead)
             s->qtail = NULL;
-        s->stats.queue_depth--;
         if (!o->may_wait)
             s->q_nowait--;
         if (o->seq > s->seq_taken)
             s->seq_taken = o->seq;
         if (held_add_locked(s, o, gp_now_mono_us()))
             continue;
+        s->stats.queue_depth--;
         if (o->pending)
             pend_del(s, o); /* nothing folds into it once taken */
         pthread_mutex_unlock(&s->mu);
@@ -1628,16 +1700,19 @@ static void db_idle_wait(gps_store *s)
 
 /* After a group's COMMIT (or its failure), mu not held; returns with mu
  * held: count it, publish what is done, hand finished reads to the loop. */
-static void db_committed(gps_store *s, group *g, bool in_tx, bool commit_ok, uint64_t commit_us,
+static void db_committed(gps_store *s, group *g, bool commit_ok, uint64_t commit_us,
                          const char *err)
 {
+    bool in_tx = g->in_tx;
     /* A heartbeat (a cancel request) holds only once its transaction
      * is committed. */
     for (op *o = g->done_head; o && in_tx && !commit_ok; o = o->next)
         if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
             o->status = -1;
     pthread_mutex_lock(&s->mu);
-    if (commit_ok) {
+    if (g->n == 0) {
+        /* Every op taken was held: no transaction, nothing to count. */
+    } else if (commit_ok) {
         s->stats.ops_committed += g->writes_ok;
         s->stats.ops_failed += g->writes_failed;
         s->stats.batches++;
@@ -1699,27 +1774,15 @@ static void *db_main(void *arg)
         db_idle_wait(s);
         if (!s->qhead && !s->hhead && s->stop)
             break;
-        pthread_mutex_unlock(&s->mu);
-
-        /* One group transaction. On SQLite, BEGIN IMMEDIATE takes the
-         * write lock now (waiting up to busy_timeout if a CLI holds it) so
-         * that statement errors later are about the statement, not the
-         * lock. */
-        err[0] = '\0';
-        bool in_tx = exec_simple(&s->w, s->eng->begin_sql, err, sizeof(err)) == 0;
-        if (!in_tx)
-            gp_log_write(GP_LOG_ERROR, "store_begin_failed", NULL, NULL,
-                         "store: BEGIN failed (%s); writing without a transaction", err);
         group g;
         memset(&g, 0, sizeof(g));
-        pthread_mutex_lock(&s->mu);
-        group_fill(s, &g);
+        group_fill(s, &g); /* opens the transaction before its first op (group_begin) */
         pthread_mutex_unlock(&s->mu);
 
         bool commit_ok = true;
         uint64_t commit_us = 0;
         err[0] = '\0';
-        if (in_tx) {
+        if (g.in_tx) {
             uint64_t t0 = gp_now_mono_us();
             if (exec_simple(&s->w, "COMMIT", err, sizeof(err)) != 0) {
                 commit_ok = false;
@@ -1730,7 +1793,7 @@ static void *db_main(void *arg)
             }
             commit_us = gp_now_mono_us() - t0;
         }
-        db_committed(s, &g, in_tx, commit_ok, commit_us, err);
+        db_committed(s, &g, commit_ok, commit_us, err);
     }
     s->thread_alive = false;
     pthread_cond_broadcast(&s->cv_done);
@@ -1759,7 +1822,8 @@ static void enqueue_locked(gps_store *s, op *first, op *last, size_t count)
      * it: it is committed at that deadline either way, and a wake per write
      * (three per relayed request: insert, assign, finish) was a futex call
      * and a context switch each on the loop's core (issue 24). */
-    bool urgent = !s->tx_waiting || s->stats.queue_depth >= (uint64_t)s->batch_max;
+    bool urgent = !s->tx_waiting ||
+                  s->stats.queue_depth - s->stats.rows_waiting >= (uint64_t)s->batch_max;
     for (op *o = first; o && !urgent; o = o->next)
         urgent = op_is_read(o) || o->kind == K_EVENTS_ADD || o->kind == K_EVENTS_ADD_FENCED;
     if (urgent)

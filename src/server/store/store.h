@@ -15,7 +15,11 @@
  * writes are committed within a few milliseconds. One exception: a
  * request-log row's write open to folding (gps_store_job_update.coalesce)
  * whose row has not ended yet is held back up to GPS_STORE_ROW_HOLD_MS, so
- * that a short request's row is one statement (below).
+ * that a short request's row is one statement (below). An op that concerns
+ * jobs or what hangs off them (events, checkpoints, leases, hand-offs; a
+ * read of them, a ping, a flush) runs the held writes first; the others
+ * (agents, keys and usage, servers, deployments, stored responses) run
+ * beside them, in enqueue order among themselves.
  *
  * Reads the loop needs later (gps_store_job_get_async, ping) go through the
  * same queue, so they see every write enqueued before them, and their
@@ -200,7 +204,11 @@ typedef struct gps_store_stats {
     uint64_t rows_held;          /* row writes held back for their row's end
                                     (GPS_STORE_ROW_HOLD_MS) */
     uint64_t commit_failures;    /* COMMITs that failed */
-    uint64_t queue_depth;        /* ops waiting now */
+    uint64_t queue_depth;        /* ops waiting now: queued, or held for their
+                                    row's end (those are in rows_waiting too) */
+    uint64_t rows_waiting;       /* row writes held now */
+    uint64_t deadline_waits;     /* times the DB thread left foldable writes
+                                    queued for its commit deadline */
     uint64_t last_batch_ops;     /* ops in the last committed transaction */
     uint64_t last_commit_us;     /* duration of the last COMMIT */
     uint64_t max_commit_us;      /* longest COMMIT so far */

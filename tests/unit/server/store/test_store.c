@@ -526,21 +526,23 @@ static void test_row_writes_fold(void **state)
     sqlite3_close(db);
 }
 
-/* Until the DB thread holds its group transaction open (the raw
- * connection's BEGIN IMMEDIATE finds the write lock taken). */
-static void wait_group_open(sqlite3 *db)
+/* Until the store's counter at offset off reaches want (20 s at most). */
+static void wait_stat_(gps_store *s, size_t off, uint64_t want)
 {
-    sqlite3_busy_timeout(db, 0);
+    uint64_t give_up = gp_now_mono_us() + 20 * 1000 * 1000;
     for (;;) {
-        int rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        if (rc == SQLITE_BUSY)
-            break;
-        assert_int_equal(rc, SQLITE_OK);
-        raw_exec(db, "ROLLBACK");
-        sched_yield();
+        gps_store_stats st;
+        gps_store_get_stats(s, &st);
+        uint64_t v;
+        memcpy(&v, (const char *)&st + off, sizeof v);
+        if (v >= want)
+            return;
+        assert_true(gp_now_mono_us() < give_up);
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
     }
-    sqlite3_busy_timeout(db, 5000);
 }
+#define wait_stat(s, field, want) wait_stat_((s), offsetof(gps_store_stats, field), (want))
 
 /* A request-log row's first write, alone in the queue, waits in the open
  * group for the commit deadline instead of running at once, so that its
@@ -559,7 +561,7 @@ static void test_first_write_waits_reads_do_not(void **state)
     gps_store_job_row r = {.id = "jH", .api = "openai", .kind = "chat", .model = "tiny",
                            .status = "queued", .created_at = 1000, .coalesce = true};
     assert_int_equal(gps_store_job_insert(s, r), 0);
-    wait_group_open(db);
+    wait_stat(s, deadline_waits, 1); /* the DB thread saw the insert and left it */
     job_update(s, "jH", "assigned", "agent-1", false, true);
     job_update(s, "jH", "done", NULL, true, true);
     got_job g = {0};
@@ -582,23 +584,6 @@ static void test_first_write_waits_reads_do_not(void **state)
     event_base_free(base);
 }
 
-/* Until the store's counter at offset off reaches want (20 s at most). */
-static void wait_stat_(gps_store *s, size_t off, uint64_t want)
-{
-    uint64_t give_up = gp_now_mono_us() + 20 * 1000 * 1000;
-    for (;;) {
-        gps_store_stats st;
-        gps_store_get_stats(s, &st);
-        uint64_t v;
-        memcpy(&v, (const char *)&st + off, sizeof v);
-        if (v >= want)
-            return;
-        assert_true(gp_now_mono_us() < give_up);
-        struct timespec ms = {0, 1000 * 1000};
-        nanosleep(&ms, NULL);
-    }
-}
-#define wait_stat(s, field, want) wait_stat_((s), offsetof(gps_store_stats, field), (want))
 
 /* A request-log row's write that the DB thread takes while the row is
  * still open is held back for the row's end (row_hold_ms; a minute here,
@@ -665,6 +650,108 @@ static void test_open_rows_held(void **state)
     assert_text(db, "SELECT status FROM jobs WHERE id = 'jV'", "queued");
     sqlite3_close(db);
     event_base_free(base);
+}
+
+/* What does not concern jobs runs beside the held row writes: a key's
+ * usage (queued at each admission with API keys) and the heartbeat (queued
+ * ahead) leave them held; the renewal of the native tasks' leases, queued
+ * ahead too, updates jobs rows and runs them first. A held write is still
+ * waiting: queue_depth (the backlog) counts it. */
+static void on_status(void *arg, int status)
+{
+    *(int *)arg = status == 0 ? 1 : -1;
+}
+
+static void test_held_rows_beside_others(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store_opts o = {.commit_interval_ms = 1, .batch_max = 64, .row_hold_ms = 60000};
+    gps_store *s = open_ok(t->db, base, &o);
+    sqlite3 *db = raw_open(t->db);
+    gps_store_job_row r = {.id = "jA", .api = "openai", .kind = "chat", .model = "tiny",
+                           .status = "queued", .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 1);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.queue_depth, 1);
+    assert_int_equal(st.rows_waiting, 1);
+
+    assert_int_equal(gps_store_usage_add(s, "key_u", 3, 1, 2, 3, 0), 0);
+    wait_stat(s, statements, 1);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM key_usage WHERE key_id = 'key_u'"), 1);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 0);
+
+    gps_store_server_row srv = {.id = "srv-1", .name = "one", .pid = 1, .version = "t",
+                                .started_at = 1, .heartbeat_at = 2, .lease_until = 3};
+    int beat = 0;
+    assert_int_equal(gps_store_server_beat_async(s, &srv, on_status, &beat), 0);
+    loop_until(base, &beat);
+    assert_int_equal(beat, 1);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), 0);
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.statements, 2);
+    assert_int_equal(st.rows_waiting, 1);
+
+    assert_int_equal(gps_store_task_renew(s, "srv-1", 99), 0);
+    wait_stat(s, statements, 4); /* the held insert, then the renewal */
+    assert_text(db, "SELECT status FROM jobs WHERE id = 'jA'", "queued");
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.queue_depth, 0);
+    assert_int_equal(st.rows_waiting, 0);
+    gps_store_close(s);
+    sqlite3_close(db);
+    event_base_free(base);
+}
+
+/* A held write whose row never ends runs when its hold is over, without a
+ * flush; a group that only held writes opens no transaction, and a row
+ * that ends while a group waits for its deadline is written in that
+ * group (before: a group whose writes were all held committed an empty
+ * transaction, one a request at low load). */
+static void test_held_rows_expire_no_empty_groups(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.commit_interval_ms = 1, .batch_max = 64, .row_hold_ms = 30};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    sqlite3 *db = raw_open(t->db);
+    gps_store_job_row r = {.id = "jE", .api = "openai", .kind = "chat", .model = "tiny",
+                           .status = "queued", .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, statements, 1);
+    assert_text(db, "SELECT status FROM jobs WHERE id = 'jE'", "queued");
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.rows_held, 1);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.rows_waiting, 0);
+    assert_int_equal(st.queue_depth, 0);
+    gps_store_close(s);
+
+    /* Groups of half a second, holds of a minute. */
+    o.commit_interval_ms = 500;
+    o.row_hold_ms = 60000;
+    s = open_ok(t->db, NULL, &o);
+    r.id = "jY";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, rows_held, 1); /* jY's group ran nothing */
+    r.id = "jX";
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    wait_stat(s, deadline_waits, 2); /* jX's group waits for its deadline */
+    job_update(s, "jY", "done", "agent-1", true, true);
+    wait_stat(s, statements, 1);
+    assert_text(db, "SELECT status || agent_id FROM jobs WHERE id = 'jY'", "doneagent-1");
+    wait_stat(s, rows_held, 2);
+    job_update(s, "jX", "done", "agent-2", true, true);
+    wait_stat(s, statements, 2);
+    assert_text(db, "SELECT status || agent_id FROM jobs WHERE id = 'jX'", "doneagent-2");
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.batches, 2);
+    assert_int_equal(st.ops_committed, 4);
+    gps_store_close(s);
+    sqlite3_close(db);
 }
 
 typedef struct writer_arg {
@@ -1146,6 +1233,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_first_write_waits_reads_do_not, setup, teardown),
         cmocka_unit_test_setup_teardown(test_row_writes_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_rows_held, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_held_rows_beside_others, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_held_rows_expire_no_empty_groups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
