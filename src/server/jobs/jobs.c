@@ -19,10 +19,12 @@
 #include "server/http/ids.h"
 
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
+#define NRBUCKETS 16384        /* finished-job records: 7,000 requests/s for 60 s
+                                  is chains of ~26, walked only by late uploads */
 /* A finished job stays findable this long so that a late upload from its
  * agent gets cancel:true; after that the upload gets 404 JOB_NOT_FOUND,
- * which stops the job on the agent just the same. Its text and request are
- * dropped at the first sweep after it finished (trim_done). */
+ * which stops the job on the agent just the same. At the first sweep after
+ * it finished, a job nobody reads any more becomes a done_rec. */
 #define KEEP_TERMINAL_US (60ull * 1000000ull)
 #define CANCEL_KEEP_US (600ull * 1000000ull)
 #define SWEEP_MS 250
@@ -44,6 +46,20 @@ typedef struct cancel_rec {
     uint64_t since_us;
     struct cancel_rec *next;
 } cancel_rec;
+
+/* What is left of a finished job once nobody reads it (retire): what a
+ * late upload from its agent needs to be answered cancel:true or 409,
+ * ~150 bytes where the whole job was ~1.9 KiB. At thousands of requests a
+ * second the jobs kept KEEP_TERMINAL_US were hundreds of MB, and the id
+ * table's chains, walked by every upload entry, grew with them. */
+typedef struct done_rec {
+    struct done_rec *hnext;  /* id hash chain */
+    struct done_rec *next;   /* in the order they finished */
+    uint64_t finished_us;
+    gps_job_state state;
+    char id[40];
+    char agent_id[64];
+} done_rec;
 
 struct gps_jobs {
     struct event_base *base;
@@ -72,9 +88,12 @@ struct gps_jobs {
      * in the order they finished, so that expiry only looks at the oldest. */
     gps_job *head;
     gps_job *done_head, *done_tail;
-    gps_job *trim_next;         /* first finished job not yet trimmed */
+    gps_job *trim_next;         /* first finished job the sweep has not looked at */
     size_t n_done;
     size_t n_live;
+    done_rec *rbuckets[NRBUCKETS]; /* retired finished jobs, by id */
+    done_rec *rhead, *rtail;    /* the same, oldest first (expiry) */
+    size_t n_recs;
     cancel_rec *cancels;
     struct event *sweep;
     int notify_depth;           /* >0 while subscriber callbacks run */
@@ -148,12 +167,17 @@ bool gps_job_terminal(const gps_job *job)
            job->state == GPS_JOB_CANCELLED;
 }
 
-static unsigned bucket_of(const char *id)
+static uint32_t id_hash(const char *id)
 {
     uint32_t h = 2166136261u; /* FNV-1a 32 */
     for (; *id; id++)
         h = (h ^ (unsigned char)*id) * 16777619u;
-    return h % NBUCKETS;
+    return h;
+}
+
+static unsigned bucket_of(const char *id)
+{
+    return id_hash(id) % NBUCKETS;
 }
 
 gps_job *gps_jobs_find(gps_jobs *j, const char *id)
@@ -215,34 +239,6 @@ static void list_to_done(gps_jobs *j, gps_job *job)
         j->trim_next = job;
 }
 
-/* A finished job nobody reads any more (its client has its answer): keep
- * what finding it and answering a late upload need (ids, state, agent,
- * model, counts), drop its text and request. With a subscriber still there
- * (a native task replaying from memory) it is left whole. */
-static void trim_done(gps_job *job)
-{
-    if (has_live_subs(job) || job->trimmed)
-        return;
-    job->trimmed = true;
-    gp_buf_free(&job->text);
-    gp_buf_init(&job->text);
-    free(job->gen_ids);
-    job->gen_ids = NULL;
-    job->n_gen_ids = job->cap_gen_ids = 0;
-    gps_job_spec *sp = &job->spec;
-    free(sp->prompt);
-    json_decref(sp->messages);
-    json_decref(sp->tools);
-    json_decref(sp->tool_choice);
-    json_decref(sp->response_format);
-    json_decref(sp->stop);
-    json_decref(sp->stored_request);
-    free(sp->resume_text);
-    sp->response_format = NULL;
-    sp->prompt = sp->resume_text = NULL;
-    sp->messages = sp->tools = sp->tool_choice = sp->stop = sp->stored_request = NULL;
-}
-
 static void table_remove(gps_jobs *j, gps_job *job)
 {
     gps_job **pp = &j->buckets[bucket_of(job->id)];
@@ -251,6 +247,65 @@ static void table_remove(gps_jobs *j, gps_job *job)
     if (*pp)
         *pp = job->hnext;
     list_unlink(j, job);
+}
+
+static unsigned rbucket_of(const char *id)
+{
+    return id_hash(id) % NRBUCKETS;
+}
+
+static done_rec *done_rec_find(gps_jobs *j, const char *id)
+{
+    for (done_rec *r = j->rbuckets[rbucket_of(id)]; r; r = r->hnext)
+        if (strcmp(r->id, id) == 0)
+            return r;
+    return NULL;
+}
+
+static void job_free(gps_job *job);
+
+/* A finished job nobody reads any more (its client has its answer; no
+ * native task replays it from memory): free it, keeping its done_rec.
+ * Without memory for the record the late upload gets 404, which stops
+ * the job on its agent just the same. */
+static void retire(gps_jobs *j, gps_job *job)
+{
+    done_rec *r = malloc(sizeof *r);
+    if (r) {
+        memcpy(r->id, job->id, sizeof r->id);
+        snprintf(r->agent_id, sizeof r->agent_id, "%s", job->agent_id);
+        r->state = job->state;
+        r->finished_us = job->finished_us;
+        unsigned b = rbucket_of(r->id);
+        r->hnext = j->rbuckets[b];
+        j->rbuckets[b] = r;
+        r->next = NULL;
+        if (j->rtail)
+            j->rtail->next = r;
+        else
+            j->rhead = r;
+        j->rtail = r;
+        j->n_recs++;
+    }
+    table_remove(j, job);
+    job_free(job);
+}
+
+/* Free the records older than KEEP_TERMINAL_US (all: when now is 0). */
+static void done_recs_expire(gps_jobs *j, uint64_t now)
+{
+    while (j->rhead && (!now || now - j->rhead->finished_us > KEEP_TERMINAL_US)) {
+        done_rec *r = j->rhead;
+        j->rhead = r->next;
+        if (!j->rhead)
+            j->rtail = NULL;
+        done_rec **pp = &j->rbuckets[rbucket_of(r->id)];
+        while (*pp != r)
+            pp = &(*pp)->hnext;
+        *pp = r->hnext;
+        free(r);
+        j->n_recs--;
+    }
 }
 
 /* Give back what the job held against its key's daily budget (once). */
@@ -2671,8 +2726,19 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     *expected_seq = -1;
     gps_job *job = gps_jobs_find(j, job_id);
     if (!job) {
-        snprintf(msg, msglen, "unknown job '%.60s'", job_id);
-        return 404;
+        done_rec *r = done_rec_find(j, job_id);
+        if (!r) {
+            snprintf(msg, msglen, "unknown job '%.60s'", job_id);
+            return 404;
+        }
+        /* Finished and retired: answered as the whole job would be. */
+        bool had_cancel = cancel_take(j, agent_id, job_id);
+        if (strcmp(r->agent_id, agent_id) != 0) {
+            snprintf(msg, msglen, "job '%.60s' is not assigned to this agent", job_id);
+            return 409;
+        }
+        *cancel = r->state != GPS_JOB_DONE || had_cancel;
+        return 0;
     }
     if (strcmp(job->agent_id, agent_id) != 0) {
         snprintf(msg, msglen, "job '%.60s' is not assigned to this agent", job_id);
@@ -2775,10 +2841,16 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t rt = (uint64_t)j->opts.request_timeout_sec * 1000000ull;
     uint64_t stall = (uint64_t)j->opts.stall_timeout_sec * 1000000ull;
     gps_job *next;
-    /* Newly finished jobs: trimmed once. */
-    for (gps_job *job = j->trim_next; job; job = job->next)
-        trim_done(job);
+    /* Newly finished jobs, looked at once: the ones nobody reads any more
+     * become records; one a native task replays from memory stays whole
+     * (freed below once old and unread). */
+    for (gps_job *job = j->trim_next; job; job = next) {
+        next = job->next;
+        if (!has_live_subs(job))
+            retire(j, job);
+    }
     j->trim_next = NULL;
+    done_recs_expire(j, now);
     /* Finished jobs, oldest first: stop at the first one still young. */
     for (gps_job *job = j->done_head; job; job = next) {
         next = job->next;
@@ -2868,6 +2940,7 @@ void gps_jobs_free(gps_jobs *j)
         free(c);
         c = n;
     }
+    done_recs_expire(j, 0);
     json_decref(j->tok_id);
     json_decref(j->tok_ev);
     json_decref(j->log_submitted);
@@ -2923,7 +2996,7 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
 {
     gps_metrics_reset(m, "queue_depth");
     sched_foreach_queue(j->sched, queue_cb, m);
-    size_t running = 0, held = j->n_done;
+    size_t running = 0, held = j->n_done + j->n_recs;
     for (gps_job *job = j->head; job; job = job->next) {
         held++;
         if (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING)

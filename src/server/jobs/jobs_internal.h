@@ -111,7 +111,6 @@ struct gps_job {
     struct gps_job *hnext;        /* id hash chain */
     struct gps_job *prev, *next;  /* the live list, or (done) the finished list */
     bool done;                    /* on the finished list (terminal) */
-    bool trimmed;                 /* finished, text and request dropped (jobs.c trim_done) */
 };
 
 #endif

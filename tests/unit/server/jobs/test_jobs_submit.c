@@ -370,26 +370,47 @@ static void keep_sub(gps_job *job, gps_event_type type, json_t *ev, void *arg)
     (void)arg;
 }
 
-static bool trimmed(void *arg)
+typedef struct find_arg {
+    gps_jobs *jobs;
+    char id[40];
+} find_arg;
+
+static bool retired(void *arg)
 {
-    return ((gps_job *)arg)->trimmed;
+    find_arg *fa = arg;
+    return gps_jobs_find(fa->jobs, fa->id) == NULL;
 }
 
-/* A finished job nobody reads any more keeps only what finding it needs:
- * its text and request go at the next sweep (memory that does not grow
- * with the request rate); one with a live subscriber (a native task
- * replaying from memory) is left whole. */
-static void test_finished_jobs_drop_text_and_request(void **state)
+static int late_upload(gps_jobs *jobs, const char *id, const char *agent_id, bool *cancel)
+{
+    json_t *evs = json_loads("[{\"type\":\"token\",\"text\":\" late\"}]", 0, NULL);
+    long long expected = 0;
+    char msg[160];
+    int rc = gps_jobs_apply_events(jobs, id, agent_id, 2, evs, cancel, &expected, msg, sizeof msg);
+    json_decref(evs);
+    return rc;
+}
+
+/* A finished job nobody reads any more is freed at the next sweep; a
+ * record of it (memory that does not grow with the job's size, and a job
+ * table that holds only the live jobs) answers a late upload from its
+ * agent as the job would have: no cancel for one that ended well, cancel
+ * for one that did not, 409 for another agent. One with a live subscriber
+ * (a native task replaying from memory) is left whole. */
+static void test_finished_jobs_retired_to_records(void **state)
 {
     (void)state;
     fleet f;
     fleet_init(&f, NULL, NULL);
     registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 4, 1000);
-    gps_job *jobs[2];
-    for (int i = 0; i < 2; i++) {
+    gps_job *jobs[3];
+    find_arg fa[3];
+    for (int i = 0; i < 3; i++) {
         gps_job_spec s = fleet_spec("m1", 8);
         jobs[i] = fleet_submit(&f, &s);
         json_decref(fleet_take(&f, a));
+        fa[i].jobs = f.jobs;
+        snprintf(fa[i].id, sizeof fa[i].id, "%s", jobs[i]->id);
     }
     assert_int_equal(gps_job_subscribe(jobs[1], keep_sub, NULL), 0);
     for (int i = 0; i < 2; i++)
@@ -399,18 +420,18 @@ static void test_finished_jobs_drop_text_and_request(void **state)
                                      "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}]"),
                          0);
     assert_int_equal(jobs[0]->state, GPS_JOB_DONE);
-    assert_int_equal(jobs[0]->text.len, 9);
-    assert_true(fleet_run_until(&f, trimmed, jobs[0], 5000));
-    assert_int_equal(jobs[0]->text.len, 0);
-    assert_null(jobs[0]->spec.prompt);
-    assert_null(jobs[0]->spec.messages);
-    /* What a late upload and the admin view need stays. */
-    assert_ptr_equal(gps_jobs_find(f.jobs, jobs[0]->id), jobs[0]);
-    assert_string_equal(jobs[0]->spec.model, "m1");
-    assert_string_equal(jobs[0]->agent_id, a->id);
-    assert_int_equal(jobs[0]->completion_tokens, 2);
+    gps_jobs_cancel(f.jobs, jobs[2], "client gone");
+    assert_true(fleet_run_until(&f, retired, &fa[0], 5000));
+    assert_true(retired(&fa[2]));
+    bool cancel = true;
+    assert_int_equal(late_upload(f.jobs, fa[0].id, a->id, &cancel), 0);
+    assert_false(cancel);
+    assert_int_equal(late_upload(f.jobs, fa[2].id, a->id, &cancel), 0);
+    assert_true(cancel);
+    assert_int_equal(late_upload(f.jobs, fa[0].id, "another-agent", &cancel), 409);
+    assert_int_equal(late_upload(f.jobs, "job_000000000000000000000000", a->id, &cancel), 404);
     /* The subscribed one is whole. */
-    assert_false(jobs[1]->trimmed);
+    assert_ptr_equal(gps_jobs_find(f.jobs, fa[1].id), jobs[1]);
     assert_int_equal(jobs[1]->text.len, 9);
     assert_non_null(jobs[1]->spec.prompt);
     gps_job_unsubscribe(jobs[1], keep_sub, NULL);
@@ -571,7 +592,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agent_lost_ends_every_job),
         cmocka_unit_test(test_one_reply_takes_every_free_slot),
-        cmocka_unit_test(test_finished_jobs_drop_text_and_request),
+        cmocka_unit_test(test_finished_jobs_retired_to_records),
         cmocka_unit_test(test_log_lines_as_json_pack_wrote),
         cmocka_unit_test(test_one_info_line_a_request),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
