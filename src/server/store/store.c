@@ -1207,13 +1207,13 @@ static op *fold_pack(const op *base, const op *u)
 
 static bool row_ended(const op *o);
 
-/* Under mu, for a job-row write o about to be queued (coalesce as the
- * caller said): true when o folded into the row's pending write (o is then
- * the caller's to free); else o is to be queued, and *reg says whether it
- * enters the pending table once queued. */
-static bool fold_locked(gps_store *s, op *o, bool coalesce, bool *reg)
+/* Under mu, for a job-row write o (coalesce as the caller said): true
+ * when o folded into the row's pending write (o is then the caller's to
+ * free). Tried before the queue_max check: a fold takes no place in the
+ * queue, and a row's end refused there would leave the row unfinished for
+ * good while held writes fill the queue. */
+static bool fold_locked(gps_store *s, op *o, bool coalesce)
 {
-    *reg = false;
     if (!s->pend)
         return false;
     op *p = pend_find(s, o->v[0].s);
@@ -1235,13 +1235,22 @@ static bool fold_locked(gps_store *s, op *o, bool coalesce, bool *reg)
             return true;
         }
     }
+    return false;
+}
+
+/* Under mu, a job-row write o that did not fold is about to be queued:
+ * returns whether it enters the pending table once queued. */
+static bool fold_miss_locked(gps_store *s, op *o, bool coalesce)
+{
+    if (!s->pend)
+        return false;
+    op *p = pend_find(s, o->v[0].s);
     if (p) {
         pend_del(s, p); /* o is queued after it: nothing later folds across o */
         if (p->held)
             s->held_drain = true; /* and p runs before o (group_fill) */
     }
-    *reg = coalesce && (o->kind == K_JOB_UPDATE || s->w.ok[K_JOB_INSERT_ROW]);
-    return false;
+    return coalesce && (o->kind == K_JOB_UPDATE || s->w.ok[K_JOB_INSERT_ROW]);
 }
 
 static json_t *events_collect(conn *c, const char *job_id);
@@ -1512,6 +1521,7 @@ typedef struct group {
     uint64_t writes_ok, writes_failed, n, last_seq;
     bool has_read, has_events, events_failed;
     bool begun;                /* BEGIN ran (group_begin) */
+    bool waited;               /* waited for the deadline with ops queued */
     bool in_tx;                /* and opened a transaction */
     op *done_head, *done_tail; /* finished reads, for the loop */
 } group;
@@ -1570,11 +1580,19 @@ static void group_run_held(gps_store *s, group *g, bool all)
 {
     if (!s->hhead)
         return;
+    if (!g->begun) {
+        /* The transaction first, then the take: held writes stay counted
+         * in the backlog, and open to folding, while BEGIN waits for the
+         * lock. Only this thread takes held writes: what is due now is
+         * still due after BEGIN. */
+        if (!all && !held_due_locked(s, gp_now_mono_us()))
+            return;
+        group_begin(s, g);
+    }
     uint64_t room = g->n < (uint64_t)s->batch_max ? (uint64_t)s->batch_max - g->n : 1;
     op *chain = held_take_locked(s, gp_now_mono_us(), all, room);
     if (!chain)
         return;
-    group_begin(s, g);
     pthread_mutex_unlock(&s->mu);
     while (chain) {
         op *o = chain;
@@ -1621,7 +1639,10 @@ static void group_fill(gps_store *s, group *g)
                 goto take;
             struct timespec ts;
             timespec_in_us(&ts, deadline - now);
-            s->stats.deadline_waits += s->qhead != NULL;
+            if (s->qhead && !g->waited) {
+                g->waited = true;
+                s->stats.deadline_waits++;
+            }
             s->tx_waiting = true;
             pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
             s->tx_waiting = false;
@@ -1637,6 +1658,18 @@ static void group_fill(gps_store *s, group *g)
             if (g->n >= (uint64_t)s->batch_max)
                 break;
             continue;
+        }
+        /* Due held writes (ended, hold over, a flush or the stop waiting)
+         * run before the next op: under a queue that never empties they
+         * would otherwise wait for an op that concerns jobs, and a flush
+         * with them. */
+        if (held_due_locked(s, gp_now_mono_us())) {
+            uint64_t n0 = g->n;
+            group_run_held(s, g, false);
+            if (g->n >= (uint64_t)s->batch_max)
+                break;
+            if (g->n > n0)
+                continue;
         }
         if (!g->begun && !would_hold(s, o)) {
             group_begin(s, g); /* mu released: look at the queue again */
@@ -1857,6 +1890,11 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         count++;
     }
     pthread_mutex_lock(&s->mu);
+    if (row && s->thread_alive && fold_locked(s, first, row > 1)) {
+        pthread_mutex_unlock(&s->mu);
+        free_chain(first);
+        return 0;
+    }
     if (!s->thread_alive || (droppable && s->stats.queue_depth + count > s->queue_max)) {
         bool alive = s->thread_alive;
         s->stats.drops += count;
@@ -1878,12 +1916,7 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         free_chain(first);
         return -1;
     }
-    bool reg = false;
-    if (row && fold_locked(s, first, row > 1, &reg)) {
-        pthread_mutex_unlock(&s->mu);
-        free_chain(first);
-        return 0;
-    }
+    bool reg = row && fold_miss_locked(s, first, row > 1);
     first->may_wait = reg; /* a row op is one op */
     enqueue_locked(s, first, last, count);
     if (reg)

@@ -754,6 +754,116 @@ static void test_held_rows_expire_no_empty_groups(void **state)
     sqlite3_close(db);
 }
 
+/* A row's end folds into its held write even when held writes fill the
+ * queue to queue_max: a fold takes no place in it (refused, the row would
+ * stay unfinished for good). */
+static void test_held_rows_end_at_queue_max(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.commit_interval_ms = 1, .batch_max = 64, .row_hold_ms = 60000,
+                        .queue_max = 4};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    sqlite3 *db = raw_open(t->db);
+    const char *ids[] = {"jQ0", "jQ1", "jQ2", "jQ3"};
+    for (int i = 0; i < 4; i++) {
+        gps_store_job_row r = {.id = ids[i], .api = "openai", .kind = "chat", .model = "tiny",
+                               .status = "queued", .created_at = 1000, .coalesce = true};
+        assert_int_equal(gps_store_job_insert(s, r), 0);
+        wait_stat(s, rows_held, (uint64_t)i + 1);
+    }
+    gps_store_job_row r5 = {.id = "jQ4", .api = "openai", .model = "tiny", .status = "queued",
+                            .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r5), -1); /* full: held writes count */
+    job_update(s, "jQ0", "done", "agent-1", true, true);
+    wait_stat(s, statements, 1);
+    assert_text(db, "SELECT status || agent_id FROM jobs WHERE id = 'jQ0'", "doneagent-1");
+    gps_store_close(s);
+    sqlite3_close(db);
+}
+
+typedef struct flood_arg {
+    gps_store *s;
+    volatile int *stop;
+    int who, n;
+} flood_arg;
+
+/* Foldable rows, each ended at once (one statement to run), keeping
+ * about 2,000 ops queued: three of these outrun the DB thread. */
+static void *flood(void *p)
+{
+    flood_arg *f = p;
+    while (!*f->stop) {
+        gps_store_stats st;
+        gps_store_get_stats(f->s, &st);
+        if (st.queue_depth - st.rows_waiting > 2000) {
+            struct timespec pause = {0, 100 * 1000}; /* a throttle, not a wait on an event */
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        char id[32];
+        snprintf(id, sizeof id, "jF%d_%d", f->who, f->n++);
+        gps_store_job_row r = {.id = id, .api = "openai", .model = "tiny", .status = "queued",
+                               .created_at = 1000, .coalesce = true};
+        if (gps_store_job_insert(f->s, r) != 0)
+            return (void *)1;
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id);
+        u.status = "done";
+        u.finished_at = 2000;
+        u.coalesce = true;
+        if (gps_store_job_update_async(f->s, u) != 0)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* Under a queue that never empties (foldable row writes only), a held
+ * write whose hold is over (jP: never ended) is still written, and a
+ * flush returns: they
+ * ran only when the queue was empty or an op concerning jobs came, so
+ * both waited as long as the load lasted (tens of seconds in the review's
+ * probe; here, for ever). */
+static void test_held_rows_under_a_full_queue(void **state)
+{
+    tctx *t = *state;
+    gps_store_opts o = {.commit_interval_ms = 1, .batch_max = 8, .row_hold_ms = 5};
+    gps_store *s = open_ok(t->db, NULL, &o);
+    sqlite3 *db = raw_open(t->db);
+    volatile int stop = 0;
+    flood_arg f[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        f[i] = (flood_arg){.s = s, .stop = &stop, .who = i};
+        assert_int_equal(pthread_create(&th[i], NULL, flood, &f[i]), 0);
+    }
+    wait_stat(s, statements, 100); /* the DB thread is in it */
+    gps_store_job_row r = {.id = "jP", .api = "openai", .model = "tiny", .status = "queued",
+                           .created_at = 1000, .coalesce = true};
+    assert_int_equal(gps_store_job_insert(s, r), 0);
+    /* Bounded: on a miss the producers stop before the assertion (the
+     * close would wait on them). */
+    uint64_t give_up = gp_now_mono_us() + 20 * 1000 * 1000;
+    bool seen;
+    while (!(seen = raw_int(db, "SELECT count(*) FROM jobs WHERE id = 'jP'") == 1) &&
+           gp_now_mono_us() < give_up) {
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    if (seen)
+        assert_int_equal(gps_store_flush(s), 0);
+    stop = 1;
+    int rows = 1;
+    for (int i = 0; i < 3; i++) {
+        void *rv;
+        pthread_join(th[i], &rv);
+        assert_null(rv);
+        rows += f[i].n;
+    }
+    assert_true(seen);
+    gps_store_close(s);
+    assert_int_equal(raw_int(db, "SELECT count(*) FROM jobs"), rows);
+    sqlite3_close(db);
+}
+
 typedef struct writer_arg {
     gps_store *s;
     int who;
@@ -1235,6 +1345,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_rows_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_held_rows_beside_others, setup, teardown),
         cmocka_unit_test_setup_teardown(test_held_rows_expire_no_empty_groups, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_held_rows_end_at_queue_max, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_held_rows_under_a_full_queue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
