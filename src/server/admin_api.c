@@ -853,6 +853,12 @@ static json_t *job_stored_json(const gps_store_job_info *j)
 typedef struct pending {
     gps_db_wait w;                /* w.held.req: NULL once the client left */
     int limit;
+    /* GET /admin/jobs/{id}: the job's record (gps_jobs_find_record), taken
+     * when the request came, for a row the store does not have (a job run
+     * here for another server, a store that lost it). */
+    bool has_rec;
+    gps_job_state rec_state;
+    char rec_id[128], rec_agent[64];
 } pending;
 
 static pending *pending_new(gps_req *r)
@@ -923,12 +929,27 @@ static void h_jobs_list(gps_req *r, void *arg)
     }
 }
 
+/* A finished job known only by its record: its id, state and agent. */
+static json_t *job_record_json(const char *id, gps_job_state state, const char *agent_id)
+{
+    return json_pack("{s:s,s:s,s:o,s:s,s:b}", "id", id, "status", gps_job_state_name(state),
+                     "agent_id", agent_id[0] ? json_string(agent_id) : json_null(), "source",
+                     "record", "live", 0);
+}
+
 static void job_get_done(void *arg, int status, const gps_store_job_info *j)
 {
     pending *p = arg;
     if (!gps_db_wait_take(&p->w))
         goto done;
-    if (status == 1)
+    json_t *rec = status == 1 && p->has_rec
+                      ? job_record_json(p->rec_id, p->rec_state, p->rec_agent)
+                      : NULL;
+    if (rec)
+        gps_http_send_json(p->w.held.req, 200, rec);
+    else if (status == 1 && p->has_rec)
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "out of memory");
+    else if (status == 1)
         gps_db_wait_error(&p->w, 404, "JOB_NOT_FOUND", "no such job");
     else if (status != 0 || !j)
         gps_db_wait_error(&p->w, 500, "INTERNAL", "the request log could not be read");
@@ -951,6 +972,13 @@ static void h_job_get(gps_req *r, void *arg)
         send_json_or_oom(r, 200, job_live_json(j));
         return;
     }
+    gps_job_state st;
+    char agent[64];
+    bool has_rec = gps_jobs_find_record(a->jobs, r->params[0], &st, agent, sizeof agent);
+    if (!a->store && has_rec) {
+        send_json_or_oom(r, 200, job_record_json(r->params[0], st, agent));
+        return;
+    }
     if (!a->store) {
         gps_req_error(r, 404, "JOB_NOT_FOUND", "no such job", NULL);
         return;
@@ -959,6 +987,12 @@ static void h_job_get(gps_req *r, void *arg)
     if (!p) {
         oom(r);
         return;
+    }
+    if (has_rec) {
+        p->has_rec = true;
+        p->rec_state = st;
+        snprintf(p->rec_id, sizeof p->rec_id, "%s", r->params[0]);
+        snprintf(p->rec_agent, sizeof p->rec_agent, "%s", agent);
     }
     if (gps_store_job_get_async(a->store, r->params[0], job_get_done, p) < 0) {
         gps_db_wait_take(&p->w);

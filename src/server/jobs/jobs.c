@@ -21,10 +21,10 @@
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
 #define NRBUCKETS 16384        /* finished-job records: 7,000 requests/s for 60 s
                                   is chains of ~26, walked only by late uploads */
-/* A finished job stays findable this long so that a late upload from its
- * agent gets cancel:true; after that the upload gets 404 JOB_NOT_FOUND,
- * which stops the job on the agent just the same. At the first sweep after
- * it finished, a job nobody reads any more becomes a done_rec. */
+/* At the first sweep after a finished job is no longer read it is freed,
+ * and its done_rec answers a late upload from its agent for this long
+ * (cancel:true, or 409 from another agent); after that the upload gets 404
+ * JOB_NOT_FOUND, which stops the job on the agent just the same. */
 #define KEEP_TERMINAL_US (60ull * 1000000ull)
 #define CANCEL_KEEP_US (600ull * 1000000ull)
 #define SWEEP_MS 250
@@ -55,7 +55,7 @@ typedef struct cancel_rec {
 typedef struct done_rec {
     struct done_rec *hnext;  /* id hash chain */
     struct done_rec *next;   /* in the order they finished */
-    uint64_t finished_us;
+    uint64_t retired_us;     /* kept KEEP_TERMINAL_US from then */
     gps_job_state state;
     char id[40];
     char agent_id[64];
@@ -88,7 +88,6 @@ struct gps_jobs {
      * in the order they finished, so that expiry only looks at the oldest. */
     gps_job *head;
     gps_job *done_head, *done_tail;
-    gps_job *trim_next;         /* first finished job the sweep has not looked at */
     size_t n_done;
     size_t n_live;
     done_rec *rbuckets[NRBUCKETS]; /* retired finished jobs, by id */
@@ -205,8 +204,6 @@ static bool has_live_subs(const gps_job *job);
 /* Take job out of the list it is on (live or finished). */
 static void list_unlink(gps_jobs *j, gps_job *job)
 {
-    if (j->trim_next == job)
-        j->trim_next = job->next;
     gps_job **head = job->done ? &j->done_head : &j->head;
     if (job->prev)
         job->prev->next = job->next;
@@ -235,8 +232,6 @@ static void list_to_done(gps_jobs *j, gps_job *job)
         j->done_head = job;
     j->done_tail = job;
     j->n_done++;
-    if (!j->trim_next)
-        j->trim_next = job;
 }
 
 static void table_remove(gps_jobs *j, gps_job *job)
@@ -262,20 +257,32 @@ static done_rec *done_rec_find(gps_jobs *j, const char *id)
     return NULL;
 }
 
+bool gps_jobs_find_record(gps_jobs *j, const char *id, gps_job_state *state, char *agent_id,
+                          size_t agent_len)
+{
+    const done_rec *r = done_rec_find(j, id);
+    if (!r)
+        return false;
+    *state = r->state;
+    snprintf(agent_id, agent_len, "%s", r->agent_id);
+    return true;
+}
+
 static void job_free(gps_job *job);
 
 /* A finished job nobody reads any more (its client has its answer; no
- * native task replays it from memory): free it, keeping its done_rec.
+ * native task replays it from memory): free it, keeping its done_rec from
+ * now.
  * Without memory for the record the late upload gets 404, which stops
  * the job on its agent just the same. */
-static void retire(gps_jobs *j, gps_job *job)
+static void retire(gps_jobs *j, gps_job *job, uint64_t now)
 {
     done_rec *r = malloc(sizeof *r);
     if (r) {
         memcpy(r->id, job->id, sizeof r->id);
         snprintf(r->agent_id, sizeof r->agent_id, "%s", job->agent_id);
         r->state = job->state;
-        r->finished_us = job->finished_us;
+        r->retired_us = now; /* in this order on the list (done_recs_expire) */
         unsigned b = rbucket_of(r->id);
         r->hnext = j->rbuckets[b];
         j->rbuckets[b] = r;
@@ -294,7 +301,7 @@ static void retire(gps_jobs *j, gps_job *job)
 /* Free the records older than KEEP_TERMINAL_US (all: when now is 0). */
 static void done_recs_expire(gps_jobs *j, uint64_t now)
 {
-    while (j->rhead && (!now || now - j->rhead->finished_us > KEEP_TERMINAL_US)) {
+    while (j->rhead && (!now || now - j->rhead->retired_us > KEEP_TERMINAL_US)) {
         done_rec *r = j->rhead;
         j->rhead = r->next;
         if (!j->rhead)
@@ -2841,26 +2848,16 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t rt = (uint64_t)j->opts.request_timeout_sec * 1000000ull;
     uint64_t stall = (uint64_t)j->opts.stall_timeout_sec * 1000000ull;
     gps_job *next;
-    /* Newly finished jobs, looked at once: the ones nobody reads any more
-     * become records; one a native task replays from memory stays whole
-     * (freed below once old and unread). */
-    for (gps_job *job = j->trim_next; job; job = next) {
-        next = job->next;
-        if (!has_live_subs(job))
-            retire(j, job);
-    }
-    j->trim_next = NULL;
-    done_recs_expire(j, now);
-    /* Finished jobs, oldest first: stop at the first one still young. */
+    /* Finished jobs nobody reads any more become records: the ones
+     * finished since the last sweep, and those a subscriber still read
+     * then (a native task replaying from memory, a slow client) once it
+     * has gone. The list holds only these, so the walk is short. */
     for (gps_job *job = j->done_head; job; job = next) {
         next = job->next;
-        if (now - job->finished_us <= KEEP_TERMINAL_US)
-            break;
-        if (!has_live_subs(job)) {
-            table_remove(j, job);
-            job_free(job);
-        }
+        if (!has_live_subs(job))
+            retire(j, job, now);
     }
+    done_recs_expire(j, now);
     for (gps_job *job = j->head; job; job = next) {
         next = job->next;
         if (gps_job_terminal(job))

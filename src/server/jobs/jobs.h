@@ -380,7 +380,14 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
 /* Queued jobs of the same model that will be served before job (0 = next;
  * also 0 when not queued). O(jobs). */
 size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);
+/* A live job, or a finished one still read (a subscriber left) or not yet
+ * swept (250 ms); NULL otherwise. */
 gps_job *gps_jobs_find(gps_jobs *j, const char *id);
+/* What is left of a finished job freed at a sweep, for KEEP_TERMINAL_US
+ * (60 s) after: its state and last agent (agent_len bytes at most, "" when
+ * none). false when there is no such record. */
+bool gps_jobs_find_record(gps_jobs *j, const char *id, gps_job_state *state, char *agent_id,
+                          size_t agent_len);
 bool gps_job_terminal(const gps_job *job);
 
 /* ---- hand-off to another server (docs/scaling.md 3e; handoff.h) ----

@@ -1622,13 +1622,12 @@ static void group_fill(gps_store *s, group *g)
              * open for more writes until the deadline. Ops queued while a
              * COMMIT runs still share the next one. Foldable writes may
              * wait here too (db_hold): at the deadline they run and
-             * commit, and so do the held writes then due. A group that
-             * starts with nothing but held writes due (a row ended while
-             * the DB thread was idle) commits them at once: they have
-             * waited already. */
+             * commit, and so do the held writes then due (a row that
+             * ended while the DB thread was idle too: committing it at
+             * once made a second commit for every group at one client). */
             uint64_t now = gp_now_mono_us();
             bool commit_now = s->flush_waiters || s->stop || g->has_read || g->has_events ||
-                              now >= deadline || (g->n == 0 && held_due_locked(s, now));
+                              now >= deadline;
             if (commit_now && !s->qhead) {
                 group_run_held(s, g, false);
                 if (!s->qhead || g->n >= (uint64_t)s->batch_max)

@@ -430,11 +430,22 @@ static void test_finished_jobs_retired_to_records(void **state)
     assert_true(cancel);
     assert_int_equal(late_upload(f.jobs, fa[0].id, "another-agent", &cancel), 409);
     assert_int_equal(late_upload(f.jobs, "job_000000000000000000000000", a->id, &cancel), 404);
+    /* What the admin view shows of it (GET /admin/jobs/{id}, no stored row). */
+    gps_job_state st;
+    char agent[64];
+    assert_true(gps_jobs_find_record(f.jobs, fa[2].id, &st, agent, sizeof agent));
+    assert_int_equal(st, GPS_JOB_CANCELLED);
+    assert_string_equal(agent, a->id);
+    assert_false(gps_jobs_find_record(f.jobs, fa[1].id, &st, agent, sizeof agent));
     /* The subscribed one is whole. */
     assert_ptr_equal(gps_jobs_find(f.jobs, fa[1].id), jobs[1]);
     assert_int_equal(jobs[1]->text.len, 9);
     assert_non_null(jobs[1]->spec.prompt);
+    /* Once its subscriber has gone, at the next sweep. */
     gps_job_unsubscribe(jobs[1], keep_sub, NULL);
+    assert_true(fleet_run_until(&f, retired, &fa[1], 5000));
+    assert_true(gps_jobs_find_record(f.jobs, fa[1].id, &st, agent, sizeof agent));
+    assert_int_equal(st, GPS_JOB_DONE);
     fleet_free(&f);
 }
 
