@@ -908,7 +908,8 @@ int main(int argc, char **argv)
                        "DB statements committed (writes folded into one row write count once).",
                        NULL, 0);
     gps_metrics_define(s->metrics, "db_queue_depth", GPS_METRIC_GAUGE,
-                       "DB operations waiting for the DB thread.", NULL, 0);
+                       "DB operations waiting: queued, or row writes held for their row's end.",
+                       NULL, 0);
     gps_metrics_define(s->metrics, "http_body_bytes_inflight", GPS_METRIC_GAUGE,
                        "Request body bytes being received (max_inflight_body_bytes bounds it).",
                        NULL, 0);
