@@ -770,6 +770,10 @@ typedef struct op {
     bool may_wait;             /* queued open to folding: the DB thread may hold it
                                   to its commit deadline (db_hold) */
     uint32_t folds;            /* writes folded into it (counted as ops) */
+    /* A key's usage add open to folding (usage_fold_locked): in the
+     * store's usage table while it waits in the queue. */
+    bool in_usage;
+    struct op *unext;          /* usage table chain */
     /* Taken off the queue while its row was open: held back for the row's
      * later writes to fold into it (held_add_locked). */
     bool held;
@@ -998,6 +1002,8 @@ typedef struct conn {
     bool ok[K_COUNT];
 } conn;
 
+#define USAGE_BUCKETS 64
+
 struct gps_store {
     const gps_store__engine *eng;
     char *target;                /* what the engine opens: a path or a URI */
@@ -1061,6 +1067,7 @@ struct gps_store {
     gps_store_stats stats;
     op **pend;                   /* PEND_BUCKETS chains: queued job-row writes open to
                                     folding, by job id (NULL: no folding) */
+    op *usage[USAGE_BUCKETS];    /* queued usage adds open to folding, by key (under mu) */
     int64_t sync_changes;        /* rows the last sync_exec changed (owner thread) */
 };
 
@@ -1176,6 +1183,74 @@ static void pend_del(gps_store *s, op *o)
         }
     o->pnext = NULL;
     o->pending = false;
+}
+
+/* Usage adds (K_USAGE_ADD: ?1 key, ?2 day, ?3..?6 counts added). A key's
+ * adds are sums, so one queued for the same key and day while another
+ * still waits in the queue adds its counts into it instead of queueing a
+ * statement of its own: with API keys every request queued two (its
+ * admission and its accounting), two of its three statements at 64
+ * clients on one key (issue 24). Never across a read of key_usage
+ * (usage_seal_locked): a server merging the other servers' counts keeps
+ * what it added after queueing the read on top of what the read returns,
+ * so an add folded into an op before the read would count twice. All
+ * under mu; the DB thread takes an op out of the table as it takes it off
+ * the queue. */
+#define USAGE_CEILING 2305843009213693951LL /* INT64_MAX / 4, as the SQL's MIN */
+
+static size_t usage_slot(const char *key_id)
+{
+    return pend_slot(key_id) & (USAGE_BUCKETS - 1);
+}
+
+/* Under mu: fold o (a usage add) into the one queued for its key and day;
+ * true when it did (o is then the caller's to free). */
+static bool usage_fold_locked(gps_store *s, const op *o)
+{
+    for (op *q = s->usage[usage_slot(o->v[0].s)]; q; q = q->unext)
+        if (q->v[1].i == o->v[1].i && strcmp(q->v[0].s, o->v[0].s) == 0) {
+            for (int i = 2; i < 6; i++) {
+                int64_t a = q->v[i].i, b = o->v[i].i;
+                q->v[i].i = b > 0 && a > USAGE_CEILING - b ? USAGE_CEILING : a + b;
+            }
+            q->folds++;
+            s->stats.ops_enqueued++;
+            return true;
+        }
+    return false;
+}
+
+static void usage_add_locked(gps_store *s, op *o)
+{
+    op **b = &s->usage[usage_slot(o->v[0].s)];
+    o->unext = *b;
+    *b = o;
+    o->in_usage = true;
+}
+
+static void usage_del_locked(gps_store *s, op *o)
+{
+    for (op **pp = &s->usage[usage_slot(o->v[0].s)]; *pp; pp = &(*pp)->unext)
+        if (*pp == o) {
+            *pp = o->unext;
+            break;
+        }
+    o->unext = NULL;
+    o->in_usage = false;
+}
+
+/* Under mu: a read of key_usage is being queued: nothing queued after it
+ * folds into an add queued before it. */
+static void usage_seal_locked(gps_store *s)
+{
+    for (size_t i = 0; i < USAGE_BUCKETS; i++) {
+        for (op *o = s->usage[i], *next; o; o = next) {
+            next = o->unext;
+            o->unext = NULL;
+            o->in_usage = false;
+        }
+        s->usage[i] = NULL;
+    }
 }
 
 /* Column of K_JOB_INSERT_ROW that K_JOB_UPDATE's value j (1..11) sets. */
@@ -1686,6 +1761,8 @@ static void group_fill(gps_store *s, group *g)
         s->stats.queue_depth--;
         if (o->pending)
             pend_del(s, o); /* nothing folds into it once taken */
+        if (o->in_usage)
+            usage_del_locked(s, o);
         pthread_mutex_unlock(&s->mu);
         bool ahead = o->seq == 0; /* queued ahead (enqueue_front): commit now */
         if (!ahead)
@@ -1839,6 +1916,8 @@ static void enqueue_locked(gps_store *s, op *first, op *last, size_t count)
     for (op *o = first; o; o = o->next) {
         o->seq = ++s->seq_enqueued;
         s->q_nowait += !o->may_wait;
+        if (o->kind == K_USAGE_GET)
+            usage_seal_locked(s);
     }
     last->next = NULL;
     if (s->qtail)
@@ -1874,10 +1953,13 @@ static void free_chain(op *o)
     }
 }
 
+#define ENQ_USAGE 3 /* enqueue_ex's row: a usage add (usage_fold_locked) */
+
 /* Queue a chain of ops (linked by next). Writes (droppable) are refused
  * beyond queue_max. Takes ownership of the chain in every case. *seq_out
  * (may be NULL) gets the last op's seq: read under the lock, since the DB
- * thread may free the op as soon as it is queued. */
+ * thread may free the op as soon as it is queued. row: 0 any op; 1 a job
+ * row's write, 2 one that may fold (fold_locked); ENQ_USAGE a usage add. */
 static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out, int row)
 {
     if (!first)
@@ -1889,7 +1971,8 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         count++;
     }
     pthread_mutex_lock(&s->mu);
-    if (row && s->thread_alive && fold_locked(s, first, row > 1)) {
+    if (row == ENQ_USAGE ? s->thread_alive && usage_fold_locked(s, first)
+                         : row && s->thread_alive && fold_locked(s, first, row > 1)) {
         pthread_mutex_unlock(&s->mu);
         free_chain(first);
         return 0;
@@ -1915,11 +1998,16 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         free_chain(first);
         return -1;
     }
-    bool reg = row && fold_miss_locked(s, first, row > 1);
-    first->may_wait = reg; /* a row op is one op */
+    bool usage = row == ENQ_USAGE;
+    bool reg = row && !usage && fold_miss_locked(s, first, row > 1);
+    /* a row op is one op; a usage add, too, and it may wait for the
+     * deadline as a foldable row write does (db_hold) */
+    first->may_wait = reg || usage;
     enqueue_locked(s, first, last, count);
     if (reg)
         pend_add(s, first);
+    if (usage)
+        usage_add_locked(s, first);
     if (seq_out)
         *seq_out = s->seq_enqueued;
     pthread_mutex_unlock(&s->mu);
@@ -2992,8 +3080,15 @@ int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t r
 {
     if (!key_id || !*key_id)
         return -1;
-    return write_op(s, K_USAGE_ADD, "tiiiii", key_id, day, requests, prompt_tokens,
-                    completion_tokens, rate_limited);
+    opb b;
+    b_spec(&b, K_USAGE_ADD, "tiiiii", key_id, day, requests, prompt_tokens, completion_tokens,
+           rate_limited);
+    op *o = b_pack(&b);
+    if (!o) {
+        count_drop(s);
+        return -1;
+    }
+    return enqueue_ex(s, o, true, NULL, ENQ_USAGE);
 }
 
 int gps_store_key_revoke(gps_store *s, const char *key_id, int64_t revoked_at)

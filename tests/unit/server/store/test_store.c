@@ -864,6 +864,71 @@ static void test_held_rows_under_a_full_queue(void **state)
     sqlite3_close(db);
 }
 
+typedef struct got_usage {
+    int calls;
+    int64_t requests; /* key_a's */
+} got_usage;
+
+static void on_usage(void *arg, int status, int64_t day, const gps_store_usage_row *rows,
+                     size_t n)
+{
+    got_usage *g = arg;
+    assert_int_equal(status, 0);
+    assert_int_equal(day, 3);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(rows[i].key_id, "key_a") == 0)
+            g->requests = rows[i].requests;
+    g->calls++;
+}
+
+/* A key's usage adds queued together are one statement (sums: with API
+ * keys a request queued two, admission and accounting, issue 24), one per
+ * key and day; never across a read of key_usage, which would otherwise
+ * return an add queued after it. */
+static void test_usage_adds_fold(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store_opts o = {.commit_interval_ms = 60000, .batch_max = 64};
+    gps_store *s = open_ok(t->db, base, &o);
+    sqlite3 *db = raw_open(t->db);
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(gps_store_usage_add(s, "key_a", 3, 1, 10, 100, 0), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(gps_store_usage_add(s, "key_b", 3, 1, 1, 1, 1), 0);
+    assert_int_equal(gps_store_usage_add(s, "key_b", 4, 1, 0, 0, 0), 0); /* another day */
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_stats st;
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.ops_committed, 16);
+    assert_int_equal(st.statements, 3);
+    assert_text(db, "SELECT requests || '/' || prompt_tokens || '/' || completion_tokens || '/' "
+                    "|| rate_limited FROM key_usage WHERE key_id = 'key_a' AND day = 3",
+                "10/100/1000/0");
+    assert_text(db, "SELECT requests || '/' || prompt_tokens || '/' || completion_tokens || '/' "
+                    "|| rate_limited FROM key_usage WHERE key_id = 'key_b' AND day = 3",
+                "5/5/5/5");
+    assert_int_equal(raw_int(db, "SELECT requests FROM key_usage WHERE key_id = 'key_b' AND "
+                                 "day = 4"), 1);
+
+    /* Not across a read. */
+    assert_int_equal(gps_store_usage_add(s, "key_a", 3, 1, 0, 0, 0), 0);
+    got_usage g = {0};
+    assert_int_equal(gps_store_usage_async(s, 3, on_usage, &g), 0);
+    assert_int_equal(gps_store_usage_add(s, "key_a", 3, 1, 0, 0, 0), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.requests, 11);
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_get_stats(s, &st);
+    assert_int_equal(st.statements, 3 + 3);
+    assert_int_equal(raw_int(db, "SELECT requests FROM key_usage WHERE key_id = 'key_a' AND "
+                                 "day = 3"), 12);
+    gps_store_close(s);
+    sqlite3_close(db);
+    event_base_free(base);
+}
+
 typedef struct writer_arg {
     gps_store *s;
     int who;
@@ -1347,6 +1412,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_held_rows_expire_no_empty_groups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_held_rows_end_at_queue_max, setup, teardown),
         cmocka_unit_test_setup_teardown(test_held_rows_under_a_full_queue, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_usage_adds_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_enqueue, setup, teardown),
         cmocka_unit_test_setup_teardown(test_overload_drops, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backlog_and_coalesced_renewals, setup, teardown),
