@@ -1504,6 +1504,12 @@ static bool row_ended(const op *o)
            (w->kind == K_JOB_UPDATE && w->v[11].t != V_NULL);
 }
 
+/* Would o, taken off the queue now, be held (held_add_locked)? */
+static bool would_hold(const gps_store *s, const op *o)
+{
+    return s->row_hold_us && o->pending && !row_ended(o);
+}
+
 /* Under mu, o just taken off the queue: hold it back instead of running
  * it? A request-log row write open to folding whose row has not ended
  * waits up to row_hold_ms on the held list, still in the pending table, so
@@ -1512,7 +1518,7 @@ static bool row_ended(const op *o)
  * at 64 zero-delay streams, issue 24). */
 static bool held_add_locked(gps_store *s, op *o, uint64_t now)
 {
-    if (s->row_hold_us == 0 || !o->pending || row_ended(o))
+    if (!would_hold(s, o))
         return false;
     o->held = true;
     o->hold_until_us = now + s->row_hold_us;
@@ -1675,12 +1681,6 @@ static void group_run_held(gps_store *s, group *g, bool all)
         group_run(s, g, o);
     }
     pthread_mutex_lock(&s->mu);
-}
-
-/* Would o, taken off the queue now, be held (held_add_locked)? */
-static bool would_hold(const gps_store *s, const op *o)
-{
-    return s->row_hold_us && o->pending && !row_ended(o);
 }
 
 /* Fill one group transaction (mu held on entry and exit): run what is
