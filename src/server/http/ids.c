@@ -42,10 +42,36 @@ void gps_id_hex(char *out, size_t nbytes)
     out[2 * nbytes] = '\0';
 }
 
+/* A bijection on 48 bits (xor-shifts and odd multipliers mod 2^48): the
+ * suffix of ids made in one process never repeats, whatever the clock does. */
+static uint64_t mix48(uint64_t z)
+{
+    const uint64_t m = (1ULL << 48) - 1;
+    z &= m;
+    z ^= z >> 24;
+    z = (z * 0x9e3779b97f4bULL) & m;
+    z ^= z >> 21;
+    z = (z * 0xd6e8feb86659ULL) & m;
+    return z ^ (z >> 25);
+}
+
+static void put_hex48(char *out, uint64_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 11; i >= 0; i--, v >>= 4)
+        out[i] = hex[v & 15];
+}
+
 void gps_id_new(const char *prefix, char *out, size_t outlen)
 {
+    if (!seeded) {
+        gp_random_bytes(key, sizeof key);
+        seeded = 1;
+    }
     char hex[25];
-    gps_id_hex(hex, 12);
+    put_hex48(hex, (uint64_t)gp_now_wall_ms());
+    put_hex48(hex + 12, mix48(++counter ^ key[0]) ^ key[1]);
+    hex[24] = '\0';
     size_t n = gp_copy_str(out, outlen, prefix);
     gp_copy_str(out + n, outlen - n, hex);
 }

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "common/gp_util.h"
 #include "server/http/ids.h"
 
 static int cmp(const void *a, const void *b)
@@ -46,11 +47,38 @@ static void test_distinct(void **st)
     free(ids);
 }
 
+static uint64_t id_ms(const char *hex12)
+{
+    char t[13];
+    memcpy(t, hex12, 12);
+    t[12] = '\0';
+    return strtoull(t, NULL, 16);
+}
+
+/* The first 12 digits are the wall clock in ms: an id made in a later
+ * millisecond sorts after one made earlier (the store's index grows at its
+ * end). The loop waits for the clock to move, not for a fixed time. */
+static void test_time_order(void **st)
+{
+    (void)st;
+    char a[40], b[40];
+    int64_t t0 = gp_now_wall_ms();
+    gps_id_new("job_", a, sizeof a);
+    int64_t t1 = gp_now_wall_ms();
+    assert_true(id_ms(a + 4) >= (uint64_t)t0 && id_ms(a + 4) <= (uint64_t)t1);
+    while (gp_now_wall_ms() <= t1)
+        ;
+    gps_id_new("job_", b, sizeof b);
+    assert_true(strcmp(b, a) > 0);
+    assert_true(id_ms(b + 4) > id_ms(a + 4));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shape),
         cmocka_unit_test(test_distinct),
+        cmocka_unit_test(test_time_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
