@@ -1286,12 +1286,15 @@ static bool row_ended(const op *o);
  * when o folded into the row's pending write (o is then the caller's to
  * free). Tried before the queue_max check: a fold takes no place in the
  * queue, and a row's end refused there would leave the row unfinished for
- * good while held writes fill the queue. */
-static bool fold_locked(gps_store *s, op *o, bool coalesce)
+ * good while held writes fill the queue. *found gets the row's pending
+ * write (or NULL) for fold_miss_locked, which runs under the same hold of
+ * mu: one look-up a write. */
+static bool fold_locked(gps_store *s, op *o, bool coalesce, op **found)
 {
+    *found = NULL;
     if (!s->pend)
         return false;
-    op *p = pend_find(s, o->v[0].s);
+    op *p = *found = pend_find(s, o->v[0].s);
     if (p && coalesce && o->kind == K_JOB_UPDATE) {
         op *m = fold_pack(p->fold ? p->fold : p, o);
         if (m) {
@@ -1313,13 +1316,13 @@ static bool fold_locked(gps_store *s, op *o, bool coalesce)
     return false;
 }
 
-/* Under mu, a job-row write o that did not fold is about to be queued:
- * returns whether it enters the pending table once queued. */
-static bool fold_miss_locked(gps_store *s, op *o, bool coalesce)
+/* Under mu, a job-row write o that did not fold is about to be queued
+ * (p: its row's pending write, as fold_locked found it): returns whether
+ * it enters the pending table once queued. */
+static bool fold_miss_locked(gps_store *s, op *o, bool coalesce, op *p)
 {
     if (!s->pend)
         return false;
-    op *p = pend_find(s, o->v[0].s);
     if (p) {
         pend_del(s, p); /* o is queued after it: nothing later folds across o */
         if (p->held)
@@ -1970,9 +1973,10 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         last = last->next;
         count++;
     }
+    op *pend_hit = NULL; /* fold_locked's look-up, for fold_miss_locked */
     pthread_mutex_lock(&s->mu);
     if (row == ENQ_USAGE ? s->thread_alive && usage_fold_locked(s, first)
-                         : row && s->thread_alive && fold_locked(s, first, row > 1)) {
+                         : row && s->thread_alive && fold_locked(s, first, row > 1, &pend_hit)) {
         pthread_mutex_unlock(&s->mu);
         free_chain(first);
         return 0;
@@ -1999,7 +2003,7 @@ static int enqueue_ex(gps_store *s, op *first, bool droppable, uint64_t *seq_out
         return -1;
     }
     bool usage = row == ENQ_USAGE;
-    bool reg = row && !usage && fold_miss_locked(s, first, row > 1);
+    bool reg = row && !usage && fold_miss_locked(s, first, row > 1, pend_hit);
     /* a row op is one op; a usage add, too, and it may wait for the
      * deadline as a foldable row write does (db_hold) */
     first->may_wait = reg || usage;
@@ -3078,7 +3082,10 @@ int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses)
 int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
                         int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited)
 {
-    if (!key_id || !*key_id)
+    /* Counts only add: a negative one would make a fold's sum able to
+     * overflow (usage_fold_locked clamps positive sums only). */
+    if (!key_id || !*key_id || requests < 0 || prompt_tokens < 0 || completion_tokens < 0 ||
+        rate_limited < 0)
         return -1;
     opb b;
     b_spec(&b, K_USAGE_ADD, "tiiiii", key_id, day, requests, prompt_tokens, completion_tokens,

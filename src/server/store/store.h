@@ -375,7 +375,8 @@ int gps_store_key_limits(gps_store *s, const char *key_id, int64_t rpm, int64_t 
                          int64_t max_concurrent, int64_t max_uses);
 int gps_store_key_uses(gps_store *s, const char *key_id, int64_t uses);
 /* Add to a key's usage row for day (days since the epoch, UTC): upsert
- * that adds each count to what is stored. */
+ * that adds each count to what is stored. Counts are >= 0 (-1 otherwise,
+ * nothing queued). */
 int gps_store_usage_add(gps_store *s, const char *key_id, int64_t day, int64_t requests,
                         int64_t prompt_tokens, int64_t completion_tokens, int64_t rate_limited);
 

@@ -898,6 +898,9 @@ static void test_usage_adds_fold(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(gps_store_usage_add(s, "key_b", 3, 1, 1, 1, 1), 0);
     assert_int_equal(gps_store_usage_add(s, "key_b", 4, 1, 0, 0, 0), 0); /* another day */
+    /* A negative count is refused, not folded (a sum of them could overflow). */
+    assert_int_equal(gps_store_usage_add(s, "key_b", 3, -1, 0, 0, 0), -1);
+    assert_int_equal(gps_store_usage_add(s, "key_b", 3, 0, 0, INT64_MIN, 0), -1);
     assert_int_equal(gps_store_flush(s), 0);
     gps_store_stats st;
     gps_store_get_stats(s, &st);
