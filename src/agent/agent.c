@@ -1707,6 +1707,24 @@ static void upload_done(agent *a, agent_job *j, CURLcode rc, long status, json_t
  * entry's outcome goes through upload_done as its own upload's would. */
 #define BATCH_MAX_JOBS 1024            /* what the server takes in one (MAX_BATCH_JOBS) */
 #define BATCH_MAX_BYTES (1u << 20)   /* then the rest waits for the next one */
+/* How many jobs one batch carries: BATCH_JOBS, or a sixteenth of those
+ * waiting when more than 1,024 wait (none waits more than ~16 round
+ * trips), up to BATCH_MAX_JOBS. The server applies a batch in one
+ * callback, writing to each job's client as it goes: at 1,000 paced
+ * streams a batch of every waiting job (~175) kept its loop ~2 ms at a
+ * time from new requests (first token p50 27 ms on relaybench's shared
+ * core); at 64 the jobs left for the next batch gather their tokens, so
+ * fewer, fuller writes reach the clients (server CPU 6.6 -> 5.3 s, first
+ * token 3.9 ms, each token's delay after its stream's first p50 8 -> 20
+ * ms, p99 41 -> 48 ms; docs/scaling.md "Twelfth round"). Urgent jobs
+ * (first output, end) are at the front of a->bq: always in the next one. */
+#define BATCH_JOBS 64
+
+static size_t batch_jobs(const agent *a)
+{
+    size_t n = a->n_bq / 16;
+    return n < BATCH_JOBS ? BATCH_JOBS : n > BATCH_MAX_JOBS ? BATCH_MAX_JOBS : n;
+}
 
 static void bq_remove(agent *a, agent_job *j);
 
@@ -1727,7 +1745,8 @@ static void batch_start(agent *a, uint64_t now, bool urgent_only)
     size_t k = 0;
     int rc = !jobs || body_head(&b, a) < 0 || gp_buf_append(&b, ",\"jobs\":[", 9) < 0 ? -1 : 0;
     pthread_mutex_lock(&a->mu);
-    for (agent_job *j = a->bq_head, *next; rc == 0 && j && k < BATCH_MAX_JOBS &&
+    const size_t max_jobs = batch_jobs(a);
+    for (agent_job *j = a->bq_head, *next; rc == 0 && j && k < max_jobs &&
                                           b.len < BATCH_MAX_BYTES; j = next) {
         size_t mark = b.len;
         next = j->bq_next;
@@ -2545,11 +2564,7 @@ static int loop_init(agent *a, char *err, size_t errlen)
         snprintf(err, errlen, "eventfd: %s", strerror(errno));
         return -1;
     }
-    struct event_config *cfg = event_config_new();
-    if (cfg && event_config_set_max_dispatch_interval(cfg, NULL, AGENT_RELAY_BURST,
-                                                      AGENT_PRI_RELAY) == 0)
-        a->evb = event_base_new_with_config(cfg);
-    event_config_free(cfg);
+    a->evb = event_base_new();
     if (a->evb && event_base_priority_init(a->evb, 2) != 0) {
         event_base_free(a->evb);
         a->evb = NULL;

@@ -117,10 +117,11 @@ typedef struct agent_job_sink {
  * (agent_backend_ops.bind_loop). Two priorities: AGENT_PRI_NEW (new work:
  * the agent's requests to the server, a backend's wake-ups and the
  * transfers whose reply has not begun) runs ahead of AGENT_PRI_RELAY (the
- * streams already relaying), and at most AGENT_RELAY_BURST relaying
- * callbacks run between two looks at new work (libevent's
- * max_dispatch_callbacks): at 1,000 paced streams a turn carries ~2,000
- * token reads, and a new job must not wait behind all of them. */
+ * streams already relaying). The openai backend keeps its relaying
+ * sockets in one relay_set whose readiness is a single event at
+ * AGENT_PRI_RELAY, serving at most AGENT_RELAY_BURST of them between two
+ * looks at new work: at 1,000 paced streams a turn carries ~2,000 token
+ * reads, and a new job must not wait behind all of them. */
 #define AGENT_PRI_NEW 0
 #define AGENT_PRI_RELAY 1
 #define AGENT_RELAY_BURST 32

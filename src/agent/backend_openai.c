@@ -78,6 +78,7 @@
 #include "agent/curl_loop.h"
 #include "agent/openai_count.h"
 #include "agent/openai_embed.h"
+#include "agent/relay_set.h"
 #include "agent/openai_schema.h"
 #include "agent/openai_stream.h"
 #include "common/gp_log.h"
@@ -222,10 +223,13 @@ struct oai_backend {
     CURLM *multi;
     oai_job *done_list;     /* streams that said [DONE] inside a libcurl callback */
     oai_job *demote_list;   /* transfers whose reply began inside a libcurl callback */
-    /* The event watching each socket libcurl asked for, by descriptor
-     * (the socket a transfer's reply began on is found again to lower its
-     * priority: sock_demote). */
+    /* The event libcurl holds for each socket, by descriptor (the socket
+     * a transfer's reply began on is found again: sock_demote). While the
+     * reply has not begun it watches the socket on the base at
+     * AGENT_PRI_NEW; after, the socket is in `relay` and the event only
+     * remembers what libcurl asked for. */
     struct event **sock_ev;
+    relay_set *relay;       /* the relaying streams' sockets (relay_set.h) */
     int n_sock_ev;
     int nrunning;           /* jobs begun and not yet finished */
     CURL *easy_idle[OAI_EASY_IDLE_MAX]; /* ended transfers' handles, reset, for the next */
@@ -734,23 +738,21 @@ static void xfer_done_early(oai_backend *b, oai_job *j)
     j->linger_since_ms = gp_now_mono_ms();
 }
 
-/* The reply of j's transfer began: its socket joins the streams relaying.
- * An event libevent has already queued to run cannot change priority in
- * place: it is taken out and watched again (level-triggered: whatever is
- * readable shows again on the next look). */
+/* The reply of j's transfer began: its socket leaves the base for the
+ * streams relaying (level-triggered both: whatever is readable shows again
+ * in the relay set). If the set refuses it (out of memory), it stays on
+ * the base, ahead of the others but served. */
 static void sock_demote(oai_backend *b, oai_job *j)
 {
     const curl_socket_t s = j->sock;
     if (!j->easy || s == CURL_SOCKET_BAD || s < 0 || s >= b->n_sock_ev)
         return;
     struct event *ev = b->sock_ev[s];
-    if (!ev || event_get_priority(ev) == AGENT_PRI_RELAY)
+    if (!ev || relay_set_has(b->relay, s))
         return;
-    if (event_priority_set(ev, AGENT_PRI_RELAY) != 0) {
+    short what = event_get_events(ev) & (EV_READ | EV_WRITE);
+    if (relay_set_watch(b->relay, s, what) == 0)
         event_del(ev);
-        event_priority_set(ev, AGENT_PRI_RELAY);
-        event_add(ev, NULL);
-    }
 }
 
 /* After libcurl ran: finish the transfers it completed and the streams
@@ -813,6 +815,22 @@ static void on_sock_event(evutil_socket_t fd, short what, void *arg)
     agent_sink_release();
 }
 
+/* The relay set's ready sockets, one burst: what they deliver goes in one
+ * upload (a loop turn may end several streams' replies). */
+static void on_relay_ready(void *arg, const relay_ready *r, int n)
+{
+    oai_backend *b = arg;
+    for (int i = 0; i < n; i++) {
+        int action = ((r[i].what & EV_READ) ? CURL_CSELECT_IN : 0) |
+                     ((r[i].what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
+        int running = 0;
+        agent_sink_hold();
+        curl_multi_socket_action(b->multi, r[i].fd, action, &running);
+        loop_settle(b);
+        agent_sink_release();
+    }
+}
+
 static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
 {
     oai_backend *b = arg;
@@ -843,12 +861,14 @@ static bool sock_table_fit(oai_backend *b, curl_socket_t s)
 }
 
 /* CURLMOPT_SOCKETFUNCTION: watch s as libcurl asks (socketp: its event),
- * ahead of the relaying streams while easy's reply has not begun. */
+ * on the base ahead of the relaying streams while easy's reply has not
+ * begun, in the relay set after. */
 static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
     oai_backend *b = userp;
     struct event *ev = socketp;
     if (what == CURL_POLL_REMOVE) {
+        relay_set_unwatch(b->relay, s); /* libcurl may close it next */
         if (ev) {
             if (s >= 0 && s < b->n_sock_ev && b->sock_ev[s] == ev)
                 b->sock_ev[s] = NULL;
@@ -861,10 +881,21 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
     char *priv = NULL;
     curl_easy_getinfo(easy, CURLINFO_PRIVATE, &priv);
     oai_job *j = (oai_job *)priv;
-    int pri = j && j->unanswered ? AGENT_PRI_NEW : AGENT_PRI_RELAY;
     if (j)
         j->sock = s; /* for sock_demote */
-    ev = curl_loop_watch(b->evb, b->multi, s, what, ev, pri, on_sock_event, b);
+    if (!(j && j->unanswered) && b->relay) {
+        ev = curl_loop_event(b->evb, b->multi, s, what, ev, on_sock_event, b);
+        if (!ev)
+            return -1;
+        b->sock_ev[s] = ev;
+        if (relay_set_watch(b->relay, s, curl_loop_kinds(what)) == 0)
+            return 0;
+        /* Not in the set (out of memory): on the base, as before it. */
+        ev = curl_loop_watch(b->evb, b->multi, s, what, ev, AGENT_PRI_RELAY, on_sock_event, b);
+        return ev ? 0 : -1;
+    }
+    relay_set_unwatch(b->relay, s); /* a pooled connection taken by a new transfer */
+    ev = curl_loop_watch(b->evb, b->multi, s, what, ev, AGENT_PRI_NEW, on_sock_event, b);
     if (!ev)
         return -1;
     b->sock_ev[s] = ev;
@@ -920,7 +951,11 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     in = b->inbox;
     b->inbox = NULL;
     b->inbox_tail = &b->inbox;
-    if (b->cancel_pending) {
+    /* cancel_taken is set here only: without a cancel pending no job has
+     * it, and the walks over every job (1,000 at --slots 1024, a wake for
+     * each new job) are skipped (3 % of the agent at 1,000 streams). */
+    const bool cancels = b->cancel_pending;
+    if (cancels) {
         b->cancel_pending = false;
         for (oai_job *j = b->jobs; j; j = j->next)
             if (j->cancel && !j->cancel_taken)
@@ -941,14 +976,16 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         }
     }
     /* Cancelled jobs that had begun (a job is freed only on this thread). */
-    pthread_mutex_lock(&b->mu);
-    for (oai_job *j = b->jobs; j; j = j->next)
-        if (j->cancel_taken) {
-            j->cancel_taken = false; /* listed once */
-            j->in_next = cancelled;
-            cancelled = j;
-        }
-    pthread_mutex_unlock(&b->mu);
+    if (cancels) {
+        pthread_mutex_lock(&b->mu);
+        for (oai_job *j = b->jobs; j; j = j->next)
+            if (j->cancel_taken) {
+                j->cancel_taken = false; /* listed once */
+                j->in_next = cancelled;
+                cancelled = j;
+            }
+        pthread_mutex_unlock(&b->mu);
+    }
     while (cancelled) {
         oai_job *j = cancelled;
         cancelled = j->in_next;
@@ -1312,6 +1349,7 @@ static void oai_destroy(agent_backend *base)
         if (b->sock_ev[i])
             event_free(b->sock_ev[i]);
     free(b->sock_ev); /* after curl_multi_cleanup, whose sockets it lists */
+    relay_set_free(b->relay); /* after curl_multi_cleanup: its REMOVEs unwatch */
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->probe_cv);
     free(b->url_chat);
@@ -1357,7 +1395,8 @@ static int oai_bind_loop(agent_backend *base, struct event_base *evb, char *err,
     b->wake_ev = event_new(evb, -1, 0, on_wake, b);
     b->curl_timer = evtimer_new(evb, on_curl_timer, b);
     b->sweep_timer = event_new(evb, -1, EV_PERSIST, on_sweep, b);
-    if (!b->wake_ev || !b->curl_timer || !b->sweep_timer ||
+    b->relay = relay_set_new(evb, AGENT_PRI_RELAY, AGENT_RELAY_BURST, on_relay_ready, b);
+    if (!b->wake_ev || !b->curl_timer || !b->sweep_timer || !b->relay ||
         event_priority_set(b->wake_ev, AGENT_PRI_NEW) != 0 ||
         event_priority_set(b->curl_timer, AGENT_PRI_NEW) != 0) {
         snprintf(err, errlen, "openai backend: cannot set up its events");

@@ -1,10 +1,14 @@
 #include "agent/curl_loop.h"
 
-struct event *curl_loop_watch(struct event_base *evb, CURLM *multi, curl_socket_t s, int what,
-                              struct event *ev, int pri, event_callback_fn cb, void *arg)
+short curl_loop_kinds(int what)
 {
-    short kind = (short)(((what & CURL_POLL_IN) ? EV_READ : 0) |
-                         ((what & CURL_POLL_OUT) ? EV_WRITE : 0) | EV_PERSIST);
+    return (short)(((what & CURL_POLL_IN) ? EV_READ : 0) | ((what & CURL_POLL_OUT) ? EV_WRITE : 0));
+}
+
+struct event *curl_loop_event(struct event_base *evb, CURLM *multi, curl_socket_t s, int what,
+                              struct event *ev, event_callback_fn cb, void *arg)
+{
+    short kind = (short)(curl_loop_kinds(what) | EV_PERSIST);
     if (ev) {
         /* Level-triggered and persistent: what libcurl left readable shows
          * again on the next pass. event_assign needs the event idle. */
@@ -16,6 +20,15 @@ struct event *curl_loop_watch(struct event_base *evb, CURLM *multi, curl_socket_
             return NULL;
         curl_multi_assign(multi, s, ev);
     }
+    return ev;
+}
+
+struct event *curl_loop_watch(struct event_base *evb, CURLM *multi, curl_socket_t s, int what,
+                              struct event *ev, int pri, event_callback_fn cb, void *arg)
+{
+    ev = curl_loop_event(evb, multi, s, what, ev, cb, arg);
+    if (!ev)
+        return NULL;
     event_priority_set(ev, pri);
     event_add(ev, NULL);
     return ev;

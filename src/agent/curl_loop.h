@@ -21,6 +21,15 @@
 struct event *curl_loop_watch(struct event_base *evb, CURLM *multi, curl_socket_t s, int what,
                               struct event *ev, int pri, event_callback_fn cb, void *arg);
 
+/* curl_loop_watch without the watching: the event libcurl holds for s
+ * (made and assigned when ev is NULL, taken off the base otherwise) with
+ * what's kinds, for a socket watched elsewhere (relay_set). NULL when out
+ * of memory. */
+struct event *curl_loop_event(struct event_base *evb, CURLM *multi, curl_socket_t s, int what,
+                              struct event *ev, event_callback_fn cb, void *arg);
+/* libcurl's CURL_POLL_* as libevent's EV_READ / EV_WRITE. */
+short curl_loop_kinds(int what);
+
 /* For a CURLMOPT_TIMERFUNCTION: (re)arm timer for timeout_ms, or disarm
  * it for -1. Always 0 (what the callback returns). */
 int curl_loop_timer(struct event *timer, long timeout_ms);

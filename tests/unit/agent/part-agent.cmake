@@ -24,3 +24,6 @@ gp_add_unit_test(test_openai_count
 gp_add_unit_test(test_openai_embed
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_embed.c
   LIBS gpupool_agent_base)
+gp_add_unit_test(test_relay_set
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_relay_set.c
+  LIBS gpupool_agent_base)
