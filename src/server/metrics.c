@@ -350,8 +350,10 @@ int gps_metrics_define_server(gps_metrics *m)
         {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
         {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
         {"jobs_in_memory", GPS_METRIC_GAUGE,
-         "Jobs the server holds in memory: live ones, finished ones still read, and a record "
-         "(~150 bytes) of each other finished one for late agent uploads (60 s).", NULL, 0},
+         "Jobs the server holds in memory: live ones and finished ones still read.", NULL, 0},
+        {"job_records", GPS_METRIC_GAUGE,
+         "Records (~150 bytes) of jobs finished in the last 60 s and no longer held, kept "
+         "for late agent uploads.", NULL, 0},
         {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
         {"model_agents", GPS_METRIC_GAUGE,
          "Live agents serving each model name known since start (0: its requests get 503).",

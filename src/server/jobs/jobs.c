@@ -2993,7 +2993,7 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
 {
     gps_metrics_reset(m, "queue_depth");
     sched_foreach_queue(j->sched, queue_cb, m);
-    size_t running = 0, held = j->n_done + j->n_recs;
+    size_t running = 0, held = j->n_done;
     for (gps_job *job = j->head; job; job = job->next) {
         held++;
         if (job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING)
@@ -3001,6 +3001,7 @@ void gps_jobs_collect(gps_jobs *j, gps_metrics *m)
     }
     gps_metrics_set(m, "jobs_running", NULL, (double)running);
     gps_metrics_set(m, "jobs_in_memory", NULL, (double)held);
+    gps_metrics_set(m, "job_records", NULL, (double)j->n_recs);
 }
 
 const char *gps_job_id(const gps_job *job)

@@ -22,6 +22,7 @@
 #include "common/gp_log.h"
 #include "fixture_fleet.h"
 #include "server/jobs/jobs.h"
+#include "server/metrics.h"
 #include "server/store/store.h"
 
 #include "db_fixture.h"
@@ -446,6 +447,14 @@ static void test_finished_jobs_retired_to_records(void **state)
     assert_true(fleet_run_until(&f, retired, &fa[1], 5000));
     assert_true(gps_jobs_find_record(f.jobs, fa[1].id, &st, agent, sizeof agent));
     assert_int_equal(st, GPS_JOB_DONE);
+    /* The gauges: three records, no job held whole. */
+    gps_metrics *m = gps_metrics_new();
+    assert_non_null(m);
+    assert_int_equal(gps_metrics_define_server(m), 0);
+    gps_jobs_collect(f.jobs, m);
+    assert_true(gps_metrics_get(m, "job_records", NULL) == 3.0);
+    assert_true(gps_metrics_get(m, "jobs_in_memory", NULL) == 0.0);
+    gps_metrics_free(m);
     fleet_free(&f);
 }
 
