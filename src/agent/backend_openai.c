@@ -748,7 +748,7 @@ static void sock_demote(oai_backend *b, oai_job *j)
     if (!j->easy || s == CURL_SOCKET_BAD || s < 0 || s >= b->n_sock_ev)
         return;
     struct event *ev = b->sock_ev[s];
-    if (!ev || relay_set_has(b->relay, s))
+    if (!ev || !b->relay || relay_set_has(b->relay, s))
         return;
     short what = event_get_events(ev) & (EV_READ | EV_WRITE);
     if (relay_set_watch(b->relay, s, what) == 0)
