@@ -821,6 +821,10 @@ static void on_relay_ready(void *arg, const relay_ready *r, int n)
 {
     oai_backend *b = arg;
     for (int i = 0; i < n; i++) {
+        /* An earlier entry's handling may have unwatched this one (its
+         * transfer ended, its socket was closed or taken by a new one). */
+        if (!relay_set_has(b->relay, r[i].fd))
+            continue;
         int action = ((r[i].what & EV_READ) ? CURL_CSELECT_IN : 0) |
                      ((r[i].what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
         int running = 0;
@@ -890,8 +894,9 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int what, void *userp, vo
         b->sock_ev[s] = ev;
         if (relay_set_watch(b->relay, s, curl_loop_kinds(what)) == 0)
             return 0;
-        /* Not in the set (out of memory): on the base, as before it. */
-        ev = curl_loop_watch(b->evb, b->multi, s, what, ev, AGENT_PRI_RELAY, on_sock_event, b);
+        /* Not in the set (out of memory): on the base, with new work (as
+         * sock_demote leaves it), not in bursts but served. */
+        ev = curl_loop_watch(b->evb, b->multi, s, what, ev, AGENT_PRI_NEW, on_sock_event, b);
         return ev ? 0 : -1;
     }
     relay_set_unwatch(b->relay, s); /* a pooled connection taken by a new transfer */

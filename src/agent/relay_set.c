@@ -39,6 +39,14 @@ static void on_ready(evutil_socket_t fd, short ev_what, void *arg)
         int s = rs->evs[i].data.fd;
         uint32_t e = rs->evs[i].events;
         short watched = s >= 0 && s < rs->n_what ? rs->what[s] : 0;
+        if (!watched) {
+            /* In the kernel's set but not in ours (a failed change, or a
+             * descriptor closed while its file stayed open elsewhere):
+             * level-triggered, it would keep the set readable and the
+             * loop from sleeping. */
+            epoll_ctl(rs->epfd, EPOLL_CTL_DEL, s, NULL);
+            continue;
+        }
         short w = 0;
         if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
             w |= EV_READ;
@@ -102,7 +110,7 @@ static bool fit(relay_set *rs, int fd)
 int relay_set_watch(relay_set *rs, int fd, short what)
 {
     what &= EV_READ | EV_WRITE;
-    if (fd < 0 || !what) {
+    if (!rs || fd < 0 || !what) {
         errno = EINVAL;
         return -1;
     }
@@ -110,8 +118,8 @@ int relay_set_watch(relay_set *rs, int fd, short what)
         errno = ENOMEM;
         return -1;
     }
-    if (rs->what[fd] == what)
-        return 0;
+    /* An unchanged mask is changed all the same (MOD): a descriptor closed
+     * without an unwatch and reused must enter the kernel's set again. */
     struct epoll_event e = {.events = to_epoll(what), .data.fd = fd};
     int op = rs->what[fd] ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
     int rc = epoll_ctl(rs->epfd, op, fd, &e);
@@ -123,6 +131,9 @@ int relay_set_watch(relay_set *rs, int fd, short what)
         rc = epoll_ctl(rs->epfd, EPOLL_CTL_MOD, fd, &e);
     if (rc < 0) {
         if (rs->what[fd]) {
+            int e = errno;
+            epoll_ctl(rs->epfd, EPOLL_CTL_DEL, fd, NULL); /* not half in */
+            errno = e;
             rs->what[fd] = 0;
             rs->count--;
         }

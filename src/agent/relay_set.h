@@ -31,7 +31,9 @@ typedef struct {
 } relay_ready;
 
 /* Called with the n (1..burst) sockets one look found ready. It may watch
- * and unwatch sockets, these included. */
+ * and unwatch sockets, these included: an entry unwatched (or its number
+ * reused) by an earlier one's handling is still in r, for the callback to
+ * skip (relay_set_has) or to bear a spurious readiness. */
 typedef void (*relay_set_fn)(void *arg, const relay_ready *r, int n);
 
 typedef struct relay_set relay_set;
@@ -40,11 +42,13 @@ typedef struct relay_set relay_set;
  * (epoll_create1 or memory; errno says which). */
 relay_set *relay_set_new(struct event_base *evb, int pri, int burst, relay_set_fn fn, void *arg);
 /* Watch fd for what (EV_READ and/or EV_WRITE), or change what it is
- * watched for. 0, or -1 with errno (epoll_ctl's, or ENOMEM). */
+ * watched for. 0, or -1 with errno (epoll_ctl's, ENOMEM, or EINVAL);
+ * after -1 fd is not watched. */
 int relay_set_watch(relay_set *rs, int fd, short what);
 /* Stop watching fd; nothing when it is not watched. Call it before fd is
- * closed (a closed descriptor leaves the kernel's set by itself, but the
- * set would still count it). */
+ * closed: a closed descriptor leaves the kernel's set by itself only when
+ * no other descriptor (dup, fork) holds its file, and the set would still
+ * count it. One the kernel still reports unwatched is taken out then. */
 void relay_set_unwatch(relay_set *rs, int fd);
 /* Whether fd is watched here. */
 bool relay_set_has(const relay_set *rs, int fd);
