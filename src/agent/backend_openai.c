@@ -78,9 +78,9 @@
 #include "agent/curl_loop.h"
 #include "agent/openai_count.h"
 #include "agent/openai_embed.h"
-#include "agent/relay_set.h"
 #include "agent/openai_schema.h"
 #include "agent/openai_stream.h"
+#include "agent/relay_set.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
 #include "common/gp_util.h"
@@ -229,8 +229,8 @@ struct oai_backend {
      * AGENT_PRI_NEW; after, the socket is in `relay` and the event only
      * remembers what libcurl asked for. */
     struct event **sock_ev;
-    relay_set *relay;       /* the relaying streams' sockets (relay_set.h) */
     int n_sock_ev;
+    relay_set *relay;       /* the relaying streams' sockets (relay_set.h) */
     int nrunning;           /* jobs begun and not yet finished */
     CURL *easy_idle[OAI_EASY_IDLE_MAX]; /* ended transfers' handles, reset, for the next */
     int n_easy_idle;
@@ -803,9 +803,10 @@ static void loop_settle(oai_backend *b)
     }
 }
 
-static void on_sock_event(evutil_socket_t fd, short what, void *arg)
+/* libcurl's turn on socket fd, ready for what (EV_READ / EV_WRITE),
+ * watched on the base or in the relay set. */
+static void sock_run(oai_backend *b, int fd, short what)
 {
-    oai_backend *b = arg;
     int action = ((what & EV_READ) ? CURL_CSELECT_IN : 0) |
                  ((what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
     int running = 0;
@@ -815,24 +816,21 @@ static void on_sock_event(evutil_socket_t fd, short what, void *arg)
     agent_sink_release();
 }
 
-/* The relay set's ready sockets, one burst: what they deliver goes in one
- * upload (a loop turn may end several streams' replies). */
+static void on_sock_event(evutil_socket_t fd, short what, void *arg)
+{
+    sock_run(arg, fd, what);
+}
+
+/* The relay set's ready sockets, one burst, each run as the base's would
+ * be (one hold a socket: holding the whole burst made no difference). */
 static void on_relay_ready(void *arg, const relay_ready *r, int n)
 {
     oai_backend *b = arg;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         /* An earlier entry's handling may have unwatched this one (its
          * transfer ended, its socket was closed or taken by a new one). */
-        if (!relay_set_has(b->relay, r[i].fd))
-            continue;
-        int action = ((r[i].what & EV_READ) ? CURL_CSELECT_IN : 0) |
-                     ((r[i].what & EV_WRITE) ? CURL_CSELECT_OUT : 0);
-        int running = 0;
-        agent_sink_hold();
-        curl_multi_socket_action(b->multi, r[i].fd, action, &running);
-        loop_settle(b);
-        agent_sink_release();
-    }
+        if (relay_set_has(b->relay, r[i].fd))
+            sock_run(b, r[i].fd, r[i].what);
 }
 
 static void on_curl_timer(evutil_socket_t fd, short what, void *arg)
