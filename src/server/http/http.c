@@ -29,6 +29,7 @@
 #include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/http/errors.h"
+#include "server/http/flush.h"
 #include "server/http/tls.h"
 #include "server/http/ids.h"
 
@@ -78,6 +79,7 @@ struct gps_http {
     gps_conn *conns_all;        /* every gate, freed with h */
     lingerer *lingers;            /* refused connections draining, freed with h */
     accept_pause pause[2];      /* [0] HTTP, [1] HTTPS */
+    gps_flush *flush;           /* replies written at the end of each turn */
 };
 
 /* A process-wide list only to map a listener back to its gps_http (the
@@ -205,7 +207,9 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
     evhttp_add_header(h, "Content-Length", cl);
     gps_http_add_date(req);
     bool head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
+    gps_flush_conn(evcon);
 }
 
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
@@ -2063,6 +2067,7 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         free(h);
         return NULL;
     }
+    h->flush = gps_flush_new(base); /* NULL: replies are written at once */
     evhttp_setup(h, h->evh);
     return h;
 }
@@ -2077,6 +2082,7 @@ void gps_http_free(gps_http *h)
     for (size_t i = 0; i < sizeof pause_owners / sizeof pause_owners[0]; i++)
         if (pause_owners[i] == h)
             pause_owners[i] = NULL;
+    gps_flush_free(h->flush); /* before the connections: it writes their last replies */
     if (h->evh)
         evhttp_free(h->evh);
     if (h->evh_tls)
