@@ -19,22 +19,32 @@
 #ifndef GPS_FLUSH_H
 #define GPS_FLUSH_H
 
+#include <stdbool.h>
+
+struct bufferevent;
 struct event_base;
 struct evhttp_connection;
 
 typedef struct gps_flush gps_flush;
 
+/* Whether the connection marked with bev on socket fd is still open: the
+ * owner of the connections knows (http.c: its table of connections by
+ * socket); the flusher keeps no reference to a connection past its end. A
+ * new connection on the same socket and at the same address may pass: it
+ * is then written early, which is harmless. */
+typedef bool (*gps_flush_alive_fn)(void *arg, int fd, struct bufferevent *bev);
+
 /* A flusher for base's connections (NULL: out of memory). Connections of
- * a base with none are written at once (gps_flush_conn). */
-gps_flush *gps_flush_new(struct event_base *base);
-/* Writes what is still marked (a last reply at shutdown) and frees f. */
+ * a base with none are written by evhttp's write event as before. */
+gps_flush *gps_flush_new(struct event_base *base, gps_flush_alive_fn alive, void *arg);
+/* Writes what is still marked (a last reply at shutdown; no callback
+ * runs) and frees f. */
 void gps_flush_free(gps_flush *f);
 
 /* Write evcon's queued output at the end of this loop turn. Call it after
  * the evhttp call that queued it, with the connection taken before that
- * call (a send on a request whose peer is gone frees the request). Safe
- * if the connection is freed before the turn ends (it holds a reference
- * to the connection's bufferevent, not to evcon). */
+ * call (a send on a request whose peer is gone frees the request). The
+ * connection may end before the turn does (alive). */
 void gps_flush_conn(struct evhttp_connection *evcon);
 
 #endif

@@ -1539,14 +1539,18 @@ static int conn_table_put(gps_http *h, int fd, gps_conn *c)
     return 0;
 }
 
-static gps_conn *conn_of(gps_http *h, struct evhttp_connection *evcon)
+static gps_conn *conn_at(gps_http *h, int fd, const struct bufferevent *bev)
 {
-    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-    int fd = bev ? (int)bufferevent_getfd(bev) : -1;
     if (fd < 0 || (size_t)fd >= h->nconn_by_fd)
         return NULL;
     gps_conn *c = h->conn_by_fd[fd];
     return c && c->bev == bev ? c : NULL;
+}
+
+static gps_conn *conn_of(gps_http *h, struct evhttp_connection *evcon)
+{
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    return bev ? conn_at(h, (int)bufferevent_getfd(bev), bev) : NULL;
 }
 
 static void conn_free(gps_conn *c)
@@ -2054,6 +2058,13 @@ static void evhttp_setup(gps_http *h, struct evhttp *evh)
     evhttp_set_bevcb(evh, plain_bevcb, h);
 }
 
+/* The flusher's question (flush.h): is the connection marked with bev on
+ * fd still open? A gate leaves the table when its connection closes. */
+static bool conn_alive(void *arg, int fd, struct bufferevent *bev)
+{
+    return conn_at(arg, fd, bev) != NULL;
+}
+
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
 {
     gps_http *h = calloc(1, sizeof *h);
@@ -2067,7 +2078,7 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         free(h);
         return NULL;
     }
-    h->flush = gps_flush_new(base); /* NULL: replies are written at once */
+    h->flush = gps_flush_new(base, conn_alive, h); /* NULL: evhttp writes as alone */
     evhttp_setup(h, h->evh);
     return h;
 }
