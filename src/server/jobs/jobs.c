@@ -19,8 +19,8 @@
 #include "server/http/ids.h"
 
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
-#define NRBUCKETS 16384        /* finished-job records: 7,000 requests/s for 60 s
-                                  is chains of ~26, walked only by late uploads */
+#define NRBUCKETS 16384        /* finished-job records: at most 131,072 (max_records)
+                                  is chains of 8, walked only by late uploads */
 /* At the first sweep after a finished job is no longer read it is freed,
  * and its done_rec answers a late upload from its agent for this long
  * (cancel:true, or 409 from another agent); after that the upload gets 404
@@ -93,6 +93,7 @@ struct gps_jobs {
     done_rec *rbuckets[NRBUCKETS]; /* retired finished jobs, by id */
     done_rec *rhead, *rtail;    /* the same, oldest first (expiry) */
     size_t n_recs;
+    size_t max_records;         /* opts.max_records or its default */
     cancel_rec *cancels;
     struct event *sweep;
     int notify_depth;           /* >0 while subscriber callbacks run */
@@ -268,6 +269,21 @@ bool gps_jobs_find_record(gps_jobs *j, const char *id, gps_job_state *state, cha
     return true;
 }
 
+/* Free the oldest record. */
+static void done_rec_drop_oldest(gps_jobs *j)
+{
+    done_rec *r = j->rhead;
+    j->rhead = r->next;
+    if (!j->rhead)
+        j->rtail = NULL;
+    done_rec **pp = &j->rbuckets[rbucket_of(r->id)];
+    while (*pp != r)
+        pp = &(*pp)->hnext;
+    *pp = r->hnext;
+    free(r);
+    j->n_recs--;
+}
+
 static void job_free(gps_job *job);
 
 /* A finished job nobody reads any more (its client has its answer; no
@@ -293,6 +309,8 @@ static void retire(gps_jobs *j, gps_job *job, uint64_t now)
             j->rhead = r;
         j->rtail = r;
         j->n_recs++;
+        if (j->n_recs > j->max_records) /* memory bounded whatever the rate */
+            done_rec_drop_oldest(j);
     }
     table_remove(j, job);
     job_free(job);
@@ -301,18 +319,8 @@ static void retire(gps_jobs *j, gps_job *job, uint64_t now)
 /* Free the records older than KEEP_TERMINAL_US (all: when now is 0). */
 static void done_recs_expire(gps_jobs *j, uint64_t now)
 {
-    while (j->rhead && (!now || now - j->rhead->retired_us > KEEP_TERMINAL_US)) {
-        done_rec *r = j->rhead;
-        j->rhead = r->next;
-        if (!j->rhead)
-            j->rtail = NULL;
-        done_rec **pp = &j->rbuckets[rbucket_of(r->id)];
-        while (*pp != r)
-            pp = &(*pp)->hnext;
-        *pp = r->hnext;
-        free(r);
-        j->n_recs--;
-    }
+    while (j->rhead && (!now || now - j->rhead->retired_us > KEEP_TERMINAL_US))
+        done_rec_drop_oldest(j);
 }
 
 /* Give back what the job held against its key's daily budget (once). */
@@ -2896,6 +2904,7 @@ gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, regis
         return NULL;
     j->base = base;
     j->opts = *opts;
+    j->max_records = opts->max_records ? opts->max_records : GPS_JOBS_MAX_RECORDS_DEFAULT;
     gp_random_bytes(j->tenant_secret, sizeof j->tenant_secret);
     j->reg = reg;
     j->sched = s;

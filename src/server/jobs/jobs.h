@@ -268,7 +268,15 @@ typedef struct gps_jobs_opts {
                                       (0 = GPS_JOBS_MAX_EVENT_BYTES_DEFAULT) */
     int backoff_base_ms;           /* failover backoff (gps_failover_backoff_ms); */
     int backoff_cap_ms;            /*   0 = retries never wait */
+    size_t max_records;            /* finished-job records kept at most, the oldest
+                                      dropped first (0 = GPS_JOBS_MAX_RECORDS_DEFAULT) */
 } gps_jobs_opts;
+
+/* 131,072 records are ~20 MB: the whole KEEP_TERMINAL_US (60 s) up to
+ * ~2,200 requests/s, the last ~19 s at 7,000 (~74 MB by time alone). A
+ * record dropped early only turns a late upload's cancel:true or 409
+ * into 404 JOB_NOT_FOUND, which stops the job on its agent just the same. */
+#define GPS_JOBS_MAX_RECORDS_DEFAULT 131072
 
 /* ---- the failover decision (docs/architecture.md "Failover") ----
  * Pure, so that its table is tested on its own; fail_over in jobs.c
@@ -384,8 +392,9 @@ size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);
  * swept (250 ms); NULL otherwise. */
 gps_job *gps_jobs_find(gps_jobs *j, const char *id);
 /* What is left of a finished job freed at a sweep, for KEEP_TERMINAL_US
- * (60 s) after: its state and last agent (agent_len bytes at most, "" when
- * none). false when there is no such record. */
+ * (60 s) after, or until max_records newer ones: its state and last agent
+ * (agent_len bytes at most, "" when none). false when there is no such
+ * record. */
 bool gps_jobs_find_record(gps_jobs *j, const char *id, gps_job_state *state, char *agent_id,
                           size_t agent_len);
 bool gps_job_terminal(const gps_job *job);

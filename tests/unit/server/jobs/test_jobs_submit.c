@@ -392,6 +392,49 @@ static int late_upload(gps_jobs *jobs, const char *id, const char *agent_id, boo
     return rc;
 }
 
+/* Records are bounded in number too (max_records): past it the oldest
+ * goes first, and a late upload for it gets 404 JOB_NOT_FOUND (which
+ * stops the job on its agent as cancel:true would). */
+static void test_records_capped_oldest_first(void **state)
+{
+    (void)state;
+    gps_jobs_opts o = fleet_opts();
+    o.max_records = 2;
+    fleet f;
+    fleet_init(&f, &o, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 4, 1000);
+    find_arg fa[3];
+    for (int i = 0; i < 3; i++) {
+        gps_job_spec s = fleet_spec("m1", 8);
+        gps_job *job = fleet_submit(&f, &s);
+        json_decref(fleet_take(&f, a));
+        fa[i].jobs = f.jobs;
+        snprintf(fa[i].id, sizeof fa[i].id, "%s", job->id);
+        assert_int_equal(fleet_apply(&f, job, a, 0,
+                                     "[{\"type\":\"end\",\"finish_reason\":\"stop\","
+                                     "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":0}}]"),
+                         0);
+        /* One at a time, so that they retire in this order. */
+        assert_true(fleet_run_until(&f, retired, &fa[i], 5000));
+    }
+    gps_job_state st;
+    char agent[64];
+    assert_false(gps_jobs_find_record(f.jobs, fa[0].id, &st, agent, sizeof agent));
+    assert_true(gps_jobs_find_record(f.jobs, fa[1].id, &st, agent, sizeof agent));
+    assert_true(gps_jobs_find_record(f.jobs, fa[2].id, &st, agent, sizeof agent));
+    bool cancel = false;
+    assert_int_equal(late_upload(f.jobs, fa[0].id, a->id, &cancel), 404);
+    assert_int_equal(late_upload(f.jobs, fa[2].id, a->id, &cancel), 0);
+    assert_false(cancel);
+    gps_metrics *m = gps_metrics_new();
+    assert_non_null(m);
+    assert_int_equal(gps_metrics_define_server(m), 0);
+    gps_jobs_collect(f.jobs, m);
+    assert_true(gps_metrics_get(m, "job_records", NULL) == 2.0);
+    gps_metrics_free(m);
+    fleet_free(&f);
+}
+
 /* A finished job nobody reads any more is freed at the next sweep; a
  * record of it (memory that does not grow with the job's size, and a job
  * table that holds only the live jobs) answers a late upload from its
@@ -613,6 +656,7 @@ int main(void)
         cmocka_unit_test(test_agent_lost_ends_every_job),
         cmocka_unit_test(test_one_reply_takes_every_free_slot),
         cmocka_unit_test(test_finished_jobs_retired_to_records),
+        cmocka_unit_test(test_records_capped_oldest_first),
         cmocka_unit_test(test_log_lines_as_json_pack_wrote),
         cmocka_unit_test(test_one_info_line_a_request),
         cmocka_unit_test(test_assigned_at_once_to_a_ready_agent),
