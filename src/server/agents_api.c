@@ -14,7 +14,6 @@
 #include "server/fleet/pins.h"
 #include "server/fleet/deploy.h"
 #include "server/fleet/gps_strmap.h"
-#include "server/http/flush.h"
 #include "server/http/held.h"
 #include "server/http/http.h"
 #include "server/http/sse.h" /* gps_json_escape_append */
@@ -138,9 +137,7 @@ static void reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
 static void reply_204(struct evhttp_request *req)
 {
     gps_http_add_date(req);
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     evhttp_send_reply(req, 204, "No Content", NULL);
-    gps_flush_conn(evcon);
 }
 
 static void park_timeout_cb(evutil_socket_t fd, short what, void *arg)

@@ -718,25 +718,6 @@ static void tasks_start(server *s)
 /* Every connection costs a descriptor: take the soft limit up to the hard
  * one (systemd's default soft limit is 1024, the hard one far higher).
  * When even that runs out the listener pauses (see http.c). */
-/* The event base, with libevent's change list on epoll: the changes a loop
- * turn makes to a descriptor's events reach the kernel as one epoll_ctl
- * before the next wait, or none when they cancel out. evhttp turns a
- * connection's write event on for every reply and off once it is written,
- * and its read event off while a request is handled and on again after:
- * 14 epoll_ctl a zero-delay request before (docs/scaling.md "Thirteenth
- * round"). The change list is unsafe only with descriptors that dup() made
- * of one another in one epoll set; the server makes none. */
-static struct event_base *server_base_new(void)
-{
-    struct event_config *cfg = event_config_new();
-    if (!cfg)
-        return NULL;
-    event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-    struct event_base *base = event_base_new_with_config(cfg);
-    event_config_free(cfg);
-    return base;
-}
-
 static void raise_fd_limit(void)
 {
     struct rlimit rl;
@@ -880,8 +861,14 @@ int main(int argc, char **argv)
 
     raise_fd_limit();
     /* No evthread_use_pthreads: only this thread touches libevent objects
-     * (docs/architecture.md "Threads"), so libevent runs without locks. */
-    if (!(s->base = server_base_new())) {
+     * (docs/architecture.md "Threads"), so libevent runs without locks.
+     * Nor EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST (4.5 -> 1.1 epoll_ctl a
+     * request at 64 clients, no measurable gain): the lingering close
+     * (http.c) keeps a dup() of a connection's socket in this epoll set,
+     * and a change list would take the closed descriptor out only at the
+     * next wait, after evhttp closed it: the DEL fails and its registration
+     * stays in the set while the duplicate keeps the socket open. */
+    if (!(s->base = event_base_new())) {
         gp_log_error("startup_failed", "cannot create the event loop");
         goto done;
     }

@@ -29,7 +29,6 @@
 #include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/http/errors.h"
-#include "server/http/flush.h"
 #include "server/http/tls.h"
 #include "server/http/ids.h"
 
@@ -79,7 +78,6 @@ struct gps_http {
     gps_conn *conns_all;        /* every gate, freed with h */
     lingerer *lingers;            /* refused connections draining, freed with h */
     accept_pause pause[2];      /* [0] HTTP, [1] HTTPS */
-    gps_flush *flush;           /* replies written at the end of each turn */
 };
 
 /* A process-wide list only to map a listener back to its gps_http (the
@@ -207,9 +205,7 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
     evhttp_add_header(h, "Content-Length", cl);
     gps_http_add_date(req);
     bool head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
-    gps_flush_conn(evcon);
 }
 
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
@@ -1539,18 +1535,14 @@ static int conn_table_put(gps_http *h, int fd, gps_conn *c)
     return 0;
 }
 
-static gps_conn *conn_at(gps_http *h, int fd, const struct bufferevent *bev)
+static gps_conn *conn_of(gps_http *h, struct evhttp_connection *evcon)
 {
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    int fd = bev ? (int)bufferevent_getfd(bev) : -1;
     if (fd < 0 || (size_t)fd >= h->nconn_by_fd)
         return NULL;
     gps_conn *c = h->conn_by_fd[fd];
     return c && c->bev == bev ? c : NULL;
-}
-
-static gps_conn *conn_of(gps_http *h, struct evhttp_connection *evcon)
-{
-    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
-    return bev ? conn_at(h, (int)bufferevent_getfd(bev), bev) : NULL;
 }
 
 static void conn_free(gps_conn *c)
@@ -2058,13 +2050,6 @@ static void evhttp_setup(gps_http *h, struct evhttp *evh)
     evhttp_set_bevcb(evh, plain_bevcb, h);
 }
 
-/* The flusher's question (flush.h): is the connection marked with bev on
- * fd still open? A gate leaves the table when its connection closes. */
-static bool conn_alive(void *arg, int fd, struct bufferevent *bev)
-{
-    return conn_at(arg, fd, bev) != NULL;
-}
-
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
 {
     gps_http *h = calloc(1, sizeof *h);
@@ -2078,7 +2063,6 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
         free(h);
         return NULL;
     }
-    h->flush = gps_flush_new(base, conn_alive, h); /* NULL: evhttp writes as alone */
     evhttp_setup(h, h->evh);
     return h;
 }
@@ -2093,7 +2077,6 @@ void gps_http_free(gps_http *h)
     for (size_t i = 0; i < sizeof pause_owners / sizeof pause_owners[0]; i++)
         if (pause_owners[i] == h)
             pause_owners[i] = NULL;
-    gps_flush_free(h->flush); /* before the connections: it writes their last replies */
     if (h->evh)
         evhttp_free(h->evh);
     if (h->evh_tls)

@@ -251,8 +251,7 @@ void gps_http_drop_request(struct evhttp_request *req);
  * reply carry Date; evhttp added it to HTTP/1.1 replies only). */
 void gps_http_add_date(struct evhttp_request *req);
 
-/* evhttp_send_reply for handlers that build their own body (borrowed);
- * written at the end of the loop turn (flush.h). */
+/* evhttp_send_reply for handlers that build their own body (borrowed). */
 void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
                          struct evbuffer *body);
 

@@ -13,7 +13,6 @@
 #include <event2/event.h>
 #include <event2/keyvalq_struct.h>
 
-#include "server/http/flush.h"
 #include "server/http/http.h" /* gps_http_add_date */
 
 /* "name: value\n" (no printf: this runs for every event of every stream). */
@@ -133,8 +132,6 @@ void gps_sse_start(struct evhttp_request *req)
     /* Tell reverse proxies (nginx) not to buffer the stream. */
     evhttp_add_header(h, "X-Accel-Buffering", "no");
     gps_http_add_date(req);
-    /* Not flushed here: the head goes with the first event (write_now,
-     * gps_sse_send), in one write. */
     evhttp_send_reply_start(req, 200, "OK");
 }
 
@@ -151,9 +148,7 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
     if (!eb)
         return;
     evbuffer_add(eb, buf->data, buf->len);
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
     evhttp_send_reply_chunk(req, eb);
-    gps_flush_conn(evcon);
     evbuffer_free(eb);
     buf->len = 0;
     if (buf->data)
@@ -162,16 +157,7 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
 
 void gps_sse_end(struct evhttp_request *req)
 {
-    /* Only a chunked reply is flushed: the end of one that is not may
-     * finish the request, and free the connection, inside the call. */
-    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-    const char *te =
-        evcon ? evhttp_find_header(evhttp_request_get_output_headers(req), "Transfer-Encoding")
-              : NULL;
-    bool chunked = te && strcmp(te, "chunked") == 0;
     evhttp_send_reply_end(req);
-    if (chunked)
-        gps_flush_conn(evcon);
 }
 
 /* ------------------------------------------------------------------ */
@@ -203,8 +189,6 @@ struct gps_sse_pace {
     bool direct;                  /* chunked reply on a plain socket: write_now may
                                      write a chunk itself */
     bool blocked;
-    bool wrote;                   /* a chunk went: the head is no longer all
-                                     that may be queued */
     gps_sse_pace_fn on_writable, on_slow;
     void *arg;
 };
@@ -349,7 +333,7 @@ static int hand_over(struct evbuffer *eb, gp_buf *buf)
  * the error and closes as before. 1: handled; 0: the caller sends it. */
 static int write_now(gps_sse_pace *p, const gp_buf *buf)
 {
-    if (!p->direct || p->blocked)
+    if (!p->direct || p->blocked || unsent(p) != 0)
         return 0;
     struct bufferevent *bev = evhttp_connection_get_bufferevent(p->evcon);
     evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
@@ -357,24 +341,6 @@ static int write_now(gps_sse_pace *p, const gp_buf *buf)
         return 0;
     char head[24];
     int hl = snprintf(head, sizeof head, "%zx\r\n", buf->len);
-    if (unsent(p) != 0) {
-        /* Only the reply's head may be queued before the first chunk:
-         * the chunk joins it and both go in one write. Later, a backlog
-         * is left to evhttp (see above: its drained callback). */
-        if (p->wrote)
-            return 0;
-        struct evbuffer *out = bufferevent_get_output(bev);
-        if (evbuffer_expand(out, (size_t)hl + buf->len + 2) < 0)
-            return 0;
-        /* In the space just made: these cannot fail. */
-        evbuffer_add(out, head, (size_t)hl);
-        evbuffer_add(out, buf->data, buf->len);
-        evbuffer_add(out, "\r\n", 2);
-        p->wrote = true;
-        gps_flush_conn(p->evcon); /* the write event evhttp turned on for the head stays on */
-        return 1;
-    }
-    p->wrote = true;
     struct iovec iov[3] = {{head, (size_t)hl}, {buf->data, buf->len}, {(char *)"\r\n", 2}};
     size_t total = (size_t)hl + buf->len + 2;
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
@@ -416,7 +382,6 @@ void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf)
     if (hand_over(eb, buf) < 0)
         evbuffer_add(eb, buf->data, buf->len);
     evhttp_send_reply_chunk_with_cb(req, eb, drained_cb, p);
-    gps_flush_conn(p->evcon);
     /* What evhttp left (a HEAD reply's bytes) is dropped, references freed. */
     evbuffer_drain(eb, evbuffer_get_length(eb));
     buf->len = 0;
