@@ -6,8 +6,10 @@ the upstream directly. Printed, never asserted.
                                [--quick]
 
 Measures, with the scripted upstream (tests/integration/upstream.py):
-  1. time to first token and total time of streamed completions, at 1 and 64
-     concurrent streams, direct vs through server+agent;
+  1. time to first token, total time and each token's delay after its
+     stream's first (how much later than the upstream's pace it came) of
+     streamed completions, at 1 and 64 concurrent streams, direct vs through
+     server+agent;
   2. requests per second of non-streamed completions with a zero-delay
      upstream, direct vs relayed;
   3. server RSS with 1,000 idle streams (streamed requests waiting for a
@@ -31,11 +33,21 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 import harness  # noqa: E402
 
 
-def stream_once(url, path, body, timeout=120):
-    """(ttft_s, total_s, n_chunks) of one streamed request."""
+def stream_once(url, path, body, pace_s, timeout=120):
+    """(ttft_s, total_s, n_chunks, delays_s) of one streamed request.
+
+    delays_s: how much later than due each token after the first came, token
+    k being due at the first one's arrival + k x pace_s (the upstream's pace).
+    TTFT counts the first token and the total the last; this is what a
+    reader sees in between (a relay that holds tokens back shows here). The
+    scripted upstream's pace drifts a little with each token (its sleeps):
+    the direct row of the same run is the baseline."""
     t0 = time.monotonic()
     ttft = None
     n = 0
+    first = None
+    k = 0
+    delays = []
     with harness.SSEStream("POST", url + path, body, timeout=timeout) as s:
         if s.status != 200:
             raise RuntimeError("HTTP %d: %r" % (s.status, s.body()[:200]))
@@ -43,12 +55,18 @@ def stream_once(url, path, body, timeout=120):
             e = s.next_event()
             if e is None or e["data"] == "[DONE]":
                 break
-            if ttft is None:
-                ch = json.loads(e["data"]).get("choices") or [{}]
-                if ch[0].get("text"):
-                    ttft = time.monotonic() - t0
+            now = time.monotonic()
+            ch = json.loads(e["data"]).get("choices") or [{}]
+            text = ch[0].get("text")
+            if text:
+                if first is None:
+                    first = now
+                    ttft = now - t0
+                else:
+                    k += 1
+                    delays.append(max(0.0, now - (first + k * pace_s)))
             n += 1
-    return (ttft if ttft is not None else float("nan")), time.monotonic() - t0, n
+    return (ttft if ttft is not None else float("nan")), time.monotonic() - t0, n, delays
 
 
 def run_concurrent(fn, conc, per_worker):
@@ -121,19 +139,23 @@ def main():
 
         print("gpupool relay benchmark (upstream: %d tokens, %.0f ms/token; times in ms)"
               % (args.tokens, args.pace_ms))
-        print("%-34s %9s %9s %9s %9s %6s" % ("case", "ttft p50", "ttft p90", "total p50",
-                                            "total p90", "errors"))
+        # "delay": each token's lateness after its stream's first (stream_once).
+        print("%-34s %9s %9s %9s %9s %9s %9s %6s" % ("case", "ttft p50", "ttft p90", "total p50",
+                                                     "total p90", "delay p50", "delay p99",
+                                                     "errors"))
         body = {"model": "m1", "prompt": "bench relay overhead", "stream": True,
                 "max_tokens": args.tokens}
         for conc, per in ((1, n1), (64, rounds64)):
             for label, url in (("direct", up.url), ("relay", srv.url)):
-                res, errs, _ = run_concurrent(lambda w, i: stream_once(url, "/v1/completions", body),
-                                              conc, per)
+                res, errs, _ = run_concurrent(
+                    lambda w, i: stream_once(url, "/v1/completions", body, args.pace_ms / 1000.0),
+                    conc, per)
                 tt = [r[0] * 1000 for r in res]
                 tot = [r[1] * 1000 for r in res]
-                print("%-34s %9.1f %9.1f %9.1f %9.1f %6d" % (
+                late = [d * 1000 for r in res for d in r[3]]
+                print("%-34s %9.1f %9.1f %9.1f %9.1f %9.2f %9.2f %6d" % (
                     "stream %s, %d concurrent" % (label, conc), pct(tt, 50), pct(tt, 90),
-                    pct(tot, 50), pct(tot, 90), len(errs)))
+                    pct(tot, 50), pct(tot, 90), pct(late, 50), pct(late, 99), len(errs)))
                 if errs:
                     print("   first error:", errs[0][:200])
 
