@@ -93,7 +93,6 @@ struct gps_jobs {
     done_rec *rbuckets[NRBUCKETS]; /* retired finished jobs, by id */
     done_rec *rhead, *rtail;    /* the same, oldest first (expiry) */
     size_t n_recs;
-    size_t max_records;         /* opts.max_records or its default */
     cancel_rec *cancels;
     struct event *sweep;
     int notify_depth;           /* >0 while subscriber callbacks run */
@@ -309,7 +308,7 @@ static void retire(gps_jobs *j, gps_job *job, uint64_t now)
             j->rhead = r;
         j->rtail = r;
         j->n_recs++;
-        if (j->n_recs > j->max_records) /* memory bounded whatever the rate */
+        if (j->n_recs > j->opts.max_records) /* memory bounded whatever the rate */
             done_rec_drop_oldest(j);
     }
     table_remove(j, job);
@@ -2904,7 +2903,8 @@ gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, regis
         return NULL;
     j->base = base;
     j->opts = *opts;
-    j->max_records = opts->max_records ? opts->max_records : GPS_JOBS_MAX_RECORDS_DEFAULT;
+    if (!j->opts.max_records)
+        j->opts.max_records = GPS_JOBS_MAX_RECORDS_DEFAULT;
     gp_random_bytes(j->tenant_secret, sizeof j->tenant_secret);
     j->reg = reg;
     j->sched = s;
