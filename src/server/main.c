@@ -95,7 +95,10 @@ typedef struct server {
     struct event *sig_term, *sig_int, *sig_hup, *shutdown_timer, *purge_timer, *trim_timer;
     bool shutting_down;
     uint64_t shutdown_deadline_ms;
-    int exit_code;
+    char *host, *tls_host;      /* listen and listen_tls (NULL when not set) */
+    int port, tls_port;         /* as configured (0: any) */
+    int bound, tls_bound;       /* as bound */
+    gps_http_opts hopts;        /* the main listener's, also the metrics listener's */
 } server;
 
 /* ------------------------------------------------------------------ */
@@ -784,69 +787,64 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv)
+/* main's phases. Each returns 0, or main's exit code: 2 for a
+ * configuration error, 1 for anything else (already logged). */
+
+/* Start-up ran out of memory: logged once, exit code 1. */
+static int start_oom(void)
 {
-    if (argc >= 2 && strcmp(argv[1], "keys") == 0)
-        return keys_main(argc, argv);
-    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-        printf("gpupool-server %s\n", SERVER_VERSION);
-        return 0;
-    }
+    gp_log_error("startup_failed", "out of memory during start-up");
+    return 1;
+}
 
-    server S;
-    memset(&S, 0, sizeof S);
-    server *s = &S;
-    gp_config cfg;
+/* The options, --help, --print-config and the log. -1: go on; else main's
+ * exit code (main frees cfg either way). */
+static int load_options(server *s, gp_config *cfg, int argc, char **argv)
+{
     char err[512];
-    int rc = 1;
-    char *host = NULL, *tls_host = NULL;
-
-    if (gps_config_load(&s->cfg, &cfg, argc, argv, NULL, err, sizeof err) < 0) {
+    if (gps_config_load(&s->cfg, cfg, argc, argv, NULL, err, sizeof err) < 0) {
         fprintf(stderr, "gpupool-server: %s\n", err);
-        gp_config_free(&cfg);
         return 2;
     }
-    if (cfg.help) {
+    if (cfg->help) {
         printf("usage: gpupool-server [options]\n"
                "       gpupool-server keys create|revoke ... (see gpupool-server keys)\n"
                "       gpupool-server --version\n"
                "\noptions:\n");
         gp_config_usage(gps_config_table, gps_config_table_len, stdout);
-        gp_config_free(&cfg);
         return 0;
     }
-    if (cfg.print_config) {
-        gp_config_print(&cfg, stdout);
-        gp_config_free(&cfg);
+    if (cfg->print_config) {
+        gp_config_print(cfg, stdout);
         return 0;
     }
-    if (cfg.npositional > 0) {
+    if (cfg->npositional > 0) {
         fprintf(stderr, "gpupool-server: unexpected argument '%s' (see --help)\n",
-                cfg.positional[0]);
-        gp_config_free(&cfg);
+                cfg->positional[0]);
         return 2;
     }
     gp_log_init("server", (gp_log_level)gp_log_level_parse(s->cfg.log_level));
     if (s->cfg.log_file && *s->cfg.log_file && gp_log_open(s->cfg.log_file) < 0) {
         fprintf(stderr, "gpupool-server: cannot open log_file '%s': %s\n", s->cfg.log_file,
                 strerror(errno));
-        gp_config_free(&cfg);
         return 2;
     }
-    signal(SIGPIPE, SIG_IGN);
+    return -1;
+}
 
-    int port = 0, tls_port = 0;
-    if (s->cfg.listen && gp_parse_hostport(s->cfg.listen, &host, &port, true) < 0) {
+/* listen and listen_tls, and the certificate. */
+static int parse_listeners(server *s)
+{
+    char err[512];
+    if (s->cfg.listen && gp_parse_hostport(s->cfg.listen, &s->host, &s->port, true) < 0) {
         fprintf(stderr, "gpupool-server: invalid value '%s' for 'listen'\n", s->cfg.listen);
-        rc = 2;
-        goto done;
+        return 2;
     }
     if (s->cfg.listen_tls &&
-        gp_parse_hostport(s->cfg.listen_tls, &tls_host, &tls_port, true) < 0) {
+        gp_parse_hostport(s->cfg.listen_tls, &s->tls_host, &s->tls_port, true) < 0) {
         fprintf(stderr, "gpupool-server: invalid value '%s' for 'listen_tls'\n",
                 s->cfg.listen_tls);
-        rc = 2;
-        goto done;
+        return 2;
     }
     if (s->cfg.listen_tls) {
         /* Before the DB: a bad certificate is a configuration error. */
@@ -854,11 +852,38 @@ int main(int argc, char **argv)
         if (!s->tls) {
             fprintf(stderr, "gpupool-server: %s\n", err);
             gp_log_error("tls_config_failed", "%s", err);
-            rc = 2;
-            goto done;
+            return 2;
         }
     }
+    return 0;
+}
 
+/* The DB's own metrics (the store counts them; collect reports them). */
+static void define_db_metrics(gps_metrics *m)
+{
+    gps_metrics_define(m, "db_ops_committed_total", GPS_METRIC_COUNTER, "DB writes committed.",
+                       NULL, 0);
+    gps_metrics_define(m, "db_ops_failed_total", GPS_METRIC_COUNTER,
+                       "DB writes SQLite rejected.", NULL, 0);
+    gps_metrics_define(m, "db_drops_total", GPS_METRIC_COUNTER,
+                       "DB writes dropped because the queue was full.", NULL, 0);
+    gps_metrics_define(m, "db_commits_total", GPS_METRIC_COUNTER,
+                       "DB transactions committed (group commits).", NULL, 0);
+    gps_metrics_define(m, "db_statements_total", GPS_METRIC_COUNTER,
+                       "DB statements committed (writes folded into one row write count once).",
+                       NULL, 0);
+    gps_metrics_define(m, "db_queue_depth", GPS_METRIC_GAUGE,
+                       "DB operations waiting: queued, or row writes held for their row's end.",
+                       NULL, 0);
+    gps_metrics_define(m, "http_body_bytes_inflight", GPS_METRIC_GAUGE,
+                       "Request body bytes being received (max_inflight_body_bytes bounds it).",
+                       NULL, 0);
+}
+
+/* The event loop, the store, the keys, the limits and the metrics. */
+static int open_core(server *s)
+{
+    char err[512];
     raise_fd_limit();
     /* No evthread_use_pthreads: only this thread touches libevent objects
      * (docs/architecture.md "Threads"), so libevent runs without locks.
@@ -870,7 +895,7 @@ int main(int argc, char **argv)
      * stays in the set while the duplicate keeps the socket open. */
     if (!(s->base = event_base_new())) {
         gp_log_error("startup_failed", "cannot create the event loop");
-        goto done;
+        return 1;
     }
 
     gps_store_db_label(s->cfg.db, s->db_label, sizeof s->db_label);
@@ -879,47 +904,38 @@ int main(int argc, char **argv)
     s->store = gps_store_open(s->cfg.db, s->base, &sopts, err, sizeof err);
     if (!s->store) {
         gp_log_error("db_open_failed", "%s: %s", s->db_label, err);
-        goto done;
+        return 1;
     }
     s->auth = gps_auth_new(s->store);
     if (!s->auth || gps_auth_load(s->auth, err, sizeof err) < 0) {
         gp_log_error("keys_load_failed", "%s", s->auth ? err : "out of memory");
-        goto done;
+        return 1;
     }
     /* "Loopback only" means every listener: one public listener turns auth on. */
     /* auth = on treats the server as public whatever it listens on: a
      * loopback listener behind a reverse proxy is reached from anywhere. */
     gps_auth_set_loopback_only(s->auth, strcmp(s->cfg.auth, "on") != 0 &&
-                                            (!host || gp_host_is_loopback(host)) &&
-                                            (!tls_host || gp_host_is_loopback(tls_host)));
+                                            (!s->host || gp_host_is_loopback(s->host)) &&
+                                            (!s->tls_host || gp_host_is_loopback(s->tls_host)));
     ensure_admin_key(s);
     s->limits = gps_limits_new(s->auth, s->store);
     if (!s->limits)
-        goto oom;
+        return start_oom();
     if (gps_limits_load(s->limits, gp_now_wall_ms(), err, sizeof err) < 0)
         gp_log_warn("usage_load_failed", "%s (today's usage starts at zero)", err);
 
     s->metrics = gps_metrics_new();
     if (!s->metrics || gps_metrics_define_server(s->metrics) < 0)
-        goto oom;
-    gps_metrics_define(s->metrics, "db_ops_committed_total", GPS_METRIC_COUNTER,
-                       "DB writes committed.", NULL, 0);
-    gps_metrics_define(s->metrics, "db_ops_failed_total", GPS_METRIC_COUNTER,
-                       "DB writes SQLite rejected.", NULL, 0);
-    gps_metrics_define(s->metrics, "db_drops_total", GPS_METRIC_COUNTER,
-                       "DB writes dropped because the queue was full.", NULL, 0);
-    gps_metrics_define(s->metrics, "db_commits_total", GPS_METRIC_COUNTER,
-                       "DB transactions committed (group commits).", NULL, 0);
-    gps_metrics_define(s->metrics, "db_statements_total", GPS_METRIC_COUNTER,
-                       "DB statements committed (writes folded into one row write count once).",
-                       NULL, 0);
-    gps_metrics_define(s->metrics, "db_queue_depth", GPS_METRIC_GAUGE,
-                       "DB operations waiting: queued, or row writes held for their row's end.",
-                       NULL, 0);
-    gps_metrics_define(s->metrics, "http_body_bytes_inflight", GPS_METRIC_GAUGE,
-                       "Request body bytes being received (max_inflight_body_bytes bounds it).",
-                       NULL, 0);
+        return start_oom();
+    define_db_metrics(s->metrics);
+    return 0;
+}
 
+/* The agents, the registry and the scheduler, the jobs, what the DB holds
+ * of them, and the deployments. */
+static int build_scheduling(server *s)
+{
+    char err[512];
     gps_agents_opts aopts = {
         .poll_interval_sec = (int)s->cfg.poll_interval_sec,
         .work_wait_sec = (int)s->cfg.work_wait_sec,
@@ -929,11 +945,11 @@ int main(int argc, char **argv)
     };
     s->agents = gps_agents_new(s->base, &aopts, s->store, s->metrics);
     if (!s->agents)
-        goto oom;
+        return start_oom();
     gps_agents_set_auth(s->agents, s->auth);
     s->pins = gps_pins_new();
     if (!s->pins)
-        goto oom;
+        return start_oom();
     if (gps_store_load_pins(s->store, load_pin, s->pins, err, sizeof err) < 0)
         gp_log_warn("db_load_pins_failed", "%s; no model is pinned", err);
     gps_agents_set_pins(s->agents, s->pins);
@@ -955,12 +971,11 @@ int main(int argc, char **argv)
     if (sched_policy_parse(s->cfg.scheduler, &scfg.policy) < 0) {
         fprintf(stderr, "gpupool-server: invalid value '%s' for 'scheduler'\n",
                 s->cfg.scheduler);
-        rc = 2;
-        goto done;
+        return 2;
     }
     s->sched = s->reg ? sched_create(s->reg, &scfg) : NULL;
     if (!s->sched)
-        goto oom;
+        return start_oom();
     gps_jobs_opts jopts = {
         .max_queue = (int)s->cfg.max_queue,
         .queue_timeout_sec = (int)s->cfg.queue_timeout_sec,
@@ -976,7 +991,7 @@ int main(int argc, char **argv)
     };
     s->jobs = gps_jobs_new(s->base, &jopts, s->reg, s->sched, s->store, s->metrics);
     if (!s->jobs || gps_agents_attach(s->agents, s->reg, s->sched, s->jobs) < 0)
-        goto oom;
+        return start_oom();
     gps_jobs_set_limits(s->jobs, s->limits);
     gps_metrics_set_collector(s->metrics, collect, s);
 
@@ -985,12 +1000,18 @@ int main(int argc, char **argv)
     s->deploy = gps_deploy_new(s->reg, s->store, (uint64_t)s->cfg.deploy_grace_sec * 1000,
                                gp_now_mono_ms());
     if (!s->deploy)
-        goto oom;
+        return start_oom();
     if (gps_deploy_load(s->deploy, s->store, err, sizeof err) < 0)
         gp_log_warn("db_load_deployments_failed", "%s; no model is deployed", err);
     gps_agents_set_deploy(s->agents, s->deploy);
+    return 0;
+}
 
-    gps_http_opts hopts = {
+/* Every route's module on the http server (s->hopts is kept for the
+ * metrics listener). */
+static int build_api(server *s)
+{
+    s->hopts = (gps_http_opts){
         .max_body_bytes = (size_t)s->cfg.max_body_bytes,
         .max_header_bytes = (size_t)s->cfg.max_header_bytes,
         .idle_timeout_sec = (int)s->cfg.idle_timeout_sec,
@@ -1000,23 +1021,23 @@ int main(int argc, char **argv)
         .trusted_proxies = s->cfg.trusted_proxies,
         .body_timeout_sec = (int)s->cfg.body_timeout_sec,
     };
-    s->http = gps_http_new(s->base, &hopts);
+    s->http = gps_http_new(s->base, &s->hopts);
     if (!s->http)
-        goto oom;
+        return start_oom();
     gps_http_set_auth(s->http, auth_hook, s);
     gps_http_set_home_check(s->http, home_hook, s);
     s->relay = gps_relay_ctx_new(s->jobs, s->metrics, (int)s->cfg.request_timeout_sec);
     if (!s->relay)
-        goto oom;
+        return start_oom();
     s->resp_state = gps_resp_state_new(s->store, (int)s->cfg.responses_ttl_sec,
                                        (int)s->cfg.responses_per_key);
     s->responses = s->resp_state ? gps_responses_new(s->relay, s->resp_state) : NULL;
     if (!s->responses)
-        goto oom;
+        return start_oom();
     s->tasks = gps_tasks_new(s->base, s->jobs, s->store, s->metrics,
                              (int)s->cfg.request_timeout_sec);
     if (!s->tasks)
-        goto oom;
+        return start_oom();
     gps_tasks_set_hot_sec(s->tasks, (int)s->cfg.task_hot_sec);
     gps_tasks_set_hot_max_events(s->tasks, (size_t)s->cfg.task_hot_max_events);
     gps_tasks_set_auth(s->tasks, s->auth);
@@ -1024,13 +1045,13 @@ int main(int argc, char **argv)
     s->admin = gps_admin_new(s->base, s->auth, s->limits, s->reg, s->jobs, s->store,
                              SERVER_VERSION);
     if (!s->admin)
-        goto oom;
+        return start_oom();
     gps_admin_set_pins(s->admin, s->pins);
     gps_admin_set_deploy(s->admin, s->deploy);
     gps_admin_set_auth_on_hook(s->admin, admin_auth_on, s);
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
-        goto oom;
+        return start_oom();
     bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
@@ -1045,36 +1066,50 @@ int main(int argc, char **argv)
         gps_agents_register(s->http, s->agents) < 0 ||
         gps_admin_register(s->http, s->admin) < 0 ||
         gps_dashboard_register(s->http, s->dashboard) < 0)
-        goto oom;
+        return start_oom();
+    return 0;
+}
 
-    int bound = 0, tls_bound = 0;
-    if (host && gps_http_bind(s->http, host, port, &bound, err, sizeof err) < 0) {
+/* The listeners (and the metrics listener), and the port files. */
+static int bind_listeners(server *s)
+{
+    char err[512];
+    if (s->host && gps_http_bind(s->http, s->host, s->port, &s->bound, err, sizeof err) < 0) {
         gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
-                     json_pack("{s:s,s:i}", "host", host, "port", port), "%s: %s", err,
+                     json_pack("{s:s,s:i}", "host", s->host, "port", s->port), "%s: %s", err,
                      strerror(errno));
-        goto done;
+        return 1;
     }
-    if (tls_host && gps_http_bind_tls(s->http, tls_host, tls_port, s->tls, &tls_bound, err,
-                                      sizeof err) < 0) {
+    if (s->tls_host && gps_http_bind_tls(s->http, s->tls_host, s->tls_port, s->tls,
+                                         &s->tls_bound, err, sizeof err) < 0) {
         gp_log_write(GP_LOG_ERROR, "listen_failed", NULL,
-                     json_pack("{s:s,s:i,s:b}", "host", tls_host, "port", tls_port, "tls", 1),
+                     json_pack("{s:s,s:i,s:b}", "host", s->tls_host, "port", s->tls_port, "tls",
+                               1),
                      "%s: %s", err, strerror(errno));
-        goto done;
+        return 1;
     }
-    if (own_metrics && metrics_listener_start(s, &hopts) < 0)
-        goto done;
-    if (s->cfg.port_file && write_port_file(s->cfg.port_file, host ? bound : tls_bound) < 0) {
+    bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
+    if (own_metrics && metrics_listener_start(s, &s->hopts) < 0)
+        return 1;
+    if (s->cfg.port_file &&
+        write_port_file(s->cfg.port_file, s->host ? s->bound : s->tls_bound) < 0) {
         gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.port_file,
                      strerror(errno));
-        goto done;
+        return 1;
     }
-    if (s->cfg.tls_port_file && tls_host &&
-        write_port_file(s->cfg.tls_port_file, tls_bound) < 0) {
+    if (s->cfg.tls_port_file && s->tls_host &&
+        write_port_file(s->cfg.tls_port_file, s->tls_bound) < 0) {
         gp_log_error("port_file_failed", "cannot write %s: %s", s->cfg.tls_port_file,
                      strerror(errno));
-        goto done;
+        return 1;
     }
+    return 0;
+}
 
+/* Signals, the periodic timers, this server in the servers table, the
+ * native tasks left running, and the "listening" lines. */
+static int start_serving(server *s)
+{
     s->sig_term = evsignal_new(s->base, SIGTERM, on_term, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_term, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_hup, s);
@@ -1085,29 +1120,35 @@ int main(int argc, char **argv)
         event_add(s->sig_term, NULL) < 0 || event_add(s->sig_int, NULL) < 0 ||
         event_add(s->sig_hup, NULL) < 0 || event_add(s->purge_timer, &hour) < 0 ||
         (s->cfg.heap_trim_bytes > 0 && event_add(s->trim_timer, &trim_every) < 0))
-        goto oom;
+        return start_oom();
     purge_cb(-1, 0, s);
-    if (cluster_start(s, host ? host : tls_host, host ? bound : tls_bound) < 0)
-        goto oom;
+    if (cluster_start(s, s->host ? s->host : s->tls_host, s->host ? s->bound : s->tls_bound) < 0)
+        return start_oom();
     tasks_start(s);
 
-    if (host)
+    if (s->host)
         gp_log_write(GP_LOG_INFO, "listening", NULL,
-                     json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", host, "port", bound, "db",
+                     json_pack("{s:s,s:i,s:s,s:b,s:s}", "host", s->host, "port", s->bound, "db",
                                s->db_label, "auth", gps_auth_enabled(s->auth), "scheduler",
                                s->cfg.scheduler),
-                     "gpupool-server %s listening on %s:%d", SERVER_VERSION, host, bound);
-    if (tls_host)
+                     "gpupool-server %s listening on %s:%d", SERVER_VERSION, s->host, s->bound);
+    if (s->tls_host)
         gp_log_write(GP_LOG_INFO, "listening_tls", NULL,
-                     json_pack("{s:s,s:i,s:s,s:s,s:b}", "host", tls_host, "port", tls_bound,
-                               "cert_subject", gps_tls_subject(s->tls), "cert_not_after",
-                               gps_tls_not_after(s->tls), "auth", gps_auth_enabled(s->auth)),
-                     "gpupool-server %s listening (HTTPS) on %s:%d", SERVER_VERSION, tls_host,
-                     tls_bound);
+                     json_pack("{s:s,s:i,s:s,s:s,s:b}", "host", s->tls_host, "port",
+                               s->tls_bound, "cert_subject", gps_tls_subject(s->tls),
+                               "cert_not_after", gps_tls_not_after(s->tls), "auth",
+                               gps_auth_enabled(s->auth)),
+                     "gpupool-server %s listening (HTTPS) on %s:%d", SERVER_VERSION,
+                     s->tls_host, s->tls_bound);
     if (!gps_auth_enabled(s->auth))
         gp_log_warn("auth_disabled",
                     "no API key exists and the server listens on loopback only: auth is off");
+    return 0;
+}
 
+/* The loop until shutdown, then the last commit. */
+static int serve(server *s)
+{
     /* The start-up loads are done: keep no idle connection for them. */
     gps_store_sync_close(s->store);
     event_base_dispatch(s->base);
@@ -1116,12 +1157,13 @@ int main(int argc, char **argv)
     gp_log_info("shutdown_flush", "flushing the database");
     if (gps_store_flush(s->store) < 0)
         gp_log_error("db_flush_failed", "the last commit failed");
-    rc = 0;
     gp_log_info("shutdown_done", "bye");
-    goto done;
-oom:
-    gp_log_error("startup_failed", "out of memory during start-up");
-done:
+    return 0;
+}
+
+/* Everything main made, in the order that their borrowing asks for. */
+static void server_free(server *s)
+{
     gps_dashboard_free(s->dashboard); /* its streams end while the http server is there */
     if (s->http)
         gps_http_free(s->http);
@@ -1164,8 +1206,34 @@ done:
             event_free(evs[i]);
     if (s->base)
         event_base_free(s->base);
-    free(host);
-    free(tls_host);
+    free(s->host);
+    free(s->tls_host);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "keys") == 0)
+        return keys_main(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("gpupool-server %s\n", SERVER_VERSION);
+        return 0;
+    }
+
+    server S;
+    memset(&S, 0, sizeof S);
+    server *s = &S;
+    gp_config cfg;
+    int rc = load_options(s, &cfg, argc, argv);
+    if (rc >= 0) {
+        gp_config_free(&cfg);
+        return rc;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if ((rc = parse_listeners(s)) == 0 && (rc = open_core(s)) == 0 &&
+        (rc = build_scheduling(s)) == 0 && (rc = build_api(s)) == 0 &&
+        (rc = bind_listeners(s)) == 0 && (rc = start_serving(s)) == 0)
+        rc = serve(s);
+    server_free(s);
     gp_config_free(&cfg);
     return rc;
 }
