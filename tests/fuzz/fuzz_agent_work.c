@@ -5,9 +5,10 @@
  * statics), which turns the server's job into the upstream request, and
  * through the bodies made from it for counting (openai_count.h) and for
  * embeddings (openai_embed.h). The
- * reply's other readers (agent.c poll_done/work_done/job_begin) only take
- * typed values through jansson getters; this target covers the one that
- * copies and reshapes the job's content.
+ * reply's other readers (agent_server.c ag_poll_done, agent_jobs.c
+ * ag_work_done and job_begin) only take typed values through jansson
+ * getters; this target covers the one that copies and reshapes the job's
+ * content.
  * Checked: a job is either refused with a message or gives a JSON object
  * that serialises (what the backend then sends upstream); the count bodies
  * are NULL or objects that serialise.

@@ -32,7 +32,7 @@ static void openai_ok_and_defaults(void **st)
                   ARGV("--upstream", "http://127.0.0.1:9", "--upstream-model", "m"));
     assert_int_equal(rc, 0);
     assert_string_equal(o.server, "http://127.0.0.1:8080");
-    assert_int_equal(o.slots, 0); /* auto: 1 for openai (agent.c), from VRAM on GPUs */
+    assert_int_equal(o.slots, 0); /* auto: 1 for openai (agent_jobs.c), from VRAM on GPUs */
     assert_string_equal(o.slots_opt, "auto");
     assert_string_equal(o.backend, "auto");
     assert_string_equal(o.devices, "all");

@@ -202,7 +202,7 @@ static void evq_batches_everything_accumulated(void **st)
 }
 
 /* agent_evq_flags through a job's life: the flags a push adds are what
- * tells the agent's loop that a job needs it (agent.c job_note_locked); a
+ * tells the agent's loop that a job needs it (agent_jobs.c job_note_locked); a
  * push that adds none (an upload in flight, or one already waiting) must
  * not, and the first output and the end must add URGENT. */
 static void evq_flags_say_what_changed(void **st)
