@@ -1857,42 +1857,10 @@ static void build_cover(gpe_tokenizer *t)
         cover_free(&t->cov);
 }
 
-gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
+/* The pre-tokenizer (byte-level BPE: tokenizer.ggml.pre; the others have
+ * one). Returns whether BOS is added by default. */
+static bool load_pre(gpe_tokenizer *t, const gpe_gguf *g)
 {
-    if (!g) {
-        seterr(err, errlen, "no GGUF");
-        return NULL;
-    }
-    const char *model = gpe_gguf_get_str(g, "tokenizer.ggml.model", NULL);
-    if (!model) {
-        seterr(err, errlen, "tokenizer.ggml.model is missing");
-        return NULL;
-    }
-    gpe_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) {
-        seterr(err, errlen, "out of memory");
-        return NULL;
-    }
-    if (strcmp(model, "llama") == 0) {
-        t->kind = KIND_SPM;
-    } else if (strcmp(model, "gpt2") == 0) {
-        t->kind = KIND_BPE;
-    } else if (strcmp(model, "bert") == 0) {
-        t->kind = KIND_WPM;
-    } else {
-        seterr(err, errlen,
-               "unsupported tokenizer.ggml.model '%.64s' (supported: llama (SentencePiece), "
-               "gpt2 (byte-level BPE), bert (WordPiece))",
-               model);
-        goto fail;
-    }
-    if (!load_vocab(t, g, err, errlen))
-        goto fail;
-    if (t->kind == KIND_BPE && !load_merges(t, g, err, errlen))
-        goto fail;
-
-    /* defaults (llama.cpp): spm bos 1, eos 2, unk 0, adds BOS and a space
-     * prefix; bpe bos = eos = 11, adds nothing (except llama-3 below) */
     bool def_add_bos = t->kind != KIND_BPE;
     if (t->kind != KIND_BPE) {
         t->pre = PRE_DEFAULT;
@@ -1929,6 +1897,12 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
             }
         }
     }
+    return def_add_bos;
+}
+
+/* The special tokens' ids, the add_* flags and the byte tokens. */
+static void load_specials(gpe_tokenizer *t, const gpe_gguf *g, bool def_add_bos)
+{
     int32_t nv = t->n_vocab;
     if (t->kind == KIND_WPM) {
         /* bert: [CLS] (cls_token_id, 101) leads, [SEP] (102) ends, [UNK] 100 */
@@ -1960,13 +1934,17 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
     if (gpe_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b))
         t->add_space_prefix = b;
 
+
     for (int c = 0; c < 256; c++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", c);
         t->byte_tok[c] = tok_find(t, name, 6);
     }
+}
 
-    /* end of generation: eos/eot/eom and the usual end-of-turn texts */
+/* End of generation: eos/eot/eom and the usual end-of-turn texts. */
+static void mark_eog(gpe_tokenizer *t)
+{
     static const char *const eog_texts[] = {
         "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
         "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
@@ -1981,9 +1959,13 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
         if (id >= 0)
             t->attr[id] |= ATTR_EOG;
     }
+}
 
-    /* Phi-3 strips white space after its special tokens (llama.cpp sets
-     * RSTRIP by model name; <unk>, <s> and <|endoftext|> excepted). */
+/* Phi-3 strips white space after its special tokens (llama.cpp sets
+ * RSTRIP by model name; <unk>, <s> and <|endoftext|> excepted). */
+static void phi3_rstrip(gpe_tokenizer *t, const gpe_gguf *g)
+{
+    int32_t nv = t->n_vocab;
     const char *name = gpe_gguf_get_str(g, "general.name", NULL);
     if (name && (contains_nocase(name, "phi-3") || contains_nocase(name, "phi3"))) {
         for (int32_t id = 0; id < nv; id++) {
@@ -2002,6 +1984,49 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
         if (id >= 0)
             t->attr[id] |= ATTR_RSTRIP;
     }
+}
+
+gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
+{
+    if (!g) {
+        seterr(err, errlen, "no GGUF");
+        return NULL;
+    }
+    const char *model = gpe_gguf_get_str(g, "tokenizer.ggml.model", NULL);
+    if (!model) {
+        seterr(err, errlen, "tokenizer.ggml.model is missing");
+        return NULL;
+    }
+    gpe_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) {
+        seterr(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (strcmp(model, "llama") == 0) {
+        t->kind = KIND_SPM;
+    } else if (strcmp(model, "gpt2") == 0) {
+        t->kind = KIND_BPE;
+    } else if (strcmp(model, "bert") == 0) {
+        t->kind = KIND_WPM;
+    } else {
+        seterr(err, errlen,
+               "unsupported tokenizer.ggml.model '%.64s' (supported: llama (SentencePiece), "
+               "gpt2 (byte-level BPE), bert (WordPiece))",
+               model);
+        goto fail;
+    }
+    if (!load_vocab(t, g, err, errlen))
+        goto fail;
+    if (t->kind == KIND_BPE && !load_merges(t, g, err, errlen))
+        goto fail;
+
+    /* defaults (llama.cpp): spm bos 1, eos 2, unk 0, adds BOS and a space
+     * prefix; bpe bos = eos = 11, adds nothing (except llama-3 below) */
+    bool def_add_bos = load_pre(t, g);
+    load_specials(t, g, def_add_bos);
+
+    mark_eog(t);
+    phi3_rstrip(t, g);
 
     build_cover(t);
     if (!build_specials(t)) {
