@@ -161,6 +161,70 @@ static void emit(const gen_opts *o, int32_t id, const char *piece, int len, char
     *npend -= ok;
 }
 
+/* The prompt's tokens (*ids: malloc'd, the caller frees it), or -1
+ * (said on stderr). */
+static int tokenize_prompt(gpe_model *m, const char *prompt, int32_t **ids_out)
+{
+    const size_t plen = strlen(prompt);
+    int cap = (int)(plen + 16);
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    *ids_out = ids;
+    int n = ids ? gpe_tokenize(m, prompt, plen, true, false, ids, cap) : INT32_MIN;
+    if (n < 0 && n != INT32_MIN) { /* -(needed) */
+        cap = -n;
+        int32_t *bigger = realloc(ids, (size_t)cap * sizeof *ids);
+        n = INT32_MIN;
+        if (bigger) {
+            *ids_out = ids = bigger;
+            n = gpe_tokenize(m, prompt, plen, true, false, ids, cap);
+        }
+    }
+    if (n < 0) {
+        fprintf(stderr, "gpupool-run %s: cannot tokenize the prompt\n", NAME);
+        return -1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "gpupool-run %s: the prompt is empty and the model adds no BOS\n", NAME);
+        return -1;
+    }
+    return n;
+}
+
+/* The run's figures: a JSON line (--json) or a line on stderr. */
+static void print_summary(const gen_opts *o, const gpe_model_info *info, int n, long n_gen,
+                          const char *stop, uint64_t seed, double t_prompt, double t_gen,
+                          size_t npend)
+{
+    if (o->json) {
+        if (npend > 0) { /* trailing bytes of a cut character */
+            json_t *j = json_pack("{s:s}", "text", "\xEF\xBF\xBD");
+            char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
+            printf("%s\n", s);
+            free(s);
+            json_decref(j);
+        }
+        json_t *j = json_pack(
+            "{s:b, s:s, s:i, s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:i, s:s}", "summary", 1, "model",
+            info->name, "n_prompt", n, "n_generated", (json_int_t)n_gen, "stop", stop, "seed",
+            (json_int_t)seed, "prompt_ms", t_prompt * 1e3, "gen_ms", t_gen * 1e3,
+            "prompt_tokens_per_s", t_prompt > 0 ? n / t_prompt : 0.0, "gen_tokens_per_s",
+            t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, "threads", (int)o->threads,
+            "cpu", gpe_cpu_features());
+        char *s = json_dumps(j, JSON_COMPACT);
+        printf("%s\n", s);
+        free(s);
+        json_decref(j);
+    } else {
+        printf("\n");
+        fprintf(stderr,
+                "[prompt %d tokens in %.1f ms (%.1f t/s); generated %ld tokens in %.1f ms "
+                "(%.1f t/s); stop: %s; seed %llu]\n",
+                n, t_prompt * 1e3, t_prompt > 0 ? n / t_prompt : 0.0, n_gen, t_gen * 1e3,
+                t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, stop,
+                (unsigned long long)seed);
+    }
+}
+
 static int exec_generate(int argc, char **argv)
 {
     gen_opts o;
@@ -180,27 +244,9 @@ static int exec_generate(int argc, char **argv)
         goto done;
     gpe_model_info info;
     gpe_model_get_info(m, &info);
-    const size_t plen = strlen(o.prompt);
-    int cap = (int)(plen + 16);
-    ids = malloc((size_t)cap * sizeof *ids);
-    int n = ids ? gpe_tokenize(m, o.prompt, plen, true, false, ids, cap) : INT32_MIN;
-    if (n < 0 && n != INT32_MIN) { /* -(needed) */
-        cap = -n;
-        int32_t *bigger = realloc(ids, (size_t)cap * sizeof *ids);
-        n = INT32_MIN;
-        if (bigger) {
-            ids = bigger;
-            n = gpe_tokenize(m, o.prompt, plen, true, false, ids, cap);
-        }
-    }
-    if (n < 0) {
-        fprintf(stderr, "gpupool-run %s: cannot tokenize the prompt\n", NAME);
+    int n = tokenize_prompt(m, o.prompt, &ids);
+    if (n < 0)
         goto done;
-    }
-    if (n == 0) {
-        fprintf(stderr, "gpupool-run %s: the prompt is empty and the model adds no BOS\n", NAME);
-        goto done;
-    }
     long n_ctx = o.n_ctx ? o.n_ctx : (long)n + o.n_predict;
     if (!o.n_ctx && n_ctx > info.n_ctx_train)
         n_ctx = info.n_ctx_train;
@@ -280,34 +326,7 @@ static int exec_generate(int argc, char **argv)
         logits = gpe_get_logits(ctx, 0);
     }
     double t_gen = gpr_now() - t1;
-    if (o.json) {
-        if (npend > 0) { /* trailing bytes of a cut character */
-            json_t *j = json_pack("{s:s}", "text", "\xEF\xBF\xBD");
-            char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
-            printf("%s\n", s);
-            free(s);
-            json_decref(j);
-        }
-        json_t *j = json_pack(
-            "{s:b, s:s, s:i, s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:i, s:s}", "summary", 1, "model",
-            info.name, "n_prompt", n, "n_generated", (json_int_t)n_gen, "stop", stop, "seed",
-            (json_int_t)sp.seed, "prompt_ms", t_prompt * 1e3, "gen_ms", t_gen * 1e3,
-            "prompt_tokens_per_s", t_prompt > 0 ? n / t_prompt : 0.0, "gen_tokens_per_s",
-            t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, "threads", (int)o.threads,
-            "cpu", gpe_cpu_features());
-        char *s = json_dumps(j, JSON_COMPACT);
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        printf("\n");
-        fprintf(stderr,
-                "[prompt %d tokens in %.1f ms (%.1f t/s); generated %ld tokens in %.1f ms "
-                "(%.1f t/s); stop: %s; seed %llu]\n",
-                n, t_prompt * 1e3, t_prompt > 0 ? n / t_prompt : 0.0, n_gen, t_gen * 1e3,
-                t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, stop,
-                (unsigned long long)sp.seed);
-    }
+    print_summary(&o, &info, n, n_gen, stop, sp.seed, t_prompt, t_gen, npend);
     fflush(stdout);
     rc = 0;
 
