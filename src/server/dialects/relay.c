@@ -299,8 +299,8 @@ void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, js
     if (type == GPS_EV_TOKEN) {
         /* The token is the tail of job->text (jobs appends, then notifies;
          * ev may be NULL: a cursor subscriber reads the text). A text
-         * dropped by a transparent requeue (jobs.c fail_over, nothing sent
-         * yet) starts the cursor over. */
+         * dropped by a transparent requeue (jobs_failover.c jobs_fail_over,
+         * nothing sent yet) starts the cursor over. */
         unsigned resets = gps_job_text_resets(job);
         if (resets != rl->text_resets) {
             rl->text_resets = resets;

@@ -158,7 +158,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
     const json_t *tn = json_object_get(xo, "tenant");
     if (!gps_absent(tn)) {
         /* A downstream pool's tenant tag (its agent passes it on): only
-         * narrows this key's prompt-prefix tenant (jobs.c tenant_of). */
+         * narrows this key's prompt-prefix tenant (jobs_submit.c tenant_of). */
         if (!json_is_string(tn) || json_string_length(tn) == 0 ||
             json_string_length(tn) > 64)
             GPS_FAIL("x_pool_options.tenant",

@@ -1,7 +1,9 @@
 /*
- * jobs_internal: the definition of struct gps_job, private to jobs.c.
+ * jobs_internal: the definition of struct gps_job, private to the jobs
+ * module (jobs.c and the jobs_*.c files beside it; what those files share
+ * besides is in jobs_priv.h, which tests never include).
  *
- * Include this only from jobs.c and from unit tests that must build or
+ * Include this only from the module and from unit tests that must build or
  * inspect jobs by hand (tests/unit/server); every other module reads a job
  * through the accessors in jobs.h, so that the job's fields can change
  * without touching the dialects, the relay or the admin API.
@@ -61,7 +63,7 @@ struct gps_job {
      * Static string. x_pool_meta.continuation. */
     const char *continuation_mode;
 
-    /* ---- private to jobs.c ---- */
+    /* ---- private to the module ---- */
     gps_jobs *owner;
     /* Token-exact continuation: the ids behind the relayed text, in order
      * (all attempts; bounded by max_tokens), valid while ids_ok: every
@@ -107,7 +109,7 @@ struct gps_job {
     uint64_t finished_us;
     uint64_t delivery;            /* the work reply that carried this attempt to its agent
                                      (agents_api's sequence); 0 = not delivered yet */
-    uint64_t report_mark;         /* the agent report that last listed it (jobs.c) */
+    uint64_t report_mark;         /* the agent report that last listed it (jobs_failover.c) */
     struct gps_job *hnext;        /* id hash chain */
     struct gps_job *prev, *next;  /* the live list, or (done) the finished list */
     bool done;                    /* on the finished list (terminal) */
