@@ -129,7 +129,7 @@ typedef struct gps_job_spec {
     size_t n_resume_ids;
     char resume_digest[65];
     /* The input to keep in the request log's row, as given (owned; a new
-     * job only). NULL: jobs.c keeps prompt/messages (+ max_tokens for a
+     * job only). NULL: the jobs module keeps prompt/messages (+ max_tokens for a
      * native task) when log_prompts is on or the task is native. A native
      * task passes its whole validated body here so that the row is written
      * once, with what a restart resubmits. */
@@ -169,7 +169,7 @@ typedef struct gps_jobs gps_jobs;
  * before its first byte), plus "retry_after" when it makes sense. */
 typedef void (*gps_job_event_fn)(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 
-/* struct gps_job is defined in jobs_internal.h, private to jobs.c (and to
+/* struct gps_job is defined in jobs_internal.h, private to the jobs module (and to
  * unit tests that build jobs by hand): everyone else reads a job through
  * the accessors below. */
 
@@ -179,7 +179,7 @@ typedef void (*gps_job_event_fn)(gps_job *job, gps_event_type type, json_t *ev, 
 const char *gps_job_ids_digest(const gps_job *job);
 
 /* Read access for the client dialects, the relay and the admin API, which
- * never read struct gps_job's fields (private to jobs.c: jobs_internal.h).
+ * never read struct gps_job's fields (private to the jobs module: jobs_internal.h).
  * Strings are borrowed: valid until the job changes. */
 const char *gps_job_id(const gps_job *job);
 /* The model that serves (spec.model: a fallback's when one took it). */
@@ -279,7 +279,7 @@ typedef struct gps_jobs_opts {
 #define GPS_JOBS_MAX_RECORDS_DEFAULT 131072
 
 /* ---- the failover decision (docs/architecture.md "Failover") ----
- * Pure, so that its table is tested on its own; fail_over in jobs.c
+ * Pure, so that its table is tested on its own; jobs_fail_over (jobs_failover.c)
  * gathers the facts and carries the plan out. */
 typedef enum {
     GPS_FO_FAIL_LOST = 0,   /* 502 AGENT_LOST: mode error, restart after output, tool calls sent */
