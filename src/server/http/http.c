@@ -1885,94 +1885,99 @@ static bool agent_path(const char *path)
            strcmp(path, "/agents/check") != 0;
 }
 
-static void dispatch(struct evhttp_request *req, void *arg)
+/* r filled from the request: the request itself, its method and path. */
+static void req_init(gps_req *r, gps_http *h, struct evhttp_request *req)
 {
-    gps_http *h = arg;
-    gps_req r;
-    memset(&r, 0, sizeof r);
-    r.req = req;
-    r.http = h;
-    r.start_us = gp_now_mono_us();
-    r.method = (unsigned)evhttp_request_get_command(req);
+    memset(r, 0, sizeof *r);
+    r->req = req;
+    r->http = h;
+    r->start_us = gp_now_mono_us();
+    r->method = (unsigned)evhttp_request_get_command(req);
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-    r.path = path && *path ? path : "/";
+    r->path = path && *path ? path : "/";
+}
 
-    /* The gate decided on the head; take its decision and end it. */
-    gps_conn gc;
-    gps_conn *c = conn_of(h, evhttp_request_get_connection(req));
-    if (c) {
-        gc = *c;
-        conn_detach(c);
-        c = &gc;
-    }
-    evhttp_request_set_on_complete_cb(req, on_complete, h);
+/* r's X-Pool-Via chain (with this pool's id) and correlation id (the
+ * request's when well-formed, else a new one). */
+static void req_ids(gps_req *r)
+{
+    gps_http *h = r->http;
+    struct evhttp_request *req = r->req;
     /* The chain this pool passes on (the gate checked the header). */
     const char *via = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Pool-Via");
-    snprintf(r.pool_via, sizeof r.pool_via, "%s%s%s", via && *via ? via : "",
+    snprintf(r->pool_via, sizeof r->pool_via, "%s%s%s", via && *via ? via : "",
              via && *via ? ", " : "", h->pool_id);
 
     const char *corr = evhttp_find_header(evhttp_request_get_input_headers(req),
                                           "X-Correlation-Id");
     if (corr && corr_ok(corr))
-        gp_copy_str(r.correlation_id, sizeof r.correlation_id, corr);
+        gp_copy_str(r->correlation_id, sizeof r->correlation_id, corr);
     else
-        gps_id_hex(r.correlation_id, 16);
-    struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
+        gps_id_hex(r->correlation_id, 16);
+}
+
+/* The headers every reply carries: the correlation id, nosniff and, in the
+ * Anthropic dialect, request-id. */
+static void add_reply_headers(gps_req *r, const gps_conn *c)
+{
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(r->req);
     /* The agents' routes (their long-polls and uploads: a few per relayed
      * request) carry neither header: the agent reads no header of the
      * server's replies, its errors carry the id in the body, and nosniff
      * is for browsers. A header costs ~2,000 instructions (evhttp's list
      * and its printf of the reply head). */
-    if (!agent_path(r.path)) {
-        evhttp_add_header(oh, "X-Correlation-Id", r.correlation_id);
+    if (!agent_path(r->path)) {
+        evhttp_add_header(oh, "X-Correlation-Id", r->correlation_id);
         evhttp_add_header(oh, "X-Content-Type-Options", "nosniff");
     }
-    if ((c && c->refuse ? c->dialect : gps_dialect_for_path(r.path)) == GPS_DIALECT_ANTHROPIC) {
+    if ((c && c->refuse ? c->dialect : gps_dialect_for_path(r->path)) == GPS_DIALECT_ANTHROPIC) {
         /* The Anthropic SDKs surface `request-id` in errors and logs. */
         char rid[72];
-        snprintf(rid, sizeof rid, "req_%s", r.correlation_id);
+        snprintf(rid, sizeof rid, "req_%s", r->correlation_id);
         evhttp_add_header(oh, "request-id", rid);
     }
-    if (c && c->refuse) {
-        send_refusal(&r, c);
-        return;
-    }
+}
 
+/* The request's route (r->route and r->params set), or NULL when no route
+ * takes it (404 or 405 sent). */
+static const gps_route *find_route(gps_req *r)
+{
+    gps_http *h = r->http;
     const gps_route *route = NULL;
-    int rc = gps_route_lookup(h->routes, h->nroutes, r.method, r.path, &route, r.params,
-                              &r.nparams);
-    if (rc != 0 && r.method == EVHTTP_REQ_HEAD) /* HEAD is GET without the body */
-        rc = gps_route_lookup(h->routes, h->nroutes, EVHTTP_REQ_GET, r.path, &route, r.params,
-                              &r.nparams);
-    unsigned shown = r.method == EVHTTP_REQ_HEAD ? EVHTTP_REQ_GET : r.method; /* see decide() */
+    int rc = gps_route_lookup(h->routes, h->nroutes, r->method, r->path, &route, r->params,
+                              &r->nparams);
+    if (rc != 0 && r->method == EVHTTP_REQ_HEAD) /* HEAD is GET without the body */
+        rc = gps_route_lookup(h->routes, h->nroutes, EVHTTP_REQ_GET, r->path, &route, r->params,
+                              &r->nparams);
+    unsigned shown = r->method == EVHTTP_REQ_HEAD ? EVHTTP_REQ_GET : r->method; /* see decide() */
     if (rc == 404) {
         char msg[200];
-        snprintf(msg, sizeof msg, "no route for %s %.120s", method_name(shown), r.path);
-        gps_req_error(&r, 404, "NOT_FOUND", msg, NULL);
-        return;
+        snprintf(msg, sizeof msg, "no route for %s %.120s", method_name(shown), r->path);
+        gps_req_error(r, 404, "NOT_FOUND", msg, NULL);
+        return NULL;
     }
-    r.route = route;
+    r->route = route;
     if (rc == 405) {
         char msg[200], allow[64];
         snprintf(msg, sizeof msg, "method %s is not allowed on %.120s", method_name(shown),
-                 r.path);
-        allow_methods(h, r.path, allow, sizeof allow);
-        gps_req_add_header(&r, "Allow", allow);
-        gps_req_error(&r, 405, "METHOD_NOT_ALLOWED", msg, NULL);
-        return;
+                 r->path);
+        allow_methods(h, r->path, allow, sizeof allow);
+        gps_req_add_header(r, "Allow", allow);
+        gps_req_error(r, 405, "METHOD_NOT_ALLOWED", msg, NULL);
+        return NULL;
     }
+    return route;
+}
 
-    /* Without a gate (never expected) the old checks still hold. */
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
-    if (in && evbuffer_get_length(in) > h->opts.max_body_bytes) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", h->opts.max_body_bytes);
-        gps_req_error(&r, 413, "BODY_TOO_LARGE", msg, NULL);
-        return;
-    }
+/* r->key_id: the gate's, or the auth hook's when the gate did not check
+ * the key; -1 when the hook refuses (401 or 403 sent). */
+static int authorize(gps_req *r, const gps_conn *c, const gps_route *route)
+{
+    gps_http *h = r->http;
+    struct evhttp_request *req = r->req;
     if (c && c->authed) {
-        gp_copy_str(r.key_id, sizeof r.key_id, c->key_id);
+        gp_copy_str(r->key_id, sizeof r->key_id, c->key_id);
     } else if (route->role != GPS_ROLE_NONE && h->auth) {
         struct evkeyvalq *ih = evhttp_request_get_input_headers(req);
         const char *cred = evhttp_find_header(ih, "Authorization");
@@ -1986,37 +1991,87 @@ static void dispatch(struct evhttp_request *req, void *arg)
         if (evc)
             evhttp_connection_get_peer(evc, &peer, &pport);
         client_addr(h, peer, evhttp_find_header(ih, "X-Forwarded-For"), client, sizeof client);
-        int st = h->auth(h->auth_arg, cred, route->role, r.key_id, client);
+        int st = h->auth(h->auth_arg, cred, route->role, r->key_id, client);
         if (st != 0) {
+            struct evkeyvalq *oh = evhttp_request_get_output_headers(req);
             if (st == 401 && route->dialect != GPS_DIALECT_NATIVE)
                 evhttp_add_header(oh, "WWW-Authenticate", "Bearer");
             evhttp_add_header(oh, "x-should-retry", "false");
             if (st == 403)
-                gps_req_error(&r, 403, "FORBIDDEN", "this key's role may not use this endpoint",
+                gps_req_error(r, 403, "FORBIDDEN", "this key's role may not use this endpoint",
                               NULL);
             else
-                gps_req_error(&r, 401, cred ? "INVALID_API_KEY" : "UNAUTHORIZED",
+                gps_req_error(r, 401, cred ? "INVALID_API_KEY" : "UNAUTHORIZED",
                               cred ? "invalid API key"
                                    : "missing API key (Authorization: Bearer <key>)",
                               NULL);
-            return;
+            return -1;
         }
     }
-    if (h->admit && route->role == GPS_ROLE_CLIENT && r.method == EVHTTP_REQ_POST) {
+    return 0;
+}
+
+/* Whether the server cannot take the request now (503 sent): the admit
+ * hook refuses a client's POST, or the server is shutting down. */
+static bool refuse_unavailable(gps_req *r, const gps_route *route)
+{
+    gps_http *h = r->http;
+    if (h->admit && route->role == GPS_ROLE_CLIENT && r->method == EVHTTP_REQ_POST) {
         char msg[300];
         int sec = h->admit(h->admit_arg, msg, sizeof msg);
         if (sec > 0) {
-            gps_send_error_retry(req, route->dialect, 503, "SERVER_BUSY", msg, NULL,
-                                 r.correlation_id, sec);
-            return;
+            gps_send_error_retry(r->req, route->dialect, 503, "SERVER_BUSY", msg, NULL,
+                                 r->correlation_id, sec);
+            return true;
         }
     }
     if (h->shutting_down && (route->role == GPS_ROLE_CLIENT || route->role == GPS_ROLE_ADMIN)) {
-        gps_req_add_header(&r, "Retry-After", "1");
-        gps_req_add_header(&r, "Connection", "close");
-        gps_req_error(&r, 503, "SHUTTING_DOWN", "the server is shutting down", NULL);
+        gps_req_add_header(r, "Retry-After", "1");
+        gps_req_add_header(r, "Connection", "close");
+        gps_req_error(r, 503, "SHUTTING_DOWN", "the server is shutting down", NULL);
+        return true;
+    }
+    return false;
+}
+
+static void dispatch(struct evhttp_request *req, void *arg)
+{
+    gps_http *h = arg;
+    gps_req r;
+    req_init(&r, h, req);
+
+    /* The gate decided on the head; take its decision and end it. */
+    gps_conn gc;
+    gps_conn *c = conn_of(h, evhttp_request_get_connection(req));
+    if (c) {
+        gc = *c;
+        conn_detach(c);
+        c = &gc;
+    }
+    evhttp_request_set_on_complete_cb(req, on_complete, h);
+    req_ids(&r);
+    add_reply_headers(&r, c);
+    if (c && c->refuse) {
+        send_refusal(&r, c);
         return;
     }
+
+    const gps_route *route = find_route(&r);
+    if (!route)
+        return;
+
+    /* Without a gate (never expected) the old checks still hold. */
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    if (in && evbuffer_get_length(in) > h->opts.max_body_bytes) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "request body exceeds %zu bytes", h->opts.max_body_bytes);
+        gps_req_error(&r, 413, "BODY_TOO_LARGE", msg, NULL);
+        return;
+    }
+    if (authorize(&r, c, route) != 0)
+        return;
+    if (refuse_unavailable(&r, route))
+        return;
     route->fn(&r, route->arg);
 }
 
