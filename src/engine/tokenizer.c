@@ -1934,7 +1934,6 @@ static void load_specials(gpe_tokenizer *t, const gpe_gguf *g, bool def_add_bos)
     if (gpe_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b))
         t->add_space_prefix = b;
 
-
     for (int c = 0; c < 256; c++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", c);
