@@ -787,6 +787,12 @@ out:
     return rc;
 }
 
+/* metrics_listen set: /metrics on a listener of its own, not the main one. */
+static bool own_metrics(const server *s)
+{
+    return s->cfg.metrics_listen && *s->cfg.metrics_listen;
+}
+
 /* main's phases. Each returns 0, or main's exit code: 2 for a
  * configuration error, 1 for anything else (already logged). */
 
@@ -1052,10 +1058,9 @@ static int build_api(server *s)
     s->dashboard = gps_dashboard_new(s->base, s->admin);
     if (!s->dashboard)
         return start_oom();
-    bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
     if (gps_http_add_route(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD, "/health",
                            GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_health, s) < 0 ||
-        (!own_metrics && gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics",
+        (!own_metrics(s) && gps_http_add_route(s->http, EVHTTP_REQ_GET, "/metrics",
                                             GPS_DIALECT_NATIVE, GPS_ROLE_NONE, h_metrics,
                                             s) < 0) ||
         gps_openai_register(s->http, s->relay) < 0 ||
@@ -1088,8 +1093,7 @@ static int bind_listeners(server *s)
                      "%s: %s", err, strerror(errno));
         return 1;
     }
-    bool own_metrics = s->cfg.metrics_listen && *s->cfg.metrics_listen;
-    if (own_metrics && metrics_listener_start(s, &s->hopts) < 0)
+    if (own_metrics(s) && metrics_listener_start(s, &s->hopts) < 0)
         return 1;
     if (s->cfg.port_file &&
         write_port_file(s->cfg.port_file, s->host ? s->bound : s->tls_bound) < 0) {

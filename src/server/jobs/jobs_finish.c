@@ -181,17 +181,23 @@ void jobs_finish(gps_jobs *j, gps_job *job, gps_job_state st)
     }
 }
 
+/* A job ended here while its agent holds it: off the agent's books, and
+ * on the cancel list that tells the agent to stop it. */
+static void leave_agent(gps_jobs *j, gps_job *job, bool ok)
+{
+    if (job->state != GPS_JOB_ASSIGNED && job->state != GPS_JOB_RUNNING)
+        return;
+    jobs_end_on_agent(j, job, ok);
+    jobs_cancel_add(j, job->agent_id, job->id);
+}
+
 /* Fail a job with an error event carrying the status a dialect uses. */
 void jobs_fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
                    const char *message, int retry_after)
 {
     if (gps_job_terminal(job))
         return;
-    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
-    if (on_agent) {
-        jobs_end_on_agent(j, job, false);
-        jobs_cancel_add(j, job->agent_id, job->id);
-    }
+    leave_agent(j, job, false);
     snprintf(job->error_code, sizeof job->error_code, "%s", code);
     jobs_finish(j, job, GPS_JOB_FAILED);
     gp_log_write(GP_LOG_WARN, "job_failed", job->correlation_id,
@@ -235,11 +241,7 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
     if (gps_job_terminal(job))
         return;
     bool estimated = charge_prompt_of_cancelled(job);
-    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
-    if (on_agent) {
-        jobs_end_on_agent(j, job, true);
-        jobs_cancel_add(j, job->agent_id, job->id);
-    }
+    leave_agent(j, job, true);
     snprintf(job->error_code, sizeof job->error_code, "CANCELLED");
     jobs_finish(j, job, GPS_JOB_CANCELLED);
     gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
@@ -258,11 +260,7 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
 {
     if (gps_job_terminal(job))
         return;
-    bool on_agent = job->state == GPS_JOB_ASSIGNED || job->state == GPS_JOB_RUNNING;
-    if (on_agent) {
-        jobs_end_on_agent(j, job, true);
-        jobs_cancel_add(j, job->agent_id, job->id);
-    }
+    leave_agent(j, job, true);
     snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
              finish_reason ? finish_reason : "stop");
     jobs_finish(j, job, GPS_JOB_DONE);
