@@ -1,7 +1,7 @@
 /*
- * store_engine.h: what the store's engine-neutral core (store.c: the
- * statement table, the queue, the DB thread, group commit, callbacks on the
- * loop, migrations) needs of a database engine. Internal to
+ * store_engine.h: what the store's engine-neutral core (store.c and the
+ * files it lists: the statement table, the queue, the DB thread, group
+ * commit, callbacks on the loop, migrations) needs of a database engine. Internal to
  * src/server/store: callers only see store.h.
  *
  * A backend is one table of operations (gps_store__engine) over an opaque
