@@ -140,25 +140,13 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
 }
 
 
-int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
-                     size_t msglen, const char **param)
+/* The request's helpers below share one shape: 0, or -1 with msg and
+ * *param set (GPS_FAIL); what they stored in the spec is the caller's to
+ * clear (gps_job_spec_clear), on failure as on success. */
+
+static int parse_model(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                       const char **param)
 {
-    memset(out, 0, sizeof *out);
-    out->chat = chat;
-    gps_job_spec *s = &out->spec;
-    s->kind = chat ? GPS_JOB_CHAT : GPS_JOB_COMPLETION;
-    s->api = "openai";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
-    s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
-    s->priority = GPS_PRIO_INTERACTIVE;
-    *param = NULL;
-    msg[0] = '\0';
-
-    if (!json_is_object(body))
-        GPS_FAIL(NULL, "request body must be a JSON object");
-
-    /* model */
     const json_t *model = json_object_get(body, "model");
     if (gps_absent(model))
         GPS_FAIL("model", "'model' is required");
@@ -168,98 +156,126 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
         GPS_FAIL("model", "'model' must be a non-empty string of at most %d bytes",
                  GPS_MAX_MODEL_NAME);
     s->model = strdup(json_string_value(model));
+    return 0;
+fail:
+    return -1;
+}
 
-    /* prompt / messages */
-    if (!chat) {
-        const json_t *p = json_object_get(body, "prompt");
-        if (gps_absent(p))
-            GPS_FAIL("prompt", "'prompt' is required");
-        if (json_is_array(p)) {
-            if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
-                GPS_FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
-                               "(token arrays and batches are not supported)");
-            p = json_array_get(p, 0);
-        }
-        if (!json_is_string(p))
-            GPS_FAIL("prompt", "'prompt' must be a string");
-        s->prompt = strdup(json_string_value(p));
-    } else {
-        const json_t *m = json_object_get(body, "messages");
-        if (gps_absent(m))
-            GPS_FAIL("messages", "'messages' is required");
-        if (!json_is_array(m))
-            GPS_FAIL("messages", "'messages' must be an array");
-        if (json_array_size(m) == 0)
-            GPS_FAIL("messages", "'messages' must contain at least one message");
-        s->messages = json_array();
-        size_t i;
-        json_t *e;
-        json_array_foreach(m, i, e)
-        {
-            if (!json_is_object(e))
-                GPS_FAIL("messages", "messages[%zu] must be an object", i);
-            const json_t *role = json_object_get(e, "role");
-            if (!json_is_string(role))
-                GPS_FAIL("messages", "messages[%zu].role must be a string", i);
-            const char *r = json_string_value(role);
-            if (strcmp(r, "developer") == 0)
-                r = "system";
-            if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
-                strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
-                GPS_FAIL("messages",
-                     "messages[%zu].role '%.40s' is not supported (system, developer, user, "
-                     "assistant, tool)",
-                     i, json_string_value(role));
-            const json_t *c = json_object_get(e, "content");
-            const json_t *calls = json_object_get(e, "tool_calls");
-            if (strcmp(r, "assistant") == 0 && !gps_absent(calls) &&
-                !(json_is_array(calls) && json_array_size(calls) == 0)) {
-                /* An earlier turn that called tools: kept as it is (content
-                 * may be null), validated so agents get a clean shape. */
-                if (tool_calls_check(calls, i, msg, msglen) < 0) {
-                    *param = "messages";
-                    goto fail;
-                }
-                char *text = gps_absent(c) ? NULL : content_text(c, i, msg, msglen);
-                if (!gps_absent(c) && !text) {
-                    *param = "messages";
-                    goto fail;
-                }
-                json_t *am = json_pack("{s:s,s:O}", "role", "assistant", "tool_calls", calls);
-                json_object_set_new(am, "content", text ? json_string(text) : json_null());
-                free(text);
-                json_array_append_new(s->messages, am);
-                continue;
-            }
-            if (strcmp(r, "tool") == 0) {
-                const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
-                if (!tcid)
-                    GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
-                char *text = gps_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
-                if (!text) {
-                    *param = "messages";
-                    goto fail;
-                }
-                json_array_append_new(s->messages,
-                                      json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
-                                                tcid, "content", text));
-                free(text);
-                continue;
-            }
-            if (gps_absent(c))
-                GPS_FAIL("messages", "messages[%zu].content is required", i);
-            char *text = content_text(c, i, msg, msglen);
-            if (!text) {
-                *param = "messages";
-                goto fail;
-            }
-            json_array_append_new(s->messages,
-                                  json_pack("{s:s,s:s}", "role", r, "content", text));
-            free(text);
-        }
+static int parse_prompt(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                        const char **param)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    if (gps_absent(p))
+        GPS_FAIL("prompt", "'prompt' is required");
+    if (json_is_array(p)) {
+        if (json_array_size(p) != 1 || !json_is_string(json_array_get(p, 0)))
+            GPS_FAIL("prompt", "'prompt' must be a string or an array of exactly one string "
+                           "(token arrays and batches are not supported)");
+        p = json_array_get(p, 0);
     }
+    if (!json_is_string(p))
+        GPS_FAIL("prompt", "'prompt' must be a string");
+    s->prompt = strdup(json_string_value(p));
+    return 0;
+fail:
+    return -1;
+}
 
-    /* max_tokens (max_completion_tokens is the newer chat name) */
+/* One chat message, appended to s->messages in the shape agents get. */
+static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, size_t msglen,
+                         const char **param)
+{
+    if (!json_is_object(e))
+        GPS_FAIL("messages", "messages[%zu] must be an object", i);
+    const json_t *role = json_object_get(e, "role");
+    if (!json_is_string(role))
+        GPS_FAIL("messages", "messages[%zu].role must be a string", i);
+    const char *r = json_string_value(role);
+    if (strcmp(r, "developer") == 0)
+        r = "system";
+    if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+        strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0)
+        GPS_FAIL("messages",
+             "messages[%zu].role '%.40s' is not supported (system, developer, user, "
+             "assistant, tool)",
+             i, json_string_value(role));
+    const json_t *c = json_object_get(e, "content");
+    const json_t *calls = json_object_get(e, "tool_calls");
+    if (strcmp(r, "assistant") == 0 && !gps_absent(calls) &&
+        !(json_is_array(calls) && json_array_size(calls) == 0)) {
+        /* An earlier turn that called tools: kept as it is (content
+         * may be null), validated so agents get a clean shape. */
+        if (tool_calls_check(calls, i, msg, msglen) < 0) {
+            *param = "messages";
+            goto fail;
+        }
+        char *text = gps_absent(c) ? NULL : content_text(c, i, msg, msglen);
+        if (!gps_absent(c) && !text) {
+            *param = "messages";
+            goto fail;
+        }
+        json_t *am = json_pack("{s:s,s:O}", "role", "assistant", "tool_calls", calls);
+        json_object_set_new(am, "content", text ? json_string(text) : json_null());
+        free(text);
+        json_array_append_new(s->messages, am);
+        return 0;
+    }
+    if (strcmp(r, "tool") == 0) {
+        const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
+        if (!tcid)
+            GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
+        char *text = gps_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
+        if (!text) {
+            *param = "messages";
+            goto fail;
+        }
+        json_array_append_new(s->messages,
+                              json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
+                                        tcid, "content", text));
+        free(text);
+        return 0;
+    }
+    if (gps_absent(c))
+        GPS_FAIL("messages", "messages[%zu].content is required", i);
+    char *text = content_text(c, i, msg, msglen);
+    if (!text) {
+        *param = "messages";
+        goto fail;
+    }
+    json_array_append_new(s->messages, json_pack("{s:s,s:s}", "role", r, "content", text));
+    free(text);
+    return 0;
+fail:
+    return -1;
+}
+
+static int parse_messages(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                          const char **param)
+{
+    const json_t *m = json_object_get(body, "messages");
+    if (gps_absent(m))
+        GPS_FAIL("messages", "'messages' is required");
+    if (!json_is_array(m))
+        GPS_FAIL("messages", "'messages' must be an array");
+    if (json_array_size(m) == 0)
+        GPS_FAIL("messages", "'messages' must contain at least one message");
+    s->messages = json_array();
+    size_t i;
+    json_t *e;
+    json_array_foreach(m, i, e)
+    {
+        if (parse_message(e, i, s, msg, msglen, param) < 0)
+            return -1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* max_tokens (max_completion_tokens is the newer chat name) */
+static int parse_max_tokens(const json_t *body, bool chat, gps_job_spec *s, char *msg,
+                            size_t msglen, const char **param)
+{
     const char *mt_key = "max_tokens";
     const json_t *mt = json_object_get(body, "max_tokens");
     if (chat && gps_absent(mt)) {
@@ -272,11 +288,19 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
         json_int_t v = json_integer_value(mt);
         if (v < 1 || v > GPS_MAX_TOKENS_LIMIT)
             GPS_FAIL(mt_key, "'%s' must be between 1 and %d (got %lld)", mt_key,
-                     GPS_MAX_TOKENS_LIMIT,
-                 (long long)v);
+                     GPS_MAX_TOKENS_LIMIT, (long long)v);
         s->max_tokens = v;
     }
+    return 0;
+fail:
+    return -1;
+}
 
+/* The penalties (checked, not used), temperature, top_p, top_k (an
+ * extension: llama.cpp, vLLM), stop (up to 4 sequences) and seed. */
+static int parse_sampling(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                          const char **param)
+{
     double pen = 0;
     if (gps_check_number(body, "presence_penalty", "'presence_penalty'", -2, 2, &pen, msg,
                          msglen) < 0) {
@@ -288,14 +312,18 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
         *param = "frequency_penalty";
         goto fail;
     }
-    /* temperature, top_p, top_k (an extension: llama.cpp, vLLM), stop (up
-     * to 4 sequences) */
     if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
         goto fail;
-
     if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
         GPS_FAIL("seed", "'seed' must be an integer");
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_stream(const json_t *body, gps_openai_req *out, char *msg, size_t msglen,
+                        const char **param)
+{
     const json_t *stream = json_object_get(body, "stream");
     if (!gps_absent(stream)) {
         if (!json_is_boolean(stream))
@@ -315,7 +343,16 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             out->include_usage = json_is_true(iu);
         }
     }
+    return 0;
+fail:
+    return -1;
+}
 
+/* user, and the options a pool cannot honour (refused rather than
+ * answered as if they had been). */
+static int parse_user_and_refused(const json_t *body, gps_job_spec *s, char *msg,
+                                  size_t msglen, const char **param)
+{
     const json_t *user = json_object_get(body, "user");
     if (!gps_absent(user)) {
         if (!json_is_string(user) || json_string_length(user) > 256)
@@ -340,6 +377,15 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     const json_t *suffix = json_object_get(body, "suffix");
     if (!gps_absent(suffix))
         GPS_FAIL("suffix", "suffix is not supported");
+    return 0;
+fail:
+    return -1;
+}
+
+/* tools and tool_choice, then response_format. */
+static int parse_tools_and_format(const json_t *body, bool chat, gps_job_spec *s, char *msg,
+                                  size_t msglen, const char **param)
+{
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
@@ -368,7 +414,37 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
             goto fail;
         }
     }
+    return 0;
+fail:
+    return -1;
+}
 
+int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
+                     size_t msglen, const char **param)
+{
+    memset(out, 0, sizeof *out);
+    out->chat = chat;
+    gps_job_spec *s = &out->spec;
+    s->kind = chat ? GPS_JOB_CHAT : GPS_JOB_COMPLETION;
+    s->api = "openai";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+
+    if (!json_is_object(body))
+        GPS_FAIL(NULL, "request body must be a JSON object");
+    if (parse_model(body, s, msg, msglen, param) < 0 ||
+        (chat ? parse_messages(body, s, msg, msglen, param)
+              : parse_prompt(body, s, msg, msglen, param)) < 0 ||
+        parse_max_tokens(body, chat, s, msg, msglen, param) < 0 ||
+        parse_sampling(body, s, msg, msglen, param) < 0 ||
+        parse_stream(body, out, msg, msglen, param) < 0 ||
+        parse_user_and_refused(body, s, msg, msglen, param) < 0 ||
+        parse_tools_and_format(body, chat, s, msg, msglen, param) < 0)
+        goto fail;
     /* Pool extension. */
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
                                param) < 0)
