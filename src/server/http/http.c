@@ -566,18 +566,13 @@ static int head_site_field(gps_head *out, const char *name, size_t nl, const cha
     return 0;
 }
 
-int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
-                        size_t canon_cap, char *msg, size_t msglen)
+/* The request line (p .. eol, eol at its LF): METHOD SP target SP
+ * HTTP/1.x CRLF, copied canonical into out->canon. 0, or the HTTP status
+ * to refuse with (msg says why). */
+static int head_request_line(const char *p, const char *eol, gps_head *out, size_t canon_cap,
+                             char *msg, size_t msglen)
 {
-    memset(out, 0, sizeof *out);
-    out->canon = canon;
-    if (canon_cap)
-        canon[0] = '\0';
-    out->content_length = -1;
-    const char *p = head, *end = head + len;
-    /* Request line: METHOD SP target SP HTTP/1.x CRLF */
-    const char *eol = memchr(p, '\n', (size_t)(end - p));
-    if (!eol || eol == p || eol[-1] != '\r')
+    if (eol == p || eol[-1] != '\r')
         HEAD_FAIL(400, "malformed request line (lines end with CRLF)");
     const char *sp1 = memchr(p, ' ', (size_t)(eol - p));
     const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(eol - sp1 - 1)) : NULL;
@@ -611,74 +606,113 @@ int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon
         !canon_add(out, canon_cap, " ", 1) || !canon_add(out, canon_cap, out->target, tl) ||
         !canon_add(out, canon_cap, vers, strlen(vers)))
         HEAD_FAIL(431, "request head too large");
+    return 0;
+}
+
+/* A header field the server reads itself (name p of nl bytes, value v of
+ * vlen, trimmed); any other goes to head_site_field. *te: a
+ * Transfer-Encoding was seen. 0, or the status to refuse with. */
+static int head_field(gps_head *out, const char *p, size_t nl, const char *v, size_t vlen,
+                      bool *te, char *msg, size_t msglen)
+{
+#define IS(name) (nl == sizeof(name) - 1 && strncasecmp(p, name, nl) == 0)
+    if (IS("Content-Length")) {
+        if (out->content_length >= 0)
+            HEAD_FAIL(400, "more than one Content-Length header");
+        if (vlen == 0 || vlen > 18)
+            HEAD_FAIL(400, "invalid Content-Length");
+        long long cl = 0;
+        for (size_t i = 0; i < vlen; i++) {
+            if (v[i] < '0' || v[i] > '9')
+                HEAD_FAIL(400, "invalid Content-Length (digits only)");
+            cl = cl * 10 + (v[i] - '0');
+        }
+        out->content_length = cl;
+    } else if (IS("Transfer-Encoding")) {
+        if (*te)
+            HEAD_FAIL(400, "more than one Transfer-Encoding header");
+        *te = true;
+        if (vlen != 7 || strncasecmp(v, "chunked", 7) != 0)
+            HEAD_FAIL(400, "unsupported Transfer-Encoding (only chunked)");
+        out->chunked = true;
+    } else if (IS("Authorization")) {
+        if (out->has_auth)
+            HEAD_FAIL(400, "more than one Authorization header");
+        out->has_auth = true;
+        gp_copy_cut(out->auth, sizeof out->auth, v, vlen);
+    } else if (IS("x-api-key")) {
+        if (out->has_api_key)
+            HEAD_FAIL(400, "more than one x-api-key header");
+        out->has_api_key = true;
+        gp_copy_cut(out->api_key, sizeof out->api_key, v, vlen);
+    } else if (IS("X-Forwarded-For")) {
+        gp_copy_cut(out->xff, sizeof out->xff, v, vlen);
+    } else if (IS("X-Correlation-Id")) {
+        if (vlen < sizeof out->corr)
+            gp_copy_cut(out->corr, sizeof out->corr, v, vlen);
+    } else {
+        return head_site_field(out, p, nl, v, vlen, msg, msglen);
+    }
+#undef IS
+    return 0;
+}
+
+/* One header line (p .. eol, eol at its LF): checked, read (head_field)
+ * and copied canonical. 0, or the status to refuse with. */
+static int head_line(const char *p, const char *eol, gps_head *out, size_t canon_cap, bool *te,
+                     char *msg, size_t msglen)
+{
+    if (eol == p || eol[-1] != '\r')
+        HEAD_FAIL(400, "malformed header line (lines end with CRLF)");
+    const char *le = eol - 1; /* the CR */
+    if (*p == ' ' || *p == '\t')
+        HEAD_FAIL(400, "obsolete header line folding is not accepted");
+    const char *colon = memchr(p, ':', (size_t)(le - p));
+    if (!colon || colon == p)
+        HEAD_FAIL(400, "malformed header line");
+    for (const char *q = p; q < colon; q++)
+        if (!is_tchar((unsigned char)*q))
+            HEAD_FAIL(400, "malformed header name");
+    const char *v = colon + 1, *ve = le;
+    while (v < ve && (*v == ' ' || *v == '\t'))
+        v++;
+    while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+        ve--;
+    for (const char *q = v; q < ve; q++)
+        if (((unsigned char)*q < 0x20 && *q != '\t') || *q == 0x7f)
+            HEAD_FAIL(400, "control character in a header value");
+    size_t nl = (size_t)(colon - p), vlen = (size_t)(ve - v);
+    int st = head_field(out, p, nl, v, vlen, te, msg, msglen);
+    if (st)
+        return st;
+    if (!canon_add(out, canon_cap, p, nl) || !canon_add(out, canon_cap, ": ", 2) ||
+        !canon_add(out, canon_cap, v, vlen) || !canon_add(out, canon_cap, "\r\n", 2))
+        HEAD_FAIL(431, "request head too large");
+    return 0;
+}
+
+int gps_http_head_parse(const char *head, size_t len, gps_head *out, char *canon,
+                        size_t canon_cap, char *msg, size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    out->canon = canon;
+    if (canon_cap)
+        canon[0] = '\0';
+    out->content_length = -1;
+    const char *p = head, *end = head + len;
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    if (!eol)
+        HEAD_FAIL(400, "malformed request line (lines end with CRLF)");
+    int st = head_request_line(p, eol, out, canon_cap, msg, msglen);
+    if (st)
+        return st;
     bool te = false;
-    /* Header lines. */
     for (p = eol + 1; p < end; p = eol + 1) {
         eol = memchr(p, '\n', (size_t)(end - p));
-        if (!eol || eol == p || eol[-1] != '\r')
+        if (!eol)
             HEAD_FAIL(400, "malformed header line (lines end with CRLF)");
-        const char *le = eol - 1; /* the CR */
-        if (*p == ' ' || *p == '\t')
-            HEAD_FAIL(400, "obsolete header line folding is not accepted");
-        const char *colon = memchr(p, ':', (size_t)(le - p));
-        if (!colon || colon == p)
-            HEAD_FAIL(400, "malformed header line");
-        for (const char *q = p; q < colon; q++)
-            if (!is_tchar((unsigned char)*q))
-                HEAD_FAIL(400, "malformed header name");
-        const char *v = colon + 1, *ve = le;
-        while (v < ve && (*v == ' ' || *v == '\t'))
-            v++;
-        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
-            ve--;
-        for (const char *q = v; q < ve; q++)
-            if (((unsigned char)*q < 0x20 && *q != '\t') || *q == 0x7f)
-                HEAD_FAIL(400, "control character in a header value");
-        size_t nl = (size_t)(colon - p), vlen = (size_t)(ve - v);
-#define IS(name) (nl == sizeof(name) - 1 && strncasecmp(p, name, nl) == 0)
-        if (IS("Content-Length")) {
-            if (out->content_length >= 0)
-                HEAD_FAIL(400, "more than one Content-Length header");
-            if (vlen == 0 || vlen > 18)
-                HEAD_FAIL(400, "invalid Content-Length");
-            long long cl = 0;
-            for (size_t i = 0; i < vlen; i++) {
-                if (v[i] < '0' || v[i] > '9')
-                    HEAD_FAIL(400, "invalid Content-Length (digits only)");
-                cl = cl * 10 + (v[i] - '0');
-            }
-            out->content_length = cl;
-        } else if (IS("Transfer-Encoding")) {
-            if (te)
-                HEAD_FAIL(400, "more than one Transfer-Encoding header");
-            te = true;
-            if (vlen != 7 || strncasecmp(v, "chunked", 7) != 0)
-                HEAD_FAIL(400, "unsupported Transfer-Encoding (only chunked)");
-            out->chunked = true;
-        } else if (IS("Authorization")) {
-            if (out->has_auth)
-                HEAD_FAIL(400, "more than one Authorization header");
-            out->has_auth = true;
-            gp_copy_cut(out->auth, sizeof out->auth, v, vlen);
-        } else if (IS("x-api-key")) {
-            if (out->has_api_key)
-                HEAD_FAIL(400, "more than one x-api-key header");
-            out->has_api_key = true;
-            gp_copy_cut(out->api_key, sizeof out->api_key, v, vlen);
-        } else if (IS("X-Forwarded-For")) {
-            gp_copy_cut(out->xff, sizeof out->xff, v, vlen);
-        } else if (IS("X-Correlation-Id")) {
-            if (vlen < sizeof out->corr)
-                gp_copy_cut(out->corr, sizeof out->corr, v, vlen);
-        } else {
-            int st = head_site_field(out, p, nl, v, vlen, msg, msglen);
-            if (st)
-                return st;
-        }
-#undef IS
-        if (!canon_add(out, canon_cap, p, nl) || !canon_add(out, canon_cap, ": ", 2) || !canon_add(out, canon_cap, v, vlen) ||
-            !canon_add(out, canon_cap, "\r\n", 2))
-            HEAD_FAIL(431, "request head too large");
+        if ((st = head_line(p, eol, out, canon_cap, &te, msg, msglen)) != 0)
+            return st;
     }
     if (out->chunked && out->content_length >= 0)
         HEAD_FAIL(400, "both Content-Length and Transfer-Encoding");
