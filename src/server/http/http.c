@@ -598,7 +598,9 @@ static int head_request_line(const char *p, const char *eol, gps_head *out, size
     out->target[tl] = '\0';
     if (!out->method)
         HEAD_FAIL(501, "method %s is not implemented", out->method_name);
-    if (!gps_http_target_ok(out->target))
+    /* A NUL would end the target gps_http_target_ok reads (and routes see)
+     * while the bytes after it still went to evhttp. */
+    if (memchr(out->target, '\0', tl) || !gps_http_target_ok(out->target))
         HEAD_FAIL(400, "request target must be a normalised path (origin-form: no scheme or "
                        "host, no empty, '.' or '..' segment)");
     const char *vers = out->minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n";

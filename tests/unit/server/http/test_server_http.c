@@ -202,6 +202,21 @@ static void test_issue9_head_parse(void **st)
     }
 }
 
+/* A NUL in the request target (found by fuzz_http_head): the target as a
+ * C string ("/v1/models") passed the checks while the bytes after the NUL
+ * still went to evhttp. Refused like any other control character. */
+static void test_head_nul_in_target(void **st)
+{
+    (void)st;
+    static gps_head hd;
+    static const char head[] = "GET /v1/models\0/../admin HTTP/1.1\r\nHost: x\r\n";
+    char canon[256], msg[200];
+    assert_int_equal(gps_http_head_parse(head, sizeof head - 1, &hd, canon, sizeof canon, msg,
+                                         sizeof msg),
+                     400);
+    assert_non_null(strstr(msg, "request target"));
+}
+
 /* The server's accepted connections have Nagle off: a stream is many small
  * writes, and with Nagle each waited for the client's delayed ACK (~40 ms
  * per request at one client: 26 req/s instead of 495 in relaybench's
@@ -256,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_dialect_for_path),
         cmocka_unit_test(test_issue9_target_ok),
         cmocka_unit_test(test_issue9_head_parse),
+        cmocka_unit_test(test_head_nul_in_target),
         cmocka_unit_test(test_accepted_sockets_have_nodelay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
