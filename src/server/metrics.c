@@ -312,157 +312,167 @@ static const char *const lost_reasons[] = {
     "upstream_error",  "agent_error",
 };
 
+/* Histogram buckets (seconds) of the server's families below. */
+static const double buckets_duration[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                          2.5,   5,    10,    30,   60,  120,  300};
+static const double buckets_ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30};
+static const double buckets_latency[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                         1,     2.5,   5,    10,    30,   60,  120};
+#define BUCKETS(b) b, sizeof b / sizeof b[0]
+
+/* The server's metric families: name, type, help, histogram buckets. */
+typedef struct {
+    const char *name;
+    gps_metric_type type;
+    const char *help;
+    const double *buckets;
+    size_t nbuckets;
+} server_family;
+
+static const server_family server_families[] = {
+    {"requests_total", GPS_METRIC_COUNTER,
+     "Client requests answered, by API and outcome (ok or the lower-cased error code).",
+     NULL, 0},
+    {"request_duration_seconds", GPS_METRIC_HISTOGRAM,
+     "Client request duration, arrival to last byte, by API and outcome.",
+     BUCKETS(buckets_duration)},
+    {"time_to_first_token_seconds", GPS_METRIC_HISTOGRAM,
+     "Arrival to the first generated token sent to the client, by API and serving model.",
+     BUCKETS(buckets_ttft)},
+    {"scheduling_latency_seconds", GPS_METRIC_HISTOGRAM,
+     "Submit to the first assignment to an agent, by model and priority.",
+     BUCKETS(buckets_latency)},
+    {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
+    {"agent_uploads_total", GPS_METRIC_COUNTER,
+     "Agents' event uploads by route: job (one job per request) or batch "
+     "(POST /agents/events).", NULL, 0},
+    {"agent_upload_entries_total", GPS_METRIC_COUNTER,
+     "Jobs' event batches those uploads carried (batch: one per job entry).", NULL, 0},
+    {"prefix_routed_total", GPS_METRIC_COUNTER,
+     "Assignments of jobs while agents advertise prompt prefixes: hit = sent to the slot "
+     "holding the job's longest prefix, miss = by policy.", NULL, 0},
+    {"tasks_accepted_total", GPS_METRIC_COUNTER,
+     "Native tasks accepted (202); each counts in requests_total once it ends.", NULL, 0},
+    {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
+    {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
+    {"jobs_in_memory", GPS_METRIC_GAUGE,
+     "Jobs the server holds in memory: live ones and finished ones still read.", NULL, 0},
+    {"job_records", GPS_METRIC_GAUGE,
+     "Records (~150 bytes) of jobs finished in the last 60 s and no longer held, kept "
+     "for late agent uploads.", NULL, 0},
+    {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
+    {"model_agents", GPS_METRIC_GAUGE,
+     "Live agents serving each model name known since start (0: its requests get 503).",
+     NULL, 0},
+    {"deployment_replicas_wanted", GPS_METRIC_GAUGE,
+     "Replicas an operator asked for, per deployed model.", NULL, 0},
+    {"deployment_replicas", GPS_METRIC_GAUGE,
+     "Replicas of a deployed model per state (assigned, downloading, loading, ready, "
+     "failed).", NULL, 0},
+    {"deployment_replicas_unplaced", GPS_METRIC_GAUGE,
+     "Replicas of a deployed model that fit no agent now (gpupoolctl models show says "
+     "why).", NULL, 0},
+    {"agents_parked", GPS_METRIC_GAUGE,
+     "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
+    {"agents_liveness_parked", GPS_METRIC_GAUGE,
+     "Busy agents holding a free_slots 0 long-poll (its close ends their jobs' attempts).",
+     NULL, 0},
+    {"slots_busy", GPS_METRIC_GAUGE, "Agent slots running a job (live agents).", NULL, 0},
+    {"slots_capacity", GPS_METRIC_GAUGE,
+     "Agent slots of live agents (capacity).", NULL, 0},
+    {"agent_queue_depth", GPS_METRIC_GAUGE,
+     "Jobs waiting inside a live agent, as it reported on its last poll.", NULL, 0},
+    {"agent_kv_cache_utilization", GPS_METRIC_GAUGE,
+     "KV-cache positions in use (0 to 1) of a live agent, as it reported on its last poll "
+     "(agents that report it only).",
+     NULL, 0},
+    /* Prompt-prefix cache of gguf agents, as each reported on its last
+     * poll (counters since the agent started: a restart resets them). */
+    {"agent_prefix_cache_lookups_total", GPS_METRIC_COUNTER,
+     "Prompts a live agent looked up in its prompt-prefix cache.", NULL, 0},
+    {"agent_prefix_cache_hits_total", GPS_METRIC_COUNTER,
+     "Prompts that reused a cached prefix of a live agent's slot.", NULL, 0},
+    {"agent_prefix_cache_tokens_saved_total", GPS_METRIC_COUNTER,
+     "Prompt tokens a live agent took from its prefix cache instead of computing them.",
+     NULL, 0},
+    {"agent_prefix_cache_tokens_computed_total", GPS_METRIC_COUNTER,
+     "Prompt tokens a live agent computed (prefill).", NULL, 0},
+    {"agent_prefix_cache_tokens_held", GPS_METRIC_GAUGE,
+     "KV positions a live agent's slots hold for reuse, summed over its slots.", NULL, 0},
+    /* Backend and GPUs of live agents, as each reported on its last
+     * poll (hw_facts.h); GPU series are labelled agent (id), name and
+     * gpu (the agent's device index). */
+    {"agent_backend", GPS_METRIC_GAUGE,
+     "1 for the backend a live agent runs its model on (cuda, cpu, openai).", NULL, 0},
+    {"agent_error", GPS_METRIC_GAUGE,
+     "1 while a live agent reports an error (e.g. a model that does not fit its GPUs: "
+     "it serves no model).",
+     NULL, 0},
+    {"agent_backend_faults_total", GPS_METRIC_COUNTER,
+     "Device faults (CUDA errors, out of VRAM while running) a live agent's engine had "
+     "since it started.",
+     NULL, 0},
+    {"gpu_vram_total_bytes", GPS_METRIC_GAUGE, "VRAM of a live agent's GPU.", NULL, 0},
+    {"gpu_vram_used_bytes", GPS_METRIC_GAUGE,
+     "VRAM in use on a live agent's GPU (every process).", NULL, 0},
+    {"gpu_vram_model_bytes", GPS_METRIC_GAUGE,
+     "VRAM the agent's model (weights, KV cache, scratch) holds on its GPU.", NULL, 0},
+    {"gpu_vram_free_bytes", GPS_METRIC_GAUGE, "Free VRAM on a live agent's GPU.", NULL, 0},
+    {"gpu_utilization_ratio", GPS_METRIC_GAUGE,
+     "GPU busy fraction (0 to 1) over the driver's last sample period.", NULL, 0},
+    {"gpu_temperature_celsius", GPS_METRIC_GAUGE, "GPU core temperature.", NULL, 0},
+    {"gpu_power_watts", GPS_METRIC_GAUGE, "GPU power draw.", NULL, 0},
+    {"gpu_fault", GPS_METRIC_GAUGE,
+     "1 while the agent keeps a GPU out of service after a device error (it re-initialises "
+     "it with backoff).",
+     NULL, 0},
+    {"failovers_total", GPS_METRIC_COUNTER,
+     "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
+     NULL, 0},
+    {"attempts_lost_total", GPS_METRIC_COUNTER,
+     "Job attempts ended by losing their agent, by reason (stalled: no event for "
+     "stall_timeout_sec).",
+     NULL, 0},
+    {"auth_failures_total", GPS_METRIC_COUNTER,
+     "Requests refused for a missing, bad or unfit key, by reason.", NULL, 0},
+    {"rate_limited_total", GPS_METRIC_COUNTER,
+     "Requests refused by a limit, by reason (rpm, tokens_per_day, queue_full).", NULL, 0},
+    /* Process memory (memstat.h): RSS next to glibc's own figures, so
+     * that a leak (heap in use grows) can be told from allocator
+     * behaviour (free heap grows, in use flat). */
+    {"process_resident_bytes", GPS_METRIC_GAUGE, "Resident set size of the server.", NULL,
+     0},
+    {"heap_inuse_bytes", GPS_METRIC_GAUGE,
+     "Bytes in live malloc allocations, all arenas (glibc mallinfo2).", NULL, 0},
+    {"heap_free_bytes", GPS_METRIC_GAUGE,
+     "Bytes malloc holds free (free lists and arena tops, all arenas), trimmed pages "
+     "included (those are no longer resident).", NULL, 0},
+    {"heap_trims_total", GPS_METRIC_COUNTER,
+     "Times free heap was given back to the kernel (heap_trim_bytes).", NULL, 0},
+    {"tasks_in_memory", GPS_METRIC_GAUGE,
+     "Native tasks held in memory (running, and finished ones still hot).", NULL, 0},
+    {"task_events_in_memory", GPS_METRIC_GAUGE,
+     "Events those tasks hold for replay (task_hot_max_events bounds the finished "
+     "ones').", NULL, 0},
+    {"db_memory_bytes", GPS_METRIC_GAUGE,
+     "Bytes SQLite has allocated (page caches, statements), both connections.", NULL, 0},
+    {"db_writes_total", GPS_METRIC_COUNTER, "Rows handed to the DB thread.", NULL, 0},
+    {"db_errors_total", GPS_METRIC_COUNTER, "DB operations that failed.", NULL, 0},
+    {"agent_events_dropped_total", GPS_METRIC_COUNTER,
+     "Agent events not relayed, by reason (unknown_type, metrics beyond the per-job "
+     "number, too_large: the job failed).",
+     NULL, 0},
+};
+
 int gps_metrics_define_server(gps_metrics *m)
 {
-    static const double dur[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
-    static const double ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30};
-    static const double lat[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
-    static const struct {
-        const char *name;
-        gps_metric_type type;
-        const char *help;
-        const double *buckets;
-        size_t nbuckets;
-    } fam[] = {
-        {"requests_total", GPS_METRIC_COUNTER,
-         "Client requests answered, by API and outcome (ok or the lower-cased error code).",
-         NULL, 0},
-        {"request_duration_seconds", GPS_METRIC_HISTOGRAM,
-         "Client request duration, arrival to last byte, by API and outcome.", dur,
-         sizeof dur / sizeof dur[0]},
-        {"time_to_first_token_seconds", GPS_METRIC_HISTOGRAM,
-         "Arrival to the first generated token sent to the client, by API and serving model.",
-         ttft, sizeof ttft / sizeof ttft[0]},
-        {"scheduling_latency_seconds", GPS_METRIC_HISTOGRAM,
-         "Submit to the first assignment to an agent, by model and priority.",
-         lat, sizeof lat / sizeof lat[0]},
-        {"tokens_generated_total", GPS_METRIC_COUNTER, "Tokens relayed to clients.", NULL, 0},
-        {"agent_uploads_total", GPS_METRIC_COUNTER,
-         "Agents' event uploads by route: job (one job per request) or batch "
-         "(POST /agents/events).", NULL, 0},
-        {"agent_upload_entries_total", GPS_METRIC_COUNTER,
-         "Jobs' event batches those uploads carried (batch: one per job entry).", NULL, 0},
-        {"prefix_routed_total", GPS_METRIC_COUNTER,
-         "Assignments of jobs while agents advertise prompt prefixes: hit = sent to the slot "
-         "holding the job's longest prefix, miss = by policy.", NULL, 0},
-        {"tasks_accepted_total", GPS_METRIC_COUNTER,
-         "Native tasks accepted (202); each counts in requests_total once it ends.", NULL, 0},
-        {"queue_depth", GPS_METRIC_GAUGE, "Jobs waiting per model and priority.", NULL, 0},
-        {"jobs_running", GPS_METRIC_GAUGE, "Jobs assigned to agents and not finished.", NULL, 0},
-        {"jobs_in_memory", GPS_METRIC_GAUGE,
-         "Jobs the server holds in memory: live ones and finished ones still read.", NULL, 0},
-        {"job_records", GPS_METRIC_GAUGE,
-         "Records (~150 bytes) of jobs finished in the last 60 s and no longer held, kept "
-         "for late agent uploads.", NULL, 0},
-        {"agents", GPS_METRIC_GAUGE, "Agents per health state.", NULL, 0},
-        {"model_agents", GPS_METRIC_GAUGE,
-         "Live agents serving each model name known since start (0: its requests get 503).",
-         NULL, 0},
-        {"deployment_replicas_wanted", GPS_METRIC_GAUGE,
-         "Replicas an operator asked for, per deployed model.", NULL, 0},
-        {"deployment_replicas", GPS_METRIC_GAUGE,
-         "Replicas of a deployed model per state (assigned, downloading, loading, ready, "
-         "failed).", NULL, 0},
-        {"deployment_replicas_unplaced", GPS_METRIC_GAUGE,
-         "Replicas of a deployed model that fit no agent now (gpupoolctl models show says "
-         "why).", NULL, 0},
-        {"agents_parked", GPS_METRIC_GAUGE,
-         "Agents holding a long-poll for work (ready to take a job).", NULL, 0},
-        {"agents_liveness_parked", GPS_METRIC_GAUGE,
-         "Busy agents holding a free_slots 0 long-poll (its close ends their jobs' attempts).",
-         NULL, 0},
-        {"slots_busy", GPS_METRIC_GAUGE, "Agent slots running a job (live agents).", NULL, 0},
-        {"slots_capacity", GPS_METRIC_GAUGE,
-         "Agent slots of live agents (capacity).", NULL, 0},
-        {"agent_queue_depth", GPS_METRIC_GAUGE,
-         "Jobs waiting inside a live agent, as it reported on its last poll.", NULL, 0},
-        {"agent_kv_cache_utilization", GPS_METRIC_GAUGE,
-         "KV-cache positions in use (0 to 1) of a live agent, as it reported on its last poll "
-         "(agents that report it only).",
-         NULL, 0},
-        /* Prompt-prefix cache of gguf agents, as each reported on its last
-         * poll (counters since the agent started: a restart resets them). */
-        {"agent_prefix_cache_lookups_total", GPS_METRIC_COUNTER,
-         "Prompts a live agent looked up in its prompt-prefix cache.", NULL, 0},
-        {"agent_prefix_cache_hits_total", GPS_METRIC_COUNTER,
-         "Prompts that reused a cached prefix of a live agent's slot.", NULL, 0},
-        {"agent_prefix_cache_tokens_saved_total", GPS_METRIC_COUNTER,
-         "Prompt tokens a live agent took from its prefix cache instead of computing them.",
-         NULL, 0},
-        {"agent_prefix_cache_tokens_computed_total", GPS_METRIC_COUNTER,
-         "Prompt tokens a live agent computed (prefill).", NULL, 0},
-        {"agent_prefix_cache_tokens_held", GPS_METRIC_GAUGE,
-         "KV positions a live agent's slots hold for reuse, summed over its slots.", NULL, 0},
-        /* Backend and GPUs of live agents, as each reported on its last
-         * poll (hw_facts.h); GPU series are labelled agent (id), name and
-         * gpu (the agent's device index). */
-        {"agent_backend", GPS_METRIC_GAUGE,
-         "1 for the backend a live agent runs its model on (cuda, cpu, openai).", NULL, 0},
-        {"agent_error", GPS_METRIC_GAUGE,
-         "1 while a live agent reports an error (e.g. a model that does not fit its GPUs: "
-         "it serves no model).",
-         NULL, 0},
-        {"agent_backend_faults_total", GPS_METRIC_COUNTER,
-         "Device faults (CUDA errors, out of VRAM while running) a live agent's engine had "
-         "since it started.",
-         NULL, 0},
-        {"gpu_vram_total_bytes", GPS_METRIC_GAUGE, "VRAM of a live agent's GPU.", NULL, 0},
-        {"gpu_vram_used_bytes", GPS_METRIC_GAUGE,
-         "VRAM in use on a live agent's GPU (every process).", NULL, 0},
-        {"gpu_vram_model_bytes", GPS_METRIC_GAUGE,
-         "VRAM the agent's model (weights, KV cache, scratch) holds on its GPU.", NULL, 0},
-        {"gpu_vram_free_bytes", GPS_METRIC_GAUGE, "Free VRAM on a live agent's GPU.", NULL, 0},
-        {"gpu_utilization_ratio", GPS_METRIC_GAUGE,
-         "GPU busy fraction (0 to 1) over the driver's last sample period.", NULL, 0},
-        {"gpu_temperature_celsius", GPS_METRIC_GAUGE, "GPU core temperature.", NULL, 0},
-        {"gpu_power_watts", GPS_METRIC_GAUGE, "GPU power draw.", NULL, 0},
-        {"gpu_fault", GPS_METRIC_GAUGE,
-         "1 while the agent keeps a GPU out of service after a device error (it re-initialises "
-         "it with backoff).",
-         NULL, 0},
-        {"failovers_total", GPS_METRIC_COUNTER,
-         "Jobs whose agent was lost, by what followed (requeue, continue, error, exhausted).",
-         NULL, 0},
-        {"attempts_lost_total", GPS_METRIC_COUNTER,
-         "Job attempts ended by losing their agent, by reason (stalled: no event for "
-         "stall_timeout_sec).",
-         NULL, 0},
-        {"auth_failures_total", GPS_METRIC_COUNTER,
-         "Requests refused for a missing, bad or unfit key, by reason.", NULL, 0},
-        {"rate_limited_total", GPS_METRIC_COUNTER,
-         "Requests refused by a limit, by reason (rpm, tokens_per_day, queue_full).", NULL, 0},
-        /* Process memory (memstat.h): RSS next to glibc's own figures, so
-         * that a leak (heap in use grows) can be told from allocator
-         * behaviour (free heap grows, in use flat). */
-        {"process_resident_bytes", GPS_METRIC_GAUGE, "Resident set size of the server.", NULL,
-         0},
-        {"heap_inuse_bytes", GPS_METRIC_GAUGE,
-         "Bytes in live malloc allocations, all arenas (glibc mallinfo2).", NULL, 0},
-        {"heap_free_bytes", GPS_METRIC_GAUGE,
-         "Bytes malloc holds free (free lists and arena tops, all arenas), trimmed pages "
-         "included (those are no longer resident).", NULL, 0},
-        {"heap_trims_total", GPS_METRIC_COUNTER,
-         "Times free heap was given back to the kernel (heap_trim_bytes).", NULL, 0},
-        {"tasks_in_memory", GPS_METRIC_GAUGE,
-         "Native tasks held in memory (running, and finished ones still hot).", NULL, 0},
-        {"task_events_in_memory", GPS_METRIC_GAUGE,
-         "Events those tasks hold for replay (task_hot_max_events bounds the finished "
-         "ones').", NULL, 0},
-        {"db_memory_bytes", GPS_METRIC_GAUGE,
-         "Bytes SQLite has allocated (page caches, statements), both connections.", NULL, 0},
-        {"db_writes_total", GPS_METRIC_COUNTER, "Rows handed to the DB thread.", NULL, 0},
-        {"db_errors_total", GPS_METRIC_COUNTER, "DB operations that failed.", NULL, 0},
-        {"agent_events_dropped_total", GPS_METRIC_COUNTER,
-         "Agent events not relayed, by reason (unknown_type, metrics beyond the per-job "
-         "number, too_large: the job failed).",
-         NULL, 0},
-    };
     static const char *modes[] = {"requeue", "continue", "error", "exhausted"};
     static const char *limits[] = {"rpm", "tokens_per_day", "queue_full"};
     int rc = 0;
-    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++)
-        rc |= gps_metrics_define(m, fam[i].name, fam[i].type, fam[i].help, fam[i].buckets,
-                                 fam[i].nbuckets);
+    for (size_t i = 0; i < sizeof server_families / sizeof server_families[0]; i++) {
+        const server_family *f = &server_families[i];
+        rc |= gps_metrics_define(m, f->name, f->type, f->help, f->buckets, f->nbuckets);
+    }
     /* Counters start at 0 so that they show up (and rate() works) before
      * their first event. */
     gps_metrics_add(m, "tokens_generated_total", NULL, 0);
