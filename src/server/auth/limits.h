@@ -24,7 +24,7 @@
  *   max_concurrent at most N jobs of a key are in the scheduler (queued or
  *                  on an agent) at once; jobs beyond that wait in the
  *                  key's own line, in arrival order, and move on as
- *                  earlier ones end (jobs.c holds them).
+ *                  earlier ones end (the jobs module holds them).
  *
  * Usage per key and UTC day (requests, prompt and completion tokens,
  * refusals) is written to the key_usage table through the store's async

@@ -877,7 +877,7 @@ static void task_link(gps_tasks *g, task *t)
 }
 
 /* A restored task that cannot run again: its terminal error event, and
- * the request-log row finished (jobs.c never knew this task). */
+ * the request-log row finished (the jobs module never knew this task). */
 static void restore_fail(gps_tasks *g, task *t, const char *code, const char *message)
 {
     task_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
@@ -913,7 +913,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
     }
     if (spec.resume_text && t->resume_ids) {
         /* Token-exact on an agent serving the same file, else from the
-         * text (jobs.c decides at the assignment, as for a failover). */
+         * text (the jobs module decides at the assignment, as for a failover). */
         spec.resume_ids = malloc(t->n_resume_ids * sizeof *spec.resume_ids);
         if (spec.resume_ids) {
             memcpy(spec.resume_ids, t->resume_ids, t->n_resume_ids * sizeof *spec.resume_ids);
@@ -948,7 +948,7 @@ static void task_resubmit(gps_tasks *g, task *t, uint64_t now)
                            (json_int_t)t->resume_tokens),
                  "native task resubmitted after a server restart");
     if (t->resume_tokens > 0)
-        /* Same shape as a continuation failover (jobs.c): the tokens that
+        /* Same shape as a continuation failover (the jobs module): the tokens that
          * follow continue the text the client already has. */
         task_emit(t, "failover",
                   json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",

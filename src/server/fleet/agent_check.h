@@ -38,7 +38,7 @@
 /* Check a whole /agents/jobs/{id}/events body: agent_id (UUID), seq
  * (0..GPS_AGENT_MAX_SEQ), events (array of at most GPS_AGENT_MAX_EVENTS
  * objects) and every event's fields by type (docs/protocol.md). Unknown
- * event types pass here (their bytes are bounded; jobs.c drops them).
+ * event types pass here (their bytes are bounded; the jobs module drops them).
  * 0 when the body may be applied; -1 with field (e.g.
  * "events[3].usage.prompt_tokens") and msg filled when not. */
 int gps_agent_events_check(const json_t *body, char *field, size_t fieldlen, char *msg,
