@@ -895,7 +895,7 @@ static int open_core(server *s)
      * (docs/architecture.md "Threads"), so libevent runs without locks.
      * Nor EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST (4.5 -> 1.1 epoll_ctl a
      * request at 64 clients, no measurable gain): the lingering close
-     * (http.c) keeps a dup() of a connection's socket in this epoll set,
+     * (http_conn.c) keeps a dup() of a connection's socket in this epoll set,
      * and a change list would take the closed descriptor out only at the
      * next wait, after evhttp closed it: the DEL fails and its registration
      * stays in the set while the duplicate keeps the socket open. */

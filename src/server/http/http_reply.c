@@ -1,0 +1,274 @@
+/*
+ * http_reply.c: replies (JSON, errors in the caller's dialect), request
+ * body and header helpers, and the watch that sees a held reply's peer
+ * close.
+ */
+#include "server/http/http_priv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/util.h>
+#include <openssl/ssl.h>
+#include <openssl/err.h>
+#include "common/gp_json.h"
+#include "common/gp_util.h"
+#include "server/http/errors.h"
+
+/* ------------------------------------------------------------------ */
+/* Replies                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Reason phrases libevent 2.1's table lacks (it says "Client Error" for
+ * 429); NULL lets libevent pick. */
+static const char *extra_reason(int status)
+{
+    switch (status) {
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 499: return "Client Closed Request";
+    case 508: return "Loop Detected";
+    case 529: return "Overloaded";
+    }
+    return NULL;
+}
+
+void gps_http_add_date(struct evhttp_request *req)
+{
+    /* Per thread: replies are sent on the loop's thread, but nothing here
+     * needs it to stay that way. */
+    static _Thread_local time_t at = (time_t)-1;
+    static _Thread_local char date[64];
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (evhttp_find_header(h, "Date"))
+        return;
+    time_t now = time(NULL);
+    if (now != at) {
+        struct tm tm;
+        if (!gmtime_r(&now, &tm) || evutil_date_rfc1123(date, sizeof date, &tm) <= 0)
+            return; /* evhttp adds its own */
+        at = now;
+    }
+    evhttp_add_header(h, "Date", date);
+}
+
+void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
+                         struct evbuffer *body)
+{
+    /* Always a Content-Length: evhttp 2.1 adds none to a HEAD reply (and
+     * would send the body after it) nor to an HTTP/1.0 one. */
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    char cl[32];
+    snprintf(cl, sizeof cl, "%zu", body ? evbuffer_get_length(body) : (size_t)0);
+    evhttp_remove_header(h, "Content-Length");
+    evhttp_add_header(h, "Content-Length", cl);
+    gps_http_add_date(req);
+    bool head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
+    evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
+}
+
+void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
+{
+    struct evbuffer *buf = evbuffer_new();
+    char *text = body ? gp_json_dumps(body) : NULL;
+    json_decref(body);
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (buf && text)
+        evbuffer_add(buf, text, strlen(text));
+    else if (buf)
+        evbuffer_add(buf, "{}", 2);
+    gps_http_send_reply(req, status, NULL, buf);
+    if (buf)
+        evbuffer_free(buf);
+    free(text);
+}
+
+void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
+{
+    struct evbuffer *buf = evbuffer_new();
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "application/json");
+    if (buf)
+        evbuffer_add(buf, text, n);
+    gps_http_send_reply(req, status, NULL, buf);
+    if (buf)
+        evbuffer_free(buf);
+}
+
+void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
+                         const char *code, const char *message, const char *param,
+                         const char *correlation_id, json_t *extra)
+{
+    gps_http_send_json(req, status,
+                       gps_error_body(d, status, code, message, param, correlation_id, extra));
+}
+
+void gps_req_error(gps_req *r, int status, const char *code, const char *message,
+                   const char *param)
+{
+    gps_dialect d = r->route ? r->route->dialect : gps_dialect_for_path(r->path);
+    gps_http_send_error(r->req, d, status, code, message, param, r->correlation_id, NULL);
+}
+
+char *gps_req_body(struct evhttp_request *req, size_t *len)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = in ? evbuffer_get_length(in) : 0;
+    *len = n;
+    if (n == 0)
+        return NULL;
+    char *s = malloc(n + 1);
+    if (!s)
+        return NULL;
+    evbuffer_copyout(in, s, n);
+    s[n] = '\0';
+    return s;
+}
+
+json_t *gps_req_json(gps_req *r)
+{
+    size_t len = 0;
+    char *body = gps_req_body(r->req, &len);
+    if (!body) {
+        gps_req_error(r, 400, "INVALID_REQUEST", "request body must be a JSON object", NULL);
+        return NULL;
+    }
+    json_error_t je;
+    /* The usual body without jansson's parser (a third of its cost); the
+     * rest, and every error message, from json_loadb. */
+    json_t *j = gp_json_read(body, len);
+    if (!j)
+        j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    free(body);
+    if (!j) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "invalid JSON body: %s (line %d, column %d)", je.text,
+                 je.line, je.column);
+        gps_req_error(r, 400, "INVALID_REQUEST", msg, NULL);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        gps_req_error(r, 400, "INVALID_REQUEST", "request body must be a JSON object", NULL);
+        return NULL;
+    }
+    return j;
+}
+
+const char *gps_req_header(gps_req *r, const char *name)
+{
+    return evhttp_find_header(evhttp_request_get_input_headers(r->req), name);
+}
+
+void gps_req_add_header(gps_req *r, const char *name, const char *value)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(r->req), name, value);
+}
+
+/* ------------------------------------------------------------------ */
+/* Peer-close watch                                                    */
+/* ------------------------------------------------------------------ */
+
+struct gps_conn_watch {
+    struct event *ev;
+    struct evhttp_connection *evcon;
+    SSL *ssl; /* TLS connection: peek through the session, not the socket */
+};
+
+/* TLS: raw bytes from the peer may be a close_notify alert (TLS 1.3
+ * encrypts alerts, so the record header cannot tell), a pipelined request
+ * or handshake messages. SSL_peek decrypts what arrived without consuming
+ * application data: > 0 means a request is coming (stop watching; the data
+ * waits inside the session), a clean or unclean end of the session means
+ * the peer is gone. Returns 1 gone, 0 keep watching, -1 stop watching.
+ * Known limit: such pipelined data is only noticed by the TLS bufferevent
+ * when more bytes arrive (no client of ours pipelines behind a held
+ * request). */
+static int watch_tls_peek(SSL *ssl)
+{
+    char c;
+    ERR_clear_error();
+    int n = SSL_peek(ssl, &c, 1);
+    int e = n > 0 ? SSL_ERROR_NONE : SSL_get_error(ssl, n);
+    ERR_clear_error(); /* the bufferevent reads the error queue too */
+    if (n > 0)
+        return -1;
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE)
+        return 0;
+    return 1; /* ZERO_RETURN (close_notify), SYSCALL (EOF/reset), SSL (bad data) */
+}
+
+static void watch_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_conn_watch *w = arg;
+    if (w->ssl) {
+        int g = watch_tls_peek(w->ssl);
+        if (g == 0)
+            event_add(w->ev, NULL);
+        if (g <= 0)
+            return;
+        evhttp_connection_free(w->evcon); /* frees w (see below) */
+        return;
+    }
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        event_add(w->ev, NULL);
+        return;
+    }
+    if (n > 0)
+        return; /* the peer sent more: leave it to evhttp, stop watching */
+    /* EOF or error: the peer is gone. Freeing the connection runs its close
+     * callback, which frees this watch: touch nothing after this call. */
+    evhttp_connection_free(w->evcon);
+}
+
+gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
+{
+    struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+    if (!evcon)
+        return NULL;
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(evcon);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0)
+        return NULL;
+    gps_conn_watch *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->evcon = evcon;
+    w->ssl = bufferevent_openssl_get_ssl(bev);
+    w->ev = event_new(evhttp_connection_get_base(evcon), fd, EV_READ, watch_cb, w);
+    if (!w->ev || event_add(w->ev, NULL) < 0) {
+        if (w->ev)
+            event_free(w->ev);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void gps_http_drop_request(struct evhttp_request *req)
+{
+    if (req && evhttp_request_get_connection(req) == NULL)
+        evhttp_request_free(req);
+}
+
+void gps_conn_watch_free(gps_conn_watch *w)
+{
+    if (!w)
+        return;
+    event_free(w->ev);
+    free(w);
+}
