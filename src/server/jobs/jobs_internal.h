@@ -90,7 +90,7 @@ struct gps_job {
     bool row_lost;                /* its row is another server's now (a native task
                                      whose lease was taken over): never written */
     int64_t lease_attempt;        /* > 0: its row is written for this lease attempt
-                                     only (a shared native task, api_tasks.c) */
+                                     only (a shared native task, api_tasks_shared.c) */
     bool remote;                  /* offered to another server (gps_jobs_handoff): never
                                      in this server's scheduler */
     bool offered;                 /* QUEUED in this server's scheduler and offered to the

@@ -173,7 +173,7 @@ static bool refuse_generation(gps_jobs *j, const gps_job_spec *spec, gps_submit_
 
 /* May a job no agent here can take (or, queued, that waits in this
  * server's queue) go to another server? Native tasks have their own claim
- * across servers (api_tasks.c), a proxy runs where it was claimed, and a
+ * across servers (api_tasks_shared.c), a proxy runs where it was claimed, and a
  * resumed job's row exists already. */
 static bool may_go_elsewhere(gps_jobs *j, const gps_job *job)
 {

@@ -1,0 +1,301 @@
+/*
+ * api_tasks_restore.c: tasks a restart left unfinished, taken back from the
+ * store: resubmitted with their text so far, or failed when they cannot be.
+ */
+#include "server/dialects/api_tasks_priv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/gp_log.h"
+#include "common/gp_util.h"
+#include "server/dialects/poolmeta.h"
+#include "server/dialects/reqcheck.h"
+#include "server/http/errors.h"
+#include "server/http/held.h"
+#include "server/http/http.h"
+#include "server/http/sse.h"
+#include "server/http/textcheck.h"
+
+/* ------------------------------------------------------------------ */
+/* Restart recovery                                                    */
+/* ------------------------------------------------------------------ */
+
+void tasks_link(gps_tasks *g, task *t)
+{
+    unsigned b = tasks_bucket_of(t->id);
+    t->hnext = g->buckets[b];
+    g->buckets[b] = t;
+    t->next = g->head;
+    if (g->head)
+        g->head->prev = t;
+    g->head = t;
+}
+
+/* A restored task that cannot run again: its terminal error event, and
+ * the request-log row finished (the jobs module never knew this task). */
+void tasks_restore_fail(gps_tasks *g, task *t, const char *code, const char *message)
+{
+    tasks_emit(t, "error", json_pack("{s:s,s:s}", "code", code, "message", message), true);
+    if (g->store) {
+        gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+        u.lease_attempt = t->lease_attempt;
+        u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
+        u.error_code = code;
+        u.finished_at = gp_now_wall_ms();
+        gps_store_job_update_async(g->store, u);
+    }
+}
+
+/* Submit a restored task again, under its id, with its recorded seed and
+ * the text it had generated as continuation. Until an agent serving the
+ * model is back (agents reconnect after a server restart) the submission
+ * is refused: try again each tick until the deadline. */
+void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
+{
+    gps_job_spec spec;
+    char msg[512];
+    const char *param = NULL;
+    if (gps_tasks_parse(t->resume_body, &spec, msg, sizeof msg, &param) < 0) {
+        char m[600];
+        snprintf(m, sizeof m, "the stored request cannot be resubmitted: %s", msg);
+        tasks_restore_fail(g, t, "SERVER_RESTART", m);
+        return;
+    }
+    spec.resume_id = strdup(t->id);
+    if (t->resume_tokens > 0 && t->resume_text) {
+        spec.resume_text = strdup(t->resume_text);
+        spec.resume_tokens = t->resume_tokens;
+    }
+    if (spec.resume_text && t->resume_ids) {
+        /* Token-exact on an agent serving the same file, else from the
+         * text (the jobs module decides at the assignment, as for a failover). */
+        spec.resume_ids = malloc(t->n_resume_ids * sizeof *spec.resume_ids);
+        if (spec.resume_ids) {
+            memcpy(spec.resume_ids, t->resume_ids, t->n_resume_ids * sizeof *spec.resume_ids);
+            spec.n_resume_ids = t->n_resume_ids;
+            snprintf(spec.resume_digest, sizeof spec.resume_digest, "%s", t->resume_digest);
+        }
+    }
+    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text) ||
+        (spec.resume_text && t->resume_ids && !spec.resume_ids)) {
+        gps_job_spec_clear(&spec);
+        return; /* ENOMEM: next tick */
+    }
+    gps_submit_err e;
+    gps_job *job = gps_jobs_submit(g->jobs, &spec, t->corr, t->key_id, &e);
+    gps_job_spec_clear(&spec);
+    if (!job) {
+        bool later = e.status == 503 || e.status == 429 || e.status == 404;
+        if (later && now < t->resume_deadline_us)
+            return;
+        char m[400];
+        snprintf(m, sizeof m, "the task could not be resumed after a server restart: %s",
+                 e.message);
+        tasks_restore_fail(g, t, e.code ? e.code : "SERVER_RESTART", m);
+        return;
+    }
+    t->job = job;
+    gps_job_set_lease_attempt(job, t->lease_attempt); /* its row: for this attempt only */
+    gps_job_subscribe(job, tasks_on_job_event, t);
+    gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
+                 json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
+                           (json_int_t)gps_tlog_count(t->log), "completion_tokens",
+                           (json_int_t)t->resume_tokens),
+                 "native task resubmitted after a server restart");
+    if (t->resume_tokens > 0)
+        /* Same shape as a continuation failover (the jobs module): the tokens that
+         * follow continue the text the client already has. */
+        tasks_emit(t, "failover",
+                   json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",
+                             "SERVER_RESTART", "attempt", t->resume_attempts + 1,
+                             "completion_tokens", (json_int_t)t->resume_tokens),
+                   false);
+    if (gps_job_state_of(job) == GPS_JOB_QUEUED)
+        tasks_emit_queued(t);
+    else
+        t->last_pos = -1;
+    json_decref(t->resume_body);
+    t->resume_body = NULL;
+    free(t->resume_text);
+    t->resume_text = NULL;
+    free(t->resume_ids);
+    t->resume_ids = NULL;
+    t->n_resume_ids = t->cap_resume_ids = 0;
+}
+
+/* Append a stored token event's ids (its hidden "ids") to the task's;
+ * -1 when it has none (or ENOMEM): no token-exact resume then. */
+static int resume_ids_add(task *t, const json_t *ids)
+{
+    size_t n = json_array_size(ids);
+    if (n == 0)
+        return -1;
+    if (t->n_resume_ids + n > t->cap_resume_ids) {
+        size_t nc = t->cap_resume_ids ? t->cap_resume_ids : 64;
+        while (nc < t->n_resume_ids + n)
+            nc *= 2;
+        int32_t *p = realloc(t->resume_ids, nc * sizeof *p);
+        if (!p)
+            return -1;
+        t->resume_ids = p;
+        t->cap_resume_ids = nc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(ids, i);
+        if (!json_is_integer(v))
+            return -1;
+        t->resume_ids[t->n_resume_ids++] = (int32_t)json_integer_value(v);
+    }
+    return 0;
+}
+
+int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attempt)
+{
+    if (!g || !j || !j->id || !j->api || strcmp(j->api, "native") != 0 ||
+        !json_is_object(j->request) || !json_object_get(j->request, "model") ||
+        tasks_find(g, j->id))
+        return -1;
+    task *t = calloc(1, sizeof *t);
+    gps_tlog *events = gps_tlog_new();
+    gp_buf text;
+    gp_buf_init(&text);
+    if (!t || !events)
+        goto oom;
+    t->owner = g;
+    t->last_pos = -1;
+    snprintf(t->id, sizeof t->id, "%s", j->id);
+    snprintf(t->key_id, sizeof t->key_id, "%s", j->key_id ? j->key_id : "");
+    snprintf(t->corr, sizeof t->corr, "%s", j->correlation_id ? j->correlation_id : "");
+    t->resume_attempts = j->attempts;
+    t->lease_attempt = lease_attempt;
+    /* The stored log, up to its first gap: seq must stay 1..n. */
+    const char *last_type = NULL;
+    /* Token-exact resume (issue 25 finding 8): while every token event
+     * holds its ids, their concatenation and the digest of the file they
+     * came from (a started event's, hidden) let an agent serving that
+     * file continue as if nothing had happened. */
+    bool ids_ok = true;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != (json_int_t)i + 1)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        json_t *data = json_object_get(ev, "data");
+        if (!type || gps_tlog_append_stored(events, ev) < 0)
+            break;
+        last_type = gps_tlog_type(events, i);
+        if (strcmp(type, "token") == 0) {
+            const char *tx = json_string_value(json_object_get(data, "text"));
+            if (tx && gp_buf_append(&text, tx, strlen(tx)) < 0)
+                goto oom;
+            t->resume_tokens++;
+            if (ids_ok && resume_ids_add(t, json_object_get(ev, "ids")) < 0)
+                ids_ok = false;
+        } else if (strcmp(type, "started") == 0) {
+            const char *a = json_string_value(json_object_get(data, "agent_id"));
+            const char *dg = json_string_value(json_object_get(ev, "digest"));
+            snprintf(t->resume_agent, sizeof t->resume_agent, "%s", a ? a : "");
+            if (dg)
+                snprintf(t->resume_digest, sizeof t->resume_digest, "%s", dg);
+        }
+    }
+    if (!ids_ok || !t->resume_digest[0] || t->n_resume_ids == 0) {
+        free(t->resume_ids);
+        t->resume_ids = NULL;
+        t->n_resume_ids = t->cap_resume_ids = 0;
+    } else {
+        /* Tokens as the job counts them (an event may stand for several). */
+        t->resume_tokens = (long long)t->n_resume_ids;
+    }
+    t->log = events;
+    t->durable = t->inflight_n = gps_tlog_count(t->log); /* read from the store */
+    t->created_us = gp_now_mono_us();
+    if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
+        /* It ended, but the row was not updated before the crash: the log
+         * is the truth. Keep the task hot (it replays from memory). */
+        t->terminal = true;
+        t->finished_us = gp_now_mono_us();
+        json_t *lastev = gps_tlog_get(events, gps_tlog_count(events) - 1);
+        json_t *d = json_object_get(lastev, "data");
+        if (g->store) {
+            gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
+            u.lease_attempt = t->lease_attempt;
+            bool done = strcmp(last_type, "end") == 0;
+            u.status = done ? "done" : "failed";
+            u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
+            u.error_code = done ? NULL : json_string_value(json_object_get(d, "code"));
+            u.finished_at = gp_now_wall_ms();
+            gps_store_job_update_async(g->store, u);
+            if (done)
+                gps_store_checkpoint_fenced(g->store, t->id, text.data ? text.data : "",
+                                            text.len, (long long)gps_tlog_count(events),
+                                            t->lease_attempt);
+        }
+        json_decref(lastev);
+    }
+    /* Kept while the task has no job: resubmission, status (model, seed). */
+    t->resume_body = json_deep_copy(j->request);
+    if (!t->resume_body)
+        goto oom;
+    if (j->has_seed)
+        json_object_set_new(t->resume_body, "seed", json_integer(j->seed));
+    if (t->terminal) {
+        gp_buf_free(&text);
+        tasks_link(g, t);
+        return 0;
+    }
+    if (text.len) {
+        t->resume_text = strndup(text.data, text.len);
+        if (!t->resume_text)
+            goto oom;
+    }
+    gp_buf_free(&text);
+    t->resume_deadline_us =
+        gp_now_mono_us() + (uint64_t)(g->request_timeout_sec > 0 ? g->request_timeout_sec : 600) *
+                               1000000ull;
+    tasks_link(g, t);
+    return 0;
+oom:
+    gp_buf_free(&text);
+    if (t) {
+        json_decref(t->resume_body);
+        free(t->resume_ids);
+    }
+    gps_tlog_free(events);
+    free(t);
+    return -1;
+}
+
+int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
+{
+    /* Shared: another server may run it (its lease says): the claim loop
+     * takes over those whose lease expired, each once. */
+    if (g && g->shared && j && j->api && strcmp(j->api, "native") == 0)
+        return 0;
+    return tasks_restore(g, j, 0);
+}
+
+void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
+{
+    if (g)
+        g->hot_us = (uint64_t)(sec > 0 ? sec : KEEP_HOT_SEC) * 1000000ull;
+}
+
+void gps_tasks_set_hot_max_events(gps_tasks *g, size_t n)
+{
+    if (g)
+        g->hot_max_events = n;
+}
+
+void gps_tasks_memory(const gps_tasks *g, size_t *tasks, size_t *events)
+{
+    *tasks = *events = 0;
+    for (const task *t = g ? g->head : NULL; t; t = t->next) {
+        (*tasks)++;
+        *events += gps_tlog_count(t->log);
+    }
+}
