@@ -398,27 +398,10 @@ static json_t *openai_messages(const json_t *m)
     return out;
 }
 
-int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
-                        size_t msglen)
+static int parse_model(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
+                       size_t msglen)
 {
-    memset(out, 0, sizeof *out);
-    out->count_only = count_only;
     gps_job_spec *s = &out->spec;
-    s->kind = GPS_JOB_CHAT;
-    s->api = "anthropic";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
-    s->priority = GPS_PRIO_INTERACTIVE;
-    msg[0] = '\0';
-    gp_buf sys, cur;
-    gp_buf_init(&sys);
-    gp_buf_init(&cur);
-    out->warnings = json_array();
-    if (!out->warnings)
-        FAIL("out of memory");
-    if (!json_is_object(body))
-        FAIL("request body must be a JSON object");
-
     const json_t *model = json_object_get(body, "model");
     if (gps_absent(model))
         FAIL("model: field required");
@@ -442,12 +425,18 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (count_only)
             s->max_tokens = 1;
     }
+    return 0;
+fail:
+    return -1;
+}
 
-    /* system: string or text blocks */
+/* system: string or text blocks */
+static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msglen)
+{
     const json_t *system = json_object_get(body, "system");
     if (!gps_absent(system)) {
         if (json_is_string(system)) {
-            gp_buf_append(&sys, json_string_value(system), json_string_length(system));
+            gp_buf_append(sys, json_string_value(system), json_string_length(system));
         } else if (json_is_array(system)) {
             size_t i;
             json_t *blk;
@@ -458,14 +447,25 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
                 if (!t || strcmp(t, "text") != 0 || !json_is_string(tx))
                     FAIL("system.%zu: system blocks must be {\"type\":\"text\",\"text\":string}",
                          i);
-                sep_append(&sys, json_string_value(tx), json_string_length(tx), "\n\n");
+                sep_append(sys, json_string_value(tx), json_string_length(tx), "\n\n");
             }
         } else {
             FAIL("system: must be a string or an array of text blocks");
         }
     }
+    return 0;
+fail:
+    return -1;
+}
 
-    /* messages */
+/* messages: consecutive turns of one role merge into one message. sys stays
+ * the caller's, given to out only once every system entry has joined it. */
+static int parse_messages(const json_t *body, gps_anthropic_req *out, gp_buf *sys, char *msg,
+                          size_t msglen)
+{
+    gps_job_spec *s = &out->spec;
+    gp_buf cur;
+    gp_buf_init(&cur);
     const json_t *m = json_object_get(body, "messages");
     if (gps_absent(m))
         FAIL("messages: field required");
@@ -499,7 +499,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         out->prompt_bytes += text.len;
         if (is_system) {
             /* Mid-conversation system entries join the system prompt. */
-            sep_append(&sys, text.data ? text.data : "", text.len, "\n\n");
+            sep_append(sys, text.data ? text.data : "", text.len, "\n\n");
             gp_buf_free(&text);
             continue;
         }
@@ -522,12 +522,16 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
                                                      cur.data ? cur.data : "", cur.len));
     if (json_array_size(s->messages) == 0)
         FAIL("messages: at least one user or assistant message is required");
-    out->prompt_bytes += sys.len;
-    if (sys.len)
-        out->system = gp_buf_steal(&sys);
-    else
-        gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
+    gp_buf_free(&cur);
+    return 0;
+fail:
+    gp_buf_free(&cur);
+    return -1;
+}
 
+static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
+{
+    gps_job_spec *s = &out->spec;
     if (gps_check_number(body, "temperature", "temperature:", 0, 1, &s->temperature, msg,
                          msglen) < 0 ||
         gps_check_number(body, "top_p", "top_p:", 0, 1, &s->top_p, msg,
@@ -546,6 +550,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
             FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
         out->stop_sequences = json_array();
+        size_t i;
+        json_t *e;
         json_array_foreach(stops, i, e)
         {
             if (!json_is_string(e) || json_string_length(e) == 0 ||
@@ -565,7 +571,15 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (out->stop_sequences && !(s->stop = json_deep_copy(out->stop_sequences)))
             FAIL("out of memory");
     }
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_metadata_stream(const json_t *body, bool count_only, gps_anthropic_req *out,
+                                 char *msg, size_t msglen)
+{
+    gps_job_spec *s = &out->spec;
     const json_t *md = json_object_get(body, "metadata");
     if (!gps_absent(md)) {
         if (!json_is_object(md))
@@ -588,7 +602,15 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     /* message_start carries usage.input_tokens: the agent must know the
      * prompt's size before the first token (issue 26 item 4). */
     s->prompt_tokens_first = out->stream;
+    return 0;
+fail:
+    return -1;
+}
 
+/* tool_choice is checked before tools, so it is the error named when both
+ * are wrong. */
+static int parse_tools(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
+{
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
     if (!gps_absent(tc) && !json_is_object(tc))
@@ -608,6 +630,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     if (!gps_absent(tools)) {
         if (!json_is_array(tools))
             FAIL("tools: must be an array");
+        size_t i;
+        json_t *e;
         json_array_foreach(tools, i, e)
         {
             if (!json_is_object(e) || !json_is_string(json_object_get(e, "name")))
@@ -627,12 +651,18 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
                 out->prompt_bytes += strlen(out->tools_text);
             out->tools = gps_anthropic_tools_to_openai(tools);
             out->tool_choice = gps_anthropic_tool_choice_to_openai(tc);
-            out->tool_messages = openai_messages(m);
+            out->tool_messages = openai_messages(json_object_get(body, "messages"));
             if (!out->tools || !out->tool_choice || !out->tool_messages)
                 FAIL("out of memory");
         }
     }
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_thinking(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
+{
     const json_t *th = json_object_get(body, "thinking");
     if (!gps_absent(th)) {
         if (!json_is_object(th))
@@ -642,15 +672,13 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
             warn(out, "thinking (%s) is not supported by this pool; answered without it",
                  tt ? tt : "?");
     }
+    return 0;
+fail:
+    return -1;
+}
 
-    if (output_format(body, out, msg, msglen) < 0)
-        goto fail;
-
-    const char *param = NULL;
-    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
-        0)
-        goto fail;
-
+static void warn_unknown_fields(const json_t *body, gps_anthropic_req *out)
+{
     const char *k;
     json_t *v;
     json_object_foreach((json_t *)body, k, v)
@@ -661,14 +689,59 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         if (!known)
             warn(out, "unknown field '%.64s' ignored", k);
     }
+}
+
+/* The checks run in the order of the sections above: with several problems
+ * in one body, the first section's error is the one reported. */
+int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
+                        size_t msglen)
+{
+    memset(out, 0, sizeof *out);
+    out->count_only = count_only;
+    gps_job_spec *s = &out->spec;
+    s->kind = GPS_JOB_CHAT;
+    s->api = "anthropic";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    msg[0] = '\0';
+    gp_buf sys;
+    gp_buf_init(&sys);
+    out->warnings = json_array();
+    if (!out->warnings)
+        FAIL("out of memory");
+    if (!json_is_object(body))
+        FAIL("request body must be a JSON object");
+
+    if (parse_model(body, count_only, out, msg, msglen) < 0 ||
+        parse_system(body, &sys, msg, msglen) < 0 ||
+        parse_messages(body, out, &sys, msg, msglen) < 0)
+        goto fail;
+    out->prompt_bytes += sys.len;
+    if (sys.len)
+        out->system = gp_buf_steal(&sys);
+    else
+        gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
+
+    if (parse_sampling(body, out, msg, msglen) < 0 ||
+        parse_metadata_stream(body, count_only, out, msg, msglen) < 0 ||
+        parse_tools(body, out, msg, msglen) < 0 ||
+        parse_thinking(body, out, msg, msglen) < 0 ||
+        output_format(body, out, msg, msglen) < 0)
+        goto fail;
+
+    const char *param = NULL;
+    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
+        0)
+        goto fail;
+
+    warn_unknown_fields(body, out);
 
     if (!s->model)
         FAIL("out of memory");
-    gp_buf_free(&cur);
     return 0;
 fail:
     gp_buf_free(&sys);
-    gp_buf_free(&cur);
     gps_anthropic_req_clear(out);
     return -1;
 }
