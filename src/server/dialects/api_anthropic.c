@@ -398,8 +398,8 @@ static json_t *openai_messages(const json_t *m)
     return out;
 }
 
-static int parse_model(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
-                       size_t msglen)
+static int parse_model_max_tokens(const json_t *body, bool count_only, gps_anthropic_req *out,
+                                  char *msg, size_t msglen)
 {
     gps_job_spec *s = &out->spec;
     const json_t *model = json_object_get(body, "model");
@@ -550,6 +550,8 @@ static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg,
         if (!json_is_array(stops) || json_array_size(stops) > MAX_STOP_SEQUENCES)
             FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
         out->stop_sequences = json_array();
+        if (!out->stop_sequences)
+            FAIL("out of memory");
         size_t i;
         json_t *e;
         json_array_foreach(stops, i, e)
@@ -713,7 +715,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     if (!json_is_object(body))
         FAIL("request body must be a JSON object");
 
-    if (parse_model(body, count_only, out, msg, msglen) < 0 ||
+    if (parse_model_max_tokens(body, count_only, out, msg, msglen) < 0 ||
         parse_system(body, &sys, msg, msglen) < 0 ||
         parse_messages(body, out, &sys, msg, msglen) < 0)
         goto fail;
