@@ -9,7 +9,7 @@ uninterrupted one, for a greedy chat and a seeded sampled completion, for
 several N, and x_pool_meta says `continuation: "tokens"`.
 
 Killing "after N chunks" is event-based, not timed: agent A runs with the
-test hook GPUPOOL_TEST_TOKEN_GATE=FILE (backend_gguf.c), so it samples at
+test hook GPUPOOL_TEST_TOKEN_GATE=FILE (backend_gguf_engine.c), so it samples at
 most as many tokens of a job as FILE says and then waits; the test kills it
 once the client has read those N chunks, while it waits.
 
