@@ -258,29 +258,23 @@ fail:
     return -1;
 }
 
-int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
-                   const char **param)
+static int parse_model(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                       const char **param)
 {
-    memset(out, 0, sizeof *out);
-    gps_job_spec *s = &out->spec;
-    s->kind = GPS_JOB_CHAT;
-    s->api = "openai";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
-    s->max_tokens = DEFAULT_MAX_OUTPUT_TOKENS;
-    s->priority = GPS_PRIO_INTERACTIVE;
-    *param = NULL;
-    msg[0] = '\0';
-    if (!json_is_object(body))
-        GPS_FAIL(NULL, "request body must be a JSON object");
-
     const json_t *model = json_object_get(body, "model");
     if (!json_is_string(model) || json_string_length(model) == 0 ||
         json_string_length(model) > GPS_MAX_MODEL_NAME)
         GPS_FAIL("model", "'model' is required: a non-empty string of at most %d bytes",
                  GPS_MAX_MODEL_NAME);
     s->model = strdup(json_string_value(model));
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_state(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                       const char **param)
+{
     const json_t *prev = json_object_get(body, "previous_response_id");
     if (!gps_absent(prev)) {
         if (!json_is_string(prev) || json_string_length(prev) == 0 ||
@@ -298,7 +292,15 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     if (!gps_absent(conv))
         GPS_FAIL("conversation", "'conversation' is not supported: send the whole "
                                  "conversation in 'input'");
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_messages(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                          const char **param)
+{
+    gps_job_spec *s = &out->spec;
     s->messages = json_array();
     if (!s->messages)
         GPS_FAIL(NULL, "out of memory");
@@ -319,7 +321,14 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
             GPS_FAIL(NULL, "out of memory");
         json_array_append(out->refs, json_object_get(m, "id"));
     }
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_limits(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
+                        const char **param)
+{
     const json_t *mt = json_object_get(body, "max_output_tokens");
     if (!gps_absent(mt)) {
         if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
@@ -333,7 +342,15 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
         GPS_FAIL("stop", "'stop' is not a Responses API parameter");
     if (gps_sampling_parse(body, s, 2, 0, msg, msglen, param) < 0)
         goto fail;
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_tool_fields(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                             const char **param)
+{
+    gps_job_spec *s = &out->spec;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
@@ -351,7 +368,15 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
                                              strcmp(json_string_value(tchoice), "auto") == 0))) {
         GPS_FAIL("tool_choice", "'tool_choice' needs 'tools'");
     }
+    return 0;
+fail:
+    return -1;
+}
 
+static int parse_options(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                         const char **param)
+{
+    gps_job_spec *s = &out->spec;
     const json_t *stream = json_object_get(body, "stream");
     if (!gps_absent(stream)) {
         if (!json_is_boolean(stream))
@@ -391,8 +416,21 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
                                param) < 0)
         goto fail;
+    return 0;
+fail:
+    return -1;
+}
 
-    /* What the response object repeats of the request. */
+/* What the response object repeats of the request. */
+static int build_echo(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                      const char **param)
+{
+    gps_job_spec *s = &out->spec;
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *tchoice = json_object_get(body, "tool_choice");
+    const json_t *ptc = json_object_get(body, "parallel_tool_calls");
+    const json_t *md = json_object_get(body, "metadata");
+    const json_t *text = json_object_get(body, "text");
     out->echo = json_pack("{s:o,s:I,s:f,s:f,s:b,s:o,s:b}", "instructions",
                           json_is_string(json_object_get(body, "instructions"))
                               ? json_deep_copy(json_object_get(body, "instructions"))
@@ -415,6 +453,34 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
         json_object_set_new(out->echo, "user", json_string(s->user));
     if (s->response_format)   /* structured output: the format as given */
         json_object_set_new(out->echo, "text", json_deep_copy(text));
+    return 0;
+fail:
+    return -1;
+}
+
+int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
+                   const char **param)
+{
+    memset(out, 0, sizeof *out);
+    gps_job_spec *s = &out->spec;
+    s->kind = GPS_JOB_CHAT;
+    s->api = "openai";
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->max_tokens = DEFAULT_MAX_OUTPUT_TOKENS;
+    s->priority = GPS_PRIO_INTERACTIVE;
+    *param = NULL;
+    msg[0] = '\0';
+    if (!json_is_object(body))
+        GPS_FAIL(NULL, "request body must be a JSON object");
+    if (parse_model(body, s, msg, msglen, param) < 0 ||
+        parse_state(body, out, msg, msglen, param) < 0 ||
+        parse_messages(body, out, msg, msglen, param) < 0 ||
+        parse_limits(body, s, msg, msglen, param) < 0 ||
+        parse_tool_fields(body, out, msg, msglen, param) < 0 ||
+        parse_options(body, out, msg, msglen, param) < 0 ||
+        build_echo(body, out, msg, msglen, param) < 0)
+        goto fail;
     if (!s->model)
         GPS_FAIL(NULL, "out of memory");
     return 0;
