@@ -701,11 +701,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     memset(out, 0, sizeof *out);
     out->count_only = count_only;
     gps_job_spec *s = &out->spec;
+    gps_spec_defaults(s, "anthropic");
     s->kind = GPS_JOB_CHAT;
-    s->api = "anthropic";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
-    s->priority = GPS_PRIO_INTERACTIVE;
     msg[0] = '\0';
     gp_buf sys;
     gp_buf_init(&sys);

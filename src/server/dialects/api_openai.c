@@ -425,12 +425,9 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     memset(out, 0, sizeof *out);
     out->chat = chat;
     gps_job_spec *s = &out->spec;
+    gps_spec_defaults(s, "openai");
     s->kind = chat ? GPS_JOB_CHAT : GPS_JOB_COMPLETION;
-    s->api = "openai";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
     s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
-    s->priority = GPS_PRIO_INTERACTIVE;
     *param = NULL;
     msg[0] = '\0';
 

@@ -26,10 +26,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
                     const char **param)
 {
     memset(s, 0, sizeof *s);
-    s->api = "native";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
-    s->priority = GPS_PRIO_INTERACTIVE;
+    gps_spec_defaults(s, "native");
     *param = NULL;
     msg[0] = '\0';
     if (!json_is_object(body))

@@ -100,6 +100,14 @@ fail:
     return -1;
 }
 
+void gps_spec_defaults(gps_job_spec *s, const char *api)
+{
+    s->api = api;
+    s->temperature = 1.0;
+    s->top_p = 1.0;
+    s->priority = GPS_PRIO_INTERACTIVE;
+}
+
 int gps_seed_parse(const json_t *v, gps_job_spec *s)
 {
     if (gps_absent(v))

@@ -49,6 +49,11 @@ int gps_check_number(const json_t *body, const char *key, const char *name, doub
 #define GPS_MAX_STOP_LEN 1024
 int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size_t msglen);
 
+/* What every dialect's spec starts from before its body is read: api
+ * (static: "openai", "anthropic", "native"), temperature 1 and top_p 1 (the
+ * default every API documents), interactive priority. */
+void gps_spec_defaults(gps_job_spec *s, const char *api);
+
 /* The sampling fields OpenAI and native requests share: temperature
  * [0, temp_max], top_p [0, 1], top_k (integer 0 to 1000000, an extension),
  * stop (at most max_stop sequences). Into s; 0, or -1 with msg and *param. */

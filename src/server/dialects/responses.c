@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "server/dialects/api_openai.h"
+#include "server/dialects/reqcheck.h"
 #include "server/dialects/rformat.h"
 #include "server/http/sse.h"
 #include "server/http/ids.h"
@@ -463,12 +464,9 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
 {
     memset(out, 0, sizeof *out);
     gps_job_spec *s = &out->spec;
+    gps_spec_defaults(s, "openai");
     s->kind = GPS_JOB_CHAT;
-    s->api = "openai";
-    s->temperature = 1.0;
-    s->top_p = 1.0;
     s->max_tokens = DEFAULT_MAX_OUTPUT_TOKENS;
-    s->priority = GPS_PRIO_INTERACTIVE;
     *param = NULL;
     msg[0] = '\0';
     if (!json_is_object(body))
