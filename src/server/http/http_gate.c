@@ -400,6 +400,21 @@ static size_t head_end(gps_conn *c)
     return 0;
 }
 
+/* Pass up to len of the `left` body bytes (Content-Length or a chunk's
+ * data) to evhttp, charged to the in-flight budget. false: refused, too
+ * many bodies in flight (refuse_busy). */
+static bool pass_body_bytes(gps_conn *c, size_t len)
+{
+    size_t n = len < c->left ? len : (size_t)c->left;
+    if (!inflight_charge(c, n)) {
+        refuse_busy(c);
+        return false;
+    }
+    release_raw(c, n);
+    c->left -= n;
+    return true;
+}
+
 static void gate_step(gps_conn *c)
 {
     gps_http *h = c->h;
@@ -426,41 +441,25 @@ static void gate_step(gps_conn *c)
             gate_head(c, he);
             continue;
         }
-        case G_BODY: {
+        case G_BODY:
             if (len == 0)
                 return;
-            size_t n = len < c->left ? len : (size_t)c->left;
-            if (!inflight_charge(c, n)) {
-                refuse_busy(c);
-                continue;
-            }
-            release_raw(c, n);
-            c->left -= n;
-            if (c->left == 0 && c->st == G_BODY) {
+            if (pass_body_bytes(c, len) && c->left == 0 && c->st == G_BODY) {
                 c->st = G_DONE;
                 flush_held(c);
                 deadline_set(c, 0);
             }
             continue;
-        }
         case G_CHUNK_SIZE:
             if (len == 0 || !gate_chunk_size(c))
                 return;
             continue;
-        case G_CHUNK_DATA: {
+        case G_CHUNK_DATA:
             if (len == 0)
                 return;
-            size_t n = len < c->left ? len : (size_t)c->left;
-            if (!inflight_charge(c, n)) {
-                refuse_busy(c);
-                continue;
-            }
-            release_raw(c, n);
-            c->left -= n;
-            if (c->left == 0 && c->st == G_CHUNK_DATA)
+            if (pass_body_bytes(c, len) && c->left == 0 && c->st == G_CHUNK_DATA)
                 c->st = G_CHUNK_CRLF;
             continue;
-        }
         case G_CHUNK_CRLF: {
             if (len < 2)
                 return;
