@@ -154,32 +154,36 @@ int gps_store_job_events(gps_store *s, const char *job_id, const json_t *events)
     return gps_store_job_events_seq(s, job_id, events, NULL);
 }
 
-int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *events,
-                             uint64_t *op_seq)
+/* A batch of job_events: the job, its first and last seq, the events, the
+ * time; a fenced batch also binds the lease attempt. */
+static int events_add(gps_store *s, const char *job_id, const json_t *events, bool fenced,
+                      int64_t attempt, uint64_t *op_seq)
 {
     size_t n = json_array_size(events);
     if (!job_id || n == 0)
         return -1;
+    int64_t first = json_integer_value(json_object_get(json_array_get(events, 0), "seq"));
+    int64_t last = json_integer_value(json_object_get(json_array_get(events, n - 1), "seq"));
     opb b;
-    store_b_spec(&b, K_EVENTS_ADD, "tiiji", job_id,
-                 (int64_t)json_integer_value(json_object_get(json_array_get(events, 0), "seq")),
-                 (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
-                 events, (int64_t)gp_now_wall_ms());
+    if (fenced)
+        store_b_spec(&b, K_EVENTS_ADD_FENCED, "tiijii", job_id, first, last, events,
+                     (int64_t)gp_now_wall_ms(), attempt);
+    else
+        store_b_spec(&b, K_EVENTS_ADD, "tiiji", job_id, first, last, events,
+                     (int64_t)gp_now_wall_ms());
     return store_enqueue_b(s, &b, op_seq);
+}
+
+int gps_store_job_events_seq(gps_store *s, const char *job_id, const json_t *events,
+                             uint64_t *op_seq)
+{
+    return events_add(s, job_id, events, false, 0, op_seq);
 }
 
 int gps_store_job_events_fenced(gps_store *s, const char *job_id, const json_t *events,
                                 int64_t attempt, uint64_t *op_seq)
 {
-    size_t n = json_array_size(events);
-    if (!job_id || n == 0)
-        return -1;
-    opb b;
-    store_b_spec(&b, K_EVENTS_ADD_FENCED, "tiijii", job_id,
-                 (int64_t)json_integer_value(json_object_get(json_array_get(events, 0), "seq")),
-                 (int64_t)json_integer_value(json_object_get(json_array_get(events, n - 1), "seq")),
-                 events, (int64_t)gp_now_wall_ms(), attempt);
-    return store_enqueue_b(s, &b, op_seq);
+    return events_add(s, job_id, events, true, attempt, op_seq);
 }
 
 bool gps_store_has_task_leases(gps_store *s)
