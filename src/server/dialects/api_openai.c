@@ -105,12 +105,21 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
     return -1;
 }
 
+/* A copy of s, or NULL with msg saying why. */
+static char *dup_or_oom(const char *s, char *msg, size_t msglen)
+{
+    char *d = strdup(s);
+    if (!d)
+        snprintf(msg, msglen, "out of memory");
+    return d;
+}
+
 /* Chat content: a string, or an array of {type:"text", text} parts that
  * are concatenated. Returns a new string or NULL with msg set. */
 static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
 {
     if (json_is_string(c))
-        return strdup(json_string_value(c));
+        return dup_or_oom(json_string_value(c), msg, msglen);
     if (!json_is_array(c)) {
         snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
                  idx);
@@ -132,10 +141,15 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
             gp_buf_free(&b);
             return NULL;
         }
-        gp_buf_append(&b, json_string_value(text), json_string_length(text));
+        /* A part left out would change the prompt: no memory, no request. */
+        if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
+            snprintf(msg, msglen, "out of memory");
+            gp_buf_free(&b);
+            return NULL;
+        }
     }
     if (!b.data)
-        return strdup("");
+        return dup_or_oom("", msg, msglen);
     return gp_buf_steal(&b);
 }
 
@@ -214,25 +228,30 @@ static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, 
             *param = "messages";
             goto fail;
         }
-        json_t *am = json_pack("{s:s,s:O}", "role", "assistant", "tool_calls", calls);
-        json_object_set_new(am, "content", text ? json_string(text) : json_null());
+        json_t *am = json_pack("{s:s,s:O,s:s?}", "role", "assistant", "tool_calls", calls,
+                               "content", text);
         free(text);
-        json_array_append_new(s->messages, am);
+        /* A message lost here would have the model answer another
+         * conversation: out of memory fails the request instead. */
+        if (json_array_append_new(s->messages, am) < 0)
+            GPS_FAIL(NULL, "out of memory");
         return 0;
     }
     if (strcmp(r, "tool") == 0) {
         const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
         if (!tcid)
             GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
-        char *text = gps_absent(c) ? strdup("") : content_text(c, i, msg, msglen);
+        char *text = gps_absent(c) ? dup_or_oom("", msg, msglen)
+                                   : content_text(c, i, msg, msglen);
         if (!text) {
             *param = "messages";
             goto fail;
         }
-        json_array_append_new(s->messages,
-                              json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id",
-                                        tcid, "content", text));
+        json_t *tm = json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id", tcid, "content",
+                               text);
         free(text);
+        if (json_array_append_new(s->messages, tm) < 0)
+            GPS_FAIL(NULL, "out of memory");
         return 0;
     }
     if (gps_absent(c))
@@ -242,8 +261,10 @@ static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, 
         *param = "messages";
         goto fail;
     }
-    json_array_append_new(s->messages, json_pack("{s:s,s:s}", "role", r, "content", text));
+    json_t *m = json_pack("{s:s,s:s}", "role", r, "content", text);
     free(text);
+    if (json_array_append_new(s->messages, m) < 0)
+        GPS_FAIL(NULL, "out of memory");
     return 0;
 fail:
     return -1;
@@ -260,6 +281,8 @@ static int parse_messages(const json_t *body, gps_job_spec *s, char *msg, size_t
     if (json_array_size(m) == 0)
         GPS_FAIL("messages", "'messages' must contain at least one message");
     s->messages = json_array();
+    if (!s->messages)
+        GPS_FAIL(NULL, "out of memory");
     size_t i;
     json_t *e;
     json_array_foreach(m, i, e)
@@ -358,6 +381,8 @@ static int parse_user_and_refused(const json_t *body, gps_job_spec *s, char *msg
         if (!json_is_string(user) || json_string_length(user) > 256)
             GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
         s->user = strdup(json_string_value(user));
+        if (!s->user) /* the scheduler's affinity key: not dropped silently */
+            GPS_FAIL(NULL, "out of memory");
     }
 
     const json_t *n = json_object_get(body, "n");
@@ -397,6 +422,9 @@ static int parse_tools_and_format(const json_t *body, bool chat, gps_job_spec *s
             s->tools = json_deep_copy(tools);
             if (!gps_absent(tchoice))
                 s->tool_choice = json_deep_copy(tchoice);
+            /* Without them the model would answer as if no tool were offered. */
+            if (!s->tools || (!gps_absent(tchoice) && !s->tool_choice))
+                GPS_FAIL(NULL, "out of memory");
         }
     } else if (!gps_absent(tchoice) &&
                !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||

@@ -48,10 +48,15 @@ int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size
         snprintf(msg, msglen, "out of memory");
         return -1;
     }
-    if (json_is_string(stop))
-        json_array_append(a, (json_t *)stop); /* a reference: jansson does not change it */
-    else
-        json_array_extend(a, (json_t *)stop);
+    /* The string by reference (jansson does not change it). A sequence
+     * lost here would let the reply run past it. */
+    int rc = json_is_string(stop) ? json_array_append(a, (json_t *)stop)
+                                  : json_array_extend(a, (json_t *)stop);
+    if (rc < 0) {
+        json_decref(a);
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
     size_t i;
     json_t *e;
     json_array_foreach(a, i, e)
@@ -151,6 +156,8 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
             GPS_FAIL("x_pool_options.prefer_agent",
                  "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
         s->prefer_agent = strdup(json_string_value(pa));
+        if (!s->prefer_agent)
+            GPS_FAIL(NULL, "out of memory");
     }
     const json_t *se = json_object_get(xo, "session");
     if (!gps_absent(se)) {
@@ -162,6 +169,8 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
          * pool option is the more specific of the two. */
         free(s->session);
         s->session = strdup(json_string_value(se));
+        if (!s->session)
+            GPS_FAIL(NULL, "out of memory");
     }
     const json_t *tn = json_object_get(xo, "tenant");
     if (!gps_absent(tn)) {
@@ -173,6 +182,8 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
                  "'x_pool_options.tenant' must be a string of 1 to 64 bytes");
         free(s->tenant_sub);
         s->tenant_sub = strdup(json_string_value(tn));
+        if (!s->tenant_sub)
+            GPS_FAIL(NULL, "out of memory");
     }
     const json_t *lb = json_object_get(xo, "labels");
     if (!gps_absent(lb)) {
@@ -194,7 +205,10 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
                      k);
             s->labels[s->n_labels].key = strdup(k);
             s->labels[s->n_labels].value = strdup(json_string_value(v));
-            s->n_labels++;
+            s->n_labels++; /* counted first: the clear frees what was copied */
+            /* A constraint lost would let the job run where it must not. */
+            if (!s->labels[s->n_labels - 1].key || !s->labels[s->n_labels - 1].value)
+                GPS_FAIL(NULL, "out of memory");
         }
     }
     const json_t *fo = json_object_get(xo, "failover");
@@ -250,8 +264,12 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
         return -1;
     }
     json_t *xo = json_object_get(body, "x_pool_options");
+    /* Options dropped here would run the job other than the client asked. */
     if (gps_absent(xo)) {
-        json_object_set_new(body, "x_pool_options", h);
+        if (json_object_set_new(body, "x_pool_options", h) < 0) {
+            snprintf(msg, msglen, "out of memory");
+            return -1;
+        }
         return 0;
     }
     if (!json_is_object(xo)) {
@@ -259,8 +277,12 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
         snprintf(msg, msglen, "'x_pool_options' must be an object");
         return -1;
     }
-    json_object_update_missing(xo, h);
+    int rc = json_object_update_missing(xo, h);
     json_decref(h);
+    if (rc < 0) {
+        snprintf(msg, msglen, "out of memory");
+        return -1;
+    }
     return 0;
 }
 

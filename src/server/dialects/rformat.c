@@ -67,8 +67,13 @@ static int check_schema(const json_t *js, const char *where, json_t **out, char 
     }
     json_t *inner = json_pack("{s:O,s:o,s:b}", "name", name, "schema", sc, "strict",
                               json_is_true(strict));
-    if (inner && json_is_string(desc))
-        json_object_set(inner, "description", (json_t *)desc);
+    /* The description guides the model: without memory for it, no format
+     * rather than a different one. */
+    if (inner && json_is_string(desc) &&
+        json_object_set(inner, "description", (json_t *)desc) < 0) {
+        json_decref(inner);
+        inner = NULL;
+    }
     *out = inner ? json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", inner) : NULL;
     if (!*out) {
         snprintf(msg, msglen, "out of memory");
