@@ -51,6 +51,8 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             GPS_FAIL("messages", "'messages' must be a non-empty array");
         s->kind = GPS_JOB_CHAT;
         s->messages = json_array();
+        if (!s->messages)
+            GPS_FAIL(NULL, "out of memory");
         size_t i;
         json_t *e;
         json_array_foreach(m, i, e)
@@ -62,7 +64,10 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
                 GPS_FAIL("messages", "messages[%zu].role must be system, user or assistant", i);
             if (!json_is_string(c))
                 GPS_FAIL("messages", "messages[%zu].content must be a string", i);
-            json_array_append_new(s->messages, json_pack("{s:s,s:O}", "role", role, "content", c));
+            /* A message lost would have the model answer another conversation. */
+            if (json_array_append_new(s->messages,
+                                      json_pack("{s:s,s:O}", "role", role, "content", c)) < 0)
+                GPS_FAIL(NULL, "out of memory");
         }
     } else {
         GPS_FAIL("prompt", "'prompt' or 'messages' is required");
@@ -92,6 +97,8 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         if (!json_is_string(sid) || json_string_length(sid) == 0 || json_string_length(sid) > 256)
             GPS_FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
         s->session = strdup(json_string_value(sid));
+        if (!s->session) /* the affinity key: not dropped silently */
+            GPS_FAIL(NULL, "out of memory");
     }
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
         0)

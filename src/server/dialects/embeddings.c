@@ -94,6 +94,7 @@ int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, c
 {
     memset(out, 0, sizeof *out);
     *param = NULL;
+    msg[0] = '\0';
     if (!json_is_object(body))
         FAIL(NULL, "the body must be a JSON object");
     const json_t *model = json_object_get(body, "model");
@@ -104,6 +105,10 @@ int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, c
     if (!in)
         FAIL("input", "input is required");
     if (!(out->input = inputs_of(in, ctx_len, msg, msglen))) {
+        /* inputs_of names what is wrong; without a message it ran out of
+         * memory copying them. */
+        if (!msg[0])
+            FAIL(NULL, "out of memory");
         *param = "input";
         goto fail;
     }
