@@ -105,21 +105,12 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
     return -1;
 }
 
-/* A copy of s, or NULL with msg saying why. */
-static char *dup_or_oom(const char *s, char *msg, size_t msglen)
-{
-    char *d = strdup(s);
-    if (!d)
-        snprintf(msg, msglen, "out of memory");
-    return d;
-}
-
 /* Chat content: a string, or an array of {type:"text", text} parts that
  * are concatenated. Returns a new string or NULL with msg set. */
 static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
 {
     if (json_is_string(c))
-        return dup_or_oom(json_string_value(c), msg, msglen);
+        return gps_strdup_msg(json_string_value(c), msg, msglen);
     if (!json_is_array(c)) {
         snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
                  idx);
@@ -149,7 +140,7 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
         }
     }
     if (!b.data)
-        return dup_or_oom("", msg, msglen);
+        return gps_strdup_msg("", msg, msglen);
     return gp_buf_steal(&b);
 }
 
@@ -241,7 +232,7 @@ static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, 
         const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
         if (!tcid)
             GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
-        char *text = gps_absent(c) ? dup_or_oom("", msg, msglen)
+        char *text = gps_absent(c) ? gps_strdup_msg("", msg, msglen)
                                    : content_text(c, i, msg, msglen);
         if (!text) {
             *param = "messages";

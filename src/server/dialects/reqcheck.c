@@ -15,6 +15,14 @@ bool gps_absent(const json_t *v)
     return v == NULL || json_is_null(v);
 }
 
+char *gps_strdup_msg(const char *s, char *msg, size_t msglen)
+{
+    char *d = strdup(s);
+    if (!d)
+        snprintf(msg, msglen, "out of memory");
+    return d;
+}
+
 int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
                      double hi, double *out, char *msg, size_t msglen)
 {

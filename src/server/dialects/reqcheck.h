@@ -35,6 +35,10 @@
 /* A field that is missing or JSON null: both mean "use the default". */
 bool gps_absent(const json_t *v);
 
+/* A copy of s (caller frees), or NULL with "out of memory" in msg: for the
+ * parsers, whose every failure carries a message. */
+char *gps_strdup_msg(const char *s, char *msg, size_t msglen);
+
 /* body[key] when present must be a finite number in [lo, hi]; it is then
  * stored in *out (untouched when absent). name is how the message names
  * the field ("'top_p'" in OpenAI's and the native style, "top_p:" in

@@ -24,7 +24,7 @@
 static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
 {
     if (json_is_string(c))
-        return strdup(json_string_value(c));
+        return gps_strdup_msg(json_string_value(c), msg, msglen);
     if (!json_is_array(c)) {
         snprintf(msg, msglen, "input[%zu].content must be a string or an array of text parts",
                  idx);
@@ -49,10 +49,15 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
             gp_buf_free(&b);
             return NULL;
         }
-        gp_buf_append(&b, json_string_value(text), json_string_length(text));
+        /* A part left out would change the prompt: no memory, no request. */
+        if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
+            snprintf(msg, msglen, "out of memory");
+            gp_buf_free(&b);
+            return NULL;
+        }
     }
     char *s = gp_buf_steal(&b);
-    return s ? s : strdup("");
+    return s ? s : gps_strdup_msg("", msg, msglen);
 }
 
 /* The assistant message that function_call items attach to: the last
@@ -76,6 +81,14 @@ static json_t *calls_holder(json_t *messages)
     return calls;
 }
 
+/* Appends a new {role, content} message to messages; -1 when out of memory
+ * (a message lost would have the model answer another conversation). */
+static int append_message(json_t *messages, const char *role, const char *content)
+{
+    return json_array_append_new(messages,
+                                 json_pack("{s:s,s:s}", "role", role, "content", content));
+}
+
 /* input (string or items) + instructions -> chat messages. */
 static int parse_input(const json_t *input, const json_t *instructions, json_t *messages,
                        char *msg, size_t msglen, const char **param)
@@ -83,14 +96,14 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
     if (!gps_absent(instructions)) {
         if (!json_is_string(instructions))
             GPS_FAIL("instructions", "'instructions' must be a string");
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content",
-                                                  json_string_value(instructions)));
+        if (append_message(messages, "system", json_string_value(instructions)) < 0)
+            GPS_FAIL(NULL, "out of memory");
     }
     if (gps_absent(input))
         GPS_FAIL("input", "'input' is required");
     if (json_is_string(input)) {
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content",
-                                                  json_string_value(input)));
+        if (append_message(messages, "user", json_string_value(input)) < 0)
+            GPS_FAIL(NULL, "out of memory");
         return 0;
     }
     if (!json_is_array(input) || json_array_size(input) == 0)
@@ -118,9 +131,10 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
                 *param = "input";
                 goto fail;
             }
-            json_array_append_new(messages,
-                                  json_pack("{s:s,s:s}", "role", r, "content", text));
+            int rc = append_message(messages, r, text);
             free(text);
+            if (rc < 0)
+                GPS_FAIL(NULL, "out of memory");
         } else if (type && strcmp(type, "function_call") == 0) {
             const char *call_id = json_string_value(json_object_get(it, "call_id"));
             const char *name = json_string_value(json_object_get(it, "name"));
@@ -140,15 +154,18 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
             const json_t *out = json_object_get(it, "output");
             if (!call_id)
                 GPS_FAIL("input", "input[%zu] (function_call_output) needs a string call_id", i);
-            char *text = json_is_string(out) ? strdup(json_string_value(out))
+            char *text = json_is_string(out) ? gps_strdup_msg(json_string_value(out), msg, msglen)
                                              : content_text(out, i, msg, msglen);
             if (!text) {
                 *param = "input";
                 goto fail;
             }
-            json_array_append_new(messages, json_pack("{s:s,s:s,s:s}", "role", "tool",
-                                                      "tool_call_id", call_id, "content", text));
+            int rc = json_array_append_new(messages,
+                                           json_pack("{s:s,s:s,s:s}", "role", "tool",
+                                                     "tool_call_id", call_id, "content", text));
             free(text);
+            if (rc < 0)
+                GPS_FAIL(NULL, "out of memory");
         } else if (type && strcmp(type, "item_reference") == 0) {
             const char *id = json_string_value(json_object_get(it, "id"));
             if (!id || !*id || strlen(id) > 64)
@@ -186,6 +203,8 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         GPS_FAIL("tools", "'tools' must be an array");
     json_t *chat = json_array();
     s->tools = chat;
+    if (!chat)
+        GPS_FAIL(NULL, "out of memory");
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
@@ -204,7 +223,8 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
             char w[160];
             snprintf(w, sizeof w, "tools[%zu] of type '%.40s' was ignored: only function tools "
                      "are supported", i, type);
-            json_array_append_new(warnings, json_string(w));
+            if (json_array_append_new(warnings, json_string(w)) < 0)
+                GPS_FAIL(NULL, "out of memory"); /* the client is told of what is ignored */
             continue;
         }
         if (!json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params)) ||
@@ -215,14 +235,18 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
                      i);
         if (strict && !json_is_boolean(strict) && !json_is_null(strict))
             GPS_FAIL("tools", "tools[%zu].strict must be a boolean", i);
+        /* A tool (or a field of one) lost would have the model call what the
+         * client did not describe: out of memory fails the request. */
         json_t *fn = json_pack("{s:O}", "name", name);
-        if (json_is_string(desc))
-            json_object_set(fn, "description", desc);
-        if (json_is_object(params))
-            json_object_set(fn, "parameters", params);
-        if (json_is_boolean(strict))
-            json_object_set(fn, "strict", strict);
-        json_array_append_new(chat, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+        if (!fn || (json_is_string(desc) && json_object_set(fn, "description", desc) < 0) ||
+            (json_is_object(params) && json_object_set(fn, "parameters", params) < 0) ||
+            (json_is_boolean(strict) && json_object_set(fn, "strict", strict) < 0)) {
+            json_decref(fn);
+            GPS_FAIL(NULL, "out of memory");
+        }
+        if (json_array_append_new(chat, json_pack("{s:s,s:o}", "type", "function", "function",
+                                                  fn)) < 0)
+            GPS_FAIL(NULL, "out of memory");
     }
     if (gps_absent(choice))
         return 0;
@@ -230,6 +254,8 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         const char *v = json_string_value(choice);
         if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0 || strcmp(v, "required") == 0) {
             s->tool_choice = json_string(v);
+            if (!s->tool_choice)
+                GPS_FAIL(NULL, "out of memory");
             return 0;
         }
     } else if (json_is_object(choice)) {
@@ -245,6 +271,8 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
                            name) == 0) {
                     s->tool_choice = json_pack("{s:s,s:{s:s}}", "type", "function", "function",
                                                "name", name);
+                    if (!s->tool_choice)
+                        GPS_FAIL(NULL, "out of memory");
                     return 0;
                 }
             }
@@ -318,9 +346,10 @@ static int parse_messages(const json_t *body, gps_resp_req *out, char *msg, size
         const char *role = json_string_value(json_object_get(m, "role"));
         if (strcmp(role, "$ref") != 0)
             continue;
-        if (!out->refs && !(out->refs = json_array()))
+        /* An id not looked up would leave its mark in the messages. */
+        if ((!out->refs && !(out->refs = json_array())) ||
+            json_array_append(out->refs, json_object_get(m, "id")) < 0)
             GPS_FAIL(NULL, "out of memory");
-        json_array_append(out->refs, json_object_get(m, "id"));
     }
     return 0;
 fail:
@@ -356,8 +385,9 @@ static int parse_tool_fields(const json_t *body, gps_resp_req *out, char *msg, s
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
         out->warnings = json_array();
-        if (!out->warnings ||
-            parse_tools(tools, tchoice, s, out->warnings, msg, msglen, param) < 0)
+        if (!out->warnings)
+            GPS_FAIL(NULL, "out of memory");
+        if (parse_tools(tools, tchoice, s, out->warnings, msg, msglen, param) < 0)
             goto fail;
         if (json_array_size(s->tools) == 0) {
             json_decref(s->tools);
@@ -413,6 +443,8 @@ static int parse_options(const json_t *body, gps_resp_req *out, char *msg, size_
         if (!json_is_string(user) || json_string_length(user) > 256)
             GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
         s->user = strdup(json_string_value(user));
+        if (!s->user) /* the scheduler's affinity key: not dropped silently */
+            GPS_FAIL(NULL, "out of memory");
     }
     if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
                                param) < 0)
@@ -443,17 +475,21 @@ static int build_echo(const json_t *body, gps_resp_req *out, char *msg, size_t m
                           (int)out->store);
     if (!out->echo)
         GPS_FAIL(NULL, "out of memory");
-    if (out->prev_id)
-        json_object_set_new(out->echo, "previous_response_id", json_string(out->prev_id));
-    /* The tools as the client gave them (Responses shape). */
-    json_object_set_new(out->echo, "tools",
-                        json_is_array(tools) ? json_deep_copy(tools) : json_array());
-    json_object_set_new(out->echo, "tool_choice",
-                        gps_absent(tchoice) ? json_string("auto") : json_deep_copy(tchoice));
-    if (s->user)
-        json_object_set_new(out->echo, "user", json_string(s->user));
-    if (s->response_format)   /* structured output: the format as given */
-        json_object_set_new(out->echo, "text", json_deep_copy(text));
+    /* The response object repeats these: one missing would misreport the
+     * request, so out of memory fails it like any other field. */
+    if ((out->prev_id && json_object_set_new(out->echo, "previous_response_id",
+                                             json_string(out->prev_id)) < 0) ||
+        /* The tools as the client gave them (Responses shape). */
+        json_object_set_new(out->echo, "tools",
+                            json_is_array(tools) ? json_deep_copy(tools) : json_array()) < 0 ||
+        json_object_set_new(out->echo, "tool_choice",
+                            gps_absent(tchoice) ? json_string("auto")
+                                                : json_deep_copy(tchoice)) < 0 ||
+        (s->user && json_object_set_new(out->echo, "user", json_string(s->user)) < 0) ||
+        /* structured output: the format as given */
+        (s->response_format &&
+         json_object_set_new(out->echo, "text", json_deep_copy(text)) < 0))
+        GPS_FAIL(NULL, "out of memory");
     return 0;
 fail:
     return -1;
