@@ -42,22 +42,25 @@
     } while (0)
 
 
-static void warn(gps_anthropic_req *r, const char *fmt, const char *arg)
+/* Adds a warning for x_pool_meta. -1 when out of memory: the client is
+ * told of everything left out, so a warning lost fails the request. */
+static int warn(gps_anthropic_req *r, const char *fmt, const char *arg)
 {
     char w[256];
     snprintf(w, sizeof w, fmt, arg);
     /* Same warning once. */
     size_t i;
     json_t *e;
-    json_array_foreach(r->warnings, i, e) if (strcmp(json_string_value(e), w) == 0) return;
-    json_array_append_new(r->warnings, json_string(w));
+    json_array_foreach(r->warnings, i, e) if (strcmp(json_string_value(e), w) == 0) return 0;
+    return json_array_append_new(r->warnings, json_string(w));
 }
 
-static void sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
+/* Appends sep (unless b is empty) and s[0..n). 0, or -1 out of memory. */
+static int sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
 {
-    if (b->len && sep)
-        gp_buf_append(b, sep, strlen(sep));
-    gp_buf_append(b, s, n);
+    if (b->len && sep && gp_buf_append(b, sep, strlen(sep)) < 0)
+        return -1;
+    return gp_buf_append(b, s, n);
 }
 
 /* The text of a tool_result's content (a string or blocks). -1 with msg. */
@@ -67,7 +70,8 @@ static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char 
     if (gps_absent(c))
         return 0;
     if (json_is_string(c)) {
-        sep_append(b, json_string_value(c), json_string_length(c), "\n");
+        if (sep_append(b, json_string_value(c), json_string_length(c), "\n") < 0)
+            goto oom;
         return 0;
     }
     if (!json_is_array(c)) {
@@ -87,9 +91,55 @@ static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char 
                      where, i, t ? t : "(none)");
             return -1;
         }
-        sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
+        if (sep_append(b, json_string_value(tx), json_string_length(tx), "\n") < 0)
+            goto oom;
     }
     return 0;
+oom:
+    snprintf(msg, msglen, "out of memory");
+    return -1;
+}
+
+/* A tool_use or tool_result block as text, appended to b (blocks of the
+ * text path). 0, or -1 with msg. */
+static int tool_block_text(const json_t *blk, bool use, const char *where, gp_buf *b,
+                           char *msg, size_t msglen)
+{
+    gp_buf tmp;
+    gp_buf_init(&tmp);
+    int rc = -1;
+    if (use) {
+        const char *name = json_string_value(json_object_get(blk, "name"));
+        const char *id = json_string_value(json_object_get(blk, "id"));
+        const json_t *in = json_object_get(blk, "input");
+        /* No input: "{}". Input that could not be written (out of memory)
+         * must not become "{}": the call would read as made without it. */
+        char *input = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        if (in && !input)
+            goto oom;
+        rc = gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] %s", id ? id : "",
+                            name ? name : "", input ? input : "{}");
+        free(input);
+        if (rc < 0)
+            goto oom;
+    } else {
+        const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+        if (gp_buf_appendf(&tmp, "[tool_result id=%s%s]", id ? id : "",
+                           json_is_true(json_object_get(blk, "is_error")) ? " error" : "") < 0)
+            goto oom;
+        if (tool_result_text(json_object_get(blk, "content"), &tmp, where, msg, msglen) < 0)
+            goto out;
+    }
+    if (sep_append(b, tmp.data, tmp.len, "\n") < 0)
+        goto oom;
+    rc = 0;
+    goto out;
+oom:
+    snprintf(msg, msglen, "out of memory");
+    rc = -1;
+out:
+    gp_buf_free(&tmp);
+    return rc;
 }
 
 /* Render one message's content (string or blocks) into b. -1 with msg. */
@@ -97,7 +147,8 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
                            gp_buf *b, char *msg, size_t msglen)
 {
     if (json_is_string(c)) {
-        gp_buf_append(b, json_string_value(c), json_string_length(c));
+        if (gp_buf_append(b, json_string_value(c), json_string_length(c)) < 0)
+            goto oom;
         return 0;
     }
     if (!json_is_array(c)) {
@@ -122,34 +173,16 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
                 snprintf(msg, msglen, "%s.text: must be a string", where);
                 return -1;
             }
-            sep_append(b, json_string_value(tx), json_string_length(tx), "\n");
-        } else if (!system_role && strcmp(t, "tool_use") == 0) {
-            const char *name = json_string_value(json_object_get(blk, "name"));
-            const char *id = json_string_value(json_object_get(blk, "id"));
-            char *input = json_dumps(json_object_get(blk, "input"),
-                                     JSON_COMPACT | JSON_ENCODE_ANY);
-            gp_buf tmp;
-            gp_buf_init(&tmp);
-            gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] %s", id ? id : "",
-                           name ? name : "", input ? input : "{}");
-            free(input);
-            sep_append(b, tmp.data, tmp.len, "\n");
-            gp_buf_free(&tmp);
-        } else if (!system_role && strcmp(t, "tool_result") == 0) {
-            const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
-            gp_buf tmp;
-            gp_buf_init(&tmp);
-            gp_buf_appendf(&tmp, "[tool_result id=%s%s]", id ? id : "",
-                           json_is_true(json_object_get(blk, "is_error")) ? " error" : "");
-            if (tool_result_text(json_object_get(blk, "content"), &tmp, where, msg, msglen) < 0) {
-                gp_buf_free(&tmp);
+            if (sep_append(b, json_string_value(tx), json_string_length(tx), "\n") < 0)
+                goto oom;
+        } else if (!system_role &&
+                   (strcmp(t, "tool_use") == 0 || strcmp(t, "tool_result") == 0)) {
+            if (tool_block_text(blk, strcmp(t, "tool_use") == 0, where, b, msg, msglen) < 0)
                 return -1;
-            }
-            sep_append(b, tmp.data, tmp.len, "\n");
-            gp_buf_free(&tmp);
         } else if (!system_role &&
                    (strcmp(t, "thinking") == 0 || strcmp(t, "redacted_thinking") == 0)) {
-            warn(r, "%s blocks in messages are not sent to the model", t);
+            if (warn(r, "%s blocks in messages are not sent to the model", t) < 0)
+                goto oom;
         } else {
             snprintf(msg, msglen,
                      "%s: content blocks of type '%.40s' are not supported by this pool "
@@ -159,8 +192,10 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
         }
     }
     return 0;
+oom:
+    snprintf(msg, msglen, "out of memory");
+    return -1;
 }
-
 
 static const char *const known_fields[] = {
     "model", "max_tokens", "messages", "system", "stop_sequences", "temperature", "top_p",
@@ -186,8 +221,13 @@ static int output_format(const json_t *body, gps_anthropic_req *out, char *msg, 
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)oc, k, v)
-            if (strcmp(k, "format") != 0)
-                warn(out, "output_config.%.64s is not supported by this pool; ignored", k);
+        {
+            if (strcmp(k, "format") != 0 &&
+                warn(out, "output_config.%.64s is not supported by this pool; ignored", k) < 0) {
+                snprintf(msg, msglen, "out of memory");
+                return -1;
+            }
+        }
         if (!gps_absent(json_object_get(oc, "format"))) {
             if (!gps_absent(beta)) {
                 snprintf(msg, msglen, "output_config.format and output_format: give one");
@@ -218,12 +258,16 @@ static int output_format(const json_t *body, gps_anthropic_req *out, char *msg, 
     return 0;
 }
 
-static void render_tools(gps_anthropic_req *r, const json_t *tools)
+/* The tools as text into r->tools_text. 0, or -1 out of memory (the text
+ * sizes the prompt's bound: a part left out would understate it). */
+static int render_tools(gps_anthropic_req *r, const json_t *tools)
 {
     gp_buf b;
     gp_buf_init(&b);
-    gp_buf_appendf(&b, "# Tools\n\nYou may call the following tools. To call one, answer "
-                       "with a JSON object {\"name\": <tool name>, \"input\": <arguments>}.\n");
+    if (gp_buf_appendf(&b, "# Tools\n\nYou may call the following tools. To call one, answer "
+                           "with a JSON object {\"name\": <tool name>, \"input\": "
+                           "<arguments>}.\n") < 0)
+        goto fail;
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
@@ -231,20 +275,25 @@ static void render_tools(gps_anthropic_req *r, const json_t *tools)
         const char *name = json_string_value(json_object_get(t, "name"));
         const char *type = json_string_value(json_object_get(t, "type"));
         const char *desc = json_string_value(json_object_get(t, "description"));
-        gp_buf_appendf(&b, "\n## %s\n", name ? name : "");
-        if (type && strcmp(type, "custom") != 0)
-            gp_buf_appendf(&b, "Built-in tool of type %s.\n", type);
-        if (desc)
-            gp_buf_appendf(&b, "%s\n", desc);
+        if (gp_buf_appendf(&b, "\n## %s\n", name ? name : "") < 0 ||
+            (type && strcmp(type, "custom") != 0 &&
+             gp_buf_appendf(&b, "Built-in tool of type %s.\n", type) < 0) ||
+            (desc && gp_buf_appendf(&b, "%s\n", desc) < 0))
+            goto fail;
         const json_t *schema = json_object_get(t, "input_schema");
-        if (json_is_object(schema)) {
-            char *s = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS);
-            if (s)
-                gp_buf_appendf(&b, "Input schema: %s\n", s);
-            free(s);
-        }
+        /* Not json_dumps(JSON_SORT_KEYS): jansson 2.14's sorted dump skips a
+         * key whose write ran out of memory and still returns the text. The
+         * text only sizes the prompt, so the keys' order does not matter. */
+        if (json_is_object(schema) &&
+            (gp_buf_appendf(&b, "Input schema: ") < 0 || gp_json_dump_append(&b, schema) < 0 ||
+             gp_buf_append(&b, "\n", 1) < 0))
+            goto fail;
     }
     r->tools_text = gp_buf_steal(&b);
+    return 0;
+fail:
+    gp_buf_free(&b);
+    return -1;
 }
 
 /* Anthropic tools -> OpenAI function tools (input_schema -> parameters,
@@ -262,21 +311,30 @@ json_t *gps_anthropic_tools_to_openai(const json_t *tools)
         const char *type = json_string_value(json_object_get(t, "type"));
         const json_t *desc = json_object_get(t, "description");
         const json_t *schema = json_object_get(t, "input_schema");
-        json_t *fn = json_pack("{s:s}", "name", name ? name : "");
-        if (json_is_string(desc)) {
-            json_object_set(fn, "description", (json_t *)desc);
-        } else if (type && strcmp(type, "custom") != 0) {
-            char d[128];
-            snprintf(d, sizeof d, "Built-in tool of type %.64s.", type);
-            json_object_set_new(fn, "description", json_string(d));
-        }
-        json_object_set_new(fn, "parameters", json_is_object(schema)
-                                                  ? json_deep_copy(schema)
-                                                  : json_pack("{s:s}", "type", "object"));
         const json_t *strict = json_object_get(t, "strict");
-        if (json_is_boolean(strict))
-            json_object_set(fn, "strict", (json_t *)strict);
-        json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function", fn));
+        char d[128] = "";
+        if (!json_is_string(desc) && type && strcmp(type, "custom") != 0)
+            snprintf(d, sizeof d, "Built-in tool of type %.64s.", type);
+        /* Any part missing (out of memory) fails the whole list: a tool
+         * without its schema or description is not the tool offered. */
+        json_t *fn = json_pack("{s:s}", "name", name ? name : "");
+        if (!fn || !out ||
+            (json_is_string(desc) && json_object_set(fn, "description", (json_t *)desc) < 0) ||
+            (d[0] && json_object_set_new(fn, "description", json_string(d)) < 0) ||
+            json_object_set_new(fn, "parameters", json_is_object(schema)
+                                                      ? json_deep_copy(schema)
+                                                      : json_pack("{s:s}", "type", "object")) <
+                0 ||
+            (json_is_boolean(strict) && json_object_set(fn, "strict", (json_t *)strict) < 0)) {
+            json_decref(fn);
+            json_decref(out);
+            return NULL;
+        }
+        if (json_array_append_new(out, json_pack("{s:s,s:o}", "type", "function", "function",
+                                                 fn)) < 0) {
+            json_decref(out);
+            return NULL;
+        }
     }
     return out;
 }
@@ -297,9 +355,10 @@ json_t *gps_anthropic_tool_choice_to_openai(const json_t *tc)
 }
 
 /* Append an OpenAI message; consecutive plain messages of the same role
- * are joined (blank line between), as on the text path. */
-static void oai_append(json_t *arr, const char *role, const char *text, size_t len,
-                       json_t *tool_calls)
+ * are joined (blank line between), as on the text path. tool_calls is
+ * stolen. 0, or -1 out of memory. */
+static int oai_append(json_t *arr, const char *role, const char *text, size_t len,
+                      json_t *tool_calls)
 {
     json_t *last = json_array_get(arr, json_array_size(arr) - 1);
     const char *lr = json_string_value(json_object_get(last, "role"));
@@ -308,30 +367,117 @@ static void oai_append(json_t *arr, const char *role, const char *text, size_t l
         !json_object_get(last, "tool_calls") && strcmp(role, "tool") != 0) {
         gp_buf b;
         gp_buf_init(&b);
-        gp_buf_append(&b, json_string_value(lc), json_string_length(lc));
-        sep_append(&b, text, len, "\n\n");
-        json_object_set_new(last, "content", json_stringn(b.data ? b.data : "", b.len));
+        int rc = -1;
+        if (gp_buf_append(&b, json_string_value(lc), json_string_length(lc)) == 0 &&
+            sep_append(&b, text, len, "\n\n") == 0)
+            rc = json_object_set_new(last, "content", json_stringn(b.data ? b.data : "", b.len));
         gp_buf_free(&b);
-        return;
+        return rc;
     }
-    json_t *m = json_pack("{s:s}", "role", role);
-    if (tool_calls) {
-        json_object_set_new(m, "content", len ? json_stringn(text, len) : json_null());
-        json_object_set_new(m, "tool_calls", tool_calls);
-    } else {
-        json_object_set_new(m, "content", json_stringn(text ? text : "", len));
+    json_t *m = tool_calls ? json_pack("{s:s,s:o,s:o}", "role", role, "content",
+                                       len ? json_stringn(text, len) : json_null(),
+                                       "tool_calls", tool_calls)
+                           : json_pack("{s:s,s:s%}", "role", role, "content", text ? text : "",
+                                       len);
+    return json_array_append_new(arr, m);
+}
+
+/* An assistant's tool_use block as an OpenAI tool call, appended to
+ * *calls (made on the first). 0, or -1 out of memory. */
+static int oai_tool_call(const json_t *blk, json_t **calls)
+{
+    const char *id = json_string_value(json_object_get(blk, "id"));
+    const char *name = json_string_value(json_object_get(blk, "name"));
+    const json_t *in = json_object_get(blk, "input");
+    /* no input: "{}" below (a json_object() made here leaked); input that
+     * could not be written is no "{}" but out of memory */
+    char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    if ((in && !args) || (!*calls && !(*calls = json_array()))) {
+        free(args);
+        return -1;
     }
-    json_array_append_new(arr, m);
+    int rc = json_array_append_new(*calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
+                                                     id ? id : "", "type", "function",
+                                                     "function", "name", name ? name : "",
+                                                     "arguments", args ? args : "{}"));
+    free(args);
+    return rc;
+}
+
+/* A user's tool_result block as a role "tool" message. 0, or -1 out of
+ * memory. */
+static int oai_tool_result(const json_t *blk, json_t *out)
+{
+    const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
+    gp_buf r, body;
+    gp_buf_init(&r);
+    gp_buf_init(&body);
+    char ignored[16]; /* the content was validated: only out of memory fails */
+    int rc = -1;
+    if (tool_result_text(json_object_get(blk, "content"), &body, "", ignored, sizeof ignored) <
+            0 ||
+        (json_is_true(json_object_get(blk, "is_error")) && gp_buf_appendf(&r, "Error: ") < 0) ||
+        gp_buf_append(&r, body.data ? body.data : "", body.len) < 0)
+        goto out;
+    rc = json_array_append_new(out, json_pack("{s:s,s:s,s:s%}", "role", "tool", "tool_call_id",
+                                              id ? id : "", "content", r.data ? r.data : "",
+                                              r.len));
+out:
+    gp_buf_free(&body);
+    gp_buf_free(&r);
+    return rc;
+}
+
+/* One message's blocks in OpenAI form onto out. 0, or -1 out of memory. */
+static int oai_blocks(const json_t *c, const char *role, json_t *out)
+{
+    bool user = strcmp(role, "user") == 0;
+    gp_buf text;
+    gp_buf_init(&text);
+    json_t *calls = NULL;
+    size_t k;
+    json_t *blk;
+    json_array_foreach(c, k, blk)
+    {
+        const char *t = json_string_value(json_object_get(blk, "type"));
+        if (!t)
+            continue;
+        if (strcmp(t, "text") == 0) {
+            const json_t *tx = json_object_get(blk, "text");
+            if (sep_append(&text, json_string_value(tx), json_string_length(tx), "\n") < 0)
+                goto fail;
+        } else if (!user && strcmp(t, "tool_use") == 0) {
+            if (oai_tool_call(blk, &calls) < 0)
+                goto fail;
+        } else if (user && strcmp(t, "tool_result") == 0) {
+            if (oai_tool_result(blk, out) < 0)
+                goto fail;
+        }
+    }
+    int rc = 0;
+    if (calls)
+        rc = oai_append(out, "assistant", text.data, text.len, calls); /* calls stolen */
+    else if (text.len)
+        rc = oai_append(out, role, text.data, text.len, NULL);
+    gp_buf_free(&text);
+    return rc;
+fail:
+    json_decref(calls);
+    gp_buf_free(&text);
+    return -1;
 }
 
 /* The conversation in OpenAI form for agents that take tools: assistant
  * tool_use blocks -> tool_calls, user tool_result blocks -> role "tool"
  * messages (before the user's own text of that turn). System entries are
  * skipped (merged into the system prompt by the text path). The blocks
- * were validated by content_to_text already. */
+ * were validated by content_to_text already. NULL when out of memory (a
+ * message missing would be another conversation). */
 static json_t *openai_messages(const json_t *m)
 {
     json_t *out = json_array();
+    if (!out)
+        return NULL;
     size_t i;
     json_t *e;
     json_array_foreach(m, i, e)
@@ -340,60 +486,13 @@ static json_t *openai_messages(const json_t *m)
         const json_t *c = json_object_get(e, "content");
         if (!role || strcmp(role, "system") == 0)
             continue;
-        bool user = strcmp(role, "user") == 0;
-        if (json_is_string(c)) {
-            oai_append(out, role, json_string_value(c), json_string_length(c), NULL);
-            continue;
+        int rc = json_is_string(c) ? oai_append(out, role, json_string_value(c),
+                                                json_string_length(c), NULL)
+                                   : oai_blocks(c, role, out);
+        if (rc < 0) {
+            json_decref(out);
+            return NULL;
         }
-        gp_buf text;
-        gp_buf_init(&text);
-        json_t *calls = NULL;
-        size_t k;
-        json_t *blk;
-        json_array_foreach(c, k, blk)
-        {
-            const char *t = json_string_value(json_object_get(blk, "type"));
-            if (!t)
-                continue;
-            if (strcmp(t, "text") == 0) {
-                const json_t *tx = json_object_get(blk, "text");
-                sep_append(&text, json_string_value(tx), json_string_length(tx), "\n");
-            } else if (!user && strcmp(t, "tool_use") == 0) {
-                const char *id = json_string_value(json_object_get(blk, "id"));
-                const char *name = json_string_value(json_object_get(blk, "name"));
-                const json_t *in = json_object_get(blk, "input");
-                /* no input: "{}" below (a json_object() made here leaked) */
-                char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-                if (!calls)
-                    calls = json_array();
-                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
-                                                       id ? id : "", "type", "function",
-                                                       "function", "name", name ? name : "",
-                                                       "arguments", args ? args : "{}"));
-                free(args);
-            } else if (user && strcmp(t, "tool_result") == 0) {
-                const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
-                gp_buf r, body;
-                gp_buf_init(&r);
-                gp_buf_init(&body);
-                char ignored[8];
-                tool_result_text(json_object_get(blk, "content"), &body, "", ignored,
-                                 sizeof ignored);
-                if (json_is_true(json_object_get(blk, "is_error")))
-                    gp_buf_appendf(&r, "Error: ");
-                gp_buf_append(&r, body.data ? body.data : "", body.len);
-                gp_buf_free(&body);
-                json_array_append_new(out, json_pack("{s:s,s:s,s:s%}", "role", "tool",
-                                                     "tool_call_id", id ? id : "", "content",
-                                                     r.data ? r.data : "", r.len));
-                gp_buf_free(&r);
-            }
-        }
-        if (calls)
-            oai_append(out, "assistant", text.data, text.len, calls);
-        else if (text.len)
-            oai_append(out, role, text.data, text.len, NULL);
-        gp_buf_free(&text);
     }
     return out;
 }
@@ -436,7 +535,8 @@ static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msgle
     const json_t *system = json_object_get(body, "system");
     if (!gps_absent(system)) {
         if (json_is_string(system)) {
-            gp_buf_append(sys, json_string_value(system), json_string_length(system));
+            if (gp_buf_append(sys, json_string_value(system), json_string_length(system)) < 0)
+                FAIL("out of memory");
         } else if (json_is_array(system)) {
             size_t i;
             json_t *blk;
@@ -447,7 +547,8 @@ static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msgle
                 if (!t || strcmp(t, "text") != 0 || !json_is_string(tx))
                     FAIL("system.%zu: system blocks must be {\"type\":\"text\",\"text\":string}",
                          i);
-                sep_append(sys, json_string_value(tx), json_string_length(tx), "\n\n");
+                if (sep_append(sys, json_string_value(tx), json_string_length(tx), "\n\n") < 0)
+                    FAIL("out of memory");
             }
         } else {
             FAIL("system: must be a string or an array of text blocks");
@@ -456,6 +557,13 @@ static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msgle
     return 0;
 fail:
     return -1;
+}
+
+/* One merged turn {role, content} onto messages. 0, or -1 out of memory. */
+static int turn_append(json_t *messages, const char *role, const gp_buf *text)
+{
+    return json_array_append_new(messages, json_pack("{s:s,s:s%}", "role", role, "content",
+                                                     text->data ? text->data : "", text->len));
 }
 
 /* messages: consecutive turns of one role merge into one message. sys stays
@@ -497,29 +605,28 @@ static int parse_messages(const json_t *body, gps_anthropic_req *out, gp_buf *sy
             goto fail;
         }
         out->prompt_bytes += text.len;
+        /* Every append below is checked: a turn (or part of one) lost to a
+         * failed allocation would have the model answer another conversation. */
+        int rc;
         if (is_system) {
             /* Mid-conversation system entries join the system prompt. */
-            sep_append(sys, text.data ? text.data : "", text.len, "\n\n");
-            gp_buf_free(&text);
-            continue;
-        }
-        if (cur_role && strcmp(cur_role, role) == 0) {
-            sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
+            rc = sep_append(sys, text.data ? text.data : "", text.len, "\n\n");
+        } else if (cur_role && strcmp(cur_role, role) == 0) {
+            rc = sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
         } else {
-            if (cur_role)
-                json_array_append_new(s->messages,
-                                      json_pack("{s:s,s:s%}", "role", cur_role, "content",
-                                                cur.data ? cur.data : "", cur.len));
+            rc = cur_role ? turn_append(s->messages, cur_role, &cur) : 0;
             gp_buf_free(&cur);
             gp_buf_init(&cur);
-            gp_buf_append(&cur, text.data ? text.data : "", text.len);
+            if (rc == 0)
+                rc = gp_buf_append(&cur, text.data ? text.data : "", text.len);
             cur_role = strcmp(role, "user") == 0 ? "user" : "assistant";
         }
         gp_buf_free(&text);
+        if (rc < 0)
+            FAIL("out of memory");
     }
-    if (cur_role)
-        json_array_append_new(s->messages, json_pack("{s:s,s:s%}", "role", cur_role, "content",
-                                                     cur.data ? cur.data : "", cur.len));
+    if (cur_role && turn_append(s->messages, cur_role, &cur) < 0)
+        FAIL("out of memory");
     if (json_array_size(s->messages) == 0)
         FAIL("messages: at least one user or assistant message is required");
     gp_buf_free(&cur);
@@ -560,7 +667,10 @@ static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg,
                 json_string_length(e) > GPS_MAX_STOP_LEN)
                 FAIL("stop_sequences.%zu: must be a non-empty string of at most %d bytes", i,
                      GPS_MAX_STOP_LEN);
-            json_array_append_new(out->stop_sequences, json_string(json_string_value(e)));
+            /* A sequence lost would let the reply run past it. */
+            if (json_array_append_new(out->stop_sequences, json_string(json_string_value(e))) <
+                0)
+                FAIL("out of memory");
         }
         if (json_array_size(out->stop_sequences) == 0) {
             json_decref(out->stop_sequences);
@@ -590,8 +700,9 @@ static int parse_metadata_stream(const json_t *body, bool count_only, gps_anthro
         if (!gps_absent(uid)) {
             if (!json_is_string(uid) || json_string_length(uid) > MAX_USER_ID)
                 FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
-            if (json_string_length(uid) > 0)
-                s->user = strdup(json_string_value(uid)); /* scheduler affinity key */
+            /* scheduler affinity key: not dropped silently */
+            if (json_string_length(uid) > 0 && !(s->user = strdup(json_string_value(uid))))
+                FAIL("out of memory");
         }
     }
 
@@ -648,9 +759,9 @@ static int parse_tools(const json_t *body, gps_anthropic_req *out, char *msg, si
         if (json_array_size(tools) > 0 && !(tc_type && strcmp(tc_type, "none") == 0)) {
             /* The text form only sizes the prompt bound: agents render the
              * structured tools with their own chat template. */
-            render_tools(out, tools);
-            if (out->tools_text)
-                out->prompt_bytes += strlen(out->tools_text);
+            if (render_tools(out, tools) < 0)
+                FAIL("out of memory");
+            out->prompt_bytes += strlen(out->tools_text);
             out->tools = gps_anthropic_tools_to_openai(tools);
             out->tool_choice = gps_anthropic_tool_choice_to_openai(tc);
             out->tool_messages = openai_messages(json_object_get(body, "messages"));
@@ -670,16 +781,18 @@ static int parse_thinking(const json_t *body, gps_anthropic_req *out, char *msg,
         if (!json_is_object(th))
             FAIL("thinking: must be an object");
         const char *tt = json_string_value(json_object_get(th, "type"));
-        if (!tt || strcmp(tt, "disabled") != 0)
+        if ((!tt || strcmp(tt, "disabled") != 0) &&
             warn(out, "thinking (%s) is not supported by this pool; answered without it",
-                 tt ? tt : "?");
+                 tt ? tt : "?") < 0)
+            FAIL("out of memory");
     }
     return 0;
 fail:
     return -1;
 }
 
-static void warn_unknown_fields(const json_t *body, gps_anthropic_req *out)
+/* 0, or -1 out of memory. */
+static int warn_unknown_fields(const json_t *body, gps_anthropic_req *out)
 {
     const char *k;
     json_t *v;
@@ -688,9 +801,10 @@ static void warn_unknown_fields(const json_t *body, gps_anthropic_req *out)
         bool known = false;
         for (size_t f = 0; known_fields[f]; f++)
             known = known || strcmp(k, known_fields[f]) == 0;
-        if (!known)
-            warn(out, "unknown field '%.64s' ignored", k);
+        if (!known && warn(out, "unknown field '%.64s' ignored", k) < 0)
+            return -1;
     }
+    return 0;
 }
 
 /* The checks run in the order of the sections above: with several problems
@@ -734,9 +848,7 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
         0)
         goto fail;
 
-    warn_unknown_fields(body, out);
-
-    if (!s->model)
+    if (warn_unknown_fields(body, out) < 0 || !s->model)
         FAIL("out of memory");
     return 0;
 fail:
@@ -771,8 +883,8 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
     gps_job_spec *s = &r->spec;
     gp_buf sys;
     gp_buf_init(&sys);
-    if (r->system)
-        gp_buf_append(&sys, r->system, strlen(r->system));
+    if (r->system && gp_buf_append(&sys, r->system, strlen(r->system)) < 0)
+        goto oom;
     if (r->tools) {
         if (tools_supported) {
             /* Structured: the agent passes them on (openai) or renders them
@@ -782,18 +894,15 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
             s->tools = r->tools;
             s->tool_choice = r->tool_choice;
             r->tool_messages = r->tools = r->tool_choice = NULL;
-        } else {
-            warn(r, "tools were ignored: the chat template of model '%.100s' does not take "
-                    "tools (no agent reports supports_tools)", s->model);
+        } else if (warn(r, "tools were ignored: the chat template of model '%.100s' does not "
+                           "take tools (no agent reports supports_tools)", s->model) < 0) {
+            goto oom;
         }
     }
     if (sys.len) {
         json_t *m = json_pack("{s:s,s:s%}", "role", "system", "content", sys.data, sys.len);
-        if (!m || json_array_insert_new(s->messages, 0, m) < 0) {
-            gp_buf_free(&sys);
-            snprintf(msg, msglen, "out of memory");
-            return -1;
-        }
+        if (!m || json_array_insert_new(s->messages, 0, m) < 0)
+            goto oom;
     }
     gp_buf_free(&sys);
     if (context_length > 0) {
@@ -811,11 +920,18 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
                      "max_tokens %lld was clamped to %lld: model '%.100s' has a context of "
                      "%lld tokens and the prompt takes at least %lld",
                      s->max_tokens, context_length - lb, s->model, context_length, lb);
-            json_array_append_new(r->warnings, json_string(w));
+            if (json_array_append_new(r->warnings, json_string(w)) < 0) {
+                snprintf(msg, msglen, "out of memory"); /* a clamp is never silent */
+                return -1;
+            }
             s->max_tokens = context_length - lb;
         }
     }
     return 0;
+oom:
+    gp_buf_free(&sys);
+    snprintf(msg, msglen, "out of memory");
+    return -1;
 }
 
 /* ------------------------------------------------------------------ */

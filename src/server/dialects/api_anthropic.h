@@ -78,7 +78,8 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
                         size_t msglen);
 void gps_anthropic_req_clear(gps_anthropic_req *r);
 
-/* Anthropic tools / tool_choice -> OpenAI form (new references). */
+/* Anthropic tools / tool_choice -> OpenAI form (new references; NULL when
+ * out of memory). */
 json_t *gps_anthropic_tools_to_openai(const json_t *tools);
 json_t *gps_anthropic_tool_choice_to_openai(const json_t *tool_choice);
 
