@@ -1,0 +1,520 @@
+/* Request parsers under allocation failure: a parse either fails (with a
+ * message) or yields exactly what it yields with memory to spare; it never
+ * "succeeds" with a message, a tool or a warning missing (the model would
+ * answer another prompt than the client sent).
+ *
+ * jansson's allocator is replaced by one that fails the N-th allocation;
+ * every parser runs on rich bodies for N = 1, 2, 3, ... until a run ends
+ * without the failure being reached. A successful run's result, summed up
+ * as JSON once the allocator is back, must equal the unhurt run's. libc's
+ * malloc (strdup, gp_buf) is not hooked: those paths were fixed by reading. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/dialects/api_anthropic.h"
+#include "server/dialects/api_openai.h"
+#include "server/dialects/api_tasks_priv.h"
+#include "server/dialects/embeddings.h"
+#include "server/dialects/responses.h"
+
+/* ------------------------------------------------------------------ */
+/* The failing allocator                                               */
+/* ------------------------------------------------------------------ */
+
+static size_t countdown; /* 0: never fail; else fail when it reaches 0 */
+static bool injected;    /* the failure was handed out */
+
+static void *failing_malloc(size_t n)
+{
+    if (countdown && --countdown == 0) {
+        injected = true;
+        return NULL;
+    }
+    return malloc(n);
+}
+
+static void arm(size_t n)
+{
+    countdown = n;
+    injected = false;
+    json_set_alloc_funcs(failing_malloc, free);
+}
+
+/* Back to libc's allocator (what the rest of the run uses). Returns
+ * whether the failure was reached. */
+static bool disarm(void)
+{
+    json_set_alloc_funcs(malloc, free);
+    countdown = 0;
+    return injected;
+}
+
+static json_t *J(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    if (!j)
+        fail_msg("bad test JSON: %s (%s)", e.text, s);
+    return j;
+}
+
+/* ------------------------------------------------------------------ */
+/* Results summed up as JSON (built with the allocator restored)       */
+/* ------------------------------------------------------------------ */
+
+static json_t *labels_json(const gps_job_spec *s)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < s->n_labels; i++)
+        json_object_set_new(o, s->labels[i].key, json_string(s->labels[i].value));
+    return o;
+}
+
+static json_t *fallback_json(const gps_job_spec *s)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < s->n_fallback; i++)
+        json_array_append_new(a, json_string(s->fallback_models[i]));
+    return a;
+}
+
+/* Every field a parser fills in a job spec. */
+static json_t *spec_json(const gps_job_spec *s)
+{
+    json_t *j = json_pack(
+        "{s:i,s:s?,s:s?,s:O?,s:O?,s:O?,s:O?,s:O?,s:I,s:f,s:f,s:I,s:O?,s:b,s:I,s:s?,s:i,s:s?,"
+        "s:s?,s:s?,s:o,s:i,s:o,s:s?,s:b}",
+        "kind", (int)s->kind, "model", s->model, "prompt", s->prompt, "messages", s->messages,
+        "input", s->input, "tools", s->tools, "tool_choice", s->tool_choice, "response_format",
+        s->response_format, "max_tokens", (json_int_t)s->max_tokens, "temperature",
+        s->temperature, "top_p", s->top_p, "top_k", (json_int_t)s->top_k, "stop", s->stop,
+        "has_seed", (int)s->has_seed, "seed", (json_int_t)s->seed, "user", s->user, "priority",
+        (int)s->priority, "prefer_agent", s->prefer_agent, "session", s->session, "tenant_sub",
+        s->tenant_sub, "labels", labels_json(s), "failover", (int)s->failover,
+        "fallback_models", fallback_json(s), "api", s->api, "prompt_tokens_first",
+        (int)s->prompt_tokens_first);
+    assert_non_null(j);
+    return j;
+}
+
+/* ------------------------------------------------------------------ */
+/* One parser: parse (under the failing allocator), sum up, clear      */
+/* ------------------------------------------------------------------ */
+
+typedef struct parser {
+    const char *name;
+    /* 0 with *res set (the parse's output, summed up by the caller's
+     * sum), or -1 with msg. */
+    int (*parse)(const json_t *body, void *res, char *msg, size_t msglen);
+    json_t *(*sum)(void *res);
+    void (*clear)(void *res);
+    size_t res_size;
+} parser;
+
+static int openai_chat_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    const char *param;
+    return gps_openai_parse(body, true, res, msg, msglen, &param);
+}
+
+static int openai_completion_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    const char *param;
+    return gps_openai_parse(body, false, res, msg, msglen, &param);
+}
+
+static json_t *openai_sum(void *res)
+{
+    gps_openai_req *r = res;
+    json_t *j = spec_json(&r->spec);
+    json_object_set_new(j, "x_chat", json_boolean(r->chat));
+    json_object_set_new(j, "x_stream", json_boolean(r->stream));
+    json_object_set_new(j, "x_include_usage", json_boolean(r->include_usage));
+    return j;
+}
+
+static void openai_clear(void *res)
+{
+    gps_job_spec_clear(&((gps_openai_req *)res)->spec);
+}
+
+/* The Anthropic handler's two steps: parse, then assemble (the system
+ * message and, with tools, the OpenAI-form conversation). */
+static int anthropic_run(const json_t *body, bool count_only, bool tools, void *res,
+                         char *msg, size_t msglen)
+{
+    gps_anthropic_req *r = res;
+    if (gps_anthropic_parse(body, count_only, r, msg, msglen) < 0)
+        return -1;
+    if (gps_anthropic_assemble(r, 1000000, tools, msg, msglen) < 0) {
+        gps_anthropic_req_clear(r);
+        return -1;
+    }
+    return 0;
+}
+
+static int anthropic_tools_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    return anthropic_run(body, false, true, res, msg, msglen);
+}
+
+static int anthropic_text_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    return anthropic_run(body, false, false, res, msg, msglen);
+}
+
+static int anthropic_count_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    return anthropic_run(body, true, false, res, msg, msglen);
+}
+
+static json_t *anthropic_sum(void *res)
+{
+    gps_anthropic_req *r = res;
+    json_t *j = spec_json(&r->spec);
+    json_t *x = json_pack("{s:b,s:b,s:s?,s:s?,s:O?,s:O?,s:O?,s:O?,s:O?,s:I}", "stream",
+                          (int)r->stream, "count_only", (int)r->count_only, "system",
+                          r->system, "tools_text", r->tools_text, "tools", r->tools,
+                          "tool_choice", r->tool_choice, "tool_messages", r->tool_messages,
+                          "stop_sequences", r->stop_sequences, "warnings", r->warnings,
+                          "prompt_bytes", (json_int_t)r->prompt_bytes);
+    assert_non_null(x);
+    json_object_set_new(j, "x", x);
+    return j;
+}
+
+static void anthropic_clear(void *res)
+{
+    gps_anthropic_req_clear(res);
+}
+
+static int resp_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    const char *param;
+    return gps_resp_parse(body, res, msg, msglen, &param);
+}
+
+static json_t *resp_sum(void *res)
+{
+    gps_resp_req *r = res;
+    json_t *j = spec_json(&r->spec);
+    json_t *x = json_pack("{s:b,s:b,s:O?,s:O?,s:s?,s:O?,s:I}", "stream", (int)r->stream,
+                          "store", (int)r->store, "echo", r->echo, "warnings", r->warnings,
+                          "prev_id", r->prev_id, "refs", r->refs, "n_instr",
+                          (json_int_t)r->n_instr);
+    assert_non_null(x);
+    json_object_set_new(j, "x", x);
+    return j;
+}
+
+static void resp_clear(void *res)
+{
+    gps_resp_req_clear(res);
+}
+
+static int tasks_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    const char *param;
+    return gps_tasks_parse(body, res, msg, msglen, &param);
+}
+
+static json_t *tasks_sum(void *res)
+{
+    return spec_json(res);
+}
+
+static void tasks_clear(void *res)
+{
+    gps_job_spec_clear(res);
+}
+
+static int embed_parse(const json_t *body, void *res, char *msg, size_t msglen)
+{
+    const char *param;
+    return gps_embed_parse(body, 0, res, msg, msglen, &param);
+}
+
+static json_t *embed_sum(void *res)
+{
+    gps_embed_req *r = res;
+    json_t *j = json_pack("{s:s?,s:O?,s:b,s:I,s:s?}", "model", r->model, "input", r->input,
+                          "base64", (int)r->base64, "dimensions", (json_int_t)r->dimensions,
+                          "user", r->user);
+    assert_non_null(j);
+    return j;
+}
+
+static void embed_clear(void *res)
+{
+    gps_embed_req_clear(res);
+}
+
+/* ------------------------------------------------------------------ */
+/* The sweep                                                           */
+/* ------------------------------------------------------------------ */
+
+/* The fields where got and want differ (objects: by key, to any depth). */
+static void print_diff(const char *path, const json_t *got, const json_t *want)
+{
+    if (json_is_object(got) && json_is_object(want)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)want, k, v)
+        {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.%s", path, k);
+            if (!json_equal(json_object_get(got, k), v))
+                print_diff(sub, json_object_get(got, k), v);
+        }
+        return;
+    }
+    char *g = json_dumps(got, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *w = json_dumps(want, JSON_COMPACT | JSON_ENCODE_ANY);
+    print_message("  %s: got %.300s\n  %*s want %.300s\n", path, g ? g : "(nothing)",
+                  (int)strlen(path), "", w ? w : "(nothing)");
+    free(g);
+    free(w);
+}
+
+#define MAX_RES 4096 /* room for any parser's output struct */
+
+/* Runs p on body for N = 1, 2, ... Returns the number of runs whose
+ * outcome broke the rule (printed), 0 when every one kept it. */
+static int sweep(const parser *p, const char *label, const char *text)
+{
+    assert_true(p->res_size <= MAX_RES);
+    json_t *body = J(text);
+    _Alignas(max_align_t) unsigned char ref_res[MAX_RES], res[MAX_RES];
+    char msg[512] = "";
+    if (p->parse(body, ref_res, msg, sizeof msg) != 0)
+        fail_msg("%s %s: the unhurt parse failed: %s", p->name, label, msg);
+    json_t *ref = p->sum(ref_res);
+    p->clear(ref_res);
+
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        msg[0] = '\0';
+        arm(n);
+        int rc = p->parse(body, res, msg, sizeof msg);
+        bool hit = disarm();
+        if (rc == 0) {
+            json_t *got = p->sum(res);
+            p->clear(res);
+            if (!json_equal(got, ref)) {
+                print_message("%s %s: allocation %zu failed, the parse succeeded with other "
+                              "content:\n",
+                              p->name, label, n);
+                print_diff("", got, ref);
+                bad++;
+            }
+            json_decref(got);
+        } else if (msg[0] == '\0') {
+            print_message("%s %s: allocation %zu failed, the parse failed without a message\n",
+                          p->name, label, n);
+            bad++;
+        } else if (!hit) {
+            print_message("%s %s: run %zu failed (%s) with no allocation failed\n", p->name,
+                          label, n, msg);
+            bad++;
+        }
+        if (!hit)
+            break;
+    }
+    print_message("%s %s: %zu allocations swept, %d broke the rule\n", p->name, label, n - 1,
+                  bad);
+    json_decref(ref);
+    json_decref(body);
+    return bad;
+}
+
+static const parser OPENAI_CHAT = {"openai chat", openai_chat_parse, openai_sum, openai_clear,
+                                   sizeof(gps_openai_req)};
+static const parser OPENAI_COMPLETION = {"openai completion", openai_completion_parse,
+                                         openai_sum, openai_clear, sizeof(gps_openai_req)};
+static const parser ANTHROPIC_TOOLS = {"anthropic (tools taken)", anthropic_tools_parse,
+                                       anthropic_sum, anthropic_clear,
+                                       sizeof(gps_anthropic_req)};
+static const parser ANTHROPIC_TEXT = {"anthropic (tools as text)", anthropic_text_parse,
+                                      anthropic_sum, anthropic_clear,
+                                      sizeof(gps_anthropic_req)};
+static const parser ANTHROPIC_COUNT = {"anthropic count_tokens", anthropic_count_parse,
+                                       anthropic_sum, anthropic_clear,
+                                       sizeof(gps_anthropic_req)};
+static const parser RESPONSES = {"responses", resp_parse, resp_sum, resp_clear,
+                                 sizeof(gps_resp_req)};
+static const parser TASKS = {"tasks", tasks_parse, tasks_sum, tasks_clear,
+                             sizeof(gps_job_spec)};
+static const parser EMBED = {"embeddings", embed_parse, embed_sum, embed_clear,
+                             sizeof(gps_embed_req)};
+
+/* The pool extension, the same in every dialect. */
+#define XPO                                                                                    \
+    "\"x_pool_options\":{\"priority\":\"batch\",\"prefer_agent\":\"a1\",\"session\":\"s1\","  \
+    "\"tenant\":\"t1\",\"labels\":{\"gpu\":\"h100\",\"zone\":\"eu\"},\"failover\":\"restart\"," \
+    "\"fallback_models\":[\"m2\",\"m3\"]}"
+
+static void test_openai(void **st)
+{
+    (void)st;
+    int bad = 0;
+    bad += sweep(&OPENAI_CHAT, "rich chat",
+                 "{\"model\":\"m\",\"messages\":["
+                 "{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"role\":\"developer\",\"content\":[{\"type\":\"text\",\"text\":\"dev a\"},"
+                 "{\"type\":\"text\",\"text\":\"dev b\"}]},"
+                 "{\"role\":\"user\",\"content\":\"What is the weather in Paris?\"},"
+                 "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\","
+                 "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                 "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+                 "{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":\"sunny\"},"
+                 "{\"role\":\"tool\",\"tool_call_id\":\"call_0\"},"
+                 "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Sunny.\"}],"
+                 "\"tool_calls\":[{\"id\":\"call_2\",\"type\":\"function\",\"function\":"
+                 "{\"name\":\"x\",\"arguments\":\"{}\"}}]},"
+                 "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"thanks\"}]}],"
+                 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                 "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":"
+                 "\"string\"}}}}}],"
+                 "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},"
+                 "\"stop\":[\"END\",\"STOP\"],\"user\":\"u-1\",\"seed\":42,\"temperature\":0.3,"
+                 "\"top_p\":0.9,\"top_k\":40,\"max_tokens\":100,\"stream\":true,"
+                 "\"stream_options\":{\"include_usage\":true},\"presence_penalty\":0.5,"
+                 "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+                 "\"out\",\"description\":\"d\",\"strict\":true,\"schema\":{\"type\":\"object\","
+                 "\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"a\"]}}}," XPO "}");
+    bad += sweep(&OPENAI_CHAT, "plain chat",
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                 "\"stop\":\"\\n\",\"response_format\":{\"type\":\"json_object\"}}");
+    bad += sweep(&OPENAI_COMPLETION, "completion",
+                 "{\"model\":\"m\",\"prompt\":[\"Once upon a time\"],\"stop\":\"\\n\","
+                 "\"user\":\"u\",\"max_tokens\":5,\"echo\":false," XPO "}");
+    assert_int_equal(bad, 0);
+}
+
+static void test_anthropic(void **st)
+{
+    (void)st;
+    static const char *const rich =
+        "{\"model\":\"claude\",\"max_tokens\":300,"
+        "\"system\":[{\"type\":\"text\",\"text\":\"You are terse.\"},"
+        "{\"type\":\"text\",\"text\":\"Answer in French.\"}],"
+        "\"messages\":["
+        "{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"And Lyon.\"}]},"
+        "{\"role\":\"system\",\"content\":\"Mid-conversation rule.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hm\"},"
+        "{\"type\":\"text\",\"text\":\"Let me look.\"},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get_weather\","
+        "\"input\":{\"city\":\"Paris\"}},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_2\",\"name\":\"get_weather\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\","
+        "\"content\":\"sunny\"},{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_2\","
+        "\"is_error\":true,\"content\":[{\"type\":\"text\",\"text\":\"no such city\"}]},"
+        "{\"type\":\"text\",\"text\":\"Thanks!\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"You are welcome.\"},"
+        "{\"role\":\"user\",\"content\":\"Bye.\"}],"
+        "\"tools\":[{\"name\":\"get_weather\",\"description\":\"Weather now\",\"strict\":true,"
+        "\"input_schema\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}},"
+        "{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],"
+        "\"tool_choice\":{\"type\":\"tool\",\"name\":\"get_weather\"},"
+        "\"stop_sequences\":[\"END\",\"\\n\\nHuman:\"],\"temperature\":0.2,\"top_p\":0.8,"
+        "\"top_k\":10,\"metadata\":{\"user_id\":\"user-7\"},\"stream\":true,"
+        "\"thinking\":{\"type\":\"enabled\",\"budget_tokens\":1024},\"foo\":1,"
+        "\"output_config\":{\"effort\":\"low\",\"format\":{\"type\":\"json_schema\","
+        "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}},"
+        XPO "}";
+    int bad = 0;
+    bad += sweep(&ANTHROPIC_TOOLS, "rich", rich);
+    bad += sweep(&ANTHROPIC_TEXT, "rich", rich);
+    bad += sweep(&ANTHROPIC_COUNT, "rich", rich);
+    bad += sweep(&ANTHROPIC_TEXT, "plain",
+                 "{\"model\":\"claude\",\"max_tokens\":10,\"system\":\"Be kind.\","
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                 "\"output_format\":{\"type\":\"json_schema\",\"schema\":{}}}");
+    assert_int_equal(bad, 0);
+}
+
+static void test_responses(void **st)
+{
+    (void)st;
+    int bad = 0;
+    bad += sweep(&RESPONSES, "items",
+                 "{\"model\":\"m\",\"instructions\":\"Be brief.\",\"input\":["
+                 "{\"role\":\"developer\",\"content\":\"Developer rule.\"},"
+                 "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\","
+                 "\"text\":\"Weather in \"},{\"type\":\"input_text\",\"text\":\"Paris?\"}]},"
+                 "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[]},"
+                 "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"text\":\"Let me look.\"}]},"
+                 "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"get_weather\","
+                 "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},"
+                 "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"get_time\","
+                 "\"arguments\":\"{}\"},"
+                 "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"sunny\"},"
+                 "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":[{\"type\":"
+                 "\"input_text\",\"text\":\"noon\"}]},"
+                 "{\"type\":\"function_call\",\"call_id\":\"c3\",\"name\":\"get_time\","
+                 "\"arguments\":\"{}\"},"
+                 "{\"type\":\"item_reference\",\"id\":\"msg_1\"},"
+                 "{\"role\":\"user\",\"content\":\"Thanks.\"}],"
+                 "\"tools\":[{\"type\":\"function\",\"name\":\"get_weather\",\"description\":"
+                 "\"Weather now\",\"strict\":false,\"parameters\":{\"type\":\"object\","
+                 "\"properties\":{\"city\":{\"type\":\"string\"}}}},"
+                 "{\"type\":\"web_search\"},"
+                 "{\"type\":\"function\",\"name\":\"get_time\"}],"
+                 "\"tool_choice\":{\"type\":\"function\",\"name\":\"get_weather\"},"
+                 "\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"out\",\"schema\":"
+                 "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}},"
+                 "\"metadata\":{\"k\":\"v\"},\"user\":\"u-1\",\"previous_response_id\":"
+                 "\"resp_1\",\"max_output_tokens\":50,\"temperature\":0.4,\"top_p\":0.7,"
+                 "\"parallel_tool_calls\":false,\"store\":false,\"stream\":true," XPO "}");
+    bad += sweep(&RESPONSES, "string input",
+                 "{\"model\":\"m\",\"input\":\"Hi\",\"instructions\":\"Be kind.\","
+                 "\"tool_choice\":\"auto\",\"text\":{\"format\":{\"type\":\"json_object\"}}}");
+    assert_int_equal(bad, 0);
+}
+
+static void test_tasks(void **st)
+{
+    (void)st;
+    int bad = 0;
+    bad += sweep(&TASKS, "messages",
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                 "{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":"
+                 "\"Hello\"},{\"role\":\"user\",\"content\":\"Bye\"}],\"max_tokens\":20,"
+                 "\"seed\":7,\"stop\":[\"END\"],\"top_k\":5,\"priority\":\"batch\","
+                 "\"session_id\":\"sess\"," XPO "}");
+    bad += sweep(&TASKS, "prompt",
+                 "{\"model\":\"m\",\"prompt\":\"Once\",\"max_tokens\":20,\"seed\":7,"
+                 "\"stop\":\"\\n\"}");
+    assert_int_equal(bad, 0);
+}
+
+static void test_embeddings(void **st)
+{
+    (void)st;
+    int bad = 0;
+    bad += sweep(&EMBED, "mixed inputs",
+                 "{\"model\":\"e\",\"input\":[\"one\",\"two\",[1,2,3]],\"user\":\"u\","
+                 "\"dimensions\":8,\"encoding_format\":\"base64\"}");
+    bad += sweep(&EMBED, "string", "{\"model\":\"e\",\"input\":\"one\"}");
+    bad += sweep(&EMBED, "tokens", "{\"model\":\"e\",\"input\":[5,6,7]}");
+    assert_int_equal(bad, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_openai),    cmocka_unit_test(test_anthropic),
+        cmocka_unit_test(test_responses), cmocka_unit_test(test_tasks),
+        cmocka_unit_test(test_embeddings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
