@@ -112,9 +112,13 @@ static void h_create(gps_req *r, void *arg)
         count_request(g, "invalid_request", r->start_us);
         return;
     }
+    long long seed = spec.seed;
     task *t = calloc(1, sizeof *t);
     gps_tlog *events = gps_tlog_new();
-    if (!t || !events) {
+    /* The whole validated body with its seed: what a restart resubmits,
+     * written with the job's row (one write). Without the seed a restart
+     * would draw another one and not reproduce the run. */
+    if (!t || !events || json_object_set_new(body, "seed", json_integer(seed)) < 0) {
         free(t);
         gps_tlog_free(events);
         json_decref(body);
@@ -122,10 +126,6 @@ static void h_create(gps_req *r, void *arg)
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
         return;
     }
-    long long seed = spec.seed;
-    /* The whole validated body with its seed: what a restart resubmits,
-     * written with the job's row (one write). */
-    json_object_set_new(body, "seed", json_integer(seed));
     spec.stored_request = body;
     gps_submit_err e;
     snprintf(spec.pool_via, sizeof spec.pool_via, "%s", r->pool_via);
