@@ -1327,7 +1327,9 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
             gps_anthropic_req_clear(&areq);
     }
     if (rc < 0) {
-        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, NULL);
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, NULL);
         return;
     }
     if (count_only)

@@ -57,10 +57,15 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     json_t *body = gps_embed_response(&st->req, st->model, st->vecs, gps_job_prompt_tokens(job), msg,
                                       sizeof msg, &param);
     if (!body) {
-        /* A refused dimensions is the client's; anything else the agent's. */
-        json_t *err = json_pack("{s:s,s:s,s:i}", "code",
-                                param ? "INVALID_REQUEST" : "AGENT_ERROR", "message", msg,
-                                "status", param ? 400 : 502);
+        /* A refused dimensions is the client's, out of memory the server's,
+         * anything else the agent's. */
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        if (!param && status == 400) {
+            code = "AGENT_ERROR";
+            status = 502;
+        }
+        json_t *err = json_pack("{s:s,s:s,s:i}", "code", code, "message", msg, "status", status);
         if (err && param)
             json_object_set_new(err, "param", json_string(param));
         gps_relay_fail(&st->rl, err, NULL);
@@ -124,19 +129,23 @@ static void h_embeddings(gps_req *r, void *arg)
         rc = -1;
     }
     if (rc < 0) {
-        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, param);
         return;
     }
     emb_stream *st = calloc(1, sizeof *st);
     gps_job_spec spec = {.kind = GPS_JOB_EMBED, .api = "openai", .max_tokens = 1};
     if (st)
         st->vecs = json_array();
-    for (size_t i = 0; st && st->vecs && i < json_array_size(req.input); i++)
-        json_array_append_new(st->vecs, json_null());
+    /* One slot per input: a slot missing would shift every later vector. */
+    bool slots = st && st->vecs;
+    for (size_t i = 0; slots && i < json_array_size(req.input); i++)
+        slots = json_array_append_new(st->vecs, json_null()) == 0;
     spec.model = strdup(req.model);
     spec.input = json_incref(req.input);
     spec.user = req.user ? strdup(req.user) : NULL;
-    if (!st || !st->vecs || !spec.model || (req.user && !spec.user)) {
+    if (!slots || !spec.model || (req.user && !spec.user)) {
         gps_job_spec_clear(&spec);
         gps_embed_req_clear(&req);
         if (st)

@@ -627,7 +627,9 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     int rc = gps_openai_parse(body, chat, &oreq, msg, sizeof msg, &param);
     json_decref(body);
     if (rc < 0) {
-        gps_relay_refuse(&OPS, c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, param);
         return;
     }
     oa_stream *st = calloc(1, sizeof *st);

@@ -326,7 +326,9 @@ static void h_responses(gps_req *r, void *arg)
     int rc = gps_resp_parse(body, &rq, msg, sizeof msg, &param);
     json_decref(body);
     if (rc < 0) {
-        gps_relay_refuse(&OPS, api->c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        gps_relay_refuse(&OPS, api->c->metrics, r, status, code, msg, param);
         return;
     }
     if (rq.prev_id || rq.refs)

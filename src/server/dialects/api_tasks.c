@@ -108,7 +108,9 @@ static void h_create(gps_req *r, void *arg)
     int rc = gps_tasks_parse(body, &spec, msg, sizeof msg, &param);
     if (rc < 0) {
         json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
+        const char *code;
+        int status = gps_parse_refusal(msg, &code);
+        gps_req_error(r, status, code, msg, param);
         count_request(g, "invalid_request", r->start_us);
         return;
     }

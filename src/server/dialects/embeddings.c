@@ -168,16 +168,26 @@ json_t *gps_embed_response(const gps_embed_req *req, const char *model, const js
             for (long long k = 0; e && k < dim; k++) {
                 float f;
                 memcpy(&f, raw + k * 4, 4);
-                json_array_append_new(e, json_real((double)f));
+                /* A number lost would hand back a shorter vector. */
+                if (json_array_append_new(e, json_real((double)f)) < 0) {
+                    json_decref(e);
+                    e = NULL;
+                }
             }
         }
         free(raw);
-        json_array_append_new(data, json_pack("{s:s,s:I,s:o}", "object", "embedding", "index",
-                                              (json_int_t)i, "embedding", e));
+        if (!e || json_array_append_new(data, json_pack("{s:s,s:I,s:o}", "object", "embedding",
+                                                        "index", (json_int_t)i, "embedding",
+                                                        e)) < 0)
+            FAIL(NULL, "out of memory");
     }
+    if (!data)
+        FAIL(NULL, "out of memory");
     out = json_pack("{s:s,s:o,s:s,s:{s:I,s:I}}", "object", "list", "data", data, "model",
                     model, "usage", "prompt_tokens", (json_int_t)prompt_tokens, "total_tokens",
                     (json_int_t)prompt_tokens);
+    if (!out)
+        snprintf(msg, msglen, "out of memory"); /* json_pack freed data ("o") */
     return out;
 fail:
     json_decref(data);

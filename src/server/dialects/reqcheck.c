@@ -23,6 +23,13 @@ char *gps_strdup_msg(const char *s, char *msg, size_t msglen)
     return d;
 }
 
+int gps_parse_refusal(const char *msg, const char **code)
+{
+    bool oom = strcmp(msg, "out of memory") == 0;
+    *code = oom ? "INTERNAL" : "INVALID_REQUEST";
+    return oom ? 500 : 400;
+}
+
 int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
                      double hi, double *out, char *msg, size_t msglen)
 {

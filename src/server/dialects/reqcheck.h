@@ -39,6 +39,12 @@ bool gps_absent(const json_t *v);
  * parsers, whose every failure carries a message. */
 char *gps_strdup_msg(const char *s, char *msg, size_t msglen);
 
+/* How a handler refuses a body its parser failed: 400 INVALID_REQUEST,
+ * but 500 INTERNAL when the parser ran out of memory (its message is then
+ * "out of memory"): the request was fine and may be retried. Returns the
+ * status and sets *code. */
+int gps_parse_refusal(const char *msg, const char **code);
+
 /* body[key] when present must be a finite number in [lo, hi]; it is then
  * stored in *out (untouched when absent). name is how the message names
  * the field ("'top_p'" in OpenAI's and the native style, "top_p:" in
