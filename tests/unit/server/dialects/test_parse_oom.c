@@ -20,7 +20,9 @@
 #include "server/dialects/api_anthropic.h"
 #include "server/dialects/api_openai.h"
 #include "server/dialects/api_tasks_priv.h"
+#include "common/gp_util.h"
 #include "server/dialects/embeddings.h"
+#include "server/dialects/reqcheck.h"
 #include "server/dialects/responses.h"
 
 /* ------------------------------------------------------------------ */
@@ -509,12 +511,80 @@ static void test_embeddings(void **st)
     assert_int_equal(bad, 0);
 }
 
+/* The embeddings reply is built from the agent's vectors: under the same
+ * sweep it is either refused as out of memory or whole (a number missing
+ * would hand the client a shorter vector). */
+static int sweep_embed_reply(const char *text)
+{
+    json_t *body = J(text);
+    gps_embed_req req;
+    char msg[512] = "";
+    const char *param;
+    assert_int_equal(gps_embed_parse(body, 0, &req, msg, sizeof msg, &param), 0);
+    json_t *vecs = json_array();
+    for (size_t i = 0; i < json_array_size(req.input); i++) {
+        float v[16];
+        for (int k = 0; k < 16; k++)
+            v[k] = (float)(i * 16 + k) / 7.0f;
+        char *b64 = gp_base64_encode(v, sizeof v);
+        assert_non_null(b64);
+        json_array_append_new(vecs, json_string(b64));
+        free(b64);
+    }
+    json_t *ref = gps_embed_response(&req, "e", vecs, 9, msg, sizeof msg, &param);
+    assert_non_null(ref);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        msg[0] = '\0';
+        arm(n);
+        json_t *got = gps_embed_response(&req, "e", vecs, 9, msg, sizeof msg, &param);
+        bool hit = disarm();
+        if (got ? !json_equal(got, ref) : strcmp(msg, "out of memory") != 0 || param) {
+            print_message("embeddings reply: allocation %zu failed: %s\n", n,
+                          got ? "a reply unlike the unhurt one" : msg);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    print_message("embeddings reply: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    json_decref(ref);
+    json_decref(vecs);
+    gps_embed_req_clear(&req);
+    json_decref(body);
+    return bad;
+}
+
+static void test_embeddings_reply(void **st)
+{
+    (void)st;
+    int bad = sweep_embed_reply("{\"model\":\"e\",\"input\":[\"one\",\"two\",\"three\"]}");
+    bad += sweep_embed_reply("{\"model\":\"e\",\"input\":[\"one\",\"two\"],"
+                             "\"encoding_format\":\"base64\"}");
+    assert_int_equal(bad, 0);
+}
+
+/* What the handlers answer for a failed parse: the client's fault (400)
+ * unless the server ran out of memory (500, retryable). */
+static void test_refusal_status(void **st)
+{
+    (void)st;
+    const char *code = NULL;
+    assert_int_equal(gps_parse_refusal("out of memory", &code), 500);
+    assert_string_equal(code, "INTERNAL");
+    assert_int_equal(gps_parse_refusal("'messages' must be an array", &code), 400);
+    assert_string_equal(code, "INVALID_REQUEST");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai),    cmocka_unit_test(test_anthropic),
         cmocka_unit_test(test_responses), cmocka_unit_test(test_tasks),
-        cmocka_unit_test(test_embeddings),
+        cmocka_unit_test(test_embeddings), cmocka_unit_test(test_embeddings_reply),
+        cmocka_unit_test(test_refusal_status),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
