@@ -316,6 +316,10 @@ void gp_buf_free(gp_buf *b)
 
 int gp_buf_grow_(gp_buf *b, size_t extra)
 {
+    if (extra >= SIZE_MAX - b->len) { /* len + extra + 1 would wrap */
+        errno = ENOMEM;
+        return -1;
+    }
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra + 1) {
         if (cap > SIZE_MAX / 2) {
@@ -336,7 +340,7 @@ int gp_buf_grow_(gp_buf *b, size_t extra)
  * relayed token's frame is several appends). */
 static inline int buf_reserve(gp_buf *b, size_t extra)
 {
-    return b->len + extra + 1 <= b->cap ? 0 : gp_buf_grow_(b, extra);
+    return extra < b->cap - b->len ? 0 : gp_buf_grow_(b, extra);
 }
 
 int gp_buf_append_int(gp_buf *b, long long v)

@@ -78,7 +78,8 @@ void gp_buf_free(gp_buf *b);
 int gp_buf_grow_(gp_buf *b, size_t extra);
 static inline int gp_buf_append(gp_buf *b, const void *data, size_t n)
 {
-    if (b->len + n + 1 > b->cap && gp_buf_grow_(b, n) < 0)
+    /* The room left, not len + n + 1: that sum could wrap. */
+    if (n >= b->cap - b->len && gp_buf_grow_(b, n) < 0)
         return -1;
     if (n)
         memcpy(b->data + b->len, data, n);

@@ -2,6 +2,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <errno.h>
 #include <stdint.h>
 #include <cmocka.h>
 
@@ -85,6 +86,27 @@ static void test_buf(void **state)
     assert_int_equal(strlen(s), len);
     assert_null(b.data);
     free(s);
+    gp_buf_free(&b);
+}
+
+/* A length so large that len + n + 1 wraps is refused (ENOMEM), never
+ * taken as "fits": the buffer stays as it was. */
+static void test_buf_wrap(void **state)
+{
+    (void)state;
+    gp_buf b;
+    gp_buf_init(&b);
+    assert_int_equal(gp_buf_append(&b, "abc", 3), 0);
+    /* volatile: gcc must not see that the source is one byte (it would
+     * warn of the memcpy that the refusal makes unreachable). */
+    const char *volatile src = "x";
+    for (size_t n = SIZE_MAX - 4; n != 0; n++) { /* SIZE_MAX - 4 .. SIZE_MAX */
+        errno = 0;
+        assert_int_equal(gp_buf_append(&b, src, n), -1);
+        assert_int_equal(errno, ENOMEM);
+    }
+    assert_int_equal(b.len, 3);
+    assert_string_equal(b.data, "abc");
     gp_buf_free(&b);
 }
 
@@ -404,7 +426,7 @@ int main(void)
         cmocka_unit_test(test_json_compact_size), cmocka_unit_test(test_json_dump),
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
-        cmocka_unit_test(test_buf_take),
+        cmocka_unit_test(test_buf_take), cmocka_unit_test(test_buf_wrap),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
         cmocka_unit_test(test_copy_cut_is_snprintf),
         cmocka_unit_test(test_reals_agree_with_jansson),
