@@ -528,24 +528,40 @@ static void ensure_started(oa_stream *st)
 #define TOOLS_IGNORED                                                                      \
     "tools were ignored: no live agent serving this model reports supports_tools"
 
-/* pool_meta plus this request's own warnings (new reference). */
-static json_t *stream_meta(oa_stream *st, gps_job *job)
+/* pool_meta plus this request's own warnings (new reference). *oom: it
+ * could not be built (NULL is then no answer: a reply without its
+ * warnings would hide that the tools were dropped). */
+static json_t *stream_meta(oa_stream *st, gps_job *job, bool *oom)
 {
     json_t *meta = gps_pool_meta(job);
-    if (meta && st->tools_ignored)
-        json_array_append_new(json_object_get(meta, "warnings"), json_string(TOOLS_IGNORED));
+    *oom = !meta && gps_pool_meta_shown(job);
+    if (meta && st->tools_ignored &&
+        json_array_append_new(json_object_get(meta, "warnings"), json_string(TOOLS_IGNORED)) <
+            0) {
+        json_decref(meta);
+        meta = NULL;
+        *oom = true;
+    }
     return meta;
 }
 
-/* The end: the stream's last chunks, or the whole body. */
+/* The end: the stream's last chunks, or the whole body. Out of memory:
+ * 500 (a stream: its error event) rather than a reply with a part left
+ * out. */
 static void end(oa_stream *st, gps_job *job)
 {
     const char *fr = gps_oa_finish_reason(gps_job_finish_reason(job), st->calls.n);
     long long pt = gps_job_prompt_tokens(job), ct = gps_job_completion_tokens(job);
+    bool oom;
     if (!st->stream) {
-        json_t *body = gps_oa_body(&st->out, &st->calls, gps_job_text(job),
-                                   gps_job_text_len(job), fr, pt, ct, stream_meta(st, job));
-        gps_relay_end_body(&st->rl, body, true);
+        json_t *meta = stream_meta(st, job, &oom);
+        json_t *body = oom ? NULL
+                           : gps_oa_body(&st->out, &st->calls, gps_job_text(job),
+                                         gps_job_text_len(job), fr, pt, ct, meta);
+        if (body)
+            gps_relay_end_body(&st->rl, body, true);
+        else
+            gps_relay_fail_oom(&st->rl);
         return;
     }
     ensure_started(st);
@@ -554,11 +570,18 @@ static void end(oa_stream *st, gps_job *job)
     gp_buf meta;
     gp_buf_init(&meta);
     int mrc = gps_pool_meta_append(&meta, job, ignored, st->tools_ignored ? 1 : 0);
-    if (mrc < 0) /* ENOMEM: the tree's way (which may fail the same) */
-        gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, stream_meta(st, job));
-    else
+    if (mrc < 0) { /* ENOMEM: the tree's way (which may fail the same) */
+        json_t *m = stream_meta(st, job, &oom);
+        if (oom) {
+            gp_buf_free(&meta);
+            gps_relay_fail_oom(&st->rl);
+            return;
+        }
+        gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, m);
+    } else {
         gps_oa_close_text(&st->out, &st->rl.s.out, fr, pt, ct,
                           mrc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+    }
     gp_buf_free(&meta);
     gps_relay_end_stream(&st->rl);
 }
@@ -708,30 +731,47 @@ static void h_models(gps_req *r, void *arg)
     registry_model_entry *list = registry_models_list(gps_jobs_registry(c->jobs), &n);
     json_t *data = json_array();
     json_t *seen = json_object();
-    for (size_t i = 0; i < n; i++) {
-        json_array_append_new(data, model_entry(list[i].id, list[i].created_wall_ms));
-        json_object_set_new(seen, list[i].id, json_true());
-    }
+    json_t *body = NULL;
+    /* Every model listed or none: a list with one left out would tell the
+     * client the pool does not serve it. */
+    bool ok = data && seen;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = json_array_append_new(data, model_entry(list[i].id, list[i].created_wall_ms)) ==
+                 0 &&
+             json_object_set_new(seen, list[i].id, json_true()) == 0;
     const json_t *peers = gps_jobs_peer_models(c->jobs);
     const char *name;
     json_t *v;
     int64_t now = gp_now_wall_ms();
     json_object_foreach((json_t *)peers, name, v)
     {
-        if (!json_object_get(seen, name))
-            json_array_append_new(data, model_entry(name, now));
+        if (ok && !json_object_get(seen, name))
+            ok = json_array_append_new(data, model_entry(name, now)) == 0;
     }
-    json_decref(seen);
     free(list);
+    if (!ok)
+        goto oom;
     size_t total = json_array_size(data);
     if (total > n) /* peers' names joined the registry's sorted list */
         gp_json_array_sort(data, cmp_id); /* ENOMEM: unsorted, still whole */
-    json_t *body = json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0);
-    json_object_set(body, "first_id",
-                    total ? json_object_get(json_array_get(data, 0), "id") : json_null());
-    json_object_set(body, "last_id",
-                    total ? json_object_get(json_array_get(data, total - 1), "id") : json_null());
+    body = json_pack("{s:s,s:O,s:b}", "object", "list", "data", data, "has_more", 0);
+    if (!body ||
+        json_object_set(body, "first_id",
+                        total ? json_object_get(json_array_get(data, 0), "id") : json_null()) <
+            0 ||
+        json_object_set(body, "last_id",
+                        total ? json_object_get(json_array_get(data, total - 1), "id")
+                              : json_null()) < 0)
+        goto oom;
+    json_decref(seen);
+    json_decref(data);
     gps_http_send_json(r->req, 200, body);
+    return;
+oom:
+    json_decref(body);
+    json_decref(seen);
+    json_decref(data);
+    gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
 }
 
 static const gps_route ROUTES[] = {

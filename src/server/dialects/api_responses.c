@@ -67,23 +67,36 @@ static const gps_relay_ops OPS = {
 #define TOOLS_IGNORED                                                                      \
     "tools were ignored: no live agent serving this model reports supports_tools"
 
-static json_t *meta_of(rs_stream *st, gps_job *job)
+/* x_pool_meta with the request's warnings (new reference). NULL: none
+ * (gps_pool_meta_shown) or out of memory, which *oom tells: a meta with a
+ * warning left out would hide a tool the request's tools lost. */
+static json_t *meta_of(rs_stream *st, gps_job *job, bool *oom)
 {
     json_t *meta = gps_pool_meta(job);
+    *oom = !meta && gps_pool_meta_shown(job);
+    json_t *list = json_object_get(meta, "warnings");
     size_t i;
     json_t *w;
     json_array_foreach(st->warnings, i, w)
-        json_array_append(json_object_get(meta, "warnings"), w);
-    if (meta && st->tools_ignored)
-        json_array_append_new(json_object_get(meta, "warnings"), json_string(TOOLS_IGNORED));
+    {
+        if (meta && json_array_append(list, w) < 0)
+            goto oom;
+    }
+    if (meta && st->tools_ignored &&
+        json_array_append_new(list, json_string(TOOLS_IGNORED)) < 0)
+        goto oom;
     return meta;
+oom:
+    json_decref(meta);
+    *oom = true;
+    return NULL;
 }
 
 /* meta_of's object as text in buf (gps_pool_meta_append: no tree; issue
- * 24): the text, or NULL for none (as meta_of's NULL). The request's
- * warnings are distinct (each names its tool), so listing each once is
- * what meta_of's append does. */
-static const char *meta_text(rs_stream *st, gps_job *job, gp_buf *buf)
+ * 24): 0 with *mt the text, or NULL for none (as meta_of's NULL); -1 out
+ * of memory. The request's warnings are distinct (each names its tool),
+ * so listing each once is what meta_of's append does. */
+static int meta_text(rs_stream *st, gps_job *job, gp_buf *buf, const char **mt)
 {
     enum { MAXW = 16 };
     const char *extra[MAXW + 1];
@@ -98,12 +111,16 @@ static const char *meta_text(rs_stream *st, gps_job *job, gp_buf *buf)
         extra[n++] = TOOLS_IGNORED;
     int rc = json_array_size(st->warnings) <= MAXW ? gps_pool_meta_append(buf, job, extra, n) : -1;
     if (rc < 0) { /* ENOMEM, or more warnings than listed here: the tree's dump */
-        json_t *meta = meta_of(st, job);
+        bool oom;
+        json_t *meta = meta_of(st, job, &oom);
         buf->len = 0;
-        rc = meta && gp_json_dump_append(buf, meta) == 0 ? 0 : 1;
+        rc = meta ? gp_json_dump_append(buf, meta) : oom ? -1 : 1;
         json_decref(meta);
+        if (rc < 0)
+            return -1;
     }
-    return rc == 0 ? (buf->data ? buf->data : "") : NULL;
+    *mt = rc == 0 ? (buf->data ? buf->data : "") : NULL;
+    return 0;
 }
 
 /* store: keep the finished response for later references; obj: its
@@ -152,8 +169,12 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         gp_buf meta, fin;
         gp_buf_init(&meta);
         gp_buf_init(&fin);
-        const char *mt = meta_text(st, job, &meta);
-        if (st->stream) {
+        const char *mt = NULL;
+        /* Out of memory: 500 (a stream: its error event), not a response
+         * without its x_pool_meta or an empty body. */
+        if (meta_text(st, job, &meta, &mt) < 0) {
+            gps_relay_fail_oom(&st->rl);
+        } else if (st->stream) {
             ensure_started(st, job);
             gps_resp_close_meta_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, mt,
                                      meta.len, st->state ? &fin : NULL);
@@ -161,13 +182,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
             gps_relay_end_stream(&st->rl);
         } else {
             gps_resp_whole(&st->out, &st->calls, gps_job_text(job), gps_job_text_len(job));
-            if (gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) < 0)
-                fin.len = 0;
-            save(st, &fin);
-            if (fin.len && gps_resp_render_meta_text(&fin, 0, mt, meta.len) < 0)
-                fin.len = 0;
-            gps_relay_end_body_text(&st->rl, fin.len ? fin.data : "{}", fin.len ? fin.len : 2,
-                                    true);
+            bool ok = gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) == 0;
+            if (ok)
+                save(st, &fin);
+            if (ok && gps_resp_render_meta_text(&fin, 0, mt, meta.len) == 0)
+                gps_relay_end_body_text(&st->rl, fin.data, fin.len, true);
+            else
+                gps_relay_fail_oom(&st->rl);
         }
         gp_buf_free(&fin);
         gp_buf_free(&meta);

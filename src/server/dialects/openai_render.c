@@ -18,30 +18,42 @@ static json_t *base_object(bool chat, bool chunk, const char *id, long long crea
                      (json_int_t)created, "model", model, "system_fingerprint", "gpupool");
 }
 
+/* The objects below are whole or NULL: a chunk or body with its text, a
+ * tool call or its usage left out would tell the client another reply
+ * than the model's (json_*_set_new take NULL as a failure too). */
+
 json_t *gps_openai_chunk(bool chat, const char *id, long long created, const char *model,
                          const char *text, bool with_role, const char *finish_reason,
                          bool usage_null)
 {
     json_t *o = base_object(chat, true, id, created, model);
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
+    if (!o || !choice || json_object_set_new(choice, "index", json_integer(0)) < 0)
+        goto fail;
     if (chat) {
         json_t *delta = json_object();
-        if (with_role)
-            json_object_set_new(delta, "role", json_string("assistant"));
-        if (text || with_role)
-            json_object_set_new(delta, "content", json_string(text ? text : ""));
-        json_object_set_new(choice, "delta", delta);
-    } else {
-        json_object_set_new(choice, "text", json_string(text ? text : ""));
+        if (json_object_set_new(choice, "delta", delta) < 0 ||
+            (with_role && json_object_set_new(delta, "role", json_string("assistant")) < 0) ||
+            ((text || with_role) &&
+             json_object_set_new(delta, "content", json_string(text ? text : "")) < 0))
+            goto fail;
+    } else if (json_object_set_new(choice, "text", json_string(text ? text : "")) < 0) {
+        goto fail;
     }
-    json_object_set_new(choice, "logprobs", json_null());
-    json_object_set_new(choice, "finish_reason",
-                        finish_reason ? json_string(finish_reason) : json_null());
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    if (usage_null)
-        json_object_set_new(o, "usage", json_null());
+    if (json_object_set_new(choice, "logprobs", json_null()) < 0 ||
+        json_object_set_new(choice, "finish_reason",
+                            finish_reason ? json_string(finish_reason) : json_null()) < 0)
+        goto fail;
+    json_t *choices = json_pack("[o]", choice);
+    choice = NULL; /* the pack took it, whether it made the array or not */
+    if (json_object_set_new(o, "choices", choices) < 0 ||
+        (usage_null && json_object_set_new(o, "usage", json_null()) < 0))
+        goto fail;
     return o;
+fail:
+    json_decref(choice);
+    json_decref(o);
+    return NULL;
 }
 
 static json_t *usage_object(long long p, long long c)
@@ -54,8 +66,12 @@ json_t *gps_openai_usage_chunk(bool chat, const char *id, long long created, con
                                long long prompt_tokens, long long completion_tokens)
 {
     json_t *o = base_object(chat, true, id, created, model);
-    json_object_set_new(o, "choices", json_array());
-    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
+    if (o && (json_object_set_new(o, "choices", json_array()) < 0 ||
+              json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens)) <
+                  0)) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -65,21 +81,35 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
 {
     json_t *o = base_object(chat, false, id, created, model);
     json_t *choice = json_object();
-    json_object_set_new(choice, "index", json_integer(0));
-    if (chat)
-        json_object_set_new(choice, "message",
-                            json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
-                                      text ? text : "", "refusal"));
-    else
-        json_object_set_new(choice, "text", json_string(text ? text : ""));
-    json_object_set_new(choice, "logprobs", json_null());
-    json_object_set_new(choice, "finish_reason",
-                        json_string(finish_reason && *finish_reason ? finish_reason : "stop"));
-    json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens));
-    if (meta)
-        json_object_set_new(o, "x_pool_meta", meta);
+    if (!o || !choice || json_object_set_new(choice, "index", json_integer(0)) < 0)
+        goto fail;
+    if (chat ? json_object_set_new(choice, "message",
+                                   json_pack("{s:s,s:s,s:n}", "role", "assistant", "content",
+                                             text ? text : "", "refusal")) < 0
+             : json_object_set_new(choice, "text", json_string(text ? text : "")) < 0)
+        goto fail;
+    if (json_object_set_new(choice, "logprobs", json_null()) < 0 ||
+        json_object_set_new(choice, "finish_reason",
+                            json_string(finish_reason && *finish_reason ? finish_reason
+                                                                        : "stop")) < 0)
+        goto fail;
+    json_t *choices = json_pack("[o]", choice);
+    choice = NULL; /* the pack took it, whether it made the array or not */
+    if (json_object_set_new(o, "choices", choices) < 0 ||
+        json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens)) < 0)
+        goto fail;
+    if (meta) {
+        json_t *m = meta;
+        meta = NULL; /* set_new takes it, set or not */
+        if (json_object_set_new(o, "x_pool_meta", m) < 0)
+            goto fail;
+    }
     return o;
+fail:
+    json_decref(meta);
+    json_decref(choice);
+    json_decref(o);
+    return NULL;
 }
 
 json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
@@ -88,9 +118,15 @@ json_t *gps_tool_calls_openai(const gps_tool_calls *acc)
     for (size_t i = 0; a && i < acc->n; i++) {
         const gps_tool_call *c = &acc->v[i];
         json_t *args = json_stringn(c->args.data ? c->args.data : "", c->args.len);
-        json_array_append_new(a, json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type",
-                                           "function", "function", "name", c->name,
-                                           "arguments", args ? args : json_string("")));
+        if (!args && !gp_utf8_valid(c->args.data ? c->args.data : "", c->args.len))
+            args = json_string(""); /* arguments that are not UTF-8: shown empty */
+        json_t *tc = args ? json_pack("{s:s,s:s,s:{s:s,s:o}}", "id", c->id, "type", "function",
+                                      "function", "name", c->name, "arguments", args)
+                          : NULL;
+        if (json_array_append_new(a, tc) < 0) {
+            json_decref(a);
+            a = NULL;
+        }
     }
     return a;
 }
@@ -345,12 +381,15 @@ json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char
 {
     json_t *body = gps_openai_response(o->chat, o->id, o->created, o->model, text ? text : "",
                                        finish_reason, prompt_tokens, completion_tokens, meta);
-    if (o->chat && calls && calls->n > 0) {
+    if (body && o->chat && calls && calls->n > 0) {
         json_t *m = json_object_get(json_array_get(json_object_get(body, "choices"), 0),
                                     "message");
-        json_object_set_new(m, "tool_calls", gps_tool_calls_openai(calls));
-        if (!text_len) /* OpenAI: content null when only tools were called */
-            json_object_set_new(m, "content", json_null());
+        /* OpenAI: content null when only tools were called */
+        if (json_object_set_new(m, "tool_calls", gps_tool_calls_openai(calls)) < 0 ||
+            (!text_len && json_object_set_new(m, "content", json_null()) < 0)) {
+            json_decref(body);
+            return NULL;
+        }
     }
     return body;
 }

@@ -67,7 +67,7 @@ void gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
 /* The whole (non-streaming) body, new reference: text (NUL-terminated,
  * NULL: ""; text_len its bytes) and, for chat, the tool calls (content
  * null when only tools were called, text_len 0); meta stolen, may be
- * NULL. */
+ * NULL. NULL when out of memory (never a body with a part left out). */
 json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char *text,
                     size_t text_len, const char *finish_reason, long long prompt_tokens,
                     long long completion_tokens, json_t *meta);
@@ -75,7 +75,8 @@ json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char
  * "tool_calls" when tools were called and it was not cut by length. */
 const char *gps_oa_finish_reason(const char *job_reason, size_t n_calls);
 
-/* The JSON objects under the frames (new references). */
+/* The JSON objects under the frames (new references; NULL when out of
+ * memory, never an object with a part left out). */
 /* One streaming chunk. text may be NULL (an empty delta / text); with_role
  * adds "role":"assistant" to the chat delta; finish_reason NULL = null;
  * usage_null adds "usage": null (OpenAI does so on every chunk when

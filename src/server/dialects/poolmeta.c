@@ -22,6 +22,25 @@ void gps_pool_headers(struct evhttp_request *req, gps_job *job)
     evhttp_add_header(h, "x-pool-model", gps_job_model(job));
 }
 
+/* Whether agent and model can be shown (json_string and json_pack refuse
+ * a string that is not UTF-8: no x_pool_meta then). */
+static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
+
+bool gps_pool_meta_shown(gps_job *job)
+{
+    return utf8(gps_job_agent_id(job)) && utf8(gps_job_model(job));
+}
+
+/* o[key] = v, a string; one that is not UTF-8 is left out (as json_string
+ * refuses it). -1 only when out of memory. */
+static int set_str(json_t *o, const char *key, const char *v)
+{
+    json_t *j = json_string(v);
+    if (!j)
+        return utf8(v) ? -1 : 0;
+    return json_object_set_new(o, key, j);
+}
+
 json_t *gps_pool_meta(gps_job *job)
 {
     uint64_t fin = gps_job_finished_us(job), at = gps_job_assigned_us(job);
@@ -32,26 +51,38 @@ json_t *gps_pool_meta(gps_job *job)
         (json_int_t)(at ? (now - at) / 1000 : 0), "attempts", gps_job_attempts(job), "warnings");
     if (!meta)
         return NULL;
+    /* Each part set or the whole object refused: a meta without the
+     * fallback's warning would hide that another model answered. */
     const char *requested = gps_job_requested_model(job);
     if (requested) {
         char w[600];
         snprintf(w, sizeof w, "model '%.256s' had no capacity; served by fallback model '%.256s'",
                  requested, gps_job_model(job));
-        json_array_append_new(json_object_get(meta, "warnings"), json_string(w));
+        json_t *ws = json_string(w);
+        if (ws ? json_array_append_new(json_object_get(meta, "warnings"), ws) < 0 : utf8(w))
+            goto oom;
     }
-    if (gps_job_model_digest(job)[0])
-        json_object_set_new(meta, "model_sha256", json_string(gps_job_model_digest(job)));
+    if (gps_job_model_digest(job)[0] &&
+        set_str(meta, "model_sha256", gps_job_model_digest(job)) < 0)
+        goto oom;
     /* Routed to the slot that held this many of the prompt's units (a
      * message each, or 1024-byte blocks): the agent skipped their prefill. */
-    if (gps_job_prefix_units(job) > 0)
-        json_object_set_new(meta, "prefix_units", json_integer(gps_job_prefix_units(job)));
+    if (gps_job_prefix_units(job) > 0 &&
+        json_object_set_new(meta, "prefix_units", json_integer(gps_job_prefix_units(job))) < 0)
+        goto oom;
     /* The agent's upstream is another pool: how that pool ran it (its own
      * agent, attempts, failovers), nested as the client would see it there. */
-    if (gps_job_upstream_meta(job))
-        json_object_set(meta, "upstream", gps_job_upstream_meta(job));
-    if (gps_job_continuation_mode(job)) /* "tokens" | "text" after a failover */
-        json_object_set_new(meta, "continuation", json_string(gps_job_continuation_mode(job)));
+    if (gps_job_upstream_meta(job) &&
+        json_object_set(meta, "upstream", gps_job_upstream_meta(job)) < 0)
+        goto oom;
+    /* "tokens" | "text" after a failover */
+    if (gps_job_continuation_mode(job) &&
+        set_str(meta, "continuation", gps_job_continuation_mode(job)) < 0)
+        goto oom;
     return meta;
+oom:
+    json_decref(meta);
+    return NULL;
 }
 
 /* A string member ",\"name\":\"value\"" (name a literal). */
@@ -70,8 +101,6 @@ static int int_member(gp_buf *out, const char *name, long long value)
                ? -1
                : 0;
 }
-
-static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
 
 /* Is extra[i] already in the list: the fallback's warning fb (NULL: none)
  * or an earlier extra that was written? */

@@ -6,6 +6,8 @@
 #ifndef GPS_POOLMETA_H
 #define GPS_POOLMETA_H
 
+#include <stdbool.h>
+
 #include <jansson.h>
 
 #include "server/jobs/jobs.h"
@@ -15,8 +17,13 @@ struct evhttp_request;
 /* x_pool_meta of a job (new reference): agent_id, model (the model that
  * served), queue_ms, inference_ms (assignment to the end, or to now while
  * it runs), attempts, warnings (a fallback names the model asked for),
- * continuation (after a failover). */
+ * continuation (after a failover). NULL when there is none to show (see
+ * gps_pool_meta_shown) or out of memory: never an object with a part left
+ * out. */
 json_t *gps_pool_meta(gps_job *job);
+/* Whether the job has an x_pool_meta (its agent id and model are UTF-8):
+ * where it has, a NULL from gps_pool_meta means out of memory. */
+bool gps_pool_meta_shown(gps_job *job);
 /* The same object as compact JSON text appended to out: the bytes
  * gp_json_dump_append writes for gps_pool_meta(job) with extra[0..n_extra)
  * (NUL-terminated strings) appended to its warnings, each unless already

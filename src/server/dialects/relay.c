@@ -181,19 +181,10 @@ void gps_relay_send_output(gps_relay *rl)
     gps_relay_send_soon(rl);
 }
 
-void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
+/* gps_relay_fail's sending, counting and finishing, with the error's
+ * fields already chosen. */
+static void fail_as(gps_relay *rl, int status, const char *code, const char *message, int ra)
 {
-    const char *code = json_string_value(json_object_get(ev, "code"));
-    int status = (int)json_integer_value(json_object_get(ev, "status"));
-    int ra = (int)json_integer_value(json_object_get(ev, "retry_after"));
-    if (status < 400 || status > 599)
-        status = 502;
-    if (!code)
-        code = "AGENT_ERROR";
-    if (!message)
-        message = json_string_value(json_object_get(ev, "message"));
-    if (!message)
-        message = "the job failed";
     if (rl->s.started) {
         json_t *body =
             gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->s.corr, ra);
@@ -208,6 +199,28 @@ void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
     gps_relay_count(rl, code);
     rl->s.req = NULL;
     gps_relay_finish(rl);
+}
+
+void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
+{
+    const char *code = json_string_value(json_object_get(ev, "code"));
+    int status = (int)json_integer_value(json_object_get(ev, "status"));
+    int ra = (int)json_integer_value(json_object_get(ev, "retry_after"));
+    if (status < 400 || status > 599)
+        status = 502;
+    if (!code)
+        code = "AGENT_ERROR";
+    if (!message)
+        message = json_string_value(json_object_get(ev, "message"));
+    if (!message)
+        message = "the job failed";
+    fail_as(rl, status, code, message, ra);
+}
+
+void gps_relay_fail_oom(gps_relay *rl)
+{
+    /* No event to build (that could fail the same): the fields as they are. */
+    fail_as(rl, 500, "INTERNAL", "out of memory", 0);
 }
 
 void gps_relay_end_stream(gps_relay *rl)

@@ -117,6 +117,10 @@ int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, siz
     *param = NULL;
     return 0;
 fail:
+    /* Running out of memory is no fault of the field: name none, as every
+     * other out-of-memory refusal does. */
+    if (strcmp(msg, "out of memory") == 0)
+        *param = NULL;
     return -1;
 }
 
