@@ -950,21 +950,31 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
                               long long input_tokens, long long output_tokens, json_t *meta)
 {
     json_t *content = json_array();
-    json_array_append_new(content,
-                          json_pack("{s:s,s:s}", "type", "text", "text", text ? text : ""));
+    bool whole = json_array_append_new(
+                     content, json_pack("{s:s,s:s}", "type", "text", "text", text ? text : "")) ==
+                 0;
     json_t *o = json_pack("{s:s,s:s,s:s,s:o,s:s}", "id", id, "type", "message", "role",
                           "assistant", "content", content, "model", model);
-    if (!o) {
-        json_decref(meta);
-        return NULL;
-    }
-    json_object_set_new(o, "stop_reason", stop_reason ? json_string(stop_reason) : json_null());
-    json_object_set_new(o, "stop_sequence",
-                        stop_sequence ? json_string(stop_sequence) : json_null());
-    json_object_set_new(o, "usage", gps_anthropic_usage(input_tokens, output_tokens));
-    if (meta)
-        json_object_set_new(o, "x_pool_meta", meta);
+    /* Whole or NULL: a message without its content, stop or usage is not
+     * the model's reply. */
+    if (!o || !whole ||
+        json_object_set_new(o, "stop_reason",
+                            stop_reason ? json_string(stop_reason) : json_null()) < 0 ||
+        json_object_set_new(o, "stop_sequence",
+                            stop_sequence ? json_string(stop_sequence) : json_null()) < 0 ||
+        json_object_set_new(o, "usage", gps_anthropic_usage(input_tokens, output_tokens)) < 0)
+        goto fail;
+    if (!meta)
+        return o;
+    json_t *m = meta;
+    meta = NULL; /* set_new takes it, set or not */
+    if (json_object_set_new(o, "x_pool_meta", m) < 0)
+        goto fail;
     return o;
+fail:
+    json_decref(meta);
+    json_decref(o);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1015,12 +1025,15 @@ static const gps_relay_ops OPS = {
     .render_event = render_event,
 };
 
-static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
+/* NULL: no meta (gps_pool_meta_shown) or, as *oom tells, out of memory (a
+ * meta with a warning left out would hide what the request lost). */
+static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings, bool *oom)
 {
     /* The one x_pool_meta of every dialect (api_openai.h): it names the
      * model that served at the end, a fallback taken at failover too. This
      * request's own warnings (parse, submit) join its list once each. */
     json_t *meta = gps_pool_meta(job);
+    *oom = !meta && gps_pool_meta_shown(job);
     if (!meta)
         return NULL;
     if (!with_warnings) {
@@ -1034,8 +1047,11 @@ static json_t *pool_meta(an_stream *st, gps_job *job, bool with_warnings)
     {
         bool seen = false;
         json_array_foreach(list, k, x) if (json_equal(x, w)) seen = true;
-        if (!seen)
-            json_array_append(list, w);
+        if (!seen && json_array_append(list, w) < 0) {
+            json_decref(meta);
+            *oom = true;
+            return NULL;
+        }
     }
     return meta;
 }
@@ -1082,14 +1098,17 @@ static void emit_text(an_stream *st, const char *t, size_t n)
 
 /* Non-streaming body: the tool_use blocks after the text (an empty text
  * block is dropped). input is the parsed arguments JSON; arguments that
- * are not a JSON object give {} and a warning. */
-static void add_tool_use_blocks(an_stream *st, json_t *body)
+ * are not a JSON object give {} and a warning. 0, or -1 out of memory (a
+ * block or warning left out: the body is not sent). */
+static int add_tool_use_blocks(an_stream *st, json_t *body)
 {
     json_t *content = json_object_get(body, "content");
     if (!st->emitted)
         json_array_clear(content);
     for (size_t i = 0; i < st->calls.n; i++) {
         const gps_tool_call *c = &st->calls.v[i];
+        /* (a load that ran out of memory reads as arguments that are not
+         * JSON: jansson's error does not tell them apart) */
         json_t *input = json_loadb(c->args.data ? c->args.data : "{}",
                                    c->args.len ? c->args.len : 2, 0, NULL);
         if (!json_is_object(input)) {
@@ -1100,21 +1119,26 @@ static void add_tool_use_blocks(an_stream *st, json_t *body)
             char m[200];
             snprintf(m, sizeof m, "tool call '%.100s': the model's arguments are not a JSON "
                                   "object; input left empty", c->name);
-            if (json_is_array(w))
-                json_array_append_new(w, json_string(m));
+            if (!input || (json_is_array(w) && json_array_append_new(w, json_string(m)) < 0)) {
+                json_decref(input);
+                return -1;
+            }
         }
         char id[160];
         gps_anthropic_tool_use_id(c->id, id, sizeof id);
-        json_array_append_new(content, json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id",
-                                                 id, "name", c->name, "input", input));
+        if (json_array_append_new(content, json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use",
+                                                     "id", id, "name", c->name, "input",
+                                                     input)) < 0)
+            return -1;
     }
+    return 0;
 }
 
 /* The reply is complete: send its end and free st. */
 /* The stream's end with x_pool_meta rendered as text (pool_meta's object
- * without its tree; issue 24). */
-static void close_stream(an_stream *st, gps_job *job, const char *stop_reason,
-                         const char *stop_seq, long long in, long long out)
+ * without its tree; issue 24). 0, or -1 (nothing written) out of memory. */
+static int close_stream(an_stream *st, gps_job *job, const char *stop_reason,
+                        const char *stop_seq, long long in, long long out)
 {
     enum { MAXW = 16 }; /* a request's warnings: a few at most */
     const char *extra[MAXW];
@@ -1129,13 +1153,17 @@ static void close_stream(an_stream *st, gps_job *job, const char *stop_reason,
     gp_buf_init(&meta);
     int rc = json_array_size(st->warnings) <= MAXW ? gps_pool_meta_append(&meta, job, extra, n)
                                                    : -1;
-    if (rc < 0) /* ENOMEM, or more warnings than listed here: the tree */
-        gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
-                     pool_meta(st, job, true));
-    else
+    bool oom = false;
+    if (rc < 0) { /* ENOMEM, or more warnings than listed here: the tree */
+        json_t *m = pool_meta(st, job, true, &oom);
+        if (!oom)
+            gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out, m);
+    } else {
         gps_an_close_text(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
                           rc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+    }
     gp_buf_free(&meta);
+    return oom ? -1 : 0;
 }
 
 static void complete(an_stream *st, gps_job *job, const char *stop_reason, const char *stop_seq)
@@ -1145,22 +1173,43 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         /* count_tokens stays a plain request: no x-pool-* headers. An
          * estimate (an upstream without a count endpoint) says so. */
         json_t *body = json_pack("{s:I}", "input_tokens", (json_int_t)in);
-        if (body && gps_job_count_estimated(job))
-            json_object_set_new(body, "x_pool_meta", json_pack("{s:b}", "estimated", 1));
-        gps_relay_end_body(&st->rl, body, false);
+        if (body && gps_job_count_estimated(job) &&
+            json_object_set_new(body, "x_pool_meta", json_pack("{s:b}", "estimated", 1)) < 0) {
+            json_decref(body); /* an estimate must say so */
+            body = NULL;
+        }
+        if (body)
+            gps_relay_end_body(&st->rl, body, false);
+        else
+            gps_relay_fail_oom(&st->rl);
     } else if (st->stream) {
         ensure_started(st);
-        close_stream(st, job, stop_reason, stop_seq, in, out);
-        gps_relay_end_stream(&st->rl);
+        if (close_stream(st, job, stop_reason, stop_seq, in, out) < 0)
+            gps_relay_fail_oom(&st->rl); /* the error event in place of the end */
+        else
+            gps_relay_end_stream(&st->rl);
     } else {
-        json_t *body = gps_anthropic_message(st->out.id, st->out.model, "", stop_reason, stop_seq, in,
-                                             out, pool_meta(st, job, true));
+        /* Out of memory anywhere: 500, not a message with a part left out. */
+        bool oom;
+        json_t *meta = pool_meta(st, job, true, &oom);
+        json_t *body = oom ? NULL
+                           : gps_anthropic_message(st->out.id, st->out.model, "", stop_reason,
+                                                   stop_seq, in, out, meta);
         json_t *block = json_array_get(json_object_get(body, "content"), 0);
-        if (block && st->emitted)
-            json_object_set_new(block, "text", json_stringn(gps_job_text(job), st->emitted));
-        if (st->calls.n > 0)
-            add_tool_use_blocks(st, body);
-        gps_relay_end_body(&st->rl, body, true);
+        json_t *t = body && st->emitted ? json_stringn(gps_job_text(job), st->emitted) : NULL;
+        /* (text that is not UTF-8, which jansson refuses, stays "" as before) */
+        if (body && st->emitted &&
+            (t ? json_object_set_new(block, "text", t) < 0
+               : gp_utf8_valid(gps_job_text(job), st->emitted)))
+            oom = true;
+        if (body && !oom && st->calls.n > 0 && add_tool_use_blocks(st, body) < 0)
+            oom = true;
+        if (body && !oom) {
+            gps_relay_end_body(&st->rl, body, true);
+        } else {
+            json_decref(body);
+            gps_relay_fail_oom(&st->rl);
+        }
     }
 }
 

@@ -102,7 +102,7 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
 const char *gps_anthropic_stop_reason(const char *finish_reason);
 
 /* The non-streaming body (type "message"). stop_sequence may be NULL. meta
- * (stolen, may be NULL) becomes x_pool_meta. */
+ * (stolen, may be NULL) becomes x_pool_meta. NULL when out of memory. */
 json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
                               const char *stop_reason, const char *stop_sequence,
                               long long input_tokens, long long output_tokens, json_t *meta);

@@ -291,14 +291,18 @@ static void resolved(void *arg, int status, json_t *prev_context, json_t *items)
         if (status > 0)
             snprintf(msg, sizeof msg, "Previous response with id '%.64s' not found.",
                      w->rq.prev_id);
+        else
+            snprintf(msg, sizeof msg, "%s",
+                     status == -2 ? "out of memory" : "stored responses could not be read");
         gps_relay_refuse(&OPS, w->api->c->metrics, r, status > 0 ? 400 : 500,
-                         status > 0 ? "previous_response_not_found" : "INTERNAL",
-                         status > 0 ? msg : "stored responses could not be read",
+                         status > 0 ? "previous_response_not_found" : "INTERNAL", msg,
                          status > 0 ? "previous_response_id" : NULL);
         goto done;
     }
     if (gps_resp_splice(&w->rq, prev_context, items, msg, sizeof msg, &param) < 0) {
-        gps_relay_refuse(&OPS, w->api->c->metrics, r, 400, "INVALID_REQUEST", msg, param);
+        const char *code;
+        int st = gps_parse_refusal(msg, &code); /* out of memory: 500, not the client's */
+        gps_relay_refuse(&OPS, w->api->c->metrics, r, st, code, msg, st == 500 ? NULL : param);
         goto done;
     }
     start(w->api, r, &w->rq);

@@ -58,16 +58,24 @@ static void items_done(void *arg, int status, const gps_store_cells *res)
     json_t *items = json_object();
     if (status != 0 || !items) {
         json_decref(items);
-        fetch_end(f, -1, NULL);
+        fetch_end(f, status != 0 ? -1 : -2, NULL);
         return;
     }
     for (size_t i = 0; i < res->nrows; i++) {
         const char *id = res->cell[i * res->ncols];
         const char *msg = res->cell[i * res->ncols + 1];
         json_t *m = msg ? json_loads(msg, 0, NULL) : NULL;
-        if (id && json_is_object(m))
-            json_object_set_new(items, id, m);
-        else
+        /* The store holds only what gps_resp_context_text wrote (valid
+         * JSON): text that does not load is an allocation that failed
+         * (jansson's error does not say so). Leaving the item out would
+         * refuse the request as naming no stored item. */
+        if ((msg && !m) ||
+            (id && json_is_object(m) && json_object_set_new(items, id, m) < 0)) {
+            json_decref(items);
+            fetch_end(f, -2, NULL);
+            return;
+        }
+        if (!id || !json_is_object(m))
             json_decref(m);
     }
     fetch_end(f, 0, items);
@@ -78,7 +86,7 @@ static void fetch_items(fetch *f)
 {
     if (!f->refs) {
         json_t *none = json_object();
-        fetch_end(f, none ? 0 : -1, none);
+        fetch_end(f, none ? 0 : -2, none);
         json_decref(none);
         return;
     }
@@ -96,6 +104,12 @@ static void prev_done(void *arg, int status, const gps_store_cells *res)
     }
     const char *ctx = res->nrows ? res->cell[1] : NULL;
     f->prev_context = ctx ? json_loads(ctx, 0, NULL) : NULL;
+    if (ctx && !f->prev_context) {
+        /* Found, not loaded: the stored text is valid JSON (see
+         * items_done), so out of memory, not "not found". */
+        fetch_end(f, -2, NULL);
+        return;
+    }
     if (!json_is_array(f->prev_context)) {
         fetch_end(f, 1, NULL);
         return;

@@ -35,7 +35,8 @@ void gps_resp_state_free(gps_resp_state *s);
  * the loop thread, later, with prev_context (the previous response's
  * conversation, or NULL when rq names none) and items (object of
  * fragments by id; missing ids are absent), both borrowed; status 0, 1
- * when the previous response is not found, -1 on a store error. Returns
+ * when the previous response is not found, -1 on a store error, -2 out of
+ * memory (what was found could not be loaded). Returns
  * -1 (done never runs) when nothing could be queued. */
 typedef void (*gps_resp_state_fn)(void *arg, int status, json_t *prev_context, json_t *items);
 int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_req *rq,
