@@ -22,6 +22,7 @@
 #include "server/dialects/api_tasks_priv.h"
 #include "common/gp_util.h"
 #include "server/dialects/embeddings.h"
+#include "server/dialects/openai_render.h"
 #include "server/dialects/reqcheck.h"
 #include "server/dialects/responses.h"
 
@@ -566,6 +567,163 @@ static void test_embeddings_reply(void **st)
     assert_int_equal(bad, 0);
 }
 
+/* A reply builder under the sweep: NULL (the handler answers 500) or
+ * exactly the unhurt reply; never one with a part left out. */
+typedef json_t *(*builder)(void);
+
+static int sweep_builder(const char *name, builder b)
+{
+    json_t *ref = b();
+    assert_non_null(ref);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = b();
+        bool hit = disarm();
+        if (got && !json_equal(got, ref)) {
+            print_message("%s: allocation %zu failed, the reply was built with other content:\n",
+                          name, n);
+            print_diff("", got, ref);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    print_message("%s: %zu allocations swept, %d broke the rule\n", name, n - 1, bad);
+    json_decref(ref);
+    return bad;
+}
+
+/* Two tool calls as the handlers hold them (built before the sweeps: the
+ * accumulator is not what is swept). */
+static gps_tool_calls CALLS;
+
+static void calls_init(void)
+{
+    bool started;
+    json_t *a = J("{\"index\":0,\"id\":\"call_1\",\"name\":\"get_weather\",\"arguments\":"
+                  "\"{\\\"city\\\":\\\"Paris\\\"}\"}");
+    json_t *b = J("{\"index\":1,\"id\":\"call_2\",\"name\":\"get_time\",\"arguments\":\"{}\"}");
+    assert_true(gps_tool_calls_add(&CALLS, a, &started) >= 0);
+    assert_true(gps_tool_calls_add(&CALLS, b, &started) >= 0);
+    assert_int_equal(CALLS.n, 2);
+    json_decref(a);
+    json_decref(b);
+}
+
+/* x_pool_meta as a handler passes it (stolen by the builders; made before
+ * the sweeps, as gps_pool_meta's sweep is not this one). */
+static json_t *META;
+
+static json_t *meta_arg(void)
+{
+    return json_incref(META);
+}
+
+static json_t *b_oa_chat_body(void)
+{
+    gps_oa_out o;
+    gps_oa_out_init(&o, true, true, "chatcmpl-1", 1700000000, "m");
+    json_t *j = gps_oa_body(&o, &CALLS, "Let me look.", 12, "tool_calls", 10, 5, meta_arg());
+    gps_oa_out_clear(&o);
+    return j;
+}
+
+static json_t *b_oa_tools_only_body(void)
+{
+    gps_oa_out o;
+    gps_oa_out_init(&o, true, false, "chatcmpl-2", 1700000000, "m");
+    json_t *j = gps_oa_body(&o, &CALLS, "", 0, "tool_calls", 10, 5, NULL);
+    gps_oa_out_clear(&o);
+    return j;
+}
+
+static json_t *b_oa_completion_body(void)
+{
+    return gps_openai_response(false, "cmpl-1", 1700000000, "m", "Once upon", "length", 4, 2,
+                               meta_arg());
+}
+
+static json_t *b_oa_chunk(void)
+{
+    return gps_openai_chunk(true, "chatcmpl-1", 1700000000, "m", "Hi", true, "stop", true);
+}
+
+static json_t *b_oa_completion_chunk(void)
+{
+    return gps_openai_chunk(false, "cmpl-1", 1700000000, "m", "Hi", false, NULL, true);
+}
+
+static json_t *b_oa_usage_chunk(void)
+{
+    return gps_openai_usage_chunk(true, "chatcmpl-1", 1700000000, "m", 10, 5);
+}
+
+static json_t *b_tool_calls(void)
+{
+    return gps_tool_calls_openai(&CALLS);
+}
+
+static json_t *b_anthropic_message(void)
+{
+    return gps_anthropic_message("msg_1", "claude", "Bonjour.", "stop_sequence", "END", 10, 5,
+                                 meta_arg());
+}
+
+static void test_reply_builders(void **st)
+{
+    (void)st;
+    calls_init();
+    META = json_pack("{s:s,s:s,s:I,s:[s]}", "agent_id", "a1", "model", "m", "queue_ms",
+                     (json_int_t)3, "warnings", "tools were ignored");
+    assert_non_null(META);
+    int bad = 0;
+    bad += sweep_builder("openai chat body", b_oa_chat_body);
+    bad += sweep_builder("openai tools-only body", b_oa_tools_only_body);
+    bad += sweep_builder("openai completion body", b_oa_completion_body);
+    bad += sweep_builder("openai chunk", b_oa_chunk);
+    bad += sweep_builder("openai completion chunk", b_oa_completion_chunk);
+    bad += sweep_builder("openai usage chunk", b_oa_usage_chunk);
+    bad += sweep_builder("openai tool calls", b_tool_calls);
+    bad += sweep_builder("anthropic message", b_anthropic_message);
+    gps_tool_calls_free(&CALLS);
+    json_decref(META);
+    assert_int_equal(bad, 0);
+}
+
+/* Stop sequences that run out of memory are the server's fault: no param
+ * (the handler answers 500 without naming a field), as every other
+ * out-of-memory refusal. */
+static void test_sampling_param(void **st)
+{
+    (void)st;
+    json_t *body = J("{\"temperature\":0.5,\"stop\":[\"END\",\"STOP\"]}");
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        gps_job_spec s;
+        memset(&s, 0, sizeof s);
+        char msg[256] = "";
+        const char *param = NULL;
+        arm(n);
+        int rc = gps_sampling_parse(body, &s, 2, 4, msg, sizeof msg, &param);
+        bool hit = disarm();
+        if (rc < 0 && (strcmp(msg, "out of memory") != 0 || param)) {
+            print_message("sampling: allocation %zu failed: \"%s\" param %s\n", n, msg,
+                          param ? param : "(none)");
+            bad++;
+        }
+        json_decref(s.stop);
+        if (!hit)
+            break;
+    }
+    print_message("sampling: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    json_decref(body);
+    assert_int_equal(bad, 0);
+}
+
 /* What the handlers answer for a failed parse: the client's fault (400)
  * unless the server ran out of memory (500, retryable). */
 static void test_refusal_status(void **st)
@@ -584,7 +742,8 @@ int main(void)
         cmocka_unit_test(test_openai),    cmocka_unit_test(test_anthropic),
         cmocka_unit_test(test_responses), cmocka_unit_test(test_tasks),
         cmocka_unit_test(test_embeddings), cmocka_unit_test(test_embeddings_reply),
-        cmocka_unit_test(test_refusal_status),
+        cmocka_unit_test(test_refusal_status), cmocka_unit_test(test_reply_builders),
+        cmocka_unit_test(test_sampling_param),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
