@@ -728,13 +728,14 @@ static void h_models(gps_req *r, void *arg)
 {
     oa_ctx *c = arg;
     size_t n = 0;
-    registry_model_entry *list = registry_models_list(gps_jobs_registry(c->jobs), &n);
+    registry_model_entry *list;
+    bool listed = registry_models_list(gps_jobs_registry(c->jobs), &list, &n) == 0;
     json_t *data = json_array();
     json_t *seen = json_object();
     json_t *body = NULL;
     /* Every model listed or none: a list with one left out would tell the
      * client the pool does not serve it. */
-    bool ok = data && seen;
+    bool ok = listed && data && seen;
     for (size_t i = 0; ok && i < n; i++)
         ok = json_array_append_new(data, model_entry(list[i].id, list[i].created_wall_ms)) ==
                  0 &&

@@ -1002,18 +1002,19 @@ static int entry_cmp(const void *x, const void *y)
     return strcmp(((const registry_model_entry *)x)->id, ((const registry_model_entry *)y)->id);
 }
 
-registry_model_entry *registry_models_list(const registry *reg, size_t *n)
+int registry_models_list(const registry *reg, registry_model_entry **list, size_t *n)
 {
     size_t i, cnt = 0;
     *n = 0;
+    *list = NULL;
     for (smap_node *nd = smap_first(&reg->models, &i); nd; nd = smap_next(&reg->models, nd, &i))
         if (((model_ent *)nd->val)->live_as_id > 0)
             cnt++;
     if (!cnt)
-        return NULL;
+        return 0;
     registry_model_entry *out = calloc(cnt, sizeof(*out));
     if (!out)
-        return NULL;
+        return -1;
     size_t k = 0;
     for (smap_node *nd = smap_first(&reg->models, &i); nd; nd = smap_next(&reg->models, nd, &i)) {
         model_ent *e = nd->val;
@@ -1026,7 +1027,8 @@ registry_model_entry *registry_models_list(const registry *reg, size_t *n)
     }
     qsort(out, k, sizeof(*out), entry_cmp);
     *n = k;
-    return out;
+    *list = out;
+    return 0;
 }
 
 void registry_models_foreach(const registry *reg,

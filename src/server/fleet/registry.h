@@ -340,10 +340,11 @@ typedef struct registry_model_entry {
 } registry_model_entry;
 
 /* Distinct public model ids (aliases not included) currently served by at
- * least one live agent, sorted by id, for GET /v1/models. Returns a malloc'd
- * array (caller frees the array only; strings are borrowed) and its length
- * in *n; NULL with *n = 0 when empty or on ENOMEM. */
-registry_model_entry *registry_models_list(const registry *reg, size_t *n);
+ * least one live agent, sorted by id, for GET /v1/models: 0 with a malloc'd
+ * array in *out (caller frees the array only; strings are borrowed; NULL
+ * when none) and its length in *n, or -1 out of memory (an empty list
+ * would tell the client the pool serves nothing). */
+int registry_models_list(const registry *reg, registry_model_entry **out, size_t *n);
 
 /* Calls fn for every model name (id or alias) known since start-up
  * (registry_model_known), with the live agents serving it now (0: requests

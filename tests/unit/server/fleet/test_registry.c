@@ -356,7 +356,8 @@ static void test_model_index(void **st)
     assert_false(registry_agent_serves(a, "b-model"));
 
     size_t n;
-    registry_model_entry *l = registry_models_list(reg, &n);
+    registry_model_entry *l;
+    assert_int_equal(registry_models_list(reg, &l, &n), 0);
     assert_int_equal(n, 3);   /* ids only, no aliases, sorted */
     assert_string_equal(l[0].id, "b-model");
     assert_string_equal(l[1].id, "m1");
@@ -373,7 +374,7 @@ static void test_model_index(void **st)
     assert_int_equal(registry_model_live_count(reg, "m1"), 0);
     assert_int_equal(registry_model_live_count(reg, "tiny"), 0);
     assert_true(registry_model_known(reg, "m1"));
-    l = registry_models_list(reg, &n);
+    assert_int_equal(registry_models_list(reg, &l, &n), 0);
     assert_int_equal(n, 2);
     free(l);
     /* same list again: generation unchanged */
@@ -382,7 +383,7 @@ static void test_model_index(void **st)
     assert_int_equal(a->models_gen, gen);
     /* m1 comes back: created stays at first sight */
     poll_json(reg, 1, "[{\"id\":\"m1\"}]", NULL, T0 + 3000);
-    l = registry_models_list(reg, &n);
+    assert_int_equal(registry_models_list(reg, &l, &n), 0);
     assert_int_equal(n, 3);
     assert_int_equal(l[1].created_wall_ms, 1700000000000LL + (int64_t)T0);
     free(l);
@@ -395,7 +396,7 @@ static void test_model_index(void **st)
     /* all agents gone: empty list */
     registry_deregister(reg, registry_get(reg, "00000000-0000-4000-8000-000000000001"), T0 + 4000);
     registry_deregister(reg, registry_get(reg, "00000000-0000-4000-8000-000000000002"), T0 + 4000);
-    l = registry_models_list(reg, &n);
+    assert_int_equal(registry_models_list(reg, &l, &n), 0);
     assert_null(l);
     assert_int_equal(n, 0);
     registry_destroy(reg);
