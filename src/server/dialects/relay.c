@@ -334,8 +334,13 @@ void gps_relay_stream_event(gps_relay *rl, gps_job *job, gps_event_type type, js
     if (rl->dn == rl->dcap) {
         size_t cap = rl->dcap ? rl->dcap * 2 : 8;
         struct gps_relay_deferred *nv = realloc(rl->dv, cap * sizeof *nv);
-        if (!nv)
-            return; /* ENOMEM: the event is lost; the stream still ends on timeout */
+        if (!nv) {
+            /* An end, error or tool call that cannot wait its turn: the
+             * reply fails (500, a stream's error event) rather than run
+             * on without it. */
+            gps_relay_fail_oom(rl);
+            return;
+        }
         rl->dv = nv;
         rl->dcap = cap;
     }
