@@ -32,12 +32,6 @@ json_t *gps_anthropic_usage(long long in, long long out)
                      (json_int_t)(out > 0 ? out : 0));
 }
 
-static void emit(gp_buf *sse, const char *name, json_t *j)
-{
-    gps_sse_format_json(sse, name, NULL, j);
-    json_decref(j);
-}
-
 /*
  * The per-reply events written as text (issue 24, fourth round): built as
  * jansson objects and dumped they were ~40,000 instructions a reply.
@@ -65,45 +59,64 @@ static int put_usage(gp_buf *b, long long in, long long out)
                : LIT(b, "}");
 }
 
-/* ok: the event from at on is whole; its end written here, or cut back. */
-static void ev_end(gp_buf *sse, size_t at, bool ok)
+/* ok: the event from at on is whole; its end written here, or cut back.
+ * Returns whether it was written. */
+static bool ev_end(gp_buf *sse, size_t at, bool ok)
 {
     if (!ok || LIT(sse, "}\n\n") < 0) {
         sse->len = at;
         if (sse->data)
             sse->data[at] = '\0';
+        return false;
     }
+    return true;
 }
 
-static void close_block(gps_an_out *o, gp_buf *sse)
+/* sse back to at (a frame that could not be written whole); -1. */
+static int cut(gp_buf *sse, size_t at)
+{
+    sse->len = at;
+    if (sse->data)
+        sse->data[at] = '\0';
+    return -1;
+}
+
+static bool close_block(gps_an_out *o, gp_buf *sse)
 {
     if (o->open_block < 0)
-        return;
+        return true;
     size_t at = sse->len;
-    ev_end(sse, at,
-           LIT(sse, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":") ==
-                   0 &&
-               gp_buf_append_int(sse, o->open_block) == 0);
+    bool ok = ev_end(sse, at,
+                     LIT(sse, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\","
+                              "\"index\":") == 0 &&
+                         gp_buf_append_int(sse, o->open_block) == 0);
     o->open_block = -1;
+    return ok;
 }
 
-static void open_text_block(gps_an_out *o, gp_buf *sse)
+static bool open_text_block(gps_an_out *o, gp_buf *sse)
 {
-    close_block(o, sse);
+    bool ok = close_block(o, sse);
     o->open_block = o->next_block++;
     o->open_is_text = true;
     size_t at = sse->len;
-    ev_end(sse, at,
-           LIT(sse, "event: content_block_start\ndata: {\"type\":\"content_block_start\","
-                    "\"index\":") == 0 &&
-               gp_buf_append_int(sse, o->open_block) == 0 &&
-               LIT(sse, ",\"content_block\":{\"type\":\"text\",\"text\":\"\"}") == 0);
+    return ev_end(sse, at,
+                  LIT(sse, "event: content_block_start\ndata: {\"type\":\"content_block_start\","
+                           "\"index\":") == 0 &&
+                      gp_buf_append_int(sse, o->open_block) == 0 &&
+                      LIT(sse, ",\"content_block\":{\"type\":\"text\",\"text\":\"\"}") == 0) &&
+           ok;
 }
 
-void gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_t *warnings,
-                 bool with_text)
+static bool utf8_str(const char *s)
 {
-    size_t at = sse->len;
+    return s && gp_utf8_valid(s, strlen(s));
+}
+
+int gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_t *warnings,
+                bool with_text)
+{
+    size_t at0 = sse->len, at = at0;
     bool ok = LIT(sse, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":"
                        "{\"id\":") == 0 &&
               put_str(sse, o->id) == 0 &&
@@ -115,25 +128,42 @@ void gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_
     if (ok && json_array_size(warnings))
         ok = LIT(sse, ",\"x_pool_meta\":{\"warnings\":") == 0 &&
              gp_json_dump_append(sse, warnings) == 0 && LIT(sse, "}") == 0;
-    ev_end(sse, at, ok && LIT(sse, "}") == 0);
-    if (with_text)
-        open_text_block(o, sse);
-    LIT(sse, "event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    /* An id or model that is not UTF-8 left message_start out before (as
+     * json_pack refused it): still so; anything else is ENOMEM. */
+    if (!ev_end(sse, at, ok && LIT(sse, "}") == 0) && utf8_str(o->id) && utf8_str(o->model))
+        return cut(sse, at0);
+    if (with_text && !open_text_block(o, sse))
+        return cut(sse, at0);
+    if (LIT(sse, "event: ping\ndata: {\"type\":\"ping\"}\n\n") < 0)
+        return cut(sse, at0);
+    return 0;
 }
 
-void gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n)
+/* gps_an_text's slow path: the delta built and dumped. */
+static int text_slow(gps_an_out *o, gp_buf *sse, const char *t, size_t n)
+{
+    json_t *d = json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
+                          o->open_block, "delta", "type", "text_delta", "text", t, n);
+    int rc = gps_sse_format_json(sse, "content_block_delta", NULL, d); /* (NULL: -1) */
+    json_decref(d);
+    return rc;
+}
+
+int gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n)
 {
     /* Not UTF-8 on its own cannot happen for whole agent tokens (jansson
      * checked the upload); a piece cut inside a character would be sent
      * as an empty delta, as before. */
     if (!gps_text_utf8(t, n))
         n = 0;
-    if (o->open_block < 0 || !o->open_is_text)
-        open_text_block(o, sse); /* text after a tool call: a new text block */
+    size_t at = sse->len;
+    if ((o->open_block < 0 || !o->open_is_text) && !open_text_block(o, sse))
+        return cut(sse, at); /* text after a tool call: a new text block */
     if (o->delta_tpl_index != o->open_block) {
         /* Every delta of a text block is the same but for its text: render
          * it once (an escape and two copies per token, as OpenAI's). */
         gps_sse_tpl_free(&o->delta_tpl);
+        o->delta_tpl_index = -1;
         json_t *d = json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
                               o->open_block, "delta", "type", "text_delta", "text",
                               DELTA_MARKER);
@@ -143,36 +173,48 @@ void gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n)
             o->delta_tpl.pre = NULL;
         json_decref(d);
     }
-    if (o->delta_tpl.pre && o->delta_tpl_index == o->open_block)
-        gps_sse_tpl_emit(sse, &o->delta_tpl, t, n);
-    else
-        emit(sse, "content_block_delta",
-             json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
-                       o->open_block, "delta", "type", "text_delta", "text", t, n));
+    int rc = o->delta_tpl.pre && o->delta_tpl_index == o->open_block
+                 ? gps_sse_tpl_emit(sse, &o->delta_tpl, t, n)
+                 : text_slow(o, sse, t, n);
+    return rc < 0 ? cut(sse, at) : 0;
 }
 
-void gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
-                 const char *args)
+int gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
+                const char *args)
 {
+    size_t at = sse->len;
     if (started) {
-        close_block(o, sse);
+        if (!close_block(o, sse))
+            return cut(sse, at);
         char id[160];
         gps_anthropic_tool_use_id(calls->v[i].id, id, sizeof id);
         o->open_block = o->next_block++;
         o->open_is_text = false;
         o->open_call = i;
-        emit(sse, "content_block_start",
-             json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start", "index",
-                       o->open_block, "content_block", "type", "tool_use", "id", id, "name",
-                       calls->v[i].name, "input"));
+        json_t *e = json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type", "content_block_start",
+                              "index", o->open_block, "content_block", "type", "tool_use", "id",
+                              id, "name", calls->v[i].name, "input");
+        /* (an id or name that is not UTF-8: the event left out, as before) */
+        if (gps_sse_format_json(sse, "content_block_start", NULL, e) < 0 &&
+            (e || (utf8_str(id) && utf8_str(calls->v[i].name)))) {
+            json_decref(e);
+            return cut(sse, at);
+        }
+        json_decref(e);
     }
     /* Pieces of a call whose block was closed already cannot be shown
      * any more (upstreams send calls one after another). */
     if (!args || !*args || o->open_block < 0 || o->open_is_text || o->open_call != i)
-        return;
-    emit(sse, "content_block_delta",
-         json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
-                   o->open_block, "delta", "type", "input_json_delta", "partial_json", args));
+        return 0;
+    json_t *e = json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index",
+                          o->open_block, "delta", "type", "input_json_delta", "partial_json",
+                          args);
+    if (gps_sse_format_json(sse, "content_block_delta", NULL, e) < 0 && (e || utf8_str(args))) {
+        json_decref(e);
+        return cut(sse, at);
+    }
+    json_decref(e);
+    return 0;
 }
 
 void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,

@@ -40,17 +40,20 @@ void gps_an_out_init(gps_an_out *o, const char *id, const char *model);
 void gps_an_out_clear(gps_an_out *o);
 /* {"input_tokens", "output_tokens"} (negative: 0). New reference. */
 json_t *gps_anthropic_usage(long long input_tokens, long long output_tokens);
+/* The stream frames below (open, text, call) return 0, or -1 out of
+ * memory: then sse is as it was before the call (no part of a frame goes
+ * out) and the caller fails the reply. */
 /* message_start (warnings borrowed: x_pool_meta.warnings when not empty),
  * a text block when with_text, ping. */
-void gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_t *warnings,
-                 bool with_text);
+int gps_an_open(gps_an_out *o, gp_buf *sse, long long input_tokens, const json_t *warnings,
+                bool with_text);
 /* n bytes of text as a text_delta (a new text block after a tool call);
  * text that is not UTF-8 on its own goes as an empty delta. */
-void gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n);
+int gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n);
 /* A piece of tool call i: started, a tool_use block (closing the open one);
  * argument text as input_json_delta while its block is open. */
-void gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
-                 const char *args);
+int gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
+                const char *args);
 /* The end: content_block_stop of the open block, message_delta (meta
  * stolen, may be NULL), message_stop. */
 void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,

@@ -1068,32 +1068,46 @@ void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
     snprintf(out, outlen, "toolu_%s", s);
 }
 
-static void ensure_started_as(an_stream *st, bool with_text);
-static void ensure_started(an_stream *st)
+/* 0, or -1: a frame found no memory (the caller fails the reply:
+ * frame_oom). */
+static int ensure_started_as(an_stream *st, bool with_text);
+static int ensure_started(an_stream *st)
 {
-    ensure_started_as(st, true);
+    return ensure_started_as(st, true);
 }
 
-static void ensure_started_as(an_stream *st, bool with_text)
+static int ensure_started_as(an_stream *st, bool with_text)
 {
     if (st->rl.s.started)
-        return;
+        return 0;
     gps_relay_start(&st->rl);
-    gps_an_open(&st->out, &st->rl.s.out, gps_job_prompt_tokens(st->rl.job), st->warnings, with_text);
+    return gps_an_open(&st->out, &st->rl.s.out, gps_job_prompt_tokens(st->rl.job), st->warnings,
+                       with_text);
+}
+
+/* A frame that found no memory: the reply fails (its error event) rather
+ * than go on without it. st is freed later (gps_relay_finish); true, as
+ * every path that finished the reply. */
+static bool frame_oom(an_stream *st)
+{
+    gps_relay_fail_oom(&st->rl);
+    return true;
 }
 
 /* Emit the next n bytes of the job's text held back (t, at
  * job->text[emitted]) to the client (a delta; not streaming: the body's
- * text grows). */
-static void emit_text(an_stream *st, const char *t, size_t n)
+ * text grows). 0, or -1 (ENOMEM: frame_oom). */
+static int emit_text(an_stream *st, const char *t, size_t n)
 {
     if (n == 0)
-        return;
+        return 0;
     st->emitted += n;
     if (!st->stream)
-        return;
-    gps_an_text(&st->out, &st->rl.s.out, t, n);
+        return 0;
+    if (gps_an_text(&st->out, &st->rl.s.out, t, n) < 0)
+        return -1;
     gps_relay_send_output(&st->rl);
+    return 0;
 }
 
 /* Non-streaming body: the tool_use blocks after the text (an empty text
@@ -1183,8 +1197,7 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
         else
             gps_relay_fail_oom(&st->rl);
     } else if (st->stream) {
-        ensure_started(st);
-        if (close_stream(st, job, stop_reason, stop_seq, in, out) < 0)
+        if (ensure_started(st) < 0 || close_stream(st, job, stop_reason, stop_seq, in, out) < 0)
             gps_relay_fail_oom(&st->rl); /* the error event in place of the end */
         else
             gps_relay_end_stream(&st->rl);
@@ -1231,16 +1244,18 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
         st->emitted = 0; /* a requeue dropped the text (relay.h): start over */
     if (st->count_only)
         return false;
-    if (st->stream)
-        ensure_started(st);
+    if (st->stream && ensure_started(st) < 0)
+        return frame_oom(st);
     const char *pend = gps_job_text(job) + st->emitted;
     size_t plen = held_back(st, upto);
     if (!st->stops) {
-        emit_text(st, pend, plen);
+        if (emit_text(st, pend, plen) < 0)
+            return frame_oom(st);
     } else {
         size_t safe = 0, at = 0;
         int hit = gp_stop_scan(pend, plen, st->stops, &safe, &at);
-        emit_text(st, pend, safe);
+        if (emit_text(st, pend, safe) < 0)
+            return frame_oom(st);
         if (hit >= 0) {
             /* Matched here: finish the reply, then the job (which tells
              * the agent to stop). complete finishes st. */
@@ -1269,20 +1284,23 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         if (i < 0)
             return false;
         size_t plen = held_back(st, st->rl.sent);
-        if (st->stream)
-            ensure_started_as(st, plen > 0);
+        if (st->stream && ensure_started_as(st, plen > 0) < 0)
+            return frame_oom(st);
         /* Text held back for a stop sequence goes out before the call. */
-        emit_text(st, gps_job_text(job) + st->emitted, plen);
+        if (emit_text(st, gps_job_text(job) + st->emitted, plen) < 0)
+            return frame_oom(st);
         if (st->stream) {
-            gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
-                        json_string_value(json_object_get(ev, "arguments")));
+            if (gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                            json_string_value(json_object_get(ev, "arguments"))) < 0)
+                return frame_oom(st);
             gps_relay_send_output(&st->rl);
         }
         return false;
     }
     if (type == GPS_EV_END) {
         /* no stop sequence came */
-        emit_text(st, gps_job_text(job) + st->emitted, held_back(st, st->rl.sent));
+        if (emit_text(st, gps_job_text(job) + st->emitted, held_back(st, st->rl.sent)) < 0)
+            return frame_oom(st);
         const char *sr = gps_anthropic_stop_reason(gps_job_finish_reason(job));
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";

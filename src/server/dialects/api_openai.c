@@ -517,12 +517,22 @@ static const gps_relay_ops OPS = {
     .render_event = render_event,
 };
 
-static void ensure_started(oa_stream *st)
+/* 0, or -1: the first frame found no memory (the caller fails the reply). */
+static int ensure_started(oa_stream *st)
 {
     if (st->rl.s.started)
-        return;
+        return 0;
     gps_relay_start(&st->rl);
-    gps_oa_open(&st->out, &st->rl.s.out);
+    return gps_oa_open(&st->out, &st->rl.s.out);
+}
+
+/* A frame that found no memory: the reply fails (its error event) rather
+ * than go on without it. st is freed later (gps_relay_finish); true, as
+ * every path that finished the reply. */
+static bool frame_oom(oa_stream *st)
+{
+    gps_relay_fail_oom(&st->rl);
+    return true;
 }
 
 #define TOOLS_IGNORED                                                                      \
@@ -564,7 +574,10 @@ static void end(oa_stream *st, gps_job *job)
             gps_relay_fail_oom(&st->rl);
         return;
     }
-    ensure_started(st);
+    if (ensure_started(st) < 0) {
+        gps_relay_fail_oom(&st->rl);
+        return;
+    }
     /* x_pool_meta rendered as text: no tree to build and dump (issue 24). */
     static const char *const ignored[] = {TOOLS_IGNORED};
     gp_buf meta;
@@ -596,9 +609,10 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0 || !st->stream)
             return false;
-        ensure_started(st);
-        gps_oa_call(&st->out, &st->rl.s.out, &st->calls, i, started,
-                    json_string_value(json_object_get(ev, "arguments")));
+        if (ensure_started(st) < 0 ||
+            gps_oa_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                        json_string_value(json_object_get(ev, "arguments"))) < 0)
+            return frame_oom(st);
         gps_relay_send_output(&st->rl);
         return false;
     }
@@ -617,8 +631,8 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     (void)job;
     oa_stream *st = arg;
-    ensure_started(st);
-    gps_oa_text(&st->out, &st->rl.s.out, text, n);
+    if (ensure_started(st) < 0 || gps_oa_text(&st->out, &st->rl.s.out, text, n) < 0)
+        return frame_oom(st);
     gps_relay_send_output(&st->rl);
     return false;
 }

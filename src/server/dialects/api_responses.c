@@ -139,12 +139,23 @@ static void save(rs_stream *st, const gp_buf *obj)
     gp_buf_free(&items);
 }
 
-static void ensure_started(rs_stream *st, gps_job *job)
+/* 0, or -1: the first events found no memory (the caller fails the
+ * reply: frame_oom). */
+static int ensure_started(rs_stream *st, gps_job *job)
 {
     if (st->rl.s.started)
-        return;
+        return 0;
     gps_relay_start(&st->rl);
-    gps_resp_open(&st->out, &st->rl.s.out);
+    return gps_resp_open(&st->out, &st->rl.s.out);
+}
+
+/* A frame that found no memory: the reply fails (its error event) rather
+ * than go on without it. st is freed later (gps_relay_finish); true, as
+ * every path that finished the reply. */
+static bool frame_oom(rs_stream *st)
+{
+    gps_relay_fail_oom(&st->rl);
+    return true;
 }
 
 /* One event, rendered now. Returns true when the reply is complete. */
@@ -155,9 +166,10 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i < 0 || !st->stream)
             return false;
-        ensure_started(st, job);
-        gps_resp_call(&st->out, &st->rl.s.out, &st->calls, i, started,
-                      json_string_value(json_object_get(ev, "arguments")));
+        if (ensure_started(st, job) < 0 ||
+            gps_resp_call(&st->out, &st->rl.s.out, &st->calls, i, started,
+                          json_string_value(json_object_get(ev, "arguments"))) < 0)
+            return frame_oom(st);
         gps_relay_send_output(&st->rl);
         return false;
     }
@@ -172,10 +184,9 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         const char *mt = NULL;
         /* Out of memory: 500 (a stream: its error event), not a response
          * without its x_pool_meta or an empty body. */
-        if (meta_text(st, job, &meta, &mt) < 0) {
+        if (meta_text(st, job, &meta, &mt) < 0 || (st->stream && ensure_started(st, job) < 0)) {
             gps_relay_fail_oom(&st->rl);
         } else if (st->stream) {
-            ensure_started(st, job);
             gps_resp_close_meta_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, mt,
                                      meta.len, st->state ? &fin : NULL);
             save(st, &fin);
@@ -204,8 +215,8 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
 static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     rs_stream *st = arg;
-    ensure_started(st, job);
-    gps_resp_text(&st->out, &st->rl.s.out, text, n);
+    if (ensure_started(st, job) < 0 || gps_resp_text(&st->out, &st->rl.s.out, text, n) < 0)
+        return frame_oom(st);
     gps_relay_send_output(&st->rl);
     return false;
 }

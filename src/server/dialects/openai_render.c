@@ -215,14 +215,16 @@ static int plain_tpl(const gps_oa_out *o, gps_sse_tpl *t)
 }
 
 /* A frame written at the end of sse, or nothing (as gps_sse_format_json
- * leaves out what it could not dump). */
-static void plain_done(gp_buf *sse, size_t at, int rc)
+ * leaves out what it could not dump). Returns 0, or -1 (ENOMEM: sse cut
+ * back to at). */
+static int plain_done(gp_buf *sse, size_t at, int rc)
 {
     if (rc == 0 && gp_buf_append(sse, "}\n\n", 3) == 0)
-        return;
+        return 0;
     sse->len = at;
     if (sse->data)
         sse->data[at] = '\0';
+    return -1;
 }
 
 static void emit(gp_buf *sse, json_t *j)
@@ -238,23 +240,52 @@ static json_t *chunk(const gps_oa_out *o, const char *text, bool with_role, cons
                             o->include_usage);
 }
 
-void gps_oa_open(gps_oa_out *o, gp_buf *sse)
+/* An id or model that is not UTF-8 (!o->plain) makes every chunk
+ * object fail (json_pack refuses the string): such a stream's frames were
+ * never written, and that is not out of memory. On the plain path a
+ * chunk that cannot be built is. */
+
+int gps_oa_open(gps_oa_out *o, gp_buf *sse)
 {
-    if (!o->chat)
-        return;
-    if (!o->plain) {
-        emit(sse, chunk(o, "", true, NULL));
-        return;
-    }
+    if (!o->chat || !o->plain)
+        return 0; /* (not plain: the jansson chunk is refused, as before) */
     size_t at = sse->len;
     int rc = put_head(o, sse) < 0 ||
                      put(sse, "[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}") < 0
                  ? -1
                  : put_choice_tail(o, sse, NULL);
-    plain_done(sse, at, rc);
+    return plain_done(sse, at, rc);
 }
 
-void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
+/* gps_oa_text without the template (plain_tpl ran out of memory): the
+ * chunk built and dumped. Text that is not UTF-8 goes as "" (json_stringn
+ * refuses it), as before; anything else that fails is ENOMEM. */
+static int text_slow(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
+{
+    if (!o->plain)
+        return 0; /* the chunk is refused (id or model not UTF-8), as before */
+    json_t *c = chunk(o, "", false, NULL);
+    json_t *choice = json_array_get(json_object_get(c, "choices"), 0);
+    json_t *where = o->chat ? json_object_get(choice, "delta") : choice;
+    if (!where) {
+        json_decref(c);
+        return -1;
+    }
+    json_t *tx = json_stringn(t, n);
+    if (!tx && gp_utf8_valid(t, n)) {
+        json_decref(c);
+        return -1;
+    }
+    if (tx && json_object_set_new(where, o->chat ? "content" : "text", tx) < 0) {
+        json_decref(c);
+        return -1;
+    }
+    int rc = gps_sse_format_json(sse, NULL, NULL, c);
+    json_decref(c);
+    return rc;
+}
+
+int gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
 {
     if (!o->tpl_tried) {
         /* Every text chunk of this stream is the same but for its text. */
@@ -270,37 +301,57 @@ void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n)
         json_decref(c);
     }
 tried:
-    if (o->text_tpl.pre) {
-        gps_sse_tpl_emit(sse, &o->text_tpl, t, n);
-        return;
-    }
-    json_t *c = chunk(o, "", false, NULL);
-    json_t *choice = json_array_get(json_object_get(c, "choices"), 0);
-    json_t *tx = json_stringn(t, n);
-    if (o->chat)
-        json_object_set_new(json_object_get(choice, "delta"), "content", tx);
-    else
-        json_object_set_new(choice, "text", tx);
-    emit(sse, c);
+    if (o->text_tpl.pre)
+        return gps_sse_tpl_emit(sse, &o->text_tpl, t, n); /* (cut back when it fails) */
+    return text_slow(o, sse, t, n);
 }
 
-void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
-                 const char *args)
+/* Whether a tool call chunk that could not be built was refused for a
+ * string that is not UTF-8 (a frame json_pack never made, as before: 0)
+ * or ran out of memory (-1). Only on the failure path. */
+static int call_refused(const gps_oa_out *o, const gps_tool_calls *calls, int i, bool started,
+                        const char *args)
+{
+    const char *a = args ? args : "";
+    if (!o->plain || !gp_utf8_valid(a, strlen(a)) ||
+        (started && (!gp_utf8_valid(calls->v[i].id, strlen(calls->v[i].id)) ||
+                     !gp_utf8_valid(calls->v[i].name, strlen(calls->v[i].name)))))
+        return 0;
+    return -1;
+}
+
+int gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
+                const char *args)
 {
     json_t *fn = json_pack("{s:s}", "arguments", args ? args : "");
     json_t *tc = json_pack("{s:i}", "index", i);
-    if (started) {
-        json_object_set_new(tc, "id", json_string(calls->v[i].id));
-        json_object_set_new(tc, "type", json_string("function"));
-        json_object_set_new(fn, "name", json_string(calls->v[i].name));
-    }
-    json_object_set_new(tc, "function", fn);
-    json_t *c = gps_openai_chunk(true, o->id, o->created, o->model, NULL, false, NULL,
-                                 o->include_usage);
-    json_object_set_new(json_object_get(json_array_get(json_object_get(c, "choices"), 0),
-                                        "delta"),
-                        "tool_calls", json_pack("[o]", tc));
-    emit(sse, c);
+    json_t *c = NULL;
+    if (!fn || !tc)
+        goto fail;
+    if (started && (json_object_set_new(tc, "id", json_string(calls->v[i].id)) < 0 ||
+                    json_object_set_new(tc, "type", json_string("function")) < 0 ||
+                    json_object_set_new(fn, "name", json_string(calls->v[i].name)) < 0))
+        goto fail;
+    json_t *f = fn;
+    fn = NULL; /* set_new takes it, set or not */
+    if (json_object_set_new(tc, "function", f) < 0)
+        goto fail;
+    c = gps_openai_chunk(true, o->id, o->created, o->model, NULL, false, NULL, o->include_usage);
+    json_t *delta = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "delta");
+    if (!delta)
+        goto fail;
+    json_t *arr = json_pack("[o]", tc);
+    tc = NULL; /* the pack took it, whether it made the array or not */
+    if (json_object_set_new(delta, "tool_calls", arr) < 0)
+        goto fail;
+    int rc = gps_sse_format_json(sse, NULL, NULL, c);
+    json_decref(c);
+    return rc;
+fail:
+    json_decref(fn);
+    json_decref(tc);
+    json_decref(c);
+    return call_refused(o, calls, i, started, args);
 }
 
 /* gps_oa_close's frames by hand (o->plain, finish_reason UTF-8); meta: the

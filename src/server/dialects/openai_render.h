@@ -45,15 +45,18 @@ void gps_oa_out_init(gps_oa_out *o, bool chat, bool include_usage, const char *i
 void gps_oa_out_set_model(gps_oa_out *o, const char *model);
 void gps_oa_out_clear(gps_oa_out *o);
 
+/* The stream frames below return 0, or -1 out of memory: then sse is as it
+ * was before the call (no part of a frame goes out) and the caller fails
+ * the reply (a client must not get a stream with a frame left out). */
 /* The stream's first bytes: chat's role chunk (completions: nothing). */
-void gps_oa_open(gps_oa_out *o, gp_buf *sse);
+int gps_oa_open(gps_oa_out *o, gp_buf *sse);
 /* n bytes of text as one chunk (a delta's content / a completion's text). */
-void gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n);
+int gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n);
 /* A piece of chat tool call i of calls: the first piece (started) carries
  * id, type and name; every piece its index and an arguments delta (args
  * NULL: ""). */
-void gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
-                 const char *args);
+int gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
+                const char *args);
 /* The end: the last chunk with finish_reason and x_pool_meta (meta stolen,
  * may be NULL), the usage chunk when include_usage, then [DONE]. */
 void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,

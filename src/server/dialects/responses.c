@@ -960,15 +960,18 @@ int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta)
     return rc;
 }
 
-/* One event: `type` and `sequence_number` added to ev (stolen). */
-static void emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
+/* One event: `type` and `sequence_number` added to ev (stolen). 0, or -1
+ * when it could not be written whole (ev NULL too; sse as it was). */
+static int emit(gps_resp_out *o, gp_buf *sse, const char *type, json_t *ev)
 {
     if (!ev)
-        return;
-    json_object_set_new(ev, "type", json_string(type));
-    json_object_set_new(ev, "sequence_number", json_integer(o->seq++));
-    gps_sse_format_json(sse, type, NULL, ev);
+        return -1;
+    int rc = json_object_set_new(ev, "type", json_string(type)) < 0 ||
+                     json_object_set_new(ev, "sequence_number", json_integer(o->seq++)) < 0
+                 ? -1
+                 : gps_sse_format_json(sse, type, NULL, ev);
     json_decref(ev);
+    return rc;
 }
 
 /* Append the decimal digits of v (>= 0). */
@@ -1002,8 +1005,9 @@ static void ev_begin(gp_buf *sse, const char *type)
     LIT(sse, "\ndata: {");
 }
 
-/* ok: the caller's part was written; else the event is cut back to at. */
-static void ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bool ok)
+/* ok: the caller's part was written; else the event is cut back to at.
+ * Returns whether the event was written. */
+static bool ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bool ok)
 {
     unsigned long long seq = (unsigned long long)o->seq++;
     if (!ok || LIT(sse, ",\"type\":\"") < 0 ||
@@ -1013,7 +1017,20 @@ static void ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bo
         sse->len = at;
         if (sse->data)
             sse->data[at] = '\0';
+        return false;
     }
+    return true;
+}
+
+/* A frame (or frames) that could not be written whole: sse back to at,
+ * the sequence number back to seq; -1. */
+static int cut(gps_resp_out *o, gp_buf *sse, size_t at, long long seq)
+{
+    sse->len = at;
+    if (sse->data)
+        sse->data[at] = '\0';
+    o->seq = seq;
+    return -1;
 }
 
 /* "item_id":"ID","output_index":N,"content_index":0, (item ids are ours:
@@ -1055,25 +1072,26 @@ static int message_head(gp_buf *b, const char *item_id, int idx, const char *sta
 }
 
 /* A new message item: output_item.added, then content_part.added. */
-static void message_added(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx)
+static bool message_added(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx)
 {
     static const gp_buf empty = {0};
     size_t at = sse->len;
     ev_begin(sse, "response.output_item.added");
     bool ok = message_head(sse, item_id, idx, "in_progress") == 0 &&
               LIT(sse, "]}") == 0;
-    ev_end(o, sse, at, "response.output_item.added", ok);
+    if (!ev_end(o, sse, at, "response.output_item.added", ok))
+        return false;
     at = sse->len;
     ev_begin(sse, "response.content_part.added");
     ok = item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
          part_text(sse, &empty) == 0;
-    ev_end(o, sse, at, "response.content_part.added", ok);
+    return ev_end(o, sse, at, "response.content_part.added", ok);
 }
 
 /* A message's end: output_text.done, content_part.done, output_item.done,
  * each with the whole text (escaped once here). Text that is not UTF-8
  * is written as "", which is what json_stringn's refusal made of it. */
-static void message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
+static bool message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
                          const char *t, size_t n)
 {
     gp_buf esc;
@@ -1085,47 +1103,49 @@ static void message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
              LIT(sse, "\"text\":\"") == 0 &&
              gp_buf_append(sse, esc.data ? esc.data : "", esc.len) == 0 &&
              LIT(sse, "\"") == 0;
-    ev_end(o, sse, at, "response.output_text.done", w);
+    bool all = ev_end(o, sse, at, "response.output_text.done", w);
     at = sse->len;
     ev_begin(sse, "response.content_part.done");
     w = ok && item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
         part_text(sse, &esc) == 0;
-    ev_end(o, sse, at, "response.content_part.done", w);
+    all = ev_end(o, sse, at, "response.content_part.done", w) && all;
     at = sse->len;
     ev_begin(sse, "response.output_item.done");
     w = ok && message_head(sse, item_id, idx, "completed") == 0 && part_text(sse, &esc) == 0 &&
         LIT(sse, "]}") == 0;
-    ev_end(o, sse, at, "response.output_item.done", w);
+    all = ev_end(o, sse, at, "response.output_item.done", w) && all;
     gp_buf_free(&esc);
+    return all;
 }
 
 /* {"response":R,"type":TYPE,"sequence_number":N}, R dumped already (r). */
-static void response_event(gps_resp_out *o, gp_buf *sse, const char *type, const gp_buf *r)
+static bool response_event(gps_resp_out *o, gp_buf *sse, const char *type, const gp_buf *r)
 {
     size_t at = sse->len;
     ev_begin(sse, type);
     bool ok = r->len > 0 && LIT(sse, "\"response\":") == 0 &&
               gp_buf_append(sse, r->data, r->len) == 0;
-    ev_end(o, sse, at, type, ok);
+    return ev_end(o, sse, at, type, ok);
 }
 
-void gps_resp_open(gps_resp_out *o, gp_buf *sse)
+int gps_resp_open(gps_resp_out *o, gp_buf *sse)
 {
     /* Both events carry the same response: written once. */
+    size_t at = sse->len;
+    long long seq = o->seq;
     gp_buf d;
     gp_buf_init(&d);
     json_t *r = NULL;
     if (render(&d, o, NULL, "in_progress", false, 0, 0) < 0) {
         r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
-        if (!r)
-            return;
-        if (gp_json_dump_append(&d, r) < 0)
+        if (!r || gp_json_dump_append(&d, r) < 0)
             d.len = 0;
     }
-    response_event(o, sse, "response.created", &d);
-    response_event(o, sse, "response.in_progress", &d);
+    bool ok = response_event(o, sse, "response.created", &d) &&
+              response_event(o, sse, "response.in_progress", &d);
     gp_buf_free(&d);
     json_decref(r);
+    return ok ? 0 : cut(o, sse, at, seq);
 }
 
 static struct gps_resp_item *open_message(gps_resp_out *o)
@@ -1136,17 +1156,19 @@ static struct gps_resp_item *open_message(gps_resp_out *o)
     return NULL;
 }
 
-/* Close the open message, if any. */
-static void close_message(gps_resp_out *o, gp_buf *sse)
+/* Close the open message, if any. false: its events could not all be
+ * written (ENOMEM). */
+static bool close_message(gps_resp_out *o, gp_buf *sse)
 {
     struct gps_resp_item *it = open_message(o);
     if (!it)
-        return;
+        return true;
     int idx = (int)(it - o->items);
     it->text_to = o->text.len;
     const char *t = o->text.data ? o->text.data + it->text_from : "";
-    message_done(o, sse, it->item_id, idx, t, it->text_to - it->text_from);
+    bool ok = message_done(o, sse, it->item_id, idx, t, it->text_to - it->text_from);
     it->done = true;
+    return ok;
 }
 
 /*
@@ -1156,8 +1178,8 @@ static void close_message(gps_resp_out *o, gp_buf *sse)
  * the server's instructions per relayed token. item_id is ours ("msg_" +
  * hex), so it needs no escaping; the delta is escaped as sse.h says.
  */
-static void delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
-                         const char *t, size_t n)
+static int delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int idx,
+                        const char *t, size_t n)
 {
     static const char pre[] = "event: response.output_text.delta\ndata: {\"item_id\":\"";
     static const char mid[] = ",\"content_index\":0,\"delta\":\"";
@@ -1178,7 +1200,7 @@ static void delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
         }
         gp_buf_free(&p);
         if (o->delta_pre_item != idx + 1)
-            return;
+            return -1;
     }
     /* The rest, after the text: post, the sequence number, the end. */
     char tail[sizeof post - 1 + 24 + 3];
@@ -1197,26 +1219,44 @@ static void delta_render(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
     tl += 3;
     if (gp_buf_append(sse, o->delta_pre, o->delta_pre_len) < 0 ||
         gps_json_escape_append(sse, t, n) < 0 || gp_buf_append(sse, tail, tl) < 0)
-        return;
+        return -1; /* (the caller cuts sse back) */
     o->seq++;
+    return 0;
 }
 
-void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
+int gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
 {
     if (n == 0)
-        return;
+        return 0;
+    size_t at = sse->len, tlen = o->text.len;
+    long long seq = o->seq;
+    int n_items = o->n_items;
     struct gps_resp_item *it = open_message(o);
     if (!it) {
         it = new_item(o);
-        if (!it)
-            return;
+        if (!it) /* past GPS_RESP_MAX_ITEMS the text is not shown, as before */
+            return o->n_items >= GPS_RESP_MAX_ITEMS ? 0 : -1;
         gps_id_new("msg_", it->item_id, sizeof it->item_id);
         it->text_from = it->text_to = o->text.len;
-        message_added(o, sse, it->item_id, (int)(it - o->items));
+        if (!message_added(o, sse, it->item_id, (int)(it - o->items)))
+            goto fail;
     }
-    gp_buf_append(&o->text, t, n);
+    if (gp_buf_append(&o->text, t, n) < 0)
+        goto fail;
     it->text_to = o->text.len;
-    delta_render(o, sse, it->item_id, (int)(it - o->items), t, n);
+    if (delta_render(o, sse, it->item_id, (int)(it - o->items), t, n) < 0)
+        goto fail;
+    return 0;
+fail:
+    /* Nothing of this call stays: no frame, no text, no new item. */
+    o->text.len = tlen;
+    if (o->text.data)
+        o->text.data[tlen] = '\0';
+    if (o->n_items > n_items)
+        o->n_items = n_items;
+    else
+        it->text_to = tlen;
+    return cut(o, sse, at, seq);
 }
 
 static struct gps_resp_item *call_item(gps_resp_out *o, int call)
@@ -1227,27 +1267,44 @@ static struct gps_resp_item *call_item(gps_resp_out *o, int call)
     return NULL;
 }
 
-void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
-                   bool started, const char *args)
+static bool utf8_str(const char *s)
 {
-    close_message(o, sse);
+    return s && gp_utf8_valid(s, strlen(s));
+}
+
+int gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
+                  bool started, const char *args)
+{
+    size_t at = sse->len;
+    long long seq = o->seq;
+    if (!close_message(o, sse))
+        return cut(o, sse, at, seq);
     struct gps_resp_item *it = call_item(o, i);
     if (started && !it) {
         it = new_item(o);
-        if (!it)
-            return;
+        if (!it) /* past GPS_RESP_MAX_ITEMS the call is not shown, as before */
+            return o->n_items >= GPS_RESP_MAX_ITEMS ? 0 : cut(o, sse, at, seq);
         it->is_call = true;
         it->call = i;
         gps_id_new("fc_", it->item_id, sizeof it->item_id);
-        emit(o, sse, "response.output_item.added",
-             json_pack("{s:i,s:o}", "output_index", (int)(it - o->items), "item",
-                       item_json(o, it, calls, false)));
+        /* (a call id or name that is not UTF-8: the event left out, as
+         * json_pack refused it before; anything else is ENOMEM) */
+        if (emit(o, sse, "response.output_item.added",
+                 json_pack("{s:i,s:o}", "output_index", (int)(it - o->items), "item",
+                           item_json(o, it, calls, false))) < 0 &&
+            utf8_str(calls->v[i].id) && utf8_str(calls->v[i].name)) {
+            o->n_items--; /* the item it made */
+            return cut(o, sse, at, seq);
+        }
     }
     if (!it || !args || !*args)
-        return;
-    emit(o, sse, "response.function_call_arguments.delta",
-         json_pack("{s:s,s:i,s:s}", "item_id", it->item_id, "output_index",
-                   (int)(it - o->items), "delta", args));
+        return 0;
+    if (emit(o, sse, "response.function_call_arguments.delta",
+             json_pack("{s:s,s:i,s:s}", "item_id", it->item_id, "output_index",
+                       (int)(it - o->items), "delta", args)) < 0 &&
+        utf8_str(args))
+        return cut(o, sse, at, seq);
+    return 0;
 }
 
 /* Close every open item: a message's done events, each call's. */

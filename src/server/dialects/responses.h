@@ -109,14 +109,17 @@ void gps_resp_out_init(gps_resp_out *o, const char *model, json_t *echo);
 void gps_resp_out_clear(gps_resp_out *o);
 
 /* Stream events, appended to sse as `event: TYPE` / `data: JSON`: */
+/* open, text and call return 0, or -1 out of memory: then sse is as it was
+ * before the call (no part of an event goes out) and the caller fails the
+ * reply. */
 /* response.created and response.in_progress. */
-void gps_resp_open(gps_resp_out *o, gp_buf *sse);
+int gps_resp_open(gps_resp_out *o, gp_buf *sse);
 /* Text: opens a message item when none is open, then one delta. */
-void gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n);
+int gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n);
 /* A tool call event: call i of calls (started: its first piece; args: this
  * piece's arguments delta). Closes an open message first. */
-void gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
-                   bool started, const char *args);
+int gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
+                  bool started, const char *args);
 /* Close every open item and end with response.completed (incomplete when
  * finish_reason is "length"); meta (stolen, may be NULL) is x_pool_meta. */
 void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,

@@ -106,9 +106,15 @@ done:
 
 int gps_sse_tpl_emit(gp_buf *out, const gps_sse_tpl *t, const char *text, size_t n)
 {
-    if (gp_buf_append(out, t->pre, t->npre) < 0 || gps_json_escape_append(out, text, n) < 0)
+    size_t at = out->len;
+    if (gp_buf_append(out, t->pre, t->npre) < 0 || gps_json_escape_append(out, text, n) < 0 ||
+        gp_buf_append(out, t->post, t->npost) < 0) {
+        out->len = at; /* a failure leaves out as it was */
+        if (out->data)
+            out->data[at] = '\0';
         return -1;
-    return gp_buf_append(out, t->post, t->npost);
+    }
+    return 0;
 }
 
 void gps_sse_tpl_free(gps_sse_tpl *t)
