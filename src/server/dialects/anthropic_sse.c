@@ -217,11 +217,13 @@ int gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, 
     return 0;
 }
 
-void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
-                       long long input_tokens, long long output_tokens, const char *meta,
-                       size_t meta_len)
+int gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                      long long input_tokens, long long output_tokens, const char *meta,
+                      size_t meta_len)
 {
-    close_block(o, sse);
+    size_t at0 = sse->len;
+    if (!close_block(o, sse))
+        return cut(sse, at0);
     size_t at = sse->len;
     bool ok = LIT(sse, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":"
                        "{\"stop_reason\":") == 0 &&
@@ -231,18 +233,25 @@ void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, cons
               put_usage(sse, input_tokens, output_tokens) == 0 &&
               (!meta || (LIT(sse, ",\"x_pool_meta\":") == 0 &&
                          gp_buf_append(sse, meta, meta_len) == 0));
-    ev_end(sse, at, ok);
-    LIT(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    /* (a stop reason or sequence that is not UTF-8 left message_delta out
+     * before, as json_pack refused it: still so; else ENOMEM) */
+    if (!ev_end(sse, at, ok) && utf8_str(stop_reason) && (!stop_seq || utf8_str(stop_seq)))
+        return cut(sse, at0);
+    if (LIT(sse, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n") < 0)
+        return cut(sse, at0);
+    return 0;
 }
 
-void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
-                  long long input_tokens, long long output_tokens, json_t *meta)
+int gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                 long long input_tokens, long long output_tokens, json_t *meta)
 {
     gp_buf m;
     gp_buf_init(&m);
-    bool have = meta && gp_json_dump_append(&m, meta) == 0;
-    gps_an_close_text(o, sse, stop_reason, stop_seq, input_tokens, output_tokens,
-                      have ? (m.data ? m.data : "") : NULL, m.len);
+    int rc = meta && gp_json_dump_append(&m, meta) < 0
+                 ? -1 /* (never a message_delta without its x_pool_meta) */
+                 : gps_an_close_text(o, sse, stop_reason, stop_seq, input_tokens, output_tokens,
+                                     meta ? (m.data ? m.data : "") : NULL, m.len);
     gp_buf_free(&m);
     json_decref(meta);
+    return rc;
 }

@@ -55,13 +55,14 @@ int gps_an_text(gps_an_out *o, gp_buf *sse, const char *t, size_t n);
 int gps_an_call(gps_an_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
                 const char *args);
 /* The end: content_block_stop of the open block, message_delta (meta
- * stolen, may be NULL), message_stop. */
-void gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
-                  long long input_tokens, long long output_tokens, json_t *meta);
+ * stolen, may be NULL), message_stop. 0, or -1 out of memory (sse as it
+ * was: the caller fails the reply). */
+int gps_an_close(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                 long long input_tokens, long long output_tokens, json_t *meta);
 /* The same with x_pool_meta as its compact JSON text (meta_len bytes,
  * gps_pool_meta_append's; NULL: none), copied as it is (issue 24). */
-void gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
-                       long long input_tokens, long long output_tokens, const char *meta,
-                       size_t meta_len);
+int gps_an_close_text(gps_an_out *o, gp_buf *sse, const char *stop_reason, const char *stop_seq,
+                      long long input_tokens, long long output_tokens, const char *meta,
+                      size_t meta_len);
 
 #endif

@@ -1170,11 +1170,11 @@ static int close_stream(an_stream *st, gps_job *job, const char *stop_reason,
     bool oom = false;
     if (rc < 0) { /* ENOMEM, or more warnings than listed here: the tree */
         json_t *m = pool_meta(st, job, true, &oom);
-        if (!oom)
-            gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out, m);
-    } else {
-        gps_an_close_text(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
-                          rc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+        if (!oom && gps_an_close(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out, m) < 0)
+            oom = true;
+    } else if (gps_an_close_text(&st->out, &st->rl.s.out, stop_reason, stop_seq, in, out,
+                                 rc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len) < 0) {
+        oom = true;
     }
     gp_buf_free(&meta);
     return oom ? -1 : 0;

@@ -590,13 +590,16 @@ static void end(oa_stream *st, gps_job *job)
             gps_relay_fail_oom(&st->rl);
             return;
         }
-        gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, m);
+        mrc = gps_oa_close(&st->out, &st->rl.s.out, fr, pt, ct, m);
     } else {
-        gps_oa_close_text(&st->out, &st->rl.s.out, fr, pt, ct,
-                          mrc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
+        mrc = gps_oa_close_text(&st->out, &st->rl.s.out, fr, pt, ct,
+                                mrc == 0 ? (meta.data ? meta.data : "") : NULL, meta.len);
     }
     gp_buf_free(&meta);
-    gps_relay_end_stream(&st->rl);
+    if (mrc < 0) /* the error event in place of the end */
+        gps_relay_fail_oom(&st->rl);
+    else
+        gps_relay_end_stream(&st->rl);
 }
 
 /* One event, rendered now. Returns true when the reply is complete. */

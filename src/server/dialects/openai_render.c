@@ -355,11 +355,11 @@ fail:
 }
 
 /* gps_oa_close's frames by hand (o->plain, finish_reason UTF-8); meta: the
- * x_pool_meta object's text (NULL: none). */
-static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt, long long ct,
-                        const char *meta, size_t meta_len)
+ * x_pool_meta object's text (NULL: none). 0, or -1 (ENOMEM: sse as it was). */
+static int plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt, long long ct,
+                       const char *meta, size_t meta_len)
 {
-    size_t at = sse->len;
+    size_t at0 = sse->len, at = at0;
     int rc = put_head(o, sse) < 0 ||
                      put(sse, o->chat ? "[{\"index\":0,\"delta\":{}" : "[{\"index\":0,\"text\":\"\"") < 0 ||
                      put_choice_tail(o, sse, fr) < 0 ||
@@ -367,7 +367,8 @@ static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt
                                gp_buf_append(sse, meta, meta_len) < 0))
                  ? -1
                  : 0;
-    plain_done(sse, at, rc);
+    if (plain_done(sse, at, rc) < 0)
+        return -1;
     if (o->include_usage) {
         at = sse->len;
         rc = put_head(o, sse) < 0 || put(sse, "[],\"usage\":{\"prompt_tokens\":") < 0 ||
@@ -376,9 +377,12 @@ static void plain_close(gps_oa_out *o, gp_buf *sse, const char *fr, long long pt
                      gp_buf_append_int(sse, pt + ct) < 0 || put(sse, "}") < 0
                  ? -1
                  : 0;
-        plain_done(sse, at, rc);
+        if (plain_done(sse, at, rc) < 0)
+            return plain_done(sse, at0, -1);
     }
-    gps_sse_format(sse, NULL, NULL, "[DONE]");
+    if (gps_sse_format(sse, NULL, NULL, "[DONE]") < 0)
+        return plain_done(sse, at0, -1);
+    return 0;
 }
 
 static bool close_plain(const gps_oa_out *o, const char *finish_reason)
@@ -386,44 +390,58 @@ static bool close_plain(const gps_oa_out *o, const char *finish_reason)
     return o->plain && (!finish_reason || gp_utf8_valid(finish_reason, strlen(finish_reason)));
 }
 
-void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
-                  long long completion_tokens, json_t *meta)
+int gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
+                 long long completion_tokens, json_t *meta)
 {
     /* The headers left with the first token: the last chunk tells which
      * agent finished and how many were tried (failover). */
     if (close_plain(o, finish_reason)) {
         gp_buf m;
         gp_buf_init(&m);
-        bool have = meta && gp_json_dump_append(&m, meta) == 0;
-        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens,
-                    have ? (m.data ? m.data : "") : NULL, m.len);
+        int rc = meta && gp_json_dump_append(&m, meta) < 0
+                     ? -1 /* (never a last chunk without its x_pool_meta) */
+                     : plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens,
+                                   meta ? (m.data ? m.data : "") : NULL, m.len);
         gp_buf_free(&m);
         json_decref(meta);
-        return;
+        return rc;
     }
+    /* The trees: an id, model or finish_reason that is not UTF-8 makes
+     * json_pack refuse a chunk, which is left out as before; the usage
+     * chunk and [DONE] of a plain stream are ENOMEM when they fail. */
+    size_t at = sse->len;
     json_t *last = chunk(o, o->chat ? NULL : "", false, finish_reason);
     if (last)
         json_object_set_new(last, "x_pool_meta", meta);
     else
         json_decref(meta);
     emit(sse, last);
-    if (o->include_usage)
-        emit(sse, gps_openai_usage_chunk(o->chat, o->id, o->created, o->model, prompt_tokens,
-                                         completion_tokens));
-    gps_sse_format(sse, NULL, NULL, "[DONE]");
+    if (o->include_usage) {
+        json_t *u = gps_openai_usage_chunk(o->chat, o->id, o->created, o->model, prompt_tokens,
+                                           completion_tokens);
+        if (gps_sse_format_json(sse, NULL, NULL, u) < 0 && o->plain) {
+            json_decref(u);
+            return plain_done(sse, at, -1);
+        }
+        json_decref(u);
+    }
+    if (gps_sse_format(sse, NULL, NULL, "[DONE]") < 0)
+        return plain_done(sse, at, -1);
+    return 0;
 }
 
-void gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
-                       long long prompt_tokens, long long completion_tokens, const char *meta,
-                       size_t meta_len)
+int gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
+                      long long prompt_tokens, long long completion_tokens, const char *meta,
+                      size_t meta_len)
 {
-    if (close_plain(o, finish_reason)) {
-        plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta, meta_len);
-        return;
-    }
+    if (close_plain(o, finish_reason))
+        return plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta,
+                           meta_len);
     /* id or model not UTF-8 (the frames go through jansson): the tree. */
-    gps_oa_close(o, sse, finish_reason, prompt_tokens, completion_tokens,
-                 meta ? json_loadb(meta, meta_len, 0, NULL) : NULL);
+    json_t *m = meta ? json_loadb(meta, meta_len, 0, NULL) : NULL;
+    if (meta && !m && o->plain)
+        return -1; /* (the meta is ours: valid JSON; ENOMEM) */
+    return gps_oa_close(o, sse, finish_reason, prompt_tokens, completion_tokens, m);
 }
 
 json_t *gps_oa_body(const gps_oa_out *o, const gps_tool_calls *calls, const char *text,

@@ -58,15 +58,16 @@ int gps_oa_text(gps_oa_out *o, gp_buf *sse, const char *t, size_t n);
 int gps_oa_call(gps_oa_out *o, gp_buf *sse, const gps_tool_calls *calls, int i, bool started,
                 const char *args);
 /* The end: the last chunk with finish_reason and x_pool_meta (meta stolen,
- * may be NULL), the usage chunk when include_usage, then [DONE]. */
-void gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
-                  long long completion_tokens, json_t *meta);
+ * may be NULL), the usage chunk when include_usage, then [DONE]. 0, or -1
+ * out of memory (sse as it was: the caller fails the reply). */
+int gps_oa_close(gps_oa_out *o, gp_buf *sse, const char *finish_reason, long long prompt_tokens,
+                 long long completion_tokens, json_t *meta);
 /* The same with x_pool_meta as its compact JSON text (meta_len bytes,
  * gps_pool_meta_append's; meta NULL: none): copied into the frame as it
  * is, without a tree (issue 24). */
-void gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
-                       long long prompt_tokens, long long completion_tokens, const char *meta,
-                       size_t meta_len);
+int gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
+                      long long prompt_tokens, long long completion_tokens, const char *meta,
+                      size_t meta_len);
 /* The whole (non-streaming) body, new reference: text (NUL-terminated,
  * NULL: ""; text_len its bytes) and, for chat, the tool calls (content
  * null when only tools were called, text_len 0); meta stolen, may be

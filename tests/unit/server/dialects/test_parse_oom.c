@@ -802,7 +802,49 @@ static int fc_oa_call_piece(gp_buf *sse, size_t n, bool *hit)
     return rc;
 }
 
+/* The end with x_pool_meta as a tree (the handlers' fallback). */
+static int fc_oa_close(gp_buf *sse, size_t n, bool *hit)
+{
+    gps_oa_out o;
+    oa_plain(&o, true);
+    json_t *meta = json_deep_copy(META);
+    arm(n);
+    int rc = run_armed_end(n, hit, FR(gps_oa_close(&o, sse, "stop", 10, 5, meta)));
+    gps_oa_out_clear(&o);
+    return rc;
+}
+
+/* A finish_reason that is not UTF-8 (the last chunk is refused, as
+ * before): the usage chunk and the meta go through jansson. */
+static int fc_oa_close_text_trees(gp_buf *sse, size_t n, bool *hit)
+{
+    gps_oa_out o;
+    oa_plain(&o, true);
+    static const char meta[] = "{\"agent_id\":\"a1\",\"warnings\":[\"w\"]}";
+    arm(n);
+    int rc = run_armed_end(
+        n, hit, FR(gps_oa_close_text(&o, sse, "st\xffop", 10, 5, meta, sizeof meta - 1)));
+    gps_oa_out_clear(&o);
+    return rc;
+}
+
 static json_t *WARNINGS;
+
+static int fc_an_close(gp_buf *sse, size_t n, bool *hit)
+{
+    gps_an_out o;
+    gps_an_out_init(&o, "msg_1", "claude");
+    gp_buf pre;
+    gp_buf_init(&pre);
+    gps_an_open(&o, &pre, 10, NULL, true);
+    gp_buf_free(&pre);
+    json_t *meta = json_deep_copy(META);
+    arm(n);
+    int rc = run_armed_end(n, hit,
+                           FR(gps_an_close(&o, sse, "end_turn", NULL, 10, 5, meta)));
+    gps_an_out_clear(&o);
+    return rc;
+}
 
 static int fc_an_open(gp_buf *sse, size_t n, bool *hit)
 {
@@ -980,6 +1022,9 @@ static void test_stream_frames(void **st)
     calls_init();
     WARNINGS = json_pack("[s]", "tools were ignored");
     assert_non_null(WARNINGS);
+    META = json_pack("{s:s,s:s,s:I,s:[s]}", "agent_id", "a1", "model", "m", "queue_ms",
+                     (json_int_t)3, "warnings", "tools were ignored");
+    assert_non_null(META);
     static const struct {
         const char *name;
         frame_case fc;
@@ -990,11 +1035,14 @@ static void test_stream_frames(void **st)
         {"gps_oa_text (json, completion)", fc_oa_text_slow_completion},
         {"gps_oa_call (started)", fc_oa_call_started},
         {"gps_oa_call (piece)", fc_oa_call_piece},
+        {"gps_oa_close", fc_oa_close},
+        {"gps_oa_close_text (trees)", fc_oa_close_text_trees},
         {"gps_an_open", fc_an_open},
         {"gps_an_text (first delta)", fc_an_text_first},
         {"gps_an_text (after a call)", fc_an_text_after_call},
         {"gps_an_call (started)", fc_an_call_started},
         {"gps_an_call (piece)", fc_an_call_piece},
+        {"gps_an_close", fc_an_close},
         {"gps_resp_open", fc_resp_open},
         {"gps_resp_text", fc_resp_text},
         {"gps_resp_call (started, after text)", fc_resp_call_started},
@@ -1007,6 +1055,7 @@ static void test_stream_frames(void **st)
                   dropped);
     gps_tool_calls_free(&CALLS);
     json_decref(WARNINGS);
+    json_decref(META);
     assert_int_equal(bad, 0);
 }
 
