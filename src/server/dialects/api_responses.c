@@ -187,10 +187,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         if (meta_text(st, job, &meta, &mt) < 0 || (st->stream && ensure_started(st, job) < 0)) {
             gps_relay_fail_oom(&st->rl);
         } else if (st->stream) {
-            gps_resp_close_meta_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, mt,
-                                     meta.len, st->state ? &fin : NULL);
-            save(st, &fin);
-            gps_relay_end_stream(&st->rl);
+            if (gps_resp_close_meta_text(&st->out, &st->rl.s.out, &st->calls, fr, pt, ct, mt,
+                                         meta.len, st->state ? &fin : NULL) < 0) {
+                gps_relay_fail_oom(&st->rl); /* the error event in place of the end */
+            } else {
+                save(st, &fin);
+                gps_relay_end_stream(&st->rl);
+            }
         } else {
             gps_resp_whole(&st->out, &st->calls, gps_job_text(job), gps_job_text_len(job));
             bool ok = gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) == 0;

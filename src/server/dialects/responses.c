@@ -659,6 +659,8 @@ static json_t *usage_json(long long in, long long outn)
 static json_t *text_part(const char *t, size_t n)
 {
     json_t *s = json_stringn(t ? t : "", t ? n : 0);
+    if (!s && gp_utf8_valid(t ? t : "", t ? n : 0))
+        return NULL; /* ENOMEM (text that is not UTF-8 is "", as before) */
     return json_pack("{s:s,s:o,s:[]}", "type", "output_text", "text", s ? s : json_string(""),
                      "annotations");
 }
@@ -669,16 +671,20 @@ static json_t *item_json(const gps_resp_out *o, const struct gps_resp_item *it,
     const char *status = done ? "completed" : "in_progress";
     if (it->is_call) {
         const gps_tool_call *c = &calls->v[it->call];
-        json_t *args = json_stringn(done && c->args.data ? c->args.data : "",
-                                    done ? c->args.len : 0);
+        const char *ad = done && c->args.data ? c->args.data : "";
+        json_t *args = json_stringn(ad, done ? c->args.len : 0);
+        if (!args && gp_utf8_valid(ad, done ? c->args.len : 0))
+            return NULL; /* ENOMEM (arguments that are not UTF-8 are "", as before) */
         return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s}", "type", "function_call", "id",
                          it->item_id, "call_id", c->id, "name", c->name, "arguments",
                          args ? args : json_string(""), "status", status);
     }
     json_t *content = json_array();
-    if (done)
-        json_array_append_new(content, text_part(o->text.data + it->text_from,
-                                                 it->text_to - it->text_from));
+    if (done && json_array_append_new(content, text_part(o->text.data + it->text_from,
+                                                         it->text_to - it->text_from)) < 0) {
+        json_decref(content);
+        return NULL;
+    }
     return json_pack("{s:s,s:s,s:s,s:s,s:o}", "type", "message", "id", it->item_id, "status",
                      status, "role", "assistant", "content", content);
 }
@@ -689,26 +695,51 @@ static json_t *response_json(const gps_resp_out *o, const gps_tool_calls *calls,
                              json_t *meta)
 {
     json_t *output = json_array();
-    for (int i = 0; output && i < o->n_items; i++)
-        json_array_append_new(output, item_json(o, &o->items[i], calls, o->items[i].done));
+    for (int i = 0; output && i < o->n_items; i++) {
+        const struct gps_resp_item *it = &o->items[i];
+        json_t *item = item_json(o, it, calls, it->done);
+        /* (a call whose id or name is not UTF-8 is left out, as before;
+         * any other item that could not be made is ENOMEM) */
+        if (!item && (!it->is_call || (gp_utf8_valid(calls->v[it->call].id,
+                                                     strlen(calls->v[it->call].id)) &&
+                                       gp_utf8_valid(calls->v[it->call].name,
+                                                     strlen(calls->v[it->call].name))))) {
+            json_decref(output);
+            output = NULL;
+        } else if (item && json_array_append_new(output, item) < 0) {
+            json_decref(output);
+            output = NULL;
+        }
+    }
+    if (!output) {
+        json_decref(meta);
+        return NULL;
+    }
     json_t *r = json_pack("{s:s,s:s,s:I,s:s,s:n,s:o,s:s,s:o,s:s,s:{s:{s:s}},s:n}", "id", o->id,
                           "object", "response", "created_at", (json_int_t)o->created, "status",
                           status, "error", "incomplete_details",
                           strcmp(status, "incomplete") == 0
                               ? json_pack("{s:s}", "reason", "max_output_tokens")
                               : json_null(),
-                          "model", o->model, "output", output ? output : json_array(),
+                          "model", o->model, "output", output,
                           "truncation", "disabled", "text", "format", "type", "text",
                           "previous_response_id");
     if (!r) {
         json_decref(meta);
         return NULL;
     }
-    if (o->echo)
-        json_object_update(r, o->echo);
-    json_object_set_new(r, "usage", with_usage ? usage_json(in, outn) : json_null());
-    if (meta)
-        json_object_set_new(r, "x_pool_meta", meta);
+    /* Whole or NULL: a response with its usage, meta or an echoed field
+     * left out would tell the client another reply. */
+    if ((o->echo && json_object_update(r, o->echo) < 0) ||
+        json_object_set_new(r, "usage", with_usage ? usage_json(in, outn) : json_null()) < 0) {
+        json_decref(meta);
+        json_decref(r);
+        return NULL;
+    }
+    if (meta && json_object_set_new(r, "x_pool_meta", meta) < 0) {
+        json_decref(r); /* (set_new took meta) */
+        return NULL;
+    }
     return r;
 }
 
@@ -1307,30 +1338,42 @@ int gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int
     return 0;
 }
 
-/* Close every open item: a message's done events, each call's. */
-static void close_items(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls)
+/* Close every open item: a message's done events, each call's. false:
+ * an event found no memory (arguments that are not UTF-8 are "", and a
+ * call id or name that is not UTF-8 leaves its event out, as before). */
+static bool close_items(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls)
 {
-    close_message(o, sse);
+    if (!close_message(o, sse))
+        return false;
     for (int i = 0; i < o->n_items; i++) {
         struct gps_resp_item *it = &o->items[i];
         if (!it->is_call || it->done)
             continue;
         const gps_tool_call *c = &calls->v[it->call];
-        json_t *a = json_stringn(c->args.data ? c->args.data : "", c->args.len);
-        emit(o, sse, "response.function_call_arguments.done",
-             json_pack("{s:s,s:i,s:o}", "item_id", it->item_id, "output_index", i, "arguments",
-                       a ? a : json_string("")));
+        const char *ad = c->args.data ? c->args.data : "";
+        json_t *a = json_stringn(ad, c->args.len);
+        if (!a && gp_utf8_valid(ad, c->args.len))
+            return false;
+        if (emit(o, sse, "response.function_call_arguments.done",
+                 json_pack("{s:s,s:i,s:o}", "item_id", it->item_id, "output_index", i,
+                           "arguments", a ? a : json_string(""))) < 0)
+            return false;
         it->done = true;
-        emit(o, sse, "response.output_item.done",
-             json_pack("{s:i,s:o}", "output_index", i, "item", item_json(o, it, calls, true)));
+        if (emit(o, sse, "response.output_item.done",
+                 json_pack("{s:i,s:o}", "output_index", i, "item",
+                           item_json(o, it, calls, true))) < 0 &&
+            utf8_str(c->id) && utf8_str(c->name))
+            return false;
     }
+    return true;
 }
 
-json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                             const char *finish_reason, long long prompt_tokens,
-                             long long completion_tokens, json_t *meta)
+/* gps_resp_close_final; *ok: every event was written (else ENOMEM). */
+static json_t *close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                           const char *finish_reason, long long prompt_tokens,
+                           long long completion_tokens, json_t *meta, bool *ok)
 {
-    close_items(o, sse, calls);
+    *ok = close_items(o, sse, calls);
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *status = incomplete ? "incomplete" : "completed";
     /* The final response is this event's without x_pool_meta (meta is
@@ -1346,42 +1389,61 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
         gp_buf_init(&d);
         if (gp_json_dump_append(&d, r) < 0)
             d.len = 0;
-        response_event(o, sse, incomplete ? "response.incomplete" : "response.completed", &d);
+        if (!response_event(o, sse, incomplete ? "response.incomplete" : "response.completed",
+                            &d))
+            *ok = false;
         gp_buf_free(&d);
         json_decref(r);
+    } else {
+        *ok = false;
     }
     return fin;
 }
 
-void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                    const char *finish_reason, long long prompt_tokens,
-                    long long completion_tokens, json_t *meta)
+json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, json_t *meta)
 {
-    gps_resp_close_text(o, sse, calls, finish_reason, prompt_tokens, completion_tokens, meta,
-                        NULL);
-    json_decref(meta);
+    bool ok;
+    return close_final(o, sse, calls, finish_reason, prompt_tokens, completion_tokens, meta,
+                       &ok);
 }
 
-void gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+int gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                   const char *finish_reason, long long prompt_tokens,
+                   long long completion_tokens, json_t *meta)
+{
+    int rc = gps_resp_close_text(o, sse, calls, finish_reason, prompt_tokens,
+                                 completion_tokens, meta, NULL);
+    json_decref(meta);
+    return rc;
+}
+
+int gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
                               const char *finish_reason, long long prompt_tokens,
-                              long long completion_tokens, const char *meta, size_t meta_len,
-                              gp_buf *fin)
+                             long long completion_tokens, const char *meta, size_t meta_len,
+                             gp_buf *fin)
 {
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     const char *type = incomplete ? "response.incomplete" : "response.completed";
+    size_t at0 = sse->len;
+    long long seq0 = o->seq;
+    bool ok = false;
     gp_buf own;
     gp_buf_init(&own);
     gp_buf *r = fin ? fin : &own;
     size_t from = r->len;
-    close_items(o, sse, calls);
+    if (!close_items(o, sse, calls))
+        goto done;
     if (render(r, o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                completion_tokens) < 0) {
         /* A string jansson refuses: the tree, as gps_resp_close_final. */
-        json_t *f = gps_resp_close_final(o, sse, calls, finish_reason, prompt_tokens,
-                                         completion_tokens,
-                                         meta ? json_loadb(meta, meta_len, 0, NULL) : NULL);
-        if (f && fin && gp_json_dump_append(fin, f) < 0)
-            fin->len = from;
+        json_t *m = meta ? json_loadb(meta, meta_len, 0, NULL) : NULL;
+        json_t *f = meta && !m ? NULL /* (the meta is ours, valid JSON: ENOMEM) */
+                               : close_final(o, sse, calls, finish_reason, prompt_tokens,
+                                             completion_tokens, m, &ok);
+        if (!f || (fin && gp_json_dump_append(fin, f) < 0))
+            ok = false;
         json_decref(f);
         goto done;
     }
@@ -1389,24 +1451,35 @@ void gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls
     size_t at = sse->len;
     ev_begin(sse, type);
     size_t obj = sse->len + sizeof "\"response\":" - 1;
-    bool ok = LIT(sse, "\"response\":") == 0 &&
-              gp_buf_append(sse, r->data + from, r->len - from) == 0 &&
-              gps_resp_render_meta_text(sse, obj, meta, meta_len) == 0;
-    ev_end(o, sse, at, type, ok);
+    ok = LIT(sse, "\"response\":") == 0 &&
+         gp_buf_append(sse, r->data + from, r->len - from) == 0 &&
+         gps_resp_render_meta_text(sse, obj, meta, meta_len) == 0;
+    ok = ev_end(o, sse, at, type, ok);
 done:
     gp_buf_free(&own);
+    if (ok)
+        return 0;
+    if (fin) {
+        fin->len = from;
+        if (fin->data)
+            fin->data[from] = '\0';
+    }
+    return cut(o, sse, at0, seq0);
 }
 
-void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                         const char *finish_reason, long long prompt_tokens,
-                         long long completion_tokens, const json_t *meta, gp_buf *fin)
+int gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                        const char *finish_reason, long long prompt_tokens,
+                        long long completion_tokens, const json_t *meta, gp_buf *fin)
 {
     gp_buf m;
     gp_buf_init(&m);
-    bool have = meta && gp_json_dump_append(&m, meta) == 0;
-    gps_resp_close_meta_text(o, sse, calls, finish_reason, prompt_tokens, completion_tokens,
-                             have ? (m.data ? m.data : "") : NULL, m.len, fin);
+    int rc = meta && gp_json_dump_append(&m, meta) < 0
+                 ? -1 /* (never a response without its x_pool_meta) */
+                 : gps_resp_close_meta_text(o, sse, calls, finish_reason, prompt_tokens,
+                                            completion_tokens,
+                                            meta ? (m.data ? m.data : "") : NULL, m.len, fin);
     gp_buf_free(&m);
+    return rc;
 }
 
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,

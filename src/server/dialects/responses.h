@@ -121,10 +121,12 @@ int gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n);
 int gps_resp_call(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls, int i,
                   bool started, const char *args);
 /* Close every open item and end with response.completed (incomplete when
- * finish_reason is "length"); meta (stolen, may be NULL) is x_pool_meta. */
-void gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                    const char *finish_reason, long long prompt_tokens,
-                    long long completion_tokens, json_t *meta);
+ * finish_reason is "length"); meta (stolen, may be NULL) is x_pool_meta.
+ * The close functions but gps_resp_close_final return 0, or -1 out of
+ * memory: sse (and fin) as they were; the caller fails the reply. */
+int gps_resp_close(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                   const char *finish_reason, long long prompt_tokens,
+                   long long completion_tokens, json_t *meta);
 
 /* gps_resp_close, returning what gps_resp_final would (new reference, or
  * NULL out of memory), made from the same build. */
@@ -136,15 +138,15 @@ json_t *gps_resp_close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
  * bytes; meta borrowed, may be NULL) and appending to fin (may be NULL)
  * the final response without x_pool_meta: gps_resp_final's object as
  * gp_json_dump_append writes it, what the store keeps. */
-void gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                         const char *finish_reason, long long prompt_tokens,
-                         long long completion_tokens, const json_t *meta, gp_buf *fin);
+int gps_resp_close_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                        const char *finish_reason, long long prompt_tokens,
+                        long long completion_tokens, const json_t *meta, gp_buf *fin);
 /* The same with x_pool_meta as its compact JSON text (meta_len bytes,
  * gps_pool_meta_append's; meta NULL: none), copied as it is (issue 24). */
-void gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
-                              const char *finish_reason, long long prompt_tokens,
-                              long long completion_tokens, const char *meta, size_t meta_len,
-                              gp_buf *fin);
+int gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *calls,
+                             const char *finish_reason, long long prompt_tokens,
+                             long long completion_tokens, const char *meta, size_t meta_len,
+                             gp_buf *fin);
 
 /* Non-streaming: make the output items the whole text (one message) and
  * the calls, as gps_resp_object does before it builds the object. */
