@@ -1,0 +1,75 @@
+/* The failing allocator of the out-of-memory sweeps (test_parse_oom.c,
+ * test_render_oom.c): jansson's allocator fails the N-th allocation, and the
+ * sweeps run N = 1, 2, 3, ... until a run ends without reaching it. libc's
+ * malloc (strdup, gp_buf) is not hooked. Header-only: each test is one file.
+ * Needs <cmocka.h> and <jansson.h> included first. */
+#ifndef GPS_FIXTURE_OOM_H
+#define GPS_FIXTURE_OOM_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+static size_t countdown; /* 0: never fail; else fail when it reaches 0 */
+static bool injected;    /* the failure was handed out */
+
+static void *failing_malloc(size_t n)
+{
+    if (countdown && --countdown == 0) {
+        injected = true;
+        return NULL;
+    }
+    return malloc(n);
+}
+
+static void arm(size_t n)
+{
+    countdown = n;
+    injected = false;
+    json_set_alloc_funcs(failing_malloc, free);
+}
+
+/* Back to libc's allocator (what the rest of the run uses). Returns
+ * whether the failure was reached. */
+static bool disarm(void)
+{
+    json_set_alloc_funcs(malloc, free);
+    countdown = 0;
+    return injected;
+}
+
+static json_t *J(const char *s)
+{
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    if (!j)
+        fail_msg("bad test JSON: %s (%s)", e.text, s);
+    return j;
+}
+
+/* The fields where got and want differ (objects: by key, to any depth). */
+static void print_diff(const char *path, const json_t *got, const json_t *want)
+{
+    if (json_is_object(got) && json_is_object(want)) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)want, k, v)
+        {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.%s", path, k);
+            if (!json_equal(json_object_get(got, k), v))
+                print_diff(sub, json_object_get(got, k), v);
+        }
+        return;
+    }
+    char *g = json_dumps(got, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *w = json_dumps(want, JSON_COMPACT | JSON_ENCODE_ANY);
+    print_message("  %s: got %.300s\n  %*s want %.300s\n", path, g ? g : "(nothing)",
+                  (int)strlen(path), "", w ? w : "(nothing)");
+    free(g);
+    free(w);
+}
+
+#endif
