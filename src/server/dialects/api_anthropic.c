@@ -1281,6 +1281,8 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
     if (type == GPS_EV_TOOL_CALL && !st->count_only) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i == GPS_TOOL_CALLS_OOM)
+            return frame_oom(st);
         if (i < 0)
             return false;
         size_t plen = held_back(st, st->rl.sent);

@@ -610,6 +610,8 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
     if (type == GPS_EV_TOOL_CALL && st->chat) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i == GPS_TOOL_CALLS_OOM)
+            return frame_oom(st);
         if (i < 0 || !st->stream)
             return false;
         if (ensure_started(st) < 0 ||

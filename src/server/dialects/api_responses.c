@@ -164,6 +164,8 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
     if (type == GPS_EV_TOOL_CALL) {
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
+        if (i == GPS_TOOL_CALLS_OOM)
+            return frame_oom(st);
         if (i < 0 || !st->stream)
             return false;
         if (ensure_started(st, job) < 0 ||

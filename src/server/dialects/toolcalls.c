@@ -21,7 +21,7 @@ int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started)
             return -1;
         gps_tool_call *v = realloc(acc->v, (acc->n + 1) * sizeof *v);
         if (!v)
-            return -1;
+            return GPS_TOOL_CALLS_OOM;
         acc->v = v;
         gps_tool_call *c = &v[acc->n];
         char made[32];
@@ -32,13 +32,13 @@ int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started)
         if (!c->id || !c->name) {
             free(c->id);
             free(c->name);
-            return -1;
+            return GPS_TOOL_CALLS_OOM;
         }
         acc->n++;
         *started = true;
     }
-    if (args)
-        gp_buf_append(&acc->v[i].args, args, strlen(args));
+    if (args && gp_buf_append(&acc->v[i].args, args, strlen(args)) < 0)
+        return GPS_TOOL_CALLS_OOM;
     return (int)i;
 }
 

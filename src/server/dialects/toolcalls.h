@@ -24,9 +24,12 @@ typedef struct gps_tool_calls {
     gps_tool_call *v;
     size_t n;
 } gps_tool_calls;
-/* Apply one tool_call event. Returns the call's index, or -1 when the
- * event does not fit (an index that skips ahead, a new call without a
- * name, ENOMEM): the caller ignores it. *started: this event began a call. */
+/* Apply one tool_call event. Returns the call's index; -1 when the event
+ * does not fit (an index that skips ahead, a new call without a name): the
+ * caller ignores it; GPS_TOOL_CALLS_OOM when memory ran out: the caller
+ * fails the reply (a call or its arguments left out would go unnoticed).
+ * *started: this event began a call. */
+#define GPS_TOOL_CALLS_OOM (-2)
 int gps_tool_calls_add(gps_tool_calls *acc, const json_t *ev, bool *started);
 void gps_tool_calls_free(gps_tool_calls *acc);
 
