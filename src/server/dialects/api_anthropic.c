@@ -1350,29 +1350,6 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
     gps_relay_stream_event(&st->rl, job, type, ev);
 }
 
-/* What the live agents serving model report: the smallest context length
- * (0 = unknown). */
-typedef struct model_facts {
-    const char *model;
-    long long ctx;
-} model_facts;
-
-static void facts_cb(void *ud, registry_agent *a)
-{
-    model_facts *f = ud;
-    if (a->state != REGISTRY_HEALTHY && a->state != REGISTRY_SUSPECT &&
-        a->state != REGISTRY_REGISTERING)
-        return;
-    for (size_t i = 0; i < a->n_models; i++) {
-        const registry_model_info *mi = &a->models[i];
-        if (!registry_model_info_named(mi, f->model))
-            continue;
-        if (mi->context_length > 0 && (f->ctx == 0 || mi->context_length < f->ctx))
-            f->ctx = mi->context_length;
-        return;
-    }
-}
-
 static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
 {
     json_t *body = gps_req_job_json(r);
@@ -1385,12 +1362,10 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     int rc = gps_anthropic_parse(body, count_only, &areq, msg, sizeof msg);
     json_decref(body);
     if (rc == 0) {
-        model_facts f = {.model = areq.spec.model};
         registry *reg = gps_jobs_registry(c->jobs);
-        registry_foreach(reg, facts_cb, &f);
         /* With tools kept, the job goes only to the agents that take them
          * (sched_job needs_tools). */
-        rc = gps_anthropic_assemble(&areq, f.ctx, gps_model_takes_tools(reg, areq.spec.model),
+        rc = gps_anthropic_assemble(&areq, registry_model_min_context(reg, areq.spec.model), gps_model_takes_tools(reg, areq.spec.model),
                                     msg, sizeof msg);
         if (rc < 0)
             gps_anthropic_req_clear(&areq);

@@ -52,18 +52,6 @@ static svc_rec *svc_get(gps_tasks *g, const char *model, bool create)
     return r;
 }
 
-typedef struct slot_count {
-    const char *model;
-    long long slots;
-} slot_count;
-
-static void slots_cb(void *ud, registry_agent *a)
-{
-    slot_count *c = ud;
-    if (a->state == REGISTRY_HEALTHY && registry_agent_serves(a, c->model))
-        c->slots += a->slots_total > 0 ? a->slots_total : 1;
-}
-
 /* Rough wait before the job starts: the jobs ahead spread over the slots
  * that serve the model, each taking the recent service time. */
 static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
@@ -72,9 +60,9 @@ static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
     svc_rec *r = svc_get(g, model, false);
     if (!r || r->ewma_ms <= 0)
         return (long long)sched_estimated_wait_ms(gps_jobs_sched(g->jobs), model);
-    slot_count c = {model, 0};
-    registry_foreach(gps_jobs_registry(g->jobs), slots_cb, &c);
-    long long slots = c.slots > 0 ? c.slots : 1;
+    long long slots = registry_model_slots(gps_jobs_registry(g->jobs), model);
+    if (slots < 1)
+        slots = 1;
     return (long long)((double)((long long)pos / slots + 1) * r->ewma_ms);
 }
 

@@ -986,6 +986,38 @@ size_t registry_model_tools_count(const registry *reg, const char *name)
     return e ? e->live_tools : 0;
 }
 
+long long registry_model_min_context(const registry *reg, const char *name)
+{
+    long long ctx = 0;
+    size_t it;
+    for (smap_node *n = smap_first(&reg->agents, &it); n; n = smap_next(&reg->agents, n, &it)) {
+        const registry_agent *a = n->val;
+        if (!state_is_live(a->state))
+            continue;
+        for (size_t i = 0; i < a->n_models; i++) {
+            const registry_model_info *mi = &a->models[i];
+            if (!registry_model_info_named(mi, name))
+                continue;
+            if (mi->context_length > 0 && (ctx == 0 || mi->context_length < ctx))
+                ctx = mi->context_length;
+            break;
+        }
+    }
+    return ctx;
+}
+
+long long registry_model_slots(const registry *reg, const char *name)
+{
+    long long slots = 0;
+    size_t it;
+    for (smap_node *n = smap_first(&reg->agents, &it); n; n = smap_next(&reg->agents, n, &it)) {
+        const registry_agent *a = n->val;
+        if (a->state == REGISTRY_HEALTHY && registry_agent_serves(a, name))
+            slots += a->slots_total > 0 ? a->slots_total : 1;
+    }
+    return slots;
+}
+
 int registry_model_note(registry *reg, const char *name, int64_t created_wall_ms)
 {
     model_ent *e = smap_get(&reg->models, name);

@@ -329,6 +329,15 @@ size_t registry_model_live_count(const registry *reg, const char *name);
  * where a job that carries tools can go. O(1). */
 size_t registry_model_tools_count(const registry *reg, const char *name);
 
+/* The smallest context length that the live agents (REGISTERING, HEALTHY,
+ * SUSPECT) serving name report for it; 0 when none reports one. What a
+ * prompt must fit wherever the job lands. O(agents). */
+long long registry_model_min_context(const registry *reg, const char *name);
+
+/* Slots of the HEALTHY agents serving name (an agent that reports none
+ * counts one): how many of its jobs can run at once. O(agents). */
+long long registry_model_slots(const registry *reg, const char *name);
+
 /* Mark name as known with a creation time (e.g. restored from the store at
  * start-up). Returns 0 or -1 (ENOMEM). */
 int registry_model_note(registry *reg, const char *name, int64_t created_wall_ms);

@@ -402,6 +402,38 @@ static void test_model_index(void **st)
     registry_destroy(reg);
 }
 
+/* What a model's request may assume of the agents serving it: the
+ * smallest context any live one reports (suspect still counts: it may get
+ * the job), and the healthy ones' slots. */
+static void test_model_capacity(void **st)
+{
+    (void)st;
+    registry *reg = mkreg(0);
+    registry_agent *a = poll_json(reg, 1, "[{\"id\":\"m1\",\"context_length\":4096}]", NULL, T0);
+    registry_agent *b = poll_json(
+        reg, 2, "[{\"id\":\"m2\"},{\"id\":\"m1b\",\"aliases\":[\"m1\"],\"context_length\":2048}]",
+        NULL, T0);
+    poll_json(reg, 3, "[{\"id\":\"m1\"}]", NULL, T0); /* reports no context */
+    poll_json(reg, 4, "[{\"id\":\"m2\",\"context_length\":1024}]", NULL, T0);
+    assert_int_equal(registry_model_min_context(reg, "m1"), 2048);   /* b, by its alias */
+    assert_int_equal(registry_model_slots(reg, "m1"), 12);           /* 4 each */
+    assert_int_equal(registry_model_min_context(reg, "m2"), 1024);
+    assert_int_equal(registry_model_min_context(reg, "none"), 0);
+    assert_int_equal(registry_model_slots(reg, "none"), 0);
+
+    /* suspect: still live for the context, no longer counted as slots */
+    assert_true(registry_mark_suspect(reg, b, T0 + 10, NULL));
+    assert_int_equal(registry_model_min_context(reg, "m1"), 2048);
+    assert_int_equal(registry_model_slots(reg, "m1"), 8);
+    /* gone: its context no longer binds */
+    registry_deregister(reg, b, T0 + 20);
+    assert_int_equal(registry_model_min_context(reg, "m1"), 4096);
+    registry_deregister(reg, a, T0 + 30);
+    assert_int_equal(registry_model_min_context(reg, "m1"), 0);
+    assert_int_equal(registry_model_slots(reg, "m1"), 4);
+    registry_destroy(reg);
+}
+
 static void test_counters_and_labels(void **st)
 {
     (void)st;
@@ -647,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_mark_suspect),
         cmocka_unit_test(test_draining),
         cmocka_unit_test(test_model_index),
+        cmocka_unit_test(test_model_capacity),
         cmocka_unit_test(test_counters_and_labels),
         cmocka_unit_test(test_many_agents_expiry),
         cmocka_unit_test(test_prefix_facts),
