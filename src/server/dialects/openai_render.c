@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "server/dialects/poolmeta.h"
+
 /* The open field of the text chunk template on the jansson path (an id
  * or model that is not UTF-8; the hand path needs no marker): never in a
  * real chunk, and if a model name holds it the template is refused and
@@ -98,12 +100,10 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
     if (json_object_set_new(o, "choices", choices) < 0 ||
         json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens)) < 0)
         goto fail;
-    if (meta) {
-        json_t *m = meta;
-        meta = NULL; /* set_new takes it, set or not */
-        if (json_object_set_new(o, "x_pool_meta", m) < 0)
-            goto fail;
-    }
+    json_t *m = meta;
+    meta = NULL; /* taken, set or not */
+    if (gps_pool_meta_set(o, m) < 0)
+        goto fail;
     return o;
 fail:
     json_decref(meta);

@@ -26,6 +26,11 @@ void gps_pool_headers(struct evhttp_request *req, gps_job *job)
  * a string that is not UTF-8: no x_pool_meta then). */
 static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
 
+int gps_pool_meta_set(json_t *o, json_t *meta)
+{
+    return meta ? json_object_set_new(o, "x_pool_meta", meta) : 0;
+}
+
 bool gps_pool_meta_shown(gps_job *job)
 {
     return utf8(gps_job_agent_id(job)) && utf8(gps_job_model(job));
