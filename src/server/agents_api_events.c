@@ -120,7 +120,9 @@ void agents_h_events(gps_req *r, void *arg)
     json_decref(body);
     count_upload(g, ROUTE_JOB, 1);
     if (res.status == 200)
-        gps_http_send_json(r->req, 200, json_pack("{s:b}", "cancel", res.cancel));
+        gps_http_send_json_text(r->req, 200,
+                                res.cancel ? "{\"cancel\":true}" : "{\"cancel\":false}",
+                                res.cancel ? 15 : 16);
     else if (res.expected_seq >= 0)
         gps_http_send_error(r->req, GPS_DIALECT_NATIVE, 409, "SEQ_GAP", res.msg, NULL,
                             r->correlation_id,

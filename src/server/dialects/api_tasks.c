@@ -208,36 +208,60 @@ static task *visible(gps_tasks *g, gps_req *r)
     return t && may_see(g, r->key_id, t->key_id) ? t : NULL;
 }
 
+/* The status builders below are whole or NULL (out of memory): a task
+ * without its result or error is not its status (gps_http_send_json then
+ * answers 500). Each json_object_set_new takes its value, NULL included,
+ * so they only count the failures. */
+static int set(json_t *o, const char *key, json_t *v)
+{
+    return json_object_set_new(o, key, v) < 0 ? 1 : 0;
+}
+
+/* The error object of a failed or cancelled task: its code, and the
+ * message of its last event's data (else the code again). */
+static json_t *error_object(const char *code, const json_t *data)
+{
+    const char *m = json_string_value(json_object_get(data, "message"));
+    return json_pack("{s:s,s:s}", "code", code, "message", m ? m : code);
+}
+
 /* A restored task waiting to be resubmitted (or failed before it was). */
 static json_t *status_restored(task *t)
 {
     size_t n = gps_tlog_count(t->log);
     json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
+    if (n && !last)
+        return NULL;
     json_t *d = json_object_get(last, "data");
     const char *type = json_string_value(json_object_get(last, "type"));
     json_t *o = json_pack("{s:s,s:I}", "job_id", t->id, "events", (json_int_t)n);
-    if (!o) {
-        json_decref(last);
-        return json_object();
-    }
+    int bad = !o;
     json_t *b = t->resume_body;
-    json_object_set(o, "model", json_object_get(b, "model"));
-    json_object_set(o, "seed", json_object_get(b, "seed"));
-    if (!t->terminal) {
-        json_object_set_new(o, "status", json_string("queued"));
-    } else if (type && strcmp(type, "end") == 0) {
-        json_object_set_new(o, "status", json_string("done"));
-        json_object_set_new(o, "result", json_pack("{s:O,s:O}", "text",
-                                                   json_object_get(d, "text"), "finish_reason",
-                                                   json_object_get(d, "finish_reason")));
-    } else {
-        const char *code = json_string_value(json_object_get(d, "code"));
-        json_object_set_new(o, "status", json_string(code && strcmp(code, "CANCELLED") == 0
-                                                         ? "cancelled"
-                                                         : "failed"));
-        json_object_set_new(o, "error", json_deep_copy(d));
+    if (o) {
+        json_t *model = json_object_get(b, "model"), *seed = json_object_get(b, "seed");
+        bad += model && json_object_set(o, "model", model) < 0;
+        bad += seed && json_object_set(o, "seed", seed) < 0;
+        if (!t->terminal) {
+            bad += set(o, "status", json_string("queued"));
+        } else if (type && strcmp(type, "end") == 0) {
+            bad += set(o, "status", json_string("done"));
+            bad += set(o, "result", json_pack("{s:O,s:O}", "text", json_object_get(d, "text"),
+                                              "finish_reason",
+                                              json_object_get(d, "finish_reason")));
+        } else {
+            const char *code = json_string_value(json_object_get(d, "code"));
+            bad += set(o, "status", json_string(code && strcmp(code, "CANCELLED") == 0
+                                                    ? "cancelled"
+                                                    : "failed"));
+            if (d) /* (a restored log's last event without data: no error to show) */
+                bad += set(o, "error", json_deep_copy(d));
+        }
     }
     json_decref(last);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -253,37 +277,40 @@ static json_t *status_hot(task *t)
                           "seed", (json_int_t)gps_job_seed(job), "attempts",
                           gps_job_attempts(job), "agent_id", gps_job_agent_id(job), "events",
                           (json_int_t)tasks_released(t));
+    if (!o)
+        return NULL;
+    int bad = 0;
     if (state == GPS_JOB_QUEUED)
-        json_object_set_new(o, "queue_position",
-                            json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
+        bad += set(o, "queue_position",
+                   json_integer((json_int_t)gps_jobs_queue_position(t->owner->jobs, job)));
     uint64_t created = gps_job_created_us(job), first = gps_job_first_token_us(job);
     uint64_t end = gps_job_finished_us(job) ? gps_job_finished_us(job) : gp_now_mono_us();
     json_t *tm = json_pack("{s:I,s:I}", "queue_ms", (json_int_t)gps_job_queue_ms(job),
                            "total_ms", (json_int_t)((end - created) / 1000));
-    if (first)
-        json_object_set_new(tm, "ttft_ms", json_integer((json_int_t)((first - created) / 1000)));
-    json_object_set_new(o, "timings", tm);
-    json_object_set_new(o, "usage",
-                        json_pack("{s:I,s:I}", "prompt_tokens",
-                                  (json_int_t)gps_job_prompt_tokens(job), "completion_tokens",
-                                  (json_int_t)gps_job_completion_tokens(job)));
+    if (tm && first)
+        bad += set(tm, "ttft_ms", json_integer((json_int_t)((first - created) / 1000)));
+    bad += set(o, "timings", tm);
+    bad += set(o, "usage",
+               json_pack("{s:I,s:I}", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
+                         "completion_tokens", (json_int_t)gps_job_completion_tokens(job)));
     const char *fr = gps_job_finish_reason(job);
     if (state == GPS_JOB_DONE)
-        json_object_set_new(o, "result",
-                            json_pack("{s:s%,s:s}", "text", gps_job_text(job),
-                                      gps_job_text_len(job), "finish_reason",
-                                      fr[0] ? fr : "stop"));
-    json_object_set_new(o, "x_pool_meta", gps_pool_meta(job));
+        bad += set(o, "result",
+                   json_pack("{s:s%,s:s}", "text", gps_job_text(job), gps_job_text_len(job),
+                             "finish_reason", fr[0] ? fr : "stop"));
+    if (gps_pool_meta_shown(job))
+        bad += set(o, "x_pool_meta", gps_pool_meta(job));
     if (state == GPS_JOB_FAILED || state == GPS_JOB_CANCELLED) {
         size_t n = gps_tlog_count(t->log);
         json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
-        json_t *d = json_object_get(last, "data");
-        json_object_set_new(o, "error",
-                            json_pack("{s:s,s:s}", "code", gps_job_error_code(job), "message",
-                                      json_string_value(json_object_get(d, "message"))
-                                          ? json_string_value(json_object_get(d, "message"))
-                                          : gps_job_error_code(job)));
+        bad += n && !last;
+        bad += set(o, "error",
+                   error_object(gps_job_error_code(job), json_object_get(last, "data")));
         json_decref(last);
+    }
+    if (bad) {
+        json_decref(o);
+        return NULL;
     }
     return o;
 }
@@ -293,31 +320,34 @@ json_t *tasks_status_cold(const gps_store_job_info *j)
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "job_id", j->id, "status", j->status,
                           "model", j->model, "priority", j->priority ? "batch" : "interactive",
                           "attempts", j->attempts, "agent_id", j->agent_id ? j->agent_id : "");
-    json_object_set_new(o, "seed", j->has_seed ? json_integer(j->seed) : json_null());
+    if (!o)
+        return NULL;
+    int bad = set(o, "seed", j->has_seed ? json_integer(j->seed) : json_null());
     json_t *tm = json_object();
-    if (j->queue_ms >= 0)
-        json_object_set_new(tm, "queue_ms", json_integer(j->queue_ms));
-    if (j->ttft_ms >= 0)
-        json_object_set_new(tm, "ttft_ms", json_integer(j->ttft_ms));
-    if (j->total_ms >= 0)
-        json_object_set_new(tm, "total_ms", json_integer(j->total_ms));
-    json_object_set_new(o, "timings", tm);
-    json_object_set_new(o, "usage",
-                        json_pack("{s:I,s:I}", "prompt_tokens",
-                                  (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
-                                  "completion_tokens",
-                                  (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens
-                                                                        : 0)));
+    if (tm && j->queue_ms >= 0)
+        bad += set(tm, "queue_ms", json_integer(j->queue_ms));
+    if (tm && j->ttft_ms >= 0)
+        bad += set(tm, "ttft_ms", json_integer(j->ttft_ms));
+    if (tm && j->total_ms >= 0)
+        bad += set(tm, "total_ms", json_integer(j->total_ms));
+    bad += set(o, "timings", tm);
+    bad += set(o, "usage",
+               json_pack("{s:I,s:I}", "prompt_tokens",
+                         (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                         "completion_tokens",
+                         (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens : 0)));
     if (strcmp(j->status, "done") == 0)
-        json_object_set_new(o, "result",
-                            json_pack("{s:s%,s:s}", "text",
-                                      j->checkpoint_text ? j->checkpoint_text : "",
-                                      j->checkpoint_text ? j->checkpoint_len : 0,
-                                      "finish_reason",
-                                      j->finish_reason ? j->finish_reason : "stop"));
+        bad += set(o, "result",
+                   json_pack("{s:s%,s:s}", "text", j->checkpoint_text ? j->checkpoint_text : "",
+                             j->checkpoint_text ? j->checkpoint_len : 0, "finish_reason",
+                             j->finish_reason ? j->finish_reason : "stop"));
     else if (j->error_code)
-        json_object_set_new(o, "error", json_pack("{s:s,s:s}", "code", j->error_code, "message",
-                                                  j->error_code));
+        bad += set(o, "error", json_pack("{s:s,s:s}", "code", j->error_code, "message",
+                                         j->error_code));
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 

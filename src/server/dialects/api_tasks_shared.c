@@ -140,12 +140,13 @@ static void cwait_unlink(cwait *w)
     w->g = NULL;
 }
 
-/* Answer (when the client is still there) and free. */
+/* Answer (when the client is still there and status is not 0) and free.
+ * A NULL body with a status is its builder out of memory: a 500. */
 void tasks_cwait_end(cwait *w, int status, json_t *body)
 {
     cwait_unlink(w);
     gps_held_release(&w->held);
-    if (w->held.req && body)
+    if (w->held.req && status > 0)
         gps_http_send_json(w->held.req, status, body);
     else
         json_decref(body);

@@ -255,9 +255,13 @@ void gps_http_add_date(struct evhttp_request *req);
 void gps_http_send_reply(struct evhttp_request *req, int status, const char *reason,
                          struct evbuffer *body);
 
-/* Reply with a JSON body (reference stolen). */
+/* Reply with a JSON body (reference stolen). A NULL body (its builder ran
+ * out of memory) or one that cannot be rendered or copied is answered
+ * 500 with an "out of memory" error instead of status: never a success
+ * without its body. */
 void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
-/* Send n bytes of JSON text (borrowed) rendered by the caller. */
+/* Send n bytes of JSON text (borrowed) rendered by the caller (500 as
+ * above when it cannot be copied). */
 void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n);
 /* Send an error in dialect d (body: errors.h, gps_error_body). */
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,

@@ -20,7 +20,9 @@
 #include <event2/util.h>
 #include <openssl/ssl.h>
 #include <openssl/err.h>
+
 #include "common/gp_json.h"
+#include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/http/errors.h"
 
@@ -76,35 +78,57 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
     evhttp_send_reply(req, status, reason ? reason : extra_reason(status), head ? NULL : body);
 }
 
-void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
+/* What a reply whose body could not be built or copied (out of memory) is
+ * answered with: 500, never the caller's status with an empty body (a 200
+ * "{}" is a success the client cannot tell from a real one). One text that
+ * every dialect's clients read as an error: error.code and error.message
+ * (native, OpenAI), type "error" and error.type (Anthropic). */
+static const char OOM_BODY[] = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                               "\"code\":\"INTERNAL\",\"message\":\"out of memory\"}}";
+
+static void send_oom(struct evhttp_request *req, int status)
 {
+    gp_log_error("reply_out_of_memory", "a %d reply's body could not be built: answered 500",
+                 status);
     struct evbuffer *buf = evbuffer_new();
-    char *text = body ? gp_json_dumps(body) : NULL;
-    json_decref(body);
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_remove_header(h, "Content-Type");
-    evhttp_add_header(h, "Content-Type", "application/json");
-    if (buf && text)
-        evbuffer_add(buf, text, strlen(text));
-    else if (buf)
-        evbuffer_add(buf, "{}", 2);
-    gps_http_send_reply(req, status, NULL, buf);
+    if (buf && evbuffer_add_reference(buf, OOM_BODY, sizeof OOM_BODY - 1, NULL, NULL) < 0) {
+        evbuffer_free(buf);
+        buf = NULL; /* then an empty 500: still not the caller's status */
+    }
+    gps_http_send_reply(req, 500, NULL, buf);
     if (buf)
         evbuffer_free(buf);
+}
+
+void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
+{
+    char *text = body ? gp_json_dumps(body) : NULL;
+    json_decref(body);
+    if (!text) {
+        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+        evhttp_remove_header(h, "Content-Type");
+        evhttp_add_header(h, "Content-Type", "application/json");
+        send_oom(req, status);
+        return;
+    }
+    gps_http_send_json_text(req, status, text, strlen(text));
     free(text);
 }
 
 void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
 {
-    struct evbuffer *buf = evbuffer_new();
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_remove_header(h, "Content-Type");
     evhttp_add_header(h, "Content-Type", "application/json");
-    if (buf)
-        evbuffer_add(buf, text, n);
+    struct evbuffer *buf = evbuffer_new();
+    if (!buf || evbuffer_add(buf, text, n) < 0) {
+        if (buf)
+            evbuffer_free(buf);
+        send_oom(req, status);
+        return;
+    }
     gps_http_send_reply(req, status, NULL, buf);
-    if (buf)
-        evbuffer_free(buf);
+    evbuffer_free(buf);
 }
 
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,

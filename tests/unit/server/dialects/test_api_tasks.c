@@ -1,5 +1,6 @@
 /* Native task API: POST /v2/tasks validation (fields, seed generation,
- * priority, session_id) and the Last-Event-ID parser. */
+ * priority, session_id), the Last-Event-ID parser, and a stored task's
+ * status body whole or nothing under out of memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +11,10 @@
 #include <cmocka.h>
 
 #include "server/dialects/api_tasks.h"
+#include "server/dialects/api_tasks_priv.h"
+#include "server/store/store.h"
+
+#include "../fixture_oom.h"
 
 static int parse(const char *text, gps_job_spec *s, const char **param, char *msg, size_t n)
 {
@@ -148,6 +153,61 @@ static void test_last_event_id(void **state)
     assert_int_equal(gps_tasks_last_event_id("99999999999999999999999"), -1);
 }
 
+/* tasks_status_cold under a failing allocator: every run gives the whole
+ * status or NULL (the reply is then 500), never one without its result,
+ * error, usage or timings. */
+static void sweep_cold(const gps_store_job_info *j)
+{
+    json_t *want = tasks_status_cold(j);
+    assert_non_null(want);
+    size_t bad = 0, n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = tasks_status_cold(j);
+        bool hit = disarm();
+        if (got && !json_equal(got, want)) {
+            print_message("run %zu: a status with a part missing\n", n);
+            print_diff("status", got, want);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 3); /* the sweep reached the builder's allocations */
+    assert_int_equal(bad, 0);
+    json_decref(want);
+}
+
+static void test_status_cold_oom(void **state)
+{
+    (void)state;
+    gps_store_job_info j = {.id = "job_1", .api = "native", .kind = "chat", .model = "m",
+                            .agent_id = "a1", .status = "done", .attempts = 1,
+                            .prompt_tokens = 5, .completion_tokens = 7, .queue_ms = 3,
+                            .ttft_ms = 9, .total_ms = 40, .finish_reason = "length",
+                            .has_seed = true, .seed = 42, .checkpoint_text = "Hello there",
+                            .checkpoint_len = 11, .checkpoint_seq = -1};
+    json_t *o = tasks_status_cold(&j), *want = J(
+        "{\"job_id\":\"job_1\",\"status\":\"done\",\"model\":\"m\",\"priority\":"
+        "\"interactive\",\"attempts\":1,\"agent_id\":\"a1\",\"seed\":42,\"timings\":"
+        "{\"queue_ms\":3,\"ttft_ms\":9,\"total_ms\":40},\"usage\":{\"prompt_tokens\":5,"
+        "\"completion_tokens\":7},\"result\":{\"text\":\"Hello there\",\"finish_reason\":"
+        "\"length\"}}");
+    if (!json_equal(o, want)) {
+        print_diff("status", o, want);
+        fail();
+    }
+    json_decref(o);
+    json_decref(want);
+    sweep_cold(&j);
+    j.status = "failed";
+    j.error_code = "AGENT_LOST";
+    j.has_seed = false;
+    j.ttft_ms = -1;
+    sweep_cold(&j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -156,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_session_twice),
         cmocka_unit_test(test_bad),
         cmocka_unit_test(test_last_event_id),
+        cmocka_unit_test(test_status_cold_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

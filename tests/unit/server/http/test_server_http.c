@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -263,6 +264,85 @@ static void test_accepted_sockets_have_nodelay(void **st)
     event_base_free(base);
 }
 
+static void h_null_body(gps_req *r, void *arg)
+{
+    (void)arg;
+    gps_http_send_json(r->req, 200, NULL); /* as a builder out of memory gives */
+}
+
+static void h_body(gps_req *r, void *arg)
+{
+    (void)arg;
+    gps_http_send_json(r->req, 201, json_pack("{s:i}", "a", 1));
+}
+
+/* Send one request on c and run the loop until its whole reply (head and
+ * the Content-Length body) came back into out. */
+static void roundtrip(struct event_base *base, int c, const char *req, char *out, size_t cap)
+{
+    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    size_t got = 0;
+    out[0] = '\0';
+    for (int round = 0; round < 5000; round++) {
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        ssize_t n = recv(c, out + got, cap - 1 - got, MSG_DONTWAIT);
+        if (n > 0) {
+            got += (size_t)n;
+            out[got] = '\0';
+        }
+        const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
+        if (end && cl && got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10))
+            return;
+        if (n <= 0)
+            usleep(1000);
+    }
+    fail_msg("no whole reply to %s: %s", req, out);
+}
+
+/* A JSON reply whose body is NULL (its builder ran out of memory) is a 500
+ * with an error, never the status the handler meant with "{}". */
+static void test_json_reply_without_body_is_500(void **st)
+{
+    (void)st;
+    struct event_base *base = event_base_new();
+    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
+                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
+                       .header_timeout_sec = 30, .body_timeout_sec = 30};
+    gps_http *h = gps_http_new(base, &o);
+    assert_non_null(h);
+    assert_int_equal(gps_http_add_route(h, EVHTTP_REQ_GET, "/null", GPS_DIALECT_NATIVE,
+                                        GPS_ROLE_NONE, h_null_body, NULL), 0);
+    assert_int_equal(gps_http_add_route(h, EVHTTP_REQ_GET, "/body", GPS_DIALECT_NATIVE,
+                                        GPS_ROLE_NONE, h_body, NULL), 0);
+    int port = 0;
+    char err[128];
+    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, &port, err, sizeof err), 0);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    char out[4096];
+    roundtrip(base, c, "GET /null HTTP/1.1\r\nHost: x\r\n\r\n", out, sizeof out);
+    assert_true(strncmp(out, "HTTP/1.1 500 ", 13) == 0);
+    assert_non_null(strstr(out, "Content-Type: application/json"));
+    const char *body = strstr(out, "\r\n\r\n") + 4;
+    json_t *e = json_loads(body, 0, NULL);
+    assert_non_null(e);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "code")),
+                        "INTERNAL");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(e, "error"), "type")),
+                        "api_error");
+    assert_string_equal(json_string_value(json_object_get(e, "type")), "error");
+    json_decref(e);
+    /* The connection lives on, and a body that was built goes out as meant. */
+    roundtrip(base, c, "GET /body HTTP/1.1\r\nHost: x\r\n\r\n", out, sizeof out);
+    assert_true(strncmp(out, "HTTP/1.1 201 ", 13) == 0);
+    assert_string_equal(strstr(out, "\r\n\r\n") + 4, "{\"a\":1}");
+    close(c);
+    gps_http_free(h);
+    event_base_free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -273,6 +353,7 @@ int main(void)
         cmocka_unit_test(test_issue9_head_parse),
         cmocka_unit_test(test_head_nul_in_target),
         cmocka_unit_test(test_accepted_sockets_have_nodelay),
+        cmocka_unit_test(test_json_reply_without_body_is_500),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
