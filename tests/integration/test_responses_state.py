@@ -125,11 +125,21 @@ class ResponsesStateTest(harness.TestCase):
         st, _, _ = http_json("GET", self.srv.url + "/v1/responses/" + r2["id"],
                              headers=bearer(self.key_a))
         self.assertEqual(st, 404)
+        st, _, r3 = self.create(self.key_a, {"input": "four"})
+        self.assertEqual(st, 200, r3)
         # Kept across a restart on the same DB; then deleted by its owner.
         self.srv.stop()
+        # A stored row that does not load is the server's failure (500),
+        # not a response that does not exist (404).
+        self.h.execute(self.db, "UPDATE responses SET object = '{\"id\": ' WHERE id = ?",
+                       (r3["id"],))
         self.srv = self.h.start_server(FAST, db=self.db, port=self.srv.port)
         st, _, got = http_json("GET", url, headers=bearer(self.key_a))
         self.assertEqual(st, 200, got)
+        st, _, e = http_json("GET", self.srv.url + "/v1/responses/" + r3["id"],
+                             headers=bearer(self.key_a))
+        self.assertEqual(st, 500, e)
+        self.assertEqual(e["error"]["type"], "server_error")
         st, _, d = http_json("DELETE", url, headers=bearer(self.key_a))
         self.assertEqual(st, 200, d)
         self.assertEqual(d, {"id": r1["id"], "object": "response", "deleted": True})

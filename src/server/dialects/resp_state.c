@@ -198,9 +198,15 @@ static void get_done(void *arg, int status, const gps_store_cells *res)
         gps_db_wait_error(&p->w, 500, "INTERNAL", "stored responses could not be read");
         goto done;
     }
-    json_t *obj = res->nrows && res->cell[0] ? json_loads(res->cell[0], 0, NULL) : NULL;
-    if (!obj)
+    if (!res->nrows || !res->cell[0]) {
         not_found(p);
+        goto done;
+    }
+    /* A row that is there but does not load (out of memory, or damaged)
+     * is the server's failure, not a response that does not exist. */
+    json_t *obj = json_loads(res->cell[0], 0, NULL);
+    if (!obj)
+        gps_db_wait_error(&p->w, 500, "INTERNAL", "the stored response could not be loaded");
     else
         gps_http_send_json(p->w.held.req, 200, obj);
 done:
