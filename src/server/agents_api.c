@@ -221,8 +221,12 @@ static void h_poll(gps_req *r, void *arg)
         agents_dispatch_parked(g, e);
     }
     json_t *commands = gps_jobs_pending_cancels(g->jobs, a->id);
-    if (a->admin_drain)
-        json_array_append_new(commands, json_pack("{s:s}", "type", "drain"));
+    /* The reply is whole or a 500 (out of memory): an agent told nothing
+     * of a cancel, a drain or a deployment would go on as if there were
+     * none; on a 500 it polls again. */
+    bool whole = commands != NULL;
+    if (commands && a->admin_drain)
+        whole = json_array_append_new(commands, json_pack("{s:s}", "type", "drain")) == 0;
     /* features: what this server takes beyond the first protocol, so that
      * a newer agent uses it only here (events_batch: POST /agents/events). */
     json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o,s:[s]}", "agent_id", a->id, "state",
@@ -230,11 +234,15 @@ static void h_poll(gps_req *r, void *arg)
                               g->opts.poll_interval_sec, "work_wait_sec", g->opts.work_wait_sec,
                               "commands", commands, "features", "events_batch");
     /* Tell the agent, so that its own log says why a model gets no work. */
-    if (reply && refused)
+    if (reply && refused) /* (for the agent's log only: best effort) */
         json_object_set(reply, "refused_models", gps_pins_refused(g->pins, a->id));
     if (reply && deployments)
-        json_object_set(reply, "deployments", deployments);
+        whole &= json_object_set(reply, "deployments", deployments) == 0;
     json_decref(deployments);
+    if (!whole) {
+        json_decref(reply);
+        reply = NULL;
+    }
     gps_http_send_json(r->req, 200, reply);
 }
 
