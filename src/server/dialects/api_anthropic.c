@@ -41,6 +41,14 @@
         goto fail;                                                                             \
     } while (0)
 
+/* GPS_FAIL_OOM without a param (this dialect names none): expects
+ * `int rc = -1;` and a fail label that returns rc, as GPS_TRY does. */
+#define FAIL_OOM()                                                                             \
+    do {                                                                                       \
+        rc = gps_parse_oom(msg, msglen);                                                       \
+        goto fail;                                                                             \
+    } while (0)
+
 
 /* Adds a warning for x_pool_meta. -1 when out of memory: the client is
  * told of everything left out, so a warning lost fails the request. */
@@ -63,7 +71,8 @@ static int sep_append(gp_buf *b, const char *s, size_t n, const char *sep)
     return gp_buf_append(b, s, n);
 }
 
-/* The text of a tool_result's content (a string or blocks). -1 with msg. */
+/* The text of a tool_result's content (a string or blocks). -1 or
+ * GPS_PARSE_OOM with msg. */
 static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char *msg,
                             size_t msglen)
 {
@@ -96,12 +105,11 @@ static int tool_result_text(const json_t *c, gp_buf *b, const char *where, char 
     }
     return 0;
 oom:
-    snprintf(msg, msglen, "out of memory");
-    return -1;
+    return gps_parse_oom(msg, msglen);
 }
 
 /* A tool_use or tool_result block as text, appended to b (blocks of the
- * text path). 0, or -1 with msg. */
+ * text path). 0, or -1 or GPS_PARSE_OOM with msg. */
 static int tool_block_text(const json_t *blk, bool use, const char *where, gp_buf *b,
                            char *msg, size_t msglen)
 {
@@ -127,7 +135,8 @@ static int tool_block_text(const json_t *blk, bool use, const char *where, gp_bu
         if (gp_buf_appendf(&tmp, "[tool_result id=%s%s]", id ? id : "",
                            json_is_true(json_object_get(blk, "is_error")) ? " error" : "") < 0)
             goto oom;
-        if (tool_result_text(json_object_get(blk, "content"), &tmp, where, msg, msglen) < 0)
+        if ((rc = tool_result_text(json_object_get(blk, "content"), &tmp, where, msg,
+                                   msglen)) < 0)
             goto out;
     }
     if (sep_append(b, tmp.data, tmp.len, "\n") < 0)
@@ -135,14 +144,14 @@ static int tool_block_text(const json_t *blk, bool use, const char *where, gp_bu
     rc = 0;
     goto out;
 oom:
-    snprintf(msg, msglen, "out of memory");
-    rc = -1;
+    rc = gps_parse_oom(msg, msglen);
 out:
     gp_buf_free(&tmp);
     return rc;
 }
 
-/* Render one message's content (string or blocks) into b. -1 with msg. */
+/* Render one message's content (string or blocks) into b. -1 or
+ * GPS_PARSE_OOM with msg. */
 static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, bool system_role,
                            gp_buf *b, char *msg, size_t msglen)
 {
@@ -177,8 +186,9 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
                 goto oom;
         } else if (!system_role &&
                    (strcmp(t, "tool_use") == 0 || strcmp(t, "tool_result") == 0)) {
-            if (tool_block_text(blk, strcmp(t, "tool_use") == 0, where, b, msg, msglen) < 0)
-                return -1;
+            int rc = tool_block_text(blk, strcmp(t, "tool_use") == 0, where, b, msg, msglen);
+            if (rc < 0)
+                return rc;
         } else if (!system_role &&
                    (strcmp(t, "thinking") == 0 || strcmp(t, "redacted_thinking") == 0)) {
             if (warn(r, "%s blocks in messages are not sent to the model", t) < 0)
@@ -193,8 +203,7 @@ static int content_to_text(gps_anthropic_req *r, const json_t *c, size_t mi, boo
     }
     return 0;
 oom:
-    snprintf(msg, msglen, "out of memory");
-    return -1;
+    return gps_parse_oom(msg, msglen);
 }
 
 static const char *const known_fields[] = {
@@ -223,10 +232,8 @@ static int output_format(const json_t *body, gps_anthropic_req *out, char *msg, 
         json_object_foreach((json_t *)oc, k, v)
         {
             if (strcmp(k, "format") != 0 &&
-                warn(out, "output_config.%.64s is not supported by this pool; ignored", k) < 0) {
-                snprintf(msg, msglen, "out of memory");
-                return -1;
-            }
+                warn(out, "output_config.%.64s is not supported by this pool; ignored", k) < 0)
+                return gps_parse_oom(msg, msglen);
         }
         if (!gps_absent(json_object_get(oc, "format"))) {
             if (!gps_absent(beta)) {
@@ -248,11 +255,15 @@ static int output_format(const json_t *body, gps_anthropic_req *out, char *msg, 
     }
     json_t *rf = json_pack("{s:s, s:{s:s, s:O, s:b}}", "type", "json_schema", "json_schema",
                            "name", "output", "schema", json_object_get(f, "schema"), "strict", 1);
+    if (!rf)
+        return gps_parse_oom(msg, msglen);
     char why[400];
-    int r = rf ? gps_rformat_chat(rf, &out->spec.response_format, why, sizeof why) : -1;
+    int r = gps_rformat_chat(rf, &out->spec.response_format, why, sizeof why);
     json_decref(rf);
+    if (r == GPS_PARSE_OOM)
+        return gps_parse_oom(msg, msglen);
     if (r < 0) {
-        snprintf(msg, msglen, "%s: %s", where, rf ? why : "out of memory");
+        snprintf(msg, msglen, "%s: %s", where, why);
         return -1;
     }
     return 0;
@@ -532,11 +543,12 @@ fail:
 /* system: string or text blocks */
 static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msglen)
 {
+    int rc = -1;
     const json_t *system = json_object_get(body, "system");
     if (!gps_absent(system)) {
         if (json_is_string(system)) {
             if (gp_buf_append(sys, json_string_value(system), json_string_length(system)) < 0)
-                FAIL("out of memory");
+                FAIL_OOM();
         } else if (json_is_array(system)) {
             size_t i;
             json_t *blk;
@@ -548,7 +560,7 @@ static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msgle
                     FAIL("system.%zu: system blocks must be {\"type\":\"text\",\"text\":string}",
                          i);
                 if (sep_append(sys, json_string_value(tx), json_string_length(tx), "\n\n") < 0)
-                    FAIL("out of memory");
+                    FAIL_OOM();
             }
         } else {
             FAIL("system: must be a string or an array of text blocks");
@@ -556,7 +568,7 @@ static int parse_system(const json_t *body, gp_buf *sys, char *msg, size_t msgle
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 /* One merged turn {role, content} onto messages. 0, or -1 out of memory. */
@@ -572,6 +584,7 @@ static int parse_messages(const json_t *body, gps_anthropic_req *out, gp_buf *sy
                           size_t msglen)
 {
     gps_job_spec *s = &out->spec;
+    int rc = -1;
     gp_buf cur;
     gp_buf_init(&cur);
     const json_t *m = json_object_get(body, "messages");
@@ -581,7 +594,7 @@ static int parse_messages(const json_t *body, gps_anthropic_req *out, gp_buf *sy
         FAIL("messages: must be an array");
     s->messages = json_array();
     if (!s->messages)
-        FAIL("out of memory");
+        FAIL_OOM();
     const char *cur_role = NULL;
     size_t i;
     json_t *e;
@@ -600,44 +613,47 @@ static int parse_messages(const json_t *body, gps_anthropic_req *out, gp_buf *sy
             FAIL("messages.%zu.content: field required", i);
         gp_buf text;
         gp_buf_init(&text);
-        if (content_to_text(out, c, i, is_system, &text, msg, msglen) < 0) {
+        int crc = content_to_text(out, c, i, is_system, &text, msg, msglen);
+        if (crc < 0) {
             gp_buf_free(&text);
+            rc = crc;
             goto fail;
         }
         out->prompt_bytes += text.len;
         /* Every append below is checked: a turn (or part of one) lost to a
          * failed allocation would have the model answer another conversation. */
-        int rc;
+        int arc;
         if (is_system) {
             /* Mid-conversation system entries join the system prompt. */
-            rc = sep_append(sys, text.data ? text.data : "", text.len, "\n\n");
+            arc = sep_append(sys, text.data ? text.data : "", text.len, "\n\n");
         } else if (cur_role && strcmp(cur_role, role) == 0) {
-            rc = sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
+            arc = sep_append(&cur, text.data ? text.data : "", text.len, "\n\n");
         } else {
-            rc = cur_role ? turn_append(s->messages, cur_role, &cur) : 0;
+            arc = cur_role ? turn_append(s->messages, cur_role, &cur) : 0;
             gp_buf_free(&cur);
             gp_buf_init(&cur);
-            if (rc == 0)
-                rc = gp_buf_append(&cur, text.data ? text.data : "", text.len);
+            if (arc == 0)
+                arc = gp_buf_append(&cur, text.data ? text.data : "", text.len);
             cur_role = strcmp(role, "user") == 0 ? "user" : "assistant";
         }
         gp_buf_free(&text);
-        if (rc < 0)
-            FAIL("out of memory");
+        if (arc < 0)
+            FAIL_OOM();
     }
     if (cur_role && turn_append(s->messages, cur_role, &cur) < 0)
-        FAIL("out of memory");
+        FAIL_OOM();
     if (json_array_size(s->messages) == 0)
         FAIL("messages: at least one user or assistant message is required");
     gp_buf_free(&cur);
     return 0;
 fail:
     gp_buf_free(&cur);
-    return -1;
+    return rc;
 }
 
 static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     if (gps_check_number(body, "temperature", "temperature:", 0, 1, &s->temperature, msg,
                          msglen) < 0 ||
@@ -658,7 +674,7 @@ static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg,
             FAIL("stop_sequences: must be an array of at most %d strings", MAX_STOP_SEQUENCES);
         out->stop_sequences = json_array();
         if (!out->stop_sequences)
-            FAIL("out of memory");
+            FAIL_OOM();
         size_t i;
         json_t *e;
         json_array_foreach(stops, i, e)
@@ -670,7 +686,7 @@ static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg,
             /* A sequence lost would let the reply run past it. */
             if (json_array_append_new(out->stop_sequences, json_string(json_string_value(e))) <
                 0)
-                FAIL("out of memory");
+                FAIL_OOM();
         }
         if (json_array_size(out->stop_sequences) == 0) {
             json_decref(out->stop_sequences);
@@ -681,16 +697,17 @@ static int parse_sampling(const json_t *body, gps_anthropic_req *out, char *msg,
          * stop_sequence). The relay still scans the text for agents that
          * do not stop on them. */
         if (out->stop_sequences && !(s->stop = json_deep_copy(out->stop_sequences)))
-            FAIL("out of memory");
+            FAIL_OOM();
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_metadata_stream(const json_t *body, bool count_only, gps_anthropic_req *out,
                                  char *msg, size_t msglen)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     const json_t *md = json_object_get(body, "metadata");
     if (!gps_absent(md)) {
@@ -702,7 +719,7 @@ static int parse_metadata_stream(const json_t *body, bool count_only, gps_anthro
                 FAIL("metadata.user_id: must be a string of at most %d bytes", MAX_USER_ID);
             /* scheduler affinity key: not dropped silently */
             if (json_string_length(uid) > 0 && !(s->user = strdup(json_string_value(uid))))
-                FAIL("out of memory");
+                FAIL_OOM();
         }
     }
 
@@ -717,13 +734,14 @@ static int parse_metadata_stream(const json_t *body, bool count_only, gps_anthro
     s->prompt_tokens_first = out->stream;
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 /* tool_choice is checked before tools, so it is the error named when both
  * are wrong. */
 static int parse_tools(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
 {
+    int rc = -1;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tc = json_object_get(body, "tool_choice");
     if (!gps_absent(tc) && !json_is_object(tc))
@@ -760,22 +778,23 @@ static int parse_tools(const json_t *body, gps_anthropic_req *out, char *msg, si
             /* The text form only sizes the prompt bound: agents render the
              * structured tools with their own chat template. */
             if (render_tools(out, tools) < 0)
-                FAIL("out of memory");
+                FAIL_OOM();
             out->prompt_bytes += strlen(out->tools_text);
             out->tools = gps_anthropic_tools_to_openai(tools);
             out->tool_choice = gps_anthropic_tool_choice_to_openai(tc);
             out->tool_messages = openai_messages(json_object_get(body, "messages"));
             if (!out->tools || !out->tool_choice || !out->tool_messages)
-                FAIL("out of memory");
+                FAIL_OOM();
         }
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_thinking(const json_t *body, gps_anthropic_req *out, char *msg, size_t msglen)
 {
+    int rc = -1;
     const json_t *th = json_object_get(body, "thinking");
     if (!gps_absent(th)) {
         if (!json_is_object(th))
@@ -784,11 +803,11 @@ static int parse_thinking(const json_t *body, gps_anthropic_req *out, char *msg,
         if ((!tt || strcmp(tt, "disabled") != 0) &&
             warn(out, "thinking (%s) is not supported by this pool; answered without it",
                  tt ? tt : "?") < 0)
-            FAIL("out of memory");
+            FAIL_OOM();
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 /* 0, or -1 out of memory. */
@@ -818,43 +837,41 @@ int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *
     gps_spec_defaults(s, "anthropic");
     s->kind = GPS_JOB_CHAT;
     msg[0] = '\0';
+    int rc = -1;
     gp_buf sys;
     gp_buf_init(&sys);
     out->warnings = json_array();
     if (!out->warnings)
-        FAIL("out of memory");
+        FAIL_OOM();
     if (!json_is_object(body))
         FAIL("request body must be a JSON object");
 
-    if (parse_model_max_tokens(body, count_only, out, msg, msglen) < 0 ||
-        parse_system(body, &sys, msg, msglen) < 0 ||
-        parse_messages(body, out, &sys, msg, msglen) < 0)
-        goto fail;
+    GPS_TRY(parse_model_max_tokens(body, count_only, out, msg, msglen));
+    GPS_TRY(parse_system(body, &sys, msg, msglen));
+    GPS_TRY(parse_messages(body, out, &sys, msg, msglen));
     out->prompt_bytes += sys.len;
     if (sys.len)
         out->system = gp_buf_steal(&sys);
     else
         gp_buf_free(&sys); /* "system": "" leaves an empty buffer behind */
 
-    if (parse_sampling(body, out, msg, msglen) < 0 ||
-        parse_metadata_stream(body, count_only, out, msg, msglen) < 0 ||
-        parse_tools(body, out, msg, msglen) < 0 ||
-        parse_thinking(body, out, msg, msglen) < 0 ||
-        output_format(body, out, msg, msglen) < 0)
-        goto fail;
+    GPS_TRY(parse_sampling(body, out, msg, msglen));
+    GPS_TRY(parse_metadata_stream(body, count_only, out, msg, msglen));
+    GPS_TRY(parse_tools(body, out, msg, msglen));
+    GPS_TRY(parse_thinking(body, out, msg, msglen));
+    GPS_TRY(output_format(body, out, msg, msglen));
 
     const char *param = NULL;
-    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, &param) <
-        0)
-        goto fail;
+    GPS_TRY(gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                                   &param));
 
     if (warn_unknown_fields(body, out) < 0 || !s->model)
-        FAIL("out of memory");
+        FAIL_OOM();
     return 0;
 fail:
     gp_buf_free(&sys);
     gps_anthropic_req_clear(out);
-    return -1;
+    return rc;
 }
 
 void gps_anthropic_req_clear(gps_anthropic_req *r)
@@ -920,18 +937,15 @@ int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool 
                      "max_tokens %lld was clamped to %lld: model '%.100s' has a context of "
                      "%lld tokens and the prompt takes at least %lld",
                      s->max_tokens, context_length - lb, s->model, context_length, lb);
-            if (json_array_append_new(r->warnings, json_string(w)) < 0) {
-                snprintf(msg, msglen, "out of memory"); /* a clamp is never silent */
-                return -1;
-            }
+            if (json_array_append_new(r->warnings, json_string(w)) < 0)
+                return gps_parse_oom(msg, msglen); /* a clamp is never silent */
             s->max_tokens = context_length - lb;
         }
     }
     return 0;
 oom:
     gp_buf_free(&sys);
-    snprintf(msg, msglen, "out of memory");
-    return -1;
+    return gps_parse_oom(msg, msglen);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1370,7 +1384,7 @@ static void handle(gps_req *r, gps_relay_ctx *c, bool count_only)
     }
     if (rc < 0) {
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, NULL);
         return;
     }

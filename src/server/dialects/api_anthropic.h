@@ -72,8 +72,9 @@ typedef struct gps_anthropic_req {
 } gps_anthropic_req;
 
 /* Validate a parsed body. count_only: the count_tokens endpoint (no
- * max_tokens needed). Returns 0, or -1 with a message in msg (the status is
- * always 400). On error out holds nothing to free. */
+ * max_tokens needed). Returns 0, or -1 with a message in msg (400), or
+ * GPS_PARSE_OOM (reqcheck.h) with msg (500). On error out holds nothing
+ * to free. */
 int gps_anthropic_parse(const json_t *body, bool count_only, gps_anthropic_req *out, char *msg,
                         size_t msglen);
 void gps_anthropic_req_clear(gps_anthropic_req *r);
@@ -92,7 +93,7 @@ long long gps_anthropic_tokens_lower_bound(size_t bytes);
 /* Finish the job spec for a model with context_length (0 = unknown) and
  * tool support: prepend the system message (with the tools when
  * supported), clamp max_tokens, add warnings. Returns 0, or -1 with a
- * message (400 invalid_request_error). */
+ * message (400 invalid_request_error), or GPS_PARSE_OOM with msg (500). */
 int gps_anthropic_assemble(gps_anthropic_req *r, long long context_length, bool tools_supported,
                            char *msg, size_t msglen);
 

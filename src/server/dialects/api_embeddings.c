@@ -54,13 +54,14 @@ static void on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *ar
         return;
     char msg[512];
     const char *param = NULL;
-    json_t *body = gps_embed_response(&st->req, st->model, st->vecs, gps_job_prompt_tokens(job), msg,
-                                      sizeof msg, &param);
-    if (!body) {
+    json_t *body;
+    int rc = gps_embed_response(&st->req, st->model, st->vecs, gps_job_prompt_tokens(job),
+                                &body, msg, sizeof msg, &param);
+    if (rc < 0) {
         /* A refused dimensions is the client's, out of memory the server's,
          * anything else the agent's. */
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         if (!param && status == 400) {
             code = "AGENT_ERROR";
             status = 502;
@@ -130,7 +131,7 @@ static void h_embeddings(gps_req *r, void *arg)
     }
     if (rc < 0) {
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, param);
         return;
     }

@@ -106,15 +106,17 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
 }
 
 /* Chat content: a string, or an array of {type:"text", text} parts that
- * are concatenated. Returns a new string or NULL with msg set. */
-static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
+ * are concatenated, into *out (a new string). 0, or -1 or GPS_PARSE_OOM
+ * with msg. */
+static int content_text(const json_t *c, size_t idx, char **out, char *msg, size_t msglen)
 {
+    *out = NULL;
     if (json_is_string(c))
-        return gps_strdup_msg(json_string_value(c), msg, msglen);
+        return gps_strdup_msg(json_string_value(c), out, msg, msglen);
     if (!json_is_array(c)) {
         snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
                  idx);
-        return NULL;
+        return -1;
     }
     gp_buf b;
     gp_buf_init(&b);
@@ -130,24 +132,25 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
                      "(only text parts are supported)",
                      idx, i);
             gp_buf_free(&b);
-            return NULL;
+            return -1;
         }
         /* A part left out would change the prompt: no memory, no request. */
         if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
-            snprintf(msg, msglen, "out of memory");
             gp_buf_free(&b);
-            return NULL;
+            return gps_parse_oom(msg, msglen);
         }
     }
     if (!b.data)
-        return gps_strdup_msg("", msg, msglen);
-    return gp_buf_steal(&b);
+        return gps_strdup_msg("", out, msg, msglen);
+    *out = gp_buf_steal(&b);
+    return 0;
 }
 
 
 /* The request's helpers below share one shape: 0, or -1 with msg and
- * *param set (GPS_FAIL); what they stored in the spec is the caller's to
- * clear (gps_job_spec_clear), on failure as on success. */
+ * *param set (GPS_FAIL), or GPS_PARSE_OOM with msg and no param; what they
+ * stored in the spec is the caller's to clear (gps_job_spec_clear), on
+ * failure as on success. */
 
 static int parse_model(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                        const char **param)
@@ -190,6 +193,8 @@ fail:
 static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, size_t msglen,
                          const char **param)
 {
+    int rc = -1;
+    char *text = NULL;
     if (!json_is_object(e))
         GPS_FAIL("messages", "messages[%zu] must be an object", i);
     const json_t *role = json_object_get(e, "role");
@@ -206,64 +211,51 @@ static int parse_message(const json_t *e, size_t i, gps_job_spec *s, char *msg, 
              i, json_string_value(role));
     const json_t *c = json_object_get(e, "content");
     const json_t *calls = json_object_get(e, "tool_calls");
+    /* What the helpers below refuse is this message (fail: not when
+     * memory ran out). */
+    *param = "messages";
+    json_t *m;
     if (strcmp(r, "assistant") == 0 && !gps_absent(calls) &&
         !(json_is_array(calls) && json_array_size(calls) == 0)) {
         /* An earlier turn that called tools: kept as it is (content
          * may be null), validated so agents get a clean shape. */
-        if (tool_calls_check(calls, i, msg, msglen) < 0) {
-            *param = "messages";
-            goto fail;
-        }
-        char *text = gps_absent(c) ? NULL : content_text(c, i, msg, msglen);
-        if (!gps_absent(c) && !text) {
-            *param = "messages";
-            goto fail;
-        }
-        json_t *am = json_pack("{s:s,s:O,s:s?}", "role", "assistant", "tool_calls", calls,
-                               "content", text);
-        free(text);
-        /* A message lost here would have the model answer another
-         * conversation: out of memory fails the request instead. */
-        if (json_array_append_new(s->messages, am) < 0)
-            GPS_FAIL(NULL, "out of memory");
-        return 0;
-    }
-    if (strcmp(r, "tool") == 0) {
+        GPS_TRY(tool_calls_check(calls, i, msg, msglen));
+        if (!gps_absent(c))
+            GPS_TRY(content_text(c, i, &text, msg, msglen));
+        m = json_pack("{s:s,s:O,s:s?}", "role", "assistant", "tool_calls", calls, "content",
+                      text);
+    } else if (strcmp(r, "tool") == 0) {
         const char *tcid = json_string_value(json_object_get(e, "tool_call_id"));
         if (!tcid)
             GPS_FAIL("messages", "messages[%zu].tool_call_id must be a string", i);
-        char *text = gps_absent(c) ? gps_strdup_msg("", msg, msglen)
-                                   : content_text(c, i, msg, msglen);
-        if (!text) {
-            *param = "messages";
-            goto fail;
-        }
-        json_t *tm = json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id", tcid, "content",
-                               text);
-        free(text);
-        if (json_array_append_new(s->messages, tm) < 0)
-            GPS_FAIL(NULL, "out of memory");
-        return 0;
+        GPS_TRY(gps_absent(c) ? gps_strdup_msg("", &text, msg, msglen)
+                              : content_text(c, i, &text, msg, msglen));
+        m = json_pack("{s:s,s:s,s:s}", "role", "tool", "tool_call_id", tcid, "content", text);
+    } else {
+        if (gps_absent(c))
+            GPS_FAIL("messages", "messages[%zu].content is required", i);
+        GPS_TRY(content_text(c, i, &text, msg, msglen));
+        m = json_pack("{s:s,s:s}", "role", r, "content", text);
     }
-    if (gps_absent(c))
-        GPS_FAIL("messages", "messages[%zu].content is required", i);
-    char *text = content_text(c, i, msg, msglen);
-    if (!text) {
-        *param = "messages";
-        goto fail;
-    }
-    json_t *m = json_pack("{s:s,s:s}", "role", r, "content", text);
     free(text);
+    text = NULL;
+    /* A message lost here would have the model answer another
+     * conversation: out of memory fails the request instead. */
     if (json_array_append_new(s->messages, m) < 0)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
+    *param = NULL;
     return 0;
 fail:
-    return -1;
+    free(text);
+    if (rc == GPS_PARSE_OOM)
+        *param = NULL;
+    return rc;
 }
 
 static int parse_messages(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                           const char **param)
 {
+    int rc = -1;
     const json_t *m = json_object_get(body, "messages");
     if (gps_absent(m))
         GPS_FAIL("messages", "'messages' is required");
@@ -273,17 +265,14 @@ static int parse_messages(const json_t *body, gps_job_spec *s, char *msg, size_t
         GPS_FAIL("messages", "'messages' must contain at least one message");
     s->messages = json_array();
     if (!s->messages)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     size_t i;
     json_t *e;
     json_array_foreach(m, i, e)
-    {
-        if (parse_message(e, i, s, msg, msglen, param) < 0)
-            return -1;
-    }
+        GPS_TRY(parse_message(e, i, s, msg, msglen, param));
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 /* max_tokens (max_completion_tokens is the newer chat name) */
@@ -315,6 +304,7 @@ fail:
 static int parse_sampling(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                           const char **param)
 {
+    int rc = -1;
     double pen = 0;
     if (gps_check_number(body, "presence_penalty", "'presence_penalty'", -2, 2, &pen, msg,
                          msglen) < 0) {
@@ -326,13 +316,12 @@ static int parse_sampling(const json_t *body, gps_job_spec *s, char *msg, size_t
         *param = "frequency_penalty";
         goto fail;
     }
-    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
-        goto fail;
+    GPS_TRY(gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param));
     if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
         GPS_FAIL("seed", "'seed' must be an integer");
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_stream(const json_t *body, gps_openai_req *out, char *msg, size_t msglen,
@@ -367,13 +356,14 @@ fail:
 static int parse_user_and_refused(const json_t *body, gps_job_spec *s, char *msg,
                                   size_t msglen, const char **param)
 {
+    int rc = -1;
     const json_t *user = json_object_get(body, "user");
     if (!gps_absent(user)) {
         if (!json_is_string(user) || json_string_length(user) > 256)
             GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
         s->user = strdup(json_string_value(user));
         if (!s->user) /* the scheduler's affinity key: not dropped silently */
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
 
     const json_t *n = json_object_get(body, "n");
@@ -395,27 +385,27 @@ static int parse_user_and_refused(const json_t *body, gps_job_spec *s, char *msg
         GPS_FAIL("suffix", "suffix is not supported");
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 /* tools and tool_choice, then response_format. */
 static int parse_tools_and_format(const json_t *body, bool chat, gps_job_spec *s, char *msg,
                                   size_t msglen, const char **param)
 {
+    int rc = -1;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
         if (!chat)
             GPS_FAIL("tools", "tools are only supported by /v1/chat/completions");
-        if (gps_openai_tools_check(tools, tchoice, msg, msglen, param) < 0)
-            goto fail;
+        GPS_TRY(gps_openai_tools_check(tools, tchoice, msg, msglen, param));
         if (json_array_size(tools) > 0) {
             s->tools = json_deep_copy(tools);
             if (!gps_absent(tchoice))
                 s->tool_choice = json_deep_copy(tchoice);
             /* Without them the model would answer as if no tool were offered. */
             if (!s->tools || (!gps_absent(tchoice) && !s->tool_choice))
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
         }
     } else if (!gps_absent(tchoice) &&
                !(json_is_string(tchoice) && (strcmp(json_string_value(tchoice), "none") == 0 ||
@@ -428,14 +418,17 @@ static int parse_tools_and_format(const json_t *body, bool chat, gps_job_spec *s
         if (!chat && (!t || strcmp(t, "text") != 0))
             GPS_FAIL("response_format", "response_format is only supported by "
                      "/v1/chat/completions");
-        if (chat && gps_rformat_chat(rf, &s->response_format, msg, msglen) < 0) {
-            *param = "response_format";
-            goto fail;
+        if (chat) {
+            *param = "response_format"; /* what it refuses (fail: not out of memory) */
+            GPS_TRY(gps_rformat_chat(rf, &s->response_format, msg, msglen));
+            *param = NULL;
         }
     }
     return 0;
 fail:
-    return -1;
+    if (rc == GPS_PARSE_OOM)
+        *param = NULL;
+    return rc;
 }
 
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
@@ -449,31 +442,29 @@ int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *m
     s->max_tokens = chat ? DEFAULT_MAX_TOKENS_CHAT : DEFAULT_MAX_TOKENS_COMPLETION;
     *param = NULL;
     msg[0] = '\0';
+    int rc = -1;
 
     if (!json_is_object(body))
         GPS_FAIL(NULL, "request body must be a JSON object");
-    if (parse_model(body, s, msg, msglen, param) < 0 ||
-        (chat ? parse_messages(body, s, msg, msglen, param)
-              : parse_prompt(body, s, msg, msglen, param)) < 0 ||
-        parse_max_tokens(body, chat, s, msg, msglen, param) < 0 ||
-        parse_sampling(body, s, msg, msglen, param) < 0 ||
-        parse_stream(body, out, msg, msglen, param) < 0 ||
-        parse_user_and_refused(body, s, msg, msglen, param) < 0 ||
-        parse_tools_and_format(body, chat, s, msg, msglen, param) < 0)
-        goto fail;
+    GPS_TRY(parse_model(body, s, msg, msglen, param));
+    GPS_TRY(chat ? parse_messages(body, s, msg, msglen, param)
+                 : parse_prompt(body, s, msg, msglen, param));
+    GPS_TRY(parse_max_tokens(body, chat, s, msg, msglen, param));
+    GPS_TRY(parse_sampling(body, s, msg, msglen, param));
+    GPS_TRY(parse_stream(body, out, msg, msglen, param));
+    GPS_TRY(parse_user_and_refused(body, s, msg, msglen, param));
+    GPS_TRY(parse_tools_and_format(body, chat, s, msg, msglen, param));
     /* Pool extension. */
-    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
-                               param) < 0)
-        goto fail;
+    GPS_TRY(gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                                   param));
 
-    if (!s->model || (!chat && !s->prompt) || (chat && !s->messages)) {
-        snprintf(msg, msglen, "out of memory");
-        goto fail;
-    }
+    /* model and prompt are copied unchecked above: a copy missing is memory. */
+    if (!s->model || (!chat && !s->prompt) || (chat && !s->messages))
+        GPS_FAIL_OOM();
     return 0;
 fail:
     gps_job_spec_clear(s);
-    return -1;
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -670,7 +661,7 @@ static void handle_generate(gps_req *r, oa_ctx *c, bool chat)
     json_decref(body);
     if (rc < 0) {
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         gps_relay_refuse(&OPS, c->metrics, r, status, code, msg, param);
         return;
     }

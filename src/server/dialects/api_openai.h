@@ -38,14 +38,15 @@ typedef struct gps_openai_req {
 
 /* Validate an already parsed JSON body. Returns 0, or -1 with a message
  * for people in msg and the offending field in *param (static string, or
- * NULL). On error out holds nothing to free; on success free with
- * gps_job_spec_clear(&out->spec) unless moved. */
+ * NULL), or GPS_PARSE_OOM (reqcheck.h) with msg and no param. On error out
+ * holds nothing to free; on success free with gps_job_spec_clear(&out->spec)
+ * unless moved. */
 int gps_openai_parse(const json_t *body, bool chat, gps_openai_req *out, char *msg,
                      size_t msglen, const char **param);
 
 /* Validate OpenAI function tools and tool_choice ("auto" | "none" |
  * "required" | {"type":"function","function":{"name"}}); tool_choice may
- * be NULL. Returns 0, or -1 with msg and *param. */
+ * be NULL. Returns 0, or -1 with msg and *param (it allocates nothing). */
 int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char *msg,
                            size_t msglen, const char **param);
 

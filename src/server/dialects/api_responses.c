@@ -315,9 +315,10 @@ static void resolved(void *arg, int status, json_t *prev_context, json_t *items)
                          status > 0 ? "previous_response_id" : NULL);
         goto done;
     }
-    if (gps_resp_splice(&w->rq, prev_context, items, msg, sizeof msg, &param) < 0) {
+    int rc = gps_resp_splice(&w->rq, prev_context, items, msg, sizeof msg, &param);
+    if (rc < 0) {
         const char *code;
-        int st = gps_parse_refusal(msg, &code); /* out of memory: 500, not the client's */
+        int st = gps_parse_refusal(rc, &code); /* out of memory: 500, not the client's */
         gps_relay_refuse(&OPS, w->api->c->metrics, r, st, code, msg, st == 500 ? NULL : param);
         goto done;
     }
@@ -368,7 +369,7 @@ static void h_responses(gps_req *r, void *arg)
     json_decref(body);
     if (rc < 0) {
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         gps_relay_refuse(&OPS, api->c->metrics, r, status, code, msg, param);
         return;
     }

@@ -109,7 +109,7 @@ static void h_create(gps_req *r, void *arg)
     if (rc < 0) {
         json_decref(body);
         const char *code;
-        int status = gps_parse_refusal(msg, &code);
+        int status = gps_parse_refusal(rc, &code);
         gps_req_error(r, status, code, msg, param);
         count_request(g, "invalid_request", r->start_us);
         return;

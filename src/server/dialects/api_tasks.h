@@ -46,8 +46,9 @@
 
 /* Validate a POST /v2/tasks body into spec (api "native"; kind completion
  * for prompt, chat for messages). A missing seed is generated and recorded
- * (has_seed set). Returns 0, or -1 with msg and *param (static, or NULL);
- * on error spec holds nothing to free. */
+ * (has_seed set). Returns 0, or -1 with msg and *param (static, or NULL),
+ * or GPS_PARSE_OOM (reqcheck.h) with msg and no param; on error spec holds
+ * nothing to free. */
 int gps_tasks_parse(const json_t *body, gps_job_spec *spec, char *msg, size_t msglen,
                     const char **param);
 

@@ -29,6 +29,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
     gps_spec_defaults(s, "native");
     *param = NULL;
     msg[0] = '\0';
+    int rc = -1;
     if (!json_is_object(body))
         GPS_FAIL(NULL, "request body must be a JSON object");
     const json_t *model = json_object_get(body, "model");
@@ -52,7 +53,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         s->kind = GPS_JOB_CHAT;
         s->messages = json_array();
         if (!s->messages)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
         size_t i;
         json_t *e;
         json_array_foreach(m, i, e)
@@ -67,7 +68,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             /* A message lost would have the model answer another conversation. */
             if (json_array_append_new(s->messages,
                                       json_pack("{s:s,s:O}", "role", role, "content", c)) < 0)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
         }
     } else {
         GPS_FAIL("prompt", "'prompt' or 'messages' is required");
@@ -79,8 +80,7 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
         GPS_FAIL("max_tokens", "'max_tokens' is required: an integer between 1 and %d",
              GPS_MAX_TOKENS_LIMIT);
     s->max_tokens = json_integer_value(mt);
-    if (gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param) < 0)
-        goto fail;
+    GPS_TRY(gps_sampling_parse(body, s, 2, MAX_STOP, msg, msglen, param));
     if (gps_seed_parse(json_object_get(body, "seed"), s) < 0)
         GPS_FAIL("seed", "'seed' must be an integer");
     if (!s->has_seed) {
@@ -98,18 +98,17 @@ int gps_tasks_parse(const json_t *body, gps_job_spec *s, char *msg, size_t msgle
             GPS_FAIL("session_id", "'session_id' must be a non-empty string of at most 256 bytes");
         s->session = strdup(json_string_value(sid));
         if (!s->session) /* the affinity key: not dropped silently */
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
-    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen, param) <
-        0)
-        goto fail;
+    GPS_TRY(gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                                   param));
     if (!s->model || (s->kind == GPS_JOB_COMPLETION && !s->prompt) ||
         (s->kind == GPS_JOB_CHAT && !s->messages))
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     return 0;
 fail:
     gps_job_spec_clear(s);
-    return -1;
+    return rc;
 }
 
 long long gps_tasks_last_event_id(const char *s)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/gp_util.h"
+#include "server/dialects/reqcheck.h"
 
 void gps_embed_req_clear(gps_embed_req *r)
 {
@@ -46,47 +47,52 @@ static int token_array_ok(const json_t *a, size_t i, long long ctx_len, char *ms
     return 0;
 }
 
-/* input in its four forms -> an array with one string or token array per
- * input (new reference). */
-static json_t *inputs_of(const json_t *in, long long ctx_len, char *msg, size_t msglen)
+/* input in its four forms -> *out, an array with one string or token array
+ * per input (new reference). 0, or -1 or GPS_PARSE_OOM with msg. */
+static int inputs_of(const json_t *in, long long ctx_len, json_t **out, char *msg,
+                     size_t msglen)
 {
+    *out = NULL;
     if (json_is_string(in)) {
         if (json_string_length(in) == 0) {
             snprintf(msg, msglen, "input must not be an empty string");
-            return NULL;
+            return -1;
         }
-        return json_pack("[O]", in);
+        *out = json_pack("[O]", in);
+        return *out ? 0 : gps_parse_oom(msg, msglen);
     }
     if (!json_is_array(in) || json_array_size(in) == 0) {
         snprintf(msg, msglen, "input must be a string or a non-empty array of strings or of "
                  "token ids");
-        return NULL;
+        return -1;
     }
     if (json_is_integer(json_array_get(in, 0))) {
         if (token_array_ok(in, 0, ctx_len, msg, msglen) < 0)
-            return NULL;
-        return json_pack("[O]", in);
+            return -1;
+        *out = json_pack("[O]", in);
+        return *out ? 0 : gps_parse_oom(msg, msglen);
     }
     if (json_array_size(in) > GPS_EMBED_MAX_INPUTS) {
         snprintf(msg, msglen, "input has %zu items; at most %d", json_array_size(in),
                  GPS_EMBED_MAX_INPUTS);
-        return NULL;
+        return -1;
     }
     size_t i;
     json_t *v;
     json_array_foreach(in, i, v) {
         if (json_is_string(v) && json_string_length(v) == 0) {
             snprintf(msg, msglen, "input[%zu] is an empty string", i);
-            return NULL;
+            return -1;
         }
         if (json_is_array(v) && token_array_ok(v, i, ctx_len, msg, msglen) < 0)
-            return NULL;
+            return -1;
         if (!json_is_string(v) && !json_is_array(v)) {
             snprintf(msg, msglen, "input[%zu] must be a string or an array of token ids", i);
-            return NULL;
+            return -1;
         }
     }
-    return json_deep_copy(in);
+    *out = json_deep_copy(in);
+    return *out ? 0 : gps_parse_oom(msg, msglen);
 }
 
 int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, char *msg,
@@ -95,6 +101,7 @@ int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, c
     memset(out, 0, sizeof *out);
     *param = NULL;
     msg[0] = '\0';
+    int rc = -1;
     if (!json_is_object(body))
         FAIL(NULL, "the body must be a JSON object");
     const json_t *model = json_object_get(body, "model");
@@ -104,14 +111,9 @@ int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, c
     const json_t *in = json_object_get(body, "input");
     if (!in)
         FAIL("input", "input is required");
-    if (!(out->input = inputs_of(in, ctx_len, msg, msglen))) {
-        /* inputs_of names what is wrong; without a message it ran out of
-         * memory copying them. */
-        if (!msg[0])
-            FAIL(NULL, "out of memory");
-        *param = "input";
-        goto fail;
-    }
+    *param = "input"; /* what inputs_of refuses (fail: not when memory ran out) */
+    GPS_TRY(inputs_of(in, ctx_len, &out->input, msg, msglen));
+    *param = NULL;
     const json_t *ef = json_object_get(body, "encoding_format");
     if (ef && !json_is_null(ef)) {
         const char *s = json_string_value(ef);
@@ -132,18 +134,22 @@ int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, c
         out->user = strdup(json_string_value(user));
     }
     if (!out->model || (user && !json_is_null(user) && !out->user))
-        FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     return 0;
 fail:
     gps_embed_req_clear(out);
-    return -1;
+    if (rc == GPS_PARSE_OOM)
+        *param = NULL;
+    return rc;
 }
 
-json_t *gps_embed_response(const gps_embed_req *req, const char *model, const json_t *vecs,
-                           long long prompt_tokens, char *msg, size_t msglen,
-                           const char **param)
+int gps_embed_response(const gps_embed_req *req, const char *model, const json_t *vecs,
+                       long long prompt_tokens, json_t **out, char *msg, size_t msglen,
+                       const char **param)
 {
-    json_t *data = json_array(), *out = NULL;
+    json_t *data = json_array();
+    int rc = -1;
+    *out = NULL;
     *param = NULL;
     size_t n = json_array_size(req->input);
     for (size_t i = 0; data && i < n; i++) {
@@ -179,17 +185,17 @@ json_t *gps_embed_response(const gps_embed_req *req, const char *model, const js
         if (!e || json_array_append_new(data, json_pack("{s:s,s:I,s:o}", "object", "embedding",
                                                         "index", (json_int_t)i, "embedding",
                                                         e)) < 0)
-            FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     if (!data)
-        FAIL(NULL, "out of memory");
-    out = json_pack("{s:s,s:o,s:s,s:{s:I,s:I}}", "object", "list", "data", data, "model",
-                    model, "usage", "prompt_tokens", (json_int_t)prompt_tokens, "total_tokens",
-                    (json_int_t)prompt_tokens);
-    if (!out)
-        snprintf(msg, msglen, "out of memory"); /* json_pack freed data ("o") */
-    return out;
+        GPS_FAIL_OOM();
+    *out = json_pack("{s:s,s:o,s:s,s:{s:I,s:I}}", "object", "list", "data", data, "model",
+                     model, "usage", "prompt_tokens", (json_int_t)prompt_tokens, "total_tokens",
+                     (json_int_t)prompt_tokens);
+    if (!*out)
+        return gps_parse_oom(msg, msglen); /* json_pack freed data ("o") */
+    return 0;
 fail:
     json_decref(data);
-    return NULL;
+    return rc;
 }

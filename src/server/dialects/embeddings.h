@@ -30,15 +30,17 @@ typedef struct gps_embed_req {
 
 void gps_embed_req_clear(gps_embed_req *r);
 /* Parse body (borrowed). ctx_len > 0: token-id inputs longer than it are
- * refused. 0, or -1 with msg and *param (static: the field to name). */
+ * refused. 0, or -1 with msg and *param (static: the field to name), or
+ * GPS_PARSE_OOM (reqcheck.h) with msg and no param. */
 int gps_embed_parse(const json_t *body, long long ctx_len, gps_embed_req *out, char *msg,
                     size_t msglen, const char **param);
-/* The response body (new reference) from vecs (borrowed: one base64
- * string of little-endian float32 per input, in order). NULL with msg and
- * *param when a vector is missing or malformed (param NULL) or does not
- * have req->dimensions entries (param "dimensions"). */
-json_t *gps_embed_response(const gps_embed_req *req, const char *model, const json_t *vecs,
-                           long long prompt_tokens, char *msg, size_t msglen,
-                           const char **param);
+/* The response body into *out (new reference) from vecs (borrowed: one
+ * base64 string of little-endian float32 per input, in order). 0, or -1
+ * with msg and *param when a vector is missing or malformed (param NULL)
+ * or does not have req->dimensions entries (param "dimensions"), or
+ * GPS_PARSE_OOM with msg and no param. */
+int gps_embed_response(const gps_embed_req *req, const char *model, const json_t *vecs,
+                       long long prompt_tokens, json_t **out, char *msg, size_t msglen,
+                       const char **param);
 
 #endif

@@ -15,17 +15,21 @@ bool gps_absent(const json_t *v)
     return v == NULL || json_is_null(v);
 }
 
-char *gps_strdup_msg(const char *s, char *msg, size_t msglen)
+int gps_parse_oom(char *msg, size_t msglen)
 {
-    char *d = strdup(s);
-    if (!d)
-        snprintf(msg, msglen, "out of memory");
-    return d;
+    snprintf(msg, msglen, "out of memory");
+    return GPS_PARSE_OOM;
 }
 
-int gps_parse_refusal(const char *msg, const char **code)
+int gps_strdup_msg(const char *s, char **out, char *msg, size_t msglen)
 {
-    bool oom = strcmp(msg, "out of memory") == 0;
+    *out = strdup(s);
+    return *out ? 0 : gps_parse_oom(msg, msglen);
+}
+
+int gps_parse_refusal(int rc, const char **code)
+{
+    bool oom = rc == GPS_PARSE_OOM;
     *code = oom ? "INTERNAL" : "INVALID_REQUEST";
     return oom ? 500 : 400;
 }
@@ -59,18 +63,15 @@ int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size
         return -1;
     }
     json_t *a = json_array();
-    if (!a) {
-        snprintf(msg, msglen, "out of memory");
-        return -1;
-    }
+    if (!a)
+        return gps_parse_oom(msg, msglen);
     /* The string by reference (jansson does not change it). A sequence
      * lost here would let the reply run past it. */
     int rc = json_is_string(stop) ? json_array_append(a, (json_t *)stop)
                                   : json_array_extend(a, (json_t *)stop);
     if (rc < 0) {
         json_decref(a);
-        snprintf(msg, msglen, "out of memory");
-        return -1;
+        return gps_parse_oom(msg, msglen);
     }
     size_t i;
     json_t *e;
@@ -95,7 +96,7 @@ int gps_stop_parse(const json_t *stop, size_t max, json_t **out, char *msg, size
 int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, size_t max_stop,
                        char *msg, size_t msglen, const char **param)
 {
-    *param = NULL;
+    int rc = -1;
     /* The checks write msg themselves: name the field and leave. */
     *param = "temperature";
     if (gps_check_number(body, "temperature", "'temperature'", 0, temp_max, &s->temperature, msg,
@@ -112,16 +113,15 @@ int gps_sampling_parse(const json_t *body, gps_job_spec *s, double temp_max, siz
         s->top_k = json_integer_value(tk);
     }
     *param = "stop";
-    if (gps_stop_parse(json_object_get(body, "stop"), max_stop, &s->stop, msg, msglen) < 0)
-        goto fail;
+    GPS_TRY(gps_stop_parse(json_object_get(body, "stop"), max_stop, &s->stop, msg, msglen));
     *param = NULL;
     return 0;
 fail:
     /* Running out of memory is no fault of the field: name none, as every
      * other out-of-memory refusal does. */
-    if (strcmp(msg, "out of memory") == 0)
+    if (rc == GPS_PARSE_OOM)
         *param = NULL;
-    return -1;
+    return rc;
 }
 
 void gps_spec_defaults(gps_job_spec *s, const char *api)
@@ -160,6 +160,7 @@ int gps_priority_parse(const json_t *v, gps_job_priority *out)
 int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t msglen,
                            const char **param)
 {
+    int rc = -1;
     *param = NULL;
     if (gps_absent(xo))
         return 0;
@@ -176,7 +177,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
                  "'x_pool_options.prefer_agent' must be a string of 1 to 256 bytes");
         s->prefer_agent = strdup(json_string_value(pa));
         if (!s->prefer_agent)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     const json_t *se = json_object_get(xo, "session");
     if (!gps_absent(se)) {
@@ -189,7 +190,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         free(s->session);
         s->session = strdup(json_string_value(se));
         if (!s->session)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     const json_t *tn = json_object_get(xo, "tenant");
     if (!gps_absent(tn)) {
@@ -202,7 +203,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         free(s->tenant_sub);
         s->tenant_sub = strdup(json_string_value(tn));
         if (!s->tenant_sub)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     const json_t *lb = json_object_get(xo, "labels");
     if (!gps_absent(lb)) {
@@ -212,7 +213,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
         s->labels = calloc(json_object_size(lb) ? json_object_size(lb) : 1,
                            sizeof *s->labels);
         if (!s->labels)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
         const char *k;
         json_t *v;
         json_object_foreach((json_t *)lb, k, v)
@@ -227,7 +228,7 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
             s->n_labels++; /* counted first: the clear frees what was copied */
             /* A constraint lost would let the job run where it must not. */
             if (!s->labels[s->n_labels - 1].key || !s->labels[s->n_labels - 1].value)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
         }
     }
     const json_t *fo = json_object_get(xo, "failover");
@@ -261,13 +262,13 @@ int gps_pool_options_parse(const json_t *xo, gps_job_spec *s, char *msg, size_t 
                      i, GPS_MAX_MODEL_NAME);
             s->fallback_models[s->n_fallback] = strdup(json_string_value(v));
             if (!s->fallback_models[s->n_fallback])
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
             s->n_fallback++;
         }
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, size_t msglen)
@@ -276,6 +277,8 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
         return 0;
     json_error_t je;
     json_t *h = json_loads(header, JSON_REJECT_DUPLICATES, &je);
+    if (!h && json_error_code(&je) == json_error_out_of_memory)
+        return gps_parse_oom(msg, msglen);
     if (!json_is_object(h)) {
         snprintf(msg, msglen, "the X-Pool-Options header must be a JSON object (%s)",
                  h ? "not an object" : je.text);
@@ -285,10 +288,8 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
     json_t *xo = json_object_get(body, "x_pool_options");
     /* Options dropped here would run the job other than the client asked. */
     if (gps_absent(xo)) {
-        if (json_object_set_new(body, "x_pool_options", h) < 0) {
-            snprintf(msg, msglen, "out of memory");
-            return -1;
-        }
+        if (json_object_set_new(body, "x_pool_options", h) < 0)
+            return gps_parse_oom(msg, msglen);
         return 0;
     }
     if (!json_is_object(xo)) {
@@ -298,10 +299,8 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
     }
     int rc = json_object_update_missing(xo, h);
     json_decref(h);
-    if (rc < 0) {
-        snprintf(msg, msglen, "out of memory");
-        return -1;
-    }
+    if (rc < 0)
+        return gps_parse_oom(msg, msglen);
     return 0;
 }
 
@@ -316,10 +315,13 @@ json_t *gps_req_job_json(struct gps_req *r)
     if (in)
         evbuffer_drain(in, evbuffer_get_length(in));
     char msg[256];
-    if (gps_pool_options_merge_header(body, gps_req_header(r, "X-Pool-Options"), msg,
-                                      sizeof msg) < 0) {
+    int rc = gps_pool_options_merge_header(body, gps_req_header(r, "X-Pool-Options"), msg,
+                                           sizeof msg);
+    if (rc < 0) {
         json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", msg, "x_pool_options");
+        const char *code;
+        int status = gps_parse_refusal(rc, &code);
+        gps_req_error(r, status, code, msg, rc == GPS_PARSE_OOM ? NULL : "x_pool_options");
         return NULL;
     }
     return body;

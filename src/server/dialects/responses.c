@@ -19,16 +19,18 @@
 /* ------------------------------------------------------------------ */
 
 /* A message's content: a string, or parts of type input_text /
- * output_text / text, concatenated. NULL with msg when a part is another
- * kind (images, files, audio are not supported). */
-static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
+ * output_text / text, concatenated, into *out (a new string). 0, -1 with
+ * msg when a part is another kind (images, files, audio are not
+ * supported), or GPS_PARSE_OOM with msg. */
+static int content_text(const json_t *c, size_t idx, char **out, char *msg, size_t msglen)
 {
+    *out = NULL;
     if (json_is_string(c))
-        return gps_strdup_msg(json_string_value(c), msg, msglen);
+        return gps_strdup_msg(json_string_value(c), out, msg, msglen);
     if (!json_is_array(c)) {
         snprintf(msg, msglen, "input[%zu].content must be a string or an array of text parts",
                  idx);
-        return NULL;
+        return -1;
     }
     gp_buf b;
     gp_buf_init(&b);
@@ -47,17 +49,16 @@ static char *content_text(const json_t *c, size_t idx, char *msg, size_t msglen)
                      "(only text parts are supported%s%.40s)",
                      idx, i, type ? "; got " : "", type ? type : "");
             gp_buf_free(&b);
-            return NULL;
+            return -1;
         }
         /* A part left out would change the prompt: no memory, no request. */
         if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
-            snprintf(msg, msglen, "out of memory");
             gp_buf_free(&b);
-            return NULL;
+            return gps_parse_oom(msg, msglen);
         }
     }
-    char *s = gp_buf_steal(&b);
-    return s ? s : gps_strdup_msg("", msg, msglen);
+    *out = gp_buf_steal(&b);
+    return *out ? 0 : gps_strdup_msg("", out, msg, msglen);
 }
 
 /* The assistant message that function_call items attach to: the last
@@ -93,17 +94,19 @@ static int append_message(json_t *messages, const char *role, const char *conten
 static int parse_input(const json_t *input, const json_t *instructions, json_t *messages,
                        char *msg, size_t msglen, const char **param)
 {
+    int rc = -1;
+    char *text = NULL;
     if (!gps_absent(instructions)) {
         if (!json_is_string(instructions))
             GPS_FAIL("instructions", "'instructions' must be a string");
         if (append_message(messages, "system", json_string_value(instructions)) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     if (gps_absent(input))
         GPS_FAIL("input", "'input' is required");
     if (json_is_string(input)) {
         if (append_message(messages, "user", json_string_value(input)) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
         return 0;
     }
     if (!json_is_array(input) || json_array_size(input) == 0)
@@ -126,15 +129,13 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
                          "input[%zu].role '%.40s' is not supported (user, assistant, system, "
                          "developer)",
                          i, role);
-            char *text = content_text(json_object_get(it, "content"), i, msg, msglen);
-            if (!text) {
-                *param = "input";
-                goto fail;
-            }
-            int rc = append_message(messages, r, text);
+            *param = "input"; /* what content_text refuses (fail: not out of memory) */
+            GPS_TRY(content_text(json_object_get(it, "content"), i, &text, msg, msglen));
+            int arc = append_message(messages, r, text);
             free(text);
-            if (rc < 0)
-                GPS_FAIL(NULL, "out of memory");
+            text = NULL;
+            if (arc < 0)
+                GPS_FAIL_OOM();
         } else if (type && strcmp(type, "function_call") == 0) {
             const char *call_id = json_string_value(json_object_get(it, "call_id"));
             const char *name = json_string_value(json_object_get(it, "name"));
@@ -148,24 +149,23 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
                 json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", call_id,
                                                        "type", "function", "function", "name",
                                                        name, "arguments", args)) < 0)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
         } else if (type && strcmp(type, "function_call_output") == 0) {
             const char *call_id = json_string_value(json_object_get(it, "call_id"));
             const json_t *out = json_object_get(it, "output");
             if (!call_id)
                 GPS_FAIL("input", "input[%zu] (function_call_output) needs a string call_id", i);
-            char *text = json_is_string(out) ? gps_strdup_msg(json_string_value(out), msg, msglen)
-                                             : content_text(out, i, msg, msglen);
-            if (!text) {
-                *param = "input";
-                goto fail;
-            }
-            int rc = json_array_append_new(messages,
-                                           json_pack("{s:s,s:s,s:s}", "role", "tool",
-                                                     "tool_call_id", call_id, "content", text));
+            *param = "input";
+            GPS_TRY(json_is_string(out)
+                        ? gps_strdup_msg(json_string_value(out), &text, msg, msglen)
+                        : content_text(out, i, &text, msg, msglen));
+            int arc = json_array_append_new(messages,
+                                            json_pack("{s:s,s:s,s:s}", "role", "tool",
+                                                      "tool_call_id", call_id, "content", text));
             free(text);
-            if (rc < 0)
-                GPS_FAIL(NULL, "out of memory");
+            text = NULL;
+            if (arc < 0)
+                GPS_FAIL_OOM();
         } else if (type && strcmp(type, "item_reference") == 0) {
             const char *id = json_string_value(json_object_get(it, "id"));
             if (!id || !*id || strlen(id) > 64)
@@ -174,7 +174,7 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
             if (json_array_append_new(messages, json_pack("{s:s,s:s,s:I}", "role", "$ref",
                                                           "id", id, "index",
                                                           (json_int_t)i)) < 0)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
         } else if (type && strcmp(type, "reasoning") == 0) {
             continue; /* a reasoning model's own items: nothing to replay here */
         } else {
@@ -184,9 +184,13 @@ static int parse_input(const json_t *input, const json_t *instructions, json_t *
                      i, type ? type : "(none)");
         }
     }
+    *param = NULL;
     return 0;
 fail:
-    return -1;
+    free(text);
+    if (rc == GPS_PARSE_OOM)
+        *param = NULL;
+    return rc;
 }
 
 /* Responses function tools ({type, name, description, parameters, strict})
@@ -199,12 +203,13 @@ fail:
 static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *s,
                        json_t *warnings, char *msg, size_t msglen, const char **param)
 {
+    int rc = -1;
     if (!json_is_array(tools))
         GPS_FAIL("tools", "'tools' must be an array");
     json_t *chat = json_array();
     s->tools = chat;
     if (!chat)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t)
@@ -224,7 +229,7 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
             snprintf(w, sizeof w, "tools[%zu] of type '%.40s' was ignored: only function tools "
                      "are supported", i, type);
             if (json_array_append_new(warnings, json_string(w)) < 0)
-                GPS_FAIL(NULL, "out of memory"); /* the client is told of what is ignored */
+                GPS_FAIL_OOM(); /* the client is told of what is ignored */
             continue;
         }
         if (!json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params)) ||
@@ -242,11 +247,11 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
             (json_is_object(params) && json_object_set(fn, "parameters", params) < 0) ||
             (json_is_boolean(strict) && json_object_set(fn, "strict", strict) < 0)) {
             json_decref(fn);
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
         }
         if (json_array_append_new(chat, json_pack("{s:s,s:o}", "type", "function", "function",
                                                   fn)) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     if (gps_absent(choice))
         return 0;
@@ -255,7 +260,7 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
         if (strcmp(v, "auto") == 0 || strcmp(v, "none") == 0 || strcmp(v, "required") == 0) {
             s->tool_choice = json_string(v);
             if (!s->tool_choice)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
             return 0;
         }
     } else if (json_is_object(choice)) {
@@ -272,7 +277,7 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
                     s->tool_choice = json_pack("{s:s,s:{s:s}}", "type", "function", "function",
                                                "name", name);
                     if (!s->tool_choice)
-                        GPS_FAIL(NULL, "out of memory");
+                        GPS_FAIL_OOM();
                     return 0;
                 }
             }
@@ -284,7 +289,7 @@ static int parse_tools(const json_t *tools, const json_t *choice, gps_job_spec *
     GPS_FAIL("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or "
                             "{\"type\":\"function\",\"name\":string}");
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_model(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
@@ -304,6 +309,7 @@ fail:
 static int parse_state(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                        const char **param)
 {
+    int rc = -1;
     const json_t *prev = json_object_get(body, "previous_response_id");
     if (!gps_absent(prev)) {
         if (!json_is_string(prev) || json_string_length(prev) == 0 ||
@@ -312,7 +318,7 @@ static int parse_state(const json_t *body, gps_resp_req *out, char *msg, size_t 
                      "'previous_response_id' must be a response id (a string)");
         out->prev_id = strdup(json_string_value(prev));
         if (!out->prev_id)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     const json_t *bg = json_object_get(body, "background");
     if (!gps_absent(bg) && !json_is_false(bg))
@@ -323,19 +329,19 @@ static int parse_state(const json_t *body, gps_resp_req *out, char *msg, size_t 
                                  "conversation in 'input'");
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_messages(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                           const char **param)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     s->messages = json_array();
     if (!s->messages)
-        GPS_FAIL(NULL, "out of memory");
-    if (parse_input(json_object_get(body, "input"), json_object_get(body, "instructions"),
-                    s->messages, msg, msglen, param) < 0)
-        goto fail;
+        GPS_FAIL_OOM();
+    GPS_TRY(parse_input(json_object_get(body, "input"), json_object_get(body, "instructions"),
+                        s->messages, msg, msglen, param));
     out->n_instr = json_is_string(json_object_get(body, "instructions")) ? 1 : 0;
     if (json_array_size(s->messages) == 0 && !out->prev_id)
         GPS_FAIL("input", "'input' holds no message");
@@ -349,16 +355,17 @@ static int parse_messages(const json_t *body, gps_resp_req *out, char *msg, size
         /* An id not looked up would leave its mark in the messages. */
         if ((!out->refs && !(out->refs = json_array())) ||
             json_array_append(out->refs, json_object_get(m, "id")) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_limits(const json_t *body, gps_job_spec *s, char *msg, size_t msglen,
                         const char **param)
 {
+    int rc = -1;
     const json_t *mt = json_object_get(body, "max_output_tokens");
     if (!gps_absent(mt)) {
         if (!json_is_integer(mt) || json_integer_value(mt) < 1 ||
@@ -370,25 +377,24 @@ static int parse_limits(const json_t *body, gps_job_spec *s, char *msg, size_t m
     }
     if (!gps_absent(json_object_get(body, "stop")))
         GPS_FAIL("stop", "'stop' is not a Responses API parameter");
-    if (gps_sampling_parse(body, s, 2, 0, msg, msglen, param) < 0)
-        goto fail;
+    GPS_TRY(gps_sampling_parse(body, s, 2, 0, msg, msglen, param));
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_tool_fields(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                              const char **param)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
     if (!gps_absent(tools)) {
         out->warnings = json_array();
         if (!out->warnings)
-            GPS_FAIL(NULL, "out of memory");
-        if (parse_tools(tools, tchoice, s, out->warnings, msg, msglen, param) < 0)
-            goto fail;
+            GPS_FAIL_OOM();
+        GPS_TRY(parse_tools(tools, tchoice, s, out->warnings, msg, msglen, param));
         if (json_array_size(s->tools) == 0) {
             json_decref(s->tools);
             json_decref(s->tool_choice);
@@ -401,12 +407,13 @@ static int parse_tool_fields(const json_t *body, gps_resp_req *out, char *msg, s
     }
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 static int parse_options(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                          const char **param)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     const json_t *stream = json_object_get(body, "stream");
     if (!gps_absent(stream)) {
@@ -429,11 +436,10 @@ static int parse_options(const json_t *body, gps_resp_req *out, char *msg, size_
     if (!gps_absent(text)) {
         if (!json_is_object(text))
             GPS_FAIL("text", "'text' must be an object");
-        if (gps_rformat_responses(json_object_get(text, "format"), &s->response_format, msg,
-                                  msglen) < 0) {
-            *param = "text.format";
-            goto fail;
-        }
+        *param = "text.format"; /* what the format check refuses (fail: not out of memory) */
+        GPS_TRY(gps_rformat_responses(json_object_get(text, "format"), &s->response_format,
+                                      msg, msglen));
+        *param = NULL;
     }
     const json_t *tlp = json_object_get(body, "top_logprobs");
     if (!gps_absent(tlp) && !(json_is_integer(tlp) && json_integer_value(tlp) == 0))
@@ -444,20 +450,22 @@ static int parse_options(const json_t *body, gps_resp_req *out, char *msg, size_
             GPS_FAIL("user", "'user' must be a string of at most 256 bytes");
         s->user = strdup(json_string_value(user));
         if (!s->user) /* the scheduler's affinity key: not dropped silently */
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
-    if (gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
-                               param) < 0)
-        goto fail;
+    GPS_TRY(gps_pool_options_parse(json_object_get(body, "x_pool_options"), s, msg, msglen,
+                                   param));
     return 0;
 fail:
-    return -1;
+    if (rc == GPS_PARSE_OOM)
+        *param = NULL;
+    return rc;
 }
 
 /* What the response object repeats of the request. */
 static int build_echo(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                       const char **param)
 {
+    int rc = -1;
     gps_job_spec *s = &out->spec;
     const json_t *tools = json_object_get(body, "tools");
     const json_t *tchoice = json_object_get(body, "tool_choice");
@@ -474,7 +482,7 @@ static int build_echo(const json_t *body, gps_resp_req *out, char *msg, size_t m
                           json_is_object(md) ? json_deep_copy(md) : json_object(), "store",
                           (int)out->store);
     if (!out->echo)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     /* The response object repeats these: one missing would misreport the
      * request, so out of memory fails it like any other field. */
     if ((out->prev_id && json_object_set_new(out->echo, "previous_response_id",
@@ -489,10 +497,10 @@ static int build_echo(const json_t *body, gps_resp_req *out, char *msg, size_t m
         /* structured output: the format as given */
         (s->response_format &&
          json_object_set_new(out->echo, "text", json_deep_copy(text)) < 0))
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     return 0;
 fail:
-    return -1;
+    return rc;
 }
 
 int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
@@ -505,22 +513,22 @@ int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msgl
     s->max_tokens = DEFAULT_MAX_OUTPUT_TOKENS;
     *param = NULL;
     msg[0] = '\0';
+    int rc = -1;
     if (!json_is_object(body))
         GPS_FAIL(NULL, "request body must be a JSON object");
-    if (parse_model(body, s, msg, msglen, param) < 0 ||
-        parse_state(body, out, msg, msglen, param) < 0 ||
-        parse_messages(body, out, msg, msglen, param) < 0 ||
-        parse_limits(body, s, msg, msglen, param) < 0 ||
-        parse_tool_fields(body, out, msg, msglen, param) < 0 ||
-        parse_options(body, out, msg, msglen, param) < 0 ||
-        build_echo(body, out, msg, msglen, param) < 0)
-        goto fail;
-    if (!s->model)
-        GPS_FAIL(NULL, "out of memory");
+    GPS_TRY(parse_model(body, s, msg, msglen, param));
+    GPS_TRY(parse_state(body, out, msg, msglen, param));
+    GPS_TRY(parse_messages(body, out, msg, msglen, param));
+    GPS_TRY(parse_limits(body, s, msg, msglen, param));
+    GPS_TRY(parse_tool_fields(body, out, msg, msglen, param));
+    GPS_TRY(parse_options(body, out, msg, msglen, param));
+    GPS_TRY(build_echo(body, out, msg, msglen, param));
+    if (!s->model) /* copied unchecked by parse_model */
+        GPS_FAIL_OOM();
     return 0;
 fail:
     gps_resp_req_clear(out);
-    return -1;
+    return rc;
 }
 
 void gps_resp_req_clear(gps_resp_req *r)
@@ -561,19 +569,20 @@ int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
                     char *msg, size_t msglen, const char **param)
 {
     *param = NULL;
+    int rc = -1;
     json_t *old = r->spec.messages, *out = json_array();
     if (!out)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     size_t i;
     json_t *m;
     json_array_foreach(old, i, m)
     {
         if (i == r->n_instr && prev_context && extend_copy(out, prev_context) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
         const char *role = json_string_value(json_object_get(m, "role"));
         if (strcmp(role, "$ref") != 0) {
             if (json_array_append_new(out, json_deep_copy(m)) < 0)
-                GPS_FAIL(NULL, "out of memory");
+                GPS_FAIL_OOM();
             continue;
         }
         const char *id = json_string_value(json_object_get(m, "id"));
@@ -584,10 +593,10 @@ int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
                      "(expired, deleted, never stored or another key's)",
                      (long long)json_integer_value(json_object_get(m, "index")), id);
         if (splice_one(out, frag) < 0)
-            GPS_FAIL(NULL, "out of memory");
+            GPS_FAIL_OOM();
     }
     if (json_array_size(old) <= r->n_instr && prev_context && extend_copy(out, prev_context) < 0)
-        GPS_FAIL(NULL, "out of memory");
+        GPS_FAIL_OOM();
     if (json_array_size(out) == r->n_instr)
         GPS_FAIL("input", "'input' holds no message");
     r->spec.messages = out;
@@ -595,7 +604,7 @@ int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
     return 0;
 fail:
     json_decref(out);
-    return -1;
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */

@@ -54,9 +54,10 @@ typedef struct gps_resp_req {
     size_t n_instr;      /* leading system messages from `instructions` */
 } gps_resp_req;
 
-/* Validate a JSON body. 0, or -1 with msg and *param (the field); on error
- * out holds nothing; on success free with gps_resp_req_clear unless the
- * spec was moved. */
+/* Validate a JSON body. 0, or -1 with msg and *param (the field), or
+ * GPS_PARSE_OOM (reqcheck.h) with msg and no param; on error out holds
+ * nothing; on success free with gps_resp_req_clear unless the spec was
+ * moved. */
 int gps_resp_parse(const json_t *body, gps_resp_req *out, char *msg, size_t msglen,
                    const char **param);
 void gps_resp_req_clear(gps_resp_req *r);
@@ -65,7 +66,8 @@ void gps_resp_req_clear(gps_resp_req *r);
  * previous response's conversation, or NULL) after the instructions, and
  * each item_reference mark replaced by items[id] (an object of chat message
  * fragments by item id; a function call joins the assistant message before
- * it). 0, or -1 with msg and *param naming what was not found. */
+ * it). 0, or -1 with msg and *param naming what was not found, or
+ * GPS_PARSE_OOM with msg and no param. */
 int gps_resp_splice(gps_resp_req *r, json_t *prev_context, json_t *items,
                     char *msg, size_t msglen, const char **param);
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/dialects/reqcheck.h"
+
 /* OpenAI's rule for a format's name: 1 to 64 of [a-zA-Z0-9_-]. */
 static bool name_ok(const char *n)
 {
@@ -61,8 +63,12 @@ static int check_schema(const json_t *js, const char *where, json_t **out, char 
     free(text);
     if (st != GPE_OK) {
         json_decref(sc);
-        snprintf(msg, msglen, "'%s.schema': %s", where,
-                 st == GPE_ERR_NOMEM ? "out of memory" : err);
+        /* The server's memory, not the schema: no 400 naming it. text is
+         * our own dump of a JSON value, so "not JSON" (GPE_ERR_ARG) is the
+         * compiler's loader running out of memory too. */
+        if (st == GPE_ERR_NOMEM || st == GPE_ERR_ARG)
+            return gps_parse_oom(msg, msglen);
+        snprintf(msg, msglen, "'%s.schema': %s", where, err);
         return -1;
     }
     json_t *inner = json_pack("{s:O,s:o,s:b}", "name", name, "schema", sc, "strict",
@@ -75,10 +81,8 @@ static int check_schema(const json_t *js, const char *where, json_t **out, char 
         inner = NULL;
     }
     *out = inner ? json_pack("{s:s,s:o}", "type", "json_schema", "json_schema", inner) : NULL;
-    if (!*out) {
-        snprintf(msg, msglen, "out of memory");
-        return -1;
-    }
+    if (!*out)
+        return gps_parse_oom(msg, msglen);
     return 0;
 }
 
@@ -97,10 +101,8 @@ static int by_type(const json_t *obj, const json_t *js, const char *where, json_
         return 0;
     if (!strcmp(t, "json_object")) {
         *out = json_pack("{s:s}", "type", "json_object");
-        if (!*out) {
-            snprintf(msg, msglen, "out of memory");
-            return -1;
-        }
+        if (!*out)
+            return gps_parse_oom(msg, msglen);
         return 0;
     }
     if (!strcmp(t, "json_schema"))

@@ -16,7 +16,8 @@
 #include <stddef.h>
 
 /* Chat `response_format` (borrowed, may be NULL). *out: the job form (new
- * reference), NULL for none/text. 0, or -1 with a message for a 400. */
+ * reference), NULL for none/text. 0, or -1 with a message for a 400, or
+ * GPS_PARSE_OOM (reqcheck.h) with msg. */
 int gps_rformat_chat(const json_t *rf, json_t **out, char *msg, size_t msglen);
 /* Responses `text.format` (borrowed, may be NULL); same *out. */
 int gps_rformat_responses(const json_t *fmt, json_t **out, char *msg, size_t msglen);

@@ -126,7 +126,8 @@ static void test_response(void **state)
     (void)in;
     char msg[256];
     const char *param;
-    json_t *out = gps_embed_response(&r, "served", vecs, 7, msg, sizeof msg, &param);
+    json_t *out;
+    assert_int_equal(gps_embed_response(&r, "served", vecs, 7, &out, msg, sizeof msg, &param), 0);
     assert_non_null(out);
     assert_string_equal(json_string_value(json_object_get(out, "object")), "list");
     assert_string_equal(json_string_value(json_object_get(out, "model")), "served");
@@ -140,17 +141,19 @@ static void test_response(void **state)
     json_decref(out);
 
     r.base64 = true;
-    out = gps_embed_response(&r, "m", vecs, 7, msg, sizeof msg, &param);
+    assert_int_equal(gps_embed_response(&r, "m", vecs, 7, &out, msg, sizeof msg, &param), 0);
     d1 = json_array_get(json_object_get(out, "data"), 0);
     assert_string_equal(json_string_value(json_object_get(d1, "embedding")), b0);
     json_decref(out);
 
     r.dimensions = 2;
-    assert_null(gps_embed_response(&r, "m", vecs, 7, msg, sizeof msg, &param));
+    assert_int_equal(gps_embed_response(&r, "m", vecs, 7, &out, msg, sizeof msg, &param), -1);
+    assert_null(out);
     assert_string_equal(param, "dimensions");
     r.dimensions = 3;
     json_array_set_new(vecs, 1, json_null());
-    assert_null(gps_embed_response(&r, "m", vecs, 7, msg, sizeof msg, &param));
+    assert_int_equal(gps_embed_response(&r, "m", vecs, 7, &out, msg, sizeof msg, &param), -1);
+    assert_null(out);
     assert_null(param);
     gps_embed_req_clear(&r);
     json_decref(vecs);

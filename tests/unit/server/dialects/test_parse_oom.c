@@ -1,7 +1,10 @@
 /* Request parsers under allocation failure: a parse either fails (with a
  * message) or yields exactly what it yields with memory to spare; it never
  * "succeeds" with a message, a tool or a warning missing (the model would
- * answer another prompt than the client sent).
+ * answer another prompt than the client sent). A failure is told by its
+ * code: GPS_PARSE_OOM, which the handlers refuse with 500 naming no field,
+ * never -1 (a 400 blaming the client); and a body that is wrong returns -1,
+ * never GPS_PARSE_OOM.
  *
  * jansson's allocator is replaced by one that fails the N-th allocation;
  * every parser runs on rich bodies for N = 1, 2, 3, ... until a run ends
@@ -73,23 +76,24 @@ static json_t *spec_json(const gps_job_spec *s)
 typedef struct parser {
     const char *name;
     /* 0 with *res set (the parse's output, summed up by the caller's
-     * sum), or -1 with msg. */
-    int (*parse)(const json_t *body, void *res, char *msg, size_t msglen);
+     * sum), or -1 / GPS_PARSE_OOM with msg and *param (NULL where the
+     * dialect names no field). */
+    int (*parse)(const json_t *body, void *res, char *msg, size_t msglen, const char **param);
     json_t *(*sum)(void *res);
     void (*clear)(void *res);
     size_t res_size;
 } parser;
 
-static int openai_chat_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int openai_chat_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                             const char **param)
 {
-    const char *param;
-    return gps_openai_parse(body, true, res, msg, msglen, &param);
+    return gps_openai_parse(body, true, res, msg, msglen, param);
 }
 
-static int openai_completion_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int openai_completion_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                                   const char **param)
 {
-    const char *param;
-    return gps_openai_parse(body, false, res, msg, msglen, &param);
+    return gps_openai_parse(body, false, res, msg, msglen, param);
 }
 
 static json_t *openai_sum(void *res)
@@ -110,31 +114,35 @@ static void openai_clear(void *res)
 /* The Anthropic handler's two steps: parse, then assemble (the system
  * message and, with tools, the OpenAI-form conversation). */
 static int anthropic_run(const json_t *body, bool count_only, bool tools, void *res,
-                         char *msg, size_t msglen)
+                         char *msg, size_t msglen, const char **param)
 {
     gps_anthropic_req *r = res;
-    if (gps_anthropic_parse(body, count_only, r, msg, msglen) < 0)
-        return -1;
-    if (gps_anthropic_assemble(r, 1000000, tools, msg, msglen) < 0) {
+    *param = NULL; /* the handler names no field */
+    int rc = gps_anthropic_parse(body, count_only, r, msg, msglen);
+    if (rc < 0)
+        return rc;
+    rc = gps_anthropic_assemble(r, 1000000, tools, msg, msglen);
+    if (rc < 0)
         gps_anthropic_req_clear(r);
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
-static int anthropic_tools_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int anthropic_tools_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                                 const char **param)
 {
-    return anthropic_run(body, false, true, res, msg, msglen);
+    return anthropic_run(body, false, true, res, msg, msglen, param);
 }
 
-static int anthropic_text_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int anthropic_text_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                                const char **param)
 {
-    return anthropic_run(body, false, false, res, msg, msglen);
+    return anthropic_run(body, false, false, res, msg, msglen, param);
 }
 
-static int anthropic_count_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int anthropic_count_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                                 const char **param)
 {
-    return anthropic_run(body, true, false, res, msg, msglen);
+    return anthropic_run(body, true, false, res, msg, msglen, param);
 }
 
 static json_t *anthropic_sum(void *res)
@@ -157,10 +165,10 @@ static void anthropic_clear(void *res)
     gps_anthropic_req_clear(res);
 }
 
-static int resp_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int resp_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                      const char **param)
 {
-    const char *param;
-    return gps_resp_parse(body, res, msg, msglen, &param);
+    return gps_resp_parse(body, res, msg, msglen, param);
 }
 
 static json_t *resp_sum(void *res)
@@ -181,10 +189,10 @@ static void resp_clear(void *res)
     gps_resp_req_clear(res);
 }
 
-static int tasks_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int tasks_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                       const char **param)
 {
-    const char *param;
-    return gps_tasks_parse(body, res, msg, msglen, &param);
+    return gps_tasks_parse(body, res, msg, msglen, param);
 }
 
 static json_t *tasks_sum(void *res)
@@ -197,10 +205,10 @@ static void tasks_clear(void *res)
     gps_job_spec_clear(res);
 }
 
-static int embed_parse(const json_t *body, void *res, char *msg, size_t msglen)
+static int embed_parse(const json_t *body, void *res, char *msg, size_t msglen,
+                       const char **param)
 {
-    const char *param;
-    return gps_embed_parse(body, 0, res, msg, msglen, &param);
+    return gps_embed_parse(body, 0, res, msg, msglen, param);
 }
 
 static json_t *embed_sum(void *res)
@@ -224,6 +232,22 @@ static void embed_clear(void *res)
 
 #define MAX_RES 4096 /* room for any parser's output struct */
 
+/* A failure under the failing allocator: exactly GPS_PARSE_OOM, which the
+ * handlers answer 500 INTERNAL without a param. false (printed) when not. */
+static bool oom_refusal_ok(const char *what, size_t n, int rc, const char *msg,
+                           const char *param)
+{
+    const char *code = NULL;
+    int status = gps_parse_refusal(rc, &code);
+    if (rc == GPS_PARSE_OOM && status == 500 && strcmp(code, "INTERNAL") == 0 && !param &&
+        strcmp(msg, "out of memory") == 0)
+        return true;
+    print_message("%s: allocation %zu failed: rc %d (want GPS_PARSE_OOM %d), status %d %s, "
+                  "param %s, \"%s\"\n",
+                  what, n, rc, GPS_PARSE_OOM, status, code, param ? param : "(none)", msg);
+    return false;
+}
+
 /* Runs p on body for N = 1, 2, ... Returns the number of runs whose
  * outcome broke the rule (printed), 0 when every one kept it. */
 static int sweep(const parser *p, const char *label, const char *text)
@@ -232,17 +256,19 @@ static int sweep(const parser *p, const char *label, const char *text)
     json_t *body = J(text);
     _Alignas(max_align_t) unsigned char ref_res[MAX_RES], res[MAX_RES];
     char msg[512] = "";
-    if (p->parse(body, ref_res, msg, sizeof msg) != 0)
+    const char *param = NULL;
+    if (p->parse(body, ref_res, msg, sizeof msg, &param) != 0)
         fail_msg("%s %s: the unhurt parse failed: %s", p->name, label, msg);
     json_t *ref = p->sum(ref_res);
     p->clear(ref_res);
 
-    int bad = 0;
+    int bad = 0, gap = 0;
     size_t n;
     for (n = 1;; n++) {
         msg[0] = '\0';
+        param = "(not set)";
         arm(n);
-        int rc = p->parse(body, res, msg, sizeof msg);
+        int rc = p->parse(body, res, msg, sizeof msg, &param);
         bool hit = disarm();
         if (rc == 0) {
             json_t *got = p->sum(res);
@@ -263,12 +289,24 @@ static int sweep(const parser *p, const char *label, const char *text)
             print_message("%s %s: run %zu failed (%s) with no allocation failed\n", p->name,
                           label, n, msg);
             bad++;
+        } else if (rc == -1 && strstr(msg, ".schema': out of memory")) {
+            /* Known gap, left to the engine: its schema compiler
+             * (gpe_schema_check) reports its own allocation failures as
+             * GPE_ERR_UNSUPPORTED, with "out of memory" as the reason and
+             * no status of their own, so rformat cannot tell them from a
+             * schema refused. Counted, not failed. */
+            gap++;
+        } else {
+            char what[128];
+            snprintf(what, sizeof what, "%s %s", p->name, label);
+            bad += !oom_refusal_ok(what, n, rc, msg, param);
         }
         if (!hit)
             break;
     }
-    print_message("%s %s: %zu allocations swept, %d broke the rule\n", p->name, label, n - 1,
-                  bad);
+    print_message("%s %s: %zu allocations swept, %d broke the rule, %d in the schema "
+                  "compiler's gap\n",
+                  p->name, label, n - 1, bad, gap);
     json_decref(ref);
     json_decref(body);
     return bad;
@@ -469,19 +507,23 @@ static int sweep_embed_reply(const char *text)
         json_array_append_new(vecs, json_string(b64));
         free(b64);
     }
-    json_t *ref = gps_embed_response(&req, "e", vecs, 9, msg, sizeof msg, &param);
+    json_t *ref;
+    assert_int_equal(gps_embed_response(&req, "e", vecs, 9, &ref, msg, sizeof msg, &param), 0);
     assert_non_null(ref);
     int bad = 0;
     size_t n;
     for (n = 1;; n++) {
         msg[0] = '\0';
+        json_t *got;
         arm(n);
-        json_t *got = gps_embed_response(&req, "e", vecs, 9, msg, sizeof msg, &param);
+        int rc = gps_embed_response(&req, "e", vecs, 9, &got, msg, sizeof msg, &param);
         bool hit = disarm();
-        if (got ? !json_equal(got, ref) : strcmp(msg, "out of memory") != 0 || param) {
-            print_message("embeddings reply: allocation %zu failed: %s\n", n,
-                          got ? "a reply unlike the unhurt one" : msg);
+        if (rc == 0 && !json_equal(got, ref)) {
+            print_message("embeddings reply: allocation %zu failed: a reply unlike the unhurt "
+                          "one\n", n);
             bad++;
+        } else if (rc != 0) {
+            bad += !oom_refusal_ok("embeddings reply", n, rc, msg, param);
         }
         json_decref(got);
         if (!hit)
@@ -524,11 +566,8 @@ static void test_sampling_param(void **st)
         arm(n);
         int rc = gps_sampling_parse(body, &s, 2, 4, msg, sizeof msg, &param);
         bool hit = disarm();
-        if (rc < 0 && (strcmp(msg, "out of memory") != 0 || param)) {
-            print_message("sampling: allocation %zu failed: \"%s\" param %s\n", n, msg,
-                          param ? param : "(none)");
-            bad++;
-        }
+        if (rc < 0)
+            bad += !oom_refusal_ok("sampling", n, rc, msg, param);
         json_decref(s.stop);
         if (!hit)
             break;
@@ -544,10 +583,170 @@ static void test_refusal_status(void **st)
 {
     (void)st;
     const char *code = NULL;
-    assert_int_equal(gps_parse_refusal("out of memory", &code), 500);
+    assert_int_equal(gps_parse_refusal(GPS_PARSE_OOM, &code), 500);
     assert_string_equal(code, "INTERNAL");
-    assert_int_equal(gps_parse_refusal("'messages' must be an array", &code), 400);
+    assert_int_equal(gps_parse_refusal(-1, &code), 400);
     assert_string_equal(code, "INVALID_REQUEST");
+    /* The message plays no part: a client's text that reads "out of
+     * memory" is still the client's. */
+    char msg[64];
+    assert_int_equal(gps_parse_oom(msg, sizeof msg), GPS_PARSE_OOM);
+    assert_string_equal(msg, "out of memory");
+}
+
+/* Bodies that are wrong, parsed with memory to spare: -1 (400), never
+ * GPS_PARSE_OOM, each naming the field its dialect names. Many go through
+ * a helper whose failure is passed up (content parts, response formats,
+ * stop lists, pool options), where a wrong code would slip through. */
+typedef struct invalid_case {
+    const parser *p;
+    const char *body;
+    const char *param; /* the field named, NULL for none */
+} invalid_case;
+
+static void test_invalid_is_not_oom(void **st)
+{
+    (void)st;
+    static const invalid_case cases[] = {
+        {&OPENAI_CHAT, "[]", NULL},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+                       "[{\"type\":\"image_url\"}]}]}", "messages"},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"assistant\","
+                       "\"tool_calls\":[{\"id\":1}]}]}", "messages"},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"tool\",\"tool_call_id\":"
+                       "\"c\",\"content\":7}]}", "messages"},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"stop\":[\"\"]}", "stop"},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":"
+                       "\"o\",\"schema\":{\"type\":\"object\",\"patternProperties\":{}}}}}",
+         "response_format"},
+        {&OPENAI_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"x_pool_options\":{\"labels\":{\"k\":1}}}", "x_pool_options.labels"},
+        {&OPENAI_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"tools\":[]}", "tools"},
+        {&ANTHROPIC_TEXT, "{\"model\":\"c\",\"max_tokens\":5,\"messages\":[{\"role\":"
+                          "\"user\",\"content\":[{\"type\":\"tool_result\",\"content\":"
+                          "[{\"type\":\"image\"}]}]}]}", NULL},
+        {&ANTHROPIC_TEXT, "{\"model\":\"c\",\"max_tokens\":5,\"messages\":[{\"role\":"
+                          "\"user\",\"content\":\"x\"}],\"output_format\":{\"type\":"
+                          "\"json_schema\",\"schema\":{\"type\":\"object\","
+                          "\"patternProperties\":{}}}}", NULL},
+        {&ANTHROPIC_COUNT, "{\"model\":\"c\",\"messages\":[{\"role\":\"user\",\"content\":"
+                           "\"x\"}],\"x_pool_options\":{\"priority\":\"now\"}}", NULL},
+        {&RESPONSES, "{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                     "\"input_image\"}]}]}", "input"},
+        {&RESPONSES, "{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\","
+                     "\"call_id\":\"c\",\"output\":7}]}", "input"},
+        {&RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":"
+                     "\"xml\"}}}", "text.format"},
+        {&RESPONSES, "{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}",
+         "tools"},
+        {&TASKS, "{\"model\":\"m\",\"prompt\":\"p\",\"max_tokens\":5,\"stop\":7}", "stop"},
+        {&TASKS, "{\"model\":\"m\",\"prompt\":\"p\",\"max_tokens\":5,\"x_pool_options\":"
+                 "{\"fallback_models\":[\"\"]}}", "x_pool_options.fallback_models"},
+        {&EMBED, "{\"model\":\"e\",\"input\":[\"a\",\"\"]}", "input"},
+        {&EMBED, "{\"model\":\"e\",\"input\":[1,-2]}", "input"},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const invalid_case *c = &cases[i];
+        json_t *body = J(c->body);
+        _Alignas(max_align_t) unsigned char res[MAX_RES];
+        char msg[512] = "";
+        const char *param = "(not set)";
+        int rc = c->p->parse(body, res, msg, sizeof msg, &param);
+        const char *code = NULL;
+        int status = rc < 0 ? gps_parse_refusal(rc, &code) : 0;
+        bool param_ok = c->param ? param && strcmp(param, c->param) == 0 : !param;
+        if (rc != -1 || status != 400 || !msg[0] || !param_ok) {
+            print_message("%s case %zu: rc %d status %d param %s \"%s\" (want -1, 400, %s)\n",
+                          c->p->name, i, rc, status, param ? param : "(none)", msg,
+                          c->param ? c->param : "(none)");
+            bad++;
+        }
+        if (rc == 0)
+            c->p->clear(res);
+        json_decref(body);
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* The X-Pool-Options header joins the body before any parser: out of
+ * memory there is GPS_PARSE_OOM too (500), never a 400 for the header. */
+static void test_merge_header(void **st)
+{
+    (void)st;
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        json_t *body = J("{\"model\":\"m\",\"x_pool_options\":{\"priority\":\"batch\"}}");
+        char msg[256] = "";
+        arm(n);
+        int rc = gps_pool_options_merge_header(body, "{\"session\":\"s\",\"labels\":{\"a\":\"b\"}}",
+                                               msg, sizeof msg);
+        bool hit = disarm();
+        /* jansson 2.14's loader reports most of its allocation failures
+         * as a syntax error, not json_error_out_of_memory: a header that
+         * failed to load is refused as not an object (400). Past it (the
+         * merge itself), out of memory is GPS_PARSE_OOM. */
+        if (rc != 0 && !(rc == -1 && strstr(msg, "X-Pool-Options header must be")))
+            bad += !oom_refusal_ok("merge header", n, rc, msg, NULL);
+        json_decref(body);
+        if (!hit)
+            break;
+    }
+    print_message("merge header: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    json_t *body = J("{\"model\":\"m\"}");
+    char msg[256] = "";
+    assert_int_equal(gps_pool_options_merge_header(body, "[1]", msg, sizeof msg), -1);
+    json_decref(body);
+    assert_int_equal(bad, 0);
+}
+
+/* Stored state spliced into a Responses request: out of memory is
+ * GPS_PARSE_OOM without a param; an item not found is -1 naming input. */
+static void test_resp_splice(void **st)
+{
+    (void)st;
+    json_t *body = J("{\"model\":\"m\",\"instructions\":\"Be brief.\",\"input\":["
+                     "{\"type\":\"item_reference\",\"id\":\"fc_1\"},"
+                     "{\"role\":\"user\",\"content\":\"And now?\"}],"
+                     "\"previous_response_id\":\"resp_1\"}");
+    json_t *prev = J("[{\"role\":\"user\",\"content\":\"Hi\"},"
+                     "{\"role\":\"assistant\",\"content\":\"Hello\"}]");
+    json_t *items = J("{\"fc_1\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                      "[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                      "\"arguments\":\"{}\"}}]}}");
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        gps_resp_req r;
+        char msg[512] = "";
+        const char *param = "(not set)";
+        assert_int_equal(gps_resp_parse(body, &r, msg, sizeof msg, &param), 0);
+        arm(n);
+        int rc = gps_resp_splice(&r, prev, items, msg, sizeof msg, &param);
+        bool hit = disarm();
+        if (rc != 0)
+            bad += !oom_refusal_ok("splice", n, rc, msg, param);
+        gps_resp_req_clear(&r);
+        if (!hit)
+            break;
+    }
+    print_message("splice: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    gps_resp_req r;
+    char msg[512] = "";
+    const char *param = NULL;
+    assert_int_equal(gps_resp_parse(body, &r, msg, sizeof msg, &param), 0);
+    json_t *none = J("{}");
+    assert_int_equal(gps_resp_splice(&r, prev, none, msg, sizeof msg, &param), -1);
+    assert_string_equal(param, "input");
+    gps_resp_req_clear(&r);
+    json_decref(none);
+    json_decref(items);
+    json_decref(prev);
+    json_decref(body);
+    assert_int_equal(bad, 0);
 }
 
 int main(void)
@@ -557,6 +756,8 @@ int main(void)
         cmocka_unit_test(test_responses),        cmocka_unit_test(test_tasks),
         cmocka_unit_test(test_embeddings),       cmocka_unit_test(test_embeddings_reply),
         cmocka_unit_test(test_sampling_param),   cmocka_unit_test(test_refusal_status),
+        cmocka_unit_test(test_invalid_is_not_oom), cmocka_unit_test(test_merge_header),
+        cmocka_unit_test(test_resp_splice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
