@@ -678,8 +678,11 @@ static void test_merge_header(void **st)
     (void)st;
     int bad = 0;
     size_t n;
+    /* Without x_pool_options in the body the header's object is set into
+     * it (an allocation that can fail; jansson's update_missing, used when
+     * the body has one, drops a failed set without telling). */
     for (n = 1;; n++) {
-        json_t *body = J("{\"model\":\"m\",\"x_pool_options\":{\"priority\":\"batch\"}}");
+        json_t *body = J("{\"model\":\"m\"}");
         char msg[256] = "";
         arm(n);
         int rc = gps_pool_options_merge_header(body, "{\"session\":\"s\",\"labels\":{\"a\":\"b\"}}",
