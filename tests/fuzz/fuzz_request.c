@@ -32,7 +32,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* A refusal with no explanation is a bug: the client is told nothing. */
+/* A refusal with no explanation is a bug: the client is told nothing. And
+ * nothing here runs out of memory, so a refusal is -1 (400), never
+ * GPS_PARSE_OOM (a 500 for a body that is merely wrong). */
 static void need_msg(int rc, const char *msg)
 {
     if (rc < 0 && msg[0] == '\0')
