@@ -53,9 +53,7 @@ static int sse_dispatch(agent_sse *s, agent_sse_cb cb, void *ud)
     const char *d = s->data.data ? s->data.data : "";
     size_t n = s->data.len;
     int rc = cb(ud, d, n);
-    s->data.len = 0;
-    if (s->data.data)
-        s->data.data[0] = '\0';
+    gp_buf_truncate(&s->data, 0);
     return rc;
 }
 
@@ -199,7 +197,7 @@ static int evq_close(agent_evq *q, size_t at, int rc)
     if (rc == 0)
         rc = gp_buf_append(&q->text, ",", 1);
     if (rc < 0) {
-        q->text.len = at;
+        gp_buf_truncate(&q->text, at);
         return -1;
     }
     q->ends[q->n++] = q->text.len;

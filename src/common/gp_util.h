@@ -89,6 +89,15 @@ static inline int gp_buf_append(gp_buf *b, const void *data, size_t n)
 }
 int gp_buf_appendf(gp_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void gp_buf_consume(gp_buf *b, size_t n);  /* drop the first n bytes */
+/* Cut b back to its first len bytes (len <= b->len), NUL-ended as ever:
+ * what a renderer does to take back a frame it could not write whole.
+ * Inline: it is two stores, and some callers run once a relayed token. */
+static inline void gp_buf_truncate(gp_buf *b, size_t len)
+{
+    b->len = len;
+    if (b->data) /* (no storage yet: len is 0 and there is nothing to end) */
+        b->data[len] = '\0';
+}
 /* Append v in decimal, the bytes "%lld" writes, without printf's cost
  * (~10 instructions a digit where snprintf took ~300 a call). 0 or -1. */
 int gp_buf_append_int(gp_buf *b, long long v);

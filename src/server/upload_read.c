@@ -274,7 +274,7 @@ static bool token_ev(rd *r, gps_event_in *e)
             if (!str(r, &u->text) || u->text.len - at != 5 ||
                 memcmp(u->text.data + at, "token", 5) != 0)
                 return false;
-            u->text.len = at; /* (the type is not kept) */
+            gp_buf_truncate(&u->text, at); /* (the type is not kept) */
             has_type = true;
         } else if (!strcmp(k, "text") && !has_text) {
             text_from = u->text.len;
@@ -378,7 +378,7 @@ static json_t *flat_value(rd *r, int depth)
         gp_buf *t = &r->u->text; /* a scratch end of it, given back at once */
         size_t at = t->len;
         json_t *v = str(r, t) ? json_stringn_nocheck(t->data + at, t->len - at) : NULL;
-        t->len = at;
+        gp_buf_truncate(t, at);
         return v;
     }
     if (c == '{')
@@ -709,7 +709,7 @@ static const ev_reader EV_READERS[] = {token_ev_compact, token_ev, plain_ev};
 static void ev_restart(rd *r, gps_event_in *e, const char *at, size_t text_len)
 {
     r->p = at;
-    r->u->text.len = text_len;
+    gp_buf_truncate(&r->u->text, text_len);
     ev_clear(e);
 }
 
@@ -805,7 +805,7 @@ static bool top(rd *r, size_t max_jobs)
                 return false;
             memcpy(u->agent_id, u->text.data + at, 36);
             u->agent_id[36] = '\0';
-            u->text.len = at;
+            gp_buf_truncate(&u->text, at);
             if (!gp_uuid_valid(u->agent_id))
                 return false;
             has_agent = true;

@@ -64,9 +64,7 @@ static int put_usage(gp_buf *b, long long in, long long out)
 static bool ev_end(gp_buf *sse, size_t at, bool ok)
 {
     if (!ok || LIT(sse, "}\n\n") < 0) {
-        sse->len = at;
-        if (sse->data)
-            sse->data[at] = '\0';
+        gp_buf_truncate(sse, at);
         return false;
     }
     return true;
@@ -75,9 +73,7 @@ static bool ev_end(gp_buf *sse, size_t at, bool ok)
 /* sse back to at (a frame that could not be written whole); -1. */
 static int cut(gp_buf *sse, size_t at)
 {
-    sse->len = at;
-    if (sse->data)
-        sse->data[at] = '\0';
+    gp_buf_truncate(sse, at);
     return -1;
 }
 

@@ -113,7 +113,7 @@ static int meta_text(rs_stream *st, gps_job *job, gp_buf *buf, const char **mt)
     if (rc < 0) { /* ENOMEM, or more warnings than listed here: the tree's dump */
         bool oom;
         json_t *meta = meta_of(st, job, &oom);
-        buf->len = 0;
+        gp_buf_truncate(buf, 0);
         rc = meta ? gp_json_dump_append(buf, meta) : oom ? -1 : 1;
         json_decref(meta);
         if (rc < 0)

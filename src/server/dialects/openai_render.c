@@ -221,9 +221,7 @@ static int plain_done(gp_buf *sse, size_t at, int rc)
 {
     if (rc == 0 && gp_buf_append(sse, "}\n\n", 3) == 0)
         return 0;
-    sse->len = at;
-    if (sse->data)
-        sse->data[at] = '\0';
+    gp_buf_truncate(sse, at);
     return -1;
 }
 

@@ -176,8 +176,6 @@ int gps_pool_meta_append(gp_buf *out, gps_job *job, const char *const *extra, si
               gp_buf_append(out, "}", 1) == 0;
     if (ok)
         return 0;
-    out->len = at;
-    if (out->data)
-        out->data[at] = '\0';
+    gp_buf_truncate(out, at);
     return -1;
 }

@@ -935,9 +935,7 @@ static int render(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *call
         goto fail;
     return 0;
 fail:
-    out->len = at;
-    if (out->data)
-        out->data[at] = '\0';
+    gp_buf_truncate(out, at);
     return -1;
 }
 
@@ -953,9 +951,7 @@ static int render_any(gp_buf *out, const gps_resp_out *o, const gps_tool_calls *
     int rc = r ? gp_json_dump_append(out, r) : -1;
     json_decref(r);
     if (rc < 0) {
-        out->len = at;
-        if (out->data)
-            out->data[at] = '\0';
+        gp_buf_truncate(out, at);
     }
     return rc;
 }
@@ -1054,9 +1050,7 @@ static bool ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bo
         gp_buf_append(sse, type, strlen(type)) < 0 ||
         LIT(sse, "\",\"sequence_number\":") < 0 || append_uint(sse, seq) < 0 ||
         LIT(sse, "}\n\n") < 0) {
-        sse->len = at;
-        if (sse->data)
-            sse->data[at] = '\0';
+        gp_buf_truncate(sse, at);
         return false;
     }
     return true;
@@ -1066,9 +1060,7 @@ static bool ev_end(gps_resp_out *o, gp_buf *sse, size_t at, const char *type, bo
  * the sequence number back to seq; -1. */
 static int cut(gps_resp_out *o, gp_buf *sse, size_t at, long long seq)
 {
-    sse->len = at;
-    if (sse->data)
-        sse->data[at] = '\0';
+    gp_buf_truncate(sse, at);
     o->seq = seq;
     return -1;
 }
@@ -1179,7 +1171,7 @@ int gps_resp_open(gps_resp_out *o, gp_buf *sse)
     if (render(&d, o, NULL, "in_progress", false, 0, 0) < 0) {
         r = response_json(o, NULL, "in_progress", false, 0, 0, NULL);
         if (!r || gp_json_dump_append(&d, r) < 0)
-            d.len = 0;
+            gp_buf_truncate(&d, 0);
     }
     bool ok = response_event(o, sse, "response.created", &d) &&
               response_event(o, sse, "response.in_progress", &d);
@@ -1289,9 +1281,7 @@ int gps_resp_text(gps_resp_out *o, gp_buf *sse, const char *t, size_t n)
     return 0;
 fail:
     /* Nothing of this call stays: no frame, no text, no new item. */
-    o->text.len = tlen;
-    if (o->text.data)
-        o->text.data[tlen] = '\0';
+    gp_buf_truncate(&o->text, tlen);
     if (o->n_items > n_items)
         o->n_items = n_items;
     else
@@ -1397,7 +1387,7 @@ static json_t *close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *c
         gp_buf d;
         gp_buf_init(&d);
         if (gp_json_dump_append(&d, r) < 0)
-            d.len = 0;
+            gp_buf_truncate(&d, 0);
         if (!response_event(o, sse, incomplete ? "response.incomplete" : "response.completed",
                             &d))
             *ok = false;
@@ -1469,9 +1459,7 @@ done:
     if (ok)
         return 0;
     if (fin) {
-        fin->len = from;
-        if (fin->data)
-            fin->data[from] = '\0';
+        gp_buf_truncate(fin, from);
     }
     return cut(o, sse, at0, seq0);
 }

@@ -55,9 +55,7 @@ int gps_sse_format_json(gp_buf *out, const char *event, const char *id, const js
     if (!(json_is_object(j) || json_is_array(j)) || (event && field(out, "event: ", 7, event) < 0) ||
         (id && field(out, "id: ", 4, id) < 0) || gp_buf_append(out, "data: ", 6) < 0 ||
         gp_json_dump_append(out, j) < 0 || gp_buf_append(out, "\n\n", 2) < 0) {
-        out->len = at;
-        if (out->data)
-            out->data[at] = '\0';
+        gp_buf_truncate(out, at);
         return -1;
     }
     return 0;
@@ -109,9 +107,7 @@ int gps_sse_tpl_emit(gp_buf *out, const gps_sse_tpl *t, const char *text, size_t
     size_t at = out->len;
     if (gp_buf_append(out, t->pre, t->npre) < 0 || gps_json_escape_append(out, text, n) < 0 ||
         gp_buf_append(out, t->post, t->npost) < 0) {
-        out->len = at; /* a failure leaves out as it was */
-        if (out->data)
-            out->data[at] = '\0';
+        gp_buf_truncate(out, at); /* a failure leaves out as it was */
         return -1;
     }
     return 0;
@@ -145,9 +141,7 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
 {
     /* HEAD: the stream's headers went out, its events do not. */
     if (buf->len == 0 || evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
-        buf->len = 0;
-        if (buf->data)
-            buf->data[0] = '\0';
+        gp_buf_truncate(buf, 0);
         return;
     }
     struct evbuffer *eb = evbuffer_new();
@@ -156,9 +150,7 @@ void gps_sse_send(struct evhttp_request *req, gp_buf *buf)
     evbuffer_add(eb, buf->data, buf->len);
     evhttp_send_reply_chunk(req, eb);
     evbuffer_free(eb);
-    buf->len = 0;
-    if (buf->data)
-        buf->data[0] = '\0';
+    gp_buf_truncate(buf, 0);
 }
 
 void gps_sse_end(struct evhttp_request *req)
@@ -379,8 +371,7 @@ void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf)
     if (buf->len == 0)
         return;
     if (write_now(p, buf)) {
-        buf->len = 0;
-        buf->data[0] = '\0';
+        gp_buf_truncate(buf, 0);
         (void)gps_sse_pace_blocked(p);
         return;
     }
@@ -390,9 +381,7 @@ void gps_sse_pace_send(gps_sse_pace *p, struct evhttp_request *req, gp_buf *buf)
     evhttp_send_reply_chunk_with_cb(req, eb, drained_cb, p);
     /* What evhttp left (a HEAD reply's bytes) is dropped, references freed. */
     evbuffer_drain(eb, evbuffer_get_length(eb));
-    buf->len = 0;
-    if (buf->data)
-        buf->data[0] = '\0';
+    gp_buf_truncate(buf, 0);
     (void)gps_sse_pace_blocked(p); /* arm the slow clock at once */
 }
 

@@ -146,7 +146,7 @@ void jobs_deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
     if (LIT(&arr, "[") < 0 ||
         gps_job_wire_append(&arr, job, gp_now_mono_us(), j->opts.request_timeout_sec) < 0 ||
         LIT(&arr, "]") < 0)
-        arr.len = 0; /* (ENOMEM: handed over as nothing, as an empty array was) */
+        gp_buf_truncate(&arr, 0); /* (ENOMEM: handed over as nothing, as an empty array was) */
     long long rc = j->deliver ? j->deliver(a, &arr, j->deliver_arg) : -1;
     gp_buf_free(&arr);
     if (rc >= 0 && job->state == GPS_JOB_ASSIGNED)
@@ -235,7 +235,7 @@ size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, u
             size_t at = out->len;
             if ((taken && LIT(out, ",") < 0) ||
                 gps_job_wire_append(out, job, now, j->opts.request_timeout_sec) != 0)
-                out->len = at; /* (as json_array_append_new dropped a NULL wire) */
+                gp_buf_truncate(out, at); /* (as json_array_append_new dropped a NULL wire) */
             else
                 taken++;
         }

@@ -346,9 +346,7 @@ static void fail_lost(gps_jobs *j, gps_job *job, const char *runner, const char 
 static void discard_output(gps_job *job)
 {
     job->agent_id[0] = '\0';
-    job->text.len = 0;
-    if (job->text.data)
-        job->text.data[0] = '\0';
+    gp_buf_truncate(&job->text, 0);
     job->text_resets++;
     job->completion_tokens = 0;
     job->continued_tokens = 0;

@@ -199,9 +199,7 @@ int gps_job_wire_append(gp_buf *out, const gps_job *job, uint64_t now_us,
         json_decref(w);
     }
     if (rc != 0) {
-        out->len = at;
-        if (out->data)
-            out->data[at] = '\0';
+        gp_buf_truncate(out, at);
     }
     return rc < 0 ? -1 : rc;
 }

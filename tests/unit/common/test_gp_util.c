@@ -110,6 +110,34 @@ static void test_buf_wrap(void **state)
     gp_buf_free(&b);
 }
 
+/* gp_buf_truncate: the first len bytes stay, NUL-ended, the storage and
+ * its capacity kept; a buffer with no storage is cut to 0 without one. */
+static void test_buf_truncate(void **state)
+{
+    (void)state;
+    gp_buf b;
+    gp_buf_init(&b);
+    gp_buf_truncate(&b, 0);
+    assert_null(b.data);
+    assert_int_equal(b.len, 0);
+    assert_int_equal(gp_buf_append(&b, "frame one|frame two", 19), 0);
+    char *data = b.data;
+    size_t cap = b.cap;
+    gp_buf_truncate(&b, 10);
+    assert_int_equal(b.len, 10);
+    assert_string_equal(b.data, "frame one|");
+    gp_buf_truncate(&b, 10); /* to its own length: nothing changes */
+    assert_string_equal(b.data, "frame one|");
+    gp_buf_truncate(&b, 0);
+    assert_int_equal(b.len, 0);
+    assert_string_equal(b.data, "");
+    assert_ptr_equal(b.data, data);
+    assert_int_equal(b.cap, cap);
+    assert_int_equal(gp_buf_append(&b, "x", 1), 0); /* appends go on from len */
+    assert_string_equal(b.data, "x");
+    gp_buf_free(&b);
+}
+
 /* gp_buf_take: the bytes leave, the capacity stays, the next append needs
  * no regrow; an empty buffer gives NULL and stays as it was. */
 static void test_buf_take(void **state)
@@ -427,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),
         cmocka_unit_test(test_buf_take), cmocka_unit_test(test_buf_wrap),
+        cmocka_unit_test(test_buf_truncate),
         cmocka_unit_test(test_files), cmocka_unit_test(test_time),
         cmocka_unit_test(test_copy_cut_is_snprintf),
         cmocka_unit_test(test_reals_agree_with_jansson),
