@@ -1081,7 +1081,7 @@ void gps_anthropic_tool_use_id(const char *call_id, char *out, size_t outlen)
 }
 
 /* 0, or -1: a frame found no memory (the caller fails the reply:
- * frame_oom). */
+ * gps_relay_fail_oom). */
 static int ensure_started_as(an_stream *st, bool with_text);
 static int ensure_started(an_stream *st)
 {
@@ -1097,18 +1097,9 @@ static int ensure_started_as(an_stream *st, bool with_text)
                        with_text);
 }
 
-/* A frame that found no memory: the reply fails (its error event) rather
- * than go on without it. st is freed later (gps_relay_finish); true, as
- * every path that finished the reply. */
-static bool frame_oom(an_stream *st)
-{
-    gps_relay_fail_oom(&st->rl);
-    return true;
-}
-
 /* Emit the next n bytes of the job's text held back (t, at
  * job->text[emitted]) to the client (a delta; not streaming: the body's
- * text grows). 0, or -1 (ENOMEM: frame_oom). */
+ * text grows). 0, or -1 (ENOMEM: gps_relay_fail_oom). */
 static int emit_text(an_stream *st, const char *t, size_t n)
 {
     if (n == 0)
@@ -1257,17 +1248,17 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
     if (st->count_only)
         return false;
     if (st->stream && ensure_started(st) < 0)
-        return frame_oom(st);
+        return gps_relay_fail_oom(&st->rl);
     const char *pend = gps_job_text(job) + st->emitted;
     size_t plen = held_back(st, upto);
     if (!st->stops) {
         if (emit_text(st, pend, plen) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
     } else {
         size_t safe = 0, at = 0;
         int hit = gp_stop_scan(pend, plen, st->stops, &safe, &at);
         if (emit_text(st, pend, safe) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         if (hit >= 0) {
             /* Matched here: finish the reply, then the job (which tells
              * the agent to stop). complete finishes st. */
@@ -1294,19 +1285,19 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i == GPS_TOOL_CALLS_OOM)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         if (i < 0)
             return false;
         size_t plen = held_back(st, st->rl.sent);
         if (st->stream && ensure_started_as(st, plen > 0) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         /* Text held back for a stop sequence goes out before the call. */
         if (emit_text(st, gps_job_text(job) + st->emitted, plen) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         if (st->stream) {
             if (gps_an_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                             json_string_value(json_object_get(ev, "arguments"))) < 0)
-                return frame_oom(st);
+                return gps_relay_fail_oom(&st->rl);
             gps_relay_send_output(&st->rl);
         }
         return false;
@@ -1314,7 +1305,7 @@ static bool render_event(void *arg, gps_job *job, gps_event_type type, json_t *e
     if (type == GPS_EV_END) {
         /* no stop sequence came */
         if (emit_text(st, gps_job_text(job) + st->emitted, held_back(st, st->rl.sent)) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         const char *sr = gps_anthropic_stop_reason(gps_job_finish_reason(job));
         if (st->calls.n > 0 && strcmp(sr, "max_tokens") != 0)
             sr = "tool_use";

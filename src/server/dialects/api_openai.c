@@ -517,15 +517,6 @@ static int ensure_started(oa_stream *st)
     return gps_oa_open(&st->out, &st->rl.s.out);
 }
 
-/* A frame that found no memory: the reply fails (its error event) rather
- * than go on without it. st is freed later (gps_relay_finish); true, as
- * every path that finished the reply. */
-static bool frame_oom(oa_stream *st)
-{
-    gps_relay_fail_oom(&st->rl);
-    return true;
-}
-
 #define TOOLS_IGNORED                                                                      \
     "tools were ignored: no live agent serving this model reports supports_tools"
 
@@ -602,13 +593,13 @@ static bool handle_event(oa_stream *st, gps_job *job, gps_event_type type, json_
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i == GPS_TOOL_CALLS_OOM)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         if (i < 0 || !st->stream)
             return false;
         if (ensure_started(st) < 0 ||
             gps_oa_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                         json_string_value(json_object_get(ev, "arguments"))) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         gps_relay_send_output(&st->rl);
         return false;
     }
@@ -628,7 +619,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
     (void)job;
     oa_stream *st = arg;
     if (ensure_started(st) < 0 || gps_oa_text(&st->out, &st->rl.s.out, text, n) < 0)
-        return frame_oom(st);
+        return gps_relay_fail_oom(&st->rl);
     gps_relay_send_output(&st->rl);
     return false;
 }

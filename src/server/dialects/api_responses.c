@@ -140,22 +140,13 @@ static void save(rs_stream *st, const gp_buf *obj)
 }
 
 /* 0, or -1: the first events found no memory (the caller fails the
- * reply: frame_oom). */
+ * reply: gps_relay_fail_oom). */
 static int ensure_started(rs_stream *st, gps_job *job)
 {
     if (st->rl.s.started)
         return 0;
     gps_relay_start(&st->rl);
     return gps_resp_open(&st->out, &st->rl.s.out);
-}
-
-/* A frame that found no memory: the reply fails (its error event) rather
- * than go on without it. st is freed later (gps_relay_finish); true, as
- * every path that finished the reply. */
-static bool frame_oom(rs_stream *st)
-{
-    gps_relay_fail_oom(&st->rl);
-    return true;
 }
 
 /* One event, rendered now. Returns true when the reply is complete. */
@@ -165,13 +156,13 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
         bool started = false;
         int i = gps_tool_calls_add(&st->calls, ev, &started);
         if (i == GPS_TOOL_CALLS_OOM)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         if (i < 0 || !st->stream)
             return false;
         if (ensure_started(st, job) < 0 ||
             gps_resp_call(&st->out, &st->rl.s.out, &st->calls, i, started,
                           json_string_value(json_object_get(ev, "arguments"))) < 0)
-            return frame_oom(st);
+            return gps_relay_fail_oom(&st->rl);
         gps_relay_send_output(&st->rl);
         return false;
     }
@@ -221,7 +212,7 @@ static bool render_text(void *arg, gps_job *job, const char *text, size_t n)
 {
     rs_stream *st = arg;
     if (ensure_started(st, job) < 0 || gps_resp_text(&st->out, &st->rl.s.out, text, n) < 0)
-        return frame_oom(st);
+        return gps_relay_fail_oom(&st->rl);
     gps_relay_send_output(&st->rl);
     return false;
 }

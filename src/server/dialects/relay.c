@@ -217,10 +217,11 @@ void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message)
     fail_as(rl, status, code, message, ra);
 }
 
-void gps_relay_fail_oom(gps_relay *rl)
+bool gps_relay_fail_oom(gps_relay *rl)
 {
     /* No event to build (that could fail the same): the fields as they are. */
     fail_as(rl, 500, "INTERNAL", "out of memory", 0);
+    return true;
 }
 
 void gps_relay_end_stream(gps_relay *rl)

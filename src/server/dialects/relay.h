@@ -131,8 +131,9 @@ void gps_relay_send_soon(gps_relay *rl);
 void gps_relay_fail(gps_relay *rl, const json_t *ev, const char *message);
 /* The same for a reply that could not be built whole (out of memory):
  * 500 INTERNAL "out of memory" (a stream: its error event), never a reply
- * with a part left out. */
-void gps_relay_fail_oom(gps_relay *rl);
+ * with a part left out. Returns true, the reply being complete: what
+ * ops->render_text / render_event return when a frame found no memory. */
+bool gps_relay_fail_oom(gps_relay *rl);
 /* Done: the stream's last bytes are in out / the whole body (stolen).
  * Counts "ok", finishes (gps_relay_finish). */
 void gps_relay_end_stream(gps_relay *rl);
