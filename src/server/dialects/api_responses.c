@@ -188,8 +188,9 @@ static bool handle_event(rs_stream *st, gps_job *job, gps_event_type type, json_
                 gps_relay_end_stream(&st->rl);
             }
         } else {
-            gps_resp_whole(&st->out, &st->calls, gps_job_text(job), gps_job_text_len(job));
-            bool ok = gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) == 0;
+            bool ok = gps_resp_whole(&st->out, &st->calls, gps_job_text(job),
+                                     gps_job_text_len(job)) == 0 &&
+                      gps_resp_render(&fin, &st->out, &st->calls, fr, pt, ct) == 0;
             if (ok)
                 save(st, &fin);
             if (ok && gps_resp_render_meta_text(&fin, 0, mt, meta.len) == 0)

@@ -1483,34 +1483,53 @@ json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char
                         size_t text_len, const char *finish_reason, long long prompt_tokens,
                         long long completion_tokens, json_t *meta)
 {
-    gps_resp_whole(o, calls, text, text_len);
+    if (gps_resp_whole(o, calls, text, text_len) < 0) {
+        json_decref(meta); /* (stolen) */
+        return NULL;
+    }
     bool incomplete = finish_reason && strcmp(finish_reason, "length") == 0;
     return response_json(o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                          completion_tokens, meta);
 }
 
-void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
-                    size_t text_len)
+int gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                   size_t text_len)
 {
-    /* The whole reply at once: its text as one message, then its calls. */
+    /* The whole reply at once: its text as one message, then its calls
+     * (past GPS_RESP_MAX_ITEMS a call is not shown, as in a stream). Made
+     * aside and swapped in, so that out of memory leaves o as it was. */
+    size_t n_calls = calls ? calls->n : 0;
+    size_t n = (text_len > 0) + n_calls;
+    if (n > GPS_RESP_MAX_ITEMS)
+        n = GPS_RESP_MAX_ITEMS;
+    struct gps_resp_item *items = n ? calloc(n, sizeof *items) : NULL;
+    gp_buf t;
+    gp_buf_init(&t);
+    if ((n && !items) || (text_len > 0 && gp_buf_append(&t, text, text_len) < 0))
+        goto fail;
+    size_t k = 0;
+    if (text_len > 0) {
+        gps_id_new("msg_", items[k].item_id, sizeof items[k].item_id);
+        items[k].text_to = t.len;
+        items[k++].done = true;
+    }
+    for (size_t i = 0; k < n; i++, k++) {
+        items[k].is_call = true;
+        items[k].call = (int)i;
+        items[k].done = true;
+        gps_id_new("fc_", items[k].item_id, sizeof items[k].item_id);
+    }
+    free(o->items);
     gp_buf_free(&o->text);
-    gp_buf_init(&o->text);
-    o->n_items = 0;
+    o->items = items;
+    o->n_items = o->cap_items = (int)n;
+    o->text = t;
     o->delta_pre_item = 0; /* (its items are new) */
-    struct gps_resp_item *it;
-    if (text_len > 0 && (it = new_item(o))) {
-        gps_id_new("msg_", it->item_id, sizeof it->item_id);
-        gp_buf_append(&o->text, text, text_len);
-        it->text_from = 0;
-        it->text_to = o->text.len;
-        it->done = true;
-    }
-    for (size_t i = 0; calls && i < calls->n && (it = new_item(o)); i++) {
-        it->is_call = true;
-        it->call = (int)i;
-        it->done = true;
-        gps_id_new("fc_", it->item_id, sizeof it->item_id);
-    }
+    return 0;
+fail:
+    free(items);
+    gp_buf_free(&t);
+    return -1;
 }
 
 /* ------------------------------------------------------------------ */

@@ -151,9 +151,11 @@ int gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
                              gp_buf *fin);
 
 /* Non-streaming: make the output items the whole text (one message) and
- * the calls, as gps_resp_object does before it builds the object. */
-void gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
-                    size_t text_len);
+ * the calls, as gps_resp_object does before it builds the object. 0, or
+ * -1 out of memory with o's output as it was (the caller fails the reply:
+ * never a body with an item or its text left out). */
+int gps_resp_whole(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
+                   size_t text_len);
 /* Append gps_resp_final's object as text (gp_json_dump_append's bytes,
  * without building it; jansson's tree only where a string is one jansson
  * refuses). 0, or -1 (no object: jansson gave none, or ENOMEM). */
@@ -169,7 +171,7 @@ int gps_resp_render_meta(gp_buf *out, size_t from, const json_t *meta);
 int gps_resp_render_meta_text(gp_buf *out, size_t from, const char *meta, size_t meta_len);
 
 /* Non-streaming: the whole text and calls as one response object (new
- * reference); meta stolen. Also what response.completed carries. The
+ * reference, or NULL out of memory); meta stolen. Also what response.completed carries. The
  * jansson reference that the text above is tested against. */
 json_t *gps_resp_object(gps_resp_out *o, const gps_tool_calls *calls, const char *text,
                         size_t text_len, const char *finish_reason, long long prompt_tokens,

@@ -1,7 +1,11 @@
 /* The failing allocator of the out-of-memory sweeps (test_parse_oom.c,
  * test_render_oom.c): jansson's allocator fails the N-th allocation, and the
  * sweeps run N = 1, 2, 3, ... until a run ends without reaching it. libc's
- * malloc (strdup, gp_buf) is not hooked. Header-only: each test is one file.
+ * malloc (strdup, gp_buf) is not hooked, but in a test built with
+ * GPS_FIXTURE_OOM_LIBC and linked with -Wl,--wrap=malloc,--wrap=calloc,
+ * --wrap=realloc (its CMakeLists.txt), where arm_libc() counts the calls
+ * of malloc, calloc and realloc that the project's code makes (not libc's
+ * own: strdup's, ...) with jansson's. Header-only: each test is one file.
  * Needs <cmocka.h> and <jansson.h> included first. */
 #ifndef GPS_FIXTURE_OOM_H
 #define GPS_FIXTURE_OOM_H
@@ -14,14 +18,52 @@
 
 static size_t countdown; /* 0: never fail; else fail when it reaches 0 */
 static bool injected;    /* the failure was handed out */
+static bool libc_armed;  /* libc's allocations count too (arm_libc) */
 
-static void *failing_malloc(size_t n)
+/* Whether this allocation is the one to fail. */
+static bool fail_now(void)
 {
     if (countdown && --countdown == 0) {
         injected = true;
-        return NULL;
+        return true;
     }
-    return malloc(n);
+    return false;
+}
+
+#ifdef GPS_FIXTURE_OOM_LIBC
+/* The linker sends the project's malloc, calloc and realloc here, and
+ * __real_* to libc's (ld --wrap). */
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t k, size_t n);
+void *__wrap_realloc(void *p, size_t n);
+
+void *__wrap_malloc(size_t n)
+{
+    return libc_armed && fail_now() ? NULL : __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t k, size_t n)
+{
+    return libc_armed && fail_now() ? NULL : __real_calloc(k, n);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+    return libc_armed && fail_now() ? NULL : __real_realloc(p, n);
+}
+
+/* jansson's allocations go to libc's malloc: not counted twice. */
+#define FIXTURE_REAL_MALLOC __real_malloc
+#else
+#define FIXTURE_REAL_MALLOC malloc
+#endif
+
+static void *failing_malloc(size_t n)
+{
+    return fail_now() ? NULL : FIXTURE_REAL_MALLOC(n);
 }
 
 static void arm(size_t n)
@@ -31,11 +73,21 @@ static void arm(size_t n)
     json_set_alloc_funcs(failing_malloc, free);
 }
 
+#ifdef GPS_FIXTURE_OOM_LIBC
+/* arm(n), the N-th allocation counted among jansson's and libc's. */
+static void arm_libc(size_t n)
+{
+    arm(n);
+    libc_armed = true;
+}
+#endif
+
 /* Back to libc's allocator (what the rest of the run uses). Returns
  * whether the failure was reached. */
 static bool disarm(void)
 {
-    json_set_alloc_funcs(malloc, free);
+    json_set_alloc_funcs(FIXTURE_REAL_MALLOC, free);
+    libc_armed = false;
     countdown = 0;
     return injected;
 }

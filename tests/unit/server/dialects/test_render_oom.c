@@ -455,6 +455,28 @@ static int fc_resp_close(gp_buf *sse, size_t n, bool *hit)
     return rc;
 }
 
+/* The non-streaming body: gps_resp_whole makes the output items (the
+ * text as one message, then the calls) and gps_resp_render writes them.
+ * The items and the text are libc's allocations: the sweep counts those
+ * too. gps_resp_whole fails whole: o keeps the output it had (an earlier
+ * one here). */
+static int fc_resp_whole(gp_buf *out, size_t n, bool *hit)
+{
+    gps_resp_out o;
+    resp_init(&o);
+    assert_int_equal(gps_resp_whole(&o, NULL, "old", 3), 0);
+    arm_libc(n);
+    int rc = gps_resp_whole(&o, &CALLS, "Let me look.", 12);
+    if (rc == 0)
+        rc = gps_resp_render(out, &o, &CALLS, "tool_calls", 10, 5);
+    else if (o.n_items != 1 || o.items[0].is_call || o.text.len != 3 ||
+             memcmp(o.text.data, "old", 3) != 0)
+        rc = -2;
+    *hit = disarm();
+    gps_resp_out_clear(&o);
+    return rc;
+}
+
 #define PREFIX "data: {\"earlier\":\"frame\"}\n\n"
 
 /* Returns the runs that broke the rule; *dropped: of those, the runs that
@@ -477,8 +499,9 @@ static int sweep_frame(const char *name, frame_case fc, int *dropped)
         int rc = fc(&got, n, &hit);
         normalize_ids(&got);
         if (rc < -1) {
-            print_message("%s: allocation %zu failed: -1 with the stored response kept\n", name,
-                          n);
+            print_message("%s: allocation %zu failed: -1 with its state changed (a stored "
+                          "response kept, output items not as they were)\n",
+                          name, n);
             bad++;
         } else if (rc < 0 && (got.len != sizeof PREFIX - 1 || memcmp(got.data, PREFIX, got.len) != 0)) {
             print_message("%s: allocation %zu failed: -1 with part of a frame written:\n%s\n",
@@ -532,6 +555,7 @@ static void test_stream_frames(void **st)
         {"gps_resp_call (started, after text)", fc_resp_call_started},
         {"gps_resp_call (piece)", fc_resp_call_piece},
         {"gps_resp_close_meta_text", fc_resp_close},
+        {"gps_resp_whole + gps_resp_render", fc_resp_whole},
     };
     int bad = 0, dropped = 0;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
