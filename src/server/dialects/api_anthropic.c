@@ -1113,17 +1113,13 @@ static int emit_text(an_stream *st, const char *t, size_t n)
     return 0;
 }
 
-/* Non-streaming body: the tool_use blocks after the text (an empty text
- * block is dropped). input is the parsed arguments JSON; arguments that
- * are not a JSON object give {} and a warning. 0, or -1 out of memory (a
- * block or warning left out: the body is not sent). */
-static int add_tool_use_blocks(an_stream *st, json_t *body)
+int gps_anthropic_tool_use_blocks(json_t *body, const gps_tool_calls *calls, bool with_text)
 {
     json_t *content = json_object_get(body, "content");
-    if (!st->emitted)
+    if (!with_text)
         json_array_clear(content);
-    for (size_t i = 0; i < st->calls.n; i++) {
-        const gps_tool_call *c = &st->calls.v[i];
+    for (size_t i = 0; i < calls->n; i++) {
+        const gps_tool_call *c = &calls->v[i];
         /* (a load that ran out of memory reads as arguments that are not
          * JSON: jansson's error does not tell them apart) */
         json_t *input = json_loadb(c->args.data ? c->args.data : "{}",
@@ -1218,7 +1214,8 @@ static void complete(an_stream *st, gps_job *job, const char *stop_reason, const
             (t ? json_object_set_new(block, "text", t) < 0
                : gp_utf8_valid(gps_job_text(job), st->emitted)))
             oom = true;
-        if (body && !oom && st->calls.n > 0 && add_tool_use_blocks(st, body) < 0)
+        if (body && !oom && st->calls.n > 0 &&
+            gps_anthropic_tool_use_blocks(body, &st->calls, st->emitted > 0) < 0)
             oom = true;
         if (body && !oom) {
             gps_relay_end_body(&st->rl, body, true);

@@ -107,6 +107,14 @@ const char *gps_anthropic_stop_reason(const char *finish_reason);
 json_t *gps_anthropic_message(const char *id, const char *model, const char *text,
                               const char *stop_reason, const char *stop_sequence,
                               long long input_tokens, long long output_tokens, json_t *meta);
+/* The tool_use blocks of calls appended to such a body's content (its
+ * text block dropped when !with_text: an empty text). input is a call's
+ * arguments JSON parsed; arguments that are not a JSON object give {} and
+ * a warning in x_pool_meta. 0, or -1 out of memory (a block or warning
+ * left out: the body is not sent). */
+struct gps_tool_calls;
+int gps_anthropic_tool_use_blocks(json_t *body, const struct gps_tool_calls *calls,
+                                  bool with_text);
 
 struct gps_http;
 struct gps_metrics;
