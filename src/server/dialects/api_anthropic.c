@@ -1113,6 +1113,34 @@ static int emit_text(an_stream *st, const char *t, size_t n)
     return 0;
 }
 
+/* A call's arguments as its tool_use input (*input: new reference): 0, or
+ * 1 when they are not a JSON object (*input NULL), or -1 out of memory.
+ * jansson (2.14, and its master) never says json_error_out_of_memory from
+ * a load: an allocation it could not make ends the load with no error
+ * set, or, where a token's copy failed, with a syntax error ("invalid
+ * token"). So no error is out of memory, and a refusal is believed when a
+ * second load repeats it (invalid text is refused every time; memory that
+ * ran short once is not the text's fault). */
+static int tool_input(const gps_tool_call *c, json_t **input)
+{
+    const char *text = c->args.data ? c->args.data : "{}";
+    size_t n = c->args.len ? c->args.len : 2;
+    for (int tries = 0; tries < 2; tries++) {
+        json_error_t err;
+        *input = json_loadb(text, n, 0, &err);
+        if (json_is_object(*input))
+            return 0;
+        if (*input) { /* JSON, not an object: no second opinion needed */
+            json_decref(*input);
+            *input = NULL;
+            return 1;
+        }
+        if (!err.text[0] || json_error_code(&err) == json_error_out_of_memory)
+            return -1;
+    }
+    return 1;
+}
+
 int gps_anthropic_tool_use_blocks(json_t *body, const gps_tool_calls *calls, bool with_text)
 {
     json_t *content = json_object_get(body, "content");
@@ -1120,12 +1148,11 @@ int gps_anthropic_tool_use_blocks(json_t *body, const gps_tool_calls *calls, boo
         json_array_clear(content);
     for (size_t i = 0; i < calls->n; i++) {
         const gps_tool_call *c = &calls->v[i];
-        /* (a load that ran out of memory reads as arguments that are not
-         * JSON: jansson's error does not tell them apart) */
-        json_t *input = json_loadb(c->args.data ? c->args.data : "{}",
-                                   c->args.len ? c->args.len : 2, 0, NULL);
-        if (!json_is_object(input)) {
-            json_decref(input);
+        json_t *input;
+        int rc = tool_input(c, &input);
+        if (rc < 0)
+            return -1;
+        if (rc > 0) {
             input = json_object();
             json_t *meta = json_object_get(body, "x_pool_meta");
             json_t *w = json_object_get(meta, "warnings");

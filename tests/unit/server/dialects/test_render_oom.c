@@ -129,6 +129,25 @@ static json_t *b_anthropic_message(void)
                                  meta_arg());
 }
 
+/* The message with the calls' tool_use blocks: their inputs are the
+ * arguments parsed, where running out of memory must not read as
+ * arguments that are not JSON ({} and a warning). A third call's
+ * arguments are not JSON: that {} and its warning are the reply's. */
+static json_t *b_anthropic_tool_use(void)
+{
+    /* (a copy: the warning goes into x_pool_meta's warnings) */
+    json_t *meta = json_deep_copy(META);
+    if (!meta)
+        return NULL;
+    json_t *body = gps_anthropic_message("msg_1", "claude", "Let me look.", "tool_use", NULL,
+                                         10, 5, meta);
+    if (body && gps_anthropic_tool_use_blocks(body, &CALLS, true) < 0) {
+        json_decref(body);
+        body = NULL;
+    }
+    return body;
+}
+
 static void test_reply_builders(void **st)
 {
     (void)st;
@@ -145,6 +164,11 @@ static void test_reply_builders(void **st)
     bad += sweep_builder("openai usage chunk", b_oa_usage_chunk);
     bad += sweep_builder("openai tool calls", b_tool_calls);
     bad += sweep_builder("anthropic message", b_anthropic_message);
+    bool started;
+    json_t *bad_args = J("{\"index\":2,\"id\":\"call_3\",\"name\":\"f\",\"arguments\":\"{x\"}");
+    assert_true(gps_tool_calls_add(&CALLS, bad_args, &started) == 2);
+    json_decref(bad_args);
+    bad += sweep_builder("anthropic tool_use blocks", b_anthropic_tool_use);
     gps_tool_calls_free(&CALLS);
     json_decref(META);
     assert_int_equal(bad, 0);
