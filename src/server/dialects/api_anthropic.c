@@ -978,11 +978,7 @@ json_t *gps_anthropic_message(const char *id, const char *model, const char *tex
                             stop_sequence ? json_string(stop_sequence) : json_null()) < 0 ||
         json_object_set_new(o, "usage", gps_anthropic_usage(input_tokens, output_tokens)) < 0)
         goto fail;
-    json_t *m = meta;
-    meta = NULL; /* taken, set or not */
-    if (gps_pool_meta_set(o, m) < 0)
-        goto fail;
-    return o;
+    return gps_pool_meta_attach(o, meta);
 fail:
     json_decref(meta);
     json_decref(o);

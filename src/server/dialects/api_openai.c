@@ -105,47 +105,15 @@ int gps_openai_tools_check(const json_t *tools, const json_t *tool_choice, char 
     return -1;
 }
 
-/* Chat content: a string, or an array of {type:"text", text} parts that
- * are concatenated, into *out (a new string). 0, or -1 or GPS_PARSE_OOM
- * with msg. */
+/* Chat content: a string, or {type:"text", text} parts concatenated
+ * (gps_content_text). */
 static int content_text(const json_t *c, size_t idx, char **out, char *msg, size_t msglen)
 {
-    *out = NULL;
-    if (json_is_string(c))
-        return gps_strdup_msg(json_string_value(c), out, msg, msglen);
-    if (!json_is_array(c)) {
-        snprintf(msg, msglen, "messages[%zu].content must be a string or an array of text parts",
-                 idx);
-        return -1;
-    }
-    gp_buf b;
-    gp_buf_init(&b);
-    size_t i;
-    json_t *part;
-    json_array_foreach(c, i, part)
-    {
-        const char *type = json_string_value(json_object_get(part, "type"));
-        const json_t *text = json_object_get(part, "text");
-        if (!json_is_object(part) || !type || strcmp(type, "text") != 0 || !json_is_string(text)) {
-            snprintf(msg, msglen,
-                     "messages[%zu].content[%zu] must be {\"type\":\"text\",\"text\":string} "
-                     "(only text parts are supported)",
-                     idx, i);
-            gp_buf_free(&b);
-            return -1;
-        }
-        /* A part left out would change the prompt: no memory, no request. */
-        if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
-            gp_buf_free(&b);
-            return gps_parse_oom(msg, msglen);
-        }
-    }
-    if (!b.data)
-        return gps_strdup_msg("", out, msg, msglen);
-    *out = gp_buf_steal(&b);
-    return 0;
+    static const char *const types[] = {"text", NULL};
+    char field[40];
+    snprintf(field, sizeof field, "messages[%zu]", idx);
+    return gps_content_text(c, field, types, out, msg, msglen);
 }
-
 
 /* The request's helpers below share one shape: 0, or -1 with msg and
  * *param set (GPS_FAIL), or GPS_PARSE_OOM with msg and no param; what they

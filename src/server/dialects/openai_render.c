@@ -100,11 +100,7 @@ json_t *gps_openai_response(bool chat, const char *id, long long created, const 
     if (json_object_set_new(o, "choices", choices) < 0 ||
         json_object_set_new(o, "usage", usage_object(prompt_tokens, completion_tokens)) < 0)
         goto fail;
-    json_t *m = meta;
-    meta = NULL; /* taken, set or not */
-    if (gps_pool_meta_set(o, m) < 0)
-        goto fail;
-    return o;
+    return gps_pool_meta_attach(o, meta);
 fail:
     json_decref(meta);
     json_decref(choice);

@@ -26,9 +26,14 @@ void gps_pool_headers(struct evhttp_request *req, gps_job *job)
  * a string that is not UTF-8: no x_pool_meta then). */
 static bool utf8(const char *s) { return s && gp_utf8_valid(s, strlen(s)); }
 
-int gps_pool_meta_set(json_t *o, json_t *meta)
+json_t *gps_pool_meta_attach(json_t *o, json_t *meta)
 {
-    return meta ? json_object_set_new(o, "x_pool_meta", meta) : 0;
+    if (o && (!meta || json_object_set_new(o, "x_pool_meta", meta) == 0))
+        return o;
+    if (!o)
+        json_decref(meta);
+    json_decref(o); /* (set_new released meta) */
+    return NULL;
 }
 
 bool gps_pool_meta_shown(gps_job *job)

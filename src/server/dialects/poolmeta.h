@@ -21,10 +21,10 @@ struct evhttp_request;
  * gps_pool_meta_shown) or out of memory: never an object with a part left
  * out. */
 json_t *gps_pool_meta(gps_job *job);
-/* Sets o's x_pool_meta to meta, taking the reference whether it is set or
- * not; nothing when meta is NULL (none to show). 0, or -1 out of memory:
- * a whole body that cannot carry its x_pool_meta is not sent without it. */
-int gps_pool_meta_set(json_t *o, json_t *meta);
+/* o with meta as its x_pool_meta (nothing set when meta is NULL: none to
+ * show); both references are taken. NULL when o is NULL or out of memory
+ * (both released): a whole body is not sent without its x_pool_meta. */
+json_t *gps_pool_meta_attach(json_t *o, json_t *meta);
 /* Whether the job has an x_pool_meta (its agent id and model are UTF-8):
  * where it has, a NULL from gps_pool_meta means out of memory. */
 bool gps_pool_meta_shown(gps_job *job);

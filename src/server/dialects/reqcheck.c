@@ -34,6 +34,49 @@ int gps_parse_refusal(int rc, const char **code)
     return oom ? 500 : 400;
 }
 
+static bool type_in(const char *type, const char *const *types)
+{
+    for (; type && *types; types++)
+        if (strcmp(type, *types) == 0)
+            return true;
+    return false;
+}
+
+int gps_content_text(const json_t *c, const char *field, const char *const *types, char **out,
+                     char *msg, size_t msglen)
+{
+    *out = NULL;
+    if (json_is_string(c))
+        return gps_strdup_msg(json_string_value(c), out, msg, msglen);
+    if (!json_is_array(c)) {
+        snprintf(msg, msglen, "%s.content must be a string or an array of text parts", field);
+        return -1;
+    }
+    gp_buf b;
+    gp_buf_init(&b);
+    size_t i;
+    json_t *part;
+    json_array_foreach(c, i, part)
+    {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        const json_t *text = json_object_get(part, "text");
+        if (!type_in(type, types) || !json_is_string(text)) {
+            snprintf(msg, msglen,
+                     "%s.content[%zu] must be {\"type\":\"%s\",\"text\":string} (only text "
+                     "parts are supported%s%.40s)",
+                     field, i, types[0], type ? "; got " : "", type ? type : "");
+            gp_buf_free(&b);
+            return -1;
+        }
+        if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
+            gp_buf_free(&b);
+            return gps_parse_oom(msg, msglen);
+        }
+    }
+    *out = gp_buf_steal(&b);
+    return *out ? 0 : gps_strdup_msg("", out, msg, msglen);
+}
+
 int gps_check_number(const json_t *body, const char *key, const char *name, double lo,
                      double hi, double *out, char *msg, size_t msglen)
 {

@@ -78,6 +78,14 @@ int gps_strdup_msg(const char *s, char **out, char *msg, size_t msglen);
  * fine and may be retried. Returns the status and sets *code. */
 int gps_parse_refusal(int rc, const char **code);
 
+/* A message's content as one new string (*out): a string, or an array of
+ * text parts {"type": t, "text": string} concatenated, t one of types (a
+ * NULL-ended list; its first is the type a refusal names). field names the
+ * message in a refusal ("messages[3]", "input[0]"). 0, -1 with msg, or
+ * GPS_PARSE_OOM (a part left out would change the prompt). */
+int gps_content_text(const json_t *c, const char *field, const char *const *types, char **out,
+                     char *msg, size_t msglen);
+
 /* body[key] when present must be a finite number in [lo, hi]; it is then
  * stored in *out (untouched when absent). name is how the message names
  * the field ("'top_p'" in OpenAI's and the native style, "top_p:" in

@@ -19,46 +19,14 @@
 /* ------------------------------------------------------------------ */
 
 /* A message's content: a string, or parts of type input_text /
- * output_text / text, concatenated, into *out (a new string). 0, -1 with
- * msg when a part is another kind (images, files, audio are not
- * supported), or GPS_PARSE_OOM with msg. */
+ * output_text / text concatenated (gps_content_text; images, files and
+ * audio are not supported). */
 static int content_text(const json_t *c, size_t idx, char **out, char *msg, size_t msglen)
 {
-    *out = NULL;
-    if (json_is_string(c))
-        return gps_strdup_msg(json_string_value(c), out, msg, msglen);
-    if (!json_is_array(c)) {
-        snprintf(msg, msglen, "input[%zu].content must be a string or an array of text parts",
-                 idx);
-        return -1;
-    }
-    gp_buf b;
-    gp_buf_init(&b);
-    size_t i;
-    json_t *p;
-    json_array_foreach(c, i, p)
-    {
-        const char *type = json_string_value(json_object_get(p, "type"));
-        const json_t *text = json_object_get(p, "text");
-        if (!type ||
-            (strcmp(type, "input_text") != 0 && strcmp(type, "output_text") != 0 &&
-             strcmp(type, "text") != 0) ||
-            !json_is_string(text)) {
-            snprintf(msg, msglen,
-                     "input[%zu].content[%zu] must be {\"type\":\"input_text\",\"text\":string} "
-                     "(only text parts are supported%s%.40s)",
-                     idx, i, type ? "; got " : "", type ? type : "");
-            gp_buf_free(&b);
-            return -1;
-        }
-        /* A part left out would change the prompt: no memory, no request. */
-        if (gp_buf_append(&b, json_string_value(text), json_string_length(text)) < 0) {
-            gp_buf_free(&b);
-            return gps_parse_oom(msg, msglen);
-        }
-    }
-    *out = gp_buf_steal(&b);
-    return *out ? 0 : gps_strdup_msg("", out, msg, msglen);
+    static const char *const types[] = {"input_text", "output_text", "text", NULL};
+    char field[40];
+    snprintf(field, sizeof field, "input[%zu]", idx);
+    return gps_content_text(c, field, types, out, msg, msglen);
 }
 
 /* The assistant message that function_call items attach to: the last

@@ -2,6 +2,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -212,6 +213,45 @@ static void test_pool_options_header(void **st)
     json_decref(b);
 }
 
+/* A message's content: one string from a string or from text parts of
+ * the accepted types; anything else refused, naming the field and the part. */
+static void test_content_text(void **st)
+{
+    (void)st;
+    static const char *const types[] = {"input_text", "text", NULL};
+    char msg[256], *out = (char *)"unset";
+    json_t *c = json_string("plain");
+    assert_int_equal(gps_content_text(c, "input[0]", types, &out, msg, sizeof msg), 0);
+    assert_string_equal(out, "plain");
+    free(out);
+    json_decref(c);
+    c = json_loads("[{\"type\":\"input_text\",\"text\":\"a \"},{\"type\":\"text\",\"text\":\"b\"}]",
+                   0, NULL);
+    assert_int_equal(gps_content_text(c, "input[0]", types, &out, msg, sizeof msg), 0);
+    assert_string_equal(out, "a b");
+    free(out);
+    json_decref(c);
+    c = json_array(); /* no parts: the empty text */
+    assert_int_equal(gps_content_text(c, "input[0]", types, &out, msg, sizeof msg), 0);
+    assert_string_equal(out, "");
+    free(out);
+    json_decref(c);
+    c = json_loads("[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\"}]", 0, NULL);
+    assert_int_equal(gps_content_text(c, "messages[2]", types, &out, msg, sizeof msg), -1);
+    assert_null(out);
+    assert_string_equal(msg, "messages[2].content[1] must be {\"type\":\"input_text\",\"text\":"
+                             "string} (only text parts are supported; got image_url)");
+    json_decref(c);
+    c = json_loads("[\"bare\"]", 0, NULL); /* a part that is not an object */
+    assert_int_equal(gps_content_text(c, "messages[0]", types, &out, msg, sizeof msg), -1);
+    assert_non_null(strstr(msg, "messages[0].content[0] must be"));
+    json_decref(c);
+    c = json_integer(3);
+    assert_int_equal(gps_content_text(c, "input[4]", types, &out, msg, sizeof msg), -1);
+    assert_string_equal(msg, "input[4].content must be a string or an array of text parts");
+    json_decref(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -222,6 +262,7 @@ int main(void)
         cmocka_unit_test(test_fail_macro),
         cmocka_unit_test(test_pool_options_header),
         cmocka_unit_test(test_pool_options_tenant),
+        cmocka_unit_test(test_content_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
