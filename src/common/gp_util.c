@@ -760,6 +760,18 @@ int gp_json_array_sort(json_t *arr, int (*cmp)(const void *, const void *))
     return 0;
 }
 
+int gp_json_update_missing(json_t *dst, const json_t *src)
+{
+    const char *key;
+    size_t klen;
+    json_t *val;
+    json_object_keylen_foreach((json_t *)src, key, klen, val) {
+        if (!json_object_getn(dst, key, klen) && json_object_setn(dst, key, klen, val) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int gp_json_dump_append(gp_buf *out, const json_t *v)
 {
     char num[64];

@@ -141,6 +141,11 @@ int gp_json_dump_append(gp_buf *out, const struct json_t *v);
  * `json_t *const *` as qsort does. 0, or -1 (ENOMEM: the array is left as
  * it was). */
 int gp_json_array_sort(struct json_t *arr, int (*cmp)(const void *, const void *));
+/* json_object_update_missing that says when it failed: every key of src
+ * that dst lacks is set in dst to src's value (a new reference). 0, or -1
+ * (ENOMEM: dst may hold some of them). jansson 2.14's own ignores a set
+ * that fails and returns 0, so a key could go missing unseen. */
+int gp_json_update_missing(struct json_t *dst, const struct json_t *src);
 /* json_dumps(v, JSON_COMPACT), the same way: a new string (caller frees),
  * NULL where json_dumps gives NULL (v not an object or array, ENOMEM,
  * invalid UTF-8). */

@@ -8,6 +8,7 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
+#include "common/gp_util.h"
 #include "server/http/http.h"
 
 bool gps_absent(const json_t *v)
@@ -340,7 +341,7 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
         snprintf(msg, msglen, "'x_pool_options' must be an object");
         return -1;
     }
-    int rc = json_object_update_missing(xo, h);
+    int rc = gp_json_update_missing(xo, h);
     json_decref(h);
     if (rc < 0)
         return gps_parse_oom(msg, msglen);

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_util.h"
+
 /* A run's offsets are 32-bit: past this many text bytes (or ids) a new
  * run starts. */
 #define RUN_MAX 0x7fffffffu
@@ -126,15 +128,15 @@ int gps_tlog_append(gps_tlog *l, const char *type, json_t *data, json_t *hidden)
 {
     json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)l->count + 1, "type", type,
                            "data", data ? data : json_object());
-    entry *e = ev ? entry_new(l) : NULL;
+    /* The hidden fields are part of the event (what a restart resumes
+     * from): an event without them is not appended. */
+    bool whole = ev && (!json_is_object(hidden) || gp_json_update_missing(ev, hidden) == 0);
+    json_decref(hidden);
+    entry *e = whole ? entry_new(l) : NULL;
     if (!e) {
         json_decref(ev);
-        json_decref(hidden);
         return -1;
     }
-    if (json_is_object(hidden))
-        json_object_update_missing(ev, hidden);
-    json_decref(hidden);
     e->ev = ev;
     e->n = 1;
     l->n++;

@@ -448,9 +448,29 @@ static void test_json_array_sort(void **st)
     json_decref(e);
 }
 
+/* gp_json_update_missing: src's keys that dst lacks join it (by
+ * reference; a key with a NUL in it too); dst's own stay. */
+static void test_json_update_missing(void **state)
+{
+    (void)state;
+    json_t *dst = json_pack("{s:i,s:s}", "a", 1, "b", "dst");
+    json_t *src = json_pack("{s:i,s:s,s:[i]}", "a", 9, "c", "src", "d", 4);
+    assert_int_equal(json_object_setn_new(src, "e\0f", 3, json_true()), 0);
+    assert_int_equal(gp_json_update_missing(dst, src), 0);
+    assert_int_equal(json_integer_value(json_object_get(dst, "a")), 1);
+    assert_string_equal(json_string_value(json_object_get(dst, "b")), "dst");
+    assert_string_equal(json_string_value(json_object_get(dst, "c")), "src");
+    assert_ptr_equal(json_object_get(dst, "d"), json_object_get(src, "d"));
+    assert_true(json_is_true(json_object_getn(dst, "e\0f", 3)));
+    assert_int_equal(json_object_size(dst), 5);
+    json_decref(src);
+    json_decref(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_json_update_missing),
         cmocka_unit_test(test_json_compact_size), cmocka_unit_test(test_json_dump),
         cmocka_unit_test(test_ids),   cmocka_unit_test(test_sha256_and_ct),
         cmocka_unit_test(test_hostport), cmocka_unit_test(test_buf),

@@ -699,6 +699,30 @@ static void test_merge_header(void **st)
             break;
     }
     print_message("merge header: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    /* With x_pool_options in the body the header's keys join it: every one
+     * of them, or a refusal (a label constraint lost would let the job run
+     * where the client forbade it). */
+    json_t *want = J("{\"model\":\"m\",\"x_pool_options\":{\"prefer_agent\":\"x\","
+                     "\"session\":\"s\",\"labels\":{\"a\":\"b\"}}}");
+    for (n = 1;; n++) {
+        json_t *body = J("{\"model\":\"m\",\"x_pool_options\":{\"prefer_agent\":\"x\"}}");
+        char msg[256] = "";
+        arm(n);
+        int rc = gps_pool_options_merge_header(body, "{\"session\":\"s\",\"labels\":{\"a\":\"b\"}}",
+                                               msg, sizeof msg);
+        bool hit = disarm();
+        if (rc == 0 && !json_equal(body, want)) {
+            print_message("merge into x_pool_options, run %zu: a key left out\n", n);
+            print_diff("body", body, want);
+            bad++;
+        } else if (rc != 0 && !(rc == -1 && strstr(msg, "X-Pool-Options header must be"))) {
+            bad += !oom_refusal_ok("merge into x_pool_options", n, rc, msg, NULL);
+        }
+        json_decref(body);
+        if (!hit)
+            break;
+    }
+    json_decref(want);
     json_t *body = J("{\"model\":\"m\"}");
     char msg[256] = "";
     assert_int_equal(gps_pool_options_merge_header(body, "[1]", msg, sizeof msg), -1);

@@ -12,6 +12,8 @@
 
 #include "server/dialects/task_log.h"
 
+#include "../fixture_oom.h"
+
 static char *dump(const json_t *j)
 {
     char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
@@ -135,11 +137,47 @@ static void test_text_bytes_behind(void **state)
     gps_tlog_free(l);
 }
 
+/* An event is recorded whole or not at all: under a failing allocator an
+ * append that says 0 has its hidden members (what a restart resumes from)
+ * as well as its data. */
+static void test_append_whole_or_nothing(void **state)
+{
+    (void)state;
+    json_t *want = J("{\"seq\":1,\"type\":\"started\",\"data\":{\"agent_id\":\"a1\"},"
+                     "\"digest\":\"d0\",\"n_sampled\":4}");
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        gps_tlog *l = gps_tlog_new();
+        assert_non_null(l);
+        json_t *data = J("{\"agent_id\":\"a1\"}"), *hidden = J("{\"digest\":\"d0\",\"n_sampled\":4}");
+        arm(n);
+        int rc = gps_tlog_append(l, "started", data, hidden);
+        bool hit = disarm();
+        json_t *got = rc == 0 ? gps_tlog_get(l, 0) : NULL;
+        if (rc == 0 && !json_equal(got, want)) {
+            print_message("run %zu: an event recorded with a part missing\n", n);
+            print_diff("event", got, want);
+            bad++;
+        }
+        if (rc != 0 && gps_tlog_count(l) != 0)
+            bad++;
+        json_decref(got);
+        gps_tlog_free(l);
+        if (!hit)
+            break;
+    }
+    json_decref(want);
+    assert_true(n > 2);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_events_come_back_as_recorded),
         cmocka_unit_test(test_stored_log_reads_back_the_same),
+        cmocka_unit_test(test_append_whole_or_nothing),
         cmocka_unit_test(test_a_run_costs_bytes_not_objects),
         cmocka_unit_test(test_text_bytes_behind),
     };
