@@ -180,8 +180,24 @@ void agent_evq_free(agent_evq *q)
     q->n = q->cap = 0;
 }
 
+/* An event was lost (out of memory): the queue ends here. It takes no
+ * later event (a token after a gap would be sent as if nothing were
+ * missing), keeps the whole events before it, and its last event is
+ * AGENT_EVQ_OOM_EVENT, which is never stored: it is counted
+ * (agent_evq_len) and written from the static text when an upload takes it
+ * (evq_batch_append), so that ending the job needs no allocation. After a
+ * terminal event nothing was lost (whatever came would be dropped). */
+static void evq_break(agent_evq *q)
+{
+    if (q->terminal)
+        return;
+    q->broken = true;
+    q->terminal = true;
+}
+
 /* The event just appended to q->text (from `at` on) ends with a comma and
- * is counted; on failure the text is cut back to `at`. */
+ * is counted; on failure the text is cut back to `at` and the queue breaks
+ * (evq_break). */
 static int evq_close(agent_evq *q, size_t at, int rc)
 {
     if (rc == 0 && q->n == q->cap) {
@@ -198,6 +214,7 @@ static int evq_close(agent_evq *q, size_t at, int rc)
         rc = gp_buf_append(&q->text, ",", 1);
     if (rc < 0) {
         gp_buf_truncate(&q->text, at);
+        evq_break(q);
         return -1;
     }
     q->ends[q->n++] = q->text.len;
@@ -206,8 +223,10 @@ static int evq_close(agent_evq *q, size_t at, int rc)
 
 int agent_evq_push(agent_evq *q, json_t *ev)
 {
-    if (!ev)
+    if (!ev) { /* the caller could not build it: lost */
+        evq_break(q);
         return -1;
+    }
     if (q->terminal) {
         json_decref(ev);
         return -1;
@@ -264,7 +283,12 @@ int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t tok
 
 size_t agent_evq_len(const agent_evq *q)
 {
-    return q->n;
+    return q->n + q->broken; /* the out-of-memory event counts, unstored */
+}
+
+bool agent_evq_broken(const agent_evq *q)
+{
+    return q->broken;
 }
 
 bool agent_evq_ready(const agent_evq *q)
@@ -280,42 +304,64 @@ void agent_evq_mark_output(agent_evq *q)
 
 unsigned agent_evq_flags(const agent_evq *q)
 {
+    unsigned broken = (unsigned)q->broken * AGENT_EVQ_BROKEN; /* no branch: twice a token */
     if (!agent_evq_ready(q))
+        return broken;
+    return broken | (q->terminal || q->acked < q->first_output
+                         ? AGENT_EVQ_READY | AGENT_EVQ_URGENT
+                         : AGENT_EVQ_READY);
+}
+
+/* Append the events [acked, acked + k) of a batch of k (1 <= k, acked + k
+ * <= agent_evq_len), joined by commas: the stored ones in one copy, then
+ * the out-of-memory event when the batch reaches it. 0 or -1 (ENOMEM; out
+ * may hold part of it). */
+static int evq_batch_append(const agent_evq *q, size_t k, gp_buf *out)
+{
+    static const char oom[] = AGENT_EVQ_OOM_EVENT;
+    size_t last = q->acked + k;      /* one past the batch */
+    size_t stored = last > q->n ? q->n : last;
+    if (stored > q->acked) {
+        size_t from = q->acked ? q->ends[q->acked - 1] : 0;
+        size_t to = q->ends[stored - 1] - 1; /* without the last comma */
+        if (gp_buf_append(out, q->text.data + from, to - from) < 0)
+            return -1;
+    }
+    if (stored == last)
         return 0;
-    return q->terminal || q->acked < q->first_output ? AGENT_EVQ_READY | AGENT_EVQ_URGENT
-                                                     : AGENT_EVQ_READY;
+    if (stored > q->acked && gp_buf_append(out, ",", 1) < 0)
+        return -1;
+    return gp_buf_append(out, oom, sizeof oom - 1);
 }
 
 int agent_evq_take_append(agent_evq *q, size_t max, size_t *seq, gp_buf *out)
 {
     if (!agent_evq_ready(q))
         return 0;
-    size_t n = agent_evq_len(q) - q->acked;
-    if (max && n > max)
-        n = max;
-    size_t from = q->acked ? q->ends[q->acked - 1] : 0;
-    size_t to = q->ends[q->acked + n - 1] - 1; /* without the last comma */
-    if (gp_buf_append(out, q->text.data + from, to - from) < 0)
+    size_t k = agent_evq_len(q) - q->acked;
+    if (max && k > max)
+        k = max;
+    size_t mark = out->len;
+    if (evq_batch_append(q, k, out) < 0) {
+        out->len = mark;
         return -1;
-    q->inflight = n;
+    }
+    q->inflight = k;
     *seq = q->acked;
     return 1;
 }
 
 json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq)
 {
-    if (!agent_evq_ready(q))
-        return NULL;
-    size_t n = agent_evq_len(q) - q->acked;
-    if (max && n > max)
-        n = max;
-    size_t from = q->acked ? q->ends[q->acked - 1] : 0;
-    size_t to = q->ends[q->acked + n - 1] - 1; /* without the last comma */
-    json_t *out = json_stringn_nocheck(q->text.data + from, to - from);
-    if (!out)
-        return NULL;
-    q->inflight = n;
-    *seq = q->acked;
+    gp_buf b;
+    gp_buf_init(&b);
+    json_t *out = NULL;
+    if (agent_evq_take_append(q, max, seq, &b) > 0) {
+        out = json_stringn_nocheck(b.data, b.len);
+        if (!out)
+            agent_evq_nack(q); /* nothing begun */
+    }
+    gp_buf_free(&b);
     return out;
 }
 
@@ -339,11 +385,13 @@ void agent_evq_rewind(agent_evq *q, size_t expected_seq)
 
 void agent_evq_replace_rest(agent_evq *q, json_t *ev)
 {
+    if (q->acked > q->n) /* the out-of-memory event was acked: nothing to refuse (defensive) */
+        q->acked = q->n;
     q->n = q->acked;
     q->text.len = q->n ? q->ends[q->n - 1] : 0;
     q->inflight = 0;
-    q->terminal = false;
-    agent_evq_push(q, ev);
+    q->terminal = q->broken = false; /* a lost event was among those refused */
+    agent_evq_push(q, ev); /* or, that lost too (NULL ev), the out-of-memory event */
 }
 
 bool agent_evq_done(const agent_evq *q)

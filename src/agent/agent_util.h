@@ -57,43 +57,66 @@ int agent_sse_finish(agent_sse *s, agent_sse_cb cb, void *ud);
  * everything accumulated since the last acknowledged event (seq = index of
  * the batch's first event), so latency is one round trip and the number of
  * requests stays bounded whatever the token rate.
+ *
+ * A push that fails (out of memory: the event could not be built, NULL, or
+ * rendered, or the queue could not grow) breaks the queue rather than drop
+ * the event, which would leave a gap in the client's text, lose a tool call
+ * or the job's end: the queue keeps the events before it (whole and in
+ * order), takes none after it, and ends with AGENT_EVQ_OOM_EVENT, an error
+ * event that is not stored but written from static text when an upload
+ * takes it: ending the job needs no memory of the queue's (an upload body
+ * that cannot be built is retried, as for any events). The server fails
+ * the job over (docs/protocol.md); the agent stops the job's backend
+ * (AGENT_EVQ_BROKEN).
  * ------------------------------------------------------------------------ */
+#define AGENT_EVQ_OOM_EVENT                                                                   \
+    "{\"type\":\"error\",\"code\":\"AGENT_OUT_OF_MEMORY\",\"message\":\"the agent ran out of " \
+    "memory while queueing the job's output\"}"
+
 typedef struct agent_evq {
     gp_buf text;      /* every event pushed, as its compact JSON text (what
                          json_dumps wrote) followed by a ',' (owned) */
     size_t *ends;     /* ends[i]: the end of event i's text and comma in text */
-    size_t n, cap;    /* events pushed; room in ends */
+    size_t n, cap;    /* events stored; room in ends */
     size_t acked;     /* events the server acknowledged */
     size_t inflight;  /* events in the upload in flight; 0 = none in flight */
     size_t first_output; /* events up to the job's first token or tool call (0: none
                             yet; agent_evq_mark_output): until the server has them
                             the queue is urgent (AGENT_EVQ_URGENT) */
-    bool terminal;    /* an end/error event was pushed: nothing may follow */
+    bool terminal;    /* an end/error event was pushed, or the queue broke: nothing
+                         may follow */
+    bool broken;      /* a push failed: event n (after the stored ones) is
+                         AGENT_EVQ_OOM_EVENT */
 } agent_evq;
 
 void agent_evq_init(agent_evq *q);
 void agent_evq_free(agent_evq *q);
 /* Append ev (reference stolen), rendered now as its compact JSON text: the
  * queue keeps text, not objects (issue 24: a jansson string per token and
- * its free were an eighth of the agent's instructions per request). Events
- * after a terminal one are dropped (returns -1); so is a NULL ev. end/error
- * make the queue terminal. */
+ * its free were an eighth of the agent's instructions per request). end
+ * and error make the queue terminal. 0, or -1 when ev is not queued:
+ * after a terminal event (dropped: nothing may follow it), or for want of
+ * memory, which breaks the queue (see above). A NULL ev is an event the
+ * caller could not build (json_pack's NULL): it breaks the queue too, so
+ * callers pass what they built without checking it. */
 int agent_evq_push(agent_evq *q, json_t *ev);
 /* Append the event json_deep_copy(fields) with "type": type set on it
  * would be (fields borrowed; NULL or not an object: no fields), rendered
  * from fields as they are: the metrics event, once a request (issue 24).
- * Same return values as agent_evq_push. */
+ * Same return values, and breaking, as agent_evq_push. */
 int agent_evq_push_typed(agent_evq *q, const json_t *fields, const char *type);
 /* Append a token event, rendered by agent_evq_token_json. 0 or -1 (after a
- * terminal event; ENOMEM). */
+ * terminal event; ENOMEM, which breaks the queue). */
 int agent_evq_push_token(agent_evq *q, const char *text, size_t len, int32_t token_id);
+/* A push failed: the queue ends with AGENT_EVQ_OOM_EVENT (see above). */
+bool agent_evq_broken(const agent_evq *q);
 /* True when nothing is in flight and something is not yet acknowledged. */
 bool agent_evq_ready(const agent_evq *q);
 /* Begin an upload of events [acked, acked+max) (max 0 = all); sets
  * *seq = acked. Returns a new JSON string whose value is their texts
- * joined by commas: the inside of the upload's "events" array, which the
- * upload's body writes as it is (agent.c dump_upload). NULL when
- * !agent_evq_ready (or ENOMEM). */
+ * joined by commas: the inside of the upload's "events" array (what
+ * agent_evq_take_append writes). NULL when !agent_evq_ready (or ENOMEM:
+ * nothing begun). */
 json_t *agent_evq_take(agent_evq *q, size_t max, size_t *seq);
 /* The upload in flight succeeded / failed (will be retried from acked). */
 void agent_evq_ack(agent_evq *q);
@@ -102,8 +125,9 @@ void agent_evq_nack(agent_evq *q);
  * there. Clamped to the events we have. */
 void agent_evq_rewind(agent_evq *q, size_t expected_seq);
 /* The events from the first unacknowledged one on were refused by the
- * server (400: not what it accepts): they are dropped and ev (reference
- * stolen; an error event) ends the queue in their place. */
+ * server (400: not what it accepts): they are dropped (the out-of-memory
+ * event of a broken queue with them) and ev (reference stolen; an error
+ * event) ends the queue in their place; a NULL ev breaks it again. */
 void agent_evq_replace_rest(agent_evq *q, json_t *ev);
 /* Every event, including a terminal one, acknowledged. */
 bool agent_evq_done(const agent_evq *q);
@@ -112,6 +136,8 @@ bool agent_evq_done(const agent_evq *q);
  * token_id when id < 0); text that is not UTF-8 becomes U+FFFD, as it
  * would have been. 0 or -1 (ENOMEM). */
 int agent_evq_token_json(gp_buf *out, const char *text, size_t len, int32_t token_id);
+/* Events in the queue: those stored, and the out-of-memory event of a
+ * broken queue. */
 size_t agent_evq_len(const agent_evq *q);
 /* The event just pushed is the job's first output (a token or a tool
  * call) unless one came before. */
@@ -119,19 +145,22 @@ void agent_evq_mark_output(agent_evq *q);
 /* Append the events of agent_evq_take(q, max, seq) to out, joined by
  * commas, and begin their upload as it does: the upload body is written
  * once, straight from the queue (issue 24: a JSON string per job per
- * upload, and two more copies of it, went away). 1 when events were
- * appended, 0 when !agent_evq_ready, -1 on ENOMEM (out as it was, nothing
- * begun). */
+ * upload, and two more copies of it, went away); a broken queue's
+ * out-of-memory event from its static text. 1 when events were appended,
+ * 0 when !agent_evq_ready, -1 on ENOMEM (out as it was, nothing begun). */
 int agent_evq_take_append(agent_evq *q, size_t max, size_t *seq, gp_buf *out);
 
 /* What the agent's loop acts on (agent_evq_flags): READY, something to
  * upload (agent_evq_ready); URGENT, READY and either the terminal event or
  * the first output is among it (it waits for no batch: TTFT, and the
- * slot's next job). A producer that sees a flag appear after its push
- * tells the loop; while the flags stay as they were the loop already knows
- * (issue 24: the loop looks at the jobs that changed, not at every job). */
+ * slot's next job); BROKEN, agent_evq_broken, whether or not READY (the
+ * loop stops the job's backend). A producer that sees a flag appear after
+ * its push tells the loop; while the flags stay as they were the loop
+ * already knows (issue 24: the loop looks at the jobs that changed, not at
+ * every job). */
 #define AGENT_EVQ_READY 1u
 #define AGENT_EVQ_URGENT 2u
+#define AGENT_EVQ_BROKEN 4u
 unsigned agent_evq_flags(const agent_evq *q);
 
 /* ---------------------------------------------------------------------------

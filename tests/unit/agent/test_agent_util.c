@@ -561,6 +561,228 @@ static void evq_nothing_after_terminal(void **st)
     agent_evq_free(&q);
 }
 
+/* ------------------------------------------------- evq out of memory ---- */
+
+/* The error event a broken queue ends with (docs/protocol.md), spelled out
+ * here rather than taken from the header: the wire text is the contract. */
+#define OOM_EV                                                                                \
+    "{\"type\":\"error\",\"code\":\"AGENT_OUT_OF_MEMORY\",\"message\":\"the agent ran out of " \
+    "memory while queueing the job's output\"}"
+
+/* Everything the queue holds from acked on, as one upload takes it, acked. */
+static char *take_all(agent_evq *q)
+{
+    gp_buf b;
+    gp_buf_init(&b);
+    size_t seq = 0;
+    assert_int_equal(agent_evq_take_append(q, 0, &seq, &b), 1);
+    agent_evq_ack(q);
+    return gp_buf_steal(&b);
+}
+
+/* A push that fails breaks the queue: the events before it stay, whole and
+ * in order, none after it is taken (a later token would hide the gap),
+ * and the queue ends with the AGENT_OUT_OF_MEMORY error, terminal as an
+ * error event is: done once the server has it. */
+static void evq_break_keeps_before_takes_nothing_after(void **st)
+{
+    (void)st;
+    agent_evq q;
+    agent_evq_init(&q);
+    assert_int_equal(agent_evq_push(&q, ev("started")), 0);
+    assert_int_equal(agent_evq_push_token(&q, "a", 1, 5), 0);
+    agent_evq_mark_output(&q);
+    assert_int_equal(agent_evq_push(&q, NULL), -1); /* an event json_pack could not build */
+    assert_int_equal(agent_evq_push_token(&q, "b", 1, 6), -1);
+    json_t *m = json_pack("{s:i}", "total_ms", 3);
+    assert_int_equal(agent_evq_push_typed(&q, m, "metrics"), -1);
+    json_decref(m);
+    assert_int_equal(agent_evq_push(&q, ev("end")), -1);
+    assert_true(agent_evq_broken(&q));
+    assert_int_equal(agent_evq_len(&q), 3);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_READY | AGENT_EVQ_URGENT | AGENT_EVQ_BROKEN);
+    assert_false(agent_evq_done(&q));
+    char *got = take_all(&q);
+    assert_string_equal(got, "{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"a\","
+                             "\"token_id\":5}," OOM_EV);
+    free(got);
+    assert_true(agent_evq_done(&q));
+    assert_false(agent_evq_ready(&q));
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_BROKEN);
+    agent_evq_free(&q);
+}
+
+/* The out-of-memory event goes out as any other: in the batch that
+ * reaches it (max), alone when the rest went before, again after a failed
+ * upload or a rewind, and agent_evq_take gives the same text. A break
+ * while an upload is in flight shows as BROKEN alone (the loop stops the
+ * job's backend at once: agent_jobs.c job_note_locked). */
+static void evq_break_event_batches_and_resends(void **st)
+{
+    (void)st;
+    agent_evq q;
+    size_t seq = 99;
+    gp_buf b;
+    gp_buf_init(&b);
+    agent_evq_init(&q);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(agent_evq_push(&q, ev("token")), 0);
+    assert_int_equal(agent_evq_take_append(&q, 2, &seq, &b), 1);
+    assert_int_equal(agent_evq_flags(&q), 0); /* in flight */
+    assert_int_equal(agent_evq_push(&q, NULL), -1);
+    assert_int_equal(agent_evq_flags(&q), AGENT_EVQ_BROKEN); /* what the sink sees gained */
+    agent_evq_ack(&q);
+    b.len = 0;
+    assert_int_equal(agent_evq_take_append(&q, 2, &seq, &b), 1);
+    assert_int_equal(seq, 2);
+    assert_string_equal(b.data, "{\"type\":\"token\"}," OOM_EV);
+    agent_evq_nack(&q);
+    json_t *s = agent_evq_take(&q, 0, &seq);
+    assert_non_null(s);
+    assert_string_equal(json_string_value(s), "{\"type\":\"token\"}," OOM_EV);
+    json_decref(s);
+    agent_evq_rewind(&q, 3); /* the server has the token: only the error is left */
+    assert_true(agent_evq_ready(&q));
+    b.len = 0;
+    assert_int_equal(agent_evq_take_append(&q, 0, &seq, &b), 1);
+    assert_int_equal(seq, 3);
+    assert_string_equal(b.data, OOM_EV);
+    assert_false(agent_evq_done(&q));
+    agent_evq_ack(&q);
+    assert_true(agent_evq_done(&q));
+    agent_evq_rewind(&q, 1000); /* clamped to the events there are, the error included */
+    assert_int_equal(q.acked, 4);
+    assert_true(agent_evq_done(&q));
+    /* A queue that breaks before any event holds the error alone. */
+    agent_evq_free(&q);
+    agent_evq_init(&q);
+    assert_int_equal(agent_evq_push(&q, NULL), -1);
+    assert_int_equal(agent_evq_push(&q, ev("started")), -1);
+    char *got = take_all(&q);
+    assert_string_equal(got, OOM_EV);
+    free(got);
+    assert_true(agent_evq_done(&q));
+    agent_evq_free(&q);
+    gp_buf_free(&b);
+}
+
+/* A refused upload (400) on a broken queue: the refused events, the
+ * out-of-memory one among them, make way for the given error; one that
+ * could not be built either (NULL) leaves the out-of-memory event. */
+static void evq_break_then_replace_rest(void **st)
+{
+    (void)st;
+    agent_evq q;
+    agent_evq_init(&q);
+    agent_evq_push(&q, ev("started"));
+    free(take_all(&q));
+    agent_evq_push(&q, ev("token"));
+    agent_evq_push(&q, NULL);
+    size_t seq;
+    json_t *s = agent_evq_take(&q, 0, &seq);
+    json_decref(s);
+    agent_evq_replace_rest(&q, json_pack("{s:s,s:s}", "type", "error", "code", "X"));
+    assert_false(agent_evq_broken(&q));
+    char *got = take_all(&q);
+    assert_string_equal(got, "{\"type\":\"error\",\"code\":\"X\"}");
+    free(got);
+    assert_true(agent_evq_done(&q));
+    agent_evq_free(&q);
+
+    agent_evq_init(&q);
+    agent_evq_push(&q, ev("started"));
+    free(take_all(&q));
+    agent_evq_push(&q, ev("token"));
+    s = agent_evq_take(&q, 0, &seq);
+    json_decref(s);
+    agent_evq_replace_rest(&q, NULL);
+    assert_true(agent_evq_broken(&q));
+    got = take_all(&q);
+    assert_string_equal(got, OOM_EV);
+    free(got);
+    assert_true(agent_evq_done(&q));
+    agent_evq_free(&q);
+}
+
+/* jansson's allocator fails the N-th allocation (as the server's
+ * out-of-memory sweeps do, tests/unit/server/fixture_oom.h) while a job's
+ * events are built with json_pack, as the agent's sinks build them, and
+ * pushed: for every N the queue's text is the events up to the first one
+ * lost, then the out-of-memory error, and nothing after it; a run that
+ * loses none sends them all. */
+static size_t oom_countdown;
+static bool oom_injected;
+
+static void *oom_malloc(size_t n)
+{
+    if (oom_countdown && --oom_countdown == 0) {
+        oom_injected = true;
+        return NULL;
+    }
+    return malloc(n);
+}
+
+/* m: a backend's metrics, built before the allocator fails (they are the
+ * backend's, not the sink's). */
+static void push_job_events(agent_evq *q, const json_t *m)
+{
+    agent_evq_push(q, json_pack("{s:s}", "type", "started"));
+    for (int i = 0; i < 4; i++) {
+        agent_evq_push(q, json_pack("{s:s,s:s,s:i,s:[i,i]}", "type", "token", "text", "tok",
+                                    "token_id", i, "token_ids", i, i));
+        agent_evq_push_token(q, "t", 1, i);
+    }
+    agent_evq_push(q, json_pack("{s:s,s:i,s:s,s:s}", "type", "tool_call", "index", 0, "id",
+                                "call_1", "arguments", "{}"));
+    agent_evq_push_typed(q, m, "metrics"); /* fields with a "type": a deep copy */
+    agent_evq_push(q, json_pack("{s:s,s:s,s:{s:i}}", "type", "end", "finish_reason", "stop",
+                                "usage", "completion_tokens", 8));
+}
+
+static void evq_break_under_jansson_oom(void **st)
+{
+    (void)st;
+    agent_evq q;
+    agent_evq_init(&q);
+    json_t *m = json_pack("{s:s,s:i}", "type", "x", "total_ms", 3);
+    push_job_events(&q, m);
+    char *all = take_all(&q);
+    agent_evq_free(&q);
+    bool reached = true;
+    for (size_t n = 1; reached; n++) {
+        agent_evq_init(&q);
+        oom_countdown = n;
+        oom_injected = false;
+        json_set_alloc_funcs(oom_malloc, free);
+        push_job_events(&q, m);
+        json_set_alloc_funcs(malloc, free);
+        oom_countdown = 0;
+        reached = oom_injected;
+        char *got = take_all(&q);
+        assert_true(agent_evq_done(&q));
+        if (!reached) {
+            assert_string_equal(got, all);
+        } else {
+            assert_true(agent_evq_broken(&q));
+            size_t len = strlen(got), tail = strlen(OOM_EV);
+            assert_true(len >= tail);
+            assert_string_equal(got + len - tail, OOM_EV);
+            /* What precedes it is a whole-event prefix of the full run. */
+            size_t head = len - tail;
+            if (head > 0) {
+                assert_int_equal(got[head - 1], ',');
+                head--;
+            }
+            assert_memory_equal(got, all, head);
+            assert_true(head == 0 || all[head] == ','); /* ends where an event ends */
+        }
+        free(got);
+        agent_evq_free(&q);
+    }
+    free(all);
+    json_decref(m);
+}
+
 /* --------------------------------------------------------- backoff ---- */
 
 static void backoff_schedule(void **st)
@@ -801,6 +1023,10 @@ int main(void)
         cmocka_unit_test(idtab_find_add_del),
         cmocka_unit_test(evq_nothing_after_terminal),
         cmocka_unit_test(evq_replace_rest),
+        cmocka_unit_test(evq_break_keeps_before_takes_nothing_after),
+        cmocka_unit_test(evq_break_event_batches_and_resends),
+        cmocka_unit_test(evq_break_then_replace_rest),
+        cmocka_unit_test(evq_break_under_jansson_oom),
         cmocka_unit_test(evq_text_as_json_dumps),
         cmocka_unit_test(evq_typed_as_json_dumps),
         cmocka_unit_test(evq_token_json_as_json_dumps),
