@@ -167,20 +167,23 @@ void ag_job_link_locked(agent *a, agent_job *j)
  * j's is in flight, or j already waits for one) tells it nothing new
  * (issue 24: every paced token woke the loop into a walk of every job).
  * WAKE_NONE for a change the loop is bound to see anyway before acting
- * (a->lazy_srv, a->lazy_urgent_srv); WAKE_URGENT for an end, or a first
- * output that can go now; else WAKE_SOON. */
+ * (a->lazy_srv, a->lazy_urgent_srv); WAKE_URGENT for an end, a queue that
+ * just broke (an end too, and its backend is to stop: jobs_review), or a
+ * first output that can go now; else WAKE_SOON. */
 static wake_kind job_note_locked(agent *a, agent_job *j, unsigned before, bool terminal)
 {
     unsigned gained = agent_evq_flags(&j->q) & ~before;
     if (!gained && !terminal)
         return WAKE_NONE;
     ag_job_link_locked(a, j);
-    if (terminal || ((gained & AGENT_EVQ_URGENT) && a->lazy_urgent_srv != j->srv))
+    if (terminal || (gained & AGENT_EVQ_BROKEN) ||
+        ((gained & AGENT_EVQ_URGENT) && a->lazy_urgent_srv != j->srv))
         return WAKE_URGENT;
     return a->lazy_srv != j->srv ? WAKE_SOON : WAKE_NONE;
 }
 
-/* Queue ev (reference stolen); output: a token or a tool call (the job's
+/* Queue ev (reference stolen; NULL: it could not be built, which breaks
+ * the queue: agent_evq_push); output: a token or a tool call (the job's
  * first one is marked: agent_evq_mark_output). */
 static void sink_push_ev(agent_job *j, json_t *ev, bool output)
 {
@@ -227,25 +230,46 @@ static void sink_token(void *ctx, const char *text, size_t len, int32_t token_id
     loop_wake(a, wake);
 }
 
+/* ev with key set to v (stolen), or NULL (ev freed) when that failed for
+ * want of memory: the event is lost whole, never sent without a part of
+ * it, and NULL breaks the job's queue (agent_evq_push). NULL ev: NULL. */
+static json_t *ev_set(json_t *ev, const char *key, json_t *v)
+{
+    if (ev && json_object_set_new(ev, key, v) == 0) /* v NULL: -1 */
+        return ev;
+    if (!ev)
+        json_decref(v);
+    json_decref(ev);
+    return NULL;
+}
+
+/* [ids...] as a new array, or NULL (out of memory). */
+static json_t *id_array(const int32_t *ids, size_t n)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n; i++)
+        if (json_array_append_new(arr, json_integer(ids[i])) < 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    return arr;
+}
+
 /* A token event with the ids of every token sampled since the previous
  * token event (docs/protocol.md): token_id is the last, token_ids all of
  * them when there is more than one. */
 static void sink_token_ids(void *ctx, const char *text, size_t len, const int32_t *ids,
                            size_t n_ids)
 {
-    json_t *t = json_stringn(text, len);
-    if (!t)
-        t = json_string("\xef\xbf\xbd");
+    /* Text that is not UTF-8 is U+FFFD (as agent_evq_token_json has it);
+     * any NULL here is memory: the event is lost, which breaks the queue. */
+    json_t *t = text && gp_utf8_valid(text, len) ? json_stringn(text, len)
+                                                : json_string("\xef\xbf\xbd");
     json_t *ev = json_pack("{s:s,s:o}", "type", "token", "text", t);
-    if (ev && n_ids > 0)
-        json_object_set_new(ev, "token_id", json_integer(ids[n_ids - 1]));
-    if (ev && n_ids > 1) {
-        json_t *arr = json_array();
-        for (size_t i = 0; arr && i < n_ids; i++)
-            json_array_append_new(arr, json_integer(ids[i]));
-        if (arr)
-            json_object_set_new(ev, "token_ids", arr);
-    }
+    if (n_ids > 0)
+        ev = ev_set(ev, "token_id", json_integer(ids[n_ids - 1]));
+    if (n_ids > 1)
+        ev = ev_set(ev, "token_ids", id_array(ids, n_ids));
     sink_push_output(ctx, ev);
 }
 
@@ -263,17 +287,26 @@ static void sink_metrics(void *ctx, json_t *m)
     loop_wake(a, wake);
 }
 
+/* ev with key set to the string s (ev_set), or as it is when s is NULL or
+ * not UTF-8 (json_string refuses it: left out, as it always was). */
+static json_t *ev_set_str(json_t *ev, const char *key, const char *s)
+{
+    return s && gp_utf8_valid(s, strlen(s)) ? ev_set(ev, key, json_string(s)) : ev;
+}
+
 static void sink_tool_call(void *ctx, int index, const char *id, const char *name,
                            const char *args, size_t args_len)
 {
-    json_t *a = json_stringn(args ? args : "", args ? args_len : 0);
-    if (!a)
-        a = json_string("");
-    json_t *ev = json_pack("{s:s,s:i,s:o}", "type", "tool_call", "index", index, "arguments", a);
-    if (ev && id)
-        json_object_set_new(ev, "id", json_string(id));
-    if (ev && name)
-        json_object_set_new(ev, "name", json_string(name));
+    /* Arguments that are not UTF-8 are "" (as they were); a NULL event is
+     * memory: the call is lost, which breaks the queue. */
+    if (!args || !gp_utf8_valid(args, args_len)) {
+        args = "";
+        args_len = 0;
+    }
+    json_t *ev = json_pack("{s:s,s:i,s:s%}", "type", "tool_call", "index", index, "arguments",
+                           args, args_len);
+    ev = ev_set_str(ev, "id", id);
+    ev = ev_set_str(ev, "name", name);
     sink_push_output(ctx, ev);
 }
 
@@ -344,31 +377,38 @@ static long long sane_count(agent_job *j, const char *field, long long v)
     return -1;
 }
 
+/* The end event's usage: the counts known (>= 0). NULL: out of memory. */
+static json_t *end_usage(long long pt, long long ct)
+{
+    json_t *u = json_object();
+    if (pt >= 0)
+        u = ev_set(u, "prompt_tokens", json_integer(pt));
+    if (ct >= 0)
+        u = ev_set(u, "completion_tokens", json_integer(ct));
+    return u;
+}
+
 static void sink_end(void *ctx, const char *finish_reason, long long pt, long long ct)
 {
     agent_job *j = ctx;
     pt = sane_count(j, "prompt_tokens", pt);
     ct = sane_count(j, "completion_tokens", ct);
-    json_t *usage = json_object();
-    if (pt >= 0)
-        json_object_set_new(usage, "prompt_tokens", json_integer(pt));
-    if (ct >= 0)
-        json_object_set_new(usage, "completion_tokens", json_integer(ct));
     const char *fr = "stop";
     if (finish_reason && strcmp(finish_reason, "length") == 0)
         fr = "length";
     else if (finish_reason && strcmp(finish_reason, "tool_calls") == 0)
         fr = "tool_calls";
-    json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason", fr, "usage", usage);
+    json_t *ev = json_pack("{s:s,s:s,s:o}", "type", "end", "finish_reason", fr, "usage",
+                           end_usage(pt, ct));
     agent *a = j->a;
     pthread_mutex_lock(&a->mu);
-    if (ev && j->stop_seq && strcmp(fr, "stop") == 0)
-        json_object_set_new(ev, "stop_sequence", json_string(j->stop_seq));
+    if (j->stop_seq && strcmp(fr, "stop") == 0)
+        ev = ev_set_str(ev, "stop_sequence", j->stop_seq);
     if (ev && j->upstream_meta) {
-        json_object_set_new(ev, "upstream_meta", j->upstream_meta);
+        ev = ev_set(ev, "upstream_meta", j->upstream_meta);
         j->upstream_meta = NULL;
     }
-    agent_evq_push(&j->q, ev);
+    agent_evq_push(&j->q, ev); /* NULL: the end is lost, the queue ends broken */
     j->backend_done = true;
     job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);
@@ -390,7 +430,7 @@ static void sink_error(void *ctx, const char *code, const char *message)
     }
     json_t *ev = json_pack("{s:s,s:s,s:s}", "type", "error", "code", code ? code : "INTERNAL_ERROR",
                            "message", message ? message : "");
-    agent_evq_push(&j->q, ev);
+    agent_evq_push(&j->q, ev); /* NULL: the queue ends broken (AGENT_OUT_OF_MEMORY) */
     j->backend_done = true;
     job_note_locked(a, j, 0, true);
     pthread_mutex_unlock(&a->mu);

@@ -233,6 +233,22 @@ static void job_reap(agent *a, agent_job *j)
     ag_job_free(j);
 }
 
+/* j lost an event for want of memory (agent_evq_broken): its queue ends
+ * with the AGENT_OUT_OF_MEMORY error, which fails the job over, and takes
+ * nothing more, so its backend stops as on a cancel (its terminal callback
+ * frees the slot; the job goes once the error is delivered). Not
+ * j->cancelled: the error is still to be sent. */
+static void job_stop_broken(agent *a, agent_job *j)
+{
+    if (j->cancel_sent)
+        return;
+    gp_log_write(GP_LOG_ERROR, "job_out_of_memory", j->correlation_id,
+                 json_pack("{s:s}", "job_id", j->id),
+                 "job %s: out of memory while queueing its output; failing it "
+                 "(AGENT_OUT_OF_MEMORY)", j->id);
+    ag_job_cancel(a, j);
+}
+
 /* Take a->dirty with what each of its jobs holds now (one lock a turn),
  * then act on it. */
 static void jobs_review(agent *a, uint64_t now, bool *urgent)
@@ -258,6 +274,8 @@ static void jobs_review(agent *a, uint64_t now, bool *urgent)
             job_reap(a, j);
             continue;
         }
+        if ((j->snap_flags & AGENT_EVQ_BROKEN) && !j->snap_done)
+            job_stop_broken(a, j);
         ag_job_seen(a, j, j->snap_flags);
         job_place(a, j, now, urgent);
     }
