@@ -221,12 +221,16 @@ static void apply_end(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
 /* Error codes an agent reports for a failure of its own, not of the
  * request: another agent may well succeed. DEVICE_ERROR and
  * INSUFFICIENT_VRAM: a gguf agent's GPU failed or ran out of memory
- * mid-job (it takes that GPU out of service and re-initialises it). */
+ * mid-job (it takes that GPU out of service and re-initialises it).
+ * AGENT_OUT_OF_MEMORY: the agent's process could not queue the job's
+ * output; every event before it arrived whole, so a continuation resumes
+ * exactly after what the client got. */
 static bool agent_side_error(const char *code)
 {
-    static const char *const codes[] = {"AGENT_SHUTDOWN", "UPSTREAM_ERROR", "UPSTREAM_TIMEOUT",
-                                        "UPSTREAM_MALFORMED", "DEVICE_ERROR",
-                                        "INSUFFICIENT_VRAM"};
+    static const char *const codes[] = {"AGENT_SHUTDOWN",     "UPSTREAM_ERROR",
+                                        "UPSTREAM_TIMEOUT",   "UPSTREAM_MALFORMED",
+                                        "DEVICE_ERROR",       "INSUFFICIENT_VRAM",
+                                        "AGENT_OUT_OF_MEMORY"};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
         if (strcmp(code, codes[i]) == 0)
             return true;

@@ -330,7 +330,8 @@ static void test_repeated_failover_waits_backoff(void **st)
  * failover mode, with attempts left or used up. docs/architecture.md
  * "Failover" states the rules. ---- */
 
-enum trig { T_LOST, T_STALL, T_DROPPED, T_ERR_UPSTREAM, T_ERR_SHUTDOWN, T_ERR_REQUEST };
+enum trig { T_LOST, T_STALL, T_DROPPED, T_ERR_UPSTREAM, T_ERR_SHUTDOWN, T_ERR_OOM,
+            T_ERR_REQUEST };
 enum other { O_NONE, O_SAME, O_FALLBACK };
 enum out { QUEUED_AGAIN, ON_OTHER, FAILED };
 
@@ -392,6 +393,14 @@ static void test_attempt_outcomes(void **st)
          QUEUED_AGAIN, 0, NULL, false},
         {"agent shutdown, error mode", E, false, false, T_ERR_SHUTDOWN, O_SAME, 3, FAILED, 502,
          "AGENT_SHUTDOWN", false},
+        {"agent out of memory, other agent", C, true, false, T_ERR_OOM, O_SAME, 3, ON_OTHER, 0,
+         NULL, true},
+        {"agent out of memory, before output", C, false, false, T_ERR_OOM, O_SAME, 3, ON_OTHER,
+         0, NULL, false},
+        {"agent out of memory, nobody else", C, true, false, T_ERR_OOM, O_NONE, 3, FAILED, 502,
+         "AGENT_OUT_OF_MEMORY", false},
+        {"agent out of memory, error mode", E, false, false, T_ERR_OOM, O_SAME, 3, FAILED, 502,
+         "AGENT_OUT_OF_MEMORY", false},
         {"the request's own error", C, false, false, T_ERR_REQUEST, O_SAME, 3, FAILED, 400,
          "CONTEXT_OVERFLOW", false},
     };
@@ -449,6 +458,10 @@ static void test_attempt_outcomes(void **st)
             break;
         case T_ERR_SHUTDOWN:
             err_ev = "[{\"type\":\"error\",\"code\":\"AGENT_SHUTDOWN\",\"message\":\"x\"}]";
+            break;
+        case T_ERR_OOM: /* what gpupool-agent sends (src/agent/agent_util.h) */
+            err_ev = "[{\"type\":\"error\",\"code\":\"AGENT_OUT_OF_MEMORY\",\"message\":"
+                     "\"the agent ran out of memory while queueing the job's output\"}]";
             break;
         case T_ERR_REQUEST:
             err_ev = "[{\"type\":\"error\",\"code\":\"CONTEXT_OVERFLOW\",\"message\":\"x\"}]";
