@@ -185,8 +185,9 @@ void agent_evq_free(agent_evq *q)
  * missing), keeps the whole events before it, and its last event is
  * AGENT_EVQ_OOM_EVENT, which is never stored: it is counted
  * (agent_evq_len) and written from the static text when an upload takes it
- * (evq_batch_append), so that ending the job needs no allocation. After a
- * terminal event nothing was lost (whatever came would be dropped). */
+ * (evq_batch_append), so that ending the job needs no memory of the
+ * queue's. After a terminal event nothing is lost (whatever came would be
+ * dropped): the queue ends as it was. */
 static void evq_break(agent_evq *q)
 {
     if (q->terminal)
