@@ -389,7 +389,7 @@ void agent_evq_replace_rest(agent_evq *q, json_t *ev)
     if (q->acked > q->n) /* the out-of-memory event was acked: nothing to refuse (defensive) */
         q->acked = q->n;
     q->n = q->acked;
-    q->text.len = q->n ? q->ends[q->n - 1] : 0;
+    gp_buf_truncate(&q->text, q->n ? q->ends[q->n - 1] : 0);
     q->inflight = 0;
     q->terminal = q->broken = false; /* a lost event was among those refused */
     agent_evq_push(q, ev); /* or, that lost too (NULL ev), the out-of-memory event */
