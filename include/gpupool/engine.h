@@ -451,8 +451,10 @@ int gpe_stop_prime(gpe_stop *st, const char *held, size_t len);
 typedef struct gpe_grammar gpe_grammar;
 
 /* Check a schema (JSON text) without a model: GPE_OK, GPE_ERR_ARG (not
- * JSON) or GPE_ERR_UNSUPPORTED (err names the keyword or the problem).
- * NULL or "" is the json_object mode: any JSON object. */
+ * JSON), GPE_ERR_UNSUPPORTED (err names the keyword or the problem: the
+ * client's fault) or GPE_ERR_NOMEM (out of memory, err says so: not the
+ * schema's fault, a retry may pass). NULL or "" is the json_object mode:
+ * any JSON object. */
 gpe_status gpe_schema_check(const char *schema, char *err, size_t errlen);
 gpe_status gpe_grammar_init(const gpe_model *m, const char *schema, gpe_grammar **out,
                             char *err, size_t errlen);

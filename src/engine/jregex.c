@@ -21,11 +21,12 @@ typedef struct re_node {
 typedef struct re_ctx {
     const char *s;
     size_t at;
-    re_node nodes[RE_MAX_NODES];
+    re_node *nodes;     /* [RE_MAX_NODES] */
     int n;
     char *err;
     size_t errlen;
     bool failed;
+    bool oom;           /* the failure was an allocation (oom), not the pattern */
     bool full;          /* gpe_jre_compile_full: every character, ECMA-262's classes */
 } re_ctx;
 
@@ -39,6 +40,14 @@ static int fail(re_ctx *c, const char *fmt, ...)
     }
     c->failed = true;
     return -1;
+}
+
+/* Every allocation failure comes here: the caller's status says out of
+ * memory (the server's fault, retryable) rather than a pattern refused. */
+static int oom(re_ctx *c)
+{
+    c->oom = true;
+    return fail(c, "out of memory");
 }
 
 static int node(re_ctx *c, int op, int a, int b)
@@ -462,50 +471,61 @@ int32_t gpe_jre_remaining(const gpe_jre *r, uint64_t st)
     return m;
 }
 
-static gpe_jre *compile_generic(const char *pattern, bool full, char *err, size_t errlen)
+/* The pattern's tree, the anchors stripped; -1 on failure (c says why). */
+static int parse_pattern(re_ctx *c, const char *pattern, bool *head, bool *tail)
 {
-    re_ctx *c = calloc(1, sizeof *c);
-    gpe_jre *r = calloc(1, sizeof *r);
-    if (!c || !r) {
-        if (err && errlen)
-            snprintf(err, errlen, "out of memory");
-        goto fail;
-    }
-    c->err = err;
-    c->errlen = errlen;
-    c->full = full;
     size_t len = strlen(pattern);
-    bool head = len > 0 && pattern[0] == '^';
+    *head = len > 0 && pattern[0] == '^';
     /* a final '$' not itself escaped (an even number of '\' before it) */
     size_t bs = 0;
     while (len >= 2 + bs && pattern[len - 2 - bs] == '\\')
         bs++;
-    bool tail = len > (size_t)head && pattern[len - 1] == '$' && bs % 2 == 0;
-    char *body = strndup(pattern + head, len - head - tail);
-    if (!body) {
-        fail(c, "out of memory");
-        goto fail;
-    }
+    *tail = len > (size_t)*head && pattern[len - 1] == '$' && bs % 2 == 0;
+    char *body = strndup(pattern + *head, len - *head - *tail);
+    if (!body)
+        return oom(c);
     c->s = body;
     int t = parse_alt(c);
     if (t >= 0 && c->s[c->at])
         t = fail(c, "pattern: unmatched ')'");
     /* unanchored: anything may come before or after (JSON Schema searches) */
-    if (t >= 0 && !head) {
+    if (t >= 0 && !*head) {
         int any = node(c, R_CLS, -1, -1);
         if (any >= 0)
             cls_any(c, c->nodes[any].cls, false);
         t = cat(c, node(c, R_STAR, any, -1), t);
     }
-    if (t >= 0 && !tail) {
+    if (t >= 0 && !*tail) {
         int any = node(c, R_CLS, -1, -1);
         if (any >= 0)
             cls_any(c, c->nodes[any].cls, false);
         t = cat(c, t, node(c, R_STAR, any, -1));
     }
+    c->s = NULL;
     free(body);
+    return t;
+}
+
+static gpe_jre *compile_generic(const char *pattern, bool full, char *err, size_t errlen,
+                                gpe_status *st)
+{
+    re_ctx c = {.err = err, .errlen = errlen, .full = full};
+    gpe_jre *r = NULL;
+    bool head, tail;
     gl g;
-    if (t < 0 || build(c, r, t, &g) < 0)
+    c.nodes = malloc(RE_MAX_NODES * sizeof *c.nodes);
+    if (!c.nodes) {
+        oom(&c);
+        goto fail;
+    }
+    int t = parse_pattern(&c, pattern, &head, &tail);
+    if (t < 0)
+        goto fail;
+    if (!(r = calloc(1, sizeof *r))) {
+        oom(&c);
+        goto fail;
+    }
+    if (build(&c, r, t, &g) < 0)
         goto fail;
     r->nullable = g.nullable;
     r->first = g.first;
@@ -516,26 +536,36 @@ static gpe_jre *compile_generic(const char *pattern, bool full, char *err, size_
                 r->by_byte[ch] |= (uint64_t)1 << p;
     distances(r);
     if (r->start_dist == GPE_JRE_DEAD) {
-        fail(c, "pattern '%s' matches no %s", pattern,
+        fail(&c, "pattern '%s' matches no %s", pattern,
              full ? "string" : "JSON string written without escapes");
         goto fail;
     }
-    free(c);
+    free(c.nodes);
+    if (st)
+        *st = GPE_OK;
     return r;
 fail:
-    free(c);
+    free(c.nodes);
     free(r);
+    if (st)
+        *st = c.oom ? GPE_ERR_NOMEM : GPE_ERR_UNSUPPORTED;
     return NULL;
 }
 
 gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen)
 {
-    return compile_generic(pattern, false, err, errlen);
+    return compile_generic(pattern, false, err, errlen, NULL);
 }
 
 gpe_jre *gpe_jre_compile_full(const char *pattern, char *err, size_t errlen)
 {
-    return compile_generic(pattern, true, err, errlen);
+    return compile_generic(pattern, true, err, errlen, NULL);
+}
+
+gpe_jre *gpe_jre_compile_status(const char *pattern, bool full, char *err, size_t errlen,
+                                gpe_status *st)
+{
+    return compile_generic(pattern, full, err, errlen, st);
 }
 
 void gpe_jre_free(gpe_jre *r)

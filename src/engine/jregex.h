@@ -25,6 +25,8 @@
 #ifndef GPE_JREGEX_H
 #define GPE_JREGEX_H
 
+#include <gpupool/engine.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,7 +47,9 @@ typedef struct gpe_jre {
 
 #define GPE_JRE_DEAD INT32_MAX
 
-/* Compile pattern (NUL-terminated). NULL with a message in err. */
+/* Compile pattern (NUL-terminated). NULL with a message in err: a pattern
+ * outside the subset, or out of memory (gpe_jre_compile_status tells the
+ * two apart). */
 gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen);
 /* The same subset with ECMA-262's meaning over every character, for
  * checking a finished string (jvalidate.h) rather than writing one: classes
@@ -54,6 +58,13 @@ gpe_jre *gpe_jre_compile(const char *pattern, char *err, size_t errlen);
  * space counts as `\S`, and U+2028/2029 as `.`: one byte does not tell them
  * apart). */
 gpe_jre *gpe_jre_compile_full(const char *pattern, char *err, size_t errlen);
+/* gpe_jre_compile (full: gpe_jre_compile_full) with why it failed in *st
+ * (st may be NULL): GPE_OK; GPE_ERR_NOMEM, an allocation failed (err says
+ * "out of memory": not the pattern's fault, a retry may pass);
+ * GPE_ERR_UNSUPPORTED, the pattern is outside the subset or matches nothing
+ * (err names what). */
+gpe_jre *gpe_jre_compile_status(const char *pattern, bool full, char *err, size_t errlen,
+                                gpe_status *st);
 void gpe_jre_free(gpe_jre *r);
 /* The pattern a `format` is enforced as, or NULL for a format not supported
  * (date, time, date-time, uuid, email, ipv4, ipv6 is not). */

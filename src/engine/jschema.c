@@ -34,6 +34,7 @@ typedef struct cctx {
     size_t errlen;
     int depth;
     int *tag_alt;              /* tag_values' map, handed to tag_union */
+    bool oom;                  /* the failure was an allocation (oom), not the schema */
 } cctx;
 
 static int fail(cctx *c, const char *fmt, ...)
@@ -45,6 +46,15 @@ static int fail(cctx *c, const char *fmt, ...)
     return -1;
 }
 
+/* Every allocation failure comes here, so that the status says out of
+ * memory (the server's fault, 500 and retryable) and not a schema refused
+ * (the client's, 400). */
+static int oom(cctx *c)
+{
+    c->oom = true;
+    return fail(c, "out of memory");
+}
+
 static int new_node(cctx *c, gpe_js_kind kind)
 {
     gpe_jschema *p = c->p;
@@ -54,7 +64,7 @@ static int new_node(cctx *c, gpe_js_kind kind)
         int cap = p->cap ? p->cap * 2 : 32;
         gpe_js_node *n = realloc(p->nodes, (size_t)cap * sizeof *n);
         if (!n)
-            return fail(c, "out of memory");
+            return oom(c);
         p->nodes = n;
         p->cap = cap;
     }
@@ -94,7 +104,7 @@ static int lit_node(cctx *c, const json_t *const *vals, size_t n, const json_t *
     nd->lits = calloc(n ? n : 1, sizeof *nd->lits);
     nd->lit_len = calloc(n ? n : 1, sizeof *nd->lit_len);
     if (!nd->lits || !nd->lit_len)
-        return fail(c, "out of memory");
+        return oom(c);
     for (size_t i = 0; i < n; i++) {
         if (types) {
             bool ok = false;
@@ -117,7 +127,7 @@ static int lit_node(cctx *c, const json_t *const *vals, size_t n, const json_t *
         }
         char *s = json_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
         if (!s)
-            return fail(c, "out of memory");
+            return oom(c);
         nd->lits[nd->n_lits++] = s;
     }
     if (nd->n_lits == 0)
@@ -269,9 +279,10 @@ static int string_node(cctx *c, const json_t *s, const char *path)
     gpe_jre *re = NULL;
     if (re_text) {
         char why[200];
-        re = gpe_jre_compile(re_text, why, sizeof why);
+        gpe_status st;
+        re = gpe_jre_compile_status(re_text, false, why, sizeof why, &st);
         if (!re)
-            return fail(c, "%s at %s", why, path);
+            return st == GPE_ERR_NOMEM ? oom(c) : fail(c, "%s at %s", why, path);
     }
     int id = new_node(c, GPE_JS_STRING);
     if (id < 0) {
@@ -348,7 +359,7 @@ static int object_node(cctx *c, const json_t *s, const char *path)
     int np = (int)json_object_size(props);
     gpe_js_prop *pr = calloc(np ? (size_t)np : 1, sizeof *pr);
     if (!pr)
-        return fail(c, "out of memory");
+        return oom(c);
     int k = 0;
     const char *key;
     const json_t *ps;
@@ -366,7 +377,7 @@ static int object_node(cctx *c, const json_t *s, const char *path)
             for (int j = 0; j < k; j++)
                 free(pr[j].key);
             free(pr);
-            return nd < 0 ? -1 : fail(c, "out of memory");
+            return nd < 0 ? -1 : oom(c);
         }
         sprintf(kt, "%s:", q);
         free(q);
@@ -385,7 +396,7 @@ static int object_node(cctx *c, const json_t *s, const char *path)
             free(pr[j].key);
         free(pr);
         free(tail);
-        return id < 0 ? -1 : fail(c, "out of memory");
+        return id < 0 ? -1 : oom(c);
     }
     gpe_js_node *n = &c->p->nodes[id];
     n->props = pr;
@@ -405,7 +416,7 @@ static int union_node(cctx *c, const int *alts, int n)
         return -1;
     int *a = malloc((size_t)n * sizeof *a);
     if (!a)
-        return fail(c, "out of memory");
+        return oom(c);
     memcpy(a, alts, (size_t)n * sizeof *a);
     c->p->nodes[id].alts = a;
     c->p->nodes[id].n_alts = n;
@@ -508,11 +519,13 @@ static int compile_body(cctx *c, const json_t *s, const char *path)
             tl = json_pack("[O]", type);
         else if (type)
             tl = json_incref((json_t *)type);
+        if (type && !tl)   /* (NULL types would keep every value: a wider enum) */
+            return oom(c);
         size_t n = en ? json_array_size(en) : 1;
         const json_t **vals = malloc((n ? n : 1) * sizeof *vals);
         if (!vals) {
             json_decref(tl);
-            return fail(c, "out of memory");
+            return oom(c);
         }
         for (size_t i = 0; i < n; i++)
             vals[i] = en ? json_array_get(en, i) : cn;
@@ -608,7 +621,7 @@ static int compile(cctx *c, const json_t *s, const char *path)
         if (n)
             c->memo_node = n;
         if (!k || !n)
-            return fail(c, "out of memory");
+            return oom(c);
         c->memo_cap = cap;
     }
     c->memo_key[c->n_memo] = s;
@@ -809,7 +822,7 @@ static int tag_values(cctx *c, const int *objs, int n_objs, int *tag_out)
     int *alt = calloc((size_t)total, sizeof *alt);
     if (!l->lits || !l->lit_len || !alt) {
         free(alt);
-        return fail(c, "out of memory");
+        return oom(c);
     }
     /* insertion into sorted order: a few dozen values at most (MAX_LITS each) */
     for (int i = 0; i < n_objs; i++) {
@@ -825,7 +838,7 @@ static int tag_values(cctx *c, const int *objs, int n_objs, int *tag_out)
             char *dup = strdup(v->lits[k]);
             if (!dup) {
                 free(alt);
-                return fail(c, "out of memory");
+                return oom(c);
             }
             memmove(l->lits + at + 1, l->lits + at, (size_t)(l->n_lits - at) * sizeof *l->lits);
             memmove(alt + at + 1, alt + at, (size_t)(l->n_lits - at) * sizeof *alt);
@@ -897,7 +910,7 @@ static int tag_union(cctx *c, int u)
         free(pr);
         free(tail);
         free(key);
-        return id < 0 ? -1 : fail(c, "out of memory");
+        return id < 0 ? -1 : oom(c);
     }
     /* The remaining-bytes count must stay exact through the tag: the
      * shortest completion pairs each value with its own alternative's tail,
@@ -909,7 +922,7 @@ static int tag_union(cctx *c, int u)
         free(pr);
         free(tail);
         free(key);
-        return fail(c, "out of memory");
+        return oom(c);
     }
     l->min_len = GPE_JS_INF;
     for (int k = 0; k < l->n_lits; k++) {
@@ -1003,13 +1016,14 @@ static int finish(cctx *c)
     return 0;
 }
 
-gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen)
+gpe_jschema *gpe_jschema_compile_status(const json_t *schema, char *err, size_t errlen,
+                                        gpe_status *st)
 {
     gpe_jschema *p = calloc(1, sizeof *p);
     cctx c = {.p = p, .root = schema, .err = err, .errlen = errlen};
     if (!p) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
+        oom(&c);
+        goto fail;
     }
     /* built-ins, in the order of the GPE_JS_N_* indices */
     if (new_node(&c, GPE_JS_ANY) < 0 || new_node(&c, GPE_JS_OBJECT) < 0 ||
@@ -1019,7 +1033,7 @@ gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen)
     p->nodes[GPE_JS_N_ANYOBJ].extra = GPE_JS_N_ANY;
     p->nodes[GPE_JS_N_ANYOBJ].tail = calloc(1, sizeof(int64_t));
     if (!p->nodes[GPE_JS_N_ANYOBJ].tail) {
-        fail(&c, "out of memory");
+        oom(&c);
         goto fail;
     }
     if (schema) {
@@ -1032,12 +1046,21 @@ gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen)
         goto fail;
     free(c.memo_key);
     free(c.memo_node);
+    if (st)
+        *st = GPE_OK;
     return p;
 fail:
     free(c.memo_key);
     free(c.memo_node);
     gpe_jschema_free(p);
+    if (st)
+        *st = c.oom ? GPE_ERR_NOMEM : GPE_ERR_UNSUPPORTED;
     return NULL;
+}
+
+gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen)
+{
+    return gpe_jschema_compile_status(schema, err, errlen, NULL);
 }
 
 void gpe_jschema_free(gpe_jschema *p)
@@ -1063,23 +1086,60 @@ void gpe_jschema_free(gpe_jschema *p)
     free(p);
 }
 
+static gpe_status load_nomem(char *err, size_t errlen)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "out of memory");
+    return GPE_ERR_NOMEM;
+}
+
+/* The schema text as JSON (*out: new reference): GPE_OK, GPE_ERR_ARG (not
+ * JSON) or GPE_ERR_NOMEM. jansson (2.14) never says json_error_out_of_memory
+ * from a load: an allocation it could not make ends the load with no error
+ * text, or, where a token's copy failed, with a syntax error ("invalid
+ * token"). So a refusal with a message is believed only when a second load
+ * repeats it (text that is not JSON is refused every time; memory that ran
+ * short once is not the client's fault). And where its token buffer could
+ * not grow, a load drops that byte and succeeds ("home_address" read as
+ * "home_adress": another schema, followed to the letter), so a load counts
+ * only when another one agrees with it; schemas are small, the second load
+ * costs little beside the compile. */
+static gpe_status load_text(const char *schema, json_t **out, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *a = NULL;
+    *out = NULL;
+    for (int tries = 0; tries < 2 && !a; tries++) {
+        a = json_loads(schema, JSON_DECODE_ANY, &je);
+        if (!a && (!je.text[0] || json_error_code(&je) == json_error_out_of_memory))
+            return load_nomem(err, errlen);
+    }
+    if (!a) {
+        if (err && errlen)
+            snprintf(err, errlen, "schema is not JSON: %s", je.text);
+        return GPE_ERR_ARG;
+    }
+    /* the text loaded once, so it is JSON: a second load that fails or
+     * differs ran out of memory, one of the two */
+    json_t *b = json_loads(schema, JSON_DECODE_ANY, &je);
+    bool same = b && json_equal(a, b);
+    json_decref(b);
+    if (!same) {
+        json_decref(a);
+        return load_nomem(err, errlen);
+    }
+    *out = a;
+    return GPE_OK;
+}
+
 gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
                                       gpe_status *st)
 {
     json_t *js = NULL;
-    if (schema && *schema) {
-        json_error_t je;
-        js = json_loads(schema, JSON_DECODE_ANY, &je);
-        if (!js) {
-            if (err && errlen)
-                snprintf(err, errlen, "schema is not JSON: %s", je.text);
-            *st = GPE_ERR_ARG;
-            return NULL;
-        }
-    }
-    gpe_jschema *p = gpe_jschema_compile(js, err, errlen);
+    if (schema && *schema && (*st = load_text(schema, &js, err, errlen)) != GPE_OK)
+        return NULL;
+    gpe_jschema *p = gpe_jschema_compile_status(js, err, errlen, st);
     json_decref(js);
-    *st = p ? GPE_OK : GPE_ERR_UNSUPPORTED;
     return p;
 }
 

@@ -102,12 +102,20 @@ const json_t *gpe_jschema_pointer(const json_t *root, const char *ref);
 
 /* Compile schema (borrowed). schema NULL: any JSON object (response_format
  * json_object). Returns NULL with a message in err naming the keyword that
- * is not supported (or what is wrong). Caller frees with gpe_jschema_free. */
+ * is not supported (or what is wrong), or "out of memory" (the _status form
+ * tells the two apart). Caller frees with gpe_jschema_free. */
 gpe_jschema *gpe_jschema_compile(const json_t *schema, char *err, size_t errlen);
+/* The same with why in *st (st may be NULL): GPE_OK; GPE_ERR_NOMEM, an
+ * allocation failed (not the schema's fault: a server answers 500, and a
+ * retry may pass); GPE_ERR_UNSUPPORTED, a keyword not supported or a schema
+ * that is wrong (err names it: a client's 400). */
+gpe_jschema *gpe_jschema_compile_status(const json_t *schema, char *err, size_t errlen,
+                                        gpe_status *st);
 void gpe_jschema_free(gpe_jschema *p);
 /* Same from JSON text (NULL or "": json_object mode); *st: GPE_OK,
- * GPE_ERR_ARG (not JSON) or GPE_ERR_UNSUPPORTED. gpe_schema_check
- * (engine.h) is this, for the server. */
+ * GPE_ERR_ARG (not JSON), GPE_ERR_UNSUPPORTED or GPE_ERR_NOMEM (out of
+ * memory, loading the text included), as gpe_jschema_compile_status.
+ * gpe_schema_check (engine.h) is this, for the server. */
 gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
                                       gpe_status *st);
 
