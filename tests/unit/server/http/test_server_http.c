@@ -218,6 +218,29 @@ static void test_head_nul_in_target(void **st)
     assert_non_null(strstr(msg, "request target"));
 }
 
+/* A gps_http on base bound to an ephemeral loopback port (*port). */
+static gps_http *http_on_loopback(struct event_base *base, int *port)
+{
+    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
+                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
+                       .header_timeout_sec = 30, .body_timeout_sec = 30};
+    gps_http *h = gps_http_new(base, &o);
+    assert_non_null(h);
+    char err[128];
+    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, port, err, sizeof err), 0);
+    return h;
+}
+
+/* A client socket connected to 127.0.0.1:port. */
+static int connect_loopback(int port)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    return c;
+}
+
 /* The server's accepted connections have Nagle off: a stream is many small
  * writes, and with Nagle each waited for the client's delayed ACK (~40 ms
  * per request at one client: 26 req/s instead of 495 in relaybench's
@@ -226,18 +249,9 @@ static void test_accepted_sockets_have_nodelay(void **st)
 {
     (void)st;
     struct event_base *base = event_base_new();
-    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
-                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
-                       .header_timeout_sec = 30, .body_timeout_sec = 30};
-    gps_http *h = gps_http_new(base, &o);
-    assert_non_null(h);
     int port = 0;
-    char err[128];
-    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, &port, err, sizeof err), 0);
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    gps_http *h = http_on_loopback(base, &port);
+    int c = connect_loopback(port);
     struct sockaddr_in mine;
     socklen_t ml = sizeof mine;
     assert_int_equal(getsockname(c, (struct sockaddr *)&mine, &ml), 0);
@@ -305,22 +319,13 @@ static void test_json_reply_without_body_is_500(void **st)
 {
     (void)st;
     struct event_base *base = event_base_new();
-    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
-                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
-                       .header_timeout_sec = 30, .body_timeout_sec = 30};
-    gps_http *h = gps_http_new(base, &o);
-    assert_non_null(h);
+    int port = 0;
+    gps_http *h = http_on_loopback(base, &port);
     assert_int_equal(gps_http_add_route(h, EVHTTP_REQ_GET, "/null", GPS_DIALECT_NATIVE,
                                         GPS_ROLE_NONE, h_null_body, NULL), 0);
     assert_int_equal(gps_http_add_route(h, EVHTTP_REQ_GET, "/body", GPS_DIALECT_NATIVE,
                                         GPS_ROLE_NONE, h_body, NULL), 0);
-    int port = 0;
-    char err[128];
-    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, &port, err, sizeof err), 0);
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    int c = connect_loopback(port);
     char out[4096];
     roundtrip(base, c, "GET /null HTTP/1.1\r\nHost: x\r\n\r\n", out, sizeof out);
     assert_true(strncmp(out, "HTTP/1.1 500 ", 13) == 0);
