@@ -49,7 +49,7 @@ static int body_events_locked(gp_buf *b, agent_job *j)
         rc = -1;
     }
     if (rc <= 0)
-        b->len = mark;
+        gp_buf_truncate(b, mark);
     return rc;
 }
 
@@ -243,7 +243,7 @@ void ag_batch_start(agent *a, uint64_t now, bool urgent_only)
             continue;
         if ((k && gp_buf_append(&b, ",", 1) < 0) || gp_buf_append(&b, "{\"job_id\":\"", 11) < 0 ||
             gp_buf_append(&b, j->id, strlen(j->id)) < 0 || gp_buf_append(&b, "\",", 2) < 0) {
-            b.len = mark;
+            gp_buf_truncate(&b, mark);
             break;
         }
         int er = body_events_locked(&b, j);
@@ -252,7 +252,7 @@ void ag_batch_start(agent *a, uint64_t now, bool urgent_only)
             er = -1;
         }
         if (er <= 0) {
-            b.len = mark;
+            gp_buf_truncate(&b, mark);
             if (er < 0)
                 break;
             ag_job_seen(a, j, 0); /* not ready after all: never so while the loop sees right */

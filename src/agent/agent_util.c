@@ -344,7 +344,7 @@ int agent_evq_take_append(agent_evq *q, size_t max, size_t *seq, gp_buf *out)
         k = max;
     size_t mark = out->len;
     if (evq_batch_append(q, k, out) < 0) {
-        out->len = mark;
+        gp_buf_truncate(out, mark);
         return -1;
     }
     q->inflight = k;

@@ -86,6 +86,13 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
 static const char OOM_BODY[] = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
                                "\"code\":\"INTERNAL\",\"message\":\"out of memory\"}}";
 
+static void set_json_type(struct evhttp_request *req)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_remove_header(h, "Content-Type");
+    evhttp_add_header(h, "Content-Type", "application/json");
+}
+
 static void send_oom(struct evhttp_request *req, int status)
 {
     gp_log_error("reply_out_of_memory", "a %d reply's body could not be built: answered 500",
@@ -95,6 +102,7 @@ static void send_oom(struct evhttp_request *req, int status)
         evbuffer_free(buf);
         buf = NULL; /* then an empty 500: still not the caller's status */
     }
+    set_json_type(req);
     gps_http_send_reply(req, 500, NULL, buf);
     if (buf)
         evbuffer_free(buf);
@@ -105,9 +113,6 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
     char *text = body ? gp_json_dumps(body) : NULL;
     json_decref(body);
     if (!text) {
-        struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-        evhttp_remove_header(h, "Content-Type");
-        evhttp_add_header(h, "Content-Type", "application/json");
         send_oom(req, status);
         return;
     }
@@ -117,9 +122,6 @@ void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
 
 void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
 {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_remove_header(h, "Content-Type");
-    evhttp_add_header(h, "Content-Type", "application/json");
     struct evbuffer *buf = evbuffer_new();
     if (!buf || evbuffer_add(buf, text, n) < 0) {
         if (buf)
@@ -127,6 +129,7 @@ void gps_http_send_json_text(struct evhttp_request *req, int status, const char 
         send_oom(req, status);
         return;
     }
+    set_json_type(req);
     gps_http_send_reply(req, status, NULL, buf);
     evbuffer_free(buf);
 }
