@@ -517,6 +517,7 @@ static void job_begin(agent *a, json_t *jj)
         .error = sink_error,
     };
     char err[256] = "";
+    int rc;
     const char *rft = json_string_value(
         json_object_get(json_object_get(jj, "response_format"), "type"));
     if (rft && strcmp(rft, "text") != 0 && !a->be->ops->structured_output) {
@@ -529,11 +530,17 @@ static void job_begin(agent *a, json_t *jj)
         snprintf(why, sizeof why, "response_format json_object/json_schema is not supported by "
                  "this agent's %s backend", a->be->ops->name);
         sink_error(j, "INVALID_REQUEST", why);
-    } else if (a->be->ops->job_start(a->be, jj, &sink, err, sizeof err) != 0) {
-        gp_log_write(GP_LOG_WARN, "job_rejected", j->correlation_id,
-                     json_pack("{s:s}", "job_id", j->id), "backend rejected job: %s", err);
+    } else if ((rc = a->be->ops->job_start(a->be, jj, &sink, err, sizeof err)) != 0) {
+        /* Out of memory is ours, not the job's: AGENT_OUT_OF_MEMORY fails
+         * it over (as a broken queue does), where INVALID_REQUEST would be
+         * the client's 400 for a request that was fine. */
+        bool oom = rc == AGENT_JOB_START_NOMEM;
+        gp_log_write(oom ? GP_LOG_ERROR : GP_LOG_WARN, oom ? "job_out_of_memory" : "job_rejected",
+                     j->correlation_id, json_pack("{s:s}", "job_id", j->id),
+                     "backend %s job: %s", oom ? "could not start the" : "rejected", err);
         /* No callback will come: report it ourselves. */
-        sink_error(j, "INVALID_REQUEST", err[0] ? err : "the backend could not start the job");
+        sink_error(j, oom ? "AGENT_OUT_OF_MEMORY" : "INVALID_REQUEST",
+                   err[0] ? err : "the backend could not start the job");
     } else if (a->jobs_stopped) {
         /* Assigned while we were already stopping: hand it back at once
          * (AGENT_SHUTDOWN) rather than run it past our exit. */

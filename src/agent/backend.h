@@ -64,6 +64,12 @@ struct event_base;
 
 #include "agent/agent_config.h"
 
+/* job_start's return for a job not started because memory ran out: the
+ * agent's own failure, not the job's, so the agent ends it with
+ * AGENT_OUT_OF_MEMORY (failed over, as when its event queue breaks) and
+ * not INVALID_REQUEST (a client's 400 for a request that was fine). */
+#define AGENT_JOB_START_NOMEM (-2)
+
 /* Event sink for one job. The agent fills it; ctx is the agent's per-job
  * state. Strings are borrowed for the duration of the call. */
 typedef struct agent_job_sink {
@@ -165,8 +171,9 @@ typedef struct agent_backend_ops {
      * "kv_cache_utilization", "queue_depth". body is borrowed. */
     void (*poll_facts)(agent_backend *b, json_t *body);
     /* Start a job. job is borrowed; *sink is copied. Returns 0 (callbacks
-     * will follow, ending with exactly one terminal) or -1 with err set
-     * (no callback will come). */
+     * will follow, ending with exactly one terminal) or, with err set and
+     * no callback to come, -1 (the job is refused: INVALID_REQUEST) or
+     * AGENT_JOB_START_NOMEM. */
     int (*job_start)(agent_backend *b, json_t *job, const agent_job_sink *sink, char *err,
                      size_t errlen);
     /* Ask a running job to stop (asynchronous, idempotent). */

@@ -1216,9 +1216,10 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     /* A schema the reply cannot be checked against is refused before any
      * upstream work, as the gguf backend refuses one it cannot enforce. */
     oai_schema *check = NULL;
-    if (chat && oai_schema_new(job, &check, err, errlen) < 0) {
+    int src = chat ? oai_schema_new(job, &check, err, errlen) : 0;
+    if (src < 0) {
         json_decref(req);
-        return -1;
+        return src == OAI_SCHEMA_NOMEM ? AGENT_JOB_START_NOMEM : -1;
     }
     oai_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -1226,7 +1227,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         free(tok_body);
         oai_schema_free(check);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return AGENT_JOB_START_NOMEM;
     }
     j->check = check;
     const char *cid = json_string_value(json_object_get(job, "correlation_id"));
@@ -1239,7 +1240,7 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
         json_decref(req);
         free(tok_body);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return AGENT_JOB_START_NOMEM;
     }
     j->b = b;
     j->tok_body = tok_body;
@@ -1275,12 +1276,12 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     if (pool_options_header(job, &j->pool_options) < 0) {
         job_free(j);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return AGENT_JOB_START_NOMEM;
     }
     if (!count && !j->body) {
         job_free(j);
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return AGENT_JOB_START_NOMEM;
     }
     /* The loop takes it from the inbox (job_begin); cancel finds it in jobs. */
     pthread_mutex_lock(&b->mu);

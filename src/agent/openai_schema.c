@@ -53,7 +53,8 @@ void oai_schema_free(oai_schema *c)
 }
 
 /* response_format's validator: json_schema's schema ({} when absent), any
- * object for json_object, none for text. */
+ * object for json_object, none for text. 0, -1 (refused) or
+ * OAI_SCHEMA_NOMEM. */
 static int format_checker(oai_schema *c, json_t *rf, char *err, size_t errlen)
 {
     const char *type = json_string_value(json_object_get(rf, "type"));
@@ -67,18 +68,20 @@ static int format_checker(oai_schema *c, json_t *rf, char *err, size_t errlen)
         return 0;
     }
     char why[300];
-    c->format = schema ? gpe_jv_new(schema, why, sizeof why) : NULL;
+    gpe_status st = GPE_ERR_NOMEM; /* (schema NULL: json_object() or json_pack failed) */
+    c->format = schema ? gpe_jv_new_status(schema, why, sizeof why, &st) : NULL;
     json_decref(schema);
     if (!c->format) {
+        bool oom = st == GPE_ERR_NOMEM;
         snprintf(err, errlen, "response_format: the schema cannot be checked: %s",
-                 schema ? why : "out of memory");
-        return -1;
+                 oom ? "out of memory" : why);
+        return oom ? OAI_SCHEMA_NOMEM : -1;
     }
     return 0;
 }
 
 /* A validator for each tool with "strict": true ({"type":"object"} when it
- * has no parameters). */
+ * has no parameters). 0, -1 (refused) or OAI_SCHEMA_NOMEM. */
 static int tool_checkers(oai_schema *c, json_t *tools, char *err, size_t errlen)
 {
     size_t i;
@@ -92,16 +95,18 @@ static int tool_checkers(oai_schema *c, json_t *tools, char *err, size_t errlen)
         json_t *schema = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
         strict_tool *n = realloc(c->tools, (size_t)(c->n_tools + 1) * sizeof *n);
         char why[300];
-        gpe_jv *jv = schema && n ? gpe_jv_new(schema, why, sizeof why) : NULL;
+        gpe_status st = GPE_ERR_NOMEM; /* (no schema or no room: memory) */
+        gpe_jv *jv = schema && n ? gpe_jv_new_status(schema, why, sizeof why, &st) : NULL;
         json_decref(schema);
         if (n)
             c->tools = n;
         char *dup = jv ? strdup(name) : NULL;
         if (!dup) {
             gpe_jv_free(jv);
+            bool oom = jv || st == GPE_ERR_NOMEM; /* the name's copy, the validator's memory */
             snprintf(err, errlen, "tool '%.64s' is strict but its parameters cannot be "
-                     "checked: %s", name, schema && n && !jv ? why : "out of memory");
-            return -1;
+                     "checked: %s", name, oom ? "out of memory" : why);
+            return oom ? OAI_SCHEMA_NOMEM : -1;
         }
         c->tools[c->n_tools++] = (strict_tool){.name = dup, .jv = jv};
     }
@@ -118,12 +123,15 @@ int oai_schema_new(json_t *job, oai_schema **out, char *err, size_t errlen)
     oai_schema *c = calloc(1, sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return OAI_SCHEMA_NOMEM;
     }
     gp_buf_init(&c->text);
-    if (format_checker(c, rf, err, errlen) < 0 || tool_checkers(c, tools, err, errlen) < 0) {
+    int rc = format_checker(c, rf, err, errlen);
+    if (rc == 0)
+        rc = tool_checkers(c, tools, err, errlen);
+    if (rc < 0) {
         oai_schema_free(c);
-        return -1;
+        return rc;
     }
     if (!c->format && c->n_tools == 0) {
         oai_schema_free(c);

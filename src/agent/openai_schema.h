@@ -27,10 +27,16 @@
 
 typedef struct oai_schema oai_schema;
 
+/* oai_schema_new's return when memory ran out: not the job's fault, so
+ * not refused as INVALID_REQUEST (the backend ends it as the agent's own
+ * out of memory, which fails it over: backend.h AGENT_JOB_START_NOMEM). */
+#define OAI_SCHEMA_NOMEM (-2)
+
 /* The checks a job (borrowed) asks for, in *out (NULL: nothing to check).
- * 0, or -1 with err set: a strict tool or a response_format whose schema
- * the validator cannot check (a keyword it does not support, named), or
- * out of memory; the job is then refused as INVALID_REQUEST. */
+ * 0; -1 with err set: a strict tool or a response_format whose schema the
+ * validator cannot check (a keyword it does not support, named): the job
+ * is refused as INVALID_REQUEST; or OAI_SCHEMA_NOMEM with err set: out of
+ * memory (the validator's included: gpe_jv_new_status). */
 int oai_schema_new(json_t *job, oai_schema **out, char *err, size_t errlen);
 void oai_schema_free(oai_schema *c);
 

@@ -47,6 +47,7 @@ typedef struct wctx {
     gpe_jv *v;
     char *err;
     size_t errlen;
+    bool oom;   /* the failure was an allocation's (woom), not the schema's */
 } wctx;
 
 static int wfail(wctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -59,6 +60,15 @@ static int wfail(wctx *c, const char *fmt, ...)
         va_end(ap);
     }
     return -1;
+}
+
+/* Every allocation failure comes here, so that the status says out of
+ * memory (the agent's own failure: the job fails over) and not a schema
+ * refused (the client's INVALID_REQUEST), as jschema.c's oom() does. */
+static int woom(wctx *c)
+{
+    c->oom = true;
+    return wfail(c, "out of memory");
 }
 
 static bool in_list(const char *k, const char *const *list)
@@ -91,14 +101,15 @@ static int add_re(wctx *c, const json_t *owner, bool format, const char *text, c
         int cap = v->cap_re ? v->cap_re * 2 : 8;
         jv_re *n = realloc(v->re, (size_t)cap * sizeof *n);
         if (!n)
-            return wfail(c, "out of memory");
+            return woom(c);
         v->re = n;
         v->cap_re = cap;
     }
     char why[200];
-    gpe_jre *re = gpe_jre_compile_full(text, why, sizeof why);
+    gpe_status st;
+    gpe_jre *re = gpe_jre_compile_status(text, true, why, sizeof why, &st);
     if (!re)
-        return wfail(c, "%s at %s", why, path);
+        return st == GPE_ERR_NOMEM ? woom(c) : wfail(c, "%s at %s", why, path);
     v->re[v->n_re++] = (jv_re){.owner = owner, .format = format, .re = re};
     return 0;
 }
@@ -232,7 +243,7 @@ static int walk(wctx *c, const json_t *s, const char *path, int depth)
         int cap = v->cap_seen ? v->cap_seen * 2 : 32;
         const json_t **n = realloc(v->seen, (size_t)cap * sizeof *n);
         if (!n)
-            return wfail(c, "out of memory");
+            return woom(c);
         v->seen = n;
         v->cap_seen = cap;
     }
@@ -246,17 +257,19 @@ static int walk(wctx *c, const json_t *s, const char *path, int depth)
     return 0;
 }
 
-gpe_jv *gpe_jv_new(const json_t *schema, char *err, size_t errlen)
+gpe_jv *gpe_jv_new_status(const json_t *schema, char *err, size_t errlen, gpe_status *st)
 {
     gpe_jv *v = calloc(1, sizeof *v);
     wctx c = {.v = v, .err = err, .errlen = errlen};
+    gpe_status why = GPE_ERR_UNSUPPORTED;
     if (!v) {
-        wfail(&c, "out of memory");
-        return NULL;
+        woom(&c);
+        goto fail;
     }
     v->root = json_incref((json_t *)schema);
     if (!schema) {
         wfail(&c, "no schema");
+        why = GPE_ERR_ARG;
         goto fail;
     }
     if (walk(&c, schema, "#", 0) < 0)
@@ -264,10 +277,19 @@ gpe_jv *gpe_jv_new(const json_t *schema, char *err, size_t errlen)
     free(v->seen);   /* only the walk needs it */
     v->seen = NULL;
     v->n_seen = v->cap_seen = 0;
+    if (st)
+        *st = GPE_OK;
     return v;
 fail:
     gpe_jv_free(v);
+    if (st)
+        *st = c.oom ? GPE_ERR_NOMEM : why;
     return NULL;
+}
+
+gpe_jv *gpe_jv_new(const json_t *schema, char *err, size_t errlen)
+{
+    return gpe_jv_new_status(schema, err, errlen, NULL);
 }
 
 void gpe_jv_free(gpe_jv *v)

@@ -38,6 +38,7 @@
 #ifndef GPE_JVALIDATE_H
 #define GPE_JVALIDATE_H
 
+#include <gpupool/engine.h>
 #include <jansson.h>
 #include <stddef.h>
 
@@ -52,8 +53,15 @@ typedef enum gpe_jv_result {
 /* A validator of schema (borrowed; the validator keeps a reference), its
  * patterns compiled. NULL with a message in err: a keyword not supported
  * (named, with its place in the schema), a keyword's value of the wrong
- * kind, a $ref that does not resolve, a pattern not supported. */
+ * kind, a $ref that does not resolve, a pattern not supported; or "out of
+ * memory" (the _status form tells the two apart). */
 gpe_jv *gpe_jv_new(const json_t *schema, char *err, size_t errlen);
+/* The same with why in *st (st may be NULL), as gpe_jschema_compile_status
+ * (jschema.h): GPE_OK; GPE_ERR_NOMEM, an allocation failed (not the
+ * schema's fault: the agent fails the job over as its own out of memory,
+ * and a retry may pass); GPE_ERR_UNSUPPORTED, a schema refused (err names
+ * what and where: the client's INVALID_REQUEST); GPE_ERR_ARG, schema NULL. */
+gpe_jv *gpe_jv_new_status(const json_t *schema, char *err, size_t errlen, gpe_status *st);
 void gpe_jv_free(gpe_jv *v);
 
 /* Check value (borrowed). msg gets the first violation (INVALID) or what
