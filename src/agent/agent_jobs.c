@@ -328,10 +328,24 @@ static void sink_embedding(void *ctx, int index, const float *v, int dim)
     sink_push(ctx, ev);
 }
 
+/* A value the job's end event is to carry could not be kept for want of
+ * memory: an end without it would be a quietly wrong success (no
+ * stop_sequence, no upstream_meta), so the job's queue breaks instead, as
+ * a failed push breaks it (agent_evq_push(NULL)): the job ends with
+ * AGENT_OUT_OF_MEMORY, fails over, and its backend is stopped. */
+static void sink_lost(agent_job *j)
+{
+    sink_push(j, NULL);
+}
+
 static void sink_stop_sequence(void *ctx, const char *seq)
 {
     agent_job *j = ctx;
     char *copy = seq ? strdup(seq) : NULL;
+    if (seq && !copy) {
+        sink_lost(j);
+        return;
+    }
     pthread_mutex_lock(&j->a->mu);
     free(j->stop_seq);
     j->stop_seq = copy;
@@ -350,6 +364,13 @@ static void sink_upstream_meta(void *ctx, json_t *meta)
     agent_job *j = ctx;
     json_t *copy = json_is_object(meta) ? json_deep_copy(meta) : NULL;
     size_t n = copy ? json_dumpb(copy, NULL, 0, JSON_COMPACT) : 0;
+    /* An object that could not be copied, or measured (its dump is never
+     * empty: "{}" at least), is memory: not a value to drop. */
+    if (json_is_object(meta) && n == 0) {
+        json_decref(copy);
+        sink_lost(j);
+        return;
+    }
     if (n > AGENT_MAX_UPSTREAM_META) {
         gp_log_write(GP_LOG_WARN, "upstream_value_dropped", j->correlation_id,
                      json_pack("{s:s,s:s,s:I}", "job_id", j->id, "field", "x_pool_meta",
