@@ -181,15 +181,37 @@ void gps_relay_send_output(gps_relay *rl)
     gps_relay_send_soon(rl);
 }
 
+/* A started stream's error event. An error body that cannot be built or
+ * framed (out of memory: gps_error_body is whole or NULL) gives way to the
+ * fixed out-of-memory error (http.h), static text framed into the output
+ * once what is in it went out: the buffer keeps its storage, so after any
+ * earlier frame this needs no allocation. Failing even that, the stream
+ * ends without an error event (never with part of one). */
+static void error_event(gps_relay *rl, int status, const char *code, const char *message,
+                        int ra)
+{
+    json_t *body =
+        gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->s.corr, ra);
+    int rc = body ? gps_sse_format_json(&rl->s.out, rl->ops->error_event, NULL, body) : -1;
+    json_decref(body);
+    if (rc == 0)
+        return;
+    gps_stream_send(&rl->s);
+    size_t at = rl->s.out.len;
+    if (gps_sse_format(&rl->s.out, rl->ops->error_event, NULL, gps_http_oom_body) < 0) {
+        gp_buf_truncate(&rl->s.out, at);
+        gp_log_write(GP_LOG_ERROR, "stream_out_of_memory", rl->s.corr[0] ? rl->s.corr : NULL,
+                     NULL, "a stream's %d %s error event could not be written: ended without it",
+                     status, code);
+    }
+}
+
 /* gps_relay_fail's sending, counting and finishing, with the error's
  * fields already chosen. */
 static void fail_as(gps_relay *rl, int status, const char *code, const char *message, int ra)
 {
     if (rl->s.started) {
-        json_t *body =
-            gps_error_body_retry(rl->ops->dialect, status, code, message, NULL, rl->s.corr, ra);
-        gps_sse_format_json(&rl->s.out, rl->ops->error_event, NULL, body);
-        json_decref(body);
+        error_event(rl, status, code, message, ra);
         gps_stream_end(&rl->s);
     } else {
         gps_stream_release(&rl->s);

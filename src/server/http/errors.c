@@ -3,9 +3,12 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+
+#include "common/gp_util.h"
 
 const char *gps_openai_error_type(int status)
 {
@@ -52,6 +55,36 @@ static const char *anthropic_error_type(int status)
     }
 }
 
+/* A JSON string of s (NULL: none, counted as a failure by the set that
+ * takes it). Callers cut outside text into messages ("%.256s" of a
+ * client's model name) and may cut a character in two: jansson refuses such
+ * a string whole, so its bytes that are not UTF-8 become U+FFFD here rather
+ * than the member going missing or the error becoming a 500. NULL
+ * otherwise only when out of memory. New reference. */
+static json_t *text(const char *s)
+{
+    json_t *j = s ? json_string(s) : NULL;
+    if (j || !s || gp_utf8_valid(s, strlen(s)))
+        return j;
+    gp_buf b;
+    gp_buf_init(&b);
+    const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
+    int rc = 0;
+    while (p < end && rc == 0) {
+        size_t n = *p < 0x80 ? 1 : gp_utf8_seq_len(p, end);
+        rc = n ? gp_buf_append(&b, (const char *)p, n) : gp_buf_append(&b, "\xef\xbf\xbd", 3);
+        p += n ? n : 1;
+    }
+    j = rc == 0 ? json_stringn(b.data, b.len) : NULL;
+    gp_buf_free(&b);
+    return j;
+}
+
+/* Whole or NULL (out of memory): an error without its message, code or
+ * type is not the error (a client that reads error.type finds nothing), and
+ * gps_http_send_json answers NULL with its fixed 500. Each
+ * json_object_set_new takes its value, NULL included, so the sets only count
+ * their failures. */
 json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *message,
                        const char *param, const char *correlation_id, json_t *extra)
 {
@@ -63,6 +96,7 @@ json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *
         json_decref(extra);
         return NULL;
     }
+    int bad = 0;
     switch (d) {
     case GPS_DIALECT_OPENAI: {
         /* OpenAI codes are lower snake case ("model_not_found"). */
@@ -71,36 +105,40 @@ json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *
         for (; code && code[i] && i + 1 < sizeof lc; i++)
             lc[i] = (char)tolower((unsigned char)code[i]);
         lc[i] = '\0';
-        json_object_set_new(err, "message", json_string(message));
-        json_object_set_new(err, "type", json_string(gps_openai_error_type(status)));
-        json_object_set_new(err, "param", param ? json_string(param) : json_null());
-        json_object_set_new(err, "code", code ? json_string(lc) : json_null());
-        json_object_set_new(top, "error", err);
+        bad += json_object_set_new(err, "message", text(message)) < 0;
+        bad += json_object_set_new(err, "type", json_string(gps_openai_error_type(status))) < 0;
+        bad += json_object_set_new(err, "param", param ? text(param) : json_null()) < 0;
+        bad += json_object_set_new(err, "code", code ? text(lc) : json_null()) < 0;
         break;
     }
     case GPS_DIALECT_ANTHROPIC:
-        json_object_set_new(top, "type", json_string("error"));
-        json_object_set_new(err, "type", json_string(anthropic_error_type(status)));
-        json_object_set_new(err, "message", json_string(message));
+        bad += json_object_set_new(top, "type", json_string("error")) < 0;
+        bad += json_object_set_new(err, "type", json_string(anthropic_error_type(status))) < 0;
+        bad += json_object_set_new(err, "message", text(message)) < 0;
         /* Not in Anthropic's own shape; the SDKs keep unknown fields. */
         if (param)
-            json_object_set_new(err, "param", json_string(param));
-        json_object_set_new(top, "error", err);
+            bad += json_object_set_new(err, "param", text(param)) < 0;
         break;
     case GPS_DIALECT_NATIVE:
     default:
-        json_object_set_new(err, "code", json_string(code ? code : "ERROR"));
-        json_object_set_new(err, "message", json_string(message));
-        if (param)
-            json_object_set_new(err, "details", json_pack("{s:s}", "param", param));
+        bad += json_object_set_new(err, "code", text(code ? code : "ERROR")) < 0;
+        bad += json_object_set_new(err, "message", text(message)) < 0;
+        if (param) {
+            json_t *details = json_object();
+            bad += details && json_object_set_new(details, "param", text(param)) < 0;
+            bad += json_object_set_new(err, "details", details) < 0;
+        }
         if (correlation_id)
-            json_object_set_new(err, "correlation_id", json_string(correlation_id));
-        json_object_set_new(top, "error", err);
+            bad += json_object_set_new(err, "correlation_id", text(correlation_id)) < 0;
         break;
     }
-    if (extra)
-        json_object_update(err, extra);
+    bad += extra && json_object_update(err, extra) < 0;
     json_decref(extra);
+    bad += json_object_set_new(top, "error", err) < 0; /* (takes err, set or not) */
+    if (bad) {
+        json_decref(top);
+        return NULL;
+    }
     return top;
 }
 

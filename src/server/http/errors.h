@@ -23,10 +23,12 @@
 
 struct evhttp_request;
 
-/* The error body of dialect d (new reference). code is a stable native
- * code ("INVALID_REQUEST"; OpenAI gets it lower-cased); param names the
- * offending field or NULL; extra (stolen, may be NULL) is merged into the
- * inner error object. */
+/* The error body of dialect d (new reference), whole or NULL out of memory
+ * (gps_http_send_json answers NULL with its fixed 500). code is a stable
+ * native code ("INVALID_REQUEST"; OpenAI gets it lower-cased); message is
+ * not NULL; param names the offending field or NULL; bytes of message,
+ * param or correlation_id that are not UTF-8 become U+FFFD; extra (stolen,
+ * may be NULL) is merged into the inner error object. */
 json_t *gps_error_body(gps_dialect d, int status, const char *code, const char *message,
                        const char *param, const char *correlation_id, json_t *extra);
 /* The same with error.retry_after_sec when retry_after_sec > 0. */

@@ -83,8 +83,8 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
  * "{}" is a success the client cannot tell from a real one). One text that
  * every dialect's clients read as an error: error.code and error.message
  * (native, OpenAI), type "error" and error.type (Anthropic). */
-static const char OOM_BODY[] = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
-                               "\"code\":\"INTERNAL\",\"message\":\"out of memory\"}}";
+const char gps_http_oom_body[] = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\","
+                                "\"code\":\"INTERNAL\",\"message\":\"out of memory\"}}";
 
 static void set_json_type(struct evhttp_request *req)
 {
@@ -98,7 +98,8 @@ static void send_oom(struct evhttp_request *req, int status)
     gp_log_error("reply_out_of_memory", "a %d reply's body could not be built: answered 500",
                  status);
     struct evbuffer *buf = evbuffer_new();
-    if (buf && evbuffer_add_reference(buf, OOM_BODY, sizeof OOM_BODY - 1, NULL, NULL) < 0) {
+    if (buf && evbuffer_add_reference(buf, gps_http_oom_body, sizeof gps_http_oom_body - 1, NULL,
+                                          NULL) < 0) {
         evbuffer_free(buf);
         buf = NULL; /* then an empty 500: still not the caller's status */
     }
