@@ -331,15 +331,20 @@ json_t *gps_admin_history_json(const gps_admin_history *h, int64_t now_wall_ms, 
             rq = h->requests[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES];
             er = h->errors[(h->head + k) % GPS_ADMIN_HISTORY_MINUTES];
         }
-        json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t", (json_int_t)(m * 60000),
-                                             "requests", rq, "errors", er));
+        if (json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t", (json_int_t)(m * 60000),
+                                                 "requests", rq, "errors", er)) < 0)
+            goto oom;
     }
     double rq = h->cur_minute == now_min ? requests - h->cur_req0 : 0;
     double er = h->cur_minute == now_min ? errors - h->cur_err0 : 0;
-    if (arr)
-        json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t", (json_int_t)(now_min * 60000),
-                                             "requests", rq, "errors", er));
+    if (arr && json_array_append_new(arr, json_pack("{s:I,s:f,s:f}", "t",
+                                                    (json_int_t)(now_min * 60000), "requests",
+                                                    rq, "errors", er)) < 0)
+        goto oom;
     return arr;
+oom: /* a chart with a minute missing would draw the wrong hour */
+    json_decref(arr);
+    return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -624,24 +629,44 @@ static void h_keys_delete(gps_req *r, void *arg)
 /* Agents                                                              */
 /* ------------------------------------------------------------------ */
 
+/* A model's aliases, whole or NULL (out of memory). */
+static json_t *aliases_json(const registry_model_info *m)
+{
+    json_t *aliases = json_array();
+    for (size_t k = 0; aliases && k < m->n_aliases; k++)
+        if (json_array_append_new(aliases, json_string(m->aliases[k])) < 0) {
+            json_decref(aliases);
+            return NULL;
+        }
+    return aliases;
+}
+
+/* An agent as the admin API shows it, whole or NULL (out of memory): a
+ * label, a model or an alias left out would read as the agent not having
+ * it. Each set and append takes its value, NULL included, and json_pack
+ * refuses a NULL "o" (taking the others), so a failure anywhere below
+ * reaches the result. */
 static json_t *agent_json(const registry_agent *ag, uint64_t now_mono, int64_t now_wall)
 {
     json_t *labels = json_object();
     for (size_t i = 0; labels && i < ag->n_labels; i++)
-        json_object_set_new(labels, ag->labels[i].key, json_string(ag->labels[i].value));
+        if (json_object_set_new(labels, ag->labels[i].key, json_string(ag->labels[i].value)) <
+            0) {
+            json_decref(labels);
+            labels = NULL;
+        }
     json_t *models = json_array();
     for (size_t i = 0; models && i < ag->n_models; i++) {
         const registry_model_info *m = &ag->models[i];
-        json_t *aliases = json_array();
-        for (size_t k = 0; aliases && k < m->n_aliases; k++)
-            json_array_append_new(aliases, json_string(m->aliases[k]));
-        json_array_append_new(
-            models, json_pack("{s:s,s:o,s:o,s:o,s:I,s:I,s:b}", "id", m->id, "aliases",
-                              aliases ? aliases : json_array(), "quantization",
-                              str_or_null(m->quantization), "architecture",
-                              str_or_null(m->architecture), "context_length",
-                              (json_int_t)m->context_length, "vram_bytes",
-                              (json_int_t)m->vram_bytes, "loaded", m->loaded));
+        if (json_array_append_new(
+                models, json_pack("{s:s,s:o,s:o,s:o,s:I,s:I,s:b}", "id", m->id, "aliases",
+                                  aliases_json(m), "quantization", str_or_null(m->quantization),
+                                  "architecture", str_or_null(m->architecture),
+                                  "context_length", (json_int_t)m->context_length, "vram_bytes",
+                                  (json_int_t)m->vram_bytes, "loaded", m->loaded)) < 0) {
+            json_decref(models);
+            models = NULL;
+        }
     }
     /* GPUs as the registry keeps them (hw_facts.h: known fields only). */
     json_t *gpus = hw_facts_gpus_json(&ag->hw);
@@ -653,8 +678,7 @@ static json_t *agent_json(const registry_agent *ag, uint64_t now_mono, int64_t n
         "{s:s,s:o,s:s,s:o,s:o,s:o,s:o,s:o,s:i,s:i,s:i,s:f,s:I,s:I,s:I,s:i,s:I,s:I,s:f,s:b,s:b}",
         "id", ag->id, "name", str_or_null(ag->name), "state", registry_state_name(ag->state),
         "version", str_or_null(ag->version), "platform", str_or_null(ag->platform), "labels",
-        labels ? labels : json_object(), "gpus", gpus ? gpus : json_array(), "models",
-        models ? models : json_array(), "slots_total", ag->slots_total, "slots_busy",
+        labels, "gpus", gpus, "models", models, "slots_total", ag->slots_total, "slots_busy",
         ag->slots_busy, "queue_depth", ag->queue_depth, "kv_cache_utilization",
         ag->kv_cache_utilization, "last_seen", (json_int_t)last_seen, "registered_at",
         (json_int_t)registered, "state_since", (json_int_t)since, "jobs_running", ag->active,
@@ -821,8 +845,10 @@ static json_t *job_live_json(const gps_job *j)
         gps_job_correlation_id(j), "source", "memory", "live", 1);
     /* The affinity key the scheduler used (x_pool_options.session, else user). */
     const char *session = gps_job_session(j) ? gps_job_session(j) : gps_job_user(j);
-    if (o && session)
-        json_object_set_new(o, "session", json_string(session));
+    if (o && session && json_object_set_new(o, "session", json_string(session)) < 0) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -1019,42 +1045,61 @@ static void slot_sum_one(void *ud, registry_agent *ag)
     }
 }
 
+typedef struct queue_list {
+    json_t *obj; /* NULL once a set failed (out of memory) */
+} queue_list;
+
 static void queue_one(void *ud, const char *model, size_t interactive, size_t batch)
 {
-    json_object_set_new(ud, model, json_integer((json_int_t)(interactive + batch)));
+    queue_list *q = ud;
+    if (q->obj &&
+        json_object_set_new(q->obj, model, json_integer((json_int_t)(interactive + batch))) < 0) {
+        json_decref(q->obj);
+        q->obj = NULL;
+    }
 }
 
+/* GET /admin/status, whole or NULL (out of memory): a state's count or a
+ * model's queue left out would read as none. */
 static json_t *status_json(gps_admin *a)
 {
     uint64_t now = gp_now_mono_ms();
     json_t *agents = json_object();
+    int bad = !agents;
     for (int s = 0; agents && s < REGISTRY_STATE_COUNT; s++)
-        json_object_set_new(agents, registry_state_name((registry_state)s),
-                            json_integer((json_int_t)registry_count_state(a->reg,
-                                                                          (registry_state)s)));
-    if (agents)
-        json_object_set_new(agents, "total", json_integer((json_int_t)registry_count(a->reg)));
+        bad += json_object_set_new(agents, registry_state_name((registry_state)s),
+                                   json_integer((json_int_t)registry_count_state(
+                                       a->reg, (registry_state)s))) < 0;
+    bad += agents &&
+           json_object_set_new(agents, "total",
+                               json_integer((json_int_t)registry_count(a->reg))) < 0;
+    if (bad) {
+        json_decref(agents);
+        agents = NULL; /* (json_pack refuses it below) */
+    }
     slot_sum ss = {0, 0};
     registry_foreach(a->reg, slot_sum_one, &ss);
-    json_t *queue = json_object();
-    if (queue)
-        sched_foreach_queue(gps_jobs_sched(a->jobs), queue_one, queue);
+    queue_list q = {json_object()};
+    if (q.obj)
+        sched_foreach_queue(gps_jobs_sched(a->jobs), queue_one, &q);
     double req, tok, rpm, tps;
     counters_now(a, &req, &tok);
     gps_admin_rate_get(&a->rate, now, req, tok, &rpm, &tps);
     json_t *body = json_pack(
         "{s:s,s:I,s:o,s:{s:I,s:I},s:o,s:I,s:I,s:{s:f,s:f},s:b,s:I}", "version", a->version,
-        "uptime_sec", (json_int_t)((now - a->started_ms) / 1000), "agents",
-        agents ? agents : json_object(), "slots", "total", (json_int_t)ss.total, "busy",
-        (json_int_t)ss.busy, "queue", queue ? queue : json_object(), "queued_total",
-        (json_int_t)sched_queued_total(gps_jobs_sched(a->jobs)), "jobs_active",
+        "uptime_sec", (json_int_t)((now - a->started_ms) / 1000), "agents", agents, "slots",
+        "total", (json_int_t)ss.total, "busy", (json_int_t)ss.busy, "queue", q.obj,
+        "queued_total", (json_int_t)sched_queued_total(gps_jobs_sched(a->jobs)), "jobs_active",
         (json_int_t)gps_jobs_active(a->jobs), "throughput", "requests_per_min", rpm,
         "tokens_per_sec", tps, "auth", gps_auth_enabled(a->auth), "keys",
         (json_int_t)gps_auth_key_count(a->auth));
-    /* The servers sharing the database (server/cluster.h). */
-    json_t *servers = body && a->servers ? a->servers(a->servers_arg) : NULL;
-    if (servers)
-        json_object_set_new(body, "servers", servers);
+    /* The servers sharing the database (server/cluster.h); NULL from the
+     * hook is out of memory too. */
+    if (body && a->servers &&
+        json_object_set_new(body, "servers", a->servers(a->servers_arg)) < 0) {
+        json_decref(body);
+        return NULL;
+    }
     return body;
 }
 
@@ -1092,10 +1137,16 @@ json_t *gps_admin_snapshot(gps_admin *a)
     json_t *snap = json_pack("{s:o,s:o,s:o,s:f,s:I}", "status", status, "agents", al.arr,
                              "history", hist, "requests_total", req, "time", (json_int_t)now);
     /* The dashboard's deployments table (fleet/deploy.h). */
-    json_t *deps = snap && a->deploy ? gps_deploy_list(a->deploy) : NULL;
-    if (deps)
-        json_object_set(snap, "deployments", json_object_get(deps, "deployments"));
-    json_decref(deps);
+    if (snap && a->deploy) {
+        json_t *deps = gps_deploy_list(a->deploy);
+        int rc = deps ? json_object_set(snap, "deployments", json_object_get(deps, "deployments"))
+                      : -1;
+        json_decref(deps);
+        if (rc < 0) {
+            json_decref(snap);
+            return NULL;
+        }
+    }
     return snap;
 }
 

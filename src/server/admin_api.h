@@ -126,8 +126,9 @@ json_t *gps_admin_snapshot(gps_admin *a);
 gps_admin *gps_admin_new(struct event_base *base, gps_auth *auth, gps_limits *limits,
                          registry *reg, gps_jobs *jobs, gps_store *store, const char *version);
 /* GET /admin/status (and the dashboard's status) gets "servers": what fn
- * returns (a new reference, or NULL to leave it out): the servers that
- * share the database (server/cluster.h gps_cluster_json). */
+ * returns (a new reference, whole, or NULL out of memory, which refuses the
+ * status with a 500): the servers that share the database
+ * (server/cluster.h gps_cluster_json). */
 typedef json_t *(*gps_admin_servers_fn)(void *arg);
 void gps_admin_set_servers_hook(gps_admin *a, gps_admin_servers_fn fn, void *arg);
 /* Free after the HTTP server (a store read still pending finds its request

@@ -267,9 +267,9 @@ json_t *gps_cluster_json(gps_cluster *c, int64_t now_ms)
     json_t *row;
     json_array_foreach(c->servers, i, row)
     {
-        json_t *o = json_deep_copy(row);
+        json_t *o = arr ? json_deep_copy(row) : NULL;
         if (!o)
-            continue;
+            goto oom;
         const char *id = json_string_value(json_object_get(o, "id"));
         bool self = id && strcmp(id, c->id) == 0;
         json_int_t lease = json_integer_value(json_object_get(o, "lease_until"));
@@ -277,10 +277,14 @@ json_t *gps_cluster_json(gps_cluster *c, int64_t now_ms)
                             : self ? (ok ? "alive" : "lease_expired")
                             : lease > now_ms ? "alive"
                                              : "lease_expired";
-        json_object_set_new(o, "state", json_string(state));
-        json_object_set_new(o, "self", json_boolean(self));
-        json_array_append_new(arr, o);
+        /* (each takes its value; the append takes o, added or not) */
+        int bad = json_object_set_new(o, "state", json_string(state)) < 0;
+        bad += json_object_set_new(o, "self", json_boolean(self)) < 0;
+        if (json_array_append_new(arr, o) < 0 || bad)
+            goto oom;
     }
-    return json_pack("{s:s,s:b,s:o}", "self", c->id, "lease_ok", ok, "servers",
-                     arr ? arr : json_array());
+    return json_pack("{s:s,s:b,s:o}", "self", c->id, "lease_ok", ok, "servers", arr);
+oom:
+    json_decref(arr);
+    return NULL;
 }

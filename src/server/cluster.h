@@ -75,7 +75,8 @@ const char *gps_cluster_id(const gps_cluster *c);
 /* The servers as last read (new reference): {"self": id, "lease_ok": bool,
  * "servers": [{id, name, url, pid, version, started_at, heartbeat_at,
  * lease_until, stopped_at|null, state: alive|lease_expired|stopped,
- * self: bool}]}, states judged at the wall time now_ms. */
+ * self: bool}]}, states judged at the wall time now_ms. Whole or NULL
+ * (out of memory): a server left out would read as gone. */
 json_t *gps_cluster_json(gps_cluster *c, int64_t now_ms);
 
 #endif

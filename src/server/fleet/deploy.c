@@ -751,6 +751,10 @@ void gps_deploy_agent_forget(gps_deploy *d, const char *agent_id)
 /* Views                                                               */
 /* ------------------------------------------------------------------ */
 
+/* The views below are whole or NULL (out of memory): a replica, a refusal
+ * or a deployment left out would read as none (an operator scales up what
+ * is there). Each set and append takes its value, NULL included, and
+ * json_pack refuses a NULL "o" (taking the others). */
 static json_t *replica_json(const gps_deploy *d, const replica *r)
 {
     const registry_agent *a = registry_get(d->reg, r->agent_id);
@@ -759,10 +763,17 @@ static json_t *replica_json(const gps_deploy *d, const replica *r)
                           "reason", r->reason[0] ? r->reason : NULL, "bytes",
                           (json_int_t)r->bytes, "total", (json_int_t)r->total, "rate",
                           (json_int_t)r->rate, "updated_at", (json_int_t)r->updated_at);
+    int bad = 0;
     if (j && r->state == R_DOWNLOADING && r->rate > 0 && r->total > r->bytes)
-        json_object_set_new(j, "eta_sec", json_integer((r->total - r->bytes) / r->rate));
+        bad += json_object_set_new(j, "eta_sec",
+                                   json_integer((r->total - r->bytes) / r->rate)) < 0;
     if (j && a)
-        json_object_set_new(j, "agent_state", json_string(registry_state_name(a->state)));
+        bad += json_object_set_new(j, "agent_state",
+                                   json_string(registry_state_name(a->state))) < 0;
+    if (bad) {
+        json_decref(j);
+        return NULL;
+    }
     return j;
 }
 
@@ -771,7 +782,10 @@ static json_t *dep_json(const gps_deploy *d, const deployment *p)
     json_t *placed = json_array();
     size_t ready = 0;
     for (size_t i = 0; placed && i < p->nr; i++) {
-        json_array_append_new(placed, replica_json(d, &p->r[i]));
+        if (json_array_append_new(placed, replica_json(d, &p->r[i])) < 0) {
+            json_decref(placed);
+            placed = NULL; /* (json_pack refuses it below) */
+        }
         ready += p->r[i].state == R_READY;
     }
     size_t active = active_count(p);
@@ -782,15 +796,17 @@ static json_t *dep_json(const gps_deploy *d, const deployment *p)
                           (json_int_t)ready, "unplaced",
                           (json_int_t)(active < (size_t)p->replicas
                                            ? (size_t)p->replicas - active : 0),
-                          "placed", placed ? placed : json_array());
-    if (j && p->refusals)
-        json_object_set(j, "refusals", p->refusals);
+                          "placed", placed);
+    if (j && p->refusals && json_object_set(j, "refusals", p->refusals) < 0) {
+        json_decref(j);
+        return NULL;
+    }
     return j;
 }
 
 typedef struct local_ctx {
     const gps_deploy *d;
-    json_t *out;
+    json_t *out; /* NULL once an append failed (out of memory) */
 } local_ctx;
 
 /* Models of agents that do not take deployments (--model, --upstream):
@@ -798,12 +814,16 @@ typedef struct local_ctx {
 static void add_local(void *ud, registry_agent *a)
 {
     local_ctx *x = ud;
-    if (smap_get(&x->d->agents, a->id))
+    if (!x->out || smap_get(&x->d->agents, a->id))
         return;
-    for (size_t i = 0; i < a->n_models; i++)
-        json_array_append_new(x->out, json_pack("{s:s,s:s,s:s?,s:s}", "model", a->models[i].id,
-                                                "agent_id", a->id, "agent", a->name,
-                                                "agent_state", registry_state_name(a->state)));
+    for (size_t i = 0; x->out && i < a->n_models; i++)
+        if (json_array_append_new(x->out,
+                                  json_pack("{s:s,s:s,s:s?,s:s}", "model", a->models[i].id,
+                                            "agent_id", a->id, "agent", a->name, "agent_state",
+                                            registry_state_name(a->state))) < 0) {
+            json_decref(x->out);
+            x->out = NULL;
+        }
 }
 
 json_t *gps_deploy_list(const gps_deploy *d)
@@ -811,7 +831,10 @@ json_t *gps_deploy_list(const gps_deploy *d)
     json_t *l = json_array();
     local_ctx x = {d, json_array()};
     for (size_t i = 0; l && i < d->n; i++)
-        json_array_append_new(l, dep_json(d, d->v[i]));
+        if (json_array_append_new(l, dep_json(d, d->v[i])) < 0) {
+            json_decref(l);
+            l = NULL;
+        }
     if (x.out)
         registry_foreach(d->reg, add_local, &x);
     if (!l || !x.out) {

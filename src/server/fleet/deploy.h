@@ -103,9 +103,10 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
  * replicas move at the next reconcile). */
 void gps_deploy_agent_forget(gps_deploy *d, const char *agent_id);
 
-/* API views (new references, NULL on ENOMEM). list: {deployments: [...],
- * local: [{model, agent_id, agent}]} ; get: one deployment or NULL when
- * there is none (*found false). */
+/* API views (new references, whole, or NULL on ENOMEM). list:
+ * {deployments: [...], local: [{model, agent_id, agent}]} ; get: one
+ * deployment, or NULL when there is none (*found false) or out of memory
+ * (*found true). */
 json_t *gps_deploy_list(const gps_deploy *d);
 json_t *gps_deploy_get(const gps_deploy *d, const char *name, bool *found);
 

@@ -1,7 +1,9 @@
 /*
  * Unit tests for the pure parts of src/server/admin_api.c: POST
  * /admin/keys and PATCH bodies (types, ranges, roles, the field named on
- * error), the /admin/jobs query, and the 60 s throughput ring.
+ * error), the /admin/jobs query, and the 60 s throughput ring; and the
+ * bodies built from the fleet (the dashboard's snapshot: status, the
+ * agents list, history, deployments) under a failing allocator.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_util.h"
 #include "server/admin_api.h"
+#include "server/fleet/deploy.h"
+#include "fixture_fleet.h"
+#include "fixture_oom.h"
 
 static json_t *js(const char *text)
 {
@@ -205,12 +211,180 @@ static void test_history(void **st)
     json_decref(a);
 }
 
+/* The history alone under a failing allocator: the whole hour or NULL,
+ * never a chart with a minute missing. */
+static void test_history_oom(void **st)
+{
+    (void)st;
+    gps_admin_history h;
+    memset(&h, 0, sizeof h);
+    const int64_t M = 60000, base = 1000000 * M;
+    gps_admin_history_push(&h, base, 100, 5);
+    gps_admin_history_push(&h, base + M + 1000, 112, 6);
+    json_t *want = gps_admin_history_json(&h, base + 3 * M, 120, 7);
+    assert_int_equal(json_array_size(want), GPS_ADMIN_HISTORY_MINUTES);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = gps_admin_history_json(&h, base + 3 * M, 120, 7);
+        bool hit = disarm();
+        if (got && !json_equal(got, want)) {
+            print_message("run %zu: a history with a minute missing\n", n);
+            print_diff("history", got, want);
+            bad++;
+        }
+        refused += !got;
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    assert_true(n > GPS_ADMIN_HISTORY_MINUTES);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    json_decref(want);
+}
+
+/* got has want's shape: the same type, objects the same keys, arrays the
+ * same length, all the way down (values aside: a snapshot reads clocks).
+ * Prints the path of the first difference. */
+static bool same_shape(const char *path, const json_t *got, const json_t *want)
+{
+    char sub[256];
+    if (!got || json_typeof(got) != json_typeof(want)) {
+        print_message("  %s: %s\n", path, got ? "of another type" : "missing");
+        return false;
+    }
+    if (json_is_object(want)) {
+        if (json_object_size(got) != json_object_size(want)) {
+            print_message("  %s: %zu members, want %zu\n", path, json_object_size(got),
+                          json_object_size(want));
+            return false;
+        }
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)want, k, v)
+        {
+            snprintf(sub, sizeof sub, "%s.%s", path, k);
+            if (!same_shape(sub, json_object_get(got, k), v))
+                return false;
+        }
+    } else if (json_is_array(want)) {
+        if (json_array_size(got) != json_array_size(want)) {
+            print_message("  %s: %zu entries, want %zu\n", path, json_array_size(got),
+                          json_array_size(want));
+            return false;
+        }
+        for (size_t i = 0; i < json_array_size(want); i++) {
+            snprintf(sub, sizeof sub, "%s[%zu]", path, i);
+            if (!same_shape(sub, json_array_get(got, i), json_array_get(want, i)))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* Agent i polls with labels, models with aliases, GPUs, a backend and an
+ * error: every part of an /admin/agents entry. */
+static void rich_agent(fleet *f, int i)
+{
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"00000000-0000-4000-8000-%012d\",\"name\":\"box%d\","
+             "\"version\":\"1.2\",\"platform\":\"linux\",\"slots\":{\"total\":2,\"busy\":0},"
+             "\"labels\":{\"zone\":\"a\",\"tier\":\"gold\"},\"backend\":\"cuda\","
+             "\"error\":{\"code\":\"MODEL_REFUSED\",\"message\":\"too big\"},"
+             "\"gpus\":[{\"index\":0,\"name\":\"H100\",\"vram_total\":80},"
+             "{\"index\":1,\"name\":\"H100\"}],"
+             "\"models\":[{\"id\":\"m1\",\"aliases\":[\"m1-a\",\"m1-b\"],"
+             "\"quantization\":\"Q4_K\",\"architecture\":\"llama\",\"context_length\":4096},"
+             "{\"id\":\"m2\"}]}",
+             i, i);
+    json_t *b = J(body);
+    registry_facts rf;
+    char err[256];
+    if (registry_facts_parse(b, &rf, err, sizeof err) != 0)
+        fail_msg("agent %d: %s", i, err);
+    json_decref(b);
+    assert_non_null(registry_heartbeat(f->reg, &rf, gp_now_mono_ms(), 0));
+    registry_facts_free(&rf);
+}
+
+/* The dashboard's snapshot (the same agents list as GET /admin/agents, the
+ * same status as GET /admin/status, history, deployments) under a failing
+ * allocator: every run gives the whole snapshot or NULL (the tick is
+ * skipped), never one with an agent's label, model, alias or GPU, a
+ * state's count, a model's queue or a deployment left out. */
+static void test_snapshot_oom(void **st)
+{
+    (void)st;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    rich_agent(&f, 1);
+    rich_agent(&f, 2);
+    gps_job_spec spec = fleet_spec("m1", 8);
+    fleet_submit(&f, &spec); /* queued: a model in status.queue */
+    gps_auth *auth = gps_auth_new(NULL);
+    assert_non_null(auth);
+    gps_admin *a = gps_admin_new(f.base, auth, NULL, f.reg, f.jobs, NULL, "test");
+    assert_non_null(a);
+    gps_deploy *d = gps_deploy_new(f.reg, NULL, 1000, gp_now_mono_ms());
+    assert_non_null(d);
+    json_t *body = J("{\"name\":\"dep\",\"source\":\"https://x/d.gguf\",\"replicas\":2}");
+    gps_deploy_spec ds;
+    char msg[256];
+    const char *param = NULL;
+    assert_int_equal(gps_deploy_parse(body, &ds, msg, sizeof msg, &param), 0);
+    assert_int_equal(gps_deploy_create(d, &ds, 0, NULL), 0);
+    json_decref(body);
+    gps_admin_set_deploy(a, d);
+
+    json_t *want = gps_admin_snapshot(a);
+    assert_non_null(want);
+    json_t *agents = json_object_get(want, "agents"), *ag = json_array_get(agents, 0);
+    assert_int_equal(json_array_size(agents), 2);
+    assert_int_equal(json_object_size(json_object_get(ag, "labels")), 2);
+    assert_int_equal(json_array_size(json_object_get(ag, "gpus")), 2);
+    json_t *m1 = json_array_get(json_object_get(ag, "models"), 0);
+    assert_int_equal(json_array_size(json_object_get(m1, "aliases")), 2);
+    json_t *status = json_object_get(want, "status");
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(status, "queue"), "m1")),
+                     1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(status, "agents"),
+                                                        "total")),
+                     2);
+    assert_int_equal(json_array_size(json_object_get(want, "deployments")), 1);
+
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = gps_admin_snapshot(a);
+        bool hit = disarm();
+        if (got && !same_shape("snapshot", got, want)) {
+            print_message("run %zu: a snapshot with a part missing\n", n);
+            bad++;
+        }
+        refused += !got;
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 100); /* the sweep reached the builders' allocations */
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    json_decref(want);
+    gps_admin_free(a);
+    gps_deploy_free(d);
+    gps_auth_free(auth);
+    fleet_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_create_ok), cmocka_unit_test(test_key_create_bad),
         cmocka_unit_test(test_limits),        cmocka_unit_test(test_job_query),
         cmocka_unit_test(test_rate),          cmocka_unit_test(test_history),
+        cmocka_unit_test(test_history_oom),   cmocka_unit_test(test_snapshot_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "server/fleet/deploy.h"
+#include "fixture_oom.h"
 
 #define T0 1000000ULL
 #define GIB (1LL << 30)
@@ -47,18 +48,19 @@ static void uuid(int i, char out[37])
     snprintf(out, 37, "00000000-0000-4000-8000-%012d", i);
 }
 
-/* Agent i polls: labels (JSON object text), and deploy_json (the "deploy"
- * member, or NULL for an agent started with --model). Returns the reply's
- * "deployments" (new reference) or NULL. */
-static json_t *poll(fx *f, int i, const char *labels, const char *deploy_json, uint64_t now)
+/* Agent i polls: labels (JSON object text), models (JSON array text, NULL:
+ * none) and deploy_json (the "deploy" member, or NULL for an agent started
+ * with --model). Returns the reply's "deployments" (new reference) or NULL. */
+static json_t *poll_models(fx *f, int i, const char *labels, const char *models,
+                           const char *deploy_json, uint64_t now)
 {
     char id[37], body[2048];
     uuid(i, id);
     snprintf(body, sizeof body,
              "{\"agent_id\":\"%s\",\"name\":\"box%d\",\"slots\":{\"total\":1,\"busy\":0},"
-             "\"models\":[],\"labels\":%s%s%s}",
-             id, i, labels ? labels : "{}", deploy_json ? ",\"deploy\":" : "",
-             deploy_json ? deploy_json : "");
+             "\"models\":%s,\"labels\":%s%s%s}",
+             id, i, models ? models : "[]", labels ? labels : "{}",
+             deploy_json ? ",\"deploy\":" : "", deploy_json ? deploy_json : "");
     json_t *b = json_loads(body, 0, NULL);
     assert_non_null(b);
     registry_facts rf;
@@ -70,6 +72,11 @@ static json_t *poll(fx *f, int i, const char *labels, const char *deploy_json, u
     json_t *want = gps_deploy_agent_poll(f->d, a, b, now, 0);
     json_decref(b);
     return want;
+}
+
+static json_t *poll(fx *f, int i, const char *labels, const char *deploy_json, uint64_t now)
+{
+    return poll_models(f, i, labels, NULL, deploy_json, now);
 }
 
 static int create(fx *f, const char *body_text)
@@ -352,6 +359,83 @@ static void test_agent_restarted_with_model(void **st)
     fx_free(&f);
 }
 
+/* gps_deploy_list (GET /admin/deployments, the dashboard's table) under a
+ * failing allocator: every run gives the whole list (json_equal to the one
+ * built with memory) or NULL (a 500), never one with a deployment, a
+ * replica, a refusal or an agent's own model left out. */
+static void test_list_oom(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 1000);
+    char big[128], small[128];
+    snprintf(big, sizeof big, "{\"capacity\":2,\"memory_free\":%lld}", 8 * GIB);
+    snprintf(small, sizeof small, "{\"capacity\":1,\"memory_free\":%lld}", GIB / 2);
+    json_decref(poll(&f, 1, NULL, big, T0));
+    json_decref(poll(&f, 2, NULL, big, T0));
+    json_decref(poll(&f, 3, NULL, small, T0));
+    json_decref(poll_models(&f, 4, NULL, "[{\"id\":\"local-a\"},{\"id\":\"local-b\"}]", NULL,
+                            T0));
+    assert_int_equal(create(&f, "{\"name\":\"a\",\"source\":\"https://x/a.gguf\","
+                                "\"replicas\":2,\"bytes\":2147483648}"), 0);
+    assert_int_equal(create(&f, "{\"name\":\"b\",\"source\":\"https://x/b.gguf\","
+                                "\"labels\":{\"zone\":\"a\"}}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    /* Agent 1 downloads a (a replica with an ETA and its agent's state). */
+    json_decref(poll(&f, 1, NULL,
+                     "{\"capacity\":2,\"memory_free\":8589934592,\"models\":[{\"name\":\"a\","
+                     "\"state\":\"downloading\",\"bytes\":100,\"total\":1000,\"rate\":10}]}",
+                     T0 + 1));
+    json_t *want = gps_deploy_list(f.d);
+    assert_non_null(want);
+    json_t *deps = json_object_get(want, "deployments");
+    assert_int_equal(json_array_size(deps), 2);
+    /* Agent 4's own models, each with its agent. */
+    char id4[37], local[512];
+    uuid(4, id4);
+    const char *st4 = registry_state_name(registry_get(f.reg, id4)->state);
+    snprintf(local, sizeof local,
+             "[{\"model\":\"local-a\",\"agent_id\":\"%s\",\"agent\":\"box4\","
+             "\"agent_state\":\"%s\"},{\"model\":\"local-b\",\"agent_id\":\"%s\","
+             "\"agent\":\"box4\",\"agent_state\":\"%s\"}]",
+             id4, st4, id4, st4);
+    json_t *lj = J(local);
+    assert_true(json_equal(json_object_get(want, "local"), lj));
+    json_decref(lj);
+    size_t k, refusals = 0, etas = 0;
+    json_t *dep;
+    json_array_foreach(deps, k, dep)
+    {
+        size_t m;
+        json_t *r;
+        refusals += json_array_size(json_object_get(dep, "refusals"));
+        json_array_foreach(json_object_get(dep, "placed"), m, r) etas +=
+            json_object_get(r, "eta_sec") != NULL;
+    }
+    assert_true(refusals > 0);
+    assert_int_equal(etas, 1);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = gps_deploy_list(f.d);
+        bool hit = disarm();
+        if (got && !json_equal(got, want)) {
+            print_message("run %zu: a list with a part missing\n", n);
+            print_diff("list", got, want);
+            bad++;
+        }
+        refused += !got;
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 10); /* the sweep reached the builder's allocations */
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    json_decref(want);
+    fx_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -360,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_failed_replica_moves_elsewhere),
         cmocka_unit_test(test_scale_down_and_dead_agents),
         cmocka_unit_test(test_agent_restarted_with_model),
+        cmocka_unit_test(test_list_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
