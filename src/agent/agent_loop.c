@@ -42,17 +42,24 @@ static void handle_done(agent *a, CURLMsg *m)
     json_t *body = NULL;
     bool fast = r->kind == REQ_EVENTS_BATCH && rc == CURLE_OK && status == 200 &&
                 ag_batch_done_fast(a, r);
+    json_error_t je = {0};
     if (rc == CURLE_OK && r->resp.len > 0 && !fast)
-        body = gp_json_loadb(r->resp.data, r->resp.len);
+        body = gp_json_loadb(r->resp.data, r->resp.len, &je);
     if (rc == CURLE_OK && status == 200 && !fast && !json_is_object(body) &&
         (r->kind != REQ_WORK || r->resp.len > 0)) {
         /* A 200 must carry a JSON object; anything else is a broken server
-         * or proxy: treat like a server error. */
-        gp_log_warn("bad_reply", "server reply to a %s request is not a JSON object",
-                    r->kind == REQ_ENROLL ? "enroll"
-                    : r->kind == REQ_POLL ? "poll"
-                    : r->kind == REQ_WORK ? "work"
-                                          : "events");
+         * or proxy: treat like a server error. A reply we could not read
+         * for want of memory takes the same path (it is retried), but the
+         * log says whose fault it was. */
+        const char *what = r->kind == REQ_ENROLL ? "enroll"
+                           : r->kind == REQ_POLL ? "poll"
+                           : r->kind == REQ_WORK ? "work"
+                                                 : "events";
+        if (!body && json_error_code(&je) == json_error_out_of_memory)
+            gp_log_warn("reply_out_of_memory",
+                        "out of memory while reading the server's reply to a %s request", what);
+        else
+            gp_log_warn("bad_reply", "server reply to a %s request is not a JSON object", what);
         status = 502;
     }
     switch (r->kind) {

@@ -49,7 +49,9 @@
  *
  * Error codes (stable, go to the client): UPSTREAM_ERROR, UPSTREAM_MALFORMED,
  * UPSTREAM_TIMEOUT (openai), INVALID_REQUEST (bad job), CONTEXT_OVERFLOW,
- * INSUFFICIENT_VRAM, INTERNAL_ERROR, CANCELLED.
+ * INSUFFICIENT_VRAM, INTERNAL_ERROR, CANCELLED, AGENT_OUT_OF_MEMORY (openai:
+ * an upstream reply the agent could not read for want of memory; the server
+ * fails the job over, as for a broken event queue).
  */
 #ifndef AGENT_BACKEND_H
 #define AGENT_BACKEND_H

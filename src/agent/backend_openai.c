@@ -645,11 +645,12 @@ static bool embed_end(oai_job *j, bool done, CURLcode result)
     if (!done || result != CURLE_OK || s->failed || s->status < 200 || s->status >= 300)
         return false;
     char err[200];
+    int rc = 0;
     if (s->mode != OAI_BODY_JSON)
         oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream embeddings reply is not JSON");
-    else if (oai_embed_deliver(s->raw.data, s->raw.len, j->n_inputs, &s->sink, err,
-                               sizeof err) != 0)
-        oai_stream_fail(s, "UPSTREAM_MALFORMED", "%s", err);
+    else if ((rc = oai_embed_deliver(s->raw.data, s->raw.len, j->n_inputs, &s->sink, err,
+                                     sizeof err)) != 0)
+        oai_stream_fail(s, rc == -2 ? "AGENT_OUT_OF_MEMORY" : "UPSTREAM_MALFORMED", "%s", err);
     else
         return true;
     s->sink.error(s->sink.ctx, s->err_code, s->err_msg);

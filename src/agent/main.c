@@ -30,6 +30,7 @@
 #include "agent/backend.h"
 #include "agent/agent_util.h"
 #include "agent/model_fetch.h"
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 
 typedef struct {
@@ -209,6 +210,10 @@ int main(int argc, char **argv)
     char err[512] = "";
     agent *a = NULL;
     int rc = 2;
+
+    /* jansson's counting allocator (gp_json.h), set before any thread
+     * can be inside jansson. */
+    gp_json_init();
 
     /* Block the stop signals before anything starts a thread (backends
      * start theirs in their constructors; threads inherit the mask), then

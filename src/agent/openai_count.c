@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/gp_count.h"
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 
 json_t *oai_count_messages_body(const json_t *job, const char *model)
@@ -76,7 +77,8 @@ json_t *oai_count_template_body(const json_t *job, const char *model)
 
 char *oai_count_template_tokenize(const char *body, size_t len)
 {
-    json_t *o = json_loadb(body ? body : "", len, 0, NULL);
+    /* (checked: a prompt with a byte dropped would be counted wrong) */
+    json_t *o = gp_json_load_checked(body ? body : "", len, 0, NULL);
     const json_t *p = json_object_get(o, "prompt");
     char *out = NULL;
     if (json_is_string(p) && json_string_length(p) > 0) {
@@ -118,7 +120,7 @@ int oai_count_parse(oai_count_method m, const char *body, size_t len, long long 
                     bool *estimated)
 {
     *estimated = false;
-    json_t *o = json_loadb(body ? body : "", len, 0, NULL);
+    json_t *o = gp_json_load_checked(body ? body : "", len, 0, NULL);
     int rc = -1;
     if (m == OAI_COUNT_MESSAGES) {
         const json_t *v = json_object_get(o, "input_tokens");

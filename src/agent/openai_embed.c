@@ -9,6 +9,7 @@
 
 #include <curl/curl.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 
 #define MAX_DIM 65536                  /* longer vectors are not believed */
@@ -75,10 +76,12 @@ int oai_embed_deliver(const char *body, size_t len, int n_inputs, const agent_jo
     json_error_t je;
     int rc = -1, dim = 0;
     float *vec = NULL;
-    json_t *r = json_loadb(body ? body : "", len, 0, &je);
+    json_t *r = gp_json_load_checked(body ? body : "", len, 0, &je);
     json_t **by = calloc((size_t)n_inputs, sizeof *by);
-    if (!by) {
-        snprintf(err, errlen, "out of memory");
+    if (!by || (!r && json_error_code(&je) == json_error_out_of_memory)) {
+        snprintf(err, errlen, "the agent ran out of memory while reading the upstream "
+                              "embeddings reply");
+        rc = -2;
         goto out;
     }
     if (!r) {
@@ -88,7 +91,9 @@ int oai_embed_deliver(const char *body, size_t len, int n_inputs, const agent_jo
     if (embed_collect(json_object_get(r, "data"), n_inputs, by, &dim, err, errlen) != 0)
         goto out;
     if (!(vec = malloc((size_t)dim * sizeof *vec))) {
-        snprintf(err, errlen, "out of memory");
+        snprintf(err, errlen, "the agent ran out of memory while reading the upstream "
+                              "embeddings reply");
+        rc = -2;
         goto out;
     }
     json_t *pt = json_object_get(json_object_get(r, "usage"), "prompt_tokens");
@@ -175,10 +180,13 @@ oai_embed_probe_result oai_embed_probe(const agent_options *o, const char *url,
         goto out; /* e.g. llama-server's 503 while it loads its model */
     res = OAI_EMBED_NO;
     if (status == 200) {
-        json_t *r = json_loadb(buf.data ? buf.data : "", buf.len, 0, NULL);
+        json_error_t je;
+        json_t *r = gp_json_load_checked(buf.data ? buf.data : "", buf.len, 0, &je);
         json_t *d0 = json_array_get(json_object_get(r, "data"), 0);
         if (json_array_size(json_object_get(d0, "embedding")) > 0)
             res = OAI_EMBED_YES;
+        else if (!r && json_error_code(&je) == json_error_out_of_memory)
+            res = OAI_EMBED_RETRY; /* no answer read: not a no */
         json_decref(r);
     }
 out:

@@ -28,14 +28,16 @@ json_t *oai_embed_request(const char *upstream_model, json_t *job, int *n_inputs
  * checked whole (one vector per input, by `index`, all of one length, all
  * numbers), then started, one embedding() per input in index order and end
  * "stop" with usage.prompt_tokens (0 when absent). 0, or -1 with err set
- * and nothing sent. */
+ * and nothing sent (the reply is not what it should be), or -2 the same
+ * when the agent ran out of memory reading it (not the upstream's fault). */
 int oai_embed_deliver(const char *body, size_t len, int n_inputs, const agent_job_sink *sink,
                       char *err, size_t errlen);
 
 typedef enum {
     OAI_EMBED_YES,   /* 200 with a data array of a vector */
     OAI_EMBED_NO,    /* an answer that says no: 4xx (404: no such route), 501, no vector */
-    OAI_EMBED_RETRY, /* no answer yet: unreachable, timed out, 5xx (a server still loading) */
+    OAI_EMBED_RETRY, /* no answer yet: unreachable, timed out, 5xx (a server still loading),
+                        or a 200 the agent had no memory to read */
 } oai_embed_probe_result;
 
 /* Blocking: a small POST url {model, input ["gpupool probe"]} (auth_header

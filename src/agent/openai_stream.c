@@ -11,6 +11,7 @@
 
 #include "agent/openai_stream.h"
 #include "agent/oai_chunk.h"
+#include "common/gp_json.h"
 #include "common/gp_stop.h"
 #include "common/gp_util.h"
 
@@ -300,7 +301,12 @@ static int on_sse_data(void *ud, const char *data, size_t len)
         return 0;
     }
     json_error_t je;
-    json_t *obj = json_loadb(data, len, 0, &je);
+    json_t *obj = gp_json_load_checked(data, len, 0, &je);
+    if (!obj && json_error_code(&je) == json_error_out_of_memory) {
+        oai_stream_fail(s, "AGENT_OUT_OF_MEMORY", "the agent ran out of memory while reading an upstream "
+                        "chunk");
+        return 2;
+    }
     if (!obj) {
         oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream sent a chunk that is not JSON (%s)",
                         je.text);
@@ -318,7 +324,7 @@ static int on_sse_data(void *ud, const char *data, size_t len)
 /* Fills err/msg for a finished non-2xx reply. */
 static void fail_status(oai_stream *s)
 {
-    json_t *b = json_loadb(s->raw.data ? s->raw.data : "", s->raw.len, 0, NULL);
+    json_t *b = gp_json_load_checked(s->raw.data ? s->raw.data : "", s->raw.len, 0, NULL);
     const char *m = json_string_value(json_object_get(json_object_get(b, "error"), "message"));
     if (!m)
         m = json_string_value(json_object_get(b, "error"));
@@ -496,8 +502,11 @@ void oai_stream_finish(oai_stream *s, const char *xfer_code, const char *xfer_ms
     }
     if (!s->failed && s->mode == OAI_BODY_JSON) {
         json_error_t je;
-        json_t *obj = json_loadb(s->raw.data ? s->raw.data : "", s->raw.len, 0, &je);
-        if (!obj) {
+        json_t *obj = gp_json_load_checked(s->raw.data ? s->raw.data : "", s->raw.len, 0, &je);
+        if (!obj && json_error_code(&je) == json_error_out_of_memory) {
+            oai_stream_fail(s, "AGENT_OUT_OF_MEMORY", "the agent ran out of memory while reading the "
+                            "upstream's reply");
+        } else if (!obj) {
             oai_stream_fail(s, "UPSTREAM_MALFORMED", "upstream reply is not JSON (%s)", je.text);
         } else {
             oai_stream_started(s);

@@ -15,7 +15,9 @@
  * that is not what it should be (no or an unexpected Content-Type, a chunk
  * that is not JSON or not the expected shape, an SSE line over max_line),
  * UPSTREAM_ERROR for an error status or an error object in the stream, a
- * stream that ends before [DONE], and for the transport's own failures.
+ * stream that ends before [DONE], and for the transport's own failures;
+ * AGENT_OUT_OF_MEMORY for a chunk or reply that could not be read for want
+ * of memory (gp_json_load_checked: not the upstream's fault).
  *
  * Stop strings (the job's params.stop) are matched here, not by the
  * upstream (issue 26 item 4): text that may start one is held back; on a

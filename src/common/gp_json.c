@@ -8,7 +8,9 @@
 #include <errno.h>
 #include <limits.h>
 #include <locale.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -315,8 +317,71 @@ json_t *gp_json_read(const char *p, size_t n)
     return v;
 }
 
-json_t *gp_json_loadb(const char *p, size_t n)
+/* ------------------------------------------------------------------ */
+/* Checked loads                                                       */
+/* ------------------------------------------------------------------ */
+
+/* Allocations of jansson's that failed on this thread (never reset: a
+ * load compares it before and after, so a load inside a load would not
+ * hide an earlier failure from the outer one). */
+static _Thread_local unsigned long failed_allocs;
+
+/* malloc, not libc's directly: a test linked with ld --wrap=malloc fails
+ * it beneath this wrapper, and the count sees that failure. */
+static void *counted_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        failed_allocs++;
+    return p;
+}
+
+static void counted_free(void *p)
+{
+    free(p);
+}
+
+static pthread_once_t alloc_once = PTHREAD_ONCE_INIT;
+
+static void alloc_install(void)
+{
+    json_set_alloc_funcs(counted_malloc, counted_free);
+}
+
+void gp_json_init(void)
+{
+    pthread_once(&alloc_once, alloc_install);
+}
+
+/* What jansson would have written for an out-of-memory error, had it
+ * noticed: its code sits in the text's last byte (jansson.h,
+ * json_error_code). */
+static void set_oom(json_error_t *err)
+{
+    if (!err)
+        return;
+    memset(err, 0, sizeof *err);
+    err->line = err->column = err->position = -1;
+    snprintf(err->source, sizeof err->source, "<buffer>");
+    snprintf(err->text, sizeof err->text, "out of memory");
+    err->text[JSON_ERROR_TEXT_LENGTH - 1] = (char)json_error_out_of_memory;
+}
+
+json_t *gp_json_load_checked(const char *p, size_t n, size_t flags, json_error_t *err)
+{
+    gp_json_init();
+    unsigned long before = failed_allocs;
+    json_t *v = json_loadb(p, n, flags, err);
+    if (failed_allocs == before)
+        return v;
+    /* Even a tree: a string may have lost a byte. */
+    json_decref(v);
+    set_oom(err);
+    return NULL;
+}
+
+json_t *gp_json_loadb(const char *p, size_t n, json_error_t *err)
 {
     json_t *v = gp_json_read(p, n);
-    return v ? v : json_loadb(p, n, 0, NULL);
+    return v ? v : gp_json_load_checked(p, n, 0, err);
 }

@@ -26,12 +26,45 @@
 
 #include <jansson.h>
 
-/* json_loadb(p, n, 0, NULL). New reference, or NULL. */
-json_t *gp_json_loadb(const char *p, size_t n);
+/* ------------------------------------------------------------------------
+ * Checked loads of outside text.
+ *
+ * jansson 2.14's loader does not survive running out of memory as it says:
+ * an allocation it cannot make ends the load with no error set, or with a
+ * syntax error ("invalid token") for a valid text (a client's body would
+ * be refused 400 where the server failed, 500), and where a long string's
+ * token buffer cannot grow it drops a byte and the load succeeds
+ * ("home_address_for_mail" read as "home_address_fr_mail"): a request
+ * silently changed. The allocator that gp_json_init gives jansson is
+ * malloc and free with every malloc that fails counted per thread, and a
+ * checked load believes a result only when none failed during it.
+ * ------------------------------------------------------------------------ */
+
+/* jansson's allocator for the whole process (json_set_alloc_funcs): malloc
+ * and free, failures counted. Once per process whoever calls it
+ * (pthread_once); main calls it before any thread starts, and every
+ * checked load calls it too (tools, tests). A test that swaps jansson's
+ * allocator for its own should call it first, or the first checked load
+ * puts this one back over the test's. */
+void gp_json_init(void);
+
+/* json_loadb(p, n, flags, err), but a load during which an allocation
+ * failed gives NULL with err saying out of memory (json_error_code(err) ==
+ * json_error_out_of_memory, text "out of memory") whatever jansson
+ * returned: never a tree that may differ from the text, never a syntax
+ * error that is not the text's. NULL otherwise means the text is not
+ * JSON (err from jansson). err may be NULL. New reference, or NULL. */
+json_t *gp_json_load_checked(const char *p, size_t n, size_t flags, json_error_t *err);
+
+/* gp_json_read, else gp_json_load_checked(p, n, 0, err): the same answers,
+ * out of memory included. err may be NULL. New reference, or NULL. */
+json_t *gp_json_loadb(const char *p, size_t n, json_error_t *err);
 
 /* The reader alone: json_loadb's tree for a text of the common case
  * above (new reference), NULL for anything else, jansson's to read or
- * refuse. gp_json_loadb is this, then json_loadb on NULL. */
+ * refuse. gp_json_loadb is this, then the checked load on NULL. (It never
+ * hands back a tree built while an allocation failed: any failure is a
+ * NULL.) */
 json_t *gp_json_read(const char *p, size_t n);
 
 #endif

@@ -34,6 +34,7 @@
 #include <sqlite3.h>
 
 #include "common/gp_config.h"
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/pins.h"
@@ -1216,6 +1217,9 @@ static void server_free(server *s)
 
 int main(int argc, char **argv)
 {
+    /* jansson's counting allocator (gp_json.h), set before any thread
+     * can be inside jansson. */
+    gp_json_init();
     if (argc >= 2 && strcmp(argv[1], "keys") == 0)
         return keys_main(argc, argv);
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "server/fleet/agent_check.h"
 #include "server/http/textcheck.h"
 
@@ -692,8 +693,11 @@ static bool other_ev(rd *r, gps_event_in *e, size_t i)
         json_decref(e->ev);
         e->ev = NULL;
     }
+    /* Checked: an event jansson read while memory ran short may have a
+     * string changed. Out of memory is a NULL like any other: the caller
+     * then reads the whole body with gps_req_json, which answers 500. */
     if (!e->ev)
-        e->ev = json_loadb(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
+        e->ev = gp_json_load_checked(s, (size_t)(r->p - s), JSON_REJECT_DUPLICATES, NULL);
     char field[96], msg[256];
     return e->ev && gps_agent_event_check_sized(e->ev, i, &e->bytes, field, sizeof field, msg,
                                                 sizeof msg) == 0;

@@ -37,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *p = (const char *)data;
     json_t *want = json_loadb(p, size, 0, NULL);
-    json_t *got = gp_json_loadb(p, size);
+    json_t *got = gp_json_loadb(p, size, NULL);
     check_same(want, got);
     json_t *fast = gp_json_read(p, size);
     if (fast)

@@ -46,7 +46,7 @@ static void same_opt_str(const json_t *v, const char *s)
 /* A plain event: what apply_one reads from its tree, and its raw text. */
 static void same_plain(const gps_event_in *e, const json_t *jev)
 {
-    json_t *raw = gp_json_loadb(e->raw, e->raw_len);
+    json_t *raw = gp_json_loadb(e->raw, e->raw_len, NULL);
     if (!raw || !json_equal(raw, (json_t *)jev))
         abort();
     json_decref(raw);

@@ -10,6 +10,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_stop.h"
 #include "server/dialects/rformat.h"
@@ -1111,29 +1112,21 @@ static int emit_text(an_stream *st, const char *t, size_t n)
 
 /* A call's arguments as its tool_use input (*input: new reference): 0, or
  * 1 when they are not a JSON object (*input NULL), or -1 out of memory.
- * jansson (2.14, and its master) never says json_error_out_of_memory from
- * a load: an allocation it could not make ends the load with no error
- * set, or, where a token's copy failed, with a syntax error ("invalid
- * token"). So no error is out of memory, and a refusal is believed when a
- * second load repeats it (invalid text is refused every time; memory that
- * ran short once is not the text's fault). */
+ * The checked load (gp_json.h) tells the two apart: jansson alone words
+ * most of its allocation failures as a syntax error, and may drop a byte
+ * of a long string and succeed. */
 static int tool_input(const gps_tool_call *c, json_t **input)
 {
     const char *text = c->args.data ? c->args.data : "{}";
     size_t n = c->args.len ? c->args.len : 2;
-    for (int tries = 0; tries < 2; tries++) {
-        json_error_t err;
-        *input = json_loadb(text, n, 0, &err);
-        if (json_is_object(*input))
-            return 0;
-        if (*input) { /* JSON, not an object: no second opinion needed */
-            json_decref(*input);
-            *input = NULL;
-            return 1;
-        }
-        if (!err.text[0] || json_error_code(&err) == json_error_out_of_memory)
-            return -1;
-    }
+    json_error_t err;
+    *input = gp_json_load_checked(text, n, 0, &err);
+    if (json_is_object(*input))
+        return 0;
+    if (!*input && json_error_code(&err) == json_error_out_of_memory)
+        return -1;
+    json_decref(*input); /* JSON, not an object; or not JSON */
+    *input = NULL;
     return 1;
 }
 

@@ -8,6 +8,7 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/http/http.h"
 
@@ -320,7 +321,9 @@ int gps_pool_options_merge_header(json_t *body, const char *header, char *msg, s
     if (!header)
         return 0;
     json_error_t je;
-    json_t *h = json_loads(header, JSON_REJECT_DUPLICATES, &je);
+    /* (checked: jansson alone words most of its allocation failures as a
+     * syntax error, 400 for a valid header, or changes a string) */
+    json_t *h = gp_json_load_checked(header, strlen(header), JSON_REJECT_DUPLICATES, &je);
     if (!h && json_error_code(&je) == json_error_out_of_memory)
         return gps_parse_oom(msg, msglen);
     if (!json_is_object(h)) {

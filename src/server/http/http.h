@@ -279,7 +279,8 @@ void gps_req_error(gps_req *r, int status, const char *code, const char *message
  * when empty or on allocation failure. *len receives the length. */
 char *gps_req_body(struct evhttp_request *req, size_t *len);
 /* Parse the body as a JSON object. On failure sends 400 (or 413) in r's
- * dialect and returns NULL. New reference. */
+ * dialect, or 500 INTERNAL "out of memory" when the server could not copy
+ * or read it (gp_json_load_checked), and returns NULL. New reference. */
 json_t *gps_req_json(gps_req *r);
 /* Header lookup on the request (borrowed, NULL when absent). */
 const char *gps_req_header(gps_req *r, const char *name);

@@ -169,17 +169,27 @@ json_t *gps_req_json(gps_req *r)
 {
     size_t len = 0;
     char *body = gps_req_body(r->req, &len);
+    if (!body && len > 0) { /* a body that could not be copied: our failure */
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return NULL;
+    }
     if (!body) {
         gps_req_error(r, 400, "INVALID_REQUEST", "request body must be a JSON object", NULL);
         return NULL;
     }
     json_error_t je;
     /* The usual body without jansson's parser (a third of its cost); the
-     * rest, and every error message, from json_loadb. */
+     * rest, and every error message, from jansson, through the checked
+     * load: out of memory is a 500 (as the dialects' GPS_PARSE_OOM), never
+     * a 400 blaming valid JSON, nor a body with a string changed. */
     json_t *j = gp_json_read(body, len);
     if (!j)
-        j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+        j = gp_json_load_checked(body, len, JSON_REJECT_DUPLICATES, &je);
     free(body);
+    if (!j && json_error_code(&je) == json_error_out_of_memory) {
+        gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
+        return NULL;
+    }
     if (!j) {
         char msg[256];
         snprintf(msg, sizeof msg, "invalid JSON body: %s (line %d, column %d)", je.text,

@@ -93,7 +93,7 @@ static void notify_in(gps_jobs *j, gps_job *job, gps_event_type t, json_t *ev,
         jobs_notify(j, job, t, ev);
         return;
     }
-    json_t *tree = gp_json_loadb(in->raw, in->raw_len); /* (NULL on ENOMEM) */
+    json_t *tree = gp_json_loadb(in->raw, in->raw_len, NULL); /* (NULL on ENOMEM) */
     jobs_notify(j, job, t, tree);
     json_decref(tree);
 }

@@ -25,7 +25,7 @@ static bool agree(const char *p, size_t n)
     json_t *own = gp_json_read(p, n);
     if (own && !want)
         fail_msg("read what jansson refuses: %.*s", (int)n, p);
-    json_t *got = own ? own : gp_json_loadb(p, n);
+    json_t *got = own ? own : gp_json_loadb(p, n, NULL);
     if (!want) {
         if (got)
             fail_msg("read what jansson refuses: %.*s", (int)n, p);

@@ -5,7 +5,9 @@
  * GPS_FIXTURE_OOM_LIBC and linked with -Wl,--wrap=malloc,--wrap=calloc,
  * --wrap=realloc (its CMakeLists.txt), where arm_libc() counts the calls
  * of malloc, calloc and realloc that the project's code makes (not libc's
- * own: strdup's, ...) with jansson's. Header-only: each test is one file.
+ * own: strdup's, ...) with jansson's, and arm_beneath() fails libc's alone
+ * beneath gp_json's counting allocator (gp_json.h: the checked load).
+ * Header-only: each test is one file.
  * Needs <cmocka.h> and <jansson.h> included first. */
 #ifndef GPS_FIXTURE_OOM_H
 #define GPS_FIXTURE_OOM_H
@@ -19,6 +21,9 @@
 static size_t countdown; /* 0: never fail; else fail when it reaches 0 */
 static bool injected;    /* the failure was handed out */
 static bool libc_armed;  /* libc's allocations count too (arm_libc) */
+static bool swapped;     /* arm put failing_malloc in jansson's place */
+static json_malloc_t saved_malloc; /* jansson's allocator before arm: disarm's */
+static json_free_t saved_free;
 
 /* Whether this allocation is the one to fail. */
 static bool fail_now(void)
@@ -70,23 +75,41 @@ static void arm(size_t n)
 {
     countdown = n;
     injected = false;
+    json_get_alloc_funcs(&saved_malloc, &saved_free);
     json_set_alloc_funcs(failing_malloc, free);
+    swapped = true;
 }
 
 #ifdef GPS_FIXTURE_OOM_LIBC
+/* (These two: not every test that wraps libc sweeps with both.) */
+
 /* arm(n), the N-th allocation counted among jansson's and libc's. */
-static void arm_libc(size_t n)
+__attribute__((unused)) static void arm_libc(size_t n)
 {
     arm(n);
     libc_armed = true;
 }
+
+/* The N-th of libc's malloc, calloc and realloc fails, jansson's allocator
+ * left as it is. When that is gp_json's counting wrapper (gp_json_init:
+ * it calls malloc, which --wrap sends here), jansson's allocations are
+ * counted through it, and a failure reaches the wrapper's count, as a real
+ * one would: what gp_json_load_checked's callers are tested with. */
+__attribute__((unused)) static void arm_beneath(size_t n)
+{
+    countdown = n;
+    injected = false;
+    libc_armed = true;
+}
 #endif
 
-/* Back to libc's allocator (what the rest of the run uses). Returns
- * whether the failure was reached. */
+/* Back to the allocator jansson had before arm (what the rest of the run
+ * uses). Returns whether the failure was reached. */
 static bool disarm(void)
 {
-    json_set_alloc_funcs(FIXTURE_REAL_MALLOC, free);
+    if (swapped)
+        json_set_alloc_funcs(saved_malloc, saved_free);
+    swapped = false;
     libc_armed = false;
     countdown = 0;
     return injected;

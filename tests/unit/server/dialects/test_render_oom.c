@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/dialects/anthropic_sse.h"
 #include "server/dialects/api_anthropic.h"
@@ -28,14 +29,17 @@
 
 typedef json_t *(*builder)(void);
 
-static int sweep_builder(const char *name, builder b)
+/* Each run's failing allocator: arm (jansson's N-th allocation) or
+ * arm_beneath (libc's N-th, jansson's among them through gp_json's counting
+ * allocator, which the checked load reads). */
+static int sweep_builder_with(const char *name, builder b, void (*arm_fn)(size_t))
 {
     json_t *ref = b();
     assert_non_null(ref);
     int bad = 0;
     size_t n;
     for (n = 1;; n++) {
-        arm(n);
+        arm_fn(n);
         json_t *got = b();
         bool hit = disarm();
         if (got && !json_equal(got, ref)) {
@@ -51,6 +55,11 @@ static int sweep_builder(const char *name, builder b)
     print_message("%s: %zu allocations swept, %d broke the rule\n", name, n - 1, bad);
     json_decref(ref);
     return bad;
+}
+
+static int sweep_builder(const char *name, builder b)
+{
+    return sweep_builder_with(name, b, arm);
 }
 
 /* Two tool calls as the handlers hold them (built before the sweeps: the
@@ -131,8 +140,13 @@ static json_t *b_anthropic_message(void)
 
 /* The message with the calls' tool_use blocks: their inputs are the
  * arguments parsed, where running out of memory must not read as
- * arguments that are not JSON ({} and a warning). A third call's
- * arguments are not JSON: that {} and its warning are the reply's. */
+ * arguments that are not JSON ({} and a warning), nor change a string
+ * (jansson 2.14 drops a byte of a long one when its buffer cannot grow:
+ * the fourth call's). A third call's arguments are not JSON: that {} and
+ * its warning are the reply's. Swept with arm_beneath: the arguments are
+ * read by gp_json_load_checked, which sees allocation failures through
+ * gp_json's counting allocator (jansson's own replaced by arm's, it would
+ * not). */
 static json_t *b_anthropic_tool_use(void)
 {
     /* (a copy: the warning goes into x_pool_meta's warnings) */
@@ -168,7 +182,12 @@ static void test_reply_builders(void **st)
     json_t *bad_args = J("{\"index\":2,\"id\":\"call_3\",\"name\":\"f\",\"arguments\":\"{x\"}");
     assert_true(gps_tool_calls_add(&CALLS, bad_args, &started) == 2);
     json_decref(bad_args);
-    bad += sweep_builder("anthropic tool_use blocks", b_anthropic_tool_use);
+    json_t *long_args = J("{\"index\":3,\"id\":\"call_4\",\"name\":\"send_letter\",\"arguments\":"
+                          "\"{\\\"home_address_for_mail\\\":\\\"12 Long Street, Springfield, "
+                          "somewhere far away\\\"}\"}");
+    assert_true(gps_tool_calls_add(&CALLS, long_args, &started) == 3);
+    json_decref(long_args);
+    bad += sweep_builder_with("anthropic tool_use blocks", b_anthropic_tool_use, arm_beneath);
     gps_tool_calls_free(&CALLS);
     json_decref(META);
     assert_int_equal(bad, 0);
@@ -594,6 +613,7 @@ static void test_stream_frames(void **st)
 
 int main(void)
 {
+    gp_json_init(); /* before arm swaps jansson's allocator (gp_json.h) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reply_builders),
         cmocka_unit_test(test_stream_frames),
