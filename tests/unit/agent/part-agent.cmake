@@ -6,6 +6,10 @@ gp_add_unit_test(test_agent_util
 gp_add_unit_test(test_agent_openai_stream
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_agent_openai_stream.c
   LIBS gpupool_agent_base)
+# An upstream chunk read with libc's N-th allocation failing beneath
+# gp_json's counting allocator (tests/unit/server/fixture_oom.h).
+target_link_options(test_agent_openai_stream PRIVATE
+  -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc)
 gp_add_unit_test(test_oai_chunk
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_oai_chunk.c
   LIBS gpupool_agent_base)

@@ -10,6 +10,13 @@
 #include "agent/openai_stream.c" /* its statics: handle_object, fail_status */
 #include "agent/backend_openai.c"
 
+#define GPS_FIXTURE_OOM_LIBC
+/* (its helpers serve the server's sweeps; not all are used here) */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include "../server/fixture_oom.h"
+#pragma GCC diagnostic pop
+
 typedef struct {
     gp_buf text;
     gp_buf calls;           /* "index|id|name|args;" per tool_call piece */
@@ -258,6 +265,48 @@ static void malformed_chunk_fails(void **st)
         assert_string_equal(j.err_code, "UPSTREAM_MALFORMED");
         job_done(&j, &r);
     }
+}
+
+/* A chunk read by jansson (a tool call: not oai_chunk's plain token),
+ * with its N-th allocation failing (libc's, beneath gp_json's counting
+ * allocator: fixture_oom.h arm_beneath): the job goes on as unhurt, or
+ * fails as the agent's own lack of memory (AGENT_OUT_OF_MEMORY, which the
+ * server fails over; or INTERNAL_ERROR from what follows the parse), never
+ * UPSTREAM_MALFORMED, which blames an upstream that sent valid JSON. */
+static void chunk_out_of_memory_is_not_malformed(void **st)
+{
+    (void)st;
+    static const char chunk[] =
+        "{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,"
+        "\"id\":\"call_with_a_long_identifier\",\"type\":\"function\",\"function\":"
+        "{\"name\":\"get_weather_for_a_city\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},"
+        "\"finish_reason\":null}]}";
+    int oom_seen = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        oai_stream j;
+        rec r;
+        job_init(&j, &r, true);
+        hdr(&j, "HTTP/1.1 200 OK\r\n");
+        hdr(&j, "Content-Type: text/event-stream\r\n");
+        arm_beneath(n);
+        int rc = on_sse_data(&j, chunk, sizeof chunk - 1);
+        bool hit = disarm();
+        if (j.failed) {
+            assert_int_equal(rc, 2);
+            if (strcmp(j.err_code, "UPSTREAM_MALFORMED") == 0)
+                fail_msg("allocation %zu failed: UPSTREAM_MALFORMED (%s)", n, j.err_msg);
+            oom_seen += strcmp(j.err_code, "AGENT_OUT_OF_MEMORY") == 0;
+        } else {
+            assert_int_equal(rc, 0); /* (hurt: the failure was the recorder's own) */
+        }
+        job_done(&j, &r);
+        if (!hit)
+            break;
+    }
+    print_message("upstream chunk: %zu allocations swept, %d AGENT_OUT_OF_MEMORY\n", n - 1,
+                  oom_seen);
+    assert_true(oom_seen > 0);
 }
 
 static void error_object_in_stream(void **st)
@@ -613,12 +662,14 @@ static void job_header_lines(void **st)
 
 int main(void)
 {
+    gp_json_init(); /* the counting allocator arm_beneath fails beneath */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chat_stream_any_split),
         cmocka_unit_test(tool_calls_streamed),
         cmocka_unit_test(tool_calls_whole_and_malformed),
         cmocka_unit_test(completion_stream),
         cmocka_unit_test(malformed_chunk_fails),
+        cmocka_unit_test(chunk_out_of_memory_is_not_malformed),
         cmocka_unit_test(error_object_in_stream),
         cmocka_unit_test(overlong_line_fails),
         cmocka_unit_test(wrong_content_type_and_error_status),
