@@ -1033,18 +1033,22 @@ static char *body_text(json_t *req)
     return out;
 }
 
-/* The upstream request body for a completion or chat job, or NULL with
- * err set. New reference. */
-static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err, size_t errlen)
+/* The upstream request body for a completion or chat job (new reference),
+ * or NULL with err set and *nomem saying whether memory ran out (the
+ * agent's failure) or the job is refused. Every member must hold: a
+ * request sent without its tools, response_format or a sampling parameter
+ * would be another request. */
+static json_t *build_request(oai_backend *b, json_t *job, bool *chat, bool *nomem, char *err,
+                             size_t errlen)
 {
     const char *kind = json_string_value(json_object_get(job, "kind"));
     const char *cont = json_string_value(json_object_get(job, "continuation"));
+    int rc = 0; /* the sets' and appends': -1 once one failed */
+    *nomem = false;
     json_t *req = json_pack("{s:s,s:b,s:{s:b}}", "model", b->o->upstream_model, "stream", 1,
                             "stream_options", "include_usage", 1);
-    if (!req) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
+    if (!req)
+        goto nomem;
     if (kind && strcmp(kind, "completion") == 0) {
         const char *prompt = json_string_value(json_object_get(job, "prompt"));
         if (!prompt) {
@@ -1054,15 +1058,14 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err,
         *chat = false;
         size_t pl = strlen(prompt), cl = cont ? strlen(cont) : 0;
         char *full = malloc(pl + cl + 1);
-        if (!full) {
-            snprintf(err, errlen, "out of memory");
-            goto fail;
-        }
+        if (!full)
+            goto nomem;
         memcpy(full, prompt, pl);
         if (cl)
             memcpy(full + pl, cont, cl);
         full[pl + cl] = '\0';
-        json_object_set_new(req, "prompt", json_string(full));
+        /* (two UTF-8 strings: json_string fails only for memory) */
+        rc |= json_object_set_new(req, "prompt", json_string(full));
         free(full);
     } else if (kind && strcmp(kind, "chat") == 0) {
         json_t *msgs = json_object_get(job, "messages");
@@ -1084,27 +1087,28 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err,
             json_t *m;
             json_array_foreach(msgs, i, m)
             {
-                json_array_append(fwd, m);
+                rc |= json_array_append(fwd, m);
             }
-            json_array_append_new(fwd, json_pack("{s:s,s:s}", "role", "assistant", "content", cont));
-            json_object_set_new(req, "messages", fwd);
+            rc |= json_array_append_new(fwd, json_pack("{s:s,s:s}", "role", "assistant",
+                                                       "content", cont));
+            rc |= json_object_set_new(req, "messages", fwd);
         } else {
-            json_object_set(req, "messages", fwd);
+            rc |= json_object_set(req, "messages", fwd);
         }
         /* Tools go upstream as they are (already OpenAI function tools);
          * the upstream decides whether its model can call them. */
         json_t *tools = json_object_get(job, "tools");
         if (json_is_array(tools) && json_array_size(tools) > 0) {
-            json_object_set(req, "tools", tools);
+            rc |= json_object_set(req, "tools", tools);
             json_t *tc = json_object_get(job, "tool_choice");
             if (tc && !json_is_null(tc))
-                json_object_set(req, "tool_choice", tc);
+                rc |= json_object_set(req, "tool_choice", tc);
         }
         /* Structured output: the server checked the schema (docs/api.md);
          * llama-server, vLLM and Ollama enforce OpenAI's form themselves. */
         json_t *rf = json_object_get(job, "response_format");
         if (json_is_object(rf))
-            json_object_set(req, "response_format", rf);
+            rc |= json_object_set(req, "response_format", rf);
     } else {
         snprintf(err, errlen, "job kind '%s' is not supported by the openai backend",
                  kind ? kind : "(none)");
@@ -1117,9 +1121,14 @@ static json_t *build_request(oai_backend *b, json_t *job, bool *chat, char *err,
             continue;
         if (strcmp(pass_params[i], "top_k") == 0 && json_integer_value(v) <= 0)
             continue; /* 0 = disabled; some servers reject it */
-        json_object_set(req, pass_params[i], v);
+        rc |= json_object_set(req, pass_params[i], v);
     }
+    if (rc != 0)
+        goto nomem;
     return req;
+nomem:
+    *nomem = true;
+    snprintf(err, errlen, "out of memory");
 fail:
     json_decref(req);
     return NULL;
@@ -1158,18 +1167,20 @@ static int pool_options_header(json_t *job, char **out)
     json_t *o = json_object();
     if (!o)
         return -1;
-    /* The server bounded the session (256 bytes); JSON escaping keeps CR/LF
-     * out of the header line. */
+    /* A field left out for want of memory would run the job as another
+     * (no affinity, another tenant's cache): each set must hold. The server
+     * bounded the session (256 bytes); JSON escaping keeps CR/LF out of the
+     * header line. */
+    int rc = 0;
     if (session && *session)
-        json_object_set_new(o, "session", json_string(session));
+        rc |= json_object_set_new(o, "session", json_string(session));
     if (prio && strcmp(prio, "batch") == 0)
-        json_object_set_new(o, "priority", json_string("batch"));
+        rc |= json_object_set_new(o, "priority", json_string("batch"));
     /* The server sends 32 hex digits; anything else is not passed on (an
      * upstream pool refuses a tag over 64 bytes). */
     if (tenant && *tenant && strlen(tenant) <= 64)
-        json_object_set_new(o, "tenant", json_string(tenant));
-    int rc = 0;
-    if (json_object_size(o) > 0) {
+        rc |= json_object_set_new(o, "tenant", json_string(tenant));
+    if (rc == 0 && json_object_size(o) > 0) {
         char *v = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         size_t n = v ? strlen(v) + sizeof "X-Pool-Options: " : 0;
         if (v && (*out = malloc(n)))
@@ -1212,8 +1223,9 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
                               "not valid UTF-8)");
         return -1;
     }
-    if (!count && !embed && !(req = build_request(b, job, &chat, err, errlen)))
-        return -1;
+    bool nomem = false;
+    if (!count && !embed && !(req = build_request(b, job, &chat, &nomem, err, errlen)))
+        return nomem ? AGENT_JOB_START_NOMEM : -1;
     /* A schema the reply cannot be checked against is refused before any
      * upstream work, as the gguf backend refuses one it cannot enforce. */
     oai_schema *check = NULL;
@@ -1245,17 +1257,28 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     j->b = b;
     j->tok_body = tok_body;
+    /* A job run without its stop strings would be another job. */
     json_t *stops = json_object_get(json_object_get(job, "params"), "stop");
-    if (json_is_array(stops) && json_array_size(stops) > 0)
-        j->stops = json_deep_copy(stops);
+    if (json_is_array(stops) && json_array_size(stops) > 0 &&
+        !(j->stops = json_deep_copy(stops))) {
+        job_free(j);
+        json_decref(req);
+        snprintf(err, errlen, "out of memory");
+        return AGENT_JOB_START_NOMEM;
+    }
     /* The client sees the prompt's size before the first token (an
      * Anthropic stream): count it first (docs/agent.md "Counting tokens"). */
     j->precount = !count && !embed && json_is_true(json_object_get(job, "prompt_tokens_first"));
     j->embed = embed;
     j->n_inputs = n_inputs;
+    /* The checks stand between the reply's parser and the agent: a verdict
+     * that ran out of memory ends the job as the agent's own failure. */
+    agent_job_sink checked;
+    if (j->check)
+        oai_schema_sink(j->check, sink, &checked);
     /* An embeddings reply is read as a count's is: status and body only. */
-    oai_stream_init(&j->st, sink, j->id, chat, count || j->precount || embed, j->stops,
-                    MAX_SSE_LINE);
+    oai_stream_init(&j->st, j->check ? &checked : sink, j->id, chat,
+                    count || j->precount || embed, j->stops, MAX_SSE_LINE);
     j->st.check = j->check;
     if (req) {
         j->body = gp_json_dumps(req);

@@ -15,7 +15,10 @@
  * The reply's parser (openai_stream.c) hands over the text and the tool
  * call pieces it relays and asks for the verdict before its end event; a
  * reply that fails it ends with an error UPSTREAM_INVALID_OUTPUT instead
- * (docs/api.md "Structured outputs").
+ * (docs/api.md "Structured outputs"). A check that memory ran out for (the
+ * text or a call not kept, the reply not loaded) is no verdict on the
+ * reply: the job ends with AGENT_OUT_OF_MEMORY, the agent's own failure,
+ * and fails over (oai_schema_sink).
  */
 #ifndef AGENT_OPENAI_SCHEMA_H
 #define AGENT_OPENAI_SCHEMA_H
@@ -24,6 +27,8 @@
 #include <stddef.h>
 
 #include <jansson.h>
+
+#include "agent/backend.h"
 
 typedef struct oai_schema oai_schema;
 
@@ -46,7 +51,16 @@ void oai_schema_text(oai_schema *c, const char *text, size_t len);
 void oai_schema_tool(oai_schema *c, int index, const char *name, const char *args,
                      size_t len);
 /* At the reply's end (with finish_reason "stop" or "tool_calls", no stop
- * string): 0 when it holds, else -1 with what is wrong in msg. */
+ * string): 0 when it holds, else -1 with what is wrong in msg, or
+ * OAI_SCHEMA_NOMEM with msg set: memory ran out keeping the reply or
+ * checking it (no verdict on the reply). */
 int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen);
+
+/* The sink the reply's parser is to report a job with checks c to, in
+ * *out: each event goes on to the agent's sink (to, copied), except that
+ * the error that follows a verdict of OAI_SCHEMA_NOMEM (the parser ends
+ * the job with UPSTREAM_INVALID_OUTPUT after any failed verdict) becomes
+ * AGENT_OUT_OF_MEMORY. out's ctx is c: it lives as long as c. */
+void oai_schema_sink(oai_schema *c, const agent_job_sink *to, agent_job_sink *out);
 
 #endif

@@ -680,13 +680,22 @@ gpe_jv_result gpe_jv_check_text(gpe_jv *v, const char *text, size_t len, char *m
                                 size_t msglen)
 {
     json_error_t je;
+    json_t *value = NULL;
     if (!text)
         text = "";
-    json_t *value = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    if (!value && strstr(je.text, "too big"))   /* an integer past 64 bits is still JSON */
-        value = json_loadb(text, len, JSON_DECODE_ANY | JSON_ALLOW_NUL |
-                           JSON_DECODE_INT_AS_REAL, &je);
-    if (!value) {
+    /* gpe_js_load: a reply jansson could not read for want of memory is not
+     * "not JSON", nor one it read with a byte dropped another value. */
+    size_t flags = JSON_DECODE_ANY | JSON_ALLOW_NUL;
+    gpe_status st = gpe_js_load(text, len, flags, &value, &je);
+    /* an integer past 64 bits is still JSON */
+    if (st == GPE_ERR_ARG && strstr(je.text, "too big"))
+        st = gpe_js_load(text, len, flags | JSON_DECODE_INT_AS_REAL, &value, &je);
+    if (st == GPE_ERR_NOMEM) {
+        if (msg && msglen)
+            snprintf(msg, msglen, "out of memory");
+        return GPE_JV_NOMEM;
+    }
+    if (st != GPE_OK) {
         if (msg && msglen)
             snprintf(msg, msglen, "not JSON: %s (byte %d)", je.text, je.position);
         return GPE_JV_INVALID;

@@ -45,7 +45,9 @@
 typedef struct gpe_jv gpe_jv;
 
 typedef enum gpe_jv_result {
-    GPE_JV_ERROR = -1,   /* not checked: out of memory, or over the cost bound */
+    GPE_JV_NOMEM = -2,   /* not checked: out of memory (the checker's, not the value's
+                            fault: the agent fails the job over as its own failure) */
+    GPE_JV_ERROR = -1,   /* not checked: over the cost bound */
     GPE_JV_VALID = 0,
     GPE_JV_INVALID = 1,  /* msg names the first violation */
 } gpe_jv_result;
@@ -69,7 +71,9 @@ void gpe_jv_free(gpe_jv *v);
  * a time. */
 gpe_jv_result gpe_jv_check(gpe_jv *v, const json_t *value, char *msg, size_t msglen);
 /* The same for JSON text (len bytes, no NUL needed): text that is not one
- * JSON value is INVALID ("not JSON: ..."). */
+ * JSON value is INVALID ("not JSON: ..."); NOMEM ("out of memory") when
+ * memory ran out reading it (loaded twice, as gpe_js_load: jansson reports
+ * an allocation failure as a syntax error, or drops a byte). */
 gpe_jv_result gpe_jv_check_text(gpe_jv *v, const char *text, size_t len, char *msg,
                                 size_t msglen);
 

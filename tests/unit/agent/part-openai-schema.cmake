@@ -12,3 +12,12 @@ gp_add_unit_test(test_openai_schema_oom
   LIBS gpupool_agent_base)
 target_link_options(test_openai_schema_oom PRIVATE
   -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup)
+# The openai backend's job start and reply check when memory runs out: the
+# job starts as asked (request body, stop strings, X-Pool-Options) or is
+# AGENT_JOB_START_NOMEM; a check that ran out of memory ends the job
+# AGENT_OUT_OF_MEMORY, not UPSTREAM_INVALID_OUTPUT.
+gp_add_unit_test(test_openai_job_oom
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_openai_job_oom.c
+  LIBS gpupool_agent_base)
+target_link_options(test_openai_job_oom PRIVATE
+  -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=strdup)

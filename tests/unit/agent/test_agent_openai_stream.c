@@ -494,12 +494,12 @@ static void request_building(void **st)
     oai_backend b = {0};
     b.o = &o;
     char err[200];
-    bool chat = false;
+    bool chat = false, nomem = false;
     json_t *job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
                              "\"content\":\"hi\"}],\"params\":{\"max_tokens\":5,\"top_k\":0,"
                              "\"stop\":[\"x\"],\"seed\":null},\"continuation\":\"par\"}",
                              0, NULL);
-    json_t *req = build_request(&b, job, &chat, err, sizeof err);
+    json_t *req = build_request(&b, job, &chat, &nomem, err, sizeof err);
     assert_non_null(req);
     assert_true(chat);
     assert_string_equal(json_string_value(json_object_get(req, "model")), "upm");
@@ -522,7 +522,7 @@ static void request_building(void **st)
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[{\"role\":\"user\","
                      "\"content\":\"hi\"}]}",
                      0, NULL);
-    req = build_request(&b, job, &chat, err, sizeof err);
+    req = build_request(&b, job, &chat, &nomem, err, sizeof err);
     assert_non_null(req);
     assert_true(json_equal(json_object_get(req, "messages"), json_object_get(job, "messages")));
     json_decref(req);
@@ -533,7 +533,7 @@ static void request_building(void **st)
                      "\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\",\"function\":"
                      "{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
                      0, NULL);
-    req = build_request(&b, job, &chat, err, sizeof err);
+    req = build_request(&b, job, &chat, &nomem, err, sizeof err);
     assert_non_null(req);
     assert_true(json_equal(json_object_get(req, "tools"), json_object_get(job, "tools")));
     assert_string_equal(json_string_value(json_object_get(req, "tool_choice")), "required");
@@ -541,18 +541,19 @@ static void request_building(void **st)
     json_decref(job);
 
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"completion\",\"prompt\":7}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &nomem, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"chat\",\"messages\":[]}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &nomem, err, sizeof err));
     json_decref(job);
     /* count_tokens jobs are not generation requests */
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"count_tokens\",\"prompt\":\"x\"}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &nomem, err, sizeof err));
     json_decref(job);
     job = json_loads("{\"job_id\":\"j\",\"kind\":\"embedding\",\"prompt\":\"x\"}", 0, NULL);
-    assert_null(build_request(&b, job, &chat, err, sizeof err));
+    assert_null(build_request(&b, job, &chat, &nomem, err, sizeof err));
     json_decref(job);
+    assert_false(nomem); /* refusals, not memory */
 }
 
 static void endpoints(void **st)

@@ -6,6 +6,11 @@
  * never -1, which refuses the job as the client's INVALID_REQUEST (a 400
  * for a valid response_format or strict tool).
  *
+ * And a reply judged while memory runs out (kept, loaded, checked) has the
+ * verdict it has with memory to spare, or OAI_SCHEMA_NOMEM: never "not
+ * JSON" or "too large to check" (UPSTREAM_INVALID_OUTPUT, not failed over)
+ * for want of the agent's memory.
+ *
  * The N-th allocation fails, for N = 1, 2, ... until a run ends without
  * reaching it: jansson's and the agent's and validator's own malloc,
  * calloc, realloc and strdup (ld --wrap: part-openai-schema.cmake),
@@ -170,6 +175,51 @@ static void test_sweep(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* Checks made with memory to spare, given reply r and judging it while
+ * the N-th allocation fails, for N = 1, 2, ...: the verdict is the one
+ * given with memory to spare, or OAI_SCHEMA_NOMEM ("out of memory"), never
+ * -1 for a reply that holds, nor another message ("not JSON", "too large
+ * to check") for one that does not. The number of runs that broke it. */
+static int verdict_sweep(json_t *job, const reply *r)
+{
+    char want[600], got[600];
+    oai_schema *ref = make(job);
+    int want_rc = verdict(ref, r, want, sizeof want);
+    oai_schema_free(ref);
+    int bad = 0;
+    for (size_t n = 1;; n++) {
+        oai_schema *c = make(job);
+        arm_libc(n);
+        int rc = verdict(c, r, got, sizeof got);
+        bool hit = disarm();
+        oai_schema_free(c);
+        bool same = rc == want_rc && strcmp(got, want) == 0;
+        if (!same && !(hit && rc == OAI_SCHEMA_NOMEM && strstr(got, "out of memory"))) {
+            print_message("%s: allocation %zu %s: %d \"%s\", want %d \"%s\" or "
+                          "OAI_SCHEMA_NOMEM\n", r->text ? r->text : r->args, n,
+                          hit ? "failed" : "did not fail", rc, got, want_rc, want);
+            bad++;
+        }
+        if (!hit)
+            break;
+    }
+    return bad;
+}
+
+/* What a reply is judged while memory runs out: keeping its text or a
+ * call's name and arguments, loading it and checking it. */
+static void test_verdict_sweep(void **state)
+{
+    (void)state;
+    json_t *job = J(JOB);
+    int bad = 0;
+    for (size_t i = 0; i < N_REPLIES; i++)
+        bad += verdict_sweep(job, &REPLIES[i]);
+    json_decref(job);
+    print_message("%d runs broke the rule\n", bad);
+    assert_int_equal(bad, 0);
+}
+
 /* A schema the validator refuses is still the job's fault (-1). */
 static void test_refused_stays_refused(void **state)
 {
@@ -188,6 +238,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sweep),
+        cmocka_unit_test(test_verdict_sweep),
         cmocka_unit_test(test_refused_stays_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

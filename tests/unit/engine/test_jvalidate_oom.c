@@ -6,6 +6,11 @@
  * response_format or strict tool), where out of memory is its own failure
  * (AGENT_OUT_OF_MEMORY: the job fails over).
  *
+ * And gpe_jv_check_text gives the verdict it gives with memory to spare,
+ * or GPE_JV_NOMEM: never "not JSON" (jansson reports an allocation that
+ * failed as a syntax error) nor the verdict on another value (a byte it
+ * dropped).
+ *
  * The N-th allocation fails, for N = 1, 2, 3, ... until a run ends without
  * reaching it, as in test_jschema_oom.c: jansson's allocations and the
  * validator's own malloc, calloc, realloc, strdup and strndup (the linker's
@@ -185,6 +190,61 @@ static void test_new_sweep(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* Text that is not JSON, or has an integer past 64 bits (the second load,
+ * as reals): the check's loads under allocation failure too. */
+static const char *const TEXTS[] = {
+    "{\"p00\":\"p0ab\",\"when\":\"2024-01-02T03:04:05Z\",\"value\":"
+    "123456789012345678901234567890}",
+    "{\"p00\":\"p0ab\",\"when\":",
+    "{\"p00\":\"p0ab\" \"when\":1}",
+};
+#define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
+
+/* gpe_jv_check_text on text for N = 1, 2, ...: the verdict and message
+ * of the check made with memory to spare, or GPE_JV_NOMEM ("out of
+ * memory"); never "not JSON" for JSON, nor a value jansson read with a
+ * byte dropped (a key or string another than the text's). */
+static int check_sweep(gpe_jv *v, const char *text)
+{
+    char want[300], got[300];
+    gpe_jv_result r0 = gpe_jv_check_text(v, text, strlen(text), want, sizeof want);
+    int bad = 0;
+    for (size_t n = 1;; n++) {
+        got[0] = '\0';
+        arm_libc(n);
+        gpe_jv_result r = gpe_jv_check_text(v, text, strlen(text), got, sizeof got);
+        bool hit = disarm();
+        bool same = r == r0 && strcmp(got, want) == 0;
+        if (!same && !(hit && r == GPE_JV_NOMEM && strcmp(got, "out of memory") == 0)) {
+            print_message("%.40s...: allocation %zu %s: %d \"%s\", want %d \"%s\" or "
+                          "GPE_JV_NOMEM\n", text, n, hit ? "failed" : "did not fail", (int)r,
+                          got, (int)r0, want);
+            bad++;
+        }
+        if (!hit)
+            break;
+    }
+    return bad;
+}
+
+static void test_check_sweep(void **state)
+{
+    (void)state;
+    json_t *schema = rich_schema();
+    char err[256];
+    gpe_jv *v = gpe_jv_new(schema, err, sizeof err);
+    assert_non_null(v);
+    int bad = 0;
+    for (size_t i = 0; i < N_VALUES; i++)
+        bad += check_sweep(v, VALUES[i]);
+    for (size_t i = 0; i < N_TEXTS; i++)
+        bad += check_sweep(v, TEXTS[i]);
+    print_message("gpe_jv_check_text: %d runs broke the rule\n", bad);
+    gpe_jv_free(v);
+    json_decref(schema);
+    assert_int_equal(bad, 0);
+}
+
 /* Refusals keep their statuses and messages: not out of memory. */
 static void test_refusals(void **state)
 {
@@ -224,6 +284,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference),
         cmocka_unit_test(test_new_sweep),
+        cmocka_unit_test(test_check_sweep),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
