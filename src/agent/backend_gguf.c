@@ -331,9 +331,10 @@ static int gguf_job_start(agent_backend *base, json_t *job, const agent_job_sink
         snprintf(err, errlen, "the model is not loaded: %s", b->refusal);
         return -1;
     }
-    gjob *j = gguf_job_parse(b, job, err, errlen);
-    if (!j)
-        return -1;
+    gjob *j = NULL;
+    int rc = gguf_job_parse(b, job, &j, err, errlen);
+    if (rc != 0)
+        return rc; /* -1 or AGENT_JOB_START_NOMEM */
     j->sink = *sink;
     pthread_mutex_lock(&b->mu);
     gjob **tail = &b->pending;

@@ -15,8 +15,17 @@
 
 /* ------------------------------------------------------ job JSON parsing */
 
+/* Memory ran out: the agent's own failure, not the job's (job_start's
+ * AGENT_JOB_START_NOMEM: the job fails over, the client gets no 400). */
+static int nomem(char *err, size_t errlen)
+{
+    snprintf(err, errlen, "out of memory");
+    return AGENT_JOB_START_NOMEM;
+}
+
 /* Content of a message: a string, or an array of {type:"text", text} blocks
- * (concatenated). Returns a malloc'd string or NULL. */
+ * (concatenated). Returns a malloc'd string or NULL (for a string or an
+ * array: out of memory). */
 static char *message_text(json_t *content)
 {
     if (json_is_string(content))
@@ -96,9 +105,13 @@ static const char *json_text(strpool *p, json_t *v)
  * with `tool_call_id`) go to gpe_chat_apply_tools: in the template's tool
  * format when the model's template supports tools, else tools are ignored
  * (the server only sends them to models reporting supports_tools) and tool
- * messages become plain text. tool_choice "none" leaves the tools out. */
-static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *err, size_t errlen)
+ * messages become plain text. tool_choice "none" leaves the tools out.
+ * NULL with err set; *oom says whether memory ran out (the engine's
+ * rendering aside: gpe_chat_apply_tools does not tell). */
+static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, bool *oom, char *err,
+                         size_t errlen)
 {
+    *oom = false;
     size_t n = json_array_size(messages);
     if (!json_is_array(messages) || n == 0) {
         snprintf(err, errlen, "chat job without messages");
@@ -114,10 +127,8 @@ static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *e
     gpe_chat_tool_call **calls = calloc(n, sizeof *calls);
     strpool pool = {0};
     char *out = NULL;
-    if (!msgs || !extra || !tools || !calls) {
-        snprintf(err, errlen, "out of memory");
-        goto done;
-    }
+    if (!msgs || !extra || !tools || !calls)
+        goto nomem;
     for (size_t t = 0; t < nt; t++) {
         json_t *fn = json_object_get(json_array_get(jtools, t), "function");
         tools[t].name = json_string_value(json_object_get(fn, "name"));
@@ -136,7 +147,11 @@ static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *e
         size_t nc = json_array_size(tc);
         msgs[i].role = role;
         char *txt = message_text(content);
+        if (!txt && (json_is_string(content) || json_is_array(content)))
+            goto nomem;
         msgs[i].content = txt ? pool_keep(&pool, txt) : NULL;
+        if (txt && !msgs[i].content)
+            goto nomem;
         /* an assistant tool call may have null content */
         if (!msgs[i].content && nc > 0 && (!content || json_is_null(content)))
             msgs[i].content = "";
@@ -148,10 +163,8 @@ static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *e
         if (nc == 0)
             continue;
         calls[i] = calloc(nc, sizeof *calls[i]);
-        if (!calls[i]) {
-            snprintf(err, errlen, "out of memory");
-            goto done;
-        }
+        if (!calls[i])
+            goto nomem;
         for (size_t c = 0; c < nc; c++) {
             json_t *call = json_array_get(tc, c);
             json_t *fn = json_object_get(call, "function");
@@ -166,11 +179,13 @@ static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, char *e
         extra[i].tool_calls = calls[i];
         extra[i].n_tool_calls = nc;
     }
-    if (pool.oom) {
-        snprintf(err, errlen, "out of memory");
-        goto done;
-    }
+    if (pool.oom)
+        goto nomem;
     out = gpe_chat_apply_tools(b->model, tools, nt, msgs, extra, n, true, err, errlen);
+    goto done;
+nomem:
+    *oom = true;
+    nomem(err, errlen);
 done:
     if (calls)
         for (size_t i = 0; i < n; i++)
@@ -192,7 +207,8 @@ static double num_or(json_t *o, const char *k, double dflt)
 /* Tools of a chat job (gguf_tools.h): the parser for the model's calls
  * and, for a forced call, its opener appended to the prompt and its
  * grammar (which then takes the place of a response_format). Not forced
- * on a continuation: the text so far decides what comes next. */
+ * on a continuation: the text so far decides what comes next. 0, -1 or
+ * AGENT_JOB_START_NOMEM, with err set. */
 static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t errlen)
 {
     const char *cont = json_string_value(json_object_get(job, "continuation"));
@@ -208,19 +224,15 @@ static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t 
     }
     if (j->tools.lazy) {
         j->lazy_buf = malloc((size_t)gpe_model_n_vocab(b->model) * sizeof *j->lazy_buf);
-        if (!j->lazy_buf) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
+        if (!j->lazy_buf)
+            return nomem(err, errlen);
     }
     if (!j->tools.gram)
         return 0;
     size_t a = strlen(j->text), c = strlen(j->tools.prefix);
     char *t = realloc(j->text, a + c + 1);
-    if (!t) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!t)
+        return nomem(err, errlen);
     memcpy(t + a, j->tools.prefix, c + 1);
     j->text = t;
     j->gram = j->tools.gram;
@@ -231,7 +243,7 @@ static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t 
 /* response_format (docs/protocol.md, OpenAI's chat form): json_object or
  * json_schema become a grammar that constrains every sampled token. The
  * text a continuation carries was written under the same schema: the
- * grammar starts after it. */
+ * grammar starts after it. 0, -1 or AGENT_JOB_START_NOMEM, with err set. */
 static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const char *cont,
                                  char *err, size_t errlen)
 {
@@ -242,11 +254,15 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
     char *schema = NULL;
     if (strcmp(type, "json_schema") == 0) {
         json_t *sc = json_object_get(json_object_get(rf, "json_schema"), "schema");
-        schema = json_dumps(sc ? sc : json_object(), JSON_COMPACT | JSON_ENCODE_ANY);
-        if (!schema) {
-            snprintf(err, errlen, "out of memory");
-            return -1;
-        }
+        /* gp_json_dumps, not json_dumps: jansson 2.14's drops an object key
+         * it could not append and goes on (text that is not JSON: the
+         * client's "schema is not JSON" for want of the agent's memory). */
+        schema = !sc ? strdup("{}")
+                 : json_is_object(sc) || json_is_array(sc)
+                     ? gp_json_dumps(sc)
+                     : json_dumps(sc, JSON_ENCODE_ANY);
+        if (!schema)
+            return nomem(err, errlen);
     } else if (strcmp(type, "json_object") != 0) {
         snprintf(err, errlen, "response_format type '%s' is not supported", type);
         return -1;
@@ -254,11 +270,16 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
     char why[256];
     gpe_status st = gpe_grammar_init_vocab(b->gvocab, schema, &j->gram, why, sizeof why);
     free(schema);
+    if (st == GPE_ERR_NOMEM)
+        return nomem(err, errlen);
     if (st != GPE_OK) {
         snprintf(err, errlen, "response_format: %s", why);
         return -1;
     }
-    if (cont && *cont && gpe_grammar_accept_text(j->gram, cont, strlen(cont)) != GPE_OK) {
+    st = cont && *cont ? gpe_grammar_accept_text(j->gram, cont, strlen(cont)) : GPE_OK;
+    if (st == GPE_ERR_NOMEM)
+        return nomem(err, errlen);
+    if (st != GPE_OK) {
         snprintf(err, errlen, "continuation does not match the response_format schema");
         return -1;
     }
@@ -268,7 +289,7 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
 /* Token-exact continuation fields of a job (see the top of this file).
  * Returns 1 when the job continues from token ids (j->cont_* set), 0 when
  * it does not (no ids, or a digest that is not ours: text continuation),
- * -1 with err set on malformed fields. */
+ * -1 with err set on malformed fields, AGENT_JOB_START_NOMEM. */
 static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char *err,
                                     size_t errlen)
 {
@@ -298,10 +319,8 @@ static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char 
     }
     j->cont_ids = malloc(n * sizeof *j->cont_ids);
     j->cont_text = strdup(cont);
-    if (!j->cont_ids || !j->cont_text) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!j->cont_ids || !j->cont_text)
+        return nomem(err, errlen);
     int n_vocab = gpe_model_n_vocab(b->model);
     for (size_t i = 0; i < n; i++) {
         json_t *v = json_array_get(ids, i);
@@ -317,13 +336,14 @@ static int parse_token_continuation(gguf_backend *b, json_t *job, gjob *j, char 
     return 1;
 }
 
-gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
+int gguf_job_parse(gguf_backend *b, json_t *job, gjob **out, char *err, size_t errlen)
 {
+    int rc = -1;   /* on the way to fail: refused, unless memory ran out */
+    bool oom = false;
+    *out = NULL;
     gjob *j = calloc(1, sizeof *j);
-    if (!j) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
+    if (!j)
+        return nomem(err, errlen);
     const char *id = json_string_value(json_object_get(job, "job_id"));
     const char *kind = json_string_value(json_object_get(job, "kind"));
     if (!id || !kind) {
@@ -332,19 +352,27 @@ gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     }
     snprintf(j->job_id, sizeof j->job_id, "%s", id);
     if (strcmp(kind, "chat") == 0) {
-        j->text = render_chat(b, job, json_object_get(job, "messages"), err, errlen);
-        if (!j->text || setup_tools(b, job, j, err, errlen) < 0)
+        j->text = render_chat(b, job, json_object_get(job, "messages"), &oom, err, errlen);
+        if (!j->text) {
+            rc = oom ? AGENT_JOB_START_NOMEM : -1;
             goto fail;
+        }
+        int r = setup_tools(b, job, j, err, errlen);
+        if (r < 0) {
+            rc = r;
+            goto fail;
+        }
     } else if (strcmp(kind, "completion") == 0 || strcmp(kind, "count_tokens") == 0) {
         json_t *msgs = json_object_get(job, "messages");
         const char *p = json_string_value(json_object_get(job, "prompt"));
         if (p)
-            j->text = strdup(p);
+            oom = !(j->text = strdup(p));
         else if (json_is_array(msgs))
-            j->text = render_chat(b, job, msgs, err, errlen);
+            j->text = render_chat(b, job, msgs, &oom, err, errlen);
         if (!j->text) {
             if (!p && !json_is_array(msgs))
                 snprintf(err, errlen, "%s job without prompt", kind);
+            rc = oom ? nomem(err, errlen) : -1;
             goto fail;
         }
         j->count_only = strcmp(kind, "count_tokens") == 0;
@@ -356,21 +384,25 @@ gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
         }
         j->emb_input = json_incref(in);
         j->text = strdup("");
-        if (!j->text)
+        if (!j->text) {
+            rc = nomem(err, errlen);
             goto fail;
+        }
     } else {
         snprintf(err, errlen, "unknown job kind '%s'", kind);
         goto fail;
     }
     const char *cont = json_string_value(json_object_get(job, "continuation"));
     int tc = parse_token_continuation(b, job, j, err, errlen);
-    if (tc < 0)
+    if (tc < 0) {
+        rc = tc;
         goto fail;
+    }
     if (tc == 0 && cont && *cont) {
         size_t a = strlen(j->text), c = strlen(cont);
         char *t = realloc(j->text, a + c + 1);
         if (!t) {
-            snprintf(err, errlen, "out of memory");
+            rc = nomem(err, errlen);
             goto fail;
         }
         memcpy(t + a, cont, c + 1);
@@ -410,11 +442,14 @@ gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
     }
     for (size_t i = 0; i < j->n_stops; i++)
         if (!j->stops[i]) {
-            snprintf(err, errlen, "out of memory");
+            rc = nomem(err, errlen);
             goto fail;
         }
-    if (parse_response_format(b, job, j, cont, err, errlen) < 0)
+    int r = parse_response_format(b, job, j, cont, err, errlen);
+    if (r < 0) {
+        rc = r;
         goto fail;
+    }
     /* Only what the server can compute too: no chain is fine (nothing
      * advertised for the slot). */
     gp_prefix_chain_of_job(job, &j->chain);
@@ -426,8 +461,9 @@ gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen)
         gp_sha256_hex(tenant, strlen(tenant), j->tenant);
     j->slot = -1;
     j->t_start = gguf_now_s();
-    return j;
+    *out = j;
+    return 0;
 fail:
     gguf_job_free(j);
-    return NULL;
+    return rc;
 }

@@ -160,7 +160,10 @@ double gguf_now_s(void);
 void gguf_job_free(gjob *j);
 
 /* job JSON (backend_gguf_job.c) */
-gjob *gguf_job_parse(gguf_backend *b, json_t *job, char *err, size_t errlen);
+/* A job of the server's JSON (borrowed) into *out: 0; -1 with err set, the
+ * job refused (INVALID_REQUEST); AGENT_JOB_START_NOMEM ("out of memory"),
+ * the agent's own failure. */
+int gguf_job_parse(gguf_backend *b, json_t *job, gjob **out, char *err, size_t errlen);
 
 /* a job's output (backend_gguf_out.c) */
 void gguf_job_error(gjob *j, const char *code, const char *msg);
