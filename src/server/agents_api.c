@@ -209,9 +209,9 @@ static void h_poll(gps_req *r, void *arg)
     agents_liveness_apply(g, a, &lv);
     /* What the agent must hold (deploy.h): only for agents that take
      * deployments; older agents never see the member. */
-    json_t *deployments = g->deploy ? gps_deploy_agent_poll(g->deploy, a, body, gp_now_mono_ms(),
-                                                            gp_now_wall_ms())
-                                    : NULL;
+    json_t *deployments = NULL;
+    bool deploy_ok = !g->deploy || gps_deploy_agent_poll(g->deploy, a, body, gp_now_mono_ms(),
+                                                         gp_now_wall_ms(), &deployments) == 0;
     json_decref(body); /* lv pointed into it */
     sched_agent_update(g->sched, a);
     agent_ext *e = agents_ext_get(g, a->id, true);
@@ -223,10 +223,11 @@ static void h_poll(gps_req *r, void *arg)
     json_t *commands = gps_jobs_pending_cancels(g->jobs, a->id);
     /* The reply is whole or a 500 (out of memory): an agent told nothing
      * of a cancel, a drain or a deployment would go on as if there were
-     * none; on a 500 it polls again. */
-    bool whole = commands != NULL;
+     * none (a deployment left out of its list, it unloads); on a 500 it
+     * keeps what it holds and polls again. */
+    bool whole = commands != NULL && deploy_ok;
     if (commands && a->admin_drain)
-        whole = json_array_append_new(commands, json_pack("{s:s}", "type", "drain")) == 0;
+        whole &= json_array_append_new(commands, json_pack("{s:s}", "type", "drain")) == 0;
     /* features: what this server takes beyond the first protocol, so that
      * a newer agent uses it only here (events_batch: POST /agents/events). */
     json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o,s:[s]}", "agent_id", a->id, "state",

@@ -688,9 +688,30 @@ static void forget_unreported(gps_deploy *d, const registry_agent *a, const json
     }
 }
 
-json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
-                              uint64_t now_ms, int64_t now_wall)
+/* What agent_id must hold, whole or NULL (out of memory): a deployment
+ * left out would be unloaded. Each append takes its value, NULL included. */
+static json_t *held_json(const gps_deploy *d, const char *agent_id)
 {
+    json_t *want = json_array();
+    for (size_t k = 0; want && k < d->n; k++) {
+        const deployment *p = d->v[k];
+        const replica *r = replica_find((deployment *)p, agent_id);
+        if (!r || r->state == R_FAILED)
+            continue;
+        if (json_array_append_new(want, json_pack("{s:s,s:s,s:s?,s:I}", "name", p->name,
+                                                  "source", p->source, "sha256", p->sha256,
+                                                  "bytes", (json_int_t)p->bytes)) < 0) {
+            json_decref(want);
+            want = NULL;
+        }
+    }
+    return want;
+}
+
+int gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
+                          uint64_t now_ms, int64_t now_wall, json_t **out)
+{
+    *out = NULL;
     const json_t *dj = json_object_get(body, "deploy");
     if (!json_is_object(dj)) {
         /* Restarted with --model or --upstream: it holds none of ours now;
@@ -705,7 +726,7 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
                     replica_drop(d, p, i);
                 }
         }
-        return NULL;
+        return 0;
     }
     agent_dep *ad = smap_get(&d->agents, a->id);
     bool changed = !ad; /* a new agent may take what is short */
@@ -713,7 +734,7 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
         ad = calloc(1, sizeof *ad);
         if (!ad || !smap_put(&d->agents, a->id, ad)) {
             free(ad);
-            return NULL;
+            return -1;
         }
     }
     ad->capacity = (int)num(dj, "capacity", 64);
@@ -729,17 +750,8 @@ json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json
      * stays O(deployments) however many agents there are. */
     if (changed)
         gps_deploy_reconcile(d, now_ms, now_wall);
-    json_t *want = json_array();
-    for (size_t k = 0; want && k < d->n; k++) {
-        const deployment *p = d->v[k];
-        const replica *r = replica_find((deployment *)p, a->id);
-        if (!r || r->state == R_FAILED)
-            continue;
-        json_array_append_new(want, json_pack("{s:s,s:s,s:s?,s:I}", "name", p->name, "source",
-                                              p->source, "sha256", p->sha256, "bytes",
-                                              (json_int_t)p->bytes));
-    }
-    return want;
+    *out = held_json(d, a->id);
+    return *out ? 0 : -1;
 }
 
 void gps_deploy_agent_forget(gps_deploy *d, const char *agent_id)

@@ -95,10 +95,14 @@ int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t er
 void gps_deploy_reconcile(gps_deploy *d, uint64_t now_ms, int64_t now_wall);
 
 /* One agent's poll: body is the whole poll body (borrowed; its "deploy"
- * member, if any, is read). Returns the reply's "deployments" array (new
- * reference), or NULL for an agent that does not take deployments. */
-json_t *gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
-                              uint64_t now_ms, int64_t now_wall);
+ * member, if any, is read). 0 with *out the reply's "deployments" array
+ * (new reference, whole), or with *out NULL for an agent that does not
+ * take deployments (the reply has no such member); -1 out of memory, *out
+ * NULL. The agent unloads what the list leaves out, so a list short of one
+ * is never handed back: the caller answers 500 and the agent, keeping what
+ * it holds, polls again. */
+int gps_deploy_agent_poll(gps_deploy *d, const registry_agent *a, const json_t *body,
+                          uint64_t now_ms, int64_t now_wall, json_t **out);
 /* The agent was removed from the registry (forget its facts; its
  * replicas move at the next reconcile). */
 void gps_deploy_agent_forget(gps_deploy *d, const char *agent_id);

@@ -69,7 +69,8 @@ static json_t *poll_models(fx *f, int i, const char *labels, const char *models,
     registry_agent *a = registry_heartbeat(f->reg, &rf, now, 0);
     registry_facts_free(&rf);
     assert_non_null(a);
-    json_t *want = gps_deploy_agent_poll(f->d, a, b, now, 0);
+    json_t *want = NULL;
+    assert_int_equal(gps_deploy_agent_poll(f->d, a, b, now, 0, &want), 0);
     json_decref(b);
     return want;
 }
@@ -436,6 +437,68 @@ static void test_list_oom(void **st)
     fx_free(&f);
 }
 
+/* The poll reply's "deployments" under a failing allocator: every run
+ * gives the whole list (json_equal to the one made with memory) or -1 (a
+ * 500: the agent keeps what it holds and polls again), never a list with
+ * a deployment left out, which the agent would unload, nor NULL, which
+ * reads as "takes no deployments". */
+static void test_agent_poll_oom(void **st)
+{
+    (void)st;
+    fx f;
+    fx_init(&f, 1000);
+    const char *dep = "{\"capacity\":4,\"memory_free\":8589934592,\"models\":["
+                      "{\"name\":\"a\",\"state\":\"ready\"},{\"name\":\"b\","
+                      "\"state\":\"downloading\",\"bytes\":1,\"total\":10,\"rate\":1}]}";
+    json_decref(poll(&f, 1, NULL, dep, T0));
+    assert_int_equal(create(&f, "{\"name\":\"a\",\"source\":\"https://x/a.gguf\"}"), 0);
+    assert_int_equal(create(&f, "{\"name\":\"b\",\"source\":\"hf:o/r/b.gguf\"}"), 0);
+    assert_int_equal(create(&f, "{\"name\":\"c\",\"source\":\"https://x/c.gguf\","
+                                "\"sha256\":\"" "0123456789abcdef0123456789abcdef"
+                                "0123456789abcdef0123456789abcdef\"}"), 0);
+    gps_deploy_reconcile(f.d, T0, 0);
+    json_decref(poll(&f, 1, NULL, dep, T0 + 1)); /* a ready, b downloading, c assigned */
+
+    char id[37], text[1024];
+    uuid(1, id);
+    registry_agent *a = registry_get(f.reg, id);
+    assert_non_null(a);
+    snprintf(text, sizeof text, "{\"agent_id\":\"%s\",\"deploy\":%s}", id, dep);
+    json_t *body = J(text);
+    json_t *want = NULL;
+    assert_int_equal(gps_deploy_agent_poll(f.d, a, body, T0 + 2, 0, &want), 0);
+    assert_int_equal(json_array_size(want), 3);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        arm(n);
+        json_t *got = json_null(); /* (a singleton: no allocation) */
+        int rc = gps_deploy_agent_poll(f.d, a, body, T0 + 2, 0, &got);
+        bool hit = disarm();
+        if (rc == 0 && !json_equal(got, want)) {
+            print_message("run %zu: a list with a deployment left out\n", n);
+            if (got)
+                print_diff("deployments", got, want);
+            else
+                print_message("  NULL: reads as an agent that takes no deployments\n");
+            bad++;
+        }
+        if (rc != 0) {
+            assert_int_equal(rc, -1);
+            assert_null(got);
+            refused++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 3); /* the sweep reached every entry's allocation */
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    json_decref(want);
+    json_decref(body);
+    fx_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_scale_down_and_dead_agents),
         cmocka_unit_test(test_agent_restarted_with_model),
         cmocka_unit_test(test_list_oom),
+        cmocka_unit_test(test_agent_poll_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
