@@ -510,17 +510,25 @@ static void h_keys_list(gps_req *r, void *arg)
 }
 
 /* {"admin_key_file": path or null, "message"} for the reply that turned
- * auth on. With an admin key just made, the caller holds one already. */
-static json_t *auth_turned_on(gps_admin *a, gps_key_role role)
+ * auth on. path: where the hook wrote an admin key, "" when it could not;
+ * NULL when that is not known yet (the reply made before the key exists,
+ * whose message holds either way). With an admin key just made, the caller
+ * holds one already. New reference, NULL on ENOMEM. */
+static json_t *auth_on_json(gps_key_role role, const char *path)
 {
-    char path[1100] = "", msg[2600]; /* the path appears twice */
-    bool wrote = role != GPS_KEY_ADMIN && a->auth_on &&
-                 a->auth_on(a->auth_on_arg, path, sizeof path) == 0;
+    char msg[2600]; /* the path appears twice */
     if (role == GPS_KEY_ADMIN)
         snprintf(msg, sizeof msg,
                  "auth is now on (this server had no keys): every request needs a key; use "
                  "this admin key for the admin API");
-    else if (wrote)
+    else if (!path)
+        snprintf(msg, sizeof msg,
+                 "auth is now on (this server had no keys): every request needs a key; the "
+                 "server's log says where it wrote an admin key for the admin API "
+                 "(admin_key_generated) or why it could not (admin_key_failed); agents "
+                 "without a key are refused from now on: give each an agent key or an "
+                 "enrollment token");
+    else if (path[0])
         snprintf(msg, sizeof msg,
                  "auth is now on (this server had no keys): every request needs a key; an "
                  "admin key was written to %s (mode 0600): use it for the admin API "
@@ -532,7 +540,81 @@ static json_t *auth_turned_on(gps_admin *a, gps_key_role role)
                  "auth is now on (this server had no keys) and no admin key could be written: "
                  "make one with `gpupool-server keys create --role admin --db DB` and reload "
                  "the server (SIGHUP)");
-    return json_pack("{s:s?,s:s}", "admin_key_file", wrote ? path : NULL, "message", msg);
+    return json_pack("{s:s?,s:s}", "admin_key_file", path && path[0] ? path : NULL, "message",
+                     msg);
+}
+
+/* The 201 reply of POST /admin/keys, serialized, with auth_turned_on's
+ * message as far as it is known before the key exists. NULL on ENOMEM. */
+static char *key_reply_text(const gps_key_spec *spec, const char *id, const char *key,
+                            bool was_off, json_t **out)
+{
+    *out = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:I}", "id", id, "key", key, "role",
+                     gps_key_role_name(spec->role), "name", spec->name ? spec->name : "",
+                     "expires_at", wall_or_null(spec->expires_at), "limits",
+                     limits_json(&spec->limits), "max_uses", (json_int_t)spec->max_uses);
+    if (*out && was_off &&
+        json_object_set_new(*out, "auth_turned_on", auth_on_json(spec->role, NULL)) < 0) {
+        json_decref(*out);
+        *out = NULL;
+    }
+    return *out ? gp_json_dumps(*out) : NULL;
+}
+
+/* The reply's auth_turned_on once the hook has left the operator an admin
+ * key (or failed to): the reply made before the key existed, with the
+ * precise message (where the admin key is). NULL when that cannot be
+ * made: the first reply stands, its message true either way. */
+static char *key_reply_auth_on(gps_admin *a, json_t *out)
+{
+    char path[1100] = "";
+    if (!a->auth_on || a->auth_on(a->auth_on_arg, path, sizeof path) != 0)
+        path[0] = '\0';
+    json_t *on = auth_on_json(GPS_KEY_CLIENT, path); /* (any role but admin) */
+    if (!on || json_object_set_new(out, "auth_turned_on", on) < 0)
+        return NULL;
+    return gp_json_dumps(out);
+}
+
+char *gps_admin_key_create(gps_admin *a, const gps_key_spec *spec, const char *by,
+                           const char *correlation_id)
+{
+    char key[GPS_AUTH_KEY_LEN + 1] = "", id[GPS_AUTH_ID_LEN + 1] = "";
+    json_t *out = NULL;
+    char *text = NULL;
+    bool was_off = !gps_auth_enabled(a->auth);
+    /* Everything that can fail comes before the commit, so that no key
+     * exists that this reply does not carry (its secret is shown here
+     * only). Undoing instead (a revoke) would leave the revoked key listed
+     * and, on a server this key's creation turned auth on, auth on. */
+    gps_auth_key *k = gps_auth_key_prepare(spec, key, id);
+    if (k)
+        text = key_reply_text(spec, id, key, was_off, &out);
+    if (!text)
+        goto done;
+    gps_auth_key_commit(a->auth, k);
+    k = NULL;
+    /* Logged by id only: the raw key is in this reply and nowhere else. */
+    gp_log_write(GP_LOG_INFO, "admin_key_created", correlation_id,
+                 json_pack("{s:s,s:s,s:s}", "key_id", id, "role", gps_key_role_name(spec->role),
+                           "by", by ? by : ""),
+                 "admin created %s key %s", gps_key_role_name(spec->role), id);
+    /* The first key of a loopback server turns auth on: from the next
+     * request on, this operator (who has no key) would be locked out. Leave
+     * an admin key in the state dir and say where. */
+    if (was_off && spec->role != GPS_KEY_ADMIN) {
+        char *precise = key_reply_auth_on(a, out);
+        if (precise) {
+            explicit_bzero(text, strlen(text));
+            free(text);
+            text = precise;
+        }
+    }
+done:
+    gps_auth_key_discard(k);
+    json_decref(out);
+    explicit_bzero(key, sizeof key);
+    return text;
 }
 
 static void h_keys_create(gps_req *r, void *arg)
@@ -542,38 +624,20 @@ static void h_keys_create(gps_req *r, void *arg)
     if (!body)
         return;
     gps_key_spec spec;
-    char msg[256];
+    char msg[256], *text = NULL;
     const char *param = NULL;
-    int64_t now = gp_now_wall_ms();
-    if (gps_admin_parse_key_create(body, now, &spec, msg, sizeof msg, &param) < 0) {
+    if (gps_admin_parse_key_create(body, gp_now_wall_ms(), &spec, msg, sizeof msg, &param) < 0) {
         gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
         goto done;
     }
-    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
-    bool was_off = !gps_auth_enabled(a->auth);
-    if (gps_auth_key_create_spec(a->auth, &spec, key, id) < 0) {
-        oom(r);
+    text = gps_admin_key_create(a, &spec, r->key_id, r->correlation_id);
+    if (!text) {
+        oom(r); /* and no key was made */
         goto done;
     }
-    /* The first key of a loopback server turns auth on: from the next
-     * request on, this operator (who has no key) would be locked out. Leave
-     * an admin key in the state dir and say so in the reply. */
-    json_t *auth_on = was_off ? auth_turned_on(a, spec.role) : NULL;
-    /* Logged by id only: the raw key is in this reply and nowhere else. */
-    gp_log_write(GP_LOG_INFO, "admin_key_created", r->correlation_id,
-                 json_pack("{s:s,s:s,s:s}", "key_id", id, "role", gps_key_role_name(spec.role),
-                           "by", r->key_id),
-                 "admin created %s key %s", gps_key_role_name(spec.role), id);
-    json_t *out = json_pack("{s:s,s:s,s:s,s:s,s:o,s:o,s:I}", "id", id, "key", key, "role",
-                            gps_key_role_name(spec.role), "name", spec.name ? spec.name : "",
-                            "expires_at", wall_or_null(spec.expires_at), "limits",
-                            limits_json(&spec.limits), "max_uses", (json_int_t)spec.max_uses);
-    if (out && auth_on)
-        json_object_set_new(out, "auth_turned_on", auth_on);
-    else
-        json_decref(auth_on);
-    explicit_bzero(key, sizeof key);
-    send_json_or_oom(r, 201, out);
+    gps_http_send_json_text(r->req, 201, text, strlen(text));
+    explicit_bzero(text, strlen(text));
+    free(text);
 done:
     json_decref(body);
 }

@@ -147,6 +147,16 @@ void gps_admin_set_deploy(gps_admin *a, struct gps_deploy *deploy);
  * the reply says how to make one). Borrowed; NULL: no hook. */
 typedef int (*gps_admin_auth_on_fn)(void *arg, char *path, size_t pathlen);
 void gps_admin_set_auth_on_hook(gps_admin *a, gps_admin_auth_on_fn fn, void *arg);
+/* POST /admin/keys once its body is parsed (spec): makes the key and its
+ * 201 reply (docs/admin.md), serialized. Returns the reply's text (the
+ * caller sends it, then zeroes and frees it: it holds the raw key) with the
+ * key live, or NULL (out of memory) with no key made: the raw key is shown
+ * in this reply only, so a key whose reply failed would be live and held
+ * by no one. by: the caller's key id, correlation_id: the request's (both
+ * for the log, may be NULL). Where this key turns auth on, the auth-on
+ * hook runs after the key is made. */
+char *gps_admin_key_create(gps_admin *a, const gps_key_spec *spec, const char *by,
+                           const char *correlation_id);
 /* Add the admin routes. 0 or -1. */
 int gps_admin_register(gps_http *h, gps_admin *a);
 

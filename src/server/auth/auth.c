@@ -508,22 +508,38 @@ static bool limits_valid(const gps_key_limits *l)
     return l->rpm >= 0 && l->tokens_per_day >= 0 && l->max_concurrent >= 0;
 }
 
-int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
-                             char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1])
+gps_auth_key *gps_auth_key_prepare(const gps_key_spec *spec, char out_key[GPS_AUTH_KEY_LEN + 1],
+                                   char out_id[GPS_AUTH_ID_LEN + 1])
 {
     if ((unsigned)spec->role >= GPS_KEY_ROLE_COUNT || !limits_valid(&spec->limits) ||
         spec->max_uses < 0)
-        return -1;
+        return NULL;
     char hash[65];
     gps_auth_key_generate(out_key, hash);
     new_key_id(out_id);
-    int64_t now = gp_now_wall_ms();
-    gps_auth_key *k = key_new(out_id, hash, spec->role, spec->name, spec->agent_id, now,
-                              spec->expires_at, 0, 0);
+    gps_auth_key *k = key_new(out_id, hash, spec->role, spec->name, spec->agent_id,
+                              gp_now_wall_ms(), spec->expires_at, 0, 0);
     if (!k)
-        return -1;
+        return NULL;
     k->limits = spec->limits;
     k->max_uses = spec->max_uses;
+    return k;
+}
+
+void gps_auth_key_discard(gps_auth_key *k) { key_free(k); }
+
+int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
+                             char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1])
+{
+    gps_auth_key *k = gps_auth_key_prepare(spec, out_key, out_id);
+    if (!k)
+        return -1;
+    gps_auth_key_commit(a, k);
+    return 0;
+}
+
+void gps_auth_key_commit(gps_auth *a, gps_auth_key *k)
+{
     table_add(a->buckets, k);
     unsigned ib = id_bucket_of(k->id);
     k->id_next = a->by_id[ib];
@@ -531,8 +547,9 @@ int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
     a->n++;
     if (a->store) {
         gps_store_key_row r = {.id = k->id, .hash = k->hash, .role = gps_key_role_name(k->role),
-                               .name = k->name, .agent_id = k->agent_id, .created_at = now,
-                               .expires_at = k->expires_at, .rpm = k->limits.rpm,
+                               .name = k->name, .agent_id = k->agent_id,
+                               .created_at = k->created_at, .expires_at = k->expires_at,
+                               .rpm = k->limits.rpm,
                                .tokens_per_day = k->limits.tokens_per_day,
                                .max_concurrent = k->limits.max_concurrent,
                                .max_uses = k->max_uses};
@@ -541,7 +558,6 @@ int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
                          json_pack("{s:s}", "key_id", k->id),
                          "key %s is active but could not be queued for the store", k->id);
     }
-    return 0;
 }
 
 const gps_auth_key *gps_auth_key_find(const gps_auth *a, const char *key_id)

@@ -176,6 +176,17 @@ int gps_auth_key_create(gps_auth *a, gps_key_role role, const char *name, int64_
  * gps_auth_key_create. */
 int gps_auth_key_create_spec(gps_auth *a, const gps_key_spec *spec,
                              char out_key[GPS_AUTH_KEY_LEN + 1], char out_id[GPS_AUTH_ID_LEN + 1]);
+/* gps_auth_key_create_spec in two steps, for a caller whose reply must be
+ * whole before the key exists (POST /admin/keys shows the raw key in its
+ * reply only: a reply it cannot make must leave no key behind). _prepare
+ * picks the raw key (out_key) and the id (out_id) and makes the entry,
+ * which nothing sees yet: NULL on ENOMEM or a bad spec. _commit takes the
+ * entry and makes it live as gps_auth_key_create_spec would; it cannot
+ * fail. _discard frees one that was not committed (NULL: a no-op). */
+gps_auth_key *gps_auth_key_prepare(const gps_key_spec *spec, char out_key[GPS_AUTH_KEY_LEN + 1],
+                                   char out_id[GPS_AUTH_ID_LEN + 1]);
+void gps_auth_key_commit(gps_auth *a, gps_auth_key *k);
+void gps_auth_key_discard(gps_auth_key *k);
 /* Replace a key's limits (cache + async write). 0, or 1 when no such key. */
 int gps_auth_key_set_limits(gps_auth *a, const char *key_id, const gps_key_limits *limits);
 

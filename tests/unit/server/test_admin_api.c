@@ -3,7 +3,8 @@
  * /admin/keys and PATCH bodies (types, ranges, roles, the field named on
  * error), the /admin/jobs query, and the 60 s throughput ring; and the
  * bodies built from the fleet (the dashboard's snapshot: status, the
- * agents list, history, deployments) under a failing allocator.
+ * agents list, history, deployments) and POST /admin/keys (the key and its
+ * reply) under a failing allocator.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -378,6 +379,118 @@ static void test_snapshot_oom(void **st)
     fleet_free(&f);
 }
 
+/* The auth-on hook of these tests: like the server's (main.c), it makes
+ * an admin key, which can fail for want of memory as there, and says
+ * where it went. */
+static int auth_on_hook(void *arg, char *path, size_t pathlen)
+{
+    char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+    gps_key_spec s = {.role = GPS_KEY_ADMIN, .name = "auth on"};
+    if (gps_auth_key_create_spec(arg, &s, key, id) != 0)
+        return -1;
+    snprintf(path, pathlen, "/state/admin.key");
+    return 0;
+}
+
+/* Whether text is a whole 201 reply for spec whose key is live in auth
+ * (its id found, its raw key hashing to the entry's hash); first: the key
+ * turned auth on, and the reply says so. Prints why not. */
+static bool key_reply_ok(const char *text, const gps_key_spec *spec, gps_auth *auth, bool first)
+{
+    json_t *j = J(text);
+    const char *id = json_string_value(json_object_get(j, "id"));
+    const char *key = json_string_value(json_object_get(j, "key"));
+    const gps_auth_key *k = gps_auth_key_find(auth, id);
+    char hash[65] = "";
+    if (key)
+        gps_auth_key_hash(key, hash);
+    json_t *on = json_object_get(j, "auth_turned_on");
+    const char *why = NULL;
+    if (!k || k->revoked_at)
+        why = "its key is not live";
+    else if (strcmp(k->hash, hash) != 0)
+        why = "its key is not the live one";
+    else if (json_integer_value(json_object_get(json_object_get(j, "limits"), "rpm")) !=
+                 spec->limits.rpm ||
+             !json_is_string(json_object_get(j, "name")) ||
+             !json_is_string(json_object_get(j, "role")) ||
+             !json_is_integer(json_object_get(j, "max_uses")) || !json_object_get(j, "expires_at"))
+        why = "a field is missing";
+    else if (first && !json_is_string(json_object_get(on, "message")))
+        why = "auth_turned_on is missing";
+    else if (!first && on)
+        why = "auth_turned_on where auth was on";
+    if (why)
+        print_message("  %s: %.300s\n", why, text);
+    json_decref(j);
+    return !why;
+}
+
+/* POST /admin/keys (gps_admin_key_create) under a failing allocator,
+ * jansson's and the project's libc allocations alike: every run answers
+ * with the key, live, or makes no key at all (a 500). Never a 500 for a
+ * key that exists (its secret would be shown nowhere), nor a reply
+ * without auth_turned_on where the key turned auth on. first: the server
+ * had no keys; the hook then leaves an admin key. */
+static void key_create_sweep(gps_key_role role, bool first)
+{
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    gps_key_spec spec = {.role = role, .name = "ci", .limits = {60, 0, 2},
+                         .max_uses = role == GPS_KEY_ENROLLMENT ? 3 : 0};
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        gps_auth *auth = gps_auth_new(NULL);
+        assert_non_null(auth);
+        gps_admin *a = gps_admin_new(f.base, auth, NULL, f.reg, f.jobs, NULL, "test");
+        assert_non_null(a);
+        gps_admin_set_auth_on_hook(a, auth_on_hook, auth);
+        if (!first) {
+            char key[GPS_AUTH_KEY_LEN + 1], id[GPS_AUTH_ID_LEN + 1];
+            gps_key_spec s0 = {.role = GPS_KEY_ADMIN};
+            assert_int_equal(gps_auth_key_create_spec(auth, &s0, key, id), 0);
+        }
+        size_t before = gps_auth_key_count(auth);
+        arm_libc(n);
+        char *text = gps_admin_key_create(a, &spec, "key_test", NULL);
+        bool hit = disarm();
+        if (!text && gps_auth_key_count(auth) != before) {
+            print_message("run %zu: no reply, and a key was made\n", n);
+            bad++;
+        } else if (text && !key_reply_ok(text, &spec, auth, first)) {
+            print_message("run %zu: the reply is not the key's\n", n);
+            bad++;
+        }
+        refused += !text;
+        if (text && !hit && first && role != GPS_KEY_ADMIN) {
+            /* With memory: the reply names the admin key the hook made. */
+            json_t *j = J(text);
+            assert_string_equal(json_string_value(json_object_get(
+                                    json_object_get(j, "auth_turned_on"), "admin_key_file")),
+                                "/state/admin.key");
+            json_decref(j);
+        }
+        free(text);
+        gps_admin_free(a);
+        gps_auth_free(auth);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 5); /* the sweep went past the key's entry and the reply */
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    fleet_free(&f);
+}
+
+static void test_key_create_oom(void **st)
+{
+    (void)st;
+    key_create_sweep(GPS_KEY_CLIENT, false);
+    key_create_sweep(GPS_KEY_ENROLLMENT, false);
+    key_create_sweep(GPS_KEY_CLIENT, true); /* turns auth on: the hook runs */
+    key_create_sweep(GPS_KEY_ADMIN, true);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -385,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_limits),        cmocka_unit_test(test_job_query),
         cmocka_unit_test(test_rate),          cmocka_unit_test(test_history),
         cmocka_unit_test(test_history_oom),   cmocka_unit_test(test_snapshot_oom),
+        cmocka_unit_test(test_key_create_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
