@@ -1271,13 +1271,8 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     j->precount = !count && !embed && json_is_true(json_object_get(job, "prompt_tokens_first"));
     j->embed = embed;
     j->n_inputs = n_inputs;
-    /* The checks stand between the reply's parser and the agent: a verdict
-     * that ran out of memory ends the job as the agent's own failure. */
-    agent_job_sink checked;
-    if (j->check)
-        oai_schema_sink(j->check, sink, &checked);
     /* An embeddings reply is read as a count's is: status and body only. */
-    oai_stream_init(&j->st, j->check ? &checked : sink, j->id, chat,
+    oai_stream_init(&j->st, sink, j->id, chat,
                     count || j->precount || embed, j->stops, MAX_SSE_LINE);
     j->st.check = j->check;
     if (req) {

@@ -29,8 +29,6 @@ struct oai_schema {
     gp_buf text;
     bool too_long;        /* text or arguments past MAX_CHECKED */
     bool nomem;           /* text, arguments or a name not kept for want of memory */
-    bool verdict_nomem;   /* the verdict was OAI_SCHEMA_NOMEM (oai_schema_sink) */
-    agent_job_sink to;    /* the agent's sink behind oai_schema_sink's */
     strict_tool *tools;
     int n_tools;
     call calls[MAX_CALLS];
@@ -185,11 +183,10 @@ static gpe_jv *strict_of(const oai_schema *c, const char *name)
 }
 
 /* The verdict when the check could not be made for want of memory. */
-static int verdict_nomem(oai_schema *c, char *msg, size_t msglen)
+static int verdict_nomem(char *msg, size_t msglen)
 {
     snprintf(msg, msglen, "the agent ran out of memory checking the upstream's reply "
              "against its schema");
-    c->verdict_nomem = true;
     return OAI_SCHEMA_NOMEM;
 }
 
@@ -199,7 +196,7 @@ int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen)
     if (!c)
         return 0;
     if (c->nomem)
-        return verdict_nomem(c, msg, msglen);
+        return verdict_nomem(msg, msglen);
     if (c->too_long) {
         snprintf(msg, msglen, "the upstream's reply is too large to check against its schema");
         return -1;
@@ -210,7 +207,7 @@ int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen)
         gpe_jv_result r = gpe_jv_check_text(c->format, c->text.data, c->text.len, why,
                                             sizeof why);
         if (r == GPE_JV_NOMEM)
-            return verdict_nomem(c, msg, msglen);
+            return verdict_nomem(msg, msglen);
         if (r != GPE_JV_VALID) {
             snprintf(msg, msglen, "the upstream's reply %s the response_format schema: %s",
                      r == GPE_JV_INVALID ? "does not match" : "could not be checked against",
@@ -225,7 +222,7 @@ int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen)
         gpe_jv_result r = gpe_jv_check_text(jv, c->calls[i].args.data, c->calls[i].args.len,
                                             why, sizeof why);
         if (r == GPE_JV_NOMEM)
-            return verdict_nomem(c, msg, msglen);
+            return verdict_nomem(msg, msglen);
         if (r != GPE_JV_VALID) {
             snprintf(msg, msglen, "the upstream's tool call %d (%.64s) %s the strict tool's "
                      "parameters: %s", i, c->calls[i].name,
@@ -235,101 +232,4 @@ int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen)
         }
     }
     return 0;
-}
-
-/* ----------------------------------------------------- oai_schema_sink */
-
-/* Each callback passes the job's event on to the agent's sink unchanged,
- * except the error that follows a verdict that ran out of memory. */
-
-static void fw_started(void *ctx)
-{
-    oai_schema *c = ctx;
-    c->to.started(c->to.ctx);
-}
-
-static void fw_token(void *ctx, const char *text, size_t len, int32_t token_id)
-{
-    oai_schema *c = ctx;
-    c->to.token(c->to.ctx, text, len, token_id);
-}
-
-static void fw_token_ids(void *ctx, const char *text, size_t len, const int32_t *ids,
-                         size_t n_ids)
-{
-    oai_schema *c = ctx;
-    c->to.token_ids(c->to.ctx, text, len, ids, n_ids);
-}
-
-static void fw_metrics(void *ctx, json_t *metrics)
-{
-    oai_schema *c = ctx;
-    c->to.metrics(c->to.ctx, metrics);
-}
-
-static void fw_stop_sequence(void *ctx, const char *seq)
-{
-    oai_schema *c = ctx;
-    c->to.stop_sequence(c->to.ctx, seq);
-}
-
-static void fw_upstream_meta(void *ctx, json_t *meta)
-{
-    oai_schema *c = ctx;
-    c->to.upstream_meta(c->to.ctx, meta);
-}
-
-static void fw_end(void *ctx, const char *finish_reason, long long pt, long long ct)
-{
-    oai_schema *c = ctx;
-    c->to.end(c->to.ctx, finish_reason, pt, ct);
-}
-
-static void fw_error(void *ctx, const char *code, const char *message)
-{
-    oai_schema *c = ctx;
-    /* The reply's parser knows one failed verdict, the reply's; memory that
-     * ran out while checking is the agent's own failure. */
-    if (c->verdict_nomem && code && strcmp(code, "UPSTREAM_INVALID_OUTPUT") == 0)
-        code = "AGENT_OUT_OF_MEMORY";
-    c->to.error(c->to.ctx, code, message);
-}
-
-static void fw_tool_call(void *ctx, int index, const char *id, const char *name,
-                         const char *args, size_t args_len)
-{
-    oai_schema *c = ctx;
-    c->to.tool_call(c->to.ctx, index, id, name, args, args_len);
-}
-
-static void fw_progress(void *ctx, long long done, long long total)
-{
-    oai_schema *c = ctx;
-    c->to.progress(c->to.ctx, done, total);
-}
-
-static void fw_embedding(void *ctx, int index, const float *v, int dim)
-{
-    oai_schema *c = ctx;
-    c->to.embedding(c->to.ctx, index, v, dim);
-}
-
-void oai_schema_sink(oai_schema *c, const agent_job_sink *to, agent_job_sink *out)
-{
-    c->to = *to;
-    /* the optional callbacks stay absent where the agent's are */
-    *out = (agent_job_sink){
-        .ctx = c,
-        .started = to->started ? fw_started : NULL,
-        .token = to->token ? fw_token : NULL,
-        .token_ids = to->token_ids ? fw_token_ids : NULL,
-        .metrics = to->metrics ? fw_metrics : NULL,
-        .stop_sequence = to->stop_sequence ? fw_stop_sequence : NULL,
-        .upstream_meta = to->upstream_meta ? fw_upstream_meta : NULL,
-        .end = to->end ? fw_end : NULL,
-        .error = to->error ? fw_error : NULL,
-        .tool_call = to->tool_call ? fw_tool_call : NULL,
-        .progress = to->progress ? fw_progress : NULL,
-        .embedding = to->embedding ? fw_embedding : NULL,
-    };
 }

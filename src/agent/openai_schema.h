@@ -18,7 +18,7 @@
  * (docs/api.md "Structured outputs"). A check that memory ran out for (the
  * text or a call not kept, the reply not loaded) is no verdict on the
  * reply: the job ends with AGENT_OUT_OF_MEMORY, the agent's own failure,
- * and fails over (oai_schema_sink).
+ * and fails over (openai_stream.c maps OAI_SCHEMA_NOMEM so).
  */
 #ifndef AGENT_OPENAI_SCHEMA_H
 #define AGENT_OPENAI_SCHEMA_H
@@ -28,7 +28,6 @@
 
 #include <jansson.h>
 
-#include "agent/backend.h"
 
 typedef struct oai_schema oai_schema;
 
@@ -55,12 +54,5 @@ void oai_schema_tool(oai_schema *c, int index, const char *name, const char *arg
  * OAI_SCHEMA_NOMEM with msg set: memory ran out keeping the reply or
  * checking it (no verdict on the reply). */
 int oai_schema_verdict(oai_schema *c, char *msg, size_t msglen);
-
-/* The sink the reply's parser is to report a job with checks c to, in
- * *out: each event goes on to the agent's sink (to, copied), except that
- * the error that follows a verdict of OAI_SCHEMA_NOMEM (the parser ends
- * the job with UPSTREAM_INVALID_OUTPUT after any failed verdict) becomes
- * AGENT_OUT_OF_MEMORY. out's ctx is c: it lives as long as c. */
-void oai_schema_sink(oai_schema *c, const agent_job_sink *to, agent_job_sink *out);
 
 #endif

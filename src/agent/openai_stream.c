@@ -479,9 +479,15 @@ static void finish_ok(oai_stream *s)
      * ran its course (cut by max_tokens or a stop string: the finish says
      * so). The text went out already; the job fails rather than end. */
     char why[600];
-    if (s->check && !s->stop_seq && strcmp(fr, "length") != 0 &&
-        oai_schema_verdict(s->check, why, sizeof why) != 0) {
-        s->sink.error(s->sink.ctx, "UPSTREAM_INVALID_OUTPUT", why);
+    int verdict = s->check && !s->stop_seq && strcmp(fr, "length") != 0
+                      ? oai_schema_verdict(s->check, why, sizeof why)
+                      : 0;
+    if (verdict != 0) {
+        /* Memory that ran out while checking is no verdict on the reply:
+         * the agent's own failure, failed over. */
+        s->sink.error(s->sink.ctx,
+                      verdict == OAI_SCHEMA_NOMEM ? "AGENT_OUT_OF_MEMORY" : "UPSTREAM_INVALID_OUTPUT",
+                      why);
         return;
     }
     if (s->stop_seq && strcmp(fr, "stop") == 0 && s->sink.stop_sequence)

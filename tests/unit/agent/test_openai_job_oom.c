@@ -6,7 +6,7 @@
  *     INVALID_REQUEST), never a job run without what it asked for;
  *   - a reply held to a response_format ends as it ends with memory to
  *     spare, or with AGENT_OUT_OF_MEMORY when the check could not be made
- *     (oai_schema_sink); never UPSTREAM_INVALID_OUTPUT for a reply that was
+ *     (openai_stream.c maps the verdict); never UPSTREAM_INVALID_OUTPUT for a reply that was
  *     fine.
  * The N-th allocation fails, for N = 1, 2, ... until a run ends without
  * reaching it: jansson's and the agent's malloc, calloc, realloc and
