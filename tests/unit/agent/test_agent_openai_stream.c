@@ -11,11 +11,7 @@
 #include "agent/backend_openai.c"
 
 #define GPS_FIXTURE_OOM_LIBC
-/* (its helpers serve the server's sweeps; not all are used here) */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
 
 typedef struct {
     gp_buf text;

@@ -22,18 +22,8 @@
 #include "agent/backend_openai.c"
 
 #define GPS_FIXTURE_OOM_LIBC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
+#define GPS_FIXTURE_OOM_STRDUP
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
-
-char *__real_strdup(const char *s);
-char *__wrap_strdup(const char *s);
-
-char *__wrap_strdup(const char *s)
-{
-    return libc_armed && fail_now() ? NULL : __real_strdup(s);
-}
 
 /* The terminal event a job's sink got. */
 typedef struct rec {

@@ -30,18 +30,8 @@
 #include "agent/openai_schema.h"
 
 #define GPS_FIXTURE_OOM_LIBC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
+#define GPS_FIXTURE_OOM_STRDUP
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
-
-char *__real_strdup(const char *s);
-char *__wrap_strdup(const char *s);
-
-char *__wrap_strdup(const char *s)
-{
-    return libc_armed && fail_now() ? NULL : __real_strdup(s);
-}
 
 /* A response_format with patterns and a format, a strict tool with
  * parameters, a strict tool without (any object), and a loose one. */

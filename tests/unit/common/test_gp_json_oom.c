@@ -25,11 +25,7 @@
 #include "common/gp_json.h"
 
 #define GPS_FIXTURE_OOM_LIBC
-/* (its helpers serve the server's sweeps; not all are used here) */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
 
 /* Strings and keys longer than jansson's first 16-byte token buffer (it
  * grows them while reading: where the byte went missing), escapes and a

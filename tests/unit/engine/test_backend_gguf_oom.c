@@ -29,20 +29,11 @@
 #include "agent/backend.h"
 
 #define GPS_FIXTURE_OOM_LIBC
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
+#define GPS_FIXTURE_OOM_STRDUP
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
 
-char *__real_strdup(const char *s);
-char *__wrap_strdup(const char *s);
-
-char *__wrap_strdup(const char *s)
-{
-    return libc_armed && fail_now() ? NULL : __real_strdup(s);
-}
 
 /* A job's terminal event (the decode thread sends it). */
 typedef struct rec {

@@ -28,26 +28,9 @@
 #include "engine/jschema.h"
 
 #define GPS_FIXTURE_OOM_LIBC
-/* (its print_diff serves the server's sweeps, not this one) */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
+#define GPS_FIXTURE_OOM_STRDUP
+#define GPS_FIXTURE_OOM_STRNDUP
 #include "../server/fixture_oom.h"
-#pragma GCC diagnostic pop
-
-char *__real_strdup(const char *s);
-char *__real_strndup(const char *s, size_t n);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
-
-char *__wrap_strdup(const char *s)
-{
-    return libc_armed && fail_now() ? NULL : __real_strdup(s);
-}
-
-char *__wrap_strndup(const char *s, size_t n)
-{
-    return libc_armed && fail_now() ? NULL : __real_strndup(s, n);
-}
 
 /* Every feature that allocates: objects and required, enum with a type
  * (json_pack; values of other types dropped), const, anyOf of different types, a discriminated union

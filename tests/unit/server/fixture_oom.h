@@ -7,6 +7,8 @@
  * of malloc, calloc and realloc that the project's code makes (not libc's
  * own: strdup's, ...) with jansson's, and arm_beneath() fails libc's alone
  * beneath gp_json's counting allocator (gp_json.h: the checked load).
+ * GPS_FIXTURE_OOM_STRDUP / _STRNDUP (with GPS_FIXTURE_OOM_LIBC and
+ * --wrap=strdup / strndup) count strdup and strndup too.
  * Header-only: each test is one file.
  * Needs <cmocka.h> and <jansson.h> included first. */
 #ifndef GPS_FIXTURE_OOM_H
@@ -26,7 +28,7 @@ static json_malloc_t saved_malloc; /* jansson's allocator before arm: disarm's *
 static json_free_t saved_free;
 
 /* Whether this allocation is the one to fail. */
-static bool fail_now(void)
+__attribute__((unused)) static bool fail_now(void)
 {
     if (countdown && --countdown == 0) {
         injected = true;
@@ -60,18 +62,41 @@ void *__wrap_realloc(void *p, size_t n)
     return libc_armed && fail_now() ? NULL : __real_realloc(p, n);
 }
 
+#ifdef GPS_FIXTURE_OOM_STRDUP
+/* strdup and strndup counted with malloc (linked with --wrap=strdup, and
+ * with GPS_FIXTURE_OOM_STRNDUP --wrap=strndup): libc's own strdup does not
+ * go through the wrapped malloc. */
+char *__real_strdup(const char *s);
+char *__wrap_strdup(const char *s);
+
+char *__wrap_strdup(const char *s)
+{
+    return libc_armed && fail_now() ? NULL : __real_strdup(s);
+}
+#endif
+
+#ifdef GPS_FIXTURE_OOM_STRNDUP
+char *__real_strndup(const char *s, size_t n);
+char *__wrap_strndup(const char *s, size_t n);
+
+char *__wrap_strndup(const char *s, size_t n)
+{
+    return libc_armed && fail_now() ? NULL : __real_strndup(s, n);
+}
+#endif
+
 /* jansson's allocations go to libc's malloc: not counted twice. */
 #define FIXTURE_REAL_MALLOC __real_malloc
 #else
 #define FIXTURE_REAL_MALLOC malloc
 #endif
 
-static void *failing_malloc(size_t n)
+__attribute__((unused)) static void *failing_malloc(size_t n)
 {
     return fail_now() ? NULL : FIXTURE_REAL_MALLOC(n);
 }
 
-static void arm(size_t n)
+__attribute__((unused)) static void arm(size_t n)
 {
     countdown = n;
     injected = false;
@@ -81,8 +106,6 @@ static void arm(size_t n)
 }
 
 #ifdef GPS_FIXTURE_OOM_LIBC
-/* (These two: not every test that wraps libc sweeps with both.) */
-
 /* arm(n), the N-th allocation counted among jansson's and libc's. */
 __attribute__((unused)) static void arm_libc(size_t n)
 {
@@ -105,7 +128,7 @@ __attribute__((unused)) static void arm_beneath(size_t n)
 
 /* Back to the allocator jansson had before arm (what the rest of the run
  * uses). Returns whether the failure was reached. */
-static bool disarm(void)
+__attribute__((unused)) static bool disarm(void)
 {
     if (swapped)
         json_set_alloc_funcs(saved_malloc, saved_free);
@@ -115,7 +138,7 @@ static bool disarm(void)
     return injected;
 }
 
-static json_t *J(const char *s)
+__attribute__((unused)) static json_t *J(const char *s)
 {
     json_error_t e;
     json_t *j = json_loads(s, 0, &e);
@@ -125,7 +148,7 @@ static json_t *J(const char *s)
 }
 
 /* The fields where got and want differ (objects: by key, to any depth). */
-static void print_diff(const char *path, const json_t *got, const json_t *want)
+__attribute__((unused)) static void print_diff(const char *path, const json_t *got, const json_t *want)
 {
     if (json_is_object(got) && json_is_object(want)) {
         const char *k;
