@@ -12,16 +12,8 @@
 /* Lifecycle                                                                */
 /* ======================================================================== */
 
-agent *agent_create(const agent_options *o, agent_backend *backend, char *err, size_t errlen)
+void ag_init(agent *a, const agent_options *o, agent_backend *backend)
 {
-    char *key = NULL; /* from DIR/agent.key */
-    agent *a = calloc(1, sizeof *a);
-    if (!a) {
-        snprintf(err, errlen, "out of memory");
-        if (backend)
-            backend->ops->destroy(backend);
-        return NULL;
-    }
     a->o = o;
     a->be = backend;
     a->wake_fd = -1;
@@ -39,6 +31,19 @@ agent *agent_create(const agent_options *o, agent_backend *backend, char *err, s
     a->poll_interval_ms = 15000;
     a->work_wait_ms = 25000;
     agent_backoff_init(&a->backoff, 500, 30000);
+}
+
+agent *agent_create(const agent_options *o, agent_backend *backend, char *err, size_t errlen)
+{
+    char *key = NULL; /* from DIR/agent.key */
+    agent *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        if (backend)
+            backend->ops->destroy(backend);
+        return NULL;
+    }
+    ag_init(a, o, backend);
 
     if (agent_state_load_id(o->state_dir, a->id, err, errlen) < 0)
         goto fail;

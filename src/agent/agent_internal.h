@@ -246,6 +246,11 @@ struct agent {
 /* Shared between the agent's files (ag_: see the top of this header)       */
 /* ======================================================================== */
 
+/* agent.c: a's fields to their starting values (a zeroed; o and backend
+ * borrowed as agent_create's), before anything that can fail: what
+ * agent_create and a test's bare agent start from. */
+void ag_init(agent *a, const agent_options *o, agent_backend *backend);
+
 /* agent_jobs.c: small helpers */
 uint32_t ag_rnd32(void);
 agent_job *ag_job_find(agent *a, const char *id);

@@ -82,17 +82,8 @@ static int setup(void **state)
     assert_non_null(f);
     assert_int_equal(pipe(f->pipe_fd), 0);
     agent *a = &f->a;
-    a->be = &fake_be;
+    ag_init(a, NULL, &fake_be);
     a->wake_fd = f->pipe_fd[1];
-    atomic_init(&a->looping, false);
-    atomic_init(&a->wake_sent, false);
-    pthread_mutex_init(&a->mu, NULL);
-    a->lazy_srv = -1;
-    a->lazy_urgent_srv = -1;
-    agent_timers_init(&a->deadlines);
-    agent_timers_init(&a->retries);
-    agent_idtab_init(&a->jtab);
-    gp_buf_init(&a->live_ids);
     g_start_rc = 0;
     memset(&g_sink, 0, sizeof g_sink);
     *state = f;
