@@ -67,12 +67,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         else if (!err[0])
             abort();
         err[0] = '\0';
-        json_t *req = build_request(&b, jj, &chat, err, sizeof err);
+        bool nomem = false;
+        json_t *req = build_request(&b, jj, &chat, &nomem, err, sizeof err);
         if (!req) {
             if (!err[0])
                 abort();
             continue;
         }
+        if (nomem) /* said only with no request */
+            abort();
         check_object(req);
     }
     json_decref(reply);
