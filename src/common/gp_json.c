@@ -385,3 +385,15 @@ json_t *gp_json_loadb(const char *p, size_t n, json_error_t *err)
     json_t *v = gp_json_read(p, n);
     return v ? v : gp_json_load_checked(p, n, 0, err);
 }
+
+char *gp_json_dumps_checked(const json_t *v, size_t flags)
+{
+    gp_json_init();
+    unsigned long before = failed_allocs;
+    char *s = json_dumps(v, flags);
+    if (failed_allocs == before)
+        return s;
+    /* Even a text: an object may have lost a member. */
+    free(s);
+    return NULL;
+}

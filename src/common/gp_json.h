@@ -56,6 +56,16 @@ void gp_json_init(void);
  * JSON (err from jansson). err may be NULL. New reference, or NULL. */
 json_t *gp_json_load_checked(const char *p, size_t n, size_t flags, json_error_t *err);
 
+/* json_dumps(v, flags), but NULL (as for any other failure: v not an
+ * object or array without JSON_ENCODE_ANY, a string not UTF-8) when an
+ * allocation failed during it, whatever jansson returned: jansson 2.14's
+ * dump can leave an object's key out and still succeed when its buffer
+ * cannot grow for the key (seen by the gguf backend's sweep). For the flags
+ * gp_json_dumps / gp_json_dump_append do not write (JSON_SORT_KEYS,
+ * JSON_INDENT, JSON_ENSURE_ASCII). A new string (caller frees with free),
+ * or NULL. */
+char *gp_json_dumps_checked(const json_t *v, size_t flags);
+
 /* gp_json_read, else gp_json_load_checked(p, n, 0, err): the same answers,
  * out of memory included. err may be NULL. New reference, or NULL. */
 json_t *gp_json_loadb(const char *p, size_t n, json_error_t *err);
