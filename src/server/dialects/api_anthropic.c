@@ -122,14 +122,12 @@ static int tool_block_text(const json_t *blk, bool use, const char *where, gp_bu
         const char *id = json_string_value(json_object_get(blk, "id"));
         const json_t *in = json_object_get(blk, "input");
         /* No input: "{}". Input that could not be written (out of memory)
-         * must not become "{}": the call would read as made without it. */
-        char *input = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-        if (in && !input)
-            goto oom;
-        rc = gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] %s", id ? id : "",
-                            name ? name : "", input ? input : "{}");
-        free(input);
-        if (rc < 0)
+         * must not become "{}": the call would read as made without it;
+         * nor lose a key (json_dumps can, and succeed: gp_json_dump_append
+         * cannot). */
+        if (gp_buf_appendf(&tmp, "[tool_use id=%s name=%s] ", id ? id : "",
+                           name ? name : "") < 0 ||
+            (in ? gp_json_dump_append(&tmp, in) : gp_buf_append(&tmp, "{}", 2)) < 0)
             goto oom;
     } else {
         const char *id = json_string_value(json_object_get(blk, "tool_use_id"));
@@ -401,18 +399,21 @@ static int oai_tool_call(const json_t *blk, json_t **calls)
     const char *id = json_string_value(json_object_get(blk, "id"));
     const char *name = json_string_value(json_object_get(blk, "name"));
     const json_t *in = json_object_get(blk, "input");
-    /* no input: "{}" below (a json_object() made here leaked); input that
-     * could not be written is no "{}" but out of memory */
-    char *args = in ? json_dumps(in, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
-    if ((in && !args) || (!*calls && !(*calls = json_array()))) {
-        free(args);
-        return -1;
-    }
-    int rc = json_array_append_new(*calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id",
-                                                     id ? id : "", "type", "function",
-                                                     "function", "name", name ? name : "",
-                                                     "arguments", args ? args : "{}"));
-    free(args);
+    /* no input: "{}" (a json_object() made here leaked); input that could
+     * not be written is no "{}" but out of memory, and no input with a key
+     * left out either (json_dumps can drop one and succeed) */
+    gp_buf args;
+    gp_buf_init(&args);
+    int rc = -1;
+    if ((in ? gp_json_dump_append(&args, in) : gp_buf_append(&args, "{}", 2)) < 0 ||
+        (!*calls && !(*calls = json_array())))
+        goto out;
+    rc = json_array_append_new(*calls, json_pack("{s:s,s:s,s:{s:s,s:s%}}", "id", id ? id : "",
+                                                 "type", "function", "function", "name",
+                                                 name ? name : "", "arguments", args.data,
+                                                 args.len));
+out:
+    gp_buf_free(&args);
     return rc;
 }
 

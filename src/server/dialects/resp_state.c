@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/http/held.h"
@@ -52,33 +53,49 @@ static void fetch_end(fetch *f, int status, json_t *items)
     free(f);
 }
 
-static void items_done(void *arg, int status, const gps_store_cells *res)
+/* Stored text as JSON. The store holds only what this server dumped
+ * (gps_resp_render, gps_resp_context_text: valid JSON), so a text that
+ * does not load is out of memory; the checked load also refuses a tree
+ * built while an allocation failed (jansson 2.14 can drop a byte of a long
+ * string and succeed: a stored message or object quietly changed). */
+static json_t *load_stored(const char *text)
 {
-    fetch *f = arg;
-    json_t *items = json_object();
-    if (status != 0 || !items) {
-        json_decref(items);
-        fetch_end(f, status != 0 ? -1 : -2, NULL);
-        return;
-    }
+    return gp_json_load_checked(text, strlen(text), 0, NULL);
+}
+
+int gps_resp_state_items_load(const gps_store_cells *res, json_t **items)
+{
+    *items = json_object();
+    if (!*items)
+        return -2;
     for (size_t i = 0; i < res->nrows; i++) {
         const char *id = res->cell[i * res->ncols];
         const char *msg = res->cell[i * res->ncols + 1];
-        json_t *m = msg ? json_loads(msg, 0, NULL) : NULL;
-        /* The store holds only what gps_resp_context_text wrote (valid
-         * JSON): text that does not load is an allocation that failed
-         * (jansson's error does not say so). Leaving the item out would
-         * refuse the request as naming no stored item. */
+        json_t *m = msg ? load_stored(msg) : NULL;
+        /* Leaving an item out would refuse the request as naming no
+         * stored item (400) where the server ran out of memory. */
         if ((msg && !m) ||
-            (id && json_is_object(m) && json_object_set_new(items, id, m) < 0)) {
-            json_decref(items);
-            fetch_end(f, -2, NULL);
-            return;
+            (id && json_is_object(m) && json_object_set_new(*items, id, m) < 0)) {
+            json_decref(*items);
+            *items = NULL;
+            return -2;
         }
         if (!id || !json_is_object(m))
             json_decref(m);
     }
-    fetch_end(f, 0, items);
+    return 0;
+}
+
+static void items_done(void *arg, int status, const gps_store_cells *res)
+{
+    fetch *f = arg;
+    json_t *items = NULL;
+    if (status != 0) {
+        fetch_end(f, -1, NULL);
+        return;
+    }
+    int rc = gps_resp_state_items_load(res, &items);
+    fetch_end(f, rc, items);
     json_decref(items);
 }
 
@@ -95,6 +112,20 @@ static void fetch_items(fetch *f)
         fetch_end(f, -1, NULL);
 }
 
+int gps_resp_state_prev_load(const gps_store_cells *res, json_t **ctx)
+{
+    const char *text = res->nrows ? res->cell[1] : NULL;
+    *ctx = text ? load_stored(text) : NULL;
+    if (text && !*ctx)
+        return -2; /* found, not loaded: out of memory, not "not found" */
+    if (!json_is_array(*ctx)) {
+        json_decref(*ctx);
+        *ctx = NULL;
+        return 1;
+    }
+    return 0;
+}
+
 static void prev_done(void *arg, int status, const gps_store_cells *res)
 {
     fetch *f = arg;
@@ -102,16 +133,9 @@ static void prev_done(void *arg, int status, const gps_store_cells *res)
         fetch_end(f, -1, NULL);
         return;
     }
-    const char *ctx = res->nrows ? res->cell[1] : NULL;
-    f->prev_context = ctx ? json_loads(ctx, 0, NULL) : NULL;
-    if (ctx && !f->prev_context) {
-        /* Found, not loaded: the stored text is valid JSON (see
-         * items_done), so out of memory, not "not found". */
-        fetch_end(f, -2, NULL);
-        return;
-    }
-    if (!json_is_array(f->prev_context)) {
-        fetch_end(f, 1, NULL);
+    int rc = gps_resp_state_prev_load(res, &f->prev_context);
+    if (rc != 0) {
+        fetch_end(f, rc, NULL);
         return;
     }
     fetch_items(f);
@@ -182,6 +206,21 @@ typedef struct pending {
     char id[GPS_ROUTE_PARAM_MAX];
 } pending;
 
+int gps_resp_state_object_load(const gps_store_cells *res, json_t **obj)
+{
+    *obj = NULL;
+    if (!res->nrows || !res->cell[0])
+        return 1;
+    json_error_t err;
+    const char *text = res->cell[0];
+    *obj = gp_json_load_checked(text, strlen(text), 0, &err);
+    if (*obj)
+        return 0;
+    /* A row that is there but is not JSON was damaged in the store: the
+     * server's failure too; its reply says which. */
+    return json_error_code(&err) == json_error_out_of_memory ? -2 : -1;
+}
+
 static void not_found(pending *p)
 {
     char msg[160];
@@ -198,15 +237,13 @@ static void get_done(void *arg, int status, const gps_store_cells *res)
         gps_db_wait_error(&p->w, 500, "INTERNAL", "stored responses could not be read");
         goto done;
     }
-    if (!res->nrows || !res->cell[0]) {
+    json_t *obj;
+    int rc = gps_resp_state_object_load(res, &obj);
+    if (rc > 0)
         not_found(p);
-        goto done;
-    }
-    /* A row that is there but does not load (out of memory, or damaged)
-     * is the server's failure, not a response that does not exist. */
-    json_t *obj = json_loads(res->cell[0], 0, NULL);
-    if (!obj)
-        gps_db_wait_error(&p->w, 500, "INTERNAL", "the stored response could not be loaded");
+    else if (rc < 0) /* the server's failure, not a response that does not exist */
+        gps_db_wait_error(&p->w, 500, "INTERNAL",
+                          rc == -2 ? "out of memory" : "the stored response could not be loaded");
     else
         gps_http_send_json(p->w.held.req, 200, obj);
 done:

@@ -42,6 +42,21 @@ typedef void (*gps_resp_state_fn)(void *arg, int status, json_t *prev_context, j
 int gps_resp_state_fetch(gps_resp_state *s, const char *key_id, const gps_resp_req *rq,
                          gps_resp_state_fn done, void *arg);
 
+/* The stored rows as the callbacks above load them (exposed for the
+ * tests' allocation-failure sweeps). The texts are this server's own
+ * dumps, so one that does not load is out of memory (-2): never a
+ * previous response "not found" (400), an item left out, or a tree that
+ * differs from the text (gp_json_load_checked).
+ * prev_load: the previous response's row (cell 1, its conversation): 0
+ * with *ctx (an array, new reference), 1 not found (*ctx NULL), -2.
+ * items_load: the (id, fragment) rows as an object by id: 0 with *items
+ * (new reference), -2 (*items NULL).
+ * object_load: GET's row (cell 0, the object): 0 with *obj (new
+ * reference), 1 not found, -2, -1 damaged (not JSON); *obj NULL but at 0. */
+int gps_resp_state_prev_load(const gps_store_cells *res, json_t **ctx);
+int gps_resp_state_items_load(const gps_store_cells *res, json_t **items);
+int gps_resp_state_object_load(const gps_store_cells *res, json_t **obj);
+
 /* Keep a finished response: its object, the conversation and items as
  * JSON text (gp_buf, borrowed: gps_resp_render's, gps_resp_context_text's).
  * No-op without a store or an object. */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_util.h"
 #include "server/dialects/reqcheck.h"
 
 /* OpenAI's rule for a format's name: 1 to 64 of [a-zA-Z0-9_-]. */
@@ -57,7 +58,10 @@ static int check_schema(const json_t *js, const char *where, json_t **out, char 
     }
     /* No schema: any JSON value ({} accepts everything). */
     json_t *sc = schema ? json_incref((json_t *)schema) : json_object();
-    char *text = sc ? json_dumps(sc, JSON_COMPACT) : NULL;
+    /* gp_json_dumps: jansson's dump can drop a key and succeed when an
+     * allocation fails, and the schema checked would not be the client's
+     * (a 400 for a keyword it did not send, or none for one it did). */
+    char *text = sc ? gp_json_dumps(sc) : NULL;
     char err[256];
     gpe_status st = text ? gpe_schema_check(text, err, sizeof err) : GPE_ERR_NOMEM;
     free(text);

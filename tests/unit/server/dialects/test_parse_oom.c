@@ -27,6 +27,8 @@
 #include "common/gp_util.h"
 #include "server/dialects/embeddings.h"
 #include "server/dialects/reqcheck.h"
+#include "server/dialects/resp_state.h"
+#include "server/dialects/rformat.h"
 #include "server/dialects/responses.h"
 
 #include "fixture_oom.h"
@@ -249,9 +251,13 @@ static bool oom_refusal_ok(const char *what, size_t n, int rc, const char *msg,
     return false;
 }
 
-/* Runs p on body for N = 1, 2, ... Returns the number of runs whose
- * outcome broke the rule (printed), 0 when every one kept it. */
-static int sweep(const parser *p, const char *label, const char *text)
+/* Runs p on body for N = 1, 2, ..., each run's failure armed by arm_fn:
+ * arm (jansson's N-th allocation) or arm_beneath (libc's N-th, jansson's
+ * among them through gp_json's counting allocator: what gp_json_dumps,
+ * gp_json_dump_append and the checked load see). Returns the number of
+ * runs whose outcome broke the rule (printed), 0 when every one kept it. */
+static int sweep_with(const parser *p, const char *label, const char *text,
+                      void (*arm_fn)(size_t))
 {
     assert_true(p->res_size <= MAX_RES);
     json_t *body = J(text);
@@ -268,7 +274,7 @@ static int sweep(const parser *p, const char *label, const char *text)
     for (n = 1;; n++) {
         msg[0] = '\0';
         param = "(not set)";
-        arm(n);
+        arm_fn(n);
         int rc = p->parse(body, res, msg, sizeof msg, &param);
         bool hit = disarm();
         if (rc == 0) {
@@ -303,6 +309,11 @@ static int sweep(const parser *p, const char *label, const char *text)
     json_decref(ref);
     json_decref(body);
     return bad;
+}
+
+static int sweep(const parser *p, const char *label, const char *text)
+{
+    return sweep_with(p, label, text, arm);
 }
 
 static const parser OPENAI_CHAT = {"openai chat", openai_chat_parse, openai_sum, openai_clear,
@@ -409,6 +420,87 @@ static void test_anthropic(void **st)
                  "{\"model\":\"claude\",\"max_tokens\":10,\"system\":\"Be kind.\","
                  "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
                  "\"output_format\":{\"type\":\"json_schema\",\"schema\":{}}}");
+    assert_int_equal(bad, 0);
+}
+
+/* A tool_use block's input is dumped, as the prompt's text (tools not
+ * taken) and as an OpenAI tool call's arguments (tools taken): whole, or
+ * out of memory. jansson 2.14's json_dumps can leave a key out and still
+ * succeed (the call would read as made with other arguments), so the
+ * sweep counts libc's allocations, jansson's among them (arm_beneath),
+ * with keys longer than its dump buffer's first growth. */
+static void test_anthropic_tool_input(void **st)
+{
+    (void)st;
+    static const char *const body =
+        "{\"model\":\"claude\",\"max_tokens\":30,\"messages\":["
+        "{\"role\":\"user\",\"content\":\"Send it.\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"toolu_1\","
+        "\"name\":\"send_letter\",\"input\":{\"home_address_for_mail\":\"12 Long Street\","
+        "\"recipient_full_name\":\"Ada\",\"postage_class_of_letter\":\"first\"}},"
+        "{\"type\":\"tool_use\",\"id\":\"toolu_2\",\"name\":\"noop\"}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":"
+        "\"toolu_1\",\"content\":\"sent\"}]}],"
+        "\"tools\":[{\"name\":\"send_letter\",\"input_schema\":{\"type\":\"object\"}},"
+        "{\"name\":\"noop\",\"input_schema\":{\"type\":\"object\"}}]}";
+    int bad = sweep_with(&ANTHROPIC_TOOLS, "tool_use input", body, arm_beneath);
+    bad += sweep_with(&ANTHROPIC_TEXT, "tool_use input", body, arm_beneath);
+    assert_int_equal(bad, 0);
+}
+
+/* A structured-output schema is dumped for the engine's checker: the
+ * check must be of the client's schema or out of memory (500), never a
+ * 400 naming a keyword the client did not send, nor a pass for one it did
+ * (json_dumps can leave a key out and succeed: arm_beneath, as above). */
+static int sweep_rformat(const char *label, const char *text)
+{
+    json_t *rf = J(text);
+    char want_msg[512] = "", msg[512];
+    json_t *want = NULL, *got;
+    int want_rc = gps_rformat_chat(rf, &want, want_msg, sizeof want_msg);
+    assert_true(want_rc == 0 || want_rc == -1);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        msg[0] = '\0';
+        got = NULL;
+        arm_beneath(n);
+        int rc = gps_rformat_chat(rf, &got, msg, sizeof msg);
+        bool hit = disarm();
+        if (rc == GPS_PARSE_OOM && hit) {
+            bad += !oom_refusal_ok(label, n, rc, msg, NULL);
+        } else if (rc != want_rc || (rc == 0 && !json_equal(got, want)) ||
+                   (rc < 0 && strcmp(msg, want_msg) != 0)) {
+            print_message("%s: allocation %zu failed: rc %d \"%s\" (unhurt: %d \"%s\")\n", label,
+                          n, rc, msg, want_rc, want_msg);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    print_message("%s: %zu allocations swept, %d broke the rule\n", label, n - 1, bad);
+    json_decref(want);
+    json_decref(rf);
+    return bad;
+}
+
+/* Keys that cross the dump buffer's first growths (16, then 32 bytes):
+ * jansson's dump leaves such a key out ("") when that growth fails. */
+static void test_rformat_schema(void **st)
+{
+    (void)st;
+    int bad = sweep_rformat(
+        "schema refused",
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"out\",\"schema\":"
+        "{\"type\":\"object\",\"patternProperties\":{},\"properties\":"
+        "{\"home_address_for_mail\":{\"type\":\"string\"}}}}}");
+    bad += sweep_rformat(
+        "schema taken",
+        "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"out\",\"strict\":true,"
+        "\"schema\":{\"type\":\"object\",\"additionalProperties\":false,\"properties\":"
+        "{\"home_address_for_mail\":{\"type\":\"string\",\"description\":"
+        "\"where the letter goes\"}},\"required\":[\"home_address_for_mail\"]}}}");
     assert_int_equal(bad, 0);
 }
 
@@ -779,6 +871,86 @@ static void test_resp_splice(void **st)
     assert_int_equal(bad, 0);
 }
 
+/* A stored response's rows, loaded: the tree the text says, or -2 (the
+ * request's 500) when memory ran out; never a previous response "not
+ * found" (400), an item left out, nor a long string with a byte dropped
+ * (jansson 2.14's loader can, and succeed: arm_beneath, so that the
+ * checked load's counting allocator sees the failures). */
+typedef int (*stored_load)(const gps_store_cells *res, json_t **out);
+
+static int sweep_stored(const char *label, stored_load load, const gps_store_cells *res,
+                        int want_rc)
+{
+    json_t *want = NULL, *got;
+    assert_int_equal(load(res, &want), want_rc);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        got = NULL;
+        arm_beneath(n);
+        int rc = load(res, &got);
+        bool hit = disarm();
+        if (rc == want_rc && json_equal(got, want) == (want != NULL)) {
+            /* whole */
+        } else if (rc == -2 && hit && !got) {
+            /* out of memory: the request's 500 */
+        } else {
+            print_message("%s: allocation %zu failed: rc %d (unhurt %d)%s\n", label, n, rc,
+                          want_rc, rc == want_rc ? ", another tree" : "");
+            if (got && want)
+                print_diff("", got, want);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    print_message("%s: %zu allocations swept, %d broke the rule\n", label, n - 1, bad);
+    json_decref(want);
+    return bad;
+}
+
+static void test_resp_stored(void **st)
+{
+    (void)st;
+    /* Strings past the loader's first token buffer (16 bytes). */
+    static const char *const prev[] = {
+        "{\"id\":\"resp_1\"}",
+        "[{\"role\":\"user\",\"content\":\"What is the weather in Paris today?\"},"
+        "{\"role\":\"assistant\",\"content\":\"Sunny, with a light breeze.\"}]"};
+    static const char *const items[] = {
+        "fc_1", "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+                "\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                "\"arguments\":\"{\\\"home_address_for_mail\\\":\\\"Paris\\\"}\"}}]}",
+        "msg_1", "{\"role\":\"assistant\",\"content\":\"Let me look that up for you.\"}"};
+    static const char *const object[] = {
+        "{\"id\":\"resp_1\",\"object\":\"response\",\"output\":[{\"type\":\"message\","
+        "\"content\":[{\"type\":\"output_text\",\"text\":\"Sunny, with a light breeze.\"}]}]}"};
+    gps_store_cells p = {.nrows = 1, .ncols = 2, .cell = prev};
+    gps_store_cells it = {.nrows = 2, .ncols = 2, .cell = items};
+    gps_store_cells ob = {.nrows = 1, .ncols = 1, .cell = object};
+    int bad = sweep_stored("previous response", gps_resp_state_prev_load, &p, 0);
+    bad += sweep_stored("stored items", gps_resp_state_items_load, &it, 0);
+    bad += sweep_stored("stored object (GET)", gps_resp_state_object_load, &ob, 0);
+    /* not found: no row, a row without an array (1), GET's row gone */
+    gps_store_cells none = {.nrows = 0, .ncols = 2, .cell = prev};
+    static const char *const not_array[] = {"{}", "{\"a\":1}"};
+    gps_store_cells na = {.nrows = 1, .ncols = 2, .cell = not_array};
+    json_t *j = NULL;
+    assert_int_equal(gps_resp_state_prev_load(&none, &j), 1);
+    assert_null(j);
+    assert_int_equal(gps_resp_state_prev_load(&na, &j), 1);
+    assert_null(j);
+    gps_store_cells ob_none = {.nrows = 0, .ncols = 1, .cell = object};
+    assert_int_equal(gps_resp_state_object_load(&ob_none, &j), 1);
+    /* damaged in the store (not JSON): GET's 500, told apart */
+    static const char *const damaged[] = {"{\"id\":"};
+    gps_store_cells dm = {.nrows = 1, .ncols = 1, .cell = damaged};
+    assert_int_equal(gps_resp_state_object_load(&dm, &j), -1);
+    assert_null(j);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     gp_json_init(); /* before arm swaps jansson's allocator (gp_json.h) */
@@ -788,7 +960,8 @@ int main(void)
         cmocka_unit_test(test_embeddings),       cmocka_unit_test(test_embeddings_reply),
         cmocka_unit_test(test_sampling_param),   cmocka_unit_test(test_refusal_status),
         cmocka_unit_test(test_invalid_is_not_oom), cmocka_unit_test(test_merge_header),
-        cmocka_unit_test(test_resp_splice),
+        cmocka_unit_test(test_resp_splice),     cmocka_unit_test(test_anthropic_tool_input),
+        cmocka_unit_test(test_rformat_schema),   cmocka_unit_test(test_resp_stored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
