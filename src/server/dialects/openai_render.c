@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "server/dialects/poolmeta.h"
 
 /* The open field of the text chunk template on the jansson path (an id
@@ -431,10 +432,13 @@ int gps_oa_close_text(gps_oa_out *o, gp_buf *sse, const char *finish_reason,
     if (close_plain(o, finish_reason))
         return plain_close(o, sse, finish_reason, prompt_tokens, completion_tokens, meta,
                            meta_len);
-    /* id or model not UTF-8 (the frames go through jansson): the tree. */
-    json_t *m = meta ? json_loadb(meta, meta_len, 0, NULL) : NULL;
-    if (meta && !m && o->plain)
-        return -1; /* (the meta is ours: valid JSON; ENOMEM) */
+    /* id, model or finish_reason not UTF-8 (the frames go through
+     * jansson): the tree. The meta is ours (valid JSON): not loaded is
+     * out of memory, and the checked load never hands back a tree that
+     * differs from it (jansson alone can drop a byte of a long string). */
+    json_t *m = meta ? gp_json_load_checked(meta, meta_len, 0, NULL) : NULL;
+    if (meta && !m)
+        return -1;
     return gps_oa_close(o, sse, finish_reason, prompt_tokens, completion_tokens, m);
 }
 

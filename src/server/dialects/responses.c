@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "server/dialects/api_openai.h"
 #include "server/dialects/reqcheck.h"
 #include "server/dialects/rformat.h"
@@ -1002,11 +1003,13 @@ static int append_uint(gp_buf *b, unsigned long long v)
  * ev_begin and closed by ev_end, which takes the sequence number whether
  * or not the event could be written, as emit() did.
  */
-static void ev_begin(gp_buf *sse, const char *type)
+/* false when it could not be written whole: the caller's part is then not
+ * written either, and ev_end cuts the frame (never a frame with its
+ * "data: {" left out and the rest after it). */
+static bool ev_begin(gp_buf *sse, const char *type)
 {
-    LIT(sse, "event: ");
-    gp_buf_append(sse, type, strlen(type));
-    LIT(sse, "\ndata: {");
+    return LIT(sse, "event: ") == 0 && gp_buf_append(sse, type, strlen(type)) == 0 &&
+           LIT(sse, "\ndata: {") == 0;
 }
 
 /* ok: the caller's part was written; else the event is cut back to at.
@@ -1076,14 +1079,13 @@ static bool message_added(gps_resp_out *o, gp_buf *sse, const char *item_id, int
 {
     static const gp_buf empty = {0};
     size_t at = sse->len;
-    ev_begin(sse, "response.output_item.added");
-    bool ok = message_head(sse, item_id, idx, "in_progress") == 0 &&
+    bool ok = ev_begin(sse, "response.output_item.added") &&
+              message_head(sse, item_id, idx, "in_progress") == 0 &&
               LIT(sse, "]}") == 0;
     if (!ev_end(o, sse, at, "response.output_item.added", ok))
         return false;
     at = sse->len;
-    ev_begin(sse, "response.content_part.added");
-    ok = item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
+    ok = ev_begin(sse, "response.content_part.added") && item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
          part_text(sse, &empty) == 0;
     return ev_end(o, sse, at, "response.content_part.added", ok);
 }
@@ -1098,20 +1100,18 @@ static bool message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
     gp_buf_init(&esc);
     bool ok = !gp_utf8_valid(t, n) || gp_json_escape_append(&esc, t, n) == 0;
     size_t at = sse->len;
-    ev_begin(sse, "response.output_text.done");
-    bool w = ok && item_head(sse, item_id, idx) == 0 &&
+    bool w = ok && ev_begin(sse, "response.output_text.done") && item_head(sse, item_id, idx) == 0 &&
              LIT(sse, "\"text\":\"") == 0 &&
              gp_buf_append(sse, esc.data ? esc.data : "", esc.len) == 0 &&
              LIT(sse, "\"") == 0;
     bool all = ev_end(o, sse, at, "response.output_text.done", w);
     at = sse->len;
-    ev_begin(sse, "response.content_part.done");
-    w = ok && item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
+    w = ok && ev_begin(sse, "response.content_part.done") && item_head(sse, item_id, idx) == 0 && LIT(sse, "\"part\":") == 0 &&
         part_text(sse, &esc) == 0;
     all = ev_end(o, sse, at, "response.content_part.done", w) && all;
     at = sse->len;
-    ev_begin(sse, "response.output_item.done");
-    w = ok && message_head(sse, item_id, idx, "completed") == 0 && part_text(sse, &esc) == 0 &&
+    w = ok && ev_begin(sse, "response.output_item.done") &&
+        message_head(sse, item_id, idx, "completed") == 0 && part_text(sse, &esc) == 0 &&
         LIT(sse, "]}") == 0;
     all = ev_end(o, sse, at, "response.output_item.done", w) && all;
     gp_buf_free(&esc);
@@ -1122,8 +1122,7 @@ static bool message_done(gps_resp_out *o, gp_buf *sse, const char *item_id, int 
 static bool response_event(gps_resp_out *o, gp_buf *sse, const char *type, const gp_buf *r)
 {
     size_t at = sse->len;
-    ev_begin(sse, type);
-    bool ok = r->len > 0 && LIT(sse, "\"response\":") == 0 &&
+    bool ok = r->len > 0 && ev_begin(sse, type) && LIT(sse, "\"response\":") == 0 &&
               gp_buf_append(sse, r->data, r->len) == 0;
     return ev_end(o, sse, at, type, ok);
 }
@@ -1347,10 +1346,13 @@ static json_t *close_final(gps_resp_out *o, gp_buf *sse, const gps_tool_calls *c
      * added last): a shallow copy, not a second build. */
     json_t *r = response_json(o, calls, status, true, prompt_tokens, completion_tokens, NULL);
     json_t *fin = r ? json_copy(r) : NULL;
-    if (r && meta)
-        json_object_set_new(r, "x_pool_meta", meta);
-    else
+    /* (a set that fails frees meta: never an event without x_pool_meta) */
+    if (r && meta && json_object_set_new(r, "x_pool_meta", meta) < 0) {
+        json_decref(r);
+        r = NULL;
+    } else if (!r) {
         json_decref(meta);
+    }
     if (r) {
         gp_buf d;
         gp_buf_init(&d);
@@ -1405,8 +1407,11 @@ int gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
     if (render(r, o, calls, incomplete ? "incomplete" : "completed", true, prompt_tokens,
                completion_tokens) < 0) {
         /* A string jansson refuses: the tree, as gps_resp_close_final. */
-        json_t *m = meta ? json_loadb(meta, meta_len, 0, NULL) : NULL;
-        json_t *f = meta && !m ? NULL /* (the meta is ours, valid JSON: ENOMEM) */
+        /* The meta is ours, valid JSON: not loaded is ENOMEM, and the
+         * checked load never hands back a tree that differs from it
+         * (jansson alone can drop a byte of a long string and succeed). */
+        json_t *m = meta ? gp_json_load_checked(meta, meta_len, 0, NULL) : NULL;
+        json_t *f = meta && !m ? NULL
                                : close_final(o, sse, calls, finish_reason, prompt_tokens,
                                              completion_tokens, m, &ok);
         if (!f || (fin && gp_json_dump_append(fin, f) < 0))
@@ -1416,9 +1421,9 @@ int gps_resp_close_meta_text(gps_resp_out *o, gp_buf *sse, const gps_tool_calls 
     }
     /* The event's response is the stored one with x_pool_meta last. */
     size_t at = sse->len;
-    ev_begin(sse, type);
+    bool begun = ev_begin(sse, type);
     size_t obj = sse->len + sizeof "\"response\":" - 1;
-    ok = LIT(sse, "\"response\":") == 0 &&
+    ok = begun && LIT(sse, "\"response\":") == 0 &&
          gp_buf_append(sse, r->data + from, r->len - from) == 0 &&
          gps_resp_render_meta_text(sse, obj, meta, meta_len) == 0;
     ok = ev_end(o, sse, at, type, ok);

@@ -327,6 +327,23 @@ static int fc_oa_close_text_trees(gp_buf *sse, size_t n, bool *hit)
     return rc;
 }
 
+/* The same with a meta whose strings are longer than jansson's first
+ * token buffer (its loader drops a byte of one when that buffer cannot
+ * grow, and succeeds), swept with arm_beneath so that the checked load's
+ * counting allocator sees the failures. */
+static int fc_oa_close_text_trees_long(gp_buf *sse, size_t n, bool *hit)
+{
+    gps_oa_out o;
+    oa_plain(&o, true);
+    static const char meta[] = "{\"agent_id\":\"agent_of_a_long_name\",\"warnings\":"
+                               "[\"tools were ignored by this model\"]}";
+    arm_beneath(n);
+    int rc = run_armed_end(
+        n, hit, FR(gps_oa_close_text(&o, sse, "st\xffop", 10, 5, meta, sizeof meta - 1)));
+    gps_oa_out_clear(&o);
+    return rc;
+}
+
 static json_t *WARNINGS;
 
 static int fc_an_close(gp_buf *sse, size_t n, bool *hit)
@@ -498,6 +515,35 @@ static int fc_resp_close(gp_buf *sse, size_t n, bool *hit)
     return rc;
 }
 
+/* The end where the response object is not written by hand (an echoed
+ * request field that could not be: echo_ok false) but as jansson's tree,
+ * x_pool_meta loaded from its text: every string of it as sent, or -1
+ * (jansson's loader alone drops a byte of a long string when its buffer
+ * cannot grow, and succeeds). arm_beneath: the checked load's counting
+ * allocator sees the failures. */
+static int fc_resp_close_trees(gp_buf *sse, size_t n, bool *hit)
+{
+    gps_resp_out o;
+    resp_init(&o);
+    o.echo_ok = false;
+    gp_buf pre, fin;
+    gp_buf_init(&pre);
+    gp_buf_init(&fin);
+    gps_resp_text(&o, &pre, "Let me look.", 12);
+    gp_buf_free(&pre);
+    static const char meta[] = "{\"agent_id\":\"agent_of_a_long_name\",\"warnings\":"
+                               "[\"tools were ignored by this model\"]}";
+    arm_beneath(n);
+    int rc = run_armed_end(n, hit,
+                           FR(gps_resp_close_meta_text(&o, sse, NULL, "stop", 10, 5, meta,
+                                                       sizeof meta - 1, &fin)));
+    if (rc < 0 && fin.len != 0)
+        rc = -2; /* the stored response must not be kept either */
+    gp_buf_free(&fin);
+    gps_resp_out_clear(&o);
+    return rc;
+}
+
 /* The non-streaming body: gps_resp_whole makes the output items (the
  * text as one message, then the calls) and gps_resp_render writes them.
  * The items and the text are libc's allocations: the sweep counts those
@@ -587,6 +633,7 @@ static void test_stream_frames(void **st)
         {"gps_oa_call (piece)", fc_oa_call_piece},
         {"gps_oa_close", fc_oa_close},
         {"gps_oa_close_text (trees)", fc_oa_close_text_trees},
+        {"gps_oa_close_text (trees, long meta)", fc_oa_close_text_trees_long},
         {"gps_an_open", fc_an_open},
         {"gps_an_text (first delta)", fc_an_text_first},
         {"gps_an_text (after a call)", fc_an_text_after_call},
@@ -598,6 +645,7 @@ static void test_stream_frames(void **st)
         {"gps_resp_call (started, after text)", fc_resp_call_started},
         {"gps_resp_call (piece)", fc_resp_call_piece},
         {"gps_resp_close_meta_text", fc_resp_close},
+        {"gps_resp_close_meta_text (trees)", fc_resp_close_trees},
         {"gps_resp_whole + gps_resp_render", fc_resp_whole},
     };
     int bad = 0, dropped = 0;
