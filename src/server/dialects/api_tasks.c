@@ -30,6 +30,18 @@
 #include "server/http/sse.h"
 #include "server/http/textcheck.h"
 
+/* Streams whose catch-up ran out of memory, again (a finished task's has
+ * no later event to wake it). A catch-up may finish its stream. */
+static void retry_subs(task *t)
+{
+    task_sub *next;
+    for (task_sub *s = t->subs; s; s = next) {
+        next = s->next;
+        if (s->retry)
+            tasks_sub_catch_up(t, s);
+    }
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_tasks *g = arg;
@@ -55,6 +67,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             tasks_flush(t); /* after a failed write; else a no-op */
         if (t->create_reply && now - t->created_us > g->lease_us)
             tasks_create_refuse(g, t);
+        retry_subs(t);
         size_t nev = gps_tlog_count(t->log);
         if (t->terminal) {
             /* Not before its log is in the store (its cold replay comes
@@ -351,6 +364,65 @@ json_t *tasks_status_cold(const gps_store_job_info *j)
     return o;
 }
 
+/* A finished task's terminal event made from its row and checkpoint (its
+ * log lacks it: a task finished before migration 0002, or its last batch
+ * was lost), framed onto out. 0, or -1 (ENOMEM: out as it was). */
+static int cold_terminal(gp_buf *out, const gps_store_job_info *j, long long seq)
+{
+    json_t *data;
+    const char *type;
+    if (strcmp(j->status, "done") == 0) {
+        type = "end";
+        data = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
+                         j->finish_reason ? j->finish_reason : "stop", "usage", "prompt_tokens",
+                         (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
+                         "completion_tokens",
+                         (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens : 0),
+                         "text", j->checkpoint_text ? j->checkpoint_text : "",
+                         j->checkpoint_text ? j->checkpoint_len : 0);
+    } else {
+        type = "error";
+        data = json_pack("{s:s,s:s}", "code", j->error_code ? j->error_code : "FAILED",
+                         "message", j->error_code ? j->error_code : "the job failed");
+    }
+    json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data", data);
+    int rc = ev ? tasks_sse_frame(out, ev) : -1;
+    json_decref(ev);
+    return rc;
+}
+
+int tasks_cold_frames(const gps_store_job_info *j, long long last_id, gp_buf *out,
+                      long long *next)
+{
+    size_t at = out->len;
+    bool terminal = false;
+    size_t i;
+    json_t *ev;
+    *next = 1;
+    json_array_foreach(j->events, i, ev)
+    {
+        if (json_integer_value(json_object_get(ev, "seq")) != *next)
+            break;
+        const char *type = json_string_value(json_object_get(ev, "type"));
+        terminal = type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
+        if (*next > last_id && tasks_sse_frame(out, ev) < 0)
+            goto oom;
+        (*next)++;
+        if (terminal)
+            return 1;
+    }
+    long long seq = j->events ? *next : (j->checkpoint_seq > 0 ? j->checkpoint_seq : 1);
+    if (last_id < seq && j->finished_at > 0) {
+        if (cold_terminal(out, j, seq) < 0)
+            goto oom;
+        return 1;
+    }
+    return 0;
+oom:
+    gp_buf_truncate(out, at);
+    return -1;
+}
+
 /* A store read for a task that left memory. */
 typedef enum { COLD_STATUS, COLD_EVENTS, COLD_DELETE } cold_kind;
 typedef struct cold_req {
@@ -398,58 +470,26 @@ static void cold_done(void *arg, int status, const gps_store_job_info *j)
                       "store");
     gp_buf out;
     gp_buf_init(&out);
-    /* The stored event log (job_events): exactly the events after last_id. */
-    long long next = 1;
-    bool terminal = false;
-    size_t i;
-    json_t *ev;
-    json_array_foreach(j->events, i, ev)
-    {
-        if (json_integer_value(json_object_get(ev, "seq")) != next)
-            break;
-        const char *type = json_string_value(json_object_get(ev, "type"));
-        terminal = type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
-        if (next > c->last_id)
-            tasks_sse_frame(&out, ev);
-        next++;
-        if (terminal)
-            break;
-    }
+    long long next;
+    int rc = tasks_cold_frames(j, c->last_id, &out, &next);
     /* Unfinished and not here: another server runs it (shared store).
      * Follow its log as it grows. */
-    if (!terminal && j->finished_at <= 0 &&
+    if (rc == 0 && j->finished_at <= 0 &&
         tasks_follow_start(c->g, c->held.req, j->id, c->corr, next, c->last_id, &out)) {
         gp_buf_free(&out);
         free(c);
         return;
     }
-    gps_sse_start(c->held.req);
-    /* No log (a task finished before migration 0002, or its last batch
-     * was lost): the terminal event, made from the row and checkpoint. */
-    long long seq = j->events ? next : (j->checkpoint_seq > 0 ? j->checkpoint_seq : 1);
-    if (!terminal && c->last_id < seq && j->finished_at > 0) {
-        json_t *data;
-        const char *type;
-        if (strcmp(j->status, "done") == 0) {
-            type = "end";
-            data = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason",
-                             j->finish_reason ? j->finish_reason : "stop", "usage",
-                             "prompt_tokens",
-                             (json_int_t)(j->prompt_tokens > 0 ? j->prompt_tokens : 0),
-                             "completion_tokens",
-                             (json_int_t)(j->completion_tokens > 0 ? j->completion_tokens : 0),
-                             "text", j->checkpoint_text ? j->checkpoint_text : "",
-                             j->checkpoint_text ? j->checkpoint_len : 0);
-        } else {
-            type = "error";
-            data = json_pack("{s:s,s:s}", "code", j->error_code ? j->error_code : "FAILED",
-                             "message", j->error_code ? j->error_code : "the job failed");
-        }
-        json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data",
-                               data);
-        tasks_sse_frame(&out, ev);
-        json_decref(ev);
+    if (rc < 0) {
+        /* Before the stream starts: a 500, never a replay with an event
+         * left out. */
+        gp_buf_free(&out);
+        gps_http_send_error(c->held.req, GPS_DIALECT_NATIVE, 500, "INTERNAL", "out of memory",
+                            NULL, c->corr, NULL);
+        free(c);
+        return;
     }
+    gps_sse_start(c->held.req);
     gps_sse_send(c->held.req, &out);
     gp_buf_free(&out);
     gps_sse_end(c->held.req);

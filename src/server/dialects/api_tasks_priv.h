@@ -67,6 +67,9 @@ typedef struct task_sub {
     /* Last-Event-ID: events with seq <= after are the client's already,
      * also those recorded after it connected (issue 10 item 5). */
     long long after;
+    /* A catch-up stopped for want of memory: the tick tries again (a
+     * finished task's stream has no later event to wake it). */
+    bool retry;
     struct task_sub *next;
 } task_sub;
 
@@ -203,11 +206,25 @@ struct gps_tasks {
 
 /* handlers, tick (api_tasks.c) */
 json_t *tasks_status_cold(const gps_store_job_info *j);
+/* A stored task's events after last_id framed onto out (its log, else
+ * for a finished task the terminal event made from its row): 1 the
+ * terminal event is among them, 0 not (*next: the seq the log goes on
+ * with), -1 ENOMEM (out as it was: answered 500 before the stream). */
+int tasks_cold_frames(const gps_store_job_info *j, long long last_id, gp_buf *out,
+                      long long *next);
 
 /* a live task (api_tasks_run.c) */
 unsigned tasks_bucket_of(const char *id);
 task *tasks_find(gps_tasks *g, const char *id);
-void tasks_sse_frame(gp_buf *out, const json_t *ev);
+/* One stored event (seq, type, data) as an SSE frame appended to out. 0,
+ * or -1 (ENOMEM: out as it was; never a stream with the event left out
+ * that goes on past it). */
+int tasks_sse_frame(gp_buf *out, const json_t *ev);
+/* The next part of a long event (its data's last member a "text" longer
+ * than CATCHUP_SLICE; s->part bytes of it written so far): 1 the event's
+ * frame is done, 0 more slices follow, -1 ENOMEM (out and s->part as they
+ * were: the same part is framed again later). */
+int tasks_frame_long_event(gp_buf *out, task_sub *s, const json_t *ev);
 void tasks_sub_remove(task *t, task_sub *s);
 size_t tasks_released(const task *t);
 uint64_t tasks_write(task *t, size_t from);
@@ -229,6 +246,12 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
 
 /* several servers (api_tasks_shared.c) */
 void tasks_follow_free(follow *f);
+/* Frame into f->s.out the events of one stored batch (text: a JSON array,
+ * the owner's dump) from seq f->next on, advancing f->next; a gap (a batch
+ * not committed yet) stops. 1 the terminal event was among them, 0 not,
+ * -1 out of memory (f->next names the first event not framed: the next
+ * read starts there). */
+int tasks_follow_frame_batch(follow *f, const char *text);
 void tasks_cwait_end(cwait *w, int status, json_t *body);
 bool tasks_cwait_start(gps_tasks *g, struct evhttp_request *req, const char *id,
                        const char *corr);

@@ -66,12 +66,12 @@ static long long estimate_wait_ms(gps_tasks *g, const gps_job *job, size_t pos)
     return (long long)((double)((long long)pos / slots + 1) * r->ewma_ms);
 }
 
-void tasks_sse_frame(gp_buf *out, const json_t *ev)
+int tasks_sse_frame(gp_buf *out, const json_t *ev)
 {
     char idbuf[32];
     snprintf(idbuf, sizeof idbuf, "%lld", (long long)json_integer_value(json_object_get(ev, "seq")));
-    gps_sse_format_json(out, json_string_value(json_object_get(ev, "type")), idbuf,
-                        json_object_get(ev, "data"));
+    return gps_sse_format_json(out, json_string_value(json_object_get(ev, "type")), idbuf,
+                               json_object_get(ev, "data"));
 }
 
 void tasks_sub_remove(task *t, task_sub *s)
@@ -233,46 +233,52 @@ void tasks_sub_free(void *arg)
     free(s);
 }
 
-/* Frame part of a long event: its data with "text" last (the end event),
- * written as one data line in slices, each ending on a UTF-8 boundary.
- * Compact JSON never holds a raw newline, so the line may span chunks.
- * Appends to out from s->part on; returns true when the event is done. */
-static bool frame_long_event(gp_buf *out, task_sub *s, const json_t *ev)
+/* The head of a long event's frame: its lines up to the data's "text"
+ * member, opened ({"a":1} -> ...data: {"a":1,"text":"). 0, or -1 (ENOMEM:
+ * out as it was). */
+static int long_event_head(gp_buf *out, const json_t *ev, const json_t *data)
+{
+    size_t at = out->len;
+    json_t *head = json_deep_copy(data);
+    /* gp_json_dumps: jansson's own dump can leave a key out and succeed */
+    char *h = head && json_object_del(head, "text") == 0 ? gp_json_dumps(head) : NULL;
+    json_decref(head);
+    size_t hl = h ? strlen(h) : 0;
+    int rc = h && gp_buf_appendf(out, "event: %s\nid: %lld\ndata: ",
+                                 json_string_value(json_object_get(ev, "type")),
+                                 (long long)json_integer_value(json_object_get(ev, "seq"))) == 0 &&
+                     gp_buf_append(out, h, hl - 1) == 0 &&
+                     gp_buf_appendf(out, "%s\"text\":\"", hl > 2 ? "," : "") == 0
+                 ? 0
+                 : -1;
+    free(h);
+    if (rc < 0)
+        gp_buf_truncate(out, at);
+    return rc;
+}
+
+int tasks_frame_long_event(gp_buf *out, task_sub *s, const json_t *ev)
 {
     const json_t *data = json_object_get(ev, "data");
     const json_t *text = json_object_get(data, "text");
     const char *tx = json_string_value(text);
     size_t len = json_string_length(text);
-    if (s->part == 0) {
-        json_t *head = json_deep_copy(data);
-        json_object_del(head, "text");
-        char *h = json_dumps(head, JSON_COMPACT);
-        json_decref(head);
-        if (!h)
-            return false;
-        size_t hl = strlen(h);
-        gp_buf_appendf(out, "event: %s\nid: %lld\ndata: ",
-                       json_string_value(json_object_get(ev, "type")),
-                       (long long)json_integer_value(json_object_get(ev, "seq")));
-        /* {"a":1} -> {"a":1,"text":"  ({} -> {"text":") */
-        gp_buf_append(out, h, hl - 1);
-        gp_buf_appendf(out, "%s\"text\":\"", hl > 2 ? "," : "");
-        free(h);
-    }
+    size_t at = out->len;
+    if (s->part == 0 && long_event_head(out, ev, data) < 0)
+        return -1;
     size_t n = gps_sse_utf8_slice(tx + s->part, len - s->part, CATCHUP_SLICE);
-    json_t *piece = json_stringn(tx + s->part, n);
-    char *e = piece ? json_dumps(piece, JSON_ENCODE_ANY) : NULL;
-    json_decref(piece);
-    if (e) {
-        gp_buf_append(out, e + 1, strlen(e) - 2); /* without the quotes */
-        free(e);
+    /* The slice as the inside of a JSON string, as json_dumps escapes it
+     * (tx is jansson's string: UTF-8, and a slice ends on a boundary). */
+    if (gp_json_escape_append(out, tx + s->part, n) < 0 ||
+        (s->part + n >= len && gp_buf_append(out, "\"}\n\n", 4) < 0)) {
+        gp_buf_truncate(out, at);
+        return -1;
     }
     s->part += n;
     if (s->part < len)
-        return false;
-    gp_buf_append(out, "\"}\n\n", 4);
+        return 0;
     s->part = 0;
-    return true;
+    return 1;
 }
 
 /* Is ev one to write in slices (its data's last member a long "text")? */
@@ -308,21 +314,24 @@ bool tasks_sub_catch_up(task *t, task_sub *s)
             }
             json_t *ev = gps_tlog_get(t->log, s->ev_sent);
             if (!ev) {
-                oom = true; /* ENOMEM: the next event or write tries again */
+                oom = true; /* ENOMEM: the next event, write or tick tries again */
                 break;
             }
-            bool more = false;
-            if (s->part > 0 || is_long_event(ev))
-                more = !frame_long_event(out, s, ev);
-            else
-                tasks_sse_frame(out, ev);
+            int done = s->part > 0 || is_long_event(ev) ? tasks_frame_long_event(out, s, ev)
+                       : tasks_sse_frame(out, ev) == 0 ? 1
+                                                       : -1;
             json_decref(ev);
-            if (more)
+            if (done < 0) {
+                oom = true; /* the same: never a stream that goes on without it */
+                break;
+            }
+            if (done == 0)
                 break; /* more slices: send this one first */
             s->ev_sent++;
         }
         gps_stream_send(&s->s);
     }
+    s->retry = oom;
     if (s->s.req && t->terminal && s->ev_sent >= gps_tlog_count(t->log) &&
         lim >= gps_tlog_count(t->log)) {
         tasks_sub_remove(t, s);

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <limits.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/dialects/poolmeta.h"
@@ -57,13 +58,14 @@ static bool is_terminal_type(const char *type)
     return type && (strcmp(type, "end") == 0 || strcmp(type, "error") == 0);
 }
 
-/* Frame the events of one stored batch (a JSON array as text) that come
- * next; true when the terminal one was among them. A gap (a batch not
- * committed yet) stops: the next read brings it. */
-static bool follow_frame_batch(follow *f, const char *text)
+int tasks_follow_frame_batch(follow *f, const char *text)
 {
-    json_t *arr = text ? json_loads(text, 0, NULL) : NULL;
-    bool terminal = false;
+    /* The log holds the owner's dumps (valid JSON): a batch that does not
+     * load is out of memory, and the checked load refuses a tree built
+     * while an allocation failed (jansson 2.14 can drop a byte of a long
+     * string and succeed: an event's text quietly changed). */
+    json_t *arr = text ? gp_json_load_checked(text, strlen(text), 0, NULL) : NULL;
+    int rc = text && !arr ? -1 : 0;
     size_t i;
     json_t *ev;
     json_array_foreach(arr, i, ev)
@@ -73,16 +75,18 @@ static bool follow_frame_batch(follow *f, const char *text)
             continue;
         if (seq != f->next)
             break;
-        if (seq > f->after)
-            tasks_sse_frame(&f->s.out, ev);
+        if (seq > f->after && tasks_sse_frame(&f->s.out, ev) < 0) {
+            rc = -1; /* f->next stays: the next read frames it */
+            break;
+        }
         f->next++;
         if (is_terminal_type(json_string_value(json_object_get(ev, "type")))) {
-            terminal = true;
+            rc = 1;
             break;
         }
     }
     json_decref(arr);
-    return terminal;
+    return rc;
 }
 
 /* Run follow_tick every follow_ms while there is something to read. */
@@ -110,10 +114,13 @@ static void follow_done(void *arg, int status, const gps_store_cells *res)
         follow_end(f); /* the task is gone (purged) */
         return;
     }
-    bool terminal = false;
+    int rc = 0;
     long long before = f->next;
-    for (size_t r = 0; r < res->nrows && !terminal; r++)
-        terminal = follow_frame_batch(f, res->cell[r * res->ncols + 1]);
+    /* Out of memory (-1) stops at the event not framed: the next read
+     * (every follow_ms) starts there. */
+    for (size_t r = 0; r < res->nrows && rc == 0; r++)
+        rc = tasks_follow_frame_batch(f, res->cell[r * res->ncols + 1]);
+    bool terminal = rc > 0;
     gps_stream_send(&f->s);
     bool finished = res->cell[0] != NULL;
     if (f->next > before)

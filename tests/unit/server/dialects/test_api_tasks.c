@@ -1,6 +1,9 @@
 /* Native task API: POST /v2/tasks validation (fields, seed generation,
- * priority, session_id), the Last-Event-ID parser, and a stored task's
- * status body whole or nothing under out of memory. */
+ * priority, session_id), the Last-Event-ID parser, a stored task's status
+ * body whole or nothing under out of memory, and its event streams' frames
+ * (a long event in slices, a follower's stored batches, a replay from the
+ * store) whole or tried again, never a stream with an event changed or
+ * left out. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "common/gp_json.h"
+#include "common/gp_util.h"
 #include "server/dialects/api_tasks.h"
 #include "server/dialects/api_tasks_priv.h"
 #include "server/store/store.h"
@@ -208,8 +213,231 @@ static void test_status_cold_oom(void **state)
     sweep_cold(&j);
 }
 
+/* ------------------------------------------------------------------ */
+/* Event frames under the sweep (arm_beneath: libc's N-th allocation,   */
+/* jansson's among them through gp_json's counting allocator)           */
+/* ------------------------------------------------------------------ */
+
+/* The frame json_dumps wrote for an event (the reference). */
+static void want_frame(gp_buf *b, const json_t *ev)
+{
+    char *d = json_dumps(json_object_get(ev, "data"), JSON_COMPACT);
+    assert_non_null(d);
+    assert_int_equal(gp_buf_appendf(b, "event: %s\nid: %lld\ndata: %s\n\n",
+                                    json_string_value(json_object_get(ev, "type")),
+                                    (long long)json_integer_value(json_object_get(ev, "seq")),
+                                    d),
+                     0);
+    free(d);
+}
+
+static bool same(const gp_buf *got, const gp_buf *want)
+{
+    return got->len == want->len && (!got->len || memcmp(got->data, want->data, got->len) == 0);
+}
+
+/* The end event of a long text (past CATCHUP_SLICE: written in slices),
+ * its data's keys longer than jansson's dump buffer's first growths (the
+ * head is dumped: json_dumps can leave a key out and succeed). */
+static json_t *long_end_event(void)
+{
+    size_t n = CATCHUP_SLICE + CATCHUP_SLICE / 2;
+    char *text = malloc(n + 1);
+    assert_non_null(text);
+    for (size_t i = 0; i < n; i++)
+        text[i] = "Once upon a \"time\"\n there was "[i % 30];
+    text[n] = '\0';
+    json_t *ev = json_pack("{s:I,s:s,s:{s:s,s:{s:I,s:I},s:s}}", "seq", (json_int_t)5, "type",
+                           "end", "data", "finish_reason_of_the_task", "length",
+                           "usage_counted_by_the_agent", "prompt_tokens", (json_int_t)5,
+                           "completion_tokens", (json_int_t)64, "text", text);
+    free(text);
+    assert_non_null(ev);
+    return ev;
+}
+
+/* A subscriber's catch-up frames a long event a slice at a time; a slice
+ * out of memory (-1) leaves out and the part as they were and is framed
+ * again. Whatever allocation fails, the frames together are the event's
+ * frame byte for byte. */
+static void test_long_event_oom(void **state)
+{
+    (void)state;
+    json_t *ev = long_end_event();
+    gp_buf want;
+    gp_buf_init(&want);
+    want_frame(&want, ev);
+    assert_true(want.len > CATCHUP_SLICE); /* framed in slices */
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        task_sub s;
+        memset(&s, 0, sizeof s);
+        gp_buf out;
+        gp_buf_init(&out);
+        bool armed = true, hit = false;
+        arm_beneath(n);
+        for (int tries = 0; tries < 64; tries++) {
+            size_t len0 = out.len, part0 = s.part;
+            int rc = tasks_frame_long_event(&out, &s, ev);
+            if (rc < 0 && (out.len != len0 || s.part != part0)) {
+                print_message("long event, run %zu: -1 with part of a slice written\n", n);
+                bad++;
+            }
+            if (rc < 0 && armed) {
+                hit = disarm(); /* tried again, as the tick does */
+                armed = false;
+            }
+            if (rc == 1)
+                break;
+        }
+        if (armed)
+            hit = disarm();
+        if (!same(&out, &want)) {
+            print_message("long event, run %zu: the frame differs (%zu bytes, want %zu)\n", n,
+                          out.len, want.len);
+            bad++;
+        }
+        gp_buf_free(&out);
+        if (!hit)
+            break;
+    }
+    print_message("long event: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    assert_true(n > 3);
+    gp_buf_free(&want);
+    json_decref(ev);
+    assert_int_equal(bad, 0);
+}
+
+/* A follower (a task another server runs) frames the stored batches it
+ * reads: a batch is the owner's dump, loaded here (texts past the
+ * loader's token buffer of 16, 32 and 64 bytes). Out of memory (-1)
+ * stops at the first event not framed, and the next read (the same
+ * batch) goes on from there: the stream is the events' frames, each once,
+ * each as stored (jansson 2.14's loader can drop a byte of a long string
+ * and succeed). */
+static void test_follow_batch_oom(void **state)
+{
+    (void)state;
+    json_t *evs = J("[{\"seq\":1,\"type\":\"started\",\"data\":{\"agent_id\":"
+                    "\"agent_of_a_long_name\",\"attempt\":1}},"
+                    "{\"seq\":2,\"type\":\"token\",\"data\":{\"text\":"
+                    "\"Once upon a time there was a king who had three daughters\"}},"
+                    "{\"seq\":3,\"type\":\"end\",\"data\":{\"finish_reason\":\"stop\","
+                    "\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":12},"
+                    "\"text\":\"Once upon a time there was a king who had three daughters, "
+                    "and the youngest of them was the fairest of all\"}}]");
+    char *text = json_dumps(evs, JSON_COMPACT);
+    assert_non_null(text);
+    gp_buf want;
+    gp_buf_init(&want);
+    for (size_t i = 1; i < json_array_size(evs); i++) /* after Last-Event-ID 1 */
+        want_frame(&want, json_array_get(evs, i));
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        follow f;
+        memset(&f, 0, sizeof f);
+        f.next = 1;
+        f.after = 1;
+        arm_beneath(n);
+        int rc = tasks_follow_frame_batch(&f, text);
+        bool hit = disarm();
+        if (rc < 0)
+            rc = tasks_follow_frame_batch(&f, text); /* the next read */
+        if (rc != 1 || f.next != 4 || !same(&f.s.out, &want)) {
+            print_message("follow batch, run %zu: rc %d, next %lld, %zu bytes (want 1, 4, %zu)\n",
+                          n, rc, f.next, f.s.out.len, want.len);
+            bad++;
+        }
+        gp_buf_free(&f.s.out);
+        if (!hit)
+            break;
+    }
+    print_message("follow batch: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    assert_true(n > 3);
+    gp_buf_free(&want);
+    free(text);
+    json_decref(evs);
+    assert_int_equal(bad, 0);
+}
+
+/* A replay from the store (a task no longer in memory) is framed before
+ * the stream starts: whole, or -1 with nothing framed (the request's 500),
+ * never a replay with an event left out. */
+static int sweep_cold_frames(const char *label, const gps_store_job_info *j, long long last_id)
+{
+    gp_buf want;
+    gp_buf_init(&want);
+    long long want_next = 0, next;
+    int want_rc = tasks_cold_frames(j, last_id, &want, &want_next);
+    assert_true(want_rc >= 0);
+    assert_true(want.len > 0);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        gp_buf out;
+        gp_buf_init(&out);
+        next = 0;
+        arm_beneath(n);
+        int rc = tasks_cold_frames(j, last_id, &out, &next);
+        bool hit = disarm();
+        if (rc < 0 ? out.len != 0 || !hit
+                   : rc != want_rc || next != want_next || !same(&out, &want)) {
+            print_message("%s, run %zu: rc %d, %zu bytes (want %d, %zu)\n", label, n, rc, out.len,
+                          want_rc, want.len);
+            bad++;
+        }
+        gp_buf_free(&out);
+        if (!hit)
+            break;
+    }
+    print_message("%s: %zu allocations swept, %d broke the rule\n", label, n - 1, bad);
+    assert_true(n > 3);
+    gp_buf_free(&want);
+    return bad;
+}
+
+static void test_cold_frames_oom(void **state)
+{
+    (void)state;
+    /* Token texts of some KiB: the frames outgrow the buffer a few times. */
+    char tok[3001];
+    for (size_t i = 0; i < sizeof tok - 1; i++)
+        tok[i] = "a \"quoted\" word\n"[i % 16];
+    tok[sizeof tok - 1] = '\0';
+    json_t *evs = J("[{\"seq\":1,\"type\":\"queued\",\"data\":{\"position\":0,"
+                    "\"estimated_wait_ms\":0}},"
+                    "{\"seq\":2,\"type\":\"started\",\"data\":{\"agent_id\":\"a1\","
+                    "\"attempt\":1}}]");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(json_array_append_new(evs, json_pack("{s:i,s:s,s:{s:s}}", "seq", 3 + i,
+                                                              "type", "token", "data", "text",
+                                                              tok)),
+                         0);
+    assert_int_equal(json_array_append_new(
+                         evs, J("{\"seq\":7,\"type\":\"end\",\"data\":{\"finish_reason\":"
+                                "\"stop\",\"usage\":{\"prompt_tokens\":5,"
+                                "\"completion_tokens\":4},\"text\":\"(the tokens)\"}}")),
+                     0);
+    gps_store_job_info j = {.id = "job_1", .api = "native", .kind = "completion", .model = "m",
+                            .status = "done", .finished_at = 1700000000000, .events = evs,
+                            .checkpoint_seq = -1};
+    int bad = sweep_cold_frames("replay of the log", &j, 1);
+    /* No log (finished before migration 0002): the end made from the row. */
+    gps_store_job_info k = {.id = "job_2", .api = "native", .kind = "completion", .model = "m",
+                            .status = "done", .finished_at = 1700000000000,
+                            .finish_reason = "length", .prompt_tokens = 5,
+                            .completion_tokens = 2, .checkpoint_text = "Hello there",
+                            .checkpoint_len = 11, .checkpoint_seq = 7};
+    bad += sweep_cold_frames("replay from the row", &k, 0);
+    json_decref(evs);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
+    gp_json_init(); /* before arm swaps jansson's allocator (gp_json.h) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ok),
         cmocka_unit_test(test_generated_seed),
@@ -217,6 +445,9 @@ int main(void)
         cmocka_unit_test(test_bad),
         cmocka_unit_test(test_last_event_id),
         cmocka_unit_test(test_status_cold_oom),
+        cmocka_unit_test(test_long_event_oom),
+        cmocka_unit_test(test_follow_batch_oom),
+        cmocka_unit_test(test_cold_frames_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
