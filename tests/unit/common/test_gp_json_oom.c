@@ -10,7 +10,14 @@
  * allocation failures as "invalid token", and where a long string's token
  * buffer cannot grow it drops a byte and succeeds ("home_address_for_mail"
  * read as "home_address_fr_mail"). test_plain_json_loadb_breaks_the_rule
- * runs the same sweep on it, to show that the sweep sees what it is for. */
+ * runs the same sweep on it, to show that the sweep sees what it is for.
+ *
+ * The checked dump (gp_json_dumps_checked) the same way: every run gives
+ * NULL or exactly the unhurt text, for each of the flags it is for. Plain
+ * json_dumps does not: jansson 2.14 ignores a failed append of an object's
+ * key, leaves the key out (its opening quote stays, or its closing one goes)
+ * and succeeds; test_plain_json_dumps_drops_a_key shows it on the same
+ * object. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -161,6 +168,117 @@ static void test_plain_json_loadb_breaks_the_rule(void **st)
 #endif
 }
 
+/* ------------------------------------------------------------------ */
+/* Checked dumps                                                       */
+/* ------------------------------------------------------------------ */
+
+/* Keys longer than the room left in jansson's output buffer (it starts at
+ * 16 bytes and doubles): appending one makes the buffer grow, and jansson
+ * 2.14's dump ignores the failure of a key's append (dump.c: dump_string's
+ * result unchecked for keys), leaves the key out and goes on. Nested
+ * objects, an array, a non-ASCII string (JSON_ENSURE_ASCII's escapes). */
+static const char DUMP_TEXT[] =
+    "{\"first_key_of_some_length\":1,"
+    "\"second_key_somewhat_longer_than_that\":\"value\","
+    "\"third_key_that_is_longer_still_than_both\":{\"nested_key_of_some_length_too\":[1,2,3],"
+    "\"another_nested_key_with_many_bytes_in_it\":\"caf\\u00e9\"},"
+    "\"fourth_key_and_the_last_one_of_the_object\":true}";
+
+static const char *const DUMP_KEYS[] = {
+    "first_key_of_some_length", "second_key_somewhat_longer_than_that",
+    "third_key_that_is_longer_still_than_both", "nested_key_of_some_length_too",
+    "another_nested_key_with_many_bytes_in_it", "fourth_key_and_the_last_one_of_the_object",
+};
+
+/* The flags the checked dump is for (gp_json_dumps writes JSON_COMPACT). */
+static const size_t DUMP_FLAGS[] = {
+    JSON_COMPACT | JSON_ENSURE_ASCII, JSON_INDENT(1), JSON_INDENT(2) | JSON_SORT_KEYS,
+    JSON_COMPACT | JSON_SORT_KEYS, 0,
+};
+
+typedef char *(*dumper)(const json_t *v, size_t flags);
+
+static char *dump_plain(const json_t *v, size_t flags)
+{
+    return json_dumps(v, flags);
+}
+
+/* Runs dump over v with flags for N = 1, 2, ... until a run ends without
+ * reaching the failure; every run must give NULL or exactly the unhurt
+ * text. Returns the runs that gave another text (each printed); *missing:
+ * how many of those left a key out. */
+static int dump_sweep(const char *what, dumper dump, const json_t *v, size_t flags,
+                      int *missing)
+{
+    char *ref = json_dumps(v, flags);
+    assert_non_null(ref);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        arm_beneath(n);
+        char *got = dump(v, flags);
+        bool hit = disarm();
+        if (got && strcmp(got, ref) != 0) {
+            bool lost = false;
+            for (size_t k = 0; k < sizeof DUMP_KEYS / sizeof DUMP_KEYS[0]; k++)
+                lost |= strstr(got, DUMP_KEYS[k]) == NULL;
+            *missing += lost;
+            print_message("%s, flags 0x%zx: allocation %zu failed, the dump gave %s: %.300s\n",
+                          what, flags, n, lost ? "a text missing a key" : "another text", got);
+            bad++;
+        } else if (!got && !hit) {
+            print_message("%s, flags 0x%zx: no failure, no text\n", what, flags);
+            bad++;
+        }
+        free(got);
+        if (!hit)
+            break;
+    }
+    free(ref);
+    print_message("%s, flags 0x%zx: %zu allocations swept, %d gave another text\n", what, flags,
+                  n - 1, bad);
+    return bad;
+}
+
+/* gp_json_dumps_checked for every flag set: NULL or the unhurt text. */
+static void test_checked_dump(void **st)
+{
+    (void)st;
+    json_t *v = J(DUMP_TEXT);
+    int missing = 0;
+    for (size_t i = 0; i < sizeof DUMP_FLAGS / sizeof DUMP_FLAGS[0]; i++)
+        assert_int_equal(dump_sweep("checked dump", gp_json_dumps_checked, v, DUMP_FLAGS[i],
+                                    &missing), 0);
+    /* what json_dumps refuses, the checked dump refuses too */
+    json_t *s = json_string("top");
+    assert_null(gp_json_dumps_checked(s, JSON_COMPACT));
+    char *t = gp_json_dumps_checked(s, JSON_ENCODE_ANY);
+    assert_string_equal(t, "\"top\"");
+    free(t);
+    json_decref(s);
+    json_t *bad = json_pack("{s:o}", "k", json_stringn_nocheck("\xff", 1));
+    assert_null(gp_json_dumps_checked(bad, JSON_COMPACT | JSON_ENSURE_ASCII));
+    json_decref(bad);
+    json_decref(v);
+}
+
+/* The same sweep over json_dumps alone gives texts that are not the
+ * object's, some with a key left out: what the checked dump is for. */
+static void test_plain_json_dumps_drops_a_key(void **st)
+{
+    (void)st;
+    json_t *v = J(DUMP_TEXT);
+    int bad = 0, missing = 0;
+    for (size_t i = 0; i < sizeof DUMP_FLAGS / sizeof DUMP_FLAGS[0]; i++)
+        bad += dump_sweep("plain json_dumps", dump_plain, v, DUMP_FLAGS[i], &missing);
+    print_message("plain json_dumps: %d texts not the object's, %d missing a key\n", bad,
+                  missing);
+#if JANSSON_VERSION_HEX <= 0x020e00
+    assert_true(missing > 0);
+#endif
+    json_decref(v);
+}
+
 int main(void)
 {
     /* Before any load: the counting allocator, which arm_beneath fails
@@ -171,6 +289,8 @@ int main(void)
         cmocka_unit_test(test_loadb_fallback),
         cmocka_unit_test(test_invalid_text),
         cmocka_unit_test(test_plain_json_loadb_breaks_the_rule),
+        cmocka_unit_test(test_checked_dump),
+        cmocka_unit_test(test_plain_json_dumps_drops_a_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
