@@ -83,6 +83,7 @@
 #include "agent/relay_set.h"
 #include "common/gp_log.h"
 #include "common/gp_count.h"
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 
 #ifndef AGENT_VERSION
@@ -543,12 +544,29 @@ static const char *count_url(const oai_backend *b, const oai_job *j)
     return j->count_m == OAI_COUNT_TEMPLATE && !j->tmpl_step ? b->url_template : b->url_tokenize;
 }
 
+/* Memory ran out counting the prompt (a reply that could not be read, a
+ * body that could not be written): the job ends AGENT_OUT_OF_MEMORY, the
+ * agent's own failure, which the server fails over. Not the next method
+ * nor the estimate: either would answer another number (or skip the
+ * remembered method) for want of the agent's memory. */
+static void count_nomem(oai_backend *b, oai_job *j)
+{
+    j->st.sink.error(j->st.sink.ctx, "AGENT_OUT_OF_MEMORY",
+                     "the agent ran out of memory counting the prompt");
+    job_release(b, j);
+}
+
 /* Method 2's template came: count its text with /tokenize. Returns true
  * when that step started (or ended the job already). */
 static bool template_step(oai_backend *b, oai_job *j)
 {
+    bool nomem;
     free(j->tmpl_tok);
-    j->tmpl_tok = oai_count_template_tokenize(j->st.raw.data, j->st.raw.len);
+    j->tmpl_tok = oai_count_template_tokenize(j->st.raw.data, j->st.raw.len, &nomem);
+    if (nomem) {
+        count_nomem(b, j);
+        return true;
+    }
     if (!j->tmpl_tok)
         return false;
     j->tmpl_step = true;
@@ -570,7 +588,13 @@ static void count_step_done(oai_backend *b, oai_job *j, bool done, CURLcode resu
     bool ok = done && result == CURLE_OK && j->st.status >= 200 && j->st.status < 300;
     if (ok && m == OAI_COUNT_TEMPLATE && !j->tmpl_step && template_step(b, j))
         return;
-    if (ok && oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est) == 0) {
+    int pr = ok ? oai_count_parse((oai_count_method)m, j->st.raw.data, j->st.raw.len, &n, &est)
+                : -1;
+    if (pr == OAI_COUNT_NOMEM) {
+        count_nomem(b, j);
+        return;
+    }
+    if (pr == 0) {
         atomic_store(&b->count_method[j->count_chat], m);
         atomic_store(&b->count_none_ms, 0);
         count_answer(b, j, n, est);
@@ -1024,13 +1048,19 @@ static const char *const pass_params[] = {"max_tokens", "temperature", "top_p", 
                                           "min_p", "seed", "presence_penalty",
                                           "frequency_penalty", "repeat_penalty"};
 
-/* A JSON body (new reference, consumed) as the malloc'd text a transfer
- * posts; NULL for NULL or on ENOMEM. */
-static char *body_text(json_t *req)
+/* A count method's body (openai_count.h's builder for it) as the text its
+ * transfer posts: 0 with *out, NULL when the job has nothing for that
+ * method (it is skipped), or -1 when memory ran out (a method skipped for
+ * want of memory would count another way or estimate: the job start is
+ * AGENT_JOB_START_NOMEM instead). */
+static int count_body(json_t *(*build)(const json_t *, const char *, bool *), const json_t *job,
+                      const char *model, char **out)
 {
-    char *out = req ? gp_json_dumps(req) : NULL;
+    bool nomem;
+    json_t *req = build(job, model, &nomem);
+    *out = req ? gp_json_dumps(req) : NULL; /* (UTF-8 strings: NULL is memory) */
     json_decref(req);
-    return out;
+    return nomem || (req && !*out) ? -1 : 0;
 }
 
 /* The upstream request body for a completion or chat job (new reference),
@@ -1181,7 +1211,10 @@ static int pool_options_header(json_t *job, char **out)
     if (tenant && *tenant && strlen(tenant) <= 64)
         rc |= json_object_set_new(o, "tenant", json_string(tenant));
     if (rc == 0 && json_object_size(o) > 0) {
-        char *v = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+        /* Checked: jansson 2.14's json_dumps can leave a key out (the
+         * session, the tenant) and succeed, and the job would run upstream
+         * as another; ASCII, as a header line must be. */
+        char *v = gp_json_dumps_checked(o, JSON_COMPACT | JSON_ENSURE_ASCII);
         size_t n = v ? strlen(v) + sizeof "X-Pool-Options: " : 0;
         if (v && (*out = malloc(n)))
             snprintf(*out, n, "X-Pool-Options: %s", v);
@@ -1218,7 +1251,11 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
     }
     if (embed && !(req = oai_embed_request(b->o->upstream_model, job, &n_inputs, err, errlen)))
         return -1;
-    if (count && !(tok_body = body_text(oai_count_tokenize_body(job, b->o->upstream_model)))) {
+    if (count && count_body(oai_count_tokenize_body, job, b->o->upstream_model, &tok_body) < 0) {
+        snprintf(err, errlen, "out of memory");
+        return AGENT_JOB_START_NOMEM;
+    }
+    if (count && !tok_body) {
         snprintf(err, errlen, "count_tokens job without a prompt or messages (or its text is "
                               "not valid UTF-8)");
         return -1;
@@ -1283,12 +1320,15 @@ static int oai_job_start(agent_backend *base, json_t *job, const agent_job_sink 
      * drops the transfer before the usage comes). */
     bool may_count = !embed && (count || j->precount || j->stops);
     if (may_count) {
-        /* A body that cannot be made (NULL) skips its method. */
+        /* A body the job has nothing for (NULL) skips its method. */
         const char *um = b->o->upstream_model;
-        if (!count)
-            j->tok_body = body_text(oai_count_tokenize_body(job, um));
-        j->count_body = body_text(oai_count_messages_body(job, um));
-        j->tmpl_body = body_text(oai_count_template_body(job, um));
+        if ((!count && count_body(oai_count_tokenize_body, job, um, &j->tok_body) < 0) ||
+            count_body(oai_count_messages_body, job, um, &j->count_body) < 0 ||
+            count_body(oai_count_template_body, job, um, &j->tmpl_body) < 0) {
+            job_free(j);
+            snprintf(err, errlen, "out of memory");
+            return AGENT_JOB_START_NOMEM;
+        }
         j->count_chat = json_is_array(json_object_get(job, "messages"));
         j->count_estimate = gp_count_estimate(job);
     }

@@ -15,18 +15,21 @@
 #include "common/gp_util.h"
 
 /* The text of a message's content (a string, or the text parts of an array
- * of content parts), appended to out. */
-void gp_count_content_text(const json_t *content, gp_buf *out);
-/* An assistant message's tool calls as "name(arguments)" lines, appended. */
-void gp_count_calls_text(const json_t *message, gp_buf *out);
+ * of content parts), appended to out. 0, or -1 (ENOMEM: out holds part of
+ * it). */
+int gp_count_content_text(const json_t *content, gp_buf *out);
+/* An assistant message's tool calls as "name(arguments)" lines, appended.
+ * 0, or -1 (ENOMEM: out holds part of them). */
+int gp_count_calls_text(const json_t *message, gp_buf *out);
 
 /* The text a count covers: prompt, or the messages' contents (and tool
  * calls) joined by newlines. Malloc'd (caller frees), NULL when the job has
- * neither. */
+ * neither or memory ran out (never a text with a part left out). */
 char *gp_count_text(const json_t *job);
 
 /* The estimate for job (>= 1 for any non-empty job; 0 when it has neither
- * prompt nor messages). */
+ * prompt nor messages): the bytes of gp_count_text measured, not copied, so
+ * that it needs no memory. */
 long long gp_count_estimate(const json_t *job);
 
 #endif

@@ -104,8 +104,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (oai_count_parse((oai_count_method)m, p, n, &cnt, &est) == 0 && cnt < 0)
                 abort();
         /* An /apply-template reply becomes the body of the next step. */
-        char *next = oai_count_template_tokenize(p, n);
-        if (next && !strstr(next, "\"content\""))
+        bool nomem = false;
+        char *next = oai_count_template_tokenize(p, n, &nomem);
+        if ((next && !strstr(next, "\"content\"")) || nomem)
             abort();
         free(next);
         return 0;

@@ -58,9 +58,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char err[256] = "";
         bool chat = false;
         int n_inputs = 0;
-        check_optional(oai_count_tokenize_body(jj, o.upstream_model));
-        check_optional(oai_count_messages_body(jj, o.upstream_model));
-        check_optional(oai_count_template_body(jj, o.upstream_model));
+        /* (no allocation fails here: a body refused is never out of memory) */
+        bool cnm = false;
+        check_optional(oai_count_tokenize_body(jj, o.upstream_model, &cnm));
+        if (cnm)
+            abort();
+        check_optional(oai_count_messages_body(jj, o.upstream_model, &cnm));
+        if (cnm)
+            abort();
+        check_optional(oai_count_template_body(jj, o.upstream_model, &cnm));
+        if (cnm)
+            abort();
         json_t *emb = oai_embed_request(o.upstream_model, jj, &n_inputs, err, sizeof err);
         if (emb)
             check_object(emb);

@@ -23,6 +23,7 @@ static json_t *J(const char *s)
 static void test_messages_body(void **st)
 {
     (void)st;
+    bool nomem;
     json_t *job = J("{\"kind\":\"count_tokens\",\"messages\":["
                     "{\"role\":\"system\",\"content\":\"Be brief.\"},"
                     "{\"role\":\"system\",\"content\":\"Use English.\"},"
@@ -33,7 +34,7 @@ static void test_messages_body(void **st)
                     "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
                     "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"and \"},"
                     "{\"type\":\"text\",\"text\":\"you?\"}]}]}");
-    json_t *b = oai_count_messages_body(job, "up-model");
+    json_t *b = oai_count_messages_body(job, "up-model", &nomem);
     assert_non_null(b);
     assert_string_equal(json_string_value(json_object_get(b, "model")), "up-model");
     assert_string_equal(json_string_value(json_object_get(b, "system")),
@@ -53,7 +54,7 @@ static void test_messages_body(void **st)
     json_decref(job);
 
     job = J("{\"prompt\":\"Once upon\"}");
-    b = oai_count_messages_body(job, "m");
+    b = oai_count_messages_body(job, "m", &nomem);
     assert_string_equal(
         json_string_value(json_object_get(json_array_get(json_object_get(b, "messages"), 0),
                                           "content")),
@@ -62,12 +63,13 @@ static void test_messages_body(void **st)
     json_decref(job);
     /* Only a system prompt: counted as the user's (a body must have a message). */
     job = J("{\"messages\":[{\"role\":\"system\",\"content\":\"S\"}]}");
-    b = oai_count_messages_body(job, "m");
+    b = oai_count_messages_body(job, "m", &nomem);
     assert_int_equal(json_array_size(json_object_get(b, "messages")), 1);
     json_decref(b);
     json_decref(job);
     job = J("{\"kind\":\"count_tokens\"}");
-    assert_null(oai_count_messages_body(job, "m"));
+    assert_null(oai_count_messages_body(job, "m", &nomem));
+    assert_false(nomem);
     assert_null(gp_count_text(job));
     assert_int_equal(gp_count_estimate(job), 0);
     json_decref(job);
@@ -126,15 +128,16 @@ static void test_parse(void **st)
 static void test_template_and_tokenize_bodies(void **st)
 {
     (void)st;
+    bool nomem;
     json_t *job = J("{\"kind\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
                     "{\"role\":\"user\",\"content\":\"a b\"}],\"tools\":[{\"type\":"
                     "\"function\",\"function\":{\"name\":\"f\"}}]}");
-    json_t *t = oai_count_template_body(job, "m");
+    json_t *t = oai_count_template_body(job, "m", &nomem);
     assert_string_equal(json_string_value(json_object_get(t, "model")), "m");
     assert_true(json_equal(json_object_get(t, "messages"), json_object_get(job, "messages")));
     assert_true(json_equal(json_object_get(t, "tools"), json_object_get(job, "tools")));
     json_decref(t);
-    json_t *k = oai_count_tokenize_body(job, "m");
+    json_t *k = oai_count_tokenize_body(job, "m", &nomem);
     assert_string_equal(json_string_value(json_object_get(k, "content")), "S\na b");
     assert_true(json_equal(json_object_get(k, "messages"), json_object_get(job, "messages")));
     assert_true(json_is_true(json_object_get(k, "add_generation_prompt")));
@@ -143,8 +146,9 @@ static void test_template_and_tokenize_bodies(void **st)
     json_decref(job);
 
     job = J("{\"kind\":\"completion\",\"prompt\":\"Once upon\"}");
-    assert_null(oai_count_template_body(job, "m"));
-    k = oai_count_tokenize_body(job, "m");
+    assert_null(oai_count_template_body(job, "m", &nomem));
+    assert_false(nomem);
+    k = oai_count_tokenize_body(job, "m", &nomem);
     assert_string_equal(json_string_value(json_object_get(k, "content")), "Once upon");
     assert_string_equal(json_string_value(json_object_get(k, "prompt")), "Once upon");
     assert_true(json_is_true(json_object_get(k, "add_special")));
@@ -152,11 +156,12 @@ static void test_template_and_tokenize_bodies(void **st)
     json_decref(k);
     json_decref(job);
     job = J("{\"kind\":\"count_tokens\"}");
-    assert_null(oai_count_tokenize_body(job, "m"));
+    assert_null(oai_count_tokenize_body(job, "m", &nomem));
+    assert_false(nomem);
     json_decref(job);
 
     const char *reply = "{\"prompt\":\"<|user|>a b<|end|>\"}";
-    char *body = oai_count_template_tokenize(reply, strlen(reply));
+    char *body = oai_count_template_tokenize(reply, strlen(reply), &nomem);
     assert_non_null(body);
     k = J(body);
     free(body);
@@ -164,9 +169,12 @@ static void test_template_and_tokenize_bodies(void **st)
     assert_true(json_is_true(json_object_get(k, "add_special")));
     assert_true(json_is_true(json_object_get(k, "parse_special")));
     json_decref(k);
-    assert_null(oai_count_template_tokenize("{\"tokens\":[1]}", 14));
-    assert_null(oai_count_template_tokenize("<html>", 6));
-    assert_null(oai_count_template_tokenize(NULL, 0));
+    assert_null(oai_count_template_tokenize("{\"tokens\":[1]}", 14, &nomem));
+    assert_false(nomem);
+    assert_null(oai_count_template_tokenize("<html>", 6, &nomem));
+    assert_false(nomem);
+    assert_null(oai_count_template_tokenize(NULL, 0, &nomem));
+    assert_false(nomem);
 }
 
 int main(void)
