@@ -136,6 +136,18 @@ static int probe_progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut,
     return ud && atomic_load((atomic_bool *)ud) ? 1 : 0;
 }
 
+char *oai_embed_probe_body(const char *upstream_model)
+{
+    json_t *req = json_pack("{s:s,s:[s],s:s}", "model", upstream_model, "input",
+                            "gpupool probe", "encoding_format", "float");
+    /* gp_json_dumps, not json_dumps: jansson 2.14's can leave a key out
+     * ("model", "input") and succeed; the upstream's 4xx for that body
+     * would be taken for a no, and embeddings never offered. */
+    char *body = req ? gp_json_dumps(req) : NULL;
+    json_decref(req);
+    return body;
+}
+
 oai_embed_probe_result oai_embed_probe(const agent_options *o, const char *url,
                                        const char *auth_header, atomic_bool *stop)
 {
@@ -144,12 +156,10 @@ oai_embed_probe_result oai_embed_probe(const agent_options *o, const char *url,
     gp_buf buf;
     gp_buf_init(&buf);
     struct curl_slist *h = NULL, *n;
-    char *body = NULL;
-    json_t *req = json_pack("{s:s,s:[s],s:s}", "model", o->upstream_model, "input",
-                            "gpupool probe", "encoding_format", "float");
+    char *body = oai_embed_probe_body(o->upstream_model);
     CURL *easy = curl_easy_init();
-    if (!req || !easy || !(body = json_dumps(req, JSON_COMPACT)))
-        goto out;
+    if (!body || !easy)
+        goto out; /* (out of memory: no answer yet, tried again) */
     const char *hdrs[] = {"Content-Type: application/json", "Accept: application/json",
                           "Expect:", auth_header};
     for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++) {
@@ -194,7 +204,6 @@ out:
         curl_easy_cleanup(easy);
     curl_slist_free_all(h);
     free(body);
-    json_decref(req);
     gp_buf_free(&buf);
     return res;
 }

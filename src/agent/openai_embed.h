@@ -40,6 +40,10 @@ typedef enum {
                         or a 200 the agent had no memory to read */
 } oai_embed_probe_result;
 
+/* The probe's request body: {"model": upstream_model, "input": ["gpupool
+ * probe"], "encoding_format": "float"}. Malloc'd (caller frees), NULL when
+ * memory ran out (or upstream_model is not UTF-8). */
+char *oai_embed_probe_body(const char *upstream_model);
 /* Blocking: a small POST url {model, input ["gpupool probe"]} (auth_header
  * may be NULL), bounded by the options' connect timeout and 10 s in all;
  * it gives up at once when *stop becomes true (NULL: never). */

@@ -13,7 +13,9 @@
  *   - a reply held to a response_format ends as it ends with memory to
  *     spare, or with AGENT_OUT_OF_MEMORY when the check could not be made
  *     (openai_stream.c maps the verdict); never UPSTREAM_INVALID_OUTPUT for a reply that was
- *     fine.
+ *     fine;
+ *   - the embeddings probe's body is whole or not made (never one without
+ *     a key, whose 4xx would say "no embeddings").
  * The N-th allocation fails, for N = 1, 2, ... until a run ends without
  * reaching it: the agent's malloc, calloc, realloc and strdup, jansson's
  * among them through gp_json's counting allocator (arm_beneath: ld --wrap,
@@ -554,6 +556,38 @@ static void test_count_reply_sweep(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The embeddings probe's body for upstream model names of 1..40 bytes (its
+ * keys land at every place of the output buffer), for N = 1, 2, ...: the
+ * unhurt body or NULL (tried again later), never a body without "model" or
+ * "input", whose 4xx would be taken for "no embeddings here". */
+static void test_embed_probe_body_sweep(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (size_t len = 1; len <= 40; len++) {
+        char model[41];
+        memset(model, 'm', len);
+        model[len] = '\0';
+        char *ref = oai_embed_probe_body(model);
+        assert_non_null(ref);
+        for (size_t n = 1;; n++) {
+            arm_beneath(n);
+            char *got = oai_embed_probe_body(model);
+            bool hit = disarm();
+            if (got ? strcmp(got, ref) != 0 : !hit) {
+                print_message("model of %zu bytes, allocation %zu failed: %s\n", len, n,
+                              got ? got : "(no body)");
+                bad++;
+            }
+            free(got);
+            if (!hit)
+                break;
+        }
+        free(ref);
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* A reply that is JSON, as the upstream streams it. */
 static const char *const REPLY_OK =
     "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"{\\\"zip\\\":\\\"12345\\\","
@@ -666,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_count_bodies_sweep),
         cmocka_unit_test(test_count_readers_sweep),
         cmocka_unit_test(test_count_reply_sweep),
+        cmocka_unit_test(test_embed_probe_body_sweep),
         cmocka_unit_test(test_verdict_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
