@@ -14,6 +14,7 @@
 #ifndef GPS_FIXTURE_OOM_H
 #define GPS_FIXTURE_OOM_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,11 +28,13 @@ static bool swapped;     /* arm put failing_malloc in jansson's place */
 static json_malloc_t saved_malloc; /* jansson's allocator before arm: disarm's */
 static json_free_t saved_free;
 
-/* Whether this allocation is the one to fail. */
+/* Whether this allocation is the one to fail (errno ENOMEM then, as libc's
+ * allocators set it: code that tells ENOMEM from other errors sees it). */
 __attribute__((unused)) static bool fail_now(void)
 {
     if (countdown && --countdown == 0) {
         injected = true;
+        errno = ENOMEM;
         return true;
     }
     return false;
