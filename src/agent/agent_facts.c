@@ -13,6 +13,7 @@
 
 #include <openssl/evp.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 
@@ -229,36 +230,52 @@ static bool cache_path(const char *state_dir, char out[PATH_MAX])
            snprintf(out, PATH_MAX, "%s/" DIGEST_CACHE_FILE, state_dir) < PATH_MAX;
 }
 
-/* The cache's entries array (borrowed from *doc, which the caller frees). */
-static json_t *cache_load(const char *cache, json_t **doc)
+/* The cache's entries array (borrowed from *doc, which the caller frees).
+ * Read checked: jansson 2.14's own load can drop a byte of a path and
+ * succeed, and cache_store would write the damaged entry back (a path that
+ * may name another file of the same size and mtime: its digest then
+ * another's, and a continuation's token ids read against other weights).
+ * *unread: memory ran out reading the file (then it must not be rewritten:
+ * from nothing, it would lose every other model's digest, hours of hashing
+ * at later starts). */
+static json_t *cache_load(const char *cache, json_t **doc, bool *unread)
 {
     size_t len = 0;
+    json_error_t je;
     char *txt = gp_read_file(cache, &len, 1u << 20);
-    *doc = txt ? json_loadb(txt, len, 0, NULL) : NULL;
+    *unread = !txt && errno == ENOMEM;
+    *doc = txt ? gp_json_load_checked(txt, len, 0, &je) : NULL;
+    if (txt && !*doc && json_error_code(&je) == json_error_out_of_memory)
+        *unread = true;
     free(txt);
     return json_object_get(*doc, "entries");
 }
 
 /* Write the cache with (real, st, sha) first, then the other entries of
  * list (minus any older one for this path), at most DIGEST_CACHE_MAX. A
- * cache that cannot be written only costs hashing again at the next start. */
+ * cache that cannot be written only costs hashing again at the next start;
+ * one short of memory is not written at all (the file stays as it was),
+ * never without an entry it had. */
 static void cache_store(const char *cache, const char *state_dir, const char *real,
                         const struct stat *st, const char *sha, json_t *list)
 {
     long long mtime_ns = (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec;
     json_t *nl = json_array();
-    json_array_append_new(nl, json_pack("{s:s,s:I,s:I,s:s}", "path", real, "size",
-                                        (json_int_t)st->st_size, "mtime_ns",
-                                        (json_int_t)mtime_ns, "sha256", sha));
+    int rc = json_array_append_new(nl, json_pack("{s:s,s:I,s:I,s:s}", "path", real, "size",
+                                                 (json_int_t)st->st_size, "mtime_ns",
+                                                 (json_int_t)mtime_ns, "sha256", sha));
     size_t i;
     json_t *e;
     json_array_foreach(list, i, e) {
         const char *p = json_string_value(json_object_get(e, "path"));
-        if (p && strcmp(p, real) != 0 && json_array_size(nl) < DIGEST_CACHE_MAX)
-            json_array_append(nl, e);
+        if (rc == 0 && p && strcmp(p, real) != 0 && json_array_size(nl) < DIGEST_CACHE_MAX)
+            rc = json_array_append(nl, e);
     }
-    json_t *nd = json_pack("{s:o}", "entries", nl);
-    char *txt = nd ? json_dumps(nd, JSON_INDENT(1)) : NULL;
+    json_t *nd = rc == 0 ? json_pack("{s:O}", "entries", nl) : NULL;
+    json_decref(nl);
+    /* Checked: jansson 2.14's json_dumps can leave a key out ("sha256")
+     * and succeed; the file would then not be JSON, and every entry lost. */
+    char *txt = nd ? gp_json_dumps_checked(nd, JSON_INDENT(1)) : NULL;
     if (!txt || gp_mkdirs(state_dir, 0700) < 0 ||
         gp_write_file_atomic(cache, txt, strlen(txt), 0600) < 0)
         gp_log_warn("digest_cache", "cannot write %s; the model file will be hashed again "
@@ -281,8 +298,9 @@ int agent_model_digest(const char *path, const char *state_dir, char out[65], bo
     }
     long long mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
     bool use_cache = cache_path(state_dir, cache);
+    bool unread = false;
     if (use_cache) {
-        list = cache_load(cache, &doc);
+        list = cache_load(cache, &doc, &unread);
         size_t i;
         json_t *e;
         json_array_foreach(list, i, e) {
@@ -303,7 +321,7 @@ int agent_model_digest(const char *path, const char *state_dir, char out[65], bo
         json_decref(doc);
         return -1;
     }
-    if (use_cache)
+    if (use_cache && !unread)
         cache_store(cache, state_dir, real, &st, out, list);
     json_decref(doc);
     return 0;
@@ -317,7 +335,9 @@ void agent_model_digest_remember(const char *path, const char *state_dir, const 
     if (!gp_hex64_ok(sha256) || !cache_path(state_dir, cache) || !realpath(path, real) ||
         stat(real, &st) != 0)
         return;
-    json_t *list = cache_load(cache, &doc);
-    cache_store(cache, state_dir, real, &st, sha256, list);
+    bool unread;
+    json_t *list = cache_load(cache, &doc, &unread);
+    if (!unread)
+        cache_store(cache, state_dir, real, &st, sha256, list);
     json_decref(doc);
 }

@@ -90,14 +90,26 @@ static void pool_free(strpool *p)
 }
 
 /* JSON text of v for the chat template (which re-spaces it): strings as
- * they are (OpenAI sends arguments as a JSON string), anything else dumped. */
+ * they are (OpenAI sends arguments as a JSON string), anything else dumped.
+ * The text goes into the prompt (a tool's parameters: what the model is
+ * told it may call with; a call's arguments: what it called with), so it
+ * is gp_json_dump_append's, not json_dumps's: jansson 2.14's can leave a
+ * key out and succeed, and the model would be told another schema. NULL
+ * (p->oom) when memory ran out. */
 static const char *json_text(strpool *p, json_t *v)
 {
     if (!v || json_is_null(v))
         return NULL;
     if (json_is_string(v))
         return pool_keep(p, strdup(json_string_value(v)));
-    return pool_keep(p, json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY));
+    gp_buf t;
+    gp_buf_init(&t);
+    char *text = NULL;
+    /* (a tree read from JSON is UTF-8: a failure is memory) */
+    if (gp_json_dump_append(&t, v) == 0 && gp_buf_append(&t, "", 0) == 0)
+        text = gp_buf_steal(&t);
+    gp_buf_free(&t);
+    return pool_keep(p, text);
 }
 
 /* Render a job's messages (and its OpenAI `tools`) with the model's chat
@@ -213,14 +225,18 @@ static int setup_tools(gguf_backend *b, json_t *job, gjob *j, char *err, size_t 
 {
     const char *cont = json_string_value(json_object_get(job, "continuation"));
     bool continuation = (cont && *cont) || json_object_get(job, "continuation_ids");
-    if (gguf_tools_init(&j->tools, b->info.chat_format, gpe_chat_supports_tools(b->model),
-                        b->gvocab, job, continuation, err, errlen) < 0)
-        return -1;
+    int rc = gguf_tools_init(&j->tools, b->info.chat_format, gpe_chat_supports_tools(b->model),
+                             b->gvocab, job, continuation, err, errlen);
+    if (rc < 0)
+        return rc == GGUF_TOOLS_NOMEM ? nomem(err, errlen) : -1;
     if (continuation && cont && j->tools.tp) {
-        /* the client has this text already: the parser only learns from it */
+        /* the client has this text already: the parser only learns from it
+         * (one that could not keep it would read the rest otherwise: a call
+         * begun in it lost, or its text taken for content) */
         const char *emit;
         size_t elen;
-        (void)gpe_toolparse_feed(j->tools.tp, cont, strlen(cont), &emit, &elen);
+        if (gpe_toolparse_feed(j->tools.tp, cont, strlen(cont), &emit, &elen) == GPE_ERR_NOMEM)
+            return nomem(err, errlen);
     }
     if (j->tools.lazy) {
         j->lazy_buf = malloc((size_t)gpe_model_n_vocab(b->model) * sizeof *j->lazy_buf);
@@ -254,13 +270,18 @@ static int parse_response_format(gguf_backend *b, json_t *job, gjob *j, const ch
     char *schema = NULL;
     if (strcmp(type, "json_schema") == 0) {
         json_t *sc = json_object_get(json_object_get(rf, "json_schema"), "schema");
-        /* gp_json_dumps, not json_dumps: jansson 2.14's drops an object key
-         * it could not append and goes on (text that is not JSON: the
-         * client's "schema is not JSON" for want of the agent's memory). */
-        schema = !sc ? strdup("{}")
-                 : json_is_object(sc) || json_is_array(sc)
-                     ? gp_json_dumps(sc)
-                     : json_dumps(sc, JSON_ENCODE_ANY);
+        /* gp_json_dump_append, not json_dumps: jansson 2.14's drops an
+         * object key it could not append and goes on (text that is not
+         * JSON: the client's "schema is not JSON" for want of the agent's
+         * memory; or another schema, silently). Any value: the grammar
+         * refuses a scalar itself. (UTF-8 strings: a failure is memory.) */
+        gp_buf t;
+        gp_buf_init(&t);
+        if (!sc)
+            schema = strdup("{}");
+        else if (gp_json_dump_append(&t, sc) == 0 && gp_buf_append(&t, "", 0) == 0)
+            schema = gp_buf_steal(&t);
+        gp_buf_free(&t);
         if (!schema)
             return nomem(err, errlen);
     } else if (strcmp(type, "json_object") != 0) {

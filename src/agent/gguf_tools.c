@@ -7,29 +7,60 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The arguments a forced call is held to: the one tool's parameters when
- * they can be enforced, else any object (a strict tool's that cannot be
- * enforced is an error: strict promises the schema). */
-static json_t *args_schema(const char *name, json_t *params, bool strict, bool one, char *err,
-                           size_t errlen)
+#include "common/gp_util.h"
+
+/* Memory ran out building a forced call's schema or grammar: the agent's
+ * own failure (GGUF_TOOLS_NOMEM), never a weaker schema in its place (any
+ * object for a tool's parameters, only the name held) nor the client's
+ * refusal. Returns NULL for the callers' convenience. */
+static json_t *nomem(bool *oom, char *err, size_t errlen)
 {
-    if (!one || !json_is_object(params))
-        return json_pack("{s:s}", "type", "object");
-    char *text = json_dumps(params, JSON_COMPACT);
-    char why[256] = "";
-    gpe_status st = text ? gpe_schema_check(text, why, sizeof why) : GPE_ERR_NOMEM;
-    free(text);
-    if (st == GPE_OK)
-        return json_deep_copy(params);
-    if (strict) {
-        snprintf(err, errlen, "tool '%s' is strict but its parameters cannot be enforced: %s",
-                 name, st == GPE_ERR_NOMEM ? "out of memory" : why);
-        return NULL;
-    }
-    return json_pack("{s:s}", "type", "object");
+    *oom = true;
+    snprintf(err, errlen, "out of memory");
+    return NULL;
 }
 
-/* One call: {"name": name, key: arguments}, nothing else. */
+/* Any JSON object: the arguments of a tool whose parameters are not held. */
+static json_t *any_object(bool *oom, char *err, size_t errlen)
+{
+    json_t *o = json_pack("{s:s}", "type", "object");
+    return o ? o : nomem(oom, err, errlen);
+}
+
+/* The arguments a forced call is held to: the one tool's parameters when
+ * they can be enforced, else any object (a strict tool's that cannot be
+ * enforced is an error: strict promises the schema). NULL with err set,
+ * *oom saying whether memory ran out. */
+static json_t *args_schema(const char *name, json_t *params, bool strict, bool one, bool *oom,
+                           char *err, size_t errlen)
+{
+    if (!one || !json_is_object(params))
+        return any_object(oom, err, errlen);
+    /* gp_json_dumps, not json_dumps: jansson 2.14's can leave a key out and
+     * succeed, and the check would judge another schema than the one the
+     * grammar holds the model to. (Strings of a JSON text: NULL is memory.) */
+    char *text = gp_json_dumps(params);
+    if (!text)
+        return nomem(oom, err, errlen);
+    char why[256] = "";
+    gpe_status st = gpe_schema_check(text, why, sizeof why);
+    free(text);
+    if (st == GPE_ERR_NOMEM)
+        return nomem(oom, err, errlen);
+    if (st == GPE_OK) {
+        json_t *copy = json_deep_copy(params);
+        return copy ? copy : nomem(oom, err, errlen);
+    }
+    if (strict) {
+        snprintf(err, errlen, "tool '%s' is strict but its parameters cannot be enforced: %s",
+                 name, why);
+        return NULL;
+    }
+    return any_object(oom, err, errlen);
+}
+
+/* One call: {"name": name, key: arguments}, nothing else. Takes both
+ * references (json_pack's "o", even when it fails). */
 static json_t *call_object(const char *key, json_t *name_schema, json_t *args)
 {
     return json_pack("{s:s, s:{s:o, s:o}, s:[s,s], s:b}", "type", "object", "properties",
@@ -37,55 +68,73 @@ static json_t *call_object(const char *key, json_t *name_schema, json_t *args)
                      "additionalProperties", 0);
 }
 
-static bool schema_ok(json_t *schema)
+/* Whether the grammar takes schema: 1, 0, or -1 when memory ran out
+ * checking (not a "no": the caller would fall back to a weaker schema). */
+static int schema_ok(json_t *schema)
 {
-    char *text = json_dumps(schema, JSON_COMPACT);
+    char *text = gp_json_dumps(schema); /* (not json_dumps: as in args_schema) */
+    if (!text)
+        return -1;
     char why[256];
-    bool ok = text && gpe_schema_check(text, why, sizeof why) == GPE_OK;
+    gpe_status st = gpe_schema_check(text, why, sizeof why);
     free(text);
-    return ok;
+    return st == GPE_OK ? 1 : st == GPE_ERR_NOMEM ? -1 : 0;
 }
 
 /* Several candidates: a union of one call object per tool, told apart by
  * the name (the grammar's discriminated unions), so that each tool's
  * arguments follow its own parameters; NULL when that union is not one the
- * grammar takes (then only the name is held to the tools'). */
-static json_t *union_of_calls(json_t *tools, const char *key, char *err, size_t errlen,
-                              bool *failed)
+ * grammar takes (then only the name is held to the tools'). *failed: NULL
+ * for an error, err set (a strict tool that cannot be enforced; or out of
+ * memory, *oom set). */
+static json_t *union_of_calls(json_t *tools, const char *key, bool *failed, bool *oom,
+                              char *err, size_t errlen)
 {
     json_t *alts = json_array();
     size_t i;
     json_t *tool;
-    *failed = false;
+    *failed = true;
+    if (!alts)
+        return nomem(oom, err, errlen);
     json_array_foreach(tools, i, tool) {
         json_t *fn = json_object_get(tool, "function");
         const char *nm = json_string_value(json_object_get(fn, "name"));
         if (!nm)
             continue;
         json_t *args = args_schema(nm, json_object_get(fn, "parameters"),
-                                   json_is_true(json_object_get(fn, "strict")), true, err, errlen);
-        if (!args) {
-            *failed = true;   /* a strict tool that cannot be enforced */
+                                   json_is_true(json_object_get(fn, "strict")), true, oom, err,
+                                   errlen);
+        /* (a union without one of the tools would keep the model from it) */
+        if (!args || json_array_append_new(alts, call_object(key, json_pack("{s:s}", "const", nm),
+                                                             args)) < 0) {
             json_decref(alts);
-            return NULL;
+            return args ? nomem(oom, err, errlen) : NULL;
         }
-        json_array_append_new(alts, call_object(key, json_pack("{s:s}", "const", nm), args));
     }
     json_t *u = json_pack("{s:o}", "anyOf", alts);
-    if (u && json_array_size(alts) <= 16 && schema_ok(u))
+    int ok = !u ? -1 : json_array_size(alts) <= 16 ? schema_ok(u) : 0;
+    if (ok < 0) {
+        json_decref(u);
+        return nomem(oom, err, errlen);
+    }
+    *failed = false;
+    if (ok)
         return u;
     json_decref(u);
     return NULL;
 }
 
-json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *only, char *err,
-                               size_t errlen)
+json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *only, bool *oom,
+                               char *err, size_t errlen)
 {
     json_t *names = json_array(), *call = NULL, *params = NULL;
     const char *first = NULL;
     bool strict = false;
     size_t i;
     json_t *tool;
+    *oom = false;
+    if (!names)
+        return nomem(oom, err, errlen);
     json_array_foreach(tools, i, tool) {
         json_t *fn = json_object_get(tool, "function");
         const char *nm = json_string_value(json_object_get(fn, "name"));
@@ -96,7 +145,11 @@ json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *on
             params = json_object_get(fn, "parameters");
             strict = json_is_true(json_object_get(fn, "strict"));
         }
-        json_array_append_new(names, json_string(nm));
+        /* (an enum without a name would keep the model from that tool) */
+        if (json_array_append_new(names, json_string(nm)) < 0) {
+            nomem(oom, err, errlen);
+            goto done;
+        }
     }
     size_t n = json_array_size(names);
     const char *key = strcmp(family, "llama-3") == 0 ? "parameters" : "arguments";
@@ -107,12 +160,12 @@ json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *on
     }
     if (n > 1) {
         bool failed;
-        call = union_of_calls(tools, key, err, errlen, &failed);
+        call = union_of_calls(tools, key, &failed, oom, err, errlen);
         if (failed)
             goto done;
     }
     if (!call) {
-        json_t *args = args_schema(first, params, strict, n == 1, err, errlen);
+        json_t *args = args_schema(first, params, strict, n == 1, oom, err, errlen);
         if (!args)
             goto done;
         call = call_object(key, n == 1 ? json_pack("{s:s}", "const", first)
@@ -121,27 +174,37 @@ json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *on
     if (call && strcmp(family, "mistral") == 0)
         call = json_pack("{s:s, s:o, s:i}", "type", "array", "items", call, "minItems", 1);
     if (!call)
-        snprintf(err, errlen, "out of memory");
+        nomem(oom, err, errlen); /* (json_pack: every value is there) */
 done:
     json_decref(names);
     return call;
 }
 
-/* The grammar of a call (gguf_tools_call_schema) over the model's vocabulary. */
+/* The grammar of a call (gguf_tools_call_schema) over the model's
+ * vocabulary. 0, -1 or GGUF_TOOLS_NOMEM, with err set. */
 static int call_grammar(const char *family, json_t *tools, const char *only,
                         const gpe_grammar_vocab *gv, gpe_grammar **out, char *err, size_t errlen)
 {
-    json_t *schema = gguf_tools_call_schema(family, tools, only, err, errlen);
+    bool oom;
+    json_t *schema = gguf_tools_call_schema(family, tools, only, &oom, err, errlen);
     if (!schema)
-        return -1;
-    char *text = json_dumps(schema, JSON_COMPACT);
+        return oom ? GGUF_TOOLS_NOMEM : -1;
+    /* The text the grammar is compiled from: gp_json_dumps, not json_dumps,
+     * whose dropped key (jansson 2.14) would compile another grammar (a
+     * call without "required", or without the arguments' own schema), or
+     * refuse the client's tools as not JSON. */
+    char *text = gp_json_dumps(schema);
     json_decref(schema);
     char why[256] = "";
     gpe_status st = text ? gpe_grammar_init_vocab(gv, text, out, why, sizeof why)
                          : GPE_ERR_NOMEM;
     free(text);
+    if (st == GPE_ERR_NOMEM) {
+        snprintf(err, errlen, "out of memory");
+        return GGUF_TOOLS_NOMEM;
+    }
     if (st != GPE_OK) {
-        snprintf(err, errlen, "tool_choice: %s", st == GPE_ERR_NOMEM ? "out of memory" : why);
+        snprintf(err, errlen, "tool_choice: %s", why);
         return -1;
     }
     return 0;
@@ -174,9 +237,16 @@ int gguf_tools_init(gguf_tools *t, const char *family, bool writes_tools,
         (choice && strcmp(choice, "none") == 0))
         return 0;
     t->tp = gpe_toolparse_new(family);
+    if (!t->tp && gpe_toolparse_opener(family)) {
+        /* a family with a calls format: NULL was memory (else the model's
+         * calls would reach the client as text) */
+        snprintf(err, errlen, "out of memory");
+        return GGUF_TOOLS_NOMEM;
+    }
     if (!t->tp)
         return 0;   /* a family without a calls format: tools stay prompt text */
     const char *only;
+    int rc;
     t->opener_at = -1;
     if (continuation)
         return 0;
@@ -187,24 +257,25 @@ int gguf_tools_init(gguf_tools *t, const char *family, bool writes_tools,
         t->opener = gpe_toolparse_opener(family);
         if (!rf || strcmp(rf, "text") == 0 || !t->opener || !*t->opener)
             return 0;
-        if (call_grammar(family, tools, NULL, gv, &t->call_gram, err, errlen) < 0)
+        if ((rc = call_grammar(family, tools, NULL, gv, &t->call_gram, err, errlen)) < 0)
             goto fail;
         t->lazy = true;
         return 0;
     }
-    if (call_grammar(family, tools, only, gv, &t->gram, err, errlen) < 0)
+    if ((rc = call_grammar(family, tools, only, gv, &t->gram, err, errlen)) < 0)
         goto fail;
     t->prefix = gpe_toolparse_forced_prefix(family);
     const char *emit;
     size_t elen;
     if (gpe_toolparse_feed(t->tp, t->prefix, strlen(t->prefix), &emit, &elen) != GPE_OK) {
         snprintf(err, errlen, "out of memory");
+        rc = GGUF_TOOLS_NOMEM;
         goto fail;
     }
     return 0;
 fail:
     gguf_tools_free(t);
-    return -1;
+    return rc;
 }
 
 void gguf_tools_free(gguf_tools *t)

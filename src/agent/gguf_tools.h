@@ -69,18 +69,24 @@ void gguf_tools_lazy_mask(const gguf_tools *t, const float *raw, const float *ma
 int gguf_tools_lazy_accept(gguf_tools *t, const gpe_model *m, int32_t tok, bool schema_ok,
                            gpe_grammar **install);
 
+/* gguf_tools_init's answer when memory ran out: the agent's own failure
+ * (the job start's AGENT_JOB_START_NOMEM), never the client's refusal nor
+ * a weaker grammar than the tools ask for. */
+#define GGUF_TOOLS_NOMEM (-2)
+
 /* Set t up for a chat job. family: the model's chat format; writes_tools:
  * its template has a tools format (gpe_chat_supports_tools); forcing is
  * skipped for a continuation (the text so far decides). 0, or -1 with a
- * message for the client in err. */
+ * message for the client in err, or GGUF_TOOLS_NOMEM ("out of memory"). */
 int gguf_tools_init(gguf_tools *t, const char *family, bool writes_tools,
                     const gpe_grammar_vocab *gv, json_t *job, bool continuation, char *err,
                     size_t errlen);
 void gguf_tools_free(gguf_tools *t);
 
 /* The schema a forced call is held to (new reference), for tests and for
- * gguf_tools_init. only: the one tool's name, or NULL for any of them. */
-json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *only, char *err,
-                               size_t errlen);
+ * gguf_tools_init. only: the one tool's name, or NULL for any of them.
+ * NULL with err set: the tools refused, or (*oom) memory ran out. */
+json_t *gguf_tools_call_schema(const char *family, json_t *tools, const char *only, bool *oom,
+                               char *err, size_t errlen);
 
 #endif

@@ -91,6 +91,30 @@ static size_t check_write(char *p, size_t sz, size_t n, void *ud)
     return sz * n;
 }
 
+/* What to tell the operator when the server refused the agent's credential
+ * (HTTP status, its error reply in b): the server's code and message, read
+ * with the checked load (jansson 2.14's own can drop a byte of the message
+ * or call a valid reply invalid when memory runs out), or, when the agent
+ * had no memory to read them, that. key: the credential is the key file's;
+ * cred: whether there is one at all. */
+static void refusal_message(const check_body *b, long status, bool key, bool cred, char *err,
+                            size_t errlen)
+{
+    json_error_t je;
+    json_t *j = gp_json_load_checked(b->data, b->len, 0, &je);
+    bool oom = !j && json_error_code(&je) == json_error_out_of_memory;
+    const json_t *e = json_object_get(j, "error");
+    const char *code = json_string_value(json_object_get(e, "code"));
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    snprintf(err, errlen, "the server refuses this agent's %s (HTTP %ld %s: %s); not "
+             "downloading the model. %s", key ? "key (" AGENT_KEY_FILE ")" : cred ? "--token"
+             : "missing credential", status, oom ? "?" : code ? code : "?",
+             oom ? "its reply unread: the agent is out of memory" : msg ? msg : "",
+             key ? "Delete the key file and start with --token NEW_ENROLLMENT_TOKEN"
+                 : "Start with --token and a valid enrollment token (gpupoolctl tokens create)");
+    json_decref(j);
+}
+
 /* Before a download that may take hours, ask the server whether it will
  * take our credential (POST /agents/check): a revoked key or a spent token
  * then fails in a second. -1 (err set) only when the server says no; an
@@ -142,16 +166,7 @@ static int check_credentials(const agent_options *o, char *err, size_t errlen)
                         url, cc != CURLE_OK ? curl_easy_strerror(cc) : "ok", status);
         goto done;
     }
-    json_t *j = json_loads(b.data, 0, NULL);
-    const json_t *e = json_object_get(j, "error");
-    const char *code = json_string_value(json_object_get(e, "code"));
-    const char *msg = json_string_value(json_object_get(e, "message"));
-    snprintf(err, errlen, "the server refuses this agent's %s (HTTP %ld %s: %s); not "
-             "downloading the model. %s", key ? "key (" AGENT_KEY_FILE ")" : cred ? "--token"
-             : "missing credential", status, code ? code : "?", msg ? msg : "",
-             key ? "Delete the key file and start with --token NEW_ENROLLMENT_TOKEN"
-                 : "Start with --token and a valid enrollment token (gpupoolctl tokens create)");
-    json_decref(j);
+    refusal_message(&b, status, key != NULL, cred != NULL, err, errlen);
     rc = -1;
 done:
     curl_slist_free_all(h);

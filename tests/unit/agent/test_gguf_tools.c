@@ -29,7 +29,8 @@ static void test_named_chatml(void **state)
     (void)state;
     json_t *tools = tools_of(TOOLS);
     char err[256] = "";
-    json_t *s = gguf_tools_call_schema("chatml", tools, "w", err, sizeof err);
+    bool oom;
+    json_t *s = gguf_tools_call_schema("chatml", tools, "w", &oom, err, sizeof err);
     assert_non_null(s);
     json_t *props = json_object_get(s, "properties");
     assert_string_equal(json_string_value(json_object_get(json_object_get(props, "name"),
@@ -48,8 +49,9 @@ static void test_required_any_and_families(void **state)
     (void)state;
     json_t *tools = tools_of(TOOLS);
     char err[256] = "";
+    bool oom;
     /* several candidates: one call object per tool, told apart by the name */
-    json_t *s = gguf_tools_call_schema("llama-3", tools, NULL, err, sizeof err);
+    json_t *s = gguf_tools_call_schema("llama-3", tools, NULL, &oom, err, sizeof err);
     assert_non_null(s);
     json_t *alts = json_object_get(s, "anyOf");
     assert_int_equal(json_array_size(alts), 2);
@@ -64,7 +66,7 @@ static void test_required_any_and_families(void **state)
     assert_string_equal(json_string_value(json_object_get(json_object_get(p1, "parameters"),
                                                           "type")), "object");
     json_decref(s);
-    s = gguf_tools_call_schema("mistral", tools, "ls", err, sizeof err);
+    s = gguf_tools_call_schema("mistral", tools, "ls", &oom, err, sizeof err);
     assert_non_null(s);
     assert_string_equal(json_string_value(json_object_get(s, "type")), "array");
     assert_int_equal(json_integer_value(json_object_get(s, "minItems")), 1);
@@ -77,18 +79,21 @@ static void test_refusals(void **state)
     (void)state;
     json_t *tools = tools_of(TOOLS);
     char err[256] = "";
-    assert_null(gguf_tools_call_schema("chatml", tools, "nope", err, sizeof err));
+    bool oom;
+    assert_null(gguf_tools_call_schema("chatml", tools, "nope", &oom, err, sizeof err));
+    assert_false(oom);
     assert_non_null(strstr(err, "'nope'"));
     json_decref(tools);
     tools = tools_of("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"strict\":true,"
                      "\"parameters\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":"
                      "\"integer\",\"multipleOf\":3}}}}}]");
     err[0] = '\0';
-    assert_null(gguf_tools_call_schema("chatml", tools, "f", err, sizeof err));
+    assert_null(gguf_tools_call_schema("chatml", tools, "f", &oom, err, sizeof err));
+    assert_false(oom);
     assert_non_null(strstr(err, "multipleOf"));
     /* not strict: the arguments are held to an object only */
     json_object_del(json_object_get(json_array_get(tools, 0), "function"), "strict");
-    json_t *s = gguf_tools_call_schema("chatml", tools, "f", err, sizeof err);
+    json_t *s = gguf_tools_call_schema("chatml", tools, "f", &oom, err, sizeof err);
     assert_non_null(s);
     json_decref(s);
     json_decref(tools);
