@@ -232,8 +232,11 @@ void gpe_toolparse_free(gpe_toolparse *p);
 gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *text, size_t len,
                               const char **emit, size_t *emit_len);
 /* End of generation: a call without its closer is parsed as it stands;
- * whatever else was held is content. */
-void gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len);
+ * whatever else was held is content. The calls of llama-3 and mistral
+ * (no closer) are all read here. GPE_ERR_NOMEM when memory ran out, here
+ * or in an earlier feed (a call or text may be lost: the generation's
+ * calls are not whole); GPE_OK otherwise. */
+gpe_status gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len);
 /* Calls found so far, in order; name and arguments (compact JSON text)
  * borrowed from the parser. */
 size_t gpe_toolparse_n_calls(const gpe_toolparse *p);
@@ -484,6 +487,37 @@ gpe_status gpe_grammar_accept_text(gpe_grammar *g, const char *text, size_t len)
 bool gpe_grammar_done(const gpe_grammar *g);
 /* The value may end here (a closed value, or a number that may also go on). */
 bool gpe_grammar_complete(const gpe_grammar *g);
+
+/* ------------------------------------------------ JSON under memory pressure */
+
+/* The engine reads and writes JSON (schemas, values to validate, tool
+ * calls and their arguments) with jansson, whose 2.14 release does not
+ * always notice an allocation it could not make: a load can drop a byte
+ * from a string or report a syntax error for valid text, a dump can leave
+ * out an object's key, and each still "succeeds". The engine does not
+ * install an allocator of its own (jansson has one per process, the
+ * host's); a host that gives jansson a counting one (json_set_alloc_funcs)
+ * hands the engine its counter here, and every load and dump the engine
+ * makes is then believed only when the count did not move during it:
+ * otherwise the call fails as out of memory (GPE_ERR_NOMEM, "out of
+ * memory", or the API's own way of saying so).
+ *
+ * count() returns how many of jansson's allocations have failed on the
+ * calling thread (per thread: the engine reads it before and after an
+ * operation on one thread, and another thread's failures must not show
+ * there). It never goes down (wrapping past ULONG_MAX is fine: only
+ * equality is compared), it is cheap, and it neither calls jansson nor
+ * allocates. Register it once at start-up, before any thread uses the
+ * engine, and after the counting allocator is in place; NULL goes back to
+ * the default.
+ *
+ * Without a counter the engine guards itself: a load is believed only
+ * when a second load agrees with it (or repeats its refusal), and a dump
+ * only when its text reads back as the value it was made from. The dump's
+ * check is complete; the load's misses a shortage that fails the same
+ * allocation in both loads, so a host that can count should register. */
+typedef unsigned long (*gpe_json_alloc_failures_fn)(void);
+void gpe_set_json_alloc_failures(gpe_json_alloc_failures_fn count);
 
 /* ----------------------------------------------------------------- system */
 

@@ -353,6 +353,11 @@ void gp_json_init(void)
     pthread_once(&alloc_once, alloc_install);
 }
 
+unsigned long gp_json_alloc_failures(void)
+{
+    return failed_allocs;
+}
+
 /* What jansson would have written for an out-of-memory error, had it
  * noticed: its code sits in the text's last byte (jansson.h,
  * json_error_code). */

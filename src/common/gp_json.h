@@ -48,6 +48,12 @@
  * puts this one back over the test's. */
 void gp_json_init(void);
 
+/* Allocations of jansson's that failed on the calling thread (through
+ * gp_json_init's allocator) since the thread started; never goes down. The
+ * engine's counter (gpe_set_json_alloc_failures, engine.h), registered by
+ * the binaries that link the engine right after gp_json_init. */
+unsigned long gp_json_alloc_failures(void);
+
 /* json_loadb(p, n, flags, err), but a load during which an allocation
  * failed gives NULL with err saying out of memory (json_error_code(err) ==
  * json_error_out_of_memory, text "out of memory") whatever jansson

@@ -10,6 +10,7 @@
  * checked to be decidable on their first byte.
  */
 #include "jschema.h"
+#include "jcheck.h"
 
 #include <gpupool/engine.h>
 
@@ -125,7 +126,7 @@ static int lit_node(cctx *c, const json_t *const *vals, size_t n, const json_t *
             if (!ok)
                 continue;
         }
-        char *s = json_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
+        char *s = gpe_js_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
         if (!s)
             return oom(c);
         nd->lits[nd->n_lits++] = s;
@@ -368,7 +369,7 @@ static int object_node(cctx *c, const json_t *s, const char *path)
         snprintf(sub, sizeof sub, "%s/properties/%s", path, key);
         int nd = compile(c, ps, sub);
         json_t *ks = json_string(key);
-        char *q = ks ? json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        char *q = ks ? gpe_js_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
         json_decref(ks);
         char *kt = q ? malloc(strlen(q) + 2) : NULL;
         if (nd < 0 || !kt) {
@@ -1093,56 +1094,9 @@ static gpe_status load_nomem(char *err, size_t errlen)
     return GPE_ERR_NOMEM;
 }
 
-/* One load of text: 1 loaded (*v), 0 refused (je says why), -1 out of
- * memory (a failure without a message). */
-static int load_once(const char *text, size_t len, size_t flags, json_t **v, json_error_t *je)
-{
-    *v = json_loadb(text, len, flags, je);
-    if (*v)
-        return 1;
-    return !je->text[0] || json_error_code(je) == json_error_out_of_memory ? -1 : 0;
-}
-
-/* jansson (2.14) never says json_error_out_of_memory from a load: an
- * allocation it could not make ends the load with no error text, or, where
- * a token's copy failed, with a syntax error ("invalid token"). So a
- * refusal is believed only when a second load repeats it, the same message
- * at the same place (text that is not JSON is refused every time, alike;
- * memory that ran short once is not the text's fault). And where its token
- * buffer could not grow, a load drops that byte and succeeds
- * ("home_address" read as "home_adress": another value, followed to the
- * letter), so a load counts only when another one agrees with it. */
-gpe_status gpe_js_load(const char *text, size_t len, size_t flags, json_t **out,
-                       json_error_t *je)
-{
-    json_error_t je2;
-    json_t *a = NULL, *b = NULL;
-    gpe_status st = GPE_ERR_NOMEM;
-    *out = NULL;
-    int ra = load_once(text, len, flags, &a, je);
-    int rb = ra < 0 ? -1 : load_once(text, len, flags, &b, &je2);
-    if (ra == 0 && rb == 0) {
-        if (je->position == je2.position && strcmp(je->text, je2.text) == 0)
-            st = GPE_ERR_ARG;
-    } else if (ra == 0 && rb == 1) {
-        /* the text is JSON (the first refusal was memory): one more load to
-         * agree with */
-        a = b;
-        rb = load_once(text, len, flags, &b, &je2);
-    }
-    if (a && rb == 1 && json_equal(a, b)) {
-        *out = a;
-        a = NULL;
-        st = GPE_OK;
-    }
-    json_decref(a);
-    json_decref(b);
-    return st;
-}
-
 /* The schema text as JSON (*out: new reference): GPE_OK, GPE_ERR_ARG (not
  * JSON) or GPE_ERR_NOMEM (gpe_js_load). Schemas are small: the second load
- * costs little beside the compile. */
+ * it makes without the host's counter costs little beside the compile. */
 static gpe_status load_text(const char *schema, json_t **out, char *err, size_t errlen)
 {
     json_error_t je;

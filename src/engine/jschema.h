@@ -119,14 +119,6 @@ void gpe_jschema_free(gpe_jschema *p);
 gpe_jschema *gpe_jschema_compile_text(const char *schema, char *err, size_t errlen,
                                       gpe_status *st);
 
-/* JSON text (len bytes) as a value (*out: new reference; jansson's load
- * flags), believed only when jansson's allocations did not change what it
- * read: GPE_OK; GPE_ERR_ARG, not JSON (je says why: refused twice);
- * GPE_ERR_NOMEM, memory ran out (a load failed without a message, or two
- * loads disagree). Costs two loads. Shared with jvalidate.c. */
-gpe_status gpe_js_load(const char *text, size_t len, size_t flags, json_t **out,
-                       json_error_t *je);
-
 /* Fewest more bytes that complete a number of node nd (GPE_JS_NUMBER)
  * from an integer part written so far: neg ('-' written), n digits of
  * value v (n = 0: nothing after the sign). 0: complete now; GPE_JS_INF:

@@ -9,6 +9,7 @@
  */
 #include "jvalidate.h"
 
+#include "jcheck.h"
 #include "jregex.h"
 #include "jschema.h"
 

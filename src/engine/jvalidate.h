@@ -72,8 +72,8 @@ void gpe_jv_free(gpe_jv *v);
 gpe_jv_result gpe_jv_check(gpe_jv *v, const json_t *value, char *msg, size_t msglen);
 /* The same for JSON text (len bytes, no NUL needed): text that is not one
  * JSON value is INVALID ("not JSON: ..."); NOMEM ("out of memory") when
- * memory ran out reading it (loaded twice, as gpe_js_load: jansson reports
- * an allocation failure as a syntax error, or drops a byte). */
+ * memory ran out reading it (gpe_js_load, jcheck.h: jansson reports an
+ * allocation failure as a syntax error, or drops a byte). */
 gpe_jv_result gpe_jv_check_text(gpe_jv *v, const char *text, size_t len, char *msg,
                                 size_t msglen);
 

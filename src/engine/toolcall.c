@@ -23,6 +23,8 @@
 #include <gpupool/engine.h>
 
 #include <jansson.h>
+
+#include "jcheck.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,7 +185,7 @@ static bool add_call(gpe_toolparse *p, const json_t *o)
                                                                          : "arguments");
     char *args = !a || json_is_null(a) ? strdup("{}")
                : json_is_string(a)    ? strdup(json_string_value(a))
-                                      : json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
+                                      : gpe_js_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
     char *nm = strdup(name);
     tcall *c = realloc(p->calls, (p->n_calls + 1) * sizeof *c);
     if (!args || !nm || !c) {
@@ -202,11 +204,18 @@ static bool add_call(gpe_toolparse *p, const json_t *o)
 }
 
 /* A finished body: its calls, or false when it is not one (then the caller
- * gives the text back). Every element of an array must be a call. */
+ * gives the text back). Every element of an array must be a call. A body
+ * that memory did not let us read is lost to memory (p->oom), not text:
+ * jansson's refusal then says nothing of the body, and a body it read with
+ * a byte dropped would be another call. */
 static bool take_body(gpe_toolparse *p, const char *body, size_t n)
 {
     json_error_t jerr;
-    json_t *v = json_loadb(body, n, JSON_DECODE_ANY, &jerr);
+    json_t *v = NULL;
+    if (gpe_js_load(body, n, JSON_DECODE_ANY, &v, &jerr) == GPE_ERR_NOMEM) {
+        p->oom = true;
+        return true;
+    }
     bool ok = false;
     if (p->f->array && json_is_array(v) && json_array_size(v) > 0) {
         size_t i;
@@ -336,7 +345,7 @@ gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *s, size_t n, const c
     return p->oom ? GPE_ERR_NOMEM : GPE_OK;
 }
 
-void gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len)
+gpe_status gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len)
 {
     p->out.len = 0;
     if (p->st == TP_CALL) {
@@ -352,6 +361,7 @@ void gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len)
     p->st = TP_TEXT;
     *emit = p->out.len ? p->out.p : "";
     *emit_len = p->out.len;
+    return p->oom ? GPE_ERR_NOMEM : GPE_OK;
 }
 
 size_t gpe_toolparse_n_calls(const gpe_toolparse *p)
