@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <gpupool/engine.h>
 #include <jansson.h>
 
 #include "agent/agent.h"
@@ -227,8 +228,10 @@ int main(int argc, char **argv)
     int rc = 2;
 
     /* jansson's counting allocator (gp_json.h), set before any thread
-     * can be inside jansson. */
+     * can be inside jansson; the engine judges its loads and dumps by the
+     * same count (engine.h gpe_set_json_alloc_failures). */
     gp_json_init();
+    gpe_set_json_alloc_failures(gp_json_alloc_failures);
 
     /* Block the stop signals before anything starts a thread (backends
      * start theirs in their constructors; threads inherit the mask), then

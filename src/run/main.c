@@ -4,6 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <gpupool/engine.h>
+
+#include "common/gp_json.h"
 #include "run/run.h"
 
 static const gpr_cmd *const cmds[] = {
@@ -23,6 +26,11 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* jansson's counting allocator (gp_json.h) before anything uses
+     * jansson, and its count for the engine's JSON (engine.h
+     * gpe_set_json_alloc_failures), as the agent does. */
+    gp_json_init();
+    gpe_set_json_alloc_failures(gp_json_alloc_failures);
     if (argc < 2) {
         usage(stderr);
         return 2;
