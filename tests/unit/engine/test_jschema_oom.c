@@ -24,6 +24,7 @@
 
 #include <gpupool/engine.h>
 
+#include "common/gp_json.h"
 #include "engine/jregex.h"
 #include "engine/jschema.h"
 
@@ -62,6 +63,40 @@ static const char RICH[] =
     "\"counts\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}},"
     "\"required\":[\"name\",\"created_at\",\"kind\",\"tags\",\"shape\"],"
     "\"additionalProperties\":false}";
+
+/* Values written into the program by json_dumps (enum and const literals):
+ * objects whose keys outgrow the dump's first buffers, which jansson 2.14
+ * leaves out of the text, succeeding, when the buffer cannot grow for the
+ * key (a literal the schema does not have: the checked dump, jcheck.h). */
+static const char LITS[] =
+    "{\"type\":\"object\",\"properties\":{"
+    "\"mode\":{\"enum\":[{\"home_address_for_mail\":\"x\",\"zip_code_of_the_street\":1},"
+    "\"plain\",[{\"another_long_key_name_here\":null}]]},"
+    "\"fixed\":{\"const\":{\"a_long_property_name_here\":{\"and_a_nested_one_as_long\":true}}},"
+    "\"a_property_with_a_long_name\":{\"type\":\"integer\"}},"
+    "\"required\":[\"mode\",\"fixed\"]}";
+
+/* The two ways the engine learns of jansson's failed allocations
+ * (engine.h gpe_set_json_alloc_failures): alone (no counter: jansson's
+ * allocator is the fixture's failing one, arm_libc), and by the host's
+ * counter (gp_json's, as the agent registers it: libc fails beneath it,
+ * arm_beneath). The sweeps run both. */
+static bool counted;
+
+static void use_counter(bool on)
+{
+    counted = on;
+    gp_json_init();
+    gpe_set_json_alloc_failures(on ? gp_json_alloc_failures : NULL);
+}
+
+static void arm_mode(size_t n)
+{
+    if (counted)
+        arm_beneath(n);
+    else
+        arm_libc(n);
+}
 
 /* ------------------------------------------------- programs compared */
 
@@ -165,7 +200,7 @@ static int sweep(const char *what, compile_fn compile, const void *arg)
     for (n = 1;; n++) {
         err[0] = '\0';
         st = GPE_OK;
-        arm_libc(n);
+        arm_mode(n);
         gpe_jschema *p = compile(arg, err, sizeof err, &st);
         bool hit = disarm();
         if (p) {
@@ -181,8 +216,21 @@ static int sweep(const char *what, compile_fn compile, const void *arg)
         if (!hit)
             break;
     }
-    print_message("%s: %zu allocations swept, %d broke the rule\n", what, n - 1, bad);
+    print_message("%s%s: %zu allocations swept, %d broke the rule\n", what,
+                  counted ? " (counter)" : "", n - 1, bad);
     gpe_jschema_free(ref);
+    return bad;
+}
+
+/* sweep alone and with the counter. */
+static int sweep_both(const char *what, compile_fn compile, const void *arg)
+{
+    int bad = 0;
+    for (int on = 0; on <= 1; on++) {
+        use_counter(on);
+        bad += sweep(what, compile, arg);
+    }
+    use_counter(false);
     return bad;
 }
 
@@ -190,8 +238,20 @@ static void test_compile_tree(void **state)
 {
     (void)state;
     json_t *schema = J(RICH);
-    int bad = sweep("compile (tree)", by_tree, schema);
+    int bad = sweep_both("compile (tree)", by_tree, schema);
     json_decref(schema);
+    assert_int_equal(bad, 0);
+}
+
+/* Literals dumped from the tree: a dump that lost a key is out of memory,
+ * never another literal. */
+static void test_compile_literals(void **state)
+{
+    (void)state;
+    json_t *schema = J(LITS);
+    int bad = sweep_both("literals (tree)", by_tree, schema);
+    json_decref(schema);
+    bad += sweep_both("literals (text)", by_text, LITS);
     assert_int_equal(bad, 0);
 }
 
@@ -199,8 +259,8 @@ static void test_compile_tree(void **state)
 static void test_compile_text(void **state)
 {
     (void)state;
-    assert_int_equal(sweep("compile (text)", by_text, RICH), 0);
-    assert_int_equal(sweep("compile (json_object mode)", by_text, ""), 0);
+    assert_int_equal(sweep_both("compile (text)", by_text, RICH), 0);
+    assert_int_equal(sweep_both("compile (json_object mode)", by_text, ""), 0);
 }
 
 /* gpe_schema_check, what the server calls: only its status to judge. */
@@ -209,18 +269,23 @@ static void test_schema_check(void **state)
     (void)state;
     char err[256];
     int bad = 0;
-    size_t n;
-    for (n = 1;; n++) {
-        err[0] = '\0';
-        arm_libc(n);
-        gpe_status st = gpe_schema_check(RICH, err, sizeof err);
-        bool hit = disarm();
-        if (st != GPE_OK)
-            bad += !oom_ok("gpe_schema_check", n, hit, st, err);
-        if (!hit)
-            break;
+    for (int on = 0; on <= 1; on++) {
+        use_counter(on);
+        size_t n;
+        for (n = 1;; n++) {
+            err[0] = '\0';
+            arm_mode(n);
+            gpe_status st = gpe_schema_check(RICH, err, sizeof err);
+            bool hit = disarm();
+            if (st != GPE_OK)
+                bad += !oom_ok("gpe_schema_check", n, hit, st, err);
+            if (!hit)
+                break;
+        }
+        print_message("gpe_schema_check%s: %zu allocations swept, %d broke the rule\n",
+                      on ? " (counter)" : "", n - 1, bad);
     }
-    print_message("gpe_schema_check: %zu allocations swept, %d broke the rule\n", n - 1, bad);
+    use_counter(false);
     assert_int_equal(bad, 0);
     /* and the refusals keep their statuses */
     assert_int_equal(gpe_schema_check("{nope", err, sizeof err), GPE_ERR_ARG);
@@ -274,6 +339,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compile_tree),
+        cmocka_unit_test(test_compile_literals),
         cmocka_unit_test(test_compile_text),
         cmocka_unit_test(test_schema_check),
         cmocka_unit_test(test_jre),

@@ -29,6 +29,7 @@
 
 #include <gpupool/engine.h>
 
+#include "common/gp_json.h"
 #include "engine/jvalidate.h"
 
 #define GPS_FIXTURE_OOM_LIBC
@@ -183,6 +184,19 @@ static const char *const TEXTS[] = {
 };
 #define N_TEXTS (sizeof TEXTS / sizeof TEXTS[0])
 
+/* The engine alone (no counter: arm_libc swaps jansson's allocator for
+ * the fixture's), or with the host's counter (engine.h
+ * gpe_set_json_alloc_failures: gp_json's, as the agent registers it; libc
+ * fails beneath it, arm_beneath). */
+static bool counted;
+
+static void use_counter(bool on)
+{
+    counted = on;
+    gp_json_init();
+    gpe_set_json_alloc_failures(on ? gp_json_alloc_failures : NULL);
+}
+
 /* gpe_jv_check_text on text for N = 1, 2, ...: the verdict and message
  * of the check made with memory to spare, or GPE_JV_NOMEM ("out of
  * memory"); never "not JSON" for JSON, nor a value jansson read with a
@@ -194,14 +208,17 @@ static int check_sweep(gpe_jv *v, const char *text)
     int bad = 0;
     for (size_t n = 1;; n++) {
         got[0] = '\0';
-        arm_libc(n);
+        if (counted)
+            arm_beneath(n);
+        else
+            arm_libc(n);
         gpe_jv_result r = gpe_jv_check_text(v, text, strlen(text), got, sizeof got);
         bool hit = disarm();
         bool same = r == r0 && strcmp(got, want) == 0;
         if (!same && !(hit && r == GPE_JV_NOMEM && strcmp(got, "out of memory") == 0)) {
-            print_message("%.40s...: allocation %zu %s: %d \"%s\", want %d \"%s\" or "
-                          "GPE_JV_NOMEM\n", text, n, hit ? "failed" : "did not fail", (int)r,
-                          got, (int)r0, want);
+            print_message("%.40s...%s: allocation %zu %s: %d \"%s\", want %d \"%s\" or "
+                          "GPE_JV_NOMEM\n", text, counted ? " (counter)" : "", n,
+                          hit ? "failed" : "did not fail", (int)r, got, (int)r0, want);
             bad++;
         }
         if (!hit)
@@ -218,10 +235,14 @@ static void test_check_sweep(void **state)
     gpe_jv *v = gpe_jv_new(schema, err, sizeof err);
     assert_non_null(v);
     int bad = 0;
-    for (size_t i = 0; i < N_VALUES; i++)
-        bad += check_sweep(v, VALUES[i]);
-    for (size_t i = 0; i < N_TEXTS; i++)
-        bad += check_sweep(v, TEXTS[i]);
+    for (int on = 0; on <= 1; on++) {
+        use_counter(on);
+        for (size_t i = 0; i < N_VALUES; i++)
+            bad += check_sweep(v, VALUES[i]);
+        for (size_t i = 0; i < N_TEXTS; i++)
+            bad += check_sweep(v, TEXTS[i]);
+    }
+    use_counter(false);
     print_message("gpe_jv_check_text: %d runs broke the rule\n", bad);
     gpe_jv_free(v);
     json_decref(schema);
