@@ -156,6 +156,18 @@ char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, boo
 char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos,
                             const gpe_chat_msg *msgs, size_t n, bool add_assistant, char *err,
                             size_t errlen);
+/* The chat renderers' _status forms (here and below, with tools) are the
+ * same, with why there is no prompt in *st (st may be NULL): GPE_OK with
+ * the prompt; GPE_ERR_NOMEM, memory ran out (err "chat: out of memory
+ * rendering the prompt": not the messages' fault, a retry may pass);
+ * GPE_ERR_ARG, the caller's input refused (err says what: no model, an
+ * unknown family, a message without a role, a tool or a tool call without
+ * a name). */
+char *gpe_chat_apply_status(const gpe_model *m, const gpe_chat_msg *msgs, size_t n,
+                            bool add_assistant, char *err, size_t errlen, gpe_status *st);
+char *gpe_chat_apply_format_status(const char *family, const char *bos, const char *eos,
+                                   const gpe_chat_msg *msgs, size_t n, bool add_assistant,
+                                   char *err, size_t errlen, gpe_status *st);
 /* Family name detected from a Jinja template text ("fallback" when unknown). */
 const char *gpe_chat_detect(const char *template_text);
 
@@ -211,6 +223,17 @@ char *gpe_chat_apply_format_tools(const char *family, const char *bos, const cha
                                   bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
                                   const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra,
                                   size_t n, bool add_assistant, char *err, size_t errlen);
+/* _status forms: see gpe_chat_apply_status. */
+char *gpe_chat_apply_tools_status(const gpe_model *m, const gpe_chat_tool *tools,
+                                  size_t n_tools, const gpe_chat_msg *msgs,
+                                  const gpe_chat_msg_tools *extra, size_t n, bool add_assistant,
+                                  char *err, size_t errlen, gpe_status *st);
+char *gpe_chat_apply_format_tools_status(const char *family, const char *bos, const char *eos,
+                                         bool tool_format, const gpe_chat_tool *tools,
+                                         size_t n_tools, const gpe_chat_msg *msgs,
+                                         const gpe_chat_msg_tools *extra, size_t n,
+                                         bool add_assistant, char *err, size_t errlen,
+                                         gpe_status *st);
 
 /* Tool calls in the generated text, read in the format of the family that
  * rendered the tools (chatml <tool_call> blocks, llama-3's whole-message

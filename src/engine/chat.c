@@ -191,6 +191,31 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A render that gives no prompt, and why in *st (may be NULL): GPE_ERR_ARG
+ * for what the caller gave, GPE_ERR_NOMEM when memory ran out. */
+static char *no_prompt(gpe_status *st, gpe_status why)
+{
+    if (st)
+        *st = why;
+    return NULL;
+}
+
+/* The builder's text as the prompt (an empty one still a string), or out
+ * of memory. */
+static char *prompt_of(sb *b, char *err, size_t errlen, gpe_status *st)
+{
+    if (!b->oom && !b->p)
+        b->p = calloc(1, 1);
+    if (b->oom || !b->p) {
+        free(b->p);
+        set_err(err, errlen, "chat: out of memory rendering the prompt");
+        return no_prompt(st, GPE_ERR_NOMEM);
+    }
+    if (st)
+        *st = GPE_OK;
+    return b->p;
+}
+
 static const char *content_of(const gpe_chat_msg *m)
 {
     return m->content ? m->content : "";
@@ -398,24 +423,24 @@ static void render_fallback(sb *b, const gpe_chat_msg *msgs, size_t n)
     }
 }
 
-char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos,
-                            const gpe_chat_msg *msgs, size_t n, bool add_assistant, char *err,
-                            size_t errlen)
+char *gpe_chat_apply_format_status(const char *family, const char *bos, const char *eos,
+                                   const gpe_chat_msg *msgs, size_t n, bool add_assistant,
+                                   char *err, size_t errlen, gpe_status *st)
 {
     const struct family *f = family_find(family);
     if (!f) {
         set_err(err, errlen, "unknown chat format '%s' (known: chatml, llama-2, llama-3, "
                              "mistral, zephyr, gemma, phi-3, fallback)", family);
-        return NULL;
+        return no_prompt(st, GPE_ERR_ARG);
     }
     if (n > 0 && !msgs) {
         set_err(err, errlen, "chat: %zu messages but no message array", n);
-        return NULL;
+        return no_prompt(st, GPE_ERR_ARG);
     }
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].role[0]) {
             set_err(err, errlen, "chat: message %zu has no role", i);
-            return NULL;
+            return no_prompt(st, GPE_ERR_ARG);
         }
     }
     if (!bos)
@@ -441,15 +466,15 @@ char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos
         render_phi3(&b, eos, msgs, n, add_assistant);
     else
         render_fallback(&b, msgs, n);
+    return prompt_of(&b, err, errlen, st);
+}
 
-    if (!b.oom && !b.p)
-        b.p = calloc(1, 1);     /* empty prompt: still a string */
-    if (b.oom || !b.p) {
-        free(b.p);
-        set_err(err, errlen, "chat: out of memory rendering the prompt");
-        return NULL;
-    }
-    return b.p;
+char *gpe_chat_apply_format(const char *family, const char *bos, const char *eos,
+                            const gpe_chat_msg *msgs, size_t n, bool add_assistant, char *err,
+                            size_t errlen)
+{
+    return gpe_chat_apply_format_status(family, bos, eos, msgs, n, add_assistant, err, errlen,
+                                        NULL);
 }
 
 /* ================================================================ tools */
@@ -635,10 +660,11 @@ static void sb_add_json(sb *b, const char *text, int indent, const char *dflt)
     if (!text || !*skip_ws(text))
         text = dflt;
     sb tmp = {0};
-    if (json_respace(&tmp, text, indent) && !tmp.oom)
-        sb_add(b, tmp.p);
+    bool json = json_respace(&tmp, text, indent);
+    if (json && tmp.oom)
+        b->oom = true;   /* JSON as given would be another prompt */
     else
-        sb_add(b, text);
+        sb_add(b, json ? tmp.p : text);
     free(tmp.p);
 }
 
@@ -931,36 +957,39 @@ static gpe_chat_msg *tools_as_text(const gpe_chat_msg *msgs, const gpe_chat_msg_
     return out;
 }
 
-char *gpe_chat_apply_format_tools(const char *family, const char *bos, const char *eos,
-                                  bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
-                                  const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x,
-                                  size_t n, bool add_assistant, char *err, size_t errlen)
+char *gpe_chat_apply_format_tools_status(const char *family, const char *bos, const char *eos,
+                                         bool tool_format, const gpe_chat_tool *tools,
+                                         size_t n_tools, const gpe_chat_msg *msgs,
+                                         const gpe_chat_msg_tools *x, size_t n,
+                                         bool add_assistant, char *err, size_t errlen,
+                                         gpe_status *st)
 {
     const struct family *f = family_find(family);
     if (!f)
-        return gpe_chat_apply_format(family, bos, eos, msgs, n, add_assistant, err, errlen);
+        return gpe_chat_apply_format_status(family, bos, eos, msgs, n, add_assistant, err,
+                                            errlen, st);
     if (n > 0 && !msgs) {
         set_err(err, errlen, "chat: %zu messages but no message array", n);
-        return NULL;
+        return no_prompt(st, GPE_ERR_ARG);
     }
     if (n_tools > 0 && !tools) {
         set_err(err, errlen, "chat: %zu tools but no tool array", n_tools);
-        return NULL;
+        return no_prompt(st, GPE_ERR_ARG);
     }
     for (size_t t = 0; t < n_tools; t++)
         if (!tools[t].name || !tools[t].name[0]) {
             set_err(err, errlen, "chat: tool %zu has no name", t);
-            return NULL;
+            return no_prompt(st, GPE_ERR_ARG);
         }
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].role[0]) {
             set_err(err, errlen, "chat: message %zu has no role", i);
-            return NULL;
+            return no_prompt(st, GPE_ERR_ARG);
         }
         for (size_t c = 0; c < n_calls(x, i); c++)
             if (!x[i].tool_calls[c].name || !x[i].tool_calls[c].name[0]) {
                 set_err(err, errlen, "chat: message %zu: tool call %zu has no name", i, c);
-                return NULL;
+                return no_prompt(st, GPE_ERR_ARG);
             }
     }
 
@@ -969,9 +998,10 @@ char *gpe_chat_apply_format_tools(const char *family, const char *bos, const cha
         gpe_chat_msg *plain = tools_as_text(msgs, x, n, &texts);
         if (!plain) {
             set_err(err, errlen, "chat: out of memory rendering the prompt");
-            return NULL;
+            return no_prompt(st, GPE_ERR_NOMEM);
         }
-        char *out = gpe_chat_apply_format(f->name, bos, eos, plain, n, add_assistant, err, errlen);
+        char *out = gpe_chat_apply_format_status(f->name, bos, eos, plain, n, add_assistant,
+                                                 err, errlen, st);
         for (size_t i = 0; i < n; i++)
             free(texts[i]);
         free(texts);
@@ -991,12 +1021,14 @@ char *gpe_chat_apply_format_tools(const char *family, const char *bos, const cha
         render_llama31_tools(&b, bos, tools, n_tools, msgs, x, n, add_assistant);
     else
         render_mistral_tools(&b, bos, eos, tools, n_tools, msgs, x, n);
-    if (!b.oom && !b.p)
-        b.p = calloc(1, 1);
-    if (b.oom || !b.p) {
-        free(b.p);
-        set_err(err, errlen, "chat: out of memory rendering the prompt");
-        return NULL;
-    }
-    return b.p;
+    return prompt_of(&b, err, errlen, st);
+}
+
+char *gpe_chat_apply_format_tools(const char *family, const char *bos, const char *eos,
+                                  bool tool_format, const gpe_chat_tool *tools, size_t n_tools,
+                                  const gpe_chat_msg *msgs, const gpe_chat_msg_tools *x,
+                                  size_t n, bool add_assistant, char *err, size_t errlen)
+{
+    return gpe_chat_apply_format_tools_status(family, bos, eos, tool_format, tools, n_tools,
+                                              msgs, x, n, add_assistant, err, errlen, NULL);
 }

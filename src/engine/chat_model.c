@@ -29,13 +29,16 @@ static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
     buf[n > 0 ? n : 0] = '\0';
 }
 
-char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_t n_tools,
-                           const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra, size_t n,
-                           bool add_assistant, char *err, size_t errlen)
+char *gpe_chat_apply_tools_status(const gpe_model *m, const gpe_chat_tool *tools,
+                                  size_t n_tools, const gpe_chat_msg *msgs,
+                                  const gpe_chat_msg_tools *extra, size_t n, bool add_assistant,
+                                  char *err, size_t errlen, gpe_status *st)
 {
     if (!m) {
         if (err && errlen)
             snprintf(err, errlen, "no model");
+        if (st)
+            *st = GPE_ERR_ARG;
         return NULL;
     }
     gpe_model_info info;
@@ -43,8 +46,15 @@ char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_
     char bos[64], eos[64];
     token_text(m, info.bos, bos, sizeof bos);
     token_text(m, info.eos, eos, sizeof eos);
-    return gpe_chat_apply_format_tools(info.chat_format, bos, eos,
-                                       gpe_chat_template_supports_tools(info.chat_template),
-                                       tools, n_tools, msgs, extra, n, add_assistant, err,
-                                       errlen);
+    return gpe_chat_apply_format_tools_status(
+        info.chat_format, bos, eos, gpe_chat_template_supports_tools(info.chat_template), tools,
+        n_tools, msgs, extra, n, add_assistant, err, errlen, st);
+}
+
+char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_t n_tools,
+                           const gpe_chat_msg *msgs, const gpe_chat_msg_tools *extra, size_t n,
+                           bool add_assistant, char *err, size_t errlen)
+{
+    return gpe_chat_apply_tools_status(m, tools, n_tools, msgs, extra, n, add_assistant, err,
+                                       errlen, NULL);
 }

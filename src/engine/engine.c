@@ -408,18 +408,26 @@ static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
     buf[n > 0 ? n : 0] = '\0';
 }
 
-char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,
-                     char *err, size_t errlen)
+char *gpe_chat_apply_status(const gpe_model *m, const gpe_chat_msg *msgs, size_t n,
+                            bool add_assistant, char *err, size_t errlen, gpe_status *st)
 {
     if (!m) {
         seterr(err, errlen, "no model");
+        if (st)
+            *st = GPE_ERR_ARG;
         return NULL;
     }
     char bos[64], eos[64];
     token_text(m, m->info.bos, bos, sizeof bos);
     token_text(m, m->info.eos, eos, sizeof eos);
-    return gpe_chat_apply_format(m->chat_format, bos, eos, msgs, n, add_assistant, err,
-                                 errlen);
+    return gpe_chat_apply_format_status(m->chat_format, bos, eos, msgs, n, add_assistant, err,
+                                        errlen, st);
+}
+
+char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,
+                     char *err, size_t errlen)
+{
+    return gpe_chat_apply_status(m, msgs, n, add_assistant, err, errlen, NULL);
 }
 
 /* ============================================================== batches */
