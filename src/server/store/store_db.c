@@ -62,8 +62,14 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     case K_JOB_GET: {
         int rc = store_stmt_exec(c, o->kind, o->v, o->nv, keep_first_row, o, &stopped, NULL);
         o->status = rc != 0 || stopped < 0 ? -1 : o->result ? 0 : 1;
-        if (o->status == 0)
-            o->events = store_events_collect(c, o->v[0].s);
+        if (o->status == 0 && store_events_collect(c, o->v[0].s, &o->events) < 0) {
+            /* A job without its event log (or with part of it) would be
+             * replayed short: the read fails as it does for the row's own
+             * failed step. */
+            o->status = -1;
+            free(o->result);
+            o->result = NULL;
+        }
         return false;
     }
     case K_JOB_LIST:

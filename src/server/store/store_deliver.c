@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 
@@ -17,7 +18,25 @@
 /* Read results, delivered on the loop thread                               */
 /* ------------------------------------------------------------------------ */
 
-void store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **request)
+json_t *store_col_json(const row *r, int i, size_t flags, bool *oom)
+{
+    *oom = false;
+    if (r->v[i].t != V_TEXT)
+        return NULL;
+    /* gp_json_read first (gp_json_loadb, with flags for what it declines):
+     * it reads the texts the store wrote without jansson's lexer, which
+     * does worse than drop a byte when its token buffer cannot grow (it
+     * can read and write past that buffer). */
+    json_t *v = gp_json_read(r->v[i].s, r->v[i].len);
+    if (v)
+        return v;
+    json_error_t e;
+    v = gp_json_load_checked(r->v[i].s, r->v[i].len, flags, &e);
+    *oom = !v && json_error_code(&e) == json_error_out_of_memory;
+    return v;
+}
+
+int store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **request)
 {
     memset(ji, 0, sizeof(*ji));
     ji->id = rs(r, 0);
@@ -41,42 +60,69 @@ void store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **requ
     ji->seed = ri(r, 17, 0);
     ji->created_at = ri(r, 18, 0);
     ji->finished_at = ri(r, 19, 0);
-    *request = NULL;
-    if (r->v[20].t == V_TEXT)
-        *request = json_loadb(r->v[20].s, r->v[20].len, JSON_DECODE_ANY, NULL);
+    /* A request text that is not JSON (a row edited by hand) reads as no
+     * request, as it always did. Out of memory is the read's failure
+     * instead: a native task resumed from a request missing, or read with a
+     * byte dropped, would run another request under the same id. */
+    bool oom;
+    *request = store_col_json(r, 20, JSON_DECODE_ANY, &oom);
+    if (oom)
+        return -1;
     ji->request = *request;
     ji->checkpoint_text = r->v[21].t == V_TEXT ? r->v[21].s : NULL;
     ji->checkpoint_len = r->v[21].t == V_TEXT ? r->v[21].len : 0;
     ji->checkpoint_seq = ri(r, 22, -1);
+    return 0;
 }
 
-/* Appends one stored batch to the log; a batch that does not parse ends
- * the log there (replay must never skip a seq). */
+/* The event log as it is read (store_events_collect). */
+typedef struct events_acc {
+    json_t *all;   /* the batches so far, concatenated (NULL: none yet) */
+    bool oom;
+} events_acc;
+
+/* Appends one stored batch to the log. A batch that is not a JSON array
+ * ends the log there (replay must never skip a seq); out of memory stops
+ * the read as a failure (the log would be cut short, or a batch read with
+ * a byte dropped: a replay that differs from what ran). */
 static int append_batch(void *arg, const row *r)
 {
-    json_t **all = arg;
-    json_t *batch = rs(r, 0) ? json_loadb(rs(r, 0), r->v[0].len, 0, NULL) : NULL;
-    if (!*all && json_is_array(batch))
-        *all = json_array();
-    int stop = !json_is_array(batch) || !*all || json_array_extend(*all, batch) < 0;
+    events_acc *a = arg;
+    json_t *batch = store_col_json(r, 0, 0, &a->oom);
+    if (!json_is_array(batch)) {
+        json_decref(batch);
+        return 1;
+    }
+    if (!a->all)
+        a->all = json_array();
+    a->oom = !a->all || json_array_extend(a->all, batch) < 0;
     json_decref(batch);
-    return stop;
+    return a->oom;
 }
 
-/* The stored event log of job_id, read on c: one array of {seq, type,
- * data}, the batches concatenated in seq order (new reference), or NULL
- * when there is none (or no job_events table). */
-json_t *store_events_collect(conn *c, const char *job_id)
+int store_events_collect(conn *c, const char *job_id, json_t **events)
 {
+    *events = NULL;
     if (!job_id || !store_conn_stmt(c, K_EVENTS_GET))
-        return NULL;
-    json_t *all = NULL;
+        return 0;
+    events_acc a = {0};
     opb b;
     store_b_spec(&b, K_EVENTS_GET, "t", job_id);
-    int stopped;
-    store_stmt_exec(c, K_EVENTS_GET, b.v, b.nv, append_batch, &all, &stopped, NULL);
+    int stopped = 0;
+    /* A failed step fails the read as it does the job row's own (the log
+     * would otherwise end early, unseen), and so does out of memory. */
+    int rc = b.oom ? -2
+                   : store_stmt_exec(c, K_EVENTS_GET, b.v, b.nv, append_batch, &a, &stopped,
+                                     NULL);
     store_b_release(&b);
-    return all;
+    if (rc == 0 && a.oom)
+        rc = -2;
+    if (rc != 0) {
+        json_decref(a.all);
+        return rc;
+    }
+    *events = a.all;
+    return 0;
 }
 
 /* F_CELLS results: every row's columns as text, row-major. */
@@ -152,7 +198,10 @@ static void deliver(op *o)
         if (o->status == 0 && o->result) {
             gps_store_job_info ji;
             json_t *req;
-            store_job_info_from_row(o->result, &ji, &req);
+            if (store_job_info_from_row(o->result, &ji, &req) < 0) {
+                o->job_cb(o->arg, -1, NULL); /* out of memory: as a failed read */
+                return;
+            }
             ji.events = o->events;
             o->job_cb(o->arg, 0, &ji);
             json_decref(req);
@@ -173,8 +222,8 @@ static void deliver(op *o)
             return;
         }
         for (size_t i = 0; i < o->nrows; i++) {
-            json_t *req;
-            store_job_info_from_row(o->rows[i], &jobs[i], &req); /* request is NULL here */
+            json_t *req; /* NULL: the list reads no request (K_JOB_LIST), so cannot fail */
+            (void)store_job_info_from_row(o->rows[i], &jobs[i], &req);
         }
         o->jobs_cb(o->arg, o->status, o->status == 0 ? jobs : NULL,
                    o->status == 0 ? o->nrows : 0);

@@ -375,8 +375,23 @@ int store_row_op(gps_store *s, bool coalesce, int kind, const char *spec, ...);
 op *store_read_op(int kind, const char *spec, ...);
 
 /* read results on the loop (store_deliver.c) */
-void store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **request);
-json_t *store_events_collect(conn *c, const char *job_id);
+/* Column i of r as JSON (flags as json_loadb's): a new reference; NULL
+ * for SQL NULL or a text that is not JSON (a damaged row: each caller says
+ * what that reads as), or NULL with *oom set when an allocation failed
+ * during the load (gp_json_load_checked: the text may well be JSON, and
+ * jansson may have read it changed): then the caller's read fails, as it
+ * does for a failed step. */
+json_t *store_col_json(const row *r, int i, size_t flags, bool *oom);
+/* The job of row r (JOB_COLUMNS) into *ji, borrowing from r, and its
+ * request parsed into *request (new reference, or NULL; ji->request is the
+ * same). 0, or -1 out of memory (*request NULL, ji partly filled). */
+int store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **request);
+/* The stored event log of job_id, read on c, into *events: one array of
+ * {seq, type, data}, the batches concatenated in seq order (new
+ * reference), NULL when there is none (or no job_events table). 0, or
+ * with *events NULL -1 (a failed step: store_conn_err says why) or -2 (out
+ * of memory). */
+int store_events_collect(conn *c, const char *job_id, json_t **events);
 void store_deliver_all(gps_store *s);
 void store_on_wake(evutil_socket_t fd, short what, void *arg);
 

@@ -21,6 +21,8 @@ typedef struct sconn {
     sqlite3_stmt **st;   /* nstmt statements, NULL until prepared */
     int nstmt;
     sqlite3_stmt *tx_st[TX_CACHE]; /* tx_stmt's statements, NULL until used */
+    bool nomem;          /* the last sq_exec failed for want of memory of its own
+                            (SQLite's message would be "not an error") */
 } sconn;
 
 static int simple(sqlite3 *db, const char *sql, char *err, size_t errlen)
@@ -113,6 +115,7 @@ static int sq_prepare(void *arg, int k, const char *sql, const char *sql_pg)
 {
     (void)sql_pg;
     sconn *c = arg;
+    c->nomem = false;
     if (c->st[k])
         return 0;
     if (sqlite3_prepare_v3(c->db, sql, -1, SQLITE_PREPARE_PERSISTENT, &c->st[k], NULL) !=
@@ -153,6 +156,7 @@ static int sq_exec(void *arg, int k, const gps_store__val *v, int nv, gps_store_
     gps_store__row *r = NULL;
     *stopped = 0;
     *changes = 0;
+    c->nomem = false;
     if (!st)
         return -1;
     sqlite3_reset(st);
@@ -173,10 +177,12 @@ static int sq_exec(void *arg, int k, const gps_store__val *v, int nv, gps_store_
     if (each) {
         int n = sqlite3_column_count(st);
         r = calloc(1, sizeof(*r) + (size_t)n * sizeof(r->v[0]));
-        if (!r)
+        if (!r) {
             rc = SQLITE_NOMEM;
-        else
+            c->nomem = true;
+        } else {
             r->n = n;
+        }
     }
     while (rc == SQLITE_OK || rc == SQLITE_ROW) {
         rc = sqlite3_step(st);
@@ -215,6 +221,7 @@ static sqlite3_stmt *tx_stmt(sconn *c, const char *sql)
 static int sq_script(void *arg, const char *sql, char *err, size_t errlen)
 {
     sconn *c = arg;
+    c->nomem = false;
     sqlite3_stmt *st = tx_stmt(c, sql);
     if (!st)
         return simple(c->db, sql, err, errlen);
@@ -228,6 +235,8 @@ static int sq_script(void *arg, const char *sql, char *err, size_t errlen)
 static const char *sq_errmsg(void *arg)
 {
     sconn *c = arg;
+    if (c && c->nomem)
+        return "out of memory";
     return c && c->db ? sqlite3_errmsg(c->db) : "no connection";
 }
 

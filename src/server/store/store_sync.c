@@ -77,7 +77,10 @@ static void models_tmp_free(models_tmp *t)
     memset(t, 0, sizeof(*t));
 }
 
-/* One agent_models row into t; 1 (stop) on ENOMEM. */
+/* One agent_models row into t; 1 (stop) on ENOMEM. An alias list that is
+ * not JSON (a damaged row) reads as none, as before; out of memory stops
+ * the load instead: a model restored without its aliases would answer
+ * "not found" for them. */
 static int model_row(void *arg, const row *src)
 {
     models_tmp *t = arg;
@@ -97,20 +100,23 @@ static int model_row(void *arg, const row *src)
     t->rows[k] = r;
     t->aliases[k] = NULL;
     t->n++;
-    json_t *aj = rs(r, 1) ? json_loads(rs(r, 1), 0, NULL) : NULL;
+    bool oom;
+    json_t *aj = store_col_json(r, 1, 0, &oom);
+    if (oom)
+        return 1;
+    /* keep holds the alias strings the row points to: kept first, so that
+     * none is pointed to after a failed append freed it. */
+    if (aj && json_array_append_new(t->keep, aj) != 0)
+        return 1;
     size_t na = 0;
     if (json_is_array(aj) && json_array_size(aj)) {
         t->aliases[k] = calloc(json_array_size(aj), sizeof(char *));
-        if (!t->aliases[k]) {
-            json_decref(aj);
+        if (!t->aliases[k])
             return 1;
-        }
         for (size_t i = 0; i < json_array_size(aj); i++)
             if (json_is_string(json_array_get(aj, i)))
                 t->aliases[k][na++] = json_string_value(json_array_get(aj, i));
     }
-    if (aj)
-        json_array_append_new(t->keep, aj);   /* keeps the alias strings alive */
     t->m[k] = (gps_store_model_row){
         .model = rs(r, 0) ? rs(r, 0) : "",
         .aliases = t->aliases[k],
@@ -160,17 +166,23 @@ static int agent_row(void *arg, const row *src)
         .first_seen = ri(r, 8, 0),
         .last_seen = ri(r, 9, 0),
     };
-    a.labels = rs(r, 6) ? json_loads(rs(r, 6), 0, NULL) : NULL;
-    if (!json_is_object(a.labels)) {
+    /* Labels that are not a JSON object, or facts that are not JSON (a
+     * damaged row), read as none, as before. Out of memory fails the load
+     * as a failed step does: an agent restored with {} for the labels it
+     * has would be another agent. */
+    bool oom_labels, oom_facts;
+    a.labels = store_col_json(r, 6, 0, &oom_labels);
+    if (!json_is_object(a.labels) && !oom_labels) {
         json_decref(a.labels);
         a.labels = json_object();
+        oom_labels = !a.labels;
     }
-    a.facts = rs(r, 7) ? json_loads(rs(r, 7), JSON_DECODE_ANY, NULL) : NULL;
+    a.facts = store_col_json(r, 7, JSON_DECODE_ANY, &oom_facts);
     models_tmp mt = {.keep = json_array()};
     int ret = -1;
     if (!a.id) {
         store_seterr(c->err, c->errlen, "%s: agent row without id", c->s->path);
-    } else if (!mt.keep) {
+    } else if (!mt.keep || oom_labels || oom_facts) {
         store_seterr(c->err, c->errlen, "out of memory");
     } else {
         /* -1: err says why */
@@ -287,11 +299,18 @@ static int job_row(void *arg, const row *src)
         return -1;
     }
     gps_store_job_info ji;
-    json_t *req;
-    store_job_info_from_row(r, &ji, &req);
-    /* Optional (no job_events table before migration 0002). */
-    ji.events = store_events_collect(&c->s->r, ji.id);
-    int ret = c->cb.job(c->arg, &ji);
+    json_t *req = NULL;
+    int ret = -1, erc;
+    /* Out of memory, or the event log's failed step, fails the load (the
+     * job is not restored from a request or a log that differs from what
+     * was stored); job_events itself is optional (migration 0002). */
+    if (store_job_info_from_row(r, &ji, &req) < 0)
+        store_seterr(c->err, c->errlen, "%s: reading jobs: out of memory", c->s->path);
+    else if ((erc = store_events_collect(&c->s->r, ji.id, &ji.events)) < 0)
+        store_seterr(c->err, c->errlen, "%s: reading job_events of %s: %s", c->s->path, ji.id,
+                     erc == -2 ? "out of memory" : store_conn_err(&c->s->r));
+    else
+        ret = c->cb.job(c->arg, &ji);
     json_decref(req);
     json_decref(ji.events);
     free(r);

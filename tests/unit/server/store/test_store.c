@@ -2,7 +2,9 @@
  * Unit tests for src/server/store/store.c: migrations, the DB thread's group
  * commit, overload drops, start-up loads, async reads back on the loop.
  * Every test uses a real SQLite file in its own temporary directory and
- * checks the results through a separate raw sqlite3 connection.
+ * checks the results through a separate raw sqlite3 connection. The
+ * out-of-memory sweeps fail the N-th of the project's allocations
+ * (fixture_oom.h arm_beneath: linked with --wrap=malloc,calloc,realloc).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,10 +24,12 @@
 #include <event2/event.h>
 #include <sqlite3.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 #include "server/store/store.h"
 
 #include "db_fixture.h"
+#include "fixture_oom.h"
 
 /* ---- raw access for checks ---- */
 
@@ -1396,8 +1400,273 @@ static void test_db_thread_wakes_the_loop(void **state)
     event_base_free(w.base);
 }
 
+/* ---- what is read back, under memory pressure ---- */
+
+/* Values long enough that jansson's lexer grows its token buffer for them:
+ * a growth that fails drops a byte and the load succeeds (gp_json.h), or
+ * reads and writes past the buffer. The store reads such texts with
+ * gp_json_read; texts it declines (a \u escape: OOM_BELL) go to the
+ * checked load, and hold short strings only here, so that jansson's lexer
+ * never grows its buffer under the failing allocator. */
+#define OOM_BELL "ding\a"
+#define OOM_LONG1 "us-east-1, the rack by the window, third shelf from the top, left side"
+#define OOM_LONG2 "NVIDIA A100-SXM4-80GB, the one whose fan was replaced last spring"
+#define OOM_ALIAS0 "an-alias-long-enough-to-need-a-grown-token-buffer-0123456789"
+#define OOM_ALIAS1 "a-second-alias-long-enough-to-need-a-grown-token-buffer-abcdef"
+#define OOM_PROMPT "Once upon a time, in a datacenter far away, a prompt long enough to grow"
+
+/* The values stored, and what the callbacks saw of them. */
+typedef struct oom_seen {
+    json_t *labels, *facts, *request, *events; /* as stored (borrowed) */
+    int calls, status;
+    int bad;        /* calls that saw a value other than the one stored */
+} oom_seen;
+
+static int oom_on_agent(void *arg, const gps_store_agent_info *a)
+{
+    oom_seen *o = arg;
+    o->calls++;
+    bool same = json_equal(a->labels, o->labels) && json_equal(a->facts, o->facts) &&
+                a->n_models == 1 && a->models[0].n_aliases == 2 &&
+                strcmp(a->models[0].aliases[0], OOM_ALIAS0) == 0 &&
+                strcmp(a->models[0].aliases[1], OOM_ALIAS1) == 0;
+    if (!same)
+        print_diff("agent.labels", a->labels, o->labels);
+    o->bad += !same;
+    return 0;
+}
+
+static bool oom_job_same(const oom_seen *o, const gps_store_job_info *j)
+{
+    bool same = json_equal(j->request, o->request) && json_equal(j->events, o->events);
+    if (!same) {
+        print_diff("job.request", j->request, o->request);
+        print_diff("job.events", j->events, o->events);
+    }
+    return same;
+}
+
+static int oom_on_job(void *arg, const gps_store_job_info *j)
+{
+    oom_seen *o = arg;
+    o->calls++;
+    o->bad += !oom_job_same(o, j);
+    return 0;
+}
+
+static void oom_on_job_get(void *arg, int status, const gps_store_job_info *j)
+{
+    oom_seen *o = arg;
+    o->calls++;
+    o->status = status;
+    if (j)
+        o->bad += !oom_job_same(o, j);
+}
+
+/* An agent with labels, facts and a model's aliases, and an unfinished
+ * native task with its request and two batches of its event log, all
+ * holding long strings. *want gets the values stored (owned by the
+ * caller: oom_seen_free). */
+static void oom_store_fill(gps_store *s, oom_seen *want)
+{
+    want->labels = json_pack("{s:s,s:s}", "region", OOM_BELL, "tier", "gold");
+    want->facts = json_pack("{s:[{s:s,s:I}]}", "gpus", "name", OOM_LONG2, "vram",
+                            (json_int_t)85899345920LL);
+    gps_store_agent_row ar = {.id = "aaaaaaaa-2222-4333-8444-555555555555", .name = "rack",
+                              .state = "healthy", .labels = want->labels,
+                              .facts = want->facts, .last_seen = 5};
+    assert_int_equal(gps_store_agent_upsert(s, ar), 0);
+    const char *al[] = {OOM_ALIAS0, OOM_ALIAS1};
+    gps_store_model_row m = {.model = "llama", .aliases = al, .n_aliases = 2,
+                             .context_length = 4096, .loaded = true};
+    assert_int_equal(gps_store_agent_models(s, ar.id, &m, 1), 0);
+    want->request = json_pack("{s:s,s:s,s:i}", "model", "tiny", "prompt", OOM_PROMPT,
+                              "max_tokens", 16);
+    add_job(s, "job_a", want->request);
+    json_t *b1 = json_pack("[{s:i,s:s,s:{s:s}},{s:i,s:s,s:{s:s}}]", "seq", 1, "type", "token",
+                           "data", "text", OOM_LONG1, "seq", 2, "type", "token", "data", "text",
+                           OOM_LONG2);
+    json_t *b2 = json_pack("[{s:i,s:s,s:{s:s}}]", "seq", 3, "type", "token", "data", "text",
+                           OOM_BELL);
+    assert_int_equal(gps_store_job_events(s, "job_a", b1), 0);
+    assert_int_equal(gps_store_job_events(s, "job_a", b2), 0);
+    want->events = json_deep_copy(b1);
+    assert_int_equal(json_array_extend(want->events, b2), 0);
+    json_decref(b1);
+    json_decref(b2);
+    assert_int_equal(gps_store_flush(s), 0);
+}
+
+static void oom_seen_free(oom_seen *o)
+{
+    json_decref(o->labels);
+    json_decref(o->facts);
+    json_decref(o->request);
+    json_decref(o->events);
+}
+
+/* One load's outcome in a sweep: whole (every value as stored), or -1
+ * saying out of memory; never a value changed or dropped (a byte missing
+ * from a long string, labels read as {}, a job without its event log). */
+static void oom_judge(const char *what, size_t n, int rc, const oom_seen *o, const char *err,
+                      size_t *bad, size_t *refused)
+{
+    if (rc == 0 && o->calls == 1 && o->bad == 0)
+        return;
+    if (rc == -1 && o->bad == 0 && strstr(err, "out of memory")) {
+        (*refused)++;
+        return;
+    }
+    print_message("run %zu: %s gave %d after %d call(s), %d with another value (%s)\n", n, what,
+                  rc, o->calls, o->bad, err);
+    (*bad)++;
+}
+
+/* The start-up loads (agents with their labels, facts and aliases;
+ * unfinished jobs with their request and event log) on a failing
+ * allocator: each whole, or failed saying out of memory. The code before
+ * read labels lost to out of memory as {}, an alias list as none, a
+ * request as none, a batch as the log's end, and kept a string with a
+ * byte dropped. */
+static void test_restart_loads_oom(void **state)
+{
+    tctx *t = *state;
+    gps_store *s = open_ok(t->db, NULL, NULL);
+    oom_seen want = {0};
+    oom_store_fill(s, &want);
+    char err[256] = "";
+    oom_seen a = want, j = want; /* with memory: whole (and the connection opened) */
+    assert_int_equal(gps_store_load_agents(s, oom_on_agent, &a, err, sizeof err), 0);
+    assert_int_equal(gps_store_load_unfinished_jobs(s, oom_on_job, &j, err, sizeof err), 0);
+    assert_int_equal(a.calls + j.calls, 2);
+    assert_int_equal(a.bad + j.bad, 0);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        char ea[256] = "", ej[256] = "";
+        a = want;
+        j = want;
+        arm_beneath(n);
+        int ra = gps_store_load_agents(s, oom_on_agent, &a, ea, sizeof ea);
+        int rj = gps_store_load_unfinished_jobs(s, oom_on_job, &j, ej, sizeof ej);
+        bool hit = disarm();
+        oom_judge("load_agents", n, ra, &a, ea, &bad, &refused);
+        oom_judge("load_unfinished_jobs", n, rj, &j, ej, &bad, &refused);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 20); /* the sweep reached the loads' JSON */
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    gps_store_close(s);
+    oom_seen_free(&want);
+}
+
+/* A job read on the DB thread and delivered on the loop (GET of a native
+ * task, its resume) on a failing allocator: found whole, or status -1 (the
+ * callers' 500); never "not found", a request read as none or changed, or
+ * an event log cut short (the code before: a batch lost to out of memory
+ * ended the log, a request lost read as none). */
+static void test_job_get_oom(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *s = open_ok(t->db, base, NULL);
+    oom_seen want = {0};
+    oom_store_fill(s, &want);
+    oom_seen g = want;
+    assert_int_equal(gps_store_job_get_async(s, "job_a", oom_on_job_get, &g), 0);
+    loop_until(base, &g.calls);
+    assert_int_equal(g.status, 0);
+    assert_int_equal(g.bad, 0);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        g = want;
+        arm_beneath(n);
+        int rc = gps_store_job_get_async(s, "job_a", oom_on_job_get, &g);
+        if (rc == 0)
+            loop_until(base, &g.calls);
+        bool hit = disarm();
+        if (rc != 0 || g.status == -1) {
+            refused++;
+        } else if (g.calls != 1 || g.status != 0 || g.bad) {
+            print_message("run %zu: %d call(s), status %d, %d with another value\n", n, g.calls,
+                          g.status, g.bad);
+            bad++;
+        }
+        if (!hit)
+            break;
+    }
+    assert_true(n > 20);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    gps_store_close(s);
+    event_base_free(base);
+    oom_seen_free(&want);
+}
+
+/* What the read of a damaged row saw (test_damaged_rows_read_as_before). */
+typedef struct damaged_seen {
+    int calls, status;
+    bool request;          /* a request came with the job */
+    json_t *events;        /* copy */
+} damaged_seen;
+
+static void damaged_on_job(void *arg, int status, const gps_store_job_info *j)
+{
+    damaged_seen *d = arg;
+    d->calls++;
+    d->status = status;
+    d->request = j && j->request;
+    d->events = j && j->events ? json_deep_copy(j->events) : NULL;
+}
+
+/* What a damaged row (not JSON: edited by hand) reads as is unchanged by
+ * the sweeps' out-of-memory failures: labels {} and facts none, aliases
+ * none, a request none, a batch the log's end (replay never skips a seq);
+ * the loads and the read succeed. */
+static void test_damaged_rows_read_as_before(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *s = open_ok(t->db, base, NULL);
+    oom_seen want = {0};
+    oom_store_fill(s, &want);
+    sqlite3 *db = raw_open(t->db);
+    raw_exec(db, "UPDATE agents SET labels = '{not json', facts = 'nor this'");
+    raw_exec(db, "UPDATE agent_models SET aliases = '[\"cut'");
+    raw_exec(db, "UPDATE jobs SET request = 'not json'");
+    raw_exec(db, "UPDATE job_events SET events = '[{' WHERE first_seq = 3");
+    sqlite3_close(db);
+    char err[256] = "";
+    agents_seen as = {0};
+    assert_int_equal(gps_store_load_agents(s, on_agent, &as, err, sizeof err), 0);
+    assert_int_equal(as.n, 1);
+    assert_string_equal(as.region, "<none>");
+    assert_string_equal(as.gpu, "<none>");
+    assert_int_equal(as.n_models, 1);
+    assert_int_equal(as.n_aliases, 0);
+    jobs_seen js = {0};
+    assert_int_equal(gps_store_load_unfinished_jobs(s, on_unfinished, &js, err, sizeof err), 0);
+    assert_int_equal(js.n, 1);
+    assert_string_equal(js.prompt, "");
+    damaged_seen d = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_a", damaged_on_job, &d), 0);
+    loop_until(base, &d.calls);
+    assert_int_equal(d.status, 0);
+    assert_false(d.request);
+    json_array_remove(want.events, 2); /* the damaged batch's one event */
+    assert_true(json_equal(d.events, want.events));
+    json_decref(d.events);
+    gps_store_close(s);
+    event_base_free(base);
+    oom_seen_free(&want);
+}
+
 int main(void)
 {
+    gp_json_init(); /* as the server's main: the checked loads count jansson's failures */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_migrations_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_newer_schema_refused, setup, teardown),
@@ -1423,6 +1692,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_purge_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_loads_return_the_callbacks_stop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_response_trim, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_loads_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_job_get_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_rows_read_as_before, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
