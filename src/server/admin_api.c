@@ -1418,11 +1418,14 @@ static void h_deploy_scale(gps_req *r, void *arg)
     if (!body)
         return;
     const json_t *v = json_object_get(body, "replicas");
+    int rc = 0;
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         json_integer_value(v) > GPS_DEPLOY_REPLICAS_MAX) {
         gps_req_error(r, 400, "INVALID_REQUEST", "'replicas' must be an integer from 0 to 256",
                       "replicas");
-    } else if (gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v)) != 0) {
+    } else if ((rc = gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v))) < 0) {
+        oom(r);
+    } else if (rc != 0) {
         gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
     } else {
         gp_log_write(GP_LOG_INFO, "admin_model_scaled", r->correlation_id,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "server/fleet/agent_check.h"
 #include "server/fleet/gps_strmap.h"
@@ -115,15 +116,36 @@ static replica *replica_add(deployment *p, const char *agent_id, rstate st, int6
     return r;
 }
 
+/* The labels as the row holds them: compact, keys sorted. NULL when out of
+ * memory: jansson's own dump can then leave a label out and succeed, and
+ * the deployment restored from that row would be placed on agents its
+ * labels exclude. */
+static char *labels_text(const json_t *labels)
+{
+    return gp_json_dumps_checked(labels, JSON_COMPACT | JSON_SORT_KEYS);
+}
+
+/* Write p through to the store, its labels as labels_text made them. */
+static void persist_dep_text(gps_deploy *d, const deployment *p, const char *labels)
+{
+    gps_store_deploy_row row = {p->name, p->source, p->sha256, p->replicas, labels,
+                                p->bytes, p->created_at, p->created_by};
+    if (gps_store_deploy_put(d->store, &row) < 0)
+        gp_log_warn("deploy_store_failed", "deployment %s not written to the DB", p->name);
+}
+
+/* A change the server made itself (a download's size learnt): not written
+ * when out of memory, logged as any failed write-through is. */
 static void persist_dep(gps_deploy *d, const deployment *p)
 {
     if (!d->store)
         return;
-    char *labels = json_dumps(p->labels, JSON_COMPACT | JSON_SORT_KEYS);
-    gps_store_deploy_row row = {p->name, p->source, p->sha256, p->replicas, labels,
-                                p->bytes, p->created_at, p->created_by};
-    if (!labels || gps_store_deploy_put(d->store, &row) < 0)
-        gp_log_warn("deploy_store_failed", "deployment %s not written to the DB", p->name);
+    char *labels = labels_text(p->labels);
+    if (labels)
+        persist_dep_text(d, p, labels);
+    else
+        gp_log_warn("deploy_store_failed", "deployment %s not written to the DB: out of memory",
+                    p->name);
     free(labels);
 }
 
@@ -329,11 +351,21 @@ int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
         return -3;
     json_t *labels = s->labels && json_is_object(s->labels) ? json_deep_copy(s->labels)
                                                             : json_object();
+    /* The row's text before the deployment exists: out of memory is the
+     * request's failure with nothing changed, never a deployment the DB
+     * does not hold (gone at the next restart) or holds with other labels. */
+    char *text = labels && d->store ? labels_text(labels) : NULL;
+    if (!labels || (d->store && !text)) {
+        json_decref(labels);
+        return -1;
+    }
     deployment *p = dep_new(d, s->name, s->source, s->sha256, s->replicas, labels, s->bytes,
                             now_wall, created_by);
+    if (p && d->store)
+        persist_dep_text(d, p, text);
+    free(text);
     if (!p)
         return -1;
-    persist_dep(d, p);
     gp_log_info("deploy_created", "deployment %s: %s, %d replica(s)", p->name, p->source,
                 p->replicas);
     return 0;
@@ -344,13 +376,20 @@ int gps_deploy_scale(gps_deploy *d, const char *name, int replicas)
     deployment *p = dep_find(d, name, NULL);
     if (!p)
         return 1;
+    /* As for create: out of memory refuses the scale before anything
+     * changed, rather than a count the DB does not keep. */
+    char *text = d->store ? labels_text(p->labels) : NULL;
+    if (d->store && !text)
+        return -1;
     p->replicas = replicas;
     for (size_t i = p->nr; i-- > 0;)
         if (p->r[i].state == R_FAILED)
             replica_drop(d, p, i);
     json_decref(p->refusals);
     p->refusals = NULL;
-    persist_dep(d, p);
+    if (d->store)
+        persist_dep_text(d, p, text);
+    free(text);
     gp_log_info("deploy_scaled", "deployment %s: %d replica(s)", p->name, replicas);
     return 0;
 }
@@ -370,10 +409,18 @@ int gps_deploy_remove(gps_deploy *d, const char *name)
     return 0;
 }
 
+/* A deployment row from the store. Labels that are not a JSON object (a
+ * row edited by hand) skip the row, as before; out of memory fails the
+ * load instead (-1): the deployment is not silently dropped, nor read with
+ * a label changed. */
 static int load_dep(void *arg, const gps_store_deploy_row *row)
 {
     gps_deploy *d = arg;
-    json_t *labels = json_loads(row->labels_json ? row->labels_json : "{}", 0, NULL);
+    const char *text = row->labels_json ? row->labels_json : "{}";
+    json_error_t je;
+    json_t *labels = gp_json_loadb(text, strlen(text), &je);
+    if (!labels && json_error_code(&je) == json_error_out_of_memory)
+        return -1;
     if (!json_is_object(labels) || dep_find(d, row->name, NULL)) {
         json_decref(labels);
         gp_log_warn("db_deploy_skipped", "deployments row '%s' is not valid; ignored", row->name);
@@ -404,7 +451,13 @@ static int load_replica(void *arg, const gps_store_replica_row *row)
 
 int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t errlen)
 {
-    return gps_store_load_deployments(store, load_dep, load_replica, d, err, errlen);
+    if (errlen)
+        err[0] = '\0';
+    int rc = gps_store_load_deployments(store, load_dep, load_replica, d, err, errlen);
+    /* The store says why when a step failed; a callback's -1 is ENOMEM. */
+    if (rc < 0 && errlen && !err[0])
+        snprintf(err, errlen, "reading deployments: out of memory");
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */

@@ -81,7 +81,8 @@ int gps_deploy_parse(const json_t *body, gps_deploy_spec *spec, char *msg, size_
 /* Admin changes (write-through to the store; the next reconcile places).
  * create: 0, -1 ENOMEM, -2 the name exists, -3 the table is full.
  * scale: 0, 1 no such deployment (failed replicas are forgotten: a scale
- * is also the way to retry them). remove: 0, 1 no such deployment. */
+ * is also the way to retry them), -1 ENOMEM (nothing changed). remove: 0,
+ * 1 no such deployment. */
 int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
                       const char *created_by);
 int gps_deploy_scale(gps_deploy *d, const char *name, int replicas);

@@ -4,7 +4,10 @@
  * failed replica is re-placed elsewhere, never where it failed; scaling
  * down drops replicas that are not ready first; a dead agent's replica
  * moves only after the grace, and the server's own start counts as a
- * sighting. Agents are real registry entries from poll bodies. */
+ * sighting. Agents are real registry entries from poll bodies. What the
+ * store holds of deployments (a real SQLite file, db_fixture.h) is whole
+ * under a failing allocator (fixture_oom.h arm_beneath: linked with
+ * --wrap=malloc,calloc,realloc). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +18,10 @@
 
 #include <cmocka.h>
 
+#include "common/gp_json.h"
 #include "server/fleet/deploy.h"
+#include "server/store/store.h"
+#include "db_fixture.h"
 #include "fixture_oom.h"
 
 #define T0 1000000ULL
@@ -499,8 +505,220 @@ static void test_agent_poll_oom(void **st)
     fx_free(&f);
 }
 
+/* ---- the store's side, under memory pressure ---- */
+
+/* Labels long enough, and many enough, that jansson's dump grows its
+ * buffer for them (a growth that fails can drop a key and succeed). */
+#define OOM_LABELS                                                                         \
+    "{\"datacenter_zone_of_the_rack\":\"eu-west-3, the rack by the window\","             \
+    "\"gpu_model_the_deployment_needs\":\"nvidia-a100-sxm4-80gb\","                        \
+    "\"a_third_label_with_a_long_name\":\"and a value long enough to matter\"}"
+
+static gps_store *deploy_store(const tctx *t)
+{
+    char err[256] = "";
+    gps_store_opts o = {.commit_interval_ms = 2};
+    gps_store *s = gps_store_open(t->db, NULL, &o, err, sizeof err);
+    if (!s)
+        fail_msg("open %s: %s", t->db, err);
+    return s;
+}
+
+/* What the store holds of one deployment (gps_store_load_deployments). */
+typedef struct row_seen {
+    const char *name;      /* the one looked for */
+    int found;
+    int replicas;
+    json_t *labels;        /* its labels text, read (NULL: not JSON) */
+} row_seen;
+
+static int row_of(void *arg, const gps_store_deploy_row *d)
+{
+    row_seen *r = arg;
+    if (strcmp(d->name, r->name) != 0)
+        return 0;
+    r->found++;
+    r->replicas = d->replicas;
+    json_decref(r->labels);
+    r->labels = d->labels_json ? json_loads(d->labels_json, 0, NULL) : NULL;
+    return 0;
+}
+
+static int no_replica(void *arg, const gps_store_replica_row *r)
+{
+    (void)arg;
+    (void)r;
+    return 0;
+}
+
+static row_seen stored(gps_store *s, const char *name)
+{
+    row_seen r = {.name = name};
+    char err[256] = "";
+    assert_int_equal(gps_store_flush(s), 0);
+    assert_int_equal(gps_store_load_deployments(s, row_of, no_replica, &r, err, sizeof err), 0);
+    return r;
+}
+
+/* The deployment name's labels and replicas in memory (found false: none). */
+static bool in_memory(gps_deploy *d, const char *name, const json_t *labels, int *replicas)
+{
+    bool found = false;
+    json_t *j = gps_deploy_get(d, name, &found);
+    if (found && !j)
+        fail_msg("gps_deploy_get %s: out of memory with memory", name);
+    if (j && !json_equal(json_object_get(j, "labels"), labels))
+        fail_msg("deployment %s has other labels in memory", name);
+    if (j && replicas)
+        *replicas = (int)json_integer_value(json_object_get(j, "replicas"));
+    json_decref(j);
+    return found;
+}
+
+/* POST and PATCH of a deployment with long labels on a failing allocator:
+ * a 201/200 whose row (where the write-through was queued) holds the very
+ * labels, or -1 (a 500) with nothing changed, in memory or in the DB.
+ * The code before stored jansson's dump of the labels, which under out
+ * of memory can lose a key or a byte (a row the next start reads with
+ * other labels, or skips as not JSON). */
+static void test_create_and_scale_persist_oom(void **st)
+{
+    tctx *t = *st;
+    gps_store *s = deploy_store(t);
+    registry_config rc;
+    registry_config_default(&rc);
+    registry *reg = registry_create(&rc);
+    assert_non_null(reg);
+    gps_deploy *d = gps_deploy_new(reg, s, 1000, T0);
+    assert_non_null(d);
+    json_t *labels = J(OOM_LABELS);
+    gps_deploy_spec spec = {.source = "https://x/m.gguf", .replicas = 1, .labels = labels};
+    size_t bad = 0, refused = 0, n;
+    char name[32];
+    for (n = 1;; n++) {
+        snprintf(name, sizeof name, "c%zu", n);
+        spec.name = name;
+        arm_beneath(n);
+        int rc = gps_deploy_create(d, &spec, 0, NULL);
+        bool hit = disarm();
+        row_seen r = stored(s, name);
+        bool mem = in_memory(d, name, labels, NULL);
+        if (rc == 0 && mem && (!r.found || json_equal(r.labels, labels))) {
+            /* whole (a row not written is logged, as any failed write-through) */
+        } else if (rc == -1 && !mem && !r.found) {
+            refused++;
+        } else {
+            print_message("run %zu: create gave %d, in memory %d, row %d with %s labels\n", n,
+                          rc, mem, r.found, r.labels ? "other" : "unreadable");
+            bad++;
+        }
+        json_decref(r.labels);
+        if (rc == 0)
+            assert_int_equal(gps_deploy_remove(d, name), 0);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 5);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+
+    spec.name = "scaled";
+    assert_int_equal(gps_deploy_create(d, &spec, 0, NULL), 0);
+    int want = 1;
+    for (n = 1;; n++) {
+        int to = want % 5 + 1;
+        arm_beneath(n);
+        int rc = gps_deploy_scale(d, "scaled", to);
+        bool hit = disarm();
+        row_seen r = stored(s, "scaled");
+        int now = -1;
+        assert_true(in_memory(d, "scaled", labels, &now));
+        /* (a row still at the old count: its write-through was not queued,
+         * and logged, as any failed one) */
+        if (rc == 0 && now == to && r.found == 1 && (r.replicas == to || r.replicas == want) &&
+            json_equal(r.labels, labels)) {
+            want = to;
+        } else if (rc == -1 && now == want) {
+            refused++;
+        } else {
+            print_message("run %zu: scale to %d gave %d, %d in memory, row %d with %s labels\n",
+                          n, to, rc, now, r.found, r.labels ? "other" : "unreadable");
+            bad++;
+            want = now;
+        }
+        json_decref(r.labels);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 5);
+    assert_int_equal(bad, 0);
+    json_decref(labels);
+    gps_deploy_free(d);
+    registry_destroy(reg);
+    gps_store_close(s);
+}
+
+/* The start-up load on a failing allocator: every deployment with its
+ * labels, or -1 saying out of memory (the server logs it); never a
+ * deployment skipped as "not valid" for want of memory (the code before:
+ * its agents would then be told to unload it) nor read with a label
+ * changed. One row's labels hold a \u escape, read by jansson's own
+ * (checked) load, the other's long strings by gp_json_read. */
+static void test_load_oom(void **st)
+{
+    tctx *t = *st;
+    gps_store *s = deploy_store(t);
+    json_t *l1 = J(OOM_LABELS), *l2 = J("{\"zone\":\"caf\\u00e9\",\"tier\":\"gold\"}");
+    gps_store_deploy_row r1 = {.name = "one", .source = "https://x/1.gguf", .replicas = 2,
+                               .labels_json = OOM_LABELS, .created_at = 5};
+    gps_store_deploy_row r2 = {.name = "two", .source = "hf:o/r/2.gguf", .replicas = 1,
+                               .labels_json = "{\"zone\":\"caf\\u00e9\",\"tier\":\"gold\"}",
+                               .created_at = 6};
+    assert_int_equal(gps_store_deploy_put(s, &r1), 0);
+    assert_int_equal(gps_store_deploy_put(s, &r2), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    registry_config rc;
+    registry_config_default(&rc);
+    registry *reg = registry_create(&rc);
+    assert_non_null(reg);
+    char err[256];
+    gps_deploy *d = gps_deploy_new(reg, NULL, 1000, T0);
+    assert_int_equal(gps_deploy_load(d, s, err, sizeof err), 0);
+    assert_true(in_memory(d, "one", l1, NULL));
+    assert_true(in_memory(d, "two", l2, NULL));
+    gps_deploy_free(d);
+    size_t bad = 0, refused = 0, n;
+    for (n = 1;; n++) {
+        d = gps_deploy_new(reg, NULL, 1000, T0);
+        assert_non_null(d);
+        err[0] = '\0';
+        arm_beneath(n);
+        int rc = gps_deploy_load(d, s, err, sizeof err);
+        bool hit = disarm();
+        if (rc == 0 && in_memory(d, "one", l1, NULL) && in_memory(d, "two", l2, NULL)) {
+            /* whole */
+        } else if (rc == -1 && strstr(err, "out of memory")) {
+            refused++;
+        } else {
+            print_message("run %zu: load gave %d (%s) without a deployment\n", n, rc, err);
+            bad++;
+        }
+        gps_deploy_free(d);
+        if (!hit)
+            break;
+    }
+    assert_true(n > 5);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    json_decref(l1);
+    json_decref(l2);
+    registry_destroy(reg);
+    gps_store_close(s);
+}
+
 int main(void)
 {
+    gp_json_init(); /* as the server's main: before arm() swaps jansson's allocator */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_placement_explains_itself),
@@ -509,6 +727,8 @@ int main(void)
         cmocka_unit_test(test_agent_restarted_with_model),
         cmocka_unit_test(test_list_oom),
         cmocka_unit_test(test_agent_poll_oom),
+        cmocka_unit_test_setup_teardown(test_create_and_scale_persist_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_oom, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
