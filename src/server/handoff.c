@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/registry.h"
@@ -84,13 +85,43 @@ struct gps_handoff {
     uint64_t mine_sent_us;
 };
 
+/* A JSON text read back from the shared database (a spec, a relayed
+ * batch, a peer's models): a new reference, or NULL for a text that is
+ * not JSON, or NULL with *oom set when an allocation failed during the
+ * load. jansson's own load could then have dropped a byte from a long
+ * string and succeeded (a prompt, a token changed), or refused a valid
+ * text; each caller says what it does instead. */
+static json_t *db_json(const char *text, bool *oom)
+{
+    json_error_t je;
+    /* gp_json_loadb: gp_json_read first, then the checked load for what
+     * it declines (jansson's lexer can also read and write past its token
+     * buffer when that cannot grow). */
+    json_t *v = gp_json_loadb(text, strlen(text), &je);
+    *oom = !v && json_error_code(&je) == json_error_out_of_memory;
+    return v;
+}
+
 /* ------------------------------------------------------------------ */
 /* The wire object back to a spec (the claimer's side)                 */
 /* ------------------------------------------------------------------ */
 
-static char *dup_str(const json_t *v) { return json_is_string(v) ? strdup(json_string_value(v)) : NULL; }
+/* A copy of the wire's string v (NULL when it is not one); *oom set when
+ * the copy failed: the spec would lack what the offer holds. */
+static char *dup_str(const json_t *v, bool *oom)
+{
+    char *s = json_is_string(v) ? strdup(json_string_value(v)) : NULL;
+    *oom |= json_is_string(v) && !s;
+    return s;
+}
 
-static json_t *copy_of(const json_t *v) { return v && !json_is_null(v) ? json_deep_copy(v) : NULL; }
+/* The same for a member of any type (null and absent: NULL). */
+static json_t *copy_of(const json_t *v, bool *oom)
+{
+    json_t *c = v && !json_is_null(v) ? json_deep_copy(v) : NULL;
+    *oom |= v && !json_is_null(v) && !c;
+    return c;
+}
 
 /* The offer's constraints (gps_job_constraints) into spec: the claimer's
  * scheduler honours them as the offering server's would have. */
@@ -123,12 +154,13 @@ static int constraints_to_spec(const json_t *c, gps_job_spec *spec)
             !(spec->fallback_models[spec->n_fallback++] = strdup(json_string_value(v))))
             return -1;
     }
-    spec->prefer_agent = dup_str(json_object_get(c, "prefer_agent"));
+    bool oom = false;
+    spec->prefer_agent = dup_str(json_object_get(c, "prefer_agent"), &oom);
     const char *mode = json_string_value(json_object_get(c, "failover"));
     spec->failover = !mode || strcmp(mode, "continue") == 0 ? GPS_FAILOVER_CONTINUE
                      : strcmp(mode, "restart") == 0         ? GPS_FAILOVER_RESTART
                                                             : GPS_FAILOVER_ERROR;
-    return 0;
+    return oom ? -1 : 0;
 }
 
 int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, size_t errlen)
@@ -146,26 +178,30 @@ int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, s
                  : strcmp(kind, "embeddings") == 0   ? GPS_JOB_EMBED
                                                      : GPS_JOB_COMPLETION;
     spec->api = "openai";
+    /* Every copy checked: a spec short of a member the offer holds (its
+     * prompt, its messages) would run another request under the job's id. */
+    bool oom = false;
     spec->model = strdup(model);
-    spec->prompt = dup_str(json_object_get(w, "prompt"));
-    spec->messages = copy_of(json_object_get(w, "messages"));
-    spec->input = copy_of(json_object_get(w, "input"));
-    spec->tools = copy_of(json_object_get(w, "tools"));
-    spec->tool_choice = copy_of(json_object_get(w, "tool_choice"));
-    spec->response_format = copy_of(json_object_get(w, "response_format"));
+    oom |= !spec->model;
+    spec->prompt = dup_str(json_object_get(w, "prompt"), &oom);
+    spec->messages = copy_of(json_object_get(w, "messages"), &oom);
+    spec->input = copy_of(json_object_get(w, "input"), &oom);
+    spec->tools = copy_of(json_object_get(w, "tools"), &oom);
+    spec->tool_choice = copy_of(json_object_get(w, "tool_choice"), &oom);
+    spec->response_format = copy_of(json_object_get(w, "response_format"), &oom);
     spec->max_tokens = json_integer_value(json_object_get(params, "max_tokens"));
     spec->temperature = json_number_value(json_object_get(params, "temperature"));
     spec->top_p = json_number_value(json_object_get(params, "top_p"));
     spec->top_k = json_integer_value(json_object_get(params, "top_k"));
     json_t *stop = json_object_get(params, "stop");
-    spec->stop = json_is_array(stop) && json_array_size(stop) ? json_deep_copy(stop) : NULL;
+    spec->stop = json_is_array(stop) && json_array_size(stop) ? copy_of(stop, &oom) : NULL;
     json_t *seed = json_object_get(params, "seed");
     if (json_is_integer(seed)) {
         spec->has_seed = true;
         spec->seed = json_integer_value(seed);
     }
-    spec->user = dup_str(json_object_get(w, "user"));
-    spec->session = dup_str(json_object_get(w, "session"));
+    spec->user = dup_str(json_object_get(w, "user"), &oom);
+    spec->session = dup_str(json_object_get(w, "session"), &oom);
     const char *prio = json_string_value(json_object_get(w, "priority"));
     spec->priority = prio && strcmp(prio, "batch") == 0 ? GPS_PRIO_BATCH : GPS_PRIO_INTERACTIVE;
     const char *via = json_string_value(json_object_get(w, "pool_via"));
@@ -173,14 +209,14 @@ int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, s
         snprintf(spec->pool_via, sizeof spec->pool_via, "%s", via);
     /* The offering server's tenant tag narrows this one's (no key here):
      * two tenants there stay two tenants in this server's prefix caches. */
-    spec->tenant_sub = dup_str(json_object_get(w, "tenant"));
+    spec->tenant_sub = dup_str(json_object_get(w, "tenant"), &oom);
     spec->prompt_tokens_first = json_is_true(json_object_get(w, "prompt_tokens_first"));
     spec->failover = GPS_FAILOVER_CONTINUE;
-    if (constraints_to_spec(json_object_get(w, "constraints"), spec) != 0) {
+    if (oom || constraints_to_spec(json_object_get(w, "constraints"), spec) != 0) {
         snprintf(err, errlen, "out of memory");
-        return -1;
+        return -2;
     }
-    if (!spec->model || spec->max_tokens < 1) {
+    if (spec->max_tokens < 1) {
         snprintf(err, errlen, "the offer's spec has no model or max_tokens");
         return -1;
     }
@@ -385,7 +421,17 @@ static void follow_apply(gps_handoff *h, follow *f, const gps_store_cells *res)
         if (first / GPS_HANDOFF_SEQ_BASE != f->attempt)
             continue; /* another attempt's: never applied */
         long long idx = first % GPS_HANDOFF_SEQ_BASE;
-        json_t *events = json_loads(evs, 0, NULL);
+        bool oom;
+        json_t *events = db_json(evs, &oom);
+        if (oom) {
+            /* Neither applied nor refused (a batch that is not JSON is
+             * refused below, as before): f->seen stays, so the next read
+             * (the next tick, or a notification) reads this batch again. */
+            gp_log_warn("handoff_batch_deferred",
+                        "job %s: out of memory reading a relayed batch; read again later",
+                        f->job_id);
+            break;
+        }
         bool cancel = false;
         long long expected = -1;
         char msg[160];
@@ -646,7 +692,9 @@ static void run_claimed(gps_handoff *h, const char *job_id, const char *spec_txt
     proxy *p = proxy_new(h, job_id, attempt);
     if (!p)
         return; /* the row stays claimed: the offering server's stall timer ends it */
-    json_t *w = spec_txt ? json_loads(spec_txt, 0, NULL) : NULL;
+    bool oom = false;
+    int rc;
+    json_t *w = spec_txt ? db_json(spec_txt, &oom) : NULL;
     gps_job_spec spec;
     gps_submit_err err = {0};
     char why[160] = "";
@@ -654,7 +702,15 @@ static void run_claimed(gps_handoff *h, const char *job_id, const char *spec_txt
     if (gps_jobs_find(h->jobs, job_id)) {
         snprintf(why, sizeof why, "the job is already known here");
         memset(&spec, 0, sizeof spec);
-    } else if (gps_handoff_spec_from_wire(w, &spec, why, sizeof why) == 0) {
+    } else if (oom) {
+        /* This server's failure, told as the submit's own out of memory
+         * below is (INTERNAL), not as a spec the offer lacks
+         * (HANDOFF_FAILED): a spec that is not JSON is refused that way,
+         * as before. */
+        err.code = "INTERNAL";
+        snprintf(why, sizeof why, "out of memory");
+        memset(&spec, 0, sizeof spec);
+    } else if ((rc = gps_handoff_spec_from_wire(w, &spec, why, sizeof why)) == 0) {
         spec.resume_id = strdup(job_id);
         spec.handoff_proxy = true;
         if (spec.resume_id)
@@ -663,6 +719,10 @@ static void run_claimed(gps_handoff *h, const char *job_id, const char *spec_txt
                                   &err);
         if (!job)
             snprintf(why, sizeof why, "%.150s", err.code ? err.message : "out of memory");
+        if (!job && !err.code)
+            err.code = "INTERNAL";
+    } else if (rc == -2) {
+        err.code = "INTERNAL"; /* as the spec's own load: why says out of memory */
     }
     gps_job_spec_clear(&spec);
     json_decref(w);
@@ -673,8 +733,11 @@ static void run_claimed(gps_handoff *h, const char *job_id, const char *spec_txt
                      "running a job handed over by another server");
         return;
     }
-    if (job)
+    if (job) { /* it could not be followed here: out of memory */
         gps_jobs_cancel(h->jobs, job, "handoff_failed");
+        err.code = "INTERNAL";
+        snprintf(why, sizeof why, "out of memory");
+    }
     json_array_append_new(p->pending,
                           json_pack("{s:s,s:s,s:s}", "type", "error", "code",
                                     err.code ? err.code : "HANDOFF_FAILED", "message", why));
@@ -707,6 +770,7 @@ typedef struct free_acc {
     json_t *names;
     int slots;
     bool all;             /* every healthy agent's names, free or not */
+    bool oom;             /* a name could not be added */
 } free_acc;
 
 static void free_cb(void *ud, registry_agent *a)
@@ -720,26 +784,60 @@ static void free_cb(void *ud, registry_agent *a)
             return;
         acc->slots += n;
     }
-    for (size_t i = 0; i < a->n_models; i++) {
-        json_object_set_new(acc->names, a->models[i].id, json_true());
-        for (size_t k = 0; k < a->models[i].n_aliases; k++)
-            json_object_set_new(acc->names, a->models[i].aliases[k], json_true());
+    for (size_t i = 0; i < a->n_models && !acc->oom; i++) {
+        acc->oom = json_object_set_new(acc->names, a->models[i].id, json_true()) != 0;
+        for (size_t k = 0; k < a->models[i].n_aliases && !acc->oom; k++)
+            acc->oom = json_object_set_new(acc->names, a->models[i].aliases[k], json_true()) != 0;
     }
 }
 
-static json_t *names_array(json_t *names)
+/* The names of acc (free_cb's), whole, or NULL on ENOMEM: written as this
+ * server's (models_tick; the next tick writes them again), a list short of
+ * a model would keep the peers from offering its jobs here (refused 404
+ * where no agent of theirs serves it); claimed, its offers never looked
+ * at. */
+static json_t *names_array(const free_acc *acc)
 {
+    if (!acc->names || acc->oom)
+        return NULL;
     json_t *arr = json_array();
     const char *k;
     json_t *v;
-    json_object_foreach(names, k, v) json_array_append_new(arr, json_string(k));
+    json_object_foreach(acc->names, k, v)
+    {
+        if (!arr || json_array_append_new(arr, json_string(k)) != 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
     return arr;
 }
 
 typedef struct entries_acc {
     sched *s;
     json_t *by_key;       /* {m, l} as sorted JSON text -> {m, l, n} */
+    bool oom;             /* an entry, or part of one, could not be made */
 } entries_acc;
+
+/* One free agent's {m, l} (new reference), or NULL on ENOMEM. */
+static json_t *entry_of(const registry_agent *a)
+{
+    json_t *m = json_array(), *l = json_object();
+    bool ok = m && l;
+    for (size_t i = 0; ok && i < a->n_models; i++) {
+        ok = json_array_append_new(m, json_string(a->models[i].id)) == 0;
+        for (size_t k = 0; ok && k < a->models[i].n_aliases; k++)
+            ok = json_array_append_new(m, json_string(a->models[i].aliases[k])) == 0;
+    }
+    for (size_t i = 0; ok && i < a->n_labels; i++)
+        ok = json_object_set_new(l, a->labels[i].key, json_string(a->labels[i].value)) == 0;
+    if (!ok) {
+        json_decref(m);
+        json_decref(l);
+        return NULL;
+    }
+    return json_pack("{s:o,s:o}", "m", m, "l", l);
+}
 
 static void entries_cb(void *ud, registry_agent *a)
 {
@@ -747,49 +845,54 @@ static void entries_cb(void *ud, registry_agent *a)
     int n = a->state == REGISTRY_HEALTHY && sched_agent_is_ready(acc->s, a)
                 ? sched_agent_free_slots(acc->s, a)
                 : 0;
-    if (n <= 0)
+    if (n <= 0 || acc->oom)
         return;
-    json_t *m = json_array(), *l = json_object();
-    for (size_t i = 0; m && i < a->n_models; i++) {
-        json_array_append_new(m, json_string(a->models[i].id));
-        for (size_t k = 0; k < a->models[i].n_aliases; k++)
-            json_array_append_new(m, json_string(a->models[i].aliases[k]));
-    }
-    for (size_t i = 0; l && i < a->n_labels; i++)
-        json_object_set_new(l, a->labels[i].key, json_string(a->labels[i].value));
-    json_t *e = m && l ? json_pack("{s:o,s:o}", "m", m, "l", l) : NULL;
-    if (!e) {
-        json_decref(m);
-        json_decref(l);
-        return;
-    }
-    char *key = json_dumps(e, JSON_COMPACT | JSON_SORT_KEYS);
+    json_t *e = entry_of(a);
+    /* The key must be the entry's whole text: jansson's own dump can leave
+     * a member out and succeed when out of memory, and two agents'
+     * different labels would then be counted as one entry. */
+    char *key = e ? gp_json_dumps_checked(e, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_t *have = key ? json_object_get(acc->by_key, key) : NULL;
-    if (have) {
-        json_object_set_new(have, "n",
-                            json_integer(json_integer_value(json_object_get(have, "n")) + n));
-    } else if (key) {
-        json_object_set_new(e, "n", json_integer(n));
-        json_object_set(acc->by_key, key, e);
-    }
+    if (!key)
+        acc->oom = true;
+    else if (have)
+        acc->oom = json_object_set_new(have, "n", json_integer(json_integer_value(
+                                                      json_object_get(have, "n")) + n)) != 0;
+    else
+        acc->oom = json_object_set_new(e, "n", json_integer(n)) != 0 ||
+                   json_object_set(acc->by_key, key, e) != 0;
     free(key);
     json_decref(e);
 }
 
 /* What this server's free ready agents could take now (migration 0013):
  * one {m, l, n} per distinct names and labels, n their free slots. New
- * reference; NULL on ENOMEM. */
+ * reference; NULL on ENOMEM (never a list short of an agent: the peers
+ * would count its slots out; publish_free writes again at the next
+ * tick). */
 static json_t *free_entries(gps_handoff *h)
 {
     entries_acc acc = {.s = gps_jobs_sched(h->jobs), .by_key = json_object()};
     json_t *arr = json_array();
-    if (acc.by_key && arr) {
+    bool ok = acc.by_key && arr;
+    if (ok) {
         registry_foreach(gps_jobs_registry(h->jobs), entries_cb, &acc);
+        ok = !acc.oom;
         const char *k;
         json_t *v;
-        json_object_foreach(acc.by_key, k, v) json_array_append(arr, v);
+        json_object_foreach(ok ? acc.by_key : NULL, k, v)
+        {
+            if (json_array_append(arr, v) != 0) {
+                ok = false;
+                break;
+            }
+        }
     }
     json_decref(acc.by_key);
+    if (!ok) {
+        json_decref(arr);
+        return NULL;
+    }
     return arr;
 }
 
@@ -844,7 +947,15 @@ static json_t *fitting(gps_handoff *h, const gps_store_cells *res)
          i++) {
         const char *id = res->cell[i * res->ncols], *model = res->cell[i * res->ncols + 1];
         const char *ctext = res->cell[i * res->ncols + 2];
-        json_t *c = ctext ? json_loads(ctext, 0, NULL) : NULL;
+        bool oom = false;
+        json_t *c = ctext ? db_json(ctext, &oom) : NULL;
+        /* Constraints that are not JSON (a damaged row) read as none, as
+         * before. Out of memory leaves the offer for a later look (the
+         * next tick, or another server): read as none, its labels and
+         * preferred agent would be ignored and the job claimed for an
+         * agent they exclude. */
+        if (oom)
+            continue;
         registry_label labels[LABELS_MAX];
         sched_job sj = {.model = model, .labels = labels, .prefer_strict = 1};
         const char *k;
@@ -916,7 +1027,7 @@ static void claim(gps_handoff *h)
     if (!acc.names)
         return;
     registry_foreach(gps_jobs_registry(h->jobs), free_cb, &acc);
-    json_t *models = acc.slots > 0 ? names_array(acc.names) : NULL;
+    json_t *models = acc.slots > 0 ? names_array(&acc) : NULL;
     json_decref(acc.names);
     if (!models)
         return;
@@ -1053,37 +1164,44 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
         return;
     json_t *names = json_object(), *free_arr = json_array();
     long long slots = 0;
-    for (size_t i = 0; names && free_arr && i < res->nrows; i++) {
-        json_t *arr = res->cell[i * res->ncols] ? json_loads(res->cell[i * res->ncols], 0, NULL)
-                                                : NULL;
+    bool oom = !names || !free_arr;
+    for (size_t i = 0; !oom && i < res->nrows; i++) {
+        /* A peer's models or free entries that are not JSON (a damaged
+         * row) read as none, as before; out of memory drops this read
+         * whole, as a failed one (the next models tick reads again):
+         * peers short of a model would have its jobs refused here. */
+        const char *mtext = res->cell[i * res->ncols];
+        const char *ftext = res->ncols >= 2 ? res->cell[i * res->ncols + 1] : NULL;
+        bool oom_f = false;
+        json_t *arr = mtext ? db_json(mtext, &oom) : NULL;
+        json_t *fr = ftext && !oom ? db_json(ftext, &oom_f) : NULL;
+        oom |= oom_f;
         size_t k;
         json_t *v;
         json_array_foreach(arr, k, v)
         {
-            if (json_is_string(v))
-                json_object_set_new(names, json_string_value(v), json_true());
+            if (!oom && json_is_string(v))
+                oom = json_object_set_new(names, json_string_value(v), json_true()) != 0;
         }
-        const char *ftext = res->ncols >= 2 ? res->cell[i * res->ncols + 1] : NULL;
-        json_t *fr = ftext ? json_loads(ftext, 0, NULL) : NULL;
-        if (json_is_array(fr)) {
+        if (!oom && json_is_array(fr)) {
             json_array_foreach(fr, k, v)
             {
                 json_int_t n = json_integer_value(json_object_get(v, "n"));
-                if (n > 0 && json_is_array(json_object_get(v, "m"))) {
-                    json_array_append(free_arr, v);
+                if (!oom && n > 0 && json_is_array(json_object_get(v, "m"))) {
+                    oom = json_array_append(free_arr, v) != 0;
                     slots += n;
                 }
             }
-        } else if (json_is_array(arr)) {
+        } else if (!oom && json_is_array(arr)) {
             /* A server of an older version: its free slots unknown, as before. */
-            json_array_append_new(free_arr, json_pack("{s:O,s:b,s:i}", "m", arr, "any", 1,
-                                                      "n", PEER_OLD_SLOTS));
+            oom = json_array_append_new(free_arr, json_pack("{s:O,s:b,s:i}", "m", arr, "any", 1,
+                                                            "n", PEER_OLD_SLOTS)) != 0;
             slots += PEER_OLD_SLOTS;
         }
         json_decref(fr);
         json_decref(arr);
     }
-    if (!names || !free_arr) {
+    if (oom) {
         json_decref(names);
         json_decref(free_arr);
         return;
@@ -1096,7 +1214,8 @@ static void peers_done(void *arg, int status, const gps_store_cells *res)
     h->peer_free = free_arr;
     h->peer_free_slots = slots;
     if (!json_equal(names, h->peer_models)) {
-        json_t *arr = names_array(names);
+        free_acc all = {.names = names};
+        json_t *arr = names_array(&all);
         gp_log_write(GP_LOG_INFO, "handoff_peers", NULL,
                      json_pack("{s:s,s:o}", "server_id", h->id, "models",
                                arr ? arr : json_array()),
@@ -1153,7 +1272,7 @@ static void models_tick(evutil_socket_t fd, short what, void *arg)
     free_acc acc = {.s = gps_jobs_sched(h->jobs), .names = json_object(), .all = true};
     if (acc.names) {
         registry_foreach(gps_jobs_registry(h->jobs), free_cb, &acc);
-        json_t *mine = names_array(acc.names);
+        json_t *mine = names_array(&acc);
         if (mine)
             gps_store_server_models(h->store, h->id, mine);
         json_decref(mine);

@@ -82,7 +82,9 @@ void gps_handoff_stop(gps_handoff *h);
 void gps_handoff_free(gps_handoff *h);
 
 /* Wire object (as gps_job_wire writes it) to a job spec (filled; clear it
- * with gps_job_spec_clear on every path). 0, or -1 with a reason in err. */
+ * with gps_job_spec_clear on every path). 0, -1 with a reason in err (the
+ * wire lacks what a spec needs), or -2 out of memory (err says so): never
+ * a spec short of a member the wire holds. */
 int gps_handoff_spec_from_wire(const json_t *w, gps_job_spec *spec, char *err, size_t errlen);
 
 #endif

@@ -6,7 +6,12 @@
  * pseudo-agent, fed its relayed events, offered again after the claimer's
  * loss while its client saw nothing, ended with AGENT_LOST after output or
  * on a stall, and the end told once. Real registry, scheduler and jobs
- * (fixture_fleet.h). */
+ * (fixture_fleet.h). And, on a real SQLite file two stores share (two
+ * servers), what a server reads back of the shared rows (a claimed
+ * offer's spec and constraints; the peers' models and free agents; the
+ * relayed batches) and what it writes of its own free agents, under a
+ * failing allocator (fixture_oom.h arm_beneath: linked with
+ * --wrap=malloc,calloc,realloc). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,11 +22,16 @@
 
 #include <cmocka.h>
 
+#include "common/gp_json.h"
+#include "common/gp_util.h"
+#include "db_fixture.h"
 #include "fixture_fleet.h"
+#include "fixture_oom.h"
 #include "server/auth/auth.h"
 #include "server/auth/limits.h"
 #include "server/handoff.h"
 #include "server/jobs/jobs.h"
+#include "server/store/store.h"
 
 /* fleet_agent's agent i serving m1 with 2 slots, labelled gpu=<gpu>. */
 static void labelled_agent(fleet *f, int i, const char *gpu)
@@ -483,14 +493,504 @@ static void test_issue28_let_in_job_offered(void **state)
     gps_auth_free(auth);
 }
 
+/* ---- the shared database, under memory pressure ---- */
+
+/* A prompt long enough that jansson's lexer grows its token buffer for it
+ * (a growth that fails drops a byte and the load succeeds, or reads and
+ * writes past the buffer). Texts with a \u escape go to jansson's own
+ * (checked) load, and hold short strings only: BELL. */
+#define HO_PROMPT "Once upon a time, in a datacenter far away, a prompt long enough to grow"
+#define HO_BELL "bell\a"
+
+static gps_store *ho_store(const tctx *t, struct event_base *base)
+{
+    char err[256] = "";
+    gps_store_opts o = {.commit_interval_ms = 1};
+    gps_store *s = gps_store_open(t->db, base, &o, err, sizeof err);
+    if (!s)
+        fail_msg("open %s: %s", t->db, err);
+    return s;
+}
+
+/* Run base's loop for ms milliseconds, or until *flag is set (flag may be
+ * NULL). */
+static void ho_run(struct event_base *base, int ms, const int *flag)
+{
+    uint64_t end = gp_now_mono_ms() + (uint64_t)ms;
+    while ((!flag || !*flag) && gp_now_mono_ms() < end) {
+        struct timeval tv = {0, 1000};
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+}
+
+static void ho_beat_cb(void *arg, int status)
+{
+    *(int *)arg = status == 0 ? 1 : -1;
+}
+
+/* Server id's row, its lease live for an hour. */
+static void ho_beat(gps_store *s, struct event_base *base, const char *id)
+{
+    int done = 0;
+    int64_t now = gp_now_wall_ms();
+    gps_store_server_row r = {.id = id, .name = id, .version = "1", .pid = 1, .started_at = now,
+                              .heartbeat_at = now, .lease_until = now + 3600000};
+    assert_int_equal(gps_store_server_beat_async(s, &r, ho_beat_cb, &done), 0);
+    ho_run(base, 5000, &done);
+    assert_int_equal(done, 1);
+}
+
+/* Rows of a cells read, as text ("(null)" for NULL). */
+typedef struct ho_cells {
+    int calls, status;
+    size_t nrows, ncols;
+    char cell[4][6][512];
+} ho_cells;
+
+static void ho_on_cells(void *arg, int status, const gps_store_cells *res)
+{
+    ho_cells *c = arg;
+    c->calls++;
+    c->status = status;
+    for (size_t i = 0; res && i < res->nrows && i < 4; i++)
+        for (size_t k = 0; k < res->ncols && k < 6; k++) {
+            const char *v = res->cell[i * res->ncols + k];
+            snprintf(c->cell[i][k], sizeof c->cell[i][k], "%s", v ? v : "(null)");
+        }
+    c->nrows = res ? res->nrows : 0;
+    c->ncols = res ? res->ncols : 0;
+}
+
+/* The offer's row and batches: (state, claimed_by, attempt, first_seq,
+ * events); no row when it is gone. */
+static ho_cells ho_follow(gps_store *s, struct event_base *base, const char *job_id)
+{
+    ho_cells c = {0};
+    assert_int_equal(gps_store_handoff_follow_async(s, job_id, 0, ho_on_cells, &c), 0);
+    ho_run(base, 5000, &c.calls);
+    assert_int_equal(c.status, 0);
+    return c;
+}
+
+/* The fleet's deliver callback for the sweeps: the parked poll answered
+ * (the fixture's reads the wire text back, with allocations of its own the
+ * sweep would count and fail). */
+static long long ho_deliver(registry_agent *a, const gp_buf *jobs, void *arg)
+{
+    (void)jobs;
+    fleet *f = arg;
+    f->delivered++;
+    sched_agent_unready(f->s, a);
+    return 0;
+}
+
+/* Agent i of f serving model, labelled gpu=<gpu>, one slot, parked (its
+ * poll waits: what a claim or a free entry counts). */
+static registry_agent *ho_agent(fleet *f, int i, const char *model, const char *gpu)
+{
+    char id[64];
+    snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
+    json_t *j = json_pack("{s:s,s:s,s:[{s:s}],s:{s:i},s:{s:s}}", "agent_id", id, "name", "a",
+                          "models", "id", model, "slots", "total", 1, "labels", "gpu", gpu);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    json_decref(j);
+    registry_agent *a = registry_heartbeat(f->reg, &facts, gp_now_mono_ms(), 0);
+    registry_facts_free(&facts);
+    assert_non_null(a);
+    return a;
+}
+
+static void ho_park(fleet *f, registry_agent *a)
+{
+    if (sched_agent_is_ready(f->s, a))
+        return;
+    gp_buf t;
+    gp_buf_init(&t);
+    assert_int_equal(gps_jobs_take_for_agent(f->jobs, a, 1, 0, &t), 0);
+    gp_buf_free(&t);
+    assert_true(sched_agent_is_ready(f->s, a));
+}
+
+/* Offer id of model by srvA (its jobs row first), spec as the wire. */
+static void ho_offer(gps_store *a, const char *id, const json_t *spec)
+{
+    int64_t now = gp_now_wall_ms();
+    gps_store_job_row r = {.id = id, .api = "openai", .model = "tiny", .status = "queued",
+                           .created_at = now};
+    assert_int_equal(gps_store_job_insert_owned(a, r, "srvA"), 0);
+    assert_int_equal(gps_store_handoff_offer(a, id, "tiny", spec, "srvA", now, now + 600000), 0);
+}
+
+/* A claimed offer as the claimer saw it: its proxy job here with the very
+ * spec, or (not run) the row waiting still, or claimed with no batch
+ * (proxy_new failed: the offering server's stall timer ends it), or with
+ * INTERNAL "out of memory" as the job's error: never a spec read short or
+ * changed, never a refusal (HANDOFF_FAILED) that blames the offer. Counts
+ * in *ran / *refused; false when it is none of those. */
+static bool ho_claimed_ok(fleet *fb, gps_store *a, struct event_base *base, const char *id,
+                          const char *prompt, const char *user, int *ran, int *refused)
+{
+    gps_job *job = gps_jobs_find(fb->jobs, id);
+    if (job) {
+        (*ran)++;
+        bool same = job->spec.prompt && strcmp(job->spec.prompt, prompt) == 0 &&
+                    job->spec.user && strcmp(job->spec.user, user) == 0 &&
+                    job->spec.n_labels == 1 && strcmp(job->spec.labels[0].value, "a100") == 0;
+        if (!same)
+            print_message("%s ran with prompt '%s', user '%s', %zu label(s)\n", id,
+                          job->spec.prompt ? job->spec.prompt : "(none)",
+                          job->spec.user ? job->spec.user : "(none)", job->spec.n_labels);
+        return same;
+    }
+    ho_cells c = ho_follow(a, base, id);
+    if (c.nrows == 0) {
+        print_message("%s: the offer is gone\n", id);
+        return false;
+    }
+    (*refused)++;
+    if (strcmp(c.cell[0][0], "waiting") == 0 || strcmp(c.cell[0][4], "(null)") == 0)
+        return true;
+    json_t *ev = json_loads(c.cell[0][4], 0, NULL);
+    const json_t *e0 = json_array_get(ev, 0);
+    bool ok = json_array_size(ev) == 1 &&
+              strcmp(json_string_value(json_object_get(e0, "code")), "INTERNAL") == 0 &&
+              strcmp(json_string_value(json_object_get(e0, "message")), "out of memory") == 0;
+    if (!ok)
+        print_message("%s: the claimer answered %s\n", id, c.cell[0][4]);
+    json_decref(ev);
+    return ok;
+}
+
+/* The job's end from its agent (frees the agent's slot), or a cancel
+ * while it waits. */
+static void ho_finish(fleet *f, const char *id)
+{
+    gps_job *job = gps_jobs_find(f->jobs, id);
+    if (!job || gps_job_terminal(job))
+        return;
+    if (gps_job_state_of(job) == GPS_JOB_QUEUED) {
+        gps_jobs_cancel(f->jobs, job, "test");
+        return;
+    }
+    json_t *ev = json_pack("[{s:s,s:s,s:{s:i,s:i}}]", "type", "end", "finish_reason", "stop",
+                           "usage", "prompt_tokens", 1, "completion_tokens", 0);
+    bool cancel = false;
+    long long expected = -1;
+    char msg[128];
+    assert_int_equal(gps_jobs_apply_events(f->jobs, id, job->agent_id, 0, ev, &cancel,
+                                           &expected, msg, sizeof msg),
+                     0);
+    json_decref(ev);
+}
+
+/* The claimer (srvB) on a failing allocator, from its start to its proxy
+ * jobs: of three offers of srvA's, X (a long prompt) and Z (a \u escape in
+ * its spec and constraints) fit an agent of B's (gpu=a100), Y (gpu=h100)
+ * none. Every run: X and Z run here with the very spec, or are not run
+ * (waiting still, or claimed and answered INTERNAL "out of memory"); Y is
+ * never claimed. The code before read a spec lost to out of memory as one
+ * that lacks kind, model or params (HANDOFF_FAILED), kept a prompt with a
+ * byte dropped, and read constraints lost as none (Y claimed and run on
+ * an agent its labels exclude). */
+static void test_claimer_reads_oom(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *a = ho_store(t, base);
+    assert_true(gps_store_has_handoffs(a));
+    ho_beat(a, base, "srvA");
+    ho_beat(a, base, "srvB");
+    fleet fb;
+    fleet_init_on(&fb, base, NULL, NULL, NULL);
+    gps_jobs_set_deliver(fb.jobs, ho_deliver, &fb);
+    registry_agent *ag[2] = {ho_agent(&fb, 1, "tiny", "a100"), ho_agent(&fb, 2, "tiny", "a100")};
+    gps_handoff_opts o = {.server_id = "srvB", .period_ms = 2, .models_ms = 3600000,
+                          .queue_timeout_sec = 60, .request_timeout_sec = 60};
+    size_t bad = 0, n;
+    int ran = 0, refused = 0;
+    for (n = 1;; n++) {
+        char x[40], y[40], z[40];
+        snprintf(x, sizeof x, "job_x%zu", n);
+        snprintf(y, sizeof y, "job_y%zu", n);
+        snprintf(z, sizeof z, "job_z%zu", n);
+        json_t *sx = json_pack("{s:s,s:s,s:s,s:{s:i,s:f,s:f},s:s,s:s,s:{s:{s:s}}}", "job_id", x,
+                               "kind", "completion", "model", "tiny", "params", "max_tokens", 16,
+                               "temperature", 0.0, "top_p", 1.0, "prompt", HO_PROMPT, "user",
+                               "u1", "constraints", "labels", "gpu", "a100");
+        json_t *sy = json_pack("{s:s,s:s,s:s,s:{s:i},s:s,s:s,s:{s:{s:s}}}", "job_id", y, "kind",
+                               "completion", "model", "tiny", "params", "max_tokens", 16,
+                               "prompt", "hi", "user", "u1", "constraints", "labels", "gpu",
+                               "h100");
+        json_t *sz = json_pack("{s:s,s:s,s:s,s:{s:i},s:s,s:s,s:{s:{s:s},s:s}}", "job_id", z,
+                               "kind", "completion", "model", "tiny", "params", "max_tokens", 16,
+                               "prompt", "hi", "user", HO_BELL, "constraints", "labels", "gpu",
+                               "a100", "note", HO_BELL);
+        ho_offer(a, x, sx);
+        ho_offer(a, y, sy);
+        ho_offer(a, z, sz);
+        json_decref(sx);
+        json_decref(sy);
+        json_decref(sz);
+        assert_int_equal(gps_store_flush(a), 0);
+        for (int i = 0; i < 2; i++)
+            ho_park(&fb, ag[i]);
+        gps_store *b = ho_store(t, base);
+
+        arm_beneath(n);
+        gps_handoff *h = gps_handoff_start(base, b, fb.jobs, &o);
+        uint64_t end = gp_now_mono_ms() + 150;
+        while (h && !(gps_jobs_find(fb.jobs, x) && gps_jobs_find(fb.jobs, z)) &&
+               gp_now_mono_ms() < end)
+            ho_run(base, 1, NULL);
+        bool hit = disarm();
+
+        ho_run(base, 10, NULL); /* an error batch queued: written */
+        gps_handoff_stop(h);
+        gps_store_close(b); /* (before the free: its callbacks run until then) */
+        gps_handoff_free(h);
+        if (!ho_claimed_ok(&fb, a, base, x, HO_PROMPT, "u1", &ran, &refused) ||
+            !ho_claimed_ok(&fb, a, base, z, "hi", HO_BELL, &ran, &refused)) {
+            print_message("run %zu: a claimed offer read short or refused as the offer's\n", n);
+            bad++;
+        }
+        ho_cells cy = ho_follow(a, base, y);
+        if (cy.nrows != 1 || strcmp(cy.cell[0][0], "waiting") != 0) {
+            print_message("run %zu: the offer no agent here fits was %s\n", n,
+                          cy.nrows ? cy.cell[0][0] : "gone");
+            bad++;
+        }
+        ho_finish(&fb, x);
+        ho_finish(&fb, z);
+        assert_int_equal(gps_store_handoff_end(a, x, true), 0);
+        assert_int_equal(gps_store_handoff_end(a, y, true), 0);
+        assert_int_equal(gps_store_handoff_end(a, z, true), 0);
+        if (!hit)
+            break;
+    }
+    print_message("claimer sweep: %zu runs, %d proxies ran, %d offers not run\n", n, ran,
+                  refused);
+    assert_true(n > 50);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+    fleet_free(&fb);
+    gps_store_close(a);
+    event_base_free(base);
+}
+
+/* srvA's free entries as the peers read them (the row whose models are
+ * the ones srvA's agents serve), new reference, or NULL when none. */
+static json_t *ho_free_of_a(gps_store *b, struct event_base *base)
+{
+    ho_cells c = {0};
+    assert_int_equal(gps_store_handoff_peers_async(b, "srvB", gp_now_wall_ms(), ho_on_cells, &c),
+                     0);
+    ho_run(base, 5000, &c.calls);
+    assert_int_equal(c.status, 0);
+    assert_int_equal(c.ncols, 2);
+    for (size_t i = 0; i < c.nrows; i++)
+        if (strstr(c.cell[i][0], "other-model"))
+            return strcmp(c.cell[i][1], "(null)") ? J(c.cell[i][1]) : NULL;
+    return NULL;
+}
+
+/* The peers' models as srvA's jobs see them hold tiny (srvB) and srvC's. */
+static bool ho_peers_known(fleet *fa)
+{
+    const json_t *pm = gps_jobs_peer_models(fa->jobs);
+    return json_object_get(pm, "tiny") && json_object_get(pm, "c" HO_BELL);
+}
+
+/* The relayed tokens of test_offering_reads_oom. */
+static const char *const ho_tokens[3] = {HO_PROMPT, "and a second token, long enough as well",
+                                         HO_BELL};
+
+/* text is the tokens in order, each whole, some perhaps left out
+ * (*short_by: how many). A token left out whole is the jobs module's
+ * (apply_token_tree does not check gp_buf_append: a token whose text
+ * cannot be appended is lost, and its seq counted); a token changed
+ * (a byte dropped) would be a batch read changed. */
+static bool ho_tokens_whole(const char *text, int *short_by)
+{
+    for (int mask = 7; mask >= 0; mask--) {
+        char want[256] = "";
+        int left_out = 0;
+        for (int i = 0; i < 3; i++) {
+            if (mask & (1 << i))
+                strcat(want, ho_tokens[i]);
+            else
+                left_out++;
+        }
+        if (strcmp(text, want) == 0) {
+            *short_by = left_out;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A relayed batch of the test's (srvB, attempt 1) for job id from idx. */
+static void ho_relay(gps_store *b, struct event_base *base, const char *id, long long idx,
+                     json_t *events /* stolen */)
+{
+    ho_cells c = {0};
+    long long first = GPS_HANDOFF_SEQ_BASE + idx;
+    assert_int_equal(gps_store_handoff_events_async(b, id, "srvB", 1, first,
+                                                    first + (long long)json_array_size(events) - 1,
+                                                    events, ho_on_cells, &c),
+                     0);
+    ho_run(base, 5000, &c.calls);
+    assert_int_equal(c.status, 0);
+    json_decref(events);
+}
+
+/* The offering server (srvA) on a failing allocator, its hand-off running:
+ * it follows a job srvB claimed (two relayed batches, one with long
+ * tokens, one with a \u escape), reads the peers (srvB serves tiny, srvC
+ * a model whose name has a \u escape) and writes its own free agents
+ * (two, labels long enough that their key's dump grows). Every run: the
+ * job's text is the relayed text once the batches are read (a batch lost
+ * to out of memory is read again, never applied changed: a token lost
+ * whole is the jobs module's, counted apart, see ho_tokens_whole); the
+ * peers' models are never lost (a read lost to out of memory is dropped
+ * whole: the jobs of a model missing would be refused 404); srvA's free
+ * entries as written are whole or not written. The code before applied a
+ * token with a byte dropped, replaced the peers' models with a read short
+ * of one, and wrote free entries short of an agent. */
+static void test_offering_reads_oom(void **state)
+{
+    tctx *t = *state;
+    /* srvA runs on base; the test's store (srvB's writes, the reads that
+     * check) on a base of its own, so that waiting for them never runs
+     * srvA's timers (its follow would read the batches before the sweep
+     * arms). */
+    struct event_base *base = event_base_new(), *base2 = event_base_new();
+    assert_non_null(base);
+    assert_non_null(base2);
+    gps_store *a = ho_store(t, base), *b = ho_store(t, base2);
+    ho_beat(b, base2, "srvA");
+    ho_beat(b, base2, "srvB");
+    ho_beat(b, base2, "srvC");
+    json_t *tiny = json_pack("[s]", "tiny"), *cm = json_pack("[s]", "c" HO_BELL);
+    json_t *bfree = json_pack("[{s:[s],s:{},s:i}]", "m", "tiny", "l", "n", 2);
+    json_t *cfree = json_pack("[{s:[s],s:{},s:i}]", "m", "c" HO_BELL, "l", "n", 1);
+    assert_int_equal(gps_store_server_models(b, "srvB", tiny), 0);
+    assert_int_equal(gps_store_server_models(b, "srvC", cm), 0);
+    assert_int_equal(gps_store_server_free(b, "srvB", bfree), 0);
+    assert_int_equal(gps_store_server_free(b, "srvC", cfree), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    json_decref(tiny);
+    json_decref(cm);
+    json_decref(bfree);
+    json_decref(cfree);
+
+    fleet fa;
+    fleet_init_on(&fa, base, NULL, NULL, a);
+    gps_jobs_set_deliver(fa.jobs, ho_deliver, &fa);
+    ho_park(&fa, ho_agent(&fa, 1, "other-model-with-a-rather-long-name",
+                          "nvidia-a100-sxm4-80gb-in-the-rack-by-the-window"));
+    ho_park(&fa, ho_agent(&fa, 2, "other-model-with-a-rather-long-name",
+                          "nvidia-h100-sxm5-80gb-in-the-rack-by-the-door"));
+    gps_handoff_opts o = {.server_id = "srvA", .period_ms = 3, .models_ms = 7,
+                          .queue_timeout_sec = 60, .request_timeout_sec = 60};
+    gps_handoff *h = gps_handoff_start(base, a, fa.jobs, &o);
+    assert_non_null(h);
+    int known = 0;
+    for (int i = 0; i < 500 && !known; i++) {
+        ho_run(base, 2, NULL);
+        known = ho_peers_known(&fa);
+    }
+    assert_true(known);
+    assert_int_equal(gps_store_flush(a), 0);
+    json_t *want_free = ho_free_of_a(b, base2);
+    assert_int_equal(json_array_size(want_free), 2);
+
+    const char *want_text = HO_PROMPT "and a second token, long enough as well" HO_BELL;
+    size_t bad = 0, tokens_lost = 0, n;
+    for (n = 1;; n++) {
+        gps_job_spec sp = fleet_spec("tiny", 64);
+        gps_job *job = fleet_submit(&fa, &sp);
+        char id[40];
+        snprintf(id, sizeof id, "%s", gps_job_id(job));
+        assert_true(gps_job_remote(job));
+        assert_int_equal(gps_store_flush(a), 0);
+        ho_cells cl = {0};
+        json_t *ids = json_pack("[s]", id);
+        assert_int_equal(gps_store_handoff_claim_ids_async(b, "srvB", gp_now_wall_ms(), ids,
+                                                           ho_on_cells, &cl),
+                         0);
+        json_decref(ids);
+        ho_run(base2, 5000, &cl.calls);
+        assert_int_equal(cl.nrows, 1);
+        ho_relay(b, base2, id, 0,
+                 json_pack("[{s:s,s:s},{s:s,s:s}]", "type", "token", "text", ho_tokens[0],
+                           "type", "token", "text", ho_tokens[1]));
+        ho_relay(b, base2, id, 2,
+                 json_pack("[{s:s,s:s}]", "type", "token", "text", ho_tokens[2]));
+
+        arm_beneath(n);
+        uint64_t t0 = gp_now_mono_ms();
+        while (gp_now_mono_ms() < t0 + 80 &&
+               (gp_now_mono_ms() < t0 + 10 || strcmp(gps_job_text(job), want_text) != 0))
+            ho_run(base, 1, NULL);
+        bool hit = disarm();
+
+        assert_int_equal(gps_store_flush(a), 0);
+        json_t *got_free = ho_free_of_a(b, base2);
+        if (!json_equal(got_free, want_free)) {
+            print_message("run %zu: srvA's free entries written other than they are\n", n);
+            print_diff("free", got_free, want_free);
+            bad++;
+        }
+        json_decref(got_free);
+        if (!ho_peers_known(&fa)) {
+            print_message("run %zu: the peers' models lost one\n", n);
+            bad++;
+        }
+        for (int i = 0; i < 500 && strcmp(gps_job_text(job), want_text) != 0 &&
+                        !gps_job_terminal(job);
+             i++)
+            ho_run(base, 1, NULL);
+        int short_by = 0;
+        if (!ho_tokens_whole(gps_job_text(job), &short_by)) {
+            print_message("run %zu: the job's text is '%s' (%s)\n", n, gps_job_text(job),
+                          gps_job_terminal(job) ? "ended" : "running");
+            bad++;
+        }
+        tokens_lost += short_by > 0;
+        gps_jobs_cancel(fa.jobs, job, "test");
+        if (!hit)
+            break;
+    }
+    print_message("offering sweep: %zu runs (%zu with a token lost whole by the jobs module)\n",
+                  n, tokens_lost);
+    assert_true(n > 50);
+    assert_int_equal(bad, 0);
+    json_decref(want_free);
+    gps_handoff_stop(h);
+    fleet_free(&fa);
+    gps_store_close(a);
+    gps_store_close(b);
+    gps_handoff_free(h);
+    event_base_free(base);
+    event_base_free(base2);
+}
+
 int main(void)
 {
+    gp_json_init(); /* as the server's main: the checked loads count jansson's failures */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wire_round_trip),
         cmocka_unit_test(test_remote_job_life),
         cmocka_unit_test(test_queued_offer_first_wins),
         cmocka_unit_test(test_issue28_requeued_job_offered),
         cmocka_unit_test(test_issue28_let_in_job_offered),
+        cmocka_unit_test_setup_teardown(test_claimer_reads_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offering_reads_oom, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
