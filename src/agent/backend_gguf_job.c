@@ -118,8 +118,8 @@ static const char *json_text(strpool *p, json_t *v)
  * format when the model's template supports tools, else tools are ignored
  * (the server only sends them to models reporting supports_tools) and tool
  * messages become plain text. tool_choice "none" leaves the tools out.
- * NULL with err set; *oom says whether memory ran out (the engine's
- * rendering aside: gpe_chat_apply_tools does not tell). */
+ * NULL with err set; *oom says whether memory ran out (here or in the
+ * engine's rendering: gpe_chat_apply_tools_status's GPE_ERR_NOMEM). */
 static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, bool *oom, char *err,
                          size_t errlen)
 {
@@ -193,7 +193,11 @@ static char *render_chat(gguf_backend *b, json_t *job, json_t *messages, bool *o
     }
     if (pool.oom)
         goto nomem;
-    out = gpe_chat_apply_tools(b->model, tools, nt, msgs, extra, n, true, err, errlen);
+    gpe_status st;
+    out = gpe_chat_apply_tools_status(b->model, tools, nt, msgs, extra, n, true, err, errlen,
+                                      &st);
+    if (!out && st == GPE_ERR_NOMEM)
+        goto nomem;
     goto done;
 nomem:
     *oom = true;
