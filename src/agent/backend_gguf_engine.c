@@ -87,16 +87,14 @@ static bool job_admit(gguf_engine *e, gjob *j, int slot)
     gguf_backend *b = e->b;
     j->smp = gpe_sampler_init(&j->sp);
     j->stop = gpe_stop_init((const char *const *)j->stops, j->n_stops);
-    if (!j->smp || !j->stop) {
-        gguf_job_error(j, "INTERNAL_ERROR", "out of memory");
+    if (!j->smp || !j->stop || !gguf_prime_stop(b, j)) {
+        gguf_job_nomem(j, "setting up sampling");
         return false;
     }
     for (int i = 0; i < j->n_toks; i++)
         gpe_sampler_accept(j->smp, j->toks[i]);
-    if (j->n_cont > 0) {
+    if (j->n_cont > 0)
         gpe_sampler_advance(j->smp, j->n_sampled);
-        gguf_prime_stop(b, j);
-    }
     j->slot = slot;
     j->state = J_PREFILL;
     j->t_prog = gguf_now_s();
@@ -141,18 +139,25 @@ static void test_gate_wait(gguf_backend *b, gjob *j)
     }
 }
 
-static bool unsent_push(gjob *j, int32_t tok)
+/* The ids of the next token event. Out of memory the job goes on: its
+ * text is whole and exact, only a later failover of it continues from the
+ * text instead of the ids (ids_lost: send_text); ending it would throw
+ * away a generation that is fine, for a cheaper path it may never need. */
+static void unsent_push(gjob *j, int32_t tok)
 {
+    if (j->ids_lost)
+        return;
     if (j->n_unsent == j->cap_unsent) {
         int nc = j->cap_unsent ? 2 * j->cap_unsent : 8;
         int32_t *u = realloc(j->unsent, (size_t)nc * sizeof *u);
-        if (!u)
-            return false;
+        if (!u) {
+            j->ids_lost = true;
+            return;
+        }
         j->unsent = u;
         j->cap_unsent = nc;
     }
     j->unsent[j->n_unsent++] = tok;
-    return true;
 }
 
 /* A long prefill sends nothing else: report progress so the server's stall
@@ -208,6 +213,12 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
         logits = j->lazy_buf;
     }
     int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
+    if (tok < 0) {
+        /* (its scratch could not be made: for a sampler and logits it
+         * has no other failure) */
+        j->oom = true;
+        return GGUF_REASON_NOMEM;
+    }
     gpe_sampler_accept(j->smp, tok);
     gpe_grammar *install;
     if (lazy && gguf_tools_lazy_accept(&j->tools, b->model, tok,
@@ -222,17 +233,21 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
         /* The prompt's size is known once it is prefilled: the server has it
          * before the first token (an Anthropic message_start carries it, and
          * a reply the server ends early still reports it). */
-        json_t *m = j->sink.metrics ? json_pack("{s:i}", "prompt_tokens", j->n_prompt) : NULL;
-        if (m)
+        if (j->sink.metrics) {
+            json_t *m = json_pack("{s:i}", "prompt_tokens", j->n_prompt);
+            if (!m) {
+                j->oom = true;
+                return GGUF_REASON_NOMEM;
+            }
             j->sink.metrics(j->sink.ctx, m);
-        json_decref(m);
+            json_decref(m);
+        }
     }
     if (gpe_token_is_eog(b->model, tok))   /* under a schema: only where the value may end,
                                               unless the schema could not go on at all */
         return j->gram && !gpe_grammar_complete(j->gram) ? "length" : "stop";
     j->n_gen++;
-    if (!unsent_push(j, tok))
-        j->n_unsent = 0;   /* out of memory: the server then lacks ids (text failover) */
+    unsent_push(j, tok);
     char piece[256];
     int n = gpe_token_to_piece(b->model, tok, piece, sizeof piece, false);
     if (n == 0 && j->tools.tp)
@@ -241,6 +256,8 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     size_t elen;
     bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
     gguf_out_text(j, emit, elen);
+    if (j->oom)
+        return GGUF_REASON_NOMEM;
     if (stopped) {
         int w = gpe_stop_which(j->stop);
         if (w >= 0 && (size_t)w < j->n_stops && j->sink.stop_sequence)
@@ -573,7 +590,10 @@ static void after_decode(gguf_engine *e, gjob **mine, const int *entry, gpe_stat
         if (!j || j->state == J_PENDING)
             continue;
         const char *reason = NULL;
-        if (st != GPE_OK) {
+        if (st == GPE_ERR_NOMEM) {
+            gguf_job_nomem(j, "decoding");   /* the context is fine: nothing was committed */
+            reason = "";
+        } else if (st != GPE_OK) {
             gguf_job_error(j, st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR", err);
             reason = "";
         } else if (entry[k] >= 0) {

@@ -20,12 +20,24 @@ void gguf_job_error(gjob *j, const char *code, const char *msg)
     j->sink.error(j->sink.ctx, code, msg);
 }
 
+void gguf_job_nomem(gjob *j, const char *what)
+{
+    char msg[160];
+    snprintf(msg, sizeof msg, "the agent ran out of memory %s", what);
+    gguf_job_error(j, "AGENT_OUT_OF_MEMORY", msg);
+}
+
 /* Send a token event with emit[0..n) and the ids sampled since the last
  * one (the backend's part of a token-exact failover: the server keeps the
- * ids behind the text it relayed). */
+ * ids behind the text it relayed). Once an id was lost (ids_lost) every
+ * event goes without ids: the first such event ends the server's record
+ * (docs/protocol.md), where one with the later ids alone would have it
+ * keep ids that do not spell the text it relayed. */
 static void send_text(gjob *j, const char *emit, size_t n)
 {
-    if (j->sink.token_ids && j->n_unsent > 0)
+    if (j->ids_lost)
+        j->sink.token(j->sink.ctx, emit, n, -1);
+    else if (j->sink.token_ids && j->n_unsent > 0)
         j->sink.token_ids(j->sink.ctx, emit, n, j->unsent, (size_t)j->n_unsent);
     else
         j->sink.token(j->sink.ctx, emit, n, j->n_unsent > 0 ? j->unsent[j->n_unsent - 1] : -1);
@@ -52,9 +64,15 @@ static void send_calls(gjob *j)
 }
 
 /* Generated text on its way out: through the tool-call parser when the
- * job has tools (content goes on as token events, calls as tool_call). */
+ * job has tools (content goes on as token events, calls as tool_call).
+ * A parser that ran out of memory may have lost a piece of text or a call:
+ * nothing more goes out (what it emitted with the failure neither: the
+ * server's text and ids stay those of what it relayed whole), and the job
+ * ends AGENT_OUT_OF_MEMORY (j->oom; job_step and gguf_job_end). */
 void gguf_out_text(gjob *j, const char *s, size_t n)
 {
+    if (j->oom)
+        return;
     if (!j->tools.tp) {
         if (n > 0)
             send_text(j, s, n);
@@ -62,43 +80,60 @@ void gguf_out_text(gjob *j, const char *s, size_t n)
     }
     const char *emit;
     size_t elen;
-    if (gpe_toolparse_feed(j->tools.tp, s, n, &emit, &elen) != GPE_OK)
-        gp_log_warn("tool_parse_oom", "job %s: out of memory reading tool calls", j->job_id);
+    if (gpe_toolparse_feed(j->tools.tp, s, n, &emit, &elen) != GPE_OK) {
+        j->oom = true;
+        return;
+    }
     if (elen > 0)
         send_text(j, emit, elen);
     send_calls(j);
 }
 
+/* The usage metrics that go before the end; false when they could not be
+ * built (the server would answer without the cached tokens and timings). */
+static bool send_metrics(gjob *j)
+{
+    double t = gguf_now_s();
+    double gen = j->t_first > 0 ? t - j->t_first : 0;
+    json_t *m = json_pack("{s:i, s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_prompt,
+                          "prompt_tokens_cached", j->reused < j->n_prompt ? j->reused : j->n_prompt,
+                          "completion_tokens", (json_int_t)j->n_gen, "time_to_first_token_ms",
+                          j->t_first > 0 ? (j->t_first - j->t_start) * 1e3 : 0.0,
+                          "tokens_per_sec", gen > 0 && j->n_gen > 1 ? (j->n_gen - 1) / gen : 0.0);
+    if (!m)
+        return false;
+    j->sink.metrics(j->sink.ctx, m);
+    json_decref(m);
+    return true;
+}
+
 void gguf_job_end(gjob *j, const char *reason)
 {
-    if (j->stop) {
+    if (j->stop && !j->oom) {
         const char *emit;
         size_t n;
         gpe_stop_flush(j->stop, &emit, &n);
         gguf_out_text(j, emit, n);
     }
-    if (j->tools.tp) {
+    if (j->tools.tp && !j->oom) {
         const char *emit;
         size_t n;
-        gpe_toolparse_finish(j->tools.tp, &emit, &n);
-        if (n > 0)
-            send_text(j, emit, n);
-        send_calls(j);
-        if (j->tools.n_sent > 0 && strcmp(reason, "stop") == 0)
-            reason = "tool_calls";
-    }
-    if (j->sink.metrics && !j->count_only) {
-        double t = gguf_now_s();
-        double gen = j->t_first > 0 ? t - j->t_first : 0;
-        json_t *m = json_pack("{s:i, s:i, s:I, s:f, s:f}", "prompt_tokens", j->n_prompt,
-                              "prompt_tokens_cached", j->reused < j->n_prompt ? j->reused : j->n_prompt,
-                              "completion_tokens", (json_int_t)j->n_gen, "time_to_first_token_ms",
-                              j->t_first > 0 ? (j->t_first - j->t_start) * 1e3 : 0.0,
-                              "tokens_per_sec", gen > 0 && j->n_gen > 1 ? (j->n_gen - 1) / gen : 0.0);
-        if (m) {
-            j->sink.metrics(j->sink.ctx, m);
-            json_decref(m);
+        /* GPE_ERR_NOMEM: here or in an earlier feed, a call or text lost */
+        if (gpe_toolparse_finish(j->tools.tp, &emit, &n) != GPE_OK) {
+            j->oom = true;
+        } else {
+            if (n > 0)
+                send_text(j, emit, n);
+            send_calls(j);
+            if (j->tools.n_sent > 0 && strcmp(reason, "stop") == 0)
+                reason = "tool_calls";
         }
+    }
+    if (j->sink.metrics && !j->count_only && !j->oom && !send_metrics(j))
+        j->oom = true;
+    if (j->oom) {
+        gguf_job_nomem(j, "producing the output");
+        return;
     }
     j->sink.end(j->sink.ctx, reason, j->n_prompt, j->count_only ? 0 : j->n_gen);
 }
@@ -147,22 +182,31 @@ static bool append_cont_ids(gjob *j)
 /* The stop matcher of the lost attempt had fed the pieces of every id it
  * sampled and emitted the continuation text; what it still held back is
  * the rest. Give it to ours, so its next feed behaves as that one's would
- * have (a stop string straddling the junction is still found). */
-void gguf_prime_stop(gguf_backend *b, gjob *j)
+ * have (a stop string straddling the junction is still found). Without a
+ * continuation: nothing, but the matcher's buffer is made here all the
+ * same, where a failure is the job's start; gpe_stop_feed cannot say that
+ * it lost a piece for want of memory. */
+bool gguf_prime_stop(gguf_backend *b, gjob *j)
 {
     gp_buf all = {0};
     char piece[256];
-    for (int i = 0; i < j->n_cont; i++) {
+    bool ok = true;
+    for (int i = 0; i < j->n_cont && ok; i++) {
         int n = gpe_token_to_piece(b->model, j->cont_ids[i], piece, sizeof piece, false);
-        gp_buf_append(&all, piece, n > 0 ? (size_t)n : 0);
+        ok = gp_buf_append(&all, piece, n > 0 ? (size_t)n : 0) == 0;
     }
-    size_t sent = strlen(j->cont_text);
-    if (all.len >= sent && (sent == 0 || memcmp(all.data, j->cont_text, sent) == 0))
-        gpe_stop_prime(j->stop, all.data ? all.data + sent : "", all.len - sent);
-    else
+    const char *sent = j->cont_text ? j->cont_text : "", *held = "";
+    size_t ns = strlen(sent), nh = 0;
+    if (ok && all.len >= ns && (ns == 0 || memcmp(all.data, sent, ns) == 0)) {
+        held = all.data ? all.data + ns : "";
+        nh = all.len - ns;
+    } else if (ok) {
         gp_log_warn("continuation_mismatch", "job %s: the continuation ids do not render to the "
                     "continuation text; the stop matcher starts empty", j->job_id);
+    }
+    ok = ok && gpe_stop_prime(j->stop, held, nh) == 0;
     gp_buf_free(&all);
+    return ok;
 }
 
 /* While the job is still pending (its slot is chosen from its tokens):
@@ -180,12 +224,12 @@ void gguf_job_prepare(gguf_backend *b, gjob *j)
     }
     j->toks = gguf_tokenize(b, j->text, &j->n_toks);
     if (!j->toks) {
-        gguf_job_error(j, "INTERNAL_ERROR", "tokenization failed");
+        gguf_job_nomem(j, "tokenizing the prompt");
         return;
     }
     j->n_prompt = j->n_toks;
     if (!append_cont_ids(j)) {
-        gguf_job_error(j, "INTERNAL_ERROR", "out of memory");
+        gguf_job_nomem(j, "appending the continuation ids");
         return;
     }
     if (j->sink.started)

@@ -46,6 +46,11 @@ typedef struct gjob {
     int n_prompt;              /* of those, the prompt's own (usage, metrics) */
     int32_t *unsent;           /* ids sampled since the last token event */
     int n_unsent, cap_unsent;
+    bool ids_lost;             /* an id could not be kept: token events go without ids
+                                  from here on (the server's failover is then by text) */
+    bool oom;                  /* memory ran out producing the output (a piece of text,
+                                  a call, an event): nothing more is sent, and the job
+                                  ends AGENT_OUT_OF_MEMORY (gguf_job_end) */
     int32_t last;              /* last sampled token (to decode next) */
     long n_gen;
     gpe_sampler *smp;
@@ -167,10 +172,26 @@ int gguf_job_parse(gguf_backend *b, json_t *job, gjob **out, char *err, size_t e
 
 /* a job's output (backend_gguf_out.c) */
 void gguf_job_error(gjob *j, const char *code, const char *msg);
+/* The job's end for want of the agent's memory: AGENT_OUT_OF_MEMORY (the
+ * server fails it over), what says so in msg. */
+void gguf_job_nomem(gjob *j, const char *what);
 void gguf_out_text(gjob *j, const char *s, size_t n);
+/* The finish reason of a job whose output was cut short (j->oom), for
+ * job_step: gguf_job_end then sends AGENT_OUT_OF_MEMORY, not an end. */
+#define GGUF_REASON_NOMEM "out of memory"
+/* The job's terminal event: the held text and the calls, the metrics, then
+ * the end with reason; or AGENT_OUT_OF_MEMORY when memory ran out producing
+ * any of it, here or before (j->oom). */
 void gguf_job_end(gjob *j, const char *reason);
+/* text's tokens (malloc'd, *n_out of them); NULL only when memory ran out:
+ * given the model's own tokenizer and a text, the engine's fails for
+ * nothing else short of 2^31 tokens, past any job's size (engine.h
+ * gpe_tokenize's INT32_MIN). */
 int32_t *gguf_tokenize(gguf_backend *b, const char *text, int *n_out);
-void gguf_prime_stop(gguf_backend *b, gjob *j);
+/* At admission: the stop matcher primed with what a lost attempt's held
+ * back (a token-exact continuation), its buffer made in any case. false:
+ * memory ran out (the job's AGENT_OUT_OF_MEMORY). */
+bool gguf_prime_stop(gguf_backend *b, gjob *j);
 void gguf_job_prepare(gguf_backend *b, gjob *j);
 
 /* embeddings (backend_gguf_embed.c) */
