@@ -16,11 +16,14 @@
 
 /* Input i of an embeddings job as tokens: a string (tokenized with the
  * model's special tokens, as a prompt) or an array of token ids. Returns
- * a malloc'd array or NULL with msg set. */
-static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, char *msg,
-                             size_t msglen)
+ * a malloc'd array, or NULL with *code and msg set: the input refused
+ * (INVALID_REQUEST, CONTEXT_OVERFLOW) or memory ran out
+ * (AGENT_OUT_OF_MEMORY: not the input's fault). */
+static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, const char **code,
+                             char *msg, size_t msglen)
 {
     int32_t *t = NULL;
+    *code = "INVALID_REQUEST";
     if (json_is_string(v)) {
         t = gguf_tokenize(b, json_string_value(v), n);
     } else if (json_is_array(v)) {
@@ -36,12 +39,18 @@ static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, char 
             }
             t[k] = (int32_t)json_integer_value(x);
         }
-    }
-    if (!t) {
+    } else {
         snprintf(msg, msglen, "input[%zu]: not a string or an array of token ids", i);
         return NULL;
     }
+    if (!t) {
+        *code = "AGENT_OUT_OF_MEMORY";
+        snprintf(msg, msglen, "the agent ran out of memory reading input[%zu]", i);
+        return NULL;
+    }
     if (*n < 1 || *n > b->n_ctx) {
+        if (*n > b->n_ctx)
+            *code = "CONTEXT_OVERFLOW";
         snprintf(msg, msglen, "input[%zu] has %d tokens; the context holds %d", i, *n,
                  b->n_ctx);
         free(t);
@@ -50,17 +59,20 @@ static int32_t *embed_tokens(gguf_backend *b, json_t *v, size_t i, int *n, char 
     return t;
 }
 
-/* Under emb_mu: embeddings context k (see gguf_backend), created on
- * first use. */
-static gpe_ctx *embed_ctx(gguf_backend *b, int k, char *msg, size_t msglen)
+/* Under emb_mu: embeddings context k (see gguf_backend) into *out,
+ * created on first use; gpe_ctx_init's status (GPE_ERR_NOMEM: the job's
+ * AGENT_OUT_OF_MEMORY). */
+static gpe_status embed_ctx(gguf_backend *b, int k, gpe_ctx **out, char *msg, size_t msglen)
 {
-    if (b->emb_ctx[k])
-        return b->emb_ctx[k];
-    gpe_ctx_params cp = b->eng[0].cp;
-    cp.n_seq = k == 0 ? EMBED_SEQS : 1;
-    cp.n_ctx = k == 0 && b->n_ctx > EMBED_SHORT ? EMBED_SHORT : b->n_ctx;
-    gpe_ctx_init(b->model, &cp, &b->emb_ctx[k], msg, msglen);
-    return b->emb_ctx[k];
+    gpe_status st = GPE_OK;
+    if (!b->emb_ctx[k]) {
+        gpe_ctx_params cp = b->eng[0].cp;
+        cp.n_seq = k == 0 ? EMBED_SEQS : 1;
+        cp.n_ctx = k == 0 && b->n_ctx > EMBED_SHORT ? EMBED_SHORT : b->n_ctx;
+        st = gpe_ctx_init(b->model, &cp, &b->emb_ctx[k], msg, msglen);
+    }
+    *out = b->emb_ctx[k];
+    return st;
 }
 
 /* Under emb_mu: the vectors of all inputs into out. Inputs that fit the
@@ -87,14 +99,16 @@ static gpe_status embed_all(gguf_backend *b, int32_t **toks, const int *nt, size
             st_at[n_short++] = i;
             continue;
         }
-        gpe_ctx *c = embed_ctx(b, 1, msg, msglen);
-        st = c ? gpe_embed(c, toks[i], nt[i], out + i * (size_t)dim, dim, msg, msglen)
-               : GPE_ERR_UNSUPPORTED;
+        gpe_ctx *c;
+        st = embed_ctx(b, 1, &c, msg, msglen);
+        if (st == GPE_OK)
+            st = gpe_embed(c, toks[i], nt[i], out + i * (size_t)dim, dim, msg, msglen);
     }
     if (st == GPE_OK && n_short > 0) {
-        gpe_ctx *c = embed_ctx(b, 0, msg, msglen);
-        st = c ? gpe_embed_batch(c, st_toks, st_n, (int)n_short, st_out, dim, msg, msglen)
-               : GPE_ERR_UNSUPPORTED;
+        gpe_ctx *c;
+        st = embed_ctx(b, 0, &c, msg, msglen);
+        if (st == GPE_OK)
+            st = gpe_embed_batch(c, st_toks, st_n, (int)n_short, st_out, dim, msg, msglen);
         for (size_t k = 0; st == GPE_OK && k < n_short; k++)
             memcpy(out + st_at[k] * (size_t)dim, st_out + k * (size_t)dim,
                    (size_t)dim * sizeof *out);
@@ -125,17 +139,15 @@ void gguf_job_embed(gguf_backend *b, gjob *j)
     const char *code = "INVALID_REQUEST";
     long long total = 0;
     if (!toks || !nt || !out) {
-        code = "INTERNAL_ERROR";
-        snprintf(msg, sizeof msg, "out of memory");
+        code = "AGENT_OUT_OF_MEMORY";
+        snprintf(msg, sizeof msg, "the agent ran out of memory reading the inputs");
         goto done;
     }
     for (size_t i = 0; i < n_in; i++) {
-        toks[i] = embed_tokens(b, json_array_get(j->emb_input, i), i, &nt[i], msg, sizeof msg);
-        if (!toks[i]) {
-            if (nt[i] > b->n_ctx)
-                code = "CONTEXT_OVERFLOW";
+        toks[i] = embed_tokens(b, json_array_get(j->emb_input, i), i, &nt[i], &code, msg,
+                               sizeof msg);
+        if (!toks[i])
             goto done;
-        }
         total += nt[i];
     }
     if (j->sink.started)
@@ -143,6 +155,11 @@ void gguf_job_embed(gguf_backend *b, gjob *j)
     pthread_mutex_lock(&b->emb_mu);
     gpe_status st = embed_all(b, toks, nt, n_in, dim, out, msg, sizeof msg);
     pthread_mutex_unlock(&b->emb_mu);
+    if (st == GPE_ERR_NOMEM) {
+        code = "AGENT_OUT_OF_MEMORY";
+        snprintf(msg, sizeof msg, "the agent ran out of memory computing the embeddings");
+        goto done;
+    }
     if (st != GPE_OK) {
         code = st == GPE_ERR_CTX_FULL ? "CONTEXT_OVERFLOW" : "INTERNAL_ERROR";
         goto done;
