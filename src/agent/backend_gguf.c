@@ -118,9 +118,11 @@ static void gguf_destroy(agent_backend *base)
     b->stopping = true;
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
-    for (int e = 0; e < b->n_eng; e++)
+    for (int e = 0; e < b->n_eng; e++) {
         if (b->eng[e].thread_started)
             pthread_join(b->eng[e].thread, NULL);
+        gguf_engine_scratch_free(&b->eng[e]);
+    }
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
     gpe_ctx_free(b->emb_ctx[0]);
@@ -584,6 +586,10 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
         goto fail;
     }
     for (int e = 0; e < b->n_eng; e++) {
+        if (gguf_engine_scratch(&b->eng[e]) < 0) {
+            snprintf(err, errlen, "out of memory");
+            goto fail;
+        }
         if (pthread_create(&b->eng[e].thread, NULL, gguf_decode_main, &b->eng[e]) != 0) {
             snprintf(err, errlen, "cannot start a decode thread");
             goto fail;

@@ -658,18 +658,39 @@ static void fail_pending(gguf_backend *b)
     pthread_mutex_unlock(&b->mu);
 }
 
+int gguf_engine_scratch(gguf_engine *e)
+{
+    e->batch = gpe_batch_init(e->b->n_batch + e->n_slots);
+    e->entry = malloc((size_t)e->n_slots * sizeof *e->entry);
+    e->cancelled = malloc((size_t)e->n_slots * sizeof *e->cancelled);
+    e->mine = malloc((size_t)e->n_slots * sizeof *e->mine);
+    return e->batch && e->entry && e->cancelled && e->mine ? 0 : -1;
+}
+
+void gguf_engine_scratch_free(gguf_engine *e)
+{
+    free(e->mine);
+    free(e->cancelled);
+    free(e->entry);
+    gpe_batch_free(e->batch);
+    e->mine = NULL;
+    e->cancelled = NULL;
+    e->entry = NULL;
+    e->batch = NULL;
+}
+
 void *gguf_decode_main(void *arg)
 {
     gguf_engine *e = arg;
     gguf_backend *b = e->b;
-    gpe_batch *batch = gpe_batch_init(b->n_batch + e->n_slots);
-    int *entry = malloc((size_t)e->n_slots * sizeof *entry);   /* slot -> batch index */
-    bool *cancelled = malloc((size_t)e->n_slots * sizeof *cancelled);
-    gjob **mine = malloc((size_t)e->n_slots * sizeof *mine);
+    gpe_batch *batch = e->batch;
+    int *entry = e->entry;
+    bool *cancelled = e->cancelled;
+    gjob **mine = e->mine;
     char err[384];
     bool idle = false;
 
-    while (batch && entry && cancelled && mine) {
+    for (;;) {
         /* 1. Reserve slots for pending jobs; collect cancels. */
         bool stopping = admit_step(e, idle, mine, cancelled);
         idle = true;
@@ -716,9 +737,5 @@ void *gguf_decode_main(void *arg)
             e->backoff_s = 0;   /* it works again: the next fault starts the backoff over */
         after_decode(e, mine, entry, st, err);
     }
-    free(mine);
-    free(cancelled);
-    free(entry);
-    gpe_batch_free(batch);
     return NULL;
 }

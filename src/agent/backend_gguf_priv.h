@@ -108,6 +108,13 @@ typedef struct gguf_engine {
     uint64_t gpu_total[GPE_MAX_DEVICES];
     pthread_t thread;
     bool thread_started;
+    /* the decode thread's scratch (gguf_engine_scratch), made before the
+     * thread starts: one that could not make it would leave an engine
+     * offering slots that nothing serves */
+    gpe_batch *batch;
+    int *entry;                /* [n_slots] slot -> batch index */
+    bool *cancelled;           /* [n_slots] */
+    gjob **mine;               /* [n_slots] */
     double backoff_s;          /* decode thread: the next re-init delay (0: none yet) */
     /* under b->mu */
     bool ready;                /* offers its slots */
@@ -198,6 +205,10 @@ void gguf_job_prepare(gguf_backend *b, gjob *j);
 void gguf_job_embed(gguf_backend *b, gjob *j);
 
 /* the decode thread (backend_gguf_engine.c) */
+/* Make e's decode scratch: 0, or -1 when memory ran out. Freed by
+ * gguf_engine_scratch_free (after the thread ended). */
+int gguf_engine_scratch(gguf_engine *e);
+void gguf_engine_scratch_free(gguf_engine *e);
 void gguf_engine_note_held(gguf_engine *e);
 void gguf_engine_where(const gguf_engine *e, char *buf, size_t len);
 void *gguf_decode_main(void *arg);
