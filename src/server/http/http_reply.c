@@ -178,13 +178,10 @@ json_t *gps_req_json(gps_req *r)
         return NULL;
     }
     json_error_t je;
-    /* The usual body without jansson's parser (a third of its cost); the
-     * rest, and every error message, from jansson, through the checked
-     * load: out of memory is a 500 (as the dialects' GPS_PARSE_OOM), never
+    /* gp_json's reader, not jansson's (which can crash when memory runs
+     * out): out of memory is a 500 (as the dialects' GPS_PARSE_OOM), never
      * a 400 blaming valid JSON, nor a body with a string changed. */
-    json_t *j = gp_json_read(body, len);
-    if (!j)
-        j = gp_json_load_checked(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = gp_json_load_checked(body, len, JSON_REJECT_DUPLICATES, &je);
     free(body);
     if (!j && json_error_code(&je) == json_error_out_of_memory) {
         gps_req_error(r, 500, "INTERNAL", "out of memory", NULL);
@@ -192,8 +189,7 @@ json_t *gps_req_json(gps_req *r)
     }
     if (!j) {
         char msg[256];
-        snprintf(msg, sizeof msg, "invalid JSON body: %s (line %d, column %d)", je.text,
-                 je.line, je.column);
+        snprintf(msg, sizeof msg, "invalid JSON body: %s", je.text); /* (it says where) */
         gps_req_error(r, 400, "INVALID_REQUEST", msg, NULL);
         return NULL;
     }

@@ -1,16 +1,22 @@
 /* gp_json's checked load under allocation failure: for N = 1, 2, ... the
  * N-th allocation fails (libc's malloc, calloc and realloc, beneath the
  * counting allocator that gp_json_init gives jansson: fixture_oom.h's
- * arm_beneath, through the linker's --wrap), and every load either gives
- * exactly the tree of the unhurt load or says out of memory
- * (json_error_out_of_memory). Never a tree with another value, never a
- * syntax error for a valid text, never a NULL without a reason.
+ * arm_beneath, through the linker's --wrap; or jansson's allocator alone,
+ * swapped past the counter: arm), and every load either gives exactly the
+ * tree of the unhurt load or says out of memory (json_error_out_of_memory).
+ * Never a tree with another value, never a syntax error for a valid text,
+ * never a NULL without a reason, never a crash (the suite runs under ASan
+ * too).
  *
  * jansson 2.14's json_loadb alone breaks that rule: it words most of its
  * allocation failures as "invalid token", and where a long string's token
  * buffer cannot grow it drops a byte and succeeds ("home_address_for_mail"
- * read as "home_address_fr_mail"). test_plain_json_loadb_breaks_the_rule
- * runs the same sweep on it, to show that the sweep sees what it is for.
+ * read as "home_address_fr_mail"), or, where the byte dropped is a
+ * string's closing quote or an escape's letter, reads and writes past its
+ * buffer or aborts (test_crash_text: its text kills json_loadb at the 13th
+ * allocation). The checked load no longer runs it.
+ * test_plain_json_loadb_breaks_the_rule runs the sweep on json_loadb, over
+ * a text where it survives, to show that the sweep sees what it is for.
  *
  * The checked dump (gp_json_dumps_checked) the same way: every run gives
  * NULL or exactly the unhurt text, for each of the flags it is for. Plain
@@ -36,8 +42,7 @@
 
 /* Strings and keys longer than jansson's first 16-byte token buffer (it
  * grows them while reading: where the byte went missing), escapes and a
- * \u escape (gp_json_read declines it: gp_json_loadb's fallback runs),
- * numbers, nesting, every literal. */
+ * \u escape, numbers, nesting, every literal. */
 static const char TEXT[] =
     "{\"name\":\"home_address_for_mail\","
     "\"a_key_longer_than_sixteen_bytes\":\"Once upon a time there was a string that "
@@ -56,7 +61,7 @@ static json_t *load_checked(const char *p, size_t n, json_error_t *err)
     return gp_json_load_checked(p, n, JSON_REJECT_DUPLICATES, err);
 }
 
-static json_t *load_fast_then_checked(const char *p, size_t n, json_error_t *err)
+static json_t *load_loadb(const char *p, size_t n, json_error_t *err)
 {
     return gp_json_loadb(p, n, err);
 }
@@ -125,11 +130,11 @@ static void test_checked_load(void **st)
     assert_true(runs > 10); /* the failures did reach jansson */
 }
 
-static void test_loadb_fallback(void **st)
+static void test_loadb(void **st)
 {
     (void)st;
     size_t runs;
-    assert_int_equal(sweep("gp_json_loadb", load_fast_then_checked, TEXT, &runs), 0);
+    assert_int_equal(sweep("gp_json_loadb", load_loadb, TEXT, &runs), 0);
     assert_true(runs > 10);
 }
 
@@ -150,6 +155,140 @@ static void test_invalid_text(void **st)
     json_t *j = gp_json_load_checked(TEXT, strlen(TEXT), 0, NULL);
     assert_non_null(j);
     json_decref(j);
+}
+
+/* ------------------------------------------------------------------ */
+/* The reader under failure, text by text, flag by flag                */
+/* ------------------------------------------------------------------ */
+
+/* How a sweep fails allocations: beneath the counting allocator (every
+ * allocation: jansson's through the counter, the reader's own), or
+ * jansson's alone with the counter bypassed (the reader must see each
+ * failed constructor itself). */
+typedef void (*armer)(size_t n);
+
+static void arm_jansson_only(size_t n)
+{
+    arm(n);
+}
+
+/* gp_json_load_checked(text[0..len), flags) for N = 1, 2, ... until a run
+ * ends without reaching the failure: each run the unhurt answer (the same
+ * tree; for a text that is not JSON the same refusal) or NULL with out of
+ * memory. Returns the runs that broke the rule; *runs: how many. */
+static int sweep_text(const char *text, size_t len, size_t flags, armer arm_fn, size_t *runs)
+{
+    json_error_t ref_err;
+    json_t *ref = gp_json_load_checked(text, len, flags, &ref_err);
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        json_error_t err;
+        memset(&err, 0x55, sizeof err);
+        arm_fn(n);
+        json_t *got = gp_json_load_checked(text, len, flags, &err);
+        bool hit = disarm();
+        bool oom = !got && json_error_code(&err) == json_error_out_of_memory &&
+                   strcmp(err.text, "out of memory") == 0;
+        bool same_refusal = !got && !ref && strcmp(err.text, ref_err.text) == 0 &&
+                            json_error_code(&err) == json_error_code(&ref_err) &&
+                            err.position == ref_err.position;
+        if (got ? !(ref && json_equal(got, ref) && same_dump(got, ref)) : !(oom || same_refusal)) {
+            char *d = got ? json_dumps(got, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            print_message("flags 0x%zx, allocation %zu failed: %s \"%.200s\" for %.120s\n", flags,
+                          n, got ? "another tree" : "a refusal", got ? (d ? d : "?") : err.text,
+                          text);
+            free(d);
+            bad++;
+        }
+        if (!hit && !got && ref)
+            fail_msg("no failure, no tree: %s", err.text);
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    json_decref(ref);
+    *runs = n - 1;
+    return bad;
+}
+
+/* Both ways of failing, each flag set the pool uses and the rest. */
+static int sweep_all(const char *text, size_t len, size_t *total)
+{
+    static const size_t flag_sets[] = {
+        0, JSON_REJECT_DUPLICATES, JSON_DECODE_ANY,
+        JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
+        JSON_DISABLE_EOF_CHECK | JSON_DECODE_ANY | JSON_REJECT_DUPLICATES,
+    };
+    static const armer armers[] = {arm_beneath, arm_jansson_only};
+    int bad = 0;
+    for (size_t a = 0; a < 2; a++)
+        for (size_t f = 0; f < sizeof flag_sets / sizeof flag_sets[0]; f++) {
+            size_t runs;
+            bad += sweep_text(text, len, flag_sets[f], armers[a], &runs);
+            *total += runs;
+        }
+    return bad;
+}
+
+/* The text that kills json_loadb (jansson 2.14, SIGSEGV where its 13th
+ * allocation fails: a string token's closing quote lost when the token
+ * buffer could not grow): the checked load reads it whole or says out of
+ * memory. On the old checked load (json_loadb inside) this test crashes. */
+static void test_crash_text(void **st)
+{
+    (void)st;
+    static const char CRASH[] =
+        "{\"input_tokens\":1234,\"x_pool_meta\":{\"estimated\":false,\"model\":\"an-inner-model\"}}";
+    size_t total = 0;
+    assert_int_equal(sweep_all(CRASH, strlen(CRASH), &total), 0);
+    assert_true(total > 40);
+    assert_int_equal(sweep_all(TEXT, strlen(TEXT), &total), 0);
+    print_message("crash text and TEXT: %zu runs swept\n", total);
+}
+
+/* Strings and keys whose escapes sit at jansson's token buffer's growth
+ * points (16, 32, 64 bytes: where its lexer lost a byte), every kind of
+ * escape, a surrogate pair, \u0000 (a value with JSON_ALLOW_NUL), a real
+ * longer than the reader's stack copy, duplicate keys with escapes (the
+ * key stack), a scalar at the top, and texts that are not JSON. */
+static void test_escapes_and_long_tokens(void **st)
+{
+    (void)st;
+    static const char *const escapes[] = {"\\\"", "\\\\", "\\n", "\\u00e9", "\\ud83d\\ude00",
+                                          "\\/", "\\u0000"};
+    static const size_t lengths[] = {1, 14, 15, 16, 17, 30, 31, 32, 33, 62, 63, 64, 65, 200};
+    char text[1024], pad[256];
+    size_t total = 0;
+    int bad = 0;
+    memset(pad, 'x', sizeof pad);
+    for (size_t e = 0; e < sizeof escapes / sizeof escapes[0]; e++)
+        for (size_t l = 0; l < sizeof lengths / sizeof lengths[0]; l++) {
+            int n = snprintf(text, sizeof text,
+                             "{\"%.*s%s\":[\"%.*s%s\",\"%s%.*s\"],\"k%s\":1,\"k%s\":{\"%s\":2}}",
+                             (int)lengths[l], pad, e == 6 ? "\\n" : escapes[e], (int)lengths[l],
+                             pad, escapes[e], escapes[e], (int)lengths[l], pad, escapes[e],
+                             escapes[e], e == 6 ? "z" : escapes[e]);
+            bad += sweep_all(text, (size_t)n, &total);
+            n = snprintf(text, sizeof text, "\"%.*s%s%.*s\"", (int)lengths[l], pad, escapes[e],
+                         (int)lengths[l], pad);
+            bad += sweep_all(text, (size_t)n, &total);
+        }
+    static const char *const others[] = {
+        "[1.00000000000000000000000000000000000000000000000000000000000000000000000000000001,"
+        "-0,1e-400,123456789012345678,\"caf\\u00e9\"]",
+        "{\"a\":1,\"a\":{\"b\":[true,false,null],\"b\":\"long enough to be copied twice\"}}",
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"deep\"]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+        "{\"a_key_longer_than_sixteen_bytes\":\"a long string value\",\"b\":[1,2,}",
+        "{\"a_key_longer_than_sixteen_bytes\":\"\\ud800 lone\"}",
+        "{\"a_key_longer_than_sixteen_bytes\":\"value\",\"a_key_longer_than_sixteen_bytes\":1}",
+        "[9223372036854775808,\"a string long enough to need a copy\"]",
+        "{\"x\":\"a string long enough to need a copy\", \"y\": 1e400}",
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        bad += sweep_all(others[i], strlen(others[i]), &total);
+    print_message("escapes and long tokens: %zu runs swept, %d broke the rule\n", total, bad);
+    assert_int_equal(bad, 0);
 }
 
 /* The same sweep over jansson's json_loadb alone finds runs that break
@@ -286,8 +425,10 @@ int main(void)
     gp_json_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_checked_load),
-        cmocka_unit_test(test_loadb_fallback),
+        cmocka_unit_test(test_loadb),
         cmocka_unit_test(test_invalid_text),
+        cmocka_unit_test(test_crash_text),
+        cmocka_unit_test(test_escapes_and_long_tokens),
         cmocka_unit_test(test_plain_json_loadb_breaks_the_rule),
         cmocka_unit_test(test_checked_dump),
         cmocka_unit_test(test_plain_json_dumps_drops_a_key),
