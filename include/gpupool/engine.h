@@ -542,6 +542,31 @@ bool gpe_grammar_complete(const gpe_grammar *g);
 typedef unsigned long (*gpe_json_alloc_failures_fn)(void);
 void gpe_set_json_alloc_failures(gpe_json_alloc_failures_fn count);
 
+/* The host's JSON loader, for every text the engine reads (schemas,
+ * values to validate, tool calls and their arguments) in place of
+ * jansson's json_loadb. jansson 2.14's loader can crash when an
+ * allocation fails while it reads a string (it loses the byte it could
+ * not save, a closing quote or an escape's letter, and reads and writes
+ * past its buffer, or aborts): no counter can undo that, so a host with a
+ * loader of its own that does not run jansson's (gpupool's:
+ * gp_json_load_checked) hands it over here.
+ *
+ * load(p, n, flags, err) reads the n bytes at p as json_loadb(p, n, flags,
+ * err) does, for every load flag the engine passes (JSON_DECODE_ANY,
+ * JSON_ALLOW_NUL, JSON_DECODE_INT_AS_REAL, JSON_REJECT_DUPLICATES): the
+ * same tree (a new reference), or NULL with err saying why. Out of memory
+ * anywhere in it is NULL with json_error_code(err) ==
+ * json_error_out_of_memory (the engine's GPE_ERR_NOMEM, "out of memory"),
+ * never a tree that differs from the text. err may be NULL. The engine
+ * believes its answer as it stands (no counter, no second load). Register
+ * it once at start-up, before any thread uses the engine; NULL goes back
+ * to jansson's loader, judged as above. */
+struct json_t;
+struct json_error_t;
+typedef struct json_t *(*gpe_json_load_fn)(const char *p, size_t n, size_t flags,
+                                           struct json_error_t *err);
+void gpe_set_json_loader(gpe_json_load_fn load);
+
 /* ----------------------------------------------------------------- system */
 
 /* Which SIMD path the CPU backend chose at run time ("avx512", "avx2", "scalar"). */

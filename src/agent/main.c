@@ -228,10 +228,13 @@ int main(int argc, char **argv)
     int rc = 2;
 
     /* jansson's counting allocator (gp_json.h), set before any thread
-     * can be inside jansson; the engine judges its loads and dumps by the
-     * same count (engine.h gpe_set_json_alloc_failures). */
+     * can be inside jansson; the engine judges its dumps by the same count
+     * (engine.h gpe_set_json_alloc_failures) and reads its JSON with
+     * gp_json's reader, not jansson's, which can crash short of memory
+     * (gpe_set_json_loader). */
     gp_json_init();
     gpe_set_json_alloc_failures(gp_json_alloc_failures);
+    gpe_set_json_loader(gp_json_load_checked);
 
     /* Block the stop signals before anything starts a thread (backends
      * start theirs in their constructors; threads inherit the mask), then

@@ -9,6 +9,10 @@
  * still "succeeds". The engine does not own jansson's allocator (the
  * process does), so it learns of those failures from the host's counter
  * (gpe_set_json_alloc_failures, engine.h), and guards itself without one.
+ * Worse, the 2.14 loader can crash short of memory (a lost closing quote
+ * or escape letter, then reads and writes past its buffer): a host with a
+ * loader that does not run jansson's gives it to the engine
+ * (gpe_set_json_loader), and every load goes there.
  *
  * Depends on jansson only (linked with jschema.c, which the server and
  * the agent's openai backend take alone).
@@ -24,10 +28,13 @@
 /* JSON text (len bytes) as a value (*out: new reference, else NULL;
  * jansson's load flags): GPE_OK; GPE_ERR_ARG, not JSON (je says why);
  * GPE_ERR_NOMEM, memory ran out (je says "out of memory"). With the host's
- * counter: one load, out of memory when any allocation failed during it.
- * Without: two loads, believed only when they agree (the same value, or
- * the same refusal at the same place), which costs a second load and
- * misses a shortage that fails the same allocation both times. */
+ * loader (gpe_set_json_loader, engine.h): one load by it, jansson's never
+ * run (it can crash short of memory), out of memory where the loader says
+ * so. Else jansson's json_loadb: with the host's counter, one load, out of
+ * memory when any allocation failed during it; without, two loads,
+ * believed only when they agree (the same value, or the same refusal at
+ * the same place), which costs a second load and misses a shortage that
+ * fails the same allocation both times. je must not be NULL. */
 gpe_status gpe_js_load(const char *text, size_t len, size_t flags, json_t **out,
                        json_error_t *je);
 

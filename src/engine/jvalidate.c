@@ -688,8 +688,9 @@ gpe_jv_result gpe_jv_check_text(gpe_jv *v, const char *text, size_t len, char *m
      * "not JSON", nor one it read with a byte dropped another value. */
     size_t flags = JSON_DECODE_ANY | JSON_ALLOW_NUL;
     gpe_status st = gpe_js_load(text, len, flags, &value, &je);
-    /* an integer past 64 bits is still JSON */
-    if (st == GPE_ERR_ARG && strstr(je.text, "too big"))
+    /* an integer past 64 bits is still JSON (by its code: the host's
+     * loader words it its own way; a real's overflow is refused again) */
+    if (st == GPE_ERR_ARG && json_error_code(&je) == json_error_numeric_overflow)
         st = gpe_js_load(text, len, flags | JSON_DECODE_INT_AS_REAL, &value, &je);
     if (st == GPE_ERR_NOMEM) {
         if (msg && msglen)

@@ -27,10 +27,13 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     /* jansson's counting allocator (gp_json.h) before anything uses
-     * jansson, and its count for the engine's JSON (engine.h
-     * gpe_set_json_alloc_failures), as the agent does. */
+     * jansson, its count for the engine's JSON (engine.h
+     * gpe_set_json_alloc_failures) and gp_json's reader for the engine's
+     * loads (gpe_set_json_loader: jansson's can crash short of memory), as
+     * the agent does. */
     gp_json_init();
     gpe_set_json_alloc_failures(gp_json_alloc_failures);
+    gpe_set_json_loader(gp_json_load_checked);
     if (argc < 2) {
         usage(stderr);
         return 2;

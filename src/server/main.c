@@ -33,6 +33,8 @@
 #include <event2/keyvalq_struct.h>
 #include <sqlite3.h>
 
+#include <gpupool/engine.h>
+
 #include "common/gp_config.h"
 #include "common/gp_json.h"
 #include "common/gp_log.h"
@@ -1218,8 +1220,14 @@ static void server_free(server *s)
 int main(int argc, char **argv)
 {
     /* jansson's counting allocator (gp_json.h), set before any thread
-     * can be inside jansson. */
+     * can be inside jansson; the engine's schema code (linked for
+     * response_format and tool schemas) judges its dumps by the same count
+     * and reads its JSON with gp_json's reader, not jansson's, which can
+     * crash short of memory (engine.h gpe_set_json_alloc_failures,
+     * gpe_set_json_loader). */
     gp_json_init();
+    gpe_set_json_alloc_failures(gp_json_alloc_failures);
+    gpe_set_json_loader(gp_json_load_checked);
     if (argc >= 2 && strcmp(argv[1], "keys") == 0)
         return keys_main(argc, argv);
     if (argc == 2 && strcmp(argv[1], "--version") == 0) {

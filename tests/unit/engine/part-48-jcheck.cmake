@@ -3,7 +3,9 @@
 # (src/common/gp_json.c) registered: a load that jansson got wrong the same
 # way twice is refused, which the engine alone cannot see. The test's own
 # malloc fails the chosen calls (ld --wrap=malloc), beneath gp_json's
-# counting allocator.
+# counting allocator. And the host's loader (engine.h gpe_set_json_loader,
+# gp_json_load_checked registered): every load exact or out of memory,
+# where jansson's loader crashes (shown in a child process).
 gp_add_unit_test(test_jcheck
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_jcheck.c
   LIBS gpupool-engine gpupool_common PkgConfig::JANSSON m
