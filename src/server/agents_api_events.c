@@ -47,6 +47,10 @@ static void apply_result_set(int rc, apply_result *out)
         out->status = 409;
         out->code = out->expected_seq >= 0 ? "SEQ_GAP" : "NOT_ASSIGNED";
         break;
+    case 500: /* out of memory: the agent sends the events again (jobs.h) */
+        out->status = 500;
+        out->code = "INTERNAL";
+        break;
     default:
         out->status = 400;
         out->code = "INVALID_REQUEST";

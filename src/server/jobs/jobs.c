@@ -311,7 +311,7 @@ int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg)
 }
 
 /* Whether a live subscriber reads an event's tree (not the job's text and
- * fields): a token's, or that of an event read without one (notify_in). */
+ * fields): a token's, or that of an event read without one (apply_one). */
 bool jobs_wants_tree(const gps_job *job)
 {
     for (const gps_job_sub *s = job->subs; s; s = s->next)
@@ -495,12 +495,19 @@ gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, regis
     j->sched = s;
     j->store = store;
     j->metrics = metrics;
+    j->oom_ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", "INTERNAL", "message",
+                          "out of memory", "status", 500);
+    if (!j->oom_ev) {
+        free(j);
+        return NULL;
+    }
     if (base) {
         j->sweep = event_new(base, -1, EV_PERSIST, sweep_cb, j);
         struct timeval tv = {0, SWEEP_MS * 1000};
         if (!j->sweep || event_add(j->sweep, &tv) < 0) {
             if (j->sweep)
                 event_free(j->sweep);
+            json_decref(j->oom_ev);
             free(j);
             return NULL;
         }
@@ -534,6 +541,7 @@ void gps_jobs_free(gps_jobs *j)
     done_recs_expire(j, 0);
     json_decref(j->tok_id);
     json_decref(j->tok_ev);
+    json_decref(j->oom_ev);
     json_decref(j->log_submitted);
     json_decref(j->log_assigned);
     json_decref(j->log_done);

@@ -368,7 +368,9 @@ int gps_job_subscribe(gps_job *job, gps_job_event_fn fn, void *arg);
 void gps_job_unsubscribe(gps_job *job, gps_job_event_fn fn, void *arg);
 /* A subscriber that reads token text from the job's text (gps_job_text,
  * gps_job_text_resets): its token events may come with ev NULL (no tree is
- * built per token when every live subscriber is such a one). */
+ * built per token when every live subscriber is such a one), and so may
+ * its started, metrics, end and failover events (it reads the job's
+ * fields); an error event always has its tree. */
 int gps_job_subscribe_cursor(gps_job *job, gps_job_event_fn fn, void *arg);
 /* The client got bytes that came from the agent: after this a lost agent
  * can no longer be hidden by a transparent requeue. */
@@ -493,7 +495,10 @@ size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, u
                                gp_buf *out);
 /* Apply an event batch. Returns 0 (*cancel set), 404 unknown job, 409 when
  * not assigned to agent_id (*expected_seq = -1) or a seq gap
- * (*expected_seq = what the server has), 400 for a malformed event (msg). */
+ * (*expected_seq = what the server has), 400 for a malformed event (msg),
+ * 500 out of memory (msg "out of memory"): the events before the one it
+ * stopped at were applied, that one and the rest not at all; the same
+ * batch sent again (same seq) applies the rest. */
 int gps_jobs_apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
                           json_t *events, bool *cancel, long long *expected_seq, char *msg,
                           size_t msglen);

@@ -82,44 +82,56 @@ static long long client_prompt(const gps_job *job, long long pt)
     return pt > job->continued_tokens ? pt - job->continued_tokens : pt;
 }
 
-/* jobs_notify for an event that came as a tree (ev) or as the fields of a
- * plain one (in): a plain event's tree is parsed from its text only for a
- * subscriber that reads trees (native tasks, a handoff proxy); the relay
- * reads the job's fields. */
-static void notify_in(gps_jobs *j, gps_job *job, gps_event_type t, json_t *ev,
-                      const gps_event_in *in)
+/* What applying one event came to (apply_one, apply_token): APPLIED
+ * (the job failing for it included); NO_MEMORY, nothing of it applied:
+ * the upload is refused from it (500) and the agent sends it again, seq
+ * skipping what was applied before it; NOT_JSON, a plain event whose text
+ * does not read back (upload_read.c read it as JSON: never so). */
+#define APPLIED 0
+#define NO_MEMORY (-1)
+#define NOT_JSON (-2)
+
+/* A token's text and ids onto the job (ids: the tree ev's, or token_id
+ * when ev is NULL): the tokens it stands for, or NO_MEMORY with the job
+ * as it was. */
+static long long token_take(gps_job *job, const char *text, size_t len, const json_t *ev,
+                            long long token_id)
 {
-    if (ev || !in || !in->plain || !jobs_wants_tree(job)) {
-        jobs_notify(j, job, t, ev);
-        return;
-    }
-    json_t *tree = gp_json_loadb(in->raw, in->raw_len, NULL); /* (NULL on ENOMEM) */
-    jobs_notify(j, job, t, tree);
-    json_decref(tree);
+    size_t at = job->text.len;
+    if (gp_buf_append(&job->text, text, len) < 0)
+        return NO_MEMORY;
+    long long n = ev ? jobs_ids_record(job, ev) : jobs_ids_record_one(job, token_id);
+    if (n < 0)
+        gp_buf_truncate(&job->text, at);
+    return n < 0 ? NO_MEMORY : n;
 }
 
 /* A token event read as a tree (apply_one; one read without a tree:
  * apply_token). */
-static void apply_token_tree(gps_jobs *j, gps_job *job, json_t *ev, uint64_t now)
+static int apply_token_tree(gps_jobs *j, gps_job *job, json_t *ev, uint64_t now)
 {
-    job->state = GPS_JOB_RUNNING;
     const char *text = json_string_value(json_object_get(ev, "text"));
+    size_t len = strlen(text);
     /* The text of all attempts together stays within one attempt's
      * budget: a failover continues the same text. */
-    if ((long long)(job->text.len + strlen(text)) > event_budget(j, job) ||
+    if ((long long)(job->text.len + len) > event_budget(j, job) ||
         job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
         /* A misbehaving agent must not grow server memory without bound. */
         output_too_large(j, job, "output");
-        return;
+        return APPLIED;
     }
-    gp_buf_append(&job->text, text, strlen(text));
     /* an event may stand for several tokens (text held back by the
      * agent's stop matcher comes with a later token) */
-    job->completion_tokens += jobs_ids_record(job, ev);
+    long long n = token_take(job, text, len, ev, -1);
+    if (n < 0)
+        return NO_MEMORY;
+    job->state = GPS_JOB_RUNNING;
+    job->completion_tokens += n;
     if (!job->first_token_us)
         job->first_token_us = now;
     jobs_count(j, "tokens_generated_total", NULL, 1);
     jobs_notify(j, job, GPS_EV_TOKEN, ev);
+    return APPLIED;
 }
 
 /* A tool call piece (apply_one): its bytes counted against the budget. */
@@ -164,26 +176,30 @@ static void apply_metrics(gps_jobs *j, gps_job *job, json_t *ev, const gps_event
         return;
     }
     job->metrics_relayed++;
-    notify_in(j, job, GPS_EV_METRICS, ev, in);
+    jobs_notify(j, job, GPS_EV_METRICS, ev);
 }
 
 /* The end event (apply_one): the job is done, with the finish reason and
- * usage the agent reported. */
-static void apply_end(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
+ * usage the agent reported. NO_MEMORY before anything changed. */
+static int apply_end(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
 {
     bool plain = in && in->plain;
+    /* The stop string the agent stopped on (agent_check bounded it):
+     * the Anthropic dialect reports it as stop_sequence; copied first, so
+     * that the reply never goes without it. */
+    const char *ss = plain ? in->stop_sequence
+                           : json_string_value(json_object_get(ev, "stop_sequence"));
+    char *stop = ss ? strdup(ss) : NULL;
+    if (ss && !stop)
+        return NO_MEMORY;
     const char *fr = plain ? in->finish_reason
                            : json_string_value(json_object_get(ev, "finish_reason"));
     gp_copy_str(job->finish_reason, sizeof job->finish_reason,
                 fr && strcmp(fr, "length") == 0       ? "length"
                 : fr && strcmp(fr, "tool_calls") == 0 ? "tool_calls"
                                                       : "stop");
-    /* The stop string the agent stopped on (agent_check bounded it):
-     * the Anthropic dialect reports it as stop_sequence. */
-    const char *ss = plain ? in->stop_sequence
-                           : json_string_value(json_object_get(ev, "stop_sequence"));
     free(job->stop_sequence);
-    job->stop_sequence = ss ? strdup(ss) : NULL;
+    job->stop_sequence = stop;
     json_t *um = json_object_get(ev, "upstream_meta");
     json_decref(job->upstream_meta);
     job->upstream_meta = json_is_object(um) ? json_incref(um) : NULL;
@@ -215,7 +231,8 @@ static void apply_end(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
         gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id, jobs_log_fields_ref(f, ok),
                      "job finished");
     }
-    notify_in(j, job, GPS_EV_END, ev, in);
+    jobs_notify(j, job, GPS_EV_END, ev);
+    return APPLIED;
 }
 
 /* Error codes an agent reports for a failure of its own, not of the
@@ -273,12 +290,26 @@ static void apply_error(gps_jobs *j, gps_job *job, json_t *ev)
     jobs_cancel_take(j, job->agent_id, job->id);
 }
 
+/* Whether a plain event of type t is handed to its subscribers as a tree:
+ * only when one of them reads trees (native tasks, a handoff proxy; the
+ * relay reads the job's fields), and a metrics event only while metrics
+ * are relayed (apply_metrics). */
+static bool plain_tree_wanted(const gps_job *job, gps_event_type t)
+{
+    if (t != GPS_EV_STARTED && t != GPS_EV_METRICS && t != GPS_EV_END)
+        return false;
+    if (t == GPS_EV_METRICS && job->metrics_relayed >= GPS_JOBS_MAX_METRICS_RELAYED)
+        return false;
+    return jobs_wants_tree(job);
+}
+
 /* Apply one checked event (agent_check.h): ev, or without a tree the
  * fields of a plain event (in->plain; upload_read.c read and checked it
  * as the checker reads its tree). Nothing of ev is kept: what a
  * subscriber needs it copies during jobs_notify. in (or NULL): the reader's
- * record, whose bytes is the event's compact size. */
-static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
+ * record, whose bytes is the event's compact size. APPLIED, NO_MEMORY or
+ * NOT_JSON (nothing applied then). */
+static int apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in *in)
 {
     bool plain = in && in->plain;
     gps_event_type t = plain ? in->type
@@ -288,22 +319,37 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
     job->last_event_us = now;
     /* Every event counts, unknown ones too: 40 uploads of 3.5 MB of
      * "metrics" on a max_tokens=10 job must not be 140 MB. */
-    job->agent_bytes += (long long)(in && in->bytes ? in->bytes : gp_json_compact_size(ev));
+    long long bytes = (long long)(in && in->bytes ? in->bytes : gp_json_compact_size(ev));
+    job->agent_bytes += bytes;
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
-        return;
+        return APPLIED;
     }
     if (plain ? in->progress : is_progress(ev)) {
         apply_progress(job, ev, in);
-        return;
+        return APPLIED;
     }
+    /* A plain event's tree, read before the event changes the job: a
+     * subscriber that reads trees never misses an event the others got,
+     * and out of memory leaves the job as it was. */
+    json_t *tree = NULL;
+    if (plain && plain_tree_wanted(job, t)) {
+        json_error_t err;
+        tree = gp_json_loadb(in->raw, in->raw_len, &err);
+        if (!tree) {
+            job->agent_bytes -= bytes; /* counted when it comes again */
+            return json_error_code(&err) == json_error_out_of_memory ? NO_MEMORY : NOT_JSON;
+        }
+        ev = tree;
+    }
+    int rc = APPLIED;
     switch (t) {
     case GPS_EV_STARTED:
         job->state = GPS_JOB_RUNNING;
-        notify_in(j, job, t, ev, in);
+        jobs_notify(j, job, t, ev);
         break;
     case GPS_EV_TOKEN:
-        apply_token_tree(j, job, ev, now);
+        rc = apply_token_tree(j, job, ev, now);
         break;
     case GPS_EV_TOOL_CALL:
         apply_tool_call(j, job, ev, now);
@@ -319,7 +365,7 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
         apply_metrics(j, job, ev, in);
         break;
     case GPS_EV_END:
-        apply_end(j, job, ev, in);
+        rc = apply_end(j, job, ev, in);
         break;
     case GPS_EV_ERROR:
         apply_error(j, job, ev);
@@ -330,6 +376,10 @@ static void apply_one(gps_jobs *j, gps_job *job, json_t *ev, const gps_event_in 
         jobs_count(j, "agent_events_dropped_total", "reason=\"unknown_type\"", 1);
         break;
     }
+    json_decref(tree);
+    if (rc != APPLIED)
+        job->agent_bytes -= bytes;
+    return rc;
 }
 
 /* The token event handed to subscribers, set to e's text and id in place:
@@ -376,38 +426,42 @@ static json_t *token_event(gps_jobs *j, const gps_event_in *e)
 }
 
 /* A token read without a tree (gps_event_in): what apply_one does for a
- * token event, from its fields. Returns whether it was generated (counted
- * by the caller, once per upload). */
+ * token event, from its fields. Returns 1 when it was generated (counted
+ * by the caller, once per upload), 0 when not (the job failed for it), or
+ * NO_MEMORY with nothing of it applied. */
 /* now: the upload's arrival (apply_events reads the clock once for all
  * its events; a clock read per token was a tenth of this function). */
-static bool apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e, uint64_t now)
+static int apply_token(gps_jobs *j, gps_job *job, const gps_event_in *e, uint64_t now)
 {
     job->last_event_us = now;
     job->agent_bytes += (long long)e->bytes;
     if (job->agent_bytes > event_budget(j, job)) {
         output_too_large(j, job, "event data");
-        return false;
+        return 0;
     }
-    job->state = GPS_JOB_RUNNING;
     if ((long long)(job->text.len + e->len) > event_budget(j, job) ||
         job->completion_tokens >= job->spec.max_tokens + MAX_TOKENS_SLACK) {
         output_too_large(j, job, "output");
-        return false;
+        return 0;
     }
-    gp_buf_append(&job->text, e->text, e->len);
-    job->completion_tokens += jobs_ids_record_one(job, e->token_id);
+    /* Cursor subscribers (the relay) read the text just appended: the
+     * event's tree, and its string's allocation, only for the others,
+     * and made first: a token is taken only when every subscriber can be
+     * given it. */
+    json_t *ev = NULL;
+    long long n = NO_MEMORY;
+    if (!jobs_wants_tree(job) || (ev = token_event(j, e)))
+        n = token_take(job, e->text, e->len, NULL, e->token_id);
+    if (n < 0) {
+        job->agent_bytes -= (long long)e->bytes; /* counted when it comes again */
+        return NO_MEMORY;
+    }
+    job->state = GPS_JOB_RUNNING;
+    job->completion_tokens += n;
     if (!job->first_token_us)
         job->first_token_us = now;
-    /* Cursor subscribers (the relay) read the text just appended: the
-     * event's tree, and its string's allocation, only for the others. */
-    if (!jobs_wants_tree(job)) {
-        jobs_notify(j, job, GPS_EV_TOKEN, NULL);
-        return true;
-    }
-    json_t *ev = token_event(j, e);
-    if (ev)
-        jobs_notify(j, job, GPS_EV_TOKEN, ev);
-    return true;
+    jobs_notify(j, job, GPS_EV_TOKEN, ev);
+    return 1;
 }
 
 static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, long long seq,
@@ -473,10 +527,25 @@ static int apply_events(gps_jobs *j, const char *job_id, const char *agent_id, l
     for (size_t i = (size_t)(job->agent_seq - seq); i < n; i++) {
         job->agent_seq++;
         bool token = in && !in[i].ev && !in[i].plain;
-        if (token)
-            generated += apply_token(j, job, &in[i], job->last_event_us);
-        else
-            apply_one(j, job, in ? in[i].ev : json_array_get(events, i), in ? &in[i] : NULL);
+        int rc = token ? apply_token(j, job, &in[i], job->last_event_us)
+                       : apply_one(j, job, in ? in[i].ev : json_array_get(events, i),
+                                   in ? &in[i] : NULL);
+        if (rc < 0) {
+            /* Nothing of event i was applied: the upload is refused from
+             * it, and the agent sends it again (seq skips the events before
+             * it). Never a token missing from the middle of the text, nor
+             * an event one subscriber got and another did not. */
+            job->agent_seq--;
+            if (generated)
+                jobs_count(j, "tokens_generated_total", NULL, (double)generated);
+            if (rc == NOT_JSON) {
+                snprintf(msg, msglen, "event %zu does not read back as JSON", i);
+                return 400;
+            }
+            snprintf(msg, msglen, "out of memory");
+            return 500;
+        }
+        generated += token ? rc : 0;
         if (gps_job_terminal(job))
             break;
         /* Only an event of another kind (the agent's error) fails the job

@@ -22,32 +22,31 @@ static void ids_reset(gps_job *job)
     job->ids_digest[0] = '\0';
 }
 
-/* Keep the ids of a token event: token_ids (every token sampled since the
- * previous event) or token_id. An event without ids, or more ids than the
- * request allows, ends token-exact continuation for the job. Returns the
- * number of tokens the event stands for (>= 1). */
-static bool ids_room(gps_job *job, size_t n)
+/* Room for n more ids: 1; 0 when the job keeps none (token-exact
+ * continuation ended: an event without ids, or more ids than the request
+ * allows); -1 out of memory, nothing changed: the caller refuses the event
+ * (its upload is sent again), never a job that quietly continues from
+ * text where its ids were token-exact. */
+static int ids_room(gps_job *job, size_t n)
 {
     if (!job->ids_ok)
-        return false;
+        return 0;
     size_t cap = (size_t)(job->spec.max_tokens > 0 ? job->spec.max_tokens : 0) + MAX_TOKENS_SLACK;
     if (job->n_gen_ids + n > cap) {
         job->ids_ok = false;
-        return false;
+        return 0;
     }
     if (job->n_gen_ids + n > job->cap_gen_ids) {
         size_t nc = job->cap_gen_ids ? job->cap_gen_ids : 64;
         while (nc < job->n_gen_ids + n)
             nc *= 2;
         int32_t *g = realloc(job->gen_ids, nc * sizeof *g);
-        if (!g) {
-            job->ids_ok = false;
-            return false;
-        }
+        if (!g)
+            return -1;
         job->gen_ids = g;
         job->cap_gen_ids = nc;
     }
-    return true;
+    return 1;
 }
 
 /* jobs_ids_record for a token read without a tree (token_id -1: none). */
@@ -57,11 +56,19 @@ long long jobs_ids_record_one(gps_job *job, long long token_id)
         job->ids_ok = false;
         return 1;
     }
-    if (ids_room(job, 1))
+    int room = ids_room(job, 1);
+    if (room < 0)
+        return -1;
+    if (room)
         job->gen_ids[job->n_gen_ids++] = (int32_t)token_id;
     return 1;
 }
 
+/* Keep the ids of a token event: token_ids (every token sampled since the
+ * previous event) or token_id. An event without ids, or more ids than the
+ * request allows, ends token-exact continuation for the job. Returns the
+ * number of tokens the event stands for (>= 1), or -1 out of memory
+ * (nothing recorded). */
 long long jobs_ids_record(gps_job *job, const json_t *ev)
 {
     const json_t *arr = json_object_get(ev, "token_ids");
@@ -71,8 +78,9 @@ long long jobs_ids_record(gps_job *job, const json_t *ev)
         job->ids_ok = false;
         return 1;
     }
-    if (!ids_room(job, n))
-        return (long long)n;
+    int room = ids_room(job, n);
+    if (room <= 0)
+        return room < 0 ? -1 : (long long)n;
     for (size_t i = 0; i < n; i++)
         job->gen_ids[job->n_gen_ids++] =
             (int32_t)json_integer_value(json_is_array(arr) ? json_array_get(arr, i) : one);
@@ -434,8 +442,20 @@ void jobs_fail_over(gps_jobs *j, gps_job *job, const char *why)
                                job->agent_id, "reason", why, "attempt", job->attempts + 1,
                                "completion_tokens", (json_int_t)job->completion_tokens,
                                "continuation", tokens ? "tokens" : "text");
-        if (p.fallback >= 0)   /* the model that continues the stream */
-            json_object_set_new(ev, "model", json_string(job->spec.model));
+        if (ev && p.fallback >= 0 && /* the model that continues the stream */
+            json_object_set_new(ev, "model", json_string(job->spec.model)) != 0) {
+            json_decref(ev);
+            ev = NULL;
+        }
+        if (!ev && jobs_wants_tree(job)) {
+            /* A subscriber that reads the event (a native task's stream
+             * numbers it, and tells its client that the tokens after it
+             * continue the text) would go on without it: the job fails
+             * instead, the server's own failure. The cursor subscribers
+             * (the relay) take no failover event. */
+            jobs_fail_job(j, job, 500, "INTERNAL", "out of memory", 0);
+            return;
+        }
         job->agent_id[0] = '\0';
         job->agent_seq = 0;
         /* Subscribers may not cancel here (they have nothing to say yet),

@@ -191,6 +191,24 @@ static void leave_agent(gps_jobs *j, gps_job *job, bool ok)
     jobs_cancel_add(j, job->agent_id, job->id);
 }
 
+/* The error event a job ends with (new reference): code, message, the
+ * status a dialect uses, retry_after when > 0; out of memory, the table's
+ * own (INTERNAL, 500): never no event, which a subscriber would tell as
+ * the agent's failure (relay.c: 502 AGENT_ERROR), nor one without its
+ * retry_after. */
+static json_t *error_event(gps_jobs *j, int status, const char *code, const char *message,
+                           int retry_after)
+{
+    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", code, "message",
+                           message, "status", status);
+    if (ev && retry_after > 0 &&
+        json_object_set_new(ev, "retry_after", json_integer(retry_after)) != 0) {
+        json_decref(ev);
+        ev = NULL;
+    }
+    return ev ? ev : json_incref(j->oom_ev);
+}
+
 /* Fail a job with an error event carrying the status a dialect uses. */
 void jobs_fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
                    const char *message, int retry_after)
@@ -204,10 +222,7 @@ void jobs_fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
                  json_pack("{s:s,s:s,s:i,s:s}", "job_id", job->id, "code", code, "status",
                            status, "agent_id", job->agent_id),
                  "%s", message);
-    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", code, "message",
-                           message, "status", status);
-    if (retry_after > 0)
-        json_object_set_new(ev, "retry_after", json_integer(retry_after));
+    json_t *ev = error_event(j, status, code, message, retry_after);
     jobs_notify(j, job, GPS_EV_ERROR, ev);
     json_decref(ev);
 }
@@ -250,8 +265,7 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
                            (json_int_t)job->prompt_tokens, "completion_tokens",
                            (json_int_t)job->completion_tokens, "prompt_estimated", estimated),
                  "job cancelled");
-    json_t *ev = json_pack("{s:s,s:s,s:s,s:i}", "type", "error", "code", "CANCELLED", "message",
-                           "the job was cancelled", "status", 499);
+    json_t *ev = error_event(j, 499, "CANCELLED", "the job was cancelled", 0);
     jobs_notify(j, job, GPS_EV_ERROR, ev);
     json_decref(ev);
 }
@@ -260,9 +274,22 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
 {
     if (gps_job_terminal(job))
         return;
-    leave_agent(j, job, true);
     snprintf(job->finish_reason, sizeof job->finish_reason, "%s",
              finish_reason ? finish_reason : "stop");
+    json_t *ev = json_pack("{s:s,s:s,s:{s:I,s:I}}", "type", "end", "finish_reason",
+                           job->finish_reason, "usage", "prompt_tokens",
+                           (json_int_t)job->prompt_tokens, "completion_tokens",
+                           (json_int_t)job->completion_tokens);
+    if (!ev && jobs_wants_tree(job)) {
+        /* A subscriber that reads the end's tree (a native task, a
+         * hand-off's proxy) would never learn that the job ended: it
+         * fails, the server's own failure. The cursor subscribers (the
+         * relay) read the end from the job: NULL will do for them. */
+        job->finish_reason[0] = '\0';
+        jobs_fail_job(j, job, 500, "INTERNAL", "out of memory", 0);
+        return;
+    }
+    leave_agent(j, job, true);
     jobs_finish(j, job, GPS_JOB_DONE);
     gp_log_write(GP_LOG_INFO, "job_done", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:I,s:I,s:s,s:b}", "job_id", job->id, "model",
@@ -272,10 +299,6 @@ void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
                            (json_int_t)job->completion_tokens, "finish_reason",
                            job->finish_reason, "early", 1),
                  "job finished by the server (stop sequence)");
-    json_t *ev = json_pack("{s:s,s:s,s:{s:I,s:I}}", "type", "end", "finish_reason",
-                           job->finish_reason, "usage", "prompt_tokens",
-                           (json_int_t)job->prompt_tokens, "completion_tokens",
-                           (json_int_t)job->completion_tokens);
     jobs_notify(j, job, GPS_EV_END, ev);
     json_decref(ev);
 }

@@ -59,6 +59,12 @@ struct gps_jobs {
     json_t *tok_ev; /* the token event handed to subscribers for a read upload (reused) */
     json_t *tok_id; /* its token_id while it has one (a second reference) */
     json_t *tok_text; /* its "text" (borrowed from tok_ev) */
+    /* The error event a job's subscribers get when the one it ends with
+     * cannot be built (out of memory): {type: error, code: INTERNAL,
+     * message: "out of memory", status: 500}. Made with the table, so that
+     * it is there when memory is short; never changed (a subscriber may
+     * keep a reference). */
+    json_t *oom_ev;
     uint64_t report_stamp; /* the last agent report (gps_jobs_agent_report) */
     /* The fields of the per-job log lines, refilled in place (jobs_log_fields). */
     json_t *log_submitted, *log_assigned, *log_done;
@@ -121,6 +127,8 @@ void jobs_place(gps_jobs *j, gps_job *job, int depth);
 void jobs_requeue_or_fail(gps_jobs *j, gps_job *job, int depth);
 
 /* ---- jobs_failover.c ---- */
+/* The tokens a token event stands for (its ids kept while the job's are
+ * token-exact), or -1 out of memory with nothing recorded. */
 long long jobs_ids_record_one(gps_job *job, long long token_id);
 long long jobs_ids_record(gps_job *job, const json_t *ev);
 void jobs_resume_ids_take(gps_job *job);

@@ -258,6 +258,13 @@ static bool admit_key(gps_jobs *j, gps_job_spec *spec, const char *correlation_i
 /* A new job that takes spec's contents (spec keeps its api only): its
  * id, tenant, text resumed, sampler seed and clocks. NULL when out of
  * memory (the reservation given back, spec cleared, err says so). */
+static void out_of_memory(gps_submit_err *err)
+{
+    err->status = 500;
+    err->code = "INTERNAL";
+    snprintf(err->message, sizeof err->message, "out of memory");
+}
+
 static gps_job *job_new(gps_jobs *j, gps_job_spec *spec, const char *correlation_id,
                         const char *key_id, long long reserve, gps_submit_err *err)
 {
@@ -266,9 +273,7 @@ static gps_job *job_new(gps_jobs *j, gps_job_spec *spec, const char *correlation
         if (reserve > 0)
             gps_limits_release(j->limits, key_id, reserve);
         gps_job_spec_clear(spec);
-        err->status = 500;
-        err->code = "INTERNAL";
-        snprintf(err->message, sizeof err->message, "out of memory");
+        out_of_memory(err);
         return NULL;
     }
     job->owner = j;
@@ -287,8 +292,15 @@ static gps_job *job_new(gps_jobs *j, gps_job_spec *spec, const char *correlation
     gp_buf_init(&job->text);
     if (job->spec.resume_text && job->spec.resume_tokens > 0) {
         /* Continue where the previous server process stopped: the client
-         * already has this text (its events are stored). */
-        gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text));
+         * already has this text (its events are stored). Out of memory
+         * refuses the job (500): resumed without it, the job's text would
+         * not be the client's, and a failover would continue from the
+         * wrong text. */
+        if (gp_buf_append(&job->text, job->spec.resume_text, strlen(job->spec.resume_text)) < 0) {
+            jobs_job_free(job); /* (its reservation given back, its spec cleared) */
+            out_of_memory(err);
+            return NULL;
+        }
         job->completion_tokens = job->continued_tokens = job->spec.resume_tokens;
         job->client_saw_output = true;
         jobs_resume_ids_take(job);

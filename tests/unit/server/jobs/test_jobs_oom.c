@@ -1,0 +1,574 @@
+/* The jobs module under memory pressure (fixture_oom.h arm_beneath: the
+ * N-th of the project's malloc, calloc, realloc or strdup fails, jansson's
+ * through gp_json's counting allocator; N = 1, 2, ... until a run ends
+ * without reaching it). What a client gets of its job is whole, or the
+ * failure is the server's own and says so (INTERNAL, 500): never a token
+ * missing from the middle of the text, never an event one subscriber got
+ * and another did not, never an error event without its tree (a relay
+ * tells one as the agent's failure, 502 AGENT_ERROR).
+ *
+ * Two subscribers on every job, in fixed storage (their callbacks run
+ * under the failing allocator too): one that reads trees, as a native
+ * task or a hand-off's proxy does, and a cursor one that reads the job's
+ * text, as the relay does. Real registry, scheduler and jobs table
+ * (fixture_fleet.h); an upload read by the real reader (upload_read.h).
+ * And a resumed task's text, whole or no job at all. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/gp_json.h"
+#include "fixture_fleet.h"
+#include "fixture_oom.h"
+#include "server/jobs/jobs.h"
+#include "server/upload_read.h"
+
+#define D1 "1111111111111111111111111111111111111111111111111111111111111111"
+
+/* Memory that stays short: from the sweep's failure on, every allocation
+ * of jansson's fails too (until disarm), through gp_json's counting
+ * allocator as a real one would. One failure alone never fails a checked
+ * load of a text the fast reader takes (gp_json_loadb: the reader gives
+ * up, jansson's load then succeeds); a second one does. */
+static json_malloc_t counting_malloc; /* gp_json_init's */
+static bool persist;
+
+static void *persisting_malloc(size_t n)
+{
+    if (persist && injected)
+        countdown = 1; /* fail_now fails the next allocation: this one */
+    return counting_malloc(n);
+}
+
+static void arm_persisting(size_t n, bool on)
+{
+    persist = on;
+    arm_beneath(n);
+}
+
+static bool disarm_persisting(void)
+{
+    persist = false;
+    return disarm();
+}
+
+/* What one subscriber saw. */
+typedef struct seen {
+    char text[2048];
+    size_t len;
+    bool overflow;
+    int started, metrics, ends, failovers, errors;
+    int no_tree;           /* events without the tree this subscriber reads */
+    char code[48];         /* the last error event's */
+    int status;
+    long long retry_after;
+} seen;
+
+static void seen_text(seen *s, const char *t, size_t n)
+{
+    if (s->len + n >= sizeof s->text) {
+        s->overflow = true;
+        return;
+    }
+    memcpy(s->text + s->len, t, n);
+    s->len += n;
+    s->text[s->len] = '\0';
+}
+
+static void seen_error(seen *s, const json_t *ev)
+{
+    s->errors++;
+    snprintf(s->code, sizeof s->code, "%s",
+             json_string_value(json_object_get(ev, "code")) ? json_string_value(
+                                                                  json_object_get(ev, "code"))
+                                                            : "(none)");
+    s->status = (int)json_integer_value(json_object_get(ev, "status"));
+    s->retry_after = json_integer_value(json_object_get(ev, "retry_after"));
+}
+
+static void seen_count(seen *s, gps_event_type t)
+{
+    s->started += t == GPS_EV_STARTED;
+    s->metrics += t == GPS_EV_METRICS;
+    s->ends += t == GPS_EV_END;
+    s->failovers += t == GPS_EV_FAILOVER;
+}
+
+/* A native task's way: every event's tree, a token's text from it. */
+static void on_tree(gps_job *job, gps_event_type t, json_t *ev, void *arg)
+{
+    (void)job;
+    seen *s = arg;
+    if (!ev) {
+        s->no_tree++;
+        return;
+    }
+    seen_count(s, t);
+    if (t == GPS_EV_TOKEN) {
+        const char *x = json_string_value(json_object_get(ev, "text"));
+        if (x)
+            seen_text(s, x, strlen(x));
+        else
+            s->no_tree++;
+    }
+    if (t == GPS_EV_ERROR)
+        seen_error(s, ev);
+}
+
+/* The relay's way: a token's text from the job's text at its cursor; an
+ * error's fields from its tree (relay.c gps_relay_fail). */
+static void on_cursor(gps_job *job, gps_event_type t, json_t *ev, void *arg)
+{
+    seen *s = arg;
+    seen_count(s, t);
+    if (t == GPS_EV_TOKEN && gps_job_text_len(job) > s->len)
+        seen_text(s, gps_job_text(job) + s->len, gps_job_text_len(job) - s->len);
+    if (t == GPS_EV_ERROR) {
+        if (ev)
+            seen_error(s, ev);
+        else
+            s->no_tree++;
+    }
+}
+
+/* One run's fleet: agent a (digest D1: its token ids are kept), agent b
+ * (the same model, for a failover), and a job of a's with both
+ * subscribers. */
+typedef struct run {
+    fleet f;
+    registry_agent *a, *b;
+    gps_job *job;
+    seen tree, cur;
+} run;
+
+static void run_start(run *r, const gps_jobs_opts *o)
+{
+    memset(r, 0, sizeof *r);
+    fleet_init(&r->f, o, NULL);
+    r->a = fleet_agent(&r->f, 1, "m1", D1, 2, 1000);
+    gps_job_spec s = fleet_spec("m1", 64);
+    r->job = fleet_submit(&r->f, &s);
+    assert_int_equal(gps_job_subscribe(r->job, on_tree, &r->tree), 0);
+    assert_int_equal(gps_job_subscribe_cursor(r->job, on_cursor, &r->cur), 0);
+    json_decref(fleet_take(&r->f, r->a));
+    r->b = fleet_agent(&r->f, 2, "m1", D1, 2, 1000);
+}
+
+static void run_end(run *r)
+{
+    if (!gps_job_terminal(r->job))
+        gps_jobs_cancel(r->f.jobs, r->job, "test");
+    fleet_free(&r->f);
+}
+
+/* ---- an agent's upload ---- */
+
+/* The tokens of the uploads: 700 bytes in all, so that the job's text
+ * grows three times (gp_buf: 256, 512, 1024). */
+#define NTOK 8
+static const char *const TOK[NTOK] = {
+    "Once upon a time",
+    ", in a datacenter far away, ",
+    "a model wrote a reply long enough that the buffer holding it had to grow more than once "
+    "while it was being relayed to the client who asked for it, ",
+    "and every token of it mattered: ",
+    "a token missing from the middle of a reply is a reply quietly changed, which is worse "
+    "than a reply refused, because nobody can tell; ",
+    "so the server either takes a token whole or refuses the upload that carries it, and the "
+    "agent sends it again, its sequence number telling the server what it already has. ",
+    "The end",
+    ".",
+};
+
+static void want_text(char *out, size_t cap)
+{
+    out[0] = '\0';
+    for (int i = 0; i < NTOK; i++)
+        strncat(out, TOK[i], cap - strlen(out) - 1);
+}
+
+/* The events as the agent writes them: started, the tokens (each with its
+ * token_id; in the tree form every other one with token_ids too), a
+ * metrics event after the third, the end with the stop string it stopped
+ * on. */
+static void events_text(char *out, size_t cap, bool with_ids)
+{
+    size_t n = (size_t)snprintf(out, cap, "[{\"type\":\"started\"}");
+    for (int i = 0; i < NTOK; i++) {
+        if (with_ids && i % 2)
+            n += (size_t)snprintf(out + n, cap - n,
+                                  ",{\"type\":\"token\",\"text\":\"%s\",\"token_id\":%d,"
+                                  "\"token_ids\":[%d]}",
+                                  TOK[i], 100 + i, 100 + i);
+        else
+            n += (size_t)snprintf(out + n, cap - n,
+                                  ",{\"type\":\"token\",\"text\":\"%s\",\"token_id\":%d}", TOK[i],
+                                  100 + i);
+        if (i == 2)
+            n += (size_t)snprintf(out + n, cap - n,
+                                  ",{\"type\":\"metrics\",\"tokens_per_sec\":12.5,"
+                                  "\"prompt_tokens\":3}");
+    }
+    snprintf(out + n, cap - n,
+             ",{\"type\":\"end\",\"finish_reason\":\"stop\",\"stop_sequence\":\"THE END\","
+             "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":%d}}]",
+             NTOK);
+}
+
+/* The job as its agent's events left it, and what both subscribers got:
+ * all of it. false (printed) otherwise. */
+static bool upload_whole(const run *r, size_t n)
+{
+    char want[2048];
+    want_text(want, sizeof want);
+    const gps_job *job = r->job;
+    bool ok = true;
+#define CHECK(cond, ...)                                                                        \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            print_message("run %zu: ", n);                                                      \
+            print_message(__VA_ARGS__);                                                         \
+            print_message("\n");                                                                \
+            ok = false;                                                                         \
+        }                                                                                       \
+    } while (0)
+    CHECK(gps_job_state_of(job) == GPS_JOB_DONE, "the job is %s",
+          gps_job_state_name(gps_job_state_of(job)));
+    CHECK(strcmp(gps_job_text(job), want) == 0, "the job's text is '%s'", gps_job_text(job));
+    CHECK(gps_job_completion_tokens(job) == NTOK, "%lld tokens",
+          gps_job_completion_tokens(job));
+    CHECK(gps_job_stop_sequence(job) && strcmp(gps_job_stop_sequence(job), "THE END") == 0,
+          "the stop sequence is %s",
+          gps_job_stop_sequence(job) ? gps_job_stop_sequence(job) : "(none)");
+    CHECK(gps_job_ids_digest(job) && job->n_gen_ids == NTOK,
+          "token-exact continuation lost (%zu ids, digest %s)", job->n_gen_ids,
+          gps_job_ids_digest(job) ? "kept" : "dropped");
+    CHECK(strcmp(r->tree.text, want) == 0, "the tree subscriber got '%s'", r->tree.text);
+    CHECK(r->tree.no_tree == 0, "the tree subscriber got %d event(s) without a tree",
+          r->tree.no_tree);
+    CHECK(r->tree.started == 1 && r->tree.metrics == 1 && r->tree.ends == 1,
+          "the tree subscriber got %d started, %d metrics, %d end", r->tree.started,
+          r->tree.metrics, r->tree.ends);
+    CHECK(strcmp(r->cur.text, want) == 0, "the cursor subscriber got '%s'", r->cur.text);
+    CHECK(r->cur.ends == 1 && r->cur.errors == 0, "the cursor subscriber got %d end, %d error",
+          r->cur.ends, r->cur.errors);
+#undef CHECK
+    return ok;
+}
+
+typedef struct upload_src {
+    bool plain;      /* read by upload_read (tokens without trees), else a tree */
+    gps_upload u;
+    json_t *events;
+} upload_src;
+
+/* The agent's upload of the events from seq 0: the return of
+ * gps_jobs_apply_upload or gps_jobs_apply_events. */
+static int upload(run *r, upload_src *src, char *msg, size_t msglen)
+{
+    bool cancel = false;
+    long long exp = -1;
+    if (src->plain) {
+        const gps_upload_job *jb = &src->u.jobs[0];
+        return gps_jobs_apply_upload(r->f.jobs, jb->job_id, r->a->id, jb->seq,
+                                     src->u.evs + jb->first, jb->n, &cancel, &exp, msg, msglen);
+    }
+    return gps_jobs_apply_events(r->f.jobs, gps_job_id(r->job), r->a->id, 0, src->events,
+                                 &cancel, &exp, msg, msglen);
+}
+
+static void upload_sweep(bool plain, bool persistent)
+{
+    size_t n, bad = 0, refused = 0;
+    for (n = 1;; n++) {
+        run r;
+        run_start(&r, NULL);
+        static char evs[4096], body[4600];
+        events_text(evs, sizeof evs, !plain);
+        upload_src src = {.plain = plain};
+        if (plain) {
+            int len = snprintf(body, sizeof body,
+                               "{\"agent_id\":\"%s\",\"jobs\":[{\"job_id\":\"%s\",\"seq\":0,"
+                               "\"events\":%s}]}",
+                               r.a->id, gps_job_id(r.job), evs);
+            assert_true(gps_upload_read(body, (size_t)len, 16, &src.u));
+            assert_int_equal(src.u.n_jobs, 1);
+            /* the hot shape: tokens without trees, the others plain */
+            for (size_t i = 0; i < src.u.n_evs; i++)
+                assert_true(src.u.evs[i].plain || !src.u.evs[i].ev);
+        } else {
+            src.events = json_loads(evs, 0, NULL);
+            assert_non_null(src.events);
+        }
+        char msg[256] = "";
+        arm_persisting(n, persistent);
+        int rc = upload(&r, &src, msg, sizeof msg);
+        bool hit = disarm_persisting();
+        if (rc == 500) {
+            /* Refused for want of memory: the agent sends the same events
+             * again (agent_upload.c: a 5xx is retried), and seq skips
+             * those already applied. */
+            if (strcmp(msg, "out of memory") != 0) {
+                print_message("run %zu: refused 500 '%s'\n", n, msg);
+                bad++;
+            }
+            refused++;
+            rc = upload(&r, &src, msg, sizeof msg);
+        }
+        if (rc != 0) {
+            print_message("run %zu: the upload got %d (%s)\n", n, rc, msg);
+            bad++;
+        } else if (!upload_whole(&r, n)) {
+            bad++;
+        }
+        if (plain)
+            gps_upload_free(&src.u);
+        json_decref(src.events);
+        run_end(&r);
+        if (!hit)
+            break;
+    }
+    print_message("%s upload sweep%s: %zu runs, %zu refused for want of memory\n",
+                  plain ? "plain" : "tree", persistent ? " (memory stays short)" : "", n,
+                  refused);
+    assert_true(n > 20);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+}
+
+/* An upload read without trees (upload_read.h): every token whole in the
+ * job's text and with both subscribers, the plain started, metrics and end
+ * given as trees to the subscriber that reads them, the stop string and
+ * the token ids kept, or the upload refused 500 and sent again. The code
+ * before dropped a token whose text could not be appended (its seq and
+ * count moving on), or whose tree could not be made (the tree subscriber
+ * went without it), handed the tree subscriber a NULL started, metrics or
+ * end, ended the job without its stop string, and ended token-exact
+ * continuation for good where its ids could not be stored. */
+static void test_plain_upload_oom(void **state)
+{
+    (void)state;
+    upload_sweep(true, false);
+}
+
+/* The same with memory that stays short once it ran out: where the plain
+ * started, metrics or end's tree could not be read back, the code before
+ * handed the tree subscriber NULL (a native task recorded an empty
+ * metrics event, a hand-off's proxy never relayed the end). */
+static void test_plain_upload_oom_persisting(void **state)
+{
+    (void)state;
+    upload_sweep(true, true);
+}
+
+/* The same events as trees (gps_jobs_apply_events: the per-job route, the
+ * hand-off's relayed batches), some tokens with token_ids. */
+static void test_tree_upload_oom(void **state)
+{
+    (void)state;
+    upload_sweep(false, false);
+}
+
+/* ---- events the server makes ---- */
+
+/* What a run of the server-made events sweep does under the failing
+ * allocator. */
+typedef enum { CANCEL, EXHAUSTED, FINISH_EARLY, FAILOVER } server_event;
+static const char *const SERVER_EVENT[] = {"cancel", "attempts exhausted", "finish early",
+                                           "failover"};
+
+/* The error a subscriber got is ok: code with status (and retry_after),
+ * or the server's own out of memory. */
+static bool error_ok(const seen *s, const char *code, int status, long long retry_after)
+{
+    if (s->errors != 1)
+        return false;
+    if (strcmp(s->code, "INTERNAL") == 0)
+        return s->status == 500;
+    return strcmp(s->code, code) == 0 && s->status == status && s->retry_after == retry_after;
+}
+
+static bool server_event_ok(const run *r, server_event what, size_t n)
+{
+    const seen *t = &r->tree, *c = &r->cur;
+    bool ok = t->no_tree == 0 && c->no_tree == 0;
+    switch (what) {
+    case CANCEL:
+        ok = ok && error_ok(t, "CANCELLED", 499, 0) && error_ok(c, "CANCELLED", 499, 0);
+        break;
+    case EXHAUSTED:
+        ok = ok && error_ok(t, "AGENT_LOST", 503, 1) && error_ok(c, "AGENT_LOST", 503, 1);
+        break;
+    case FINISH_EARLY: /* ended, or failed as the server's own */
+        ok = ok && ((t->ends == 1 && t->errors == 0 && c->ends == 1 &&
+                     gps_job_state_of(r->job) == GPS_JOB_DONE) ||
+                    (error_ok(t, "INTERNAL", 500, 0) && error_ok(c, "INTERNAL", 500, 0) &&
+                     gps_job_state_of(r->job) == GPS_JOB_FAILED));
+        break;
+    case FAILOVER: /* continued with the event told, or failed (any error, with its tree) */
+        ok = ok && ((t->failovers == 1 && !gps_job_terminal(r->job)) ||
+                    (t->errors == 1 && c->errors == 1 && gps_job_terminal(r->job)));
+        break;
+    }
+    if (!ok)
+        print_message("run %zu (%s): tree subscriber: %d without a tree, %d end, %d failover, "
+                      "%d error (%s %d retry %lld); cursor one: %d without a tree, %d error "
+                      "(%s %d); the job %s\n",
+                      n, SERVER_EVENT[what], t->no_tree, t->ends, t->failovers, t->errors,
+                      t->code, t->status, t->retry_after, c->no_tree, c->errors, c->code,
+                      c->status, gps_job_state_name(gps_job_state_of(r->job)));
+    return ok;
+}
+
+static void server_event_sweep(server_event what)
+{
+    gps_jobs_opts o = fleet_opts();
+    if (what == EXHAUSTED)
+        o.max_attempts = 1;
+    size_t n, bad = 0;
+    for (n = 1;; n++) {
+        run r;
+        run_start(&r, &o);
+        /* A token first: the job is RUNNING, and (a failover) its client
+         * has output, so that another agent continues it. */
+        assert_int_equal(fleet_apply(&r.f, r.job, r.a, 0,
+                                     "[{\"type\":\"token\",\"text\":\"hi\",\"token_id\":1}]"),
+                         0);
+        gps_job_mark_output_sent(r.job);
+        arm_beneath(n);
+        switch (what) {
+        case CANCEL:
+            gps_jobs_cancel(r.f.jobs, r.job, "test");
+            break;
+        case EXHAUSTED:
+        case FAILOVER:
+            gps_jobs_agent_lost(r.f.jobs, r.a->id, "test");
+            break;
+        case FINISH_EARLY:
+            gps_jobs_finish_early(r.f.jobs, r.job, "stop");
+            break;
+        }
+        bool hit = disarm();
+        bad += !server_event_ok(&r, what, n);
+        run_end(&r);
+        if (!hit)
+            break;
+    }
+    print_message("%s sweep: %zu runs\n", SERVER_EVENT[what], n);
+    assert_true(n > 3);
+    assert_int_equal(bad, 0);
+}
+
+/* The events the server makes itself (a job cancelled, failed, finished
+ * early, failed over) reach every subscriber with their trees: an error
+ * with its code, status and retry_after, or the server's own out of
+ * memory (INTERNAL, 500); an end or a failover that cannot be made fails
+ * the job as the server's own when a subscriber reads trees. The code
+ * before handed them NULL: a relay told the client 502 AGENT_ERROR (the
+ * agent blamed), a native task's stream went without its failover and end
+ * (or recorded AGENT_ERROR "the job failed"). */
+static void test_cancel_oom(void **state)
+{
+    (void)state;
+    server_event_sweep(CANCEL);
+}
+
+/* (jobs_fail_job, with a retry_after) */
+static void test_attempts_exhausted_oom(void **state)
+{
+    (void)state;
+    server_event_sweep(EXHAUSTED);
+}
+
+static void test_finish_early_oom(void **state)
+{
+    (void)state;
+    server_event_sweep(FINISH_EARLY);
+}
+
+static void test_failover_event_oom(void **state)
+{
+    (void)state;
+    server_event_sweep(FAILOVER);
+}
+
+/* ---- a task resumed after a restart ---- */
+
+#define RESUMED                                                                                 \
+    "The text a native task had generated before the server restarted, which its client has " \
+    "already: the resumed job's text starts with it, or the job is not made."
+
+/* A task resubmitted after a restart (api_tasks_restore.c) with the text
+ * its client already has: the job starts with that text and its count, or
+ * the submit is refused 500 INTERNAL (out of memory). The code before
+ * made the job with the text missing: its later tokens went to a client
+ * that had the text, and a failover continued from the wrong text. (The
+ * scheduler's own failure is 500 INTERNAL "scheduler error".) */
+static void test_resumed_text_oom(void **state)
+{
+    (void)state;
+    size_t n, bad = 0, refused = 0;
+    for (n = 1;; n++) {
+        fleet f;
+        fleet_init(&f, NULL, NULL);
+        fleet_agent(&f, 1, "m1", NULL, 2, 1000);
+        gps_job_spec s = fleet_spec("m1", 64);
+        s.api = "native";
+        s.resume_id = strdup("job_0123456789abcdef01234567");
+        s.resume_text = strdup(RESUMED);
+        s.resume_tokens = 21;
+        assert_non_null(s.resume_id);
+        assert_non_null(s.resume_text);
+        gps_submit_err err = {0};
+        arm_beneath(n);
+        gps_job *job = gps_jobs_submit(f.jobs, &s, "corr", "", &err);
+        bool hit = disarm();
+        if (!job) {
+            refused++;
+            /* (the scheduler's own out of memory says "scheduler error") */
+            if (err.status != 500 || strcmp(err.code, "INTERNAL") != 0) {
+                print_message("run %zu: refused %d %s %s\n", n, err.status, err.code,
+                              err.message);
+                bad++;
+            }
+        } else if (strcmp(gps_job_text(job), RESUMED) != 0 ||
+                   gps_job_completion_tokens(job) != 21) {
+            print_message("run %zu: resumed with '%s' (%lld tokens)\n", n, gps_job_text(job),
+                          gps_job_completion_tokens(job));
+            bad++;
+        }
+        gps_job_spec_clear(&s);
+        fleet_free(&f);
+        if (!hit)
+            break;
+    }
+    print_message("resume sweep: %zu runs, %zu refused\n", n, refused);
+    assert_true(refused > 0);
+    assert_int_equal(bad, 0);
+}
+
+int main(void)
+{
+    gp_json_init(); /* as the server's main: jansson's allocations counted (gp_json.h) */
+    json_free_t f;
+    json_get_alloc_funcs(&counting_malloc, &f);
+    json_set_alloc_funcs(persisting_malloc, f);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plain_upload_oom),
+        cmocka_unit_test(test_plain_upload_oom_persisting),
+        cmocka_unit_test(test_tree_upload_oom),
+        cmocka_unit_test(test_cancel_oom),
+        cmocka_unit_test(test_attempts_exhausted_oom),
+        cmocka_unit_test(test_finish_early_oom),
+        cmocka_unit_test(test_failover_event_oom),
+        cmocka_unit_test(test_resumed_text_oom),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
