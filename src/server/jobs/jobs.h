@@ -565,7 +565,9 @@ json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
 size_t gps_jobs_active(gps_jobs *j);
 /* Metrics collector part: queue depth and running jobs. */
 void gps_jobs_collect(gps_jobs *j, struct gps_metrics *m);
-/* Wire form of a job for /agents/work (new reference). */
+/* Wire form of a job for /agents/work (new reference): NULL out of
+ * memory, never a wire short of a part for want of it (a string jansson
+ * refuses is left out, as gps_job_wire_append leaves it). */
 json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec);
 /* The same object appended to out as text: the bytes gp_json_dump_append
  * writes for gps_job_wire's, without the tree. 0; 1 when gps_job_wire

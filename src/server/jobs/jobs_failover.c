@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/metrics.h"
@@ -490,6 +491,12 @@ bool gps_job_remote(const gps_job *job) { return job->remote; }
 json_t *gps_job_constraints(const gps_job *job)
 {
     static const char *const modes[] = {"continue", "restart", "error"};
+    /* Whole or NULL: constraints short of a label or a fallback model
+     * lost to out of memory would let another server run the job on an
+     * agent its labels exclude. jansson's failed allocations are counted
+     * (gp_json.h); any during the build gives none. */
+    gp_json_init();
+    unsigned long failed = gp_json_alloc_failures();
     const gps_job_spec *s = &job->spec;
     json_t *c = json_object(), *labels = json_object(), *fb = json_array();
     if (!c || !labels || !fb)
@@ -510,6 +517,8 @@ json_t *gps_job_constraints(const gps_job *job)
     json_object_set_new(c, "needs_tools", json_boolean(job->sj.needs_tools));
     json_object_set_new(c, "needs_embeddings", json_boolean(job->sj.needs_embeddings));
     json_object_set_new(c, "needs_generation", json_boolean(job->sj.needs_generation));
+    if (gp_json_alloc_failures() != failed)
+        goto err;
     json_decref(labels);
     json_decref(fb);
     return c;

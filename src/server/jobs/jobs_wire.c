@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 
 /* ------------------------------------------------------------------ */
@@ -33,6 +34,13 @@ static void wire_continuation(const gps_job *job, json_t *w)
 
 json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_sec)
 {
+    /* A part lost to out of memory must not leave a wire short of it (an
+     * offer run elsewhere without its messages, stop strings or tools):
+     * jansson's failed allocations are counted (gp_json.h), and any during
+     * the build gives no wire at all. A string jansson refuses (not UTF-8)
+     * still leaves its key out, as gps_job_wire_append does. */
+    gp_json_init();
+    unsigned long failed = gp_json_alloc_failures();
     const gps_job_spec *s = &job->spec;
     /* A continuation attempt generates only what is left of the budget. */
     long long done = job->continuation_mode && strcmp(job->continuation_mode, "tokens") == 0
@@ -82,6 +90,10 @@ json_t *gps_job_wire(const gps_job *job, uint64_t now_us, int request_timeout_se
     if (s->prompt_tokens_first)
         json_object_set_new(w, "prompt_tokens_first", json_true());
     wire_continuation(job, w);
+    if (gp_json_alloc_failures() != failed) {
+        json_decref(w);
+        return NULL;
+    }
     return w;
 }
 

@@ -12,7 +12,8 @@
  * task or a hand-off's proxy does, and a cursor one that reads the job's
  * text, as the relay does. Real registry, scheduler and jobs table
  * (fixture_fleet.h); an upload read by the real reader (upload_read.h).
- * And a resumed task's text, whole or no job at all. */
+ * And what the jobs module hands on of a job: a resumed task's text, an
+ * offer's wire and constraints, whole or not at all. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -554,6 +555,116 @@ static void test_resumed_text_oom(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ---- a job offered to another server ---- */
+
+/* A job (by hand: only the fields its wire and constraints read) with
+ * every part an offer carries: messages, tools, stop strings, a response
+ * format, user and session, labels, fallback models, a preferred agent,
+ * a token-exact continuation. */
+static gps_job *offered_job(void)
+{
+    gps_job *job = calloc(1, sizeof *job);
+    assert_non_null(job);
+    gps_job_spec *s = &job->spec;
+    snprintf(job->id, sizeof job->id, "job_0123456789abcdef01234567");
+    snprintf(job->correlation_id, sizeof job->correlation_id, "corr");
+    snprintf(job->tenant, sizeof job->tenant, "0123456789abcdef0123456789abcdef");
+    gp_buf_init(&job->text);
+    assert_int_equal(gp_buf_append(&job->text, "so far", 6), 0);
+    s->kind = GPS_JOB_CHAT;
+    s->model = strdup("m1");
+    s->max_tokens = 64;
+    s->temperature = 0.5;
+    s->top_p = 0.9;
+    s->messages = J("[{\"role\":\"system\",\"content\":\"be brief\"},"
+                    "{\"role\":\"user\",\"content\":\"what is the weather like today\"}]");
+    s->tools = J("[{\"type\":\"function\",\"function\":{\"name\":\"weather\","
+                 "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":"
+                 "{\"type\":\"string\"}}}}}]");
+    s->tool_choice = json_string("auto");
+    s->response_format = J("{\"type\":\"json_object\"}");
+    s->stop = J("[\"\\n\\n\",\"END\"]");
+    s->user = strdup("user-1");
+    s->session = strdup("session-1");
+    s->prefer_agent = strdup("agent-7");
+    s->failover = GPS_FAILOVER_RESTART;
+    s->labels = calloc(2, sizeof *s->labels);
+    assert_non_null(s->labels);
+    s->labels[0] = (registry_label){strdup("gpu"), strdup("a100")};
+    s->labels[1] = (registry_label){strdup("zone"), strdup("eu-west")};
+    s->n_labels = 2;
+    s->fallback_models[0] = strdup("m2");
+    s->fallback_models[1] = strdup("m3");
+    s->n_fallback = 2;
+    job->chain[0] = s->model;
+    job->chain[1] = s->fallback_models[0];
+    job->chain[2] = s->fallback_models[1];
+    job->n_chain = 3;
+    job->sj.needs_tools = true;
+    job->sj.needs_generation = true;
+    job->attempts = 2;
+    job->continued_tokens = 3;
+    job->continuation_mode = "tokens";
+    job->gen_ids = calloc(3, sizeof *job->gen_ids);
+    assert_non_null(job->gen_ids);
+    job->n_gen_ids = job->cap_gen_ids = 3;
+    snprintf(job->ids_digest, sizeof job->ids_digest, "%s", D1);
+    return job;
+}
+
+static void offered_job_free(gps_job *job)
+{
+    gps_job_spec_clear(&job->spec);
+    free(job->gen_ids);
+    gp_buf_free(&job->text);
+    free(job);
+}
+
+/* What a server offers a job to the others with (handoff.c offer): its
+ * wire and its constraints, each whole or none (the offer is not made).
+ * The code before built them with a part left out where an allocation
+ * failed (the messages, a stop string, a tool, a label, a fallback
+ * model...): another server ran a different request, or ran it on an
+ * agent its labels exclude. */
+static void test_offer_parts_oom(void **state)
+{
+    (void)state;
+    gps_job *job = offered_job();
+    json_t *want_w = gps_job_wire(job, 1000, 600), *want_c = gps_job_constraints(job);
+    assert_non_null(want_w);
+    assert_non_null(want_c);
+    assert_non_null(json_object_get(want_w, "continuation_ids"));
+    assert_int_equal(json_object_size(json_object_get(want_c, "labels")), 2);
+    size_t n, bad = 0, none = 0;
+    for (n = 1;; n++) {
+        arm_beneath(n);
+        json_t *w = gps_job_wire(job, 1000, 600);
+        json_t *c = gps_job_constraints(job);
+        bool hit = disarm();
+        none += !w || !c;
+        if (w && !json_equal(w, want_w)) {
+            print_message("run %zu: the wire differs\n", n);
+            print_diff("wire", w, want_w);
+            bad++;
+        }
+        if (c && !json_equal(c, want_c)) {
+            print_message("run %zu: the constraints differ\n", n);
+            print_diff("constraints", c, want_c);
+            bad++;
+        }
+        json_decref(w);
+        json_decref(c);
+        if (!hit)
+            break;
+    }
+    print_message("offer parts sweep: %zu runs, %zu without a wire or constraints\n", n, none);
+    assert_true(n > 20);
+    assert_int_equal(bad, 0);
+    json_decref(want_w);
+    json_decref(want_c);
+    offered_job_free(job);
+}
+
 int main(void)
 {
     gp_json_init(); /* as the server's main: jansson's allocations counted (gp_json.h) */
@@ -569,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_finish_early_oom),
         cmocka_unit_test(test_failover_event_oom),
         cmocka_unit_test(test_resumed_text_oom),
+        cmocka_unit_test(test_offer_parts_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
