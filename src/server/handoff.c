@@ -984,12 +984,18 @@ static json_t *fitting(gps_handoff *h, const gps_store_cells *res)
             sj.model = json_string_value(fv);
             registry_foreach(gps_jobs_registry(h->jobs), fit_cb, &acc);
         }
-        if (acc.found) {
-            json_int_t used = json_integer_value(json_object_get(acc.taken, acc.found->id));
-            json_object_set_new(acc.taken, acc.found->id, json_integer(used + 1));
-            json_array_append_new(ids, json_string(id));
-        }
         json_decref(c);
+        if (acc.found) {
+            /* The slot is counted before the offer is listed, and out of
+             * memory ends the look with the offers counted so far: an
+             * offer listed without its slot counted would let the next
+             * one take the same slot (more claimed than this server can
+             * run). The others wait for the next look. */
+            json_int_t used = json_integer_value(json_object_get(acc.taken, acc.found->id));
+            if (json_object_set_new(acc.taken, acc.found->id, json_integer(used + 1)) != 0 ||
+                json_array_append_new(ids, json_string(id)) != 0)
+                break;
+        }
     }
     json_decref(acc.taken);
     return ids;

@@ -782,6 +782,89 @@ static void test_claimer_reads_oom(void **state)
     event_base_free(base);
 }
 
+/* The claimer (srvB) on a failing allocator with one agent, one slot
+ * free, and three offers of srvA's that it fits: every run, at most one
+ * of them is claimed and taken on here (more would wait here for a slot
+ * this server does not have, when another server might have run them). The code before
+ * counted the slot given to an offer without checking that the count
+ * was stored: where it was not, the next offer took the same slot. */
+static void test_claimer_slots_oom(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *a = ho_store(t, base);
+    ho_beat(a, base, "srvA");
+    ho_beat(a, base, "srvB");
+    fleet fb;
+    fleet_init_on(&fb, base, NULL, NULL, NULL);
+    gps_jobs_set_deliver(fb.jobs, ho_deliver, &fb);
+    registry_agent *ag = ho_agent(&fb, 1, "tiny", "a100");
+    gps_handoff_opts o = {.server_id = "srvB", .period_ms = 2, .models_ms = 3600000,
+                          .queue_timeout_sec = 60, .request_timeout_sec = 60};
+    size_t bad = 0, n, claimed_runs = 0;
+    for (n = 1;; n++) {
+        char id[3][40];
+        for (int k = 0; k < 3; k++) {
+            snprintf(id[k], sizeof id[k], "job_s%d_%zu", k, n);
+            json_t *sp = json_pack("{s:s,s:s,s:s,s:{s:i},s:s,s:{s:{s:s}}}", "job_id", id[k],
+                                   "kind", "completion", "model", "tiny", "params",
+                                   "max_tokens", 16, "prompt", "hi", "constraints", "labels",
+                                   "gpu", "a100");
+            ho_offer(a, id[k], sp);
+            json_decref(sp);
+        }
+        assert_int_equal(gps_store_flush(a), 0);
+        ho_park(&fb, ag);
+        gps_store *b = ho_store(t, base);
+
+        arm_beneath(n);
+        gps_handoff *h = gps_handoff_start(base, b, fb.jobs, &o);
+        uint64_t end = gp_now_mono_ms() + 100;
+        while (h && gp_now_mono_ms() < end && !(gps_jobs_find(fb.jobs, id[0]) ||
+                                                gps_jobs_find(fb.jobs, id[1]) ||
+                                                gps_jobs_find(fb.jobs, id[2])))
+            ho_run(base, 1, NULL);
+        bool hit = disarm();
+
+        ho_run(base, 10, NULL); /* a claim in flight: answered */
+        gps_handoff_stop(h);
+        gps_store_close(b);
+        gps_handoff_free(h);
+        /* Claimed and taken on here: a job of this server's. (A claim
+         * whose job could not be made here is answered INTERNAL, or left
+         * to the offering server's stall timer: its slot stays free, and a
+         * later claim may take it.) */
+        int here = 0, claimed = 0;
+        for (int k = 0; k < 3; k++) {
+            ho_cells c = ho_follow(a, base, id[k]);
+            claimed += c.nrows == 1 && strcmp(c.cell[0][0], "claimed") == 0 &&
+                       strcmp(c.cell[0][1], "srvB") == 0;
+            here += gps_jobs_find(fb.jobs, id[k]) != NULL;
+        }
+        if (here > 1) {
+            print_message("run %zu: %d offers taken on for one free slot (%d claimed)\n", n,
+                          here, claimed);
+            bad++;
+        }
+        claimed_runs += here > 0;
+        for (int k = 0; k < 3; k++) {
+            ho_finish(&fb, id[k]);
+            assert_int_equal(gps_store_handoff_end(a, id[k], true), 0);
+        }
+        if (!hit)
+            break;
+    }
+    print_message("claimer slots sweep: %zu runs, %zu with an offer taken on\n", n,
+                  claimed_runs);
+    assert_true(n > 50);
+    assert_true(claimed_runs > 0);
+    assert_int_equal(bad, 0);
+    fleet_free(&fb);
+    gps_store_close(a);
+    event_base_free(base);
+}
+
 /* srvA's free entries as the peers read them (the row whose models are
  * the ones srvA's agents serve), new reference, or NULL when none. */
 static json_t *ho_free_of_a(gps_store *b, struct event_base *base)
@@ -965,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_issue28_requeued_job_offered),
         cmocka_unit_test(test_issue28_let_in_job_offered),
         cmocka_unit_test_setup_teardown(test_claimer_reads_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claimer_slots_oom, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offering_reads_oom, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
