@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 
+#include "common/gp_json.h"
 #include "common/gp_util.h"
 
 /* A reply bigger than this is not something the admin API sends. */
@@ -86,8 +87,16 @@ int ctl_http_call(const ctl_conn *c, const char *method, const char *path, const
     long code = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     status = (int)code;
-    if (b.len > 0)
-        *resp = json_loadb(b.data, b.len, 0, NULL);
+    if (b.len > 0) {
+        /* gp_json's reader, not json_loadb: jansson 2.14's loader can
+         * corrupt the heap when an allocation fails inside it. */
+        json_error_t je;
+        *resp = gp_json_load_checked(b.data, b.len, 0, &je);
+        if (!*resp && json_error_code(&je) == json_error_out_of_memory) {
+            snprintf(err, errlen, "out of memory reading the server's reply");
+            status = -1;
+        }
+    }
 done:
     if (auth) {
         explicit_bzero(auth, strlen(auth));

@@ -20,7 +20,8 @@ typedef struct ctl_conn {
 /* method + path (with query) on c->server; body (borrowed, may be NULL) is
  * sent as JSON. Returns the HTTP status with *resp the parsed JSON body
  * (new reference; NULL when empty or not JSON), or -1 when the request did
- * not complete, with a message in err (connection refused, timeout, TLS). */
+ * not complete, with a message in err (connection refused, timeout, TLS;
+ * or out of memory reading the reply). */
 int ctl_http_call(const ctl_conn *c, const char *method, const char *path, const json_t *body,
                   json_t **resp, char *err, size_t errlen);
 
