@@ -61,6 +61,12 @@ typedef struct proxy {
     bool ended;           /* the terminal event is in pending (or written) */
     bool output;          /* an output event was relayed (the first goes at once) */
     bool done;            /* nothing more to write: freed once idle */
+    /* An event could not be queued (out of memory): the job ends here with
+     * oom_ev (INTERNAL, held from the proxy's start so that it needs no
+     * allocation then) as its last relayed event. */
+    bool oom;
+    bool oom_queued;      /* oom_ev is in pending (or written) */
+    json_t *oom_ev;
 } proxy;
 
 struct gps_handoff {
@@ -562,14 +568,36 @@ static void batch_tick(evutil_socket_t fd, short what, void *arg)
     proxy_flush(arg);
 }
 
+/* An event relay_cb could not queue (out of memory). It cannot be left
+ * out: the next batch would number past it and the offering server's
+ * client would miss it (a token gone from the middle of its text). Nor can
+ * it be refused: the jobs module applied it before telling its subscribers
+ * (gps_job_event_fn returns nothing), so the agent will not send it again.
+ * The job ends here instead, cancelled (its agent stops), and the offering
+ * server sees this server's own out of memory (INTERNAL) after the events
+ * relayed before it. */
+static void relay_oom(proxy *p, gps_job *job)
+{
+    p->oom = true;
+    p->ended = true; /* before the cancel: its error event is not relayed */
+    gp_log_write(GP_LOG_WARN, "handoff_relay_oom", NULL,
+                 json_pack("{s:s,s:I}", "job_id", p->job_id, "attempt", (json_int_t)p->attempt),
+                 "an event of a handed-off job could not be relayed: the job fails here");
+    if (!gps_job_terminal(job))
+        gps_jobs_cancel(p->h->jobs, job, "handoff_relay_oom");
+    proxy_flush(p);
+}
+
 static void relay_cb(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     proxy *p = arg;
     if (p->done || p->ended || type == GPS_EV_FAILOVER || !ev)
         return; /* a failover here is this server's affair: the text goes on */
     json_t *c = json_deep_copy(ev);
-    if (!c || json_array_append_new(p->pending, c) != 0)
+    if (!c || json_array_append_new(p->pending, c) != 0) {
+        relay_oom(p, job);
         return;
+    }
     bool first = false;
     if (type == GPS_EV_TOKEN || type == GPS_EV_TOOL_CALL || type == GPS_EV_EMBEDDING) {
         gps_job_mark_output_sent(job); /* the client may have it: no transparent restart */
@@ -616,7 +644,7 @@ static void flush_done(void *arg, int status, const gps_store_cells *res)
         proxy_lost(p, "relay_refused");
         return;
     }
-    if (json_array_size(p->pending))
+    if (json_array_size(p->pending) || (p->oom && !p->oom_queued))
         proxy_flush(p);
     else if (p->ended) {
         p->done = true;
@@ -628,8 +656,18 @@ static void flush_done(void *arg, int status, const gps_store_cells *res)
 
 static void proxy_flush(proxy *p)
 {
+    if (p->writing || p->done)
+        return;
+    if (p->oom && !p->oom_queued) {
+        if (json_array_append(p->pending, p->oom_ev) != 0) {
+            struct timeval tv = {0, BATCH_MS * 1000}; /* ENOMEM: again soon */
+            evtimer_add(p->timer, &tv);
+            return;
+        }
+        p->oom_queued = true;
+    }
     size_t n = json_array_size(p->pending);
-    if (p->writing || p->done || n == 0)
+    if (n == 0)
         return;
     long long first = p->attempt * GPS_HANDOFF_SEQ_BASE + p->next_idx;
     if (gps_store_handoff_events_async(p->h->store, p->job_id, p->h->id, p->attempt, first,
@@ -659,9 +697,12 @@ static proxy *proxy_new(gps_handoff *h, const char *job_id, int64_t attempt)
     if (!p)
         return NULL;
     p->pending = json_array();
+    p->oom_ev = json_pack("{s:s,s:s,s:s}", "type", "error", "code", "INTERNAL", "message",
+                          "out of memory");
     p->timer = evtimer_new(h->base, batch_tick, p);
-    if (!p->pending || !p->timer) {
+    if (!p->pending || !p->oom_ev || !p->timer) {
         json_decref(p->pending);
+        json_decref(p->oom_ev);
         if (p->timer)
             event_free(p->timer);
         free(p);
@@ -681,6 +722,7 @@ static void proxy_free(proxy *p)
     proxy_drop_sub(p);
     event_free(p->timer);
     json_decref(p->pending);
+    json_decref(p->oom_ev);
     free(p);
 }
 

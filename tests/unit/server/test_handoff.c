@@ -865,6 +865,170 @@ static void test_claimer_slots_oom(void **state)
     event_base_free(base);
 }
 
+/* The agent's events of test_relay_oom: three tokens, then the end. */
+static const char *const ho_relay_tokens[3] = {"alpha ", "beta ", "gamma"};
+
+/* Apply evs (an array, built before the sweep arms) as the agent's
+ * upload seq of job id, sent again as the agent does while the server
+ * answers 500 (out of memory). */
+static void ho_agent_sends(fleet *f, const char *id, long long seq, json_t *evs)
+{
+    for (int i = 0; i < 5; i++) {
+        gps_job *job = gps_jobs_find(f->jobs, id);
+        if (!job || gps_job_terminal(job))
+            break;
+        bool cancel = false;
+        long long expected = -1;
+        char msg[128];
+        char agent[64];
+        snprintf(agent, sizeof agent, "%s", job->agent_id);
+        if (gps_jobs_apply_events(f->jobs, id, agent, seq, evs, &cancel, &expected, msg,
+                                  sizeof msg) != 500)
+            break;
+    }
+}
+
+/* What srvB relayed of job id as srvA reads it: false (and why printed)
+ * when it has a hole: a token missing or out of order, batches not
+ * numbered one after the other, an event after the last, an end after
+ * fewer tokens than the agent sent, or an error other than this server's
+ * out of memory. *failed: it ended INTERNAL "out of memory". */
+static bool ho_relayed_whole(gps_store *a, struct event_base *base, const char *id,
+                             bool *failed)
+{
+    ho_cells c = ho_follow(a, base, id);
+    *failed = false;
+    if (c.nrows >= 4) {
+        print_message("%s: %zu batches (the test reads 4)\n", id, c.nrows);
+        return false;
+    }
+    size_t tokens = 0;
+    long long next = -1;
+    bool last = false, ok = true;
+    for (size_t r = 0; ok && r < c.nrows; r++) {
+        if (strcmp(c.cell[r][4], "(null)") == 0)
+            continue;
+        long long first = atoll(c.cell[r][3]);
+        if (next >= 0 && first != next) {
+            print_message("%s: a batch from %lld after one up to %lld\n", id, first, next - 1);
+            ok = false;
+        }
+        json_t *evs = json_loads(c.cell[r][4], 0, NULL);
+        if (!evs)
+            fail_msg("%s: batch %zu reads '%s'", id, r, c.cell[r][4]);
+        next = first + (long long)json_array_size(evs);
+        for (size_t i = 0; ok && i < json_array_size(evs); i++) {
+            const json_t *e = json_array_get(evs, i);
+            const char *type = json_string_value(json_object_get(e, "type"));
+            const char *text = json_string_value(json_object_get(e, "text"));
+            const char *code = json_string_value(json_object_get(e, "code"));
+            const char *msg = json_string_value(json_object_get(e, "message"));
+            if (last) {
+                print_message("%s: a %s event after the last\n", id, type);
+                ok = false;
+            } else if (strcmp(type, "token") == 0) {
+                ok = tokens < 3 && strcmp(text, ho_relay_tokens[tokens]) == 0;
+                if (!ok)
+                    print_message("%s: token '%s' where token %zu was due\n", id, text, tokens);
+                tokens++;
+            } else if (strcmp(type, "end") == 0) {
+                last = true;
+                ok = tokens == 3;
+                if (!ok)
+                    print_message("%s: the end after %zu of 3 tokens\n", id, tokens);
+            } else if (strcmp(type, "error") == 0) {
+                last = *failed = true;
+                ok = code && msg && strcmp(code, "INTERNAL") == 0 &&
+                     strcmp(msg, "out of memory") == 0;
+                if (!ok)
+                    print_message("%s: error %s '%s'\n", id, code, msg);
+            }
+        }
+        json_decref(evs);
+    }
+    return ok;
+}
+
+/* The claimer (srvB) relaying a claimed job's events back, on a failing
+ * allocator from the agent's first token to its end (each upload sent
+ * again on 500, as the agent does): every run, srvA reads the tokens the
+ * agent sent in order and then the end, or the ones before a failure and
+ * then INTERNAL "out of memory" (the job ended here): never a token
+ * missing. The code before left an event it could not copy or queue out
+ * of the batches, and numbered the next batch on from there: srvA's
+ * client lost a token. */
+static void test_relay_oom(void **state)
+{
+    tctx *t = *state;
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_store *a = ho_store(t, base);
+    ho_beat(a, base, "srvA");
+    ho_beat(a, base, "srvB");
+    fleet fb;
+    fleet_init_on(&fb, base, NULL, NULL, NULL);
+    gps_jobs_set_deliver(fb.jobs, ho_deliver, &fb);
+    registry_agent *ag = ho_agent(&fb, 1, "tiny", "a100");
+    gps_handoff_opts o = {.server_id = "srvB", .period_ms = 2, .models_ms = 3600000,
+                          .queue_timeout_sec = 60, .request_timeout_sec = 60};
+    size_t bad = 0, n;
+    int failed_runs = 0;
+    for (n = 1;; n++) {
+        char id[40];
+        snprintf(id, sizeof id, "job_r%zu", n);
+        json_t *sp = json_pack("{s:s,s:s,s:s,s:{s:i},s:s}", "job_id", id, "kind", "completion",
+                               "model", "tiny", "params", "max_tokens", 16, "prompt", "hi");
+        ho_offer(a, id, sp);
+        json_decref(sp);
+        assert_int_equal(gps_store_flush(a), 0);
+        ho_park(&fb, ag);
+        gps_store *b = ho_store(t, base);
+        gps_handoff *h = gps_handoff_start(base, b, fb.jobs, &o);
+        assert_non_null(h);
+        gps_job *job = NULL;
+        for (int i = 0; i < 2000 && !job; i++) {
+            ho_run(base, 1, NULL);
+            job = gps_jobs_find(fb.jobs, id);
+        }
+        assert_non_null(job);
+        assert_int_equal(gps_job_state_of(job), GPS_JOB_ASSIGNED);
+
+        json_t *up[4];
+        for (int k = 0; k < 3; k++)
+            up[k] = json_pack("[{s:s,s:s}]", "type", "token", "text", ho_relay_tokens[k]);
+        up[3] = json_pack("[{s:s,s:s,s:{s:i,s:i}}]", "type", "end", "finish_reason", "stop",
+                          "usage", "prompt_tokens", 1, "completion_tokens", 3);
+        arm_beneath(n);
+        for (int k = 0; k < 4; k++)
+            ho_agent_sends(&fb, id, k, up[k]);
+        bool hit = disarm();
+        for (int k = 0; k < 4; k++)
+            json_decref(up[k]);
+
+        ho_run(base, 60, NULL); /* the batches queued: written */
+        gps_handoff_stop(h);
+        gps_store_close(b);
+        gps_handoff_free(h);
+        bool failed;
+        if (!ho_relayed_whole(a, base, id, &failed)) {
+            print_message("run %zu: srvA's client would miss a token\n", n);
+            bad++;
+        }
+        failed_runs += failed;
+        ho_finish(&fb, id);
+        assert_int_equal(gps_store_handoff_end(a, id, true), 0);
+        if (!hit)
+            break;
+    }
+    print_message("relay sweep: %zu runs, %d ended INTERNAL\n", n, failed_runs);
+    assert_true(n > 10);
+    assert_true(failed_runs > 0);
+    assert_int_equal(bad, 0);
+    fleet_free(&fb);
+    gps_store_close(a);
+    event_base_free(base);
+}
+
 /* srvA's free entries as the peers read them (the row whose models are
  * the ones srvA's agents serve), new reference, or NULL when none. */
 static json_t *ho_free_of_a(gps_store *b, struct event_base *base)
@@ -1050,6 +1214,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_claimer_reads_oom, setup, teardown),
         cmocka_unit_test_setup_teardown(test_claimer_slots_oom, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offering_reads_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_relay_oom, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
