@@ -251,7 +251,9 @@ typedef struct gpe_toolparse gpe_toolparse;
 gpe_toolparse *gpe_toolparse_new(const char *family);
 void gpe_toolparse_free(gpe_toolparse *p);
 /* *emit (borrowed until the next call) receives the content text safe to
- * send now. GPE_ERR_NOMEM when memory ran out (text or a call may be lost). */
+ * send now. GPE_ERR_NOMEM when memory ran out (text or a call may be lost):
+ * nothing is emitted with it (*emit "", *emit_len 0), and every later
+ * feed (emitting nothing) and the finish say GPE_ERR_NOMEM too. */
 gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *text, size_t len,
                               const char **emit, size_t *emit_len);
 /* End of generation: a call without its closer is parsed as it stands;

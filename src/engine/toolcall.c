@@ -316,12 +316,33 @@ static void scan_start(gpe_toolparse *p)
     }
 }
 
+/* What a feed hands back: the content gathered in out, or nothing once
+ * memory ran out (oom is sticky: a parser that lost a piece of text or a
+ * call says so at every later feed and at the finish). */
+static gpe_status give(gpe_toolparse *p, const char **emit, size_t *emit_len)
+{
+    if (p->oom) {
+        /* content beside a lost piece would be a different text */
+        p->out.len = 0;
+        *emit = "";
+        *emit_len = 0;
+        return GPE_ERR_NOMEM;
+    }
+    *emit = p->out.len ? p->out.p : "";
+    *emit_len = p->out.len;
+    return GPE_OK;
+}
+
 gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *s, size_t n, const char **emit,
                               size_t *emit_len)
 {
     p->out.len = 0;
-    if (!tb_add(&p->held, s, n))
-        return GPE_ERR_NOMEM;
+    if (p->oom)
+        return give(p, emit, emit_len);
+    if (!tb_add(&p->held, s, n)) {
+        p->oom = true;   /* the piece is not held: the text has a hole */
+        return give(p, emit, emit_len);
+    }
     for (;;) {
         tp_state before = p->st;
         size_t len = p->held.len;
@@ -340,9 +361,7 @@ gpe_status gpe_toolparse_feed(gpe_toolparse *p, const char *s, size_t n, const c
         if (p->held.len == 0)
             break;
     }
-    *emit = p->out.len ? p->out.p : "";
-    *emit_len = p->out.len;
-    return p->oom ? GPE_ERR_NOMEM : GPE_OK;
+    return give(p, emit, emit_len);
 }
 
 gpe_status gpe_toolparse_finish(gpe_toolparse *p, const char **emit, size_t *emit_len)

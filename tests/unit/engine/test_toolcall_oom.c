@@ -14,7 +14,13 @@
  * are read by a feed, llama-3's and mistral's by the finish), fed whole
  * and in pieces, with the engine alone (arm_libc) and with gp_json's
  * counter registered as the agent does (engine.h
- * gpe_set_json_alloc_failures; arm_beneath). */
+ * gpe_set_json_alloc_failures; arm_beneath).
+ *
+ * test_careless_sweep: a caller that goes on feeding after GPE_ERR_NOMEM
+ * gets nothing more: the failing feed and every later one say
+ * GPE_ERR_NOMEM with *emit "" and *emit_len 0 (set, whatever failed: the
+ * piece's own buffer included), and the finish says GPE_ERR_NOMEM too
+ * (engine.h), never GPE_OK over a text with a piece left out. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -160,6 +166,71 @@ static int sweep(size_t c, size_t step, bool counted)
     return bad;
 }
 
+/* text fed in pieces of step bytes by a caller that does not stop at a
+ * failure; the number of rules broken (each printed). */
+static int careless(const char *family, const char *text, size_t step, size_t n, bool *hit)
+{
+    int bad = 0;
+    arm_libc(n);
+    gpe_toolparse *p = gpe_toolparse_new(family);
+    size_t len = strlen(text);
+    bool failed = false;
+    for (size_t at = 0; p && at < len;) {
+        size_t k = step && len - at > step ? step : len - at;
+        const char *emit = NULL;
+        size_t elen = 12345;
+        gpe_status st = gpe_toolparse_feed(p, text + at, k, &emit, &elen);
+        if (st == GPE_ERR_NOMEM) {
+            failed = true;
+            if (!emit || *emit || elen != 0) {
+                print_message("%s, step %zu: allocation %zu: a feed said GPE_ERR_NOMEM with "
+                              "%s, %zu bytes\n", family, step, n, emit ? "text" : "no *emit set",
+                              elen);
+                bad++;
+            }
+        } else if (failed) {
+            print_message("%s, step %zu: allocation %zu: a feed after GPE_ERR_NOMEM said %d\n",
+                          family, step, n, (int)st);
+            bad++;
+        }
+        at += k;
+    }
+    if (p) {
+        const char *emit;
+        size_t elen;
+        gpe_status st = gpe_toolparse_finish(p, &emit, &elen);
+        if (failed && st != GPE_ERR_NOMEM) {
+            print_message("%s, step %zu: allocation %zu: the finish after a feed's "
+                          "GPE_ERR_NOMEM said %d\n", family, step, n, (int)st);
+            bad++;
+        }
+    }
+    gpe_toolparse_free(p);
+    *hit = disarm();
+    return bad;
+}
+
+static void test_careless_sweep(void **state)
+{
+    (void)state;
+    static const size_t steps[] = {0, 7};
+    int bad = 0;
+    use_counter(false);
+    for (size_t c = 0; c < N_CASES; c++)
+        for (size_t s = 0; s < sizeof steps / sizeof steps[0]; s++) {
+            bool hit;
+            size_t n;
+            for (n = 1;; n++) {
+                bad += careless(CASES[c].family, CASES[c].text, steps[s], n, &hit);
+                if (!hit)
+                    break;
+            }
+            print_message("%s, step %zu, careless: %zu allocations swept\n", CASES[c].family,
+                          steps[s], n - 1);
+        }
+    assert_int_equal(bad, 0);
+}
+
 static void test_sweep(void **state)
 {
     (void)state;
@@ -179,6 +250,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sweep),
+        cmocka_unit_test(test_careless_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
