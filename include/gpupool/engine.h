@@ -429,9 +429,14 @@ typedef struct gpe_sampler gpe_sampler;
 gpe_sampler_params gpe_sampler_default_params(void);
 gpe_sampler *gpe_sampler_init(const gpe_sampler_params *p);
 void gpe_sampler_free(gpe_sampler *s);
-/* Choose the next token from logits (not modified). */
+/* Choose the next token from logits (not modified). -1 (no draw taken) for
+ * bad arguments or when memory ran out: for the sampler's scratch, or for
+ * a token gpe_sampler_accept had to keep (the penalties would count another
+ * window than the text's; every call says -1 then, until
+ * gpe_sampler_reset). */
 int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab);
-/* Record a token (prompt or generated) for the penalties. */
+/* Record a token (prompt or generated) for the penalties; kept only when a
+ * penalty is on (nothing to remember, and no memory used, otherwise). */
 void gpe_sampler_accept(gpe_sampler *s, int32_t token);
 /* Move the generator forward as n_sampled gpe_sampler_sample calls would.
  * A sampler made with the same params, given the same accepted tokens
@@ -453,16 +458,30 @@ void gpe_stop_free(gpe_stop *st);
  * text before it has been emitted; generation should end). */
 bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
                    size_t *emit_len);
+/* The same, and *status (may be NULL) GPE_ERR_NOMEM when memory ran out
+ * holding the piece back: nothing is emitted (*emit "", *emit_len 0), the
+ * piece is lost, and the matcher is spent: every later feed and flush says
+ * GPE_ERR_NOMEM again and emits nothing (the text would have a hole; end
+ * the generation as out of memory). GPE_OK otherwise. gpe_stop_feed is
+ * this form with the status unread: a matcher that ran out of memory then
+ * emits nothing more, unreported. */
+bool gpe_stop_feed_status(gpe_stop *st, const char *piece, size_t len, const char **emit,
+                          size_t *emit_len, gpe_status *status);
 /* After gpe_stop_feed returned true: the index (in the init list) of the
  * stop string that matched (the earliest in the text); -1 before a match. */
 int gpe_stop_which(const gpe_stop *st);
 /* At the end of generation: whatever is still held back. */
 void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len);
+/* The same; *status (may be NULL) GPE_ERR_NOMEM, nothing emitted, when an
+ * earlier feed ran out of memory (see gpe_stop_feed_status). */
+void gpe_stop_flush_status(gpe_stop *st, const char **emit, size_t *emit_len,
+                           gpe_status *status);
 /* Resume a stream: take held (len bytes) as text fed earlier and still
  * held back, without emitting it (the generated text of a previous
  * matcher that it had not emitted yet). The next gpe_stop_feed then
  * behaves exactly as that matcher's would, so a stop string that started
- * in the held text is still found. 0, or -1 on ENOMEM / bad arguments. */
+ * in the held text is still found. 0, or -1 on ENOMEM / bad arguments /
+ * a spent matcher (nothing taken then). */
 int gpe_stop_prime(gpe_stop *st, const char *held, size_t len);
 
 /* ------------------------------------------------------ structured output */

@@ -99,10 +99,15 @@ struct gpe_sampler {
     gpe_sampler_params p;
     uint64_t rng[4];
 
-    /* Accepted tokens, oldest first. Trimmed to the window when it grows
-     * to twice the window (repeat_last_n > 0); unbounded for -1. */
+    /* Accepted tokens, oldest first, kept only when a penalty reads them
+     * (penalties_on). Trimmed to the window when it grows to twice the
+     * window (repeat_last_n > 0); unbounded for -1. */
     int32_t *hist;
     size_t hist_len, hist_cap;
+    /* A token could not be kept: the penalties would count a window that
+     * is not the text's, a quietly different distribution. Every sample
+     * says -1 (out of memory) until gpe_sampler_reset. */
+    bool hist_lost;
 
     /* Scratch, sized for the largest n_vocab seen. */
     int cap;
@@ -177,6 +182,7 @@ void gpe_sampler_reset(gpe_sampler *s)
     if (!s)
         return;
     s->hist_len = 0;
+    s->hist_lost = false;
     seed_rng(s);
 }
 
@@ -190,12 +196,20 @@ void gpe_sampler_advance(gpe_sampler *s, uint64_t n_sampled)
         (void)xoshiro_next(s->rng);
 }
 
+/* Whether any penalty is on (and so reads the accepted tokens). */
+static bool penalties_on(const gpe_sampler_params *p)
+{
+    bool rep = p->repeat_penalty > 0 && p->repeat_penalty != 1.0f;
+    return p->repeat_last_n != 0 &&
+           (rep || p->frequency_penalty != 0 || p->presence_penalty != 0);
+}
+
 void gpe_sampler_accept(gpe_sampler *s, int32_t token)
 {
-    if (!s)
+    if (!s || s->hist_lost)
         return;
-    if (s->p.repeat_last_n == 0)
-        return;                     /* no window: nothing to remember */
+    if (!penalties_on(&s->p))
+        return;                     /* nothing reads the history: nothing to remember */
     size_t win = s->p.repeat_last_n > 0 ? (size_t)s->p.repeat_last_n : 0;
     if (win && s->hist_len >= 2 * win) {
         memmove(s->hist, s->hist + s->hist_len - win, win * sizeof *s->hist);
@@ -204,8 +218,10 @@ void gpe_sampler_accept(gpe_sampler *s, int32_t token)
     if (s->hist_len == s->hist_cap) {
         size_t nc = s->hist_cap ? s->hist_cap * 2 : 256;
         int32_t *nh = realloc(s->hist, nc * sizeof *nh);
-        if (!nh)
-            return;                 /* out of memory: penalties see less history */
+        if (!nh) {
+            s->hist_lost = true;    /* gpe_sampler_sample says so */
+            return;
+        }
         s->hist = nh;
         s->hist_cap = nc;
     }
@@ -293,7 +309,7 @@ static void apply_penalties(gpe_sampler *s, float *w, int n)
 {
     const gpe_sampler_params *p = &s->p;
     bool rep = p->repeat_penalty > 0 && p->repeat_penalty != 1.0f;
-    if (!s->hist_len || (!rep && p->frequency_penalty == 0 && p->presence_penalty == 0))
+    if (!s->hist_len || !penalties_on(p))
         return;
     size_t win = p->repeat_last_n > 0 ? (size_t)p->repeat_last_n : s->hist_len;
     if (win > s->hist_len)
@@ -421,8 +437,8 @@ int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab)
 {
     if (!s || !logits || n_vocab <= 0)
         return -1;
-    if (ensure_cap(s, n_vocab) != 0)
-        return -1;
+    if (s->hist_lost || ensure_cap(s, n_vocab) != 0)
+        return -1;                  /* out of memory, no draw taken */
     /* The one draw of this call, taken before any early return. */
     double u01 = rng_uniform(s->rng);
     const gpe_sampler_params *p = &s->p;
@@ -536,7 +552,9 @@ int32_t gpe_sampler_sample(gpe_sampler *s, const float *logits, int n_vocab)
  * encoders want whole characters). On a match, the text before the stop
  * string is emitted and the rest is discarded for good. gpe_stop_flush
  * emits whatever is held, even an incomplete character. Emitted pointers
- * point into buf; the emitted bytes are dropped at the next call. */
+ * point into buf; the emitted bytes are dropped at the next call. A piece
+ * that buf cannot grow for ends the stream (oom): the text after it would
+ * have a hole, and the held text before it, flushed, a false end. */
 
 struct gpe_stop {
     char **stops;
@@ -547,6 +565,8 @@ struct gpe_stop {
     size_t len, cap, drop;
     bool matched;
     int which;          /* index of the stop string that matched */
+    bool oom;           /* a piece could not be held: the text has a hole, so nothing
+                           more comes out (every feed and flush says GPE_ERR_NOMEM) */
 };
 
 gpe_stop *gpe_stop_init(const char *const *stops, size_t n)
@@ -620,46 +640,71 @@ static size_t stop_partial_tail(const gpe_stop *st, const char *b, size_t n)
     return 0;
 }
 
-bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
-                   size_t *emit_len)
+/* Forget the bytes emitted by the last call. */
+static void stop_compact(gpe_stop *st)
+{
+    if (st->drop) {
+        memmove(st->buf, st->buf + st->drop, st->len - st->drop);
+        st->len -= st->drop;
+        st->drop = 0;
+    }
+}
+
+/* Room for len more bytes (and a spare one): 0, or -1 when memory ran out
+ * (the matcher is left as it was). */
+static int stop_room(gpe_stop *st, size_t len)
+{
+    if (len > SIZE_MAX / 4 - st->len)
+        return -1;                  /* no piece is this long: as good as out of memory */
+    if (st->len + len + 1 <= st->cap)
+        return 0;
+    size_t nc = st->cap ? st->cap : 64;
+    while (nc < st->len + len + 1)
+        nc *= 2;
+    char *nb = realloc(st->buf, nc);
+    if (!nb)
+        return -1;
+    st->buf = nb;
+    st->cap = nc;
+    return 0;
+}
+
+bool gpe_stop_feed_status(gpe_stop *st, const char *piece, size_t len, const char **emit,
+                          size_t *emit_len, gpe_status *status)
 {
     const char *e_dummy;
     size_t l_dummy;
+    gpe_status s_dummy;
     if (!emit)
         emit = &e_dummy;
     if (!emit_len)
         emit_len = &l_dummy;
+    if (!status)
+        status = &s_dummy;
     *emit = "";
     *emit_len = 0;
+    *status = GPE_OK;
     if (!st) {
         /* No matcher (allocation failed upstream): pass the text through. */
         *emit = piece ? piece : "";
         *emit_len = piece ? len : 0;
         return false;
     }
-    if (st->drop) {
-        memmove(st->buf, st->buf + st->drop, st->len - st->drop);
-        st->len -= st->drop;
-        st->drop = 0;
+    if (st->oom) {
+        *status = GPE_ERR_NOMEM;
+        return false;
     }
+    stop_compact(st);
     if (st->matched)
         return true;
     if (!piece)
         len = 0;
-    if (st->len + len + 1 > st->cap) {
-        size_t nc = st->cap ? st->cap : 64;
-        while (nc < st->len + len + 1)
-            nc *= 2;
-        char *nb = realloc(st->buf, nc);
-        if (!nb) {
-            /* Cannot hold anything back: emit what we have, then the piece. */
-            *emit = st->buf ? st->buf : "";
-            *emit_len = st->len;
-            st->drop = st->len;
-            return false;
-        }
-        st->buf = nb;
-        st->cap = nc;
+    if (stop_room(st, len) != 0) {
+        /* Emitting what is held would go on past a piece that never came
+         * out: the stream ends here, and says why. */
+        st->oom = true;
+        *status = GPE_ERR_NOMEM;
+        return false;
     }
     if (len)
         memcpy(st->buf + st->len, piece, len);
@@ -695,25 +740,19 @@ bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emi
     return false;
 }
 
+bool gpe_stop_feed(gpe_stop *st, const char *piece, size_t len, const char **emit,
+                   size_t *emit_len)
+{
+    return gpe_stop_feed_status(st, piece, len, emit, emit_len, NULL);
+}
+
 int gpe_stop_prime(gpe_stop *st, const char *held, size_t len)
 {
-    if (!st || (!held && len))
+    if (!st || (!held && len) || st->oom)
         return -1;
-    if (st->drop) {
-        memmove(st->buf, st->buf + st->drop, st->len - st->drop);
-        st->len -= st->drop;
-        st->drop = 0;
-    }
-    if (st->len + len + 1 > st->cap) {
-        size_t nc = st->cap ? st->cap : 64;
-        while (nc < st->len + len + 1)
-            nc *= 2;
-        char *nb = realloc(st->buf, nc);
-        if (!nb)
-            return -1;
-        st->buf = nb;
-        st->cap = nc;
-    }
+    stop_compact(st);
+    if (stop_room(st, len) != 0)
+        return -1;                  /* nothing taken: the caller ends the stream */
     if (len)
         memcpy(st->buf + st->len, held, len);
     st->len += len;
@@ -722,28 +761,40 @@ int gpe_stop_prime(gpe_stop *st, const char *held, size_t len)
     return 0;
 }
 
-void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len)
+void gpe_stop_flush_status(gpe_stop *st, const char **emit, size_t *emit_len,
+                           gpe_status *status)
 {
     const char *e_dummy;
     size_t l_dummy;
+    gpe_status s_dummy;
     if (!emit)
         emit = &e_dummy;
     if (!emit_len)
         emit_len = &l_dummy;
+    if (!status)
+        status = &s_dummy;
     *emit = "";
     *emit_len = 0;
+    *status = GPE_OK;
     if (!st)
         return;
-    if (st->drop) {
-        memmove(st->buf, st->buf + st->drop, st->len - st->drop);
-        st->len -= st->drop;
-        st->drop = 0;
+    if (st->oom) {
+        /* what is held came before the lost piece: the end of it would
+         * read as the end of the text */
+        *status = GPE_ERR_NOMEM;
+        return;
     }
+    stop_compact(st);
     if (st->matched || !st->len)
         return;
     *emit = st->buf;
     *emit_len = st->len;
     st->drop = st->len;
+}
+
+void gpe_stop_flush(gpe_stop *st, const char **emit, size_t *emit_len)
+{
+    gpe_stop_flush_status(st, emit, emit_len, NULL);
 }
 
 int gpe_stop_which(const gpe_stop *st)
