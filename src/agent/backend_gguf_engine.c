@@ -214,8 +214,9 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
     }
     int32_t tok = gpe_sampler_sample(j->smp, logits, n_vocab);
     if (tok < 0) {
-        /* (its scratch could not be made: for a sampler and logits it
-         * has no other failure) */
+        /* (its scratch could not be made, or a token its penalties count
+         * could not be kept: for a sampler and logits it has no other
+         * failure) */
         j->oom = true;
         return GGUF_REASON_NOMEM;
     }
@@ -254,7 +255,15 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
         n = opener_piece(b, tok, piece, sizeof piece);
     const char *emit;
     size_t elen;
-    bool stopped = gpe_stop_feed(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen);
+    gpe_status sst;
+    bool stopped = gpe_stop_feed_status(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen,
+                                        &sst);
+    if (sst != GPE_OK) {
+        /* the matcher could not hold the piece: the text would go on
+         * without it (its id goes with no event either) */
+        j->oom = true;
+        return GGUF_REASON_NOMEM;
+    }
     gguf_out_text(j, emit, elen);
     if (j->oom)
         return GGUF_REASON_NOMEM;

@@ -112,8 +112,12 @@ void gguf_job_end(gjob *j, const char *reason)
     if (j->stop && !j->oom) {
         const char *emit;
         size_t n;
-        gpe_stop_flush(j->stop, &emit, &n);
-        gguf_out_text(j, emit, n);
+        gpe_status st;
+        gpe_stop_flush_status(j->stop, &emit, &n, &st);
+        if (st != GPE_OK)
+            j->oom = true;   /* an earlier piece was lost (job_step ends there) */
+        else
+            gguf_out_text(j, emit, n);
     }
     if (j->tools.tp && !j->oom) {
         const char *emit;
@@ -183,9 +187,9 @@ static bool append_cont_ids(gjob *j)
  * sampled and emitted the continuation text; what it still held back is
  * the rest. Give it to ours, so its next feed behaves as that one's would
  * have (a stop string straddling the junction is still found). Without a
- * continuation: nothing, but the matcher's buffer is made here all the
- * same, where a failure is the job's start; gpe_stop_feed cannot say that
- * it lost a piece for want of memory. */
+ * continuation: nothing, but the matcher's first buffer is made here all
+ * the same, where a failure costs the job nothing generated yet (a later
+ * growth that fails ends the job out of memory: job_step). */
 bool gguf_prime_stop(gguf_backend *b, gjob *j)
 {
     gp_buf all = {0};

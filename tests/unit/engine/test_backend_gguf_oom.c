@@ -25,11 +25,12 @@
  * after a beginning of the same output. The token ids the server would
  * keep (those up to the first token event without any, docs/protocol.md)
  * are always a beginning of the reference's: a token-exact failover
- * resumes the text the client has. Jobs: completions (stop strings, a
- * token-exact continuation, a response_format), a chat on the model's own
- * template, tools on a copy of the model given a chatml template with a
- * tools format (a forced call: the parser reads it back out of the text),
- * and embeddings.
+ * resumes the text the client has. Jobs: completions (stop strings, one
+ * the text writes most of, so the matcher's buffer grows while the job
+ * runs; a token-exact continuation, a response_format), a chat on the
+ * model's own template, tools on a copy of the model given a chatml
+ * template with a tools format (a forced call: the parser reads it back
+ * out of the text), and embeddings.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -503,6 +504,30 @@ static void test_completion_sweep(void **state)
                              6, "temperature", 0.0, "stop", stop);
     assert_non_null(held);
     bad += sweep_job(&warm, "held back by a stop string", held, NULL);
+
+    /* A stop string whose first 80 bytes the text writes: the matcher
+     * holds them back, and its buffer grows past the 64 bytes made at
+     * admission while the job runs (a growth that fails ends the job
+     * AGENT_OUT_OF_MEMORY: never the text with that piece left out) */
+    json_t *longer = json_pack("{s:s, s:s, s:s, s:{s:i, s:f}}", "job_id", "longer", "kind",
+                               "completion", "prompt", "Once upon a time", "params",
+                               "max_tokens", 40, "temperature", 0.0);
+    assert_non_null(longer);
+    rec long_ref;
+    char err[256], long_stop[96];
+    bool hit;
+    assert_int_equal(run(b, longer, 0, &long_ref, &hit, err, sizeof err), 0);
+    assert_true(long_ref.n_text > 100);
+    memcpy(long_stop, long_ref.text, 80);
+    memcpy(long_stop + 80, "\x01", 2);
+    rec_destroy(&long_ref);
+    json_t *held_long = json_pack("{s:s, s:s, s:s, s:{s:i, s:f, s:[s]}}", "job_id", "held_long",
+                                  "kind", "completion", "prompt", "Once upon a time", "params",
+                                  "max_tokens", 40, "temperature", 0.0, "stop", long_stop);
+    assert_non_null(held_long);
+    bad += sweep_job(&warm, "held back past the matcher's first buffer", held_long, NULL);
+    json_decref(longer);
+    json_decref(held_long);
 
     /* A token-exact continuation of the plain run after its second token:
      * its ids after the prompt, the matcher primed with the text held */
