@@ -32,7 +32,9 @@
  * (a vectorisable polynomial, see exp_neg). Without top-k, top-p finds its
  * nucleus with a histogram of log-probabilities and sorts only the one
  * bucket where the cumulative mass crosses p. All buffers belong to the
- * sampler and grow only when n_vocab does. Measured with bench_sampler.
+ * sampler; the scratch grows only when n_vocab does, the accepted tokens'
+ * history (kept only while a penalty is on) with the text. Measured with
+ * bench_sampler.
  *
  * Parameters out of range mean "off": top_k <= 0 or >= n_vocab, top_p <= 0
  * or >= 1, min_p <= 0 or > 1, repeat_penalty <= 0 or == 1, repeat_last_n ==

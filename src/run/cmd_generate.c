@@ -299,6 +299,12 @@ static int exec_generate(int argc, char **argv)
     double t1 = gpr_now();
     for (; n_gen < o.n_predict; n_gen++) {
         int32_t tok = gpe_sampler_sample(smp, logits, n_vocab);
+        if (tok < 0) {
+            /* the sampler's scratch, or a token its penalties had to keep,
+             * could not be allocated: no token, not token -1 decoded */
+            fprintf(stderr, "\ngpupool-run %s: sampling: out of memory\n", NAME);
+            goto done;
+        }
         gpe_sampler_accept(smp, tok);
         if (!o.no_eog && gpe_token_is_eog(m, tok)) {
             stop = "eog";
