@@ -23,15 +23,11 @@ json_t *store_col_json(const row *r, int i, size_t flags, bool *oom)
     *oom = false;
     if (r->v[i].t != V_TEXT)
         return NULL;
-    /* gp_json_read first (gp_json_loadb, with flags for what it declines):
-     * it reads the texts the store wrote without jansson's lexer, which
-     * does worse than drop a byte when its token buffer cannot grow (it
-     * can read and write past that buffer). */
-    json_t *v = gp_json_read(r->v[i].s, r->v[i].len);
-    if (v)
-        return v;
+    /* gp_json's reader, never jansson's lexer (which can read and write
+     * past its token buffer when that buffer cannot grow); one read with
+     * the site's flags. */
     json_error_t e;
-    v = gp_json_load_checked(r->v[i].s, r->v[i].len, flags, &e);
+    json_t *v = gp_json_load_checked(r->v[i].s, r->v[i].len, flags, &e);
     *oom = !v && json_error_code(&e) == json_error_out_of_memory;
     return v;
 }
