@@ -387,6 +387,12 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason);
  * the server): the job ends DONE with finish_reason, subscribers get an
  * `end` event and the agent is told to stop. No-op on a terminal job. */
 void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason);
+/* The server itself fails the job (a subscriber could not record one of
+ * its events whole: out of memory): it ends FAILED with code, message and
+ * the status a dialect uses, subscribers get its error event and the agent
+ * is told to stop. No-op on a terminal job. */
+void gps_jobs_fail(gps_jobs *j, gps_job *job, int status, const char *code,
+                   const char *message);
 /* Queued jobs of the same model that will be served before job (0 = next;
  * also 0 when not queued). O(jobs). */
 size_t gps_jobs_queue_position(gps_jobs *j, const gps_job *job);

@@ -270,6 +270,12 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
     json_decref(ev);
 }
 
+void gps_jobs_fail(gps_jobs *j, gps_job *job, int status, const char *code,
+                   const char *message)
+{
+    jobs_fail_job(j, job, status, code, message, 0);
+}
+
 void gps_jobs_finish_early(gps_jobs *j, gps_job *job, const char *finish_reason)
 {
     if (gps_job_terminal(job))
