@@ -31,11 +31,28 @@ struct gps_tlog {
     entry *e;
     size_t n, cap;                /* entries */
     size_t count;                 /* events */
+    /* The terminal event kept for out of memory (gps_tlog_append_oom),
+     * built with the log, its seq set when it is appended; NULL once
+     * appended. While it is here, e has room for one more entry than the
+     * log holds, so that appending it allocates nothing. */
+    json_t *oom_ev;
 };
+
+static int grow(void **p, size_t *cap, size_t need, size_t sz);
 
 gps_tlog *gps_tlog_new(void)
 {
-    return calloc(1, sizeof(gps_tlog));
+    gps_tlog *l = calloc(1, sizeof *l);
+    if (!l)
+        return NULL;
+    l->oom_ev = json_pack("{s:i,s:s,s:{s:s,s:s}}", "seq", 0, "type", "error", "data", "code",
+                          "INTERNAL", "message", "out of memory");
+    if (!l->oom_ev || grow((void **)&l->e, &l->cap, 1, sizeof(entry)) < 0) {
+        json_decref(l->oom_ev);
+        free(l);
+        return NULL;
+    }
+    return l;
 }
 
 static void entry_clear(entry *e)
@@ -54,6 +71,7 @@ void gps_tlog_free(gps_tlog *l)
     for (size_t i = 0; i < l->n; i++)
         entry_clear(&l->e[i]);
     free(l->e);
+    json_decref(l->oom_ev);
     free(l);
 }
 
@@ -116,7 +134,8 @@ static int grow(void **p, size_t *cap, size_t need, size_t sz)
 
 static entry *entry_new(gps_tlog *l)
 {
-    if (grow((void **)&l->e, &l->cap, l->n + 1, sizeof(entry)) < 0)
+    /* ... and one more for the reserved event (gps_tlog_append_oom). */
+    if (grow((void **)&l->e, &l->cap, l->n + 1 + (l->oom_ev ? 1 : 0), sizeof(entry)) < 0)
         return NULL;
     entry *e = &l->e[l->n];
     memset(e, 0, sizeof *e);
@@ -139,6 +158,23 @@ int gps_tlog_append(gps_tlog *l, const char *type, json_t *data, json_t *hidden)
     }
     e->ev = ev;
     e->n = 1;
+    l->n++;
+    l->count++;
+    return 0;
+}
+
+int gps_tlog_append_oom(gps_tlog *l)
+{
+    if (!l || !l->oom_ev || l->n >= l->cap)
+        return -1;
+    /* The value in place: json_integer would allocate. */
+    json_integer_set(json_object_get(l->oom_ev, "seq"), (json_int_t)l->count + 1);
+    entry *e = &l->e[l->n];
+    memset(e, 0, sizeof *e);
+    e->first = l->count;
+    e->ev = l->oom_ev;
+    e->n = 1;
+    l->oom_ev = NULL;
     l->n++;
     l->count++;
     return 0;
@@ -231,12 +267,17 @@ int gps_tlog_append_stored(gps_tlog *l, const json_t *ev)
         return rc;
     }
     json_t *hidden = json_deep_copy(ev);
-    if (!hidden)
+    /* (gps_tlog_append takes NULL data for {}: not the stored event) */
+    json_t *data = json_deep_copy(json_object_get(ev, "data"));
+    if (!hidden || !data) {
+        json_decref(hidden);
+        json_decref(data);
         return -1;
+    }
     json_object_del(hidden, "seq");
     json_object_del(hidden, "type");
     json_object_del(hidden, "data");
-    return gps_tlog_append(l, type, json_deep_copy(json_object_get(ev, "data")), hidden);
+    return gps_tlog_append(l, type, data, hidden);
 }
 
 /* The entry holding event i (i < count). */
@@ -266,8 +307,13 @@ json_t *gps_tlog_get(const gps_tlog *l, size_t i)
                            "data", "text", e->text + t0, (size_t)e->ends[k] - t0);
     if (ev && e->id_ends[k] > i0) {
         json_t *ids = json_array();
+        /* An id that could not be added is the event's failure, not an
+         * event with fewer ids (a restart would resume from them). */
         for (size_t j = i0; ids && j < e->id_ends[k]; j++)
-            json_array_append_new(ids, json_integer(e->ids[j]));
+            if (json_array_append_new(ids, json_integer(e->ids[j])) < 0) {
+                json_decref(ids);
+                ids = NULL;
+            }
         if (!ids || json_object_set_new(ev, "ids", ids) < 0) {
             json_decref(ev);
             return NULL;

@@ -24,7 +24,10 @@
 
 typedef struct gps_tlog gps_tlog;
 
-gps_tlog *gps_tlog_new(void);          /* NULL on ENOMEM */
+/* NULL on ENOMEM. A new log holds, beside its events, the terminal event
+ * that gps_tlog_append_oom records: built now, so that a task whose event
+ * cannot be recorded whole can still end. */
+gps_tlog *gps_tlog_new(void);
 void gps_tlog_free(gps_tlog *l);
 
 /* Events recorded: the id of the last one (0: none). */
@@ -41,6 +44,12 @@ size_t gps_tlog_text_bytes(const gps_tlog *l, size_t from, size_t to);
  * on the event beside seq/type/data; may be NULL) are stolen. Returns 0,
  * or -1 on ENOMEM (nothing recorded). */
 int gps_tlog_append(gps_tlog *l, const char *type, json_t *data, json_t *hidden);
+/* Record event count+1 as the log's reserved terminal event, type
+ * "error", data {"code":"INTERNAL","message":"out of memory"}: the task's
+ * end when one of its events could not be recorded whole (the log never
+ * goes on with an event left out). Allocates nothing: 0, or -1 when the
+ * reserved event was recorded already. */
+int gps_tlog_append_oom(gps_tlog *l);
 /* Record token event count+1, {"text": text[0..len)} (valid UTF-8), with
  * its token ids (n_ids 0: none known). Joins the run before it. */
 int gps_tlog_append_token(gps_tlog *l, const char *text, size_t len, const int32_t *ids,
