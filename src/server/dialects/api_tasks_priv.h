@@ -83,7 +83,8 @@ struct task {
     char key_id[65];
     gps_tlog *log;                /* its events, 1..n (task_log.h) */
     bool terminal;
-    long long last_pos;           /* last queue position announced (-1 none) */
+    long long last_pos;           /* last queue position announced (-1 none: not
+                                     queued; -2 queued, not announced: ENOMEM) */
     uint64_t finished_us;
     task_sub *subs;
     uint64_t created_us;          /* for request_duration_seconds at the end */
@@ -234,6 +235,8 @@ void tasks_on_commit(void *arg, uint64_t done_seq, bool failed);
 void tasks_sub_free(void *arg);
 bool tasks_sub_catch_up(task *t, task_sub *s);
 void tasks_emit(task *t, const char *type, json_t *data, bool terminal);
+/* A queued event with t's position (t->last_pos; -2 when it could not be
+ * recorded, out of memory: the tick announces it again). */
 void tasks_emit_queued(task *t);
 void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 void tasks_free(gps_tasks *g, task *t);
@@ -242,6 +245,8 @@ void tasks_free(gps_tasks *g, task *t);
 void tasks_link(gps_tasks *g, task *t);
 void tasks_restore_fail(gps_tasks *g, task *t, const char *code, const char *message);
 void tasks_resubmit(gps_tasks *g, task *t, uint64_t now);
+/* 0 restored; -1 it cannot be (not a native task's row, held here
+ * already); -2 out of memory (nothing changed: it can be read again). */
 int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attempt);
 
 /* several servers (api_tasks_shared.c) */

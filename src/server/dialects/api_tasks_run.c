@@ -344,10 +344,9 @@ bool tasks_sub_catch_up(task *t, task_sub *s)
 
 /* requests_total{api="native"}: a task's outcome, once, when it ends (its
  * terminal event): ok, or the error code (CANCELLED: cancelled). */
-static void count_outcome(task *t, const char *type, const json_t *data)
+static void count_outcome(task *t, const char *type, const char *code)
 {
     gps_tasks *g = t->owner;
-    const char *code = json_string_value(json_object_get(data, "code"));
     const char *outcome = strcmp(type, "end") == 0 ? "ok" : code ? code : "AGENT_ERROR";
     gps_metrics_request(g->metrics, "native", outcome,
                         (double)(gp_now_mono_us() - t->created_us) / 1e6);
@@ -366,35 +365,82 @@ static void task_publish(task *t)
     }
 }
 
-/* Record an event (data and hidden stolen: hidden's members go to the
- * store beside seq/type/data, never to a client) and publish it. */
-static void task_emit_hidden(task *t, const char *type, json_t *data, json_t *hidden,
-                             bool terminal)
+/* An event of t (type) could not be recorded whole (out of memory). The
+ * log never goes on without it (a client would get a text with a hole, a
+ * restart would resume from it), so the task ends here with the log's
+ * reserved error event (INTERNAL, out of memory: gps_tlog_append_oom,
+ * built with the log), which its streams and followers get as any end;
+ * its job fails with the same (the agent stops, the row says failed). */
+static void task_oom_end(task *t, const char *type)
 {
-    if (t->terminal) {
+    if (t->terminal)
+        return;
+    if (gps_tlog_append_oom(t->log) < 0) {
+        /* Not reached: a log keeps its reserved event until it ends. */
+        gp_log_error("task_event_lost", "job %s: a %s event was not recorded", t->id, type);
+        return;
+    }
+    t->terminal = true;
+    t->finished_us = gp_now_mono_us();
+    count_outcome(t, "error", "INTERNAL");
+    gp_log_write(GP_LOG_WARN, "task_event_oom", t->corr,
+                 json_pack("{s:s,s:s}", "job_id", t->id, "event", type),
+                 "a native task's event could not be recorded (out of memory): the task "
+                 "fails with INTERNAL");
+    task_publish(t);
+    /* After the log's end: its error event, delivered back to
+     * tasks_on_job_event, finds the task terminal. */
+    if (t->job)
+        gps_jobs_fail(t->owner->jobs, t->job, 500, "INTERNAL", "out of memory");
+}
+
+/* Record an event (data and hidden stolen: hidden's members go to the
+ * store beside seq/type/data, never to a client) and publish it. 0, or
+ * -1 when out of memory (data NULL: its caller could not build it;
+ * hidden_lost: a hidden member could not be built; or the log could not
+ * take it): nothing recorded. */
+static int task_record(task *t, const char *type, json_t *data, json_t *hidden,
+                       bool hidden_lost, bool terminal)
+{
+    if (!data || hidden_lost) {
         json_decref(data);
         json_decref(hidden);
-        return;
+        return -1;
     }
     if (terminal)
         json_incref(data); /* count_outcome reads it */
     if (gps_tlog_append(t->log, type, data, hidden) < 0) {
         if (terminal)
             json_decref(data);
-        return;
+        return -1;
     }
     if (terminal) {
         t->terminal = true;
         t->finished_us = gp_now_mono_us();
-        count_outcome(t, type, data);
+        count_outcome(t, type, json_string_value(json_object_get(data, "code")));
         json_decref(data);
     }
     task_publish(t);
+    return 0;
+}
+
+/* task_record, and when the event cannot be recorded the task ends
+ * (task_oom_end): never a log that goes on without it. */
+static void task_emit_hidden(task *t, const char *type, json_t *data, json_t *hidden,
+                             bool hidden_lost, bool terminal)
+{
+    if (t->terminal) {
+        json_decref(data);
+        json_decref(hidden);
+        return;
+    }
+    if (task_record(t, type, data, hidden, hidden_lost, terminal) < 0)
+        task_oom_end(t, type);
 }
 
 void tasks_emit(task *t, const char *type, json_t *data, bool terminal)
 {
-    task_emit_hidden(t, type, data, NULL, terminal);
+    task_emit_hidden(t, type, data, NULL, false, terminal);
 }
 
 /* A token event: coalesced into the log's token run (task_log.h), with
@@ -413,10 +459,14 @@ static void task_emit_token(task *t, const json_t *ev)
         n = json_array_size(arr);
         if (n) {
             ids = malloc(n * sizeof *ids);
-            for (size_t i = 0; ids && i < n; i++)
+            if (!ids) {
+                /* A token without its ids would make a restart resume
+                 * from a different place than the text: not recorded. */
+                task_oom_end(t, "token");
+                return;
+            }
+            for (size_t i = 0; i < n; i++)
                 ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
-            if (!ids)
-                n = 0;
         } else if (json_is_integer(id)) {
             one = (int32_t)json_integer_value(id);
             ids = &one;
@@ -426,48 +476,69 @@ static void task_emit_token(task *t, const json_t *ev)
     int rc = gps_tlog_append_token(t->log, text ? text : "", text ? strlen(text) : 0, ids, n);
     if (ids != &one)
         free(ids);
-    if (rc == 0)
-        task_publish(t);
+    if (rc < 0) {
+        task_oom_end(t, "token"); /* never a text with the token left out */
+        return;
+    }
+    task_publish(t);
 }
 
 void tasks_emit_queued(task *t)
 {
     gps_job *job = t->job;
     size_t pos = gps_jobs_queue_position(t->owner->jobs, job);
-    t->last_pos = (long long)pos;
-    tasks_emit(t, "queued",
-               json_pack("{s:I,s:I}", "position", (json_int_t)pos, "estimated_wait_ms",
-                         (json_int_t)estimate_wait_ms(t->owner, job, pos)),
-               false);
+    if (t->terminal)
+        return;
+    /* A position not announced for want of memory is announced by the
+     * tick (it compares last_pos): a snapshot taken again, not an event
+     * left out, so the task goes on. */
+    json_t *d = json_pack("{s:I,s:I}", "position", (json_int_t)pos, "estimated_wait_ms",
+                          (json_int_t)estimate_wait_ms(t->owner, job, pos));
+    t->last_pos = task_record(t, "queued", d, NULL, false, false) == 0 ? (long long)pos : -2;
+}
+
+/* The started event, with the file the job's token ids belong to, for a
+ * restart (hidden). */
+static void task_emit_started(task *t, gps_job *job)
+{
+    const char *dg = gps_job_ids_digest(job);
+    json_t *hidden = dg ? json_pack("{s:s}", "digest", dg) : NULL;
+    task_emit_hidden(t, "started",
+                     json_pack("{s:s,s:i}", "agent_id", gps_job_agent_id(job), "attempt",
+                               gps_job_attempts(job)),
+                     hidden, dg && !hidden, false);
+}
+
+/* A job event's copy without its type: the data of a metrics or failover
+ * event. NULL when out of memory. */
+static json_t *event_data(const json_t *ev)
+{
+    json_t *d = json_deep_copy(ev);
+    if (d)
+        json_object_del(d, "type");
+    return d;
 }
 
 void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg)
 {
     task *t = arg;
     gps_tasks *g = t->owner;
+    bool was_terminal = t->terminal;
     switch (type) {
     case GPS_EV_STARTED: {
-        /* The file the job's token ids belong to, for a restart (hidden). */
-        const char *dg = gps_job_ids_digest(job);
-        task_emit_hidden(t, "started",
-                         json_pack("{s:s,s:i}", "agent_id", gps_job_agent_id(job),
-                                   "attempt", gps_job_attempts(job)),
-                         dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
+        task_emit_started(t, job);
         t->last_pos = -1;
         break;
     }
     case GPS_EV_TOKEN: {
-        if (t->last_pos >= 0 || gps_tlog_count(t->log) == 1) {
+        /* (last_pos -2: queued, its position not announced yet) */
+        if (t->last_pos != -1 || gps_tlog_count(t->log) <= 1) {
             /* No started event from the agent: announce the start anyway. */
             bool seen = false;
             for (size_t i = 0; !seen && i < gps_tlog_count(t->log); i++)
                 seen = strcmp(gps_tlog_type(t->log, i), "started") == 0;
-            const char *dg = gps_job_ids_digest(job);
             if (!seen)
-                task_emit_hidden(t, "started",
-                                 json_pack("{s:s,s:i}", "agent_id", gps_job_agent_id(job),
-                                           "attempt", gps_job_attempts(job)),
-                                 dg ? json_pack("{s:s}", "digest", dg) : NULL, false);
+                task_emit_started(t, job);
             t->last_pos = -1;
         }
         task_emit_token(t, ev);
@@ -475,18 +546,14 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
         break;
     }
     case GPS_EV_METRICS: {
-        json_t *d = json_deep_copy(ev);
-        json_object_del(d, "type");
-        tasks_emit(t, "metrics", d, false);
+        tasks_emit(t, "metrics", event_data(ev), false);
         break;
     }
     case GPS_EV_FAILOVER: {
         /* The agent was lost after tokens were recorded: another agent
          * continues from the text so far. One more numbered, non-terminal
          * event; the tokens that follow continue the same text. */
-        json_t *d = json_deep_copy(ev);
-        json_object_del(d, "type");
-        tasks_emit(t, "failover", d, false);
+        tasks_emit(t, "failover", event_data(ev), false);
         break;
     }
     case GPS_EV_END: {
@@ -518,7 +585,9 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
     default:
         return;
     }
-    if (t->terminal && g->store)
+    /* Once, when the task ends (a job failed by task_oom_end delivers
+     * its error event here while the task is terminal already). */
+    if (!was_terminal && t->terminal && g->store)
         gps_store_checkpoint_fenced(g->store, t->id, gps_job_text(job),
                                     gps_job_text_len(job), (long long)gps_tlog_count(t->log),
                                     t->lease_attempt);
