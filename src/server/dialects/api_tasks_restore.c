@@ -78,8 +78,17 @@ void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
             snprintf(spec.resume_digest, sizeof spec.resume_digest, "%s", t->resume_digest);
         }
     }
-    if (!spec.resume_id || (t->resume_tokens > 0 && !spec.resume_text) ||
+    /* Same shape as a continuation failover (the jobs module): the tokens
+     * that follow continue the text the client already has. Built before
+     * the submit: out of memory here is tried again, not the task failed. */
+    json_t *fo = t->resume_tokens > 0
+                     ? json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",
+                                 "SERVER_RESTART", "attempt", t->resume_attempts + 1,
+                                 "completion_tokens", (json_int_t)t->resume_tokens)
+                     : NULL;
+    if (!spec.resume_id || (t->resume_tokens > 0 && (!spec.resume_text || !fo)) ||
         (spec.resume_text && t->resume_ids && !spec.resume_ids)) {
+        json_decref(fo);
         gps_job_spec_clear(&spec);
         return; /* ENOMEM: next tick */
     }
@@ -87,7 +96,10 @@ void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
     gps_job *job = gps_jobs_submit(g->jobs, &spec, t->corr, t->key_id, &e);
     gps_job_spec_clear(&spec);
     if (!job) {
-        bool later = e.status == 503 || e.status == 429 || e.status == 404;
+        json_decref(fo);
+        /* 500: out of memory here, as passing as a busy queue: the
+         * task is tried again, not failed for it (until the deadline). */
+        bool later = e.status == 503 || e.status == 429 || e.status == 404 || e.status == 500;
         if (later && now < t->resume_deadline_us)
             return;
         char m[400];
@@ -104,14 +116,8 @@ void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
                            (json_int_t)gps_tlog_count(t->log), "completion_tokens",
                            (json_int_t)t->resume_tokens),
                  "native task resubmitted after a server restart");
-    if (t->resume_tokens > 0)
-        /* Same shape as a continuation failover (the jobs module): the tokens that
-         * follow continue the text the client already has. */
-        tasks_emit(t, "failover",
-                   json_pack("{s:s,s:s,s:i,s:I}", "from_agent", t->resume_agent, "reason",
-                             "SERVER_RESTART", "attempt", t->resume_attempts + 1,
-                             "completion_tokens", (json_int_t)t->resume_tokens),
-                   false);
+    if (fo)
+        tasks_emit(t, "failover", fo, false);
     if (gps_job_state_of(job) == GPS_JOB_QUEUED)
         tasks_emit_queued(t);
     else
@@ -126,7 +132,8 @@ void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
 }
 
 /* Append a stored token event's ids (its hidden "ids") to the task's;
- * -1 when it has none (or ENOMEM): no token-exact resume then. */
+ * -1 when it has none: no token-exact resume then; -2 ENOMEM (the resume
+ * is not made from the text instead: the task is read again later). */
 static int resume_ids_add(task *t, const json_t *ids)
 {
     size_t n = json_array_size(ids);
@@ -138,7 +145,7 @@ static int resume_ids_add(task *t, const json_t *ids)
             nc *= 2;
         int32_t *p = realloc(t->resume_ids, nc * sizeof *p);
         if (!p)
-            return -1;
+            return -2;
         t->resume_ids = p;
         t->cap_resume_ids = nc;
     }
@@ -185,15 +192,22 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
             break;
         const char *type = json_string_value(json_object_get(ev, "type"));
         json_t *data = json_object_get(ev, "data");
-        if (!type || gps_tlog_append_stored(events, ev) < 0)
+        if (!type || !data)
             break;
+        /* A well-formed event not recorded is out of memory: never a log
+         * cut short there (a resume from less text than the client has). */
+        if (gps_tlog_append_stored(events, ev) < 0)
+            goto oom;
         last_type = gps_tlog_type(events, i);
         if (strcmp(type, "token") == 0) {
             const char *tx = json_string_value(json_object_get(data, "text"));
             if (tx && gp_buf_append(&text, tx, strlen(tx)) < 0)
                 goto oom;
             t->resume_tokens++;
-            if (ids_ok && resume_ids_add(t, json_object_get(ev, "ids")) < 0)
+            int rc = ids_ok ? resume_ids_add(t, json_object_get(ev, "ids")) : 0;
+            if (rc == -2)
+                goto oom;
+            if (rc < 0)
                 ids_ok = false;
         } else if (strcmp(type, "started") == 0) {
             const char *a = json_string_value(json_object_get(data, "agent_id"));
@@ -217,9 +231,11 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
     if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
         /* It ended, but the row was not updated before the crash: the log
          * is the truth. Keep the task hot (it replays from memory). */
+        json_t *lastev = gps_tlog_get(events, gps_tlog_count(events) - 1);
+        if (!lastev)
+            goto oom; /* (a row finished without its code or reason: not written) */
         t->terminal = true;
         t->finished_us = gp_now_mono_us();
-        json_t *lastev = gps_tlog_get(events, gps_tlog_count(events) - 1);
         json_t *d = json_object_get(lastev, "data");
         if (g->store) {
             gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(t->id);
@@ -241,8 +257,9 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
     t->resume_body = json_deep_copy(j->request);
     if (!t->resume_body)
         goto oom;
-    if (j->has_seed)
-        json_object_set_new(t->resume_body, "seed", json_integer(j->seed));
+    /* Without its seed a resubmission would draw another one. */
+    if (j->has_seed && json_object_set_new(t->resume_body, "seed", json_integer(j->seed)) < 0)
+        goto oom;
     if (t->terminal) {
         gp_buf_free(&text);
         tasks_link(g, t);
@@ -267,7 +284,7 @@ oom:
     }
     gps_tlog_free(events);
     free(t);
-    return -1;
+    return -2;
 }
 
 int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
@@ -276,7 +293,8 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
      * takes over those whose lease expired, each once. */
     if (g && g->shared && j && j->api && strcmp(j->api, "native") == 0)
         return 0;
-    return tasks_restore(g, j, 0);
+    /* Out of memory too is -1 here: start-up reads each row once. */
+    return tasks_restore(g, j, 0) < 0 ? -1 : 0;
 }
 
 void gps_tasks_set_hot_sec(gps_tasks *g, int sec)

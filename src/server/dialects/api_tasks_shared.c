@@ -488,7 +488,17 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
     gps_tasks *g = pend_take(p);
     if (!g || status != 0 || !j)
         return; /* not ours to run after all: its lease expires again */
-    if (tasks_restore(g, j, attempt) < 0) {
+    int rc = tasks_restore(g, j, attempt);
+    if (rc == -2) {
+        /* Out of memory: not failed for it. The lease is not renewed
+         * here, so it expires and the claim loop takes the task again. */
+        gp_log_write(GP_LOG_WARN, "task_claim_oom", j->correlation_id,
+                     json_pack("{s:s,s:I}", "job_id", j->id, "attempt", (json_int_t)attempt),
+                     "a claimed native task could not be read into memory (out of memory): "
+                     "claimed again when its lease expires");
+        return;
+    }
+    if (rc < 0) {
         gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(j->id);
         u.lease_attempt = attempt;
         u.status = "failed";
