@@ -172,6 +172,94 @@ static void test_append_whole_or_nothing(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The reserved terminal event (gps_tlog_append_oom) goes in without an
+ * allocation, whatever the log holds (its entry slot kept free across
+ * the growth of the entries), numbered after the rest, once. */
+static void test_reserved_end_allocates_nothing(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 40; k++) {
+        gps_tlog *l = gps_tlog_new();
+        assert_non_null(l);
+        for (int i = 0; i < k; i++) {
+            if (i % 3 == 2) /* a run broken by another event: a new entry each time */
+                assert_int_equal(gps_tlog_append(l, "metrics", json_pack("{s:i}", "i", i), NULL),
+                                 0);
+            else
+                assert_int_equal(gps_tlog_append_token(l, "ab", 2, NULL, 0), 0);
+        }
+        arm_libc(1);
+        int rc = gps_tlog_append_oom(l);
+        bool hit = disarm();
+        assert_int_equal(rc, 0);
+        assert_false(hit); /* no allocation was made */
+        assert_int_equal(gps_tlog_count(l), (size_t)k + 1);
+        char want[128];
+        snprintf(want, sizeof want,
+                 "{\"data\":{\"code\":\"INTERNAL\",\"message\":\"out of memory\"},"
+                 "\"seq\":%d,\"type\":\"error\"}",
+                 k + 1);
+        expect_event(l, (size_t)k, want);
+        assert_int_equal(gps_tlog_append_oom(l), -1); /* once */
+        gps_tlog_free(l);
+    }
+}
+
+/* Under a failing allocator a stored event is recorded as it was stored
+ * or not at all (never with {} for its data), and a token event is read
+ * back whole or not at all (never with an id left out). */
+static void test_stored_and_read_whole_or_nothing(void **state)
+{
+    (void)state;
+    json_t *stored = J("{\"seq\":1,\"type\":\"started\",\"data\":{\"agent_id\":\"a1\","
+                       "\"attempt\":1},\"digest\":\"d0\"}");
+    json_t *tok = J("{\"seq\":2,\"type\":\"token\",\"data\":{\"text\":\"ab\"},"
+                    "\"ids\":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}");
+    int bad = 0;
+    size_t n;
+    for (n = 1;; n++) {
+        gps_tlog *l = gps_tlog_new();
+        assert_non_null(l);
+        arm_libc(n);
+        int rc = gps_tlog_append_stored(l, stored);
+        bool hit = disarm();
+        json_t *got = rc == 0 ? gps_tlog_get(l, 0) : NULL;
+        if (rc == 0 ? !json_equal(got, stored) : gps_tlog_count(l) != 0) {
+            print_message("run %zu: a stored event recorded other than stored\n", n);
+            if (got)
+                print_diff("event", got, stored);
+            bad++;
+        }
+        json_decref(got);
+        gps_tlog_free(l);
+        if (!hit)
+            break;
+    }
+    gps_tlog *l = gps_tlog_new();
+    assert_non_null(l);
+    assert_int_equal(gps_tlog_append_stored(l, stored), 0);
+    assert_int_equal(gps_tlog_append_stored(l, tok), 0);
+    size_t m;
+    for (m = 1;; m++) {
+        arm_libc(m);
+        json_t *got = gps_tlog_get(l, 1);
+        bool hit = disarm();
+        if (got && !json_equal(got, tok)) {
+            print_message("run %zu: a token event read with a part missing\n", m);
+            print_diff("event", got, tok);
+            bad++;
+        }
+        json_decref(got);
+        if (!hit)
+            break;
+    }
+    gps_tlog_free(l);
+    json_decref(stored);
+    json_decref(tok);
+    assert_true(n > 3 && m > 20);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -180,6 +268,8 @@ int main(void)
         cmocka_unit_test(test_append_whole_or_nothing),
         cmocka_unit_test(test_a_run_costs_bytes_not_objects),
         cmocka_unit_test(test_text_bytes_behind),
+        cmocka_unit_test(test_reserved_end_allocates_nothing),
+        cmocka_unit_test(test_stored_and_read_whole_or_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
