@@ -164,7 +164,7 @@ static void h_create(gps_req *r, void *arg)
     snprintf(t->key_id, sizeof t->key_id, "%s", r->key_id);
     snprintf(t->corr, sizeof t->corr, "%s", r->correlation_id);
     tasks_link(g, t);
-    gps_job_subscribe(job, tasks_on_job_event, t);
+    bool heard = gps_job_subscribe(job, tasks_on_job_event, t) == 0;
     if (g->shared) {
         /* After the row's insert (same queue): its first events are
          * fenced by this attempt. */
@@ -173,7 +173,10 @@ static void h_create(gps_req *r, void *arg)
         gps_store_task_own(g->store, t->id, g->server_id,
                            gp_now_wall_ms() + (int64_t)(g->lease_us / 1000), 1);
     }
-    tasks_emit_queued(t);
+    if (heard)
+        tasks_emit_queued(t);
+    else
+        tasks_oom_end(t, "queued"); /* its job's events cannot reach it: it would never end */
     char url[96];
     snprintf(url, sizeof url, "/v2/tasks/%s/events", t->id);
     char loc[96];

@@ -234,6 +234,12 @@ void tasks_create_refuse(gps_tasks *g, task *t);
 void tasks_on_commit(void *arg, uint64_t done_seq, bool failed);
 void tasks_sub_free(void *arg);
 bool tasks_sub_catch_up(task *t, task_sub *s);
+/* The task ends with its log's reserved error (INTERNAL, out of memory):
+ * an event of it (type) could not be recorded whole, or its job's events
+ * could not reach it. Its job, if any, fails with the same. */
+void tasks_oom_end(task *t, const char *type);
+/* Record and publish an event; one that cannot be recorded (data NULL
+ * included: out of memory) ends the task (tasks_oom_end). */
 void tasks_emit(task *t, const char *type, json_t *data, bool terminal);
 /* A queued event with t's position (t->last_pos; -2 when it could not be
  * recorded, out of memory: the tick announces it again). */

@@ -110,7 +110,13 @@ void tasks_resubmit(gps_tasks *g, task *t, uint64_t now)
     }
     t->job = job;
     gps_job_set_lease_attempt(job, t->lease_attempt); /* its row: for this attempt only */
-    gps_job_subscribe(job, tasks_on_job_event, t);
+    if (gps_job_subscribe(job, tasks_on_job_event, t) < 0) {
+        /* Its events could not reach the task: it would never end. The
+         * job is under the task's id now: not submitted again. */
+        json_decref(fo);
+        tasks_oom_end(t, "started");
+        return;
+    }
     gp_log_write(GP_LOG_INFO, "task_resumed", t->corr,
                  json_pack("{s:s,s:I,s:I}", "job_id", t->id, "events",
                            (json_int_t)gps_tlog_count(t->log), "completion_tokens",

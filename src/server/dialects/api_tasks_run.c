@@ -371,7 +371,7 @@ static void task_publish(task *t)
  * reserved error event (INTERNAL, out of memory: gps_tlog_append_oom,
  * built with the log), which its streams and followers get as any end;
  * its job fails with the same (the agent stops, the row says failed). */
-static void task_oom_end(task *t, const char *type)
+void tasks_oom_end(task *t, const char *type)
 {
     if (t->terminal)
         return;
@@ -425,7 +425,7 @@ static int task_record(task *t, const char *type, json_t *data, json_t *hidden,
 }
 
 /* task_record, and when the event cannot be recorded the task ends
- * (task_oom_end): never a log that goes on without it. */
+ * (tasks_oom_end): never a log that goes on without it. */
 static void task_emit_hidden(task *t, const char *type, json_t *data, json_t *hidden,
                              bool hidden_lost, bool terminal)
 {
@@ -435,7 +435,7 @@ static void task_emit_hidden(task *t, const char *type, json_t *data, json_t *hi
         return;
     }
     if (task_record(t, type, data, hidden, hidden_lost, terminal) < 0)
-        task_oom_end(t, type);
+        tasks_oom_end(t, type);
 }
 
 void tasks_emit(task *t, const char *type, json_t *data, bool terminal)
@@ -462,7 +462,7 @@ static void task_emit_token(task *t, const json_t *ev)
             if (!ids) {
                 /* A token without its ids would make a restart resume
                  * from a different place than the text: not recorded. */
-                task_oom_end(t, "token");
+                tasks_oom_end(t, "token");
                 return;
             }
             for (size_t i = 0; i < n; i++)
@@ -477,7 +477,7 @@ static void task_emit_token(task *t, const json_t *ev)
     if (ids != &one)
         free(ids);
     if (rc < 0) {
-        task_oom_end(t, "token"); /* never a text with the token left out */
+        tasks_oom_end(t, "token"); /* never a text with the token left out */
         return;
     }
     task_publish(t);
@@ -585,7 +585,7 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
     default:
         return;
     }
-    /* Once, when the task ends (a job failed by task_oom_end delivers
+    /* Once, when the task ends (a job failed by tasks_oom_end delivers
      * its error event here while the task is terminal already). */
     if (!was_terminal && t->terminal && g->store)
         gps_store_checkpoint_fenced(g->store, t->id, gps_job_text(job),

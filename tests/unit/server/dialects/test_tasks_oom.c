@@ -13,7 +13,8 @@
  *    and seed, or nothing restored (-2: read again later), never a log cut
  *    short;
  *  - a restored task's resubmission: a submit that ran out of memory
- *    (500) is tried again at the next tick, never the task failed for it.
+ *    (500) is tried again at the next tick, never the task failed for it;
+ *    once submitted, the task hears its job (else it ended INTERNAL).
  * Real jobs table, scheduler and agent (fixture_fleet.h); no store. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -366,6 +367,14 @@ static void test_resubmit_oom(void **state)
             tasks_resubmit(g, t, gp_now_mono_us());
             if (!t->job) {
                 print_message("run %zu: not resubmitted at the next try\n", n);
+                bad++;
+            }
+        }
+        /* Resubmitted: the task hears its job (here: its cancel). */
+        if (t->job && !t->terminal) {
+            gps_jobs_cancel(f.jobs, t->job, "test");
+            if (!t->terminal) {
+                print_message("run %zu: the resubmitted task does not hear its job\n", n);
                 bad++;
             }
         }
