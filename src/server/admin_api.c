@@ -1372,6 +1372,99 @@ static void h_deploy_get(gps_req *r, void *arg)
         send_deployment(r, a, r->params[0], 200);
 }
 
+/* An admin change of a deployment waits for its row's commit
+ * (gps_deploy_create and the others): the reply is sent from done. Like
+ * pending, it does not point at the admin object. */
+typedef struct deploy_wait {
+    gps_db_wait w;
+    int status;                   /* 201 created, 200 scaled or removed */
+    bool removed;
+    const char *event, *verb;     /* the log line of a change applied */
+    json_t *fields;               /* its fields (owned; NULL: out of memory) */
+    char name[160];
+} deploy_wait;
+
+/* fields: stolen, also on failure. */
+static deploy_wait *deploy_wait_new(gps_req *r, const char *name, int status, const char *event,
+                                    const char *verb, json_t *fields)
+{
+    deploy_wait *p = calloc(1, sizeof *p);
+    if (!p) {
+        json_decref(fields);
+        return NULL;
+    }
+    gps_db_wait_start(&p->w, r);
+    p->status = status;
+    p->removed = strcmp(verb, "undeployed") == 0;
+    p->event = event;
+    p->verb = verb;
+    p->fields = fields;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    return p;
+}
+
+static void deploy_wait_free(deploy_wait *p)
+{
+    json_decref(p->fields);
+    free(p);
+}
+
+static void deploy_change_done(void *arg, gps_deploy *d, int rc)
+{
+    deploy_wait *p = arg;
+    if (d && rc == 0) {
+        gp_log_write(GP_LOG_INFO, p->event, p->w.corr, p->fields, "admin %s %s", p->verb,
+                     p->name);
+        p->fields = NULL;
+        if (!p->removed) /* place now: the reply already says where (or why not) */
+            gps_deploy_reconcile(d, gp_now_mono_ms(), gp_now_wall_ms());
+    }
+    if (!gps_db_wait_take(&p->w))
+        goto done;
+    if (!d) {
+        gps_db_wait_error(&p->w, 503, "UNAVAILABLE", "the server is stopping");
+    } else if (rc != 0) {
+        gps_db_wait_error(&p->w, 500, "INTERNAL",
+                          "the change could not be written to the database; nothing changed");
+    } else {
+        bool found = false;
+        json_t *j = p->removed ? json_pack("{s:s,s:b}", "name", p->name, "removed", 1)
+                               : gps_deploy_get(d, p->name, &found);
+        if (j)
+            gps_http_send_json(p->w.held.req, p->status, j);
+        else if (!p->removed && !found) /* (one change of a name at a time: not reached) */
+            gps_db_wait_error(&p->w, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment");
+        else
+            gps_db_wait_error(&p->w, 500, "INTERNAL", "out of memory");
+    }
+done:
+    deploy_wait_free(p);
+}
+
+/* The answer to a change gps_deploy_* did not accept (rc != 0: done will
+ * not run); p is freed. */
+static void deploy_refused(gps_req *r, deploy_wait *p, int rc)
+{
+    gps_db_wait_take(&p->w);
+    deploy_wait_free(p);
+    if (rc == 1)
+        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
+    else if (rc == -2)
+        gps_req_error(r, 409, "DEPLOYMENT_EXISTS",
+                      "a deployment of that name exists: scale it, or undeploy it first", "name");
+    else if (rc == -3)
+        gps_req_error(r, 409, "TOO_MANY_DEPLOYMENTS", "the deployment table is full", NULL);
+    else if (rc == -4)
+        gps_req_error(r, 409, "DEPLOYMENT_BUSY",
+                      "another change of this deployment is being written to the database; "
+                      "retry", NULL);
+    else if (rc == -5)
+        gps_req_error(r, 500, "INTERNAL",
+                      "the change could not be queued for the database; nothing changed", NULL);
+    else
+        oom(r);
+}
+
 static void h_deploy_create(gps_req *r, void *arg)
 {
     gps_admin *a = arg;
@@ -1383,28 +1476,22 @@ static void h_deploy_create(gps_req *r, void *arg)
     gps_deploy_spec spec;
     char msg[256];
     const char *param = NULL;
-    int rc = 0;
     if (gps_deploy_parse(body, &spec, msg, sizeof msg, &param) < 0) {
         gps_req_error(r, 400, "INVALID_REQUEST", msg, param);
         goto done;
     }
-    rc = gps_deploy_create(a->deploy, &spec, gp_now_wall_ms(), r->key_id[0] ? r->key_id : NULL);
-    if (rc == -2) {
-        gps_req_error(r, 409, "DEPLOYMENT_EXISTS",
-                      "a deployment of that name exists: scale it, or undeploy it first", "name");
-    } else if (rc == -3) {
-        gps_req_error(r, 409, "TOO_MANY_DEPLOYMENTS", "the deployment table is full", NULL);
-    } else if (rc < 0) {
+    deploy_wait *p = deploy_wait_new(
+        r, spec.name, 201, "admin_model_deployed", "deployed",
+        json_pack("{s:s,s:s,s:i,s:s}", "name", spec.name, "source", spec.source, "replicas",
+                  spec.replicas, "by", r->key_id));
+    if (!p) {
         oom(r);
-    } else {
-        gp_log_write(GP_LOG_INFO, "admin_model_deployed", r->correlation_id,
-                     json_pack("{s:s,s:s,s:i,s:s}", "name", spec.name, "source", spec.source,
-                               "replicas", spec.replicas, "by", r->key_id),
-                     "admin deployed %s", spec.name);
-        /* Place now, so that the reply already says where (or why not). */
-        gps_deploy_reconcile(a->deploy, gp_now_mono_ms(), gp_now_wall_ms());
-        send_deployment(r, a, spec.name, 201);
+        goto done;
     }
+    int rc = gps_deploy_create(a->deploy, &spec, gp_now_wall_ms(),
+                               r->key_id[0] ? r->key_id : NULL, deploy_change_done, p);
+    if (rc != 0)
+        deploy_refused(r, p, rc);
 done:
     json_decref(body);
 }
@@ -1418,22 +1505,21 @@ static void h_deploy_scale(gps_req *r, void *arg)
     if (!body)
         return;
     const json_t *v = json_object_get(body, "replicas");
-    int rc = 0;
+    deploy_wait *p = NULL;
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
         json_integer_value(v) > GPS_DEPLOY_REPLICAS_MAX) {
         gps_req_error(r, 400, "INVALID_REQUEST", "'replicas' must be an integer from 0 to 256",
                       "replicas");
-    } else if ((rc = gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v))) < 0) {
+    } else if (!(p = deploy_wait_new(r, r->params[0], 200, "admin_model_scaled", "scaled",
+                                     json_pack("{s:s,s:I,s:s}", "name", r->params[0],
+                                               "replicas", json_integer_value(v), "by",
+                                               r->key_id)))) {
         oom(r);
-    } else if (rc != 0) {
-        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
     } else {
-        gp_log_write(GP_LOG_INFO, "admin_model_scaled", r->correlation_id,
-                     json_pack("{s:s,s:I,s:s}", "name", r->params[0], "replicas",
-                               json_integer_value(v), "by", r->key_id),
-                     "admin scaled %s", r->params[0]);
-        gps_deploy_reconcile(a->deploy, gp_now_mono_ms(), gp_now_wall_ms());
-        send_deployment(r, a, r->params[0], 200);
+        int rc = gps_deploy_scale(a->deploy, r->params[0], (int)json_integer_value(v),
+                                  deploy_change_done, p);
+        if (rc != 0)
+            deploy_refused(r, p, rc);
     }
     json_decref(body);
 }
@@ -1443,14 +1529,17 @@ static void h_deploy_delete(gps_req *r, void *arg)
     gps_admin *a = arg;
     if (!deploy_ready(r, a))
         return;
-    if (gps_deploy_remove(a->deploy, r->params[0]) != 0) {
-        gps_req_error(r, 404, "DEPLOYMENT_NOT_FOUND", "no such deployment", NULL);
+    deploy_wait *p = deploy_wait_new(r, r->params[0], 200, "admin_model_undeployed",
+                                     "undeployed",
+                                     json_pack("{s:s,s:s}", "name", r->params[0], "by",
+                                               r->key_id));
+    if (!p) {
+        oom(r);
         return;
     }
-    gp_log_write(GP_LOG_INFO, "admin_model_undeployed", r->correlation_id,
-                 json_pack("{s:s,s:s}", "name", r->params[0], "by", r->key_id),
-                 "admin undeployed %s", r->params[0]);
-    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "name", r->params[0], "removed", 1));
+    int rc = gps_deploy_remove(a->deploy, r->params[0], deploy_change_done, p);
+    if (rc != 0)
+        deploy_refused(r, p, rc);
 }
 
 void gps_admin_set_deploy(gps_admin *a, gps_deploy *deploy)

@@ -1010,8 +1010,18 @@ static int build_scheduling(server *s)
                                gp_now_mono_ms());
     if (!s->deploy)
         return start_oom();
-    if (gps_deploy_load(s->deploy, s->store, err, sizeof err) < 0)
-        gp_log_warn("db_load_deployments_failed", "%s; no model is deployed", err);
+    /* A schema without the deployments tables (a custom migrations_dir)
+     * holds none: deployments are refused there (their writes fail). A
+     * load that failed must not start the server with part of them (or
+     * none): their agents would be told to unload the rest. */
+    if (!gps_store_has_deployments(s->store)) {
+        gp_log_warn("db_no_deployments", "the database has no deployments tables (migration "
+                    "0007): models cannot be deployed from this server");
+    } else if (gps_deploy_load(s->deploy, s->store, err, sizeof err) < 0) {
+        gp_log_error("db_load_deployments_failed", "%s: cannot read the deployments (%s); "
+                     "not starting with part of them", s->db_label, err);
+        return 1;
+    }
     gps_agents_set_deploy(s->agents, s->deploy);
     return 0;
 }

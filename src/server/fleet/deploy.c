@@ -45,6 +45,23 @@ typedef struct deployment {
     json_t *refusals;              /* the last placement's refusals while short, else NULL */
 } deployment;
 
+/* An admin change waiting for its row's commit (gps_store_deploy_put_async
+ * or _delete_async): applied to the table in change_done, or dropped when
+ * the write failed. Owned by the store's callback; the module only lists
+ * it, so that a second change of the name waits, and a write of its own
+ * (a size learnt, a replica's state) neither undoes nor resurrects it. */
+typedef enum { C_CREATE, C_SCALE, C_REMOVE } change_kind;
+typedef struct change {
+    struct change *next;
+    gps_deploy *d;                 /* NULL once the module is freed */
+    change_kind kind;
+    char *name;
+    deployment *p;                 /* C_CREATE: built, not in the table yet */
+    int replicas;                  /* C_SCALE: the new count */
+    gps_deploy_done_fn done;
+    void *arg;
+} change;
+
 /* What an agent said in its poll's "deploy" object. */
 typedef struct agent_dep {
     int capacity;                  /* models it may hold */
@@ -57,7 +74,9 @@ struct gps_deploy {
     uint64_t grace_ms;
     uint64_t started_ms;
     deployment **v;
-    size_t n, cap;
+    size_t n, cap;                 /* cap >= n + creating: a commit never allocates */
+    size_t creating;               /* C_CREATE changes waiting */
+    change *changes;               /* waiting for their commit */
     smap agents;                   /* agent id -> agent_dep (agents that take deployments) */
 };
 
@@ -125,33 +144,51 @@ static char *labels_text(const json_t *labels)
     return gp_json_dumps_checked(labels, JSON_COMPACT | JSON_SORT_KEYS);
 }
 
-/* Write p through to the store, its labels as labels_text made them. */
-static void persist_dep_text(gps_deploy *d, const deployment *p, const char *labels)
+static change *change_of(const gps_deploy *d, const char *name)
 {
-    gps_store_deploy_row row = {p->name, p->source, p->sha256, p->replicas, labels,
-                                p->bytes, p->created_at, p->created_by};
-    if (gps_store_deploy_put(d->store, &row) < 0)
-        gp_log_warn("deploy_store_failed", "deployment %s not written to the DB", p->name);
+    for (change *c = d->changes; c; c = c->next)
+        if (strcmp(c->name, name) == 0)
+            return c;
+    return NULL;
+}
+
+/* The row of p, its labels as labels_text made them; replicas: the count
+ * to write. */
+static gps_store_deploy_row dep_row(const deployment *p, int replicas, const char *labels)
+{
+    return (gps_store_deploy_row){p->name, p->source, p->sha256, replicas, labels,
+                                  p->bytes, p->created_at, p->created_by};
 }
 
 /* A change the server made itself (a download's size learnt): not written
- * when out of memory, logged as any failed write-through is. */
+ * when out of memory, logged as any failed write-through is. With a scale
+ * waiting for its commit the row gets the new count (it lands after the
+ * scale's row and would otherwise undo it); with a removal waiting, none
+ * (it would put the row back). */
 static void persist_dep(gps_deploy *d, const deployment *p)
 {
     if (!d->store)
         return;
+    const change *c = change_of(d, p->name);
+    if (c && c->kind == C_REMOVE)
+        return;
     char *labels = labels_text(p->labels);
-    if (labels)
-        persist_dep_text(d, p, labels);
-    else
+    gps_store_deploy_row row = dep_row(p, c ? c->replicas : p->replicas, labels);
+    if (!labels)
         gp_log_warn("deploy_store_failed", "deployment %s not written to the DB: out of memory",
                     p->name);
+    else if (gps_store_deploy_put(d->store, &row) < 0)
+        gp_log_warn("deploy_store_failed", "deployment %s not written to the DB", p->name);
     free(labels);
 }
 
+/* A replica's row (the server's own change: a failure is logged). None
+ * while its deployment's removal waits: the row would name a deployment
+ * being deleted. */
 static void persist_replica(gps_deploy *d, const deployment *p, const replica *r)
 {
-    if (!d->store)
+    const change *c = d->store ? change_of(d, p->name) : NULL;
+    if (!d->store || (c && c->kind == C_REMOVE))
         return;
     gps_store_replica_row row = {p->name, r->agent_id, rstate_names[r->state],
                                  r->reason[0] ? r->reason : NULL, r->bytes, r->total, r->rate,
@@ -207,6 +244,10 @@ void gps_deploy_free(gps_deploy *d)
 {
     if (!d)
         return;
+    /* Changes still waiting are the store's to finish (at its close):
+     * they find the module gone. */
+    for (change *c = d->changes; c; c = c->next)
+        c->d = NULL;
     for (size_t i = 0; i < d->n; i++)
         dep_free(d->v[i]);
     free(d->v);
@@ -307,106 +348,240 @@ int gps_deploy_parse(const json_t *body, gps_deploy_spec *spec, char *msg, size_
 /* Admin changes and the start-up load                                 */
 /* ------------------------------------------------------------------ */
 
-static deployment *dep_new(gps_deploy *d, const char *name, const char *source, const char *sha,
-                           int replicas, json_t *labels /* stolen */, int64_t bytes,
-                           int64_t created_at, const char *created_by)
+/* A deployment, not in the table yet (labels stolen, NULL: {}). */
+static deployment *dep_build(const char *name, const char *source, const char *sha,
+                             int replicas, json_t *labels, int64_t bytes, int64_t created_at,
+                             const char *created_by)
 {
     deployment *p = calloc(1, sizeof *p);
-    if (!p || d->n >= GPS_DEPLOY_MAX)
-        goto fail;
+    if (!p) {
+        json_decref(labels);
+        return NULL;
+    }
     p->name = strdup(name);
     p->source = strdup(source);
     p->sha256 = sha ? strdup(sha) : NULL;
     p->created_by = created_by ? strdup(created_by) : NULL;
     p->labels = labels ? labels : json_object();
-    labels = NULL;
     p->replicas = replicas;
     p->bytes = bytes;
     p->created_at = created_at;
     if (!p->name || !p->source || (sha && !p->sha256) || (created_by && !p->created_by) ||
-        !p->labels)
-        goto fail;
-    if (d->n == d->cap) {
-        size_t nc = d->cap ? d->cap * 2 : 8;
-        deployment **nv = realloc(d->v, nc * sizeof *nv);
-        if (!nv)
-            goto fail;
-        d->v = nv;
-        d->cap = nc;
+        !p->labels) {
+        dep_free(p);
+        return NULL;
     }
-    d->v[d->n++] = p;
     return p;
-fail:
-    json_decref(labels);
-    dep_free(p);
-    return NULL;
+}
+
+/* Room in the table for one more than the table and the creations
+ * waiting hold. 0 or -1 (ENOMEM). */
+static int dep_reserve(gps_deploy *d)
+{
+    if (d->n + d->creating < d->cap)
+        return 0;
+    size_t nc = d->cap ? d->cap * 2 : 8;
+    deployment **nv = realloc(d->v, nc * sizeof *nv);
+    if (!nv)
+        return -1;
+    d->v = nv;
+    d->cap = nc;
+    return 0;
+}
+
+static deployment *dep_new(gps_deploy *d, const char *name, const char *source, const char *sha,
+                           int replicas, json_t *labels /* stolen */, int64_t bytes,
+                           int64_t created_at, const char *created_by)
+{
+    if (d->n + d->creating >= GPS_DEPLOY_MAX || dep_reserve(d) < 0) {
+        json_decref(labels);
+        return NULL;
+    }
+    deployment *p = dep_build(name, source, sha, replicas, labels, bytes, created_at,
+                              created_by);
+    if (p)
+        d->v[d->n++] = p;
+    return p;
+}
+
+static void change_free(change *c)
+{
+    if (!c)
+        return;
+    dep_free(c->p);
+    free(c->name);
+    free(c);
+}
+
+static void change_unlink(gps_deploy *d, change *c)
+{
+    for (change **pp = &d->changes; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            return;
+        }
+}
+
+/* Apply a committed change (no allocation: a creation's place was
+ * reserved). */
+static void change_apply(gps_deploy *d, change *c)
+{
+    size_t i;
+    deployment *p = dep_find(d, c->name, &i);
+    switch (c->kind) {
+    case C_CREATE:
+        d->v[d->n++] = c->p;
+        gp_log_info("deploy_created", "deployment %s: %s, %d replica(s)", c->p->name,
+                    c->p->source, c->p->replicas);
+        c->p = NULL;
+        break;
+    case C_SCALE:
+        if (!p)
+            break; /* (one change of a name at a time: it is there) */
+        p->replicas = c->replicas;
+        for (size_t k = p->nr; k-- > 0;)
+            if (p->r[k].state == R_FAILED)
+                replica_drop(d, p, k);
+        json_decref(p->refusals);
+        p->refusals = NULL;
+        gp_log_info("deploy_scaled", "deployment %s: %d replica(s)", p->name, p->replicas);
+        break;
+    case C_REMOVE:
+        if (!p)
+            break;
+        gp_log_info("deploy_removed", "deployment %s removed (%zu replica(s) unload)", p->name,
+                    p->nr);
+        dep_free(p);
+        memmove(&d->v[i], &d->v[i + 1], (d->n - i - 1) * sizeof d->v[0]);
+        d->n--;
+        break;
+    }
+}
+
+/* The store's answer for a change (loop thread; at the store's close,
+ * maybe after the module is gone). */
+static void change_done(void *arg, int status)
+{
+    change *c = arg;
+    gps_deploy *d = c->d;
+    if (d) {
+        change_unlink(d, c);
+        d->creating -= c->kind == C_CREATE;
+        if (status == 0)
+            change_apply(d, c);
+        else
+            gp_log_warn("deploy_store_failed", "deployment %s: the %s was not written to the DB; "
+                        "nothing changed", c->name, c->kind == C_CREATE ? "creation"
+                        : c->kind == C_SCALE ? "scale" : "removal");
+    }
+    if (c->done)
+        c->done(c->arg, d, d && status == 0 ? 0 : -1);
+    change_free(c);
+}
+
+/* Queue c's write (p: the deployment whose row it writes, NULL for a
+ * removal) and list c; without a store, apply it at once. Takes c. */
+static int change_start(gps_deploy *d, change *c, const deployment *p)
+{
+    if (!d->store) {
+        c->d = d;
+        change_apply(d, c);
+        if (c->done)
+            c->done(c->arg, d, 0);
+        change_free(c);
+        return 0;
+    }
+    int rc;
+    if (c->kind == C_REMOVE) {
+        rc = gps_store_deploy_delete_async(d->store, c->name, change_done, c);
+    } else {
+        char *labels = labels_text(p->labels);
+        if (!labels) {
+            change_free(c);
+            return -1;
+        }
+        gps_store_deploy_row row = dep_row(p, c->replicas, labels);
+        rc = gps_store_deploy_put_async(d->store, &row, change_done, c);
+        free(labels);
+    }
+    if (rc < 0) {
+        change_free(c);
+        return -5;
+    }
+    c->d = d;
+    c->next = d->changes;
+    d->changes = c;
+    d->creating += c->kind == C_CREATE;
+    return 0;
+}
+
+static change *change_new(change_kind kind, const char *name, int replicas,
+                          gps_deploy_done_fn done, void *arg)
+{
+    change *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->name = strdup(name);
+    if (!c->name) {
+        free(c);
+        return NULL;
+    }
+    c->kind = kind;
+    c->replicas = replicas;
+    c->done = done;
+    c->arg = arg;
+    return c;
 }
 
 int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
-                      const char *created_by)
+                      const char *created_by, gps_deploy_done_fn done, void *arg)
 {
     if (dep_find(d, s->name, NULL))
         return -2;
-    if (d->n >= GPS_DEPLOY_MAX)
+    if (change_of(d, s->name))
+        return -4;
+    if (d->n + d->creating >= GPS_DEPLOY_MAX)
         return -3;
     json_t *labels = s->labels && json_is_object(s->labels) ? json_deep_copy(s->labels)
                                                             : json_object();
-    /* The row's text before the deployment exists: out of memory is the
-     * request's failure with nothing changed, never a deployment the DB
-     * does not hold (gone at the next restart) or holds with other labels. */
-    char *text = labels && d->store ? labels_text(labels) : NULL;
-    if (!labels || (d->store && !text)) {
+    change *c = labels && dep_reserve(d) == 0
+                    ? change_new(C_CREATE, s->name, s->replicas, done, arg)
+                    : NULL;
+    if (!c) {
         json_decref(labels);
         return -1;
     }
-    deployment *p = dep_new(d, s->name, s->source, s->sha256, s->replicas, labels, s->bytes,
-                            now_wall, created_by);
-    if (p && d->store)
-        persist_dep_text(d, p, text);
-    free(text);
-    if (!p)
+    /* The deployment is whole before its row is queued: out of memory is
+     * the request's failure with nothing changed. */
+    c->p = dep_build(s->name, s->source, s->sha256, s->replicas, labels, s->bytes, now_wall,
+                     created_by);
+    if (!c->p) {
+        change_free(c);
         return -1;
-    gp_log_info("deploy_created", "deployment %s: %s, %d replica(s)", p->name, p->source,
-                p->replicas);
-    return 0;
+    }
+    return change_start(d, c, c->p);
 }
 
-int gps_deploy_scale(gps_deploy *d, const char *name, int replicas)
+int gps_deploy_scale(gps_deploy *d, const char *name, int replicas, gps_deploy_done_fn done,
+                     void *arg)
 {
     deployment *p = dep_find(d, name, NULL);
     if (!p)
-        return 1;
-    /* As for create: out of memory refuses the scale before anything
-     * changed, rather than a count the DB does not keep. */
-    char *text = d->store ? labels_text(p->labels) : NULL;
-    if (d->store && !text)
-        return -1;
-    p->replicas = replicas;
-    for (size_t i = p->nr; i-- > 0;)
-        if (p->r[i].state == R_FAILED)
-            replica_drop(d, p, i);
-    json_decref(p->refusals);
-    p->refusals = NULL;
-    if (d->store)
-        persist_dep_text(d, p, text);
-    free(text);
-    gp_log_info("deploy_scaled", "deployment %s: %d replica(s)", p->name, replicas);
-    return 0;
+        return change_of(d, name) ? -4 : 1;
+    if (change_of(d, name))
+        return -4;
+    change *c = change_new(C_SCALE, name, replicas, done, arg);
+    return c ? change_start(d, c, p) : -1;
 }
 
-int gps_deploy_remove(gps_deploy *d, const char *name)
+int gps_deploy_remove(gps_deploy *d, const char *name, gps_deploy_done_fn done, void *arg)
 {
-    size_t i;
-    deployment *p = dep_find(d, name, &i);
-    if (!p)
-        return 1;
-    if (d->store && gps_store_deploy_delete(d->store, name) < 0)
-        gp_log_warn("deploy_store_failed", "removal of deployment %s not written to the DB", name);
-    gp_log_info("deploy_removed", "deployment %s removed (%zu replica(s) unload)", name, p->nr);
-    dep_free(p);
-    memmove(&d->v[i], &d->v[i + 1], (d->n - i - 1) * sizeof d->v[0]);
-    d->n--;
-    return 0;
+    if (!dep_find(d, name, NULL))
+        return change_of(d, name) ? -4 : 1;
+    if (change_of(d, name))
+        return -4;
+    change *c = change_new(C_REMOVE, name, 0, done, arg);
+    return c ? change_start(d, c, NULL) : -1;
 }
 
 /* A deployment row from the store. Labels that are not a JSON object (a
@@ -454,10 +629,17 @@ int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t er
     if (errlen)
         err[0] = '\0';
     int rc = gps_store_load_deployments(store, load_dep, load_replica, d, err, errlen);
-    /* The store says why when a step failed; a callback's -1 is ENOMEM. */
-    if (rc < 0 && errlen && !err[0])
+    if (rc == 0)
+        return 0;
+    /* The store says why when a step failed; a callback's -1 is ENOMEM.
+     * What was read goes: part of the table would have its agents unload
+     * the rest. */
+    if (errlen && !err[0])
         snprintf(err, errlen, "reading deployments: out of memory");
-    return rc;
+    for (size_t i = 0; i < d->n; i++)
+        dep_free(d->v[i]);
+    d->n = 0;
+    return -1;
 }
 
 /* ------------------------------------------------------------------ */

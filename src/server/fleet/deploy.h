@@ -78,17 +78,34 @@ typedef struct gps_deploy_spec {
 int gps_deploy_parse(const json_t *body, gps_deploy_spec *spec, char *msg, size_t msglen,
                      const char **param);
 
-/* Admin changes (write-through to the store; the next reconcile places).
- * create: 0, -1 ENOMEM, -2 the name exists, -3 the table is full.
- * scale: 0, 1 no such deployment (failed replicas are forgotten: a scale
- * is also the way to retry them), -1 ENOMEM (nothing changed). remove: 0,
- * 1 no such deployment. */
+/* Admin changes. With a store, a change is applied to the table only once
+ * its row is committed (gps_store_deploy_put_async): until then the table
+ * is as it was, and a write that fails leaves it so, the operator told
+ * (500) rather than answered with a deployment the database lacks (gone at
+ * the next restart). Returns 0 when the change was accepted: done then
+ * runs exactly once, later on the loop thread (at once, before the return,
+ * without a store), with rc 0 (applied: d is the module) or -1 (the write
+ * failed; nothing changed), and d NULL when the module was freed
+ * meanwhile (the server stopping; nothing to answer with). done may be
+ * NULL. Otherwise, done never runs:
+ *   create: -1 ENOMEM, -2 the name exists, -3 the table is full,
+ *   scale, remove: 1 no such deployment,
+ *   all: -4 another change of that name is being written (retry),
+ *        -5 the store refused to queue the write (out of memory, or its
+ *        DB thread is gone).
+ * A scale forgets failed replicas (the way to retry them). */
+typedef void (*gps_deploy_done_fn)(void *arg, gps_deploy *d, int rc);
 int gps_deploy_create(gps_deploy *d, const gps_deploy_spec *s, int64_t now_wall,
-                      const char *created_by);
-int gps_deploy_scale(gps_deploy *d, const char *name, int replicas);
-int gps_deploy_remove(gps_deploy *d, const char *name);
+                      const char *created_by, gps_deploy_done_fn done, void *arg);
+int gps_deploy_scale(gps_deploy *d, const char *name, int replicas, gps_deploy_done_fn done,
+                     void *arg);
+int gps_deploy_remove(gps_deploy *d, const char *name, gps_deploy_done_fn done, void *arg);
 
-/* Start-up load (store rows). 0, or -1 (ENOMEM); a bad row is skipped. */
+/* Start-up load (store rows): the whole table, or -1 with err (the step
+ * that failed, or out of memory) and the table left empty: a server must
+ * not run with part of its deployments (their agents would be told to
+ * unload the rest). A row that is not valid (edited by hand) is skipped
+ * and logged. */
 int gps_deploy_load(gps_deploy *d, struct gps_store *store, char *err, size_t errlen);
 
 /* Place what is short, drop what is over, move replicas off agents gone

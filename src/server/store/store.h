@@ -722,6 +722,23 @@ typedef struct gps_store_replica_row {
  * replicas. 0 or -1. */
 int gps_store_deploy_put(gps_store *s, const gps_store_deploy_row *d);
 int gps_store_deploy_delete(gps_store *s, const char *name);
+/* status 0: the write ran and its transaction committed; -1: it did not
+ * (database unreachable, no such table, the statement or the COMMIT
+ * failed). Runs on the loop thread. */
+typedef void (*gps_store_status_fn)(void *arg, int status);
+/* The same two writes for an operator's change, which is answered only
+ * once the database holds it (docs/admin.md "Deployments"): queued like
+ * the others (never dropped: the caller waits), committed at once as a
+ * read is, and cb (loop thread) says whether the row is in the database.
+ * Returns 0, or -1 (no event_base, ENOMEM, DB thread gone): cb is then
+ * never called. */
+int gps_store_deploy_put_async(gps_store *s, const gps_store_deploy_row *d,
+                               gps_store_status_fn cb, void *arg);
+int gps_store_deploy_delete_async(gps_store *s, const char *name, gps_store_status_fn cb,
+                                  void *arg);
+/* Does this DB's schema hold the deployments tables (a custom
+ * migrations_dir may lack migration 0007)? */
+bool gps_store_has_deployments(gps_store *s);
 int gps_store_replica_put(gps_store *s, const gps_store_replica_row *r);
 int gps_store_replica_delete(gps_store *s, const char *deployment, const char *agent_id);
 /* Start-up: every deployment (dcb), then every replica (rcb). A callback
@@ -743,9 +760,7 @@ typedef struct gps_store_server_row {
 /* Does this DB's schema hold the servers table (a custom migrations_dir
  * may lack it: then do not announce)? */
 bool gps_store_has_servers(gps_store *s);
-/* status 0: the write ran and its transaction committed; -1: it did not
- * (database unreachable, no servers table). Runs on the loop thread. */
-typedef void (*gps_store_status_fn)(void *arg, int status);
+/* gps_store_status_fn (above): no servers table is a failure too. */
 /* Announce or renew (one upsert of id's row; stopped_at is cleared): a
  * read-like op, committed at once, cb says whether it held. Returns 0, or
  * -1 (no event_base, ENOMEM, DB thread gone): cb is then never called. */

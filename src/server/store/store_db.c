@@ -48,8 +48,8 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     if (!store_conn_stmt(c, o->kind)) {
         /* An optional statement this DB's schema does not support. */
         *failed = true;
-        if (o->kind == K_SERVER_BEAT)
-            o->status = -1;   /* no lease without the table */
+        if (o->status_cb)
+            o->status = -1;   /* no lease (no deployment row) without the table */
         gp_log_write(GP_LOG_ERROR, "store_write_failed", NULL,
                      json_pack("{s:s}", "op", store_stmts[o->kind].name),
                      "store op %s is not supported by this database's schema",
@@ -158,7 +158,8 @@ bool store_op_is_read(const op *o)
 {
     return o->kind == K_JOB_GET || o->kind == K_PING || o->kind == K_JOB_LIST ||
            o->kind == K_SERVER_BEAT || o->kind == K_SERVER_LIST || o->kind == K_KEYS_GET ||
-           o->kind == K_USAGE_GET || (store_stmts[o->kind].flags & F_CELLS);
+           o->kind == K_USAGE_GET || (store_stmts[o->kind].flags & F_CELLS) ||
+           o->status_cb; /* a write whose caller waits for its outcome */
 }
 
 /* DB thread: wake the loop (store_on_wake). An eventfd write cannot block
@@ -405,10 +406,10 @@ static void db_committed(gps_store *s, group *g, bool commit_ok, uint64_t commit
                          const char *err)
 {
     bool in_tx = g->in_tx;
-    /* A heartbeat (a cancel request) holds only once its transaction
-     * is committed. */
+    /* A heartbeat (a cancel request, an operator's deployment change)
+     * holds only once its transaction is committed. */
     for (op *o = g->done_head; o && in_tx && !commit_ok; o = o->next)
-        if (o->kind == K_SERVER_BEAT || o->kind == K_TASK_CANCEL_REQ)
+        if (o->status_cb || o->kind == K_TASK_CANCEL_REQ)
             o->status = -1;
     pthread_mutex_lock(&s->mu);
     if (g->n == 0) {

@@ -224,6 +224,8 @@ static void deliver(op *o)
         o->jobs_cb(o->arg, o->status, o->status == 0 ? jobs : NULL,
                    o->status == 0 ? o->nrows : 0);
         free(jobs);
+    } else if (o->status_cb) {
+        o->status_cb(o->arg, o->status); /* a write whose caller waits (deployments) */
     }
 }
 

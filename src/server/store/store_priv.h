@@ -159,7 +159,8 @@ typedef struct op {
     json_t *events;            /* job_get: the stored event log (owned), or NULL */
     gps_store_jobs_fn jobs_cb; /* job_list */
     gps_store_cells_fn cells_cb; /* F_CELLS statements */
-    gps_store_status_fn status_cb;   /* server_beat */
+    gps_store_status_fn status_cb;   /* server_beat, deployment changes: a write whose
+                                        caller waits for its outcome (a read then) */
     gps_store_servers_fn servers_cb; /* server_list */
     gps_store_keys_fn keys_cb;       /* keys_get */
     gps_store_usage_rows_fn usage_cb;/* usage_get */

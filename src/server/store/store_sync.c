@@ -390,6 +390,43 @@ int gps_store_deploy_delete(gps_store *s, const char *name)
     return store_write_op(s, K_DEPLOY_DELETE, "t", name);
 }
 
+/* An operator's change: its caller waits for the outcome (not dropped,
+ * status_cb: committed at once and delivered as a read is). */
+static int status_write(gps_store *s, op *o, gps_store_status_fn cb, void *arg)
+{
+    if (!o)
+        return -1;
+    o->status_cb = cb;
+    o->arg = arg;
+    return store_enqueue(s, o, false);
+}
+
+int gps_store_deploy_put_async(gps_store *s, const gps_store_deploy_row *d,
+                               gps_store_status_fn cb, void *arg)
+{
+    if (!s || !s->ev_wake || !d || !d->name || !d->source || !cb)
+        return -1;
+    return status_write(s,
+                        store_read_op(K_DEPLOY_PUT, "tttitiit", d->name, d->source, d->sha256,
+                                      (int64_t)d->replicas,
+                                      d->labels_json ? d->labels_json : "{}", (int64_t)d->bytes,
+                                      d->created_at, d->created_by),
+                        cb, arg);
+}
+
+int gps_store_deploy_delete_async(gps_store *s, const char *name, gps_store_status_fn cb,
+                                  void *arg)
+{
+    if (!s || !s->ev_wake || !name || !cb)
+        return -1;
+    return status_write(s, store_read_op(K_DEPLOY_DELETE, "t", name), cb, arg);
+}
+
+bool gps_store_has_deployments(gps_store *s)
+{
+    return s && s->w.ok[K_DEPLOY_PUT] && s->w.ok[K_REPLICA_PUT];
+}
+
 int gps_store_replica_put(gps_store *s, const gps_store_replica_row *r)
 {
     if (!r || !r->deployment || !r->agent_id || !r->state)

@@ -335,7 +335,7 @@ static void test_snapshot_oom(void **st)
     char msg[256];
     const char *param = NULL;
     assert_int_equal(gps_deploy_parse(body, &ds, msg, sizeof msg, &param), 0);
-    assert_int_equal(gps_deploy_create(d, &ds, 0, NULL), 0);
+    assert_int_equal(gps_deploy_create(d, &ds, 0, NULL, NULL, NULL), 0);
     json_decref(body);
     gps_admin_set_deploy(a, d);
 

@@ -17,6 +17,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <event2/event.h>
+#include <sqlite3.h>
 
 #include "common/gp_json.h"
 #include "server/fleet/deploy.h"
@@ -93,7 +95,7 @@ static int create(fx *f, const char *body_text)
     char msg[256];
     const char *param = NULL;
     assert_int_equal(gps_deploy_parse(b, &s, msg, sizeof msg, &param), 0);
-    int rc = gps_deploy_create(f->d, &s, 0, NULL);
+    int rc = gps_deploy_create(f->d, &s, 0, NULL, NULL, NULL);
     json_decref(b);
     return rc;
 }
@@ -207,13 +209,13 @@ static void test_placement_explains_itself(void **st)
     assert_int_equal(placed(j), 1);
     assert_null(json_object_get(j, "refusals"));
     json_decref(j);
-    assert_int_equal(gps_deploy_scale(f.d, "other", 2), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "other", 2, NULL, NULL), 0);
     gps_deploy_reconcile(f.d, T0 + 30, 0);
     j = get(&f, "other");
     assert_string_equal(refusal(j, 1), "holds 1 deployed model(s), its capacity");
     json_decref(j);
-    assert_int_equal(gps_deploy_remove(f.d, "other"), 0);
-    assert_int_equal(gps_deploy_remove(f.d, "other"), 1);
+    assert_int_equal(gps_deploy_remove(f.d, "other", NULL, NULL), 0);
+    assert_int_equal(gps_deploy_remove(f.d, "other", NULL, NULL), 1);
     fx_free(&f);
 }
 
@@ -271,7 +273,7 @@ static void test_failed_replica_moves_elsewhere(void **st)
     assert_int_equal(json_integer_value(json_object_get(j, "unplaced")), 1);
     json_decref(j);
     /* A scale forgets the failures: a retry. */
-    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1, NULL, NULL), 0);
     gps_deploy_reconcile(f.d, T0 + 5, 0);
     j = get(&f, "m");
     assert_int_equal(placed(j), 1);
@@ -304,7 +306,7 @@ static void test_scale_down_and_dead_agents(void **st)
             uuid(i, ready_id);
         json_decref(w);
     }
-    assert_int_equal(gps_deploy_scale(f.d, "m", 1), 0);
+    assert_int_equal(gps_deploy_scale(f.d, "m", 1, NULL, NULL), 0);
     gps_deploy_reconcile(f.d, T0 + 2, 0);
     j = get(&f, "m");
     assert_int_equal(placed(j), 1);
@@ -514,14 +516,67 @@ static void test_agent_poll_oom(void **st)
     "\"gpu_model_the_deployment_needs\":\"nvidia-a100-sxm4-80gb\","                        \
     "\"a_third_label_with_a_long_name\":\"and a value long enough to matter\"}"
 
+/* The store with an event base: an admin change is answered from the
+ * store's callback, which runs on the loop (wait_done). */
+static struct event_base *base;
+
 static gps_store *deploy_store(const tctx *t)
 {
     char err[256] = "";
     gps_store_opts o = {.commit_interval_ms = 2};
-    gps_store *s = gps_store_open(t->db, NULL, &o, err, sizeof err);
+    if (!base)
+        base = event_base_new();
+    assert_non_null(base);
+    gps_store *s = gps_store_open(t->db, base, &o, err, sizeof err);
     if (!s)
         fail_msg("open %s: %s", t->db, err);
     return s;
+}
+
+/* How an admin change ended (gps_deploy_done_fn). */
+typedef struct outcome {
+    int called, rc;
+    gps_deploy *d;
+} outcome;
+
+static void on_done(void *arg, gps_deploy *d, int rc)
+{
+    outcome *o = arg;
+    o->called++;
+    o->rc = rc;
+    o->d = d;
+}
+
+/* rc of the call; when accepted (0), the change's outcome once the store
+ * answered. */
+static int wait_done(int rc, outcome *o)
+{
+    if (rc != 0) {
+        assert_int_equal(o->called, 0); /* not accepted: done never runs */
+        return rc;
+    }
+    while (!o->called)
+        assert_int_equal(event_base_loop(base, EVLOOP_ONCE), 0);
+    assert_int_equal(o->called, 1);
+    return o->rc;
+}
+
+static int create_wait(gps_deploy *d, const gps_deploy_spec *spec)
+{
+    outcome o = {0};
+    return wait_done(gps_deploy_create(d, spec, 0, NULL, on_done, &o), &o);
+}
+
+static int scale_wait(gps_deploy *d, const char *name, int to)
+{
+    outcome o = {0};
+    return wait_done(gps_deploy_scale(d, name, to, on_done, &o), &o);
+}
+
+static int remove_wait(gps_deploy *d, const char *name)
+{
+    outcome o = {0};
+    return wait_done(gps_deploy_remove(d, name, on_done, &o), &o);
 }
 
 /* What the store holds of one deployment (gps_store_load_deployments). */
@@ -576,11 +631,12 @@ static bool in_memory(gps_deploy *d, const char *name, const json_t *labels, int
 }
 
 /* POST and PATCH of a deployment with long labels on a failing allocator:
- * a 201/200 whose row (where the write-through was queued) holds the very
- * labels, or -1 (a 500) with nothing changed, in memory or in the DB.
- * The code before stored jansson's dump of the labels, which under out
- * of memory can lose a key or a byte (a row the next start reads with
- * other labels, or skips as not JSON). */
+ * a 201/200 whose row holds the very labels and count, or a refusal (a
+ * 500) with nothing changed, in memory or in the DB. The code before
+ * stored jansson's dump of the labels, which under out of memory can lose
+ * a key or a byte (a row the next start reads with other labels, or skips
+ * as not JSON); and it answered 201/200 when the row's write could not be
+ * queued (only logged): a deployment gone at the next restart. */
 static void test_create_and_scale_persist_oom(void **st)
 {
     tctx *t = *st;
@@ -598,23 +654,25 @@ static void test_create_and_scale_persist_oom(void **st)
     for (n = 1;; n++) {
         snprintf(name, sizeof name, "c%zu", n);
         spec.name = name;
+        outcome o = {0};
         arm_beneath(n);
-        int rc = gps_deploy_create(d, &spec, 0, NULL);
+        int rc = gps_deploy_create(d, &spec, 0, NULL, on_done, &o);
         bool hit = disarm();
+        rc = wait_done(rc, &o);
         row_seen r = stored(s, name);
         bool mem = in_memory(d, name, labels, NULL);
-        if (rc == 0 && mem && (!r.found || json_equal(r.labels, labels))) {
-            /* whole (a row not written is logged, as any failed write-through) */
-        } else if (rc == -1 && !mem && !r.found) {
+        if (rc == 0 && mem && r.found == 1 && json_equal(r.labels, labels)) {
+            /* whole */
+        } else if (rc != 0 && !mem && !r.found) {
             refused++;
         } else {
             print_message("run %zu: create gave %d, in memory %d, row %d with %s labels\n", n,
-                          rc, mem, r.found, r.labels ? "other" : "unreadable");
+                          rc, mem, r.found, r.labels ? "other" : "no or unreadable");
             bad++;
         }
         json_decref(r.labels);
         if (rc == 0)
-            assert_int_equal(gps_deploy_remove(d, name), 0);
+            assert_int_equal(remove_wait(d, name), 0);
         if (!hit)
             break;
     }
@@ -623,26 +681,27 @@ static void test_create_and_scale_persist_oom(void **st)
     assert_int_equal(bad, 0);
 
     spec.name = "scaled";
-    assert_int_equal(gps_deploy_create(d, &spec, 0, NULL), 0);
+    assert_int_equal(create_wait(d, &spec), 0);
     int want = 1;
     for (n = 1;; n++) {
         int to = want % 5 + 1;
+        outcome o = {0};
         arm_beneath(n);
-        int rc = gps_deploy_scale(d, "scaled", to);
+        int rc = gps_deploy_scale(d, "scaled", to, on_done, &o);
         bool hit = disarm();
+        rc = wait_done(rc, &o);
         row_seen r = stored(s, "scaled");
         int now = -1;
         assert_true(in_memory(d, "scaled", labels, &now));
-        /* (a row still at the old count: its write-through was not queued,
-         * and logged, as any failed one) */
-        if (rc == 0 && now == to && r.found == 1 && (r.replicas == to || r.replicas == want) &&
+        if (rc == 0 && now == to && r.found == 1 && r.replicas == to &&
             json_equal(r.labels, labels)) {
             want = to;
-        } else if (rc == -1 && now == want) {
+        } else if (rc != 0 && now == want && r.found == 1 && r.replicas == want) {
             refused++;
         } else {
-            print_message("run %zu: scale to %d gave %d, %d in memory, row %d with %s labels\n",
-                          n, to, rc, now, r.found, r.labels ? "other" : "unreadable");
+            print_message("run %zu: scale to %d gave %d, %d in memory, row %d at %d with %s "
+                          "labels\n", n, to, rc, now, r.found, r.replicas,
+                          r.labels ? "other" : "unreadable");
             bad++;
             want = now;
         }
@@ -658,11 +717,112 @@ static void test_create_and_scale_persist_oom(void **st)
     gps_store_close(s);
 }
 
+static void raw_exec(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    char *msg = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000); /* the store's DB thread may hold the write lock */
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("%s: %s", sql, msg);
+    sqlite3_close(db);
+}
+
+/* A write the database refuses (a trigger that raises, as a constraint, a
+ * full disk or a read-only file would): the change answers -1 (the admin
+ * API's 500) and nothing changed, in memory or in the DB; the code before
+ * answered 0 (201/200) with the table changed and the DB not (a creation
+ * gone at the next restart, a removal back, a count reverted). A change
+ * the DB took stays, and a second change of a name waits for the first
+ * (-4): the two rows' order and the table's would not be the same. */
+static void test_write_refused_changes_nothing(void **st)
+{
+    tctx *t = *st;
+    fixture_needs_file(t);
+    gps_store *s = deploy_store(t);
+    registry_config rc;
+    registry_config_default(&rc);
+    registry *reg = registry_create(&rc);
+    assert_non_null(reg);
+    gps_deploy *d = gps_deploy_new(reg, s, 1000, T0);
+    assert_non_null(d);
+    json_t *labels = J("{\"zone\":\"eu\"}");
+    gps_deploy_spec spec = {.name = "kept", .source = "https://x/m.gguf", .replicas = 2,
+                            .labels = labels};
+    assert_int_equal(create_wait(d, &spec), 0);
+    raw_exec(t->db, "CREATE TRIGGER no_insert BEFORE INSERT ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_update BEFORE UPDATE ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_delete BEFORE DELETE ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;");
+
+    spec.name = "lost";
+    assert_int_equal(create_wait(d, &spec), -1);
+    assert_false(in_memory(d, "lost", labels, NULL));
+    row_seen r = stored(s, "lost");
+    assert_int_equal(r.found, 0);
+
+    int now = -1;
+    assert_int_equal(scale_wait(d, "kept", 5), -1);
+    assert_true(in_memory(d, "kept", labels, &now));
+    assert_int_equal(now, 2);
+    r = stored(s, "kept");
+    assert_int_equal(r.replicas, 2);
+    json_decref(r.labels);
+
+    assert_int_equal(remove_wait(d, "kept"), -1);
+    assert_true(in_memory(d, "kept", labels, NULL));
+    r = stored(s, "kept");
+    assert_int_equal(r.found, 1);
+    json_decref(r.labels);
+
+    /* One change of a name at a time. */
+    outcome o1 = {0}, o2 = {0};
+    assert_int_equal(gps_deploy_scale(d, "kept", 3, on_done, &o1), 0);
+    assert_int_equal(gps_deploy_remove(d, "kept", on_done, &o2), -4);
+    assert_int_equal(wait_done(0, &o1), -1);
+    assert_int_equal(o2.called, 0);
+
+    raw_exec(t->db, "DROP TRIGGER no_insert; DROP TRIGGER no_update; DROP TRIGGER no_delete;");
+    assert_int_equal(scale_wait(d, "kept", 4), 0);
+    assert_true(in_memory(d, "kept", labels, &now));
+    assert_int_equal(now, 4);
+    spec.name = "made";
+    assert_int_equal(create_wait(d, &spec), 0);
+    /* What a restart reads: the changes the DB took, and only those. */
+    gps_deploy *d2 = gps_deploy_new(reg, NULL, 1000, T0);
+    assert_non_null(d2);
+    char err[256];
+    assert_int_equal(gps_deploy_load(d2, s, err, sizeof err), 0);
+    assert_true(in_memory(d2, "kept", labels, &now));
+    assert_int_equal(now, 4);
+    assert_true(in_memory(d2, "made", labels, NULL));
+    assert_false(in_memory(d2, "lost", labels, NULL));
+    gps_deploy_free(d2);
+    assert_int_equal(remove_wait(d, "made"), 0);
+    assert_false(in_memory(d, "made", labels, NULL));
+    assert_int_equal(stored(s, "made").found, 0);
+
+    /* Freed with a change waiting (the server stopping): done still runs
+     * once, at the store's close, and finds the module gone. */
+    outcome o3 = {0};
+    assert_int_equal(gps_deploy_scale(d, "kept", 1, on_done, &o3), 0);
+    gps_deploy_free(d);
+    gps_store_close(s);
+    assert_int_equal(o3.called, 1);
+    assert_null(o3.d);
+    assert_int_equal(o3.rc, -1);
+    json_decref(labels);
+    registry_destroy(reg);
+}
+
 /* The start-up load on a failing allocator: every deployment with its
- * labels, or -1 saying out of memory (the server logs it); never a
- * deployment skipped as "not valid" for want of memory (the code before:
- * its agents would then be told to unload it) nor read with a label
- * changed. One row's labels hold a \u escape, read by jansson's own
+ * labels, or -1 saying out of memory with none in the table (the server
+ * refuses to start); never a deployment skipped as "not valid" for want of
+ * memory (the code before: its agents would then be told to unload it),
+ * read with a label changed, or the deployments read before the failure
+ * left in the table (the code before, which the server then ran with). One row's labels hold a \u escape, read by jansson's own
  * (checked) load, the other's long strings by gp_json_read. */
 static void test_load_oom(void **st)
 {
@@ -697,10 +857,12 @@ static void test_load_oom(void **st)
         bool hit = disarm();
         if (rc == 0 && in_memory(d, "one", l1, NULL) && in_memory(d, "two", l2, NULL)) {
             /* whole */
-        } else if (rc == -1 && strstr(err, "out of memory")) {
+        } else if (rc == -1 && strstr(err, "out of memory") && !in_memory(d, "one", l1, NULL) &&
+                   !in_memory(d, "two", l2, NULL)) {
             refused++;
         } else {
-            print_message("run %zu: load gave %d (%s) without a deployment\n", n, rc, err);
+            print_message("run %zu: load gave %d (%s) with part of the deployments\n", n, rc,
+                          err);
             bad++;
         }
         gps_deploy_free(d);
@@ -712,6 +874,45 @@ static void test_load_oom(void **st)
     assert_int_equal(bad, 0);
     json_decref(l1);
     json_decref(l2);
+    registry_destroy(reg);
+    gps_store_close(s);
+}
+
+/* A step of the start-up load that fails (the replicas' table unreadable,
+ * here gone): -1 naming what failed, and no deployment in the table; the
+ * code before kept the deployments read by then, without their replicas
+ * (placed again elsewhere), and the server ran with them. */
+static void test_load_step_fails(void **st)
+{
+    tctx *t = *st;
+    fixture_needs_file(t);
+    gps_store *s = deploy_store(t);
+    gps_store_deploy_row r1 = {.name = "one", .source = "https://x/1.gguf", .replicas = 1};
+    gps_store_replica_row rr = {.deployment = "one",
+                                .agent_id = "00000000-0000-4000-8000-000000000001",
+                                .state = "ready"};
+    assert_int_equal(gps_store_deploy_put(s, &r1), 0);
+    assert_int_equal(gps_store_replica_put(s, &rr), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    gps_store_close(s);
+    raw_exec(t->db, "ALTER TABLE deployment_replicas RENAME TO replicas_elsewhere;");
+    s = deploy_store(t);
+    registry_config rc;
+    registry_config_default(&rc);
+    registry *reg = registry_create(&rc);
+    assert_non_null(reg);
+    gps_deploy *d = gps_deploy_new(reg, NULL, 1000, T0);
+    assert_non_null(d);
+    char err[256] = "";
+    assert_int_equal(gps_deploy_load(d, s, err, sizeof err), -1);
+    assert_non_null(strstr(err, "deployment_replicas"));
+    bool found = true;
+    assert_null(gps_deploy_get(d, "one", &found));
+    assert_false(found);
+    json_t *l = gps_deploy_list(d);
+    assert_int_equal(json_array_size(json_object_get(l, "deployments")), 0);
+    json_decref(l);
+    gps_deploy_free(d);
     registry_destroy(reg);
     gps_store_close(s);
 }
@@ -728,7 +929,12 @@ int main(void)
         cmocka_unit_test(test_list_oom),
         cmocka_unit_test(test_agent_poll_oom),
         cmocka_unit_test_setup_teardown(test_create_and_scale_persist_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_write_refused_changes_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_oom, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_load_step_fails, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (base)
+        event_base_free(base);
+    return rc;
 }
