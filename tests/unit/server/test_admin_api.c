@@ -15,9 +15,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <sqlite3.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "common/gp_util.h"
 #include "server/admin_api.h"
 #include "server/fleet/deploy.h"
+#include "server/http/http.h"
+#include "server/store/store.h"
+#include "db_fixture.h"
 #include "fixture_fleet.h"
 #include "fixture_oom.h"
 
@@ -491,6 +501,157 @@ static void test_key_create_oom(void **st)
     key_create_sweep(GPS_KEY_ADMIN, true);
 }
 
+/* ---- the deployments' routes over HTTP, on a database that refuses ---- */
+
+static int connect_loopback(int port)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
+    return c;
+}
+
+/* One request on a new connection; the loop runs until its whole reply
+ * (head and Content-Length body) came back. Returns the status, the body
+ * parsed into *body (new reference). */
+static int request(struct event_base *base, int port, const char *method, const char *path,
+                   const char *json, json_t **body)
+{
+    char req[1024], out[16384];
+    snprintf(req, sizeof req,
+             "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+             method, path, json ? strlen(json) : 0, json ? json : "");
+    int c = connect_loopback(port);
+    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    size_t got = 0;
+    out[0] = '\0';
+    for (int round = 0; round < 5000; round++) {
+        event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        ssize_t n = recv(c, out + got, sizeof out - 1 - got, MSG_DONTWAIT);
+        if (n > 0) {
+            got += (size_t)n;
+            out[got] = '\0';
+        }
+        const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
+        if (end && cl && got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)) {
+            close(c);
+            *body = json_loads(end + 4, 0, NULL);
+            assert_non_null(*body);
+            return atoi(out + 9);
+        }
+        if (n <= 0)
+            usleep(1000);
+    }
+    fail_msg("no whole reply to %s %s: %s", method, path, out);
+    return -1;
+}
+
+static void raw_exec(const char *path, const char *sql)
+{
+    sqlite3 *db = NULL;
+    char *msg = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite3_busy_timeout(db, 5000);
+    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
+        fail_msg("%s: %s", sql, msg);
+    sqlite3_close(db);
+}
+
+static const char *err_code(const json_t *body)
+{
+    return json_string_value(json_object_get(json_object_get(body, "error"), "code"));
+}
+
+/* POST, PATCH and DELETE /admin/deployments when the database refuses the
+ * write (a trigger that raises, as a full disk or a read-only file would):
+ * 500 INTERNAL in the admin API's error shape, and the deployment as it
+ * was (GET); the code before answered 201/200 from the table it had
+ * changed while the row never reached the database (gone, or back, at the
+ * next restart). Once the database takes writes again, 201 and a row. */
+static void test_deploy_routes_write_refused(void **st)
+{
+    tctx *t = *st;
+    fixture_needs_file(t);
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    char err[256] = "";
+    gps_store_opts so = {.commit_interval_ms = 2};
+    gps_store *store = gps_store_open(t->db, base, &so, err, sizeof err);
+    if (!store)
+        fail_msg("open: %s", err);
+    fleet f;
+    fleet_init_on(&f, base, NULL, NULL, store);
+    gps_auth *auth = gps_auth_new(NULL);
+    assert_non_null(auth);
+    gps_admin *a = gps_admin_new(base, auth, NULL, f.reg, f.jobs, store, "test");
+    assert_non_null(a);
+    gps_deploy *d = gps_deploy_new(f.reg, store, 1000, gp_now_mono_ms());
+    assert_non_null(d);
+    gps_admin_set_deploy(a, d);
+    gps_http_opts ho = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
+                        .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
+                        .header_timeout_sec = 30, .body_timeout_sec = 30};
+    gps_http *h = gps_http_new(base, &ho);
+    assert_non_null(h);
+    int port = 0;
+    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, &port, err, sizeof err), 0);
+    assert_int_equal(gps_admin_register(h, a), 0);
+
+    json_t *b = NULL;
+    assert_int_equal(request(base, port, "POST", "/admin/deployments",
+                             "{\"name\":\"kept\",\"source\":\"https://x/k.gguf\",\"replicas\":2}",
+                             &b), 201);
+    json_decref(b);
+    raw_exec(t->db, "CREATE TRIGGER no_insert BEFORE INSERT ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_update BEFORE UPDATE ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_delete BEFORE DELETE ON deployments "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;");
+
+    assert_int_equal(request(base, port, "POST", "/admin/deployments",
+                             "{\"name\":\"lost\",\"source\":\"https://x/l.gguf\"}", &b),
+                     500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "GET", "/admin/deployments/lost", NULL, &b), 404);
+    json_decref(b);
+
+    assert_int_equal(request(base, port, "PATCH", "/admin/deployments/kept", "{\"replicas\":5}",
+                             &b),
+                     500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "DELETE", "/admin/deployments/kept", NULL, &b), 500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "GET", "/admin/deployments/kept", NULL, &b), 200);
+    assert_int_equal(json_integer_value(json_object_get(b, "replicas")), 2);
+    json_decref(b);
+
+    raw_exec(t->db, "DROP TRIGGER no_insert; DROP TRIGGER no_update; DROP TRIGGER no_delete;");
+    assert_int_equal(request(base, port, "POST", "/admin/deployments",
+                             "{\"name\":\"lost\",\"source\":\"https://x/l.gguf\"}", &b),
+                     201);
+    assert_string_equal(json_string_value(json_object_get(b, "name")), "lost");
+    json_decref(b);
+    assert_int_equal(request(base, port, "DELETE", "/admin/deployments/kept", NULL, &b), 200);
+    assert_true(json_is_true(json_object_get(b, "removed")));
+    json_decref(b);
+    assert_int_equal(request(base, port, "GET", "/admin/deployments/kept", NULL, &b), 404);
+    json_decref(b);
+
+    gps_http_free(h);
+    gps_admin_free(a);
+    gps_deploy_free(d);
+    fleet_free(&f);
+    gps_store_close(store);
+    gps_auth_free(auth);
+    event_base_free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +660,7 @@ int main(void)
         cmocka_unit_test(test_rate),          cmocka_unit_test(test_history),
         cmocka_unit_test(test_history_oom),   cmocka_unit_test(test_snapshot_oom),
         cmocka_unit_test(test_key_create_oom),
+        cmocka_unit_test_setup_teardown(test_deploy_routes_write_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
