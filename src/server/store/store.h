@@ -736,8 +736,8 @@ int gps_store_deploy_put_async(gps_store *s, const gps_store_deploy_row *d,
                                gps_store_status_fn cb, void *arg);
 int gps_store_deploy_delete_async(gps_store *s, const char *name, gps_store_status_fn cb,
                                   void *arg);
-/* Does this DB's schema hold the deployments tables (a custom
- * migrations_dir may lack migration 0007)? */
+/* Does this DB's schema hold the deployments tables, either of them (a
+ * custom migrations_dir may lack migration 0007)? */
 bool gps_store_has_deployments(gps_store *s);
 int gps_store_replica_put(gps_store *s, const gps_store_replica_row *r);
 int gps_store_replica_delete(gps_store *s, const char *deployment, const char *agent_id);
