@@ -7,7 +7,9 @@
  * sighting. Agents are real registry entries from poll bodies. What the
  * store holds of deployments (a real SQLite file, db_fixture.h) is whole
  * under a failing allocator (fixture_oom.h arm_beneath: linked with
- * --wrap=malloc,calloc,realloc). */
+ * --wrap=malloc,calloc,realloc); an admin change the database refuses (a
+ * trigger that raises) changes nothing; a start-up load that fails leaves
+ * no deployment. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -822,8 +824,9 @@ static void test_write_refused_changes_nothing(void **st)
  * refuses to start); never a deployment skipped as "not valid" for want of
  * memory (the code before: its agents would then be told to unload it),
  * read with a label changed, or the deployments read before the failure
- * left in the table (the code before, which the server then ran with). One row's labels hold a \u escape, read by jansson's own
- * (checked) load, the other's long strings by gp_json_read. */
+ * left in the table (the code before, which the server then ran with).
+ * One row's labels hold a \u escape, read by jansson's own (checked)
+ * load, the other's long strings by gp_json_read. */
 static void test_load_oom(void **st)
 {
     tctx *t = *st;
