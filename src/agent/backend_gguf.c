@@ -96,6 +96,7 @@ void gguf_job_free(gjob *j)
     free(j->cont_ids);
     free(j->cont_text);
     free(j->unsent);
+    free(j->piece);
     for (size_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
     gpe_sampler_free(j->smp);

@@ -249,15 +249,21 @@ static const char *job_step(gguf_engine *e, gjob *j, const float *logits)
         return j->gram && !gpe_grammar_complete(j->gram) ? "length" : "stop";
     j->n_gen++;
     unsent_push(j, tok);
-    char piece[256];
-    int n = gpe_token_to_piece(b->model, tok, piece, sizeof piece, false);
-    if (n == 0 && j->tools.tp)
-        n = opener_piece(b, tok, piece, sizeof piece);
+    int n = gguf_piece(b, j, tok, false);
+    if (n < 0) {
+        /* the token's text could not be rendered whole: the output would go
+         * on without it */
+        j->oom = true;
+        return GGUF_REASON_NOMEM;
+    }
+    const char *piece = j->piece;
+    char op[64];   /* openers are a few bytes (gguf_tools_opener_tokens) */
+    if (n == 0 && j->tools.tp && (n = opener_piece(b, tok, op, sizeof op)) > 0)
+        piece = op;
     const char *emit;
     size_t elen;
     gpe_status sst;
-    bool stopped = gpe_stop_feed_status(j->stop, piece, n > 0 ? (size_t)n : 0, &emit, &elen,
-                                        &sst);
+    bool stopped = gpe_stop_feed_status(j->stop, piece, (size_t)n, &emit, &elen, &sst);
     if (sst != GPE_OK) {
         /* the matcher could not hold the piece: the text would go on
          * without it (its id goes with no event either) */

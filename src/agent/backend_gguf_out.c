@@ -89,6 +89,33 @@ void gguf_out_text(gjob *j, const char *s, size_t n)
     send_calls(j);
 }
 
+/* A fixed buffer would do for nearly every token, but one longer than it
+ * (long whitespace or punctuation runs in real vocabularies; a GGUF may
+ * hold any length) came back as -(needed) and was taken for an empty
+ * piece: its text vanished from the output. The job's scratch grows to the
+ * longest token it met instead, and a growth that fails is the job's
+ * AGENT_OUT_OF_MEMORY (the caller's j->oom). */
+int gguf_piece(gguf_backend *b, gjob *j, int32_t tok, bool special)
+{
+    if (!j->piece) {
+        j->piece = malloc(256);
+        if (!j->piece)
+            return -1;
+        j->piece_cap = 256;
+    }
+    int n = gpe_token_to_piece(b->model, tok, j->piece, j->piece_cap, special);
+    if (n >= 0 || n == INT32_MIN)   /* INT32_MIN: the tokenizer's own scratch failed */
+        return n >= 0 ? n : -1;
+    size_t need = (size_t)-(int64_t)n;
+    char *p = realloc(j->piece, need);
+    if (!p)
+        return -1;
+    j->piece = p;
+    j->piece_cap = need;
+    n = gpe_token_to_piece(b->model, tok, j->piece, j->piece_cap, special);
+    return n >= 0 ? n : -1;
+}
+
 /* The usage metrics that go before the end; false when they could not be
  * built (the server would answer without the cached tokens and timings). */
 static bool send_metrics(gjob *j)
@@ -193,11 +220,10 @@ static bool append_cont_ids(gjob *j)
 bool gguf_prime_stop(gguf_backend *b, gjob *j)
 {
     gp_buf all = {0};
-    char piece[256];
     bool ok = true;
     for (int i = 0; i < j->n_cont && ok; i++) {
-        int n = gpe_token_to_piece(b->model, j->cont_ids[i], piece, sizeof piece, false);
-        ok = gp_buf_append(&all, piece, n > 0 ? (size_t)n : 0) == 0;
+        int n = gguf_piece(b, j, j->cont_ids[i], false);
+        ok = n >= 0 && gp_buf_append(&all, j->piece, (size_t)n) == 0;
     }
     const char *sent = j->cont_text ? j->cont_text : "", *held = "";
     size_t ns = strlen(sent), nh = 0;

@@ -52,6 +52,8 @@ typedef struct gjob {
                                   a call, an event): nothing more is sent, and the job
                                   ends AGENT_OUT_OF_MEMORY (gguf_job_end) */
     int32_t last;              /* last sampled token (to decode next) */
+    char *piece;               /* a token's text (gguf_piece), grown to the longest yet */
+    size_t piece_cap;
     long n_gen;
     gpe_sampler *smp;
     gpe_stop *stop;
@@ -183,6 +185,9 @@ void gguf_job_error(gjob *j, const char *code, const char *msg);
  * server fails it over), what says so in msg. */
 void gguf_job_nomem(gjob *j, const char *what);
 void gguf_out_text(gjob *j, const char *s, size_t n);
+/* The text of token tok into j->piece, however long (a vocabulary's token
+ * may be any length): its length, or -1 when memory ran out. */
+int gguf_piece(gguf_backend *b, gjob *j, int32_t tok, bool special);
 /* The finish reason of a job whose output was cut short (j->oom), for
  * job_step: gguf_job_end then sends AGENT_OUT_OF_MEMORY, not an end. */
 #define GGUF_REASON_NOMEM "out of memory"

@@ -301,6 +301,8 @@ int gguf_tools_opener_tokens(const gpe_model *m, const char *family, int32_t **i
     for (int32_t t = 0; t < nv; t++) {
         /* special: a control token (mistral's [TOOL_CALLS]) renders as "" else */
         int k = gpe_token_to_piece(m, t, piece, sizeof piece, true);
+        /* (a piece longer than the buffer, k < 0, is longer than any
+         * opener too: it writes no piece of it) */
         if (k <= 0 || (size_t)k > ol)
             continue;
         /* any piece of the opener: the model may write it in several
@@ -353,6 +355,8 @@ int gguf_tools_lazy_accept(gguf_tools *t, const gpe_model *m, int32_t tok, bool 
         return 0;
     }
     t->lazy = false;
+    /* tok is one of the opener's tokens here (the lazy mask allows no
+     * other off the schema), a few bytes: the buffer holds it */
     char piece[256];
     int n = gpe_token_to_piece(m, tok, piece, sizeof piece, true);
     t->opener_at = (t->opener_at > 0 ? t->opener_at : 0) + (n > 0 ? n : 0);

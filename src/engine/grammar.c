@@ -99,21 +99,27 @@ static int vocab_build(gpe_grammar_vocab *g, const gpe_model *m)
     g->bytes = malloc(cap);
     if (!g->off || !g->plain || !g->eog || !g->bytes)
         return -1;
-    char piece[256];
     for (int t = 0; t < n; t++) {
         g->off[t] = (uint32_t)len;
         g->eog[t] = gpe_token_is_eog(m, t);
-        int k = gpe_token_to_piece(m, t, piece, sizeof piece, false);
-        if (k <= 0 || g->eog[t])
+        if (g->eog[t])
             continue;
-        if (len + (size_t)k > cap) {
-            cap = (cap + (size_t)k) * 2;
+        /* rendered in place, the room grown to what the piece needs: a
+         * fixed buffer left a token longer than it out of the vocabulary
+         * (never allowed under a schema, though its text may fit) */
+        int k = gpe_token_to_piece(m, t, (char *)g->bytes + len, cap - len, false);
+        if (k < 0 && k != INT32_MIN) {
+            cap = (cap + (size_t)-(int64_t)k) * 2;
             uint8_t *nb = realloc(g->bytes, cap);
             if (!nb)
                 return -1;
             g->bytes = nb;
+            k = gpe_token_to_piece(m, t, (char *)g->bytes + len, cap - len, false);
         }
-        memcpy(g->bytes + len, piece, (size_t)k);
+        if (k < 0)   /* INT32_MIN: the tokenizer's scratch could not be had */
+            return -1;
+        if (k == 0)
+            continue;
         g->plain[t] = plain_chars(g->bytes + len, k);
         len += (size_t)k;
     }

@@ -757,6 +757,205 @@ static void test_tools_sweep(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ------------------------------------------- a token longer than 256 bytes */
+
+/* src copied to dst with the vocabulary's token `from` (tokenizer.ggml.
+ * tokens) spelled `to` instead; its id. */
+static int32_t gguf_with_token(const char *src, const char *dst, const char *from, const char *to)
+{
+    FILE *f = fopen(src, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(len);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, len, f), len);
+    fclose(f);
+    assert_memory_equal(buf, "GGUF", 4);
+    uint64_t n_t = u64_at(buf + 8), n_kv = u64_at(buf + 16);
+    size_t off = 24, align = 32;
+    int32_t id = -1;
+    FILE *o = fopen(dst, "wb");
+    assert_non_null(o);
+    fwrite(buf, 1, 24, o);
+    for (uint64_t i = 0; i < n_kv; i++) {
+        size_t start = off, klen = (size_t)u64_at(buf + off);
+        const char *k = (const char *)buf + off + 8;
+        off += 8 + klen;
+        uint32_t t = u32_at(buf + off);
+        size_t val = off + 4;
+        off = skip_value(buf, val, t);
+        assert_true(off <= len);
+        if (klen == 17 && memcmp(k, "general.alignment", 17) == 0 && t == 4)
+            align = u32_at(buf + off - 4);
+        if (!(klen == 21 && memcmp(k, "tokenizer.ggml.tokens", 21) == 0 && t == 9 &&
+              u32_at(buf + val) == 8)) {
+            fwrite(buf + start, 1, off - start, o);
+            continue;
+        }
+        /* key, type, element type and count as they are; the strings one
+         * by one */
+        fwrite(buf + start, 1, val + 12 - start, o);
+        uint64_t n = u64_at(buf + val + 4);
+        size_t at = val + 12;
+        for (uint64_t e = 0; e < n; e++) {
+            size_t sl = (size_t)u64_at(buf + at);
+            if (sl == strlen(from) && memcmp(buf + at + 8, from, sl) == 0) {
+                put_str(o, to);
+                id = (int32_t)e;
+            } else {
+                fwrite(buf + at, 1, 8 + sl, o);
+            }
+            at += 8 + sl;
+        }
+    }
+    size_t info = off;
+    for (uint64_t i = 0; i < n_t; i++) {
+        off += 8 + (size_t)u64_at(buf + off);
+        uint32_t nd = u32_at(buf + off);
+        off += 4 + 8 * (size_t)nd + 4 + 8;
+    }
+    fwrite(buf + info, 1, off - info, o);
+    long at = ftell(o);
+    static const char zero[64];
+    fwrite(zero, 1, (align - (size_t)at % align) % align, o);
+    size_t data = (off + align - 1) / align * align;
+    fwrite(buf + data, 1, len - data, o);
+    assert_int_equal(fclose(o), 0);
+    free(buf);
+    assert_true(id >= 0);
+    return id;
+}
+
+/* Whether token tok may follow the opening quote of a JSON string under
+ * v (its text is plain characters: it may). */
+static bool string_allows(const gpe_grammar_vocab *v, int n_vocab, int32_t tok)
+{
+    char err[256];
+    gpe_grammar *gr = NULL;
+    assert_int_equal(gpe_grammar_init_vocab(v, "{\"type\":\"string\"}", &gr, err, sizeof err),
+                     GPE_OK);
+    assert_int_equal(gpe_grammar_accept_text(gr, "\"", 1), GPE_OK);
+    float *logits = calloc((size_t)n_vocab, sizeof *logits);
+    assert_non_null(logits);
+    const float *masked = gpe_grammar_mask(gr, logits, n_vocab, 0);
+    assert_non_null(masked);
+    bool ok = masked[tok] == 0.0f && gpe_grammar_accept(gr, tok) == GPE_OK;
+    free(logits);
+    gpe_grammar_free(gr);
+    return ok;
+}
+
+#define LONG_RUN 300   /* bytes of '~' after " little": past the old 256-byte piece */
+
+/* A token whose text is longer than 256 bytes (stories260K's " little",
+ * the greedy story's fifth token, made " little" and 300 '~'): its whole text
+ * goes out where the model samples it, and where a token-exact
+ * continuation primes the stop matcher with what it held back of it; a
+ * schema's grammar allows it where its text fits (its vocabulary swept). Before, it was rendered
+ * into a 256-byte buffer, came back -(needed) and was taken for "": the
+ * text lost its 307 bytes, the primed matcher nothing, the grammar never
+ * allowed it. Then the jobs, swept: the piece's buffer that cannot grow
+ * ends the job AGENT_OUT_OF_MEMORY, never the text without it. */
+static void test_long_token(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/gpupool-test-longtok-XXXXXX.gguf";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    close(fd);
+    char spelled[16 + LONG_RUN], run_txt[LONG_RUN + 1];
+    memset(run_txt, '~', LONG_RUN);
+    run_txt[LONG_RUN] = '\0';
+    snprintf(spelled, sizeof spelled, "\xE2\x96\x81little%s", run_txt);
+    int32_t lil = gguf_with_token(STORIES, path, "\xE2\x96\x81little", spelled);
+
+    /* the original model's greedy text, and where " little" ends in it */
+    json_t *plain = json_pack("{s:s, s:s, s:s, s:{s:i, s:f}}", "job_id", "plain", "kind",
+                              "completion", "prompt", "Once upon a time", "params",
+                              "max_tokens", 10, "temperature", 0.0);
+    assert_non_null(plain);
+    char err[256];
+    bool hit;
+    rec orig;
+    agent_backend *b0 = make(STORIES, 256, false);
+    assert_int_equal(run(b0, plain, 0, &orig, &hit, err, sizeof err), 0);
+    b0->ops->destroy(b0);
+    const char *l = strstr(orig.text, " little");
+    assert_non_null(l);
+    assert_null(strstr(l + 1, " little"));
+    size_t cut = (size_t)(l - orig.text) + 7;
+    char want[8192];
+    snprintf(want, sizeof want, "%.*s%s%s", (int)cut, orig.text, run_txt, orig.text + cut);
+    rec_destroy(&orig);
+
+    agent_backend *b = make(path, 256, false);
+    json_t *models = b->ops->models(b);
+    const char *dg = json_string_value(json_object_get(json_array_get(models, 0), "digest"));
+    assert_non_null(dg);
+    where w = {path, 256, b};
+    rec ref;
+    int bad = sweep_job(&w, "a long token", plain, &ref);
+    if (strcmp(ref.text, want) != 0)
+        fail_msg("text \"%s\", want \"%s\"", ref.text, want);
+    size_t k = 0;   /* ids up to the long token's, inclusive */
+    while (k < ref.n_ids && ref.ids[k] != lil)
+        k++;
+    assert_true(k < ref.n_ids);
+    k++;
+
+    /* A continuation after the long token, as a lost attempt with the
+     * stop string "~~~~~~\x01" left it: the client has the text up to the
+     * token's last 6 '~', which the matcher held back (a stop's beginning).
+     * The primed matcher gives them back first. */
+    json_t *ids = json_array();
+    for (size_t i = 0; i < k; i++)
+        json_array_append_new(ids, json_integer(ref.ids[i]));
+    size_t sent = cut + LONG_RUN - 6;
+    json_t *cj = json_pack("{s:s, s:s, s:s, s:s%, s:o, s:s, s:{s:i, s:i}, s:{s:i, s:f, s:[s]}}",
+                           "job_id", "cont", "kind", "completion", "prompt", "Once upon a time",
+                           "continuation", want, sent, "continuation_ids", ids,
+                           "continuation_digest", dg, "sampler", "seed", 5, "n_sampled", (int)k,
+                           "params", "max_tokens", (int)(10 - k), "temperature", 0.0, "stop",
+                           "~~~~~~\x01");
+    assert_non_null(cj);
+    rec cref;
+    bad += sweep_job(&w, "a continuation after a long token", cj, &cref);
+    if (strcmp(cref.text, want + sent) != 0)
+        fail_msg("continued \"%s\", want \"%s\"", cref.text, want + sent);
+    rec_destroy(&cref);
+    rec_destroy(&ref);
+    json_decref(cj);
+    json_decref(models);
+    json_decref(plain);
+    b->ops->destroy(b);
+
+    /* the grammar's vocabulary, swept: built whole (the long token in it)
+     * or GPE_ERR_NOMEM */
+    gpe_model *m = NULL;
+    if (gpe_model_load(path, NULL, &m, err, sizeof err) != GPE_OK)
+        fail_msg("load: %s", err);
+    size_t n;
+    for (n = 1;; n++) {
+        gpe_grammar_vocab *v = NULL;
+        arm_beneath(n);
+        gpe_status st = gpe_grammar_vocab_init(m, &v);
+        hit = disarm();
+        if (st == GPE_OK)
+            assert_true(string_allows(v, gpe_model_n_vocab(m), lil));
+        else if (st != GPE_ERR_NOMEM || !hit || v)
+            fail_msg("grammar vocabulary: allocation %zu: status %d", n, (int)st);
+        gpe_grammar_vocab_free(v);
+        if (!hit)
+            break;
+    }
+    print_message("grammar vocabulary: %zu runs\n", n);
+    gpe_model_free(m);
+    unlink(path);
+    assert_int_equal(bad, 0);
+}
+
 /* Embeddings, whole: tokenizing the inputs, the embeddings context. */
 static void test_embeddings_sweep(void **state)
 {
@@ -785,6 +984,7 @@ int main(void)
         cmocka_unit_test(test_chat_sweep),
         cmocka_unit_test(test_tools_sweep),
         cmocka_unit_test(test_embeddings_sweep),
+        cmocka_unit_test(test_long_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
