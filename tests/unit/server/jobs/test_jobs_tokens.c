@@ -267,6 +267,56 @@ static void test_prefers_free_same_digest_agent(void **st)
     fx_free(&f);
 }
 
+/* A tool call between token events: the gguf agent sends the call as a
+ * tool_call event and drops the ids of the tokens that wrote it
+ * (backend_gguf_out.c send_calls), so the server's record goes on with
+ * the ids of the content after the call, which no longer spell what the
+ * model generated. That record must never be resumed: once a tool call
+ * was relayed no failover continues the job (gps_failover_decide), be the
+ * attempt lost, out of memory or stalled, so the ids are never sent. */
+static void test_no_continuation_after_tool_call(void **st)
+{
+    (void)st;
+    static const char *after_call =
+        "[{\"type\":\"tool_call\",\"index\":0,\"id\":\"call_1\",\"name\":\"f\","
+        "\"arguments\":\"{}\"},{\"type\":\"token\",\"text\":\"d\",\"token_id\":9}]";
+    /* the attempt's end: the agent lost (NULL), or its own failure with
+     * another agent live, which would be failed over (jobs_events.c
+     * apply_error) were it not for the call: the attempt is "lost" */
+    static const struct {
+        const char *error;
+        const char *code;
+    } t[] = {
+        {NULL, "AGENT_LOST"},
+        {"[{\"type\":\"error\",\"code\":\"AGENT_OUT_OF_MEMORY\",\"message\":\"x\"}]",
+         "AGENT_LOST"},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        fx f;
+        fx_init(&f);
+        registry_agent *a = add_agent(&f, 1, D1), *b = add_agent(&f, 2, D1);
+        gps_job *job = submit(&f, 20, false);
+        json_decref(take(&f, a));
+        assert_int_equal(apply(&f, job, a, 0, TOKENS), 0);
+        assert_int_equal(apply(&f, job, a, 3, after_call), 0);
+        assert_int_equal(job->n_gen_ids, 4);   /* 5 7 8 9: the call's ids are not there */
+        g_fo_cont[0] = '\0';
+        if (t[i].error)
+            assert_int_equal(apply(&f, job, a, 5, t[i].error), 0);
+        else
+            gps_jobs_agent_lost(f.jobs, a->id, "test");
+        assert_true(gps_job_terminal(job));
+        assert_int_equal(job->state, GPS_JOB_FAILED);
+        assert_string_equal(gps_job_error_code(job), t[i].code);
+        assert_string_equal(g_fo_cont, "");   /* no failover event */
+        gp_buf text;
+        gp_buf_init(&text);
+        assert_int_equal(gps_jobs_take_for_agent(f.jobs, b, 1, 0, &text), 0);
+        gp_buf_free(&text);
+        fx_free(&f);
+    }
+}
+
 /* What a subscriber saw of a token: its tree (NULL or not) and the text. */
 typedef struct {
     int tokens, trees;
@@ -335,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_other_digest_gets_text),
         cmocka_unit_test(test_missing_ids_and_requeue),
         cmocka_unit_test(test_prefers_free_same_digest_agent),
+        cmocka_unit_test(test_no_continuation_after_tool_call),
         cmocka_unit_test(test_cursor_subscribers_get_no_token_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
