@@ -8,6 +8,9 @@
 #include <gpupool/engine.h>
 
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "engine/model.h"
 
 bool gpe_chat_supports_tools(const gpe_model *m)
 {
@@ -16,17 +19,6 @@ bool gpe_chat_supports_tools(const gpe_model *m)
     gpe_model_info info;
     gpe_model_get_info(m, &info);
     return gpe_chat_template_supports_tools(info.chat_template);
-}
-
-/* Text of a special token (BOS/EOS) for templates that write it; "" when
- * absent. */
-static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
-{
-    buf[0] = '\0';
-    if (id < 0)
-        return;
-    int n = gpe_token_to_piece(m, id, buf, buflen - 1, true);
-    buf[n > 0 ? n : 0] = '\0';
 }
 
 char *gpe_chat_apply_tools_status(const gpe_model *m, const gpe_chat_tool *tools,
@@ -43,12 +35,21 @@ char *gpe_chat_apply_tools_status(const gpe_model *m, const gpe_chat_tool *tools
     }
     gpe_model_info info;
     gpe_model_get_info(m, &info);
-    char bos[64], eos[64];
-    token_text(m, info.bos, bos, sizeof bos);
-    token_text(m, info.eos, eos, sizeof eos);
-    return gpe_chat_apply_format_tools_status(
-        info.chat_format, bos, eos, gpe_chat_template_supports_tools(info.chat_template), tools,
-        n_tools, msgs, extra, n, add_assistant, err, errlen, st);
+    char *bos = gpe_special_text(m, info.bos), *eos = gpe_special_text(m, info.eos);
+    char *out = NULL;
+    if (!bos || !eos) {
+        if (err && errlen)
+            snprintf(err, errlen, "chat: out of memory rendering the prompt");
+        if (st)
+            *st = GPE_ERR_NOMEM;
+    } else {
+        out = gpe_chat_apply_format_tools_status(
+            info.chat_format, bos, eos, gpe_chat_template_supports_tools(info.chat_template),
+            tools, n_tools, msgs, extra, n, add_assistant, err, errlen, st);
+    }
+    free(bos);
+    free(eos);
+    return out;
 }
 
 char *gpe_chat_apply_tools(const gpe_model *m, const gpe_chat_tool *tools, size_t n_tools,

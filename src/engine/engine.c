@@ -397,15 +397,22 @@ bool gpe_token_is_eog(const gpe_model *m, int32_t token)
     return m && m->tok && gpe_tokenizer_is_eog(m->tok, token);
 }
 
-/* Text of a special token for templates that write BOS/EOS literally;
- * "" when absent. */
-static void token_text(const gpe_model *m, int32_t id, char *buf, size_t buflen)
+char *gpe_special_text(const gpe_model *m, int32_t id)
 {
-    buf[0] = '\0';
-    if (id < 0)
-        return;
-    int n = gpe_token_to_piece(m, id, buf, buflen - 1, true);
-    buf[n > 0 ? n : 0] = '\0';
+    /* sized first: an empty buffer gets -(needed) */
+    int n = id < 0 ? 0 : gpe_token_to_piece(m, id, NULL, 0, true);
+    if (n == INT32_MIN)   /* the tokenizer's scratch could not be had */
+        return NULL;
+    size_t len = n < 0 ? (size_t)-(int64_t)n : 0;
+    char *s = malloc(len + 1);
+    if (!s)
+        return NULL;
+    if (len > 0 && gpe_token_to_piece(m, id, s, len, true) != (int)len) {
+        free(s);
+        return NULL;
+    }
+    s[len] = '\0';
+    return s;
 }
 
 char *gpe_chat_apply_status(const gpe_model *m, const gpe_chat_msg *msgs, size_t n,
@@ -417,11 +424,19 @@ char *gpe_chat_apply_status(const gpe_model *m, const gpe_chat_msg *msgs, size_t
             *st = GPE_ERR_ARG;
         return NULL;
     }
-    char bos[64], eos[64];
-    token_text(m, m->info.bos, bos, sizeof bos);
-    token_text(m, m->info.eos, eos, sizeof eos);
-    return gpe_chat_apply_format_status(m->chat_format, bos, eos, msgs, n, add_assistant, err,
-                                        errlen, st);
+    char *bos = gpe_special_text(m, m->info.bos), *eos = gpe_special_text(m, m->info.eos);
+    char *out = NULL;
+    if (!bos || !eos) {
+        seterr(err, errlen, "chat: out of memory rendering the prompt");
+        if (st)
+            *st = GPE_ERR_NOMEM;
+    } else {
+        out = gpe_chat_apply_format_status(m->chat_format, bos, eos, msgs, n, add_assistant, err,
+                                           errlen, st);
+    }
+    free(bos);
+    free(eos);
+    return out;
 }
 
 char *gpe_chat_apply(const gpe_model *m, const gpe_chat_msg *msgs, size_t n, bool add_assistant,

@@ -252,4 +252,10 @@ void gpe_model_gelu_row(float *x, int64_t n);
  * alike */
 void gpe_model_silu_mul_row(float *gate, const float *up, int64_t n);
 
+/* engine.c, for chat_model.c too: the text of a special token (BOS/EOS)
+ * for templates that write it literally, malloc'd ("" when id < 0 or it
+ * renders as nothing); NULL when memory ran out. Any length: a fixed
+ * buffer rendered a longer one as "", the prompt then without it. */
+char *gpe_special_text(const gpe_model *m, int32_t id);
+
 #endif

@@ -956,6 +956,63 @@ static void test_long_token(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* A BOS longer than 64 bytes on a template that writes it (mistral's:
+ * "[INST]" without "<<SYS>>"): the chat prompt begins with its whole
+ * text. Before, it was rendered into a 64-byte buffer and came out ""
+ * (the prompt without its BOS). Swept: the prompt whole, or
+ * GPE_ERR_NOMEM. */
+static void test_long_special_token(void **state)
+{
+    (void)state;
+    char t1[] = "/tmp/gpupool-test-longbos1-XXXXXX.gguf";
+    char t2[] = "/tmp/gpupool-test-longbos2-XXXXXX.gguf";
+    int fd1 = mkstemps(t1, 5), fd2 = mkstemps(t2, 5);
+    assert_true(fd1 >= 0 && fd2 >= 0);
+    close(fd1);
+    close(fd2);
+    gguf_with_template(STORIES, t1, "{{ bos_token }}[INST] {{ messages }} [/INST]", 256);
+    char bos[128];
+    snprintf(bos, sizeof bos, "<s>%s", "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~"
+                                       "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~");
+    gguf_with_token(t1, t2, "<s>", bos);
+    gpe_model *m = NULL;
+    char err[256];
+    if (gpe_model_load(t2, NULL, &m, err, sizeof err) != GPE_OK)
+        fail_msg("load: %s", err);
+    gpe_chat_msg msg = {"user", "Hi"};
+    size_t n;
+    int whole = 0;
+    for (n = 0;; n++) {
+        gpe_status st1 = GPE_OK, st2 = GPE_OK;
+        if (n)
+            arm_beneath(n);
+        char *p1 = gpe_chat_apply_status(m, &msg, 1, true, err, sizeof err, &st1);
+        char *p2 = gpe_chat_apply_tools_status(m, NULL, 0, &msg, NULL, 1, true, err, sizeof err,
+                                               &st2);
+        bool hit = disarm();
+        char *ps[] = {p1, p2};
+        gpe_status sts[] = {st1, st2};
+        for (int k = 0; k < 2; k++) {
+            if (ps[k]) {
+                if (strncmp(ps[k], bos, strlen(bos)) != 0)
+                    fail_msg("allocation %zu: prompt \"%s\", want it to begin \"%s\"", n, ps[k],
+                             bos);
+                whole++;
+            } else if (sts[k] != GPE_ERR_NOMEM || !hit) {
+                fail_msg("allocation %zu: status %d, %s", n, (int)sts[k], err);
+            }
+        }
+        free(p1);
+        free(p2);
+        if (n && !hit)
+            break;
+    }
+    print_message("a long BOS: %zu runs, %d prompts whole\n", n, whole);
+    gpe_model_free(m);
+    unlink(t1);
+    unlink(t2);
+}
+
 /* Embeddings, whole: tokenizing the inputs, the embeddings context. */
 static void test_embeddings_sweep(void **state)
 {
@@ -985,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_tools_sweep),
         cmocka_unit_test(test_embeddings_sweep),
         cmocka_unit_test(test_long_token),
+        cmocka_unit_test(test_long_special_token),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
