@@ -30,7 +30,11 @@
  * runs; a token-exact continuation, a response_format), a chat on the
  * model's own template, tools on a copy of the model given a chatml
  * template with a tools format (a forced call: the parser reads it back
- * out of the text), and embeddings.
+ * out of the text), and embeddings. Then tokens longer than the fixed
+ * buffers they were once rendered into: a 300-byte token generated and
+ * continued after (test_long_token), a long BOS in a chat prompt
+ * (test_long_special_token), each on a copy of the model whose
+ * vocabulary was rewritten.
  */
 #include <setjmp.h>
 #include <stdarg.h>
