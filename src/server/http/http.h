@@ -259,14 +259,16 @@ void gps_http_send_reply(struct evhttp_request *req, int status, const char *rea
  * out of memory) or one that cannot be rendered or copied is answered
  * 500 with an "out of memory" error instead of status: never a success
  * without its body. */
-void gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
+int gps_http_send_json(struct evhttp_request *req, int status, json_t *body);
 /* That 500's body: a fixed text that every dialect's clients read as an
  * error (error.code and error.message, type "error" and error.type). A
  * stream's error event that cannot be built sends it too (relay.c). */
 extern const char gps_http_oom_body[];
 /* Send n bytes of JSON text (borrowed) rendered by the caller (500 as
- * above when it cannot be copied). */
-void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n);
+ * above when it cannot be copied). Both return 0 when the body went out
+ * with status, -1 when the 500 went instead (a caller that must know
+ * whether its reply reached the peer: agents_api's poll). */
+int gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n);
 /* Send an error in dialect d (body: errors.h, gps_error_body). */
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
                          const char *code, const char *message, const char *param,

@@ -109,30 +109,32 @@ static void send_oom(struct evhttp_request *req, int status)
         evbuffer_free(buf);
 }
 
-void gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
+int gps_http_send_json(struct evhttp_request *req, int status, json_t *body)
 {
     char *text = body ? gp_json_dumps(body) : NULL;
     json_decref(body);
     if (!text) {
         send_oom(req, status);
-        return;
+        return -1;
     }
-    gps_http_send_json_text(req, status, text, strlen(text));
+    int rc = gps_http_send_json_text(req, status, text, strlen(text));
     free(text);
+    return rc;
 }
 
-void gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
+int gps_http_send_json_text(struct evhttp_request *req, int status, const char *text, size_t n)
 {
     struct evbuffer *buf = evbuffer_new();
     if (!buf || evbuffer_add(buf, text, n) < 0) {
         if (buf)
             evbuffer_free(buf);
         send_oom(req, status);
-        return;
+        return -1;
     }
     set_json_type(req);
     gps_http_send_reply(req, status, NULL, buf);
     evbuffer_free(buf);
+    return 0;
 }
 
 void gps_http_send_error(struct evhttp_request *req, gps_dialect d, int status,
