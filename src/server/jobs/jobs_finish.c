@@ -209,20 +209,29 @@ static json_t *error_event(gps_jobs *j, int status, const char *code, const char
     return ev ? ev : json_incref(j->oom_ev);
 }
 
+/* The code a job's subscribers are told with ev (error_event's): the
+ * table's own INTERNAL when ev is its out-of-memory event, else code. */
+static const char *told_code(const gps_jobs *j, const json_t *ev, const char *code)
+{
+    return ev == j->oom_ev ? "INTERNAL" : code;
+}
+
 /* Fail a job with an error event carrying the status a dialect uses. */
 void jobs_fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
                    const char *message, int retry_after)
 {
     if (gps_job_terminal(job))
         return;
+    /* Made before the row is written: the row records what the client is
+     * told, the server's own INTERNAL when that is what it gets. */
+    json_t *ev = error_event(j, status, code, message, retry_after);
     leave_agent(j, job, false);
-    snprintf(job->error_code, sizeof job->error_code, "%s", code);
+    snprintf(job->error_code, sizeof job->error_code, "%s", told_code(j, ev, code));
     jobs_finish(j, job, GPS_JOB_FAILED);
     gp_log_write(GP_LOG_WARN, "job_failed", job->correlation_id,
                  json_pack("{s:s,s:s,s:i,s:s}", "job_id", job->id, "code", code, "status",
                            status, "agent_id", job->agent_id),
                  "%s", message);
-    json_t *ev = error_event(j, status, code, message, retry_after);
     jobs_notify(j, job, GPS_EV_ERROR, ev);
     json_decref(ev);
 }
@@ -255,9 +264,10 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
 {
     if (gps_job_terminal(job))
         return;
+    json_t *ev = error_event(j, 499, "CANCELLED", "the job was cancelled", 0);
     bool estimated = charge_prompt_of_cancelled(job);
     leave_agent(j, job, true);
-    snprintf(job->error_code, sizeof job->error_code, "CANCELLED");
+    snprintf(job->error_code, sizeof job->error_code, "%s", told_code(j, ev, "CANCELLED"));
     jobs_finish(j, job, GPS_JOB_CANCELLED);
     gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:I,s:I,s:b}", "job_id", job->id, "reason",
@@ -265,7 +275,6 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
                            (json_int_t)job->prompt_tokens, "completion_tokens",
                            (json_int_t)job->completion_tokens, "prompt_estimated", estimated),
                  "job cancelled");
-    json_t *ev = error_event(j, 499, "CANCELLED", "the job was cancelled", 0);
     jobs_notify(j, job, GPS_EV_ERROR, ev);
     json_decref(ev);
 }

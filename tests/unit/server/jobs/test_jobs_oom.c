@@ -418,6 +418,13 @@ static bool server_event_ok(const run *r, server_event what, size_t n)
                     (t->errors == 1 && c->errors == 1 && gps_job_terminal(r->job)));
         break;
     }
+    /* The request log row (jobs_persist: the job's error code) says what
+     * the client was told: the server's own INTERNAL when that went. */
+    bool row_ok = t->errors == 0 || strcmp(gps_job_error_code(r->job), t->code) == 0;
+    if (!row_ok)
+        print_message("run %zu (%s): the client was told %s, the row says %s\n", n,
+                      SERVER_EVENT[what], t->code, gps_job_error_code(r->job));
+    ok = ok && row_ok;
     if (!ok)
         print_message("run %zu (%s): tree subscriber: %d without a tree, %d end, %d failover, "
                       "%d error (%s %d retry %lld); cursor one: %d without a tree, %d error "
