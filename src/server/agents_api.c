@@ -79,14 +79,15 @@ void agents_unpark(agent_ext *e)
 /* The work reply: {"jobs":[...],"delivery":"EPOCH.N"}, written around the
  * jobs' wire text (gps_jobs_take_for_agent: the bytes the jansson reply
  * dumped). delivery is n, which the jobs already carry. */
-void agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
-                       const gp_buf *jobs, uint64_t n)
+int agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
+                      const gp_buf *jobs, uint64_t n)
 {
     char tok[48];
     snprintf(tok, sizeof tok, "%s.%llu", g->epoch, (unsigned long long)n);
     gp_buf body;
     gp_buf_init(&body);
-    if (gp_buf_append(&body, "{\"jobs\":", 8) < 0 ||
+    int rc = -1;
+    if (!jobs || gp_buf_append(&body, "{\"jobs\":", 8) < 0 ||
         gp_buf_append(&body, jobs->data, jobs->len) < 0 ||
         gp_buf_append(&body, ",\"delivery\":\"", 13) < 0 ||
         gp_json_escape_append(&body, tok, strlen(tok)) < 0 ||
@@ -94,9 +95,10 @@ void agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
         gps_http_send_error(req, GPS_DIALECT_NATIVE, 500, "INTERNAL", "out of memory", NULL,
                             NULL, NULL);
     else
-        gps_http_send_json_text(req, 200, body.data, body.len);
+        rc = gps_http_send_json_text(req, 200, body.data, body.len);
     gp_buf_free(&body);
     agents_await_repark(g, e);
+    return rc;
 }
 
 void agents_reply_204(struct evhttp_request *req)

@@ -210,7 +210,9 @@ long long agents_deliver_cb(registry_agent *a, const gp_buf *jobs, void *arg)
     struct evhttp_request *req = e->parked;
     agents_unpark(e);
     uint64_t n = ++g->deliveries;
-    agents_reply_jobs(g, e, req, jobs, n);
+    /* Not handed over (a 500 went instead): the caller requeues the job. */
+    if (agents_reply_jobs(g, e, req, jobs, n) < 0)
+        return -1;
     return (long long)n;
 }
 

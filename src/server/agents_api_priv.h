@@ -69,8 +69,10 @@ typedef struct liveness {
 /* long-polls, handlers (agents_api.c) */
 agent_ext *agents_ext_get(gps_agents *g, const char *id, bool create);
 void agents_unpark(agent_ext *e);
-void agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
-                       const gp_buf *jobs, uint64_t n);
+/* 0: the reply went out with the jobs; -1: answered 500 instead (jobs
+ * NULL, or out of memory): the agent polls again, the jobs never reached it. */
+int agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
+                      const gp_buf *jobs, uint64_t n);
 void agents_reply_204(struct evhttp_request *req);
 bool agents_key_allows(gps_agents *g, gps_req *r, const char *agent_id);
 

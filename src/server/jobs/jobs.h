@@ -252,7 +252,10 @@ typedef struct gps_submit_err {
  * answers the parked request and calls sched_agent_unready. Returns the
  * reply's delivery number (> 0, see gps_jobs_agent_report; 0: unnumbered)
  * when handed over, -1 when the agent has no parked long-poll any more
- * (the jobs are then requeued). */
+ * (the jobs are then requeued). jobs NULL: the jobs could not be written
+ * (out of memory): the callback answers the parked request 500, so that
+ * the agent polls again, and returns -1 (the jobs are requeued); so does
+ * a reply it cannot write itself. */
 typedef long long (*gps_jobs_deliver_fn)(registry_agent *a, const gp_buf *jobs, void *arg);
 
 typedef struct gps_jobs_opts {

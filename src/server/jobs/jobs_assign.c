@@ -135,26 +135,33 @@ bool jobs_withdraw_first(gps_jobs *j, gps_job *job, registry_agent *a, bool give
 }
 
 /* The scheduler gave job to agent a, whose long-poll is parked: hand it
- * over now. When the long-poll turns out to be gone, give the slot back
- * and try elsewhere (depth bounds the retries). */
+ * over now. When the long-poll turns out to be gone, or the job's wire
+ * cannot be written (out of memory: the poll is answered 500 and the
+ * agent polls again), give the slot back and put the job back at the head
+ * of its queue, its attempt not counted: never assigned to an agent that
+ * never got it, which only a failover would end (depth bounds the
+ * retries). */
 void jobs_deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
     mark_assigned(j, job, a);
     gp_buf arr;
     gp_buf_init(&arr);
-    if (LIT(&arr, "[") < 0 ||
-        gps_job_wire_append(&arr, job, gp_now_mono_us(), j->opts.request_timeout_sec) < 0 ||
-        LIT(&arr, "]") < 0)
-        gp_buf_truncate(&arr, 0); /* (ENOMEM: handed over as nothing, as an empty array was) */
-    long long rc = j->deliver ? j->deliver(a, &arr, j->deliver_arg) : -1;
+    bool built = LIT(&arr, "[") == 0 &&
+                 gps_job_wire_append(&arr, job, gp_now_mono_us(),
+                                     j->opts.request_timeout_sec) == 0 &&
+                 LIT(&arr, "]") == 0;
+    long long rc = j->deliver ? j->deliver(a, built ? &arr : NULL, j->deliver_arg) : -1;
     gp_buf_free(&arr);
+    if (rc >= 0 && !built)
+        rc = -1; /* (a callback that took no jobs for a reply) */
     if (rc >= 0 && job->state == GPS_JOB_ASSIGNED)
         job->delivery = (uint64_t)rc;
     if (rc < 0) {
         job->attempts--;
         jobs_end_on_agent(j, job, true);
         job->agent_id[0] = '\0';
+        job->sj.front = true; /* it was first in line when the agent was chosen */
         jobs_requeue_or_fail(j, job, depth);
     }
 }

@@ -25,6 +25,11 @@ static json_t *wire_read(const gp_buf *jobs)
 static long long deliver(registry_agent *a, const gp_buf *jobs, void *arg)
 {
     fleet *f = arg;
+    if (!jobs) { /* not written (out of memory): the poll is answered 500 */
+        f->refused++;
+        sched_agent_unready(f->s, a);
+        return -1;
+    }
     f->delivered++;
     f->delivered_to = a;
     json_decref(f->delivery);

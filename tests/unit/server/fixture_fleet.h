@@ -33,6 +33,7 @@ typedef struct fleet {
     int delivered;                 /* calls */
     registry_agent *delivered_to;  /* agent of the last call */
     json_t *delivery;              /* the last call's array of wire objects (owned) */
+    int refused;                   /* calls without jobs (not written): answered 500 */
 } fleet;
 
 /* The jobs options most tests use: queue 10, timeouts 60 s, 3 attempts,

@@ -507,6 +507,115 @@ static void test_failover_event_oom(void **state)
     server_event_sweep(FAILOVER);
 }
 
+/* ---- a job handed to a parked long-poll ---- */
+
+/* The deliver callback of the sweep: what agents_api's does, without its
+ * HTTP (the wire text kept in fixed storage: nothing allocated under the
+ * failing allocator). NULL jobs: the job could not be written, the poll
+ * is answered 500. */
+typedef struct parked {
+    fleet *f;
+    int delivered, refused;
+    char wire[4096];
+    size_t len;
+} parked;
+
+static long long parked_deliver(registry_agent *a, const gp_buf *jobs, void *arg)
+{
+    parked *p = arg;
+    sched_agent_unready(p->f->s, a);
+    if (!jobs) {
+        p->refused++;
+        return -1;
+    }
+    p->delivered++;
+    p->len = jobs->len < sizeof p->wire ? jobs->len : 0;
+    if (p->len)
+        memcpy(p->wire, jobs->data, p->len);
+    return 7;
+}
+
+/* The one job the wire text carries is job (read after the sweep). */
+static bool wire_is(const parked *p, const gps_job *job)
+{
+    json_t *arr = json_loadb(p->wire, p->len, 0, NULL);
+    bool ok = json_array_size(arr) == 1 &&
+              strcmp(json_string_value(json_object_get(json_array_get(arr, 0), "job_id")) ?: "",
+                     job->id) == 0;
+    json_decref(arr);
+    return ok;
+}
+
+/* A job submitted while an agent's long-poll is parked goes to it at once
+ * (jobs_deliver_to), whole: or, its wire not written (out of memory), the
+ * poll is answered 500 and the job is back in the queue, unassigned, its
+ * attempt not counted, for the next poll to take: never assigned to an
+ * agent that got no job (the code before handed it an empty text and left
+ * the job assigned, until a failover long after). */
+static void test_deliver_to_parked_oom(void **state)
+{
+    (void)state;
+    size_t n, bad = 0, requeued = 0;
+    for (n = 1;; n++) {
+        fleet f;
+        fleet_init(&f, NULL, NULL);
+        parked p = {.f = &f};
+        gps_jobs_set_deliver(f.jobs, parked_deliver, &p);
+        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 1, 1000);
+        gp_buf none;
+        gp_buf_init(&none);
+        /* Its long-poll parked: no job yet, the agent ready in the scheduler. */
+        assert_int_equal(gps_jobs_take_for_agent(f.jobs, a, 1, 0, &none), 0);
+        gp_buf_free(&none);
+        gps_job_spec s = fleet_spec("m1", 64);
+        gps_submit_err err = {0};
+        arm_beneath(n);
+        gps_job *job = gps_jobs_submit(f.jobs, &s, "corr", "", &err);
+        bool hit = disarm();
+        gps_job_spec_clear(&s);
+        if (!job) {
+            if (err.status != 500 || strcmp(err.code, "INTERNAL") != 0) {
+                print_message("run %zu: refused %d %s\n", n, err.status, err.code);
+                bad++;
+            }
+        } else if (p.delivered == 1) {
+            if (!wire_is(&p, job) || job->state != GPS_JOB_ASSIGNED || job->attempts != 1 ||
+                strcmp(job->agent_id, a->id) != 0 || job->delivery != 7) {
+                print_message("run %zu: handed over as '%.*s': the job %s on '%s', attempt "
+                              "%d\n",
+                              n, (int)p.len, p.wire, gps_job_state_name(job->state),
+                              job->agent_id, job->attempts);
+                bad++;
+            }
+        } else if (p.refused == 1) {
+            requeued++;
+            if (job->state != GPS_JOB_QUEUED || job->agent_id[0] || job->attempts != 0) {
+                print_message("run %zu: not written, the job %s on '%s', attempt %d\n", n,
+                              gps_job_state_name(job->state), job->agent_id, job->attempts);
+                bad++;
+            } else {
+                /* The agent's next poll gets it. */
+                json_t *w = fleet_take(&f, a);
+                assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
+                json_decref(w);
+                assert_int_equal(job->attempts, 1);
+            }
+        } else if (!gps_job_terminal(job) || strcmp(gps_job_error_code(job), "INTERNAL") != 0) {
+            print_message("run %zu: never handed over, the job %s (%s)\n", n,
+                          gps_job_state_name(job->state), gps_job_error_code(job));
+            bad++;
+        }
+        if (job && !gps_job_terminal(job))
+            gps_jobs_cancel(f.jobs, job, "test");
+        fleet_free(&f);
+        if (!hit)
+            break;
+    }
+    print_message("deliver sweep: %zu runs, %zu put back\n", n, requeued);
+    assert_true(requeued > 0);
+    assert_int_equal(bad, 0);
+}
+
 /* ---- a task resumed after a restart ---- */
 
 #define RESUMED                                                                                 \
@@ -686,6 +795,7 @@ int main(void)
         cmocka_unit_test(test_attempts_exhausted_oom),
         cmocka_unit_test(test_finish_early_oom),
         cmocka_unit_test(test_failover_event_oom),
+        cmocka_unit_test(test_deliver_to_parked_oom),
         cmocka_unit_test(test_resumed_text_oom),
         cmocka_unit_test(test_offer_parts_oom),
     };
