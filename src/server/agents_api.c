@@ -173,7 +173,12 @@ static void h_poll(gps_req *r, void *arg)
     if (registry_facts_parse(body, &f, err, sizeof err) < 0) {
         registry_facts_free(&f);
         json_decref(body);
-        gps_req_error(r, 400, "INVALID_REQUEST", err, NULL);
+        /* Its message for want of memory is exactly this one: the
+         * server's failure, not the agent's body. */
+        if (strcmp(err, "out of memory") == 0)
+            gps_req_error(r, 500, "INTERNAL", err, NULL);
+        else
+            gps_req_error(r, 400, "INVALID_REQUEST", err, NULL);
         return;
     }
     liveness lv;
@@ -232,7 +237,7 @@ static void h_poll(gps_req *r, void *arg)
         whole &= json_array_append_new(commands, json_pack("{s:s}", "type", "drain")) == 0;
     /* features: what this server takes beyond the first protocol, so that
      * a newer agent uses it only here (events_batch: POST /agents/events). */
-    json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:o,s:[s]}", "agent_id", a->id, "state",
+    json_t *reply = json_pack("{s:s,s:s,s:i,s:i,s:O,s:[s]}", "agent_id", a->id, "state",
                               registry_state_name(a->state), "poll_interval_sec",
                               g->opts.poll_interval_sec, "work_wait_sec", g->opts.work_wait_sec,
                               "commands", commands, "features", "events_batch");
@@ -246,7 +251,12 @@ static void h_poll(gps_req *r, void *arg)
         json_decref(reply);
         reply = NULL;
     }
-    gps_http_send_json(r->req, 200, reply);
+    /* A cancel is forgotten only once a reply that carries it is written:
+     * the 500 leaves it for the next poll (else the agent would go on
+     * generating for a client that left). */
+    if (gps_http_send_json(r->req, 200, reply) == 0)
+        gps_jobs_cancels_sent(g->jobs, a->id, commands);
+    json_decref(commands);
 }
 
 /* POST /agents/deregister {agent_id, instance?}: a clean stop. The agent

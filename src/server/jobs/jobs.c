@@ -411,21 +411,35 @@ bool jobs_cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
     return false;
 }
 
+/* The records stay until gps_jobs_cancels_sent: a reply that cannot be
+ * built or written must not lose them (the agent would go on generating
+ * for a client that left). NULL when the array cannot be made whole. */
 json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
 {
     json_t *out = json_array();
-    for (cancel_rec **pp = &j->cancels; *pp;) {
-        cancel_rec *c = *pp;
-        if (strcmp(c->agent_id, agent_id) == 0) {
-            json_array_append_new(out,
-                                  json_pack("{s:s,s:s}", "type", "cancel", "job_id", c->job_id));
-            *pp = c->next;
-            free(c);
-        } else {
-            pp = &c->next;
+    for (const cancel_rec *c = j->cancels; out && c; c = c->next) {
+        if (strcmp(c->agent_id, agent_id) != 0)
+            continue;
+        if (json_array_append_new(out, json_pack("{s:s,s:s}", "type", "cancel", "job_id",
+                                                 c->job_id)) != 0) {
+            json_decref(out);
+            out = NULL;
         }
     }
     return out;
+}
+
+void gps_jobs_cancels_sent(gps_jobs *j, const char *agent_id, const json_t *commands)
+{
+    size_t i;
+    const json_t *cmd;
+    json_array_foreach(commands, i, cmd)
+    {
+        const char *type = json_string_value(json_object_get(cmd, "type"));
+        const char *id = json_string_value(json_object_get(cmd, "job_id"));
+        if (type && id && strcmp(type, "cancel") == 0)
+            jobs_cancel_take(j, agent_id, id);
+    }
 }
 
 /* ------------------------------------------------------------------ */

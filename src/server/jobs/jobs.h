@@ -567,8 +567,14 @@ size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
 size_t gps_jobs_agent_report(gps_jobs *j, const char *agent_id, const json_t *running,
                              uint64_t seen);
 /* Job ids assigned to agent_id that were cancelled and not acknowledged:
- * to be sent as poll commands. New reference (array of command objects). */
+ * to be sent as poll commands. New reference (array of command objects),
+ * or NULL out of memory. The records are kept: once the reply that
+ * carries them is written, gps_jobs_cancels_sent drops them; a reply that
+ * could not be (out of memory) leaves them for the agent's next poll. */
 json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
+/* commands (borrowed: a poll reply's commands, pending_cancels' among
+ * them) reached agent_id: its cancel records for those jobs are dropped. */
+void gps_jobs_cancels_sent(gps_jobs *j, const char *agent_id, const json_t *commands);
 
 /* Running + queued counts (shutdown, metrics). */
 size_t gps_jobs_active(gps_jobs *j);

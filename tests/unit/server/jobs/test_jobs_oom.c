@@ -507,6 +507,101 @@ static void test_failover_event_oom(void **state)
     server_event_sweep(FAILOVER);
 }
 
+/* ---- cancel records an agent's poll carries ---- */
+
+/* The cancel a poll reply carries (gps_jobs_pending_cancels) stays on
+ * record until the reply that carries it is written (gps_jobs_cancels_sent):
+ * a list that cannot be made (out of memory: the poll is answered 500)
+ * loses none of them. The code before dropped each record as it read it,
+ * its command made or not: the agent never heard of the cancel and went
+ * on generating for a client that had left. */
+static bool cancels_hold(const json_t *cmds, const char *const *ids, size_t n_ids)
+{
+    if (json_array_size(cmds) != n_ids)
+        return false;
+    for (size_t i = 0; i < n_ids; i++) {
+        bool found = false;
+        size_t k;
+        const json_t *c;
+        json_array_foreach(cmds, k, c)
+        {
+            found |= strcmp(json_string_value(json_object_get(c, "type")), "cancel") == 0 &&
+                     strcmp(json_string_value(json_object_get(c, "job_id")), ids[i]) == 0;
+        }
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* Agent ag takes one job of f's queue: its id (into id). */
+static void take_id(fleet *f, registry_agent *ag, char *id, size_t cap)
+{
+    json_t *w = fleet_take(f, ag);
+    snprintf(id, cap, "%s", json_string_value(json_object_get(w, "job_id")));
+    json_decref(w);
+}
+
+static void test_pending_cancels_oom(void **state)
+{
+    (void)state;
+    size_t n, bad = 0, none = 0;
+    for (n = 1;; n++) {
+        fleet f;
+        fleet_init(&f, NULL, NULL);
+        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 2, 1000);
+        registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
+        gps_job *jobs[3];
+        for (int i = 0; i < 3; i++) {
+            gps_job_spec s = fleet_spec("m1", 64);
+            jobs[i] = fleet_submit(&f, &s);
+        }
+        char ida[2][40], idb[40];
+        take_id(&f, a, ida[0], sizeof ida[0]);
+        take_id(&f, a, ida[1], sizeof ida[1]);
+        take_id(&f, b, idb, sizeof idb);
+        /* Their clients leave: each agent is to be told to stop its jobs. */
+        for (int i = 0; i < 3; i++)
+            gps_jobs_cancel(f.jobs, jobs[i], "client left");
+        const char *IDS[] = {ida[0], ida[1]};
+        arm_beneath(n);
+        json_t *cmds = gps_jobs_pending_cancels(f.jobs, a->id);
+        bool hit = disarm();
+        if (cmds && !cancels_hold(cmds, IDS, 2)) {
+            char *t = json_dumps(cmds, JSON_COMPACT);
+            print_message("run %zu: a list short of a cancel: %s\n", n, t ? t : "?");
+            free(t);
+            bad++;
+        }
+        none += cmds == NULL;
+        /* Not written (NULL, or a reply that then failed): the next poll's
+         * list has them all; written, they are gone. */
+        json_t *again = gps_jobs_pending_cancels(f.jobs, a->id);
+        if (!cancels_hold(again, IDS, 2)) {
+            char *t = json_dumps(again, JSON_COMPACT);
+            print_message("run %zu: the next poll's list: %s\n", n, t ? t : "?");
+            free(t);
+            bad++;
+        }
+        gps_jobs_cancels_sent(f.jobs, a->id, again);
+        json_t *after = gps_jobs_pending_cancels(f.jobs, a->id);
+        assert_int_equal(json_array_size(after), 0);
+        const char *IDB[] = {idb};
+        json_t *other = gps_jobs_pending_cancels(f.jobs, b->id);
+        assert_true(cancels_hold(other, IDB, 1)); /* another agent's are its own */
+        json_decref(cmds);
+        json_decref(again);
+        json_decref(after);
+        json_decref(other);
+        fleet_free(&f);
+        if (!hit)
+            break;
+    }
+    print_message("pending cancels sweep: %zu runs, %zu without a list\n", n, none);
+    assert_true(none > 0);
+    assert_int_equal(bad, 0);
+}
+
 /* ---- a job handed to a parked long-poll ---- */
 
 /* The deliver callback of the sweep: what agents_api's does, without its
@@ -795,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_attempts_exhausted_oom),
         cmocka_unit_test(test_finish_early_oom),
         cmocka_unit_test(test_failover_event_oom),
+        cmocka_unit_test(test_pending_cancels_oom),
         cmocka_unit_test(test_deliver_to_parked_oom),
         cmocka_unit_test(test_resumed_text_oom),
         cmocka_unit_test(test_offer_parts_oom),
