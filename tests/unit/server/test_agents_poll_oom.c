@@ -154,8 +154,9 @@ static int cancels_in(const char *body, const char *job_id)
     json_t *c;
     json_array_foreach(json_object_get(r, "commands"), i, c)
     {
-        k += strcmp(json_string_value(json_object_get(c, "type")) ?: "", "cancel") == 0 &&
-             strcmp(json_string_value(json_object_get(c, "job_id")) ?: "", job_id) == 0;
+        const char *type = json_string_value(json_object_get(c, "type"));
+        const char *id = json_string_value(json_object_get(c, "job_id"));
+        k += type && id && strcmp(type, "cancel") == 0 && strcmp(id, job_id) == 0;
     }
     json_decref(r);
     return k;

@@ -634,9 +634,8 @@ static long long parked_deliver(registry_agent *a, const gp_buf *jobs, void *arg
 static bool wire_is(const parked *p, const gps_job *job)
 {
     json_t *arr = json_loadb(p->wire, p->len, 0, NULL);
-    bool ok = json_array_size(arr) == 1 &&
-              strcmp(json_string_value(json_object_get(json_array_get(arr, 0), "job_id")) ?: "",
-                     job->id) == 0;
+    const char *id = json_string_value(json_object_get(json_array_get(arr, 0), "job_id"));
+    bool ok = json_array_size(arr) == 1 && id && strcmp(id, job->id) == 0;
     json_decref(arr);
     return ok;
 }
