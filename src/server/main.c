@@ -675,37 +675,24 @@ static int restore_agent(void *arg, const gps_store_agent_info *a)
     return 0;
 }
 
-/* Requests whose clients were connected to the previous process cannot be
- * resumed: mark them failed. Native tasks are (their whole request, seed
- * and event log are stored): api_tasks resubmits queued ones and continues
- * running ones from their text so far, under the same id. On a database
- * several servers share, an unfinished request may be another live
- * server's: the cluster's orphan sweep fails those whose server is gone
- * (this process's previous run included) instead. */
-static int fail_unfinished(void *arg, const gps_store_job_info *job)
-{
-    server *s = arg;
-    if (gps_tasks_restore(s->tasks, job) == 0)
-        return 0;
-    if (!gps_store_db_is_file(s->cfg.db) && gps_store_has_job_owners(s->store))
-        return 0;
-    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(job->id);
-    u.status = "failed";
-    u.error_code = "SERVER_RESTART";
-    u.finished_at = gp_now_wall_ms();
-    gps_store_job_update_async(s->store, u);
-    return 0;
-}
-
 /* After the cluster (its id is this process's id in the servers table) and
  * before the loop runs: on a database several servers may share, native
  * tasks are leased under the cluster's id, so that the servers list, the
  * tasks' owner_server and the sweep of dead servers speak of one id
  * (docs/scaling.md "Native tasks across servers"); then the unfinished
- * jobs of the previous run are restored or failed. */
-static void tasks_start(server *s)
+ * jobs of the previous run are restored or failed: requests whose clients
+ * were connected to the previous process cannot be resumed, native tasks
+ * are (their whole request, seed and event log are stored). On a database
+ * several servers share, an unfinished request may be another live
+ * server's: the cluster's orphan sweep fails those whose server is gone
+ * (this process's previous run included) instead. Returns 0, or 1 (main's
+ * exit code): the unfinished jobs could not all be read or restored (out
+ * of memory, the database away), and the server does not start rather than
+ * fail tasks a restart would resume or leave them unfinished (the reasons:
+ * gps_tasks_restore_unfinished). */
+static int tasks_start(server *s)
 {
-    char err[512];
+    char err[768];
     if (!gps_store_db_is_file(s->cfg.db)) {
         const char *sid = gps_cluster_id(s->cluster);
         gps_tasks_set_follow_ms(s->tasks, (int)s->cfg.task_follow_poll_ms);
@@ -713,8 +700,12 @@ static void tasks_start(server *s)
             gp_log_info("tasks_shared", "native tasks leased as server %s (lease %llds)", sid,
                         s->cfg.task_lease_sec);
     }
-    if (gps_store_load_unfinished_jobs(s->store, fail_unfinished, s, err, sizeof err) < 0)
-        gp_log_warn("db_load_jobs_failed", "%s", err);
+    bool swept = !gps_store_db_is_file(s->cfg.db) && gps_store_has_job_owners(s->store);
+    if (gps_tasks_restore_unfinished(s->tasks, swept, err, sizeof err) < 0) {
+        gp_log_error("db_load_jobs_failed", "%s; not starting", err);
+        return 1;
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1141,7 +1132,8 @@ static int start_serving(server *s)
     purge_cb(-1, 0, s);
     if (cluster_start(s, s->host ? s->host : s->tls_host, s->host ? s->bound : s->tls_bound) < 0)
         return start_oom();
-    tasks_start(s);
+    if (tasks_start(s) != 0)
+        return 1;
 
     if (s->host)
         gp_log_write(GP_LOG_INFO, "listening", NULL,

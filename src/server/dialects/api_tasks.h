@@ -37,6 +37,7 @@
 #ifndef GPS_API_TASKS_H
 #define GPS_API_TASKS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <event2/event.h>
@@ -107,8 +108,20 @@ struct gps_store_job_info;
  * that had produced tokens continues from that text (a `failover` event
  * with reason SERVER_RESTART comes first). It fails with its submit error
  * when no agent takes it within request_timeout_sec. Returns 0 when taken,
- * -1 when j is not a restorable native task (the caller fails it). Shared
- * (gps_tasks_set_shared): 0 for every native task, left to the claim. */
+ * -1 when j is not a restorable native task (the caller fails it), -2 out
+ * of memory (nothing restored, nothing written: the task must not be
+ * failed for it). Shared (gps_tasks_set_shared): 0 for every native task,
+ * left to the claim. */
 int gps_tasks_restore(gps_tasks *t, const struct gps_store_job_info *j);
+/* Start-up recovery: read the unfinished jobs of the previous run from the
+ * store (gps_tasks_new's); restore each native task (gps_tasks_restore)
+ * and mark every other row, a native one that cannot be restored (damaged)
+ * included, failed with SERVER_RESTART, unless others_swept (a database
+ * several servers share, whose orphan sweep fails the rows of servers that
+ * are gone). Returns 0, or -1 with a message in err when the rows could
+ * not be read or a native task could not be restored for lack of memory:
+ * the server must not start then. No task was failed for it, and the rows
+ * not read yet are left as they are: the next start reads them again. */
+int gps_tasks_restore_unfinished(gps_tasks *t, bool others_swept, char *err, size_t errlen);
 
 #endif

@@ -234,6 +234,15 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
     t->log = events;
     t->durable = t->inflight_n = gps_tlog_count(t->log); /* read from the store */
     t->created_us = gp_now_mono_us();
+    /* Kept while the task has no job: resubmission, status (model, seed).
+     * Copied before a finished log's row is written: -2 (out of memory)
+     * then has written nothing. */
+    t->resume_body = json_deep_copy(j->request);
+    if (!t->resume_body)
+        goto oom;
+    /* Without its seed a resubmission would draw another one. */
+    if (j->has_seed && json_object_set_new(t->resume_body, "seed", json_integer(j->seed)) < 0)
+        goto oom;
     if (last_type && (strcmp(last_type, "end") == 0 || strcmp(last_type, "error") == 0)) {
         /* It ended, but the row was not updated before the crash: the log
          * is the truth. Keep the task hot (it replays from memory). */
@@ -259,13 +268,6 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
         }
         json_decref(lastev);
     }
-    /* Kept while the task has no job: resubmission, status (model, seed). */
-    t->resume_body = json_deep_copy(j->request);
-    if (!t->resume_body)
-        goto oom;
-    /* Without its seed a resubmission would draw another one. */
-    if (j->has_seed && json_object_set_new(t->resume_body, "seed", json_integer(j->seed)) < 0)
-        goto oom;
     if (t->terminal) {
         gp_buf_free(&text);
         tasks_link(g, t);
@@ -299,8 +301,76 @@ int gps_tasks_restore(gps_tasks *g, const gps_store_job_info *j)
      * takes over those whose lease expired, each once. */
     if (g && g->shared && j && j->api && strcmp(j->api, "native") == 0)
         return 0;
-    /* Out of memory too is -1 here: start-up reads each row once. */
-    return tasks_restore(g, j, 0) < 0 ? -1 : 0;
+    /* -2 (out of memory) passed on: start-up reads each row once, so the
+     * caller must not take it for a row that cannot be restored. */
+    return tasks_restore(g, j, 0);
+}
+
+/* gps_tasks_restore_unfinished's walk over the rows. */
+typedef struct unfinished_ctx {
+    gps_tasks *g;
+    bool others_swept;
+    bool oom;      /* a native task could not be restored: out of memory */
+    char oom_id[40];
+} unfinished_ctx;
+
+static int unfinished_row(void *arg, const gps_store_job_info *j)
+{
+    unfinished_ctx *c = arg;
+    int rc = gps_tasks_restore(c->g, j);
+    if (rc == 0)
+        return 0;
+    if (rc == -2) {
+        /* Not failed for it: the load stops and the server does not start
+         * (gps_tasks_restore_unfinished). */
+        c->oom = true;
+        snprintf(c->oom_id, sizeof c->oom_id, "%s", j->id ? j->id : "");
+        return 1;
+    }
+    if (c->others_swept)
+        return 0;
+    /* Not a native task (its client was connected to the previous
+     * process), or a native task's row that cannot be resumed (damaged). A
+     * write dropped here leaves the row to the next start: not a reason to
+     * refuse this one (the queue may be full of these very writes). */
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(j->id);
+    u.status = "failed";
+    u.error_code = "SERVER_RESTART";
+    u.finished_at = gp_now_wall_ms();
+    gps_store_job_update_async(c->g->store, u);
+    return 0;
+}
+
+/* Why a start-up that could not restore every task stops instead of going
+ * on: a native task lives only in its row, and that row is read at start-up
+ * only. Failing it for a transient allocation failure would lose it for
+ * good (no one reads a failed row again); leaving it unfinished while this
+ * process runs would leave its client waiting for events no one makes.
+ * A server that does not start loses nothing: under systemd
+ * (conf/gpupool-server.service, Restart=on-failure) it is started again
+ * and reads the same rows, and so does an operator's restart. */
+int gps_tasks_restore_unfinished(gps_tasks *g, bool others_swept, char *err, size_t errlen)
+{
+    if (!g || !g->store)
+        return 0;
+    unfinished_ctx c = {.g = g, .others_swept = others_swept};
+    char lerr[512] = "";
+    int rc = gps_store_load_unfinished_jobs(g->store, unfinished_row, &c, lerr, sizeof lerr);
+    if (c.oom) {
+        snprintf(err, errlen,
+                 "native task %s could not be restored: out of memory (no task was failed for "
+                 "it; a restart restores it)",
+                 c.oom_id);
+        return -1;
+    }
+    if (rc < 0) {
+        snprintf(err, errlen,
+                 "the unfinished jobs could not be read: %s (no task was failed for it; a "
+                 "restart reads them again)",
+                 lerr[0] ? lerr : "unknown error");
+        return -1;
+    }
+    return 0;
 }
 
 void gps_tasks_set_hot_sec(gps_tasks *g, int sec)
