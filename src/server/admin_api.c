@@ -1272,6 +1272,85 @@ static void h_pins_list(gps_req *r, void *arg)
     send_json_or_oom(r, 200, l ? json_pack("{s:o}", "pins", l) : NULL);
 }
 
+/* An admin change of a pin waits for its row's commit (gps_pins_put,
+ * gps_pins_remove): the reply is sent from pin_change_done. Like
+ * deploy_wait, it does not point at the admin object. */
+typedef struct pin_wait {
+    gps_db_wait w;
+    const char *event;        /* the log line of a change applied: its event, */
+    json_t *fields;           /* its fields (owned), */
+    char line[400];           /* its text */
+    json_t *reply;            /* the 200 body (owned) */
+} pin_wait;
+
+/* fields, reply: stolen, also on failure (NULL: out of memory). */
+static pin_wait *pin_wait_new(gps_req *r, const char *line, const char *event, json_t *fields,
+                              json_t *reply)
+{
+    pin_wait *p = fields && reply ? calloc(1, sizeof *p) : NULL;
+    if (!p) {
+        json_decref(fields);
+        json_decref(reply);
+        return NULL;
+    }
+    gps_db_wait_start(&p->w, r);
+    p->event = event;
+    p->fields = fields;
+    p->reply = reply;
+    snprintf(p->line, sizeof p->line, "%s", line);
+    return p;
+}
+
+static void pin_wait_free(pin_wait *p)
+{
+    json_decref(p->fields);
+    json_decref(p->reply);
+    free(p);
+}
+
+static void pin_change_done(void *arg, gps_pins *pins, int rc)
+{
+    pin_wait *p = arg;
+    if (pins && rc == 0) {
+        gp_log_write(GP_LOG_INFO, p->event, p->w.corr, p->fields, "%s", p->line);
+        p->fields = NULL;
+    }
+    if (!gps_db_wait_take(&p->w))
+        goto done;
+    if (!pins) {
+        gps_db_wait_error(&p->w, 503, "UNAVAILABLE", "the server is stopping");
+    } else if (rc != 0) {
+        gps_db_wait_error(&p->w, 500, "INTERNAL",
+                          "the change could not be written to the database; nothing changed");
+    } else {
+        gps_http_send_json(p->w.held.req, 200, p->reply);
+        p->reply = NULL;
+    }
+done:
+    pin_wait_free(p);
+}
+
+/* The answer to a change gps_pins_put/_remove did not accept (rc != 0:
+ * done will not run); p is freed. */
+static void pin_refused(gps_req *r, pin_wait *p, int rc)
+{
+    gps_db_wait_take(&p->w);
+    pin_wait_free(p);
+    if (rc == 1)
+        gps_req_error(r, 404, "PIN_NOT_FOUND", "no pin for that name", "name");
+    else if (rc == -2)
+        gps_req_error(r, 409, "TOO_MANY_PINS", "the pin table is full (4096 pins)", NULL);
+    else if (rc == -4)
+        gps_req_error(r, 409, "PIN_BUSY",
+                      "another change of this pin is being written to the database; retry",
+                      "name");
+    else if (rc == -5)
+        gps_req_error(r, 500, "INTERNAL",
+                      "the change could not be queued for the database; nothing changed", NULL);
+    else
+        oom(r); /* -1: name and digest were checked, so out of memory */
+}
+
 static void h_pins_set(gps_req *r, void *arg)
 {
     gps_admin *a = arg;
@@ -1287,28 +1366,26 @@ static void h_pins_set(gps_req *r, void *arg)
         for (int i = 0; i <= 64; i++)
             low[i] = (char)(sha[i] >= 'A' && sha[i] <= 'F' ? sha[i] + 32 : sha[i]);
     int64_t now = gp_now_wall_ms();
+    pin_wait *p = NULL;
+    char line[400];
+    snprintf(line, sizeof line, "admin pinned %.300s to sha256 %s", name ? name : "", low);
     if (!gps_pins_name_ok(name)) {
         gps_req_error(r, 400, "INVALID_REQUEST",
                       "'name' must be a model id or alias (1 to 256 printable bytes, no spaces)",
                       "name");
     } else if (!gps_pins_sha_ok(low)) {
         gps_req_error(r, 400, "INVALID_REQUEST", "'sha256' must be 64 hex digits", "sha256");
+    } else if (!(p = pin_wait_new(
+                     r, line, "admin_model_pinned",
+                     json_pack("{s:s,s:s,s:s}", "name", name, "sha256", low, "by", r->key_id),
+                     json_pack("{s:s,s:s,s:I}", "name", name, "sha256", low, "created_at",
+                               (json_int_t)now)))) {
+        oom(r);
     } else {
-        int rc = gps_pins_set(a->pins, name, low, now, r->key_id[0] ? r->key_id : NULL);
-        if (rc == -2) {
-            gps_req_error(r, 409, "TOO_MANY_PINS", "the pin table is full (4096 pins)", NULL);
-        } else if (rc < 0) {
-            oom(r);
-        } else {
-            if (a->store && gps_store_pin_set(a->store, name, low, now,
-                                              r->key_id[0] ? r->key_id : NULL) < 0)
-                gp_log_warn("admin_pin_store_failed", "pin of %s not written to the DB", name);
-            gp_log_write(GP_LOG_INFO, "admin_model_pinned", r->correlation_id,
-                         json_pack("{s:s,s:s,s:s}", "name", name, "sha256", low, "by", r->key_id),
-                         "admin pinned %s to sha256 %s", name, low);
-            send_json_or_oom(r, 200, json_pack("{s:s,s:s,s:I}", "name", name, "sha256", low,
-                                               "created_at", (json_int_t)now));
-        }
+        int rc = gps_pins_put(a->pins, a->store, name, low, now,
+                              r->key_id[0] ? r->key_id : NULL, pin_change_done, p);
+        if (rc != 0)
+            pin_refused(r, p, rc);
     }
     json_decref(body);
 }
@@ -1323,16 +1400,18 @@ static void h_pins_delete(gps_req *r, void *arg)
         gps_req_error(r, 400, "INVALID_REQUEST", "'name' query parameter required", "name");
         return;
     }
-    if (gps_pins_delete(a->pins, name) != 0) {
-        gps_req_error(r, 404, "PIN_NOT_FOUND", "no pin for that name", "name");
+    char line[400];
+    snprintf(line, sizeof line, "admin unpinned %s", name);
+    pin_wait *p = pin_wait_new(r, line, "admin_model_unpinned",
+                               json_pack("{s:s,s:s}", "name", name, "by", r->key_id),
+                               json_pack("{s:s,s:b}", "name", name, "removed", 1));
+    if (!p) {
+        oom(r);
         return;
     }
-    if (a->store && gps_store_pin_delete(a->store, name) < 0)
-        gp_log_warn("admin_pin_store_failed", "unpin of %s not written to the DB", name);
-    gp_log_write(GP_LOG_INFO, "admin_model_unpinned", r->correlation_id,
-                 json_pack("{s:s,s:s}", "name", name, "by", r->key_id), "admin unpinned %s",
-                 name);
-    send_json_or_oom(r, 200, json_pack("{s:s,s:b}", "name", name, "removed", 1));
+    int rc = gps_pins_remove(a->pins, a->store, name, pin_change_done, p);
+    if (rc != 0)
+        pin_refused(r, p, rc);
 }
 
 /* ------------------------------------------------------------------ */

@@ -654,16 +654,6 @@ static void trim_cb(evutil_socket_t fd, short what, void *arg)
 /* Start-up recovery                                                   */
 /* ------------------------------------------------------------------ */
 
-/* A pin from the store (start-up). A row the pins table refuses (edited
- * by hand) is logged and skipped. */
-static int load_pin(void *arg, const char *name, const char *sha256, int64_t created_at,
-                    const char *created_by)
-{
-    if (gps_pins_set(arg, name, sha256, created_at, created_by) < 0)
-        gp_log_warn("db_pin_skipped", "model_pins row '%s' is not a valid pin; ignored", name);
-    return 0;
-}
-
 static int restore_agent(void *arg, const gps_store_agent_info *a)
 {
     server *s = arg;
@@ -950,8 +940,18 @@ static int build_scheduling(server *s)
     s->pins = gps_pins_new();
     if (!s->pins)
         return start_oom();
-    if (gps_store_load_pins(s->store, load_pin, s->pins, err, sizeof err) < 0)
-        gp_log_warn("db_load_pins_failed", "%s; no model is pinned", err);
+    /* A schema without model_pins (a custom migrations_dir) holds none:
+     * pins are refused there (their writes fail). A load that failed must
+     * not start the server with part of them: an agent would serve a model
+     * whose pin was not read. */
+    if (!gps_store_has_pins(s->store)) {
+        gp_log_warn("db_no_pins", "the database has no model_pins table (migration 0005): "
+                    "models cannot be pinned on this server");
+    } else if (gps_pins_load(s->pins, s->store, err, sizeof err) < 0) {
+        gp_log_error("db_load_pins_failed", "%s: cannot read the model pins (%s); not starting "
+                     "with part of them", s->db_label, err);
+        return 1;
+    }
     gps_agents_set_pins(s->agents, s->pins);
 
     registry_config rcfg;

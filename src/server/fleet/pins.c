@@ -8,23 +8,46 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/fleet/gps_strmap.h"
+#include "server/store/store.h"
+
+struct change;
 
 typedef struct pin {
     char sha256[65];
     int64_t created_at;
-    char *created_by; /* may be NULL */
+    char *created_by;      /* may be NULL */
+    bool live;             /* false: a creation waiting for its row's commit */
+    struct change *change; /* the admin change of this name waiting, or NULL */
 } pin;
 
+/* An admin change waiting for its row's commit: applied in change_done
+ * when the store says the row holds, else dropped. Owned by the store's
+ * callback. A creation's pin sits in the map (not live) from the start, so
+ * that applying it never allocates; a replacement's pin waits here. */
+typedef enum { C_CREATE, C_REPLACE, C_REMOVE } change_kind;
+typedef struct change {
+    gps_pins *p;   /* NULL once the table is freed */
+    change_kind kind;
+    char *name;
+    pin *next;     /* C_REPLACE: the pin that replaces (owned) */
+    gps_pins_done_fn done;
+    void *arg;
+} change;
+
 struct gps_pins {
-    smap pins;    /* name -> pin* */
-    smap refused; /* agent_id -> json_t* (array) */
+    smap pins;      /* name -> pin* (live, or a creation waiting) */
+    size_t waiting; /* creations waiting in pins (not counted, not listed) */
+    smap refused;   /* agent_id -> json_t* (array) */
 };
 
 static void pin_free(void *v)
 {
     pin *x = v;
-    if (x)
-        free(x->created_by);
+    if (!x)
+        return;
+    if (x->change) /* the table is going: the store finishes the change */
+        x->change->p = NULL;
+    free(x->created_by);
     free(x);
 }
 
@@ -63,21 +86,32 @@ bool gps_pins_sha_ok(const char *s)
     return gp_hex64_ok(s);
 }
 
+static pin *pin_new(const char *sha256, int64_t created_at, const char *created_by)
+{
+    pin *x = calloc(1, sizeof(*x));
+    if (!x || (created_by && !(x->created_by = strdup(created_by)))) {
+        pin_free(x);
+        return NULL;
+    }
+    memcpy(x->sha256, sha256, 65);
+    x->created_at = created_at;
+    return x;
+}
+
 int gps_pins_set(gps_pins *p, const char *name, const char *sha256, int64_t created_at,
                  const char *created_by)
 {
     if (!gps_pins_name_ok(name) || !gps_pins_sha_ok(sha256))
         return -1;
     pin *old = smap_get(&p->pins, name);
+    if (old && old->change)
+        return -4;
     if (!old && p->pins.n >= GPS_PINS_MAX)
         return -2;
-    pin *x = calloc(1, sizeof(*x));
-    if (!x || (created_by && !(x->created_by = strdup(created_by)))) {
-        pin_free(x);
+    pin *x = pin_new(sha256, created_at, created_by);
+    if (!x)
         return -1;
-    }
-    memcpy(x->sha256, sha256, 65);
-    x->created_at = created_at;
+    x->live = true;
     if (!smap_put(&p->pins, name, x)) {
         pin_free(x);
         return -1;
@@ -91,6 +125,8 @@ int gps_pins_delete(gps_pins *p, const char *name)
     pin *x = smap_get(&p->pins, name);
     if (!x)
         return 1;
+    if (x->change)
+        return -4;
     smap_del(&p->pins, name);
     pin_free(x);
     return 0;
@@ -99,12 +135,196 @@ int gps_pins_delete(gps_pins *p, const char *name)
 const char *gps_pins_get(const gps_pins *p, const char *name)
 {
     const pin *x = smap_get(&p->pins, name);
-    return x ? x->sha256 : NULL;
+    return x && x->live ? x->sha256 : NULL;
 }
 
 size_t gps_pins_count(const gps_pins *p)
 {
-    return p->pins.n;
+    return p->pins.n - p->waiting;
+}
+
+/* ------------------------------------------------------------------ */
+/* Admin changes (written before they are applied) and the load        */
+/* ------------------------------------------------------------------ */
+
+static void change_free(change *c)
+{
+    pin_free(c->next);
+    free(c->name);
+    free(c);
+}
+
+/* Apply a committed change, or drop a refused one (no allocation). */
+static void change_finish(gps_pins *p, change *c, bool ok)
+{
+    smap_node *nd = smap_find(&p->pins, c->name);
+    pin *x = nd ? nd->val : NULL;
+    if (!x)
+        return; /* (a name with a change waiting stays in the map: not reached) */
+    x->change = NULL;
+    if (c->kind == C_CREATE) {
+        p->waiting--;
+        if (ok) {
+            x->live = true;
+        } else {
+            smap_del(&p->pins, c->name);
+            pin_free(x);
+        }
+    } else if (ok && c->kind == C_REPLACE) {
+        nd->val = c->next;
+        c->next = NULL;
+        pin_free(x);
+    } else if (ok) {
+        smap_del(&p->pins, c->name);
+        pin_free(x);
+    }
+    if (ok)
+        gp_log_info(c->kind == C_REMOVE ? "pin_removed" : "pin_set", "pin of %s %s", c->name,
+                    c->kind == C_REMOVE ? "removed" : "set");
+    else
+        gp_log_warn("pin_store_failed", "pin of %s: the %s was not written to the DB; nothing "
+                    "changed", c->name, c->kind == C_REMOVE ? "removal" : "change");
+}
+
+/* The store's answer for a change (loop thread; at the store's close,
+ * maybe after the table is gone). */
+static void change_done(void *arg, int status)
+{
+    change *c = arg;
+    gps_pins *p = c->p;
+    if (p)
+        change_finish(p, c, status == 0);
+    if (c->done)
+        c->done(c->arg, p, p && status == 0 ? 0 : -1);
+    change_free(c);
+}
+
+static change *change_new(change_kind kind, const char *name, gps_pins_done_fn done, void *arg)
+{
+    change *c = calloc(1, sizeof *c);
+    if (!c || !(c->name = strdup(name))) {
+        free(c);
+        return NULL;
+    }
+    c->kind = kind;
+    c->done = done;
+    c->arg = arg;
+    return c;
+}
+
+int gps_pins_put(gps_pins *p, struct gps_store *store, const char *name, const char *sha256,
+                 int64_t created_at, const char *created_by, gps_pins_done_fn done, void *arg)
+{
+    if (!store) {
+        int rc = gps_pins_set(p, name, sha256, created_at, created_by);
+        if (rc == 0 && done)
+            done(arg, p, 0);
+        return rc;
+    }
+    if (!gps_pins_name_ok(name) || !gps_pins_sha_ok(sha256))
+        return -1;
+    pin *old = smap_get(&p->pins, name);
+    if (old && old->change)
+        return -4;
+    if (!old && p->pins.n >= GPS_PINS_MAX)
+        return -2;
+    /* Everything the commit needs exists before the row is queued: out of
+     * memory is the request's failure with nothing changed, and applying
+     * the change never allocates. */
+    change *c = change_new(old ? C_REPLACE : C_CREATE, name, done, arg);
+    pin *x = c ? pin_new(sha256, created_at, created_by) : NULL;
+    if (!x)
+        goto oom;
+    if (old) {
+        x->live = true; /* listed once it replaces old */
+        c->next = x;
+    } else if (!smap_put(&p->pins, name, x)) {
+        pin_free(x);
+        goto oom;
+    }
+    if (gps_store_pin_set_async(store, name, sha256, created_at, created_by, change_done, c) < 0) {
+        if (!old) {
+            smap_del(&p->pins, name);
+            pin_free(x);
+        }
+        change_free(c);
+        return -5;
+    }
+    c->p = p;
+    p->waiting += !old;
+    (old ? old : x)->change = c;
+    return 0;
+oom:
+    if (c)
+        change_free(c);
+    return -1;
+}
+
+int gps_pins_remove(gps_pins *p, struct gps_store *store, const char *name,
+                    gps_pins_done_fn done, void *arg)
+{
+    if (!store) {
+        int rc = gps_pins_delete(p, name);
+        if (rc == 0 && done)
+            done(arg, p, 0);
+        return rc;
+    }
+    pin *x = smap_get(&p->pins, name);
+    if (!x)
+        return 1;
+    if (x->change)
+        return -4;
+    change *c = change_new(C_REMOVE, name, done, arg);
+    if (!c)
+        return -1;
+    if (gps_store_pin_delete_async(store, name, change_done, c) < 0) {
+        change_free(c);
+        return -5;
+    }
+    c->p = p;
+    x->change = c;
+    return 0;
+}
+
+typedef struct load_ctx {
+    gps_pins *p;
+    char *err;
+    size_t errlen;
+} load_ctx;
+
+/* A row from the store. One that is not a valid pin (edited by hand) is
+ * logged and skipped; out of memory or a full table stops the load. */
+static int load_pin(void *arg, const char *name, const char *sha256, int64_t created_at,
+                    const char *created_by)
+{
+    load_ctx *l = arg;
+    if (!gps_pins_name_ok(name) || !gps_pins_sha_ok(sha256)) {
+        gp_log_warn("db_pin_skipped", "model_pins row '%.256s' is not a valid pin; ignored",
+                    name);
+        return 0;
+    }
+    int rc = gps_pins_set(l->p, name, sha256, created_at, created_by);
+    if (rc == -2 && l->errlen)
+        snprintf(l->err, l->errlen, "reading model_pins: more than %d pins", GPS_PINS_MAX);
+    return rc == 0 ? 0 : -1;
+}
+
+int gps_pins_load(gps_pins *p, struct gps_store *store, char *err, size_t errlen)
+{
+    if (errlen)
+        err[0] = '\0';
+    load_ctx l = {p, err, errlen};
+    if (gps_store_load_pins(store, load_pin, &l, err, errlen) == 0)
+        return 0;
+    /* The store says why when a step failed; else a row's -1 was ENOMEM
+     * (or said why). What was read goes: part of the pins would let an
+     * agent serve a model whose pin was not read. */
+    if (errlen && !err[0])
+        snprintf(err, errlen, "reading model_pins: out of memory");
+    smap_free(&p->pins, pin_free);
+    memset(&p->pins, 0, sizeof p->pins);
+    p->waiting = 0;
+    return -1;
 }
 
 static int by_name(const void *a, const void *b)
@@ -122,6 +342,8 @@ json_t *gps_pins_list(const gps_pins *p)
         goto oom;
     for (smap_node *nd = smap_first(&p->pins, &i); nd; nd = smap_next(&p->pins, nd, &i)) {
         const pin *x = nd->val;
+        if (!x->live)
+            continue; /* a creation waiting for its commit */
         v[k] = json_pack("{s:s,s:s,s:I,s:s?}", "name", nd->key, "sha256", x->sha256,
                          "created_at", (json_int_t)x->created_at, "created_by", x->created_by);
         if (!v[k])

@@ -698,6 +698,22 @@ int gps_store_pin_delete(gps_store *s, const char *name);
 typedef int (*gps_store_pin_fn)(void *arg, const char *name, const char *sha256,
                                 int64_t created_at, const char *created_by);
 int gps_store_load_pins(gps_store *s, gps_store_pin_fn cb, void *arg, char *err, size_t errlen);
+/* status 0: the write ran and its transaction committed; -1: it did not
+ * (database unreachable, no such table, the statement or the COMMIT
+ * failed). Runs on the loop thread. */
+typedef void (*gps_store_status_fn)(void *arg, int status);
+/* The same two writes for an operator's change, answered only once the
+ * database holds it (docs/admin.md "Model pins"), as the deployments'
+ * gps_store_deploy_put_async: queued, never dropped, committed at once, cb
+ * on the loop thread. Returns 0, or -1 (no event_base, ENOMEM, DB thread
+ * gone): cb is then never called. */
+int gps_store_pin_set_async(gps_store *s, const char *name, const char *sha256,
+                            int64_t created_at, const char *created_by,
+                            gps_store_status_fn cb, void *arg);
+int gps_store_pin_delete_async(gps_store *s, const char *name, gps_store_status_fn cb,
+                               void *arg);
+/* Does this DB's schema hold the model_pins table (migration 0005)? */
+bool gps_store_has_pins(gps_store *s);
 
 /* Deployments (migration 0007, docs/admin.md "Deployments"): the desired
  * state the server places on agents (fleet/deploy.h decides; these are its
@@ -722,10 +738,7 @@ typedef struct gps_store_replica_row {
  * replicas. 0 or -1. */
 int gps_store_deploy_put(gps_store *s, const gps_store_deploy_row *d);
 int gps_store_deploy_delete(gps_store *s, const char *name);
-/* status 0: the write ran and its transaction committed; -1: it did not
- * (database unreachable, no such table, the statement or the COMMIT
- * failed). Runs on the loop thread. */
-typedef void (*gps_store_status_fn)(void *arg, int status);
+/* gps_store_status_fn: with the model pins, above. */
 /* The same two writes for an operator's change, which is answered only
  * once the database holds it (docs/admin.md "Deployments"): queued like
  * the others (never dropped: the caller waits), committed at once as a

@@ -357,6 +357,31 @@ int gps_store_pin_delete(gps_store *s, const char *name)
     return store_write_op(s, K_PIN_DELETE, "t", name);
 }
 
+/* status_write: with the deployments, below. */
+static int status_write(gps_store *s, op *o, gps_store_status_fn cb, void *arg);
+
+int gps_store_pin_set_async(gps_store *s, const char *name, const char *sha256,
+                            int64_t created_at, const char *created_by, gps_store_status_fn cb,
+                            void *arg)
+{
+    if (!s || !s->ev_wake || !name || !sha256 || !cb)
+        return -1;
+    return status_write(s, store_read_op(K_PIN_SET, "ttit", name, sha256, created_at, created_by),
+                        cb, arg);
+}
+
+int gps_store_pin_delete_async(gps_store *s, const char *name, gps_store_status_fn cb, void *arg)
+{
+    if (!s || !s->ev_wake || !name || !cb)
+        return -1;
+    return status_write(s, store_read_op(K_PIN_DELETE, "t", name), cb, arg);
+}
+
+bool gps_store_has_pins(gps_store *s)
+{
+    return s && s->w.ok[K_PIN_SET] && s->w.ok[K_PIN_DELETE];
+}
+
 static int pin_row(void *arg, const row *r)
 {
     load_ctx *c = arg;
