@@ -25,6 +25,7 @@
 #include "common/gp_util.h"
 #include "server/admin_api.h"
 #include "server/fleet/deploy.h"
+#include "server/fleet/pins.h"
 #include "server/http/http.h"
 #include "server/store/store.h"
 #include "db_fixture.h"
@@ -652,6 +653,103 @@ static void test_deploy_routes_write_refused(void **st)
     event_base_free(base);
 }
 
+/* POST and DELETE /admin/models/pins when the database refuses the write
+ * (a trigger that raises): 500 INTERNAL in the admin API's error shape,
+ * and the pins as they were (GET, and what a restart reads); the code
+ * before answered 200 from the table it had changed while the row never
+ * reached the database (the pin gone, or back, at the next restart). Once
+ * the database takes writes again, 200 and a row. */
+static void test_pin_routes_write_refused(void **st)
+{
+    tctx *t = *st;
+    fixture_needs_file(t);
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    char err[256] = "";
+    gps_store_opts so = {.commit_interval_ms = 2};
+    gps_store *store = gps_store_open(t->db, base, &so, err, sizeof err);
+    if (!store)
+        fail_msg("open: %s", err);
+    fleet f;
+    fleet_init_on(&f, base, NULL, NULL, store);
+    gps_auth *auth = gps_auth_new(NULL);
+    assert_non_null(auth);
+    gps_admin *a = gps_admin_new(base, auth, NULL, f.reg, f.jobs, store, "test");
+    assert_non_null(a);
+    gps_pins *pins = gps_pins_new();
+    assert_non_null(pins);
+    gps_admin_set_pins(a, pins);
+    gps_http_opts ho = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
+                        .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
+                        .header_timeout_sec = 30, .body_timeout_sec = 30};
+    gps_http *h = gps_http_new(base, &ho);
+    assert_non_null(h);
+    int port = 0;
+    assert_int_equal(gps_http_bind(h, "127.0.0.1", 0, &port, err, sizeof err), 0);
+    assert_int_equal(gps_admin_register(h, a), 0);
+
+#define PIN_A "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+#define PIN_B "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+    json_t *b = NULL;
+    assert_int_equal(request(base, port, "POST", "/admin/models/pins",
+                             "{\"name\":\"kept\",\"sha256\":\"" PIN_A "\"}", &b), 200);
+    json_decref(b);
+    raw_exec(t->db, "CREATE TRIGGER no_insert BEFORE INSERT ON model_pins "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_update BEFORE UPDATE ON model_pins "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+                    "CREATE TRIGGER no_delete BEFORE DELETE ON model_pins "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;");
+
+    assert_int_equal(request(base, port, "POST", "/admin/models/pins",
+                             "{\"name\":\"lost\",\"sha256\":\"" PIN_A "\"}", &b), 500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "POST", "/admin/models/pins",
+                             "{\"name\":\"kept\",\"sha256\":\"" PIN_B "\"}", &b), 500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "DELETE", "/admin/models/pins?name=kept", NULL, &b),
+                     500);
+    assert_string_equal(err_code(b), "INTERNAL");
+    json_decref(b);
+    assert_int_equal(request(base, port, "GET", "/admin/models/pins", NULL, &b), 200);
+    json_t *l = json_object_get(b, "pins");
+    assert_int_equal(json_array_size(l), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(l, 0), "name")), "kept");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(l, 0), "sha256")),
+                        PIN_A);
+    json_decref(b);
+
+    raw_exec(t->db, "DROP TRIGGER no_insert; DROP TRIGGER no_update; DROP TRIGGER no_delete;");
+    assert_int_equal(request(base, port, "POST", "/admin/models/pins",
+                             "{\"name\":\"made\",\"sha256\":\"" PIN_B "\"}", &b), 200);
+    assert_string_equal(json_string_value(json_object_get(b, "name")), "made");
+    json_decref(b);
+    assert_int_equal(request(base, port, "DELETE", "/admin/models/pins?name=kept", NULL, &b),
+                     200);
+    assert_true(json_is_true(json_object_get(b, "removed")));
+    json_decref(b);
+    /* What a restart reads: the changes the database took, and only those. */
+    gps_pins *again = gps_pins_new();
+    assert_non_null(again);
+    assert_int_equal(gps_store_flush(store), 0);
+    assert_int_equal(gps_pins_load(again, store, err, sizeof err), 0);
+    assert_int_equal(gps_pins_count(again), 1);
+    assert_string_equal(gps_pins_get(again, "made"), PIN_B);
+    gps_pins_free(again);
+#undef PIN_A
+#undef PIN_B
+
+    gps_http_free(h);
+    gps_admin_free(a);
+    gps_pins_free(pins);
+    fleet_free(&f);
+    gps_store_close(store);
+    gps_auth_free(auth);
+    event_base_free(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -661,6 +759,7 @@ int main(void)
         cmocka_unit_test(test_history_oom),   cmocka_unit_test(test_snapshot_oom),
         cmocka_unit_test(test_key_create_oom),
         cmocka_unit_test_setup_teardown(test_deploy_routes_write_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin_routes_write_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
