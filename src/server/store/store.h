@@ -689,9 +689,9 @@ int gps_store_jobs_list_async(gps_store *s, const gps_store_job_filter *f, gps_s
 
 /* Model pins (migration 0005, docs/admin.md "Model pins"): name -> the
  * sha256 of the file that must serve it. Set/delete are queued writes like
- * the others (the server's in-memory table, fleet/pins.h, is what
- * decides); load runs at start-up. Returns 0 or -1 (load: with err; no
- * model_pins table is an error there). */
+ * the others whose outcome nobody hears (the admin routes use the _async
+ * forms below; these serve tools and tests); load runs at start-up. Returns
+ * 0 or -1 (load: with err; no model_pins table is an error there). */
 int gps_store_pin_set(gps_store *s, const char *name, const char *sha256, int64_t created_at,
                       const char *created_by);
 int gps_store_pin_delete(gps_store *s, const char *name);
