@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/gp_json.h"
 #include "run/run.h"
 
 static const char *NAME = "generate";
@@ -136,29 +137,75 @@ static int parse(int argc, char **argv, gen_opts *o)
     return -1;
 }
 
-/* Emits one token: plain text, or a JSON line with the UTF-8-complete part
- * of what is pending. */
-static void emit(const gen_opts *o, int32_t id, const char *piece, int len, char *pend,
-                 size_t *npend)
+/* What the token loop writes with: a token's text and, for --json, what
+ * is pending (a cut UTF-8 character's bytes held back, then the next
+ * token's). Both grow as a long token needs: a vocabulary's token may be
+ * any length, and fixed buffers lost the text of one longer than them. */
+typedef struct gen_out {
+    char *piece;
+    size_t piece_cap;
+    char *pend;
+    size_t npend, pend_cap;
+} gen_out;
+
+static void gen_out_free(gen_out *g)
+{
+    free(g->piece);
+    free(g->pend);
+}
+
+/* The JSON line of one token's text, s[0..n) (a new string), or NULL when
+ * memory ran out. Text that is not UTF-8 but no cut sequence either (a
+ * vocabulary's odd bytes) goes as U+FFFD; a pack that failed for memory
+ * (jansson's count moved) is not taken for such text. */
+static char *token_line(int32_t id, const char *s, size_t n)
+{
+    unsigned long f0 = gp_json_alloc_failures();
+    json_t *j = json_pack("{s:i, s:s%}", "id", (json_int_t)id, "text", s, n);
+    if (!j && gp_json_alloc_failures() == f0)
+        j = json_pack("{s:i, s:s}", "id", (json_int_t)id, "text", "\xEF\xBF\xBD");
+    char *line = j && gp_json_alloc_failures() == f0
+                     ? gp_json_dumps_checked(j, JSON_COMPACT | JSON_ENSURE_ASCII)
+                     : NULL;
+    json_decref(j);
+    return line;
+}
+
+/* Emits one token, its text in g->piece[0..len): plain text, or a JSON
+ * line with the UTF-8-complete part of what is pending. false when memory
+ * ran out (said on stderr): the output stops short, never goes on without
+ * the token's text. */
+static bool emit(const gen_opts *o, gen_out *g, int32_t id, size_t len)
 {
     if (!o->json) {
-        fwrite(piece, 1, (size_t)len, stdout);
+        fwrite(g->piece, 1, len, stdout);
         fflush(stdout);
-        return;
+        return true;
     }
-    memcpy(pend + *npend, piece, (size_t)len);
-    *npend += (size_t)len;
-    size_t ok = gpr_utf8_complete(pend, *npend);
-    json_t *j = json_pack("{s:i, s:s%}", "id", (json_int_t)id, "text", pend, ok);
-    if (!j) /* invalid UTF-8 that is not a cut sequence: replace */
-        j = json_pack("{s:i, s:s}", "id", (json_int_t)id, "text", "\xEF\xBF\xBD");
-    char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
-    printf("%s\n", s);
+    if (g->npend + len > g->pend_cap) {
+        size_t cap = g->npend + len < 64 ? 64 : g->npend + len;
+        char *p = realloc(g->pend, cap);
+        if (!p)
+            goto nomem;
+        g->pend = p;
+        g->pend_cap = cap;
+    }
+    if (len)
+        memcpy(g->pend + g->npend, g->piece, len);
+    g->npend += len;
+    size_t ok = gpr_utf8_complete(g->pend, g->npend);
+    char *line = token_line(id, g->pend, ok);
+    if (!line)
+        goto nomem;
+    printf("%s\n", line);
     fflush(stdout);
-    free(s);
-    json_decref(j);
-    memmove(pend, pend + ok, *npend - ok);
-    *npend -= ok;
+    free(line);
+    memmove(g->pend, g->pend + ok, g->npend - ok);
+    g->npend -= ok;
+    return true;
+nomem:
+    fprintf(stderr, "\ngpupool-run %s: token %d: out of memory\n", NAME, (int)id);
+    return false;
 }
 
 /* The prompt's tokens (*ids: malloc'd, the caller frees it), or -1
@@ -180,7 +227,9 @@ static int tokenize_prompt(gpe_model *m, const char *prompt, int32_t **ids_out)
         }
     }
     if (n < 0) {
-        fprintf(stderr, "gpupool-run %s: cannot tokenize the prompt\n", NAME);
+        /* INT32_MIN: out of memory (the ids' room or the tokenizer's) */
+        fprintf(stderr, "gpupool-run %s: cannot tokenize the prompt%s\n", NAME,
+                n == INT32_MIN ? ": out of memory" : "");
         return -1;
     }
     if (n == 0) {
@@ -190,39 +239,49 @@ static int tokenize_prompt(gpe_model *m, const char *prompt, int32_t **ids_out)
     return n;
 }
 
-/* The run's figures: a JSON line (--json) or a line on stderr. */
-static void print_summary(const gen_opts *o, const gpe_model_info *info, int n, long n_gen,
+/* A JSON value as one line on stdout; false when memory ran out (said on
+ * stderr): never a line that lost a key, never "(null)". */
+static bool put_json_line(json_t *j, size_t flags)
+{
+    char *s = j ? gp_json_dumps_checked(j, flags) : NULL;
+    json_decref(j);
+    if (!s) {
+        fprintf(stderr, "gpupool-run %s: the summary: out of memory\n", NAME);
+        return false;
+    }
+    printf("%s\n", s);
+    free(s);
+    return true;
+}
+
+/* The run's figures: a JSON line (--json) or a line on stderr. false when
+ * memory ran out (said on stderr). */
+static bool print_summary(const gen_opts *o, const gpe_model_info *info, int n, long n_gen,
                           const char *stop, uint64_t seed, double t_prompt, double t_gen,
                           size_t npend)
 {
     if (o->json) {
-        if (npend > 0) { /* trailing bytes of a cut character */
-            json_t *j = json_pack("{s:s}", "text", "\xEF\xBF\xBD");
-            char *s = json_dumps(j, JSON_COMPACT | JSON_ENSURE_ASCII);
-            printf("%s\n", s);
-            free(s);
-            json_decref(j);
-        }
-        json_t *j = json_pack(
-            "{s:b, s:s, s:i, s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:i, s:s}", "summary", 1, "model",
-            info->name, "n_prompt", n, "n_generated", (json_int_t)n_gen, "stop", stop, "seed",
-            (json_int_t)seed, "prompt_ms", t_prompt * 1e3, "gen_ms", t_gen * 1e3,
-            "prompt_tokens_per_s", t_prompt > 0 ? n / t_prompt : 0.0, "gen_tokens_per_s",
-            t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, "threads", (int)o->threads,
-            "cpu", gpe_cpu_features());
-        char *s = json_dumps(j, JSON_COMPACT);
-        printf("%s\n", s);
-        free(s);
-        json_decref(j);
-    } else {
-        printf("\n");
-        fprintf(stderr,
-                "[prompt %d tokens in %.1f ms (%.1f t/s); generated %ld tokens in %.1f ms "
-                "(%.1f t/s); stop: %s; seed %llu]\n",
-                n, t_prompt * 1e3, t_prompt > 0 ? n / t_prompt : 0.0, n_gen, t_gen * 1e3,
-                t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, stop,
-                (unsigned long long)seed);
+        if (npend > 0 && /* trailing bytes of a cut character */
+            !put_json_line(json_pack("{s:s}", "text", "\xEF\xBF\xBD"),
+                           JSON_COMPACT | JSON_ENSURE_ASCII))
+            return false;
+        return put_json_line(
+            json_pack("{s:b, s:s, s:i, s:i, s:s, s:I, s:f, s:f, s:f, s:f, s:i, s:s}", "summary", 1,
+                      "model", info->name, "n_prompt", n, "n_generated", (json_int_t)n_gen,
+                      "stop", stop, "seed", (json_int_t)seed, "prompt_ms", t_prompt * 1e3,
+                      "gen_ms", t_gen * 1e3, "prompt_tokens_per_s",
+                      t_prompt > 0 ? n / t_prompt : 0.0, "gen_tokens_per_s",
+                      t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, "threads", (int)o->threads,
+                      "cpu", gpe_cpu_features()),
+            JSON_COMPACT);
     }
+    printf("\n");
+    fprintf(stderr,
+            "[prompt %d tokens in %.1f ms (%.1f t/s); generated %ld tokens in %.1f ms "
+            "(%.1f t/s); stop: %s; seed %llu]\n",
+            n, t_prompt * 1e3, t_prompt > 0 ? n / t_prompt : 0.0, n_gen, t_gen * 1e3,
+            t_gen > 0 && n_gen > 0 ? n_gen / t_gen : 0.0, stop, (unsigned long long)seed);
+    return true;
 }
 
 static int exec_generate(int argc, char **argv)
@@ -238,6 +297,7 @@ static int exec_generate(int argc, char **argv)
     gpe_batch *b = NULL;
     gpe_sampler *smp = NULL;
     int32_t *ids = NULL;
+    gen_out g = {0};
     char err[512];
 
     if (!(m = gpr_load_model_on(NAME, o.model, o.backend, (int)o.device, o.devices)))
@@ -294,8 +354,6 @@ static int exec_generate(int argc, char **argv)
     const float *logits = gpe_get_logits(ctx, n - 1);
     const char *stop = "length";
     long n_gen = 0;
-    char piece[256], pend[512];
-    size_t npend = 0;
     double t1 = gpr_now();
     for (; n_gen < o.n_predict; n_gen++) {
         int32_t tok = gpe_sampler_sample(smp, logits, n_vocab);
@@ -310,10 +368,13 @@ static int exec_generate(int argc, char **argv)
             stop = "eog";
             break;
         }
-        int len = gpe_token_to_piece(m, tok, piece, sizeof piece, false);
-        if (len < 0)
-            len = 0; /* a piece longer than 256 bytes does not occur in real vocabularies */
-        emit(&o, tok, piece, len, pend, &npend);
+        int len = gpr_piece(m, tok, false, &g.piece, &g.piece_cap);
+        if (len < 0) {
+            fprintf(stderr, "\ngpupool-run %s: token %d: out of memory\n", NAME, (int)tok);
+            goto done;
+        }
+        if (!emit(&o, &g, tok, (size_t)len))
+            goto done;
         if (n_gen + 1 >= o.n_predict) {
             n_gen++;
             break;   /* stop = "length"; no need to decode the last token */
@@ -332,11 +393,12 @@ static int exec_generate(int argc, char **argv)
         logits = gpe_get_logits(ctx, 0);
     }
     double t_gen = gpr_now() - t1;
-    print_summary(&o, &info, n, n_gen, stop, sp.seed, t_prompt, t_gen, npend);
+    if (print_summary(&o, &info, n, n_gen, stop, sp.seed, t_prompt, t_gen, g.npend))
+        rc = 0;
     fflush(stdout);
-    rc = 0;
 
 done:
+    gen_out_free(&g);
     gpe_sampler_free(smp);
     gpe_batch_free(b);
     gpe_ctx_free(ctx);

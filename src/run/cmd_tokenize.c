@@ -39,6 +39,31 @@ static void print_escaped(const char *s, int n)
     putchar('\'');
 }
 
+/* One line per token, its whole text (gpr_piece: a token may be longer
+ * than any fixed buffer). 0, or 1 when a piece could not be rendered for
+ * lack of memory: the listing stops there, said on stderr, rather than
+ * show a token as '' (the lines before it are already out). */
+static int print_pieces(const gpe_model *m, const int32_t *ids, int n)
+{
+    char *piece = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        int k = gpr_piece(m, ids[i], true, &piece, &cap);
+        if (k < 0) {
+            fflush(stdout);
+            fprintf(stderr, "gpupool-run %s: token %d: out of memory\n", NAME, (int)ids[i]);
+            rc = 1;
+            break;
+        }
+        printf("%6d\t", (int)ids[i]);
+        print_escaped(piece, k);
+        putchar('\n');
+    }
+    free(piece);
+    return rc;
+}
+
 static int exec_tokenize(int argc, char **argv)
 {
     enum { O_IDS = 256, O_NOBOS, O_PARSE };
@@ -89,28 +114,24 @@ static int exec_tokenize(int argc, char **argv)
         }
     }
     if (n < 0) {
-        fprintf(stderr, "gpupool-run %s: tokenization failed\n", NAME);
+        fprintf(stderr, "gpupool-run %s: tokenization failed%s\n", NAME,
+                n == INT32_MIN ? ": out of memory" : "");
         free(ids);
         gpe_model_free(m);
         return 1;
     }
+    int rc = 0;
     if (ids_only) {
         putchar('[');
         for (int i = 0; i < n; i++)
             printf("%s%d", i ? ", " : "", (int)ids[i]);
         printf("]\n");
     } else {
-        char piece[512];
-        for (int i = 0; i < n; i++) {
-            int k = gpe_token_to_piece(m, ids[i], piece, sizeof piece, true);
-            printf("%6d\t", (int)ids[i]);
-            print_escaped(piece, k > 0 ? k : 0);
-            putchar('\n');
-        }
+        rc = print_pieces(m, ids, n);
     }
     free(ids);
     gpe_model_free(m);
-    return 0;
+    return rc;
 }
 
 const gpr_cmd gpr_cmd_tokenize = {

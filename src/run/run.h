@@ -57,6 +57,14 @@ double gpr_now(void);
  * complete so that nothing is held forever). */
 size_t gpr_utf8_complete(const char *s, size_t n);
 
+/* The text of token tok into *buf, however long: a vocabulary's token may
+ * be any length (real ones have long whitespace runs), and a fixed buffer
+ * lost the text of one longer than it (-(needed) taken for ""). *buf (NULL
+ * at first, *cap 0) grows to the longest token met; the caller frees it.
+ * Returns the length, or -1 when memory ran out (the growth, or the
+ * tokenizer's own scratch: INT32_MIN). */
+int gpr_piece(const gpe_model *m, int32_t tok, bool special, char **buf, size_t *cap);
+
 /* Human-readable byte count ("1.23 MiB") into buf. */
 const char *gpr_bytes(uint64_t n, char *buf, size_t len);
 

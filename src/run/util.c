@@ -157,6 +157,27 @@ size_t gpr_utf8_complete(const char *s, size_t n)
     return i;
 }
 
+int gpr_piece(const gpe_model *m, int32_t tok, bool special, char **buf, size_t *cap)
+{
+    if (!*buf) {
+        *buf = malloc(256);   /* nearly every token fits: one growth at most */
+        if (!*buf)
+            return -1;
+        *cap = 256;
+    }
+    int n = gpe_token_to_piece(m, tok, *buf, *cap, special);
+    if (n >= 0 || n == INT32_MIN)
+        return n >= 0 ? n : -1;
+    size_t need = (size_t)-(int64_t)n;
+    char *p = realloc(*buf, need);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = need;
+    n = gpe_token_to_piece(m, tok, *buf, *cap, special);
+    return n >= 0 ? n : -1;
+}
+
 const char *gpr_bytes(uint64_t n, char *buf, size_t len)
 {
     static const char *units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
