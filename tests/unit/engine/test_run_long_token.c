@@ -404,6 +404,7 @@ static void test_tokenize(void **state)
     unlink(path);
 }
 
+#ifdef GP_FAILALLOC
 /* The output up to (not with) its last line: --json's summary, whose
  * timings differ run to run. */
 static size_t before_last_line(const char *s, size_t n)
@@ -450,6 +451,8 @@ static int sweep(const char *what, const char *model, void (*cmd)(res *, const c
     res_free(&ref);
     return bad;
 }
+
+#endif
 
 /* The binary swept on a model with both long tokens: generate's piece
  * and --json's pending text that cannot grow, tokenize's listing, say
