@@ -383,7 +383,12 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
     h->opts = *opts;
     gp_random_hex(h->pool_id, 8);
     h->evh = evhttp_new(base);
-    if (!h->evh) {
+    h->orphan_ev = event_new(base, -1, 0, http_orphans_cb, h);
+    if (!h->evh || !h->orphan_ev) {
+        if (h->evh)
+            evhttp_free(h->evh);
+        if (h->orphan_ev)
+            event_free(h->orphan_ev);
         free(h);
         return NULL;
     }
@@ -409,6 +414,8 @@ void gps_http_free(gps_http *h)
      * yet; evhttp_free freed the others through their close callbacks). */
     while (h->conns_all)
         http_conn_free(h->conns_all);
+    http_orphans_free(h);
+    event_free(h->orphan_ev);
     while (h->lingers)
         http_linger_free(h->lingers);
     free(h->conn_by_fd);

@@ -197,9 +197,54 @@ static void init_cb(evutil_socket_t fd, short what, void *arg)
         evhttp_connection_free(cbarg); /* a loop callback: safe here */
 }
 
-/* Every accepted connection's bufferevent goes through here. Without
- * memory for the gate, the connection is starved (reads capped at one
- * byte) and evhttp's idle timeout closes it: it is never ungated. */
+/* Connections that got no gate are closed on the next loop pass, once
+ * evhttp has set them up (as init_cb, whose event could not be made): an
+ * ungated connection must never reach evhttp's parser. They used to be
+ * starved instead (reads capped at one byte), waiting for evhttp's idle
+ * timeout; but libevent 2.1 re-runs the read callback of a bufferevent at
+ * its high watermark (bufferevent_inbuf_wm_check) while evhttp waits for a
+ * whole line, so the loop spun, and with reading suspended the idle
+ * timeout never came. h->orphan_ev is made with h: closing needs no
+ * memory. */
+void http_orphans_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_http *h = arg;
+    while (h->norphans) {
+        struct bufferevent *bev = h->orphans[--h->norphans];
+        void *evcon = NULL;
+        bufferevent_getcb(bev, NULL, NULL, NULL, &evcon);
+        if (evcon)
+            evhttp_connection_free(evcon); /* a loop callback: safe here */
+        bufferevent_decref(bev);           /* (evhttp freed it when it failed) */
+    }
+}
+
+/* At gps_http_free, after evhttp_free closed the connections. */
+void http_orphans_free(gps_http *h)
+{
+    while (h->norphans)
+        bufferevent_decref(h->orphans[--h->norphans]);
+}
+
+/* A connection without a gate: closed on the next pass. When GPS_HTTP_ORPHANS
+ * connections in one pass already wait (memory short for every accept), it
+ * is starved instead: at most one byte read, and a low watermark no input
+ * reaches, so that evhttp's read callback never runs on it (no spin); it
+ * stays open until its peer gives up. */
+static struct bufferevent *orphan(gps_http *h, struct bufferevent *bev)
+{
+    if (h->orphan_ev && h->norphans < GPS_HTTP_ORPHANS) {
+        bufferevent_incref(bev);
+        h->orphans[h->norphans++] = bev;
+        event_active(h->orphan_ev, EV_TIMEOUT, 0);
+        return bev;
+    }
+    bufferevent_setwatermark(bev, EV_READ, (size_t)-1, 1);
+    return bev;
+}
+
+/* Every accepted connection's bufferevent goes through here; one without
+ * memory for its gate is closed (orphan). */
 struct bufferevent *http_gate_bev(gps_http *h, struct bufferevent *bev, bool tls)
 {
     if (!bev)
@@ -224,8 +269,7 @@ struct bufferevent *http_gate_bev(gps_http *h, struct bufferevent *bev, bool tls
         }
         http_conn_free(c);
     }
-    bufferevent_setwatermark(bev, EV_READ, 0, 1);
-    return bev;
+    return orphan(h, bev);
 }
 
 struct bufferevent *http_plain_bevcb(struct event_base *base, void *arg)

@@ -18,6 +18,9 @@
 #include "server/http/tls.h"
 
 #define MAX_ROUTES 64
+/* Connections accepted without memory for their gate, closed on the next
+ * loop pass (http_conn.c http_orphans_cb). */
+#define GPS_HTTP_ORPHANS 64
 
 typedef struct gps_conn gps_conn; /* the request gate of one connection */
 typedef struct lingerer lingerer; /* a refused connection draining before close */
@@ -60,6 +63,9 @@ struct gps_http {
     gps_conn *conns_all;        /* every gate, freed with h */
     lingerer *lingers;            /* refused connections draining, freed with h */
     accept_pause pause[2];      /* [0] HTTP, [1] HTTPS */
+    struct event *orphan_ev;    /* closes the orphans (made with h: none needed then) */
+    struct bufferevent *orphans[GPS_HTTP_ORPHANS]; /* referenced, not gated yet */
+    size_t norphans;
 };
 typedef enum {
     G_HEAD,        /* collecting a request head */
@@ -144,5 +150,7 @@ void http_on_complete(struct evhttp_request *req, void *arg);
 void http_linger_free(lingerer *l);
 void http_on_complete_linger(struct evhttp_request *req, void *arg);
 void http_conn_detach(gps_conn *c);
+void http_orphans_cb(evutil_socket_t fd, short what, void *arg);
+void http_orphans_free(gps_http *h);
 
 #endif
