@@ -28,6 +28,12 @@
 void http_deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_conn *c = arg;
+    if (c->lost) {
+        gp_log_error("request_out_of_memory",
+                     "closing a connection whose request could not be held (out of memory)");
+        evhttp_connection_free(c->evcon);
+        return;
+    }
     gp_log_write(GP_LOG_DEBUG, "request_deadline", NULL,
                  json_pack("{s:s}", "phase", c->st == G_HEAD ? "head" : "body"),
                  "closing a connection whose request %s did not arrive in time",
@@ -130,42 +136,63 @@ static bool inflight_charge(gps_conn *c, size_t n)
  * at dispatch and on completion we are outside that window, so thaw it
  * for the call and freeze it again. src: an evbuffer to move (data NULL)
  * or bytes. */
-void http_input_append(struct evbuffer *in, struct evbuffer *src, const void *data, size_t n)
+int http_input_append(struct evbuffer *in, struct evbuffer *src, const void *data, size_t n)
 {
     int rc = src ? evbuffer_add_buffer(in, src) : evbuffer_add(in, data, n);
     if (rc == 0)
-        return;
+        return 0;
     evbuffer_unfreeze(in, 0);
-    if (src)
-        evbuffer_add_buffer(in, src);
-    else
-        evbuffer_add(in, data, n);
+    rc = src ? evbuffer_add_buffer(in, src) : evbuffer_add(in, data, n);
     evbuffer_freeze(in, 0);
+    return rc;
+}
+
+/* Out of memory while the request was passed on: evhttp cannot get it
+ * whole, and nothing it has can be answered, so the connection is closed
+ * on the next loop pass (the deadline's event, activated: it needs no
+ * memory and runs outside evhttp's callbacks). It used to be left to the
+ * deadline, or with none set (a request handed over empty) to evhttp's
+ * idle timeout: a connection that neither answered nor closed. */
+static void gate_lost(gps_conn *c)
+{
+    c->st = G_DISCARD;
+    c->lost = true;
+    evbuffer_drain(c->raw, evbuffer_get_length(c->raw));
+    evbuffer_drain(c->held, evbuffer_get_length(c->held));
+    event_active(c->deadline, EV_TIMEOUT, 0);
 }
 
 /* The gate's output for the current request is held until the request is
  * whole (or refused): evhttp never sees a partial body, so a refusal in
- * the middle of one is a plain stand-in request (below). */
-static void release(gps_conn *c, const void *data, size_t n)
+ * the middle of one is a plain stand-in request (below). false: out of
+ * memory (gate_lost). */
+static bool release(gps_conn *c, const void *data, size_t n)
 {
-    if (evbuffer_add(c->held, data, n) < 0)
-        c->st = G_DISCARD; /* ENOMEM: nothing reaches evhttp; the deadline closes it */
+    if (evbuffer_add(c->held, data, n) == 0)
+        return true;
+    gate_lost(c);
+    return false;
 }
 
-static void release_raw(gps_conn *c, size_t n)
+static bool release_raw(gps_conn *c, size_t n)
 {
-    if (evbuffer_remove_buffer(c->raw, c->held, n) != (int)n) {
-        evbuffer_drain(c->raw, n);
-        c->st = G_DISCARD;
-    }
+    if (evbuffer_remove_buffer(c->raw, c->held, n) == (int)n)
+        return true;
+    gate_lost(c);
+    return false;
 }
 
-/* The request is whole: hand it to evhttp. */
-static void flush_held(gps_conn *c)
+/* The request is whole: hand it to evhttp. false: out of memory
+ * (gate_lost). */
+static bool flush_held(gps_conn *c)
 {
     size_t n = evbuffer_get_length(c->held);
-    http_input_append(bufferevent_get_input(c->bev), c->held, NULL, 0);
+    if (http_input_append(bufferevent_get_input(c->bev), c->held, NULL, 0) < 0) {
+        gate_lost(c);
+        return false;
+    }
     c->vetted += n;
+    return true;
 }
 
 /* Refuse the current request. At the head: evhttp gets a bodiless
@@ -189,8 +216,8 @@ static void finish_stand_in(gps_conn *c, bool head_method, const char *corr, boo
                      head_method ? "HEAD" : "GET", corr[0] ? "X-Correlation-Id: " : "", corr,
                      corr[0] ? "\r\n" : "");
     evbuffer_drain(c->held, evbuffer_get_length(c->held));
-    release(c, stand_in, (size_t)n);
-    flush_held(c);
+    if (!release(c, stand_in, (size_t)n) || !flush_held(c))
+        return;
     c->close_after = body_pending;
     c->st = body_pending ? G_DISCARD : G_DONE;
     deadline_set(c, 0);
@@ -216,6 +243,23 @@ static void refuse_busy(gps_conn *c)
     refuse_in_body(c);
 }
 
+/* The dialect of the request whose head is at the front of raw, from its
+ * target alone: for a refusal before the head could be parsed. */
+static gps_dialect raw_dialect(gps_conn *c)
+{
+    char line[256];
+    ev_ssize_t n = evbuffer_copyout(c->raw, line, sizeof line - 1);
+    if (n <= 0)
+        return GPS_DIALECT_NATIVE;
+    line[n] = '\0';
+    char *t = strchr(line, ' ');
+    if (!t || t[1] != '/')
+        return GPS_DIALECT_NATIVE;
+    t++;
+    t[strcspn(t, " ?\r\n")] = '\0';
+    return gps_dialect_for_path(t);
+}
+
 /* Parse the head at the front of raw (head_len bytes with the empty line). */
 static void gate_head(gps_conn *c, size_t head_len)
 {
@@ -228,7 +272,12 @@ static void gate_head(gps_conn *c, size_t head_len)
         free(hd);
         free(flat);
         free(canon);
-        http_refuse(c, 503, "OUT_OF_MEMORY", GPS_DIALECT_NATIVE, "out of memory");
+        /* The pool's own failure: 500 INTERNAL in the route's dialect, as
+         * every other out-of-memory reply of the server (it was a 503
+         * OUT_OF_MEMORY, a code no document lists). */
+        gps_dialect d = raw_dialect(c);
+        memset(&c->refuse, 0, sizeof *c - offsetof(gps_conn, refuse));
+        http_refuse(c, 500, "INTERNAL", d, "out of memory");
         finish_refused_head(c, NULL, true);
         return;
     }
@@ -258,7 +307,8 @@ static void gate_head(gps_conn *c, size_t head_len)
         goto done;
     }
     gp_copy_str(c->corr, sizeof c->corr, hd->corr);
-    release(c, hd->canon, hd->canon_len);
+    if (!release(c, hd->canon, hd->canon_len))
+        goto done;
     if (hd->chunked) {
         c->st = G_CHUNK_SIZE;
         c->body_total = 0;
@@ -267,7 +317,8 @@ static void gate_head(gps_conn *c, size_t head_len)
         c->left = (uint64_t)hd->content_length;
     } else {
         c->st = G_DONE;
-        flush_held(c);
+        if (!flush_held(c))
+            goto done;
     }
     if (body)
         deadline_set(c, c->h->opts.body_timeout_sec);
@@ -342,7 +393,8 @@ static bool gate_chunk_size(gps_conn *c)
     c->body_total += size;
     char out[32];
     int n = snprintf(out, sizeof out, "%llx\r\n", (unsigned long long)size);
-    release(c, out, (size_t)n);
+    if (!release(c, out, (size_t)n))
+        return true;
     c->left = size;
     c->st = G_CHUNK_DATA;
     return true;
@@ -367,10 +419,9 @@ static bool gate_trailer(gps_conn *c)
         evbuffer_copyout(c->raw, &first, 1);
         evbuffer_drain(c->raw, (size_t)e.pos + 1);
         if (empty && (e.pos == 0 || first == '\r')) {
-            release(c, "0\r\n\r\n", 5);
             c->st = G_DONE;
-            flush_held(c);
-            deadline_set(c, 0);
+            if (release(c, "0\r\n\r\n", 5) && flush_held(c))
+                deadline_set(c, 0);
             return true;
         }
     }
@@ -410,7 +461,8 @@ static bool pass_body_bytes(gps_conn *c, size_t len)
         refuse_busy(c);
         return false;
     }
-    release_raw(c, n);
+    if (!release_raw(c, n))
+        return false;
     c->left -= n;
     return true;
 }
@@ -446,8 +498,8 @@ static void gate_step(gps_conn *c)
                 return;
             if (pass_body_bytes(c, len) && c->left == 0 && c->st == G_BODY) {
                 c->st = G_DONE;
-                flush_held(c);
-                deadline_set(c, 0);
+                if (flush_held(c))
+                    deadline_set(c, 0);
             }
             continue;
         case G_CHUNK_SIZE:
@@ -471,8 +523,8 @@ static void gate_step(gps_conn *c)
                 refuse_in_body(c);
                 continue;
             }
-            release(c, "\r\n", 2);
-            c->st = G_CHUNK_SIZE;
+            if (release(c, "\r\n", 2))
+                c->st = G_CHUNK_SIZE;
             continue;
         }
         case G_TRAILER:
@@ -506,7 +558,10 @@ void http_gate_run(gps_conn *c)
             http_input_append(in, keep, NULL, 0);
             evbuffer_free(keep);
         } else {
-            evbuffer_drain(in, len - c->vetted); /* ENOMEM: the peer resends or gives up */
+            /* ENOMEM: these bytes cannot be vetted, and the peer does not
+             * send them again. */
+            evbuffer_drain(in, len - c->vetted);
+            gate_lost(c);
         }
     }
     gate_step(c);

@@ -101,6 +101,7 @@ struct gps_conn {
     unsigned char peer[16];            /* the peer's address (IPv4 mapped), for per-peer bounds */
     bool peer_v4;                      /* the socket is AF_INET (peer + 12 is its address) */
     bool has_peer;
+    bool lost;                         /* out of memory: closing (gate_lost) */
     /* What dispatch must know. */
     int refuse;                             /* HTTP status, 0 = accepted */
     gps_dialect dialect;
@@ -129,7 +130,7 @@ void http_hs_deadline_cb(evutil_socket_t fd, short what, void *arg);
 void http_inflight_release(gps_conn *c);
 size_t http_unauth_cap(const gps_http *h);
 bool http_inflight_fits(const gps_conn *c, uint64_t n);
-void http_input_append(struct evbuffer *in, struct evbuffer *src, const void *data, size_t n);
+int http_input_append(struct evbuffer *in, struct evbuffer *src, const void *data, size_t n);
 void http_refuse(gps_conn *c, int status, const char *code, gps_dialect d, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 void http_gate_run(gps_conn *c);
