@@ -314,6 +314,82 @@ static void test_poll_gate_buffers_oom(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* A route in the OpenAI dialect: answers 204, nothing allocated. */
+static void openai_ok(gps_req *r, void *arg)
+{
+    (void)arg;
+    gps_http_send_reply(r->req, 204, NULL, NULL);
+}
+
+/* The gate's out-of-memory reply comes in the route's dialect: a head it
+ * has no memory to parse, for an OpenAI path, is answered 500 with
+ * OpenAI's error shape (error.type, error.code "internal"), not the native
+ * one. */
+static void test_openai_path_early_oom(void **state)
+{
+    (void)state;
+    signal(SIGALRM, on_alarm);
+    size_t n, bad = 0, openai_500 = 0;
+    for (n = 1;; n++) {
+        run_n = n;
+        server s;
+        server_start(&s);
+        assert_int_equal(gps_http_add_route(s.h, EVHTTP_REQ_POST, "/v1/chat/completions",
+                                            GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, openai_ok, NULL),
+                         0);
+        char out[8192];
+        reconnect(&s);
+        static const char req[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                  "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        assert_int_equal(send(s.c, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+        arm_beneath(n);
+        int st = HUNG;
+        size_t got = 0;
+        out[0] = '\0';
+        for (int ms = 0; ms < RUN_WAIT_MS && st == HUNG; ms++) {
+            alarm(10);
+            in_loop = 1;
+            event_base_loop(s.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+            in_loop = 0;
+            alarm(0);
+            ssize_t k = recv(s.c, out + got, sizeof out - 1 - got, MSG_DONTWAIT);
+            if (k > 0) {
+                got += (size_t)k;
+                out[got] = '\0';
+            }
+            const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
+            if (end && (!cl || got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)))
+                st = (int)strtol(out + 9, NULL, 10);
+            else if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                st = CLOSED;
+            else if (k < 0)
+                usleep(1000);
+        }
+        bool hit = disarm();
+        if (st == 500) {
+            json_t *b = json_loads(strstr(out, "\r\n\r\n") + 4, 0, NULL);
+            json_t *e = json_object_get(b, "error");
+            const char *code = json_string_value(json_object_get(e, "code"));
+            if (json_is_string(json_object_get(e, "type")) && code && strcmp(code, "internal") == 0) {
+                openai_500++;
+            } else {
+                print_message("run %zu: 500 not in OpenAI's shape: %.300s\n", n, out);
+                bad++;
+            }
+            json_decref(b);
+        } else if (st != 204 && st != CLOSED) {
+            print_message("run %zu: answered %d: %.300s\n", n, st, out);
+            bad++;
+        }
+        server_stop(&s);
+        if (!hit)
+            break;
+    }
+    print_message("openai path sweep: %zu runs, %zu answered OpenAI's 500\n", n, openai_500);
+    assert_true(openai_500 > 0);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     gp_json_init(); /* as the server's main: jansson's allocations counted (gp_json.h) */
@@ -321,6 +397,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_poll_early_oom),
         cmocka_unit_test(test_poll_gate_buffers_oom),
+        cmocka_unit_test(test_openai_path_early_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
