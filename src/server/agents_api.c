@@ -77,8 +77,8 @@ void agents_unpark(agent_ext *e)
  * jobs remember n (gps_jobs_agent_report). The epoch keeps a restarted
  * server from reading an older process's numbers. */
 /* The work reply: {"jobs":[...],"delivery":"EPOCH.N"}, written around the
- * jobs' wire text (gps_jobs_take_for_agent: the bytes the jansson reply
- * dumped). delivery is n, which the jobs already carry. */
+ * jobs' wire text (gps_jobs_hand_out's: the bytes the jansson reply
+ * dumped). delivery is n, which the jobs carry once it went out. */
 int agents_reply_jobs(gps_agents *g, agent_ext *e, struct evhttp_request *req,
                       const gp_buf *jobs, uint64_t n)
 {
@@ -302,6 +302,22 @@ static void h_deregister(gps_req *r, void *arg)
                                  registry_state_name(a->state)));
 }
 
+/* A work request that finds jobs is answered at once (gps_jobs_hand_out's
+ * reply): -1 when a 500 went instead, and the jobs go back to their queues. */
+typedef struct work_reply {
+    gps_agents *g;
+    agent_ext *e;
+    struct evhttp_request *req;
+} work_reply;
+
+static long long reply_now(registry_agent *a, const gp_buf *jobs, void *arg)
+{
+    work_reply *w = arg;
+    (void)a;
+    uint64_t n = ++w->g->deliveries;
+    return agents_reply_jobs(w->g, w->e, w->req, jobs, n) == 0 ? (long long)n : -1;
+}
+
 static void h_work(gps_req *r, void *arg)
 {
     gps_agents *g = arg;
@@ -366,19 +382,13 @@ static void h_work(gps_req *r, void *arg)
         agents_unpark(e);
         agents_reply_204(old);
     }
-    /* free_slots 0: a busy agent's liveness channel; parked, never given jobs. */
-    gp_buf jobs;
-    gp_buf_init(&jobs);
-    uint64_t dn = g->deliveries + 1;
-    if (free_slots > 0 && gps_jobs_take_for_agent(g->jobs, a, free_slots, dn, &jobs) > 0) {
-        sched_agent_unready(g->sched, a);
-        g->deliveries = dn;
-        agents_reply_jobs(g, e, r->req, &jobs, dn);
-        gp_buf_free(&jobs);
+    /* free_slots 0: a busy agent's liveness channel; parked, never given
+     * jobs. Answered now (jobs, or 500 with the jobs back in their
+     * queues): done. */
+    work_reply w = {g, e, r->req};
+    if (free_slots > 0 && gps_jobs_hand_out(g->jobs, a, free_slots, reply_now, &w) != 0)
         return;
-    }
-    gp_buf_free(&jobs);
-    /* Park. The agent stays ready in the scheduler (take_for_agent made it
+    /* Park. The agent stays ready in the scheduler (gps_jobs_hand_out made it
      * so) until this request is answered or its connection closes. The key
      * is kept so that revoking it ends the poll at once. */
     e->parked = r->req;

@@ -224,16 +224,9 @@ void agents_dispatch_parked(gps_agents *g, agent_ext *e)
     registry_agent *a = registry_get(g->reg, e->id);
     if (!a || a->state != REGISTRY_HEALTHY)
         return;
-    gp_buf jobs;
-    gp_buf_init(&jobs);
-    uint64_t n = g->deliveries + 1;
-    if (gps_jobs_take_for_agent(g->jobs, a, e->free_slots, n, &jobs) > 0) {
-        struct evhttp_request *req = e->parked;
-        agents_unpark(e);
-        g->deliveries = n;
-        agents_reply_jobs(g, e, req, &jobs, n);
-    }
-    gp_buf_free(&jobs);
+    /* Its poll answered with the jobs, or 500 with them back in their
+     * queues (agents_deliver_cb), or still parked and ready: none for it. */
+    gps_jobs_hand_out(g->jobs, a, e->free_slots, agents_deliver_cb, g);
 }
 
 /* ------------------------------------------------------------------ */

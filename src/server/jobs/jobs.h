@@ -21,7 +21,7 @@
  * only: when a job is placed (submit, retry after failover: sched_submit
  * hands it to a ready agent with a parked long-poll at once) and when an
  * agent asks for work or its parked poll can take work again (agents_api
- * calls gps_jobs_take_for_agent: sched_dispatch). There is no other
+ * calls gps_jobs_hand_out: sched_dispatch). There is no other
  * trigger to call. The delivery of jobs to a parked long-poll
  * goes through a deliver callback installed by agents_api.
  */
@@ -493,15 +493,35 @@ void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn);
 
 /* ---- agent side (agents_api) ---- */
 
+/* The most jobs one reply carries (an agent's free_slots above it count
+ * as this many; agents_api refuses more than 1024). */
+#define GPS_JOBS_TAKE_MAX 1024
+
 /* Agent a asks for work with free_slots: it becomes ready in the
- * scheduler and takes what is queued for it. Appends the JSON array of the
- * jobs' wire objects to out ("[]": none; park the long-poll, the agent
- * stays ready until sched_agent_unready) and returns how many. delivery:
- * the number of the reply that carries them (> 0, increasing per server
- * process; 0: unnumbered), recorded on each job so that
- * gps_jobs_agent_report can tell what the agent has seen. */
-size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
-                               gp_buf *out);
+ * scheduler, and the jobs queued for it go to it in one reply, written by
+ * reply (as the deliver callback: the JSON array of their wire objects;
+ * it returns the reply's delivery number, > 0, increasing per server
+ * process, 0: unnumbered, recorded on each job so that
+ * gps_jobs_agent_report can tell what the agent has seen; -1 when the
+ * reply could not be written and a 500 went instead; jobs NULL: the jobs
+ * could not be written, it answers 500 and returns -1). The agent is
+ * unready when reply is called (its poll is answered).
+ * Returns how many jobs went out. A job is assigned only if a reply that
+ * carries it went out: one whose wire cannot be written (out of memory)
+ * is left out of the reply with those after it, and every job of a reply
+ * not written goes back to the head of its queue, unassigned, its attempt
+ * not counted, never straight back to a (unready). -1: nothing went out
+ * (reply answered 500: the agent polls again). 0: nothing queued for it,
+ * reply not called: park the long-poll, the agent stays ready until
+ * sched_agent_unready. */
+long gps_jobs_hand_out(gps_jobs *j, registry_agent *a, int free_slots, gps_jobs_deliver_fn reply,
+                       void *arg);
+/* gps_jobs_hand_out with a reply that appends the jobs' JSON array to out
+ * ("[]" when it returns 0), numbered delivery: for tests and a caller
+ * whose reply cannot fail after it (one that writes it later could no
+ * longer give the jobs back). */
+long gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
+                             gp_buf *out);
 /* Apply an event batch. Returns 0 (*cancel set), 404 unknown job, 409 when
  * not assigned to agent_id (*expected_seq = -1) or a seq gap
  * (*expected_seq = what the server has), 400 for a malformed event (msg),

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -134,13 +135,38 @@ bool jobs_withdraw_first(gps_jobs *j, gps_job *job, registry_agent *a, bool give
     return true;
 }
 
+/* job was marked assigned to a (mark_assigned) and never reached it: its
+ * poll was gone, or the reply meant to carry it could not be written (out
+ * of memory: a 500 went instead, and the agent polls again). Nothing
+ * records an agent for it then, as if it had never been taken: a's slot
+ * comes back with no outcome counted (a job never run is neither a success
+ * nor a failure of a), the attempt is not counted, the row says queued
+ * again, and it goes back to the head of its queue (it was first in line
+ * when a was chosen). Otherwise it would sit assigned to an agent that
+ * never got it until a failover, long after. The caller has made a
+ * unready first: the job is never handed straight back to the agent that
+ * could not take it (depth bounds the retries elsewhere). */
+static void unassign_requeue(gps_jobs *j, gps_job *job, int depth)
+{
+    if (!job->ended_on_agent && job->agent_id[0]) {
+        registry_agent *a = registry_get(j->reg, job->agent_id);
+        if (a)
+            registry_job_undo(j->reg, a);
+    }
+    job->ended_on_agent = true;
+    job->agent_id[0] = '\0';
+    job->attempts--;
+    job->delivery = 0;
+    job->state = GPS_JOB_QUEUED;
+    jobs_persist(j, job);
+    job->sj.front = true;
+    jobs_requeue_or_fail(j, job, depth);
+}
+
 /* The scheduler gave job to agent a, whose long-poll is parked: hand it
  * over now. When the long-poll turns out to be gone, or the job's wire
  * cannot be written (out of memory: the poll is answered 500 and the
- * agent polls again), give the slot back and put the job back at the head
- * of its queue, its attempt not counted: never assigned to an agent that
- * never got it, which only a failover would end (depth bounds the
- * retries). */
+ * agent polls again), the job goes back to its queue (unassign_requeue). */
 void jobs_deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
 {
     note_prefix_route(j, job);
@@ -158,11 +184,8 @@ void jobs_deliver_to(gps_jobs *j, gps_job *job, registry_agent *a, int depth)
     if (rc >= 0 && job->state == GPS_JOB_ASSIGNED)
         job->delivery = (uint64_t)rc;
     if (rc < 0) {
-        job->attempts--;
-        jobs_end_on_agent(j, job, true);
-        job->agent_id[0] = '\0';
-        job->sj.front = true; /* it was first in line when the agent was chosen */
-        jobs_requeue_or_fail(j, job, depth);
+        sched_agent_unready(j->sched, a); /* (its poll is answered or gone) */
+        unassign_requeue(j, job, depth);
     }
 }
 
@@ -211,52 +234,122 @@ void jobs_requeue_or_fail(gps_jobs *j, gps_job *job, int depth)
     jobs_place(j, job, depth);
 }
 
-size_t gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
-                               gp_buf *out)
+/* Take up to want queued jobs for a (ready in the scheduler), each marked
+ * assigned to it, into jobs[] in the order the scheduler gave them. Offered
+ * jobs are withdrawn first (jobs_withdraw_first): their slots stay a's, so
+ * that, when nothing is taken, a stays ready with them (a job withdrawn
+ * goes to it at once; one that a peer claimed leaves the slot to the next
+ * job). They count against want, so that one free slot never withdraws
+ * every offer queued for the model. */
+static size_t take_jobs(gps_jobs *j, registry_agent *a, size_t want, gps_job **jobs)
 {
-    /* (On ENOMEM the jobs written so far go out; the others stall on the
-     * agent's books and fail over, as a short jansson array did.) */
-    size_t taken = 0;
-    LIT(out, "[");
-    if (free_slots <= 0 || sched_agent_ready(j->sched, a, free_slots) < 0) {
-        LIT(out, "]");
-        return 0;
-    }
-    /* As many as the agent has free slots, in one reply: a burst reaches an
-     * agent in one round trip instead of one per 64 jobs. */
-    sched_job *picked[64];
-    size_t left = (size_t)free_slots;
-    uint64_t now = gp_now_mono_us();
-    int withdrawing = 0; /* offered jobs picked: their slots stay the agent's */
+    size_t n = 0, left = want;
+    int withdrawing = 0;
     while (left > 0) {
+        sched_job *picked[64];
         size_t max = left < 64 ? left : 64;
-        size_t n = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
-        for (size_t i = 0; i < n; i++) {
+        size_t got = sched_dispatch(j->sched, a, picked, max, gp_now_mono_ms());
+        for (size_t i = 0; i < got; i++) {
             gps_job *job = (gps_job *)((char *)picked[i] - offsetof(gps_job, sj));
             if (jobs_withdraw_first(j, job, a, false)) {
                 withdrawing++;
                 continue;
             }
             mark_assigned(j, job, a);
-            job->delivery = delivery;
-            size_t at = out->len;
-            if ((taken && LIT(out, ",") < 0) ||
-                gps_job_wire_append(out, job, now, j->opts.request_timeout_sec) != 0)
-                gp_buf_truncate(out, at); /* (as json_array_append_new dropped a NULL wire) */
-            else
-                taken++;
+            jobs[n++] = job;
         }
-        if (n < max)
+        if (got < max)
             break;
-        left -= n;
+        left -= got;
     }
-    /* The slots of the jobs being withdrawn go back to the agent (ready
-     * with them while its long-poll is parked): a job withdrawn goes to it
-     * at once; one that a peer claimed leaves the slot to the next job.
-     * They count against this reply's slots, so that one free slot never
-     * withdraws every offer queued for the model. */
-    if (withdrawing > 0)
+    if (withdrawing > 0 && n == 0)
         sched_agent_ready(j->sched, a, sched_agent_free_slots(j->sched, a) + withdrawing);
-    LIT(out, "]");
-    return taken;
+    return n;
+}
+
+/* The JSON array of the wire objects of jobs[0..n) into out, as many
+ * whole ones as memory allows, in order: returns how many (0: no array). */
+static size_t write_wires(gps_jobs *j, gps_job **jobs, size_t n, gp_buf *out)
+{
+    uint64_t now = gp_now_mono_us();
+    size_t k = 0;
+    if (LIT(out, "[") < 0)
+        return 0;
+    for (; k < n; k++) {
+        size_t at = out->len;
+        if ((k && LIT(out, ",") < 0) ||
+            gps_job_wire_append(out, jobs[k], now, j->opts.request_timeout_sec) != 0) {
+            gp_buf_truncate(out, at);
+            break;
+        }
+    }
+    return k > 0 && LIT(out, "]") == 0 ? k : 0;
+}
+
+long gps_jobs_hand_out(gps_jobs *j, registry_agent *a, int free_slots, gps_jobs_deliver_fn reply,
+                       void *arg)
+{
+    if (free_slots <= 0)
+        return 0;
+    if (free_slots > GPS_JOBS_TAKE_MAX)
+        free_slots = GPS_JOBS_TAKE_MAX;
+    if (sched_agent_ready(j->sched, a, free_slots) < 0) {
+        /* (Never parked ready-less, where no job would reach it.) */
+        sched_agent_unready(j->sched, a);
+        reply(a, NULL, arg);
+        return -1;
+    }
+    /* As many as the agent has free slots, in one reply: a burst reaches an
+     * agent in one round trip instead of one per 64 jobs. */
+    gps_job *jobs[GPS_JOBS_TAKE_MAX];
+    size_t n = take_jobs(j, a, (size_t)free_slots, jobs);
+    if (n == 0)
+        return 0;
+    /* Its poll is answered now; and a job put back below must not go
+     * straight back to it. */
+    sched_agent_unready(j->sched, a);
+    gp_buf text;
+    gp_buf_init(&text);
+    size_t sent = write_wires(j, jobs, n, &text);
+    long long rc = reply(a, sent ? &text : NULL, arg);
+    gp_buf_free(&text);
+    if (rc < 0 || !sent) {
+        rc = -1;
+        sent = 0;
+    }
+    for (size_t i = 0; i < sent; i++)
+        jobs[i]->delivery = (uint64_t)rc;
+    /* The rest were in no reply that went out: back in their queues, the
+     * last first, so that they keep their order at the head. (A job ended
+     * meanwhile, or on another agent's books, is not this reply's.) */
+    for (size_t i = n; i-- > sent;)
+        if (jobs[i]->state == GPS_JOB_ASSIGNED && strcmp(jobs[i]->agent_id, a->id) == 0)
+            unassign_requeue(j, jobs[i], 1);
+    return rc < 0 ? -1 : (long)sent;
+}
+
+/* gps_jobs_take_for_agent's reply: the text appended to the caller's buffer. */
+typedef struct take_text {
+    gp_buf *out;
+    uint64_t delivery;
+} take_text;
+
+static long long append_text(registry_agent *a, const gp_buf *jobs, void *arg)
+{
+    take_text *t = arg;
+    (void)a;
+    if (!jobs || gp_buf_append(t->out, jobs->data, jobs->len) < 0)
+        return -1;
+    return (long long)t->delivery;
+}
+
+long gps_jobs_take_for_agent(gps_jobs *j, registry_agent *a, int free_slots, uint64_t delivery,
+                             gp_buf *out)
+{
+    take_text t = {out, delivery};
+    size_t at = out->len;
+    long n = gps_jobs_hand_out(j, a, free_slots, append_text, &t);
+    if (n == 0 && LIT(out, "[]") < 0)
+        gp_buf_truncate(out, at);
+    return n;
 }

@@ -710,6 +710,148 @@ static void test_deliver_to_parked_oom(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ---- jobs an agent's work request takes ---- */
+
+#define NTAKE 3
+
+/* An agent asks for work with NTAKE free slots while NTAKE jobs are queued
+ * (gps_jobs_take_for_agent, the N-th allocation failing): the reply's text
+ * is an array of the first k jobs, whole, or nothing at all (-1: the
+ * agent's request is answered 500); a job is assigned to the agent only if
+ * it is in that text, every other one is queued again with no agent and
+ * its attempt uncounted, the agent is not left ready with them, and its
+ * next request takes them, in their order. The code before marked every
+ * job taken assigned and left out of the text one whose wire could not be
+ * appended (or wrote no array at all): it stayed on the agent's books, on
+ * an agent that never got it, until a failover. */
+static void test_take_for_agent_oom(void **state)
+{
+    (void)state;
+    size_t n, bad = 0, short_ = 0;
+    for (n = 1;; n++) {
+        fleet f;
+        fleet_init(&f, NULL, NULL);
+        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
+        gps_job *jobs[NTAKE];
+        for (int i = 0; i < NTAKE; i++) {
+            gps_job_spec s = fleet_spec("m1", 64);
+            jobs[i] = fleet_submit(&f, &s);
+            assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
+        }
+        gp_buf text;
+        gp_buf_init(&text);
+        arm_beneath(n);
+        long got = (long)gps_jobs_take_for_agent(f.jobs, a, NTAKE, 9, &text);
+        bool hit = disarm();
+        json_t *arr = text.len ? json_loadb(text.data, text.len, 0, NULL) : NULL;
+        int k = got < 0 ? 0 : (int)json_array_size(arr);
+        if (got < 0 ? text.len != 0 : !json_is_array(arr) || (long)k != got) {
+            print_message("run %zu: %ld taken, the text '%.*s'\n", n, got, (int)text.len,
+                          text.data ? text.data : "");
+            bad++;
+        }
+        short_ += k < NTAKE;
+        for (int i = 0; i < NTAKE; i++) {
+            const char *id = json_string_value(json_object_get(json_array_get(arr, (size_t)i),
+                                                               "job_id"));
+            bool in = i < k && id && strcmp(id, jobs[i]->id) == 0;
+            if (i < k && !in) {
+                print_message("run %zu: the text's job %d is %s\n", n, i, id ? id : "?");
+                bad++;
+            }
+            gps_job *job = jobs[i];
+            bool ok = in ? job->state == GPS_JOB_ASSIGNED && strcmp(job->agent_id, a->id) == 0 &&
+                               job->attempts == 1 && job->delivery == 9
+                         : job->state == GPS_JOB_QUEUED && !job->agent_id[0] &&
+                               job->attempts == 0;
+            if (!ok) {
+                print_message("run %zu: job %d (%s in the text) is %s on '%s', attempt %d\n",
+                              n, i, in ? "" : "not", gps_job_state_name(job->state),
+                              job->agent_id, job->attempts);
+                bad++;
+            }
+        }
+        if (a->active != k || (k < NTAKE && sched_agent_is_ready(f.s, a))) {
+            print_message("run %zu: the agent runs %d on the books (%d sent), %s\n", n,
+                          a->active, k, sched_agent_is_ready(f.s, a) ? "ready" : "unready");
+            bad++;
+        }
+        json_decref(arr);
+        gp_buf_free(&text);
+        /* Its next request takes the rest, in order. */
+        if (k < NTAKE) {
+            gp_buf next;
+            gp_buf_init(&next);
+            long more = (long)gps_jobs_take_for_agent(f.jobs, a, NTAKE, 10, &next);
+            json_t *rest = json_loadb(next.data ? next.data : "", next.len, 0, NULL);
+            bool ok = more == NTAKE - k && (long)json_array_size(rest) == more;
+            for (int i = k; ok && i < NTAKE; i++) {
+                const char *id = json_string_value(
+                    json_object_get(json_array_get(rest, (size_t)(i - k)), "job_id"));
+                ok = id && strcmp(id, jobs[i]->id) == 0 && jobs[i]->attempts == 1 &&
+                     jobs[i]->delivery == 10;
+            }
+            if (!ok) {
+                print_message("run %zu: the next request took %ld: '%.*s'\n", n, more,
+                              (int)next.len, next.data ? next.data : "");
+                bad++;
+            }
+            json_decref(rest);
+            gp_buf_free(&next);
+        }
+        fleet_free(&f);
+        if (!hit)
+            break;
+    }
+    print_message("take sweep: %zu runs, %zu short of a job\n", n, short_);
+    assert_true(short_ > 0);
+    assert_int_equal(bad, 0);
+}
+
+/* The agent's reply refused (gps_jobs_hand_out's reply: a 500 went
+ * instead), again and again: every job is back in its queue, in order, no
+ * agent's, attempt uncounted; the agent is not ready, so no job goes
+ * straight back to it; another agent ready then takes the first in line. */
+static long long refuse(registry_agent *a, const gp_buf *jobs, void *arg)
+{
+    (void)a, (void)jobs;
+    (*(int *)arg)++;
+    return -1;
+}
+
+static void test_hand_out_refused(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
+    gps_job *jobs[NTAKE];
+    for (int i = 0; i < NTAKE; i++) {
+        gps_job_spec s = fleet_spec("m1", 64);
+        jobs[i] = fleet_submit(&f, &s);
+    }
+    int calls = 0;
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(gps_jobs_hand_out(f.jobs, a, NTAKE, refuse, &calls), -1);
+        assert_int_equal(calls, round + 1);
+        assert_false(sched_agent_is_ready(f.s, a));
+        assert_int_equal(a->active, 0);
+        for (int i = 0; i < NTAKE; i++) {
+            assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
+            assert_string_equal(jobs[i]->agent_id, "");
+            assert_int_equal(jobs[i]->attempts, 0);
+        }
+    }
+    registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
+    json_t *w = fleet_take(&f, b);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[0]->id);
+    json_decref(w);
+    w = fleet_take(&f, a);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[1]->id);
+    json_decref(w);
+    fleet_free(&f);
+}
+
 /* ---- a task resumed after a restart ---- */
 
 #define RESUMED                                                                                 \
@@ -891,6 +1033,8 @@ int main(void)
         cmocka_unit_test(test_failover_event_oom),
         cmocka_unit_test(test_pending_cancels_oom),
         cmocka_unit_test(test_deliver_to_parked_oom),
+        cmocka_unit_test(test_take_for_agent_oom),
+        cmocka_unit_test(test_hand_out_refused),
         cmocka_unit_test(test_resumed_text_oom),
         cmocka_unit_test(test_offer_parts_oom),
     };
