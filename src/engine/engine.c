@@ -272,10 +272,10 @@ gpe_status gpe_model_load(const char *path, const gpe_model_params *params, gpe_
     }
     /* The tokenizer is required: a model whose text cannot be read or
      * written is of no use to any caller of this API. */
-    m->tok = gpe_tokenizer_load(m->g, sub, sizeof sub);
+    m->tok = gpe_tokenizer_load_status(m->g, sub, sizeof sub, &st);
     if (!m->tok) {
+        /* its status, not FORMAT: out of memory is no damaged file */
         seterr(err, errlen, "%s: tokenizer: %s", path, sub);
-        st = GPE_ERR_FORMAT;
         goto fail;
     }
     if (m->has_weights && gpe_tokenizer_n_vocab(m->tok) > m->llama.hp.n_vocab) {

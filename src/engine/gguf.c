@@ -151,6 +151,7 @@ typedef struct rd {
     size_t size, off;
     char *err;
     size_t errlen;
+    bool nomem;   /* the failure was an allocation, not the file: GPE_ERR_NOMEM */
 } rd;
 
 static bool rd_need(rd *r, uint64_t n, const char *what)
@@ -250,6 +251,7 @@ static bool parse_kv(rd *r, kv *e, int64_t idx)
             e->astr = malloc((size_t)(n ? n : 1) * sizeof *e->astr);
             if (!e->astr) {
                 seterr(r->err, r->errlen, "out of memory for array '%s'", show(&e->key, nb));
+                r->nomem = true;
                 return false;
             }
             for (uint64_t j = 0; j < n; j++)
@@ -452,7 +454,7 @@ static gpe_status parse(gpe_gguf *g, char *err, size_t errlen)
     for (uint64_t i = 0; i < nkv; i++) {
         g->n_kv = (int64_t)i + 1;   /* so that cleanup frees a partial entry */
         if (!parse_kv(&r, &g->kvs[i], (int64_t)i))
-            return GPE_ERR_FORMAT;
+            return r.nomem ? GPE_ERR_NOMEM : GPE_ERR_FORMAT;   /* a retry may pass */
     }
     g->n_kv = (int64_t)nkv;
     int64_t dup = hash_build(&g->kvs[0].key, sizeof(kv), g->n_kv, &g->kv_hash, &g->kv_hash_cap);

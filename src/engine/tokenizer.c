@@ -1587,17 +1587,17 @@ static int64_t get_array(const gpe_gguf *g, const char *key, gpe_gguf_vtype want
     return i;
 }
 
-static bool load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t errlen)
+static gpe_status load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t errlen)
 {
     uint64_t n = 0;
     int64_t ki = get_array(g, "tokenizer.ggml.tokens", GPE_GGUF_STRING, &n, err, errlen);
     if (ki == -1)
         seterr(err, errlen, "tokenizer.ggml.tokens is missing");
     if (ki < 0)
-        return false;
+        return GPE_ERR_FORMAT;
     if (n == 0 || n > (uint64_t)INT32_MAX / 2) {
         seterr(err, errlen, "tokenizer.ggml.tokens has %llu entries", (unsigned long long)n);
-        return false;
+        return GPE_ERR_FORMAT;
     }
     t->n_vocab = (int32_t)n;
     t->tok_off = malloc(n * sizeof *t->tok_off);
@@ -1613,7 +1613,7 @@ static bool load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t er
         if (!s || len > UINT32_MAX / 2) {
             free(pool.v);
             seterr(err, errlen, "tokenizer.ggml.tokens[%llu] is unreadable", (unsigned long long)i);
-            return false;
+            return GPE_ERR_FORMAT;
         }
         t->tok_off[i] = pool.n;
         t->tok_len[i] = (uint32_t)len;
@@ -1629,7 +1629,7 @@ static bool load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t er
     uint64_t ns = n;
     int64_t si = get_array(g, "tokenizer.ggml.scores", GPE_GGUF_F32, &ns, err, errlen);
     if (si == -2)
-        return false;
+        return GPE_ERR_FORMAT;
     for (uint64_t i = 0; si >= 0 && i < n; i++)
         if (!gpe_gguf_arr_f32(g, si, i, &t->scores[i]))
             t->scores[i] = 0;
@@ -1637,7 +1637,7 @@ static bool load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t er
     uint64_t nt = n;
     int64_t ti = get_array(g, "tokenizer.ggml.token_type", GPE_GGUF_I32, &nt, err, errlen);
     if (ti == -2)
-        return false;
+        return GPE_ERR_FORMAT;
     for (uint64_t i = 0; i < n; i++) {
         int64_t v = GPE_TOKTYPE_NORMAL;
         if (ti >= 0 && (!gpe_gguf_arr_i64(g, ti, i, &v) || v < 0 || v > GPE_TOKTYPE_BYTE))
@@ -1663,23 +1663,23 @@ static bool load_vocab(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t er
             }
         }
     }
-    return true;
+    return GPE_OK;
 oom:
     seterr(err, errlen, "out of memory loading the vocabulary");
-    return false;
+    return GPE_ERR_NOMEM;
 }
 
-static bool load_merges(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t errlen)
+static gpe_status load_merges(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t errlen)
 {
     uint64_t n = 0;
     int64_t mi = get_array(g, "tokenizer.ggml.merges", GPE_GGUF_STRING, &n, err, errlen);
     if (mi == -1)
         seterr(err, errlen, "tokenizer.ggml.merges is missing (required by gpt2 tokenizers)");
     if (mi < 0)
-        return false;
+        return GPE_ERR_FORMAT;
     if (n > (uint64_t)INT32_MAX / 2) {
         seterr(err, errlen, "tokenizer.ggml.merges has %llu entries", (unsigned long long)n);
-        return false;
+        return GPE_ERR_FORMAT;
     }
     t->n_merges = (int32_t)n;
     t->m_off = malloc((n ? n : 1) * sizeof *t->m_off);
@@ -1733,10 +1733,10 @@ static bool load_merges(gpe_tokenizer *t, const gpe_gguf *g, char *err, size_t e
                 break;
         }
     }
-    return true;
+    return GPE_OK;
 oom:
     seterr(err, errlen, "out of memory loading the merges");
-    return false;
+    return GPE_ERR_NOMEM;
 }
 
 static int32_t special_id(const gpe_gguf *g, const char *key, int32_t def, int32_t n_vocab)
@@ -1987,8 +1987,19 @@ static void phi3_rstrip(gpe_tokenizer *t, const gpe_gguf *g)
 
 gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
 {
+    return gpe_tokenizer_load_status(g, err, errlen, NULL);
+}
+
+gpe_tokenizer *gpe_tokenizer_load_status(const gpe_gguf *g, char *err, size_t errlen,
+                                         gpe_status *st)
+{
+    gpe_status dummy;
+    if (!st)
+        st = &dummy;
+    *st = GPE_ERR_FORMAT;
     if (!g) {
         seterr(err, errlen, "no GGUF");
+        *st = GPE_ERR_ARG;
         return NULL;
     }
     const char *model = gpe_gguf_get_str(g, "tokenizer.ggml.model", NULL);
@@ -1999,6 +2010,7 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
     gpe_tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         seterr(err, errlen, "out of memory");
+        *st = GPE_ERR_NOMEM;
         return NULL;
     }
     if (strcmp(model, "llama") == 0) {
@@ -2014,9 +2026,9 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
                model);
         goto fail;
     }
-    if (!load_vocab(t, g, err, errlen))
+    if ((*st = load_vocab(t, g, err, errlen)) != GPE_OK)
         goto fail;
-    if (t->kind == KIND_BPE && !load_merges(t, g, err, errlen))
+    if (t->kind == KIND_BPE && (*st = load_merges(t, g, err, errlen)) != GPE_OK)
         goto fail;
 
     /* defaults (llama.cpp): spm bos 1, eos 2, unk 0, adds BOS and a space
@@ -2030,8 +2042,10 @@ gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen)
     build_cover(t);
     if (!build_specials(t)) {
         seterr(err, errlen, "out of memory building the special-token index");
+        *st = GPE_ERR_NOMEM;
         goto fail;
     }
+    *st = GPE_OK;
     return t;
 fail:
     gpe_tokenizer_free(t);

@@ -59,6 +59,12 @@ enum {
 /* Build the tokenizer from a GGUF's metadata. NULL with err set on a
  * missing/malformed vocabulary or an unsupported tokenizer.ggml.model. */
 gpe_tokenizer *gpe_tokenizer_load(const gpe_gguf *g, char *err, size_t errlen);
+/* The same with why in *st (st may be NULL): GPE_OK; GPE_ERR_NOMEM, an
+ * allocation failed (err says "out of memory ...": not the file's fault, a
+ * retry may pass); GPE_ERR_FORMAT, a missing or malformed vocabulary or an
+ * unsupported tokenizer.ggml.model; GPE_ERR_ARG, g NULL. */
+gpe_tokenizer *gpe_tokenizer_load_status(const gpe_gguf *g, char *err, size_t errlen,
+                                         gpe_status *st);
 void gpe_tokenizer_free(gpe_tokenizer *t);   /* NULL is fine */
 
 /* Non-fatal remark from load (e.g. "unknown pre-tokenizer 'x', using
