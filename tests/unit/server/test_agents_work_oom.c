@@ -14,141 +14,27 @@
  * agent healthy again (agents_dispatch_parked).
  *
  * Real agents_api on a real gps_http bound to loopback, real registry,
- * scheduler and jobs (fixture_fleet.h); the agent is plain sockets. */
+ * scheduler and jobs (fixture_agents_http.h); the agent is plain sockets. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
-#include <arpa/inet.h>
-#include <event2/event.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/gp_json.h"
 #include "common/gp_util.h"
-#include "fixture_fleet.h"
+#include "fixture_agents_http.h"
 #include "fixture_oom.h"
-#include "server/agents_api.h"
-#include "server/http/http.h"
 
-#define AGENT "00000000-0000-4000-8000-000000000001"
-#define POLL_BODY                                                                              \
-    "{\"agent_id\":\"" AGENT "\",\"name\":\"a1\",\"models\":[{\"id\":\"m1\"}],"               \
-    "\"slots\":{\"total\":2}}"
+#define AGENT AGENTS_HTTP_AGENT
+#define POLL_BODY AGENTS_HTTP_POLL_BODY
 #define WORK_BODY "{\"agent_id\":\"" AGENT "\",\"free_slots\":2}"
 #define NJOBS 2
-
-typedef struct server {
-    struct event_base *base;
-    fleet f;
-    gps_agents *g;
-    gps_http *h;
-    int port;
-} server;
-
-/* The auth hook (every key allowed) arms the sweep: its failures start at
- * the request's handling, past the HTTP gate's own (which refuses 503
- * OUT_OF_MEMORY, out of this test's scope). */
-static size_t arm_at; /* 0: nothing to arm */
-
-static int auth_arming(void *arg, const char *credential, gps_role role, char key_id[65],
-                       const char *client)
-{
-    (void)arg, (void)credential, (void)role, (void)client;
-    key_id[0] = '\0';
-    if (arm_at)
-        arm_beneath(arm_at);
-    arm_at = 0;
-    return 0;
-}
-
-static void server_start(server *s)
-{
-    memset(s, 0, sizeof *s);
-    s->base = event_base_new();
-    assert_non_null(s->base);
-    gps_agents_opts ao = {.poll_interval_sec = 15, .work_wait_sec = 25,
-                          .agent_timeout_sec = 90, .disconnect_grace_ms = 1000};
-    s->g = gps_agents_new(s->base, &ao, NULL, NULL);
-    assert_non_null(s->g);
-    registry_config rc;
-    registry_config_default(&rc);
-    rc.listener = gps_agents_on_transition;
-    rc.listener_ud = s->g;
-    fleet_init_on(&s->f, s->base, NULL, &rc, NULL);
-    assert_int_equal(gps_agents_attach(s->g, s->f.reg, s->f.s, s->f.jobs), 0);
-    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
-                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
-                       .header_timeout_sec = 30, .body_timeout_sec = 30};
-    s->h = gps_http_new(s->base, &o);
-    assert_non_null(s->h);
-    assert_int_equal(gps_agents_register(s->h, s->g), 0);
-    gps_http_set_auth(s->h, auth_arming, NULL);
-    char err[128];
-    assert_int_equal(gps_http_bind(s->h, "127.0.0.1", 0, &s->port, err, sizeof err), 0);
-}
-
-static void server_stop(server *s)
-{
-    gps_http_free(s->h);
-    gps_agents_free(s->g);
-    fleet_free(&s->f);
-    event_base_free(s->base);
-}
-
-/* A new connection (made before the sweep is armed). */
-static int connect_to(server *s)
-{
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c, (struct sockaddr *)&a, sizeof a), 0);
-    return c;
-}
-
-static void send_post(int c, const char *path, const char *body)
-{
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n%s",
-                     path, strlen(body), body);
-    assert_int_equal(send(c, req, (size_t)n, 0), n);
-}
-
-/* The reply on c within rounds turns of the loop: its status, its body into
- * *body (fixed storage: nothing allocated here while the sweep is armed);
- * 0 when none came (a parked work request). */
-static int reply_of(server *s, int c, char *out, size_t cap, const char **body, int rounds)
-{
-    size_t got = 0;
-    out[0] = '\0';
-    for (int round = 0; round < rounds; round++) {
-        event_base_loop(s->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-        ssize_t k = recv(c, out + got, cap - 1 - got, MSG_DONTWAIT);
-        if (k > 0) {
-            got += (size_t)k;
-            out[got] = '\0';
-        }
-        const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
-        if (end && cl && got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)) {
-            *body = end + 4;
-            return (int)strtol(out + 9, NULL, 10);
-        }
-        if (k <= 0)
-            usleep(1000);
-    }
-    *body = out;
-    return 0;
-}
 
 /* Which of jobs a 200 work reply carries: marks in[], returns how many;
  * -1 when they are not the first ones in queue order. */
@@ -200,14 +86,14 @@ static int books_agree(size_t run, registry_agent *a, gps_job *const *jobs, cons
 
 /* A reply on c (a work request sent) carries the jobs the first reply did
  * not, in order. */
-static int rest_on(server *s, size_t run, int c, gps_job *const *jobs, const bool *in)
+static int rest_on(agents_http *s, size_t run, int c, gps_job *const *jobs, const bool *in)
 {
     int rest = 0;
     for (int i = 0; i < NJOBS; i++)
         rest += !in[i];
     char out[16384];
     const char *body;
-    int st = reply_of(s, c, out, sizeof out, &body, 5000);
+    int st = agents_http_reply(s, c, out, sizeof out, &body, 5000);
     json_t *r = st == 200 ? json_loads(body, 0, NULL) : NULL;
     json_t *arr = json_object_get(r, "jobs");
     int bad = (int)json_array_size(arr) != rest;
@@ -226,28 +112,28 @@ static int rest_on(server *s, size_t run, int c, gps_job *const *jobs, const boo
 
 /* The agent's next work request (not armed) gets the jobs the first reply
  * did not carry, in order. */
-static int next_gets_rest(server *s, size_t run, gps_job *const *jobs, const bool *in)
+static int next_gets_rest(agents_http *s, size_t run, gps_job *const *jobs, const bool *in)
 {
     int rest = 0;
     for (int i = 0; i < NJOBS; i++)
         rest += !in[i];
     if (rest == 0)
         return 0;
-    int c = connect_to(s);
-    send_post(c, "/agents/work", WORK_BODY);
+    int c = agents_http_connect(s);
+    agents_http_send_post(c, "/agents/work", WORK_BODY);
     int bad = rest_on(s, run, c, jobs, in);
     close(c);
     return bad;
 }
 
 /* Register (a poll) and queue NJOBS jobs for m1, the agent not yet asking. */
-static registry_agent *fleet_with_queue(server *s, gps_job **jobs)
+static registry_agent *fleet_with_queue(agents_http *s, gps_job **jobs)
 {
-    int c = connect_to(s);
+    int c = agents_http_connect(s);
     char out[8192];
     const char *body;
-    send_post(c, "/agents/poll", POLL_BODY);
-    assert_int_equal(reply_of(s, c, out, sizeof out, &body, 5000), 200);
+    agents_http_send_post(c, "/agents/poll", POLL_BODY);
+    assert_int_equal(agents_http_reply(s, c, out, sizeof out, &body, 5000), 200);
     close(c);
     registry_agent *a = registry_get(s->f.reg, AGENT);
     assert_non_null(a);
@@ -265,16 +151,17 @@ static void test_work_oom(void **state)
     (void)state;
     size_t n, bad = 0, failed = 0, partial = 0;
     for (n = 1;; n++) {
-        server s;
-        server_start(&s);
+        agents_http_run = n;
+        agents_http s;
+        agents_http_start(&s, arm_beneath);
         gps_job *jobs[NJOBS];
         registry_agent *a = fleet_with_queue(&s, jobs);
-        int c = connect_to(&s);
-        send_post(c, "/agents/work", WORK_BODY);
-        arm_at = n;
+        int c = agents_http_connect(&s);
+        agents_http_send_post(c, "/agents/work", WORK_BODY);
+        s.arm_at = n;
         char out[16384];
         const char *body;
-        int st = reply_of(&s, c, out, sizeof out, &body, 5000);
+        int st = agents_http_reply(&s, c, out, sizeof out, &body, 5000);
         bool hit = disarm();
         close(c);
         bool in[NJOBS] = {false};
@@ -288,7 +175,7 @@ static void test_work_oom(void **state)
             bad += (size_t)books_agree(n, a, jobs, in, sent);
             bad += (size_t)next_gets_rest(&s, n, jobs, in);
         }
-        server_stop(&s);
+        agents_http_stop(&s);
         if (!hit)
             break;
     }
@@ -306,18 +193,19 @@ static void test_dispatch_parked_oom(void **state)
     (void)state;
     size_t n, bad = 0, failed = 0;
     for (n = 1;; n++) {
-        server s;
-        server_start(&s);
-        int c = connect_to(&s);
+        agents_http_run = n;
+        agents_http s;
+        agents_http_start(&s, arm_beneath);
+        int c = agents_http_connect(&s);
         char out[16384];
         const char *body;
-        send_post(c, "/agents/poll", POLL_BODY);
-        assert_int_equal(reply_of(&s, c, out, sizeof out, &body, 5000), 200);
+        agents_http_send_post(c, "/agents/poll", POLL_BODY);
+        assert_int_equal(agents_http_reply(&s, c, out, sizeof out, &body, 5000), 200);
         close(c);
         registry_agent *a = registry_get(s.f.reg, AGENT);
-        int w = connect_to(&s);
-        send_post(w, "/agents/work", WORK_BODY);
-        assert_int_equal(reply_of(&s, w, out, sizeof out, &body, 50), 0); /* parked */
+        int w = agents_http_connect(&s);
+        agents_http_send_post(w, "/agents/work", WORK_BODY);
+        assert_int_equal(agents_http_reply(&s, w, out, sizeof out, &body, 50), 0); /* parked */
         registry_mark_suspect(s.f.reg, a, gp_now_mono_ms(), "test");
         gps_job *jobs[NJOBS];
         for (int i = 0; i < NJOBS; i++) {
@@ -325,11 +213,11 @@ static void test_dispatch_parked_oom(void **state)
             jobs[i] = fleet_submit(&s.f, &sp);
             assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
         }
-        c = connect_to(&s);
-        send_post(c, "/agents/poll", POLL_BODY);
-        arm_at = n;
-        int pst = reply_of(&s, c, out, sizeof out, &body, 5000);
-        int st = reply_of(&s, w, out, sizeof out, &body, 50);
+        c = agents_http_connect(&s);
+        agents_http_send_post(c, "/agents/poll", POLL_BODY);
+        s.arm_at = n;
+        int pst = agents_http_reply(&s, c, out, sizeof out, &body, 5000);
+        int st = agents_http_reply(&s, w, out, sizeof out, &body, 50);
         bool hit = disarm();
         close(c);
         bool in[NJOBS] = {false};
@@ -346,9 +234,9 @@ static void test_dispatch_parked_oom(void **state)
             /* The next poll (the agent healthy again, if this one failed
              * before) hands the rest to the work request still parked, or
              * to the next one. */
-            c = connect_to(&s);
-            send_post(c, "/agents/poll", POLL_BODY);
-            assert_int_equal(reply_of(&s, c, out, sizeof out, &body, 5000), 200);
+            c = agents_http_connect(&s);
+            agents_http_send_post(c, "/agents/poll", POLL_BODY);
+            assert_int_equal(agents_http_reply(&s, c, out, sizeof out, &body, 5000), 200);
             close(c);
             if (st == 0)
                 bad += (size_t)rest_on(&s, n, w, jobs, in);
@@ -356,7 +244,7 @@ static void test_dispatch_parked_oom(void **state)
             if (st != 0)
                 bad += (size_t)next_gets_rest(&s, n, jobs, in);
         }
-        server_stop(&s);
+        agents_http_stop(&s);
         if (!hit)
             break;
     }

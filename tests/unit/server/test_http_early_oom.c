@@ -15,103 +15,19 @@
  * (evhttp_connection_base_bufferevent_new frees a half-made connection).
  *
  * Real agents_api on a real gps_http bound to loopback, real registry,
- * scheduler and jobs (fixture_fleet.h); the client is a plain socket. */
-#include <errno.h>
+ * scheduler and jobs (fixture_agents_http.h); the client is a plain socket. */
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
-#include <arpa/inet.h>
-#include <event2/event.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "common/gp_json.h"
-#include "fixture_fleet.h"
+#include "fixture_agents_http.h"
 #include "fixture_oom.h"
-#include "server/agents_api.h"
-#include "server/http/http.h"
-
-#define AGENT "00000000-0000-4000-8000-000000000001"
-#define POLL_BODY                                                                              \
-    "{\"agent_id\":\"" AGENT "\",\"name\":\"a1\",\"models\":[{\"id\":\"m1\"}],"               \
-    "\"slots\":{\"total\":2}}"
-
-typedef struct server {
-    struct event_base *base;
-    fleet f;
-    gps_agents *g;
-    gps_http *h;
-    int port;
-    int c; /* the agent's connection for the next poll (poll_once's) */
-} server;
-
-/* Every key allowed; nothing armed here (the sweep arms before the
- * request's bytes reach the server). */
-static int auth_any(void *arg, const char *credential, gps_role role, char key_id[65],
-                    const char *client)
-{
-    (void)arg, (void)credential, (void)role, (void)client;
-    key_id[0] = '\0';
-    return 0;
-}
-
-static void server_start(server *s)
-{
-    memset(s, 0, sizeof *s);
-    s->base = event_base_new();
-    assert_non_null(s->base);
-    gps_agents_opts ao = {.poll_interval_sec = 15, .work_wait_sec = 25,
-                          .agent_timeout_sec = 90, .disconnect_grace_ms = 1000};
-    s->g = gps_agents_new(s->base, &ao, NULL, NULL);
-    assert_non_null(s->g);
-    registry_config rc;
-    registry_config_default(&rc);
-    rc.listener = gps_agents_on_transition;
-    rc.listener_ud = s->g;
-    fleet_init_on(&s->f, s->base, NULL, &rc, NULL);
-    assert_int_equal(gps_agents_attach(s->g, s->f.reg, s->f.s, s->f.jobs), 0);
-    gps_http_opts o = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
-                       .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
-                       .header_timeout_sec = 30, .body_timeout_sec = 30};
-    s->h = gps_http_new(s->base, &o);
-    assert_non_null(s->h);
-    assert_int_equal(gps_agents_register(s->h, s->g), 0);
-    gps_http_set_auth(s->h, auth_any, NULL);
-    char err[128];
-    assert_int_equal(gps_http_bind(s->h, "127.0.0.1", 0, &s->port, err, sizeof err), 0);
-    s->c = -1;
-}
-
-/* A new connection for each poll (made before the sweep is armed). */
-static void reconnect(server *s)
-{
-    if (s->c >= 0)
-        close(s->c);
-    s->c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(s->c, (struct sockaddr *)&a, sizeof a), 0);
-}
-
-static void server_stop(server *s)
-{
-    if (s->c >= 0)
-        close(s->c);
-    gps_http_free(s->h);
-    gps_agents_free(s->g);
-    fleet_free(&s->f);
-    event_base_free(s->base);
-}
 
 /* A run that has not ended in this long is a connection left hanging:
  * far below the server's header, body and idle timeouts (30 s). */
@@ -119,60 +35,14 @@ static void server_stop(server *s)
 
 /* How a poll ended: its reply's status, CLOSED (the server closed the
  * connection without a whole reply) or HUNG (neither within RUN_WAIT_MS). */
-enum { CLOSED = -1, HUNG = -2 };
-
-/* Set around each event_base_loop pass: a pass that does not return (a
- * callback that spins) is caught by the alarm, which names the run. */
-static volatile sig_atomic_t in_loop;
-static size_t run_n;
-
-static void on_alarm(int sig)
-{
-    (void)sig;
-    char msg[128];
-    int n = snprintf(msg, sizeof msg, "run %zu: the event loop did not return (%s)\n", run_n,
-                     in_loop ? "spinning in a callback" : "in the test");
-    if (n > 0)
-        (void)!write(2, msg, (size_t)n);
-    _exit(1);
-}
+enum { CLOSED = AGENTS_HTTP_CLOSED, HUNG = AGENTS_HTTP_NONE };
 
 /* One POST /agents/poll on the agent's connection: the reply's status (or
  * CLOSED / HUNG), its body into body (fixed storage: nothing allocated
  * here while the sweep is armed). */
-static int poll_once(server *s, char *out, size_t cap, const char **body)
+static int poll_once(agents_http *s, char *out, size_t cap, const char **body)
 {
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /agents/poll HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n%s",
-                     strlen(POLL_BODY), POLL_BODY);
-    assert_int_equal(send(s->c, req, (size_t)n, 0), n);
-    size_t got = 0;
-    out[0] = '\0';
-    *body = out;
-    for (int ms = 0; ms < RUN_WAIT_MS; ms++) {
-        alarm(10);
-        in_loop = 1;
-        event_base_loop(s->base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-        in_loop = 0;
-        alarm(0);
-        ssize_t k = recv(s->c, out + got, cap - 1 - got, MSG_DONTWAIT);
-        if (k > 0) {
-            got += (size_t)k;
-            out[got] = '\0';
-        }
-        const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
-        if (end && cl && got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)) {
-            *body = end + 4;
-            return (int)strtol(out + 9, NULL, 10);
-        }
-        if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
-            return CLOSED;
-        if (k < 0)
-            usleep(1000);
-    }
-    return HUNG;
+    return agents_http_poll(s, out, cap, body, RUN_WAIT_MS);
 }
 
 /* A refusal's body in the native dialect: {"error":{"code":...}}. */
@@ -185,42 +55,53 @@ static bool native_error(const char *body, const char *code)
     return ok;
 }
 
+/* A swept poll that ended with st (its reply in out): a 500 or a closed
+ * connection counted, a 200 passed, anything else (no reply and the
+ * connection left open) a problem; then the server goes on: the next poll,
+ * on a new connection, is served. Returns the problems. */
+static size_t poll_then_next(agents_http *s, size_t n, int st, char *out, size_t cap,
+                             size_t *failed, size_t *closed)
+{
+    size_t bad = 0;
+    if (st == 500) {
+        (*failed)++;
+    } else if (st == CLOSED) {
+        (*closed)++;
+    } else if (st != 200) {
+        print_message("run %zu: the poll %s%d: %.300s\n", n,
+                      st == HUNG ? "got no reply and was not closed " : "answered ", st, out);
+        bad++;
+    }
+    agents_http_reconnect(s);
+    const char *body;
+    st = poll_once(s, out, cap, &body);
+    if (st != 200) {
+        print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
+        bad++;
+    }
+    return bad;
+}
+
 static void test_poll_early_oom(void **state)
 {
     (void)state;
-    signal(SIGALRM, on_alarm);
     size_t n, bad = 0, failed = 0, closed = 0;
     for (n = 1;; n++) {
-        run_n = n;
-        server s;
-        server_start(&s);
+        agents_http_run = n;
+        agents_http s;
+        agents_http_start(&s, NULL);
         char out[8192];
         const char *body;
-        reconnect(&s);
+        agents_http_reconnect(&s);
         arm_beneath(n);
         int st = poll_once(&s, out, sizeof out, &body);
         bool hit = disarm();
-        if (st == 500) {
-            failed++;
-            if (!native_error(body, "INTERNAL")) {
-                print_message("run %zu: %d with an unexpected body: %s\n", n, st, body);
-                bad++;
-            }
-        } else if (st == CLOSED) {
-            closed++;
-        } else if (st != 200) {
-            print_message("run %zu: the poll %s%d: %.300s\n", n,
-                          st == HUNG ? "got no reply and was not closed " : "answered ", st, out);
+        if (st == 500 && !native_error(body, "INTERNAL")) {
+            print_message("run %zu: %d with an unexpected body: %s\n", n, st, body);
             bad++;
         }
-        /* The server goes on: the next poll, on a new connection, is served. */
-        reconnect(&s);
-        st = poll_once(&s, out, sizeof out, &body);
-        if (st != 200) {
-            print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
-            bad++;
-        }
-        server_stop(&s);
+        bad += poll_then_next(&s, n, st, out, sizeof out, &failed, &closed);
+        agents_http_stop(&s);
         if (!hit)
             break;
     }
@@ -274,39 +155,24 @@ static void *ev_realloc(void *p, size_t n)
 static void test_poll_gate_buffers_oom(void **state)
 {
     (void)state;
-    signal(SIGALRM, on_alarm);
     size_t n, bad = 0, failed = 0, closed = 0;
     for (n = 1;; n++) {
-        run_n = n;
-        server s;
-        server_start(&s);
+        agents_http_run = n;
+        agents_http s;
+        agents_http_start(&s, NULL);
         char out[8192];
         const char *body;
-        reconnect(&s);
+        agents_http_reconnect(&s);
         for (int i = 0; i < 5; i++) /* accepted and gated */
-            event_base_loop(s.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+            agents_http_turn(&s);
         countdown = n; /* libevent's allocations in the gate alone */
         injected = false;
         ev_armed = true;
         int st = poll_once(&s, out, sizeof out, &body);
         ev_armed = false;
         bool hit = disarm();
-        if (st == 500) {
-            failed++;
-        } else if (st == CLOSED) {
-            closed++;
-        } else if (st != 200) {
-            print_message("run %zu: the poll %s%d: %.300s\n", n,
-                          st == HUNG ? "got no reply and was not closed " : "answered ", st, out);
-            bad++;
-        }
-        reconnect(&s);
-        st = poll_once(&s, out, sizeof out, &body);
-        if (st != 200) {
-            print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
-            bad++;
-        }
-        server_stop(&s);
+        bad += poll_then_next(&s, n, st, out, sizeof out, &failed, &closed);
+        agents_http_stop(&s);
         if (!hit)
             break;
     }
@@ -328,46 +194,25 @@ static void openai_ok(gps_req *r, void *arg)
 static void test_openai_path_early_oom(void **state)
 {
     (void)state;
-    signal(SIGALRM, on_alarm);
     size_t n, bad = 0, openai_500 = 0;
     for (n = 1;; n++) {
-        run_n = n;
-        server s;
-        server_start(&s);
+        agents_http_run = n;
+        agents_http s;
+        agents_http_start(&s, NULL);
         assert_int_equal(gps_http_add_route(s.h, EVHTTP_REQ_POST, "/v1/chat/completions",
                                             GPS_DIALECT_OPENAI, GPS_ROLE_CLIENT, openai_ok, NULL),
                          0);
         char out[8192];
-        reconnect(&s);
+        agents_http_reconnect(&s);
         static const char req[] = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                                   "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
-        assert_int_equal(send(s.c, req, sizeof req - 1, 0), (ssize_t)(sizeof req - 1));
+        agents_http_send(s.c, req, sizeof req - 1);
         arm_beneath(n);
-        int st = HUNG;
-        size_t got = 0;
-        out[0] = '\0';
-        for (int ms = 0; ms < RUN_WAIT_MS && st == HUNG; ms++) {
-            alarm(10);
-            in_loop = 1;
-            event_base_loop(s.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
-            in_loop = 0;
-            alarm(0);
-            ssize_t k = recv(s.c, out + got, sizeof out - 1 - got, MSG_DONTWAIT);
-            if (k > 0) {
-                got += (size_t)k;
-                out[got] = '\0';
-            }
-            const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
-            if (end && (!cl || got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)))
-                st = (int)strtol(out + 9, NULL, 10);
-            else if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
-                st = CLOSED;
-            else if (k < 0)
-                usleep(1000);
-        }
+        const char *body;
+        int st = agents_http_reply(&s, s.c, out, sizeof out, &body, RUN_WAIT_MS);
         bool hit = disarm();
         if (st == 500) {
-            json_t *b = json_loads(strstr(out, "\r\n\r\n") + 4, 0, NULL);
+            json_t *b = json_loads(body, 0, NULL);
             json_t *e = json_object_get(b, "error");
             const char *code = json_string_value(json_object_get(e, "code"));
             if (json_is_string(json_object_get(e, "type")) && code && strcmp(code, "internal") == 0) {
@@ -381,7 +226,7 @@ static void test_openai_path_early_oom(void **state)
             print_message("run %zu: answered %d: %.300s\n", n, st, out);
             bad++;
         }
-        server_stop(&s);
+        agents_http_stop(&s);
         if (!hit)
             break;
     }
