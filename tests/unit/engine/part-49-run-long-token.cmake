@@ -1,11 +1,12 @@
 # gpupool-run (src/run) with a token longer than its old fixed buffers
 # (generate's 256 bytes, tokenize's 512): the real binary run on
-# stories260K with tokens rewritten long, its whole text out of generate
-# (plain and --json) and tokenize; and the binary swept (the N-th
+# stories260K with tokens rewritten long (fixture_gguf.{h,c}), its whole
+# text out of generate (plain and --json) and tokenize; and the binary swept (the N-th
 # allocation fails, run_failalloc.c preloaded; not under the sanitizers,
 # whose allocator must come first).
 gp_add_unit_test(test_run_long_token
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_run_long_token.c
+          ${CMAKE_CURRENT_LIST_DIR}/fixture_gguf.c
   LIBS PkgConfig::JANSSON
   LABELS engine run)
 add_dependencies(test_run_long_token gpupool-run)

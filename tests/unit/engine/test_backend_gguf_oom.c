@@ -57,6 +57,7 @@
 #define GPS_FIXTURE_OOM_LIBC
 #define GPS_FIXTURE_OOM_STRDUP
 #include "../server/fixture_oom.h"
+#include "fixture_gguf.h"
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
 
@@ -589,118 +590,6 @@ static void test_chat_sweep(void **state)
 
 /* ---------------------------------------------- a model with a tools format */
 
-/* GGUF facts (the format's specification): "GGUF", u32 version, u64
- * tensor count, u64 key-value count, the key-values (u64-length key, u32
- * type, value), the tensor infos, padding to general.alignment (32 by
- * default), the tensor data (offsets relative to its start). */
-static size_t scalar_size(uint32_t t)
-{
-    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return t < sizeof sz / sizeof sz[0] ? sz[t] : 0;
-}
-
-static uint64_t u64_at(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static uint32_t u32_at(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* The offset after a value of type t at off. */
-static size_t skip_value(const unsigned char *buf, size_t off, uint32_t t)
-{
-    if (t == 8)
-        return off + 8 + (size_t)u64_at(buf + off);
-    if (t == 9) {
-        uint32_t at = u32_at(buf + off);
-        uint64_t n = u64_at(buf + off + 4);
-        off += 12;
-        if (scalar_size(at))
-            return off + scalar_size(at) * (size_t)n;
-        for (uint64_t i = 0; i < n; i++)
-            off = skip_value(buf, off, at);
-        return off;
-    }
-    return off + scalar_size(t);
-}
-
-static void put_str(FILE *f, const char *s)
-{
-    uint64_t n = strlen(s);
-    fwrite(&n, 8, 1, f);
-    fwrite(s, 1, n, f);
-}
-
-/* src copied to dst with tokenizer.chat_template set to tmpl and
- * llama.context_length to ctx (both replaced). */
-static void gguf_with_template(const char *src, const char *dst, const char *tmpl, uint32_t ctx)
-{
-    FILE *f = fopen(src, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    size_t len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(len);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, len, f), len);
-    fclose(f);
-    assert_memory_equal(buf, "GGUF", 4);
-    uint32_t version = u32_at(buf + 4);
-    uint64_t n_t = u64_at(buf + 8), n_kv = u64_at(buf + 16), n_out = 2;
-    size_t off = 24, align = 32;
-    FILE *o = fopen(dst, "wb");
-    assert_non_null(o);
-    /* the header is written again once the key-values kept are counted */
-    fwrite(buf, 1, 24, o);
-    for (uint64_t i = 0; i < n_kv; i++) {
-        size_t start = off, klen = (size_t)u64_at(buf + off);
-        const char *k = (const char *)buf + off + 8;
-        off += 8 + klen;
-        uint32_t t = u32_at(buf + off);
-        off = skip_value(buf, off + 4, t);
-        assert_true(off <= len);
-        if (klen == 17 && memcmp(k, "general.alignment", 17) == 0 && t == 4)
-            align = u32_at(buf + off - 4);
-        if ((klen == 23 && memcmp(k, "tokenizer.chat_template", 23) == 0) ||
-            (klen == 20 && memcmp(k, "llama.context_length", 20) == 0))
-            continue;
-        fwrite(buf + start, 1, off - start, o);
-        n_out++;
-    }
-    uint32_t t_str = 8, t_u32 = 4;
-    put_str(o, "tokenizer.chat_template");
-    fwrite(&t_str, 4, 1, o);
-    put_str(o, tmpl);
-    put_str(o, "llama.context_length");
-    fwrite(&t_u32, 4, 1, o);
-    fwrite(&ctx, 4, 1, o);
-    size_t info = off;
-    for (uint64_t i = 0; i < n_t; i++) {
-        off += 8 + (size_t)u64_at(buf + off);
-        uint32_t nd = u32_at(buf + off);
-        off += 4 + 8 * (size_t)nd + 4 + 8;
-    }
-    fwrite(buf + info, 1, off - info, o);
-    long at = ftell(o);
-    static const char zero[64];
-    fwrite(zero, 1, (align - (size_t)at % align) % align, o);
-    size_t data = (off + align - 1) / align * align;
-    fwrite(buf + data, 1, len - data, o);
-    fseek(o, 4, SEEK_SET);
-    fwrite(&version, 4, 1, o);
-    fwrite(&n_t, 8, 1, o);
-    fwrite(&n_out, 8, 1, o);
-    assert_int_equal(fclose(o), 0);
-    free(buf);
-}
-
 /* A chatml template with a tools format (gpe_chat_template_supports_tools). */
 #define TOOLS_TEMPLATE                                                                         \
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"            \
@@ -717,7 +606,7 @@ static void test_tools_sweep(void **state)
     int fd = mkstemps(path, 5);
     assert_true(fd >= 0);
     close(fd);
-    gguf_with_template(STORIES, path, TOOLS_TEMPLATE, 2048);
+    fixture_gguf_with_template(STORIES, path, TOOLS_TEMPLATE, 2048);
     agent_backend *b = make(path, 2048, false);
     json_t *models = b->ops->models(b);
     assert_true(json_is_true(json_object_get(json_array_get(models, 0), "supports_tools")));
@@ -764,71 +653,11 @@ static void test_tools_sweep(void **state)
 /* ------------------------------------------- a token longer than 256 bytes */
 
 /* src copied to dst with the vocabulary's token `from` (tokenizer.ggml.
- * tokens) spelled `to` instead; its id. */
+ * tokens) spelled `to` instead; its id (the token must be there). */
 static int32_t gguf_with_token(const char *src, const char *dst, const char *from, const char *to)
 {
-    FILE *f = fopen(src, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    size_t len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(len);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, len, f), len);
-    fclose(f);
-    assert_memory_equal(buf, "GGUF", 4);
-    uint64_t n_t = u64_at(buf + 8), n_kv = u64_at(buf + 16);
-    size_t off = 24, align = 32;
-    int32_t id = -1;
-    FILE *o = fopen(dst, "wb");
-    assert_non_null(o);
-    fwrite(buf, 1, 24, o);
-    for (uint64_t i = 0; i < n_kv; i++) {
-        size_t start = off, klen = (size_t)u64_at(buf + off);
-        const char *k = (const char *)buf + off + 8;
-        off += 8 + klen;
-        uint32_t t = u32_at(buf + off);
-        size_t val = off + 4;
-        off = skip_value(buf, val, t);
-        assert_true(off <= len);
-        if (klen == 17 && memcmp(k, "general.alignment", 17) == 0 && t == 4)
-            align = u32_at(buf + off - 4);
-        if (!(klen == 21 && memcmp(k, "tokenizer.ggml.tokens", 21) == 0 && t == 9 &&
-              u32_at(buf + val) == 8)) {
-            fwrite(buf + start, 1, off - start, o);
-            continue;
-        }
-        /* key, type, element type and count as they are; the strings one
-         * by one */
-        fwrite(buf + start, 1, val + 12 - start, o);
-        uint64_t n = u64_at(buf + val + 4);
-        size_t at = val + 12;
-        for (uint64_t e = 0; e < n; e++) {
-            size_t sl = (size_t)u64_at(buf + at);
-            if (sl == strlen(from) && memcmp(buf + at + 8, from, sl) == 0) {
-                put_str(o, to);
-                id = (int32_t)e;
-            } else {
-                fwrite(buf + at, 1, 8 + sl, o);
-            }
-            at += 8 + sl;
-        }
-    }
-    size_t info = off;
-    for (uint64_t i = 0; i < n_t; i++) {
-        off += 8 + (size_t)u64_at(buf + off);
-        uint32_t nd = u32_at(buf + off);
-        off += 4 + 8 * (size_t)nd + 4 + 8;
-    }
-    fwrite(buf + info, 1, off - info, o);
-    long at = ftell(o);
-    static const char zero[64];
-    fwrite(zero, 1, (align - (size_t)at % align) % align, o);
-    size_t data = (off + align - 1) / align * align;
-    fwrite(buf + data, 1, len - data, o);
-    assert_int_equal(fclose(o), 0);
-    free(buf);
-    assert_true(id >= 0);
+    int32_t id;
+    fixture_gguf_with_tokens(src, dst, &from, &to, &id, 1);
     return id;
 }
 
@@ -974,7 +803,8 @@ static void test_long_special_token(void **state)
     assert_true(fd1 >= 0 && fd2 >= 0);
     close(fd1);
     close(fd2);
-    gguf_with_template(STORIES, t1, "{{ bos_token }}[INST] {{ messages }} [/INST]", 256);
+    fixture_gguf_with_template(STORIES, t1, "{{ bos_token }}[INST] {{ messages }} [/INST]",
+                               256);
     char bos[128];
     snprintf(bos, sizeof bos, "<s>%s", "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~"
                                        "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~");

@@ -4,8 +4,8 @@
  * vocabularies have long whitespace runs) came back as -(needed) and was
  * written as "": its text vanished from the output. The real binary is run
  * on stories260K with tokens rewritten long (its GGUF's tokenizer.ggml.
- * tokens): " little", the greedy story's fifth token, made " little" and
- * 300 or 600 '~' (past 256, past 512), and the BOS "<s>" made "<s>" and 600
+ * tokens, fixture_gguf.h): " little", the greedy story's fifth token,
+ * made " little" and 300 or 600 '~' (past 256, past 512), and the BOS "<s>" made "<s>" and 600
  * '~'. Then the binary swept: the N-th allocation fails (run_failalloc.c
  * preloaded), and each run is the whole output or a clear "out of memory"
  * with a non-zero exit, its output cut short, never different. */
@@ -27,133 +27,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixture_gguf.h"
+
 extern char **environ;
 
 #define STORIES GP_SOURCE_DIR "/models/stories260K.gguf"
 #define PROMPT "Once upon a time"
-
-/* ------------------------------------------------ a GGUF with long tokens */
-
-/* GGUF facts (the format's specification): "GGUF", u32 version, u64
- * tensor count, u64 key-value count, the key-values (u64-length key, u32
- * type, value), the tensor infos, padding to general.alignment (32 by
- * default), the tensor data (offsets relative to its start). */
-static size_t scalar_size(uint32_t t)
-{
-    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return t < sizeof sz / sizeof sz[0] ? sz[t] : 0;
-}
-
-static uint64_t u64_at(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static uint32_t u32_at(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static size_t skip_value(const unsigned char *buf, size_t off, uint32_t t)
-{
-    if (t == 8)
-        return off + 8 + (size_t)u64_at(buf + off);
-    if (t == 9) {
-        uint32_t at = u32_at(buf + off);
-        uint64_t n = u64_at(buf + off + 4);
-        off += 12;
-        if (scalar_size(at))
-            return off + scalar_size(at) * (size_t)n;
-        for (uint64_t i = 0; i < n; i++)
-            off = skip_value(buf, off, at);
-        return off;
-    }
-    return off + scalar_size(t);
-}
-
-/* The strings of the tokens array from at, n of them, to o: from[k]
- * spelled to[k] (ids[k] its id). */
-static void put_tokens(FILE *o, const unsigned char *buf, size_t at, uint64_t n,
-                       const char *const *from, const char *const *to, int32_t *ids, int nr)
-{
-    for (uint64_t e = 0; e < n; e++) {
-        size_t sl = (size_t)u64_at(buf + at);
-        int k = 0;
-        while (k < nr && !(sl == strlen(from[k]) && memcmp(buf + at + 8, from[k], sl) == 0))
-            k++;
-        if (k < nr) {
-            uint64_t tl = strlen(to[k]);
-            fwrite(&tl, 8, 1, o);
-            fwrite(to[k], 1, tl, o);
-            ids[k] = (int32_t)e;
-        } else {
-            fwrite(buf + at, 1, 8 + sl, o);
-        }
-        at += 8 + sl;
-    }
-}
-
-/* STORIES copied to dst with its tokens from[k] spelled to[k]; their ids
- * into ids. */
-static void gguf_with_tokens(const char *dst, const char *const *from, const char *const *to,
-                             int32_t *ids, int nr)
-{
-    FILE *f = fopen(STORIES, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    size_t len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc(len);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, len, f), len);
-    fclose(f);
-    assert_memory_equal(buf, "GGUF", 4);
-    uint64_t n_t = u64_at(buf + 8), n_kv = u64_at(buf + 16);
-    size_t off = 24, align = 32;
-    for (int k = 0; k < nr; k++)
-        ids[k] = -1;
-    FILE *o = fopen(dst, "wb");
-    assert_non_null(o);
-    fwrite(buf, 1, 24, o);
-    for (uint64_t i = 0; i < n_kv; i++) {
-        size_t start = off, klen = (size_t)u64_at(buf + off);
-        const char *key = (const char *)buf + off + 8;
-        off += 8 + klen;
-        uint32_t t = u32_at(buf + off);
-        size_t val = off + 4;
-        off = skip_value(buf, val, t);
-        assert_true(off <= len);
-        if (klen == 17 && memcmp(key, "general.alignment", 17) == 0 && t == 4)
-            align = u32_at(buf + off - 4);
-        if (klen == 21 && memcmp(key, "tokenizer.ggml.tokens", 21) == 0 && t == 9 &&
-            u32_at(buf + val) == 8) {
-            fwrite(buf + start, 1, val + 12 - start, o);
-            put_tokens(o, buf, val + 12, u64_at(buf + val + 4), from, to, ids, nr);
-        } else {
-            fwrite(buf + start, 1, off - start, o);
-        }
-    }
-    size_t info = off;
-    for (uint64_t i = 0; i < n_t; i++) {
-        off += 8 + (size_t)u64_at(buf + off);
-        uint32_t nd = u32_at(buf + off);
-        off += 4 + 8 * (size_t)nd + 4 + 8;
-    }
-    fwrite(buf + info, 1, off - info, o);
-    long at = ftell(o);
-    static const char zero[64];
-    fwrite(zero, 1, (align - (size_t)at % align) % align, o);
-    size_t data = (off + align - 1) / align * align;
-    fwrite(buf + data, 1, len - data, o);
-    assert_int_equal(fclose(o), 0);
-    free(buf);
-    for (int k = 0; k < nr; k++)
-        assert_true(ids[k] >= 0);
-}
 
 /* ------------------------------------------------------ the real binary */
 
@@ -309,7 +188,7 @@ static void test_generate(void **state)
         snprintf(spelled, sizeof spelled, "\xE2\x96\x81little%s", run);
         const char *from[] = {"\xE2\x96\x81little"}, *to[] = {spelled};
         int32_t lil;
-        gguf_with_tokens(path, from, to, &lil, 1);
+        fixture_gguf_with_tokens(STORIES, path, from, to, &lil, 1);
         size_t nw = orig.nout + runs[i];
         char *want = malloc(nw + 1);
         assert_non_null(want);
@@ -372,7 +251,7 @@ static void test_tokenize(void **state)
     snprintf(bos, sizeof bos, "<s>%s", run);
     const char *from[] = {"<s>"}, *to[] = {bos};
     int32_t id;
-    gguf_with_tokens(path, from, to, &id, 1);
+    fixture_gguf_with_tokens(STORIES, path, from, to, &id, 1);
 
     res orig, r;
     tokenize(&orig, STORIES, 0);
@@ -471,7 +350,7 @@ static void test_sweep(void **state)
     snprintf(bos, sizeof bos, "<s>%s", run);
     const char *from[] = {"\xE2\x96\x81little", "<s>"}, *to[] = {lil, bos};
     int32_t ids[2];
-    gguf_with_tokens(path, from, to, ids, 2);
+    fixture_gguf_with_tokens(STORIES, path, from, to, ids, 2);
     int bad = sweep("generate", path, generate_plain, false);
     bad += sweep("generate --json", path, generate_json, true);
     bad += sweep("tokenize", path, tokenize, false);
