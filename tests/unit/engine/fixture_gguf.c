@@ -70,7 +70,6 @@ static void put_str(FILE *f, const char *s)
 typedef struct gguf {
     unsigned char *buf;
     size_t len;
-    uint32_t version;
     uint64_t n_t, n_kv;
     size_t align;   /* general.alignment, once the key-values are walked */
 } gguf;
@@ -88,7 +87,6 @@ static void gguf_load(gguf *g, const char *path)
     fclose(f);
     assert_true(g->len >= GGUF_HEADER);
     assert_memory_equal(g->buf, "GGUF", 4);
-    g->version = u32_at(g->buf + 4);
     g->n_t = u64_at(g->buf + 8);
     g->n_kv = u64_at(g->buf + 16);
     g->align = 32;
@@ -161,68 +159,115 @@ static void put_tokens(FILE *o, const unsigned char *buf, size_t at, uint64_t n,
     }
 }
 
-void fixture_gguf_with_tokens(const char *src, const char *dst, const char *const *from,
-                              const char *const *to, int32_t *ids, int nr)
+/* How gguf_rewrite changes a file: kv writes the key-value e to o as it
+ * should be (false: dropped), add appends key-values after the kept ones
+ * (how many; NULL: none). */
+typedef struct rewrite {
+    bool (*kv)(FILE *o, const gguf *g, const kv *e, void *ctx);
+    uint64_t (*add)(FILE *o, void *ctx);
+    void *ctx;
+} rewrite;
+
+/* src copied to dst through rw; the tensors as they are. */
+static void gguf_rewrite(const char *src, const char *dst, const rewrite *rw)
 {
     gguf g;
     gguf_load(&g, src);
-    for (int k = 0; k < nr; k++)
-        ids[k] = -1;
     FILE *o = fopen(dst, "wb");
     assert_non_null(o);
+    /* the header is written again once the key-values kept are counted */
     fwrite(g.buf, 1, GGUF_HEADER, o);
+    uint64_t n_out = 0;
     size_t off = GGUF_HEADER;
     for (uint64_t i = 0; i < g.n_kv; i++) {
         kv e = gguf_kv(&g, off);
         off = e.end;
-        if (kv_is(&e, "tokenizer.ggml.tokens") && e.t == GGUF_ARRAY &&
-            u32_at(g.buf + e.val) == GGUF_STRING) {
-            /* key, type, element type and count as they are; the strings
-             * one by one */
-            fwrite(g.buf + e.start, 1, e.val + 12 - e.start, o);
-            put_tokens(o, g.buf, e.val + 12, u64_at(g.buf + e.val + 4), from, to, ids, nr);
-        } else {
-            fwrite(g.buf + e.start, 1, e.end - e.start, o);
-        }
+        if (rw->kv(o, &g, &e, rw->ctx))
+            n_out++;
     }
+    if (rw->add)
+        n_out += rw->add(o, rw->ctx);
     gguf_copy_tensors(o, &g, off);
+    fseek(o, 16, SEEK_SET);
+    fwrite(&n_out, 8, 1, o);
     assert_int_equal(fclose(o), 0);
     free(g.buf);
+}
+
+static void put_kv(FILE *o, const gguf *g, const kv *e)
+{
+    fwrite(g->buf + e->start, 1, e->end - e->start, o);
+}
+
+/* ------------------------------------------------------------ the tokens */
+
+typedef struct tokens {
+    const char *const *from, *const *to;
+    int32_t *ids;
+    int nr;
+} tokens;
+
+static bool tokens_kv(FILE *o, const gguf *g, const kv *e, void *ctx)
+{
+    const tokens *tk = ctx;
+    if (!(kv_is(e, "tokenizer.ggml.tokens") && e->t == GGUF_ARRAY &&
+          u32_at(g->buf + e->val) == GGUF_STRING)) {
+        put_kv(o, g, e);
+        return true;
+    }
+    /* key, type, element type and count as they are; the strings one by
+     * one */
+    fwrite(g->buf + e->start, 1, e->val + 12 - e->start, o);
+    put_tokens(o, g->buf, e->val + 12, u64_at(g->buf + e->val + 4), tk->from, tk->to, tk->ids,
+               tk->nr);
+    return true;
+}
+
+void fixture_gguf_with_tokens(const char *src, const char *dst, const char *const *from,
+                              const char *const *to, int32_t *ids, int nr)
+{
+    tokens tk = {from, to, ids, nr};
+    rewrite rw = {tokens_kv, NULL, &tk};
+    for (int k = 0; k < nr; k++)
+        ids[k] = -1;
+    gguf_rewrite(src, dst, &rw);
     for (int k = 0; k < nr; k++)
         assert_true(ids[k] >= 0);
+}
+
+/* -------------------------------------------------------- the template */
+
+typedef struct chat {
+    const char *tmpl;
+    uint32_t ctx;
+} chat;
+
+static bool chat_kv(FILE *o, const gguf *g, const kv *e, void *ctx)
+{
+    (void)ctx;
+    if (kv_is(e, "tokenizer.chat_template") || kv_is(e, "llama.context_length"))
+        return false;
+    put_kv(o, g, e);
+    return true;
+}
+
+static uint64_t chat_add(FILE *o, void *ctx)
+{
+    const chat *c = ctx;
+    uint32_t t_str = GGUF_STRING, t_u32 = GGUF_U32;
+    put_str(o, "tokenizer.chat_template");
+    fwrite(&t_str, 4, 1, o);
+    put_str(o, c->tmpl);
+    put_str(o, "llama.context_length");
+    fwrite(&t_u32, 4, 1, o);
+    fwrite(&c->ctx, 4, 1, o);
+    return 2;
 }
 
 void fixture_gguf_with_template(const char *src, const char *dst, const char *tmpl,
                                 uint32_t ctx)
 {
-    gguf g;
-    gguf_load(&g, src);
-    uint64_t n_out = 2;
-    FILE *o = fopen(dst, "wb");
-    assert_non_null(o);
-    /* the header is written again once the key-values kept are counted */
-    fwrite(g.buf, 1, GGUF_HEADER, o);
-    size_t off = GGUF_HEADER;
-    for (uint64_t i = 0; i < g.n_kv; i++) {
-        kv e = gguf_kv(&g, off);
-        off = e.end;
-        if (kv_is(&e, "tokenizer.chat_template") || kv_is(&e, "llama.context_length"))
-            continue;
-        fwrite(g.buf + e.start, 1, e.end - e.start, o);
-        n_out++;
-    }
-    uint32_t t_str = GGUF_STRING, t_u32 = GGUF_U32;
-    put_str(o, "tokenizer.chat_template");
-    fwrite(&t_str, 4, 1, o);
-    put_str(o, tmpl);
-    put_str(o, "llama.context_length");
-    fwrite(&t_u32, 4, 1, o);
-    fwrite(&ctx, 4, 1, o);
-    gguf_copy_tensors(o, &g, off);
-    fseek(o, 4, SEEK_SET);
-    fwrite(&g.version, 4, 1, o);
-    fwrite(&g.n_t, 8, 1, o);
-    fwrite(&n_out, 8, 1, o);
-    assert_int_equal(fclose(o), 0);
-    free(g.buf);
+    chat c = {tmpl, ctx};
+    rewrite rw = {chat_kv, chat_add, &c};
+    gguf_rewrite(src, dst, &rw);
 }
