@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -270,4 +271,11 @@ void fixture_gguf_with_template(const char *src, const char *dst, const char *tm
     chat c = {tmpl, ctx};
     rewrite rw = {chat_kv, chat_add, &c};
     gguf_rewrite(src, dst, &rw);
+}
+
+void fixture_gguf_tmp(char *path)
+{
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    close(fd);
 }

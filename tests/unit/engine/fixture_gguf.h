@@ -24,4 +24,8 @@ void fixture_gguf_with_tokens(const char *src, const char *dst, const char *cons
 void fixture_gguf_with_template(const char *src, const char *dst, const char *tmpl,
                                 uint32_t ctx);
 
+/* A new empty file named after path, a template ending "XXXXXX.gguf"
+ * (mkstemps): path is its name. */
+void fixture_gguf_tmp(char *path);
+
 #endif

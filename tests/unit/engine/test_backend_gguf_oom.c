@@ -603,9 +603,7 @@ static void test_tools_sweep(void **state)
 {
     (void)state;
     char path[] = "/tmp/gpupool-test-tools-XXXXXX.gguf";
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    close(fd);
+    fixture_gguf_tmp(path);
     fixture_gguf_with_template(STORIES, path, TOOLS_TEMPLATE, 2048);
     agent_backend *b = make(path, 2048, false);
     json_t *models = b->ops->models(b);
@@ -695,9 +693,7 @@ static void test_long_token(void **state)
 {
     (void)state;
     char path[] = "/tmp/gpupool-test-longtok-XXXXXX.gguf";
-    int fd = mkstemps(path, 5);
-    assert_true(fd >= 0);
-    close(fd);
+    fixture_gguf_tmp(path);
     char spelled[16 + LONG_RUN], run_txt[LONG_RUN + 1];
     memset(run_txt, '~', LONG_RUN);
     run_txt[LONG_RUN] = '\0';
@@ -799,10 +795,8 @@ static void test_long_special_token(void **state)
     (void)state;
     char t1[] = "/tmp/gpupool-test-longbos1-XXXXXX.gguf";
     char t2[] = "/tmp/gpupool-test-longbos2-XXXXXX.gguf";
-    int fd1 = mkstemps(t1, 5), fd2 = mkstemps(t2, 5);
-    assert_true(fd1 >= 0 && fd2 >= 0);
-    close(fd1);
-    close(fd2);
+    fixture_gguf_tmp(t1);
+    fixture_gguf_tmp(t2);
     fixture_gguf_with_template(STORIES, t1, "{{ bos_token }}[INST] {{ messages }} [/INST]",
                                256);
     char bos[128];
