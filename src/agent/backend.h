@@ -207,6 +207,12 @@ struct agent_backend {
 agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen);
 /* Defined in backend_gguf.c (the embedded engine). */
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen);
+/* The same, and *nomem says why a NULL came back: true when memory ran out
+ * (a later try may load the model: the agent exits 1 and is restarted, a
+ * deployment retries), false for what a retry cannot fix (a damaged file,
+ * no usable GPU). */
+agent_backend *agent_backend_gguf_create_status(const agent_options *o, bool *nomem, char *err,
+                                                size_t errlen);
 /* Defined in backend_deploy.c: neither --model nor --upstream; the server's
  * deployments choose the model (gguf backends inside). */
 agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, size_t errlen);

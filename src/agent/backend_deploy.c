@@ -56,8 +56,8 @@ typedef struct held {
     const char *state;         /* downloading, loading, ready, failed */
     char reason[256];
     long long bytes, total, rate;
-    uint64_t retry_at_ms;      /* a transient download failure: try again then (0: none) */
-    unsigned retries;          /* transient failures in a row */
+    uint64_t retry_at_ms;      /* a transient download or load failure: try again then (0: none) */
+    unsigned retries;          /* transient failures in a row (until the model is ready) */
     agent_backend *inner;      /* the loaded model, or NULL */
     agent_options inner_o;     /* its options (outlive it) */
     char path[4096 + 256];     /* its file */
@@ -194,9 +194,12 @@ static int fetch_file(deploy_backend *b, held *h, char *err, size_t errlen)
 }
 
 /* Load h's file as a gguf backend named after the deployment; called
- * without mu. The inner backend, or NULL with err. */
-static agent_backend *load_file(deploy_backend *b, held *h, char *err, size_t errlen)
+ * without mu. The inner backend, or NULL with err and *nomem true when
+ * memory ran out (a later try may load it). */
+static agent_backend *load_file(deploy_backend *b, held *h, bool *nomem, char *err,
+                                size_t errlen)
 {
+    *nomem = false;
     /* On the CPU the weights live in memory: refuse what cannot fit
      * rather than let the kernel's OOM killer decide (a tenth over the
      * file for the KV cache and scratch). CUDA has its own preflight. */
@@ -210,7 +213,7 @@ static agent_backend *load_file(deploy_backend *b, held *h, char *err, size_t er
     h->inner_o = *b->o;
     h->inner_o.model = h->path;
     h->inner_o.alias = h->spec.name;
-    agent_backend *in = agent_backend_gguf_create(&h->inner_o, err, errlen);
+    agent_backend *in = agent_backend_gguf_create_status(&h->inner_o, nomem, err, errlen);
     if (!in)
         return NULL;
     json_t *m = in->ops->models(in);
@@ -247,10 +250,27 @@ static void drop_locked(deploy_backend *b, held *h)
     memset(h, 0, sizeof *h);
 }
 
+/* Try entry h again later with the backoff (mu held): 5 s doubling to
+ * 160 s, ten tries in a row. False when the tries are used up. */
+static bool retry_later(held *h, const char *what, const char *err)
+{
+    if (h->retries >= 10)
+        return false;
+    unsigned delay_s = 5u << (h->retries < 5 ? h->retries : 5);
+    h->retries++;
+    h->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
+    snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %.200s", delay_s,
+             h->retries, err);
+    gp_log_warn(what, "deployment %s: %s", h->spec.name, h->reason);
+    return true;
+}
+
 /* Download and load entry h (mu held on entry and exit). A download
  * trouble a later try may fix (the network, the source's 5xx) is retried
  * by this agent, the entry still "downloading" with the reason saying so;
- * a failure a retry cannot fix is reported and the server moves the
+ * so is a load that ran out of memory (not the file's fault), the entry
+ * still "loading" (the next try finds the file in the cache).
+ * A failure a retry cannot fix is reported and the server moves the
  * replica. */
 static void fetch_load_locked(deploy_backend *b, held *h)
 {
@@ -266,29 +286,25 @@ static void fetch_load_locked(deploy_backend *b, held *h)
     b->fetching = -1;
     if (b->quit || !wanted(b, &h->spec))
         return; /* the next step drops it */
-    if (rc == MODEL_FETCH_TRANSIENT && h->retries < 10) {
-        unsigned delay_s = 5u << (h->retries < 5 ? h->retries : 5);
-        h->retries++;
-        h->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
-        snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %.200s", delay_s,
-                 h->retries, err);
-        gp_log_warn("deploy_fetch_retry", "deployment %s: %s", h->spec.name, h->reason);
+    if (rc == MODEL_FETCH_TRANSIENT && retry_later(h, "deploy_fetch_retry", err))
         return;
-    }
     if (rc < 0) {
         set_failed(h, err);
         return;
     }
-    h->retries = 0;
     h->reason[0] = '\0';
     h->state = "loading";
     pthread_mutex_unlock(&b->mu);
-    agent_backend *in = load_file(b, h, err, sizeof err);
+    bool nomem = false;
+    agent_backend *in = load_file(b, h, &nomem, err, sizeof err);
     pthread_mutex_lock(&b->mu);
+    if (!in && nomem && retry_later(h, "deploy_load_retry", err))
+        return; /* still "loading"; the next try finds the file in the cache */
     if (!in) {
         set_failed(h, err);
         return;
     }
+    h->retries = 0;
     h->inner = in; /* dropped by the next step if no longer wanted */
     h->state = "ready";
     gp_log_info("deploy_ready", "deployment %s: serving %s", h->spec.name, h->path);

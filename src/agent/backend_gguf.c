@@ -492,12 +492,15 @@ static void engines_drop(gguf_backend *b)
 /* Choose where the model runs (gguf_plan.h) and start the engines there.
  * A CUDA context the engine refuses (its preflight: not enough VRAM) is
  * the CPU under --backend auto, a refusal under --backend cuda. Returns
- * 0 (b->refused may be set), or -1 with err: the agent exits. */
-static int place_model(gguf_backend *b, const agent_options *o, char *err, size_t errlen)
+ * GPE_OK (b->refused may be set), or the failure's status with err
+ * (GPE_ERR_NOMEM: memory ran out, a later try may load the model). */
+static gpe_status place_model(gguf_backend *b, const agent_options *o, char *err,
+                              size_t errlen)
 {
     gguf_plan plan;
-    if (gguf_plan_make(o, &plan, err, errlen) < 0)
-        return -1;
+    gpe_status pst = gguf_plan_make(o, &plan, err, errlen);
+    if (pst != GPE_OK)
+        return pst;
     bool must_cuda = o->backend && strcmp(o->backend, "cuda") == 0;
     char e[512];
     gpe_status st = GPE_OK;
@@ -513,8 +516,8 @@ static int place_model(gguf_backend *b, const agent_options *o, char *err, size_
             } else {
                 char why[600];
                 snprintf(why, sizeof why, "cpu: the CUDA context failed (%s)", e);
-                if (gguf_plan_cpu(o, &plan, why, err, errlen) < 0)
-                    return -1;
+                if ((pst = gguf_plan_cpu(o, &plan, why, err, errlen)) != GPE_OK)
+                    return pst;
                 st = engines_start(b, o, &plan, e, sizeof e);
             }
         }
@@ -527,19 +530,27 @@ static int place_model(gguf_backend *b, const agent_options *o, char *err, size_
         gp_log_error("model_refused", "%s: the agent serves no model and reports this to the "
                      "server", plan.why);
         fprintf(stderr, "gpupool-agent: model refused: %s\n", plan.why);
-        return 0;
+        return GPE_OK;
     }
     if (st != GPE_OK) {
         snprintf(err, errlen, "engine context: %s", e);
-        return -1;
+        return st;
     }
     /* One line: where the model runs and why (the CPU line of a fallback). */
     gp_log_info("backend_choice", "%s", plan.why);
-    return 0;
+    return GPE_OK;
 }
 
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen)
 {
+    bool nomem;
+    return agent_backend_gguf_create_status(o, &nomem, err, errlen);
+}
+
+agent_backend *agent_backend_gguf_create_status(const agent_options *o, bool *nomem, char *err,
+                                                size_t errlen)
+{
+    *nomem = true; /* until the model is placed: every failure before is an allocation's */
     gguf_backend *b = calloc(1, sizeof *b);
     if (!b) {
         snprintf(err, errlen, "out of memory");
@@ -553,14 +564,20 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
         b->test_gate = strdup(gate);
     pthread_cond_init(&b->cv, NULL);
     if (!o->model || !*o->model) {
+        *nomem = false;
         snprintf(err, errlen, "model: no .gguf file given");
         goto fail;
     }
     b->n_batch = 256;
-    if (place_model(b, o, err, errlen) < 0)
+    gpe_status st = place_model(b, o, err, errlen);
+    if (st != GPE_OK) {
+        *nomem = st == GPE_ERR_NOMEM;
         goto fail;
-    if (b->refused)
+    }
+    if (b->refused) {
+        *nomem = false;
         return &b->base;
+    }
     gpe_model_get_info(b->model, &b->info);
     model_digest(b, o);
     b->slots = calloc((size_t)b->n_slots, sizeof *b->slots);
@@ -592,11 +609,13 @@ agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size
             goto fail;
         }
         if (pthread_create(&b->eng[e].thread, NULL, gguf_decode_main, &b->eng[e]) != 0) {
+            *nomem = false;
             snprintf(err, errlen, "cannot start a decode thread");
             goto fail;
         }
         b->eng[e].thread_started = true;
     }
+    *nomem = false;
     return &b->base;
 fail:
     gguf_destroy(&b->base);

@@ -36,8 +36,8 @@ gpe_ctx_params gguf_plan_ctx_params(const agent_options *o, const gguf_plan *p, 
     return cp;
 }
 
-static int load(const char *path, gpe_backend_kind be, int n_devices, const int *devices,
-                gpe_model **out, char *err, size_t errlen)
+static gpe_status load(const char *path, gpe_backend_kind be, int n_devices,
+                       const int *devices, gpe_model **out, char *err, size_t errlen)
 {
     gpe_model_params mp = gpe_model_default_params();
     mp.backend = be;
@@ -49,11 +49,9 @@ static int load(const char *path, gpe_backend_kind be, int n_devices, const int 
     }
     char e[384];
     gpe_status st = gpe_model_load(path, &mp, out, e, sizeof e);
-    if (st != GPE_OK) {
+    if (st != GPE_OK)
         snprintf(err, errlen, "model: %s (%s)", e, gpe_status_name(st));
-        return -1;
-    }
-    return 0;
+    return st;
 }
 
 /* The slots engine e of n gets from --slots N (spread, the first ones
@@ -63,8 +61,8 @@ static int given_slots(long long total, int e, int n)
     return (int)(total / n + (e < total % n ? 1 : 0));
 }
 
-int gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *err,
-                  size_t errlen)
+gpe_status gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *err,
+                         size_t errlen)
 {
     gguf_plan_free(p);
     memset(p, 0, sizeof *p);
@@ -85,14 +83,16 @@ int gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *e
     if (n > GPE_MAX_DEVICES)
         n = GPE_MAX_DEVICES;
     for (int e = 0; e < n; e++) {
-        if (load(o->model, GPE_BACKEND_CPU, 0, NULL, &p->engines[e].model, err, errlen) < 0) {
+        gpe_status st = load(o->model, GPE_BACKEND_CPU, 0, NULL, &p->engines[e].model, err,
+                             errlen);
+        if (st != GPE_OK) {
             gguf_plan_free(p);
-            return -1;
+            return st;
         }
         p->engines[e].n_seq = given_slots(slots, e, n);
         p->n_engines = e + 1;
     }
-    return 0;
+    return GPE_OK;
 }
 
 /* What a context of n_seq slots needs on each device of m's placement. */
@@ -209,15 +209,15 @@ static int plan_devices(const agent_options *o, int count, int *dev, char *err, 
 }
 
 /* One engine per device the model fits on. Returns how many (0: none;
- * msg has the numbers), -1 on a load failure (err). */
+ * msg has the numbers), -1 on a load failure (err, its status in *st). */
 static int plan_per_gpu(const agent_options *o, gguf_plan *p, const int *dev, int ndev,
-                        char *msg, size_t msglen, char *err, size_t errlen)
+                        char *msg, size_t msglen, gpe_status *st, char *err, size_t errlen)
 {
     bool auto_n = o->slots <= 0;
     int want = auto_n ? ndev : (int)(o->slots < ndev ? o->slots : ndev);
     for (int i = 0; i < ndev && p->n_engines < want; i++) {
         gpe_model *m = NULL;
-        if (load(o->model, GPE_BACKEND_CUDA, 1, &dev[i], &m, err, errlen) < 0)
+        if ((*st = load(o->model, GPE_BACKEND_CUDA, 1, &dev[i], &m, err, errlen)) != GPE_OK)
             return -1;
         int k = auto_n ? auto_slots(p, m, msg, msglen)
                        : (engine_fits(p, m, given_slots(o->slots, p->n_engines, want), msg,
@@ -241,12 +241,13 @@ static int plan_per_gpu(const agent_options *o, gguf_plan *p, const int *dev, in
 }
 
 /* One engine split by layers over every device (the model fits on none
- * alone). 1 planned, 0 does not fit (msg), -1 load failure (err). */
+ * alone). 1 planned, 0 does not fit (msg), -1 load failure (err, its
+ * status in *st). */
 static int plan_split(const agent_options *o, gguf_plan *p, const int *dev, int ndev, char *msg,
-                      size_t msglen, char *err, size_t errlen)
+                      size_t msglen, gpe_status *st, char *err, size_t errlen)
 {
     gpe_model *m = NULL;
-    if (load(o->model, GPE_BACKEND_CUDA, ndev, dev, &m, err, errlen) < 0)
+    if ((*st = load(o->model, GPE_BACKEND_CUDA, ndev, dev, &m, err, errlen)) != GPE_OK)
         return -1;
     int k = o->slots <= 0 ? auto_slots(p, m, msg, msglen)
                           : (engine_fits(p, m, (int)o->slots, msg, msglen) == 1 ? (int)o->slots
@@ -264,8 +265,11 @@ static int plan_split(const agent_options *o, gguf_plan *p, const int *dev, int 
 }
 
 /* The context per slot on a GPU: --ctx, else the model's training
- * context capped (a 128k-context model would otherwise give one slot). */
-static int gpu_ctx(const agent_options *o)
+ * context capped (a 128k-context model would otherwise give one slot).
+ * 0 with err when memory ran out reading it: the cap in its place would
+ * be a quietly different configuration. A file that does not load at all
+ * gets the cap here and fails with its own message when the weights load. */
+static int gpu_ctx(const agent_options *o, char *err, size_t errlen)
 {
     if (o->ctx_size > 0)
         return (int)o->ctx_size;
@@ -274,7 +278,12 @@ static int gpu_ctx(const agent_options *o)
     gpe_model_params mp = gpe_model_default_params();
     mp.vocab_only = true;
     int n = 0;
-    if (gpe_model_load(o->model, &mp, &m, e, sizeof e) == GPE_OK) {
+    gpe_status st = gpe_model_load(o->model, &mp, &m, e, sizeof e);
+    if (st == GPE_ERR_NOMEM) {
+        snprintf(err, errlen, "model: %s (%s)", e, gpe_status_name(st));
+        return 0;
+    }
+    if (st == GPE_OK) {
         /* metadata only (no weights read): ARCH.context_length */
         gpe_model_info info;
         gpe_model_get_info(m, &info);
@@ -314,7 +323,7 @@ static void describe_cuda(gguf_plan *p, const char *extra)
                  p->kv_f16 ? "F16" : "F32", extra && *extra ? "; " : "", extra ? extra : "");
 }
 
-int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t errlen)
+gpe_status gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     /* NULL: options filled by hand (tests, benchmarks): the CPU, as before
@@ -332,7 +341,7 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
     if (count <= 0) {
         if (must) {
             snprintf(err, errlen, "backend cuda: no usable GPU: %s", why[0] ? why : "none found");
-            return -1;
+            return GPE_ERR_BACKEND;
         }
         snprintf(line, sizeof line, "cpu: no usable GPU (%s)", why[0] ? why : "none found");
         return gguf_plan_cpu(o, out, line, err, errlen);
@@ -340,26 +349,28 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
     int dev[GPE_MAX_DEVICES];
     int ndev = plan_devices(o, count, dev, err, errlen);
     if (ndev < 0)
-        return -1;
+        return GPE_ERR_ARG;
     out->backend = GPE_BACKEND_CUDA;
-    out->n_ctx = gpu_ctx(o);
+    if ((out->n_ctx = gpu_ctx(o, err, errlen)) <= 0)
+        return GPE_ERR_NOMEM;
     out->kv_f16 = !(o->kv_f16 && strcmp(o->kv_f16, "off") == 0);
     char msg[1024] = "";
-    int r = plan_per_gpu(o, out, dev, ndev, msg, sizeof msg, err, errlen);
+    gpe_status st = GPE_OK;
+    int r = plan_per_gpu(o, out, dev, ndev, msg, sizeof msg, &st, err, errlen);
     if (r < 0)
         goto fail;
     if (r > 0) {
         describe_cuda(out, ndev > r ? "the model does not fit on the other device(s)" : "");
-        return 0;
+        return GPE_OK;
     }
     if (ndev >= 2) {
         char smsg[1024] = "";
-        r = plan_split(o, out, dev, ndev, smsg, sizeof smsg, err, errlen);
+        r = plan_split(o, out, dev, ndev, smsg, sizeof smsg, &st, err, errlen);
         if (r < 0)
             goto fail;
         if (r > 0) {
             describe_cuda(out, "it fits on no single device");
-            return 0;
+            return GPE_OK;
         }
         size_t used = strlen(msg);
         snprintf(msg + used, sizeof msg - used, "; split over %d devices: %s", ndev, smsg);
@@ -367,14 +378,16 @@ int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t err
     if (must) {
         out->refused = true;
         snprintf(out->why, sizeof out->why, "the model does not fit in VRAM: %.1200s", msg);
-        return 0;
+        return GPE_OK;
     }
     snprintf(line, sizeof line, "cpu: the model does not fit in VRAM (%.1200s)", msg);
     return gguf_plan_cpu(o, out, line, err, errlen);
 fail:
     gguf_plan_free(out);
-    if (must)
-        return -1;
+    /* Memory that ran out is no reason to run on the CPU instead (a
+     * quietly different configuration): the caller may try again. */
+    if (must || st == GPE_ERR_NOMEM)
+        return st;
     /* auto: a CUDA load that fails (the plugin, the driver) is the CPU;
      * a file that does not load fails there too, with its own message. */
     snprintf(line, sizeof line, "cpu: the model does not load on CUDA (%.1000s)", err);

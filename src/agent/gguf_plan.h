@@ -52,15 +52,19 @@ typedef struct gguf_plan {
     char why[1280];                 /* the choice in one line */
 } gguf_plan;
 
-/* Make the plan. Returns 0 (a plan, perhaps refused), or -1 with err for a
- * start-up failure (a model that does not load, --backend cuda without a
- * usable GPU, a device that does not exist): the agent exits 2. */
-int gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t errlen);
+/* Make the plan. Returns GPE_OK (a plan, perhaps refused), or with err the
+ * status of a start-up failure: GPE_ERR_NOMEM when memory ran out loading
+ * the model (a later try may succeed: the agent exits 1, a deployment
+ * retries); else the load's own status (a model that does not load),
+ * GPE_ERR_BACKEND (--backend cuda without a usable GPU) or GPE_ERR_ARG (a
+ * device that does not exist): the agent exits 2. */
+gpe_status gguf_plan_make(const agent_options *o, gguf_plan *out, char *err, size_t errlen);
 
 /* The CPU plan (the fallback of auto when CUDA contexts cannot be made
- * after all). Frees what p held first. 0 or -1 with err. */
-int gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *err,
-                  size_t errlen);
+ * after all). Frees what p held first. GPE_OK, or the load's status with
+ * err. */
+gpe_status gguf_plan_cpu(const agent_options *o, gguf_plan *p, const char *why, char *err,
+                         size_t errlen);
 
 /* Free the models the backend did not take (set to NULL when taken). */
 void gguf_plan_free(gguf_plan *p);

@@ -286,12 +286,24 @@ int main(int argc, char **argv)
         goto cleanup_curl;
     }
     agent_backend *be = NULL;
+    bool nomem = false;
     if (o.upstream) {
         be = agent_backend_openai_create(&o, err, sizeof err);
     } else if (o.model) {
-        be = agent_backend_gguf_create(&o, err, sizeof err);
+        be = agent_backend_gguf_create_status(&o, &nomem, err, sizeof err);
     } else {
         be = agent_backend_deploy_create(&o, err, sizeof err);
+    }
+    if (!be && nomem) {
+        /* Memory ran out loading the model: not the file's fault, and a
+         * later start may have the memory. Exit 1: systemd restarts us
+         * (RestartPreventExitStatus=2 is for what a restart cannot fix). */
+        rc = 1;
+        fprintf(stderr, "gpupool-agent: %s (out of memory: exit 1, restarted by systemd)\n",
+                err);
+        gp_log_error("model_load_failed", "%s: out of memory (exit 1, restarted by systemd)",
+                     err);
+        goto cleanup_curl;
     }
     if (!be) {
         /* One line (journald keeps stderr): "gpupool-agent: backend cuda:
