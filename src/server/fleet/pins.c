@@ -98,16 +98,28 @@ static pin *pin_new(const char *sha256, int64_t created_at, const char *created_
     return x;
 }
 
-int gps_pins_set(gps_pins *p, const char *name, const char *sha256, int64_t created_at,
-                 const char *created_by)
+/* Whether a pin of name may be set now: 0 with *old the pin it replaces
+ * (NULL: a new one), -1 a bad name or sha256, -4 a change of that name
+ * waits for the store, -2 the table is full. Both setters admit alike. */
+static int pin_admit(gps_pins *p, const char *name, const char *sha256, pin **old)
 {
     if (!gps_pins_name_ok(name) || !gps_pins_sha_ok(sha256))
         return -1;
-    pin *old = smap_get(&p->pins, name);
-    if (old && old->change)
+    *old = smap_get(&p->pins, name);
+    if (*old && (*old)->change)
         return -4;
-    if (!old && p->pins.n >= GPS_PINS_MAX)
+    if (!*old && p->pins.n >= GPS_PINS_MAX)
         return -2;
+    return 0;
+}
+
+int gps_pins_set(gps_pins *p, const char *name, const char *sha256, int64_t created_at,
+                 const char *created_by)
+{
+    pin *old;
+    int rc = pin_admit(p, name, sha256, &old);
+    if (rc < 0)
+        return rc;
     pin *x = pin_new(sha256, created_at, created_by);
     if (!x)
         return -1;
@@ -221,13 +233,10 @@ int gps_pins_put(gps_pins *p, struct gps_store *store, const char *name, const c
             done(arg, p, 0);
         return rc;
     }
-    if (!gps_pins_name_ok(name) || !gps_pins_sha_ok(sha256))
-        return -1;
-    pin *old = smap_get(&p->pins, name);
-    if (old && old->change)
-        return -4;
-    if (!old && p->pins.n >= GPS_PINS_MAX)
-        return -2;
+    pin *old;
+    int rc = pin_admit(p, name, sha256, &old);
+    if (rc < 0)
+        return rc;
     /* Everything the commit needs exists before the row is queued: out of
      * memory is the request's failure with nothing changed, and applying
      * the change never allocates. */
