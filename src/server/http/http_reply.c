@@ -6,6 +6,9 @@
 #include "server/http/http_priv.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,14 +224,16 @@ struct gps_conn_watch {
     struct event *ev;
     struct evhttp_connection *evcon;
     SSL *ssl; /* TLS connection: peek through the session, not the socket */
+    int dupfd; /* -1, or the duplicate of the socket the pipelined watch is on */
 };
 
 /* TLS: raw bytes from the peer may be a close_notify alert (TLS 1.3
  * encrypts alerts, so the record header cannot tell), a pipelined request
  * or handshake messages. SSL_peek decrypts what arrived without consuming
- * application data: > 0 means a request is coming (stop watching; the data
- * waits inside the session), a clean or unclean end of the session means
- * the peer is gone. Returns 1 gone, 0 keep watching, -1 stop watching.
+ * application data: > 0 means a request is coming (watch for the TCP-level
+ * close from then on: watch_pipelined; the data waits inside the session),
+ * a clean or unclean end of the session means the peer is gone. Returns 1
+ * gone, 0 keep watching, -1 data is waiting.
  * Known limit: such pipelined data is only noticed by the TLS bufferevent
  * when more bytes arrive (no client of ours pipelines behind a held
  * request). */
@@ -246,29 +251,90 @@ static int watch_tls_peek(SSL *ssl)
     return 1; /* ZERO_RETURN (close_notify), SYSCALL (EOF/reset), SSL (bad data) */
 }
 
+/* The peer's FIN (POLLRDHUP is reported even with unread bytes ahead of
+ * it, which a peek cannot see past), or a reset or socket error. A FIN
+ * after a half-close (shutdown(SHUT_WR)) counts too: the plain peek has
+ * always treated that EOF as the peer gone. */
+static bool peer_hung_up(evutil_socket_t fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* Freeing the connection runs its close callback, which frees this watch:
+ * touch nothing after this call. */
+static void watch_gone(gps_conn_watch *w)
+{
+    evhttp_connection_free(w->evcon);
+}
+
+/* Edge-triggered: runs once per arrival (more bytes, the FIN, a reset),
+ * never again for bytes that just sit there. */
+static void watch_pipelined_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    if (peer_hung_up(fd))
+        watch_gone(arg);
+}
+
+/* Bytes from the peer wait unread (a pipelined request) and stay there for
+ * evhttp until the reply is done, so the level-triggered read event would
+ * fire on them without end. Watch for the peer's close edge-triggered
+ * instead (EV_CLOSED asks epoll for EPOLLRDHUP; EV_READ because libevent
+ * turns the EPOLLERR of a reset into EV_READ|EV_WRITE, which a bare
+ * EV_CLOSED event never sees). On a duplicate of the socket: epoll keeps
+ * one trigger mode per descriptor and evhttp's own events on the socket
+ * are level-triggered. Replaces w->ev, the event now running (not
+ * persistent, so freeing it here is safe). Returns 1 when the peer is
+ * already gone, 0 watching, -1 when it cannot (no edge-triggered or
+ * early-close support in the backend, out of descriptors or memory): then
+ * the watch ends as it did before, the close seen at the next write. */
+static int watch_pipelined(gps_conn_watch *w, evutil_socket_t fd)
+{
+    if (peer_hung_up(fd))
+        return 1;
+    struct event_base *base = event_get_base(w->ev);
+    int need = EV_FEATURE_ET | EV_FEATURE_EARLY_CLOSE;
+    if ((event_base_get_features(base) & need) != need)
+        return -1;
+    int dfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dfd < 0)
+        return -1;
+    struct event *ev =
+        event_new(base, dfd, EV_READ | EV_CLOSED | EV_ET | EV_PERSIST, watch_pipelined_cb, w);
+    if (!ev || event_add(ev, NULL) < 0) {
+        if (ev)
+            event_free(ev);
+        close(dfd);
+        return -1;
+    }
+    event_free(w->ev);
+    w->ev = ev;
+    w->dupfd = dfd;
+    return 0;
+}
+
 static void watch_cb(evutil_socket_t fd, short what, void *arg)
 {
+    (void)what;
     gps_conn_watch *w = arg;
+    int g; /* 1 gone, 0 keep watching, -1 data waits */
     if (w->ssl) {
-        int g = watch_tls_peek(w->ssl);
-        if (g == 0)
-            event_add(w->ev, NULL);
-        if (g <= 0)
-            return;
-        evhttp_connection_free(w->evcon); /* frees w (see below) */
-        return;
+        g = watch_tls_peek(w->ssl);
+    } else {
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+            g = 0;
+        else
+            g = n > 0 ? -1 : 1; /* EOF or error: the peer is gone */
     }
-    char c;
-    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    if (g < 0)
+        g = watch_pipelined(w, fd);
+    if (g == 0 && w->dupfd < 0)
         event_add(w->ev, NULL);
-        return;
-    }
-    if (n > 0)
-        return; /* the peer sent more: leave it to evhttp, stop watching */
-    /* EOF or error: the peer is gone. Freeing the connection runs its close
-     * callback, which frees this watch: touch nothing after this call. */
-    evhttp_connection_free(w->evcon);
+    if (g == 1)
+        watch_gone(w);
 }
 
 gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
@@ -284,6 +350,7 @@ gps_conn_watch *gps_http_watch_close(struct evhttp_request *req)
     if (!w)
         return NULL;
     w->evcon = evcon;
+    w->dupfd = -1;
     w->ssl = bufferevent_openssl_get_ssl(bev);
     w->ev = event_new(evhttp_connection_get_base(evcon), fd, EV_READ, watch_cb, w);
     if (!w->ev || event_add(w->ev, NULL) < 0) {
@@ -306,5 +373,7 @@ void gps_conn_watch_free(gps_conn_watch *w)
     if (!w)
         return;
     event_free(w->ev);
+    if (w->dupfd >= 0)
+        close(w->dupfd);
     free(w);
 }
