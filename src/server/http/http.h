@@ -223,7 +223,10 @@ gps_dialect gps_dialect_for_path(const char *path);
  * watch puts a read event on the socket and peeks: on EOF or a socket error
  * it frees the evhttp connection, which runs the connection's close
  * callback (evhttp_connection_set_closecb) and frees the request. Data
- * from the peer (a pipelined request) ends the watch without consuming it.
+ * from the peer (a pipelined request) is never consumed: the watch then
+ * waits edge-triggered for the peer's FIN or reset behind it (a
+ * half-close counts as gone, as the EOF does), on a duplicate of the
+ * socket; without epoll's edge-triggered and early-close support it stops.
  * Free the watch before replying, and from the close callback. */
 typedef struct gps_conn_watch gps_conn_watch;
 /* NULL when the request has no connection or on ENOMEM. */
