@@ -15,7 +15,9 @@
  *   answered after the held reply (keep-alive pipelining), gone never
  *   runs, and the loop does not spin while the bytes wait (loop passes
  *   counted over a window with a 100 ms wake timer, as in
- *   test_http_pipeline_spin). */
+ *   test_http_pipeline_spin);
+ * - over TLS: application data pipelined, then the client closes the TCP
+ *   connection (no close_notify): gone runs too. */
 #include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -33,11 +35,19 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <fcntl.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "server/http/held.h"
 #include "server/http/http.h"
+#include "server/http/tls.h"
 
 typedef struct server {
     struct event_base *base;
@@ -291,6 +301,99 @@ static void test_pipelined_kept_open_answered(void **st)
     server_stop(&s);
 }
 
+/* ---- TLS: the same hang-up behind pipelined application data ---- */
+
+/* A self-signed P-256 certificate for CN=localhost and its key, as PEM
+ * files under dir. */
+static void make_pair(const char *crt, const char *key)
+{
+    EVP_PKEY *k = EVP_EC_gen("P-256");
+    assert_non_null(k);
+    X509 *x = X509_new();
+    assert_non_null(x);
+    X509_set_version(x, 2);
+    ASN1_INTEGER_set(X509_get_serialNumber(x), 1);
+    X509_gmtime_adj(X509_getm_notBefore(x), 0);
+    X509_gmtime_adj(X509_getm_notAfter(x), 3600);
+    X509_set_pubkey(x, k);
+    X509_NAME *n = X509_get_subject_name(x);
+    X509_NAME_add_entry_by_txt(n, "CN", MBSTRING_ASC, (const unsigned char *)"localhost", -1,
+                               -1, 0);
+    X509_set_issuer_name(x, n);
+    assert_true(X509_sign(x, k, EVP_sha256()) > 0);
+    FILE *f = fopen(crt, "w");
+    assert_non_null(f);
+    PEM_write_X509(f, x);
+    fclose(f);
+    f = fopen(key, "w");
+    assert_non_null(f);
+    PEM_write_PrivateKey(f, k, NULL, NULL, 0, NULL, NULL);
+    fclose(f);
+    X509_free(x);
+    EVP_PKEY_free(k);
+}
+
+/* One SSL call on the non-blocking client, the server's loop run between
+ * tries: its result (> 0 done). */
+static int ssl_drive(server *s, SSL *ssl, int (*op)(SSL *, const void *, int), const char *p)
+{
+    for (int i = 0; i < 5000; i++) {
+        ERR_clear_error();
+        int r = op ? op(ssl, p, (int)strlen(p)) : SSL_connect(ssl);
+        if (r > 0)
+            return r;
+        int e = SSL_get_error(ssl, r);
+        if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE)
+            return r;
+        event_base_loop(s->base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    return -1;
+}
+
+static void test_tls_pipelined_then_close(void **st)
+{
+    (void)st;
+    char dir[] = "/tmp/gps-watch-tls-XXXXXX", crt[64], key[64], err[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(crt, sizeof crt, "%s/c.crt", dir);
+    snprintf(key, sizeof key, "%s/c.key", dir);
+    make_pair(crt, key);
+    gps_tls *tls = gps_tls_new(crt, key, err, sizeof err);
+    assert_non_null(tls);
+
+    server s;
+    server_start(&s);
+    int port = 0;
+    assert_int_equal(gps_http_bind_tls(s.h, "127.0.0.1", 0, tls, &port, err, sizeof err), 0);
+    int c = connect_loopback(port);
+    assert_int_equal(fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK), 0);
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    assert_non_null(ctx);
+    SSL *ssl = SSL_new(ctx);
+    assert_non_null(ssl);
+    SSL_set_fd(ssl, c);
+    assert_true(ssl_drive(&s, ssl, NULL, NULL) > 0);
+    assert_true(ssl_drive(&s, ssl, SSL_write,
+                          "GET /hold HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+    assert_true(wait_flag(&s, &s.holding, 5.0));
+    assert_true(ssl_drive(&s, ssl, SSL_write,
+                          "GET /quick HTTP/1.1\r\nHost: x\r\n\r\n") > 0);
+    assert_idle(&s, "TLS: pipelined request waiting", 0.5);
+    assert_int_equal(s.gone, 0);
+
+    close(c); /* no close_notify: the TCP connection just ends */
+    if (!wait_gone(&s, 1, 5.0))
+        fail_msg("the held TLS request's client hung up after pipelining, not noticed");
+    SSL_free(ssl);
+    SSL_CTX_free(ctx);
+    server_stop(&s);
+    gps_tls_free(tls);
+    unlink(crt);
+    unlink(key);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +401,7 @@ int main(void)
         cmocka_unit_test(test_pipelined_then_reset),
         cmocka_unit_test(test_pipelined_then_half_close),
         cmocka_unit_test(test_pipelined_kept_open_answered),
+        cmocka_unit_test(test_tls_pipelined_then_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
