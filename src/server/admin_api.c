@@ -870,6 +870,10 @@ static void h_agent_delete(gps_req *r, void *arg)
     ag = registry_get(a->reg, id);
     if (ag) {
         sched_agent_forget(gps_jobs_sched(a->jobs), ag);
+        /* Queued jobs of the models it was the last to serve move to
+         * their fallbacks now, not at queue_timeout (it is out of the
+         * scheduler: none lands on it). */
+        gps_jobs_agent_leaving(a->jobs, id);
         registry_remove(a->reg, ag);
     }
     if (a->pins)

@@ -245,6 +245,11 @@ static void deferred_one(void *ud, registry_agent *a)
             gps_jobs_agent_lost(g->jobs, a->id, a->state == REGISTRY_DEAD ? "agent_dead"
                                                                            : "agent_offline");
     }
+    if (e->leave_pending) {
+        e->leave_pending = false;
+        if (a->state == REGISTRY_DRAINING) /* (not undrained meanwhile) */
+            gps_jobs_agent_leaving(g->jobs, a->id);
+    }
     if (e->kick_pending) {
         e->kick_pending = false;
         agents_dispatch_parked(g, e);
@@ -326,7 +331,12 @@ void gps_agents_on_transition(void *ud, registry_agent *a, registry_state old_st
         e->lost_pending = true;
     if (new_state == REGISTRY_HEALTHY)
         e->kick_pending = true;
-    if ((e->lost_pending || e->kick_pending) && g->deferred)
+    /* A drain (the admin's or the agent's own) lets running jobs finish,
+     * but queued ones of a model it was the last to serve would wait out
+     * queue_timeout: those with a fallback move now. */
+    if (new_state == REGISTRY_DRAINING)
+        e->leave_pending = true;
+    if ((e->lost_pending || e->kick_pending || e->leave_pending) && g->deferred)
         event_active(g->deferred, EV_TIMEOUT, 0);
 }
 

@@ -37,6 +37,8 @@ typedef struct agent_ext {
                                            ends their attempts unless the agent re-parks */
     bool lost_pending;                  /* deferred failover queued */
     bool kick_pending;                  /* deferred dispatch queued */
+    bool leave_pending;                 /* deferred move of its models' queued jobs
+                                           to their fallbacks (it drains) */
 } agent_ext;
 
 struct gps_agents {

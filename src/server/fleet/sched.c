@@ -849,6 +849,17 @@ bool sched_job_queued(const sched_job *j)
     return j && j->queue != NULL;
 }
 
+sched_job *sched_queue_first(const sched *s, const char *model, sched_priority p)
+{
+    const sched_queue *q = model ? smap_get(&s->queues, model) : NULL;
+    return q && (unsigned)p < SCHED_PRIORITY_COUNT ? q->head[p] : NULL;
+}
+
+sched_job *sched_queue_next(const sched_job *j)
+{
+    return j && j->queue ? j->qnext : NULL;
+}
+
 /* First job of list that agent a may take. */
 static sched_job *first_fit(const sched *s, sched_job *head, const registry_agent *a)
 {

@@ -160,6 +160,13 @@ bool sched_remove(sched *s, sched_job *job);
 /* True while the job sits in a queue. */
 bool sched_job_queued(const sched_job *job);
 
+/* A walk over the jobs queued for model (the name as requested) at
+ * priority p, oldest first: the first, then the one after job in its
+ * queue; NULL at the end. O(1) each. The caller takes the next job before
+ * it removes one from the queue. */
+sched_job *sched_queue_first(const sched *s, const char *model, sched_priority p);
+sched_job *sched_queue_next(const sched_job *job);
+
 /* ---------------------------------------------------------------- agents */
 
 /* The agent parked a long-poll with free_slots (> 0) free: it joins the

@@ -573,6 +573,14 @@ int gps_jobs_apply_upload(gps_jobs *j, const char *job_id, const char *agent_id,
 /* Agent declared dead (or gone): its jobs fail over (requeue when the
  * client saw nothing yet, else end with an error). */
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
+/* Agent agent_id stops taking new jobs while its running ones go on
+ * (drained by an admin or by itself), or is about to be removed (call it
+ * while the registry still has it). Queued jobs of each model it served
+ * that no other agent serves now (healthy or registering: as at a lost
+ * agent) move to their first fallback model with one, as after a lost
+ * agent; jobs without one stay queued. Its own assigned and running jobs
+ * are left alone. O(names it serves x agents + jobs queued for them). */
+void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id);
 /* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
 size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
 /* An agent's own account of its jobs (poll or work `running_jobs`, docs/

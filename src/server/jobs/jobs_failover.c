@@ -656,6 +656,25 @@ void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn)
 
 /* ---- lost agents, and what an agent reports it runs ---- */
 
+/* Queued job (in the scheduler) moves to the first model of its chain
+ * that a live agent other than exclude serves, as a failover would: false
+ * when none does (it stays queued). */
+static bool move_queued(gps_jobs *j, gps_job *job, const char *exclude)
+{
+    int fb = jobs_fallback_live(j, job, exclude);
+    if (fb < 0)
+        return false;
+    sched_remove(j->sched, &job->sj);
+    uint64_t now = gp_now_mono_us();
+    if (now > job->queued_since_us)
+        job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
+    const char *from = job->spec.model;
+    switch_model(job, (size_t)fb);
+    log_fallback(job, from, "queued");
+    retry_place(j, job);
+    return true;
+}
+
 /* Jobs waiting in the queue of a model whose last live agent was agent_id
  * (a failover retry queued while another agent of its model was busy, a
  * job queued at submit) move to the first model of their chain with a live
@@ -670,17 +689,50 @@ static void move_stranded(gps_jobs *j, const char *agent_id)
             job->n_chain < 2 || !sched_job_queued(&job->sj) ||
             model_live(j, job->spec.model, agent_id))
             continue;
-        int fb = jobs_fallback_live(j, job, agent_id);
-        if (fb < 0)
-            continue;
-        sched_remove(j->sched, &job->sj);
-        uint64_t now = gp_now_mono_us();
-        if (now > job->queued_since_us)
-            job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
-        const char *from = job->spec.model;
-        switch_model(job, (size_t)fb);
-        log_fallback(job, from, "queued");
-        retry_place(j, job);
+        move_queued(j, job, agent_id);
+    }
+}
+
+static gps_job *of_sched(sched_job *sj)
+{
+    return sj ? (gps_job *)((char *)sj - offsetof(gps_job, sj)) : NULL;
+}
+
+/* The queue of name (a model id or alias agent_id served) when no other
+ * live agent serves it: its jobs with a fallback move (move_queued). A
+ * moved job lands under a live model, never back in this queue, and a
+ * job without one stays: the walk ends. Should placing or failing one job
+ * take the next out of the queue too (a subscriber's doing), the walk
+ * starts over from the head. */
+static void move_name(gps_jobs *j, const char *name, const char *agent_id)
+{
+    if (model_live(j, name, agent_id))
+        return;
+    for (int p = 0; p < SCHED_PRIORITY_COUNT; p++) {
+        sched_job *sj = sched_queue_first(j->sched, name, (sched_priority)p);
+        while (sj) {
+            sched_job *next = sched_queue_next(sj);
+            gps_job *job = of_sched(sj);
+            if (job->n_chain > 1 && move_queued(j, job, agent_id) && next &&
+                !sched_job_queued(next))
+                next = sched_queue_first(j->sched, name, (sched_priority)p);
+            sj = next;
+        }
+    }
+}
+
+void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id)
+{
+    registry_agent *a = registry_get(j->reg, agent_id);
+    if (!a)
+        return;
+    /* Every name a served has its own queue (jobs queue under the name
+     * they asked for); a's models cannot change during the walk (no
+     * heartbeat runs inside it). */
+    for (size_t i = 0; i < a->n_models; i++) {
+        const registry_model_info *m = &a->models[i];
+        for (size_t k = 0; k <= m->n_aliases; k++)
+            move_name(j, k == 0 ? m->id : m->aliases[k - 1], agent_id);
     }
 }
 

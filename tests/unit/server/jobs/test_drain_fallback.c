@@ -1,0 +1,321 @@
+/*
+ * A model's last agent leaving without being lost: drained by an admin
+ * (POST /admin/agents/{id}/drain), draining itself (a poll with status
+ * "draining"), or removed by an admin (DELETE /admin/agents/{id}). Its
+ * queued jobs with fallback_models move to their fallback at once, as
+ * after a lost agent (docs/api.md "Failover and fallback"), instead of
+ * waiting out queue_timeout; jobs without a fallback stay queued; a job
+ * already running on the draining agent stays there and finishes.
+ *
+ * Real things throughout: the registry reports its transitions to
+ * agents_api (which defers the move out of the registry's call), the admin
+ * routes are called over HTTP on loopback, and the jobs are taken and fed
+ * events through the jobs module's public functions.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/gp_util.h"
+#include "fixture_fleet.h"
+#include "server/admin_api.h"
+#include "server/agents_api.h"
+#include "server/auth/auth.h"
+#include "server/http/http.h"
+#include "server/jobs/jobs.h"
+
+typedef struct fixture {
+    fleet fl;
+    gps_agents *g;
+    gps_auth *auth;
+    gps_admin *admin;
+    gps_http *http;
+    int port;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    /* agents_api first: the registry reports transitions to it */
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    gps_agents_opts ao = {.poll_interval_sec = 15, .work_wait_sec = 25,
+                          .agent_timeout_sec = 90, .disconnect_grace_ms = 1000};
+    f->g = gps_agents_new(base, &ao, NULL, NULL);
+    assert_non_null(f->g);
+    registry_config rc;
+    registry_config_default(&rc);
+    rc.listener = gps_agents_on_transition;
+    rc.listener_ud = f->g;
+    /* queue_timeout 600 s: a job the move missed would still be queued */
+    gps_jobs_opts jo = {.max_queue = 100, .queue_timeout_sec = 600, .request_timeout_sec = 600,
+                        .stall_timeout_sec = 600, .max_attempts = 5, .poll_interval_sec = 15};
+    fleet_init_on(&f->fl, base, &jo, &rc, NULL);
+    assert_int_equal(gps_agents_attach(f->g, f->fl.reg, f->fl.s, f->fl.jobs), 0);
+    f->auth = gps_auth_new(NULL);
+    assert_non_null(f->auth);
+    f->admin = gps_admin_new(base, f->auth, NULL, f->fl.reg, f->fl.jobs, NULL, "test");
+    assert_non_null(f->admin);
+    gps_http_opts ho = {.max_body_bytes = 1 << 20, .max_header_bytes = 1 << 16,
+                        .idle_timeout_sec = 30, .max_inflight_body_bytes = 1 << 24,
+                        .header_timeout_sec = 30, .body_timeout_sec = 30};
+    f->http = gps_http_new(base, &ho);
+    assert_non_null(f->http);
+    char err[256] = "";
+    assert_int_equal(gps_http_bind(f->http, "127.0.0.1", 0, &f->port, err, sizeof err), 0);
+    assert_int_equal(gps_admin_register(f->http, f->admin), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    struct event_base *base = f->fl.base;
+    gps_http_free(f->http);
+    gps_admin_free(f->admin);
+    gps_agents_free(f->g);
+    fleet_free(&f->fl);
+    gps_auth_free(f->auth);
+    event_base_free(base);
+    free(f);
+    return 0;
+}
+
+/* One admin request on a new connection; the loop runs until its whole
+ * reply came back, then once more for what the server deferred (the
+ * moves run from a zero-delay event). Returns the HTTP status. */
+static int admin(fixture *f, const char *method, const char *path, const char *json)
+{
+    char req[1024], out[16384];
+    snprintf(req, sizeof req,
+             "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+             method, path, json ? strlen(json) : 0, json ? json : "");
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    size_t got = 0;
+    out[0] = '\0';
+    for (int round = 0; round < 5000; round++) {
+        event_base_loop(f->fl.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        ssize_t n = recv(c, out + got, sizeof out - 1 - got, MSG_DONTWAIT);
+        if (n > 0) {
+            got += (size_t)n;
+            out[got] = '\0';
+        }
+        const char *end = strstr(out, "\r\n\r\n"), *cl = strstr(out, "Content-Length: ");
+        if (end && cl && got >= (size_t)(end + 4 - out) + strtoul(cl + 16, NULL, 10)) {
+            close(c);
+            event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
+            return atoi(out + 9);
+        }
+        if (n <= 0)
+            usleep(1000);
+    }
+    fail_msg("no whole reply to %s %s: %s", method, path, out);
+    return -1;
+}
+
+/* Agent i polls again serving model, online or draining (the agent's own
+ * drain, docs/protocol.md); the registry's transition reaches agents_api,
+ * whose deferred work the loop then runs. */
+static void poll_status(fixture *f, int i, const char *model, bool draining)
+{
+    char id[64];
+    snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
+    json_t *j = json_pack("{s:s, s:[{s:s}], s:{s:i}, s:s}", "agent_id", id, "models", "id",
+                          model, "slots", "total", 2, "status",
+                          draining ? "draining" : "online");
+    assert_non_null(j);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("agent %d: %s", i, err);
+    json_decref(j);
+    assert_non_null(registry_heartbeat(f->fl.reg, &facts, gp_now_mono_ms(), 0));
+    registry_facts_free(&facts);
+    event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
+}
+
+/* A job for model, with fallback (NULL: none), queued: no agent is ready. */
+static gps_job *queued(fixture *f, const char *model, const char *fallback)
+{
+    gps_job_spec s = fleet_spec(model, 20);
+    if (fallback) {
+        s.fallback_models[0] = strdup(fallback);
+        s.n_fallback = 1;
+    }
+    gps_job *job = fleet_submit(&f->fl, &s);
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, model);
+    return job;
+}
+
+/* Agent ag takes exactly job, as model. */
+static void taken_by(fixture *f, registry_agent *ag, gps_job *job, const char *model)
+{
+    json_t *w = fleet_take(&f->fl, ag);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
+    assert_string_equal(json_string_value(json_object_get(w, "model")), model);
+    json_decref(w);
+    assert_int_equal(job->state, GPS_JOB_ASSIGNED);
+    assert_string_equal(job->agent_id, ag->id);
+}
+
+static void finish(fixture *f, gps_job *job, registry_agent *ag)
+{
+    assert_int_equal(fleet_apply(&f->fl, job, ag, job->agent_seq,
+                                 "[{\"type\":\"started\"},{\"type\":\"token\",\"text\":\"hi\"},"
+                                 "{\"type\":\"end\",\"finish_reason\":\"stop\","
+                                 "\"usage\":{\"completion_tokens\":1}}]"),
+                     0);
+    assert_int_equal(job->state, GPS_JOB_DONE);
+}
+
+/* The job moved to B as a failover to a fallback would: B serves it, A is
+ * the model asked for (the dialects' x_pool_meta.model and warnings come
+ * from these), and it waits in B's queue for B's agent. */
+static void moved_to_b(fixture *f, gps_job *job)
+{
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, "B");
+    assert_string_equal(gps_job_model(job), "B");
+    assert_non_null(job->requested_model);
+    assert_string_equal(job->requested_model, "A");
+    assert_true(sched_job_queued(&job->sj));
+    assert_string_equal(job->sj.model, "B");
+    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 1);
+}
+
+/* ------------------------------------------------------------------ */
+
+/* A's only agent is drained by an admin while it runs one job of A and
+ * two more wait: the one with fallback B moves to B and B's agent serves
+ * it; the one without stays queued for A; the running one finishes on the
+ * draining agent. Before, the queued job with a fallback waited out
+ * queue_timeout in A's queue. */
+static void test_admin_drain(void **state)
+{
+    fixture *f = *state;
+    uint64_t now = gp_now_mono_ms();
+    registry_agent *a = fleet_agent(&f->fl, 1, "A", NULL, 2, now);
+    registry_agent *b = fleet_agent(&f->fl, 2, "B", NULL, 2, now);
+    gps_job *running = queued(f, "A", "B");
+    taken_by(f, a, running, "A");
+    gps_job *moving = queued(f, "A", "B");
+    gps_job *staying = queued(f, "A", NULL);
+
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", a->id);
+    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    assert_int_equal(a->state, REGISTRY_DRAINING);
+
+    moved_to_b(f, moving);
+    taken_by(f, b, moving, "B");
+    finish(f, moving, b);
+    /* no fallback: it waits for A (an undrain, another agent) */
+    assert_int_equal(staying->state, GPS_JOB_QUEUED);
+    assert_string_equal(staying->spec.model, "A");
+    assert_null(staying->requested_model);
+    /* a drain lets what runs finish where it runs */
+    assert_int_equal(running->state, GPS_JOB_ASSIGNED);
+    assert_string_equal(running->agent_id, a->id);
+    assert_string_equal(running->spec.model, "A");
+    finish(f, running, a);
+    /* undrained, A's agent takes the job that waited for it */
+    assert_int_equal(admin(f, "POST", path, "{\"on\":false}"), 200);
+    assert_int_equal(a->state, REGISTRY_HEALTHY);
+    taken_by(f, a, staying, "A");
+    finish(f, staying, a);
+}
+
+/* The agent drains itself (its poll says status "draining"): the same. A
+ * job whose only fallback has no live agent either stays queued for A
+ * (it does not bounce between the two). */
+static void test_agent_drains_itself(void **state)
+{
+    fixture *f = *state;
+    uint64_t now = gp_now_mono_ms();
+    registry_agent *a = fleet_agent(&f->fl, 1, "A", NULL, 2, now);
+    registry_agent *b = fleet_agent(&f->fl, 2, "B", NULL, 2, now);
+    gps_job *moving = queued(f, "A", "B");
+    gps_job *nowhere = queued(f, "A", "C");
+    poll_status(f, 1, "A", true);
+    assert_int_equal(a->state, REGISTRY_DRAINING);
+    moved_to_b(f, moving);
+    assert_int_equal(nowhere->state, GPS_JOB_QUEUED);
+    assert_string_equal(nowhere->spec.model, "A");
+    assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
+    taken_by(f, b, moving, "B");
+    finish(f, moving, b);
+    gps_jobs_cancel(f->fl.jobs, nowhere, "test over");
+}
+
+/* A second agent of A still serving keeps A's jobs with A: draining one
+ * of two moves nothing. */
+static void test_drain_with_another_agent_left(void **state)
+{
+    fixture *f = *state;
+    uint64_t now = gp_now_mono_ms();
+    registry_agent *a1 = fleet_agent(&f->fl, 1, "A", NULL, 2, now);
+    registry_agent *a2 = fleet_agent(&f->fl, 3, "A", NULL, 2, now);
+    fleet_agent(&f->fl, 2, "B", NULL, 2, now);
+    gps_job *job = queued(f, "A", "B");
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", a1->id);
+    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, "A");
+    assert_null(job->requested_model);
+    taken_by(f, a2, job, "A");
+    finish(f, job, a2);
+}
+
+/* An admin removes A's only agent (idle): its queued job with fallback B
+ * moves to B at once; one without stays queued for A. */
+static void test_admin_remove(void **state)
+{
+    fixture *f = *state;
+    uint64_t now = gp_now_mono_ms();
+    registry_agent *a = fleet_agent(&f->fl, 1, "A", NULL, 2, now);
+    registry_agent *b = fleet_agent(&f->fl, 2, "B", NULL, 2, now);
+    gps_job *moving = queued(f, "A", "B");
+    gps_job *staying = queued(f, "A", NULL);
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s", a->id);
+    assert_int_equal(admin(f, "DELETE", path, NULL), 200);
+    assert_null(registry_get(f->fl.reg, "00000000-0000-4000-8000-000000000001"));
+    moved_to_b(f, moving);
+    taken_by(f, b, moving, "B");
+    finish(f, moving, b);
+    assert_int_equal(staying->state, GPS_JOB_QUEUED);
+    assert_string_equal(staying->spec.model, "A");
+    gps_jobs_cancel(f->fl.jobs, staying, "test over");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_admin_drain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_agent_drains_itself, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_with_another_agent_left, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_admin_remove, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
