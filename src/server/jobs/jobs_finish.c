@@ -268,7 +268,11 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
     bool estimated = charge_prompt_of_cancelled(job);
     leave_agent(j, job, true);
     snprintf(job->error_code, sizeof job->error_code, "%s", told_code(j, ev, "CANCELLED"));
-    jobs_finish(j, job, GPS_JOB_CANCELLED);
+    /* Out of memory the subscribers are told the server's own INTERNAL
+     * (500), not a cancel: the row says the same, failed (as any job the
+     * server failed), never cancelled with an INTERNAL code. The agent
+     * still gets its cancel (leave_agent) and is not blamed. */
+    jobs_finish(j, job, ev == j->oom_ev ? GPS_JOB_FAILED : GPS_JOB_CANCELLED);
     gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:I,s:I,s:b}", "job_id", job->id, "reason",
                            reason ? reason : "", "agent_id", job->agent_id, "prompt_tokens",
