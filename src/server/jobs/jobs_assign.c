@@ -216,6 +216,13 @@ void jobs_place(gps_jobs *j, gps_job *job, int depth)
             jobs_deliver_to(j, job, a, depth + 1);
         return;
     }
+    if (r == SCHED_ERROR) {
+        /* The scheduler ran out of memory for the model's queue (a job
+         * placed here is never malformed): the server's own failure, not
+         * a fleet without an agent. */
+        jobs_fail_job(j, job, 500, "INTERNAL", "out of memory", 0);
+        return;
+    }
     int retry = j->opts.poll_interval_sec > 0 ? j->opts.poll_interval_sec : 5;
     if (r == SCHED_QUEUE_FULL)
         jobs_fail_job(j, job, 503, "NO_CAPACITY", "queue full while failing over", retry);

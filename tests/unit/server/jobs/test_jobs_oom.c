@@ -1021,6 +1021,61 @@ static void test_offer_parts_oom(void **state)
     offered_job_free(job);
 }
 
+/* ---- a queued job moved to its fallback (gps_jobs_agent_leaving) ---- */
+
+/* Model A's only agent drains while a job of A with fallback B waits in
+ * A's queue and B's agent is not ready yet: the job moves to B's queue
+ * (B's first: the scheduler makes it), or, out of memory for it, fails as
+ * the server's own (INTERNAL, 500) with both subscribers told; never a
+ * NO_AGENT that blames the fleet for what was memory, never a job left
+ * under neither model. */
+static void test_drain_move_oom(void **state)
+{
+    (void)state;
+    gps_jobs_opts o = fleet_opts();
+    size_t n, bad = 0, failed = 0;
+    for (n = 1;; n++) {
+        run r;
+        memset(&r, 0, sizeof r);
+        fleet_init(&r.f, &o, NULL);
+        r.a = fleet_agent(&r.f, 1, "A", NULL, 2, 1000);
+        r.b = fleet_agent(&r.f, 2, "B", NULL, 2, 1000);
+        gps_job_spec sp = fleet_spec("A", 16);
+        sp.fallback_models[0] = strdup("B");
+        sp.n_fallback = 1;
+        r.job = fleet_submit(&r.f, &sp);
+        assert_int_equal(gps_job_subscribe(r.job, on_tree, &r.tree), 0);
+        assert_int_equal(gps_job_subscribe_cursor(r.job, on_cursor, &r.cur), 0);
+        assert_int_equal(gps_job_state_of(r.job), GPS_JOB_QUEUED);
+        registry_set_drain(r.f.reg, r.a, true, 1000);
+        sched_agent_update(r.f.s, r.a);
+        arm_beneath(n);
+        gps_jobs_agent_leaving(r.f.jobs, r.a->id);
+        bool hit = disarm();
+        bool moved = gps_job_state_of(r.job) == GPS_JOB_QUEUED &&
+                     strcmp(r.job->spec.model, "B") == 0 &&
+                     sched_job_queued(&r.job->sj) && r.tree.errors == 0 && r.cur.errors == 0;
+        bool internal = gps_job_state_of(r.job) == GPS_JOB_FAILED &&
+                        error_ok(&r.tree, "INTERNAL", 500, 0) &&
+                        error_ok(&r.cur, "INTERNAL", 500, 0) &&
+                        strcmp(r.tree.code, "INTERNAL") == 0 &&
+                        strcmp(gps_job_error_code(r.job), "INTERNAL") == 0;
+        failed += internal;
+        if (!moved && !internal) {
+            bad++;
+            print_message("run %zu: the job %s under %s, told %d error(s) (%s %d)\n", n,
+                          gps_job_state_name(gps_job_state_of(r.job)), r.job->spec.model,
+                          r.tree.errors, r.tree.code, r.tree.status);
+        }
+        run_end(&r);
+        if (!hit)
+            break;
+    }
+    print_message("drain move sweep: %zu runs, %zu failed as out of memory\n", n, failed);
+    assert_true(n > 2);
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     gp_json_init(); /* as the server's main: jansson's allocations counted (gp_json.h) */
@@ -1035,6 +1090,7 @@ int main(void)
         cmocka_unit_test(test_attempts_exhausted_oom),
         cmocka_unit_test(test_finish_early_oom),
         cmocka_unit_test(test_failover_event_oom),
+        cmocka_unit_test(test_drain_move_oom),
         cmocka_unit_test(test_pending_cancels_oom),
         cmocka_unit_test(test_deliver_to_parked_oom),
         cmocka_unit_test(test_take_for_agent_oom),
