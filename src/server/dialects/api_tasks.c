@@ -88,6 +88,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             tasks_resubmit(g, t, now);
             continue;
         }
+        tasks_retry_end(t); /* a done job whose end waits for memory */
         if (gps_job_state_of(t->job) == GPS_JOB_QUEUED) {
             long long pos = (long long)gps_jobs_queue_position(g->jobs, t->job);
             if (pos != t->last_pos)

@@ -83,6 +83,13 @@ struct task {
     char key_id[65];
     gps_tlog *log;                /* its events, 1..n (task_log.h) */
     bool terminal;
+    /* Its job is done but the end event could not be recorded (out of
+     * memory building or appending it): the tick records it again
+     * (tasks_retry_end) until it is. The job, and so GET and the row,
+     * says done with the whole result: the log must end with that end,
+     * not the reserved INTERNAL error (which would tell its streams the
+     * opposite of GET). Not terminal meanwhile: its streams wait. */
+    bool end_pending;
     long long last_pos;           /* last queue position announced (-1 none: not
                                      queued; -2 queued, not announced: ENOMEM) */
     uint64_t finished_us;
@@ -244,6 +251,9 @@ void tasks_emit(task *t, const char *type, json_t *data, bool terminal);
 /* A queued event with t's position (t->last_pos; -2 when it could not be
  * recorded, out of memory: the tick announces it again). */
 void tasks_emit_queued(task *t);
+/* Record the end event of t's done job (t->end_pending), from the tick:
+ * once it is recorded the task is terminal, its streams get it. */
+void tasks_retry_end(task *t);
 void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 void tasks_free(gps_tasks *g, task *t);
 

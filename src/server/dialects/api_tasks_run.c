@@ -373,7 +373,9 @@ static void task_publish(task *t)
  * its job fails with the same (the agent stops, the row says failed). */
 void tasks_oom_end(task *t, const char *type)
 {
-    if (t->terminal)
+    /* (end_pending: the job is done, its end is still to come; no event
+     * follows the job's end) */
+    if (t->terminal || t->end_pending)
         return;
     if (gps_tlog_append_oom(t->log) < 0) {
         /* Not reached: a log keeps its reserved event until it ends. */
@@ -509,6 +511,37 @@ static void task_emit_started(task *t, gps_job *job)
                      hidden, dg && !hidden, false);
 }
 
+/* The end event of t's done job: its finish reason, usage and whole text,
+ * read from the job (held until the task is evicted, so a retry builds
+ * the same event). 0, or -1 out of memory: nothing recorded, the task
+ * waits for it (end_pending; the tick tries again). Never the reserved
+ * INTERNAL error instead: the job is done, GET and the row say so with
+ * the whole result, and the log must agree with them. */
+static int task_record_end(task *t)
+{
+    if (t->terminal)
+        return 0;
+    gps_job *job = t->job;
+    const char *fr = gps_job_finish_reason(job);
+    json_t *d = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason", fr[0] ? fr : "stop",
+                          "usage", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
+                          "completion_tokens", (json_int_t)gps_job_completion_tokens(job),
+                          "text", gps_job_text(job), gps_job_text_len(job));
+    int rc = task_record(t, "end", d, NULL, false, true);
+    t->end_pending = rc < 0;
+    return rc;
+}
+
+void tasks_retry_end(task *t)
+{
+    if (!t->end_pending || !t->job)
+        return;
+    if (task_record_end(t) == 0)
+        gp_log_write(GP_LOG_INFO, "task_end_recorded", t->corr,
+                     json_pack("{s:s}", "job_id", t->id),
+                     "a native task's end event, delayed for want of memory, was recorded");
+}
+
 /* A job event's copy without its type: the data of a metrics or failover
  * event. NULL when out of memory. */
 static json_t *event_data(const json_t *ev)
@@ -564,13 +597,11 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
             if (r)
                 r->ewma_ms = r->ewma_ms > 0 ? 0.8 * r->ewma_ms + 0.2 * ms : ms;
         }
-        const char *fr = gps_job_finish_reason(job);
-        tasks_emit(t, "end",
-                   json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason", fr[0] ? fr : "stop",
-                             "usage", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
-                             "completion_tokens", (json_int_t)gps_job_completion_tokens(job),
-                             "text", gps_job_text(job), gps_job_text_len(job)),
-                   true);
+        if (task_record_end(t) < 0)
+            gp_log_write(GP_LOG_WARN, "task_end_oom", t->corr,
+                         json_pack("{s:s}", "job_id", t->id),
+                         "a native task's end event could not be recorded (out of memory): "
+                         "the tick records it again");
         break;
     }
     case GPS_EV_ERROR: {
@@ -586,10 +617,14 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
         return;
     }
     /* Once, when the task ends (a job failed by tasks_oom_end delivers
-     * its error event here while the task is terminal already). */
-    if (!was_terminal && t->terminal && g->store)
+     * its error event here while the task is terminal already), or its
+     * job did and the end event waits (its seq: the next): the row's
+     * result text, also when the server stops before the end is
+     * recorded (a cold GET or replay then makes the end from the row). */
+    if (!was_terminal && (t->terminal || t->end_pending) && g->store)
         gps_store_checkpoint_fenced(g->store, t->id, gps_job_text(job),
-                                    gps_job_text_len(job), (long long)gps_tlog_count(t->log),
+                                    gps_job_text_len(job),
+                                    (long long)gps_tlog_count(t->log) + (t->end_pending ? 1 : 0),
                                     t->lease_attempt);
 }
 
