@@ -293,6 +293,34 @@ static size_t write_wires(gps_jobs *j, gps_job **jobs, size_t n, gp_buf *out)
     return k > 0 && LIT(out, "]") == 0 ? k : 0;
 }
 
+/* jobs[0..n), taken for a in queue order, were in no reply that went out:
+ * back in their queues, still in that order. Each is placed first in line
+ * (unassign_requeue), the earliest first, so that an agent ready now gets
+ * the earliest it can run (the last first would hand a later job to it
+ * and leave the earlier one waiting for the next poll). Those no agent
+ * took were each put at the head, ahead of the ones before them: put
+ * there again, the last first, so that they wait in their order. (A job
+ * ended meanwhile, or on another agent's books, is not this reply's.) */
+static void put_back(gps_jobs *j, registry_agent *a, gps_job **jobs, size_t n)
+{
+    size_t waiting = 0;
+    for (size_t i = 0; i < n; i++) {
+        gps_job *job = jobs[i];
+        if (job->state != GPS_JOB_ASSIGNED || strcmp(job->agent_id, a->id) != 0)
+            continue;
+        unassign_requeue(j, job, 1);
+        if (sched_job_queued(&job->sj))
+            jobs[waiting++] = job; /* (reused: this one's slot is behind us) */
+    }
+    if (waiting < 2)
+        return;
+    for (size_t i = waiting; i-- > 0;) {
+        sched_remove(j->sched, &jobs[i]->sj);
+        jobs[i]->sj.front = true;
+        jobs_place(j, jobs[i], 1);
+    }
+}
+
 long gps_jobs_hand_out(gps_jobs *j, registry_agent *a, int free_slots, gps_jobs_deliver_fn reply,
                        void *arg)
 {
@@ -326,12 +354,7 @@ long gps_jobs_hand_out(gps_jobs *j, registry_agent *a, int free_slots, gps_jobs_
     }
     for (size_t i = 0; i < sent; i++)
         jobs[i]->delivery = (uint64_t)rc;
-    /* The rest were in no reply that went out: back in their queues, the
-     * last first, so that they keep their order at the head. (A job ended
-     * meanwhile, or on another agent's books, is not this reply's.) */
-    for (size_t i = n; i-- > sent;)
-        if (jobs[i]->state == GPS_JOB_ASSIGNED && strcmp(jobs[i]->agent_id, a->id) == 0)
-            unassign_requeue(j, jobs[i], 1);
+    put_back(j, a, jobs + sent, n - sent);
     return rc < 0 ? -1 : (long)sent;
 }
 

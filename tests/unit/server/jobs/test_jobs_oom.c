@@ -812,6 +812,87 @@ static void test_take_for_agent_oom(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* The ids of the jobs of a wire array text, in order (new reference). */
+static json_t *ids_of(const json_t *arr)
+{
+    json_t *ids = json_array();
+    size_t i;
+    const json_t *w;
+    json_array_foreach(arr, i, w) json_array_append(ids, json_object_get(w, "job_id"));
+    return ids;
+}
+
+/* test_take_for_agent_oom with another agent parked ready (one slot): the
+ * jobs left out of the reply keep their order: the first of them goes to
+ * the ready agent (or, its delivery refused, waits first in line), the
+ * rest wait behind it, and the agent's next request takes them in order.
+ * The code before put them back the last first, each placed at once: the
+ * ready agent got the last one, ahead of those before it. */
+static void test_take_for_agent_oom_other_ready(void **state)
+{
+    (void)state;
+    size_t n, bad = 0, handed = 0;
+    for (n = 1;; n++) {
+        fleet f;
+        fleet_init(&f, NULL, NULL);
+        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
+        gps_job *jobs[NTAKE];
+        for (int i = 0; i < NTAKE; i++) {
+            gps_job_spec s = fleet_spec("m1", 64);
+            jobs[i] = fleet_submit(&f, &s);
+        }
+        registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
+        assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
+        gp_buf text;
+        gp_buf_init(&text);
+        arm_beneath(n);
+        long got = (long)gps_jobs_take_for_agent(f.jobs, a, NTAKE, 9, &text);
+        bool hit = disarm();
+        json_t *arr = got > 0 ? json_loadb(text.data, text.len, 0, NULL) : NULL;
+        json_t *order = arr ? ids_of(arr) : json_array();
+        gp_buf_free(&text);
+        json_decref(arr);
+        int k = (int)json_array_size(order);
+        /* b's delivery, then the rest as a's next request takes them. */
+        if (f.delivered) {
+            handed++;
+            if (f.delivered_to != b)
+                bad++;
+            json_t *more = ids_of(f.delivery);
+            json_array_extend(order, more);
+            json_decref(more);
+        }
+        if (k + f.delivered < NTAKE) {
+            gp_buf next;
+            gp_buf_init(&next);
+            gps_jobs_take_for_agent(f.jobs, a, NTAKE, 10, &next);
+            json_t *rest = json_loadb(next.data ? next.data : "", next.len, 0, NULL);
+            json_t *more = ids_of(rest);
+            json_array_extend(order, more);
+            json_decref(more);
+            json_decref(rest);
+            gp_buf_free(&next);
+        }
+        bool ok = json_array_size(order) == NTAKE;
+        for (int i = 0; ok && i < NTAKE; i++)
+            ok = strcmp(json_string_value(json_array_get(order, (size_t)i)), jobs[i]->id) == 0;
+        if (!ok) {
+            char *o = json_dumps(order, JSON_COMPACT);
+            print_message("run %zu: %d sent, %d to the ready agent, then in the order %s\n", n,
+                          k, f.delivered, o ? o : "?");
+            free(o);
+            bad++;
+        }
+        json_decref(order);
+        fleet_free(&f);
+        if (!hit)
+            break;
+    }
+    print_message("take sweep, another agent ready: %zu runs, %zu handed to it\n", n, handed);
+    assert_true(handed > 0);
+    assert_int_equal(bad, 0);
+}
+
 /* The agent's reply refused (gps_jobs_hand_out's reply: a 500 went
  * instead), again and again: every job is back in its queue, in order, no
  * agent's, attempt uncounted; the agent is not ready, so no job goes
@@ -853,6 +934,50 @@ static void test_hand_out_refused(void **state)
     w = fleet_take(&f, a);
     assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[1]->id);
     json_decref(w);
+    fleet_free(&f);
+}
+
+/* The same with another agent parked ready (its long-poll open, one
+ * slot): the jobs put back keep their order there too. The first in line
+ * goes to it at once, the others wait in their order for the next poll.
+ * The code before put them back the last first, each placed at once: the
+ * last reached the ready agent and the first waited behind it. */
+static void test_hand_out_refused_other_ready(void **state)
+{
+    (void)state;
+    fleet f;
+    fleet_init(&f, NULL, NULL);
+    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
+    gps_job *jobs[NTAKE];
+    for (int i = 0; i < NTAKE; i++) {
+        gps_job_spec s = fleet_spec("m1", 64);
+        jobs[i] = fleet_submit(&f, &s);
+    }
+    registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
+    assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
+    int calls = 0;
+    assert_int_equal(gps_jobs_hand_out(f.jobs, a, NTAKE, refuse, &calls), -1);
+    assert_int_equal(calls, 1);
+    /* b got the first in line, in its parked poll. */
+    assert_int_equal(f.delivered, 1);
+    assert_ptr_equal(f.delivered_to, b);
+    assert_int_equal(json_array_size(f.delivery), 1);
+    assert_string_equal(
+        json_string_value(json_object_get(json_array_get(f.delivery, 0), "job_id")),
+        jobs[0]->id);
+    assert_int_equal(jobs[0]->state, GPS_JOB_ASSIGNED);
+    assert_string_equal(jobs[0]->agent_id, b->id);
+    /* The others wait, in order, no agent's, attempt uncounted. */
+    for (int i = 1; i < NTAKE; i++) {
+        assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
+        assert_string_equal(jobs[i]->agent_id, "");
+        assert_int_equal(jobs[i]->attempts, 0);
+    }
+    for (int i = 1; i < NTAKE; i++) {
+        json_t *w = fleet_take(&f, a);
+        assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[i]->id);
+        json_decref(w);
+    }
     fleet_free(&f);
 }
 
@@ -1095,6 +1220,8 @@ int main(void)
         cmocka_unit_test(test_deliver_to_parked_oom),
         cmocka_unit_test(test_take_for_agent_oom),
         cmocka_unit_test(test_hand_out_refused),
+        cmocka_unit_test(test_hand_out_refused_other_ready),
+        cmocka_unit_test(test_take_for_agent_oom_other_ready),
         cmocka_unit_test(test_resumed_text_oom),
         cmocka_unit_test(test_offer_parts_oom),
     };
