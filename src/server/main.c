@@ -52,6 +52,7 @@
 #include "server/dialects/api_responses.h"
 #include "server/dialects/api_openai.h"
 #include "server/auth/auth.h"
+#include "server/http/evmem.h"
 #include "server/http/http.h"
 #include "server/jobs/jobs.h"
 #include "server/auth/limits.h"
@@ -1228,6 +1229,15 @@ int main(int argc, char **argv)
      * crash short of memory (engine.h gpe_set_json_alloc_failures,
      * gpe_set_json_loader). */
     gp_json_init();
+    /* libevent's allocator with its emergency reserve (evmem.h): before
+     * any libevent call, as event_set_mem_functions requires. libevent
+     * 2.1.12 crashes on some of its own allocation failures; with the
+     * reserve those get their memory and the server stops accepting until
+     * it is back. */
+    if (gps_evmem_init(GPS_EVMEM_RESERVE_BYTES) < 0) {
+        fputs("gpupool-server: out of memory at start-up\n", stderr);
+        return 1;
+    }
     gpe_set_json_alloc_failures(gp_json_alloc_failures);
     gpe_set_json_loader(gp_json_load_checked);
     if (argc >= 2 && strcmp(argv[1], "keys") == 0)

@@ -3,7 +3,8 @@
  * the route's handler, the listeners and their lifecycle.
  *
  * The module's files (what they share is in http_priv.h, private to them):
- *   - http.c (this file): routes, dispatch, binding, pausing accept;
+ *   - http.c (this file): routes, dispatch, binding, pausing accept (out
+ *     of descriptors, or libevent's memory reserve spent: evmem.h);
  *   - http_reply.c: replies in a dialect, request helpers, the peer-close
  *     watch;
  *   - http_head.c: a request head parsed and checked (pure);
@@ -35,6 +36,7 @@
 #include "common/gp_log.h"
 #include "common/gp_util.h"
 #include "server/http/errors.h"
+#include "server/http/evmem.h"
 #include "server/http/ids.h"
 
 /* A process-wide list only to map a listener back to its gps_http (the
@@ -374,6 +376,119 @@ static void evhttp_setup(gps_http *h, struct evhttp *evh)
     evhttp_set_bevcb(evh, http_plain_bevcb, h);
 }
 
+/* ------------------------------------------------------------------ */
+/* Memory low: libevent's reserve spent (evmem.h)                      */
+/* ------------------------------------------------------------------ */
+
+/* Once libevent's reserve is spent, the next failure of its allocations
+ * may crash it, and a new connection is where most of them happen (its
+ * bufferevent, evhttp connection, watermark entries, the head's parse):
+ * the listeners pause (the kernel keeps new connections in the backlog)
+ * until the reserve can be allocated again, tried every MEM_RETRY_MS.
+ * Connections already open go on. One log line when the reserve is
+ * spent, one when it is back, whatever the number of gps_https. */
+#define MEM_RETRY_MS 100
+
+static bool mem_spent;      /* the reserve was spent; memory_reserve_used not written */
+static bool mem_logged;     /* memory_reserve_used written, memory_reserve_restored not */
+static uint64_t mem_low_ms; /* when memory_reserve_used was written */
+
+/* Inside libevent's allocator (evmem.h gps_evmem_on_low): only flags and
+ * event_active, which touches the base's active queue and allocates
+ * nothing; the loop thread is the only one that allocates through libevent
+ * here (docs/architecture.md "Threads"). */
+static void mem_low_hook(void *arg)
+{
+    (void)arg;
+    mem_spent = true;
+    for (size_t i = 0; i < sizeof pause_owners / sizeof pause_owners[0]; i++)
+        if (pause_owners[i] && pause_owners[i]->mem_ev)
+            event_active(pause_owners[i]->mem_ev, EV_TIMEOUT, 0);
+}
+
+static void mem_log_used(void)
+{
+    if (!mem_spent)
+        return;
+    mem_spent = false;
+    mem_logged = true;
+    mem_low_ms = gp_now_mono_ms();
+    size_t kib = gps_evmem_reserve_bytes() / 1024;
+    gp_log_write(GP_LOG_WARN, "memory_reserve_used", NULL,
+                 json_pack("{s:I}", "reserve_kib", (json_int_t)kib),
+                 "an allocation of libevent failed: its memory reserve (%zu KiB) was used; "
+                 "not accepting new connections until it can be allocated again",
+                 kib);
+}
+
+static void mem_log_restored(void)
+{
+    mem_log_used(); /* restored before the loop came to the pause */
+    if (!mem_logged)
+        return;
+    mem_logged = false;
+    uint64_t ms = gp_now_mono_ms() - mem_low_ms;
+    gp_log_write(GP_LOG_INFO, "memory_reserve_restored", NULL,
+                 json_pack("{s:I}", "low_ms", (json_int_t)ms),
+                 "libevent's memory reserve is allocated again after %llu ms: accepting "
+                 "new connections",
+                 (unsigned long long)ms);
+}
+
+static void mem_listeners(gps_http *h, bool on)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!h->pause[k].lev)
+            continue;
+        if (on)
+            evconnlistener_enable(h->pause[k].lev);
+        else
+            evconnlistener_disable(h->pause[k].lev);
+    }
+}
+
+static void mem_resume(gps_http *h)
+{
+    event_del(h->mem_retry);
+    h->mem_paused = false;
+    mem_listeners(h, true);
+    mem_log_restored();
+}
+
+static void mem_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_http *h = arg;
+    if (gps_evmem_restore() >= 0)
+        mem_resume(h);
+}
+
+static void mem_low_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gps_http *h = arg;
+    mem_log_used();
+    if (!gps_evmem_low() || h->mem_paused)
+        return;
+    struct timeval tv = {0, MEM_RETRY_MS * 1000};
+    /* mem_retry persists: added once, nothing to add again short of
+     * memory. Without it the pause would never end: accepting goes on and
+     * each accept tries the reserve (http_mem_refuse). */
+    if (event_add(h->mem_retry, &tv) < 0)
+        return;
+    h->mem_paused = true;
+    mem_listeners(h, false);
+}
+
+bool http_mem_refuse(gps_http *h)
+{
+    (void)h;
+    if (!gps_evmem_low())
+        return false;
+    if (gps_evmem_restore() < 0)
+        return true;
+    mem_log_restored();
+    return false;
+}
+
 gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
 {
     gps_http *h = calloc(1, sizeof *h);
@@ -384,14 +499,21 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
     gp_random_hex(h->pool_id, 8);
     h->evh = evhttp_new(base);
     h->orphan_ev = event_new(base, -1, 0, http_orphans_cb, h);
-    if (!h->evh || !h->orphan_ev) {
+    h->mem_ev = event_new(base, -1, 0, mem_low_cb, h);
+    h->mem_retry = event_new(base, -1, EV_PERSIST, mem_retry_cb, h);
+    if (!h->evh || !h->orphan_ev || !h->mem_ev || !h->mem_retry) {
         if (h->evh)
             evhttp_free(h->evh);
         if (h->orphan_ev)
             event_free(h->orphan_ev);
+        if (h->mem_ev)
+            event_free(h->mem_ev);
+        if (h->mem_retry)
+            event_free(h->mem_retry);
         free(h);
         return NULL;
     }
+    gps_evmem_on_low(mem_low_hook, NULL); /* the same for every gps_http */
     evhttp_setup(h, h->evh);
     return h;
 }
@@ -416,6 +538,8 @@ void gps_http_free(gps_http *h)
         http_conn_free(h->conns_all);
     http_orphans_free(h);
     event_free(h->orphan_ev);
+    event_free(h->mem_ev);
+    event_free(h->mem_retry);
     while (h->lingers)
         http_linger_free(h->lingers);
     free(h->conn_by_fd);
@@ -494,7 +618,7 @@ static int bound_port_of(struct evhttp_bound_socket *b, int port, int *bound_por
 static void accept_resume(evutil_socket_t fd, short what, void *arg)
 {
     accept_pause *p = arg;
-    if (p->lev)
+    if (p->lev && !p->h->mem_paused) /* memory low: mem_resume enables it */
         evconnlistener_enable(p->lev);
 }
 

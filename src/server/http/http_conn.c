@@ -244,11 +244,15 @@ static struct bufferevent *orphan(gps_http *h, struct bufferevent *bev)
 }
 
 /* Every accepted connection's bufferevent goes through here; one without
- * memory for its gate is closed (orphan). */
+ * memory for its gate is closed (orphan), and so is one accepted while
+ * libevent's reserve is spent (the listeners pause on the next loop pass:
+ * http.c, "Memory low"). */
 struct bufferevent *http_gate_bev(gps_http *h, struct bufferevent *bev, bool tls)
 {
     if (!bev)
         return NULL;
+    if (http_mem_refuse(h))
+        return orphan(h, bev);
     gps_conn *c = conn_new(h, bev);
     if (c && tls && h->opts.header_timeout_sec > 0) {
         struct timeval tv = {h->opts.header_timeout_sec, 0};

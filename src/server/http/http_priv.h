@@ -64,6 +64,11 @@ struct gps_http {
     lingerer *lingers;            /* refused connections draining, freed with h */
     accept_pause pause[2];      /* [0] HTTP, [1] HTTPS */
     struct event *orphan_ev;    /* closes the orphans (made with h: none needed then) */
+    /* Memory low (evmem.h): mem_ev is activated when libevent's reserve
+     * is spent and pauses accepting; mem_retry then tries to get the
+     * reserve back every ACCEPT_PAUSE_MS and resumes. Made with h. */
+    struct event *mem_ev, *mem_retry;
+    bool mem_paused;
     struct bufferevent *orphans[GPS_HTTP_ORPHANS]; /* referenced, not gated yet */
     size_t norphans;
 };
@@ -114,6 +119,10 @@ struct gps_conn {
     char corr[65];                     /* the request's X-Correlation-Id, for a stand-in */
     char key_id[65];
 };
+
+/* Memory low (http.c): whether a connection accepted now must be closed,
+ * libevent's reserve spent and still not to be had. */
+bool http_mem_refuse(gps_http *h);
 
 /* routes, dispatch (http.c) */
 bool http_pattern_match(const char *pat, const char *path, char params[][GPS_ROUTE_PARAM_MAX],
