@@ -11,8 +11,8 @@
  * server then serves the next poll on a new connection.
  *
  * Only the project's allocations fail here, not libevent's (evhttp's own
- * parse): libevent 2.1.12 crashes on some of its own allocation failures
- * (evhttp_connection_base_bufferevent_new frees a half-made connection).
+ * parse): those go through the server's allocator with its reserve
+ * (evmem.h), swept in test_http_evmem_oom.c.
  *
  * Real agents_api on a real gps_http bound to loopback, real registry,
  * scheduler and jobs (fixture_agents_http.h); the client is a plain socket. */
@@ -114,10 +114,10 @@ static void test_poll_early_oom(void **state)
 /* The second sweep fails libevent's allocations made while the request
  * gate runs (its evbuffers: the bytes held back, the request passed on to
  * evhttp), none else: the linker sends the gate's entry points here
- * (CMakeLists.txt: --wrap=http_gate_run,--wrap=http_input_cb). evhttp's own
- * allocations are left alone: libevent 2.1.12 answers a bare 400 for some
- * of them, and crashes on others (bufferevent_setwatermark, a connection's
- * set-up), which no code of ours can change. */
+ * (CMakeLists.txt: --wrap=http_gate_run,--wrap=http_input_cb), through a
+ * plain allocator without the server's reserve: the gate handles their
+ * failures itself. libevent's elsewhere (evhttp's, a connection's set-up)
+ * need the reserve (evmem.h): test_http_evmem_oom.c. */
 static bool ev_armed, in_gate;
 
 struct evbuffer_cb_info;
