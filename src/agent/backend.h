@@ -207,14 +207,17 @@ struct agent_backend {
 agent_backend *agent_backend_openai_create(const agent_options *o, char *err, size_t errlen);
 /* Defined in backend_gguf.c (the embedded engine). */
 agent_backend *agent_backend_gguf_create(const agent_options *o, char *err, size_t errlen);
-/* The same, and *nomem says why a NULL came back: true when memory ran out
- * (a later try may load the model: the agent exits 1 and is restarted, a
- * deployment retries), false for what a retry cannot fix (a damaged file,
- * no usable GPU). */
+/* The same, and *nomem says why a NULL came back: true when memory (or
+ * threads: a decode thread's EAGAIN) ran out (a later try may load the
+ * model: the agent exits 1 and is restarted, a deployment retries), false
+ * for what a retry cannot fix (a damaged file, no usable GPU). */
 agent_backend *agent_backend_gguf_create_status(const agent_options *o, bool *nomem, char *err,
                                                 size_t errlen);
 /* Defined in backend_deploy.c: neither --model nor --upstream; the server's
- * deployments choose the model (gguf backends inside). */
-agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, size_t errlen);
+ * deployments choose the model (gguf backends inside). NULL with *nomem
+ * true when memory or threads ran out (exit 1, restarted), false for what
+ * a restart cannot fix. */
+agent_backend *agent_backend_deploy_create(const agent_options *o, bool *nomem, char *err,
+                                           size_t errlen);
 
 #endif

@@ -20,6 +20,7 @@
  * worker can only take an inner backend away between calls (it then
  * destroys it outside mu: its jobs end with CANCELLED and fail over).
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@
 
 #include "agent/agent_facts.h"
 #include "agent/backend.h"
+#include "agent/backend_deploy.h"
 #include "agent/model_fetch.h"
 #include "common/gp_log.h"
 #include "common/gp_util.h"
@@ -70,8 +72,12 @@ struct deploy_backend {
     int capacity;              /* models held at most (--deploy-capacity) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    pthread_cond_t idle_cv;    /* the worker went idle (agent_backend_deploy_wait_idle) */
     pthread_t worker;
     bool worker_started, quit;
+    bool idle;                 /* the worker waits with nothing to do before a retry is due */
+    bool clock_held;           /* agent_backend_deploy_hold_clock: now_ms is clock_ms */
+    uint64_t clock_ms;         /* the held clock, moved by agent_backend_deploy_advance */
     dep_spec want[DEPLOY_MAX_MODELS]; /* desired (main thread writes, worker reads) */
     int nwant;
     held h[DEPLOY_MAX_MODELS];
@@ -100,6 +106,20 @@ static bool wanted(const deploy_backend *b, const dep_spec *s)
         if (spec_eq(&b->want[i], s))
             return true;
     return false;
+}
+
+/* The worker's clock (mu held): the monotonic one, or one a test holds
+ * and moves on to see a retry's backoff end without waiting it out. */
+static uint64_t now_ms(const deploy_backend *b)
+{
+    return b->clock_held ? b->clock_ms : gp_now_mono_ms();
+}
+
+/* Give the worker something to look at (mu held). */
+static void wake_worker_locked(deploy_backend *b)
+{
+    b->idle = false;
+    pthread_cond_signal(&b->cv);
 }
 
 static held *held_find(deploy_backend *b, const dep_spec *s)
@@ -217,6 +237,12 @@ static agent_backend *load_file(deploy_backend *b, held *h, bool *nomem, char *e
     if (!in)
         return NULL;
     json_t *m = in->ops->models(in);
+    if (!m) { /* not a refusal (that is an empty list): a later try may list it */
+        *nomem = true;
+        snprintf(err, errlen, "out of memory listing the loaded model");
+        in->ops->destroy(in);
+        return NULL;
+    }
     size_t n = json_array_size(m);
     json_decref(m);
     if (n == 0) { /* the gguf backend refused it (MODEL_DOES_NOT_FIT): its facts say why */
@@ -250,17 +276,20 @@ static void drop_locked(deploy_backend *b, held *h)
     memset(h, 0, sizeof *h);
 }
 
-/* Try entry h again later with the backoff (mu held): 5 s doubling to
- * 160 s, ten tries in a row. False when the tries are used up. */
+/* Try entry h again later with the backoff (mu held; backend_deploy.h):
+ * 5 s doubling to 160 s, ten tries in a row. False when the tries are
+ * used up. */
 static bool retry_later(held *h, const char *what, const char *err)
 {
-    if (h->retries >= 10)
+    if (h->retries >= DEPLOY_RETRY_TRIES)
         return false;
-    unsigned delay_s = 5u << (h->retries < 5 ? h->retries : 5);
+    unsigned delay_s = DEPLOY_RETRY_FIRST_S << (h->retries < 5 ? h->retries : 5);
+    if (delay_s > DEPLOY_RETRY_MAX_S)
+        delay_s = DEPLOY_RETRY_MAX_S;
     h->retries++;
-    h->retry_at_ms = gp_now_mono_ms() + delay_s * 1000u;
-    snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of 10): %.200s", delay_s,
-             h->retries, err);
+    h->retry_at_ms = now_ms(h->b) + delay_s * 1000u;
+    snprintf(h->reason, sizeof h->reason, "retrying in %us (try %u of %d): %.200s", delay_s,
+             h->retries, DEPLOY_RETRY_TRIES, err);
     gp_log_warn(what, "deployment %s: %s", h->spec.name, h->reason);
     return true;
 }
@@ -315,7 +344,7 @@ static void fetch_load_locked(deploy_backend *b, held *h)
  * is nothing to do now. */
 static bool step_locked(deploy_backend *b)
 {
-    uint64_t now = gp_now_mono_ms();
+    uint64_t now = now_ms(b);
     for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
         if (b->h[i].used && !wanted(b, &b->h[i].spec)) {
             drop_locked(b, &b->h[i]);
@@ -362,9 +391,12 @@ static void *worker_main(void *arg)
     while (!b->quit) {
         if (step_locked(b))
             continue;
-        uint64_t due = next_retry(b), now = gp_now_mono_ms();
+        uint64_t due = next_retry(b), now = now_ms(b);
+        b->idle = true;
+        pthread_cond_broadcast(&b->idle_cv);
         if (!due) {
             pthread_cond_wait(&b->cv, &b->mu);
+            b->idle = false;
             continue;
         }
         uint64_t ms = due > now ? due - now : 0;
@@ -377,6 +409,7 @@ static void *worker_main(void *arg)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+        b->idle = false;
     }
     for (int i = 0; i < DEPLOY_MAX_MODELS; i++)
         if (b->h[i].used)
@@ -395,12 +428,13 @@ static void dp_destroy(agent_backend *base)
     pthread_mutex_lock(&b->mu);
     b->quit = true;
     atomic_store(&g_stop_fetch, true);
-    pthread_cond_signal(&b->cv);
+    wake_worker_locked(b);
     pthread_mutex_unlock(&b->mu);
     if (b->worker_started)
         pthread_join(b->worker, NULL);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
+    pthread_cond_destroy(&b->idle_cv);
     free(b);
 }
 
@@ -568,7 +602,7 @@ static void dp_deploy(agent_backend *base, const json_t *deployments)
          * for a later resume). */
         if (b->fetching >= 0 && !wanted(b, &b->h[b->fetching].spec))
             atomic_store(&g_stop_fetch, true);
-        pthread_cond_signal(&b->cv);
+        wake_worker_locked(b);
     }
     pthread_mutex_unlock(&b->mu);
 }
@@ -585,10 +619,13 @@ static const agent_backend_ops deploy_ops = {
     .structured_output = true,
 };
 
-agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, size_t errlen)
+agent_backend *agent_backend_deploy_create(const agent_options *o, bool *nomem, char *err,
+                                           size_t errlen)
 {
+    *nomem = false;
     deploy_backend *b = calloc(1, sizeof *b);
     if (!b) {
+        *nomem = true;
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
@@ -599,6 +636,7 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
                       ? (int)o->deploy_capacity : 1;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
+    pthread_cond_init(&b->idle_cv, NULL);
     int n = o->model_cache && *o->model_cache
                 ? snprintf(b->models_dir, sizeof b->models_dir, "%s", o->model_cache)
                 : snprintf(b->models_dir, sizeof b->models_dir, "%s/models", o->state_dir);
@@ -606,8 +644,12 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
         snprintf(err, errlen, "model-cache: path too long");
         goto fail;
     }
-    if (pthread_create(&b->worker, NULL, worker_main, b) != 0) {
-        snprintf(err, errlen, "cannot start the deployment thread");
+    int rc = pthread_create(&b->worker, NULL, worker_main, b);
+    if (rc != 0) {
+        /* EAGAIN: the box is short of threads or memory for now, which a
+         * restart may not be (exit 1, not the configuration's exit 2). */
+        *nomem = rc == EAGAIN;
+        snprintf(err, errlen, "cannot start the deployment thread: %s", strerror(rc));
         goto fail;
     }
     b->worker_started = true;
@@ -617,4 +659,46 @@ agent_backend *agent_backend_deploy_create(const agent_options *o, char *err, si
 fail:
     dp_destroy(&b->base);
     return NULL;
+}
+
+bool agent_backend_deploy_wait_idle(agent_backend *base, unsigned timeout_ms)
+{
+    deploy_backend *b = (deploy_backend *)base;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += (time_t)(timeout_ms / 1000);
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->mu);
+    int rc = 0;
+    while (!b->idle && rc == 0)
+        rc = pthread_cond_timedwait(&b->idle_cv, &b->mu, &dl);
+    bool idle = b->idle;
+    pthread_mutex_unlock(&b->mu);
+    return idle;
+}
+
+void agent_backend_deploy_hold_clock(agent_backend *base)
+{
+    deploy_backend *b = (deploy_backend *)base;
+    pthread_mutex_lock(&b->mu);
+    if (!b->clock_held)
+        b->clock_ms = gp_now_mono_ms();
+    b->clock_held = true;
+    pthread_mutex_unlock(&b->mu);
+}
+
+void agent_backend_deploy_advance(agent_backend *base, uint64_t ms)
+{
+    deploy_backend *b = (deploy_backend *)base;
+    pthread_mutex_lock(&b->mu);
+    if (!b->clock_held)
+        b->clock_ms = gp_now_mono_ms();
+    b->clock_held = true;
+    b->clock_ms += ms;
+    wake_worker_locked(b);
+    pthread_mutex_unlock(&b->mu);
 }

@@ -70,6 +70,7 @@
  */
 #include "agent/backend_gguf_priv.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,9 +609,13 @@ agent_backend *agent_backend_gguf_create_status(const agent_options *o, bool *no
             snprintf(err, errlen, "out of memory");
             goto fail;
         }
-        if (pthread_create(&b->eng[e].thread, NULL, gguf_decode_main, &b->eng[e]) != 0) {
-            *nomem = false;
-            snprintf(err, errlen, "cannot start a decode thread");
+        int rc = pthread_create(&b->eng[e].thread, NULL, gguf_decode_main, &b->eng[e]);
+        if (rc != 0) {
+            /* EAGAIN: threads or memory short for now, not the model's
+             * fault: a later try may load it (*nomem: exit 1, a
+             * deployment retries) */
+            *nomem = rc == EAGAIN;
+            snprintf(err, errlen, "cannot start a decode thread: %s", strerror(rc));
             goto fail;
         }
         b->eng[e].thread_started = true;

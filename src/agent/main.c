@@ -292,12 +292,13 @@ int main(int argc, char **argv)
     } else if (o.model) {
         be = agent_backend_gguf_create_status(&o, &nomem, err, sizeof err);
     } else {
-        be = agent_backend_deploy_create(&o, err, sizeof err);
+        be = agent_backend_deploy_create(&o, &nomem, err, sizeof err);
     }
     if (!be && nomem) {
-        /* Memory ran out loading the model: not the file's fault, and a
-         * later start may have the memory. Exit 1: systemd restarts us
-         * (RestartPreventExitStatus=2 is for what a restart cannot fix). */
+        /* Memory (or threads: EAGAIN) ran out starting the backend: not
+         * the file's fault, and a later start may have them. Exit 1:
+         * systemd restarts us (RestartPreventExitStatus=2 is for what a
+         * restart cannot fix). */
         rc = 1;
         fprintf(stderr, "gpupool-agent: %s (out of memory: exit 1, restarted by systemd)\n",
                 err);
