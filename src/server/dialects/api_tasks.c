@@ -88,7 +88,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             tasks_resubmit(g, t, now);
             continue;
         }
-        tasks_retry_end(t); /* a done job whose end waits for memory */
+        tasks_retry_end(t); /* an ended job whose end or error waits for memory */
         if (gps_job_state_of(t->job) == GPS_JOB_QUEUED) {
             long long pos = (long long)gps_jobs_queue_position(g->jobs, t->job);
             if (pos != t->last_pos)
@@ -282,7 +282,7 @@ static json_t *status_restored(task *t)
     return o;
 }
 
-static json_t *status_hot(task *t)
+json_t *tasks_status(task *t)
 {
     gps_job *job = t->job;
     if (!job)
@@ -318,11 +318,14 @@ static json_t *status_hot(task *t)
     if (gps_pool_meta_shown(job))
         bad += set(o, "x_pool_meta", gps_pool_meta(job));
     if (state == GPS_JOB_FAILED || state == GPS_JOB_CANCELLED) {
-        size_t n = gps_tlog_count(t->log);
+        /* The message of the log's error event; while that event waits
+         * for memory (end_pending), of the job's error event it will be
+         * made from: GET says now what the log will end with. */
+        size_t n = t->end_pending ? 0 : gps_tlog_count(t->log);
         json_t *last = n ? gps_tlog_get(t->log, n - 1) : NULL;
         bad += n && !last;
-        bad += set(o, "error",
-                   error_object(gps_job_error_code(job), json_object_get(last, "data")));
+        const json_t *data = t->end_pending ? t->error_ev : json_object_get(last, "data");
+        bad += set(o, "error", error_object(gps_job_error_code(job), data));
         json_decref(last);
     }
     if (bad) {
@@ -531,7 +534,7 @@ static void h_get(gps_req *r, void *arg)
     }
     if (t->job)
         gps_pool_headers(r->req, t->job);
-    gps_http_send_json(r->req, 200, status_hot(t));
+    gps_http_send_json(r->req, 200, tasks_status(t));
 }
 
 static void h_delete(gps_req *r, void *arg)
@@ -543,7 +546,7 @@ static void h_delete(gps_req *r, void *arg)
         return;
     }
     tasks_cancel(g, t);
-    gps_http_send_json(r->req, 200, status_hot(t));
+    gps_http_send_json(r->req, 200, tasks_status(t));
 }
 
 /* The client went away or was dropped as too slow (stream.h). The task

@@ -83,13 +83,22 @@ struct task {
     char key_id[65];
     gps_tlog *log;                /* its events, 1..n (task_log.h) */
     bool terminal;
-    /* Its job is done but the end event could not be recorded (out of
-     * memory building or appending it): the tick records it again
-     * (tasks_retry_end) until it is. The job, and so GET and the row,
-     * says done with the whole result: the log must end with that end,
-     * not the reserved INTERNAL error (which would tell its streams the
-     * opposite of GET). Not terminal meanwhile: its streams wait. */
+    /* Its job ended (done, or failed) but the terminal event (end, or
+     * error) could not be recorded (out of memory building or appending
+     * it): the tick records it again (tasks_retry_end) until it is. The
+     * job, and so GET and the row, says done with the whole result, or
+     * failed with its code: the log must end with that end or error, not
+     * the reserved INTERNAL error (which would tell its streams other
+     * than GET). Not terminal meanwhile: its streams wait. No bound on
+     * the retries: giving up could only end the log with that INTERNAL
+     * error; the task holds nothing more while it waits (docs/api.md). */
     bool end_pending;
+    /* The failed job's error event, while its error waits (end_pending):
+     * a reference to the event the jobs table made for the failure and
+     * never changes (jobs_finish.c error_event), so keeping it takes no
+     * memory and the retry builds the same error (code and message; the
+     * job keeps only its code), and GET says meanwhile what it will. */
+    json_t *error_ev;
     long long last_pos;           /* last queue position announced (-1 none: not
                                      queued; -2 queued, not announced: ENOMEM) */
     uint64_t finished_us;
@@ -213,6 +222,8 @@ struct gps_tasks {
 };
 
 /* handlers, tick (api_tasks.c) */
+/* GET's body for a task held here (NULL: out of memory). */
+json_t *tasks_status(task *t);
 json_t *tasks_status_cold(const gps_store_job_info *j);
 /* A stored task's events after last_id framed onto out (its log, else
  * for a finished task the terminal event made from its row): 1 the
@@ -251,8 +262,8 @@ void tasks_emit(task *t, const char *type, json_t *data, bool terminal);
 /* A queued event with t's position (t->last_pos; -2 when it could not be
  * recorded, out of memory: the tick announces it again). */
 void tasks_emit_queued(task *t);
-/* Record the end event of t's done job (t->end_pending), from the tick:
- * once it is recorded the task is terminal, its streams get it. */
+/* Record the end or error event of t's ended job (t->end_pending), from
+ * the tick: once it is recorded the task is terminal, its streams get it. */
 void tasks_retry_end(task *t);
 void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg);
 void tasks_free(gps_tasks *g, task *t);

@@ -373,8 +373,8 @@ static void task_publish(task *t)
  * its job fails with the same (the agent stops, the row says failed). */
 void tasks_oom_end(task *t, const char *type)
 {
-    /* (end_pending: the job is done, its end is still to come; no event
-     * follows the job's end) */
+    /* (end_pending: the job ended, its end or error is still to come; no
+     * event follows the job's end) */
     if (t->terminal || t->end_pending)
         return;
     if (gps_tlog_append_oom(t->log) < 0) {
@@ -511,24 +511,48 @@ static void task_emit_started(task *t, gps_job *job)
                      hidden, dg && !hidden, false);
 }
 
-/* The end event of t's done job: its finish reason, usage and whole text,
- * read from the job (held until the task is evicted, so a retry builds
- * the same event). 0, or -1 out of memory: nothing recorded, the task
- * waits for it (end_pending; the tick tries again). Never the reserved
- * INTERNAL error instead: the job is done, GET and the row say so with
- * the whole result, and the log must agree with them. */
-static int task_record_end(task *t)
+/* A failed job's error event data: the code and message of the event
+ * the job failed with (ev; NULL, never seen: the defaults). NULL when
+ * out of memory. */
+static json_t *error_data(const json_t *ev)
+{
+    const char *code = json_string_value(json_object_get(ev, "code"));
+    const char *message = json_string_value(json_object_get(ev, "message"));
+    return json_pack("{s:s,s:s}", "code", code ? code : "AGENT_ERROR", "message",
+                     message ? message : "the job failed");
+}
+
+/* The terminal event of t's ended job, as GET says it (the job's state):
+ * a done job's end, with its finish reason, usage and whole text read
+ * from the job; a failed or cancelled one's error, with the code and
+ * message of the job's error event (t->error_ev: the job keeps only its
+ * code). Both are held until the task is evicted, so a retry builds the
+ * same event. 0, or -1 out of memory: nothing recorded, the task waits
+ * for it (end_pending; the tick tries again). Never the reserved
+ * INTERNAL error instead: the job ended, GET and the row say how (done
+ * with the whole result, failed with its code), and the log must agree
+ * with them. */
+static int task_record_terminal(task *t)
 {
     if (t->terminal)
         return 0;
     gps_job *job = t->job;
-    const char *fr = gps_job_finish_reason(job);
-    json_t *d = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason", fr[0] ? fr : "stop",
-                          "usage", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
-                          "completion_tokens", (json_int_t)gps_job_completion_tokens(job),
-                          "text", gps_job_text(job), gps_job_text_len(job));
-    int rc = task_record(t, "end", d, NULL, false, true);
+    int rc;
+    if (gps_job_state_of(job) == GPS_JOB_DONE) {
+        const char *fr = gps_job_finish_reason(job);
+        json_t *d = json_pack("{s:s,s:{s:I,s:I},s:s%}", "finish_reason", fr[0] ? fr : "stop",
+                              "usage", "prompt_tokens", (json_int_t)gps_job_prompt_tokens(job),
+                              "completion_tokens", (json_int_t)gps_job_completion_tokens(job),
+                              "text", gps_job_text(job), gps_job_text_len(job));
+        rc = task_record(t, "end", d, NULL, false, true);
+    } else {
+        rc = task_record(t, "error", error_data(t->error_ev), NULL, false, true);
+    }
     t->end_pending = rc < 0;
+    if (rc == 0) {
+        json_decref(t->error_ev);
+        t->error_ev = NULL;
+    }
     return rc;
 }
 
@@ -536,10 +560,21 @@ void tasks_retry_end(task *t)
 {
     if (!t->end_pending || !t->job)
         return;
-    if (task_record_end(t) == 0)
+    if (task_record_terminal(t) == 0)
         gp_log_write(GP_LOG_INFO, "task_end_recorded", t->corr,
                      json_pack("{s:s}", "job_id", t->id),
-                     "a native task's end event, delayed for want of memory, was recorded");
+                     "a native task's terminal event, delayed for want of memory, was recorded");
+}
+
+/* The job ended: its terminal event recorded, or (out of memory) left to
+ * the tick, said in the log. */
+static void task_job_ended(task *t, const char *type)
+{
+    if (task_record_terminal(t) < 0)
+        gp_log_write(GP_LOG_WARN, "task_end_oom", t->corr,
+                     json_pack("{s:s,s:s}", "job_id", t->id, "event", type),
+                     "a native task's terminal event could not be recorded (out of memory): "
+                     "the tick records it again");
 }
 
 /* A job event's copy without its type: the data of a metrics or failover
@@ -597,20 +632,17 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
             if (r)
                 r->ewma_ms = r->ewma_ms > 0 ? 0.8 * r->ewma_ms + 0.2 * ms : ms;
         }
-        if (task_record_end(t) < 0)
-            gp_log_write(GP_LOG_WARN, "task_end_oom", t->corr,
-                         json_pack("{s:s}", "job_id", t->id),
-                         "a native task's end event could not be recorded (out of memory): "
-                         "the tick records it again");
+        task_job_ended(t, "end");
         break;
     }
     case GPS_EV_ERROR: {
-        const char *code = json_string_value(json_object_get(ev, "code"));
-        const char *message = json_string_value(json_object_get(ev, "message"));
-        tasks_emit(t, "error",
-                   json_pack("{s:s,s:s}", "code", code ? code : "AGENT_ERROR", "message",
-                             message ? message : "the job failed"),
-                   true);
+        /* (terminal: tasks_oom_end failed the job; its log has its end) */
+        if (t->terminal || t->end_pending)
+            break;
+        /* Kept (a reference: no allocation that could fail) until the
+         * error is recorded: a retry makes the same event from it. */
+        t->error_ev = json_incref(ev);
+        task_job_ended(t, "error");
         break;
     }
     default:
@@ -618,9 +650,10 @@ void tasks_on_job_event(gps_job *job, gps_event_type type, json_t *ev, void *arg
     }
     /* Once, when the task ends (a job failed by tasks_oom_end delivers
      * its error event here while the task is terminal already), or its
-     * job did and the end event waits (its seq: the next): the row's
-     * result text, also when the server stops before the end is
-     * recorded (a cold GET or replay then makes the end from the row). */
+     * job did and the end or error event waits (its seq: the next): the
+     * row's result text, also when the server stops before that event is
+     * recorded (a cold GET or replay then makes it from the row: the end
+     * with this text, or the error with the row's code, the job's). */
     if (!was_terminal && (t->terminal || t->end_pending) && g->store)
         gps_store_checkpoint_fenced(g->store, t->id, gps_job_text(job),
                                     gps_job_text_len(job),
@@ -654,6 +687,7 @@ void tasks_free(gps_tasks *g, task *t)
         inflight_unlink(g, t);
     create_answer(t);
     gps_tlog_free(t->log);
+    json_decref(t->error_ev);
     json_decref(t->resume_body);
     free(t->resume_text);
     free(t->resume_ids);

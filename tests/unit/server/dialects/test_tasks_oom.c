@@ -10,7 +10,10 @@
  *    or an event's data left out, never a task that does not end; the log
  *    ends as GET says (the job's state): an end event that could not be
  *    recorded (the job is done) is recorded by the tick once memory is
- *    back, never the INTERNAL error for a task GET says is done;
+ *    back, never the INTERNAL error for a task GET says is done; the same
+ *    for a job that fails (its agent reports an error, the server fails
+ *    it): the log ends with the error GET reports, code and message,
+ *    never the INTERNAL error beside a GET that says the job's code;
  *  - its first queued event: whole, or announced again by the tick;
  *  - a restore from the store (api_tasks_restore.c): the whole stored log
  *    and seed, or nothing restored (-2: read again later), never a log cut
@@ -40,20 +43,45 @@
 #define DIGEST "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 /* The agent's upload and what the task's log must say after it. */
-static const char *const UPLOAD =
-    "[{\"type\":\"started\"},"
-    "{\"type\":\"token\",\"text\":\"Once\",\"token_ids\":[11,12]},"
-    "{\"type\":\"metrics\",\"tokens_per_sec\":2.5},"
-    "{\"type\":\"token\",\"text\":\" upon\",\"token_ids\":[13]},"
-    "{\"type\":\"token\",\"text\":\" a\",\"token_id\":14},"
-    "{\"type\":\"end\",\"finish_reason\":\"stop\","
-    "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}]";
+#define UPLOAD_HEAD                                                 \
+    "[{\"type\":\"started\"},"                                        \
+    "{\"type\":\"token\",\"text\":\"Once\",\"token_ids\":[11,12]},"  \
+    "{\"type\":\"metrics\",\"tokens_per_sec\":2.5},"                  \
+    "{\"type\":\"token\",\"text\":\" upon\",\"token_ids\":[13]},"    \
+    "{\"type\":\"token\",\"text\":\" a\",\"token_id\":14}"
+#define UPLOAD_END                                                  \
+    UPLOAD_HEAD ",{\"type\":\"end\",\"finish_reason\":\"stop\","        \
+                "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}]"
+/* The same job failed by its agent (a code its agent's own failure does
+ * not fail over: the request's), or left running, for the server to fail
+ * (as when it loses the agent and no other serves the model). */
+#define UPLOAD_ERROR                                                \
+    UPLOAD_HEAD ",{\"type\":\"error\",\"code\":\"CONTEXT_OVERFLOW\","  \
+                "\"message\":\"the prompt and max_tokens exceed the context\"}]"
+#define UPLOAD_RUNNING UPLOAD_HEAD "]"
 static const char *const TOK_TEXT[] = {"Once", " upon", " a"};
 static const char *const TOK_IDS[] = {"[11,12]", "[13]", "[14]"};
-/* The types in order (queued first: the task's creation). */
+/* The types in order (queued first: the task's creation); the last is
+ * the variant's (end, or error). */
 static const char *const TYPES[] = {"queued", "started", "token", "metrics",
                                     "token",  "token",   "end"};
 #define N_EVENTS 7
+
+/* One sweep's job: its upload, then (server_fail) the server fails the
+ * job with code and message; the log's last event when nothing ran out of
+ * memory: end, or error with code and message. */
+typedef struct variant {
+    const char *name;
+    const char *upload;
+    bool server_fail;
+    const char *code, *message; /* NULL: the job ends done */
+} variant;
+
+static const variant V_END = {"end", UPLOAD_END, false, NULL, NULL};
+static const variant V_AGENT_ERROR = {"agent error", UPLOAD_ERROR, false, "CONTEXT_OVERFLOW",
+                                      "the prompt and max_tokens exceed the context"};
+static const variant V_SERVER_FAIL = {"server fail", UPLOAD_RUNNING, true, "AGENT_LOST",
+                                      "the agent was lost and no other serves the model"};
 
 /* A task over job, as the POST handler makes it (api_tasks.c). */
 static task *task_on(gps_tasks *g, gps_job *job)
@@ -81,13 +109,20 @@ static json_t *event_at(const task *t, size_t i)
     return ev;
 }
 
-/* Event i of a task's log is the one expected there, whole. */
-static bool event_whole(const json_t *ev, size_t i, size_t *tok)
+/* Event i of a task's log is the one expected there (v: the sweep's
+ * job), whole. */
+static bool event_whole(const json_t *ev, size_t i, size_t *tok, const variant *v)
 {
     const char *type = json_string_value(json_object_get(ev, "type"));
     const json_t *d = json_object_get(ev, "data");
-    if (!type || strcmp(type, TYPES[i]) != 0 || !json_is_object(d))
+    const char *want = i == N_EVENTS - 1 && v->code ? "error" : TYPES[i];
+    if (!type || strcmp(type, want) != 0 || !json_is_object(d))
         return false;
+    if (strcmp(type, "error") == 0) {
+        const char *c = json_string_value(json_object_get(d, "code"));
+        const char *m = json_string_value(json_object_get(d, "message"));
+        return c && m && strcmp(c, v->code) == 0 && strcmp(m, v->message) == 0;
+    }
     if (strcmp(type, "queued") == 0)
         return json_is_integer(json_object_get(d, "position")) &&
                json_is_integer(json_object_get(d, "estimated_wait_ms"));
@@ -116,7 +151,7 @@ static bool event_whole(const json_t *ev, size_t i, size_t *tok)
 /* One run's log: each event whole in its place, then the end or the
  * reserved out-of-memory error (INTERNAL). Returns false, printing why,
  * when it is not. */
-static bool log_whole(const task *t, size_t run)
+static bool log_whole(const task *t, size_t run, const variant *v)
 {
     size_t n = gps_tlog_count(t->log), tok = 0;
     if (!t->terminal || n == 0) {
@@ -127,13 +162,14 @@ static bool log_whole(const task *t, size_t run)
         json_t *ev = event_at(t, i);
         const char *type = json_string_value(json_object_get(ev, "type"));
         bool ok;
-        if (i == n - 1 && strcmp(type, "error") == 0) {
-            const json_t *d = json_object_get(ev, "data");
-            ok = strcmp(json_string_value(json_object_get(d, "code")), "INTERNAL") == 0 &&
-                 strcmp(json_string_value(json_object_get(d, "message")), "out of memory") ==
-                     0;
+        const json_t *d = json_object_get(ev, "data");
+        const char *code = json_string_value(json_object_get(d, "code"));
+        if (i == n - 1 && strcmp(type, "error") == 0 && code &&
+            strcmp(code, "INTERNAL") == 0) {
+            ok = strcmp(json_string_value(json_object_get(d, "message")), "out of memory") ==
+                 0;
         } else {
-            ok = i < N_EVENTS && event_whole(ev, i, &tok);
+            ok = i < N_EVENTS && event_whole(ev, i, &tok, v);
         }
         if (!ok) {
             char *s = json_dumps(ev, JSON_COMPACT);
@@ -161,22 +197,92 @@ static void upload(fleet *f, gps_job *job, registry_agent *a, json_t *events)
                                    msg, sizeof msg);
 }
 
-/* What GET says (the job's state: done with the whole result, or failed)
- * and how the log ends agree: done with `end`, failed with the error. */
-static bool log_agrees(const task *t, gps_job *job, size_t run)
+/* GET's body for the task (the handler's builder): its status, and the
+ * error (code, message) of a failed job or the result of a done one. */
+static json_t *get_status(task *t)
 {
-    const char *last = gps_tlog_type(t->log, gps_tlog_count(t->log) - 1);
-    gps_job_state st = gps_job_state_of(job);
-    bool ok = strcmp(last, "end") == 0 ? st == GPS_JOB_DONE : st == GPS_JOB_FAILED;
-    if (!ok)
-        print_message("run %zu: the log ends with %s, its job (GET) says %s\n", run, last,
-                      gps_job_state_name(st));
+    json_t *st = tasks_status(t);
+    assert_non_null(st);
+    return st;
+}
+
+/* What GET says (done with the whole result, or failed with the job's
+ * code and a message) and how the log ends agree: done with `end`,
+ * failed with an `error` of the same code and message. */
+static bool log_agrees(task *t, size_t run)
+{
+    json_t *st = get_status(t);
+    json_t *last = event_at(t, gps_tlog_count(t->log) - 1);
+    const char *status = json_string_value(json_object_get(st, "status"));
+    const char *type = json_string_value(json_object_get(last, "type"));
+    bool ok = strcmp(type, "end") == 0
+                  ? strcmp(status, "done") == 0
+                  : strcmp(status, "failed") == 0 &&
+                        json_equal(json_object_get(st, "error"), json_object_get(last, "data"));
+    if (!ok) {
+        char *g = json_dumps(json_object_get(st, "error"), JSON_COMPACT);
+        char *l = json_dumps(last, JSON_COMPACT);
+        print_message("run %zu: the log ends with %s, GET says %s %s\n", run, l ? l : "?",
+                      status, g ? g : "");
+        free(g);
+        free(l);
+    }
+    json_decref(st);
+    json_decref(last);
     return ok;
 }
 
-static void test_live_task_oom(void **state)
+/* Does the log end with the reserved out-of-memory error? */
+static bool ends_internal(const task *t)
 {
-    (void)state;
+    json_t *last = event_at(t, gps_tlog_count(t->log) - 1);
+    const char *code = json_string_value(json_object_get(json_object_get(last, "data"), "code"));
+    bool internal = code && strcmp(code, "INTERNAL") == 0;
+    json_decref(last);
+    return internal;
+}
+
+/* The job ended (done, or failed) but its terminal event could not be
+ * recorded: the tick records it again, nothing in its place meanwhile (a
+ * try that runs out of memory again changes nothing), and GET says
+ * meanwhile what it says once the event is recorded. */
+static size_t retry_terminal(task *t, size_t run)
+{
+    size_t bad = 0, before = gps_tlog_count(t->log);
+    json_t *st = get_status(t);
+    arm_libc(1);
+    tasks_retry_end(t);
+    disarm();
+    if (t->terminal || gps_tlog_count(t->log) != before) {
+        print_message("run %zu: a failed retry of the terminal event changed the log\n", run);
+        bad++;
+    }
+    tasks_retry_end(t); /* the next tick's, memory back */
+    json_t *after = get_status(t);
+    bool same = true; /* (not events: the count of them released) */
+    static const char *const keys[] = {"status", "error", "result"};
+    for (size_t k = 0; k < 3; k++) {
+        const json_t *x = json_object_get(st, keys[k]), *y = json_object_get(after, keys[k]);
+        same = same && (x || y ? json_equal(x, y) : true);
+    }
+    if (!same) {
+        char *b = json_dumps(st, JSON_COMPACT), *a = json_dumps(after, JSON_COMPACT);
+        print_message("run %zu: GET changed when the terminal event was recorded: %s, then "
+                      "%s\n",
+                      run, b ? b : "?", a ? a : "?");
+        free(b);
+        free(a);
+        bad++;
+    }
+    json_decref(st);
+    json_decref(after);
+    return bad;
+}
+
+/* The sweep over a live task fed v's job: each run's log whole and as
+ * GET says. */
+static void sweep_live(const variant *v)
+{
     size_t bad = 0, oom_ends = 0, delayed = 0, n;
     for (n = 1;; n++) {
         fleet f;
@@ -189,31 +295,21 @@ static void test_live_task_oom(void **state)
         gps_job *job = fleet_submit(&f, &spec);
         task *t = task_on(g, job);
         json_decref(fleet_take(&f, a));
-        json_t *events = J(UPLOAD);
+        json_t *events = J(v->upload);
 
         arm_libc(n);
         upload(&f, job, a, events);
+        if (v->server_fail)
+            gps_jobs_fail(f.jobs, job, 502, v->code, v->message);
         bool hit = disarm();
-        if (!t->terminal && gps_job_state_of(job) == GPS_JOB_DONE) {
-            /* The job is done, its end event could not be recorded: the
-             * tick records it again, nothing in its place meanwhile (a
-             * try that runs out of memory again changes nothing). */
+        if (!t->terminal && gps_job_terminal(job)) {
             delayed++;
-            size_t before = gps_tlog_count(t->log);
-            arm_libc(1);
-            tasks_retry_end(t);
-            disarm();
-            if (t->terminal || gps_tlog_count(t->log) != before) {
-                print_message("run %zu: a failed retry of the end changed the log\n", n);
-                bad++;
-            }
-            tasks_retry_end(t); /* the next tick's, memory back */
+            bad += retry_terminal(t, n);
         }
 
-        if (!log_whole(t, n) || !log_agrees(t, job, n))
+        if (!log_whole(t, n, v) || !log_agrees(t, n)) {
             bad++;
-        else if (gps_tlog_count(t->log) < N_EVENTS ||
-                 strcmp(gps_tlog_type(t->log, N_EVENTS - 1), "end") != 0) {
+        } else if (ends_internal(t)) {
             oom_ends++;
             /* Its job ended with it: the agent is told to stop. */
             if (!gps_job_terminal(job)) {
@@ -228,12 +324,34 @@ static void test_live_task_oom(void **state)
         if (!hit)
             break;
     }
-    print_message("%zu runs, %zu ended out of memory, %zu ends recorded late\n", n,
-                  oom_ends, delayed);
+    print_message("%s: %zu runs, %zu ended out of memory, %zu terminal events recorded late\n",
+                  v->name, n, oom_ends, delayed);
     assert_true(n > 20); /* the sweep reached the task's allocations */
     assert_true(oom_ends > 0);
-    assert_true(delayed > 0); /* ... and the end event's */
+    assert_true(delayed > 0); /* ... and the terminal event's */
     assert_int_equal(bad, 0);
+}
+
+static void test_live_task_oom(void **state)
+{
+    (void)state;
+    sweep_live(&V_END);
+}
+
+/* The job fails with its agent's error: the log ends with that error (or
+ * INTERNAL when an event before it could not be recorded), as GET says:
+ * an error event that could not be recorded is recorded by the tick. */
+static void test_live_task_error_oom(void **state)
+{
+    (void)state;
+    sweep_live(&V_AGENT_ERROR);
+}
+
+/* The same when the server fails the job (it lost the agent). */
+static void test_live_task_fail_oom(void **state)
+{
+    (void)state;
+    sweep_live(&V_SERVER_FAIL);
 }
 
 /* The queued event a task starts with: recorded whole, or (out of
@@ -271,7 +389,7 @@ static void test_queued_oom(void **state)
         size_t tok = 0;
         json_t *ev = gps_tlog_get(t->log, 0);
         if (gps_tlog_count(t->log) != 1 || t->terminal || t->last_pos != 0 ||
-            !event_whole(ev, 0, &tok)) {
+            !event_whole(ev, 0, &tok, &V_END)) {
             char *s = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
             print_message("run %zu: %zu events, last_pos %lld: %s\n", n,
                           gps_tlog_count(t->log), t->last_pos, s ? s : "-");
@@ -428,6 +546,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_live_task_oom),
+        cmocka_unit_test(test_live_task_error_oom),
+        cmocka_unit_test(test_live_task_fail_oom),
         cmocka_unit_test(test_queued_oom),
         cmocka_unit_test(test_restore_oom),
         cmocka_unit_test(test_resubmit_oom),
