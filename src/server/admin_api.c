@@ -862,18 +862,23 @@ static void h_agent_delete(gps_req *r, void *arg)
     }
     char id[sizeof ag->id];
     snprintf(id, sizeof id, "%s", ag->id);
-    /* Its jobs go elsewhere first (requeue or fail, as for a lost agent),
-     * while the registry still knows the agent: failover ends its
-     * assignments there. */
+    /* Out of the scheduler first: a job that the failover below or the
+     * move to a fallback places must not land on its parked long-poll
+     * (it would sit assigned to an agent that is gone). */
+    sched_agent_forget(gps_jobs_sched(a->jobs), ag);
+    /* Its jobs go elsewhere (requeue or fail, as for a lost agent), while
+     * the registry still knows the agent: failover ends its assignments
+     * there. */
     if (running > 0)
         gps_jobs_agent_lost(a->jobs, id, "agent_removed");
     ag = registry_get(a->reg, id);
     if (ag) {
-        sched_agent_forget(gps_jobs_sched(a->jobs), ag);
         /* Queued jobs of the models it was the last to serve move to
-         * their fallbacks now, not at queue_timeout (it is out of the
-         * scheduler: none lands on it). */
+         * their fallbacks now, not at queue_timeout. */
         gps_jobs_agent_leaving(a->jobs, id);
+        /* Again before the registry frees it, so that the scheduler
+         * surely holds nothing of it (a no-op when nothing re-added it). */
+        sched_agent_forget(gps_jobs_sched(a->jobs), ag);
         registry_remove(a->reg, ag);
     }
     if (a->pins)

@@ -214,6 +214,11 @@ static void h_poll(gps_req *r, void *arg)
         return;
     }
     agents_liveness_apply(g, a, &lv);
+    /* Its list lost names (registry.h, models_before): their queued jobs
+     * may move to a fallback, from the deferred event like a drain's. A
+     * poll that changed nothing costs this test alone. */
+    if (a->models_before && g->deferred)
+        event_active(g->deferred, EV_TIMEOUT, 0);
     /* What the agent must hold (deploy.h): only for agents that take
      * deployments; older agents never see the member. */
     json_t *deployments = NULL;

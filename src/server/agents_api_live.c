@@ -236,6 +236,11 @@ void agents_dispatch_parked(gps_agents *g, agent_ext *e)
 static void deferred_one(void *ud, registry_agent *a)
 {
     gps_agents *g = ud;
+    /* Its poll stopped listing a model (unloaded, a replica scaled down):
+     * queued jobs of a name no live agent serves now move to their
+     * fallbacks (registry.h models_before: no flag of ours to lose). */
+    if (a->models_before)
+        gps_jobs_models_dropped(g->jobs, a->id);
     agent_ext *e = agents_ext_get(g, a->id, false);
     if (!e)
         return;

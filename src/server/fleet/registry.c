@@ -34,6 +34,7 @@ typedef struct model_ent {
     size_t live;          /* live agents listing the name (id or alias) */
     size_t live_as_id;    /* of those, listing it as the public id */
     size_t live_tools;    /* of those, taking tools for it (supports_tools) */
+    uint32_t mark;        /* registry_models_dropped: listed now by the agent looked at */
 } model_ent;
 
 struct registry {
@@ -43,6 +44,7 @@ struct registry {
     agent_list live;      /* REGISTERING/HEALTHY/DRAINING, ordered by last_seen */
     agent_list suspect;   /* SUSPECT, ordered by last_seen */
     size_t state_count[REGISTRY_STATE_COUNT];
+    uint32_t mark_gen;    /* the last model_ent.mark handed out */
 };
 
 static const char *const state_names[REGISTRY_STATE_COUNT] = {
@@ -615,6 +617,7 @@ static void agent_free(registry_agent *a)
     free(a->version);
     free(a->platform);
     models_free(a->models, a->n_models);
+    models_free(a->models_before, a->n_models_before);
     labels_free(a->labels, a->n_labels);
     free(a->prefix.slots);
     json_decref(a->facts);
@@ -706,6 +709,13 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
         if (a->in_index)
             index_count(reg, a, +1);
         a->models_gen++;
+        /* The replaced list (now in f) is kept for registry_models_dropped,
+         * unless an older one still waits there: the names lost since then
+         * are what counts, and f's list is freed below. */
+        if (!a->models_before && f->n_models > 0) {
+            SWAP_FIELD(a->models_before, f->models);
+            SWAP_FIELD(a->n_models_before, f->n_models);
+        }
     }
     a->slots_total = f->slots_total > 0 ? f->slots_total : 1;
     a->slots_busy = f->slots_busy;
@@ -742,6 +752,51 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
         break;
     }
     return a;
+}
+
+/* Every name of the list a lists now gets mark. */
+static void mark_names(registry *reg, const registry_agent *a, uint32_t mark)
+{
+    for (size_t i = 0; i < a->n_models; i++) {
+        model_ent *e = smap_get(&reg->models, a->models[i].id);
+        if (e)
+            e->mark = mark;
+        for (size_t k = 0; k < a->models[i].n_aliases; k++) {
+            e = smap_get(&reg->models, a->models[i].aliases[k]);
+            if (e)
+                e->mark = mark;
+        }
+    }
+}
+
+static void dropped_name(registry *reg, registry_agent *a, const char *name, uint32_t mark,
+                         registry_name_fn fn, void *ud)
+{
+    const model_ent *e = smap_get(&reg->models, name);
+    if (!e || e->mark != mark)
+        fn(ud, a, name);
+}
+
+void registry_models_dropped(registry *reg, registry_agent *a, registry_name_fn fn, void *ud)
+{
+    registry_model_info *before = a ? a->models_before : NULL;
+    if (!before)
+        return;
+    size_t n = a->n_models_before;
+    a->models_before = NULL;
+    a->n_models_before = 0;
+    /* One mark per call instead of a set of the names: O(names) lookups,
+     * nothing allocated. 0 is every entry's first mark: skipped. */
+    if (++reg->mark_gen == 0)
+        ++reg->mark_gen;
+    uint32_t mark = reg->mark_gen;
+    mark_names(reg, a, mark);
+    for (size_t i = 0; i < n; i++) {
+        dropped_name(reg, a, before[i].id, mark, fn, ud);
+        for (size_t k = 0; k < before[i].n_aliases; k++)
+            dropped_name(reg, a, before[i].aliases[k], mark, fn, ud);
+    }
+    models_free(before, n);
 }
 
 void registry_touch(registry *reg, registry_agent *a, uint64_t now_ms)

@@ -166,6 +166,9 @@ typedef struct registry_agent {
     uint64_t jobs_failed;       /* ended with an error or lost */
     double tokens_per_sec;      /* EWMA of reported speed, 0 = unknown */
     uint32_t models_gen;        /* bumps whenever models or labels change */
+    registry_model_info *models_before; /* the list a heartbeat replaced, kept until
+                                   registry_models_dropped looks at it; NULL: none */
+    size_t n_models_before;
     uint32_t prefix_gen;        /* bumps whenever a prefix_cache report arrives */
 
     void *sched_priv;           /* owned by the scheduler (sched.c) */
@@ -217,6 +220,15 @@ void registry_destroy(registry *reg);
  * Returns the agent, or NULL on ENOMEM. */
 registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t now_ms,
                                    int64_t wall_ms);
+
+/* The names (ids and aliases) of the list a heartbeat replaced
+ * (models_before, set when a heartbeat changed the list and the one it
+ * replaced had models; the oldest not yet looked at is kept) that a's
+ * list lacks now: fn is called once for each, then the kept list is freed.
+ * O(names of both lists); nothing when no heartbeat changed a's list. fn
+ * must not call this again nor change a's models (no heartbeat of a). */
+typedef void (*registry_name_fn)(void *ud, registry_agent *a, const char *name);
+void registry_models_dropped(registry *reg, registry_agent *a, registry_name_fn fn, void *ud);
 
 /* Refresh last_seen without new facts (e.g. on POST /agents/work). A SUSPECT
  * or DEAD agent is NOT revived by this: only a poll carries the facts needed. */

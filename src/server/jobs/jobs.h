@@ -581,6 +581,13 @@ void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
  * agent; jobs without one stay queued. Its own assigned and running jobs
  * are left alone. O(names it serves x agents + jobs queued for them). */
 void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id);
+/* A heartbeat of agent_id changed its model list (registry.h,
+ * models_before): each name it listed before and lists no more, that no
+ * live agent serves now, has its queued jobs moved to their first fallback
+ * model with a live agent (agent_id's own included), as at a drain; jobs
+ * without one stay queued. Nothing when the list did not change. O(names
+ * of both lists + per lost name: agents x names + jobs queued for it). */
+void gps_jobs_models_dropped(gps_jobs *j, const char *agent_id);
 /* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
 size_t gps_jobs_agent_assigned(gps_jobs *j, const char *agent_id);
 /* An agent's own account of its jobs (poll or work `running_jobs`, docs/

@@ -207,7 +207,7 @@ typedef struct other_agent_q {
 static void other_agent_cb(void *ud, registry_agent *a)
 {
     other_agent_q *q = ud;
-    if (!q->found && strcmp(a->id, q->exclude) != 0 &&
+    if (!q->found && (!q->exclude || strcmp(a->id, q->exclude) != 0) &&
         (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_REGISTERING ||
          (q->with_suspect && a->state == REGISTRY_SUSPECT)) &&
         registry_agent_serves(a, q->model))
@@ -698,8 +698,9 @@ static gps_job *of_sched(sched_job *sj)
     return sj ? (gps_job *)((char *)sj - offsetof(gps_job, sj)) : NULL;
 }
 
-/* The queue of name (a model id or alias agent_id served) when no other
- * live agent serves it: its jobs with a fallback move (move_queued). A
+/* The queue of name (a model id or alias agent_id served; agent_id NULL:
+ * a name no agent's list holds any more, every agent counts) when no
+ * other live agent serves it: its jobs with a fallback move (move_queued). A
  * moved job lands under a live model, never back in this queue, and a
  * job without one stays: the walk ends. Should placing or failing one job
  * take the next out of the queue too (a subscriber's doing), the walk
@@ -734,6 +735,21 @@ void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id)
         for (size_t k = 0; k <= m->n_aliases; k++)
             move_name(j, k == 0 ? m->id : m->aliases[k - 1], agent_id);
     }
+}
+
+static void dropped_cb(void *ud, registry_agent *a, const char *name)
+{
+    (void)a;
+    /* a no longer lists name: no exclusion, a may well serve the
+     * fallback itself (it unloaded one model of two). */
+    move_name(ud, name, NULL);
+}
+
+void gps_jobs_models_dropped(gps_jobs *j, const char *agent_id)
+{
+    registry_agent *a = registry_get(j->reg, agent_id);
+    if (a)
+        registry_models_dropped(j->reg, a, dropped_cb, j);
 }
 
 void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why)

@@ -77,6 +77,8 @@ static int setup(void **state)
     char err[256] = "";
     assert_int_equal(gps_http_bind(f->http, "127.0.0.1", 0, &f->port, err, sizeof err), 0);
     assert_int_equal(gps_admin_register(f->http, f->admin), 0);
+    /* the agents' own routes too: their polls go through h_poll */
+    assert_int_equal(gps_agents_register(f->http, f->g), 0);
     *state = f;
     return 0;
 }
@@ -130,6 +132,45 @@ static int admin(fixture *f, const char *method, const char *path, const char *j
     }
     fail_msg("no whole reply to %s %s: %s", method, path, out);
     return -1;
+}
+
+/* Agent i polls over HTTP (POST /agents/poll, as an agent does) with
+ * models, a JSON array text, two slots; the deferred moves run. */
+static registry_agent *poll_models(fixture *f, int i, const char *models)
+{
+    char id[64], body[512];
+    snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"%s\",\"name\":\"a%d\",\"models\":%s,\"slots\":{\"total\":2}}",
+             id, i, models);
+    assert_int_equal(admin(f, "POST", "/agents/poll", body), 200);
+    registry_agent *a = registry_get(f->fl.reg, id);
+    assert_non_null(a);
+    return a;
+}
+
+/* Agent i parks a long-poll for work with free_slots free, as an agent
+ * does between jobs; the connection (returned) stays open, unanswered. */
+static int park(fixture *f, int i, int free_slots)
+{
+    char body[160], req[512];
+    snprintf(body, sizeof body,
+             "{\"agent_id\":\"00000000-0000-4000-8000-%012x\",\"free_slots\":%d}",
+             (unsigned)i, free_slots);
+    snprintf(req, sizeof req,
+             "POST /agents/work HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    for (int round = 0; round < 200; round++) {
+        event_base_loop(f->fl.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    return c;
 }
 
 /* Agent i polls again serving model, online or draining (the agent's own
@@ -309,6 +350,113 @@ static void test_admin_remove(void **state)
     gps_jobs_cancel(f->fl.jobs, staying, "test over");
 }
 
+/* An agent that stays healthy stops listing A (an operator unloaded it,
+ * its replica was scaled down): A's queued job with fallback B moves to B
+ * at once and is served there, by that same agent (it still serves B);
+ * one without a fallback stays queued for A; when the agent lists A again
+ * it serves that one. Before, both waited out queue_timeout in A's queue. */
+static void test_poll_drops_model(void **state)
+{
+    fixture *f = *state;
+    registry_agent *a = poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\"}]");
+    assert_int_equal(a->state, REGISTRY_HEALTHY);
+    gps_job *moving = queued(f, "A", "B");
+    gps_job *staying = queued(f, "A", NULL);
+    /* a poll that changes nothing moves nothing */
+    a = poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\"}]");
+    assert_string_equal(moving->spec.model, "A");
+    assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 2);
+
+    a = poll_models(f, 1, "[{\"id\":\"B\"}]");
+    assert_int_equal(a->state, REGISTRY_HEALTHY);
+    moved_to_b(f, moving);
+    assert_null(a->models_before); /* looked at once, then freed */
+    taken_by(f, a, moving, "B");
+    finish(f, moving, a);
+    assert_int_equal(staying->state, GPS_JOB_QUEUED);
+    assert_string_equal(staying->spec.model, "A");
+    assert_null(staying->requested_model);
+    assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
+
+    a = poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\"}]");
+    taken_by(f, a, staying, "A");
+    finish(f, staying, a);
+}
+
+/* An alias dropped counts as a name lost (jobs queue under the name they
+ * asked for); a name another live agent still serves moves nothing. */
+static void test_poll_drops_alias_and_shared_name(void **state)
+{
+    fixture *f = *state;
+    uint64_t now = gp_now_mono_ms();
+    registry_agent *a = poll_models(f, 1, "[{\"id\":\"A\",\"aliases\":[\"al\"]}]");
+    registry_agent *other = fleet_agent(&f->fl, 3, "A", NULL, 2, now);
+    registry_agent *b = fleet_agent(&f->fl, 2, "B", NULL, 2, now);
+    gps_job *by_alias = queued(f, "al", "B");
+    gps_job *by_id = queued(f, "A", "B");
+    a = poll_models(f, 1, "[{\"id\":\"C\"}]");
+    /* "al": nobody serves it now */
+    assert_int_equal(by_alias->state, GPS_JOB_QUEUED);
+    assert_string_equal(by_alias->spec.model, "B");
+    assert_string_equal(by_alias->requested_model, "al");
+    /* "A": the other agent still does */
+    assert_string_equal(by_id->spec.model, "A");
+    assert_null(by_id->requested_model);
+    taken_by(f, b, by_alias, "B");
+    finish(f, by_alias, b);
+    taken_by(f, other, by_id, "A");
+    finish(f, by_id, other);
+    (void)a;
+}
+
+/* An admin force-removes a busy agent that serves A and, with tools, B,
+ * while it is parked with a free slot. A job for A that needs tools waits
+ * in A's queue (that agent's A takes no tools; the agent of A that does
+ * went suspect), fallback B. The removal moves it to B: it must wait for
+ * B's other agent, not be handed to the agent being removed (it would sit
+ * assigned to an agent that no longer exists until a failover timeout). */
+static void test_force_remove_parked(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x =
+        poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\",\"supports_tools\":true}]");
+    registry_agent *y = poll_models(f, 2, "[{\"id\":\"B\",\"supports_tools\":true}]");
+    registry_agent *z = poll_models(f, 3, "[{\"id\":\"A\",\"supports_tools\":true}]");
+    gps_job *running = queued(f, "A", "B");
+    taken_by(f, x, running, "A");
+    gps_job_spec s = fleet_spec("A", 20);
+    s.fallback_models[0] = strdup("B");
+    s.n_fallback = 1;
+    s.tools = json_pack("[{s:s}]", "type", "function");
+    assert_non_null(s.tools);
+    gps_job *tools = fleet_submit(&f->fl, &s);
+    assert_int_equal(tools->state, GPS_JOB_QUEUED);
+    assert_true(registry_mark_suspect(f->fl.reg, z, gp_now_mono_ms(), "test"));
+    event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
+    int c = park(f, 1, 1);
+    assert_true(sched_agent_is_ready(f->fl.s, x));
+    assert_int_equal(tools->state, GPS_JOB_QUEUED);
+    assert_string_equal(tools->spec.model, "A");
+
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s?force=1", x->id);
+    assert_int_equal(admin(f, "DELETE", path, NULL), 200);
+    assert_null(registry_get(f->fl.reg, "00000000-0000-4000-8000-000000000001"));
+    close(c);
+    /* both wait for B's agent: the running one failed over, the queued one moved */
+    assert_int_equal(tools->state, GPS_JOB_QUEUED);
+    assert_string_equal(tools->spec.model, "B");
+    assert_string_equal(tools->requested_model, "A");
+    assert_true(sched_job_queued(&tools->sj));
+    assert_int_equal(running->state, GPS_JOB_QUEUED);
+    assert_string_equal(running->spec.model, "B");
+    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 2);
+    taken_by(f, y, running, "B");
+    finish(f, running, y);
+    taken_by(f, y, tools, "B");
+    finish(f, tools, y);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -316,6 +464,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_agent_drains_itself, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drain_with_another_agent_left, setup, teardown),
         cmocka_unit_test_setup_teardown(test_admin_remove, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_poll_drops_model, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_poll_drops_alias_and_shared_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_force_remove_parked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
