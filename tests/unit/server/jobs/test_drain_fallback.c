@@ -409,6 +409,42 @@ static void test_poll_drops_alias_and_shared_name(void **state)
     (void)a;
 }
 
+/* Two heartbeats change agent 1's list before the deferred work runs
+ * (A,B -> B,C -> C): what counts is what it lost since the list last
+ * looked at, A and B both, and their jobs move to C, which it serves. */
+static void test_two_changes_before_the_move(void **state)
+{
+    fixture *f = *state;
+    registry_agent *a = poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\"}]");
+    gps_job *of_a = queued(f, "A", "C");
+    gps_job *of_b = queued(f, "B", "C");
+    const char *lists[] = {"[{\"id\":\"B\"},{\"id\":\"C\"}]", "[{\"id\":\"C\"}]"};
+    for (int k = 0; k < 2; k++) { /* the registry alone: no deferred work */
+        char body[256];
+        snprintf(body, sizeof body, "{\"agent_id\":\"%s\",\"models\":%s,\"slots\":{\"total\":2}}",
+                 a->id, lists[k]);
+        json_t *j = json_loads(body, 0, NULL);
+        assert_non_null(j);
+        registry_facts facts;
+        char err[160];
+        assert_int_equal(registry_facts_parse(j, &facts, err, sizeof err), 0);
+        json_decref(j);
+        assert_ptr_equal(registry_heartbeat(f->fl.reg, &facts, gp_now_mono_ms(), 0), a);
+        registry_facts_free(&facts);
+    }
+    assert_string_equal(of_a->spec.model, "A");
+    assert_string_equal(of_b->spec.model, "B");
+    /* its next poll (the list unchanged since) runs the move */
+    a = poll_models(f, 1, lists[1]);
+    assert_string_equal(of_a->spec.model, "C");
+    assert_string_equal(of_b->spec.model, "C");
+    assert_int_equal(sched_queue_depth(f->fl.s, "C", SCHED_INTERACTIVE), 2);
+    taken_by(f, a, of_a, "C");
+    finish(f, of_a, a);
+    taken_by(f, a, of_b, "C");
+    finish(f, of_b, a);
+}
+
 /* An admin force-removes a busy agent that serves A and, with tools, B,
  * while it is parked with a free slot. A job for A that needs tools waits
  * in A's queue (that agent's A takes no tools; the agent of A that does
@@ -466,6 +502,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_admin_remove, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_drops_model, setup, teardown),
         cmocka_unit_test_setup_teardown(test_poll_drops_alias_and_shared_name, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_two_changes_before_the_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_force_remove_parked, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
