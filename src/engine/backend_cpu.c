@@ -2,8 +2,10 @@
  * backend_cpu: the CPU backend's table (backend.h) over the model's forward
  * pass (model.h), the KV cache (kv.h) and a thread pool per context.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "engine/backend.h"
 #include "engine/kv.h"
@@ -49,6 +51,28 @@ static void cpu_ctx_free(gpe_bctx *c)
     free(c);
 }
 
+/* The thread pool did not start (why: threadpool.h). Out of memory, or of
+ * threads for now (pthread_create's EAGAIN: the process or user limit, or
+ * the memory for a stack), is GPE_ERR_NOMEM: not the model's fault, a
+ * later try may load it. Anything else is GPE_ERR_BACKEND, which a retry
+ * would not fix. err names the system's error. */
+static gpe_status pool_failed(gpe_bctx *c, int why, char *err, size_t errlen)
+{
+    gpe_status st = GPE_ERR_BACKEND;
+    const char *what = "cannot start a compute thread";
+    if (why == ENOMEM) {
+        st = GPE_ERR_NOMEM;
+        what = "out of memory: cannot start the compute threads";
+    } else if (why == EAGAIN) {
+        st = GPE_ERR_NOMEM;
+        what = "out of memory or threads: cannot start a compute thread";
+    }
+    if (err && errlen > 0)
+        snprintf(err, errlen, "%s (%s)", what, strerror(why));
+    cpu_ctx_free(c);
+    return st;
+}
+
 static gpe_status cpu_ctx_create(const gpe_llama *m, const gpe_bplace *pl, const gpe_bsizes *sz,
                                  gpe_bctx **out, char *err, size_t errlen)
 {
@@ -58,9 +82,10 @@ static gpe_status cpu_ctx_create(const gpe_llama *m, const gpe_bplace *pl, const
     if (!c)
         goto nomem;
     c->m = m;
-    c->pool = gpe_pool_create(sz->n_threads);
+    int why = 0;
+    c->pool = gpe_pool_create_status(sz->n_threads, &why);
     if (!c->pool)
-        goto nomem;
+        return pool_failed(c, why, err, errlen);
     if (gpe_kv_init(&c->kv, hp->n_layer, sz->n_seq, sz->n_ctx, hp->n_head_kv * hp->head_dim,
                     sz->kv_f16) != 0) {
         if (err && errlen > 0)

@@ -153,7 +153,15 @@ static void join_all(gpe_pool *p)
 
 gpe_pool *gpe_pool_create(int n_threads)
 {
+    return gpe_pool_create_status(n_threads, NULL);
+}
+
+gpe_pool *gpe_pool_create_status(int n_threads, int *why)
+{
     gpe_pool *p = NULL;
+    int rc = ENOMEM;
+    if (why)
+        *why = 0;
     if (n_threads <= 0) {
         long c = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = c > 0 ? (int)(c < POOL_MAX_THREADS ? c : POOL_MAX_THREADS) : 1;
@@ -163,24 +171,27 @@ gpe_pool *gpe_pool_create(int n_threads)
 
     p = aligned_alloc(64, (sizeof *p + 63) / 64 * 64);
     if (!p)
-        return NULL;
+        goto fail;
     *p = (gpe_pool){.n = n_threads, .nth = n_threads};
     atomic_init(&p->gen, 0);
     atomic_init(&p->n_done, 0);
     atomic_init(&p->n_sleeping, 0);
     atomic_init(&p->stop, false);
-    if (pthread_mutex_init(&p->mu, NULL) != 0) {
+    if ((rc = pthread_mutex_init(&p->mu, NULL)) != 0) {
         free(p);
-        return NULL;
+        p = NULL;
+        goto fail;
     }
-    if (pthread_cond_init(&p->cv, NULL) != 0) {
+    if ((rc = pthread_cond_init(&p->cv, NULL)) != 0) {
         pthread_mutex_destroy(&p->mu);
         free(p);
-        return NULL;
+        p = NULL;
+        goto fail;
     }
+    rc = ENOMEM;
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
     if (!p->workers)
-        goto err;
+        goto fail;
     for (int i = 0; i < n_threads; i++) {
         p->workers[i].pool = p;
         p->workers[i].ith = i;
@@ -192,17 +203,22 @@ gpe_pool *gpe_pool_create(int n_threads)
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = 0;
     for (int i = 1; i < n_threads; i++) {
-        if (pthread_create(&p->workers[i].tid, NULL, worker_main, &p->workers[i]) != 0)
+        if ((rc = pthread_create(&p->workers[i].tid, NULL, worker_main, &p->workers[i])) != 0)
             break;
         p->n_started = i;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (p->n_started != n_threads - 1)
-        goto err;
+    if (rc != 0)
+        goto fail;
     return p;
 
-err:
+fail:
+    /* The caller tells a shortage (ENOMEM, EAGAIN: a later try may work)
+     * from anything else by this. */
+    if (why)
+        *why = rc;
     gpe_pool_destroy(p);
     return NULL;
 }

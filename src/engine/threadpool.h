@@ -43,6 +43,11 @@ typedef void (*gpe_pool_fn)(void *arg, int ith, int nth);
  * [1, 512]. Returns NULL when memory or threads cannot be had (any threads
  * already started are joined first). */
 gpe_pool *gpe_pool_create(int n_threads);
+/* The same, and on NULL *why says what failed: ENOMEM (an allocation) or
+ * the error pthread_create (or the mutex / condition variable's init)
+ * returned, e.g. EAGAIN when the system is short of threads for now. 0 on
+ * success. why may be NULL. */
+gpe_pool *gpe_pool_create_status(int n_threads, int *why);
 /* Joins the workers. The pool must be idle (no gpe_pool_run in progress).
  * NULL is a no-op. */
 void gpe_pool_destroy(gpe_pool *p);

@@ -57,6 +57,7 @@
  * the first one until the test opens it: the worker is then inside the
  * model's load. */
 static atomic_bool g_fail_threads;
+static atomic_int g_fail_rc = EAGAIN; /* what a failing pthread_create returns */
 static pthread_mutex_t g_gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool g_gate_armed, g_gate_reached;
@@ -75,7 +76,7 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(voi
     }
     pthread_mutex_unlock(&g_gate_mu);
     if (atomic_load(&g_fail_threads))
-        return EAGAIN;
+        return atomic_load(&g_fail_rc);
     return __real_pthread_create(t, a, fn, arg);
 }
 
@@ -498,7 +499,8 @@ static void test_tries_reset_when_ready(void **state)
 /* The backend's start out of memory (every allocation N = 1, 2, ... until
  * one run reaches none) or of threads: NULL with *nomem (exit 1,
  * restarted), never a failure a restart cannot fix (exit 2). And the gguf
- * backend (--model) out of threads for its decode thread: the same. */
+ * backend (--model) out of threads for its decode thread or the engine's
+ * compute threads: the same; pthread_create's EPERM is not a shortage. */
 static void test_start_nomem(void **state)
 {
     fixture *f = *state;
@@ -532,6 +534,23 @@ static void test_start_nomem(void **state)
     assert_null(agent_backend_gguf_create_status(&o, &nomem, err, sizeof err));
     assert_true(nomem);
     assert_non_null(strstr(err, "decode thread"));
+
+    /* The engine's compute threads (--threads 2: one beside the caller)
+     * out of threads: retried too, the error named; another error of
+     * pthread_create is no shortage (exit 2). */
+    o.threads = 2;
+    nomem = false;
+    assert_null(agent_backend_gguf_create_status(&o, &nomem, err, sizeof err));
+    if (!nomem)
+        fail_msg("compute thread EAGAIN: \"%s\" taken for what a restart cannot fix", err);
+    assert_non_null(strstr(err, "compute thread"));
+    assert_non_null(strstr(err, strerror(EAGAIN)));
+    atomic_store(&g_fail_rc, EPERM);
+    nomem = true;
+    assert_null(agent_backend_gguf_create_status(&o, &nomem, err, sizeof err));
+    assert_false(nomem);
+    assert_non_null(strstr(err, strerror(EPERM)));
+    atomic_store(&g_fail_rc, EAGAIN);
     atomic_store(&g_fail_threads, false);
 }
 

@@ -1,5 +1,13 @@
 /* Unit tests for src/engine/threadpool.c: every index visited exactly once,
- * across many runs and pool sizes; run_n; split arithmetic; idle destroy. */
+ * across many runs and pool sizes; run_n; split arithmetic; idle destroy.
+ * And a pool whose k-th thread cannot start (pthread_create fails through
+ * the linker's --wrap, part-30-threadpool.cmake): NULL with the system's
+ * error, every thread it started joined; the engine's context over it
+ * (gpe_ctx_init on stories260K) says GPE_ERR_NOMEM for EAGAIN (threads
+ * short for now, a later try may work), naming the error, and
+ * GPE_ERR_BACKEND for what a retry does not fix. */
+#include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +20,49 @@
 #include <cmocka.h>
 
 #include "engine/threadpool.h"
+#include "gpupool/engine.h"
+
+#define MODEL GP_SOURCE_DIR "/models/stories260K.gguf"
+
+/* ------------------------------------ pthread_create / _join through --wrap */
+
+/* g_fail_at > 0: the g_fail_at-th pthread_create from now fails with
+ * g_fail_rc (and none after it is tried: the pool stops at the first).
+ * g_live counts threads started and not yet joined. */
+static atomic_int g_fail_at, g_fail_rc, g_creates, g_live;
+
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg);
+int __real_pthread_join(pthread_t t, void **ret);
+int __wrap_pthread_join(pthread_t t, void **ret);
+
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*fn)(void *), void *arg)
+{
+    int k = atomic_fetch_add(&g_creates, 1) + 1;
+    int at = atomic_load(&g_fail_at);
+    if (at > 0 && k >= at)
+        return atomic_load(&g_fail_rc);
+    int rc = __real_pthread_create(t, a, fn, arg);
+    if (rc == 0)
+        atomic_fetch_add(&g_live, 1);
+    return rc;
+}
+
+int __wrap_pthread_join(pthread_t t, void **ret)
+{
+    int rc = __real_pthread_join(t, ret);
+    if (rc == 0)
+        atomic_fetch_sub(&g_live, 1);
+    return rc;
+}
+
+static void fail_threads(int at, int rc)
+{
+    atomic_store(&g_creates, 0);
+    atomic_store(&g_fail_rc, rc);
+    atomic_store(&g_fail_at, at);
+}
+
 
 struct visit_job {
     int64_t n;
@@ -184,6 +235,77 @@ static void test_wake_after_sleep(void **state)
     gpe_pool_destroy(p);
 }
 
+/* A pool of 6 whose k-th thread (k = 1..5) cannot start: NULL, *why the
+ * error pthread_create gave, the k-1 threads started before it joined
+ * (ASan's leak check sees the memory). Then the same pool starts. */
+static void test_create_thread_fails(void **state)
+{
+    (void)state;
+    const int rcs[] = {EAGAIN, EPERM};
+    for (size_t r = 0; r < sizeof rcs / sizeof rcs[0]; r++)
+        for (int k = 1; k <= 5; k++) {
+            fail_threads(k, rcs[r]);
+            int why = -1;
+            gpe_pool *p = gpe_pool_create_status(6, &why);
+            fail_threads(0, 0);
+            assert_null(p);
+            assert_int_equal(why, rcs[r]);
+            assert_int_equal(atomic_load(&g_live), 0);
+        }
+    int why = -1;
+    gpe_pool *p = gpe_pool_create_status(6, &why);
+    assert_non_null(p);
+    assert_int_equal(why, 0);
+    assert_int_equal(atomic_load(&g_live), 5);
+    gpe_pool_destroy(p);
+    assert_int_equal(atomic_load(&g_live), 0);
+}
+
+/* gpe_ctx_init on stories260K with 4 threads whose k-th cannot start:
+ * EAGAIN is GPE_ERR_NOMEM (not the model's fault: the agent retries) with
+ * err naming the error; EPERM is GPE_ERR_BACKEND, not out of memory.
+ * Nothing stays running; the model still makes a context afterwards. */
+static void test_ctx_threads_short(void **state)
+{
+    (void)state;
+    char err[256];
+    gpe_model *m = NULL;
+    gpe_model_params mp = gpe_model_default_params();
+    if (gpe_model_load(MODEL, &mp, &m, err, sizeof err) != GPE_OK)
+        fail_msg("load: %s", err);
+    gpe_ctx_params cp = gpe_ctx_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = 4;
+    for (int k = 1; k <= 3; k++) {
+        gpe_ctx *c = NULL;
+        err[0] = '\0';
+        fail_threads(k, EAGAIN);
+        gpe_status st = gpe_ctx_init(m, &cp, &c, err, sizeof err);
+        fail_threads(0, 0);
+        if (st != GPE_ERR_NOMEM)
+            fail_msg("thread %d: EAGAIN gave %s (%s), want NOMEM", k, gpe_status_name(st), err);
+        assert_null(c);
+        assert_non_null(strstr(err, strerror(EAGAIN)));
+        assert_non_null(strstr(err, "out of memory or threads"));
+        assert_int_equal(atomic_load(&g_live), 0);
+
+        fail_threads(k, EPERM);
+        st = gpe_ctx_init(m, &cp, &c, err, sizeof err);
+        fail_threads(0, 0);
+        if (st != GPE_ERR_BACKEND)
+            fail_msg("thread %d: EPERM gave %s (%s), want BACKEND", k, gpe_status_name(st), err);
+        assert_null(c);
+        assert_non_null(strstr(err, strerror(EPERM)));
+        assert_null(strstr(err, "out of memory"));
+        assert_int_equal(atomic_load(&g_live), 0);
+    }
+    gpe_ctx *c = NULL;
+    assert_int_equal(gpe_ctx_init(m, &cp, &c, err, sizeof err), GPE_OK);
+    gpe_ctx_free(c);
+    assert_int_equal(atomic_load(&g_live), 0);
+    gpe_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -195,6 +317,8 @@ int main(void)
         cmocka_unit_test(test_pool_sum_visibility),
         cmocka_unit_test(test_destroy_idle),
         cmocka_unit_test(test_wake_after_sleep),
+        cmocka_unit_test(test_create_thread_fails),
+        cmocka_unit_test(test_ctx_threads_short),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
