@@ -248,8 +248,13 @@ static json_t *poll_body(agent *a)
     /* The backend in use (docs/protocol.md "Backend and GPUs"): the gguf
      * backend says cuda or cpu in its poll_facts. */
     json_object_set_new(b, "backend", json_string(a->be->ops->name));
-    if (a->be->ops->poll_facts)
-        a->be->ops->poll_facts(a->be, b);
+    /* Facts cut short by a lack of memory would tell the server less than
+     * the truth (a deployment dropped, a model unloaded): no poll now, the
+     * next one in a second (ag_poll_start). */
+    if (a->be->ops->poll_facts && a->be->ops->poll_facts(a->be, b) < 0) {
+        json_decref(b);
+        return NULL;
+    }
     add_liveness(a, b, true);
     return b;
 }

@@ -167,11 +167,15 @@ typedef struct agent_backend_ops {
     int (*bind_loop)(agent_backend *b, struct event_base *evb, char *err, size_t errlen);
     /* Model facts for /agents/poll: a JSON array (new reference) of
      * {id, aliases[], quantization, context_length, bytes, vram_bytes,
-     *  architecture, loaded}. Unknown facts may be null. */
+     *  architecture, loaded}. Unknown facts may be null. Whole or NULL
+     * (out of memory: the poll is not sent and tried again), never a
+     * model or a fact left out. */
     json_t *(*models)(agent_backend *b);
     /* (optional, may be NULL) Add live figures to the poll body, e.g.
-     * "kv_cache_utilization", "queue_depth". body is borrowed. */
-    void (*poll_facts)(agent_backend *b, json_t *body);
+     * "kv_cache_utilization", "queue_depth". body is borrowed. 0, or -1
+     * when memory ran out adding them (body may then hold some: the
+     * caller does not send it, a later poll says the whole truth). */
+    int (*poll_facts)(agent_backend *b, json_t *body);
     /* Start a job. job is borrowed; *sink is copied. Returns 0 (callbacks
      * will follow, ending with exactly one terminal) or, with err set and
      * no callback to come, -1 (the job is refused: INVALID_REQUEST) or

@@ -438,6 +438,8 @@ static void dp_destroy(agent_backend *base)
     free(b);
 }
 
+/* Every loaded model's facts, whole or NULL (out of memory): a model
+ * left out would read as unloaded to the server. */
 static json_t *dp_models(agent_backend *base)
 {
     deploy_backend *b = (deploy_backend *)base;
@@ -446,7 +448,10 @@ static json_t *dp_models(agent_backend *base)
     for (int i = 0; all && i < DEPLOY_MAX_MODELS; i++)
         if (b->h[i].used && b->h[i].inner) {
             json_t *m = b->h[i].inner->ops->models(b->h[i].inner);
-            json_array_extend(all, m);
+            if (!m || json_array_extend(all, m) < 0) {
+                json_decref(all);
+                all = NULL;
+            }
             json_decref(m);
         }
     pthread_mutex_unlock(&b->mu);
@@ -457,8 +462,8 @@ static json_t *dp_models(agent_backend *base)
  * model's as they are; each other one adds its engines and queue depth.
  * With two or more models the prefix-cache facts are left out: their slot
  * numbers would collide, and the server's prefix routing is a preference,
- * not a need. */
-static void merge_facts_locked(deploy_backend *b, json_t *body)
+ * not a need. 0, or -1 when memory ran out (the body is then not sent). */
+static int merge_facts_locked(deploy_backend *b, json_t *body)
 {
     int n = 0;
     for (int i = 0; i < DEPLOY_MAX_MODELS; i++) {
@@ -466,26 +471,53 @@ static void merge_facts_locked(deploy_backend *b, json_t *body)
         if (!in || !in->ops->poll_facts)
             continue;
         if (n++ == 0) {
-            in->ops->poll_facts(in, body);
+            if (in->ops->poll_facts(in, body) < 0)
+                return -1;
             continue;
         }
         json_t *f = json_object();
-        in->ops->poll_facts(in, f);
-        json_t *eng = json_object_get(body, "engines");
-        if (json_is_array(eng))
-            json_array_extend(eng, json_object_get(f, "engines"));
+        int rc = f ? in->ops->poll_facts(in, f) : -1;
+        json_t *eng = json_object_get(body, "engines"), *more = json_object_get(f, "engines");
+        if (rc == 0 && json_is_array(eng) && more && json_array_extend(eng, more) < 0)
+            rc = -1;
         json_int_t q = json_integer_value(json_object_get(body, "queue_depth")) +
                        json_integer_value(json_object_get(f, "queue_depth"));
-        json_object_set_new(body, "queue_depth", json_integer(q));
+        if (rc == 0 && json_object_set_new(body, "queue_depth", json_integer(q)) < 0)
+            rc = -1;
         json_decref(f);
+        if (rc < 0)
+            return -1;
     }
     if (n > 1)
         json_object_del(body, "prefix_cache");
-    if (n == 0)
-        json_object_set_new(body, "backend", json_string("cpu"));
+    if (n == 0 && json_object_set_new(body, "backend", json_string("cpu")) < 0)
+        return -1;
+    return 0;
 }
 
-static void dp_poll_facts(agent_backend *base, json_t *body)
+/* The deployments' states (mu held), whole or NULL: a deployment left out
+ * of "deploy.models" would read to the server as one this agent dropped
+ * (its replica moved away). */
+static json_t *states_locked(deploy_backend *b)
+{
+    json_t *models = json_array();
+    for (int i = 0; models && i < DEPLOY_MAX_MODELS; i++) {
+        const held *h = &b->h[i];
+        if (!h->used || !h->state)
+            continue;
+        json_t *m = json_pack("{s:s,s:s,s:I,s:I,s:I,s:s?}", "name", h->spec.name, "state",
+                              h->state, "bytes", (json_int_t)h->bytes, "total",
+                              (json_int_t)h->total, "rate", (json_int_t)h->rate, "reason",
+                              h->reason[0] ? h->reason : NULL);
+        if (json_array_append_new(models, m) < 0) {
+            json_decref(models);
+            models = NULL;
+        }
+    }
+    return models;
+}
+
+static int dp_poll_facts(agent_backend *base, json_t *body)
 {
     deploy_backend *b = (deploy_backend *)base;
     struct statvfs vfs;
@@ -493,25 +525,18 @@ static void dp_poll_facts(agent_backend *base, json_t *body)
     bool ok = statvfs(b->models_dir, &vfs) == 0 || statvfs(b->o->state_dir, &vfs) == 0;
     long long disk = ok ? (long long)vfs.f_bavail * (long long)vfs.f_frsize : 0;
     long long mem = mem_available();
-    json_t *models = json_array();
     pthread_mutex_lock(&b->mu);
-    merge_facts_locked(b, body);
-    for (int i = 0; i < DEPLOY_MAX_MODELS; i++) {
-        const held *h = &b->h[i];
-        if (!h->used || !h->state)
-            continue;
-        json_array_append_new(models, json_pack("{s:s,s:s,s:I,s:I,s:I,s:s?}", "name",
-                                                h->spec.name, "state", h->state, "bytes",
-                                                (json_int_t)h->bytes, "total",
-                                                (json_int_t)h->total, "rate",
-                                                (json_int_t)h->rate, "reason",
-                                                h->reason[0] ? h->reason : NULL));
-    }
+    int rc = merge_facts_locked(b, body);
+    json_t *models = rc == 0 ? states_locked(b) : NULL;
     pthread_mutex_unlock(&b->mu);
-    json_object_set_new(body, "deploy",
-                        json_pack("{s:i,s:I,s:I,s:o}", "capacity", b->capacity, "memory_free",
-                                  (json_int_t)(mem > 0 ? mem : 0), "disk_free",
-                                  (json_int_t)disk, "models", models));
+    if (!models)
+        return -1;
+    /* json_pack takes models, NULL or not; a "deploy" left out would read
+     * as an agent that no longer takes deployments. */
+    json_t *d = json_pack("{s:i,s:I,s:I,s:o}", "capacity", b->capacity, "memory_free",
+                          (json_int_t)(mem > 0 ? mem : 0), "disk_free", (json_int_t)disk,
+                          "models", models);
+    return json_object_set_new(body, "deploy", d) < 0 ? -1 : 0;
 }
 
 /* A job goes to the model it names (each deployment is its own gguf

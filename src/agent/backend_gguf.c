@@ -159,33 +159,37 @@ static json_t *gguf_models(agent_backend *base)
             vram += b->eng[e].held[d];
     pthread_mutex_unlock(&b->mu);
     /* supports_tools: the model's chat template has a tools format
-     * (gpe_chat_supports_tools); the server sends tools only then. */
+     * (gpe_chat_supports_tools); the server sends tools only then.
+     * supports_embeddings: embeddings (gguf_job_embed) run on the CPU and
+     * CUDA backends alike (on a GPU their contexts go on the first
+     * engine's device(s)). embeddings_only: an encoder (bert, nomic-bert)
+     * computes embeddings only, the server answers generation requests
+     * for it with a 400 (docs/protocol.md). digest: agents with the same
+     * file continue each other's jobs from token ids. One json_pack, so
+     * that the facts are whole or NULL: a fact left out when memory ran
+     * out would route wrongly (embeddings to a model that seems to have
+     * none); NULL fails the heartbeat, which is tried again. The digest
+     * is made first: json_pack's "s*" leaves out a string it could not
+     * copy, and still succeeds. */
+    json_t *digest = NULL;
+    if (b->digest[0] && !(digest = json_string(b->digest)))
+        return NULL;
     json_t *m = json_pack(
-        "[{s:s, s:[], s:s, s:i, s:I, s:o, s:s, s:b, s:I, s:s, s:b}]", "id", b->alias, "aliases",
-        "quantization", b->info.quant, "context_length", b->n_ctx, "bytes",
+        "[{s:s, s:[], s:s, s:i, s:I, s:o, s:s, s:b, s:I, s:s, s:b, s:b, s:o*, s:o*}]", "id",
+        b->alias, "aliases", "quantization", b->info.quant, "context_length", b->n_ctx, "bytes",
         (json_int_t)b->info.file_bytes, "vram_bytes",
         b->kind == GPE_BACKEND_CUDA ? json_integer((json_int_t)vram) : json_null(),
         "architecture", b->info.arch, "loaded", 1, "parameters", (json_int_t)b->info.n_params,
         "chat_format", b->info.chat_format, "supports_tools",
-        (int)gpe_chat_supports_tools(b->model));
-    /* Embeddings (gguf_job_embed) on the CPU and CUDA backends alike: on a GPU
-     * their contexts go on the first engine's device(s). */
-    if (m)
-        json_object_set_new(json_array_get(m, 0), "supports_embeddings", json_true());
-    /* An encoder (bert, nomic-bert) computes embeddings only: the server
-     * answers generation requests for it with a 400 (docs/protocol.md). */
-    if (m && gpe_model_embeddings_only(b->model))
-        json_object_set_new(json_array_get(m, 0), "embeddings_only", json_true());
-    /* digest: agents with the same file continue each other's jobs from
-     * token ids (docs/protocol.md). */
-    if (m && b->digest[0])
-        json_object_set_new(json_array_get(m, 0), "digest", json_string(b->digest));
+        (int)gpe_chat_supports_tools(b->model), "supports_embeddings", 1, "embeddings_only",
+        gpe_model_embeddings_only(b->model) ? json_true() : NULL, "digest", digest);
     return m;
 }
 /* The prompt-prefix cache's poll facts (docs/protocol.md "Prompt-prefix
  * cache"): counters since start, and per slot how many positions it holds
  * and which prompt units they are (gp_prefix.h), so that the server can
- * route a conversation to the slot that holds it. New reference. */
+ * route a conversation to the slot that holds it. New reference, whole or
+ * NULL when memory ran out. */
 static json_t *prefix_facts(gguf_backend *b)
 {
     json_t *slots = json_array();
@@ -193,14 +197,20 @@ static json_t *prefix_facts(gguf_backend *b)
     double t = gguf_now_s();
     for (int s = 0; slots && s < b->n_slots; s++) {
         const slot_cache *c = &b->cache[s];
-        json_t *o = json_pack("{s:i,s:b,s:i,s:I}", "slot", s, "busy", b->slots[s] != NULL,
+        json_t *o = json_pack("{s:i,s:b,s:i,s:I,s:o*}", "slot", s, "busy", b->slots[s] != NULL,
                               "tokens", c->held, "idle_ms",
-                              (json_int_t)(c->used_at > 0 ? (t - c->used_at) * 1e3 : -1));
-        if (o && c->desc.kind[0])
-            json_object_set_new(o, "prefix", gp_prefix_desc_json(&c->desc));
-        json_array_append_new(slots, o);
+                              (json_int_t)(c->used_at > 0 ? (t - c->used_at) * 1e3 : -1),
+                              "prefix", c->desc.kind[0] ? gp_prefix_desc_json(&c->desc) : NULL);
+        if (o && c->desc.kind[0] && !json_object_get(o, "prefix")) { /* "o*" omitted it */
+            json_decref(o);
+            o = NULL;
+        }
+        if (json_array_append_new(slots, o) < 0) { /* NULL too */
+            json_decref(slots);
+            slots = NULL;
+        }
     }
-    json_t *pc = json_pack("{s:b,s:I,s:I,s:I,s:I,s:o*}", "enabled", b->prefix_cache, "lookups",
+    json_t *pc = json_pack("{s:b,s:I,s:I,s:I,s:I,s:o}", "enabled", b->prefix_cache, "lookups",
                            (json_int_t)b->pc_lookups, "hits", (json_int_t)b->pc_hits,
                            "tokens_saved", (json_int_t)b->pc_saved, "tokens_computed",
                            (json_int_t)b->pc_computed, "slots", slots);
@@ -221,13 +231,14 @@ static bool same_pci(const char *x, const char *y)
  * "gpus" (NVML's list, found by PCI bus id; a GPU NVML does not list is
  * added from the engine's own figures): the CUDA device number, the bytes
  * the model holds on it, and whether it is in service ("ok") or out of
- * service after a fault ("fault"). */
-static void merge_gpus(gguf_backend *b, json_t *body)
+ * service after a fault ("fault"). 0, or -1 when memory ran out. */
+static int merge_gpus(gguf_backend *b, json_t *body)
 {
     json_t *gpus = json_object_get(body, "gpus");
     if (!json_is_array(gpus)) {
         gpus = json_array();
-        json_object_set_new(body, "gpus", gpus);
+        if (json_object_set_new(body, "gpus", gpus) < 0)
+            return -1;
     }
     for (int e = 0; e < b->n_eng; e++) {
         const gguf_engine *g = &b->eng[e];
@@ -242,17 +253,20 @@ static void merge_gpus(gguf_backend *b, json_t *body)
                 o = json_pack("{s:s,s:i,s:s,s:I,s:s}", "vendor", "nvidia", "index",
                               g->devices[d], "name", g->gpu_name[d], "vram_total",
                               (json_int_t)g->gpu_total[d], "pci_bus_id", g->pci[d]);
-                if (!o || json_array_append_new(gpus, o) < 0)
-                    continue;
+                if (json_array_append_new(gpus, o) < 0)
+                    return -1;
             }
-            json_object_set_new(o, "cuda_device", json_integer(g->devices[d]));
-            json_object_set_new(o, "vram_model", json_integer((json_int_t)g->held[d]));
-            json_object_set_new(o, "state", json_string(g->ready ? "ok" : "fault"));
+            if (json_object_set_new(o, "cuda_device", json_integer(g->devices[d])) < 0 ||
+                json_object_set_new(o, "vram_model", json_integer((json_int_t)g->held[d])) < 0 ||
+                json_object_set_new(o, "state", json_string(g->ready ? "ok" : "fault")) < 0)
+                return -1;
         }
     }
+    return 0;
 }
 
-/* Under mu: one entry per engine (docs/protocol.md "Backend and GPUs"). */
+/* Under mu: one entry per engine (docs/protocol.md "Backend and GPUs"),
+ * whole or NULL (out of memory). */
 static json_t *engines_facts(gguf_backend *b, long long *faults)
 {
     json_t *arr = json_array();
@@ -262,32 +276,51 @@ static json_t *engines_facts(gguf_backend *b, long long *faults)
         const gguf_engine *g = &b->eng[e];
         json_t *devs = json_array();
         for (int d = 0; devs && d < g->n_devices; d++)
-            json_array_append_new(devs, json_integer(g->devices[d]));
-        json_t *o = json_pack("{s:s,s:o*,s:i,s:i,s:s,s:I}", "backend",
-                              b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu", "devices", devs,
-                              "first_slot", g->slot0, "slots", g->n_slots, "state",
-                              g->ready ? "ready" : "fault", "faults", (json_int_t)g->faults);
-        if (o && g->error[0])
-            json_object_set_new(o, "last_error", json_string(g->error));
-        if (o && !g->ready)
-            json_object_set_new(o, "retry_in_ms", json_integer((json_int_t)(
-                                    g->retry_at > t ? (g->retry_at - t) * 1e3 : 0)));
-        json_array_append_new(arr, o);
+            if (json_array_append_new(devs, json_integer(g->devices[d])) < 0) {
+                json_decref(devs);
+                devs = NULL;
+            }
+        /* Made first: json_pack's "s*" and "o*" leave out what they could
+         * not make, and still succeed. */
+        json_t *last = g->error[0] ? json_string(g->error) : NULL;
+        json_t *retry = g->ready ? NULL
+                                 : json_integer((json_int_t)(
+                                       g->retry_at > t ? (g->retry_at - t) * 1e3 : 0));
+        bool made = (!g->error[0] || last) && (g->ready || retry);
+        if (!made) {
+            json_decref(last);
+            json_decref(retry);
+            json_decref(devs);
+            devs = NULL; /* the pack below fails on it */
+        }
+        json_t *o = json_pack(
+            "{s:s,s:o,s:i,s:i,s:s,s:I,s:o*,s:o*}", "backend",
+            b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu", "devices", devs, "first_slot",
+            g->slot0, "slots", g->n_slots, "state", g->ready ? "ready" : "fault", "faults",
+            (json_int_t)g->faults, "last_error", made ? last : NULL, "retry_in_ms",
+            made ? retry : NULL);
+        if (json_array_append_new(arr, o) < 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
         *faults += g->faults;
     }
     return arr;
 }
 
-static void gguf_poll_facts(agent_backend *base, json_t *body)
+static int gguf_poll_facts(agent_backend *base, json_t *body)
 {
     gguf_backend *b = (gguf_backend *)base;
-    json_object_set_new(body, "backend",
-                        json_string(b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu"));
+    if (json_object_set_new(body, "backend",
+                            json_string(b->kind == GPE_BACKEND_CUDA ? "cuda" : "cpu")) < 0)
+        return -1;
     if (b->refused) {
-        json_object_set_new(body, "error", json_pack("{s:s,s:s}", "code", "MODEL_DOES_NOT_FIT",
-                                                     "message", b->refusal));
-        json_object_set_new(body, "queue_depth", json_integer(0));
-        return;
+        if (json_object_set_new(body, "error",
+                                json_pack("{s:s,s:s}", "code", "MODEL_DOES_NOT_FIT", "message",
+                                          b->refusal)) < 0 ||
+            json_object_set_new(body, "queue_depth", json_integer(0)) < 0)
+            return -1;
+        return 0;
     }
     long long faults = 0;
     pthread_mutex_lock(&b->mu);
@@ -297,17 +330,18 @@ static void gguf_poll_facts(agent_backend *base, json_t *body)
     double util = (double)used / ((double)b->n_ctx * (double)b->n_slots);
     int depth = b->n_pending;
     json_t *eng = engines_facts(b, &faults);
-    if (b->kind == GPE_BACKEND_CUDA)
-        merge_gpus(b, body);
+    int rc = b->kind == GPE_BACKEND_CUDA ? merge_gpus(b, body) : 0;
     pthread_mutex_unlock(&b->mu);
-    json_object_set_new(body, "kv_cache_utilization", json_real(util > 1 ? 1 : util));
-    json_object_set_new(body, "queue_depth", json_integer(depth));
-    json_object_set_new(body, "backend_faults", json_integer(faults));
-    if (eng)
-        json_object_set_new(body, "engines", eng);
-    json_t *pc = prefix_facts(b);
-    if (pc)
-        json_object_set_new(body, "prefix_cache", pc);
+    /* Each set takes its value, NULL included. */
+    if (json_object_set_new(body, "kv_cache_utilization", json_real(util > 1 ? 1 : util)) < 0 ||
+        json_object_set_new(body, "queue_depth", json_integer(depth)) < 0 ||
+        json_object_set_new(body, "backend_faults", json_integer(faults)) < 0)
+        rc = -1;
+    if (json_object_set_new(body, "engines", eng) < 0)
+        rc = -1;
+    if (json_object_set_new(body, "prefix_cache", prefix_facts(b)) < 0)
+        rc = -1;
+    return rc;
 }
 
 static void gguf_slots(agent_backend *base, int *total, int *usable)

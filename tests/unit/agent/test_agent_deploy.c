@@ -554,6 +554,88 @@ static void test_start_nomem(void **state)
     atomic_store(&g_fail_threads, false);
 }
 
+/* The same shape: objects with the same keys, arrays of the same length,
+ * all the way down (values may differ: free memory, idle times). */
+static bool same_shape(const json_t *a, const json_t *b)
+{
+    if (json_typeof(a) != json_typeof(b))
+        return false;
+    if (json_is_array(a)) {
+        if (json_array_size(a) != json_array_size(b))
+            return false;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!same_shape(json_array_get(a, i), json_array_get(b, i)))
+                return false;
+    } else if (json_is_object(a)) {
+        if (json_object_size(a) != json_object_size(b))
+            return false;
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)a, k, v)
+        {
+            const json_t *w = json_object_get(b, k);
+            if (!w || !same_shape(v, w))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* A ready deployment's heartbeat facts when the N-th allocation fails, N
+ * = 1, 2, ... until a run reaches none: models() is the whole list
+ * (supports_embeddings, digest and all) or NULL, poll_facts the whole
+ * body ("deploy.models" naming the deployment) or -1: never less than
+ * the truth, which routes wrongly (embeddings to a model that seems to
+ * have none, a replica the server moves away). */
+static void test_facts_whole_or_failed(void **state)
+{
+    fixture *f = *state;
+    agent_backend *b = f->b = create(f);
+    deploy(b, URL_OK);
+    wait_idle(b);
+    assert_state(b, "ready");
+    json_t *want_m = b->ops->models(b), *want_p = json_object();
+    assert_non_null(want_m);
+    assert_non_null(want_p);
+    assert_int_equal(b->ops->poll_facts(b, want_p), 0);
+    json_t *m0 = json_array_get(want_m, 0);
+    assert_true(json_is_true(json_object_get(m0, "supports_embeddings")));
+    assert_true(json_is_string(json_object_get(m0, "digest")));
+    json_t *want_dm = json_object_get(json_object_get(want_p, "deploy"), "models");
+    assert_int_equal(json_array_size(want_dm), 1);
+    int n_failed = 0;
+    for (size_t n = 1;; n++) {
+        json_t *body = json_object();
+        assert_non_null(body);
+        arm_libc(n);
+        json_t *m = b->ops->models(b);
+        int rc = b->ops->poll_facts(b, body);
+        const bool hit = disarm();
+        if (m && !json_equal(m, want_m)) {
+            char *got = json_dumps(m, JSON_COMPACT);
+            fail_msg("allocation %zu failed: models() is %s, not whole", n, got);
+        }
+        if (rc == 0 && (!same_shape(body, want_p) ||
+                        !json_equal(json_object_get(json_object_get(body, "deploy"), "models"),
+                                    want_dm))) {
+            char *got = json_dumps(body, JSON_COMPACT);
+            fail_msg("allocation %zu failed: poll_facts gave 0 with %s, not whole", n, got);
+        }
+        if (!m || rc < 0) {
+            if (!hit)
+                fail_msg("run %zu without a failure: models %p, poll_facts %d", n, (void *)m, rc);
+            n_failed++;
+        }
+        json_decref(m);
+        json_decref(body);
+        if (!hit)
+            break;
+    }
+    json_decref(want_m);
+    json_decref(want_p);
+    assert_true(n_failed > 5);
+}
+
 int main(void)
 {
     gp_json_init();
@@ -565,6 +647,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tries_reset_when_ready, setup, teardown),
         cmocka_unit_test_setup_teardown(test_start_nomem, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_oom_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_facts_whole_or_failed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
