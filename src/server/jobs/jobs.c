@@ -381,34 +381,111 @@ void gps_job_mark_row_lost(gps_job *job)
 /* Cancellation records                                                */
 /* ------------------------------------------------------------------ */
 
+/* Where agent_id's newest record is, or would go: the slot in its hash
+ * chain (*slot NULL when it has none). O(agents with records in the
+ * bucket). */
+static cancel_rec **cancel_slot(gps_jobs *j, const char *agent_id)
+{
+    cancel_rec **pp = &j->cbuckets[id_hash(agent_id) % NCBUCKETS];
+    while (*pp && strcmp((*pp)->agent_id, agent_id) != 0)
+        pp = &(*pp)->hnext;
+    return pp;
+}
+
+static cancel_rec *cancel_find(cancel_rec *first, const char *job_id)
+{
+    for (cancel_rec *c = first; c; c = c->same_next)
+        if (strcmp(c->job_id, job_id) == 0)
+            return c;
+    return NULL;
+}
+
+/* Off its agent's list (slot: the agent's, from cancel_slot) and the age
+ * list, and freed. */
+static void cancel_drop(gps_jobs *j, cancel_rec **slot, cancel_rec *c)
+{
+    if (!c->same_prev) {
+        /* The agent's first: the next one (if any) takes its chain place. */
+        cancel_rec *n = c->same_next;
+        if (n) {
+            n->same_prev = NULL;
+            n->hnext = c->hnext;
+            *slot = n;
+        } else {
+            *slot = c->hnext;
+        }
+    } else {
+        c->same_prev->same_next = c->same_next;
+        if (c->same_next)
+            c->same_next->same_prev = c->same_prev;
+    }
+    if (c->older)
+        c->older->newer = c->newer;
+    else
+        j->cold = c->newer;
+    if (c->newer)
+        c->newer->older = c->older;
+    else
+        j->cnew = c->older;
+    free(c);
+}
+
+/* Out of memory no record is made, as before: the agent is then told at
+ * its next upload for the job instead of its next poll (cancel:true for a
+ * cancelled or failed job, 409 for one that moved to another agent),
+ * except a job the server finished early (stop string), which runs on to
+ * its own end on the agent; the client's result is whole either way. */
 void jobs_cancel_add(gps_jobs *j, const char *agent_id, const char *job_id)
 {
     if (!agent_id || !*agent_id)
         return;
-    for (cancel_rec *c = j->cancels; c; c = c->next)
-        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0)
-            return;
+    cancel_rec **slot = cancel_slot(j, agent_id);
+    if (cancel_find(*slot, job_id))
+        return;
     cancel_rec *c = calloc(1, sizeof *c);
     if (!c)
         return;
     snprintf(c->agent_id, sizeof c->agent_id, "%s", agent_id);
     snprintf(c->job_id, sizeof c->job_id, "%s", job_id);
     c->since_us = gp_now_mono_us();
-    c->next = j->cancels;
-    j->cancels = c;
+    /* Newest first in its agent's list (the order the one list had). */
+    cancel_rec *first = *slot;
+    if (first) {
+        c->hnext = first->hnext;
+        first->hnext = NULL;
+        first->same_prev = c;
+        c->same_next = first;
+    }
+    *slot = c;
+    /* Newest last in the age list: since_us never goes back. */
+    c->older = j->cnew;
+    if (j->cnew)
+        j->cnew->newer = c;
+    else
+        j->cold = c;
+    j->cnew = c;
 }
 
 bool jobs_cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
 {
-    for (cancel_rec **pp = &j->cancels; *pp; pp = &(*pp)->next) {
-        cancel_rec *c = *pp;
-        if (strcmp(c->agent_id, agent_id) == 0 && strcmp(c->job_id, job_id) == 0) {
-            *pp = c->next;
-            free(c);
-            return true;
-        }
+    cancel_rec **slot = cancel_slot(j, agent_id);
+    cancel_rec *c = cancel_find(*slot, job_id);
+    if (!c)
+        return false;
+    cancel_drop(j, slot, c);
+    return true;
+}
+
+void gps_jobs_forget_agent_cancels(gps_jobs *j, const char *agent_id)
+{
+    cancel_rec **slot = cancel_slot(j, agent_id);
+    /* Its first record each time: after its last, *slot is the next
+     * agent's in the chain. */
+    bool last = !*slot;
+    while (!last) {
+        last = !(*slot)->same_next;
+        cancel_drop(j, slot, *slot);
     }
-    return false;
 }
 
 /* The records stay until gps_jobs_cancels_sent: a reply that cannot be
@@ -417,9 +494,7 @@ bool jobs_cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
 json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id)
 {
     json_t *out = json_array();
-    for (const cancel_rec *c = j->cancels; out && c; c = c->next) {
-        if (strcmp(c->agent_id, agent_id) != 0)
-            continue;
+    for (const cancel_rec *c = *cancel_slot(j, agent_id); out && c; c = c->same_next) {
         if (json_array_append_new(out, json_pack("{s:s,s:s}", "type", "cancel", "job_id",
                                                  c->job_id)) != 0) {
             json_decref(out);
@@ -440,6 +515,18 @@ void gps_jobs_cancels_sent(gps_jobs *j, const char *agent_id, const json_t *comm
         if (type && id && strcmp(type, "cancel") == 0)
             jobs_cancel_take(j, agent_id, id);
     }
+}
+
+/* Records older than the keep, oldest first: the walk stops at the first
+ * one kept, so a sweep costs the expired records, not all of them. */
+static void cancels_expire(gps_jobs *j, uint64_t now)
+{
+    uint64_t keep = j->opts.cancel_keep_ms > 0 ? (uint64_t)j->opts.cancel_keep_ms * 1000ull
+                                               : CANCEL_KEEP_US;
+    /* Records added by this very sweep (a stalled job's agent, a
+     * timeout) are newer than now: unsigned now - since would wrap. */
+    while (j->cold && now > j->cold->since_us && now - j->cold->since_us > keep)
+        cancel_drop(j, cancel_slot(j, j->cold->agent_id), j->cold);
 }
 
 /* ------------------------------------------------------------------ */
@@ -481,17 +568,7 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
             now - job->last_event_us > stall)
             jobs_fail_over(j, job, "stalled");
     }
-    for (cancel_rec **pp = &j->cancels; *pp;) {
-        /* Records added by this very sweep (a stalled job's agent, a
-         * timeout) are newer than now: unsigned now - since would wrap. */
-        if (now > (*pp)->since_us && now - (*pp)->since_us > CANCEL_KEEP_US) {
-            cancel_rec *c = *pp;
-            *pp = c->next;
-            free(c);
-        } else {
-            pp = &(*pp)->next;
-        }
-    }
+    cancels_expire(j, now);
 }
 
 gps_jobs *gps_jobs_new(struct event_base *base, const gps_jobs_opts *opts, registry *reg,
@@ -546,9 +623,9 @@ void gps_jobs_free(gps_jobs *j)
             job = n;
         }
     }
-    cancel_rec *c = j->cancels;
+    cancel_rec *c = j->cold;
     while (c) {
-        cancel_rec *n = c->next;
+        cancel_rec *n = c->newer;
         free(c);
         c = n;
     }

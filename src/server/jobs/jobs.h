@@ -273,6 +273,8 @@ typedef struct gps_jobs_opts {
     int backoff_cap_ms;            /*   0 = retries never wait */
     size_t max_records;            /* finished-job records kept at most, the oldest
                                       dropped first (0 = GPS_JOBS_MAX_RECORDS_DEFAULT) */
+    int cancel_keep_ms;            /* a cancel record no poll reply carried is dropped
+                                      after this (0 = 600 s) */
 } gps_jobs_opts;
 
 /* 131,072 records are ~20 MB: the whole KEEP_TERMINAL_US (60 s) up to
@@ -610,6 +612,9 @@ json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
 /* commands (borrowed: a poll reply's commands, pending_cancels' among
  * them) reached agent_id: its cancel records for those jobs are dropped. */
 void gps_jobs_cancels_sent(gps_jobs *j, const char *agent_id, const json_t *commands);
+/* agent_id is gone for good (admin remove): its cancel records are
+ * dropped (no poll of its will carry them). O(its records). */
+void gps_jobs_forget_agent_cancels(gps_jobs *j, const char *agent_id);
 
 /* Running + queued counts (shutdown, metrics). */
 size_t gps_jobs_active(gps_jobs *j);

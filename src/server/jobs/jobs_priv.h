@@ -29,15 +29,27 @@
 #define NBUCKETS 4096          /* id hash; chains stay short for thousands of jobs */
 #define NRBUCKETS 16384        /* finished-job records: at most 131,072 (max_records)
                                   is chains of 8, walked only by late uploads */
+#define NCBUCKETS 4096         /* cancel records by agent id: 10,000 agents with
+                                  records are chains of ~2.5 agents */
 #define MAX_TOKENS_SLACK 64       /* tokens tolerated beyond max_tokens (stop-string holdback) */
 
 /* A job an agent must be told to stop (client gone, timeout, failover away
- * from a stalled agent). Sent as a poll command and as cancel:true. */
+ * from a stalled agent). Sent as a poll command and as cancel:true.
+ *
+ * Kept per agent, so that a poll (pending list, sent) and an upload's
+ * take cost that agent's records, not every agent's: an agent's records
+ * are a list (same_prev/same_next) whose first record, the newest, is in
+ * the agent-id hash chain (hnext, set on first records only). No node
+ * per agent: one allocation per record, as before. All records are also
+ * on one list oldest first (older/newer), so that expiry looks only at
+ * the expired ones. */
 typedef struct cancel_rec {
+    struct cancel_rec *hnext;                 /* next agent's first record (bucket) */
+    struct cancel_rec *same_prev, *same_next; /* this agent's, newest first */
+    struct cancel_rec *older, *newer;         /* all, by age */
+    uint64_t since_us;
     char agent_id[64];
     char job_id[40];
-    uint64_t since_us;
-    struct cancel_rec *next;
 } cancel_rec;
 
 /* What is left of a finished job once nobody reads it (retire): what a
@@ -92,7 +104,8 @@ struct gps_jobs {
     done_rec *rbuckets[NRBUCKETS]; /* retired finished jobs, by id */
     done_rec *rhead, *rtail;    /* the same, oldest first (expiry) */
     size_t n_recs;
-    cancel_rec *cancels;
+    cancel_rec *cbuckets[NCBUCKETS]; /* cancel records: each agent's newest, by agent id */
+    cancel_rec *cold, *cnew;         /* the same records, oldest first (expiry) */
     struct event *sweep;
     int notify_depth;           /* >0 while subscriber callbacks run */
 };
