@@ -533,6 +533,9 @@ static void cancels_expire(gps_jobs *j, uint64_t now)
 /* Timers                                                              */
 /* ------------------------------------------------------------------ */
 
+/* A timer every SWEEP_MS, never part of a poll: per tick it walks the
+ * live jobs (timeouts, stalls), the finished ones not yet retired, and
+ * only the expired ends of the two oldest-first record lists. */
 static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_jobs *j = arg;
