@@ -476,18 +476,6 @@ bool jobs_cancel_take(gps_jobs *j, const char *agent_id, const char *job_id)
     return true;
 }
 
-void gps_jobs_forget_agent_cancels(gps_jobs *j, const char *agent_id)
-{
-    cancel_rec **slot = cancel_slot(j, agent_id);
-    /* Its first record each time: after its last, *slot is the next
-     * agent's in the chain. */
-    bool last = !*slot;
-    while (!last) {
-        last = !(*slot)->same_next;
-        cancel_drop(j, slot, *slot);
-    }
-}
-
 /* The records stay until gps_jobs_cancels_sent: a reply that cannot be
  * built or written must not lose them (the agent would go on generating
  * for a client that left). NULL when the array cannot be made whole. */

@@ -612,10 +612,6 @@ json_t *gps_jobs_pending_cancels(gps_jobs *j, const char *agent_id);
 /* commands (borrowed: a poll reply's commands, pending_cancels' among
  * them) reached agent_id: its cancel records for those jobs are dropped. */
 void gps_jobs_cancels_sent(gps_jobs *j, const char *agent_id, const json_t *commands);
-/* agent_id is gone for good (admin remove): its cancel records are
- * dropped (no poll of its will carry them). O(its records). */
-void gps_jobs_forget_agent_cancels(gps_jobs *j, const char *agent_id);
-
 /* Running + queued counts (shutdown, metrics). */
 size_t gps_jobs_active(gps_jobs *j);
 /* Metrics collector part: queue depth and running jobs. */

@@ -259,18 +259,6 @@ static void test_expiry(void **state)
 
 /* An agent forgotten (admin remove): its records go, every other agent's
  * stay (some share its bucket), and it starts empty if it comes back. */
-static void test_forget_agent(void **state)
-{
-    (void)state;
-    many *m = many_new(NULL);
-    for (int i = 0; i < MANY; i += 3)
-        gps_jobs_forget_agent_cancels(m->f.jobs, m->ag[i]->id);
-    gps_jobs_forget_agent_cancels(m->f.jobs, "no-such-agent");
-    for (int i = 0; i < MANY; i++)
-        assert_true(pending_is(&m->f, m->ag[i], m->id[i], i % 3 == 0 ? 0 : 2));
-    many_free(m);
-}
-
 /* A cancelled job's agent uploads (nothing new): whether it is told to
  * stop, and the upload takes its record. */
 static bool upload_says_cancel(fleet *f, registry_agent *a, gps_job *job)
@@ -368,7 +356,6 @@ int main(void)
         cmocka_unit_test(test_same_job_two_agents),
         cmocka_unit_test(test_no_duplicates),
         cmocka_unit_test(test_expiry),
-        cmocka_unit_test(test_forget_agent),
         cmocka_unit_test(test_cancel_records_oom),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
