@@ -30,10 +30,13 @@ static bool spend_reserve(void)
     return true;
 }
 
+/* An allocation as large as the reserve would not be helped by it (and
+ * libevent handles those failing: buffers' growth); the reserve is kept
+ * for the small ones it does not handle. */
 static void *evmem_malloc(size_t n)
 {
     void *p = malloc(n);
-    if (p || !spend_reserve())
+    if (p || n >= reserve_size || !spend_reserve())
         return p;
     return malloc(n);
 }
@@ -42,7 +45,7 @@ static void *evmem_malloc(size_t n)
 static void *evmem_realloc(void *p, size_t n)
 {
     void *q = realloc(p, n);
-    if (q || n == 0 || !spend_reserve())
+    if (q || n == 0 || n >= reserve_size || !spend_reserve())
         return q;
     return realloc(p, n);
 }

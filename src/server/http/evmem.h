@@ -18,8 +18,12 @@
  * second failure finds no reserve and gets libevent's plain NULL.
  *
  * The fast path is malloc itself; the reserve's hand-over is atomic, so
- * the allocator is safe from any thread (the server's libevent runs on the
- * loop thread alone, docs/architecture.md "Threads").
+ * the allocator itself is safe from any thread; the hook the http layer
+ * installs (gps_evmem_on_low) is not: it sets plain flags and activates an
+ * event without libevent's locks, which holds because the server's
+ * libevent runs on the loop thread alone (docs/architecture.md "Threads").
+ * An allocation as large as the reserve is not retried: the reserve would
+ * not cover it, and libevent handles those failing (a buffer's growth).
  */
 #ifndef GPS_EVMEM_H
 #define GPS_EVMEM_H

@@ -388,6 +388,12 @@ static void evhttp_setup(gps_http *h, struct evhttp *evh)
  * Connections already open go on. One log line when the reserve is
  * spent, one when it is back, whatever the number of gps_https. */
 #define MEM_RETRY_MS 100
+/* mem_retry's period while memory is not low: it stays in libevent's timer
+ * heap from gps_http_new on, so that shortening it when the reserve is
+ * spent moves it within the heap and allocates nothing (adding a timer
+ * that is not there may have to grow the heap: the very allocation that
+ * may fail then). */
+#define MEM_IDLE_SEC 3600
 
 static bool mem_spent;      /* the reserve was spent; memory_reserve_used not written */
 static bool mem_logged;     /* memory_reserve_used written, memory_reserve_restored not */
@@ -440,8 +446,11 @@ static void mem_listeners(gps_http *h, bool on)
     for (int k = 0; k < 2; k++) {
         if (!h->pause[k].lev)
             continue;
-        if (on)
+        /* Out of descriptors too: accept_resume enables it. */
+        if (on && !(h->pause[k].resume && evtimer_pending(h->pause[k].resume, NULL)))
             evconnlistener_enable(h->pause[k].lev);
+        else if (on)
+            continue;
         else
             evconnlistener_disable(h->pause[k].lev);
     }
@@ -449,7 +458,8 @@ static void mem_listeners(gps_http *h, bool on)
 
 static void mem_resume(gps_http *h)
 {
-    event_del(h->mem_retry);
+    struct timeval idle = {MEM_IDLE_SEC, 0};
+    event_add(h->mem_retry, &idle); /* (in the heap: allocates nothing) */
     h->mem_paused = false;
     mem_listeners(h, true);
     mem_log_restored();
@@ -458,7 +468,7 @@ static void mem_resume(gps_http *h)
 static void mem_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     gps_http *h = arg;
-    if (gps_evmem_restore() >= 0)
+    if (h->mem_paused && gps_evmem_restore() >= 0)
         mem_resume(h);
 }
 
@@ -469,11 +479,10 @@ static void mem_low_cb(evutil_socket_t fd, short what, void *arg)
     if (!gps_evmem_low() || h->mem_paused)
         return;
     struct timeval tv = {0, MEM_RETRY_MS * 1000};
-    /* mem_retry persists: added once, nothing to add again short of
-     * memory. Without it the pause would never end: accepting goes on and
-     * each accept tries the reserve (http_mem_refuse). */
-    if (event_add(h->mem_retry, &tv) < 0)
-        return;
+    /* mem_retry is in the timer heap already (MEM_IDLE_SEC): this moves
+     * it, allocating nothing. The listeners pause whatever it says: at
+     * worst the idle period's tick ends the pause. */
+    event_add(h->mem_retry, &tv);
     h->mem_paused = true;
     mem_listeners(h, false);
 }
@@ -501,7 +510,9 @@ gps_http *gps_http_new(struct event_base *base, const gps_http_opts *opts)
     h->orphan_ev = event_new(base, -1, 0, http_orphans_cb, h);
     h->mem_ev = event_new(base, -1, 0, mem_low_cb, h);
     h->mem_retry = event_new(base, -1, EV_PERSIST, mem_retry_cb, h);
-    if (!h->evh || !h->orphan_ev || !h->mem_ev || !h->mem_retry) {
+    struct timeval idle = {MEM_IDLE_SEC, 0};
+    if (!h->evh || !h->orphan_ev || !h->mem_ev || !h->mem_retry ||
+        event_add(h->mem_retry, &idle) < 0) {
         if (h->evh)
             evhttp_free(h->evh);
         if (h->orphan_ev)

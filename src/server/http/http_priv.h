@@ -66,7 +66,8 @@ struct gps_http {
     struct event *orphan_ev;    /* closes the orphans (made with h: none needed then) */
     /* Memory low (evmem.h): mem_ev is activated when libevent's reserve
      * is spent and pauses accepting; mem_retry then tries to get the
-     * reserve back every ACCEPT_PAUSE_MS and resumes. Made with h. */
+     * reserve back every MEM_RETRY_MS and resumes (it stays in the timer
+     * heap meanwhile, with a long period). Made with h. */
     struct event *mem_ev, *mem_retry;
     bool mem_paused;
     struct bufferevent *orphans[GPS_HTTP_ORPHANS]; /* referenced, not gated yet */

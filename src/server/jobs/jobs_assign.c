@@ -315,6 +315,10 @@ static void put_back(gps_jobs *j, registry_agent *a, gps_job **jobs, size_t n)
     if (waiting < 2)
         return;
     for (size_t i = waiting; i-- > 0;) {
+        /* Placing one may have ended or assigned another (a failure's
+         * notification, a hand-off): only a job still waiting goes back. */
+        if (jobs[i]->state != GPS_JOB_QUEUED || !sched_job_queued(&jobs[i]->sj))
+            continue;
         sched_remove(j->sched, &jobs[i]->sj);
         jobs[i]->sj.front = true;
         jobs_place(j, jobs[i], 1);
