@@ -127,6 +127,54 @@ static void nvml_load(void)
     nv.state = 1;
 }
 
+/* One GPU's facts, whole or NULL (out of memory): a figure NVML gives
+ * that memory ran out copying would read as one NVML cannot give. */
+static json_t *gpu_facts(nvml_device d, unsigned int i, const char *driver)
+{
+    json_t *g = json_pack("{s:s,s:I}", "vendor", "nvidia", "index", (json_int_t)i);
+    int rc = g ? 0 : -1;
+    char name[128] = "";
+    if (rc == 0 && nv.name && nv.name(d, name, sizeof name) == 0)
+        rc = json_object_set_new(g, "name", json_string(name));
+    nvml_memory m;
+    if (rc == 0 && nv.memory && nv.memory(d, &m) == 0 &&
+        (json_object_set_new(g, "vram_total", json_integer((json_int_t)m.total)) < 0 ||
+         json_object_set_new(g, "vram_used", json_integer((json_int_t)m.used)) < 0 ||
+         json_object_set_new(g, "vram_free", json_integer((json_int_t)m.free)) < 0))
+        rc = -1;
+    nvml_utilization u;
+    if (rc == 0 && nv.util && nv.util(d, &u) == 0)
+        rc = json_object_set_new(g, "utilization", json_real(u.gpu / 100.0));
+    unsigned int t = 0;
+    if (rc == 0 && nv.temp && nv.temp(d, 0 /* NVML_TEMPERATURE_GPU */, &t) == 0)
+        rc = json_object_set_new(g, "temperature", json_integer(t));
+    unsigned int mw = 0;
+    if (rc == 0 && nv.power && nv.power(d, &mw) == 0)
+        rc = json_object_set_new(g, "power_w", json_real(mw / 1000.0));
+    nvml_pci pci;
+    if (rc == 0 && nv.pci && nv.pci(d, &pci) == 0) {
+        /* The same form CUDA reports (cudaDeviceGetPCIBusId): the backend
+         * finds its devices in this list by it. */
+        char bus[32];
+        snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", pci.domain & 0xffff, pci.bus & 0xff,
+                 pci.device & 0xff);
+        rc = json_object_set_new(g, "pci_bus_id", json_string(bus));
+    }
+    if (rc == 0 && driver[0])
+        rc = json_object_set_new(g, "driver", json_string(driver));
+    int ma = 0, mi = 0;
+    if (rc == 0 && nv.cc && nv.cc(d, &ma, &mi) == 0) {
+        char cc[32];
+        snprintf(cc, sizeof cc, "%d.%d", ma, mi);
+        rc = json_object_set_new(g, "compute_capability", json_string(cc));
+    }
+    if (rc < 0) {
+        json_decref(g);
+        return NULL;
+    }
+    return g;
+}
+
 json_t *agent_facts_gpus(void)
 {
     json_t *out = json_array();
@@ -144,43 +192,11 @@ json_t *agent_facts_gpus(void)
         nvml_device d = NULL;
         if (nv.handle(i, &d) != 0)
             continue;
-        json_t *g = json_pack("{s:s,s:I}", "vendor", "nvidia", "index", (json_int_t)i);
-        char name[128] = "";
-        if (nv.name && nv.name(d, name, sizeof name) == 0)
-            json_object_set_new(g, "name", json_string(name));
-        nvml_memory m;
-        if (nv.memory && nv.memory(d, &m) == 0) {
-            json_object_set_new(g, "vram_total", json_integer((json_int_t)m.total));
-            json_object_set_new(g, "vram_used", json_integer((json_int_t)m.used));
-            json_object_set_new(g, "vram_free", json_integer((json_int_t)m.free));
+        /* A GPU left out would read as one this host no longer has. */
+        if (json_array_append_new(out, gpu_facts(d, i, driver)) < 0) {
+            json_decref(out);
+            return NULL;
         }
-        nvml_utilization u;
-        if (nv.util && nv.util(d, &u) == 0)
-            json_object_set_new(g, "utilization", json_real(u.gpu / 100.0));
-        unsigned int t = 0;
-        if (nv.temp && nv.temp(d, 0 /* NVML_TEMPERATURE_GPU */, &t) == 0)
-            json_object_set_new(g, "temperature", json_integer(t));
-        unsigned int mw = 0;
-        if (nv.power && nv.power(d, &mw) == 0)
-            json_object_set_new(g, "power_w", json_real(mw / 1000.0));
-        nvml_pci pci;
-        if (nv.pci && nv.pci(d, &pci) == 0) {
-            /* The same form CUDA reports (cudaDeviceGetPCIBusId): the
-             * backend finds its devices in this list by it. */
-            char bus[32];
-            snprintf(bus, sizeof bus, "%04x:%02x:%02x.0", pci.domain & 0xffff, pci.bus & 0xff,
-                     pci.device & 0xff);
-            json_object_set_new(g, "pci_bus_id", json_string(bus));
-        }
-        if (driver[0])
-            json_object_set_new(g, "driver", json_string(driver));
-        int ma = 0, mi = 0;
-        if (nv.cc && nv.cc(d, &ma, &mi) == 0) {
-            char cc[32];
-            snprintf(cc, sizeof cc, "%d.%d", ma, mi);
-            json_object_set_new(g, "compute_capability", json_string(cc));
-        }
-        json_array_append_new(out, g);
     }
     return out;
 }

@@ -16,7 +16,8 @@
 /* Facts that do not change while the agent runs: {"platform":"linux-x86_64",
  * "cpu":{"vendor":"cpu","name":...,"cores":N}}. New reference. */
 json_t *agent_facts_static(void);
-/* Live GPU list (NVML), [] when NVML is absent or fails. New reference.
+/* Live GPU list (NVML), [] when NVML is absent or fails. New reference;
+ * NULL only when memory ran out (never a GPU or a figure left out).
  * Each entry: vendor, index (NVML's, as nvidia-smi shows), name,
  * vram_total/used/free (bytes), utilization (0..1), temperature (C),
  * power_w, pci_bus_id ("0000:3b:00.0", lower case), driver,

@@ -262,6 +262,9 @@ void ag_job_cancel(agent *a, agent_job *j);
 void ag_loop_wake_fd(agent *a);
 void ag_job_link_locked(agent *a, agent_job *j);
 void ag_job_free(agent_job *j);
+/* The /agents/work body as text (owned; *len its length), whole or NULL
+ * (out of memory: not sent, tried again a second later). */
+char *ag_work_body(agent *a, int free_slots, size_t *len);
 void ag_work_start(agent *a, int free_slots);
 void ag_work_stale_done(agent *a, CURLcode rc, long status, json_t *body);
 void ag_work_done(agent *a, CURLcode rc, long status, json_t *body);
@@ -274,6 +277,9 @@ req *ag_req_start(agent *a, req_kind kind, const char *path, json_t *body, long 
                   const char *correlation_id);
 void ag_req_done_free(agent *a, req *r);
 void ag_req_abort(agent *a, req *r);
+/* The /agents/poll body (new reference), whole or NULL (out of memory:
+ * not sent, tried again a second later). */
+json_t *ag_poll_body(agent *a);
 void ag_poll_start(agent *a);
 uint32_t ag_server_unreachable(agent *a, const char *what, const char *detail);
 const char *ag_error_text(json_t *body);

@@ -574,7 +574,12 @@ static void job_begin(agent *a, json_t *jj)
 
 /* The backend's prefix_cache facts (gguf), or NULL: sent with every
  * long-poll too, so that the server routes a conversation's next turn by
- * what the slots hold now, not at the last heartbeat. New reference. */
+ * what the slots hold now, not at the last heartbeat. New reference.
+ * Facts that memory ran out making are left out (NULL), never sent in
+ * part: a deploy backend cut short keeps its first model's prefix_cache,
+ * whose slot numbers collide with the others'. Without it the server keeps
+ * the picture it had (prefix routing is a preference); the long-poll goes
+ * all the same, as the agent's liveness channel (docs/protocol.md). */
 static json_t *prefix_facts(agent *a)
 {
     if (!a->be->ops->poll_facts)
@@ -582,7 +587,10 @@ static json_t *prefix_facts(agent *a)
     json_t *tmp = json_object();
     if (!tmp)
         return NULL;
-    a->be->ops->poll_facts(a->be, tmp);
+    if (a->be->ops->poll_facts(a->be, tmp) < 0) {
+        json_decref(tmp);
+        return NULL;
+    }
     json_t *pc = json_incref(json_object_get(tmp, "prefix_cache"));
     json_decref(tmp);
     return pc;
@@ -632,8 +640,11 @@ static int live_ids_text(agent *a)
 /* The long-poll's body as json_pack and add_liveness made it, written as
  * text: {"agent_id":..,"free_slots":N,"instance":..,"running_jobs":[..],
  * "delivery_seen":..,"prefix_cache":{..}}; running_jobs and delivery_seen
- * only when the list is due (AGENT_LIVE_LIST_MS). Owned text, or NULL. */
-static char *work_body(agent *a, int free_slots, size_t *len)
+ * only when the list is due (AGENT_LIVE_LIST_MS). Owned text, or NULL when
+ * memory ran out: never a member cut short (a running job left out of the
+ * list would have its attempt ended under it). The list and the prefix
+ * facts count as sent only once the body is whole. */
+char *ag_work_body(agent *a, int free_slots, size_t *len)
 {
     gp_buf b;
     gp_buf_init(&b);
@@ -656,24 +667,26 @@ static char *work_body(agent *a, int free_slots, size_t *len)
                      gp_buf_append(&b, "]", 1) < 0
                  ? -1
                  : 0;
-        a->live_sent_ms = now ? now : 1;
     }
     if (rc == 0 && list && a->delivery_seen[0])
         rc = gp_buf_append(&b, ",\"delivery_seen\":", 17) < 0 ||
                      gp_json_str_append(&b, a->delivery_seen) < 0
                  ? -1
                  : 0;
-    if (rc == 0 && pc) {
-        a->prefix_reported = json_is_true(json_object_get(pc, "enabled"));
+    if (rc == 0 && pc)
         rc = gp_buf_append(&b, ",\"prefix_cache\":", 16) < 0 || gp_json_dump_append(&b, pc) < 0
                  ? -1
                  : 0;
-    }
-    json_decref(pc);
     if (rc < 0 || gp_buf_append(&b, "}", 1) < 0) {
+        json_decref(pc);
         gp_buf_free(&b);
         return NULL;
     }
+    if (list)
+        a->live_sent_ms = now ? now : 1;
+    if (pc)
+        a->prefix_reported = json_is_true(json_object_get(pc, "enabled"));
+    json_decref(pc);
     *len = b.len;
     return gp_buf_steal(&b);
 }
@@ -681,7 +694,7 @@ static char *work_body(agent *a, int free_slots, size_t *len)
 void ag_work_start(agent *a, int free_slots)
 {
     size_t len = 0;
-    char *body = work_body(a, free_slots, &len);
+    char *body = ag_work_body(a, free_slots, &len);
     long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
     a->work_req = ag_req_start_text(a, a->cur, REQ_WORK, "/agents/work", body, len, timeout, NULL);
     a->work_free = free_slots;

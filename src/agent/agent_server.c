@@ -212,28 +212,40 @@ void ag_req_abort(agent *a, req *r)
 /* What the server needs to know this process and the jobs it holds
  * (docs/protocol.md "Liveness"): instance, every job not yet reaped
  * (running, or finished with events still to deliver), and the last work
- * reply read before the list was made. */
-static void add_liveness(agent *a, json_t *body, bool with_jobs)
+ * reply read before the list was made. 0, or -1 when memory ran out: a
+ * list with a job left out would have the server end that job's attempt
+ * (agent_dropped_job) while it still runs here, so the caller sends
+ * nothing rather than a short list. */
+static int add_liveness(agent *a, json_t *body)
 {
-    json_object_set_new(body, "instance", json_string(a->instance));
-    if (!with_jobs)
-        return;
+    if (json_object_set_new(body, "instance", json_string(a->instance)) < 0)
+        return -1;
     json_t *ids = json_array();
     /* An id passed job_id_ok (ASCII): no UTF-8 check needed, one a running
      * job in every long-poll (issue 24). */
     for (agent_job *j = a->jobs; j && ids; j = j->next)
-        if (j->srv == a->cur) /* another server's jobs mean nothing here */
-            json_array_append_new(ids, json_string_nocheck(j->id));
-    if (ids)
-        json_object_set_new(body, "running_jobs", ids);
-    if (a->delivery_seen[0])
-        json_object_set_new(body, "delivery_seen", json_string(a->delivery_seen));
+        if (j->srv == a->cur && /* another server's jobs mean nothing here */
+            json_array_append_new(ids, json_string_nocheck(j->id)) < 0) {
+            json_decref(ids);
+            ids = NULL;
+        }
+    if (json_object_set_new(body, "running_jobs", ids) < 0)
+        return -1;
+    if (a->delivery_seen[0] &&
+        json_object_set_new(body, "delivery_seen", json_string(a->delivery_seen)) < 0)
+        return -1;
+    return 0;
 }
 
-static json_t *poll_body(agent *a)
+/* The heartbeat's body, whole or NULL: every member a lack of memory cut
+ * short or left out (static facts, gpus, the backend's facts, a running
+ * job) would tell the server less than the truth, so there is no poll
+ * then, the next one in a second (ag_poll_start). */
+json_t *ag_poll_body(agent *a)
 {
     int busy = ag_busy_slots(a), total, usable;
     ag_slot_counts(a, &total, &usable);
+    /* json_pack refuses a NULL "o": models() is whole or NULL (backend.h). */
     json_t *b = json_pack("{s:s,s:s,s:s,s:o,s:{s:I,s:i},s:i,s:O,s:s}", "agent_id", a->id,
                           "name", a->name, "version", AGENT_VERSION, "models",
                           a->be->ops->models(a->be), "slots", "total",
@@ -241,27 +253,27 @@ static json_t *poll_body(agent *a)
                           a->labels, "status", a->draining ? "draining" : "online");
     if (!b)
         return NULL;
-    json_object_update(b, a->static_facts);
-    json_object_set_new(b, "gpus", agent_facts_gpus());
-    if (!json_object_get(b, "models"))
-        json_object_set_new(b, "models", json_array());
-    /* The backend in use (docs/protocol.md "Backend and GPUs"): the gguf
+    /* gpus: [] on a host without NVML, NULL only when memory ran out. The
+     * backend in use (docs/protocol.md "Backend and GPUs"): the gguf
      * backend says cuda or cpu in its poll_facts. */
-    json_object_set_new(b, "backend", json_string(a->be->ops->name));
-    /* Facts cut short by a lack of memory would tell the server less than
-     * the truth (a deployment dropped, a model unloaded): no poll now, the
-     * next one in a second (ag_poll_start). */
-    if (a->be->ops->poll_facts && a->be->ops->poll_facts(a->be, b) < 0) {
-        json_decref(b);
-        return NULL;
-    }
-    add_liveness(a, b, true);
+    if (json_object_update(b, a->static_facts) < 0 ||
+        json_object_set_new(b, "gpus", agent_facts_gpus()) < 0 ||
+        json_object_set_new(b, "backend", json_string(a->be->ops->name)) < 0)
+        goto fail;
+    /* Facts cut short would say a deployment dropped, a model unloaded. */
+    if (a->be->ops->poll_facts && a->be->ops->poll_facts(a->be, b) < 0)
+        goto fail;
+    if (add_liveness(a, b) < 0)
+        goto fail;
     return b;
+fail:
+    json_decref(b);
+    return NULL;
 }
 
 void ag_poll_start(agent *a)
 {
-    json_t *body = poll_body(a);
+    json_t *body = ag_poll_body(a);
     a->poll_req = body ? ag_req_start(a, REQ_POLL, "/agents/poll", body,
                                    (long)a->o->request_timeout_sec * 1000, NULL)
                        : NULL;
