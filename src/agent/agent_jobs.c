@@ -610,6 +610,9 @@ static json_t *prefix_facts(agent *a)
  * the current server too, which only delays a lost job's end there.
  */
 #define AGENT_LIVE_LIST_MS 1000
+/* A long-poll that could not be made (out of memory) is tried again after
+ * this long (ag_work_start). */
+#define AGENT_WORK_RETRY_MS 100
 #define AGENT_LIVE_LIST_SMALL 16
 
 /* running_jobs of the server polled now as JSON text (without brackets),
@@ -698,8 +701,12 @@ void ag_work_start(agent *a, int free_slots)
     long timeout = (long)a->work_wait_ms + 15000; /* the server holds it up to work_wait */
     a->work_req = ag_req_start_text(a, a->cur, REQ_WORK, "/agents/work", body, len, timeout, NULL);
     a->work_free = free_slots;
+    /* Short of memory for the body or the request: again soon. While no
+     * long-poll is parked the server counts agent_disconnect_grace_ms
+     * (default 1000) before it ends our running jobs: the retry must
+     * come well inside it. */
     if (!a->work_req)
-        a->next_work_ms = gp_now_mono_ms() + 1000;
+        a->next_work_ms = gp_now_mono_ms() + AGENT_WORK_RETRY_MS;
 }
 
 /* The jobs of a 200 work reply, and its delivery token (echoed from now

@@ -166,9 +166,13 @@ static long long mem_available(void)
 }
 
 /* Any GPU in the facts (entries of vendor "cpu" are the host's CPU). */
-static bool have_gpu(void)
+/* 1 a GPU, 0 none, -1 out of memory reading them (not "none": a GPU host
+ * would get the RAM check and a wrong "does not fit"). */
+static int have_gpu(void)
 {
     json_t *g = agent_facts_gpus();
+    if (!g)
+        return -1;
     size_t i;
     json_t *x;
     bool any = false;
@@ -178,7 +182,7 @@ static bool have_gpu(void)
         any |= !v || strcmp(v, "cpu") != 0;
     }
     json_decref(g);
-    return any;
+    return any ? 1 : 0;
 }
 
 /* Download (or find in the cache) h's file; called without mu (h->spec
@@ -225,7 +229,13 @@ static agent_backend *load_file(deploy_backend *b, held *h, bool *nomem, char *e
      * file for the KV cache and scratch). CUDA has its own preflight. */
     long long avail = mem_available(), need = h->total + h->total / 10;
     bool cpu = b->o->backend && strcmp(b->o->backend, "cpu") == 0;
-    if ((cpu || !have_gpu()) && avail >= 0 && h->total > 0 && avail < need) {
+    int gpu = cpu ? 0 : have_gpu();
+    if (gpu < 0) {
+        *nomem = true;
+        snprintf(err, errlen, "out of memory reading the GPUs");
+        return NULL;
+    }
+    if (!gpu && avail >= 0 && h->total > 0 && avail < need) {
         snprintf(err, errlen, "does not fit: needs about %lld MiB of memory, %lld MiB available",
                  need >> 20, avail >> 20);
         return NULL;
