@@ -335,6 +335,14 @@ json_t *tasks_status(task *t)
     return o;
 }
 
+/* What a failed task read from its row says as its error's message: the
+ * one the row keeps (migration 0014), else, for a row written before it or
+ * without one, its code. */
+static const char *cold_message(const gps_store_job_info *j)
+{
+    return j->error_message && j->error_message[0] ? j->error_message : j->error_code;
+}
+
 json_t *tasks_status_cold(const gps_store_job_info *j)
 {
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:i,s:s}", "job_id", j->id, "status", j->status,
@@ -363,7 +371,7 @@ json_t *tasks_status_cold(const gps_store_job_info *j)
                              j->finish_reason ? j->finish_reason : "stop"));
     else if (j->error_code)
         bad += set(o, "error", json_pack("{s:s,s:s}", "code", j->error_code, "message",
-                                         j->error_code));
+                                         cold_message(j)));
     if (bad) {
         json_decref(o);
         return NULL;
@@ -390,7 +398,7 @@ static int cold_terminal(gp_buf *out, const gps_store_job_info *j, long long seq
     } else {
         type = "error";
         data = json_pack("{s:s,s:s}", "code", j->error_code ? j->error_code : "FAILED",
-                         "message", j->error_code ? j->error_code : "the job failed");
+                         "message", j->error_code ? cold_message(j) : "the job failed");
     }
     json_t *ev = json_pack("{s:I,s:s,s:o}", "seq", (json_int_t)seq, "type", type, "data", data);
     int rc = ev ? tasks_sse_frame(out, ev) : -1;

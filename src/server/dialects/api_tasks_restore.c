@@ -43,6 +43,7 @@ void tasks_restore_fail(gps_tasks *g, task *t, const char *code, const char *mes
         u.lease_attempt = t->lease_attempt;
         u.status = strcmp(code, "CANCELLED") == 0 ? "cancelled" : "failed";
         u.error_code = code;
+        u.error_message = message;
         u.finished_at = gp_now_wall_ms();
         gps_store_job_update_async(g->store, u);
     }
@@ -259,6 +260,7 @@ int tasks_restore(gps_tasks *g, const gps_store_job_info *j, int64_t lease_attem
             u.status = done ? "done" : "failed";
             u.finish_reason = done ? json_string_value(json_object_get(d, "finish_reason")) : NULL;
             u.error_code = done ? NULL : json_string_value(json_object_get(d, "code"));
+            u.error_message = done ? NULL : json_string_value(json_object_get(d, "message"));
             u.finished_at = gp_now_wall_ms();
             gps_store_job_update_async(g->store, u);
             if (done)
@@ -336,6 +338,7 @@ static int unfinished_row(void *arg, const gps_store_job_info *j)
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(j->id);
     u.status = "failed";
     u.error_code = "SERVER_RESTART";
+    u.error_message = "the server restarted and the request could not be resumed";
     u.finished_at = gp_now_wall_ms();
     gps_store_job_update_async(c->g->store, u);
     return 0;

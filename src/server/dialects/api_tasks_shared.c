@@ -503,6 +503,7 @@ static void claimed_job(void *arg, int status, const gps_store_job_info *j)
         u.lease_attempt = attempt;
         u.status = "failed";
         u.error_code = "SERVER_RESTART";
+        u.error_message = "the task's server was lost and the task could not be resumed";
         u.finished_at = gp_now_wall_ms();
         gps_store_job_update_async(g->store, u);
         return;

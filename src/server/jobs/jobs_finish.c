@@ -93,6 +93,10 @@ void jobs_persist(gps_jobs *j, gps_job *job)
         u.total_ms = jobs_total_ms(job);
         u.finish_reason = job->finish_reason[0] ? job->finish_reason : NULL;
         u.error_code = job->error_code[0] ? job->error_code : NULL;
+        /* Only a row that does not coalesce takes a message (store.h):
+         * native tasks', the rows read back to show it (GET /v2/tasks). */
+        if (u.error_code && !u.coalesce)
+            u.error_message = job->error_message;
         u.finished_at = gp_now_wall_ms();
     }
     if (gps_store_job_update_async(j->store, u) < 0)
@@ -227,7 +231,9 @@ void jobs_fail_job(gps_jobs *j, gps_job *job, int status, const char *code,
     json_t *ev = error_event(j, status, code, message, retry_after);
     leave_agent(j, job, false);
     snprintf(job->error_code, sizeof job->error_code, "%s", told_code(j, ev, code));
+    job->error_message = json_string_value(json_object_get(ev, "message"));
     jobs_finish(j, job, GPS_JOB_FAILED);
+    job->error_message = NULL;
     gp_log_write(GP_LOG_WARN, "job_failed", job->correlation_id,
                  json_pack("{s:s,s:s,s:i,s:s}", "job_id", job->id, "code", code, "status",
                            status, "agent_id", job->agent_id),
@@ -272,7 +278,9 @@ void gps_jobs_cancel(gps_jobs *j, gps_job *job, const char *reason)
      * (500), not a cancel: the row says the same, failed (as any job the
      * server failed), never cancelled with an INTERNAL code. The agent
      * still gets its cancel (leave_agent) and is not blamed. */
+    job->error_message = json_string_value(json_object_get(ev, "message"));
     jobs_finish(j, job, ev == j->oom_ev ? GPS_JOB_FAILED : GPS_JOB_CANCELLED);
+    job->error_message = NULL;
     gp_log_write(GP_LOG_INFO, "job_cancelled", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:I,s:I,s:b}", "job_id", job->id, "reason",
                            reason ? reason : "", "agent_id", job->agent_id, "prompt_tokens",

@@ -56,6 +56,9 @@ struct gps_job {
     long long progress_total;     /*   prompt tokens done / in all; 0 = none yet */
     char finish_reason[16];       /* from end: stop | length | tool_calls */
     char error_code[48];          /* failed / cancelled */
+    const char *error_message;    /* borrowed from the error event, during the
+                                     jobs_finish that ends the job only: the
+                                     row keeps it (jobs_persist) */
     /* How the current attempt continues earlier output (continue-mode
      * failover): "tokens" (from the generated token ids, byte-exact: the
      * agents serve the same model file by digest), "text" (the text so far

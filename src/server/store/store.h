@@ -89,6 +89,8 @@
  *          priority INTEGER NOT NULL (0 interactive, 1 batch), attempts INTEGER,
  *          prompt_tokens, completion_tokens, queue_ms, ttft_ms, total_ms INTEGER,
  *          finish_reason, error_code, correlation_id TEXT, seed INTEGER,
+ *          error_message TEXT       -- migration 0014: what error_code's client
+ *                                      was told (<= 1 KiB), NULL before it
  *          request TEXT             -- JSON input; only when log_prompts or native API
  *          created_at INTEGER NOT NULL, finished_at INTEGER (NULL while unfinished))
  *     -- the request log; index on finished_at (retention) and a partial
@@ -293,6 +295,12 @@ typedef struct gps_store_job_update {
     long long queue_ms, ttft_ms, total_ms;
     const char *finish_reason;
     const char *error_code;
+    /* What the client was told with error_code (migration 0014): kept up
+     * to STORE's 1 KiB, cut at a UTF-8 character boundary, for a native
+     * task read back from its row. A write with a message never folds
+     * (coalesce is ignored): give one only for rows that do not coalesce.
+     * A schema without the column writes the rest of the update. */
+    const char *error_message;
     int64_t finished_at;         /* wall ms; <= 0 unchanged */
     int64_t lease_attempt;       /* > 0: only while the row's lease_attempt is this
                                     (migration 0010: a shared native task's holder) */
@@ -389,6 +397,8 @@ typedef struct gps_store_job_info {
     long long prompt_tokens, completion_tokens;   /* -1 = NULL in the DB */
     long long queue_ms, ttft_ms, total_ms;        /* -1 = NULL */
     const char *finish_reason, *error_code, *correlation_id;
+    const char *error_message;                    /* NULL: none stored (a row before
+                                                     migration 0014, or no message) */
     bool has_seed;
     long long seed;
     int64_t created_at, finished_at;              /* finished_at 0 = unfinished */

@@ -60,7 +60,9 @@ static bool run_op(gps_store *s, op *o, bool *failed)
     int64_t changes = 0;
     switch (o->kind) {
     case K_JOB_GET: {
-        int rc = store_stmt_exec(c, o->kind, o->v, o->nv, keep_first_row, o, &stopped, NULL);
+        /* With the error message where the schema has it (migration 0014). */
+        int k = store_conn_stmt(c, K_JOB_GET_MSG) ? K_JOB_GET_MSG : K_JOB_GET;
+        int rc = store_stmt_exec(c, k, o->v, o->nv, keep_first_row, o, &stopped, NULL);
         o->status = rc != 0 || stopped < 0 ? -1 : o->result ? 0 : 1;
         if (o->status == 0 && store_events_collect(c, o->v[0].s, &o->events) < 0) {
             /* A job without its event log (or with part of it) would be

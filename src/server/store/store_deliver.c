@@ -56,6 +56,7 @@ int store_job_info_from_row(const row *r, gps_store_job_info *ji, json_t **reque
     ji->seed = ri(r, 17, 0);
     ji->created_at = ri(r, 18, 0);
     ji->finished_at = ri(r, 19, 0);
+    ji->error_message = r->n > JOB_COL_ERROR_MESSAGE ? rs(r, JOB_COL_ERROR_MESSAGE) : NULL;
     /* A request text that is not JSON (a row edited by hand) reads as no
      * request, as it always did. Out of memory is the read's failure
      * instead: a native task resumed from a request missing, or read with a

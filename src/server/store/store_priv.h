@@ -109,6 +109,11 @@ enum {
     /* what each server's agents could take now (migration 0013) */
     K_SERVER_FREE,
     K_HANDOFF_PEERS_FREE,
+    /* a failed job's message beside its code (migration 0014): the
+     * updates that write it and the job read that returns it */
+    K_JOB_UPDATE_MSG,
+    K_JOB_UPDATE_FENCED_MSG,
+    K_JOB_GET_MSG,
     K_COUNT
 };
 
@@ -129,12 +134,17 @@ enum {
  *   behind them. */
 enum { F_OPT = 1, F_SYNC = 2, F_CELLS = 4, F_BESIDE = 8 };
 
-#define JOB_COLUMNS                                                                          \
+#define JOB_COLUMNS_LIST                                                                     \
     "j.id, j.api, j.kind, j.model, j.key_id, j.agent_id, j.status, j.priority, j.attempts, " \
     "j.prompt_tokens, j.completion_tokens, j.queue_ms, j.ttft_ms, j.total_ms, "              \
     "j.finish_reason, j.error_code, j.correlation_id, j.seed, j.created_at, j.finished_at, " \
-    "j.request, c.text, c.last_seq "                                                         \
-    "FROM jobs j LEFT JOIN job_checkpoints c ON c.job_id = j.id "
+    "j.request, c.text, c.last_seq "
+#define JOB_COLUMNS_FROM "FROM jobs j LEFT JOIN job_checkpoints c ON c.job_id = j.id "
+#define JOB_COLUMNS JOB_COLUMNS_LIST JOB_COLUMNS_FROM
+/* Column of j.error_message in K_JOB_GET_MSG's row (after JOB_COLUMNS'). */
+#define JOB_COL_ERROR_MESSAGE 23
+/* The most bytes of a job's error message the row keeps (migration 0014). */
+#define STORE_ERROR_MESSAGE_MAX 1024
 
 #define PURGE_CHUNK 1000
 

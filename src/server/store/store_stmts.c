@@ -537,4 +537,31 @@ const store_stmt store_stmts[K_COUNT] = {
         "completion_tokens, queue_ms, ttft_ms, total_ms, finish_reason, error_code, "
         "finished_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, "
         "?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)", NULL},
+    /* K_JOB_UPDATE and K_JOB_UPDATE_FENCED that also write the error
+     * message (?13); never folded (store_write.c: only rows that do not
+     * coalesce carry a message). */
+
+    [K_JOB_UPDATE_MSG] = {"job_update_msg", F_OPT,
+        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
+        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
+        "completion_tokens = COALESCE(?6, completion_tokens), "
+        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
+        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
+        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at), "
+        "error_message = COALESCE(?13, error_message) WHERE id = ?1", NULL},
+
+    [K_JOB_UPDATE_FENCED_MSG] = {"job_update_fenced_msg", F_OPT,
+        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
+        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
+        "completion_tokens = COALESCE(?6, completion_tokens), "
+        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
+        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
+        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at), "
+        "error_message = COALESCE(?13, error_message) WHERE id = ?1 AND lease_attempt = ?14",
+        NULL},
+    /* K_JOB_GET with the message as column JOB_COL_ERROR_MESSAGE; K_JOB_GET
+     * ops run it when the schema has the column (store_db.c). */
+
+    [K_JOB_GET_MSG] = {"job_get_msg", F_OPT,
+        "SELECT " JOB_COLUMNS_LIST ", j.error_message " JOB_COLUMNS_FROM "WHERE j.id = ?1", NULL},
 };

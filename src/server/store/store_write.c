@@ -111,10 +111,48 @@ bool gps_store_has_job_owners(gps_store *s)
     return s && s->w.ok[K_JOB_INSERT_OWNED] && s->w.ok[K_JOBS_FAIL_ORPHANS];
 }
 
+/* How much of an error message the row keeps: STORE_ERROR_MESSAGE_MAX
+ * bytes at most, cut before a character the limit would split (a hostile
+ * agent's message must not bloat the row, nor leave it invalid UTF-8). */
+static size_t error_message_len(const char *m)
+{
+    size_t n = strlen(m);
+    if (n <= STORE_ERROR_MESSAGE_MAX)
+        return n;
+    n = STORE_ERROR_MESSAGE_MAX;
+    while (n > 0 && ((unsigned char)m[n] & 0xC0) == 0x80)
+        n--;
+    return n;
+}
+
+/* K_JOB_UPDATE(_FENCED) with the message too (migration 0014). Never
+ * folded: fold_pack knows the plain update's values only. */
+static int job_update_msg(gps_store *s, const gps_store_job_update *u)
+{
+    size_t len = error_message_len(u->error_message);
+    if (u->lease_attempt > 0)
+        return store_row_op(s, false, K_JOB_UPDATE_FENCED_MSG, "tttnnnnnnttnTi", u->id,
+                            u->status, u->agent_id, (int64_t)u->attempts,
+                            (int64_t)u->prompt_tokens, (int64_t)u->completion_tokens,
+                            (int64_t)u->queue_ms, (int64_t)u->ttft_ms, (int64_t)u->total_ms,
+                            u->finish_reason, u->error_code,
+                            (int64_t)(u->finished_at > 0 ? u->finished_at : -1),
+                            u->error_message, len, (int64_t)u->lease_attempt);
+    return store_row_op(s, false, K_JOB_UPDATE_MSG, "tttnnnnnnttnT", u->id, u->status,
+                        u->agent_id, (int64_t)u->attempts, (int64_t)u->prompt_tokens,
+                        (int64_t)u->completion_tokens, (int64_t)u->queue_ms,
+                        (int64_t)u->ttft_ms, (int64_t)u->total_ms, u->finish_reason,
+                        u->error_code, (int64_t)(u->finished_at > 0 ? u->finished_at : -1),
+                        u->error_message, len);
+}
+
 int gps_store_job_update_async(gps_store *s, gps_store_job_update u)
 {
     if (!u.id)
         return -1;
+    if (u.error_message && s &&
+        s->w.ok[u.lease_attempt > 0 ? K_JOB_UPDATE_FENCED_MSG : K_JOB_UPDATE_MSG])
+        return job_update_msg(s, &u);
     if (u.lease_attempt > 0)
         return store_row_op(s, false, K_JOB_UPDATE_FENCED, "tttnnnnnnttni", u.id, u.status,
                             u.agent_id, (int64_t)u.attempts, (int64_t)u.prompt_tokens,

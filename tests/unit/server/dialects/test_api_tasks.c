@@ -10,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
+#include <event2/event.h>
 
 #include "common/gp_json.h"
 #include "common/gp_util.h"
@@ -435,6 +438,168 @@ static void test_cold_frames_oom(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* A failed task read back from a real SQLite file says its message   */
+/* ------------------------------------------------------------------ */
+
+typedef struct cold_read {
+    int calls, status;
+    json_t *status_body;   /* tasks_status_cold's */
+    json_t *error_data;    /* data of the replayed terminal event */
+} cold_read;
+
+/* The replay's last frame's data: "data: {...}\n\n" at the end of out. */
+static json_t *last_frame_data(const gp_buf *out)
+{
+    const char *d = NULL;
+    for (const char *p = out->data; p && p < out->data + out->len; p++) {
+        p = memmem(p, (size_t)(out->data + out->len - p), "data: ", 6);
+        if (!p)
+            break;
+        d = p + 6;
+    }
+    assert_non_null(d);
+    json_error_t e;
+    json_t *v = json_loadb(d, strcspn(d, "\n"), 0, &e);
+    assert_non_null(v);
+    return v;
+}
+
+static void on_cold(void *arg, int status, const gps_store_job_info *j)
+{
+    cold_read *r = arg;
+    r->calls++;
+    r->status = status;
+    if (status != 0)
+        return;
+    r->status_body = tasks_status_cold(j);
+    gp_buf out = {0};
+    long long next;
+    assert_true(tasks_cold_frames(j, 0, &out, &next) >= 0);
+    r->error_data = last_frame_data(&out);
+    gp_buf_free(&out);
+}
+
+/* Read job id from the store s and check what GET and a replay say. */
+static void check_cold(struct event_base *base, gps_store *s, const char *id,
+                       const char *code, const char *message)
+{
+    cold_read r = {0};
+    assert_int_equal(gps_store_job_get_async(s, id, on_cold, &r), 0);
+    struct timeval tv = {0, 10000};
+    for (int i = 0; i < 2000 && !r.calls; i++) {
+        event_base_loopexit(base, &tv);
+        event_base_dispatch(base);
+    }
+    assert_int_equal(r.calls, 1);
+    assert_int_equal(r.status, 0);
+    json_t *want = json_pack("{s:s,s:s}", "code", code, "message", message);
+    json_t *got = json_object_get(r.status_body, "error");
+    if (!json_equal(got, want)) {
+        print_diff("GET error", got, want);
+        fail();
+    }
+    if (!json_equal(r.error_data, want)) {
+        print_diff("replayed error event", r.error_data, want);
+        fail();
+    }
+    json_decref(want);
+    json_decref(r.status_body);
+    json_decref(r.error_data);
+}
+
+/* A native task's row ended failed with its code and message, no event
+ * log (its last batch never recorded: the replay rebuilds the event). */
+static void fail_row(gps_store *s, const char *id, const char *code, const char *message)
+{
+    json_t *req = json_pack("{s:s,s:s}", "model", "m", "prompt", "hi");
+    assert_non_null(req);
+    gps_store_job_row row = {.id = id, .api = "native", .kind = "completion", .model = "m",
+                             .status = "queued", .created_at = 1000, .request = req};
+    assert_int_equal(gps_store_job_insert(s, row), 0);
+    json_decref(req);
+    gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT(id);
+    u.status = "failed";
+    u.error_code = code;
+    u.error_message = message;
+    u.finished_at = 2000;
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+}
+
+static void copy_migration(const char *dir, const char *name)
+{
+    char src[512], dst[512];
+    snprintf(src, sizeof src, "%s/migrations/%s", GP_SOURCE_DIR, name);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    size_t len;
+    char *sql = gp_read_file(src, &len, 1 << 20);
+    assert_non_null(sql);
+    FILE *f = fopen(dst, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(sql, 1, len, f), len);
+    fclose(f);
+    free(sql);
+}
+
+static void test_failed_row_message(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gp_taskmsg_XXXXXX", db[128], mdir[128], cmd[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(db, sizeof db, "%s/pool.db", dir);
+    snprintf(mdir, sizeof mdir, "%s/mig", dir);
+    assert_int_equal(mkdir(mdir, 0755), 0);
+    /* A DB of the version before 0014 (its migrations as shipped). */
+    static const char *const older[] = {
+        "0001_init.sql", "0002_job_events.sql", "0003_key_limits.sql",
+        "0004_jobs_created_index.sql", "0005_model_pins.sql", "0006_responses.sql",
+        "0007_deployments.sql", "0008_responses_trim_index.sql", "0009_servers.sql",
+        "0010_task_leases.sql", "0011_handoffs.sql", "0012_task_cancel.sql",
+        "0013_server_free.sql"};
+    for (size_t i = 0; i < sizeof older / sizeof older[0]; i++)
+        copy_migration(mdir, older[i]);
+    struct event_base *base = event_base_new();
+    assert_non_null(base);
+    char err[512] = "";
+    gps_store_opts o = {.migrations_dir = mdir};
+    gps_store *s = gps_store_open(db, base, &o, err, sizeof err);
+    if (!s)
+        fail_msg("open (older schema): %s", err);
+    /* The older schema has no column: the rest of the row is written. */
+    fail_row(s, "t_old", "AGENT_LOST", "the agent was lost while generating");
+    gps_store_close(s);
+
+    /* This binary's migrations, 0014 applied to the older DB. */
+    s = gps_store_open(db, base, NULL, err, sizeof err);
+    if (!s)
+        fail_msg("open (migrated): %s", err);
+    const char *lost = "the agent was lost while generating; no other agent could continue";
+    fail_row(s, "t_lost", "AGENT_LOST", lost);
+    /* An agent's own message past the bound: cut at 1 KiB, before the
+     * 3-byte character that would straddle it. */
+    char big[1100];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    memcpy(big + 1022, "\xe2\x82\xac", 3); /* bytes 1022..1024: past the bound */
+    fail_row(s, "t_big", "CONTEXT_OVERFLOW", big);
+    gps_store_close(s);
+
+    /* After a restart: read back from the file. */
+    s = gps_store_open(db, base, NULL, err, sizeof err);
+    if (!s)
+        fail_msg("reopen: %s", err);
+    check_cold(base, s, "t_lost", "AGENT_LOST", lost);
+    big[1022] = '\0';
+    check_cold(base, s, "t_big", "CONTEXT_OVERFLOW", big);
+    /* A row written before 0014 keeps today's answer: its code. */
+    check_cold(base, s, "t_old", "AGENT_LOST", "AGENT_LOST");
+    gps_store_close(s);
+    event_base_free(base);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     gp_json_init(); /* before arm swaps jansson's allocator (gp_json.h) */
@@ -448,6 +613,7 @@ int main(void)
         cmocka_unit_test(test_long_event_oom),
         cmocka_unit_test(test_follow_batch_oom),
         cmocka_unit_test(test_cold_frames_oom),
+        cmocka_unit_test(test_failed_row_message),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
