@@ -277,7 +277,7 @@ static void test_agents_and_models(void **state)
 
 typedef struct job_seen {
     int calls, status;
-    char status_s[20], checkpoint[64], prompt[32];
+    char status_s[20], checkpoint[64], prompt[32], error_code[32], error_message[64];
     long long seq, completion_tokens;
     size_t n_events;
     int64_t created_at;
@@ -296,6 +296,9 @@ static void see_job(job_seen *g, const gps_store_job_info *j)
     g->n_events = json_array_size(j->events);
     g->created_at = j->created_at;
     g->has_seed = j->has_seed;
+    snprintf(g->error_code, sizeof g->error_code, "%s", j->error_code ? j->error_code : "");
+    snprintf(g->error_message, sizeof g->error_message, "%s",
+             j->error_message ? j->error_message : "");
 }
 
 static void on_job(void *arg, int status, const gps_store_job_info *j)
@@ -369,6 +372,20 @@ static void test_jobs_survive_a_restart(void **state)
     assert_int_equal(l.calls, 1);
     assert_string_equal(l.checkpoint, "Once upon a time");
     assert_int_equal(l.n_events, 4);
+    /* The client's error message is kept with its code (migration 0014),
+     * on both engines. */
+    u = GPS_STORE_JOB_UPDATE_INIT("job_1");
+    u.status = "failed";
+    u.error_code = "AGENT_LOST";
+    u.error_message = "the agent was lost while generating";
+    assert_int_equal(gps_store_job_update_async(s, u), 0);
+    assert_int_equal(gps_store_flush(s), 0);
+    job_seen m = {0};
+    assert_int_equal(gps_store_job_get_async(s, "job_1", on_job, &m), 0);
+    loop_until(base, &m.calls);
+    assert_string_equal(m.status_s, "failed");
+    assert_string_equal(m.error_code, "AGENT_LOST");
+    assert_string_equal(m.error_message, "the agent was lost while generating");
     u = GPS_STORE_JOB_UPDATE_INIT("job_1");
     u.status = "done";
     u.finished_at = 1700000000999LL;
@@ -860,6 +877,21 @@ static void test_task_leases(void **state)
     assert_true(strstr(f1.attempt, "\"seq\":3") != NULL || strstr(f1.attempt, "\"seq\": 3"));
     assert_int_equal(f2.nrows, 2);
     assert_int_equal(f3.nrows, 0);
+
+    /* A fenced write keeps the client's error message too (0014). */
+    gps_store_job_update fm = GPS_STORE_JOB_UPDATE_INIT("job_l");
+    fm.status = "failed";
+    fm.error_code = "CONTEXT_OVERFLOW";
+    fm.error_message = "prompt and max_tokens exceed the context";
+    fm.lease_attempt = 2;
+    assert_int_equal(gps_store_job_update_async(b, fm), 0);
+    assert_int_equal(gps_store_flush(b), 0);
+    job_seen jm = {0};
+    assert_int_equal(gps_store_job_get_async(a, "job_l", on_job, &jm), 0);
+    loop_until(base, &jm.calls);
+    assert_string_equal(jm.status_s, "failed");
+    assert_string_equal(jm.error_code, "CONTEXT_OVERFLOW");
+    assert_string_equal(jm.error_message, "prompt and max_tokens exceed the context");
 
     /* A finished task is never claimed, expired or not. */
     gps_store_job_update u = GPS_STORE_JOB_UPDATE_INIT("job_l");
