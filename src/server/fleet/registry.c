@@ -35,6 +35,7 @@ typedef struct model_ent {
     size_t live_as_id;    /* of those, listing it as the public id */
     size_t live_tools;    /* of those, taking tools for it (supports_tools) */
     uint32_t mark;        /* registry_models_dropped: listed now by the agent looked at */
+    uint32_t mark_tools;  /* ... through a model taking tools */
 } model_ent;
 
 struct registry {
@@ -754,27 +755,38 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
     return a;
 }
 
-/* Every name of the list a lists now gets mark. */
-static void mark_names(registry *reg, const registry_agent *a, uint32_t mark)
+static void mark_name(registry *reg, const char *name, uint32_t mark, bool tools)
 {
-    for (size_t i = 0; i < a->n_models; i++) {
-        model_ent *e = smap_get(&reg->models, a->models[i].id);
-        if (e)
-            e->mark = mark;
-        for (size_t k = 0; k < a->models[i].n_aliases; k++) {
-            e = smap_get(&reg->models, a->models[i].aliases[k]);
-            if (e)
-                e->mark = mark;
-        }
+    model_ent *e = smap_get(&reg->models, name);
+    if (e) {
+        e->mark = mark;
+        if (tools)
+            e->mark_tools = mark;
     }
 }
 
-static void dropped_name(registry *reg, registry_agent *a, const char *name, uint32_t mark,
-                         registry_name_fn fn, void *ud)
+/* Every name of the list a lists now gets mark, and mark_tools too where
+ * a takes tools for it. */
+static void mark_names(registry *reg, const registry_agent *a, uint32_t mark)
+{
+    for (size_t i = 0; i < a->n_models; i++) {
+        bool t = a->models[i].supports_tools;
+        mark_name(reg, a->models[i].id, mark, t);
+        for (size_t k = 0; k < a->models[i].n_aliases; k++)
+            mark_name(reg, a->models[i].aliases[k], mark, t);
+    }
+}
+
+/* name was listed (with tools: took tools for it): not listed now, or
+ * listed but no more with tools. */
+static void dropped_name(registry *reg, registry_agent *a, const char *name, bool tools,
+                         uint32_t mark, registry_name_fn fn, void *ud)
 {
     const model_ent *e = smap_get(&reg->models, name);
     if (!e || e->mark != mark)
-        fn(ud, a, name);
+        fn(ud, a, name, false);
+    else if (tools && e->mark_tools != mark)
+        fn(ud, a, name, true);
 }
 
 void registry_models_dropped(registry *reg, registry_agent *a, registry_name_fn fn, void *ud)
@@ -792,9 +804,10 @@ void registry_models_dropped(registry *reg, registry_agent *a, registry_name_fn 
     uint32_t mark = reg->mark_gen;
     mark_names(reg, a, mark);
     for (size_t i = 0; i < n; i++) {
-        dropped_name(reg, a, before[i].id, mark, fn, ud);
+        bool t = before[i].supports_tools;
+        dropped_name(reg, a, before[i].id, t, mark, fn, ud);
         for (size_t k = 0; k < before[i].n_aliases; k++)
-            dropped_name(reg, a, before[i].aliases[k], mark, fn, ud);
+            dropped_name(reg, a, before[i].aliases[k], t, mark, fn, ud);
     }
     models_free(before, n);
 }

@@ -224,10 +224,15 @@ registry_agent *registry_heartbeat(registry *reg, registry_facts *f, uint64_t no
 /* The names (ids and aliases) of the list a heartbeat replaced
  * (models_before, set when a heartbeat changed the list and the one it
  * replaced had models; the oldest not yet looked at is kept) that a's
- * list lacks now: fn is called once for each, then the kept list is freed.
- * O(names of both lists); nothing when no heartbeat changed a's list. fn
- * must not call this again nor change a's models (no heartbeat of a). */
-typedef void (*registry_name_fn)(void *ud, registry_agent *a, const char *name);
+ * list lacks now (tools_only false), or that a took tools for then and
+ * lists now without tools (tools_only true: supports_tools dropped, only
+ * jobs with tools lost an agent): fn is called once for each (a name
+ * listed twice in the old list: once per listing), then the kept list is
+ * freed. O(names of both lists); nothing when no heartbeat changed a's
+ * list. fn must not call this again nor change a's models (no heartbeat
+ * of a). */
+typedef void (*registry_name_fn)(void *ud, registry_agent *a, const char *name,
+                                 bool tools_only);
 void registry_models_dropped(registry *reg, registry_agent *a, registry_name_fn fn, void *ud);
 
 /* Refresh last_seen without new facts (e.g. on POST /agents/work). A SUSPECT

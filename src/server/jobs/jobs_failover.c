@@ -200,50 +200,98 @@ gps_fo_plan gps_failover_decide(const gps_fo_facts *f)
 typedef struct other_agent_q {
     const char *model;
     const char *exclude;
+    const gps_job *job;   /* NULL: any agent serving model counts */
+    const char *job_exclude; /* the job's own excluded agent, where it still holds */
     bool with_suspect;
     bool found;
 } other_agent_q;
+
+static bool labels_held(const registry_agent *a, const gps_job *job)
+{
+    for (size_t i = 0; i < job->sj.n_labels; i++) {
+        const char *v = registry_agent_label(a, job->sj.labels[i].key);
+        if (!v || strcmp(v, job->sj.labels[i].value) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* Could a run job as model, readiness aside: what the scheduler asks of an
+ * agent for it (sched.c agent_fits: tools, embeddings or generation for the
+ * model, the job's labels). An agent serving the model without what the
+ * job needs never gets it, so it must not keep the job from its fallback.
+ * A strict prefer_agent is not looked at (the scheduler's default for it
+ * is its own). */
+static bool agent_takes_job(const registry_agent *a, const gps_job *job, const char *model)
+{
+    const sched_job *sj = &job->sj;
+    if (sj->needs_tools && !registry_agent_takes_tools(a, model))
+        return false;
+    if (sj->needs_embeddings && !registry_agent_takes_embeddings(a, model))
+        return false;
+    if (sj->needs_generation && !registry_agent_generates(a, model))
+        return false;
+    return labels_held(a, job);
+}
 
 static void other_agent_cb(void *ud, registry_agent *a)
 {
     other_agent_q *q = ud;
     if (!q->found && (!q->exclude || strcmp(a->id, q->exclude) != 0) &&
+        (!q->job_exclude || strcmp(a->id, q->job_exclude) != 0) &&
         (a->state == REGISTRY_HEALTHY || a->state == REGISTRY_REGISTERING ||
          (q->with_suspect && a->state == REGISTRY_SUSPECT)) &&
-        registry_agent_serves(a, q->model))
+        registry_agent_serves(a, q->model) && (!q->job || agent_takes_job(a, q->job, q->model)))
         q->found = true;
 }
 
 /* True when an agent other than exclude that can take work now (healthy,
- * registering) serves model: what moving a job to a fallback model asks.
- * A SUSPECT agent does not count: an agent killed a moment ago stays
- * suspect until its heartbeat expires, and must not keep a job from its
- * fallback. O(agents), on a failover only. */
-static bool model_live(gps_jobs *j, const char *model, const char *exclude)
+ * registering) serves model for job (NULL: for any job): what moving a
+ * job to a fallback model asks, on both sides (its model lost, a fallback
+ * live). A SUSPECT agent does not count: an agent killed a moment ago
+ * stays suspect until its heartbeat expires, and must not keep a job from
+ * its fallback. job_exclude: the agent a queued job excludes (its earlier
+ * attempt's), which the scheduler never gives it to; NULL where that
+ * exclusion is about to change (a failover: exclude is the new one).
+ * O(agents), on a failover or an agent's leaving only. */
+static bool model_live_for(gps_jobs *j, const char *model, const char *exclude,
+                           const gps_job *job, const char *job_exclude)
 {
-    other_agent_q q = {model, exclude, false, false};
+    other_agent_q q = {model, exclude, job, job_exclude, false, false};
     registry_foreach(j->reg, other_agent_cb, &q);
     return q.found;
+}
+
+static bool model_live(gps_jobs *j, const char *model, const char *exclude)
+{
+    return model_live_for(j, model, exclude, NULL, NULL);
 }
 
 /* Suspect agents count here: an agent's own upstream error fails over
  * only while another agent that may still be alive serves the model. */
 bool jobs_other_agent_live(gps_jobs *j, const gps_job *job, const char *exclude)
 {
-    other_agent_q q = {job->spec.model, exclude, true, false};
+    other_agent_q q = {job->spec.model, exclude, NULL, NULL, true, false};
     registry_foreach(j->reg, other_agent_cb, &q);
     return q.found;
 }
 
 /* The first model of job's chain, other than the one it runs on, that a
- * live agent (not exclude) serves: its chain index, or -1. */
-int jobs_fallback_live(gps_jobs *j, const gps_job *job, const char *exclude)
+ * live agent (not exclude, nor job_exclude) can run job on: its chain
+ * index, or -1. */
+static int fallback_live_for(gps_jobs *j, const gps_job *job, const char *exclude,
+                             const char *job_exclude)
 {
     for (size_t i = 0; i < job->n_chain; i++)
         if (strcmp(job->chain[i], job->spec.model) != 0 &&
-            model_live(j, job->chain[i], exclude))
+            model_live_for(j, job->chain[i], exclude, job, job_exclude))
             return (int)i;
     return -1;
+}
+
+int jobs_fallback_live(gps_jobs *j, const gps_job *job, const char *exclude)
+{
+    return fallback_live_for(j, job, exclude, NULL);
 }
 
 /* Make chain[idx] the model that serves job: it swaps places with
@@ -287,7 +335,7 @@ static void log_fallback(const gps_job *job, const char *from, const char *when)
     gp_log_write(GP_LOG_WARN, "job_fallback", job->correlation_id,
                  json_pack("{s:s,s:s,s:s,s:s}", "job_id", job->id, "from_model", from,
                            "model", job->spec.model, "when", when),
-                 "no live agent serves the job's model; moving it to a fallback model");
+                 "no live agent can run the job under its model; moving it to a fallback model");
 }
 
 /* The backoff is over: place the retry, first moving the job to a
@@ -305,7 +353,8 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
     uint64_t now = gp_now_mono_us();
     if (now > job->queued_since_us)
         job->queue_ms += (long long)((now - job->queued_since_us) / 1000);
-    if (job->n_chain > 1 && !model_live(j, job->spec.model, job->exclude_agent)) {
+    if (job->n_chain > 1 &&
+        !model_live_for(j, job->spec.model, job->exclude_agent, job, NULL)) {
         int fb = jobs_fallback_live(j, job, job->exclude_agent);
         if (fb >= 0) {
             const char *from = job->spec.model;
@@ -400,7 +449,7 @@ void jobs_fail_over(gps_jobs *j, gps_job *job, const char *why)
         .backoff_base_ms = j->opts.backoff_base_ms,
         .backoff_cap_ms = j->opts.backoff_cap_ms,
     };
-    f.model_live = model_live(j, job->spec.model, job->agent_id);
+    f.model_live = model_live_for(j, job->spec.model, job->agent_id, job, NULL);
     if (!f.model_live && job->n_chain > 1)
         f.fallback_live = jobs_fallback_live(j, job, job->agent_id);
     gp_random_bytes(&f.rnd, sizeof f.rnd);
@@ -661,7 +710,7 @@ void gps_jobs_offer_withdrawn(gps_jobs *j, gps_job *job, bool withdrawn)
  * when none does (it stays queued). */
 static bool move_queued(gps_jobs *j, gps_job *job, const char *exclude)
 {
-    int fb = jobs_fallback_live(j, job, exclude);
+    int fb = fallback_live_for(j, job, exclude, job->sj.exclude_agent);
     if (fb < 0)
         return false;
     sched_remove(j->sched, &job->sj);
@@ -687,7 +736,7 @@ static void move_stranded(gps_jobs *j, const char *agent_id)
         next = job->next; /* retry_place may finish job (finished list) */
         if (job->state != GPS_JOB_QUEUED || job->held || job->in_backoff ||
             job->n_chain < 2 || !sched_job_queued(&job->sj) ||
-            model_live(j, job->spec.model, agent_id))
+            model_live_for(j, job->spec.model, agent_id, job, job->sj.exclude_agent))
             continue;
         move_queued(j, job, agent_id);
     }
@@ -698,24 +747,47 @@ static gps_job *of_sched(sched_job *sj)
     return sj ? (gps_job *)((char *)sj - offsetof(gps_job, sj)) : NULL;
 }
 
-/* The queue of name (a model id or alias agent_id served; agent_id NULL:
- * a name no agent's list holds any more, every agent counts) when no
- * other live agent serves it: its jobs with a fallback move (move_queued). A
- * moved job lands under a live model, never back in this queue, and a
- * job without one stays: the walk ends. Should placing or failing one job
- * take the next out of the queue too (a subscriber's doing), the walk
- * starts over from the head. */
-static void move_name(gps_jobs *j, const char *name, const char *agent_id)
+/* Is name still served for job, agent_id left out? Jobs that differ only
+ * in what they need of an agent (no labels, no excluded agent of their
+ * own) share one answer per walk: memo[their needs], -1 not asked yet. */
+static bool name_live_for(gps_jobs *j, const char *name, const char *agent_id,
+                          const gps_job *job, signed char memo[8])
 {
-    if (model_live(j, name, agent_id))
-        return;
+    const sched_job *sj = &job->sj;
+    if (sj->n_labels > 0 || (sj->exclude_agent && sj->exclude_agent[0]))
+        return model_live_for(j, name, agent_id, job, sj->exclude_agent);
+    int k = (sj->needs_tools ? 1 : 0) | (sj->needs_embeddings ? 2 : 0) |
+            (sj->needs_generation ? 4 : 0);
+    if (memo[k] < 0)
+        memo[k] = model_live_for(j, name, agent_id, job, NULL) ? 1 : 0;
+    return memo[k] > 0;
+}
+
+/* The queue of name (a model id or alias agent_id served; agent_id NULL:
+ * a name no agent's list holds any more, every agent counts): its jobs
+ * with a fallback that no other live agent can run as name move
+ * (move_queued). "Can run" is the scheduler's: a job that carries tools
+ * counts only agents taking tools for name, a job with labels only agents
+ * with them, so a tools job moves while an agent without tools still
+ * serves name. tools_only: name is still listed but lost a tools-taking
+ * agent, only jobs with tools are looked at. A moved job lands under a
+ * model it can run on, never back in this queue, and a job that stays is
+ * passed over. Should placing or failing one job take the next out of the
+ * queue too (a subscriber's doing), the walk starts over from the head.
+ * O(queue + agents per distinct need), on these rare changes only. */
+static void move_name(gps_jobs *j, const char *name, const char *agent_id, bool tools_only)
+{
+    bool any = model_live(j, name, agent_id); /* false: no job's answer can be yes */
+    signed char memo[8];
+    memset(memo, -1, sizeof memo);
     for (int p = 0; p < SCHED_PRIORITY_COUNT; p++) {
         sched_job *sj = sched_queue_first(j->sched, name, (sched_priority)p);
         while (sj) {
             sched_job *next = sched_queue_next(sj);
             gps_job *job = of_sched(sj);
-            if (job->n_chain > 1 && move_queued(j, job, agent_id) && next &&
-                !sched_job_queued(next))
+            if (job->n_chain > 1 && (!tools_only || sj->needs_tools) &&
+                (!any || !name_live_for(j, name, agent_id, job, memo)) &&
+                move_queued(j, job, agent_id) && next && !sched_job_queued(next))
                 next = sched_queue_first(j->sched, name, (sched_priority)p);
             sj = next;
         }
@@ -733,16 +805,17 @@ void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id)
     for (size_t i = 0; i < a->n_models; i++) {
         const registry_model_info *m = &a->models[i];
         for (size_t k = 0; k <= m->n_aliases; k++)
-            move_name(j, k == 0 ? m->id : m->aliases[k - 1], agent_id);
+            move_name(j, k == 0 ? m->id : m->aliases[k - 1], agent_id, false);
     }
 }
 
-static void dropped_cb(void *ud, registry_agent *a, const char *name)
+static void dropped_cb(void *ud, registry_agent *a, const char *name, bool tools_only)
 {
     (void)a;
-    /* a no longer lists name: no exclusion, a may well serve the
-     * fallback itself (it unloaded one model of two). */
-    move_name(ud, name, NULL);
+    /* a no longer lists name (or no longer takes tools for it): no
+     * exclusion, a may well serve the fallback itself (it unloaded one
+     * model of two), or name for jobs without tools. */
+    move_name(ud, name, NULL, tools_only);
 }
 
 void gps_jobs_models_dropped(gps_jobs *j, const char *agent_id)

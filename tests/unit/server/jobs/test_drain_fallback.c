@@ -7,6 +7,10 @@
  * waiting out queue_timeout; jobs without a fallback stay queued; a job
  * already running on the draining agent stays there and finishes.
  *
+ * "Its model's last agent" is per job, as the scheduler routes it: for a
+ * job with tools only agents taking tools for the model count, for one
+ * with labels only agents with them, on the fallback side too.
+ *
  * Real things throughout: the registry reports its transitions to
  * agents_api (which defers the move out of the registry's call), the admin
  * routes are called over HTTP on loopback, and the jobs are taken and fed
@@ -136,17 +140,23 @@ static int admin(fixture *f, const char *method, const char *path, const char *j
 
 /* Agent i polls over HTTP (POST /agents/poll, as an agent does) with
  * models, a JSON array text, two slots; the deferred moves run. */
-static registry_agent *poll_models(fixture *f, int i, const char *models)
+static registry_agent *poll_labeled(fixture *f, int i, const char *models, const char *labels)
 {
     char id[64], body[512];
     snprintf(id, sizeof id, "00000000-0000-4000-8000-%012x", (unsigned)i);
     snprintf(body, sizeof body,
-             "{\"agent_id\":\"%s\",\"name\":\"a%d\",\"models\":%s,\"slots\":{\"total\":2}}",
-             id, i, models);
+             "{\"agent_id\":\"%s\",\"name\":\"a%d\",\"models\":%s,\"slots\":{\"total\":2},"
+             "\"labels\":%s}",
+             id, i, models, labels);
     assert_int_equal(admin(f, "POST", "/agents/poll", body), 200);
     registry_agent *a = registry_get(f->fl.reg, id);
     assert_non_null(a);
     return a;
+}
+
+static registry_agent *poll_models(fixture *f, int i, const char *models)
+{
+    return poll_labeled(f, i, models, "{}");
 }
 
 /* Agent i parks a long-poll for work with free_slots free, as an agent
@@ -493,6 +503,172 @@ static void test_force_remove_parked(void **state)
     finish(f, tools, y);
 }
 
+/* ---- "still served" is the scheduler's: per job (tools) ---- */
+
+/* A job for model with fallback B that carries tools: the scheduler gives
+ * it only to an agent taking tools for its model. Queued: no agent ready. */
+static gps_job *queued_tools(fixture *f, const char *model)
+{
+    gps_job_spec s = fleet_spec(model, 20);
+    s.fallback_models[0] = strdup("B");
+    s.n_fallback = 1;
+    s.tools = json_pack("[{s:s}]", "type", "function");
+    assert_non_null(s.tools);
+    gps_job *job = fleet_submit(&f->fl, &s);
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_true(job->sj.needs_tools);
+    assert_string_equal(job->spec.model, model);
+    return job;
+}
+
+/* X (agent 1) serves A with tools, Y (2) A without, Z (3) B with tools,
+ * over HTTP polls. */
+static void three_agents(fixture *f, registry_agent **x, registry_agent **y, registry_agent **z)
+{
+    *x = poll_models(f, 1, "[{\"id\":\"A\",\"supports_tools\":true}]");
+    *y = poll_models(f, 2, "[{\"id\":\"A\"}]");
+    *z = poll_models(f, 3, "[{\"id\":\"B\",\"supports_tools\":true}]");
+}
+
+/* The tools (or labeled) job moved to B and Z runs it; the plain one stayed with A,
+ * where Y runs it. */
+static void tools_moved_plain_stayed(fixture *f, gps_job *tools, gps_job *plain,
+                                     registry_agent *y, registry_agent *z)
+{
+    moved_to_b(f, tools);
+    taken_by(f, z, tools, "B");
+    finish(f, tools, z);
+    assert_int_equal(plain->state, GPS_JOB_QUEUED);
+    assert_string_equal(plain->spec.model, "A");
+    assert_null(plain->requested_model);
+    taken_by(f, y, plain, "A");
+    finish(f, plain, y);
+}
+
+/* X, A's only agent taking tools, is drained by an admin while Y still
+ * serves A without tools: the tools job for A can run nowhere under A and
+ * moves to B (Z takes tools there); the plain job stays with A (Y). Before,
+ * Y counted as "A is still served" for both: the tools job waited out
+ * queue_timeout. */
+static void test_drain_last_tools_agent(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x, *y, *z;
+    three_agents(f, &x, &y, &z);
+    gps_job *tools = queued_tools(f, "A");
+    gps_job *plain = queued(f, "A", "B");
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
+    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    assert_int_equal(x->state, REGISTRY_DRAINING);
+    tools_moved_plain_stayed(f, tools, plain, y, z);
+}
+
+/* X is lost (it deregisters over HTTP, as at a clean stop) while it runs a
+ * tools job of A: the running one fails over to B (no agent left takes
+ * tools for A) and the queued tools job moves too (move_stranded); the
+ * plain job stays with A. */
+static void test_lost_last_tools_agent(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x, *y, *z;
+    three_agents(f, &x, &y, &z);
+    gps_job *running = queued_tools(f, "A");
+    taken_by(f, x, running, "A");
+    gps_job *tools = queued_tools(f, "A");
+    gps_job *plain = queued(f, "A", "B");
+    char body[128];
+    snprintf(body, sizeof body, "{\"agent_id\":\"%s\"}", x->id);
+    assert_int_equal(admin(f, "POST", "/agents/deregister", body), 200);
+    event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
+    assert_int_equal(x->state, REGISTRY_OFFLINE);
+    /* the failed-over one went to the front of B's queue */
+    assert_int_equal(running->state, GPS_JOB_QUEUED);
+    assert_string_equal(running->spec.model, "B");
+    assert_int_equal(tools->state, GPS_JOB_QUEUED);
+    assert_string_equal(tools->spec.model, "B");
+    assert_string_equal(tools->requested_model, "A");
+    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 2);
+    taken_by(f, z, running, "B");
+    finish(f, running, z);
+    taken_by(f, z, tools, "B");
+    finish(f, tools, z);
+    assert_int_equal(plain->state, GPS_JOB_QUEUED);
+    assert_string_equal(plain->spec.model, "A");
+    taken_by(f, y, plain, "A");
+    finish(f, plain, y);
+}
+
+/* X stays healthy and keeps listing A, but its poll drops supports_tools
+ * for it: no name is lost, yet the tools job lost A's last agent that takes
+ * tools and moves to B; the plain job stays (X and Y both still serve A).
+ * A poll that keeps tools moves nothing. */
+static void test_poll_drops_tools(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x, *y, *z;
+    three_agents(f, &x, &y, &z);
+    gps_job *tools = queued_tools(f, "A");
+    gps_job *plain = queued(f, "A", "B");
+    /* a new alias changes the list; tools kept: nothing moves */
+    x = poll_models(f, 1, "[{\"id\":\"A\",\"aliases\":[\"al\"],\"supports_tools\":true}]");
+    assert_string_equal(tools->spec.model, "A");
+    assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 2);
+    x = poll_models(f, 1, "[{\"id\":\"A\",\"aliases\":[\"al\"]}]");
+    assert_int_equal(x->state, REGISTRY_HEALTHY);
+    assert_null(x->models_before);
+    tools_moved_plain_stayed(f, tools, plain, y, z);
+}
+
+/* Labels are the scheduler's too: a job asking for zone x moves when A's
+ * last agent in zone x drains, although A's agent in zone y still serves
+ * A; B's agent in zone x serves it. A job without labels stays with A. */
+static void test_drain_last_labeled_agent(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x = poll_labeled(f, 1, "[{\"id\":\"A\"}]", "{\"zone\":\"x\"}");
+    registry_agent *y = poll_labeled(f, 2, "[{\"id\":\"A\"}]", "{\"zone\":\"y\"}");
+    registry_agent *z = poll_labeled(f, 3, "[{\"id\":\"B\"}]", "{\"zone\":\"x\"}");
+    gps_job_spec s = fleet_spec("A", 20);
+    s.fallback_models[0] = strdup("B");
+    s.n_fallback = 1;
+    s.labels = calloc(1, sizeof *s.labels);
+    assert_non_null(s.labels);
+    s.labels[0].key = strdup("zone");
+    s.labels[0].value = strdup("x");
+    s.n_labels = 1;
+    gps_job *zoned = fleet_submit(&f->fl, &s);
+    assert_int_equal(zoned->state, GPS_JOB_QUEUED);
+    gps_job *plain = queued(f, "A", "B");
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
+    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    tools_moved_plain_stayed(f, zoned, plain, y, z);
+}
+
+/* The fallback side asks the same: a job with tools whose fallback B is
+ * served only without tools does not move there when A's agent taking
+ * tools drains (the scheduler could never give it to B's agent: it would
+ * fail NO_AGENT at once); it keeps waiting for A, and its agent serves it
+ * once undrained. */
+static void test_fallback_without_tools(void **state)
+{
+    fixture *f = *state;
+    registry_agent *x = poll_models(f, 1, "[{\"id\":\"A\",\"supports_tools\":true}]");
+    poll_models(f, 2, "[{\"id\":\"B\"}]");
+    gps_job *tools = queued_tools(f, "A");
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
+    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    assert_int_equal(tools->state, GPS_JOB_QUEUED);
+    assert_string_equal(tools->spec.model, "A");
+    assert_null(tools->requested_model);
+    assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
+    assert_int_equal(admin(f, "POST", path, "{\"on\":false}"), 200);
+    taken_by(f, x, tools, "A");
+    finish(f, tools, x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -504,6 +680,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_poll_drops_alias_and_shared_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_changes_before_the_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_force_remove_parked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_last_tools_agent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lost_last_tools_agent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_poll_drops_tools, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_drain_last_labeled_agent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fallback_without_tools, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
