@@ -578,16 +578,19 @@ void gps_jobs_agent_lost(gps_jobs *j, const char *agent_id, const char *why);
 /* Agent agent_id stops taking new jobs while its running ones go on
  * (drained by an admin or by itself), or is about to be removed (call it
  * while the registry still has it). Queued jobs of each model it served
- * that no other agent serves now (healthy or registering: as at a lost
- * agent) move to their first fallback model with one, as after a lost
- * agent; jobs without one stay queued. Its own assigned and running jobs
- * are left alone. O(names it serves x agents + jobs queued for them). */
+ * that no other agent can run now under that model (healthy or
+ * registering, and taking what the job needs: tools, labels, as the
+ * scheduler routes it) move to their first fallback model where one can,
+ * as after a lost agent; jobs without one stay queued. Its own assigned
+ * and running jobs are left alone. O(names it serves x agents + jobs
+ * queued for them; a job with labels asks the agents on its own). */
 void gps_jobs_agent_leaving(gps_jobs *j, const char *agent_id);
 /* A heartbeat of agent_id changed its model list (registry.h,
- * models_before): each name it listed before and lists no more, that no
- * live agent serves now, has its queued jobs moved to their first fallback
- * model with a live agent (agent_id's own included), as at a drain; jobs
- * without one stay queued. Nothing when the list did not change. O(names
+ * models_before): each name it listed before and lists no more (or no
+ * longer takes tools for: its tools jobs only) has the queued jobs that no
+ * live agent can run under it moved to their first fallback model where
+ * one can (agent_id itself included), as at a drain; jobs without one stay
+ * queued. Nothing when the list did not change. O(names
  * of both lists + per lost name: agents x names + jobs queued for it). */
 void gps_jobs_models_dropped(gps_jobs *j, const char *agent_id);
 /* Jobs (ASSIGNED or RUNNING) currently assigned to agent_id. O(jobs). */
