@@ -101,6 +101,17 @@ static int teardown(void **state)
     return 0;
 }
 
+/* A new loopback connection to the server with req sent on it. */
+static int send_new(fixture *f, const char *req)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    return c;
+}
+
 /* One admin request on a new connection; the loop runs until its whole
  * reply came back, then once more for what the server deferred (the
  * moves run from a zero-delay event). Returns the HTTP status. */
@@ -111,11 +122,7 @@ static int admin(fixture *f, const char *method, const char *path, const char *j
              "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
              "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
              method, path, json ? strlen(json) : 0, json ? json : "");
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    int c = send_new(f, req);
     size_t got = 0;
     out[0] = '\0';
     for (int round = 0; round < 5000; round++) {
@@ -136,6 +143,21 @@ static int admin(fixture *f, const char *method, const char *path, const char *j
     }
     fail_msg("no whole reply to %s %s: %s", method, path, out);
     return -1;
+}
+
+/* The registry alone takes the poll j (consumed): the agent it updated,
+ * or NULL. No deferred work runs. */
+static registry_agent *heartbeat(fixture *f, json_t *j)
+{
+    assert_non_null(j);
+    registry_facts facts;
+    char err[160];
+    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    json_decref(j);
+    registry_agent *a = registry_heartbeat(f->fl.reg, &facts, gp_now_mono_ms(), 0);
+    registry_facts_free(&facts);
+    return a;
 }
 
 /* Agent i polls over HTTP (POST /agents/poll, as an agent does) with
@@ -171,11 +193,7 @@ static int park(fixture *f, int i, int free_slots)
              "POST /agents/work HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
              "Content-Length: %zu\r\n\r\n%s",
              strlen(body), body);
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)f->port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
-    assert_int_equal(send(c, req, strlen(req), 0), (ssize_t)strlen(req));
+    int c = send_new(f, req);
     for (int round = 0; round < 200; round++) {
         event_base_loop(f->fl.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
         usleep(1000);
@@ -193,25 +211,33 @@ static void poll_status(fixture *f, int i, const char *model, bool draining)
     json_t *j = json_pack("{s:s, s:[{s:s}], s:{s:i}, s:s}", "agent_id", id, "models", "id",
                           model, "slots", "total", 2, "status",
                           draining ? "draining" : "online");
-    assert_non_null(j);
-    registry_facts facts;
-    char err[160];
-    if (registry_facts_parse(j, &facts, err, sizeof err) != 0)
-        fail_msg("agent %d: %s", i, err);
-    json_decref(j);
-    assert_non_null(registry_heartbeat(f->fl.reg, &facts, gp_now_mono_ms(), 0));
-    registry_facts_free(&facts);
+    assert_non_null(heartbeat(f, j));
     event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
 }
 
-/* A job for model, with fallback (NULL: none), queued: no agent is ready. */
-static gps_job *queued(fixture *f, const char *model, const char *fallback)
+/* A job's spec for model, with fallback (NULL: none). */
+static gps_job_spec spec_for(const char *model, const char *fallback)
 {
     gps_job_spec s = fleet_spec(model, 20);
     if (fallback) {
         s.fallback_models[0] = strdup(fallback);
         s.n_fallback = 1;
     }
+    return s;
+}
+
+/* The job of s carries tools: only an agent taking tools for its model
+ * runs it. */
+static void with_tools(gps_job_spec *s)
+{
+    s->tools = json_pack("[{s:s}]", "type", "function");
+    assert_non_null(s->tools);
+}
+
+/* A job for model, with fallback (NULL: none), queued: no agent is ready. */
+static gps_job *queued(fixture *f, const char *model, const char *fallback)
+{
+    gps_job_spec s = spec_for(model, fallback);
     gps_job *job = fleet_submit(&f->fl, &s);
     assert_int_equal(job->state, GPS_JOB_QUEUED);
     assert_string_equal(job->spec.model, model);
@@ -237,6 +263,53 @@ static void finish(fixture *f, gps_job *job, registry_agent *ag)
                                  "\"usage\":{\"completion_tokens\":1}}]"),
                      0);
     assert_int_equal(job->state, GPS_JOB_DONE);
+}
+
+/* Agent ag takes exactly job, as model, and finishes it. */
+static void served_by(fixture *f, registry_agent *ag, gps_job *job, const char *model)
+{
+    taken_by(f, ag, job, model);
+    finish(f, job, ag);
+}
+
+/* An admin drains agent ag (on), or undrains it. */
+static void drain(fixture *f, registry_agent *ag, bool on)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/admin/agents/%s/drain", ag->id);
+    assert_int_equal(admin(f, "POST", path, on ? NULL : "{\"on\":false}"), 200);
+}
+
+/* An admin removes agent ag (force: even while it is busy); it is gone. */
+static void removed(fixture *f, registry_agent *ag, bool force)
+{
+    char id[64], path[128];
+    snprintf(id, sizeof id, "%s", ag->id); /* ag is freed with it */
+    snprintf(path, sizeof path, "/admin/agents/%s%s", id, force ? "?force=1" : "");
+    assert_int_equal(admin(f, "DELETE", path, NULL), 200);
+    assert_null(registry_get(f->fl.reg, id));
+}
+
+/* The job stays queued for A, as it was asked for: nothing moved it. */
+static void stayed_with_a(const gps_job *job)
+{
+    assert_int_equal(job->state, GPS_JOB_QUEUED);
+    assert_string_equal(job->spec.model, "A");
+    assert_null(job->requested_model);
+}
+
+/* The running job failed over to B and the queued one moved there: both
+ * wait in B's queue, and ag serves them, the failed-over one first. */
+static void both_on_b(fixture *f, gps_job *running, gps_job *moved, registry_agent *ag)
+{
+    assert_int_equal(running->state, GPS_JOB_QUEUED);
+    assert_string_equal(running->spec.model, "B");
+    assert_int_equal(moved->state, GPS_JOB_QUEUED);
+    assert_string_equal(moved->spec.model, "B");
+    assert_string_equal(moved->requested_model, "A");
+    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 2);
+    served_by(f, ag, running, "B");
+    served_by(f, ag, moved, "B");
 }
 
 /* The job moved to B as a failover to a fallback would: B serves it, A is
@@ -272,28 +345,22 @@ static void test_admin_drain(void **state)
     gps_job *moving = queued(f, "A", "B");
     gps_job *staying = queued(f, "A", NULL);
 
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s/drain", a->id);
-    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    drain(f, a, true);
     assert_int_equal(a->state, REGISTRY_DRAINING);
 
     moved_to_b(f, moving);
-    taken_by(f, b, moving, "B");
-    finish(f, moving, b);
+    served_by(f, b, moving, "B");
     /* no fallback: it waits for A (an undrain, another agent) */
-    assert_int_equal(staying->state, GPS_JOB_QUEUED);
-    assert_string_equal(staying->spec.model, "A");
-    assert_null(staying->requested_model);
+    stayed_with_a(staying);
     /* a drain lets what runs finish where it runs */
     assert_int_equal(running->state, GPS_JOB_ASSIGNED);
     assert_string_equal(running->agent_id, a->id);
     assert_string_equal(running->spec.model, "A");
     finish(f, running, a);
     /* undrained, A's agent takes the job that waited for it */
-    assert_int_equal(admin(f, "POST", path, "{\"on\":false}"), 200);
+    drain(f, a, false);
     assert_int_equal(a->state, REGISTRY_HEALTHY);
-    taken_by(f, a, staying, "A");
-    finish(f, staying, a);
+    served_by(f, a, staying, "A");
 }
 
 /* The agent drains itself (its poll says status "draining"): the same. A
@@ -313,8 +380,7 @@ static void test_agent_drains_itself(void **state)
     assert_int_equal(nowhere->state, GPS_JOB_QUEUED);
     assert_string_equal(nowhere->spec.model, "A");
     assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
-    taken_by(f, b, moving, "B");
-    finish(f, moving, b);
+    served_by(f, b, moving, "B");
     gps_jobs_cancel(f->fl.jobs, nowhere, "test over");
 }
 
@@ -328,14 +394,9 @@ static void test_drain_with_another_agent_left(void **state)
     registry_agent *a2 = fleet_agent(&f->fl, 3, "A", NULL, 2, now);
     fleet_agent(&f->fl, 2, "B", NULL, 2, now);
     gps_job *job = queued(f, "A", "B");
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s/drain", a1->id);
-    assert_int_equal(admin(f, "POST", path, NULL), 200);
-    assert_int_equal(job->state, GPS_JOB_QUEUED);
-    assert_string_equal(job->spec.model, "A");
-    assert_null(job->requested_model);
-    taken_by(f, a2, job, "A");
-    finish(f, job, a2);
+    drain(f, a1, true);
+    stayed_with_a(job);
+    served_by(f, a2, job, "A");
 }
 
 /* An admin removes A's only agent (idle): its queued job with fallback B
@@ -348,13 +409,9 @@ static void test_admin_remove(void **state)
     registry_agent *b = fleet_agent(&f->fl, 2, "B", NULL, 2, now);
     gps_job *moving = queued(f, "A", "B");
     gps_job *staying = queued(f, "A", NULL);
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s", a->id);
-    assert_int_equal(admin(f, "DELETE", path, NULL), 200);
-    assert_null(registry_get(f->fl.reg, "00000000-0000-4000-8000-000000000001"));
+    removed(f, a, false);
     moved_to_b(f, moving);
-    taken_by(f, b, moving, "B");
-    finish(f, moving, b);
+    served_by(f, b, moving, "B");
     assert_int_equal(staying->state, GPS_JOB_QUEUED);
     assert_string_equal(staying->spec.model, "A");
     gps_jobs_cancel(f->fl.jobs, staying, "test over");
@@ -381,16 +438,12 @@ static void test_poll_drops_model(void **state)
     assert_int_equal(a->state, REGISTRY_HEALTHY);
     moved_to_b(f, moving);
     assert_null(a->models_before); /* looked at once, then freed */
-    taken_by(f, a, moving, "B");
-    finish(f, moving, a);
-    assert_int_equal(staying->state, GPS_JOB_QUEUED);
-    assert_string_equal(staying->spec.model, "A");
-    assert_null(staying->requested_model);
+    served_by(f, a, moving, "B");
+    stayed_with_a(staying);
     assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
 
     a = poll_models(f, 1, "[{\"id\":\"A\"},{\"id\":\"B\"}]");
-    taken_by(f, a, staying, "A");
-    finish(f, staying, a);
+    served_by(f, a, staying, "A");
 }
 
 /* An alias dropped counts as a name lost (jobs queue under the name they
@@ -412,10 +465,8 @@ static void test_poll_drops_alias_and_shared_name(void **state)
     /* "A": the other agent still does */
     assert_string_equal(by_id->spec.model, "A");
     assert_null(by_id->requested_model);
-    taken_by(f, b, by_alias, "B");
-    finish(f, by_alias, b);
-    taken_by(f, other, by_id, "A");
-    finish(f, by_id, other);
+    served_by(f, b, by_alias, "B");
+    served_by(f, other, by_id, "A");
     (void)a;
 }
 
@@ -433,14 +484,7 @@ static void test_two_changes_before_the_move(void **state)
         char body[256];
         snprintf(body, sizeof body, "{\"agent_id\":\"%s\",\"models\":%s,\"slots\":{\"total\":2}}",
                  a->id, lists[k]);
-        json_t *j = json_loads(body, 0, NULL);
-        assert_non_null(j);
-        registry_facts facts;
-        char err[160];
-        assert_int_equal(registry_facts_parse(j, &facts, err, sizeof err), 0);
-        json_decref(j);
-        assert_ptr_equal(registry_heartbeat(f->fl.reg, &facts, gp_now_mono_ms(), 0), a);
-        registry_facts_free(&facts);
+        assert_ptr_equal(heartbeat(f, json_loads(body, 0, NULL)), a);
     }
     assert_string_equal(of_a->spec.model, "A");
     assert_string_equal(of_b->spec.model, "B");
@@ -449,10 +493,8 @@ static void test_two_changes_before_the_move(void **state)
     assert_string_equal(of_a->spec.model, "C");
     assert_string_equal(of_b->spec.model, "C");
     assert_int_equal(sched_queue_depth(f->fl.s, "C", SCHED_INTERACTIVE), 2);
-    taken_by(f, a, of_a, "C");
-    finish(f, of_a, a);
-    taken_by(f, a, of_b, "C");
-    finish(f, of_b, a);
+    served_by(f, a, of_a, "C");
+    served_by(f, a, of_b, "C");
 }
 
 /* An admin force-removes a busy agent that serves A and, with tools, B,
@@ -470,11 +512,8 @@ static void test_force_remove_parked(void **state)
     registry_agent *z = poll_models(f, 3, "[{\"id\":\"A\",\"supports_tools\":true}]");
     gps_job *running = queued(f, "A", "B");
     taken_by(f, x, running, "A");
-    gps_job_spec s = fleet_spec("A", 20);
-    s.fallback_models[0] = strdup("B");
-    s.n_fallback = 1;
-    s.tools = json_pack("[{s:s}]", "type", "function");
-    assert_non_null(s.tools);
+    gps_job_spec s = spec_for("A", "B");
+    with_tools(&s);
     gps_job *tools = fleet_submit(&f->fl, &s);
     assert_int_equal(tools->state, GPS_JOB_QUEUED);
     assert_true(registry_mark_suspect(f->fl.reg, z, gp_now_mono_ms(), "test"));
@@ -484,23 +523,11 @@ static void test_force_remove_parked(void **state)
     assert_int_equal(tools->state, GPS_JOB_QUEUED);
     assert_string_equal(tools->spec.model, "A");
 
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s?force=1", x->id);
-    assert_int_equal(admin(f, "DELETE", path, NULL), 200);
-    assert_null(registry_get(f->fl.reg, "00000000-0000-4000-8000-000000000001"));
+    removed(f, x, true);
     close(c);
     /* both wait for B's agent: the running one failed over, the queued one moved */
-    assert_int_equal(tools->state, GPS_JOB_QUEUED);
-    assert_string_equal(tools->spec.model, "B");
-    assert_string_equal(tools->requested_model, "A");
     assert_true(sched_job_queued(&tools->sj));
-    assert_int_equal(running->state, GPS_JOB_QUEUED);
-    assert_string_equal(running->spec.model, "B");
-    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 2);
-    taken_by(f, y, running, "B");
-    finish(f, running, y);
-    taken_by(f, y, tools, "B");
-    finish(f, tools, y);
+    both_on_b(f, running, tools, y);
 }
 
 /* ---- "still served" is the scheduler's: per job (tools) ---- */
@@ -509,11 +536,8 @@ static void test_force_remove_parked(void **state)
  * it only to an agent taking tools for its model. Queued: no agent ready. */
 static gps_job *queued_tools(fixture *f, const char *model)
 {
-    gps_job_spec s = fleet_spec(model, 20);
-    s.fallback_models[0] = strdup("B");
-    s.n_fallback = 1;
-    s.tools = json_pack("[{s:s}]", "type", "function");
-    assert_non_null(s.tools);
+    gps_job_spec s = spec_for(model, "B");
+    with_tools(&s);
     gps_job *job = fleet_submit(&f->fl, &s);
     assert_int_equal(job->state, GPS_JOB_QUEUED);
     assert_true(job->sj.needs_tools);
@@ -536,13 +560,9 @@ static void tools_moved_plain_stayed(fixture *f, gps_job *tools, gps_job *plain,
                                      registry_agent *y, registry_agent *z)
 {
     moved_to_b(f, tools);
-    taken_by(f, z, tools, "B");
-    finish(f, tools, z);
-    assert_int_equal(plain->state, GPS_JOB_QUEUED);
-    assert_string_equal(plain->spec.model, "A");
-    assert_null(plain->requested_model);
-    taken_by(f, y, plain, "A");
-    finish(f, plain, y);
+    served_by(f, z, tools, "B");
+    stayed_with_a(plain);
+    served_by(f, y, plain, "A");
 }
 
 /* X, A's only agent taking tools, is drained by an admin while Y still
@@ -557,9 +577,7 @@ static void test_drain_last_tools_agent(void **state)
     three_agents(f, &x, &y, &z);
     gps_job *tools = queued_tools(f, "A");
     gps_job *plain = queued(f, "A", "B");
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
-    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    drain(f, x, true);
     assert_int_equal(x->state, REGISTRY_DRAINING);
     tools_moved_plain_stayed(f, tools, plain, y, z);
 }
@@ -583,20 +601,10 @@ static void test_lost_last_tools_agent(void **state)
     event_base_loop(f->fl.base, EVLOOP_NONBLOCK);
     assert_int_equal(x->state, REGISTRY_OFFLINE);
     /* the failed-over one went to the front of B's queue */
-    assert_int_equal(running->state, GPS_JOB_QUEUED);
-    assert_string_equal(running->spec.model, "B");
-    assert_int_equal(tools->state, GPS_JOB_QUEUED);
-    assert_string_equal(tools->spec.model, "B");
-    assert_string_equal(tools->requested_model, "A");
-    assert_int_equal(sched_queue_depth(f->fl.s, "B", SCHED_INTERACTIVE), 2);
-    taken_by(f, z, running, "B");
-    finish(f, running, z);
-    taken_by(f, z, tools, "B");
-    finish(f, tools, z);
+    both_on_b(f, running, tools, z);
     assert_int_equal(plain->state, GPS_JOB_QUEUED);
     assert_string_equal(plain->spec.model, "A");
-    taken_by(f, y, plain, "A");
-    finish(f, plain, y);
+    served_by(f, y, plain, "A");
 }
 
 /* X stays healthy and keeps listing A, but its poll drops supports_tools
@@ -629,9 +637,7 @@ static void test_drain_last_labeled_agent(void **state)
     registry_agent *x = poll_labeled(f, 1, "[{\"id\":\"A\"}]", "{\"zone\":\"x\"}");
     registry_agent *y = poll_labeled(f, 2, "[{\"id\":\"A\"}]", "{\"zone\":\"y\"}");
     registry_agent *z = poll_labeled(f, 3, "[{\"id\":\"B\"}]", "{\"zone\":\"x\"}");
-    gps_job_spec s = fleet_spec("A", 20);
-    s.fallback_models[0] = strdup("B");
-    s.n_fallback = 1;
+    gps_job_spec s = spec_for("A", "B");
     s.labels = calloc(1, sizeof *s.labels);
     assert_non_null(s.labels);
     s.labels[0].key = strdup("zone");
@@ -640,9 +646,7 @@ static void test_drain_last_labeled_agent(void **state)
     gps_job *zoned = fleet_submit(&f->fl, &s);
     assert_int_equal(zoned->state, GPS_JOB_QUEUED);
     gps_job *plain = queued(f, "A", "B");
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
-    assert_int_equal(admin(f, "POST", path, NULL), 200);
+    drain(f, x, true);
     tools_moved_plain_stayed(f, zoned, plain, y, z);
 }
 
@@ -657,16 +661,11 @@ static void test_fallback_without_tools(void **state)
     registry_agent *x = poll_models(f, 1, "[{\"id\":\"A\",\"supports_tools\":true}]");
     poll_models(f, 2, "[{\"id\":\"B\"}]");
     gps_job *tools = queued_tools(f, "A");
-    char path[128];
-    snprintf(path, sizeof path, "/admin/agents/%s/drain", x->id);
-    assert_int_equal(admin(f, "POST", path, NULL), 200);
-    assert_int_equal(tools->state, GPS_JOB_QUEUED);
-    assert_string_equal(tools->spec.model, "A");
-    assert_null(tools->requested_model);
+    drain(f, x, true);
+    stayed_with_a(tools);
     assert_int_equal(sched_queue_depth(f->fl.s, "A", SCHED_INTERACTIVE), 1);
-    assert_int_equal(admin(f, "POST", path, "{\"on\":false}"), 200);
-    taken_by(f, x, tools, "A");
-    finish(f, tools, x);
+    drain(f, x, false);
+    served_by(f, x, tools, "A");
 }
 
 int main(void)

@@ -149,15 +149,21 @@ typedef struct run {
     seen tree, cur;
 } run;
 
+/* The run's job, of spec s, submitted with both subscribers. */
+static void run_submit(run *r, gps_job_spec *s)
+{
+    r->job = fleet_submit(&r->f, s);
+    assert_int_equal(gps_job_subscribe(r->job, on_tree, &r->tree), 0);
+    assert_int_equal(gps_job_subscribe_cursor(r->job, on_cursor, &r->cur), 0);
+}
+
 static void run_start(run *r, const gps_jobs_opts *o)
 {
     memset(r, 0, sizeof *r);
     fleet_init(&r->f, o, NULL);
     r->a = fleet_agent(&r->f, 1, "m1", D1, 2, 1000);
     gps_job_spec s = fleet_spec("m1", 64);
-    r->job = fleet_submit(&r->f, &s);
-    assert_int_equal(gps_job_subscribe(r->job, on_tree, &r->tree), 0);
-    assert_int_equal(gps_job_subscribe_cursor(r->job, on_cursor, &r->cur), 0);
+    run_submit(r, &s);
     json_decref(fleet_take(&r->f, r->a));
     r->b = fleet_agent(&r->f, 2, "m1", D1, 2, 1000);
 }
@@ -546,6 +552,23 @@ static void take_id(fleet *f, registry_agent *ag, char *id, size_t cap)
     json_decref(w);
 }
 
+/* ag's next work request takes job, first in line. */
+static void takes(fleet *f, registry_agent *ag, const gps_job *job)
+{
+    json_t *w = fleet_take(f, ag);
+    assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
+    json_decref(w);
+}
+
+/* n jobs of m1 submitted to f, in order. */
+static void submit_m1(fleet *f, gps_job **jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        gps_job_spec s = fleet_spec("m1", 64);
+        jobs[i] = fleet_submit(f, &s);
+    }
+}
+
 static void test_pending_cancels_oom(void **state)
 {
     (void)state;
@@ -556,10 +579,7 @@ static void test_pending_cancels_oom(void **state)
         registry_agent *a = fleet_agent(&f, 1, "m1", NULL, 2, 1000);
         registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
         gps_job *jobs[3];
-        for (int i = 0; i < 3; i++) {
-            gps_job_spec s = fleet_spec("m1", 64);
-            jobs[i] = fleet_submit(&f, &s);
-        }
+        submit_m1(&f, jobs, 3);
         char ida[2][40], idb[40];
         take_id(&f, a, ida[0], sizeof ida[0]);
         take_id(&f, a, ida[1], sizeof ida[1]);
@@ -693,9 +713,7 @@ static void test_deliver_to_parked_oom(void **state)
                 bad++;
             } else {
                 /* The agent's next poll gets it. */
-                json_t *w = fleet_take(&f, a);
-                assert_string_equal(json_string_value(json_object_get(w, "job_id")), job->id);
-                json_decref(w);
+                takes(&f, a, job);
                 assert_int_equal(job->attempts, 1);
             }
         } else if (!gps_job_terminal(job) || strcmp(gps_job_error_code(job), "INTERNAL") != 0) {
@@ -718,6 +736,26 @@ static void test_deliver_to_parked_oom(void **state)
 
 #define NTAKE 3
 
+/* f with agent 1 (NTAKE slots, returned) and NTAKE jobs queued for it, in
+ * order. */
+static registry_agent *ntake_fleet(fleet *f, gps_job *jobs[NTAKE])
+{
+    fleet_init(f, NULL, NULL);
+    registry_agent *a = fleet_agent(f, 1, "m1", NULL, NTAKE, 1000);
+    submit_m1(f, jobs, NTAKE);
+    return a;
+}
+
+/* jobs[from..NTAKE) are back in the queue, no agent's, attempt uncounted. */
+static void put_back(gps_job *const jobs[NTAKE], int from)
+{
+    for (int i = from; i < NTAKE; i++) {
+        assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
+        assert_string_equal(jobs[i]->agent_id, "");
+        assert_int_equal(jobs[i]->attempts, 0);
+    }
+}
+
 /* An agent asks for work with NTAKE free slots while NTAKE jobs are queued
  * (gps_jobs_take_for_agent, the N-th allocation failing): the reply's text
  * is an array of the first k jobs, whole, or nothing at all (-1: the
@@ -734,14 +772,10 @@ static void test_take_for_agent_oom(void **state)
     size_t n, bad = 0, short_ = 0;
     for (n = 1;; n++) {
         fleet f;
-        fleet_init(&f, NULL, NULL);
-        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
         gps_job *jobs[NTAKE];
-        for (int i = 0; i < NTAKE; i++) {
-            gps_job_spec s = fleet_spec("m1", 64);
-            jobs[i] = fleet_submit(&f, &s);
+        registry_agent *a = ntake_fleet(&f, jobs);
+        for (int i = 0; i < NTAKE; i++)
             assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
-        }
         gp_buf text;
         gp_buf_init(&text);
         arm_beneath(n);
@@ -834,13 +868,8 @@ static void test_take_for_agent_oom_other_ready(void **state)
     size_t n, bad = 0, handed = 0;
     for (n = 1;; n++) {
         fleet f;
-        fleet_init(&f, NULL, NULL);
-        registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
         gps_job *jobs[NTAKE];
-        for (int i = 0; i < NTAKE; i++) {
-            gps_job_spec s = fleet_spec("m1", 64);
-            jobs[i] = fleet_submit(&f, &s);
-        }
+        registry_agent *a = ntake_fleet(&f, jobs);
         registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
         assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
         gp_buf text;
@@ -908,32 +937,19 @@ static void test_hand_out_refused(void **state)
 {
     (void)state;
     fleet f;
-    fleet_init(&f, NULL, NULL);
-    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
     gps_job *jobs[NTAKE];
-    for (int i = 0; i < NTAKE; i++) {
-        gps_job_spec s = fleet_spec("m1", 64);
-        jobs[i] = fleet_submit(&f, &s);
-    }
+    registry_agent *a = ntake_fleet(&f, jobs);
     int calls = 0;
     for (int round = 0; round < 3; round++) {
         assert_int_equal(gps_jobs_hand_out(f.jobs, a, NTAKE, refuse, &calls), -1);
         assert_int_equal(calls, round + 1);
         assert_false(sched_agent_is_ready(f.s, a));
         assert_int_equal(a->active, 0);
-        for (int i = 0; i < NTAKE; i++) {
-            assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
-            assert_string_equal(jobs[i]->agent_id, "");
-            assert_int_equal(jobs[i]->attempts, 0);
-        }
+        put_back(jobs, 0);
     }
     registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
-    json_t *w = fleet_take(&f, b);
-    assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[0]->id);
-    json_decref(w);
-    w = fleet_take(&f, a);
-    assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[1]->id);
-    json_decref(w);
+    takes(&f, b, jobs[0]);
+    takes(&f, a, jobs[1]);
     fleet_free(&f);
 }
 
@@ -946,13 +962,8 @@ static void test_hand_out_refused_other_ready(void **state)
 {
     (void)state;
     fleet f;
-    fleet_init(&f, NULL, NULL);
-    registry_agent *a = fleet_agent(&f, 1, "m1", NULL, NTAKE, 1000);
     gps_job *jobs[NTAKE];
-    for (int i = 0; i < NTAKE; i++) {
-        gps_job_spec s = fleet_spec("m1", 64);
-        jobs[i] = fleet_submit(&f, &s);
-    }
+    registry_agent *a = ntake_fleet(&f, jobs);
     registry_agent *b = fleet_agent(&f, 2, "m1", NULL, 1, 1000);
     assert_int_equal(sched_agent_ready(f.s, b, 1), 0);
     int calls = 0;
@@ -968,16 +979,9 @@ static void test_hand_out_refused_other_ready(void **state)
     assert_int_equal(jobs[0]->state, GPS_JOB_ASSIGNED);
     assert_string_equal(jobs[0]->agent_id, b->id);
     /* The others wait, in order, no agent's, attempt uncounted. */
-    for (int i = 1; i < NTAKE; i++) {
-        assert_int_equal(jobs[i]->state, GPS_JOB_QUEUED);
-        assert_string_equal(jobs[i]->agent_id, "");
-        assert_int_equal(jobs[i]->attempts, 0);
-    }
-    for (int i = 1; i < NTAKE; i++) {
-        json_t *w = fleet_take(&f, a);
-        assert_string_equal(json_string_value(json_object_get(w, "job_id")), jobs[i]->id);
-        json_decref(w);
-    }
+    put_back(jobs, 1);
+    for (int i = 1; i < NTAKE; i++)
+        takes(&f, a, jobs[i]);
     fleet_free(&f);
 }
 
@@ -1168,9 +1172,7 @@ static void test_drain_move_oom(void **state)
         gps_job_spec sp = fleet_spec("A", 16);
         sp.fallback_models[0] = strdup("B");
         sp.n_fallback = 1;
-        r.job = fleet_submit(&r.f, &sp);
-        assert_int_equal(gps_job_subscribe(r.job, on_tree, &r.tree), 0);
-        assert_int_equal(gps_job_subscribe_cursor(r.job, on_cursor, &r.cur), 0);
+        run_submit(&r, &sp);
         assert_int_equal(gps_job_state_of(r.job), GPS_JOB_QUEUED);
         registry_set_drain(r.f.reg, r.a, true, 1000);
         sched_agent_update(r.f.s, r.a);
