@@ -160,3 +160,27 @@ int agents_http_poll(agents_http *s, char *out, size_t cap, const char **body, i
     agents_http_send_post(s->c, "/agents/poll", AGENTS_HTTP_POLL_BODY);
     return agents_http_reply(s, s->c, out, cap, body, rounds);
 }
+
+size_t agents_http_poll_then_next(agents_http *s, size_t n, int st, char *out, size_t cap,
+                                  int rounds, size_t *failed, size_t *closed)
+{
+    size_t bad = 0;
+    if (st == 500) {
+        (*failed)++;
+    } else if (st == AGENTS_HTTP_CLOSED) {
+        (*closed)++;
+    } else if (st != 200) {
+        print_message("run %zu: the poll %s%d: %.300s\n", n,
+                      st == AGENTS_HTTP_NONE ? "got no reply and was not closed " : "answered ",
+                      st, out);
+        bad++;
+    }
+    agents_http_reconnect(s);
+    const char *body;
+    st = agents_http_poll(s, out, cap, &body, rounds);
+    if (st != 200) {
+        print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
+        bad++;
+    }
+    return bad;
+}

@@ -2,7 +2,8 @@
  * fixture_agents_http: a real agents_api on a real gps_http bound to
  * loopback, over a real registry, scheduler and jobs (fixture_fleet.h),
  * for the sweeps that fail allocations while the server handles a request
- * (test_agents_poll_oom.c, test_agents_work_oom.c, test_http_early_oom.c);
+ * (test_agents_poll_oom.c, test_agents_work_oom.c, test_http_early_oom.c,
+ * test_http_evmem_oom.c);
  * the client is plain sockets.
  *
  * The failing allocator itself stays in each test (fixture_oom.h is
@@ -75,5 +76,14 @@ int agents_http_reply(agents_http *s, int c, char *out, size_t cap, const char *
 /* POST /agents/poll (AGENTS_HTTP_POLL_BODY) on s->c: its reply as
  * agents_http_reply. */
 int agents_http_poll(agents_http *s, char *out, size_t cap, const char **body, int rounds);
+
+/* Run n of a sweep's poll ended with st (its reply in out): a 500 counted
+ * in *failed, a closed connection in *closed (the same counter may serve
+ * both), a 200 passed, anything else (no reply on a connection left open,
+ * another status) a problem, printed. Then the server goes on: the next
+ * poll, on a new connection, is answered 200 within rounds. Returns the
+ * problems. */
+size_t agents_http_poll_then_next(agents_http *s, size_t n, int st, char *out, size_t cap,
+                                  int rounds, size_t *failed, size_t *closed);
 
 #endif

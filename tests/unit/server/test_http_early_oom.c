@@ -55,33 +55,6 @@ static bool native_error(const char *body, const char *code)
     return ok;
 }
 
-/* A swept poll that ended with st (its reply in out): a 500 or a closed
- * connection counted, a 200 passed, anything else (no reply and the
- * connection left open) a problem; then the server goes on: the next poll,
- * on a new connection, is served. Returns the problems. */
-static size_t poll_then_next(agents_http *s, size_t n, int st, char *out, size_t cap,
-                             size_t *failed, size_t *closed)
-{
-    size_t bad = 0;
-    if (st == 500) {
-        (*failed)++;
-    } else if (st == CLOSED) {
-        (*closed)++;
-    } else if (st != 200) {
-        print_message("run %zu: the poll %s%d: %.300s\n", n,
-                      st == HUNG ? "got no reply and was not closed " : "answered ", st, out);
-        bad++;
-    }
-    agents_http_reconnect(s);
-    const char *body;
-    st = poll_once(s, out, cap, &body);
-    if (st != 200) {
-        print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
-        bad++;
-    }
-    return bad;
-}
-
 static void test_poll_early_oom(void **state)
 {
     (void)state;
@@ -100,7 +73,8 @@ static void test_poll_early_oom(void **state)
             print_message("run %zu: %d with an unexpected body: %s\n", n, st, body);
             bad++;
         }
-        bad += poll_then_next(&s, n, st, out, sizeof out, &failed, &closed);
+        bad += agents_http_poll_then_next(&s, n, st, out, sizeof out, RUN_WAIT_MS, &failed,
+                                          &closed);
         agents_http_stop(&s);
         if (!hit)
             break;
@@ -171,7 +145,8 @@ static void test_poll_gate_buffers_oom(void **state)
         int st = poll_once(&s, out, sizeof out, &body);
         ev_armed = false;
         bool hit = disarm();
-        bad += poll_then_next(&s, n, st, out, sizeof out, &failed, &closed);
+        bad += agents_http_poll_then_next(&s, n, st, out, sizeof out, RUN_WAIT_MS, &failed,
+                                          &closed);
         agents_http_stop(&s);
         if (!hit)
             break;

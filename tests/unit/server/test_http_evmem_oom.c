@@ -97,27 +97,14 @@ void *__wrap_realloc(void *p, size_t n)
 }
 
 /* A swept poll that ended with st: 200, a 500 or a closed connection
- * counted; anything else (a bare 400 from evhttp's parser, no reply on an
- * open connection) a problem. Then the next poll, on a new connection, is
- * served and the reserve is back. Returns the problems. */
+ * counted (both in *closed); anything else (a bare 400 from evhttp's
+ * parser, no reply on an open connection) a problem. Then the next poll,
+ * on a new connection, is served (agents_http_poll_then_next) and the
+ * reserve is back. Returns the problems. */
 static size_t poll_then_next(agents_http *s, size_t n, int st, char *out, size_t cap,
                              size_t *closed)
 {
-    size_t bad = 0;
-    if (st == CLOSED || st == 500) {
-        (*closed)++;
-    } else if (st != 200) {
-        print_message("run %zu: the poll %s%d: %.300s\n", n,
-                      st == HUNG ? "got no reply and was not closed " : "answered ", st, out);
-        bad++;
-    }
-    agents_http_reconnect(s);
-    const char *body;
-    st = agents_http_poll(s, out, cap, &body, RUN_WAIT_MS);
-    if (st != 200) {
-        print_message("run %zu: the next poll answered %d: %.300s\n", n, st, out);
-        bad++;
-    }
+    size_t bad = agents_http_poll_then_next(s, n, st, out, cap, RUN_WAIT_MS, closed, closed);
     if (gps_evmem_low()) {
         print_message("run %zu: the reserve is not back after the next poll\n", n);
         bad++;
