@@ -7,6 +7,17 @@
 /* Every statement the store runs. A row: the name (for logs), flags, and
  * the SQL; its parameters ?1..?N are bound from an op's values, which the
  * function that queues or runs it builds with one bind spec (store_b_spec). */
+/* The columns a job update sets, ?2..?12 (COALESCE: NULL keeps the
+ * column), shared by its four statements: plain or fenced by the lease,
+ * with or without the error message (migration 0014). */
+#define JOB_UPDATE_SET                                                                     \
+    "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "   \
+    "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "     \
+    "completion_tokens = COALESCE(?6, completion_tokens), "                                \
+    "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "                 \
+    "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "    \
+    "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at)"
+
 const store_stmt store_stmts[K_COUNT] = {
 
     [K_AGENT_UPSERT] = {"agent_upsert", F_BESIDE,
@@ -39,13 +50,7 @@ const store_stmt store_stmts[K_COUNT] = {
         "seed, created_at, request) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)", NULL},
 
     [K_JOB_UPDATE] = {"job_update", 0,
-        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
-        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
-        "completion_tokens = COALESCE(?6, completion_tokens), "
-        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
-        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
-        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
-        "WHERE id = ?1", NULL},
+        JOB_UPDATE_SET " WHERE id = ?1", NULL},
 
     [K_CHECKPOINT] = {"checkpoint", 0,
         "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
@@ -372,13 +377,7 @@ const store_stmt store_stmts[K_COUNT] = {
      * ?5 only: a server that lost its task's lease changes nothing. */
 
     [K_JOB_UPDATE_FENCED] = {"job_update_fenced", F_OPT,
-        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
-        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
-        "completion_tokens = COALESCE(?6, completion_tokens), "
-        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
-        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
-        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at) "
-        "WHERE id = ?1 AND lease_attempt = ?13", NULL},
+        JOB_UPDATE_SET " WHERE id = ?1 AND lease_attempt = ?13", NULL},
 
     [K_CHECKPOINT_FENCED] = {"checkpoint_fenced", F_OPT,
         "INSERT INTO job_checkpoints (job_id, text, last_seq, updated_at) "
@@ -542,23 +541,11 @@ const store_stmt store_stmts[K_COUNT] = {
      * coalesce carry a message). */
 
     [K_JOB_UPDATE_MSG] = {"job_update_msg", F_OPT,
-        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
-        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
-        "completion_tokens = COALESCE(?6, completion_tokens), "
-        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
-        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
-        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at), "
-        "error_message = COALESCE(?13, error_message) WHERE id = ?1", NULL},
+        JOB_UPDATE_SET ", error_message = COALESCE(?13, error_message) WHERE id = ?1", NULL},
 
     [K_JOB_UPDATE_FENCED_MSG] = {"job_update_fenced_msg", F_OPT,
-        "UPDATE jobs SET status = COALESCE(?2, status), agent_id = COALESCE(?3, agent_id), "
-        "attempts = COALESCE(?4, attempts), prompt_tokens = COALESCE(?5, prompt_tokens), "
-        "completion_tokens = COALESCE(?6, completion_tokens), "
-        "queue_ms = COALESCE(?7, queue_ms), ttft_ms = COALESCE(?8, ttft_ms), "
-        "total_ms = COALESCE(?9, total_ms), finish_reason = COALESCE(?10, finish_reason), "
-        "error_code = COALESCE(?11, error_code), finished_at = COALESCE(?12, finished_at), "
-        "error_message = COALESCE(?13, error_message) WHERE id = ?1 AND lease_attempt = ?14",
-        NULL},
+        JOB_UPDATE_SET ", error_message = COALESCE(?13, error_message) "
+        "WHERE id = ?1 AND lease_attempt = ?14", NULL},
     /* K_JOB_GET with the message as column JOB_COL_ERROR_MESSAGE; K_JOB_GET
      * ops run it when the schema has the column (store_db.c). */
 
